@@ -1,0 +1,74 @@
+/* ie_model_src.h — one view over every model format we read.
+ *
+ * A model source exposes the architecture's hyper-parameters and its tensors
+ * under canonical (GGUF/llama.cpp) names — "token_embd.weight",
+ * "blk.%d.attn_q.weight", "output_norm.weight", "output.weight", ... —
+ * whatever the file calls them. Tensor data stays memory-mapped; nothing is
+ * copied. HF directories are mapped from their HF names (model.layers.N...).
+ *
+ * RoPE layout follows the file: GGUF llama stores Q/K permuted for the
+ * NORMAL (interleaved-pair) rotation; HF checkpoints use NEOX (rotate_half).
+ */
+#ifndef IE_MODEL_SRC_H
+#define IE_MODEL_SRC_H
+
+#include "ie_dtype.h"
+#include "ie_kernels.h"
+#include "ie_status.h"
+
+#include <stdint.h>
+
+typedef struct ie_hparams {
+    char arch[32];          /* "llama"                                     */
+    char name[128];         /* general.name or directory name              */
+    int n_layer;
+    int n_embd;             /* hidden size                                 */
+    int n_ff;               /* MLP intermediate size                       */
+    int n_head;
+    int n_head_kv;
+    int head_dim;           /* n_embd / n_head unless the file says        */
+    int n_vocab;
+    int n_ctx_train;
+    int rope_dim;           /* rotated dims per head (= head_dim usually)  */
+    float rope_theta;
+    float rms_eps;
+    ie_rope_layout_t rope_layout;
+    int tied_embeddings;    /* 1: no output.weight, reuse token_embd       */
+} ie_hparams_t;
+
+typedef struct ie_tensor {
+    const char *name;       /* canonical name, NUL-terminated              */
+    ie_dtype_t dtype;
+    int n_dims;
+    int64_t ne[4];          /* ne[0] = row length (contiguous)             */
+    const void *data;       /* mapped, read-only                           */
+    uint64_t nbytes;
+} ie_tensor_t;
+
+typedef enum { IE_SRC_GGUF = 0, IE_SRC_HF_DIR = 1 } ie_src_kind_t;
+
+typedef struct ie_model_src ie_model_src_t;
+
+/* Open a GGUF file or a Hugging Face directory (config.json + *.safetensors
+ * [+ model.safetensors.index.json] + tokenizer.json). Validates the
+ * hyper-parameters (positive, consistent, bounded) and that every tensor
+ * the architecture needs exists with the right shape; errors name the
+ * tensor or field. Caller owns *out (ie_model_src_destroy). */
+ie_status_t ie_model_src_open(const char *path, ie_model_src_t **out);
+
+void ie_model_src_destroy(ie_model_src_t **self_p);
+
+ie_src_kind_t ie_model_src_kind(const ie_model_src_t *src);
+const ie_hparams_t *ie_model_src_hparams(const ie_model_src_t *src);
+
+/* Tensor by canonical name, or NULL. Pointer valid while src lives. */
+const ie_tensor_t *ie_model_src_tensor(const ie_model_src_t *src, const char *name);
+
+/* Path the tokenizer should be loaded from: the GGUF file itself, or the
+ * directory's tokenizer.json. */
+const char *ie_model_src_tokenizer_path(const ie_model_src_t *src);
+
+/* The underlying GGUF (NULL for HF dirs). */
+const struct ie_gguf *ie_model_src_gguf(const ie_model_src_t *src);
+
+#endif

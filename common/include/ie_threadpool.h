@@ -1,0 +1,34 @@
+/* ie_threadpool.h — a persistent fork-join thread pool.
+ *
+ * n threads in all: the calling thread is thread 0, n-1 workers wait
+ * (spinning briefly, then sleeping on a condition variable) for the next job.
+ * ie_threadpool_run() is a full barrier: it returns once every thread has
+ * finished fn. Workers may be pinned one per core (ie_threadpool_new's `pin`;
+ * overridden by env IE_TP_USE_AFFINITY=0/1).
+ */
+#ifndef IE_THREADPOOL_H
+#define IE_THREADPOOL_H
+
+#include "ie_status.h"
+
+typedef struct ie_threadpool ie_threadpool_t;
+
+typedef void (*ie_task_fn)(void *ctx, int ith, int nth);
+
+/* Start a pool of n_threads (>= 1; 0 means one per online CPU). Caller owns
+ * *out and must destroy it. */
+ie_status_t ie_threadpool_new(int n_threads, int pin, ie_threadpool_t **out);
+
+/* Stop and join all workers; *self_p = NULL. Accepts NULL. */
+void ie_threadpool_destroy(ie_threadpool_t **self_p);
+
+int ie_threadpool_size(const ie_threadpool_t *tp);
+
+/* Run fn(ctx, ith, nth) on every thread (ith = 0..nth-1) and wait. Not
+ * reentrant: call from the owning thread only. */
+void ie_threadpool_run(ie_threadpool_t *tp, ie_task_fn fn, void *ctx);
+
+/* Split [0, n) into nth contiguous shares; share ith is [*b, *e). */
+void ie_split_range(long n, int ith, int nth, long *b, long *e);
+
+#endif

@@ -1,0 +1,69 @@
+/* ie_tokenizer.h — text <-> token ids.
+ *
+ * Two algorithms, each loadable from GGUF metadata (tokenizer.ggml.*) and
+ * from a Hugging Face tokenizer.json:
+ *   - byte-level BPE (GPT-2 style; SmolLM2, GPT-2, o200k): pre-tokenizer
+ *     regexes run through PCRE2 with Unicode properties (UCP), bytes mapped to
+ *     printable code points, merges applied by rank;
+ *   - SentencePiece-style BPE (Llama-2): spaces become U+2581, an optional
+ *     prefix space, merges by score (GGUF) or rank (tokenizer.json), and
+ *     <0xXX> byte fallback for anything not in the vocabulary.
+ * Special / added tokens are matched in the text before BPE only when the
+ * caller asks (IE_TOK_PARSE_SPECIAL); otherwise they are plain text.
+ */
+#ifndef IE_TOKENIZER_H
+#define IE_TOKENIZER_H
+
+#include "ie_status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ie_tokenizer ie_tokenizer_t;
+
+enum {
+    IE_TOK_ADD_SPECIAL = 1,   /* add BOS (and EOS) as the model's rules say */
+    IE_TOK_PARSE_SPECIAL = 2  /* treat special-token strings as tokens      */
+};
+
+/* Load from a GGUF file (a vocab-only GGUF is enough), a tokenizer.json, or
+ * a directory holding tokenizer.json (and tokenizer_config.json if any).
+ * Caller owns *out (ie_tokenizer_destroy). */
+ie_status_t ie_tokenizer_load(const char *path, ie_tokenizer_t **out);
+
+void ie_tokenizer_destroy(ie_tokenizer_t **self_p);
+
+/* Encode `len` bytes of UTF-8. Invalid UTF-8 -> IE_ERR_INVAL. On success
+ * *ids_out is a malloc'd array the caller frees, *n_out its length. */
+ie_status_t ie_tokenizer_encode(const ie_tokenizer_t *tok, const char *text, size_t len,
+                                int flags, int32_t **ids_out, size_t *n_out);
+
+/* The raw bytes a token stands for (byte-level and <0xXX> decoded, U+2581 as
+ * space). Special/control tokens give their text only if `special` is 1,
+ * else nothing. Writes up to cap bytes; returns the full length, or -1 for
+ * an out-of-range id. Bytes may be a partial UTF-8 sequence. */
+int ie_tokenizer_token_bytes(const ie_tokenizer_t *tok, int32_t id, int special,
+                             char *buf, size_t cap);
+
+int32_t ie_tokenizer_n_vocab(const ie_tokenizer_t *tok);
+int32_t ie_tokenizer_bos(const ie_tokenizer_t *tok); /* -1 if none */
+int32_t ie_tokenizer_eos(const ie_tokenizer_t *tok); /* -1 if none */
+/* 1 if generating `id` ends a turn (EOS, EOT, <|im_end|>, ...). */
+int ie_tokenizer_is_eog(const ie_tokenizer_t *tok, int32_t id);
+
+/* ---- streaming detokenizer: emits only complete UTF-8 ---------------- */
+typedef struct ie_detok ie_detok_t;
+
+/* Caller owns *out; the tokenizer must outlive it. */
+ie_status_t ie_detok_new(const ie_tokenizer_t *tok, ie_detok_t **out);
+void ie_detok_destroy(ie_detok_t **self_p);
+
+/* Push one token; appends the newly completed UTF-8 text (NUL-terminated)
+ * to an internal buffer and returns a pointer to just that new text (valid
+ * until the next call). A sequence that never completes is emitted as
+ * U+FFFD by ie_detok_flush(). SentencePiece's leading space of the first
+ * token is dropped as HF does. */
+const char *ie_detok_push(ie_detok_t *d, int32_t id);
+const char *ie_detok_flush(ie_detok_t *d);
+
+#endif

@@ -1,0 +1,63 @@
+/* ie_dtype.h — element types of weights and activations, and their block
+ * layouts. Values equal GGML's type ids so GGUF files map 1:1.
+ *
+ * Block layouts (little-endian, packed, identical to GGUF/ggml):
+ *   Q8_0 : 32 elements = { f16 d; int8 q[32]; }             34 bytes, x = d*q
+ *   Q8_1 : 32 elements = { f16 d; f16 s; int8 q[32]; }      36 bytes, s = d*sum(q)
+ *   Q4_0 : 32 elements = { f16 d; uint8 qs[16]; }           18 bytes, x = d*(q-8)
+ *   Q4_1 : 32 elements = { f16 d; f16 m; uint8 qs[16]; }    20 bytes, x = d*q + m
+ *   (4-bit: element j<16 is the low nibble of qs[j], element j+16 its high nibble)
+ * Q8_1 is an activation format only (paired with Q4_1 weights).
+ */
+#ifndef IE_DTYPE_H
+#define IE_DTYPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum ie_dtype {
+    IE_DTYPE_F32 = 0,
+    IE_DTYPE_F16 = 1,
+    IE_DTYPE_Q4_0 = 2,
+    IE_DTYPE_Q4_1 = 3,
+    IE_DTYPE_Q8_0 = 8,
+    IE_DTYPE_Q8_1 = 9,
+    IE_DTYPE_BF16 = 30,
+    IE_DTYPE_INVALID = -1
+} ie_dtype_t;
+
+#define IE_QK 32 /* elements per quantized block */
+
+typedef uint16_t ie_f16_t;  /* IEEE binary16 bits */
+typedef uint16_t ie_bf16_t; /* bfloat16 bits      */
+
+typedef struct { ie_f16_t d; int8_t q[IE_QK]; } ie_block_q8_0_t;
+typedef struct { ie_f16_t d; ie_f16_t s; int8_t q[IE_QK]; } ie_block_q8_1_t;
+typedef struct { ie_f16_t d; uint8_t qs[IE_QK / 2]; } ie_block_q4_0_t;
+typedef struct { ie_f16_t d; ie_f16_t m; uint8_t qs[IE_QK / 2]; } ie_block_q4_1_t;
+
+_Static_assert(sizeof(ie_block_q8_0_t) == 34, "q8_0 layout");
+_Static_assert(sizeof(ie_block_q8_1_t) == 36, "q8_1 layout");
+_Static_assert(sizeof(ie_block_q4_0_t) == 18, "q4_0 layout");
+_Static_assert(sizeof(ie_block_q4_1_t) == 20, "q4_1 layout");
+
+/* Lower-case name ("f32", "q4_1", ...) or "invalid". Never NULL. */
+const char *ie_dtype_name(ie_dtype_t t);
+
+/* 1 for f32/f16/bf16, 32 for block types, 0 for an unknown type. */
+int ie_dtype_block_elems(ie_dtype_t t);
+
+/* Bytes of one block (element size for non-block types), 0 if unknown. */
+size_t ie_dtype_block_bytes(ie_dtype_t t);
+
+/* Bytes for a row of n elements; 0 if the type is unknown or n is not a
+ * multiple of the block size. */
+size_t ie_dtype_row_bytes(ie_dtype_t t, int64_t n);
+
+/* Scalar conversions (exact, round-to-nearest-even on the way down). */
+float ie_f16_to_f32(ie_f16_t h);
+ie_f16_t ie_f32_to_f16(float f);
+float ie_bf16_to_f32(ie_bf16_t h);
+ie_bf16_t ie_f32_to_bf16(float f);
+
+#endif

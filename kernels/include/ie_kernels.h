@@ -1,0 +1,99 @@
+/* ie_kernels.h — the math of clocher: pure functions over caller-owned memory.
+ *
+ * Kernels know nothing of models, files, threads or the network. They never
+ * allocate. Work is split by the caller: functions that take (ith, nth) do
+ * the ith of nth equal shares and may be called concurrently for every ith.
+ *
+ * Every kernel has a scalar reference twin in kernels/ref/ (the test oracle).
+ * SIMD variants (kernels/x86/avx2, kernels/x86/avx512) are compiled with
+ * their own flags and chosen once at start-up from the CPU's features.
+ *
+ * Matrix convention: a weight matrix W has n_out rows of n_in elements each,
+ * stored row-major in its dtype (rows are ie_dtype_row_bytes(dtype, n_in)
+ * bytes apart). Activations X are n_tok rows of n_in floats. The product is
+ *     Y[t][r] = sum_k W[r][k] * X[t][k]
+ */
+#ifndef IE_KERNELS_H
+#define IE_KERNELS_H
+
+#include "ie_dtype.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum ie_isa {
+    IE_ISA_REF = 0,   /* portable scalar C: always available, the oracle */
+    IE_ISA_AVX2 = 1,  /* AVX2 + FMA + F16C                               */
+    IE_ISA_AVX512 = 2 /* AVX-512 F/BW/VL (+VNNI, +BF16 where present)    */
+} ie_isa_t;
+
+/* "ref", "avx2", "avx512". */
+const char *ie_isa_name(ie_isa_t isa);
+
+/* Best ISA both compiled in and supported by this CPU. Honours the env var
+ * IE_ISA=ref|avx2|avx512 (capped at what the CPU supports). */
+ie_isa_t ie_isa_best(void);
+
+/* 1 if `isa` is compiled in and this CPU can run it. */
+int ie_isa_supported(ie_isa_t isa);
+
+/* Activation format that matmul expects for weights of type `wtype`:
+ * F32 for f32/f16/bf16 weights, Q8_0 for q8_0/q4_0, Q8_1 for q4_1. */
+ie_dtype_t ie_matmul_act_dtype(ie_dtype_t wtype);
+
+/* The matmul family for one ISA. Obtain with ie_kernels_get(). */
+typedef struct ie_matmul_ops {
+    ie_isa_t isa;
+
+    /* Convert n floats (n a multiple of 32 for block formats) into activation
+     * format `act` (IE_DTYPE_F32: plain copy, Q8_0, Q8_1) at `out`, which
+     * holds ie_dtype_row_bytes(act, n) bytes. */
+    void (*act_quantize)(ie_dtype_t act, const float *x, void *out, int64_t n);
+
+    /* Y[t*ldy + r] = dot(W row r, A row t) for rows r in [r0, r1) and
+     * tokens t in [0, n_tok). W rows are ie_dtype_row_bytes(wtype, n_in)
+     * bytes apart; A rows (in ie_matmul_act_dtype(wtype)) are a_stride bytes
+     * apart. Returns 0, or -1 if wtype is not supported. Reads each weight
+     * row once per token block: this is the GEMM for prefill and the GEMV
+     * for decode (n_tok = 1). */
+    int (*matmul)(ie_dtype_t wtype, const void *w, int64_t n_in,
+                  int64_t r0, int64_t r1,
+                  const void *a, size_t a_stride, int64_t n_tok,
+                  float *y, int64_t ldy);
+} ie_matmul_ops_t;
+
+/* Ops for `isa`, or NULL if not compiled in or not supported by this CPU. */
+const ie_matmul_ops_t *ie_kernels_get(ie_isa_t isa);
+
+/* Dequantize/convert n elements of a row of type t to floats. */
+void ie_dequantize_row(ie_dtype_t t, const void *src, float *dst, int64_t n);
+
+/* ---- element-wise and small ops (scalar; the forward pass uses these) ---- */
+
+/* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]; out may alias x. */
+void ie_rmsnorm_f32(float *out, const float *x, const float *w, int64_t n, float eps);
+
+/* In-place softmax over n values. */
+void ie_softmax_f32(float *x, int64_t n);
+
+/* out[i] = silu(g[i]) * u[i]; out may alias g or u. */
+void ie_swiglu_f32(float *out, const float *g, const float *u, int64_t n);
+
+/* Rotary embedding on one head vector of head_dim floats at position pos.
+ * Pair i (0 <= i < rot_dim/2) rotates by angle pos * theta^(-2i/rot_dim).
+ * NORMAL layout pairs (2i, 2i+1) (GGUF llama); NEOX pairs (i, i+rot_dim/2)
+ * (HF rotate_half). Elements past rot_dim are untouched. */
+typedef enum { IE_ROPE_NORMAL = 0, IE_ROPE_NEOX = 1 } ie_rope_layout_t;
+void ie_rope_f32(float *x, int64_t head_dim, int64_t rot_dim, int64_t pos,
+                 float theta, ie_rope_layout_t layout);
+
+/* Precomputed rope: cos/sin tables for one position, rot_dim/2 entries. */
+void ie_rope_apply_f32(float *x, int64_t head_dim, int64_t rot_dim,
+                       const float *cos_t, const float *sin_t,
+                       ie_rope_layout_t layout);
+
+/* dot product of two float vectors, and y += a*x. */
+float ie_dot_f32(const float *a, const float *b, int64_t n);
+void ie_axpy_f32(float *y, float a, const float *x, int64_t n);
+
+#endif
