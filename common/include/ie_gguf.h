@@ -54,6 +54,7 @@ ie_status_t ie_gguf_open_memory(const void *buf, size_t len, ie_gguf_t **out);
 /* Unmap and free; *self_p is set to NULL. Accepts NULL and *self_p == NULL. */
 void ie_gguf_destroy(ie_gguf_t **self_p);
 
+/* File version (2 or 3) and data alignment (general.alignment or 32). */
 uint32_t ie_gguf_version(const ie_gguf_t *g);
 size_t ie_gguf_alignment(const ie_gguf_t *g);
 
@@ -61,12 +62,15 @@ size_t ie_gguf_alignment(const ie_gguf_t *g);
 int64_t ie_gguf_kv_count(const ie_gguf_t *g);
 /* Index of key, or -1. */
 int64_t ie_gguf_find_key(const ie_gguf_t *g, const char *key);
+/* Key / value type of entry i (file order); {NULL, 0} / (ie_gguf_type_t)-1
+ * when i is out of range. */
 ie_gguf_str_t ie_gguf_kv_key(const ie_gguf_t *g, int64_t i);
 ie_gguf_type_t ie_gguf_kv_type(const ie_gguf_t *g, int64_t i);
 
 /* Typed getters by key. Integers of any width/signedness convert when the
  * value fits; floats accept f32/f64. Return IE_ERR_FORMAT on absence or
- * type mismatch (with the key named in ie_error_last()). */
+ * type mismatch (with the key named in ie_error_last()). On failure *out is
+ * left untouched, so a caller may pre-load a default. */
 ie_status_t ie_gguf_get_i64(const ie_gguf_t *g, const char *key, int64_t *out);
 ie_status_t ie_gguf_get_f32(const ie_gguf_t *g, const char *key, float *out);
 ie_status_t ie_gguf_get_bool(const ie_gguf_t *g, const char *key, int *out);
@@ -79,16 +83,23 @@ ie_status_t ie_gguf_get_arr(const ie_gguf_t *g, const char *key,
 ie_status_t ie_gguf_arr_str(const ie_gguf_t *g, const char *key, uint64_t i, ie_gguf_str_t *out);
 ie_status_t ie_gguf_arr_i64(const ie_gguf_t *g, const char *key, uint64_t i, int64_t *out);
 ie_status_t ie_gguf_arr_f32(const ie_gguf_t *g, const char *key, uint64_t i, float *out);
-/* Raw pointer to the packed elements of a numeric array (not strings). */
+/* Raw pointer to the packed elements of a numeric array (not strings), or
+ * NULL if the key is absent or not a numeric array. Not necessarily aligned. */
 const void *ie_gguf_arr_data(const ie_gguf_t *g, const char *key);
 
 /* ---- tensors ---- */
 int64_t ie_gguf_tensor_count(const ie_gguf_t *g);
+/* Tensor i in file order, or NULL if out of range. Valid while g lives. */
 const ie_gguf_tensor_info_t *ie_gguf_tensor(const ie_gguf_t *g, int64_t i);
 /* By name, or NULL. */
 const ie_gguf_tensor_info_t *ie_gguf_find_tensor(const ie_gguf_t *g, const char *name);
 
 /* Name of a raw ggml type id ("q6_K", ...) or "unknown". */
 const char *ie_gguf_ggml_type_name(uint32_t ggml_type);
+
+/* Block geometry of a raw ggml type id: elements per block and bytes per
+ * block (either out pointer may be NULL). Returns 1 if the id is a known
+ * ggml type, 0 (outs untouched) if unknown or removed from ggml. */
+int ie_gguf_ggml_type_block(uint32_t ggml_type, int64_t *block_elems, size_t *block_bytes);
 
 #endif

@@ -10,6 +10,12 @@
  *     <0xXX> byte fallback for anything not in the vocabulary.
  * Special / added tokens are matched in the text before BPE only when the
  * caller asks (IE_TOK_PARSE_SPECIAL); otherwise they are plain text.
+ * Exception, as in Hugging Face tokenizers and llama.cpp: non-special added
+ * tokens (tokenizer.json "special": false, GGUF USER_DEFINED) are always
+ * matched; the flag governs control tokens (CONTROL / UNKNOWN / special).
+ *
+ * A loaded tokenizer is immutable: any number of threads may encode and
+ * query it at once. Each ie_detok_t belongs to one thread at a time.
  */
 #ifndef IE_TOKENIZER_H
 #define IE_TOKENIZER_H
@@ -27,16 +33,28 @@ enum {
 };
 
 /* Load from a GGUF file (a vocab-only GGUF is enough), a tokenizer.json, or
- * a directory holding tokenizer.json (and tokenizer_config.json if any).
- * Caller owns *out (ie_tokenizer_destroy). */
+ * a directory holding tokenizer.json (and tokenizer_config.json if any; for
+ * a tokenizer.json path, a tokenizer_config.json beside it is read too).
+ * Caller owns *out (ie_tokenizer_destroy). Errors: IE_ERR_IO (missing),
+ * IE_ERR_FORMAT (malformed: bad JSON, ids out of range, merges naming
+ * unknown tokens), IE_ERR_UNSUPPORTED (a model type, normalizer or
+ * pre-tokenizer we do not implement; the message names it). */
 ie_status_t ie_tokenizer_load(const char *path, ie_tokenizer_t **out);
 
+/* Free the tokenizer and set *self_p to NULL. Accepts NULL. */
 void ie_tokenizer_destroy(ie_tokenizer_t **self_p);
 
-/* Encode `len` bytes of UTF-8. Invalid UTF-8 -> IE_ERR_INVAL. On success
- * *ids_out is a malloc'd array the caller frees, *n_out its length. */
+/* Encode `len` bytes of UTF-8. Invalid UTF-8 -> IE_ERR_INVAL ("invalid
+ * UTF-8 at byte N"). On success *ids_out is a malloc'd array the caller
+ * frees (non-NULL even when *n_out is 0), *n_out its length; on failure
+ * *ids_out is NULL and *n_out 0. flags: IE_TOK_ADD_SPECIAL adds BOS / EOS
+ * as ie_tokenizer_add_bos / _add_eos say; IE_TOK_PARSE_SPECIAL see above. */
 ie_status_t ie_tokenizer_encode(const ie_tokenizer_t *tok, const char *text, size_t len,
                                 int flags, int32_t **ids_out, size_t *n_out);
+
+/* IE_OK if text[0..len) is valid UTF-8 (no overlongs, surrogates or code
+ * points above U+10FFFF), else IE_ERR_INVAL "invalid UTF-8 at byte N". */
+ie_status_t ie_tokenizer_check_utf8(const char *text, size_t len);
 
 /* The raw bytes a token stands for (byte-level and <0xXX> decoded, U+2581 as
  * space). Special/control tokens give their text only if `special` is 1,
@@ -48,21 +66,36 @@ int ie_tokenizer_token_bytes(const ie_tokenizer_t *tok, int32_t id, int special,
 int32_t ie_tokenizer_n_vocab(const ie_tokenizer_t *tok);
 int32_t ie_tokenizer_bos(const ie_tokenizer_t *tok); /* -1 if none */
 int32_t ie_tokenizer_eos(const ie_tokenizer_t *tok); /* -1 if none */
+int32_t ie_tokenizer_eot(const ie_tokenizer_t *tok); /* -1 if none */
+int32_t ie_tokenizer_unk(const ie_tokenizer_t *tok); /* -1 if none */
+/* 1 if IE_TOK_ADD_SPECIAL prepends BOS / appends EOS for this model. */
+int ie_tokenizer_add_bos(const ie_tokenizer_t *tok);
+int ie_tokenizer_add_eos(const ie_tokenizer_t *tok);
 /* 1 if generating `id` ends a turn (EOS, EOT, <|im_end|>, ...). */
 int ie_tokenizer_is_eog(const ie_tokenizer_t *tok, int32_t id);
+/* 1 if `id` is a control/unknown token (its text is hidden unless asked). */
+int ie_tokenizer_is_special(const ie_tokenizer_t *tok, int32_t id);
+/* Id of the token whose vocabulary text is exactly text[0..len) (e.g.
+ * "<|im_start|>"), or -1. Linear scan: for set-up, not per token. */
+int32_t ie_tokenizer_find(const ie_tokenizer_t *tok, const char *text, size_t len);
 
 /* ---- streaming detokenizer: emits only complete UTF-8 ---------------- */
 typedef struct ie_detok ie_detok_t;
 
-/* Caller owns *out; the tokenizer must outlive it. */
+/* Caller owns *out; the tokenizer must outlive it. Control tokens produce
+ * no text unless ie_detok_set_special(d, 1). */
 ie_status_t ie_detok_new(const ie_tokenizer_t *tok, ie_detok_t **out);
+/* Free and set *self_p to NULL. Accepts NULL. */
 void ie_detok_destroy(ie_detok_t **self_p);
+/* 1: control tokens (BOS, <|im_end|>, ...) emit their text; 0 (default): not. */
+void ie_detok_set_special(ie_detok_t *d, int special);
 
 /* Push one token; appends the newly completed UTF-8 text (NUL-terminated)
  * to an internal buffer and returns a pointer to just that new text (valid
  * until the next call). A sequence that never completes is emitted as
- * U+FFFD by ie_detok_flush(). SentencePiece's leading space of the first
- * token is dropped as HF does. */
+ * U+FFFD by ie_detok_flush(); a byte that cannot continue the held sequence
+ * turns it into one U+FFFD at once. SentencePiece's leading space of the
+ * first token is dropped as HF does. Out-of-range ids produce nothing. */
 const char *ie_detok_push(ie_detok_t *d, int32_t id);
 const char *ie_detok_flush(ie_detok_t *d);
 

@@ -68,6 +68,14 @@ const ie_matmul_ops_t *ie_kernels_get(ie_isa_t isa);
 /* Dequantize/convert n elements of a row of type t to floats. */
 void ie_dequantize_row(ie_dtype_t t, const void *src, float *dst, int64_t n);
 
+/* Quantize/convert n floats into a row of type t (n a multiple of 32 for
+ * block types), with ggml's reference rounding so results match files
+ * written by llama.cpp's quantizer: Q8_0/Q8_1 d = amax/127; Q4_0
+ * d = max/-8 (max = the value of largest magnitude); Q4_1 d = (max-min)/15,
+ * m = min. f16/bf16 round to nearest even. Returns 0, or -1 if t is unknown
+ * or n does not fit its blocks. */
+int ie_quantize_row(ie_dtype_t t, const float *src, void *dst, int64_t n);
+
 /* ---- element-wise and small ops (scalar; the forward pass uses these) ---- */
 
 /* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]; out may alias x. */
@@ -86,6 +94,12 @@ void ie_swiglu_f32(float *out, const float *g, const float *u, int64_t n);
 typedef enum { IE_ROPE_NORMAL = 0, IE_ROPE_NEOX = 1 } ie_rope_layout_t;
 void ie_rope_f32(float *x, int64_t head_dim, int64_t rot_dim, int64_t pos,
                  float theta, ie_rope_layout_t layout);
+
+/* cos/sin tables for one position (rot_dim/2 entries each), computed the way
+ * HF transformers does in float32: inv_freq[i] = 1 / theta^((float)(2i)/rot_dim),
+ * angle = (float)pos * inv_freq[i], then cos/sin of that float angle
+ * (correctly rounded). ie_rope_f32 uses exactly these values. */
+void ie_rope_table_f32(float *cos_t, float *sin_t, int64_t rot_dim, int64_t pos, float theta);
 
 /* Precomputed rope: cos/sin tables for one position, rot_dim/2 entries. */
 void ie_rope_apply_f32(float *x, int64_t head_dim, int64_t rot_dim,

@@ -1,0 +1,42 @@
+# Convenience wrapper around CMake. The two set-up commands of the README:
+#   bash scripts/setup.sh     install everything (idempotent)
+#   make test                 build, then run CUnit + pytest through ctest
+BUILD ?= build
+JOBS ?= $(shell nproc)
+
+.PHONY: all build test bench fuzz reference asan clean
+
+all: build
+
+build:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build $(BUILD) -j$(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure
+
+# Benchmarks print figures; they assert nothing. Models for them are made
+# by bench/make_tinyllama_gguf.py (a few GB in models/bench/).
+bench: build
+	$(BUILD)/bench_membw
+	$(BUILD)/bench_kernels
+	.venv/bin/python bench/make_tinyllama_gguf.py
+	.venv/bin/python bench/bench_models.py
+
+# Bounded libFuzzer runs under ASan/UBSan (seconds per target: FUZZ_SECONDS).
+FUZZ_SECONDS ?= 60
+fuzz:
+	bash scripts/fuzz.sh $(FUZZ_SECONDS)
+
+# Re-generate the reference fixtures with torch/transformers and re-check.
+reference: build
+	bash tests/reference/regen.sh
+
+# The unit tests under ASan+UBSan.
+asan:
+	cmake -S . -B build-asan -DCMAKE_C_COMPILER=clang -DIE_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
+	cmake --build build-asan -j$(JOBS)
+	cd build-asan && ctest --output-on-failure -E pytest
+
+clean:
+	rm -rf $(BUILD) build-asan build-fuzz

@@ -1,0 +1,282 @@
+/* bench_kernels.c — matmul throughput per weight type and ISA.
+ *
+ * GEMV (decode, n_tok = 1) at model shapes, with the weights cycled through
+ * a ~1 GiB pool of copies (2 MiB pages) so every call streams its matrix
+ * from DRAM, as decode does. Each GEMV is interleaved with a plain read of
+ * the same number of bytes by the same threads (A/B in one run: bandwidth
+ * here swings by 1.5x over minutes), and reported as GB/s of weight bytes
+ * and as a fraction of that probe.
+ * GEMM (prefill, n_tok = 64): GOP/s (2 * n_out * n_in * n_tok per call).
+ * Rows are split over --threads threads (default 2) of the clocher pool in
+ * multiples of 4. Prints figures, asserts nothing; one JSON line per result.
+ *
+ * usage: bench_kernels [--threads N] [--isa ref,avx2,avx512] [--types f32,q4_0,...]
+ *                      [--iters N] [--pool-mib M] [--ntok T]
+ */
+#define _GNU_SOURCE
+#include "ie_kernels.h"
+#include "ie_threadpool.h"
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* ---------------------------------------------------------------- jobs */
+
+typedef struct {
+    const ie_matmul_ops_t *ops;
+    ie_dtype_t wt;
+    const uint8_t *w;
+    int64_t n_in, n_out, n_tok;
+    const void *a;
+    size_t as;
+    float *y;
+    /* read probe */
+    const uint8_t *buf;
+    size_t bytes;
+    uint64_t sink[64];
+} job_t;
+
+static void matmul_task(void *p, int ith, int nth)
+{
+    job_t *j = p;
+    long b, e; /* rows in units of 4 */
+    ie_split_range((long)((j->n_out + 3) / 4), ith, nth, &b, &e);
+    const int64_t r0 = 4 * b, r1 = 4 * e < j->n_out ? 4 * e : j->n_out;
+    if (r0 < r1) j->ops->matmul(j->wt, j->w, j->n_in, r0, r1, j->a, j->as, j->n_tok, j->y, j->n_out);
+}
+
+__attribute__((target("avx2"))) static uint64_t read_avx2(const uint8_t *p, size_t n)
+{
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    size_t i = 0;
+    for (; i + 128 <= n; i += 128) {
+        a0 = _mm256_xor_si256(a0, _mm256_loadu_si256((const __m256i *)(p + i)));
+        a1 = _mm256_xor_si256(a1, _mm256_loadu_si256((const __m256i *)(p + i + 32)));
+        a2 = _mm256_xor_si256(a2, _mm256_loadu_si256((const __m256i *)(p + i + 64)));
+        a3 = _mm256_xor_si256(a3, _mm256_loadu_si256((const __m256i *)(p + i + 96)));
+    }
+    a0 = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
+    uint64_t s = (uint64_t)_mm256_extract_epi64(a0, 0);
+    for (; i < n; i++) s += p[i];
+    return s;
+}
+
+static void read_task(void *p, int ith, int nth)
+{
+    job_t *j = p;
+    long b, e;
+    ie_split_range((long)(j->bytes / 64), ith, nth, &b, &e);
+    j->sink[ith] = read_avx2(j->buf + (size_t)b * 64, (size_t)(e - b) * 64);
+}
+
+/* ---------------------------------------------------------------- data */
+
+static uint64_t g_rng = 88172645463325252ull;
+static float rnd(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (float)(g_rng >> 40) / 16777216.0f * 2.0f - 1.0f;
+}
+
+static uint8_t *g_pool;
+static size_t g_pool_bytes;
+
+/* Fill `copies` copies of an n_out x n_in matrix of type wt into the pool:
+ * 64 distinct random rows, repeated (the kernels do not care; the caches do). */
+static void fill_pool(ie_dtype_t wt, int64_t n_out, int64_t n_in, size_t copies)
+{
+    const size_t rb = ie_dtype_row_bytes(wt, n_in);
+    float *x = malloc((size_t)n_in * sizeof(float));
+    for (int64_t r = 0; r < n_out; r++) {
+        if (r < 64) {
+            for (int64_t k = 0; k < n_in; k++) x[k] = rnd() * 0.05f;
+            ie_quantize_row(wt, x, g_pool + (size_t)r * rb, n_in);
+        } else {
+            memcpy(g_pool + (size_t)r * rb, g_pool + (size_t)(r % 64) * rb, rb);
+        }
+    }
+    const size_t mb = rb * (size_t)n_out;
+    for (size_t c = 1; c < copies; c++) memcpy(g_pool + c * mb, g_pool, mb);
+    free(x);
+}
+
+/* ---------------------------------------------------------------- main */
+
+typedef struct { int64_t n_out, n_in; const char *what; } shape_t;
+
+int main(int argc, char **argv)
+{
+    int threads = 2, iters = 15, isa_mask = -1, type_mask = -1;
+    int64_t gemm_tok = 64;
+    size_t pool_mib = 1024;
+    static const ie_dtype_t types[] = { IE_DTYPE_F32, IE_DTYPE_F16, IE_DTYPE_BF16,
+                                        IE_DTYPE_Q8_0, IE_DTYPE_Q4_0, IE_DTYPE_Q4_1 };
+    const int n_types = 6;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--pool-mib") && i + 1 < argc) pool_mib = (size_t)atol(argv[++i]);
+        else if (!strcmp(argv[i], "--ntok") && i + 1 < argc) gemm_tok = atol(argv[++i]);
+        else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
+            const char *s = argv[++i];
+            isa_mask = (strstr(s, "ref") ? 1 : 0) | (strstr(s, "avx2") ? 2 : 0) | (strstr(s, "avx512") ? 4 : 0);
+        } else if (!strcmp(argv[i], "--types") && i + 1 < argc) {
+            type_mask = 0;
+            char *s = strdup(argv[++i]);
+            for (char *tok = strtok(s, ","); tok; tok = strtok(NULL, ","))
+                for (int t = 0; t < n_types; t++)
+                    if (!strcmp(tok, ie_dtype_name(types[t]))) type_mask |= 1 << t;
+            free(s);
+        } else {
+            fprintf(stderr, "usage: %s [--threads N] [--isa ref,avx2,avx512] [--types f32,f16,bf16,q8_0,q4_0,q4_1]"
+                            " [--iters N] [--pool-mib M] [--ntok T]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (isa_mask < 0) isa_mask = 2 | 4; /* ref is far too slow for these shapes unless asked */
+    if (iters < 3) iters = 3;
+    if (iters > 200) iters = 200;
+
+    ie_threadpool_t *tp = NULL;
+    if (ie_threadpool_new(threads, 1, &tp) != IE_OK) {
+        fprintf(stderr, "threadpool: %s\n", ie_error_last());
+        return 1;
+    }
+    g_pool_bytes = pool_mib << 20;
+    const size_t align = 2u << 20;
+    uint8_t *raw = mmap(NULL, g_pool_bytes + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) { fprintf(stderr, "cannot map pool\n"); return 1; }
+    g_pool = (uint8_t *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
+    madvise(g_pool, g_pool_bytes, MADV_HUGEPAGE);
+
+    static const shape_t gemv_shapes[] = {
+        { 2048, 2048, "attn q/o 1B" }, { 5632, 2048, "ffn up 1B" },
+        { 2048, 5632, "ffn down 1B" }, { 32000, 2048, "lm head 1B" } };
+    static const shape_t gemm_shapes[] = { { 2048, 2048, "attn q/o 1B" }, { 5632, 2048, "ffn up 1B" } };
+
+    const int64_t max_in = 5632, max_tok = gemm_tok > 1 ? gemm_tok : 1;
+    float *xf = malloc(sizeof(float) * (size_t)max_in);
+    uint8_t *acts = malloc(ie_dtype_row_bytes(IE_DTYPE_F32, max_in) * (size_t)max_tok);
+    float *y = malloc(sizeof(float) * 32000 * (size_t)max_tok);
+
+    printf("bench_kernels: %d thread(s), %d iters, pool %zu MiB; GEMV GB/s = weight bytes / time "
+           "(median), vs a read probe of the same bytes interleaved; GEMM n_tok=%lld GOP/s\n",
+           threads, iters, pool_mib, (long long)gemm_tok);
+    printf("%-7s %-5s %-12s %-11s %9s %9s %9s %7s %9s\n", "isa", "type", "shape", "", "ms", "GB/s",
+           "probe", "frac", "best GB/s");
+
+    for (int ii = 0; ii <= 2; ii++) {
+        const ie_isa_t isa = (ie_isa_t)ii;
+        if (!((isa_mask >> ii) & 1)) continue;
+        const ie_matmul_ops_t *ops = ie_kernels_get(isa);
+        if (!ops) { printf("%s: not supported here\n", ie_isa_name(isa)); continue; }
+        for (int ti = 0; ti < n_types; ti++) {
+            if (!((type_mask >> ti) & 1)) continue;
+            const ie_dtype_t wt = types[ti];
+            const ie_dtype_t at = ie_matmul_act_dtype(wt);
+            for (size_t si = 0; si < sizeof gemv_shapes / sizeof gemv_shapes[0]; si++) {
+                const shape_t sh = gemv_shapes[si];
+                const size_t mb = ie_dtype_row_bytes(wt, sh.n_in) * (size_t)sh.n_out;
+                size_t copies = g_pool_bytes / mb;
+                if (copies < 2) { printf("pool too small for %s %lldx%lld\n", ie_dtype_name(wt), (long long)sh.n_out, (long long)sh.n_in); continue; }
+                if (copies > 64) copies = 64;
+                fill_pool(wt, sh.n_out, sh.n_in, copies);
+                for (int64_t k = 0; k < sh.n_in; k++) xf[k] = rnd();
+                ie_kernels_get(IE_ISA_REF)->act_quantize(at, xf, acts, sh.n_in);
+                job_t j = { .ops = ops, .wt = wt, .n_in = sh.n_in, .n_out = sh.n_out, .n_tok = 1,
+                            .a = acts, .as = ie_dtype_row_bytes(at, sh.n_in), .y = y, .bytes = mb };
+                double tm[200], tp_[200];
+                size_t c = 0;
+                j.w = g_pool;
+                ie_threadpool_run(tp, matmul_task, &j); /* warm code and pages */
+                for (int it = 0; it < iters; it++) {
+                    c = (c + 1) % copies;
+                    j.buf = g_pool + c * mb;
+                    double t0 = now_s();
+                    ie_threadpool_run(tp, read_task, &j);
+                    tp_[it] = now_s() - t0;
+                    c = (c + 1) % copies;
+                    j.w = g_pool + c * mb;
+                    t0 = now_s();
+                    ie_threadpool_run(tp, matmul_task, &j);
+                    tm[it] = now_s() - t0;
+                }
+                qsort(tm, (size_t)iters, sizeof tm[0], cmp_d);
+                qsort(tp_, (size_t)iters, sizeof tp_[0], cmp_d);
+                const double med = tm[iters / 2], best = tm[0], pmed = tp_[iters / 2];
+                const double gbs = (double)mb / med / 1e9, pgbs = (double)mb / pmed / 1e9;
+                char shape[32];
+                snprintf(shape, sizeof shape, "%lldx%lld", (long long)sh.n_out, (long long)sh.n_in);
+                printf("%-7s %-5s %-12s %-11s %9.3f %9.1f %9.1f %7.2f %9.1f\n", ie_isa_name(isa),
+                       ie_dtype_name(wt), shape, sh.what, med * 1e3, gbs, pgbs, gbs / pgbs, (double)mb / best / 1e9);
+                printf("{\"bench\":\"gemv\",\"isa\":\"%s\",\"type\":\"%s\",\"n_out\":%lld,\"n_in\":%lld,"
+                       "\"threads\":%d,\"ms\":%.4f,\"gbps\":%.2f,\"probe_gbps\":%.2f,\"frac\":%.3f}\n",
+                       ie_isa_name(isa), ie_dtype_name(wt), (long long)sh.n_out, (long long)sh.n_in, threads,
+                       med * 1e3, gbs, pgbs, gbs / pgbs);
+                fflush(stdout);
+            }
+            if (gemm_tok <= 1) continue;
+            for (size_t si = 0; si < sizeof gemm_shapes / sizeof gemm_shapes[0]; si++) {
+                const shape_t sh = gemm_shapes[si];
+                const size_t mb = ie_dtype_row_bytes(wt, sh.n_in) * (size_t)sh.n_out;
+                size_t copies = g_pool_bytes / mb;
+                if (copies > 16) copies = 16;
+                if (copies < 1) continue;
+                fill_pool(wt, sh.n_out, sh.n_in, copies);
+                const size_t as = ie_dtype_row_bytes(at, sh.n_in);
+                for (int64_t t = 0; t < gemm_tok; t++) {
+                    for (int64_t k = 0; k < sh.n_in; k++) xf[k] = rnd();
+                    ie_kernels_get(IE_ISA_REF)->act_quantize(at, xf, acts + (size_t)t * as, sh.n_in);
+                }
+                job_t j = { .ops = ops, .wt = wt, .n_in = sh.n_in, .n_out = sh.n_out, .n_tok = gemm_tok,
+                            .a = acts, .as = as, .y = y, .w = g_pool };
+                ie_threadpool_run(tp, matmul_task, &j);
+                const int gi = iters / 3 < 3 ? 3 : iters / 3;
+                double tm[200];
+                for (int it = 0; it < gi; it++) {
+                    j.w = g_pool + (size_t)((it + 1) % copies) * mb;
+                    const double t0 = now_s();
+                    ie_threadpool_run(tp, matmul_task, &j);
+                    tm[it] = now_s() - t0;
+                }
+                qsort(tm, (size_t)gi, sizeof tm[0], cmp_d);
+                const double med = tm[gi / 2];
+                const double gops = 2.0 * (double)sh.n_out * (double)sh.n_in * (double)gemm_tok / med / 1e9;
+                char shape[48];
+                snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)sh.n_out, (long long)sh.n_in, (long long)gemm_tok);
+                printf("%-7s %-5s %-12s %-11s %9.3f %9.1f GOP/s (best %.1f)\n", ie_isa_name(isa), ie_dtype_name(wt),
+                       shape, "gemm", med * 1e3, gops,
+                       2.0 * (double)sh.n_out * (double)sh.n_in * (double)gemm_tok / tm[0] / 1e9);
+                printf("{\"bench\":\"gemm\",\"isa\":\"%s\",\"type\":\"%s\",\"n_out\":%lld,\"n_in\":%lld,\"n_tok\":%lld,"
+                       "\"threads\":%d,\"ms\":%.4f,\"gops\":%.2f}\n",
+                       ie_isa_name(isa), ie_dtype_name(wt), (long long)sh.n_out, (long long)sh.n_in,
+                       (long long)gemm_tok, threads, med * 1e3, gops);
+                fflush(stdout);
+            }
+        }
+    }
+    free(xf); free(acts); free(y);
+    ie_threadpool_destroy(&tp);
+    return 0;
+}

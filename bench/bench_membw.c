@@ -1,0 +1,189 @@
+/* bench_membw.c — memory read bandwidth probe: the ceiling for decode.
+ *
+ * Reads a 1 GiB buffer (2 MiB huge pages via MADV_HUGEPAGE, and for
+ * comparison 4 KiB pages via MADV_NOHUGEPAGE) with 1 thread and with
+ * --threads threads (default 2) of the clocher thread pool, each thread
+ * streaming its contiguous share with 256-bit loads. Prints GB/s (1e9 B/s),
+ * best and median of --passes passes, then one JSON line:
+ *   {"read_gbps_1t":..,"read_gbps_2t":..,"read_gbps_1t_4k":..,"read_gbps_2t_4k":..,...}
+ * ("2t" is the --threads figure). Asserts nothing.
+ *
+ * usage: bench_membw [--threads N] [--size-mib M] [--passes P]
+ */
+#define _GNU_SOURCE
+#include "ie_threadpool.h"
+
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+__attribute__((target("avx2"))) static uint64_t read_avx2(const uint8_t *p, size_t n)
+{
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    const __m256i *v = (const __m256i *)p;
+    for (size_t i = 0; i + 8 <= n / 32; i += 8) {
+        a0 = _mm256_xor_si256(a0, _mm256_load_si256(v + i));
+        a1 = _mm256_xor_si256(a1, _mm256_load_si256(v + i + 1));
+        a2 = _mm256_xor_si256(a2, _mm256_load_si256(v + i + 2));
+        a3 = _mm256_xor_si256(a3, _mm256_load_si256(v + i + 3));
+        a0 = _mm256_xor_si256(a0, _mm256_load_si256(v + i + 4));
+        a1 = _mm256_xor_si256(a1, _mm256_load_si256(v + i + 5));
+        a2 = _mm256_xor_si256(a2, _mm256_load_si256(v + i + 6));
+        a3 = _mm256_xor_si256(a3, _mm256_load_si256(v + i + 7));
+    }
+    a0 = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
+    return (uint64_t)_mm256_extract_epi64(a0, 0) ^ (uint64_t)_mm256_extract_epi64(a0, 3);
+}
+
+static uint64_t read_plain(const uint8_t *p, size_t n)
+{
+    const uint64_t *v = (const uint64_t *)p;
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    for (size_t i = 0; i + 4 <= n / 8; i += 4) { a ^= v[i]; b ^= v[i + 1]; c ^= v[i + 2]; d ^= v[i + 3]; }
+    return a ^ b ^ c ^ d;
+}
+
+typedef struct {
+    const uint8_t *buf;
+    size_t bytes;
+    int nth_used; /* threads that read; the others idle */
+    int avx2;
+    uint64_t sink[64];
+} read_job_t;
+
+static void read_task(void *p, int ith, int nth)
+{
+    read_job_t *j = p;
+    (void)nth;
+    if (ith >= j->nth_used) return;
+    long b, e;
+    /* shares in 4 KiB units so every share is aligned */
+    ie_split_range((long)(j->bytes / 4096), ith, j->nth_used, &b, &e);
+    const uint8_t *s = j->buf + (size_t)b * 4096;
+    const size_t n = (size_t)(e - b) * 4096;
+    j->sink[ith] = j->avx2 ? read_avx2(s, n) : read_plain(s, n);
+}
+
+static void fill_task(void *p, int ith, int nth)
+{
+    read_job_t *j = p;
+    long b, e;
+    ie_split_range((long)(j->bytes / 4096), ith, nth, &b, &e);
+    memset((void *)(j->buf + (size_t)b * 4096), ith + 1, (size_t)(e - b) * 4096);
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* GB/s of `passes` full reads of buf by `threads` threads: best and median. */
+static void measure(ie_threadpool_t *tp, uint8_t *buf, size_t bytes, int threads, int passes,
+                    double *best, double *median)
+{
+    read_job_t job = { .buf = buf, .bytes = bytes, .nth_used = threads,
+                       .avx2 = __builtin_cpu_supports("avx2") };
+    double gbps[64];
+    if (passes > 64) passes = 64;
+    ie_threadpool_run(tp, read_task, &job); /* warm: TLB, page tables */
+    for (int i = 0; i < passes; i++) {
+        const double t0 = now_s();
+        ie_threadpool_run(tp, read_task, &job);
+        gbps[i] = (double)bytes / (now_s() - t0) / 1e9;
+    }
+    qsort(gbps, (size_t)passes, sizeof gbps[0], cmp_d);
+    *best = gbps[passes - 1];
+    *median = gbps[passes / 2];
+}
+
+static uint8_t *map_buffer(size_t bytes, int huge)
+{
+    const size_t align = 2u << 20;
+    uint8_t *raw = mmap(NULL, bytes + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return NULL;
+    uint8_t *p = (uint8_t *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
+    madvise(p, bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    return p; /* leaked on purpose: the process ends soon */
+}
+
+/* AnonHugePages of this process in MiB (-1 if unknown): shows whether
+ * MADV_HUGEPAGE was honoured. */
+static long anon_huge_mib(void)
+{
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    if (!f) return -1;
+    char line[256];
+    long kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "AnonHugePages: %ld kB", &kb) == 1) break;
+    fclose(f);
+    return kb < 0 ? -1 : kb / 1024;
+}
+
+int main(int argc, char **argv)
+{
+    int threads = 2, passes = 7;
+    size_t mib = 1024;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--size-mib") && i + 1 < argc) mib = (size_t)atol(argv[++i]);
+        else if (!strcmp(argv[i], "--passes") && i + 1 < argc) passes = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s [--threads N] [--size-mib M] [--passes P]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (threads < 1) threads = 1;
+    if (threads > 64) threads = 64;
+    if (passes < 1) passes = 1;
+    const size_t bytes = mib << 20;
+
+    ie_threadpool_t *tp = NULL;
+    if (ie_threadpool_new(threads, 1, &tp) != IE_OK) {
+        fprintf(stderr, "threadpool: %s\n", ie_error_last());
+        return 1;
+    }
+    uint8_t *huge = map_buffer(bytes, 1), *small = map_buffer(bytes, 0);
+    if (!huge || !small) {
+        fprintf(stderr, "cannot map 2 x %zu MiB\n", mib);
+        return 1;
+    }
+    read_job_t fj = { .buf = huge, .bytes = bytes };
+    ie_threadpool_run(tp, fill_task, &fj); /* first touch by the reading threads */
+    fj.buf = small;
+    ie_threadpool_run(tp, fill_task, &fj);
+
+    /* A/B interleaved: huge and 4K pages alternate, per thread count, so a
+     * bandwidth swing hits both alike. */
+    double r[2][2][2] = {{{0}}}; /* [threads 1/N][huge/4k][best/median] */
+    for (int round = 0; round < 2; round++)
+        for (int ti = 0; ti < 2; ti++)
+            for (int pg = 0; pg < 2; pg++) {
+                double b, m;
+                measure(tp, pg ? small : huge, bytes, ti ? threads : 1, passes, &b, &m);
+                if (b > r[ti][pg][0]) { r[ti][pg][0] = b; r[ti][pg][1] = m; }
+            }
+    printf("memory read bandwidth, %zu MiB buffers, %d passes x 2 rounds (GB/s = 1e9 B/s); "
+           "AnonHugePages %ld MiB\n", mib, passes, anon_huge_mib());
+    printf("  %-10s %-8s %8s %8s\n", "threads", "pages", "best", "median");
+    for (int ti = 0; ti < 2; ti++)
+        for (int pg = 0; pg < 2; pg++)
+            printf("  %-10d %-8s %8.1f %8.1f\n", ti ? threads : 1, pg ? "4K" : "2M", r[ti][pg][0], r[ti][pg][1]);
+    printf("{\"bench\":\"membw\",\"size_mib\":%zu,\"threads\":%d,\"read_gbps_1t\":%.2f,\"read_gbps_2t\":%.2f,"
+           "\"read_gbps_1t_4k\":%.2f,\"read_gbps_2t_4k\":%.2f}\n",
+           mib, threads, r[0][0][0], r[1][0][0], r[0][1][0], r[1][1][0]);
+    ie_threadpool_destroy(&tp);
+    return 0;
+}

@@ -1,0 +1,42 @@
+/* ie_cli.h — the modes (subcommands) of the `inference-engine` executable.
+ *
+ * Each mode takes the argument vector that starts at its own name (argv[0]
+ * is the mode), prints its result as JSON on stdout (one line) and errors as
+ * one "error: ..." line on stderr, and returns the process exit code.
+ * main() dispatches on argv[1].
+ */
+#ifndef IE_CLI_H
+#define IE_CLI_H
+
+#include "ie_status.h"
+
+/* Exit codes shared by every mode. */
+enum {
+    IE_EXIT_OK = 0,
+    IE_EXIT_RUNTIME = 1, /* I/O or other failure at run time          */
+    IE_EXIT_USAGE = 2,   /* bad usage or bad input (flags, UTF-8)     */
+    IE_EXIT_MODEL = 3,   /* model/tokenizer missing or invalid        */
+    IE_EXIT_ENGINE = 5,  /* engine creation failed                    */
+    IE_EXIT_NOMEM = 6    /* out of memory                             */
+};
+
+/* Exit code for a failed model/engine load with status st. */
+int ie_cli_exit_for_load(ie_status_t st);
+
+/* Default mode: generate text for --prompt / --prompts-file. */
+int ie_cli_run(int argc, char **argv);
+
+/* `inference-engine tokenize --tokenizer PATH [--no-bos] [--parse-special]
+ * [--lines]`: read UTF-8 text from stdin and print {"ids":[...]} (one line;
+ * with --lines one line per input line, each tokenized without its '\n').
+ * Exit: 0 ok, 2 bad usage or invalid UTF-8 input, 3 tokenizer missing or
+ * invalid, 1 other failures (I/O, memory). Messages go to stderr. */
+int ie_cli_tokenize(int argc, char **argv);
+
+/* `perplexity --model PATH --file TEXT --ctx N [--chunks K]`. */
+int ie_cli_perplexity(int argc, char **argv);
+
+/* `logits --model PATH --ids 1,2,3 [--mode prefill|decode] --out FILE`. */
+int ie_cli_logits(int argc, char **argv);
+
+#endif

@@ -1,0 +1,117 @@
+/* ie_engine.h — the public C API of clocher (embedded mode).
+ *
+ * An engine is a coordinator (tokenizer, scheduler, samplers) and a worker
+ * (weights, KV cache, kernels) in one process:
+ *
+ *     ie_engine_opts_t o; ie_engine_opts_default(&o);
+ *     o.model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+ *     ie_engine_t *e; if (ie_engine_create(&o, &e) != IE_OK) ... ie_error_last()
+ *     ie_gen_params_t p; ie_gen_params_default(&p); p.max_new = 32;
+ *     ie_gen_result_t r; ie_engine_generate(e, &prompt, 1, &p, &r);
+ *     ... r.text, r.n_gen ...
+ *     ie_gen_result_clear(&r); ie_engine_destroy(&e);
+ *
+ * Several prompts in one call run as a continuously batched set: up to
+ * opts.n_seq sequences decode together in each step (each with its own KV
+ * slot, position and sampler); a finished one frees its slot for the next.
+ */
+#ifndef IE_ENGINE_H
+#define IE_ENGINE_H
+
+#include "ie_sampler.h"
+#include "ie_status.h"
+#include "ie_tokenizer.h"
+#include "ie_worker.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ie_engine ie_engine_t;
+
+typedef struct ie_engine_opts {
+    const char *model_path;   /* GGUF file or HF directory              */
+    const char *tokenizer_path; /* NULL: the model's own               */
+    int n_threads;            /* compute threads (>= 1)                 */
+    int pin_threads;          /* pin them to cores                      */
+    int n_ctx;                /* KV positions per sequence; 0: min(train
+                                 context, 4096)                         */
+    int n_seq;                /* sequences decoded together (>= 1)      */
+    int max_batch;            /* prefill chunk, tokens per step         */
+    ie_precision_t precision;
+    int no_tokenizer;         /* 1: do not load one (logits-only use)   */
+} ie_engine_opts_t;
+
+void ie_engine_opts_default(ie_engine_opts_t *o);
+
+/* Load the model and tokenizer and build the worker. Errors: IE_ERR_IO /
+ * IE_ERR_FORMAT / IE_ERR_UNSUPPORTED for the model or tokenizer,
+ * IE_ERR_NOMEM, IE_ERR_INVAL for options. Caller owns *out. */
+ie_status_t ie_engine_create(const ie_engine_opts_t *o, ie_engine_t **out);
+
+void ie_engine_destroy(ie_engine_t **self_p);
+
+const ie_hparams_t *ie_engine_hparams(const ie_engine_t *e);
+const ie_tokenizer_t *ie_engine_tokenizer(const ie_engine_t *e);
+ie_worker_t *ie_engine_worker(ie_engine_t *e);
+int ie_engine_n_ctx(const ie_engine_t *e);
+
+typedef enum ie_stop_reason {
+    IE_STOP_NONE = 0,
+    IE_STOP_EOS,       /* the model ended its turn             */
+    IE_STOP_STRING,    /* a stop string appeared               */
+    IE_STOP_LENGTH,    /* max_new tokens generated             */
+    IE_STOP_CONTEXT    /* the sequence filled its KV slot      */
+} ie_stop_reason_t;
+
+const char *ie_stop_reason_name(ie_stop_reason_t r);
+
+typedef struct ie_gen_params {
+    int max_new;                  /* tokens to generate at most (>= 0)  */
+    ie_sampler_params_t sampling;
+    const char *const *stop;      /* stop strings (not part of output)  */
+    size_t n_stop;
+    int add_special;              /* BOS/EOS per the tokenizer's rules  */
+    int parse_special;            /* special-token text -> tokens       */
+} ie_gen_params_t;
+
+/* max_new 128, sampler defaults, no stop strings, add_special 1,
+ * parse_special 1 (prompts are the user's own: chat markup works). */
+void ie_gen_params_default(ie_gen_params_t *p);
+
+typedef struct ie_gen_result {
+    char *text;               /* generated text (malloc'd, NUL-terminated) */
+    int32_t *ids;             /* generated ids (malloc'd)                */
+    size_t n_gen;
+    size_t n_prompt;          /* prompt tokens                           */
+    ie_stop_reason_t stop;
+    double ttft_ms;           /* from the call's start to the first token */
+    double *lat_ms;           /* per generated token after the first:
+                                 time since the previous one (malloc'd)  */
+    size_t n_lat;
+} ie_gen_result_t;
+
+/* Free a result's buffers and zero it. Accepts a zeroed result. */
+void ie_gen_result_clear(ie_gen_result_t *r);
+
+typedef struct ie_gen_stats {
+    double prefill_ms;        /* time in steps that held prompt tokens   */
+    double decode_ms;         /* time in steps that held only decodes    */
+    size_t prefill_tokens;
+    size_t decode_tokens;     /* tokens produced by decode steps         */
+} ie_gen_stats_t;
+
+/* Generate for n prompts (UTF-8). results[i] belongs to prompts[i]; the
+ * caller clears each. Fails before generating anything on invalid UTF-8
+ * (IE_ERR_INVAL, naming the prompt), a prompt that does not fit the context
+ * (IE_ERR_RANGE) or bad sampling params; on failure every result is
+ * cleared. stats (optional) accumulates timing of the whole call. */
+ie_status_t ie_engine_generate(ie_engine_t *e, const char *const *prompts, size_t n,
+                               const ie_gen_params_t *p, ie_gen_result_t *results,
+                               ie_gen_stats_t *stats);
+
+/* Logits for every position of `ids` in sequence slot 0 (cleared first):
+ * out holds n * n_vocab floats, row i after consuming ids[0..i]. `decode`
+ * 1 feeds one token per step, 0 prefills in chunks of max_batch. */
+ie_status_t ie_engine_logits(ie_engine_t *e, const int32_t *ids, size_t n, int decode, float *out);
+
+#endif

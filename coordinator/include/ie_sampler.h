@@ -1,0 +1,118 @@
+/* ie_sampler.h — turns one row of logits into one token id.
+ *
+ * A sampler belongs to one generation stream (one request). It owns a
+ * seeded PRNG, the recent token history used by the penalties, and all the
+ * scratch memory it needs, so ie_sampler_sample() never allocates.
+ *
+ * The chain, in this fixed order (the order of HF transformers / vLLM:
+ * filters act on the distribution *at* the chosen temperature; llama.cpp
+ * instead filters at temperature 1 and applies temperature last):
+ *
+ *   1. penalties   over the last repeat_last_n accepted tokens (the window),
+ *                  for each distinct token t in the window, seen c times:
+ *                    repeat (llama.cpp): logit > 0 ? logit / repeat_penalty
+ *                                                  : logit * repeat_penalty
+ *                    then (OpenAI):      logit -= c * frequency_penalty
+ *                                               + (c > 0) * presence_penalty
+ *                  written back into the caller's logits array.
+ *   2. greedy      if greedy != 0 or temperature == 0: return the arg max of
+ *                  the penalized logits, ties to the lowest id. Steps 3–6
+ *                  are skipped and no random number is consumed.
+ *   3. top-k       keep the top_k largest logits (0 = off). Ties are ranked
+ *                  by id, lower id first, so the kept set is exact.
+ *   4. softmax     p_i = exp((l_i - l_max) / temperature) / Z over the
+ *                  surviving tokens.
+ *   5. top-p       rank by p (ties by id), keep the smallest prefix whose
+ *                  mass is >= top_p (1 = off). The comparison tolerates a
+ *                  relative rounding error of 1e-6, so a prefix whose exact
+ *                  mass equals top_p is kept as "reaching" it.
+ *   6. min-p       keep tokens with p_i >= min_p * p_max (0 = off). The most
+ *                  likely token always survives.
+ *   7. draw        one uniform draw from the PRNG over the renormalized
+ *                  survivors.
+ *
+ * Non-finite logits: NaN and -inf are never chosen (NaN counts as -inf);
+ * +inf tokens share all the mass (greedy picks the lowest such id). If no
+ * logit is finite-or-+inf, ie_sampler_sample() fails with IE_ERR_RANGE.
+ *
+ * Cost at vocabulary n: penalties O(window); greedy O(n); top-k by
+ * selection O(n), no sort; top-p sorts only the prefix it needs (grown by
+ * doubling chunks picked out by selection), O(n) when the mass is
+ * concentrated; min-p alone is an O(n) threshold before any exp().
+ *
+ * Not thread-safe: one sampler per stream, used from one thread at a time.
+ */
+#ifndef IE_SAMPLER_H
+#define IE_SAMPLER_H
+
+#include <stdint.h>
+
+#include "ie_status.h"
+
+typedef struct ie_sampler ie_sampler_t;
+
+typedef struct ie_sampler_params {
+    float temperature;       /* >= 0, finite; 0 = greedy          (1.0)  */
+    int greedy;              /* nonzero = arg max, ignores the rest (0)  */
+    int32_t top_k;           /* >= 0; 0 = off                       (0)  */
+    float top_p;             /* in (0, 1]; 1 = off                  (1)  */
+    float min_p;             /* in [0, 1]; 0 = off                  (0)  */
+    float repeat_penalty;    /* > 0, finite; 1 = off                (1)  */
+    int32_t repeat_last_n;   /* window length in [0, 2^20]; 0 = no
+                                penalties                           (64) */
+    float frequency_penalty; /* finite, may be < 0; 0 = off         (0)  */
+    float presence_penalty;  /* finite, may be < 0; 0 = off         (0)  */
+    uint64_t seed;           /* PRNG seed; every value (0 too) is a fixed,
+                                reproducible seed. For a random one put
+                                ie_sampler_seed_random() here.       (0)  */
+} ie_sampler_params_t;
+
+/* The defaults shown above: temperature 1 with every filter and penalty
+ * off (the OpenAI API defaults), window 64, seed 0. */
+ie_sampler_params_t ie_sampler_params_default(void);
+
+/* A fresh unpredictable seed (getrandom(), falling back to the clock). The
+ * caller stores it in params.seed, so the seed used can be reported and a
+ * run replayed. */
+uint64_t ie_sampler_seed_random(void);
+
+/* IE_OK if every field of *params is in range, else IE_ERR_INVAL with a
+ * message naming the field. */
+ie_status_t ie_sampler_params_validate(const ie_sampler_params_t *params);
+
+/* New sampler for a vocabulary of n_vocab (>= 1) tokens, seeded from
+ * params->seed, empty history. Copies *params. Allocates all scratch now
+ * (about 16 bytes per vocabulary entry). Caller owns *out and must destroy
+ * it; *out is NULL on failure. */
+ie_status_t ie_sampler_new(const ie_sampler_params_t *params, int32_t n_vocab,
+                           ie_sampler_t **out);
+
+/* Free the sampler; *self_p = NULL. Accepts NULL and *self_p == NULL. */
+void ie_sampler_destroy(ie_sampler_t **self_p);
+
+/* Pick the next token from logits[0..n_vocab) by the chain above. On
+ * return logits holds the penalized values (step 1; later steps do not
+ * write to it). Does not record the token: call ie_sampler_accept() with
+ * whatever token the engine finally keeps. *id_out is in [0, n_vocab) on
+ * success, -1 on failure. Never allocates. */
+ie_status_t ie_sampler_sample(ie_sampler_t *s, float *logits, int32_t *id_out);
+
+/* Step 1 alone: apply the penalties of the current window to
+ * logits[0..n_vocab) in place. Leaves the sampler's state as it was (it
+ * marks tokens in its own count table while it runs, hence non-const). */
+void ie_sampler_apply_penalties(ie_sampler_t *s, float *logits);
+
+/* Record id as the newest token of the history (the engine calls this for
+ * every prompt token too, so the prompt is penalized like output). Tokens
+ * older than repeat_last_n drop out of the window. IE_ERR_RANGE if id is
+ * outside [0, n_vocab). */
+ie_status_t ie_sampler_accept(ie_sampler_t *s, int32_t id);
+
+/* Forget the history and reseed the PRNG from params.seed, so the sampler
+ * behaves exactly as a new one. */
+void ie_sampler_reset(ie_sampler_t *s);
+
+/* The parameters the sampler was made with. */
+const ie_sampler_params_t *ie_sampler_params(const ie_sampler_t *s);
+
+#endif

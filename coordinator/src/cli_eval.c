@@ -1,0 +1,296 @@
+/* cli_eval.c — evaluation modes of `inference-engine`:
+ *
+ *   perplexity: llama.cpp's method — the text's tokens are cut into
+ *     non-overlapping windows of N; each window is evaluated from an empty
+ *     cache (its first token replaced by BOS when the tokenizer adds one)
+ *     and only its second half is scored, so every scored token has at
+ *     least N/2 tokens of context.
+ *   logits: raw float32 logits of every position for given ids, for the
+ *     reference comparisons in tests/.
+ */
+#include "ie_cli.h"
+#include "ie_engine.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int fail(int code, const char *fmt, const char *arg)
+{
+    fprintf(stderr, "error: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n");
+    return code;
+}
+
+static int to_long(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+/* Whole file into a NUL-terminated buffer. */
+static char *slurp(const char *path, size_t *len_out)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t len = 0, cap = 0, r;
+    do {
+        if (len + 65536 + 1 > cap) {
+            cap = (len + 65536 + 1) * 2;
+            char *nb = realloc(buf, cap);
+            if (!nb) { free(buf); fclose(f); return NULL; }
+            buf = nb;
+        }
+        r = fread(buf + len, 1, cap - len - 1, f);
+        len += r;
+    } while (r > 0);
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) { free(buf); return NULL; }
+    buf[len] = '\0';
+    *len_out = len;
+    return buf;
+}
+
+int ie_cli_perplexity(int argc, char **argv)
+{
+    static const struct option lo[] = {
+        {"model", required_argument, 0, 'm'}, {"model-dir", required_argument, 0, 'm'},
+        {"file", required_argument, 0, 'f'}, {"ctx", required_argument, 0, 'c'},
+        {"chunks", required_argument, 0, 'k'}, {"threads", required_argument, 0, 't'},
+        {"precision", required_argument, 0, 'p'}, {"batch", required_argument, 0, 'b'}, {0, 0, 0, 0}};
+    const char *model = NULL, *file = NULL;
+    long ctx = 512, chunks = 0, threads = sysconf(_SC_NPROCESSORS_ONLN), batch = 512;
+    ie_precision_t prec = IE_PREC_NATIVE;
+    int c, rc = IE_EXIT_OK;
+    char *text = NULL;
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    ie_engine_t *eng = NULL;
+    int32_t *tok = NULL, *pos = NULL, *seq = NULL;
+    uint8_t *want = NULL;
+
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        int bad = 0;
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 'f': file = optarg; break;
+        case 'c': bad = to_long(optarg, 4, 1 << 20, &ctx); break;
+        case 'k': bad = to_long(optarg, 0, 1 << 30, &chunks); break;
+        case 't': bad = to_long(optarg, 1, 1024, &threads); break;
+        case 'b': bad = to_long(optarg, 1, 1 << 16, &batch); break;
+        case 'p': bad = ie_precision_parse(optarg, &prec) != IE_OK; break;
+        default: return fail(IE_EXIT_USAGE, "perplexity: unknown or incomplete option '%s'", argv[optind - 1]);
+        }
+        if (bad) return fail(IE_EXIT_USAGE, "perplexity: bad value '%s'", optarg);
+    }
+    if (!model || !file || optind < argc)
+        return fail(IE_EXIT_USAGE, "%s", "usage: inference-engine perplexity --model PATH --file TEXT --ctx N "
+                                         "[--chunks K] [--threads N] [--precision P]");
+
+    size_t len = 0;
+    text = slurp(file, &len);
+    if (!text) return fail(IE_EXIT_USAGE, "perplexity: cannot read '%s'", file);
+
+    ie_engine_opts_t eo;
+    ie_engine_opts_default(&eo);
+    eo.model_path = model;
+    eo.n_threads = (int)threads;
+    eo.n_ctx = (int)ctx;
+    eo.max_batch = (int)(batch < ctx ? batch : ctx);
+    eo.precision = prec;
+    ie_status_t st = ie_engine_create(&eo, &eng);
+    if (st != IE_OK) {
+        rc = fail(ie_cli_exit_for_load(st), "%s", ie_error_last());
+        goto cleanup;
+    }
+    const ie_tokenizer_t *tk = ie_engine_tokenizer(eng);
+    size_t n_ids = 0;
+    /* BOS goes at the start of each window, not of the text */
+    if ((st = ie_tokenizer_encode(tk, text, len, 0, &ids, &n_ids)) != IE_OK) {
+        rc = fail(IE_EXIT_USAGE, "perplexity: %s", ie_error_last());
+        goto cleanup;
+    }
+    int32_t bos = ie_tokenizer_bos(tk);
+    int add_bos = 0;
+    {
+        /* the tokenizer's own rule: does encoding with ADD_SPECIAL add BOS? */
+        int32_t *t1 = NULL;
+        size_t n1 = 0;
+        if (ie_tokenizer_encode(tk, "a", 1, IE_TOK_ADD_SPECIAL, &t1, &n1) == IE_OK && n1 > 0 && bos >= 0 &&
+            t1[0] == bos)
+            add_bos = 1;
+        free(t1);
+    }
+    size_t n_win = n_ids / (size_t)ctx;
+    if (chunks > 0 && (size_t)chunks < n_win) n_win = (size_t)chunks;
+    if (n_win == 0) {
+        char m[128];
+        snprintf(m, sizeof m, "%zu tokens, need at least --ctx %ld", n_ids, ctx);
+        rc = fail(IE_EXIT_USAGE, "perplexity: text too short: %s", m);
+        goto cleanup;
+    }
+
+    const ie_hparams_t *hp = ie_engine_hparams(eng);
+    ie_worker_t *w = ie_engine_worker(eng);
+    int B = ie_worker_max_batch(w);
+    size_t first = (size_t)ctx / 2;
+    logits = malloc((size_t)B * hp->n_vocab * sizeof(float));
+    tok = malloc((size_t)B * sizeof *tok);
+    pos = malloc((size_t)B * sizeof *pos);
+    seq = calloc((size_t)B, sizeof *seq);
+    want = malloc((size_t)B);
+    if (!logits || !tok || !pos || !seq || !want) {
+        rc = fail(IE_EXIT_NOMEM, "%s", "out of memory");
+        goto cleanup;
+    }
+    double nll = 0;
+    size_t scored = 0;
+    for (size_t wi = 0; wi < n_win; wi++) {
+        const int32_t *win = ids + wi * (size_t)ctx;
+        ie_worker_seq_clear(w, 0);
+        for (size_t s0 = 0; s0 < (size_t)ctx; s0 += (size_t)B) {
+            int m = (int)((size_t)ctx - s0 < (size_t)B ? (size_t)ctx - s0 : (size_t)B);
+            for (int k = 0; k < m; k++) {
+                size_t p = s0 + k;
+                tok[k] = (p == 0 && add_bos) ? bos : win[p];
+                pos[k] = (int32_t)p;
+                want[k] = p >= first && p + 1 < (size_t)ctx;
+            }
+            ie_batch_t b = {m, tok, pos, seq, want};
+            if ((st = ie_worker_step(w, &b, logits)) != IE_OK) {
+                rc = fail(IE_EXIT_RUNTIME, "perplexity: %s", ie_error_last());
+                goto cleanup;
+            }
+            int row = 0;
+            for (int k = 0; k < m; k++) {
+                if (!want[k]) continue;
+                const float *lg = logits + (size_t)row++ * hp->n_vocab;
+                double mx = lg[0];
+                for (int v = 1; v < hp->n_vocab; v++) mx = lg[v] > mx ? lg[v] : mx;
+                double z = 0;
+                for (int v = 0; v < hp->n_vocab; v++) z += exp((double)lg[v] - mx);
+                nll -= (double)lg[win[s0 + k + 1]] - mx - log(z);
+                scored++;
+            }
+        }
+    }
+    printf("{\"ppl\":%.6f,\"tokens\":%zu,\"chunks\":%zu,\"ctx\":%ld,\"nll\":%.6f}\n", exp(nll / (double)scored),
+           scored, n_win, ctx, nll / (double)scored);
+    fflush(stdout);
+
+cleanup:
+    free(text);
+    free(ids);
+    free(logits);
+    free(tok);
+    free(pos);
+    free(seq);
+    free(want);
+    ie_engine_destroy(&eng);
+    return rc;
+}
+
+int ie_cli_logits(int argc, char **argv)
+{
+    static const struct option lo[] = {
+        {"model", required_argument, 0, 'm'}, {"model-dir", required_argument, 0, 'm'},
+        {"ids", required_argument, 0, 'i'}, {"mode", required_argument, 0, 'M'},
+        {"out", required_argument, 0, 'o'}, {"threads", required_argument, 0, 't'},
+        {"precision", required_argument, 0, 'p'}, {0, 0, 0, 0}};
+    const char *model = NULL, *ids_s = NULL, *out = NULL;
+    long threads = sysconf(_SC_NPROCESSORS_ONLN);
+    int decode = 0, c, rc = IE_EXIT_OK;
+    ie_precision_t prec = IE_PREC_NATIVE;
+    int32_t *ids = NULL;
+    float *logits = NULL;
+    ie_engine_t *eng = NULL;
+    FILE *f = NULL;
+
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        int bad = 0;
+        switch (c) {
+        case 'm': model = optarg; break;
+        case 'i': ids_s = optarg; break;
+        case 'o': out = optarg; break;
+        case 't': bad = to_long(optarg, 1, 1024, &threads); break;
+        case 'M':
+            if (!strcmp(optarg, "decode")) decode = 1;
+            else if (!strcmp(optarg, "prefill")) decode = 0;
+            else bad = 1;
+            break;
+        case 'p': bad = ie_precision_parse(optarg, &prec) != IE_OK; break;
+        default: return fail(IE_EXIT_USAGE, "logits: unknown or incomplete option '%s'", argv[optind - 1]);
+        }
+        if (bad) return fail(IE_EXIT_USAGE, "logits: bad value '%s'", optarg);
+    }
+    if (!model || !ids_s || !out || optind < argc)
+        return fail(IE_EXIT_USAGE, "%s", "usage: inference-engine logits --model PATH --ids 1,2,3 "
+                                         "[--mode prefill|decode] [--precision P] --out FILE");
+    /* parse the id list */
+    size_t n = 1;
+    for (const char *s = ids_s; *s; s++) n += *s == ',';
+    ids = malloc(n * sizeof *ids);
+    if (!ids) return fail(IE_EXIT_NOMEM, "%s", "out of memory");
+    {
+        const char *s = ids_s;
+        for (size_t i = 0; i < n; i++) {
+            char *end;
+            errno = 0;
+            long v = strtol(s, &end, 10);
+            if (errno || end == s || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
+                rc = fail(IE_EXIT_USAGE, "logits: bad id list '%s'", ids_s);
+                goto cleanup;
+            }
+            ids[i] = (int32_t)v;
+            s = *end ? end + 1 : end;
+        }
+    }
+    ie_engine_opts_t eo;
+    ie_engine_opts_default(&eo);
+    eo.model_path = model;
+    eo.n_threads = (int)threads;
+    eo.n_ctx = (int)(n < 16 ? 16 : n);
+    eo.precision = prec;
+    eo.no_tokenizer = 1;
+    ie_status_t st = ie_engine_create(&eo, &eng);
+    if (st != IE_OK) {
+        rc = fail(ie_cli_exit_for_load(st), "%s", ie_error_last());
+        goto cleanup;
+    }
+    const ie_hparams_t *hp = ie_engine_hparams(eng);
+    logits = malloc(n * (size_t)hp->n_vocab * sizeof(float));
+    if (!logits) { rc = fail(IE_EXIT_NOMEM, "%s", "out of memory"); goto cleanup; }
+    if ((st = ie_engine_logits(eng, ids, n, decode, logits)) != IE_OK) {
+        rc = fail(st == IE_ERR_RANGE ? IE_EXIT_USAGE : IE_EXIT_RUNTIME, "logits: %s", ie_error_last());
+        goto cleanup;
+    }
+    f = fopen(out, "wb");
+    if (!f || fwrite(logits, sizeof(float), n * (size_t)hp->n_vocab, f) != n * (size_t)hp->n_vocab) {
+        rc = fail(IE_EXIT_RUNTIME, "logits: cannot write '%s'", out);
+        goto cleanup;
+    }
+    printf("{\"n_tokens\":%zu,\"n_vocab\":%d}\n", n, hp->n_vocab);
+    fflush(stdout);
+
+cleanup:
+    if (f && fclose(f) != 0 && rc == IE_EXIT_OK) rc = fail(IE_EXIT_RUNTIME, "logits: cannot write '%s'", out);
+    free(ids);
+    free(logits);
+    ie_engine_destroy(&eng);
+    return rc;
+}

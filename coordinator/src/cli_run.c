@@ -1,0 +1,408 @@
+/* cli_run.c — the default `inference-engine` mode: generate and report.
+ *
+ * Prints exactly one JSON line on stdout; everything else goes to stderr.
+ * --warmup N runs the whole workload N times unmeasured first; --rounds R
+ * measures it R times and reports the aggregate (tokens summed, latency
+ * percentiles over every token of every round, text of the last round).
+ */
+#include "ie_cli.h"
+#include "ie_engine.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+int ie_cli_exit_for_load(ie_status_t st)
+{
+    switch (st) {
+    case IE_ERR_IO: case IE_ERR_FORMAT: case IE_ERR_UNSUPPORTED: return IE_EXIT_MODEL;
+    case IE_ERR_NOMEM: return IE_EXIT_NOMEM;
+    case IE_ERR_INVAL: return IE_EXIT_USAGE;
+    default: return IE_EXIT_ENGINE;
+    }
+}
+
+static void usage(FILE *f)
+{
+    fputs("usage: inference-engine --model PATH (--prompt TEXT | --prompts-file FILE) [options]\n"
+          "       inference-engine tokenize|perplexity|logits ... (see docs/CLI.md)\n"
+          "options:\n"
+          "  --model PATH, --model-dir DIR  GGUF file or Hugging Face directory\n"
+          "  --prompt TEXT                  one prompt\n"
+          "  --prompts-file FILE            one prompt per line\n"
+          "  --max-new N                    tokens to generate per prompt (128)\n"
+          "  --threads N                    compute threads (online CPUs)\n"
+          "  --batch N                      prompts decoded together (1)\n"
+          "  --ctx N                        KV positions per sequence (min(train, 4096))\n"
+          "  --warmup N / --rounds N        unmeasured / measured repetitions (0 / 1)\n"
+          "  --greedy                       arg max decoding\n"
+          "  --temperature T --top-k K --top-p P --min-p P\n"
+          "  --repeat-penalty R --frequency-penalty F --presence-penalty P\n"
+          "  --seed S                       sampling seed (random if absent)\n"
+          "  --stop STR                     stop string (repeatable)\n"
+          "  --precision native|f32|bf16|f16  weight precision (native)\n"
+          "  --no-special                   do not add BOS/EOS or parse special tokens\n"
+          "  --print-text                   also write the generated text to stderr\n"
+          "  --no-pin                       do not pin threads to cores\n",
+          f);
+}
+
+static int err_exit(int code, const char *msg)
+{
+    fprintf(stderr, "error: %s\n", msg);
+    return code;
+}
+
+/* Strict numeric parsing: the whole string must be a number in range. */
+static int parse_long(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_float(const char *s, float *out)
+{
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+static double rss_peak_mb(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss / 1024.0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double percentile(double *v, size_t n, double p)
+{
+    if (n == 0) return 0.0;
+    qsort(v, n, sizeof *v, cmp_double);
+    double r = p * (double)(n - 1);
+    size_t i = (size_t)r;
+    double f = r - (double)i;
+    return i + 1 < n ? v[i] * (1 - f) + v[i + 1] * f : v[i];
+}
+
+/* Read one prompt per line (trailing \r\n stripped, empty lines skipped).
+ * Caller frees each line and the array. */
+static int read_prompts(const char *path, char ***out, size_t *n_out)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    char **v = NULL, *line = NULL;
+    size_t n = 0, cap = 0, lcap = 0;
+    ssize_t len;
+    while ((len = getline(&line, &lcap, f)) >= 0) {
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
+        if (len == 0) continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            char **nv = realloc(v, cap * sizeof *nv);
+            if (!nv) break;
+            v = nv;
+        }
+        v[n] = strdup(line);
+        if (!v[n]) break;
+        n++;
+    }
+    free(line);
+    fclose(f);
+    *out = v;
+    *n_out = n;
+    return 0;
+}
+
+int ie_cli_run(int argc, char **argv)
+{
+    enum {
+        O_MODEL = 256, O_PROMPT, O_PFILE, O_MAXNEW, O_THREADS, O_BATCH, O_CTX, O_WARMUP, O_ROUNDS, O_GREEDY,
+        O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_FREQ, O_PRES, O_SEED, O_STOP, O_PREC, O_NOSPECIAL,
+        O_PRINT, O_NOPIN, O_HELP
+    };
+    static const struct option lo[] = {
+        {"model", required_argument, 0, O_MODEL}, {"model-dir", required_argument, 0, O_MODEL},
+        {"prompt", required_argument, 0, O_PROMPT}, {"prompts-file", required_argument, 0, O_PFILE},
+        {"max-new", required_argument, 0, O_MAXNEW}, {"threads", required_argument, 0, O_THREADS},
+        {"batch", required_argument, 0, O_BATCH}, {"ctx", required_argument, 0, O_CTX},
+        {"warmup", required_argument, 0, O_WARMUP}, {"rounds", required_argument, 0, O_ROUNDS},
+        {"greedy", no_argument, 0, O_GREEDY}, {"temperature", required_argument, 0, O_TEMP},
+        {"top-k", required_argument, 0, O_TOPK}, {"top-p", required_argument, 0, O_TOPP},
+        {"min-p", required_argument, 0, O_MINP}, {"repeat-penalty", required_argument, 0, O_REP},
+        {"frequency-penalty", required_argument, 0, O_FREQ},
+        {"presence-penalty", required_argument, 0, O_PRES}, {"seed", required_argument, 0, O_SEED},
+        {"stop", required_argument, 0, O_STOP}, {"precision", required_argument, 0, O_PREC},
+        {"no-special", no_argument, 0, O_NOSPECIAL}, {"print-text", no_argument, 0, O_PRINT},
+        {"no-pin", no_argument, 0, O_NOPIN}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+
+    const char *model = NULL, *prompt = NULL, *pfile = NULL;
+    long max_new = 128, threads = sysconf(_SC_NPROCESSORS_ONLN), batch = 1, ctx = 0, warmup = 0, rounds = 1;
+    int greedy = 0, print_text = 0, special = 1, pin = 1, have_seed = 0;
+    ie_sampler_params_t sp = ie_sampler_params_default();
+    sp.temperature = 0.8f; /* llama.cpp's defaults for an interactive CLI */
+    sp.top_k = 40;
+    sp.top_p = 0.95f;
+    sp.min_p = 0.05f;
+    ie_precision_t prec = IE_PREC_NATIVE;
+    const char **stops = NULL;
+    size_t n_stop = 0;
+    char **prompts = NULL;
+    size_t n_prompts = 0;
+    int rc = IE_EXIT_OK, c;
+    long lv;
+    ie_engine_t *eng = NULL;
+    ie_gen_result_t *res = NULL;
+    double *lat = NULL;
+    cJSON *js = NULL;
+    char msg[600];
+
+    if (threads < 1) threads = 1;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        int bad = 0;
+        switch (c) {
+        case O_MODEL: model = optarg; break;
+        case O_PROMPT: prompt = optarg; break;
+        case O_PFILE: pfile = optarg; break;
+        case O_MAXNEW: bad = parse_long(optarg, 0, 1 << 24, &max_new); break;
+        case O_THREADS: bad = parse_long(optarg, 1, 1024, &threads); break;
+        case O_BATCH: bad = parse_long(optarg, 1, 4096, &batch); break;
+        case O_CTX: bad = parse_long(optarg, 1, 1 << 24, &ctx); break;
+        case O_WARMUP: bad = parse_long(optarg, 0, 1000, &warmup); break;
+        case O_ROUNDS: bad = parse_long(optarg, 1, 1000, &rounds); break;
+        case O_GREEDY: greedy = 1; break;
+        case O_TEMP: bad = parse_float(optarg, &sp.temperature); break;
+        case O_TOPK: bad = parse_long(optarg, 0, 1 << 30, &lv); sp.top_k = (int32_t)lv; break;
+        case O_TOPP: bad = parse_float(optarg, &sp.top_p); break;
+        case O_MINP: bad = parse_float(optarg, &sp.min_p); break;
+        case O_REP: bad = parse_float(optarg, &sp.repeat_penalty); break;
+        case O_FREQ: bad = parse_float(optarg, &sp.frequency_penalty); break;
+        case O_PRES: bad = parse_float(optarg, &sp.presence_penalty); break;
+        case O_SEED: {
+            char *end;
+            errno = 0;
+            unsigned long long s = strtoull(optarg, &end, 10);
+            bad = errno || end == optarg || *end || optarg[0] == '-';
+            sp.seed = s;
+            have_seed = 1;
+            break;
+        }
+        case O_STOP: {
+            const char **ns = realloc(stops, (n_stop + 1) * sizeof *ns);
+            if (!ns) { rc = err_exit(IE_EXIT_NOMEM, "out of memory"); goto cleanup; }
+            stops = ns;
+            stops[n_stop++] = optarg;
+            break;
+        }
+        case O_PREC:
+            if (ie_precision_parse(optarg, &prec) != IE_OK) bad = 1;
+            break;
+        case O_NOSPECIAL: special = 0; break;
+        case O_PRINT: print_text = 1; break;
+        case O_NOPIN: pin = 0; break;
+        case O_HELP: usage(stdout); goto cleanup;
+        default:
+            snprintf(msg, sizeof msg, "unknown or incomplete option '%s'", argv[optind - 1]);
+            usage(stderr);
+            rc = err_exit(IE_EXIT_USAGE, msg);
+            goto cleanup;
+        }
+        if (bad) {
+            const char *name = "?";
+            for (const struct option *o = lo; o->name; o++)
+                if (o->val == c) { name = o->name; break; }
+            snprintf(msg, sizeof msg, "bad value '%s' for --%s", optarg, name);
+            rc = err_exit(IE_EXIT_USAGE, msg);
+            goto cleanup;
+        }
+    }
+    if (optind < argc) {
+        snprintf(msg, sizeof msg, "unexpected argument '%s'", argv[optind]);
+        rc = err_exit(IE_EXIT_USAGE, msg);
+        goto cleanup;
+    }
+    if (!model) {
+        usage(stderr);
+        rc = err_exit(IE_EXIT_USAGE, "--model is required");
+        goto cleanup;
+    }
+    if (!!prompt == !!pfile) {
+        usage(stderr);
+        rc = err_exit(IE_EXIT_USAGE, "give exactly one of --prompt and --prompts-file");
+        goto cleanup;
+    }
+    sp.greedy = greedy;
+    if (!have_seed) sp.seed = ie_sampler_seed_random();
+    if (ie_sampler_params_validate(&sp) != IE_OK) {
+        rc = err_exit(IE_EXIT_USAGE, ie_error_last());
+        goto cleanup;
+    }
+    if (pfile) {
+        if (read_prompts(pfile, &prompts, &n_prompts) != 0) {
+            snprintf(msg, sizeof msg, "cannot read prompts file '%s': %s", pfile, strerror(errno));
+            rc = err_exit(IE_EXIT_USAGE, msg);
+            goto cleanup;
+        }
+        if (n_prompts == 0) {
+            rc = err_exit(IE_EXIT_USAGE, "prompts file has no prompts");
+            goto cleanup;
+        }
+    } else {
+        prompts = malloc(sizeof *prompts);
+        if (!prompts || !(prompts[0] = strdup(prompt))) {
+            free(prompts);
+            prompts = NULL;
+            rc = err_exit(IE_EXIT_NOMEM, "out of memory");
+            goto cleanup;
+        }
+        n_prompts = 1;
+    }
+
+    ie_engine_opts_t eo;
+    ie_engine_opts_default(&eo);
+    eo.model_path = model;
+    eo.n_threads = (int)threads;
+    eo.pin_threads = pin;
+    eo.n_seq = (int)(batch < (long)n_prompts ? batch : (long)n_prompts);
+    eo.n_ctx = (int)ctx;
+    eo.precision = prec;
+    ie_status_t st = ie_engine_create(&eo, &eng);
+    if (st != IE_OK) {
+        rc = err_exit(ie_cli_exit_for_load(st), ie_error_last());
+        goto cleanup;
+    }
+
+    ie_gen_params_t gp;
+    ie_gen_params_default(&gp);
+    gp.max_new = (int)max_new;
+    gp.sampling = sp;
+    gp.stop = stops;
+    gp.n_stop = n_stop;
+    gp.add_special = special;
+    gp.parse_special = special;
+
+    res = calloc(n_prompts, sizeof *res);
+    if (!res) { rc = err_exit(IE_EXIT_NOMEM, "out of memory"); goto cleanup; }
+    ie_gen_stats_t stats = {0};
+    size_t tokens_in = 0, tokens_out = 0, n_lat = 0, lat_cap = 0;
+    double wall = 0, ttft_sum = 0;
+    for (long r = 0; r < warmup + rounds; r++) {
+        int measured = r >= warmup;
+        for (size_t i = 0; i < n_prompts; i++) ie_gen_result_clear(&res[i]);
+        ie_gen_stats_t s = {0};
+        double t0 = now_s();
+        st = ie_engine_generate(eng, (const char *const *)prompts, n_prompts, &gp, res, &s);
+        double t1 = now_s();
+        if (st != IE_OK) {
+            int code = st == IE_ERR_INVAL || st == IE_ERR_RANGE ? IE_EXIT_USAGE
+                       : st == IE_ERR_NOMEM                     ? IE_EXIT_NOMEM
+                                                                : IE_EXIT_RUNTIME;
+            rc = err_exit(code, ie_error_last());
+            goto cleanup;
+        }
+        if (!measured) continue;
+        wall += t1 - t0;
+        stats.prefill_ms += s.prefill_ms;
+        stats.decode_ms += s.decode_ms;
+        stats.prefill_tokens += s.prefill_tokens;
+        stats.decode_tokens += s.decode_tokens;
+        for (size_t i = 0; i < n_prompts; i++) {
+            tokens_in += res[i].n_prompt;
+            tokens_out += res[i].n_gen;
+            ttft_sum += res[i].ttft_ms;
+            if (n_lat + res[i].n_lat > lat_cap) {
+                lat_cap = (n_lat + res[i].n_lat) * 2;
+                double *nl = realloc(lat, lat_cap * sizeof *nl);
+                if (!nl) { rc = err_exit(IE_EXIT_NOMEM, "out of memory"); goto cleanup; }
+                lat = nl;
+            }
+            memcpy(lat + n_lat, res[i].lat_ms, res[i].n_lat * sizeof *lat);
+            n_lat += res[i].n_lat;
+        }
+    }
+
+    js = cJSON_CreateObject();
+    cJSON_AddStringToObject(js, "model", model);
+    cJSON_AddNumberToObject(js, "prompts", (double)n_prompts);
+    cJSON_AddNumberToObject(js, "tokens_in", (double)tokens_in);
+    cJSON_AddNumberToObject(js, "tokens_out", (double)tokens_out);
+    cJSON_AddNumberToObject(js, "wall_s", wall);
+    cJSON_AddNumberToObject(js, "tps", wall > 0 ? tokens_out / wall : 0);
+    cJSON_AddNumberToObject(js, "prefill_tps",
+                            stats.prefill_ms > 0 ? stats.prefill_tokens / (stats.prefill_ms / 1e3) : 0);
+    cJSON_AddNumberToObject(js, "decode_tps",
+                            stats.decode_ms > 0 ? stats.decode_tokens / (stats.decode_ms / 1e3) : 0);
+    cJSON_AddNumberToObject(js, "ttft_ms", ttft_sum / (double)(n_prompts * rounds));
+    double p50 = percentile(lat, n_lat, 0.50), p95 = percentile(lat, n_lat, 0.95);
+    cJSON_AddNumberToObject(js, "latency_p50_ms", p50);
+    cJSON_AddNumberToObject(js, "latency_p95_ms", p95);
+    cJSON_AddNumberToObject(js, "rss_peak_mb", rss_peak_mb());
+    cJSON_AddNumberToObject(js, "threads", (double)threads);
+    cJSON_AddStringToObject(js, "precision", ie_precision_name(prec));
+    cJSON_AddStringToObject(js, "isa", ie_isa_name(ie_worker_isa(ie_engine_worker(eng))));
+    cJSON_AddNumberToObject(js, "batch", (double)eo.n_seq);
+    cJSON_AddNumberToObject(js, "seed", (double)sp.seed);
+    cJSON_AddNumberToObject(js, "rounds", (double)rounds);
+    if (n_prompts == 1) {
+        cJSON_AddStringToObject(js, "text", res[0].text ? res[0].text : "");
+        cJSON_AddStringToObject(js, "stop_reason", ie_stop_reason_name(res[0].stop));
+        cJSON *ids = cJSON_AddArrayToObject(js, "ids");
+        for (size_t k = 0; k < res[0].n_gen; k++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(res[0].ids[k]));
+    } else {
+        cJSON *texts = cJSON_AddArrayToObject(js, "text");
+        cJSON *reasons = cJSON_AddArrayToObject(js, "stop_reason");
+        cJSON *ids = cJSON_AddArrayToObject(js, "ids");
+        for (size_t i = 0; i < n_prompts; i++) {
+            cJSON_AddItemToArray(texts, cJSON_CreateString(res[i].text ? res[i].text : ""));
+            cJSON_AddItemToArray(reasons, cJSON_CreateString(ie_stop_reason_name(res[i].stop)));
+            cJSON *one = cJSON_CreateArray();
+            for (size_t k = 0; k < res[i].n_gen; k++) cJSON_AddItemToArray(one, cJSON_CreateNumber(res[i].ids[k]));
+            cJSON_AddItemToArray(ids, one);
+        }
+    }
+    char *line = cJSON_PrintUnformatted(js);
+    if (!line) { rc = err_exit(IE_EXIT_NOMEM, "out of memory"); goto cleanup; }
+    if (print_text)
+        for (size_t i = 0; i < n_prompts; i++) fprintf(stderr, "%s\n", res[i].text ? res[i].text : "");
+    printf("%s\n", line);
+    fflush(stdout);
+    free(line);
+
+cleanup:
+    cJSON_Delete(js);
+    for (size_t i = 0; res && i < n_prompts; i++) ie_gen_result_clear(&res[i]);
+    free(res);
+    free(lat);
+    ie_engine_destroy(&eng);
+    for (size_t i = 0; i < n_prompts; i++) free(prompts[i]);
+    free(prompts);
+    free(stops);
+    return rc;
+}

@@ -1,0 +1,182 @@
+/* cli_tokenize.c — the `tokenize` subcommand: stdin text -> token ids.
+ *
+ * Prints {"ids":[...]} per input (or per line with --lines) so scripts can
+ * compare our ids with a reference tokenizer line by line.
+ */
+#include "ie_cli.h"
+#include "ie_tokenizer.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define EXIT_OK 0
+#define EXIT_FAIL 1
+#define EXIT_USAGE 2
+#define EXIT_TOKENIZER 3
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: inference-engine tokenize --tokenizer PATH [--no-bos] [--parse-special] [--lines]\n"
+            "  Reads UTF-8 text from stdin and prints {\"ids\":[...]}.\n"
+            "  --tokenizer PATH  GGUF file, tokenizer.json, or a directory holding tokenizer.json\n"
+            "  --no-bos          add no BOS/EOS tokens\n"
+            "  --parse-special   treat special-token text (e.g. <|im_start|>) as those tokens\n"
+            "  --lines           tokenize each input line separately (without its newline)\n");
+}
+
+/* Whole stdin into a malloc'd buffer. */
+static int read_all(FILE *in, char **buf_out, size_t *len_out)
+{
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap);
+    if (!buf) {
+        return -1;
+    }
+    for (;;) {
+        if (len == cap) {
+            char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                return -1;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t n = fread(buf + len, 1, cap - len, in);
+        len += n;
+        if (n == 0) {
+            break;
+        }
+    }
+    if (ferror(in)) {
+        free(buf);
+        return -1;
+    }
+    *buf_out = buf;
+    *len_out = len;
+    return 0;
+}
+
+/* Write {"ids":[...]}\n without printf per id. */
+static void print_ids(FILE *out, const int32_t *ids, size_t n)
+{
+    char num[16];
+    fputs("{\"ids\":[", out);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t v = (uint32_t)ids[i]; /* ids are never negative */
+        int k = (int)sizeof num;
+        do {
+            num[--k] = (char)('0' + v % 10);
+            v /= 10;
+        } while (v);
+        if (i) {
+            fputc(',', out);
+        }
+        fwrite(num + k, 1, sizeof num - (size_t)k, out);
+    }
+    fputs("]}\n", out);
+}
+
+int ie_cli_tokenize(int argc, char **argv)
+{
+    int rc = EXIT_OK;
+    const char *path = NULL;
+    int flags = IE_TOK_ADD_SPECIAL, lines = 0;
+    ie_tokenizer_t *tok = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--tokenizer") == 0) {
+            if (i + 1 >= argc) {
+                fprintf(stderr, "error: --tokenizer needs a PATH\n");
+                usage(stderr);
+                rc = EXIT_USAGE;
+                goto cleanup;
+            }
+            path = argv[++i];
+        } else if (strncmp(a, "--tokenizer=", 12) == 0) {
+            path = a + 12;
+        } else if (strcmp(a, "--no-bos") == 0) {
+            flags &= ~IE_TOK_ADD_SPECIAL;
+        } else if (strcmp(a, "--parse-special") == 0) {
+            flags |= IE_TOK_PARSE_SPECIAL;
+        } else if (strcmp(a, "--lines") == 0) {
+            lines = 1;
+        } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            goto cleanup;
+        } else {
+            fprintf(stderr, "error: unknown argument '%s'\n", a);
+            usage(stderr);
+            rc = EXIT_USAGE;
+            goto cleanup;
+        }
+    }
+    if (!path || !*path) {
+        fprintf(stderr, "error: --tokenizer PATH is required\n");
+        usage(stderr);
+        rc = EXIT_USAGE;
+        goto cleanup;
+    }
+
+    if (ie_tokenizer_load(path, &tok) != IE_OK) {
+        fprintf(stderr, "error: %s\n", ie_error_last());
+        rc = EXIT_TOKENIZER;
+        goto cleanup;
+    }
+    if (read_all(stdin, &text, &len) != 0) {
+        fprintf(stderr, "error: cannot read stdin\n");
+        rc = EXIT_FAIL;
+        goto cleanup;
+    }
+
+    /* Validate first: nothing is printed for an invalid input, and the
+     * message names the byte offset in the whole input. */
+    ie_status_t st = ie_tokenizer_check_utf8(text, len);
+    if (st == IE_OK && lines) {
+        size_t start = 0;
+        while (start < len && st == IE_OK) {
+            const char *nl = memchr(text + start, '\n', len - start);
+            size_t end = nl ? (size_t)(nl - text) : len;
+            st = ie_tokenizer_encode(tok, text + start, end - start, flags, &ids, &n_ids);
+            if (st == IE_OK) {
+                print_ids(stdout, ids, n_ids);
+                free(ids);
+                ids = NULL;
+            }
+            start = end + 1;
+        }
+    } else if (st == IE_OK) {
+        st = ie_tokenizer_encode(tok, text, len, flags, &ids, &n_ids);
+        if (st == IE_OK) {
+            print_ids(stdout, ids, n_ids);
+        }
+    }
+    if (st == IE_ERR_INVAL) {
+        fprintf(stderr, "error: input is not valid UTF-8: %s\n", ie_error_last());
+        rc = EXIT_USAGE;
+        goto cleanup;
+    }
+    if (st != IE_OK) {
+        fprintf(stderr, "error: %s\n", ie_error_last());
+        rc = EXIT_FAIL;
+        goto cleanup;
+    }
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "error: cannot write stdout\n");
+        rc = EXIT_FAIL;
+    }
+
+cleanup:
+    free(ids);
+    free(text);
+    ie_tokenizer_destroy(&tok);
+    return rc;
+}

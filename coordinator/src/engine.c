@@ -1,0 +1,451 @@
+/* engine.c — embedded engine: tokenizer + scheduler + samplers over one
+ * in-process worker.
+ *
+ * The scheduler is a small continuous-batching loop: requests wait in
+ * order, take a free sequence slot, prefill in chunks, then decode one token
+ * per step; every step packs the decode tokens of all running requests
+ * first and fills the rest of the batch with prefill chunks, so a long
+ * prompt never stalls running streams. A finished request frees its slot.
+ */
+#include "ie_engine.h"
+
+#include "ie_model_src.h"
+#include "ie_stop.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+struct ie_engine {
+    ie_engine_opts_t opts;
+    ie_model_src_t *src;
+    ie_tokenizer_t *tok;
+    ie_worker_t *worker;
+    float *logits;      /* [n_seq][n_vocab] rows of one step */
+    int32_t *b_tok, *b_pos, *b_seq;
+    uint8_t *b_logits;
+};
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+void ie_engine_opts_default(ie_engine_opts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->n_threads = 1;
+    o->pin_threads = 1;
+    o->n_seq = 1;
+    o->max_batch = 256;
+    o->precision = IE_PREC_NATIVE;
+}
+
+void ie_gen_params_default(ie_gen_params_t *p)
+{
+    memset(p, 0, sizeof *p);
+    p->max_new = 128;
+    p->sampling = ie_sampler_params_default();
+    p->add_special = 1;
+    p->parse_special = 1;
+}
+
+const char *ie_stop_reason_name(ie_stop_reason_t r)
+{
+    switch (r) {
+    case IE_STOP_NONE: return "none";
+    case IE_STOP_EOS: return "eos";
+    case IE_STOP_STRING: return "stop";
+    case IE_STOP_LENGTH: return "length";
+    case IE_STOP_CONTEXT: return "context";
+    }
+    return "none";
+}
+
+ie_status_t ie_engine_create(const ie_engine_opts_t *o, ie_engine_t **out)
+{
+    ie_status_t st = IE_OK;
+    ie_engine_t *e = NULL;
+    *out = NULL;
+    if (!o || !o->model_path) return ie_error_set(IE_ERR_INVAL, "engine: no model path");
+    if (o->n_threads < 1 || o->n_seq < 1 || o->max_batch < 1 || o->n_ctx < 0)
+        return ie_error_set(IE_ERR_INVAL, "engine: bad options (threads %d, seq %d, batch %d, ctx %d)",
+                            o->n_threads, o->n_seq, o->max_batch, o->n_ctx);
+    e = calloc(1, sizeof *e);
+    if (!e) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+    e->opts = *o;
+
+    if ((st = ie_model_src_open(o->model_path, &e->src)) != IE_OK) goto cleanup;
+    const ie_hparams_t *hp = ie_model_src_hparams(e->src);
+    const char *tpath = o->tokenizer_path ? o->tokenizer_path : ie_model_src_tokenizer_path(e->src);
+    if (o->no_tokenizer) {
+        /* logits-only use: ids come from the caller */
+    } else if (!tpath) {
+        st = ie_error_set(IE_ERR_FORMAT, "model '%s' has no tokenizer (tokenizer.json missing)", o->model_path);
+        goto cleanup;
+    } else if ((st = ie_tokenizer_load(tpath, &e->tok)) != IE_OK) {
+        goto cleanup;
+    } else if (ie_tokenizer_n_vocab(e->tok) > hp->n_vocab) {
+        st = ie_error_set(IE_ERR_FORMAT, "tokenizer has %d tokens but the model's vocabulary is %d",
+                          ie_tokenizer_n_vocab(e->tok), hp->n_vocab);
+        goto cleanup;
+    }
+
+    ie_worker_opts_t wo;
+    ie_worker_opts_default(&wo);
+    wo.n_threads = o->n_threads;
+    wo.pin_threads = o->pin_threads;
+    wo.n_seq = o->n_seq;
+    wo.max_batch = o->max_batch < o->n_seq ? o->n_seq : o->max_batch;
+    wo.precision = o->precision;
+    wo.n_ctx = o->n_ctx ? o->n_ctx : (hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
+    if ((st = ie_worker_new(e->src, &wo, &e->worker)) != IE_OK) goto cleanup;
+
+    size_t B = (size_t)wo.max_batch;
+    e->logits = malloc((size_t)o->n_seq * hp->n_vocab * sizeof(float));
+    e->b_tok = malloc(B * sizeof(int32_t));
+    e->b_pos = malloc(B * sizeof(int32_t));
+    e->b_seq = malloc(B * sizeof(int32_t));
+    e->b_logits = malloc(B);
+    if (!e->logits || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_logits)
+        st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+
+cleanup:
+    if (st != IE_OK) {
+        ie_engine_destroy(&e);
+        return st;
+    }
+    *out = e;
+    return IE_OK;
+}
+
+void ie_engine_destroy(ie_engine_t **self_p)
+{
+    if (!self_p || !*self_p) return;
+    ie_engine_t *e = *self_p;
+    ie_worker_destroy(&e->worker);
+    ie_tokenizer_destroy(&e->tok);
+    ie_model_src_destroy(&e->src);
+    free(e->logits);
+    free(e->b_tok);
+    free(e->b_pos);
+    free(e->b_seq);
+    free(e->b_logits);
+    free(e);
+    *self_p = NULL;
+}
+
+const ie_hparams_t *ie_engine_hparams(const ie_engine_t *e) { return ie_worker_hparams(e->worker); }
+const ie_tokenizer_t *ie_engine_tokenizer(const ie_engine_t *e) { return e->tok; }
+ie_worker_t *ie_engine_worker(ie_engine_t *e) { return e->worker; }
+int ie_engine_n_ctx(const ie_engine_t *e) { return ie_worker_n_ctx(e->worker); }
+
+void ie_gen_result_clear(ie_gen_result_t *r)
+{
+    if (!r) return;
+    free(r->text);
+    free(r->ids);
+    free(r->lat_ms);
+    memset(r, 0, sizeof *r);
+}
+
+/* ------------------------------------------------------------ scheduler */
+
+typedef enum { REQ_WAIT, REQ_PREFILL, REQ_DECODE, REQ_DONE } req_state_t;
+
+typedef struct req {
+    req_state_t state;
+    int32_t *prompt;
+    size_t n_prompt, n_fed;   /* prompt tokens, how many are in the cache */
+    int slot;
+    int32_t last;             /* token to feed next while decoding        */
+    int pos;                  /* its position                             */
+    double t_prev;            /* when the previous token came out         */
+    ie_sampler_t *smp;
+    ie_detok_t *detok;
+    ie_stop_t *stop;
+    char *text;
+    size_t text_len, text_cap;
+    size_t lat_cap, ids_cap;
+} req_t;
+
+static int append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
+{
+    if (*len + n + 1 > *cap) {
+        size_t c = *cap ? *cap : 256;
+        while (c < *len + n + 1) c *= 2;
+        char *p = realloc(*buf, c);
+        if (!p) return -1;
+        *buf = p;
+        *cap = c;
+    }
+    memcpy(*buf + *len, s, n);
+    *len += n;
+    (*buf)[*len] = '\0';
+    return 0;
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap) return 0;
+    size_t c = *cap ? *cap * 2 : 64;
+    while (c < need) c *= 2;
+    void *n = realloc(*p, c * elem);
+    if (!n) return -1;
+    *p = n;
+    *cap = c;
+    return 0;
+}
+
+/* Pass newly decoded text through the stop-string matcher into the output.
+ * Returns 1 when a stop string completed. */
+static int emit_text(req_t *q, const char *s, size_t n, int *oom)
+{
+    size_t emit = 0;
+    int stopped = 0;
+    if (q->stop) {
+        if (ie_stop_feed(q->stop, s, n, &emit, &stopped) != IE_OK) *oom = 1;
+        if (emit && append(&q->text, &q->text_len, &q->text_cap, ie_stop_emit_data(q->stop), emit) != 0)
+            *oom = 1;
+    } else if (n && append(&q->text, &q->text_len, &q->text_cap, s, n) != 0) {
+        *oom = 1;
+    }
+    return stopped;
+}
+
+static void finish(ie_engine_t *e, req_t *q, ie_gen_result_t *r, ie_stop_reason_t why, int *oom)
+{
+    if (why != IE_STOP_STRING) {
+        const char *tail = ie_detok_flush(q->detok);
+        emit_text(q, tail, strlen(tail), oom);
+        if (q->stop) {
+            size_t n = 0;
+            if (ie_stop_flush(q->stop, &n) != IE_OK) *oom = 1;
+            if (n && append(&q->text, &q->text_len, &q->text_cap, ie_stop_emit_data(q->stop), n) != 0)
+                *oom = 1;
+        }
+    }
+    r->stop = why;
+    q->state = REQ_DONE;
+    ie_worker_seq_clear(e->worker, q->slot);
+}
+
+static void req_free(req_t *q)
+{
+    free(q->prompt);
+    ie_sampler_destroy(&q->smp);
+    ie_detok_destroy(&q->detok);
+    ie_stop_destroy(&q->stop);
+    free(q->text);
+}
+
+ie_status_t ie_engine_generate(ie_engine_t *e, const char *const *prompts, size_t n,
+                               const ie_gen_params_t *p, ie_gen_result_t *results, ie_gen_stats_t *stats)
+{
+    ie_status_t st = IE_OK;
+    const ie_hparams_t *hp = ie_worker_hparams(e->worker);
+    int n_ctx = ie_worker_n_ctx(e->worker), n_seq = e->opts.n_seq, B = ie_worker_max_batch(e->worker);
+    req_t *reqs = NULL;
+    int *slot_busy = NULL;
+    int oom = 0;
+
+    if (n == 0) return IE_OK;
+    memset(results, 0, n * sizeof *results);
+    if (!e->tok) return ie_error_set(IE_ERR_INVAL, "generate: the engine was created without a tokenizer");
+    if (!prompts || !p || p->max_new < 0) return ie_error_set(IE_ERR_INVAL, "generate: bad arguments");
+    if ((st = ie_sampler_params_validate(&p->sampling)) != IE_OK) return st;
+    reqs = calloc(n, sizeof *reqs);
+    slot_busy = calloc((size_t)n_seq, sizeof *slot_busy);
+    if (!reqs || !slot_busy) {
+        st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+
+    /* tokenize everything first: a bad prompt fails the call up front */
+    int flags = (p->add_special ? IE_TOK_ADD_SPECIAL : 0) | (p->parse_special ? IE_TOK_PARSE_SPECIAL : 0);
+    for (size_t i = 0; i < n; i++) {
+        req_t *q = &reqs[i];
+        st = ie_tokenizer_encode(e->tok, prompts[i], strlen(prompts[i]), flags, &q->prompt, &q->n_prompt);
+        if (st != IE_OK) {
+            ie_error_set(st, "prompt %zu: %s", i + 1, ie_error_last());
+            goto cleanup;
+        }
+        if (q->n_prompt == 0) {
+            st = ie_error_set(IE_ERR_INVAL, "prompt %zu is empty after tokenization", i + 1);
+            goto cleanup;
+        }
+        if (q->n_prompt >= (size_t)n_ctx) {
+            st = ie_error_set(IE_ERR_RANGE, "prompt %zu has %zu tokens; the context holds %d", i + 1,
+                              q->n_prompt, n_ctx);
+            goto cleanup;
+        }
+        if ((st = ie_sampler_new(&p->sampling, hp->n_vocab, &q->smp)) != IE_OK) goto cleanup;
+        if ((st = ie_detok_new(e->tok, &q->detok)) != IE_OK) goto cleanup;
+        if (p->n_stop && (st = ie_stop_new(p->stop, p->n_stop, &q->stop)) != IE_OK) goto cleanup;
+        for (size_t j = 0; j < q->n_prompt; j++) ie_sampler_accept(q->smp, q->prompt[j]);
+        results[i].n_prompt = q->n_prompt;
+        q->slot = -1;
+        if (append(&q->text, &q->text_len, &q->text_cap, "", 0) != 0) {
+            st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+            goto cleanup;
+        }
+    }
+
+    double t0 = now_ms();
+    size_t next = 0, n_done = 0;
+    while (n_done < n) {
+        /* admit waiting requests into free slots */
+        for (int s = 0; s < n_seq && next < n; s++) {
+            if (slot_busy[s]) continue;
+            req_t *q = &reqs[next++];
+            q->slot = s;
+            q->state = REQ_PREFILL;
+            slot_busy[s] = 1;
+            ie_worker_seq_clear(e->worker, s);
+        }
+        /* build the step: decodes first, then prefill chunks */
+        int nb = 0, has_prefill = 0;
+        for (size_t i = 0; i < n; i++) {
+            req_t *q = &reqs[i];
+            if (q->state != REQ_DECODE) continue;
+            e->b_tok[nb] = q->last;
+            e->b_pos[nb] = q->pos;
+            e->b_seq[nb] = q->slot;
+            e->b_logits[nb] = 1;
+            nb++;
+        }
+        for (size_t i = 0; i < n && nb < B; i++) {
+            req_t *q = &reqs[i];
+            if (q->state != REQ_PREFILL) continue;
+            while (q->n_fed < q->n_prompt && nb < B) {
+                e->b_tok[nb] = q->prompt[q->n_fed];
+                e->b_pos[nb] = (int32_t)q->n_fed;
+                e->b_seq[nb] = q->slot;
+                q->n_fed++;
+                e->b_logits[nb] = q->n_fed == q->n_prompt && p->max_new > 0;
+                nb++;
+                has_prefill = 1;
+            }
+        }
+        ie_batch_t batch = {nb, e->b_tok, e->b_pos, e->b_seq, e->b_logits};
+        double ts = now_ms();
+        if ((st = ie_worker_step(e->worker, &batch, e->logits)) != IE_OK) goto cleanup;
+        double te = now_ms();
+        if (stats) {
+            if (has_prefill) {
+                stats->prefill_ms += te - ts;
+            } else {
+                stats->decode_ms += te - ts;
+            }
+        }
+
+        /* sample for every request that got logits; advance prefills */
+        int row = 0;
+        for (int k = 0; k < nb; k++) {
+            if (!e->b_logits[k]) continue;
+            /* find the request owning this slot */
+            req_t *q = NULL;
+            size_t qi = 0;
+            for (size_t i = 0; i < n; i++)
+                if ((reqs[i].state == REQ_DECODE || reqs[i].state == REQ_PREFILL) && reqs[i].slot == e->b_seq[k]) {
+                    q = &reqs[i];
+                    qi = i;
+                    break;
+                }
+            float *lg = e->logits + (size_t)row++ * hp->n_vocab;
+            ie_gen_result_t *r = &results[qi];
+            int32_t id;
+            if ((st = ie_sampler_sample(q->smp, lg, &id)) != IE_OK) goto cleanup;
+            ie_sampler_accept(q->smp, id);
+            double t = now_ms();
+            if (q->state == REQ_PREFILL) {
+                if (stats) stats->prefill_tokens += q->n_prompt;
+                r->ttft_ms = t - t0;
+                q->state = REQ_DECODE;
+                q->pos = (int)q->n_prompt;
+            } else {
+                if (grow((void **)&r->lat_ms, &q->lat_cap, r->n_lat + 1, sizeof(double)) != 0) oom = 1;
+                else r->lat_ms[r->n_lat++] = t - q->t_prev;
+                if (stats) stats->decode_tokens++;
+                q->pos++;
+            }
+            q->t_prev = t;
+            if (grow((void **)&r->ids, &q->ids_cap, r->n_gen + 1, sizeof(int32_t)) != 0) {
+                oom = 1;
+            } else {
+                r->ids[r->n_gen++] = id;
+            }
+            q->last = id;
+            if (ie_tokenizer_is_eog(e->tok, id)) {
+                finish(e, q, r, IE_STOP_EOS, &oom);
+            } else {
+                const char *piece = ie_detok_push(q->detok, id);
+                if (emit_text(q, piece, strlen(piece), &oom)) {
+                    finish(e, q, r, IE_STOP_STRING, &oom);
+                } else if ((int)r->n_gen >= p->max_new) {
+                    finish(e, q, r, IE_STOP_LENGTH, &oom);
+                } else if (q->pos >= n_ctx) {
+                    finish(e, q, r, IE_STOP_CONTEXT, &oom);
+                }
+            }
+            if (q->state == REQ_DONE) {
+                slot_busy[q->slot] = 0;
+                n_done++;
+            }
+            if (oom) {
+                st = ie_error_set(IE_ERR_NOMEM, "out of memory during generation");
+                goto cleanup;
+            }
+        }
+        /* prompts whose prefill finished with max_new == 0 are done */
+        for (size_t i = 0; i < n; i++) {
+            req_t *q = &reqs[i];
+            if (q->state == REQ_PREFILL && q->n_fed == q->n_prompt && p->max_new == 0) {
+                if (stats) stats->prefill_tokens += q->n_prompt;
+                finish(e, q, &results[i], IE_STOP_LENGTH, &oom);
+                slot_busy[q->slot] = 0;
+                n_done++;
+            }
+        }
+    }
+
+    for (size_t i = 0; i < n; i++) {
+        results[i].text = reqs[i].text;
+        reqs[i].text = NULL;
+    }
+
+cleanup:
+    for (size_t i = 0; reqs && i < n; i++) req_free(&reqs[i]);
+    free(reqs);
+    free(slot_busy);
+    if (st != IE_OK)
+        for (size_t i = 0; i < n; i++) ie_gen_result_clear(&results[i]);
+    return st;
+}
+
+ie_status_t ie_engine_logits(ie_engine_t *e, const int32_t *ids, size_t n, int decode, float *out)
+{
+    const ie_hparams_t *hp = ie_worker_hparams(e->worker);
+    int B = ie_worker_max_batch(e->worker);
+    if (n == 0) return IE_OK;
+    if (n > (size_t)ie_worker_n_ctx(e->worker))
+        return ie_error_set(IE_ERR_RANGE, "logits: %zu tokens do not fit the context of %d", n,
+                            ie_worker_n_ctx(e->worker));
+    ie_worker_seq_clear(e->worker, 0);
+    size_t chunk = decode ? 1 : (size_t)B;
+    for (size_t i = 0; i < n; i += chunk) {
+        int m = (int)(n - i < chunk ? n - i : chunk);
+        for (int k = 0; k < m; k++) {
+            e->b_tok[k] = ids[i + k];
+            e->b_pos[k] = (int32_t)(i + k);
+            e->b_seq[k] = 0;
+            e->b_logits[k] = 1;
+        }
+        ie_batch_t b = {m, e->b_tok, e->b_pos, e->b_seq, e->b_logits};
+        ie_status_t st = ie_worker_step(e->worker, &b, out + i * hp->n_vocab);
+        if (st != IE_OK) return st;
+    }
+    return IE_OK;
+}

@@ -1,0 +1,171 @@
+/* quant_ref.c — scalar quantizers and dequantizers (the reference twins).
+ *
+ * The block formats and rounding rules are ggml's (quantize_row_*_ref in
+ * ggml-quants.c), so that activations quantized here pair with GGUF weights
+ * exactly as they do in llama.cpp, and weights quantized here are what
+ * llama.cpp's quantizer would have written.
+ */
+#include "ie_kernels.h"
+#include "../src/ie_kernels_impl.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ activations */
+
+void ie_quantize_row_q8_0_ref(const float *x, ie_block_q8_0_t *y, int64_t n)
+{
+    for (int64_t b = 0; b < n / IE_QK; b++) {
+        const float *xb = x + b * IE_QK;
+        float amax = 0.0f;
+        for (int j = 0; j < IE_QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = ie_f32_to_f16(d);
+        for (int j = 0; j < IE_QK; j++) y[b].q[j] = (int8_t)roundf(xb[j] * id);
+    }
+}
+
+void ie_quantize_row_q8_1_ref(const float *x, ie_block_q8_1_t *y, int64_t n)
+{
+    for (int64_t b = 0; b < n / IE_QK; b++) {
+        const float *xb = x + b * IE_QK;
+        float amax = 0.0f;
+        for (int j = 0; j < IE_QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        const float d = amax / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int j = 0; j < IE_QK; j++) {
+            y[b].q[j] = (int8_t)roundf(xb[j] * id);
+            sum += y[b].q[j];
+        }
+        y[b].d = ie_f32_to_f16(d);
+        y[b].s = ie_f32_to_f16((float)sum * d);
+    }
+}
+
+void ie_act_quantize_ref(ie_dtype_t act, const float *x, void *out, int64_t n)
+{
+    switch (act) {
+    case IE_DTYPE_F32: memcpy(out, x, (size_t)n * sizeof(float)); break;
+    case IE_DTYPE_Q8_0: ie_quantize_row_q8_0_ref(x, out, n); break;
+    case IE_DTYPE_Q8_1: ie_quantize_row_q8_1_ref(x, out, n); break;
+    default: break; /* not an activation format: nothing to do */
+    }
+}
+
+/* ---------------------------------------------------------------- weights */
+
+static void quantize_row_q4_0(const float *x, ie_block_q4_0_t *y, int64_t n)
+{
+    for (int64_t b = 0; b < n / IE_QK; b++) {
+        const float *xb = x + b * IE_QK;
+        float amax = 0.0f, max = 0.0f; /* max: the value of largest magnitude */
+        for (int j = 0; j < IE_QK; j++) {
+            if (amax < fabsf(xb[j])) { amax = fabsf(xb[j]); max = xb[j]; }
+        }
+        const float d = max / -8.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = ie_f32_to_f16(d);
+        for (int j = 0; j < IE_QK / 2; j++) {
+            int q0 = (int8_t)(xb[j] * id + 8.5f);
+            int q1 = (int8_t)(xb[j + IE_QK / 2] * id + 8.5f);
+            if (q0 > 15) q0 = 15;
+            if (q1 > 15) q1 = 15;
+            y[b].qs[j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+static void quantize_row_q4_1(const float *x, ie_block_q4_1_t *y, int64_t n)
+{
+    for (int64_t b = 0; b < n / IE_QK; b++) {
+        const float *xb = x + b * IE_QK;
+        float min = FLT_MAX, max = -FLT_MAX;
+        for (int j = 0; j < IE_QK; j++) {
+            if (xb[j] < min) min = xb[j];
+            if (xb[j] > max) max = xb[j];
+        }
+        const float d = (max - min) / 15.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[b].d = ie_f32_to_f16(d);
+        y[b].m = ie_f32_to_f16(min);
+        for (int j = 0; j < IE_QK / 2; j++) {
+            int q0 = (int8_t)((xb[j] - min) * id + 0.5f);
+            int q1 = (int8_t)((xb[j + IE_QK / 2] - min) * id + 0.5f);
+            if (q0 > 15) q0 = 15;
+            if (q1 > 15) q1 = 15;
+            y[b].qs[j] = (uint8_t)(q0 | (q1 << 4));
+        }
+    }
+}
+
+int ie_quantize_row(ie_dtype_t t, const float *src, void *dst, int64_t n)
+{
+    if (n < 0 || ie_dtype_block_elems(t) == 0 || n % ie_dtype_block_elems(t) != 0) return -1;
+    switch (t) {
+    case IE_DTYPE_F32: memcpy(dst, src, (size_t)n * sizeof(float)); return 0;
+    case IE_DTYPE_F16:
+        for (int64_t i = 0; i < n; i++) ((ie_f16_t *)dst)[i] = ie_f32_to_f16(src[i]);
+        return 0;
+    case IE_DTYPE_BF16:
+        for (int64_t i = 0; i < n; i++) ((ie_bf16_t *)dst)[i] = ie_f32_to_bf16(src[i]);
+        return 0;
+    case IE_DTYPE_Q8_0: ie_quantize_row_q8_0_ref(src, dst, n); return 0;
+    case IE_DTYPE_Q8_1: ie_quantize_row_q8_1_ref(src, dst, n); return 0;
+    case IE_DTYPE_Q4_0: quantize_row_q4_0(src, dst, n); return 0;
+    case IE_DTYPE_Q4_1: quantize_row_q4_1(src, dst, n); return 0;
+    default: return -1;
+    }
+}
+
+/* ------------------------------------------------------------- dequantize */
+
+void ie_dequantize_row(ie_dtype_t t, const void *src, float *dst, int64_t n)
+{
+    switch (t) {
+    case IE_DTYPE_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
+    case IE_DTYPE_F16:
+        for (int64_t i = 0; i < n; i++) dst[i] = ie_f16_to_f32(((const ie_f16_t *)src)[i]);
+        break;
+    case IE_DTYPE_BF16:
+        for (int64_t i = 0; i < n; i++) dst[i] = ie_bf16_to_f32(((const ie_bf16_t *)src)[i]);
+        break;
+    case IE_DTYPE_Q8_0:
+        for (int64_t b = 0; b < n / IE_QK; b++) {
+            const ie_block_q8_0_t *blk = (const ie_block_q8_0_t *)src + b;
+            const float d = ie_f16_to_f32(blk->d);
+            for (int j = 0; j < IE_QK; j++) dst[b * IE_QK + j] = d * (float)blk->q[j];
+        }
+        break;
+    case IE_DTYPE_Q8_1:
+        for (int64_t b = 0; b < n / IE_QK; b++) {
+            const ie_block_q8_1_t *blk = (const ie_block_q8_1_t *)src + b;
+            const float d = ie_f16_to_f32(blk->d);
+            for (int j = 0; j < IE_QK; j++) dst[b * IE_QK + j] = d * (float)blk->q[j];
+        }
+        break;
+    case IE_DTYPE_Q4_0:
+        for (int64_t b = 0; b < n / IE_QK; b++) {
+            const ie_block_q4_0_t *blk = (const ie_block_q4_0_t *)src + b;
+            const float d = ie_f16_to_f32(blk->d);
+            for (int j = 0; j < IE_QK / 2; j++) {
+                dst[b * IE_QK + j] = d * (float)((blk->qs[j] & 0x0f) - 8);
+                dst[b * IE_QK + j + IE_QK / 2] = d * (float)((blk->qs[j] >> 4) - 8);
+            }
+        }
+        break;
+    case IE_DTYPE_Q4_1:
+        for (int64_t b = 0; b < n / IE_QK; b++) {
+            const ie_block_q4_1_t *blk = (const ie_block_q4_1_t *)src + b;
+            const float d = ie_f16_to_f32(blk->d), m = ie_f16_to_f32(blk->m);
+            for (int j = 0; j < IE_QK / 2; j++) {
+                dst[b * IE_QK + j] = d * (float)(blk->qs[j] & 0x0f) + m;
+                dst[b * IE_QK + j + IE_QK / 2] = d * (float)(blk->qs[j] >> 4) + m;
+            }
+        }
+        break;
+    default: break;
+    }
+}

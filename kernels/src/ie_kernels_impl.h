@@ -1,0 +1,57 @@
+/* ie_kernels_impl.h — per-ISA entry points behind the ie_kernels_get() table.
+ *
+ * Internal to kernels/ (and to tests that compare ISAs one kernel at a time).
+ * Every function here has the contract of the ie_matmul_ops_t member it
+ * fills; the _ref twins are the oracle the SIMD variants are tested against.
+ */
+#ifndef IE_KERNELS_IMPL_H
+#define IE_KERNELS_IMPL_H
+
+#include "ie_kernels.h"
+
+/* Signature shared by every per-weight-type matmul: ie_matmul_ops_t.matmul
+ * without the wtype argument. */
+typedef void (*ie_matmul_typed_fn)(const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                                   const void *a, size_t a_stride, int64_t n_tok,
+                                   float *y, int64_t ldy);
+
+/* ------------------------------------------------------------------ ref */
+
+/* Activation quantizers, identical to ggml's quantize_row_q8_{0,1}_ref:
+ * d = amax/127, q = roundf(x * (1/d)) (ties away from zero), and for Q8_1
+ * s = d * sum(q) (d in f32, rounded to f16 once). n is a multiple of 32. */
+void ie_quantize_row_q8_0_ref(const float *x, ie_block_q8_0_t *y, int64_t n);
+void ie_quantize_row_q8_1_ref(const float *x, ie_block_q8_1_t *y, int64_t n);
+
+void ie_act_quantize_ref(ie_dtype_t act, const float *x, void *out, int64_t n);
+int ie_matmul_ref(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                  const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+
+/* Per-type reference matmuls (accumulate in double; integer block sums exact). */
+void ie_matmul_f32_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                           const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_f16_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                           const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_bf16_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                            const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_q8_0_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                             const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_q4_0_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                             const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_q4_1_q8_1_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                             const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+
+/* ----------------------------------------------------------------- avx2 */
+
+void ie_act_quantize_avx2(ie_dtype_t act, const float *x, void *out, int64_t n);
+int ie_matmul_avx2(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                   const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+
+/* --------------------------------------------------------------- avx512 */
+
+/* Needs AVX-512 F/BW/VL/DQ and VNNI (checked by dispatch.c). */
+void ie_act_quantize_avx512(ie_dtype_t act, const float *x, void *out, int64_t n);
+int ie_matmul_avx512(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                     const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+
+#endif

@@ -1,0 +1,350 @@
+/* matmul_avx2.c — AVX2 + FMA + F16C matmul and activation quantization.
+ * Twins of kernels/ref/matmul_ref.c and quant_ref.c.
+ *
+ * Same loop nest as the AVX-512 variant (R weight rows x T tokens per tile,
+ * row panels of ~256 KiB when there are several token blocks) sized for 16
+ * ymm registers:
+ *   float weights: 4 rows x 2 tokens, 8 elements per step; tails of n_in go
+ *     through a zero-padded 8-element copy.
+ *   block weights: 2 rows x 3 tokens, one block (32 elements) per step, in
+ *     ggml's element order (low nibbles = elements 0..15 in the low lane).
+ *     Integer dot products use vpmaddubsw (u8 x s8 -> s16 pairs) + vpmaddwd:
+ *       q4_0: nibbles 0..15 x a, minus the pair sums of 8*a (no saturation:
+ *             |pairs| <= 2*15*127);
+ *       q8_0: |w| x sign(a, w) (|pairs| <= 2*128*127 < 32767);
+ *       q4_1: nibbles x a, plus m_w*s_a spread as m*(s/8) over 8 lanes.
+ *     The integer part of each block product is exact.
+ */
+#include "ie_kernels.h"
+#include "../../src/ie_kernels_impl.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define IE_INLINE static inline __attribute__((always_inline))
+
+IE_INLINE float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Rows per panel so that one panel of weights (~256 KiB) stays in L2 while
+ * every token block passes over it; all rows when there is one token block. */
+static int64_t panel_rows(int64_t n_rows, size_t row_bytes, int64_t n_tok, int tile_tok, int tile_rows)
+{
+    if (n_tok <= tile_tok) return n_rows;
+    int64_t p = (int64_t)((256u << 10) / (row_bytes ? row_bytes : 1));
+    p -= p % tile_rows;
+    return p < tile_rows ? tile_rows : p;
+}
+
+/* ========================================================= float weights */
+
+#define FR 4
+#define FT 2
+
+IE_INLINE __m256 fw_load(ie_dtype_t wt, const void *p)
+{
+    switch (wt) {
+    case IE_DTYPE_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    case IE_DTYPE_BF16:
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    default: return _mm256_loadu_ps((const float *)p);
+    }
+}
+
+IE_INLINE void ftile(ie_dtype_t wt, int R, int T, const char *w, size_t wb, int64_t n_in,
+                     const char *a, size_t as, float *y, int64_t ldy)
+{
+    const size_t es = ie_dtype_block_bytes(wt);
+    __m256 acc[FR][FT];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= n_in; k += 8) {
+        __m256 wv[FR];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) wv[r] = fw_load(wt, w + (size_t)r * wb + (size_t)k * es);
+#pragma GCC unroll 2
+        for (int t = 0; t < T; t++) {
+            const __m256 x = _mm256_loadu_ps((const float *)(a + (size_t)t * as) + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], x, acc[r][t]);
+        }
+    }
+    if (k < n_in) {
+        /* Tail: zero-padded copies, so no load crosses the end of a row. */
+        const int64_t m = n_in - k;
+        _Alignas(32) uint8_t wbuf[FR][32];
+        _Alignas(32) float xbuf[FT][8];
+        __m256 wv[FR];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            memset(wbuf[r], 0, sizeof wbuf[r]);
+            memcpy(wbuf[r], w + (size_t)r * wb + (size_t)k * es, (size_t)m * es);
+            wv[r] = fw_load(wt, wbuf[r]);
+        }
+#pragma GCC unroll 2
+        for (int t = 0; t < T; t++) {
+            memset(xbuf[t], 0, sizeof xbuf[t]);
+            memcpy(xbuf[t], (const float *)(a + (size_t)t * as) + k, (size_t)m * sizeof(float));
+            const __m256 x = _mm256_load_ps(xbuf[t]);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], x, acc[r][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 2
+        for (int t = 0; t < T; t++) y[t * ldy + r] = hsum256(acc[r][t]);
+}
+
+typedef void (*ftile_fn)(const char *w, size_t wb, int64_t n_in, const char *a, size_t as,
+                         float *y, int64_t ldy);
+
+#define FTILE(WT, name, R, T)                                                              \
+    static void ftile_##name##_##R##_##T(const char *w, size_t wb, int64_t n_in,          \
+                                          const char *a, size_t as, float *y, int64_t ldy) \
+    {                                                                                      \
+        ftile(WT, R, T, w, wb, n_in, a, as, y, ldy);                                       \
+    }
+#define FTILES(WT, name)                                                                   \
+    FTILE(WT, name, 4, 1) FTILE(WT, name, 4, 2) FTILE(WT, name, 1, 1) FTILE(WT, name, 1, 2) \
+    static const ftile_fn ftiles_##name[2][FT + 1] = {                                     \
+        { NULL, ftile_##name##_1_1, ftile_##name##_1_2 },                                  \
+        { NULL, ftile_##name##_4_1, ftile_##name##_4_2 } };
+
+FTILES(IE_DTYPE_F32, f32)
+FTILES(IE_DTYPE_F16, f16)
+FTILES(IE_DTYPE_BF16, bf16)
+
+static void matmul_float(ie_dtype_t wt, const ftile_fn tiles[2][FT + 1], const void *w,
+                         int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                         int64_t n_tok, float *y, int64_t ldy)
+{
+    const size_t wb = ie_dtype_row_bytes(wt, n_in);
+    const int64_t P = panel_rows(r1 - r0, wb, n_tok, FT, FR);
+    for (int64_t p0 = r0; p0 < r1; p0 += P) {
+        const int64_t p1 = p0 + P < r1 ? p0 + P : r1;
+        for (int64_t t0 = 0; t0 < n_tok; t0 += FT) {
+            const int tt = (int)(n_tok - t0 < FT ? n_tok - t0 : FT);
+            const char *at = (const char *)a + (size_t)t0 * as;
+            float *yt = y + t0 * ldy;
+            int64_t r = p0;
+            for (; r + FR <= p1; r += FR)
+                tiles[1][tt]((const char *)w + (size_t)r * wb, wb, n_in, at, as, yt + r, ldy);
+            for (; r < p1; r++)
+                tiles[0][tt]((const char *)w + (size_t)r * wb, wb, n_in, at, as, yt + r, ldy);
+        }
+    }
+}
+
+/* ========================================================= block weights */
+
+#define QR 2
+#define QT 3
+
+IE_INLINE __m256 bcast_f16(const void *p)
+{
+    return _mm256_cvtph_ps(_mm_set1_epi16(*(const short *)p));
+}
+
+/* One weight block of one row, unpacked. */
+typedef struct { __m256i q, aq; __m256 d, m; } wblk_t;
+
+IE_INLINE wblk_t wblk_load(ie_dtype_t wt, const uint8_t *p)
+{
+    wblk_t b;
+    if (wt == IE_DTYPE_Q8_0) {
+        b.q = _mm256_loadu_si256((const __m256i *)(p + 2));
+        b.aq = _mm256_abs_epi8(b.q);
+        b.d = bcast_f16(p);
+        b.m = _mm256_setzero_ps();
+    } else {
+        const int off = wt == IE_DTYPE_Q4_1 ? 4 : 2;
+        const __m128i qs = _mm_loadu_si128((const __m128i *)(p + off));
+        b.q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), _mm256_set1_epi8(0x0f));
+        b.aq = b.q;
+        b.d = bcast_f16(p);
+        b.m = wt == IE_DTYPE_Q4_1 ? bcast_f16(p + 2) : _mm256_setzero_ps();
+    }
+    return b;
+}
+
+IE_INLINE void qtile(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, int64_t nb,
+                     const uint8_t *a, size_t as, float *y, int64_t ldy)
+{
+    const size_t bb = ie_dtype_block_bytes(wt);
+    const size_t ab = wt == IE_DTYPE_Q4_1 ? sizeof(ie_block_q8_1_t) : sizeof(ie_block_q8_0_t);
+    const int qoff = wt == IE_DTYPE_Q4_1 ? 4 : 2;
+    const __m256i ones16 = _mm256_set1_epi16(1);
+    __m256 acc[QR][QT];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 3
+        for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        wblk_t wv[QR];
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) wv[r] = wblk_load(wt, w + (size_t)r * wb + (size_t)b * bb);
+#pragma GCC unroll 3
+        for (int t = 0; t < T; t++) {
+            const uint8_t *ap = a + (size_t)t * as + (size_t)b * ab;
+            const __m256i av = _mm256_loadu_si256((const __m256i *)(ap + qoff));
+            const __m256 da = bcast_f16(ap);
+            __m256i corr = _mm256_setzero_si256();
+            __m256 s8 = _mm256_setzero_ps();
+            if (wt == IE_DTYPE_Q4_0) corr = _mm256_maddubs_epi16(_mm256_set1_epi8(8), av);
+            if (wt == IE_DTYPE_Q4_1) s8 = _mm256_mul_ps(bcast_f16(ap + 2), _mm256_set1_ps(0.125f));
+#pragma GCC unroll 2
+            for (int r = 0; r < R; r++) {
+                __m256i p;
+                if (wt == IE_DTYPE_Q8_0) {
+                    p = _mm256_maddubs_epi16(wv[r].aq, _mm256_sign_epi8(av, wv[r].q));
+                } else {
+                    p = _mm256_maddubs_epi16(wv[r].q, av);
+                    if (wt == IE_DTYPE_Q4_0) p = _mm256_sub_epi16(p, corr);
+                }
+                const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones16));
+                acc[r][t] = _mm256_fmadd_ps(s, _mm256_mul_ps(wv[r].d, da), acc[r][t]);
+                if (wt == IE_DTYPE_Q4_1) acc[r][t] = _mm256_fmadd_ps(wv[r].m, s8, acc[r][t]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 3
+        for (int t = 0; t < T; t++) y[t * ldy + r] = hsum256(acc[r][t]);
+}
+
+typedef void (*qtile_fn)(const uint8_t *w, size_t wb, int64_t nb, const uint8_t *a, size_t as,
+                         float *y, int64_t ldy);
+
+#define QTILE(WT, name, R, T)                                                                   \
+    static void qtile_##name##_##R##_##T(const uint8_t *w, size_t wb, int64_t nb,              \
+                                          const uint8_t *a, size_t as, float *y, int64_t ldy)   \
+    {                                                                                           \
+        qtile(WT, R, T, w, wb, nb, a, as, y, ldy);                                              \
+    }
+#define QTILES(WT, name)                                                                        \
+    QTILE(WT, name, 2, 1) QTILE(WT, name, 2, 2) QTILE(WT, name, 2, 3)                           \
+    QTILE(WT, name, 1, 1) QTILE(WT, name, 1, 2) QTILE(WT, name, 1, 3)                           \
+    static const qtile_fn qtiles_##name[2][QT + 1] = {                                          \
+        { NULL, qtile_##name##_1_1, qtile_##name##_1_2, qtile_##name##_1_3 },                   \
+        { NULL, qtile_##name##_2_1, qtile_##name##_2_2, qtile_##name##_2_3 } };
+
+QTILES(IE_DTYPE_Q8_0, q8_0)
+QTILES(IE_DTYPE_Q4_0, q4_0)
+QTILES(IE_DTYPE_Q4_1, q4_1)
+
+static void matmul_block(ie_dtype_t wt, const qtile_fn tiles[2][QT + 1], const void *w,
+                         int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                         int64_t n_tok, float *y, int64_t ldy)
+{
+    const size_t wb = ie_dtype_row_bytes(wt, n_in);
+    const int64_t nb = n_in / IE_QK;
+    const int64_t P = panel_rows(r1 - r0, wb, n_tok, QT, QR);
+    for (int64_t p0 = r0; p0 < r1; p0 += P) {
+        const int64_t p1 = p0 + P < r1 ? p0 + P : r1;
+        for (int64_t t0 = 0; t0 < n_tok; t0 += QT) {
+            const int tt = (int)(n_tok - t0 < QT ? n_tok - t0 : QT);
+            const uint8_t *at = (const uint8_t *)a + (size_t)t0 * as;
+            float *yt = y + t0 * ldy;
+            int64_t r = p0;
+            for (; r + QR <= p1; r += QR)
+                tiles[1][tt]((const uint8_t *)w + (size_t)r * wb, wb, nb, at, as, yt + r, ldy);
+            for (; r < p1; r++)
+                tiles[0][tt]((const uint8_t *)w + (size_t)r * wb, wb, nb, at, as, yt + r, ldy);
+        }
+    }
+}
+
+int ie_matmul_avx2(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                   const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+{
+    if (r1 <= r0 || n_tok <= 0) return ie_matmul_act_dtype(wtype) == IE_DTYPE_INVALID ? -1 : 0;
+    switch (wtype) {
+    case IE_DTYPE_F32: matmul_float(wtype, ftiles_f32, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
+    case IE_DTYPE_F16: matmul_float(wtype, ftiles_f16, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
+    case IE_DTYPE_BF16: matmul_float(wtype, ftiles_bf16, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
+    case IE_DTYPE_Q8_0: matmul_block(wtype, qtiles_q8_0, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
+    case IE_DTYPE_Q4_0: matmul_block(wtype, qtiles_q4_0, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
+    case IE_DTYPE_Q4_1: matmul_block(wtype, qtiles_q4_1, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
+    default: return -1;
+    }
+}
+
+/* ================================================== activation quantize */
+
+/* roundf() (ties away from zero) for |v| < 2^23: truncate, then step away
+ * from zero when the exact dropped fraction is >= 0.5. */
+IE_INLINE __m256i round_away_epi32(__m256 v)
+{
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 sign = _mm256_and_ps(v, _mm256_set1_ps(-0.0f));
+    const __m256 f = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_sub_ps(v, t));
+    const __m256 up = _mm256_cmp_ps(f, _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m256 step = _mm256_and_ps(up, _mm256_or_ps(sign, _mm256_set1_ps(1.0f)));
+    return _mm256_cvttps_epi32(_mm256_add_ps(t, step));
+}
+
+IE_INLINE int q8_block(const float *x, int8_t *q, float *d_out)
+{
+    const __m256 sgn = _mm256_set1_ps(-0.0f);
+    __m256 v[4];
+    __m256 m = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+        v[i] = _mm256_loadu_ps(x + 8 * i);
+        m = _mm256_max_ps(m, _mm256_andnot_ps(sgn, v[i]));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id);
+    __m256i qi[4];
+    for (int i = 0; i < 4; i++) qi[i] = round_away_epi32(_mm256_mul_ps(v[i], vid));
+    const __m256i s = _mm256_add_epi32(_mm256_add_epi32(qi[0], qi[1]), _mm256_add_epi32(qi[2], qi[3]));
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3]));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, p);
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    *d_out = d;
+    return _mm_cvtsi128_si32(s4);
+}
+
+void ie_act_quantize_avx2(ie_dtype_t act, const float *x, void *out, int64_t n)
+{
+    switch (act) {
+    case IE_DTYPE_F32: memcpy(out, x, (size_t)n * sizeof(float)); break;
+    case IE_DTYPE_Q8_0: {
+        ie_block_q8_0_t *y = out;
+        for (int64_t b = 0; b < n / IE_QK; b++) {
+            float d;
+            (void)q8_block(x + b * IE_QK, y[b].q, &d);
+            y[b].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        }
+        break;
+    }
+    case IE_DTYPE_Q8_1: {
+        ie_block_q8_1_t *y = out;
+        for (int64_t b = 0; b < n / IE_QK; b++) {
+            float d;
+            const int sum = q8_block(x + b * IE_QK, y[b].q, &d);
+            y[b].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+            y[b].s = _cvtss_sh((float)sum * d, _MM_FROUND_TO_NEAREST_INT);
+        }
+        break;
+    }
+    default: break;
+    }
+}

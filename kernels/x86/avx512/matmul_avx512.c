@@ -1,0 +1,490 @@
+/* matmul_avx512.c — AVX-512 (F/BW/VL/DQ + VNNI) matmul and activation
+ * quantization. Twins of kernels/ref/matmul_ref.c and quant_ref.c.
+ *
+ * Tiling. Every weight type runs the same loop nest: a tile of R weight rows
+ * x T tokens keeps R*T zmm accumulators; each weight vector is loaded (and
+ * unpacked) once per tile and used for all T tokens, so prefill is compute-
+ * bound while decode (T = 1) streams each weight byte exactly once. For
+ * n_tok > T the rows are walked in panels of ~256 KiB of weights so that the
+ * repeated passes over a panel (one per token block) hit L2, not DRAM.
+ *
+ * Float weights (f32, f16, bf16) x f32 activations: 4 rows x 6 tokens, 16
+ * elements per step, f16 widened by vcvtph2ps, bf16 by a 16-bit shift (both
+ * exact), products accumulated with FMA in f32. Tails of n_in (any value)
+ * use masked loads.
+ *
+ * Block weights (q8_0, q4_0 x q8_0 acts; q4_1 x q8_1 acts): 4 rows x 4
+ * tokens, one "group" of 4 blocks (128 elements) per step. A group is
+ * gathered from the packed ggml layout with vpermt2w into
+ *     lo: dword j = elements 4*(j/4)..+3      of block j%4
+ *     hi: dword j = elements 16+4*(j/4)..+3   of block j%4
+ *     d : float lane j = scale of block j%4
+ * so that one vpdpbusd over lo and one over hi yield, in lane j, a partial
+ * integer sum of block j%4 and every lane can be scaled by d_w*d_a before
+ * the f32 accumulate. vpdpbusd multiplies unsigned by signed bytes:
+ *   q4_0: nibbles 0..15 unsigned, the -8 offset becomes -8*sum(a) per block;
+ *   q8_0: w xor 0x80 = w+128 unsigned, corrected by -128*sum(a) per block;
+ *   q4_1: nibbles unsigned, no offset; m_w*s_a added per block in f32.
+ * The corrections are computed once per activation group when the
+ * activations are packed (below) and seed the vpdpbusd accumulator, so the
+ * integer part of each block product is exact, as in the reference.
+ *
+ * Packed activations: for each token and group, 256 bytes on the stack:
+ * lo (64 B), hi (64 B), d_a (16 f32), aux (16 i32 correction, or for q8_1
+ * the f32 s_a of each block in lanes 0..3 and zeros elsewhere). k is cut
+ * into chunks of IE_KCB blocks so the buffer has a fixed size; later chunks
+ * add into y.
+ */
+#include "ie_kernels.h"
+#include "../../src/ie_kernels_impl.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define IE_INLINE static inline __attribute__((always_inline))
+
+/* ========================================================= float weights */
+
+#define FR 4 /* rows per float tile   */
+#define FT 6 /* tokens per float tile */
+
+IE_INLINE __m512 fw_load(ie_dtype_t wt, const char *row, int64_t k)
+{
+    switch (wt) {
+    case IE_DTYPE_F16:
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + k)));
+    case IE_DTYPE_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + k))), 16));
+    default:
+        return _mm512_loadu_ps((const float *)row + k);
+    }
+}
+
+IE_INLINE __m512 fw_load_mask(ie_dtype_t wt, const char *row, int64_t k, __mmask16 m)
+{
+    switch (wt) {
+    case IE_DTYPE_F16:
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + k));
+    case IE_DTYPE_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + k)), 16));
+    default:
+        return _mm512_maskz_loadu_ps(m, (const float *)row + k);
+    }
+}
+
+/* One R x T tile: rows w, w+wb, ...; tokens a, a+as, ...; y[t*ldy + r]. */
+IE_INLINE void ftile(ie_dtype_t wt, int R, int T, const char *w, size_t wb, int64_t n_in,
+                     const char *a, size_t as, float *y, int64_t ldy)
+{
+    __m512 acc[FR][FT];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+
+    int64_t k = 0;
+    for (; k + 16 <= n_in; k += 16) {
+        __m512 wv[FR];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) wv[r] = fw_load(wt, w + (size_t)r * wb, k);
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) {
+            const __m512 x = _mm512_loadu_ps((const float *)(a + (size_t)t * as) + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], x, acc[r][t]);
+        }
+    }
+    if (k < n_in) {
+        const __mmask16 m = (__mmask16)((1u << (n_in - k)) - 1);
+        __m512 wv[FR];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) wv[r] = fw_load_mask(wt, w + (size_t)r * wb, k, m);
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) {
+            const __m512 x = _mm512_maskz_loadu_ps(m, (const float *)(a + (size_t)t * as) + k);
+#pragma GCC unroll 4
+            for (int r = 0; r < R; r++) acc[r][t] = _mm512_fmadd_ps(wv[r], x, acc[r][t]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 6
+        for (int t = 0; t < T; t++) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
+}
+
+typedef void (*ftile_fn)(const char *w, size_t wb, int64_t n_in, const char *a, size_t as,
+                         float *y, int64_t ldy);
+
+#define FTILE(WT, name, R, T)                                                              \
+    static void ftile_##name##_##R##_##T(const char *w, size_t wb, int64_t n_in,          \
+                                          const char *a, size_t as, float *y, int64_t ldy) \
+    {                                                                                      \
+        ftile(WT, R, T, w, wb, n_in, a, as, y, ldy);                                       \
+    }
+#define FTILES(WT, name)                                                                   \
+    FTILE(WT, name, 4, 1) FTILE(WT, name, 4, 2) FTILE(WT, name, 4, 3) FTILE(WT, name, 4, 4) \
+    FTILE(WT, name, 4, 5) FTILE(WT, name, 4, 6) FTILE(WT, name, 1, 1) FTILE(WT, name, 1, 2) \
+    FTILE(WT, name, 1, 3) FTILE(WT, name, 1, 4) FTILE(WT, name, 1, 5) FTILE(WT, name, 1, 6) \
+    static const ftile_fn ftiles_##name[2][FT + 1] = {                                     \
+        { NULL, ftile_##name##_1_1, ftile_##name##_1_2, ftile_##name##_1_3,                \
+          ftile_##name##_1_4, ftile_##name##_1_5, ftile_##name##_1_6 },                    \
+        { NULL, ftile_##name##_4_1, ftile_##name##_4_2, ftile_##name##_4_3,                \
+          ftile_##name##_4_4, ftile_##name##_4_5, ftile_##name##_4_6 } };
+
+FTILES(IE_DTYPE_F32, f32)
+FTILES(IE_DTYPE_F16, f16)
+FTILES(IE_DTYPE_BF16, bf16)
+
+/* Rows per panel so that one panel of weights (~256 KiB) stays in L2 while
+ * every token block passes over it; all rows when there is one token block. */
+static int64_t panel_rows(int64_t n_rows, size_t row_bytes, int64_t n_tok, int tile_tok, int tile_rows)
+{
+    if (n_tok <= tile_tok) return n_rows;
+    int64_t p = (int64_t)((256u << 10) / (row_bytes ? row_bytes : 1));
+    p -= p % tile_rows;
+    return p < tile_rows ? tile_rows : p;
+}
+
+static void matmul_float(ie_dtype_t wt, const ftile_fn tiles[2][FT + 1], const void *w,
+                         int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                         int64_t n_tok, float *y, int64_t ldy)
+{
+    const size_t wb = ie_dtype_row_bytes(wt, n_in);
+    const int64_t P = panel_rows(r1 - r0, wb, n_tok, FT, FR);
+    for (int64_t p0 = r0; p0 < r1; p0 += P) {
+        const int64_t p1 = p0 + P < r1 ? p0 + P : r1;
+        for (int64_t t0 = 0; t0 < n_tok; t0 += FT) {
+            const int tt = (int)(n_tok - t0 < FT ? n_tok - t0 : FT);
+            const char *at = (const char *)a + (size_t)t0 * as;
+            float *yt = y + t0 * ldy;
+            int64_t r = p0;
+            for (; r + FR <= p1; r += FR)
+                tiles[1][tt]((const char *)w + (size_t)r * wb, wb, n_in, at, as, yt + r, ldy);
+            for (; r < p1; r++)
+                tiles[0][tt]((const char *)w + (size_t)r * wb, wb, n_in, at, as, yt + r, ldy);
+        }
+    }
+}
+
+/* ========================================================= block weights */
+
+#define QR 4       /* rows per block tile                          */
+#define QT 4       /* tokens per block tile                        */
+#define IE_KCB 256 /* blocks per k-chunk (packed act: 16 KiB/token) */
+#define PK_GROUP 256
+#define PK_STRIDE ((IE_KCB / 4) * PK_GROUP)
+
+/* vpermt2w / vpermw word indices that gather a group of 4 blocks (layout in
+ * the file comment). Word p of a gathered lo/hi vector is dword j = p/2 of
+ * block b = j%4, bytes 4*(j/4) + 2*(p%2) of its half; the index is that
+ * byte's address / 2 within the pair of 64-byte loads (second load's words
+ * start at 32). Generated by a script; the matmul tests check them. */
+/* q4_0: loads at +0 and +8 of the 72-byte group. */
+static const uint16_t IDX_Q4_0_QS[32] __attribute__((aligned(64))) = {1, 2, 10, 11, 19, 20, 28, 29, 3, 4, 12, 13, 21, 22, 30, 31, 5, 6, 14, 15, 23, 24, 60, 61, 7, 8, 16, 17, 25, 26, 62, 63};
+static const uint16_t IDX_Q4_0_D[32] __attribute__((aligned(64))) = {0, 9, 18, 27, 0, 9, 18, 27, 0, 9, 18, 27, 0, 9, 18, 27, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+/* q4_1: loads at +0 and +16 of the 80-byte group; DM: d pattern, then m. */
+static const uint16_t IDX_Q4_1_QS[32] __attribute__((aligned(64))) = {2, 3, 12, 13, 22, 23, 56, 57, 4, 5, 14, 15, 24, 25, 58, 59, 6, 7, 16, 17, 26, 27, 60, 61, 8, 9, 18, 19, 28, 29, 62, 63};
+static const uint16_t IDX_Q4_1_DM[32] __attribute__((aligned(64))) = {0, 10, 20, 30, 0, 10, 20, 30, 0, 10, 20, 30, 0, 10, 20, 30, 1, 11, 21, 31, 1, 11, 21, 31, 1, 11, 21, 31, 1, 11, 21, 31};
+/* q8_0: lo and d from loads at +0/+64, hi from loads at +8/+72 (136 bytes). */
+static const uint16_t IDX_Q8_0_LO[32] __attribute__((aligned(64))) = {1, 2, 18, 19, 35, 36, 52, 53, 3, 4, 20, 21, 37, 38, 54, 55, 5, 6, 22, 23, 39, 40, 56, 57, 7, 8, 24, 25, 41, 42, 58, 59};
+static const uint16_t IDX_Q8_0_HI[32] __attribute__((aligned(64))) = {5, 6, 22, 23, 39, 40, 56, 57, 7, 8, 24, 25, 41, 42, 58, 59, 9, 10, 26, 27, 43, 44, 60, 61, 11, 12, 28, 29, 45, 46, 62, 63};
+static const uint16_t IDX_Q8_0_D[32] __attribute__((aligned(64))) = {0, 17, 34, 51, 0, 17, 34, 51, 0, 17, 34, 51, 0, 17, 34, 51, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+/* q8_1: lo and d/s from loads at +0/+64, hi from loads at +16/+80 (144 bytes). */
+static const uint16_t IDX_Q8_1_LO[32] __attribute__((aligned(64))) = {2, 3, 20, 21, 38, 39, 56, 57, 4, 5, 22, 23, 40, 41, 58, 59, 6, 7, 24, 25, 42, 43, 60, 61, 8, 9, 26, 27, 44, 45, 62, 63};
+static const uint16_t IDX_Q8_1_HI[32] __attribute__((aligned(64))) = {2, 3, 20, 21, 38, 39, 56, 57, 4, 5, 22, 23, 40, 41, 58, 59, 6, 7, 24, 25, 42, 43, 60, 61, 8, 9, 26, 27, 44, 45, 62, 63};
+static const uint16_t IDX_Q8_1_DS[32] __attribute__((aligned(64))) = {0, 18, 36, 54, 0, 18, 36, 54, 0, 18, 36, 54, 0, 18, 36, 54, 1, 19, 37, 55, 1, 19, 37, 55, 1, 19, 37, 55, 1, 19, 37, 55};
+
+#define IDX(t) _mm512_load_si512((const void *)(t))
+
+/* 64-byte load at p+off of a group whose first `valid` bytes exist; a partial
+ * (tail) group uses a masked load, which neither reads nor faults past it. */
+IE_INLINE __m512i gload(const uint8_t *p, int off, int full, int valid)
+{
+    if (full) return _mm512_loadu_si512((const void *)(p + off));
+    const int n = valid - off;
+    const __mmask64 m = n <= 0 ? 0 : n >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << n) - 1);
+    return _mm512_maskz_loadu_epi8(m, p + off);
+}
+
+/* Gather one group of a q8_0 / q8_1 row (weights or activations). */
+IE_INLINE void q8_gather(int is_q8_1, const uint8_t *p, int full, int valid,
+                         __m512i *lo, __m512i *hi, __m512i *ds)
+{
+    const int hoff = is_q8_1 ? 16 : 8;
+    const __m512i z0 = gload(p, 0, full, valid), z1 = gload(p, 64, full, valid);
+    const __m512i za = gload(p, hoff, full, valid), zb = gload(p, hoff + 64, full, valid);
+    *lo = _mm512_permutex2var_epi16(z0, IDX(is_q8_1 ? IDX_Q8_1_LO : IDX_Q8_0_LO), z1);
+    *hi = _mm512_permutex2var_epi16(za, IDX(is_q8_1 ? IDX_Q8_1_HI : IDX_Q8_0_HI), zb);
+    *ds = _mm512_permutex2var_epi16(z0, IDX(is_q8_1 ? IDX_Q8_1_DS : IDX_Q8_0_D), z1);
+}
+
+/* Unpacked weights of one group for one row. */
+typedef struct { __m512i lo, hi; __m512 d, m; } wgroup_t;
+
+IE_INLINE wgroup_t wgroup_load(ie_dtype_t wt, const uint8_t *p, int full, int valid)
+{
+    wgroup_t g;
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    if (wt == IE_DTYPE_Q8_0) {
+        __m512i ds;
+        q8_gather(0, p, full, valid, &g.lo, &g.hi, &ds);
+        const __m512i bias = _mm512_set1_epi8((char)0x80);
+        g.lo = _mm512_xor_si512(g.lo, bias);
+        g.hi = _mm512_xor_si512(g.hi, bias);
+        g.d = _mm512_cvtph_ps(_mm512_castsi512_si256(ds));
+        g.m = _mm512_setzero_ps();
+    } else {
+        const int is_q4_1 = wt == IE_DTYPE_Q4_1;
+        const __m512i z0 = gload(p, 0, full, valid);
+        const __m512i z1 = gload(p, is_q4_1 ? 16 : 8, full, valid);
+        const __m512i qs = _mm512_permutex2var_epi16(z0, IDX(is_q4_1 ? IDX_Q4_1_QS : IDX_Q4_0_QS), z1);
+        const __m512i dm = _mm512_permutexvar_epi16(IDX(is_q4_1 ? IDX_Q4_1_DM : IDX_Q4_0_D), z0);
+        g.lo = _mm512_and_si512(qs, m4);
+        g.hi = _mm512_and_si512(_mm512_srli_epi16(qs, 4), m4);
+        g.d = _mm512_cvtph_ps(_mm512_castsi512_si256(dm));
+        g.m = is_q4_1 ? _mm512_cvtph_ps(_mm512_extracti64x4_epi64(dm, 1)) : _mm512_setzero_ps();
+    }
+    return g;
+}
+
+/* Pack one activation group (256 bytes at dst) for weights of type wt. */
+IE_INLINE void pack_group(ie_dtype_t wt, const uint8_t *p, int full, int valid, uint8_t *dst)
+{
+    __m512i lo, hi, ds, aux;
+    if (wt == IE_DTYPE_Q4_1) {
+        q8_gather(1, p, full, valid, &lo, &hi, &ds);
+        /* s of blocks 0..3 in words 16..19, zeros above: lanes 0..3 of aux */
+        ds = _mm512_maskz_mov_epi16(0x000fffffu, ds);
+        aux = _mm512_castps_si512(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(ds, 1)));
+    } else {
+        q8_gather(0, p, full, valid, &lo, &hi, &ds);
+        const __m512i ones = _mm512_set1_epi8(1);
+        __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, lo);
+        s = _mm512_dpbusd_epi32(s, ones, hi); /* partial sums of a, per block lane */
+        s = wt == IE_DTYPE_Q4_0 ? _mm512_slli_epi32(s, 3) : _mm512_slli_epi32(s, 7);
+        aux = _mm512_sub_epi32(_mm512_setzero_si512(), s);
+    }
+    _mm512_store_si512((void *)dst, lo);
+    _mm512_store_si512((void *)(dst + 64), hi);
+    _mm512_store_ps((void *)(dst + 128), _mm512_cvtph_ps(_mm512_castsi512_si256(ds)));
+    _mm512_store_si512((void *)(dst + 192), aux);
+}
+
+/* Rows ahead that a tile prefetches: the same group of rows r+QPF.., i.e.
+ * two tiles ahead, so DRAM latency is hidden in decode, where the hardware
+ * prefetcher alone sees many short interleaved row streams. */
+#define QPF 8
+
+/* Accumulate one group into an R x T tile. */
+IE_INLINE void qstep(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, int full,
+                     int valid, const uint8_t *pk, size_t ps, __m512 acc[QR][QT])
+{
+    const size_t gb = 4 * (wt == IE_DTYPE_Q8_0 ? sizeof(ie_block_q8_0_t)
+                           : wt == IE_DTYPE_Q4_1 ? sizeof(ie_block_q4_1_t) : sizeof(ie_block_q4_0_t));
+    wgroup_t g[QR];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
+        /* prefetch never faults, so running past the matrix is harmless */
+        const char *pf = (const char *)w + (size_t)(r + QPF) * wb;
+        for (size_t off = 0; off < gb; off += 64) _mm_prefetch(pf + off, _MM_HINT_T0);
+        _mm_prefetch(pf + gb - 1, _MM_HINT_T0);
+        g[r] = wgroup_load(wt, w + (size_t)r * wb, full, valid);
+    }
+#pragma GCC unroll 4
+    for (int t = 0; t < T; t++) {
+        const uint8_t *pt = pk + (size_t)t * ps;
+        const __m512i alo = _mm512_load_si512((const void *)pt);
+        const __m512i ahi = _mm512_load_si512((const void *)(pt + 64));
+        const __m512 da = _mm512_load_ps((const void *)(pt + 128));
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512i s = wt == IE_DTYPE_Q4_1 ? _mm512_setzero_si512()
+                                            : _mm512_load_si512((const void *)(pt + 192));
+            s = _mm512_dpbusd_epi32(s, g[r].lo, alo);
+            s = _mm512_dpbusd_epi32(s, g[r].hi, ahi);
+            acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(g[r].d, da), acc[r][t]);
+            if (wt == IE_DTYPE_Q4_1)
+                acc[r][t] = _mm512_fmadd_ps(g[r].m, _mm512_load_ps((const void *)(pt + 192)), acc[r][t]);
+        }
+    }
+}
+
+IE_INLINE void qtile(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, int64_t ngf,
+                     int tail_valid, const uint8_t *pk, float *y, int64_t ldy, int first)
+{
+    const size_t gb = 4 * ie_dtype_block_bytes(wt);
+    __m512 acc[QR][QT];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < ngf; g++)
+        qstep(wt, R, T, w + g * gb, wb, 1, 0, pk + g * PK_GROUP, PK_STRIDE, acc);
+    if (tail_valid)
+        qstep(wt, R, T, w + ngf * gb, wb, 0, tail_valid, pk + ngf * PK_GROUP, PK_STRIDE, acc);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int t = 0; t < T; t++) {
+            const float v = _mm512_reduce_add_ps(acc[r][t]);
+            y[t * ldy + r] = first ? v : y[t * ldy + r] + v;
+        }
+}
+
+typedef void (*qtile_fn)(const uint8_t *w, size_t wb, int64_t ngf, int tail_valid,
+                         const uint8_t *pk, float *y, int64_t ldy, int first);
+
+#define QTILE(WT, name, R, T)                                                                  \
+    static void qtile_##name##_##R##_##T(const uint8_t *w, size_t wb, int64_t ngf, int tv,    \
+                                          const uint8_t *pk, float *y, int64_t ldy, int first) \
+    {                                                                                          \
+        qtile(WT, R, T, w, wb, ngf, tv, pk, y, ldy, first);                                    \
+    }
+#define QTILES(WT, name)                                                                       \
+    QTILE(WT, name, 4, 1) QTILE(WT, name, 4, 2) QTILE(WT, name, 4, 3) QTILE(WT, name, 4, 4)    \
+    QTILE(WT, name, 1, 1) QTILE(WT, name, 1, 2) QTILE(WT, name, 1, 3) QTILE(WT, name, 1, 4)    \
+    static const qtile_fn qtiles_##name[2][QT + 1] = {                                         \
+        { NULL, qtile_##name##_1_1, qtile_##name##_1_2, qtile_##name##_1_3, qtile_##name##_1_4 }, \
+        { NULL, qtile_##name##_4_1, qtile_##name##_4_2, qtile_##name##_4_3, qtile_##name##_4_4 } };
+
+QTILES(IE_DTYPE_Q8_0, q8_0)
+QTILES(IE_DTYPE_Q4_0, q4_0)
+QTILES(IE_DTYPE_Q4_1, q4_1)
+
+/* Pack blocks [kb0, kb0+nbc) of tokens t0..t0+tt-1 into pk (PK_STRIDE apart). */
+IE_INLINE void pack_tokens(ie_dtype_t wt, const void *a, size_t as, int64_t t0, int tt,
+                           int64_t kb0, int64_t nbc, uint8_t *pk)
+{
+    const size_t ab = ie_dtype_block_bytes(ie_matmul_act_dtype(wt));
+    const int64_t ngf = nbc / 4;
+    const int tail_valid = (int)((nbc % 4) * ab);
+    for (int t = 0; t < tt; t++) {
+        const uint8_t *src = (const uint8_t *)a + (size_t)(t0 + t) * as + (size_t)kb0 * ab;
+        uint8_t *dst = pk + (size_t)t * PK_STRIDE;
+        for (int64_t g = 0; g < ngf; g++) pack_group(wt, src + g * 4 * ab, 1, 0, dst + g * PK_GROUP);
+        if (tail_valid) pack_group(wt, src + ngf * 4 * ab, 0, tail_valid, dst + ngf * PK_GROUP);
+    }
+}
+
+IE_INLINE void matmul_block(ie_dtype_t wt, const qtile_fn tiles[2][QT + 1], const void *w,
+                            int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                            int64_t n_tok, float *y, int64_t ldy)
+{
+    _Alignas(64) uint8_t pk[QT * PK_STRIDE];
+    const size_t wb = ie_dtype_row_bytes(wt, n_in), bb = ie_dtype_block_bytes(wt);
+    const int64_t nb = n_in / IE_QK;
+    for (int64_t kb0 = 0; kb0 < nb; kb0 += IE_KCB) {
+        const int64_t nbc = nb - kb0 < IE_KCB ? nb - kb0 : IE_KCB;
+        const int64_t ngf = nbc / 4;
+        const int tail_valid = (int)((nbc % 4) * bb);
+        const int64_t P = panel_rows(r1 - r0, (size_t)nbc * bb, n_tok, QT, QR);
+        for (int64_t p0 = r0; p0 < r1; p0 += P) {
+            const int64_t p1 = p0 + P < r1 ? p0 + P : r1;
+            for (int64_t t0 = 0; t0 < n_tok; t0 += QT) {
+                const int tt = (int)(n_tok - t0 < QT ? n_tok - t0 : QT);
+                pack_tokens(wt, a, as, t0, tt, kb0, nbc, pk);
+                float *yt = y + t0 * ldy;
+                const uint8_t *wk = (const uint8_t *)w + (size_t)kb0 * bb;
+                int64_t r = p0;
+                for (; r + QR <= p1; r += QR)
+                    tiles[1][tt](wk + (size_t)r * wb, wb, ngf, tail_valid, pk, yt + r, ldy, kb0 == 0);
+                for (; r < p1; r++)
+                    tiles[0][tt](wk + (size_t)r * wb, wb, ngf, tail_valid, pk, yt + r, ldy, kb0 == 0);
+            }
+        }
+    }
+}
+
+static void matmul_q8_0(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a,
+                        size_t as, int64_t n_tok, float *y, int64_t ldy)
+{
+    matmul_block(IE_DTYPE_Q8_0, qtiles_q8_0, w, n_in, r0, r1, a, as, n_tok, y, ldy);
+}
+
+static void matmul_q4_0(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a,
+                        size_t as, int64_t n_tok, float *y, int64_t ldy)
+{
+    matmul_block(IE_DTYPE_Q4_0, qtiles_q4_0, w, n_in, r0, r1, a, as, n_tok, y, ldy);
+}
+
+static void matmul_q4_1(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a,
+                        size_t as, int64_t n_tok, float *y, int64_t ldy)
+{
+    matmul_block(IE_DTYPE_Q4_1, qtiles_q4_1, w, n_in, r0, r1, a, as, n_tok, y, ldy);
+}
+
+int ie_matmul_avx512(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                     const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+{
+    if (r1 <= r0 || n_tok <= 0) return ie_matmul_act_dtype(wtype) == IE_DTYPE_INVALID ? -1 : 0;
+    switch (wtype) {
+    case IE_DTYPE_F32: matmul_float(wtype, ftiles_f32, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
+    case IE_DTYPE_F16: matmul_float(wtype, ftiles_f16, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
+    case IE_DTYPE_BF16: matmul_float(wtype, ftiles_bf16, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
+    case IE_DTYPE_Q8_0: matmul_q8_0(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
+    case IE_DTYPE_Q4_0: matmul_q4_0(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
+    case IE_DTYPE_Q4_1: matmul_q4_1(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
+    default: return -1;
+    }
+}
+
+/* ================================================== activation quantize */
+
+/* roundf() semantics (ties away from zero) for |v| < 2^23: truncate, then
+ * step away from zero when the dropped fraction is >= 0.5 (v - trunc(v) is
+ * exact). Keeps the result bit-identical to the reference quantizer. */
+IE_INLINE __m512i round_away_epi32(__m512 v)
+{
+    const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_abs_ps(_mm512_sub_ps(v, t));
+    const __mmask16 up = _mm512_cmp_ps_mask(f, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m512 one = _mm512_castsi512_ps(_mm512_or_si512(
+        _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32((int)0x80000000u)),
+        _mm512_castps_si512(_mm512_set1_ps(1.0f))));
+    return _mm512_cvttps_epi32(_mm512_mask_add_ps(t, up, t, one));
+}
+
+/* Quantize one block of 32 floats; returns sum(q). */
+IE_INLINE int q8_block(const float *x, int8_t *q, float *d_out)
+{
+    const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m512 vid = _mm512_set1_ps(id);
+    const __m512i q0 = round_away_epi32(_mm512_mul_ps(x0, vid));
+    const __m512i q1 = round_away_epi32(_mm512_mul_ps(x1, vid));
+    _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(q1));
+    *d_out = d;
+    return _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+}
+
+void ie_act_quantize_avx512(ie_dtype_t act, const float *x, void *out, int64_t n)
+{
+    switch (act) {
+    case IE_DTYPE_F32: memcpy(out, x, (size_t)n * sizeof(float)); break;
+    case IE_DTYPE_Q8_0: {
+        ie_block_q8_0_t *y = out;
+        for (int64_t b = 0; b < n / IE_QK; b++) {
+            float d;
+            (void)q8_block(x + b * IE_QK, y[b].q, &d);
+            y[b].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        }
+        break;
+    }
+    case IE_DTYPE_Q8_1: {
+        ie_block_q8_1_t *y = out;
+        for (int64_t b = 0; b < n / IE_QK; b++) {
+            float d;
+            const int sum = q8_block(x + b * IE_QK, y[b].q, &d);
+            y[b].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+            y[b].s = _cvtss_sh((float)sum * d, _MM_FROUND_TO_NEAREST_INT);
+        }
+        break;
+    }
+    default: break;
+    }
+}

@@ -1,0 +1,231 @@
+"""test_tokenizer_hf.py — our `inference-engine tokenize` against reference
+tokenizers on the Jane Austen corpus (tests/data/corpus/austen_*.txt).
+
+Every line is tokenized by our CLI with --lines --no-bos and compared with:
+  * Llama-2-style tokenizer.json (tests/data/llama2_tokenizer.json): HF
+    `tokenizers` on that file; ours loads the same file;
+  * the llama-spm GGUF vocabulary (tests/data/ggml-vocab-llama-spm.gguf):
+    SentencePiece and HF `tokenizers` models rebuilt from the GGUF by
+    tests/reference/make_llama_spm_reference.py; ours loads the GGUF;
+  * SmolLM2: HF `tokenizers` on tests/data/smollm2_tokenizer.json (made by
+    tests/reference/make_smollm2_tokenizer_json.py); ours loads the model's
+    GGUF (models/, from scripts/setup.sh) and the same tokenizer.json.
+Plus special-token parsing on/off, whole-file encoding, CLI exit codes.
+
+The binary comes from $IE_BIN (default build/inference-engine).
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "tests" / "data"
+CORPUS = sorted((DATA / "corpus").glob("austen_*.txt"))
+LLAMA2_JSON = DATA / "llama2_tokenizer.json"
+SPM_GGUF = DATA / "ggml-vocab-llama-spm.gguf"
+SMOL_JSON = DATA / "smollm2_tokenizer.json"
+SMOL_GGUF = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+sys.path.insert(0, str(ROOT / "tests" / "reference"))
+
+tokenizers = pytest.importorskip("tokenizers")
+
+
+def ie_bin():
+    b = Path(os.environ.get("IE_BIN", ROOT / "build" / "inference-engine"))
+    if not b.is_absolute():
+        b = ROOT / b
+    if not b.exists():
+        pytest.skip(f"binary {b} not built (set IE_BIN)")
+    return b
+
+
+def run_cli(tokenizer, data, *flags):
+    """Run `tokenize`; return (returncode, stdout lines parsed as id lists, stderr)."""
+    p = subprocess.run([str(ie_bin()), "tokenize", "--tokenizer", str(tokenizer), *flags],
+                       input=data, capture_output=True, timeout=300)
+    out = []
+    if p.returncode == 0:
+        out = [json.loads(line)["ids"] for line in p.stdout.decode().splitlines()]
+    return p.returncode, out, p.stderr.decode(errors="replace")
+
+
+def corpus_lines(path):
+    """Lines as our CLI splits them: on '\\n', a final newline ends the last line."""
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()
+    return data, [l.decode("utf-8") for l in lines]
+
+
+def compare(name, tokenizer, reference_encode):
+    """Tokenize every corpus line with our CLI and with reference_encode(list[str]) -> list[list[int]]."""
+    total = same = 0
+    bad = []
+    for path in CORPUS:
+        data, lines = corpus_lines(path)
+        rc, ours, err = run_cli(tokenizer, data, "--lines", "--no-bos")
+        assert rc == 0, err
+        assert len(ours) == len(lines), f"{path.name}: {len(ours)} outputs for {len(lines)} lines"
+        ref = reference_encode(lines)
+        for i, (a, b) in enumerate(zip(ours, ref)):
+            total += 1
+            if a == b:
+                same += 1
+            elif len(bad) < 5:
+                bad.append(f"{path.name}:{i + 1}: {lines[i]!r}\n   ours {a}\n   ref  {b}")
+    print(f"\n{name}: {same}/{total} lines identical")
+    assert same == total, f"{name}: {total - same} of {total} lines differ:\n" + "\n".join(bad)
+
+
+# ---------------------------------------------------------------- references
+
+@pytest.fixture(scope="module")
+def hf_llama2():
+    return tokenizers.Tokenizer.from_file(str(LLAMA2_JSON))
+
+
+@pytest.fixture(scope="module")
+def spm_refs(tmp_path_factory):
+    """(sentencepiece processor, HF tokenizer) rebuilt from the llama-spm GGUF."""
+    spm = pytest.importorskip("sentencepiece")
+    pytest.importorskip("transformers")
+    import make_llama_spm_reference as mk
+    model, tj = mk.write_all(SPM_GGUF, tmp_path_factory.mktemp("spm_ref"))
+    return spm.SentencePieceProcessor(model_file=str(model)), tokenizers.Tokenizer.from_file(str(tj))
+
+
+@pytest.fixture(scope="module")
+def hf_smol():
+    return tokenizers.Tokenizer.from_file(str(SMOL_JSON))
+
+
+def hf_encode(tok):
+    return lambda lines: [e.ids for e in tok.encode_batch(lines, add_special_tokens=False)]
+
+
+# ---------------------------------------------------------------- Austen, line by line
+
+def test_austen_llama2_json(hf_llama2):
+    compare("llama2 tokenizer.json vs HF", LLAMA2_JSON, hf_encode(hf_llama2))
+
+
+def test_austen_llama_spm_gguf_vs_sentencepiece(spm_refs):
+    sp, _ = spm_refs
+    compare("llama-spm gguf vs SentencePiece", SPM_GGUF, lambda lines: sp.encode(lines))
+
+
+def test_austen_llama_spm_gguf_vs_hf(spm_refs):
+    _, hf = spm_refs
+    compare("llama-spm gguf vs HF", SPM_GGUF, hf_encode(hf))
+
+
+def test_austen_smollm2_gguf(hf_smol):
+    if not SMOL_GGUF.exists():
+        pytest.skip(f"{SMOL_GGUF} missing (scripts/setup.sh fetches it)")
+    compare("SmolLM2 gguf vs HF", SMOL_GGUF, hf_encode(hf_smol))
+
+
+def test_austen_smollm2_json(hf_smol):
+    compare("SmolLM2 tokenizer.json vs HF", SMOL_JSON, hf_encode(hf_smol))
+
+
+# ---------------------------------------------------------------- whole file, speed
+
+def test_whole_corpus_one_text(hf_smol, spm_refs):
+    """The whole corpus as one input (no --lines), and how long it takes."""
+    sp, _ = spm_refs
+    data = b"".join(p.read_bytes() for p in CORPUS)
+    text = data.decode("utf-8")
+    cases = [(SMOL_JSON, lambda: hf_smol.encode(text, add_special_tokens=False).ids),
+             (SPM_GGUF, lambda: sp.encode(text))]
+    for tok, ref in cases:
+        t0 = time.perf_counter()
+        rc, out, err = run_cli(tok, data, "--no-bos")
+        dt = time.perf_counter() - t0
+        assert rc == 0, err
+        assert len(out) == 1
+        expect = ref()
+        print(f"\n{tok.name}: {len(data)} bytes -> {len(out[0])} tokens, CLI wall {dt:.2f} s (load included)")
+        assert out[0] == expect
+
+
+# ---------------------------------------------------------------- special tokens
+
+SPECIAL_LINE = "Hi <|im_start|>user\nsay <s> and </s> or <|im_end|>!"
+
+
+def test_parse_special_smollm2(hf_smol):
+    paths = [SMOL_JSON] + ([SMOL_GGUF] if SMOL_GGUF.exists() else [])
+    data = SPECIAL_LINE.encode()
+    on = hf_smol.encode(SPECIAL_LINE, add_special_tokens=False).ids
+    hf_smol.encode_special_tokens = True
+    try:
+        off = hf_smol.encode(SPECIAL_LINE, add_special_tokens=False).ids
+    finally:
+        hf_smol.encode_special_tokens = False
+    assert 1 in on and 2 in on and 1 not in off
+    for p in paths:
+        rc, out, err = run_cli(p, data, "--no-bos", "--parse-special")
+        assert rc == 0, err
+        assert out == [on], p
+        rc, out, err = run_cli(p, data, "--no-bos")
+        assert rc == 0, err
+        assert out == [off], p
+
+
+def test_parse_special_llama(hf_llama2, spm_refs):
+    _, hf_spm = spm_refs
+    data = SPECIAL_LINE.encode()
+    for path, hf in [(LLAMA2_JSON, hf_llama2), (SPM_GGUF, hf_spm)]:
+        on = hf.encode(SPECIAL_LINE, add_special_tokens=False).ids
+        hf.encode_special_tokens = True
+        try:
+            off = hf.encode(SPECIAL_LINE, add_special_tokens=False).ids
+        finally:
+            hf.encode_special_tokens = False
+        assert 1 in on and 2 in on and 1 not in off
+        rc, out, err = run_cli(path, data, "--no-bos", "--parse-special")
+        assert rc == 0, err
+        assert out == [on], path
+        rc, out, err = run_cli(path, data, "--no-bos")
+        assert rc == 0, err
+        assert out == [off], path
+        # default adds BOS like HF's add_special_tokens=True
+        rc, out, err = run_cli(path, b"Hello world")
+        assert rc == 0, err
+        assert out == [hf.encode("Hello world").ids], path
+
+
+# ---------------------------------------------------------------- CLI behaviour
+
+def test_cli_errors(tmp_path):
+    rc, _, err = run_cli(LLAMA2_JSON, b"ok \xff\xfe", "--no-bos")
+    assert rc == 2 and "invalid UTF-8 at byte 3" in err
+    rc, _, err = run_cli(LLAMA2_JSON, b"line one\nbad \xc3(\n", "--lines")
+    assert rc == 2 and "invalid UTF-8 at byte 13" in err
+    rc, _, err = run_cli(tmp_path / "missing.json", b"x")
+    assert rc == 3 and err.startswith("error: ")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model": {"type": "Unigram", "vocab": []}}')
+    rc, _, err = run_cli(bad, b"x")
+    assert rc == 3 and "Unigram" in err
+    p = subprocess.run([str(ie_bin()), "tokenize", "--bogus"], input=b"", capture_output=True)
+    assert p.returncode == 2 and b"usage" in p.stderr
+    p = subprocess.run([str(ie_bin()), "tokenize"], input=b"", capture_output=True)
+    assert p.returncode == 2 and b"--tokenizer" in p.stderr
+
+
+def test_cli_lines_edge_cases():
+    # empty input: no lines; empty lines give empty id lists; no final newline
+    assert run_cli(SMOL_JSON, b"", "--lines")[1] == []
+    rc, out, _ = run_cli(SMOL_JSON, b"a\n\nb", "--lines", "--no-bos")
+    assert rc == 0 and len(out) == 3 and out[1] == []
+    rc, out, _ = run_cli(SMOL_JSON, b"", "--no-bos")
+    assert rc == 0 and out == [[]]

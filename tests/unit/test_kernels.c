@@ -1,0 +1,647 @@
+/* test_kernels.c — every compiled ISA against the scalar reference.
+ *
+ * Tolerances (stated once, used below):
+ *   matmul, float weights: |y - y_ref| <= 1e-5 * sum_k |w_k * x_k|
+ *       (y_ref accumulates in double; the SIMD kernels' f32 lanes add at most
+ *       a few dozen roundings of 2^-24 each).
+ *   matmul, block weights: |y - y_ref| <= 1e-5 * sum_b |d_w*d_a| sum_j |q_w*q_a|
+ *       (+|m_w*s_a|): integer partial sums must be exact, only their f32
+ *       scaling and accumulation may round (the kernels, like ggml's, convert
+ *       per-lane partial sums of 4-8 products to f32, so the rounding scales
+ *       with sum |q_w*q_a|); test_matmul_integer_exact checks exactness
+ *       directly (scales 1.0 make every result an exact integer < 2^24, so
+ *       SIMD must equal the reference bit-for-bit).
+ *   act_quantize Q8_0/Q8_1: bit-for-bit equal to the reference (SIMD uses
+ *       the same f32 operations and roundf's ties-away rounding).
+ *   quantize -> dequantize: per element, q8: 0.5*d + 127*d*2^-11 (f16 scale);
+ *       q4_0: |d| (one step, the clipped end) + 2^-10*8|d|; q4_1:
+ *       0.5*d + 2^-10*(|min| + 16*d); f16: 2^-11 relative; bf16: 2^-8 relative.
+ *   softmax / rmsnorm / swiglu: 2e-6 relative to double-precision formulas
+ *       (softmax: plus |x - max|*2^-24, the f32 rounding of x - max).
+ *   rope: 1e-6 absolute vs the direct formula with the documented f32 angles;
+ *       pos*2^-22 absolute vs angles in double; rope_apply == rope bit-for-bit.
+ */
+#include "ie_kernels.h"
+#include "../../kernels/src/ie_kernels_impl.h"
+
+#include <CUnit/Basic.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------- helpers */
+
+static uint64_t g_rng;
+static void rng_seed(uint64_t s) { g_rng = s * 0x9e3779b97f4a7c15ull + 1; }
+static uint32_t rng_u32(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (uint32_t)(g_rng >> 16);
+}
+static float rng_f(void) { return (float)rng_u32() / 4294967296.0f * 2.0f - 1.0f; } /* [-1,1) */
+
+/* Random floats with a per-32-element scale spread over ~3 decades, so
+ * block scales differ and some blocks are tiny. */
+static void fill(float *x, int64_t n)
+{
+    float scale = 1.0f;
+    for (int64_t i = 0; i < n; i++) {
+        if (i % 32 == 0) scale = powf(10.0f, rng_f() * 1.5f);
+        x[i] = rng_f() * scale;
+    }
+}
+
+static int n_isas(ie_isa_t *isas)
+{
+    int n = 0;
+    for (int i = IE_ISA_REF; i <= IE_ISA_AVX512; i++)
+        if (ie_kernels_get((ie_isa_t)i)) isas[n++] = (ie_isa_t)i;
+    return n;
+}
+
+static const ie_dtype_t WTYPES[] = { IE_DTYPE_F32, IE_DTYPE_F16, IE_DTYPE_BF16,
+                                     IE_DTYPE_Q8_0, IE_DTYPE_Q4_0, IE_DTYPE_Q4_1 };
+
+static int is_block(ie_dtype_t t) { return ie_dtype_block_elems(t) == IE_QK; }
+
+/* Scale of the result for the tolerance: sum of |terms| of the exact product
+ * (for block types sum_b |d_w*d_a| * sum_j |q_w*q_a| (+ |m_w*s_a|): kernels
+ * convert partial integer sums of a few elements to f32, like ggml's, so
+ * their rounding scales with the partial sums, not with the block total). */
+static double term_scale(ie_dtype_t wt, const void *wrow, const void *arow, int64_t n_in)
+{
+    double s = 0.0;
+    if (!is_block(wt)) {
+        float *wf = malloc((size_t)n_in * sizeof(float));
+        ie_dequantize_row(wt, wrow, wf, n_in);
+        for (int64_t k = 0; k < n_in; k++) s += fabs((double)wf[k] * ((const float *)arow)[k]);
+        free(wf);
+        return s;
+    }
+    for (int64_t b = 0; b < n_in / IE_QK; b++) {
+        double dw, da, m = 0, sa = 0;
+        int64_t sumi = 0;
+        const int8_t *qa;
+        if (wt == IE_DTYPE_Q4_1) {
+            const ie_block_q8_1_t *ab = (const ie_block_q8_1_t *)arow + b;
+            da = ie_f16_to_f32(ab->d);
+            sa = ie_f16_to_f32(ab->s);
+            qa = ab->q;
+        } else {
+            const ie_block_q8_0_t *ab = (const ie_block_q8_0_t *)arow + b;
+            da = ie_f16_to_f32(ab->d);
+            qa = ab->q;
+        }
+        if (wt == IE_DTYPE_Q8_0) {
+            const ie_block_q8_0_t *wb = (const ie_block_q8_0_t *)wrow + b;
+            dw = ie_f16_to_f32(wb->d);
+            for (int j = 0; j < 32; j++) sumi += abs(wb->q[j] * qa[j]);
+        } else if (wt == IE_DTYPE_Q4_0) {
+            const ie_block_q4_0_t *wb = (const ie_block_q4_0_t *)wrow + b;
+            dw = ie_f16_to_f32(wb->d);
+            for (int j = 0; j < 16; j++)
+                sumi += abs(((wb->qs[j] & 15) - 8) * qa[j]) + abs(((wb->qs[j] >> 4) - 8) * qa[j + 16]);
+        } else {
+            const ie_block_q4_1_t *wb = (const ie_block_q4_1_t *)wrow + b;
+            dw = ie_f16_to_f32(wb->d);
+            m = ie_f16_to_f32(wb->m);
+            for (int j = 0; j < 16; j++) sumi += abs((wb->qs[j] & 15) * qa[j]) + abs((wb->qs[j] >> 4) * qa[j + 16]);
+        }
+        s += fabs(dw * da * (double)sumi) + fabs(m * sa);
+    }
+    return s;
+}
+
+/* ------------------------------------------------------------- matmul */
+
+static int check_matmul_case(ie_isa_t isa, ie_dtype_t wt, int64_t n_in, int64_t n_out,
+                             int64_t n_tok, int64_t r0, uint64_t seed)
+{
+    const ie_matmul_ops_t *ops = ie_kernels_get(isa);
+    const ie_dtype_t at = ie_matmul_act_dtype(wt);
+    const size_t wb = ie_dtype_row_bytes(wt, n_in);
+    const size_t abytes = ie_dtype_row_bytes(at, n_in);
+    const size_t as = abytes + 12; /* stride larger than a row, not a multiple of 64 */
+    const int64_t ldy = n_out + 5;
+    rng_seed(seed);
+    float *xf = malloc((size_t)n_in * sizeof(float));
+    uint8_t *w = malloc(wb * (size_t)n_out);
+    uint8_t *a = malloc(as * (size_t)n_tok);
+    float *y = malloc(sizeof(float) * (size_t)(ldy * n_tok));
+    float *yr = malloc(sizeof(float) * (size_t)(ldy * n_tok));
+    for (int64_t r = 0; r < n_out; r++) {
+        fill(xf, n_in);
+        CU_ASSERT_EQUAL_FATAL(ie_quantize_row(wt, xf, w + (size_t)r * wb, n_in), 0);
+    }
+    for (int64_t t = 0; t < n_tok; t++) {
+        fill(xf, n_in);
+        ie_act_quantize_ref(at, xf, a + (size_t)t * as, n_in);
+    }
+    for (int64_t i = 0; i < ldy * n_tok; i++) y[i] = yr[i] = -12345.0f; /* sentinel */
+    CU_ASSERT_EQUAL(ie_matmul_ref(wt, w, n_in, r0, n_out, a, as, n_tok, yr, ldy), 0);
+    CU_ASSERT_EQUAL(ops->matmul(wt, w, n_in, r0, n_out, a, as, n_tok, y, ldy), 0);
+    int bad = 0;
+    for (int64_t t = 0; t < n_tok; t++) {
+        for (int64_t r = 0; r < ldy; r++) {
+            const float v = y[t * ldy + r], vr = yr[t * ldy + r];
+            if (r < r0 || r >= n_out) { /* must be untouched */
+                if (v != -12345.0f) bad++;
+                continue;
+            }
+            const double tol = 1e-5 * term_scale(wt, w + (size_t)r * wb, a + (size_t)t * as, n_in) + 1e-30;
+            if (!(fabs((double)v - vr) <= tol)) {
+                if (bad < 5)
+                    printf("\n  %s %s n_in=%lld n_out=%lld n_tok=%lld r0=%lld: y[%lld][%lld]=%.9g ref=%.9g tol=%.3g",
+                           ie_isa_name(isa), ie_dtype_name(wt), (long long)n_in, (long long)n_out,
+                           (long long)n_tok, (long long)r0, (long long)t, (long long)r, v, vr, tol);
+                bad++;
+            }
+        }
+    }
+    free(xf); free(w); free(a); free(y); free(yr);
+    return bad;
+}
+
+static void test_matmul_vs_ref(void)
+{
+    ie_isa_t isas[3];
+    const int ni = n_isas(isas);
+    static const int64_t nin_blk[] = { 32, 64, 96, 576, 1536, 2080 };
+    static const int64_t nin_flt[] = { 1, 3, 17, 31, 33, 64, 100, 576 };
+    static const int64_t nouts[] = { 1, 3, 7, 33 };
+    static const int64_t ntoks[] = { 1, 2, 3, 4, 5, 7, 9, 17 };
+    int cases = 0, bad_cases = 0;
+    for (int i = 0; i < ni; i++) {
+        for (size_t wi = 0; wi < sizeof WTYPES / sizeof WTYPES[0]; wi++) {
+            const ie_dtype_t wt = WTYPES[wi];
+            const int64_t *nins = is_block(wt) ? nin_blk : nin_flt;
+            const size_t nn = is_block(wt) ? 6 : 8;
+            for (size_t a = 0; a < nn; a++)
+                for (size_t b = 0; b < 4; b++)
+                    for (size_t c = 0; c < 8; c++) {
+                        const int64_t n_out = nouts[b];
+                        /* alternate full ranges and subranges starting past 0 */
+                        const int64_t r0 = (c % 2 == 1 && n_out > 1) ? 1 + n_out / 3 : 0;
+                        const uint64_t seed = 1000003u * (wi + 1) + 7919u * a + 131u * b + c;
+                        int bad = check_matmul_case(isas[i], wt, nins[a], n_out, ntoks[c], r0, seed);
+                        cases++;
+                        if (bad) bad_cases++;
+                        CU_ASSERT_EQUAL(bad, 0);
+                    }
+        }
+    }
+    printf("\n  matmul: %d cases over %d ISA(s), %d failing ", cases, ni, bad_cases);
+}
+
+/* A large shape that crosses the AVX-512 k-chunk (256 blocks) and the row
+ * panel logic: n_in = 8320 (260 blocks), 70 rows, 13 tokens. */
+static void test_matmul_large(void)
+{
+    ie_isa_t isas[3];
+    const int ni = n_isas(isas);
+    for (int i = 1; i < ni; i++)
+        for (size_t wi = 0; wi < sizeof WTYPES / sizeof WTYPES[0]; wi++) {
+            CU_ASSERT_EQUAL(check_matmul_case(isas[i], WTYPES[wi], 8320, 70, 13, 3, 77 + wi), 0);
+            CU_ASSERT_EQUAL(check_matmul_case(isas[i], WTYPES[wi], 8320, 9, 1, 0, 99 + wi), 0);
+        }
+}
+
+/* Block scales of 1.0 (and integer m, s for Q4_1): every block product and
+ * every partial sum is an integer below 2^24, so any rounding-free kernel
+ * must reproduce the exact integer, bit for bit. */
+static void test_matmul_integer_exact(void)
+{
+    ie_isa_t isas[3];
+    const int ni = n_isas(isas);
+    const ie_f16_t one = ie_f32_to_f16(1.0f);
+    static const ie_dtype_t bt[] = { IE_DTYPE_Q8_0, IE_DTYPE_Q4_0, IE_DTYPE_Q4_1 };
+    static const int64_t nins[] = { 32, 96, 160, 2080, 8320 };
+    for (size_t ti = 0; ti < 3; ti++) {
+        for (size_t ni_ = 0; ni_ < 5; ni_++) {
+            const ie_dtype_t wt = bt[ti];
+            const int64_t n_in = nins[ni_], nb = n_in / 32, n_out = 6, n_tok = 5;
+            const size_t wb = ie_dtype_row_bytes(wt, n_in);
+            const size_t as = ie_dtype_row_bytes(ie_matmul_act_dtype(wt), n_in);
+            uint8_t *w = calloc(wb, (size_t)n_out), *a = calloc(as, (size_t)n_tok);
+            double *exact = calloc((size_t)(n_out * n_tok), sizeof(double));
+            float *y = malloc(sizeof(float) * (size_t)(n_out * n_tok));
+            rng_seed(4242 + ti * 10 + ni_);
+            const int qmax = wt == IE_DTYPE_Q8_0 ? 64 : 60; /* keeps |sums| < 2^24, |s| <= 2048 */
+            for (int64_t t = 0; t < n_tok; t++)
+                for (int64_t b = 0; b < nb; b++) {
+                    int8_t *q;
+                    if (wt == IE_DTYPE_Q4_1) {
+                        ie_block_q8_1_t *blk = (ie_block_q8_1_t *)(a + t * as) + b;
+                        blk->d = one;
+                        q = blk->q;
+                    } else {
+                        ie_block_q8_0_t *blk = (ie_block_q8_0_t *)(a + t * as) + b;
+                        blk->d = one;
+                        q = blk->q;
+                    }
+                    int s = 0;
+                    for (int j = 0; j < 32; j++) {
+                        q[j] = (int8_t)((int)(rng_u32() % (2 * qmax + 1)) - qmax);
+                        s += q[j];
+                    }
+                    if (wt == IE_DTYPE_Q4_1) ((ie_block_q8_1_t *)(a + t * as) + b)->s = ie_f32_to_f16((float)s);
+                }
+            for (int64_t r = 0; r < n_out; r++)
+                for (int64_t b = 0; b < nb; b++) {
+                    if (wt == IE_DTYPE_Q8_0) {
+                        ie_block_q8_0_t *blk = (ie_block_q8_0_t *)(w + r * wb) + b;
+                        blk->d = one;
+                        for (int j = 0; j < 32; j++) blk->q[j] = (int8_t)((int)(rng_u32() % 255) - 127);
+                    } else if (wt == IE_DTYPE_Q4_0) {
+                        ie_block_q4_0_t *blk = (ie_block_q4_0_t *)(w + r * wb) + b;
+                        blk->d = one;
+                        for (int j = 0; j < 16; j++) blk->qs[j] = (uint8_t)rng_u32();
+                    } else {
+                        ie_block_q4_1_t *blk = (ie_block_q4_1_t *)(w + r * wb) + b;
+                        blk->d = one;
+                        blk->m = ie_f32_to_f16((float)((int)(rng_u32() % 9) - 4));
+                        for (int j = 0; j < 16; j++) blk->qs[j] = (uint8_t)rng_u32();
+                    }
+                }
+            /* exact integer results, from the dequantized rows */
+            float *wf = malloc((size_t)n_in * sizeof(float)), *af = malloc((size_t)n_in * sizeof(float));
+            for (int64_t t = 0; t < n_tok; t++) {
+                ie_dequantize_row(ie_matmul_act_dtype(wt), a + t * as, af, n_in);
+                for (int64_t r = 0; r < n_out; r++) {
+                    ie_dequantize_row(wt, w + r * wb, wf, n_in);
+                    double s = 0;
+                    for (int64_t k = 0; k < n_in; k++) s += (double)wf[k] * af[k];
+                    exact[t * n_out + r] = s;
+                }
+            }
+            CU_ASSERT(fabs(exact[0]) < 16777216.0);
+            for (int i = 0; i < ni; i++) {
+                memset(y, 0, sizeof(float) * (size_t)(n_out * n_tok));
+                ie_kernels_get(isas[i])->matmul(wt, w, n_in, 0, n_out, a, as, n_tok, y, n_out);
+                int bad = 0;
+                for (int64_t k = 0; k < n_out * n_tok; k++)
+                    if ((double)y[k] != exact[k]) {
+                        if (!bad)
+                            printf("\n  %s %s n_in=%lld: y[%lld]=%.1f exact=%.1f", ie_isa_name(isas[i]),
+                                   ie_dtype_name(wt), (long long)n_in, (long long)k, y[k], exact[k]);
+                        bad++;
+                    }
+                CU_ASSERT_EQUAL(bad, 0);
+            }
+            free(w); free(a); free(exact); free(y); free(wf); free(af);
+        }
+    }
+}
+
+static void test_matmul_unsupported(void)
+{
+    ie_isa_t isas[3];
+    const int ni = n_isas(isas);
+    float y[1];
+    uint8_t buf[64] = {0};
+    for (int i = 0; i < ni; i++) {
+        const ie_matmul_ops_t *ops = ie_kernels_get(isas[i]);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(ops);
+        CU_ASSERT_EQUAL(ops->isa, isas[i]);
+        CU_ASSERT_EQUAL(ops->matmul(IE_DTYPE_Q8_1, buf, 32, 0, 1, buf, 36, 1, y, 1), -1);
+        CU_ASSERT_EQUAL(ops->matmul(IE_DTYPE_INVALID, buf, 32, 0, 1, buf, 36, 1, y, 1), -1);
+    }
+    CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_F16), IE_DTYPE_F32);
+    CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_BF16), IE_DTYPE_F32);
+    CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_Q4_0), IE_DTYPE_Q8_0);
+    CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_Q8_0), IE_DTYPE_Q8_0);
+    CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_Q4_1), IE_DTYPE_Q8_1);
+}
+
+/* ------------------------------------------------------- act_quantize */
+
+static void test_act_quantize_bitexact(void)
+{
+    ie_isa_t isas[3];
+    const int ni = n_isas(isas);
+    const int64_t n = 32 * 67;
+    float *x = malloc((size_t)n * sizeof(float));
+    uint8_t *ref = malloc((size_t)n * 4), *got = malloc((size_t)n * 4);
+    for (int round = 0; round < 4; round++) {
+        rng_seed(555 + round);
+        fill(x, n);
+        if (round == 1) {
+            /* exact ties: amax 127 makes d = 1, id = 1, so k + 0.5 must round away */
+            for (int64_t i = 0; i < n; i++) x[i] = (i % 32 == 0) ? 127.0f : (float)((int)(rng_u32() % 253) - 126) + 0.5f;
+        }
+        if (round == 2) for (int64_t i = 64; i < 128; i++) x[i] = 0.0f; /* all-zero blocks */
+        if (round == 3) for (int64_t i = 0; i < n; i++) x[i] *= 1e-30f; /* tiny: f16 d underflows */
+        for (int at = 0; at < 3; at++) {
+            const ie_dtype_t act = at == 0 ? IE_DTYPE_F32 : at == 1 ? IE_DTYPE_Q8_0 : IE_DTYPE_Q8_1;
+            const size_t nb = ie_dtype_row_bytes(act, n);
+            ie_act_quantize_ref(act, x, ref, n);
+            for (int i = 0; i < ni; i++) {
+                memset(got, 0xab, nb);
+                ie_kernels_get(isas[i])->act_quantize(act, x, got, n);
+                const int same = memcmp(ref, got, nb) == 0;
+                if (!same) printf("\n  act_quantize %s %s round %d differs", ie_isa_name(isas[i]), ie_dtype_name(act), round);
+                CU_ASSERT(same);
+            }
+        }
+    }
+    /* ggml's definition, spelled out: d = amax/127, q = roundf(x/d), s = d*sum(q) */
+    float xb[32];
+    for (int j = 0; j < 32; j++) xb[j] = (float)j - 10.0f;
+    ie_block_q8_1_t blk;
+    ie_act_quantize_ref(IE_DTYPE_Q8_1, xb, &blk, 32);
+    const float d = 21.0f / 127.0f;
+    CU_ASSERT_EQUAL(blk.d, ie_f32_to_f16(d));
+    int sum = 0;
+    for (int j = 0; j < 32; j++) {
+        CU_ASSERT_EQUAL(blk.q[j], (int8_t)roundf(xb[j] * (1.0f / d)));
+        sum += blk.q[j];
+    }
+    CU_ASSERT_EQUAL(blk.q[31], 127);
+    CU_ASSERT_EQUAL(blk.s, ie_f32_to_f16((float)sum * d));
+    free(x); free(ref); free(got);
+}
+
+/* ------------------------------------------------ quantize/dequantize */
+
+static void test_quant_roundtrip(void)
+{
+    const int64_t n = 32 * 40;
+    float *x = malloc((size_t)n * sizeof(float)), *x2 = malloc((size_t)n * sizeof(float));
+    uint8_t *q = malloc((size_t)n * 4);
+    static const ie_dtype_t ts[] = { IE_DTYPE_F32, IE_DTYPE_F16, IE_DTYPE_BF16, IE_DTYPE_Q8_0,
+                                     IE_DTYPE_Q8_1, IE_DTYPE_Q4_0, IE_DTYPE_Q4_1 };
+    rng_seed(31337);
+    fill(x, n);
+    for (size_t ti = 0; ti < sizeof ts / sizeof ts[0]; ti++) {
+        const ie_dtype_t t = ts[ti];
+        CU_ASSERT_EQUAL_FATAL(ie_quantize_row(t, x, q, n), 0);
+        ie_dequantize_row(t, q, x2, n);
+        int bad = 0;
+        for (int64_t b = 0; b < n / 32; b++) {
+            float amax = 0, mx = 0, mn = 1e30f, vmax = 0;
+            for (int j = 0; j < 32; j++) {
+                const float v = x[b * 32 + j];
+                if (fabsf(v) > amax) { amax = fabsf(v); vmax = v; }
+                mx = fmaxf(mx, v);
+                mn = fminf(mn, v);
+            }
+            (void)vmax;
+            for (int j = 0; j < 32; j++) {
+                const float v = x[b * 32 + j], e = fabsf(v - x2[b * 32 + j]);
+                float bound;
+                switch (t) {
+                case IE_DTYPE_F32: bound = 0; break;
+                case IE_DTYPE_F16: bound = fabsf(v) * 0x1p-11f + 0x1p-24f; break;
+                case IE_DTYPE_BF16: bound = fabsf(v) * 0x1p-8f; break;
+                case IE_DTYPE_Q8_0: case IE_DTYPE_Q8_1: {
+                    const float d = amax / 127.0f;
+                    bound = 0.5f * d + 127.0f * d * 0x1p-11f + 1e-7f * amax;
+                    break;
+                }
+                case IE_DTYPE_Q4_0: {
+                    const float d = amax / 8.0f;
+                    bound = d + 8.0f * d * 0x1p-10f + 1e-7f * amax;
+                    break;
+                }
+                default: { /* Q4_1 */
+                    const float d = (mx - mn) / 15.0f;
+                    bound = 0.5f * d + 0x1p-10f * (fabsf(mn) + 16.0f * d) + 1e-7f * (mx - mn);
+                    break;
+                }
+                }
+                if (!(e <= bound)) {
+                    if (bad < 3) printf("\n  %s: x=%g back=%g err=%g bound=%g", ie_dtype_name(t), v, x2[b * 32 + j], e, bound);
+                    bad++;
+                }
+            }
+        }
+        CU_ASSERT_EQUAL(bad, 0);
+    }
+    CU_ASSERT_EQUAL(ie_quantize_row(IE_DTYPE_Q4_0, x, q, 33), -1);
+    CU_ASSERT_EQUAL(ie_quantize_row(IE_DTYPE_INVALID, x, q, 32), -1);
+    free(x); free(x2); free(q);
+}
+
+/* f16 / bf16: all 65536 bit patterns. Scalar round trip, and the SIMD
+ * widening (through a 65536 x 1 matmul with x = 1) equals the scalar one. */
+static void test_half_conversions(void)
+{
+    ie_isa_t isas[3];
+    const int ni = n_isas(isas);
+    uint16_t *h = malloc(65536 * 2);
+    float *y = malloc(65536 * sizeof(float));
+    for (int kind = 0; kind < 2; kind++) {
+        const ie_dtype_t t = kind == 0 ? IE_DTYPE_F16 : IE_DTYPE_BF16;
+        int bad_rt = 0;
+        for (uint32_t i = 0; i < 65536; i++) {
+            h[i] = (uint16_t)i;
+            const float f = kind == 0 ? ie_f16_to_f32((uint16_t)i) : ie_bf16_to_f32((uint16_t)i);
+            const uint16_t back = kind == 0 ? ie_f32_to_f16(f) : ie_f32_to_bf16(f);
+            if (isnan(f)) {
+                const float f2 = kind == 0 ? ie_f16_to_f32(back) : ie_bf16_to_f32(back);
+                if (!isnan(f2)) bad_rt++;
+            } else if (back != i) {
+                bad_rt++;
+            }
+        }
+        CU_ASSERT_EQUAL(bad_rt, 0);
+        const float one = 1.0f;
+        for (int i = 0; i < ni; i++) {
+            ie_kernels_get(isas[i])->matmul(t, h, 1, 0, 65536, &one, sizeof(float), 1, y, 65536);
+            int bad = 0;
+            for (uint32_t k = 0; k < 65536; k++) {
+                const float f = kind == 0 ? ie_f16_to_f32((uint16_t)k) : ie_bf16_to_f32((uint16_t)k);
+                if (isnan(f) ? !isnan(y[k]) : y[k] != f) {
+                    if (bad < 3) printf("\n  %s %s 0x%04x: %g vs %g", ie_isa_name(isas[i]), ie_dtype_name(t), k, y[k], f);
+                    bad++;
+                }
+            }
+            CU_ASSERT_EQUAL(bad, 0);
+        }
+    }
+    /* Rounding down: ties to even, overflow, subnormals. */
+    CU_ASSERT_EQUAL(ie_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);          /* tie -> even */
+    CU_ASSERT_EQUAL(ie_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);      /* tie -> even */
+    CU_ASSERT_EQUAL(ie_f32_to_f16(65520.0f), 0x7c00);
+    CU_ASSERT_EQUAL(ie_f32_to_f16(65519.0f), 0x7bff);
+    CU_ASSERT_EQUAL(ie_f32_to_f16(0x1p-24f), 0x0001);
+    CU_ASSERT_EQUAL(ie_f32_to_f16(0x1p-25f), 0x0000);                 /* tie -> even (0) */
+    CU_ASSERT_EQUAL(ie_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);          /* tie -> even */
+    CU_ASSERT_EQUAL(ie_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);
+    free(h); free(y);
+}
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+__attribute__((target("f16c"))) static uint16_t hw_f32_to_f16(float f)
+{
+    return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+}
+#endif
+
+/* The scalar f32 -> f16 rounding agrees with the F16C instruction. */
+static void test_f16_vs_hardware(void)
+{
+#if defined(__x86_64__)
+    if (!ie_isa_supported(IE_ISA_AVX2)) return;
+    int bad = 0;
+    rng_seed(9);
+    for (int i = 0; i < 2000000; i++) {
+        uint32_t u = rng_u32();
+        if (i & 1) u = (u & 0x80000000u) | ((0x60u + (u >> 24) % 0x30u) << 23) | (u & 0x7fffffu); /* f16 range */
+        float f;
+        memcpy(&f, &u, 4);
+        if (isnan(f)) continue;
+        if (ie_f32_to_f16(f) != hw_f32_to_f16(f)) {
+            if (bad < 3) printf("\n  f32->f16 0x%08x: %04x vs hw %04x", u, ie_f32_to_f16(f), hw_f32_to_f16(f));
+            bad++;
+        }
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+#endif
+}
+
+/* ---------------------------------------------------- element-wise ops */
+
+static void test_softmax_rmsnorm_swiglu(void)
+{
+    const int64_t ns[] = { 1, 5, 64, 1000 };
+    for (size_t c = 0; c < 4; c++) {
+        const int64_t n = ns[c];
+        float *x = malloc((size_t)n * 4), *w = malloc((size_t)n * 4), *o = malloc((size_t)n * 4), *u = malloc((size_t)n * 4);
+        rng_seed(100 + c);
+        for (int64_t i = 0; i < n; i++) { x[i] = rng_f() * 20.0f; w[i] = rng_f(); u[i] = rng_f() * 3; }
+        /* softmax */
+        memcpy(o, x, (size_t)n * 4);
+        ie_softmax_f32(o, n);
+        double mx = -1e300, sum = 0;
+        for (int64_t i = 0; i < n; i++) mx = fmax(mx, x[i]);
+        for (int64_t i = 0; i < n; i++) sum += exp((double)x[i] - mx);
+        for (int64_t i = 0; i < n; i++) {
+            const double e = exp((double)x[i] - mx) / sum;
+            /* + the f32 rounding of x - max, which exp turns into relative error */
+            CU_ASSERT(fabs(o[i] - e) <= (2e-6 + fabs(x[i] - mx) * 0x1p-24) * e + 1e-30);
+        }
+        /* rmsnorm, also in place */
+        double ss = 0;
+        for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+        const double sc = 1.0 / sqrt(ss / n + 1e-5);
+        ie_rmsnorm_f32(o, x, w, n, 1e-5f);
+        for (int64_t i = 0; i < n; i++) {
+            const double e = x[i] * sc * w[i];
+            CU_ASSERT(fabs(o[i] - e) <= 2e-6 * fabs(e) + 1e-30);
+        }
+        memcpy(u, x, (size_t)n * 4);
+        ie_rmsnorm_f32(u, u, w, n, 1e-5f);
+        CU_ASSERT(memcmp(u, o, (size_t)n * 4) == 0);
+        /* swiglu */
+        for (int64_t i = 0; i < n; i++) u[i] = rng_f() * 3;
+        ie_swiglu_f32(o, x, u, n);
+        for (int64_t i = 0; i < n; i++) {
+            const double g = x[i], e = g / (1.0 + exp(-g)) * u[i];
+            CU_ASSERT(fabs(o[i] - e) <= 2e-6 * fabs(e) + 1e-30);
+        }
+        /* dot, axpy */
+        double dd = 0, sa = 0;
+        for (int64_t i = 0; i < n; i++) { dd += (double)x[i] * w[i]; sa += fabs((double)x[i] * w[i]); }
+        CU_ASSERT(fabs(ie_dot_f32(x, w, n) - dd) <= 1e-6 * sa + 1e-30);
+        memcpy(o, u, (size_t)n * 4);
+        ie_axpy_f32(o, 0.75f, x, n);
+        for (int64_t i = 0; i < n; i++) CU_ASSERT(o[i] == u[i] + 0.75f * x[i]);
+        free(x); free(w); free(o); free(u);
+    }
+    /* softmax stays finite for large inputs (max subtracted) */
+    float big[3] = { 1000.0f, 999.0f, -1000.0f };
+    ie_softmax_f32(big, 3);
+    CU_ASSERT(fabs(big[0] - 1.0 / (1.0 + exp(-1.0))) < 1e-6);
+    CU_ASSERT(big[2] == 0.0f);
+    float neg = -100.0f, one = 1.0f, o1;
+    ie_swiglu_f32(&o1, &neg, &one, 1);
+    CU_ASSERT(o1 <= 0.0f && o1 > -1e-40f); /* silu(-100) = -3.7e-42, no NaN */
+}
+
+static void test_rope(void)
+{
+    const int64_t head_dim = 72, pos_list[] = { 0, 1, 7, 100, 4095 };
+    const int64_t rots[] = { 72, 32 }; /* full and partial rotary */
+    const float theta = 10000.0f;
+    for (int layout = 0; layout < 2; layout++)
+        for (size_t ri = 0; ri < 2; ri++)
+            for (size_t pi = 0; pi < 5; pi++) {
+                const int64_t rot = rots[ri], pos = pos_list[pi], half = rot / 2;
+                float x[72], xr[72], xa[72], ct[64], st[64];
+                rng_seed(7 + pi);
+                for (int i = 0; i < head_dim; i++) x[i] = rng_f();
+                memcpy(xr, x, sizeof x);
+                ie_rope_f32(xr, head_dim, rot, pos, theta, (ie_rope_layout_t)layout);
+                /* table + apply gives the same bits */
+                ie_rope_table_f32(ct, st, rot, pos, theta);
+                memcpy(xa, x, sizeof x);
+                ie_rope_apply_f32(xa, head_dim, rot, ct, st, (ie_rope_layout_t)layout);
+                CU_ASSERT(memcmp(xa, xr, sizeof x) == 0);
+                for (int64_t i = 0; i < half; i++) {
+                    const int64_t i0 = layout == IE_ROPE_NEOX ? i : 2 * i;
+                    const int64_t i1 = layout == IE_ROPE_NEOX ? i + half : 2 * i + 1;
+                    /* the documented f32 angle (HF): inv_freq in f32, angle in f32 */
+                    const float inv = 1.0f / powf(theta, (float)(2 * i) / (float)rot);
+                    const double ang = (double)((float)pos * inv);
+                    const double e0 = x[i0] * cos(ang) - x[i1] * sin(ang);
+                    const double e1 = x[i1] * cos(ang) + x[i0] * sin(ang);
+                    CU_ASSERT(fabs(xr[i0] - e0) <= 1e-6 && fabs(xr[i1] - e1) <= 1e-6);
+                    /* the textbook angle in double: differs by the f32 angle rounding only */
+                    const double angd = (double)pos * pow((double)theta, -2.0 * (double)i / (double)rot);
+                    const double d0 = x[i0] * cos(angd) - x[i1] * sin(angd);
+                    CU_ASSERT(fabs(xr[i0] - d0) <= (double)pos * 0x1p-22 + 1e-6);
+                }
+                for (int64_t i = rot; i < head_dim; i++) CU_ASSERT(xr[i] == x[i]); /* untouched */
+            }
+}
+
+/* ------------------------------------------------------------ dispatch */
+
+static void test_dispatch(void)
+{
+    CU_ASSERT(ie_isa_supported(IE_ISA_REF));
+    CU_ASSERT_PTR_NOT_NULL(ie_kernels_get(IE_ISA_REF));
+    CU_ASSERT_STRING_EQUAL(ie_isa_name(IE_ISA_AVX512), "avx512");
+    const char *old = getenv("IE_ISA");
+    char *saved = old ? strdup(old) : NULL;
+    unsetenv("IE_ISA");
+    const ie_isa_t best = ie_isa_best();
+    CU_ASSERT(ie_isa_supported(best));
+    if (ie_isa_supported(IE_ISA_AVX512)) CU_ASSERT_EQUAL(best, IE_ISA_AVX512);
+    setenv("IE_ISA", "ref", 1);
+    CU_ASSERT_EQUAL(ie_isa_best(), IE_ISA_REF);
+    setenv("IE_ISA", "avx2", 1);
+    CU_ASSERT_EQUAL(ie_isa_best(), ie_isa_supported(IE_ISA_AVX2) ? IE_ISA_AVX2 : IE_ISA_REF);
+    setenv("IE_ISA", "avx512", 1);
+    CU_ASSERT_EQUAL(ie_isa_best(), best);
+    if (saved) { setenv("IE_ISA", saved, 1); free(saved); } else unsetenv("IE_ISA");
+    printf("\n  best ISA: %s (avx2 %s, avx512 %s) ", ie_isa_name(best),
+           ie_isa_supported(IE_ISA_AVX2) ? "yes" : "no", ie_isa_supported(IE_ISA_AVX512) ? "yes" : "no");
+}
+
+int main(void)
+{
+    if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+    CU_pSuite s = CU_add_suite("kernels", NULL, NULL);
+    CU_add_test(s, "dispatch", test_dispatch);
+    CU_add_test(s, "matmul vs ref (all ISAs, types, odd sizes)", test_matmul_vs_ref);
+    CU_add_test(s, "matmul large (k-chunks, panels)", test_matmul_large);
+    CU_add_test(s, "matmul integer part exact", test_matmul_integer_exact);
+    CU_add_test(s, "matmul unsupported types", test_matmul_unsupported);
+    CU_add_test(s, "act_quantize bit-exact", test_act_quantize_bitexact);
+    CU_add_test(s, "quantize/dequantize bounds", test_quant_roundtrip);
+    CU_add_test(s, "f16/bf16 all 65536 values", test_half_conversions);
+    CU_add_test(s, "f32->f16 vs F16C", test_f16_vs_hardware);
+    CU_add_test(s, "softmax rmsnorm swiglu dot axpy", test_softmax_rmsnorm_swiglu);
+    CU_add_test(s, "rope", test_rope);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    const unsigned fails = CU_get_number_of_failures();
+    CU_cleanup_registry();
+    return fails ? 1 : 0;
+}

@@ -1,0 +1,88 @@
+/* ie_worker.h — the compute side: bound weights, KV cache, forward pass.
+ *
+ * A worker owns one model's weights (memory-mapped from the model source, or
+ * converted copies for --precision f32/bf16/f16), a KV cache with a fixed
+ * number of sequence slots, a thread pool and its scratch. It runs "steps":
+ * a batch of tokens, each tagged with its sequence slot and position, in the
+ * spirit of a continuous-batching server — prefill chunks and decode tokens
+ * of several sequences share one step, and every matmul sees all of them at
+ * once (matrix-matrix work for prefill, one weight stream for a decode
+ * batch). The worker knows nothing of text, sampling or transport.
+ */
+#ifndef IE_WORKER_H
+#define IE_WORKER_H
+
+#include "ie_kernels.h"
+#include "ie_model_src.h"
+#include "ie_status.h"
+
+#include <stdint.h>
+
+typedef enum ie_precision {
+    IE_PREC_NATIVE = 0, /* weights as the file stores them              */
+    IE_PREC_F32 = 1,    /* every matrix converted to f32 at load        */
+    IE_PREC_BF16 = 2,   /* every matrix converted to bf16 at load       */
+    IE_PREC_F16 = 3     /* every matrix converted to f16 at load        */
+} ie_precision_t;
+
+/* "native", "f32", "bf16", "f16"; parse returns IE_ERR_INVAL on others. */
+const char *ie_precision_name(ie_precision_t p);
+ie_status_t ie_precision_parse(const char *s, ie_precision_t *out);
+
+typedef struct ie_worker_opts {
+    int n_threads;     /* >= 1                                        */
+    int pin_threads;   /* pin pool threads to cores                   */
+    int n_ctx;         /* KV positions per sequence slot              */
+    int n_seq;         /* sequence slots                              */
+    int max_batch;     /* most tokens in one step                     */
+    ie_precision_t precision;
+    ie_isa_t isa;      /* kernels to use (ie_isa_best() by default)   */
+} ie_worker_opts_t;
+
+/* Defaults: 1 thread, pinned, n_ctx 2048, 1 slot, max_batch 256, native,
+ * best ISA. */
+void ie_worker_opts_default(ie_worker_opts_t *o);
+
+typedef struct ie_worker ie_worker_t;
+
+/* Bind `src`'s tensors and allocate cache and scratch. `src` must outlive the
+ * worker. Unsupported tensor types -> IE_ERR_UNSUPPORTED naming the tensor;
+ * allocation failure -> IE_ERR_NOMEM. Caller owns *out. */
+ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opts,
+                          ie_worker_t **out);
+
+void ie_worker_destroy(ie_worker_t **self_p);
+
+/* One step's tokens. Entry i is token tokens[i] of sequence slot seq[i] at
+ * position pos[i]. Positions of a slot must be contiguous with what its
+ * cache already holds (a token at pos p may attend to 0..p of its slot), and
+ * earlier positions of the same slot may appear earlier in the same batch.
+ * logits[i] != 0 asks for that token's logits. */
+typedef struct ie_batch {
+    int n;
+    const int32_t *tokens;
+    const int32_t *pos;
+    const int32_t *seq;
+    const uint8_t *logits;
+} ie_batch_t;
+
+/* Run one step. Writes n_vocab floats per requested token to logits_out, in
+ * batch order (caller provides rows * n_vocab floats). Errors: IE_ERR_RANGE
+ * for a bad token id, slot or a position past n_ctx; IE_ERR_INVAL for a
+ * batch larger than max_batch. */
+ie_status_t ie_worker_step(ie_worker_t *w, const ie_batch_t *b, float *logits_out);
+
+/* Forget a slot's cache contents (positions restart at 0). */
+void ie_worker_seq_clear(ie_worker_t *w, int seq);
+
+const ie_hparams_t *ie_worker_hparams(const ie_worker_t *w);
+int ie_worker_n_ctx(const ie_worker_t *w);
+int ie_worker_max_batch(const ie_worker_t *w);
+int ie_worker_n_threads(const ie_worker_t *w);
+ie_isa_t ie_worker_isa(const ie_worker_t *w);
+
+/* Bytes of weights one decode token streams (all matrices once, plus one
+ * embedding row) — for the bandwidth figures of benchmarks. */
+uint64_t ie_worker_bytes_per_token(const ie_worker_t *w);
+
+#endif
