@@ -229,8 +229,7 @@ int ie_cli_run(int argc, char **argv)
         case O_NOPIN: pin = 0; break;
         case O_HELP: usage(stdout); goto cleanup;
         default:
-            snprintf(msg, sizeof msg, "unknown or incomplete option '%s'", argv[optind - 1]);
-            usage(stderr);
+            snprintf(msg, sizeof msg, "unknown or incomplete option '%s' (see --help)", argv[optind - 1]);
             rc = err_exit(IE_EXIT_USAGE, msg);
             goto cleanup;
         }
@@ -249,13 +248,11 @@ int ie_cli_run(int argc, char **argv)
         goto cleanup;
     }
     if (!model) {
-        usage(stderr);
-        rc = err_exit(IE_EXIT_USAGE, "--model is required");
+        rc = err_exit(IE_EXIT_USAGE, "--model is required (see --help)");
         goto cleanup;
     }
     if (!!prompt == !!pfile) {
-        usage(stderr);
-        rc = err_exit(IE_EXIT_USAGE, "give exactly one of --prompt and --prompts-file");
+        rc = err_exit(IE_EXIT_USAGE, "give exactly one of --prompt and --prompts-file (see --help)");
         goto cleanup;
     }
     sp.greedy = greedy;

@@ -214,10 +214,17 @@ def _check_run_fields(out, *, n_prompts, max_new):
     assert 10 < out["rss_peak_mb"] < 8192
     assert out["threads"] == THREADS
     assert out["precision"] in ("native", "f32")
-    assert isinstance(out["text"], str)
-    ids = out["ids"]
-    assert isinstance(ids, list) and len(ids) == out["tokens_out"]
-    assert all(isinstance(i, int) and 0 <= i < N_VOCAB_SMOL for i in ids)
+    # one prompt: text is a string and ids a flat list; several prompts:
+    # one entry per prompt (docs/CLI.md)
+    if n_prompts == 1:
+        texts, id_lists = [out["text"]], [out["ids"]]
+    else:
+        texts, id_lists = out["text"], out["ids"]
+        assert isinstance(texts, list) and len(texts) == n_prompts
+        assert isinstance(id_lists, list) and len(id_lists) == n_prompts
+    assert all(isinstance(t, str) for t in texts)
+    assert sum(len(ids) for ids in id_lists) == out["tokens_out"]
+    assert all(isinstance(i, int) and 0 <= i < N_VOCAB_SMOL for ids in id_lists for i in ids)
 
 
 def test_run_single_json_line(smollm2, ie_bin):

@@ -203,6 +203,58 @@ def test_parse_special_llama(hf_llama2, spm_refs):
         assert out == [hf.encode("Hello world").ids], path
 
 
+# ---------------------------------------------------------------- random strings
+
+def random_lines(n=1500, seed=1234):
+    """Adversarial lines: mixed scripts, Unicode digits and spaces (NEL, NBSP,
+    ideographic), combining marks, ZWJ emoji, U+2581, special-token text."""
+    import random
+    pool = (list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") * 3 + list(" " * 30)
+            + list("\t\r\v\f") + list(".,;:!?'\"-_()[]{}<>/\\|@#$%^&*+=~`") + ["'s", "'ll", "'t", "'RE", "'D"]
+            + list("éèàüößçñÄÖÜ") + list("привет") + list("日本語中文한국어")
+            + ["\U0001F999", "\U0001F600", "\U0001F469\u200d\U0001F4BB", "\U0001F1EB\U0001F1F7", "\u200d", "\u0301", "e\u0301"]
+            + list("\u0663\uff13\u00b2\u00bd\u216b\u0e53")
+            + ["\u00a0", "\u2000", "\u3000", "\u0085", "\u2028", "\u2029", "\u202f", "\u180e", "\u200b", "\ufeff"]
+            + ["\u2581", "\u2581\u2581", "<s>", "</s>", "<unk>", "<|im_start|>", "<|im_end|>", "<|endoftext|>",
+               "\U00010400", "\U0001D7CE", "\U000E0001", "\x00", "\x1f", "\x7f"])
+    rng = random.Random(seed)
+    return ["".join(rng.choice(pool) for _ in range(rng.choice([1, 2, 3, 5, 8, 13, 30, 80]))) for _ in range(n)]
+
+
+def compare_lines(name, tokenizer, lines, reference_encode, *flags):
+    data = ("\n".join(lines) + "\n").encode()
+    rc, ours, err = run_cli(tokenizer, data, "--lines", "--no-bos", *flags)
+    assert rc == 0, err
+    ref = reference_encode(lines)
+    bad = [i for i, (a, b) in enumerate(zip(ours, ref)) if a != b]
+    print(f"\n{name} {' '.join(flags)}: {len(lines) - len(bad)}/{len(lines)} random lines identical")
+    assert len(ours) == len(ref) and not bad, "\n".join(
+        f"{lines[i]!r}\n   ours {ours[i]}\n   ref  {ref[i]}" for i in bad[:5])
+
+
+def hf_encode_special(tok, parse_special):
+    def enc(lines):
+        tok.encode_special_tokens = not parse_special
+        try:
+            return [e.ids for e in tok.encode_batch(lines, add_special_tokens=False)]
+        finally:
+            tok.encode_special_tokens = False
+    return enc
+
+
+def test_random_lines(hf_llama2, hf_smol, spm_refs):
+    sp, hf_spm = spm_refs
+    lines = random_lines()
+    targets = [("llama2 json", LLAMA2_JSON, hf_llama2), ("SmolLM2 json", SMOL_JSON, hf_smol),
+               ("llama-spm gguf", SPM_GGUF, hf_spm)]
+    if SMOL_GGUF.exists():
+        targets.append(("SmolLM2 gguf", SMOL_GGUF, hf_smol))
+    for name, path, hf in targets:
+        compare_lines(name, path, lines, hf_encode_special(hf, False))
+        compare_lines(name, path, lines, hf_encode_special(hf, True), "--parse-special")
+    compare_lines("llama-spm gguf vs SentencePiece", SPM_GGUF, lines, lambda ls: sp.encode(ls))
+
+
 # ---------------------------------------------------------------- CLI behaviour
 
 def test_cli_errors(tmp_path):

@@ -114,19 +114,28 @@ void ie_worker_opts_default(ie_worker_opts_t *o)
     o->isa = ie_isa_best();
 }
 
-/* Large zeroed buffer, 64-byte aligned, backed by huge pages where the
- * kernel allows (weights and caches are streamed; 4 KiB pages cost ~1/3 of
- * the bandwidth on this class of machine). */
+/* Large zeroed buffer from its own anonymous mapping: zero pages cost no
+ * memory until first written (the KV cache is reserved for the whole
+ * context but grows in RSS only as it fills), and big ones are backed by
+ * huge pages where the kernel allows (weights and caches are streamed; 4 KiB
+ * pages cost ~1/3 of the bandwidth on this class of machine). The first 64
+ * bytes hold the mapping's size for big_free(). */
+#define BIG_HDR 64
 static void *big_alloc(size_t n)
 {
-    const size_t huge = 2u << 20;
-    size_t sz = (n + huge - 1) / huge * huge;
-    if (sz == 0) sz = huge;
-    void *p = aligned_alloc(n >= huge ? huge : 64, sz);
-    if (!p) return NULL;
-    if (n >= huge) madvise(p, sz, MADV_HUGEPAGE);
-    memset(p, 0, sz);
-    return p;
+    size_t total = n + BIG_HDR;
+    void *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    if (total >= (2u << 20)) madvise(p, total, MADV_HUGEPAGE);
+    *(size_t *)p = total;
+    return (char *)p + BIG_HDR;
+}
+
+static void big_free(void *q)
+{
+    if (!q) return;
+    char *p = (char *)q - BIG_HDR;
+    munmap(p, *(size_t *)p);
 }
 
 static int own(ie_worker_t *w, void *p)
@@ -218,7 +227,7 @@ static ie_status_t bind_mat(ie_worker_t *w, const ie_model_src_t *src, const cha
     size_t bytes = ie_dtype_row_bytes(to, n_in) * (size_t)n_out;
     void *dst = big_alloc(bytes);
     if (!dst || own(w, dst) != 0) {
-        free(dst);
+        big_free(dst);
         return ie_error_set(IE_ERR_NOMEM, "out of memory converting '%s' to %s (%zu bytes)", name,
                             ie_dtype_name(to), bytes);
     }
@@ -245,9 +254,9 @@ static ie_status_t bind_vec(ie_worker_t *w, const ie_model_src_t *src, const cha
     if (t->dtype != IE_DTYPE_F16 && t->dtype != IE_DTYPE_BF16)
         return ie_error_set(IE_ERR_UNSUPPORTED, "model: norm tensor '%s' has type %s (expected f32, f16 or bf16)",
                             name, ie_dtype_name(t->dtype));
-    float *f = malloc((size_t)n * sizeof(float));
+    float *f = big_alloc((size_t)n * sizeof(float));
     if (!f || own(w, f) != 0) {
-        free(f);
+        big_free(f);
         return ie_error_set(IE_ERR_NOMEM, "out of memory");
     }
     ie_dequantize_row(t->dtype, t->data, f, n);
@@ -395,24 +404,24 @@ void ie_worker_destroy(ie_worker_t **self_p)
     if (!self_p || !*self_p) return;
     ie_worker_t *w = *self_p;
     ie_threadpool_destroy(&w->tp);
-    for (size_t i = 0; i < w->n_owned; i++) free(w->owned[i]);
+    for (size_t i = 0; i < w->n_owned; i++) big_free(w->owned[i]);
     free(w->owned);
     free(w->layers);
-    free(w->kcache);
-    free(w->vcache);
+    big_free(w->kcache);
+    big_free(w->vcache);
     free(w->seq_len);
     free(w->rope_cos);
     free(w->rope_sin);
-    free(w->x);
-    free(w->xb);
-    free(w->q);
-    free(w->k);
-    free(w->v);
-    free(w->hb);
-    free(w->hb2);
-    free(w->tmp);
-    free(w->act);
-    free(w->scores);
+    big_free(w->x);
+    big_free(w->xb);
+    big_free(w->q);
+    big_free(w->k);
+    big_free(w->v);
+    big_free(w->hb);
+    big_free(w->hb2);
+    big_free(w->tmp);
+    big_free(w->act);
+    big_free(w->scores);
     free(w);
     *self_p = NULL;
 }

@@ -14,6 +14,7 @@
  *       q8_0: |w| x sign(a, w) (|pairs| <= 2*128*127 < 32767);
  *       q4_1: nibbles x a, plus m_w*s_a spread as m*(s/8) over 8 lanes.
  *     The integer part of each block product is exact.
+ * Weights are prefetched into L2 8 rows ahead (see matmul_avx512.c).
  */
 #include "ie_kernels.h"
 #include "../../src/ie_kernels_impl.h"
@@ -69,7 +70,12 @@ IE_INLINE void ftile(ie_dtype_t wt, int R, int T, const char *w, size_t wb, int6
     for (; k + 8 <= n_in; k += 8) {
         __m256 wv[FR];
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) wv[r] = fw_load(wt, w + (size_t)r * wb + (size_t)k * es);
+        for (int r = 0; r < R; r++) {
+            /* the same columns 8 rows (two tiles) ahead, one line per 64 bytes */
+            if ((k & (es == 4 ? 8 : 24)) == 0)
+                _mm_prefetch(w + (size_t)(r + 8) * wb + (size_t)k * es, _MM_HINT_T1);
+            wv[r] = fw_load(wt, w + (size_t)r * wb + (size_t)k * es);
+        }
 #pragma GCC unroll 2
         for (int t = 0; t < T; t++) {
             const __m256 x = _mm256_loadu_ps((const float *)(a + (size_t)t * as) + k);
@@ -148,6 +154,7 @@ static void matmul_float(ie_dtype_t wt, const ftile_fn tiles[2][FT + 1], const v
 
 #define QR 2
 #define QT 3
+#define QPF 8 /* rows ahead to prefetch (into L2) */
 
 IE_INLINE __m256 bcast_f16(const void *p)
 {
@@ -191,7 +198,14 @@ IE_INLINE void qtile(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, i
     for (int64_t b = 0; b < nb; b++) {
         wblk_t wv[QR];
 #pragma GCC unroll 2
-        for (int r = 0; r < R; r++) wv[r] = wblk_load(wt, w + (size_t)r * wb + (size_t)b * bb);
+        for (int r = 0; r < R; r++) {
+            if ((b & 1) == 0) { /* blocks b, b+1 of the row QPF rows ahead: <= 2 lines */
+                const char *pf = (const char *)w + (size_t)(r + QPF) * wb + (size_t)b * bb;
+                _mm_prefetch(pf, _MM_HINT_T1);
+                _mm_prefetch(pf + 2 * bb - 1, _MM_HINT_T1);
+            }
+            wv[r] = wblk_load(wt, w + (size_t)r * wb + (size_t)b * bb);
+        }
 #pragma GCC unroll 3
         for (int t = 0; t < T; t++) {
             const uint8_t *ap = a + (size_t)t * as + (size_t)b * ab;
