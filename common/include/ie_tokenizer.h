@@ -94,9 +94,16 @@ void ie_detok_set_special(ie_detok_t *d, int special);
  * to an internal buffer and returns a pointer to just that new text (valid
  * until the next call). A sequence that never completes is emitted as
  * U+FFFD by ie_detok_flush(); a byte that cannot continue the held sequence
- * turns it into one U+FFFD at once. SentencePiece's leading space of the
- * first token is dropped as HF does. Out-of-range ids produce nothing. */
+ * turns it into one U+FFFD at once (the "maximal subpart" rule; HF's
+ * ByteFallback instead turns every byte of an invalid run into U+FFFD, so
+ * the two differ only on invalid byte sequences). SentencePiece's leading
+ * space of the first token is dropped as HF does. Out-of-range ids produce
+ * nothing. After a flush the stream continues; use a new ie_detok_t for a
+ * new text. */
 const char *ie_detok_push(ie_detok_t *d, int32_t id);
 const char *ie_detok_flush(ie_detok_t *d);
+/* Byte length of the text the last push/flush returned (it may contain NUL
+ * bytes, e.g. from <0x00>, which strlen would stop at). */
+size_t ie_detok_last_len(const ie_detok_t *d);
 
 #endif

@@ -1,14 +1,23 @@
 /* threadpool.c — persistent fork-join pool (see ie_threadpool.h).
  *
- * Protocol. The owner publishes a job by writing fn/ctx, setting `pending`
- * to n-1 and then bumping the generation counter `gen` (release). Workers
- * wait for `gen` to move past the last value they served: first spinning
- * with pause (a forward pass issues hundreds of jobs per token a few
- * microseconds apart, so a sleep/wake per job would cost more than the
- * work), then yielding, then sleeping on a condition variable. Each worker
- * decrements `pending` (release) when done; the owner runs share 0 itself and
- * then waits for `pending` to reach 0 (acquire), which makes every worker's
- * writes visible to it.
+ * Protocol. The owner publishes a job by writing fn/ctx, resetting `done`
+ * and then bumping the generation counter `gen` (release). Workers wait for
+ * `gen` to move past the last value they saw: first spinning with pause (a
+ * forward pass issues hundreds of jobs per token a few microseconds apart,
+ * so a sleep/wake per job would cost more than the work), then yielding,
+ * then sleeping on a condition variable.
+ *
+ * Shares are claimed, not assigned: share i (i >= 1) is run by whoever
+ * first moves claimed[i] from gen-1 to gen with a CAS — normally worker i,
+ * which claims as soon as it sees the job. The owner runs share 0, then
+ * claims and runs every share whose worker has not started yet. On an
+ * oversubscribed machine a descheduled worker thus delays nothing: without
+ * this a join waited for the scheduler to run that worker again (hundreds of
+ * microseconds per job with a busy neighbour). Every share still runs
+ * exactly once per job; `done` counts finished shares 1..n-1 (release by the
+ * runner, acquire by the owner, so their writes are visible after the join).
+ * A worker that wakes late for an already finished job fails its CAS (the
+ * slot holds gen, not gen-1) and never touches the job's fields.
  *
  * Lost wake-ups are excluded by a Dekker pair on seq_cst atomics: a worker
  * increments `n_sleeping` under the mutex before re-checking `gen`; the owner
@@ -54,10 +63,11 @@ struct ie_threadpool {
     int n;                 /* threads in all, the owner included */
     ie_worker_t *workers;  /* n-1 workers (ith = 1..n-1)         */
 
-    _Atomic(ie_task_fn) fn; /* current job (published before gen) */
+    _Atomic(ie_task_fn) fn;  /* current job (published before gen)       */
     _Atomic(void *) ctx;
-    _Atomic unsigned gen;   /* bumped once per job                 */
-    _Atomic int pending;    /* workers still running this job      */
+    _Atomic unsigned gen;    /* bumped once per job, by the owner only     */
+    _Atomic unsigned *claimed; /* [n]: last gen in which share i was taken */
+    _Atomic int done;        /* shares 1..n-1 finished in this job         */
     _Atomic int stop;
     _Atomic int n_sleeping;
 
@@ -101,6 +111,14 @@ static unsigned wait_for_job(struct ie_threadpool *tp, unsigned seen)
     return g;
 }
 
+/* Take share ith of job g; fails if someone else did, or g is over. */
+static int claim(struct ie_threadpool *tp, int ith, unsigned g)
+{
+    unsigned expect = g - 1;
+    return atomic_compare_exchange_strong_explicit(&tp->claimed[ith], &expect, g,
+                                                   memory_order_acq_rel, memory_order_relaxed);
+}
+
 static void *worker_main(void *arg)
 {
     ie_worker_t *w = arg;
@@ -115,10 +133,12 @@ static void *worker_main(void *arg)
     for (;;) {
         seen = wait_for_job(tp, seen);
         if (atomic_load_explicit(&tp->stop, memory_order_acquire)) break;
-        ie_task_fn fn = atomic_load_explicit(&tp->fn, memory_order_relaxed);
-        void *ctx = atomic_load_explicit(&tp->ctx, memory_order_relaxed);
-        fn(ctx, w->ith, tp->n);
-        atomic_fetch_sub_explicit(&tp->pending, 1, memory_order_release);
+        if (claim(tp, w->ith, seen)) {
+            ie_task_fn fn = atomic_load_explicit(&tp->fn, memory_order_relaxed);
+            void *ctx = atomic_load_explicit(&tp->ctx, memory_order_relaxed);
+            fn(ctx, w->ith, tp->n);
+            atomic_fetch_add_explicit(&tp->done, 1, memory_order_release);
+        }
     }
     return NULL;
 }
@@ -184,7 +204,7 @@ ie_status_t ie_threadpool_new(int n_threads, int pin, ie_threadpool_t **out)
     atomic_init(&tp->fn, NULL);
     atomic_init(&tp->ctx, NULL);
     atomic_init(&tp->gen, 0);
-    atomic_init(&tp->pending, 0);
+    atomic_init(&tp->done, 0);
     atomic_init(&tp->stop, 0);
     atomic_init(&tp->n_sleeping, 0);
     pthread_mutex_init(&tp->mu, NULL);
@@ -194,15 +214,18 @@ ie_status_t ie_threadpool_new(int n_threads, int pin, ie_threadpool_t **out)
     int n_pick = pin ? pick_cpus(cpus, n_threads, &allowed) : 0;
     if (n_pick < n_threads) pin = 0;
 
-    if (n_threads > 1) {
-        tp->workers = calloc((size_t)n_threads - 1, sizeof *tp->workers);
-        if (!tp->workers) {
-            pthread_cond_destroy(&tp->cv);
-            pthread_mutex_destroy(&tp->mu);
-            free(tp);
-            return ie_error_set(IE_ERR_NOMEM, "ie_threadpool_new: out of memory");
-        }
+    const size_t nt = (size_t)(unsigned)n_threads; /* >= 1 here */
+    tp->claimed = calloc(nt, sizeof *tp->claimed);
+    if (nt > 1) tp->workers = calloc(nt - 1, sizeof *tp->workers);
+    if (!tp->claimed || (n_threads > 1 && !tp->workers)) {
+        free((void *)tp->claimed);
+        free(tp->workers);
+        pthread_cond_destroy(&tp->cv);
+        pthread_mutex_destroy(&tp->mu);
+        free(tp);
+        return ie_error_set(IE_ERR_NOMEM, "ie_threadpool_new: out of memory");
     }
+    for (int i = 0; i < n_threads; i++) atomic_init(&tp->claimed[i], 0);
     for (int i = 1; i < n_threads; i++) {
         ie_worker_t *w = &tp->workers[i - 1];
         w->pool = tp;
@@ -243,6 +266,7 @@ void ie_threadpool_destroy(ie_threadpool_t **self_p)
     pthread_cond_destroy(&tp->cv);
     pthread_mutex_destroy(&tp->mu);
     free(tp->workers);
+    free((void *)tp->claimed);
     free(tp);
     *self_p = NULL;
 }
@@ -255,10 +279,11 @@ void ie_threadpool_run(ie_threadpool_t *tp, ie_task_fn fn, void *ctx)
         fn(ctx, 0, 1);
         return;
     }
+    const unsigned g = atomic_load_explicit(&tp->gen, memory_order_relaxed) + 1;
     atomic_store_explicit(&tp->fn, fn, memory_order_relaxed);
     atomic_store_explicit(&tp->ctx, ctx, memory_order_relaxed);
-    atomic_store_explicit(&tp->pending, tp->n - 1, memory_order_relaxed);
-    atomic_fetch_add(&tp->gen, 1); /* seq_cst: publishes fn/ctx/pending */
+    atomic_store_explicit(&tp->done, 0, memory_order_relaxed);
+    atomic_store(&tp->gen, g); /* seq_cst: publishes fn/ctx/done; Dekker with n_sleeping */
     if (atomic_load(&tp->n_sleeping) > 0) {
         pthread_mutex_lock(&tp->mu);
         pthread_cond_broadcast(&tp->cv);
@@ -266,10 +291,17 @@ void ie_threadpool_run(ie_threadpool_t *tp, ie_task_fn fn, void *ctx)
     }
 
     fn(ctx, 0, tp->n);
+    /* Shares whose worker has not started yet: run them here. */
+    for (int i = 1; i < tp->n; i++) {
+        if (claim(tp, i, g)) {
+            fn(ctx, i, tp->n);
+            atomic_fetch_add_explicit(&tp->done, 1, memory_order_relaxed);
+        }
+    }
 
-    /* Join: workers usually finish within microseconds of us. */
+    /* Join: the remaining shares are running on their workers right now. */
     int spins = 0;
-    while (atomic_load_explicit(&tp->pending, memory_order_acquire) != 0) {
+    while (atomic_load_explicit(&tp->done, memory_order_acquire) != tp->n - 1) {
         if (++spins < IE_TP_SPIN) IE_CPU_RELAX();
         else sched_yield();
     }

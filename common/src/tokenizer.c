@@ -401,8 +401,7 @@ typedef struct enc {
     heap_ent_t *heap;
     size_t n_heap, cap_heap;
     pcre2_match_data *md;
-    pcre2_match_context *mctx;
-    pcre2_jit_stack *jit;
+    pcre2_match_context *mctx; /* NULL: defaults */
 } enc_t;
 
 static ie_status_t push_id(enc_t *e, int32_t id)
@@ -676,8 +675,13 @@ static ie_status_t encode_text(enc_t *e, const char *s, size_t n, int at_start)
     }
 
     int prefix = t->prepend == IE_TOK_PREPEND_ALWAYS || (t->prepend == IE_TOK_PREPEND_FIRST && at_start);
-    if (prefix && t->prefix_if_missing && n >= t->prefix_len && memcmp(s, t->prefix, t->prefix_len) == 0) {
-        prefix = 0;
+    if (prefix && t->prefix_if_missing) {
+        /* HF ByteLevel / Metaspace: only when the (space-escaped) segment
+         * does not already start with the prefix */
+        if ((n >= t->prefix_len && memcmp(s, t->prefix, t->prefix_len) == 0) ||
+            (t->escape_spaces && s[0] == ' ')) {
+            prefix = 0;
+        }
     }
     const char *buf = s;
     size_t len = n;
@@ -816,14 +820,13 @@ ie_status_t ie_tokenizer_encode(const ie_tokenizer_t *tok, const char *text, siz
     }
 
     if (tok->n_steps) {
+        /* per call, so threads share nothing; the JIT uses its default
+         * 32 KiB machine stack (see find_matches for the fallback) */
         e.md = pcre2_match_data_create(4, NULL);
-        e.mctx = pcre2_match_context_create(NULL);
-        e.jit = pcre2_jit_stack_create(32 * 1024, 1024 * 1024, NULL);
-        if (!e.md || !e.mctx || !e.jit) {
+        if (!e.md) {
             st = ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory for regex state");
             goto cleanup;
         }
-        pcre2_jit_stack_assign(e.mctx, NULL, e.jit);
     }
 
     if ((flags & IE_TOK_ADD_SPECIAL) && tok->add_bos && tok->bos >= 0) {
@@ -893,8 +896,6 @@ cleanup:
     free(e.sym);
     free(e.heap);
     pcre2_match_data_free(e.md);
-    pcre2_match_context_free(e.mctx);
-    pcre2_jit_stack_free(e.jit);
     return st;
 }
 
@@ -1159,4 +1160,9 @@ const char *ie_detok_flush(ie_detok_t *d)
     }
     d->out[d->n_out] = '\0';
     return d->out;
+}
+
+size_t ie_detok_last_len(const ie_detok_t *d)
+{
+    return d ? d->n_out : 0;
 }

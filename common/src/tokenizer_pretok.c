@@ -54,7 +54,7 @@ ie_status_t ie_tok_regex_compile(const char *pattern, size_t len, int literal, p
     size_t plen = len;
     uint32_t opts = PCRE2_UTF | PCRE2_UCP;
     if (literal) {
-        opts |= PCRE2_LITERAL;
+        opts = PCRE2_UTF | PCRE2_LITERAL; /* PCRE2 rejects UCP with LITERAL */
     } else {
         /* worst case every 2-byte escape grows to sizeof(WS_POS)-1 bytes */
         if (len > (SIZE_MAX - 1) / sizeof WS_POS) {
@@ -162,6 +162,11 @@ static ie_status_t find_matches(const pcre2_code *re, const char *subj, size_t l
     size_t prev = 0, pos = 0;
     while (pos <= len) {
         int rc = pcre2_match(re, (PCRE2_SPTR)subj, len, pos, PCRE2_NO_UTF_CHECK, md, mctx);
+        if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {
+            /* the JIT's small machine stack ran out: the interpreter keeps
+             * its backtracking state on the heap */
+            rc = pcre2_match(re, (PCRE2_SPTR)subj, len, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, mctx);
+        }
         if (rc == PCRE2_ERROR_NOMATCH) {
             break;
         }

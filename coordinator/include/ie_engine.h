@@ -55,15 +55,15 @@ const ie_tokenizer_t *ie_engine_tokenizer(const ie_engine_t *e);
 ie_worker_t *ie_engine_worker(ie_engine_t *e);
 int ie_engine_n_ctx(const ie_engine_t *e);
 
-typedef enum ie_stop_reason {
-    IE_STOP_NONE = 0,
-    IE_STOP_EOS,       /* the model ended its turn             */
-    IE_STOP_STRING,    /* a stop string appeared               */
-    IE_STOP_LENGTH,    /* max_new tokens generated             */
-    IE_STOP_CONTEXT    /* the sequence filled its KV slot      */
-} ie_stop_reason_t;
+typedef enum ie_finish {
+    IE_FINISH_NONE = 0,
+    IE_FINISH_EOS,       /* the model ended its turn             */
+    IE_FINISH_STOP,    /* a stop string appeared               */
+    IE_FINISH_LENGTH,    /* max_new tokens generated             */
+    IE_FINISH_CONTEXT    /* the sequence filled its KV slot      */
+} ie_finish_t;
 
-const char *ie_stop_reason_name(ie_stop_reason_t r);
+const char *ie_finish_name(ie_finish_t r);
 
 typedef struct ie_gen_params {
     int max_new;                  /* tokens to generate at most (>= 0)  */
@@ -83,7 +83,7 @@ typedef struct ie_gen_result {
     int32_t *ids;             /* generated ids (malloc'd)                */
     size_t n_gen;
     size_t n_prompt;          /* prompt tokens                           */
-    ie_stop_reason_t stop;
+    ie_finish_t stop;
     double ttft_ms;           /* from the call's start to the first token */
     double *lat_ms;           /* per generated token after the first:
                                  time since the previous one (malloc'd)  */

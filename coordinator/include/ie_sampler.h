@@ -35,10 +35,14 @@
  * +inf tokens share all the mass (greedy picks the lowest such id). If no
  * logit is finite-or-+inf, ie_sampler_sample() fails with IE_ERR_RANGE.
  *
- * Cost at vocabulary n: penalties O(window); greedy O(n); top-k by
- * selection O(n), no sort; top-p sorts only the prefix it needs (grown by
- * doubling chunks picked out by selection), O(n) when the mass is
- * concentrated; min-p alone is an O(n) threshold before any exp().
+ * Cost at vocabulary n: penalties O(window); everything else O(n) with
+ * small constants and no full sort: top-k copies out only the tokens of a
+ * few 64-token groups, top-p files tokens into histogram buckets and sorts
+ * only the boundary bucket's tokens, min-p is a threshold. About 1 ms or
+ * less per call at n = 200k (sampler.c has the measurements). Exact: the
+ * kept sets are the ones the definitions above give, not approximations.
+ * exp() is the sampler's own polynomial (relative error < 1e-7), identical
+ * on every platform, so a seed reproduces its tokens across machines.
  *
  * Not thread-safe: one sampler per stream, used from one thread at a time.
  */
@@ -82,7 +86,7 @@ ie_status_t ie_sampler_params_validate(const ie_sampler_params_t *params);
 
 /* New sampler for a vocabulary of n_vocab (>= 1) tokens, seeded from
  * params->seed, empty history. Copies *params. Allocates all scratch now
- * (about 16 bytes per vocabulary entry). Caller owns *out and must destroy
+ * (about 24 bytes per vocabulary entry, plus 4 per window slot). Caller owns *out and must destroy
  * it; *out is NULL on failure. */
 ie_status_t ie_sampler_new(const ie_sampler_params_t *params, int32_t n_vocab,
                            ie_sampler_t **out);

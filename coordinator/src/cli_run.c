@@ -369,7 +369,7 @@ int ie_cli_run(int argc, char **argv)
     cJSON_AddNumberToObject(js, "rounds", (double)rounds);
     if (n_prompts == 1) {
         cJSON_AddStringToObject(js, "text", res[0].text ? res[0].text : "");
-        cJSON_AddStringToObject(js, "stop_reason", ie_stop_reason_name(res[0].stop));
+        cJSON_AddStringToObject(js, "stop_reason", ie_finish_name(res[0].stop));
         cJSON *ids = cJSON_AddArrayToObject(js, "ids");
         for (size_t k = 0; k < res[0].n_gen; k++) cJSON_AddItemToArray(ids, cJSON_CreateNumber(res[0].ids[k]));
     } else {
@@ -378,7 +378,7 @@ int ie_cli_run(int argc, char **argv)
         cJSON *ids = cJSON_AddArrayToObject(js, "ids");
         for (size_t i = 0; i < n_prompts; i++) {
             cJSON_AddItemToArray(texts, cJSON_CreateString(res[i].text ? res[i].text : ""));
-            cJSON_AddItemToArray(reasons, cJSON_CreateString(ie_stop_reason_name(res[i].stop)));
+            cJSON_AddItemToArray(reasons, cJSON_CreateString(ie_finish_name(res[i].stop)));
             cJSON *one = cJSON_CreateArray();
             for (size_t k = 0; k < res[i].n_gen; k++) cJSON_AddItemToArray(one, cJSON_CreateNumber(res[i].ids[k]));
             cJSON_AddItemToArray(ids, one);

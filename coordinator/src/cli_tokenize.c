@@ -11,11 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define EXIT_OK 0
-#define EXIT_FAIL 1
-#define EXIT_USAGE 2
-#define EXIT_TOKENIZER 3
-
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -27,20 +22,20 @@ static void usage(FILE *f)
             "  --lines           tokenize each input line separately (without its newline)\n");
 }
 
-/* Whole stdin into a malloc'd buffer. */
+/* Whole stdin into a malloc'd buffer: 0 ok, -1 read error, -2 no memory. */
 static int read_all(FILE *in, char **buf_out, size_t *len_out)
 {
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap);
     if (!buf) {
-        return -1;
+        return -2;
     }
     for (;;) {
         if (len == cap) {
             char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
             if (!nb) {
                 free(buf);
-                return -1;
+                return -2;
             }
             buf = nb;
             cap *= 2;
@@ -82,7 +77,7 @@ static void print_ids(FILE *out, const int32_t *ids, size_t n)
 
 int ie_cli_tokenize(int argc, char **argv)
 {
-    int rc = EXIT_OK;
+    int rc = IE_EXIT_OK;
     const char *path = NULL;
     int flags = IE_TOK_ADD_SPECIAL, lines = 0;
     ie_tokenizer_t *tok = NULL;
@@ -97,7 +92,7 @@ int ie_cli_tokenize(int argc, char **argv)
             if (i + 1 >= argc) {
                 fprintf(stderr, "error: --tokenizer needs a PATH\n");
                 usage(stderr);
-                rc = EXIT_USAGE;
+                rc = IE_EXIT_USAGE;
                 goto cleanup;
             }
             path = argv[++i];
@@ -115,25 +110,27 @@ int ie_cli_tokenize(int argc, char **argv)
         } else {
             fprintf(stderr, "error: unknown argument '%s'\n", a);
             usage(stderr);
-            rc = EXIT_USAGE;
+            rc = IE_EXIT_USAGE;
             goto cleanup;
         }
     }
     if (!path || !*path) {
         fprintf(stderr, "error: --tokenizer PATH is required\n");
         usage(stderr);
-        rc = EXIT_USAGE;
+        rc = IE_EXIT_USAGE;
         goto cleanup;
     }
 
-    if (ie_tokenizer_load(path, &tok) != IE_OK) {
+    ie_status_t lst = ie_tokenizer_load(path, &tok);
+    if (lst != IE_OK) {
         fprintf(stderr, "error: %s\n", ie_error_last());
-        rc = EXIT_TOKENIZER;
+        rc = lst == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_MODEL;
         goto cleanup;
     }
-    if (read_all(stdin, &text, &len) != 0) {
-        fprintf(stderr, "error: cannot read stdin\n");
-        rc = EXIT_FAIL;
+    int rr = read_all(stdin, &text, &len);
+    if (rr != 0) {
+        fprintf(stderr, "error: %s\n", rr == -2 ? "out of memory reading stdin" : "cannot read stdin");
+        rc = rr == -2 ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME;
         goto cleanup;
     }
 
@@ -160,18 +157,18 @@ int ie_cli_tokenize(int argc, char **argv)
         }
     }
     if (st == IE_ERR_INVAL) {
-        fprintf(stderr, "error: input is not valid UTF-8: %s\n", ie_error_last());
-        rc = EXIT_USAGE;
+        fprintf(stderr, "error: input text: %s\n", ie_error_last());
+        rc = IE_EXIT_USAGE;
         goto cleanup;
     }
     if (st != IE_OK) {
         fprintf(stderr, "error: %s\n", ie_error_last());
-        rc = EXIT_FAIL;
+        rc = st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME;
         goto cleanup;
     }
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, "error: cannot write stdout\n");
-        rc = EXIT_FAIL;
+        rc = IE_EXIT_RUNTIME;
     }
 
 cleanup:

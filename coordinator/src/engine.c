@@ -52,14 +52,14 @@ void ie_gen_params_default(ie_gen_params_t *p)
     p->parse_special = 1;
 }
 
-const char *ie_stop_reason_name(ie_stop_reason_t r)
+const char *ie_finish_name(ie_finish_t r)
 {
     switch (r) {
-    case IE_STOP_NONE: return "none";
-    case IE_STOP_EOS: return "eos";
-    case IE_STOP_STRING: return "stop";
-    case IE_STOP_LENGTH: return "length";
-    case IE_STOP_CONTEXT: return "context";
+    case IE_FINISH_NONE: return "none";
+    case IE_FINISH_EOS: return "eos";
+    case IE_FINISH_STOP: return "stop";
+    case IE_FINISH_LENGTH: return "length";
+    case IE_FINISH_CONTEXT: return "context";
     }
     return "none";
 }
@@ -215,9 +215,9 @@ static int emit_text(req_t *q, const char *s, size_t n, int *oom)
     return stopped;
 }
 
-static void finish(ie_engine_t *e, req_t *q, ie_gen_result_t *r, ie_stop_reason_t why, int *oom)
+static void finish(ie_engine_t *e, req_t *q, ie_gen_result_t *r, ie_finish_t why, int *oom)
 {
-    if (why != IE_STOP_STRING) {
+    if (why != IE_FINISH_STOP) {
         const char *tail = ie_detok_flush(q->detok);
         emit_text(q, tail, strlen(tail), oom);
         if (q->stop) {
@@ -379,15 +379,15 @@ ie_status_t ie_engine_generate(ie_engine_t *e, const char *const *prompts, size_
             }
             q->last = id;
             if (ie_tokenizer_is_eog(e->tok, id)) {
-                finish(e, q, r, IE_STOP_EOS, &oom);
+                finish(e, q, r, IE_FINISH_EOS, &oom);
             } else {
                 const char *piece = ie_detok_push(q->detok, id);
                 if (emit_text(q, piece, strlen(piece), &oom)) {
-                    finish(e, q, r, IE_STOP_STRING, &oom);
+                    finish(e, q, r, IE_FINISH_STOP, &oom);
                 } else if ((int)r->n_gen >= p->max_new) {
-                    finish(e, q, r, IE_STOP_LENGTH, &oom);
+                    finish(e, q, r, IE_FINISH_LENGTH, &oom);
                 } else if (q->pos >= n_ctx) {
-                    finish(e, q, r, IE_STOP_CONTEXT, &oom);
+                    finish(e, q, r, IE_FINISH_CONTEXT, &oom);
                 }
             }
             if (q->state == REQ_DONE) {
@@ -404,7 +404,7 @@ ie_status_t ie_engine_generate(ie_engine_t *e, const char *const *prompts, size_
             req_t *q = &reqs[i];
             if (q->state == REQ_PREFILL && q->n_fed == q->n_prompt && p->max_new == 0) {
                 if (stats) stats->prefill_tokens += q->n_prompt;
-                finish(e, q, &results[i], IE_STOP_LENGTH, &oom);
+                finish(e, q, &results[i], IE_FINISH_LENGTH, &oom);
                 slot_busy[q->slot] = 0;
                 n_done++;
             }

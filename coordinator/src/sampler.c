@@ -1,22 +1,29 @@
 /* sampler.c — logits → token id: penalties, greedy, top-k, top-p, min-p,
  * seeded draw. The chain and its semantics are documented in ie_sampler.h.
  *
- * Speed at a 200k vocabulary: nothing is sorted that does not have to be.
+ * Speed at a 200k vocabulary: nothing is sorted that does not have to be,
+ * and the loops over the whole vocabulary run four lanes at a time.
+ *   - Survey (every non-greedy call): max, min, count of usable logits and
+ *     the max of each group of 64 tokens.
  *   - No top-k/top-p (the default): one pass of weights into a dense array
- *     with per-block sums, then the draw walks blocks, then one block.
- *   - top-k / top-p: "rank prefix by budget". A histogram of the logits
- *     (1024 buckets, uniform in logit) counts tokens (top-k) or weight
- *     (top-p) per bucket; the bucket where the budget runs out is found; the
- *     tokens above it are kept wholesale, those below dropped, and only the
- *     boundary bucket is examined further (histogrammed again, or sorted /
- *     selected once it is small). Only the survivors are ever copied into
- *     the candidate array. Ties are broken by id, so the kept set is exact.
- *   - min-p is a threshold relative to the best token, no ordering needed.
- * exp() is our own (Cephes-style polynomial): it is ~3x faster than libm's
- * here, vectorizable, and gives the same bits on every libc, which keeps
- * "same seed, same tokens" true across machines.
- * All scratch is allocated in ie_sampler_new(); the final small sorts use
+ *     with per-block sums; the draw walks the blocks, then one block. min-p
+ *     here is just a threshold in that pass.
+ *   - top-k: the k-th largest group maximum bounds the k-th largest logit
+ *     from below, so only the tokens of a few groups are copied out; an
+ *     exact selection on those finishes.
+ *   - top-p: the weight pass also files every token in one of 1024 buckets
+ *     (uniform in x = (l - max) / T); the bucket where the mass runs out is
+ *     found and only tokens in it and above are copied out. Then "rank
+ *     prefix by budget": histogram the boundary region again until it is
+ *     small, then sort just that. Ties are broken by id throughout, so the
+ *     kept set is exact, not approximate.
+ * exp() is our own (Cephes-style polynomial): it vectorizes, and it gives
+ * the same bits on every libc, which keeps "same seed, same tokens" true
+ * across machines.
+ * All scratch is allocated in ie_sampler_new(); the small final sorts use
  * our own introsort/introselect because glibc's qsort() may call malloc().
+ * Measured at 200k tokens (one shared core, -O2, SSE2): greedy 0.16 ms,
+ * plain 0.55 ms, top-k 40 0.11 ms, top-p 0.2–0.95 1.0–1.3 ms per call.
  */
 #include "ie_sampler.h"
 
@@ -31,7 +38,7 @@
 /* Relative slack for "prefix mass >= top_p": float rounding must not turn
  * an exact boundary (mass == top_p) into "one more token". */
 #define IE_SAMPLER_TOP_P_SLACK 1e-6
-/* Histogram buckets per refinement level of the rank-prefix search. */
+/* Histogram buckets per level of the rank-prefix search (bk is uint16). */
 #define IE_SAMPLER_NB 1024
 /* A boundary region this small is sorted/selected instead of bucketed. */
 #define IE_SAMPLER_FINISH 256
@@ -112,13 +119,15 @@ static double rng_uniform(uint64_t st[4])
 
 uint64_t ie_sampler_seed_random(void)
 {
+    static _Atomic uint64_t calls; /* two calls in one clock tick differ */
     uint64_t v = 0;
     if (getrandom(&v, sizeof v, GRND_NONBLOCK) != (ssize_t)sizeof v) {
-        /* No entropy pool yet: the clock and an address are good enough
-         * for "different each run"; this is not cryptography. */
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
+        /* No entropy pool yet: the clock, a counter and an address are good
+         * enough for "different each run"; this is not cryptography. */
+        struct timespec ts = {0, 0};
+        timespec_get(&ts, TIME_UTC);
         uint64_t x = ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ (uint64_t)(uintptr_t)&v;
+        x ^= splitmix64_next(&(uint64_t){++calls});
         v = splitmix64_next(&x);
     }
     return v;
@@ -578,13 +587,13 @@ static void logit_survey(ie_sampler_t *s, const float *logits, ie_logit_stats_t 
 /* w[i] = exp(x_i) for usable tokens with x_i >= log_min_p, else 0 (min-p
  * as a pure threshold needs no ordering); fills the block sums and returns
  * their total. Lanes are summed in a fixed order, so the result does not
- * depend on the compiler. If bucket_sc > 0, also bk[i] = the histogram
- * bucket of token i: -x_i * bucket_sc clamped to IE_SAMPLER_NB - 1, and
+ * depend on the compiler. If want_bk, also bk[i] = the histogram bucket
+ * of token i: -x_i * bucket_sc clamped to IE_SAMPLER_NB - 1, and
  * IE_SAMPLER_NB ("none") for unusable tokens. That is non-increasing in the
  * logit (each step rounds monotonically), so buckets never invert the
  * ranking, and equal logits share a bucket. */
 static double dense_weights(ie_sampler_t *s, const float *logits, float m, float inv_t, float log_min_p,
-                            float bucket_sc)
+                            int want_bk, float bucket_sc)
 {
     const int32_t n = s->n_vocab;
     float *w = s->w;
@@ -605,7 +614,7 @@ static double dense_weights(ie_sampler_t *s, const float *logits, float m, float
             else
                 memcpy(w + i, &e, (size_t)cnt * sizeof(float));
             acc += e;
-            if (bucket_sc > 0.0f) {
+            if (want_bk) {
                 ie_v4f d = -x * vsc;
                 d = v4f_select(d < vlast, d, vlast); /* +inf and NaN -> last */
                 const ie_v4i b = __builtin_convertvector(d, ie_v4i);
@@ -891,13 +900,15 @@ static ie_status_t sample_dist(ie_sampler_t *s, const float *logits, int32_t *id
     const int use_min_p = p->min_p > 0.0f;
     const float log_min_p = use_min_p ? logf(p->min_p) : -INFINITY;
     ie_cand_t *c = s->cand;
+    ie_status_t status = IE_OK;
+    int32_t id = -1;
     ie_logit_stats_t st;
     size_t n;
 
     logit_survey(s, logits, &st);
     if (st.n_usable == 0) {
-        *id_out = -1;
-        return ie_error_set(IE_ERR_RANGE, "sampler: every logit is NaN or -inf");
+        status = ie_error_set(IE_ERR_RANGE, "sampler: every logit is NaN or -inf");
+        goto cleanup;
     }
     const float m = st.max;
     const int use_top_k = p->top_k > 0 && (size_t)p->top_k < st.n_usable;
@@ -905,15 +916,15 @@ static ie_status_t sample_dist(ie_sampler_t *s, const float *logits, int32_t *id
     const double u = rng_uniform(s->rng); /* exactly one draw per sample */
 
     if (!use_top_k && !use_top_p) {
-        const double z = dense_weights(s, logits, m, inv_t, log_min_p, 0.0f);
-        *id_out = dense_draw(s, u * z);
-        return IE_OK;
+        const double z = dense_weights(s, logits, m, inv_t, log_min_p, 0, 0.0f);
+        id = dense_draw(s, u * z);
+        goto cleanup;
     }
     if (use_top_k) {
         /* 3. top-k by count, then 4. weights of the k survivors only */
         n = gather_top_k(s, logits, (size_t)p->top_k);
         if (n == 0) {
-            dense_weights(s, logits, m, inv_t, -INFINITY, bucket_scale((m - st.min) * inv_t));
+            dense_weights(s, logits, m, inv_t, -INFINITY, 1, bucket_scale((m - st.min) * inv_t));
             n = gather_hist(s, logits, 0, (double)p->top_k);
         }
         n = rank_prefix(s, c, n, 0, (double)p->top_k);
@@ -929,7 +940,7 @@ static ie_status_t sample_dist(ie_sampler_t *s, const float *logits, int32_t *id
          * Tokens more than 88 below the best in x weigh 0 in float: the
          * histogram spends no buckets on them. */
         const float sc = bucket_scale(fminf((m - st.min) * inv_t, 88.0f));
-        const double z = dense_weights(s, logits, m, inv_t, -INFINITY, sc);
+        const double z = dense_weights(s, logits, m, inv_t, -INFINITY, 1, sc);
         const double need = p->top_p * z * (1.0 - IE_SAMPLER_TOP_P_SLACK);
         n = gather_hist(s, logits, 1, need);
         n = rank_prefix(s, c, n, 1, need);
@@ -942,8 +953,10 @@ static ie_status_t sample_dist(ie_sampler_t *s, const float *logits, int32_t *id
         }
         n = kept;
     }
-    *id_out = cand_draw(c, n, u); /* 7. */
-    return IE_OK;
+    id = cand_draw(c, n, u); /* 7. */
+cleanup:
+    *id_out = id;
+    return status;
 }
 
 ie_status_t ie_sampler_sample(ie_sampler_t *s, float *logits, int32_t *id_out)

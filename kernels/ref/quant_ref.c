@@ -14,6 +14,15 @@
 
 /* ------------------------------------------------------------ activations */
 
+/* 1/d as ggml computes it, except that a block so tiny that 1/d overflows
+ * (amax < ~4e-37) quantizes to zeros instead of hitting the undefined
+ * float->int8 conversion of inf. The SIMD quantizers do the same. */
+static inline float q8_inv_scale(float d)
+{
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    return isinf(id) ? 0.0f : id;
+}
+
 void ie_quantize_row_q8_0_ref(const float *x, ie_block_q8_0_t *y, int64_t n)
 {
     for (int64_t b = 0; b < n / IE_QK; b++) {
@@ -21,7 +30,7 @@ void ie_quantize_row_q8_0_ref(const float *x, ie_block_q8_0_t *y, int64_t n)
         float amax = 0.0f;
         for (int j = 0; j < IE_QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
         const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const float id = q8_inv_scale(d);
         y[b].d = ie_f32_to_f16(d);
         for (int j = 0; j < IE_QK; j++) y[b].q[j] = (int8_t)roundf(xb[j] * id);
     }
@@ -34,7 +43,7 @@ void ie_quantize_row_q8_1_ref(const float *x, ie_block_q8_1_t *y, int64_t n)
         float amax = 0.0f;
         for (int j = 0; j < IE_QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
         const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        const float id = q8_inv_scale(d);
         int sum = 0;
         for (int j = 0; j < IE_QK; j++) {
             y[b].q[j] = (int8_t)roundf(xb[j] * id);

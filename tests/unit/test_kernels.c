@@ -29,6 +29,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------- helpers */
 
@@ -209,6 +211,42 @@ static void test_matmul_large(void)
         }
 }
 
+/* Weights and activations that end exactly at an inaccessible page: no
+ * kernel may read past the last byte of either (masked tails, group loads). */
+static void test_matmul_guard_page(void)
+{
+    ie_isa_t isas[3];
+    const int ni = n_isas(isas);
+    const size_t pg = (size_t)sysconf(_SC_PAGESIZE), span = 16 * pg;
+    uint8_t *wreg = mmap(NULL, span + pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    uint8_t *areg = mmap(NULL, span + pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    CU_ASSERT_FATAL(wreg != MAP_FAILED && areg != MAP_FAILED);
+    CU_ASSERT_FATAL(mprotect(wreg + span, pg, PROT_NONE) == 0 && mprotect(areg + span, pg, PROT_NONE) == 0);
+    static const int64_t nin_blk[] = { 32, 64, 96, 160 }, nin_flt[] = { 1, 3, 17, 33 };
+    float xf[160], y[5 * 9], yr[5 * 9];
+    int bad = 0;
+    for (size_t wi = 0; wi < sizeof WTYPES / sizeof WTYPES[0]; wi++)
+        for (int c = 0; c < 4; c++)
+            for (int64_t n_tok = 1; n_tok <= 5; n_tok += 2) {
+                const ie_dtype_t wt = WTYPES[wi], at = ie_matmul_act_dtype(wt);
+                const int64_t n_in = is_block(wt) ? nin_blk[c] : nin_flt[c], n_out = 9;
+                const size_t wb = ie_dtype_row_bytes(wt, n_in), as = ie_dtype_row_bytes(at, n_in);
+                uint8_t *w = wreg + span - wb * (size_t)n_out, *a = areg + span - as * (size_t)n_tok;
+                rng_seed(5150 + wi * 16 + (uint64_t)c);
+                for (int64_t r = 0; r < n_out; r++) { fill(xf, n_in); ie_quantize_row(wt, xf, w + r * wb, n_in); }
+                for (int64_t t = 0; t < n_tok; t++) { fill(xf, n_in); ie_act_quantize_ref(at, xf, a + t * as, n_in); }
+                ie_matmul_ref(wt, w, n_in, 0, n_out, a, as, n_tok, yr, n_out);
+                for (int i = 0; i < ni; i++) {
+                    ie_kernels_get(isas[i])->matmul(wt, w, n_in, 0, n_out, a, as, n_tok, y, n_out);
+                    for (int64_t k = 0; k < n_out * n_tok; k++)
+                        if (!(fabsf(y[k] - yr[k]) <= 1e-4f * fabsf(yr[k]) + 1e-3f)) bad++;
+                }
+            }
+    CU_ASSERT_EQUAL(bad, 0); /* reaching here at all means no fault */
+    munmap(wreg, span + pg);
+    munmap(areg, span + pg);
+}
+
 /* Block scales of 1.0 (and integer m, s for Q4_1): every block product and
  * every partial sum is an integer below 2^24, so any rounding-free kernel
  * must reproduce the exact integer, bit for bit. */
@@ -333,7 +371,7 @@ static void test_act_quantize_bitexact(void)
             for (int64_t i = 0; i < n; i++) x[i] = (i % 32 == 0) ? 127.0f : (float)((int)(rng_u32() % 253) - 126) + 0.5f;
         }
         if (round == 2) for (int64_t i = 64; i < 128; i++) x[i] = 0.0f; /* all-zero blocks */
-        if (round == 3) for (int64_t i = 0; i < n; i++) x[i] *= 1e-30f; /* tiny: f16 d underflows */
+        if (round == 3) for (int64_t i = 0; i < n; i++) x[i] *= (i < 320 ? 1e-38f : 1e-30f); /* tiny: f16 d underflows, 1/d overflows */
         for (int at = 0; at < 3; at++) {
             const ie_dtype_t act = at == 0 ? IE_DTYPE_F32 : at == 1 ? IE_DTYPE_Q8_0 : IE_DTYPE_Q8_1;
             const size_t nb = ie_dtype_row_bytes(act, n);
@@ -632,6 +670,7 @@ int main(void)
     CU_add_test(s, "matmul vs ref (all ISAs, types, odd sizes)", test_matmul_vs_ref);
     CU_add_test(s, "matmul large (k-chunks, panels)", test_matmul_large);
     CU_add_test(s, "matmul integer part exact", test_matmul_integer_exact);
+    CU_add_test(s, "matmul reads nothing past its inputs", test_matmul_guard_page);
     CU_add_test(s, "matmul unsupported types", test_matmul_unsupported);
     CU_add_test(s, "act_quantize bit-exact", test_act_quantize_bitexact);
     CU_add_test(s, "quantize/dequantize bounds", test_quant_roundtrip);

@@ -7,6 +7,7 @@
 #include "ie_threadpool.h"
 
 #include <CUnit/Basic.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -59,6 +60,49 @@ static void test_runs_2(void) { check_runs(2, 0, 10000, 0); }
 static void test_runs_4(void) { check_runs(4, 0, 10000, 0); }
 static void test_runs_pinned(void) { check_runs(2, 1, 2000, 0); }
 static void test_runs_after_sleep(void) { check_runs(3, 0, 20, 1); } /* workers on the condvar */
+
+/* Shares that take ~2 us: workers claim their own (the owner may also take
+ * those of late workers). Every share runs exactly once either way, and
+ * over many runs both paths occur. */
+typedef struct {
+    pthread_t owner;
+    long count[8];
+    atomic_long by_worker, by_owner;
+} claim_ctx_t;
+
+static void task_claim(void *p, int ith, int nth)
+{
+    claim_ctx_t *c = p;
+    (void)nth;
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    do clock_gettime(CLOCK_MONOTONIC, &t);
+    while ((t.tv_sec - t0.tv_sec) * 1000000000L + (t.tv_nsec - t0.tv_nsec) < 2000);
+    c->count[ith]++;
+    if (ith > 0) atomic_fetch_add(pthread_equal(pthread_self(), c->owner) ? &c->by_owner : &c->by_worker, 1);
+}
+
+static void test_claims(void)
+{
+    ie_threadpool_t *tp = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_threadpool_new(3, 0, &tp), IE_OK);
+    claim_ctx_t *c = calloc(1, sizeof *c);
+    c->owner = pthread_self();
+    int bad = 0;
+    /* 3000 runs, more if no worker got to claim a share yet (on a busy
+     * machine workers may be descheduled for a long time), at most ~10 s */
+    const time_t t_end = time(NULL) + 10;
+    for (int r = 0; r < 3000 || (atomic_load(&c->by_worker) == 0 && time(NULL) < t_end); r++) {
+        ie_threadpool_run(tp, task_claim, c);
+        for (int i = 0; i < 3; i++) bad += c->count[i] != r + 1;
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT(atomic_load(&c->by_worker) > 0);
+    printf("\n  shares 1..2 run by their worker %ld times, taken over by the owner %ld times ",
+           atomic_load(&c->by_worker), atomic_load(&c->by_owner));
+    ie_threadpool_destroy(&tp);
+    free(c);
+}
 
 /* Work that takes a while on some threads only: the join must wait for it. */
 typedef struct { long sum[8]; } work_ctx_t;
@@ -168,6 +212,7 @@ int main(void)
     CU_add_test(s, "10k runs, 4 threads", test_runs_4);
     CU_add_test(s, "pinned runs", test_runs_pinned);
     CU_add_test(s, "runs after workers sleep", test_runs_after_sleep);
+    CU_add_test(s, "shares claimed by workers or the owner", test_claims);
     CU_add_test(s, "uneven work joins", test_uneven);
     CU_add_test(s, "destroy", test_destroy);
     CU_add_test(s, "IE_TP_USE_AFFINITY", test_affinity_env);

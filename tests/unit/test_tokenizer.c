@@ -291,6 +291,9 @@ static void test_stream_spm_bytes(void)
     /* surrogate lead ED A0 is invalid at the second byte */
     CU_ASSERT_STRING_EQUAL(ie_detok_push(d, find(t, "<0xED>")), "");
     CU_ASSERT_STRING_EQUAL(ie_detok_push(d, find(t, "<0xA0>")), "\xEF\xBF\xBD\xEF\xBF\xBD");
+    /* a NUL byte is text too; last_len sees past it */
+    CU_ASSERT_STRING_EQUAL(ie_detok_push(d, find(t, "<0x00>")), "");
+    CU_ASSERT_EQUAL(ie_detok_last_len(d), 1);
     /* an unfinished sequence comes out at flush */
     CU_ASSERT_STRING_EQUAL(ie_detok_push(d, find(t, "<0xE2>")), "");
     CU_ASSERT_STRING_EQUAL(ie_detok_flush(d), "\xEF\xBF\xBD");

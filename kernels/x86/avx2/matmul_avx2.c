@@ -321,7 +321,8 @@ IE_INLINE int q8_block(const float *x, int8_t *q, float *d_out)
     m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
     const float amax = _mm_cvtss_f32(m4);
     const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    if (id == __builtin_inff()) id = 0.0f; /* 1/d overflowed: see quant_ref.c */
     const __m256 vid = _mm256_set1_ps(id);
     __m256i qi[4];
     for (int i = 0; i < 4; i++) qi[i] = round_away_epi32(_mm256_mul_ps(v[i], vid));

@@ -464,7 +464,8 @@ IE_INLINE int q8_block(const float *x, int8_t *q, float *d_out)
     const __m512 x0 = _mm512_loadu_ps(x), x1 = _mm512_loadu_ps(x + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
     const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    if (id == __builtin_inff()) id = 0.0f; /* 1/d overflowed: see quant_ref.c */
     const __m512 vid = _mm512_set1_ps(id);
     const __m512i q0 = round_away_epi32(_mm512_mul_ps(x0, vid));
     const __m512i q1 = round_away_epi32(_mm512_mul_ps(x1, vid));
