@@ -767,6 +767,9 @@ int main(void)
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures();
     CU_cleanup_registry();
+    char path[512];
+    snprintf(path, sizeof path, "%s/t.json", g_tmpdir);
+    unlink(path);
     rmdir(g_tmpdir);
     return fails ? 1 : 0;
 }

@@ -6,14 +6,18 @@
  * ymm registers:
  *   float weights: 4 rows x 2 tokens, 8 elements per step; tails of n_in go
  *     through a zero-padded 8-element copy.
- *   block weights: 2 rows x 3 tokens, one block (32 elements) per step, in
- *     ggml's element order (low nibbles = elements 0..15 in the low lane).
+ *   block weights: 2 rows x 3 tokens, one pair of blocks (64 elements) per
+ *     step, block b in the low 128-bit lane and b+1 in the high one:
+ *     lo = elements 0..15, hi = elements 16..31 of each. Activations are
+ *     packed into that order once per call (and k-chunk of 128 blocks), with
+ *     their scales widened and the q4_0 offset correction precomputed.
  *     Integer dot products use vpmaddubsw (u8 x s8 -> s16 pairs) + vpmaddwd:
- *       q4_0: nibbles 0..15 x a, minus the pair sums of 8*a (no saturation:
- *             |pairs| <= 2*15*127);
- *       q8_0: |w| x sign(a, w) (|pairs| <= 2*128*127 < 32767);
- *       q4_1: nibbles x a, plus m_w*s_a spread as m*(s/8) over 8 lanes.
- *     The integer part of each block product is exact.
+ *       q4_0: nibbles 0..15 x a, plus -8 * the pair sums of a (no
+ *             saturation: |lo + hi + corr| <= 2*2*15*127 + 8*4*127 < 32767);
+ *       q8_0: |w| x sign(a, w), lo and hi widened to i32 separately
+ *             (|pairs| <= 2*128*127 < 32767);
+ *       q4_1: nibbles x a, plus m_w*s_a in lane 0 of each block.
+ *     The integer part of each partial sum is exact.
  * Weights are prefetched into L2 8 rows ahead (see matmul_avx512.c).
  */
 #include "ie_kernels.h"
@@ -23,6 +27,20 @@
 #include <string.h>
 
 #define IE_INLINE static inline __attribute__((always_inline))
+
+/* Block bytes of a weight/activation type, inlined (ie_dtype_block_bytes is
+ * an out-of-line call, which inside a loop spills every vector register). */
+IE_INLINE size_t blk_bytes(ie_dtype_t t)
+{
+    switch (t) {
+    case IE_DTYPE_Q8_0: return sizeof(ie_block_q8_0_t);
+    case IE_DTYPE_Q8_1: return sizeof(ie_block_q8_1_t);
+    case IE_DTYPE_Q4_0: return sizeof(ie_block_q4_0_t);
+    case IE_DTYPE_Q4_1: return sizeof(ie_block_q4_1_t);
+    case IE_DTYPE_F32: return 4;
+    default: return 2; /* f16, bf16 */
+    }
+}
 
 IE_INLINE float hsum256(__m256 v)
 {
@@ -60,7 +78,7 @@ IE_INLINE __m256 fw_load(ie_dtype_t wt, const void *p)
 IE_INLINE void ftile(ie_dtype_t wt, int R, int T, const char *w, size_t wb, int64_t n_in,
                      const char *a, size_t as, float *y, int64_t ldy)
 {
-    const size_t es = ie_dtype_block_bytes(wt);
+    const size_t es = blk_bytes(wt);
     __m256 acc[FR][FT];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -154,96 +172,152 @@ static void matmul_float(ie_dtype_t wt, const ftile_fn tiles[2][FT + 1], const v
 
 #define QR 2
 #define QT 3
-#define QPF 8 /* rows ahead to prefetch (into L2) */
+#define QPF 8      /* rows ahead to prefetch (into L2)                  */
+#define KCP 64     /* block pairs per k-chunk (4096 elements)           */
+#define PK_PAIR 128
+#define PK_STRIDE (KCP * PK_PAIR) /* packed activations: 8 KiB per token */
 
-IE_INLINE __m256 bcast_f16(const void *p)
+static inline uint16_t ld16(const uint8_t *p)
 {
-    return _mm256_cvtph_ps(_mm_set1_epi16(*(const short *)p));
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return v;
 }
 
-/* One weight block of one row, unpacked. */
-typedef struct { __m256i q, aq; __m256 d, m; } wblk_t;
-
-IE_INLINE wblk_t wblk_load(ie_dtype_t wt, const uint8_t *p)
+/* Two f16 values -> [v0 x4 | v1 x4] as f32. */
+IE_INLINE __m256 f16_pair(uint16_t v0, uint16_t v1)
 {
-    wblk_t b;
-    if (wt == IE_DTYPE_Q8_0) {
-        b.q = _mm256_loadu_si256((const __m256i *)(p + 2));
-        b.aq = _mm256_abs_epi8(b.q);
-        b.d = bcast_f16(p);
-        b.m = _mm256_setzero_ps();
-    } else {
-        const int off = wt == IE_DTYPE_Q4_1 ? 4 : 2;
-        const __m128i qs = _mm_loadu_si128((const __m128i *)(p + off));
-        b.q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), _mm256_set1_epi8(0x0f));
-        b.aq = b.q;
-        b.d = bcast_f16(p);
-        b.m = wt == IE_DTYPE_Q4_1 ? bcast_f16(p + 2) : _mm256_setzero_ps();
+    const __m128i x = _mm_cvtsi32_si128((int)((uint32_t)v0 | (uint32_t)v1 << 16));
+    return _mm256_cvtph_ps(_mm_shuffle_epi8(x, _mm_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3)));
+}
+
+/* Pack activation blocks b0 and b1 (b1 NULL past the end) into 128 bytes:
+ * alo = [b0 q0..15 | b1 q0..15], ahi = [b0 q16..31 | b1 q16..31],
+ * da = [d0 x4 | d1 x4], aux = q4_0: -8 * (pair sums of alo + ahi) as the
+ * int16 lanes of vpmaddubsw; q4_1: f32 [s0 0 0 0 | s1 0 0 0]. */
+IE_INLINE void pack_pair(ie_dtype_t wt, const uint8_t *b0, const uint8_t *b1, uint8_t *dst)
+{
+    const int qo = wt == IE_DTYPE_Q4_1 ? 4 : 2;
+    const __m128i z = _mm_setzero_si128();
+    const __m256i alo = _mm256_set_m128i(b1 ? _mm_loadu_si128((const __m128i *)(b1 + qo)) : z,
+                                         _mm_loadu_si128((const __m128i *)(b0 + qo)));
+    const __m256i ahi = _mm256_set_m128i(b1 ? _mm_loadu_si128((const __m128i *)(b1 + qo + 16)) : z,
+                                         _mm_loadu_si128((const __m128i *)(b0 + qo + 16)));
+    _mm256_store_si256((__m256i *)dst, alo);
+    _mm256_store_si256((__m256i *)(dst + 32), ahi);
+    _mm256_store_ps((float *)(dst + 64), f16_pair(ld16(b0), b1 ? ld16(b1) : 0));
+    __m256i aux = _mm256_setzero_si256();
+    if (wt == IE_DTYPE_Q4_0) {
+        const __m256i eight = _mm256_set1_epi8(8);
+        aux = _mm256_sub_epi16(aux, _mm256_add_epi16(_mm256_maddubs_epi16(eight, alo),
+                                                     _mm256_maddubs_epi16(eight, ahi)));
+    } else if (wt == IE_DTYPE_Q4_1) {
+        const __m128i s = _mm_setr_epi16((short)ld16(b0 + 2), 0, 0, 0, b1 ? (short)ld16(b1 + 2) : 0, 0, 0, 0);
+        aux = _mm256_castps_si256(_mm256_cvtph_ps(s));
     }
-    return b;
+    _mm256_store_si256((__m256i *)(dst + 96), aux);
 }
 
-IE_INLINE void qtile(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, int64_t nb,
-                     const uint8_t *a, size_t as, float *y, int64_t ldy)
+/* One pair of weight blocks of one row (the second absent if !both):
+ * lo/hi in the packed activation order; ulo/uhi the unsigned operands of
+ * vpmaddubsw (|w| for q8_0, whose sign moves onto the activations). */
+typedef struct { __m256i lo, hi, ulo, uhi; __m256 d, m; } wpair_t;
+
+IE_INLINE wpair_t wpair_load(ie_dtype_t wt, const uint8_t *p, int both)
 {
-    const size_t bb = ie_dtype_block_bytes(wt);
-    const size_t ab = wt == IE_DTYPE_Q4_1 ? sizeof(ie_block_q8_1_t) : sizeof(ie_block_q8_0_t);
-    const int qoff = wt == IE_DTYPE_Q4_1 ? 4 : 2;
+    wpair_t w;
+    const __m128i z = _mm_setzero_si128();
+    const size_t bb = blk_bytes(wt);
+    const uint8_t *p1 = p + bb;
+    if (wt == IE_DTYPE_Q8_0) {
+        w.lo = _mm256_set_m128i(both ? _mm_loadu_si128((const __m128i *)(p1 + 2)) : z,
+                                _mm_loadu_si128((const __m128i *)(p + 2)));
+        w.hi = _mm256_set_m128i(both ? _mm_loadu_si128((const __m128i *)(p1 + 18)) : z,
+                                _mm_loadu_si128((const __m128i *)(p + 18)));
+        w.ulo = _mm256_abs_epi8(w.lo);
+        w.uhi = _mm256_abs_epi8(w.hi);
+        w.m = _mm256_setzero_ps();
+    } else {
+        const int qo = wt == IE_DTYPE_Q4_1 ? 4 : 2;
+        const __m256i qs = _mm256_set_m128i(both ? _mm_loadu_si128((const __m128i *)(p1 + qo)) : z,
+                                            _mm_loadu_si128((const __m128i *)(p + qo)));
+        const __m256i m4 = _mm256_set1_epi8(0x0f);
+        w.lo = w.ulo = _mm256_and_si256(qs, m4);
+        w.hi = w.uhi = _mm256_and_si256(_mm256_srli_epi16(qs, 4), m4);
+        w.m = wt == IE_DTYPE_Q4_1 ? f16_pair(ld16(p + 2), both ? ld16(p1 + 2) : 0) : _mm256_setzero_ps();
+    }
+    w.d = f16_pair(ld16(p), both ? ld16(p1) : 0);
+    return w;
+}
+
+IE_INLINE void qstep(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, int both,
+                     const uint8_t *pk, __m256 acc[QR][QT])
+{
+    const size_t bb = blk_bytes(wt);
     const __m256i ones16 = _mm256_set1_epi16(1);
+    wpair_t wv[QR];
+#pragma GCC unroll 2
+    for (int r = 0; r < R; r++) {
+        const char *pf = (const char *)w + (size_t)(r + QPF) * wb; /* <= 2 lines */
+        _mm_prefetch(pf, _MM_HINT_T1);
+        _mm_prefetch(pf + 2 * bb - 1, _MM_HINT_T1);
+        wv[r] = wpair_load(wt, w + (size_t)r * wb, both);
+    }
+#pragma GCC unroll 3
+    for (int t = 0; t < T; t++) {
+        const uint8_t *pt = pk + (size_t)t * PK_STRIDE;
+        const __m256i alo = _mm256_load_si256((const __m256i *)pt);
+        const __m256i ahi = _mm256_load_si256((const __m256i *)(pt + 32));
+        const __m256 da = _mm256_load_ps((const float *)(pt + 64));
+        const __m256i aux = _mm256_load_si256((const __m256i *)(pt + 96));
+#pragma GCC unroll 2
+        for (int r = 0; r < R; r++) {
+            __m256i s;
+            if (wt == IE_DTYPE_Q8_0) {
+                s = _mm256_add_epi32(
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(wv[r].ulo, _mm256_sign_epi8(alo, wv[r].lo)), ones16),
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(wv[r].uhi, _mm256_sign_epi8(ahi, wv[r].hi)), ones16));
+            } else {
+                __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(wv[r].ulo, alo),
+                                             _mm256_maddubs_epi16(wv[r].uhi, ahi));
+                if (wt == IE_DTYPE_Q4_0) p = _mm256_add_epi16(p, aux);
+                s = _mm256_madd_epi16(p, ones16);
+            }
+            acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(wv[r].d, da), acc[r][t]);
+            if (wt == IE_DTYPE_Q4_1)
+                acc[r][t] = _mm256_fmadd_ps(wv[r].m, _mm256_castsi256_ps(aux), acc[r][t]);
+        }
+    }
+}
+
+IE_INLINE void qtile(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, int64_t npairs,
+                     int odd, const uint8_t *pk, float *y, int64_t ldy, int first)
+{
+    const size_t pb = 2 * blk_bytes(wt);
     __m256 acc[QR][QT];
 #pragma GCC unroll 2
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 3
         for (int t = 0; t < T; t++) acc[r][t] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++) {
-        wblk_t wv[QR];
-#pragma GCC unroll 2
-        for (int r = 0; r < R; r++) {
-            if ((b & 1) == 0) { /* blocks b, b+1 of the row QPF rows ahead: <= 2 lines */
-                const char *pf = (const char *)w + (size_t)(r + QPF) * wb + (size_t)b * bb;
-                _mm_prefetch(pf, _MM_HINT_T1);
-                _mm_prefetch(pf + 2 * bb - 1, _MM_HINT_T1);
-            }
-            wv[r] = wblk_load(wt, w + (size_t)r * wb + (size_t)b * bb);
-        }
-#pragma GCC unroll 3
-        for (int t = 0; t < T; t++) {
-            const uint8_t *ap = a + (size_t)t * as + (size_t)b * ab;
-            const __m256i av = _mm256_loadu_si256((const __m256i *)(ap + qoff));
-            const __m256 da = bcast_f16(ap);
-            __m256i corr = _mm256_setzero_si256();
-            __m256 s8 = _mm256_setzero_ps();
-            if (wt == IE_DTYPE_Q4_0) corr = _mm256_maddubs_epi16(_mm256_set1_epi8(8), av);
-            if (wt == IE_DTYPE_Q4_1) s8 = _mm256_mul_ps(bcast_f16(ap + 2), _mm256_set1_ps(0.125f));
-#pragma GCC unroll 2
-            for (int r = 0; r < R; r++) {
-                __m256i p;
-                if (wt == IE_DTYPE_Q8_0) {
-                    p = _mm256_maddubs_epi16(wv[r].aq, _mm256_sign_epi8(av, wv[r].q));
-                } else {
-                    p = _mm256_maddubs_epi16(wv[r].q, av);
-                    if (wt == IE_DTYPE_Q4_0) p = _mm256_sub_epi16(p, corr);
-                }
-                const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones16));
-                acc[r][t] = _mm256_fmadd_ps(s, _mm256_mul_ps(wv[r].d, da), acc[r][t]);
-                if (wt == IE_DTYPE_Q4_1) acc[r][t] = _mm256_fmadd_ps(wv[r].m, s8, acc[r][t]);
-            }
-        }
-    }
+    for (int64_t i = 0; i < npairs; i++) qstep(wt, R, T, w + i * pb, wb, 1, pk + i * PK_PAIR, acc);
+    if (odd) qstep(wt, R, T, w + npairs * pb, wb, 0, pk + npairs * PK_PAIR, acc);
 #pragma GCC unroll 2
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 3
-        for (int t = 0; t < T; t++) y[t * ldy + r] = hsum256(acc[r][t]);
+        for (int t = 0; t < T; t++) {
+            const float v = hsum256(acc[r][t]);
+            y[t * ldy + r] = first ? v : y[t * ldy + r] + v;
+        }
 }
 
-typedef void (*qtile_fn)(const uint8_t *w, size_t wb, int64_t nb, const uint8_t *a, size_t as,
-                         float *y, int64_t ldy);
+typedef void (*qtile_fn)(const uint8_t *w, size_t wb, int64_t npairs, int odd,
+                         const uint8_t *pk, float *y, int64_t ldy, int first);
 
 #define QTILE(WT, name, R, T)                                                                   \
-    static void qtile_##name##_##R##_##T(const uint8_t *w, size_t wb, int64_t nb,              \
-                                          const uint8_t *a, size_t as, float *y, int64_t ldy)   \
+    static void qtile_##name##_##R##_##T(const uint8_t *w, size_t wb, int64_t np, int odd,     \
+                                          const uint8_t *pk, float *y, int64_t ldy, int first)  \
     {                                                                                           \
-        qtile(WT, R, T, w, wb, nb, a, as, y, ldy);                                              \
+        qtile(WT, R, T, w, wb, np, odd, pk, y, ldy, first);                                     \
     }
 #define QTILES(WT, name)                                                                        \
     QTILE(WT, name, 2, 1) QTILE(WT, name, 2, 2) QTILE(WT, name, 2, 3)                           \
@@ -260,20 +334,34 @@ static void matmul_block(ie_dtype_t wt, const qtile_fn tiles[2][QT + 1], const v
                          int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
                          int64_t n_tok, float *y, int64_t ldy)
 {
-    const size_t wb = ie_dtype_row_bytes(wt, n_in);
+    _Alignas(32) uint8_t pk[QT * PK_STRIDE];
+    const size_t wb = ie_dtype_row_bytes(wt, n_in), bb = blk_bytes(wt);
+    const size_t ab = blk_bytes(ie_matmul_act_dtype(wt));
     const int64_t nb = n_in / IE_QK;
-    const int64_t P = panel_rows(r1 - r0, wb, n_tok, QT, QR);
-    for (int64_t p0 = r0; p0 < r1; p0 += P) {
-        const int64_t p1 = p0 + P < r1 ? p0 + P : r1;
-        for (int64_t t0 = 0; t0 < n_tok; t0 += QT) {
-            const int tt = (int)(n_tok - t0 < QT ? n_tok - t0 : QT);
-            const uint8_t *at = (const uint8_t *)a + (size_t)t0 * as;
-            float *yt = y + t0 * ldy;
-            int64_t r = p0;
-            for (; r + QR <= p1; r += QR)
-                tiles[1][tt]((const uint8_t *)w + (size_t)r * wb, wb, nb, at, as, yt + r, ldy);
-            for (; r < p1; r++)
-                tiles[0][tt]((const uint8_t *)w + (size_t)r * wb, wb, nb, at, as, yt + r, ldy);
+    for (int64_t kb0 = 0; kb0 < nb; kb0 += 2 * KCP) {
+        const int64_t nbc = nb - kb0 < 2 * KCP ? nb - kb0 : 2 * KCP;
+        const int64_t npairs = nbc / 2;
+        const int odd = (int)(nbc & 1);
+        const int64_t P = panel_rows(r1 - r0, (size_t)nbc * bb, n_tok, QT, QR);
+        for (int64_t p0 = r0; p0 < r1; p0 += P) {
+            const int64_t p1 = p0 + P < r1 ? p0 + P : r1;
+            for (int64_t t0 = 0; t0 < n_tok; t0 += QT) {
+                const int tt = (int)(n_tok - t0 < QT ? n_tok - t0 : QT);
+                for (int t = 0; t < tt; t++) {
+                    const uint8_t *src = (const uint8_t *)a + (size_t)(t0 + t) * as + (size_t)kb0 * ab;
+                    uint8_t *dst = pk + (size_t)t * PK_STRIDE;
+                    for (int64_t i = 0; i < npairs; i++)
+                        pack_pair(wt, src + 2 * i * ab, src + (2 * i + 1) * ab, dst + i * PK_PAIR);
+                    if (odd) pack_pair(wt, src + 2 * npairs * ab, NULL, dst + npairs * PK_PAIR);
+                }
+                float *yt = y + t0 * ldy;
+                const uint8_t *wk = (const uint8_t *)w + (size_t)kb0 * bb;
+                int64_t r = p0;
+                for (; r + QR <= p1; r += QR)
+                    tiles[1][tt](wk + (size_t)r * wb, wb, npairs, odd, pk, yt + r, ldy, kb0 == 0);
+                for (; r < p1; r++)
+                    tiles[0][tt](wk + (size_t)r * wb, wb, npairs, odd, pk, yt + r, ldy, kb0 == 0);
+            }
         }
     }
 }

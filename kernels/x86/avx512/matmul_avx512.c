@@ -47,6 +47,20 @@
 
 #define IE_INLINE static inline __attribute__((always_inline))
 
+/* Block bytes of a weight/activation type, inlined (ie_dtype_block_bytes is
+ * an out-of-line call, which inside a loop spills every vector register). */
+IE_INLINE size_t blk_bytes(ie_dtype_t t)
+{
+    switch (t) {
+    case IE_DTYPE_Q8_0: return sizeof(ie_block_q8_0_t);
+    case IE_DTYPE_Q8_1: return sizeof(ie_block_q8_1_t);
+    case IE_DTYPE_Q4_0: return sizeof(ie_block_q4_0_t);
+    case IE_DTYPE_Q4_1: return sizeof(ie_block_q4_1_t);
+    case IE_DTYPE_F32: return 4;
+    default: return 2; /* f16, bf16 */
+    }
+}
+
 /* ========================================================= float weights */
 
 #define FR 4 /* rows per float tile   */
@@ -326,7 +340,7 @@ IE_INLINE void qstep(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, i
 IE_INLINE void qtile(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, int64_t ngf,
                      int tail_valid, const uint8_t *pk, float *y, int64_t ldy, int first)
 {
-    const size_t gb = 4 * ie_dtype_block_bytes(wt);
+    const size_t gb = 4 * blk_bytes(wt);
     __m512 acc[QR][QT];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -369,7 +383,7 @@ QTILES(IE_DTYPE_Q4_1, q4_1)
 IE_INLINE void pack_tokens(ie_dtype_t wt, const void *a, size_t as, int64_t t0, int tt,
                            int64_t kb0, int64_t nbc, uint8_t *pk)
 {
-    const size_t ab = ie_dtype_block_bytes(ie_matmul_act_dtype(wt));
+    const size_t ab = blk_bytes(ie_matmul_act_dtype(wt));
     const int64_t ngf = nbc / 4;
     const int tail_valid = (int)((nbc % 4) * ab);
     for (int t = 0; t < tt; t++) {
@@ -385,7 +399,7 @@ IE_INLINE void matmul_block(ie_dtype_t wt, const qtile_fn tiles[2][QT + 1], cons
                             int64_t n_tok, float *y, int64_t ldy)
 {
     _Alignas(64) uint8_t pk[QT * PK_STRIDE];
-    const size_t wb = ie_dtype_row_bytes(wt, n_in), bb = ie_dtype_block_bytes(wt);
+    const size_t wb = ie_dtype_row_bytes(wt, n_in), bb = blk_bytes(wt);
     const int64_t nb = n_in / IE_QK;
     for (int64_t kb0 = 0; kb0 < nb; kb0 += IE_KCB) {
         const int64_t nbc = nb - kb0 < IE_KCB ? nb - kb0 : IE_KCB;
