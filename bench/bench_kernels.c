@@ -252,7 +252,7 @@ int main(int argc, char **argv)
                 job_t j = { .ops = ops, .wt = wt, .n_in = sh.n_in, .n_out = sh.n_out, .n_tok = gemm_tok,
                             .a = acts, .as = as, .y = y, .w = g_pool };
                 ie_threadpool_run(tp, matmul_task, &j);
-                const int gi = iters / 3 < 3 ? 3 : iters / 3;
+                const int gi = iters / 2 < 5 ? 5 : iters / 2;
                 double tm[200];
                 for (int it = 0; it < gi; it++) {
                     j.w = g_pool + (size_t)((it + 1) % copies) * mb;

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+import importlib
+
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +35,7 @@ SMOL_GGUF = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 sys.path.insert(0, str(ROOT / "tests" / "reference"))
 
-tokenizers = pytest.importorskip("tokenizers")
+tokenizers = importlib.import_module("tokenizers")
 
 
 def ie_bin():
@@ -41,7 +43,7 @@ def ie_bin():
     if not b.is_absolute():
         b = ROOT / b
     if not b.exists():
-        pytest.skip(f"binary {b} not built (set IE_BIN)")
+        pytest.fail(f"binary {b} not built (set IE_BIN)")
     return b
 
 
@@ -94,8 +96,8 @@ def hf_llama2():
 @pytest.fixture(scope="module")
 def spm_refs(tmp_path_factory):
     """(sentencepiece processor, HF tokenizer) rebuilt from the llama-spm GGUF."""
-    spm = pytest.importorskip("sentencepiece")
-    pytest.importorskip("transformers")
+    spm = importlib.import_module("sentencepiece")
+    importlib.import_module("transformers")
     import make_llama_spm_reference as mk
     model, tj = mk.write_all(SPM_GGUF, tmp_path_factory.mktemp("spm_ref"))
     return spm.SentencePieceProcessor(model_file=str(model)), tokenizers.Tokenizer.from_file(str(tj))
@@ -128,7 +130,7 @@ def test_austen_llama_spm_gguf_vs_hf(spm_refs):
 
 def test_austen_smollm2_gguf(hf_smol):
     if not SMOL_GGUF.exists():
-        pytest.skip(f"{SMOL_GGUF} missing (scripts/setup.sh fetches it)")
+        pytest.fail(f"{SMOL_GGUF} missing (scripts/setup.sh fetches it)")
     compare("SmolLM2 gguf vs HF", SMOL_GGUF, hf_encode(hf_smol))
 
 
