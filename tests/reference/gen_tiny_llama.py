@@ -53,6 +53,7 @@ import torch
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TQDM_DISABLE", "1")
 
 import gguf  # noqa: E402
 from gguf import GGMLQuantizationType as QT  # noqa: E402
