@@ -365,7 +365,7 @@ int ie_cli_run(int argc, char **argv)
     cJSON_AddStringToObject(js, "precision", ie_precision_name(prec));
     cJSON_AddStringToObject(js, "isa", ie_isa_name(ie_worker_isa(ie_engine_worker(eng))));
     cJSON_AddNumberToObject(js, "batch", (double)eo.n_seq);
-    cJSON_AddNumberToObject(js, "seed", (double)sp.seed);
+    { char sb[24]; snprintf(sb, sizeof sb, "%llu", (unsigned long long)sp.seed); cJSON_AddRawToObject(js, "seed", sb); } /* exact: a double loses 64-bit seeds */
     cJSON_AddNumberToObject(js, "rounds", (double)rounds);
     if (n_prompts == 1) {
         cJSON_AddStringToObject(js, "text", res[0].text ? res[0].text : "");

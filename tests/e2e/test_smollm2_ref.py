@@ -157,7 +157,7 @@ def test_generate_matches_reference(ref, i, smollm2):
     r = refs[i]
     eog = set(meta["eog_ids"])
     out = run_json(["--model", smollm2, "--prompt", r["text"], "--max-new", meta["max_new"],
-                    "--greedy", "--threads", THREADS, "--no-chat"], timeout=300)
+                    "--greedy", "--threads", THREADS], timeout=300)
     assert out["tokens_in"] == len(r["prompt_ids"]), \
         f"prompt tokenized to {out['tokens_in']} tokens, reference {len(r['prompt_ids'])}"
     ours = [int(x) for x in out["ids"]]

