@@ -84,7 +84,9 @@ typedef struct ie_gen_result {
     size_t n_gen;
     size_t n_prompt;          /* prompt tokens                           */
     ie_finish_t stop;
-    double ttft_ms;           /* from the call's start to the first token */
+    double ttft_ms;           /* from the call's start (tokenization and
+                                 waiting for a slot included) to the
+                                 first token                            */
     double *lat_ms;           /* per generated token after the first:
                                  time since the previous one (malloc'd)  */
     size_t n_lat;
@@ -93,11 +95,15 @@ typedef struct ie_gen_result {
 /* Free a result's buffers and zero it. Accepts a zeroed result. */
 void ie_gen_result_clear(ie_gen_result_t *r);
 
+/* Step timing. A step that holds any prompt tokens is a prefill step (its
+ * time and prompt tokens count here, with any decode token riding along);
+ * a step of decode tokens only is a decode step. Sampling and
+ * detokenizing between steps count in neither. */
 typedef struct ie_gen_stats {
-    double prefill_ms;        /* time in steps that held prompt tokens   */
-    double decode_ms;         /* time in steps that held only decodes    */
-    size_t prefill_tokens;
-    size_t decode_tokens;     /* tokens produced by decode steps         */
+    double prefill_ms;        /* time in prefill steps                   */
+    double decode_ms;         /* time in decode-only steps               */
+    size_t prefill_tokens;    /* prompt tokens                           */
+    size_t decode_tokens;     /* tokens sampled after decode-only steps  */
 } ie_gen_stats_t;
 
 /* Generate for n prompts (UTF-8). results[i] belongs to prompts[i]; the

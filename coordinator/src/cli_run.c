@@ -119,21 +119,29 @@ static int read_prompts(const char *path, char ***out, size_t *n_out)
     char **v = NULL, *line = NULL;
     size_t n = 0, cap = 0, lcap = 0;
     ssize_t len;
+    int rc = 0;
+    errno = 0;
     while ((len = getline(&line, &lcap, f)) >= 0) {
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r')) line[--len] = '\0';
         if (len == 0) continue;
         if (n == cap) {
             cap = cap ? cap * 2 : 16;
             char **nv = realloc(v, cap * sizeof *nv);
-            if (!nv) break;
+            if (!nv) { rc = -1; break; }
             v = nv;
         }
-        v[n] = strdup(line);
-        if (!v[n]) break;
+        if (!(v[n] = strdup(line))) { rc = -1; break; }
         n++;
     }
+    if (ferror(f)) rc = -1;
     free(line);
     fclose(f);
+    if (rc != 0) {
+        for (size_t i = 0; i < n; i++) free(v[i]);
+        free(v);
+        if (!errno) errno = ENOMEM;
+        return -1;
+    }
     *out = v;
     *n_out = n;
     return 0;

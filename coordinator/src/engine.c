@@ -248,8 +248,9 @@ ie_status_t ie_engine_generate(ie_engine_t *e, const char *const *prompts, size_
     const ie_hparams_t *hp = ie_worker_hparams(e->worker);
     int n_ctx = ie_worker_n_ctx(e->worker), n_seq = e->opts.n_seq, B = ie_worker_max_batch(e->worker);
     req_t *reqs = NULL;
-    int *slot_busy = NULL;
+    int *slot_req = NULL; /* request index holding each slot, or -1 */
     int oom = 0;
+    double t0 = now_ms();
 
     if (n == 0) return IE_OK;
     memset(results, 0, n * sizeof *results);
@@ -257,8 +258,8 @@ ie_status_t ie_engine_generate(ie_engine_t *e, const char *const *prompts, size_
     if (!prompts || !p || p->max_new < 0) return ie_error_set(IE_ERR_INVAL, "generate: bad arguments");
     if ((st = ie_sampler_params_validate(&p->sampling)) != IE_OK) return st;
     reqs = calloc(n, sizeof *reqs);
-    slot_busy = calloc((size_t)n_seq, sizeof *slot_busy);
-    if (!reqs || !slot_busy) {
+    slot_req = malloc((size_t)n_seq * sizeof *slot_req);
+    if (!reqs || !slot_req) {
         st = ie_error_set(IE_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
@@ -267,6 +268,10 @@ ie_status_t ie_engine_generate(ie_engine_t *e, const char *const *prompts, size_
     int flags = (p->add_special ? IE_TOK_ADD_SPECIAL : 0) | (p->parse_special ? IE_TOK_PARSE_SPECIAL : 0);
     for (size_t i = 0; i < n; i++) {
         req_t *q = &reqs[i];
+        if (!prompts[i]) {
+            st = ie_error_set(IE_ERR_INVAL, "prompt %zu is NULL", i + 1);
+            goto cleanup;
+        }
         st = ie_tokenizer_encode(e->tok, prompts[i], strlen(prompts[i]), flags, &q->prompt, &q->n_prompt);
         if (st != IE_OK) {
             ie_error_set(st, "prompt %zu: %s", i + 1, ie_error_last());
@@ -276,7 +281,7 @@ ie_status_t ie_engine_generate(ie_engine_t *e, const char *const *prompts, size_
             st = ie_error_set(IE_ERR_INVAL, "prompt %zu is empty after tokenization", i + 1);
             goto cleanup;
         }
-        if (q->n_prompt >= (size_t)n_ctx) {
+        if (q->n_prompt > (size_t)n_ctx) {
             st = ie_error_set(IE_ERR_RANGE, "prompt %zu has %zu tokens; the context holds %d", i + 1,
                               q->n_prompt, n_ctx);
             goto cleanup;
@@ -293,16 +298,16 @@ ie_status_t ie_engine_generate(ie_engine_t *e, const char *const *prompts, size_
         }
     }
 
-    double t0 = now_ms();
+    for (int s = 0; s < n_seq; s++) slot_req[s] = -1;
     size_t next = 0, n_done = 0;
     while (n_done < n) {
         /* admit waiting requests into free slots */
         for (int s = 0; s < n_seq && next < n; s++) {
-            if (slot_busy[s]) continue;
-            req_t *q = &reqs[next++];
+            if (slot_req[s] >= 0) continue;
+            req_t *q = &reqs[next];
+            slot_req[s] = (int)next++;
             q->slot = s;
             q->state = REQ_PREFILL;
-            slot_busy[s] = 1;
             ie_worker_seq_clear(e->worker, s);
         }
         /* build the step: decodes first, then prefill chunks */
@@ -345,15 +350,8 @@ ie_status_t ie_engine_generate(ie_engine_t *e, const char *const *prompts, size_
         int row = 0;
         for (int k = 0; k < nb; k++) {
             if (!e->b_logits[k]) continue;
-            /* find the request owning this slot */
-            req_t *q = NULL;
-            size_t qi = 0;
-            for (size_t i = 0; i < n; i++)
-                if ((reqs[i].state == REQ_DECODE || reqs[i].state == REQ_PREFILL) && reqs[i].slot == e->b_seq[k]) {
-                    q = &reqs[i];
-                    qi = i;
-                    break;
-                }
+            size_t qi = (size_t)slot_req[e->b_seq[k]];
+            req_t *q = &reqs[qi];
             float *lg = e->logits + (size_t)row++ * hp->n_vocab;
             ie_gen_result_t *r = &results[qi];
             int32_t id;
@@ -368,7 +366,10 @@ ie_status_t ie_engine_generate(ie_engine_t *e, const char *const *prompts, size_
             } else {
                 if (grow((void **)&r->lat_ms, &q->lat_cap, r->n_lat + 1, sizeof(double)) != 0) oom = 1;
                 else r->lat_ms[r->n_lat++] = t - q->t_prev;
-                if (stats) stats->decode_tokens++;
+                /* decode throughput counts decode-only steps, whose time
+                 * is in decode_ms; a token that rode along in a prefill
+                 * step is charged (with its step) to prefill */
+                if (stats && !has_prefill) stats->decode_tokens++;
                 q->pos++;
             }
             q->t_prev = t;
@@ -391,7 +392,7 @@ ie_status_t ie_engine_generate(ie_engine_t *e, const char *const *prompts, size_
                 }
             }
             if (q->state == REQ_DONE) {
-                slot_busy[q->slot] = 0;
+                slot_req[q->slot] = -1;
                 n_done++;
             }
             if (oom) {
@@ -405,7 +406,7 @@ ie_status_t ie_engine_generate(ie_engine_t *e, const char *const *prompts, size_
             if (q->state == REQ_PREFILL && q->n_fed == q->n_prompt && p->max_new == 0) {
                 if (stats) stats->prefill_tokens += q->n_prompt;
                 finish(e, q, &results[i], IE_FINISH_LENGTH, &oom);
-                slot_busy[q->slot] = 0;
+                slot_req[q->slot] = -1;
                 n_done++;
             }
         }
@@ -419,7 +420,7 @@ ie_status_t ie_engine_generate(ie_engine_t *e, const char *const *prompts, size_
 cleanup:
     for (size_t i = 0; reqs && i < n; i++) req_free(&reqs[i]);
     free(reqs);
-    free(slot_busy);
+    free(slot_req);
     if (st != IE_OK)
         for (size_t i = 0; i < n; i++) ie_gen_result_clear(&results[i]);
     return st;

@@ -10,6 +10,7 @@ fed to both the generation mode and the logits mode.
 from __future__ import annotations
 
 import math
+import os
 import struct
 
 import pytest
@@ -26,6 +27,7 @@ def assert_fails(cp, code):
                                    f"stdout: {cp.stdout[:300]!r}\nstderr: {cp.stderr[:500]!r}")
     lines = cp.stderr.strip("\n").splitlines()
     assert len(lines) == 1 and lines[0].strip(), f"want one stderr line, got {cp.stderr!r}"
+    assert lines[0].startswith("error: "), f"docs/CLI.md: errors read 'error: ...', got {lines[0]!r}"
     assert cp.stdout == "", f"nothing on stdout on failure, got {cp.stdout[:300]!r}"
 
 
@@ -59,6 +61,12 @@ def corrupt_truncated_header(tmp_path):
 def corrupt_truncated_data(tmp_path):
     b = _base_bytes()
     return _patched(tmp_path, "trunc_data.gguf", b[:len(b) - 1000])
+
+
+def corrupt_truncated_tensor_infos(tmp_path):
+    # cut inside the last tensor's info record: every count is plausible
+    b = _base_bytes()
+    return _patched(tmp_path, "trunc_infos.gguf", b[:gguf_layout(b).tensors[-1].type_pos])
 
 
 def corrupt_empty(tmp_path):
@@ -130,7 +138,8 @@ def corrupt_hf_dir_truncated_safetensors(tmp_path):
     return d
 
 
-CORRUPTIONS = [corrupt_missing, corrupt_empty, corrupt_truncated_header, corrupt_truncated_data,
+CORRUPTIONS = [corrupt_missing, corrupt_empty, corrupt_truncated_header, corrupt_truncated_tensor_infos,
+               corrupt_truncated_data,
                corrupt_bad_magic, corrupt_bad_version, corrupt_unknown_type,
                corrupt_data_past_end, corrupt_absurd_dims, corrupt_wrong_shape,
                corrupt_huge_tensor_count, corrupt_hf_dir_no_weights,
@@ -192,6 +201,14 @@ def test_bad_utf8_prompt_exit_2(smollm2, tmp_path, ie_bin):
     cp = run_cli(["--model", smollm2, "--prompts-file", pf, "--max-new", "2", "--greedy",
                   "--threads", THREADS], timeout=60)
     assert_fails(cp, EXIT_USAGE)
+    assert "UTF-8" in cp.stderr, f"the error should say what is wrong: {cp.stderr!r}"
+
+
+def test_bad_utf8_prompt_arg_exit_2(smollm2, ie_bin):
+    # invalid UTF-8 bytes straight in argv (surrogateescape round-trips them)
+    cp = run_cli(["--model", smollm2, "--prompt", os.fsdecode(b"caf\xe9 \xc3"),
+                  "--max-new", "2", "--greedy"], timeout=60)
+    assert_fails(cp, EXIT_USAGE)
 
 
 # ------------------------------------------------------------------ success
@@ -251,3 +268,28 @@ def test_prompts_file_three_prompts(smollm2, tmp_path, ie_bin):
     out = run_json(["--model", smollm2, "--prompts-file", pf, "--max-new", "4", "--greedy",
                     "--threads", THREADS])
     _check_run_fields(out, n_prompts=3, max_new=4)
+
+
+def test_reported_random_seed_replays(smollm2, ie_bin):
+    """Without --seed a random seed is used and reported exactly (a 64-bit
+    integer, not a rounded double), so --seed <reported> replays the run."""
+    base = ["--model", smollm2, "--prompt", "Once upon a time", "--max-new", "16",
+            "--temperature", "1.0", "--top-k", "0", "--top-p", "1", "--min-p", "0",
+            "--threads", THREADS]
+    a = run_json(base)
+    assert isinstance(a["seed"], int)
+    b = run_json(base + ["--seed", str(a["seed"])])
+    assert b["seed"] == a["seed"] and b["ids"] == a["ids"]
+
+
+def test_batched_prompts_equal_solo_runs(smollm2, tmp_path, ie_bin):
+    """Greedy output of each prompt is the same alone and in a batch of 3."""
+    prompts = ["The sky is", "Two plus two equals", "My favourite food is"]
+    pf = tmp_path / "prompts.txt"
+    pf.write_text("\n".join(prompts) + "\n", encoding="utf-8")
+    common = ["--model", smollm2, "--max-new", "12", "--greedy", "--threads", THREADS]
+    batched = run_json(common + ["--prompts-file", pf, "--batch", "3"])
+    for i, p in enumerate(prompts):
+        solo = run_json(common + ["--prompt", p])
+        assert batched["ids"][i] == solo["ids"], f"prompt {i}"
+        assert batched["text"][i] == solo["text"]
