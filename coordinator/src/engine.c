@@ -12,6 +12,7 @@
 #include "ie_model_src.h"
 #include "ie_stop.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -274,7 +275,9 @@ ie_status_t ie_engine_generate(ie_engine_t *e, const char *const *prompts, size_
         }
         st = ie_tokenizer_encode(e->tok, prompts[i], strlen(prompts[i]), flags, &q->prompt, &q->n_prompt);
         if (st != IE_OK) {
-            ie_error_set(st, "prompt %zu: %s", i + 1, ie_error_last());
+            char why[400]; /* ie_error_last() is the buffer being written */
+            snprintf(why, sizeof why, "%s", ie_error_last());
+            ie_error_set(st, "prompt %zu: %s", i + 1, why);
             goto cleanup;
         }
         if (q->n_prompt == 0) {

@@ -6,7 +6,8 @@
 #   2. every fixture there is compared with tests/data: token ids exactly,
 #      logits within 1e-6 (relative to the row's max |logit|), model files
 #      (GGUF, safetensors, config/tokenizer json) byte for byte
-#   3. pytest tests/e2e with IE_FIXTURES_DIR pointing at the temp dir
+#   3. pytest tests/e2e with IE_FIXTURES_DIR pointing at the temp dir (other
+#      fixtures in tests/data that these generators do not make are linked in)
 #
 # Usage: tests/reference/regen.sh [--keep] [pytest args...]
 #   --keep   leave the temp dir in place (its path is printed)
@@ -100,6 +101,13 @@ if bad:
     sys.exit(1)
 print("[regen] fixtures reproduce", file=sys.stderr)
 EOF
+
+# Fixtures these generators do not make (tokenizer vectors, perplexity
+# references, ...) are linked in unchanged so every e2e test finds its data.
+for f in "$here"/tests/data/*; do
+  name="$(basename "$f")"
+  [ -e "$tmp/$name" ] || ln -s "$f" "$tmp/$name"
+done
 
 echo "[regen] running e2e tests on the fresh fixtures" >&2
 IE_FIXTURES_DIR="$tmp" "$py" -m pytest tests/e2e -q "$@"
