@@ -289,7 +289,7 @@ ie_status_t ie_safetensors_open(const char *path, ie_safetensors_t **out)
     }
     map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED) {
-        st = ie_error_set(IE_ERR_IO, "safetensors: cannot map '%s' (%zu bytes): %s", path, len, strerror(errno));
+        st = ie_error_set(errno == ENOMEM ? IE_ERR_NOMEM : IE_ERR_IO, "safetensors: cannot map '%s' (%zu bytes): %s", path, len, strerror(errno));
         goto cleanup;
     }
     (void)madvise(map, len, MADV_HUGEPAGE); /* a hint; file mappings usually refuse it */

@@ -293,3 +293,23 @@ def test_batched_prompts_equal_solo_runs(smollm2, tmp_path, ie_bin):
         solo = run_json(common + ["--prompt", p])
         assert batched["ids"][i] == solo["ids"], f"prompt {i}"
         assert batched["text"][i] == solo["text"]
+
+
+@pytest.mark.parametrize("limit_mb", [120, 300])
+def test_out_of_memory_exits_6(limit_mb, smollm2, ie_bin):
+    """With the address space capped, the model mapping (120 MB) or the KV
+    cache (300 MB) cannot be had: exit 6 with one error line, no crash."""
+    import resource
+    import subprocess
+
+    def cap():
+        lim = limit_mb << 20
+        resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+
+    cp = subprocess.run([ie_bin, "--model", smollm2, "--prompt", "hi", "--max-new", "4", "--greedy",
+                         "--threads", THREADS], capture_output=True, text=True, timeout=60,
+                        preexec_fn=cap)
+    assert cp.returncode == 6, (cp.returncode, cp.stderr)
+    assert cp.stdout == ""
+    lines = cp.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and "memory" in lines[0]
