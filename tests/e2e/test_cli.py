@@ -306,8 +306,8 @@ def test_out_of_memory_exits_6(limit_mb, smollm2, ie_bin):
         lim = limit_mb << 20
         resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
 
-    cp = subprocess.run([ie_bin, "--model", smollm2, "--prompt", "hi", "--max-new", "4", "--greedy",
-                         "--threads", THREADS], capture_output=True, text=True, timeout=60,
+    cp = subprocess.run([str(ie_bin), "--model", str(smollm2), "--prompt", "hi", "--max-new", "4",
+                         "--greedy", "--threads", str(THREADS)], capture_output=True, text=True, timeout=60,
                         preexec_fn=cap)
     assert cp.returncode == 6, (cp.returncode, cp.stderr)
     assert cp.stdout == ""
