@@ -36,15 +36,14 @@ typedef struct ie_worker_opts {
     int n_seq;         /* sequence slots                              */
     int max_batch;     /* most tokens in one step                     */
     ie_precision_t precision;
-    int copy_weights;  /* 1: copy matrices into huge-page memory; 0: use
-                          the file mapping; -1 (default): copy when the
-                          model is at most a quarter of physical RAM.
-                          Env IE_WEIGHTS_COPY=0/1 overrides.          */
+    int copy_weights;  /* 1: copy matrices into huge-page memory; 0
+                          (default): use the file mapping. Env
+                          IE_WEIGHTS_COPY=0/1 overrides.              */
     ie_isa_t isa;      /* kernels to use (ie_isa_best() by default)   */
 } ie_worker_opts_t;
 
 /* Defaults: 1 thread, pinned, n_ctx 2048, 1 slot, max_batch 256, native,
- * copy_weights auto, best ISA. */
+ * no weight copy, best ISA. */
 void ie_worker_opts_default(ie_worker_opts_t *o);
 
 typedef struct ie_worker ie_worker_t;
