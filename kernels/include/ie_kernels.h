@@ -60,6 +60,12 @@ typedef struct ie_matmul_ops {
                   int64_t r0, int64_t r1,
                   const void *a, size_t a_stride, int64_t n_tok,
                   float *y, int64_t ldy);
+
+    /* ie_dot_f32 / ie_axpy_f32 at this ISA's width (attention's q·k and
+     * weighted sum of values). Sums in another order than ref: equal
+     * within float rounding, not bit for bit. */
+    float (*dot_f32)(const float *a, const float *b, int64_t n);
+    void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
 } ie_matmul_ops_t;
 
 /* Ops for `isa`, or NULL if not compiled in or not supported by this CPU. */

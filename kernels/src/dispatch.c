@@ -104,9 +104,9 @@ ie_isa_t ie_isa_best(void)
 }
 
 static const ie_matmul_ops_t g_ops[3] = {
-    { IE_ISA_REF, ie_act_quantize_ref, ie_matmul_ref },
-    { IE_ISA_AVX2, ie_act_quantize_avx2, ie_matmul_avx2 },
-    { IE_ISA_AVX512, ie_act_quantize_avx512, ie_matmul_avx512 },
+    { IE_ISA_REF, ie_act_quantize_ref, ie_matmul_ref, ie_dot_f32, ie_axpy_f32 },
+    { IE_ISA_AVX2, ie_act_quantize_avx2, ie_matmul_avx2, ie_dot_f32_avx2, ie_axpy_f32_avx2 },
+    { IE_ISA_AVX512, ie_act_quantize_avx512, ie_matmul_avx512, ie_dot_f32_avx512, ie_axpy_f32_avx512 },
 };
 
 const ie_matmul_ops_t *ie_kernels_get(ie_isa_t isa)

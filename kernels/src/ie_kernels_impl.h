@@ -44,6 +44,8 @@ void ie_matmul_q4_1_q8_1_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1
 /* ----------------------------------------------------------------- avx2 */
 
 void ie_act_quantize_avx2(ie_dtype_t act, const float *x, void *out, int64_t n);
+float ie_dot_f32_avx2(const float *a, const float *b, int64_t n);
+void ie_axpy_f32_avx2(float *y, float a, const float *x, int64_t n);
 int ie_matmul_avx2(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, int64_t r1,
                    const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
 
@@ -51,6 +53,8 @@ int ie_matmul_avx2(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, in
 
 /* Needs AVX-512 F/BW/VL/DQ and VNNI (checked by dispatch.c). */
 void ie_act_quantize_avx512(ie_dtype_t act, const float *x, void *out, int64_t n);
+float ie_dot_f32_avx512(const float *a, const float *b, int64_t n);
+void ie_axpy_f32_avx512(float *y, float a, const float *x, int64_t n);
 int ie_matmul_avx512(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, int64_t r1,
                      const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
 

@@ -563,11 +563,11 @@ static void att_run(void *ctx, int ith, int nth)
         size_t base = (size_t)t->layer * w->kv_layer_stride + (size_t)seq * w->opts.n_ctx * w->kv_dim;
         const float *kc = w->kcache + base + (size_t)kh * hd;
         const float *vc = w->vcache + base + (size_t)kh * hd;
-        for (int j = 0; j <= pos; j++) scores[j] = ie_dot_f32(q, kc + (size_t)j * w->kv_dim, hd) * scale;
+        for (int j = 0; j <= pos; j++) scores[j] = w->ops->dot_f32(q, kc + (size_t)j * w->kv_dim, hd) * scale;
         ie_softmax_f32(scores, pos + 1);
         float *out = w->xb + (size_t)i * w->q_dim + (size_t)h * hd;
         memset(out, 0, (size_t)hd * sizeof(float));
-        for (int j = 0; j <= pos; j++) ie_axpy_f32(out, scores[j], vc + (size_t)j * w->kv_dim, hd);
+        for (int j = 0; j <= pos; j++) w->ops->axpy_f32(out, scores[j], vc + (size_t)j * w->kv_dim, hd);
     }
 }
 
