@@ -107,7 +107,7 @@ def read_membw(args) -> tuple[float | None, str]:
 def run_engine(bin_path: Path, model: Path, prompt: str, max_new: int, threads: int,
                precision: str, timeout: float) -> dict:
     cmd = [str(bin_path), "--model", str(model), "--prompt", prompt, "--max-new", str(max_new),
-           "--greedy", "--threads", str(threads)]
+           "--greedy", "--threads", str(threads), "--warmup", "1"]  # warm: weights paged in
     if precision != "native":
         cmd += ["--precision", precision]
     t0 = time.time()
