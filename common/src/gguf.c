@@ -16,6 +16,7 @@
  * return at their first failure, which reads more directly than a goto there.
  */
 #include "ie_gguf.h"
+#include "ie_mmap.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -491,44 +492,20 @@ ie_status_t ie_gguf_open_memory(const void *buf, size_t len, ie_gguf_t **out)
 
 ie_status_t ie_gguf_open(const char *path, ie_gguf_t **out)
 {
-    ie_status_t st = IE_OK;
-    int fd = -1;
-    void *map = MAP_FAILED;
+    const void *map = NULL;
     size_t len = 0;
-    struct stat sb;
+    ie_status_t st;
 
     if (!out) return ie_error_set(IE_ERR_INVAL, "gguf: out is NULL");
     *out = NULL;
-    if (!path) return ie_error_set(IE_ERR_INVAL, "gguf: path is NULL");
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || fstat(fd, &sb) != 0) {
-        st = ie_error_set(IE_ERR_IO, "gguf: cannot open '%s': %s", path, strerror(errno));
-        goto cleanup;
+    if ((st = ie_file_map("gguf", path, &map, &len)) != IE_OK) return st;
+    if ((st = gguf_parse(map ? map : "", len, out)) != IE_OK) {
+        ie_file_unmap(map, len);
+        return st;
     }
-    if (!S_ISREG(sb.st_mode)) {
-        st = ie_error_set(IE_ERR_IO, "gguf: '%s' is not a regular file", path);
-        goto cleanup;
-    }
-    len = (size_t)sb.st_size;
-    if (len < 4) { /* mmap cannot map an empty file; the parser explains */
-        st = ie_gguf_open_memory("", 0, out);
-        goto cleanup;
-    }
-    map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
-        st = ie_error_set(errno == ENOMEM ? IE_ERR_NOMEM : IE_ERR_IO, "gguf: cannot map '%s' (%zu bytes): %s", path, len, strerror(errno));
-        goto cleanup;
-    }
-    (void)madvise(map, len, MADV_HUGEPAGE); /* a hint; file mappings usually refuse it */
-    if ((st = gguf_parse(map, len, out)) != IE_OK) goto cleanup;
-    (*out)->map = map;
+    (*out)->map = (void *)map;
     (*out)->map_len = len;
-    map = MAP_FAILED;
-
-cleanup:
-    if (map != MAP_FAILED) munmap(map, len);
-    if (fd >= 0) close(fd);
-    return st;
+    return IE_OK;
 }
 
 void ie_gguf_destroy(ie_gguf_t **self_p)
@@ -541,7 +518,7 @@ void ie_gguf_destroy(ie_gguf_t **self_p)
     free(g->kv_index);
     free(g->tensors);
     free(g->tensor_index);
-    if (g->map) munmap(g->map, g->map_len);
+    ie_file_unmap(g->map, g->map_len);
     free(g);
     *self_p = NULL;
 }

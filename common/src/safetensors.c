@@ -7,6 +7,7 @@
  * return at their first failure, which reads more directly than a goto there.
  */
 #include "ie_safetensors.h"
+#include "ie_mmap.h"
 
 #include <cjson/cJSON.h>
 
@@ -264,44 +265,20 @@ ie_status_t ie_safetensors_open_memory(const void *buf, size_t len, ie_safetenso
 
 ie_status_t ie_safetensors_open(const char *path, ie_safetensors_t **out)
 {
-    ie_status_t st = IE_OK;
-    int fd = -1;
-    void *map = MAP_FAILED;
+    const void *map = NULL;
     size_t len = 0;
-    struct stat sb;
+    ie_status_t st;
 
     if (!out) return ie_error_set(IE_ERR_INVAL, "safetensors: out is NULL");
     *out = NULL;
-    if (!path) return ie_error_set(IE_ERR_INVAL, "safetensors: path is NULL");
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || fstat(fd, &sb) != 0) {
-        st = ie_error_set(IE_ERR_IO, "safetensors: cannot open '%s': %s", path, strerror(errno));
-        goto cleanup;
+    if ((st = ie_file_map("safetensors", path, &map, &len)) != IE_OK) return st;
+    if ((st = st_parse(map ? map : "", len, out)) != IE_OK) {
+        ie_file_unmap(map, len);
+        return st;
     }
-    if (!S_ISREG(sb.st_mode)) {
-        st = ie_error_set(IE_ERR_IO, "safetensors: '%s' is not a regular file", path);
-        goto cleanup;
-    }
-    len = (size_t)sb.st_size;
-    if (len < 8) { /* too small to map usefully; the parser explains */
-        st = ie_safetensors_open_memory("", 0, out);
-        goto cleanup;
-    }
-    map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) {
-        st = ie_error_set(errno == ENOMEM ? IE_ERR_NOMEM : IE_ERR_IO, "safetensors: cannot map '%s' (%zu bytes): %s", path, len, strerror(errno));
-        goto cleanup;
-    }
-    (void)madvise(map, len, MADV_HUGEPAGE); /* a hint; file mappings usually refuse it */
-    if ((st = st_parse(map, len, out)) != IE_OK) goto cleanup;
-    (*out)->map = map;
+    (*out)->map = (void *)map;
     (*out)->map_len = len;
-    map = MAP_FAILED;
-
-cleanup:
-    if (map != MAP_FAILED) munmap(map, len);
-    if (fd >= 0) close(fd);
-    return st;
+    return IE_OK;
 }
 
 void ie_safetensors_destroy(ie_safetensors_t **self_p)
@@ -311,7 +288,7 @@ void ie_safetensors_destroy(ie_safetensors_t **self_p)
     free(s->tensors);
     free(s->index);
     free(s->names);
-    if (s->map) munmap(s->map, s->map_len);
+    ie_file_unmap(s->map, s->map_len);
     free(s);
     *self_p = NULL;
 }

@@ -24,6 +24,11 @@
 #define MODEL IE_TEST_DATA "/../../models/SmolLM2-135M-Instruct.Q4_1.gguf"
 #define N_CTX 256
 #define CHAT_HI "<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n"
+/* A turn that ends well clear of near ties: the same 12 tokens and EOS with
+ * the ref, AVX2 and AVX-512 kernels (whose float sums differ in order). */
+#define CHAT_MATH                                                                      \
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging " \
+    "Face<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
 
 /* The batched engine: 4 slots and a small step (16 tokens) so that prompts
  * prefill in several chunks that share steps with other streams' decodes. */
@@ -260,7 +265,7 @@ static void test_stop_strings(void)
 
 static void test_eos(void)
 {
-    const char *pr = CHAT_HI;
+    const char *pr = CHAT_MATH;
     ie_gen_params_t p = greedy_params(200);
     ie_gen_result_t r;
     CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_eng, &pr, 1, &p, &r, NULL), IE_OK);

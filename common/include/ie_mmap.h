@@ -1,0 +1,19 @@
+/* ie_mmap.h — map a whole file read-only, for the format readers. */
+#ifndef IE_MMAP_H
+#define IE_MMAP_H
+
+#include "ie_status.h"
+
+#include <stddef.h>
+
+/* Map the regular file `path` read-only (MAP_PRIVATE, huge pages hinted).
+ * `what` prefixes error messages ("gguf", "safetensors"). An empty file
+ * gives *map_out = NULL and *len_out = 0 (mmap cannot map zero bytes).
+ * Errors: IE_ERR_IO (missing, unreadable, not a regular file), IE_ERR_NOMEM
+ * (no address space). Unmap with ie_file_unmap(). */
+ie_status_t ie_file_map(const char *what, const char *path, const void **map_out, size_t *len_out);
+
+/* Undo ie_file_map(); accepts NULL. */
+void ie_file_unmap(const void *map, size_t len);
+
+#endif
