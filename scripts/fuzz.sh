@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# scripts/fuzz.sh [SECONDS] — fuzz the model-format parsers.
+# scripts/fuzz.sh [SECONDS] — fuzz the parsers of outside input (GGUF,
+# safetensors, tokenizer.json and text for the tokenizers).
 #
 # Builds the libFuzzer targets (tests/fuzz/fuzz_*.c) with clang, ASan and
 # UBSan into build-fuzz/ — the whole library is coverage-instrumented
@@ -14,7 +15,7 @@ secs="${1:-60}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 build=build-fuzz
-targets=(gguf safetensors)
+targets=(gguf safetensors tokenizer)
 
 log() { printf '[fuzz] %s\n' "$*" >&2; }
 
