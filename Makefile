@@ -4,7 +4,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all build test bench fuzz reference asan clean
+.PHONY: all build test bench fuzz reference asan tsan clean
 
 all: build
 
@@ -38,5 +38,13 @@ asan:
 	cmake --build build-asan -j$(JOBS)
 	cd build-asan && ctest --output-on-failure -E pytest
 
+# The threaded suites under ThreadSanitizer.
+TSAN_TESTS = test_threadpool test_worker test_engine
+tsan:
+	cmake -S . -B build-tsan -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_C_FLAGS=-fsanitize=thread -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread >/dev/null
+	cmake --build build-tsan -j$(JOBS) --target $(TSAN_TESTS)
+	cd build-tsan && TSAN_OPTIONS=halt_on_error=1 ctest --output-on-failure -R '^($(shell echo $(TSAN_TESTS) | tr ' ' '|'))$$'
+
 clean:
-	rm -rf $(BUILD) build-asan build-fuzz
+	rm -rf $(BUILD) build-asan build-fuzz build-tsan
