@@ -117,21 +117,24 @@ void ie_worker_opts_default(ie_worker_opts_t *o)
 }
 
 /* Large zeroed buffer from its own anonymous mapping: zero pages cost no
- * memory until first written (the KV cache is reserved for the whole
- * context but grows in RSS only as it fills), and big ones are backed by
- * huge pages where the kernel allows (weights and caches are streamed; 4 KiB
- * pages cost ~1/3 of the bandwidth on this class of machine). The first 64
- * bytes hold the mapping's size for big_free(). */
+ * memory until first written. `huge` asks for huge pages (streamed weights
+ * and scratch: 4 KiB pages cost ~1/3 of the read bandwidth here). The KV
+ * cache does not ask: it is reserved for the whole context but written a
+ * position at a time in every layer, and a 2 MiB first-touch per layer would
+ * zero (and keep resident) megabytes for a few tokens. The first 64 bytes
+ * hold the mapping's size for big_free(). */
 #define BIG_HDR 64
-static void *big_alloc(size_t n)
+static void *big_alloc_ex(size_t n, int huge)
 {
     size_t total = n + BIG_HDR;
     void *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return NULL;
-    if (total >= (2u << 20)) madvise(p, total, MADV_HUGEPAGE);
+    if (huge && total >= (2u << 20)) madvise(p, total, MADV_HUGEPAGE);
     *(size_t *)p = total;
     return (char *)p + BIG_HDR;
 }
+
+static void *big_alloc(size_t n) { return big_alloc_ex(n, 1); }
 
 static void big_free(void *q)
 {
@@ -386,8 +389,8 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
     int64_t max_in = ff > (int64_t)wide ? ff : (int64_t)wide;
     w->act_row_cap = ie_dtype_row_bytes(IE_DTYPE_Q8_1, (max_in + 31) / 32 * 32);
     int half = hp->rope_dim / 2;
-    w->kcache = big_alloc(kv_bytes);
-    w->vcache = big_alloc(kv_bytes);
+    w->kcache = big_alloc_ex(kv_bytes, 0);
+    w->vcache = big_alloc_ex(kv_bytes, 0);
     w->seq_len = calloc((size_t)opts->n_seq, sizeof(int));
     w->rope_cos = malloc((size_t)opts->n_ctx * half * sizeof(float));
     w->rope_sin = malloc((size_t)opts->n_ctx * half * sizeof(float));
