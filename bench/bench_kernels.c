@@ -131,8 +131,8 @@ int main(int argc, char **argv)
     int64_t gemm_tok = 64;
     size_t pool_mib = 1024;
     static const ie_dtype_t types[] = { IE_DTYPE_F32, IE_DTYPE_F16, IE_DTYPE_BF16,
-                                        IE_DTYPE_Q8_0, IE_DTYPE_Q4_0, IE_DTYPE_Q4_1 };
-    const int n_types = 6;
+                                        IE_DTYPE_Q8_0, IE_DTYPE_Q4_0, IE_DTYPE_Q4_1, IE_DTYPE_MXFP4 };
+    const int n_types = (int)(sizeof types / sizeof types[0]);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
@@ -149,7 +149,7 @@ int main(int argc, char **argv)
                     if (!strcmp(tok, ie_dtype_name(types[t]))) type_mask |= 1 << t;
             free(s);
         } else {
-            fprintf(stderr, "usage: %s [--threads N] [--isa ref,avx2,avx512] [--types f32,f16,bf16,q8_0,q4_0,q4_1]"
+            fprintf(stderr, "usage: %s [--threads N] [--isa ref,avx2,avx512] [--types f32,f16,bf16,q8_0,q4_0,q4_1,mxfp4]"
                             " [--iters N] [--pool-mib M] [--ntok T]\n", argv[0]);
             return 2;
         }

@@ -83,7 +83,7 @@ static const ggml_type_info_t k_ggml[] = {
     [30] = {"bf16", 1, 2, IE_DTYPE_BF16},
     [34] = {"tq1_0", 256, 54, IE_DTYPE_INVALID},
     [35] = {"tq2_0", 256, 66, IE_DTYPE_INVALID},
-    [39] = {"mxfp4", 32, 17, IE_DTYPE_INVALID},
+    [39] = {"mxfp4", 32, 17, IE_DTYPE_MXFP4}, /* { u8 e; u8 qs[16]; } */
 };
 #define N_GGML_TYPES (sizeof k_ggml / sizeof k_ggml[0])
 

@@ -6,8 +6,20 @@
  *   Q8_1 : 32 elements = { f16 d; f16 s; int8 q[32]; }      36 bytes, s = d*sum(q)
  *   Q4_0 : 32 elements = { f16 d; uint8 qs[16]; }           18 bytes, x = d*(q-8)
  *   Q4_1 : 32 elements = { f16 d; f16 m; uint8 qs[16]; }    20 bytes, x = d*q + m
+ *   MXFP4: 32 elements = { uint8 e; uint8 qs[16]; }         17 bytes (OCP MX, E2M1 + E8M0)
  *   (4-bit: element j<16 is the low nibble of qs[j], element j+16 its high nibble)
  * Q8_1 is an activation format only (paired with Q4_1 weights).
+ *
+ * MXFP4 values, exactly as ggml decodes them (dequantize_row_mxfp4,
+ * kvalues_mxfp4, GGML_E8M0_TO_FP32_HALF in ggml-quants.c / ggml-impl.h):
+ *   x = E2M1(code) * 2^(e-127) = ie_mxfp4_kvalues[code] * 2^(e-128)
+ * where the 4-bit code is sign (bit 3) | magnitude index (bits 0-2) and
+ * E2M1 magnitudes are {0, .5, 1, 1.5, 2, 3, 4, 6}; ie_mxfp4_kvalues holds
+ * them doubled as int8 {0,1,2,3,4,6,8,12, 0,-1,...,-12} so that integer dot
+ * products are exact. Code 8 (-0) decodes to +0. e is a plain biased
+ * exponent for all 256 values: e = 0 gives 2^-128 (an f32 subnormal), and
+ * e = 255 gives 2^127 per table unit, not NaN as the OCP spec reserves it;
+ * values beyond FLT_MAX (e >= 254 with large codes) become +-inf in f32.
  */
 #ifndef IE_DTYPE_H
 #define IE_DTYPE_H
@@ -23,6 +35,7 @@ typedef enum ie_dtype {
     IE_DTYPE_Q8_0 = 8,
     IE_DTYPE_Q8_1 = 9,
     IE_DTYPE_BF16 = 30,
+    IE_DTYPE_MXFP4 = 39,
     IE_DTYPE_INVALID = -1
 } ie_dtype_t;
 
@@ -35,11 +48,25 @@ typedef struct { ie_f16_t d; int8_t q[IE_QK]; } ie_block_q8_0_t;
 typedef struct { ie_f16_t d; ie_f16_t s; int8_t q[IE_QK]; } ie_block_q8_1_t;
 typedef struct { ie_f16_t d; uint8_t qs[IE_QK / 2]; } ie_block_q4_0_t;
 typedef struct { ie_f16_t d; ie_f16_t m; uint8_t qs[IE_QK / 2]; } ie_block_q4_1_t;
+typedef struct { uint8_t e; uint8_t qs[IE_QK / 2]; } ie_block_mxfp4_t;
 
 _Static_assert(sizeof(ie_block_q8_0_t) == 34, "q8_0 layout");
 _Static_assert(sizeof(ie_block_q8_1_t) == 36, "q8_1 layout");
 _Static_assert(sizeof(ie_block_q4_0_t) == 18, "q4_0 layout");
 _Static_assert(sizeof(ie_block_q4_1_t) == 20, "q4_1 layout");
+_Static_assert(sizeof(ie_block_mxfp4_t) == 17, "mxfp4 layout");
+
+/* 2 x the E2M1 value of each 4-bit MXFP4 code (see above). */
+extern const int8_t ie_mxfp4_kvalues[16];
+
+/* 2^(e-128) as f32, exact for every e (the scale of one ie_mxfp4_kvalues
+ * unit; e < 2 gives subnormals 2^-128, 2^-127). */
+static inline float ie_e8m0_half_to_f32(uint8_t e)
+{
+    union { uint32_t u; float f; } v;
+    v.u = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+    return v.f;
+}
 
 /* Lower-case name ("f32", "q4_1", ...) or "invalid". Never NULL. */
 const char *ie_dtype_name(ie_dtype_t t);

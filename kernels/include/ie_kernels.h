@@ -38,7 +38,7 @@ ie_isa_t ie_isa_best(void);
 int ie_isa_supported(ie_isa_t isa);
 
 /* Activation format that matmul expects for weights of type `wtype`:
- * F32 for f32/f16/bf16 weights, Q8_0 for q8_0/q4_0, Q8_1 for q4_1. */
+ * F32 for f32/f16/bf16 weights, Q8_0 for q8_0/q4_0/mxfp4, Q8_1 for q4_1. */
 ie_dtype_t ie_matmul_act_dtype(ie_dtype_t wtype);
 
 /* The matmul family for one ISA. Obtain with ie_kernels_get(). */
@@ -78,8 +78,12 @@ void ie_dequantize_row(ie_dtype_t t, const void *src, float *dst, int64_t n);
  * block types), with ggml's reference rounding so results match files
  * written by llama.cpp's quantizer: Q8_0/Q8_1 d = amax/127; Q4_0
  * d = max/-8 (max = the value of largest magnitude); Q4_1 d = (max-min)/15,
- * m = min. f16/bf16 round to nearest even. Returns 0, or -1 if t is unknown
- * or n does not fit its blocks. */
+ * m = min; MXFP4 e = floor(log2f(amax)) + 125 (clamped to >= 0; 0 for an
+ * all-zero block), i.e. element scale 2^(e-127) puts amax/scale in [4, 8):
+ * values above 6*scale saturate to +-6, the rest go to the nearest E2M1
+ * value, ties to the smaller magnitude (ggml scans the 16 codes in order,
+ * first best wins). Inputs must be finite. f16/bf16 round to nearest even.
+ * Returns 0, or -1 if t is unknown or n does not fit its blocks. */
 int ie_quantize_row(ie_dtype_t t, const float *src, void *dst, int64_t n);
 
 /* ---- element-wise and small ops (scalar; the forward pass uses these) ---- */

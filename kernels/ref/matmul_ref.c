@@ -5,7 +5,8 @@
  * integer block sums computed exactly in int, everything else accumulated in
  * double so that the oracle is more accurate than any kernel it judges.
  * Y[t*ldy + r] = sum_k W[r][k] * A[t][k]; for block formats the block product
- * is d_w*d_a*sum(q_w*q_a) (+ m_w*s_a for Q4_1 x Q8_1), as in ggml.
+ * is d_w*d_a*sum(q_w*q_a) (+ m_w*s_a for Q4_1 x Q8_1), as in ggml; for
+ * MXFP4 q_w is the doubled E2M1 value and d_w = 2^(e-128).
  */
 #include "ie_kernels.h"
 #include "../src/ie_kernels_impl.h"
@@ -124,6 +125,31 @@ void ie_matmul_q4_1_q8_1_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1
     }
 }
 
+/* MXFP4 x Q8_0: sum_j kv_j*q_j exact in int (|.| <= 32*12*127), scaled by
+ * d_a * 2^(e-128) in double (no overflow or underflow for any e). */
+void ie_matmul_mxfp4_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                              const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+{
+    const size_t wb = ie_dtype_row_bytes(IE_DTYPE_MXFP4, n_in);
+    const int64_t nb = n_in / IE_QK;
+    for (int64_t t = 0; t < n_tok; t++) {
+        const ie_block_q8_0_t *x = (const ie_block_q8_0_t *)ROW(a, t, a_stride);
+        for (int64_t r = r0; r < r1; r++) {
+            const ie_block_mxfp4_t *wr = (const ie_block_mxfp4_t *)ROW(w, r, wb);
+            double s = 0.0;
+            for (int64_t b = 0; b < nb; b++) {
+                int sumi = 0;
+                for (int j = 0; j < IE_QK / 2; j++) {
+                    sumi += ie_mxfp4_kvalues[wr[b].qs[j] & 0x0f] * x[b].q[j];
+                    sumi += ie_mxfp4_kvalues[wr[b].qs[j] >> 4] * x[b].q[j + IE_QK / 2];
+                }
+                s += (double)ie_e8m0_half_to_f32(wr[b].e) * ie_f16_to_f32(x[b].d) * sumi;
+            }
+            y[t * ldy + r] = (float)s;
+        }
+    }
+}
+
 int ie_matmul_ref(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, int64_t r1,
                   const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
 {
@@ -135,6 +161,7 @@ int ie_matmul_ref(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, int
     case IE_DTYPE_Q8_0: fn = ie_matmul_q8_0_q8_0_ref; break;
     case IE_DTYPE_Q4_0: fn = ie_matmul_q4_0_q8_0_ref; break;
     case IE_DTYPE_Q4_1: fn = ie_matmul_q4_1_q8_1_ref; break;
+    case IE_DTYPE_MXFP4: fn = ie_matmul_mxfp4_q8_0_ref; break;
     default: return -1;
     }
     fn(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);

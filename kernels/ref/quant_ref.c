@@ -110,6 +110,45 @@ static void quantize_row_q4_1(const float *x, ie_block_q4_1_t *y, int64_t n)
     }
 }
 
+/* ggml's quantize_row_mxfp4_ref rule (see ie_kernels.h): the shared
+ * exponent makes amax/2^(e-127) fall in [4, 8), so the block maximum may
+ * saturate at 6 (ggml's choice, kept so files match llama.cpp's). Each
+ * element takes the code whose value kv*2^(e-128) is nearest, scanning
+ * codes 0..15 with a strict < so the first (smaller magnitude, +0 before
+ * -0) wins ties. floorf(log2f()) rather than the exact exponent bits, as in
+ * ggml: for amax just below a power of two log2f may round up, and the
+ * files we must match were written that way. */
+static void quantize_row_mxfp4(const float *x, ie_block_mxfp4_t *y, int64_t n)
+{
+    for (int64_t b = 0; b < n / IE_QK; b++) {
+        const float *xb = x + b * IE_QK;
+        float amax = 0.0f;
+        for (int j = 0; j < IE_QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        int e = 0;
+        if (amax > 0.0f) {
+            e = (int)floorf(log2f(amax)) - 2 + 127;
+            if (e < 0) e = 0; /* amax < 2^-125: ggml's uint8 cast is undefined here */
+            if (e > 255) e = 255;
+        }
+        const float d = ie_e8m0_half_to_f32((uint8_t)e);
+        y[b].e = (uint8_t)e;
+        for (int j = 0; j < IE_QK / 2; j++) {
+            int code[2];
+            for (int h = 0; h < 2; h++) {
+                const float v = xb[j + h * IE_QK / 2];
+                int best = 0;
+                float best_err = fabsf((float)ie_mxfp4_kvalues[0] * d - v);
+                for (int c = 1; c < 16; c++) {
+                    const float err = fabsf((float)ie_mxfp4_kvalues[c] * d - v);
+                    if (err < best_err) { best = c; best_err = err; }
+                }
+                code[h] = best;
+            }
+            y[b].qs[j] = (uint8_t)(code[0] | (code[1] << 4));
+        }
+    }
+}
+
 int ie_quantize_row(ie_dtype_t t, const float *src, void *dst, int64_t n)
 {
     if (n < 0 || ie_dtype_block_elems(t) == 0 || n % ie_dtype_block_elems(t) != 0) return -1;
@@ -125,6 +164,7 @@ int ie_quantize_row(ie_dtype_t t, const float *src, void *dst, int64_t n)
     case IE_DTYPE_Q8_1: ie_quantize_row_q8_1_ref(src, dst, n); return 0;
     case IE_DTYPE_Q4_0: quantize_row_q4_0(src, dst, n); return 0;
     case IE_DTYPE_Q4_1: quantize_row_q4_1(src, dst, n); return 0;
+    case IE_DTYPE_MXFP4: quantize_row_mxfp4(src, dst, n); return 0;
     default: return -1;
     }
 }
@@ -172,6 +212,16 @@ void ie_dequantize_row(ie_dtype_t t, const void *src, float *dst, int64_t n)
             for (int j = 0; j < IE_QK / 2; j++) {
                 dst[b * IE_QK + j] = d * (float)(blk->qs[j] & 0x0f) + m;
                 dst[b * IE_QK + j + IE_QK / 2] = d * (float)(blk->qs[j] >> 4) + m;
+            }
+        }
+        break;
+    case IE_DTYPE_MXFP4:
+        for (int64_t b = 0; b < n / IE_QK; b++) {
+            const ie_block_mxfp4_t *blk = (const ie_block_mxfp4_t *)src + b;
+            const float d = ie_e8m0_half_to_f32(blk->e); /* kv * d: exact, or +-inf past FLT_MAX */
+            for (int j = 0; j < IE_QK / 2; j++) {
+                dst[b * IE_QK + j] = (float)ie_mxfp4_kvalues[blk->qs[j] & 0x0f] * d;
+                dst[b * IE_QK + j + IE_QK / 2] = (float)ie_mxfp4_kvalues[blk->qs[j] >> 4] * d;
             }
         }
         break;

@@ -31,7 +31,7 @@ ie_dtype_t ie_matmul_act_dtype(ie_dtype_t wtype)
 {
     switch (wtype) {
     case IE_DTYPE_F32: case IE_DTYPE_F16: case IE_DTYPE_BF16: return IE_DTYPE_F32;
-    case IE_DTYPE_Q8_0: case IE_DTYPE_Q4_0: return IE_DTYPE_Q8_0;
+    case IE_DTYPE_Q8_0: case IE_DTYPE_Q4_0: case IE_DTYPE_MXFP4: return IE_DTYPE_Q8_0;
     case IE_DTYPE_Q4_1: return IE_DTYPE_Q8_1;
     default: return IE_DTYPE_INVALID;
     }

@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+const int8_t ie_mxfp4_kvalues[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
+
 const char *ie_dtype_name(ie_dtype_t t)
 {
     switch (t) {
@@ -13,6 +15,7 @@ const char *ie_dtype_name(ie_dtype_t t)
     case IE_DTYPE_Q4_1: return "q4_1";
     case IE_DTYPE_Q8_0: return "q8_0";
     case IE_DTYPE_Q8_1: return "q8_1";
+    case IE_DTYPE_MXFP4: return "mxfp4";
     default: return "invalid";
     }
 }
@@ -21,7 +24,8 @@ int ie_dtype_block_elems(ie_dtype_t t)
 {
     switch (t) {
     case IE_DTYPE_F32: case IE_DTYPE_F16: case IE_DTYPE_BF16: return 1;
-    case IE_DTYPE_Q4_0: case IE_DTYPE_Q4_1: case IE_DTYPE_Q8_0: case IE_DTYPE_Q8_1: return IE_QK;
+    case IE_DTYPE_Q4_0: case IE_DTYPE_Q4_1: case IE_DTYPE_Q8_0: case IE_DTYPE_Q8_1:
+    case IE_DTYPE_MXFP4: return IE_QK;
     default: return 0;
     }
 }
@@ -35,6 +39,7 @@ size_t ie_dtype_block_bytes(ie_dtype_t t)
     case IE_DTYPE_Q4_1: return sizeof(ie_block_q4_1_t);
     case IE_DTYPE_Q8_0: return sizeof(ie_block_q8_0_t);
     case IE_DTYPE_Q8_1: return sizeof(ie_block_q8_1_t);
+    case IE_DTYPE_MXFP4: return sizeof(ie_block_mxfp4_t);
     default: return 0;
     }
 }

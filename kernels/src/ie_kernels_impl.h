@@ -40,6 +40,8 @@ void ie_matmul_q4_0_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1
                              const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
 void ie_matmul_q4_1_q8_1_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
                              const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_mxfp4_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                              const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
 
 /* ----------------------------------------------------------------- avx2 */
 

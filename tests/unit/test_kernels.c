@@ -15,7 +15,12 @@
  *       the same f32 operations and roundf's ties-away rounding).
  *   quantize -> dequantize: per element, q8: 0.5*d + 127*d*2^-11 (f16 scale);
  *       q4_0: |d| (one step, the clipped end) + 2^-10*8|d|; q4_1:
- *       0.5*d + 2^-10*(|min| + 16*d); f16: 2^-11 relative; bf16: 2^-8 relative.
+ *       0.5*d + 2^-10*(|min| + 16*d); f16: 2^-11 relative; bf16: 2^-8 relative;
+ *       mxfp4 (s = 2^(e-127), the E2M1 unit, amax/s in [4, 8)): half the
+ *       grid spacing at |x| (0.25s below 2s, 0.5s below 4s, s up to 6s), and
+ *       |x| - 6s above 6s (saturation), + 1e-6*amax.
+ *   mxfp4 dequantize: bit-exact against E2M1(code) * 2^(e-127) computed
+ *       from the code's bits in double (inf where f32 overflows).
  *   softmax / rmsnorm / swiglu: 2e-6 relative to double-precision formulas
  *       (softmax: plus |x - max|*2^-24, the f32 rounding of x - max).
  *   rope: 1e-6 absolute vs the direct formula with the documented f32 angles;
@@ -65,7 +70,7 @@ static int n_isas(ie_isa_t *isas)
 }
 
 static const ie_dtype_t WTYPES[] = { IE_DTYPE_F32, IE_DTYPE_F16, IE_DTYPE_BF16,
-                                     IE_DTYPE_Q8_0, IE_DTYPE_Q4_0, IE_DTYPE_Q4_1 };
+                                     IE_DTYPE_Q8_0, IE_DTYPE_Q4_0, IE_DTYPE_Q4_1, IE_DTYPE_MXFP4 };
 
 static int is_block(ie_dtype_t t) { return ie_dtype_block_elems(t) == IE_QK; }
 
@@ -106,6 +111,11 @@ static double term_scale(ie_dtype_t wt, const void *wrow, const void *arow, int6
             dw = ie_f16_to_f32(wb->d);
             for (int j = 0; j < 16; j++)
                 sumi += abs(((wb->qs[j] & 15) - 8) * qa[j]) + abs(((wb->qs[j] >> 4) - 8) * qa[j + 16]);
+        } else if (wt == IE_DTYPE_MXFP4) {
+            const ie_block_mxfp4_t *wb = (const ie_block_mxfp4_t *)wrow + b;
+            dw = ldexp(1.0, wb->e - 128);
+            for (int j = 0; j < 16; j++)
+                sumi += abs(ie_mxfp4_kvalues[wb->qs[j] & 15] * qa[j]) + abs(ie_mxfp4_kvalues[wb->qs[j] >> 4] * qa[j + 16]);
         } else {
             const ie_block_q4_1_t *wb = (const ie_block_q4_1_t *)wrow + b;
             dw = ie_f16_to_f32(wb->d);
@@ -255,9 +265,9 @@ static void test_matmul_integer_exact(void)
     ie_isa_t isas[3];
     const int ni = n_isas(isas);
     const ie_f16_t one = ie_f32_to_f16(1.0f);
-    static const ie_dtype_t bt[] = { IE_DTYPE_Q8_0, IE_DTYPE_Q4_0, IE_DTYPE_Q4_1 };
+    static const ie_dtype_t bt[] = { IE_DTYPE_Q8_0, IE_DTYPE_Q4_0, IE_DTYPE_Q4_1, IE_DTYPE_MXFP4 };
     static const int64_t nins[] = { 32, 96, 160, 2080, 8320 };
-    for (size_t ti = 0; ti < 3; ti++) {
+    for (size_t ti = 0; ti < sizeof bt / sizeof bt[0]; ti++) {
         for (size_t ni_ = 0; ni_ < 5; ni_++) {
             const ie_dtype_t wt = bt[ti];
             const int64_t n_in = nins[ni_], nb = n_in / 32, n_out = 6, n_tok = 5;
@@ -297,6 +307,10 @@ static void test_matmul_integer_exact(void)
                         ie_block_q4_0_t *blk = (ie_block_q4_0_t *)(w + r * wb) + b;
                         blk->d = one;
                         for (int j = 0; j < 16; j++) blk->qs[j] = (uint8_t)rng_u32();
+                    } else if (wt == IE_DTYPE_MXFP4) {
+                        ie_block_mxfp4_t *blk = (ie_block_mxfp4_t *)(w + r * wb) + b;
+                        blk->e = 128; /* 2^(e-128) = 1: elements are the integers 2*E2M1 */
+                        for (int j = 0; j < 16; j++) blk->qs[j] = (uint8_t)rng_u32();
                     } else {
                         ie_block_q4_1_t *blk = (ie_block_q4_1_t *)(w + r * wb) + b;
                         blk->d = one;
@@ -334,6 +348,138 @@ static void test_matmul_integer_exact(void)
     }
 }
 
+/* ------------------------------------------------------------- mxfp4 */
+
+/* E2M1 from the code's bits, independently of ie_mxfp4_kvalues: sign bit 3,
+ * exponent bits 2-1 (bias 1), mantissa bit 0; exponent 0 is subnormal. */
+static double e2m1_value(int code)
+{
+    const int sgn = (code >> 3) & 1, ex = (code >> 1) & 3, m = code & 1;
+    const double mag = ex == 0 ? 0.5 * m : (1.0 + 0.5 * m) * ldexp(1.0, ex - 1);
+    return sgn ? -mag : mag;
+}
+
+static int same_float(float a, float b) { return a == b || (isnan(a) && isnan(b)); }
+
+/* Every byte value in both nibble positions, at scales across the whole
+ * exponent range (0 and 255 included), against the direct formula; then
+ * ggml's quantizer rule on crafted values; then matmul at the extreme
+ * exponents on every ISA. */
+static void test_mxfp4_values(void)
+{
+    CU_ASSERT_STRING_EQUAL(ie_dtype_name(IE_DTYPE_MXFP4), "mxfp4");
+    CU_ASSERT_EQUAL(ie_dtype_block_elems(IE_DTYPE_MXFP4), 32);
+    CU_ASSERT_EQUAL(ie_dtype_block_bytes(IE_DTYPE_MXFP4), 17);
+    CU_ASSERT_EQUAL(ie_dtype_row_bytes(IE_DTYPE_MXFP4, 2880), 90 * 17);
+    CU_ASSERT_EQUAL(ie_dtype_row_bytes(IE_DTYPE_MXFP4, 33), 0);
+    for (int c = 0; c < 16; c++) CU_ASSERT_EQUAL((double)ie_mxfp4_kvalues[c], 2.0 * e2m1_value(c));
+
+    static const int es[] = { 0, 1, 2, 3, 100, 126, 127, 128, 129, 200, 253, 254, 255 };
+    ie_block_mxfp4_t blk[16];
+    float y[16 * 32];
+    int bad = 0;
+    for (size_t ei = 0; ei < sizeof es / sizeof es[0]; ei++) {
+        for (int b = 0; b < 16; b++) {
+            blk[b].e = (uint8_t)es[ei];
+            for (int j = 0; j < 16; j++) blk[b].qs[j] = (uint8_t)(16 * b + j); /* all 256 bytes */
+        }
+        ie_dequantize_row(IE_DTYPE_MXFP4, blk, y, 16 * 32);
+        for (int b = 0; b < 16; b++)
+            for (int j = 0; j < 16; j++) {
+                const uint8_t byte = (uint8_t)(16 * b + j);
+                const float lo = (float)(e2m1_value(byte & 15) * ldexp(1.0, es[ei] - 127));
+                const float hi = (float)(e2m1_value(byte >> 4) * ldexp(1.0, es[ei] - 127));
+                if (!same_float(y[b * 32 + j], lo) || !same_float(y[b * 32 + j + 16], hi)) {
+                    if (bad < 3) printf("\n  mxfp4 e=%d byte 0x%02x: %g %g vs %g %g", es[ei], byte,
+                                        y[b * 32 + j], y[b * 32 + j + 16], lo, hi);
+                    bad++;
+                }
+                if (isnan(y[b * 32 + j]) || isnan(y[b * 32 + j + 16])) bad++; /* never NaN */
+                if ((byte & 15) == 8 && signbit(y[b * 32 + j])) bad++;        /* -0 code -> +0 */
+            }
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+    /* the edges, spelled out: e = 0 -> 2^-128 per table unit (subnormal),
+     * e = 255 -> 2^127 per unit, a plain exponent: 0.5 * 2^128 is finite,
+     * 1.0 * 2^128 overflows f32 to inf */
+    blk[0].e = 0;
+    blk[0].qs[0] = 0x71; /* element 0: code 1 (0.5), element 16: code 7 (6.0) */
+    ie_dequantize_row(IE_DTYPE_MXFP4, blk, y, 32);
+    CU_ASSERT(y[0] == 0x1p-128f && y[16] == 12.0f * 0x1p-128f);
+    blk[0].e = 255;
+    blk[0].qs[0] = 0xa1; /* code 1 (0.5), code 10 (-1.0) */
+    ie_dequantize_row(IE_DTYPE_MXFP4, blk, y, 32);
+    CU_ASSERT(y[0] == 0x1p127f && isinf(y[16]) && y[16] < 0);
+    CU_ASSERT_EQUAL(ie_e8m0_half_to_f32(0), 0x1p-128f);
+    CU_ASSERT_EQUAL(ie_e8m0_half_to_f32(1), 0x1p-127f);
+    CU_ASSERT_EQUAL(ie_e8m0_half_to_f32(128), 1.0f);
+    CU_ASSERT_EQUAL(ie_e8m0_half_to_f32(255), 0x1p127f);
+
+    /* quantizer: amax 6 -> e = floor(log2 6) + 125 = 127 (unit 1); ties go to
+     * the smaller magnitude, above 6 saturates, -tiny -> +0 (code 0) */
+    static const struct { float x; int code; } qc[] = {
+        { 0.0f, 0 }, { 0.25f, 0 }, { 0.26f, 1 }, { 1.25f, 2 }, { 1.3f, 3 }, { 2.5f, 4 }, { 3.5f, 5 },
+        { 5.0f, 6 }, { 5.1f, 7 }, { 6.0f, 7 }, { -0.25f, 0 }, { -0.01f, 0 }, { -1.25f, 10 },
+        { -5.0f, 14 }, { -6.0f, 15 }, { 0.75f, 1 }, { -0.75f, 9 }, { 1.75f, 3 }, { 2.9f, 5 },
+    };
+    const int nqc = (int)(sizeof qc / sizeof qc[0]);
+    float xq[32] = { 0 };
+    for (int j = 0; j < nqc; j++) xq[j] = qc[j].x;
+    xq[31] = 7.9f; /* amax 7.9: still unit 1 (floor(log2 7.9) = 2), saturates to 6 */
+    ie_block_mxfp4_t qb;
+    CU_ASSERT_EQUAL(ie_quantize_row(IE_DTYPE_MXFP4, xq, &qb, 32), 0);
+    CU_ASSERT_EQUAL(qb.e, 127);
+    for (int j = 0; j < nqc; j++) {
+        const int code = j < 16 ? qb.qs[j] & 15 : qb.qs[j - 16] >> 4;
+        if (code != qc[j].code) printf("\n  mxfp4 quantize %g: code %d, want %d", qc[j].x, code, qc[j].code);
+        CU_ASSERT_EQUAL(code, qc[j].code);
+    }
+    CU_ASSERT_EQUAL(qb.qs[15] >> 4, 7);
+    /* all zero -> e = 0, codes 0; tiny amax clamps e at 0; 2^127 -> e = 252 */
+    for (int j = 0; j < 32; j++) xq[j] = 0.0f;
+    ie_quantize_row(IE_DTYPE_MXFP4, xq, &qb, 32);
+    CU_ASSERT(qb.e == 0 && qb.qs[0] == 0 && qb.qs[15] == 0);
+    xq[3] = 1e-40f;
+    ie_quantize_row(IE_DTYPE_MXFP4, xq, &qb, 32);
+    CU_ASSERT_EQUAL(qb.e, 0);
+    xq[3] = 0x1p127f;
+    ie_quantize_row(IE_DTYPE_MXFP4, xq, &qb, 32);
+    CU_ASSERT(qb.e == 252 && (qb.qs[3] & 15) == 6); /* 2^127 = 4.0 * 2^(252-127) */
+
+    /* matmul at e = 0 and e = 255 (with activations small enough that the
+     * result stays finite): every ISA against ref */
+    ie_isa_t isas[3];
+    const int ni = n_isas(isas);
+    for (int edge = 0; edge < 2; edge++) {
+        const int64_t n_in = 160, n_out = 9, n_tok = 3;
+        const size_t wb = ie_dtype_row_bytes(IE_DTYPE_MXFP4, n_in), as = ie_dtype_row_bytes(IE_DTYPE_Q8_0, n_in);
+        uint8_t *w = malloc(wb * n_out), *a = malloc(as * n_tok);
+        float xf[160], yr[27], yg[27];
+        rng_seed(600 + edge);
+        for (int64_t r = 0; r < n_out; r++) {
+            ie_block_mxfp4_t *bl = (ie_block_mxfp4_t *)(w + r * wb);
+            for (int b = 0; b < 5; b++) {
+                bl[b].e = edge ? (b % 2 ? 255 : 254) : (b % 2 ? 0 : 1);
+                for (int j = 0; j < 16; j++) bl[b].qs[j] = (uint8_t)rng_u32();
+            }
+        }
+        for (int64_t t = 0; t < n_tok; t++) {
+            for (int k = 0; k < 160; k++) xf[k] = rng_f() * (edge ? 1e-5f : 1.0f);
+            ie_act_quantize_ref(IE_DTYPE_Q8_0, xf, a + t * as, n_in);
+        }
+        ie_matmul_ref(IE_DTYPE_MXFP4, w, n_in, 0, n_out, a, as, n_tok, yr, n_out);
+        for (int i = 0; i < ni; i++) {
+            ie_kernels_get(isas[i])->matmul(IE_DTYPE_MXFP4, w, n_in, 0, n_out, a, as, n_tok, yg, n_out);
+            for (int k = 0; k < 27; k++) {
+                const int t = k / 9, r = k % 9;
+                const double tol = 1e-5 * term_scale(IE_DTYPE_MXFP4, w + r * wb, a + t * as, n_in);
+                CU_ASSERT(isfinite(yr[k]) && fabs((double)yg[k] - yr[k]) <= tol);
+            }
+        }
+        free(w); free(a);
+    }
+}
+
 static void test_matmul_unsupported(void)
 {
     ie_isa_t isas[3];
@@ -352,6 +498,7 @@ static void test_matmul_unsupported(void)
     CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_Q4_0), IE_DTYPE_Q8_0);
     CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_Q8_0), IE_DTYPE_Q8_0);
     CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_Q4_1), IE_DTYPE_Q8_1);
+    CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_MXFP4), IE_DTYPE_Q8_0);
 }
 
 /* ------------------------------------------------------- act_quantize */
@@ -410,7 +557,7 @@ static void test_quant_roundtrip(void)
     float *x = malloc((size_t)n * sizeof(float)), *x2 = malloc((size_t)n * sizeof(float));
     uint8_t *q = malloc((size_t)n * 4);
     static const ie_dtype_t ts[] = { IE_DTYPE_F32, IE_DTYPE_F16, IE_DTYPE_BF16, IE_DTYPE_Q8_0,
-                                     IE_DTYPE_Q8_1, IE_DTYPE_Q4_0, IE_DTYPE_Q4_1 };
+                                     IE_DTYPE_Q8_1, IE_DTYPE_Q4_0, IE_DTYPE_Q4_1, IE_DTYPE_MXFP4 };
     rng_seed(31337);
     fill(x, n);
     for (size_t ti = 0; ti < sizeof ts / sizeof ts[0]; ti++) {
@@ -442,6 +589,15 @@ static void test_quant_roundtrip(void)
                 case IE_DTYPE_Q4_0: {
                     const float d = amax / 8.0f;
                     bound = d + 8.0f * d * 0x1p-10f + 1e-7f * amax;
+                    break;
+                }
+                case IE_DTYPE_MXFP4: {
+                    const uint8_t e8 = ((const ie_block_mxfp4_t *)q)[b].e;
+                    const float sc = ldexpf(1.0f, e8 - 127), av = fabsf(v);
+                    /* the documented exponent rule; amax/s in [4, 8) */
+                    if (e8 != (uint8_t)((int)floorf(log2f(amax)) + 125) || amax < 4 * sc || amax >= 8 * sc) bad++;
+                    bound = av > 6 * sc ? av - 6 * sc : av < 2 * sc ? 0.25f * sc : av < 4 * sc ? 0.5f * sc : sc;
+                    bound += 1e-6f * amax;
                     break;
                 }
                 default: { /* Q4_1 */
@@ -703,6 +859,7 @@ int main(void)
     CU_add_test(s, "matmul unsupported types", test_matmul_unsupported);
     CU_add_test(s, "act_quantize bit-exact", test_act_quantize_bitexact);
     CU_add_test(s, "quantize/dequantize bounds", test_quant_roundtrip);
+    CU_add_test(s, "mxfp4 values, edges, quantizer rule", test_mxfp4_values);
     CU_add_test(s, "f16/bf16 all 65536 values", test_half_conversions);
     CU_add_test(s, "f32->f16 vs F16C", test_f16_vs_hardware);
     CU_add_test(s, "softmax rmsnorm swiglu dot axpy", test_softmax_rmsnorm_swiglu);

@@ -16,7 +16,10 @@
  *             saturation: |lo + hi + corr| <= 2*2*15*127 + 8*4*127 < 32767);
  *       q8_0: |w| x sign(a, w), lo and hi widened to i32 separately
  *             (|pairs| <= 2*128*127 < 32767);
- *       q4_1: nibbles x a, plus m_w*s_a in lane 0 of each block.
+ *       q4_1: nibbles x a, plus m_w*s_a in lane 0 of each block;
+ *       mxfp4: codes -> 2*E2M1 + 12 in 0..24 by a vpshufb table (unsigned),
+ *             x a, plus -12 * the pair sums of a (|p| <= 4*24*127 + 4*12*127
+ *             < 32767), scaled by 2^(e-128) * d_a.
  *     The integer part of each partial sum is exact.
  * Weights are prefetched into L2 8 rows ahead (see matmul_avx512.c).
  */
@@ -37,6 +40,7 @@ IE_INLINE size_t blk_bytes(ie_dtype_t t)
     case IE_DTYPE_Q8_1: return sizeof(ie_block_q8_1_t);
     case IE_DTYPE_Q4_0: return sizeof(ie_block_q4_0_t);
     case IE_DTYPE_Q4_1: return sizeof(ie_block_q4_1_t);
+    case IE_DTYPE_MXFP4: return sizeof(ie_block_mxfp4_t);
     case IE_DTYPE_F32: return 4;
     default: return 2; /* f16, bf16 */
     }
@@ -193,8 +197,8 @@ IE_INLINE __m256 f16_pair(uint16_t v0, uint16_t v1)
 
 /* Pack activation blocks b0 and b1 (b1 NULL past the end) into 128 bytes:
  * alo = [b0 q0..15 | b1 q0..15], ahi = [b0 q16..31 | b1 q16..31],
- * da = [d0 x4 | d1 x4], aux = q4_0: -8 * (pair sums of alo + ahi) as the
- * int16 lanes of vpmaddubsw; q4_1: f32 [s0 0 0 0 | s1 0 0 0]. */
+ * da = [d0 x4 | d1 x4], aux = q4_0 (mxfp4): -8 (-12) * (pair sums of
+ * alo + ahi) as the int16 lanes of vpmaddubsw; q4_1: f32 [s0 0 0 0 | s1 0 0 0]. */
 IE_INLINE void pack_pair(ie_dtype_t wt, const uint8_t *b0, const uint8_t *b1, uint8_t *dst)
 {
     const int qo = wt == IE_DTYPE_Q4_1 ? 4 : 2;
@@ -207,8 +211,8 @@ IE_INLINE void pack_pair(ie_dtype_t wt, const uint8_t *b0, const uint8_t *b1, ui
     _mm256_store_si256((__m256i *)(dst + 32), ahi);
     _mm256_store_ps((float *)(dst + 64), f16_pair(ld16(b0), b1 ? ld16(b1) : 0));
     __m256i aux = _mm256_setzero_si256();
-    if (wt == IE_DTYPE_Q4_0) {
-        const __m256i eight = _mm256_set1_epi8(8);
+    if (wt == IE_DTYPE_Q4_0 || wt == IE_DTYPE_MXFP4) {
+        const __m256i eight = _mm256_set1_epi8(wt == IE_DTYPE_MXFP4 ? 12 : 8);
         aux = _mm256_sub_epi16(aux, _mm256_add_epi16(_mm256_maddubs_epi16(eight, alo),
                                                      _mm256_maddubs_epi16(eight, ahi)));
     } else if (wt == IE_DTYPE_Q4_1) {
@@ -237,6 +241,19 @@ IE_INLINE wpair_t wpair_load(ie_dtype_t wt, const uint8_t *p, int both)
         w.ulo = _mm256_abs_epi8(w.lo);
         w.uhi = _mm256_abs_epi8(w.hi);
         w.m = _mm256_setzero_ps();
+    } else if (wt == IE_DTYPE_MXFP4) {
+        /* 2*E2M1(code) + 12: unsigned for vpmaddubsw; the +12 is undone by aux */
+        const __m256i lut = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                             12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+        const __m256i qs = _mm256_set_m128i(both ? _mm_loadu_si128((const __m128i *)(p1 + 1)) : z,
+                                            _mm_loadu_si128((const __m128i *)(p + 1)));
+        const __m256i m4 = _mm256_set1_epi8(0x0f);
+        w.lo = w.ulo = _mm256_shuffle_epi8(lut, _mm256_and_si256(qs, m4));
+        w.hi = w.uhi = _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(qs, 4), m4));
+        w.m = _mm256_setzero_ps();
+        w.d = _mm256_set_m128(_mm_set1_ps(both ? ie_e8m0_half_to_f32(p1[0]) : 0.0f),
+                              _mm_set1_ps(ie_e8m0_half_to_f32(p[0])));
+        return w;
     } else {
         const int qo = wt == IE_DTYPE_Q4_1 ? 4 : 2;
         const __m256i qs = _mm256_set_m128i(both ? _mm_loadu_si128((const __m128i *)(p1 + qo)) : z,
@@ -280,7 +297,7 @@ IE_INLINE void qstep(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, i
             } else {
                 __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(wv[r].ulo, alo),
                                              _mm256_maddubs_epi16(wv[r].uhi, ahi));
-                if (wt == IE_DTYPE_Q4_0) p = _mm256_add_epi16(p, aux);
+                if (wt == IE_DTYPE_Q4_0 || wt == IE_DTYPE_MXFP4) p = _mm256_add_epi16(p, aux);
                 s = _mm256_madd_epi16(p, ones16);
             }
             acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(wv[r].d, da), acc[r][t]);
@@ -329,6 +346,7 @@ typedef void (*qtile_fn)(const uint8_t *w, size_t wb, int64_t npairs, int odd,
 QTILES(IE_DTYPE_Q8_0, q8_0)
 QTILES(IE_DTYPE_Q4_0, q4_0)
 QTILES(IE_DTYPE_Q4_1, q4_1)
+QTILES(IE_DTYPE_MXFP4, mxfp4)
 
 static void matmul_block(ie_dtype_t wt, const qtile_fn tiles[2][QT + 1], const void *w,
                          int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
@@ -377,6 +395,8 @@ int ie_matmul_avx2(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, in
     case IE_DTYPE_Q8_0: matmul_block(wtype, qtiles_q8_0, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
     case IE_DTYPE_Q4_0: matmul_block(wtype, qtiles_q4_0, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
     case IE_DTYPE_Q4_1: matmul_block(wtype, qtiles_q4_1, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
+    /* ie_matmul_mxfp4_q8_0_avx2 */
+    case IE_DTYPE_MXFP4: matmul_block(wtype, qtiles_mxfp4, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
     default: return -1;
     }
 }

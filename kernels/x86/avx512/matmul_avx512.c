@@ -28,7 +28,11 @@
  * the f32 accumulate. vpdpbusd multiplies unsigned by signed bytes:
  *   q4_0: nibbles 0..15 unsigned, the -8 offset becomes -8*sum(a) per block;
  *   q8_0: w xor 0x80 = w+128 unsigned, corrected by -128*sum(a) per block;
- *   q4_1: nibbles unsigned, no offset; m_w*s_a added per block in f32.
+ *   q4_1: nibbles unsigned, no offset; m_w*s_a added per block in f32;
+ *   mxfp4: codes mapped by vpshufb to 2*E2M1 + 12 in 0..24 (unsigned), the
+ *         +12 offset becomes -12*sum(a); d_w = 2^(e-128) built from the
+ *         exponent bits (exact for every e, subnormal for e < 2). 17-byte
+ *         blocks: see IDX_MXFP4_QS for the gather.
  * The corrections are computed once per activation group when the
  * activations are packed (below) and seed the vpdpbusd accumulator, so the
  * integer part of each block product is exact, as in the reference.
@@ -56,6 +60,7 @@ IE_INLINE size_t blk_bytes(ie_dtype_t t)
     case IE_DTYPE_Q8_1: return sizeof(ie_block_q8_1_t);
     case IE_DTYPE_Q4_0: return sizeof(ie_block_q4_0_t);
     case IE_DTYPE_Q4_1: return sizeof(ie_block_q4_1_t);
+    case IE_DTYPE_MXFP4: return sizeof(ie_block_mxfp4_t);
     case IE_DTYPE_F32: return 4;
     default: return 2; /* f16, bf16 */
     }
@@ -244,6 +249,17 @@ IE_INLINE void q8_gather(int is_q8_1, const uint8_t *p, int full, int valid,
     *ds = _mm512_permutex2var_epi16(z0, IDX(is_q8_1 ? IDX_Q8_1_DS : IDX_Q8_0_D), z1);
 }
 
+/* mxfp4 (68-byte groups, blocks at 0, 17, 34, 51; qs at +1): the qs of
+ * blocks 0 and 2 start at even bytes of a load at +1, those of blocks 1
+ * and 3 at even bytes of a load at +4, so one vpermt2w gathers the lo/hi
+ * layout (same rule as the tables above). E: dword j takes, as its high
+ * word, the word of the load at +0 that holds e of block j%4 (low byte for
+ * even blocks, high byte for odd ones); rotating by ROT puts e at bits
+ * 23..30. */
+static const uint16_t IDX_MXFP4_QS[32] __attribute__((aligned(64))) = {0, 1, 39, 40, 17, 18, 56, 57, 2, 3, 41, 42, 19, 20, 58, 59, 4, 5, 43, 44, 21, 22, 60, 61, 6, 7, 45, 46, 23, 24, 62, 63};
+static const uint16_t IDX_MXFP4_E[32] __attribute__((aligned(64))) = {0, 0, 8, 8, 17, 17, 25, 25, 0, 0, 8, 8, 17, 17, 25, 25, 0, 0, 8, 8, 17, 17, 25, 25, 0, 0, 8, 8, 17, 17, 25, 25};
+static const int32_t ROT_MXFP4_E[16] __attribute__((aligned(64))) = {7, 31, 7, 31, 7, 31, 7, 31, 7, 31, 7, 31, 7, 31, 7, 31};
+
 /* Unpacked weights of one group for one row. */
 typedef struct { __m512i lo, hi; __m512 d, m; } wgroup_t;
 
@@ -251,7 +267,23 @@ IE_INLINE wgroup_t wgroup_load(ie_dtype_t wt, const uint8_t *p, int full, int va
 {
     wgroup_t g;
     const __m512i m4 = _mm512_set1_epi8(0x0f);
-    if (wt == IE_DTYPE_Q8_0) {
+    if (wt == IE_DTYPE_MXFP4) {
+        const __m512i qs = _mm512_permutex2var_epi16(gload(p, 1, full, valid), IDX(IDX_MXFP4_QS),
+                                                     gload(p, 4, full, valid));
+        const __m512i lut = _mm512_broadcast_i32x4(
+            _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+        g.lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(qs, m4));
+        g.hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(qs, 4), m4));
+        /* 2^(e-128) from eb = e << 23: eb - 2^23 for e >= 2, and the
+         * subnormals 2^-128, 2^-127 = bits 2^21 + eb/4 for e = 0, 1 */
+        __m512i eb = _mm512_permutexvar_epi16(IDX(IDX_MXFP4_E), gload(p, 0, full, valid));
+        eb = _mm512_and_si512(_mm512_rolv_epi32(eb, IDX(ROT_MXFP4_E)), _mm512_set1_epi32(0x7f800000));
+        const __mmask16 small = _mm512_cmplt_epu32_mask(eb, _mm512_set1_epi32(0x01000000));
+        const __m512i bits = _mm512_mask_add_epi32(_mm512_sub_epi32(eb, _mm512_set1_epi32(0x00800000)), small,
+                                                   _mm512_srli_epi32(eb, 2), _mm512_set1_epi32(0x00200000));
+        g.d = _mm512_castsi512_ps(bits);
+        g.m = _mm512_setzero_ps();
+    } else if (wt == IE_DTYPE_Q8_0) {
         __m512i ds;
         q8_gather(0, p, full, valid, &g.lo, &g.hi, &ds);
         const __m512i bias = _mm512_set1_epi8((char)0x80);
@@ -287,7 +319,9 @@ IE_INLINE void pack_group(ie_dtype_t wt, const uint8_t *p, int full, int valid, 
         const __m512i ones = _mm512_set1_epi8(1);
         __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, lo);
         s = _mm512_dpbusd_epi32(s, ones, hi); /* partial sums of a, per block lane */
-        s = wt == IE_DTYPE_Q4_0 ? _mm512_slli_epi32(s, 3) : _mm512_slli_epi32(s, 7);
+        s = wt == IE_DTYPE_Q4_0 ? _mm512_slli_epi32(s, 3)
+            : wt == IE_DTYPE_MXFP4 ? _mm512_mullo_epi32(s, _mm512_set1_epi32(12))
+                                   : _mm512_slli_epi32(s, 7);
         aux = _mm512_sub_epi32(_mm512_setzero_si512(), s);
     }
     _mm512_store_si512((void *)dst, lo);
@@ -307,8 +341,7 @@ IE_INLINE void pack_group(ie_dtype_t wt, const uint8_t *p, int full, int valid, 
 IE_INLINE void qstep(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, int full,
                      int valid, const uint8_t *pk, size_t ps, __m512 acc[QR][QT])
 {
-    const size_t gb = 4 * (wt == IE_DTYPE_Q8_0 ? sizeof(ie_block_q8_0_t)
-                           : wt == IE_DTYPE_Q4_1 ? sizeof(ie_block_q4_1_t) : sizeof(ie_block_q4_0_t));
+    const size_t gb = 4 * blk_bytes(wt);
     wgroup_t g[QR];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
@@ -378,6 +411,7 @@ typedef void (*qtile_fn)(const uint8_t *w, size_t wb, int64_t ngf, int tail_vali
 QTILES(IE_DTYPE_Q8_0, q8_0)
 QTILES(IE_DTYPE_Q4_0, q4_0)
 QTILES(IE_DTYPE_Q4_1, q4_1)
+QTILES(IE_DTYPE_MXFP4, mxfp4)
 
 /* Pack blocks [kb0, kb0+nbc) of tokens t0..t0+tt-1 into pk (PK_STRIDE apart). */
 IE_INLINE void pack_tokens(ie_dtype_t wt, const void *a, size_t as, int64_t t0, int tt,
@@ -441,6 +475,12 @@ static void matmul_q4_1(const void *w, int64_t n_in, int64_t r0, int64_t r1, con
     matmul_block(IE_DTYPE_Q4_1, qtiles_q4_1, w, n_in, r0, r1, a, as, n_tok, y, ldy);
 }
 
+static void matmul_mxfp4_q8_0(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a,
+                              size_t as, int64_t n_tok, float *y, int64_t ldy)
+{
+    matmul_block(IE_DTYPE_MXFP4, qtiles_mxfp4, w, n_in, r0, r1, a, as, n_tok, y, ldy);
+}
+
 int ie_matmul_avx512(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, int64_t r1,
                      const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
 {
@@ -452,6 +492,7 @@ int ie_matmul_avx512(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, 
     case IE_DTYPE_Q8_0: matmul_q8_0(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
     case IE_DTYPE_Q4_0: matmul_q4_0(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
     case IE_DTYPE_Q4_1: matmul_q4_1(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
+    case IE_DTYPE_MXFP4: matmul_mxfp4_q8_0(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
     default: return -1;
     }
 }
