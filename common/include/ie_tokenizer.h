@@ -1,7 +1,8 @@
 /* ie_tokenizer.h — text <-> token ids.
  *
  * Two algorithms, each loadable from GGUF metadata (tokenizer.ggml.*) and
- * from a Hugging Face tokenizer.json:
+ * from a Hugging Face tokenizer.json (byte-level BPE also from a tiktoken
+ * ranks file):
  *   - byte-level BPE (GPT-2 style; SmolLM2, GPT-2, o200k): pre-tokenizer
  *     regexes run through PCRE2 with Unicode properties (UCP), bytes mapped to
  *     printable code points, merges applied by rank;
@@ -40,6 +41,22 @@ enum {
  * unknown tokens), IE_ERR_UNSUPPORTED (a model type, normalizer or
  * pre-tokenizer we do not implement; the message names it). */
 ie_status_t ie_tokenizer_load(const char *path, ie_tokenizer_t **out);
+/* A path ending in ".tiktoken" is a tiktoken ranks file (see below); the
+ * special-token table IE_TIKTOKEN_SPECIALS in the same directory is read
+ * with it when present. */
+#define IE_TIKTOKEN_SPECIALS "o200k_harmony_special_tokens.json"
+
+/* Load a tiktoken ranks file ("BASE64 RANK" per line; rank = id; merges
+ * implied: the adjacent pair whose concatenation has the lowest rank joins
+ * first) with the o200k pre-tokenizer, plus an optional special-token table
+ * (specials_path may be NULL): a JSON object {"special_tokens": {"<|x|>":
+ * id, ...}, "n_vocab": N?, "pattern": "regex"?} or a bare {"<|x|>": id}.
+ * Special tokens are control tokens; BOS is <|startoftext|>, EOS
+ * <|endoftext|> (never added); <|return|> and <|call|> also end a turn.
+ * Gives the same ids as gpt-oss's tokenizer.json. Caller owns *out.
+ * Errors: IE_ERR_IO, IE_ERR_FORMAT (bad line, base64, rank, duplicate id,
+ * a missing single byte, bad JSON), IE_ERR_UNSUPPORTED (pattern). */
+ie_status_t ie_tokenizer_load_tiktoken(const char *ranks_path, const char *specials_path, ie_tokenizer_t **out);
 
 /* Free the tokenizer and set *self_p to NULL. Accepts NULL. */
 void ie_tokenizer_destroy(ie_tokenizer_t **self_p);

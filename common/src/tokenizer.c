@@ -333,6 +333,18 @@ ie_status_t ie_tokenizer_load(const char *path, ie_tokenizer_t **out)
         st = ie_tok_load_json(json, config, out);
     } else if (file_is_gguf(path) || ends_with(path, ".gguf")) {
         st = ie_tok_load_gguf(path, out);
+    } else if (ends_with(path, ".tiktoken")) {
+        /* the harmony special-token table next to the ranks, if any */
+        const char *slash = strrchr(path, '/');
+        size_t dlen = slash ? (size_t)(slash - path) + 1 : 0;
+        json = malloc(dlen + sizeof IE_TIKTOKEN_SPECIALS);
+        if (!json) {
+            st = ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory");
+            goto cleanup;
+        }
+        memcpy(json, path, dlen);
+        memcpy(json + dlen, IE_TIKTOKEN_SPECIALS, sizeof IE_TIKTOKEN_SPECIALS);
+        st = ie_tokenizer_load_tiktoken(path, stat(json, &sb) == 0 ? json : NULL, out);
     } else {
         /* tokenizer_config.json next to the file, if any */
         const char *slash = strrchr(path, '/');
@@ -498,7 +510,8 @@ static ie_status_t try_pair(enc_t *e, const char *w, int32_t l)
         if (id < 0) {
             return IE_OK;
         }
-        h.prio = -(double)t->tokens[id].score;
+        /* tiktoken: the rank (= id) of the joined bytes; SPM: best score */
+        h.prio = t->merge_mode == IE_TOK_MERGE_TIKTOKEN ? (double)id : -(double)t->tokens[id].score;
         h.merged = id;
     }
     return heap_push(e, h);

@@ -2,7 +2,7 @@
  *
  *   tokenizer.ggml.model   "gpt2"  -> byte-level BPE, merges by rank
  *                          "llama" -> SentencePiece-style BPE, merges by score
- *   tokenizer.ggml.pre     gpt2 only: "gpt-2" (or absent) and "smollm"
+ *   tokenizer.ggml.pre     gpt2 only: "gpt-2" (or absent), "smollm", "gpt-4o"/"o200k"
  *   tokenizer.ggml.tokens / scores / token_type / merges
  *   tokenizer.ggml.{bos,eos,eot,eom,unknown,padding}_token_id
  *   tokenizer.ggml.add_bos_token / add_eos_token / add_space_prefix
@@ -23,12 +23,17 @@
 typedef struct pre_def {
     const char *name;
     const char *regex[4]; /* applied in order, each with "Isolated" */
+    int own_regex;        /* 1: regex[] replaces the GPT-2 regex, and a
+                             piece that is a whole token skips BPE (HF
+                             ignore_merges, as tiktoken does) */
 } pre_def_t;
 
 static const pre_def_t PRE_DEFS[] = {
-    {"gpt-2", {NULL}},            /* NULL first entry: GPT-2 regex only */
-    {"gpt2", {NULL}},
-    {"smollm", {"\\p{N}", NULL}}, /* HF Digits(individual_digits) + ByteLevel */
+    {"gpt-2", {NULL}, 0},            /* NULL first entry: GPT-2 regex only */
+    {"gpt2", {NULL}, 0},
+    {"smollm", {"\\p{N}", NULL}, 0}, /* HF Digits(individual_digits) + ByteLevel */
+    {"gpt-4o", {NULL}, 1},           /* o200k (GPT-4o, gpt-oss): IE_TOK_RE_O200K */
+    {"o200k", {NULL}, 1},
 };
 
 static int key_present(const ie_gguf_t *g, const char *key)
@@ -326,7 +331,7 @@ ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
             }
             if (!pre) {
                 st = ie_error_set(IE_ERR_UNSUPPORTED,
-                                  "tokenizer: pre-tokenizer tokenizer.ggml.pre = '%.*s' not supported (gpt-2, smollm)",
+                                  "tokenizer: pre-tokenizer tokenizer.ggml.pre = '%.*s' not supported (gpt-2, smollm, gpt-4o)",
                                   (int)(p.len > 64 ? 64 : p.len), p.ptr);
                 goto cleanup;
             }
@@ -339,7 +344,9 @@ ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
             }
         }
         pcre2_code *re = NULL;
-        if ((st = ie_tok_regex_compile(IE_TOK_RE_GPT2, strlen(IE_TOK_RE_GPT2), 0, &re)) != IE_OK ||
+        const char *main_re = pre->own_regex ? IE_TOK_RE_O200K : IE_TOK_RE_GPT2;
+        t->ignore_merges = pre->own_regex;
+        if ((st = ie_tok_regex_compile(main_re, strlen(main_re), 0, &re)) != IE_OK ||
             (st = ie_tok_add_step(t, re, IE_SPLIT_ISOLATED, 0)) != IE_OK) {
             goto cleanup;
         }

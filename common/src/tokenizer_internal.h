@@ -5,6 +5,7 @@
  *   tokenizer_pretok.c  pre-tokenizer steps (PCRE2 regex splits) and UTF-8 helpers
  *   tokenizer_gguf.c    loader for tokenizer.ggml.* metadata
  *   tokenizer_json.c    loader for Hugging Face tokenizer.json (+ tokenizer_config.json)
+ *   tokenizer_tiktoken.c loader for tiktoken ranks files (+ special-token table)
  *
  * Loaders fill an ie_tokenizer_t through the ie_tok_* builder functions and
  * finish with ie_tok_finalize(), which builds every lookup structure. After
@@ -49,7 +50,9 @@ typedef enum ie_tok_algo {
  * the merged token (higher first, SentencePiece / GGUF llama). */
 typedef enum ie_tok_merge_mode {
     IE_TOK_MERGE_RANK = 1,
-    IE_TOK_MERGE_SCORE = 2
+    IE_TOK_MERGE_SCORE = 2,
+    IE_TOK_MERGE_TIKTOKEN = 3 /* no merge list: a pair joins when its
+                                 concatenation is a token, lowest id first */
 } ie_tok_merge_mode_t;
 
 /* When a segment gets the prefix (U+2581 or ' '). */
@@ -124,6 +127,9 @@ typedef struct ie_tok_spans {
 
 /* The GPT-2 pre-tokenizer regex (the one HF's ByteLevel uses). */
 extern const char *const IE_TOK_RE_GPT2;
+/* The o200k (GPT-4o / gpt-oss) pre-tokenizer regex, as tiktoken and
+ * gpt-oss's tokenizer.json spell it. */
+extern const char *const IE_TOK_RE_O200K;
 
 /* Compile `pattern` (Oniguruma/HF syntax; \s and \S are rewritten to the
  * Unicode White_Space property as Oniguruma defines them) or, when

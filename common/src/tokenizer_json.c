@@ -847,7 +847,14 @@ ie_status_t ie_tok_load_json(const char *json_path, const char *config_path, ie_
         goto cleanup;
     }
     if (t->algo == IE_TOK_ALGO_BYTE_BPE) {
+        /* Harmony (gpt-oss, recognised by <|channel|>): <|end|> closes one
+         * message and generation goes on with the next, so only <|return|>
+         * and <|call|> end the turn there. */
+        int harmony = find_token(t, "<|channel|>") >= 0;
         for (size_t k = 0; k < sizeof EOG_NAMES / sizeof EOG_NAMES[0]; k++) {
+            if (harmony && strcmp(EOG_NAMES[k], "<|end|>") == 0) {
+                continue;
+            }
             if ((st = ie_tok_add_eog(t, find_token(t, EOG_NAMES[k]))) != IE_OK) {
                 goto cleanup;
             }

@@ -17,6 +17,17 @@
 const char *const IE_TOK_RE_GPT2 =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
+/* o200k: words are an optional non-letter prefix, then upper-case-ish and
+ * lower-case-ish runs (so "HelloWorld" splits in two) with case-insensitive
+ * English contractions; numbers in groups of at most 3 digits; punctuation
+ * runs keep trailing newlines and slashes. */
+const char *const IE_TOK_RE_O200K =
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    "|[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*"
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+
 /* ---------------------------------------------------------------- spans */
 
 ie_status_t ie_tok_spans_push(ie_tok_spans_t *s, uint32_t off, uint32_t len)

@@ -16,7 +16,9 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: inference-engine tokenize --tokenizer PATH [--no-bos] [--parse-special] [--lines]\n"
             "  Reads UTF-8 text from stdin and prints {\"ids\":[...]}.\n"
-            "  --tokenizer PATH  GGUF file, tokenizer.json, or a directory holding tokenizer.json\n"
+            "  --tokenizer PATH  GGUF file, tokenizer.json, a directory holding tokenizer.json,\n"
+            "                    or a tiktoken ranks file (*.tiktoken; special tokens from\n"
+            "                    " IE_TIKTOKEN_SPECIALS " beside it)\n"
             "  --no-bos          add no BOS/EOS tokens\n"
             "  --parse-special   treat special-token text (e.g. <|im_start|>) as those tokens\n"
             "  --lines           tokenize each input line separately (without its newline)\n");

@@ -9,7 +9,11 @@ Every line is tokenized by our CLI with --lines --no-bos and compared with:
     tests/reference/make_llama_spm_reference.py; ours loads the GGUF;
   * SmolLM2: HF `tokenizers` on tests/data/smollm2_tokenizer.json (made by
     tests/reference/make_smollm2_tokenizer_json.py); ours loads the model's
-    GGUF (models/, from scripts/setup.sh) and the same tokenizer.json.
+    GGUF (models/, from scripts/setup.sh) and the same tokenizer.json;
+  * gpt-oss (o200k_harmony): HF `tokenizers` on gpt-oss's tokenizer.json
+    (tests/data/gptoss_tokenizer.json.xz, decompressed to a temp dir); ours
+    loads that same json AND tests/data/o200k_base.tiktoken with the
+    special-token table beside it; both must give HF's ids.
 Plus special-token parsing on/off, whole-file encoding, CLI exit codes.
 
 The binary comes from $IE_BIN (default build/inference-engine).
@@ -32,6 +36,8 @@ LLAMA2_JSON = DATA / "llama2_tokenizer.json"
 SPM_GGUF = DATA / "ggml-vocab-llama-spm.gguf"
 SMOL_JSON = DATA / "smollm2_tokenizer.json"
 SMOL_GGUF = ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+GPTOSS_JSON_XZ = DATA / "gptoss_tokenizer.json.xz"
+O200K_TIKTOKEN = DATA / "o200k_base.tiktoken"  # + o200k_harmony_special_tokens.json beside it
 
 sys.path.insert(0, str(ROOT / "tests" / "reference"))
 
@@ -108,6 +114,15 @@ def hf_smol():
     return tokenizers.Tokenizer.from_file(str(SMOL_JSON))
 
 
+@pytest.fixture(scope="module")
+def gptoss(tmp_path_factory):
+    """(path of the decompressed gpt-oss tokenizer.json, HF tokenizer on it)."""
+    import lzma
+    path = tmp_path_factory.mktemp("gptoss") / "gptoss_tokenizer.json"
+    path.write_bytes(lzma.decompress(GPTOSS_JSON_XZ.read_bytes()))
+    return path, tokenizers.Tokenizer.from_file(str(path))
+
+
 def hf_encode(tok):
     return lambda lines: [e.ids for e in tok.encode_batch(lines, add_special_tokens=False)]
 
@@ -136,6 +151,45 @@ def test_austen_smollm2_gguf(hf_smol):
 
 def test_austen_smollm2_json(hf_smol):
     compare("SmolLM2 tokenizer.json vs HF", SMOL_JSON, hf_encode(hf_smol))
+
+
+def test_austen_gptoss_json(gptoss):
+    path, hf = gptoss
+    compare("gpt-oss tokenizer.json vs HF", path, hf_encode(hf))
+
+
+def test_austen_o200k_tiktoken(gptoss):
+    _, hf = gptoss
+    compare("o200k tiktoken+specials vs HF gpt-oss", O200K_TIKTOKEN, hf_encode(hf))
+
+
+HARMONY_LINE = ("<|start|>system<|message|>You are ChatGPT.<|end|><|start|>user<|message|>2+2=?<|end|>"
+                "<|start|>assistant<|channel|>final<|message|>4<|return|> <|endoftext|>x<|call|>")
+
+
+def test_gptoss_specials_and_whole_corpus(gptoss):
+    """Harmony special tokens on/off and the whole corpus as one text, both loaders."""
+    path, hf = gptoss
+    on = hf.encode(HARMONY_LINE, add_special_tokens=False).ids
+    hf.encode_special_tokens = True
+    try:
+        off = hf.encode(HARMONY_LINE, add_special_tokens=False).ids
+    finally:
+        hf.encode_special_tokens = False
+    assert 200006 in on and 200006 not in off
+    data = b"".join(p.read_bytes() for p in CORPUS)
+    whole = hf.encode(data.decode("utf-8"), add_special_tokens=False).ids
+    for tok in (path, O200K_TIKTOKEN):
+        rc, out, err = run_cli(tok, HARMONY_LINE.encode(), "--no-bos", "--parse-special")
+        assert rc == 0 and out == [on], (tok, err)
+        rc, out, err = run_cli(tok, HARMONY_LINE.encode(), "--no-bos")
+        assert rc == 0 and out == [off], (tok, err)
+        t0 = time.perf_counter()
+        rc, out, err = run_cli(tok, data, "--no-bos")
+        dt = time.perf_counter() - t0
+        assert rc == 0, err
+        print(f"\n{tok.name}: {len(data)} bytes -> {len(out[0])} tokens, CLI wall {dt:.2f} s (load included)")
+        assert out[0] == whole, tok
 
 
 # ---------------------------------------------------------------- whole file, speed
@@ -255,6 +309,14 @@ def test_random_lines(hf_llama2, hf_smol, spm_refs):
         compare_lines(name, path, lines, hf_encode_special(hf, False))
         compare_lines(name, path, lines, hf_encode_special(hf, True), "--parse-special")
     compare_lines("llama-spm gguf vs SentencePiece", SPM_GGUF, lines, lambda ls: sp.encode(ls))
+
+
+def test_random_lines_gptoss(gptoss):
+    path, hf = gptoss
+    lines = random_lines() + random_lines(300, seed=99)
+    for name, tok in [("gpt-oss json", path), ("o200k tiktoken", O200K_TIKTOKEN)]:
+        compare_lines(name, tok, lines, hf_encode_special(hf, False))
+        compare_lines(name, tok, lines, hf_encode_special(hf, True), "--parse-special")
 
 
 # ---------------------------------------------------------------- CLI behaviour

@@ -7,7 +7,9 @@
  * - detokenizer round trips and streaming of split UTF-8;
  * - invalid UTF-8, special-token parsing on/off, BOS/EOS and EOG rules;
  * - malformed / unsupported tokenizer.json and GGUF input;
- * - several threads encoding with one tokenizer; encode speed on ~1 MB.
+ * - several threads encoding with one tokenizer; encode speed on ~1 MB;
+ * - o200k from a tiktoken ranks file + harmony special tokens: every
+ *   o200k_base case of tiktoken's TestPlans.txt, specials, malformed input.
  */
 #include "ie_tokenizer.h"
 
@@ -734,6 +736,297 @@ static void test_threads_and_speed(void)
     free(text);
 }
 
+/* ---------------------------------------------------------------- o200k / tiktoken */
+
+#define O200K_TIKTOKEN IE_TEST_DATA "/o200k_base.tiktoken"
+#define O200K_SPECIALS IE_TEST_DATA "/o200k_harmony_special_tokens.json"
+#define TEST_PLANS IE_TEST_DATA "/TestPlans.txt"
+
+/* TestPlans.txt (tiktoken's cross-implementation vectors): blocks of
+ *   EncodingName: NAME\nSample: TEXT\nEncoded: [id, id, ...]\n
+ * separated by blank lines; TEXT is the rest of the line (may be empty).
+ * Returns the cases of encoding `name`. */
+static size_t read_test_plans(const char *name, vec_case_t **out)
+{
+    size_t len = 0;
+    char *buf = slurp(TEST_PLANS, &len);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(buf);
+    size_t n = 0, cap = 64;
+    vec_case_t *v = calloc(cap, sizeof *v);
+    char *cur_name = NULL;
+    char *sample = NULL;
+    size_t sample_len = 0;
+    char *line = buf;
+    while (line && *line) {
+        char *nl = strchr(line, '\n');
+        if (nl) {
+            *nl = '\0';
+        }
+        if (strncmp(line, "EncodingName: ", 14) == 0) {
+            cur_name = line + 14;
+        } else if (strncmp(line, "Sample: ", 8) == 0) {
+            sample = line + 8;
+            sample_len = strlen(sample);
+        } else if (strcmp(line, "Sample:") == 0) {
+            sample = line + 7;
+            sample_len = 0;
+        } else if (strncmp(line, "Encoded: [", 10) == 0 && cur_name && sample && strcmp(cur_name, name) == 0) {
+            if (n == cap) {
+                cap *= 2;
+                v = realloc(v, cap * sizeof *v);
+            }
+            v[n].text = malloc(sample_len + 1);
+            memcpy(v[n].text, sample, sample_len);
+            v[n].text[sample_len] = '\0';
+            v[n].len = sample_len;
+            size_t icap = 16;
+            v[n].ids = malloc(icap * sizeof(int32_t));
+            v[n].n = 0;
+            char *p = line + 10, *e;
+            for (;;) {
+                while (*p == ',' || *p == ' ') {
+                    p++;
+                }
+                long x = strtol(p, &e, 10);
+                if (e == p) {
+                    break;
+                }
+                if (v[n].n == icap) {
+                    icap *= 2;
+                    v[n].ids = realloc(v[n].ids, icap * sizeof(int32_t));
+                }
+                v[n].ids[v[n].n++] = (int32_t)x;
+                p = e;
+            }
+            n++;
+            sample = NULL;
+        }
+        line = nl ? nl + 1 : NULL;
+    }
+    /* the vectors point into buf only until copied above */
+    free(buf);
+    *out = v;
+    return n;
+}
+
+/* Every o200k_base case of TestPlans.txt through the tiktoken loader:
+ * ids equal, and the expected ids detokenize back to the sample. */
+static void test_test_plans_o200k(void)
+{
+    ie_tokenizer_t *t = load(O200K_TIKTOKEN);
+    vec_case_t *v = NULL;
+    size_t n = read_test_plans("o200k_base", &v);
+    size_t pass = 0, rt = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t *ids = NULL;
+        size_t m = 0;
+        ie_status_t st = ie_tokenizer_encode(t, v[i].text, v[i].len, 0, &ids, &m);
+        CU_ASSERT_EQUAL(st, IE_OK);
+        if (st == IE_OK && ids_eq(ids, m, v[i].ids, v[i].n)) {
+            pass++;
+        } else {
+            fprintf(stderr, "\no200k case %zu mismatch: '%s'\n  got:", i, v[i].text);
+            for (size_t k = 0; k < m; k++) {
+                fprintf(stderr, " %d", ids[k]);
+            }
+            fprintf(stderr, "\n  exp:");
+            for (size_t k = 0; k < v[i].n; k++) {
+                fprintf(stderr, " %d", v[i].ids[k]);
+            }
+            fprintf(stderr, "\n");
+        }
+        char *back = detok_all(t, v[i].ids, v[i].n);
+        rt += strcmp(back, v[i].text) == 0;
+        free(back);
+        free(ids);
+    }
+    printf("\n    TestPlans o200k_base: %zu/%zu, round trips %zu/%zu ", pass, n, rt, n);
+    CU_ASSERT_EQUAL(n, 57);
+    CU_ASSERT_EQUAL(pass, n);
+    CU_ASSERT_EQUAL(rt, n);
+    free_vectors(v, n);
+    ie_tokenizer_destroy(&t);
+}
+
+/* The harmony special tokens: ids, parsing on/off, EOG, detok hiding;
+ * the explicit API with and without the table. */
+static void test_tiktoken_specials(void)
+{
+    ie_tokenizer_t *t = load(O200K_TIKTOKEN); /* picks up the table beside it */
+    CU_ASSERT_EQUAL(ie_tokenizer_n_vocab(t), 201088);
+    CU_ASSERT_EQUAL(ie_tokenizer_bos(t), 199998);
+    CU_ASSERT_EQUAL(ie_tokenizer_eos(t), 199999);
+    CU_ASSERT_EQUAL(ie_tokenizer_add_bos(t), 0);
+    CU_ASSERT_TRUE(ie_tokenizer_is_eog(t, 200002));  /* <|return|> */
+    CU_ASSERT_TRUE(ie_tokenizer_is_eog(t, 200012));  /* <|call|>   */
+    CU_ASSERT_FALSE(ie_tokenizer_is_eog(t, 200007)); /* <|end|>: the next message follows */
+    CU_ASSERT_TRUE(ie_tokenizer_is_special(t, 200006));
+    CU_ASSERT_EQUAL(find(t, "<|channel|>"), 200005);
+    CU_ASSERT_EQUAL(find(t, "<|reserved_201087|>"), 201087);
+
+    const char *s = "<|start|>user<|message|>Hi<|end|>";
+    int32_t *ids = NULL;
+    size_t n = enc(t, s, IE_TOK_PARSE_SPECIAL | IE_TOK_ADD_SPECIAL, &ids);
+    const int32_t exp[] = {200006, 1428, 200008, 12194, 200007};
+    CU_ASSERT_TRUE(ids_eq(ids, n, exp, 5));
+    free(ids);
+    n = enc(t, s, 0, &ids); /* plain text: no special ids */
+    for (size_t i = 0; i < n; i++) {
+        CU_ASSERT(ids[i] < 199998);
+    }
+    char *back = detok_all(t, ids, n);
+    CU_ASSERT_STRING_EQUAL(back, s);
+    free(back);
+    free(ids);
+    char buf[32];
+    CU_ASSERT_EQUAL(ie_tokenizer_token_bytes(t, 200005, 0, buf, sizeof buf), 0);
+    CU_ASSERT_EQUAL(ie_tokenizer_token_bytes(t, 200005, 1, buf, sizeof buf), 11);
+    ie_tokenizer_destroy(&t);
+
+    /* no table: ranks only, special text is plain text */
+    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_load_tiktoken(O200K_TIKTOKEN, NULL, &t), IE_OK);
+    CU_ASSERT_EQUAL(ie_tokenizer_n_vocab(t), 199998);
+    CU_ASSERT_EQUAL(ie_tokenizer_bos(t), -1);
+    n = enc(t, "<|start|>", IE_TOK_PARSE_SPECIAL, &ids);
+    CU_ASSERT(n > 1);
+    free(ids);
+    ie_tokenizer_destroy(&t);
+    CU_ASSERT_EQUAL(ie_tokenizer_load_tiktoken(O200K_TIKTOKEN, O200K_SPECIALS, &t), IE_OK);
+    CU_ASSERT_EQUAL(ie_tokenizer_n_vocab(t), 201088);
+    ie_tokenizer_destroy(&t);
+}
+
+/* A 256-line ranks file (every single byte) in base64, then `extra`. */
+static const char *write_ranks(const char *name, const char *extra)
+{
+    static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t cap = 256 * 16 + strlen(extra) + 1;
+    char *s = malloc(cap), *o = s;
+    for (int b = 0; b < 256; b++) {
+        o += sprintf(o, "%c%c== %d\n", b64[b >> 2], b64[(b & 3) << 4], b);
+    }
+    strcpy(o, extra);
+    const char *p = write_tmp(name, s);
+    free(s);
+    return p;
+}
+
+static void test_malformed_tiktoken(void)
+{
+    static const struct {
+        const char *extra;
+        ie_status_t want;
+    } cases[] = {
+        {"", IE_OK},
+        {"YWI= 256\n", IE_OK},          /* "ab" */
+        {"YWI= 255\n", IE_ERR_FORMAT},  /* rank twice */
+        {"YWI=\n", IE_ERR_FORMAT},      /* no rank */
+        {"YWI= -3\n", IE_ERR_FORMAT},
+        {"YWI= 99999999999\n", IE_ERR_FORMAT},
+        {"YW= 256\n", IE_ERR_FORMAT},   /* base64 length */
+        {"Y!I= 256\n", IE_ERR_FORMAT},  /* base64 alphabet */
+        {"Y=I= 256\n", IE_ERR_FORMAT},  /* padding inside */
+        {" 256\n", IE_ERR_FORMAT},
+        {"YWI= 2x\n", IE_ERR_FORMAT},
+    };
+    ie_tokenizer_t *t = NULL;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *p = write_ranks("t.tiktoken", cases[i].extra);
+        ie_status_t st = ie_tokenizer_load(p, &t);
+        if (st != cases[i].want) {
+            fprintf(stderr, "\ntiktoken case %zu: got %d want %d (%s)\n", i, (int)st, (int)cases[i].want,
+                    ie_error_last());
+        }
+        CU_ASSERT_EQUAL(st, cases[i].want);
+        CU_ASSERT_EQUAL(st == IE_OK, t != NULL);
+        if (t && i == 1) {
+            /* the implied merge: "ab" is one token, "abc" two */
+            int32_t *ids = NULL;
+            size_t n = enc(t, "abc", 0, &ids);
+            const int32_t exp[] = {256, 'c'};
+            CU_ASSERT_TRUE(ids_eq(ids, n, exp, 2));
+            free(ids);
+        }
+        ie_tokenizer_destroy(&t);
+    }
+    /* a byte missing */
+    write_tmp("t.tiktoken", "YQ== 0\n");
+    CU_ASSERT_EQUAL(ie_tokenizer_load_tiktoken(write_tmp("t.tiktoken", "YQ== 0\n"), NULL, &t), IE_ERR_FORMAT);
+    CU_ASSERT_EQUAL(ie_tokenizer_load_tiktoken(write_tmp("t.tiktoken", ""), NULL, &t), IE_ERR_FORMAT);
+    CU_ASSERT_EQUAL(ie_tokenizer_load_tiktoken(IE_TEST_DATA "/nope.tiktoken", NULL, &t), IE_ERR_IO);
+    CU_ASSERT_EQUAL(ie_tokenizer_load_tiktoken(NULL, NULL, &t), IE_ERR_INVAL);
+    CU_ASSERT_PTR_NULL(t);
+
+    /* special-token tables */
+    static const struct {
+        const char *json;
+        ie_status_t want;
+    } sp[] = {
+        {"{\"special_tokens\": {\"<|x|>\": 256}}", IE_OK},
+        {"{\"<|x|>\": 300}", IE_OK},
+        {"{\"special_tokens\": {\"<|x|>\": 256}, \"n_vocab\": 1000}", IE_OK},
+        {"{\"special_tokens\": {\"<|x|>\": 7}}", IE_ERR_FORMAT},       /* id of a byte */
+        {"{\"special_tokens\": {\"<|x|>\": 256, \"<|y|>\": 256}}", IE_ERR_FORMAT},
+        {"{\"special_tokens\": {\"<|x|>\": -1}}", IE_ERR_FORMAT},
+        {"{\"special_tokens\": {\"<|x|>\": \"a\"}}", IE_ERR_FORMAT},
+        {"{\"special_tokens\": {\"<|x|>\": 2.5}}", IE_ERR_FORMAT},
+        {"{\"special_tokens\": {\"<|x|>\": 99999999}}", IE_ERR_FORMAT},
+        {"{\"special_tokens\": {\"\": 256}}", IE_ERR_FORMAT},
+        {"{\"special_tokens\": [1]}", IE_ERR_FORMAT},
+        {"{\"special_tokens\": {}, \"n_vocab\": 10}", IE_ERR_FORMAT},  /* below the ranks */
+        {"{\"special_tokens\": {}, \"pattern\": 5}", IE_ERR_FORMAT},
+        {"{\"special_tokens\": {}, \"pattern\": \"(\"}", IE_ERR_UNSUPPORTED},
+        {"{\"special_tokens\"", IE_ERR_FORMAT},
+        {"[1]", IE_ERR_FORMAT},
+    };
+    char ranks[512];
+    snprintf(ranks, sizeof ranks, "%s", write_ranks("t.tiktoken", ""));
+    for (size_t i = 0; i < sizeof sp / sizeof sp[0]; i++) {
+        ie_status_t st = ie_tokenizer_load_tiktoken(ranks, write_tmp("sp.json", sp[i].json), &t);
+        if (st != sp[i].want) {
+            fprintf(stderr, "\nspecials case %zu: got %d want %d (%s)\n", i, (int)st, (int)sp[i].want,
+                    ie_error_last());
+        }
+        CU_ASSERT_EQUAL(st, sp[i].want);
+        if (t && i == 0) {
+            int32_t *ids = NULL;
+            size_t n = enc(t, "a<|x|>", IE_TOK_PARSE_SPECIAL, &ids);
+            const int32_t exp[] = {'a', 256};
+            CU_ASSERT_TRUE(ids_eq(ids, n, exp, 2));
+            free(ids);
+        }
+        ie_tokenizer_destroy(&t);
+    }
+    char path[512];
+    snprintf(path, sizeof path, "%s/t.tiktoken", g_tmpdir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/sp.json", g_tmpdir);
+    unlink(path);
+}
+
+/* Load time and encode speed of o200k on one Austen novel. */
+static void test_tiktoken_speed(void)
+{
+    size_t len = 0;
+    char *text = slurp(IE_TEST_DATA "/corpus/austen_1.txt", &len);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(text);
+    double t0 = now_s();
+    ie_tokenizer_t *t = load(O200K_TIKTOKEN);
+    double t1 = now_s();
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CU_ASSERT_EQUAL(ie_tokenizer_encode(t, text, len, 0, &ids, &n), IE_OK);
+    double t2 = now_s();
+    printf("\n    o200k: load %.3f s; %zu bytes -> %zu tokens in %.3f s ", t1 - t0, len, n, t2 - t1);
+    CU_ASSERT(t2 - t1 < 5.0);
+    char *back = detok_all(t, ids, n);
+    CU_ASSERT_TRUE(strcmp(back, text) == 0);
+    free(back);
+    free(ids);
+    ie_tokenizer_destroy(&t);
+    free(text);
+}
+
 /* ---------------------------------------------------------------- main */
 
 int main(void)
@@ -763,6 +1056,10 @@ int main(void)
     CU_add_test(s, "directory + tokenizer_config.json", test_dir_and_config);
     CU_add_test(s, "malformed gguf", test_malformed_gguf);
     CU_add_test(s, "threads and speed", test_threads_and_speed);
+    CU_add_test(s, "TestPlans o200k_base (tiktoken)", test_test_plans_o200k);
+    CU_add_test(s, "tiktoken + harmony special tokens", test_tiktoken_specials);
+    CU_add_test(s, "malformed tiktoken / special table", test_malformed_tiktoken);
+    CU_add_test(s, "o200k load and encode speed", test_tiktoken_speed);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures();
