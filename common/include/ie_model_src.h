@@ -3,7 +3,11 @@
  * A model source exposes the architecture's hyper-parameters and its tensors
  * under canonical (GGUF/llama.cpp) names — "token_embd.weight",
  * "blk.%d.attn_q.weight", "output_norm.weight", "output.weight", ... —
- * whatever the file calls them. Tensor data stays memory-mapped; nothing is
+ * whatever the file calls them. GPT-OSS uses llama.cpp's gpt-oss names and
+ * layouts (docs/GPTOSS.md §3.3): attn_{q,k,v,output}.{weight,bias},
+ * attn_sinks.weight, post_attention_norm.weight, ffn_gate_inp.{weight,bias},
+ * ffn_{gate,up,down}_exps.{weight,bias} with experts as the outermost dim
+ * (ne = [in, out, n_expert]), MXFP4 experts in ggml's block layout. Tensor data stays memory-mapped; nothing is
  * copied. HF directories are mapped from their HF names (model.layers.N...).
  *
  * RoPE layout follows the file: GGUF llama stores Q/K permuted for the
@@ -18,8 +22,16 @@
 
 #include <stdint.h>
 
+typedef enum ie_arch {
+    IE_ARCH_LLAMA = 0,      /* Llama family (SmolLM2, TinyLlama)           */
+    IE_ARCH_GPTOSS = 1      /* GPT-OSS: MoE, sinks, sliding window, YaRN   */
+} ie_arch_t;
+
+#define IE_MAX_LAYERS 512
+
 typedef struct ie_hparams {
-    char arch[32];          /* "llama"                                     */
+    char arch[32];          /* "llama" or "gpt-oss"                        */
+    ie_arch_t arch_id;
     char name[128];         /* general.name or directory name              */
     int n_layer;
     int n_embd;             /* hidden size                                 */
@@ -34,6 +46,23 @@ typedef struct ie_hparams {
     float rms_eps;
     ie_rope_layout_t rope_layout;
     int tied_embeddings;    /* 1: no output.weight, reuse token_embd       */
+
+    /* ---- GPT-OSS (zero / unused for Llama); see docs/GPTOSS.md ---- */
+    int n_expert;           /* experts per MoE layer (0: dense MLP)        */
+    int n_expert_used;      /* top-k                                       */
+    int sliding_window;     /* W of sliding layers (0: none)               */
+    uint8_t layer_swa[IE_MAX_LAYERS]; /* 1: layer l is sliding-window      */
+    int attn_bias;          /* q/k/v/o have biases                         */
+    int attn_sinks;         /* per-head sink logits (attn_sinks.weight)    */
+    float swiglu_limit;     /* clamp of the experts' SwiGLU (7)            */
+    float swiglu_alpha;     /* sigmoid slope of the experts' SwiGLU (1.702) */
+    /* YaRN (rope_yarn_factor 0: plain RoPE) */
+    float rope_yarn_factor;
+    int rope_yarn_orig_ctx;
+    float rope_yarn_beta_fast;
+    float rope_yarn_beta_slow;
+    int rope_yarn_truncate; /* floor/ceil the correction range (HF key)   */
+    float rope_attn_factor; /* multiplies cos and sin (0.1 ln f + 1)       */
 } ie_hparams_t;
 
 typedef struct ie_tensor {
