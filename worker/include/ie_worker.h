@@ -84,8 +84,9 @@ int ie_worker_max_batch(const ie_worker_t *w);
 int ie_worker_n_threads(const ie_worker_t *w);
 ie_isa_t ie_worker_isa(const ie_worker_t *w);
 
-/* Bytes of weights one decode token streams (all matrices once, plus one
- * embedding row) — for the bandwidth figures of benchmarks. */
+/* Bytes of weights one decode token streams (all matrices once — for MoE
+ * layers the router and n_expert_used experts — plus one embedding row),
+ * for the bandwidth figures of benchmarks. */
 uint64_t ie_worker_bytes_per_token(const ie_worker_t *w);
 
 #endif

@@ -33,12 +33,22 @@ typedef struct wmat {
 
 typedef struct layer {
     const float *attn_norm; /* (d)                                     */
-    const float *ffn_norm;  /* (d)                                     */
+    const float *ffn_norm;  /* (d)  post_attention_norm for GPT-OSS    */
     wmat_t q;               /* (n_head*hd, d)                          */
     wmat_t k, v;            /* (n_kv*hd, d)                            */
     wmat_t o;               /* (d, n_head*hd)                          */
+    /* dense MLP (Llama) */
     wmat_t gate, up;        /* (ff, d)                                 */
     wmat_t down;            /* (d, ff)                                 */
+    /* GPT-OSS: attention extras */
+    const float *bq, *bk, *bv, *bo; /* biases, NULL when absent        */
+    const float *sinks;     /* (n_head) sink logits, NULL when absent  */
+    int swa;                /* sliding-window layer                     */
+    /* GPT-OSS: MoE. Expert matrices hold n_expert matrices back to back;
+     * gate/up/down here describe one expert (data = expert 0). */
+    wmat_t router;          /* (n_expert, d)                            */
+    const float *router_b;  /* (n_expert)                               */
+    const float *gate_b, *up_b, *down_b; /* (E, ff), (E, ff), (E, d)    */
 } layer_t;
 
 struct ie_worker {
@@ -75,6 +85,14 @@ struct ie_worker {
     void *act;   /* [B][act row] quantized activations                    */
     size_t act_row_cap;
     float *scores; /* [n_threads][n_ctx]                                  */
+    /* MoE scratch */
+    float *xg;     /* [B][d] rows routed to one expert                    */
+    float *moe;    /* [B][d] MoE output before the residual add           */
+    float *rlog;   /* [B][n_expert] router logits                         */
+    int32_t *sel;  /* [B][k] selected experts                             */
+    float *selw;   /* [B][k] their weights                                */
+    int32_t *rows; /* [B] token rows of one expert                        */
+    float *roww;   /* [B] their weights                                   */
 };
 
 /* ------------------------------------------------------------ utilities */
@@ -194,20 +212,22 @@ static void convert_rows(void *ctx, int ith, int nth)
 static int dtype_computable(ie_dtype_t t)
 {
     return t == IE_DTYPE_F32 || t == IE_DTYPE_F16 || t == IE_DTYPE_BF16 ||
-           t == IE_DTYPE_Q8_0 || t == IE_DTYPE_Q4_0 || t == IE_DTYPE_Q4_1;
+           t == IE_DTYPE_Q8_0 || t == IE_DTYPE_Q4_0 || t == IE_DTYPE_Q4_1 ||
+           t == IE_DTYPE_MXFP4;
 }
 
 /* Bind a 2-D weight matrix (ne = [n_in, n_out]), converting it when the
  * precision asks for another type. */
-static ie_status_t bind_mat(ie_worker_t *w, const ie_model_src_t *src, const char *name,
-                            int64_t n_in, int64_t n_out, wmat_t *m)
+static ie_status_t bind_mats(ie_worker_t *w, const ie_model_src_t *src, const char *name,
+                             int64_t n_in, int64_t n_out, int64_t n_mat, wmat_t *m)
 {
     const ie_tensor_t *t = ie_model_src_tensor(src, name);
     if (!t) return ie_error_set(IE_ERR_FORMAT, "model: missing tensor '%s'", name);
-    if (t->ne[0] != n_in || t->ne[1] != n_out)
-        return ie_error_set(IE_ERR_FORMAT, "model: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]",
-                            name, (long long)t->ne[0], (long long)t->ne[1], (long long)n_in,
-                            (long long)n_out);
+    if (t->ne[0] != n_in || t->ne[1] != n_out || t->ne[2] != n_mat || t->ne[3] != 1)
+        return ie_error_set(IE_ERR_FORMAT,
+                            "model: tensor '%s' has shape [%lld, %lld, %lld], expected [%lld, %lld, %lld]", name,
+                            (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)n_in,
+                            (long long)n_out, (long long)n_mat);
     if (!dtype_computable(t->dtype))
         return ie_error_set(IE_ERR_UNSUPPORTED, "model: tensor '%s' has type %s, which the engine cannot compute with",
                             name, ie_dtype_name(t->dtype));
@@ -225,6 +245,7 @@ static ie_status_t bind_mat(ie_worker_t *w, const ie_model_src_t *src, const cha
     m->n_in = n_in;
     m->n_out = n_out;
     m->dtype = to;
+    n_out *= n_mat; /* rows of all matrices, converted alike */
     size_t bytes = ie_dtype_row_bytes(to, n_in) * (size_t)n_out;
     if (to == t->dtype && !w->copy_weights) {
         m->data = t->data;
@@ -254,22 +275,30 @@ static ie_status_t bind_mat(ie_worker_t *w, const ie_model_src_t *src, const cha
     return IE_OK;
 }
 
-/* Bind a norm vector of n floats; F16/BF16 vectors (HF checkpoints) are
+static ie_status_t bind_mat(ie_worker_t *w, const ie_model_src_t *src, const char *name,
+                            int64_t n_in, int64_t n_out, wmat_t *m)
+{
+    return bind_mats(w, src, name, n_in, n_out, 1, m);
+}
+
+/* Bind a vector of n floats (norms, biases, sinks; n1 > 1 for per-expert
+ * biases of shape [n, n1]); F16/BF16 tensors (HF checkpoints) are
  * converted once. */
-static ie_status_t bind_vec(ie_worker_t *w, const ie_model_src_t *src, const char *name, int64_t n,
-                            const float **out)
+static ie_status_t bind_vec2(ie_worker_t *w, const ie_model_src_t *src, const char *name, int64_t n,
+                             int64_t n1, const float **out)
 {
     const ie_tensor_t *t = ie_model_src_tensor(src, name);
     if (!t) return ie_error_set(IE_ERR_FORMAT, "model: missing tensor '%s'", name);
-    if (t->ne[0] != n || t->ne[1] != 1 || t->ne[2] != 1 || t->ne[3] != 1)
-        return ie_error_set(IE_ERR_FORMAT, "model: tensor '%s' has %lld elements in dim 0, expected a vector of %lld",
-                            name, (long long)t->ne[0], (long long)n);
+    if (t->ne[0] != n || t->ne[1] != n1 || t->ne[2] != 1 || t->ne[3] != 1)
+        return ie_error_set(IE_ERR_FORMAT, "model: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]",
+                            name, (long long)t->ne[0], (long long)t->ne[1], (long long)n, (long long)n1);
+    n *= n1;
     if (t->dtype == IE_DTYPE_F32) {
         *out = t->data;
         return IE_OK;
     }
     if (t->dtype != IE_DTYPE_F16 && t->dtype != IE_DTYPE_BF16)
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: norm tensor '%s' has type %s (expected f32, f16 or bf16)",
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: vector tensor '%s' has type %s (expected f32, f16 or bf16)",
                             name, ie_dtype_name(t->dtype));
     float *f = big_alloc((size_t)n * sizeof(float));
     if (!f || own(w, f) != 0) {
@@ -281,13 +310,51 @@ static ie_status_t bind_vec(ie_worker_t *w, const ie_model_src_t *src, const cha
     return IE_OK;
 }
 
+static ie_status_t bind_vec(ie_worker_t *w, const ie_model_src_t *src, const char *name, int64_t n,
+                            const float **out)
+{
+    return bind_vec2(w, src, name, n, 1, out);
+}
+
 /* Rope tables for every position, computed in float32 the way HF does so
  * logits agree (ie_rope_table_f32). */
 static void rope_tables(ie_worker_t *w)
 {
-    size_t half = (size_t)w->hp.rope_dim / 2;
-    for (int p = 0; p < w->opts.n_ctx; p++)
-        ie_rope_table_f32(w->rope_cos + p * half, w->rope_sin + p * half, w->hp.rope_dim, p, w->hp.rope_theta);
+    const ie_hparams_t *hp = &w->hp;
+    size_t half = (size_t)hp->rope_dim / 2;
+    if (hp->rope_yarn_factor <= 0) {
+        for (int p = 0; p < w->opts.n_ctx; p++)
+            ie_rope_table_f32(w->rope_cos + p * half, w->rope_sin + p * half, hp->rope_dim, p, hp->rope_theta);
+        return;
+    }
+    /* YaRN (docs/GPTOSS.md 2.2), in float32 like transformers'
+     * _compute_yarn_parameters: high-frequency pairs keep their frequency,
+     * low-frequency ones are divided by the factor, a linear ramp between;
+     * cos and sin carry the attention factor. */
+    double d = hp->rope_dim, base = hp->rope_theta, L = hp->rope_yarn_orig_ctx;
+    double low = d * log(L / (hp->rope_yarn_beta_fast * 2 * M_PI)) / (2 * log(base));
+    double high = d * log(L / (hp->rope_yarn_beta_slow * 2 * M_PI)) / (2 * log(base));
+    if (hp->rope_yarn_truncate) {
+        low = floor(low);
+        high = ceil(high);
+    }
+    if (low < 0) low = 0;
+    if (high > d - 1) high = d - 1;
+    if (low == high) high += 0.001;
+    float factor = hp->rope_yarn_factor, mscale = hp->rope_attn_factor;
+    for (size_t i = 0; i < half; i++) {
+        float pos_freq = powf(hp->rope_theta, (float)(2 * i) / (float)hp->rope_dim);
+        float extrap = 1.0f / pos_freq, interp = 1.0f / (factor * pos_freq);
+        float ramp = ((float)i - (float)low) / (float)(high - low);
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        float keep = 1.0f - ramp; /* weight of the original frequency */
+        float inv_freq = interp * (1.0f - keep) + extrap * keep;
+        for (int p = 0; p < w->opts.n_ctx; p++) {
+            float a = (float)p * inv_freq;
+            w->rope_cos[(size_t)p * half + i] = cosf(a) * mscale;
+            w->rope_sin[(size_t)p * half + i] = sinf(a) * mscale;
+        }
+    }
 }
 
 /* Copy the weights into our own huge-page memory? Measured here (TinyLlama
@@ -360,24 +427,52 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
         st = ie_error_set(IE_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
+    int moe = hp->n_expert > 0;
+    int64_t E = moe ? hp->n_expert : 1;
+    if (moe && (hp->n_expert_used < 1 || hp->n_expert_used > hp->n_expert)) {
+        st = ie_error_set(IE_ERR_FORMAT, "model: %d experts used of %d", hp->n_expert_used, hp->n_expert);
+        goto cleanup;
+    }
     for (int l = 0; l < hp->n_layer; l++) {
         layer_t *L = &w->layers[l];
-#define BIND_MAT(field, suffix, nin, nout)                                        \
+#define BIND_MATS(field, suffix, nin, nout, nmat)                                 \
         snprintf(name, sizeof name, "blk.%d." suffix ".weight", l);               \
-        if ((st = bind_mat(w, src, name, nin, nout, &L->field)) != IE_OK) goto cleanup;
-#define BIND_VEC(field, suffix)                                                   \
-        snprintf(name, sizeof name, "blk.%d." suffix ".weight", l);               \
-        if ((st = bind_vec(w, src, name, d, &L->field)) != IE_OK) goto cleanup;
-        BIND_VEC(attn_norm, "attn_norm");
-        BIND_VEC(ffn_norm, "ffn_norm");
-        BIND_MAT(q, "attn_q", d, w->q_dim);
-        BIND_MAT(k, "attn_k", d, w->kv_dim);
-        BIND_MAT(v, "attn_v", d, w->kv_dim);
-        BIND_MAT(o, "attn_output", w->q_dim, d);
-        BIND_MAT(gate, "ffn_gate", d, ff);
-        BIND_MAT(up, "ffn_up", d, ff);
-        BIND_MAT(down, "ffn_down", ff, d);
-#undef BIND_MAT
+        if ((st = bind_mats(w, src, name, nin, nout, nmat, &L->field)) != IE_OK) goto cleanup;
+#define BIND_VEC(field, suffix, n, n1)                                            \
+        snprintf(name, sizeof name, "blk.%d." suffix, l);                         \
+        if ((st = bind_vec2(w, src, name, n, n1, &L->field)) != IE_OK) goto cleanup;
+        BIND_VEC(attn_norm, "attn_norm.weight", d, 1);
+        BIND_MATS(q, "attn_q", d, w->q_dim, 1);
+        BIND_MATS(k, "attn_k", d, w->kv_dim, 1);
+        BIND_MATS(v, "attn_v", d, w->kv_dim, 1);
+        BIND_MATS(o, "attn_output", w->q_dim, d, 1);
+        if (hp->attn_bias) {
+            BIND_VEC(bq, "attn_q.bias", w->q_dim, 1);
+            BIND_VEC(bk, "attn_k.bias", w->kv_dim, 1);
+            BIND_VEC(bv, "attn_v.bias", w->kv_dim, 1);
+            BIND_VEC(bo, "attn_output.bias", d, 1);
+        }
+        if (hp->attn_sinks) {
+            BIND_VEC(sinks, "attn_sinks.weight", hp->n_head, 1);
+        }
+        L->swa = hp->sliding_window > 0 && hp->layer_swa[l];
+        if (!moe) {
+            BIND_VEC(ffn_norm, "ffn_norm.weight", d, 1);
+            BIND_MATS(gate, "ffn_gate", d, ff, 1);
+            BIND_MATS(up, "ffn_up", d, ff, 1);
+            BIND_MATS(down, "ffn_down", ff, d, 1);
+        } else {
+            BIND_VEC(ffn_norm, "post_attention_norm.weight", d, 1);
+            BIND_MATS(router, "ffn_gate_inp", d, E, 1);
+            BIND_VEC(router_b, "ffn_gate_inp.bias", E, 1);
+            BIND_MATS(gate, "ffn_gate_exps", d, ff, E);
+            BIND_MATS(up, "ffn_up_exps", d, ff, E);
+            BIND_MATS(down, "ffn_down_exps", ff, d, E);
+            BIND_VEC(gate_b, "ffn_gate_exps.bias", ff, E);
+            BIND_VEC(up_b, "ffn_up_exps.bias", ff, E);
+            BIND_VEC(down_b, "ffn_down_exps.bias", d, E);
+        }
+#undef BIND_MATS
 #undef BIND_VEC
     }
 
@@ -404,6 +499,20 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
     w->tmp = big_alloc(B * d * sizeof(float));
     w->act = big_alloc(B * w->act_row_cap);
     w->scores = big_alloc((size_t)opts->n_threads * opts->n_ctx * sizeof(float));
+    if (moe) {
+        int k = hp->n_expert_used;
+        w->xg = big_alloc(B * d * sizeof(float));
+        w->moe = big_alloc(B * d * sizeof(float));
+        w->rlog = big_alloc(B * E * sizeof(float));
+        w->sel = big_alloc(B * k * sizeof(int32_t));
+        w->selw = big_alloc(B * k * sizeof(float));
+        w->rows = big_alloc(B * sizeof(int32_t));
+        w->roww = big_alloc(B * sizeof(float));
+        if (!w->xg || !w->moe || !w->rlog || !w->sel || !w->selw || !w->rows || !w->roww) {
+            st = ie_error_set(IE_ERR_NOMEM, "out of memory allocating MoE scratch");
+            goto cleanup;
+        }
+    }
     if (!w->kcache || !w->vcache || !w->seq_len || !w->rope_cos || !w->rope_sin || !w->x || !w->xb ||
         !w->q || !w->k || !w->v || !w->hb || !w->hb2 || !w->tmp || !w->act || !w->scores) {
         st = ie_error_set(IE_ERR_NOMEM, "out of memory allocating KV cache (%zu bytes) and scratch", 2 * kv_bytes);
@@ -443,6 +552,13 @@ void ie_worker_destroy(ie_worker_t **self_p)
     big_free(w->tmp);
     big_free(w->act);
     big_free(w->scores);
+    big_free(w->xg);
+    big_free(w->moe);
+    big_free(w->rlog);
+    big_free(w->sel);
+    big_free(w->selw);
+    big_free(w->rows);
+    big_free(w->roww);
     free(w);
     *self_p = NULL;
 }
@@ -554,6 +670,7 @@ static void att_run(void *ctx, int ith, int nth)
     att_task_t *t = ctx;
     ie_worker_t *w = t->w;
     const ie_hparams_t *hp = &w->hp;
+    const layer_t *L = &w->layers[t->layer];
     int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
     float scale = 1.0f / sqrtf((float)hd);
     float *scores = w->scores + (size_t)ith * w->opts.n_ctx;
@@ -566,11 +683,105 @@ static void att_run(void *ctx, int ith, int nth)
         size_t base = (size_t)t->layer * w->kv_layer_stride + (size_t)seq * w->opts.n_ctx * w->kv_dim;
         const float *kc = w->kcache + base + (size_t)kh * hd;
         const float *vc = w->vcache + base + (size_t)kh * hd;
-        for (int j = 0; j <= pos; j++) scores[j] = w->ops->dot_f32(q, kc + (size_t)j * w->kv_dim, hd) * scale;
-        ie_softmax_f32(scores, pos + 1);
+        /* a sliding layer sees the last W positions, itself included */
+        int j0 = L->swa && pos >= hp->sliding_window ? pos - hp->sliding_window + 1 : 0;
+        int cnt = pos + 1 - j0;
+        for (int j = 0; j < cnt; j++)
+            scores[j] = w->ops->dot_f32(q, kc + (size_t)(j0 + j) * w->kv_dim, hd) * scale;
+        if (L->sinks) {
+            /* the sink logit joins the softmax and its share is dropped */
+            float sink = L->sinks[h], m = sink, z = 0;
+            for (int j = 0; j < cnt; j++) m = scores[j] > m ? scores[j] : m;
+            for (int j = 0; j < cnt; j++) z += scores[j] = expf(scores[j] - m);
+            z += expf(sink - m);
+            for (int j = 0; j < cnt; j++) scores[j] /= z;
+        } else {
+            ie_softmax_f32(scores, cnt);
+        }
         float *out = w->xb + (size_t)i * w->q_dim + (size_t)h * hd;
         memset(out, 0, (size_t)hd * sizeof(float));
-        for (int j = 0; j <= pos; j++) w->ops->axpy_f32(out, scores[j], vc + (size_t)j * w->kv_dim, hd);
+        for (int j = 0; j < cnt; j++) w->ops->axpy_f32(out, scores[j], vc + (size_t)(j0 + j) * w->kv_dim, hd);
+    }
+}
+
+/* ----------------------------------------------------------------- MoE */
+
+static void add_bias(float *y, const float *b, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) y[i] += b[i];
+}
+
+/* Expert e of a bound expert stack, as a plain matrix. */
+static wmat_t expert_mat(const wmat_t *m, int e)
+{
+    wmat_t r = *m;
+    r.data = (const char *)m->data + (size_t)e * ie_dtype_row_bytes(m->dtype, m->n_in) * (size_t)m->n_out;
+    return r;
+}
+
+/* GPT-OSS mixture of experts on w->xb [n][d] into w->moe [n][d]
+ * (docs/GPTOSS.md 2.3): router logits + bias, top-k, softmax over the k
+ * selected logits; each used expert runs once over all its tokens (matrix
+ * work in prefill): gate/up + biases, gate clamped above and up on both
+ * sides at the limit, (up + 1) * gate * sigmoid(alpha * gate), down + bias,
+ * weighted into the output. */
+static void moe_forward(ie_worker_t *w, const layer_t *L, int n)
+{
+    const ie_hparams_t *hp = &w->hp;
+    int d = hp->n_embd, ff = hp->n_ff, E = hp->n_expert, k = hp->n_expert_used;
+    float limit = hp->swiglu_limit, alpha = hp->swiglu_alpha;
+
+    matmul1(w, &L->router, w->rlog, w->xb, n);
+    for (int i = 0; i < n; i++) {
+        float *r = w->rlog + (size_t)i * E;
+        int32_t *sel = w->sel + (size_t)i * k;
+        float *sw = w->selw + (size_t)i * k;
+        add_bias(r, L->router_b, E);
+        /* top-k by value, ties to the lower expert id */
+        for (int t = 0; t < k; t++) {
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int u = 0; u < t; u++) taken |= sel[u] == e;
+                if (!taken && (best < 0 || r[e] > r[best])) best = e;
+            }
+            sel[t] = best;
+            sw[t] = r[best];
+        }
+        ie_softmax_f32(sw, k);
+    }
+    memset(w->moe, 0, (size_t)n * d * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        int m = 0;
+        for (int i = 0; i < n; i++)
+            for (int t = 0; t < k; t++)
+                if (w->sel[(size_t)i * k + t] == e) {
+                    w->rows[m] = i;
+                    w->roww[m] = w->selw[(size_t)i * k + t];
+                    memcpy(w->xg + (size_t)m * d, w->xb + (size_t)i * d, (size_t)d * sizeof(float));
+                    m++;
+                }
+        if (m == 0) continue;
+        wmat_t g = expert_mat(&L->gate, e), u = expert_mat(&L->up, e), dn = expert_mat(&L->down, e);
+        const wmat_t *ms[2] = {&g, &u};
+        float *ys[2] = {w->hb, w->hb2};
+        matmul_group(w, 2, ms, ys, w->xg, m);
+        const float *gb = L->gate_b + (size_t)e * ff, *ub = L->up_b + (size_t)e * ff;
+        for (int r = 0; r < m; r++) {
+            float *gr = w->hb + (size_t)r * ff, *ur = w->hb2 + (size_t)r * ff;
+            for (int j = 0; j < ff; j++) {
+                float gv = gr[j] + gb[j], uv = ur[j] + ub[j];
+                gv = gv > limit ? limit : gv;
+                uv = uv > limit ? limit : uv < -limit ? -limit : uv;
+                gr[j] = (uv + 1.0f) * (gv / (1.0f + expf(-alpha * gv)));
+            }
+        }
+        matmul1(w, &dn, w->tmp, w->hb, m);
+        const float *db = L->down_b + (size_t)e * d;
+        for (int r = 0; r < m; r++) {
+            float *y = w->tmp + (size_t)r * d, *o = w->moe + (size_t)w->rows[r] * d, wt = w->roww[r];
+            for (int j = 0; j < d; j++) o[j] += wt * (y[j] + db[j]);
+        }
     }
 }
 
@@ -620,6 +831,12 @@ ie_status_t ie_worker_step(ie_worker_t *w, const ie_batch_t *b, float *logits_ou
             float *ys[3] = {w->q, w->k, w->v};
             matmul_group(w, 3, ms, ys, w->xb, n);
         }
+        if (L->bq)
+            for (int i = 0; i < n; i++) {
+                add_bias(w->q + (size_t)i * w->q_dim, L->bq, w->q_dim);
+                add_bias(w->k + (size_t)i * w->kv_dim, L->bk, w->kv_dim);
+                add_bias(w->v + (size_t)i * w->kv_dim, L->bv, w->kv_dim);
+            }
         /* rope, then append k and v to the slot's cache */
         for (int i = 0; i < n; i++) {
             const float *c = w->rope_cos + (size_t)b->pos[i] * half;
@@ -639,11 +856,18 @@ ie_status_t ie_worker_step(ie_worker_t *w, const ie_batch_t *b, float *logits_ou
         ie_threadpool_run(w->tp, att_run, &at);
         /* residual connection back into x */
         matmul1(w, &L->o, w->tmp, w->xb, n);
+        if (L->bo)
+            for (int i = 0; i < n; i++) add_bias(w->tmp + (size_t)i * d, L->bo, d);
         for (size_t i = 0; i < (size_t)n * d; i++) w->x[i] += w->tmp[i];
 
-        /* MLP: norm, gate and up in one pass, SwiGLU, down */
+        /* feed-forward: norm, then a dense SwiGLU MLP or the MoE */
         for (int i = 0; i < n; i++)
             ie_rmsnorm_f32(w->xb + (size_t)i * d, w->x + (size_t)i * d, L->ffn_norm, d, hp->rms_eps);
+        if (hp->n_expert > 0) {
+            moe_forward(w, L, n);
+            for (size_t i = 0; i < (size_t)n * d; i++) w->x[i] += w->moe[i];
+            continue;
+        }
         {
             const wmat_t *ms[2] = {&L->gate, &L->up};
             float *ys[2] = {w->hb, w->hb2};
@@ -690,8 +914,11 @@ uint64_t ie_worker_bytes_per_token(const ie_worker_t *w)
     uint64_t s = mat_bytes(&w->output) + ie_dtype_row_bytes(w->tok_embd.dtype, w->tok_embd.n_in);
     for (int l = 0; l < w->hp.n_layer; l++) {
         const layer_t *L = &w->layers[l];
-        s += mat_bytes(&L->q) + mat_bytes(&L->k) + mat_bytes(&L->v) + mat_bytes(&L->o) + mat_bytes(&L->gate) +
-             mat_bytes(&L->up) + mat_bytes(&L->down) + 2 * (uint64_t)w->hp.n_embd * sizeof(float);
+        /* a MoE layer streams its router and the k experts it uses */
+        uint64_t k = w->hp.n_expert > 0 ? (uint64_t)w->hp.n_expert_used : 1;
+        s += mat_bytes(&L->q) + mat_bytes(&L->k) + mat_bytes(&L->v) + mat_bytes(&L->o) +
+             k * (mat_bytes(&L->gate) + mat_bytes(&L->up) + mat_bytes(&L->down)) +
+             (w->hp.n_expert > 0 ? mat_bytes(&L->router) : 0) + 2 * (uint64_t)w->hp.n_embd * sizeof(float);
     }
     return s;
 }
