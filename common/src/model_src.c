@@ -33,6 +33,7 @@ typedef struct src_tensor {
     ie_tensor_t t;         /* must stay first: the public view            */
     char *name;            /* owned; t.name points here                   */
     const char *type_name; /* the file's name for the dtype, for errors   */
+    void *owned;           /* converted copy t.data points into, or NULL  */
 } src_tensor_t;
 
 struct ie_model_src {
@@ -43,44 +44,76 @@ struct ie_model_src {
     int n_shards;
     src_tensor_t *tensors; /* sorted by name */
     int64_t n_tensors;
+    int64_t n_sorted;      /* leading entries sorted by name (searchable) */
+    int64_t cap_tensors;   /* entries allocated (zeroed beyond n_tensors) */
     char *tokenizer_path;
 };
 
 /* Field names as each format spells them, for error messages. */
 typedef struct hp_labels {
-    const char *n_head, *n_head_kv, *head_dim, *rope_dim;
+    const char *n_layer, *n_head, *n_head_kv, *head_dim, *rope_dim;
+    const char *n_expert, *n_expert_used, *sliding_window; /* GPT-OSS */
 } hp_labels_t;
 
 /* ---------------------------------------------------------------- names */
 
 typedef struct name_pair {
     const char *hf, *canon;
+    int hint_only; /* canonical tensor is a converted copy: HF name for error hints only */
 } name_pair_t;
 
 static const name_pair_t k_global_names[] = {
-    {"model.embed_tokens.weight", "token_embd.weight"},
-    {"model.norm.weight", "output_norm.weight"},
-    {"lm_head.weight", "output.weight"},
+    {"model.embed_tokens.weight", "token_embd.weight", 0},
+    {"model.norm.weight", "output_norm.weight", 0},
+    {"lm_head.weight", "output.weight", 0},
 };
 
 static const name_pair_t k_layer_names[] = {
-    {"input_layernorm.weight", "attn_norm.weight"},
-    {"self_attn.q_proj.weight", "attn_q.weight"},
-    {"self_attn.k_proj.weight", "attn_k.weight"},
-    {"self_attn.v_proj.weight", "attn_v.weight"},
-    {"self_attn.o_proj.weight", "attn_output.weight"},
-    {"post_attention_layernorm.weight", "ffn_norm.weight"},
-    {"mlp.gate_proj.weight", "ffn_gate.weight"},
-    {"mlp.up_proj.weight", "ffn_up.weight"},
-    {"mlp.down_proj.weight", "ffn_down.weight"},
+    {"input_layernorm.weight", "attn_norm.weight", 0},
+    {"self_attn.q_proj.weight", "attn_q.weight", 0},
+    {"self_attn.k_proj.weight", "attn_k.weight", 0},
+    {"self_attn.v_proj.weight", "attn_v.weight", 0},
+    {"self_attn.o_proj.weight", "attn_output.weight", 0},
+    {"post_attention_layernorm.weight", "ffn_norm.weight", 0},
+    {"mlp.gate_proj.weight", "ffn_gate.weight", 0},
+    {"mlp.up_proj.weight", "ffn_up.weight", 0},
+    {"mlp.down_proj.weight", "ffn_down.weight", 0},
+};
+
+/* GPT-OSS (docs/GPTOSS.md §3.1 -> §3.3). The expert matrices and the
+ * gate/up bias need converted copies (gptoss_hf_layer); their entries here
+ * only name the HF source in error messages. */
+static const name_pair_t k_gptoss_layer_names[] = {
+    {"input_layernorm.weight", "attn_norm.weight", 0},
+    {"self_attn.q_proj.weight", "attn_q.weight", 0},
+    {"self_attn.q_proj.bias", "attn_q.bias", 0},
+    {"self_attn.k_proj.weight", "attn_k.weight", 0},
+    {"self_attn.k_proj.bias", "attn_k.bias", 0},
+    {"self_attn.v_proj.weight", "attn_v.weight", 0},
+    {"self_attn.v_proj.bias", "attn_v.bias", 0},
+    {"self_attn.o_proj.weight", "attn_output.weight", 0},
+    {"self_attn.o_proj.bias", "attn_output.bias", 0},
+    {"self_attn.sinks", "attn_sinks.weight", 0},
+    {"post_attention_layernorm.weight", "post_attention_norm.weight", 0},
+    {"mlp.router.weight", "ffn_gate_inp.weight", 0},
+    {"mlp.router.bias", "ffn_gate_inp.bias", 0},
+    {"mlp.experts.down_proj_bias", "ffn_down_exps.bias", 0},
+    {"mlp.experts.gate_up_proj", "ffn_gate_exps.weight", 1},
+    {"mlp.experts.gate_up_proj", "ffn_up_exps.weight", 1},
+    {"mlp.experts.down_proj", "ffn_down_exps.weight", 1},
+    {"mlp.experts.gate_up_proj_bias", "ffn_gate_exps.bias", 1},
+    {"mlp.experts.gate_up_proj_bias", "ffn_up_exps.bias", 1},
 };
 
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
-/* Translate a tensor name HF -> canonical (to_hf = 0) or back (to_hf = 1).
- * Returns 1 and writes `out` if the name is one the llama mapping knows. */
-static int translate_name(const char *name, int to_hf, char *out, size_t cap)
+/* Translate a tensor name HF -> canonical (to_hf = 0) or back (to_hf = 1)
+ * for architecture `arch`. Returns 1 and writes `out` if the mapping knows
+ * the name. */
+static int translate_name(const char *name, int to_hf, ie_arch_t arch, char *out, size_t cap)
 {
+    const name_pair_t *tab = arch == IE_ARCH_GPTOSS ? k_gptoss_layer_names : k_layer_names;
+    size_t n_tab = arch == IE_ARCH_GPTOSS ? COUNT(k_gptoss_layer_names) : COUNT(k_layer_names);
     const char *from_pre = to_hf ? "blk." : "model.layers.";
     const char *to_pre = to_hf ? "model.layers." : "blk.";
     size_t pl = strlen(from_pre);
@@ -96,9 +129,9 @@ static int translate_name(const char *name, int to_hf, char *out, size_t cap)
     for (p = name + pl; *p >= '0' && *p <= '9' && nd < 7; p++, nd++) layer = layer * 10 + (*p - '0');
     if (nd == 0 || *p != '.' || (nd > 1 && name[pl] == '0')) return 0;
     p++;
-    for (size_t i = 0; i < COUNT(k_layer_names); i++)
-        if (strcmp(p, to_hf ? k_layer_names[i].canon : k_layer_names[i].hf) == 0) {
-            snprintf(out, cap, "%s%d.%s", to_pre, layer, to_hf ? k_layer_names[i].hf : k_layer_names[i].canon);
+    for (size_t i = 0; i < n_tab; i++)
+        if ((to_hf || !tab[i].hint_only) && strcmp(p, to_hf ? tab[i].canon : tab[i].hf) == 0) {
+            snprintf(out, cap, "%s%d.%s", to_pre, layer, to_hf ? tab[i].hf : tab[i].canon);
             return 1;
         }
     return 0;
@@ -114,13 +147,14 @@ static const src_tensor_t *find(const ie_model_src_t *s, const char *name)
     src_tensor_t key;
     if (!s || !name || !s->tensors) return NULL;
     key.t.name = name;
-    return bsearch(&key, s->tensors, (size_t)s->n_tensors, sizeof *s->tensors, tensor_cmp);
+    return bsearch(&key, s->tensors, (size_t)s->n_sorted, sizeof *s->tensors, tensor_cmp);
 }
 
 /* Sort the table and reject names that appear twice. */
 static ie_status_t sort_tensors(ie_model_src_t *s)
 {
     if (s->n_tensors > 1) qsort(s->tensors, (size_t)s->n_tensors, sizeof *s->tensors, tensor_cmp);
+    s->n_sorted = s->n_tensors;
     for (int64_t i = 1; i < s->n_tensors; i++)
         if (strcmp(s->tensors[i - 1].t.name, s->tensors[i].t.name) == 0)
             return ie_error_set(IE_ERR_FORMAT, "model: tensor '%.96s' appears more than once", s->tensors[i].t.name);
@@ -141,17 +175,16 @@ static void fmt_shape(char *buf, size_t cap, int n_dims, const int64_t *ne)
 static const char *hf_hint(const ie_model_src_t *s, const char *canon, char *buf, size_t cap)
 {
     char hf[256];
-    if (s->kind != IE_SRC_HF_DIR || !translate_name(canon, 1, hf, sizeof hf)) return "";
+    if (s->kind != IE_SRC_HF_DIR || !translate_name(canon, 1, s->hp.arch_id, hf, sizeof hf)) return "";
     snprintf(buf, cap, " (HF '%s')", hf);
     return buf;
 }
 
-/* Tensor `name` must exist with exactly dims ne0 (and ne1 if n_dims == 2)
- * and a dtype the kernels compute with. */
-static ie_status_t need(const ie_model_src_t *s, const char *name, int n_dims, int64_t ne0, int64_t ne1)
+/* Tensor `name` must exist with exactly `n_dims` dims equal to ne[] and a
+ * dtype the kernels compute with. */
+static ie_status_t need_ne(const ie_model_src_t *s, const char *name, int n_dims, const int64_t *want)
 {
     const src_tensor_t *st = find(s, name);
-    int64_t want[2] = {ne0, ne1};
     char hint[300], have_s[96], want_s[96];
     int ok;
 
@@ -168,8 +201,80 @@ static ie_status_t need(const ie_model_src_t *s, const char *name, int n_dims, i
     if (st->t.dtype == IE_DTYPE_INVALID)
         return ie_error_set(IE_ERR_UNSUPPORTED,
                             "model: tensor '%s' has type %s, which clocher cannot compute with "
-                            "(supported: f32, f16, bf16, q8_0, q4_0, q4_1)",
+                            "(supported: f32, f16, bf16, q8_0, q4_0, q4_1, mxfp4)",
                             name, st->type_name);
+    return IE_OK;
+}
+
+static ie_status_t need(const ie_model_src_t *s, const char *name, int n_dims, int64_t ne0, int64_t ne1)
+{
+    const int64_t want[2] = {ne0, ne1};
+    return need_ne(s, name, n_dims, want);
+}
+
+/* GPT-OSS hyper-parameters and tensors (docs/GPTOSS.md §1, §3.3). */
+static ie_status_t validate_gptoss(const ie_model_src_t *s, const hp_labels_t *lb)
+{
+    const ie_hparams_t *hp = &s->hp;
+    ie_status_t st = IE_OK;
+    int64_t H = hp->n_embd, I = hp->n_ff, E = hp->n_expert, V = hp->n_vocab;
+    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    int any_swa = 0;
+    char name[96];
+
+    if (hp->n_expert_used > hp->n_expert)
+        return ie_error_set(IE_ERR_FORMAT, "model: %s (%d) exceeds %s (%d)", lb->n_expert_used, hp->n_expert_used,
+                            lb->n_expert, hp->n_expert);
+    for (int l = 0; l < hp->n_layer; l++) any_swa |= hp->layer_swa[l];
+    if (any_swa && hp->sliding_window < 1)
+        return ie_error_set(IE_ERR_FORMAT, "model: %s (%d) must be at least 1: some layers use sliding-window attention",
+                            lb->sliding_window, hp->sliding_window);
+    if (hp->rope_dim != hp->head_dim)
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: %s (%d) differs from %s (%d): partial rotary is not supported",
+                            lb->rope_dim, hp->rope_dim, lb->head_dim, hp->head_dim);
+    if (!isfinite(hp->swiglu_limit) || hp->swiglu_limit <= 0.0f)
+        return ie_error_set(IE_ERR_FORMAT, "model: swiglu_limit %g must be positive", (double)hp->swiglu_limit);
+    if (!isfinite(hp->swiglu_alpha) || hp->swiglu_alpha <= 0.0f)
+        return ie_error_set(IE_ERR_FORMAT, "model: swiglu_alpha %g must be positive", (double)hp->swiglu_alpha);
+    if (hp->rope_yarn_factor != 0.0f) {
+        if (!isfinite(hp->rope_yarn_factor) || hp->rope_yarn_factor < 1.0f)
+            return ie_error_set(IE_ERR_FORMAT, "model: YaRN factor %g must be at least 1", (double)hp->rope_yarn_factor);
+        if (hp->rope_yarn_orig_ctx < 1)
+            return ie_error_set(IE_ERR_FORMAT, "model: YaRN original context length %d must be positive",
+                                hp->rope_yarn_orig_ctx);
+        if (!isfinite(hp->rope_yarn_beta_fast) || hp->rope_yarn_beta_fast <= 0.0f ||
+            !isfinite(hp->rope_yarn_beta_slow) || hp->rope_yarn_beta_slow <= 0.0f)
+            return ie_error_set(IE_ERR_FORMAT, "model: YaRN beta_fast %g / beta_slow %g must be positive",
+                                (double)hp->rope_yarn_beta_fast, (double)hp->rope_yarn_beta_slow);
+    }
+    if (!isfinite(hp->rope_attn_factor) || hp->rope_attn_factor <= 0.0f)
+        return ie_error_set(IE_ERR_FORMAT, "model: RoPE attention factor %g must be positive", (double)hp->rope_attn_factor);
+
+    {
+        const int64_t emb[2] = {H, V}, norm[1] = {H};
+        if ((st = need_ne(s, "token_embd.weight", 2, emb)) != IE_OK) return st;
+        if ((st = need_ne(s, "output_norm.weight", 1, norm)) != IE_OK) return st;
+        if ((st = need_ne(s, "output.weight", 2, emb)) != IE_OK) return st;
+    }
+    for (int l = 0; l < hp->n_layer; l++) {
+        const struct { const char *suffix; int n_dims; int64_t ne[3]; } req[] = {
+            {"attn_norm.weight", 1, {H}},
+            {"attn_q.weight", 2, {H, q_dim}},         {"attn_q.bias", 1, {q_dim}},
+            {"attn_k.weight", 2, {H, kv_dim}},        {"attn_k.bias", 1, {kv_dim}},
+            {"attn_v.weight", 2, {H, kv_dim}},        {"attn_v.bias", 1, {kv_dim}},
+            {"attn_output.weight", 2, {q_dim, H}},    {"attn_output.bias", 1, {H}},
+            {"attn_sinks.weight", 1, {hp->n_head}},   {"post_attention_norm.weight", 1, {H}},
+            {"ffn_gate_inp.weight", 2, {H, E}},       {"ffn_gate_inp.bias", 1, {E}},
+            {"ffn_gate_exps.weight", 3, {H, I, E}},   {"ffn_up_exps.weight", 3, {H, I, E}},
+            {"ffn_down_exps.weight", 3, {I, H, E}},
+            {"ffn_gate_exps.bias", 2, {I, E}},        {"ffn_up_exps.bias", 2, {I, E}},
+            {"ffn_down_exps.bias", 2, {H, E}},
+        };
+        for (size_t i = 0; i < COUNT(req); i++) {
+            snprintf(name, sizeof name, "blk.%d.%s", l, req[i].suffix);
+            if ((st = need_ne(s, name, req[i].n_dims, req[i].ne)) != IE_OK) return st;
+        }
+    }
     return IE_OK;
 }
 
@@ -180,6 +285,9 @@ static ie_status_t validate(const ie_model_src_t *s, const hp_labels_t *lb)
     int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     char name[64];
 
+    if (hp->n_layer > IE_MAX_LAYERS)
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: %s (%d) exceeds the supported maximum of %d layers", lb->n_layer,
+                            hp->n_layer, IE_MAX_LAYERS);
     if (hp->n_head % hp->n_head_kv != 0)
         return ie_error_set(IE_ERR_FORMAT, "model: %s (%d) is not a multiple of %s (%d)", lb->n_head, hp->n_head,
                             lb->n_head_kv, hp->n_head_kv);
@@ -192,6 +300,7 @@ static ie_status_t validate(const ie_model_src_t *s, const hp_labels_t *lb)
         return ie_error_set(IE_ERR_FORMAT, "model: rope theta %g must be positive", (double)hp->rope_theta);
     if (!isfinite(hp->rms_eps) || hp->rms_eps <= 0.0f || hp->rms_eps >= 1.0f)
         return ie_error_set(IE_ERR_FORMAT, "model: RMS norm epsilon %g must be in (0, 1)", (double)hp->rms_eps);
+    if (hp->arch_id == IE_ARCH_GPTOSS) return validate_gptoss(s, lb);
 
     if ((st = need(s, "token_embd.weight", 2, hp->n_embd, hp->n_vocab)) != IE_OK) return st;
     if ((st = need(s, "output_norm.weight", 1, hp->n_embd, 0)) != IE_OK) return st;
@@ -250,6 +359,112 @@ static void str_copy(char *dst, size_t cap, ie_gguf_str_t s)
     dst[n] = '\0';
 }
 
+/* rows of token_embd.weight, cross-checked with `vocab_key` if present */
+static ie_status_t gguf_vocab(const ie_gguf_t *g, const char *vocab_key, int *n_vocab)
+{
+    const ie_gguf_tensor_info_t *emb = ie_gguf_find_tensor(g, "token_embd.weight");
+    ie_status_t st;
+    if (!emb) return ie_error_set(IE_ERR_FORMAT, "model: missing tensor 'token_embd.weight'");
+    if (emb->ne[1] > HP_MAX)
+        return ie_error_set(IE_ERR_FORMAT, "model: token_embd.weight has %lld rows, more than %d",
+                            (long long)emb->ne[1], HP_MAX);
+    *n_vocab = (int)emb->ne[1];
+    if (ie_gguf_find_key(g, vocab_key) >= 0) {
+        int64_t v;
+        if ((st = ie_gguf_get_i64(g, vocab_key, &v)) != IE_OK) return st;
+        if (v != *n_vocab)
+            return ie_error_set(IE_ERR_FORMAT, "model: %s is %lld but token_embd.weight has %d rows", vocab_key,
+                                (long long)v, *n_vocab);
+    }
+    return IE_OK;
+}
+
+/* YaRN attention factor when the file gives none (transformers get_mscale). */
+static float yarn_mscale(float factor) { return factor <= 1.0f ? 1.0f : 0.1f * logf(factor) + 1.0f; }
+
+/* gpt-oss GGUF (llama.cpp converter, docs/GPTOSS.md §3.3). llama.cpp has no
+ * layer-type array: even layers are sliding-window (set_swa_pattern(2)). There
+ * is no truncate key either; rope_yarn_truncate = 0 because the released
+ * config (and transformers / openai on it) use truncate = false, although
+ * ggml's own corr-dims computation rounds. */
+static ie_status_t gguf_hparams_gptoss(ie_model_src_t *s)
+{
+    const ie_gguf_t *g = s->gguf;
+    ie_hparams_t *hp = &s->hp;
+    ie_status_t st;
+    ie_gguf_str_t str;
+    int v_len;
+
+    if ((st = gguf_int(g, "gpt-oss.block_count", 1, 0, &hp->n_layer)) != IE_OK) return st;
+    if ((st = gguf_int(g, "gpt-oss.embedding_length", 1, 0, &hp->n_embd)) != IE_OK) return st;
+    if (ie_gguf_find_key(g, "gpt-oss.expert_feed_forward_length") >= 0)
+        st = gguf_int(g, "gpt-oss.expert_feed_forward_length", 1, 0, &hp->n_ff);
+    else
+        st = gguf_int(g, "gpt-oss.feed_forward_length", 1, 0, &hp->n_ff);
+    if (st != IE_OK) return st;
+    if ((st = gguf_int(g, "gpt-oss.attention.head_count", 1, 0, &hp->n_head)) != IE_OK) return st;
+    if ((st = gguf_int(g, "gpt-oss.attention.head_count_kv", 0, hp->n_head, &hp->n_head_kv)) != IE_OK) return st;
+    if ((st = gguf_int(g, "gpt-oss.context_length", 1, 0, &hp->n_ctx_train)) != IE_OK) return st;
+    if (ie_gguf_find_key(g, "gpt-oss.attention.key_length") < 0 && hp->n_embd % hp->n_head != 0)
+        return ie_error_set(IE_ERR_FORMAT, "model: gpt-oss.attention.key_length is absent and "
+                            "gpt-oss.embedding_length (%d) is not a multiple of gpt-oss.attention.head_count (%d)",
+                            hp->n_embd, hp->n_head);
+    if ((st = gguf_int(g, "gpt-oss.attention.key_length", 0, hp->n_embd / hp->n_head, &hp->head_dim)) != IE_OK)
+        return st;
+    if ((st = gguf_int(g, "gpt-oss.attention.value_length", 0, hp->head_dim, &v_len)) != IE_OK) return st;
+    if (v_len != hp->head_dim)
+        return ie_error_set(IE_ERR_UNSUPPORTED,
+                            "model: gpt-oss.attention.value_length (%d) differs from the key length (%d)", v_len,
+                            hp->head_dim);
+    if ((st = gguf_int(g, "gpt-oss.rope.dimension_count", 0, hp->head_dim, &hp->rope_dim)) != IE_OK) return st;
+    if ((st = gguf_float(g, "gpt-oss.rope.freq_base", 0, 150000.0f, &hp->rope_theta)) != IE_OK) return st;
+    if ((st = gguf_float(g, "gpt-oss.attention.layer_norm_rms_epsilon", 1, 0.0f, &hp->rms_eps)) != IE_OK) return st;
+    if ((st = gguf_int(g, "gpt-oss.expert_count", 1, 0, &hp->n_expert)) != IE_OK) return st;
+    if ((st = gguf_int(g, "gpt-oss.expert_used_count", 1, 0, &hp->n_expert_used)) != IE_OK) return st;
+    if ((st = gguf_int(g, "gpt-oss.attention.sliding_window", 1, 0, &hp->sliding_window)) != IE_OK) return st;
+    for (int l = 0; l < hp->n_layer && l < IE_MAX_LAYERS; l++) hp->layer_swa[l] = (uint8_t)(l % 2 == 0);
+
+    hp->rope_yarn_factor = 0.0f;
+    hp->rope_attn_factor = 1.0f;
+    if (ie_gguf_find_key(g, "gpt-oss.rope.scaling.type") >= 0) {
+        if ((st = ie_gguf_get_str(g, "gpt-oss.rope.scaling.type", &str)) != IE_OK) return st;
+        if (str.len == 4 && memcmp(str.ptr, "yarn", 4) == 0) {
+            if ((st = gguf_float(g, "gpt-oss.rope.scaling.factor", 1, 0.0f, &hp->rope_yarn_factor)) != IE_OK) return st;
+            if ((st = gguf_int(g, "gpt-oss.rope.scaling.original_context_length", 1, 0, &hp->rope_yarn_orig_ctx)) !=
+                IE_OK)
+                return st;
+            if ((st = gguf_float(g, "gpt-oss.rope.scaling.yarn_beta_fast", 0, 32.0f, &hp->rope_yarn_beta_fast)) != IE_OK)
+                return st;
+            if ((st = gguf_float(g, "gpt-oss.rope.scaling.yarn_beta_slow", 0, 1.0f, &hp->rope_yarn_beta_slow)) != IE_OK)
+                return st;
+            if ((st = gguf_float(g, "gpt-oss.rope.scaling.attn_factor", 0, yarn_mscale(hp->rope_yarn_factor),
+                                 &hp->rope_attn_factor)) != IE_OK)
+                return st;
+            hp->rope_yarn_truncate = 0;
+        } else if (!(str.len == 4 && memcmp(str.ptr, "none", 4) == 0)) {
+            return ie_error_set(IE_ERR_UNSUPPORTED, "model: gpt-oss.rope.scaling.type '%.*s' is not supported",
+                                (int)(str.len < 64 ? str.len : 64), str.ptr);
+        }
+    }
+    if ((st = gguf_vocab(g, "gpt-oss.vocab_size", &hp->n_vocab)) != IE_OK) return st;
+    hp->rope_layout = IE_ROPE_NEOX; /* llama.cpp does not permute gpt-oss Q/K */
+    hp->tied_embeddings = 0;
+    hp->attn_bias = 1;
+    hp->attn_sinks = 1;
+    hp->swiglu_limit = 7.0f; /* llama.cpp hard-codes both; no GGUF keys */
+    hp->swiglu_alpha = 1.702f;
+    for (int64_t i = 0; i < ie_gguf_tensor_count(g); i++) {
+        const ie_gguf_tensor_info_t *t = ie_gguf_tensor(g, i);
+        static const char fused[] = "ffn_gate_up_exps";
+        for (uint64_t k = 0; t->name.len >= sizeof fused - 1 && k <= t->name.len - (sizeof fused - 1); k++)
+            if (memcmp(t->name.ptr + k, fused, sizeof fused - 1) == 0)
+                return ie_error_set(IE_ERR_UNSUPPORTED,
+                                    "model: tensor '%.*s' (fused gate/up experts, --fuse-gate-up-exps) is not supported",
+                                    (int)(t->name.len < 96 ? t->name.len : 96), t->name.ptr);
+    }
+    return IE_OK;
+}
+
 static ie_status_t gguf_hparams(ie_model_src_t *s, const char *path)
 {
     const ie_gguf_t *g = s->gguf;
@@ -263,16 +478,23 @@ static ie_status_t gguf_hparams(ie_model_src_t *s, const char *path)
     if (ie_gguf_find_key(g, "general.architecture") < 0)
         return ie_error_set(IE_ERR_FORMAT, "model: missing key 'general.architecture'");
     if ((st = ie_gguf_get_str(g, "general.architecture", &str)) != IE_OK) return st;
-    if (str.len != 5 || memcmp(str.ptr, "llama", 5) != 0)
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: architecture '%.*s' is not supported (only 'llama')",
+    if (str.len == 7 && memcmp(str.ptr, "gpt-oss", 7) == 0) {
+        hp->arch_id = IE_ARCH_GPTOSS;
+        snprintf(hp->arch, sizeof hp->arch, "gpt-oss");
+    } else if (str.len == 5 && memcmp(str.ptr, "llama", 5) == 0) {
+        hp->arch_id = IE_ARCH_LLAMA;
+        snprintf(hp->arch, sizeof hp->arch, "llama");
+    } else {
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: architecture '%.*s' is not supported (only 'llama', 'gpt-oss')",
                             (int)(str.len < 64 ? str.len : 64), str.ptr);
-    snprintf(hp->arch, sizeof hp->arch, "llama");
+    }
     if (ie_gguf_get_str(g, "general.name", &str) == IE_OK) {
         str_copy(hp->name, sizeof hp->name, str);
     } else {
         base = strrchr(path, '/');
         snprintf(hp->name, sizeof hp->name, "%s", base ? base + 1 : path);
     }
+    if (hp->arch_id == IE_ARCH_GPTOSS) return gguf_hparams_gptoss(s);
 
     if ((st = gguf_int(g, "llama.block_count", 1, 0, &hp->n_layer)) != IE_OK) return st;
     if ((st = gguf_int(g, "llama.embedding_length", 1, 0, &hp->n_embd)) != IE_OK) return st;
@@ -326,6 +548,7 @@ static ie_status_t gguf_tensors(ie_model_src_t *s)
     int64_t n = ie_gguf_tensor_count(s->gguf);
     s->tensors = calloc(n ? n : 1, sizeof *s->tensors);
     if (!s->tensors) return ie_error_set(IE_ERR_NOMEM, "model: out of memory for %lld tensors", (long long)n);
+    s->cap_tensors = n;
     for (int64_t i = 0; i < n; i++) {
         const ie_gguf_tensor_info_t *gt = ie_gguf_tensor(s->gguf, i);
         src_tensor_t *t = &s->tensors[i];
@@ -344,8 +567,13 @@ static ie_status_t gguf_tensors(ie_model_src_t *s)
 
 static ie_status_t open_gguf(ie_model_src_t *s, const char *path)
 {
-    static const hp_labels_t labels = {"llama.attention.head_count", "llama.attention.head_count_kv",
-                                       "llama.attention.key_length", "llama.rope.dimension_count"};
+    static const hp_labels_t labels = {"llama.block_count", "llama.attention.head_count",
+                                       "llama.attention.head_count_kv", "llama.attention.key_length",
+                                       "llama.rope.dimension_count", NULL, NULL, NULL};
+    static const hp_labels_t labels_gptoss = {
+        "gpt-oss.block_count",        "gpt-oss.attention.head_count", "gpt-oss.attention.head_count_kv",
+        "gpt-oss.attention.key_length", "gpt-oss.rope.dimension_count", "gpt-oss.expert_count",
+        "gpt-oss.expert_used_count",  "gpt-oss.attention.sliding_window"};
     ie_status_t st;
     char why[512];
 
@@ -357,7 +585,7 @@ static ie_status_t open_gguf(ie_model_src_t *s, const char *path)
     if ((st = gguf_hparams(s, path)) != IE_OK) return st;
     if ((st = gguf_tensors(s)) != IE_OK) return st;
     if (!(s->tokenizer_path = strdup(path))) return ie_error_set(IE_ERR_NOMEM, "model: out of memory");
-    return validate(s, &labels);
+    return validate(s, s->hp.arch_id == IE_ARCH_GPTOSS ? &labels_gptoss : &labels);
 }
 
 /* ---------------------------------------------------------------- HF directory */
@@ -438,18 +666,22 @@ static ie_status_t cfg_bool(const cJSON *cfg, const char *field, int *out)
     return IE_OK;
 }
 
-static ie_status_t hf_check_arch(const cJSON *cfg)
+static ie_status_t hf_check_arch(const cJSON *cfg, ie_arch_t *arch)
 {
     const cJSON *archs = obj_get(cfg, "architectures");
     const cJSON *mt = obj_get(cfg, "model_type");
     const cJSON *a;
     if (cJSON_IsArray(archs))
-        cJSON_ArrayForEach(a, archs)
-            if (cJSON_IsString(a) && strcmp(a->valuestring, "LlamaForCausalLM") == 0) return IE_OK;
-    if (cJSON_IsString(mt) && strcmp(mt->valuestring, "llama") == 0) return IE_OK;
+        cJSON_ArrayForEach(a, archs) {
+            if (cJSON_IsString(a) && strcmp(a->valuestring, "LlamaForCausalLM") == 0) return *arch = IE_ARCH_LLAMA, IE_OK;
+            if (cJSON_IsString(a) && strcmp(a->valuestring, "GptOssForCausalLM") == 0)
+                return *arch = IE_ARCH_GPTOSS, IE_OK;
+        }
+    if (cJSON_IsString(mt) && strcmp(mt->valuestring, "llama") == 0) return *arch = IE_ARCH_LLAMA, IE_OK;
+    if (cJSON_IsString(mt) && strcmp(mt->valuestring, "gpt_oss") == 0) return *arch = IE_ARCH_GPTOSS, IE_OK;
     a = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
     return ie_error_set(IE_ERR_UNSUPPORTED,
-                        "model: config.json architecture '%.64s' (model_type '%.32s') is not supported (only llama)",
+                        "model: config.json architecture '%.64s' (model_type '%.32s') is not supported (only llama, gpt_oss)",
                         cJSON_IsString(a) ? a->valuestring : "?", cJSON_IsString(mt) ? mt->valuestring : "?");
 }
 
@@ -474,6 +706,160 @@ static ie_status_t hf_check_rope(const cJSON *cfg, const char *field, const char
     return IE_OK;
 }
 
+/* Number member `key` of the rope object `ro` (named `field` in messages);
+ * absent, null or (zero_is_absent) 0 -> def. */
+static ie_status_t rope_num(const cJSON *ro, const char *field, const char *key, int zero_is_absent, double def,
+                            double *out)
+{
+    const cJSON *j = obj_get(ro, key);
+    *out = def;
+    if (!j || cJSON_IsNull(j)) return IE_OK;
+    if (!cJSON_IsNumber(j) || !isfinite(j->valuedouble))
+        return ie_error_set(IE_ERR_FORMAT, "model: config.json field '%s.%s' must be a number", field, key);
+    if (!(zero_is_absent && j->valuedouble == 0.0)) *out = j->valuedouble;
+    return IE_OK;
+}
+
+/* RoPE of a GPT-OSS config: transformers 5 `rope_parameters` (rope_theta
+ * inside) or 4.x `rope_scaling` + top-level `rope_theta`. Neither present:
+ * GptOssConfig's default (the release's YaRN). Semantics of
+ * _compute_yarn_parameters: factor absent -> max_position / original;
+ * attention_factor absent -> mscale ratio or 0.1 ln(factor) + 1; beta_fast /
+ * beta_slow absent or 0 -> 32 / 1; truncate absent -> true. */
+static ie_status_t hf_rope_gptoss(ie_hparams_t *hp, const cJSON *cfg)
+{
+    const char *field = "rope_parameters";
+    const cJSON *ro = obj_get(cfg, field), *t;
+    const char *type;
+    double theta, factor, orig, bf, bs, af, ms, msa, prf;
+    ie_status_t st;
+
+    if (!ro || cJSON_IsNull(ro)) ro = obj_get(cfg, field = "rope_scaling");
+    if ((st = rope_num(cfg, "config", "rope_theta", 0, 150000.0, &theta)) != IE_OK) return st;
+    hp->rope_yarn_factor = 0.0f;
+    hp->rope_attn_factor = 1.0f;
+    if (!ro || cJSON_IsNull(ro)) { /* GptOssConfig default */
+        hp->rope_theta = (float)theta;
+        hp->rope_yarn_factor = 32.0f;
+        hp->rope_yarn_orig_ctx = 4096;
+        hp->rope_yarn_beta_fast = 32.0f;
+        hp->rope_yarn_beta_slow = 1.0f;
+        hp->rope_yarn_truncate = 0;
+        hp->rope_attn_factor = yarn_mscale(32.0f);
+        return IE_OK;
+    }
+    if (!cJSON_IsObject(ro)) return ie_error_set(IE_ERR_FORMAT, "model: config.json field '%s' must be an object", field);
+    if ((st = rope_num(ro, field, "rope_theta", 0, theta, &theta)) != IE_OK) return st;
+    hp->rope_theta = (float)theta;
+    if ((st = rope_num(ro, field, "partial_rotary_factor", 0, 1.0, &prf)) != IE_OK) return st;
+    if (prf != 1.0)
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json %s.partial_rotary_factor %g is not supported", field,
+                            prf);
+    t = obj_get(ro, "rope_type");
+    if (!cJSON_IsString(t)) t = obj_get(ro, "type");
+    type = cJSON_IsString(t) ? t->valuestring : "default";
+    if (strcmp(type, "default") == 0) return IE_OK;
+    if (strcmp(type, "yarn") != 0)
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json %s type '%.32s' is not supported (default, yarn)",
+                            field, type);
+    if ((st = rope_num(ro, field, "original_max_position_embeddings", 0, hp->n_ctx_train, &orig)) != IE_OK) return st;
+    if (!(orig >= 1.0 && orig <= HP_MAX) || orig != floor(orig))
+        return ie_error_set(IE_ERR_FORMAT, "model: config.json %s.original_max_position_embeddings %g is out of range",
+                            field, orig);
+    if ((st = rope_num(ro, field, "factor", 0, hp->n_ctx_train / orig, &factor)) != IE_OK) return st;
+    if ((st = rope_num(ro, field, "beta_fast", 1, 32.0, &bf)) != IE_OK) return st;
+    if ((st = rope_num(ro, field, "beta_slow", 1, 1.0, &bs)) != IE_OK) return st;
+    if ((st = rope_num(ro, field, "mscale", 1, 0.0, &ms)) != IE_OK) return st;
+    if ((st = rope_num(ro, field, "mscale_all_dim", 1, 0.0, &msa)) != IE_OK) return st;
+    af = factor <= 1.0 ? 1.0 : 0.1 * log(factor) + 1.0;
+    if (ms != 0.0 && msa != 0.0 && factor > 1.0) af = (0.1 * ms * log(factor) + 1.0) / (0.1 * msa * log(factor) + 1.0);
+    if ((st = rope_num(ro, field, "attention_factor", 0, af, &af)) != IE_OK) return st;
+    t = obj_get(ro, "truncate");
+    if (t && !cJSON_IsNull(t) && !cJSON_IsBool(t))
+        return ie_error_set(IE_ERR_FORMAT, "model: config.json field '%s.truncate' must be true or false", field);
+    hp->rope_yarn_truncate = !(t && cJSON_IsFalse(t)); /* transformers: .get("truncate", True) */
+    hp->rope_yarn_factor = (float)factor;
+    hp->rope_yarn_orig_ctx = (int)orig;
+    hp->rope_yarn_beta_fast = (float)bf;
+    hp->rope_yarn_beta_slow = (float)bs;
+    hp->rope_attn_factor = (float)af;
+    return IE_OK;
+}
+
+/* GptOssConfig (docs/GPTOSS.md §1); defaults are the config class's. */
+static ie_status_t hf_hparams_gptoss(ie_model_src_t *s, const cJSON *cfg)
+{
+    ie_hparams_t *hp = &s->hp;
+    ie_status_t st;
+    const cJSON *j, *q;
+    int flag;
+
+    if ((st = cfg_int(cfg, "hidden_size", 1, 0, &hp->n_embd)) != IE_OK) return st;
+    if ((st = cfg_int(cfg, "intermediate_size", 1, 0, &hp->n_ff)) != IE_OK) return st;
+    if ((st = cfg_int(cfg, "num_hidden_layers", 1, 0, &hp->n_layer)) != IE_OK) return st;
+    if ((st = cfg_int(cfg, "num_attention_heads", 1, 0, &hp->n_head)) != IE_OK) return st;
+    if ((st = cfg_int(cfg, "num_key_value_heads", 0, hp->n_head, &hp->n_head_kv)) != IE_OK) return st;
+    if ((st = cfg_int(cfg, "vocab_size", 1, 0, &hp->n_vocab)) != IE_OK) return st;
+    if ((st = cfg_int(cfg, "max_position_embeddings", 0, 131072, &hp->n_ctx_train)) != IE_OK) return st;
+    j = obj_get(cfg, "head_dim");
+    if ((!j || cJSON_IsNull(j)) && hp->n_embd % hp->n_head != 0)
+        return ie_error_set(IE_ERR_FORMAT,
+                            "model: hidden_size (%d) is not a multiple of num_attention_heads (%d) and head_dim is absent",
+                            hp->n_embd, hp->n_head);
+    if ((st = cfg_int(cfg, "head_dim", 0, hp->n_embd / hp->n_head, &hp->head_dim)) != IE_OK) return st;
+    hp->rope_dim = hp->head_dim;
+    if (obj_get(cfg, "num_local_experts") || !obj_get(cfg, "num_experts"))
+        st = cfg_int(cfg, "num_local_experts", 1, 0, &hp->n_expert);
+    else
+        st = cfg_int(cfg, "num_experts", 1, 0, &hp->n_expert);
+    if (st != IE_OK) return st;
+    if ((st = cfg_int(cfg, "num_experts_per_tok", 0, 4, &hp->n_expert_used)) != IE_OK) return st;
+    j = obj_get(cfg, "sliding_window");
+    if (cJSON_IsNull(j)) hp->sliding_window = 0; /* explicit null: no window */
+    else if ((st = cfg_int(cfg, "sliding_window", 0, 128, &hp->sliding_window)) != IE_OK) return st;
+    if (hp->n_layer > IE_MAX_LAYERS)
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: num_hidden_layers (%d) exceeds the supported maximum of %d layers",
+                            hp->n_layer, IE_MAX_LAYERS);
+    j = obj_get(cfg, "layer_types");
+    if (!j || cJSON_IsNull(j)) {
+        for (int l = 0; l < hp->n_layer; l++) hp->layer_swa[l] = (uint8_t)((l + 1) % 2);
+    } else {
+        if (!cJSON_IsArray(j) || cJSON_GetArraySize(j) != hp->n_layer)
+            return ie_error_set(IE_ERR_FORMAT, "model: config.json field 'layer_types' must be an array of %d strings",
+                                hp->n_layer);
+        for (int l = 0; l < hp->n_layer; l++) {
+            const cJSON *e = cJSON_GetArrayItem(j, l);
+            if (cJSON_IsString(e) && strcmp(e->valuestring, "sliding_attention") == 0) hp->layer_swa[l] = 1;
+            else if (cJSON_IsString(e) && strcmp(e->valuestring, "full_attention") == 0) hp->layer_swa[l] = 0;
+            else
+                return ie_error_set(IE_ERR_FORMAT,
+                                    "model: config.json layer_types[%d] must be \"sliding_attention\" or \"full_attention\"", l);
+        }
+    }
+    if ((st = cfg_float(cfg, "rms_norm_eps", 1e-5f, &hp->rms_eps)) != IE_OK) return st;
+    if ((st = cfg_float(cfg, "swiglu_limit", 7.0f, &hp->swiglu_limit)) != IE_OK) return st;
+    if ((st = cfg_float(cfg, "swiglu_alpha", 1.702f, &hp->swiglu_alpha)) != IE_OK) return st;
+    if ((st = cfg_bool(cfg, "tie_word_embeddings", &flag)) != IE_OK) return st;
+    if (flag) return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json tie_word_embeddings = true is not supported for gpt_oss");
+    j = obj_get(cfg, "attention_bias");
+    if (j && !cJSON_IsNull(j) && (st = cfg_bool(cfg, "attention_bias", &flag)) != IE_OK) return st;
+    if (j && cJSON_IsFalse(j))
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json attention_bias = false is not supported for gpt_oss");
+    q = obj_get(cfg, "quantization_config");
+    if (q && !cJSON_IsNull(q)) {
+        j = obj_get(q, "quant_method");
+        if (!cJSON_IsString(j) || strcmp(j->valuestring, "mxfp4") != 0)
+            return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json quantization_config.quant_method '%.32s' is not "
+                                "supported (only mxfp4)", cJSON_IsString(j) ? j->valuestring : "?");
+    }
+    if ((st = hf_rope_gptoss(hp, cfg)) != IE_OK) return st;
+    hp->rope_layout = IE_ROPE_NEOX;
+    hp->tied_embeddings = 0;
+    hp->attn_bias = 1;
+    hp->attn_sinks = 1;
+    return IE_OK;
+}
+
 static ie_status_t hf_hparams(ie_model_src_t *s, const cJSON *cfg, const char *dir)
 {
     ie_hparams_t *hp = &s->hp;
@@ -483,11 +869,12 @@ static ie_status_t hf_hparams(ie_model_src_t *s, const cJSON *cfg, const char *d
     int flag;
 
     if (!cJSON_IsObject(cfg)) return ie_error_set(IE_ERR_FORMAT, "model: config.json is not a JSON object");
-    if ((st = hf_check_arch(cfg)) != IE_OK) return st;
-    snprintf(hp->arch, sizeof hp->arch, "llama");
+    if ((st = hf_check_arch(cfg, &hp->arch_id)) != IE_OK) return st;
+    snprintf(hp->arch, sizeof hp->arch, hp->arch_id == IE_ARCH_GPTOSS ? "gpt-oss" : "llama");
     while (end > 1 && dir[end - 1] == '/') end--; /* name = last path component */
     for (begin = end; begin > 0 && dir[begin - 1] != '/'; begin--) {}
     snprintf(hp->name, sizeof hp->name, "%.*s", (int)(end - begin), dir + begin);
+    if (hp->arch_id == IE_ARCH_GPTOSS) return hf_hparams_gptoss(s, cfg);
 
     if ((st = cfg_int(cfg, "hidden_size", 1, 0, &hp->n_embd)) != IE_OK) return st;
     if ((st = cfg_int(cfg, "intermediate_size", 1, 0, &hp->n_ff)) != IE_OK) return st;
@@ -596,6 +983,186 @@ static ie_status_t hf_check_index(const ie_model_src_t *s, const cJSON *index, c
     return IE_OK;
 }
 
+/* ---------------------------------------------------------------- GPT-OSS HF experts
+ *
+ * The HF expert tensors do not match the canonical layout, so each layer gets
+ * converted copies (malloc'd, owned by the table entry, freed in destroy):
+ *
+ *   plain  gate_up_proj [E][H][2I] (in x out, gate = even columns, up = odd)
+ *          -> ffn_gate_exps / ffn_up_exps row-major [E][I][H], source dtype;
+ *          down_proj [E][I][H] -> ffn_down_exps [E][H][I] (per-expert transpose);
+ *   MXFP4  *_blocks [E][out][in/32][16] + *_scales [E][out][in/32] (rows =
+ *          outputs, gate_up rows 2j / 2j+1 = gate j / up j, byte b holds
+ *          elements 2b (low nibble) and 2b+1 (high)) -> ggml block_mxfp4
+ *          rows {e = scale byte; qs[j] = elem j | elem j+16 << 4};
+ *   gate_up_proj_bias [E][2I] -> ffn_gate_exps.bias / ffn_up_exps.bias [E][I].
+ *
+ * down_proj_bias is already [E][H] and is mapped without a copy. */
+
+static size_t float_size(ie_dtype_t t)
+{
+    return t == IE_DTYPE_F32 ? 4 : (t == IE_DTYPE_F16 || t == IE_DTYPE_BF16) ? 2 : 0;
+}
+
+/* HF tensor `name` (HF shape order) or NULL if absent and not required. */
+static ie_status_t hf_raw(const ie_model_src_t *s, const char *name, int required, int ndim, const int64_t *shape,
+                          int want_u8, const src_tensor_t **out)
+{
+    const src_tensor_t *t = find(s, name);
+    int64_t have[4], want[4];
+    char have_s[96], want_s[96];
+    int ok;
+
+    *out = NULL;
+    if (!t) return required ? ie_error_set(IE_ERR_FORMAT, "model: missing tensor '%s'", name) : IE_OK;
+    ok = t->t.n_dims == ndim;
+    for (int d = 0; d < t->t.n_dims && d < 4; d++) have[d] = t->t.ne[t->t.n_dims - 1 - d];
+    for (int d = 0; d < ndim; d++) want[d] = shape[d];
+    for (int d = 0; d < ndim && ok; d++) ok = have[d] == want[d];
+    if (!ok) {
+        fmt_shape(have_s, sizeof have_s, t->t.n_dims, have);
+        fmt_shape(want_s, sizeof want_s, ndim, want);
+        return ie_error_set(IE_ERR_FORMAT, "model: tensor '%s' has shape %s, expected %s", name, have_s, want_s);
+    }
+    if (want_u8 ? strcmp(t->type_name, "U8") != 0 : float_size(t->t.dtype) == 0)
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: tensor '%s' has type %s, expected %s", name, t->type_name,
+                            want_u8 ? "U8" : "F32, F16 or BF16");
+    *out = t;
+    return IE_OK;
+}
+
+/* Next free table entry: a new tensor `name` backed by a fresh zeroed buffer
+ * of `nbytes`, returned in *buf. The entry owns the buffer from here on. */
+static ie_status_t add_owned(ie_model_src_t *s, const char *name, ie_dtype_t dt, const char *type_name, int n_dims,
+                             int64_t ne0, int64_t ne1, int64_t ne2, uint64_t nbytes, uint8_t **buf)
+{
+    src_tensor_t *t;
+    if (s->n_tensors >= s->cap_tensors) return ie_error_set(IE_ERR_INTERNAL, "model: tensor table full");
+    t = &s->tensors[s->n_tensors];
+    if (!(t->name = strdup(name)) || !(t->owned = calloc(1, nbytes ? (size_t)nbytes : 1)))
+        return ie_error_set(IE_ERR_NOMEM, "model: out of memory converting '%s' (%llu bytes)", name,
+                            (unsigned long long)nbytes);
+    s->n_tensors++;
+    t->t = (ie_tensor_t){t->name, dt, n_dims, {ne0, ne1, ne2, 1}, t->owned, nbytes};
+    t->type_name = type_name;
+    *buf = t->owned;
+    return IE_OK;
+}
+
+/* MXFP4 rows off, off+stride, ... of [E][R][nb] HF blocks -> ggml blocks [E][R/stride][nb]. */
+static void mxfp4_rows(const uint8_t *blocks, const uint8_t *scales, int64_t E, int64_t R, int64_t nb, int64_t stride,
+                       int64_t off, uint8_t *dst)
+{
+    int64_t r_out = R / stride;
+    for (int64_t e = 0; e < E; e++)
+        for (int64_t j = 0; j < r_out; j++)
+            for (int64_t b = 0; b < nb; b++) {
+                int64_t src_blk = (e * R + off + stride * j) * nb + b;
+                const uint8_t *q = blocks + src_blk * 16;
+                uint8_t *d = dst + ((e * r_out + j) * nb + b) * 17, code[32];
+                for (int k = 0; k < 16; k++) {
+                    code[2 * k] = q[k] & 15;
+                    code[2 * k + 1] = q[k] >> 4;
+                }
+                d[0] = scales[src_blk];
+                for (int k = 0; k < 16; k++) d[1 + k] = (uint8_t)(code[k] | code[k + 16] << 4);
+            }
+}
+
+static ie_status_t gptoss_hf_layer(ie_model_src_t *s, int l)
+{
+    const int64_t H = s->hp.n_embd, I = s->hp.n_ff, E = s->hp.n_expert;
+    const src_tensor_t *gu = NULL, *gu_s = NULL, *dn = NULL, *dn_s = NULL, *gub = NULL;
+    char hn[160], hs[160], cg[96], cu[96], cd[96];
+    uint8_t *g, *u, *d;
+    ie_status_t st;
+    size_t es;
+
+    snprintf(hn, sizeof hn, "model.layers.%d.mlp.experts.gate_up_proj_blocks", l);
+    if (find(s, hn)) { /* MXFP4 release layout */
+        if (H % 32 != 0 || I % 32 != 0)
+            return ie_error_set(IE_ERR_FORMAT, "model: MXFP4 experts need hidden_size (%d) and intermediate_size (%d) "
+                                "to be multiples of 32 ('%s')", (int)H, (int)I, hn);
+        {
+            const int64_t gb[4] = {E, 2 * I, H / 32, 16}, db[4] = {E, H, I / 32, 16};
+            if ((st = hf_raw(s, hn, 1, 4, gb, 1, &gu)) != IE_OK) return st;
+            snprintf(hs, sizeof hs, "model.layers.%d.mlp.experts.gate_up_proj_scales", l);
+            if ((st = hf_raw(s, hs, 1, 3, gb, 1, &gu_s)) != IE_OK) return st;
+            snprintf(hn, sizeof hn, "model.layers.%d.mlp.experts.down_proj_blocks", l);
+            if ((st = hf_raw(s, hn, 1, 4, db, 1, &dn)) != IE_OK) return st;
+            snprintf(hs, sizeof hs, "model.layers.%d.mlp.experts.down_proj_scales", l);
+            if ((st = hf_raw(s, hs, 1, 3, db, 1, &dn_s)) != IE_OK) return st;
+        }
+    } else {
+        const int64_t gs[3] = {E, H, 2 * I}, ds[3] = {E, I, H};
+        snprintf(hn, sizeof hn, "model.layers.%d.mlp.experts.gate_up_proj", l);
+        if ((st = hf_raw(s, hn, 1, 3, gs, 0, &gu)) != IE_OK) return st;
+        snprintf(hn, sizeof hn, "model.layers.%d.mlp.experts.down_proj", l);
+        if ((st = hf_raw(s, hn, 1, 3, ds, 0, &dn)) != IE_OK) return st;
+    }
+    {
+        const int64_t bs[2] = {E, 2 * I};
+        snprintf(hn, sizeof hn, "model.layers.%d.mlp.experts.gate_up_proj_bias", l);
+        if ((st = hf_raw(s, hn, 1, 2, bs, 0, &gub)) != IE_OK) return st;
+    }
+    snprintf(cg, sizeof cg, "blk.%d.ffn_gate_exps.weight", l);
+    snprintf(cu, sizeof cu, "blk.%d.ffn_up_exps.weight", l);
+    snprintf(cd, sizeof cd, "blk.%d.ffn_down_exps.weight", l);
+
+    if (gu_s) {
+        const uint64_t gbytes = (uint64_t)(E * I * (H / 32)) * 17, dbytes = (uint64_t)(E * H * (I / 32)) * 17;
+        if ((st = add_owned(s, cg, IE_DTYPE_MXFP4, "mxfp4", 3, H, I, E, gbytes, &g)) != IE_OK) return st;
+        if ((st = add_owned(s, cu, IE_DTYPE_MXFP4, "mxfp4", 3, H, I, E, gbytes, &u)) != IE_OK) return st;
+        if ((st = add_owned(s, cd, IE_DTYPE_MXFP4, "mxfp4", 3, I, H, E, dbytes, &d)) != IE_OK) return st;
+        mxfp4_rows(gu->t.data, gu_s->t.data, E, 2 * I, H / 32, 2, 0, g);
+        mxfp4_rows(gu->t.data, gu_s->t.data, E, 2 * I, H / 32, 2, 1, u);
+        mxfp4_rows(dn->t.data, dn_s->t.data, E, H, I / 32, 1, 0, d);
+    } else {
+        const uint8_t *src = gu->t.data;
+        es = float_size(gu->t.dtype);
+        if ((st = add_owned(s, cg, gu->t.dtype, gu->type_name, 3, H, I, E, (uint64_t)(E * I * H) * es, &g)) != IE_OK)
+            return st;
+        if ((st = add_owned(s, cu, gu->t.dtype, gu->type_name, 3, H, I, E, (uint64_t)(E * I * H) * es, &u)) != IE_OK)
+            return st;
+        for (int64_t e = 0; e < E; e++)
+            for (int64_t i = 0; i < H; i++)
+                for (int64_t j = 0; j < I; j++) {
+                    const uint8_t *p = src + ((e * H + i) * 2 * I + 2 * j) * (int64_t)es;
+                    memcpy(g + ((e * I + j) * H + i) * (int64_t)es, p, es);
+                    memcpy(u + ((e * I + j) * H + i) * (int64_t)es, p + es, es);
+                }
+        src = dn->t.data;
+        es = float_size(dn->t.dtype);
+        if ((st = add_owned(s, cd, dn->t.dtype, dn->type_name, 3, I, H, E, (uint64_t)(E * H * I) * es, &d)) != IE_OK)
+            return st;
+        for (int64_t e = 0; e < E; e++)
+            for (int64_t i = 0; i < I; i++)
+                for (int64_t h = 0; h < H; h++)
+                    memcpy(d + ((e * H + h) * I + i) * (int64_t)es, src + ((e * I + i) * H + h) * (int64_t)es, es);
+    }
+
+    snprintf(cg, sizeof cg, "blk.%d.ffn_gate_exps.bias", l);
+    snprintf(cu, sizeof cu, "blk.%d.ffn_up_exps.bias", l);
+    es = float_size(gub->t.dtype);
+    if ((st = add_owned(s, cg, gub->t.dtype, gub->type_name, 2, I, E, 1, (uint64_t)(E * I) * es, &g)) != IE_OK) return st;
+    if ((st = add_owned(s, cu, gub->t.dtype, gub->type_name, 2, I, E, 1, (uint64_t)(E * I) * es, &u)) != IE_OK) return st;
+    for (int64_t k = 0; k < E * I; k++) {
+        const uint8_t *p = (const uint8_t *)gub->t.data + 2 * k * (int64_t)es;
+        memcpy(g + k * (int64_t)es, p, es);
+        memcpy(u + k * (int64_t)es, p + es, es);
+    }
+    return IE_OK;
+}
+
+/* Append the converted expert tensors of every layer (find() keeps
+ * searching the sorted prefix of HF names meanwhile), then re-sort. */
+static ie_status_t gptoss_hf_convert(ie_model_src_t *s)
+{
+    ie_status_t st = IE_OK;
+    for (int l = 0; l < s->hp.n_layer && st == IE_OK; l++) st = gptoss_hf_layer(s, l);
+    return st == IE_OK ? sort_tensors(s) : st;
+}
+
 /* Open the shards and build the canonical tensor table. */
 static ie_status_t hf_tensors(ie_model_src_t *s, const char *dir)
 {
@@ -628,15 +1195,17 @@ static ie_status_t hf_tensors(ie_model_src_t *s, const char *dir)
     }
     if (index && (st = hf_check_index(s, index, names)) != IE_OK) goto cleanup;
 
+    if (s->hp.arch_id == IE_ARCH_GPTOSS) total += 5 * (int64_t)s->hp.n_layer; /* converted expert tensors */
     if (!(s->tensors = calloc(total ? total : 1, sizeof *s->tensors))) {
         st = ie_error_set(IE_ERR_NOMEM, "model: out of memory for %lld tensors", (long long)total);
         goto cleanup;
     }
+    s->cap_tensors = total;
     for (int i = 0; i < s->n_shards; i++)
         for (int64_t j = 0; j < ie_safetensors_count(s->shards[i]); j++) {
             const ie_safetensors_tensor_t *ht = ie_safetensors_get(s->shards[i], j);
             src_tensor_t *t = &s->tensors[k];
-            int mapped = translate_name(ht->name, 0, canon, sizeof canon);
+            int mapped = translate_name(ht->name, 0, s->hp.arch_id, canon, sizeof canon);
             if (mapped && s->hp.tied_embeddings && strcmp(canon, "output.weight") == 0) continue;
             if (!(t->name = strdup(mapped ? canon : ht->name))) {
                 st = ie_error_set(IE_ERR_NOMEM, "model: out of memory for tensor names");
@@ -648,6 +1217,7 @@ static ie_status_t hf_tensors(ie_model_src_t *s, const char *dir)
             t->type_name = ht->dtype_str;
         }
     st = sort_tensors(s);
+    if (st == IE_OK && s->hp.arch_id == IE_ARCH_GPTOSS) st = gptoss_hf_convert(s);
 
 cleanup:
     for (int i = 0; i < n_names; i++) free(names[i]);
@@ -658,7 +1228,8 @@ cleanup:
 
 static ie_status_t open_hf(ie_model_src_t *s, const char *dir)
 {
-    static const hp_labels_t labels = {"num_attention_heads", "num_key_value_heads", "head_dim", "head_dim"};
+    static const hp_labels_t labels = {"num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                                       "head_dim",          "num_local_experts",  "num_experts_per_tok", "sliding_window"};
     ie_status_t st = IE_OK;
     cJSON *cfg = NULL;
     char path[PATH_CAP];
@@ -708,7 +1279,10 @@ void ie_model_src_destroy(ie_model_src_t **self_p)
 {
     if (!self_p || !*self_p) return;
     ie_model_src_t *s = *self_p;
-    for (int64_t i = 0; i < s->n_tensors; i++) free(s->tensors[i].name);
+    for (int64_t i = 0; i < s->cap_tensors && s->tensors; i++) {
+        free(s->tensors[i].name);
+        free(s->tensors[i].owned);
+    }
     free(s->tensors);
     for (int i = 0; i < s->n_shards; i++) ie_safetensors_destroy(&s->shards[i]);
     free(s->shards);

@@ -7,6 +7,7 @@
  */
 #include "ie_gguf.h"
 #include "ie_model_src.h"
+#include "ie_safetensors.h"
 #include "ie_test_writer.h"
 
 #include <CUnit/Basic.h>
@@ -607,6 +608,363 @@ static void test_gguf_bad(void)
     CU_ASSERT_PTR_NULL(ie_model_src_tensor(NULL, "x"));
 }
 
+/* ================================================================ GPT-OSS fixtures */
+
+#define GPTOSS_DIR IE_TEST_DATA "/tiny_gptoss"
+#define GPTOSS_BF16_DIR IE_TEST_DATA "/tiny_gptoss_e4_bf16"
+#define GPTOSS_MXFP4_DIR IE_TEST_DATA "/tiny_gptoss_mxfp4"
+#define GPTOSS_GGUF IE_TEST_DATA "/tiny_gptoss.gguf"
+
+enum { GO_H = 32, GO_NH = 4, GO_NKV = 2, GO_D = 16, GO_I = 64, GO_V = 512, GO_L = 3 };
+
+/* Tensor `name` must exist with ne = {ne0, ne1, ne2} (n_dims dims). */
+static const ie_tensor_t *go_tensor(const ie_model_src_t *src, const char *name, int n_dims, int64_t ne0, int64_t ne1,
+                                    int64_t ne2)
+{
+    const ie_tensor_t *t = ie_model_src_tensor(src, name);
+    int ok = t && t->n_dims == n_dims && t->ne[0] == ne0 && (n_dims < 2 || t->ne[1] == ne1) &&
+             (n_dims < 3 || t->ne[2] == ne2);
+    if (!ok) fprintf(stderr, "\n  tensor %s missing or wrong shape\n", name);
+    CU_ASSERT(ok);
+    return ok ? t : NULL;
+}
+
+/* Hyper-parameters and canonical shapes common to every tiny GPT-OSS form. */
+static void check_gptoss(const ie_model_src_t *src, int n_expert, int gguf)
+{
+    const ie_hparams_t *hp = ie_model_src_hparams(src);
+    const int E = n_expert, q = GO_NH * GO_D, kv = GO_NKV * GO_D;
+    char n[96];
+
+    CU_ASSERT_STRING_EQUAL(hp->arch, "gpt-oss");
+    CU_ASSERT_EQUAL(hp->arch_id, IE_ARCH_GPTOSS);
+    CU_ASSERT_EQUAL(ie_model_src_kind(src), gguf ? IE_SRC_GGUF : IE_SRC_HF_DIR);
+    CU_ASSERT_EQUAL(hp->n_layer, GO_L);
+    CU_ASSERT_EQUAL(hp->n_embd, GO_H);
+    CU_ASSERT_EQUAL(hp->n_ff, GO_I);
+    CU_ASSERT_EQUAL(hp->n_head, GO_NH);
+    CU_ASSERT_EQUAL(hp->n_head_kv, GO_NKV);
+    CU_ASSERT_EQUAL(hp->head_dim, GO_D);
+    CU_ASSERT_EQUAL(hp->rope_dim, GO_D);
+    CU_ASSERT_EQUAL(hp->n_vocab, GO_V);
+    CU_ASSERT_EQUAL(hp->n_ctx_train, 131072);
+    CU_ASSERT_DOUBLE_EQUAL(hp->rope_theta, 150000.0, 1e-3);
+    CU_ASSERT_DOUBLE_EQUAL(hp->rms_eps, 1e-5, 1e-9);
+    CU_ASSERT_EQUAL(hp->rope_layout, IE_ROPE_NEOX);
+    CU_ASSERT_EQUAL(hp->tied_embeddings, 0);
+    CU_ASSERT_EQUAL(hp->n_expert, E);
+    CU_ASSERT_EQUAL(hp->n_expert_used, 2);
+    CU_ASSERT_EQUAL(hp->sliding_window, 8);
+    CU_ASSERT(hp->layer_swa[0] == 1 && hp->layer_swa[1] == 0 && hp->layer_swa[2] == 1);
+    CU_ASSERT(hp->attn_bias == 1 && hp->attn_sinks == 1);
+    CU_ASSERT_DOUBLE_EQUAL(hp->swiglu_limit, 7.0, 1e-6);
+    CU_ASSERT_DOUBLE_EQUAL(hp->swiglu_alpha, 1.702, 1e-6);
+    CU_ASSERT_DOUBLE_EQUAL(hp->rope_yarn_factor, 32.0, 1e-6);
+    CU_ASSERT_EQUAL(hp->rope_yarn_orig_ctx, 4096);
+    CU_ASSERT_DOUBLE_EQUAL(hp->rope_yarn_beta_fast, 32.0, 1e-6);
+    CU_ASSERT_DOUBLE_EQUAL(hp->rope_yarn_beta_slow, 1.0, 1e-6);
+    CU_ASSERT_EQUAL(hp->rope_yarn_truncate, 0);
+    CU_ASSERT_DOUBLE_EQUAL(hp->rope_attn_factor, 1.3465735902799727, 1e-6);
+
+    go_tensor(src, "token_embd.weight", 2, GO_H, GO_V, 0);
+    go_tensor(src, "output_norm.weight", 1, GO_H, 0, 0);
+    go_tensor(src, "output.weight", 2, GO_H, GO_V, 0);
+    for (int l = 0; l < GO_L; l++) {
+        const struct { const char *suffix; int nd; int64_t ne[3]; } req[] = {
+            {"attn_norm.weight", 1, {GO_H}},      {"attn_q.weight", 2, {GO_H, q}},   {"attn_q.bias", 1, {q}},
+            {"attn_k.weight", 2, {GO_H, kv}},     {"attn_k.bias", 1, {kv}},          {"attn_v.weight", 2, {GO_H, kv}},
+            {"attn_v.bias", 1, {kv}},             {"attn_output.weight", 2, {q, GO_H}}, {"attn_output.bias", 1, {GO_H}},
+            {"attn_sinks.weight", 1, {GO_NH}},    {"post_attention_norm.weight", 1, {GO_H}},
+            {"ffn_gate_inp.weight", 2, {GO_H, E}}, {"ffn_gate_inp.bias", 1, {E}},
+            {"ffn_gate_exps.weight", 3, {GO_H, GO_I, E}}, {"ffn_up_exps.weight", 3, {GO_H, GO_I, E}},
+            {"ffn_down_exps.weight", 3, {GO_I, GO_H, E}}, {"ffn_gate_exps.bias", 2, {GO_I, E}},
+            {"ffn_up_exps.bias", 2, {GO_I, E}},   {"ffn_down_exps.bias", 2, {GO_H, E}},
+        };
+        for (size_t i = 0; i < sizeof req / sizeof req[0]; i++) {
+            const ie_tensor_t *t;
+            snprintf(n, sizeof n, "blk.%d.%s", l, req[i].suffix);
+            t = go_tensor(src, n, req[i].nd, req[i].ne[0], req[i].ne[1], req[i].ne[2]);
+            if (t) {
+                int64_t ne = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+                CU_ASSERT_EQUAL(t->nbytes, ie_dtype_row_bytes(t->dtype, ne));
+            }
+        }
+    }
+}
+
+static void test_gptoss_fixtures(void)
+{
+    static const struct { const char *path; int E, gguf; ie_dtype_t exp_dt; } fx[] = {
+        {GPTOSS_DIR, 8, 0, IE_DTYPE_F32},
+        {GPTOSS_BF16_DIR, 4, 0, IE_DTYPE_BF16},
+        {GPTOSS_MXFP4_DIR, 8, 0, IE_DTYPE_MXFP4},
+        {GPTOSS_GGUF, 8, 1, IE_DTYPE_MXFP4},
+    };
+    for (size_t i = 0; i < sizeof fx / sizeof fx[0]; i++) {
+        ie_model_src_t *src = EXPECT_FAIL(fx[i].path, IE_OK, "");
+        if (!src) continue;
+        check_gptoss(src, fx[i].E, fx[i].gguf);
+        CU_ASSERT_EQUAL(ie_model_src_tensor(src, "blk.2.ffn_gate_exps.weight")->dtype, fx[i].exp_dt);
+        CU_ASSERT_EQUAL(ie_model_src_tensor(src, "blk.0.ffn_down_exps.weight")->dtype, fx[i].exp_dt);
+        if (!fx[i].gguf) CU_ASSERT_PTR_NOT_NULL(ie_model_src_tokenizer_path(src));
+        ie_model_src_destroy(&src);
+        CU_ASSERT_PTR_NULL(src);
+    }
+}
+
+static float *go_f32(const ie_tensor_t *t)
+{
+    int64_t n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+    float *f = malloc((size_t)n * sizeof *f);
+    if (!f) abort();
+    ie_dequantize_row(t->dtype, t->data, f, n);
+    return f;
+}
+
+/* HF MXFP4 release and llama.cpp GGUF carry the same values: experts must
+ * convert to byte-identical ggml blocks, everything else equal as f32. */
+static void test_gptoss_mxfp4_vs_gguf(void)
+{
+    ie_model_src_t *hf = EXPECT_FAIL(GPTOSS_MXFP4_DIR, IE_OK, "");
+    ie_model_src_t *gg = EXPECT_FAIL(GPTOSS_GGUF, IE_OK, "");
+    static const char *const exps[] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
+    static const char *const rest[] = {
+        "attn_norm.weight", "attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias", "attn_v.weight",
+        "attn_v.bias", "attn_output.weight", "attn_output.bias", "attn_sinks.weight", "post_attention_norm.weight",
+        "ffn_gate_inp.weight", "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias"};
+    static const char *const glob[] = {"token_embd.weight", "output_norm.weight", "output.weight"};
+    char n[96];
+    int n_cmp = 0;
+
+    if (!hf || !gg) goto done;
+    for (int l = 0; l < GO_L; l++) {
+        for (size_t i = 0; i < 3; i++) {
+            const ie_tensor_t *a, *b;
+            snprintf(n, sizeof n, "blk.%d.%s", l, exps[i]);
+            a = ie_model_src_tensor(hf, n);
+            b = ie_model_src_tensor(gg, n);
+            CU_ASSERT_FATAL(a && b);
+            CU_ASSERT(a->dtype == IE_DTYPE_MXFP4 && b->dtype == IE_DTYPE_MXFP4);
+            CU_ASSERT_EQUAL(a->nbytes, b->nbytes);
+            if (a->nbytes != b->nbytes || memcmp(a->data, b->data, a->nbytes) != 0) {
+                fprintf(stderr, "\n  %s differs between HF MXFP4 and GGUF\n", n);
+                CU_FAIL("expert bytes differ");
+            }
+            n_cmp++;
+        }
+    }
+    for (int l = -1; l < GO_L; l++)
+        for (size_t i = 0; i < (l < 0 ? 3 : sizeof rest / sizeof rest[0]); i++) {
+            const ie_tensor_t *a, *b;
+            float *fa, *fb;
+            int64_t ne;
+            if (l < 0) snprintf(n, sizeof n, "%s", glob[i]);
+            else snprintf(n, sizeof n, "blk.%d.%s", l, rest[i]);
+            a = ie_model_src_tensor(hf, n);
+            b = ie_model_src_tensor(gg, n);
+            CU_ASSERT_FATAL(a && b);
+            CU_ASSERT(a->n_dims == b->n_dims && !memcmp(a->ne, b->ne, sizeof a->ne));
+            CU_ASSERT(a->dtype == IE_DTYPE_BF16 && b->dtype == IE_DTYPE_F32);
+            ne = a->ne[0] * a->ne[1] * a->ne[2] * a->ne[3];
+            fa = go_f32(a);
+            fb = go_f32(b);
+            if (memcmp(fa, fb, (size_t)ne * sizeof *fa) != 0) {
+                fprintf(stderr, "\n  %s differs between HF MXFP4 and GGUF\n", n);
+                CU_FAIL("tensor values differ");
+            }
+            free(fa);
+            free(fb);
+            n_cmp++;
+        }
+    CU_ASSERT_EQUAL(n_cmp, 3 * GO_L + 3 + 16 * GO_L);
+done:
+    ie_model_src_destroy(&hf);
+    ie_model_src_destroy(&gg);
+}
+
+/* Plain fp32 experts: converted values by index against the raw safetensors. */
+static void test_gptoss_plain_values(void)
+{
+    ie_model_src_t *src = EXPECT_FAIL(GPTOSS_DIR, IE_OK, "");
+    ie_safetensors_t *st = NULL;
+    const int E = 8, I = GO_I, H = GO_H;
+    char n[96];
+
+    CU_ASSERT_EQUAL_FATAL(ie_safetensors_open(GPTOSS_DIR "/model.safetensors", &st), IE_OK);
+    if (!src) goto done;
+    for (int l = 0; l < GO_L; l++) {
+        const ie_safetensors_tensor_t *gu, *dn, *gub, *dnb, *sk;
+        const float *g, *u, *d, *gb, *ub, *db, *sc;
+        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.gate_up_proj", l);
+        gu = ie_safetensors_find(st, n);
+        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.down_proj", l);
+        dn = ie_safetensors_find(st, n);
+        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.gate_up_proj_bias", l);
+        gub = ie_safetensors_find(st, n);
+        snprintf(n, sizeof n, "model.layers.%d.mlp.experts.down_proj_bias", l);
+        dnb = ie_safetensors_find(st, n);
+        snprintf(n, sizeof n, "model.layers.%d.self_attn.sinks", l);
+        sk = ie_safetensors_find(st, n);
+        CU_ASSERT_FATAL(gu && dn && gub && dnb && sk);
+        snprintf(n, sizeof n, "blk.%d.ffn_gate_exps.weight", l);
+        g = ie_model_src_tensor(src, n)->data;
+        snprintf(n, sizeof n, "blk.%d.ffn_up_exps.weight", l);
+        u = ie_model_src_tensor(src, n)->data;
+        snprintf(n, sizeof n, "blk.%d.ffn_down_exps.weight", l);
+        d = ie_model_src_tensor(src, n)->data;
+        snprintf(n, sizeof n, "blk.%d.ffn_gate_exps.bias", l);
+        gb = ie_model_src_tensor(src, n)->data;
+        snprintf(n, sizeof n, "blk.%d.ffn_up_exps.bias", l);
+        ub = ie_model_src_tensor(src, n)->data;
+        snprintf(n, sizeof n, "blk.%d.ffn_down_exps.bias", l);
+        db = ie_model_src_tensor(src, n)->data;
+        snprintf(n, sizeof n, "blk.%d.attn_sinks.weight", l);
+        sc = ie_model_src_tensor(src, n)->data;
+        CU_ASSERT_EQUAL(memcmp(db, dnb->data, (size_t)E * H * sizeof(float)), 0); /* mapped as is */
+        CU_ASSERT_EQUAL(memcmp(sc, sk->data, GO_NH * sizeof(float)), 0);
+        {
+            const float *raw = gu->data, *rd = dn->data, *rb = gub->data;
+            int bad = 0;
+            for (int e = 0; e < E; e++) {
+                for (int j = 0; j < I; j++)
+                    for (int i = 0; i < H; i++) {
+                        /* gate of expert e, out j, in i == gate_up_proj[e][i][2j]; up: 2j+1 */
+                        bad += g[((size_t)e * I + j) * H + i] != raw[((size_t)e * H + i) * 2 * I + 2 * j];
+                        bad += u[((size_t)e * I + j) * H + i] != raw[((size_t)e * H + i) * 2 * I + 2 * j + 1];
+                        /* down of expert e, out i (< H), in j == down_proj[e][j][i] */
+                        bad += d[((size_t)e * H + i) * I + j] != rd[((size_t)e * I + j) * H + i];
+                    }
+                for (int j = 0; j < I; j++) {
+                    bad += gb[e * I + j] != rb[e * 2 * I + 2 * j];
+                    bad += ub[e * I + j] != rb[e * 2 * I + 2 * j + 1];
+                }
+            }
+            CU_ASSERT_EQUAL(bad, 0);
+            /* spot checks by hand */
+            CU_ASSERT_EQUAL(g[(3 * I + 5) * H + 7], raw[(3 * H + 7) * 2 * I + 10]);
+            CU_ASSERT_EQUAL(u[(7 * I + 63) * H + 31], raw[(7 * H + 31) * 2 * I + 127]);
+            CU_ASSERT_EQUAL(d[(2 * H + 9) * I + 40], rd[(2 * I + 40) * H + 9]);
+        }
+    }
+done:
+    ie_safetensors_destroy(&st);
+    ie_model_src_destroy(&src);
+}
+
+/* Copy tiny_gptoss into g_dir, replacing `from` by `to` in config.json, and
+ * leaving out tensor `skip` / writing `shrink` one element short in its
+ * innermost dim. */
+static void gptoss_copy_from(const char *src_dir, const char *from, const char *to, const char *skip,
+                             const char *shrink)
+{
+    ie_safetensors_t *st = NULL;
+    st_w_t w;
+    tbuf_t file;
+    char cfg[8192], out[8192], *at;
+    char path[256];
+    FILE *f;
+    size_t n;
+
+    snprintf(path, sizeof path, "%s/config.json", src_dir);
+    f = fopen(path, "rb");
+
+    if (!f) abort();
+    n = fread(cfg, 1, sizeof cfg - 1, f);
+    fclose(f);
+    cfg[n] = '\0';
+    dir_clear();
+    if (from && (at = strstr(cfg, from))) {
+        snprintf(out, sizeof out, "%.*s%s%s", (int)(at - cfg), cfg, to, at + strlen(from));
+        put_file("config.json", out, strlen(out));
+    } else {
+        put_file("config.json", cfg, n);
+    }
+    snprintf(path, sizeof path, "%s/model.safetensors", src_dir);
+    if (ie_safetensors_open(path, &st) != IE_OK) abort();
+    memset(&w, 0, sizeof w);
+    for (int64_t i = 0; i < ie_safetensors_count(st); i++) {
+        const ie_safetensors_tensor_t *t = ie_safetensors_get(st, i);
+        int64_t shape[4], elems = 1;
+        uint64_t es;
+        if (skip && strcmp(t->name, skip) == 0) continue;
+        for (int d = 0; d < t->ndim; d++) elems *= (shape[d] = t->shape[d]);
+        es = elems ? t->nbytes / (uint64_t)elems : 0;
+        if (shrink && strcmp(t->name, shrink) == 0) {
+            elems = elems / shape[t->ndim - 1] * (shape[t->ndim - 1] - 1);
+            shape[t->ndim - 1]--;
+        }
+        sw_tensor(&w, t->name, t->dtype_str, t->ndim, shape, t->data, (size_t)elems * es);
+    }
+    sw_finish(&w, &file);
+    put_file("model.safetensors", file.p, file.n);
+    tb_free(&file);
+    ie_safetensors_destroy(&st);
+}
+
+static void gptoss_copy(const char *from, const char *to, const char *skip, const char *shrink)
+{
+    gptoss_copy_from(GPTOSS_DIR, from, to, skip, shrink);
+}
+
+static void test_gptoss_bad(void)
+{
+    ie_model_src_t *src;
+
+    gptoss_copy(NULL, NULL, NULL, NULL); /* the copy itself is valid */
+    src = EXPECT_FAIL(g_dir, IE_OK, "");
+    ie_model_src_destroy(&src);
+
+    gptoss_copy("\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 9", NULL, NULL);
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "num_experts_per_tok (9) exceeds num_local_experts (8)");
+    gptoss_copy("\"num_local_experts\": 8", "\"num_local_experts\": 0", NULL, NULL);
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "num_local_experts = 0");
+    gptoss_copy("\"sliding_window\": 8", "\"sliding_window\": null", NULL, NULL);
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "sliding_window (0) must be at least 1");
+    gptoss_copy("\"full_attention\"", "\"chunked_attention\"", NULL, NULL);
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "layer_types[1]");
+    gptoss_copy("\"sliding_attention\",\n    \"full_attention\",", "\"sliding_attention\",", NULL, NULL);
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "'layer_types' must be an array of 3 strings");
+    gptoss_copy("\"rope_type\": \"yarn\"", "\"rope_type\": \"longrope\"", NULL, NULL);
+    EXPECT_FAIL(g_dir, IE_ERR_UNSUPPORTED, "rope_parameters type 'longrope'");
+    gptoss_copy("\"factor\": 32.0", "\"factor\": \"x\"", NULL, NULL);
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "'rope_parameters.factor' must be a number");
+    gptoss_copy("\"num_hidden_layers\": 3", "\"num_hidden_layers\": 513", NULL, NULL);
+    EXPECT_FAIL(g_dir, IE_ERR_UNSUPPORTED, "num_hidden_layers (513) exceeds");
+    gptoss_copy("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3", NULL, NULL);
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "num_attention_heads (4) is not a multiple of num_key_value_heads (3)");
+    gptoss_copy("\"attention_bias\": true", "\"attention_bias\": false", NULL, NULL);
+    EXPECT_FAIL(g_dir, IE_ERR_UNSUPPORTED, "attention_bias = false");
+
+    gptoss_copy(NULL, NULL, "model.layers.1.self_attn.sinks", NULL);
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "missing tensor 'blk.1.attn_sinks.weight' (HF 'model.layers.1.self_attn.sinks')");
+    gptoss_copy(NULL, NULL, NULL, "model.layers.2.mlp.experts.gate_up_proj");
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT,
+                "tensor 'model.layers.2.mlp.experts.gate_up_proj' has shape [8, 32, 127], expected [8, 32, 128]");
+    gptoss_copy(NULL, NULL, NULL, "model.layers.0.mlp.experts.down_proj");
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "'model.layers.0.mlp.experts.down_proj' has shape [8, 64, 31]");
+    gptoss_copy(NULL, NULL, "model.layers.0.mlp.experts.gate_up_proj_bias", NULL);
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "missing tensor 'model.layers.0.mlp.experts.gate_up_proj_bias'");
+    gptoss_copy(NULL, NULL, NULL, "model.layers.0.mlp.experts.down_proj_bias");
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT,
+                "tensor 'blk.0.ffn_down_exps.bias' has shape [31, 8], expected [32, 8] (HF 'model.layers.0.mlp.experts.down_proj_bias')");
+    gptoss_copy(NULL, NULL, NULL, "model.layers.0.mlp.router.weight");
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "'blk.0.ffn_gate_inp.weight' has shape [31, 8], expected [32, 8]");
+    gptoss_copy(NULL, NULL, "lm_head.weight", NULL);
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "missing tensor 'output.weight' (HF 'lm_head.weight')");
+
+    /* MXFP4 release layout */
+    gptoss_copy_from(GPTOSS_MXFP4_DIR, NULL, NULL, NULL, NULL);
+    src = EXPECT_FAIL(g_dir, IE_OK, "");
+    ie_model_src_destroy(&src);
+    gptoss_copy_from(GPTOSS_MXFP4_DIR, NULL, NULL, NULL, "model.layers.1.mlp.experts.down_proj_scales");
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT,
+                "tensor 'model.layers.1.mlp.experts.down_proj_scales' has shape [8, 32, 1], expected [8, 32, 2]");
+    gptoss_copy_from(GPTOSS_MXFP4_DIR, NULL, NULL, "model.layers.2.mlp.experts.gate_up_proj_scales", NULL);
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "missing tensor 'model.layers.2.mlp.experts.gate_up_proj_scales'");
+    gptoss_copy_from(GPTOSS_MXFP4_DIR, "\"quant_method\": \"mxfp4\"", "\"quant_method\": \"gptq\"", NULL, NULL);
+    EXPECT_FAIL(g_dir, IE_ERR_UNSUPPORTED, "quant_method 'gptq'");
+}
+
 int main(void)
 {
     unsigned failures;
@@ -620,6 +978,10 @@ int main(void)
     CU_add_test(s, "HF dir: bad tensors", test_hf_bad_tensors);
     CU_add_test(s, "GGUF: valid, defaults", test_gguf_valid);
     CU_add_test(s, "GGUF: bad files", test_gguf_bad);
+    CU_add_test(s, "GPT-OSS: four fixture forms", test_gptoss_fixtures);
+    CU_add_test(s, "GPT-OSS: HF MXFP4 == GGUF", test_gptoss_mxfp4_vs_gguf);
+    CU_add_test(s, "GPT-OSS: plain experts by index", test_gptoss_plain_values);
+    CU_add_test(s, "GPT-OSS: bad config and tensors", test_gptoss_bad);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     failures = CU_get_number_of_failures();
