@@ -115,6 +115,15 @@ ie_status_t ie_engine_generate(ie_engine_t *e, const char *const *prompts, size_
                                const ie_gen_params_t *p, ie_gen_result_t *results,
                                ie_gen_stats_t *stats);
 
+/* As ie_engine_generate, for prompts already tokenized (e.g. by
+ * ie_chat_encode): prompt i is ids[i][0..n_ids[i]), used as given
+ * (p->add_special and p->parse_special do not apply). Errors as
+ * ie_engine_generate, plus IE_ERR_RANGE for an id outside the model's
+ * vocabulary and IE_ERR_INVAL for an empty prompt. */
+ie_status_t ie_engine_generate_ids(ie_engine_t *e, const int32_t *const *ids, const size_t *n_ids, size_t n,
+                                   const ie_gen_params_t *p, ie_gen_result_t *results,
+                                   ie_gen_stats_t *stats);
+
 /* Logits for every position of `ids` in sequence slot 0 (cleared first):
  * out holds n * n_vocab floats, row i after consuming ids[0..i]. `decode`
  * 1 feeds one token per step, 0 prefills in chunks of max_batch. */

@@ -4,9 +4,13 @@
  * --warmup N runs the whole workload N times unmeasured first; --rounds R
  * measures it R times and reports the aggregate (tokens summed, latency
  * percentiles over every token of every round, text of the last round).
+ * --chat renders a conversation with the model's chat template (ie_chat.h)
+ * and feeds its ids; for harmony models the output is split into channels.
  */
+#include "ie_chat.h"
 #include "ie_cli.h"
 #include "ie_engine.h"
+#include "ie_harmony.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -30,12 +34,15 @@ int ie_cli_exit_for_load(ie_status_t st)
 
 static void usage(FILE *f)
 {
-    fputs("usage: inference-engine --model PATH (--prompt TEXT | --prompts-file FILE) [options]\n"
+    fputs("usage: inference-engine --model PATH (--prompt TEXT | --prompts-file FILE | --chat JSON) [options]\n"
           "       inference-engine tokenize|perplexity|logits ... (see docs/CLI.md)\n"
           "options:\n"
           "  --model PATH, --model-dir DIR  GGUF file or Hugging Face directory\n"
           "  --prompt TEXT                  one prompt\n"
           "  --prompts-file FILE            one prompt per line\n"
+          "  --chat JSON|@FILE              messages [{\"role\",\"content\"},...], chat template applied\n"
+          "  --reasoning low|medium|high    harmony models' reasoning effort (medium)\n"
+          "  --show-prompt                  with --chat: add the rendered prompt and its ids to the JSON\n"
           "  --max-new N                    tokens to generate per prompt (128)\n"
           "  --threads N                    compute threads (online CPUs)\n"
           "  --batch N                      prompts decoded together (1)\n"
@@ -110,6 +117,32 @@ static double percentile(double *v, size_t n, double p)
     return i + 1 < n ? v[i] * (1 - f) + v[i + 1] * f : v[i];
 }
 
+/* Read a whole file into a NUL-terminated string. Caller frees *out. */
+static int read_file(const char *path, char **out)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    char *buf = NULL;
+    size_t len = 0, cap = 0, got;
+    int rc = 0;
+    do {
+        if (len + 4096 + 1 > cap) {
+            cap = cap ? cap * 2 : 8192;
+            char *nb = realloc(buf, cap);
+            if (!nb) { rc = -1; errno = ENOMEM; break; }
+            buf = nb;
+        }
+        got = fread(buf + len, 1, 4096, f);
+        len += got;
+    } while (got > 0);
+    if (rc == 0 && ferror(f)) rc = -1;
+    fclose(f);
+    if (rc != 0) { free(buf); return -1; }
+    buf[len] = '\0';
+    *out = buf;
+    return 0;
+}
+
 /* Read one prompt per line (trailing \r\n stripped, empty lines skipped).
  * Caller frees each line and the array. */
 static int read_prompts(const char *path, char ***out, size_t *n_out)
@@ -152,7 +185,7 @@ int ie_cli_run(int argc, char **argv)
     enum {
         O_MODEL = 256, O_PROMPT, O_PFILE, O_MAXNEW, O_THREADS, O_BATCH, O_CTX, O_WARMUP, O_ROUNDS, O_GREEDY,
         O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_FREQ, O_PRES, O_SEED, O_STOP, O_PREC, O_NOSPECIAL,
-        O_PRINT, O_NOPIN, O_HELP
+        O_PRINT, O_NOPIN, O_HELP, O_CHAT, O_REASONING, O_SHOWPROMPT
     };
     static const struct option lo[] = {
         {"model", required_argument, 0, O_MODEL}, {"model-dir", required_argument, 0, O_MODEL},
@@ -167,9 +200,19 @@ int ie_cli_run(int argc, char **argv)
         {"presence-penalty", required_argument, 0, O_PRES}, {"seed", required_argument, 0, O_SEED},
         {"stop", required_argument, 0, O_STOP}, {"precision", required_argument, 0, O_PREC},
         {"no-special", no_argument, 0, O_NOSPECIAL}, {"print-text", no_argument, 0, O_PRINT},
-        {"no-pin", no_argument, 0, O_NOPIN}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+        {"no-pin", no_argument, 0, O_NOPIN}, {"help", no_argument, 0, O_HELP},
+        {"chat", required_argument, 0, O_CHAT}, {"reasoning", required_argument, 0, O_REASONING},
+        {"show-prompt", no_argument, 0, O_SHOWPROMPT}, {0, 0, 0, 0}};
 
-    const char *model = NULL, *prompt = NULL, *pfile = NULL;
+    const char *model = NULL, *prompt = NULL, *pfile = NULL, *chat = NULL;
+    char *chat_json = NULL;       /* --chat's JSON (owned: maybe read from a file) */
+    int32_t *chat_ids = NULL;
+    size_t n_chat_ids = 0;
+    ie_chat_format_t chat_fmt = IE_CHAT_NONE;
+    ie_chat_opts_t chat_opts = {0};
+    int have_reasoning = 0, show_prompt = 0;
+    char *chat_prompt = NULL;
+    ie_harmony_parser_t *hp = NULL;
     long max_new = 128, threads = sysconf(_SC_NPROCESSORS_ONLN), batch = 1, ctx = 0, warmup = 0, rounds = 1;
     int greedy = 0, print_text = 0, special = 1, pin = 1, have_seed = 0;
     ie_sampler_params_t sp = ie_sampler_params_default();
@@ -199,6 +242,12 @@ int ie_cli_run(int argc, char **argv)
         case O_MODEL: model = optarg; break;
         case O_PROMPT: prompt = optarg; break;
         case O_PFILE: pfile = optarg; break;
+        case O_CHAT: chat = optarg; break;
+        case O_SHOWPROMPT: show_prompt = 1; break;
+        case O_REASONING:
+            bad = ie_harmony_effort_parse(optarg, &chat_opts.effort) != IE_OK;
+            have_reasoning = 1;
+            break;
         case O_MAXNEW: bad = parse_long(optarg, 0, 1 << 24, &max_new); break;
         case O_THREADS: bad = parse_long(optarg, 1, 1024, &threads); break;
         case O_BATCH: bad = parse_long(optarg, 1, 4096, &batch); break;
@@ -259,8 +308,16 @@ int ie_cli_run(int argc, char **argv)
         rc = err_exit(IE_EXIT_USAGE, "--model is required (see --help)");
         goto cleanup;
     }
-    if (!!prompt == !!pfile) {
-        rc = err_exit(IE_EXIT_USAGE, "give exactly one of --prompt and --prompts-file (see --help)");
+    if (!!prompt + !!pfile + !!chat != 1) {
+        rc = err_exit(IE_EXIT_USAGE, "give exactly one of --prompt, --prompts-file and --chat (see --help)");
+        goto cleanup;
+    }
+    if ((have_reasoning || show_prompt) && !chat) {
+        rc = err_exit(IE_EXIT_USAGE, "--reasoning and --show-prompt need --chat");
+        goto cleanup;
+    }
+    if (chat && !special) {
+        rc = err_exit(IE_EXIT_USAGE, "--no-special does not apply to --chat (the template decides)");
         goto cleanup;
     }
     sp.greedy = greedy;
@@ -269,7 +326,37 @@ int ie_cli_run(int argc, char **argv)
         rc = err_exit(IE_EXIT_USAGE, ie_error_last());
         goto cleanup;
     }
-    if (pfile) {
+    if (chat) {
+        /* "@file" reads the JSON from a file; the syntax is checked now so
+         * that a typo fails before the model loads */
+        if (chat[0] == '@') {
+            if (read_file(chat + 1, &chat_json) != 0) {
+                snprintf(msg, sizeof msg, "cannot read --chat file '%s': %s", chat + 1, strerror(errno));
+                rc = err_exit(IE_EXIT_USAGE, msg);
+                goto cleanup;
+            }
+        } else if (!(chat_json = strdup(chat))) {
+            rc = err_exit(IE_EXIT_NOMEM, "out of memory");
+            goto cleanup;
+        }
+        cJSON *probe = cJSON_Parse(chat_json);
+        if (!probe) {
+            const char *at = cJSON_GetErrorPtr();
+            snprintf(msg, sizeof msg, "--chat: invalid JSON at byte %ld",
+                     at && at >= chat_json ? (long)(at - chat_json) : 0L);
+            rc = err_exit(IE_EXIT_USAGE, msg);
+            goto cleanup;
+        }
+        cJSON_Delete(probe);
+        prompts = calloc(1, sizeof *prompts); /* the slot of the one "prompt"; ids come from the chat */
+        if (!prompts || !(prompts[0] = strdup(""))) {
+            free(prompts);
+            prompts = NULL;
+            rc = err_exit(IE_EXIT_NOMEM, "out of memory");
+            goto cleanup;
+        }
+        n_prompts = 1;
+    } else if (pfile) {
         if (read_prompts(pfile, &prompts, &n_prompts) != 0) {
             snprintf(msg, sizeof msg, "cannot read prompts file '%s': %s", pfile, strerror(errno));
             rc = err_exit(IE_EXIT_USAGE, msg);
@@ -304,6 +391,17 @@ int ie_cli_run(int argc, char **argv)
         goto cleanup;
     }
 
+    if (chat) {
+        const ie_tokenizer_t *tok = ie_engine_tokenizer(eng);
+        chat_fmt = ie_chat_format(tok);
+        st = ie_chat_encode(tok, chat_json, &chat_opts, &chat_ids, &n_chat_ids, &chat_prompt);
+        if (st != IE_OK) {
+            rc = err_exit(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : st == IE_ERR_INTERNAL ? IE_EXIT_RUNTIME : IE_EXIT_USAGE,
+                          ie_error_last());
+            goto cleanup;
+        }
+    }
+
     ie_gen_params_t gp;
     ie_gen_params_default(&gp);
     gp.max_new = (int)max_new;
@@ -323,7 +421,12 @@ int ie_cli_run(int argc, char **argv)
         for (size_t i = 0; i < n_prompts; i++) ie_gen_result_clear(&res[i]);
         ie_gen_stats_t s = {0};
         double t0 = now_s();
-        st = ie_engine_generate(eng, (const char *const *)prompts, n_prompts, &gp, res, &s);
+        if (chat) {
+            const int32_t *one = chat_ids;
+            st = ie_engine_generate_ids(eng, &one, &n_chat_ids, 1, &gp, res, &s);
+        } else {
+            st = ie_engine_generate(eng, (const char *const *)prompts, n_prompts, &gp, res, &s);
+        }
         double t1 = now_s();
         if (st != IE_OK) {
             int code = st == IE_ERR_INVAL || st == IE_ERR_RANGE ? IE_EXIT_USAGE
@@ -375,6 +478,30 @@ int ie_cli_run(int argc, char **argv)
     cJSON_AddNumberToObject(js, "batch", (double)eo.n_seq);
     { char sb[24]; snprintf(sb, sizeof sb, "%llu", (unsigned long long)sp.seed); cJSON_AddRawToObject(js, "seed", sb); } /* exact: a double loses 64-bit seeds */
     cJSON_AddNumberToObject(js, "rounds", (double)rounds);
+    if (chat) cJSON_AddStringToObject(js, "chat_format", ie_chat_format_name(chat_fmt));
+    if (show_prompt) {
+        cJSON_AddStringToObject(js, "prompt", chat_prompt);
+        cJSON *pids = cJSON_AddArrayToObject(js, "prompt_ids");
+        for (size_t k = 0; k < n_chat_ids; k++) cJSON_AddItemToArray(pids, cJSON_CreateNumber(chat_ids[k]));
+    }
+    if (chat_fmt == IE_CHAT_HARMONY) {
+        /* the engine's text hides control tokens, so channels come from the
+         * ids; text is the answer (final channel) */
+        const ie_tokenizer_t *tok = ie_engine_tokenizer(eng);
+        st = ie_harmony_parser_new(tok, NULL, NULL, &hp);
+        for (size_t k = 0; st == IE_OK && k < res[0].n_gen; k++) st = ie_harmony_parser_push_token(hp, res[0].ids[k]);
+        if (st == IE_OK) st = ie_harmony_parser_finish(hp);
+        if (st != IE_OK) {
+            rc = err_exit(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, ie_error_last());
+            goto cleanup;
+        }
+        free(res[0].text);
+        res[0].text = strdup(ie_harmony_parser_text(hp, IE_HARMONY_CH_FINAL, NULL));
+        if (!res[0].text) { rc = err_exit(IE_EXIT_NOMEM, "out of memory"); goto cleanup; }
+        cJSON *ch = cJSON_AddObjectToObject(js, "channels");
+        cJSON_AddStringToObject(ch, "analysis", ie_harmony_parser_text(hp, IE_HARMONY_CH_ANALYSIS, NULL));
+        cJSON_AddStringToObject(ch, "final", ie_harmony_parser_text(hp, IE_HARMONY_CH_FINAL, NULL));
+    }
     if (n_prompts == 1) {
         cJSON_AddStringToObject(js, "text", res[0].text ? res[0].text : "");
         cJSON_AddStringToObject(js, "stop_reason", ie_finish_name(res[0].stop));
@@ -409,5 +536,9 @@ cleanup:
     for (size_t i = 0; i < n_prompts; i++) free(prompts[i]);
     free(prompts);
     free(stops);
+    free(chat_json);
+    free(chat_ids);
+    free(chat_prompt);
+    ie_harmony_parser_destroy(&hp);
     return rc;
 }

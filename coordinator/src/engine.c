@@ -242,8 +242,34 @@ static void req_free(req_t *q)
     free(q->text);
 }
 
+/* One body for both entry points: prompts as text (ids NULL) or as ids. */
+static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const int32_t *const *ids,
+                            const size_t *n_ids, size_t n, const ie_gen_params_t *p, ie_gen_result_t *results,
+                            ie_gen_stats_t *stats);
+
 ie_status_t ie_engine_generate(ie_engine_t *e, const char *const *prompts, size_t n,
                                const ie_gen_params_t *p, ie_gen_result_t *results, ie_gen_stats_t *stats)
+{
+    if (n && !prompts) {
+        memset(results, 0, n * sizeof *results);
+        return ie_error_set(IE_ERR_INVAL, "generate: bad arguments");
+    }
+    return generate(e, prompts, NULL, NULL, n, p, results, stats);
+}
+
+ie_status_t ie_engine_generate_ids(ie_engine_t *e, const int32_t *const *ids, const size_t *n_ids, size_t n,
+                                   const ie_gen_params_t *p, ie_gen_result_t *results, ie_gen_stats_t *stats)
+{
+    if (n && (!ids || !n_ids)) {
+        memset(results, 0, n * sizeof *results);
+        return ie_error_set(IE_ERR_INVAL, "generate: bad arguments");
+    }
+    return generate(e, NULL, ids, n_ids, n, p, results, stats);
+}
+
+static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const int32_t *const *ids,
+                            const size_t *n_ids, size_t n, const ie_gen_params_t *p, ie_gen_result_t *results,
+                            ie_gen_stats_t *stats)
 {
     ie_status_t st = IE_OK;
     const ie_hparams_t *hp = ie_worker_hparams(e->worker);
@@ -256,7 +282,7 @@ ie_status_t ie_engine_generate(ie_engine_t *e, const char *const *prompts, size_
     if (n == 0) return IE_OK;
     memset(results, 0, n * sizeof *results);
     if (!e->tok) return ie_error_set(IE_ERR_INVAL, "generate: the engine was created without a tokenizer");
-    if (!prompts || !p || p->max_new < 0) return ie_error_set(IE_ERR_INVAL, "generate: bad arguments");
+    if (!p || p->max_new < 0) return ie_error_set(IE_ERR_INVAL, "generate: bad arguments");
     if ((st = ie_sampler_params_validate(&p->sampling)) != IE_OK) return st;
     reqs = calloc(n, sizeof *reqs);
     slot_req = malloc((size_t)n_seq * sizeof *slot_req);
@@ -269,11 +295,27 @@ ie_status_t ie_engine_generate(ie_engine_t *e, const char *const *prompts, size_
     int flags = (p->add_special ? IE_TOK_ADD_SPECIAL : 0) | (p->parse_special ? IE_TOK_PARSE_SPECIAL : 0);
     for (size_t i = 0; i < n; i++) {
         req_t *q = &reqs[i];
-        if (!prompts[i]) {
+        if (ids ? !ids[i] && n_ids[i] : !prompts[i]) {
             st = ie_error_set(IE_ERR_INVAL, "prompt %zu is NULL", i + 1);
             goto cleanup;
         }
-        st = ie_tokenizer_encode(e->tok, prompts[i], strlen(prompts[i]), flags, &q->prompt, &q->n_prompt);
+        if (ids) { /* already tokens: copy, checking the range */
+            q->n_prompt = n_ids[i];
+            if (!(q->prompt = malloc((n_ids[i] ? n_ids[i] : 1) * sizeof *q->prompt))) {
+                st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+                goto cleanup;
+            }
+            for (size_t j = 0; j < n_ids[i]; j++) {
+                if (ids[i][j] < 0 || ids[i][j] >= hp->n_vocab) {
+                    st = ie_error_set(IE_ERR_RANGE, "prompt %zu: token id %d out of range (vocabulary %d)", i + 1,
+                                      (int)ids[i][j], (int)hp->n_vocab);
+                    goto cleanup;
+                }
+                q->prompt[j] = ids[i][j];
+            }
+        } else {
+            st = ie_tokenizer_encode(e->tok, prompts[i], strlen(prompts[i]), flags, &q->prompt, &q->n_prompt);
+        }
         if (st != IE_OK) {
             char why[400]; /* ie_error_last() is the buffer being written */
             snprintf(why, sizeof why, "%s", ie_error_last());

@@ -525,6 +525,40 @@ static void test_generate_edge_calls(void)
     CU_ASSERT_PTR_NULL(e);
 }
 
+/* ie_engine_generate_ids: the ids of a prompt generate what its text does;
+ * ids outside the vocabulary and an empty prompt fail up front. */
+static void test_generate_ids(void)
+{
+    const char *pr = CHAT_MATH;
+    const ie_tokenizer_t *tk = ie_engine_tokenizer(g_solo);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_encode(tk, pr, strlen(pr), IE_TOK_ADD_SPECIAL | IE_TOK_PARSE_SPECIAL, &ids, &n),
+                          IE_OK);
+    ie_gen_params_t p = greedy_params(24);
+    ie_gen_result_t a, b;
+    CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_solo, &pr, 1, &p, &a, NULL), IE_OK);
+    const int32_t *one = ids;
+    CU_ASSERT_EQUAL_FATAL(ie_engine_generate_ids(g_eng, &one, &n, 1, &p, &b, NULL), IE_OK);
+    CU_ASSERT_EQUAL(b.n_prompt, n);
+    CU_ASSERT_EQUAL(a.stop, b.stop);
+    CU_ASSERT(same_ids(&a, &b));
+    CU_ASSERT_STRING_EQUAL(a.text, b.text);
+    ie_gen_result_clear(&a);
+    ie_gen_result_clear(&b);
+
+    int32_t bad[2] = {1, ie_engine_hparams(g_eng)->n_vocab};
+    const int32_t *pb = bad;
+    size_t nb = 2, n0 = 0;
+    CU_ASSERT_EQUAL(ie_engine_generate_ids(g_eng, &pb, &nb, 1, &p, &b, NULL), IE_ERR_RANGE);
+    CU_ASSERT(all_zero(&b));
+    CU_ASSERT_EQUAL(ie_engine_generate_ids(g_eng, &pb, &n0, 1, &p, &b, NULL), IE_ERR_INVAL);
+    CU_ASSERT(all_zero(&b));
+    CU_ASSERT_EQUAL(ie_engine_generate_ids(g_eng, NULL, NULL, 1, &p, &b, NULL), IE_ERR_INVAL);
+    CU_ASSERT(all_zero(&b));
+    free(ids);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -540,6 +574,7 @@ int main(void)
     CU_add_test(s, "seeds", test_seeds);
     CU_add_test(s, "create errors", test_create_errors);
     CU_add_test(s, "edge calls", test_generate_edge_calls);
+    CU_add_test(s, "generate from ids", test_generate_ids);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();

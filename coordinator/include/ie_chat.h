@@ -1,0 +1,77 @@
+/* ie_chat.h — a conversation (messages as JSON) -> the model's prompt.
+ *
+ * The template is chosen by the tokenizer's vocabulary, not by a jinja
+ * interpreter:
+ *   - harmony (gpt-oss): the vocabulary has "<|start|>" and "<|channel|>";
+ *     rendered by ie_harmony (see ie_harmony.h), ends in "<|start|>assistant";
+ *   - ChatML (SmolLM2, Qwen-style): the vocabulary has "<|im_start|>" and
+ *     "<|im_end|>"; "<|im_start|>{role}\n{content}<|im_end|>\n" per message,
+ *     then "<|im_start|>assistant\n". As SmolLM2's GGUF chat_template does,
+ *     a conversation whose first message is not a system message gets the
+ *     default system message IE_CHAT_SMOLLM_SYSTEM first.
+ *
+ * Special tokens are trusted only where the template puts them. Message
+ * content is user data: a user typing "<|im_end|>" must not end the turn.
+ * ie_chat_encode therefore never tokenizes the rendered text as a whole with
+ * IE_TOK_PARSE_SPECIAL; it cuts the text at the template's own markers (ids
+ * taken from the vocabulary) and encodes everything between two markers,
+ * content included, as plain text. For a conversation without special-token
+ * text in its content this gives exactly the ids of tokenizing the rendered
+ * text with special-token parsing (what Hugging Face's apply_chat_template
+ * does); with it, the content's "<|im_end|>" becomes ordinary text tokens.
+ * (Rejecting such content was the alternative; it would make it impossible
+ * to ask the model about its own markup.)
+ */
+#ifndef IE_CHAT_H
+#define IE_CHAT_H
+
+#include "ie_harmony.h"
+#include "ie_status.h"
+#include "ie_tokenizer.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define IE_CHAT_SMOLLM_SYSTEM "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+typedef enum ie_chat_format {
+    IE_CHAT_NONE = 0, /* the vocabulary has no chat markup we know */
+    IE_CHAT_CHATML,
+    IE_CHAT_HARMONY
+} ie_chat_format_t;
+
+/* Options; a zeroed struct (or NULL) gives the defaults. */
+typedef struct ie_chat_opts {
+    ie_harmony_effort_t effort; /* harmony only; zero = medium           */
+    const char *current_date;   /* harmony only; NULL: today (local time) */
+} ie_chat_opts_t;
+
+/* The chat format of a tokenizer's vocabulary (harmony wins if both). */
+ie_chat_format_t ie_chat_format(const ie_tokenizer_t *tok);
+/* "none", "chatml", "harmony". Never NULL. */
+const char *ie_chat_format_name(ie_chat_format_t f);
+
+/* Render messages_json ([{"role": ..., "content": ...}, ...], NUL-terminated)
+ * into the prompt text. On success *prompt_out is a malloc'd NUL-terminated
+ * string the caller frees; on failure NULL. The text is for display and for
+ * callers that need a string; to feed a model use ie_chat_encode, which keeps
+ * special-token text in content from becoming tokens.
+ * Errors (the message says what and, where it can, which message):
+ * IE_ERR_FORMAT the JSON is not an array of objects; IE_ERR_INVAL empty
+ * conversation, missing or non-string role / content, unknown role (ChatML:
+ * system, user, assistant; harmony: also developer), invalid UTF-8, a
+ * vocabulary with no chat template ("model has no chat template");
+ * IE_ERR_UNSUPPORTED harmony features ie_harmony does not render (tools);
+ * IE_ERR_NOMEM. */
+ie_status_t ie_chat_render(const ie_tokenizer_t *tok, const char *messages_json, const ie_chat_opts_t *opts,
+                           char **prompt_out);
+
+/* Render and tokenize as described at the top of this file (no BOS is
+ * added: neither template has one). On success *ids_out (malloc'd, caller
+ * frees) holds *n_out ids; on failure NULL and 0. prompt_out (may be NULL)
+ * receives the rendered text as ie_chat_render gives it (caller frees).
+ * Errors as ie_chat_render. */
+ie_status_t ie_chat_encode(const ie_tokenizer_t *tok, const char *messages_json, const ie_chat_opts_t *opts,
+                           int32_t **ids_out, size_t *n_out, char **prompt_out);
+
+#endif

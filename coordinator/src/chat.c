@@ -1,0 +1,364 @@
+/* chat.c — messages JSON -> prompt text and ids (see ie_chat.h).
+ *
+ * Both formats render into a "masked" buffer: the text plus one byte per
+ * text byte saying whether it came from message content (1) or from the
+ * template (0). Encoding cuts the text only at template markers found where
+ * the mask is 0, so content can never produce a control token.
+ *
+ * ChatML is rendered here directly. Harmony is rendered by ie_harmony,
+ * which returns plain text; to learn where the content lies we render the
+ * same conversation a second time with every non-empty content / thinking
+ * string replaced by a placeholder ("\x1e<index>\x1e", a byte no template
+ * text holds), substitute the originals back with mask 1 and check that the
+ * result equals the real render byte for byte.
+ */
+#include "ie_chat.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static const char *const CHATML_MARKERS[] = {"<|im_start|>", "<|im_end|>", NULL};
+static const char *const HARMONY_MARKERS[] = {"<|start|>",     "<|end|>",    "<|message|>", "<|channel|>",
+                                              "<|constrain|>", "<|return|>", "<|call|>",    NULL};
+
+static int has_token(const ie_tokenizer_t *tok, const char *s)
+{
+    return ie_tokenizer_find(tok, s, strlen(s)) >= 0;
+}
+
+ie_chat_format_t ie_chat_format(const ie_tokenizer_t *tok)
+{
+    if (!tok) return IE_CHAT_NONE;
+    if (has_token(tok, "<|start|>") && has_token(tok, "<|channel|>")) return IE_CHAT_HARMONY;
+    if (has_token(tok, "<|im_start|>") && has_token(tok, "<|im_end|>")) return IE_CHAT_CHATML;
+    return IE_CHAT_NONE;
+}
+
+const char *ie_chat_format_name(ie_chat_format_t f)
+{
+    switch (f) {
+    case IE_CHAT_CHATML: return "chatml";
+    case IE_CHAT_HARMONY: return "harmony";
+    case IE_CHAT_NONE: break;
+    }
+    return "none";
+}
+
+/* ------------------------------------------------------------ masked text */
+
+typedef struct mbuf {
+    char *s;      /* text, NUL-terminated            */
+    uint8_t *m;   /* [len] 1 = content byte          */
+    size_t len, cap;
+} mbuf_t;
+
+static ie_status_t mbuf_add(mbuf_t *b, const char *s, size_t n, uint8_t mask)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t c = b->cap ? b->cap : 256;
+        while (c < b->len + n + 1) c *= 2;
+        char *ns = realloc(b->s, c);
+        if (!ns) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+        b->s = ns;
+        uint8_t *nm = realloc(b->m, c);
+        if (!nm) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+        b->m = nm;
+        b->cap = c;
+    }
+    memcpy(b->s + b->len, s, n);
+    memset(b->m + b->len, mask, n);
+    b->len += n;
+    b->s[b->len] = '\0';
+    return IE_OK;
+}
+
+static ie_status_t mbuf_str(mbuf_t *b, const char *s) { return mbuf_add(b, s, strlen(s), 0); }
+
+static void mbuf_free(mbuf_t *b)
+{
+    free(b->s);
+    free(b->m);
+    memset(b, 0, sizeof *b);
+}
+
+/* ------------------------------------------------------------------ ChatML */
+
+static ie_status_t chatml_render(const char *json, mbuf_t *out)
+{
+    ie_status_t st = IE_OK;
+    cJSON *root = cJSON_Parse(json);
+    if (!root || !cJSON_IsArray(root)) {
+        st = ie_error_set(IE_ERR_FORMAT, "chat: messages must be a JSON array of {\"role\", \"content\"} objects%s",
+                          root ? "" : " (invalid JSON)");
+        goto cleanup;
+    }
+    int n = cJSON_GetArraySize(root);
+    if (n == 0) {
+        st = ie_error_set(IE_ERR_INVAL, "chat: the conversation has no messages");
+        goto cleanup;
+    }
+    /* validate everything before writing anything */
+    for (int i = 0; i < n; i++) {
+        cJSON *msg = cJSON_GetArrayItem(root, i);
+        if (!cJSON_IsObject(msg)) {
+            st = ie_error_set(IE_ERR_FORMAT, "chat: message %d is not a JSON object", i + 1);
+            goto cleanup;
+        }
+        cJSON *role = cJSON_GetObjectItemCaseSensitive(msg, "role");
+        cJSON *content = cJSON_GetObjectItemCaseSensitive(msg, "content");
+        if (!cJSON_IsString(role)) {
+            st = ie_error_set(IE_ERR_INVAL, "chat: message %d: missing or non-string \"role\"", i + 1);
+            goto cleanup;
+        }
+        if (strcmp(role->valuestring, "system") && strcmp(role->valuestring, "user") &&
+            strcmp(role->valuestring, "assistant")) {
+            st = ie_error_set(IE_ERR_INVAL, "chat: message %d: unknown role '%.40s' (system, user, assistant)",
+                              i + 1, role->valuestring);
+            goto cleanup;
+        }
+        if (!cJSON_IsString(content)) {
+            st = ie_error_set(IE_ERR_INVAL, "chat: message %d: missing or non-string \"content\"", i + 1);
+            goto cleanup;
+        }
+        if (ie_tokenizer_check_utf8(content->valuestring, strlen(content->valuestring)) != IE_OK) {
+            st = ie_error_set(IE_ERR_INVAL, "chat: message %d: content is not valid UTF-8", i + 1);
+            goto cleanup;
+        }
+    }
+    /* SmolLM2's chat_template: {% if loop.first and messages[0]['role'] !=
+     * 'system' %} the default system message {% endif %} */
+    if (strcmp(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(root, 0), "role")->valuestring, "system") &&
+        (st = mbuf_str(out, "<|im_start|>system\n" IE_CHAT_SMOLLM_SYSTEM "<|im_end|>\n")) != IE_OK)
+        goto cleanup;
+    for (int i = 0; i < n; i++) {
+        cJSON *msg = cJSON_GetArrayItem(root, i);
+        const char *role = cJSON_GetObjectItemCaseSensitive(msg, "role")->valuestring;
+        const char *content = cJSON_GetObjectItemCaseSensitive(msg, "content")->valuestring;
+        if ((st = mbuf_str(out, "<|im_start|>")) != IE_OK || (st = mbuf_str(out, role)) != IE_OK ||
+            (st = mbuf_str(out, "\n")) != IE_OK || (st = mbuf_add(out, content, strlen(content), 1)) != IE_OK ||
+            (st = mbuf_str(out, "<|im_end|>\n")) != IE_OK)
+            goto cleanup;
+    }
+    st = mbuf_str(out, "<|im_start|>assistant\n");
+
+cleanup:
+    cJSON_Delete(root);
+    return st;
+}
+
+/* ----------------------------------------------------------------- harmony */
+
+static ie_status_t harmony_text(const char *json, const ie_harmony_opts_t *ho, char **text, size_t *len)
+{
+    ie_harmony_conv_t *conv = NULL;
+    ie_status_t st = ie_harmony_conv_from_json(json, strlen(json), &conv);
+    if (st == IE_OK && ie_harmony_conv_len(conv) == 0)
+        st = ie_error_set(IE_ERR_INVAL, "chat: the conversation has no messages");
+    if (st == IE_OK) st = ie_harmony_render(conv, ho, text, len);
+    ie_harmony_conv_destroy(&conv);
+    return st;
+}
+
+static ie_status_t harmony_render(const char *json, const ie_chat_opts_t *opts, mbuf_t *out)
+{
+    ie_status_t st;
+    char *real = NULL, *ph_text = NULL, *ph_json = NULL, date[16];
+    char **orig = NULL;
+    size_t real_len = 0, ph_len = 0, n_orig = 0;
+    cJSON *root = NULL;
+
+    ie_harmony_opts_t ho = {0};
+    ho.effort = opts ? opts->effort : IE_HARMONY_EFFORT_MEDIUM;
+    ho.current_date = opts ? opts->current_date : NULL;
+    if (!ho.current_date) { /* fixed once, so that both renders agree */
+        time_t now = time(NULL);
+        struct tm tm;
+        localtime_r(&now, &tm);
+        strftime(date, sizeof date, "%Y-%m-%d", &tm);
+        ho.current_date = date;
+    }
+    /* the real render validates the conversation and gives its errors */
+    if ((st = harmony_text(json, &ho, &real, &real_len)) != IE_OK) goto cleanup;
+
+    root = cJSON_Parse(json); /* parsed fine above */
+    int n = root ? cJSON_GetArraySize(root) : 0;
+    if (!root || !(orig = calloc((size_t)n * 2 + 1, sizeof *orig))) {
+        st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    static const char *const KEYS[] = {"content", "thinking"};
+    for (int i = 0; i < n; i++) {
+        cJSON *msg = cJSON_GetArrayItem(root, i);
+        for (int k = 0; k < 2; k++) {
+            cJSON *v = cJSON_GetObjectItemCaseSensitive(msg, KEYS[k]);
+            if (!cJSON_IsString(v) || !v->valuestring[0]) continue; /* empty: the template tests it */
+            char ph[32];
+            snprintf(ph, sizeof ph, "\x1e%zu\x1e", n_orig);
+            if (!(orig[n_orig] = strdup(v->valuestring)) || !cJSON_SetValuestring(v, ph)) {
+                st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+                goto cleanup;
+            }
+            n_orig++;
+        }
+    }
+    if (!(ph_json = cJSON_PrintUnformatted(root))) {
+        st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    if ((st = harmony_text(ph_json, &ho, &ph_text, &ph_len)) != IE_OK) goto cleanup;
+    for (size_t i = 0; i < ph_len && st == IE_OK;) {
+        if (ph_text[i] != '\x1e') {
+            size_t j = i;
+            while (j < ph_len && ph_text[j] != '\x1e') j++;
+            st = mbuf_add(out, ph_text + i, j - i, 0);
+            i = j;
+            continue;
+        }
+        char *end;
+        unsigned long k = strtoul(ph_text + i + 1, &end, 10);
+        if (*end != '\x1e' || k >= n_orig) {
+            st = ie_error_set(IE_ERR_INTERNAL, "chat: harmony placeholder lost in rendering");
+            break;
+        }
+        st = mbuf_add(out, orig[k], strlen(orig[k]), 1);
+        i = (size_t)(end - ph_text) + 1;
+    }
+    if (st == IE_OK && (out->len != real_len || memcmp(out->s, real, real_len) != 0))
+        st = ie_error_set(IE_ERR_INTERNAL, "chat: harmony content could not be located in the prompt");
+
+cleanup:
+    for (size_t i = 0; orig && i < n_orig; i++) free(orig[i]);
+    free(orig);
+    cJSON_Delete(root);
+    free(ph_json);
+    free(ph_text);
+    free(real);
+    return st;
+}
+
+/* ------------------------------------------------------------------- API */
+
+static ie_status_t render_masked(const ie_tokenizer_t *tok, const char *json, const ie_chat_opts_t *opts,
+                                 mbuf_t *out, const char *const **markers)
+{
+    if (!tok || !json) return ie_error_set(IE_ERR_INVAL, "chat: NULL tokenizer or messages");
+    ie_status_t st;
+    switch (ie_chat_format(tok)) {
+    case IE_CHAT_CHATML:
+        *markers = CHATML_MARKERS;
+        st = chatml_render(json, out);
+        break;
+    case IE_CHAT_HARMONY:
+        *markers = HARMONY_MARKERS;
+        st = harmony_render(json, opts, out);
+        break;
+    default:
+        return ie_error_set(IE_ERR_INVAL, "model has no chat template");
+    }
+    if (st != IE_OK) mbuf_free(out);
+    return st;
+}
+
+ie_status_t ie_chat_render(const ie_tokenizer_t *tok, const char *messages_json, const ie_chat_opts_t *opts,
+                           char **prompt_out)
+{
+    mbuf_t b = {0};
+    const char *const *markers;
+    *prompt_out = NULL;
+    ie_status_t st = render_masked(tok, messages_json, opts, &b, &markers);
+    if (st != IE_OK) return st;
+    free(b.m);
+    *prompt_out = b.s;
+    return IE_OK;
+}
+
+/* Append the plain-text encoding of s[0..n) to ids. */
+static ie_status_t add_plain(const ie_tokenizer_t *tok, const char *s, size_t n, int32_t **ids, size_t *len,
+                             size_t *cap)
+{
+    if (n == 0) return IE_OK;
+    int32_t *piece = NULL;
+    size_t np = 0;
+    ie_status_t st = ie_tokenizer_encode(tok, s, n, 0, &piece, &np);
+    if (st != IE_OK) return st;
+    if (*len + np > *cap) {
+        size_t c = *cap ? *cap : 256;
+        while (c < *len + np) c *= 2;
+        int32_t *nv = realloc(*ids, c * sizeof *nv);
+        if (!nv) {
+            free(piece);
+            return ie_error_set(IE_ERR_NOMEM, "out of memory");
+        }
+        *ids = nv;
+        *cap = c;
+    }
+    memcpy(*ids + *len, piece, np * sizeof *piece);
+    *len += np;
+    free(piece);
+    return IE_OK;
+}
+
+ie_status_t ie_chat_encode(const ie_tokenizer_t *tok, const char *messages_json, const ie_chat_opts_t *opts,
+                           int32_t **ids_out, size_t *n_out, char **prompt_out)
+{
+    mbuf_t b = {0};
+    const char *const *markers;
+    int32_t *ids = NULL, marker_id[8];
+    size_t n = 0, cap = 0, marker_len[8];
+    *ids_out = NULL;
+    *n_out = 0;
+    if (prompt_out) *prompt_out = NULL;
+    ie_status_t st = render_masked(tok, messages_json, opts, &b, &markers);
+    if (st != IE_OK) return st;
+
+    size_t n_markers = 0;
+    for (; markers[n_markers]; n_markers++) {
+        marker_len[n_markers] = strlen(markers[n_markers]);
+        marker_id[n_markers] = ie_tokenizer_find(tok, markers[n_markers], marker_len[n_markers]);
+    }
+    /* cut at template markers only; all between them is plain text */
+    size_t piece = 0, i = 0;
+    while (i < b.len && st == IE_OK) {
+        size_t k = n_markers;
+        if (!b.m[i] && b.s[i] == '<')
+            for (k = 0; k < n_markers; k++)
+                if (marker_id[k] >= 0 && i + marker_len[k] <= b.len &&
+                    memcmp(b.s + i, markers[k], marker_len[k]) == 0 &&
+                    !memchr(b.m + i, 1, marker_len[k]))
+                    break;
+        if (k == n_markers) {
+            i++;
+            continue;
+        }
+        if ((st = add_plain(tok, b.s + piece, i - piece, &ids, &n, &cap)) != IE_OK) break;
+        if (n + 1 > cap) {
+            size_t c = cap ? cap * 2 : 256;
+            int32_t *nv = realloc(ids, c * sizeof *nv);
+            if (!nv) {
+                st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+                break;
+            }
+            ids = nv;
+            cap = c;
+        }
+        ids[n++] = marker_id[k];
+        i += marker_len[k];
+        piece = i;
+    }
+    if (st == IE_OK) st = add_plain(tok, b.s + piece, b.len - piece, &ids, &n, &cap);
+    if (st == IE_OK && !ids && !(ids = malloc(sizeof *ids))) st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+    free(b.m);
+    if (st != IE_OK) {
+        free(ids);
+        free(b.s);
+        return st;
+    }
+    *ids_out = ids;
+    *n_out = n;
+    if (prompt_out) *prompt_out = b.s;
+    else free(b.s);
+    return IE_OK;
+}
