@@ -7,12 +7,15 @@
  * layouts (docs/GPTOSS.md §3.3): attn_{q,k,v,output}.{weight,bias},
  * attn_sinks.weight, post_attention_norm.weight, ffn_gate_inp.{weight,bias},
  * ffn_{gate,up,down}_exps.{weight,bias} with experts as the outermost dim
- * (ne = [in, out, n_expert]), MXFP4 experts in ggml's block layout. Tensor data stays memory-mapped; nothing is
- * copied. HF directories are mapped from their HF names (model.layers.N...).
+ * (ne = [in, out, n_expert]), MXFP4 experts in ggml's block layout.
+ * Tensor data stays memory-mapped; nothing is copied. HF directories are
+ * mapped from their HF names (model.layers.N...).
  * Exception: GPT-OSS HF checkpoints store experts in another layout, so
  * ffn_{gate,up,down}_exps.weight and ffn_{gate,up}_exps.bias are converted
  * copies owned by the source (plain experts keep their F32/F16/BF16 dtype,
- * MXFP4 _blocks/_scales pairs become ggml block_mxfp4); everything else is mapped.
+ * MXFP4 _blocks/_scales pairs become ggml block_mxfp4); the converted
+ * sources' pages are then dropped from the mapping, so resident memory stays
+ * about the file's size. Everything else is mapped.
  *
  * RoPE layout follows the file: GGUF llama stores Q/K permuted for the
  * NORMAL (interleaved-pair) rotation; HF checkpoints use NEOX (rotate_half).
