@@ -92,7 +92,7 @@ static int32_t id_value(const cJSON *v)
     return (int32_t)d;
 }
 
-static ie_status_t read_file(const char *path, int missing_ok, char **buf_out, size_t *len_out)
+ie_status_t ie_tok_read_file(const char *path, int missing_ok, char **buf_out, size_t *len_out)
 {
     ie_status_t st = IE_OK;
     char *buf = NULL;
@@ -552,12 +552,12 @@ ie_status_t ie_tok_load_json(const char *json_path, const char *config_path, ie_
     p.pp_bos_id = p.pp_eos_id = -1;
     *out = NULL;
 
-    if ((st = read_file(json_path, 0, &buf, &len)) != IE_OK ||
+    if ((st = ie_tok_read_file(json_path, 0, &buf, &len)) != IE_OK ||
         (st = parse_json(json_path, buf, len, &root)) != IE_OK) {
         goto cleanup;
     }
     if (config_path) {
-        if ((st = read_file(config_path, 1, &cbuf, &clen)) != IE_OK) {
+        if ((st = ie_tok_read_file(config_path, 1, &cbuf, &clen)) != IE_OK) {
             goto cleanup;
         }
         if (cbuf && (st = parse_json(config_path, cbuf, clen, &cfg)) != IE_OK) {

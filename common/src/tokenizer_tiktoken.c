@@ -27,49 +27,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Whole file into a NUL-terminated buffer. Caller frees *buf_out. */
-static ie_status_t slurp_file(const char *path, char **buf_out, size_t *len_out)
-{
-    ie_status_t st = IE_OK;
-    char *buf = NULL;
-    *buf_out = NULL;
-    *len_out = 0;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        return ie_error_set(IE_ERR_IO, "tokenizer: cannot open '%s'", path);
-    }
-    long sz = -1;
-    if (fseek(f, 0, SEEK_END) == 0) {
-        sz = ftell(f);
-    }
-    if (sz < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        st = ie_error_set(IE_ERR_IO, "tokenizer: cannot read '%s'", path);
-        goto cleanup;
-    }
-    if ((unsigned long)sz > (1ul << 30)) {
-        st = ie_error_set(IE_ERR_FORMAT, "tokenizer: '%s' is larger than 1 GiB", path);
-        goto cleanup;
-    }
-    buf = malloc((size_t)sz + 1);
-    if (!buf) {
-        st = ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory reading '%s'", path);
-        goto cleanup;
-    }
-    if (fread(buf, 1, (size_t)sz, f) != (size_t)sz) {
-        st = ie_error_set(IE_ERR_IO, "tokenizer: cannot read '%s'", path);
-        goto cleanup;
-    }
-    buf[sz] = '\0';
-    *buf_out = buf;
-    *len_out = (size_t)sz;
-    buf = NULL;
-
-cleanup:
-    free(buf);
-    fclose(f);
-    return st;
-}
-
 static int b64_val(unsigned char c)
 {
     if (c >= 'A' && c <= 'Z') {
@@ -284,13 +241,13 @@ ie_status_t ie_tokenizer_load_tiktoken(const char *ranks_path, const char *speci
     }
 
     int32_t max_rank = -1;
-    if ((st = slurp_file(ranks_path, &buf, &len)) != IE_OK ||
+    if ((st = ie_tok_read_file(ranks_path, 0, &buf, &len)) != IE_OK ||
         (st = parse_ranks(ranks_path, buf, len, &lines, &n_lines, &max_rank)) != IE_OK) {
         goto cleanup;
     }
     int32_t n_vocab = max_rank + 1;
     if (specials_path) {
-        if ((st = slurp_file(specials_path, &sbuf, &slen)) != IE_OK) {
+        if ((st = ie_tok_read_file(specials_path, 0, &sbuf, &slen)) != IE_OK) {
             goto cleanup;
         }
         const char *end = NULL;
