@@ -787,6 +787,29 @@ static ie_status_t hf_rope_gptoss(ie_hparams_t *hp, const cJSON *cfg)
     return IE_OK;
 }
 
+/* The transformer dimensions every HF config carries (default_ctx when
+ * max_position_embeddings is absent); head_dim defaults to hidden/heads. */
+static ie_status_t hf_dims(const cJSON *cfg, int default_ctx, ie_hparams_t *hp)
+{
+    ie_status_t st;
+    const cJSON *j;
+    if ((st = cfg_int(cfg, "hidden_size", 1, 0, &hp->n_embd)) != IE_OK) return st;
+    if ((st = cfg_int(cfg, "intermediate_size", 1, 0, &hp->n_ff)) != IE_OK) return st;
+    if ((st = cfg_int(cfg, "num_hidden_layers", 1, 0, &hp->n_layer)) != IE_OK) return st;
+    if ((st = cfg_int(cfg, "num_attention_heads", 1, 0, &hp->n_head)) != IE_OK) return st;
+    if ((st = cfg_int(cfg, "num_key_value_heads", 0, hp->n_head, &hp->n_head_kv)) != IE_OK) return st;
+    if ((st = cfg_int(cfg, "vocab_size", 1, 0, &hp->n_vocab)) != IE_OK) return st;
+    if ((st = cfg_int(cfg, "max_position_embeddings", 0, default_ctx, &hp->n_ctx_train)) != IE_OK) return st;
+    j = obj_get(cfg, "head_dim");
+    if ((!j || cJSON_IsNull(j)) && hp->n_embd % hp->n_head != 0)
+        return ie_error_set(IE_ERR_FORMAT,
+                            "model: hidden_size (%d) is not a multiple of num_attention_heads (%d) and head_dim is absent",
+                            hp->n_embd, hp->n_head);
+    if ((st = cfg_int(cfg, "head_dim", 0, hp->n_embd / hp->n_head, &hp->head_dim)) != IE_OK) return st;
+    hp->rope_dim = hp->head_dim;
+    return IE_OK;
+}
+
 /* GptOssConfig (docs/GPTOSS.md §1); defaults are the config class's. */
 static ie_status_t hf_hparams_gptoss(ie_model_src_t *s, const cJSON *cfg)
 {
@@ -795,20 +818,7 @@ static ie_status_t hf_hparams_gptoss(ie_model_src_t *s, const cJSON *cfg)
     const cJSON *j, *q;
     int flag;
 
-    if ((st = cfg_int(cfg, "hidden_size", 1, 0, &hp->n_embd)) != IE_OK) return st;
-    if ((st = cfg_int(cfg, "intermediate_size", 1, 0, &hp->n_ff)) != IE_OK) return st;
-    if ((st = cfg_int(cfg, "num_hidden_layers", 1, 0, &hp->n_layer)) != IE_OK) return st;
-    if ((st = cfg_int(cfg, "num_attention_heads", 1, 0, &hp->n_head)) != IE_OK) return st;
-    if ((st = cfg_int(cfg, "num_key_value_heads", 0, hp->n_head, &hp->n_head_kv)) != IE_OK) return st;
-    if ((st = cfg_int(cfg, "vocab_size", 1, 0, &hp->n_vocab)) != IE_OK) return st;
-    if ((st = cfg_int(cfg, "max_position_embeddings", 0, 131072, &hp->n_ctx_train)) != IE_OK) return st;
-    j = obj_get(cfg, "head_dim");
-    if ((!j || cJSON_IsNull(j)) && hp->n_embd % hp->n_head != 0)
-        return ie_error_set(IE_ERR_FORMAT,
-                            "model: hidden_size (%d) is not a multiple of num_attention_heads (%d) and head_dim is absent",
-                            hp->n_embd, hp->n_head);
-    if ((st = cfg_int(cfg, "head_dim", 0, hp->n_embd / hp->n_head, &hp->head_dim)) != IE_OK) return st;
-    hp->rope_dim = hp->head_dim;
+    if ((st = hf_dims(cfg, 131072, hp)) != IE_OK) return st;
     if (obj_get(cfg, "num_local_experts") || !obj_get(cfg, "num_experts"))
         st = cfg_int(cfg, "num_local_experts", 1, 0, &hp->n_expert);
     else
@@ -877,20 +887,7 @@ static ie_status_t hf_hparams(ie_model_src_t *s, const cJSON *cfg, const char *d
     snprintf(hp->name, sizeof hp->name, "%.*s", (int)(end - begin), dir + begin);
     if (hp->arch_id == IE_ARCH_GPTOSS) return hf_hparams_gptoss(s, cfg);
 
-    if ((st = cfg_int(cfg, "hidden_size", 1, 0, &hp->n_embd)) != IE_OK) return st;
-    if ((st = cfg_int(cfg, "intermediate_size", 1, 0, &hp->n_ff)) != IE_OK) return st;
-    if ((st = cfg_int(cfg, "num_hidden_layers", 1, 0, &hp->n_layer)) != IE_OK) return st;
-    if ((st = cfg_int(cfg, "num_attention_heads", 1, 0, &hp->n_head)) != IE_OK) return st;
-    if ((st = cfg_int(cfg, "num_key_value_heads", 0, hp->n_head, &hp->n_head_kv)) != IE_OK) return st;
-    if ((st = cfg_int(cfg, "vocab_size", 1, 0, &hp->n_vocab)) != IE_OK) return st;
-    if ((st = cfg_int(cfg, "max_position_embeddings", 0, 2048, &hp->n_ctx_train)) != IE_OK) return st;
-    j = obj_get(cfg, "head_dim");
-    if ((!j || cJSON_IsNull(j)) && hp->n_embd % hp->n_head != 0)
-        return ie_error_set(IE_ERR_FORMAT,
-                            "model: hidden_size (%d) is not a multiple of num_attention_heads (%d) and head_dim is absent",
-                            hp->n_embd, hp->n_head);
-    if ((st = cfg_int(cfg, "head_dim", 0, hp->n_embd / hp->n_head, &hp->head_dim)) != IE_OK) return st;
-    hp->rope_dim = hp->head_dim;
+    if ((st = hf_dims(cfg, 2048, hp)) != IE_OK) return st;
     if ((st = cfg_float(cfg, "rms_norm_eps", 1e-6f, &hp->rms_eps)) != IE_OK) return st;
     if ((st = cfg_float(cfg, "rope_theta", 10000.0f, &hp->rope_theta)) != IE_OK) return st;
     if ((st = cfg_bool(cfg, "tie_word_embeddings", &hp->tied_embeddings)) != IE_OK) return st;
