@@ -5,8 +5,9 @@ first message is not a system one. The rendered prompt's ids (--show-prompt)
 must equal what the tokenize mode gives for the rendered text with special
 tokens parsed (apply_chat_template's ids), except that special-token text
 typed inside a message stays plain text. Bad JSON, unknown roles and --chat
-combined with --prompt exit 2 with one error line. Harmony rendering is
-covered by tests/unit/test_chat.c (no runnable harmony model yet).
+combined with --prompt exit 2 with one error line. Harmony chat runs end to
+end in test_chat_harmony.py (a tiny GPT-OSS with the o200k_harmony vocab)
+and its rendering in tests/unit/test_chat.c.
 """
 from __future__ import annotations
 
