@@ -2,10 +2,14 @@
 
 Fixture: smollm2_ref.npz / .json from tests/reference/gen_smollm2_ref.py.
 transformers loads the same GGUF, dequantizes it to fp32 and runs fp32; for
-five prompts it stores the prompt ids, its greedy continuation (<= 32 tokens,
-shorter if it emitted an end-of-generation id), top-50 logits at every
-position of prompt+continuation, the full logits at the last prompt position,
-and the top1-top2 margin at each position that chose a continuation token.
+five prompts it stores the prompt ids, its greedy continuation (up to the
+prompt's max_new tokens, ending early only at an end-of-generation id), top-50
+logits at every position of prompt+continuation, the full logits at the last
+prompt position, and the top1-top2 margin at each position that chose a
+continuation token. Every continuation covers at least 32 tokens before any
+end-of-generation id (checked below), so each check here spans >= 32 greedy
+tokens per prompt; the chat prompt's answer ends with <|im_end|> (after 35
+tokens), so the run mode also sees an end-of-generation stop.
 
 --precision f32 (weights dequantized to f32 at load, fp32 arithmetic):
   * per position, max|ours - ref| over the stored top-50 entries
@@ -26,7 +30,8 @@ and the top1-top2 margin at each position that chose a continuation token.
     prompts, so a reference margin of 0.001 (there are some) cannot be
     resolved by an int8-activation engine, while a margin above 0.5 must be.
   * logits sanity: per position, top-50 rel error <= 0.15 (simulation: <= 0.08).
-  * the real generation mode (--greedy, --max-new 32) on each prompt text:
+  * the real generation mode (--greedy, --max-new = the prompt's max_new) on
+    each prompt text:
     prompt tokenization equals the reference's, and the generated ids equal the
     reference continuation token for token; the only accepted difference is a
     divergence at a near-tie position as defined above (after which the
@@ -42,6 +47,7 @@ import pytest
 from conftest import THREADS, engine_logits, fixture_path, run_json
 
 N_PROMPTS = 5
+MIN_CONT = 32       # greedy tokens every prompt must cover before any EOG id
 TOL_F32 = 1e-3
 TAU_F32 = 1e-2
 TAU_NATIVE = 0.5
@@ -53,16 +59,27 @@ def ref():
     d = np.load(fixture_path("smollm2_ref.npz"))
     meta = json.loads(str(d["meta"]))
     assert len(meta["prompts"]) == N_PROMPTS
+    eog = set(meta["eog_ids"])
     out = []
     for i in range(N_PROMPTS):
         r = {k: d[f"p{i}_{k}"] for k in ("prompt_ids", "cont_ids", "topk_ids", "topk_vals",
                                          "last_logits", "margins")}
         r["text"] = meta["prompts"][i]["text"]
         r["cont_text_plain"] = meta["prompts"][i]["cont_text_plain"]
+        r["max_new"] = int(meta["prompts"][i]["max_new"])
         P, C = len(r["prompt_ids"]), len(r["cont_ids"])
         assert r["topk_ids"].shape == (P + C, meta["topk"])
         assert r["last_logits"].shape == (meta["n_vocab"],)
+        assert r["margins"].shape == (C,)
+        cont = [int(t) for t in r["cont_ids"]]
+        # every prompt covers >= MIN_CONT greedy tokens, none of them an EOG id
+        assert C >= MIN_CONT, f"prompt {i}: continuation has {C} tokens, want >= {MIN_CONT}"
+        assert not eog & set(cont[:MIN_CONT]), f"prompt {i}: EOG within the first {MIN_CONT} tokens"
+        assert C <= r["max_new"] and (C == r["max_new"] or cont[-1] in eog), \
+            f"prompt {i}: {C} tokens, budget {r['max_new']}, no EOG at the end"
         out.append(r)
+    # the run-mode test must see an end-of-generation stop somewhere
+    assert any(int(r["cont_ids"][-1]) in eog for r in out), "no reference continuation ends in EOG"
     return meta, out
 
 
@@ -156,7 +173,7 @@ def test_generate_matches_reference(ref, i, smollm2):
     meta, refs = ref
     r = refs[i]
     eog = set(meta["eog_ids"])
-    out = run_json(["--model", smollm2, "--prompt", r["text"], "--max-new", meta["max_new"],
+    out = run_json(["--model", smollm2, "--prompt", r["text"], "--max-new", r["max_new"],
                     "--greedy", "--threads", THREADS], timeout=300)
     assert out["tokens_in"] == len(r["prompt_ids"]), \
         f"prompt tokenized to {out['tokens_in']} tokens, reference {len(r['prompt_ids'])}"
@@ -174,7 +191,9 @@ def test_generate_matches_reference(ref, i, smollm2):
     assert a == b, f"ours {ours}\nref  {want}"
     if ref_stopped:
         assert len(ours) <= len(want), "reference stopped at end-of-generation, engine did not"
+        assert out.get("stop_reason") == "eos", \
+            f"stop_reason {out.get('stop_reason')!r}, want 'eos'"
     else:
-        assert len(ours) == meta["max_new"], f"generated {len(ours)} tokens, want {meta['max_new']}"
+        assert len(ours) == r["max_new"], f"generated {len(ours)} tokens, want {r['max_new']}"
     assert out["tokens_out"] == len(ours)
     assert out["text"] == r["cont_text_plain"], (out["text"], r["cont_text_plain"])
