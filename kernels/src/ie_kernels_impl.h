@@ -15,6 +15,30 @@ typedef void (*ie_matmul_typed_fn)(const void *w, int64_t n_in, int64_t r0, int6
                                    const void *a, size_t a_stride, int64_t n_tok,
                                    float *y, int64_t ldy);
 
+/* ---------------------------------------------- shared drivers (drive.c) */
+
+/* Rows per panel so that one panel of weights (~256 KiB) stays in L2 while
+ * every token block passes over it; all rows when there is one token block. */
+int64_t ie_panel_rows(int64_t n_rows, size_t row_bytes, int64_t n_tok, int tile_tok, int tile_rows);
+
+/* A float-weight tile: rows from w (wb bytes apart) against tokens from a
+ * (as bytes apart) into y. */
+typedef void (*ie_ftile_fn)(const char *w, size_t wb, int64_t n_in, const char *a, size_t as,
+                            float *y, int64_t ldy);
+
+/* Float-weight matmul over [r0, r1) x n_tok in L2 panels of tiles:
+ * tilesR[t] does tile_rows rows x t tokens, tiles1[t] one row x t tokens
+ * (t = 1..tile_tok). */
+void ie_matmul_float_drive(ie_dtype_t wt, const ie_ftile_fn *tiles1, const ie_ftile_fn *tilesR, int tile_rows,
+                           int tile_tok, const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a,
+                           size_t as, int64_t n_tok, float *y, int64_t ldy);
+
+/* Quantize 32 floats to int8 q with scale *d_out; returns sum(q). */
+typedef int (*ie_q8_block_fn)(const float *x, int8_t *q, float *d_out);
+
+/* ie_matmul_ops_t.act_quantize on top of an ISA's block quantizer. */
+void ie_act_quantize_drive(ie_dtype_t act, const float *x, void *out, int64_t n, ie_q8_block_fn q8);
+
 /* ------------------------------------------------------------------ ref */
 
 /* Activation quantizers, identical to ggml's quantize_row_q8_{0,1}_ref:

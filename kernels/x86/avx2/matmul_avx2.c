@@ -54,16 +54,6 @@ IE_INLINE float hsum256(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* Rows per panel so that one panel of weights (~256 KiB) stays in L2 while
- * every token block passes over it; all rows when there is one token block. */
-static int64_t panel_rows(int64_t n_rows, size_t row_bytes, int64_t n_tok, int tile_tok, int tile_rows)
-{
-    if (n_tok <= tile_tok) return n_rows;
-    int64_t p = (int64_t)((256u << 10) / (row_bytes ? row_bytes : 1));
-    p -= p % tile_rows;
-    return p < tile_rows ? tile_rows : p;
-}
-
 /* ========================================================= float weights */
 
 #define FR 4
@@ -132,9 +122,6 @@ IE_INLINE void ftile(ie_dtype_t wt, int R, int T, const char *w, size_t wb, int6
         for (int t = 0; t < T; t++) y[t * ldy + r] = hsum256(acc[r][t]);
 }
 
-typedef void (*ftile_fn)(const char *w, size_t wb, int64_t n_in, const char *a, size_t as,
-                         float *y, int64_t ldy);
-
 #define FTILE(WT, name, R, T)                                                              \
     static void ftile_##name##_##R##_##T(const char *w, size_t wb, int64_t n_in,          \
                                           const char *a, size_t as, float *y, int64_t ldy) \
@@ -143,34 +130,13 @@ typedef void (*ftile_fn)(const char *w, size_t wb, int64_t n_in, const char *a, 
     }
 #define FTILES(WT, name)                                                                   \
     FTILE(WT, name, 4, 1) FTILE(WT, name, 4, 2) FTILE(WT, name, 1, 1) FTILE(WT, name, 1, 2) \
-    static const ftile_fn ftiles_##name[2][FT + 1] = {                                     \
+    static const ie_ftile_fn ftiles_##name[2][FT + 1] = {                                     \
         { NULL, ftile_##name##_1_1, ftile_##name##_1_2 },                                  \
         { NULL, ftile_##name##_4_1, ftile_##name##_4_2 } };
 
 FTILES(IE_DTYPE_F32, f32)
 FTILES(IE_DTYPE_F16, f16)
 FTILES(IE_DTYPE_BF16, bf16)
-
-static void matmul_float(ie_dtype_t wt, const ftile_fn tiles[2][FT + 1], const void *w,
-                         int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
-                         int64_t n_tok, float *y, int64_t ldy)
-{
-    const size_t wb = ie_dtype_row_bytes(wt, n_in);
-    const int64_t P = panel_rows(r1 - r0, wb, n_tok, FT, FR);
-    for (int64_t p0 = r0; p0 < r1; p0 += P) {
-        const int64_t p1 = p0 + P < r1 ? p0 + P : r1;
-        for (int64_t t0 = 0; t0 < n_tok; t0 += FT) {
-            const int tt = (int)(n_tok - t0 < FT ? n_tok - t0 : FT);
-            const char *at = (const char *)a + (size_t)t0 * as;
-            float *yt = y + t0 * ldy;
-            int64_t r = p0;
-            for (; r + FR <= p1; r += FR)
-                tiles[1][tt]((const char *)w + (size_t)r * wb, wb, n_in, at, as, yt + r, ldy);
-            for (; r < p1; r++)
-                tiles[0][tt]((const char *)w + (size_t)r * wb, wb, n_in, at, as, yt + r, ldy);
-        }
-    }
-}
 
 /* ========================================================= block weights */
 
@@ -360,7 +326,7 @@ static void matmul_block(ie_dtype_t wt, const qtile_fn tiles[2][QT + 1], const v
         const int64_t nbc = nb - kb0 < 2 * KCP ? nb - kb0 : 2 * KCP;
         const int64_t npairs = nbc / 2;
         const int odd = (int)(nbc & 1);
-        const int64_t P = panel_rows(r1 - r0, (size_t)nbc * bb, n_tok, QT, QR);
+        const int64_t P = ie_panel_rows(r1 - r0, (size_t)nbc * bb, n_tok, QT, QR);
         for (int64_t p0 = r0; p0 < r1; p0 += P) {
             const int64_t p1 = p0 + P < r1 ? p0 + P : r1;
             for (int64_t t0 = 0; t0 < n_tok; t0 += QT) {
@@ -389,9 +355,15 @@ int ie_matmul_avx2(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, in
 {
     if (r1 <= r0 || n_tok <= 0) return ie_matmul_act_dtype(wtype) == IE_DTYPE_INVALID ? -1 : 0;
     switch (wtype) {
-    case IE_DTYPE_F32: matmul_float(wtype, ftiles_f32, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
-    case IE_DTYPE_F16: matmul_float(wtype, ftiles_f16, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
-    case IE_DTYPE_BF16: matmul_float(wtype, ftiles_bf16, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
+    case IE_DTYPE_F32:
+        ie_matmul_float_drive(wtype, ftiles_f32[0], ftiles_f32[1], FR, FT, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);
+        return 0;
+    case IE_DTYPE_F16:
+        ie_matmul_float_drive(wtype, ftiles_f16[0], ftiles_f16[1], FR, FT, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);
+        return 0;
+    case IE_DTYPE_BF16:
+        ie_matmul_float_drive(wtype, ftiles_bf16[0], ftiles_bf16[1], FR, FT, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);
+        return 0;
     case IE_DTYPE_Q8_0: matmul_block(wtype, qtiles_q8_0, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
     case IE_DTYPE_Q4_0: matmul_block(wtype, qtiles_q4_0, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
     case IE_DTYPE_Q4_1: matmul_block(wtype, qtiles_q4_1, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
@@ -415,7 +387,7 @@ IE_INLINE __m256i round_away_epi32(__m256 v)
     return _mm256_cvttps_epi32(_mm256_add_ps(t, step));
 }
 
-IE_INLINE int q8_block(const float *x, int8_t *q, float *d_out)
+static int q8_block(const float *x, int8_t *q, float *d_out)
 {
     const __m256 sgn = _mm256_set1_ps(-0.0f);
     __m256 v[4];
@@ -447,27 +419,5 @@ IE_INLINE int q8_block(const float *x, int8_t *q, float *d_out)
 
 void ie_act_quantize_avx2(ie_dtype_t act, const float *x, void *out, int64_t n)
 {
-    switch (act) {
-    case IE_DTYPE_F32: memcpy(out, x, (size_t)n * sizeof(float)); break;
-    case IE_DTYPE_Q8_0: {
-        ie_block_q8_0_t *y = out;
-        for (int64_t b = 0; b < n / IE_QK; b++) {
-            float d;
-            (void)q8_block(x + b * IE_QK, y[b].q, &d);
-            y[b].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
-        }
-        break;
-    }
-    case IE_DTYPE_Q8_1: {
-        ie_block_q8_1_t *y = out;
-        for (int64_t b = 0; b < n / IE_QK; b++) {
-            float d;
-            const int sum = q8_block(x + b * IE_QK, y[b].q, &d);
-            y[b].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
-            y[b].s = _cvtss_sh((float)sum * d, _MM_FROUND_TO_NEAREST_INT);
-        }
-        break;
-    }
-    default: break;
-    }
+    ie_act_quantize_drive(act, x, out, n, q8_block);
 }
