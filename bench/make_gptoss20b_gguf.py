@@ -248,34 +248,34 @@ def is_valid(path: Path) -> tuple[bool, str]:
     return True, f"{size / 1e9:.2f} GB, {len(r.tensors)} tensors"
 
 
-def write(path: Path, seed: int):
-    plan = tensor_plan()
-    vocab = build_vocab()
-    partial = path.with_name(path.name + ".partial")
-    w = gguf.GGUFWriter(str(partial), A)
-    w.add_name("gpt-oss-20b-random-mxfp4")
+def add_metadata(w, name: str, vocab: dict, *, n_layer: int, n_ctx: int, hidden: int, n_ff: int, n_head: int,
+                 n_head_kv: int, head_dim: int, n_expert: int, n_expert_used: int, swa: int):
+    """The gpt-oss GGUF keys (as llama.cpp's converter writes them, YaRN as
+    the release) and the o200k_harmony vocabulary from build_vocab(). Shared
+    with tests/e2e/test_chat_harmony.py, which writes a tiny model."""
+    w.add_name(name)
     w.add_type("model")
-    w.add_uint32(f"{A}.block_count", N_LAYER)
-    w.add_uint32(f"{A}.context_length", N_CTX)
-    w.add_uint32(f"{A}.embedding_length", H)
-    w.add_uint32(f"{A}.feed_forward_length", N_FF)
-    w.add_uint32(f"{A}.attention.head_count", N_HEAD)
-    w.add_uint32(f"{A}.attention.head_count_kv", N_HEAD_KV)
+    w.add_uint32(f"{A}.block_count", n_layer)
+    w.add_uint32(f"{A}.context_length", n_ctx)
+    w.add_uint32(f"{A}.embedding_length", hidden)
+    w.add_uint32(f"{A}.feed_forward_length", n_ff)
+    w.add_uint32(f"{A}.attention.head_count", n_head)
+    w.add_uint32(f"{A}.attention.head_count_kv", n_head_kv)
     w.add_float32(f"{A}.rope.freq_base", ROPE_THETA)
     w.add_float32(f"{A}.attention.layer_norm_rms_epsilon", 1e-5)
-    w.add_uint32(f"{A}.expert_count", N_EXPERT)
-    w.add_uint32(f"{A}.expert_used_count", N_EXPERT_USED)
-    w.add_uint32(f"{A}.attention.key_length", HEAD_DIM)
-    w.add_uint32(f"{A}.attention.value_length", HEAD_DIM)
+    w.add_uint32(f"{A}.expert_count", n_expert)
+    w.add_uint32(f"{A}.expert_used_count", n_expert_used)
+    w.add_uint32(f"{A}.attention.key_length", head_dim)
+    w.add_uint32(f"{A}.attention.value_length", head_dim)
     w.add_string(f"{A}.rope.scaling.type", "yarn")
     w.add_float32(f"{A}.rope.scaling.factor", YARN_FACTOR)
     w.add_uint32(f"{A}.rope.scaling.original_context_length", YARN_ORIG)
     w.add_float32(f"{A}.rope.scaling.yarn_beta_fast", 32.0)
     w.add_float32(f"{A}.rope.scaling.yarn_beta_slow", 1.0)
     w.add_uint32("general.file_type", int(gguf.LlamaFileType.MOSTLY_MXFP4_MOE))
-    w.add_uint32(f"{A}.attention.sliding_window", SWA)
-    w.add_uint32(f"{A}.expert_feed_forward_length", N_FF)
-    w.add_uint32(f"{A}.vocab_size", N_VOCAB)
+    w.add_uint32(f"{A}.attention.sliding_window", swa)
+    w.add_uint32(f"{A}.expert_feed_forward_length", n_ff)
+    w.add_uint32(f"{A}.vocab_size", len(vocab["tokens"]))
     w.add_string("tokenizer.ggml.model", "gpt2")
     w.add_string("tokenizer.ggml.pre", "gpt-4o")
     w.add_token_list(vocab["tokens"])
@@ -287,6 +287,16 @@ def write(path: Path, seed: int):
     w.add_uint32("tokenizer.ggml.padding_token_id", vocab["pad"])
     w.add_bool("tokenizer.ggml.add_bos_token", False)
     w.add_uint32("general.quantization_version", 2)
+
+
+def write(path: Path, seed: int):
+    plan = tensor_plan()
+    vocab = build_vocab()
+    partial = path.with_name(path.name + ".partial")
+    w = gguf.GGUFWriter(str(partial), A)
+    add_metadata(w, "gpt-oss-20b-random-mxfp4", vocab, n_layer=N_LAYER, n_ctx=N_CTX, hidden=H, n_ff=N_FF,
+                 n_head=N_HEAD, n_head_kv=N_HEAD_KV, head_dim=HEAD_DIM, n_expert=N_EXPERT,
+                 n_expert_used=N_EXPERT_USED, swa=SWA)
     del vocab
     total = 0
     for name, shape, qt in plan:
