@@ -37,6 +37,9 @@ from pathlib import Path
 
 import gguf
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_models import fmt, read_membw, run_engine  # noqa: E402  (shared with the dense benchmark)
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = REPO / "models" / "bench" / "gptoss-20b-mxfp4.gguf"
 CORPUS = REPO / "tests" / "data" / "corpus" / "austen_1.txt"
@@ -102,50 +105,6 @@ def bytes_per_token(path: Path) -> dict:
             "n_expert": n_exp, "n_expert_used": k}
 
 
-def read_membw(args) -> tuple[float | None, dict | str]:
-    if args.membw_json:
-        obj = json.loads(Path(args.membw_json).read_text())
-        return float(obj["read_gbps_2t"]), obj
-    exe = REPO / "build" / "bench_membw"
-    if not exe.is_file():
-        return None, f"{exe} not found"
-    try:
-        cp = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
-        for line in reversed(cp.stdout.splitlines()):
-            line = line.strip()
-            if line.startswith("{"):
-                obj = json.loads(line)
-                if "read_gbps_2t" in obj:
-                    return float(obj["read_gbps_2t"]), obj
-        return None, f"no read_gbps_2t in output (exit {cp.returncode})"
-    except Exception as e:      # noqa: BLE001
-        return None, str(e)
-
-
-def run_engine(bin_path: Path, model: Path, prompt: str, max_new: int, threads: int,
-               timeout: float) -> dict:
-    cmd = [str(bin_path), "--model", str(model), "--prompt", prompt, "--max-new", str(max_new),
-           "--greedy", "--threads", str(threads), "--warmup", "1"]
-    t0 = time.time()
-    try:
-        cp = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timeout after {timeout}s"}
-    if cp.returncode != 0:
-        return {"error": f"exit {cp.returncode}: {cp.stderr.strip()[-400:]}"}
-    try:
-        out = json.loads(cp.stdout.strip().splitlines()[-1])
-    except Exception as e:      # noqa: BLE001
-        return {"error": f"bad stdout ({e}): {cp.stdout[:200]!r}"}
-    out.pop("ids", None)
-    out["_wall_outer_s"] = round(time.time() - t0, 2)
-    return out
-
-
-def fmt(v, spec):
-    return "-" if not isinstance(v, (int, float)) else format(v, spec)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin", type=Path, default=Path(os.environ.get("IE_BIN", REPO / "build" / "inference-engine")))
@@ -173,9 +132,11 @@ def main():
         gen_prompt = prompt_of(args.bin, args.model, args.gen_tokens)
         pre_prompt = prompt_of(args.bin, args.model, args.prefill_tokens)
         log("generation run ...")
-        gen = run_engine(args.bin, args.model, gen_prompt, args.max_new, args.threads, args.timeout)
+        gen = run_engine(args.bin, args.model, gen_prompt, args.max_new, args.threads, "native", args.timeout)
         log("prefill run ...")
-        pre = run_engine(args.bin, args.model, pre_prompt, 1, args.threads, args.timeout)
+        pre = run_engine(args.bin, args.model, pre_prompt, 1, args.threads, "native", args.timeout)
+        for r in (gen, pre):
+            r.pop("ids", None)  # keep the JSONL record small
         rec["generate"], rec["prefill"] = gen, pre
         dec = gen.get("decode_tps")
         if isinstance(dec, (int, float)) and dec > 0:
