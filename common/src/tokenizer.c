@@ -14,6 +14,8 @@
  */
 #include "tokenizer_internal.h"
 
+#include "ie_array.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -418,14 +420,8 @@ typedef struct enc {
 
 static ie_status_t push_id(enc_t *e, int32_t id)
 {
-    if (e->n_ids == e->cap_ids) {
-        size_t ncap = e->cap_ids ? e->cap_ids * 2 : 256;
-        int32_t *nv = realloc(e->ids, ncap * sizeof *nv);
-        if (!nv) {
-            return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory for token ids");
-        }
-        e->ids = nv;
-        e->cap_ids = ncap;
+    if (ie_array_grow((void **)&e->ids, &e->cap_ids, e->n_ids + 1, sizeof *e->ids) != 0) {
+        return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory for token ids");
     }
     e->ids[e->n_ids++] = id;
     return IE_OK;
@@ -438,14 +434,8 @@ static int heap_less(const heap_ent_t *a, const heap_ent_t *b)
 
 static ie_status_t heap_push(enc_t *e, heap_ent_t v)
 {
-    if (e->n_heap == e->cap_heap) {
-        size_t ncap = e->cap_heap ? e->cap_heap * 2 : 256;
-        heap_ent_t *nh = realloc(e->heap, ncap * sizeof *nh);
-        if (!nh) {
-            return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory");
-        }
-        e->heap = nh;
-        e->cap_heap = ncap;
+    if (ie_array_grow((void **)&e->heap, &e->cap_heap, e->n_heap + 1, sizeof *e->heap) != 0) {
+        return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory");
     }
     size_t i = e->n_heap++;
     while (i > 0) {

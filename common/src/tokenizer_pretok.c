@@ -11,6 +11,8 @@
  */
 #include "tokenizer_internal.h"
 
+#include "ie_array.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,14 +34,8 @@ const char *const IE_TOK_RE_O200K =
 
 ie_status_t ie_tok_spans_push(ie_tok_spans_t *s, uint32_t off, uint32_t len)
 {
-    if (s->n == s->cap) {
-        size_t ncap = s->cap ? s->cap * 2 : 64;
-        ie_tok_span_t *nv = realloc(s->v, ncap * sizeof *nv);
-        if (!nv) {
-            return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory");
-        }
-        s->v = nv;
-        s->cap = ncap;
+    if (ie_array_grow((void **)&s->v, &s->cap, s->n + 1, sizeof *s->v) != 0) {
+        return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory");
     }
     s->v[s->n].off = off;
     s->v[s->n].len = len;

@@ -9,6 +9,7 @@
  */
 #include "ie_engine.h"
 
+#include "ie_array.h"
 #include "ie_model_src.h"
 #include "ie_stop.h"
 
@@ -185,18 +186,6 @@ static int append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
     memcpy(*buf + *len, s, n);
     *len += n;
     (*buf)[*len] = '\0';
-    return 0;
-}
-
-static int grow(void **p, size_t *cap, size_t need, size_t elem)
-{
-    if (need <= *cap) return 0;
-    size_t c = *cap ? *cap * 2 : 64;
-    while (c < need) c *= 2;
-    void *n = realloc(*p, c * elem);
-    if (!n) return -1;
-    *p = n;
-    *cap = c;
     return 0;
 }
 
@@ -409,7 +398,7 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
                 q->state = REQ_DECODE;
                 q->pos = (int)q->n_prompt;
             } else {
-                if (grow((void **)&r->lat_ms, &q->lat_cap, r->n_lat + 1, sizeof(double)) != 0) oom = 1;
+                if (ie_array_grow((void **)&r->lat_ms, &q->lat_cap, r->n_lat + 1, sizeof(double)) != 0) oom = 1;
                 else r->lat_ms[r->n_lat++] = t - q->t_prev;
                 /* decode throughput counts decode-only steps, whose time
                  * is in decode_ms; a token that rode along in a prefill
@@ -418,7 +407,7 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
                 q->pos++;
             }
             q->t_prev = t;
-            if (grow((void **)&r->ids, &q->ids_cap, r->n_gen + 1, sizeof(int32_t)) != 0) {
+            if (ie_array_grow((void **)&r->ids, &q->ids_cap, r->n_gen + 1, sizeof(int32_t)) != 0) {
                 oom = 1;
             } else {
                 r->ids[r->n_gen++] = id;
