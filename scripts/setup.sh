@@ -18,7 +18,7 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 
 # ---------------------------------------------------------------- Debian
 apt_pkgs=(build-essential cmake pkg-config git python3 python3-venv python3-pip
-          libpcre2-dev libcjson-dev libcunit1-dev clang libclang-rt-14-dev
+          libpcre2-dev libcjson-dev libcunit1-dev libxxhash-dev clang libclang-rt-14-dev
           unzip)
 if [ "${IE_SETUP_SKIP_APT:-0}" != 1 ]; then
   missing=()
@@ -36,12 +36,12 @@ if [ "${IE_SETUP_SKIP_APT:-0}" != 1 ]; then
 fi
 
 # ---------------------------------------------------------------- Python
-py_pkgs=(numpy gguf safetensors tokenizers transformers torch accelerate pytest sentencepiece protobuf)
+py_pkgs=(numpy gguf safetensors tokenizers transformers torch accelerate pytest sentencepiece protobuf matplotlib)
 if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c 'import numpy, gguf, safetensors, tokenizers, transformers, torch, accelerate, pytest, sentencepiece' 2>/dev/null; then
+if ! .venv/bin/python -c 'import numpy, gguf, safetensors, tokenizers, transformers, torch, accelerate, pytest, sentencepiece, matplotlib' 2>/dev/null; then
   log "installing Python reference packages (torch is large; this takes a few minutes once)"
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q "${py_pkgs[@]}"

@@ -79,14 +79,22 @@ typedef struct ie_tensor {
     int64_t ne[4];          /* ne[0] = row length (contiguous)             */
     const void *data;       /* mapped, read-only                           */
     uint64_t nbytes;
+    /* GGUF and HF sources always give ROWS and group 0; IEBIN may give
+     * I8W/I4W/I4WA (group = G) in ROWS or PANEL16 layout, or BSR blobs. For
+     * 3-D tensors (MoE experts) each ne[2] slice is one matrix laid out on
+     * its own, slices back to back. */
+    ie_layout_t layout;
+    int group;
 } ie_tensor_t;
 
-typedef enum { IE_SRC_GGUF = 0, IE_SRC_HF_DIR = 1 } ie_src_kind_t;
+typedef enum { IE_SRC_GGUF = 0, IE_SRC_HF_DIR = 1, IE_SRC_IEBIN = 2, IE_SRC_MEM = 3 } ie_src_kind_t;
 
 typedef struct ie_model_src ie_model_src_t;
 
-/* Open a GGUF file or a Hugging Face directory (config.json + *.safetensors
- * [+ model.safetensors.index.json] + tokenizer.json). Validates the
+/* Open a GGUF file, an IEBIN directory (model.ie.json + model.ie.bin, see
+ * docs/FORMAT.md and ie_iebin.h) or a Hugging Face directory (config.json +
+ * *.safetensors [+ model.safetensors.index.json] + tokenizer.json). A path
+ * to model.ie.json itself also opens IEBIN. Validates the
  * hyper-parameters (positive, consistent, bounded) and that every tensor
  * the architecture needs exists with the right shape; errors name the
  * tensor or field. Caller owns *out (ie_model_src_destroy). */
@@ -104,7 +112,22 @@ const ie_tensor_t *ie_model_src_tensor(const ie_model_src_t *src, const char *na
  * directory's tokenizer.json. */
 const char *ie_model_src_tokenizer_path(const ie_model_src_t *src);
 
-/* The underlying GGUF (NULL for HF dirs). */
+/* The underlying GGUF (NULL for other kinds). */
 const struct ie_gguf *ie_model_src_gguf(const ie_model_src_t *src);
+
+/* Number of tensors and the i-th (name order), for converters. */
+int64_t ie_model_src_n_tensors(const ie_model_src_t *src);
+const ie_tensor_t *ie_model_src_tensor_at(const ie_model_src_t *src, int64_t i);
+
+/* ---- in-memory sources (converter, calibration, tests) ----
+ * ie_model_src_new_mem makes an empty source with hyper-parameters *hp and
+ * the tokenizer at tokenizer_path (copied); add tensors with
+ * ie_model_src_mem_add (name and ne copied; `data` is adopted when `owned`
+ * is non-NULL — freed with free() on destroy — else borrowed and must
+ * outlive the source), then ie_model_src_mem_finish validates like
+ * ie_model_src_open (hyper-parameters, every required tensor and shape). */
+ie_status_t ie_model_src_new_mem(const ie_hparams_t *hp, const char *tokenizer_path, ie_model_src_t **out);
+ie_status_t ie_model_src_mem_add(ie_model_src_t *src, const ie_tensor_t *t, void *owned);
+ie_status_t ie_model_src_mem_finish(ie_model_src_t *src);
 
 #endif

@@ -559,7 +559,7 @@ static ie_status_t gguf_tensors(ie_model_src_t *s)
         t->name[gt->name.len] = '\0';
         s->n_tensors = i + 1;
         t->t = (ie_tensor_t){t->name, gt->dtype, (int)gt->n_dims, {gt->ne[0], gt->ne[1], gt->ne[2], gt->ne[3]},
-                             gt->data, gt->nbytes};
+                             gt->data, gt->nbytes, IE_LAYOUT_ROWS, 0};
         t->type_name = ie_gguf_ggml_type_name(gt->ggml_type);
     }
     /* a name with an embedded NUL may now collide with another: reject it */
@@ -1041,7 +1041,7 @@ static ie_status_t add_owned(ie_model_src_t *s, const char *name, ie_dtype_t dt,
         return ie_error_set(IE_ERR_NOMEM, "model: out of memory converting '%s' (%llu bytes)", name,
                             (unsigned long long)nbytes);
     s->n_tensors++;
-    t->t = (ie_tensor_t){t->name, dt, n_dims, {ne0, ne1, ne2, 1}, t->owned, nbytes};
+    t->t = (ie_tensor_t){t->name, dt, n_dims, {ne0, ne1, ne2, 1}, t->owned, nbytes, IE_LAYOUT_ROWS, 0};
     t->type_name = type_name;
     *buf = t->owned;
     return IE_OK;
@@ -1229,7 +1229,7 @@ static ie_status_t hf_tensors(ie_model_src_t *s, const char *dir)
                 goto cleanup;
             }
             s->n_tensors = ++k;
-            t->t = (ie_tensor_t){t->name, ht->dtype, ht->ndim, {1, 1, 1, 1}, ht->data, ht->nbytes};
+            t->t = (ie_tensor_t){t->name, ht->dtype, ht->ndim, {1, 1, 1, 1}, ht->data, ht->nbytes, IE_LAYOUT_ROWS, 0};
             for (int d = 0; d < ht->ndim; d++) t->t.ne[d] = ht->shape[ht->ndim - 1 - d]; /* HF is outermost-first */
             t->type_name = ht->dtype_str;
         }

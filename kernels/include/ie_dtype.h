@@ -36,8 +36,33 @@ typedef enum ie_dtype {
     IE_DTYPE_Q8_1 = 9,
     IE_DTYPE_BF16 = 30,
     IE_DTYPE_MXFP4 = 39,
+    /* engine-native weight quantizations (never in GGUF files; ids outside
+     * ggml's range). Group size G (a multiple of 32, dividing the row) is a
+     * property of the tensor, not of the type; see ie_pack.h. */
+    IE_DTYPE_I8W = 64,   /* int8w : x = d*q,       q int8 in [-127,127], f16 d per group */
+    IE_DTYPE_I4W = 65,   /* int4w symmetric: x = d*(u-8), u in [0,15], f16 d per group */
+    IE_DTYPE_I4WA = 66,  /* int4w affine:    x = d*u + m, f16 d and m per group        */
+    IE_DTYPE_Q8_P = 67,  /* activations only: planar int8 row + f32 d, s per 32 (ie_pack.h) */
     IE_DTYPE_INVALID = -1
 } ie_dtype_t;
+
+/* How a 2-D weight tensor's bytes are arranged (see ie_pack.h, ie_bsr.h).
+ *   ROWS    : n_out rows one after another, each in its dtype's row format.
+ *             For I8W/I4W/I4WA a row is n_in/G groups, each
+ *             { f16 d; [f16 m (I4WA)]; q[G] (int8) or qs[G/2] (4-bit, element
+ *             j < G/2 in the low nibble of qs[j], j + G/2 in the high) } —
+ *             with G = 32 byte-identical to Q8_0 / Q4_0 / Q4_1.
+ *   PANEL16 : I8W/I4W/I4WA only: rows interleaved 16 at a time in the
+ *             kernels' blocked-K layout (ie_pack.h).
+ *   BSR     : block-sparse rows, f32 blocks (ie_bsr.h); dtype is F32. */
+typedef enum ie_layout {
+    IE_LAYOUT_ROWS = 0,
+    IE_LAYOUT_PANEL16 = 1,
+    IE_LAYOUT_BSR = 2
+} ie_layout_t;
+
+/* "rows", "panel16", "bsr" or "invalid". */
+const char *ie_layout_name(ie_layout_t l);
 
 #define IE_QK 32 /* elements per quantized block */
 

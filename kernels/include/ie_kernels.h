@@ -16,7 +16,9 @@
 #ifndef IE_KERNELS_H
 #define IE_KERNELS_H
 
+#include "ie_bsr.h"
 #include "ie_dtype.h"
+#include "ie_pack.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -38,7 +40,8 @@ ie_isa_t ie_isa_best(void);
 int ie_isa_supported(ie_isa_t isa);
 
 /* Activation format that matmul expects for weights of type `wtype`:
- * F32 for f32/f16/bf16 weights, Q8_0 for q8_0/q4_0/mxfp4, Q8_1 for q4_1. */
+ * F32 for f32/f16/bf16 weights, Q8_0 for q8_0/q4_0/mxfp4, Q8_1 for q4_1,
+ * Q8_P for the packed I8W/I4W/I4WA (matmul_packed). */
 ie_dtype_t ie_matmul_act_dtype(ie_dtype_t wtype);
 
 /* The matmul family for one ISA. Obtain with ie_kernels_get(). */
@@ -46,7 +49,7 @@ typedef struct ie_matmul_ops {
     ie_isa_t isa;
 
     /* Convert n floats (n a multiple of 32 for block formats) into activation
-     * format `act` (IE_DTYPE_F32: plain copy, Q8_0, Q8_1) at `out`, which
+     * format `act` (IE_DTYPE_F32: plain copy, Q8_0, Q8_1, Q8_P) at `out`, which
      * holds ie_dtype_row_bytes(act, n) bytes. */
     void (*act_quantize)(ie_dtype_t act, const float *x, void *out, int64_t n);
 
@@ -66,6 +69,19 @@ typedef struct ie_matmul_ops {
      * within float rounding, not bit for bit. */
     float (*dot_f32)(const float *a, const float *b, int64_t n);
     void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
+
+    /* Packed weights (ie_pack.h): Y[t*ldy + r] = dot(W row r, A row t) for
+     * r in [r0, r1) — r0 a multiple of 16, r1 = m->n_out or a multiple of
+     * 16 — and t < n_tok. A rows are Q8_P, a_stride bytes apart. Register-
+     * and cache-blocked GEMM for prefill, a streaming GEMV (with prefetch)
+     * for n_tok = 1. Returns 0, or -1 on a bad matrix/range. */
+    int (*matmul_packed)(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                         int64_t n_tok, float *y, int64_t ldy);
+
+    /* Block-sparse weights (ie_bsr.h) times f32 activations; contract of
+     * ie_bsr_matmul_ref. */
+    void (*matmul_bsr)(const ie_bsr_t *m, int64_t r0, int64_t r1, const float *x, size_t xs, int64_t n_tok,
+                       float *y, int64_t ldy);
 } ie_matmul_ops_t;
 
 /* Ops for `isa`, or NULL if not compiled in or not supported by this CPU. */

@@ -33,6 +33,7 @@ ie_dtype_t ie_matmul_act_dtype(ie_dtype_t wtype)
     case IE_DTYPE_F32: case IE_DTYPE_F16: case IE_DTYPE_BF16: return IE_DTYPE_F32;
     case IE_DTYPE_Q8_0: case IE_DTYPE_Q4_0: case IE_DTYPE_MXFP4: return IE_DTYPE_Q8_0;
     case IE_DTYPE_Q4_1: return IE_DTYPE_Q8_1;
+    case IE_DTYPE_I8W: case IE_DTYPE_I4W: case IE_DTYPE_I4WA: return IE_DTYPE_Q8_P;
     default: return IE_DTYPE_INVALID;
     }
 }
@@ -104,9 +105,12 @@ ie_isa_t ie_isa_best(void)
 }
 
 static const ie_matmul_ops_t g_ops[3] = {
-    { IE_ISA_REF, ie_act_quantize_ref, ie_matmul_ref, ie_dot_f32, ie_axpy_f32 },
-    { IE_ISA_AVX2, ie_act_quantize_avx2, ie_matmul_avx2, ie_dot_f32_avx2, ie_axpy_f32_avx2 },
-    { IE_ISA_AVX512, ie_act_quantize_avx512, ie_matmul_avx512, ie_dot_f32_avx512, ie_axpy_f32_avx512 },
+    { IE_ISA_REF, ie_act_quantize_ref, ie_matmul_ref, ie_dot_f32, ie_axpy_f32,
+      ie_matmul_packed_ref, ie_bsr_matmul_ref },
+    { IE_ISA_AVX2, ie_act_quantize_avx2, ie_matmul_avx2, ie_dot_f32_avx2, ie_axpy_f32_avx2,
+      ie_matmul_packed_avx2, ie_bsr_matmul_avx2 },
+    { IE_ISA_AVX512, ie_act_quantize_avx512, ie_matmul_avx512, ie_dot_f32_avx512, ie_axpy_f32_avx512,
+      ie_matmul_packed_avx512, ie_bsr_matmul_avx512 },
 };
 
 const ie_matmul_ops_t *ie_kernels_get(ie_isa_t isa)

@@ -16,6 +16,10 @@ const char *ie_dtype_name(ie_dtype_t t)
     case IE_DTYPE_Q8_0: return "q8_0";
     case IE_DTYPE_Q8_1: return "q8_1";
     case IE_DTYPE_MXFP4: return "mxfp4";
+    case IE_DTYPE_I8W: return "int8w";
+    case IE_DTYPE_I4W: return "int4w";
+    case IE_DTYPE_I4WA: return "int4w_affine";
+    case IE_DTYPE_Q8_P: return "q8_p";
     default: return "invalid";
     }
 }
@@ -44,8 +48,19 @@ size_t ie_dtype_block_bytes(ie_dtype_t t)
     }
 }
 
+const char *ie_layout_name(ie_layout_t l)
+{
+    switch (l) {
+    case IE_LAYOUT_ROWS: return "rows";
+    case IE_LAYOUT_PANEL16: return "panel16";
+    case IE_LAYOUT_BSR: return "bsr";
+    }
+    return "invalid";
+}
+
 size_t ie_dtype_row_bytes(ie_dtype_t t, int64_t n)
 {
+    if (t == IE_DTYPE_Q8_P) return (n < 0 || n % IE_QK) ? 0 : (size_t)n + (size_t)(n / IE_QK) * 8;
     int be = ie_dtype_block_elems(t);
     if (be == 0 || n < 0 || n % be != 0) return 0;
     return (size_t)(n / be) * ie_dtype_block_bytes(t);

@@ -67,6 +67,11 @@ void ie_matmul_q4_1_q8_1_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1
 void ie_matmul_mxfp4_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
                               const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
 
+/* Packed (ie_pack.h) reference matmul and Q8_P activation quantizer. */
+int ie_matmul_packed_ref(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                         int64_t n_tok, float *y, int64_t ldy);
+void ie_quantize_row_q8_p_ref(const float *x, void *out, int64_t n);
+
 /* ----------------------------------------------------------------- avx2 */
 
 void ie_act_quantize_avx2(ie_dtype_t act, const float *x, void *out, int64_t n);
@@ -74,6 +79,10 @@ float ie_dot_f32_avx2(const float *a, const float *b, int64_t n);
 void ie_axpy_f32_avx2(float *y, float a, const float *x, int64_t n);
 int ie_matmul_avx2(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, int64_t r1,
                    const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+int ie_matmul_packed_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                          int64_t n_tok, float *y, int64_t ldy);
+void ie_bsr_matmul_avx2(const ie_bsr_t *m, int64_t r0, int64_t r1, const float *x, size_t xs, int64_t n_tok,
+                        float *y, int64_t ldy);
 
 /* --------------------------------------------------------------- avx512 */
 
@@ -83,5 +92,9 @@ float ie_dot_f32_avx512(const float *a, const float *b, int64_t n);
 void ie_axpy_f32_avx512(float *y, float a, const float *x, int64_t n);
 int ie_matmul_avx512(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, int64_t r1,
                      const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+int ie_matmul_packed_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                            int64_t n_tok, float *y, int64_t ldy);
+void ie_bsr_matmul_avx512(const ie_bsr_t *m, int64_t r0, int64_t r1, const float *x, size_t xs,
+                          int64_t n_tok, float *y, int64_t ldy);
 
 #endif

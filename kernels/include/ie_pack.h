@@ -1,0 +1,112 @@
+/* ie_pack.h — engine-native quantized weights (int8w, int4w) and the
+ * blocked-K panel layout the VNNI kernels read.
+ *
+ * Types (ie_dtype.h):  I8W  x = d*q            q int8 in [-127, 127]
+ *                      I4W  x = d*(u - 8)      u in [0, 15]   (symmetric)
+ *                      I4WA x = d*u + m        u in [0, 15]   (affine)
+ * with one f16 d (and m) per group of G consecutive elements of a row;
+ * G is a multiple of 32 that divides n_in (G = n_in: one scale per row).
+ *
+ * PANEL16 layout. Rows are taken 16 at a time (a panel; the last panel is
+ * padded with zero rows whose scales are 0). Panel p holds rows 16p..16p+15
+ * and is ie_pack_panel_bytes() long; panels follow each other. Inside a
+ * panel, for each group g = 0 .. n_in/G - 1 in order:
+ *     f16 d[16]                 scale of row 16p+i for group g
+ *     f16 m[16]                 (I4WA only) offset of row 16p+i
+ *     quants of elements k = gG .. gG+G-1, in chunks of 64 bytes:
+ *       I8W : G/4 chunks; chunk c, byte 4i+j = (uint8)(q[16p+i][gG+4c+j] + 128)
+ *       I4W, I4WA: G/8 chunks; chunk c, byte 4i+j =
+ *                 u[16p+i][gG+8c+j] | u[16p+i][gG+8c+4+j] << 4
+ *     (i = 0..15 row in panel, j = 0..3)
+ * so one 64-byte chunk is one zmm: 16 int32 lanes = 16 rows, each lane 4
+ * consecutive k — exactly what vpdpbusd (u8 weights x s8 activations)
+ * wants with the activations' 4 bytes broadcast. int8 weights are stored
+ * offset by +128 (u8); the kernels subtract 128*sum(a) per block.
+ * Panel bytes: (n_in/G) * (2*16*(1 + [I4WA]) + 16*G*bits/8).
+ *
+ * Q8_P activations (what matmul_packed reads): per token row of n_in
+ * (a multiple of 32) floats x:
+ *     int8 q[n_in]; float d[n_in/32]; float s[n_in/32]
+ * with, per block b of 32: d = amax/127, q = roundf(x/d) (ggml's Q8_0
+ * rounding), s = d * sum(q). Row bytes: ie_dtype_row_bytes(Q8_P, n_in)
+ * = n_in + 8*(n_in/32).
+ */
+#ifndef IE_PACK_H
+#define IE_PACK_H
+
+#include "ie_dtype.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define IE_PANEL 16 /* rows per panel */
+
+/* A weight matrix in PANEL16 layout. */
+typedef struct ie_pmat {
+    ie_dtype_t dtype; /* I8W, I4W or I4WA                       */
+    int group;        /* G                                       */
+    int64_t n_in;     /* elements per row                        */
+    int64_t n_out;    /* rows (not padded)                       */
+    const void *data; /* ie_pack_bytes() bytes, 64-byte aligned  */
+} ie_pmat_t;
+
+/* How scales are chosen when quantizing floats. */
+typedef enum ie_qscale {
+    IE_QSCALE_ABSMAX = 0, /* d from the group's extreme values (ggml's rule)  */
+    IE_QSCALE_MSE = 1     /* search clip ratios, keep the least squared error */
+} ie_qscale_t;
+
+/* 0 if (dtype, group, n_in) is a valid packed shape (dtype in I8W/I4W/I4WA,
+ * group a positive multiple of 32 dividing n_in), else -1. */
+int ie_pack_check(ie_dtype_t dtype, int group, int64_t n_in);
+
+/* Bytes of one panel / of a whole n_out-row matrix in PANEL16 layout; 0 if
+ * the shape is invalid. */
+size_t ie_pack_panel_bytes(ie_dtype_t dtype, int group, int64_t n_in);
+size_t ie_pack_bytes(ie_dtype_t dtype, int group, int64_t n_in, int64_t n_out);
+
+/* Bytes of one ROWS-layout row of I8W/I4W/I4WA (see ie_layout_t); 0 if
+ * invalid. For ggml types use ie_dtype_row_bytes. */
+size_t ie_qrow_bytes(ie_dtype_t dtype, int group, int64_t n_in);
+
+/* Bytes of a whole 2-D tensor of n_rows rows of n_in in any dense layout
+ * (ROWS of any dtype, PANEL16 of I-types); 0 if invalid. group is ignored
+ * for non-I types. */
+size_t ie_tensor_bytes(ie_dtype_t dtype, ie_layout_t layout, int group, int64_t n_in, int64_t n_rows);
+
+/* Quantize float rows [r0, r1) of an n_out x n_in matrix (src points at row
+ * 0, rows n_in floats apart) into the PANEL16 buffer dst of the whole
+ * matrix. r0 must be a multiple of 16; r1 = n_out or a multiple of 16; the
+ * caller may run disjoint ranges concurrently. Padding rows of the last
+ * panel are written as zeros when r1 = n_out. Rounding: I8W d = amax/127,
+ * q = roundf(x/d); I4W d = max/-8 (max: the value of largest magnitude),
+ * u = clamp(roundf(x/d) + 8, 0, 15) ... exactly ggml's Q4_0 rule (x*(1/d) +
+ * 8.5 truncated, clamped to 15); I4WA d = (max-min)/15, m = min, u = ggml's
+ * Q4_1 rule. IE_QSCALE_MSE tries clip ratios and keeps the best per group.
+ * Inputs must be finite. Returns 0, or -1 on a bad shape/range. */
+int ie_pack_quantize(ie_dtype_t dtype, int group, ie_qscale_t how, const float *src, int64_t n_in,
+                     int64_t r0, int64_t r1, int64_t n_out, void *dst);
+
+/* Quantize one float row to the ROWS layout of an I-type (n_in floats ->
+ * ie_qrow_bytes bytes), same rounding as ie_pack_quantize. 0 or -1. */
+int ie_qrow_quantize(ie_dtype_t dtype, int group, ie_qscale_t how, const float *src, int64_t n_in, void *dst);
+
+/* Dequantize one ROWS-layout row of an I-type. */
+void ie_qrow_dequantize(ie_dtype_t dtype, int group, const void *src, float *dst, int64_t n_in);
+
+/* The packed type a ROWS-layout tensor repacks to losslessly:
+ * Q8_0 -> I8W, Q4_0 -> I4W, Q4_1 -> I4WA (group 32), I-types -> themselves;
+ * IE_DTYPE_INVALID for anything else. */
+ie_dtype_t ie_pack_target(ie_dtype_t rows_dtype);
+
+/* Repack rows [r0, r1) (same alignment rules as ie_pack_quantize) of a
+ * ROWS-layout matrix (ggml Q8_0/Q4_0/Q4_1 with group 32, or I-types with
+ * `group`) into PANEL16 without changing a single value. 0 or -1. */
+int ie_pack_repack(ie_dtype_t rows_dtype, int group, const void *src, int64_t n_in, int64_t r0, int64_t r1,
+                   int64_t n_out, void *dst);
+
+/* Dequantize row r of a packed matrix into n_in floats (embedding lookup,
+ * tests, calibration). */
+void ie_pack_dequant_row(const ie_pmat_t *m, int64_t r, float *dst);
+
+#endif
