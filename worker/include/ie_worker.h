@@ -22,10 +22,13 @@ typedef enum ie_precision {
     IE_PREC_NATIVE = 0, /* weights as the file stores them              */
     IE_PREC_F32 = 1,    /* every matrix converted to f32 at load        */
     IE_PREC_BF16 = 2,   /* every matrix converted to bf16 at load       */
-    IE_PREC_F16 = 3     /* every matrix converted to f16 at load        */
+    IE_PREC_F16 = 3,    /* every matrix converted to f16 at load        */
+    IE_PREC_INT8W = 4,  /* every matrix quantized to int8w at load      */
+    IE_PREC_INT4W = 5   /* every matrix quantized to int4w at load      */
 } ie_precision_t;
 
-/* "native", "f32", "bf16", "f16"; parse returns IE_ERR_INVAL on others. */
+/* "native", "f32", "bf16", "f16", "int8w", "int4w"; parse returns
+ * IE_ERR_INVAL on others. */
 const char *ie_precision_name(ie_precision_t p);
 ie_status_t ie_precision_parse(const char *s, ie_precision_t *out);
 
@@ -40,10 +43,19 @@ typedef struct ie_worker_opts {
                           (default): use the file mapping. Env
                           IE_WEIGHTS_COPY=0/1 overrides.              */
     ie_isa_t isa;      /* kernels to use (ie_isa_best() by default)   */
+    int quant_group;   /* group of --precision int8w/int4w (32)       */
+    int quant_affine;  /* int4w: 1 affine (d, m), 0 symmetric (0)     */
+    int repack;        /* 1: repack GGUF Q8_0/Q4_0/Q4_1 and ROWS int
+                          types into PANEL16 at load (lossless); 0:
+                          run them as stored. Env IE_REPACK=0/1
+                          overrides. Default 1.                      */
+    const char *repack_cache; /* directory for the on-disk repack
+                          cache (NULL: env IE_REPACK_CACHE, else no
+                          cache)                                      */
 } ie_worker_opts_t;
 
 /* Defaults: 1 thread, pinned, n_ctx 2048, 1 slot, max_batch 256, native,
- * no weight copy, best ISA. */
+ * no weight copy, best ISA, group 32 symmetric, repack on, no cache. */
 void ie_worker_opts_default(ie_worker_opts_t *o);
 
 typedef struct ie_worker ie_worker_t;
@@ -74,6 +86,12 @@ typedef struct ie_batch {
  * for a bad token id, slot or a position past n_ctx; IE_ERR_INVAL for a
  * batch larger than max_batch. */
 ie_status_t ie_worker_step(ie_worker_t *w, const ie_batch_t *b, float *logits_out);
+
+/* ie_worker_step that also writes, when hidden != NULL, the residual stream
+ * after every layer: hidden[((size_t)l * b->n + i) * n_embd + j] for layer l
+ * and batch entry i (n_layer * n * n_embd floats) — for the converter's
+ * per-layer calibration report. */
+ie_status_t ie_worker_step_hidden(ie_worker_t *w, const ie_batch_t *b, float *logits_out, float *hidden);
 
 /* Forget a slot's cache contents (positions restart at 0). */
 void ie_worker_seq_clear(ie_worker_t *w, int seq);

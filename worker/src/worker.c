@@ -104,20 +104,23 @@ const char *ie_precision_name(ie_precision_t p)
     case IE_PREC_F32: return "f32";
     case IE_PREC_BF16: return "bf16";
     case IE_PREC_F16: return "f16";
+    case IE_PREC_INT8W: return "int8w";
+    case IE_PREC_INT4W: return "int4w";
     }
     return "invalid";
 }
 
 ie_status_t ie_precision_parse(const char *s, ie_precision_t *out)
 {
-    static const ie_precision_t all[] = {IE_PREC_NATIVE, IE_PREC_F32, IE_PREC_BF16, IE_PREC_F16};
+    static const ie_precision_t all[] = {IE_PREC_NATIVE, IE_PREC_F32,   IE_PREC_BF16,
+                                         IE_PREC_F16,    IE_PREC_INT8W, IE_PREC_INT4W};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         if (s && strcmp(s, ie_precision_name(all[i])) == 0) {
             *out = all[i];
             return IE_OK;
         }
     }
-    return ie_error_set(IE_ERR_INVAL, "unknown precision '%s' (expected native, f32, bf16 or f16)",
+    return ie_error_set(IE_ERR_INVAL, "unknown precision '%s' (expected native, f32, bf16, f16, int8w or int4w)",
                         s ? s : "(null)");
 }
 
@@ -131,6 +134,8 @@ void ie_worker_opts_default(ie_worker_opts_t *o)
     o->max_batch = 256;
     o->precision = IE_PREC_NATIVE;
     o->copy_weights = 0;
+    o->quant_group = 32;
+    o->repack = 1;
     o->isa = ie_isa_best();
 }
 
@@ -241,6 +246,8 @@ static ie_status_t bind_mats(ie_worker_t *w, const ie_model_src_t *src, const ch
     case IE_PREC_F32: to = IE_DTYPE_F32; break;
     case IE_PREC_BF16: to = IE_DTYPE_BF16; break;
     case IE_PREC_F16: to = IE_DTYPE_F16; break;
+    case IE_PREC_INT8W: case IE_PREC_INT4W:
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: precision %s not wired yet", ie_precision_name(w->opts.precision));
     }
     m->n_in = n_in;
     m->n_out = n_out;
@@ -789,6 +796,11 @@ static void moe_forward(ie_worker_t *w, const layer_t *L, int n)
 
 ie_status_t ie_worker_step(ie_worker_t *w, const ie_batch_t *b, float *logits_out)
 {
+    return ie_worker_step_hidden(w, b, logits_out, NULL);
+}
+
+ie_status_t ie_worker_step_hidden(ie_worker_t *w, const ie_batch_t *b, float *logits_out, float *hidden)
+{
     const ie_hparams_t *hp = &w->hp;
     int n = b->n, d = hp->n_embd, ff = hp->n_ff, hd = hp->head_dim, half = hp->rope_dim / 2;
 
@@ -866,6 +878,7 @@ ie_status_t ie_worker_step(ie_worker_t *w, const ie_batch_t *b, float *logits_ou
         if (hp->n_expert > 0) {
             moe_forward(w, L, n);
             for (size_t i = 0; i < (size_t)n * d; i++) w->x[i] += w->moe[i];
+            if (hidden) memcpy(hidden + (size_t)l * n * d, w->x, (size_t)n * d * sizeof(float));
             continue;
         }
         {
@@ -876,6 +889,7 @@ ie_status_t ie_worker_step(ie_worker_t *w, const ie_batch_t *b, float *logits_ou
         ie_swiglu_f32(w->hb, w->hb, w->hb2, (int64_t)n * ff);
         matmul1(w, &L->down, w->tmp, w->hb, n);
         for (size_t i = 0; i < (size_t)n * d; i++) w->x[i] += w->tmp[i];
+        if (hidden) memcpy(hidden + (size_t)l * n * d, w->x, (size_t)n * d * sizeof(float));
     }
 
     /* the slot caches now hold these positions */
