@@ -1,6 +1,484 @@
-/* pack_ref.c — STUB, replaced by the packed-kernels work. */
+/* pack_ref.c — engine-native quantized weights (ie_pack.h): quantizers,
+ * the PANEL16 repacker, dequantization, the Q8_P activation quantizer and
+ * the reference (oracle) packed matmul.
+ *
+ * Everything here is scalar and allocation-free. A group is quantized in
+ * two steps: choose its parameters (scale d, offset m and the f32 inverse
+ * scale used for rounding) and then map each element to its code with
+ * code_of(); both the ROWS and the PANEL16 writers call the same two
+ * functions, so the two layouts hold identical values by construction.
+ *
+ * Codes: I8W q in [-127, 127] (stored as q + 128 in PANEL16, as int8 in
+ * ROWS); I4W and I4WA u in [0, 15].
+ */
+#include "ie_kernels.h"
 #include "../src/ie_kernels_impl.h"
+
+#include <float.h>
+#include <math.h>
 #include <string.h>
+
+/* ------------------------------------------------------------- helpers */
+
+static int is_itype(ie_dtype_t t) { return t == IE_DTYPE_I8W || t == IE_DTYPE_I4W || t == IE_DTYPE_I4WA; }
+
+static inline float ld_f16(const void *p)
+{
+    ie_f16_t h;
+    memcpy(&h, p, sizeof h);
+    return ie_f16_to_f32(h);
+}
+
+static inline void st_f16(void *p, ie_f16_t h) { memcpy(p, &h, sizeof h); }
+
+static inline float ld_f32(const void *p)
+{
+    float f;
+    memcpy(&f, p, sizeof f);
+    return f;
+}
+
+static inline void st_f32(void *p, float f) { memcpy(p, &f, sizeof f); }
+
+/* 1/d, or 0 when d is 0 or 1/d overflows (a group so tiny that it then
+ * quantizes to zero codes instead of hitting an undefined conversion). */
+static inline float inv_scale(float d)
+{
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    return isinf(id) ? 0.0f : id;
+}
+
+/* Bytes of one group's scales (d, and m for affine) per row. */
+static size_t scale_bytes(ie_dtype_t t) { return t == IE_DTYPE_I4WA ? 4 : 2; }
+
+/* Bytes of one group's quants per row. */
+static size_t quant_bytes(ie_dtype_t t, int group) { return t == IE_DTYPE_I8W ? (size_t)group : (size_t)group / 2; }
+
+/* Bytes of one group inside a panel: 16 rows of scales, then 16 rows of quants. */
+static size_t panel_group_bytes(ie_dtype_t t, int group)
+{
+    return IE_PANEL * (scale_bytes(t) + quant_bytes(t, group));
+}
+
+/* ------------------------------------------------- group quantization */
+
+/* Parameters of one quantized group. id, lo: what code_of() uses (f32,
+ * before the f16 rounding of the stored values, as in ggml); d, m: the
+ * stored f16 scale and offset (m only for I4WA). */
+typedef struct {
+    float id, lo;
+    ie_f16_t d, m;
+} qparams_t;
+
+/* The code of x under p. The rules are ggml's: I8W q = roundf(x*id)
+ * (Q8_0), I4W u = trunc(x*id + 8.5) (Q4_0), I4WA u = trunc((x-lo)*id + 0.5)
+ * (Q4_1), each clamped to its range (with the absmax scale clamping only
+ * ever bites at the top, exactly where ggml clamps; clipped MSE scales need
+ * the other ends too). */
+static inline int code_of(ie_dtype_t t, const qparams_t *p, float x)
+{
+    if (t == IE_DTYPE_I8W) {
+        float v = roundf(x * p->id);
+        if (v > 127.0f) v = 127.0f;
+        if (v < -127.0f) v = -127.0f;
+        return (int)v;
+    }
+    float v = t == IE_DTYPE_I4W ? x * p->id + 8.5f : (x - p->lo) * p->id + 0.5f;
+    if (!(v >= 0.0f)) v = 0.0f;
+    if (v > 15.0f) v = 15.0f;
+    return (int)v; /* truncation, as ggml's (int8_t) cast */
+}
+
+/* The value code q stands for (exactly what the dequantizers compute). */
+static inline float value_of(ie_dtype_t t, float d, float m, int q)
+{
+    switch (t) {
+    case IE_DTYPE_I8W: return d * (float)q;
+    case IE_DTYPE_I4W: return d * (float)(q - 8);
+    default: return d * (float)q + m;
+    }
+}
+
+/* Parameters for a group of n values with its absmax-style scale shrunk by
+ * `ratio` (1.0: exactly ggml's rule for the type). */
+static qparams_t group_params(ie_dtype_t t, const float *x, int n, float ratio)
+{
+    qparams_t p = { 0.0f, 0.0f, 0, 0 };
+    if (t == IE_DTYPE_I4WA) {
+        float min = FLT_MAX, max = -FLT_MAX;
+        for (int j = 0; j < n; j++) {
+            if (x[j] < min) min = x[j];
+            if (x[j] > max) max = x[j];
+        }
+        float lo = min, d = (max - min) / 15.0f;
+        if (ratio != 1.0f) { /* shrink the range around its centre */
+            const float c = 0.5f * (max + min), h = 0.5f * (max - min) * ratio;
+            lo = c - h;
+            d = 2.0f * h / 15.0f;
+        }
+        p.id = inv_scale(d);
+        p.lo = lo;
+        p.d = ie_f32_to_f16(d);
+        p.m = ie_f32_to_f16(lo);
+        return p;
+    }
+    float amax = 0.0f, max = 0.0f; /* max: the value of largest magnitude */
+    for (int j = 0; j < n; j++) {
+        if (amax < fabsf(x[j])) { amax = fabsf(x[j]); max = x[j]; }
+    }
+    float d = t == IE_DTYPE_I8W ? amax / 127.0f : max / -8.0f;
+    if (ratio != 1.0f) d *= ratio;
+    p.id = t == IE_DTYPE_I8W ? inv_scale(d) : (d != 0.0f ? 1.0f / d : 0.0f);
+    if (isinf(p.id)) p.id = 0.0f;
+    p.d = ie_f32_to_f16(d);
+    return p;
+}
+
+/* Squared reconstruction error of the group under p (what the stored f16
+ * values reproduce), in double. */
+static double group_error(ie_dtype_t t, const qparams_t *p, const float *x, int n)
+{
+    const float d = ie_f16_to_f32(p->d), m = ie_f16_to_f32(p->m);
+    double e = 0.0;
+    for (int j = 0; j < n; j++) {
+        const double r = (double)x[j] - (double)value_of(t, d, m, code_of(t, p, x[j]));
+        e += r * r;
+    }
+    return e;
+}
+
+#define IE_MSE_STEPS 16 /* clip ratios 1.00, 0.98, ..., 0.70 */
+
+/* Parameters for one group of n floats under rule `how`. IE_QSCALE_MSE
+ * starts from ratio 1.0 (the absmax parameters) and only switches on a
+ * strictly smaller error, so it is never worse than IE_QSCALE_ABSMAX. */
+static qparams_t choose_params(ie_dtype_t t, ie_qscale_t how, const float *x, int n)
+{
+    qparams_t best = group_params(t, x, n, 1.0f);
+    if (how != IE_QSCALE_MSE) return best;
+    double best_err = group_error(t, &best, x, n);
+    for (int i = 1; i < IE_MSE_STEPS && best_err > 0.0; i++) {
+        const qparams_t p = group_params(t, x, n, 1.0f - 0.02f * (float)i);
+        const double e = group_error(t, &p, x, n);
+        if (e < best_err) { best = p; best_err = e; }
+    }
+    return best;
+}
+
+/* --------------------------------------------------------- ROWS layout */
+
+/* Quantize one group of G floats into its ROWS-layout bytes. */
+static void qrow_group(ie_dtype_t t, ie_qscale_t how, const float *x, int G, uint8_t *out)
+{
+    const qparams_t p = choose_params(t, how, x, G);
+    st_f16(out, p.d);
+    if (t == IE_DTYPE_I4WA) st_f16(out + 2, p.m);
+    uint8_t *q = out + scale_bytes(t);
+    if (t == IE_DTYPE_I8W) {
+        for (int j = 0; j < G; j++) q[j] = (uint8_t)(int8_t)code_of(t, &p, x[j]);
+    } else {
+        for (int j = 0; j < G / 2; j++)
+            q[j] = (uint8_t)(code_of(t, &p, x[j]) | code_of(t, &p, x[j + G / 2]) << 4);
+    }
+}
+
+/* Quantize one row of n_in floats to the ROWS layout of an I-type
+ * (n_in/G groups { f16 d; [f16 m]; codes }); with G = 32 byte-identical to
+ * Q8_0 / Q4_0 / Q4_1 as ie_quantize_row writes them (absmax rule).
+ * Returns 0, or -1 on an invalid (dtype, group, n_in) or NULL pointers. */
+int ie_qrow_quantize(ie_dtype_t dtype, int group, ie_qscale_t how, const float *src, int64_t n_in, void *dst)
+{
+    if (ie_pack_check(dtype, group, n_in) != 0 || !src || !dst) return -1;
+    const size_t gb = scale_bytes(dtype) + quant_bytes(dtype, group);
+    for (int64_t g = 0; g < n_in / group; g++)
+        qrow_group(dtype, how, src + g * group, group, (uint8_t *)dst + (size_t)g * gb);
+    return 0;
+}
+
+/* Dequantize one ROWS-layout row of an I-type: x = d*q (I8W), d*(u-8)
+ * (I4W), d*u + m (I4WA), computed in f32. Does nothing on an invalid shape. */
+void ie_qrow_dequantize(ie_dtype_t dtype, int group, const void *src, float *dst, int64_t n_in)
+{
+    if (ie_pack_check(dtype, group, n_in) != 0) return;
+    const size_t gb = scale_bytes(dtype) + quant_bytes(dtype, group);
+    const int G = group;
+    for (int64_t g = 0; g < n_in / G; g++) {
+        const uint8_t *blk = (const uint8_t *)src + (size_t)g * gb;
+        const float d = ld_f16(blk), m = dtype == IE_DTYPE_I4WA ? ld_f16(blk + 2) : 0.0f;
+        const uint8_t *q = blk + scale_bytes(dtype);
+        float *o = dst + g * G;
+        if (dtype == IE_DTYPE_I8W) {
+            for (int j = 0; j < G; j++) o[j] = value_of(dtype, d, m, (int8_t)q[j]);
+        } else {
+            for (int j = 0; j < G / 2; j++) {
+                o[j] = value_of(dtype, d, m, q[j] & 0x0f);
+                o[j + G / 2] = value_of(dtype, d, m, q[j] >> 4);
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------ PANEL16 layout */
+
+/* Start of group g of panel p. */
+static uint8_t *panel_group(ie_dtype_t t, int G, int64_t n_in, void *base, int64_t p, int64_t g)
+{
+    return (uint8_t *)base + (size_t)p * ie_pack_panel_bytes(t, G, n_in) + (size_t)g * panel_group_bytes(t, G);
+}
+
+/* Byte of the quants of a panel group holding element kk (0 <= kk < G) of
+ * panel row i, and for 4-bit types whether it is the high nibble. */
+static inline size_t panel_quant_pos(ie_dtype_t t, int i, int kk, int *hi)
+{
+    if (t == IE_DTYPE_I8W) {
+        *hi = 0;
+        return (size_t)(kk / 4) * 64 + (size_t)(4 * i + kk % 4);
+    }
+    *hi = (kk % 8) >= 4;
+    return (size_t)(kk / 8) * 64 + (size_t)(4 * i + kk % 4);
+}
+
+/* Write the scales and codes of panel row i of one group. x: the group's G
+ * floats, or NULL for a padding row (all-zero values: d = m = 0 and the
+ * code of 0.0f). Nibbles are or-ed in: the caller zeroes the quants first. */
+static void panel_put_row(ie_dtype_t t, ie_qscale_t how, const float *x, int G, uint8_t *grp, int i)
+{
+    qparams_t p = { 0.0f, 0.0f, 0, 0 };
+    if (x) p = choose_params(t, how, x, G);
+    st_f16(grp + 2 * i, p.d);
+    if (t == IE_DTYPE_I4WA) st_f16(grp + 2 * IE_PANEL + 2 * i, p.m);
+    uint8_t *q = grp + IE_PANEL * scale_bytes(t);
+    for (int kk = 0; kk < G; kk++) {
+        int hi;
+        const size_t pos = panel_quant_pos(t, i, kk, &hi);
+        const int c = code_of(t, &p, x ? x[kk] : 0.0f);
+        if (t == IE_DTYPE_I8W) q[pos] = (uint8_t)(c + 128);
+        else q[pos] |= (uint8_t)(hi ? c << 4 : c);
+    }
+}
+
+/* Common range check of the panel writers and the matmuls. */
+static int range_ok(int64_t r0, int64_t r1, int64_t n_out)
+{
+    if (n_out <= 0 || r0 < 0 || r0 > r1 || r1 > n_out) return 0;
+    if (r0 % IE_PANEL != 0) return 0;
+    if (r1 != n_out && r1 % IE_PANEL != 0) return 0;
+    return 1;
+}
+
+/* Rows [r0, r1) of the panels (padding included when r1 = n_out): calls
+ * put(row or -1 for padding, panel row i, group start) for every panel row
+ * and group, after zeroing each group's quants. */
+static void panel_fill(ie_dtype_t t, int G, int64_t n_in, int64_t r0, int64_t r1, int64_t n_out, void *dst,
+                       void (*put)(const void *ctx, int64_t r, int64_t g, uint8_t *grp, int i), const void *ctx)
+{
+    const int64_t p0 = r0 / IE_PANEL, p1 = (r1 + IE_PANEL - 1) / IE_PANEL;
+    for (int64_t p = p0; p < p1; p++) {
+        for (int64_t g = 0; g < n_in / G; g++) {
+            uint8_t *grp = panel_group(t, G, n_in, dst, p, g);
+            memset(grp + IE_PANEL * scale_bytes(t), 0, IE_PANEL * quant_bytes(t, G));
+            for (int i = 0; i < IE_PANEL; i++) {
+                const int64_t r = p * IE_PANEL + i;
+                put(ctx, r < n_out ? r : -1, g, grp, i);
+            }
+        }
+    }
+}
+
+typedef struct {
+    ie_dtype_t t;
+    int G;
+    ie_qscale_t how;
+    const float *src;
+    int64_t n_in;
+} quant_ctx_t;
+
+static void put_quant(const void *ctx, int64_t r, int64_t g, uint8_t *grp, int i)
+{
+    const quant_ctx_t *c = ctx;
+    panel_put_row(c->t, c->how, r < 0 ? NULL : c->src + r * c->n_in + g * c->G, c->G, grp, i);
+}
+
+/* Quantize float rows [r0, r1) into the PANEL16 matrix dst (ie_pack.h).
+ * Padding rows of the last panel (when r1 = n_out) are written as zero rows:
+ * d = m = 0 and the codes of 0.0f (I8W 128, I4W 8, I4WA 0). Only the panels
+ * of [r0, r1) are written, so disjoint ranges may run concurrently.
+ * Returns 0, or -1 on an invalid shape/range or NULL pointers. */
+int ie_pack_quantize(ie_dtype_t dtype, int group, ie_qscale_t how, const float *src, int64_t n_in,
+                     int64_t r0, int64_t r1, int64_t n_out, void *dst)
+{
+    if (ie_pack_check(dtype, group, n_in) != 0 || !range_ok(r0, r1, n_out) || !src || !dst) return -1;
+    const quant_ctx_t c = { dtype, group, how, src, n_in };
+    panel_fill(dtype, group, n_in, r0, r1, n_out, dst, put_quant, &c);
+    return 0;
+}
+
+/* Q8_0 -> I8W, Q4_0 -> I4W, Q4_1 -> I4WA, I-types -> themselves. */
+ie_dtype_t ie_pack_target(ie_dtype_t rows_dtype)
+{
+    switch (rows_dtype) {
+    case IE_DTYPE_Q8_0: case IE_DTYPE_I8W: return IE_DTYPE_I8W;
+    case IE_DTYPE_Q4_0: case IE_DTYPE_I4W: return IE_DTYPE_I4W;
+    case IE_DTYPE_Q4_1: case IE_DTYPE_I4WA: return IE_DTYPE_I4WA;
+    default: return IE_DTYPE_INVALID;
+    }
+}
+
+typedef struct {
+    ie_dtype_t t;
+    int G;
+    const uint8_t *src;
+    size_t row_bytes, group_bytes;
+} repack_ctx_t;
+
+/* Copy one ROWS-layout group (row r, group g) into panel row i, codes
+ * untouched; padding rows as in ie_pack_quantize. */
+static void put_repack(const void *ctx, int64_t r, int64_t g, uint8_t *grp, int i)
+{
+    const repack_ctx_t *c = ctx;
+    const ie_dtype_t t = c->t;
+    if (r < 0) {
+        panel_put_row(t, IE_QSCALE_ABSMAX, NULL, c->G, grp, i);
+        return;
+    }
+    const uint8_t *blk = c->src + (size_t)r * c->row_bytes + (size_t)g * c->group_bytes;
+    memcpy(grp + 2 * i, blk, 2);
+    if (t == IE_DTYPE_I4WA) memcpy(grp + 2 * IE_PANEL + 2 * i, blk + 2, 2);
+    const uint8_t *qs = blk + scale_bytes(t);
+    uint8_t *q = grp + IE_PANEL * scale_bytes(t);
+    for (int kk = 0; kk < c->G; kk++) {
+        int hi;
+        const size_t pos = panel_quant_pos(t, i, kk, &hi);
+        if (t == IE_DTYPE_I8W) {
+            q[pos] = (uint8_t)(qs[kk] ^ 0x80); /* int8 q -> q + 128 */
+        } else {
+            const int u = kk < c->G / 2 ? qs[kk] & 0x0f : qs[kk - c->G / 2] >> 4;
+            q[pos] |= (uint8_t)(hi ? u << 4 : u);
+        }
+    }
+}
+
+/* Repack rows [r0, r1) of a ROWS-layout matrix into PANEL16 without
+ * changing any value. For Q8_0/Q4_0/Q4_1 the group is 32 whatever `group`
+ * says; for I-types it is `group`. Padding rows as in ie_pack_quantize.
+ * Returns 0, or -1 on an unsupported type, invalid shape/range or NULL. */
+int ie_pack_repack(ie_dtype_t rows_dtype, int group, const void *src, int64_t n_in, int64_t r0, int64_t r1,
+                   int64_t n_out, void *dst)
+{
+    const ie_dtype_t t = ie_pack_target(rows_dtype);
+    if (t == IE_DTYPE_INVALID || !src || !dst) return -1;
+    if (!is_itype(rows_dtype)) group = IE_QK;
+    if (ie_pack_check(t, group, n_in) != 0 || !range_ok(r0, r1, n_out)) return -1;
+    const repack_ctx_t c = { t, group, src, ie_qrow_bytes(t, group, n_in), scale_bytes(t) + quant_bytes(t, group) };
+    panel_fill(t, group, n_in, r0, r1, n_out, dst, put_repack, &c);
+    return 0;
+}
+
+/* Dequantize row r (0 <= r < m->n_out) of a packed matrix into n_in floats,
+ * with the same f32 formulas as ie_qrow_dequantize (so a repacked Q8_0 /
+ * Q4_0 / Q4_1 row dequantizes to the bits ie_dequantize_row gives). Does
+ * nothing on an invalid matrix or row. */
+void ie_pack_dequant_row(const ie_pmat_t *m, int64_t r, float *dst)
+{
+    if (!m || !m->data || ie_pack_check(m->dtype, m->group, m->n_in) != 0 || r < 0 || r >= m->n_out) return;
+    const ie_dtype_t t = m->dtype;
+    const int G = m->group, i = (int)(r % IE_PANEL);
+    for (int64_t g = 0; g < m->n_in / G; g++) {
+        const uint8_t *grp = panel_group(t, G, m->n_in, (void *)(uintptr_t)m->data, r / IE_PANEL, g);
+        const float d = ld_f16(grp + 2 * i);
+        const float mm = t == IE_DTYPE_I4WA ? ld_f16(grp + 2 * IE_PANEL + 2 * i) : 0.0f;
+        const uint8_t *q = grp + IE_PANEL * scale_bytes(t);
+        for (int kk = 0; kk < G; kk++) {
+            int hi;
+            const uint8_t byte = q[panel_quant_pos(t, i, kk, &hi)];
+            const int c = t == IE_DTYPE_I8W ? (int)byte - 128 : (hi ? byte >> 4 : byte & 0x0f);
+            dst[g * G + kk] = value_of(t, d, mm, c);
+        }
+    }
+}
+
+/* ------------------------------------------------ Q8_P activations */
+
+/* One row of n floats (n a multiple of 32) to Q8_P: int8 q[n], then f32
+ * d[n/32], then f32 s[n/32]; per block d = amax/127, q = roundf(x/d) via
+ * x * (1/d) as ggml's Q8_0 (1/d overflowing or d = 0 give zeros), and
+ * s = (float)sum(q) * d in f32. Identical to ie_act_quantize_drive's Q8_P. */
+void ie_quantize_row_q8_p_ref(const float *x, void *out, int64_t n)
+{
+    int8_t *q = out;
+    uint8_t *dp = (uint8_t *)out + n, *sp = dp + 4 * (n / IE_QK);
+    for (int64_t b = 0; b < n / IE_QK; b++) {
+        const float *xb = x + b * IE_QK;
+        float amax = 0.0f;
+        for (int j = 0; j < IE_QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        const float d = amax / 127.0f;
+        const float id = inv_scale(d);
+        int sum = 0;
+        for (int j = 0; j < IE_QK; j++) {
+            q[b * IE_QK + j] = (int8_t)roundf(xb[j] * id);
+            sum += q[b * IE_QK + j];
+        }
+        st_f32(dp + 4 * b, d);
+        st_f32(sp + 4 * b, (float)sum * d);
+    }
+}
+
+/* --------------------------------------------------- reference matmul */
+
+/* 1 if (m, r0, r1, n_tok, ldy) describe a valid packed matmul. */
+static int packed_args_ok(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, int64_t n_tok, const float *y)
+{
+    if (!m || !m->data || ie_pack_check(m->dtype, m->group, m->n_in) != 0) return 0;
+    if (!range_ok(r0, r1, m->n_out) || n_tok < 0) return 0;
+    if (n_tok > 0 && r1 > r0 && (!a || !y)) return 0;
+    return 1;
+}
+
+/* Y[t*ldy + r] = dot(W row r, A row t) for r in [r0, r1), t < n_tok, the
+ * oracle of matmul_packed. Per 32-element block b (within group g) the
+ * integer sum isum = sum_j c_j*qa_j of the stored codes c (I8W: q + 128,
+ * I4W/I4WA: u) is exact; then, in double,
+ *     I8W : y += d_g * (ad_b*isum - 128*s_b)
+ *     I4W : y += d_g * (ad_b*isum -   8*s_b)
+ *     I4WA: y += d_g *  ad_b*isum + m_g*s_b
+ * (from x_w = d*(c - off) or d*c + m, x_a = ad*qa and s_b = ad*sum(qa)).
+ * Returns 0, or -1 on an invalid matrix/range. */
 int ie_matmul_packed_ref(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
-                         int64_t n_tok, float *y, int64_t ldy) { return -1; }
-void ie_quantize_row_q8_p_ref(const float *x, void *out, int64_t n) { }
+                         int64_t n_tok, float *y, int64_t ldy)
+{
+    if (!packed_args_ok(m, r0, r1, a, n_tok, y)) return -1;
+    const ie_dtype_t t = m->dtype;
+    const int G = m->group;
+    const int64_t n_in = m->n_in, nb = n_in / IE_QK;
+    const double off = t == IE_DTYPE_I8W ? 128.0 : t == IE_DTYPE_I4W ? 8.0 : 0.0;
+    for (int64_t tok = 0; tok < n_tok; tok++) {
+        const uint8_t *arow = (const uint8_t *)a + (size_t)tok * a_stride;
+        const int8_t *qa = (const int8_t *)arow;
+        const uint8_t *ad = arow + n_in, *as = ad + 4 * nb;
+        for (int64_t r = r0; r < r1; r++) {
+            const int i = (int)(r % IE_PANEL);
+            double s = 0.0;
+            for (int64_t g = 0; g < n_in / G; g++) {
+                const uint8_t *grp = panel_group(t, G, n_in, (void *)(uintptr_t)m->data, r / IE_PANEL, g);
+                const double wd = ld_f16(grp + 2 * i);
+                const double wm = t == IE_DTYPE_I4WA ? ld_f16(grp + 2 * IE_PANEL + 2 * i) : 0.0;
+                const uint8_t *q = grp + IE_PANEL * scale_bytes(t);
+                for (int kb = 0; kb < G; kb += IE_QK) {
+                    const int64_t b = (g * G + kb) / IE_QK;
+                    int isum = 0;
+                    for (int j = 0; j < IE_QK; j++) {
+                        int hi;
+                        const uint8_t byte = q[panel_quant_pos(t, i, kb + j, &hi)];
+                        const int c = t == IE_DTYPE_I8W ? byte : (hi ? byte >> 4 : byte & 0x0f);
+                        isum += c * qa[b * IE_QK + j];
+                    }
+                    const double dA = ld_f32(ad + 4 * b), sA = ld_f32(as + 4 * b);
+                    if (t == IE_DTYPE_I4WA) s += wd * dA * isum + wm * sA;
+                    else s += wd * (dA * isum - off * sA);
+                }
+            }
+            y[tok * ldy + r] = (float)s;
+        }
+    }
+    return 0;
+}

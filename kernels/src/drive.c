@@ -59,6 +59,18 @@ void ie_act_quantize_drive(ie_dtype_t act, const float *x, void *out, int64_t n,
         }
         break;
     }
+    case IE_DTYPE_Q8_P: { /* int8 q[n]; f32 d[n/32]; f32 s[n/32] (ie_pack.h) */
+        int8_t *q = out;
+        uint8_t *dp = (uint8_t *)out + n, *sp = dp + 4 * (size_t)(n / IE_QK);
+        for (int64_t b = 0; b < n / IE_QK; b++) {
+            float d;
+            const int sum = q8(x + b * IE_QK, q + b * IE_QK, &d);
+            const float s = (float)sum * d;
+            memcpy(dp + 4 * b, &d, sizeof d);
+            memcpy(sp + 4 * b, &s, sizeof s);
+        }
+        break;
+    }
     default: break;
     }
 }
