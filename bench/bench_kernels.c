@@ -10,8 +10,15 @@
  * Rows are split over --threads threads (default 2) of the clocher pool in
  * multiples of 4. Prints figures, asserts nothing; one JSON line per result.
  *
- * usage: bench_kernels [--threads N] [--isa ref,avx2,avx512] [--types f32,q4_0,...]
- *                      [--iters N] [--pool-mib M] [--ntok T]
+ * Packed weights (int8w, int4w, int4w_affine in PANEL16, group --group,
+ * default 32) run matmul_packed with Q8_P activations: GEMV at the
+ * TinyLlama-1.1B shapes (incl. k/v 256x2048), same A/B probe, and GEMM with
+ * --ptok tokens (default 512). Rows are split over threads in whole panels
+ * of 16. The panels hold random quants and small random scales (the
+ * kernels' speed does not depend on the values).
+ *
+ * usage: bench_kernels [--threads N] [--isa ref,avx2,avx512] [--types f32,q4_0,int4w,...]
+ *                      [--iters N] [--pool-mib M] [--ntok T] [--ptok T] [--group G]
  */
 #define _GNU_SOURCE
 #include "ie_kernels.h"
@@ -44,6 +51,7 @@ static int cmp_d(const void *a, const void *b)
 typedef struct {
     const ie_matmul_ops_t *ops;
     ie_dtype_t wt;
+    int group; /* packed types */
     const uint8_t *w;
     int64_t n_in, n_out, n_tok;
     const void *a;
@@ -62,6 +70,24 @@ static void matmul_task(void *p, int ith, int nth)
     ie_split_range((long)((j->n_out + 3) / 4), ith, nth, &b, &e);
     const int64_t r0 = 4 * b, r1 = 4 * e < j->n_out ? 4 * e : j->n_out;
     if (r0 < r1) j->ops->matmul(j->wt, j->w, j->n_in, r0, r1, j->a, j->as, j->n_tok, j->y, j->n_out);
+}
+
+static int is_packed(ie_dtype_t t) { return t == IE_DTYPE_I8W || t == IE_DTYPE_I4W || t == IE_DTYPE_I4WA; }
+
+static void matmul_packed_task(void *p, int ith, int nth)
+{
+    job_t *j = p;
+    long b, e; /* rows in whole panels */
+    ie_split_range((long)((j->n_out + IE_PANEL - 1) / IE_PANEL), ith, nth, &b, &e);
+    const int64_t r0 = IE_PANEL * b, r1 = IE_PANEL * e < j->n_out ? IE_PANEL * e : j->n_out;
+    const ie_pmat_t m = { .dtype = j->wt, .group = j->group, .n_in = j->n_in, .n_out = j->n_out, .data = j->w };
+    if (r0 < r1) j->ops->matmul_packed(&m, r0, r1, j->a, j->as, j->n_tok, j->y, j->n_out);
+}
+
+/* Matrix bytes of an n_out x n_in matrix of type wt (packed: PANEL16). */
+static size_t mat_bytes(ie_dtype_t wt, int group, int64_t n_out, int64_t n_in)
+{
+    return is_packed(wt) ? ie_pack_bytes(wt, group, n_in, n_out) : ie_dtype_row_bytes(wt, n_in) * (size_t)n_out;
 }
 
 __attribute__((target("avx2"))) static uint64_t read_avx2(const uint8_t *p, size_t n)
@@ -121,6 +147,41 @@ static void fill_pool(ie_dtype_t wt, int64_t n_out, int64_t n_in, size_t copies)
     free(x);
 }
 
+/* Fill `copies` copies of a PANEL16 matrix: random quants (int8w: never
+ * the unused byte 0, i.e. q = -128), scales of +-0.01 and offsets of
+ * +-0.05 in f16, zero scales on padding rows. */
+static void fill_pool_packed(ie_dtype_t wt, int group, int64_t n_out, int64_t n_in, size_t copies)
+{
+    const size_t pb = ie_pack_panel_bytes(wt, group, n_in), ng = (size_t)(n_in / group);
+    const size_t gb = pb / ng, hdr = wt == IE_DTYPE_I4WA ? 64 : 32;
+    const int64_t np = (n_out + IE_PANEL - 1) / IE_PANEL;
+    for (int64_t p = 0; p < np; p++) {
+        uint8_t *pp = g_pool + (size_t)p * pb;
+        if (p >= 8) { memcpy(pp, g_pool + (size_t)(p % 8) * pb, pb); continue; }
+        for (size_t g = 0; g < ng; g++) {
+            uint8_t *gp = pp + g * gb;
+            for (size_t i = hdr; i < gb; i++) {
+                const uint8_t v = (uint8_t)(g_rng >> 24);
+                rnd();
+                gp[i] = wt == IE_DTYPE_I8W && v == 0 ? 1 : v;
+            }
+            for (int i = 0; i < IE_PANEL; i++) {
+                const uint16_t d = ie_f32_to_f16(rnd() * 0.01f), m = ie_f32_to_f16(rnd() * 0.05f);
+                memcpy(gp + 2 * i, &d, 2);
+                if (wt == IE_DTYPE_I4WA) memcpy(gp + 32 + 2 * i, &m, 2);
+            }
+        }
+    }
+    /* padding rows of the last panel: zero scales */
+    if (n_out % IE_PANEL) {
+        uint8_t *pp = g_pool + (size_t)(np - 1) * pb;
+        for (size_t g = 0; g < ng; g++)
+            for (int64_t i = n_out % IE_PANEL; i < IE_PANEL; i++) memset(pp + g * gb + 2 * i, 0, 2);
+    }
+    const size_t mb = pb * (size_t)np;
+    for (size_t c = 1; c < copies; c++) memcpy(g_pool + c * mb, g_pool, mb);
+}
+
 /* ---------------------------------------------------------------- main */
 
 typedef struct { int64_t n_out, n_in; const char *what; } shape_t;
@@ -128,16 +189,20 @@ typedef struct { int64_t n_out, n_in; const char *what; } shape_t;
 int main(int argc, char **argv)
 {
     int threads = 2, iters = 15, isa_mask = -1, type_mask = -1;
-    int64_t gemm_tok = 64;
+    int64_t gemm_tok = 64, packed_tok = 512;
+    int group = 32;
     size_t pool_mib = 1024;
     static const ie_dtype_t types[] = { IE_DTYPE_F32, IE_DTYPE_F16, IE_DTYPE_BF16,
-                                        IE_DTYPE_Q8_0, IE_DTYPE_Q4_0, IE_DTYPE_Q4_1, IE_DTYPE_MXFP4 };
+                                        IE_DTYPE_Q8_0, IE_DTYPE_Q4_0, IE_DTYPE_Q4_1, IE_DTYPE_MXFP4,
+                                        IE_DTYPE_I8W, IE_DTYPE_I4W, IE_DTYPE_I4WA };
     const int n_types = (int)(sizeof types / sizeof types[0]);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--pool-mib") && i + 1 < argc) pool_mib = (size_t)atol(argv[++i]);
         else if (!strcmp(argv[i], "--ntok") && i + 1 < argc) gemm_tok = atol(argv[++i]);
+        else if (!strcmp(argv[i], "--ptok") && i + 1 < argc) packed_tok = atol(argv[++i]);
+        else if (!strcmp(argv[i], "--group") && i + 1 < argc) group = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             const char *s = argv[++i];
             isa_mask = (strstr(s, "ref") ? 1 : 0) | (strstr(s, "avx2") ? 2 : 0) | (strstr(s, "avx512") ? 4 : 0);
@@ -149,8 +214,9 @@ int main(int argc, char **argv)
                     if (!strcmp(tok, ie_dtype_name(types[t]))) type_mask |= 1 << t;
             free(s);
         } else {
-            fprintf(stderr, "usage: %s [--threads N] [--isa ref,avx2,avx512] [--types f32,f16,bf16,q8_0,q4_0,q4_1,mxfp4]"
-                            " [--iters N] [--pool-mib M] [--ntok T]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--threads N] [--isa ref,avx2,avx512] [--types f32,f16,bf16,q8_0,q4_0,q4_1,mxfp4,"
+                            "int8w,int4w,int4w_affine] [--iters N] [--pool-mib M] [--ntok T] [--ptok T] [--group G]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -174,16 +240,25 @@ int main(int argc, char **argv)
         { 2048, 2048, "attn q/o 1B" }, { 5632, 2048, "ffn up 1B" },
         { 2048, 5632, "ffn down 1B" }, { 32000, 2048, "lm head 1B" } };
     static const shape_t gemm_shapes[] = { { 2048, 2048, "attn q/o 1B" }, { 5632, 2048, "ffn up 1B" } };
+    /* packed: k/v (256 rows) too, and ffn down in the GEMM */
+    static const shape_t pgemv_shapes[] = {
+        { 2048, 2048, "attn q/o 1B" }, { 256, 2048, "attn k/v 1B" }, { 5632, 2048, "ffn up 1B" },
+        { 2048, 5632, "ffn down 1B" }, { 32000, 2048, "lm head 1B" } };
+    static const shape_t pgemm_shapes[] = {
+        { 2048, 2048, "attn q/o 1B" }, { 5632, 2048, "ffn up 1B" }, { 2048, 5632, "ffn down 1B" } };
 
-    const int64_t max_in = 5632, max_tok = gemm_tok > 1 ? gemm_tok : 1;
+    const int64_t max_in = 5632;
+    int64_t max_tok = gemm_tok > packed_tok ? gemm_tok : packed_tok;
+    if (max_tok < 1) max_tok = 1;
     float *xf = malloc(sizeof(float) * (size_t)max_in);
     uint8_t *acts = malloc(ie_dtype_row_bytes(IE_DTYPE_F32, max_in) * (size_t)max_tok);
-    float *y = malloc(sizeof(float) * 32000 * (size_t)max_tok);
+    float *yp = malloc(sizeof(float) * 5632 * (size_t)max_tok); /* packed GEMM output */
+    float *y = malloc(sizeof(float) * (size_t)(32000 > 5632 * gemm_tok ? 32000 : 5632 * gemm_tok));
 
     printf("bench_kernels: %d thread(s), %d iters, pool %zu MiB; GEMV GB/s = weight bytes / time "
            "(median), vs a read probe of the same bytes interleaved; GEMM n_tok=%lld GOP/s\n",
            threads, iters, pool_mib, (long long)gemm_tok);
-    printf("%-7s %-5s %-12s %-11s %9s %9s %9s %7s %9s\n", "isa", "type", "shape", "", "ms", "GB/s",
+    printf("%-7s %-10s %-12s %-11s %9s %9s %9s %7s %9s\n", "isa", "type", "shape", "", "ms", "GB/s",
            "probe", "frac", "best GB/s");
 
     for (int ii = 0; ii <= 2; ii++) {
@@ -195,21 +270,35 @@ int main(int argc, char **argv)
             if (!((type_mask >> ti) & 1)) continue;
             const ie_dtype_t wt = types[ti];
             const ie_dtype_t at = ie_matmul_act_dtype(wt);
-            for (size_t si = 0; si < sizeof gemv_shapes / sizeof gemv_shapes[0]; si++) {
-                const shape_t sh = gemv_shapes[si];
-                const size_t mb = ie_dtype_row_bytes(wt, sh.n_in) * (size_t)sh.n_out;
+            const int pk = is_packed(wt);
+            void (*task)(void *, int, int) = pk ? matmul_packed_task : matmul_task;
+            const shape_t *gv = pk ? pgemv_shapes : gemv_shapes, *gm = pk ? pgemm_shapes : gemm_shapes;
+            const size_t n_gv = pk ? sizeof pgemv_shapes / sizeof pgemv_shapes[0] : sizeof gemv_shapes / sizeof gemv_shapes[0];
+            const size_t n_gm = pk ? sizeof pgemm_shapes / sizeof pgemm_shapes[0] : sizeof gemm_shapes / sizeof gemm_shapes[0];
+            const int64_t gtok = pk ? packed_tok : gemm_tok;
+            if (pk && (!ops->matmul_packed || ie_pack_check(wt, group, 2048) || ie_pack_check(wt, group, 5632))) {
+                printf("%s %s: group %d does not fit the shapes\n", ie_isa_name(isa), ie_dtype_name(wt), group);
+                continue;
+            }
+            char tname[32];
+            if (pk) snprintf(tname, sizeof tname, "%s/g%d", wt == IE_DTYPE_I4WA ? "i4wa" : ie_dtype_name(wt), group);
+            else snprintf(tname, sizeof tname, "%s", ie_dtype_name(wt));
+            for (size_t si = 0; si < n_gv; si++) {
+                const shape_t sh = gv[si];
+                const size_t mb = mat_bytes(wt, group, sh.n_out, sh.n_in);
                 size_t copies = g_pool_bytes / mb;
                 if (copies < 2) { printf("pool too small for %s %lldx%lld\n", ie_dtype_name(wt), (long long)sh.n_out, (long long)sh.n_in); continue; }
                 if (copies > 64) copies = 64;
-                fill_pool(wt, sh.n_out, sh.n_in, copies);
+                if (pk) fill_pool_packed(wt, group, sh.n_out, sh.n_in, copies);
+                else fill_pool(wt, sh.n_out, sh.n_in, copies);
                 for (int64_t k = 0; k < sh.n_in; k++) xf[k] = rnd();
                 ie_kernels_get(IE_ISA_REF)->act_quantize(at, xf, acts, sh.n_in);
-                job_t j = { .ops = ops, .wt = wt, .n_in = sh.n_in, .n_out = sh.n_out, .n_tok = 1,
+                job_t j = { .ops = ops, .wt = wt, .group = group, .n_in = sh.n_in, .n_out = sh.n_out, .n_tok = 1,
                             .a = acts, .as = ie_dtype_row_bytes(at, sh.n_in), .y = y, .bytes = mb };
                 double tm[200], tp_[200];
                 size_t c = 0;
                 j.w = g_pool;
-                ie_threadpool_run(tp, matmul_task, &j); /* warm code and pages */
+                ie_threadpool_run(tp, task, &j); /* warm code and pages */
                 for (int it = 0; it < iters; it++) {
                     c = (c + 1) % copies;
                     j.buf = g_pool + c * mb;
@@ -219,7 +308,7 @@ int main(int argc, char **argv)
                     c = (c + 1) % copies;
                     j.w = g_pool + c * mb;
                     t0 = now_s();
-                    ie_threadpool_run(tp, matmul_task, &j);
+                    ie_threadpool_run(tp, task, &j);
                     tm[it] = now_s() - t0;
                 }
                 qsort(tm, (size_t)iters, sizeof tm[0], cmp_d);
@@ -228,55 +317,56 @@ int main(int argc, char **argv)
                 const double gbs = (double)mb / med / 1e9, pgbs = (double)mb / pmed / 1e9;
                 char shape[32];
                 snprintf(shape, sizeof shape, "%lldx%lld", (long long)sh.n_out, (long long)sh.n_in);
-                printf("%-7s %-5s %-12s %-11s %9.3f %9.1f %9.1f %7.2f %9.1f\n", ie_isa_name(isa),
-                       ie_dtype_name(wt), shape, sh.what, med * 1e3, gbs, pgbs, gbs / pgbs, (double)mb / best / 1e9);
-                printf("{\"bench\":\"gemv\",\"isa\":\"%s\",\"type\":\"%s\",\"n_out\":%lld,\"n_in\":%lld,"
+                printf("%-7s %-10s %-12s %-11s %9.3f %9.1f %9.1f %7.2f %9.1f\n", ie_isa_name(isa),
+                       tname, shape, sh.what, med * 1e3, gbs, pgbs, gbs / pgbs, (double)mb / best / 1e9);
+                printf("{\"bench\":\"gemv\",\"isa\":\"%s\",\"type\":\"%s\",\"group\":%d,\"n_out\":%lld,\"n_in\":%lld,"
                        "\"threads\":%d,\"ms\":%.4f,\"gbps\":%.2f,\"probe_gbps\":%.2f,\"frac\":%.3f}\n",
-                       ie_isa_name(isa), ie_dtype_name(wt), (long long)sh.n_out, (long long)sh.n_in, threads,
+                       ie_isa_name(isa), ie_dtype_name(wt), pk ? group : 0, (long long)sh.n_out, (long long)sh.n_in, threads,
                        med * 1e3, gbs, pgbs, gbs / pgbs);
                 fflush(stdout);
             }
-            if (gemm_tok <= 1) continue;
-            for (size_t si = 0; si < sizeof gemm_shapes / sizeof gemm_shapes[0]; si++) {
-                const shape_t sh = gemm_shapes[si];
-                const size_t mb = ie_dtype_row_bytes(wt, sh.n_in) * (size_t)sh.n_out;
+            if (gtok <= 1) continue;
+            for (size_t si = 0; si < n_gm; si++) {
+                const shape_t sh = gm[si];
+                const size_t mb = mat_bytes(wt, group, sh.n_out, sh.n_in);
                 size_t copies = g_pool_bytes / mb;
                 if (copies > 16) copies = 16;
                 if (copies < 1) continue;
-                fill_pool(wt, sh.n_out, sh.n_in, copies);
+                if (pk) fill_pool_packed(wt, group, sh.n_out, sh.n_in, copies);
+                else fill_pool(wt, sh.n_out, sh.n_in, copies);
                 const size_t as = ie_dtype_row_bytes(at, sh.n_in);
-                for (int64_t t = 0; t < gemm_tok; t++) {
+                for (int64_t t = 0; t < gtok; t++) {
                     for (int64_t k = 0; k < sh.n_in; k++) xf[k] = rnd();
                     ie_kernels_get(IE_ISA_REF)->act_quantize(at, xf, acts + (size_t)t * as, sh.n_in);
                 }
-                job_t j = { .ops = ops, .wt = wt, .n_in = sh.n_in, .n_out = sh.n_out, .n_tok = gemm_tok,
-                            .a = acts, .as = as, .y = y, .w = g_pool };
-                ie_threadpool_run(tp, matmul_task, &j);
+                job_t j = { .ops = ops, .wt = wt, .group = group, .n_in = sh.n_in, .n_out = sh.n_out, .n_tok = gtok,
+                            .a = acts, .as = as, .y = pk ? yp : y, .w = g_pool };
+                ie_threadpool_run(tp, task, &j);
                 const int gi = iters / 2 < 5 ? 5 : iters / 2;
                 double tm[200];
                 for (int it = 0; it < gi; it++) {
                     j.w = g_pool + (size_t)((it + 1) % copies) * mb;
                     const double t0 = now_s();
-                    ie_threadpool_run(tp, matmul_task, &j);
+                    ie_threadpool_run(tp, task, &j);
                     tm[it] = now_s() - t0;
                 }
                 qsort(tm, (size_t)gi, sizeof tm[0], cmp_d);
                 const double med = tm[gi / 2];
-                const double gops = 2.0 * (double)sh.n_out * (double)sh.n_in * (double)gemm_tok / med / 1e9;
+                const double gops = 2.0 * (double)sh.n_out * (double)sh.n_in * (double)gtok / med / 1e9;
                 char shape[48];
-                snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)sh.n_out, (long long)sh.n_in, (long long)gemm_tok);
-                printf("%-7s %-5s %-12s %-11s %9.3f %9.1f GOP/s (best %.1f)\n", ie_isa_name(isa), ie_dtype_name(wt),
+                snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)sh.n_out, (long long)sh.n_in, (long long)gtok);
+                printf("%-7s %-10s %-12s %-11s %9.3f %9.1f GOP/s (best %.1f)\n", ie_isa_name(isa), tname,
                        shape, "gemm", med * 1e3, gops,
-                       2.0 * (double)sh.n_out * (double)sh.n_in * (double)gemm_tok / tm[0] / 1e9);
-                printf("{\"bench\":\"gemm\",\"isa\":\"%s\",\"type\":\"%s\",\"n_out\":%lld,\"n_in\":%lld,\"n_tok\":%lld,"
+                       2.0 * (double)sh.n_out * (double)sh.n_in * (double)gtok / tm[0] / 1e9);
+                printf("{\"bench\":\"gemm\",\"isa\":\"%s\",\"type\":\"%s\",\"group\":%d,\"n_out\":%lld,\"n_in\":%lld,\"n_tok\":%lld,"
                        "\"threads\":%d,\"ms\":%.4f,\"gops\":%.2f}\n",
-                       ie_isa_name(isa), ie_dtype_name(wt), (long long)sh.n_out, (long long)sh.n_in,
-                       (long long)gemm_tok, threads, med * 1e3, gops);
+                       ie_isa_name(isa), ie_dtype_name(wt), pk ? group : 0, (long long)sh.n_out, (long long)sh.n_in,
+                       (long long)gtok, threads, med * 1e3, gops);
                 fflush(stdout);
             }
         }
     }
-    free(xf); free(acts); free(y);
+    free(xf); free(acts); free(y); free(yp);
     ie_threadpool_destroy(&tp);
     return 0;
 }
