@@ -1,6 +1,7 @@
-/* model_src.c — one view over GGUF files and Hugging Face directories.
+/* model_src.c — one view over GGUF files, Hugging Face directories, IEBIN
+ * models (iebin.c) and in-memory sources built by a converter.
  *
- * Both loaders fill the same ie_hparams_t and a table of tensors under
+ * All loaders fill the same ie_hparams_t and a table of tensors under
  * canonical GGUF names, then share one validator: hyper-parameters in range
  * and consistent, every tensor the llama architecture needs present with the
  * exact expected shape and a dtype we compute with. Tensor data stays in the
@@ -12,6 +13,8 @@
 #include "ie_model_src.h"
 
 #include "ie_gguf.h"
+#include "ie_iebin.h"
+#include "ie_pack.h"
 #include "ie_safetensors.h"
 
 #include <cjson/cJSON.h>
@@ -48,6 +51,8 @@ struct ie_model_src {
     int64_t n_sorted;      /* leading entries sorted by name (searchable) */
     int64_t cap_tensors;   /* entries allocated (zeroed beyond n_tensors) */
     char *tokenizer_path;
+    ie_iebin_t *iebin;     /* IEBIN: owns the blob mapping tensors point into */
+    int mem_finished;      /* in-memory source: mem_finish succeeded      */
 };
 
 /* Field names as each format spells them, for error messages. */
@@ -1270,6 +1275,132 @@ cleanup:
     return st;
 }
 
+/* ---------------------------------------------------------------- IEBIN */
+
+/* Tensor table borrowed from the ie_iebin_t (names copied, data mapped). */
+static ie_status_t open_iebin(ie_model_src_t *s, const char *path)
+{
+    static const hp_labels_t labels = {"hparams.n_layer",  "hparams.n_head",   "hparams.n_head_kv",
+                                       "hparams.head_dim", "hparams.rope_dim", "hparams.n_expert",
+                                       "hparams.n_expert_used", "hparams.sliding_window"};
+    ie_status_t st;
+    int64_t n;
+
+    s->kind = IE_SRC_IEBIN;
+    if ((st = ie_iebin_open(path, &s->iebin)) != IE_OK) return st; /* "iebin: ..." names the file's problem */
+    s->hp = *ie_iebin_hparams(s->iebin);
+    n = ie_iebin_n_tensors(s->iebin);
+    if (!(s->tensors = calloc((size_t)(n ? n : 1), sizeof *s->tensors)))
+        return ie_error_set(IE_ERR_NOMEM, "model: out of memory for %lld tensors", (long long)n);
+    s->cap_tensors = n;
+    for (int64_t i = 0; i < n; i++) {
+        src_tensor_t *t = &s->tensors[i];
+        t->t = *ie_iebin_tensor(s->iebin, i);
+        if (!(t->name = strdup(t->t.name))) return ie_error_set(IE_ERR_NOMEM, "model: out of memory for tensor names");
+        t->t.name = t->name;
+        t->type_name = ie_dtype_name(t->t.dtype);
+        s->n_tensors = i + 1;
+    }
+    if (!(s->tokenizer_path = strdup(ie_iebin_tokenizer_path(s->iebin))))
+        return ie_error_set(IE_ERR_NOMEM, "model: out of memory");
+    if ((st = sort_tensors(s)) != IE_OK) return st;
+    return validate(s, &labels);
+}
+
+/* ---------------------------------------------------------------- in memory */
+
+ie_status_t ie_model_src_new_mem(const ie_hparams_t *hp, const char *tokenizer_path, ie_model_src_t **out)
+{
+    ie_model_src_t *s;
+
+    if (!out) return ie_error_set(IE_ERR_INVAL, "model: out is NULL");
+    *out = NULL;
+    if (!hp) return ie_error_set(IE_ERR_INVAL, "model: hyper-parameters are NULL");
+    if (!(s = calloc(1, sizeof *s))) return ie_error_set(IE_ERR_NOMEM, "model: out of memory");
+    s->kind = IE_SRC_MEM;
+    s->hp = *hp;
+    if (tokenizer_path && !(s->tokenizer_path = strdup(tokenizer_path))) {
+        free(s);
+        return ie_error_set(IE_ERR_NOMEM, "model: out of memory");
+    }
+    *out = s;
+    return IE_OK;
+}
+
+/* Contract: `owned` is adopted only on success; on failure the caller
+ * still owns it. Dense layouts must have exactly ie_tensor_bytes bytes per
+ * ne[2]*ne[3] slice; BSR blobs are checked by their reader (IEBIN). */
+ie_status_t ie_model_src_mem_add(ie_model_src_t *src, const ie_tensor_t *t, void *owned)
+{
+    src_tensor_t *e;
+    uint64_t want = 0;
+    int64_t rows = 1;
+    size_t one;
+
+    if (!src || !t || !t->name || !*t->name || !t->data)
+        return ie_error_set(IE_ERR_INVAL, "model: mem_add: NULL source, tensor, name or data");
+    if (src->kind != IE_SRC_MEM || src->mem_finished)
+        return ie_error_set(IE_ERR_INVAL, "model: mem_add: '%.96s': source is not an unfinished in-memory source", t->name);
+    if (t->n_dims < 1 || t->n_dims > 4)
+        return ie_error_set(IE_ERR_INVAL, "model: mem_add: '%.96s' has %d dimensions", t->name, t->n_dims);
+    for (int d = 0; d < t->n_dims; d++)
+        if (t->ne[d] < 1) return ie_error_set(IE_ERR_INVAL, "model: mem_add: '%.96s' has dimension %d = %lld", t->name, d,
+                                              (long long)t->ne[d]);
+    if (t->layout != IE_LAYOUT_BSR) {
+        one = ie_tensor_bytes(t->dtype, t->layout, t->group, t->ne[0], t->n_dims > 1 ? t->ne[1] : 1);
+        for (int d = 2; d < t->n_dims; d++) rows *= t->ne[d];
+        if (one == 0 || __builtin_mul_overflow((uint64_t)one, (uint64_t)rows, &want) || want != t->nbytes)
+            return ie_error_set(IE_ERR_INVAL, "model: mem_add: '%.96s' has %llu bytes, its shape as %s %s (group %d) "
+                                "needs %llu", t->name, (unsigned long long)t->nbytes, ie_dtype_name(t->dtype),
+                                ie_layout_name(t->layout), t->group, (unsigned long long)want);
+    }
+    if (src->n_tensors == src->cap_tensors) {
+        size_t cap = src->cap_tensors ? 2 * (size_t)src->cap_tensors : 64;
+        src_tensor_t *p = realloc(src->tensors, cap * sizeof *p);
+        if (!p) return ie_error_set(IE_ERR_NOMEM, "model: out of memory");
+        memset(p + src->cap_tensors, 0, (cap - (size_t)src->cap_tensors) * sizeof *p); /* destroy walks cap */
+        src->tensors = p;
+        src->cap_tensors = (int64_t)cap;
+    }
+    e = &src->tensors[src->n_tensors];
+    if (!(e->name = strdup(t->name))) return ie_error_set(IE_ERR_NOMEM, "model: out of memory");
+    e->t = *t;
+    e->t.name = e->name;
+    for (int d = t->n_dims; d < 4; d++) e->t.ne[d] = 1;
+    e->type_name = ie_dtype_name(t->dtype);
+    e->owned = owned;
+    src->n_tensors++;
+    return IE_OK;
+}
+
+ie_status_t ie_model_src_mem_finish(ie_model_src_t *src)
+{
+    static const hp_labels_t labels = {"n_layer",  "n_head",   "n_head_kv",     "head_dim",
+                                       "rope_dim", "n_expert", "n_expert_used", "sliding_window"};
+    const ie_hparams_t *hp;
+    ie_status_t st;
+
+    if (!src || src->kind != IE_SRC_MEM || src->mem_finished)
+        return ie_error_set(IE_ERR_INVAL, "model: mem_finish: not an unfinished in-memory source");
+    hp = &src->hp;
+    if (hp->n_layer < 1 || hp->n_embd < 1 || hp->n_ff < 1 || hp->n_head < 1 || hp->n_head_kv < 1 ||
+        hp->head_dim < 1 || hp->rope_dim < 1 || hp->n_ctx_train < 1 || hp->n_layer > HP_MAX || hp->n_embd > HP_MAX ||
+        hp->n_ff > HP_MAX || hp->n_head > HP_MAX || hp->n_head_kv > HP_MAX || hp->head_dim > HP_MAX)
+        return ie_error_set(IE_ERR_FORMAT, "model: hyper-parameters out of range (every size must be in [1, %d])",
+                            HP_MAX);
+    if ((st = sort_tensors(src)) != IE_OK) return st;
+    if ((st = validate(src, &labels)) != IE_OK) return st;
+    src->mem_finished = 1;
+    return IE_OK;
+}
+
+int64_t ie_model_src_n_tensors(const ie_model_src_t *src) { return src ? src->n_sorted : 0; }
+
+const ie_tensor_t *ie_model_src_tensor_at(const ie_model_src_t *src, int64_t i)
+{
+    return src && i >= 0 && i < src->n_sorted ? &src->tensors[i].t : NULL;
+}
+
 /* ---------------------------------------------------------------- public */
 
 ie_status_t ie_model_src_open(const char *path, ie_model_src_t **out)
@@ -1283,7 +1414,8 @@ ie_status_t ie_model_src_open(const char *path, ie_model_src_t **out)
     if (!path) return ie_error_set(IE_ERR_INVAL, "model: path is NULL");
     if (stat(path, &sb) != 0) return ie_error_set(IE_ERR_IO, "model: cannot open '%s': %s", path, strerror(errno));
     if (!(s = calloc(1, sizeof *s))) return ie_error_set(IE_ERR_NOMEM, "model: out of memory");
-    st = S_ISDIR(sb.st_mode) ? open_hf(s, path) : open_gguf(s, path);
+    if (ie_iebin_detect(path)) st = open_iebin(s, path);
+    else st = S_ISDIR(sb.st_mode) ? open_hf(s, path) : open_gguf(s, path);
     if (st == IE_OK) {
         *out = s;
         s = NULL;
@@ -1304,6 +1436,7 @@ void ie_model_src_destroy(ie_model_src_t **self_p)
     for (int i = 0; i < s->n_shards; i++) ie_safetensors_destroy(&s->shards[i]);
     free(s->shards);
     ie_gguf_destroy(&s->gguf);
+    ie_iebin_destroy(&s->iebin);
     free(s->tokenizer_path);
     free(s);
     *self_p = NULL;
