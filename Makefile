@@ -4,7 +4,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all build test bench fuzz reference asan tsan clean
+.PHONY: all build test bench bench-quick fuzz reference asan tsan clean
 
 all: build
 
@@ -15,13 +15,24 @@ build:
 test: build
 	cd $(BUILD) && ctest --output-on-failure
 
-# Benchmarks print figures; they assert nothing. Models for them are made
-# by bench/make_tinyllama_gguf.py (a few GB in models/bench/).
+# Benchmarks print figures; they assert nothing. bench/harness.py runs the
+# sweep (interleaved runs, a bandwidth probe between rounds), the kernel
+# microbenchmarks, writes bench/out/<stamp>/ (results.jsonl/.csv, plots) and
+# regenerates docs/PERFORMANCE.md. The TinyLlama-shaped Q4_0 model is made
+# first by bench/make_tinyllama_gguf.py (~0.6 GB in models/bench/).
+BENCH_SWEEP ?= threads=1,2|precision=native,int8w,int4w|batch=1,4
+BENCH_RUNS ?= 3
 bench: build
-	$(BUILD)/bench_membw
-	$(BUILD)/bench_kernels
-	.venv/bin/python bench/make_tinyllama_gguf.py
-	.venv/bin/python bench/bench_models.py
+	.venv/bin/python bench/make_tinyllama_gguf.py --types q4_0
+	.venv/bin/python bench/harness.py --bin $(BUILD)/inference-engine --kernels \
+	  --model models/bench/tinyllama-q4_0.gguf --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
+	  --sweep '$(BENCH_SWEEP)' --runs $(BENCH_RUNS) --prompt-tokens 128 --gen 64
+
+# About a minute: SmolLM2 only, no kernel benchmarks, the document untouched.
+bench-quick: build
+	.venv/bin/python bench/harness.py --bin $(BUILD)/inference-engine \
+	  --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
+	  --sweep 'threads=1,2|batch=1,4' --runs 2 --prompt-tokens 64 --gen 32 --no-doc
 
 # Bounded libFuzzer runs under ASan/UBSan (seconds per target: FUZZ_SECONDS).
 FUZZ_SECONDS ?= 60
