@@ -449,6 +449,7 @@ def summarize(records: list[dict]) -> list[dict]:
         vals = {"decode_tps": e.get("decode_tps"), "prefill_tps": e.get("prefill_tps"),
                 "tps": e.get("tps"), "ttft_ms": e.get("ttft_ms"),
                 "latency_p50_ms": e.get("latency_p50_ms"), "latency_p95_ms": e.get("latency_p95_ms"),
+                "latency_p99_ms": e.get("latency_p99_ms"),        # if the engine ever reports it
                 "rss_peak_mb": e.get("rss_peak_mb"), "tokens_in": e.get("tokens_in"),
                 "tokens_out": e.get("tokens_out"), "probe_gbps": r.get("probe_gbps"),
                 "achieved_gbps": r.get("achieved_gbps"), "fraction_of_probe": r.get("fraction_of_probe")}
@@ -515,9 +516,12 @@ def make_plots(summary: list[dict], probes: list[dict], plot_dir: Path) -> dict[
         made.setdefault(mname, []).append(base)
 
         fig, ax = plt.subplots(figsize=(9, h))
-        bw = 0.38
-        for off, key, color, lab in ((-bw / 2, "latency_p50_ms", "#4a7ab5", "p50"),
-                                     (bw / 2, "latency_p95_ms", "#c0504d", "p95")):
+        series = [("latency_p50_ms", "#4a7ab5", "p50"), ("latency_p95_ms", "#c0504d", "p95")]
+        if any(c.get("latency_p99_ms") for c in cells):
+            series.append(("latency_p99_ms", "#7f5fa8", "p99"))
+        bw = 0.76 / len(series)
+        for i, (key, color, lab) in enumerate(series):
+            off = (i - (len(series) - 1) / 2) * bw
             for y, c in zip(ys, cells):
                 s = c.get(key)
                 if not s:
@@ -531,8 +535,9 @@ def make_plots(summary: list[dict], probes: list[dict], plot_dir: Path) -> dict[
                 ax.text(0, y, "  failed", va="center", color="#b00", fontsize=8)
         ax.set_yticks(ys, labels, fontsize=8)
         ax.set_ylim(len(cells) - 0.5, -0.5)
-        ax.set_xlabel("per-token decode latency, ms (engine reports p50 and p95; no p99)", fontsize=8)
-        ax.set_title(f"{mname}: decode latency p50/p95 (median, min..max)", fontsize=10)
+        ax.set_xlabel("per-token decode latency, ms" + ("" if len(series) > 2 else
+                      " (the engine reports p50 and p95; no p99)"), fontsize=8)
+        ax.set_title(f"{mname}: decode latency percentiles (median, min..max)", fontsize=10)
         ax.grid(axis="x", alpha=0.3)
         if any(c.get("latency_p50_ms") for c in cells):
             ax.legend(fontsize=8, loc="lower right")
