@@ -689,9 +689,12 @@ int ie_convert_main(int argc, char **argv)
         }
         gate_result = rep.pass ? "pass" : "fail-forced";
         if (!rep.pass && !force) {
-            rc = fail(IE_EXIT_GATE, "calibration gate failed (%s%s%s); model not written (--force writes it anyway)",
-                      rep.fail_cos ? "layer cosine " : "", rep.fail_kl ? "KL " : "",
-                      rep.fail_ppl ? "perplexity" : "");
+            char what[96] = "";
+            if (rep.fail_cos) strcat(what, "min_layer_cosine");
+            if (rep.fail_kl) strcat(strcat(what, what[0] ? ", " : ""), "max_kl");
+            if (rep.fail_ppl) strcat(strcat(what, what[0] ? ", " : ""), "max_ppl_increase_pct");
+            rc = fail(IE_EXIT_GATE, "calibration gate failed (%s); model not written (--force writes it anyway)",
+                      what);
             goto cleanup;
         }
         if (!rep.pass)
