@@ -2,9 +2,10 @@
  * ie_bsr_matmul_ref (kernels/ref/bsr_ref.c); contract in ie_bsr.h.
  *
  * The scheme of bsr_avx512.c at 8 floats per vector and 16 registers:
- * block row by block row; row tiles of R rows x T tokens (decode R = 8 with
- * prefetch PF_BLK blocks ahead, several tokens 4 rows x 3 tokens), fast for
- * bc a multiple of 8, masked loads (vmaskmovps, which never faults on the
+ * block row by block row; decode reads each block once, front to back
+ * (wide_decode, br accumulators in L1, prefetch PF_BLK blocks ahead);
+ * several tokens take row tiles of 4 rows x 3 tokens, fast for bc a
+ * multiple of 8, masked loads (vmaskmovps, which never faults on the
  * masked-off lanes) for column tails; flat tiles for bc = 4 (a block is
  * NQ = br*4/8 vectors, x broadcast to both 128-bit halves, lanes summed in
  * groups of 4 at the end). Rows outside whole block rows go to the scalar
@@ -58,7 +59,7 @@ IE_INLINE void rtile(int R, int T, int BC, int bc_rt, size_t bstride, const floa
             for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(xb + (size_t)t * xs + c);
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
-                if (T == 1 && (c & 8) == 0)
+                if (T == 1 && PF_BLK && (c & 8) == 0)
                     _mm_prefetch((const char *)(wb + PF_BLK * bstride + (size_t)r * bc + c), _MM_HINT_T0);
                 const __m256 wv = _mm256_loadu_ps(wb + (size_t)r * bc + c);
 #pragma GCC unroll 3
@@ -71,7 +72,7 @@ IE_INLINE void rtile(int R, int T, int BC, int bc_rt, size_t bstride, const floa
             for (int t = 0; t < T; t++) xv[t] = _mm256_maskload_ps(xb + (size_t)t * xs + full, tm);
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
-                if (T == 1 && (full == 0 || r % 8 == 0))
+                if (T == 1 && PF_BLK && (full == 0 || r % 8 == 0))
                     _mm_prefetch((const char *)(wb + PF_BLK * bstride + (size_t)r * bc + full), _MM_HINT_T0);
                 const __m256 wv = _mm256_maskload_ps(wb + (size_t)r * bc + full, tm);
 #pragma GCC unroll 3
@@ -88,7 +89,7 @@ IE_INLINE void rtile(int R, int T, int BC, int bc_rt, size_t bstride, const floa
 typedef void (*rows_fn)(int R, int T, int bc, size_t bstride, const float *w, const uint32_t *col, uint32_t nb,
                         const float *x, size_t xs, float *y, int64_t ldy);
 
-/* R in {8, 4, 1} for T = 1, R in {4, 1} for T = 2..3. */
+/* R in {4, 1}, T = 1..3 (decode alone takes wide_decode). */
 #define RC(BC, R, T)                                                                 \
     case (R) * 8 + (T): rtile(R, T, BC, bc, bstride, w, col, nb, x, xs, y, ldy); break;
 #define ROWS_FN(name, BC)                                                                      \
@@ -96,7 +97,7 @@ typedef void (*rows_fn)(int R, int T, int bc, size_t bstride, const float *w, co
                      uint32_t nb, const float *x, size_t xs, float *y, int64_t ldy)            \
     {                                                                                          \
         switch (R * 8 + T) {                                                                   \
-            RC(BC, 8, 1) RC(BC, 4, 1) RC(BC, 4, 2) RC(BC, 4, 3) RC(BC, 1, 1) RC(BC, 1, 2)      \
+            RC(BC, 4, 1) RC(BC, 4, 2) RC(BC, 4, 3) RC(BC, 1, 1) RC(BC, 1, 2)      \
             RC(BC, 1, 3)                                                                       \
         default: break;                                                                        \
         }                                                                                      \
@@ -105,6 +106,39 @@ ROWS_FN(rows_bc8, 8)
 ROWS_FN(rows_bc16, 16)
 ROWS_FN(rows_bc32, 32)
 ROWS_FN(rows_any, 0)
+
+/* Decode (T = 1) of a whole block row: each block read once, front to back,
+ * br accumulators in memory (L1); decode is bound by DRAM bandwidth (row
+ * passes that read part of every block measured 1.5-2.5x slower). */
+static void wide_decode(int br, int bc, const float *w, const uint32_t *col, uint32_t nb, const float *x, float *y)
+{
+    __m256 acc[64];
+    const size_t bstride = (size_t)br * (size_t)bc;
+    const int nv = (bc + 7) / 8; /* vectors per block row, 1..8 */
+    __m256i mk[8];
+    for (int q = 0; q < nv; q++) {
+        const int n = bc - 8 * q;
+        mk[q] = _mm256_loadu_si256((const __m256i *)(MASKTAB + 8 - (n >= 8 ? 8 : n)));
+    }
+    for (int r = 0; r < br; r++) acc[r] = _mm256_setzero_ps();
+    for (uint32_t b = 0; b < nb; b++) {
+        const float *wb = w + (size_t)b * bstride;
+        const float *xb = x + (size_t)col[b] * (size_t)bc;
+        __m256 xv[8];
+        for (int q = 0; q < nv; q++) xv[q] = _mm256_maskload_ps(xb + 8 * q, mk[q]);
+        /* rows in order: the block is read front to back */
+        for (int r = 0; r < br; r++) {
+            const float *wr = wb + (size_t)r * bc;
+            __m256 s = acc[r];
+            for (int q = 0; q < nv; q++) {
+                if (PF_BLK && (q & 1) == 0) _mm_prefetch((const char *)(wr + PF_BLK * bstride + 8 * q), _MM_HINT_T0);
+                s = _mm256_fmadd_ps(_mm256_maskload_ps(wr + 8 * q, mk[q]), xv[q], s);
+            }
+            acc[r] = s;
+        }
+    }
+    for (int r = 0; r < br; r++) y[r] = hsum8(acc[r]);
+}
 
 /* ----------------------------------------------------------- flat tiles */
 
@@ -128,7 +162,7 @@ IE_INLINE void ftile(int NQ, int T, const float *w, const uint32_t *col, uint32_
 #pragma GCC unroll 8
         for (int q = 0; q < NQ; q++) {
             /* small blocks: 4x further ahead in blocks, one per 64-byte line */
-            if (T == 1 && (q & 1) == 0) _mm_prefetch((const char *)(wb + PF_BLK * 4 * NQ * 8 + q * 8), _MM_HINT_T0);
+            if (T == 1 && PF_BLK && (q & 1) == 0) _mm_prefetch((const char *)(wb + PF_BLK * 4 * NQ * 8 + q * 8), _MM_HINT_T0);
             const __m256 wv = _mm256_loadu_ps(wb + q * 8);
 #pragma GCC unroll 3
             for (int t = 0; t < T; t++) acc[q][t] = _mm256_fmadd_ps(wv, xv[t], acc[q][t]);
@@ -204,9 +238,11 @@ void ie_bsr_matmul_avx2(const ie_bsr_t *m, int64_t r0, int64_t r1, const float *
                 flat(T, w, col, nb, xt, xs, yt, ldy);
                 continue;
             }
+            if (T == 1) {
+                wide_decode(br, bc, w, col, nb, xt, yt);
+                continue;
+            }
             int i = 0;
-            if (T == 1)
-                for (; i + 8 <= br; i += 8) rows(8, 1, bc, bstride, w + (size_t)i * bc, col, nb, xt, xs, yt + i, ldy);
             for (; i + RR <= br; i += RR) rows(RR, T, bc, bstride, w + (size_t)i * bc, col, nb, xt, xs, yt + i, ldy);
             for (; i < br; i++) rows(1, T, bc, bstride, w + (size_t)i * bc, col, nb, xt, xs, yt + i, ldy);
         }

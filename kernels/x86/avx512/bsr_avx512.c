@@ -6,15 +6,17 @@
  * partial sums stay in zmm accumulators across all the blocks of its block
  * row and are reduced (horizontally) once at the end.
  *
- * Row tiles (any bc; fast for bc a multiple of 16): R rows of every block x
- * T tokens, R*T accumulators. Each 16-column weight vector is loaded once
- * per tile and used for all T tokens; x segments are loaded once per block
- * and used for all R rows. Decode (T = 1) takes R = 16 rows at a time (a
- * 16 x 16 block is then one pass over 1 KiB, in order), with software
- * prefetch PF_BLK blocks ahead; several tokens take 4 rows x 6 tokens, and
- * a block row's blocks (<= 256 KiB for 2048 columns of 32-row blocks) are
- * re-read from L2, not DRAM, by the later token tiles. Column tails (bc not
- * a multiple of 16) use masked loads, which do not read past the block.
+ * Decode (n_tok = 1, any block shape but the flat ones below): wide_decode
+ * reads each block once, front to back, with br accumulators (in L1) and
+ * software prefetch PF_BLK blocks ahead; x segments (<= 4 vectors) are
+ * loaded once per block. Column tails use masked loads, which neither read
+ * nor fault past the block.
+ *
+ * Several tokens: row tiles of 4 rows x 6 tokens, 24 accumulators; each
+ * 16-column weight vector is loaded once per tile and used for all tokens,
+ * each x vector once per block and used for the 4 rows. A block row's blocks
+ * (<= 256 KiB for 2048 columns of 32-row blocks) are re-read from L2, not
+ * DRAM, by the later row and token tiles.
  *
  * Flat tiles (bc = 4 or 8, br*bc a multiple of 16, <= 128 floats): a block
  * is NQ = br*bc/16 whole vectors; lane l of vector q always holds element
@@ -66,7 +68,7 @@ IE_INLINE void rtile(int R, int T, int BC, int bc_rt, size_t bstride, const floa
             for (int t = 0; t < T; t++) xv[t] = _mm512_loadu_ps(xb + (size_t)t * xs + c);
 #pragma GCC unroll 16
             for (int r = 0; r < R; r++) {
-                if (T == 1) _mm_prefetch((const char *)(wb + PF_BLK * bstride + (size_t)r * bc + c), _MM_HINT_T0);
+                if (T == 1 && PF_BLK) _mm_prefetch((const char *)(wb + PF_BLK * bstride + (size_t)r * bc + c), _MM_HINT_T0);
                 const __m512 wv = _mm512_loadu_ps(wb + (size_t)r * bc + c);
 #pragma GCC unroll 6
                 for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
@@ -78,7 +80,7 @@ IE_INLINE void rtile(int R, int T, int BC, int bc_rt, size_t bstride, const floa
             for (int t = 0; t < T; t++) xv[t] = _mm512_maskz_loadu_ps(tm, xb + (size_t)t * xs + full);
 #pragma GCC unroll 16
             for (int r = 0; r < R; r++) {
-                if (T == 1 && (full == 0 || r % 4 == 0))
+                if (T == 1 && PF_BLK && (full == 0 || r % 4 == 0))
                     _mm_prefetch((const char *)(wb + PF_BLK * bstride + (size_t)r * bc + full), _MM_HINT_T0);
                 const __m512 wv = _mm512_maskz_loadu_ps(tm, wb + (size_t)r * bc + full);
 #pragma GCC unroll 6
@@ -95,8 +97,9 @@ IE_INLINE void rtile(int R, int T, int BC, int bc_rt, size_t bstride, const floa
 typedef void (*rows_fn)(int R, int T, int bc, size_t bstride, const float *w, const uint32_t *col, uint32_t nb,
                         const float *x, size_t xs, float *y, int64_t ldy);
 
-/* One function per compile-time bc; (R, T) picked by a switch:
- * R in {16, 8, 4, 1} for T = 1, R in {4, 1} for T = 2..6. */
+/* One function per compile-time bc; (R, T) picked by a switch: R in {4, 1},
+ * T = 1..6 (T = 1 only for the last token of a prefill: decode alone takes
+ * wide_decode). */
 #define RC(BC, R, T)                                                                 \
     case (R) * 8 + (T): rtile(R, T, BC, bc, bstride, w, col, nb, x, xs, y, ldy); break;
 #define ROWS_FN(name, BC)                                                                      \
@@ -104,7 +107,7 @@ typedef void (*rows_fn)(int R, int T, int bc, size_t bstride, const float *w, co
                      uint32_t nb, const float *x, size_t xs, float *y, int64_t ldy)            \
     {                                                                                          \
         switch (R * 8 + T) {                                                                   \
-            RC(BC, 16, 1) RC(BC, 8, 1) RC(BC, 4, 1) RC(BC, 4, 2) RC(BC, 4, 3) RC(BC, 4, 4)     \
+            RC(BC, 4, 1) RC(BC, 4, 2) RC(BC, 4, 3) RC(BC, 4, 4)     \
             RC(BC, 4, 5) RC(BC, 4, 6) RC(BC, 1, 1) RC(BC, 1, 2) RC(BC, 1, 3) RC(BC, 1, 4)      \
             RC(BC, 1, 5) RC(BC, 1, 6)                                                          \
         default: break;                                                                        \
@@ -113,6 +116,50 @@ typedef void (*rows_fn)(int R, int T, int bc, size_t bstride, const float *w, co
 ROWS_FN(rows_bc16, 16)
 ROWS_FN(rows_bc32, 32)
 ROWS_FN(rows_any, 0)
+
+/* Decode (T = 1) of a whole block row: each block read once, front to back
+ * (row by row, all of a row's columns), br accumulators in memory (L1):
+ * decode is bound by DRAM bandwidth, not by these loads. Measured on Zen 4
+ * against row tiles: reading the rows of a block in several passes, or a
+ * block column-chunk by column-chunk, is 1.5-2.5x slower from DRAM. */
+static void wide_decode(int br, int bc, const float *w, const uint32_t *col, uint32_t nb, const float *x, float *y)
+{
+    __m512 acc[64];
+    const size_t bstride = (size_t)br * (size_t)bc;
+    const int nv = (bc + 15) / 16; /* vectors per block row, 1..4 */
+    __mmask16 mk[4];
+    for (int q = 0; q < 4; q++) {
+        const int n = bc - 16 * q;
+        mk[q] = n >= 16 ? (__mmask16)0xffff : n > 0 ? (__mmask16)((1u << n) - 1) : 0;
+    }
+    for (int r = 0; r < br; r++) acc[r] = _mm512_setzero_ps();
+    for (uint32_t b = 0; b < nb; b++) {
+        const float *wb = w + (size_t)b * bstride;
+        const float *xb = x + (size_t)col[b] * (size_t)bc;
+        const __m512 x0 = _mm512_maskz_loadu_ps(mk[0], xb), x1 = _mm512_maskz_loadu_ps(mk[1], xb + 16);
+        const __m512 x2 = _mm512_maskz_loadu_ps(mk[2], xb + 32), x3 = _mm512_maskz_loadu_ps(mk[3], xb + 48);
+        /* rows in order: the block is read front to back */
+        for (int r = 0; r < br; r++) {
+            const float *wr = wb + (size_t)r * bc;
+            if (PF_BLK) _mm_prefetch((const char *)(wr + PF_BLK * bstride), _MM_HINT_T0);
+            __m512 s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk[0], wr), x0, acc[r]);
+            if (nv > 1) {
+                if (PF_BLK) _mm_prefetch((const char *)(wr + PF_BLK * bstride + 16), _MM_HINT_T0);
+                s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk[1], wr + 16), x1, s);
+            }
+            if (nv > 2) {
+                if (PF_BLK) _mm_prefetch((const char *)(wr + PF_BLK * bstride + 32), _MM_HINT_T0);
+                s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk[2], wr + 32), x2, s);
+            }
+            if (nv > 3) {
+                if (PF_BLK) _mm_prefetch((const char *)(wr + PF_BLK * bstride + 48), _MM_HINT_T0);
+                s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk[3], wr + 48), x3, s);
+            }
+            acc[r] = s;
+        }
+    }
+    for (int r = 0; r < br; r++) y[r] = _mm512_reduce_add_ps(acc[r]);
+}
 
 /* ----------------------------------------------------------- flat tiles */
 
@@ -142,7 +189,7 @@ IE_INLINE void ftile(int NQ, int BC, int T, const float *w, const uint32_t *col,
 #pragma GCC unroll 8
         for (int q = 0; q < NQ; q++) {
             /* small blocks: 4x further ahead in blocks */
-            if (T == 1) _mm_prefetch((const char *)(wb + PF_BLK * 4 * NQ * 16 + q * 16), _MM_HINT_T0);
+            if (T == 1 && PF_BLK) _mm_prefetch((const char *)(wb + PF_BLK * 4 * NQ * 16 + q * 16), _MM_HINT_T0);
             const __m512 wv = _mm512_load_ps(wb + q * 16);
 #pragma GCC unroll 6
             for (int t = 0; t < T; t++) acc[q][t] = _mm512_fmadd_ps(wv, xv[t], acc[q][t]);
@@ -232,11 +279,11 @@ void ie_bsr_matmul_avx512(const ie_bsr_t *m, int64_t r0, int64_t r1, const float
                 flat(T, w, col, nb, xt, xs, yt, ldy);
                 continue;
             }
-            int i = 0;
             if (T == 1) {
-                for (; i + 16 <= br; i += 16) rows(16, 1, bc, bstride, w + (size_t)i * bc, col, nb, xt, xs, yt + i, ldy);
-                for (; i + 8 <= br; i += 8) rows(8, 1, bc, bstride, w + (size_t)i * bc, col, nb, xt, xs, yt + i, ldy);
+                wide_decode(br, bc, w, col, nb, xt, yt);
+                continue;
             }
+            int i = 0;
             for (; i + RR <= br; i += RR) rows(RR, T, bc, bstride, w + (size_t)i * bc, col, nb, xt, xs, yt + i, ldy);
             for (; i < br; i++) rows(1, T, bc, bstride, w + (size_t)i * bc, col, nb, xt, xs, yt + i, ldy);
         }
