@@ -302,7 +302,13 @@ int main(int argc, char **argv)
                 const size_t mb = mat_bytes(wt, group, sh.n_out, sh.n_in);
                 size_t copies = g_pool_bytes / mb;
                 if (copies < 2) { printf("pool too small for %s %lldx%lld\n", ie_dtype_name(wt), (long long)sh.n_out, (long long)sh.n_in); continue; }
-                if (copies > 64) copies = 64;
+                /* at most 64 copies, but at least 256 MiB of them (when the pool
+                 * holds that much) so small matrices (k/v) are not L3-resident */
+                {
+                    const size_t want = ((256u << 20) + mb - 1) / mb;
+                    const size_t cap = want > 64 ? want : 64;
+                    if (copies > cap) copies = cap;
+                }
                 if (pk) fill_pool_packed(wt, group, sh.n_out, sh.n_in, copies);
                 else fill_pool(wt, sh.n_out, sh.n_in, copies);
                 for (int64_t k = 0; k < sh.n_in; k++) xf[k] = rnd();
