@@ -1,5 +1,220 @@
-/* pack_avx2.c — STUB, replaced by the packed-kernels work. */
+/* pack_avx2.c — matmul_packed for AVX2 + FMA (+ F16C): PANEL16 weights
+ * (ie_pack.h) times Q8_P activations.
+ *
+ * A 64-byte chunk of a panel holds 16 rows x 4 consecutive k; its low 32
+ * bytes are rows 0-7 and its high 32 bytes rows 8-15, so one ymm of int32
+ * lanes is 8 rows and both halves of a chunk are two ymm. The tile is the
+ * whole panel (16 rows) x NT tokens (NT = 1 or 2: 2*NT float accumulators,
+ * 2*NT integer block sums and a few temporaries fit the 16 ymm).
+ *
+ * Integer products use vpmaddubsw (u8 x s8 -> pairs of s16) and vpmaddwd
+ * with ones (-> int32 sums of 4), both exact here:
+ *   I4W/I4WA: u in [0, 15], activations q in [-127, 127]: a pair is at most
+ *     2*15*127 = 3810, so the 8 pair sums of one 32-element block (4 chunks,
+ *     low and high nibbles) add up in int16 (<= 30480) before one vpmaddwd.
+ *     The block sum is of the stored codes u; as in the reference, the
+ *     symmetric offset comes back per group as -8*d*sum_b(s_b) and the
+ *     affine one as +m*sum_b(s_b).
+ *   I8W: the stored byte is q + 128 (up to 255), which vpmaddubsw's s16
+ *     saturation cannot take, so the weights go back to signed (xor 0x80)
+ *     and each product is |q| * (a * sign(q)) (vpabsb, vpsignb): pairs are
+ *     at most 2*128*127 = 32512 (a is never -128 in Q8_P). The block sum is
+ *     then sum(q*a) itself: no offset term.
+ * Per block, the int32 sums become f32 and are scaled by d_w*d_a into the
+ * accumulators (f32 FMA). Prefill walks the activations in token blocks of
+ * ~256 KiB so they stay in L2 while every panel of the range passes over
+ * them; each panel (n_in*16 bytes or less) is reused by every token pair of
+ * the block from L2.
+ */
 #include "../../src/ie_kernels_impl.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define IE_INLINE static inline __attribute__((always_inline))
+
+/* Geometry of one packed matrix, computed once per call. */
+typedef struct {
+    ie_dtype_t t;
+    int G;
+    int64_t n_in, nb;   /* elements, 32-blocks per row */
+    size_t panel_bytes;  /* one panel                   */
+    size_t group_bytes;  /* one group of a panel        */
+    size_t scale_bytes;  /* d[16] (+ m[16]) of a group  */
+} geom_t;
+
+IE_INLINE float ld_f32(const void *p)
+{
+    float f;
+    memcpy(&f, p, sizeof f);
+    return f;
+}
+
+IE_INLINE __m256i bcast4(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return _mm256_set1_epi32(v);
+}
+
+/* One tile: panel `pan` (16 rows) x nt tokens (rows a[t]); writes the
+ * 16 x nt results into acc[2*t + h] (h: rows 0-7 / 8-15). */
+IE_INLINE void tile(const geom_t *g, const uint8_t *pan, const int8_t *const *a, int nt, __m256 *acc)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i x80 = _mm256_set1_epi8((char)0x80);
+    const int bpg = g->G / IE_QK; /* blocks per group */
+#pragma GCC unroll 4
+    for (int i = 0; i < 2 * nt; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t gi = 0; gi < g->n_in / g->G; gi++) {
+        const uint8_t *grp = pan + (size_t)gi * g->group_bytes;
+        const uint8_t *qw = grp + g->scale_bytes;
+        const __m256 wd[2] = { _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)grp)),
+                               _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + 16))) };
+        for (int j = 0; j < bpg; j++) {
+            const int64_t b = gi * bpg + j; /* block index in the row */
+            __m256i isum[4];
+            if (g->t == IE_DTYPE_I8W) {
+#pragma GCC unroll 4
+                for (int i = 0; i < 2 * nt; i++) isum[i] = _mm256_setzero_si256();
+                const uint8_t *ch = qw + (size_t)j * 8 * 64;
+                if (nt == 1) _mm_prefetch((const char *)ch + 1024, _MM_HINT_T0);
+#pragma GCC unroll 1
+                for (int c = 0; c < 8; c++) {
+#pragma GCC unroll 2
+                    for (int h = 0; h < 2; h++) {
+                        const __m256i w = _mm256_loadu_si256((const __m256i *)(ch + 64 * c + 32 * h));
+                        const __m256i ws = _mm256_xor_si256(w, x80);
+                        const __m256i wa = _mm256_abs_epi8(ws);
+#pragma GCC unroll 2
+                        for (int t = 0; t < nt; t++) {
+                            const __m256i av = bcast4(a[t] + b * IE_QK + 4 * c);
+                            const __m256i p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(av, ws));
+                            isum[2 * t + h] = _mm256_add_epi32(isum[2 * t + h], _mm256_madd_epi16(p, ones));
+                        }
+                    }
+                }
+            } else {
+                __m256i s16[4];
+#pragma GCC unroll 4
+                for (int i = 0; i < 2 * nt; i++) s16[i] = _mm256_setzero_si256();
+                const uint8_t *ch = qw + (size_t)j * 4 * 64;
+                if (nt == 1) _mm_prefetch((const char *)ch + 512, _MM_HINT_T0);
+#pragma GCC unroll 1
+                for (int c = 0; c < 4; c++) {
+#pragma GCC unroll 2
+                    for (int h = 0; h < 2; h++) {
+                        const __m256i w = _mm256_loadu_si256((const __m256i *)(ch + 64 * c + 32 * h));
+                        const __m256i lo = _mm256_and_si256(w, m4);
+                        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(w, 4), m4);
+#pragma GCC unroll 2
+                        for (int t = 0; t < nt; t++) {
+                            const int8_t *ab = a[t] + b * IE_QK + 8 * c;
+                            const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, bcast4(ab)),
+                                                               _mm256_maddubs_epi16(hi, bcast4(ab + 4)));
+                            s16[2 * t + h] = _mm256_add_epi16(s16[2 * t + h], p);
+                        }
+                    }
+                }
+#pragma GCC unroll 4
+                for (int i = 0; i < 2 * nt; i++) isum[i] = _mm256_madd_epi16(s16[i], ones);
+            }
+#pragma GCC unroll 2
+            for (int t = 0; t < nt; t++) {
+                const __m256 ad = _mm256_set1_ps(ld_f32((const uint8_t *)a[t] + g->n_in + 4 * b));
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++)
+                    acc[2 * t + h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[2 * t + h]), _mm256_mul_ps(wd[h], ad),
+                                                     acc[2 * t + h]);
+            }
+        }
+        if (g->t != IE_DTYPE_I8W) {
+            /* offsets: -8*d*S (I4W) or +m*S (I4WA), S = sum of the group's s_b */
+            const __m256 wo[2] = {
+                g->t == IE_DTYPE_I4WA ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + 32)))
+                                      : _mm256_mul_ps(wd[0], _mm256_set1_ps(-8.0f)),
+                g->t == IE_DTYPE_I4WA ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + 48)))
+                                      : _mm256_mul_ps(wd[1], _mm256_set1_ps(-8.0f)) };
+#pragma GCC unroll 2
+            for (int t = 0; t < nt; t++) {
+                const uint8_t *sp = (const uint8_t *)a[t] + g->n_in + 4 * (g->nb + gi * bpg);
+                float S = 0.0f;
+                for (int j = 0; j < bpg; j++) S += ld_f32(sp + 4 * j);
+                const __m256 vs = _mm256_set1_ps(S);
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) acc[2 * t + h] = _mm256_fmadd_ps(wo[h], vs, acc[2 * t + h]);
+            }
+        }
+    }
+}
+
+/* Store rows [row, row + 16) of acc (clipped to r1) for nt tokens. */
+static void store_tile(const __m256 *acc, int nt, int64_t row, int64_t r1, float *y, int64_t t0, int64_t ldy)
+{
+    for (int t = 0; t < nt; t++) {
+        float *yt = y + (t0 + t) * ldy + row;
+        for (int h = 0; h < 2; h++) {
+            const int64_t n = r1 - (row + 8 * h);
+            if (n >= 8) {
+                _mm256_storeu_ps(yt + 8 * h, acc[2 * t + h]);
+            } else if (n > 0) {
+                float tmp[8];
+                _mm256_storeu_ps(tmp, acc[2 * t + h]);
+                memcpy(yt + 8 * h, tmp, (size_t)n * sizeof(float));
+            }
+        }
+    }
+}
+
+static void tile1(const geom_t *g, const uint8_t *pan, const int8_t *const *a, __m256 *acc) { tile(g, pan, a, 1, acc); }
+static void tile2(const geom_t *g, const uint8_t *pan, const int8_t *const *a, __m256 *acc) { tile(g, pan, a, 2, acc); }
+
+/* Contract of ie_matmul_ops_t.matmul_packed. Assumes Q8_P quants in
+ * [-127, 127], as the quantizers produce. */
 int ie_matmul_packed_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                           int64_t n_tok, float *y, int64_t ldy)
-{ return ie_matmul_packed_ref(m, r0, r1, a, a_stride, n_tok, y, ldy); }
+{
+    if (!m || !m->data || ie_pack_check(m->dtype, m->group, m->n_in) != 0) return -1;
+    if (m->n_out <= 0 || r0 < 0 || r0 > r1 || r1 > m->n_out || r0 % IE_PANEL != 0) return -1;
+    if (r1 != m->n_out && r1 % IE_PANEL != 0) return -1;
+    if (n_tok < 0) return -1;
+    if (n_tok == 0 || r0 == r1) return 0;
+    if (!a || !y) return -1;
+
+    geom_t g;
+    g.t = m->dtype;
+    g.G = m->group;
+    g.n_in = m->n_in;
+    g.nb = m->n_in / IE_QK;
+    g.panel_bytes = ie_pack_panel_bytes(m->dtype, m->group, m->n_in);
+    g.group_bytes = g.panel_bytes / (size_t)(m->n_in / m->group);
+    g.scale_bytes = IE_PANEL * (m->dtype == IE_DTYPE_I4WA ? 4 : 2);
+
+    const int64_t p0 = r0 / IE_PANEL, p1 = (r1 + IE_PANEL - 1) / IE_PANEL;
+    const size_t arow = ie_dtype_row_bytes(IE_DTYPE_Q8_P, m->n_in);
+    int64_t tb = (int64_t)((256u << 10) / (arow ? arow : 1));
+    if (tb < 2) tb = 2;
+    tb -= tb % 2;
+
+    __m256 acc[4];
+    for (int64_t tb0 = 0; tb0 < n_tok; tb0 += tb) {
+        const int64_t tb1 = tb0 + tb < n_tok ? tb0 + tb : n_tok;
+        for (int64_t p = p0; p < p1; p++) {
+            const uint8_t *pan = (const uint8_t *)m->data + (size_t)p * g.panel_bytes;
+            int64_t t = tb0;
+            for (; t + 2 <= tb1; t += 2) {
+                const int8_t *ar[2] = { (const int8_t *)((const uint8_t *)a + (size_t)t * a_stride),
+                                        (const int8_t *)((const uint8_t *)a + (size_t)(t + 1) * a_stride) };
+                tile2(&g, pan, ar, acc);
+                store_tile(acc, 2, p * IE_PANEL, r1, y, t, ldy);
+            }
+            if (t < tb1) {
+                const int8_t *ar[1] = { (const int8_t *)((const uint8_t *)a + (size_t)t * a_stride) };
+                tile1(&g, pan, ar, acc);
+                store_tile(acc, 1, p * IE_PANEL, r1, y, t, ldy);
+            }
+        }
+    }
+    return 0;
+}
