@@ -80,7 +80,7 @@ IE_INLINE void tile(const geom_t *g, const uint8_t *pan, const int8_t *const *a,
                 for (int i = 0; i < 2 * nt; i++) isum[i] = _mm256_setzero_si256();
                 const uint8_t *ch = qw + (size_t)j * 8 * 64;
                 if (nt == 1) _mm_prefetch((const char *)ch + 1024, _MM_HINT_T0);
-#pragma GCC unroll 1
+#pragma GCC unroll 2
                 for (int c = 0; c < 8; c++) {
 #pragma GCC unroll 2
                     for (int h = 0; h < 2; h++) {
@@ -101,7 +101,7 @@ IE_INLINE void tile(const geom_t *g, const uint8_t *pan, const int8_t *const *a,
                 for (int i = 0; i < 2 * nt; i++) s16[i] = _mm256_setzero_si256();
                 const uint8_t *ch = qw + (size_t)j * 4 * 64;
                 if (nt == 1) _mm_prefetch((const char *)ch + 512, _MM_HINT_T0);
-#pragma GCC unroll 1
+#pragma GCC unroll 2
                 for (int c = 0; c < 4; c++) {
 #pragma GCC unroll 2
                     for (int h = 0; h < 2; h++) {
