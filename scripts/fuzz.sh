@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/fuzz.sh [SECONDS] — fuzz the parsers of outside input (GGUF,
+# scripts/fuzz.sh [SECONDS] — fuzz the parsers of outside input (GGUF, IEBIN,
 # safetensors, tokenizer.json and text for the tokenizers).
 #
 # Builds the libFuzzer targets (tests/fuzz/fuzz_*.c) with clang, ASan and
@@ -15,7 +15,7 @@ secs="${1:-60}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 build=build-fuzz
-targets=(gguf safetensors tokenizer)
+targets=(gguf safetensors tokenizer iebin)
 
 log() { printf '[fuzz] %s\n' "$*" >&2; }
 

@@ -839,6 +839,7 @@ struct ie_iebin_writer {
     char *dir;
     char *bin_tmp, *json_tmp;
     int fd;
+    int failed;                     /* a write failed: the blob is unusable */
     uint64_t pos;
     wr_entry_t *ent;
     size_t n, cap;
@@ -932,6 +933,7 @@ ie_status_t ie_iebin_writer_add(ie_iebin_writer_t *w, const ie_tensor_t *t, cons
     wr_entry_t *e;
 
     if (!w || !t || !t->name) return ie_error_set(IE_ERR_INVAL, "iebin: writer_add: NULL writer, tensor or name");
+    if (w->failed) return ie_error_set(IE_ERR_IO, "iebin: an earlier write to '%s' failed", w->bin_tmp);
     if (!name_ok(t->name))
         return ie_error_set(IE_ERR_INVAL, "iebin: tensor name '%.64s' must be 1..%d bytes without control characters",
                             t->name, IB_NAME_MAX);
@@ -967,6 +969,7 @@ ie_status_t ie_iebin_writer_add(ie_iebin_writer_t *w, const ie_tensor_t *t, cons
     align = t->nbytes >= IB_PAGE_MIN ? IB_PAGE : IB_ALIGN;
     pad = (align - w->pos % align) % align;
     if (write_all(w->fd, zeros, (size_t)pad) || write_all(w->fd, t->data, (size_t)t->nbytes)) {
+        w->failed = 1;
         st = ie_error_set(IE_ERR_IO, "iebin: cannot write '%s': %s", w->bin_tmp, strerror(errno));
         goto cleanup;
     }
@@ -1254,6 +1257,10 @@ ie_status_t ie_iebin_writer_finish(ie_iebin_writer_t **w_p, const ie_hparams_t *
     }
     if (!w->tok_file) {
         st = ie_error_set(IE_ERR_INVAL, "iebin: finish: no tokenizer set (ie_iebin_writer_set_tokenizer)");
+        goto cleanup;
+    }
+    if (w->failed) {
+        st = ie_error_set(IE_ERR_IO, "iebin: finish: an earlier write to '%s' failed", w->bin_tmp);
         goto cleanup;
     }
     hpc = *hp;

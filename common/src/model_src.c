@@ -1285,9 +1285,13 @@ static ie_status_t open_iebin(ie_model_src_t *s, const char *path)
                                        "hparams.n_expert_used", "hparams.sliding_window"};
     ie_status_t st;
     int64_t n;
+    char why[512];
 
     s->kind = IE_SRC_IEBIN;
-    if ((st = ie_iebin_open(path, &s->iebin)) != IE_OK) return st; /* "iebin: ..." names the file's problem */
+    if ((st = ie_iebin_open(path, &s->iebin)) != IE_OK) {
+        snprintf(why, sizeof why, "%s", ie_error_last());
+        return ie_error_set(st, "model: '%s': %s", path, why);
+    }
     s->hp = *ie_iebin_hparams(s->iebin);
     n = ie_iebin_n_tensors(s->iebin);
     if (!(s->tensors = calloc((size_t)(n ? n : 1), sizeof *s->tensors)))
