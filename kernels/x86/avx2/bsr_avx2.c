@@ -43,7 +43,7 @@ IE_INLINE void rtile(int R, int T, int BC, int bc_rt, size_t bstride, const floa
     const int bc = BC ? BC : bc_rt;
     const int full = bc & ~7, tail = bc & 7;
     const __m256i tm = _mm256_loadu_si256((const __m256i *)(MASKTAB + 8 - tail));
-    __m256 acc[8][RT];
+    __m256 acc[RR][RT];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 3
@@ -59,7 +59,7 @@ IE_INLINE void rtile(int R, int T, int BC, int bc_rt, size_t bstride, const floa
             for (int t = 0; t < T; t++) xv[t] = _mm256_loadu_ps(xb + (size_t)t * xs + c);
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
-                if (T == 1 && PF_BLK && (c & 8) == 0)
+                if (T == 1 && (c & 8) == 0)
                     _mm_prefetch((const char *)(wb + PF_BLK * bstride + (size_t)r * bc + c), _MM_HINT_T0);
                 const __m256 wv = _mm256_loadu_ps(wb + (size_t)r * bc + c);
 #pragma GCC unroll 3
@@ -72,7 +72,7 @@ IE_INLINE void rtile(int R, int T, int BC, int bc_rt, size_t bstride, const floa
             for (int t = 0; t < T; t++) xv[t] = _mm256_maskload_ps(xb + (size_t)t * xs + full, tm);
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) {
-                if (T == 1 && PF_BLK && (full == 0 || r % 8 == 0))
+                if (T == 1 && (full == 0 || r % 8 == 0))
                     _mm_prefetch((const char *)(wb + PF_BLK * bstride + (size_t)r * bc + full), _MM_HINT_T0);
                 const __m256 wv = _mm256_maskload_ps(wb + (size_t)r * bc + full, tm);
 #pragma GCC unroll 3
@@ -131,7 +131,7 @@ static void wide_decode(int br, int bc, const float *w, const uint32_t *col, uin
             const float *wr = wb + (size_t)r * bc;
             __m256 s = acc[r];
             for (int q = 0; q < nv; q++) {
-                if (PF_BLK && (q & 1) == 0) _mm_prefetch((const char *)(wr + PF_BLK * bstride + 8 * q), _MM_HINT_T0);
+                if ((q & 1) == 0) _mm_prefetch((const char *)(wr + PF_BLK * bstride + 8 * q), _MM_HINT_T0);
                 s = _mm256_fmadd_ps(_mm256_maskload_ps(wr + 8 * q, mk[q]), xv[q], s);
             }
             acc[r] = s;
@@ -162,7 +162,7 @@ IE_INLINE void ftile(int NQ, int T, const float *w, const uint32_t *col, uint32_
 #pragma GCC unroll 8
         for (int q = 0; q < NQ; q++) {
             /* small blocks: 4x further ahead in blocks, one per 64-byte line */
-            if (T == 1 && PF_BLK && (q & 1) == 0) _mm_prefetch((const char *)(wb + PF_BLK * 4 * NQ * 8 + q * 8), _MM_HINT_T0);
+            if (T == 1 && (q & 1) == 0) _mm_prefetch((const char *)(wb + PF_BLK * 4 * NQ * 8 + q * 8), _MM_HINT_T0);
             const __m256 wv = _mm256_loadu_ps(wb + q * 8);
 #pragma GCC unroll 3
             for (int t = 0; t < T; t++) acc[q][t] = _mm256_fmadd_ps(wv, xv[t], acc[q][t]);

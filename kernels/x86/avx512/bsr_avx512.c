@@ -52,8 +52,8 @@ IE_INLINE void rtile(int R, int T, int BC, int bc_rt, size_t bstride, const floa
     const int bc = BC ? BC : bc_rt;
     const int full = bc & ~15, tail = bc & 15;
     const __mmask16 tm = (__mmask16)((1u << tail) - 1);
-    __m512 acc[16][RT];
-#pragma GCC unroll 16
+    __m512 acc[RR][RT];
+#pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 6
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
@@ -66,9 +66,9 @@ IE_INLINE void rtile(int R, int T, int BC, int bc_rt, size_t bstride, const floa
             __m512 xv[RT];
 #pragma GCC unroll 6
             for (int t = 0; t < T; t++) xv[t] = _mm512_loadu_ps(xb + (size_t)t * xs + c);
-#pragma GCC unroll 16
+#pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                if (T == 1 && PF_BLK) _mm_prefetch((const char *)(wb + PF_BLK * bstride + (size_t)r * bc + c), _MM_HINT_T0);
+                if (T == 1) _mm_prefetch((const char *)(wb + PF_BLK * bstride + (size_t)r * bc + c), _MM_HINT_T0);
                 const __m512 wv = _mm512_loadu_ps(wb + (size_t)r * bc + c);
 #pragma GCC unroll 6
                 for (int t = 0; t < T; t++) acc[r][t] = _mm512_fmadd_ps(wv, xv[t], acc[r][t]);
@@ -78,9 +78,9 @@ IE_INLINE void rtile(int R, int T, int BC, int bc_rt, size_t bstride, const floa
             __m512 xv[RT];
 #pragma GCC unroll 6
             for (int t = 0; t < T; t++) xv[t] = _mm512_maskz_loadu_ps(tm, xb + (size_t)t * xs + full);
-#pragma GCC unroll 16
+#pragma GCC unroll 4
             for (int r = 0; r < R; r++) {
-                if (T == 1 && PF_BLK && (full == 0 || r % 4 == 0))
+                if (T == 1 && (full == 0 || r % 4 == 0))
                     _mm_prefetch((const char *)(wb + PF_BLK * bstride + (size_t)r * bc + full), _MM_HINT_T0);
                 const __m512 wv = _mm512_maskz_loadu_ps(tm, wb + (size_t)r * bc + full);
 #pragma GCC unroll 6
@@ -88,7 +88,7 @@ IE_INLINE void rtile(int R, int T, int BC, int bc_rt, size_t bstride, const floa
             }
         }
     }
-#pragma GCC unroll 16
+#pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 6
         for (int t = 0; t < T; t++) y[(int64_t)t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
@@ -114,7 +114,7 @@ typedef void (*rows_fn)(int R, int T, int bc, size_t bstride, const float *w, co
         }                                                                                      \
     }
 ROWS_FN(rows_bc16, 16)
-ROWS_FN(rows_bc32, 32)
+
 ROWS_FN(rows_any, 0)
 
 /* Decode (T = 1) of a whole block row: each block read once, front to back
@@ -141,18 +141,18 @@ static void wide_decode(int br, int bc, const float *w, const uint32_t *col, uin
         /* rows in order: the block is read front to back */
         for (int r = 0; r < br; r++) {
             const float *wr = wb + (size_t)r * bc;
-            if (PF_BLK) _mm_prefetch((const char *)(wr + PF_BLK * bstride), _MM_HINT_T0);
+            _mm_prefetch((const char *)(wr + PF_BLK * bstride), _MM_HINT_T0);
             __m512 s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk[0], wr), x0, acc[r]);
             if (nv > 1) {
-                if (PF_BLK) _mm_prefetch((const char *)(wr + PF_BLK * bstride + 16), _MM_HINT_T0);
+                _mm_prefetch((const char *)(wr + PF_BLK * bstride + 16), _MM_HINT_T0);
                 s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk[1], wr + 16), x1, s);
             }
             if (nv > 2) {
-                if (PF_BLK) _mm_prefetch((const char *)(wr + PF_BLK * bstride + 32), _MM_HINT_T0);
+                _mm_prefetch((const char *)(wr + PF_BLK * bstride + 32), _MM_HINT_T0);
                 s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk[2], wr + 32), x2, s);
             }
             if (nv > 3) {
-                if (PF_BLK) _mm_prefetch((const char *)(wr + PF_BLK * bstride + 48), _MM_HINT_T0);
+                _mm_prefetch((const char *)(wr + PF_BLK * bstride + 48), _MM_HINT_T0);
                 s = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk[3], wr + 48), x3, s);
             }
             acc[r] = s;
@@ -189,7 +189,7 @@ IE_INLINE void ftile(int NQ, int BC, int T, const float *w, const uint32_t *col,
 #pragma GCC unroll 8
         for (int q = 0; q < NQ; q++) {
             /* small blocks: 4x further ahead in blocks */
-            if (T == 1 && PF_BLK) _mm_prefetch((const char *)(wb + PF_BLK * 4 * NQ * 16 + q * 16), _MM_HINT_T0);
+            if (T == 1) _mm_prefetch((const char *)(wb + PF_BLK * 4 * NQ * 16 + q * 16), _MM_HINT_T0);
             const __m512 wv = _mm512_load_ps(wb + q * 16);
 #pragma GCC unroll 6
             for (int t = 0; t < T; t++) acc[q][t] = _mm512_fmadd_ps(wv, xv[t], acc[q][t]);
@@ -265,7 +265,7 @@ void ie_bsr_matmul_avx512(const ie_bsr_t *m, int64_t r0, int64_t r1, const float
 
     const size_t bstride = (size_t)br * (size_t)bc;
     const flat_fn flat = flat_for(br, bc);
-    const rows_fn rows = bc == 16 ? rows_bc16 : bc == 32 ? rows_bc32 : rows_any;
+    const rows_fn rows = bc == 16 ? rows_bc16 : rows_any;
     for (int64_t bi = a / br; bi < e / br; bi++) {
         const uint32_t b0 = m->rowptr[bi], nb = m->rowptr[bi + 1] - b0;
         const float *w = m->values + (size_t)b0 * bstride;
