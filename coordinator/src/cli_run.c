@@ -53,7 +53,10 @@ static void usage(FILE *f)
           "  --repeat-penalty R --frequency-penalty F --presence-penalty P\n"
           "  --seed S                       sampling seed (random if absent)\n"
           "  --stop STR                     stop string (repeatable)\n"
-          "  --precision native|f32|bf16|f16  weight precision (native)\n"
+          "  --precision P                  weights: native (as stored; GGUF Q8_0/Q4_0/Q4_1\n"
+          "                                 repacked losslessly for the VNNI kernels), f32, bf16,\n"
+          "                                 f16, or int8w / int4w (quantized at load, group 32;\n"
+          "                                 env IE_QUANT_GROUP, IE_QUANT_AFFINE=1)\n"
           "  --no-special                   do not add BOS/EOS or parse special tokens\n"
           "  --print-text                   also write the generated text to stderr\n"
           "  --no-pin                       do not pin threads to cores\n",

@@ -63,15 +63,17 @@ def smollm2() -> Path:
 
 
 # ------------------------------------------------------------------- running
-def run_cli(args, *, timeout: float = 120, input_bytes: bytes | None = None) -> subprocess.CompletedProcess:
+def run_cli(args, *, timeout: float = 120, input_bytes: bytes | None = None,
+            env: dict | None = None) -> subprocess.CompletedProcess:
     """Run the CLI; returns the CompletedProcess with str stdout/stderr
-    (bytes decoded with errors='replace')."""
+    (bytes decoded with errors='replace'). `env` adds to os.environ."""
     if not (IE_BIN.is_file() and os.access(IE_BIN, os.X_OK)):
         pytest.fail(f"inference-engine binary not found or not executable at {IE_BIN} "
                     "(set IE_BIN or build it)", pytrace=False)
     cmd = [str(IE_BIN)] + [str(a) for a in args]
     try:
-        cp = subprocess.run(cmd, input=input_bytes, capture_output=True, timeout=timeout)
+        cp = subprocess.run(cmd, input=input_bytes, capture_output=True, timeout=timeout,
+                            env={**os.environ, **env} if env else None)
     except subprocess.TimeoutExpired:
         pytest.fail(f"timed out after {timeout}s: {' '.join(cmd)}", pytrace=False)
     return subprocess.CompletedProcess(cp.args, cp.returncode,
@@ -89,8 +91,8 @@ def parse_single_json_line(stdout: str) -> dict:
     return obj
 
 
-def run_json(args, *, timeout: float = 120) -> dict:
-    cp = run_cli(args, timeout=timeout)
+def run_json(args, *, timeout: float = 120, env: dict | None = None) -> dict:
+    cp = run_cli(args, timeout=timeout, env=env)
     assert cp.returncode == 0, (f"exit {cp.returncode}: {' '.join(map(str, cp.args))}\n"
                                 f"stderr: {cp.stderr[-2000:]}")
     return parse_single_json_line(cp.stdout)

@@ -45,6 +45,10 @@ typedef struct ie_worker_opts {
     ie_isa_t isa;      /* kernels to use (ie_isa_best() by default)   */
     int quant_group;   /* group of --precision int8w/int4w (32)       */
     int quant_affine;  /* int4w: 1 affine (d, m), 0 symmetric (0)     */
+    ie_qscale_t quant_scale; /* how int8w/int4w scales are chosen
+                          (IE_QSCALE_ABSMAX; env IE_QUANT_SCALE=absmax|mse;
+                          per-group MSE clips outliers the model needs and
+                          measured worse perplexity on SmolLM2) */
     int repack;        /* 1: repack GGUF Q8_0/Q4_0/Q4_1 and ROWS int
                           types into PANEL16 at load (lossless); 0:
                           run them as stored. Env IE_REPACK=0/1
@@ -55,7 +59,8 @@ typedef struct ie_worker_opts {
 } ie_worker_opts_t;
 
 /* Defaults: 1 thread, pinned, n_ctx 2048, 1 slot, max_batch 256, native,
- * no weight copy, best ISA, group 32 symmetric, repack on, no cache. */
+ * no weight copy, best ISA, group 32 symmetric absmax scales, repack on, no
+ * cache. */
 void ie_worker_opts_default(ie_worker_opts_t *o);
 
 typedef struct ie_worker ie_worker_t;

@@ -16,19 +16,29 @@
 
 #include "ie_threadpool.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
 
 /* ------------------------------------------------------------------ types */
 
 typedef struct wmat {
     ie_dtype_t dtype;
-    const void *data; /* n_out rows of n_in elements                */
+    ie_layout_t layout; /* ROWS (ggml types), PANEL16 (int8w/int4w), BSR */
+    int group;          /* PANEL16 / ROWS int types: scale group        */
+    const void *data;   /* n_out rows of n_in elements                  */
     int64_t n_in;
     int64_t n_out;
+    size_t slice;       /* bytes of one matrix (expert stride)          */
+    ie_bsr_t bsr;       /* BSR: view into data                          */
 } wmat_t;
 
 typedef struct layer {
@@ -55,6 +65,9 @@ struct ie_worker {
     ie_hparams_t hp;
     ie_worker_opts_t opts;
     int copy_weights;        /* resolved opts.copy_weights                */
+    int repack;              /* resolved opts.repack                      */
+    char *cache_dir;         /* repack cache directory, or NULL           */
+    int binding_head;        /* bind_mats is binding the output head      */
     const ie_matmul_ops_t *ops;
     ie_threadpool_t *tp;
 
@@ -135,6 +148,7 @@ void ie_worker_opts_default(ie_worker_opts_t *o)
     o->precision = IE_PREC_NATIVE;
     o->copy_weights = 0;
     o->quant_group = 32;
+    o->quant_scale = IE_QSCALE_ABSMAX;
     o->repack = 1;
     o->isa = ie_isa_best();
 }
@@ -181,48 +195,164 @@ static int own(ie_worker_t *w, void *p)
 
 /* --------------------------------------------------------- weight binding */
 
-typedef struct convert_task {
-    const ie_tensor_t *t;
-    ie_dtype_t to;
-    void *dst;
-    int64_t n_in, n_rows;
-} convert_task_t;
+/* ------------------------------------------------------- weight binding */
 
-static void convert_rows(void *ctx, int ith, int nth)
-{
-    convert_task_t *c = ctx;
-    long b, e;
-    ie_split_range((long)c->n_rows, ith, nth, &b, &e);
-    size_t src_row = ie_dtype_row_bytes(c->t->dtype, c->n_in);
-    size_t dst_row = ie_dtype_row_bytes(c->to, c->n_in);
-    float *row = NULL;
-    if (c->to != IE_DTYPE_F32) {
-        row = malloc((size_t)c->n_in * sizeof(float));
-        if (!row) return; /* caller checks the sentinel below */
-    }
-    for (long r = b; r < e; r++) {
-        const char *src = (const char *)c->t->data + (size_t)r * src_row;
-        char *dst = (char *)c->dst + (size_t)r * dst_row;
-        float *f = row ? row : (float *)dst;
-        ie_dequantize_row(c->t->dtype, src, f, c->n_in);
-        if (c->to == IE_DTYPE_BF16) {
-            for (int64_t i = 0; i < c->n_in; i++) ((ie_bf16_t *)dst)[i] = ie_f32_to_bf16(f[i]);
-        } else if (c->to == IE_DTYPE_F16) {
-            for (int64_t i = 0; i < c->n_in; i++) ((ie_f16_t *)dst)[i] = ie_f32_to_f16(f[i]);
-        }
-    }
-    free(row);
-}
+static int is_itype(ie_dtype_t t) { return t == IE_DTYPE_I8W || t == IE_DTYPE_I4W || t == IE_DTYPE_I4WA; }
 
 static int dtype_computable(ie_dtype_t t)
 {
-    return t == IE_DTYPE_F32 || t == IE_DTYPE_F16 || t == IE_DTYPE_BF16 ||
-           t == IE_DTYPE_Q8_0 || t == IE_DTYPE_Q4_0 || t == IE_DTYPE_Q4_1 ||
-           t == IE_DTYPE_MXFP4;
+    return t == IE_DTYPE_F32 || t == IE_DTYPE_F16 || t == IE_DTYPE_BF16 || t == IE_DTYPE_Q8_0 ||
+           t == IE_DTYPE_Q4_0 || t == IE_DTYPE_Q4_1 || t == IE_DTYPE_MXFP4 || is_itype(t);
 }
 
-/* Bind a 2-D weight matrix (ne = [n_in, n_out]), converting it when the
- * precision asks for another type. */
+/* Bytes of one matrix (one expert) of a dense dtype/layout. */
+static size_t slice_bytes(ie_dtype_t dt, ie_layout_t lay, int group, int64_t n_in, int64_t n_out)
+{
+    return ie_tensor_bytes(dt, lay, group, n_in, n_out);
+}
+
+/* Row r of a dense matrix in any layout, as floats. */
+static void mat_row(const wmat_t *m, int64_t r, float *out)
+{
+    if (m->layout == IE_LAYOUT_PANEL16) {
+        ie_pmat_t pm = {m->dtype, m->group, m->n_in, m->n_out, m->data};
+        ie_pack_dequant_row(&pm, r, out);
+    } else if (is_itype(m->dtype)) {
+        size_t rb = ie_qrow_bytes(m->dtype, m->group, m->n_in);
+        ie_qrow_dequantize(m->dtype, m->group, (const char *)m->data + (size_t)r * rb, out, m->n_in);
+    } else {
+        size_t rb = ie_dtype_row_bytes(m->dtype, m->n_in);
+        ie_dequantize_row(m->dtype, (const char *)m->data + (size_t)r * rb, out, m->n_in);
+    }
+}
+
+/* Conversion of a stack of n_mat matrices (src, described as a wmat) into
+ * `to`/`layout`, 16 rows (one panel) per unit of work. */
+typedef struct convert_task {
+    wmat_t src;          /* slice 0; slices src_slice bytes apart          */
+    size_t src_slice;
+    int64_t n_mat;
+    ie_dtype_t to;
+    ie_layout_t layout;
+    int group;
+    ie_qscale_t how;
+    void *dst;
+    size_t dst_slice;
+    _Atomic int failed;
+} convert_task_t;
+
+static void convert_run(void *ctx, int ith, int nth)
+{
+    convert_task_t *c = ctx;
+    const int64_t n_in = c->src.n_in, n_out = c->src.n_out, np = (n_out + IE_PANEL - 1) / IE_PANEL;
+    long b, e;
+    ie_split_range((long)(np * c->n_mat), ith, nth, &b, &e);
+    float *rows = NULL;
+    if (b < e && !(rows = malloc((size_t)IE_PANEL * (size_t)n_in * sizeof(float)))) {
+        c->failed = 1;
+        return;
+    }
+    const int lossless = c->layout == IE_LAYOUT_PANEL16 && c->src.layout == IE_LAYOUT_ROWS &&
+                         ie_pack_target(c->src.dtype) == c->to &&
+                         (is_itype(c->src.dtype) ? c->src.group : 32) == c->group;
+    for (long u = b; u < e; u++) {
+        const int64_t s = u / np, p = u % np, r0 = p * IE_PANEL;
+        const int64_t cnt = n_out - r0 < IE_PANEL ? n_out - r0 : IE_PANEL;
+        wmat_t sm = c->src;
+        sm.data = (const char *)c->src.data + (size_t)s * c->src_slice;
+        char *dslice = (char *)c->dst + (size_t)s * c->dst_slice;
+        if (c->layout == IE_LAYOUT_PANEL16) {
+            char *dp = dslice + (size_t)p * ie_pack_panel_bytes(c->to, c->group, n_in);
+            int rc;
+            if (lossless) {
+                size_t rb = is_itype(sm.dtype) ? ie_qrow_bytes(sm.dtype, sm.group, n_in)
+                                               : ie_dtype_row_bytes(sm.dtype, n_in);
+                rc = ie_pack_repack(sm.dtype, c->group, (const char *)sm.data + (size_t)r0 * rb, n_in, 0, cnt,
+                                    cnt, dp);
+            } else {
+                for (int64_t r = 0; r < cnt; r++) mat_row(&sm, r0 + r, rows + (size_t)r * n_in);
+                rc = ie_pack_quantize(c->to, c->group, c->how, rows, n_in, 0, cnt, cnt, dp);
+            }
+            if (rc != 0) c->failed = 1;
+            continue;
+        }
+        /* ROWS of f32 / f16 / bf16 */
+        const size_t drb = ie_dtype_row_bytes(c->to, n_in);
+        for (int64_t r = 0; r < cnt; r++) {
+            char *dst = dslice + (size_t)(r0 + r) * drb;
+            float *f = c->to == IE_DTYPE_F32 ? (float *)dst : rows;
+            mat_row(&sm, r0 + r, f);
+            if (c->to == IE_DTYPE_BF16)
+                for (int64_t i = 0; i < n_in; i++) ((ie_bf16_t *)dst)[i] = ie_f32_to_bf16(f[i]);
+            else if (c->to == IE_DTYPE_F16)
+                for (int64_t i = 0; i < n_in; i++) ((ie_f16_t *)dst)[i] = ie_f32_to_f16(f[i]);
+        }
+    }
+    free(rows);
+}
+
+/* ---- on-disk repack cache: converted stacks keyed by a hash of the source
+ * bytes and everything that decides the result. */
+
+static void cache_path(const ie_worker_t *w, const ie_tensor_t *t, const convert_task_t *c, char *out,
+                       size_t cap)
+{
+    char key[256];
+    snprintf(key, sizeof key, "v1|%s|%s|%d|%s|%s|%d|%d|%lld|%lld|%lld", ie_dtype_name(t->dtype),
+             ie_layout_name(t->layout), t->group, ie_dtype_name(c->to), ie_layout_name(c->layout), c->group,
+             (int)c->how, (long long)c->src.n_in, (long long)c->src.n_out, (long long)c->n_mat);
+    XXH3_state_t *st = XXH3_createState();
+    unsigned long long h = 0;
+    if (st) {
+        XXH3_64bits_reset(st);
+        XXH3_64bits_update(st, key, strlen(key));
+        XXH3_64bits_update(st, t->data, (size_t)t->nbytes);
+        h = XXH3_64bits_digest(st);
+        XXH3_freeState(st);
+    }
+    snprintf(out, cap, "%s/%016llx-%s-%s-g%d.iepack", w->cache_dir, h, ie_dtype_name(c->to),
+             ie_layout_name(c->layout), c->group);
+}
+
+static int cache_load(const char *path, void *dst, size_t bytes)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    struct stat sb;
+    int rc = -1;
+    if (fstat(fd, &sb) == 0 && (uint64_t)sb.st_size == bytes) {
+        size_t got = 0;
+        while (got < bytes) {
+            ssize_t n = pread(fd, (char *)dst + got, bytes - got > (1u << 30) ? (1u << 30) : bytes - got,
+                              (off_t)got);
+            if (n <= 0) break;
+            got += (size_t)n;
+        }
+        rc = got == bytes ? 0 : -1;
+    }
+    close(fd);
+    return rc;
+}
+
+static void cache_store(const char *path, const void *src, size_t bytes)
+{
+    char tmp[PATH_MAX + 16];
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return;
+    size_t put = 0;
+    while (put < bytes) {
+        ssize_t n = write(fd, (const char *)src + put, bytes - put > (1u << 30) ? (1u << 30) : bytes - put);
+        if (n <= 0) break;
+        put += (size_t)n;
+    }
+    if (close(fd) == 0 && put == bytes && rename(tmp, path) == 0) return;
+    unlink(tmp); /* the cache is best effort: a failed store only costs the next load */
+}
+
+/* Bind a 2-D weight matrix stack (ne = [n_in, n_out, n_mat]) in the layout
+ * the kernels run best, converting it when the precision asks for another
+ * type. */
 static ie_status_t bind_mats(ie_worker_t *w, const ie_model_src_t *src, const char *name,
                              int64_t n_in, int64_t n_out, int64_t n_mat, wmat_t *m)
 {
@@ -233,32 +363,82 @@ static ie_status_t bind_mats(ie_worker_t *w, const ie_model_src_t *src, const ch
                             "model: tensor '%s' has shape [%lld, %lld, %lld], expected [%lld, %lld, %lld]", name,
                             (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)n_in,
                             (long long)n_out, (long long)n_mat);
-    if (!dtype_computable(t->dtype))
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: tensor '%s' has type %s, which the engine cannot compute with",
-                            name, ie_dtype_name(t->dtype));
-    if (ie_dtype_row_bytes(t->dtype, n_in) == 0)
-        return ie_error_set(IE_ERR_FORMAT, "model: tensor '%s' row length %lld is not a multiple of the %s block",
-                            name, (long long)n_in, ie_dtype_name(t->dtype));
-
-    ie_dtype_t to = t->dtype;
-    switch (w->opts.precision) {
-    case IE_PREC_NATIVE: break;
-    case IE_PREC_F32: to = IE_DTYPE_F32; break;
-    case IE_PREC_BF16: to = IE_DTYPE_BF16; break;
-    case IE_PREC_F16: to = IE_DTYPE_F16; break;
-    case IE_PREC_INT8W: case IE_PREC_INT4W:
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: precision %s not wired yet", ie_precision_name(w->opts.precision));
-    }
+    memset(m, 0, sizeof *m);
     m->n_in = n_in;
     m->n_out = n_out;
-    m->dtype = to;
-    n_out *= n_mat; /* rows of all matrices, converted alike */
-    size_t bytes = ie_dtype_row_bytes(to, n_in) * (size_t)n_out;
-    if (to == t->dtype && !w->copy_weights) {
+
+    if (t->layout == IE_LAYOUT_BSR) {
+        char err[160];
+        if (n_mat != 1)
+            return ie_error_set(IE_ERR_UNSUPPORTED, "model: tensor '%s': block-sparse expert stacks are not supported",
+                                name);
+        if (ie_bsr_view(t->data, (size_t)t->nbytes, n_in, n_out, &m->bsr, err, sizeof err) != 0)
+            return ie_error_set(IE_ERR_FORMAT, "model: tensor '%s': %s", name, err);
+        m->dtype = IE_DTYPE_F32;
+        m->layout = IE_LAYOUT_BSR;
         m->data = t->data;
-        return IE_OK;
+        m->slice = (size_t)t->nbytes;
+        return IE_OK; /* kept sparse whatever the precision */
     }
-    if (to == t->dtype) {
+    if (!dtype_computable(t->dtype) || (t->layout == IE_LAYOUT_PANEL16 && !is_itype(t->dtype)) ||
+        (t->layout != IE_LAYOUT_ROWS && t->layout != IE_LAYOUT_PANEL16))
+        return ie_error_set(IE_ERR_UNSUPPORTED,
+                            "model: tensor '%s' has type %s in layout %s, which the engine cannot compute with",
+                            name, ie_dtype_name(t->dtype), ie_layout_name(t->layout));
+    const size_t src_slice = slice_bytes(t->dtype, t->layout, t->group, n_in, n_out);
+    if (src_slice == 0)
+        return ie_error_set(IE_ERR_FORMAT, "model: tensor '%s' row length %lld does not fit %s (group %d)", name,
+                            (long long)n_in, ie_dtype_name(t->dtype), t->group);
+    if ((uint64_t)src_slice * (uint64_t)n_mat > t->nbytes)
+        return ie_error_set(IE_ERR_FORMAT, "model: tensor '%s' holds %llu bytes, its shape needs %llu", name,
+                            (unsigned long long)t->nbytes, (unsigned long long)src_slice * (uint64_t)n_mat);
+
+    /* what the source is, as a matrix */
+    wmat_t sm = {.dtype = t->dtype, .layout = t->layout, .group = t->group, .data = t->data,
+                 .n_in = n_in, .n_out = n_out, .slice = src_slice};
+
+    /* what we want it to be */
+    ie_dtype_t to = t->dtype;
+    ie_layout_t lay = t->layout;
+    int group = t->group;
+    switch (w->opts.precision) {
+    case IE_PREC_NATIVE:
+        if (t->layout == IE_LAYOUT_ROWS && is_itype(t->dtype)) {
+            lay = IE_LAYOUT_PANEL16; /* engine-native rows always run packed */
+        } else if (t->layout == IE_LAYOUT_ROWS && w->repack && ie_pack_target(t->dtype) != IE_DTYPE_INVALID) {
+            to = ie_pack_target(t->dtype);
+            lay = IE_LAYOUT_PANEL16;
+            group = 32;
+        }
+        break;
+    case IE_PREC_F32: to = IE_DTYPE_F32; lay = IE_LAYOUT_ROWS; group = 0; break;
+    case IE_PREC_BF16: to = IE_DTYPE_BF16; lay = IE_LAYOUT_ROWS; group = 0; break;
+    case IE_PREC_F16: to = IE_DTYPE_F16; lay = IE_LAYOUT_ROWS; group = 0; break;
+    case IE_PREC_INT8W:
+    case IE_PREC_INT4W:
+        /* int4w keeps the output head (the tied embedding) at 8 bits, as
+         * llama.cpp's 4-bit mixes do: it is the most sensitive matrix */
+        to = w->opts.precision == IE_PREC_INT8W || w->binding_head
+                 ? IE_DTYPE_I8W
+                 : (w->opts.quant_affine ? IE_DTYPE_I4WA : IE_DTYPE_I4W);
+        lay = IE_LAYOUT_PANEL16;
+        group = w->opts.quant_group > 0 ? w->opts.quant_group : 32;
+        if (ie_pack_check(to, group, n_in) != 0)
+            return ie_error_set(IE_ERR_INVAL, "model: %s group %d does not divide the row length %lld of '%s'",
+                                ie_dtype_name(to), group, (long long)n_in, name);
+        break;
+    }
+    m->dtype = to;
+    m->layout = lay;
+    m->group = lay == IE_LAYOUT_PANEL16 ? group : 0;
+    m->slice = slice_bytes(to, lay, m->group, n_in, n_out);
+    const size_t bytes = m->slice * (size_t)n_mat;
+
+    if (to == t->dtype && lay == t->layout && group == t->group) {
+        if (!w->copy_weights) {
+            m->data = t->data;
+            return IE_OK;
+        }
         /* same type: a plain copy into huge-page memory (file mappings use
          * 4 KiB pages, which cost a third of the read bandwidth) */
         void *dst = big_alloc(bytes);
@@ -276,8 +456,20 @@ static ie_status_t bind_mats(ie_worker_t *w, const ie_model_src_t *src, const ch
         return ie_error_set(IE_ERR_NOMEM, "out of memory converting '%s' to %s (%zu bytes)", name,
                             ie_dtype_name(to), bytes);
     }
-    convert_task_t c = {t, to, dst, n_in, n_out};
-    ie_threadpool_run(w->tp, convert_rows, &c);
+    convert_task_t c = {.src = sm, .src_slice = src_slice, .n_mat = n_mat, .to = to, .layout = lay,
+                        .group = m->group, .how = w->opts.quant_scale, .dst = dst, .dst_slice = m->slice};
+    char path[PATH_MAX];
+    int cached = 0;
+    if (w->cache_dir) {
+        cache_path(w, t, &c, path, sizeof path);
+        cached = cache_load(path, dst, bytes) == 0;
+    }
+    if (!cached) {
+        ie_threadpool_run(w->tp, convert_run, &c);
+        if (c.failed)
+            return ie_error_set(IE_ERR_NOMEM, "worker: converting '%s' to %s failed", name, ie_dtype_name(to));
+        if (w->cache_dir) cache_store(path, dst, bytes);
+    }
     m->data = dst;
     return IE_OK;
 }
@@ -400,6 +592,43 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
     }
     if ((st = ie_threadpool_new(opts->n_threads, opts->pin_threads, &w->tp)) != IE_OK) goto cleanup;
     w->copy_weights = resolve_copy(opts->copy_weights);
+    {
+        const char *env = getenv("IE_REPACK");
+        w->repack = (env && (env[0] == '0' || env[0] == '1') && !env[1]) ? env[0] == '1' : opts->repack > 0;
+        const char *g = getenv("IE_QUANT_GROUP");
+        if (g && *g) {
+            char *end;
+            long v = strtol(g, &end, 10);
+            if (*end || v < 32 || v > (1 << 20)) {
+                st = ie_error_set(IE_ERR_INVAL, "worker: IE_QUANT_GROUP='%s' is not a group size", g);
+                goto cleanup;
+            }
+            w->opts.quant_group = (int)v;
+        }
+        const char *qs = getenv("IE_QUANT_SCALE");
+        if (qs && *qs) {
+            if (strcmp(qs, "absmax") == 0) w->opts.quant_scale = IE_QSCALE_ABSMAX;
+            else if (strcmp(qs, "mse") == 0) w->opts.quant_scale = IE_QSCALE_MSE;
+            else {
+                st = ie_error_set(IE_ERR_INVAL, "worker: IE_QUANT_SCALE='%s' (expected absmax or mse)", qs);
+                goto cleanup;
+            }
+        }
+        const char *af = getenv("IE_QUANT_AFFINE");
+        if (af && (af[0] == '0' || af[0] == '1') && !af[1]) w->opts.quant_affine = af[0] == '1';
+        const char *dir = opts->repack_cache ? opts->repack_cache : getenv("IE_REPACK_CACHE");
+        if (dir && *dir) {
+            if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+                st = ie_error_set(IE_ERR_IO, "worker: cannot create repack cache directory '%s': %s", dir,
+                                  strerror(errno));
+                goto cleanup;
+            }
+            if (!(w->cache_dir = strdup(dir))) {
+                st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+                goto cleanup;
+            }
+        }
+    }
     if (hp->rope_dim <= 0 || hp->rope_dim > hp->head_dim || hp->rope_dim % 2) {
         st = ie_error_set(IE_ERR_FORMAT, "model: rope dimension %d invalid for head_dim %d", hp->rope_dim,
                           hp->head_dim);
@@ -411,22 +640,30 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
     w->kv_dim = hp->n_head_kv * hp->head_dim;
 
     /* Embeddings are read a row at a time (dequantized on lookup), so they
-     * keep the file's type whatever the precision. */
+     * keep the file's type whatever the precision — unless they are tied
+     * and the output head converted them, then lookups read the head. */
     const ie_tensor_t *te = ie_model_src_tensor(src, "token_embd.weight");
     if (!te) {
         st = ie_error_set(IE_ERR_FORMAT, "model: missing tensor 'token_embd.weight'");
         goto cleanup;
     }
-    if (!dtype_computable(te->dtype) || te->ne[0] != d || te->ne[1] != hp->n_vocab) {
-        st = ie_error_set(IE_ERR_FORMAT, "model: tensor 'token_embd.weight' is %s [%lld, %lld], expected [%lld, %d]",
-                          ie_dtype_name(te->dtype), (long long)te->ne[0], (long long)te->ne[1],
-                          (long long)d, hp->n_vocab);
+    if (!dtype_computable(te->dtype) || te->layout == IE_LAYOUT_BSR || te->ne[0] != d ||
+        te->ne[1] != hp->n_vocab ||
+        ie_tensor_bytes(te->dtype, te->layout, te->group, d, hp->n_vocab) == 0 ||
+        ie_tensor_bytes(te->dtype, te->layout, te->group, d, hp->n_vocab) > te->nbytes) {
+        st = ie_error_set(IE_ERR_FORMAT,
+                          "model: tensor 'token_embd.weight' is %s/%s [%lld, %lld], expected a dense [%lld, %d]",
+                          ie_dtype_name(te->dtype), ie_layout_name(te->layout), (long long)te->ne[0],
+                          (long long)te->ne[1], (long long)d, hp->n_vocab);
         goto cleanup;
     }
-    w->tok_embd = (wmat_t){te->dtype, te->data, d, hp->n_vocab};
-    if ((st = bind_mat(w, src, hp->tied_embeddings ? "token_embd.weight" : "output.weight", d,
-                       hp->n_vocab, &w->output)) != IE_OK)
-        goto cleanup;
+    w->tok_embd = (wmat_t){.dtype = te->dtype, .layout = te->layout, .group = te->group, .data = te->data,
+                           .n_in = d, .n_out = hp->n_vocab};
+    w->binding_head = 1;
+    st = bind_mat(w, src, hp->tied_embeddings ? "token_embd.weight" : "output.weight", d, hp->n_vocab, &w->output);
+    w->binding_head = 0;
+    if (st != IE_OK) goto cleanup;
+    if (hp->tied_embeddings && w->output.data != te->data) w->tok_embd = w->output;
     if ((st = bind_vec(w, src, "output_norm.weight", d, &w->output_norm)) != IE_OK) goto cleanup;
 
     w->layers = calloc((size_t)hp->n_layer, sizeof *w->layers);
@@ -489,7 +726,7 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
     size_t kv_bytes = (size_t)hp->n_layer * w->kv_layer_stride * sizeof(float);
     size_t wide = (size_t)(d > w->q_dim ? d : w->q_dim);
     int64_t max_in = ff > (int64_t)wide ? ff : (int64_t)wide;
-    w->act_row_cap = ie_dtype_row_bytes(IE_DTYPE_Q8_1, (max_in + 31) / 32 * 32);
+    w->act_row_cap = ie_dtype_row_bytes(IE_DTYPE_Q8_P, (max_in + 31) / 32 * 32); /* the widest act row */
     int half = hp->rope_dim / 2;
     w->kcache = big_alloc_ex(kv_bytes, 0);
     w->vcache = big_alloc_ex(kv_bytes, 0);
@@ -543,6 +780,7 @@ void ie_worker_destroy(ie_worker_t **self_p)
     ie_threadpool_destroy(&w->tp);
     for (size_t i = 0; i < w->n_owned; i++) big_free(w->owned[i]);
     free(w->owned);
+    free(w->cache_dir);
     free(w->layers);
     big_free(w->kcache);
     big_free(w->vcache);
@@ -579,6 +817,7 @@ typedef struct mm_task {
     int nm;
     const wmat_t *m[MM_MAX];
     float *y[MM_MAX];       /* [n_tok][m->n_out]                           */
+    _Atomic int failed;
     const void *act;
     size_t act_stride;
     int n_tok;
@@ -592,10 +831,27 @@ static void mm_run(void *ctx, int ith, int nth)
     for (int i = 0; i < t->nm; i++) {
         const wmat_t *m = t->m[i];
         long b, e;
-        ie_split_range((long)m->n_out, ith, nth, &b, &e);
-        if (b < e)
-            t->ops->matmul(m->dtype, m->data, m->n_in, b, e, t->act, t->act_stride, t->n_tok, t->y[i],
-                           m->n_out);
+        if (m->layout == IE_LAYOUT_PANEL16) {
+            /* whole panels per thread */
+            ie_split_range((long)((m->n_out + IE_PANEL - 1) / IE_PANEL), ith, nth, &b, &e);
+            b *= IE_PANEL;
+            e = e * IE_PANEL < m->n_out ? e * IE_PANEL : (long)m->n_out;
+            if (b >= e) continue;
+            ie_pmat_t pm = {m->dtype, m->group, m->n_in, m->n_out, m->data};
+            if (t->ops->matmul_packed(&pm, b, e, t->act, t->act_stride, t->n_tok, t->y[i], m->n_out) != 0)
+                t->failed = 1;
+        } else if (m->layout == IE_LAYOUT_BSR) {
+            ie_split_range((long)(m->n_out / m->bsr.br), ith, nth, &b, &e);
+            if (b < e)
+                t->ops->matmul_bsr(&m->bsr, b * m->bsr.br, e * m->bsr.br, t->act, t->act_stride / sizeof(float),
+                                   t->n_tok, t->y[i], m->n_out);
+        } else {
+            ie_split_range((long)m->n_out, ith, nth, &b, &e);
+            if (b < e &&
+                t->ops->matmul(m->dtype, m->data, m->n_in, b, e, t->act, t->act_stride, t->n_tok, t->y[i],
+                               m->n_out) != 0)
+                t->failed = 1;
+        }
     }
 }
 
@@ -722,7 +978,7 @@ static void add_bias(float *y, const float *b, int64_t n)
 static wmat_t expert_mat(const wmat_t *m, int e)
 {
     wmat_t r = *m;
-    r.data = (const char *)m->data + (size_t)e * ie_dtype_row_bytes(m->dtype, m->n_in) * (size_t)m->n_out;
+    r.data = (const char *)m->data + (size_t)e * m->slice;
     return r;
 }
 
@@ -827,10 +1083,7 @@ ie_status_t ie_worker_step_hidden(ie_worker_t *w, const ie_batch_t *b, float *lo
     }
 
     /* embeddings */
-    size_t erow = ie_dtype_row_bytes(w->tok_embd.dtype, d);
-    for (int i = 0; i < n; i++)
-        ie_dequantize_row(w->tok_embd.dtype, (const char *)w->tok_embd.data + (size_t)b->tokens[i] * erow,
-                          w->x + (size_t)i * d, d);
+    for (int i = 0; i < n; i++) mat_row(&w->tok_embd, b->tokens[i], w->x + (size_t)i * d);
 
     for (int l = 0; l < hp->n_layer; l++) {
         const layer_t *L = &w->layers[l];
@@ -921,11 +1174,13 @@ int ie_worker_max_batch(const ie_worker_t *w) { return w->opts.max_batch; }
 int ie_worker_n_threads(const ie_worker_t *w) { return w->opts.n_threads; }
 ie_isa_t ie_worker_isa(const ie_worker_t *w) { return w->ops->isa; }
 
-static uint64_t mat_bytes(const wmat_t *m) { return ie_dtype_row_bytes(m->dtype, m->n_in) * (uint64_t)m->n_out; }
+static uint64_t mat_bytes(const wmat_t *m) { return m->slice; }
 
 uint64_t ie_worker_bytes_per_token(const ie_worker_t *w)
 {
-    uint64_t s = mat_bytes(&w->output) + ie_dtype_row_bytes(w->tok_embd.dtype, w->tok_embd.n_in);
+    const wmat_t *te = &w->tok_embd;
+    uint64_t erow = ie_tensor_bytes(te->dtype, te->layout, te->group, te->n_in, te->n_out) / (uint64_t)te->n_out;
+    uint64_t s = mat_bytes(&w->output) + erow;
     for (int l = 0; l < w->hp.n_layer; l++) {
         const layer_t *L = &w->layers[l];
         /* a MoE layer streams its router and the k experts it uses */

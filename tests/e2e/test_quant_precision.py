@@ -1,0 +1,99 @@
+"""Weight-only quantization at load (--precision int8w / int4w) on SmolLM2.
+
+Quality bounds of issue 4, measured against the model's dequantized weights
+(--precision f32, itself equal to transformers within 5e-7, see
+test_perplexity.py) on the same Austen excerpt (ctx 128 x 8 windows):
+  - perplexity drift: int8w (group 32) <= 0.3 %, int4w (group 32, affine)
+    <= 2 %. The GGUF's matrices are Q4_1 (affine 4-bit, group 32), so affine
+    int4w re-quantizes them without loss (measured: same perplexity as the
+    native Q4_1 run, +0.22 % — all of it from the int8 activations); the
+    output head (tied embedding, Q8_0) stays 8-bit under int4w. Symmetric
+    int4w cannot represent an affine grid: measured +19 %, checked only as a
+    sanity bound (< 30 %: a broken kernel lands in the thousands);
+  - greedy continuations with int8w identical to the fp32 reference
+    (transformers, tests/data/smollm2_ref.npz) for the first 32 tokens of
+    each of the 5 prompts — exactly, no near-tie allowance;
+  - the lossless repack of the GGUF's Q4_1/Q8_0 matrices into the packed
+    layout (IE_REPACK=1, the default) gives the same greedy text as running
+    the GGUF's rows directly (IE_REPACK=0);
+  - an int4w group that does not divide a row is refused with exit 2.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import REPO, THREADS, fixture_path, run_cli, run_json
+
+MIN_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def ppl_ref() -> dict:
+    return json.loads(fixture_path("smollm2_ppl_ref.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def excerpt(ppl_ref, tmp_path_factory):
+    data = (REPO / ppl_ref["corpus"]).read_bytes()[ppl_ref["byte_start"]:ppl_ref["byte_end"]]
+    p = tmp_path_factory.mktemp("qppl") / "excerpt.txt"
+    p.write_bytes(data)
+    return p
+
+
+def _ppl(model, text, ref, precision, env=None):
+    return run_json(["perplexity", "--model", model, "--file", text, "--ctx", ref["ctx"], "--chunks",
+                     ref["chunks"], "--precision", precision, "--threads", THREADS], timeout=300, env=env)
+
+
+@pytest.fixture(scope="module")
+def ppl_f32(smollm2, excerpt, ppl_ref):
+    out = _ppl(smollm2, excerpt, ppl_ref, "f32")
+    assert out["ppl"] == pytest.approx(ppl_ref["ppl"], rel=1e-3)
+    return out["ppl"]
+
+
+@pytest.mark.parametrize("precision,affine,bound", [("int8w", "0", 0.003), ("int4w", "1", 0.02),
+                                                   ("int4w", "0", 0.30)])
+def test_perplexity_drift(smollm2, excerpt, ppl_ref, ppl_f32, precision, affine, bound):
+    out = _ppl(smollm2, excerpt, ppl_ref, precision, env={"IE_QUANT_AFFINE": affine})
+    drift = (out["ppl"] - ppl_f32) / ppl_f32
+    print(f"{precision} affine={affine}: ppl {out['ppl']:.4f} vs f32 {ppl_f32:.4f}: drift {100 * drift:+.3f}%")
+    assert abs(drift) <= bound, f"{precision} perplexity {out['ppl']:.4f} drifts {100 * drift:+.3f}% from f32"
+
+
+@pytest.fixture(scope="module")
+def greedy_ref():
+    d = np.load(fixture_path("smollm2_ref.npz"))
+    meta = json.loads(str(d["meta"]))
+    return [(p["text"], [int(t) for t in d[f"p{i}_cont_ids"]]) for i, p in enumerate(meta["prompts"])]
+
+
+@pytest.mark.parametrize("i", range(5))
+def test_int8w_greedy_identical(smollm2, greedy_ref, i):
+    text, want = greedy_ref[i]
+    assert len(want) >= MIN_TOKENS
+    out = run_json(["--model", smollm2, "--prompt", text, "--max-new", MIN_TOKENS, "--greedy",
+                    "--precision", "int8w", "--threads", THREADS], timeout=300)
+    got = [int(t) for t in out["ids"]]
+    assert got[:MIN_TOKENS] == want[:MIN_TOKENS], f"int8w {got}\nref   {want[:MIN_TOKENS]}"
+
+
+def test_repack_is_lossless_in_output(smollm2, greedy_ref):
+    text, _ = greedy_ref[0]
+    args = ["--model", smollm2, "--prompt", text, "--max-new", MIN_TOKENS, "--greedy", "--threads", THREADS]
+    packed = run_json(args, timeout=300, env={"IE_REPACK": "1"})
+    rows = run_json(args, timeout=300, env={"IE_REPACK": "0"})
+    assert packed["text"] == rows["text"]
+
+
+def test_bad_group_refused(smollm2):
+    cp = run_cli(["--model", smollm2, "--prompt", "hi", "--max-new", "1", "--precision", "int4w"],
+                 env={"IE_QUANT_GROUP": "128"})
+    # SmolLM2's hidden size 576 is not a multiple of 128
+    assert cp.returncode != 0
+    assert "group 128" in cp.stderr and "576" in cp.stderr, cp.stderr
+    assert len(cp.stderr.strip().splitlines()) == 1
