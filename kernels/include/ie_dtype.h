@@ -43,6 +43,7 @@ typedef enum ie_dtype {
     IE_DTYPE_I4W = 65,   /* int4w symmetric: x = d*(u-8), u in [0,15], f16 d per group */
     IE_DTYPE_I4WA = 66,  /* int4w affine:    x = d*u + m, f16 d and m per group        */
     IE_DTYPE_Q8_P = 67,  /* activations only: planar int8 row + f32 d, s per 32 (ie_pack.h) */
+    IE_DTYPE_Q16_P = 68, /* activations only: planar int16 row + f32 d, s per 32 (ie_pack.h) */
     IE_DTYPE_INVALID = -1
 } ie_dtype_t;
 

@@ -30,6 +30,13 @@
  * with, per block b of 32: d = amax/127, q = roundf(x/d) (ggml's Q8_0
  * rounding), s = d * sum(q). Row bytes: ie_dtype_row_bytes(Q8_P, n_in)
  * = n_in + 8*(n_in/32).
+ *
+ * Q16_P activations (what matmul_packed reads for I8W weights, so int8w is
+ * a weight-only scheme: 16-bit activations keep their rounding ~256x below
+ * int8's): per token row of n_in floats:
+ *     int16 q[n_in]; float d[n_in/32]; float s[n_in/32]
+ * with, per block of 32: d = amax/32767, q = roundf(x/d), s = d * sum(q).
+ * Row bytes: 2*n_in + 8*(n_in/32). I4W/I4WA read Q8_P.
  */
 #ifndef IE_PACK_H
 #define IE_PACK_H

@@ -20,6 +20,7 @@ const char *ie_dtype_name(ie_dtype_t t)
     case IE_DTYPE_I4W: return "int4w";
     case IE_DTYPE_I4WA: return "int4w_affine";
     case IE_DTYPE_Q8_P: return "q8_p";
+    case IE_DTYPE_Q16_P: return "q16_p";
     default: return "invalid";
     }
 }
@@ -61,6 +62,7 @@ const char *ie_layout_name(ie_layout_t l)
 size_t ie_dtype_row_bytes(ie_dtype_t t, int64_t n)
 {
     if (t == IE_DTYPE_Q8_P) return (n < 0 || n % IE_QK) ? 0 : (size_t)n + (size_t)(n / IE_QK) * 8;
+    if (t == IE_DTYPE_Q16_P) return (n < 0 || n % IE_QK) ? 0 : (size_t)n * 2 + (size_t)(n / IE_QK) * 8;
     int be = ie_dtype_block_elems(t);
     if (be == 0 || n < 0 || n % be != 0) return 0;
     return (size_t)(n / be) * ie_dtype_block_bytes(t);
