@@ -524,12 +524,12 @@ static void test_matmul_packed_shapes(void)
                 const int64_t n_in = nins[a];
                 const int G = gi < 3 ? 32 << gi : (int)n_in;
                 if (n_in % G || (gi == 3 && (G == 32 || G == 64 || G == 128))) continue;
-                for (int rep = 0; rep < 2; rep++, k++) {
+                for (int rep = 0; rep < 3; rep++, k++) {
                     mcase_t c = { ITYPES[ti], G, n_in, nouts[k % 7], ntoks[(k * 4 + rep) % 9], 0, 0,
                                   (k % 5) == 0, 1 + k % 7, 4 * (k % 5), 1000 + (uint64_t)k };
                     if (n_in >= 512 && c.n_tok > 13) c.n_tok = 13; /* keep the oracle quick */
                     c.r1 = c.n_out;
-                    if (rep == 1 && c.n_out > 16) { /* a sub-range */
+                    if (rep > 0 && c.n_out > 16) { /* a sub-range */
                         const int64_t np = (c.n_out + 15) / 16;
                         c.r0 = 16 * (k % np);
                         c.r1 = (k & 2) ? c.n_out : c.r0 + 16 * (1 + k % 2);
