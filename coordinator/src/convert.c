@@ -72,6 +72,13 @@ static const char *scheme_name(ie_dtype_t t)
     }
 }
 
+/* A canonical (GGUF) tensor name: blk.N.* or a top-level llama.cpp name. */
+static int is_canonical(const char *name)
+{
+    return !strncmp(name, "blk.", 4) || !strcmp(name, "token_embd.weight") || !strcmp(name, "output.weight") ||
+           !strcmp(name, "output_norm.weight") || !strcmp(name, "rope_freqs.weight");
+}
+
 static void *alloc64(size_t bytes)
 {
     size_t n = (bytes + 63) / 64 * 64;
@@ -605,11 +612,18 @@ int ie_convert_main(int argc, char **argv)
         goto cleanup;
     }
     uint64_t total_bytes = 0;
-    for (int64_t i = 0; i < n_t; i++) {
+    int64_t n_in_table = n_t;
+    n_t = 0;
+    for (int64_t i = 0; i < n_in_table; i++) {
         const ie_tensor_t *t = ie_model_src_tensor_at(src, i);
-        items[i].src = t;
+        /* HF sources also list tensors under their HF names: ones the engine
+         * does not use, and GPT-OSS expert tensors whose converted copies
+         * are listed under canonical names. Only canonical tensors go. */
+        if (ie_model_src_kind(src) == IE_SRC_HF_DIR && !is_canonical(t->name)) continue;
+        conv_item_t *it = &items[n_t++];
+        it->src = t;
         if ((st = ie_manifest_decide(man, pt, hp->tied_embeddings, t->name, t->dtype, t->layout, t->group, t->n_dims,
-                                     t->ne, &items[i].d)) != IE_OK) {
+                                     t->ne, &it->d)) != IE_OK) {
             rc = fail(IE_EXIT_USAGE, "%s", ie_error_last());
             goto cleanup;
         }
