@@ -726,7 +726,7 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
     size_t kv_bytes = (size_t)hp->n_layer * w->kv_layer_stride * sizeof(float);
     size_t wide = (size_t)(d > w->q_dim ? d : w->q_dim);
     int64_t max_in = ff > (int64_t)wide ? ff : (int64_t)wide;
-    w->act_row_cap = ie_dtype_row_bytes(IE_DTYPE_Q8_P, (max_in + 31) / 32 * 32); /* the widest act row */
+    w->act_row_cap = ie_dtype_row_bytes(IE_DTYPE_Q16_P, (max_in + 31) / 32 * 32); /* the widest act row */
     int half = hp->rope_dim / 2;
     w->kcache = big_alloc_ex(kv_bytes, 0);
     w->vcache = big_alloc_ex(kv_bytes, 0);
