@@ -340,3 +340,34 @@ def test_gptoss_default_manifest(name, work, tmp_path, ie_bin):
         assert np.median(rel) <= 0.05 and agree >= 0.85, f"median rel {np.median(rel):.3f}, argmax {agree:.2f}"
     gen = run_json(["--model", out, "--prompt", "Hello", "--max-new", 8, "--greedy", "--threads", THREADS])
     assert gen["tokens_out"] >= 1
+
+
+# --------------------------------------------------------- block-sparse (BSR)
+BSR_DENSE = {"version": 1, "rules": [
+    {"pattern": r"^blk\.[01]\.ffn_down\.weight$", "dtype": "bsr", "block": [16, 16], "threshold": 0},
+    {"pattern": r"\.weight$", "dtype": "f32"}]}
+BSR_PRUNED = {"version": 1, "rules": [
+    {"pattern": r"^blk\.\d+\.ffn_down\.weight$", "dtype": "bsr", "block": [16, 16], "threshold": 0.55},
+    {"pattern": r"\.weight$", "dtype": "f32"}]}
+
+
+def test_bsr_runs_end_to_end(smollm2, work, excerpt, ppl_ref):
+    """A manifest rule makes ffn_down block-sparse: with threshold 0 every
+    block is kept, so the model must compute what --precision f32 does on
+    the GGUF (the BSR kernel sums in another order: float rounding only);
+    pruning small blocks stores fewer blocks and still gives a sane model."""
+    dense_dir, pruned_dir = work / "bsr_dense", work / "bsr_pruned"
+    convert_ok(["--in", smollm2, "--out-dir", dense_dir, "--quiet",
+                "--q4-map", write_manifest(work / "bsr_dense.json", BSR_DENSE)])
+    convert_ok(["--in", smollm2, "--out-dir", pruned_dir, "--quiet",
+                "--q4-map", write_manifest(work / "bsr_pruned.json", BSR_PRUNED)])
+    for d, n in ((dense_dir, 2), (pruned_dir, 30)):
+        bsr = [t for t in model_json(d)["tensors"] if t["layout"] == "bsr"]
+        assert len(bsr) == n and all(t["dtype"] == "f32" for t in bsr), bsr[:2]
+    dense_size = {t["name"]: t["size"] for t in model_json(dense_dir)["tensors"]}
+    pruned_size = {t["name"]: t["size"] for t in model_json(pruned_dir)["tensors"]}
+    # pruning dropped blocks: blk.0's down projection is smaller than dense
+    assert pruned_size["blk.0.ffn_down.weight"] < dense_size["blk.0.ffn_down.weight"]
+    assert ppl(dense_dir, excerpt) == pytest.approx(ppl_ref["ppl"], rel=1e-4)
+    p = ppl(pruned_dir, excerpt)
+    assert np.isfinite(p) and p < 10 * ppl_ref["ppl"], p
