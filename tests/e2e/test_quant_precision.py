@@ -97,3 +97,27 @@ def test_bad_group_refused(smollm2):
     assert cp.returncode != 0
     assert "group 128" in cp.stderr and "576" in cp.stderr, cp.stderr
     assert len(cp.stderr.strip().splitlines()) == 1
+
+
+def test_repack_cache(smollm2, greedy_ref, tmp_path):
+    """IE_REPACK_CACHE: the first run stores every converted matrix stack,
+    the second loads them (same files, untouched) and computes the same."""
+    text, _ = greedy_ref[1]
+    cache = tmp_path / "cache"
+    args = ["--model", smollm2, "--prompt", text, "--max-new", 8, "--greedy", "--precision", "int4w",
+            "--threads", THREADS]
+    first = run_json(args, timeout=300, env={"IE_REPACK_CACHE": str(cache)})
+    files = sorted(cache.iterdir())
+    # 30 layers x 7 matrices + the head
+    assert len(files) == 30 * 7 + 1, [f.name for f in files][:5]
+    stamps = {f.name: f.stat().st_mtime_ns for f in files}
+    sizes = {f.name: f.stat().st_size for f in files}
+    second = run_json(args, timeout=300, env={"IE_REPACK_CACHE": str(cache)})
+    assert {f.name: f.stat().st_mtime_ns for f in cache.iterdir()} == stamps
+    assert second["ids"] == first["ids"]
+    # a damaged entry (wrong size) is ignored and rebuilt, not trusted
+    victim = files[0]
+    victim.write_bytes(victim.read_bytes()[:-7])
+    third = run_json(args, timeout=300, env={"IE_REPACK_CACHE": str(cache)})
+    assert third["ids"] == first["ids"]
+    assert victim.stat().st_size == sizes[victim.name]  # rebuilt and stored again
