@@ -139,6 +139,22 @@ static void wide_decode(int br, int bc, const float *w, const uint32_t *col, uin
         const __m512 x0 = _mm512_maskz_loadu_ps(mk[0], xb), x1 = _mm512_maskz_loadu_ps(mk[1], xb + 16);
         const __m512 x2 = _mm512_maskz_loadu_ps(mk[2], xb + 32), x3 = _mm512_maskz_loadu_ps(mk[3], xb + 48);
         /* rows in order: the block is read front to back */
+        if (bc == 16) { /* plain loads, no prefetch (measured 10-20% faster without) */
+            for (int r = 0; r < br; r++) {
+                const float *wr = wb + (size_t)r * 16;
+                acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(wr), x0, acc[r]);
+            }
+            continue;
+        }
+        if (bc == 32) {
+            for (int r = 0; r < br; r++) {
+                const float *wr = wb + (size_t)r * 32;
+                _mm_prefetch((const char *)(wr + PF_BLK * bstride), _MM_HINT_T0);
+                _mm_prefetch((const char *)(wr + PF_BLK * bstride + 16), _MM_HINT_T0);
+                acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(wr + 16), x1, _mm512_fmadd_ps(_mm512_loadu_ps(wr), x0, acc[r]));
+            }
+            continue;
+        }
         for (int r = 0; r < br; r++) {
             const float *wr = wb + (size_t)r * bc;
             _mm_prefetch((const char *)(wr + PF_BLK * bstride), _MM_HINT_T0);
