@@ -14,6 +14,7 @@
  */
 #include "ie_worker.h"
 
+#include "ie_attn.h"
 #include "ie_threadpool.h"
 
 #include <errno.h>
@@ -69,6 +70,7 @@ struct ie_worker {
     char *cache_dir;         /* repack cache directory, or NULL           */
     int binding_head;        /* bind_mats is binding the output head      */
     const ie_matmul_ops_t *ops;
+    const ie_attn_ops_t *attn;
     ie_threadpool_t *tp;
 
     wmat_t tok_embd;         /* (vocab, d)                               */
@@ -97,7 +99,7 @@ struct ie_worker {
     float *tmp;  /* [B][d]   matmul output before the residual add        */
     void *act;   /* [B][act row] quantized activations                    */
     size_t act_row_cap;
-    float *scores; /* [n_threads][n_ctx]                                  */
+    float *scores; /* [n_threads][group][n_ctx] attention probabilities   */
     /* MoE scratch */
     float *xg;     /* [B][d] rows routed to one expert                    */
     float *moe;    /* [B][d] MoE output before the residual add           */
@@ -585,7 +587,8 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
     const ie_hparams_t *hp = &w->hp;
 
     w->ops = ie_kernels_get(opts->isa);
-    if (!w->ops) {
+    w->attn = ie_attn_get(opts->isa);
+    if (!w->ops || !w->attn) {
         st = ie_error_set(IE_ERR_UNSUPPORTED, "worker: kernels for ISA '%s' are not available on this CPU",
                           ie_isa_name(opts->isa));
         goto cleanup;
@@ -742,7 +745,8 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
     w->hb2 = big_alloc(B * ff * sizeof(float));
     w->tmp = big_alloc(B * d * sizeof(float));
     w->act = big_alloc(B * w->act_row_cap);
-    w->scores = big_alloc((size_t)opts->n_threads * opts->n_ctx * sizeof(float));
+    w->scores = big_alloc((size_t)opts->n_threads * (size_t)(hp->n_head / hp->n_head_kv) * opts->n_ctx *
+                          sizeof(float));
     if (moe) {
         int k = hp->n_expert_used;
         w->xg = big_alloc(B * d * sizeof(float));
@@ -924,47 +928,63 @@ typedef struct att_task {
     ie_worker_t *w;
     const ie_batch_t *b;
     int layer;
+    int sg; /* query heads per unit (a share of one KV head's group) */
 } att_task_t;
 
-/* One (token, head) pair per unit of work: scores over the slot's cache up
- * to the token's position, softmax, weighted sum of values into xb. */
+/* One (token, KV head, share of its query heads) per unit of work: the
+ * shared K and V rows are read once for all those heads (GQA), scores over
+ * the slot's cache up to the token's position, softmax, weighted sum of
+ * values into xb. */
 static void att_run(void *ctx, int ith, int nth)
 {
     att_task_t *t = ctx;
     ie_worker_t *w = t->w;
     const ie_hparams_t *hp = &w->hp;
     const layer_t *L = &w->layers[t->layer];
-    int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
-    float scale = 1.0f / sqrtf((float)hd);
-    float *scores = w->scores + (size_t)ith * w->opts.n_ctx;
+    const int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, nsub = (group + t->sg - 1) / t->sg;
+    const size_t ld = (size_t)w->opts.n_ctx;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *scores = w->scores + (size_t)ith * (size_t)group * ld;
     long b, e;
-    ie_split_range((long)t->b->n * hp->n_head, ith, nth, &b, &e);
+    ie_split_range((long)t->b->n * hp->n_head_kv * nsub, ith, nth, &b, &e);
     for (long u = b; u < e; u++) {
-        int i = (int)(u / hp->n_head), h = (int)(u % hp->n_head), kh = h / group;
-        int seq = t->b->seq[i], pos = t->b->pos[i];
-        const float *q = w->q + (size_t)i * w->q_dim + (size_t)h * hd;
-        size_t base = (size_t)t->layer * w->kv_layer_stride + (size_t)seq * w->opts.n_ctx * w->kv_dim;
-        const float *kc = w->kcache + base + (size_t)kh * hd;
-        const float *vc = w->vcache + base + (size_t)kh * hd;
+        const int i = (int)(u / (hp->n_head_kv * nsub)), r = (int)(u % (hp->n_head_kv * nsub));
+        const int kh = r / nsub, h0 = kh * group + (r % nsub) * t->sg;
+        const int nh = kh * group + group - h0 < t->sg ? kh * group + group - h0 : t->sg;
+        const int seq = t->b->seq[i], pos = t->b->pos[i];
         /* a sliding layer sees the last W positions, itself included */
-        int j0 = L->swa && pos >= hp->sliding_window ? pos - hp->sliding_window + 1 : 0;
-        int cnt = pos + 1 - j0;
-        for (int j = 0; j < cnt; j++)
-            scores[j] = w->ops->dot_f32(q, kc + (size_t)(j0 + j) * w->kv_dim, hd) * scale;
-        if (L->sinks) {
-            /* the sink logit joins the softmax and its share is dropped */
-            float sink = L->sinks[h], m = sink, z = 0;
-            for (int j = 0; j < cnt; j++) m = scores[j] > m ? scores[j] : m;
-            for (int j = 0; j < cnt; j++) z += scores[j] = expf(scores[j] - m);
-            z += expf(sink - m);
-            for (int j = 0; j < cnt; j++) scores[j] /= z;
-        } else {
-            ie_softmax_f32(scores, cnt);
+        const int j0 = L->swa && pos >= hp->sliding_window ? pos - hp->sliding_window + 1 : 0;
+        const int cnt = pos + 1 - j0;
+        const size_t base = (size_t)t->layer * w->kv_layer_stride +
+                            ((size_t)seq * w->opts.n_ctx + (size_t)j0) * w->kv_dim + (size_t)kh * hd;
+        const float *q = w->q + (size_t)i * w->q_dim + (size_t)h0 * hd;
+        w->attn->scores(q, (size_t)hd, nh, w->kcache + base, (size_t)w->kv_dim, cnt, hd, scale, scores, ld);
+        for (int hh = 0; hh < nh; hh++) {
+            float *sc = scores + (size_t)hh * ld;
+            if (L->sinks) {
+                /* the sink logit joins the softmax and its share is dropped */
+                float sink = L->sinks[h0 + hh], m = sink, z = 0;
+                for (int j = 0; j < cnt; j++) m = sc[j] > m ? sc[j] : m;
+                for (int j = 0; j < cnt; j++) z += sc[j] = expf(sc[j] - m);
+                z += expf(sink - m);
+                for (int j = 0; j < cnt; j++) sc[j] /= z;
+            } else {
+                ie_softmax_f32(sc, cnt);
+            }
         }
-        float *out = w->xb + (size_t)i * w->q_dim + (size_t)h * hd;
-        memset(out, 0, (size_t)hd * sizeof(float));
-        for (int j = 0; j < cnt; j++) w->ops->axpy_f32(out, scores[j], vc + (size_t)(j0 + j) * w->kv_dim, hd);
+        w->attn->values(scores, ld, nh, w->vcache + base, (size_t)w->kv_dim, cnt, hd,
+                        w->xb + (size_t)i * w->q_dim + (size_t)h0 * hd, (size_t)hd);
     }
+}
+
+/* Query heads per attention unit: a whole KV group unless that leaves the
+ * pool short of work (a decode step of few KV heads), then halves. */
+static int att_share(const ie_worker_t *w, int n)
+{
+    const int group = w->hp.n_head / w->hp.n_head_kv, nth = w->opts.n_threads;
+    int sg = group;
+    while (sg > 1 && (long)n * w->hp.n_head_kv * ((group + sg - 1) / sg) < 2L * nth) sg = (sg + 1) / 2;
+    return sg;
 }
 
 /* ----------------------------------------------------------------- MoE */
@@ -1117,7 +1137,7 @@ ie_status_t ie_worker_step_hidden(ie_worker_t *w, const ie_batch_t *b, float *lo
             memcpy(w->kcache + off, w->k + (size_t)i * w->kv_dim, (size_t)w->kv_dim * sizeof(float));
             memcpy(w->vcache + off, w->v + (size_t)i * w->kv_dim, (size_t)w->kv_dim * sizeof(float));
         }
-        att_task_t at = {w, b, l};
+        att_task_t at = {w, b, l, att_share(w, n)};
         ie_threadpool_run(w->tp, att_run, &at);
         /* residual connection back into x */
         matmul1(w, &L->o, w->tmp, w->xb, n);

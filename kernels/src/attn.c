@@ -1,0 +1,51 @@
+/* attn.c — the attention loop table per ISA. */
+#include "ie_attn.h"
+
+#include <string.h>
+
+/* float-accumulating C loops: what AVX2 builds get (the compiler
+ * vectorizes the inner loops); ref keeps double accumulation. */
+static void scores_c(const float *q, size_t q_stride, int nh, const float *k, size_t k_stride, int n, int hd,
+                     float scale, float *s, size_t ld)
+{
+    for (int h = 0; h < nh; h++) {
+        const float *qh = q + (size_t)h * q_stride;
+        for (int j = 0; j < n; j++) {
+            const float *kj = k + (size_t)j * k_stride;
+            float acc = 0.0f;
+            for (int i = 0; i < hd; i++) acc += qh[i] * kj[i];
+            s[(size_t)h * ld + j] = acc * scale;
+        }
+    }
+}
+
+static void values_c(const float *p, size_t ld, int nh, const float *v, size_t v_stride, int n, int hd,
+                     float *out, size_t o_stride)
+{
+    for (int h = 0; h < nh; h++) memset(out + (size_t)h * o_stride, 0, (size_t)hd * sizeof(float));
+    for (int j = 0; j < n; j++) {
+        const float *vj = v + (size_t)j * v_stride;
+        for (int h = 0; h < nh; h++) {
+            const float w = p[(size_t)h * ld + j];
+            float *oh = out + (size_t)h * o_stride;
+            for (int i = 0; i < hd; i++) oh[i] += w * vj[i];
+        }
+    }
+}
+
+void ie_attn_scores_avx512(const float *q, size_t q_stride, int nh, const float *k, size_t k_stride, int n,
+                           int hd, float scale, float *s, size_t ld);
+void ie_attn_values_avx512(const float *p, size_t ld, int nh, const float *v, size_t v_stride, int n, int hd,
+                           float *out, size_t o_stride);
+
+static const ie_attn_ops_t g_attn[3] = {
+    {IE_ISA_REF, ie_attn_scores_ref, ie_attn_values_ref},
+    {IE_ISA_AVX2, scores_c, values_c},
+    {IE_ISA_AVX512, ie_attn_scores_avx512, ie_attn_values_avx512},
+};
+
+const ie_attn_ops_t *ie_attn_get(ie_isa_t isa)
+{
+    if (!ie_isa_supported(isa)) return NULL;
+    return &g_attn[isa];
+}

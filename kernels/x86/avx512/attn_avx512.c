@@ -1,0 +1,98 @@
+/* attn_avx512.c — attention loops with AVX-512 (ie_attn.h).
+ *
+ * scores: one query head at a time (held in registers), 16 cached keys at a
+ * time into 16 accumulators, then one transpose-reduction turns the 16
+ * vectors of partial sums into one vector of 16 scores (~3 shuffles/adds per
+ * score instead of a full horizontal sum each).
+ * values: every value row is loaded once and multiplied into up to 16
+ * accumulator registers (heads x hd/16 chunks) with the broadcast weight.
+ * hd must be a multiple of 16 (up to 256); other sizes use the ref loops.
+ */
+#include "ie_attn.h"
+
+#include <immintrin.h>
+
+#define MAXC 16 /* hd/16 chunks supported by the register paths */
+
+/* Sum of each of v[0..15]'s 16 lanes, as lanes 0..15 of the result. */
+static inline __m512 transpose_reduce16(const __m512 v[16])
+{
+    __m512 t[8], u[4], w[2];
+    for (int p = 0; p < 8; p++)
+        t[p] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * p], v[2 * p + 1]),
+                             _mm512_unpackhi_ps(v[2 * p], v[2 * p + 1]));
+    /* t[p], per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] (a = v[2p], b = v[2p+1]) */
+    for (int q = 0; q < 4; q++) {
+        const __m512d c = _mm512_castps_pd(t[2 * q]), d = _mm512_castps_pd(t[2 * q + 1]);
+        u[q] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c, d)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(c, d)));
+    }
+    /* u[q], 128-bit lane L: partial sums (lane L's share) of positions 4q..4q+3 */
+    for (int r = 0; r < 2; r++)
+        w[r] = _mm512_add_ps(_mm512_shuffle_f32x4(u[2 * r], u[2 * r + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(u[2 * r], u[2 * r + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    /* w[r] 128-bit lanes: [u0(L0+L1), u0(L2+L3), u1(L0+L1), u1(L2+L3)] */
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+void ie_attn_scores_avx512(const float *q, size_t q_stride, int nh, const float *k, size_t k_stride, int n,
+                           int hd, float scale, float *s, size_t ld)
+{
+    if (hd % 16 != 0 || hd / 16 > MAXC) {
+        ie_attn_scores_ref(q, q_stride, nh, k, k_stride, n, hd, scale, s, ld);
+        return;
+    }
+    const int C = hd / 16;
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (int h = 0; h < nh; h++) {
+        const float *qh = q + (size_t)h * q_stride;
+        float *sh = s + (size_t)h * ld;
+        __m512 qv[MAXC];
+        for (int c = 0; c < C; c++) qv[c] = _mm512_loadu_ps(qh + 16 * c);
+        int j = 0;
+        for (; j + 16 <= n; j += 16) {
+            __m512 acc[16];
+            for (int r = 0; r < 16; r++) {
+                const float *kr = k + (size_t)(j + r) * k_stride;
+                __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+                for (int c = 1; c < C; c++) a = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), a);
+                acc[r] = a;
+            }
+            _mm512_storeu_ps(sh + j, _mm512_mul_ps(transpose_reduce16(acc), vs));
+        }
+        for (; j < n; j++) {
+            const float *kr = k + (size_t)j * k_stride;
+            __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+            for (int c = 1; c < C; c++) a = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), a);
+            sh[j] = _mm512_reduce_add_ps(a) * scale;
+        }
+    }
+}
+
+void ie_attn_values_avx512(const float *p, size_t ld, int nh, const float *v, size_t v_stride, int n, int hd,
+                           float *out, size_t o_stride)
+{
+    if (hd % 16 != 0 || hd / 16 > MAXC) {
+        ie_attn_values_ref(p, ld, nh, v, v_stride, n, hd, out, o_stride);
+        return;
+    }
+    const int C = hd / 16;
+    const int HG = MAXC / C; /* heads per pass: HG*C <= 16 accumulators */
+    for (int h0 = 0; h0 < nh; h0 += HG) {
+        const int g = nh - h0 < HG ? nh - h0 : HG;
+        __m512 acc[MAXC];
+        for (int i = 0; i < g * C; i++) acc[i] = _mm512_setzero_ps();
+        for (int j = 0; j < n; j++) {
+            const float *vj = v + (size_t)j * v_stride;
+            for (int c = 0; c < C; c++) {
+                const __m512 x = _mm512_loadu_ps(vj + 16 * c);
+                for (int hh = 0; hh < g; hh++)
+                    acc[hh * C + c] =
+                        _mm512_fmadd_ps(_mm512_set1_ps(p[(size_t)(h0 + hh) * ld + j]), x, acc[hh * C + c]);
+            }
+        }
+        for (int hh = 0; hh < g; hh++)
+            for (int c = 0; c < C; c++) _mm512_storeu_ps(out + (size_t)(h0 + hh) * o_stride + 16 * c, acc[hh * C + c]);
+    }
+}

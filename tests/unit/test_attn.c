@@ -1,0 +1,132 @@
+/* test_attn.c — CUnit suite for the attention loops (ie_attn.h): every ISA's
+ * scores/values against the double-precision ref on odd shapes (head
+ * counts 1..9, head sizes with and without a SIMD path, cache lengths
+ * around the 16-position blocks, strided rows), and no writes outside the
+ * outputs.
+ */
+#include <CUnit/Basic.h>
+#include <CUnit/CUnit.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ie_attn.h"
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static float frand(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
+}
+
+#define GUARD 8
+#define GUARD_VAL 12345.0f
+
+static void check_isa(const ie_attn_ops_t *ops, int nh, int hd, int n)
+{
+    const size_t qs = (size_t)hd + 3, ks = (size_t)hd * 2 + 5, ld = (size_t)n + 7, os = (size_t)hd + 9;
+    float *q = malloc(sizeof(float) * qs * nh);
+    float *k = malloc(sizeof(float) * ks * n);
+    float *v = malloc(sizeof(float) * ks * n);
+    float *p = malloc(sizeof(float) * ld * nh);
+    float *s = malloc(sizeof(float) * (ld * nh + GUARD)), *sr = malloc(sizeof(float) * ld * nh);
+    float *o = malloc(sizeof(float) * (os * nh + GUARD)), *orf = malloc(sizeof(float) * os * nh);
+    CU_ASSERT_FATAL(q && k && v && p && s && sr && o && orf);
+    for (size_t i = 0; i < qs * nh; i++) q[i] = frand();
+    for (size_t i = 0; i < ks * n; i++) { k[i] = frand(); v[i] = frand(); }
+    for (size_t i = 0; i < ld * nh; i++) p[i] = 0.5f * (frand() + 1.0f) / (float)n;
+    for (size_t i = 0; i < ld * nh + GUARD; i++) s[i] = GUARD_VAL;
+    for (size_t i = 0; i < os * nh + GUARD; i++) o[i] = GUARD_VAL;
+
+    ops->scores(q, qs, nh, k, ks, n, hd, 0.125f, s, ld);
+    ie_attn_scores_ref(q, qs, nh, k, ks, n, hd, 0.125f, sr, ld);
+    ops->values(p, ld, nh, v, ks, n, hd, o, os);
+    ie_attn_values_ref(p, ld, nh, v, ks, n, hd, orf, os);
+    int bad = 0;
+    for (int h = 0; h < nh; h++) {
+        for (int j = 0; j < n; j++) {
+            /* |sum| <= sum |q k| <= hd: bound the error by the terms */
+            double tol = 1e-6 * hd * 0.125 + 1e-7;
+            if (fabs((double)s[h * ld + j] - sr[h * ld + j]) > tol) bad++;
+        }
+        for (size_t j = (size_t)n; j < ld; j++) if (s[h * ld + j] != GUARD_VAL) bad++;
+        for (int i = 0; i < hd; i++)
+            if (fabs((double)o[h * os + i] - orf[h * os + i]) > 2e-6 + 6e-8 * n) bad++; /* p sums to <= 1 */
+        for (size_t i = (size_t)hd; i < os; i++) if (o[h * os + i] != GUARD_VAL) bad++;
+    }
+    for (int g = 0; g < GUARD; g++) {
+        if (s[ld * nh + g] != GUARD_VAL) bad++;
+        if (o[os * nh + g] != GUARD_VAL) bad++;
+    }
+    if (bad) fprintf(stderr, "\n  %s nh %d hd %d n %d: %d mismatches\n", ie_isa_name(ops->isa), nh, hd, n, bad);
+    CU_ASSERT_EQUAL(bad, 0);
+    free(q); free(k); free(v); free(p); free(s); free(sr); free(o); free(orf);
+}
+
+static void test_shapes(void)
+{
+    static const int hds[] = {16, 24, 48, 64, 80, 128, 256, 272};
+    static const int ns[] = {1, 2, 15, 16, 17, 31, 32, 33, 100, 257};
+    int ran = 0;
+    for (int isa = IE_ISA_REF; isa <= IE_ISA_AVX512; isa++) {
+        const ie_attn_ops_t *ops = ie_attn_get((ie_isa_t)isa);
+        if (!ops) continue;
+        for (int nh = 1; nh <= 9; nh += (nh < 4 ? 1 : 4))
+            for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
+                for (size_t b = 0; b < sizeof ns / sizeof ns[0]; b++) {
+                    check_isa(ops, nh, hds[a], ns[b]);
+                    ran++;
+                }
+    }
+    CU_ASSERT(ran >= 400);
+}
+
+/* A one-hot probability row picks exactly that value row; equal keys give
+ * equal scores (exactness checks that do not depend on tolerances). */
+static void test_exact(void)
+{
+    for (int isa = IE_ISA_REF; isa <= IE_ISA_AVX512; isa++) {
+        const ie_attn_ops_t *ops = ie_attn_get((ie_isa_t)isa);
+        if (!ops) continue;
+        enum { HD = 64, N = 40 };
+        float q[HD], k[N * HD], v[N * HD], p[N], s[N], o[HD];
+        for (int i = 0; i < HD; i++) q[i] = (float)(i % 5) - 2.0f;
+        for (int j = 0; j < N; j++)
+            for (int i = 0; i < HD; i++) {
+                k[j * HD + i] = (float)((i + j) % 3);
+                v[j * HD + i] = (float)(j * 100 + i);
+            }
+        ops->scores(q, HD, 1, k, HD, N, HD, 1.0f, s, N);
+        for (int j = 0; j < N; j++) {
+            double want = 0;
+            for (int i = 0; i < HD; i++) want += q[i] * k[j * HD + i];
+            CU_ASSERT_EQUAL(s[j], (float)want); /* small integers: exact in any order */
+        }
+        memset(p, 0, sizeof p);
+        p[23] = 1.0f;
+        ops->values(p, N, 1, v, HD, N, HD, o, HD);
+        for (int i = 0; i < HD; i++) CU_ASSERT_EQUAL(o[i], v[23 * HD + i]);
+    }
+}
+
+int main(void)
+{
+    if (CU_initialize_registry() != CUE_SUCCESS) return (int)CU_get_error();
+    CU_pSuite suite = CU_add_suite("attn", NULL, NULL);
+    if (!suite) {
+        CU_cleanup_registry();
+        return (int)CU_get_error();
+    }
+    CU_add_test(suite, "every ISA vs ref on odd shapes", test_shapes);
+    CU_add_test(suite, "exact cases", test_exact);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned failed = CU_get_number_of_failures();
+    CU_cleanup_registry();
+    return failed ? 1 : 0;
+}
