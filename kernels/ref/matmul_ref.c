@@ -58,6 +58,23 @@ void ie_matmul_bf16_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
     }
 }
 
+/* BF16 weights x BF16 activations (both plain bf16 rows, any n_in): every
+ * product of two bf16 values is exact in double, summed in double. */
+void ie_matmul_bf16_bf16_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                             const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+{
+    const size_t wb = ie_dtype_row_bytes(IE_DTYPE_BF16, n_in);
+    for (int64_t t = 0; t < n_tok; t++) {
+        const ie_bf16_t *x = (const ie_bf16_t *)ROW(a, t, a_stride);
+        for (int64_t r = r0; r < r1; r++) {
+            const ie_bf16_t *wr = (const ie_bf16_t *)ROW(w, r, wb);
+            double s = 0.0;
+            for (int64_t k = 0; k < n_in; k++) s += (double)ie_bf16_to_f32(wr[k]) * ie_bf16_to_f32(x[k]);
+            y[t * ldy + r] = (float)s;
+        }
+    }
+}
+
 void ie_matmul_q8_0_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
                              const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
 {

@@ -69,10 +69,11 @@ IE_INLINE __m256 fw_load(ie_dtype_t wt, const void *p)
     }
 }
 
-IE_INLINE void ftile(ie_dtype_t wt, int R, int T, const char *w, size_t wb, int64_t n_in,
+/* Activations are f32 rows, or bf16 rows (widened exactly) when at is BF16. */
+IE_INLINE void ftile(ie_dtype_t wt, ie_dtype_t at, int R, int T, const char *w, size_t wb, int64_t n_in,
                      const char *a, size_t as, float *y, int64_t ldy)
 {
-    const size_t es = blk_bytes(wt);
+    const size_t es = blk_bytes(wt), ea = blk_bytes(at);
     __m256 acc[FR][FT];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
@@ -90,7 +91,7 @@ IE_INLINE void ftile(ie_dtype_t wt, int R, int T, const char *w, size_t wb, int6
         }
 #pragma GCC unroll 2
         for (int t = 0; t < T; t++) {
-            const __m256 x = _mm256_loadu_ps((const float *)(a + (size_t)t * as) + k);
+            const __m256 x = fw_load(at, a + (size_t)t * as + (size_t)k * ea);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], x, acc[r][t]);
         }
@@ -99,7 +100,7 @@ IE_INLINE void ftile(ie_dtype_t wt, int R, int T, const char *w, size_t wb, int6
         /* Tail: zero-padded copies, so no load crosses the end of a row. */
         const int64_t m = n_in - k;
         _Alignas(32) uint8_t wbuf[FR][32];
-        _Alignas(32) float xbuf[FT][8];
+        _Alignas(32) uint8_t xbuf[FT][32];
         __m256 wv[FR];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
@@ -110,8 +111,8 @@ IE_INLINE void ftile(ie_dtype_t wt, int R, int T, const char *w, size_t wb, int6
 #pragma GCC unroll 2
         for (int t = 0; t < T; t++) {
             memset(xbuf[t], 0, sizeof xbuf[t]);
-            memcpy(xbuf[t], (const float *)(a + (size_t)t * as) + k, (size_t)m * sizeof(float));
-            const __m256 x = _mm256_load_ps(xbuf[t]);
+            memcpy(xbuf[t], a + (size_t)t * as + (size_t)k * ea, (size_t)m * ea);
+            const __m256 x = fw_load(at, xbuf[t]);
 #pragma GCC unroll 4
             for (int r = 0; r < R; r++) acc[r][t] = _mm256_fmadd_ps(wv[r], x, acc[r][t]);
         }
@@ -122,21 +123,33 @@ IE_INLINE void ftile(ie_dtype_t wt, int R, int T, const char *w, size_t wb, int6
         for (int t = 0; t < T; t++) y[t * ldy + r] = hsum256(acc[r][t]);
 }
 
-#define FTILE(WT, name, R, T)                                                              \
+#define FTILE(WT, AT, name, R, T)                                                          \
     static void ftile_##name##_##R##_##T(const char *w, size_t wb, int64_t n_in,          \
                                           const char *a, size_t as, float *y, int64_t ldy) \
     {                                                                                      \
-        ftile(WT, R, T, w, wb, n_in, a, as, y, ldy);                                       \
+        ftile(WT, AT, R, T, w, wb, n_in, a, as, y, ldy);                                   \
     }
-#define FTILES(WT, name)                                                                   \
-    FTILE(WT, name, 4, 1) FTILE(WT, name, 4, 2) FTILE(WT, name, 1, 1) FTILE(WT, name, 1, 2) \
+#define FTILES(WT, AT, name)                                                               \
+    FTILE(WT, AT, name, 4, 1) FTILE(WT, AT, name, 4, 2)                                   \
+    FTILE(WT, AT, name, 1, 1) FTILE(WT, AT, name, 1, 2)                                   \
     static const ie_ftile_fn ftiles_##name[2][FT + 1] = {                                     \
         { NULL, ftile_##name##_1_1, ftile_##name##_1_2 },                                  \
         { NULL, ftile_##name##_4_1, ftile_##name##_4_2 } };
 
-FTILES(IE_DTYPE_F32, f32)
-FTILES(IE_DTYPE_F16, f16)
-FTILES(IE_DTYPE_BF16, bf16)
+FTILES(IE_DTYPE_F32, IE_DTYPE_F32, f32)
+FTILES(IE_DTYPE_F16, IE_DTYPE_F32, f16)
+FTILES(IE_DTYPE_BF16, IE_DTYPE_F32, bf16)
+FTILES(IE_DTYPE_BF16, IE_DTYPE_BF16, bf16bf16)
+
+/* BF16 weights x BF16 activations (contract of ie_matmul_bf16_bf16_ref):
+ * both widened to f32 by a 16-bit shift (exact), products by FMA. */
+void ie_matmul_bf16_bf16_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                              int64_t n_tok, float *y, int64_t ldy)
+{
+    if (r1 <= r0 || n_tok <= 0) return;
+    ie_matmul_float_drive(IE_DTYPE_BF16, ftiles_bf16bf16[0], ftiles_bf16bf16[1], FR, FT, w, n_in, r0, r1, a, as,
+                          n_tok, y, ldy);
+}
 
 /* ========================================================= block weights */
 
@@ -417,7 +430,35 @@ static int q8_block(const float *x, int8_t *q, float *d_out)
     return _mm_cvtsi128_si32(s4);
 }
 
+/* 8 floats -> bf16 bit patterns in the low words of the i32 lanes, with
+ * ie_f32_to_bf16's rule (round to nearest even on the bits, NaN -> quiet). */
+IE_INLINE __m256i bf16_rne8(__m256 v)
+{
+    const __m256i x = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+    const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000)); /* signed compare: both >= 0 */
+    const __m256i q = _mm256_or_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x40));
+    return _mm256_blendv_epi8(r, q, nan);
+}
+
+static void f32_to_bf16_row(const float *x, ie_bf16_t *out, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        /* packus keeps 0..65535 as is; it interleaves 128-bit lanes, undone by the permute */
+        const __m256i p = _mm256_packus_epi32(bf16_rne8(_mm256_loadu_ps(x + i)), bf16_rne8(_mm256_loadu_ps(x + i + 8)));
+        _mm256_storeu_si256((__m256i *)(out + i), _mm256_permute4x64_epi64(p, 0xd8));
+    }
+    for (; i < n; i++) out[i] = ie_f32_to_bf16(x[i]);
+}
+
 void ie_act_quantize_avx2(ie_dtype_t act, const float *x, void *out, int64_t n)
 {
+    if (act == IE_DTYPE_BF16) {
+        f32_to_bf16_row(x, out, n);
+        return;
+    }
     ie_act_quantize_drive(act, x, out, n, q8_block);
 }
