@@ -15,6 +15,7 @@
 #include "ie_worker.h"
 
 #include "ie_attn.h"
+#include "ie_vec.h"
 #include "ie_threadpool.h"
 
 #include <errno.h>
@@ -71,6 +72,7 @@ struct ie_worker {
     int binding_head;        /* bind_mats is binding the output head      */
     const ie_matmul_ops_t *ops;
     const ie_attn_ops_t *attn;
+    const ie_vec_ops_t *vec;
     ie_threadpool_t *tp;
 
     wmat_t tok_embd;         /* (vocab, d)                               */
@@ -588,7 +590,8 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
 
     w->ops = ie_kernels_get(opts->isa);
     w->attn = ie_attn_get(opts->isa);
-    if (!w->ops || !w->attn) {
+    w->vec = ie_vec_get(opts->isa);
+    if (!w->ops || !w->attn || !w->vec) {
         st = ie_error_set(IE_ERR_UNSUPPORTED, "worker: kernels for ISA '%s' are not available on this CPU",
                           ie_isa_name(opts->isa));
         goto cleanup;
@@ -977,6 +980,32 @@ static void att_run(void *ctx, int ith, int nth)
     }
 }
 
+/* hb = silu(hb) * hb2 over n elements, split across the pool when large. */
+typedef struct swiglu_task {
+    const ie_vec_ops_t *vec;
+    float *g;
+    const float *u;
+    int64_t n;
+} swiglu_task_t;
+
+static void swiglu_run(void *ctx, int ith, int nth)
+{
+    swiglu_task_t *t = ctx;
+    long b, e;
+    ie_split_range((long)((t->n + 15) / 16), ith, nth, &b, &e); /* whole vectors per thread */
+    int64_t i0 = (int64_t)b * 16, i1 = (int64_t)e * 16 < t->n ? (int64_t)e * 16 : t->n;
+    if (i0 < i1) t->vec->swiglu(t->g + i0, t->g + i0, t->u + i0, i1 - i0);
+}
+
+static void swiglu_par(ie_worker_t *w, float *g, const float *u, int64_t n)
+{
+    swiglu_task_t t = {w->vec, g, u, n};
+    if (n >= 16384)
+        ie_threadpool_run(w->tp, swiglu_run, &t);
+    else
+        swiglu_run(&t, 0, 1);
+}
+
 /* Query heads per attention unit: a whole KV group unless that leaves the
  * pool short of work (a decode step of few KV heads), then halves. */
 static int att_share(const ie_worker_t *w, int n)
@@ -1159,7 +1188,7 @@ ie_status_t ie_worker_step_hidden(ie_worker_t *w, const ie_batch_t *b, float *lo
             float *ys[2] = {w->hb, w->hb2};
             matmul_group(w, 2, ms, ys, w->xb, n);
         }
-        ie_swiglu_f32(w->hb, w->hb, w->hb2, (int64_t)n * ff);
+        swiglu_par(w, w->hb, w->hb2, (int64_t)n * ff);
         matmul1(w, &L->down, w->tmp, w->hb, n);
         for (size_t i = 0; i < (size_t)n * d; i++) w->x[i] += w->tmp[i];
         if (hidden) memcpy(hidden + (size_t)l * n * d, w->x, (size_t)n * d * sizeof(float));
