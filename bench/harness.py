@@ -13,6 +13,7 @@ values). Axes map to the engine as follows:
     batch=N / streams=N  --batch N with a --prompts-file of N distinct prompts
     ctx=N                --ctx N
     isa=I                environment IE_ISA=I (ref, avx2, avx512)
+    IE_*=V               environment variable (IE_QUANT_GROUP=128, IE_REPACK=0, ...)
     any other key=V      --key V
 
 Every (model, config) cell is run --runs times, interleaved round-robin
@@ -140,6 +141,8 @@ def engine_invocation(bin_path: Path, model: Path, cfg: dict[str, str], prompts_
             cmd += ["--batch", v]
         elif k == "isa":
             env["IE_ISA"] = v
+        elif k.startswith("IE_"):
+            env[k] = v
         else:                      # threads, precision, ctx, and any other --key value
             cmd += [f"--{k}", v]
     return cmd + list(extra), env
