@@ -13,7 +13,8 @@
  * multiples of 4. Prints figures, asserts nothing; one JSON line per result.
  *
  * Packed weights (int8w, int4w, int4w_affine in PANEL16, group --group,
- * default 32) run matmul_packed with Q8_P activations: GEMV at the
+ * default 32) run matmul_packed with the activations ie_matmul_act_dtype
+ * asks for (int8w: Q16_P, int4w/int4w_affine: Q8_P): GEMV at the
  * TinyLlama-1.1B shapes (incl. k/v 256x2048), same A/B probe, and GEMM with
  * --ptok tokens (default 512). Rows are split over threads in whole panels
  * of 16. The panels hold random quants and small random scales (the
@@ -265,6 +266,7 @@ int main(int argc, char **argv)
     int64_t max_tok = gemm_tok > packed_tok ? gemm_tok : packed_tok;
     if (max_tok < 1) max_tok = 1;
     float *xf = malloc(sizeof(float) * (size_t)max_in);
+    /* activation rows of any format: f32 is the widest (4n >= Q16_P's 2n + n/4) */
     uint8_t *acts = malloc(ie_dtype_row_bytes(IE_DTYPE_F32, max_in) * (size_t)max_tok);
     float *yp = malloc(sizeof(float) * 5632 * (size_t)max_tok); /* packed GEMM output */
     float *y = malloc(sizeof(float) * (size_t)(32000 > 5632 * gemm_tok ? 32000 : 5632 * gemm_tok));
@@ -339,10 +341,10 @@ int main(int argc, char **argv)
                 snprintf(shape, sizeof shape, "%lldx%lld", (long long)sh.n_out, (long long)sh.n_in);
                 printf("%-7s %-10s %-12s %-11s %9.3f %9.1f %9.1f %7.2f %9.1f\n", ie_isa_name(isa),
                        tname, shape, sh.what, med * 1e3, gbs, pgbs, gbs / pgbs, (double)mb / best / 1e9);
-                printf("{\"bench\":\"gemv\",\"isa\":\"%s\",\"type\":\"%s\",\"group\":%d,\"n_out\":%lld,\"n_in\":%lld,"
+                printf("{\"bench\":\"gemv\",\"isa\":\"%s\",\"type\":\"%s\",\"act\":\"%s\",\"group\":%d,\"n_out\":%lld,\"n_in\":%lld,"
                        "\"threads\":%d,\"ms\":%.4f,\"gbps\":%.2f,\"probe_gbps\":%.2f,\"frac\":%.3f}\n",
-                       ie_isa_name(isa), ie_dtype_name(wt), pk ? group : 0, (long long)sh.n_out, (long long)sh.n_in, threads,
-                       med * 1e3, gbs, pgbs, gbs / pgbs);
+                       ie_isa_name(isa), ie_dtype_name(wt), ie_dtype_name(at), pk ? group : 0, (long long)sh.n_out,
+                       (long long)sh.n_in, threads, med * 1e3, gbs, pgbs, gbs / pgbs);
                 fflush(stdout);
             }
             if (gtok <= 1) continue;
@@ -384,10 +386,10 @@ int main(int argc, char **argv)
                        shape, "gemm", med * 1e3, gops,
                        2.0 * (double)sh.n_out * (double)sh.n_in * (double)gtok / tm[0] / 1e9,
                        2.0 * (double)sh.n_out * (double)sh.n_in * (double)gtok / tc[0] / 1e9);
-                printf("{\"bench\":\"gemm\",\"isa\":\"%s\",\"type\":\"%s\",\"group\":%d,\"n_out\":%lld,\"n_in\":%lld,\"n_tok\":%lld,"
+                printf("{\"bench\":\"gemm\",\"isa\":\"%s\",\"type\":\"%s\",\"act\":\"%s\",\"group\":%d,\"n_out\":%lld,\"n_in\":%lld,\"n_tok\":%lld,"
                        "\"threads\":%d,\"ms\":%.4f,\"gops\":%.2f,\"cpu_gops\":%.2f}\n",
-                       ie_isa_name(isa), ie_dtype_name(wt), pk ? group : 0, (long long)sh.n_out, (long long)sh.n_in,
-                       (long long)gtok, threads, med * 1e3, gops,
+                       ie_isa_name(isa), ie_dtype_name(wt), ie_dtype_name(at), pk ? group : 0, (long long)sh.n_out,
+                       (long long)sh.n_in, (long long)gtok, threads, med * 1e3, gops,
                        2.0 * (double)sh.n_out * (double)sh.n_in * (double)gtok / tc[0] / 1e9);
                 fflush(stdout);
             }

@@ -1,6 +1,6 @@
 /* pack_ref.c — engine-native quantized weights (ie_pack.h): quantizers,
- * the PANEL16 repacker, dequantization, the Q8_P activation quantizer and
- * the reference (oracle) packed matmul.
+ * the PANEL16 repacker, dequantization, the Q8_P and Q16_P activation
+ * quantizers and the reference (oracle) packed matmul.
  *
  * Everything here is scalar and allocation-free. A group is quantized in
  * two steps: choose its parameters (scale d, offset m and the f32 inverse
@@ -423,7 +423,45 @@ void ie_quantize_row_q8_p_ref(const float *x, void *out, int64_t n)
     }
 }
 
+/* ------------------------------------------------ Q16_P activations */
+
+/* One row of n floats (n a multiple of 32) to Q16_P: int16 q[n], then f32
+ * d[n/32], then f32 s[n/32]; per block d = amax/32767, q = roundf(x * (1/d))
+ * (ties away from zero; 1/d overflowing or d = 0 give zeros, as for Q8_P)
+ * and s = (float)sum(q) * d in f32. |x * (1/d)| <= 32767 + 0.01, so q never
+ * leaves [-32767, 32767]; the clamp only keeps the conversion defined.
+ * The ISA quantizers (ie_act_quantize_drive) give the same bytes. */
+void ie_quantize_row_q16_p_ref(const float *x, void *out, int64_t n)
+{
+    int16_t *q = out;
+    uint8_t *dp = (uint8_t *)out + 2 * n, *sp = dp + 4 * (n / IE_QK);
+    for (int64_t b = 0; b < n / IE_QK; b++) {
+        const float *xb = x + b * IE_QK;
+        float amax = 0.0f;
+        for (int j = 0; j < IE_QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
+        const float d = amax / 32767.0f;
+        const float id = inv_scale(d);
+        int sum = 0;
+        for (int j = 0; j < IE_QK; j++) {
+            const float v = fminf(fmaxf(roundf(xb[j] * id), -32767.0f), 32767.0f);
+            q[b * IE_QK + j] = (int16_t)v;
+            sum += q[b * IE_QK + j];
+        }
+        st_f32(dp + 4 * b, d);
+        st_f32(sp + 4 * b, (float)sum * d);
+    }
+}
+
 /* --------------------------------------------------- reference matmul */
+
+/* Quant k of an activation row: int16 (Q16_P, wide) or int8 (Q8_P). */
+static inline int act_q(const uint8_t *row, int wide, int64_t k)
+{
+    if (!wide) return (int8_t)row[k];
+    int16_t v;
+    memcpy(&v, row + 2 * k, sizeof v);
+    return v;
+}
 
 /* 1 if (m, r0, r1, n_tok, ldy) describe a valid packed matmul. */
 static int packed_args_ok(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, int64_t n_tok, const float *y)
@@ -435,9 +473,11 @@ static int packed_args_ok(const ie_pmat_t *m, int64_t r0, int64_t r1, const void
 }
 
 /* Y[t*ldy + r] = dot(W row r, A row t) for r in [r0, r1), t < n_tok, the
- * oracle of matmul_packed. Per 32-element block b (within group g) the
+ * oracle of matmul_packed. A rows are Q16_P for I8W, Q8_P for I4W/I4WA
+ * (ie_matmul_act_dtype). Per 32-element block b (within group g) the
  * integer sum isum = sum_j c_j*qa_j of the stored codes c (I8W: q + 128,
- * I4W/I4WA: u) is exact; then, in double,
+ * I4W/I4WA: u) is exact in int64 (I8W x Q16_P: |isum| <= 32*255*32767
+ * < 2^28); then, in double,
  *     I8W : y += d_g * (ad_b*isum - 128*s_b)
  *     I4W : y += d_g * (ad_b*isum -   8*s_b)
  *     I4WA: y += d_g *  ad_b*isum + m_g*s_b
@@ -451,10 +491,10 @@ int ie_matmul_packed_ref(const ie_pmat_t *m, int64_t r0, int64_t r1, const void 
     const int G = m->group;
     const int64_t n_in = m->n_in, nb = n_in / IE_QK;
     const double off = t == IE_DTYPE_I8W ? 128.0 : t == IE_DTYPE_I4W ? 8.0 : 0.0;
+    const int wide = t == IE_DTYPE_I8W; /* Q16_P activations */
     for (int64_t tok = 0; tok < n_tok; tok++) {
         const uint8_t *arow = (const uint8_t *)a + (size_t)tok * a_stride;
-        const int8_t *qa = (const int8_t *)arow;
-        const uint8_t *ad = arow + n_in, *as = ad + 4 * nb;
+        const uint8_t *ad = arow + (wide ? 2 : 1) * n_in, *as = ad + 4 * nb;
         for (int64_t r = r0; r < r1; r++) {
             const int i = (int)(r % IE_PANEL);
             double s = 0.0;
@@ -465,16 +505,16 @@ int ie_matmul_packed_ref(const ie_pmat_t *m, int64_t r0, int64_t r1, const void 
                 const uint8_t *q = grp + IE_PANEL * scale_bytes(t);
                 for (int kb = 0; kb < G; kb += IE_QK) {
                     const int64_t b = (g * G + kb) / IE_QK;
-                    int isum = 0;
+                    int64_t isum = 0;
                     for (int j = 0; j < IE_QK; j++) {
                         int hi;
                         const uint8_t byte = q[panel_quant_pos(t, i, kb + j, &hi)];
                         const int c = t == IE_DTYPE_I8W ? byte : (hi ? byte >> 4 : byte & 0x0f);
-                        isum += c * qa[b * IE_QK + j];
+                        isum += (int64_t)c * act_q(arow, wide, b * IE_QK + j);
                     }
                     const double dA = ld_f32(ad + 4 * b), sA = ld_f32(as + 4 * b);
-                    if (t == IE_DTYPE_I4WA) s += wd * dA * isum + wm * sA;
-                    else s += wd * (dA * isum - off * sA);
+                    if (t == IE_DTYPE_I4WA) s += wd * dA * (double)isum + wm * sA;
+                    else s += wd * (dA * (double)isum - off * sA);
                 }
             }
             y[tok * ldy + r] = (float)s;

@@ -61,6 +61,7 @@ void ie_act_quantize_ref(ie_dtype_t act, const float *x, void *out, int64_t n)
     case IE_DTYPE_Q8_0: ie_quantize_row_q8_0_ref(x, out, n); break;
     case IE_DTYPE_Q8_1: ie_quantize_row_q8_1_ref(x, out, n); break;
     case IE_DTYPE_Q8_P: ie_quantize_row_q8_p_ref(x, out, n); break;
+    case IE_DTYPE_Q16_P: ie_quantize_row_q16_p_ref(x, out, n); break;
     default: break; /* not an activation format: nothing to do */
     }
 }

@@ -33,7 +33,8 @@ ie_dtype_t ie_matmul_act_dtype(ie_dtype_t wtype)
     case IE_DTYPE_F32: case IE_DTYPE_F16: case IE_DTYPE_BF16: return IE_DTYPE_F32;
     case IE_DTYPE_Q8_0: case IE_DTYPE_Q4_0: case IE_DTYPE_MXFP4: return IE_DTYPE_Q8_0;
     case IE_DTYPE_Q4_1: return IE_DTYPE_Q8_1;
-    case IE_DTYPE_I8W: case IE_DTYPE_I4W: case IE_DTYPE_I4WA: return IE_DTYPE_Q8_P;
+    case IE_DTYPE_I8W: return IE_DTYPE_Q16_P; /* weight-only: 16-bit activations */
+    case IE_DTYPE_I4W: case IE_DTYPE_I4WA: return IE_DTYPE_Q8_P;
     default: return IE_DTYPE_INVALID;
     }
 }

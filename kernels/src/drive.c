@@ -6,6 +6,7 @@
  * quantized block by block is the same and lives here once. */
 #include "ie_kernels_impl.h"
 
+#include <math.h>
 #include <string.h>
 
 int64_t ie_panel_rows(int64_t n_rows, size_t row_bytes, int64_t n_tok, int tile_tok, int tile_rows)
@@ -33,6 +34,46 @@ void ie_matmul_float_drive(ie_dtype_t wt, const ie_ftile_fn *tiles1, const ie_ft
                 tilesR[tt]((const char *)w + (size_t)r * wb, wb, n_in, at, as, yt + r, ldy);
             for (; r < p1; r++) tiles1[tt]((const char *)w + (size_t)r * wb, wb, n_in, at, as, yt + r, ldy);
         }
+    }
+}
+
+/* One row of n floats to Q16_P (ie_pack.h): int16 q[n], f32 d[n/32], f32
+ * s[n/32]. Per block d = amax/32767, id = 1/d (0 when d is 0 or 1/d
+ * overflows), q = round-half-away(x * id) and s = (float)sum(q) * d: the
+ * definition ie_quantize_row_q16_p_ref spells with roundf. Here the rounding
+ * is trunc(v + copysignf(0.5 - 2^-25, v)) (v + 0.49999997 rounds up to the
+ * next integer exactly when frac(|v|) >= 0.5; equal to roundf for every
+ * |v| <= 32768, checked over all such floats), which the compiler can keep
+ * inline (and vectorize) where roundf is a library call. |v| never exceeds
+ * 32767 + 0.01 (three f32 roundings of amax * 32767/amax), so the clamp
+ * below never changes a value; it keeps the conversion defined. */
+static void quantize_row_q16_p(const float *x, void *out, int64_t n)
+{
+    int16_t *q = out;
+    uint8_t *dp = (uint8_t *)out + 2 * (size_t)n, *sp = dp + 4 * (size_t)(n / IE_QK);
+    for (int64_t b = 0; b < n / IE_QK; b++) {
+        const float *xb = x + b * IE_QK;
+        int16_t *qb = q + b * IE_QK;
+        float amax = 0.0f;
+        for (int j = 0; j < IE_QK; j++) {
+            const float a = fabsf(xb[j]);
+            amax = a > amax ? a : amax;
+        }
+        const float d = amax / 32767.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        if (isinf(id)) id = 0.0f;
+        int sum = 0;
+        for (int j = 0; j < IE_QK; j++) {
+            float v = xb[j] * id;
+            v = v + copysignf(0x1.fffffep-2f, v);
+            v = v > 32767.0f ? 32767.0f : v < -32767.0f ? -32767.0f : v;
+            const int qi = (int)v; /* truncation */
+            qb[j] = (int16_t)qi;
+            sum += qi;
+        }
+        const float s = (float)sum * d;
+        memcpy(dp + 4 * b, &d, sizeof d);
+        memcpy(sp + 4 * b, &s, sizeof s);
     }
 }
 
@@ -71,6 +112,7 @@ void ie_act_quantize_drive(ie_dtype_t act, const float *x, void *out, int64_t n,
         }
         break;
     }
+    case IE_DTYPE_Q16_P: quantize_row_q16_p(x, out, n); break;
     default: break;
     }
 }

@@ -36,7 +36,11 @@ void ie_matmul_float_drive(ie_dtype_t wt, const ie_ftile_fn *tiles1, const ie_ft
 /* Quantize 32 floats to int8 q with scale *d_out; returns sum(q). */
 typedef int (*ie_q8_block_fn)(const float *x, int8_t *q, float *d_out);
 
-/* ie_matmul_ops_t.act_quantize on top of an ISA's block quantizer. */
+/* ie_matmul_ops_t.act_quantize on top of an ISA's block quantizer (Q8_0,
+ * Q8_1, Q8_P). Q16_P is quantized here by portable scalar code, bit for bit
+ * equal to ie_quantize_row_q16_p_ref on every ISA (x * (1/d) rounded half
+ * away from zero as trunc(v + copysign(0.5 - 2^-25, v)), which equals
+ * roundf(v) for every |v| <= 32768 — checked exhaustively). */
 void ie_act_quantize_drive(ie_dtype_t act, const float *x, void *out, int64_t n, ie_q8_block_fn q8);
 
 /* ------------------------------------------------------------------ ref */
@@ -67,10 +71,12 @@ void ie_matmul_q4_1_q8_1_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1
 void ie_matmul_mxfp4_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
                               const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
 
-/* Packed (ie_pack.h) reference matmul and Q8_P activation quantizer. */
+/* Packed (ie_pack.h) reference matmul (I8W x Q16_P, I4W/I4WA x Q8_P) and
+ * the Q8_P / Q16_P activation quantizers (n a multiple of 32). */
 int ie_matmul_packed_ref(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                          int64_t n_tok, float *y, int64_t ldy);
 void ie_quantize_row_q8_p_ref(const float *x, void *out, int64_t n);
+void ie_quantize_row_q16_p_ref(const float *x, void *out, int64_t n);
 
 /* ----------------------------------------------------------------- avx2 */
 

@@ -1,5 +1,6 @@
 /* test_pack.c — engine-native packed weights (ie_pack.h): quantizers,
- * PANEL16 repacking, Q8_P activations and matmul_packed of every ISA.
+ * PANEL16 repacking, Q8_P / Q16_P activations and matmul_packed of every
+ * ISA (I8W weights take Q16_P activations, I4W/I4WA Q8_P).
  *
  * Tolerances (stated once, used below):
  *   repack of Q8_0/Q4_0/Q4_1: lossless, dequantized bit for bit.
@@ -10,14 +11,15 @@
  *       I8W 0.5|d| + amax*2^-11; I4W |d| + 8|d|*2^-10 (the clipped end);
  *       I4WA 0.5d + 2^-10*(|min| + 16d).
  *   IE_QSCALE_MSE: total squared error <= absmax's (x (1 + 1e-12)).
- *   Q8_P act_quantize: bit for bit equal across ISAs.
+ *   Q8_P / Q16_P act_quantize: the definition (ie_pack.h) exactly, and bit
+ *       for bit equal across ISAs.
  *   matmul_packed: |y - oracle| <= 1e-5 * T + 1e-30 where the oracle sums
  *       W[r][k]*A[t][k] in double from dequantized weights and activations,
  *       and T is the sum of |terms| the kernels form: per block
  *       |d_w*d_a| sum_j |c_j*qa_j| + off*|d_w*s_b| (+|m_w*s_b|), with c the
  *       stored code and off 128 (I8W) / 8 (I4W) / 0 (I4WA): kernels take
  *       the exact integer dot of the stored codes and subtract off*s_b
- *       (s_b the f32 block sum of Q8_P), so rounding scales with those.
+ *       (s_b the f32 block sum of Q8_P/Q16_P), so rounding scales with those.
  *       With unit scales (every partial sum an integer < 2^24) every ISA
  *       must give the exact result, bit for bit.
  */
@@ -123,18 +125,26 @@ static int p_code(const ie_pmat_t *m, int64_t r, int64_t k)
     return (kk % 8) < 4 ? (b & 15) : (b >> 4);
 }
 
-/* Q8_P fields of one activation row. */
-static int8_t a_q(const uint8_t *row, int64_t k) { return (int8_t)row[k]; }
-static float a_d(const uint8_t *row, int64_t n_in, int64_t b)
+/* Fields of one activation row of format at (Q8_P: int8 quants, Q16_P:
+ * int16), read independently of the kernels from the ie_pack.h layout. */
+static size_t a_qbytes(ie_dtype_t at) { return at == IE_DTYPE_Q16_P ? 2 : 1; }
+static int a_q(ie_dtype_t at, const uint8_t *row, int64_t k)
+{
+    if (at == IE_DTYPE_Q8_P) return (int8_t)row[k];
+    int16_t v;
+    memcpy(&v, row + 2 * k, 2);
+    return v;
+}
+static float a_d(ie_dtype_t at, const uint8_t *row, int64_t n_in, int64_t b)
 {
     float f;
-    memcpy(&f, row + n_in + 4 * b, 4);
+    memcpy(&f, row + a_qbytes(at) * (size_t)n_in + 4 * b, 4);
     return f;
 }
-static float a_s(const uint8_t *row, int64_t n_in, int64_t b)
+static float a_s(ie_dtype_t at, const uint8_t *row, int64_t n_in, int64_t b)
 {
     float f;
-    memcpy(&f, row + n_in + 4 * (n_in / 32) + 4 * b, 4);
+    memcpy(&f, row + a_qbytes(at) * (size_t)n_in + 4 * (n_in / 32) + 4 * b, 4);
     return f;
 }
 
@@ -348,49 +358,115 @@ static void test_mse_scales(void)
     free(x); free(xr);
 }
 
-/* ------------------------------------------------------ Q8_P activations */
+/* ----------------------------------------------- Q8_P / Q16_P activations */
 
-static void test_q8p_act(void)
+/* One activation format (Q8_P: qmax 127, Q16_P: 32767): the reference
+ * matches the definition spelled out here (d = amax/qmax, q = roundf(x *
+ * (1/d)) with ties away from zero, zeros when d = 0 or 1/d overflows,
+ * s = (float)sum(q)*d), and every ISA's act_quantize writes the same bytes.
+ * Rounds: random; exact ties (d = 1, x = k + 0.5); all-zero blocks; tiny
+ * values (1/d overflowing, subnormal d); values whose amax is qmax times a
+ * power of two (d exact, every x*(1/d) an integer or a tie); near-ties just
+ * below/above k + 0.5. */
+static void check_act_format(ie_dtype_t at)
 {
     ie_isa_t isas[3];
     const int ni = n_isas(isas);
     const int64_t n = 32 * 67;
-    const size_t nb = ie_dtype_row_bytes(IE_DTYPE_Q8_P, n);
-    CU_ASSERT_EQUAL(nb, (size_t)n + 8 * (size_t)(n / 32));
-    CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_I8W), IE_DTYPE_Q8_P);
-    CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_I4WA), IE_DTYPE_Q8_P);
+    const int wide = at == IE_DTYPE_Q16_P;
+    const float qmax = wide ? 32767.0f : 127.0f;
+    const size_t nb = ie_dtype_row_bytes(at, n);
+    CU_ASSERT_EQUAL(nb, a_qbytes(at) * (size_t)n + 8 * (size_t)(n / 32));
     float *x = xmalloc(sizeof(float) * (size_t)n);
     uint8_t *ref = xmalloc(nb), *got = xmalloc(nb);
-    for (int round = 0; round < 4; round++) {
-        rng_seed(555 + (uint64_t)round);
+    const int qm = (int)qmax;
+    for (int round = 0; round < 7; round++) {
+        rng_seed(555 + (uint64_t)round + (wide ? 100 : 0));
         fill(x, n);
-        if (round == 1) /* exact ties: amax 127 makes d = 1, so k + 0.5 must round away */
-            for (int64_t i = 0; i < n; i++) x[i] = (i % 32 == 0) ? 127.0f : (float)((int)(rng_u32() % 253) - 126) + 0.5f;
+        if (round == 1) /* exact ties: amax qmax makes d = 1, so k + 0.5 must round away */
+            for (int64_t i = 0; i < n; i++)
+                x[i] = (i % 32 == 0) ? (i % 64 ? -qmax : qmax)
+                                     : (float)((int)(rng_u32() % (uint32_t)(2 * qm - 1)) - (qm - 1)) + 0.5f;
         if (round == 2) for (int64_t i = 64; i < 128; i++) x[i] = 0.0f;
-        if (round == 3) for (int64_t i = 0; i < n; i++) x[i] *= (i < 320 ? 1e-38f : 1e-30f);
-        ie_act_quantize_ref(IE_DTYPE_Q8_P, x, ref, n);
+        if (round == 3) for (int64_t i = 0; i < n; i++) x[i] *= (i < 320 ? 1e-38f : i < 640 ? 1e-36f : i < 960 ? 1e-34f : 1e-30f);
+        if (round == 4) /* amax = qmax * 2^e: d = 2^e exactly, integer multiples and ties of it */
+            for (int64_t i = 0; i < n; i++) {
+                const float p2 = ldexpf(1.0f, (int)(i / 32 % 40) - 20);
+                x[i] = p2 * ((i % 32 == 7) ? qmax : (float)((int)(rng_u32() % (uint32_t)(2 * qm + 1)) - qm) * (i % 3 ? 1.0f : 0.5f));
+            }
+        if (round == 5) /* one value per block is amax; the rest near ties */
+            for (int64_t i = 0; i < n; i++)
+                x[i] = (i % 32 == 3) ? qmax
+                                     : nextafterf((float)((int)(rng_u32() % 200) - 100) + 0.5f, (i & 1) ? 1e9f : -1e9f);
+        if (round == 6) for (int64_t i = 0; i < n; i++) x[i] = (i % 32 == 0) ? 1e-3f : 0.0f; /* single non-zero */
+        memset(ref, 0xcd, nb);
+        ie_act_quantize_ref(at, x, ref, n);
         /* the definition, spelled out */
         int bad = 0;
         for (int64_t b = 0; b < n / 32; b++) {
             float amax = 0.0f;
             for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[b * 32 + j]));
-            const float d = amax / 127.0f, id = d != 0.0f && !isinf(1.0f / d) ? 1.0f / d : 0.0f;
+            const float d = amax / qmax, id = d != 0.0f && !isinf(1.0f / d) ? 1.0f / d : 0.0f;
             int sum = 0;
             for (int j = 0; j < 32; j++) {
                 const int q = (int)roundf(x[b * 32 + j] * id);
-                if (a_q(ref, b * 32 + j) != q) bad++;
+                if (q < -qm || q > qm || a_q(at, ref, b * 32 + j) != q) bad++;
                 sum += q;
             }
-            if (a_d(ref, n, b) != d || a_s(ref, n, b) != (float)sum * d) bad++;
+            if (a_d(at, ref, n, b) != d || a_s(at, ref, n, b) != (float)sum * d) bad++;
         }
+        if (bad) printf("\n  %s round %d: %d values off the definition", ie_dtype_name(at), round, bad);
         CU_ASSERT_EQUAL(bad, 0);
         for (int i = 0; i < ni; i++) {
             memset(got, 0xab, nb);
-            ie_kernels_get(isas[i])->act_quantize(IE_DTYPE_Q8_P, x, got, n);
+            ie_kernels_get(isas[i])->act_quantize(at, x, got, n);
             const int same = memcmp(ref, got, nb) == 0;
-            if (!same) printf("\n  act_quantize %s q8_p round %d differs", ie_isa_name(isas[i]), round);
+            if (!same) printf("\n  act_quantize %s %s round %d differs", ie_isa_name(isas[i]), ie_dtype_name(at), round);
             CU_ASSERT(same);
         }
+    }
+    free(x); free(ref); free(got);
+}
+
+static void test_act_formats(void)
+{
+    CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_I8W), IE_DTYPE_Q16_P);
+    CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_I4W), IE_DTYPE_Q8_P);
+    CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_I4WA), IE_DTYPE_Q8_P);
+    check_act_format(IE_DTYPE_Q8_P);
+    check_act_format(IE_DTYPE_Q16_P);
+}
+
+/* Q16_P rounding on every ISA: d = 1 (amax 32767 in each block), and x =
+ * k + 0.5 and its float neighbours (up to 2 ulps either way), k over the
+ * whole range and densely near 0: ties and near-ties. */
+static void test_q16p_rounding_sweep(void)
+{
+    ie_isa_t isas[3];
+    const int ni = n_isas(isas);
+    const int64_t n = 32 * 1024;
+    const size_t nb = ie_dtype_row_bytes(IE_DTYPE_Q16_P, n);
+    float *x = xmalloc(sizeof(float) * (size_t)n);
+    uint8_t *ref = xmalloc(nb), *got = xmalloc(nb);
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (i % 32 == 0) { x[i] = 32767.0f; continue; }
+        /* odd i: k anywhere in [-32766, 32766]; even i: |k| < 64, where
+         * the sum k + 0.5 crosses binades (a naive +0.5 rounds wrong) */
+        const int k = i & 1 ? (int)((i * 2654435761u) % 65533u) - 32766 : (int)((i * 40503u) % 127u) - 63;
+        float v = (float)k + 0.5f;
+        for (int s = (int)(i % 5) - 2; s < 0; s++) v = nextafterf(v, 0.0f);
+        for (int s = (int)(i % 5) - 2; s > 0; s--) v = nextafterf(v, 1e9f);
+        x[i] = v;
+    }
+    ie_act_quantize_ref(IE_DTYPE_Q16_P, x, ref, n);
+    for (int64_t i = 0; i < n; i++)
+        if (a_q(IE_DTYPE_Q16_P, ref, i) != (int)roundf(x[i])) bad++;
+    CU_ASSERT_EQUAL(bad, 0);
+    for (int i = 0; i < ni; i++) {
+        memset(got, 0xab, nb);
+        ie_kernels_get(isas[i])->act_quantize(IE_DTYPE_Q16_P, x, got, n);
+        CU_ASSERT(memcmp(ref, got, nb) == 0);
     }
     free(x); free(ref); free(got);
 }
@@ -432,7 +508,8 @@ static int check_packed_case(const mcase_t *c)
     const int64_t n_in = c->n_in, n_out = c->n_out, n_tok = c->n_tok, nb = n_in / 32;
     const int64_t ldy = n_out + c->ldy_extra;
     const size_t pb = ie_pack_bytes(c->t, c->G, n_in, n_out);
-    const size_t arow = ie_dtype_row_bytes(IE_DTYPE_Q8_P, n_in), as = arow + (size_t)c->as_extra;
+    const ie_dtype_t at = ie_matmul_act_dtype(c->t); /* I8W: Q16_P, else Q8_P */
+    const size_t arow = ie_dtype_row_bytes(at, n_in), as = arow + (size_t)c->as_extra;
     const size_t ny = (size_t)(ldy * n_tok) + GUARD_FLOATS;
     const double off = c->t == IE_DTYPE_I8W ? 128.0 : c->t == IE_DTYPE_I4W ? 8.0 : 0.0;
     guarded_t gw, ga;
@@ -448,13 +525,13 @@ static int check_packed_case(const mcase_t *c)
     CU_ASSERT_EQUAL_FATAL(ie_pack_quantize(c->t, c->G, c->mse ? IE_QSCALE_MSE : IE_QSCALE_ABSMAX, x, n_in, 0, n_out,
                                            n_out, w), 0);
     fill(x, n_in * n_tok);
-    for (int64_t t = 0; t < n_tok; t++) ie_act_quantize_ref(IE_DTYPE_Q8_P, x + t * n_in, a + (size_t)t * as, n_in);
+    for (int64_t t = 0; t < n_tok; t++) ie_act_quantize_ref(at, x + t * n_in, a + (size_t)t * as, n_in);
     const ie_pmat_t m = { c->t, c->G, n_in, n_out, w };
     for (int64_t r = 0; r < n_out; r++) ie_pack_dequant_row(&m, r, wf + r * n_in);
     for (int64_t t = 0; t < n_tok; t++)
         for (int64_t k = 0; k < n_in; k++) {
             const uint8_t *ar = a + (size_t)t * as;
-            af[t * n_in + k] = (double)a_d(ar, n_in, k / 32) * a_q(ar, k);
+            af[t * n_in + k] = (double)a_d(at, ar, n_in, k / 32) * a_q(at, ar, k);
         }
     /* oracle and tolerance */
     for (int64_t t = 0; t < n_tok; t++) {
@@ -465,9 +542,9 @@ static int check_packed_case(const mcase_t *c)
             for (int64_t b = 0; b < nb; b++) {
                 const double dw = p_scale(&m, r, b * 32 / c->G, 0);
                 const double mw = c->t == IE_DTYPE_I4WA ? p_scale(&m, r, b * 32 / c->G, 1) : 0.0;
-                const double da = a_d(ar, n_in, b), sa = a_s(ar, n_in, b);
+                const double da = a_d(at, ar, n_in, b), sa = a_s(at, ar, n_in, b);
                 double si = 0.0;
-                for (int64_t k = b * 32; k < b * 32 + 32; k++) si += fabs((double)p_code(&m, r, k) * a_q(ar, k));
+                for (int64_t k = b * 32; k < b * 32 + 32; k++) si += fabs((double)p_code(&m, r, k) * a_q(at, ar, k));
                 T += fabs(dw * da) * si + off * fabs(dw * sa) + fabs(mw * sa);
             }
             yo[t * n_out + r] = s;
@@ -564,7 +641,10 @@ static void test_matmul_packed_large(void)
 }
 
 /* Unit scales: every block product and partial sum is an integer below
- * 2^24, so every ISA must return the exact integer. */
+ * 2^24, so every ISA must return the exact integer. I8W x Q16_P: d = 1
+ * needs amax 32767 per activation block; that element meets a weight in
+ * [-1, 1] and the others stay in [-400, 400], so a row's partial sums stay
+ * below 8 * (32767 + 31*127*400) < 2^24. */
 static void test_matmul_packed_exact(void)
 {
     ie_isa_t isas[3];
@@ -572,19 +652,22 @@ static void test_matmul_packed_exact(void)
     const int64_t n_in = 256, n_out = 35, n_tok = 6;
     float *x = xmalloc(sizeof(float) * (size_t)(n_in * n_out)), *y = xmalloc(sizeof(float) * (size_t)(n_out * n_tok));
     float *wf = xmalloc(sizeof(float) * (size_t)n_in);
-    const size_t as = ie_dtype_row_bytes(IE_DTYPE_Q8_P, n_in);
-    uint8_t *a = xmalloc(as * (size_t)n_tok);
+    const size_t asmax = ie_dtype_row_bytes(IE_DTYPE_Q16_P, n_in);
+    uint8_t *a = xmalloc(asmax * (size_t)n_tok);
     int bad = 0;
     for (int ti = 0; ti < 3; ti++)
         for (int gi = 0; gi < 4; gi++) {
-            const ie_dtype_t t = ITYPES[ti];
+            const ie_dtype_t t = ITYPES[ti], at = ie_matmul_act_dtype(t);
+            const size_t as = ie_dtype_row_bytes(at, n_in);
             const int G = 32 << gi;
             rng_seed(800 + (uint64_t)(ti * 4 + gi));
             /* integer weights with d = 1: I8W amax 127; I4W max -8 (values -8..7);
              * I4WA min -3, max 12 (d = 1, m = -3) */
             for (int64_t i = 0; i < n_in * n_out; i++) {
                 const int64_t kk = i % G;
-                if (t == IE_DTYPE_I8W) x[i] = kk == 0 ? 127.0f : (float)((int)(rng_u32() % 255) - 127);
+                if (t == IE_DTYPE_I8W)
+                    x[i] = kk == 0 ? 127.0f : kk % 32 == 5 ? (float)((int)(rng_u32() % 3) - 1)
+                                                          : (float)((int)(rng_u32() % 255) - 127);
                 else if (t == IE_DTYPE_I4W) x[i] = kk == 0 ? -8.0f : (float)((int)(rng_u32() % 16) - 8);
                 else x[i] = kk == 0 ? -3.0f : kk == 1 ? 12.0f : (float)((int)(rng_u32() % 16) - 3);
             }
@@ -592,11 +675,17 @@ static void test_matmul_packed_exact(void)
             uint8_t *w = palloc(pb);
             CU_ASSERT_EQUAL(ie_pack_quantize(t, G, IE_QSCALE_ABSMAX, x, n_in, 0, n_out, n_out, w), 0);
             const ie_pmat_t m = { t, G, n_in, n_out, w };
-            /* activations: integers with amax 127 per block -> d = 1 */
+            /* activations: integers with amax qmax per block -> d = 1 */
             float xa[256];
             for (int64_t tt = 0; tt < n_tok; tt++) {
-                for (int64_t k = 0; k < n_in; k++) xa[k] = k % 32 == 5 ? -127.0f : (float)((int)(rng_u32() % 255) - 127);
-                ie_act_quantize_ref(IE_DTYPE_Q8_P, xa, a + (size_t)tt * as, n_in);
+                for (int64_t k = 0; k < n_in; k++) {
+                    if (at == IE_DTYPE_Q16_P)
+                        xa[k] = k % 32 == 5 ? (k % 64 ? -32767.0f : 32767.0f) : (float)((int)(rng_u32() % 801) - 400);
+                    else
+                        xa[k] = k % 32 == 5 ? -127.0f : (float)((int)(rng_u32() % 255) - 127);
+                }
+                ie_act_quantize_ref(at, xa, a + (size_t)tt * as, n_in);
+                for (int64_t b = 0; b < n_in / 32; b++) CU_ASSERT_EQUAL(a_d(at, a + (size_t)tt * as, n_in, b), 1.0f);
             }
             for (int i = 0; i < ni; i++) {
                 ie_kernels_get(isas[i])->matmul_packed(&m, 0, n_out, a, as, n_tok, y, n_out);
@@ -604,7 +693,7 @@ static void test_matmul_packed_exact(void)
                     ie_pack_dequant_row(&m, r, wf);
                     for (int64_t tt = 0; tt < n_tok; tt++) {
                         int64_t s = 0;
-                        for (int64_t k = 0; k < n_in; k++) s += (int64_t)wf[k] * a_q(a + (size_t)tt * as, k);
+                        for (int64_t k = 0; k < n_in; k++) s += (int64_t)wf[k] * a_q(at, a + (size_t)tt * as, k);
                         if (y[tt * n_out + r] != (float)s) {
                             if (bad < 4)
                                 printf("\n  %s %s G=%d y[%lld][%lld]=%.9g exact=%lld", ie_isa_name(isas[i]),
@@ -619,6 +708,57 @@ static void test_matmul_packed_exact(void)
         }
     CU_ASSERT_EQUAL(bad, 0);
     free(x); free(y); free(wf); free(a);
+}
+
+/* I8W x Q16_P at the extremes of both codes (weights +-127, i.e. stored
+ * bytes 255 and 1; activations +-32767), one block (n_in = 32, G = 32) so
+ * the only rounding is the final int -> float: every ISA must give
+ * (float) of the exact dot product (up to 32*127*32767 in magnitude). */
+static void test_matmul_packed_i8w_extremes(void)
+{
+    ie_isa_t isas[3];
+    const int ni = n_isas(isas);
+    const int64_t n_in = 32, n_out = 20, n_tok = 9;
+    float x[32 * 20], xa[32], y[20 * 9], wf[32];
+    const size_t as = ie_dtype_row_bytes(IE_DTYPE_Q16_P, n_in);
+    uint8_t *a = xmalloc(as * (size_t)n_tok);
+    uint8_t *w = palloc(ie_pack_bytes(IE_DTYPE_I8W, 32, n_in, n_out));
+    rng_seed(900);
+    for (int64_t r = 0; r < n_out; r++)
+        for (int64_t k = 0; k < n_in; k++) {
+            const int pat = (int)(r % 5);
+            x[r * n_in + k] = pat == 0 ? 127.0f : pat == 1 ? -127.0f : pat == 2 ? (k & 1 ? 127.0f : -127.0f)
+                            : pat == 3 ? (rng_u32() & 1 ? 127.0f : -127.0f) : (k == 0 ? 127.0f : -1.0f);
+        }
+    CU_ASSERT_EQUAL(ie_pack_quantize(IE_DTYPE_I8W, 32, IE_QSCALE_ABSMAX, x, n_in, 0, n_out, n_out, w), 0);
+    const ie_pmat_t m = { IE_DTYPE_I8W, 32, n_in, n_out, w };
+    for (int64_t tt = 0; tt < n_tok; tt++) {
+        const int pat = (int)(tt % 4);
+        for (int64_t k = 0; k < n_in; k++)
+            xa[k] = pat == 0 ? 32767.0f : pat == 1 ? -32767.0f : pat == 2 ? (k & 1 ? 32767.0f : -32767.0f)
+                  : (rng_u32() & 1 ? 32767.0f : -32767.0f);
+        ie_act_quantize_ref(IE_DTYPE_Q16_P, xa, a + (size_t)tt * as, n_in);
+    }
+    int bad = 0;
+    for (int i = 0; i < ni; i++) {
+        for (int64_t j = 0; j < n_out * n_tok; j++) y[j] = SENTINEL;
+        CU_ASSERT_EQUAL(ie_kernels_get(isas[i])->matmul_packed(&m, 0, n_out, a, as, n_tok, y, n_out), 0);
+        for (int64_t r = 0; r < n_out; r++) {
+            ie_pack_dequant_row(&m, r, wf);
+            for (int64_t tt = 0; tt < n_tok; tt++) {
+                int64_t s = 0;
+                for (int64_t k = 0; k < n_in; k++) s += (int64_t)wf[k] * a_q(IE_DTYPE_Q16_P, a + (size_t)tt * as, k);
+                if (y[tt * n_out + r] != (float)s) {
+                    if (bad < 4)
+                        printf("\n  %s y[%lld][%lld]=%.9g exact=%lld", ie_isa_name(isas[i]), (long long)tt,
+                               (long long)r, y[tt * n_out + r], (long long)s);
+                    bad++;
+                }
+            }
+        }
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+    free(a); free(w);
 }
 
 /* Bad matrices and ranges: -1 from every ISA, y untouched. */
@@ -661,10 +801,12 @@ int main(void)
     CU_add_test(s, "rows vs panel, every group, bounds", test_rows_vs_panel);
     CU_add_test(s, "quantize bad args", test_quantize_bad_args);
     CU_add_test(s, "mse scales <= absmax", test_mse_scales);
-    CU_add_test(s, "q8_p act_quantize bit-exact", test_q8p_act);
+    CU_add_test(s, "q8_p/q16_p act_quantize: definition, bit-exact", test_act_formats);
+    CU_add_test(s, "q16_p rounding sweep (all ISAs)", test_q16p_rounding_sweep);
     CU_add_test(s, "matmul_packed odd shapes (all ISAs)", test_matmul_packed_shapes);
     CU_add_test(s, "matmul_packed large", test_matmul_packed_large);
     CU_add_test(s, "matmul_packed integer exact", test_matmul_packed_exact);
+    CU_add_test(s, "matmul_packed i8w x q16_p extremes", test_matmul_packed_i8w_extremes);
     CU_add_test(s, "matmul_packed bad args", test_matmul_packed_bad_args);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();

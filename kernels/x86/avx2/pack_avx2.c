@@ -1,5 +1,5 @@
 /* pack_avx2.c — matmul_packed for AVX2 + FMA (+ F16C): PANEL16 weights
- * (ie_pack.h) times Q8_P activations.
+ * (ie_pack.h) times Q16_P (I8W) or Q8_P (I4W, I4WA) activations.
  *
  * A 64-byte chunk of a panel holds 16 rows x 4 consecutive k; its low 32
  * bytes are rows 0-7 and its high 32 bytes rows 8-15, so one ymm of int32
@@ -15,11 +15,14 @@
  *     The block sum is of the stored codes u; as in the reference, the
  *     symmetric offset comes back per group as -8*d*sum_b(s_b) and the
  *     affine one as +m*sum_b(s_b).
- *   I8W: the stored byte is q + 128 (up to 255), which vpmaddubsw's s16
- *     saturation cannot take, so the weights go back to signed (xor 0x80)
- *     and each product is |q| * (a * sign(q)) (vpabsb, vpsignb): pairs are
- *     at most 2*128*127 = 32512 (a is never -128 in Q8_P). The block sum is
- *     then sum(q*a) itself: no offset term.
+ *   I8W x Q16_P: each 32-byte half-chunk (8 rows x 4 k) is split by two
+ *     in-lane byte shuffles into int16 pairs, lane r = (u[r][k0], u[r][k1])
+ *     and (u[r][k2], u[r][k3]) with u = q + 128 zero-extended, and vpmaddwd
+ *     multiplies them with the token's broadcast int16 pairs (a0, a1) and
+ *     (a2, a3): int32 per row, no cross-lane reduction. Each product pair is
+ *     at most 2*255*32767 < 2^24 and a block's 32 products plus the start
+ *     value -128*sum(a) (computed per block from the int16 quants) stay
+ *     below 2^29, so the block sum is sum(q*a) exactly.
  * Per block, the int32 sums become f32 and are scaled by d_w*d_a into the
  * accumulators (f32 FMA). Prefill walks the activations in token blocks of
  * ~256 KiB so they stay in L2 while every panel of the range passes over
@@ -38,6 +41,7 @@ typedef struct {
     ie_dtype_t t;
     int G;
     int64_t n_in, nb;   /* elements, 32-blocks per row */
+    int64_t aq_bytes;    /* quants of an activation row: 2*n_in (Q16_P), n_in (Q8_P) */
     size_t panel_bytes;  /* one panel                   */
     size_t group_bytes;  /* one group of a panel        */
     size_t scale_bytes;  /* d[16] (+ m[16]) of a group  */
@@ -63,7 +67,12 @@ IE_INLINE void tile(const geom_t *g, const uint8_t *pan, const int8_t *const *a,
 {
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    const __m256i x80 = _mm256_set1_epi8((char)0x80);
+    /* per 128-bit lane, dword i = row: bytes (4i, 4i+1) / (4i+2, 4i+3) of
+     * the half-chunk, zero-extended to int16 pairs (-128: zero) */
+    const __m256i s_lo = _mm256_broadcastsi128_si256(
+        _mm_setr_epi8(0, -128, 1, -128, 4, -128, 5, -128, 8, -128, 9, -128, 12, -128, 13, -128));
+    const __m256i s_hi = _mm256_broadcastsi128_si256(
+        _mm_setr_epi8(2, -128, 3, -128, 6, -128, 7, -128, 10, -128, 11, -128, 14, -128, 15, -128));
     const int bpg = g->G / IE_QK; /* blocks per group */
 #pragma GCC unroll 4
     for (int i = 0; i < 2 * nt; i++) acc[i] = _mm256_setzero_ps();
@@ -76,8 +85,17 @@ IE_INLINE void tile(const geom_t *g, const uint8_t *pan, const int8_t *const *a,
             const int64_t b = gi * bpg + j; /* block index in the row */
             __m256i isum[4];
             if (g->t == IE_DTYPE_I8W) {
-#pragma GCC unroll 4
-                for (int i = 0; i < 2 * nt; i++) isum[i] = _mm256_setzero_si256();
+                /* start at -128*sum(q) of the token's block, in every lane */
+#pragma GCC unroll 2
+                for (int t = 0; t < nt; t++) {
+                    const uint8_t *qa = (const uint8_t *)a[t] + 64 * b;
+                    __m256i v = _mm256_add_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)qa), ones),
+                                                 _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(qa + 32)), ones));
+                    v = _mm256_add_epi32(v, _mm256_permute2x128_si256(v, v, 1));
+                    v = _mm256_add_epi32(v, _mm256_shuffle_epi32(v, 0x4e));
+                    v = _mm256_add_epi32(v, _mm256_shuffle_epi32(v, 0xb1));
+                    isum[2 * t] = isum[2 * t + 1] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(v, 7));
+                }
                 const uint8_t *ch = qw + (size_t)j * 8 * 64;
                 if (nt == 1) _mm_prefetch((const char *)ch + 1024, _MM_HINT_T0);
 #pragma GCC unroll 2
@@ -85,13 +103,13 @@ IE_INLINE void tile(const geom_t *g, const uint8_t *pan, const int8_t *const *a,
 #pragma GCC unroll 2
                     for (int h = 0; h < 2; h++) {
                         const __m256i w = _mm256_loadu_si256((const __m256i *)(ch + 64 * c + 32 * h));
-                        const __m256i ws = _mm256_xor_si256(w, x80);
-                        const __m256i wa = _mm256_abs_epi8(ws);
+                        const __m256i wl = _mm256_shuffle_epi8(w, s_lo), wh = _mm256_shuffle_epi8(w, s_hi);
 #pragma GCC unroll 2
                         for (int t = 0; t < nt; t++) {
-                            const __m256i av = bcast4(a[t] + b * IE_QK + 4 * c);
-                            const __m256i p = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(av, ws));
-                            isum[2 * t + h] = _mm256_add_epi32(isum[2 * t + h], _mm256_madd_epi16(p, ones));
+                            const int8_t *ab = a[t] + 2 * (b * IE_QK + 4 * c); /* int16 a[4c..4c+3] */
+                            const __m256i p = _mm256_add_epi32(_mm256_madd_epi16(wl, bcast4(ab)),
+                                                               _mm256_madd_epi16(wh, bcast4(ab + 4)));
+                            isum[2 * t + h] = _mm256_add_epi32(isum[2 * t + h], p);
                         }
                     }
                 }
@@ -122,7 +140,7 @@ IE_INLINE void tile(const geom_t *g, const uint8_t *pan, const int8_t *const *a,
             }
 #pragma GCC unroll 2
             for (int t = 0; t < nt; t++) {
-                const __m256 ad = _mm256_set1_ps(ld_f32((const uint8_t *)a[t] + g->n_in + 4 * b));
+                const __m256 ad = _mm256_set1_ps(ld_f32((const uint8_t *)a[t] + g->aq_bytes + 4 * b));
 #pragma GCC unroll 2
                 for (int h = 0; h < 2; h++)
                     acc[2 * t + h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[2 * t + h]), _mm256_mul_ps(wd[h], ad),
@@ -138,7 +156,7 @@ IE_INLINE void tile(const geom_t *g, const uint8_t *pan, const int8_t *const *a,
                                       : _mm256_mul_ps(wd[1], _mm256_set1_ps(-8.0f)) };
 #pragma GCC unroll 2
             for (int t = 0; t < nt; t++) {
-                const uint8_t *sp = (const uint8_t *)a[t] + g->n_in + 4 * (g->nb + gi * bpg);
+                const uint8_t *sp = (const uint8_t *)a[t] + g->aq_bytes + 4 * (g->nb + gi * bpg);
                 float S = 0.0f;
                 for (int j = 0; j < bpg; j++) S += ld_f32(sp + 4 * j);
                 const __m256 vs = _mm256_set1_ps(S);
@@ -170,8 +188,9 @@ static void store_tile(const __m256 *acc, int nt, int64_t row, int64_t r1, float
 static void tile1(const geom_t *g, const uint8_t *pan, const int8_t *const *a, __m256 *acc) { tile(g, pan, a, 1, acc); }
 static void tile2(const geom_t *g, const uint8_t *pan, const int8_t *const *a, __m256 *acc) { tile(g, pan, a, 2, acc); }
 
-/* Contract of ie_matmul_ops_t.matmul_packed. Assumes Q8_P quants in
- * [-127, 127], as the quantizers produce. */
+/* Contract of ie_matmul_ops_t.matmul_packed (I8W x Q16_P, I4W/I4WA x
+ * Q8_P). Assumes Q8_P quants in [-127, 127] and Q16_P quants in [-32767,
+ * 32767], as the quantizers produce. */
 int ie_matmul_packed_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                           int64_t n_tok, float *y, int64_t ldy)
 {
@@ -187,12 +206,13 @@ int ie_matmul_packed_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, const void
     g.G = m->group;
     g.n_in = m->n_in;
     g.nb = m->n_in / IE_QK;
+    g.aq_bytes = (m->dtype == IE_DTYPE_I8W ? 2 : 1) * m->n_in;
     g.panel_bytes = ie_pack_panel_bytes(m->dtype, m->group, m->n_in);
     g.group_bytes = g.panel_bytes / (size_t)(m->n_in / m->group);
     g.scale_bytes = IE_PANEL * (m->dtype == IE_DTYPE_I4WA ? 4 : 2);
 
     const int64_t p0 = r0 / IE_PANEL, p1 = (r1 + IE_PANEL - 1) / IE_PANEL;
-    const size_t arow = ie_dtype_row_bytes(IE_DTYPE_Q8_P, m->n_in);
+    const size_t arow = ie_dtype_row_bytes(ie_matmul_act_dtype(m->dtype), m->n_in);
     int64_t tb = (int64_t)((256u << 10) / (arow ? arow : 1));
     if (tb < 2) tb = 2;
     tb -= tb % 2;
