@@ -40,7 +40,8 @@ ie_isa_t ie_isa_best(void);
 int ie_isa_supported(ie_isa_t isa);
 
 /* Activation format that matmul expects for weights of type `wtype`:
- * F32 for f32/f16/bf16 weights, Q8_0 for q8_0/q4_0/mxfp4, Q8_1 for q4_1,
+ * F32 for f32/f16 weights, BF16 (bf16 rows, round to nearest even) for bf16
+ * weights, Q8_0 for q8_0/q4_0/mxfp4, Q8_1 for q4_1,
  * Q8_P for the packed I8W/I4W/I4WA (matmul_packed). */
 ie_dtype_t ie_matmul_act_dtype(ie_dtype_t wtype);
 
@@ -49,7 +50,8 @@ typedef struct ie_matmul_ops {
     ie_isa_t isa;
 
     /* Convert n floats (n a multiple of 32 for block formats) into activation
-     * format `act` (IE_DTYPE_F32: plain copy, Q8_0, Q8_1, Q8_P) at `out`, which
+     * format `act` (IE_DTYPE_F32: plain copy, BF16: ie_f32_to_bf16 per element
+     * for any n, bit-identical on every ISA, Q8_0, Q8_1, Q8_P) at `out`, which
      * holds ie_dtype_row_bytes(act, n) bytes. */
     void (*act_quantize)(ie_dtype_t act, const float *x, void *out, int64_t n);
 
@@ -72,7 +74,8 @@ typedef struct ie_matmul_ops {
 
     /* Packed weights (ie_pack.h): Y[t*ldy + r] = dot(W row r, A row t) for
      * r in [r0, r1) — r0 a multiple of 16, r1 = m->n_out or a multiple of
-     * 16 — and t < n_tok. A rows are Q8_P, a_stride bytes apart. Register-
+     * 16 — and t < n_tok. A rows are ie_matmul_act_dtype(m->dtype) (Q8_P,
+     * or Q16_P for I8W), a_stride bytes apart. Register-
      * and cache-blocked GEMM for prefill, a streaming GEMV (with prefetch)
      * for n_tok = 1. Returns 0, or -1 on a bad matrix/range. */
     int (*matmul_packed)(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
