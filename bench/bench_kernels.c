@@ -12,6 +12,10 @@
  * Rows are split over --threads threads (default 2) of the clocher pool in
  * multiples of 4. Prints figures, asserts nothing; one JSON line per result.
  *
+ * BF16 weights take BF16 activations (ie_matmul_act_dtype; vdpbf16ps on
+ * AVX512_BF16) and run their GEMM like the packed types: --ptok tokens
+ * (default 512) over all five TinyLlama-1.1B shapes.
+ *
  * Packed weights (int8w, int4w, int4w_affine in PANEL16, group --group,
  * default 32) run matmul_packed with the activations ie_matmul_act_dtype
  * asks for (int8w: Q16_P, int4w/int4w_affine: Q8_P): GEMV at the
@@ -269,7 +273,7 @@ int main(int argc, char **argv)
     /* activation rows of any format: f32 is the widest (4n >= Q16_P's 2n + n/4) */
     uint8_t *acts = malloc(ie_dtype_row_bytes(IE_DTYPE_F32, max_in) * (size_t)max_tok);
     float *yp = malloc(sizeof(float) * 5632 * (size_t)max_tok); /* packed GEMM output */
-    float *y = malloc(sizeof(float) * (size_t)(32000 > 5632 * gemm_tok ? 32000 : 5632 * gemm_tok));
+    float *y = malloc(sizeof(float) * 32000 * (size_t)max_tok); /* GEMV, GEMM (bf16: lm head x ptok) */
 
     printf("bench_kernels: %d thread(s), %d iters, pool %zu MiB; GEMV GB/s = weight bytes / time "
            "(median), vs a read probe of the same bytes interleaved; GEMM n_tok=%lld GOP/s\n",
@@ -289,9 +293,12 @@ int main(int argc, char **argv)
             const int pk = is_packed(wt);
             void (*task)(void *, int, int) = pk ? matmul_packed_task : matmul_task;
             const shape_t *gv = pk ? pgemv_shapes : gemv_shapes, *gm = pk ? pgemm_shapes : gemm_shapes;
+            if (wt == IE_DTYPE_BF16) gm = pgemv_shapes;
             const size_t n_gv = pk ? sizeof pgemv_shapes / sizeof pgemv_shapes[0] : sizeof gemv_shapes / sizeof gemv_shapes[0];
-            const size_t n_gm = pk ? sizeof pgemm_shapes / sizeof pgemm_shapes[0] : sizeof gemm_shapes / sizeof gemm_shapes[0];
-            const int64_t gtok = pk ? packed_tok : gemm_tok;
+            const size_t n_gm = wt == IE_DTYPE_BF16 ? sizeof pgemv_shapes / sizeof pgemv_shapes[0]
+                                : pk ? sizeof pgemm_shapes / sizeof pgemm_shapes[0] : sizeof gemm_shapes / sizeof gemm_shapes[0];
+            const int bfg = wt == IE_DTYPE_BF16; /* prefill shapes and token count of the packed types */
+            const int64_t gtok = pk || bfg ? packed_tok : gemm_tok;
             if (pk && (!ops->matmul_packed || ie_pack_check(wt, group, 2048) || ie_pack_check(wt, group, 5632))) {
                 printf("%s %s: group %d does not fit the shapes\n", ie_isa_name(isa), ie_dtype_name(wt), group);
                 continue;

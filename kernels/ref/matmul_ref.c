@@ -174,7 +174,7 @@ int ie_matmul_ref(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, int
     switch (wtype) {
     case IE_DTYPE_F32: fn = ie_matmul_f32_f32_ref; break;
     case IE_DTYPE_F16: fn = ie_matmul_f16_f32_ref; break;
-    case IE_DTYPE_BF16: fn = ie_matmul_bf16_f32_ref; break;
+    case IE_DTYPE_BF16: fn = ie_matmul_bf16_bf16_ref; break;
     case IE_DTYPE_Q8_0: fn = ie_matmul_q8_0_q8_0_ref; break;
     case IE_DTYPE_Q4_0: fn = ie_matmul_q4_0_q8_0_ref; break;
     case IE_DTYPE_Q4_1: fn = ie_matmul_q4_1_q8_1_ref; break;

@@ -58,6 +58,9 @@ void ie_act_quantize_ref(ie_dtype_t act, const float *x, void *out, int64_t n)
 {
     switch (act) {
     case IE_DTYPE_F32: memcpy(out, x, (size_t)n * sizeof(float)); break;
+    case IE_DTYPE_BF16: /* round to nearest even, any n */
+        for (int64_t i = 0; i < n; i++) ((ie_bf16_t *)out)[i] = ie_f32_to_bf16(x[i]);
+        break;
     case IE_DTYPE_Q8_0: ie_quantize_row_q8_0_ref(x, out, n); break;
     case IE_DTYPE_Q8_1: ie_quantize_row_q8_1_ref(x, out, n); break;
     case IE_DTYPE_Q8_P: ie_quantize_row_q8_p_ref(x, out, n); break;

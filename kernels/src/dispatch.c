@@ -30,7 +30,8 @@ const char *ie_isa_name(ie_isa_t isa)
 ie_dtype_t ie_matmul_act_dtype(ie_dtype_t wtype)
 {
     switch (wtype) {
-    case IE_DTYPE_F32: case IE_DTYPE_F16: case IE_DTYPE_BF16: return IE_DTYPE_F32;
+    case IE_DTYPE_F32: case IE_DTYPE_F16: return IE_DTYPE_F32;
+    case IE_DTYPE_BF16: return IE_DTYPE_BF16; /* vdpbf16ps: bf16 x bf16 pairs */
     case IE_DTYPE_Q8_0: case IE_DTYPE_Q4_0: case IE_DTYPE_MXFP4: return IE_DTYPE_Q8_0;
     case IE_DTYPE_Q4_1: return IE_DTYPE_Q8_1;
     case IE_DTYPE_I8W: return IE_DTYPE_Q16_P; /* weight-only: 16-bit activations */

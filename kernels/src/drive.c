@@ -81,6 +81,9 @@ void ie_act_quantize_drive(ie_dtype_t act, const float *x, void *out, int64_t n,
 {
     switch (act) {
     case IE_DTYPE_F32: memcpy(out, x, (size_t)n * sizeof(float)); break;
+    case IE_DTYPE_BF16: /* the x86 act_quantize convert these themselves, vectorized */
+        for (int64_t i = 0; i < n; i++) ((ie_bf16_t *)out)[i] = ie_f32_to_bf16(x[i]);
+        break;
     case IE_DTYPE_Q8_0: {
         ie_block_q8_0_t *y = out;
         for (int64_t b = 0; b < n / IE_QK; b++) {

@@ -62,6 +62,10 @@ void ie_matmul_f16_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
                            const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
 void ie_matmul_bf16_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
                             const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+/* BF16 weights x BF16 activation rows (what ie_matmul_ref runs for BF16):
+ * exact bf16 products summed in double; any n_in. */
+void ie_matmul_bf16_bf16_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                             const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
 void ie_matmul_q8_0_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
                              const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
 void ie_matmul_q4_0_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
@@ -81,6 +85,8 @@ void ie_quantize_row_q16_p_ref(const float *x, void *out, int64_t n);
 /* ----------------------------------------------------------------- avx2 */
 
 void ie_act_quantize_avx2(ie_dtype_t act, const float *x, void *out, int64_t n);
+void ie_matmul_bf16_bf16_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                              int64_t n_tok, float *y, int64_t ldy);
 float ie_dot_f32_avx2(const float *a, const float *b, int64_t n);
 void ie_axpy_f32_avx2(float *y, float a, const float *x, int64_t n);
 int ie_matmul_avx2(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, int64_t r1,
@@ -94,6 +100,12 @@ void ie_bsr_matmul_avx2(const ie_bsr_t *m, int64_t r0, int64_t r1, const float *
 
 /* Needs AVX-512 F/BW/VL/DQ and VNNI (checked by dispatch.c). */
 void ie_act_quantize_avx512(ie_dtype_t act, const float *x, void *out, int64_t n);
+/* BF16 x BF16 with vdpbf16ps where the CPU has AVX512_BF16, else widened
+ * to f32 and FMA. ie_avx512_use_dpbf16(0) forces the fallback (tests),
+ * (1) restores the CPU default; returns whether vdpbf16ps is now used. */
+void ie_matmul_bf16_bf16_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a,
+                                size_t as, int64_t n_tok, float *y, int64_t ldy);
+int ie_avx512_use_dpbf16(int on);
 float ie_dot_f32_avx512(const float *a, const float *b, int64_t n);
 void ie_axpy_f32_avx512(float *y, float a, const float *x, int64_t n);
 int ie_matmul_avx512(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, int64_t r1,

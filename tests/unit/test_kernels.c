@@ -3,7 +3,11 @@
  * Tolerances (stated once, used below):
  *   matmul, float weights: |y - y_ref| <= 1e-5 * sum_k |w_k * x_k|
  *       (y_ref accumulates in double; the SIMD kernels' f32 lanes add at most
- *       a few dozen roundings of 2^-24 each).
+ *       a few dozen roundings of 2^-24 each). BF16 weights take BF16
+ *       activations (the oracle multiplies the two bf16 rows exactly); the
+ *       vdpbf16ps lanes round twice per pair of products, still well inside.
+ *   act_quantize BF16: bit-for-bit ie_f32_to_bf16 on every ISA, including
+ *       denormals (which vcvtne2ps2bf16 would flush), inf and NaN.
  *   matmul, block weights: |y - y_ref| <= 1e-5 * sum_b |d_w*d_a| sum_j |q_w*q_a|
  *       (+|m_w*s_a|): integer partial sums must be exact, only their f32
  *       scaling and accumulation may round (the kernels, like ggml's, convert
@@ -81,11 +85,13 @@ static int is_block(ie_dtype_t t) { return ie_dtype_block_elems(t) == IE_QK; }
 static double term_scale(ie_dtype_t wt, const void *wrow, const void *arow, int64_t n_in)
 {
     double s = 0.0;
-    if (!is_block(wt)) {
-        float *wf = malloc((size_t)n_in * sizeof(float));
+    if (!is_block(wt)) { /* f32 activations, or bf16 ones for bf16 weights */
+        float *wf = malloc((size_t)n_in * sizeof(float)), *af = malloc((size_t)n_in * sizeof(float));
         ie_dequantize_row(wt, wrow, wf, n_in);
-        for (int64_t k = 0; k < n_in; k++) s += fabs((double)wf[k] * ((const float *)arow)[k]);
+        ie_dequantize_row(ie_matmul_act_dtype(wt), arow, af, n_in);
+        for (int64_t k = 0; k < n_in; k++) s += fabs((double)wf[k] * af[k]);
         free(wf);
+        free(af);
         return s;
     }
     for (int64_t b = 0; b < n_in / IE_QK; b++) {
@@ -494,7 +500,8 @@ static void test_matmul_unsupported(void)
         CU_ASSERT_EQUAL(ops->matmul(IE_DTYPE_INVALID, buf, 32, 0, 1, buf, 36, 1, y, 1), -1);
     }
     CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_F16), IE_DTYPE_F32);
-    CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_BF16), IE_DTYPE_F32);
+    CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_BF16), IE_DTYPE_BF16);
+    CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_F32), IE_DTYPE_F32);
     CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_Q4_0), IE_DTYPE_Q8_0);
     CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_Q8_0), IE_DTYPE_Q8_0);
     CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_Q4_1), IE_DTYPE_Q8_1);
@@ -519,8 +526,8 @@ static void test_act_quantize_bitexact(void)
         }
         if (round == 2) for (int64_t i = 64; i < 128; i++) x[i] = 0.0f; /* all-zero blocks */
         if (round == 3) for (int64_t i = 0; i < n; i++) x[i] *= (i < 320 ? 1e-38f : 1e-30f); /* tiny: f16 d underflows, 1/d overflows */
-        for (int at = 0; at < 3; at++) {
-            const ie_dtype_t act = at == 0 ? IE_DTYPE_F32 : at == 1 ? IE_DTYPE_Q8_0 : IE_DTYPE_Q8_1;
+        for (int at = 0; at < 4; at++) {
+            const ie_dtype_t act = at == 0 ? IE_DTYPE_F32 : at == 1 ? IE_DTYPE_Q8_0 : at == 2 ? IE_DTYPE_Q8_1 : IE_DTYPE_BF16;
             const size_t nb = ie_dtype_row_bytes(act, n);
             ie_act_quantize_ref(act, x, ref, n);
             for (int i = 0; i < ni; i++) {
@@ -547,6 +554,60 @@ static void test_act_quantize_bitexact(void)
     CU_ASSERT_EQUAL(blk.q[31], 127);
     CU_ASSERT_EQUAL(blk.s, ie_f32_to_f16((float)sum * d));
     free(x); free(ref); free(got);
+}
+
+/* BF16 activations: every ISA equals ie_f32_to_bf16 element by element,
+ * bit for bit, on every length 0..70 (vector bodies and tails) and on the
+ * special values (ties, denormals, inf, NaN, overflow to inf). */
+static void test_act_bf16_bitexact(void)
+{
+    ie_isa_t isas[3];
+    const int ni = n_isas(isas);
+    static const uint32_t special[] = { 0x00000000u, 0x80000000u, 0x00000001u, 0x80008000u, 0x00018000u,
+                                        0x007fffffu, 0x00800000u, 0x3f808000u, 0x3f818000u, 0x3f817fffu,
+                                        0x7f7fffffu, 0xff7f8000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                        0xffc00001u, 0x7f800001u, 0xff810000u, 0x7fffffffu, 0x477fe000u };
+    const int ns = (int)(sizeof special / sizeof special[0]);
+    float x[96];
+    ie_bf16_t got[96 + 8];
+    int bad = 0;
+    for (int n = 0; n <= 70; n++) {
+        rng_seed(9000 + (uint64_t)n);
+        for (int j = 0; j < n; j++) {
+            const uint32_t u = (j % 3 == 0) ? special[rng_u32() % (uint32_t)ns] : rng_u32() * 65537u;
+            memcpy(&x[j], &u, sizeof u);
+        }
+        for (int i = 0; i < ni; i++) {
+            for (int j = 0; j < n + 8; j++) got[j] = 0xdead;
+            ie_kernels_get(isas[i])->act_quantize(IE_DTYPE_BF16, x, got, n);
+            for (int j = 0; j < n; j++)
+                if (got[j] != ie_f32_to_bf16(x[j])) {
+                    uint32_t u;
+                    memcpy(&u, &x[j], sizeof u);
+                    if (bad < 5) printf("\n  %s bf16 act n=%d x=%08x: %04x, want %04x", ie_isa_name(isas[i]), n, u, got[j], ie_f32_to_bf16(x[j]));
+                    bad++;
+                }
+            for (int j = n; j < n + 8; j++) bad += got[j] != 0xdead; /* nothing written past n */
+        }
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+/* The AVX-512 bf16 x bf16 matmul without vdpbf16ps (CPUs lacking
+ * AVX512_BF16 widen both operands and use FMA), on the odd sizes of
+ * test_matmul_vs_ref; skipped where AVX-512 is not available. */
+static void test_matmul_bf16_no_dpbf16(void)
+{
+    if (!ie_kernels_get(IE_ISA_AVX512)) return;
+    const int had = ie_avx512_use_dpbf16(1);
+    ie_avx512_use_dpbf16(0);
+    static const int64_t nins[] = { 1, 3, 17, 31, 33, 64, 100, 576, 8320 };
+    int bad = 0;
+    for (size_t a = 0; a < sizeof nins / sizeof nins[0]; a++)
+        for (int64_t n_tok = 1; n_tok <= 13; n_tok += 4)
+            bad += check_matmul_case(IE_ISA_AVX512, IE_DTYPE_BF16, nins[a], 11, n_tok, a % 2, 31337 + a);
+    ie_avx512_use_dpbf16(had);
+    CU_ASSERT_EQUAL(bad, 0);
 }
 
 /* ------------------------------------------------ quantize/dequantize */
@@ -620,7 +681,9 @@ static void test_quant_roundtrip(void)
 }
 
 /* f16 / bf16: all 65536 bit patterns. Scalar round trip, and the SIMD
- * widening (through a 65536 x 1 matmul with x = 1) equals the scalar one. */
+ * widening (through a 65536 x 1 matmul with x = 1, in the activation format
+ * of the type) equals the scalar one; except that vdpbf16ps (AVX-512 with
+ * AVX512_BF16) reads bf16 subnormals as zero, as documented there. */
 static void test_half_conversions(void)
 {
     ie_isa_t isas[3];
@@ -643,11 +706,15 @@ static void test_half_conversions(void)
         }
         CU_ASSERT_EQUAL(bad_rt, 0);
         const float one = 1.0f;
+        float one_act[1];
+        ie_act_quantize_ref(ie_matmul_act_dtype(t), &one, one_act, 1);
         for (int i = 0; i < ni; i++) {
-            ie_kernels_get(isas[i])->matmul(t, h, 1, 0, 65536, &one, sizeof(float), 1, y, 65536);
+            ie_kernels_get(isas[i])->matmul(t, h, 1, 0, 65536, one_act, sizeof one_act, 1, y, 65536);
+            const int daz = t == IE_DTYPE_BF16 && isas[i] == IE_ISA_AVX512 && ie_avx512_use_dpbf16(1);
             int bad = 0;
             for (uint32_t k = 0; k < 65536; k++) {
-                const float f = kind == 0 ? ie_f16_to_f32((uint16_t)k) : ie_bf16_to_f32((uint16_t)k);
+                float f = kind == 0 ? ie_f16_to_f32((uint16_t)k) : ie_bf16_to_f32((uint16_t)k);
+                if (daz && fpclassify(f) == FP_SUBNORMAL) f = 0.0f;
                 if (isnan(f) ? !isnan(y[k]) : y[k] != f) {
                     if (bad < 3) printf("\n  %s %s 0x%04x: %g vs %g", ie_isa_name(isas[i]), ie_dtype_name(t), k, y[k], f);
                     bad++;
@@ -858,6 +925,8 @@ int main(void)
     CU_add_test(s, "matmul reads nothing past its inputs", test_matmul_guard_page);
     CU_add_test(s, "matmul unsupported types", test_matmul_unsupported);
     CU_add_test(s, "act_quantize bit-exact", test_act_quantize_bitexact);
+    CU_add_test(s, "bf16 activations bit-exact (all ISAs, specials, tails)", test_act_bf16_bitexact);
+    CU_add_test(s, "bf16 x bf16 matmul, AVX-512 without vdpbf16ps", test_matmul_bf16_no_dpbf16);
     CU_add_test(s, "quantize/dequantize bounds", test_quant_roundtrip);
     CU_add_test(s, "mxfp4 values, edges, quantizer rule", test_mxfp4_values);
     CU_add_test(s, "f16/bf16 all 65536 values", test_half_conversions);

@@ -163,7 +163,6 @@ IE_INLINE void ftile(ie_dtype_t wt, ie_dtype_t at, int R, int T, const char *w, 
 
 FTILES(IE_DTYPE_F32, IE_DTYPE_F32, f32)
 FTILES(IE_DTYPE_F16, IE_DTYPE_F32, f16)
-FTILES(IE_DTYPE_BF16, IE_DTYPE_F32, bf16)
 FTILES(IE_DTYPE_BF16, IE_DTYPE_BF16, bf16bf16) /* no AVX512_BF16: widen both */
 
 /* ============================================ bf16 weights x bf16 acts */
@@ -637,8 +636,8 @@ int ie_matmul_avx512(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, 
     case IE_DTYPE_F16:
         ie_matmul_float_drive(wtype, ftiles_f16[0], ftiles_f16[1], FR, FT, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);
         return 0;
-    case IE_DTYPE_BF16:
-        ie_matmul_float_drive(wtype, ftiles_bf16[0], ftiles_bf16[1], FR, FT, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);
+    case IE_DTYPE_BF16: /* bf16 activations (ie_matmul_act_dtype) */
+        ie_matmul_bf16_bf16_avx512(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);
         return 0;
     case IE_DTYPE_Q8_0: matmul_q8_0(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
     case IE_DTYPE_Q4_0: matmul_q4_0(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
