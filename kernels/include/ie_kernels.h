@@ -42,7 +42,7 @@ int ie_isa_supported(ie_isa_t isa);
 /* Activation format that matmul expects for weights of type `wtype`:
  * F32 for f32/f16 weights, BF16 (bf16 rows, round to nearest even) for bf16
  * weights, Q8_0 for q8_0/q4_0/mxfp4, Q8_1 for q4_1,
- * Q8_P for the packed I8W/I4W/I4WA (matmul_packed). */
+ * Q8_P for the packed I4W/I4WA and Q16_P for the packed I8W (matmul_packed). */
 ie_dtype_t ie_matmul_act_dtype(ie_dtype_t wtype);
 
 /* The matmul family for one ISA. Obtain with ie_kernels_get(). */
