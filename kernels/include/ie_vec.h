@@ -14,7 +14,14 @@ typedef struct ie_vec_ops {
     ie_isa_t isa;
     /* out[i] = silu(g[i]) * u[i]; out may alias g or u. */
     void (*swiglu)(float *out, const float *g, const float *u, int64_t n);
+    /* In-place softmax over n >= 1 values; with sink != NULL the logit
+     * *sink joins the normalization and its share is dropped (GPT-OSS's
+     * attention sinks): x[i] = exp(x[i]-m) / (sum_j exp(x[j]-m) + exp(*sink-m)). */
+    void (*softmax)(float *x, int64_t n, const float *sink);
 } ie_vec_ops_t;
+
+/* The scalar softmax with optional sink (libm expf; the oracle). */
+void ie_softmax_sink_f32(float *x, int64_t n, const float *sink);
 
 /* Table for `isa` (AVX2 uses the scalar loops), or NULL if unsupported. */
 const ie_vec_ops_t *ie_vec_get(ie_isa_t isa);

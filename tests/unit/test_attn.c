@@ -147,6 +147,48 @@ static void test_swiglu(void)
     }
 }
 
+/* Softmax (with and without a sink) of every ISA vs the scalar oracle;
+ * without a sink the oracle equals ie_softmax_f32; rows sum to 1 (minus
+ * the sink's share). */
+static void test_softmax(void)
+{
+    static const int64_t ns[] = {1, 2, 15, 16, 17, 33, 1000};
+    for (int isa = IE_ISA_REF; isa <= IE_ISA_AVX512; isa++) {
+        const ie_vec_ops_t *ops = ie_vec_get((ie_isa_t)isa);
+        if (!ops) continue;
+        for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+            for (int with_sink = 0; with_sink < 2; with_sink++) {
+                int64_t n = ns[a];
+                float *x = malloc(sizeof(float) * (n + 1)), *want = malloc(sizeof(float) * n);
+                float *plain = malloc(sizeof(float) * n);
+                CU_ASSERT_FATAL(x && want && plain);
+                for (int64_t i = 0; i < n; i++) want[i] = plain[i] = x[i] = 20.0f * frand();
+                x[n] = GUARD_VAL;
+                const float sink = 3.0f;
+                ie_softmax_sink_f32(want, n, with_sink ? &sink : NULL);
+                if (!with_sink) {
+                    ie_softmax_f32(plain, n);
+                    for (int64_t i = 0; i < n; i++) CU_ASSERT(fabsf(plain[i] - want[i]) <= 1e-6f * want[i] + 1e-30f);
+                }
+                ops->softmax(x, n, with_sink ? &sink : NULL);
+                int bad = x[n] != GUARD_VAL;
+                double sum = 0;
+                for (int64_t i = 0; i < n; i++) {
+                    if (!(fabs((double)x[i] - want[i]) <= 2e-6 * want[i] + 1e-12)) bad++;
+                    sum += x[i];
+                }
+                if (!with_sink) {
+                    CU_ASSERT(fabs(sum - 1.0) < 1e-5);
+                } else {
+                    CU_ASSERT(sum <= 1.0 + 1e-5 && sum > 0.0); /* the sink keeps a share (tiny for long rows) */
+                }
+                if (bad) fprintf(stderr, "\n  %s softmax n %lld sink %d: %d bad\n", ie_isa_name((ie_isa_t)isa), (long long)n, with_sink, bad);
+                CU_ASSERT_EQUAL(bad, 0);
+                free(x); free(want); free(plain);
+            }
+    }
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return (int)CU_get_error();
@@ -158,6 +200,7 @@ int main(void)
     CU_add_test(suite, "every ISA vs ref on odd shapes", test_shapes);
     CU_add_test(suite, "exact cases", test_exact);
     CU_add_test(suite, "swiglu vs scalar", test_swiglu);
+    CU_add_test(suite, "softmax vs scalar", test_softmax);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures();

@@ -948,9 +948,10 @@ static void att_run(void *ctx, int ith, int nth)
     const size_t ld = (size_t)w->opts.n_ctx;
     const float scale = 1.0f / sqrtf((float)hd);
     float *scores = w->scores + (size_t)ith * (size_t)group * ld;
-    long b, e;
-    ie_split_range((long)t->b->n * hp->n_head_kv * nsub, ith, nth, &b, &e);
-    for (long u = b; u < e; u++) {
+    /* units dealt round-robin: a causal prefill's later tokens cost more,
+     * contiguous shares would leave the first thread idle */
+    const long units = (long)t->b->n * hp->n_head_kv * nsub;
+    for (long u = ith; u < units; u += nth) {
         const int i = (int)(u / (hp->n_head_kv * nsub)), r = (int)(u % (hp->n_head_kv * nsub));
         const int kh = r / nsub, h0 = kh * group + (r % nsub) * t->sg;
         const int nh = kh * group + group - h0 < t->sg ? kh * group + group - h0 : t->sg;
@@ -962,19 +963,8 @@ static void att_run(void *ctx, int ith, int nth)
                             ((size_t)seq * w->opts.n_ctx + (size_t)j0) * w->kv_dim + (size_t)kh * hd;
         const float *q = w->q + (size_t)i * w->q_dim + (size_t)h0 * hd;
         w->attn->scores(q, (size_t)hd, nh, w->kcache + base, (size_t)w->kv_dim, cnt, hd, scale, scores, ld);
-        for (int hh = 0; hh < nh; hh++) {
-            float *sc = scores + (size_t)hh * ld;
-            if (L->sinks) {
-                /* the sink logit joins the softmax and its share is dropped */
-                float sink = L->sinks[h0 + hh], m = sink, z = 0;
-                for (int j = 0; j < cnt; j++) m = sc[j] > m ? sc[j] : m;
-                for (int j = 0; j < cnt; j++) z += sc[j] = expf(sc[j] - m);
-                z += expf(sink - m);
-                for (int j = 0; j < cnt; j++) sc[j] /= z;
-            } else {
-                ie_softmax_f32(sc, cnt);
-            }
-        }
+        for (int hh = 0; hh < nh; hh++)
+            w->vec->softmax(scores + (size_t)hh * ld, cnt, L->sinks ? &L->sinks[h0 + hh] : NULL);
         w->attn->values(scores, ld, nh, w->vcache + base, (size_t)w->kv_dim, cnt, hd,
                         w->xb + (size_t)i * w->q_dim + (size_t)h0 * hd, (size_t)hd);
     }
