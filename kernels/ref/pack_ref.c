@@ -345,17 +345,23 @@ static void put_repack(const void *ctx, int64_t r, int64_t g, uint8_t *grp, int 
     memcpy(grp + 2 * i, blk, 2);
     if (t == IE_DTYPE_I4WA) memcpy(grp + 2 * IE_PANEL + 2 * i, blk + 2, 2);
     const uint8_t *qs = blk + scale_bytes(t);
-    uint8_t *q = grp + IE_PANEL * scale_bytes(t);
-    for (int kk = 0; kk < c->G; kk++) {
-        int hi;
-        const size_t pos = panel_quant_pos(t, i, kk, &hi);
-        if (t == IE_DTYPE_I8W) {
-            q[pos] = (uint8_t)(qs[kk] ^ 0x80); /* int8 q -> q + 128 */
-        } else {
-            const int u = kk < c->G / 2 ? qs[kk] & 0x0f : qs[kk - c->G / 2] >> 4;
-            q[pos] |= (uint8_t)(hi ? u << 4 : u);
-        }
+    uint8_t *q = grp + IE_PANEL * scale_bytes(t) + 4 * i;
+    const int G = c->G, H = G / 2;
+    if (t == IE_DTYPE_I8W) { /* 4 k per chunk: int8 q -> q + 128 */
+        for (int ch = 0; ch < G / 4; ch++)
+            for (int j = 0; j < 4; j++) q[ch * 64 + j] = (uint8_t)(qs[4 * ch + j] ^ 0x80);
+        return;
     }
+    /* 8 k per chunk: byte j holds k = 8ch+j (low nibble) and 8ch+4+j (high);
+     * the source row keeps element e < G/2 in qs[e]'s low nibble and
+     * e >= G/2 in qs[e - G/2]'s high nibble */
+    for (int ch = 0; ch < G / 8; ch++)
+        for (int j = 0; j < 4; j++) {
+            const int lo = 8 * ch + j, hi = lo + 4;
+            const int ul = lo < H ? qs[lo] & 0x0f : qs[lo - H] >> 4;
+            const int uh = hi < H ? qs[hi] & 0x0f : qs[hi - H] >> 4;
+            q[ch * 64 + j] = (uint8_t)(ul | uh << 4);
+        }
 }
 
 /* Repack rows [r0, r1) of a ROWS-layout matrix into PANEL16 without
