@@ -20,13 +20,13 @@ test: build
 # microbenchmarks, writes bench/out/<stamp>/ (results.jsonl/.csv, plots) and
 # regenerates docs/PERFORMANCE.md. The TinyLlama-shaped Q4_0 model is made
 # first by bench/make_tinyllama_gguf.py (~0.6 GB in models/bench/).
-BENCH_SWEEP ?= threads=1,2|precision=native,int8w,int4w|batch=1,4
+BENCH_SWEEP ?= threads=2|precision=f16,bf16,int8w,int4w
 BENCH_RUNS ?= 3
 bench: build
-	.venv/bin/python bench/make_tinyllama_gguf.py --types q4_0
+	.venv/bin/python bench/make_tinyllama_gguf.py --types f16
 	.venv/bin/python bench/harness.py --bin $(BUILD)/inference-engine --kernels \
-	  --model models/bench/tinyllama-q4_0.gguf --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
-	  --sweep '$(BENCH_SWEEP)' --runs $(BENCH_RUNS) --prompt-tokens 128 --gen 64
+	  --model models/bench/tinyllama-f16.gguf --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
+	  --sweep '$(BENCH_SWEEP)' --runs $(BENCH_RUNS) --prompt-tokens 512 --gen 64
 
 # About a minute: SmolLM2 only, no kernel benchmarks, the document untouched.
 bench-quick: build
