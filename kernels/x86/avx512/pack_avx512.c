@@ -69,7 +69,9 @@
 #define PT 8                    /* max tokens per tile                    */
 #define PK_BLK (40 * PT)        /* packed bytes per block of a full tile  */
 #define KCB 192                 /* blocks per k-chunk (60 KiB pack)       */
-#define PFD 1024                /* decode prefetch distance, bytes        */
+#ifndef PFD
+#define PFD 2048                /* decode prefetch distance, bytes        */
+#endif
 #define ROWBLK_BYTES (2u << 20) /* weights per row block in prefill      */
 
 enum { D_I8W = 0, D_I4W = 1, D_I4WA = 2 };
@@ -176,11 +178,31 @@ IE_INLINE void pblock(const int DT, const int T, const int FIRST, const int PF, 
             W[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
         }
         /* j outer, tokens inner: T independent vpdpbusd chains in flight
-         * (token-outer order left the scheduler full of dependent ops) */
+         * (token-outer order left the scheduler full of dependent ops);
+         * decode (T <= 2) splits each token's 8 products over NC chains so
+         * the block is not one 8-deep dependency chain */
+        const int NC = T == 1 ? 4 : T == 2 ? 2 : 1;
+        __m512i X[PT][4];
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++)
+#pragma GCC unroll 4
+            for (int c = 1; c < NC; c++) X[t][c] = _mm512_setzero_si512();
 #pragma GCC unroll 8
         for (int j = 0; j < 8; j++)
 #pragma GCC unroll 8
-            for (int t = 0; t < T; t++) I[t] = dpbusd_bcast(I[t], W[j], p + 32 * t + 4 * j);
+            for (int t = 0; t < T; t++) {
+                if (j % NC == 0) I[t] = dpbusd_bcast(I[t], W[j], p + 32 * t + 4 * j);
+                else X[t][j % NC] = dpbusd_bcast(X[t][j % NC], W[j], p + 32 * t + 4 * j);
+            }
+        if (NC > 1) {
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                __m512i s = X[t][1];
+#pragma GCC unroll 4
+                for (int c = 2; c < NC; c++) s = _mm512_add_epi32(s, X[t][c]);
+                I[t] = _mm512_add_epi32(I[t], s);
+            }
+        }
     }
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) {
