@@ -133,9 +133,10 @@ static ie_status_t parse_rule(const cJSON *r, size_t idx, const char *what, ie_m
                                 where);
         if (cJSON_IsString(grp) && !strcmp(grp->valuestring, "row")) {
             rule->group = IE_GROUP_ROW;
-        } else if (cJSON_IsNumber(grp) && grp->valuedouble == (double)(int)grp->valuedouble && grp->valueint >= 32 &&
-                   grp->valueint % 32 == 0 && grp->valueint <= (1 << 20)) {
-            rule->group = grp->valueint;
+        } else if (cJSON_IsNumber(grp) && grp->valuedouble >= 32 && grp->valuedouble <= (1 << 20) &&
+                   grp->valuedouble == (double)(int)grp->valuedouble && (int)grp->valuedouble % 32 == 0) {
+            /* range first: casting an out-of-range double to int is undefined */
+            rule->group = (int)grp->valuedouble;
         } else {
             return ie_error_set(IE_ERR_FORMAT,
                                 "manifest %s: %s: bad \"group\" (a positive multiple of 32, or \"row\")", what,
