@@ -162,15 +162,34 @@ void ie_worker_opts_default(ie_worker_opts_t *o)
  * and scratch: 4 KiB pages cost ~1/3 of the read bandwidth here). The KV
  * cache does not ask: it is reserved for the whole context but written a
  * position at a time in every layer, and a 2 MiB first-touch per layer would
- * zero (and keep resident) megabytes for a few tokens. The first 64 bytes
- * hold the mapping's size for big_free(). */
+ * zero (and keep resident) megabytes for a few tokens. Huge allocations
+ * start 2 MiB-aligned (THP only backs aligned 2 MiB ranges: an unaligned
+ * 2-6 MiB weight matrix got almost none); the mapping's size for
+ * big_free() sits in a header before the data. */
 #define BIG_HDR 64
+#define HUGE_SZ ((size_t)2 << 20)
+#define PAGE_SZ ((size_t)4096)
 static void *big_alloc_ex(size_t n, int huge)
 {
+    if (huge && n >= HUGE_SZ) {
+        /* Transparent huge pages need 2 MiB-aligned virtual addresses: map
+         * with slack, keep one 4 KiB page for the header right before a
+         * 2 MiB-aligned start, give the rest of the slack back. */
+        size_t total = n + HUGE_SZ + PAGE_SZ;
+        char *base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (base == MAP_FAILED) return NULL;
+        char *data = (char *)(((uintptr_t)base + PAGE_SZ + HUGE_SZ - 1) & ~(uintptr_t)(HUGE_SZ - 1));
+        char *start = data - PAGE_SZ;
+        char *end = (char *)(((uintptr_t)data + n + PAGE_SZ - 1) & ~(uintptr_t)(PAGE_SZ - 1));
+        if (start > base) munmap(base, (size_t)(start - base));
+        if (base + total > end) munmap(end, (size_t)(base + total - end));
+        madvise(data, (size_t)(end - data), MADV_HUGEPAGE);
+        *(size_t *)start = (size_t)(end - start);
+        return data;
+    }
     size_t total = n + BIG_HDR;
     void *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return NULL;
-    if (huge && total >= (2u << 20)) madvise(p, total, MADV_HUGEPAGE);
     *(size_t *)p = total;
     return (char *)p + BIG_HDR;
 }
@@ -180,7 +199,9 @@ static void *big_alloc(size_t n) { return big_alloc_ex(n, 1); }
 static void big_free(void *q)
 {
     if (!q) return;
-    char *p = (char *)q - BIG_HDR;
+    /* huge allocations start 2 MiB-aligned with their header one page
+     * before; the others have it BIG_HDR bytes before */
+    char *p = ((uintptr_t)q & (HUGE_SZ - 1)) == 0 ? (char *)q - PAGE_SZ : (char *)q - BIG_HDR;
     munmap(p, *(size_t *)p);
 }
 
