@@ -1,4 +1,5 @@
-/* ie_mmap.h — map a whole file read-only, for the format readers. */
+/* ie_mmap.h — whole files: mapped read-only for the format readers, or read
+ * into memory for small text inputs (JSON, prompts, manifests). */
 #ifndef IE_MMAP_H
 #define IE_MMAP_H
 
@@ -15,5 +16,12 @@ ie_status_t ie_file_map(const char *what, const char *path, const void **map_out
 
 /* Undo ie_file_map(); accepts NULL. */
 void ie_file_unmap(const void *map, size_t len);
+
+/* Read the whole file `path` (regular file or pipe) into a NUL-terminated
+ * malloc'd buffer: *buf_out (caller frees), *len_out bytes before the NUL.
+ * `what` prefixes error messages. Errors: IE_ERR_IO (cannot open/read,
+ * with strerror), IE_ERR_FORMAT (longer than max_bytes), IE_ERR_NOMEM. On
+ * failure *buf_out is NULL. */
+ie_status_t ie_file_read(const char *what, const char *path, size_t max_bytes, char **buf_out, size_t *len_out);
 
 #endif

@@ -2,6 +2,8 @@
 #include "ie_mmap.h"
 
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <fcntl.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -47,4 +49,49 @@ cleanup:
 void ie_file_unmap(const void *map, size_t len)
 {
     if (map && len) munmap((void *)map, len);
+}
+
+ie_status_t ie_file_read(const char *what, const char *path, size_t max_bytes, char **buf_out, size_t *len_out)
+{
+    ie_status_t st = IE_OK;
+    char *buf = NULL;
+    size_t len = 0, cap = 0;
+    *buf_out = NULL;
+    *len_out = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return ie_error_set(IE_ERR_IO, "%s: cannot read '%s': %s", what, path, strerror(errno));
+    for (;;) {
+        if (len + 65536 + 1 > cap) {
+            size_t ncap = (len + 65536 + 1) * 2;
+            char *nb = realloc(buf, ncap);
+            if (!nb) {
+                st = ie_error_set(IE_ERR_NOMEM, "%s: out of memory reading '%s'", what, path);
+                goto cleanup;
+            }
+            buf = nb;
+            cap = ncap;
+        }
+        size_t r = fread(buf + len, 1, cap - len - 1, f);
+        len += r;
+        if (len > max_bytes) {
+            st = ie_error_set(IE_ERR_FORMAT, "%s: '%s' is larger than %zu bytes", what, path, max_bytes);
+            goto cleanup;
+        }
+        if (r == 0) break;
+    }
+    if (ferror(f)) {
+        st = ie_error_set(IE_ERR_IO, "%s: cannot read '%s'", what, path);
+        goto cleanup;
+    }
+    buf[len] = '\0';
+
+cleanup:
+    fclose(f);
+    if (st != IE_OK) {
+        free(buf);
+        return st;
+    }
+    *buf_out = buf;
+    *len_out = len;
+    return IE_OK;
 }

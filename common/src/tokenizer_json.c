@@ -15,6 +15,7 @@
  * Anything else is IE_ERR_UNSUPPORTED naming the component; malformed
  * input is IE_ERR_FORMAT. Nothing here trusts an id or a length.
  */
+#include "ie_mmap.h"
 #include "tokenizer_internal.h"
 
 #include <cjson/cJSON.h>
@@ -23,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define SPM_SPACE "\xE2\x96\x81" /* U+2581 */
 
@@ -94,48 +96,10 @@ static int32_t id_value(const cJSON *v)
 
 ie_status_t ie_tok_read_file(const char *path, int missing_ok, char **buf_out, size_t *len_out)
 {
-    ie_status_t st = IE_OK;
-    char *buf = NULL;
-    FILE *f = fopen(path, "rb");
     *buf_out = NULL;
     *len_out = 0;
-    if (!f) {
-        if (missing_ok && errno == ENOENT) {
-            return IE_OK;
-        }
-        return ie_error_set(IE_ERR_IO, "tokenizer: cannot open '%s'", path);
-    }
-    if (fseek(f, 0, SEEK_END) != 0) {
-        st = ie_error_set(IE_ERR_IO, "tokenizer: cannot read '%s'", path);
-        goto cleanup;
-    }
-    long sz = ftell(f);
-    if (sz < 0 || fseek(f, 0, SEEK_SET) != 0) {
-        st = ie_error_set(IE_ERR_IO, "tokenizer: cannot read '%s'", path);
-        goto cleanup;
-    }
-    if ((unsigned long)sz > (1ul << 30)) {
-        st = ie_error_set(IE_ERR_FORMAT, "tokenizer: '%s' is larger than 1 GiB", path);
-        goto cleanup;
-    }
-    buf = malloc((size_t)sz + 1);
-    if (!buf) {
-        st = ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory reading '%s'", path);
-        goto cleanup;
-    }
-    if (fread(buf, 1, (size_t)sz, f) != (size_t)sz) {
-        st = ie_error_set(IE_ERR_IO, "tokenizer: short read on '%s'", path);
-        goto cleanup;
-    }
-    buf[sz] = '\0';
-    *buf_out = buf;
-    *len_out = (size_t)sz;
-    buf = NULL;
-
-cleanup:
-    free(buf);
-    fclose(f);
-    return st;
+    if (missing_ok && access(path, F_OK) != 0 && errno == ENOENT) return IE_OK;
+    return ie_file_read("tokenizer", path, (size_t)1 << 30, buf_out, len_out);
 }
 
 static ie_status_t parse_json(const char *path, const char *buf, size_t len, cJSON **out)

@@ -20,6 +20,13 @@ enum {
     IE_EXIT_NOMEM = 6    /* out of memory                             */
 };
 
+/* Strict integer flag value: the whole string s is a base-10 number in
+ * [lo, hi]; stores it in *out and returns 0, else -1 (out untouched). */
+int ie_cli_parse_long(const char *s, long lo, long hi, long *out);
+
+/* Largest text input the modes read whole (prompts, chat JSON, corpora). */
+#define IE_CLI_MAX_TEXT ((size_t)1 << 30)
+
 /* Exit code for a failed model/engine load with status st. */
 int ie_cli_exit_for_load(ie_status_t st);
 

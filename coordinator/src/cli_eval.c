@@ -9,6 +9,7 @@
  *     reference comparisons in tests/.
  */
 #include "ie_cli.h"
+#include "ie_mmap.h"
 #include "ie_engine.h"
 
 #include <errno.h>
@@ -27,40 +28,7 @@ static int fail(int code, const char *fmt, const char *arg)
     return code;
 }
 
-static int to_long(const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
 
-/* Whole file into a NUL-terminated buffer. */
-static char *slurp(const char *path, size_t *len_out)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    size_t len = 0, cap = 0, r;
-    do {
-        if (len + 65536 + 1 > cap) {
-            cap = (len + 65536 + 1) * 2;
-            char *nb = realloc(buf, cap);
-            if (!nb) { free(buf); fclose(f); return NULL; }
-            buf = nb;
-        }
-        r = fread(buf + len, 1, cap - len - 1, f);
-        len += r;
-    } while (r > 0);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) { free(buf); return NULL; }
-    buf[len] = '\0';
-    *len_out = len;
-    return buf;
-}
 
 int ie_cli_perplexity(int argc, char **argv)
 {
@@ -87,10 +55,10 @@ int ie_cli_perplexity(int argc, char **argv)
         switch (c) {
         case 'm': model = optarg; break;
         case 'f': file = optarg; break;
-        case 'c': bad = to_long(optarg, 4, 1 << 20, &ctx); break;
-        case 'k': bad = to_long(optarg, 0, 1 << 30, &chunks); break;
-        case 't': bad = to_long(optarg, 1, 1024, &threads); break;
-        case 'b': bad = to_long(optarg, 1, 1 << 16, &batch); break;
+        case 'c': bad = ie_cli_parse_long(optarg, 4, 1 << 20, &ctx); break;
+        case 'k': bad = ie_cli_parse_long(optarg, 0, 1 << 30, &chunks); break;
+        case 't': bad = ie_cli_parse_long(optarg, 1, 1024, &threads); break;
+        case 'b': bad = ie_cli_parse_long(optarg, 1, 1 << 16, &batch); break;
         case 'p': bad = ie_precision_parse(optarg, &prec) != IE_OK; break;
         default: return fail(IE_EXIT_USAGE, "perplexity: unknown or incomplete option '%s'", argv[optind - 1]);
         }
@@ -101,8 +69,8 @@ int ie_cli_perplexity(int argc, char **argv)
                                          "[--chunks K] [--threads N] [--precision P]");
 
     size_t len = 0;
-    text = slurp(file, &len);
-    if (!text) return fail(IE_EXIT_USAGE, "perplexity: cannot read '%s'", file);
+    ie_status_t rst = ie_file_read("perplexity", file, IE_CLI_MAX_TEXT, &text, &len);
+    if (rst != IE_OK) return fail(rst == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_USAGE, "%s", ie_error_last());
 
     ie_engine_opts_t eo;
     ie_engine_opts_default(&eo);
@@ -227,7 +195,7 @@ int ie_cli_logits(int argc, char **argv)
         case 'm': model = optarg; break;
         case 'i': ids_s = optarg; break;
         case 'o': out = optarg; break;
-        case 't': bad = to_long(optarg, 1, 1024, &threads); break;
+        case 't': bad = ie_cli_parse_long(optarg, 1, 1024, &threads); break;
         case 'M':
             if (!strcmp(optarg, "decode")) decode = 1;
             else if (!strcmp(optarg, "prefill")) decode = 0;

@@ -9,6 +9,7 @@
  */
 #include "ie_chat.h"
 #include "ie_cli.h"
+#include "ie_mmap.h"
 #include "ie_engine.h"
 #include "ie_harmony.h"
 
@@ -69,8 +70,7 @@ static int err_exit(int code, const char *msg)
     return code;
 }
 
-/* Strict numeric parsing: the whole string must be a number in range. */
-static int parse_long(const char *s, long lo, long hi, long *out)
+int ie_cli_parse_long(const char *s, long lo, long hi, long *out)
 {
     char *end;
     errno = 0;
@@ -120,31 +120,6 @@ static double percentile(double *v, size_t n, double p)
     return i + 1 < n ? v[i] * (1 - f) + v[i + 1] * f : v[i];
 }
 
-/* Read a whole file into a NUL-terminated string. Caller frees *out. */
-static int read_file(const char *path, char **out)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    char *buf = NULL;
-    size_t len = 0, cap = 0, got;
-    int rc = 0;
-    do {
-        if (len + 4096 + 1 > cap) {
-            cap = cap ? cap * 2 : 8192;
-            char *nb = realloc(buf, cap);
-            if (!nb) { rc = -1; errno = ENOMEM; break; }
-            buf = nb;
-        }
-        got = fread(buf + len, 1, 4096, f);
-        len += got;
-    } while (got > 0);
-    if (rc == 0 && ferror(f)) rc = -1;
-    fclose(f);
-    if (rc != 0) { free(buf); return -1; }
-    buf[len] = '\0';
-    *out = buf;
-    return 0;
-}
 
 /* Read one prompt per line (trailing \r\n stripped, empty lines skipped).
  * Caller frees each line and the array. */
@@ -251,15 +226,15 @@ int ie_cli_run(int argc, char **argv)
             bad = ie_harmony_effort_parse(optarg, &chat_opts.effort) != IE_OK;
             have_reasoning = 1;
             break;
-        case O_MAXNEW: bad = parse_long(optarg, 0, 1 << 24, &max_new); break;
-        case O_THREADS: bad = parse_long(optarg, 1, 1024, &threads); break;
-        case O_BATCH: bad = parse_long(optarg, 1, 4096, &batch); break;
-        case O_CTX: bad = parse_long(optarg, 1, 1 << 24, &ctx); break;
-        case O_WARMUP: bad = parse_long(optarg, 0, 1000, &warmup); break;
-        case O_ROUNDS: bad = parse_long(optarg, 1, 1000, &rounds); break;
+        case O_MAXNEW: bad = ie_cli_parse_long(optarg, 0, 1 << 24, &max_new); break;
+        case O_THREADS: bad = ie_cli_parse_long(optarg, 1, 1024, &threads); break;
+        case O_BATCH: bad = ie_cli_parse_long(optarg, 1, 4096, &batch); break;
+        case O_CTX: bad = ie_cli_parse_long(optarg, 1, 1 << 24, &ctx); break;
+        case O_WARMUP: bad = ie_cli_parse_long(optarg, 0, 1000, &warmup); break;
+        case O_ROUNDS: bad = ie_cli_parse_long(optarg, 1, 1000, &rounds); break;
         case O_GREEDY: greedy = 1; break;
         case O_TEMP: bad = parse_float(optarg, &sp.temperature); break;
-        case O_TOPK: bad = parse_long(optarg, 0, 1 << 30, &lv); sp.top_k = (int32_t)lv; break;
+        case O_TOPK: bad = ie_cli_parse_long(optarg, 0, 1 << 30, &lv); sp.top_k = (int32_t)lv; break;
         case O_TOPP: bad = parse_float(optarg, &sp.top_p); break;
         case O_MINP: bad = parse_float(optarg, &sp.min_p); break;
         case O_REP: bad = parse_float(optarg, &sp.repeat_penalty); break;
@@ -333,9 +308,10 @@ int ie_cli_run(int argc, char **argv)
         /* "@file" reads the JSON from a file; the syntax is checked now so
          * that a typo fails before the model loads */
         if (chat[0] == '@') {
-            if (read_file(chat + 1, &chat_json) != 0) {
-                snprintf(msg, sizeof msg, "cannot read --chat file '%s': %s", chat + 1, strerror(errno));
-                rc = err_exit(IE_EXIT_USAGE, msg);
+            size_t chat_len;
+            ie_status_t rst = ie_file_read("--chat", chat + 1, IE_CLI_MAX_TEXT, &chat_json, &chat_len);
+            if (rst != IE_OK) {
+                rc = err_exit(rst == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_USAGE, ie_error_last());
                 goto cleanup;
             }
         } else if (!(chat_json = strdup(chat))) {

@@ -17,6 +17,7 @@
  * until the gate has passed.
  */
 #include "ie_cli.h"
+#include "ie_mmap.h"
 #include "ie_convert.h"
 #include "ie_iebin.h"
 #include "ie_threadpool.h"
@@ -377,39 +378,7 @@ static int find_config(const char *name, char *out, size_t cap)
     return file_exists(out) ? 0 : -1;
 }
 
-static char *slurp(const char *path, size_t *len_out)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    size_t len = 0, cap = 0, r;
-    do {
-        if (len + 65536 + 1 > cap) {
-            cap = (len + 65536 + 1) * 2;
-            char *nb = realloc(buf, cap);
-            if (!nb) { free(buf); fclose(f); return NULL; }
-            buf = nb;
-        }
-        r = fread(buf + len, 1, cap - len - 1, f);
-        len += r;
-    } while (r > 0);
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) { free(buf); return NULL; }
-    buf[len] = '\0';
-    *len_out = len;
-    return buf;
-}
 
-static int to_long(const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
 
 static void usage(FILE *f)
 {
@@ -545,8 +514,8 @@ int ie_convert_main(int argc, char **argv)
         case 'm': manifest_arg = optarg; break;
         case 'P': bad = ie_pretranspose_parse(optarg, &pt) != IE_OK; break;
         case 'c': calib_path = optarg; break;
-        case 'n': bad = to_long(optarg, 2, 1 << 24, &calib_tokens); break;
-        case 't': bad = to_long(optarg, 1, 1024, &threads); break;
+        case 'n': bad = ie_cli_parse_long(optarg, 2, 1 << 24, &calib_tokens); break;
+        case 't': bad = ie_cli_parse_long(optarg, 1, 1024, &threads); break;
         case 'f': force = 1; break;
         case 'q': quiet = 1; break;
         case 'h': usage(stdout); return IE_EXIT_OK;
@@ -580,8 +549,8 @@ int ie_convert_main(int argc, char **argv)
     }
     if (calib_path) {
         size_t len = 0;
-        if (!(calib_text = slurp(calib_path, &len))) {
-            rc = fail(IE_EXIT_USAGE, "cannot read calibration text '%s'", calib_path);
+        if ((st = ie_file_read("calibration text", calib_path, IE_CLI_MAX_TEXT, &calib_text, &len)) != IE_OK) {
+            rc = fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_USAGE, "%s", ie_error_last());
             goto cleanup;
         }
         if ((st = ie_tokenizer_load(ie_model_src_tokenizer_path(src), &tok)) != IE_OK) {

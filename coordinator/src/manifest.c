@@ -1,6 +1,7 @@
 /* manifest.c — parsing and applying ie-convert's quantization manifest
  * (ie_manifest.h, docs/CONVERT.md). */
 #include "ie_manifest.h"
+#include "ie_mmap.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <cjson/cJSON.h>
@@ -267,24 +268,10 @@ done:
 
 ie_status_t ie_manifest_load(const char *path, ie_manifest_t **out)
 {
-    *out = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) return ie_error_set(IE_ERR_IO, "cannot read manifest '%s'", path);
     char *buf = NULL;
-    size_t len = 0, cap = 0, r;
-    ie_status_t st = IE_OK;
-    do {
-        if (len + 4096 > cap) {
-            cap = (len + 4096) * 2;
-            char *nb = realloc(buf, cap);
-            if (!nb) { st = ie_error_set(IE_ERR_NOMEM, "out of memory"); break; }
-            buf = nb;
-        }
-        r = fread(buf + len, 1, cap - len, f);
-        len += r;
-    } while (r > 0);
-    if (st == IE_OK && ferror(f)) st = ie_error_set(IE_ERR_IO, "cannot read manifest '%s'", path);
-    fclose(f);
+    size_t len = 0;
+    *out = NULL;
+    ie_status_t st = ie_file_read("manifest", path, (size_t)64 << 20, &buf, &len);
     if (st == IE_OK) st = ie_manifest_parse(buf, len, path, out);
     free(buf);
     return st;
