@@ -29,28 +29,10 @@
 #include <sys/mman.h>
 #include <time.h>
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "bench_util.h"
 
-static int cmp_d(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
-static uint64_t g_rng = 88172645463325252ull;
-static uint64_t rnd_u64(void)
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return g_rng;
-}
-static float rnd(void) { return (float)(rnd_u64() >> 40) / 16777216.0f * 2.0f - 1.0f; }
+
 
 /* ---------------------------------------------------------------- jobs */
 

@@ -40,18 +40,9 @@
 #include <sys/mman.h>
 #include <time.h>
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "bench_util.h"
 
-static int cmp_d(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+
 
 /* ---------------------------------------------------------------- jobs */
 
@@ -135,14 +126,6 @@ static void read_task(void *p, int ith, int nth)
 
 /* ---------------------------------------------------------------- data */
 
-static uint64_t g_rng = 88172645463325252ull;
-static float rnd(void)
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (float)(g_rng >> 40) / 16777216.0f * 2.0f - 1.0f;
-}
 
 static uint8_t *g_pool;
 static size_t g_pool_bytes;

@@ -23,12 +23,8 @@
 #include <sys/mman.h>
 #include <time.h>
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "bench_util.h"
+
 
 __attribute__((target("avx2"))) static uint64_t read_avx2(const uint8_t *p, size_t n)
 {
@@ -85,11 +81,6 @@ static void fill_task(void *p, int ith, int nth)
     memset((void *)(j->buf + (size_t)b * 4096), ith + 1, (size_t)(e - b) * 4096);
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    const double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 /* GB/s of reading buf with `threads` threads, `passes` times. Each pass is
  * timed in 64 MiB chunks (a fork-join per chunk, ~1-2 ms each), so that a
