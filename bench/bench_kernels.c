@@ -100,28 +100,13 @@ static size_t mat_bytes(ie_dtype_t wt, int group, int64_t n_out, int64_t n_in)
     return is_packed(wt) ? ie_pack_bytes(wt, group, n_in, n_out) : ie_dtype_row_bytes(wt, n_in) * (size_t)n_out;
 }
 
-__attribute__((target("avx2"))) static uint64_t read_avx2(const uint8_t *p, size_t n)
-{
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-    size_t i = 0;
-    for (; i + 128 <= n; i += 128) {
-        a0 = _mm256_xor_si256(a0, _mm256_loadu_si256((const __m256i *)(p + i)));
-        a1 = _mm256_xor_si256(a1, _mm256_loadu_si256((const __m256i *)(p + i + 32)));
-        a2 = _mm256_xor_si256(a2, _mm256_loadu_si256((const __m256i *)(p + i + 64)));
-        a3 = _mm256_xor_si256(a3, _mm256_loadu_si256((const __m256i *)(p + i + 96)));
-    }
-    a0 = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
-    uint64_t s = (uint64_t)_mm256_extract_epi64(a0, 0);
-    for (; i < n; i++) s += p[i];
-    return s;
-}
 
 static void read_task(void *p, int ith, int nth)
 {
     job_t *j = p;
     long b, e;
     ie_split_range((long)(j->bytes / 64), ith, nth, &b, &e);
-    j->sink[ith] = read_avx2(j->buf + (size_t)b * 64, (size_t)(e - b) * 64);
+    j->sink[ith] = probe_read_avx2(j->buf + (size_t)b * 64, (size_t)(e - b) * 64);
 }
 
 /* ---------------------------------------------------------------- data */
