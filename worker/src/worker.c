@@ -70,6 +70,7 @@ struct ie_worker {
     int repack;              /* resolved opts.repack                      */
     char *cache_dir;         /* repack cache directory, or NULL           */
     int binding_head;        /* bind_mats is binding the output head      */
+    int src_file_mapped;     /* every source tensor is in a file mapping  */
     const ie_matmul_ops_t *ops;
     const ie_attn_ops_t *attn;
     const ie_vec_ops_t *vec;
@@ -375,6 +376,19 @@ static void cache_store(const char *path, const void *src, size_t bytes)
     unlink(tmp); /* the cache is best effort: a failed store only costs the next load */
 }
 
+/* After a matrix was copied or converted, its pages in the source's file
+ * mapping are no longer needed: drop them from this process (a read-only
+ * file mapping refaults from the file if anything reads them again), so a
+ * repacked model does not stay resident twice. Only for sources whose
+ * tensors all live in file mappings (GGUF, IEBIN). */
+static void drop_source_pages(const ie_worker_t *w, const ie_tensor_t *t)
+{
+    if (!w->src_file_mapped || !t->data || t->nbytes == 0) return;
+    const uintptr_t a = ((uintptr_t)t->data + PAGE_SZ - 1) & ~(uintptr_t)(PAGE_SZ - 1);
+    const uintptr_t b = ((uintptr_t)t->data + (uintptr_t)t->nbytes) & ~(uintptr_t)(PAGE_SZ - 1);
+    if (b > a) madvise((void *)a, (size_t)(b - a), MADV_DONTNEED);
+}
+
 /* Bind a 2-D weight matrix stack (ne = [n_in, n_out, n_mat]) in the layout
  * the kernels run best, converting it when the precision asks for another
  * type. */
@@ -472,6 +486,7 @@ static ie_status_t bind_mats(ie_worker_t *w, const ie_model_src_t *src, const ch
             return ie_error_set(IE_ERR_NOMEM, "out of memory copying '%s' (%zu bytes)", name, bytes);
         }
         memcpy(dst, t->data, bytes);
+        drop_source_pages(w, t);
         m->data = dst;
         return IE_OK;
     }
@@ -495,6 +510,7 @@ static ie_status_t bind_mats(ie_worker_t *w, const ie_model_src_t *src, const ch
             return ie_error_set(IE_ERR_NOMEM, "worker: converting '%s' to %s failed", name, ie_dtype_name(to));
         if (w->cache_dir) cache_store(path, dst, bytes);
     }
+    drop_source_pages(w, t);
     m->data = dst;
     return IE_OK;
 }
@@ -619,6 +635,7 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
     }
     if ((st = ie_threadpool_new(opts->n_threads, opts->pin_threads, &w->tp)) != IE_OK) goto cleanup;
     w->copy_weights = resolve_copy(opts->copy_weights);
+    w->src_file_mapped = ie_model_src_kind(src) == IE_SRC_GGUF || ie_model_src_kind(src) == IE_SRC_IEBIN;
     {
         const char *env = getenv("IE_REPACK");
         w->repack = (env && (env[0] == '0' || env[0] == '1') && !env[1]) ? env[0] == '1' : opts->repack > 0;
