@@ -90,8 +90,22 @@ static int parse_float(const char *s, float *out)
     return 0;
 }
 
+/* Peak resident memory of this process image, MB: VmHWM of /proc/self/status
+ * (the high-water mark of our own address space). getrusage's ru_maxrss is
+ * only the fallback: Linux folds the pre-exec image's peak into it, so a
+ * process started by a large parent (a Python harness: vfork + exec)
+ * reported the parent's size. */
 static double rss_peak_mb(void)
 {
+    FILE *f = fopen("/proc/self/status", "r");
+    if (f) {
+        char line[256];
+        long kb = -1;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "VmHWM: %ld kB", &kb) == 1) break;
+        fclose(f);
+        if (kb >= 0) return kb / 1024.0;
+    }
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return ru.ru_maxrss / 1024.0;
