@@ -17,6 +17,12 @@ ie_status_t ie_file_map(const char *what, const char *path, const void **map_out
 /* Undo ie_file_map(); accepts NULL. */
 void ie_file_unmap(const void *map, size_t len);
 
+/* Drop the whole pages inside [p, p+n) of a read-only file mapping from this
+ * process (MADV_DONTNEED): they no longer count as resident, and a later
+ * read refaults them from the file. Only for file-backed mappings —
+ * anonymous memory would read back as zeros. NULL or n = 0: nothing. */
+void ie_file_release_pages(const void *p, size_t n);
+
 /* Read the whole file `path` (regular file or pipe) into a NUL-terminated
  * malloc'd buffer: *buf_out (caller frees), *len_out bytes before the NUL.
  * `what` prefixes error messages. Errors: IE_ERR_IO (cannot open/read,

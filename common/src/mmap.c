@@ -2,6 +2,7 @@
 #include "ie_mmap.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <fcntl.h>
@@ -94,4 +95,13 @@ cleanup:
     *buf_out = buf;
     *len_out = len;
     return IE_OK;
+}
+
+void ie_file_release_pages(const void *p, size_t n)
+{
+    const long pg = sysconf(_SC_PAGESIZE);
+    if (pg <= 0 || !p || n == 0) return;
+    const uintptr_t b = ((uintptr_t)p + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+    const uintptr_t e = ((uintptr_t)p + n) & ~((uintptr_t)pg - 1);
+    if (e > b) (void)madvise((void *)b, e - b, MADV_DONTNEED);
 }

@@ -11,6 +11,7 @@
  * return at their first failure, which reads more directly than a goto there.
  */
 #include "ie_model_src.h"
+#include "ie_mmap.h"
 
 #include "ie_gguf.h"
 #include "ie_iebin.h"
@@ -1072,19 +1073,9 @@ static void mxfp4_rows(const uint8_t *blocks, const uint8_t *scales, int64_t E, 
             }
 }
 
-/* Drop a converted source tensor's pages from our mapping: the copy is what
- * the engine reads, and a read-only file mapping re-reads from the file if
- * anything touches the original again. Keeps resident memory at about the
- * file's size instead of file + converted experts. */
-static void release_pages(const void *p, uint64_t n)
-{
-    long pg = sysconf(_SC_PAGESIZE);
-    if (pg <= 0 || !p) return;
-    uintptr_t b = ((uintptr_t)p + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
-    uintptr_t e = ((uintptr_t)p + n) & ~((uintptr_t)pg - 1);
-    if (e > b) (void)madvise((void *)b, e - b, MADV_DONTNEED);
-}
-
+/* Converted sources' pages are dropped from our mapping afterwards
+ * (ie_file_release_pages): the copy is what the engine reads, so resident
+ * memory stays at about the file's size instead of file + converted experts. */
 static ie_status_t gptoss_hf_layer(ie_model_src_t *s, int l)
 {
     const int64_t H = s->hp.n_embd, I = s->hp.n_ff, E = s->hp.n_expert;
@@ -1133,10 +1124,10 @@ static ie_status_t gptoss_hf_layer(ie_model_src_t *s, int l)
         mxfp4_rows(gu->t.data, gu_s->t.data, E, 2 * I, H / 32, 2, 0, g);
         mxfp4_rows(gu->t.data, gu_s->t.data, E, 2 * I, H / 32, 2, 1, u);
         mxfp4_rows(dn->t.data, dn_s->t.data, E, H, I / 32, 1, 0, d);
-        release_pages(gu->t.data, gu->t.nbytes);
-        release_pages(gu_s->t.data, gu_s->t.nbytes);
-        release_pages(dn->t.data, dn->t.nbytes);
-        release_pages(dn_s->t.data, dn_s->t.nbytes);
+        ie_file_release_pages(gu->t.data, (size_t)gu->t.nbytes);
+        ie_file_release_pages(gu_s->t.data, gu_s->t.nbytes);
+        ie_file_release_pages(dn->t.data, dn->t.nbytes);
+        ie_file_release_pages(dn_s->t.data, dn_s->t.nbytes);
     } else {
         const uint8_t *src = gu->t.data;
         es = float_size(gu->t.dtype);
@@ -1159,8 +1150,8 @@ static ie_status_t gptoss_hf_layer(ie_model_src_t *s, int l)
             for (int64_t i = 0; i < I; i++)
                 for (int64_t h = 0; h < H; h++)
                     memcpy(d + ((e * H + h) * I + i) * (int64_t)es, src + ((e * I + i) * H + h) * (int64_t)es, es);
-        release_pages(gu->t.data, gu->t.nbytes);
-        release_pages(dn->t.data, dn->t.nbytes);
+        ie_file_release_pages(gu->t.data, (size_t)gu->t.nbytes);
+        ie_file_release_pages(dn->t.data, dn->t.nbytes);
     }
 
     snprintf(cg, sizeof cg, "blk.%d.ffn_gate_exps.bias", l);

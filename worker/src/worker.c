@@ -15,6 +15,7 @@
 #include "ie_worker.h"
 
 #include "ie_attn.h"
+#include "ie_mmap.h"
 #include "ie_vec.h"
 #include "ie_threadpool.h"
 
@@ -383,10 +384,7 @@ static void cache_store(const char *path, const void *src, size_t bytes)
  * tensors all live in file mappings (GGUF, IEBIN). */
 static void drop_source_pages(const ie_worker_t *w, const ie_tensor_t *t)
 {
-    if (!w->src_file_mapped || !t->data || t->nbytes == 0) return;
-    const uintptr_t a = ((uintptr_t)t->data + PAGE_SZ - 1) & ~(uintptr_t)(PAGE_SZ - 1);
-    const uintptr_t b = ((uintptr_t)t->data + (uintptr_t)t->nbytes) & ~(uintptr_t)(PAGE_SZ - 1);
-    if (b > a) madvise((void *)a, (size_t)(b - a), MADV_DONTNEED);
+    if (w->src_file_mapped) ie_file_release_pages(t->data, (size_t)t->nbytes);
 }
 
 /* Bind a 2-D weight matrix stack (ne = [n_in, n_out, n_mat]) in the layout
