@@ -113,6 +113,12 @@ void ie_rmsnorm_f32(float *out, const float *x, const float *w, int64_t n, float
 /* In-place softmax over n values. */
 void ie_softmax_f32(float *x, int64_t n);
 
+/* Softmax with an optional sink logit (GPT-OSS attention sinks): with
+ * sink != NULL, *sink joins the normalization and its share is dropped,
+ * x[i] = exp(x[i]-m) / (sum_j exp(x[j]-m) + exp(*sink-m)). NULL: plain
+ * ie_softmax_f32. */
+void ie_softmax_sink_f32(float *x, int64_t n, const float *sink);
+
 /* out[i] = silu(g[i]) * u[i]; out may alias g or u. */
 void ie_swiglu_f32(float *out, const float *g, const float *u, int64_t n);
 

@@ -1,6 +1,7 @@
 /* ie_vec.h — element-wise activation kernels with SIMD variants.
  *
- * The scalar definitions live in ie_kernels.h (ie_swiglu_f32, ...) and are
+ * The scalar definitions live in ie_kernels.h (ie_swiglu_f32,
+ * ie_softmax_sink_f32) and are
  * the oracles; the SIMD versions here agree within a few float ulps (a
  * polynomial exp instead of libm's expf). Obtain the table once with
  * ie_vec_get(isa); callers split long arrays across threads themselves.
@@ -19,9 +20,6 @@ typedef struct ie_vec_ops {
      * attention sinks): x[i] = exp(x[i]-m) / (sum_j exp(x[j]-m) + exp(*sink-m)). */
     void (*softmax)(float *x, int64_t n, const float *sink);
 } ie_vec_ops_t;
-
-/* The scalar softmax with optional sink (libm expf; the oracle). */
-void ie_softmax_sink_f32(float *x, int64_t n, const float *sink);
 
 /* Table for `isa` (AVX2 uses the scalar loops), or NULL if unsupported. */
 const ie_vec_ops_t *ie_vec_get(ie_isa_t isa);

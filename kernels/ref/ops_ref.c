@@ -19,12 +19,12 @@ void ie_rmsnorm_f32(float *out, const float *x, const float *w, int64_t n, float
     for (int64_t i = 0; i < n; i++) out[i] = (x[i] * scale) * w[i];
 }
 
-void ie_softmax_f32(float *x, int64_t n)
+void ie_softmax_sink_f32(float *x, int64_t n, const float *sink)
 {
     if (n <= 0) return;
-    float max = x[0];
+    float max = sink && *sink > x[0] ? *sink : x[0];
     for (int64_t i = 1; i < n; i++) max = x[i] > max ? x[i] : max;
-    double sum = 0.0;
+    double sum = sink ? (double)expf(*sink - max) : 0.0;
     for (int64_t i = 0; i < n; i++) {
         x[i] = expf(x[i] - max);
         sum += x[i];
@@ -32,6 +32,8 @@ void ie_softmax_f32(float *x, int64_t n)
     const float inv = (float)(1.0 / sum);
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
 }
+
+void ie_softmax_f32(float *x, int64_t n) { ie_softmax_sink_f32(x, n, NULL); }
 
 void ie_swiglu_f32(float *out, const float *g, const float *u, int64_t n)
 {

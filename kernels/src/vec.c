@@ -1,20 +1,8 @@
 /* vec.c — the element-wise kernel table per ISA. */
 #include "ie_vec.h"
 
-#include <math.h>
-
 void ie_swiglu_f32_avx512(float *out, const float *g, const float *u, int64_t n);
 void ie_softmax_sink_f32_avx512(float *x, int64_t n, const float *sink);
-
-void ie_softmax_sink_f32(float *x, int64_t n, const float *sink)
-{
-    float m = sink ? *sink : x[0], z = 0.0f;
-    for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
-    for (int64_t i = 0; i < n; i++) z += x[i] = expf(x[i] - m);
-    if (sink) z += expf(*sink - m);
-    const float iz = 1.0f / z;
-    for (int64_t i = 0; i < n; i++) x[i] *= iz;
-}
 
 static const ie_vec_ops_t g_vec[3] = {
     {IE_ISA_REF, ie_swiglu_f32, ie_softmax_sink_f32},
