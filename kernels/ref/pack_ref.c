@@ -40,14 +40,6 @@ static inline float ld_f32(const void *p)
 
 static inline void st_f32(void *p, float f) { memcpy(p, &f, sizeof f); }
 
-/* 1/d, or 0 when d is 0 or 1/d overflows (a group so tiny that it then
- * quantizes to zero codes instead of hitting an undefined conversion). */
-static inline float inv_scale(float d)
-{
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    return isinf(id) ? 0.0f : id;
-}
-
 /* Bytes of one group's scales (d, and m for affine) per row. */
 static size_t scale_bytes(ie_dtype_t t) { return t == IE_DTYPE_I4WA ? 4 : 2; }
 
@@ -116,7 +108,7 @@ static qparams_t group_params(ie_dtype_t t, const float *x, int n, float ratio)
             lo = c - h;
             d = 2.0f * h / 15.0f;
         }
-        p.id = inv_scale(d);
+        p.id = ie_inv_scale(d);
         p.lo = lo;
         p.d = ie_f32_to_f16(d);
         p.m = ie_f32_to_f16(lo);
@@ -128,7 +120,7 @@ static qparams_t group_params(ie_dtype_t t, const float *x, int n, float ratio)
     }
     float d = t == IE_DTYPE_I8W ? amax / 127.0f : max / -8.0f;
     if (ratio != 1.0f) d *= ratio;
-    p.id = t == IE_DTYPE_I8W ? inv_scale(d) : (d != 0.0f ? 1.0f / d : 0.0f);
+    p.id = t == IE_DTYPE_I8W ? ie_inv_scale(d) : (d != 0.0f ? 1.0f / d : 0.0f);
     if (isinf(p.id)) p.id = 0.0f;
     p.d = ie_f32_to_f16(d);
     return p;
@@ -403,32 +395,6 @@ void ie_pack_dequant_row(const ie_pmat_t *m, int64_t r, float *dst)
     }
 }
 
-/* ------------------------------------------------ Q8_P activations */
-
-/* One row of n floats (n a multiple of 32) to Q8_P: int8 q[n], then f32
- * d[n/32], then f32 s[n/32]; per block d = amax/127, q = roundf(x/d) via
- * x * (1/d) as ggml's Q8_0 (1/d overflowing or d = 0 give zeros), and
- * s = (float)sum(q) * d in f32. Identical to ie_act_quantize_drive's Q8_P. */
-void ie_quantize_row_q8_p_ref(const float *x, void *out, int64_t n)
-{
-    int8_t *q = out;
-    uint8_t *dp = (uint8_t *)out + n, *sp = dp + 4 * (n / IE_QK);
-    for (int64_t b = 0; b < n / IE_QK; b++) {
-        const float *xb = x + b * IE_QK;
-        float amax = 0.0f;
-        for (int j = 0; j < IE_QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
-        const float d = amax / 127.0f;
-        const float id = inv_scale(d);
-        int sum = 0;
-        for (int j = 0; j < IE_QK; j++) {
-            q[b * IE_QK + j] = (int8_t)roundf(xb[j] * id);
-            sum += q[b * IE_QK + j];
-        }
-        st_f32(dp + 4 * b, d);
-        st_f32(sp + 4 * b, (float)sum * d);
-    }
-}
-
 /* ------------------------------------------------ Q16_P activations */
 
 /* One row of n floats (n a multiple of 32) to Q16_P: int16 q[n], then f32
@@ -446,7 +412,7 @@ void ie_quantize_row_q16_p_ref(const float *x, void *out, int64_t n)
         float amax = 0.0f;
         for (int j = 0; j < IE_QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
         const float d = amax / 32767.0f;
-        const float id = inv_scale(d);
+        const float id = ie_inv_scale(d);
         int sum = 0;
         for (int j = 0; j < IE_QK; j++) {
             const float v = fminf(fmaxf(roundf(xb[j] * id), -32767.0f), 32767.0f);

@@ -14,43 +14,51 @@
 
 /* ------------------------------------------------------------ activations */
 
-/* 1/d as ggml computes it, except that a block so tiny that 1/d overflows
- * (amax < ~4e-37) quantizes to zeros instead of hitting the undefined
- * float->int8 conversion of inf. The SIMD quantizers do the same. */
-static inline float q8_inv_scale(float d)
+int ie_q8_block_ref(const float *x, int8_t *q, float *d_out)
 {
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    return isinf(id) ? 0.0f : id;
+    float amax = 0.0f;
+    for (int j = 0; j < IE_QK; j++) amax = fmaxf(amax, fabsf(x[j]));
+    const float d = amax / 127.0f;
+    const float id = ie_inv_scale(d);
+    int sum = 0;
+    for (int j = 0; j < IE_QK; j++) {
+        q[j] = (int8_t)roundf(x[j] * id);
+        sum += q[j];
+    }
+    *d_out = d;
+    return sum;
 }
 
 void ie_quantize_row_q8_0_ref(const float *x, ie_block_q8_0_t *y, int64_t n)
 {
     for (int64_t b = 0; b < n / IE_QK; b++) {
-        const float *xb = x + b * IE_QK;
-        float amax = 0.0f;
-        for (int j = 0; j < IE_QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
-        const float d = amax / 127.0f;
-        const float id = q8_inv_scale(d);
+        float d;
+        (void)ie_q8_block_ref(x + b * IE_QK, y[b].q, &d);
         y[b].d = ie_f32_to_f16(d);
-        for (int j = 0; j < IE_QK; j++) y[b].q[j] = (int8_t)roundf(xb[j] * id);
     }
 }
 
 void ie_quantize_row_q8_1_ref(const float *x, ie_block_q8_1_t *y, int64_t n)
 {
     for (int64_t b = 0; b < n / IE_QK; b++) {
-        const float *xb = x + b * IE_QK;
-        float amax = 0.0f;
-        for (int j = 0; j < IE_QK; j++) amax = fmaxf(amax, fabsf(xb[j]));
-        const float d = amax / 127.0f;
-        const float id = q8_inv_scale(d);
-        int sum = 0;
-        for (int j = 0; j < IE_QK; j++) {
-            y[b].q[j] = (int8_t)roundf(xb[j] * id);
-            sum += y[b].q[j];
-        }
+        float d;
+        const int sum = ie_q8_block_ref(x + b * IE_QK, y[b].q, &d);
         y[b].d = ie_f32_to_f16(d);
         y[b].s = ie_f32_to_f16((float)sum * d);
+    }
+}
+
+/* One row of n floats (n a multiple of 32) to Q8_P: int8 q[n], then f32
+ * d[n/32], then f32 s[n/32], s = (float)sum(q) * d (ie_pack.h). */
+void ie_quantize_row_q8_p_ref(const float *x, void *out, int64_t n)
+{
+    int8_t *q = out;
+    uint8_t *dp = (uint8_t *)out + n, *sp = dp + 4 * (n / IE_QK);
+    for (int64_t b = 0; b < n / IE_QK; b++) {
+        float d;
+        const float s = (float)ie_q8_block_ref(x + b * IE_QK, q + b * IE_QK, &d) * d;
+        memcpy(dp + 4 * b, &d, sizeof d);
+        memcpy(sp + 4 * b, &s, sizeof s);
     }
 }
 

@@ -60,8 +60,7 @@ static void quantize_row_q16_p(const float *x, void *out, int64_t n)
             amax = a > amax ? a : amax;
         }
         const float d = amax / 32767.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
-        if (isinf(id)) id = 0.0f;
+        const float id = ie_inv_scale(d);
         int sum = 0;
         for (int j = 0; j < IE_QK; j++) {
             float v = xb[j] * id;

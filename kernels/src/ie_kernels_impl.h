@@ -9,6 +9,8 @@
 
 #include "ie_kernels.h"
 
+#include <math.h>
+
 /* Signature shared by every per-weight-type matmul: ie_matmul_ops_t.matmul
  * without the wtype argument. */
 typedef void (*ie_matmul_typed_fn)(const void *w, int64_t n_in, int64_t r0, int64_t r1,
@@ -36,6 +38,15 @@ void ie_matmul_float_drive(ie_dtype_t wt, const ie_ftile_fn *tiles1, const ie_ft
 /* Quantize 32 floats to int8 q with scale *d_out; returns sum(q). */
 typedef int (*ie_q8_block_fn)(const float *x, int8_t *q, float *d_out);
 
+/* 1/d as ggml computes it, except that a scale so tiny that 1/d overflows
+ * quantizes to zeros instead of hitting the undefined float->int
+ * conversion of inf (every quantizer here, ref and SIMD, does the same). */
+static inline float ie_inv_scale(float d)
+{
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    return isinf(id) ? 0.0f : id;
+}
+
 /* ie_matmul_ops_t.act_quantize on top of an ISA's block quantizer (Q8_0,
  * Q8_1, Q8_P). Q16_P is quantized here by portable scalar code, bit for bit
  * equal to ie_quantize_row_q16_p_ref on every ISA (x * (1/d) rounded half
@@ -44,6 +55,9 @@ typedef int (*ie_q8_block_fn)(const float *x, int8_t *q, float *d_out);
 void ie_act_quantize_drive(ie_dtype_t act, const float *x, void *out, int64_t n, ie_q8_block_fn q8);
 
 /* ------------------------------------------------------------------ ref */
+
+/* The reference ie_q8_block_fn: d = amax/127, q = roundf(x * (1/d)). */
+int ie_q8_block_ref(const float *x, int8_t *q, float *d_out);
 
 /* Activation quantizers, identical to ggml's quantize_row_q8_{0,1}_ref:
  * d = amax/127, q = roundf(x * (1/d)) (ties away from zero), and for Q8_1
