@@ -14,6 +14,7 @@
 #define _GNU_SOURCE
 #include "ie_kernels.h"
 #include "../../kernels/src/ie_kernels_impl.h"
+#include "ie_test_rng.h"
 
 #include <CUnit/Basic.h>
 #include <math.h>
@@ -25,16 +26,6 @@
 
 /* ------------------------------------------------------------- helpers */
 
-static uint64_t g_rng;
-static void rng_seed(uint64_t s) { g_rng = s * 0x9e3779b97f4a7c15ull + 1; }
-static uint32_t rng_u32(void)
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 16);
-}
-static float rng_f(void) { return (float)rng_u32() / 4294967296.0f * 2.0f - 1.0f; } /* [-1,1) */
 
 static int n_isas(ie_isa_t *isas)
 {

@@ -32,6 +32,7 @@
  */
 #include "ie_kernels.h"
 #include "../../kernels/src/ie_kernels_impl.h"
+#include "ie_test_rng.h"
 
 #include <CUnit/Basic.h>
 #include <math.h>
@@ -43,27 +44,7 @@
 
 /* ------------------------------------------------------------- helpers */
 
-static uint64_t g_rng;
-static void rng_seed(uint64_t s) { g_rng = s * 0x9e3779b97f4a7c15ull + 1; }
-static uint32_t rng_u32(void)
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 16);
-}
-static float rng_f(void) { return (float)rng_u32() / 4294967296.0f * 2.0f - 1.0f; } /* [-1,1) */
 
-/* Random floats with a per-32-element scale spread over ~3 decades, so
- * block scales differ and some blocks are tiny. */
-static void fill(float *x, int64_t n)
-{
-    float scale = 1.0f;
-    for (int64_t i = 0; i < n; i++) {
-        if (i % 32 == 0) scale = powf(10.0f, rng_f() * 1.5f);
-        x[i] = rng_f() * scale;
-    }
-}
 
 static int n_isas(ie_isa_t *isas)
 {
@@ -151,11 +132,11 @@ static int check_matmul_case(ie_isa_t isa, ie_dtype_t wt, int64_t n_in, int64_t 
     float *y = malloc(sizeof(float) * (size_t)(ldy * n_tok));
     float *yr = malloc(sizeof(float) * (size_t)(ldy * n_tok));
     for (int64_t r = 0; r < n_out; r++) {
-        fill(xf, n_in);
+        rng_fill(xf, n_in);
         CU_ASSERT_EQUAL_FATAL(ie_quantize_row(wt, xf, w + (size_t)r * wb, n_in), 0);
     }
     for (int64_t t = 0; t < n_tok; t++) {
-        fill(xf, n_in);
+        rng_fill(xf, n_in);
         ie_act_quantize_ref(at, xf, a + (size_t)t * as, n_in);
     }
     for (int64_t i = 0; i < ldy * n_tok; i++) y[i] = yr[i] = -12345.0f; /* sentinel */
@@ -249,8 +230,8 @@ static void test_matmul_guard_page(void)
                 const size_t wb = ie_dtype_row_bytes(wt, n_in), as = ie_dtype_row_bytes(at, n_in);
                 uint8_t *w = wreg + span - wb * (size_t)n_out, *a = areg + span - as * (size_t)n_tok;
                 rng_seed(5150 + wi * 16 + (uint64_t)c);
-                for (int64_t r = 0; r < n_out; r++) { fill(xf, n_in); ie_quantize_row(wt, xf, w + r * wb, n_in); }
-                for (int64_t t = 0; t < n_tok; t++) { fill(xf, n_in); ie_act_quantize_ref(at, xf, a + t * as, n_in); }
+                for (int64_t r = 0; r < n_out; r++) { rng_fill(xf, n_in); ie_quantize_row(wt, xf, w + r * wb, n_in); }
+                for (int64_t t = 0; t < n_tok; t++) { rng_fill(xf, n_in); ie_act_quantize_ref(at, xf, a + t * as, n_in); }
                 ie_matmul_ref(wt, w, n_in, 0, n_out, a, as, n_tok, yr, n_out);
                 for (int i = 0; i < ni; i++) {
                     ie_kernels_get(isas[i])->matmul(wt, w, n_in, 0, n_out, a, as, n_tok, y, n_out);
@@ -519,7 +500,7 @@ static void test_act_quantize_bitexact(void)
     uint8_t *ref = malloc((size_t)n * 4), *got = malloc((size_t)n * 4);
     for (int round = 0; round < 4; round++) {
         rng_seed(555 + round);
-        fill(x, n);
+        rng_fill(x, n);
         if (round == 1) {
             /* exact ties: amax 127 makes d = 1, id = 1, so k + 0.5 must round away */
             for (int64_t i = 0; i < n; i++) x[i] = (i % 32 == 0) ? 127.0f : (float)((int)(rng_u32() % 253) - 126) + 0.5f;
@@ -620,7 +601,7 @@ static void test_quant_roundtrip(void)
     static const ie_dtype_t ts[] = { IE_DTYPE_F32, IE_DTYPE_F16, IE_DTYPE_BF16, IE_DTYPE_Q8_0,
                                      IE_DTYPE_Q8_1, IE_DTYPE_Q4_0, IE_DTYPE_Q4_1, IE_DTYPE_MXFP4 };
     rng_seed(31337);
-    fill(x, n);
+    rng_fill(x, n);
     for (size_t ti = 0; ti < sizeof ts / sizeof ts[0]; ti++) {
         const ie_dtype_t t = ts[ti];
         CU_ASSERT_EQUAL_FATAL(ie_quantize_row(t, x, q, n), 0);
@@ -898,8 +879,8 @@ static void test_vec_ops_vs_ref(void)
         const ie_matmul_ops_t *ops = ie_kernels_get(isas[k]);
         CU_ASSERT_PTR_NOT_NULL_FATAL(ops);
         for (int n = 0; n <= 130; n++) {
-            fill(a, n);
-            fill(b, n);
+            rng_fill(a, n);
+            rng_fill(b, n);
             double mag = 0;
             for (int i = 0; i < n; i++) mag += fabs((double)a[i] * b[i]);
             float r = ie_dot_f32(a, b, n), g = ops->dot_f32(a, b, n);

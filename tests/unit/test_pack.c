@@ -25,6 +25,7 @@
  */
 #include "ie_kernels.h"
 #include "../../kernels/src/ie_kernels_impl.h"
+#include "ie_test_rng.h"
 
 #include <CUnit/Basic.h>
 #include <math.h>
@@ -36,26 +37,7 @@
 
 /* ------------------------------------------------------------- helpers */
 
-static uint64_t g_rng;
-static void rng_seed(uint64_t s) { g_rng = s * 0x9e3779b97f4a7c15ull + 1; }
-static uint32_t rng_u32(void)
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (uint32_t)(g_rng >> 16);
-}
-static float rng_f(void) { return (float)rng_u32() / 4294967296.0f * 2.0f - 1.0f; } /* [-1,1) */
 
-/* Random floats, a per-32-element scale spread over ~3 decades. */
-static void fill(float *x, int64_t n)
-{
-    float scale = 1.0f;
-    for (int64_t i = 0; i < n; i++) {
-        if (i % 32 == 0) scale = powf(10.0f, rng_f() * 1.5f);
-        x[i] = rng_f() * scale;
-    }
-}
 
 /* Gaussian (Box-Muller) with ~1% outliers 6-10x larger. */
 static void fill_gauss(float *x, int64_t n)
@@ -170,7 +152,7 @@ static void test_repack_lossless(void)
                 uint8_t *w = xmalloc(rb * (size_t)n_out), *p = palloc(pb), *p2 = palloc(pb);
                 rng_seed(100 + (uint64_t)(ti * 16 + a * 4 + b));
                 for (int64_t r = 0; r < n_out; r++) {
-                    fill(x, n_in);
+                    rng_fill(x, n_in);
                     ie_quantize_row(gt, x, w + (size_t)r * rb, n_in);
                 }
                 CU_ASSERT_EQUAL(ie_pack_repack(gt, 32, w, n_in, 0, n_out, n_out, p), 0);
@@ -215,7 +197,7 @@ static void test_quantize_matches_ggml(void)
         CU_ASSERT_EQUAL(ie_qrow_bytes(t, 32, n_in), rb);
         uint8_t *g = xmalloc(rb * (size_t)n_out), *q = xmalloc(rb * (size_t)n_out), *p1 = palloc(pb), *p2 = palloc(pb);
         rng_seed(200 + (uint64_t)ti);
-        fill(x, n_in * n_out);
+        rng_fill(x, n_in * n_out);
         for (int64_t i = 0; i < 32; i++) x[3 * n_in + i] = 0.0f; /* an all-zero block */
         for (int64_t r = 0; r < n_out; r++) {
             ie_quantize_row(gt, x + r * n_in, g + (size_t)r * rb, n_in);
@@ -268,7 +250,7 @@ static void test_rows_vs_panel(void)
                     float *x1 = xmalloc(sizeof(float) * (size_t)n_in), *x2 = xmalloc(sizeof(float) * (size_t)n_in);
                     uint8_t *rows = xmalloc(rb * (size_t)n_out), *p = palloc(pb), *p2 = palloc(pb), *p3 = palloc(pb);
                     rng_seed(300 + (uint64_t)(ti * 64 + a * 16 + gi * 2 + how));
-                    fill(x, n_in * n_out);
+                    rng_fill(x, n_in * n_out);
                     const ie_qscale_t qs = how ? IE_QSCALE_MSE : IE_QSCALE_ABSMAX;
                     for (int64_t r = 0; r < n_out; r++)
                         CU_ASSERT_EQUAL(ie_qrow_quantize(t, G, qs, x + r * n_in, n_in, rows + (size_t)r * rb), 0);
@@ -382,7 +364,7 @@ static void check_act_format(ie_dtype_t at)
     const int qm = (int)qmax;
     for (int round = 0; round < 7; round++) {
         rng_seed(555 + (uint64_t)round + (wide ? 100 : 0));
-        fill(x, n);
+        rng_fill(x, n);
         if (round == 1) /* exact ties: amax qmax makes d = 1, so k + 0.5 must round away */
             for (int64_t i = 0; i < n; i++)
                 x[i] = (i % 32 == 0) ? (i % 64 ? -qmax : qmax)
@@ -521,10 +503,10 @@ static int check_packed_case(const mcase_t *c)
     double *yo = xmalloc(sizeof(double) * (size_t)(n_out * n_tok)), *tol = xmalloc(sizeof(double) * (size_t)(n_out * n_tok));
     float *y = xmalloc(sizeof(float) * ny), *yref = xmalloc(sizeof(float) * ny);
     rng_seed(c->seed);
-    fill(x, n_in * n_out);
+    rng_fill(x, n_in * n_out);
     CU_ASSERT_EQUAL_FATAL(ie_pack_quantize(c->t, c->G, c->mse ? IE_QSCALE_MSE : IE_QSCALE_ABSMAX, x, n_in, 0, n_out,
                                            n_out, w), 0);
-    fill(x, n_in * n_tok);
+    rng_fill(x, n_in * n_tok);
     for (int64_t t = 0; t < n_tok; t++) ie_act_quantize_ref(at, x + t * n_in, a + (size_t)t * as, n_in);
     const ie_pmat_t m = { c->t, c->G, n_in, n_out, w };
     for (int64_t r = 0; r < n_out; r++) ie_pack_dequant_row(&m, r, wf + r * n_in);
