@@ -83,8 +83,6 @@ static int layout_parse(const char *s, ie_layout_t *out)
     return 1;
 }
 
-static int is_itype(ie_dtype_t t) { return t == IE_DTYPE_I8W || t == IE_DTYPE_I4W || t == IE_DTYPE_I4WA; }
-
 /* Hyper-parameters as stored in "hparams" (besides name, rope_layout and
  * layer_swa). Integers in [lo, hi]; floats finite and > 0 (lo = 1) or >= 0
  * (lo = 0); bools true/false. */
@@ -161,12 +159,12 @@ static ie_status_t check_shape(ie_status_t bad, const char *name, ie_dtype_t dt,
             return ie_error_set(bad, "iebin: tensor '%s': shape %s has a dimension outside [1, 2^32]", name, shp);
     switch (lay) {
     case IE_LAYOUT_ROWS:
-        if (!is_itype(dt) && group != 0)
+        if (!ie_dtype_is_intw(dt) && group != 0)
             return ie_error_set(bad, "iebin: tensor '%s': group %d must be 0 for dtype %s", name, group,
                                 ie_dtype_name(dt));
         break;
     case IE_LAYOUT_PANEL16:
-        if (!is_itype(dt))
+        if (!ie_dtype_is_intw(dt))
             return ie_error_set(bad, "iebin: tensor '%s': layout panel16 needs dtype int8w, int4w or int4w_affine, not %s",
                                 name, ie_dtype_name(dt));
         if (n_dims < 2) return ie_error_set(bad, "iebin: tensor '%s': layout panel16 needs at least 2 dimensions", name);
@@ -179,7 +177,7 @@ static ie_status_t check_shape(ie_status_t bad, const char *name, ie_dtype_t dt,
     default:
         return ie_error_set(bad, "iebin: tensor '%s': unknown layout %d", name, (int)lay);
     }
-    if (is_itype(dt) && ie_pack_check(dt, group, ne[0]) != 0)
+    if (ie_dtype_is_intw(dt) && ie_pack_check(dt, group, ne[0]) != 0)
         return ie_error_set(bad, "iebin: tensor '%s': group %d is not valid for %s rows of %lld (must be a positive "
                             "multiple of 32 dividing the row length)", name, group, ie_dtype_name(dt), (long long)ne[0]);
     one = ie_tensor_bytes(dt, lay, group, ne[0], n_dims > 1 ? ne[1] : 1);

@@ -44,8 +44,6 @@
 
 /* ------------------------------------------------------------- helpers */
 
-static int is_itype(ie_dtype_t t) { return t == IE_DTYPE_I8W || t == IE_DTYPE_I4W || t == IE_DTYPE_I4WA; }
-
 static double now_s(void)
 {
     struct timespec ts;
@@ -106,7 +104,7 @@ static void src_row(const ie_tensor_t *t, const void *slice, int64_t n_in, int64
     if (t->layout == IE_LAYOUT_PANEL16) {
         ie_pmat_t m = {t->dtype, t->group, n_in, n_out, slice};
         ie_pack_dequant_row(&m, r, dst);
-    } else if (is_itype(t->dtype)) {
+    } else if (ie_dtype_is_intw(t->dtype)) {
         size_t rb = ie_qrow_bytes(t->dtype, t->group, n_in);
         ie_qrow_dequantize(t->dtype, t->group, (const char *)slice + (size_t)r * rb, dst, n_in);
     } else {
@@ -195,7 +193,7 @@ static char *quant_json(const conv_item_t *it, const ie_manifest_t *m, size_t bs
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
     cJSON_AddStringToObject(o, "scheme", d->target == IE_QT_KEEP ? "keep" : scheme_name(d->dtype));
-    if (is_itype(d->dtype) && d->target != IE_QT_KEEP) {
+    if (ie_dtype_is_intw(d->dtype) && d->target != IE_QT_KEEP) {
         if (d->group == it->src->ne[0]) cJSON_AddStringToObject(o, "group", "row");
         cJSON_AddNumberToObject(o, d->group == it->src->ne[0] ? "group_size" : "group", d->group);
         cJSON_AddStringToObject(o, "zero", d->dtype == IE_DTYPE_I4WA ? "affine" : "symmetric");
@@ -233,7 +231,7 @@ static ie_status_t convert_one(ie_threadpool_t *tp, const ie_manifest_t *m, conv
     it->out = *t;
     it->out.dtype = d->dtype;
     it->out.layout = d->layout;
-    it->out.group = is_itype(d->dtype) ? d->group : 0;
+    it->out.group = ie_dtype_is_intw(d->dtype) ? d->group : 0;
     if (d->target == IE_QT_KEEP) {
         it->out.group = t->group;
         it->quant_json = quant_json(it, m, 0);
@@ -301,7 +299,7 @@ static ie_status_t convert_one(ie_threadpool_t *tp, const ie_manifest_t *m, conv
         job_t j = {.op = OP_DEQUANT, .src = t, .src_slice = (const char *)t->data + (size_t)s * sb_in, .n_in = n_in,
                    .n_out = n_out, .f = f, .dst = (char *)it->buf + (size_t)s * sb_out, .d = d};
         if ((st = run_job(tp, &j, t->name)) != IE_OK) goto done;
-        j.op = is_itype(d->dtype) ? (d->layout == IE_LAYOUT_PANEL16 ? OP_PACK : OP_QROWS) : OP_ROWS;
+        j.op = ie_dtype_is_intw(d->dtype) ? (d->layout == IE_LAYOUT_PANEL16 ? OP_PACK : OP_QROWS) : OP_ROWS;
         if ((st = run_job(tp, &j, t->name)) != IE_OK) goto done;
     }
 
@@ -450,7 +448,7 @@ static char *conversion_json(const char *in, const ie_model_src_t *src, const ch
         cJSON_AddStringToObject(e, "to", it->d.target == IE_QT_KEEP ? ie_dtype_name(it->src->dtype)
                                                                     : ie_dtype_name(it->d.dtype));
         cJSON_AddStringToObject(e, "layout", ie_layout_name(it->d.layout));
-        if (is_itype(it->d.dtype)) cJSON_AddNumberToObject(e, "group", it->d.group);
+        if (ie_dtype_is_intw(it->d.dtype)) cJSON_AddNumberToObject(e, "group", it->d.group);
         cJSON_AddNumberToObject(e, "rule", it->d.rule);
         cJSON_AddStringToObject(e, "action", it->d.target == IE_QT_KEEP ? "keep"
                                              : it->d.lossless          ? "lossless"

@@ -63,6 +63,12 @@ typedef enum ie_qscale {
     IE_QSCALE_MSE = 1     /* search clip ratios, keep the least squared error */
 } ie_qscale_t;
 
+/* 1 for the engine-native int weight types (I8W, I4W, I4WA). */
+static inline int ie_dtype_is_intw(ie_dtype_t t)
+{
+    return t == IE_DTYPE_I8W || t == IE_DTYPE_I4W || t == IE_DTYPE_I4WA;
+}
+
 /* 0 if (dtype, group, n_in) is a valid packed shape (dtype in I8W/I4W/I4WA,
  * group a positive multiple of 32 dividing n_in), else -1. */
 int ie_pack_check(ie_dtype_t dtype, int group, int64_t n_in);

@@ -20,8 +20,6 @@
 
 /* ------------------------------------------------------------- helpers */
 
-static int is_itype(ie_dtype_t t) { return t == IE_DTYPE_I8W || t == IE_DTYPE_I4W || t == IE_DTYPE_I4WA; }
-
 static inline float ld_f16(const void *p)
 {
     ie_f16_t h;
@@ -365,7 +363,7 @@ int ie_pack_repack(ie_dtype_t rows_dtype, int group, const void *src, int64_t n_
 {
     const ie_dtype_t t = ie_pack_target(rows_dtype);
     if (t == IE_DTYPE_INVALID || !src || !dst) return -1;
-    if (!is_itype(rows_dtype)) group = IE_QK;
+    if (!ie_dtype_is_intw(rows_dtype)) group = IE_QK;
     if (ie_pack_check(t, group, n_in) != 0 || !range_ok(r0, r1, n_out)) return -1;
     const repack_ctx_t c = { t, group, src, ie_qrow_bytes(t, group, n_in), scale_bytes(t) + quant_bytes(t, group) };
     panel_fill(t, group, n_in, r0, r1, n_out, dst, put_repack, &c);

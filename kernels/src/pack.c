@@ -1,8 +1,6 @@
 /* pack.c — sizes of the engine-native quantized layouts (ie_pack.h). */
 #include "ie_pack.h"
 
-static int is_itype(ie_dtype_t t) { return t == IE_DTYPE_I8W || t == IE_DTYPE_I4W || t == IE_DTYPE_I4WA; }
-
 /* Bytes of scales per row per group (d, and m for affine). */
 static size_t scale_bytes(ie_dtype_t t) { return t == IE_DTYPE_I4WA ? 4 : 2; }
 
@@ -11,7 +9,7 @@ static size_t quant_bytes(ie_dtype_t t, int group) { return t == IE_DTYPE_I8W ? 
 
 int ie_pack_check(ie_dtype_t dtype, int group, int64_t n_in)
 {
-    if (!is_itype(dtype) || group <= 0 || group % 32 != 0 || n_in <= 0 || n_in % group != 0) return -1;
+    if (!ie_dtype_is_intw(dtype) || group <= 0 || group % 32 != 0 || n_in <= 0 || n_in % group != 0) return -1;
     return 0;
 }
 
@@ -42,7 +40,7 @@ size_t ie_tensor_bytes(ie_dtype_t dtype, ie_layout_t layout, int group, int64_t 
     if (n_in <= 0 || n_rows <= 0) return 0;
     switch (layout) {
     case IE_LAYOUT_ROWS:
-        row = is_itype(dtype) ? ie_qrow_bytes(dtype, group, n_in)
+        row = ie_dtype_is_intw(dtype) ? ie_qrow_bytes(dtype, group, n_in)
                               : (dtype == IE_DTYPE_Q8_P || dtype == IE_DTYPE_Q16_P ? 0 : ie_dtype_row_bytes(dtype, n_in));
         if (row == 0 || __builtin_mul_overflow(row, (size_t)n_rows, &total)) return 0;
         return total;

@@ -224,18 +224,10 @@ static int own(ie_worker_t *w, void *p)
 
 /* ------------------------------------------------------- weight binding */
 
-static int is_itype(ie_dtype_t t) { return t == IE_DTYPE_I8W || t == IE_DTYPE_I4W || t == IE_DTYPE_I4WA; }
-
 static int dtype_computable(ie_dtype_t t)
 {
     return t == IE_DTYPE_F32 || t == IE_DTYPE_F16 || t == IE_DTYPE_BF16 || t == IE_DTYPE_Q8_0 ||
-           t == IE_DTYPE_Q4_0 || t == IE_DTYPE_Q4_1 || t == IE_DTYPE_MXFP4 || is_itype(t);
-}
-
-/* Bytes of one matrix (one expert) of a dense dtype/layout. */
-static size_t slice_bytes(ie_dtype_t dt, ie_layout_t lay, int group, int64_t n_in, int64_t n_out)
-{
-    return ie_tensor_bytes(dt, lay, group, n_in, n_out);
+           t == IE_DTYPE_Q4_0 || t == IE_DTYPE_Q4_1 || t == IE_DTYPE_MXFP4 || ie_dtype_is_intw(t);
 }
 
 /* Row r of a dense matrix in any layout, as floats. */
@@ -244,7 +236,7 @@ static void mat_row(const wmat_t *m, int64_t r, float *out)
     if (m->layout == IE_LAYOUT_PANEL16) {
         ie_pmat_t pm = {m->dtype, m->group, m->n_in, m->n_out, m->data};
         ie_pack_dequant_row(&pm, r, out);
-    } else if (is_itype(m->dtype)) {
+    } else if (ie_dtype_is_intw(m->dtype)) {
         size_t rb = ie_qrow_bytes(m->dtype, m->group, m->n_in);
         ie_qrow_dequantize(m->dtype, m->group, (const char *)m->data + (size_t)r * rb, out, m->n_in);
     } else {
@@ -281,7 +273,7 @@ static void convert_run(void *ctx, int ith, int nth)
     }
     const int lossless = c->layout == IE_LAYOUT_PANEL16 && c->src.layout == IE_LAYOUT_ROWS &&
                          ie_pack_target(c->src.dtype) == c->to &&
-                         (is_itype(c->src.dtype) ? c->src.group : 32) == c->group;
+                         (ie_dtype_is_intw(c->src.dtype) ? c->src.group : 32) == c->group;
     for (long u = b; u < e; u++) {
         const int64_t s = u / np, p = u % np, r0 = p * IE_PANEL;
         const int64_t cnt = n_out - r0 < IE_PANEL ? n_out - r0 : IE_PANEL;
@@ -292,8 +284,7 @@ static void convert_run(void *ctx, int ith, int nth)
             char *dp = dslice + (size_t)p * ie_pack_panel_bytes(c->to, c->group, n_in);
             int rc;
             if (lossless) {
-                size_t rb = is_itype(sm.dtype) ? ie_qrow_bytes(sm.dtype, sm.group, n_in)
-                                               : ie_dtype_row_bytes(sm.dtype, n_in);
+                const size_t rb = ie_tensor_bytes(sm.dtype, IE_LAYOUT_ROWS, sm.group, n_in, 1);
                 rc = ie_pack_repack(sm.dtype, c->group, (const char *)sm.data + (size_t)r0 * rb, n_in, 0, cnt,
                                     cnt, dp);
             } else {
@@ -417,12 +408,12 @@ static ie_status_t bind_mats(ie_worker_t *w, const ie_model_src_t *src, const ch
         m->slice = (size_t)t->nbytes;
         return IE_OK; /* kept sparse whatever the precision */
     }
-    if (!dtype_computable(t->dtype) || (t->layout == IE_LAYOUT_PANEL16 && !is_itype(t->dtype)) ||
+    if (!dtype_computable(t->dtype) || (t->layout == IE_LAYOUT_PANEL16 && !ie_dtype_is_intw(t->dtype)) ||
         (t->layout != IE_LAYOUT_ROWS && t->layout != IE_LAYOUT_PANEL16))
         return ie_error_set(IE_ERR_UNSUPPORTED,
                             "model: tensor '%s' has type %s in layout %s, which the engine cannot compute with",
                             name, ie_dtype_name(t->dtype), ie_layout_name(t->layout));
-    const size_t src_slice = slice_bytes(t->dtype, t->layout, t->group, n_in, n_out);
+    const size_t src_slice = ie_tensor_bytes(t->dtype, t->layout, t->group, n_in, n_out);
     if (src_slice == 0)
         return ie_error_set(IE_ERR_FORMAT, "model: tensor '%s' row length %lld does not fit %s (group %d)", name,
                             (long long)n_in, ie_dtype_name(t->dtype), t->group);
@@ -440,7 +431,7 @@ static ie_status_t bind_mats(ie_worker_t *w, const ie_model_src_t *src, const ch
     int group = t->group;
     switch (w->opts.precision) {
     case IE_PREC_NATIVE:
-        if (t->layout == IE_LAYOUT_ROWS && is_itype(t->dtype)) {
+        if (t->layout == IE_LAYOUT_ROWS && ie_dtype_is_intw(t->dtype)) {
             lay = IE_LAYOUT_PANEL16; /* engine-native rows always run packed */
         } else if (t->layout == IE_LAYOUT_ROWS && w->repack && ie_pack_target(t->dtype) != IE_DTYPE_INVALID) {
             to = ie_pack_target(t->dtype);
@@ -468,7 +459,7 @@ static ie_status_t bind_mats(ie_worker_t *w, const ie_model_src_t *src, const ch
     m->dtype = to;
     m->layout = lay;
     m->group = lay == IE_LAYOUT_PANEL16 ? group : 0;
-    m->slice = slice_bytes(to, lay, m->group, n_in, n_out);
+    m->slice = ie_tensor_bytes(to, lay, m->group, n_in, n_out);
     const size_t bytes = m->slice * (size_t)n_mat;
 
     if (to == t->dtype && lay == t->layout && group == t->group) {
