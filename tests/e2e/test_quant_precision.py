@@ -161,3 +161,12 @@ def test_repack_does_not_keep_the_file_resident(smollm2, greedy_ref):
     assert ballast[-1] == 1.0
     size_mb = smollm2.stat().st_size / (1 << 20)
     assert out["rss_peak_mb"] < 1.35 * size_mb, (out["rss_peak_mb"], size_mb)
+
+
+@pytest.mark.parametrize("env,needle", [({"IE_QUANT_GROUP": "abc"}, "IE_QUANT_GROUP"),
+                                        ({"IE_QUANT_GROUP": "16"}, "IE_QUANT_GROUP"),
+                                        ({"IE_QUANT_SCALE": "bogus"}, "IE_QUANT_SCALE")])
+def test_bad_quant_environment_refused(smollm2, env, needle):
+    cp = run_cli(["--model", smollm2, "--prompt", "hi", "--max-new", "1", "--precision", "int4w"], env=env)
+    assert cp.returncode == 2 and cp.stdout == "", (cp.returncode, cp.stderr)
+    assert needle in cp.stderr and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
