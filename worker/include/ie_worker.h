@@ -32,6 +32,57 @@ typedef enum ie_precision {
 const char *ie_precision_name(ie_precision_t p);
 ie_status_t ie_precision_parse(const char *s, ie_precision_t *out);
 
+/* ------------------------------------------------------------ sharding
+ * A worker can hold a shard of the model (docs/ARCHITECTURE.md):
+ *   PIPELINE  rank r of R runs a contiguous range of layers; the first
+ *             stage embeds tokens, the last holds the final norm and the
+ *             whole output head; hidden states hop stage to stage.
+ *   TENSOR    every rank runs every layer on a slice: attention by KV-head
+ *             groups (query heads follow their KV head), the dense MLP by
+ *             columns of gate/up and rows of down, MoE by experts (router
+ *             replicated), the output head by vocabulary rows. The two
+ *             partial sums of each layer (attention output, MLP/MoE output)
+ *             are summed across ranks through the reduce callback, so the
+ *             residual stream stays replicated on every rank.
+ * Splits are as even as the shapes allow on 32-element boundaries; a rank
+ * count the shapes do not allow is IE_ERR_INVAL naming the reason. */
+typedef enum ie_shard_kind {
+    IE_SHARD_NONE = 0,
+    IE_SHARD_PIPELINE = 1,
+    IE_SHARD_TENSOR = 2
+} ie_shard_kind_t;
+
+/* "none", "pipeline", "tensor"; parse returns IE_ERR_INVAL on others. */
+const char *ie_shard_kind_name(ie_shard_kind_t k);
+ie_status_t ie_shard_kind_parse(const char *s, ie_shard_kind_t *out);
+
+typedef struct ie_shard {
+    ie_shard_kind_t kind;
+    int rank, n_ranks;     /* 0 of 1 for NONE                            */
+} ie_shard_t;
+
+/* What one rank holds. Ranges are [begin, end). */
+typedef struct ie_shard_range {
+    int layer_begin, layer_end;     /* layers run                          */
+    int has_embed;                  /* looks tokens up (else takes hidden) */
+    int has_head;                   /* computes logits (a vocab slice)     */
+    int kv_head_begin, kv_head_end; /* KV heads (query heads follow)       */
+    int64_t ff_begin, ff_end;       /* dense MLP columns                   */
+    int expert_begin, expert_end;   /* MoE experts                         */
+    int64_t vocab_begin, vocab_end; /* output head rows                    */
+} ie_shard_range_t;
+
+/* Compute rank s->rank's share for the model hp. IE_ERR_INVAL when the
+ * plan cannot be cut that way (e.g. more tensor ranks than KV heads, more
+ * pipeline stages than layers), with a message naming the limit. */
+ie_status_t ie_shard_plan(const ie_hparams_t *hp, const ie_shard_t *s, ie_shard_range_t *out);
+
+/* Tensor-parallel reduction: replace buf[0..n) by the element-wise sum of
+ * every rank's buf, summed in rank order (so all ranks get bit-identical
+ * results). `index` counts the reductions of one step (0, 1, 2, ...).
+ * A non-OK return aborts the step with that status (its message kept). */
+typedef ie_status_t (*ie_reduce_fn)(void *ctx, int index, float *buf, size_t n);
+
 typedef struct ie_worker_opts {
     int n_threads;     /* >= 1                                        */
     int pin_threads;   /* pin pool threads to cores                   */
@@ -56,6 +107,9 @@ typedef struct ie_worker_opts {
     const char *repack_cache; /* directory for the on-disk repack
                           cache (NULL: env IE_REPACK_CACHE, else no
                           cache)                                      */
+    ie_shard_t shard;  /* which part of the model (NONE: all)         */
+    ie_reduce_fn reduce; /* TENSOR with n_ranks > 1: required          */
+    void *reduce_ctx;
 } ie_worker_opts_t;
 
 /* Defaults: 1 thread, pinned, n_ctx 2048, 1 slot, max_batch 256, native,
@@ -97,6 +151,27 @@ ie_status_t ie_worker_step(ie_worker_t *w, const ie_batch_t *b, float *logits_ou
  * and batch entry i (n_layer * n * n_embd floats) — for the converter's
  * per-layer calibration report. */
 ie_status_t ie_worker_step_hidden(ie_worker_t *w, const ie_batch_t *b, float *logits_out, float *hidden);
+
+/* One step of a sharded worker (works for NONE too):
+ *   hidden_in   NULL on a rank with the embedding (tokens are looked up);
+ *               else n * n_embd floats of residual stream from the previous
+ *               pipeline stage.
+ *   hidden_out  non-NULL: n * n_embd floats of residual stream after this
+ *               rank's last layer (what the next stage takes).
+ *   logits_out  on a rank with the head: one row of (vocab_end -
+ *               vocab_begin) floats per token that asked (NULL: skip the
+ *               head).
+ * The batch is validated as in ie_worker_step (token ids are checked only
+ * on ranks with the embedding). On failure (a reduce error included) the
+ * slot caches count no new positions. */
+ie_status_t ie_worker_step_shard(ie_worker_t *w, const ie_batch_t *b, const float *hidden_in, float *hidden_out,
+                                 float *logits_out);
+
+/* This worker's share (everything for an unsharded worker). */
+const ie_shard_range_t *ie_worker_shard(const ie_worker_t *w);
+
+/* Bytes of weights this worker holds (its shard, as bound). */
+uint64_t ie_worker_weight_bytes(const ie_worker_t *w);
 
 /* Forget a slot's cache contents (positions restart at 0). */
 void ie_worker_seq_clear(ie_worker_t *w, int seq);

@@ -1,0 +1,204 @@
+/* ie_proto.h — the wire protocol of the distributed service (docs/PROTOCOL.md).
+ *
+ * Every message is one ZeroMQ multipart message:
+ *     frame 0      MessagePack map: the header (kind, version and fields)
+ *     frames 1..   raw little-endian arrays (token ids, positions, hidden
+ *                  states, logits) — never encoded number by number
+ * Headers are decoded into the C structs below; strings are copied into
+ * fixed buffers (truncation is an error), so a decoded message owns nothing.
+ * Decoders never trust their input: any type mismatch, missing required
+ * key, out-of-range number or trailing garbage is IE_ERR_FORMAT with a line
+ * naming the key. Unknown keys are ignored (forward compatibility); a
+ * different major version is refused.
+ *
+ * Cluster messages (coordinator <-> workers, worker <-> worker):
+ *   HELLO     worker -> coord   registration (and re-registration)
+ *   ASSIGN    coord -> worker   shard to load + peer table
+ *   READY     worker -> coord   shard loaded (or failed: status != 0)
+ *   STEP      coord -> worker, stage -> next stage
+ *             frames: tokens i32[n], pos i32[n], seq i32[n], logits u8[n]
+ *                     [, hidden f32[n * n_embd] when has_hidden]
+ *   RESULT    worker -> coord   frames: logits f32[n_rows * (v1 - v0)]
+ *   PARTIAL   worker -> worker  tensor-parallel partial sums, frame f32[count]
+ *   HEARTBEAT both ways
+ *   BYE       either way: orderly shutdown / leaving
+ *   ERROR     either way: a request could not be understood
+ * Client messages (client <-> coordinator ROUTER), see ie_client_*.
+ */
+#ifndef IE_PROTO_H
+#define IE_PROTO_H
+
+#include "ie_buf.h"
+#include "ie_status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define IE_PROTO_VERSION 1
+
+#define IE_PROTO_ENDPOINT_MAX 256 /* bytes of an endpoint string incl. NUL */
+#define IE_PROTO_TEXT_MAX 512     /* error texts, host names, topology     */
+#define IE_PROTO_KEY_MAX 41       /* Z85 CURVE public key + NUL            */
+#define IE_PROTO_MAX_RANKS 64
+
+typedef enum ie_msg_kind {
+    IE_MSG_NONE = 0,
+    IE_MSG_HELLO = 1,
+    IE_MSG_ASSIGN = 2,
+    IE_MSG_READY = 3,
+    IE_MSG_STEP = 4,
+    IE_MSG_RESULT = 5,
+    IE_MSG_PARTIAL = 6,
+    IE_MSG_HEARTBEAT = 7,
+    IE_MSG_BYE = 8,
+    IE_MSG_ERROR = 9
+} ie_msg_kind_t;
+
+/* "hello", "assign", ...; "none" for unknown kinds. */
+const char *ie_msg_kind_name(ie_msg_kind_t k);
+
+typedef struct ie_msg_hello {
+    int32_t rank;          /* rank asked for, -1: any free one              */
+    int32_t pid;
+    int32_t numa_node;     /* node the worker is bound to (-1: none)         */
+    int32_t n_threads;     /* compute threads it will run                    */
+    uint64_t model_fp;     /* ie_model_fingerprint of its local model        */
+    char host[IE_PROTO_TEXT_MAX];
+    char peer_endpoint[IE_PROTO_ENDPOINT_MAX]; /* where peers reach it      */
+    char public_key[IE_PROTO_KEY_MAX];         /* its CURVE key ("" none)    */
+    char topology[IE_PROTO_TEXT_MAX];          /* what it found (hwloc)      */
+} ie_msg_hello_t;
+
+typedef struct ie_msg_assign {
+    uint64_t epoch;        /* cluster generation: bumps on every re-plan     */
+    int32_t plan;          /* ie_shard_kind_t                                */
+    int32_t rank, n_ranks;
+    int32_t n_ctx, n_seq, max_batch;
+    int32_t precision;     /* ie_precision_t                                 */
+    int32_t heartbeat_ms;  /* how often to send heartbeats                   */
+    int32_t dead_ms;       /* silence after which a peer counts as dead      */
+    /* per rank: where its peer socket listens and its CURVE key */
+    char peer_endpoint[IE_PROTO_MAX_RANKS][IE_PROTO_ENDPOINT_MAX];
+    char peer_key[IE_PROTO_MAX_RANKS][IE_PROTO_KEY_MAX];
+} ie_msg_assign_t;
+
+typedef struct ie_msg_ready {
+    uint64_t epoch;
+    int32_t rank;
+    int32_t status;        /* ie_status_t of the load                        */
+    double load_ms;
+    uint64_t weight_bytes; /* bytes of weights this shard holds              */
+    char error[IE_PROTO_TEXT_MAX];
+} ie_msg_ready_t;
+
+typedef struct ie_msg_step {
+    uint64_t epoch;
+    uint64_t step;         /* strictly increasing per cluster epoch          */
+    int32_t n;             /* tokens (frames hold n entries each)            */
+    int32_t has_hidden;    /* 1: a hidden-state frame follows (pipeline)     */
+    int32_t n_clear;       /* slots to forget before this step               */
+    int32_t clear[IE_PROTO_MAX_RANKS]; /* (first n_clear used; <= 64)        */
+} ie_msg_step_t;
+
+typedef struct ie_msg_result {
+    uint64_t epoch, step;
+    int32_t rank;
+    int32_t status;        /* ie_status_t; != 0: error says why, no frame    */
+    int32_t n_rows;        /* logits rows                                    */
+    int64_t vocab_begin, vocab_end; /* the columns this rank computed       */
+    double compute_ms;     /* time in the forward pass                       */
+    double transfer_ms;    /* time waiting on peers (reduce / hops)          */
+    char error[IE_PROTO_TEXT_MAX];
+} ie_msg_result_t;
+
+typedef struct ie_msg_partial {
+    uint64_t epoch, step;
+    int32_t from_rank;
+    int32_t index;         /* which reduction of the step (2 per layer)      */
+    int64_t count;         /* floats in the frame                            */
+} ie_msg_partial_t;
+
+typedef struct ie_msg_heartbeat {
+    uint64_t epoch;
+    int32_t rank;          /* -1 from the coordinator                        */
+    int32_t busy;          /* 1 while a step runs                            */
+} ie_msg_heartbeat_t;
+
+typedef struct ie_msg_error {
+    int32_t code;          /* ie_status_t                                    */
+    char message[IE_PROTO_TEXT_MAX];
+} ie_msg_error_t;
+
+typedef struct ie_msg {
+    ie_msg_kind_t kind;
+    union {
+        ie_msg_hello_t hello;
+        ie_msg_assign_t assign;
+        ie_msg_ready_t ready;
+        ie_msg_step_t step;
+        ie_msg_result_t result;
+        ie_msg_partial_t partial;
+        ie_msg_heartbeat_t heartbeat;
+        ie_msg_error_t error;
+    } u;
+} ie_msg_t;
+
+/* Encode m's header into out (replacing its contents). IE_ERR_INVAL for a
+ * kind without an encoder or fields out of range; IE_ERR_NOMEM. */
+ie_status_t ie_msg_encode(const ie_msg_t *m, ie_buf_t *out);
+
+/* Decode a header frame. On failure *m is zeroed and the error names what
+ * was wrong (IE_ERR_FORMAT; IE_ERR_UNSUPPORTED for another version). */
+ie_status_t ie_msg_decode(const void *data, size_t n, ie_msg_t *m);
+
+/* ------------------------------------------------------------- clients
+ * Client -> coordinator (ROUTER): a request map
+ *   {"v":1, "type":"generate", "id":str, "prompt":str | "messages":[{"role":str,"content":str}...],
+ *    "max_new":int, "temperature":float, "top_k":int, "top_p":float, "min_p":float,
+ *    "repeat_penalty":float, "seed":int, "stop":[str...], "stream":bool, "priority":int}
+ * or {"v":1, "type":"cancel", "id":str}.
+ * Coordinator -> client: {"v":1, "type":"token", "id", "index", "token", "text"} events when streaming,
+ * then {"v":1, "type":"done", "id", "text", "finish", "n_prompt", "n_gen", "ttft_ms", "total_ms",
+ *       "decode_tps"} or {"v":1, "type":"error", "id", "code":str, "message":str}.
+ */
+typedef struct ie_client_msg_pair {
+    char *role, *content;
+} ie_client_chat_t;
+
+typedef struct ie_client_req {
+    char *type;            /* "generate" or "cancel"                         */
+    char *id;              /* client's request id (<= 128 bytes)             */
+    char *prompt;          /* NULL when messages are given                   */
+    ie_client_chat_t *messages;
+    size_t n_messages;
+    int32_t max_new;       /* default 128                                    */
+    float temperature;     /* default 0.8; 0: greedy                         */
+    int32_t top_k;         /* default 40                                     */
+    float top_p;           /* default 0.95                                   */
+    float min_p;           /* default 0.05                                   */
+    float repeat_penalty;  /* default 1.0                                    */
+    int64_t seed;          /* default -1: from the clock                      */
+    char **stop;
+    size_t n_stop;
+    int stream;            /* default 0                                      */
+    int32_t priority;      /* default 0; higher first                        */
+} ie_client_req_t;
+
+/* Decode a client request (owning strings in *r). Errors IE_ERR_FORMAT /
+ * IE_ERR_UNSUPPORTED with a line a client can act on; *r is cleared then. */
+ie_status_t ie_client_req_decode(const void *data, size_t n, ie_client_req_t *r);
+void ie_client_req_clear(ie_client_req_t *r);
+
+/* Encoders of the replies, appending a complete map to out (replacing it). */
+ie_status_t ie_client_enc_token(ie_buf_t *out, const char *id, int32_t index, int32_t token, const char *text,
+                                size_t text_len);
+typedef struct ie_client_done {
+    const char *id, *text, *finish;
+    size_t text_len;
+    int32_t n_prompt, n_gen;
+    double ttft_ms, total_ms, decode_tps;
+} ie_client_done_t;
+ie_status_t ie_client_enc_done(ie_buf_t *out, const ie_client_done_t *d);
+ie_status_t ie_client_enc_error(ie_buf_t *out, const char *id, const char *code, const char *message);
+
+#endif

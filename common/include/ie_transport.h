@@ -1,0 +1,123 @@
+/* ie_transport.h — the only door to ZeroMQ (libzmq; CURVE via libsodium).
+ *
+ * Nothing else in clocher includes zmq.h: the cluster and the client
+ * endpoint talk through these sockets, which carry multipart messages of
+ * plain byte frames (ie_proto.h says what the frames mean).
+ *
+ *     ie_net_t *net;  ie_net_new(&net);
+ *     ie_sock_t *s;   ie_sock_new(net, IE_SOCK_DEALER, &s);
+ *     ie_sock_connect(s, "tcp://10.0.0.1:5555");
+ *     ie_frame_t f[2] = {{hdr, hdr_len}, {data, data_len}};
+ *     ie_sock_send(s, f, 2);
+ *     ie_parts_t in = {0};  ie_sock_recv(s, &in, 1000);   // IE_ERR_TIMEOUT...
+ *     ie_parts_free(&in); ie_sock_destroy(&s); ie_net_destroy(&net);
+ *
+ * Security: with ie_net_curve() every socket of the net uses CURVE. Binding
+ * sockets are CURVE servers that accept only clients whose public key is
+ * in the authorized set (a ZAP handler inside the net; a refused peer is
+ * logged to stderr with its address and key); connecting sockets are CURVE
+ * clients and must be told the server's public key (ie_sock_connect_key).
+ * Keys are Z85 text (40 chars) in files written by ie_keys_generate.
+ *
+ * Threading: a socket belongs to one thread at a time (ZeroMQ's rule); the
+ * net may be shared by all threads of a process (inproc:// needs that).
+ */
+#ifndef IE_TRANSPORT_H
+#define IE_TRANSPORT_H
+
+#include "ie_status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ie_net ie_net_t;
+typedef struct ie_sock ie_sock_t;
+
+typedef enum ie_sock_type {
+    IE_SOCK_ROUTER = 1,
+    IE_SOCK_DEALER = 2,
+    IE_SOCK_PUSH = 3,
+    IE_SOCK_PULL = 4
+} ie_sock_type_t;
+
+/* One outgoing frame (borrowed). */
+typedef struct ie_frame {
+    const void *data;
+    size_t size;
+} ie_frame_t;
+
+/* A received multipart message: n frames, each its own malloc'd block
+ * (aligned to 16 bytes, so float/int32 frames can be read in place).
+ * Reused across receives; ie_parts_free releases it. */
+typedef struct ie_parts {
+    int n;
+    void **data;
+    size_t *size;
+    size_t *cap;
+    int cap_n;
+} ie_parts_t;
+
+void ie_parts_free(ie_parts_t *p);
+
+/* A context. Caller owns *out. */
+ie_status_t ie_net_new(ie_net_t **out);
+
+/* Turn CURVE on for every socket created afterwards: this process's key
+ * pair (public and secret Z85) and the directory of authorized public keys
+ * (every "*.pub" file in it holds one Z85 key; NULL: accept only keys later
+ * added with ie_net_authorize). Starts the ZAP handler. */
+ie_status_t ie_net_curve(ie_net_t *net, const char *public_z85, const char *secret_z85,
+                         const char *authorized_dir);
+
+/* Add one authorized client key (Z85) at run time. */
+ie_status_t ie_net_authorize(ie_net_t *net, const char *public_z85);
+
+/* 1 when CURVE is on; then *public_z85 (if not NULL) is this net's key. */
+int ie_net_is_secure(const ie_net_t *net, const char **public_z85);
+
+/* Stop the ZAP handler, close the context. Sockets must be destroyed
+ * first. Accepts NULL. */
+void ie_net_destroy(ie_net_t **net_p);
+
+ie_status_t ie_sock_new(ie_net_t *net, ie_sock_type_t type, ie_sock_t **out);
+void ie_sock_destroy(ie_sock_t **s_p);      /* linger 0; accepts NULL */
+
+/* Identity a DEALER presents to a ROUTER (before connect). */
+ie_status_t ie_sock_set_identity(ie_sock_t *s, const void *id, size_t n);
+
+/* Bind; a tcp endpoint with port 0 or '*' picks a free port. The endpoint
+ * actually bound (connectable form, e.g. tcp://127.0.0.1:41234) is copied
+ * to bound[bound_cap] when bound != NULL. */
+ie_status_t ie_sock_bind(ie_sock_t *s, const char *endpoint, char *bound, size_t bound_cap);
+
+/* Connect (plain, or a CURVE client to a server with that public key;
+ * server_z85 NULL on a secure net is IE_ERR_INVAL). */
+ie_status_t ie_sock_connect(ie_sock_t *s, const char *endpoint, const char *server_z85);
+ie_status_t ie_sock_disconnect(ie_sock_t *s, const char *endpoint);
+
+/* Send n frames as one message. timeout_ms < 0 blocks; otherwise a send
+ * that cannot be queued in time is IE_ERR_TIMEOUT. */
+ie_status_t ie_sock_send(ie_sock_t *s, const ie_frame_t *frames, int n, int timeout_ms);
+
+/* Receive one whole message into p (replacing its frames). timeout_ms < 0
+ * blocks, 0 polls. IE_ERR_TIMEOUT when nothing arrived. A message of more
+ * than 64 frames or 1 GiB is dropped with IE_ERR_FORMAT. */
+ie_status_t ie_sock_recv(ie_sock_t *s, ie_parts_t *p, int timeout_ms);
+
+/* Wait until one of the sockets has a message to read; ready[i] = 1 for
+ * those. Returns the number ready (0 on timeout), -1 on error (interrupted
+ * by a signal counts as 0). */
+int ie_sock_poll(ie_sock_t *const *socks, int n, int *ready, int timeout_ms);
+
+/* ---------------------------------------------------------------- keys */
+
+/* Make a CURVE key pair: writes DIR/NAME.pub (public Z85 + newline, 0644)
+ * and DIR/NAME.key (secret Z85 + newline, 0600; created with O_EXCL unless
+ * force). */
+ie_status_t ie_keys_generate(const char *dir, const char *name, int force);
+
+/* Read one Z85 key (first 40 chars of the file, rest whitespace) into
+ * out[41]. Refuses a secret key file (".key") readable by group or others. */
+ie_status_t ie_keys_load(const char *path, char out[41]);
+
+#endif
