@@ -41,6 +41,7 @@ typedef struct wmat {
     int64_t n_in;
     int64_t n_out;
     size_t slice;       /* bytes of one matrix (expert stride)          */
+    int64_t n_mat;      /* matrices in the stack (experts held), 0 unbound */
     ie_bsr_t bsr;       /* BSR: view into data                          */
 } wmat_t;
 
@@ -72,6 +73,10 @@ struct ie_worker {
     char *cache_dir;         /* repack cache directory, or NULL           */
     int binding_head;        /* bind_mats is binding the output head      */
     int src_file_mapped;     /* every source tensor is in a file mapping  */
+    ie_shard_range_t sh;     /* what this worker holds (ie_shard_plan)    */
+    int tensor_par;          /* tensor-parallel with n_ranks > 1: reduce  */
+    int n_head_loc, n_kv_loc; /* query / KV heads held                    */
+    int64_t ff_loc;          /* dense MLP columns held (expert ff: all)  */
     const ie_matmul_ops_t *ops;
     const ie_attn_ops_t *attn;
     const ie_vec_ops_t *vec;
@@ -85,9 +90,10 @@ struct ie_worker {
     void **owned;            /* buffers we allocated for weights         */
     size_t n_owned, cap_owned;
 
-    int q_dim, kv_dim;       /* n_head*hd, n_kv*hd                        */
+    int q_dim, kv_dim;       /* held heads: n_head_loc*hd, n_kv_loc*hd    */
     size_t kv_layer_stride;  /* floats per layer: n_seq*n_ctx*kv_dim     */
-    float *kcache, *vcache;  /* [n_layer][n_seq][n_ctx][kv_dim]          */
+    float *kcache, *vcache;  /* [held layer][n_seq][n_ctx][kv_dim], layer
+                                l at l - sh.layer_begin                   */
     int *seq_len;            /* [n_seq] positions held                   */
 
     float *rope_cos, *rope_sin; /* [n_ctx][rope_dim/2]                   */
@@ -312,7 +318,19 @@ static void convert_run(void *ctx, int ith, int nth)
 /* ---- on-disk repack cache: converted stacks keyed by a hash of the source
  * bytes and everything that decides the result. */
 
-static void cache_path(const ie_worker_t *w, const ie_tensor_t *t, const convert_task_t *c, char *out,
+/* What a bind converts: a whole source tensor, or the slice of it a shard
+ * holds (then data/nbytes are the cut's own bytes, so the cache key — the
+ * hash of exactly the bytes converted plus the shapes after the cut — is
+ * right for slices without naming the cut). */
+typedef struct src_mat {
+    ie_dtype_t dtype;
+    ie_layout_t layout;
+    int group;
+    const void *data;
+    uint64_t nbytes;
+} src_mat_t;
+
+static void cache_path(const ie_worker_t *w, const src_mat_t *t, const convert_task_t *c, char *out,
                        size_t cap)
 {
     char key[256];
@@ -375,14 +393,28 @@ static void cache_store(const char *path, const void *src, size_t bytes)
  * tensors all live in file mappings (GGUF, IEBIN). */
 static void drop_source_pages(const ie_worker_t *w, const ie_tensor_t *t)
 {
-    if (w->src_file_mapped) ie_file_release_pages(t->data, (size_t)t->nbytes);
+    if (t && w->src_file_mapped) ie_file_release_pages(t->data, (size_t)t->nbytes);
 }
 
-/* Bind a 2-D weight matrix stack (ne = [n_in, n_out, n_mat]) in the layout
- * the kernels run best, converting it when the precision asks for another
- * type. */
-static ie_status_t bind_mats(ie_worker_t *w, const ie_model_src_t *src, const char *name,
-                             int64_t n_in, int64_t n_out, int64_t n_mat, wmat_t *m)
+/* The part of a matrix stack a shard binds: rows [r0, r1), columns
+ * [c0, c1) of matrices [e0, e1). */
+typedef struct cut {
+    int64_t r0, r1, c0, c1, e0, e1;
+} cut_t;
+
+static ie_status_t bind_src(ie_worker_t *w, const char *name, const src_mat_t *s, const ie_tensor_t *drop,
+                            void **tmp, int64_t n_in, int64_t n_out, int64_t n_mat, wmat_t *m);
+
+/* Bind the cut `c` of a 2-D weight matrix stack (ne = [n_in, n_out, n_mat])
+ * in the layout the kernels run best, converting it when the precision asks
+ * for another type. A cut of rows or columns is copied out in the source's
+ * own encoding first (ie_tensor_slice), a cut of experts only is a byte
+ * range of the stack; then both go through the same conversion as a whole
+ * tensor. A cut off the source's block/group/panel boundaries is
+ * IE_ERR_INVAL naming the tensor. keep_src: do not drop the source's pages
+ * (the tied embedding, still read for lookups). */
+static ie_status_t bind_cut(ie_worker_t *w, const ie_model_src_t *src, const char *name, int64_t n_in,
+                            int64_t n_out, int64_t n_mat, const cut_t *c, int keep_src, wmat_t *m)
 {
     const ie_tensor_t *t = ie_model_src_tensor(src, name);
     if (!t) return ie_error_set(IE_ERR_FORMAT, "model: missing tensor '%s'", name);
@@ -391,6 +423,8 @@ static ie_status_t bind_mats(ie_worker_t *w, const ie_model_src_t *src, const ch
                             "model: tensor '%s' has shape [%lld, %lld, %lld], expected [%lld, %lld, %lld]", name,
                             (long long)t->ne[0], (long long)t->ne[1], (long long)t->ne[2], (long long)n_in,
                             (long long)n_out, (long long)n_mat);
+    const int whole_rc = c->r0 == 0 && c->r1 == n_out && c->c0 == 0 && c->c1 == n_in;
+    const int whole = whole_rc && c->e0 == 0 && c->e1 == n_mat;
     memset(m, 0, sizeof *m);
     m->n_in = n_in;
     m->n_out = n_out;
@@ -400,12 +434,15 @@ static ie_status_t bind_mats(ie_worker_t *w, const ie_model_src_t *src, const ch
         if (n_mat != 1)
             return ie_error_set(IE_ERR_UNSUPPORTED, "model: tensor '%s': block-sparse expert stacks are not supported",
                                 name);
+        if (!whole)
+            return ie_error_set(IE_ERR_UNSUPPORTED, "model: block-sparse tensor '%s' cannot be sharded", name);
         if (ie_bsr_view(t->data, (size_t)t->nbytes, n_in, n_out, &m->bsr, err, sizeof err) != 0)
             return ie_error_set(IE_ERR_FORMAT, "model: tensor '%s': %s", name, err);
         m->dtype = IE_DTYPE_F32;
         m->layout = IE_LAYOUT_BSR;
         m->data = t->data;
         m->slice = (size_t)t->nbytes;
+        m->n_mat = 1;
         return IE_OK; /* kept sparse whatever the precision */
     }
     if (!dtype_computable(t->dtype) || (t->layout == IE_LAYOUT_PANEL16 && !ie_dtype_is_intw(t->dtype)) ||
@@ -421,9 +458,53 @@ static ie_status_t bind_mats(ie_worker_t *w, const ie_model_src_t *src, const ch
         return ie_error_set(IE_ERR_FORMAT, "model: tensor '%s' holds %llu bytes, its shape needs %llu", name,
                             (unsigned long long)t->nbytes, (unsigned long long)src_slice * (uint64_t)n_mat);
 
+    src_mat_t s = {t->dtype, t->layout, t->group, t->data, t->nbytes};
+    const int64_t ne = c->e1 - c->e0;
+    if (whole) return bind_src(w, name, &s, keep_src ? NULL : t, NULL, n_in, n_out, n_mat, m);
+    if (whole_rc) { /* experts only: a byte range of the stack */
+        s.data = (const char *)t->data + (size_t)c->e0 * src_slice;
+        s.nbytes = (uint64_t)src_slice * (uint64_t)ne;
+        return bind_src(w, name, &s, keep_src ? NULL : t, NULL, n_in, n_out, ne, m);
+    }
+    const int64_t ni = c->c1 - c->c0, no = c->r1 - c->r0;
+    const size_t sb = ie_tensor_bytes(t->dtype, t->layout, t->group, ni, no);
+    void *tmp = sb ? big_alloc(sb * (size_t)ne) : NULL;
+    if (sb && !tmp) return ie_error_set(IE_ERR_NOMEM, "out of memory slicing '%s'", name);
+    for (int64_t e = 0; e < ne; e++) {
+        if (sb == 0 || ie_tensor_slice(t->dtype, t->layout, t->group, (const char *)t->data +
+                                       (size_t)(c->e0 + e) * src_slice, n_in, n_out, c->r0, c->r1, c->c0, c->c1,
+                                       (char *)tmp + (size_t)e * sb) != 0) {
+            big_free(tmp);
+            return ie_error_set(IE_ERR_INVAL,
+                                "tensor plan: cannot cut rows [%lld, %lld) x columns [%lld, %lld) out of '%s' "
+                                "(%s/%s group %d): not on its block boundaries",
+                                (long long)c->r0, (long long)c->r1, (long long)c->c0, (long long)c->c1, name,
+                                ie_dtype_name(t->dtype), ie_layout_name(t->layout), t->group);
+        }
+    }
+    s.data = tmp;
+    s.nbytes = (uint64_t)sb * (uint64_t)ne;
+    ie_status_t st = bind_src(w, name, &s, keep_src ? NULL : t, &tmp, ni, no, ne, m);
+    big_free(tmp); /* NULL when bind_src kept it */
+    return st;
+}
+
+/* Bind the source stack s (n_mat matrices of n_out rows of n_in) into m:
+ * as is, copied, or converted per the precision. tmp: NULL, or a buffer of
+ * ours holding s's bytes, which bind_src takes over (and NULLs) when it
+ * uses it as is. drop: the tensor whose file pages to release once the
+ * bytes live elsewhere (NULL: none). */
+static ie_status_t bind_src(ie_worker_t *w, const char *name, const src_mat_t *t, const ie_tensor_t *drop,
+                            void **tmp, int64_t n_in, int64_t n_out, int64_t n_mat, wmat_t *m)
+{
+    memset(m, 0, sizeof *m);
+    m->n_in = n_in;
+    m->n_out = n_out;
+    m->n_mat = n_mat;
+    const size_t src_slice = ie_tensor_bytes(t->dtype, t->layout, t->group, n_in, n_out);
     /* what the source is, as a matrix */
     wmat_t sm = {.dtype = t->dtype, .layout = t->layout, .group = t->group, .data = t->data,
-                 .n_in = n_in, .n_out = n_out, .slice = src_slice};
+                 .n_in = n_in, .n_out = n_out, .slice = src_slice, .n_mat = n_mat};
 
     /* what we want it to be */
     ie_dtype_t to = t->dtype;
@@ -463,6 +544,13 @@ static ie_status_t bind_mats(ie_worker_t *w, const ie_model_src_t *src, const ch
     const size_t bytes = m->slice * (size_t)n_mat;
 
     if (to == t->dtype && lay == t->layout && group == t->group) {
+        if (tmp && *tmp) { /* a slice already in our memory */
+            if (own(w, *tmp) != 0) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+            m->data = *tmp;
+            *tmp = NULL;
+            drop_source_pages(w, drop);
+            return IE_OK;
+        }
         if (!w->copy_weights) {
             m->data = t->data;
             return IE_OK;
@@ -475,7 +563,7 @@ static ie_status_t bind_mats(ie_worker_t *w, const ie_model_src_t *src, const ch
             return ie_error_set(IE_ERR_NOMEM, "out of memory copying '%s' (%zu bytes)", name, bytes);
         }
         memcpy(dst, t->data, bytes);
-        drop_source_pages(w, t);
+        drop_source_pages(w, drop);
         m->data = dst;
         return IE_OK;
     }
@@ -499,15 +587,9 @@ static ie_status_t bind_mats(ie_worker_t *w, const ie_model_src_t *src, const ch
             return ie_error_set(IE_ERR_NOMEM, "worker: converting '%s' to %s failed", name, ie_dtype_name(to));
         if (w->cache_dir) cache_store(path, dst, bytes);
     }
-    drop_source_pages(w, t);
+    drop_source_pages(w, drop);
     m->data = dst;
     return IE_OK;
-}
-
-static ie_status_t bind_mat(ie_worker_t *w, const ie_model_src_t *src, const char *name,
-                            int64_t n_in, int64_t n_out, wmat_t *m)
-{
-    return bind_mats(w, src, name, n_in, n_out, 1, m);
 }
 
 /* Bind a vector of n floats (norms, biases, sinks; n1 > 1 for per-expert
@@ -668,36 +750,67 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
         goto cleanup;
     }
 
-    int64_t d = hp->n_embd, ff = hp->n_ff;
-    w->q_dim = hp->n_head * hp->head_dim;
-    w->kv_dim = hp->n_head_kv * hp->head_dim;
+    /* the shard: which layers, heads, columns, experts and vocab rows */
+    if ((st = ie_shard_plan(hp, &opts->shard, &w->sh)) != IE_OK) goto cleanup;
+    w->tensor_par = opts->shard.kind == IE_SHARD_TENSOR && opts->shard.n_ranks > 1;
+    if (w->tensor_par && !opts->reduce) {
+        st = ie_error_set(IE_ERR_INVAL, "worker: a tensor-parallel shard of %d ranks needs a reduce callback",
+                          opts->shard.n_ranks);
+        goto cleanup;
+    }
+    const ie_shard_range_t *sh = &w->sh;
+    const int qgroup = hp->n_head / hp->n_head_kv, hd = hp->head_dim;
+    w->n_kv_loc = sh->kv_head_end - sh->kv_head_begin;
+    w->n_head_loc = w->n_kv_loc * qgroup;
+    w->ff_loc = sh->ff_end - sh->ff_begin;
+    int64_t d = hp->n_embd, ff = w->ff_loc;
+    w->q_dim = w->n_head_loc * hd;
+    w->kv_dim = w->n_kv_loc * hd;
+    /* this rank's rows of q and of k/v; o takes the q range as columns */
+    const int64_t q0 = (int64_t)sh->kv_head_begin * qgroup * hd, q1 = (int64_t)sh->kv_head_end * qgroup * hd;
+    const int64_t kv0 = (int64_t)sh->kv_head_begin * hd, kv1 = (int64_t)sh->kv_head_end * hd;
+    const int64_t qd = (int64_t)hp->n_head * hd, kvd = (int64_t)hp->n_head_kv * hd;
+    const int64_t nv_loc = sh->vocab_end - sh->vocab_begin;
 
     /* Embeddings are read a row at a time (dequantized on lookup), so they
      * keep the file's type whatever the precision — unless they are tied
-     * and the output head converted them, then lookups read the head. */
-    const ie_tensor_t *te = ie_model_src_tensor(src, "token_embd.weight");
-    if (!te) {
-        st = ie_error_set(IE_ERR_FORMAT, "model: missing tensor 'token_embd.weight'");
-        goto cleanup;
+     * and the output head converted them whole, then lookups read the head.
+     * Only ranks that embed (or whose head is the tied embedding) need it. */
+    const ie_tensor_t *te = NULL;
+    if (sh->has_embed || (sh->has_head && hp->tied_embeddings)) {
+        te = ie_model_src_tensor(src, "token_embd.weight");
+        if (!te) {
+            st = ie_error_set(IE_ERR_FORMAT, "model: missing tensor 'token_embd.weight'");
+            goto cleanup;
+        }
+        if (!dtype_computable(te->dtype) || te->layout == IE_LAYOUT_BSR || te->ne[0] != d ||
+            te->ne[1] != hp->n_vocab ||
+            ie_tensor_bytes(te->dtype, te->layout, te->group, d, hp->n_vocab) == 0 ||
+            ie_tensor_bytes(te->dtype, te->layout, te->group, d, hp->n_vocab) > te->nbytes) {
+            st = ie_error_set(IE_ERR_FORMAT,
+                              "model: tensor 'token_embd.weight' is %s/%s [%lld, %lld], expected a dense [%lld, %d]",
+                              ie_dtype_name(te->dtype), ie_layout_name(te->layout), (long long)te->ne[0],
+                              (long long)te->ne[1], (long long)d, hp->n_vocab);
+            goto cleanup;
+        }
+        if (sh->has_embed)
+            w->tok_embd = (wmat_t){.dtype = te->dtype, .layout = te->layout, .group = te->group, .data = te->data,
+                                   .n_in = d, .n_out = hp->n_vocab, .n_mat = 1,
+                                   .slice = ie_tensor_bytes(te->dtype, te->layout, te->group, d, hp->n_vocab)};
     }
-    if (!dtype_computable(te->dtype) || te->layout == IE_LAYOUT_BSR || te->ne[0] != d ||
-        te->ne[1] != hp->n_vocab ||
-        ie_tensor_bytes(te->dtype, te->layout, te->group, d, hp->n_vocab) == 0 ||
-        ie_tensor_bytes(te->dtype, te->layout, te->group, d, hp->n_vocab) > te->nbytes) {
-        st = ie_error_set(IE_ERR_FORMAT,
-                          "model: tensor 'token_embd.weight' is %s/%s [%lld, %lld], expected a dense [%lld, %d]",
-                          ie_dtype_name(te->dtype), ie_layout_name(te->layout), (long long)te->ne[0],
-                          (long long)te->ne[1], (long long)d, hp->n_vocab);
-        goto cleanup;
+    if (sh->has_head) {
+        const cut_t hc = {sh->vocab_begin, sh->vocab_end, 0, d, 0, 1};
+        const int whole_head = nv_loc == hp->n_vocab;
+        w->binding_head = 1;
+        /* a sliced tied head must not drop the pages the lookups read */
+        st = bind_cut(w, src, hp->tied_embeddings ? "token_embd.weight" : "output.weight", d, hp->n_vocab, 1, &hc,
+                      hp->tied_embeddings && sh->has_embed && !whole_head, &w->output);
+        w->binding_head = 0;
+        if (st != IE_OK) goto cleanup;
+        if (hp->tied_embeddings && sh->has_embed && whole_head && w->output.data != te->data)
+            w->tok_embd = w->output;
+        if ((st = bind_vec(w, src, "output_norm.weight", d, &w->output_norm)) != IE_OK) goto cleanup;
     }
-    w->tok_embd = (wmat_t){.dtype = te->dtype, .layout = te->layout, .group = te->group, .data = te->data,
-                           .n_in = d, .n_out = hp->n_vocab};
-    w->binding_head = 1;
-    st = bind_mat(w, src, hp->tied_embeddings ? "token_embd.weight" : "output.weight", d, hp->n_vocab, &w->output);
-    w->binding_head = 0;
-    if (st != IE_OK) goto cleanup;
-    if (hp->tied_embeddings && w->output.data != te->data) w->tok_embd = w->output;
-    if ((st = bind_vec(w, src, "output_norm.weight", d, &w->output_norm)) != IE_OK) goto cleanup;
 
     w->layers = calloc((size_t)hp->n_layer, sizeof *w->layers);
     if (!w->layers) {
@@ -710,59 +823,74 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
         st = ie_error_set(IE_ERR_FORMAT, "model: %d experts used of %d", hp->n_expert_used, hp->n_expert);
         goto cleanup;
     }
-    for (int l = 0; l < hp->n_layer; l++) {
+    const int64_t e0 = moe ? sh->expert_begin : 0, e1 = moe ? sh->expert_end : 1;
+    for (int l = sh->layer_begin; l < sh->layer_end; l++) {
         layer_t *L = &w->layers[l];
-#define BIND_MATS(field, suffix, nin, nout, nmat)                                 \
-        snprintf(name, sizeof name, "blk.%d." suffix ".weight", l);               \
-        if ((st = bind_mats(w, src, name, nin, nout, nmat, &L->field)) != IE_OK) goto cleanup;
+#define BIND_CUT(field, suffix, nin, nout, nmat, ...)                                     \
+        snprintf(name, sizeof name, "blk.%d." suffix ".weight", l);                       \
+        if ((st = bind_cut(w, src, name, nin, nout, nmat, &(const cut_t){__VA_ARGS__}, 0, &L->field)) != IE_OK) \
+            goto cleanup;
 #define BIND_VEC(field, suffix, n, n1)                                            \
         snprintf(name, sizeof name, "blk.%d." suffix, l);                         \
         if ((st = bind_vec2(w, src, name, n, n1, &L->field)) != IE_OK) goto cleanup;
         BIND_VEC(attn_norm, "attn_norm.weight", d, 1);
-        BIND_MATS(q, "attn_q", d, w->q_dim, 1);
-        BIND_MATS(k, "attn_k", d, w->kv_dim, 1);
-        BIND_MATS(v, "attn_v", d, w->kv_dim, 1);
-        BIND_MATS(o, "attn_output", w->q_dim, d, 1);
+        BIND_CUT(q, "attn_q", d, qd, 1, q0, q1, 0, d, 0, 1);
+        BIND_CUT(k, "attn_k", d, kvd, 1, kv0, kv1, 0, d, 0, 1);
+        BIND_CUT(v, "attn_v", d, kvd, 1, kv0, kv1, 0, d, 0, 1);
+        BIND_CUT(o, "attn_output", qd, d, 1, 0, d, q0, q1, 0, 1);
         if (hp->attn_bias) {
-            BIND_VEC(bq, "attn_q.bias", w->q_dim, 1);
-            BIND_VEC(bk, "attn_k.bias", w->kv_dim, 1);
-            BIND_VEC(bv, "attn_v.bias", w->kv_dim, 1);
-            BIND_VEC(bo, "attn_output.bias", d, 1);
+            /* biases follow their matrices' rows; o's bias is added once,
+             * by the first rank, before the sum across ranks */
+            BIND_VEC(bq, "attn_q.bias", qd, 1);
+            BIND_VEC(bk, "attn_k.bias", kvd, 1);
+            BIND_VEC(bv, "attn_v.bias", kvd, 1);
+            L->bq += q0;
+            L->bk += kv0;
+            L->bv += kv0;
+            if (sh->kv_head_begin == 0) {
+                BIND_VEC(bo, "attn_output.bias", d, 1);
+            }
         }
         if (hp->attn_sinks) {
             BIND_VEC(sinks, "attn_sinks.weight", hp->n_head, 1);
+            L->sinks += (int64_t)sh->kv_head_begin * qgroup;
         }
         L->swa = hp->sliding_window > 0 && hp->layer_swa[l];
         if (!moe) {
             BIND_VEC(ffn_norm, "ffn_norm.weight", d, 1);
-            BIND_MATS(gate, "ffn_gate", d, ff, 1);
-            BIND_MATS(up, "ffn_up", d, ff, 1);
-            BIND_MATS(down, "ffn_down", ff, d, 1);
+            BIND_CUT(gate, "ffn_gate", d, hp->n_ff, 1, sh->ff_begin, sh->ff_end, 0, d, 0, 1);
+            BIND_CUT(up, "ffn_up", d, hp->n_ff, 1, sh->ff_begin, sh->ff_end, 0, d, 0, 1);
+            BIND_CUT(down, "ffn_down", hp->n_ff, d, 1, 0, d, sh->ff_begin, sh->ff_end, 0, 1);
         } else {
+            /* the router stays whole (every rank selects the same top-k);
+             * the expert stacks keep this rank's experts */
             BIND_VEC(ffn_norm, "post_attention_norm.weight", d, 1);
-            BIND_MATS(router, "ffn_gate_inp", d, E, 1);
+            BIND_CUT(router, "ffn_gate_inp", d, E, 1, 0, E, 0, d, 0, 1);
             BIND_VEC(router_b, "ffn_gate_inp.bias", E, 1);
-            BIND_MATS(gate, "ffn_gate_exps", d, ff, E);
-            BIND_MATS(up, "ffn_up_exps", d, ff, E);
-            BIND_MATS(down, "ffn_down_exps", ff, d, E);
+            BIND_CUT(gate, "ffn_gate_exps", d, ff, E, 0, ff, 0, d, e0, e1);
+            BIND_CUT(up, "ffn_up_exps", d, ff, E, 0, ff, 0, d, e0, e1);
+            BIND_CUT(down, "ffn_down_exps", ff, d, E, 0, d, 0, ff, e0, e1);
             BIND_VEC(gate_b, "ffn_gate_exps.bias", ff, E);
             BIND_VEC(up_b, "ffn_up_exps.bias", ff, E);
             BIND_VEC(down_b, "ffn_down_exps.bias", d, E);
+            L->gate_b += e0 * ff;
+            L->up_b += e0 * ff;
+            L->down_b += e0 * d;
         }
-#undef BIND_MATS
+#undef BIND_CUT
 #undef BIND_VEC
     }
 
-    /* KV cache and scratch */
+    /* KV cache (held layers and heads only) and scratch */
     size_t B = (size_t)opts->max_batch;
     w->kv_layer_stride = (size_t)opts->n_seq * (size_t)opts->n_ctx * (size_t)w->kv_dim;
-    size_t kv_bytes = (size_t)hp->n_layer * w->kv_layer_stride * sizeof(float);
+    size_t kv_bytes = (size_t)(sh->layer_end - sh->layer_begin) * w->kv_layer_stride * sizeof(float);
     size_t wide = (size_t)(d > w->q_dim ? d : w->q_dim);
     int64_t max_in = ff > (int64_t)wide ? ff : (int64_t)wide;
     w->act_row_cap = ie_dtype_row_bytes(IE_DTYPE_Q16_P, (max_in + 31) / 32 * 32); /* the widest act row */
     int half = hp->rope_dim / 2;
-    w->kcache = big_alloc_ex(kv_bytes, 0);
-    w->vcache = big_alloc_ex(kv_bytes, 0);
+    w->kcache = big_alloc_ex(kv_bytes ? kv_bytes : 1, 0);
+    w->vcache = big_alloc_ex(kv_bytes ? kv_bytes : 1, 0);
     w->seq_len = calloc((size_t)opts->n_seq, sizeof(int));
     w->rope_cos = malloc((size_t)opts->n_ctx * half * sizeof(float));
     w->rope_sin = malloc((size_t)opts->n_ctx * half * sizeof(float));
@@ -775,8 +903,7 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
     w->hb2 = big_alloc(B * ff * sizeof(float));
     w->tmp = big_alloc(B * d * sizeof(float));
     w->act = big_alloc(B * w->act_row_cap);
-    w->scores = big_alloc((size_t)opts->n_threads * (size_t)(hp->n_head / hp->n_head_kv) * opts->n_ctx *
-                          sizeof(float));
+    w->scores = big_alloc((size_t)opts->n_threads * (size_t)qgroup * opts->n_ctx * sizeof(float));
     if (moe) {
         int k = hp->n_expert_used;
         w->xg = big_alloc(B * d * sizeof(float));
@@ -961,7 +1088,7 @@ typedef struct att_task {
     int sg; /* query heads per unit (a share of one KV head's group) */
 } att_task_t;
 
-/* One (token, KV head, share of its query heads) per unit of work: the
+/* One (token, held KV head, share of its query heads) per unit of work: the
  * shared K and V rows are read once for all those heads (GQA), scores over
  * the slot's cache up to the token's position, softmax, weighted sum of
  * values into xb. */
@@ -977,16 +1104,16 @@ static void att_run(void *ctx, int ith, int nth)
     float *scores = w->scores + (size_t)ith * (size_t)group * ld;
     /* units dealt round-robin: a causal prefill's later tokens cost more,
      * contiguous shares would leave the first thread idle */
-    const long units = (long)t->b->n * hp->n_head_kv * nsub;
+    const long units = (long)t->b->n * w->n_kv_loc * nsub;
     for (long u = ith; u < units; u += nth) {
-        const int i = (int)(u / (hp->n_head_kv * nsub)), r = (int)(u % (hp->n_head_kv * nsub));
+        const int i = (int)(u / (w->n_kv_loc * nsub)), r = (int)(u % (w->n_kv_loc * nsub));
         const int kh = r / nsub, h0 = kh * group + (r % nsub) * t->sg;
         const int nh = kh * group + group - h0 < t->sg ? kh * group + group - h0 : t->sg;
         const int seq = t->b->seq[i], pos = t->b->pos[i];
         /* a sliding layer sees the last W positions, itself included */
         const int j0 = L->swa && pos >= hp->sliding_window ? pos - hp->sliding_window + 1 : 0;
         const int cnt = pos + 1 - j0;
-        const size_t base = (size_t)t->layer * w->kv_layer_stride +
+        const size_t base = (size_t)(t->layer - w->sh.layer_begin) * w->kv_layer_stride +
                             ((size_t)seq * w->opts.n_ctx + (size_t)j0) * w->kv_dim + (size_t)kh * hd;
         const float *q = w->q + (size_t)i * w->q_dim + (size_t)h0 * hd;
         w->attn->scores(q, (size_t)hd, nh, w->kcache + base, (size_t)w->kv_dim, cnt, hd, scale, scores, ld);
@@ -1029,7 +1156,7 @@ static int att_share(const ie_worker_t *w, int n)
 {
     const int group = w->hp.n_head / w->hp.n_head_kv, nth = w->opts.n_threads;
     int sg = group;
-    while (sg > 1 && (long)n * w->hp.n_head_kv * ((group + sg - 1) / sg) < 2L * nth) sg = (sg + 1) / 2;
+    while (sg > 1 && (long)n * w->n_kv_loc * ((group + sg - 1) / sg) < 2L * nth) sg = (sg + 1) / 2;
     return sg;
 }
 
@@ -1053,11 +1180,14 @@ static wmat_t expert_mat(const wmat_t *m, int e)
  * selected logits; each used expert runs once over all its tokens (matrix
  * work in prefill): gate/up + biases, gate clamped above and up on both
  * sides at the limit, (up + 1) * gate * sigmoid(alpha * gate), down + bias,
- * weighted into the output. */
+ * weighted into the output. A tensor-parallel rank runs only its experts
+ * (the top-k is over all of them, the same on every rank), so its output
+ * is its share of the sum. */
 static void moe_forward(ie_worker_t *w, const layer_t *L, int n)
 {
     const ie_hparams_t *hp = &w->hp;
     int d = hp->n_embd, ff = hp->n_ff, E = hp->n_expert, k = hp->n_expert_used;
+    const int e0 = w->sh.expert_begin, e1 = w->sh.expert_end; /* experts held */
     float limit = hp->swiglu_limit, alpha = hp->swiglu_alpha;
 
     matmul1(w, &L->router, w->rlog, w->xb, n);
@@ -1080,7 +1210,7 @@ static void moe_forward(ie_worker_t *w, const layer_t *L, int n)
         ie_softmax_f32(sw, k);
     }
     memset(w->moe, 0, (size_t)n * d * sizeof(float));
-    for (int e = 0; e < E; e++) {
+    for (int e = e0; e < e1; e++) {
         int m = 0;
         for (int i = 0; i < n; i++)
             for (int t = 0; t < k; t++)
@@ -1091,11 +1221,11 @@ static void moe_forward(ie_worker_t *w, const layer_t *L, int n)
                     m++;
                 }
         if (m == 0) continue;
-        wmat_t g = expert_mat(&L->gate, e), u = expert_mat(&L->up, e), dn = expert_mat(&L->down, e);
+        wmat_t g = expert_mat(&L->gate, e - e0), u = expert_mat(&L->up, e - e0), dn = expert_mat(&L->down, e - e0);
         const wmat_t *ms[2] = {&g, &u};
         float *ys[2] = {w->hb, w->hb2};
         matmul_group(w, 2, ms, ys, w->xg, m);
-        const float *gb = L->gate_b + (size_t)e * ff, *ub = L->up_b + (size_t)e * ff;
+        const float *gb = L->gate_b + (size_t)(e - e0) * ff, *ub = L->up_b + (size_t)(e - e0) * ff;
         for (int r = 0; r < m; r++) {
             float *gr = w->hb + (size_t)r * ff, *ur = w->hb2 + (size_t)r * ff;
             for (int j = 0; j < ff; j++) {
@@ -1106,7 +1236,7 @@ static void moe_forward(ie_worker_t *w, const layer_t *L, int n)
             }
         }
         matmul1(w, &dn, w->tmp, w->hb, m);
-        const float *db = L->down_b + (size_t)e * d;
+        const float *db = L->down_b + (size_t)(e - e0) * d;
         for (int r = 0; r < m; r++) {
             float *y = w->tmp + (size_t)r * d, *o = w->moe + (size_t)w->rows[r] * d, wt = w->roww[r];
             for (int j = 0; j < d; j++) o[j] += wt * (y[j] + db[j]);
@@ -1116,22 +1246,35 @@ static void moe_forward(ie_worker_t *w, const layer_t *L, int n)
 
 /* ---------------------------------------------------------------- step */
 
-ie_status_t ie_worker_step(ie_worker_t *w, const ie_batch_t *b, float *logits_out)
+/* Sum a tensor-parallel partial result across ranks (no-op otherwise). */
+static ie_status_t reduce(ie_worker_t *w, int *index, float *buf, size_t n)
 {
-    return ie_worker_step_hidden(w, b, logits_out, NULL);
+    if (!w->tensor_par) return IE_OK;
+    return w->opts.reduce(w->opts.reduce_ctx, (*index)++, buf, n); /* its message kept */
 }
 
-ie_status_t ie_worker_step_hidden(ie_worker_t *w, const ie_batch_t *b, float *logits_out, float *hidden)
+/* The forward pass of every step entry point: hidden_in (NULL: embed the
+ * tokens), this shard's layers, hidden_out, then the head; `layers`
+ * (ie_worker_step_hidden) gets the residual stream after each held layer. */
+static ie_status_t step_run(ie_worker_t *w, const ie_batch_t *b, const float *hidden_in, float *hidden_out,
+                            float *logits_out, float *layers)
 {
     const ie_hparams_t *hp = &w->hp;
-    int n = b->n, d = hp->n_embd, ff = hp->n_ff, hd = hp->head_dim, half = hp->rope_dim / 2;
+    const ie_shard_range_t *sh = &w->sh;
+    int n = b->n, d = hp->n_embd, hd = hp->head_dim, half = hp->rope_dim / 2;
+    int64_t ff = w->ff_loc;
+    int ridx = 0;
+    ie_status_t st = IE_OK;
 
     if (n < 1 || n > w->opts.max_batch)
         return ie_error_set(IE_ERR_INVAL, "worker: batch of %d tokens (max %d)", n, w->opts.max_batch);
+    if (!hidden_in && !sh->has_embed)
+        return ie_error_set(IE_ERR_INVAL, "worker: this shard (layers %d..%d) has no embedding: it needs hidden_in",
+                            sh->layer_begin, sh->layer_end);
     /* Validate the whole batch before touching the cache. Positions of a
      * slot must continue its cache: track the next expected position. */
     for (int i = 0; i < n; i++) {
-        if (b->tokens[i] < 0 || b->tokens[i] >= hp->n_vocab)
+        if (!hidden_in && (b->tokens[i] < 0 || b->tokens[i] >= hp->n_vocab))
             return ie_error_set(IE_ERR_RANGE, "worker: token id %d out of range [0, %d)", b->tokens[i],
                                 hp->n_vocab);
         if (b->seq[i] < 0 || b->seq[i] >= w->opts.n_seq)
@@ -1148,10 +1291,13 @@ ie_status_t ie_worker_step_hidden(ie_worker_t *w, const ie_batch_t *b, float *lo
                                 b->seq[i], b->pos[i], expect);
     }
 
-    /* embeddings */
-    for (int i = 0; i < n; i++) mat_row(&w->tok_embd, b->tokens[i], w->x + (size_t)i * d);
+    /* embeddings, or the previous stage's residual stream */
+    if (hidden_in)
+        memcpy(w->x, hidden_in, (size_t)n * d * sizeof(float));
+    else
+        for (int i = 0; i < n; i++) mat_row(&w->tok_embd, b->tokens[i], w->x + (size_t)i * d);
 
-    for (int l = 0; l < hp->n_layer; l++) {
+    for (int l = sh->layer_begin; l < sh->layer_end; l++) {
         const layer_t *L = &w->layers[l];
 
         /* attention: norm, q/k/v in one pass over the tokens */
@@ -1172,23 +1318,25 @@ ie_status_t ie_worker_step_hidden(ie_worker_t *w, const ie_batch_t *b, float *lo
         for (int i = 0; i < n; i++) {
             const float *c = w->rope_cos + (size_t)b->pos[i] * half;
             const float *s = w->rope_sin + (size_t)b->pos[i] * half;
-            for (int h = 0; h < hp->n_head; h++)
+            for (int h = 0; h < w->n_head_loc; h++)
                 ie_rope_apply_f32(w->q + (size_t)i * w->q_dim + (size_t)h * hd, hd, hp->rope_dim, c, s,
                                   hp->rope_layout);
-            for (int h = 0; h < hp->n_head_kv; h++)
+            for (int h = 0; h < w->n_kv_loc; h++)
                 ie_rope_apply_f32(w->k + (size_t)i * w->kv_dim + (size_t)h * hd, hd, hp->rope_dim, c, s,
                                   hp->rope_layout);
-            size_t off = (size_t)l * w->kv_layer_stride +
+            size_t off = (size_t)(l - sh->layer_begin) * w->kv_layer_stride +
                          ((size_t)b->seq[i] * w->opts.n_ctx + (size_t)b->pos[i]) * w->kv_dim;
             memcpy(w->kcache + off, w->k + (size_t)i * w->kv_dim, (size_t)w->kv_dim * sizeof(float));
             memcpy(w->vcache + off, w->v + (size_t)i * w->kv_dim, (size_t)w->kv_dim * sizeof(float));
         }
         att_task_t at = {w, b, l, att_share(w, n)};
         ie_threadpool_run(w->tp, att_run, &at);
-        /* residual connection back into x */
+        /* output projection (tensor-parallel: this rank's heads' share,
+         * summed across ranks), residual connection back into x */
         matmul1(w, &L->o, w->tmp, w->xb, n);
         if (L->bo)
             for (int i = 0; i < n; i++) add_bias(w->tmp + (size_t)i * d, L->bo, d);
+        if ((st = reduce(w, &ridx, w->tmp, (size_t)n * d)) != IE_OK) return st;
         for (size_t i = 0; i < (size_t)n * d; i++) w->x[i] += w->tmp[i];
 
         /* feed-forward: norm, then a dense SwiGLU MLP or the MoE */
@@ -1196,24 +1344,27 @@ ie_status_t ie_worker_step_hidden(ie_worker_t *w, const ie_batch_t *b, float *lo
             ie_rmsnorm_f32(w->xb + (size_t)i * d, w->x + (size_t)i * d, L->ffn_norm, d, hp->rms_eps);
         if (hp->n_expert > 0) {
             moe_forward(w, L, n);
+            if ((st = reduce(w, &ridx, w->moe, (size_t)n * d)) != IE_OK) return st;
             for (size_t i = 0; i < (size_t)n * d; i++) w->x[i] += w->moe[i];
-            if (hidden) memcpy(hidden + (size_t)l * n * d, w->x, (size_t)n * d * sizeof(float));
-            continue;
+        } else {
+            {
+                const wmat_t *ms[2] = {&L->gate, &L->up};
+                float *ys[2] = {w->hb, w->hb2};
+                matmul_group(w, 2, ms, ys, w->xb, n);
+            }
+            swiglu_par(w, w->hb, w->hb2, (int64_t)n * ff);
+            matmul1(w, &L->down, w->tmp, w->hb, n);
+            if ((st = reduce(w, &ridx, w->tmp, (size_t)n * d)) != IE_OK) return st;
+            for (size_t i = 0; i < (size_t)n * d; i++) w->x[i] += w->tmp[i];
         }
-        {
-            const wmat_t *ms[2] = {&L->gate, &L->up};
-            float *ys[2] = {w->hb, w->hb2};
-            matmul_group(w, 2, ms, ys, w->xb, n);
-        }
-        swiglu_par(w, w->hb, w->hb2, (int64_t)n * ff);
-        matmul1(w, &L->down, w->tmp, w->hb, n);
-        for (size_t i = 0; i < (size_t)n * d; i++) w->x[i] += w->tmp[i];
-        if (hidden) memcpy(hidden + (size_t)l * n * d, w->x, (size_t)n * d * sizeof(float));
+        if (layers) memcpy(layers + (size_t)(l - sh->layer_begin) * n * d, w->x, (size_t)n * d * sizeof(float));
     }
 
     /* the slot caches now hold these positions */
     for (int i = 0; i < n; i++)
         if (b->pos[i] + 1 > w->seq_len[b->seq[i]]) w->seq_len[b->seq[i]] = b->pos[i] + 1;
+    if (hidden_out) memcpy(hidden_out, w->x, (size_t)n * d * sizeof(float));
+    if (!sh->has_head || !logits_out) return IE_OK;
 
     /* logits for the tokens that asked: gather, norm, project */
     int nl = 0;
@@ -1225,10 +1376,27 @@ ie_status_t ie_worker_step_hidden(ie_worker_t *w, const ie_batch_t *b, float *lo
     }
     /* the output projection can be wider than max_batch rows of scratch:
      * run it in chunks straight into the caller's buffer */
-    if (nl > 0 && logits_out) matmul1(w, &w->output, logits_out, w->xb, nl);
+    if (nl > 0) matmul1(w, &w->output, logits_out, w->xb, nl);
     return IE_OK;
 }
 
+ie_status_t ie_worker_step(ie_worker_t *w, const ie_batch_t *b, float *logits_out)
+{
+    return step_run(w, b, NULL, NULL, logits_out, NULL);
+}
+
+ie_status_t ie_worker_step_hidden(ie_worker_t *w, const ie_batch_t *b, float *logits_out, float *hidden)
+{
+    return step_run(w, b, NULL, NULL, logits_out, hidden);
+}
+
+ie_status_t ie_worker_step_shard(ie_worker_t *w, const ie_batch_t *b, const float *hidden_in, float *hidden_out,
+                                 float *logits_out)
+{
+    return step_run(w, b, hidden_in, hidden_out, logits_out, NULL);
+}
+
+const ie_shard_range_t *ie_worker_shard(const ie_worker_t *w) { return &w->sh; }
 void ie_worker_seq_clear(ie_worker_t *w, int seq)
 {
     if (seq >= 0 && seq < w->opts.n_seq) w->seq_len[seq] = 0;
@@ -1242,18 +1410,54 @@ ie_isa_t ie_worker_isa(const ie_worker_t *w) { return w->ops->isa; }
 
 static uint64_t mat_bytes(const wmat_t *m) { return m->slice; }
 
+/* Contract (ie_worker.h). A shard counts its layers, its embedding row
+ * only when it embeds and its head only when it has one; a tensor-parallel
+ * rank holding E' of E experts expects k * E'/E of them per token. */
 uint64_t ie_worker_bytes_per_token(const ie_worker_t *w)
 {
     const wmat_t *te = &w->tok_embd;
-    uint64_t erow = ie_tensor_bytes(te->dtype, te->layout, te->group, te->n_in, te->n_out) / (uint64_t)te->n_out;
-    uint64_t s = mat_bytes(&w->output) + erow;
-    for (int l = 0; l < w->hp.n_layer; l++) {
+    uint64_t s = 0;
+    if (w->sh.has_embed)
+        s += ie_tensor_bytes(te->dtype, te->layout, te->group, te->n_in, te->n_out) / (uint64_t)te->n_out;
+    if (w->sh.has_head) s += mat_bytes(&w->output);
+    for (int l = w->sh.layer_begin; l < w->sh.layer_end; l++) {
         const layer_t *L = &w->layers[l];
         /* a MoE layer streams its router and the k experts it uses */
-        uint64_t k = w->hp.n_expert > 0 ? (uint64_t)w->hp.n_expert_used : 1;
+        uint64_t k = 1;
+        if (w->hp.n_expert > 0) {
+            const uint64_t held = (uint64_t)(w->sh.expert_end - w->sh.expert_begin);
+            k = ((uint64_t)w->hp.n_expert_used * held + (uint64_t)w->hp.n_expert - 1) / (uint64_t)w->hp.n_expert;
+        }
         s += mat_bytes(&L->q) + mat_bytes(&L->k) + mat_bytes(&L->v) + mat_bytes(&L->o) +
              k * (mat_bytes(&L->gate) + mat_bytes(&L->up) + mat_bytes(&L->down)) +
              (w->hp.n_expert > 0 ? mat_bytes(&L->router) : 0) + 2 * (uint64_t)w->hp.n_embd * sizeof(float);
     }
+    return s;
+}
+
+/* Contract (ie_worker.h): every bound matrix stack (experts held only),
+ * the embedding when this shard looks tokens up and it is not the head's
+ * own buffer, and the float vectors (norms, biases, sinks) of its layers. */
+uint64_t ie_worker_weight_bytes(const ie_worker_t *w)
+{
+    const ie_hparams_t *hp = &w->hp;
+    const int64_t d = hp->n_embd;
+    uint64_t s = 0;
+#define STACK(m) ((uint64_t)(m).slice * (uint64_t)(m).n_mat)
+    if (w->sh.has_embed && w->tok_embd.data != w->output.data) s += STACK(w->tok_embd);
+    if (w->sh.has_head) s += STACK(w->output) + (uint64_t)d * sizeof(float);
+    const uint64_t qd = (uint64_t)w->q_dim, kvd = (uint64_t)w->kv_dim;
+    const uint64_t ne = (uint64_t)(w->sh.expert_end - w->sh.expert_begin);
+    for (int l = w->sh.layer_begin; l < w->sh.layer_end; l++) {
+        const layer_t *L = &w->layers[l];
+        s += STACK(L->q) + STACK(L->k) + STACK(L->v) + STACK(L->o) + STACK(L->gate) + STACK(L->up) +
+             STACK(L->down) + STACK(L->router);
+        uint64_t f = 2 * (uint64_t)d; /* the two norms */
+        if (L->bq) f += qd + 2 * kvd + (L->bo ? (uint64_t)d : 0);
+        if (L->sinks) f += (uint64_t)w->n_head_loc;
+        if (hp->n_expert > 0) f += (uint64_t)hp->n_expert + ne * (2 * (uint64_t)hp->n_ff + (uint64_t)d);
+        s += f * sizeof(float);
+    }
+#undef STACK
     return s;
 }
