@@ -115,6 +115,11 @@ const char *ie_model_src_tokenizer_path(const ie_model_src_t *src);
 /* The underlying GGUF (NULL for other kinds). */
 const struct ie_gguf *ie_model_src_gguf(const ie_model_src_t *src);
 
+/* A 64-bit fingerprint of the model's shape (architecture and every
+ * hyper-parameter except the name): a coordinator and its workers check
+ * they hold the same model, whichever file format each one loads. */
+uint64_t ie_model_src_fingerprint(const ie_model_src_t *src);
+
 /* Number of tensors and the i-th (name order), for converters. */
 int64_t ie_model_src_n_tensors(const ie_model_src_t *src);
 const ie_tensor_t *ie_model_src_tensor_at(const ie_model_src_t *src, int64_t i);

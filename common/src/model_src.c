@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -1450,3 +1451,23 @@ const ie_tensor_t *ie_model_src_tensor(const ie_model_src_t *src, const char *na
 const char *ie_model_src_tokenizer_path(const ie_model_src_t *src) { return src ? src->tokenizer_path : NULL; }
 
 const struct ie_gguf *ie_model_src_gguf(const ie_model_src_t *src) { return src ? src->gguf : NULL; }
+
+uint64_t ie_model_src_fingerprint(const ie_model_src_t *src)
+{
+    const ie_hparams_t *hp = ie_model_src_hparams(src);
+    /* field by field: the struct has padding and the free-text name */
+    int64_t v[] = {hp->arch_id, hp->n_layer, hp->n_embd, hp->n_ff, hp->n_head, hp->n_head_kv, hp->head_dim,
+                   hp->n_vocab, hp->rope_dim, hp->rope_layout, hp->tied_embeddings, hp->n_expert,
+                   hp->n_expert_used, hp->sliding_window, hp->attn_bias, hp->attn_sinks};
+    float f[] = {hp->rope_theta, hp->rms_eps, hp->swiglu_limit, hp->swiglu_alpha, hp->rope_yarn_factor};
+    XXH64_state_t *s = XXH64_createState();
+    if (!s) return 0;
+    XXH64_reset(s, 0x1e5eed);
+    XXH64_update(s, hp->arch, strnlen(hp->arch, sizeof hp->arch));
+    XXH64_update(s, v, sizeof v);
+    XXH64_update(s, f, sizeof f);
+    XXH64_update(s, hp->layer_swa, (size_t)(hp->n_layer > 0 && hp->n_layer <= IE_MAX_LAYERS ? hp->n_layer : 0));
+    uint64_t h = XXH64_digest(s);
+    XXH64_freeState(s);
+    return h;
+}

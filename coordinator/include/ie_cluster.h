@@ -1,0 +1,84 @@
+/* ie_cluster.h — the coordinator's side of the distributed service: worker
+ * registration, shard assignment, heartbeats, and steps over the network.
+ *
+ * The cluster binds a ROUTER; workers (ie_node_run) connect, say HELLO and
+ * are given a rank of the plan (the rank they ask for when free, else the
+ * lowest free one). Every change of membership starts a new epoch: each
+ * rank is (re)ASSIGNed with the new peer table; a worker whose shard did
+ * not change keeps its weights. The cluster is ready when every rank has
+ * answered READY for the current epoch.
+ *
+ * Steps: the batch goes to every tensor rank (or to pipeline stage 0, the
+ * stages then hop), the rank(s) with the head answer with logits, which
+ * the cluster assembles into rows of n_vocab. While it waits it answers
+ * registrations and watches heartbeats: a rank silent for dead_ms (or whose
+ * step failed) fails the step with IE_ERR_UNAVAILABLE naming the worker —
+ * never a hang — and the cluster stays up, not ready, until a worker takes
+ * the empty rank again.
+ */
+#ifndef IE_CLUSTER_H
+#define IE_CLUSTER_H
+
+#include "ie_metrics.h"
+#include "ie_model_src.h"
+#include "ie_transport.h"
+#include "ie_worker.h"
+
+typedef struct ie_cluster ie_cluster_t;
+
+typedef struct ie_cluster_opts {
+    const char *bind;          /* ROUTER endpoint workers connect to      */
+    ie_shard_kind_t plan;      /* PIPELINE or TENSOR                      */
+    int n_ranks;               /* workers in the plan (>= 1)              */
+    int n_ctx, n_seq, max_batch;
+    ie_precision_t precision;
+    int heartbeat_ms;          /* default 250                             */
+    int dead_ms;               /* default 2000                            */
+    ie_net_t *net;             /* context (required; shared for inproc)   */
+    ie_metrics_t *metrics;     /* optional                                */
+    int verbose;               /* log membership changes to stderr        */
+} ie_cluster_opts_t;
+
+/* The model src gives the shapes and the fingerprint workers must match;
+ * the plan is checked against it (IE_ERR_INVAL naming the limit). src must
+ * outlive the cluster. Caller owns *out. */
+ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src, ie_cluster_t **out);
+
+/* Send BYE to every worker and close. Accepts NULL. */
+void ie_cluster_destroy(ie_cluster_t **c_p);
+
+/* The endpoint actually bound (port resolved). */
+const char *ie_cluster_endpoint(const ie_cluster_t *c);
+
+/* Serve registrations and heartbeats for up to timeout_ms (returns early
+ * when the cluster becomes ready). 1 ready, 0 not (yet). */
+int ie_cluster_service(ie_cluster_t *c, int timeout_ms);
+
+/* Wait until ready: IE_OK, or IE_ERR_TIMEOUT naming the missing ranks. */
+ie_status_t ie_cluster_wait_ready(ie_cluster_t *c, int timeout_ms);
+
+int ie_cluster_ready(const ie_cluster_t *c);
+
+/* One step across the workers: like ie_worker_step (logits rows of n_vocab
+ * for the tokens that asked, in batch order). Not ready, a lost worker or
+ * a worker's error -> that status with a one-line reason. */
+ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_out);
+
+/* Forget a slot on every worker (sent with the next step). */
+void ie_cluster_seq_clear(ie_cluster_t *c, int seq);
+
+/* A one-line description of the members ("rank 0: pid 12 on host, node 0,
+ * ready; rank 1: empty"), for logs and the CLI's JSON line. */
+void ie_cluster_describe(const ie_cluster_t *c, char *out, size_t cap);
+
+/* Totals over the workers' reports: compute and transfer time, bytes on
+ * the wire (both directions, headers included), steps. */
+typedef struct ie_cluster_stats {
+    double compute_ms, transfer_ms;
+    uint64_t bytes_sent, bytes_received;
+    uint64_t steps;
+    double step_ms;           /* wall time inside ie_cluster_step       */
+} ie_cluster_stats_t;
+void ie_cluster_stats(const ie_cluster_t *c, ie_cluster_stats_t *out);
+
+#endif

@@ -1,0 +1,687 @@
+/* node.c — the worker process's runtime (ie_node.h): register with the
+ * coordinator, load the assigned shard, run steps, reduce with peers,
+ * heartbeat. The only transport it sees is ie_transport.h; the only wire
+ * format ie_proto.h. */
+#define _GNU_SOURCE
+#include "ie_node.h"
+
+#include "ie_model_src.h"
+#include "ie_numa.h"
+#include "ie_proto.h"
+#include "ie_sdnotify.h"
+#include "ie_worker.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define QCAP 8 /* partial sums buffered per peer */
+
+typedef struct peerq {
+    ie_parts_t m[QCAP];
+    ie_msg_partial_t h[QCAP];
+    int head, n;
+} peerq_t;
+
+typedef struct node {
+    const ie_node_opts_t *o;
+    ie_net_t *net;
+    int own_net;
+    ie_sock_t *coord; /* DEALER to the coordinator                        */
+    ie_sock_t *pull;  /* peer input: partial sums, pipeline hops          */
+    ie_sock_t *push[IE_PROTO_MAX_RANKS];
+    char peer_ep[IE_PROTO_ENDPOINT_MAX];
+    const char *public_key;
+
+    ie_model_src_t *src;
+    uint64_t fp;
+    ie_worker_t *w;
+    ie_msg_assign_t as; /* current assignment (valid when assigned)       */
+    int assigned;       /* an ASSIGN was applied and the shard is loaded  */
+    int registered;     /* the coordinator knows us (heard from it)       */
+    int announced;      /* READY=1 sent to systemd                        */
+    int node_id;        /* NUMA node bound to (-1 none)                   */
+    char topo[IE_PROTO_TEXT_MAX];
+
+    /* heartbeat thread */
+    pthread_t hb;
+    int hb_started;
+    atomic_int hb_stop;
+    atomic_int busy;
+    atomic_int rank;
+    atomic_uint_fast64_t epoch;
+    atomic_int hb_ms;
+    _Atomic double tick_ms; /* main loop's last sign of life            */
+
+    /* step state */
+    uint64_t cur_step;
+    double transfer_ms;
+    peerq_t pq[IE_PROTO_MAX_RANKS];
+    float *mine;          /* reduce: copy of this rank's partial          */
+    size_t mine_cap;
+    float *hidden_out, *logits;
+    size_t hidden_cap, logits_cap;
+    ie_parts_t in;
+    ie_buf_t hdr;
+    double last_coord_ms, last_hello_ms;
+
+    /* metrics */
+    ie_metric_t *m_compute, *m_transfer, *m_steps;
+    char rank_label[16];
+} node_t;
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void logf_(const node_t *nd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void logf_(const node_t *nd, const char *fmt, ...)
+{
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "ie-worker[%d rank %d]: %s\n", (int)getpid(), atomic_load(&nd->rank), line);
+}
+
+void ie_node_opts_default(ie_node_opts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->rank = -1;
+    o->n_threads = 1;
+    o->pin_threads = 1;
+    o->numa_node = -1;
+    o->peer_bind = "tcp://127.0.0.1:0";
+}
+
+/* ------------------------------------------------------------ sending */
+
+static ie_status_t send_msg(ie_sock_t *s, ie_buf_t *hdr, const ie_msg_t *m, const ie_frame_t *extra, int n_extra,
+                            int timeout_ms)
+{
+    ie_status_t st = ie_msg_encode(m, hdr);
+    if (st != IE_OK) return st;
+    ie_frame_t f[8];
+    f[0] = (ie_frame_t){hdr->data, hdr->len};
+    for (int i = 0; i < n_extra && i < 7; i++) f[i + 1] = extra[i];
+    return ie_sock_send(s, f, 1 + n_extra, timeout_ms);
+}
+
+static void send_hello(node_t *nd)
+{
+    ie_msg_t m = {.kind = IE_MSG_HELLO};
+    ie_msg_hello_t *h = &m.u.hello;
+    h->rank = nd->assigned ? (int32_t)nd->as.rank : nd->o->rank;
+    h->pid = (int32_t)getpid();
+    h->numa_node = nd->node_id;
+    h->n_threads = nd->o->n_threads;
+    h->model_fp = nd->fp;
+    if (gethostname(h->host, sizeof h->host - 1) != 0) snprintf(h->host, sizeof h->host, "?");
+    snprintf(h->peer_endpoint, sizeof h->peer_endpoint, "%s", nd->peer_ep);
+    snprintf(h->public_key, sizeof h->public_key, "%s", nd->public_key ? nd->public_key : "");
+    snprintf(h->topology, sizeof h->topology, "%s", nd->topo);
+    if (send_msg(nd->coord, &nd->hdr, &m, NULL, 0, 100) != IE_OK && nd->o->verbose)
+        logf_(nd, "hello not sent: %s", ie_error_last());
+    nd->last_hello_ms = now_ms();
+}
+
+static void send_result_error(node_t *nd, uint64_t epoch, uint64_t step, ie_status_t st, const char *why)
+{
+    ie_msg_t m = {.kind = IE_MSG_RESULT};
+    m.u.result.epoch = epoch;
+    m.u.result.step = step;
+    m.u.result.rank = nd->assigned ? nd->as.rank : -1;
+    m.u.result.status = st == IE_OK ? IE_ERR_INTERNAL : st;
+    snprintf(m.u.result.error, sizeof m.u.result.error, "worker rank %d: %s", m.u.result.rank, why);
+    send_msg(nd->coord, &nd->hdr, &m, NULL, 0, 1000);
+}
+
+/* ---------------------------------------------------------- heartbeat */
+
+static void *hb_main(void *arg)
+{
+    node_t *nd = arg;
+    ie_sock_t *s = NULL;
+    ie_buf_t hdr = {0};
+    if (ie_sock_new(nd->net, IE_SOCK_DEALER, &s) != IE_OK ||
+        ie_sock_connect(s, nd->o->coordinator, nd->o->coordinator_key) != IE_OK) {
+        logf_(nd, "heartbeat socket: %s", ie_error_last());
+        goto done;
+    }
+    uint64_t wd_us = ie_sd_watchdog_usec();
+    double last_wd = 0;
+    while (!atomic_load(&nd->hb_stop)) {
+        int r = atomic_load(&nd->rank);
+        if (r >= 0) {
+            ie_msg_t m = {.kind = IE_MSG_HEARTBEAT};
+            m.u.heartbeat.epoch = atomic_load(&nd->epoch);
+            m.u.heartbeat.rank = r;
+            m.u.heartbeat.busy = atomic_load(&nd->busy);
+            send_msg(s, &hdr, &m, NULL, 0, 0);
+        }
+        double t = now_ms();
+        /* the watchdog vouches for the main loop, not for this thread: ping
+         * while the loop turns or a step is computing */
+        if (wd_us && t - last_wd >= wd_us / 2000.0 &&
+            (atomic_load(&nd->busy) || t - atomic_load(&nd->tick_ms) < wd_us / 2000.0)) {
+            ie_sd_watchdog();
+            last_wd = t;
+        }
+        int ms = atomic_load(&nd->hb_ms);
+        for (int slept = 0; slept < ms && !atomic_load(&nd->hb_stop); slept += 20) usleep(20000);
+    }
+done:
+    ie_sock_destroy(&s);
+    ie_buf_free(&hdr);
+    return NULL;
+}
+
+/* ------------------------------------------------------------- reduce */
+
+static void pq_clear(node_t *nd)
+{
+    for (int r = 0; r < IE_PROTO_MAX_RANKS; r++) {
+        peerq_t *q = &nd->pq[r];
+        q->head = q->n = 0;
+    }
+}
+
+static void pq_free(node_t *nd)
+{
+    for (int r = 0; r < IE_PROTO_MAX_RANKS; r++)
+        for (int i = 0; i < QCAP; i++) ie_parts_free(&nd->pq[r].m[i]);
+}
+
+/* File a PARTIAL message (in nd->in) under its sender. */
+static void pq_put(node_t *nd, const ie_msg_partial_t *h)
+{
+    if (h->from_rank < 0 || h->from_rank >= IE_PROTO_MAX_RANKS) return;
+    if (h->epoch != atomic_load(&nd->epoch) || h->step < nd->cur_step) return; /* stale */
+    peerq_t *q = &nd->pq[h->from_rank];
+    if (q->n == QCAP) { /* cannot happen with in-order peers; drop oldest */
+        q->head = (q->head + 1) % QCAP;
+        q->n--;
+    }
+    int slot = (q->head + q->n) % QCAP;
+    ie_parts_t tmp = q->m[slot]; /* swap buffers: no copy */
+    q->m[slot] = nd->in;
+    nd->in = tmp;
+    q->h[slot] = *h;
+    q->n++;
+}
+
+static ie_status_t node_reduce(void *ctx, int index, float *buf, size_t n)
+{
+    node_t *nd = ctx;
+    const int me = nd->as.rank, P = nd->as.n_ranks;
+    double t0 = now_ms();
+    ie_status_t st = IE_OK;
+    ie_msg_t m = {.kind = IE_MSG_PARTIAL};
+    m.u.partial.epoch = nd->as.epoch;
+    m.u.partial.step = nd->cur_step;
+    m.u.partial.from_rank = me;
+    m.u.partial.index = index;
+    m.u.partial.count = (int64_t)n;
+    ie_frame_t f = {buf, n * sizeof(float)};
+    for (int r = 0; r < P; r++) {
+        if (r == me) continue;
+        if ((st = send_msg(nd->push[r], &nd->hdr, &m, &f, 1, nd->as.dead_ms)) != IE_OK)
+            return ie_error_set(IE_ERR_UNAVAILABLE, "tensor reduce: cannot send to rank %d: %s", r,
+                                ie_error_last());
+    }
+    if (nd->mine_cap < n) {
+        float *p = realloc(nd->mine, n * sizeof(float));
+        if (!p) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+        nd->mine = p;
+        nd->mine_cap = n;
+    }
+    memcpy(nd->mine, buf, n * sizeof(float));
+    /* wait until every peer's queue head is this (step, index) */
+    const float *part[IE_PROTO_MAX_RANKS];
+    for (int r = 0; r < P; r++) {
+        if (r == me) {
+            part[r] = nd->mine;
+            continue;
+        }
+        peerq_t *q = &nd->pq[r];
+        for (;;) {
+            while (q->n > 0) { /* drop what belongs to earlier reductions */
+                const ie_msg_partial_t *h = &q->h[q->head];
+                if (h->step < nd->cur_step || (h->step == nd->cur_step && h->index < index)) {
+                    q->head = (q->head + 1) % QCAP;
+                    q->n--;
+                } else {
+                    break;
+                }
+            }
+            if (q->n > 0) break;
+            int left = (int)(nd->as.dead_ms - (now_ms() - t0));
+            if (left <= 0)
+                return ie_error_set(IE_ERR_UNAVAILABLE, "tensor reduce: no partial sum from rank %d within %d ms",
+                                    r, nd->as.dead_ms);
+            st = ie_sock_recv(nd->pull, &nd->in, left);
+            if (st == IE_ERR_TIMEOUT) continue;
+            if (st != IE_OK) return st;
+            ie_msg_t pm;
+            if (ie_msg_decode(nd->in.data[0], nd->in.size[0], &pm) != IE_OK || pm.kind != IE_MSG_PARTIAL) {
+                logf_(nd, "peer socket: dropped a malformed message (%s)", ie_error_last());
+                continue;
+            }
+            if (nd->in.n != 2 || nd->in.size[1] != (size_t)pm.u.partial.count * sizeof(float)) {
+                logf_(nd, "peer socket: partial sum frame of %zu bytes for %lld floats dropped",
+                      nd->in.n > 1 ? nd->in.size[1] : 0, (long long)pm.u.partial.count);
+                continue;
+            }
+            pq_put(nd, &pm.u.partial);
+        }
+        const ie_msg_partial_t *h = &q->h[q->head];
+        if (h->step != nd->cur_step || h->index != index || (size_t)h->count != n)
+            return ie_error_set(IE_ERR_INTERNAL, "tensor reduce: rank %d sent step %llu index %d (%lld floats), "
+                                "expected step %llu index %d (%zu)", r, (unsigned long long)h->step, h->index,
+                                (long long)h->count, (unsigned long long)nd->cur_step, index, n);
+        part[r] = q->m[q->head].data[1];
+    }
+    /* rank-order sum: the same expression on every rank */
+    for (size_t j = 0; j < n; j++) {
+        float s = part[0][j];
+        for (int r = 1; r < P; r++) s += part[r][j];
+        buf[j] = s;
+    }
+    for (int r = 0; r < P; r++) {
+        if (r == me) continue;
+        peerq_t *q = &nd->pq[r];
+        q->head = (q->head + 1) % QCAP;
+        q->n--;
+    }
+    nd->transfer_ms += now_ms() - t0;
+    return IE_OK;
+}
+
+/* ------------------------------------------------------------- assign */
+
+static int same_shard(const ie_msg_assign_t *a, const ie_msg_assign_t *b)
+{
+    return a->plan == b->plan && a->rank == b->rank && a->n_ranks == b->n_ranks && a->n_ctx == b->n_ctx &&
+           a->n_seq == b->n_seq && a->max_batch == b->max_batch && a->precision == b->precision;
+}
+
+/* CPUs for this rank's pool: AFFINITY=<list> as given; "auto": when
+ * several ranks share the machine, rank r takes the r-th block of
+ * n_threads CPUs of the allowed set (so two 1-thread workers on a 2-core
+ * node do not both pin to core 0); "none": leave the affinity alone. */
+static void apply_affinity(node_t *nd, int rank)
+{
+    const char *aff = nd->o->affinity ? nd->o->affinity : getenv("AFFINITY");
+    if (aff && !strcmp(aff, "none")) return;
+    cpu_set_t allowed, set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
+    if (aff && *aff && strcmp(aff, "auto") != 0) {
+        const char *p = aff;
+        while (*p) {
+            char *end;
+            long a = strtol(p, &end, 10), b = a;
+            if (end == p || a < 0 || a >= CPU_SETSIZE) break;
+            p = end;
+            if (*p == '-') {
+                b = strtol(p + 1, &end, 10);
+                if (end == p + 1 || b < a || b >= CPU_SETSIZE) break;
+                p = end;
+            }
+            for (long c = a; c <= b; c++) CPU_SET((int)c, &set);
+            if (*p == ',') p++;
+            else break;
+        }
+        if (*p || CPU_COUNT(&set) == 0) {
+            logf_(nd, "AFFINITY='%s' is not a CPU list; ignored", aff);
+            return;
+        }
+    } else {
+        int cpus[CPU_SETSIZE], n = 0;
+        for (int c = 0; c < CPU_SETSIZE; c++)
+            if (CPU_ISSET(c, &allowed)) cpus[n++] = c;
+        int k = nd->o->n_threads;
+        if (n == 0 || k >= n) return;
+        int first = (rank * k) % n;
+        for (int i = 0; i < k; i++) CPU_SET(cpus[(first + i) % n], &set);
+    }
+    if (sched_setaffinity(0, sizeof set, &set) != 0) logf_(nd, "sched_setaffinity: %s", strerror(errno));
+}
+
+static void close_peers(node_t *nd)
+{
+    for (int r = 0; r < IE_PROTO_MAX_RANKS; r++) ie_sock_destroy(&nd->push[r]);
+}
+
+static ie_status_t connect_peers(node_t *nd)
+{
+    const ie_msg_assign_t *a = &nd->as;
+    close_peers(nd);
+    for (int r = 0; r < a->n_ranks; r++) {
+        int want = a->plan == IE_SHARD_TENSOR ? r != a->rank : r == a->rank + 1;
+        if (!want) continue;
+        ie_status_t st = ie_sock_new(nd->net, IE_SOCK_PUSH, &nd->push[r]);
+        if (st == IE_OK)
+            st = ie_sock_connect(nd->push[r], a->peer_endpoint[r], a->peer_key[r][0] ? a->peer_key[r] : NULL);
+        if (st != IE_OK) return st;
+    }
+    return IE_OK;
+}
+
+static void handle_assign(node_t *nd, const ie_msg_assign_t *a)
+{
+    ie_status_t st = IE_OK;
+    double t0 = now_ms();
+    char why[IE_PROTO_TEXT_MAX] = "";
+    int reload = !nd->assigned || !nd->w || !same_shard(&nd->as, a);
+
+    if (a->rank < 0 || a->rank >= a->n_ranks || a->n_ranks > IE_PROTO_MAX_RANKS) {
+        st = ie_error_set(IE_ERR_FORMAT, "assignment of rank %d of %d", a->rank, a->n_ranks);
+        goto reply;
+    }
+    atomic_store(&nd->rank, a->rank);
+    if (reload) {
+        ie_worker_destroy(&nd->w);
+        nd->assigned = 0;
+        if (nd->o->numa_node < 0) {
+            ie_topo_t t;
+            int node = -1;
+            if (ie_topo_read(&t) == IE_OK &&
+                ie_numa_pick(&t, nd->o->numa_policy ? nd->o->numa_policy : getenv("NUMA_POLICY"), a->rank,
+                             a->n_ranks, &node) == IE_OK &&
+                node >= 0 && ie_numa_bind(node) == IE_OK)
+                nd->node_id = node;
+        }
+        apply_affinity(nd, a->rank);
+        ie_worker_opts_t wo;
+        ie_worker_opts_default(&wo);
+        wo.n_threads = nd->o->n_threads;
+        wo.pin_threads = nd->o->pin_threads;
+        wo.n_ctx = a->n_ctx;
+        wo.n_seq = a->n_seq;
+        wo.max_batch = a->max_batch;
+        wo.precision = (ie_precision_t)a->precision;
+        wo.shard = (ie_shard_t){(ie_shard_kind_t)a->plan, a->rank, a->n_ranks};
+        wo.reduce = node_reduce;
+        wo.reduce_ctx = nd;
+        if ((st = ie_worker_new(nd->src, &wo, &nd->w)) != IE_OK) goto reply;
+    }
+    nd->as = *a;
+    atomic_store(&nd->epoch, a->epoch);
+    atomic_store(&nd->hb_ms, a->heartbeat_ms > 0 ? a->heartbeat_ms : 250);
+    pq_clear(nd);
+    nd->cur_step = 0;
+    if ((st = connect_peers(nd)) != IE_OK) goto reply;
+    nd->assigned = 1;
+
+reply:
+    if (st != IE_OK) snprintf(why, sizeof why, "%s", ie_error_last());
+    ie_msg_t m = {.kind = IE_MSG_READY};
+    m.u.ready.epoch = a->epoch;
+    m.u.ready.rank = a->rank;
+    m.u.ready.status = st;
+    m.u.ready.load_ms = now_ms() - t0;
+    m.u.ready.weight_bytes = nd->w ? ie_worker_weight_bytes(nd->w) : 0;
+    snprintf(m.u.ready.error, sizeof m.u.ready.error, "%s", why);
+    send_msg(nd->coord, &nd->hdr, &m, NULL, 0, 1000);
+    if (st != IE_OK) {
+        logf_(nd, "shard load failed: %s", why);
+        return;
+    }
+    const ie_shard_range_t *r = ie_worker_shard(nd->w);
+    logf_(nd, "%s rank %d of %d: layers %d-%d, kv heads %d-%d, vocab %lld-%lld, %.1f MB, %s in %.0f ms",
+          ie_shard_kind_name((ie_shard_kind_t)a->plan), a->rank, a->n_ranks, r->layer_begin, r->layer_end - 1,
+          r->kv_head_begin, r->kv_head_end - 1, (long long)r->vocab_begin, (long long)r->vocab_end - 1,
+          ie_worker_weight_bytes(nd->w) / 1e6, reload ? "loaded" : "kept", m.u.ready.load_ms);
+    ie_sd_status("rank %d of %d (%s), epoch %llu", a->rank, a->n_ranks, ie_shard_kind_name((ie_shard_kind_t)a->plan),
+                 (unsigned long long)a->epoch);
+    if (!nd->announced) {
+        char s[128];
+        snprintf(s, sizeof s, "shard loaded: rank %d of %d", a->rank, a->n_ranks);
+        ie_sd_ready(s);
+        nd->announced = 1;
+    }
+}
+
+/* --------------------------------------------------------------- step */
+
+static int grow(float **p, size_t *cap, size_t n)
+{
+    if (*cap >= n) return 0;
+    float *q = realloc(*p, n * sizeof(float));
+    if (!q) return -1;
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+/* Run the STEP in nd->in (header already decoded into h). */
+static void handle_step(node_t *nd, const ie_msg_step_t *h)
+{
+    const ie_parts_t *in = &nd->in;
+    if (!nd->assigned || h->epoch != nd->as.epoch) {
+        send_result_error(nd, h->epoch, h->step, IE_ERR_UNAVAILABLE,
+                          nd->assigned ? "step from another cluster epoch" : "no shard loaded");
+        return;
+    }
+    const int n = h->n;
+    const int d = ie_worker_hparams(nd->w)->n_embd;
+    const int nf = 5 + (h->has_hidden ? 1 : 0);
+    if (n < 1 || n > nd->as.max_batch || in->n != nf || in->size[1] != (size_t)n * 4 ||
+        in->size[2] != (size_t)n * 4 || in->size[3] != (size_t)n * 4 || in->size[4] != (size_t)n ||
+        (h->has_hidden && in->size[5] != (size_t)n * d * sizeof(float))) {
+        send_result_error(nd, h->epoch, h->step, IE_ERR_FORMAT, "malformed step message (frame sizes)");
+        return;
+    }
+    const ie_shard_range_t *r = ie_worker_shard(nd->w);
+    if (!r->has_embed && !h->has_hidden) {
+        send_result_error(nd, h->epoch, h->step, IE_ERR_FORMAT, "step without hidden state for a later stage");
+        return;
+    }
+    for (int i = 0; i < h->n_clear; i++) ie_worker_seq_clear(nd->w, h->clear[i]);
+    ie_batch_t b = {n, in->data[1], in->data[2], in->data[3], in->data[4]};
+    int rows = 0;
+    for (int i = 0; i < n; i++) rows += b.logits[i] != 0;
+    const int last = nd->as.plan != IE_SHARD_PIPELINE || nd->as.rank == nd->as.n_ranks - 1;
+    const int64_t nv = r->vocab_end - r->vocab_begin;
+    if ((!last && grow(&nd->hidden_out, &nd->hidden_cap, (size_t)n * d) != 0) ||
+        (r->has_head && grow(&nd->logits, &nd->logits_cap, (size_t)(rows ? rows : 1) * nv) != 0)) {
+        send_result_error(nd, h->epoch, h->step, IE_ERR_NOMEM, "out of memory");
+        return;
+    }
+    nd->cur_step = h->step;
+    nd->transfer_ms = 0;
+    atomic_store(&nd->busy, 1);
+    double t0 = now_ms();
+    ie_status_t st = ie_worker_step_shard(nd->w, &b, h->has_hidden ? in->data[5] : NULL,
+                                          last ? NULL : nd->hidden_out, r->has_head && rows ? nd->logits : NULL);
+    double t1 = now_ms();
+    atomic_store(&nd->busy, 0);
+    if (nd->m_compute) {
+        ie_metric_add(nd->m_compute, nd->rank_label, (t1 - t0 - nd->transfer_ms) / 1e3);
+        ie_metric_add(nd->m_transfer, nd->rank_label, nd->transfer_ms / 1e3);
+        ie_metric_add(nd->m_steps, nd->rank_label, 1);
+    }
+    if (st != IE_OK) {
+        send_result_error(nd, h->epoch, h->step, st, ie_error_last());
+        return;
+    }
+    if (!last) { /* hop to the next stage */
+        ie_msg_t m = {.kind = IE_MSG_STEP};
+        m.u.step = *h;
+        m.u.step.has_hidden = 1;
+        m.u.step.n_clear = h->n_clear;
+        ie_frame_t f[5] = {{in->data[1], in->size[1]}, {in->data[2], in->size[2]}, {in->data[3], in->size[3]},
+                           {in->data[4], in->size[4]}, {nd->hidden_out, (size_t)n * d * sizeof(float)}};
+        double ts = now_ms();
+        if ((st = send_msg(nd->push[nd->as.rank + 1], &nd->hdr, &m, f, 5, nd->as.dead_ms)) != IE_OK)
+            send_result_error(nd, h->epoch, h->step, IE_ERR_UNAVAILABLE, "next pipeline stage unreachable");
+        if (nd->m_transfer) ie_metric_add(nd->m_transfer, nd->rank_label, (now_ms() - ts) / 1e3);
+        return;
+    }
+    if (!r->has_head) return;
+    ie_msg_t m = {.kind = IE_MSG_RESULT};
+    ie_msg_result_t *res = &m.u.result;
+    res->epoch = h->epoch;
+    res->step = h->step;
+    res->rank = nd->as.rank;
+    res->status = IE_OK;
+    res->n_rows = rows;
+    res->vocab_begin = r->vocab_begin;
+    res->vocab_end = r->vocab_end;
+    res->compute_ms = t1 - t0 - nd->transfer_ms;
+    res->transfer_ms = nd->transfer_ms;
+    ie_frame_t f = {nd->logits, (size_t)rows * nv * sizeof(float)};
+    if (send_msg(nd->coord, &nd->hdr, &m, &f, 1, nd->as.dead_ms) != IE_OK)
+        logf_(nd, "result of step %llu not sent: %s", (unsigned long long)h->step, ie_error_last());
+}
+
+/* --------------------------------------------------------------- main */
+
+static ie_status_t handle_coord(node_t *nd)
+{
+    ie_msg_t m;
+    if (ie_msg_decode(nd->in.data[0], nd->in.size[0], &m) != IE_OK) {
+        logf_(nd, "coordinator sent a malformed message: %s", ie_error_last());
+        return IE_OK;
+    }
+    nd->last_coord_ms = now_ms();
+    nd->registered = 1;
+    switch (m.kind) {
+    case IE_MSG_ASSIGN: handle_assign(nd, &m.u.assign); break;
+    case IE_MSG_STEP: handle_step(nd, &m.u.step); break;
+    case IE_MSG_HEARTBEAT:
+        /* a coordinator that forgot us (restarted) says epoch 0 */
+        if (nd->assigned && m.u.heartbeat.epoch != nd->as.epoch) nd->registered = 0;
+        break;
+    case IE_MSG_BYE: return IE_ERR_UNAVAILABLE; /* leave */
+    case IE_MSG_ERROR:
+        logf_(nd, "coordinator: %s", m.u.error.message);
+        nd->registered = 0;
+        break;
+    default: logf_(nd, "unexpected %s from the coordinator", ie_msg_kind_name(m.kind)); break;
+    }
+    return IE_OK;
+}
+
+static ie_status_t handle_peer(node_t *nd)
+{
+    ie_msg_t m;
+    if (ie_msg_decode(nd->in.data[0], nd->in.size[0], &m) != IE_OK) {
+        logf_(nd, "peer sent a malformed message: %s", ie_error_last());
+        return IE_OK;
+    }
+    if (m.kind == IE_MSG_STEP) handle_step(nd, &m.u.step);
+    else if (m.kind == IE_MSG_PARTIAL && nd->in.n == 2 &&
+             nd->in.size[1] == (size_t)m.u.partial.count * sizeof(float))
+        pq_put(nd, &m.u.partial);
+    return IE_OK;
+}
+
+ie_status_t ie_node_run(const ie_node_opts_t *o)
+{
+    ie_status_t st = IE_OK;
+    node_t *nd = calloc(1, sizeof *nd);
+    if (!nd) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+    nd->o = o;
+    nd->node_id = o->numa_node;
+    atomic_init(&nd->rank, -1);
+    atomic_init(&nd->hb_ms, 250);
+    atomic_store(&nd->tick_ms, now_ms());
+    if (!o->model_path || !o->coordinator || o->n_threads < 1) {
+        st = ie_error_set(IE_ERR_INVAL, "worker: model path, coordinator endpoint and threads >= 1 are required");
+        goto cleanup;
+    }
+    if ((st = ie_model_src_open(o->model_path, &nd->src)) != IE_OK) goto cleanup;
+    nd->fp = ie_model_src_fingerprint(nd->src);
+    {
+        ie_topo_t t;
+        if (ie_topo_read(&t) == IE_OK) ie_topo_describe(&t, nd->topo, sizeof nd->topo);
+        if (o->numa_node >= 0 && (st = ie_numa_bind(o->numa_node)) != IE_OK) goto cleanup;
+    }
+    if (o->net) {
+        nd->net = o->net;
+    } else {
+        if ((st = ie_net_new(&nd->net)) != IE_OK) goto cleanup;
+        nd->own_net = 1;
+    }
+    ie_net_is_secure(nd->net, &nd->public_key);
+    if ((st = ie_sock_new(nd->net, IE_SOCK_DEALER, &nd->coord)) != IE_OK) goto cleanup;
+    if ((st = ie_sock_connect(nd->coord, o->coordinator, o->coordinator_key)) != IE_OK) goto cleanup;
+    if ((st = ie_sock_new(nd->net, IE_SOCK_PULL, &nd->pull)) != IE_OK) goto cleanup;
+    if ((st = ie_sock_bind(nd->pull, o->peer_bind, nd->peer_ep, sizeof nd->peer_ep)) != IE_OK) goto cleanup;
+    if (o->metrics) {
+        ie_metrics_counter(o->metrics, "ie_worker_compute_seconds_total", "Time in the forward pass", "worker",
+                           &nd->m_compute);
+        ie_metrics_counter(o->metrics, "ie_worker_transfer_seconds_total",
+                           "Time exchanging partial sums and hidden states with peers", "worker", &nd->m_transfer);
+        ie_metrics_counter(o->metrics, "ie_worker_steps_total", "Steps run", "worker", &nd->m_steps);
+    }
+    if (pthread_create(&nd->hb, NULL, hb_main, nd) != 0) {
+        st = ie_error_set(IE_ERR_INTERNAL, "worker: cannot start the heartbeat thread");
+        goto cleanup;
+    }
+    nd->hb_started = 1;
+    if (o->verbose) logf_(nd, "model %s, coordinator %s, peers at %s; %s", o->model_path, o->coordinator,
+                          nd->peer_ep, nd->topo);
+    ie_sd_status("registering with %s", o->coordinator);
+    send_hello(nd);
+
+    while (!(o->stop && *o->stop)) {
+        atomic_store(&nd->tick_ms, now_ms());
+        snprintf(nd->rank_label, sizeof nd->rank_label, "%d", atomic_load(&nd->rank));
+        ie_sock_t *socks[2] = {nd->coord, nd->pull};
+        int ready[2] = {0, 0};
+        int k = ie_sock_poll(socks, 2, ready, 100);
+        if (k < 0) {
+            st = ie_error_set(IE_ERR_IO, "worker: poll failed");
+            break;
+        }
+        if (ready[0] && ie_sock_recv(nd->coord, &nd->in, 0) == IE_OK && nd->in.n >= 1)
+            if (handle_coord(nd) != IE_OK) {
+                logf_(nd, "coordinator said bye");
+                break;
+            }
+        if (ready[1] && ie_sock_recv(nd->pull, &nd->in, 0) == IE_OK && nd->in.n >= 1) handle_peer(nd);
+        double t = now_ms();
+        int dead = nd->assigned ? nd->as.dead_ms : 2000;
+        if (nd->registered && t - nd->last_coord_ms > dead) {
+            logf_(nd, "coordinator silent for %.1f s; registering again", (t - nd->last_coord_ms) / 1e3);
+            nd->registered = 0;
+        }
+        if (!nd->registered && t - nd->last_hello_ms > 1000) send_hello(nd);
+    }
+    ie_sd_stopping();
+
+cleanup:
+    if (nd->hb_started) {
+        atomic_store(&nd->hb_stop, 1);
+        pthread_join(nd->hb, NULL);
+    }
+    if (st != IE_OK) fprintf(stderr, "ie-worker: %s\n", ie_error_last());
+    close_peers(nd);
+    ie_sock_destroy(&nd->coord);
+    ie_sock_destroy(&nd->pull);
+    if (nd->own_net) ie_net_destroy(&nd->net);
+    ie_worker_destroy(&nd->w);
+    ie_model_src_destroy(&nd->src);
+    pq_free(nd);
+    ie_parts_free(&nd->in);
+    ie_buf_free(&nd->hdr);
+    free(nd->mine);
+    free(nd->hidden_out);
+    free(nd->logits);
+    free(nd);
+    return st;
+}
