@@ -24,6 +24,22 @@ enum {
  * [lo, hi]; stores it in *out and returns 0, else -1 (out untouched). */
 int ie_cli_parse_long(const char *s, long lo, long hi, long *out);
 
+struct ie_engine_opts;
+/* Distributed execution for a mode: spec "none", "pipeline:N" or
+ * "tensor:N" (N workers, run as threads of this process over ZeroMQ
+ * inproc://). spec NULL: env IE_PLAN, else none. Sets eo->plan and
+ * eo->n_workers; returns 0, or -1 for a malformed spec. */
+int ie_cli_plan(const char *spec, struct ie_engine_opts *eo);
+
+/* Configuration files of the service binaries (ie-coordinator,
+ * ie-worker): "--config FILE" in argv names a file of "key = value" lines
+ * (# comments; a key alone is a switch; keys are long flag names, '_' or
+ * '-'). The result is argv[0], the file's flags, then the command line's
+ * other arguments — so the command line wins. Returns 0 (free the result
+ * with ie_cli_config_free) or -1 with a reason in err. */
+int ie_cli_config_expand(int argc, char **argv, int *argc_out, char ***argv_out, char *err, size_t errcap);
+void ie_cli_config_free(int argc, char **argv);
+
 /* Largest text input the modes read whole (prompts, chat JSON, corpora). */
 #define IE_CLI_MAX_TEXT ((size_t)1 << 30)
 

@@ -18,6 +18,7 @@
 #ifndef IE_ENGINE_H
 #define IE_ENGINE_H
 
+#include "ie_cluster.h"
 #include "ie_sampler.h"
 #include "ie_status.h"
 #include "ie_tokenizer.h"
@@ -39,6 +40,21 @@ typedef struct ie_engine_opts {
     int max_batch;            /* prefill chunk, tokens per step         */
     ie_precision_t precision;
     int no_tokenizer;         /* 1: do not load one (logits-only use)   */
+    /* Distributed execution (docs/OPERATIONS.md). plan NONE: one worker
+     * in this process, called directly. PIPELINE/TENSOR: n_workers
+     * workers behind the cluster protocol — as threads of this process
+     * over ZeroMQ inproc:// when cluster_bind is NULL, else remote
+     * ie-worker processes registering at cluster_bind. */
+    ie_shard_kind_t plan;
+    int n_workers;            /* >= 1 when plan != NONE                 */
+    const char *cluster_bind; /* e.g. "tcp://0.0.0.0:5555"; NULL: inproc */
+    int cluster_wait_ms;      /* create waits this long for the workers
+                                 (0: 60 s; < 0: not at all — steps fail
+                                 with IE_ERR_UNAVAILABLE until ready)   */
+    int heartbeat_ms, dead_ms;/* 0: 250 / 2000                          */
+    ie_net_t *net;            /* ZeroMQ context to use (CURVE set up by
+                                 the caller); NULL: the engine makes one */
+    ie_metrics_t *metrics;    /* optional registry for cluster metrics   */
 } ie_engine_opts_t;
 
 void ie_engine_opts_default(ie_engine_opts_t *o);
@@ -52,7 +68,15 @@ void ie_engine_destroy(ie_engine_t **self_p);
 
 const ie_hparams_t *ie_engine_hparams(const ie_engine_t *e);
 const ie_tokenizer_t *ie_engine_tokenizer(const ie_engine_t *e);
+/* The in-process worker (plan NONE), else NULL. */
 ie_worker_t *ie_engine_worker(ie_engine_t *e);
+/* The cluster (plan PIPELINE/TENSOR), else NULL. */
+ie_cluster_t *ie_engine_cluster(ie_engine_t *e);
+/* One raw step (ie_worker_step's contract) on whichever backend runs the
+ * model, and the slot reset that goes with it. */
+ie_status_t ie_engine_step(ie_engine_t *e, const ie_batch_t *b, float *logits_out);
+void ie_engine_seq_clear(ie_engine_t *e, int seq);
+int ie_engine_max_batch(const ie_engine_t *e);
 int ie_engine_n_ctx(const ie_engine_t *e);
 
 typedef enum ie_finish {
@@ -72,6 +96,11 @@ typedef struct ie_gen_params {
     size_t n_stop;
     int add_special;              /* BOS/EOS per the tokenizer's rules  */
     int parse_special;            /* special-token text -> tokens       */
+    /* Streaming (optional): called after every sampled token of prompt
+     * `index` with the token and the text it released (after stop-string
+     * holding; may be empty, not NUL-terminated). */
+    void (*on_token)(void *ctx, size_t index, int32_t id, const char *text, size_t len);
+    void *on_token_ctx;
 } ie_gen_params_t;
 
 /* max_new 128, sampler defaults, no stop strings, add_special 1,

@@ -36,8 +36,9 @@ int ie_cli_perplexity(int argc, char **argv)
         {"model", required_argument, 0, 'm'}, {"model-dir", required_argument, 0, 'm'},
         {"file", required_argument, 0, 'f'}, {"ctx", required_argument, 0, 'c'},
         {"chunks", required_argument, 0, 'k'}, {"threads", required_argument, 0, 't'},
-        {"precision", required_argument, 0, 'p'}, {"batch", required_argument, 0, 'b'}, {0, 0, 0, 0}};
-    const char *model = NULL, *file = NULL;
+        {"precision", required_argument, 0, 'p'}, {"batch", required_argument, 0, 'b'},
+        {"plan", required_argument, 0, 'P'}, {0, 0, 0, 0}};
+    const char *model = NULL, *file = NULL, *plan = NULL;
     long ctx = 512, chunks = 0, threads = sysconf(_SC_NPROCESSORS_ONLN), batch = 512;
     ie_precision_t prec = IE_PREC_NATIVE;
     int c, rc = IE_EXIT_OK;
@@ -60,6 +61,7 @@ int ie_cli_perplexity(int argc, char **argv)
         case 't': bad = ie_cli_parse_long(optarg, 1, 1024, &threads); break;
         case 'b': bad = ie_cli_parse_long(optarg, 1, 1 << 16, &batch); break;
         case 'p': bad = ie_precision_parse(optarg, &prec) != IE_OK; break;
+        case 'P': plan = optarg; break;
         default: return fail(IE_EXIT_USAGE, "perplexity: unknown or incomplete option '%s'", argv[optind - 1]);
         }
         if (bad) return fail(IE_EXIT_USAGE, "perplexity: bad value '%s'", optarg);
@@ -79,6 +81,10 @@ int ie_cli_perplexity(int argc, char **argv)
     eo.n_ctx = (int)ctx;
     eo.max_batch = (int)(batch < ctx ? batch : ctx);
     eo.precision = prec;
+    if (ie_cli_plan(plan, &eo) != 0) {
+        rc = fail(IE_EXIT_USAGE, "perplexity: bad plan '%s'", plan ? plan : getenv("IE_PLAN"));
+        goto cleanup;
+    }
     ie_status_t st = ie_engine_create(&eo, &eng);
     if (st != IE_OK) {
         rc = fail(ie_cli_exit_for_load(st), "%s", ie_error_last());
@@ -112,8 +118,7 @@ int ie_cli_perplexity(int argc, char **argv)
     }
 
     const ie_hparams_t *hp = ie_engine_hparams(eng);
-    ie_worker_t *w = ie_engine_worker(eng);
-    int B = ie_worker_max_batch(w);
+    int B = ie_engine_max_batch(eng);
     size_t first = (size_t)ctx / 2;
     logits = malloc((size_t)B * hp->n_vocab * sizeof(float));
     tok = malloc((size_t)B * sizeof *tok);
@@ -128,7 +133,7 @@ int ie_cli_perplexity(int argc, char **argv)
     size_t scored = 0;
     for (size_t wi = 0; wi < n_win; wi++) {
         const int32_t *win = ids + wi * (size_t)ctx;
-        ie_worker_seq_clear(w, 0);
+        ie_engine_seq_clear(eng, 0);
         for (size_t s0 = 0; s0 < (size_t)ctx; s0 += (size_t)B) {
             int m = (int)((size_t)ctx - s0 < (size_t)B ? (size_t)ctx - s0 : (size_t)B);
             for (int k = 0; k < m; k++) {
@@ -138,7 +143,7 @@ int ie_cli_perplexity(int argc, char **argv)
                 want[k] = p >= first && p + 1 < (size_t)ctx;
             }
             ie_batch_t b = {m, tok, pos, seq, want};
-            if ((st = ie_worker_step(w, &b, logits)) != IE_OK) {
+            if ((st = ie_engine_step(eng, &b, logits)) != IE_OK) {
                 rc = fail(IE_EXIT_RUNTIME, "perplexity: %s", ie_error_last());
                 goto cleanup;
             }
@@ -177,8 +182,8 @@ int ie_cli_logits(int argc, char **argv)
         {"model", required_argument, 0, 'm'}, {"model-dir", required_argument, 0, 'm'},
         {"ids", required_argument, 0, 'i'}, {"mode", required_argument, 0, 'M'},
         {"out", required_argument, 0, 'o'}, {"threads", required_argument, 0, 't'},
-        {"precision", required_argument, 0, 'p'}, {0, 0, 0, 0}};
-    const char *model = NULL, *ids_s = NULL, *out = NULL;
+        {"precision", required_argument, 0, 'p'}, {"plan", required_argument, 0, 'P'}, {0, 0, 0, 0}};
+    const char *model = NULL, *ids_s = NULL, *out = NULL, *plan = NULL;
     long threads = sysconf(_SC_NPROCESSORS_ONLN);
     int decode = 0, c, rc = IE_EXIT_OK;
     ie_precision_t prec = IE_PREC_NATIVE;
@@ -202,6 +207,7 @@ int ie_cli_logits(int argc, char **argv)
             else bad = 1;
             break;
         case 'p': bad = ie_precision_parse(optarg, &prec) != IE_OK; break;
+        case 'P': plan = optarg; break;
         default: return fail(IE_EXIT_USAGE, "logits: unknown or incomplete option '%s'", argv[optind - 1]);
         }
         if (bad) return fail(IE_EXIT_USAGE, "logits: bad value '%s'", optarg);
@@ -235,6 +241,10 @@ int ie_cli_logits(int argc, char **argv)
     eo.n_ctx = (int)(n < 16 ? 16 : n);
     eo.precision = prec;
     eo.no_tokenizer = 1;
+    if (ie_cli_plan(plan, &eo) != 0) {
+        rc = fail(IE_EXIT_USAGE, "logits: bad plan '%s'", plan ? plan : getenv("IE_PLAN"));
+        goto cleanup;
+    }
     ie_status_t st = ie_engine_create(&eo, &eng);
     if (st != IE_OK) {
         rc = fail(ie_cli_exit_for_load(st), "%s", ie_error_last());

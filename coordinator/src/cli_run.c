@@ -60,7 +60,9 @@ static void usage(FILE *f)
           "                                 env IE_QUANT_GROUP, IE_QUANT_AFFINE=1)\n"
           "  --no-special                   do not add BOS/EOS or parse special tokens\n"
           "  --print-text                   also write the generated text to stderr\n"
-          "  --no-pin                       do not pin threads to cores\n",
+          "  --no-pin                       do not pin threads to cores\n"
+          "  --plan none|pipeline:N|tensor:N  run the model on N in-process workers over the\n"
+          "                                 cluster protocol (env IE_PLAN; docs/OPERATIONS.md)\n",
           f);
 }
 
@@ -68,6 +70,25 @@ static int err_exit(int code, const char *msg)
 {
     fprintf(stderr, "error: %s\n", msg);
     return code;
+}
+
+int ie_cli_plan(const char *spec, ie_engine_opts_t *eo)
+{
+    if (!spec) spec = getenv("IE_PLAN");
+    eo->plan = IE_SHARD_NONE;
+    eo->n_workers = 0;
+    if (!spec || !*spec || !strcmp(spec, "none")) return 0;
+    const char *colon = strchr(spec, ':');
+    char kind[16];
+    long n = 0;
+    if (!colon || (size_t)(colon - spec) >= sizeof kind || ie_cli_parse_long(colon + 1, 1, 64, &n) != 0) return -1;
+    memcpy(kind, spec, (size_t)(colon - spec));
+    kind[colon - spec] = '\0';
+    ie_shard_kind_t k;
+    if (ie_shard_kind_parse(kind, &k) != IE_OK || k == IE_SHARD_NONE) return -1;
+    eo->plan = k;
+    eo->n_workers = (int)n;
+    return 0;
 }
 
 int ie_cli_parse_long(const char *s, long lo, long hi, long *out)
@@ -177,7 +198,7 @@ int ie_cli_run(int argc, char **argv)
     enum {
         O_MODEL = 256, O_PROMPT, O_PFILE, O_MAXNEW, O_THREADS, O_BATCH, O_CTX, O_WARMUP, O_ROUNDS, O_GREEDY,
         O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_FREQ, O_PRES, O_SEED, O_STOP, O_PREC, O_NOSPECIAL,
-        O_PRINT, O_NOPIN, O_HELP, O_CHAT, O_REASONING, O_SHOWPROMPT
+        O_PRINT, O_NOPIN, O_HELP, O_CHAT, O_REASONING, O_SHOWPROMPT, O_PLAN
     };
     static const struct option lo[] = {
         {"model", required_argument, 0, O_MODEL}, {"model-dir", required_argument, 0, O_MODEL},
@@ -193,6 +214,7 @@ int ie_cli_run(int argc, char **argv)
         {"stop", required_argument, 0, O_STOP}, {"precision", required_argument, 0, O_PREC},
         {"no-special", no_argument, 0, O_NOSPECIAL}, {"print-text", no_argument, 0, O_PRINT},
         {"no-pin", no_argument, 0, O_NOPIN}, {"help", no_argument, 0, O_HELP},
+        {"plan", required_argument, 0, O_PLAN},
         {"chat", required_argument, 0, O_CHAT}, {"reasoning", required_argument, 0, O_REASONING},
         {"show-prompt", no_argument, 0, O_SHOWPROMPT}, {0, 0, 0, 0}};
 
@@ -207,6 +229,7 @@ int ie_cli_run(int argc, char **argv)
     ie_harmony_parser_t *hp = NULL;
     long max_new = 128, threads = sysconf(_SC_NPROCESSORS_ONLN), batch = 1, ctx = 0, warmup = 0, rounds = 1;
     int greedy = 0, print_text = 0, special = 1, pin = 1, have_seed = 0;
+    const char *plan = NULL;
     ie_sampler_params_t sp = ie_sampler_params_default();
     sp.temperature = 0.8f; /* llama.cpp's defaults for an interactive CLI */
     sp.top_k = 40;
@@ -276,6 +299,7 @@ int ie_cli_run(int argc, char **argv)
         case O_NOSPECIAL: special = 0; break;
         case O_PRINT: print_text = 1; break;
         case O_NOPIN: pin = 0; break;
+        case O_PLAN: plan = optarg; break;
         case O_HELP: usage(stdout); goto cleanup;
         default:
             snprintf(msg, sizeof msg, "unknown or incomplete option '%s' (see --help)", argv[optind - 1]);
@@ -378,6 +402,11 @@ int ie_cli_run(int argc, char **argv)
     eo.n_seq = (int)(batch < (long)n_prompts ? batch : (long)n_prompts);
     eo.n_ctx = (int)ctx;
     eo.precision = prec;
+    if (ie_cli_plan(plan, &eo) != 0) {
+        snprintf(msg, sizeof msg, "bad plan '%s' (none, pipeline:N or tensor:N)", plan ? plan : getenv("IE_PLAN"));
+        rc = err_exit(IE_EXIT_USAGE, msg);
+        goto cleanup;
+    }
     ie_status_t st = ie_engine_create(&eo, &eng);
     if (st != IE_OK) {
         rc = err_exit(ie_cli_exit_for_load(st), ie_error_last());
@@ -467,7 +496,8 @@ int ie_cli_run(int argc, char **argv)
     cJSON_AddNumberToObject(js, "rss_peak_mb", rss_peak_mb());
     cJSON_AddNumberToObject(js, "threads", (double)threads);
     cJSON_AddStringToObject(js, "precision", ie_precision_name(prec));
-    cJSON_AddStringToObject(js, "isa", ie_isa_name(ie_worker_isa(ie_engine_worker(eng))));
+    cJSON_AddStringToObject(js, "isa", ie_isa_name(ie_engine_worker(eng) ? ie_worker_isa(ie_engine_worker(eng))
+                                                                          : ie_isa_best()));
     cJSON_AddNumberToObject(js, "batch", (double)eo.n_seq);
     { char sb[24]; snprintf(sb, sizeof sb, "%llu", (unsigned long long)sp.seed); cJSON_AddRawToObject(js, "seed", sb); } /* exact: a double loses 64-bit seeds */
     cJSON_AddNumberToObject(js, "rounds", (double)rounds);

@@ -11,7 +11,11 @@
 
 #include "ie_array.h"
 #include "ie_model_src.h"
+#include "ie_node.h"
 #include "ie_stop.h"
+
+#include <pthread.h>
+#include <signal.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,7 +26,16 @@ struct ie_engine {
     ie_engine_opts_t opts;
     ie_model_src_t *src;
     ie_tokenizer_t *tok;
-    ie_worker_t *worker;
+    ie_worker_t *worker;       /* plan NONE                                */
+    ie_cluster_t *cluster;     /* plan PIPELINE / TENSOR                   */
+    ie_net_t *net;
+    int own_net;
+    pthread_t *nodes;          /* in-process workers                       */
+    ie_node_opts_t *node_opts;
+    int n_nodes;
+    volatile sig_atomic_t node_stop;
+    char ep[96];
+    int n_ctx, max_batch;
     float *logits;      /* [n_seq][n_vocab] rows of one step */
     int32_t *b_tok, *b_pos, *b_seq;
     uint8_t *b_logits;
@@ -66,6 +79,61 @@ const char *ie_finish_name(ie_finish_t r)
     return "none";
 }
 
+static void *node_main(void *arg)
+{
+    ie_node_run(arg); /* errors are logged by the node */
+    return NULL;
+}
+
+/* Distributed execution: the cluster (and, without cluster_bind, its
+ * workers as threads of this process over inproc://). */
+static ie_status_t start_cluster(ie_engine_t *e, const ie_worker_opts_t *wo)
+{
+    ie_status_t st;
+    const ie_engine_opts_t *o = &e->opts;
+    if (o->n_workers < 1 || o->n_workers > 64)
+        return ie_error_set(IE_ERR_INVAL, "engine: %d workers (1..64)", o->n_workers);
+    if (o->net) {
+        e->net = o->net;
+    } else {
+        if ((st = ie_net_new(&e->net)) != IE_OK) return st;
+        e->own_net = 1;
+    }
+    if (!o->cluster_bind) snprintf(e->ep, sizeof e->ep, "inproc://ie-cluster-%p", (void *)e);
+    ie_cluster_opts_t co = {.bind = o->cluster_bind ? o->cluster_bind : e->ep, .plan = o->plan,
+                            .n_ranks = o->n_workers, .n_ctx = wo->n_ctx, .n_seq = wo->n_seq,
+                            .max_batch = wo->max_batch, .precision = wo->precision,
+                            .heartbeat_ms = o->heartbeat_ms, .dead_ms = o->dead_ms, .net = e->net,
+                            .metrics = o->metrics, .verbose = o->cluster_bind != NULL};
+    if ((st = ie_cluster_new(&co, e->src, &e->cluster)) != IE_OK) return st;
+    if (!o->cluster_bind) {
+        int nt = o->n_threads / o->n_workers;
+        e->nodes = calloc((size_t)o->n_workers, sizeof *e->nodes);
+        e->node_opts = calloc((size_t)o->n_workers, sizeof *e->node_opts);
+        if (!e->nodes || !e->node_opts) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+        for (int r = 0; r < o->n_workers; r++) {
+            ie_node_opts_t *no = &e->node_opts[r];
+            ie_node_opts_default(no);
+            no->model_path = o->model_path;
+            no->coordinator = e->ep;
+            char *peer = malloc(96);
+            if (!peer) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+            snprintf(peer, 96, "inproc://ie-peer-%p-%d", (void *)e, r);
+            no->peer_bind = peer;
+            no->rank = r;
+            no->n_threads = nt > 0 ? nt : 1;
+            no->pin_threads = o->pin_threads;
+            no->net = e->net;
+            no->stop = &e->node_stop;
+            if (pthread_create(&e->nodes[r], NULL, node_main, no) != 0)
+                return ie_error_set(IE_ERR_INTERNAL, "engine: cannot start worker thread %d", r);
+            e->n_nodes = r + 1;
+        }
+    }
+    if (o->cluster_wait_ms < 0) return IE_OK;
+    return ie_cluster_wait_ready(e->cluster, o->cluster_wait_ms > 0 ? o->cluster_wait_ms : 60000);
+}
+
 ie_status_t ie_engine_create(const ie_engine_opts_t *o, ie_engine_t **out)
 {
     ie_status_t st = IE_OK;
@@ -103,7 +171,13 @@ ie_status_t ie_engine_create(const ie_engine_opts_t *o, ie_engine_t **out)
     wo.max_batch = o->max_batch < o->n_seq ? o->n_seq : o->max_batch;
     wo.precision = o->precision;
     wo.n_ctx = o->n_ctx ? o->n_ctx : (hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
-    if ((st = ie_worker_new(e->src, &wo, &e->worker)) != IE_OK) goto cleanup;
+    e->n_ctx = wo.n_ctx;
+    e->max_batch = wo.max_batch;
+    if (o->plan == IE_SHARD_NONE) {
+        if ((st = ie_worker_new(e->src, &wo, &e->worker)) != IE_OK) goto cleanup;
+    } else if ((st = start_cluster(e, &wo)) != IE_OK) {
+        goto cleanup;
+    }
 
     size_t B = (size_t)wo.max_batch;
     e->logits = malloc((size_t)o->n_seq * hp->n_vocab * sizeof(float));
@@ -128,6 +202,13 @@ void ie_engine_destroy(ie_engine_t **self_p)
     if (!self_p || !*self_p) return;
     ie_engine_t *e = *self_p;
     ie_worker_destroy(&e->worker);
+    ie_cluster_destroy(&e->cluster); /* says BYE to the workers */
+    e->node_stop = 1;
+    for (int r = 0; r < e->n_nodes; r++) pthread_join(e->nodes[r], NULL);
+    for (int r = 0; e->node_opts && r < e->n_nodes; r++) free((char *)e->node_opts[r].peer_bind);
+    free(e->nodes);
+    free(e->node_opts);
+    if (e->own_net) ie_net_destroy(&e->net);
     ie_tokenizer_destroy(&e->tok);
     ie_model_src_destroy(&e->src);
     free(e->logits);
@@ -139,10 +220,23 @@ void ie_engine_destroy(ie_engine_t **self_p)
     *self_p = NULL;
 }
 
-const ie_hparams_t *ie_engine_hparams(const ie_engine_t *e) { return ie_worker_hparams(e->worker); }
+const ie_hparams_t *ie_engine_hparams(const ie_engine_t *e) { return ie_model_src_hparams(e->src); }
 const ie_tokenizer_t *ie_engine_tokenizer(const ie_engine_t *e) { return e->tok; }
 ie_worker_t *ie_engine_worker(ie_engine_t *e) { return e->worker; }
-int ie_engine_n_ctx(const ie_engine_t *e) { return ie_worker_n_ctx(e->worker); }
+ie_cluster_t *ie_engine_cluster(ie_engine_t *e) { return e->cluster; }
+int ie_engine_n_ctx(const ie_engine_t *e) { return e->n_ctx; }
+int ie_engine_max_batch(const ie_engine_t *e) { return e->max_batch; }
+
+ie_status_t ie_engine_step(ie_engine_t *e, const ie_batch_t *b, float *logits_out)
+{
+    return e->worker ? ie_worker_step(e->worker, b, logits_out) : ie_cluster_step(e->cluster, b, logits_out);
+}
+
+void ie_engine_seq_clear(ie_engine_t *e, int seq)
+{
+    if (e->worker) ie_worker_seq_clear(e->worker, seq);
+    else ie_cluster_seq_clear(e->cluster, seq);
+}
 
 void ie_gen_result_clear(ie_gen_result_t *r)
 {
@@ -219,7 +313,7 @@ static void finish(ie_engine_t *e, req_t *q, ie_gen_result_t *r, ie_finish_t why
     }
     r->stop = why;
     q->state = REQ_DONE;
-    ie_worker_seq_clear(e->worker, q->slot);
+    ie_engine_seq_clear(e, q->slot);
 }
 
 static void req_free(req_t *q)
@@ -261,8 +355,8 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
                             ie_gen_stats_t *stats)
 {
     ie_status_t st = IE_OK;
-    const ie_hparams_t *hp = ie_worker_hparams(e->worker);
-    int n_ctx = ie_worker_n_ctx(e->worker), n_seq = e->opts.n_seq, B = ie_worker_max_batch(e->worker);
+    const ie_hparams_t *hp = ie_engine_hparams(e);
+    int n_ctx = e->n_ctx, n_seq = e->opts.n_seq, B = e->max_batch;
     req_t *reqs = NULL;
     int *slot_req = NULL; /* request index holding each slot, or -1 */
     int oom = 0;
@@ -342,7 +436,7 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
             slot_req[s] = (int)next++;
             q->slot = s;
             q->state = REQ_PREFILL;
-            ie_worker_seq_clear(e->worker, s);
+            ie_engine_seq_clear(e, s);
         }
         /* build the step: decodes first, then prefill chunks */
         int nb = 0, has_prefill = 0;
@@ -370,7 +464,7 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
         }
         ie_batch_t batch = {nb, e->b_tok, e->b_pos, e->b_seq, e->b_logits};
         double ts = now_ms();
-        if ((st = ie_worker_step(e->worker, &batch, e->logits)) != IE_OK) goto cleanup;
+        if ((st = ie_engine_step(e, &batch, e->logits)) != IE_OK) goto cleanup;
         double te = now_ms();
         if (stats) {
             if (has_prefill) {
@@ -413,6 +507,7 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
                 r->ids[r->n_gen++] = id;
             }
             q->last = id;
+            size_t text_before = q->text_len;
             if (ie_tokenizer_is_eog(e->tok, id)) {
                 finish(e, q, r, IE_FINISH_EOS, &oom);
             } else {
@@ -425,6 +520,7 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
                     finish(e, q, r, IE_FINISH_CONTEXT, &oom);
                 }
             }
+            if (p->on_token) p->on_token(p->on_token_ctx, qi, id, q->text + text_before, q->text_len - text_before);
             if (q->state == REQ_DONE) {
                 slot_req[q->slot] = -1;
                 n_done++;
@@ -462,13 +558,13 @@ cleanup:
 
 ie_status_t ie_engine_logits(ie_engine_t *e, const int32_t *ids, size_t n, int decode, float *out)
 {
-    const ie_hparams_t *hp = ie_worker_hparams(e->worker);
-    int B = ie_worker_max_batch(e->worker);
+    const ie_hparams_t *hp = ie_engine_hparams(e);
+    int B = e->max_batch;
     if (n == 0) return IE_OK;
-    if (n > (size_t)ie_worker_n_ctx(e->worker))
+    if (n > (size_t)e->n_ctx)
         return ie_error_set(IE_ERR_RANGE, "logits: %zu tokens do not fit the context of %d", n,
-                            ie_worker_n_ctx(e->worker));
-    ie_worker_seq_clear(e->worker, 0);
+                            e->n_ctx);
+    ie_engine_seq_clear(e, 0);
     size_t chunk = decode ? 1 : (size_t)B;
     for (size_t i = 0; i < n; i += chunk) {
         int m = (int)(n - i < chunk ? n - i : chunk);
@@ -479,7 +575,7 @@ ie_status_t ie_engine_logits(ie_engine_t *e, const int32_t *ids, size_t n, int d
             e->b_logits[k] = 1;
         }
         ie_batch_t b = {m, e->b_tok, e->b_pos, e->b_seq, e->b_logits};
-        ie_status_t st = ie_worker_step(e->worker, &b, out + i * hp->n_vocab);
+        ie_status_t st = ie_engine_step(e, &b, out + i * hp->n_vocab);
         if (st != IE_OK) return st;
     }
     return IE_OK;

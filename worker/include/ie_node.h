@@ -29,6 +29,8 @@ typedef struct ie_node_opts {
     const char *coordinator;     /* endpoint of the coordinator's ROUTER    */
     const char *coordinator_key; /* its CURVE public key (secure net)       */
     const char *peer_bind;       /* where to bind the peer socket           */
+    const char *advertise;       /* host peers should use for a tcp peer
+                                    endpoint (NULL: as bound)               */
     int rank;                    /* rank asked for (-1: any)                */
     int n_threads;               /* compute threads (>= 1)                  */
     int pin_threads;             /* pin them                                */

@@ -440,7 +440,8 @@ reply:
         return;
     }
     const ie_shard_range_t *r = ie_worker_shard(nd->w);
-    logf_(nd, "%s rank %d of %d: layers %d-%d, kv heads %d-%d, vocab %lld-%lld, %.1f MB, %s in %.0f ms",
+    if (nd->o->verbose)
+        logf_(nd, "%s rank %d of %d: layers %d-%d, kv heads %d-%d, vocab %lld-%lld, %.1f MB, %s in %.0f ms",
           ie_shard_kind_name((ie_shard_kind_t)a->plan), a->rank, a->n_ranks, r->layer_begin, r->layer_end - 1,
           r->kv_head_begin, r->kv_head_end - 1, (long long)r->vocab_begin, (long long)r->vocab_end - 1,
           ie_worker_weight_bytes(nd->w) / 1e6, reload ? "loaded" : "kept", m.u.ready.load_ms);
@@ -621,6 +622,12 @@ ie_status_t ie_node_run(const ie_node_opts_t *o)
     if ((st = ie_sock_connect(nd->coord, o->coordinator, o->coordinator_key)) != IE_OK) goto cleanup;
     if ((st = ie_sock_new(nd->net, IE_SOCK_PULL, &nd->pull)) != IE_OK) goto cleanup;
     if ((st = ie_sock_bind(nd->pull, o->peer_bind, nd->peer_ep, sizeof nd->peer_ep)) != IE_OK) goto cleanup;
+    if (o->advertise && !strncmp(nd->peer_ep, "tcp://", 6)) { /* tcp://any:port -> tcp://advertise:port */
+        const char *port = strrchr(nd->peer_ep, ':');
+        char ep[IE_PROTO_ENDPOINT_MAX];
+        snprintf(ep, sizeof ep, "tcp://%s%s", o->advertise, port ? port : "");
+        snprintf(nd->peer_ep, sizeof nd->peer_ep, "%s", ep);
+    }
     if (o->metrics) {
         ie_metrics_counter(o->metrics, "ie_worker_compute_seconds_total", "Time in the forward pass", "worker",
                            &nd->m_compute);
@@ -650,7 +657,7 @@ ie_status_t ie_node_run(const ie_node_opts_t *o)
         }
         if (ready[0] && ie_sock_recv(nd->coord, &nd->in, 0) == IE_OK && nd->in.n >= 1)
             if (handle_coord(nd) != IE_OK) {
-                logf_(nd, "coordinator said bye");
+                if (o->verbose) logf_(nd, "coordinator said bye");
                 break;
             }
         if (ready[1] && ie_sock_recv(nd->pull, &nd->in, 0) == IE_OK && nd->in.n >= 1) handle_peer(nd);

@@ -1,0 +1,200 @@
+/* coordinator_main.c — `ie-coordinator`: the coordinator process of the
+ * distributed service (docs/OPERATIONS.md). It loads the tokenizer and the
+ * model's shape (not its weights), waits for ie-worker processes to
+ * register, assigns them shards, and serves clients over ZeroMQ.
+ *
+ *   ie-coordinator --model PATH --plan tensor --workers 2 \
+ *                  --bind tcp://0.0.0.0:5555 --client-bind tcp://127.0.0.1:5556
+ *   ie-coordinator --config /etc/clocher/coordinator.conf
+ *
+ * Exit codes: 0 stopped by a signal, 2 bad usage, 3 model unreadable,
+ * 1 other failures.
+ */
+#include "ie_cli.h"
+#include "ie_engine.h"
+#include "ie_metrics.h"
+#include "ie_numa.h"
+#include "ie_sdnotify.h"
+#include "ie_serve.h"
+#include "ie_transport.h"
+
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig) { (void)sig; g_stop = 1; }
+
+static void usage(FILE *f)
+{
+    fputs("usage: ie-coordinator --model PATH --workers N [options]\n"
+          "  --config FILE            key = value lines (flags without --); flags win\n"
+          "  --model PATH             model (tokenizer and shapes are read; weights stay with workers)\n"
+          "  --plan pipeline|tensor   how the model is cut (tensor)\n"
+          "  --workers N              workers in the plan (2)\n"
+          "  --bind EP                endpoint workers connect to (tcp://127.0.0.1:5555)\n"
+          "  --client-bind EP         endpoint clients connect to (tcp://127.0.0.1:5556)\n"
+          "  --ctx N --batch N --max-batch N   KV positions, sequences together, tokens per step\n"
+          "  --precision P            weights precision the workers use (native)\n"
+          "  --queue N                waiting client requests at most (64)\n"
+          "  --heartbeat-ms N --dead-ms N      liveness (250 / 2000)\n"
+          "  --metrics-port N --metrics-addr A Prometheus /metrics (off / 127.0.0.1)\n"
+          "  --keys-dir DIR --key NAME          CURVE: this coordinator's key pair\n"
+          "  --authorized DIR         CURVE: public keys (*.pub) of workers and clients allowed in\n"
+          "  --verbose\n",
+          f);
+}
+
+int main(int argc, char **argv)
+{
+    int rc = 0, c;
+    char err[512];
+    int ac = 0;
+    char **av = NULL;
+    const char *model = NULL, *bind = "tcp://127.0.0.1:5555", *client_bind = "tcp://127.0.0.1:5556";
+    const char *metrics_addr = "127.0.0.1", *keys_dir = NULL, *key_name = NULL, *authorized = NULL;
+    long workers = 2, ctx = 0, batch = 4, max_batch = 256, queue = 64, hb = 250, dead = 2000, metrics_port = 0;
+    ie_shard_kind_t plan = IE_SHARD_TENSOR;
+    ie_precision_t prec = IE_PREC_NATIVE;
+    int verbose = 0;
+    char pub[41], sec[41];
+    ie_net_t *net = NULL;
+    ie_sock_t *client = NULL;
+    ie_metrics_t *metrics = NULL;
+    ie_metrics_server_t *msrv = NULL;
+    ie_engine_t *eng = NULL;
+    ie_status_t st = IE_OK;
+
+    if (ie_cli_config_expand(argc, argv, &ac, &av, err, sizeof err) != 0) {
+        fprintf(stderr, "error: %s\n", err);
+        return IE_EXIT_USAGE;
+    }
+    enum { O_MODEL = 1, O_PLAN, O_WORKERS, O_BIND, O_CBIND, O_CTX, O_BATCH, O_MAXB, O_PREC, O_QUEUE, O_HB, O_DEAD,
+           O_MPORT, O_MADDR, O_KEYS, O_KEY, O_AUTH, O_VERBOSE, O_HELP };
+    static const struct option lo[] = {
+        {"model", required_argument, 0, O_MODEL}, {"plan", required_argument, 0, O_PLAN},
+        {"workers", required_argument, 0, O_WORKERS}, {"bind", required_argument, 0, O_BIND},
+        {"client-bind", required_argument, 0, O_CBIND}, {"ctx", required_argument, 0, O_CTX},
+        {"batch", required_argument, 0, O_BATCH}, {"max-batch", required_argument, 0, O_MAXB},
+        {"precision", required_argument, 0, O_PREC}, {"queue", required_argument, 0, O_QUEUE},
+        {"heartbeat-ms", required_argument, 0, O_HB}, {"dead-ms", required_argument, 0, O_DEAD},
+        {"metrics-port", required_argument, 0, O_MPORT}, {"metrics-addr", required_argument, 0, O_MADDR},
+        {"keys-dir", required_argument, 0, O_KEYS}, {"key", required_argument, 0, O_KEY},
+        {"authorized", required_argument, 0, O_AUTH}, {"verbose", no_argument, 0, O_VERBOSE},
+        {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(ac, av, "", lo, NULL)) != -1) {
+        int bad = 0;
+        switch (c) {
+        case O_MODEL: model = optarg; break;
+        case O_PLAN: bad = ie_shard_kind_parse(optarg, &plan) != IE_OK || plan == IE_SHARD_NONE; break;
+        case O_WORKERS: bad = ie_cli_parse_long(optarg, 1, 64, &workers); break;
+        case O_BIND: bind = optarg; break;
+        case O_CBIND: client_bind = optarg; break;
+        case O_CTX: bad = ie_cli_parse_long(optarg, 1, 1 << 24, &ctx); break;
+        case O_BATCH: bad = ie_cli_parse_long(optarg, 1, 64, &batch); break;
+        case O_MAXB: bad = ie_cli_parse_long(optarg, 1, 1 << 16, &max_batch); break;
+        case O_PREC: bad = ie_precision_parse(optarg, &prec) != IE_OK; break;
+        case O_QUEUE: bad = ie_cli_parse_long(optarg, 1, 1 << 20, &queue); break;
+        case O_HB: bad = ie_cli_parse_long(optarg, 10, 60000, &hb); break;
+        case O_DEAD: bad = ie_cli_parse_long(optarg, 50, 600000, &dead); break;
+        case O_MPORT: bad = ie_cli_parse_long(optarg, 0, 65535, &metrics_port); break;
+        case O_MADDR: metrics_addr = optarg; break;
+        case O_KEYS: keys_dir = optarg; break;
+        case O_KEY: key_name = optarg; break;
+        case O_AUTH: authorized = optarg; break;
+        case O_VERBOSE: verbose = 1; break;
+        case O_HELP: usage(stdout); goto cleanup;
+        default:
+            fprintf(stderr, "error: unknown or incomplete option '%s' (see --help)\n", av[optind - 1]);
+            rc = IE_EXIT_USAGE;
+            goto cleanup;
+        }
+        if (bad) {
+            fprintf(stderr, "error: bad value '%s' for %s\n", optarg, av[optind - 2 >= 0 ? optind - 2 : 0]);
+            rc = IE_EXIT_USAGE;
+            goto cleanup;
+        }
+    }
+    if (optind < ac || !model) {
+        fprintf(stderr, "error: --model is required (see --help)\n");
+        rc = IE_EXIT_USAGE;
+        goto cleanup;
+    }
+    if (!!keys_dir != !!key_name) {
+        fprintf(stderr, "error: CURVE needs --keys-dir and --key together\n");
+        rc = IE_EXIT_USAGE;
+        goto cleanup;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    if ((st = ie_net_new(&net)) != IE_OK) goto fail;
+    if (keys_dir) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s.pub", keys_dir, key_name);
+        if ((st = ie_keys_load(path, pub)) != IE_OK) goto fail;
+        snprintf(path, sizeof path, "%s/%s.key", keys_dir, key_name);
+        if ((st = ie_keys_load(path, sec)) != IE_OK) goto fail;
+        if ((st = ie_net_curve(net, pub, sec, authorized)) != IE_OK) goto fail;
+    }
+    if ((st = ie_metrics_new(&metrics)) != IE_OK) goto fail;
+    if (metrics_port > 0 && (st = ie_metrics_serve(metrics, metrics_addr, (int)metrics_port, &msrv)) != IE_OK)
+        goto fail;
+    {
+        ie_topo_t t;
+        char d[256] = "unknown";
+        if (ie_topo_read(&t) == IE_OK) ie_topo_describe(&t, d, sizeof d);
+        fprintf(stderr, "ie-coordinator: topology %s\n", d);
+    }
+    ie_engine_opts_t eo;
+    ie_engine_opts_default(&eo);
+    eo.model_path = model;
+    eo.n_ctx = (int)ctx;
+    eo.n_seq = (int)batch;
+    eo.max_batch = (int)max_batch;
+    eo.precision = prec;
+    eo.plan = plan;
+    eo.n_workers = (int)workers;
+    eo.cluster_bind = bind;
+    eo.cluster_wait_ms = -1; /* serve (with "unavailable" answers) while workers join */
+    eo.heartbeat_ms = (int)hb;
+    eo.dead_ms = (int)dead;
+    eo.net = net;
+    eo.metrics = metrics;
+    if ((st = ie_engine_create(&eo, &eng)) != IE_OK) goto fail;
+    if ((st = ie_sock_new(net, IE_SOCK_ROUTER, &client)) != IE_OK) goto fail;
+    char cep[300];
+    if ((st = ie_sock_bind(client, client_bind, cep, sizeof cep)) != IE_OK) goto fail;
+    fprintf(stderr, "ie-coordinator: %s plan, %ld workers; workers at %s, clients at %s%s\n",
+            ie_shard_kind_name(plan), workers, ie_cluster_endpoint(ie_engine_cluster(eng)), cep,
+            keys_dir ? " (CURVE)" : "");
+    if (msrv) fprintf(stderr, "ie-coordinator: metrics at http://%s:%d/metrics\n", metrics_addr,
+                      ie_metrics_server_port(msrv));
+    ie_sd_ready("accepting clients; waiting for workers");
+    ie_serve_opts_t so = {.engine = eng, .sock = client, .queue_max = (int)queue, .stop = &g_stop,
+                          .metrics = metrics, .verbose = verbose};
+    st = ie_serve_zmq(&so);
+    ie_sd_stopping();
+    if (st != IE_OK) goto fail;
+    goto cleanup;
+fail:
+    fprintf(stderr, "error: %s\n", ie_error_last());
+    rc = st == IE_ERR_INVAL ? IE_EXIT_USAGE : ie_cli_exit_for_load(st) == IE_EXIT_MODEL ? IE_EXIT_MODEL
+                                                                                        : IE_EXIT_RUNTIME;
+cleanup:
+    ie_sock_destroy(&client);
+    ie_engine_destroy(&eng);
+    ie_metrics_server_stop(&msrv);
+    ie_metrics_destroy(&metrics);
+    ie_net_destroy(&net);
+    ie_cli_config_free(ac, av);
+    return rc;
+}

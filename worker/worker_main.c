@@ -1,0 +1,164 @@
+/* worker_main.c — `ie-worker`: one worker process of the distributed
+ * service (docs/OPERATIONS.md). It registers with the coordinator, loads
+ * the shard it is assigned from its local model file, and serves steps.
+ *
+ *   ie-worker --model PATH --coordinator tcp://HOST:5555 [options]
+ *   ie-worker --config /etc/clocher/worker.conf --numa-node 0
+ *
+ * Exit codes: 0 stopped (signal or the coordinator's BYE), 2 bad usage,
+ * 3 model unreadable, 1 other failures.
+ */
+#include "ie_cli.h"
+#include "ie_metrics.h"
+#include "ie_node.h"
+#include "ie_transport.h"
+
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig) { (void)sig; g_stop = 1; }
+
+static void usage(FILE *f)
+{
+    fputs("usage: ie-worker --model PATH --coordinator ENDPOINT [options]\n"
+          "  --config FILE            key = value lines (flags without --); flags win\n"
+          "  --model PATH             the model on this host's disk (GGUF, IEBIN or HF dir)\n"
+          "  --coordinator EP         coordinator's worker endpoint (tcp://host:5555, ipc://...)\n"
+          "  --peer-bind EP           where other workers reach this one (tcp://0.0.0.0:0)\n"
+          "  --advertise HOST         host name/address peers use for a tcp peer endpoint\n"
+          "  --rank N                 ask for this rank (default: any free one)\n"
+          "  --threads N              compute threads (1)\n"
+          "  --numa-node N            bind to this NUMA node (default: NUMA_POLICY)\n"
+          "  --numa-policy P          auto|compact|scatter|socket:<id>|none\n"
+          "  --affinity LIST          CPUs for the compute threads: auto|none|0-3,8\n"
+          "  --no-pin                 do not pin compute threads\n"
+          "  --metrics-port N         serve Prometheus /metrics on this port (0: off)\n"
+          "  --metrics-addr A         address for /metrics (127.0.0.1)\n"
+          "  --keys-dir DIR --key NAME   CURVE: this worker's key pair DIR/NAME.pub/.key\n"
+          "  --coordinator-key FILE   CURVE: the coordinator's public key file\n"
+          "  --authorized DIR         CURVE: public keys (*.pub) allowed to connect to us\n"
+          "  --verbose\n",
+          f);
+}
+
+int main(int argc, char **argv)
+{
+    int rc = 0, c;
+    char err[512];
+    int ac = 0;
+    char **av = NULL;
+    ie_node_opts_t o;
+    ie_node_opts_default(&o);
+    const char *keys_dir = NULL, *key_name = NULL, *coord_key_file = NULL, *authorized = NULL;
+    const char *metrics_addr = "127.0.0.1", *advertise = NULL;
+    long metrics_port = 0, lv;
+    char coord_key[41] = "", pub[41] = "", sec[41] = "";
+    ie_net_t *net = NULL;
+    ie_metrics_t *metrics = NULL;
+    ie_metrics_server_t *msrv = NULL;
+    ie_status_t st;
+
+    if (ie_cli_config_expand(argc, argv, &ac, &av, err, sizeof err) != 0) {
+        fprintf(stderr, "error: %s\n", err);
+        return IE_EXIT_USAGE;
+    }
+    enum { O_MODEL = 1, O_COORD, O_PEER, O_ADV, O_RANK, O_THREADS, O_NODE, O_POLICY, O_AFF, O_NOPIN, O_MPORT,
+           O_MADDR, O_KEYS, O_KEY, O_CKEY, O_AUTH, O_VERBOSE, O_HELP };
+    static const struct option lo[] = {
+        {"model", required_argument, 0, O_MODEL}, {"coordinator", required_argument, 0, O_COORD},
+        {"peer-bind", required_argument, 0, O_PEER}, {"advertise", required_argument, 0, O_ADV},
+        {"rank", required_argument, 0, O_RANK}, {"threads", required_argument, 0, O_THREADS},
+        {"numa-node", required_argument, 0, O_NODE}, {"numa-policy", required_argument, 0, O_POLICY},
+        {"affinity", required_argument, 0, O_AFF}, {"no-pin", no_argument, 0, O_NOPIN},
+        {"metrics-port", required_argument, 0, O_MPORT}, {"metrics-addr", required_argument, 0, O_MADDR},
+        {"keys-dir", required_argument, 0, O_KEYS}, {"key", required_argument, 0, O_KEY},
+        {"coordinator-key", required_argument, 0, O_CKEY}, {"authorized", required_argument, 0, O_AUTH},
+        {"verbose", no_argument, 0, O_VERBOSE}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(ac, av, "", lo, NULL)) != -1) {
+        int bad = 0;
+        switch (c) {
+        case O_MODEL: o.model_path = optarg; break;
+        case O_COORD: o.coordinator = optarg; break;
+        case O_PEER: o.peer_bind = optarg; break;
+        case O_ADV: advertise = optarg; break;
+        case O_RANK: bad = ie_cli_parse_long(optarg, 0, 63, &lv); o.rank = (int)lv; break;
+        case O_THREADS: bad = ie_cli_parse_long(optarg, 1, 1024, &lv); o.n_threads = (int)lv; break;
+        case O_NODE: bad = ie_cli_parse_long(optarg, 0, 4095, &lv); o.numa_node = (int)lv; break;
+        case O_POLICY: o.numa_policy = optarg; break;
+        case O_AFF: o.affinity = optarg; break;
+        case O_NOPIN: o.pin_threads = 0; break;
+        case O_MPORT: bad = ie_cli_parse_long(optarg, 0, 65535, &metrics_port); break;
+        case O_MADDR: metrics_addr = optarg; break;
+        case O_KEYS: keys_dir = optarg; break;
+        case O_KEY: key_name = optarg; break;
+        case O_CKEY: coord_key_file = optarg; break;
+        case O_AUTH: authorized = optarg; break;
+        case O_VERBOSE: o.verbose = 1; break;
+        case O_HELP: usage(stdout); goto cleanup;
+        default:
+            fprintf(stderr, "error: unknown or incomplete option '%s' (see --help)\n", av[optind - 1]);
+            rc = IE_EXIT_USAGE;
+            goto cleanup;
+        }
+        if (bad) {
+            fprintf(stderr, "error: bad value '%s' for %s\n", optarg, av[optind - 2 >= 0 ? optind - 2 : 0]);
+            rc = IE_EXIT_USAGE;
+            goto cleanup;
+        }
+    }
+    if (optind < ac || !o.model_path || !o.coordinator) {
+        fprintf(stderr, "error: --model and --coordinator are required (see --help)\n");
+        rc = IE_EXIT_USAGE;
+        goto cleanup;
+    }
+    if (!!keys_dir != !!key_name || (keys_dir && !coord_key_file)) {
+        fprintf(stderr, "error: CURVE needs --keys-dir, --key and --coordinator-key together\n");
+        rc = IE_EXIT_USAGE;
+        goto cleanup;
+    }
+    o.advertise = advertise; /* a tcp peer endpoint bound to all interfaces is advertised by name */
+    if ((st = ie_net_new(&net)) != IE_OK) goto fail;
+    if (keys_dir) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/%s.pub", keys_dir, key_name);
+        if ((st = ie_keys_load(path, pub)) != IE_OK) goto fail;
+        snprintf(path, sizeof path, "%s/%s.key", keys_dir, key_name);
+        if ((st = ie_keys_load(path, sec)) != IE_OK) goto fail;
+        if ((st = ie_keys_load(coord_key_file, coord_key)) != IE_OK) goto fail;
+        if ((st = ie_net_curve(net, pub, sec, authorized)) != IE_OK) goto fail;
+        o.coordinator_key = coord_key;
+    }
+    o.net = net;
+    if (metrics_port > 0) {
+        if ((st = ie_metrics_new(&metrics)) != IE_OK) goto fail;
+        if ((st = ie_metrics_serve(metrics, metrics_addr, (int)metrics_port, &msrv)) != IE_OK) goto fail;
+        o.metrics = metrics;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    o.stop = &g_stop;
+    st = ie_node_run(&o);
+    if (st != IE_OK) rc = st == IE_ERR_IO || st == IE_ERR_FORMAT || st == IE_ERR_UNSUPPORTED ? IE_EXIT_MODEL
+                                                                                              : IE_EXIT_RUNTIME;
+    goto cleanup;
+fail:
+    fprintf(stderr, "error: %s\n", ie_error_last());
+    rc = st == IE_ERR_INVAL ? IE_EXIT_USAGE : IE_EXIT_RUNTIME;
+cleanup:
+    ie_metrics_server_stop(&msrv);
+    ie_metrics_destroy(&metrics);
+    ie_net_destroy(&net);
+    ie_cli_config_free(ac, av);
+    return rc;
+}
