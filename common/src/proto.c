@@ -904,7 +904,7 @@ ie_status_t ie_client_enc_done(ie_buf_t *out, const ie_client_done_t *d)
     pack_ctx_t ctx = {out, 0};
     if (!out || !d || (!d->text && d->text_len) || d->text_len > UINT32_MAX)
         return ie_error_set(IE_ERR_INVAL, "ie_client_enc_done: bad argument");
-    reply_begin(&pk, &ctx, out, 11, "done", d->id);
+    reply_begin(&pk, &ctx, out, 10, "done", d->id);
     pack_key(&pk, "text");
     pack_strn(&pk, d->text ? d->text : "", d->text_len);
     pack_key(&pk, "finish");
