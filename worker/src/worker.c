@@ -11,6 +11,15 @@
  *   logits     = Wout · rmsnorm(x) for the tokens that asked
  * Every matmul sees all n tokens, so prefill is matrix-matrix work and a
  * decode batch streams each weight matrix once.
+ *
+ * Shards (ie_shard_plan, shard.c): a pipeline stage binds and runs only its
+ * layers (KV cache for those only), embeds only on the first stage and
+ * projects only on the last; a tensor-parallel rank binds row/column cuts
+ * of every matrix (ie_tensor_slice, then the usual conversion), runs its KV
+ * heads, MLP columns or experts, and sums the two partial results of each
+ * layer (Wo · att, the MLP/MoE output) across ranks through opts.reduce
+ * before the residual add, so x stays replicated. An unsharded worker runs
+ * the very same code with whole cuts and no reduce.
  */
 #include "ie_worker.h"
 
