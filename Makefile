@@ -4,7 +4,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all build test bench bench-quick fuzz reference asan tsan clean
+.PHONY: all build test bench bench-quick bench-distributed fuzz reference asan tsan clean
 
 all: build
 
@@ -33,6 +33,12 @@ bench-quick: build
 	.venv/bin/python bench/harness.py --bin $(BUILD)/inference-engine \
 	  --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
 	  --sweep 'threads=1,2|batch=1,4' --runs 2 --prompt-tokens 64 --gen 32 --no-doc
+
+# Issue 5: SmolLM2 decode/prefill, embedded (2 threads) vs --plan tensor:2 /
+# pipeline:2 in-process vs ie-coordinator + 2 ie-worker processes on loopback
+# tcp (1 thread each), interleaved rounds; writes bench/out/distributed-*.json.
+bench-distributed: build
+	.venv/bin/python bench/bench_distributed.py --rounds 3 --gen 64 --prompt-tokens 64
 
 # Bounded libFuzzer runs under ASan/UBSan (seconds per target: FUZZ_SECONDS).
 FUZZ_SECONDS ?= 60
