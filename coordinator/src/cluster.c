@@ -21,6 +21,7 @@ typedef struct member {
     uint64_t assigned_epoch;
     double last_seen;
     char error[IE_PROTO_TEXT_MAX];
+    ie_status_t status;  /* M_FAILED: the worker's load status         */
 } member_t;
 
 struct ie_cluster {
@@ -235,8 +236,9 @@ static void on_ready(ie_cluster_t *c, int r, const ie_msg_ready_t *rd)
     member_t *mb = &c->m[r];
     if (rd->status != IE_OK) {
         mb->state = M_FAILED;
+        mb->status = (ie_status_t)rd->status;
         snprintf(mb->error, sizeof mb->error, "%s", rd->error);
-        clog_(c, "rank %d could not load its shard: %s", r, rd->error);
+        if (c->o.verbose) clog_(c, "rank %d could not load its shard: %s", r, rd->error);
         return;
     }
     mb->state = M_READY;
@@ -445,7 +447,15 @@ void ie_cluster_describe(const ie_cluster_t *c, char *out, size_t cap)
 
 ie_status_t ie_cluster_wait_ready(ie_cluster_t *c, int timeout_ms)
 {
-    if (ie_cluster_service(c, timeout_ms)) return IE_OK;
+    double end = now_ms() + timeout_ms;
+    while (!ie_cluster_service(c, 50) && now_ms() < end) {
+        /* a shard that failed to load will not load by waiting: say why */
+        for (int r = 0; r < c->o.n_ranks; r++)
+            if (c->m[r].state == M_FAILED && c->m[r].assigned_epoch == c->epoch)
+                return ie_error_set(c->m[r].status != IE_OK ? c->m[r].status : IE_ERR_INTERNAL, "%s",
+                                    c->m[r].error);
+    }
+    if (ie_cluster_ready(c)) return IE_OK;
     char d[1024];
     ie_cluster_describe(c, d, sizeof d);
     return ie_error_set(IE_ERR_TIMEOUT, "cluster not ready after %.1f s (%s plan, %d workers): %s",

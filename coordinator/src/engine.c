@@ -125,6 +125,7 @@ static ie_status_t start_cluster(ie_engine_t *e, const ie_worker_opts_t *wo)
             no->pin_threads = o->pin_threads;
             no->net = e->net;
             no->stop = &e->node_stop;
+            no->quiet = 1;
             if (pthread_create(&e->nodes[r], NULL, node_main, no) != 0)
                 return ie_error_set(IE_ERR_INTERNAL, "engine: cannot start worker thread %d", r);
             e->n_nodes = r + 1;

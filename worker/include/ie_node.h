@@ -42,6 +42,8 @@ typedef struct ie_node_opts {
     ie_metrics_t *metrics;       /* optional: worker series are added       */
     volatile sig_atomic_t *stop; /* set non-zero to leave the loop          */
     int verbose;                 /* log registration and state changes      */
+    int quiet;                   /* do not log load failures (in-process
+                                    workers: the engine reports them)       */
 } ie_node_opts_t;
 
 void ie_node_opts_default(ie_node_opts_t *o);

@@ -391,6 +391,9 @@ static void handle_assign(node_t *nd, const ie_msg_assign_t *a)
         goto reply;
     }
     atomic_store(&nd->rank, a->rank);
+    /* heartbeats carry the new epoch while the shard loads, so a load
+     * longer than dead_ms does not look like a dead worker */
+    atomic_store(&nd->epoch, a->epoch);
     if (reload) {
         ie_worker_destroy(&nd->w);
         nd->assigned = 0;
@@ -436,7 +439,7 @@ reply:
     snprintf(m.u.ready.error, sizeof m.u.ready.error, "%s", why);
     send_msg(nd->coord, &nd->hdr, &m, NULL, 0, 1000);
     if (st != IE_OK) {
-        logf_(nd, "shard load failed: %s", why);
+        if (!nd->o->quiet) logf_(nd, "shard load failed: %s", why);
         return;
     }
     const ie_shard_range_t *r = ie_worker_shard(nd->w);
@@ -560,7 +563,10 @@ static ie_status_t handle_coord(node_t *nd)
     nd->last_coord_ms = now_ms();
     nd->registered = 1;
     switch (m.kind) {
-    case IE_MSG_ASSIGN: handle_assign(nd, &m.u.assign); break;
+    case IE_MSG_ASSIGN:
+        handle_assign(nd, &m.u.assign);
+        nd->last_coord_ms = now_ms(); /* loading time is not the coordinator's silence */
+        break;
     case IE_MSG_STEP: handle_step(nd, &m.u.step); break;
     case IE_MSG_HEARTBEAT:
         /* a coordinator that forgot us (restarted) says epoch 0 */
