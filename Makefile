@@ -4,7 +4,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all build test bench bench-quick bench-distributed fuzz reference asan tsan clean
+.PHONY: all build test test-distributed bench bench-quick bench-distributed fuzz reference asan tsan clean
 
 all: build
 
@@ -14,6 +14,19 @@ build:
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure
+
+# The embedded end-to-end suites again, with the model behind the cluster
+# protocol: in-process workers over ZeroMQ inproc:// in a pipeline and a
+# tensor plan (IE_PLAN; docs/OPERATIONS.md). Suites about embedded-only
+# behaviour (repack cache files, RSS of one worker) are not in the list.
+DIST_SUITES = tests/e2e/test_forward_tiny.py tests/e2e/test_smollm2_ref.py tests/e2e/test_forward_gptoss.py \
+  tests/e2e/test_perplexity.py tests/e2e/test_chat.py tests/e2e/test_chat_harmony.py \
+  tests/e2e/test_gptoss_bad_input.py tests/e2e/test_cli.py
+test-distributed: build
+	for plan in pipeline:2 tensor:2; do \
+	  IE_PLAN=$$plan IE_BIN=$(BUILD)/inference-engine IE_BUILD_DIR=$(BUILD) \
+	    .venv/bin/python -m pytest -q $(DIST_SUITES) || exit 1; \
+	done
 
 # Benchmarks print figures; they assert nothing. bench/harness.py runs the
 # sweep (interleaved runs, a bandwidth probe between rounds), the kernel
@@ -56,7 +69,7 @@ asan:
 	cd build-asan && ctest --output-on-failure -E pytest
 
 # The threaded suites under ThreadSanitizer.
-TSAN_TESTS = test_threadpool test_worker test_engine test_metrics
+TSAN_TESTS = test_threadpool test_worker test_engine test_metrics test_shard test_transport
 tsan:
 	cmake -S . -B build-tsan -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DCMAKE_C_FLAGS=-fsanitize=thread -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread >/dev/null

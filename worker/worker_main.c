@@ -29,7 +29,7 @@ static void usage(FILE *f)
           "  --config FILE            key = value lines (flags without --); flags win\n"
           "  --model PATH             the model on this host's disk (GGUF, IEBIN or HF dir)\n"
           "  --coordinator EP         coordinator's worker endpoint (tcp://host:5555, ipc://...)\n"
-          "  --peer-bind EP           where other workers reach this one (tcp://0.0.0.0:0)\n"
+          "  --peer-bind EP           where other workers reach this one (tcp://127.0.0.1:0; tcp://0.0.0.0:0 with --advertise across hosts)\n"
           "  --advertise HOST         host name/address peers use for a tcp peer endpoint\n"
           "  --rank N                 ask for this rank (default: any free one)\n"
           "  --threads N              compute threads (1)\n"

@@ -4,6 +4,7 @@
 #include "ie_cluster.h"
 
 #include "ie_proto.h"
+#include "ie_sdnotify.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -42,7 +43,9 @@ struct ie_cluster {
     uint8_t *flags;      /* logits flags when the batch has none      */
     int flags_cap;
     ie_cluster_stats_t stats;
-    ie_metric_t *m_up;
+    ie_metric_t *m_up, *m_step;
+    uint64_t wd_us;      /* systemd watchdog interval (0: none)      */
+    double last_wd;
     /* the step being waited for */
     int waiting;
     int got[IE_PROTO_MAX_RANKS];
@@ -328,6 +331,11 @@ static void handle(ie_cluster_t *c)
 static void tick(ie_cluster_t *c)
 {
     double t = now_ms();
+    /* the coordinator's loop is alive as long as it ticks, steps included */
+    if (c->wd_us && t - c->last_wd >= c->wd_us / 2000.0) {
+        ie_sd_watchdog();
+        c->last_wd = t;
+    }
     if (t - c->last_hb >= c->o.heartbeat_ms) {
         c->last_hb = t;
         ie_msg_t m = {.kind = IE_MSG_HEARTBEAT};
@@ -386,8 +394,14 @@ ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src
     if (o->metrics)
         ie_metrics_gauge(o->metrics, "ie_worker_up", "1 while the worker of this rank is registered and ready",
                          "worker", &c->m_up);
+    if (o->metrics) {
+        static const double sb[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5};
+        ie_metrics_histogram(o->metrics, "ie_step_seconds", "Wall time of one step across the workers", NULL, sb,
+                             10, &c->m_step);
+    }
     for (int r = 0; r < o->n_ranks; r++) set_up(c, r, 0);
     c->last_hb = now_ms();
+    c->wd_us = ie_sd_watchdog_usec();
 
 cleanup:
     if (st != IE_OK) {
@@ -532,6 +546,7 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
     c->waiting = 0;
     c->stats.steps++;
     c->stats.step_ms += now_ms() - t0;
+    if (c->m_step && c->step_st == IE_OK) ie_metric_observe(c->m_step, NULL, (now_ms() - t0) / 1e3);
     if (c->step_st != IE_OK) return ie_error_set(c->step_st, "%s", c->step_err);
     return IE_OK;
 }

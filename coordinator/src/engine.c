@@ -15,6 +15,7 @@
 #include "ie_stop.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <signal.h>
 
 #include <stdio.h>
@@ -31,7 +32,7 @@ struct ie_engine {
     ie_net_t *net;
     int own_net;
     pthread_t *nodes;          /* in-process workers                       */
-    ie_node_opts_t *node_opts;
+    struct node_slot *node_opts;
     int n_nodes;
     volatile sig_atomic_t node_stop;
     char ep[96];
@@ -79,9 +80,24 @@ const char *ie_finish_name(ie_finish_t r)
     return "none";
 }
 
+/* An in-process worker; a node that stops with an error (it could not
+ * even open the model) leaves its status and message for the engine. */
+typedef struct node_slot {
+    ie_node_opts_t o;
+    _Atomic int failed;
+    ie_status_t st;
+    char err[512];
+} node_slot_t;
+
 static void *node_main(void *arg)
 {
-    ie_node_run(arg); /* errors are logged by the node */
+    node_slot_t *ns = arg;
+    ie_status_t st = ie_node_run(&ns->o);
+    if (st != IE_OK) {
+        ns->st = st;
+        snprintf(ns->err, sizeof ns->err, "%s", ie_error_last());
+        atomic_store(&ns->failed, 1);
+    }
     return NULL;
 }
 
@@ -112,7 +128,7 @@ static ie_status_t start_cluster(ie_engine_t *e, const ie_worker_opts_t *wo)
         e->node_opts = calloc((size_t)o->n_workers, sizeof *e->node_opts);
         if (!e->nodes || !e->node_opts) return ie_error_set(IE_ERR_NOMEM, "out of memory");
         for (int r = 0; r < o->n_workers; r++) {
-            ie_node_opts_t *no = &e->node_opts[r];
+            ie_node_opts_t *no = &e->node_opts[r].o;
             ie_node_opts_default(no);
             no->model_path = o->model_path;
             no->coordinator = e->ep;
@@ -126,13 +142,20 @@ static ie_status_t start_cluster(ie_engine_t *e, const ie_worker_opts_t *wo)
             no->net = e->net;
             no->stop = &e->node_stop;
             no->quiet = 1;
-            if (pthread_create(&e->nodes[r], NULL, node_main, no) != 0)
+            if (pthread_create(&e->nodes[r], NULL, node_main, &e->node_opts[r]) != 0)
                 return ie_error_set(IE_ERR_INTERNAL, "engine: cannot start worker thread %d", r);
             e->n_nodes = r + 1;
         }
     }
     if (o->cluster_wait_ms < 0) return IE_OK;
-    return ie_cluster_wait_ready(e->cluster, o->cluster_wait_ms > 0 ? o->cluster_wait_ms : 60000);
+    int left = o->cluster_wait_ms > 0 ? o->cluster_wait_ms : 60000;
+    for (;;) {
+        st = ie_cluster_wait_ready(e->cluster, left < 100 ? left : 100);
+        if (st != IE_ERR_TIMEOUT || (left -= 100) <= 0) return st;
+        for (int r = 0; r < e->n_nodes; r++) /* an in-process worker that died will not come */
+            if (atomic_load(&e->node_opts[r].failed))
+                return ie_error_set(e->node_opts[r].st, "%s", e->node_opts[r].err);
+    }
 }
 
 ie_status_t ie_engine_create(const ie_engine_opts_t *o, ie_engine_t **out)
@@ -206,7 +229,7 @@ void ie_engine_destroy(ie_engine_t **self_p)
     ie_cluster_destroy(&e->cluster); /* says BYE to the workers */
     e->node_stop = 1;
     for (int r = 0; r < e->n_nodes; r++) pthread_join(e->nodes[r], NULL);
-    for (int r = 0; e->node_opts && r < e->n_nodes; r++) free((char *)e->node_opts[r].peer_bind);
+    for (int r = 0; e->node_opts && r < e->n_nodes; r++) free((char *)e->node_opts[r].o.peer_bind);
     free(e->nodes);
     free(e->node_opts);
     if (e->own_net) ie_net_destroy(&e->net);

@@ -97,7 +97,7 @@ static void on_message(server_t *s)
     if (st != IE_OK) {
         char why[600];
         snprintf(why, sizeof why, "%s", ie_error_last());
-        if (s->o->verbose) fprintf(stderr, "ie-coordinator: malformed client request: %s\n", why);
+        fprintf(stderr, "ie-coordinator: malformed client request: %s\n", why);
         reply_error(s, p, NULL, "invalid_request", why);
         pending_free(p);
         return;

@@ -400,11 +400,12 @@ static void handle_assign(node_t *nd, const ie_msg_assign_t *a)
         if (nd->o->numa_node < 0) {
             ie_topo_t t;
             int node = -1;
-            if (ie_topo_read(&t) == IE_OK &&
-                ie_numa_pick(&t, nd->o->numa_policy ? nd->o->numa_policy : getenv("NUMA_POLICY"), a->rank,
-                             a->n_ranks, &node) == IE_OK &&
-                node >= 0 && ie_numa_bind(node) == IE_OK)
-                nd->node_id = node;
+            if ((st = ie_topo_read(&t)) != IE_OK ||
+                (st = ie_numa_pick(&t, nd->o->numa_policy ? nd->o->numa_policy : getenv("NUMA_POLICY"), a->rank,
+                                   a->n_ranks, &node)) != IE_OK ||
+                (node >= 0 && (st = ie_numa_bind(node)) != IE_OK))
+                goto reply; /* a policy that names no node is a configuration error */
+            nd->node_id = node;
         }
         apply_affinity(nd, a->rank);
         ie_worker_opts_t wo;
@@ -676,13 +677,17 @@ ie_status_t ie_node_run(const ie_node_opts_t *o)
         if (!nd->registered && t - nd->last_hello_ms > 1000) send_hello(nd);
     }
     ie_sd_stopping();
+    if (nd->registered && o->stop && *o->stop) { /* stopped here: tell the coordinator, it need not wait */
+        ie_msg_t bye = {.kind = IE_MSG_BYE};
+        send_msg(nd->coord, &nd->hdr, &bye, NULL, 0, 100);
+    }
 
 cleanup:
     if (nd->hb_started) {
         atomic_store(&nd->hb_stop, 1);
         pthread_join(nd->hb, NULL);
     }
-    if (st != IE_OK) fprintf(stderr, "ie-worker: %s\n", ie_error_last());
+    if (st != IE_OK && !o->quiet) fprintf(stderr, "ie-worker: %s\n", ie_error_last());
     close_peers(nd);
     ie_sock_destroy(&nd->coord);
     ie_sock_destroy(&nd->pull);
