@@ -300,7 +300,7 @@ static const field_t k_assign[] = {
 
 static const field_t k_ready[] = {
     FU(ie_msg_ready_t, epoch, REQ),
-    FI(ie_msg_ready_t, rank, REQ, 0, RANK_MAX),
+    FI(ie_msg_ready_t, rank, REQ, -1, RANK_MAX), /* -1: failed before it had one */
     FI(ie_msg_ready_t, status, REQ, 0, INT32_MAX),
     FD(ie_msg_ready_t, load_ms, REQ),
     FU(ie_msg_ready_t, weight_bytes, REQ),
@@ -318,7 +318,7 @@ static const field_t k_step[] = {
 static const field_t k_result[] = {
     FU(ie_msg_result_t, epoch, REQ),
     FU(ie_msg_result_t, step, REQ),
-    FI(ie_msg_result_t, rank, REQ, 0, RANK_MAX),
+    FI(ie_msg_result_t, rank, REQ, -1, RANK_MAX), /* -1: not assigned (an error result) */
     FI(ie_msg_result_t, status, REQ, 0, INT32_MAX),
     FI(ie_msg_result_t, n_rows, REQ, 0, INT32_MAX),
     FL(ie_msg_result_t, vocab_begin, REQ, 0, INT64_MAX),
