@@ -141,6 +141,9 @@ def test_tensor_logits_match_within_isa_noise(plan, smollm2, tmp_path):
             assert top2[1] - top2[0] < 0.25, "arg max moved away from a near tie"
 
 
+@pytest.mark.parametrize("plan", ["pipeline:2", "tensor:2", "pipeline:3",
+                                  pytest.param("tensor:3", marks=pytest.mark.xfail(
+                                      strict=True, reason=TENSOR_NEAR_TIE))])
 def test_inproc_plans_match_embedded_smollm2(plan, smollm2, tmp_path):
     ref = embedded(smollm2, PROMPTS, tmp_path)
     got = engine_texts(smollm2, PROMPTS, plan, tmp_path)
