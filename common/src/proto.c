@@ -707,11 +707,12 @@ static ie_status_t req_int(const msgpack_object *o, const char *key, int64_t lo,
     return IE_OK;
 }
 
-/* lo_open: the value must be above lo rather than at least lo. */
+/* lo_open: the value must be above lo rather than at least lo. The range
+ * is checked on the float the value becomes (1e-60 > 0, but not as a float). */
 static ie_status_t req_num(const msgpack_object *o, const char *key, double lo, int lo_open, double hi, float *v)
 {
-    double d;
-    if (obj_num(o, &d) != 0 || d < lo || (lo_open && d == lo) || d > hi)
+    double d = 0;
+    if (obj_num(o, &d) != 0 || d < lo || d > hi || (lo_open && (float)d <= lo))
         return ie_error_set(IE_ERR_FORMAT, "request: \"%s\" must be a number in %s%g..%g", key, lo_open ? "(" : "",
                             lo, hi);
     *v = (float)d;

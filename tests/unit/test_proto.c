@@ -753,6 +753,8 @@ static void test_req_limits(void)
     expect_req((kvp_t){"top_p", {V_DBL, .d = 1.5}}, IE_ERR_FORMAT);
     expect_req((kvp_t){"min_p", {V_INT, .i = -1}}, IE_ERR_FORMAT);
     expect_req((kvp_t){"repeat_penalty", {V_INT, .i = 0}}, IE_ERR_FORMAT);
+    expect_req((kvp_t){"repeat_penalty", {V_DBL, .d = 1e-60}}, IE_ERR_FORMAT); /* 0 as a float (found by fuzz_proto) */
+    expect_req((kvp_t){"temperature", {V_DBL, .d = 1e300}}, IE_ERR_FORMAT);
     expect_req((kvp_t){"top_k", {V_INT, .i = -1}}, IE_ERR_FORMAT);
     expect_req((kvp_t){"seed", {V_INT, .i = -2}}, IE_ERR_FORMAT);
     expect_req((kvp_t){"seed", {V_UINT, .i = -1}}, IE_ERR_FORMAT); /* 2^64-1 */
