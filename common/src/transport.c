@@ -759,6 +759,8 @@ ie_status_t ie_keys_generate(const char *dir, const char *name, int force)
         if (lstat(pub_path, &sb) == 0 || lstat(key_path, &sb) == 0)
             return ie_error_set(IE_ERR_IO, "keys: %s/%s.{pub,key} exists (use --force to replace it)", dir, name);
     } else {
+        /* --force: remove, then still create with O_EXCL, so the new secret
+         * never inherits an old file's mode or follows a planted link */
         if ((unlink(key_path) != 0 && errno != ENOENT) || (unlink(pub_path) != 0 && errno != ENOENT))
             return ie_error_set(IE_ERR_IO, "keys: cannot replace %s/%s: %s", dir, name, strerror(errno));
     }
