@@ -8,7 +8,7 @@
  *     ie_sock_t *s;   ie_sock_new(net, IE_SOCK_DEALER, &s);
  *     ie_sock_connect(s, "tcp://10.0.0.1:5555");
  *     ie_frame_t f[2] = {{hdr, hdr_len}, {data, data_len}};
- *     ie_sock_send(s, f, 2);
+ *     ie_sock_send(s, f, 2, -1);                         // -1: block
  *     ie_parts_t in = {0};  ie_sock_recv(s, &in, 1000);   // IE_ERR_TIMEOUT...
  *     ie_parts_free(&in); ie_sock_destroy(&s); ie_net_destroy(&net);
  *
