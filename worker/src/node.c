@@ -64,8 +64,6 @@ typedef struct node {
     uint64_t cur_step;
     double transfer_ms;
     peerq_t pq[IE_PROTO_MAX_RANKS];
-    float *mine;          /* reduce: copy of this rank's partial          */
-    size_t mine_cap;
     float *hidden_out, *logits;
     size_t hidden_cap, logits_cap;
     ie_parts_t in;
@@ -240,18 +238,11 @@ static ie_status_t node_reduce(void *ctx, int index, float *buf, size_t n)
             return ie_error_set(IE_ERR_UNAVAILABLE, "tensor reduce: cannot send to rank %d: %s", r,
                                 ie_error_last());
     }
-    if (nd->mine_cap < n) {
-        float *p = realloc(nd->mine, n * sizeof(float));
-        if (!p) return ie_error_set(IE_ERR_NOMEM, "out of memory");
-        nd->mine = p;
-        nd->mine_cap = n;
-    }
-    memcpy(nd->mine, buf, n * sizeof(float));
     /* wait until every peer's queue head is this (step, index) */
     const float *part[IE_PROTO_MAX_RANKS];
     for (int r = 0; r < P; r++) {
         if (r == me) {
-            part[r] = nd->mine;
+            part[r] = buf; /* summed in place: element j reads every part's j before writing it */
             continue;
         }
         peerq_t *q = &nd->pq[r];
@@ -697,7 +688,6 @@ cleanup:
     pq_free(nd);
     ie_parts_free(&nd->in);
     ie_buf_free(&nd->hdr);
-    free(nd->mine);
     free(nd->hidden_out);
     free(nd->logits);
     free(nd);
