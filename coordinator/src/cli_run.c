@@ -8,6 +8,7 @@
  * and feeds its ids; for harmony models the output is split into channels.
  */
 #include "ie_chat.h"
+#include "ie_clock.h"
 #include "ie_cli.h"
 #include "ie_mmap.h"
 #include "ie_engine.h"
@@ -130,13 +131,6 @@ static double rss_peak_mb(void)
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     return ru.ru_maxrss / 1024.0;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -442,14 +436,14 @@ int ie_cli_run(int argc, char **argv)
         int measured = r >= warmup;
         for (size_t i = 0; i < n_prompts; i++) ie_gen_result_clear(&res[i]);
         ie_gen_stats_t s = {0};
-        double t0 = now_s();
+        double t0 = ie_now_s();
         if (chat) {
             const int32_t *one = chat_ids;
             st = ie_engine_generate_ids(eng, &one, &n_chat_ids, 1, &gp, res, &s);
         } else {
             st = ie_engine_generate(eng, (const char *const *)prompts, n_prompts, &gp, res, &s);
         }
-        double t1 = now_s();
+        double t1 = ie_now_s();
         if (st != IE_OK) {
             int code = st == IE_ERR_INVAL || st == IE_ERR_RANGE ? IE_EXIT_USAGE
                        : st == IE_ERR_NOMEM                     ? IE_EXIT_NOMEM

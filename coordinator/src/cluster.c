@@ -2,6 +2,7 @@
  * (ie_cluster.h): membership by rank, epochs, heartbeats, and steps whose
  * logits come back from the ranks holding the output head. */
 #include "ie_cluster.h"
+#include "ie_clock.h"
 
 #include "ie_proto.h"
 #include "ie_sdnotify.h"
@@ -54,13 +55,6 @@ struct ie_cluster {
     float *logits_out;
     int rows;
 };
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static void clog_(const ie_cluster_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void clog_(const ie_cluster_t *c, const char *fmt, ...)
@@ -187,7 +181,7 @@ static void on_hello(ie_cluster_t *c, const void *id, size_t idn, const ie_msg_h
     int known = find_ident(c, id, idn);
     if (known >= 0) { /* it lost us (or the assignment): say it again */
         c->m[known].hello = *h;
-        c->m[known].last_seen = now_ms();
+        c->m[known].last_seen = ie_now_ms();
         int full = 1; /* all ranks filled: re-send its assignment */
         for (int r = 0; r < c->o.n_ranks; r++) full &= c->m[r].state != M_EMPTY;
         if (full) send_assign(c, known);
@@ -226,7 +220,7 @@ static void on_hello(ie_cluster_t *c, const void *id, size_t idn, const ie_msg_h
     mb->ident_len = idn;
     mb->hello = *h;
     mb->state = M_LOADING;
-    mb->last_seen = now_ms();
+    mb->last_seen = ie_now_ms();
     if (c->o.verbose)
         clog_(c, "worker pid %d on %s (node %d, %d threads, peers at %s) takes rank %d; %s", h->pid, h->host,
               h->numa_node, h->n_threads, h->peer_endpoint, r, h->topology);
@@ -302,7 +296,7 @@ static void handle(ie_cluster_t *c)
         return;
     }
     int r = find_ident(c, id, idn);
-    if (r >= 0) c->m[r].last_seen = now_ms();
+    if (r >= 0) c->m[r].last_seen = ie_now_ms();
     switch (m.kind) {
     case IE_MSG_HELLO: on_hello(c, id, idn, &m.u.hello); break;
     case IE_MSG_READY: on_ready(c, r, &m.u.ready); break;
@@ -311,7 +305,7 @@ static void handle(ie_cluster_t *c)
         int k = m.u.heartbeat.rank;
         if (k >= 0 && k < c->o.n_ranks && c->m[k].state != M_EMPTY &&
             (m.u.heartbeat.epoch == c->m[k].assigned_epoch || m.u.heartbeat.epoch == c->epoch))
-            c->m[k].last_seen = now_ms();
+            c->m[k].last_seen = ie_now_ms();
         break;
     }
     case IE_MSG_BYE:
@@ -330,7 +324,7 @@ static void handle(ie_cluster_t *c)
 /* Heartbeats out, silent members lost. */
 static void tick(ie_cluster_t *c)
 {
-    double t = now_ms();
+    double t = ie_now_ms();
     /* the coordinator's loop is alive as long as it ticks, steps included */
     if (c->wd_us && t - c->last_wd >= c->wd_us / 2000.0) {
         ie_sd_watchdog();
@@ -356,7 +350,7 @@ static void tick(ie_cluster_t *c)
 static void pump(ie_cluster_t *c, int timeout_ms)
 {
     int ready = 0;
-    int hb_left = (int)(c->o.heartbeat_ms - (now_ms() - c->last_hb));
+    int hb_left = (int)(c->o.heartbeat_ms - (ie_now_ms() - c->last_hb));
     if (hb_left < timeout_ms) timeout_ms = hb_left > 0 ? hb_left : 0;
     if (ie_sock_poll(&c->router, 1, &ready, timeout_ms) > 0 && ready) {
         /* drain what is there without blocking */
@@ -400,7 +394,7 @@ ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src
                              10, &c->m_step);
     }
     for (int r = 0; r < o->n_ranks; r++) set_up(c, r, 0);
-    c->last_hb = now_ms();
+    c->last_hb = ie_now_ms();
     c->wd_us = ie_sd_watchdog_usec();
 
 cleanup:
@@ -433,12 +427,12 @@ const char *ie_cluster_endpoint(const ie_cluster_t *c) { return c->endpoint; }
 
 int ie_cluster_service(ie_cluster_t *c, int timeout_ms)
 {
-    double end = now_ms() + timeout_ms;
+    double end = ie_now_ms() + timeout_ms;
     do {
-        int left = (int)(end - now_ms());
+        int left = (int)(end - ie_now_ms());
         pump(c, left > 0 ? left : 0);
         if (ie_cluster_ready(c)) return 1;
-    } while (now_ms() < end);
+    } while (ie_now_ms() < end);
     return ie_cluster_ready(c);
 }
 
@@ -461,8 +455,8 @@ void ie_cluster_describe(const ie_cluster_t *c, char *out, size_t cap)
 
 ie_status_t ie_cluster_wait_ready(ie_cluster_t *c, int timeout_ms)
 {
-    double end = now_ms() + timeout_ms;
-    while (!ie_cluster_service(c, 50) && now_ms() < end) {
+    double end = ie_now_ms() + timeout_ms;
+    while (!ie_cluster_service(c, 50) && ie_now_ms() < end) {
         /* a shard that failed to load will not load by waiting: say why */
         for (int r = 0; r < c->o.n_ranks; r++)
             if (c->m[r].state == M_FAILED && c->m[r].assigned_epoch == c->epoch)
@@ -485,7 +479,7 @@ void ie_cluster_seq_clear(ie_cluster_t *c, int seq)
 
 ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_out)
 {
-    double t0 = now_ms();
+    double t0 = ie_now_ms();
     if (b->n < 1 || b->n > c->o.max_batch)
         return ie_error_set(IE_ERR_INVAL, "cluster: batch of %d tokens (max %d)", b->n, c->o.max_batch);
     if (!ie_cluster_ready(c)) {
@@ -545,8 +539,8 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
     }
     c->waiting = 0;
     c->stats.steps++;
-    c->stats.step_ms += now_ms() - t0;
-    if (c->m_step && c->step_st == IE_OK) ie_metric_observe(c->m_step, NULL, (now_ms() - t0) / 1e3);
+    c->stats.step_ms += ie_now_ms() - t0;
+    if (c->m_step && c->step_st == IE_OK) ie_metric_observe(c->m_step, NULL, (ie_now_ms() - t0) / 1e3);
     if (c->step_st != IE_OK) return ie_error_set(c->step_st, "%s", c->step_err);
     return IE_OK;
 }

@@ -17,6 +17,7 @@
  * until the gate has passed.
  */
 #include "ie_cli.h"
+#include "ie_clock.h"
 #include "ie_mmap.h"
 #include "ie_convert.h"
 #include "ie_iebin.h"
@@ -43,13 +44,6 @@
 #include <unistd.h>
 
 /* ------------------------------------------------------------- helpers */
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static const char *kind_name(ie_src_kind_t k)
 {
@@ -336,7 +330,7 @@ static void progress_show(progress_t *p, const char *name)
     char bar[64];
     for (int i = 0; i < W; i++) bar[i] = i < fill ? '#' : '.';
     bar[W] = '\0';
-    fprintf(stderr, "\r[%s] %5.1f%% %6.1fs  %-40.40s", bar, 100.0 * frac, now_s() - p->t0, name ? name : "");
+    fprintf(stderr, "\r[%s] %5.1f%% %6.1fs  %-40.40s", bar, 100.0 * frac, ie_now_s() - p->t0, name ? name : "");
     if (!name) fputc('\n', stderr);
     fflush(stderr);
 }
@@ -613,8 +607,8 @@ int ie_convert_main(int argc, char **argv)
     }
 
     /* ---- convert (and, without calibration, write as we go) */
-    progress_t prog = {show_progress, total_bytes, 0, now_s()};
-    double t_start = now_s();
+    progress_t prog = {show_progress, total_bytes, 0, ie_now_s()};
+    double t_start = ie_now_s();
     uint64_t bytes_out = 0;
     int n_converted = 0;
     for (int64_t i = 0; i < n_t; i++) {
@@ -706,7 +700,7 @@ int ie_convert_main(int argc, char **argv)
         rc = fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "%s", ie_error_last());
         goto cleanup;
     }
-    double secs = now_s() - t_start;
+    double secs = ie_now_s() - t_start;
     if (!quiet)
         fprintf(stderr, "wrote %s: %lld tensors (%d converted), %.1f MiB from %.1f MiB in %.1fs\n", out_dir,
                 (long long)n_t, n_converted, (double)bytes_out / 1048576.0, (double)total_bytes / 1048576.0, secs);

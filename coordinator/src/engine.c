@@ -8,6 +8,7 @@
  * prompt never stalls running streams. A finished request frees its slot.
  */
 #include "ie_engine.h"
+#include "ie_clock.h"
 
 #include "ie_array.h"
 #include "ie_model_src.h"
@@ -41,13 +42,6 @@ struct ie_engine {
     int32_t *b_tok, *b_pos, *b_seq;
     uint8_t *b_logits;
 };
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 void ie_engine_opts_default(ie_engine_opts_t *o)
 {
@@ -384,7 +378,7 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
     req_t *reqs = NULL;
     int *slot_req = NULL; /* request index holding each slot, or -1 */
     int oom = 0;
-    double t0 = now_ms();
+    double t0 = ie_now_ms();
 
     if (n == 0) return IE_OK;
     memset(results, 0, n * sizeof *results);
@@ -487,9 +481,9 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
             }
         }
         ie_batch_t batch = {nb, e->b_tok, e->b_pos, e->b_seq, e->b_logits};
-        double ts = now_ms();
+        double ts = ie_now_ms();
         if ((st = ie_engine_step(e, &batch, e->logits)) != IE_OK) goto cleanup;
-        double te = now_ms();
+        double te = ie_now_ms();
         if (stats) {
             if (has_prefill) {
                 stats->prefill_ms += te - ts;
@@ -509,7 +503,7 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
             int32_t id;
             if ((st = ie_sampler_sample(q->smp, lg, &id)) != IE_OK) goto cleanup;
             ie_sampler_accept(q->smp, id);
-            double t = now_ms();
+            double t = ie_now_ms();
             if (q->state == REQ_PREFILL) {
                 if (stats) stats->prefill_tokens += q->n_prompt;
                 r->ttft_ms = t - t0;

@@ -1,5 +1,6 @@
 /* serve_zmq.c — client requests over ZeroMQ (ie_serve.h). */
 #include "ie_serve.h"
+#include "ie_clock.h"
 
 #include "ie_chat.h"
 #include "ie_proto.h"
@@ -32,13 +33,6 @@ typedef struct server {
     pending_t **run;
     int32_t sent[64];   /* token events sent per request of the set      */
 } server_t;
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 static void reply(server_t *s, const pending_t *p, const ie_buf_t *body)
 {
@@ -128,7 +122,7 @@ static void on_message(server_t *s)
         pending_free(p);
         return;
     }
-    p->t_arrive = now_ms();
+    p->t_arrive = ie_now_ms();
     p->order = s->order++;
     /* keep the queue sorted: priority desc, then arrival */
     int at = s->n_q;
@@ -204,7 +198,7 @@ static void run_set(server_t *s)
     const int32_t *ok_ids[64];
     size_t ok_n[64];
     int m = 0;
-    double t0 = now_ms();
+    double t0 = ie_now_ms();
     for (int i = 0; i < n; i++) {
         if (s->m_queue) ie_metric_observe(s->m_queue, NULL, (t0 - set[i]->t_arrive) / 1e3);
         if (encode(s, &set[i]->req, &ids[i], &n_ids[i]) != IE_OK || n_ids[i] == 0) {
@@ -239,7 +233,7 @@ static void run_set(server_t *s)
         ie_gen_stats_t stats = {0};
         ie_status_t st = ie_engine_generate_ids(e, ok_ids, ok_n, (size_t)m, &gp, res, &stats);
         if (s->m_kv) ie_metric_set(s->m_kv, NULL, 0.0);
-        double t1 = now_ms();
+        double t1 = ie_now_ms();
         for (int i = 0; i < m; i++) {
             if (st != IE_OK) {
                 char why[600];
@@ -304,7 +298,7 @@ ie_status_t ie_serve_zmq(const ie_serve_opts_t *o)
         }
         for (int k = 0; ready && k < 256 && ie_sock_recv(o->sock, &s.in, 0) == IE_OK; k++) on_message(&s);
         if (s.n_q) run_set(&s);
-        double t = now_ms();
+        double t = ie_now_ms();
         if (wd && t - last_wd >= wd / 2000.0) {
             ie_sd_watchdog();
             last_wd = t;

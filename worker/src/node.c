@@ -4,6 +4,7 @@
  * format ie_proto.h. */
 #define _GNU_SOURCE
 #include "ie_node.h"
+#include "ie_clock.h"
 
 #include "ie_model_src.h"
 #include "ie_numa.h"
@@ -75,13 +76,6 @@ typedef struct node {
     char rank_label[16];
 } node_t;
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 static void logf_(const node_t *nd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void logf_(const node_t *nd, const char *fmt, ...)
 {
@@ -131,7 +125,7 @@ static void send_hello(node_t *nd)
     snprintf(h->topology, sizeof h->topology, "%s", nd->topo);
     if (send_msg(nd->coord, &nd->hdr, &m, NULL, 0, 100) != IE_OK && nd->o->verbose)
         logf_(nd, "hello not sent: %s", ie_error_last());
-    nd->last_hello_ms = now_ms();
+    nd->last_hello_ms = ie_now_ms();
 }
 
 static void send_result_error(node_t *nd, uint64_t epoch, uint64_t step, ie_status_t st, const char *why)
@@ -168,7 +162,7 @@ static void *hb_main(void *arg)
             m.u.heartbeat.busy = atomic_load(&nd->busy);
             send_msg(s, &hdr, &m, NULL, 0, 0);
         }
-        double t = now_ms();
+        double t = ie_now_ms();
         /* the watchdog vouches for the main loop, not for this thread: ping
          * while the loop turns or a step is computing */
         if (wd_us && t - last_wd >= wd_us / 2000.0 &&
@@ -223,7 +217,7 @@ static ie_status_t node_reduce(void *ctx, int index, float *buf, size_t n)
 {
     node_t *nd = ctx;
     const int me = nd->as.rank, P = nd->as.n_ranks;
-    double t0 = now_ms();
+    double t0 = ie_now_ms();
     ie_status_t st = IE_OK;
     ie_msg_t m = {.kind = IE_MSG_PARTIAL};
     m.u.partial.epoch = nd->as.epoch;
@@ -257,7 +251,7 @@ static ie_status_t node_reduce(void *ctx, int index, float *buf, size_t n)
                 }
             }
             if (q->n > 0) break;
-            int left = (int)(nd->as.dead_ms - (now_ms() - t0));
+            int left = (int)(nd->as.dead_ms - (ie_now_ms() - t0));
             if (left <= 0)
                 return ie_error_set(IE_ERR_UNAVAILABLE, "tensor reduce: no partial sum from rank %d within %d ms",
                                     r, nd->as.dead_ms);
@@ -295,7 +289,7 @@ static ie_status_t node_reduce(void *ctx, int index, float *buf, size_t n)
         q->head = (q->head + 1) % QCAP;
         q->n--;
     }
-    nd->transfer_ms += now_ms() - t0;
+    nd->transfer_ms += ie_now_ms() - t0;
     return IE_OK;
 }
 
@@ -373,7 +367,7 @@ static ie_status_t connect_peers(node_t *nd)
 static void handle_assign(node_t *nd, const ie_msg_assign_t *a)
 {
     ie_status_t st = IE_OK;
-    double t0 = now_ms();
+    double t0 = ie_now_ms();
     char why[IE_PROTO_TEXT_MAX] = "";
     int reload = !nd->assigned || !nd->w || !same_shard(&nd->as, a);
 
@@ -426,7 +420,7 @@ reply:
     m.u.ready.epoch = a->epoch;
     m.u.ready.rank = a->rank;
     m.u.ready.status = st;
-    m.u.ready.load_ms = now_ms() - t0;
+    m.u.ready.load_ms = ie_now_ms() - t0;
     m.u.ready.weight_bytes = nd->w ? ie_worker_weight_bytes(nd->w) : 0;
     snprintf(m.u.ready.error, sizeof m.u.ready.error, "%s", why);
     send_msg(nd->coord, &nd->hdr, &m, NULL, 0, 1000);
@@ -499,10 +493,10 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
     nd->cur_step = h->step;
     nd->transfer_ms = 0;
     atomic_store(&nd->busy, 1);
-    double t0 = now_ms();
+    double t0 = ie_now_ms();
     ie_status_t st = ie_worker_step_shard(nd->w, &b, h->has_hidden ? in->data[5] : NULL,
                                           last ? NULL : nd->hidden_out, r->has_head && rows ? nd->logits : NULL);
-    double t1 = now_ms();
+    double t1 = ie_now_ms();
     atomic_store(&nd->busy, 0);
     if (nd->m_compute) {
         ie_metric_add(nd->m_compute, nd->rank_label, (t1 - t0 - nd->transfer_ms) / 1e3);
@@ -520,10 +514,10 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
         m.u.step.n_clear = h->n_clear;
         ie_frame_t f[5] = {{in->data[1], in->size[1]}, {in->data[2], in->size[2]}, {in->data[3], in->size[3]},
                            {in->data[4], in->size[4]}, {nd->hidden_out, (size_t)n * d * sizeof(float)}};
-        double ts = now_ms();
+        double ts = ie_now_ms();
         if ((st = send_msg(nd->push[nd->as.rank + 1], &nd->hdr, &m, f, 5, nd->as.dead_ms)) != IE_OK)
             send_result_error(nd, h->epoch, h->step, IE_ERR_UNAVAILABLE, "next pipeline stage unreachable");
-        if (nd->m_transfer) ie_metric_add(nd->m_transfer, nd->rank_label, (now_ms() - ts) / 1e3);
+        if (nd->m_transfer) ie_metric_add(nd->m_transfer, nd->rank_label, (ie_now_ms() - ts) / 1e3);
         return;
     }
     if (!r->has_head) return;
@@ -552,12 +546,12 @@ static ie_status_t handle_coord(node_t *nd)
         logf_(nd, "coordinator sent a malformed message: %s", ie_error_last());
         return IE_OK;
     }
-    nd->last_coord_ms = now_ms();
+    nd->last_coord_ms = ie_now_ms();
     nd->registered = 1;
     switch (m.kind) {
     case IE_MSG_ASSIGN:
         handle_assign(nd, &m.u.assign);
-        nd->last_coord_ms = now_ms(); /* loading time is not the coordinator's silence */
+        nd->last_coord_ms = ie_now_ms(); /* loading time is not the coordinator's silence */
         break;
     case IE_MSG_STEP: handle_step(nd, &m.u.step); break;
     case IE_MSG_HEARTBEAT:
@@ -597,7 +591,7 @@ ie_status_t ie_node_run(const ie_node_opts_t *o)
     nd->node_id = o->numa_node;
     atomic_init(&nd->rank, -1);
     atomic_init(&nd->hb_ms, 250);
-    atomic_store(&nd->tick_ms, now_ms());
+    atomic_store(&nd->tick_ms, ie_now_ms());
     if (!o->model_path || !o->coordinator || o->n_threads < 1) {
         st = ie_error_set(IE_ERR_INVAL, "worker: model path, coordinator endpoint and threads >= 1 are required");
         goto cleanup;
@@ -644,7 +638,7 @@ ie_status_t ie_node_run(const ie_node_opts_t *o)
     send_hello(nd);
 
     while (!(o->stop && *o->stop)) {
-        atomic_store(&nd->tick_ms, now_ms());
+        atomic_store(&nd->tick_ms, ie_now_ms());
         snprintf(nd->rank_label, sizeof nd->rank_label, "%d", atomic_load(&nd->rank));
         ie_sock_t *socks[2] = {nd->coord, nd->pull};
         int ready[2] = {0, 0};
@@ -659,7 +653,7 @@ ie_status_t ie_node_run(const ie_node_opts_t *o)
                 break;
             }
         if (ready[1] && ie_sock_recv(nd->pull, &nd->in, 0) == IE_OK && nd->in.n >= 1) handle_peer(nd);
-        double t = now_ms();
+        double t = ie_now_ms();
         int dead = nd->assigned ? nd->as.dead_ms : 2000;
         if (nd->registered && t - nd->last_coord_ms > dead) {
             logf_(nd, "coordinator silent for %.1f s; registering again", (t - nd->last_coord_ms) / 1e3);
