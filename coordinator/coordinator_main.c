@@ -25,7 +25,6 @@
 #include <string.h>
 
 static volatile sig_atomic_t g_stop;
-static void on_signal(int sig) { (void)sig; g_stop = 1; }
 
 static void usage(FILE *f)
 {
@@ -59,7 +58,6 @@ int main(int argc, char **argv)
     ie_shard_kind_t plan = IE_SHARD_TENSOR;
     ie_precision_t prec = IE_PREC_NATIVE;
     int verbose = 0;
-    char pub[41], sec[41];
     ie_net_t *net = NULL;
     ie_sock_t *client = NULL;
     ie_metrics_t *metrics = NULL;
@@ -129,22 +127,10 @@ int main(int argc, char **argv)
         rc = IE_EXIT_USAGE;
         goto cleanup;
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    ie_cli_stop_on_signals(&g_stop);
 
     if ((st = ie_net_new(&net)) != IE_OK) goto fail;
-    if (keys_dir) {
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s.pub", keys_dir, key_name);
-        if ((st = ie_keys_load(path, pub)) != IE_OK) goto fail;
-        snprintf(path, sizeof path, "%s/%s.key", keys_dir, key_name);
-        if ((st = ie_keys_load(path, sec)) != IE_OK) goto fail;
-        if ((st = ie_net_curve(net, pub, sec, authorized)) != IE_OK) goto fail;
-    }
+    if (keys_dir && (st = ie_net_curve_from_dir(net, keys_dir, key_name, authorized)) != IE_OK) goto fail;
     if ((st = ie_metrics_new(&metrics)) != IE_OK) goto fail;
     if (metrics_port > 0 && (st = ie_metrics_serve(metrics, metrics_addr, (int)metrics_port, &msrv)) != IE_OK)
         goto fail;

@@ -21,7 +21,6 @@
 #include <unistd.h>
 
 static volatile sig_atomic_t g_stop;
-static void on_signal(int sig) { (void)sig; g_stop = 1; }
 
 static void usage(FILE *f)
 {
@@ -57,7 +56,7 @@ int main(int argc, char **argv)
     const char *keys_dir = NULL, *key_name = NULL, *coord_key_file = NULL, *authorized = NULL;
     const char *metrics_addr = "127.0.0.1", *advertise = NULL;
     long metrics_port = 0, lv;
-    char coord_key[41] = "", pub[41] = "", sec[41] = "";
+    char coord_key[41] = "";
     ie_net_t *net = NULL;
     ie_metrics_t *metrics = NULL;
     ie_metrics_server_t *msrv = NULL;
@@ -126,13 +125,8 @@ int main(int argc, char **argv)
     o.advertise = advertise; /* a tcp peer endpoint bound to all interfaces is advertised by name */
     if ((st = ie_net_new(&net)) != IE_OK) goto fail;
     if (keys_dir) {
-        char path[1024];
-        snprintf(path, sizeof path, "%s/%s.pub", keys_dir, key_name);
-        if ((st = ie_keys_load(path, pub)) != IE_OK) goto fail;
-        snprintf(path, sizeof path, "%s/%s.key", keys_dir, key_name);
-        if ((st = ie_keys_load(path, sec)) != IE_OK) goto fail;
+        if ((st = ie_net_curve_from_dir(net, keys_dir, key_name, authorized)) != IE_OK) goto fail;
         if ((st = ie_keys_load(coord_key_file, coord_key)) != IE_OK) goto fail;
-        if ((st = ie_net_curve(net, pub, sec, authorized)) != IE_OK) goto fail;
         o.coordinator_key = coord_key;
     }
     o.net = net;
@@ -141,12 +135,7 @@ int main(int argc, char **argv)
         if ((st = ie_metrics_serve(metrics, metrics_addr, (int)metrics_port, &msrv)) != IE_OK) goto fail;
         o.metrics = metrics;
     }
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
-    signal(SIGPIPE, SIG_IGN);
+    ie_cli_stop_on_signals(&g_stop);
     o.stop = &g_stop;
     st = ie_node_run(&o);
     if (st != IE_OK) rc = st == IE_ERR_IO || st == IE_ERR_FORMAT || st == IE_ERR_UNSUPPORTED ? IE_EXIT_MODEL

@@ -69,6 +69,11 @@ ie_status_t ie_net_new(ie_net_t **out);
 ie_status_t ie_net_curve(ie_net_t *net, const char *public_z85, const char *secret_z85,
                          const char *authorized_dir);
 
+/* ie_net_curve with this process's key pair read from DIR/NAME.pub and
+ * DIR/NAME.key (ie_keys_load: the secret must not be group/other
+ * readable). */
+ie_status_t ie_net_curve_from_dir(ie_net_t *net, const char *dir, const char *name, const char *authorized_dir);
+
 /* Add one authorized client key (Z85) at run time. */
 ie_status_t ie_net_authorize(ie_net_t *net, const char *public_z85);
 

@@ -834,3 +834,17 @@ cleanup:
     close(fd);
     return st;
 }
+
+ie_status_t ie_net_curve_from_dir(ie_net_t *net, const char *dir, const char *name, const char *authorized_dir)
+{
+    char path[4096], pub[41], sec[41];
+    ie_status_t st;
+    if (!dir || !name) return ie_error_set(IE_ERR_INVAL, "transport: CURVE needs a key directory and a key name");
+    snprintf(path, sizeof path, "%s/%s.pub", dir, name);
+    if ((st = ie_keys_load(path, pub)) != IE_OK) return st;
+    snprintf(path, sizeof path, "%s/%s.key", dir, name);
+    if ((st = ie_keys_load(path, sec)) != IE_OK) return st;
+    st = ie_net_curve(net, pub, sec, authorized_dir);
+    explicit_bzero(sec, sizeof sec); /* the secret leaves only through ie_net_curve */
+    return st;
+}

@@ -10,6 +10,8 @@
 
 #include "ie_status.h"
 
+#include <signal.h>
+
 /* Exit codes shared by every mode. */
 enum {
     IE_EXIT_OK = 0,
@@ -39,6 +41,10 @@ int ie_cli_plan(const char *spec, struct ie_engine_opts *eo);
  * with ie_cli_config_free) or -1 with a reason in err. */
 int ie_cli_config_expand(int argc, char **argv, int *argc_out, char ***argv_out, char *err, size_t errcap);
 void ie_cli_config_free(int argc, char **argv);
+
+/* Service binaries: SIGINT/SIGTERM set *flag (the main loop then stops
+ * cleanly); SIGPIPE is ignored. */
+void ie_cli_stop_on_signals(volatile sig_atomic_t *flag);
 
 /* Largest text input the modes read whole (prompts, chat JSON, corpora). */
 #define IE_CLI_MAX_TEXT ((size_t)1 << 30)

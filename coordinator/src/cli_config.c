@@ -113,3 +113,21 @@ void ie_cli_config_free(int argc, char **argv)
     for (int i = 0; i < argc; i++) free(argv[i]);
     free(argv);
 }
+
+static volatile sig_atomic_t *g_stop_flag;
+static void on_stop_signal(int sig)
+{
+    (void)sig;
+    if (g_stop_flag) *g_stop_flag = 1;
+}
+
+void ie_cli_stop_on_signals(volatile sig_atomic_t *flag)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    g_stop_flag = flag;
+    sa.sa_handler = on_stop_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}

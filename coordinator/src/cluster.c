@@ -40,6 +40,7 @@ struct ie_cluster {
     int n_clear;
     ie_parts_t in;
     ie_buf_t hdr;
+    ie_msg_t assign_msg;
     double last_hb;
     uint8_t *flags;      /* logits flags when the batch has none      */
     int flags_cap;
@@ -105,10 +106,10 @@ static void send_error(ie_cluster_t *c, const char *ident, size_t ident_len, ie_
 
 static void send_assign(ie_cluster_t *c, int r)
 {
-    static ie_msg_t m; /* large (peer table); the cluster is single-threaded */
-    memset(&m, 0, sizeof m);
-    m.kind = IE_MSG_ASSIGN;
-    ie_msg_assign_t *a = &m.u.assign;
+    ie_msg_t *m = &c->assign_msg; /* large (the peer table): kept, not on the stack */
+    memset(m, 0, sizeof *m);
+    m->kind = IE_MSG_ASSIGN;
+    ie_msg_assign_t *a = &m->u.assign;
     a->epoch = c->epoch;
     a->plan = c->o.plan;
     a->rank = r;
@@ -126,7 +127,7 @@ static void send_assign(ie_cluster_t *c, int r)
     member_t *mb = &c->m[r];
     mb->assigned_epoch = c->epoch;
     mb->state = M_LOADING;
-    if (send_to(c, mb->ident, mb->ident_len, &m, NULL, 0) != IE_OK)
+    if (send_to(c, mb->ident, mb->ident_len, m, NULL, 0) != IE_OK)
         clog_(c, "cannot send the assignment to rank %d: %s", r, ie_error_last());
 }
 
@@ -243,7 +244,7 @@ static void on_ready(ie_cluster_t *c, int r, const ie_msg_ready_t *rd)
     if (c->o.verbose) clog_(c, "rank %d ready (%.1f MB of weights, %.0f ms)", r, rd->weight_bytes / 1e6, rd->load_ms);
 }
 
-static void on_result(ie_cluster_t *c, int r, const ie_msg_result_t *res)
+static void on_result(ie_cluster_t *c, const ie_msg_result_t *res)
 {
     if (!c->waiting || res->epoch != c->epoch || res->step != c->step) return; /* stale */
     if (res->rank < 0 || res->rank >= c->o.n_ranks) return;
@@ -275,7 +276,6 @@ static void on_result(ie_cluster_t *c, int r, const ie_msg_result_t *res)
     c->got[res->rank] = 1;
     c->stats.compute_ms += res->compute_ms;
     c->stats.transfer_ms += res->transfer_ms;
-    (void)r;
 }
 
 /* Read and act on one message already received into c->in. */
@@ -300,7 +300,7 @@ static void handle(ie_cluster_t *c)
     switch (m.kind) {
     case IE_MSG_HELLO: on_hello(c, id, idn, &m.u.hello); break;
     case IE_MSG_READY: on_ready(c, r, &m.u.ready); break;
-    case IE_MSG_RESULT: on_result(c, r, &m.u.result); break;
+    case IE_MSG_RESULT: on_result(c, &m.u.result); break;
     case IE_MSG_HEARTBEAT: {
         int k = m.u.heartbeat.rank;
         if (k >= 0 && k < c->o.n_ranks && c->m[k].state != M_EMPTY &&

@@ -4,7 +4,6 @@
 
 #include "ie_chat.h"
 #include "ie_proto.h"
-#include "ie_sdnotify.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -285,12 +284,10 @@ ie_status_t ie_serve_zmq(const ie_serve_opts_t *o)
         ie_metrics_gauge(o->metrics, "ie_kv_used_ratio", "Share of KV sequence slots in use", NULL, &s.m_kv);
         ie_metric_set(s.m_kv, NULL, 0);
     }
-    uint64_t wd = ie_sd_watchdog_usec();
-    double last_wd = 0;
     ie_status_t st = IE_OK;
     while (!(o->stop && *o->stop)) {
         ie_cluster_t *c = ie_engine_cluster(o->engine);
-        if (c) ie_cluster_service(c, 0);
+        if (c) ie_cluster_service(c, 0); /* heartbeats, registrations, systemd watchdog */
         int ready = 0;
         if (ie_sock_poll(&o->sock, 1, &ready, s.n_q ? 0 : 50) < 0) {
             st = ie_error_set(IE_ERR_IO, "client socket: poll failed");
@@ -298,11 +295,6 @@ ie_status_t ie_serve_zmq(const ie_serve_opts_t *o)
         }
         for (int k = 0; ready && k < 256 && ie_sock_recv(o->sock, &s.in, 0) == IE_OK; k++) on_message(&s);
         if (s.n_q) run_set(&s);
-        double t = ie_now_ms();
-        if (wd && t - last_wd >= wd / 2000.0) {
-            ie_sd_watchdog();
-            last_wd = t;
-        }
     }
     for (int i = 0; i < s.n_q; i++) {
         reply_error(&s, s.q[i], s.q[i]->req.id, "unavailable", "the coordinator is shutting down");

@@ -376,6 +376,7 @@ static void handle_assign(node_t *nd, const ie_msg_assign_t *a)
         goto reply;
     }
     atomic_store(&nd->rank, a->rank);
+    snprintf(nd->rank_label, sizeof nd->rank_label, "%d", a->rank);
     /* heartbeats carry the new epoch while the shard loads, so a load
      * longer than dead_ms does not look like a dead worker */
     atomic_store(&nd->epoch, a->epoch);
@@ -639,7 +640,6 @@ ie_status_t ie_node_run(const ie_node_opts_t *o)
 
     while (!(o->stop && *o->stop)) {
         atomic_store(&nd->tick_ms, ie_now_ms());
-        snprintf(nd->rank_label, sizeof nd->rank_label, "%d", atomic_load(&nd->rank));
         ie_sock_t *socks[2] = {nd->coord, nd->pull};
         int ready[2] = {0, 0};
         int k = ie_sock_poll(socks, 2, ready, 100);
