@@ -490,3 +490,64 @@ def test_netns_tensor_cluster_with_curve(smollm2, clusters, curve_keys, netns_pa
     for _, addr, _ in netns_pair:
         assert f"peers at tcp://{addr}:" in log, log[-3000:]
     assert c.generate(PROMPTS[1], max_new=MAX_NEW, curve=me, wait_s=10)["text"] == ref[1]
+
+
+# ------------------------------------------------------------ bad input: plan specs and config files
+
+@pytest.mark.parametrize("spec", ["tensor", "foo:2", "tensor:0", "tensor:65", "pipeline:x", "none:2", ":2"])
+def test_bad_plan_spec_refused(spec, smollm2):
+    r = subprocess.run([str(binary("inference-engine")), "--model", str(smollm2), "--prompt", "hi",
+                        "--max-new", "1", "--plan", spec], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [f"error: bad plan '{spec}' (none, pipeline:N or tensor:N)"]
+
+
+def test_bad_plan_in_environment_refused(smollm2):
+    r = subprocess.run([str(binary("inference-engine")), "--model", str(smollm2), "--prompt", "hi",
+                        "--max-new", "1"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, IE_PLAN="tensor:two"))
+    assert r.returncode == 2 and "bad plan 'tensor:two'" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("body, words", [
+    ("bogus_key = 1\n", "unknown or incomplete option '--bogus-key'"),
+    ("plan = diagonal\n", "bad value 'diagonal'"),
+    ("Bad Key = 1\n", "bad key 'Bad Key'"),
+    ("= 3\n", "bad key ''"),
+    ("workers = " + "9" * 5000 + "\n", "line too long"),
+])
+def test_bad_config_file_refused(body, words, smollm2, tmp_path):
+    conf = tmp_path / "c.conf"
+    conf.write_text(body)
+    for name in ("ie-coordinator", "ie-worker"):
+        r = subprocess.run([str(binary(name)), "--config", str(conf), "--model", str(smollm2),
+                            "--coordinator", "tcp://127.0.0.1:1"], capture_output=True, text=True, timeout=30)
+        want = "unknown or incomplete option '--plan'" if name == "ie-worker" and "plan" in body else words
+        assert r.returncode == 2, (name, r.stderr)
+        assert want in r.stderr, (name, r.stderr)  # --plan is not a worker flag
+
+
+def test_config_file_missing_refused(tmp_path):
+    for name in ("ie-coordinator", "ie-worker"):
+        r = subprocess.run([str(binary(name)), "--config", str(tmp_path / "nope.conf")],
+                           capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2 and "cannot read config file" in r.stderr, (name, r.stderr)
+
+
+def test_config_file_values_and_command_line_precedence(smollm2, tmp_path):
+    """Comments, blanks, quoted values and '_' keys are read; a flag given on
+    the command line wins over the file."""
+    conf = tmp_path / "c.conf"
+    conf.write_text("# coordinator\n\nplan = pipeline   # trailing comment\nworkers = 3\n"
+                    f"model = \"{smollm2}\"\nclient_bind = tcp://127.0.0.1:0\n")
+    p = subprocess.Popen([str(binary("ie-coordinator")), "--config", str(conf), "--workers", "2",
+                          "--bind", "tcp://127.0.0.1:0"], stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        deadline = time.time() + 30
+        while time.time() < deadline and "plan," not in line:
+            line = p.stderr.readline()
+        assert "pipeline plan, 2 workers" in line, line
+    finally:
+        p.kill()
+        p.wait()
