@@ -81,6 +81,7 @@ typedef struct node_slot {
     _Atomic int failed;
     ie_status_t st;
     char err[512];
+    char peer[96];     /* its peer endpoint (inproc://...)                */
 } node_slot_t;
 
 static void *node_main(void *arg)
@@ -126,10 +127,8 @@ static ie_status_t start_cluster(ie_engine_t *e, const ie_worker_opts_t *wo)
             ie_node_opts_default(no);
             no->model_path = o->model_path;
             no->coordinator = e->ep;
-            char *peer = malloc(96);
-            if (!peer) return ie_error_set(IE_ERR_NOMEM, "out of memory");
-            snprintf(peer, 96, "inproc://ie-peer-%p-%d", (void *)e, r);
-            no->peer_bind = peer;
+            snprintf(e->node_opts[r].peer, sizeof e->node_opts[r].peer, "inproc://ie-peer-%p-%d", (void *)e, r);
+            no->peer_bind = e->node_opts[r].peer;
             no->rank = r;
             no->n_threads = nt > 0 ? nt : 1;
             no->pin_threads = o->pin_threads;
@@ -223,7 +222,6 @@ void ie_engine_destroy(ie_engine_t **self_p)
     ie_cluster_destroy(&e->cluster); /* says BYE to the workers */
     e->node_stop = 1;
     for (int r = 0; r < e->n_nodes; r++) pthread_join(e->nodes[r], NULL);
-    for (int r = 0; e->node_opts && r < e->n_nodes; r++) free((char *)e->node_opts[r].o.peer_bind);
     free(e->nodes);
     free(e->node_opts);
     if (e->own_net) ie_net_destroy(&e->net);

@@ -178,10 +178,9 @@ static ie_status_t encode(server_t *s, const ie_client_req_t *r, int32_t **ids, 
 static void run_set(server_t *s)
 {
     ie_engine_t *e = s->o->engine;
-    int n_seq = 64; /* the engine batches what fits its slots; cap the set */
-    pending_t *set[64];
+    pending_t *set[64]; /* the engine batches what fits its slots; a set holds at most 64 */
     int n = 0;
-    for (int i = 0; i < s->n_q && n < n_seq;) {
+    for (int i = 0; i < s->n_q && n < 64;) {
         if (n == 0 || same_params(&s->q[i]->req, &set[0]->req)) {
             set[n++] = s->q[i];
             memmove(&s->q[i], &s->q[i + 1], (size_t)(s->n_q - i - 1) * sizeof *s->q);

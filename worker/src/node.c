@@ -512,7 +512,6 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
         ie_msg_t m = {.kind = IE_MSG_STEP};
         m.u.step = *h;
         m.u.step.has_hidden = 1;
-        m.u.step.n_clear = h->n_clear;
         ie_frame_t f[5] = {{in->data[1], in->size[1]}, {in->data[2], in->size[2]}, {in->data[3], in->size[3]},
                            {in->data[4], in->size[4]}, {nd->hidden_out, (size_t)n * d * sizeof(float)}};
         double ts = ie_now_ms();
