@@ -40,12 +40,12 @@ if [ "${IE_SETUP_SKIP_APT:-0}" != 1 ]; then
 fi
 
 # ---------------------------------------------------------------- Python
-py_pkgs=(numpy gguf safetensors tokenizers transformers torch accelerate pytest sentencepiece protobuf matplotlib pyzmq msgpack)
+py_pkgs=(numpy gguf safetensors tokenizers transformers torch accelerate pytest sentencepiece protobuf matplotlib pyzmq msgpack openai)
 if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c 'import numpy, gguf, safetensors, tokenizers, transformers, torch, accelerate, pytest, sentencepiece, matplotlib, zmq, msgpack' 2>/dev/null; then
+if ! .venv/bin/python -c 'import numpy, gguf, safetensors, tokenizers, transformers, torch, accelerate, pytest, sentencepiece, matplotlib, zmq, msgpack, openai' 2>/dev/null; then
   log "installing Python reference packages (torch is large; this takes a few minutes once)"
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q "${py_pkgs[@]}"
