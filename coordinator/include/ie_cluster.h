@@ -31,6 +31,7 @@ typedef struct ie_cluster_opts {
     ie_shard_kind_t plan;      /* PIPELINE or TENSOR                      */
     int n_ranks;               /* workers in the plan (>= 1)              */
     int n_ctx, n_seq, max_batch;
+    int kv_block, kv_blocks;   /* paged KV (ie_worker_opts_t); 0: defaults */
     ie_precision_t precision;
     int heartbeat_ms;          /* default 250                             */
     int dead_ms;               /* default 2000                            */
@@ -66,6 +67,13 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
 
 /* Forget a slot on every worker (sent with the next step). */
 void ie_cluster_seq_clear(ie_cluster_t *c, int seq);
+/* Paged KV (ie_worker_kv_bind / ie_worker_seq_set_len): the arguments are
+ * checked here (IE_ERR_RANGE), the operations queued and sent to every
+ * rank with the next step, applied before it in call order. A worker that
+ * registers anew starts with the default tables and no K/V: after an
+ * IE_ERR_UNAVAILABLE step the caller rebinds what it uses again. */
+ie_status_t ie_cluster_kv_bind(ie_cluster_t *c, int seq, int first, const int32_t *pb, int n);
+ie_status_t ie_cluster_seq_set_len(ie_cluster_t *c, int seq, int n_pos);
 
 /* A one-line description of the members ("rank 0: pid 12 on host, node 0,
  * ready; rank 1: empty"), for logs and the CLI's JSON line. */

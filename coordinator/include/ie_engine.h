@@ -55,6 +55,14 @@ typedef struct ie_engine_opts {
     ie_net_t *net;            /* ZeroMQ context to use (CURVE set up by
                                  the caller); NULL: the engine makes one */
     ie_metrics_t *metrics;    /* optional registry for cluster metrics   */
+    /* Paged KV cache (ie_worker.h, ie_kvpool.h): positions per block
+     * (0: 16) and blocks in the pool (0: n_seq * ceil(n_ctx / kv_block),
+     * enough for every slot's whole context). A smaller pool serves more
+     * slots than memory for full contexts allows; the scheduler preempts
+     * a sequence when the pool runs out. */
+    int kv_block, kv_blocks;
+    int prefix_cache;         /* reuse cached KV blocks of equal prompt
+                                 prefixes across requests (default 1)   */
 } ie_engine_opts_t;
 
 void ie_engine_opts_default(ie_engine_opts_t *o);
@@ -76,6 +84,14 @@ ie_cluster_t *ie_engine_cluster(ie_engine_t *e);
  * model, and the slot reset that goes with it. */
 ie_status_t ie_engine_step(ie_engine_t *e, const ie_batch_t *b, float *logits_out);
 void ie_engine_seq_clear(ie_engine_t *e, int seq);
+/* Paged KV on whichever backend runs the model: ie_worker_kv_bind's and
+ * ie_worker_seq_set_len's contracts. A cluster checks the arguments at
+ * once and sends the operations to every rank with the next step. */
+ie_status_t ie_engine_kv_bind(ie_engine_t *e, int seq, int first, const int32_t *pb, int n);
+ie_status_t ie_engine_seq_set_len(ie_engine_t *e, int seq, int n_pos);
+int ie_engine_kv_block(const ie_engine_t *e);
+int ie_engine_kv_blocks(const ie_engine_t *e);
+int ie_engine_n_seq(const ie_engine_t *e);
 int ie_engine_max_batch(const ie_engine_t *e);
 int ie_engine_n_ctx(const ie_engine_t *e);
 

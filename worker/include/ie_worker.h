@@ -110,6 +110,9 @@ typedef struct ie_worker_opts {
     ie_shard_t shard;  /* which part of the model (NONE: all)         */
     ie_reduce_fn reduce; /* TENSOR with n_ranks > 1: required          */
     void *reduce_ctx;
+    int kv_block;      /* positions per KV block (0: 16)              */
+    int kv_blocks;     /* KV blocks in the pool (0: n_seq * ceil(n_ctx /
+                          kv_block), every slot bound to its own)      */
 } ie_worker_opts_t;
 
 /* Defaults: 1 thread, pinned, n_ctx 2048, 1 slot, max_batch 256, native,
@@ -173,8 +176,39 @@ const ie_shard_range_t *ie_worker_shard(const ie_worker_t *w);
 /* Bytes of weights this worker holds (its shard, as bound). */
 uint64_t ie_worker_weight_bytes(const ie_worker_t *w);
 
-/* Forget a slot's cache contents (positions restart at 0). */
+/* Forget a slot's cache contents (positions restart at 0). Its block
+ * table is left as it is. */
 void ie_worker_seq_clear(ie_worker_t *w, int seq);
+
+/* ------------------------------------------------------------ paged KV
+ * The cache is a pool of kv_blocks physical blocks of kv_block positions
+ * (for every layer this worker holds). Each slot has a block table: its
+ * logical block lb (positions lb*kv_block .. (lb+1)*kv_block - 1) lives in
+ * a physical block. With the default pool every slot starts bound to its
+ * own blocks (slot s, lb -> s * ceil(n_ctx/kv_block) + lb): the unpaged
+ * cache, and nobody needs to bind anything. With a smaller pool every
+ * table starts unbound and the caller (the coordinator's scheduler, see
+ * ie_kvpool.h) binds blocks before a step uses them; one physical block may
+ * be bound in several slots (a shared prompt prefix) — the caller makes
+ * sure no step writes a position of a block another slot reads. A step
+ * that touches a position whose block is unbound fails with IE_ERR_RANGE
+ * (slot, position) and changes nothing. Attention over blocks gives results
+ * bit-identical to the unpaged cache. */
+
+/* Bind slot seq's logical blocks first .. first+n-1 to physical blocks
+ * pb[0..n) (-1 unbinds). IE_ERR_RANGE for a bad slot, a logical block past
+ * ceil(n_ctx/kv_block) or a physical block outside the pool; nothing
+ * changes then. */
+ie_status_t ie_worker_kv_bind(ie_worker_t *w, int seq, int first, const int32_t *pb, int n);
+
+/* Declare that slot seq holds positions [0, n_pos) (0 <= n_pos <= n_ctx),
+ * e.g. after binding blocks another slot computed: its next token may be at
+ * position n_pos. The blocks of those positions must be bound
+ * (IE_ERR_RANGE otherwise, nothing changes). n_pos 0 is ie_worker_seq_clear. */
+ie_status_t ie_worker_seq_set_len(ie_worker_t *w, int seq, int n_pos);
+
+int ie_worker_kv_block(const ie_worker_t *w);
+int ie_worker_kv_blocks(const ie_worker_t *w);
 
 const ie_hparams_t *ie_worker_hparams(const ie_worker_t *w);
 int ie_worker_n_ctx(const ie_worker_t *w);

@@ -1,0 +1,158 @@
+/* ie_sched.h — the coordinator's request scheduler: continuous batching over
+ * a paged KV cache with a prefix cache, priorities, backpressure, timeouts
+ * and cancellation. Every front end (ie_engine_generate, the ZeroMQ client
+ * endpoint, the HTTP API) submits requests here.
+ *
+ * Each ie_sched_step is one engine step: requests join the running batch
+ * when a sequence slot and KV blocks are free (highest priority first, then
+ * arrival), every running stream contributes its next decode token, and the
+ * rest of the step (up to the engine's max_batch, at most prefill_chunk
+ * prompt tokens) is filled with prompt chunks — a long prompt never stalls
+ * running streams. Finished, cancelled and timed-out requests leave the
+ * batch at the step they end and free their blocks at once.
+ *
+ * KV blocks come from an ie_kvpool. A new request first takes the cached
+ * blocks of the longest equal prompt prefix (a shared system prompt is
+ * computed once) and prefills only the rest; its own full blocks are
+ * published as it goes. When the pool runs dry the running request of
+ * lowest priority (latest arrival among equals) is preempted: its blocks
+ * are released and it goes back to the head of the queue, to be recomputed
+ * (prompt + tokens generated so far) later — its output is unchanged.
+ *
+ * Batching never changes results: a token's logits do not depend on the
+ * other tokens of its step, so greedy output is identical alone or in a
+ * batch.
+ *
+ * Threads: ie_sched_submit, ie_sched_cancel, ie_sched_stats and
+ * ie_sched_wait may be called from any thread; ie_sched_step (and
+ * ie_sched_destroy) from one thread at a time — the serving thread. Events
+ * are delivered on the stepping thread, with no scheduler lock held (a
+ * callback may call submit or cancel).
+ */
+#ifndef IE_SCHED_H
+#define IE_SCHED_H
+
+#include "ie_engine.h"
+#include "ie_metrics.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ie_sched ie_sched_t;
+
+typedef struct ie_sched_opts {
+    ie_engine_t *engine;   /* not owned; its n_seq slots and KV pool are the
+                              scheduler's from now on (one scheduler per
+                              engine)                                    */
+    int queue_max;         /* waiting requests at most (0: 64); more is
+                              IE_ERR_BUSY at submit                      */
+    int prefill_chunk;     /* prompt tokens per step at most (0: the
+                              engine's max_batch)                        */
+    ie_metrics_t *metrics; /* optional: ie_requests_total{status},
+                              tokens, queue/TTFT/token-latency
+                              histograms, KV blocks used/total, prefix
+                              hits/misses, preemptions                   */
+} ie_sched_opts_t;
+
+typedef enum ie_sched_ev_kind {
+    IE_SCHED_TOKEN = 1,   /* a token was sampled                          */
+    IE_SCHED_DONE,        /* finished normally (terminal)                 */
+    IE_SCHED_ERROR        /* failed, cancelled or timed out (terminal)    */
+} ie_sched_ev_kind_t;
+
+/* One event. Pointers are valid only during the callback. */
+typedef struct ie_sched_event {
+    ie_sched_ev_kind_t kind;
+    uint64_t id;
+    void *user;               /* the request's cb_ctx                      */
+    /* TOKEN */
+    int32_t token;
+    const char *text;         /* text it released (after stop-string
+                                 holding; may be empty; not NUL-terminated) */
+    size_t len;
+    /* DONE (and, with what was produced before the failure, ERROR) */
+    const char *all_text;     /* whole output, NUL-terminated             */
+    const int32_t *ids;       /* generated ids                             */
+    size_t n_gen;
+    size_t n_prompt;          /* prompt tokens                             */
+    size_t n_cached;          /* prompt tokens taken from the prefix cache */
+    ie_finish_t finish;       /* DONE: why it ended                        */
+    double queue_ms;          /* submit -> first admitted                  */
+    double ttft_ms;           /* submit -> first token                     */
+    double total_ms;          /* submit -> this event                      */
+    double decode_tps;        /* tokens after the first / their time       */
+    /* ERROR */
+    ie_status_t status;       /* IE_ERR_TIMEOUT, IE_ERR_UNAVAILABLE, ...   */
+    const char *code;         /* "cancelled", "timeout", "unavailable",
+                                 "out_of_memory", "internal"               */
+    const char *message;      /* one line                                   */
+} ie_sched_event_t;
+
+typedef void (*ie_sched_cb)(void *ctx, const ie_sched_event_t *ev);
+
+typedef struct ie_sched_req {
+    const int32_t *ids;       /* prompt tokens (copied; >= 1, each in the
+                                 model's vocabulary, fits the context)     */
+    size_t n_ids;
+    const ie_gen_params_t *params; /* max_new, sampling (its seed fixed by
+                                 the caller), stop strings (copied);
+                                 on_token is ignored — events carry tokens */
+    int priority;             /* higher runs first                         */
+    double timeout_ms;        /* > 0: the request ends with ERROR
+                                 "timeout" this long after submission if
+                                 not finished; 0: no limit                 */
+    ie_sched_cb cb;           /* required                                  */
+    void *cb_ctx;             /* must stay valid until the terminal event  */
+} ie_sched_req_t;
+
+/* IE_ERR_INVAL for bad options (no engine, an engine without a
+ * tokenizer), IE_ERR_NOMEM. Caller owns *out. */
+ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out);
+
+/* Every request still queued or running gets ERROR "unavailable" ("the
+ * server is shutting down"), then everything is freed. */
+void ie_sched_destroy(ie_sched_t **self_p);
+
+/* Queue a request. On IE_OK *id_out is its id and exactly one terminal
+ * event (DONE or ERROR) will follow, from ie_sched_step or
+ * ie_sched_destroy. Otherwise no event ever comes: IE_ERR_BUSY when
+ * queue_max requests are waiting (message says so; answer HTTP 429 / a
+ * "busy" reply), IE_ERR_INVAL / IE_ERR_RANGE for a bad prompt (empty, id
+ * out of range, longer than the context) or parameters, IE_ERR_NOMEM. */
+ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id_out);
+
+/* Cancel a queued or running request: it gets ERROR "cancelled" at the
+ * next step, which frees its KV blocks. IE_ERR_RANGE ("no such request")
+ * if the id is unknown or already finished. */
+ie_status_t ie_sched_cancel(ie_sched_t *s, uint64_t id);
+
+/* One scheduling round: drop cancelled / timed-out requests, admit,
+ * run one engine step if any tokens are ready, sample, deliver events.
+ * *busy_out (may be NULL) is 1 when requests remain queued or running.
+ * An engine step that fails does not fail the scheduler: on
+ * IE_ERR_UNAVAILABLE (a worker lost) the running requests are requeued
+ * and recomputed when the cluster is ready again — each request is
+ * retried once, a second loss ends it with ERROR "unavailable"; any other
+ * failure ends the running requests with ERROR. Returns IE_OK, or
+ * IE_ERR_NOMEM when even that bookkeeping failed. */
+ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out);
+
+/* Block until a request is submitted or cancelled, or timeout_ms passes
+ * (returns at once when work is pending). For a serving loop that has
+ * nothing else to poll. */
+void ie_sched_wait(ie_sched_t *s, int timeout_ms);
+
+typedef struct ie_sched_stats {
+    int queued, running;
+    int kv_blocks, kv_used, kv_cached;  /* pool blocks: all / in use /
+                                           cached for reuse              */
+    uint64_t prefix_hit_tokens;         /* prompt tokens served from the
+                                           prefix cache                  */
+    uint64_t prefix_miss_tokens;        /* prompt tokens computed        */
+    uint64_t preemptions;
+    uint64_t submitted, completed, failed;
+} ie_sched_stats_t;
+
+void ie_sched_stats(ie_sched_t *s, ie_sched_stats_t *out);
+
+#endif
