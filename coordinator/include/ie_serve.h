@@ -1,33 +1,48 @@
-/* ie_serve.h — the coordinator's client endpoint over ZeroMQ: a ROUTER that
- * takes MessagePack requests (ie_proto.h, docs/PROTOCOL.md) and answers
- * with streamed token events and a final summary, or an error.
+/* ie_serve.h — the coordinator's serving loop and its ZeroMQ client
+ * endpoint.
  *
- * Requests wait in a bounded queue ordered by priority (higher first, then
- * arrival); an overflow is answered at once with a "busy" error. Queued
- * requests with the same sampling settings run together as one
- * continuously batched set (up to the engine's n_seq at a time). Requests
- * that arrive while a set runs wait for the next set. A malformed request
- * gets an error reply and a log line; nothing a client sends stops the
- * loop. Cancelling works for queued requests. */
+ * ie_serve_run turns the loop of a serving process: it keeps the cluster
+ * alive (heartbeats, registrations, the systemd watchdog), takes client
+ * requests from the ZeroMQ ROUTER (MessagePack, ie_proto.h,
+ * docs/PROTOCOL.md) into the scheduler, and steps the scheduler (ie_sched.h)
+ * — so requests from every front end (ZeroMQ, the HTTP API of ie_http.h,
+ * which submits from its own threads) join and leave one continuously
+ * batched run at every step.
+ *
+ * ZeroMQ replies: streamed token events (when the request asks for them)
+ * and a final summary, or an error with a code: "busy" at once when the
+ * scheduler's queue is full, "invalid_request" (with a log line) for a
+ * malformed request, "cancelled", "timeout", "unavailable". Nothing a
+ * client sends stops the loop. A "cancel" message cancels a queued or
+ * running request of the same client.
+ */
 #ifndef IE_SERVE_H
 #define IE_SERVE_H
 
 #include "ie_engine.h"
 #include "ie_metrics.h"
+#include "ie_sched.h"
 #include "ie_transport.h"
 
 #include <signal.h>
 
 typedef struct ie_serve_opts {
     ie_engine_t *engine;
-    ie_sock_t *sock;             /* a bound ROUTER                        */
-    int queue_max;               /* waiting requests at most (default 64) */
+    ie_sched_t *sched;           /* requests go here; the loop steps it    */
+    ie_sock_t *sock;             /* a bound ROUTER for ZeroMQ clients, or
+                                    NULL (HTTP only)                      */
+    int request_timeout_ms;      /* per-request limit (0: none)           */
     volatile sig_atomic_t *stop; /* leave the loop when set               */
     ie_metrics_t *metrics;       /* optional                              */
     int verbose;
+    int queue_max;               /* (ie_serve_zmq only, being replaced)   */
 } ie_serve_opts_t;
 
-/* Serve until *stop. Returns IE_OK, or an error of the socket itself. */
+/* Serve until *stop. Requests of ZeroMQ clients still open when the loop
+ * ends get "unavailable". Returns IE_OK, or an error of the socket itself. */
+ie_status_t ie_serve_run(const ie_serve_opts_t *o);
+
+/* The old set-at-a-time loop (being replaced by ie_serve_run). */
 ie_status_t ie_serve_zmq(const ie_serve_opts_t *o);
 
 #endif
