@@ -16,16 +16,19 @@ void ie_attn_scores_ref(const float *q, size_t q_stride, int nh, const float *k,
     }
 }
 
+/* Float sums in position order, continuing from out when acc is set: the
+ * paged cache calls this once per block and must get the bits of one call
+ * over all positions (a double sum rounded once per call could not). */
 void ie_attn_values_ref(const float *p, size_t ld, int nh, const float *v, size_t v_stride, int n, int hd,
-                        float *out, size_t o_stride)
+                        float *out, size_t o_stride, int acc)
 {
     for (int h = 0; h < nh; h++) {
         const float *ph = p + (size_t)h * ld;
         float *oh = out + (size_t)h * o_stride;
         for (int i = 0; i < hd; i++) {
-            double acc = 0.0;
-            for (int j = 0; j < n; j++) acc += (double)ph[j] * (double)v[(size_t)j * v_stride + i];
-            oh[i] = (float)acc;
+            float a = acc ? oh[i] : 0.0f;
+            for (int j = 0; j < n; j++) a += ph[j] * v[(size_t)j * v_stride + i];
+            oh[i] = a;
         }
     }
 }

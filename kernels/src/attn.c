@@ -4,7 +4,9 @@
 #include <string.h>
 
 /* float-accumulating C loops: what AVX2 builds get (the compiler
- * vectorizes the inner loops); ref keeps double accumulation. */
+ * vectorizes the inner loops); ref keeps double accumulation for scores.
+ * values sums into out in position order, so block-by-block calls with
+ * acc equal one call (ie_attn.h). */
 static void scores_c(const float *q, size_t q_stride, int nh, const float *k, size_t k_stride, int n, int hd,
                      float scale, float *s, size_t ld)
 {
@@ -20,9 +22,10 @@ static void scores_c(const float *q, size_t q_stride, int nh, const float *k, si
 }
 
 static void values_c(const float *p, size_t ld, int nh, const float *v, size_t v_stride, int n, int hd,
-                     float *out, size_t o_stride)
+                     float *out, size_t o_stride, int acc)
 {
-    for (int h = 0; h < nh; h++) memset(out + (size_t)h * o_stride, 0, (size_t)hd * sizeof(float));
+    if (!acc)
+        for (int h = 0; h < nh; h++) memset(out + (size_t)h * o_stride, 0, (size_t)hd * sizeof(float));
     for (int j = 0; j < n; j++) {
         const float *vj = v + (size_t)j * v_stride;
         for (int h = 0; h < nh; h++) {
@@ -36,7 +39,7 @@ static void values_c(const float *p, size_t ld, int nh, const float *v, size_t v
 void ie_attn_scores_avx512(const float *q, size_t q_stride, int nh, const float *k, size_t k_stride, int n,
                            int hd, float scale, float *s, size_t ld);
 void ie_attn_values_avx512(const float *p, size_t ld, int nh, const float *v, size_t v_stride, int n, int hd,
-                           float *out, size_t o_stride);
+                           float *out, size_t o_stride, int acc);
 
 static const ie_attn_ops_t g_attn[3] = {
     {IE_ISA_REF, ie_attn_scores_ref, ie_attn_values_ref},

@@ -1129,7 +1129,7 @@ static void att_run(void *ctx, int ith, int nth)
         for (int hh = 0; hh < nh; hh++)
             w->vec->softmax(scores + (size_t)hh * ld, cnt, L->sinks ? &L->sinks[h0 + hh] : NULL);
         w->attn->values(scores, ld, nh, w->vcache + base, (size_t)w->kv_dim, cnt, hd,
-                        w->xb + (size_t)i * w->q_dim + (size_t)h0 * hd, (size_t)hd);
+                        w->xb + (size_t)i * w->q_dim + (size_t)h0 * hd, (size_t)hd, 0);
     }
 }
 
