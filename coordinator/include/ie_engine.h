@@ -92,6 +92,8 @@ ie_status_t ie_engine_seq_set_len(ie_engine_t *e, int seq, int n_pos);
 int ie_engine_kv_block(const ie_engine_t *e);
 int ie_engine_kv_blocks(const ie_engine_t *e);
 int ie_engine_n_seq(const ie_engine_t *e);
+/* opts.prefix_cache as created. */
+int ie_engine_prefix_cache(const ie_engine_t *e);
 int ie_engine_max_batch(const ie_engine_t *e);
 int ie_engine_n_ctx(const ie_engine_t *e);
 
@@ -149,6 +151,10 @@ typedef struct ie_gen_stats {
     double decode_ms;         /* time in decode-only steps               */
     size_t prefill_tokens;    /* prompt tokens                           */
     size_t decode_tokens;     /* tokens sampled after decode-only steps  */
+    size_t prefix_hit_tokens; /* prompt tokens whose KV came from the
+                                 prefix cache (not computed)             */
+    size_t prefix_miss_tokens;/* prompt tokens computed                  */
+    size_t preemptions;       /* sequences preempted (KV pool full)      */
 } ie_gen_stats_t;
 
 /* Generate for n prompts (UTF-8). results[i] belongs to prompts[i]; the

@@ -48,6 +48,13 @@ typedef struct ie_sched_opts {
                               IE_ERR_BUSY at submit                      */
     int prefill_chunk;     /* prompt tokens per step at most (0: the
                               engine's max_batch)                        */
+    int retry_ms;          /* > 0: a request whose step failed because a
+                              worker was lost waits up to this long for
+                              the cluster to be ready again and is
+                              recomputed (once); 0: it ends with ERROR
+                              "unavailable" at once                      */
+    ie_gen_stats_t *timing;/* optional: step times and token counts
+                              accumulate here (stepping thread only)     */
     ie_metrics_t *metrics; /* optional: ie_requests_total{status},
                               tokens, queue/TTFT/token-latency
                               histograms, KV blocks used/total, prefix
@@ -81,6 +88,9 @@ typedef struct ie_sched_event {
     double ttft_ms;           /* submit -> first token                     */
     double total_ms;          /* submit -> this event                      */
     double decode_tps;        /* tokens after the first / their time       */
+    const double *lat_ms;     /* per token after the first: time since the
+                                 previous one                              */
+    size_t n_lat;
     /* ERROR */
     ie_status_t status;       /* IE_ERR_TIMEOUT, IE_ERR_UNAVAILABLE, ...   */
     const char *code;         /* "cancelled", "timeout", "unavailable",
@@ -130,10 +140,10 @@ ie_status_t ie_sched_cancel(ie_sched_t *s, uint64_t id);
  * run one engine step if any tokens are ready, sample, deliver events.
  * *busy_out (may be NULL) is 1 when requests remain queued or running.
  * An engine step that fails does not fail the scheduler: on
- * IE_ERR_UNAVAILABLE (a worker lost) the running requests are requeued
- * and recomputed when the cluster is ready again — each request is
- * retried once, a second loss ends it with ERROR "unavailable"; any other
- * failure ends the running requests with ERROR. Returns IE_OK, or
+ * IE_ERR_UNAVAILABLE (a worker lost) the running requests end with ERROR
+ * "unavailable", or with retry_ms set are requeued and recomputed when the
+ * cluster is ready again (each request once); any other failure ends the
+ * running requests with ERROR. Returns IE_OK, or
  * IE_ERR_NOMEM when even that bookkeeping failed. */
 ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out);
 
