@@ -12,6 +12,14 @@
  * Every matmul sees all n tokens, so prefill is matrix-matrix work and a
  * decode batch streams each weight matrix once.
  *
+ * KV cache: a pool of physical blocks of kv_block positions per held layer,
+ * [layer][block][kv_block][kv_dim]; each slot's block table maps its logical
+ * blocks (positions lb*kv_block ..) to physical ones. K/V rows are written
+ * through the table and attention walks the token's positions block by
+ * block (ie_attn.h's kernels give the bits of one contiguous pass). The
+ * default pool gives every slot its own blocks (the unpaged cache); a
+ * smaller one starts unbound and the caller binds (ie_worker_kv_bind).
+ *
  * Shards (ie_shard_plan, shard.c): a pipeline stage binds and runs only its
  * layers (KV cache for those only), embeds only on the first stage and
  * projects only on the last; a tensor-parallel rank binds row/column cuts
@@ -100,9 +108,14 @@ struct ie_worker {
     size_t n_owned, cap_owned;
 
     int q_dim, kv_dim;       /* held heads: n_head_loc*hd, n_kv_loc*hd    */
-    size_t kv_layer_stride;  /* floats per layer: n_seq*n_ctx*kv_dim     */
-    float *kcache, *vcache;  /* [held layer][n_seq][n_ctx][kv_dim], layer
-                                l at l - sh.layer_begin                   */
+    int kv_block;            /* positions per KV block                    */
+    int kv_blocks;           /* physical blocks in the pool               */
+    int kv_nlb;              /* logical blocks per slot: ceil(n_ctx/kv_block) */
+    int all_swa;             /* every held layer slides (reads a window)  */
+    size_t kv_layer_stride;  /* floats per layer: kv_blocks*kv_block*kv_dim */
+    float *kcache, *vcache;  /* [held layer][kv_blocks][kv_block][kv_dim],
+                                layer l at l - sh.layer_begin             */
+    int32_t *btab;           /* [n_seq][kv_nlb] physical block, -1 unbound */
     int *seq_len;            /* [n_seq] positions held                   */
 
     float *rope_cos, *rope_sin; /* [n_ctx][rope_dim/2]                   */
@@ -699,6 +712,9 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
         opts->max_batch < 1)
         return ie_error_set(IE_ERR_INVAL, "worker: bad options (threads %d, ctx %d, seq %d, batch %d)",
                             opts->n_threads, opts->n_ctx, opts->n_seq, opts->max_batch);
+    if (opts->kv_block < 0 || opts->kv_blocks < 0)
+        return ie_error_set(IE_ERR_INVAL, "worker: bad KV pool (block of %d positions, %d blocks)", opts->kv_block,
+                            opts->kv_blocks);
     w = calloc(1, sizeof *w);
     if (!w) return ie_error_set(IE_ERR_NOMEM, "out of memory");
     w->hp = *ie_model_src_hparams(src);
@@ -890,10 +906,30 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
 #undef BIND_VEC
     }
 
-    /* KV cache (held layers and heads only) and scratch */
+    /* KV cache (held layers and heads only): the block pool, the tables */
+    w->kv_block = opts->kv_block > 0 ? opts->kv_block : 16;
+    w->kv_nlb = (int)(((int64_t)opts->n_ctx + w->kv_block - 1) / w->kv_block);
+    const int64_t full_pool = (int64_t)opts->n_seq * w->kv_nlb;
+    if (opts->kv_blocks == 0 && full_pool > INT32_MAX) {
+        st = ie_error_set(IE_ERR_INVAL, "worker: %d slots of %d KV blocks do not fit a block id", opts->n_seq,
+                          w->kv_nlb);
+        goto cleanup;
+    }
+    w->kv_blocks = opts->kv_blocks > 0 ? opts->kv_blocks : (int)full_pool;
+    w->opts.kv_block = w->kv_block;
+    w->opts.kv_blocks = w->kv_blocks;
+    w->all_swa = sh->layer_end > sh->layer_begin;
+    for (int l = sh->layer_begin; l < sh->layer_end; l++) w->all_swa &= w->layers[l].swa;
     size_t B = (size_t)opts->max_batch;
-    w->kv_layer_stride = (size_t)opts->n_seq * (size_t)opts->n_ctx * (size_t)w->kv_dim;
-    size_t kv_bytes = (size_t)(sh->layer_end - sh->layer_begin) * w->kv_layer_stride * sizeof(float);
+    const uint64_t kv_floats = (uint64_t)(sh->layer_end - sh->layer_begin) * (uint64_t)w->kv_blocks *
+                               (uint64_t)w->kv_block * (uint64_t)w->kv_dim;
+    if (kv_floats > (uint64_t)SIZE_MAX / 8) {
+        st = ie_error_set(IE_ERR_NOMEM, "out of memory: a KV cache of %d blocks of %d positions is too large",
+                          w->kv_blocks, w->kv_block);
+        goto cleanup;
+    }
+    w->kv_layer_stride = (size_t)w->kv_blocks * (size_t)w->kv_block * (size_t)w->kv_dim;
+    size_t kv_bytes = (size_t)kv_floats * sizeof(float);
     size_t wide = (size_t)(d > w->q_dim ? d : w->q_dim);
     int64_t max_in = ff > (int64_t)wide ? ff : (int64_t)wide;
     w->act_row_cap = ie_dtype_row_bytes(IE_DTYPE_Q16_P, (max_in + 31) / 32 * 32); /* the widest act row */
@@ -901,6 +937,7 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
     w->kcache = big_alloc_ex(kv_bytes ? kv_bytes : 1, 0);
     w->vcache = big_alloc_ex(kv_bytes ? kv_bytes : 1, 0);
     w->seq_len = calloc((size_t)opts->n_seq, sizeof(int));
+    w->btab = malloc((size_t)full_pool * sizeof(int32_t));
     w->rope_cos = malloc((size_t)opts->n_ctx * half * sizeof(float));
     w->rope_sin = malloc((size_t)opts->n_ctx * half * sizeof(float));
     w->x = big_alloc(B * d * sizeof(float));
@@ -927,11 +964,14 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
             goto cleanup;
         }
     }
-    if (!w->kcache || !w->vcache || !w->seq_len || !w->rope_cos || !w->rope_sin || !w->x || !w->xb ||
+    if (!w->kcache || !w->vcache || !w->seq_len || !w->btab || !w->rope_cos || !w->rope_sin || !w->x || !w->xb ||
         !w->q || !w->k || !w->v || !w->hb || !w->hb2 || !w->tmp || !w->act || !w->scores) {
         st = ie_error_set(IE_ERR_NOMEM, "out of memory allocating KV cache (%zu bytes) and scratch", 2 * kv_bytes);
         goto cleanup;
     }
+    /* a pool with room for every slot's whole context starts as the
+     * unpaged cache (slot s owns blocks s*kv_nlb ..); a smaller one unbound */
+    for (int64_t i = 0; i < full_pool; i++) w->btab[i] = w->kv_blocks >= full_pool ? (int32_t)i : -1;
     rope_tables(w);
 
 cleanup:
@@ -955,6 +995,7 @@ void ie_worker_destroy(ie_worker_t **self_p)
     big_free(w->kcache);
     big_free(w->vcache);
     free(w->seq_len);
+    free(w->btab);
     free(w->rope_cos);
     free(w->rope_sin);
     big_free(w->x);
@@ -1100,7 +1141,9 @@ typedef struct att_task {
 /* One (token, held KV head, share of its query heads) per unit of work: the
  * shared K and V rows are read once for all those heads (GQA), scores over
  * the slot's cache up to the token's position, softmax, weighted sum of
- * values into xb. */
+ * values into xb. The positions are walked block by block through the
+ * slot's table: scores land at their offset of the row, values accumulate
+ * in position order (ie_attn.h), so any block size gives the same bits. */
 static void att_run(void *ctx, int ith, int nth)
 {
     att_task_t *t = ctx;
@@ -1121,15 +1164,26 @@ static void att_run(void *ctx, int ith, int nth)
         const int seq = t->b->seq[i], pos = t->b->pos[i];
         /* a sliding layer sees the last W positions, itself included */
         const int j0 = L->swa && pos >= hp->sliding_window ? pos - hp->sliding_window + 1 : 0;
-        const int cnt = pos + 1 - j0;
-        const size_t base = (size_t)(t->layer - w->sh.layer_begin) * w->kv_layer_stride +
-                            ((size_t)seq * w->opts.n_ctx + (size_t)j0) * w->kv_dim + (size_t)kh * hd;
+        const int cnt = pos + 1 - j0, kb = w->kv_block;
+        const int32_t *tab = w->btab + (size_t)seq * w->kv_nlb;
+        const size_t head = (size_t)(t->layer - w->sh.layer_begin) * w->kv_layer_stride + (size_t)kh * hd;
         const float *q = w->q + (size_t)i * w->q_dim + (size_t)h0 * hd;
-        w->attn->scores(q, (size_t)hd, nh, w->kcache + base, (size_t)w->kv_dim, cnt, hd, scale, scores, ld);
+        float *out = w->xb + (size_t)i * w->q_dim + (size_t)h0 * hd;
+        /* segment [a, e) of positions lies in logical block a / kb */
+        for (int a = j0, e; a <= pos; a = e) {
+            e = (a / kb + 1) * kb < pos + 1 ? (a / kb + 1) * kb : pos + 1;
+            const size_t off = head + ((size_t)tab[a / kb] * kb + (size_t)(a % kb)) * w->kv_dim;
+            w->attn->scores(q, (size_t)hd, nh, w->kcache + off, (size_t)w->kv_dim, e - a, hd, scale,
+                            scores + (a - j0), ld);
+        }
         for (int hh = 0; hh < nh; hh++)
             w->vec->softmax(scores + (size_t)hh * ld, cnt, L->sinks ? &L->sinks[h0 + hh] : NULL);
-        w->attn->values(scores, ld, nh, w->vcache + base, (size_t)w->kv_dim, cnt, hd,
-                        w->xb + (size_t)i * w->q_dim + (size_t)h0 * hd, (size_t)hd, 0);
+        for (int a = j0, e; a <= pos; a = e) {
+            e = (a / kb + 1) * kb < pos + 1 ? (a / kb + 1) * kb : pos + 1;
+            const size_t off = head + ((size_t)tab[a / kb] * kb + (size_t)(a % kb)) * w->kv_dim;
+            w->attn->values(scores + (a - j0), ld, nh, w->vcache + off, (size_t)w->kv_dim, e - a, hd, out,
+                            (size_t)hd, a != j0);
+        }
     }
 }
 
@@ -1298,6 +1352,19 @@ static ie_status_t step_run(ie_worker_t *w, const ie_batch_t *b, const float *hi
         if (b->pos[i] > expect)
             return ie_error_set(IE_ERR_RANGE, "worker: slot %d position %d skips ahead of its cache (%d)",
                                 b->seq[i], b->pos[i], expect);
+        /* every block the token writes or reads must be bound: its own
+         * position, and the window before it (all of it unless every held
+         * layer slides) */
+        const int pos = b->pos[i], kb = w->kv_block;
+        const int j0 = w->all_swa && pos >= hp->sliding_window ? pos - hp->sliding_window + 1 : 0;
+        const int32_t *tab = w->btab + (size_t)b->seq[i] * w->kv_nlb;
+        for (int lb = pos / kb; lb >= j0 / kb; lb--)
+            if (tab[lb] < 0) {
+                const int at = lb * kb > j0 ? lb * kb : j0;
+                return ie_error_set(IE_ERR_RANGE, "worker: slot %d position %d: its KV block %d is not bound%s",
+                                    b->seq[i], lb == pos / kb ? pos : at, lb,
+                                    lb == pos / kb ? "" : " (read by a later position)");
+            }
     }
 
     /* embeddings, or the previous stage's residual stream */
@@ -1333,8 +1400,10 @@ static ie_status_t step_run(ie_worker_t *w, const ie_batch_t *b, const float *hi
             for (int h = 0; h < w->n_kv_loc; h++)
                 ie_rope_apply_f32(w->k + (size_t)i * w->kv_dim + (size_t)h * hd, hd, hp->rope_dim, c, s,
                                   hp->rope_layout);
+            const int kb = w->kv_block;
+            const int32_t pb = w->btab[(size_t)b->seq[i] * w->kv_nlb + b->pos[i] / kb];
             size_t off = (size_t)(l - sh->layer_begin) * w->kv_layer_stride +
-                         ((size_t)b->seq[i] * w->opts.n_ctx + (size_t)b->pos[i]) * w->kv_dim;
+                         ((size_t)pb * kb + (size_t)(b->pos[i] % kb)) * w->kv_dim;
             memcpy(w->kcache + off, w->k + (size_t)i * w->kv_dim, (size_t)w->kv_dim * sizeof(float));
             memcpy(w->vcache + off, w->v + (size_t)i * w->kv_dim, (size_t)w->kv_dim * sizeof(float));
         }
@@ -1410,6 +1479,42 @@ void ie_worker_seq_clear(ie_worker_t *w, int seq)
 {
     if (seq >= 0 && seq < w->opts.n_seq) w->seq_len[seq] = 0;
 }
+
+/* Contract (ie_worker.h): every argument is checked before the table
+ * changes. */
+ie_status_t ie_worker_kv_bind(ie_worker_t *w, int seq, int first, const int32_t *pb, int n)
+{
+    if (seq < 0 || seq >= w->opts.n_seq)
+        return ie_error_set(IE_ERR_RANGE, "worker: KV bind: slot %d out of range [0, %d)", seq, w->opts.n_seq);
+    if (first < 0 || n < 0 || (int64_t)first + n > w->kv_nlb || (n > 0 && !pb))
+        return ie_error_set(IE_ERR_RANGE, "worker: KV bind: logical blocks %d..%lld of slot %d outside [0, %d)",
+                            first, (long long)first + n - 1, seq, w->kv_nlb);
+    for (int i = 0; i < n; i++)
+        if (pb[i] < -1 || pb[i] >= w->kv_blocks)
+            return ie_error_set(IE_ERR_RANGE, "worker: KV bind: physical block %d outside the pool [0, %d)", pb[i],
+                                w->kv_blocks);
+    if (n > 0) memcpy(w->btab + (size_t)seq * w->kv_nlb + first, pb, (size_t)n * sizeof(int32_t));
+    return IE_OK;
+}
+
+/* Contract (ie_worker.h). */
+ie_status_t ie_worker_seq_set_len(ie_worker_t *w, int seq, int n_pos)
+{
+    if (seq < 0 || seq >= w->opts.n_seq)
+        return ie_error_set(IE_ERR_RANGE, "worker: set length: slot %d out of range [0, %d)", seq, w->opts.n_seq);
+    if (n_pos < 0 || n_pos > w->opts.n_ctx)
+        return ie_error_set(IE_ERR_RANGE, "worker: set length: %d positions (0..%d)", n_pos, w->opts.n_ctx);
+    const int32_t *tab = w->btab + (size_t)seq * w->kv_nlb;
+    for (int lb = 0; lb * w->kv_block < n_pos; lb++)
+        if (tab[lb] < 0)
+            return ie_error_set(IE_ERR_RANGE, "worker: set length: slot %d position %d: its KV block %d is not bound",
+                                seq, lb * w->kv_block, lb);
+    w->seq_len[seq] = n_pos;
+    return IE_OK;
+}
+
+int ie_worker_kv_block(const ie_worker_t *w) { return w->kv_block; }
+int ie_worker_kv_blocks(const ie_worker_t *w) { return w->kv_blocks; }
 
 const ie_hparams_t *ie_worker_hparams(const ie_worker_t *w) { return &w->hp; }
 int ie_worker_n_ctx(const ie_worker_t *w) { return w->opts.n_ctx; }
