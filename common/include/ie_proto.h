@@ -16,7 +16,8 @@
  *   ASSIGN    coord -> worker   shard to load + peer table
  *   READY     worker -> coord   shard loaded (or failed: status != 0)
  *   STEP      coord -> worker, stage -> next stage
- *             frames: tokens i32[n], pos i32[n], seq i32[n], logits u8[n]
+ *             frames: tokens i32[n], pos i32[n], seq i32[n], logits u8[n],
+ *                     kv i32[kv_words] (KV-cache operations, see below)
  *                     [, hidden f32[n * n_embd] when has_hidden]
  *   RESULT    worker -> coord   frames: logits f32[n_rows * (v1 - v0)]
  *   PARTIAL   worker -> worker  tensor-parallel partial sums, frame f32[count]
@@ -34,12 +35,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define IE_PROTO_VERSION 1
+#define IE_PROTO_VERSION 2        /* cluster messages (2: KV operations, paged pool) */
+#define IE_PROTO_CLIENT_VERSION 1 /* client requests and replies                    */
 
 #define IE_PROTO_ENDPOINT_MAX 256 /* bytes of an endpoint string incl. NUL */
 #define IE_PROTO_TEXT_MAX 512     /* error texts, host names, topology     */
 #define IE_PROTO_KEY_MAX 41       /* Z85 CURVE public key + NUL            */
 #define IE_PROTO_MAX_RANKS 64
+#define IE_PROTO_KV_IDS_MAX 65536       /* block ids in one step's KV operations */
+#define IE_PROTO_KV_WORDS_MAX (1 << 20) /* int32 words in one step's KV frame     */
 
 typedef enum ie_msg_kind {
     IE_MSG_NONE = 0,
@@ -74,6 +78,8 @@ typedef struct ie_msg_assign {
     int32_t plan;          /* ie_shard_kind_t                                */
     int32_t rank, n_ranks;
     int32_t n_ctx, n_seq, max_batch;
+    int32_t kv_block;      /* positions per KV block (0: the worker's default) */
+    int32_t kv_blocks;     /* KV blocks in the pool (0: enough for all slots)  */
     int32_t precision;     /* ie_precision_t                                 */
     int32_t heartbeat_ms;  /* how often to send heartbeats                   */
     int32_t dead_ms;       /* silence after which a peer counts as dead      */
@@ -96,8 +102,8 @@ typedef struct ie_msg_step {
     uint64_t step;         /* strictly increasing per cluster epoch          */
     int32_t n;             /* tokens (frames hold n entries each)            */
     int32_t has_hidden;    /* 1: a hidden-state frame follows (pipeline)     */
-    int32_t n_clear;       /* slots to forget before this step               */
-    int32_t clear[IE_PROTO_MAX_RANKS]; /* (first n_clear used; <= 64)        */
+    int32_t kv_words;      /* int32 words of the KV-operations frame, applied
+                              in order before the step (ie_kv_op_t)      */
 } ie_msg_step_t;
 
 typedef struct ie_msg_result {
@@ -151,8 +157,48 @@ ie_status_t ie_msg_encode(const ie_msg_t *m, ie_buf_t *out);
  * was wrong (IE_ERR_FORMAT; IE_ERR_UNSUPPORTED for another version). */
 ie_status_t ie_msg_decode(const void *data, size_t n, ie_msg_t *m);
 
+/* ------------------------------------------------------------ KV operations
+ * A STEP's KV-cache operations (the slot clears, block binds and length
+ * settings queued since the previous step) travel as one frame of int32
+ * words, one operation after the other, applied in that order before the
+ * step's tokens:
+ *     CLEAR    1, seq                       ie_worker_seq_clear
+ *     BIND     2, seq, first, n, pb[0..n)   ie_worker_kv_bind (-1 unbinds)
+ *     SET_LEN  3, seq, n_pos                ie_worker_seq_set_len
+ * A frame holds at most IE_PROTO_KV_WORDS_MAX words and IE_PROTO_KV_IDS_MAX
+ * block ids. Ranges against the pool are the worker's to check. */
+typedef enum ie_kv_op_kind {
+    IE_KV_OP_CLEAR = 1,
+    IE_KV_OP_BIND = 2,
+    IE_KV_OP_SET_LEN = 3
+} ie_kv_op_kind_t;
+
+typedef struct ie_kv_op {
+    ie_kv_op_kind_t kind;
+    int32_t seq;           /* slot (>= 0)                                    */
+    int32_t first;         /* BIND: first logical block (>= 0)               */
+    int32_t n;             /* BIND: blocks (>= 0); SET_LEN: positions (>= 0) */
+    const int32_t *pb;     /* BIND: n physical blocks (>= -1), borrowed      */
+} ie_kv_op_t;
+
+/* Append op's words to the frame in `frame` (int32 words, native = little
+ * endian). IE_ERR_INVAL for a field out of range, IE_ERR_NOMEM; the frame
+ * is unchanged then. The frame limits are the caller's to keep. */
+ie_status_t ie_kv_ops_append(ie_buf_t *frame, const ie_kv_op_t *op);
+
+/* Validate a received frame of `bytes` bytes (a whole number of words,
+ * every operation complete and in range, within both limits). IE_OK and the
+ * operation count in *n_ops (may be NULL), else IE_ERR_FORMAT naming the
+ * word. */
+ie_status_t ie_kv_ops_check(const void *frame, size_t bytes, int *n_ops);
+
+/* Walk a validated frame of n_words words: decode the operation at word
+ * *off into *op (pb points into the frame), advance *off; 0 at the end. */
+int ie_kv_ops_next(const int32_t *words, size_t n_words, size_t *off, ie_kv_op_t *op);
+
 /* ------------------------------------------------------------- clients
- * Client -> coordinator (ROUTER): a request map
+ * Client -> coordinator (ROUTER): a request map ("v" is
+ * IE_PROTO_CLIENT_VERSION, independent of the cluster's version)
  *   {"v":1, "type":"generate", "id":str, "prompt":str | "messages":[{"role":str,"content":str}...],
  *    "max_new":int, "temperature":float, "top_k":int, "top_p":float, "min_p":float,
  *    "repeat_penalty":float, "seed":int, "stop":[str...], "stream":bool, "priority":int}

@@ -180,8 +180,9 @@ static int str_copy(const msgpack_object *o, char *dst, size_t cap)
 }
 
 /* Header version: the first pass over every map. Missing "v" is a format
- * error, another number is another protocol. */
-static ie_status_t check_version(const msgpack_object_map *map, const char *what)
+ * error, another number is another protocol (cluster and client messages
+ * are versioned apart: `want`). */
+static ie_status_t check_version(const msgpack_object_map *map, const char *what, int want)
 {
     const msgpack_object *v = NULL;
     for (uint32_t i = 0; i < map->size; i++) {
@@ -195,9 +196,9 @@ static ie_status_t check_version(const msgpack_object_map *map, const char *what
     int64_t ver;
     if (!v) return ie_error_set(IE_ERR_FORMAT, "%s: missing key \"v\"", what);
     if (obj_i64(v, &ver) != 0) return ie_error_set(IE_ERR_FORMAT, "%s: key \"v\" must be an integer", what);
-    if (ver != IE_PROTO_VERSION)
+    if (ver != want)
         return ie_error_set(IE_ERR_UNSUPPORTED, "%s: protocol version %lld, this build speaks %d", what,
-                            (long long)ver, IE_PROTO_VERSION);
+                            (long long)ver, want);
     return IE_OK;
 }
 
@@ -291,6 +292,8 @@ static const field_t k_assign[] = {
     FI(ie_msg_assign_t, n_ctx, REQ, 1, INT32_MAX),
     FI(ie_msg_assign_t, n_seq, REQ, 1, INT32_MAX),
     FI(ie_msg_assign_t, max_batch, REQ, 1, INT32_MAX),
+    FI(ie_msg_assign_t, kv_block, REQ, 0, INT32_MAX),
+    FI(ie_msg_assign_t, kv_blocks, REQ, 0, INT32_MAX),
     FI(ie_msg_assign_t, precision, REQ, 0, INT32_MAX),
     FI(ie_msg_assign_t, heartbeat_ms, REQ, 1, INT32_MAX),
     FI(ie_msg_assign_t, dead_ms, REQ, 1, INT32_MAX),
@@ -312,7 +315,7 @@ static const field_t k_step[] = {
     FU(ie_msg_step_t, step, REQ),
     FI(ie_msg_step_t, n, REQ, 0, INT32_MAX),
     FB(ie_msg_step_t, has_hidden, REQ),
-    FIA(ie_msg_step_t, clear, REQ, 0, INT32_MAX, n_clear),
+    FI(ie_msg_step_t, kv_words, REQ, 0, IE_PROTO_KV_WORDS_MAX),
 };
 
 static const field_t k_result[] = {
@@ -586,7 +589,7 @@ ie_status_t ie_msg_decode(const void *data, size_t n, ie_msg_t *m)
     st = unpack_map(data, n, &u, "decode");
     if (st != IE_OK) goto cleanup;
     const msgpack_object_map *map = &u.data.via.map;
-    st = check_version(map, "decode");
+    st = check_version(map, "decode", IE_PROTO_VERSION);
     if (st != IE_OK) goto cleanup;
 
     /* The kind says which table reads the other keys, wherever it sits. */
@@ -651,6 +654,101 @@ cleanup:
     msgpack_unpacked_destroy(&u);
     if (st != IE_OK) memset(m, 0, sizeof *m);
     return st;
+}
+
+/* ------------------------------------------------------------ KV operations */
+
+ie_status_t ie_kv_ops_append(ie_buf_t *frame, const ie_kv_op_t *op)
+{
+    int32_t w[4];
+    size_t nw = 0;
+    if (!frame || !op) return ie_error_set(IE_ERR_INVAL, "ie_kv_ops_append: NULL argument");
+    if (op->seq < 0) return ie_error_set(IE_ERR_INVAL, "kv op: slot %d", (int)op->seq);
+    switch (op->kind) {
+    case IE_KV_OP_CLEAR: w[nw++] = IE_KV_OP_CLEAR; w[nw++] = op->seq; break;
+    case IE_KV_OP_SET_LEN:
+        if (op->n < 0) return ie_error_set(IE_ERR_INVAL, "kv op: set length %d", (int)op->n);
+        w[nw++] = IE_KV_OP_SET_LEN; w[nw++] = op->seq; w[nw++] = op->n;
+        break;
+    case IE_KV_OP_BIND:
+        if (op->first < 0 || op->n < 0 || (op->n > 0 && !op->pb))
+            return ie_error_set(IE_ERR_INVAL, "kv op: bind of %d blocks at %d", (int)op->n, (int)op->first);
+        for (int32_t i = 0; i < op->n; i++)
+            if (op->pb[i] < -1) return ie_error_set(IE_ERR_INVAL, "kv op: physical block %d", (int)op->pb[i]);
+        w[nw++] = IE_KV_OP_BIND; w[nw++] = op->seq; w[nw++] = op->first; w[nw++] = op->n;
+        break;
+    default: return ie_error_set(IE_ERR_INVAL, "kv op: kind %d", (int)op->kind);
+    }
+    const size_t len = frame->len;
+    if (ie_buf_append(frame, w, nw * 4) != 0 ||
+        (op->kind == IE_KV_OP_BIND && op->n > 0 && ie_buf_append(frame, op->pb, (size_t)op->n * 4) != 0)) {
+        frame->len = len;
+        return ie_error_set(IE_ERR_NOMEM, "kv op: out of memory");
+    }
+    return IE_OK;
+}
+
+ie_status_t ie_kv_ops_check(const void *frame, size_t bytes, int *n_ops)
+{
+    int32_t w;
+    size_t ids = 0;
+    int ops = 0;
+    if (n_ops) *n_ops = 0;
+    if (bytes % 4 != 0 || bytes / 4 > IE_PROTO_KV_WORDS_MAX)
+        return ie_error_set(IE_ERR_FORMAT, "kv ops: a frame of %zu bytes (whole int32 words, at most %d)", bytes,
+                            IE_PROTO_KV_WORDS_MAX);
+    if (bytes && !frame) return ie_error_set(IE_ERR_INVAL, "kv ops: no data");
+    const size_t n = bytes / 4;
+    const uint8_t *p = frame;
+#define WORD(i) (memcpy(&w, p + 4 * (i), 4), w)
+    for (size_t at = 0; at < n; ops++) {
+        const int32_t kind = WORD(at);
+        const size_t need = kind == IE_KV_OP_CLEAR ? 2 : kind == IE_KV_OP_SET_LEN ? 3 : kind == IE_KV_OP_BIND ? 4 : 0;
+        if (!need) return ie_error_set(IE_ERR_FORMAT, "kv ops: word %zu: unknown operation %d", at, (int)kind);
+        if (n - at < need) return ie_error_set(IE_ERR_FORMAT, "kv ops: word %zu: operation %d cut short", at, (int)kind);
+        if (WORD(at + 1) < 0) return ie_error_set(IE_ERR_FORMAT, "kv ops: word %zu: slot %d", at + 1, (int)w);
+        if (kind == IE_KV_OP_SET_LEN && WORD(at + 2) < 0)
+            return ie_error_set(IE_ERR_FORMAT, "kv ops: word %zu: length %d", at + 2, (int)w);
+        if (kind == IE_KV_OP_BIND) {
+            if (WORD(at + 2) < 0) return ie_error_set(IE_ERR_FORMAT, "kv ops: word %zu: first block %d", at + 2, (int)w);
+            const int32_t cnt = WORD(at + 3);
+            if (cnt < 0 || (size_t)cnt > n - at - 4)
+                return ie_error_set(IE_ERR_FORMAT, "kv ops: word %zu: %d blocks (%zu words left)", at + 3, (int)cnt,
+                                    n - at - 4);
+            ids += (size_t)cnt;
+            if (ids > IE_PROTO_KV_IDS_MAX)
+                return ie_error_set(IE_ERR_FORMAT, "kv ops: more than %d block ids", IE_PROTO_KV_IDS_MAX);
+            for (size_t i = 0; i < (size_t)cnt; i++)
+                if (WORD(at + 4 + i) < -1)
+                    return ie_error_set(IE_ERR_FORMAT, "kv ops: word %zu: physical block %d", at + 4 + i, (int)w);
+            at += (size_t)cnt;
+        }
+        at += need;
+    }
+#undef WORD
+    if (n_ops) *n_ops = ops;
+    return IE_OK;
+}
+
+int ie_kv_ops_next(const int32_t *words, size_t n_words, size_t *off, ie_kv_op_t *op)
+{
+    if (*off >= n_words) return 0;
+    const int32_t *w = words + *off;
+    memset(op, 0, sizeof *op);
+    op->kind = (ie_kv_op_kind_t)w[0];
+    op->seq = w[1];
+    switch (op->kind) {
+    case IE_KV_OP_CLEAR: *off += 2; break;
+    case IE_KV_OP_SET_LEN: op->n = w[2]; *off += 3; break;
+    case IE_KV_OP_BIND:
+        op->first = w[2];
+        op->n = w[3];
+        op->pb = w + 4;
+        *off += 4 + (size_t)op->n;
+        break;
+    default: *off = n_words; return 0; /* not a validated frame */
+    }
+    return 1;
 }
 
 /* ------------------------------------------------------------ client requests */
@@ -836,7 +934,7 @@ ie_status_t ie_client_req_decode(const void *data, size_t n, ie_client_req_t *r)
     st = unpack_map(data, n, &u, "request");
     if (st != IE_OK) goto cleanup;
     const msgpack_object_map *map = &u.data.via.map;
-    st = check_version(map, "request");
+    st = check_version(map, "request", IE_PROTO_CLIENT_VERSION);
     if (st != IE_OK) goto cleanup;
     for (uint32_t i = 0; i < map->size; i++) {
         st = req_key(&map->ptr[i].key, &map->ptr[i].val, r, &seen);
@@ -868,7 +966,7 @@ static void reply_begin(msgpack_packer *pk, pack_ctx_t *ctx, ie_buf_t *out, size
     msgpack_packer_init(pk, ctx, pack_write);
     msgpack_pack_map(pk, n_keys);
     pack_key(pk, "v");
-    msgpack_pack_int(pk, IE_PROTO_VERSION);
+    msgpack_pack_int(pk, IE_PROTO_CLIENT_VERSION);
     pack_key(pk, "type");
     pack_cstr(pk, type);
     pack_key(pk, "id");

@@ -153,7 +153,7 @@ int main(int argc, char **argv)
     msgpack_packer_init(&pk, &req, pack_write);
     msgpack_pack_map(&pk, 7);
     pack_str(&pk, "v");
-    msgpack_pack_int(&pk, IE_PROTO_VERSION);
+    msgpack_pack_int(&pk, IE_PROTO_CLIENT_VERSION);
     pack_str(&pk, "type");
     pack_str(&pk, "generate");
     pack_str(&pk, "id");

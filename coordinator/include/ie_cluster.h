@@ -65,11 +65,18 @@ int ie_cluster_ready(const ie_cluster_t *c);
  * a worker's error -> that status with a one-line reason. */
 ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_out);
 
-/* Forget a slot on every worker (sent with the next step). */
+/* Forget a slot on every worker (queued like the operations below; a bad
+ * slot is ignored, as ie_worker_seq_clear does). */
 void ie_cluster_seq_clear(ie_cluster_t *c, int seq);
 /* Paged KV (ie_worker_kv_bind / ie_worker_seq_set_len): the arguments are
- * checked here (IE_ERR_RANGE), the operations queued and sent to every
- * rank with the next step, applied before it in call order. A worker that
+ * checked here against the pool the workers build (IE_ERR_RANGE), the
+ * operations queued and sent to every rank with the next step, applied
+ * before it in call order — clears included, one ordered list
+ * (docs/PROTOCOL.md, "KV operations"). On the workers they apply up to the
+ * first one refused (e.g. a length over an unbound block), which fails the
+ * step; a step whose tokens are refused leaves them applied, as on an
+ * embedded worker. One step carries at most IE_PROTO_KV_IDS_MAX block ids:
+ * a bind past that is IE_ERR_RANGE (run a step first). A worker that
  * registers anew starts with the default tables and no K/V: after an
  * IE_ERR_UNAVAILABLE step the caller rebinds what it uses again. */
 ie_status_t ie_cluster_kv_bind(ie_cluster_t *c, int seq, int first, const int32_t *pb, int n);

@@ -1,6 +1,10 @@
 /* cluster.c — the coordinator's side of the distributed service
  * (ie_cluster.h): membership by rank, epochs, heartbeats, and steps whose
- * logits come back from the ranks holding the output head. */
+ * logits come back from the ranks holding the output head.
+ *
+ * KV-cache operations (slot clears, block binds, lengths) are checked when
+ * called and queued, in call order, as one frame of the next STEP
+ * (ie_proto.h "KV operations"); every rank applies them before the step. */
 #include "ie_cluster.h"
 #include "ie_clock.h"
 
@@ -36,8 +40,10 @@ struct ie_cluster {
     char endpoint[IE_PROTO_ENDPOINT_MAX];
     member_t m[IE_PROTO_MAX_RANKS];
     uint64_t epoch, step;
-    int32_t clear[IE_PROTO_MAX_RANKS];
-    int n_clear;
+    int kv_nlb, kv_pool;  /* logical blocks per slot, blocks in the pool   */
+    ie_buf_t kv;         /* queued KV operations (ie_kv_ops_append)       */
+    size_t kv_ids;       /* block ids in them                             */
+    ie_status_t kv_lost; /* a clear that could not be queued: fail the next step */
     ie_parts_t in;
     ie_buf_t hdr;
     ie_msg_t assign_msg;
@@ -117,6 +123,8 @@ static void send_assign(ie_cluster_t *c, int r)
     a->n_ctx = c->o.n_ctx;
     a->n_seq = c->o.n_seq;
     a->max_batch = c->o.max_batch;
+    a->kv_block = c->o.kv_block;
+    a->kv_blocks = c->o.kv_blocks;
     a->precision = c->o.precision;
     a->heartbeat_ms = c->o.heartbeat_ms;
     a->dead_ms = c->o.dead_ms;
@@ -365,10 +373,11 @@ ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src
     *out = NULL;
     if (!o || !src || !o->net || !o->bind)
         return ie_error_set(IE_ERR_INVAL, "cluster: bind endpoint, net and model are required");
-    if (o->n_ranks < 1 || o->n_ranks > IE_PROTO_MAX_RANKS || o->n_seq < 1 || o->n_seq > IE_PROTO_MAX_RANKS ||
-        o->n_ctx < 1 || o->max_batch < 1)
-        return ie_error_set(IE_ERR_INVAL, "cluster: bad options (%d workers, %d sequences, ctx %d, batch %d)",
-                            o->n_ranks, o->n_seq, o->n_ctx, o->max_batch);
+    if (o->n_ranks < 1 || o->n_ranks > IE_PROTO_MAX_RANKS || o->n_seq < 1 || o->n_ctx < 1 || o->max_batch < 1 ||
+        o->kv_block < 0 || o->kv_blocks < 0)
+        return ie_error_set(IE_ERR_INVAL,
+                            "cluster: bad options (%d workers, %d sequences, ctx %d, batch %d, KV blocks %d of %d)",
+                            o->n_ranks, o->n_seq, o->n_ctx, o->max_batch, o->kv_blocks, o->kv_block);
     if (o->plan != IE_SHARD_PIPELINE && o->plan != IE_SHARD_TENSOR)
         return ie_error_set(IE_ERR_INVAL, "cluster: the plan must be pipeline or tensor");
     ie_cluster_t *c = calloc(1, sizeof *c);
@@ -379,6 +388,18 @@ ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src
     c->src = src;
     c->hp = *ie_model_src_hparams(src);
     c->fp = ie_model_src_fingerprint(src);
+    /* the workers' pool (ie_worker_new's defaults), for checking binds */
+    {
+        const int kb = o->kv_block > 0 ? o->kv_block : 16;
+        const int64_t nlb = ((int64_t)o->n_ctx + kb - 1) / kb, full = nlb * o->n_seq;
+        if (o->kv_blocks == 0 && full > INT32_MAX) {
+            st = ie_error_set(IE_ERR_INVAL, "cluster: %d slots of %lld KV blocks do not fit a block id", o->n_seq,
+                              (long long)nlb);
+            goto cleanup;
+        }
+        c->kv_nlb = (int)nlb;
+        c->kv_pool = o->kv_blocks > 0 ? o->kv_blocks : (int)full;
+    }
     for (int r = 0; r < o->n_ranks; r++) {
         ie_shard_t s = {o->plan, r, o->n_ranks};
         if ((st = ie_shard_plan(&c->hp, &s, &c->range[r])) != IE_OK) goto cleanup;
@@ -418,6 +439,7 @@ void ie_cluster_destroy(ie_cluster_t **c_p)
     ie_sock_destroy(&c->router);
     ie_parts_free(&c->in);
     ie_buf_free(&c->hdr);
+    ie_buf_free(&c->kv);
     free(c->flags);
     free(c);
     *c_p = NULL;
@@ -470,11 +492,52 @@ ie_status_t ie_cluster_wait_ready(ie_cluster_t *c, int timeout_ms)
                         timeout_ms / 1e3, ie_shard_kind_name(c->o.plan), c->o.n_ranks, d);
 }
 
+/* Queue one KV operation of `words` words carrying `ids` block ids, within
+ * one step's limits (IE_ERR_RANGE naming them) or IE_ERR_NOMEM. */
+static ie_status_t kv_queue(ie_cluster_t *c, const ie_kv_op_t *op, size_t words, size_t ids)
+{
+    if (c->kv_ids + ids > IE_PROTO_KV_IDS_MAX || c->kv.len / 4 + words > IE_PROTO_KV_WORDS_MAX)
+        return ie_error_set(IE_ERR_RANGE,
+                            "cluster: one step carries at most %d KV block ids (%d words of operations); %zu ids "
+                            "(%zu words) are queued already: run a step before queueing more",
+                            IE_PROTO_KV_IDS_MAX, IE_PROTO_KV_WORDS_MAX, c->kv_ids, c->kv.len / 4);
+    ie_status_t st = ie_kv_ops_append(&c->kv, op);
+    if (st == IE_OK) c->kv_ids += ids;
+    return st;
+}
+
 void ie_cluster_seq_clear(ie_cluster_t *c, int seq)
 {
-    for (int i = 0; i < c->n_clear; i++)
-        if (c->clear[i] == seq) return;
-    if (c->n_clear < IE_PROTO_MAX_RANKS) c->clear[c->n_clear++] = seq;
+    if (seq < 0 || seq >= c->o.n_seq) return; /* as ie_worker_seq_clear */
+    const ie_kv_op_t op = {.kind = IE_KV_OP_CLEAR, .seq = seq};
+    ie_status_t st = kv_queue(c, &op, 2, 0);
+    if (st != IE_OK && c->kv_lost == IE_OK) c->kv_lost = st; /* no status to return: the next step fails */
+}
+
+/* Contract (ie_cluster.h): the worker's argument checks, here. */
+ie_status_t ie_cluster_kv_bind(ie_cluster_t *c, int seq, int first, const int32_t *pb, int n)
+{
+    if (seq < 0 || seq >= c->o.n_seq)
+        return ie_error_set(IE_ERR_RANGE, "cluster: KV bind: slot %d out of range [0, %d)", seq, c->o.n_seq);
+    if (first < 0 || n < 0 || (int64_t)first + n > c->kv_nlb || (n > 0 && !pb))
+        return ie_error_set(IE_ERR_RANGE, "cluster: KV bind: logical blocks %d..%lld of slot %d outside [0, %d)",
+                            first, (long long)first + n - 1, seq, c->kv_nlb);
+    for (int i = 0; i < n; i++)
+        if (pb[i] < -1 || pb[i] >= c->kv_pool)
+            return ie_error_set(IE_ERR_RANGE, "cluster: KV bind: physical block %d outside the pool [0, %d)", pb[i],
+                                c->kv_pool);
+    const ie_kv_op_t op = {.kind = IE_KV_OP_BIND, .seq = seq, .first = first, .n = n, .pb = pb};
+    return kv_queue(c, &op, 4 + (size_t)n, (size_t)n);
+}
+
+ie_status_t ie_cluster_seq_set_len(ie_cluster_t *c, int seq, int n_pos)
+{
+    if (seq < 0 || seq >= c->o.n_seq)
+        return ie_error_set(IE_ERR_RANGE, "cluster: set length: slot %d out of range [0, %d)", seq, c->o.n_seq);
+    if (n_pos < 0 || n_pos > c->o.n_ctx)
+        return ie_error_set(IE_ERR_RANGE, "cluster: set length: %d positions (0..%d)", n_pos, c->o.n_ctx);
+    const ie_kv_op_t op = {.kind = IE_KV_OP_SET_LEN, .seq = seq, .n = n_pos};
+    return kv_queue(c, &op, 3, 0);
 }
 
 ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_out)
@@ -490,6 +553,14 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
             ie_cluster_describe(c, d, sizeof d);
             return ie_error_set(IE_ERR_UNAVAILABLE, "cluster not ready: %s", d);
         }
+    }
+    if (c->kv_lost != IE_OK) { /* a slot clear was not queued: the caller's picture is wrong */
+        ie_status_t lost = c->kv_lost;
+        c->kv_lost = IE_OK;
+        ie_buf_reset(&c->kv);
+        c->kv_ids = 0;
+        return ie_error_set(lost, "cluster: a slot clear could not be queued (too many KV operations before one "
+                            "step); the queued KV operations were dropped");
     }
     const uint8_t *flags = b->logits;
     if (!flags) { /* as ie_worker_step: the last token only */
@@ -510,10 +581,9 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
     m.u.step.epoch = c->epoch;
     m.u.step.step = ++c->step;
     m.u.step.n = b->n;
-    m.u.step.n_clear = c->n_clear;
-    memcpy(m.u.step.clear, c->clear, sizeof c->clear);
+    m.u.step.kv_words = (int32_t)(c->kv.len / 4);
     const size_t n4 = (size_t)b->n * 4;
-    ie_frame_t f[4] = {{b->tokens, n4}, {b->pos, n4}, {b->seq, n4}, {flags, (size_t)b->n}};
+    ie_frame_t f[5] = {{b->tokens, n4}, {b->pos, n4}, {b->seq, n4}, {flags, (size_t)b->n}, {c->kv.data, c->kv.len}};
     memset(c->got, 0, sizeof c->got);
     c->waiting = 1;
     c->step_st = IE_OK;
@@ -523,12 +593,17 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
     const int tensor = c->o.plan == IE_SHARD_TENSOR;
     for (int r = 0; r < c->o.n_ranks; r++) {
         if (!tensor && r > 0) break;
-        if (send_to(c, c->m[r].ident, c->m[r].ident_len, &m, f, 4) != IE_OK && c->step_st == IE_OK) {
+        if (send_to(c, c->m[r].ident, c->m[r].ident_len, &m, f, 5) != IE_OK && c->step_st == IE_OK) {
             c->step_st = IE_ERR_UNAVAILABLE;
             snprintf(c->step_err, sizeof c->step_err, "cannot reach worker rank %d: %s", r, ie_error_last());
         }
     }
-    if (c->step_st == IE_OK) c->n_clear = 0;
+    /* sent everywhere: the operations are the workers' now (applied even if
+     * the step then fails); a failed send keeps them for the next step */
+    if (c->step_st == IE_OK) {
+        ie_buf_reset(&c->kv);
+        c->kv_ids = 0;
+    }
     /* wait for the head ranks (all tensor ranks; the last stage) */
     while (c->step_st == IE_OK) {
         int done = 1;

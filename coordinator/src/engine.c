@@ -38,6 +38,7 @@ struct ie_engine {
     volatile sig_atomic_t node_stop;
     char ep[96];
     int n_ctx, max_batch;
+    int kv_block, kv_blocks;   /* the workers' KV pool, resolved            */
     float *logits;      /* [n_seq][n_vocab] rows of one step */
     int32_t *b_tok, *b_pos, *b_seq;
     uint8_t *b_logits;
@@ -51,6 +52,7 @@ void ie_engine_opts_default(ie_engine_opts_t *o)
     o->n_seq = 1;
     o->max_batch = 256;
     o->precision = IE_PREC_NATIVE;
+    o->prefix_cache = 1;
 }
 
 void ie_gen_params_default(ie_gen_params_t *p)
@@ -114,6 +116,7 @@ static ie_status_t start_cluster(ie_engine_t *e, const ie_worker_opts_t *wo)
     ie_cluster_opts_t co = {.bind = o->cluster_bind ? o->cluster_bind : e->ep, .plan = o->plan,
                             .n_ranks = o->n_workers, .n_ctx = wo->n_ctx, .n_seq = wo->n_seq,
                             .max_batch = wo->max_batch, .precision = wo->precision,
+                            .kv_block = wo->kv_block, .kv_blocks = wo->kv_blocks,
                             .heartbeat_ms = o->heartbeat_ms, .dead_ms = o->dead_ms, .net = e->net,
                             .metrics = o->metrics, .verbose = o->cluster_bind != NULL};
     if ((st = ie_cluster_new(&co, e->src, &e->cluster)) != IE_OK) return st;
@@ -187,9 +190,17 @@ ie_status_t ie_engine_create(const ie_engine_opts_t *o, ie_engine_t **out)
     wo.n_seq = o->n_seq;
     wo.max_batch = o->max_batch < o->n_seq ? o->n_seq : o->max_batch;
     wo.precision = o->precision;
+    wo.kv_block = o->kv_block;
+    wo.kv_blocks = o->kv_blocks;
     wo.n_ctx = o->n_ctx ? o->n_ctx : (hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
     e->n_ctx = wo.n_ctx;
     e->max_batch = wo.max_batch;
+    /* the pool every worker builds from these options (ie_worker_new) */
+    e->kv_block = wo.kv_block > 0 ? wo.kv_block : 16;
+    {
+        const int64_t full = (int64_t)o->n_seq * ((wo.n_ctx + e->kv_block - 1) / e->kv_block);
+        e->kv_blocks = wo.kv_blocks > 0 ? wo.kv_blocks : full > INT32_MAX ? 0 : (int)full; /* 0: refused below */
+    }
     if (o->plan == IE_SHARD_NONE) {
         if ((st = ie_worker_new(e->src, &wo, &e->worker)) != IE_OK) goto cleanup;
     } else if ((st = start_cluster(e, &wo)) != IE_OK) {
@@ -253,6 +264,24 @@ void ie_engine_seq_clear(ie_engine_t *e, int seq)
     if (e->worker) ie_worker_seq_clear(e->worker, seq);
     else ie_cluster_seq_clear(e->cluster, seq);
 }
+
+/* ------------------------------------------------------------ paged KV */
+
+ie_status_t ie_engine_kv_bind(ie_engine_t *e, int seq, int first, const int32_t *pb, int n)
+{
+    return e->worker ? ie_worker_kv_bind(e->worker, seq, first, pb, n)
+                     : ie_cluster_kv_bind(e->cluster, seq, first, pb, n);
+}
+
+ie_status_t ie_engine_seq_set_len(ie_engine_t *e, int seq, int n_pos)
+{
+    return e->worker ? ie_worker_seq_set_len(e->worker, seq, n_pos) : ie_cluster_seq_set_len(e->cluster, seq, n_pos);
+}
+
+/* The pool as the workers build it (ie_worker_new's defaults resolved). */
+int ie_engine_kv_block(const ie_engine_t *e) { return e->kv_block; }
+int ie_engine_kv_blocks(const ie_engine_t *e) { return e->kv_blocks; }
+int ie_engine_n_seq(const ie_engine_t *e) { return e->opts.n_seq; }
 
 void ie_gen_result_clear(ie_gen_result_t *r)
 {

@@ -1,11 +1,13 @@
 /* fuzz_proto.c — libFuzzer target for the wire protocol decoders
- * (ie_msg_decode, ie_client_req_decode in ie_proto.h).
+ * (ie_msg_decode, ie_client_req_decode, ie_kv_ops_check in ie_proto.h).
  *
  * Every input goes to both decoders, copied into an exactly-sized heap block
  * so ASan sees any read past its end. Oracles beyond "no crash, no leak":
  * a cluster header that decodes must re-encode, and decode again to the
  * same struct (the decoder admits only what the encoder can write); a
- * client request that decodes must satisfy the documented limits.
+ * client request that decodes must satisfy the documented limits; a KV
+ * operations frame that checks must re-encode (ie_kv_ops_next +
+ * ie_kv_ops_append) to the same bytes.
  *
  * Seeds (tests/fuzz/corpus_proto/) come from the encoders themselves: build
  * this file on its own with -DIE_PROTO_MAKE_SEEDS and run it with the
@@ -53,6 +55,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (ie_msg_decode(b.data, b.len, &g_m2) != IE_OK || memcmp(&g_m, &g_m2, sizeof g_m) != 0) __builtin_trap();
     } else if (g_m.kind != IE_MSG_NONE) {
         __builtin_trap(); /* a failed decode leaves a zeroed message */
+    }
+    if (ie_kv_ops_check(p, size, NULL) == IE_OK) { /* p is malloc'd: int32-aligned */
+        ie_kv_op_t op;
+        size_t off = 0;
+        ie_buf_reset(&b);
+        while (ie_kv_ops_next((const int32_t *)p, size / 4, &off, &op))
+            if (ie_kv_ops_append(&b, &op) != IE_OK) __builtin_trap();
+        if (b.len != size || (size && memcmp(b.data, p, size) != 0)) __builtin_trap();
     }
     if (ie_client_req_decode(p, size, &r) == IE_OK) check_request(&r);
     else if (r.id || r.type || r.prompt || r.messages || r.stop) __builtin_trap();
@@ -103,7 +113,8 @@ int main(int argc, char **argv)
     memset(&m, 0, sizeof m);
     m.kind = IE_MSG_ASSIGN;
     m.u.assign = (ie_msg_assign_t){.epoch = 1, .plan = 1, .rank = 1, .n_ranks = 2, .n_ctx = 2048, .n_seq = 4,
-                                   .max_batch = 256, .precision = 0, .heartbeat_ms = 500, .dead_ms = 3000};
+                                   .max_batch = 256, .kv_block = 16, .kv_blocks = 64, .precision = 0,
+                                   .heartbeat_ms = 500, .dead_ms = 3000};
     strcpy(m.u.assign.peer_endpoint[0], "tcp://10.0.0.1:5601");
     strcpy(m.u.assign.peer_endpoint[1], "tcp://10.0.0.2:5601");
     seed_msg(dir, &m);
@@ -116,8 +127,19 @@ int main(int argc, char **argv)
 
     memset(&m, 0, sizeof m);
     m.kind = IE_MSG_STEP;
-    m.u.step = (ie_msg_step_t){.epoch = 1, .step = 5, .n = 3, .has_hidden = 1, .n_clear = 2, .clear = {1, 3}};
+    m.u.step = (ie_msg_step_t){.epoch = 1, .step = 5, .n = 3, .has_hidden = 1, .kv_words = 14};
     seed_msg(dir, &m);
+
+    { /* a STEP's KV-operations frame: clear, bind, set length */
+        static const int32_t pb[3] = {7, -1, 2};
+        const ie_kv_op_t ops[3] = {{IE_KV_OP_CLEAR, 1, 0, 0, NULL}, {IE_KV_OP_BIND, 1, 0, 3, pb},
+                                   {IE_KV_OP_SET_LEN, 0, 0, 40, NULL}};
+        ie_buf_t b = {0};
+        for (int i = 0; i < 3; i++)
+            if (ie_kv_ops_append(&b, &ops[i]) != IE_OK) abort();
+        write_seed(dir, "kv-ops", b.data, b.len);
+        ie_buf_free(&b);
+    }
 
     memset(&m, 0, sizeof m);
     m.kind = IE_MSG_RESULT;

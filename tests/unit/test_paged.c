@@ -15,7 +15,15 @@
  * naming slot and position and changes nothing (lengths, K/V); bad bind and
  * set-length arguments are refused and change nothing; bad pool options are
  * IE_ERR_INVAL.
+ *
+ * The same through the engine's cluster backend (in-process workers over
+ * inproc://, ie_engine_kv_bind / ie_engine_seq_set_len / seq_clear queued
+ * and sent with the next STEP): pipeline:2 gives the embedded worker's bits,
+ * tensor:2 with a scrambled small pool gives the bits of tensor:2 with the
+ * default pool; queued operations apply in call order on every rank (clears
+ * included), survive a step that fails, and an over-long queue is refused.
  */
+#include "ie_engine.h"
 #include "ie_worker.h"
 
 #include <CUnit/Basic.h>
@@ -335,6 +343,156 @@ static void test_bad_arguments(void)
     ie_worker_destroy(&w);
 }
 
+/* ------------------------------------------------------------ cluster */
+
+static ie_engine_t *make_engine(ie_shard_kind_t plan, int kv_block, int kv_blocks)
+{
+    ie_engine_opts_t o;
+    ie_engine_opts_default(&o);
+    o.model_path = LLAMA;
+    o.no_tokenizer = 1;
+    o.n_threads = 2;
+    o.pin_threads = 0;
+    o.n_ctx = N_CTX;
+    o.n_seq = 2;
+    o.max_batch = 16;
+    o.plan = plan;
+    o.n_workers = plan == IE_SHARD_NONE ? 0 : 2;
+    o.kv_block = kv_block;
+    o.kv_blocks = kv_blocks;
+    ie_engine_t *e = NULL;
+    ie_status_t st = ie_engine_create(&o, &e);
+    if (st != IE_OK) fprintf(stderr, "\nengine: %s\n", ie_error_last());
+    CU_ASSERT_EQUAL_FATAL(st, IE_OK);
+    return e;
+}
+
+static ie_status_t engine_step(void *ctx, const ie_batch_t *b, float *logits)
+{
+    return ie_engine_step(ctx, b, logits);
+}
+
+/* The shared-prefix scenario of check_shared through an engine (any
+ * backend) with a pool of 8 blocks of 5: logits of both streams. */
+static void engine_shared(ie_engine_t *e, const int32_t *a, const int32_t *b, int n, float *ga, float *gb)
+{
+    const int kb = 5, shared = 10, nv = ie_engine_hparams(e)->n_vocab;
+    const int32_t t0[4] = {6, 2, 5, 0}, t1[4] = {6, 2, 7, 1};
+    CU_ASSERT_EQUAL(ie_engine_kv_block(e), kb);
+    CU_ASSERT_EQUAL(ie_engine_kv_blocks(e), 8);
+    CU_ASSERT_EQUAL(ie_engine_n_seq(e), 2);
+    CU_ASSERT_EQUAL(ie_engine_kv_bind(e, 0, 0, t0, 4), IE_OK);
+    CU_ASSERT_EQUAL(feed(engine_step, e, 0, a, 0, shared, shared, nv, ga), IE_OK);
+    CU_ASSERT_EQUAL(ie_engine_kv_bind(e, 1, 0, t1, 2), IE_OK);
+    CU_ASSERT_EQUAL(ie_engine_seq_set_len(e, 1, shared), IE_OK);
+    CU_ASSERT_EQUAL(ie_engine_kv_bind(e, 1, 2, t1 + 2, 2), IE_OK);
+    memcpy(gb, ga, (size_t)shared * nv * 4);
+    for (int i = shared; i < n; i++) {
+        CU_ASSERT_EQUAL(feed(engine_step, e, 1, b, i, i + 1, 1, nv, gb), IE_OK);
+        CU_ASSERT_EQUAL(feed(engine_step, e, 0, a, i, i + 1, 1, nv, ga), IE_OK);
+    }
+}
+
+/* The same two streams, each alone in a contiguous cache (what a paged
+ * run must reproduce) on backend e (default pool). */
+static void engine_alone(ie_engine_t *e, const int32_t *ids, int n, float *out)
+{
+    const int shared = 10, nv = ie_engine_hparams(e)->n_vocab;
+    ie_engine_seq_clear(e, 0);
+    CU_ASSERT_EQUAL(feed(engine_step, e, 0, ids, 0, shared, shared, nv, out), IE_OK);
+    CU_ASSERT_EQUAL(feed(engine_step, e, 0, ids, shared, n, 1, nv, out), IE_OK);
+}
+
+static void check_cluster(ie_shard_kind_t plan)
+{
+    const int n = 19, na = 22; /* slot 0 later continues to 22 */
+    int32_t a[MAXP], b[MAXP];
+    prompt(a, na, 4);
+    memcpy(b, a, 10 * sizeof(int32_t));
+    for (int i = 10; i < n; i++) b[i] = (a[i] + 3) % 500 + 1;
+    /* reference: pipeline is bit-identical to the embedded worker; tensor
+     * sums in another order, so its reference is tensor with the default
+     * (identity) pool */
+    ie_engine_t *ref = make_engine(plan == IE_SHARD_PIPELINE ? IE_SHARD_NONE : plan, 0, 0);
+    ie_engine_t *e = make_engine(plan, 5, 8);
+    const int nv = ie_engine_hparams(e)->n_vocab;
+    float *ra = malloc((size_t)na * nv * 4), *rb = malloc((size_t)n * nv * 4);
+    float *ga = malloc((size_t)na * nv * 4), *gb = malloc((size_t)n * nv * 4);
+    CU_ASSERT_FATAL(ra && rb && ga && gb);
+    engine_alone(ref, a, na, ra);
+    engine_alone(ref, b, n, rb);
+    engine_shared(e, a, b, n, ga, gb);
+    CU_ASSERT(memcmp(ga, ra, (size_t)n * nv * 4) == 0);
+    CU_ASSERT(memcmp(gb, rb, (size_t)n * nv * 4) == 0);
+
+    /* the embedded engine runs the same calls to the same bits */
+    if (plan == IE_SHARD_PIPELINE) {
+        ie_engine_t *emb = make_engine(IE_SHARD_NONE, 5, 8);
+        engine_shared(emb, a, b, n, ga, gb);
+        CU_ASSERT(memcmp(ga, ra, (size_t)n * nv * 4) == 0);
+        CU_ASSERT(memcmp(gb, rb, (size_t)n * nv * 4) == 0);
+        ie_engine_destroy(&emb);
+    }
+
+    /* call order on every rank: set_len then clear leaves slot 1 empty
+     * (position 10 skips ahead), clear then set_len leaves 10 positions */
+    int32_t p10 = 10, s1 = 1;
+    uint8_t want = 1;
+    ie_batch_t bt = {1, b + 10, &p10, &s1, &want};
+    CU_ASSERT_EQUAL(ie_engine_seq_set_len(e, 1, 10), IE_OK);
+    ie_engine_seq_clear(e, 1);
+    CU_ASSERT_EQUAL(ie_engine_step(e, &bt, gb), IE_ERR_RANGE);
+    CU_ASSERT(has("skips ahead"));
+    ie_engine_seq_clear(e, 1);
+    CU_ASSERT_EQUAL(ie_engine_seq_set_len(e, 1, 10), IE_OK);
+    CU_ASSERT_EQUAL(ie_engine_step(e, &bt, gb + (size_t)10 * nv), IE_OK);
+    CU_ASSERT(memcmp(gb + (size_t)10 * nv, rb + (size_t)10 * nv, (size_t)nv * 4) == 0);
+
+    /* operations queued before a step that fails still apply on every
+     * rank (pipeline: the failing stage passes them on to the next): bind
+     * slot 0's block 4 (positions 20..24, unbound so far), fail the step on
+     * a block of slot 1 unbound in the same queue, then continue slot 0
+     * into block 4 — every stage must have it bound */
+    const int32_t more[1] = {3}, unb[1] = {-1}, moved[2] = {3, 4};
+    CU_ASSERT_EQUAL(ie_engine_kv_bind(e, 0, 4, more, 1), IE_OK);
+    CU_ASSERT_EQUAL(ie_engine_kv_bind(e, 1, 2, unb, 1), IE_OK);
+    CU_ASSERT_EQUAL(ie_engine_step(e, &bt, gb), IE_ERR_RANGE);
+    CU_ASSERT(has("slot 1 position 10") && has("not bound"));
+    CU_ASSERT_EQUAL(feed(engine_step, e, 0, a, n, na, 1, nv, ga), IE_OK);
+    CU_ASSERT(memcmp(ga, ra, (size_t)na * nv * 4) == 0);
+
+    /* arguments are checked at call time */
+    const int32_t bad[1] = {8};
+    CU_ASSERT_EQUAL(ie_engine_kv_bind(e, 0, 0, bad, 1), IE_ERR_RANGE);
+    CU_ASSERT_EQUAL(ie_engine_kv_bind(e, 2, 0, moved, 1), IE_ERR_RANGE);
+    CU_ASSERT_EQUAL(ie_engine_kv_bind(e, 0, 12, moved, 2), IE_ERR_RANGE);
+    CU_ASSERT_EQUAL(ie_engine_seq_set_len(e, 0, N_CTX + 1), IE_ERR_RANGE);
+    /* a queue of more block ids than one step carries is refused */
+    int32_t *many = malloc(13 * sizeof(int32_t));
+    CU_ASSERT_FATAL(many != NULL);
+    for (int i = 0; i < 13; i++) many[i] = -1;
+    ie_status_t st = IE_OK;
+    int k = 0;
+    for (; k < 70000 && st == IE_OK; k++) st = ie_engine_kv_bind(e, 1, 0, many, 13);
+    CU_ASSERT_EQUAL(st, IE_ERR_RANGE);
+    CU_ASSERT(has("65536"));
+    CU_ASSERT(k > 5000);
+    free(many);
+    /* the accepted ones go with the next step (slot 1 all unbound now) */
+    CU_ASSERT_EQUAL(ie_engine_step(e, &bt, gb), IE_ERR_RANGE);
+    CU_ASSERT(has("slot 1"));
+
+    free(ra);
+    free(rb);
+    free(ga);
+    free(gb);
+    ie_engine_destroy(&ref);
+    ie_engine_destroy(&e);
+}
+
+static void test_cluster_pipeline(void) { check_cluster(IE_SHARD_PIPELINE); }
+static void test_cluster_tensor(void) { check_cluster(IE_SHARD_TENSOR); }
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -344,6 +502,8 @@ int main(void)
     CU_add_test(s, "shared prefix blocks == separate runs (bits)", test_shared_prefix);
     CU_add_test(s, "unbound blocks refused, nothing changes", test_unbound_blocks);
     CU_add_test(s, "bad bind / set-length arguments", test_bad_arguments);
+    CU_add_test(s, "cluster pipeline:2 paged == embedded", test_cluster_pipeline);
+    CU_add_test(s, "cluster tensor:2 paged == default pool", test_cluster_tensor);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();

@@ -1,8 +1,10 @@
 /* test_proto.c — the wire protocol (ie_proto.h): every cluster message
  * round-trips; every class of bad header (wrong type, missing key, long
  * string, other version, trailing bytes, every truncation, random byte
- * mutations) is refused cleanly; client requests get their defaults and
- * limits; reply encoders decode back with plain msgpack-c.
+ * mutations) is refused cleanly; a STEP's KV-operations frame round-trips
+ * and every truncation, mutation and limit is checked the same way; client
+ * requests get their defaults and limits (their version apart from the
+ * cluster's); reply encoders decode back with plain msgpack-c.
  *
  * Bad headers are made by re-packing a valid one with one key dropped or
  * replaced (repack below), so each case differs from a valid message in
@@ -107,7 +109,8 @@ static void sample(ie_msg_kind_t kind, ie_msg_t *m)
         break;
     case IE_MSG_ASSIGN:
         m->u.assign = (ie_msg_assign_t){.epoch = 3, .plan = 1, .rank = 2, .n_ranks = 4, .n_ctx = 4096, .n_seq = 8,
-                                        .max_batch = 512, .precision = 4, .heartbeat_ms = 500, .dead_ms = 3000};
+                                        .max_batch = 512, .kv_block = 16, .kv_blocks = 1000, .precision = 4,
+                                        .heartbeat_ms = 500, .dead_ms = 3000};
         for (int i = 0; i < 4; i++) {
             snprintf(m->u.assign.peer_endpoint[i], IE_PROTO_ENDPOINT_MAX, "tcp://10.0.0.%d:5601", i + 1);
             snprintf(m->u.assign.peer_key[i], IE_PROTO_KEY_MAX, "key-%d", i);
@@ -118,10 +121,7 @@ static void sample(ie_msg_kind_t kind, ie_msg_t *m)
                                       .weight_bytes = 7ull << 32};
         break;
     case IE_MSG_STEP:
-        m->u.step = (ie_msg_step_t){.epoch = 3, .step = 99, .n = 17, .has_hidden = 1, .n_clear = 3};
-        m->u.step.clear[0] = 0;
-        m->u.step.clear[1] = 5;
-        m->u.step.clear[2] = 7;
+        m->u.step = (ie_msg_step_t){.epoch = 3, .step = 99, .n = 17, .has_hidden = 1, .kv_words = 23};
         break;
     case IE_MSG_RESULT:
         m->u.result = (ie_msg_result_t){.epoch = 3, .step = 99, .rank = 1, .status = 0, .n_rows = 4,
@@ -217,8 +217,7 @@ static void test_round_trip(void)
     /* extremes survive */
     sample(IE_MSG_STEP, &g_a);
     g_a.u.step.epoch = UINT64_MAX;
-    g_a.u.step.n_clear = IE_PROTO_MAX_RANKS;
-    for (int i = 0; i < IE_PROTO_MAX_RANKS; i++) g_a.u.step.clear[i] = INT32_MAX - i;
+    g_a.u.step.kv_words = IE_PROTO_KV_WORDS_MAX;
     CU_ASSERT_EQUAL_FATAL(ie_msg_encode(&g_a, &b), IE_OK);
     CU_ASSERT_EQUAL(ie_msg_decode(b.data, b.len, &g_b), IE_OK);
     CU_ASSERT_EQUAL(memcmp(&g_a, &g_b, sizeof g_a), 0);
@@ -253,7 +252,12 @@ static void test_encode_refuses(void)
     g_a.u.assign.rank = 4; /* == n_ranks */
     CU_ASSERT_EQUAL(ie_msg_encode(&g_a, &b), IE_ERR_INVAL);
     sample(IE_MSG_STEP, &g_a);
-    g_a.u.step.n_clear = IE_PROTO_MAX_RANKS + 1;
+    g_a.u.step.kv_words = IE_PROTO_KV_WORDS_MAX + 1;
+    CU_ASSERT_EQUAL(ie_msg_encode(&g_a, &b), IE_ERR_INVAL);
+    g_a.u.step.kv_words = -1;
+    CU_ASSERT_EQUAL(ie_msg_encode(&g_a, &b), IE_ERR_INVAL);
+    sample(IE_MSG_ASSIGN, &g_a);
+    g_a.u.assign.kv_blocks = -1;
     CU_ASSERT_EQUAL(ie_msg_encode(&g_a, &b), IE_ERR_INVAL);
     sample(IE_MSG_READY, &g_a);
     g_a.u.ready.load_ms = -1;
@@ -276,9 +280,10 @@ static void test_wrong_types(void)
     expect_changed(IE_MSG_STEP, NULL, "n", (val_t){V_DBL, .d = 17.0}, IE_ERR_FORMAT, "n");
     expect_changed(IE_MSG_STEP, NULL, "has_hidden", (val_t){V_STR, .s = "yes"}, IE_ERR_FORMAT, "has_hidden");
     expect_changed(IE_MSG_STEP, NULL, "has_hidden", (val_t){V_INT, .i = 2}, IE_ERR_FORMAT, "has_hidden");
-    expect_changed(IE_MSG_STEP, NULL, "clear", (val_t){V_INT, .i = 2}, IE_ERR_FORMAT, "clear");
-    expect_changed(IE_MSG_STEP, NULL, "clear", (val_t){V_ARR_STR, .s = "x", .slen = 2}, IE_ERR_FORMAT, "clear");
-    expect_changed(IE_MSG_STEP, NULL, "clear", (val_t){V_ARR_INT, .i = -1, .slen = 2}, IE_ERR_FORMAT, "clear");
+    expect_changed(IE_MSG_STEP, NULL, "kv_words", (val_t){V_STR, .s = "2"}, IE_ERR_FORMAT, "kv_words");
+    expect_changed(IE_MSG_STEP, NULL, "kv_words", (val_t){V_ARR_INT, .i = 1, .slen = 2}, IE_ERR_FORMAT, "kv_words");
+    expect_changed(IE_MSG_STEP, NULL, "kv_words", (val_t){V_DBL, .d = 2.0}, IE_ERR_FORMAT, "kv_words");
+    expect_changed(IE_MSG_ASSIGN, NULL, "kv_block", (val_t){V_BOOL, .i = 1}, IE_ERR_FORMAT, "kv_block");
     expect_changed(IE_MSG_ASSIGN, NULL, "peer_endpoint", (val_t){V_ARR_INT, .i = 1, .slen = 4}, IE_ERR_FORMAT,
                    "peer_endpoint");
     expect_changed(IE_MSG_READY, NULL, "load_ms", (val_t){V_STR, .s = "1"}, IE_ERR_FORMAT, "load_ms");
@@ -304,7 +309,8 @@ static void test_missing_keys(void)
         const char *key;
     } req[] = {{IE_MSG_HELLO, "rank"},      {IE_MSG_HELLO, "peer_endpoint"}, {IE_MSG_HELLO, "model_fp"},
                {IE_MSG_ASSIGN, "n_ranks"},  {IE_MSG_ASSIGN, "peer_endpoint"}, {IE_MSG_ASSIGN, "epoch"},
-               {IE_MSG_READY, "status"},    {IE_MSG_STEP, "n"},               {IE_MSG_STEP, "clear"},
+               {IE_MSG_READY, "status"},    {IE_MSG_STEP, "n"},               {IE_MSG_STEP, "kv_words"},
+               {IE_MSG_ASSIGN, "kv_block"}, {IE_MSG_ASSIGN, "kv_blocks"},
                {IE_MSG_RESULT, "vocab_end"}, {IE_MSG_PARTIAL, "count"},       {IE_MSG_HEARTBEAT, "rank"},
                {IE_MSG_ERROR, "code"},      {IE_MSG_HELLO, "kind"},           {IE_MSG_STEP, "v"}};
     for (size_t i = 0; i < sizeof req / sizeof req[0]; i++)
@@ -337,11 +343,16 @@ static void test_ranges_and_strings(void)
     expect_changed(IE_MSG_ASSIGN, NULL, "rank", (val_t){V_INT, .i = 4}, IE_ERR_FORMAT, "rank");
     expect_changed(IE_MSG_ASSIGN, NULL, "peer_key", (val_t){V_ARR_STR, .s = "k", .slen = 3}, IE_ERR_FORMAT,
                    "peer_key");
-    expect_changed(IE_MSG_STEP, NULL, "clear", (val_t){V_ARR_INT, .i = 1, .slen = 65}, IE_ERR_FORMAT, "clear");
-    expect_changed(IE_MSG_STEP, NULL, "clear", (val_t){V_ARR_INT, .i = 1, .slen = 64}, IE_OK, NULL);
-    CU_ASSERT_EQUAL(g_b.u.step.n_clear, 64);
-    expect_changed(IE_MSG_STEP, NULL, "clear", (val_t){V_ARR_INT, .i = 1, .slen = 0}, IE_OK, NULL);
-    CU_ASSERT_EQUAL(g_b.u.step.n_clear, 0);
+    expect_changed(IE_MSG_STEP, NULL, "kv_words", (val_t){V_INT, .i = IE_PROTO_KV_WORDS_MAX + 1}, IE_ERR_FORMAT,
+                   "kv_words");
+    expect_changed(IE_MSG_STEP, NULL, "kv_words", (val_t){V_INT, .i = -1}, IE_ERR_FORMAT, "kv_words");
+    expect_changed(IE_MSG_STEP, NULL, "kv_words", (val_t){V_INT, .i = IE_PROTO_KV_WORDS_MAX}, IE_OK, NULL);
+    CU_ASSERT_EQUAL(g_b.u.step.kv_words, IE_PROTO_KV_WORDS_MAX);
+    expect_changed(IE_MSG_STEP, NULL, "kv_words", (val_t){V_INT, .i = 0}, IE_OK, NULL);
+    CU_ASSERT_EQUAL(g_b.u.step.kv_words, 0);
+    expect_changed(IE_MSG_ASSIGN, NULL, "kv_blocks", (val_t){V_INT, .i = -1}, IE_ERR_FORMAT, "kv_blocks");
+    expect_changed(IE_MSG_ASSIGN, NULL, "kv_block", (val_t){V_INT, .i = 0}, IE_OK, NULL);
+    CU_ASSERT_EQUAL(g_b.u.assign.kv_block, 0);
     expect_changed(IE_MSG_STEP, NULL, "n", (val_t){V_INT, .i = -1}, IE_ERR_FORMAT, "n");
     expect_changed(IE_MSG_STEP, NULL, "n", (val_t){V_INT, .i = (int64_t)INT32_MAX + 1}, IE_ERR_FORMAT, "n");
     expect_changed(IE_MSG_HELLO, NULL, "rank", (val_t){V_INT, .i = -2}, IE_ERR_FORMAT, "rank");
@@ -353,13 +364,15 @@ static void test_ranges_and_strings(void)
 
 static void test_version_and_shape(void)
 {
-    expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 2}, IE_ERR_UNSUPPORTED, NULL);
+    /* version 1 (clear lists, no KV pool) is another protocol now */
+    expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 1}, IE_ERR_UNSUPPORTED, NULL);
+    expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 3}, IE_ERR_UNSUPPORTED, NULL);
     expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 0}, IE_ERR_UNSUPPORTED, NULL);
-    /* version is judged before anything else: a v2 header with odd keys is "another version" */
+    /* version is judged before anything else: a v1 header with odd keys is "another version" */
     {
         ie_buf_t b = {0};
         msgpack_sbuffer s1, s2;
-        val_t v2 = {V_INT, .i = 2}, bad = {V_STR, .s = "?"};
+        val_t v2 = {V_INT, .i = 1}, bad = {V_STR, .s = "?"};
         encode_sample(IE_MSG_STEP, &b);
         repack(b.data, b.len, NULL, "v", &v2, &s1);
         repack(s1.data, s1.size, "n", "epoch", &bad, &s2);
@@ -379,9 +392,9 @@ static void test_version_and_shape(void)
     static const uint8_t huge_str[] = {0x81, 0xa1, 'v', 0xdb, 0xff, 0xff, 0xff, 0xff};
     static const uint8_t deep[] = {0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x90};
     static const uint8_t never[] = {0xc1};
-    static const uint8_t dup_v[] = {0x83, 0xa1, 'v', 0x01, 0xa1, 'v', 0x01, 0xa4, 'k', 'i', 'n', 'd', 0x08};
-    static const uint8_t bye[] = {0x82, 0xa1, 'v', 0x01, 0xa4, 'k', 'i', 'n', 'd', 0x08};
-    static const uint8_t dup_kind[] = {0x83, 0xa1, 'v', 0x01, 0xa4, 'k', 'i', 'n', 'd', 0x08,
+    static const uint8_t dup_v[] = {0x83, 0xa1, 'v', 0x02, 0xa1, 'v', 0x02, 0xa4, 'k', 'i', 'n', 'd', 0x08};
+    static const uint8_t bye[] = {0x82, 0xa1, 'v', 0x02, 0xa4, 'k', 'i', 'n', 'd', 0x08};
+    static const uint8_t dup_kind[] = {0x83, 0xa1, 'v', 0x02, 0xa4, 'k', 'i', 'n', 'd', 0x08,
                                        0xa4, 'k', 'i', 'n', 'd', 0x08};
     expect_decode(not_map, sizeof not_map, IE_ERR_FORMAT, NULL);
     expect_decode(int_key, sizeof int_key, IE_ERR_FORMAT, NULL);
@@ -467,6 +480,152 @@ static void test_mutations(void)
     CU_ASSERT(accepted > 0);
     ie_buf_free(&b);
     ie_buf_free(&b2);
+}
+
+/* ------------------------------------------------------------ KV operations */
+
+/* A frame with every kind of operation, edge values included. */
+static void kv_sample(ie_buf_t *f)
+{
+    static const int32_t pb[5] = {0, -1, 7, INT32_MAX, 3};
+    const ie_kv_op_t ops[] = {
+        {IE_KV_OP_CLEAR, 3, 0, 0, NULL},   {IE_KV_OP_BIND, 0, 2, 5, pb},      {IE_KV_OP_SET_LEN, 1, 0, 40, NULL},
+        {IE_KV_OP_BIND, 2, 0, 0, NULL},    {IE_KV_OP_SET_LEN, 0, 0, 0, NULL}, {IE_KV_OP_CLEAR, INT32_MAX, 0, 0, NULL},
+        {IE_KV_OP_BIND, 1, INT32_MAX, 1, pb + 1},
+    };
+    ie_buf_reset(f);
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) CU_ASSERT_EQUAL(ie_kv_ops_append(f, &ops[i]), IE_OK);
+}
+
+/* Re-encode a validated frame through next + append: the same bytes. */
+static int kv_reencode_equal(const void *data, size_t bytes)
+{
+    ie_buf_t g = {0};
+    ie_kv_op_t op;
+    size_t off = 0;
+    int32_t *w = malloc(bytes ? bytes : 4); /* aligned copy */
+    if (bytes) memcpy(w, data, bytes);
+    int ok = 1;
+    while (ie_kv_ops_next(w, bytes / 4, &off, &op)) ok &= ie_kv_ops_append(&g, &op) == IE_OK;
+    ok &= g.len == bytes && (bytes == 0 || memcmp(g.data, data, bytes) == 0);
+    free(w);
+    ie_buf_free(&g);
+    return ok;
+}
+
+static void test_kv_ops_round_trip(void)
+{
+    ie_buf_t f = {0};
+    int n_ops = -1;
+    kv_sample(&f);
+    CU_ASSERT_EQUAL(f.len, 4 * (2 + 9 + 3 + 4 + 3 + 2 + 5));
+    CU_ASSERT_EQUAL(ie_kv_ops_check(f.data, f.len, &n_ops), IE_OK);
+    CU_ASSERT_EQUAL(n_ops, 7);
+    CU_ASSERT(kv_reencode_equal(f.data, f.len));
+    /* the decoded operations, in order */
+    ie_kv_op_t op;
+    size_t off = 0;
+    const int32_t *w = (const int32_t *)f.data;
+    CU_ASSERT(ie_kv_ops_next(w, f.len / 4, &off, &op) && op.kind == IE_KV_OP_CLEAR && op.seq == 3);
+    CU_ASSERT(ie_kv_ops_next(w, f.len / 4, &off, &op) && op.kind == IE_KV_OP_BIND && op.seq == 0 && op.first == 2 &&
+              op.n == 5 && op.pb[1] == -1 && op.pb[3] == INT32_MAX);
+    CU_ASSERT(ie_kv_ops_next(w, f.len / 4, &off, &op) && op.kind == IE_KV_OP_SET_LEN && op.seq == 1 && op.n == 40);
+    CU_ASSERT(ie_kv_ops_next(w, f.len / 4, &off, &op) && op.kind == IE_KV_OP_BIND && op.n == 0);
+    for (int i = 0; i < 3; i++) CU_ASSERT(ie_kv_ops_next(w, f.len / 4, &off, &op));
+    CU_ASSERT_FALSE(ie_kv_ops_next(w, f.len / 4, &off, &op));
+    /* the empty frame: no operations */
+    CU_ASSERT_EQUAL(ie_kv_ops_check(NULL, 0, &n_ops), IE_OK);
+    CU_ASSERT_EQUAL(n_ops, 0);
+    /* the encoder refuses what the checker would */
+    const int32_t bad_pb[2] = {1, -2};
+    const ie_kv_op_t refused[] = {
+        {IE_KV_OP_CLEAR, -1, 0, 0, NULL}, {IE_KV_OP_SET_LEN, 0, 0, -1, NULL}, {IE_KV_OP_BIND, 0, -1, 1, bad_pb},
+        {IE_KV_OP_BIND, 0, 0, -1, bad_pb}, {IE_KV_OP_BIND, 0, 0, 2, bad_pb}, {IE_KV_OP_BIND, 0, 0, 1, NULL},
+        {(ie_kv_op_kind_t)4, 0, 0, 0, NULL}, {(ie_kv_op_kind_t)0, 0, 0, 0, NULL},
+    };
+    const size_t len = f.len;
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        CU_ASSERT_EQUAL(ie_kv_ops_append(&f, &refused[i]), IE_ERR_INVAL);
+        CU_ASSERT_EQUAL(f.len, len); /* unchanged */
+    }
+    CU_ASSERT_EQUAL(ie_kv_ops_append(NULL, &refused[0]), IE_ERR_INVAL);
+    ie_buf_free(&f);
+}
+
+/* Every truncation fails unless it ends on an operation boundary (then it
+ * is the frame of the operations before); odd byte counts always fail. */
+static void test_kv_ops_truncated(void)
+{
+    ie_buf_t f = {0};
+    kv_sample(&f);
+    static const size_t bounds[] = {0, 2, 11, 14, 18, 21, 23, 28}; /* words at operation boundaries */
+    int bad = 0;
+    for (size_t n = 0; n < f.len; n++) {
+        char *p = malloc(n ? n : 1); /* exactly sized: ASan sees any overread */
+        memcpy(p, f.data, n);
+        int at_bound = 0, ops = -1;
+        for (size_t k = 0; k < sizeof bounds / sizeof bounds[0]; k++) at_bound |= n == 4 * bounds[k];
+        const ie_status_t st = ie_kv_ops_check(p, n, &ops);
+        if (at_bound ? st != IE_OK : st != IE_ERR_FORMAT) bad++;
+        if (st != IE_OK && ops != 0) bad++;
+        free(p);
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+    ie_buf_free(&f);
+}
+
+static void test_kv_ops_mutations_and_limits(void)
+{
+    ie_buf_t f = {0};
+    int accepted = 0, refused = 0, bad = 0;
+    kv_sample(&f);
+    rng_seed(11);
+    int32_t *w = malloc(f.len);
+    const size_t nw = f.len / 4;
+    for (int it = 0; it < 20000; it++) {
+        memcpy(w, f.data, f.len);
+        const int flips = 1 + (int)(rng_u32() % 3);
+        for (int k = 0; k < flips; k++) {
+            const size_t at = rng_u32() % nw;
+            switch (rng_u32() % 4) {
+            case 0: w[at] = (int32_t)rng_u32(); break;
+            case 1: w[at] ^= (int32_t)(1u << (rng_u32() % 32)); break;
+            case 2: w[at] = (int32_t)(rng_u32() % 5) - 1; break; /* small values: other kinds, counts */
+            default: w[at] = (int32_t)(rng_u32() % 40); break;
+            }
+        }
+        if (ie_kv_ops_check(w, f.len, NULL) != IE_OK) {
+            refused++;
+            continue;
+        }
+        accepted++;
+        if (!kv_reencode_equal(w, f.len)) bad++;
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT(accepted > 0 && refused > 0);
+    free(w);
+
+    /* limits: block ids and words */
+    int32_t *ids = calloc(IE_PROTO_KV_IDS_MAX + 1, sizeof(int32_t));
+    CU_ASSERT_FATAL(ids != NULL);
+    ie_buf_reset(&f);
+    const ie_kv_op_t big = {IE_KV_OP_BIND, 0, 0, IE_PROTO_KV_IDS_MAX, ids};
+    CU_ASSERT_EQUAL(ie_kv_ops_append(&f, &big), IE_OK);
+    CU_ASSERT_EQUAL(ie_kv_ops_check(f.data, f.len, NULL), IE_OK);
+    const ie_kv_op_t one = {IE_KV_OP_BIND, 1, 0, 1, ids};
+    CU_ASSERT_EQUAL(ie_kv_ops_append(&f, &one), IE_OK); /* the encoder leaves the limit to the caller */
+    CU_ASSERT_EQUAL(ie_kv_ops_check(f.data, f.len, NULL), IE_ERR_FORMAT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "65536"));
+    ie_buf_reset(&f);
+    const ie_kv_op_t clr = {IE_KV_OP_CLEAR, 0, 0, 0, NULL};
+    for (int i = 0; i < IE_PROTO_KV_WORDS_MAX / 2; i++) ie_kv_ops_append(&f, &clr);
+    CU_ASSERT_EQUAL(f.len, 4u * IE_PROTO_KV_WORDS_MAX);
+    CU_ASSERT_EQUAL(ie_kv_ops_check(f.data, f.len, NULL), IE_OK);
+    ie_kv_ops_append(&f, &clr);
+    CU_ASSERT_EQUAL(ie_kv_ops_check(f.data, f.len, NULL), IE_ERR_FORMAT);
+    CU_ASSERT_EQUAL(ie_kv_ops_check(f.data, 6, NULL), IE_ERR_FORMAT); /* not whole words */
+    free(ids);
+    ie_buf_free(&f);
 }
 
 /* ------------------------------------------------------------ client requests */
@@ -846,6 +1005,9 @@ int main(void)
     CU_add_test(s, "version and shape", test_version_and_shape);
     CU_add_test(s, "trailing bytes, every truncation", test_trailing_and_truncated);
     CU_add_test(s, "random mutations", test_mutations);
+    CU_add_test(s, "kv ops: round trip, encoder refusals", test_kv_ops_round_trip);
+    CU_add_test(s, "kv ops: every truncation", test_kv_ops_truncated);
+    CU_add_test(s, "kv ops: mutations, limits", test_kv_ops_mutations_and_limits);
     CU_add_test(s, "client request defaults", test_req_defaults);
     CU_add_test(s, "client request, every key", test_req_full);
     CU_add_test(s, "client cancel and request shape", test_req_cancel_and_shape);

@@ -298,7 +298,8 @@ static ie_status_t node_reduce(void *ctx, int index, float *buf, size_t n)
 static int same_shard(const ie_msg_assign_t *a, const ie_msg_assign_t *b)
 {
     return a->plan == b->plan && a->rank == b->rank && a->n_ranks == b->n_ranks && a->n_ctx == b->n_ctx &&
-           a->n_seq == b->n_seq && a->max_batch == b->max_batch && a->precision == b->precision;
+           a->n_seq == b->n_seq && a->max_batch == b->max_batch && a->precision == b->precision &&
+           a->kv_block == b->kv_block && a->kv_blocks == b->kv_blocks;
 }
 
 /* CPUs for this rank's pool: AFFINITY=<list> as given; "auto": when
@@ -401,6 +402,8 @@ static void handle_assign(node_t *nd, const ie_msg_assign_t *a)
         wo.n_ctx = a->n_ctx;
         wo.n_seq = a->n_seq;
         wo.max_batch = a->max_batch;
+        wo.kv_block = a->kv_block;
+        wo.kv_blocks = a->kv_blocks;
         wo.precision = (ie_precision_t)a->precision;
         wo.shard = (ie_shard_t){(ie_shard_kind_t)a->plan, a->rank, a->n_ranks};
         wo.reduce = node_reduce;
@@ -457,30 +460,82 @@ static int grow(float **p, size_t *cap, size_t n)
     return 0;
 }
 
-/* Run the STEP in nd->in (header already decoded into h). */
+/* Apply a validated frame of KV operations (ie_proto.h) in order, up to
+ * the first the worker refuses (its predecessors stay applied, as separate
+ * calls on an embedded worker would). */
+static ie_status_t apply_kv(node_t *nd, const int32_t *words, size_t n_words)
+{
+    ie_kv_op_t op;
+    size_t off = 0;
+    ie_status_t st = IE_OK;
+    for (int k = 0; ie_kv_ops_next(words, n_words, &off, &op); k++) {
+        switch (op.kind) {
+        case IE_KV_OP_CLEAR: ie_worker_seq_clear(nd->w, op.seq); break;
+        case IE_KV_OP_BIND: st = ie_worker_kv_bind(nd->w, op.seq, op.first, op.pb, op.n); break;
+        case IE_KV_OP_SET_LEN: st = ie_worker_seq_set_len(nd->w, op.seq, op.n); break;
+        }
+        if (st != IE_OK) {
+            char why[IE_PROTO_TEXT_MAX];
+            snprintf(why, sizeof why, "%s", ie_error_last());
+            return ie_error_set(st, "KV operation %d: %s", k, why);
+        }
+    }
+    return IE_OK;
+}
+
+/* A pipeline stage whose step did not go through still hands the step's KV
+ * operations to the next stage (a STEP of n = 0 carrying only them), so
+ * every stage's tables stay the same as the coordinator's picture. */
+static void forward_kv(node_t *nd, const ie_msg_step_t *h)
+{
+    if (h->kv_words == 0 || nd->as.plan != IE_SHARD_PIPELINE || nd->as.rank + 1 >= nd->as.n_ranks) return;
+    ie_msg_t m = {.kind = IE_MSG_STEP};
+    m.u.step = *h;
+    m.u.step.n = 0;
+    m.u.step.has_hidden = 0;
+    ie_frame_t f[5] = {{NULL, 0}, {NULL, 0}, {NULL, 0}, {NULL, 0}, {nd->in.data[5], nd->in.size[5]}};
+    if (send_msg(nd->push[nd->as.rank + 1], &nd->hdr, &m, f, 5, nd->as.dead_ms) != IE_OK)
+        logf_(nd, "KV operations of step %llu not passed on: %s", (unsigned long long)h->step, ie_error_last());
+}
+
+/* Run the STEP in nd->in (header already decoded into h): its KV
+ * operations first, then its tokens. n = 0 is a previous stage passing on
+ * the operations of a step that failed there: apply, pass on, no result. */
 static void handle_step(node_t *nd, const ie_msg_step_t *h)
 {
     const ie_parts_t *in = &nd->in;
+    ie_status_t st = IE_OK;
     if (!nd->assigned || h->epoch != nd->as.epoch) {
-        send_result_error(nd, h->epoch, h->step, IE_ERR_UNAVAILABLE,
-                          nd->assigned ? "step from another cluster epoch" : "no shard loaded");
+        if (h->n > 0)
+            send_result_error(nd, h->epoch, h->step, IE_ERR_UNAVAILABLE,
+                              nd->assigned ? "step from another cluster epoch" : "no shard loaded");
         return;
     }
     const int n = h->n;
     const int d = ie_worker_hparams(nd->w)->n_embd;
-    const int nf = 5 + (h->has_hidden ? 1 : 0);
-    if (n < 1 || n > nd->as.max_batch || in->n != nf || in->size[1] != (size_t)n * 4 ||
+    const int nf = 6 + (h->has_hidden ? 1 : 0);
+    if (n < 0 || n > nd->as.max_batch || in->n != nf || in->size[1] != (size_t)n * 4 ||
         in->size[2] != (size_t)n * 4 || in->size[3] != (size_t)n * 4 || in->size[4] != (size_t)n ||
-        (h->has_hidden && in->size[5] != (size_t)n * d * sizeof(float))) {
-        send_result_error(nd, h->epoch, h->step, IE_ERR_FORMAT, "malformed step message (frame sizes)");
+        in->size[5] != (size_t)h->kv_words * 4 || (h->has_hidden && in->size[6] != (size_t)n * d * sizeof(float))) {
+        if (n > 0) send_result_error(nd, h->epoch, h->step, IE_ERR_FORMAT, "malformed step message (frame sizes)");
         return;
     }
+    if (ie_kv_ops_check(in->data[5], in->size[5], NULL) != IE_OK) {
+        if (n > 0) send_result_error(nd, h->epoch, h->step, IE_ERR_FORMAT, ie_error_last());
+        return;
+    }
+    st = apply_kv(nd, in->data[5], (size_t)h->kv_words);
+    if (n == 0) {
+        if (st != IE_OK && nd->o->verbose) logf_(nd, "step %llu: %s", (unsigned long long)h->step, ie_error_last());
+        forward_kv(nd, h);
+        return;
+    }
+    if (st != IE_OK) goto fail;
     const ie_shard_range_t *r = ie_worker_shard(nd->w);
     if (!r->has_embed && !h->has_hidden) {
-        send_result_error(nd, h->epoch, h->step, IE_ERR_FORMAT, "step without hidden state for a later stage");
-        return;
+        st = ie_error_set(IE_ERR_FORMAT, "step without hidden state for a later stage");
+        goto fail;
     }
-    for (int i = 0; i < h->n_clear; i++) ie_worker_seq_clear(nd->w, h->clear[i]);
     ie_batch_t b = {n, in->data[1], in->data[2], in->data[3], in->data[4]};
     int rows = 0;
     for (int i = 0; i < n; i++) rows += b.logits[i] != 0;
@@ -488,15 +543,15 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
     const int64_t nv = r->vocab_end - r->vocab_begin;
     if ((!last && grow(&nd->hidden_out, &nd->hidden_cap, (size_t)n * d) != 0) ||
         (r->has_head && grow(&nd->logits, &nd->logits_cap, (size_t)(rows ? rows : 1) * nv) != 0)) {
-        send_result_error(nd, h->epoch, h->step, IE_ERR_NOMEM, "out of memory");
-        return;
+        st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+        goto fail;
     }
     nd->cur_step = h->step;
     nd->transfer_ms = 0;
     atomic_store(&nd->busy, 1);
     double t0 = ie_now_ms();
-    ie_status_t st = ie_worker_step_shard(nd->w, &b, h->has_hidden ? in->data[5] : NULL,
-                                          last ? NULL : nd->hidden_out, r->has_head && rows ? nd->logits : NULL);
+    st = ie_worker_step_shard(nd->w, &b, h->has_hidden ? in->data[6] : NULL, last ? NULL : nd->hidden_out,
+                              r->has_head && rows ? nd->logits : NULL);
     double t1 = ie_now_ms();
     atomic_store(&nd->busy, 0);
     if (nd->m_compute) {
@@ -504,18 +559,16 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
         ie_metric_add(nd->m_transfer, nd->rank_label, nd->transfer_ms / 1e3);
         ie_metric_add(nd->m_steps, nd->rank_label, 1);
     }
-    if (st != IE_OK) {
-        send_result_error(nd, h->epoch, h->step, st, ie_error_last());
-        return;
-    }
-    if (!last) { /* hop to the next stage */
+    if (st != IE_OK) goto fail;
+    if (!last) { /* hop to the next stage, the KV operations with it */
         ie_msg_t m = {.kind = IE_MSG_STEP};
         m.u.step = *h;
         m.u.step.has_hidden = 1;
-        ie_frame_t f[5] = {{in->data[1], in->size[1]}, {in->data[2], in->size[2]}, {in->data[3], in->size[3]},
-                           {in->data[4], in->size[4]}, {nd->hidden_out, (size_t)n * d * sizeof(float)}};
+        ie_frame_t f[6] = {{in->data[1], in->size[1]}, {in->data[2], in->size[2]}, {in->data[3], in->size[3]},
+                           {in->data[4], in->size[4]}, {in->data[5], in->size[5]},
+                           {nd->hidden_out, (size_t)n * d * sizeof(float)}};
         double ts = ie_now_ms();
-        if ((st = send_msg(nd->push[nd->as.rank + 1], &nd->hdr, &m, f, 5, nd->as.dead_ms)) != IE_OK)
+        if ((st = send_msg(nd->push[nd->as.rank + 1], &nd->hdr, &m, f, 6, nd->as.dead_ms)) != IE_OK)
             send_result_error(nd, h->epoch, h->step, IE_ERR_UNAVAILABLE, "next pipeline stage unreachable");
         if (nd->m_transfer) ie_metric_add(nd->m_transfer, nd->rank_label, (ie_now_ms() - ts) / 1e3);
         return;
@@ -535,6 +588,11 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
     ie_frame_t f = {nd->logits, (size_t)rows * nv * sizeof(float)};
     if (send_msg(nd->coord, &nd->hdr, &m, &f, 1, nd->as.dead_ms) != IE_OK)
         logf_(nd, "result of step %llu not sent: %s", (unsigned long long)h->step, ie_error_last());
+    return;
+
+fail:
+    send_result_error(nd, h->epoch, h->step, st, ie_error_last());
+    forward_kv(nd, h);
 }
 
 /* --------------------------------------------------------------- main */
