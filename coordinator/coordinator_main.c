@@ -36,6 +36,9 @@ static void usage(FILE *f)
           "  --bind EP                endpoint workers connect to (tcp://127.0.0.1:5555)\n"
           "  --client-bind EP         endpoint clients connect to (tcp://127.0.0.1:5556)\n"
           "  --ctx N --batch N --max-batch N   KV positions, sequences together, tokens per step\n"
+          "  --kv-block N --kv-blocks N        KV-cache blocks: positions per block (16), blocks in\n"
+          "                                    the pool (0: batch * ceil(ctx / kv-block))\n"
+          "  --no-prefix-cache        do not reuse the KV blocks of equal prompt prefixes\n"
           "  --precision P            weights precision the workers use (native)\n"
           "  --queue N                waiting client requests at most (64)\n"
           "  --heartbeat-ms N --dead-ms N      liveness (250 / 2000)\n"
@@ -55,6 +58,8 @@ int main(int argc, char **argv)
     const char *model = NULL, *bind = "tcp://127.0.0.1:5555", *client_bind = "tcp://127.0.0.1:5556";
     const char *metrics_addr = "127.0.0.1", *keys_dir = NULL, *key_name = NULL, *authorized = NULL;
     long workers = 2, ctx = 0, batch = 4, max_batch = 256, queue = 64, hb = 250, dead = 2000, metrics_port = 0;
+    long kv_block = 0, kv_blocks = 0;
+    int prefix_cache = 1;
     ie_shard_kind_t plan = IE_SHARD_TENSOR;
     ie_precision_t prec = IE_PREC_NATIVE;
     int verbose = 0;
@@ -70,7 +75,7 @@ int main(int argc, char **argv)
         return IE_EXIT_USAGE;
     }
     enum { O_MODEL = 1, O_PLAN, O_WORKERS, O_BIND, O_CBIND, O_CTX, O_BATCH, O_MAXB, O_PREC, O_QUEUE, O_HB, O_DEAD,
-           O_MPORT, O_MADDR, O_KEYS, O_KEY, O_AUTH, O_VERBOSE, O_HELP };
+           O_MPORT, O_MADDR, O_KEYS, O_KEY, O_AUTH, O_VERBOSE, O_HELP, O_KVBLOCK, O_KVBLOCKS, O_NOPREFIX };
     static const struct option lo[] = {
         {"model", required_argument, 0, O_MODEL}, {"plan", required_argument, 0, O_PLAN},
         {"workers", required_argument, 0, O_WORKERS}, {"bind", required_argument, 0, O_BIND},
@@ -81,7 +86,9 @@ int main(int argc, char **argv)
         {"metrics-port", required_argument, 0, O_MPORT}, {"metrics-addr", required_argument, 0, O_MADDR},
         {"keys-dir", required_argument, 0, O_KEYS}, {"key", required_argument, 0, O_KEY},
         {"authorized", required_argument, 0, O_AUTH}, {"verbose", no_argument, 0, O_VERBOSE},
-        {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+        {"help", no_argument, 0, O_HELP}, {"kv-block", required_argument, 0, O_KVBLOCK},
+        {"kv-blocks", required_argument, 0, O_KVBLOCKS}, {"no-prefix-cache", no_argument, 0, O_NOPREFIX},
+        {0, 0, 0, 0}};
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(ac, av, "", lo, NULL)) != -1) {
@@ -105,6 +112,9 @@ int main(int argc, char **argv)
         case O_KEY: key_name = optarg; break;
         case O_AUTH: authorized = optarg; break;
         case O_VERBOSE: verbose = 1; break;
+        case O_KVBLOCK: bad = ie_cli_parse_long(optarg, 1, 1 << 16, &kv_block); break;
+        case O_KVBLOCKS: bad = ie_cli_parse_long(optarg, 0, INT32_MAX, &kv_blocks); break;
+        case O_NOPREFIX: prefix_cache = 0; break;
         case O_HELP: usage(stdout); goto cleanup;
         default:
             fprintf(stderr, "error: unknown or incomplete option '%s' (see --help)\n", av[optind - 1]);
@@ -147,6 +157,9 @@ int main(int argc, char **argv)
     eo.n_seq = (int)batch;
     eo.max_batch = (int)max_batch;
     eo.precision = prec;
+    eo.kv_block = (int)kv_block;
+    eo.kv_blocks = (int)kv_blocks;
+    eo.prefix_cache = prefix_cache;
     eo.plan = plan;
     eo.n_workers = (int)workers;
     eo.cluster_bind = bind;

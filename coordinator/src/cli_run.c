@@ -49,6 +49,9 @@ static void usage(FILE *f)
           "  --threads N                    compute threads (online CPUs)\n"
           "  --batch N                      prompts decoded together (1)\n"
           "  --ctx N                        KV positions per sequence (min(train, 4096))\n"
+          "  --kv-block N                   positions per KV-cache block (16)\n"
+          "  --kv-blocks N                  KV-cache blocks in the pool (0: batch * ceil(ctx / kv-block))\n"
+          "  --no-prefix-cache              do not reuse the KV blocks of equal prompt prefixes\n"
           "  --warmup N / --rounds N        unmeasured / measured repetitions (0 / 1)\n"
           "  --greedy                       arg max decoding\n"
           "  --temperature T --top-k K --top-p P --min-p P\n"
@@ -192,7 +195,7 @@ int ie_cli_run(int argc, char **argv)
     enum {
         O_MODEL = 256, O_PROMPT, O_PFILE, O_MAXNEW, O_THREADS, O_BATCH, O_CTX, O_WARMUP, O_ROUNDS, O_GREEDY,
         O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_FREQ, O_PRES, O_SEED, O_STOP, O_PREC, O_NOSPECIAL,
-        O_PRINT, O_NOPIN, O_HELP, O_CHAT, O_REASONING, O_SHOWPROMPT, O_PLAN
+        O_PRINT, O_NOPIN, O_HELP, O_CHAT, O_REASONING, O_SHOWPROMPT, O_PLAN, O_KVBLOCK, O_KVBLOCKS, O_NOPREFIX
     };
     static const struct option lo[] = {
         {"model", required_argument, 0, O_MODEL}, {"model-dir", required_argument, 0, O_MODEL},
@@ -209,6 +212,8 @@ int ie_cli_run(int argc, char **argv)
         {"no-special", no_argument, 0, O_NOSPECIAL}, {"print-text", no_argument, 0, O_PRINT},
         {"no-pin", no_argument, 0, O_NOPIN}, {"help", no_argument, 0, O_HELP},
         {"plan", required_argument, 0, O_PLAN},
+        {"kv-block", required_argument, 0, O_KVBLOCK}, {"kv-blocks", required_argument, 0, O_KVBLOCKS},
+        {"no-prefix-cache", no_argument, 0, O_NOPREFIX},
         {"chat", required_argument, 0, O_CHAT}, {"reasoning", required_argument, 0, O_REASONING},
         {"show-prompt", no_argument, 0, O_SHOWPROMPT}, {0, 0, 0, 0}};
 
@@ -222,7 +227,8 @@ int ie_cli_run(int argc, char **argv)
     char *chat_prompt = NULL;
     ie_harmony_parser_t *hp = NULL;
     long max_new = 128, threads = sysconf(_SC_NPROCESSORS_ONLN), batch = 1, ctx = 0, warmup = 0, rounds = 1;
-    int greedy = 0, print_text = 0, special = 1, pin = 1, have_seed = 0;
+    int greedy = 0, print_text = 0, special = 1, pin = 1, have_seed = 0, prefix_cache = 1;
+    long kv_block = 0, kv_blocks = 0;
     const char *plan = NULL;
     ie_sampler_params_t sp = ie_sampler_params_default();
     sp.temperature = 0.8f; /* llama.cpp's defaults for an interactive CLI */
@@ -294,6 +300,9 @@ int ie_cli_run(int argc, char **argv)
         case O_PRINT: print_text = 1; break;
         case O_NOPIN: pin = 0; break;
         case O_PLAN: plan = optarg; break;
+        case O_KVBLOCK: bad = ie_cli_parse_long(optarg, 1, 1 << 16, &kv_block); break;
+        case O_KVBLOCKS: bad = ie_cli_parse_long(optarg, 0, INT32_MAX, &kv_blocks); break;
+        case O_NOPREFIX: prefix_cache = 0; break;
         case O_HELP: usage(stdout); goto cleanup;
         default:
             snprintf(msg, sizeof msg, "unknown or incomplete option '%s' (see --help)", argv[optind - 1]);
@@ -396,6 +405,9 @@ int ie_cli_run(int argc, char **argv)
     eo.n_seq = (int)(batch < (long)n_prompts ? batch : (long)n_prompts);
     eo.n_ctx = (int)ctx;
     eo.precision = prec;
+    eo.kv_block = (int)kv_block;
+    eo.kv_blocks = (int)kv_blocks;
+    eo.prefix_cache = prefix_cache;
     if (ie_cli_plan(plan, &eo) != 0) {
         snprintf(msg, sizeof msg, "bad plan '%s' (none, pipeline:N or tensor:N)", plan ? plan : getenv("IE_PLAN"));
         rc = err_exit(IE_EXIT_USAGE, msg);
