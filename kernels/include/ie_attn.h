@@ -1,52 +1,104 @@
 /* ie_attn.h — attention inner loops over a KV cache (grouped-query aware).
  *
  * One call handles nh query heads that share one KV head (GQA: the K and V
- * rows are read once for all of them). Positions are rows of the cache,
- * k_stride / v_stride floats apart; head vectors have hd floats. Pure
- * functions over caller memory, no allocation; a scalar ref and an AVX-512
- * variant (hd a multiple of 16; other sizes fall back to ref).
- *
- * Paged caches call both loops once per block of positions (rows of one
- * block are contiguous, blocks are not). Both are written so that splitting
- * the positions into segments changes no bit:
- *   scores  every score is computed the same way wherever it sits in the
- *           call (no dependence on which 16-position group it falls in);
- *   values  accumulates in float, position by position in order, and with
- *           `acc` set continues from the sums already in out — so segment
- *           calls (the first with acc 0, the rest with acc 1) equal one
- *           call over all positions bit for bit.
+ * rows are read once for all of them) over positions j0 .. j0+n-1 of one
+ * sequence. The cache rows come through a view (ie_attn_rows_t): contiguous,
+ * or paged — fixed-size blocks of rows placed anywhere in a pool, found
+ * through the sequence's block table. A kernel computes position j0+j of a
+ * paged view with exactly the arithmetic it uses for row j of a contiguous
+ * view (the same sums in the same order, the same 16-position groups
+ * counted from j0), so a paged cache gives the bits of a contiguous one
+ * whatever the block size, the placement of the blocks or j0 (a sliding
+ * window). Head vectors have hd floats. Pure functions over caller memory,
+ * no allocation; a scalar ref and an AVX-512 variant (hd a multiple of 16;
+ * other sizes fall back to ref).
  */
 #ifndef IE_ATTN_H
 #define IE_ATTN_H
 
 #include "ie_kernels.h"
 
+#include <limits.h>
 #include <stddef.h>
+#include <stdint.h>
+
+/* Rows of one head's K or V cache. tab NULL: row j at base + j*row_stride.
+ * Else row j lives in physical block tab[j / block], at
+ * base + tab[j / block]*block_stride + (j % block)*row_stride; every block
+ * a call touches must be bound (tab >= 0): the caller checks. */
+typedef struct ie_attn_rows {
+    const float *base;
+    size_t row_stride;     /* floats between consecutive rows of a block   */
+    const int32_t *tab;    /* logical block -> physical block, or NULL     */
+    int block;             /* rows per block (tab != NULL)                 */
+    size_t block_stride;   /* floats between physical blocks               */
+} ie_attn_rows_t;
+
+/* Walks the rows of a view in position order, one table lookup per block
+ * (a division per row would cost more than the row's dot product). */
+typedef struct ie_attn_cursor {
+    const ie_attn_rows_t *r;
+    const float *row;      /* the next row                                 */
+    int left;              /* rows left in its block                       */
+    int lb;                /* its logical block                            */
+} ie_attn_cursor_t;
+
+static inline void ie_attn_cursor_init(ie_attn_cursor_t *c, const ie_attn_rows_t *r, int j)
+{
+    c->r = r;
+    if (!r->tab) {
+        c->row = r->base + (size_t)j * r->row_stride;
+        c->left = INT_MAX;
+        c->lb = 0;
+        return;
+    }
+    c->lb = j / r->block;
+    c->row = r->base + (size_t)r->tab[c->lb] * r->block_stride + (size_t)(j % r->block) * r->row_stride;
+    c->left = r->block - j % r->block;
+}
+
+/* The next row (the table is read only when a row of a new block is
+ * asked for, so a walk never looks past the blocks it uses). */
+static inline const float *ie_attn_cursor_next(ie_attn_cursor_t *c)
+{
+    if (c->left == 0) {
+        c->lb++;
+        c->row = c->r->base + (size_t)c->r->tab[c->lb] * c->r->block_stride;
+        c->left = c->r->block;
+    }
+    const float *row = c->row;
+    c->row += c->r->row_stride;
+    c->left--;
+    return row;
+}
+
+/* Row j of a view (for loops that cannot walk in order). */
+static inline const float *ie_attn_row(const ie_attn_rows_t *r, int j)
+{
+    if (!r->tab) return r->base + (size_t)j * r->row_stride;
+    return r->base + (size_t)r->tab[j / r->block] * r->block_stride + (size_t)(j % r->block) * r->row_stride;
+}
 
 typedef struct ie_attn_ops {
     ie_isa_t isa;
-    /* s[h*ld + j] = scale * dot(q + h*q_stride, k + j*k_stride, hd)
+    /* s[h*ld + j] = scale * dot(q + h*q_stride, row(k, j0 + j), hd)
      * for h < nh, j < n. */
-    void (*scores)(const float *q, size_t q_stride, int nh, const float *k, size_t k_stride, int n, int hd,
+    void (*scores)(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n, int hd,
                    float scale, float *s, size_t ld);
-    /* out[h*o_stride + i] (acc ? += : =) sum_j p[h*ld + j] * v[j*v_stride + i]
-     * for h < nh, i < hd; the sum runs over j = 0..n-1 in order, in float,
-     * starting from out's value when acc != 0 (from 0 otherwise). */
-    void (*values)(const float *p, size_t ld, int nh, const float *v, size_t v_stride, int n, int hd, float *out,
-                   size_t o_stride, int acc);
+    /* out[h*o_stride + i] = sum_j p[h*ld + j] * row(v, j0 + j)[i]
+     * for h < nh, i < hd (out is overwritten). */
+    void (*values)(const float *p, size_t ld, int nh, const ie_attn_rows_t *v, int j0, int n, int hd, float *out,
+                   size_t o_stride);
 } ie_attn_ops_t;
 
 /* Attention loops for `isa` (REF always; AVX2 uses the portable C loops),
  * or NULL if the ISA is not supported by this CPU. */
 const ie_attn_ops_t *ie_attn_get(ie_isa_t isa);
 
-/* The scalar loops: scores accumulate each dot product in double; values
- * accumulate in float in position order (the contract above: a paged cache
- * needs the running sums to live in out between segment calls). The
- * double-precision definition of values is the test's own oracle. */
-void ie_attn_scores_ref(const float *q, size_t q_stride, int nh, const float *k, size_t k_stride, int n, int hd,
+/* The scalar oracle (double accumulation). */
+void ie_attn_scores_ref(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n, int hd,
                         float scale, float *s, size_t ld);
-void ie_attn_values_ref(const float *p, size_t ld, int nh, const float *v, size_t v_stride, int n, int hd,
-                        float *out, size_t o_stride, int acc);
+void ie_attn_values_ref(const float *p, size_t ld, int nh, const ie_attn_rows_t *v, int j0, int n, int hd,
+                        float *out, size_t o_stride);
 
 #endif

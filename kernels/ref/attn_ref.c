@@ -2,13 +2,15 @@
  * variants used where no SIMD version exists. */
 #include "ie_attn.h"
 
-void ie_attn_scores_ref(const float *q, size_t q_stride, int nh, const float *k, size_t k_stride, int n, int hd,
+void ie_attn_scores_ref(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n, int hd,
                         float scale, float *s, size_t ld)
 {
     for (int h = 0; h < nh; h++) {
         const float *qh = q + (size_t)h * q_stride;
+        ie_attn_cursor_t c;
+        ie_attn_cursor_init(&c, k, j0);
         for (int j = 0; j < n; j++) {
-            const float *kj = k + (size_t)j * k_stride;
+            const float *kj = ie_attn_cursor_next(&c);
             double acc = 0.0;
             for (int i = 0; i < hd; i++) acc += (double)qh[i] * (double)kj[i];
             s[(size_t)h * ld + j] = (float)acc * scale;
@@ -16,19 +18,16 @@ void ie_attn_scores_ref(const float *q, size_t q_stride, int nh, const float *k,
     }
 }
 
-/* Float sums in position order, continuing from out when acc is set: the
- * paged cache calls this once per block and must get the bits of one call
- * over all positions (a double sum rounded once per call could not). */
-void ie_attn_values_ref(const float *p, size_t ld, int nh, const float *v, size_t v_stride, int n, int hd,
-                        float *out, size_t o_stride, int acc)
+void ie_attn_values_ref(const float *p, size_t ld, int nh, const ie_attn_rows_t *v, int j0, int n, int hd,
+                        float *out, size_t o_stride)
 {
     for (int h = 0; h < nh; h++) {
         const float *ph = p + (size_t)h * ld;
         float *oh = out + (size_t)h * o_stride;
         for (int i = 0; i < hd; i++) {
-            float a = acc ? oh[i] : 0.0f;
-            for (int j = 0; j < n; j++) a += ph[j] * v[(size_t)j * v_stride + i];
-            oh[i] = a;
+            double acc = 0.0;
+            for (int j = 0; j < n; j++) acc += (double)ph[j] * (double)ie_attn_row(v, j0 + j)[i];
+            oh[i] = (float)acc;
         }
     }
 }

@@ -4,16 +4,16 @@
 #include <string.h>
 
 /* float-accumulating C loops: what AVX2 builds get (the compiler
- * vectorizes the inner loops); ref keeps double accumulation for scores.
- * values sums into out in position order, so block-by-block calls with
- * acc equal one call (ie_attn.h). */
-static void scores_c(const float *q, size_t q_stride, int nh, const float *k, size_t k_stride, int n, int hd,
+ * vectorizes the inner loops); ref keeps double accumulation. */
+static void scores_c(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n, int hd,
                      float scale, float *s, size_t ld)
 {
     for (int h = 0; h < nh; h++) {
         const float *qh = q + (size_t)h * q_stride;
+        ie_attn_cursor_t c;
+        ie_attn_cursor_init(&c, k, j0);
         for (int j = 0; j < n; j++) {
-            const float *kj = k + (size_t)j * k_stride;
+            const float *kj = ie_attn_cursor_next(&c);
             float acc = 0.0f;
             for (int i = 0; i < hd; i++) acc += qh[i] * kj[i];
             s[(size_t)h * ld + j] = acc * scale;
@@ -21,13 +21,14 @@ static void scores_c(const float *q, size_t q_stride, int nh, const float *k, si
     }
 }
 
-static void values_c(const float *p, size_t ld, int nh, const float *v, size_t v_stride, int n, int hd,
-                     float *out, size_t o_stride, int acc)
+static void values_c(const float *p, size_t ld, int nh, const ie_attn_rows_t *v, int j0, int n, int hd,
+                     float *out, size_t o_stride)
 {
-    if (!acc)
-        for (int h = 0; h < nh; h++) memset(out + (size_t)h * o_stride, 0, (size_t)hd * sizeof(float));
+    for (int h = 0; h < nh; h++) memset(out + (size_t)h * o_stride, 0, (size_t)hd * sizeof(float));
+    ie_attn_cursor_t c;
+    ie_attn_cursor_init(&c, v, j0);
     for (int j = 0; j < n; j++) {
-        const float *vj = v + (size_t)j * v_stride;
+        const float *vj = ie_attn_cursor_next(&c);
         for (int h = 0; h < nh; h++) {
             const float w = p[(size_t)h * ld + j];
             float *oh = out + (size_t)h * o_stride;
@@ -36,10 +37,10 @@ static void values_c(const float *p, size_t ld, int nh, const float *v, size_t v
     }
 }
 
-void ie_attn_scores_avx512(const float *q, size_t q_stride, int nh, const float *k, size_t k_stride, int n,
+void ie_attn_scores_avx512(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n,
                            int hd, float scale, float *s, size_t ld);
-void ie_attn_values_avx512(const float *p, size_t ld, int nh, const float *v, size_t v_stride, int n, int hd,
-                           float *out, size_t o_stride, int acc);
+void ie_attn_values_avx512(const float *p, size_t ld, int nh, const ie_attn_rows_t *v, int j0, int n, int hd,
+                           float *out, size_t o_stride);
 
 static const ie_attn_ops_t g_attn[3] = {
     {IE_ISA_REF, ie_attn_scores_ref, ie_attn_values_ref},

@@ -15,8 +15,8 @@
  * KV cache: a pool of physical blocks of kv_block positions per held layer,
  * [layer][block][kv_block][kv_dim]; each slot's block table maps its logical
  * blocks (positions lb*kv_block ..) to physical ones. K/V rows are written
- * through the table and attention walks the token's positions block by
- * block (ie_attn.h's kernels give the bits of one contiguous pass). The
+ * through the table and attention reads them through it (ie_attn.h's paged
+ * views: the bits of the contiguous cache). The
  * default pool gives every slot its own blocks (the unpaged cache); a
  * smaller one starts unbound and the caller binds (ie_worker_kv_bind).
  *
@@ -1141,9 +1141,9 @@ typedef struct att_task {
 /* One (token, held KV head, share of its query heads) per unit of work: the
  * shared K and V rows are read once for all those heads (GQA), scores over
  * the slot's cache up to the token's position, softmax, weighted sum of
- * values into xb. The positions are walked block by block through the
- * slot's table: scores land at their offset of the row, values accumulate
- * in position order (ie_attn.h), so any block size gives the same bits. */
+ * values into xb. The kernels read the slot's rows through its block table
+ * (a paged view, ie_attn.h) with the arithmetic of a contiguous pass, so
+ * any block size and placement gives the same bits. */
 static void att_run(void *ctx, int ith, int nth)
 {
     att_task_t *t = ctx;
@@ -1164,26 +1164,18 @@ static void att_run(void *ctx, int ith, int nth)
         const int seq = t->b->seq[i], pos = t->b->pos[i];
         /* a sliding layer sees the last W positions, itself included */
         const int j0 = L->swa && pos >= hp->sliding_window ? pos - hp->sliding_window + 1 : 0;
-        const int cnt = pos + 1 - j0, kb = w->kv_block;
-        const int32_t *tab = w->btab + (size_t)seq * w->kv_nlb;
+        const int cnt = pos + 1 - j0;
+        /* this head's rows of the slot's blocks (ie_attn.h's paged view) */
         const size_t head = (size_t)(t->layer - w->sh.layer_begin) * w->kv_layer_stride + (size_t)kh * hd;
+        const int32_t *tab = w->btab + (size_t)seq * w->kv_nlb;
+        const size_t bstride = (size_t)w->kv_block * w->kv_dim;
+        const ie_attn_rows_t kr = {w->kcache + head, (size_t)w->kv_dim, tab, w->kv_block, bstride};
+        const ie_attn_rows_t vr = {w->vcache + head, (size_t)w->kv_dim, tab, w->kv_block, bstride};
         const float *q = w->q + (size_t)i * w->q_dim + (size_t)h0 * hd;
-        float *out = w->xb + (size_t)i * w->q_dim + (size_t)h0 * hd;
-        /* segment [a, e) of positions lies in logical block a / kb */
-        for (int a = j0, e; a <= pos; a = e) {
-            e = (a / kb + 1) * kb < pos + 1 ? (a / kb + 1) * kb : pos + 1;
-            const size_t off = head + ((size_t)tab[a / kb] * kb + (size_t)(a % kb)) * w->kv_dim;
-            w->attn->scores(q, (size_t)hd, nh, w->kcache + off, (size_t)w->kv_dim, e - a, hd, scale,
-                            scores + (a - j0), ld);
-        }
+        w->attn->scores(q, (size_t)hd, nh, &kr, j0, cnt, hd, scale, scores, ld);
         for (int hh = 0; hh < nh; hh++)
             w->vec->softmax(scores + (size_t)hh * ld, cnt, L->sinks ? &L->sinks[h0 + hh] : NULL);
-        for (int a = j0, e; a <= pos; a = e) {
-            e = (a / kb + 1) * kb < pos + 1 ? (a / kb + 1) * kb : pos + 1;
-            const size_t off = head + ((size_t)tab[a / kb] * kb + (size_t)(a % kb)) * w->kv_dim;
-            w->attn->values(scores + (a - j0), ld, nh, w->vcache + off, (size_t)w->kv_dim, e - a, hd, out,
-                            (size_t)hd, a != j0);
-        }
+        w->attn->values(scores, ld, nh, &vr, j0, cnt, hd, w->xb + (size_t)i * w->q_dim + (size_t)h0 * hd, (size_t)hd);
     }
 }
 

@@ -3,16 +3,12 @@
  * scores: one query head at a time (held in registers), 16 cached keys at a
  * time into 16 accumulators, then one transpose-reduction turns the 16
  * vectors of partial sums into one vector of 16 scores (~3 shuffles/adds per
- * score instead of a full horizontal sum each). A tail of fewer than 16
- * keys goes through the same reduction with zero vectors for the missing
- * keys: each output lane sums only its own vector, in the same tree, so a
- * score has the same bits wherever it falls (a paged cache splits the keys
- * at block boundaries, ie_attn.h).
+ * score instead of a full horizontal sum each).
  * values: every value row is loaded once and multiplied into up to 16
- * accumulator registers (heads x hd/16 chunks) with the broadcast weight;
- * the registers start from out when accumulating (acc), so a split call
- * continues the very same fma chain.
+ * accumulator registers (heads x hd/16 chunks) with the broadcast weight.
  * hd must be a multiple of 16 (up to 256); other sizes use the ref loops.
+ * Rows come through a cursor (ie_attn.h): groups of 16 are counted from
+ * j0 whether the view is contiguous or paged, so both give the same bits.
  */
 #include "ie_attn.h"
 
@@ -42,11 +38,11 @@ static inline __m512 transpose_reduce16(const __m512 v[16])
                          _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-void ie_attn_scores_avx512(const float *q, size_t q_stride, int nh, const float *k, size_t k_stride, int n,
+void ie_attn_scores_avx512(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n,
                            int hd, float scale, float *s, size_t ld)
 {
     if (hd % 16 != 0 || hd / 16 > MAXC) {
-        ie_attn_scores_ref(q, q_stride, nh, k, k_stride, n, hd, scale, s, ld);
+        ie_attn_scores_ref(q, q_stride, nh, k, j0, n, hd, scale, s, ld);
         return;
     }
     const int C = hd / 16;
@@ -56,40 +52,33 @@ void ie_attn_scores_avx512(const float *q, size_t q_stride, int nh, const float 
         float *sh = s + (size_t)h * ld;
         __m512 qv[MAXC];
         for (int c = 0; c < C; c++) qv[c] = _mm512_loadu_ps(qh + 16 * c);
+        ie_attn_cursor_t cur;
+        ie_attn_cursor_init(&cur, k, j0);
         int j = 0;
         for (; j + 16 <= n; j += 16) {
             __m512 acc[16];
             for (int r = 0; r < 16; r++) {
-                const float *kr = k + (size_t)(j + r) * k_stride;
+                const float *kr = ie_attn_cursor_next(&cur);
                 __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
                 for (int c = 1; c < C; c++) a = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), a);
                 acc[r] = a;
             }
             _mm512_storeu_ps(sh + j, _mm512_mul_ps(transpose_reduce16(acc), vs));
         }
-        if (j < n) { /* the tail, padded with zero vectors into the same reduction */
-            const int rem = n - j;
-            __m512 acc[16];
-            for (int r = 0; r < 16; r++) {
-                if (r >= rem) {
-                    acc[r] = _mm512_setzero_ps();
-                    continue;
-                }
-                const float *kr = k + (size_t)(j + r) * k_stride;
-                __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
-                for (int c = 1; c < C; c++) a = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), a);
-                acc[r] = a;
-            }
-            _mm512_mask_storeu_ps(sh + j, (__mmask16)((1u << rem) - 1u), _mm512_mul_ps(transpose_reduce16(acc), vs));
+        for (; j < n; j++) {
+            const float *kr = ie_attn_cursor_next(&cur);
+            __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
+            for (int c = 1; c < C; c++) a = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), a);
+            sh[j] = _mm512_reduce_add_ps(a) * scale;
         }
     }
 }
 
-void ie_attn_values_avx512(const float *p, size_t ld, int nh, const float *v, size_t v_stride, int n, int hd,
-                           float *out, size_t o_stride, int acc_in)
+void ie_attn_values_avx512(const float *p, size_t ld, int nh, const ie_attn_rows_t *v, int j0, int n, int hd,
+                           float *out, size_t o_stride)
 {
     if (hd % 16 != 0 || hd / 16 > MAXC) {
-        ie_attn_values_ref(p, ld, nh, v, v_stride, n, hd, out, o_stride, acc_in);
+        ie_attn_values_ref(p, ld, nh, v, j0, n, hd, out, o_stride);
         return;
     }
     const int C = hd / 16;
@@ -97,12 +86,11 @@ void ie_attn_values_avx512(const float *p, size_t ld, int nh, const float *v, si
     for (int h0 = 0; h0 < nh; h0 += HG) {
         const int g = nh - h0 < HG ? nh - h0 : HG;
         __m512 acc[MAXC];
-        for (int hh = 0; hh < g; hh++)
-            for (int c = 0; c < C; c++)
-                acc[hh * C + c] = acc_in ? _mm512_loadu_ps(out + (size_t)(h0 + hh) * o_stride + 16 * c)
-                                         : _mm512_setzero_ps();
+        for (int i = 0; i < g * C; i++) acc[i] = _mm512_setzero_ps();
+        ie_attn_cursor_t cur;
+        ie_attn_cursor_init(&cur, v, j0);
         for (int j = 0; j < n; j++) {
-            const float *vj = v + (size_t)j * v_stride;
+            const float *vj = ie_attn_cursor_next(&cur);
             for (int c = 0; c < C; c++) {
                 const __m512 x = _mm512_loadu_ps(vj + 16 * c);
                 for (int hh = 0; hh < g; hh++)
