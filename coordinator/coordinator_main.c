@@ -41,6 +41,9 @@ static void usage(FILE *f)
           "  --no-prefix-cache        do not reuse the KV blocks of equal prompt prefixes\n"
           "  --precision P            weights precision the workers use (native)\n"
           "  --queue N                waiting client requests at most (64)\n"
+          "  --timeout-ms N           a request's time limit, queue included (0: none)\n"
+          "  --retry-ms N             requests hit by a lost worker wait this long for a\n"
+          "                           replacement and are recomputed (10000; 0: fail at once)\n"
           "  --heartbeat-ms N --dead-ms N      liveness (250 / 2000)\n"
           "  --metrics-port N --metrics-addr A Prometheus /metrics (off / 127.0.0.1)\n"
           "  --keys-dir DIR --key NAME          CURVE: this coordinator's key pair\n"
@@ -58,6 +61,7 @@ int main(int argc, char **argv)
     const char *model = NULL, *bind = "tcp://127.0.0.1:5555", *client_bind = "tcp://127.0.0.1:5556";
     const char *metrics_addr = "127.0.0.1", *keys_dir = NULL, *key_name = NULL, *authorized = NULL;
     long workers = 2, ctx = 0, batch = 4, max_batch = 256, queue = 64, hb = 250, dead = 2000, metrics_port = 0;
+    long retry_ms = 10000, timeout_ms = 0;
     long kv_block = 0, kv_blocks = 0;
     int prefix_cache = 1;
     ie_shard_kind_t plan = IE_SHARD_TENSOR;
@@ -68,6 +72,7 @@ int main(int argc, char **argv)
     ie_metrics_t *metrics = NULL;
     ie_metrics_server_t *msrv = NULL;
     ie_engine_t *eng = NULL;
+    ie_sched_t *sched = NULL;
     ie_status_t st = IE_OK;
 
     if (ie_cli_config_expand(argc, argv, &ac, &av, err, sizeof err) != 0) {
@@ -75,7 +80,7 @@ int main(int argc, char **argv)
         return IE_EXIT_USAGE;
     }
     enum { O_MODEL = 1, O_PLAN, O_WORKERS, O_BIND, O_CBIND, O_CTX, O_BATCH, O_MAXB, O_PREC, O_QUEUE, O_HB, O_DEAD,
-           O_MPORT, O_MADDR, O_KEYS, O_KEY, O_AUTH, O_VERBOSE, O_HELP, O_KVBLOCK, O_KVBLOCKS, O_NOPREFIX };
+           O_MPORT, O_MADDR, O_KEYS, O_KEY, O_AUTH, O_VERBOSE, O_HELP, O_KVBLOCK, O_KVBLOCKS, O_NOPREFIX, O_RETRY, O_TIMEOUT };
     static const struct option lo[] = {
         {"model", required_argument, 0, O_MODEL}, {"plan", required_argument, 0, O_PLAN},
         {"workers", required_argument, 0, O_WORKERS}, {"bind", required_argument, 0, O_BIND},
@@ -88,6 +93,7 @@ int main(int argc, char **argv)
         {"authorized", required_argument, 0, O_AUTH}, {"verbose", no_argument, 0, O_VERBOSE},
         {"help", no_argument, 0, O_HELP}, {"kv-block", required_argument, 0, O_KVBLOCK},
         {"kv-blocks", required_argument, 0, O_KVBLOCKS}, {"no-prefix-cache", no_argument, 0, O_NOPREFIX},
+        {"retry-ms", required_argument, 0, O_RETRY}, {"timeout-ms", required_argument, 0, O_TIMEOUT},
         {0, 0, 0, 0}};
     optind = 1;
     opterr = 0;
@@ -115,6 +121,8 @@ int main(int argc, char **argv)
         case O_KVBLOCK: bad = ie_cli_parse_long(optarg, 1, 1 << 16, &kv_block); break;
         case O_KVBLOCKS: bad = ie_cli_parse_long(optarg, 0, INT32_MAX, &kv_blocks); break;
         case O_NOPREFIX: prefix_cache = 0; break;
+        case O_RETRY: bad = ie_cli_parse_long(optarg, 0, 3600000, &retry_ms); break;
+        case O_TIMEOUT: bad = ie_cli_parse_long(optarg, 0, 86400000, &timeout_ms); break;
         case O_HELP: usage(stdout); goto cleanup;
         default:
             fprintf(stderr, "error: unknown or incomplete option '%s' (see --help)\n", av[optind - 1]);
@@ -178,9 +186,11 @@ int main(int argc, char **argv)
     if (msrv) fprintf(stderr, "ie-coordinator: metrics at http://%s:%d/metrics\n", metrics_addr,
                       ie_metrics_server_port(msrv));
     ie_sd_ready("accepting clients; waiting for workers");
-    ie_serve_opts_t so = {.engine = eng, .sock = client, .queue_max = (int)queue, .stop = &g_stop,
-                          .metrics = metrics, .verbose = verbose};
-    st = ie_serve_zmq(&so);
+    ie_sched_opts_t scho = {.engine = eng, .queue_max = (int)queue, .retry_ms = (int)retry_ms, .metrics = metrics};
+    if ((st = ie_sched_new(&scho, &sched)) != IE_OK) goto fail;
+    ie_serve_opts_t so = {.engine = eng, .sched = sched, .sock = client, .stop = &g_stop, .metrics = metrics,
+                          .request_timeout_ms = (int)timeout_ms, .verbose = verbose};
+    st = ie_serve_run(&so);
     ie_sd_stopping();
     if (st != IE_OK) goto fail;
     goto cleanup;
@@ -189,6 +199,7 @@ fail:
     rc = st == IE_ERR_INVAL ? IE_EXIT_USAGE : ie_cli_exit_for_load(st) == IE_EXIT_MODEL ? IE_EXIT_MODEL
                                                                                         : IE_EXIT_RUNTIME;
 cleanup:
+    ie_sched_destroy(&sched);
     ie_sock_destroy(&client);
     ie_engine_destroy(&eng);
     ie_metrics_server_stop(&msrv);

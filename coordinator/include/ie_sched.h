@@ -94,7 +94,9 @@ typedef struct ie_sched_event {
     /* ERROR */
     ie_status_t status;       /* IE_ERR_TIMEOUT, IE_ERR_UNAVAILABLE, ...   */
     const char *code;         /* "cancelled", "timeout", "unavailable",
-                                 "out_of_memory", "internal"               */
+                                 "invalid_request" (needs more KV blocks
+                                 than the pool has), "out_of_memory",
+                                 "internal"                                */
     const char *message;      /* one line                                   */
 } ie_sched_event_t;
 

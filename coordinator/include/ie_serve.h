@@ -35,14 +35,10 @@ typedef struct ie_serve_opts {
     volatile sig_atomic_t *stop; /* leave the loop when set               */
     ie_metrics_t *metrics;       /* optional                              */
     int verbose;
-    int queue_max;               /* (ie_serve_zmq only, being replaced)   */
 } ie_serve_opts_t;
 
 /* Serve until *stop. Requests of ZeroMQ clients still open when the loop
  * ends get "unavailable". Returns IE_OK, or an error of the socket itself. */
 ie_status_t ie_serve_run(const ie_serve_opts_t *o);
-
-/* The old set-at-a-time loop (being replaced by ie_serve_run). */
-ie_status_t ie_serve_zmq(const ie_serve_opts_t *o);
 
 #endif

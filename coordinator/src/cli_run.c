@@ -469,6 +469,9 @@ int ie_cli_run(int argc, char **argv)
         stats.decode_ms += s.decode_ms;
         stats.prefill_tokens += s.prefill_tokens;
         stats.decode_tokens += s.decode_tokens;
+        stats.prefix_hit_tokens += s.prefix_hit_tokens;
+        stats.prefix_miss_tokens += s.prefix_miss_tokens;
+        stats.preemptions += s.preemptions;
         for (size_t i = 0; i < n_prompts; i++) {
             tokens_in += res[i].n_prompt;
             tokens_out += res[i].n_gen;
@@ -499,6 +502,9 @@ int ie_cli_run(int argc, char **argv)
     double p50 = percentile(lat, n_lat, 0.50), p95 = percentile(lat, n_lat, 0.95);
     cJSON_AddNumberToObject(js, "latency_p50_ms", p50);
     cJSON_AddNumberToObject(js, "latency_p95_ms", p95);
+    cJSON_AddNumberToObject(js, "kv_hits", (double)stats.prefix_hit_tokens);   /* prompt tokens from the prefix cache */
+    cJSON_AddNumberToObject(js, "kv_misses", (double)stats.prefix_miss_tokens); /* prompt tokens computed */
+    cJSON_AddNumberToObject(js, "preemptions", (double)stats.preemptions);
     cJSON_AddNumberToObject(js, "rss_peak_mb", rss_peak_mb());
     cJSON_AddNumberToObject(js, "threads", (double)threads);
     cJSON_AddStringToObject(js, "precision", ie_precision_name(prec));

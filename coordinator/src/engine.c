@@ -13,7 +13,7 @@
 #include "ie_array.h"
 #include "ie_model_src.h"
 #include "ie_node.h"
-#include "ie_stop.h"
+#include "ie_sched.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -252,6 +252,7 @@ const ie_tokenizer_t *ie_engine_tokenizer(const ie_engine_t *e) { return e->tok;
 ie_worker_t *ie_engine_worker(ie_engine_t *e) { return e->worker; }
 ie_cluster_t *ie_engine_cluster(ie_engine_t *e) { return e->cluster; }
 int ie_engine_n_ctx(const ie_engine_t *e) { return e->n_ctx; }
+int ie_engine_prefix_cache(const ie_engine_t *e) { return e->opts.prefix_cache; }
 int ie_engine_max_batch(const ie_engine_t *e) { return e->max_batch; }
 
 ie_status_t ie_engine_step(ie_engine_t *e, const ie_batch_t *b, float *logits_out)
@@ -292,82 +293,56 @@ void ie_gen_result_clear(ie_gen_result_t *r)
     memset(r, 0, sizeof *r);
 }
 
-/* ------------------------------------------------------------ scheduler */
+/* ------------------------------------------------------------ generate */
 
-typedef enum { REQ_WAIT, REQ_PREFILL, REQ_DECODE, REQ_DONE } req_state_t;
+/* One call's requests on a scheduler of their own (ie_sched.h). */
+typedef struct gen_call {
+    const ie_gen_params_t *p;
+    ie_gen_result_t *results;
+    size_t n_done;
+    ie_status_t st;          /* first failure, IE_OK if none             */
+    char err[512];
+} gen_call_t;
 
-typedef struct req {
-    req_state_t state;
-    int32_t *prompt;
-    size_t n_prompt, n_fed;   /* prompt tokens, how many are in the cache */
-    int slot;
-    int32_t last;             /* token to feed next while decoding        */
-    int pos;                  /* its position                             */
-    double t_prev;            /* when the previous token came out         */
-    ie_sampler_t *smp;
-    ie_detok_t *detok;
-    ie_stop_t *stop;
-    char *text;
-    size_t text_len, text_cap;
-    size_t lat_cap, ids_cap;
-} req_t;
+typedef struct gen_item {
+    gen_call_t *g;
+    size_t index;
+} gen_item_t;
 
-static int append(char **buf, size_t *len, size_t *cap, const char *s, size_t n)
+static void gen_event(void *ctx, const ie_sched_event_t *ev)
 {
-    if (*len + n + 1 > *cap) {
-        size_t c = *cap ? *cap : 256;
-        while (c < *len + n + 1) c *= 2;
-        char *p = realloc(*buf, c);
-        if (!p) return -1;
-        *buf = p;
-        *cap = c;
+    gen_item_t *it = ctx;
+    gen_call_t *g = it->g;
+    ie_gen_result_t *r = &g->results[it->index];
+    if (ev->kind == IE_SCHED_TOKEN) {
+        if (g->p->on_token) g->p->on_token(g->p->on_token_ctx, it->index, ev->token, ev->text, ev->len);
+        return;
     }
-    memcpy(*buf + *len, s, n);
-    *len += n;
-    (*buf)[*len] = '\0';
-    return 0;
-}
-
-/* Pass newly decoded text through the stop-string matcher into the output.
- * Returns 1 when a stop string completed. */
-static int emit_text(req_t *q, const char *s, size_t n, int *oom)
-{
-    size_t emit = 0;
-    int stopped = 0;
-    if (q->stop) {
-        if (ie_stop_feed(q->stop, s, n, &emit, &stopped) != IE_OK) *oom = 1;
-        if (emit && append(&q->text, &q->text_len, &q->text_cap, ie_stop_emit_data(q->stop), emit) != 0)
-            *oom = 1;
-    } else if (n && append(&q->text, &q->text_len, &q->text_cap, s, n) != 0) {
-        *oom = 1;
-    }
-    return stopped;
-}
-
-static void finish(ie_engine_t *e, req_t *q, ie_gen_result_t *r, ie_finish_t why, int *oom)
-{
-    if (why != IE_FINISH_STOP) {
-        const char *tail = ie_detok_flush(q->detok);
-        emit_text(q, tail, strlen(tail), oom);
-        if (q->stop) {
-            size_t n = 0;
-            if (ie_stop_flush(q->stop, &n) != IE_OK) *oom = 1;
-            if (n && append(&q->text, &q->text_len, &q->text_cap, ie_stop_emit_data(q->stop), n) != 0)
-                *oom = 1;
+    g->n_done++;
+    if (ev->kind == IE_SCHED_ERROR) {
+        if (g->st == IE_OK) {
+            g->st = ev->status != IE_OK ? ev->status : IE_ERR_INTERNAL;
+            snprintf(g->err, sizeof g->err, "%s", ev->message ? ev->message : "request failed");
         }
+        return;
     }
-    r->stop = why;
-    q->state = REQ_DONE;
-    ie_engine_seq_clear(e, q->slot);
-}
-
-static void req_free(req_t *q)
-{
-    free(q->prompt);
-    ie_sampler_destroy(&q->smp);
-    ie_detok_destroy(&q->detok);
-    ie_stop_destroy(&q->stop);
-    free(q->text);
+    r->text = strdup(ev->all_text);
+    r->ids = malloc((ev->n_gen ? ev->n_gen : 1) * sizeof *r->ids);
+    r->lat_ms = malloc((ev->n_lat ? ev->n_lat : 1) * sizeof *r->lat_ms);
+    if (!r->text || !r->ids || !r->lat_ms) {
+        if (g->st == IE_OK) {
+            g->st = IE_ERR_NOMEM;
+            snprintf(g->err, sizeof g->err, "out of memory during generation");
+        }
+        return;
+    }
+    memcpy(r->ids, ev->ids, ev->n_gen * sizeof *r->ids);
+    memcpy(r->lat_ms, ev->lat_ms, ev->n_lat * sizeof *r->lat_ms);
+    r->n_gen = ev->n_gen;
+    r->n_lat = ev->n_lat;
+    r->n_prompt = ev->n_prompt;
+    r->stop = ev->finish;
+    r->ttft_ms = ev->ttft_ms;
 }
 
 /* One body for both entry points: prompts as text (ids NULL) or as ids. */
@@ -401,20 +376,21 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
 {
     ie_status_t st = IE_OK;
     const ie_hparams_t *hp = ie_engine_hparams(e);
-    int n_ctx = e->n_ctx, n_seq = e->opts.n_seq, B = e->max_batch;
-    req_t *reqs = NULL;
-    int *slot_req = NULL; /* request index holding each slot, or -1 */
-    int oom = 0;
-    double t0 = ie_now_ms();
+    int32_t **toks = NULL;
+    size_t *n_toks = NULL;
+    gen_item_t *items = NULL;
+    ie_sched_t *sched = NULL;
+    gen_call_t g = {.p = p, .results = results};
 
     if (n == 0) return IE_OK;
     memset(results, 0, n * sizeof *results);
     if (!e->tok) return ie_error_set(IE_ERR_INVAL, "generate: the engine was created without a tokenizer");
     if (!p || p->max_new < 0) return ie_error_set(IE_ERR_INVAL, "generate: bad arguments");
     if ((st = ie_sampler_params_validate(&p->sampling)) != IE_OK) return st;
-    reqs = calloc(n, sizeof *reqs);
-    slot_req = malloc((size_t)n_seq * sizeof *slot_req);
-    if (!reqs || !slot_req) {
+    toks = calloc(n, sizeof *toks);
+    n_toks = calloc(n, sizeof *n_toks);
+    items = calloc(n, sizeof *items);
+    if (!toks || !n_toks || !items) {
         st = ie_error_set(IE_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
@@ -422,180 +398,63 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
     /* tokenize everything first: a bad prompt fails the call up front */
     int flags = (p->add_special ? IE_TOK_ADD_SPECIAL : 0) | (p->parse_special ? IE_TOK_PARSE_SPECIAL : 0);
     for (size_t i = 0; i < n; i++) {
-        req_t *q = &reqs[i];
         if (ids ? !ids[i] && n_ids[i] : !prompts[i]) {
             st = ie_error_set(IE_ERR_INVAL, "prompt %zu is NULL", i + 1);
             goto cleanup;
         }
-        if (ids) { /* already tokens: copy, checking the range */
-            q->n_prompt = n_ids[i];
-            if (!(q->prompt = malloc((n_ids[i] ? n_ids[i] : 1) * sizeof *q->prompt))) {
-                st = ie_error_set(IE_ERR_NOMEM, "out of memory");
-                goto cleanup;
-            }
-            for (size_t j = 0; j < n_ids[i]; j++) {
+        if (ids) { /* already tokens: check the range */
+            for (size_t j = 0; j < n_ids[i]; j++)
                 if (ids[i][j] < 0 || ids[i][j] >= hp->n_vocab) {
                     st = ie_error_set(IE_ERR_RANGE, "prompt %zu: token id %d out of range (vocabulary %d)", i + 1,
                                       (int)ids[i][j], (int)hp->n_vocab);
                     goto cleanup;
                 }
-                q->prompt[j] = ids[i][j];
-            }
-        } else {
-            st = ie_tokenizer_encode(e->tok, prompts[i], strlen(prompts[i]), flags, &q->prompt, &q->n_prompt);
-        }
-        if (st != IE_OK) {
+            n_toks[i] = n_ids[i];
+        } else if ((st = ie_tokenizer_encode(e->tok, prompts[i], strlen(prompts[i]), flags, &toks[i],
+                                             &n_toks[i])) != IE_OK) {
             char why[400]; /* ie_error_last() is the buffer being written */
             snprintf(why, sizeof why, "%s", ie_error_last());
             ie_error_set(st, "prompt %zu: %s", i + 1, why);
             goto cleanup;
         }
-        if (q->n_prompt == 0) {
+        if (n_toks[i] == 0) {
             st = ie_error_set(IE_ERR_INVAL, "prompt %zu is empty after tokenization", i + 1);
             goto cleanup;
         }
-        if (q->n_prompt > (size_t)n_ctx) {
-            st = ie_error_set(IE_ERR_RANGE, "prompt %zu has %zu tokens; the context holds %d", i + 1,
-                              q->n_prompt, n_ctx);
-            goto cleanup;
-        }
-        if ((st = ie_sampler_new(&p->sampling, hp->n_vocab, &q->smp)) != IE_OK) goto cleanup;
-        if ((st = ie_detok_new(e->tok, &q->detok)) != IE_OK) goto cleanup;
-        if (p->n_stop && (st = ie_stop_new(p->stop, p->n_stop, &q->stop)) != IE_OK) goto cleanup;
-        for (size_t j = 0; j < q->n_prompt; j++) ie_sampler_accept(q->smp, q->prompt[j]);
-        results[i].n_prompt = q->n_prompt;
-        q->slot = -1;
-        if (append(&q->text, &q->text_len, &q->text_cap, "", 0) != 0) {
-            st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+        if (n_toks[i] > (size_t)e->n_ctx) {
+            st = ie_error_set(IE_ERR_RANGE, "prompt %zu has %zu tokens; the context holds %d", i + 1, n_toks[i],
+                              e->n_ctx);
             goto cleanup;
         }
     }
 
-    for (int s = 0; s < n_seq; s++) slot_req[s] = -1;
-    size_t next = 0, n_done = 0;
-    while (n_done < n) {
-        /* admit waiting requests into free slots */
-        for (int s = 0; s < n_seq && next < n; s++) {
-            if (slot_req[s] >= 0) continue;
-            req_t *q = &reqs[next];
-            slot_req[s] = (int)next++;
-            q->slot = s;
-            q->state = REQ_PREFILL;
-            ie_engine_seq_clear(e, s);
-        }
-        /* build the step: decodes first, then prefill chunks */
-        int nb = 0, has_prefill = 0;
-        for (size_t i = 0; i < n; i++) {
-            req_t *q = &reqs[i];
-            if (q->state != REQ_DECODE) continue;
-            e->b_tok[nb] = q->last;
-            e->b_pos[nb] = q->pos;
-            e->b_seq[nb] = q->slot;
-            e->b_logits[nb] = 1;
-            nb++;
-        }
-        for (size_t i = 0; i < n && nb < B; i++) {
-            req_t *q = &reqs[i];
-            if (q->state != REQ_PREFILL) continue;
-            while (q->n_fed < q->n_prompt && nb < B) {
-                e->b_tok[nb] = q->prompt[q->n_fed];
-                e->b_pos[nb] = (int32_t)q->n_fed;
-                e->b_seq[nb] = q->slot;
-                q->n_fed++;
-                e->b_logits[nb] = q->n_fed == q->n_prompt && p->max_new > 0;
-                nb++;
-                has_prefill = 1;
-            }
-        }
-        ie_batch_t batch = {nb, e->b_tok, e->b_pos, e->b_seq, e->b_logits};
-        double ts = ie_now_ms();
-        if ((st = ie_engine_step(e, &batch, e->logits)) != IE_OK) goto cleanup;
-        double te = ie_now_ms();
-        if (stats) {
-            if (has_prefill) {
-                stats->prefill_ms += te - ts;
-            } else {
-                stats->decode_ms += te - ts;
-            }
-        }
-
-        /* sample for every request that got logits; advance prefills */
-        int row = 0;
-        for (int k = 0; k < nb; k++) {
-            if (!e->b_logits[k]) continue;
-            size_t qi = (size_t)slot_req[e->b_seq[k]];
-            req_t *q = &reqs[qi];
-            float *lg = e->logits + (size_t)row++ * hp->n_vocab;
-            ie_gen_result_t *r = &results[qi];
-            int32_t id;
-            if ((st = ie_sampler_sample(q->smp, lg, &id)) != IE_OK) goto cleanup;
-            ie_sampler_accept(q->smp, id);
-            double t = ie_now_ms();
-            if (q->state == REQ_PREFILL) {
-                if (stats) stats->prefill_tokens += q->n_prompt;
-                r->ttft_ms = t - t0;
-                q->state = REQ_DECODE;
-                q->pos = (int)q->n_prompt;
-            } else {
-                if (ie_array_grow((void **)&r->lat_ms, &q->lat_cap, r->n_lat + 1, sizeof(double)) != 0) oom = 1;
-                else r->lat_ms[r->n_lat++] = t - q->t_prev;
-                /* decode throughput counts decode-only steps, whose time
-                 * is in decode_ms; a token that rode along in a prefill
-                 * step is charged (with its step) to prefill */
-                if (stats && !has_prefill) stats->decode_tokens++;
-                q->pos++;
-            }
-            q->t_prev = t;
-            if (ie_array_grow((void **)&r->ids, &q->ids_cap, r->n_gen + 1, sizeof(int32_t)) != 0) {
-                oom = 1;
-            } else {
-                r->ids[r->n_gen++] = id;
-            }
-            q->last = id;
-            size_t text_before = q->text_len;
-            if (ie_tokenizer_is_eog(e->tok, id)) {
-                finish(e, q, r, IE_FINISH_EOS, &oom);
-            } else {
-                const char *piece = ie_detok_push(q->detok, id);
-                if (emit_text(q, piece, strlen(piece), &oom)) {
-                    finish(e, q, r, IE_FINISH_STOP, &oom);
-                } else if ((int)r->n_gen >= p->max_new) {
-                    finish(e, q, r, IE_FINISH_LENGTH, &oom);
-                } else if (q->pos >= n_ctx) {
-                    finish(e, q, r, IE_FINISH_CONTEXT, &oom);
-                }
-            }
-            if (p->on_token) p->on_token(p->on_token_ctx, qi, id, q->text + text_before, q->text_len - text_before);
-            if (q->state == REQ_DONE) {
-                slot_req[q->slot] = -1;
-                n_done++;
-            }
-            if (oom) {
-                st = ie_error_set(IE_ERR_NOMEM, "out of memory during generation");
-                goto cleanup;
-            }
-        }
-        /* prompts whose prefill finished with max_new == 0 are done */
-        for (size_t i = 0; i < n; i++) {
-            req_t *q = &reqs[i];
-            if (q->state == REQ_PREFILL && q->n_fed == q->n_prompt && p->max_new == 0) {
-                if (stats) stats->prefill_tokens += q->n_prompt;
-                finish(e, q, &results[i], IE_FINISH_LENGTH, &oom);
-                slot_req[q->slot] = -1;
-                n_done++;
-            }
-        }
-    }
-
+    ie_sched_opts_t so = {.engine = e, .queue_max = (int)(n < 1000000 ? n : 1000000), .timing = stats};
+    if ((st = ie_sched_new(&so, &sched)) != IE_OK) goto cleanup;
     for (size_t i = 0; i < n; i++) {
-        results[i].text = reqs[i].text;
-        reqs[i].text = NULL;
+        items[i] = (gen_item_t){&g, i};
+        ie_sched_req_t r = {.ids = ids ? ids[i] : toks[i], .n_ids = n_toks[i], .params = p, .cb = gen_event,
+                            .cb_ctx = &items[i]};
+        if ((st = ie_sched_submit(sched, &r, NULL)) != IE_OK) goto cleanup;
     }
+    int idle = 0;
+    while (g.n_done < n && g.st == IE_OK) {
+        int busy = 0;
+        if ((st = ie_sched_step(sched, &busy)) != IE_OK) goto cleanup;
+        /* nothing runs and nothing can: a scheduler bug, not a hang */
+        if (!busy && g.n_done < n && ++idle > 1000) {
+            st = ie_error_set(IE_ERR_INTERNAL, "generate: the scheduler stalled");
+            goto cleanup;
+        }
+        if (busy) idle = 0;
+    }
+    if (g.st != IE_OK) st = ie_error_set(g.st, "%s", g.err);
 
 cleanup:
-    for (size_t i = 0; reqs && i < n; i++) req_free(&reqs[i]);
-    free(reqs);
-    free(slot_req);
+    ie_sched_destroy(&sched); /* ends what is left (after a failure) */
+    for (size_t i = 0; toks && i < n; i++) free(toks[i]);
+    free(toks);
+    free(n_toks);
+    free(items);
     if (st != IE_OK)
         for (size_t i = 0; i < n; i++) ie_gen_result_clear(&results[i]);
     return st;
@@ -609,7 +468,19 @@ ie_status_t ie_engine_logits(ie_engine_t *e, const int32_t *ids, size_t n, int d
     if (n > (size_t)e->n_ctx)
         return ie_error_set(IE_ERR_RANGE, "logits: %zu tokens do not fit the context of %d", n,
                             e->n_ctx);
+    /* slot 0 on the pool's first blocks (what a full-size pool starts
+     * with; a smaller pool may have been handed out by a scheduler) */
+    int bt = ie_engine_kv_block(e), nbk = (int)((n + (size_t)bt - 1) / (size_t)bt);
+    if (nbk > ie_engine_kv_blocks(e))
+        return ie_error_set(IE_ERR_RANGE, "logits: %zu tokens need %d KV blocks; the pool has %d", n, nbk,
+                            ie_engine_kv_blocks(e));
+    int32_t *tab = malloc((size_t)nbk * sizeof *tab);
+    if (!tab) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+    for (int j = 0; j < nbk; j++) tab[j] = j;
     ie_engine_seq_clear(e, 0);
+    ie_status_t bst = ie_engine_kv_bind(e, 0, 0, tab, nbk);
+    free(tab);
+    if (bst != IE_OK) return bst;
     size_t chunk = decode ? 1 : (size_t)B;
     for (size_t i = 0; i < n; i += chunk) {
         int m = (int)(n - i < chunk ? n - i : chunk);

@@ -1,4 +1,11 @@
-/* serve_zmq.c — client requests over ZeroMQ (ie_serve.h). */
+/* serve_zmq.c — the serving loop and the ZeroMQ client endpoint (ie_serve.h).
+ *
+ * A client request becomes one scheduler request; its events are turned
+ * into replies on this thread (the only one that touches the socket). A
+ * request's state outlives the loop if it must: when the loop ends, open
+ * requests are answered "unavailable" and orphaned, and the scheduler's
+ * terminal event later only frees them.
+ */
 #include "ie_serve.h"
 #include "ie_clock.h"
 
@@ -9,44 +16,42 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+
+typedef struct server server_t;
 
 typedef struct pending {
     ie_client_req_t req;
     char env[2][256];   /* routing envelope: identity [+ empty delimiter] */
     size_t env_len[2];
     int n_env;
-    double t_arrive;
-    uint64_t order;
+    uint64_t sid;       /* scheduler id                                   */
+    int32_t sent;       /* token events sent                              */
+    server_t *srv;      /* NULL once orphaned                             */
+    struct pending *next;
 } pending_t;
 
-typedef struct server {
+struct server {
     const ie_serve_opts_t *o;
-    pending_t **q;
-    int n_q;
-    uint64_t order;
     ie_buf_t out;
     ie_parts_t in;
-    ie_metric_t *m_req, *m_gen, *m_prompt, *m_queue, *m_kv, *m_lat;
-    /* the running set, for the streaming callback */
-    pending_t **run;
-    int32_t sent[64];   /* token events sent per request of the set      */
-} server_t;
+    ie_metric_t *m_req;
+    pending_t *open;    /* submitted, not ended                           */
+};
 
-static void reply(server_t *s, const pending_t *p, const ie_buf_t *body)
+static void reply_env(server_t *s, char env[2][256], const size_t *env_len, int n_env, const ie_buf_t *body)
 {
     ie_frame_t f[3];
     int n = 0;
-    for (int i = 0; i < p->n_env; i++) f[n++] = (ie_frame_t){p->env[i], p->env_len[i]};
+    for (int i = 0; i < n_env; i++) f[n++] = (ie_frame_t){env[i], env_len[i]};
     f[n++] = (ie_frame_t){body->data, body->len};
     if (ie_sock_send(s->o->sock, f, n, 100) != IE_OK && s->o->verbose)
         fprintf(stderr, "ie-coordinator: reply to a client lost: %s\n", ie_error_last());
 }
 
-static void reply_error(server_t *s, const pending_t *p, const char *id, const char *code, const char *msg)
+static void reply_error(server_t *s, pending_t *p, const char *id, const char *code, const char *msg)
 {
-    if (ie_client_enc_error(&s->out, id ? id : "", code, msg) == IE_OK) reply(s, p, &s->out);
-    if (s->m_req) ie_metric_add(s->m_req, code, 1);
+    if (ie_client_enc_error(&s->out, id ? id : "", code, msg) == IE_OK)
+        reply_env(s, p->env, p->env_len, p->n_env, &s->out);
 }
 
 static const char *code_for(ie_status_t st)
@@ -70,84 +75,40 @@ static void pending_free(pending_t *p)
     free(p);
 }
 
-/* Take one message from the socket (already in s->in). */
-static void on_message(server_t *s)
+static void unlink_open(server_t *s, pending_t *p)
 {
-    pending_t *p = calloc(1, sizeof *p);
-    if (!p) return;
-    /* envelope: identity, then an empty delimiter from REQ sockets */
-    int body = s->in.n - 1;
-    if (body < 1 || body > 2 || s->in.size[0] > sizeof p->env[0] || (body == 2 && s->in.size[1] != 0)) {
-        free(p);
-        return; /* not a client message shape: nothing to answer to */
-    }
-    for (int i = 0; i < body; i++) {
-        memcpy(p->env[i], s->in.data[i], s->in.size[i]);
-        p->env_len[i] = s->in.size[i];
-    }
-    p->n_env = body;
-    ie_status_t st = ie_client_req_decode(s->in.data[body], s->in.size[body], &p->req);
-    if (st != IE_OK) {
-        char why[600];
-        snprintf(why, sizeof why, "%s", ie_error_last());
-        fprintf(stderr, "ie-coordinator: malformed client request: %s\n", why);
-        reply_error(s, p, NULL, "invalid_request", why);
-        pending_free(p);
-        return;
-    }
-    if (!strcmp(p->req.type, "cancel")) {
-        int found = 0;
-        for (int i = 0; i < s->n_q; i++) {
-            pending_t *w = s->q[i];
-            if (strcmp(w->req.id, p->req.id) || w->env_len[0] != p->env_len[0] ||
-                memcmp(w->env[0], p->env[0], p->env_len[0]))
-                continue;
-            reply_error(s, w, w->req.id, "cancelled", "cancelled by the client");
-            pending_free(w);
-            memmove(&s->q[i], &s->q[i + 1], (size_t)(s->n_q - i - 1) * sizeof *s->q);
-            s->n_q--;
-            found = 1;
-            break;
+    for (pending_t **pp = &s->open; *pp; pp = &(*pp)->next)
+        if (*pp == p) {
+            *pp = p->next;
+            return;
         }
-        if (!found) reply_error(s, p, p->req.id, "not_found", "no queued request with that id");
-        pending_free(p);
-        return;
-    }
-    int cap = s->o->queue_max > 0 ? s->o->queue_max : 64;
-    if (s->n_q >= cap) {
-        char why[128];
-        snprintf(why, sizeof why, "server busy: %d requests waiting; try again later", s->n_q);
-        reply_error(s, p, p->req.id, "busy", why);
-        pending_free(p);
-        return;
-    }
-    p->t_arrive = ie_now_ms();
-    p->order = s->order++;
-    /* keep the queue sorted: priority desc, then arrival */
-    int at = s->n_q;
-    while (at > 0 && s->q[at - 1]->req.priority < p->req.priority) at--;
-    memmove(&s->q[at + 1], &s->q[at], (size_t)(s->n_q - at) * sizeof *s->q);
-    s->q[at] = p;
-    s->n_q++;
 }
 
-static int same_params(const ie_client_req_t *a, const ie_client_req_t *b)
+/* Scheduler events of a ZeroMQ request (on the loop's thread). */
+static void on_event(void *ctx, const ie_sched_event_t *ev)
 {
-    if (a->max_new != b->max_new || a->temperature != b->temperature || a->top_k != b->top_k ||
-        a->top_p != b->top_p || a->min_p != b->min_p || a->repeat_penalty != b->repeat_penalty ||
-        a->seed != b->seed || a->n_stop != b->n_stop)
-        return 0;
-    for (size_t i = 0; i < a->n_stop; i++)
-        if (strcmp(a->stop[i], b->stop[i])) return 0;
-    return 1;
-}
-
-static void on_token(void *ctx, size_t index, int32_t id, const char *text, size_t len)
-{
-    server_t *s = ctx;
-    pending_t *p = s->run[index];
-    if (!p->req.stream) return;
-    if (ie_client_enc_token(&s->out, p->req.id, s->sent[index]++, id, text, len) == IE_OK) reply(s, p, &s->out);
+    pending_t *p = ctx;
+    server_t *s = p->srv;
+    if (!s) { /* the loop has ended and already answered */
+        if (ev->kind != IE_SCHED_TOKEN) pending_free(p);
+        return;
+    }
+    if (ev->kind == IE_SCHED_TOKEN) {
+        if (p->req.stream && ie_client_enc_token(&s->out, p->req.id, p->sent++, ev->token, ev->text, ev->len) == IE_OK)
+            reply_env(s, p->env, p->env_len, p->n_env, &s->out);
+        return;
+    }
+    if (ev->kind == IE_SCHED_DONE) {
+        ie_client_done_t d = {.id = p->req.id, .text = ev->all_text, .finish = ie_finish_name(ev->finish),
+                              .text_len = strlen(ev->all_text), .n_prompt = (int32_t)ev->n_prompt,
+                              .n_gen = (int32_t)ev->n_gen, .ttft_ms = ev->ttft_ms, .total_ms = ev->total_ms,
+                              .decode_tps = ev->decode_tps};
+        if (ie_client_enc_done(&s->out, &d) == IE_OK) reply_env(s, p->env, p->env_len, p->n_env, &s->out);
+    } else {
+        reply_error(s, p, p->req.id, ev->code, ev->message);
+    }
+    unlink_open(s, p);
+    pending_free(p);
 }
 
 /* Tokens of a request: chat messages through the model's template, text
@@ -175,43 +136,14 @@ static ie_status_t encode(server_t *s, const ie_client_req_t *r, int32_t **ids, 
     return st;
 }
 
-static void run_set(server_t *s)
+/* A "generate" request: into the scheduler, or an error reply now. */
+static void submit(server_t *s, pending_t *p)
 {
-    ie_engine_t *e = s->o->engine;
-    pending_t *set[64]; /* the engine batches what fits its slots; a set holds at most 64 */
-    int n = 0;
-    for (int i = 0; i < s->n_q && n < 64;) {
-        if (n == 0 || same_params(&s->q[i]->req, &set[0]->req)) {
-            set[n++] = s->q[i];
-            memmove(&s->q[i], &s->q[i + 1], (size_t)(s->n_q - i - 1) * sizeof *s->q);
-            s->n_q--;
-        } else {
-            i++;
-        }
-    }
-    int32_t *ids[64] = {0};
-    size_t n_ids[64] = {0};
-    ie_gen_result_t res[64];
-    pending_t *ok[64];
-    const int32_t *ok_ids[64];
-    size_t ok_n[64];
-    int m = 0;
-    double t0 = ie_now_ms();
-    for (int i = 0; i < n; i++) {
-        if (s->m_queue) ie_metric_observe(s->m_queue, NULL, (t0 - set[i]->t_arrive) / 1e3);
-        if (encode(s, &set[i]->req, &ids[i], &n_ids[i]) != IE_OK || n_ids[i] == 0) {
-            char why[600];
-            snprintf(why, sizeof why, "%s", n_ids[i] == 0 && ids[i] ? "empty prompt" : ie_error_last());
-            reply_error(s, set[i], set[i]->req.id, "invalid_request", why);
-            continue;
-        }
-        ok[m] = set[i];
-        ok_ids[m] = ids[i];
-        ok_n[m] = n_ids[i];
-        m++;
-    }
-    if (m > 0) {
-        const ie_client_req_t *r = &ok[0]->req;
+    const ie_client_req_t *r = &p->req;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    ie_status_t st = encode(s, r, &ids, &n);
+    if (st == IE_OK) {
         ie_gen_params_t gp;
         ie_gen_params_default(&gp);
         gp.max_new = r->max_new;
@@ -223,83 +155,93 @@ static void run_set(server_t *s)
         gp.sampling.seed = r->seed >= 0 ? (uint64_t)r->seed : ie_sampler_seed_random();
         gp.stop = (const char *const *)r->stop;
         gp.n_stop = r->n_stop;
-        gp.on_token = on_token;
-        gp.on_token_ctx = s;
-        s->run = ok;
-        memset(s->sent, 0, sizeof s->sent);
-        if (s->m_kv) ie_metric_set(s->m_kv, NULL, 1.0);
-        ie_gen_stats_t stats = {0};
-        ie_status_t st = ie_engine_generate_ids(e, ok_ids, ok_n, (size_t)m, &gp, res, &stats);
-        if (s->m_kv) ie_metric_set(s->m_kv, NULL, 0.0);
-        double t1 = ie_now_ms();
-        for (int i = 0; i < m; i++) {
-            if (st != IE_OK) {
-                char why[600];
-                snprintf(why, sizeof why, "%s", ie_error_last());
-                reply_error(s, ok[i], ok[i]->req.id, code_for(st), why);
-                continue;
-            }
-            ie_gen_result_t *g = &res[i];
-            double dsum = 0;
-            for (size_t k = 0; k < g->n_lat; k++) {
-                dsum += g->lat_ms[k];
-                if (s->m_lat) ie_metric_observe(s->m_lat, NULL, g->lat_ms[k] / 1e3);
-            }
-            ie_client_done_t d = {.id = ok[i]->req.id, .text = g->text ? g->text : "",
-                                  .finish = ie_finish_name(g->stop), .text_len = g->text ? strlen(g->text) : 0,
-                                  .n_prompt = (int32_t)g->n_prompt, .n_gen = (int32_t)g->n_gen,
-                                  .ttft_ms = g->ttft_ms, .total_ms = t1 - ok[i]->t_arrive,
-                                  .decode_tps = dsum > 0 ? g->n_lat / (dsum / 1e3) : 0};
-            if (ie_client_enc_done(&s->out, &d) == IE_OK) reply(s, ok[i], &s->out);
-            if (s->m_req) ie_metric_add(s->m_req, "ok", 1);
-            if (s->m_gen) ie_metric_add(s->m_gen, NULL, (double)g->n_gen);
-            if (s->m_prompt) ie_metric_add(s->m_prompt, NULL, (double)g->n_prompt);
-            ie_gen_result_clear(g);
-        }
+        ie_sched_req_t sr = {.ids = ids, .n_ids = n, .params = &gp, .priority = r->priority,
+                             .timeout_ms = s->o->request_timeout_ms, .cb = on_event, .cb_ctx = p};
+        p->srv = s;
+        p->next = s->open; /* before submit: events come only from a step */
+        s->open = p;
+        st = ie_sched_submit(s->o->sched, &sr, &p->sid);
+        if (st != IE_OK) unlink_open(s, p);
     }
-    for (int i = 0; i < n; i++) {
-        free(ids[i]);
-        pending_free(set[i]);
-    }
+    free(ids);
+    if (st == IE_OK) return;
+    char why[600];
+    snprintf(why, sizeof why, "%s", ie_error_last());
+    const char *code = code_for(st);
+    if (st != IE_ERR_BUSY) fprintf(stderr, "ie-coordinator: request '%s' refused: %s\n", r->id, why);
+    reply_error(s, p, r->id, code, why);
+    if (s->m_req) ie_metric_add(s->m_req, code, 1);
+    pending_free(p);
 }
 
-ie_status_t ie_serve_zmq(const ie_serve_opts_t *o)
+/* Take one message from the socket (already in s->in). */
+static void on_message(server_t *s)
+{
+    pending_t *p = calloc(1, sizeof *p);
+    if (!p) return;
+    /* envelope: identity, then an empty delimiter from REQ sockets */
+    int body = s->in.n - 1;
+    if (body < 1 || body > 2 || s->in.size[0] > sizeof p->env[0] || (body == 2 && s->in.size[1] != 0)) {
+        free(p);
+        return; /* not a client message shape: nothing to answer to */
+    }
+    for (int i = 0; i < body; i++) {
+        memcpy(p->env[i], s->in.data[i], s->in.size[i]);
+        p->env_len[i] = s->in.size[i];
+    }
+    p->n_env = body;
+    ie_status_t st = ie_client_req_decode(s->in.data[body], s->in.size[body], &p->req);
+    if (st != IE_OK) {
+        char why[600];
+        snprintf(why, sizeof why, "%s", ie_error_last());
+        fprintf(stderr, "ie-coordinator: malformed client request: %s\n", why);
+        reply_error(s, p, NULL, "invalid_request", why);
+        if (s->m_req) ie_metric_add(s->m_req, "invalid_request", 1);
+        pending_free(p);
+        return;
+    }
+    if (!strcmp(p->req.type, "cancel")) {
+        pending_t *w = s->open;
+        while (w && (strcmp(w->req.id, p->req.id) || w->env_len[0] != p->env_len[0] ||
+                     memcmp(w->env[0], p->env[0], p->env_len[0])))
+            w = w->next;
+        /* the cancelled request itself is answered "cancelled" */
+        if (!w || ie_sched_cancel(s->o->sched, w->sid) != IE_OK)
+            reply_error(s, p, p->req.id, "not_found", "no open request with that id");
+        pending_free(p);
+        return;
+    }
+    submit(s, p);
+}
+
+ie_status_t ie_serve_run(const ie_serve_opts_t *o)
 {
     server_t s = {.o = o};
-    int cap = o->queue_max > 0 ? o->queue_max : 64;
-    s.q = calloc((size_t)cap + 1, sizeof *s.q);
-    if (!s.q) return ie_error_set(IE_ERR_NOMEM, "out of memory");
-    if (o->metrics) {
-        static const double qb[] = {0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 30};
-        static const double lb[] = {0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1};
-        ie_metrics_counter(o->metrics, "ie_requests_total", "Client requests answered, by outcome", "status",
-                           &s.m_req);
-        ie_metrics_counter(o->metrics, "ie_tokens_generated_total", "Tokens generated", NULL, &s.m_gen);
-        ie_metrics_counter(o->metrics, "ie_prompt_tokens_total", "Prompt tokens processed", NULL, &s.m_prompt);
-        ie_metrics_histogram(o->metrics, "ie_request_queue_seconds", "Time requests waited in the queue", NULL,
-                             qb, 8, &s.m_queue);
-        ie_metrics_histogram(o->metrics, "ie_token_latency_seconds", "Time between a stream's tokens", NULL, lb, 8,
-                             &s.m_lat);
-        ie_metrics_gauge(o->metrics, "ie_kv_used_ratio", "Share of KV sequence slots in use", NULL, &s.m_kv);
-        ie_metric_set(s.m_kv, NULL, 0);
-    }
     ie_status_t st = IE_OK;
+    if (!o || !o->engine || !o->sched) return ie_error_set(IE_ERR_INVAL, "serve: no engine or scheduler");
+    if (o->metrics)
+        ie_metrics_counter(o->metrics, "ie_requests_total", "Requests ended, by outcome", "status", &s.m_req);
+    int busy = 0;
     while (!(o->stop && *o->stop)) {
         ie_cluster_t *c = ie_engine_cluster(o->engine);
         if (c) ie_cluster_service(c, 0); /* heartbeats, registrations, systemd watchdog */
-        int ready = 0;
-        if (ie_sock_poll(&o->sock, 1, &ready, s.n_q ? 0 : 50) < 0) {
-            st = ie_error_set(IE_ERR_IO, "client socket: poll failed");
-            break;
+        if (o->sock) {
+            int ready = 0;
+            if (ie_sock_poll((ie_sock_t *const *)&o->sock, 1, &ready, busy ? 0 : 2) < 0) {
+                st = ie_error_set(IE_ERR_IO, "client socket: poll failed");
+                break;
+            }
+            for (int k = 0; ready && k < 256 && ie_sock_recv(o->sock, &s.in, 0) == IE_OK; k++) on_message(&s);
+        } else if (!busy) {
+            ie_sched_wait(o->sched, c ? 20 : 50);
         }
-        for (int k = 0; ready && k < 256 && ie_sock_recv(o->sock, &s.in, 0) == IE_OK; k++) on_message(&s);
-        if (s.n_q) run_set(&s);
+        if ((st = ie_sched_step(o->sched, &busy)) != IE_OK) break;
     }
-    for (int i = 0; i < s.n_q; i++) {
-        reply_error(&s, s.q[i], s.q[i]->req.id, "unavailable", "the coordinator is shutting down");
-        pending_free(s.q[i]);
+    for (pending_t *p = s.open; p; p = p->next) { /* answered now, freed by their terminal event */
+        reply_error(&s, p, p->req.id, "unavailable", "the coordinator is shutting down");
+        ie_sched_cancel(o->sched, p->sid);
+        p->srv = NULL;
     }
-    free(s.q);
     ie_parts_free(&s.in);
     ie_buf_free(&s.out);
     return st;

@@ -32,7 +32,7 @@ EXIT_MODEL = 3      # model file missing / malformed
 
 RUN_FIELDS = ("model", "prompts", "tokens_in", "tokens_out", "wall_s", "tps", "prefill_tps",
               "decode_tps", "ttft_ms", "latency_p50_ms", "latency_p95_ms", "rss_peak_mb",
-              "threads", "precision", "text", "ids")
+              "kv_hits", "kv_misses", "preemptions", "threads", "precision", "text", "ids")
 
 
 def need_file(p: Path, what: str) -> Path:

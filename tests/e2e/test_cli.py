@@ -229,6 +229,9 @@ def _check_run_fields(out, *, n_prompts, max_new):
     assert out["latency_p50_ms"] <= out["latency_p95_ms"]
     assert out["ttft_ms"] <= out["wall_s"] * 1000 + 1e-6
     assert 10 < out["rss_peak_mb"] < 8192
+    # every prompt token is either computed or taken from the prefix cache
+    assert out["kv_hits"] + out["kv_misses"] == out["tokens_in"], out
+    assert out["kv_misses"] >= out["prompts"] and out["preemptions"] >= 0
     assert out["threads"] == THREADS
     assert out["precision"] in ("native", "f32")
     # one prompt: text is a string and ids a flat list; several prompts:

@@ -176,7 +176,7 @@ class Cluster:
 
     def __init__(self, model: Path, plan: str, n_workers: int, logdir: Path, *,
                  bind_host: str = "127.0.0.1", worker_host: str = "127.0.0.1",
-                 coord_curve: list | None = None):
+                 coord_curve: list | None = None, coord_extra: list | None = None):
         self.model, self.plan, self.n = model, plan, n_workers
         self.logdir = logdir
         self.wport, self.cport = free_port(), free_port()
@@ -187,7 +187,7 @@ class Cluster:
         self.worker_cmds: dict = {}
         cmd = [str(binary("ie-coordinator")), "--model", str(model), "--plan", plan,
                "--workers", str(n_workers), "--bind", f"tcp://{bind_host}:{self.wport}",
-               "--client-bind", self.client_ep, "--verbose"] + (coord_curve or [])
+               "--client-bind", self.client_ep, "--verbose"] + (coord_curve or []) + (coord_extra or [])
         self.coord_log = logdir / "coordinator.log"
         self.coord = self._spawn(cmd, self.coord_log)
 
@@ -326,8 +326,9 @@ def test_processes_malformed_requests_and_c_client(smollm2, clusters, tmp_path):
 
 
 def test_worker_killed_mid_generation(smollm2, clusters, tmp_path):
+    """With --retry-ms 0 a request hit by a lost worker fails at once."""
     ref = embedded(smollm2, PROMPTS, tmp_path)
-    c = start_cluster(clusters, smollm2, "tensor", 2, tmp_path / "logs")
+    c = start_cluster(clusters, smollm2, "tensor", 2, tmp_path / "logs", coord_extra=["--retry-ms", "0"])
     c.start_worker(0)
     victim = c.start_worker(1)
     c.generate(PROMPTS[0], max_new=4)
@@ -353,6 +354,36 @@ def test_worker_killed_mid_generation(smollm2, clusters, tmp_path):
     done = c.generate(PROMPTS[0], max_new=MAX_NEW, wait_s=30)
     assert time.monotonic() - t0 < 30
     assert done["text"] == ref[0], (done["text"], ref[0])
+
+
+@pytest.mark.parametrize("plan", ["tensor", "pipeline"])
+def test_worker_killed_request_rerun_after_restart(plan, smollm2, clusters, tmp_path):
+    """By default a request in flight when a worker dies waits for a
+    replacement and is recomputed: the stream goes on where it stopped (no
+    token repeated or lost) and the whole answer equals embedded."""
+    max_new = 48
+    ref = embedded(smollm2, [LONG_PROMPT], tmp_path, max_new)[0]
+    c = start_cluster(clusters, smollm2, plan, 2, tmp_path / "logs")
+    c.start_worker(0)
+    victim = c.start_worker(1)
+    c.generate(PROMPTS[0], max_new=4)
+    texts, done, n = [], None, 0
+    for ev in ie_client.stream(c.client_ep, prompt=LONG_PROMPT, max_new=max_new, temperature=0.0,
+                               timeout_s=120, idle_timeout_s=30.0):
+        if ev["type"] == "token":
+            texts.append(ev["text"])
+            n += 1
+            if n == 8:
+                victim.send_signal(signal.SIGKILL)
+                victim.wait(timeout=5)
+                time.sleep(0.5)
+                c.start_worker(1)
+        elif ev["type"] == "done":
+            done = ev
+    assert done is not None, c.log()
+    assert n == done["n_gen"], (n, done)
+    assert done["text"] == ref, (done["text"], ref, c.log())
+    assert "".join(texts) == ref
 
 
 # ------------------------------------------------------------ CURVE

@@ -1,0 +1,942 @@
+/* sched.c — the request scheduler (ie_sched.h).
+ *
+ * Request life: submit -> queue (sorted: priority desc, arrival asc) ->
+ * admitted into a free slot, taking the cached blocks of its longest known
+ * prefix -> PREFILL (chunks of its known tokens) -> DECODE (one token per
+ * step) -> terminal event. Preemption sends a running request back to the
+ * queue with its tokens so far; it is recomputed (prefill of prompt +
+ * generated tokens, no sampling) and continues where it stopped.
+ *
+ * Locking: `mu` guards the queue, the live list (for cancel), the flags
+ * other threads set and the stats snapshot. The running set, the KV pool
+ * and the engine belong to the stepping thread. Events are collected
+ * during a step and delivered after the lock is released.
+ */
+#include "ie_sched.h"
+#include "ie_clock.h"
+
+#include "ie_array.h"
+#include "ie_kvpool.h"
+#include "ie_stop.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef enum { S_WAIT, S_PREFILL, S_DECODE, S_DONE } sstate_t;
+
+typedef struct sreq {
+    uint64_t id, order;
+    int priority;
+    sstate_t state;
+    int32_t *toks;           /* prompt, then generated tokens            */
+    size_t n_toks, toks_cap, n_prompt;
+    size_t n_known;          /* tokens to have in the cache before the
+                                next sampled token: n_prompt fresh,
+                                n_toks - 1 after a preemption          */
+    size_t n_fed;            /* positions in the cache                   */
+    int fresh;               /* never sampled yet: the last known token
+                                wants logits                            */
+    int slot;
+    int32_t *blocks;         /* physical block of each logical block     */
+    int n_blocks, n_pub;     /* bound; published (a prefix of them)      */
+    size_t n_cached;
+    int max_new;
+    ie_sampler_t *smp;
+    ie_detok_t *detok;
+    ie_stop_t *stop;
+    char *text;
+    size_t text_len, text_cap;
+    double *lat;
+    size_t n_lat, lat_cap;
+    double t_submit, t_admit, t_first, t_prev, deadline, hold_until;
+    int admitted, retried;
+    int cancel;              /* set under mu by ie_sched_cancel          */
+    ie_sched_cb cb;
+    void *cb_ctx;
+    /* the terminal outcome, filled when it ends */
+    ie_sched_ev_kind_t end;
+    ie_finish_t finish;
+    ie_status_t status;
+    const char *code;
+    char msg[256];
+    struct sreq *next_live;  /* all live requests (for cancel)           */
+} sreq_t;
+
+/* A token event of this step (text is a slice of the request's text). */
+typedef struct tok_ev {
+    sreq_t *q;
+    int32_t id;
+    size_t off, len;
+} tok_ev_t;
+
+struct ie_sched {
+    ie_sched_opts_t o;
+    ie_engine_t *e;
+    const ie_tokenizer_t *tok;
+    int n_seq, n_ctx, B, bt, chunk, max_lblocks;
+    int32_t n_vocab;
+    ie_kvpool_t *pool;
+    int prefix_cache;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    sreq_t **queue;          /* sorted; queue_max + n_seq capacity       */
+    int n_queue, queue_cap;
+    sreq_t *live;
+    sreq_t **run;            /* [n_seq] by slot                          */
+    uint64_t next_id, next_order;
+    int pending;             /* a submit or cancel since the last step   */
+    /* step buffers */
+    int32_t *b_tok, *b_pos, *b_seq;
+    uint8_t *b_logits;
+    sreq_t **b_req;          /* the request of each batch entry          */
+    float *logits;
+    tok_ev_t *tev;
+    int n_tev;
+    sreq_t **ended;          /* terminal this step                        */
+    int n_ended, ended_cap;
+    int32_t *unbind;         /* a slot's table when it is let go          */
+    int ident;               /* the pool is full size: slots start bound
+                                to their own blocks                      */
+    ie_sched_stats_t st;     /* under mu                                 */
+    ie_metric_t *m_req, *m_gen, *m_prompt, *m_queue, *m_ttft, *m_lat, *m_kv_used, *m_kv_total, *m_kv_ratio,
+        *m_hit, *m_miss, *m_preempt, *m_queued, *m_running;
+};
+
+/* ------------------------------------------------------------ helpers */
+
+static int text_append(sreq_t *q, const char *s, size_t n)
+{
+    if (q->text_len + n + 1 > q->text_cap) {
+        size_t c = q->text_cap ? q->text_cap : 256;
+        while (c < q->text_len + n + 1) c *= 2;
+        char *p = realloc(q->text, c);
+        if (!p) return -1;
+        q->text = p;
+        q->text_cap = c;
+    }
+    memcpy(q->text + q->text_len, s, n);
+    q->text_len += n;
+    q->text[q->text_len] = '\0';
+    return 0;
+}
+
+/* Newly decoded text through the stop-string matcher into the output.
+ * Returns 1 when a stop string completed; -1 out of memory. */
+static int emit_text(sreq_t *q, const char *s, size_t n)
+{
+    if (!q->stop) return n && text_append(q, s, n) != 0 ? -1 : 0;
+    size_t emit = 0;
+    int stopped = 0;
+    if (ie_stop_feed(q->stop, s, n, &emit, &stopped) != IE_OK) return -1;
+    if (emit && text_append(q, ie_stop_emit_data(q->stop), emit) != 0) return -1;
+    return stopped;
+}
+
+static void sreq_free(sreq_t *q)
+{
+    if (!q) return;
+    free(q->toks);
+    free(q->blocks);
+    ie_sampler_destroy(&q->smp);
+    ie_detok_destroy(&q->detok);
+    ie_stop_destroy(&q->stop);
+    free(q->text);
+    free(q->lat);
+    free(q);
+}
+
+static void metric_add(ie_metric_t *m, const char *label, double v)
+{
+    if (m) ie_metric_add(m, label, v);
+}
+
+/* queue order: priority desc, then arrival */
+static int before(const sreq_t *a, const sreq_t *b)
+{
+    return a->priority != b->priority ? a->priority > b->priority : a->order < b->order;
+}
+
+static void queue_insert(ie_sched_t *s, sreq_t *q)
+{
+    int at = s->n_queue;
+    while (at > 0 && before(q, s->queue[at - 1])) at--;
+    memmove(&s->queue[at + 1], &s->queue[at], (size_t)(s->n_queue - at) * sizeof *s->queue);
+    s->queue[at] = q;
+    s->n_queue++;
+    q->state = S_WAIT;
+}
+
+static void queue_remove_at(ie_sched_t *s, int i)
+{
+    memmove(&s->queue[i], &s->queue[i + 1], (size_t)(s->n_queue - i - 1) * sizeof *s->queue);
+    s->n_queue--;
+}
+
+static void live_unlink(ie_sched_t *s, sreq_t *q)
+{
+    for (sreq_t **pp = &s->live; *pp; pp = &(*pp)->next_live)
+        if (*pp == q) {
+            *pp = q->next_live;
+            return;
+        }
+}
+
+/* Record q's end; it is delivered and freed after the step. */
+static void end_req(ie_sched_t *s, sreq_t *q, ie_sched_ev_kind_t kind, ie_status_t st, const char *code,
+                    const char *fmt, const char *arg)
+{
+    q->end = kind;
+    q->status = st;
+    q->code = code;
+    snprintf(q->msg, sizeof q->msg, fmt ? fmt : "%s", arg ? arg : "");
+    q->state = S_DONE;
+    if (s->n_ended == s->ended_cap) { /* sized for every live request; grows only on a surge */
+        int c = s->ended_cap * 2;
+        sreq_t **p = realloc(s->ended, (size_t)c * sizeof *p);
+        if (!p) return; /* cannot happen often: ended_cap starts at queue + slots */
+        s->ended = p;
+        s->ended_cap = c;
+    }
+    s->ended[s->n_ended++] = q;
+}
+
+/* Give back a running request's blocks and slot. */
+static void release_slot(ie_sched_t *s, sreq_t *q)
+{
+    for (int j = 0; j < q->n_blocks; j++) ie_kvpool_release(s->pool, q->blocks[j]);
+    if (q->slot >= 0) {
+        /* leave the slot as the engine starts it: bound to its own blocks
+         * in a full-size pool (ie_engine_logits and other direct users of
+         * a slot rely on that), else unbound */
+        if (q->n_blocks) {
+            for (int j = 0; j < q->n_blocks; j++)
+                s->unbind[j] = s->ident ? q->slot * s->max_lblocks + j : -1;
+            ie_engine_kv_bind(s->e, q->slot, 0, s->unbind, q->n_blocks);
+        }
+        ie_engine_seq_clear(s->e, q->slot);
+        s->run[q->slot] = NULL;
+    }
+    q->n_blocks = q->n_pub = 0;
+    q->slot = -1;
+    q->n_fed = 0;
+}
+
+/* Send a running request back to the queue (its tokens kept). */
+static void preempt(ie_sched_t *s, sreq_t *q)
+{
+    release_slot(s, q);
+    if (!q->fresh) q->n_known = q->n_toks - 1;
+    queue_insert(s, q);
+    s->st.preemptions++;
+    metric_add(s->m_preempt, NULL, 1);
+    if (s->o.timing) s->o.timing->preemptions++;
+}
+
+/* The running request to preempt: lowest priority, latest arrival. */
+static sreq_t *victim(ie_sched_t *s)
+{
+    sreq_t *v = NULL;
+    for (int k = 0; k < s->n_seq; k++) {
+        sreq_t *q = s->run[k];
+        if (q && (!v || before(v, q))) v = q;
+    }
+    return v;
+}
+
+/* Make sure position pos of q has a bound block. 0 ok, -1 pool empty. */
+static int ensure_block(ie_sched_t *s, sreq_t *q, size_t pos)
+{
+    int lb = (int)(pos / (size_t)s->bt);
+    if (lb < q->n_blocks) return 0;
+    int32_t b;
+    if (ie_kvpool_alloc(s->pool, &b) != IE_OK) return -1;
+    if (ie_engine_kv_bind(s->e, q->slot, lb, &b, 1) != IE_OK) {
+        ie_kvpool_release(s->pool, b);
+        return -1;
+    }
+    q->blocks[q->n_blocks++] = b;
+    return 0;
+}
+
+static int cluster_ready(ie_sched_t *s)
+{
+    ie_cluster_t *c = ie_engine_cluster(s->e);
+    return !c || ie_cluster_ready(c);
+}
+
+/* ------------------------------------------------------------- public */
+
+ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
+{
+    ie_status_t st = IE_OK;
+    *out = NULL;
+    if (!o || !o->engine) return ie_error_set(IE_ERR_INVAL, "scheduler: no engine");
+    if (!ie_engine_tokenizer(o->engine))
+        return ie_error_set(IE_ERR_INVAL, "scheduler: the engine was created without a tokenizer");
+    if (o->queue_max < 0 || o->prefill_chunk < 0 || o->retry_ms < 0)
+        return ie_error_set(IE_ERR_INVAL, "scheduler: bad options");
+    ie_sched_t *s = calloc(1, sizeof *s);
+    if (!s) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+    s->o = *o;
+    s->e = o->engine;
+    s->tok = ie_engine_tokenizer(s->e);
+    s->n_seq = ie_engine_n_seq(s->e);
+    s->n_ctx = ie_engine_n_ctx(s->e);
+    s->B = ie_engine_max_batch(s->e);
+    s->bt = ie_engine_kv_block(s->e);
+    s->chunk = o->prefill_chunk > 0 ? o->prefill_chunk : s->B;
+    s->max_lblocks = (s->n_ctx + s->bt - 1) / s->bt;
+    s->n_vocab = ie_engine_hparams(s->e)->n_vocab;
+    s->prefix_cache = ie_engine_prefix_cache(s->e);
+    s->queue_cap = (o->queue_max > 0 ? o->queue_max : 64) + s->n_seq;
+    s->ended_cap = s->queue_cap + 1;
+    s->next_id = 1;
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    size_t B = (size_t)s->B;
+    s->queue = calloc((size_t)s->queue_cap, sizeof *s->queue);
+    s->run = calloc((size_t)s->n_seq, sizeof *s->run);
+    s->b_tok = malloc(B * sizeof *s->b_tok);
+    s->b_pos = malloc(B * sizeof *s->b_pos);
+    s->b_seq = malloc(B * sizeof *s->b_seq);
+    s->b_logits = malloc(B);
+    s->b_req = malloc(B * sizeof *s->b_req);
+    s->logits = malloc(B * (size_t)s->n_vocab * sizeof *s->logits);
+    s->tev = malloc((size_t)s->n_seq * sizeof *s->tev);
+    s->ended = malloc((size_t)s->ended_cap * sizeof *s->ended);
+    s->unbind = malloc((size_t)s->max_lblocks * sizeof *s->unbind);
+    if (!s->queue || !s->run || !s->b_tok || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_req || !s->logits ||
+        !s->tev || !s->ended || !s->unbind) {
+        st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    s->ident = ie_engine_kv_blocks(s->e) >= s->n_seq * s->max_lblocks;
+    if ((st = ie_kvpool_new(ie_engine_kv_blocks(s->e), s->bt, &s->pool)) != IE_OK) goto cleanup;
+    s->st.kv_blocks = ie_engine_kv_blocks(s->e);
+    if (o->metrics) {
+        static const double qb[] = {0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 30};
+        static const double lb[] = {0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1};
+        ie_metrics_t *m = o->metrics;
+        ie_metrics_counter(m, "ie_requests_total", "Requests ended, by outcome", "status", &s->m_req);
+        ie_metrics_counter(m, "ie_tokens_generated_total", "Tokens generated", NULL, &s->m_gen);
+        ie_metrics_counter(m, "ie_prompt_tokens_total", "Prompt tokens of admitted requests", NULL, &s->m_prompt);
+        ie_metrics_histogram(m, "ie_request_queue_seconds", "Time requests waited in the queue", NULL, qb, 8,
+                             &s->m_queue);
+        ie_metrics_histogram(m, "ie_time_to_first_token_seconds", "Submission to first token", NULL, qb, 8,
+                             &s->m_ttft);
+        ie_metrics_histogram(m, "ie_token_latency_seconds", "Time between a stream's tokens", NULL, lb, 8,
+                             &s->m_lat);
+        ie_metrics_gauge(m, "ie_kv_blocks_used", "KV cache blocks in use", NULL, &s->m_kv_used);
+        ie_metrics_gauge(m, "ie_kv_blocks_total", "KV cache blocks in the pool", NULL, &s->m_kv_total);
+        ie_metrics_gauge(m, "ie_kv_used_ratio", "Share of KV cache blocks in use", NULL, &s->m_kv_ratio);
+        ie_metrics_counter(m, "ie_prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache",
+                           NULL, &s->m_hit);
+        ie_metrics_counter(m, "ie_prefix_cache_miss_tokens_total", "Prompt tokens computed", NULL, &s->m_miss);
+        ie_metrics_counter(m, "ie_preemptions_total", "Sequences preempted for KV blocks", NULL, &s->m_preempt);
+        ie_metrics_gauge(m, "ie_queue_depth", "Requests waiting", NULL, &s->m_queued);
+        ie_metrics_gauge(m, "ie_running_requests", "Requests in the running batch", NULL, &s->m_running);
+        if (s->m_kv_total) ie_metric_set(s->m_kv_total, NULL, s->st.kv_blocks);
+        if (s->m_kv_used) ie_metric_set(s->m_kv_used, NULL, 0);
+        if (s->m_kv_ratio) ie_metric_set(s->m_kv_ratio, NULL, 0);
+        if (s->m_queued) ie_metric_set(s->m_queued, NULL, 0);
+        if (s->m_running) ie_metric_set(s->m_running, NULL, 0);
+    }
+
+cleanup:
+    if (st != IE_OK) {
+        ie_sched_destroy(&s);
+        return st;
+    }
+    *out = s;
+    return IE_OK;
+}
+
+/* Deliver and free what ended (called without mu held). */
+static void deliver_ended(ie_sched_t *s, sreq_t **ended, int n);
+
+void ie_sched_destroy(ie_sched_t **self_p)
+{
+    if (!self_p || !*self_p) return;
+    ie_sched_t *s = *self_p;
+    if (s->queue && s->run && s->ended) {
+        pthread_mutex_lock(&s->mu);
+        s->n_ended = 0;
+        for (int k = 0; k < s->n_seq; k++)
+            if (s->run[k]) {
+                sreq_t *q = s->run[k];
+                release_slot(s, q);
+                end_req(s, q, IE_SCHED_ERROR, IE_ERR_UNAVAILABLE, "unavailable", "the server is shutting down",
+                        NULL);
+            }
+        for (int i = 0; i < s->n_queue; i++)
+            end_req(s, s->queue[i], IE_SCHED_ERROR, IE_ERR_UNAVAILABLE, "unavailable", "the server is shutting down",
+                    NULL);
+        s->n_queue = 0;
+        pthread_mutex_unlock(&s->mu);
+        deliver_ended(s, s->ended, s->n_ended);
+        s->n_ended = 0;
+    }
+    pthread_mutex_destroy(&s->mu);
+    pthread_cond_destroy(&s->cv);
+    ie_kvpool_destroy(&s->pool);
+    free(s->queue);
+    free(s->run);
+    free(s->b_tok);
+    free(s->b_pos);
+    free(s->b_seq);
+    free(s->b_logits);
+    free(s->b_req);
+    free(s->logits);
+    free(s->tev);
+    free(s->ended);
+    free(s->unbind);
+    free(s);
+    *self_p = NULL;
+}
+
+ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id_out)
+{
+    ie_status_t st = IE_OK;
+    sreq_t *q = NULL;
+    if (id_out) *id_out = 0;
+    if (!r || !r->cb || !r->params || (r->n_ids && !r->ids))
+        return ie_error_set(IE_ERR_INVAL, "submit: bad arguments");
+    const ie_gen_params_t *p = r->params;
+    if (r->n_ids == 0) return ie_error_set(IE_ERR_INVAL, "the prompt is empty");
+    if (r->n_ids > (size_t)s->n_ctx)
+        return ie_error_set(IE_ERR_RANGE, "the prompt has %zu tokens; the context holds %d", r->n_ids, s->n_ctx);
+    if (p->max_new < 0) return ie_error_set(IE_ERR_INVAL, "max_new must be >= 0 (got %d)", p->max_new);
+    if (r->timeout_ms < 0) return ie_error_set(IE_ERR_INVAL, "timeout must be >= 0");
+    for (size_t j = 0; j < r->n_ids; j++)
+        if (r->ids[j] < 0 || r->ids[j] >= s->n_vocab)
+            return ie_error_set(IE_ERR_RANGE, "token id %d out of range (vocabulary %d)", (int)r->ids[j],
+                                (int)s->n_vocab);
+    if ((st = ie_sampler_params_validate(&p->sampling)) != IE_OK) return st;
+
+    if (!(q = calloc(1, sizeof *q))) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+    q->toks_cap = r->n_ids + (size_t)(p->max_new < s->n_ctx ? p->max_new : s->n_ctx) + 1;
+    q->toks = malloc(q->toks_cap * sizeof *q->toks);
+    q->blocks = malloc((size_t)s->max_lblocks * sizeof *q->blocks);
+    if (!q->toks || !q->blocks || text_append(q, "", 0) != 0) {
+        st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    memcpy(q->toks, r->ids, r->n_ids * sizeof *q->toks);
+    q->n_toks = q->n_prompt = q->n_known = r->n_ids;
+    q->fresh = 1;
+    q->slot = -1;
+    q->max_new = p->max_new;
+    q->priority = r->priority;
+    q->cb = r->cb;
+    q->cb_ctx = r->cb_ctx;
+    if ((st = ie_sampler_new(&p->sampling, s->n_vocab, &q->smp)) != IE_OK) goto cleanup;
+    if ((st = ie_detok_new(s->tok, &q->detok)) != IE_OK) goto cleanup;
+    if (p->n_stop && (st = ie_stop_new(p->stop, p->n_stop, &q->stop)) != IE_OK) goto cleanup;
+    for (size_t j = 0; j < r->n_ids; j++) ie_sampler_accept(q->smp, r->ids[j]);
+    q->t_submit = ie_now_ms();
+    q->deadline = r->timeout_ms > 0 ? q->t_submit + r->timeout_ms : 0;
+
+    pthread_mutex_lock(&s->mu);
+    int cap = s->o.queue_max > 0 ? s->o.queue_max : 64;
+    if (s->n_queue >= cap) {
+        pthread_mutex_unlock(&s->mu);
+        st = ie_error_set(IE_ERR_BUSY, "server busy: %d requests waiting; try again later", cap);
+        goto cleanup;
+    }
+    q->id = s->next_id++;
+    q->order = s->next_order++;
+    queue_insert(s, q);
+    q->next_live = s->live;
+    s->live = q;
+    s->st.submitted++;
+    s->pending = 1;
+    if (id_out) *id_out = q->id;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    q = NULL;
+
+cleanup:
+    sreq_free(q);
+    return st;
+}
+
+ie_status_t ie_sched_cancel(ie_sched_t *s, uint64_t id)
+{
+    ie_status_t st = IE_OK;
+    pthread_mutex_lock(&s->mu);
+    sreq_t *q = s->live;
+    while (q && q->id != id) q = q->next_live;
+    if (!q || q->state == S_DONE || q->cancel) {
+        st = ie_error_set(IE_ERR_RANGE, "no such request");
+    } else {
+        q->cancel = 1;
+        s->pending = 1;
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return st;
+}
+
+void ie_sched_wait(ie_sched_t *s, int timeout_ms)
+{
+    pthread_mutex_lock(&s->mu);
+    int busy = s->n_queue > 0 || s->pending;
+    for (int k = 0; !busy && k < s->n_seq; k++) busy = s->run[k] != NULL;
+    if (!busy && timeout_ms > 0) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += timeout_ms / 1000;
+        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&s->cv, &s->mu, &ts);
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
+void ie_sched_stats(ie_sched_t *s, ie_sched_stats_t *out)
+{
+    pthread_mutex_lock(&s->mu);
+    *out = s->st;
+    out->queued = s->n_queue;
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ---------------------------------------------------------------- step */
+
+static void fill_event(const sreq_t *q, ie_sched_event_t *ev, double now)
+{
+    memset(ev, 0, sizeof *ev);
+    ev->kind = q->end;
+    ev->id = q->id;
+    ev->user = q->cb_ctx;
+    ev->all_text = q->text ? q->text : "";
+    ev->ids = q->toks + q->n_prompt;
+    ev->n_gen = q->n_toks - q->n_prompt;
+    ev->n_prompt = q->n_prompt;
+    ev->n_cached = q->n_cached;
+    ev->finish = q->finish;
+    ev->queue_ms = q->admitted ? q->t_admit - q->t_submit : now - q->t_submit;
+    ev->ttft_ms = q->t_first > 0 ? q->t_first - q->t_submit : 0;
+    ev->total_ms = now - q->t_submit;
+    double dsum = 0;
+    for (size_t k = 0; k < q->n_lat; k++) dsum += q->lat[k];
+    ev->decode_tps = dsum > 0 ? (double)q->n_lat / (dsum / 1e3) : 0;
+    ev->lat_ms = q->lat;
+    ev->n_lat = q->n_lat;
+    ev->status = q->end == IE_SCHED_ERROR ? q->status : IE_OK;
+    ev->code = q->end == IE_SCHED_ERROR ? q->code : NULL;
+    ev->message = q->end == IE_SCHED_ERROR ? q->msg : NULL;
+}
+
+static void deliver_ended(ie_sched_t *s, sreq_t **ended, int n)
+{
+    double now = ie_now_ms();
+    for (int i = 0; i < n; i++) {
+        sreq_t *q = ended[i];
+        ie_sched_event_t ev;
+        fill_event(q, &ev, now);
+        if (q->end == IE_SCHED_DONE) {
+            metric_add(s->m_req, "ok", 1);
+        } else {
+            metric_add(s->m_req, q->code, 1);
+        }
+        q->cb(q->cb_ctx, &ev);
+    }
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < n; i++) {
+        sreq_t *q = ended[i];
+        live_unlink(s, q);
+        if (q->end == IE_SCHED_DONE) s->st.completed++;
+        else s->st.failed++;
+    }
+    pthread_mutex_unlock(&s->mu);
+    for (int i = 0; i < n; i++) sreq_free(ended[i]);
+}
+
+/* Admit queued requests into free slots (mu held). */
+static void admit(ie_sched_t *s, double now)
+{
+    int ready = cluster_ready(s);
+    for (int i = 0; i < s->n_queue;) {
+        sreq_t *q = s->queue[i];
+        int slot = -1;
+        for (int k = 0; k < s->n_seq && slot < 0; k++)
+            if (!s->run[k]) slot = k;
+        if (slot < 0) return;
+        if (!ready && q->hold_until > now) { /* waiting for a replacement worker */
+            i++;
+            continue;
+        }
+        /* the longest cached prefix; a fresh request computes at least its
+         * last prompt token (its logits are needed) */
+        size_t lim = q->fresh ? q->n_known - 1 : q->n_known;
+        int max_b = (int)(lim / (size_t)s->bt), k = 0;
+        if (s->prefix_cache && max_b > 0) k = ie_kvpool_match(s->pool, 0, q->toks, q->n_known, q->blocks, max_b);
+        /* blocks to finish its prefill and take one more token, against
+         * what the pool has left after the running prefills' own needs */
+        int need = (int)((q->n_known + (size_t)s->bt) / (size_t)s->bt) - k, owed = 0;
+        for (int r = 0; r < s->n_seq; r++) {
+            const sreq_t *o = s->run[r];
+            if (o && o->state == S_PREFILL) {
+                int want = (int)((o->n_known + (size_t)s->bt) / (size_t)s->bt) - o->n_blocks;
+                owed += want > 0 ? want : 0;
+            }
+        }
+        if (ie_kvpool_available(s->pool) - owed < need) {
+            int running = 0;
+            for (int r = 0; r < s->n_seq; r++) running |= s->run[r] != NULL;
+            for (int j = 0; j < k; j++) ie_kvpool_release(s->pool, q->blocks[j]);
+            if (running) return; /* wait for blocks; keep the order */
+            queue_remove_at(s, i);
+            char why[160];
+            snprintf(why, sizeof why, "the request needs %d KV blocks; the pool has %d (--kv-blocks)", need + k,
+                     ie_engine_kv_blocks(s->e));
+            end_req(s, q, IE_SCHED_ERROR, IE_ERR_RANGE, "invalid_request", "%s", why);
+            continue;
+        }
+        queue_remove_at(s, i);
+        q->slot = slot;
+        s->run[slot] = q;
+        ie_engine_seq_clear(s->e, slot);
+        q->n_blocks = q->n_pub = k;
+        q->n_fed = (size_t)k * (size_t)s->bt;
+        if (k && (ie_engine_kv_bind(s->e, slot, 0, q->blocks, k) != IE_OK ||
+                  ie_engine_seq_set_len(s->e, slot, (int)q->n_fed) != IE_OK)) {
+            for (int j = 0; j < k; j++) ie_kvpool_release(s->pool, q->blocks[j]);
+            q->n_blocks = q->n_pub = 0;
+            q->n_fed = 0;
+            ie_engine_seq_clear(s->e, slot);
+        }
+        if (q->fresh) {
+            q->n_cached = q->n_fed;
+            s->st.prefix_hit_tokens += q->n_fed;
+            s->st.prefix_miss_tokens += q->n_known - q->n_fed;
+            metric_add(s->m_hit, NULL, (double)q->n_fed);
+            metric_add(s->m_miss, NULL, (double)(q->n_known - q->n_fed));
+            metric_add(s->m_prompt, NULL, (double)q->n_prompt);
+            if (s->o.timing) {
+                s->o.timing->prefix_hit_tokens += q->n_fed;
+                s->o.timing->prefix_miss_tokens += q->n_known - q->n_fed;
+            }
+        }
+        if (!q->admitted) {
+            q->admitted = 1;
+            q->t_admit = now;
+            if (s->m_queue) ie_metric_observe(s->m_queue, NULL, (now - q->t_submit) / 1e3);
+        }
+        q->state = q->n_fed < q->n_known ? S_PREFILL : S_DECODE;
+    }
+}
+
+/* Drop cancelled and timed-out requests (mu held). */
+static void reap(ie_sched_t *s, double now)
+{
+    for (int k = 0; k < s->n_seq; k++) {
+        sreq_t *q = s->run[k];
+        if (!q) continue;
+        if (q->cancel || (q->deadline > 0 && now >= q->deadline)) {
+            release_slot(s, q);
+            if (q->cancel) end_req(s, q, IE_SCHED_ERROR, IE_ERR_INVAL, "cancelled", "cancelled by the client", NULL);
+            else end_req(s, q, IE_SCHED_ERROR, IE_ERR_TIMEOUT, "timeout", "the request timed out", NULL);
+        }
+    }
+    for (int i = 0; i < s->n_queue;) {
+        sreq_t *q = s->queue[i];
+        int held_out = !cluster_ready(s) && q->hold_until > 0 && now >= q->hold_until;
+        if (q->cancel || (q->deadline > 0 && now >= q->deadline) || held_out) {
+            queue_remove_at(s, i);
+            if (q->cancel) end_req(s, q, IE_SCHED_ERROR, IE_ERR_INVAL, "cancelled", "cancelled by the client", NULL);
+            else if (held_out)
+                end_req(s, q, IE_SCHED_ERROR, IE_ERR_UNAVAILABLE, "unavailable",
+                        "no replacement worker registered in time", NULL);
+            else end_req(s, q, IE_SCHED_ERROR, IE_ERR_TIMEOUT, "timeout", "the request timed out", NULL);
+        } else {
+            i++;
+        }
+    }
+}
+
+/* Pack the step: decode tokens first, then prompt chunks. Blocks are
+ * allocated as positions need them; when the pool is dry the lowest
+ * running request is preempted. Returns the batch size. */
+static int build(ie_sched_t *s, int *has_prefill)
+{
+    int nb = 0;
+    *has_prefill = 0;
+    for (;;) {
+        nb = 0;
+        int restart = 0;
+        /* decode tokens, in slot order */
+        for (int k = 0; k < s->n_seq && !restart; k++) {
+            sreq_t *q = s->run[k];
+            if (!q || q->state != S_DECODE) continue;
+            while (ensure_block(s, q, q->n_fed) != 0) {
+                sreq_t *v = victim(s);
+                preempt(s, v);
+                if (v == q) break;
+                restart = 1; /* a request already packed may be gone */
+                break;
+            }
+            if (restart || q->slot < 0) continue;
+            s->b_tok[nb] = q->toks[q->n_toks - 1];
+            s->b_pos[nb] = (int32_t)q->n_fed;
+            s->b_seq[nb] = q->slot;
+            s->b_logits[nb] = 1;
+            s->b_req[nb] = q;
+            nb++;
+        }
+        if (restart) continue;
+        break;
+    }
+    /* prompt chunks, in queue order of the running requests */
+    sreq_t *order[256];
+    int n_order = 0;
+    for (int k = 0; k < s->n_seq && n_order < 256; k++)
+        if (s->run[k] && s->run[k]->state == S_PREFILL) order[n_order++] = s->run[k];
+    for (int a = 1; a < n_order; a++) /* few: insertion sort */
+        for (int b = a; b > 0 && before(order[b], order[b - 1]); b--) {
+            sreq_t *t = order[b];
+            order[b] = order[b - 1];
+            order[b - 1] = t;
+        }
+    int budget = s->chunk;
+    for (int i = 0; i < n_order && nb < s->B && budget > 0; i++) {
+        sreq_t *q = order[i];
+        while (q->n_fed < q->n_known && nb < s->B && budget > 0) {
+            if (ensure_block(s, q, q->n_fed) != 0) break; /* no preemption for prompt chunks */
+            s->b_tok[nb] = q->toks[q->n_fed];
+            s->b_pos[nb] = (int32_t)q->n_fed;
+            s->b_seq[nb] = q->slot;
+            q->n_fed++;
+            s->b_logits[nb] = q->fresh && q->n_fed == q->n_known && q->max_new > 0;
+            s->b_req[nb] = q;
+            nb++;
+            budget--;
+            *has_prefill = 1;
+        }
+    }
+    if (nb == 0) { /* every running request waits for blocks: free some */
+        sreq_t *v = victim(s);
+        int n_run = 0;
+        for (int k = 0; k < s->n_seq; k++) n_run += s->run[k] != NULL;
+        if (v && n_run > 1) preempt(s, v);
+    }
+    return nb;
+}
+
+/* Undo the positions a failed step would have added. */
+static void unfeed(ie_sched_t *s, int nb)
+{
+    for (int i = 0; i < nb; i++)
+        if (s->b_req[i]->state == S_PREFILL || s->b_req[i]->state == S_DECODE)
+            if ((size_t)s->b_pos[i] < s->b_req[i]->n_fed) s->b_req[i]->n_fed = (size_t)s->b_pos[i];
+}
+
+/* Publish the full blocks q's cache now holds. */
+static void publish(ie_sched_t *s, sreq_t *q)
+{
+    while (q->n_pub < q->n_blocks && (size_t)(q->n_pub + 1) * (size_t)s->bt <= q->n_fed) {
+        int j = q->n_pub;
+        ie_kvpool_publish(s->pool, q->blocks[j], 0, j ? q->blocks[j - 1] : -1, q->toks + (size_t)j * s->bt);
+        q->n_pub++;
+    }
+}
+
+/* Finish q normally: flush held text, keep its full blocks for reuse,
+ * free its slot. */
+static int finish(ie_sched_t *s, sreq_t *q, ie_finish_t why)
+{
+    int oom = 0;
+    if (why != IE_FINISH_STOP) {
+        const char *tail = ie_detok_flush(q->detok);
+        if (emit_text(q, tail, strlen(tail)) < 0) oom = 1;
+        if (q->stop) {
+            size_t n = 0;
+            if (ie_stop_flush(q->stop, &n) != IE_OK) oom = 1;
+            if (n && text_append(q, ie_stop_emit_data(q->stop), n) != 0) oom = 1;
+        }
+    }
+    q->finish = why;
+    if (s->prefix_cache) publish(s, q);
+    release_slot(s, q);
+    if (oom) end_req(s, q, IE_SCHED_ERROR, IE_ERR_NOMEM, "out_of_memory", "out of memory during generation", NULL);
+    else end_req(s, q, IE_SCHED_DONE, IE_OK, NULL, NULL, NULL);
+    return oom ? -1 : 0;
+}
+
+/* Take the sampled token id for q. */
+static void take_token(ie_sched_t *s, sreq_t *q, int32_t id, double now)
+{
+    ie_sampler_accept(q->smp, id);
+    q->toks[q->n_toks++] = id;
+    if (q->fresh) {
+        q->fresh = 0;
+        q->t_first = now;
+        if (s->m_ttft) ie_metric_observe(s->m_ttft, NULL, (now - q->t_submit) / 1e3);
+    } else {
+        if (ie_array_grow((void **)&q->lat, &q->lat_cap, q->n_lat + 1, sizeof *q->lat) == 0)
+            q->lat[q->n_lat++] = now - q->t_prev;
+        if (s->m_lat) ie_metric_observe(s->m_lat, NULL, (now - q->t_prev) / 1e3);
+    }
+    q->t_prev = now;
+    metric_add(s->m_gen, NULL, 1);
+    size_t before_len = q->text_len;
+    int r = 0;
+    ie_finish_t why = IE_FINISH_NONE;
+    if (ie_tokenizer_is_eog(s->tok, id)) {
+        why = IE_FINISH_EOS;
+    } else {
+        const char *piece = ie_detok_push(q->detok, id);
+        r = emit_text(q, piece, strlen(piece));
+        if (r > 0) why = IE_FINISH_STOP;
+        else if ((int)(q->n_toks - q->n_prompt) >= q->max_new) why = IE_FINISH_LENGTH;
+        else if (q->n_toks - 1 >= (size_t)s->n_ctx) why = IE_FINISH_CONTEXT;
+    }
+    s->tev[s->n_tev++] = (tok_ev_t){q, id, before_len, q->text_len - before_len};
+    if (r < 0) {
+        if (s->prefix_cache) publish(s, q);
+        release_slot(s, q);
+        end_req(s, q, IE_SCHED_ERROR, IE_ERR_NOMEM, "out_of_memory", "out of memory during generation", NULL);
+    } else if (why != IE_FINISH_NONE) {
+        finish(s, q, why);
+    } else {
+        q->state = S_DECODE;
+    }
+}
+
+/* After a successful step: sample the rows, move prefills on. */
+static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
+{
+    int row = 0;
+    double now = ie_now_ms();
+    size_t n_pre = 0, n_dec = 0;
+    s->n_tev = 0;
+    for (int i = 0; i < nb; i++) {
+        sreq_t *q = s->b_req[i];
+        if (q->state == S_DECODE) q->n_fed++; /* its decode token is in */
+        else n_pre++;
+        if (!s->b_logits[i]) {
+            /* a prompt chunk: the last known token of a resumed request
+             * (or of one that wants no tokens) ends its prefill */
+            if (q->state == S_PREFILL && (size_t)s->b_pos[i] + 1 == q->n_known) {
+                if (q->fresh) finish(s, q, IE_FINISH_LENGTH); /* max_new 0 */
+                else q->state = S_DECODE;
+            }
+            continue;
+        }
+        float *lg = s->logits + (size_t)row++ * (size_t)s->n_vocab;
+        int32_t id;
+        if (ie_sampler_sample(q->smp, lg, &id) != IE_OK) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", ie_error_last());
+            release_slot(s, q);
+            end_req(s, q, IE_SCHED_ERROR, IE_ERR_INTERNAL, "internal", "%s", why);
+            continue;
+        }
+        if (!has_prefill) n_dec++;
+        take_token(s, q, id, now);
+    }
+    if (s->prefix_cache)
+        for (int k = 0; k < s->n_seq; k++)
+            if (s->run[k]) publish(s, s->run[k]);
+    if (s->o.timing) {
+        if (has_prefill) {
+            s->o.timing->prefill_ms += step_ms;
+            s->o.timing->prefill_tokens += n_pre;
+        } else {
+            s->o.timing->decode_ms += step_ms;
+            s->o.timing->decode_tokens += n_dec;
+        }
+    }
+}
+
+/* A failed step: a lost worker requeues (retry) or ends the running
+ * requests; any other failure ends the requests of the step. */
+static void step_failed(ie_sched_t *s, ie_status_t st, int nb, double now)
+{
+    char why[256];
+    snprintf(why, sizeof why, "%s", ie_error_last());
+    unfeed(s, nb);
+    if (st == IE_ERR_UNAVAILABLE) ie_kvpool_forget(s->pool); /* a new worker holds no K/V */
+    const char *code = st == IE_ERR_UNAVAILABLE || st == IE_ERR_TIMEOUT ? "unavailable"
+                       : st == IE_ERR_NOMEM                             ? "out_of_memory"
+                                                                        : "internal";
+    for (int k = 0; k < s->n_seq; k++) {
+        sreq_t *q = s->run[k];
+        int in_step = 0;
+        for (int i = 0; q && i < nb && !in_step; i++) in_step = s->b_req[i] == q;
+        if (!q || (st != IE_ERR_UNAVAILABLE && !in_step)) continue;
+        if (st == IE_ERR_UNAVAILABLE && s->o.retry_ms > 0 && !q->retried) {
+            q->retried = 1;
+            q->hold_until = now + s->o.retry_ms;
+            preempt(s, q);
+        } else {
+            release_slot(s, q);
+            end_req(s, q, IE_SCHED_ERROR, st, code, "%s", why);
+        }
+    }
+}
+
+static void update_gauges(ie_sched_t *s)
+{
+    ie_kvpool_stats_t ps;
+    ie_kvpool_stats(s->pool, &ps);
+    int running = 0;
+    for (int k = 0; k < s->n_seq; k++) running += s->run[k] != NULL;
+    s->st.running = running;
+    s->st.kv_used = ps.used;
+    s->st.kv_cached = ps.cached;
+    if (s->m_kv_used) ie_metric_set(s->m_kv_used, NULL, ps.used);
+    if (s->m_kv_ratio) ie_metric_set(s->m_kv_ratio, NULL, ps.n_blocks ? (double)ps.used / ps.n_blocks : 0);
+    if (s->m_queued) ie_metric_set(s->m_queued, NULL, s->n_queue);
+    if (s->m_running) ie_metric_set(s->m_running, NULL, running);
+}
+
+ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out)
+{
+    double now = ie_now_ms();
+    int has_prefill = 0, nb = 0;
+    pthread_mutex_lock(&s->mu);
+    s->pending = 0;
+    s->n_ended = 0;
+    s->n_tev = 0;
+    reap(s, now);
+    admit(s, now);
+    nb = build(s, &has_prefill);
+    pthread_mutex_unlock(&s->mu);
+
+    if (nb > 0) {
+        ie_batch_t b = {nb, s->b_tok, s->b_pos, s->b_seq, s->b_logits};
+        double t0 = ie_now_ms();
+        ie_status_t st = ie_engine_step(s->e, &b, s->logits);
+        double t1 = ie_now_ms();
+        pthread_mutex_lock(&s->mu);
+        if (st == IE_OK) advance(s, nb, has_prefill, t1 - t0);
+        else step_failed(s, st, nb, t1);
+        pthread_mutex_unlock(&s->mu);
+    }
+    pthread_mutex_lock(&s->mu);
+    update_gauges(s);
+    int running = s->st.running;
+    pthread_mutex_unlock(&s->mu);
+
+    for (int i = 0; i < s->n_tev; i++) {
+        tok_ev_t *t = &s->tev[i];
+        ie_sched_event_t ev = {.kind = IE_SCHED_TOKEN, .id = t->q->id, .user = t->q->cb_ctx, .token = t->id,
+                               .text = t->q->text + t->off, .len = t->len};
+        t->q->cb(t->q->cb_ctx, &ev);
+    }
+    int n_ended = s->n_ended;
+    s->n_tev = 0;
+    deliver_ended(s, s->ended, n_ended);
+    s->n_ended = 0;
+    if (busy_out) *busy_out = nb > 0 || n_ended > 0 || running > 0;
+    return IE_OK;
+}

@@ -1,0 +1,465 @@
+/* test_sched.c — the request scheduler (ie_sched.h) on the real SmolLM2
+ * model: requests joining a running batch, 16 streams at once, the prefix
+ * cache, preemption in a small KV pool, the bounded queue, cancellation,
+ * timeouts, priorities and shutdown — and in every case a greedy request's
+ * ids equal what it generates alone on a one-slot engine.
+ */
+#include "ie_sched.h"
+
+#include <CUnit/Basic.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define MODEL IE_TEST_DATA "/../../models/SmolLM2-135M-Instruct.Q4_1.gguf"
+#define N_CTX 512
+#define MAX_REQ 64
+
+static ie_engine_t *g_solo; /* the reference: one slot */
+
+static const char *k_prompts[] = {
+    "The capital of France is",
+    "Once upon a time, in a land far away,",
+    "def fibonacci(n):",
+    "The three primary colours are",
+    "My favourite recipe for pancakes starts with",
+    "In 1969, the first person to walk on the moon",
+    "Water boils at",
+    "A haiku about autumn:",
+};
+#define N_PROMPTS (int)(sizeof k_prompts / sizeof *k_prompts)
+
+/* A long shared prefix (a system prompt) for the prefix cache. */
+#define SYSTEM                                                                                              \
+    "<|im_start|>system\nYou are a careful assistant. Answer briefly and truthfully. If you do not know, " \
+    "say so. Never invent facts, names or numbers. Prefer plain words over jargon, short sentences over "  \
+    "long ones, and examples over abstractions. Keep answers under fifty words.<|im_end|>\n"
+
+typedef struct outcome {
+    int kind;            /* 0 none yet, else IE_SCHED_DONE / ERROR       */
+    int n_events, n_tokens;
+    int32_t ids[N_CTX];
+    size_t n_gen, n_cached;
+    char code[32];
+    char text[4096];
+    char streamed[4096];
+    size_t streamed_len;
+    int order;           /* rank in which it ended                       */
+} outcome_t;
+
+static int g_end_counter;
+
+static void on_event(void *ctx, const ie_sched_event_t *ev)
+{
+    outcome_t *o = ctx;
+    o->n_events++;
+    if (ev->kind == IE_SCHED_TOKEN) {
+        o->n_tokens++;
+        if (o->streamed_len + ev->len < sizeof o->streamed) {
+            memcpy(o->streamed + o->streamed_len, ev->text, ev->len);
+            o->streamed_len += ev->len;
+        }
+        return;
+    }
+    CU_ASSERT_EQUAL(o->kind, 0); /* exactly one terminal event */
+    o->kind = ev->kind;
+    o->order = g_end_counter++;
+    o->n_gen = ev->n_gen;
+    o->n_cached = ev->n_cached;
+    if (ev->n_gen <= N_CTX) memcpy(o->ids, ev->ids, ev->n_gen * sizeof *o->ids);
+    snprintf(o->text, sizeof o->text, "%s", ev->all_text ? ev->all_text : "");
+    snprintf(o->code, sizeof o->code, "%s", ev->code ? ev->code : "");
+}
+
+static ie_status_t make_engine(int n_seq, int max_batch, int kv_blocks, ie_engine_t **out)
+{
+    ie_engine_opts_t o;
+    ie_engine_opts_default(&o);
+    o.model_path = MODEL;
+    o.n_threads = 2;
+    o.pin_threads = 0;
+    o.n_ctx = N_CTX;
+    o.n_seq = n_seq;
+    o.max_batch = max_batch;
+    o.kv_blocks = kv_blocks;
+    return ie_engine_create(&o, out);
+}
+
+static int suite_init(void)
+{
+    if (access(MODEL, R_OK) != 0) {
+        fprintf(stderr, "\nmodel missing: %s (run scripts/setup.sh)\n", MODEL);
+        return -1;
+    }
+    if (make_engine(1, 256, 0, &g_solo) != IE_OK) {
+        fprintf(stderr, "\nengine creation failed: %s\n", ie_error_last());
+        return -1;
+    }
+    return 0;
+}
+
+static int suite_clean(void)
+{
+    ie_engine_destroy(&g_solo);
+    return 0;
+}
+
+static ie_gen_params_t greedy(int max_new)
+{
+    ie_gen_params_t p;
+    ie_gen_params_default(&p);
+    p.max_new = max_new;
+    p.sampling.greedy = 1;
+    return p;
+}
+
+static int32_t *encode(ie_engine_t *e, const char *text, size_t *n)
+{
+    int32_t *ids = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_encode(ie_engine_tokenizer(e), text, strlen(text),
+                                              IE_TOK_ADD_SPECIAL | IE_TOK_PARSE_SPECIAL, &ids, n),
+                          IE_OK);
+    return ids;
+}
+
+/* What `text` generates alone (greedy, max_new tokens). */
+static void solo(const char *text, int max_new, ie_gen_result_t *r)
+{
+    ie_gen_params_t p = greedy(max_new);
+    CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_solo, &text, 1, &p, r, NULL), IE_OK);
+}
+
+static void assert_equals_solo(const outcome_t *o, const char *text, int max_new)
+{
+    ie_gen_result_t r;
+    solo(text, max_new, &r);
+    CU_ASSERT_EQUAL(o->kind, IE_SCHED_DONE);
+    CU_ASSERT_EQUAL(o->n_gen, r.n_gen);
+    CU_ASSERT(o->n_gen == r.n_gen && memcmp(o->ids, r.ids, r.n_gen * sizeof *r.ids) == 0);
+    CU_ASSERT_STRING_EQUAL(o->text, r.text);
+    ie_gen_result_clear(&r);
+}
+
+static ie_status_t submit_text(ie_sched_t *s, ie_engine_t *e, const char *text, const ie_gen_params_t *p,
+                               int priority, double timeout_ms, outcome_t *o, uint64_t *id)
+{
+    size_t n = 0;
+    int32_t *ids = encode(e, text, &n);
+    ie_sched_req_t r = {.ids = ids, .n_ids = n, .params = p, .priority = priority, .timeout_ms = timeout_ms,
+                        .cb = on_event, .cb_ctx = o};
+    ie_status_t st = ie_sched_submit(s, &r, id);
+    free(ids);
+    return st;
+}
+
+static void run_until_idle(ie_sched_t *s)
+{
+    int busy = 1, guard = 0;
+    while (busy && guard++ < 100000) CU_ASSERT_EQUAL_FATAL(ie_sched_step(s, &busy), IE_OK);
+    CU_ASSERT(!busy);
+}
+
+static void assert_pool_clean(ie_sched_t *s)
+{
+    ie_sched_stats_t st;
+    ie_sched_stats(s, &st);
+    CU_ASSERT_EQUAL(st.queued, 0);
+    CU_ASSERT_EQUAL(st.running, 0);
+    CU_ASSERT_EQUAL(st.kv_used, 0);
+}
+
+/* Requests join a running batch at any step and leave when done. */
+static void test_join_leave(void)
+{
+    ie_engine_t *e = NULL;
+    ie_sched_t *s = NULL;
+    static outcome_t o[N_PROMPTS];
+    memset(o, 0, sizeof o);
+    CU_ASSERT_EQUAL_FATAL(make_engine(4, 32, 0, &e), IE_OK);
+    ie_sched_opts_t so = {.engine = e};
+    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    ie_gen_params_t p[N_PROMPTS];
+    int submitted = 0, steps = 0, busy = 1;
+    /* one new request every 3 steps, with different lengths */
+    while (submitted < N_PROMPTS || busy) {
+        if (submitted < N_PROMPTS && steps % 3 == 0) {
+            p[submitted] = greedy(8 + 3 * submitted);
+            CU_ASSERT_EQUAL(submit_text(s, e, k_prompts[submitted], &p[submitted], 0, 0, &o[submitted], NULL),
+                            IE_OK);
+            submitted++;
+        }
+        CU_ASSERT_EQUAL_FATAL(ie_sched_step(s, &busy), IE_OK);
+        steps++;
+        CU_ASSERT_FATAL(steps < 5000);
+    }
+    for (int i = 0; i < N_PROMPTS; i++) {
+        assert_equals_solo(&o[i], k_prompts[i], 8 + 3 * i);
+        CU_ASSERT_EQUAL(o[i].n_tokens, (int)o[i].n_gen);
+        CU_ASSERT_EQUAL((size_t)o[i].streamed_len, strlen(o[i].text));
+        CU_ASSERT(memcmp(o[i].streamed, o[i].text, o[i].streamed_len) == 0);
+    }
+    assert_pool_clean(s);
+    ie_sched_destroy(&s);
+    ie_engine_destroy(&e);
+}
+
+/* 16 streams at once (prompts repeated): each equals its solo run. */
+static void test_sixteen_streams(void)
+{
+    ie_engine_t *e = NULL;
+    ie_sched_t *s = NULL;
+    static outcome_t o[16];
+    memset(o, 0, sizeof o);
+    CU_ASSERT_EQUAL_FATAL(make_engine(16, 64, 0, &e), IE_OK);
+    ie_sched_opts_t so = {.engine = e, .queue_max = 16, .prefill_chunk = 24};
+    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    ie_gen_params_t p = greedy(16);
+    for (int i = 0; i < 16; i++)
+        CU_ASSERT_EQUAL(submit_text(s, e, k_prompts[i % N_PROMPTS], &p, 0, 0, &o[i], NULL), IE_OK);
+    run_until_idle(s);
+    for (int i = 0; i < 16; i++) assert_equals_solo(&o[i], k_prompts[i % N_PROMPTS], 16);
+    assert_pool_clean(s);
+    ie_sched_destroy(&s);
+    ie_engine_destroy(&e);
+}
+
+/* A shared system prompt is computed once; later requests take its blocks
+ * from the cache and still generate what they generate alone. */
+static void test_prefix_cache(void)
+{
+    ie_engine_t *e = NULL;
+    ie_sched_t *s = NULL;
+    static outcome_t o[4];
+    memset(o, 0, sizeof o);
+    CU_ASSERT_EQUAL_FATAL(make_engine(2, 64, 0, &e), IE_OK);
+    ie_sched_opts_t so = {.engine = e};
+    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    static char text[4][1024];
+    const char *q[4] = {"What is 2+2?", "Name a colour.", "What is 2+2?", "Say hi."};
+    for (int i = 0; i < 4; i++)
+        snprintf(text[i], sizeof text[i], SYSTEM "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", q[i]);
+    size_t n_sys = 0;
+    free(encode(e, SYSTEM, &n_sys));
+    CU_ASSERT_FATAL(n_sys >= 48);
+    ie_gen_params_t p = greedy(12);
+    /* the first alone: nothing cached */
+    CU_ASSERT_EQUAL(submit_text(s, e, text[0], &p, 0, 0, &o[0], NULL), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT_EQUAL(o[0].n_cached, 0);
+    /* then three together: each takes the system prompt's full blocks */
+    for (int i = 1; i < 4; i++) CU_ASSERT_EQUAL(submit_text(s, e, text[i], &p, 0, 0, &o[i], NULL), IE_OK);
+    run_until_idle(s);
+    int bt = ie_engine_kv_block(e);
+    for (int i = 1; i < 4; i++) {
+        CU_ASSERT(o[i].n_cached >= n_sys / (size_t)bt * (size_t)bt);
+        CU_ASSERT(o[i].n_cached % (size_t)bt == 0);
+    }
+    /* the same question again: its whole prompt but the last block's
+     * remainder comes from the cache */
+    size_t n_q = 0;
+    free(encode(e, text[2], &n_q));
+    CU_ASSERT(o[2].n_cached >= (n_q - 1) / (size_t)bt * (size_t)bt);
+    for (int i = 0; i < 4; i++) assert_equals_solo(&o[i], text[i], 12);
+    ie_sched_stats_t st;
+    ie_sched_stats(s, &st);
+    CU_ASSERT(st.prefix_hit_tokens >= 3 * (n_sys / (size_t)bt * (size_t)bt));
+    CU_ASSERT(st.prefix_miss_tokens > 0);
+    assert_pool_clean(s);
+    CU_ASSERT(st.kv_cached > 0); /* kept for reuse */
+    ie_sched_destroy(&s);
+    ie_engine_destroy(&e);
+}
+
+/* A pool too small for every stream's whole generation: streams are
+ * preempted and recomputed, outputs unchanged, every block back at the end. */
+static void test_preemption(void)
+{
+    ie_engine_t *e = NULL;
+    ie_sched_t *s = NULL;
+    static outcome_t o[6];
+    memset(o, 0, sizeof o);
+    /* 6 streams of ~10 prompt + 60 new tokens need ~5 blocks of 16 each (30);
+     * 14 blocks hold fewer than three at their longest */
+    CU_ASSERT_EQUAL_FATAL(make_engine(6, 64, 14, &e), IE_OK);
+    ie_sched_opts_t so = {.engine = e};
+    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    ie_gen_params_t p = greedy(60);
+    for (int i = 0; i < 6; i++) CU_ASSERT_EQUAL(submit_text(s, e, k_prompts[i], &p, 0, 0, &o[i], NULL), IE_OK);
+    run_until_idle(s);
+    ie_sched_stats_t st;
+    ie_sched_stats(s, &st);
+    CU_ASSERT(st.preemptions > 0);
+    for (int i = 0; i < 6; i++) {
+        assert_equals_solo(&o[i], k_prompts[i], 60);
+        CU_ASSERT_EQUAL(o[i].n_tokens, (int)o[i].n_gen); /* each token streamed once */
+    }
+    assert_pool_clean(s);
+    /* a request that cannot fit even alone fails instead of waiting forever */
+    static char longp[8192];
+    longp[0] = '\0';
+    for (int i = 0; i < 60; i++) strcat(longp, "one two three four five ");
+    outcome_t big = {0};
+    CU_ASSERT_EQUAL(submit_text(s, e, longp, &p, 0, 0, &big, NULL), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT_EQUAL(big.kind, IE_SCHED_ERROR);
+    CU_ASSERT_STRING_EQUAL(big.code, "invalid_request"); /* it can never fit */
+    assert_pool_clean(s);
+    ie_sched_destroy(&s);
+    ie_engine_destroy(&e);
+}
+
+/* The bounded queue, cancellation, timeouts, priorities, bad requests,
+ * shutdown. */
+static void test_queue_cancel_timeout_priority(void)
+{
+    ie_engine_t *e = NULL;
+    ie_sched_t *s = NULL;
+    static outcome_t o[8];
+    memset(o, 0, sizeof o);
+    g_end_counter = 0;
+    CU_ASSERT_EQUAL_FATAL(make_engine(1, 64, 0, &e), IE_OK);
+    ie_sched_opts_t so = {.engine = e, .queue_max = 3};
+    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    ie_gen_params_t p = greedy(6);
+    uint64_t id[8] = {0};
+    /* o[0] runs; o[1..3] fill the queue; o[4] is refused */
+    CU_ASSERT_EQUAL(submit_text(s, e, k_prompts[0], &p, 0, 0, &o[0], &id[0]), IE_OK);
+    int busy;
+    CU_ASSERT_EQUAL(ie_sched_step(s, &busy), IE_OK); /* o[0] admitted */
+    CU_ASSERT_EQUAL(submit_text(s, e, k_prompts[1], &p, 0, 0, &o[1], &id[1]), IE_OK);
+    CU_ASSERT_EQUAL(submit_text(s, e, k_prompts[2], &p, 5, 0, &o[2], &id[2]), IE_OK); /* high priority */
+    CU_ASSERT_EQUAL(submit_text(s, e, k_prompts[3], &p, 0, 0, &o[3], &id[3]), IE_OK);
+    CU_ASSERT_EQUAL(submit_text(s, e, k_prompts[4], &p, 0, 0, &o[4], &id[4]), IE_ERR_BUSY);
+    CU_ASSERT_EQUAL(id[4], 0);
+    /* cancel one queued (o[3]) */
+    CU_ASSERT_EQUAL(ie_sched_cancel(s, id[3]), IE_OK);
+    CU_ASSERT_EQUAL(ie_sched_cancel(s, id[3]), IE_ERR_RANGE); /* already cancelled */
+    CU_ASSERT_EQUAL(ie_sched_cancel(s, 999999), IE_ERR_RANGE);
+    run_until_idle(s);
+    CU_ASSERT_EQUAL(o[4].n_events, 0);
+    CU_ASSERT_EQUAL(o[3].kind, IE_SCHED_ERROR);
+    CU_ASSERT_STRING_EQUAL(o[3].code, "cancelled");
+    CU_ASSERT_EQUAL(o[3].n_tokens, 0);
+    /* the high-priority request overtook o[1] */
+    CU_ASSERT(o[0].order < o[2].order && o[2].order < o[1].order);
+    assert_equals_solo(&o[0], k_prompts[0], 6);
+    assert_equals_solo(&o[1], k_prompts[1], 6);
+    assert_equals_solo(&o[2], k_prompts[2], 6);
+
+    /* cancel a running request mid-stream */
+    ie_gen_params_t longp = greedy(200);
+    CU_ASSERT_EQUAL(submit_text(s, e, k_prompts[5], &longp, 0, 0, &o[5], &id[5]), IE_OK);
+    for (int k = 0; k < 5; k++) CU_ASSERT_EQUAL(ie_sched_step(s, &busy), IE_OK);
+    CU_ASSERT(o[5].n_tokens >= 3);
+    CU_ASSERT_EQUAL(ie_sched_cancel(s, id[5]), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT_EQUAL(o[5].kind, IE_SCHED_ERROR);
+    CU_ASSERT_STRING_EQUAL(o[5].code, "cancelled");
+    assert_pool_clean(s);
+
+    /* a timeout: 1 ms is over before the request can finish 200 tokens */
+    CU_ASSERT_EQUAL(submit_text(s, e, k_prompts[6], &longp, 0, 1, &o[6], &id[6]), IE_OK);
+    usleep(2000);
+    run_until_idle(s);
+    CU_ASSERT_EQUAL(o[6].kind, IE_SCHED_ERROR);
+    CU_ASSERT_STRING_EQUAL(o[6].code, "timeout");
+    assert_pool_clean(s);
+
+    /* bad requests are refused at submit, with no event */
+    outcome_t bad = {0};
+    int32_t big_id = 1 << 30;
+    ie_sched_req_t r = {.ids = &big_id, .n_ids = 1, .params = &p, .cb = on_event, .cb_ctx = &bad};
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_ERR_RANGE);
+    r.n_ids = 0;
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_ERR_INVAL);
+    r.n_ids = 1;
+    r.cb = NULL;
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_ERR_INVAL);
+    ie_gen_params_t neg = greedy(-1);
+    int32_t one = 1;
+    ie_sched_req_t r2 = {.ids = &one, .n_ids = 1, .params = &neg, .cb = on_event, .cb_ctx = &bad};
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r2, NULL), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL(bad.n_events, 0);
+
+    /* shutdown ends what is left with "unavailable" */
+    CU_ASSERT_EQUAL(submit_text(s, e, k_prompts[7], &longp, 0, 0, &o[7], &id[7]), IE_OK);
+    CU_ASSERT_EQUAL(ie_sched_step(s, &busy), IE_OK);
+    ie_sched_destroy(&s);
+    CU_ASSERT_EQUAL(o[7].kind, IE_SCHED_ERROR);
+    CU_ASSERT_STRING_EQUAL(o[7].code, "unavailable");
+    ie_engine_destroy(&e);
+}
+
+/* Submitters on other threads while this one steps (TSan runs this). */
+typedef struct submitter {
+    ie_sched_t *s;
+    ie_engine_t *e;
+    outcome_t *o;
+    int n;
+    int busy_refusals;
+} submitter_t;
+
+static void *submit_thread(void *arg)
+{
+    submitter_t *t = arg;
+    ie_gen_params_t p = greedy(5);
+    for (int i = 0; i < t->n; i++) {
+        ie_status_t st;
+        while ((st = submit_text(t->s, t->e, k_prompts[i % N_PROMPTS], &p, i % 3, 0, &t->o[i], NULL)) ==
+               IE_ERR_BUSY) {
+            t->busy_refusals++;
+            usleep(1000);
+        }
+        CU_ASSERT_EQUAL(st, IE_OK);
+    }
+    return NULL;
+}
+
+static void test_threads(void)
+{
+    ie_engine_t *e = NULL;
+    ie_sched_t *s = NULL;
+    static outcome_t o[2][12];
+    memset(o, 0, sizeof o);
+    CU_ASSERT_EQUAL_FATAL(make_engine(4, 64, 0, &e), IE_OK);
+    ie_sched_opts_t so = {.engine = e, .queue_max = 4};
+    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    submitter_t t[2] = {{s, e, o[0], 12, 0}, {s, e, o[1], 12, 0}};
+    pthread_t th[2];
+    for (int k = 0; k < 2; k++) CU_ASSERT_EQUAL_FATAL(pthread_create(&th[k], NULL, submit_thread, &t[k]), 0);
+    int done = 0, guard = 0;
+    while (done < 24 && guard++ < 200000) {
+        int busy;
+        CU_ASSERT_EQUAL_FATAL(ie_sched_step(s, &busy), IE_OK);
+        if (!busy) ie_sched_wait(s, 5);
+        ie_sched_stats_t st;
+        ie_sched_stats(s, &st);
+        done = (int)(st.completed + st.failed);
+    }
+    for (int k = 0; k < 2; k++) pthread_join(th[k], NULL);
+    CU_ASSERT_EQUAL(done, 24);
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 12; i++) assert_equals_solo(&o[k][i], k_prompts[i % N_PROMPTS], 5);
+    assert_pool_clean(s);
+    ie_sched_destroy(&s);
+    ie_engine_destroy(&e);
+}
+
+int main(void)
+{
+    if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+    CU_pSuite s = CU_add_suite("sched", suite_init, suite_clean);
+    CU_add_test(s, "join and leave at any step", test_join_leave);
+    CU_add_test(s, "16 streams equal solo runs", test_sixteen_streams);
+    CU_add_test(s, "prefix cache", test_prefix_cache);
+    CU_add_test(s, "preemption in a small pool", test_preemption);
+    CU_add_test(s, "queue, cancel, timeout, priority", test_queue_cancel_timeout_priority);
+    CU_add_test(s, "submit from other threads", test_threads);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned failed = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
+    CU_cleanup_registry();
+    return failed ? 1 : 0;
+}
