@@ -35,17 +35,25 @@ typedef struct ie_attn_rows {
 } ie_attn_rows_t;
 
 /* Walks the rows of a view in position order, one table lookup per block
- * (a division per row would cost more than the row's dot product). */
+ * (a division per row would cost more than the row's dot product). The
+ * view's fields are copied in, so the walk lives in registers. */
 typedef struct ie_attn_cursor {
-    const ie_attn_rows_t *r;
     const float *row;      /* the next row                                 */
-    int left;              /* rows left in its block                       */
+    int left;              /* rows left in its block (0: look up the next) */
     int lb;                /* its logical block                            */
+    const float *base;
+    const int32_t *tab;
+    size_t row_stride, block_stride;
+    int block;
 } ie_attn_cursor_t;
 
 static inline void ie_attn_cursor_init(ie_attn_cursor_t *c, const ie_attn_rows_t *r, int j)
 {
-    c->r = r;
+    c->base = r->base;
+    c->tab = r->tab;
+    c->row_stride = r->row_stride;
+    c->block_stride = r->block_stride;
+    c->block = r->block;
     if (!r->tab) {
         c->row = r->base + (size_t)j * r->row_stride;
         c->left = INT_MAX;
@@ -57,18 +65,33 @@ static inline void ie_attn_cursor_init(ie_attn_cursor_t *c, const ie_attn_rows_t
     c->left = r->block - j % r->block;
 }
 
-/* The next row (the table is read only when a row of a new block is
- * asked for, so a walk never looks past the blocks it uses). */
-static inline const float *ie_attn_cursor_next(ie_attn_cursor_t *c)
+/* Rows that follow each other in memory from the cursor on (>= 1), the
+ * first at *row. The table is read only when a row of a new block is
+ * needed, so a walk never looks past the blocks it uses. */
+static inline int ie_attn_cursor_run(ie_attn_cursor_t *c, const float **row)
 {
     if (c->left == 0) {
         c->lb++;
-        c->row = c->r->base + (size_t)c->r->tab[c->lb] * c->r->block_stride;
-        c->left = c->r->block;
+        c->row = c->base + (size_t)c->tab[c->lb] * c->block_stride;
+        c->left = c->block;
     }
-    const float *row = c->row;
-    c->row += c->r->row_stride;
-    c->left--;
+    *row = c->row;
+    return c->left;
+}
+
+/* Move past m rows of the current run (m <= what ie_attn_cursor_run said). */
+static inline void ie_attn_cursor_skip(ie_attn_cursor_t *c, int m)
+{
+    c->row += (size_t)m * c->row_stride;
+    c->left -= m;
+}
+
+/* The next row. */
+static inline const float *ie_attn_cursor_next(ie_attn_cursor_t *c)
+{
+    const float *row;
+    ie_attn_cursor_run(c, &row);
+    ie_attn_cursor_skip(c, 1);
     return row;
 }
 

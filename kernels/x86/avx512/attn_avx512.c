@@ -54,11 +54,20 @@ void ie_attn_scores_avx512(const float *q, size_t q_stride, int nh, const ie_att
         for (int c = 0; c < C; c++) qv[c] = _mm512_loadu_ps(qh + 16 * c);
         ie_attn_cursor_t cur;
         ie_attn_cursor_init(&cur, k, j0);
+        const float *rows[16];
         int j = 0;
         for (; j + 16 <= n; j += 16) {
             __m512 acc[16];
+            const float *k0;
+            ptrdiff_t step = (ptrdiff_t)cur.row_stride; /* 16 rows in one block: a fixed stride */
+            if (ie_attn_cursor_run(&cur, &k0) >= 16) {
+                ie_attn_cursor_skip(&cur, 16);
+            } else { /* the group crosses blocks: walk it into a scratch table of rows */
+                for (int r = 0; r < 16; r++) rows[r] = ie_attn_cursor_next(&cur);
+                k0 = NULL;
+            }
             for (int r = 0; r < 16; r++) {
-                const float *kr = ie_attn_cursor_next(&cur);
+                const float *kr = k0 ? k0 + r * step : rows[r];
                 __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kr));
                 for (int c = 1; c < C; c++) a = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kr + 16 * c), a);
                 acc[r] = a;
@@ -89,14 +98,18 @@ void ie_attn_values_avx512(const float *p, size_t ld, int nh, const ie_attn_rows
         for (int i = 0; i < g * C; i++) acc[i] = _mm512_setzero_ps();
         ie_attn_cursor_t cur;
         ie_attn_cursor_init(&cur, v, j0);
-        for (int j = 0; j < n; j++) {
-            const float *vj = ie_attn_cursor_next(&cur);
-            for (int c = 0; c < C; c++) {
-                const __m512 x = _mm512_loadu_ps(vj + 16 * c);
-                for (int hh = 0; hh < g; hh++)
-                    acc[hh * C + c] =
-                        _mm512_fmadd_ps(_mm512_set1_ps(p[(size_t)(h0 + hh) * ld + j]), x, acc[hh * C + c]);
-            }
+        for (int j = 0; j < n;) {
+            const float *vj;
+            int run = ie_attn_cursor_run(&cur, &vj); /* rows of one block, in order */
+            run = run < n - j ? run : n - j;
+            ie_attn_cursor_skip(&cur, run);
+            for (const int e = j + run; j < e; j++, vj += cur.row_stride)
+                for (int c = 0; c < C; c++) {
+                    const __m512 x = _mm512_loadu_ps(vj + 16 * c);
+                    for (int hh = 0; hh < g; hh++)
+                        acc[hh * C + c] =
+                            _mm512_fmadd_ps(_mm512_set1_ps(p[(size_t)(h0 + hh) * ld + j]), x, acc[hh * C + c]);
+                }
         }
         for (int hh = 0; hh < g; hh++)
             for (int c = 0; c < C; c++) _mm512_storeu_ps(out + (size_t)(h0 + hh) * o_stride + 16 * c, acc[hh * C + c]);
