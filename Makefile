@@ -69,12 +69,12 @@ asan:
 	cd build-asan && ctest --output-on-failure -E pytest
 
 # The threaded suites under ThreadSanitizer.
-TSAN_TESTS = test_threadpool test_worker test_engine test_metrics test_shard test_transport
+TSAN_TESTS = test_threadpool test_worker test_engine test_metrics test_shard test_transport test_sched
 tsan:
 	cmake -S . -B build-tsan -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	  -DCMAKE_C_FLAGS=-fsanitize=thread -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread >/dev/null
 	cmake --build build-tsan -j$(JOBS) --target $(TSAN_TESTS)
-	cd build-tsan && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" ctest --output-on-failure -R '^($(shell echo $(TSAN_TESTS) | tr ' ' '|'))$$'
+	cd build-tsan && IE_TEST_ONLY=threads TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" ctest --output-on-failure -R '^($(shell echo $(TSAN_TESTS) | tr ' ' '|'))$$'
 
 clean:
 	rm -rf $(BUILD) build-asan build-fuzz build-tsan
