@@ -11,11 +11,13 @@ the inference-engine CLI.
      partial sums are added in another order than the embedded engine's, so
      a near tie may go the other way — docs/OPERATIONS.md — but never
      because of the block size).
-  c) A pool smaller than every slot's whole context starts unbound, and the
-     engine does not bind blocks itself yet (the scheduler of issue 6 will):
-     the first step fails with the unbound-block error, exit 2, embedded and
-     distributed alike. Explicit binds through the cluster are exercised in
-     tests/unit/test_paged.c (ie_engine_kv_bind on tensor:2 and pipeline:2).
+  c) A pool far smaller than every slot's whole context: the scheduler binds
+     blocks as streams grow and preempts when they run out, with the default
+     pool's ids, embedded and distributed; a pool too small for one request
+     fails with one clear line. Explicit binds through the cluster (order of
+     clears and binds on every rank, a failing step's operations still
+     applied on every pipeline stage) are exercised in
+     tests/unit/test_paged.c.
   d) Bad values of the flags exit 2 with one error line.
 
 Environment as in conftest.py (IE_BIN, IE_SMOLLM2, IE_FIXTURES_DIR).
