@@ -1,7 +1,8 @@
 /* coordinator_main.c — `ie-coordinator`: the coordinator process of the
  * distributed service (docs/OPERATIONS.md). It loads the tokenizer and the
  * model's shape (not its weights), waits for ie-worker processes to
- * register, assigns them shards, and serves clients over ZeroMQ.
+ * register, assigns them shards, and serves clients over ZeroMQ and, with
+ * --http-port, the OpenAI-compatible HTTP API (docs/HTTP.md).
  *
  *   ie-coordinator --model PATH --plan tensor --workers 2 \
  *                  --bind tcp://0.0.0.0:5555 --client-bind tcp://127.0.0.1:5556
@@ -12,6 +13,7 @@
  */
 #include "ie_cli.h"
 #include "ie_engine.h"
+#include "ie_http.h"
 #include "ie_metrics.h"
 #include "ie_numa.h"
 #include "ie_sdnotify.h"
@@ -46,6 +48,9 @@ static void usage(FILE *f)
           "                           replacement and are recomputed (10000; 0: fail at once)\n"
           "  --heartbeat-ms N --dead-ms N      liveness (250 / 2000)\n"
           "  --metrics-port N --metrics-addr A Prometheus /metrics (off / 127.0.0.1)\n"
+          "  --http-port N --http-addr A       OpenAI-compatible HTTP API, /metrics included\n"
+          "                                    (off / 127.0.0.1; docs/HTTP.md)\n"
+          "  --api-key KEY            the HTTP API requires 'Authorization: Bearer KEY' (env IE_API_KEY)\n"
           "  --keys-dir DIR --key NAME          CURVE: this coordinator's key pair\n"
           "  --authorized DIR         CURVE: public keys (*.pub) of workers and clients allowed in\n"
           "  --verbose\n",
@@ -61,7 +66,10 @@ int main(int argc, char **argv)
     const char *model = NULL, *bind = "tcp://127.0.0.1:5555", *client_bind = "tcp://127.0.0.1:5556";
     const char *metrics_addr = "127.0.0.1", *keys_dir = NULL, *key_name = NULL, *authorized = NULL;
     long workers = 2, ctx = 0, batch = 4, max_batch = 256, queue = 64, hb = 250, dead = 2000, metrics_port = 0;
-    long retry_ms = 10000, timeout_ms = 0;
+    long retry_ms = 10000, timeout_ms = 0, http_port = 0;
+    const char *http_addr = "127.0.0.1", *api_key = NULL;
+    char *model_name = NULL;
+    ie_http_t *http = NULL;
     long kv_block = 0, kv_blocks = 0;
     int prefix_cache = 1;
     ie_shard_kind_t plan = IE_SHARD_TENSOR;
@@ -80,7 +88,8 @@ int main(int argc, char **argv)
         return IE_EXIT_USAGE;
     }
     enum { O_MODEL = 1, O_PLAN, O_WORKERS, O_BIND, O_CBIND, O_CTX, O_BATCH, O_MAXB, O_PREC, O_QUEUE, O_HB, O_DEAD,
-           O_MPORT, O_MADDR, O_KEYS, O_KEY, O_AUTH, O_VERBOSE, O_HELP, O_KVBLOCK, O_KVBLOCKS, O_NOPREFIX, O_RETRY, O_TIMEOUT };
+           O_MPORT, O_MADDR, O_KEYS, O_KEY, O_AUTH, O_VERBOSE, O_HELP, O_KVBLOCK, O_KVBLOCKS, O_NOPREFIX, O_RETRY, O_TIMEOUT,
+           O_HPORT, O_HADDR, O_APIKEY };
     static const struct option lo[] = {
         {"model", required_argument, 0, O_MODEL}, {"plan", required_argument, 0, O_PLAN},
         {"workers", required_argument, 0, O_WORKERS}, {"bind", required_argument, 0, O_BIND},
@@ -94,6 +103,8 @@ int main(int argc, char **argv)
         {"help", no_argument, 0, O_HELP}, {"kv-block", required_argument, 0, O_KVBLOCK},
         {"kv-blocks", required_argument, 0, O_KVBLOCKS}, {"no-prefix-cache", no_argument, 0, O_NOPREFIX},
         {"retry-ms", required_argument, 0, O_RETRY}, {"timeout-ms", required_argument, 0, O_TIMEOUT},
+        {"http-port", required_argument, 0, O_HPORT}, {"http-addr", required_argument, 0, O_HADDR},
+        {"api-key", required_argument, 0, O_APIKEY},
         {0, 0, 0, 0}};
     optind = 1;
     opterr = 0;
@@ -123,6 +134,9 @@ int main(int argc, char **argv)
         case O_NOPREFIX: prefix_cache = 0; break;
         case O_RETRY: bad = ie_cli_parse_long(optarg, 0, 3600000, &retry_ms); break;
         case O_TIMEOUT: bad = ie_cli_parse_long(optarg, 0, 86400000, &timeout_ms); break;
+        case O_HPORT: bad = ie_cli_parse_long(optarg, 0, 65535, &http_port); break;
+        case O_HADDR: http_addr = optarg; break;
+        case O_APIKEY: api_key = optarg; bad = !*optarg; break;
         case O_HELP: usage(stdout); goto cleanup;
         default:
             fprintf(stderr, "error: unknown or incomplete option '%s' (see --help)\n", av[optind - 1]);
@@ -190,6 +204,23 @@ int main(int argc, char **argv)
     if ((st = ie_sched_new(&scho, &sched)) != IE_OK) goto fail;
     ie_serve_opts_t so = {.engine = eng, .sched = sched, .sock = client, .stop = &g_stop, .metrics = metrics,
                           .request_timeout_ms = (int)timeout_ms, .verbose = verbose};
+    if (http_port > 0) {
+        ie_http_opts_t ho = {.engine = eng, .sched = sched, .addr = http_addr, .port = (int)http_port,
+                             .api_key = api_key ? api_key : getenv("IE_API_KEY"), .metrics = metrics,
+                             .request_timeout_ms = (int)timeout_ms, .verbose = verbose};
+        if (ho.api_key && !*ho.api_key) ho.api_key = NULL;
+        if (!(model_name = ie_cli_base_name(model))) {
+            st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        ho.model_name = model_name;
+        if ((st = ie_http_start(&ho, &http)) != IE_OK) { /* not the model's fault: exit 1 (2 for a bad address) */
+            fprintf(stderr, "error: %s\n", ie_error_last());
+            rc = st == IE_ERR_INVAL ? IE_EXIT_USAGE : IE_EXIT_RUNTIME;
+            goto cleanup;
+        }
+        fprintf(stderr, "ie-coordinator: HTTP API at http://%s:%d/v1\n", http_addr, ie_http_port(http));
+    }
     st = ie_serve_run(&so);
     ie_sd_stopping();
     if (st != IE_OK) goto fail;
@@ -199,6 +230,7 @@ fail:
     rc = st == IE_ERR_INVAL ? IE_EXIT_USAGE : ie_cli_exit_for_load(st) == IE_EXIT_MODEL ? IE_EXIT_MODEL
                                                                                         : IE_EXIT_RUNTIME;
 cleanup:
+    ie_http_stop(&http); /* before the scheduler: its requests are cancelled there */
     ie_sched_destroy(&sched);
     ie_sock_destroy(&client);
     ie_engine_destroy(&eng);
@@ -206,5 +238,6 @@ cleanup:
     ie_metrics_destroy(&metrics);
     ie_net_destroy(&net);
     ie_cli_config_free(ac, av);
+    free(model_name);
     return rc;
 }

@@ -5,6 +5,8 @@
  *   inference-engine tokenize --tokenizer PATH ...         text -> ids
  *   inference-engine perplexity --model PATH --file TEXT --ctx N
  *   inference-engine logits --model PATH --ids 1,2,3 --out FILE
+ *   inference-engine serve --model PATH [--port 8080]   the OpenAI-compatible
+ *                                                     HTTP API (docs/HTTP.md)
  *
  * Exit codes: 0 ok, 1 runtime failure, 2 bad usage or input, 3 model
  * missing/unreadable/invalid, 5 engine creation failed, 6 out of memory.
@@ -20,6 +22,7 @@ int main(int argc, char **argv)
         if (!strcmp(argv[1], "tokenize")) return ie_cli_tokenize(argc - 1, argv + 1);
         if (!strcmp(argv[1], "perplexity")) return ie_cli_perplexity(argc - 1, argv + 1);
         if (!strcmp(argv[1], "logits")) return ie_cli_logits(argc - 1, argv + 1);
+        if (!strcmp(argv[1], "serve")) return ie_cli_serve(argc - 1, argv + 1);
     }
     return ie_cli_run(argc, argv);
 }

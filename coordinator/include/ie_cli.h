@@ -68,4 +68,14 @@ int ie_cli_perplexity(int argc, char **argv);
 /* `logits --model PATH --ids 1,2,3 [--mode prefill|decode] --out FILE`. */
 int ie_cli_logits(int argc, char **argv);
 
+/* `serve --model PATH [--host A] [--port N] [--api-key K] ...`: the
+ * OpenAI-compatible HTTP API (docs/HTTP.md) until SIGINT/SIGTERM. Writes
+ * "listening on http://HOST:PORT" to stderr when ready. Exit: 0 stopped by
+ * a signal, 2 bad usage, 3 model unreadable, 1 other failures. */
+int ie_cli_serve(int argc, char **argv);
+
+/* The last component of a path, without trailing '/' (a served model's
+ * default name). Caller frees; NULL when out of memory. */
+char *ie_cli_base_name(const char *path);
+
 #endif

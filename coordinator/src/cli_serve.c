@@ -1,0 +1,244 @@
+/* cli_serve.c — `inference-engine serve`: the embedded engine as an
+ * OpenAI-compatible HTTP server (docs/HTTP.md).
+ *
+ *   inference-engine serve --model PATH [--host 127.0.0.1] [--port 8080]
+ *                          [--api-key KEY] [--batch 8] [--queue 64] ...
+ *
+ * One process: the engine (n_seq = --batch sequence slots), the scheduler,
+ * the HTTP API on libmicrohttpd's threads and, with --zmq-bind, the ZeroMQ
+ * client endpoint of the distributed service, all fed into one serving
+ * loop (ie_serve_run) on the main thread until SIGINT/SIGTERM. When the
+ * server listens it writes one line to stderr, "listening on
+ * http://HOST:PORT" (the real port when --port 0 picked one).
+ */
+#include "ie_cli.h"
+#include "ie_engine.h"
+#include "ie_http.h"
+#include "ie_metrics.h"
+#include "ie_sched.h"
+#include "ie_serve.h"
+#include "ie_transport.h"
+
+#include <getopt.h>
+#include <stdint.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t g_stop;
+
+static void usage(FILE *f)
+{
+    fputs("usage: inference-engine serve --model PATH [options]\n"
+          "  --model PATH          GGUF file, IEBIN or Hugging Face directory\n"
+          "  --host ADDR           listen address, an IP literal or localhost (127.0.0.1)\n"
+          "  --port N              TCP port; 0 picks a free one (8080)\n"
+          "  --api-key KEY         require 'Authorization: Bearer KEY' on /v1/ (env IE_API_KEY)\n"
+          "  --model-name NAME     the model's id in the API (the model file's base name)\n"
+          "  --threads N           compute threads (online CPUs)\n"
+          "  --batch N             sequence slots: requests decoded together (8)\n"
+          "  --max-batch N         tokens per engine step at most (256)\n"
+          "  --ctx N               KV positions per sequence (min(train, 4096))\n"
+          "  --kv-block N          positions per KV-cache block (16)\n"
+          "  --kv-blocks N         KV-cache blocks in the pool (0: batch * ceil(ctx / kv-block))\n"
+          "  --no-prefix-cache     do not reuse the KV blocks of equal prompt prefixes\n"
+          "  --queue N             waiting requests at most; more are answered 429 (64)\n"
+          "  --timeout-ms N        per-request limit, 504 after it (0: none)\n"
+          "  --max-body N          request body bytes at most, more is 413 (1048576)\n"
+          "  --precision P         weights: native, f32, bf16, f16, int8w, int4w (native)\n"
+          "  --plan P              none, pipeline:N or tensor:N in-process workers (env IE_PLAN)\n"
+          "  --zmq-bind EP         also serve ZeroMQ clients (docs/PROTOCOL.md) on EP\n"
+          "  --no-pin              do not pin threads to cores\n"
+          "  --verbose             one log line per HTTP request\n",
+          f);
+}
+
+/* Contract (ie_cli.h): the last component of path, trailing '/' dropped;
+ * malloc'd, the caller frees; NULL when out of memory. */
+char *ie_cli_base_name(const char *path)
+{
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;
+    size_t b = n;
+    while (b > 0 && path[b - 1] != '/') b--;
+    return strndup(path + b, n - b);
+}
+
+/* Contract (ie_cli.h): the serve mode; returns the process exit code. */
+int ie_cli_serve(int argc, char **argv)
+{
+    enum { O_MODEL = 256, O_HOST, O_PORT, O_KEY, O_NAME, O_THREADS, O_BATCH, O_MAXB, O_CTX, O_QUEUE, O_TIMEOUT,
+           O_BODY, O_PREC, O_PLAN, O_ZMQ, O_NOPIN, O_VERBOSE, O_HELP, O_KVBLOCK, O_KVBLOCKS, O_NOPREFIX };
+    static const struct option lo[] = {
+        {"model", required_argument, 0, O_MODEL}, {"model-dir", required_argument, 0, O_MODEL},
+        {"host", required_argument, 0, O_HOST}, {"port", required_argument, 0, O_PORT},
+        {"api-key", required_argument, 0, O_KEY}, {"model-name", required_argument, 0, O_NAME},
+        {"threads", required_argument, 0, O_THREADS}, {"batch", required_argument, 0, O_BATCH},
+        {"max-batch", required_argument, 0, O_MAXB}, {"ctx", required_argument, 0, O_CTX},
+        {"queue", required_argument, 0, O_QUEUE}, {"timeout-ms", required_argument, 0, O_TIMEOUT},
+        {"max-body", required_argument, 0, O_BODY}, {"precision", required_argument, 0, O_PREC},
+        {"plan", required_argument, 0, O_PLAN}, {"zmq-bind", required_argument, 0, O_ZMQ},
+        {"no-pin", no_argument, 0, O_NOPIN}, {"verbose", no_argument, 0, O_VERBOSE},
+        {"kv-block", required_argument, 0, O_KVBLOCK}, {"kv-blocks", required_argument, 0, O_KVBLOCKS},
+        {"no-prefix-cache", no_argument, 0, O_NOPREFIX},
+        {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+    const char *model = NULL, *host = "127.0.0.1", *api_key = NULL, *model_name = NULL, *plan = NULL,
+               *zmq_bind = NULL;
+    long port = 8080, threads = sysconf(_SC_NPROCESSORS_ONLN), batch = 8, max_batch = 256, ctx = 0, queue = 64,
+         timeout_ms = 0, max_body = 1 << 20, kv_block = 0, kv_blocks = 0;
+    int pin = 1, verbose = 0, prefix_cache = 1, rc = IE_EXIT_OK, c;
+    ie_precision_t prec = IE_PREC_NATIVE;
+    char *default_name = NULL;
+    ie_metrics_t *metrics = NULL;
+    ie_net_t *net = NULL;
+    ie_sock_t *sock = NULL;
+    ie_engine_t *eng = NULL;
+    ie_sched_t *sched = NULL;
+    ie_http_t *http = NULL;
+    ie_status_t st = IE_OK;
+
+    if (threads < 1) threads = 1;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        int bad = 0;
+        switch (c) {
+        case O_MODEL: model = optarg; break;
+        case O_HOST: host = optarg; break;
+        case O_PORT: bad = ie_cli_parse_long(optarg, 0, 65535, &port); break;
+        case O_KEY: api_key = optarg; bad = !*optarg; break;
+        case O_NAME: model_name = optarg; bad = !*optarg; break;
+        case O_THREADS: bad = ie_cli_parse_long(optarg, 1, 1024, &threads); break;
+        case O_BATCH: bad = ie_cli_parse_long(optarg, 1, 4096, &batch); break;
+        case O_MAXB: bad = ie_cli_parse_long(optarg, 1, 1 << 16, &max_batch); break;
+        case O_CTX: bad = ie_cli_parse_long(optarg, 1, 1 << 24, &ctx); break;
+        case O_QUEUE: bad = ie_cli_parse_long(optarg, 1, 1 << 20, &queue); break;
+        case O_TIMEOUT: bad = ie_cli_parse_long(optarg, 0, 1L << 30, &timeout_ms); break;
+        case O_BODY: bad = ie_cli_parse_long(optarg, 1024, 1L << 30, &max_body); break;
+        case O_PREC: bad = ie_precision_parse(optarg, &prec) != IE_OK; break;
+        case O_PLAN: plan = optarg; break;
+        case O_ZMQ: zmq_bind = optarg; break;
+        case O_NOPIN: pin = 0; break;
+        case O_VERBOSE: verbose = 1; break;
+        case O_KVBLOCK: bad = ie_cli_parse_long(optarg, 1, 1 << 16, &kv_block); break;
+        case O_KVBLOCKS: bad = ie_cli_parse_long(optarg, 0, INT32_MAX, &kv_blocks); break;
+        case O_NOPREFIX: prefix_cache = 0; break;
+        case O_HELP: usage(stdout); goto cleanup;
+        default:
+            fprintf(stderr, "error: unknown or incomplete option '%s' (see --help)\n", argv[optind - 1]);
+            rc = IE_EXIT_USAGE;
+            goto cleanup;
+        }
+        if (bad) {
+            const char *name = "?";
+            for (const struct option *o = lo; o->name; o++)
+                if (o->val == c) {
+                    name = o->name;
+                    break;
+                }
+            fprintf(stderr, "error: bad value '%s' for --%s\n", optarg, name);
+            rc = IE_EXIT_USAGE;
+            goto cleanup;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "error: unexpected argument '%s'\n", argv[optind]);
+        rc = IE_EXIT_USAGE;
+        goto cleanup;
+    }
+    if (!model) {
+        fprintf(stderr, "error: --model is required (see --help)\n");
+        rc = IE_EXIT_USAGE;
+        goto cleanup;
+    }
+    if (!api_key) {
+        const char *env = getenv("IE_API_KEY");
+        if (env && *env) api_key = env;
+    }
+    if (!model_name) {
+        if (!(default_name = ie_cli_base_name(model))) {
+            fprintf(stderr, "error: out of memory\n");
+            rc = IE_EXIT_NOMEM;
+            goto cleanup;
+        }
+        model_name = default_name;
+    }
+
+    ie_engine_opts_t eo;
+    ie_engine_opts_default(&eo);
+    eo.model_path = model;
+    eo.n_threads = (int)threads;
+    eo.pin_threads = pin;
+    eo.n_seq = (int)batch;
+    eo.max_batch = (int)max_batch;
+    eo.n_ctx = (int)ctx;
+    eo.precision = prec;
+    eo.kv_block = (int)kv_block;
+    eo.kv_blocks = (int)kv_blocks;
+    eo.prefix_cache = prefix_cache;
+    if (ie_cli_plan(plan, &eo) != 0) {
+        fprintf(stderr, "error: bad plan '%s' (none, pipeline:N or tensor:N)\n", plan ? plan : getenv("IE_PLAN"));
+        rc = IE_EXIT_USAGE;
+        goto cleanup;
+    }
+    ie_cli_stop_on_signals(&g_stop);
+
+    if ((st = ie_metrics_new(&metrics)) != IE_OK) goto fail;
+    if (zmq_bind) { /* the engine's workers (a plan) share the client socket's context */
+        if ((st = ie_net_new(&net)) != IE_OK) goto fail;
+        eo.net = net;
+    }
+    eo.metrics = metrics;
+    if ((st = ie_engine_create(&eo, &eng)) != IE_OK) {
+        fprintf(stderr, "error: %s\n", ie_error_last());
+        rc = ie_cli_exit_for_load(st);
+        goto cleanup;
+    }
+    ie_sched_opts_t so;
+    memset(&so, 0, sizeof so);
+    so.engine = eng;
+    so.queue_max = (int)queue;
+    so.metrics = metrics;
+    if ((st = ie_sched_new(&so, &sched)) != IE_OK) goto fail;
+    if (zmq_bind) {
+        char ep[300];
+        if ((st = ie_sock_new(net, IE_SOCK_ROUTER, &sock)) != IE_OK) goto fail;
+        if ((st = ie_sock_bind(sock, zmq_bind, ep, sizeof ep)) != IE_OK) goto fail;
+        fprintf(stderr, "serve: ZeroMQ clients at %s\n", ep);
+    }
+    ie_http_opts_t ho = {.engine = eng, .sched = sched, .addr = host, .port = (int)port, .api_key = api_key,
+                         .model_name = model_name, .metrics = metrics, .request_timeout_ms = (int)timeout_ms,
+                         .max_body = (int)max_body, .verbose = verbose};
+    if ((st = ie_http_start(&ho, &http)) != IE_OK) goto fail;
+    int v6 = strchr(host, ':') != NULL;
+    fprintf(stderr, "listening on http://%s%s%s:%d\n", v6 ? "[" : "", host, v6 ? "]" : "", ie_http_port(http));
+    fflush(stderr);
+
+    ie_serve_opts_t sv;
+    memset(&sv, 0, sizeof sv);
+    sv.engine = eng;
+    sv.sched = sched;
+    sv.sock = sock;
+    sv.request_timeout_ms = (int)timeout_ms;
+    sv.stop = &g_stop;
+    sv.metrics = metrics;
+    sv.verbose = verbose;
+    if ((st = ie_serve_run(&sv)) != IE_OK) goto fail;
+    goto cleanup;
+fail:
+    fprintf(stderr, "error: %s\n", ie_error_last());
+    rc = st == IE_ERR_INVAL ? IE_EXIT_USAGE : st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME;
+cleanup:
+    /* the server first (its requests are cancelled), then the scheduler
+     * (which ends what is left and drops the requests' last references) */
+    ie_http_stop(&http);
+    ie_sched_destroy(&sched);
+    ie_sock_destroy(&sock);
+    ie_engine_destroy(&eng);
+    ie_net_destroy(&net);
+    ie_metrics_destroy(&metrics);
+    free(default_name);
+    return rc;
+}

@@ -1,0 +1,1400 @@
+/* serve_http.c — the OpenAI-compatible HTTP API (ie_http.h) on libmicrohttpd.
+ *
+ * Threads. libmicrohttpd runs a listening thread and one thread per
+ * connection (MHD_USE_THREAD_PER_CONNECTION), where handlers may block: a
+ * request is straight-line code — read the body, parse, submit to the
+ * scheduler, wait for its events, answer. The serving loop steps the
+ * scheduler on its own thread; the scheduler's callback (req_on_event)
+ * touches only the request's state (req_t: a mutex, a condition variable,
+ * the text and ids not yet sent, the outcome), never the ie_http_t.
+ *
+ * Ownership. A req_t is reference counted: one reference for the
+ * connection (dropped when libmicrohttpd reports the request completed),
+ * one for the body of a streamed response (dropped when libmicrohttpd
+ * frees the response), one for the scheduler from submission to the
+ * terminal event. So a request outlives its connection until the scheduler
+ * is done with it, and the scheduler may deliver that event after the
+ * server is gone (ie_http_stop before ie_sched_destroy).
+ *
+ * Waiting. A connection thread sleeps on its request's condition variable
+ * and wakes for every event — streams flow token by token — and every
+ * IE_HTTP_POLL_MS to see whether its client hung up (poll POLLRDHUP on the
+ * socket) or the server is stopping. A client that hangs up, noticed there
+ * or by a failed write, has its request cancelled in the request-completed
+ * callback (its KV blocks are freed at the next step). A client that
+ * half-closes its socket (shutdown(SHUT_WR)) after sending counts as gone.
+ *
+ * Streams. The response headers wait for the request's first event, so a
+ * request that fails before its first token (a timeout in the queue, the
+ * cluster lost) gets its own status rather than a 200 with an error event;
+ * after that an error arrives as an event {"error": {...}} (the openai
+ * client raises it) and the stream ends with "data: [DONE]".
+ *
+ * Harmony models (GPT-OSS): the generated ids go through the harmony
+ * stream parser (ie_harmony.h); message content is the final channel, the
+ * analysis channel is returned as "reasoning_content" (vLLM's name).
+ */
+#define _GNU_SOURCE
+#include "ie_http.h"
+
+#include "ie_chat.h"
+#include "ie_harmony.h"
+#include "ie_model_src.h"
+
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define IE_HTTP_POLL_MS 100          /* hang-up / stop checks while waiting */
+#define IE_HTTP_STOP_GRACE_MS 3000   /* ie_http_stop waits this long for answers */
+#define IE_HTTP_MAX_STOP 16          /* stop strings per request at most    */
+#define IE_HTTP_JSON "application/json"
+
+struct ie_http {
+    ie_http_opts_t o;            /* borrowed pointers: engine, sched, metrics */
+    char *api_key;               /* owned copies of the strings            */
+    char *model_name;
+    struct MHD_Daemon *d;
+    MHD_socket listen_fd;        /* after MHD_quiesce_daemon: ours to close */
+    int port;
+    long created;                /* start time, for /v1/models            */
+    const ie_tokenizer_t *tok;
+    ie_chat_format_t chat_fmt;
+    int n_ctx;
+    int32_t n_vocab;
+    size_t max_body;
+    atomic_int stopping;
+    pthread_mutex_t mu;          /* n_busy                                */
+    pthread_cond_t cv;
+    int n_busy;                  /* generation requests not yet completed  */
+    ie_metric_t *m_req;          /* ie_http_requests_total{code}          */
+    ie_metric_t *m_gone;         /* ie_http_client_disconnects_total      */
+};
+
+/* ------------------------------------------------------------- requests */
+
+/* One generation. Fields under mu are written by the scheduler callback
+ * and read by the connection; the outcome fields are written once, with
+ * `terminal`, and read-only after. */
+typedef struct req {
+    atomic_int refs;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    ie_buf_t text;           /* released text not yet taken (mu)          */
+    int32_t *ids;            /* token ids not yet taken (mu)              */
+    size_t n_ids, cap_ids;
+    size_t n_events;         /* TOKEN events so far (mu)                  */
+    int terminal;            /* 0, IE_SCHED_DONE or IE_SCHED_ERROR (mu)   */
+    int oom;                 /* an event could not be stored (mu)         */
+    char *all_text;          /* outcome: the whole output                  */
+    int32_t *all_ids;
+    size_t n_gen, n_prompt;
+    ie_finish_t finish;
+    ie_status_t status;
+    char code[32];
+    char message[256];
+    uint64_t id;             /* connection thread only                    */
+    int submitted;
+} req_t;
+
+static req_t *req_new(void)
+{
+    req_t *r = calloc(1, sizeof *r);
+    if (!r) return NULL;
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->cv, &ca);
+    pthread_condattr_destroy(&ca);
+    atomic_init(&r->refs, 1);
+    return r;
+}
+
+static void req_ref(req_t *r)
+{
+    atomic_fetch_add(&r->refs, 1);
+}
+
+static void req_unref(req_t *r)
+{
+    if (!r || atomic_fetch_sub(&r->refs, 1) != 1) return;
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->cv);
+    ie_buf_free(&r->text);
+    free(r->ids);
+    free(r->all_text);
+    free(r->all_ids);
+    free(r);
+}
+
+static int req_push_id(req_t *r, int32_t id)
+{
+    if (r->n_ids == r->cap_ids) {
+        size_t cap = r->cap_ids ? r->cap_ids * 2 : 64;
+        int32_t *n = realloc(r->ids, cap * sizeof *n);
+        if (!n) return -1;
+        r->ids = n;
+        r->cap_ids = cap;
+    }
+    r->ids[r->n_ids++] = id;
+    return 0;
+}
+
+/* The scheduler's callback (serving thread): store the event, wake the
+ * connection; the terminal event drops the scheduler's reference. */
+static void req_on_event(void *ctx, const ie_sched_event_t *ev)
+{
+    req_t *r = ctx;
+    int terminal = ev->kind != IE_SCHED_TOKEN;
+    pthread_mutex_lock(&r->mu);
+    if (!terminal) {
+        r->n_events++;
+        if (ev->len && ie_buf_append(&r->text, ev->text, ev->len) != 0) r->oom = 1;
+        if (req_push_id(r, ev->token) != 0) r->oom = 1;
+    } else {
+        r->n_gen = ev->n_gen;
+        r->n_prompt = ev->n_prompt;
+        r->finish = ev->finish;
+        r->status = ev->status;
+        snprintf(r->code, sizeof r->code, "%s", ev->code ? ev->code : "");
+        snprintf(r->message, sizeof r->message, "%s", ev->message ? ev->message : "");
+        if (ev->all_text && !(r->all_text = strdup(ev->all_text))) r->oom = 1;
+        if (ev->ids && ev->n_gen) {
+            if ((r->all_ids = malloc(ev->n_gen * sizeof *r->all_ids)))
+                memcpy(r->all_ids, ev->ids, ev->n_gen * sizeof *r->all_ids);
+            else
+                r->oom = 1;
+        }
+        r->terminal = ev->kind;
+    }
+    pthread_cond_broadcast(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+    if (terminal) req_unref(r);
+}
+
+enum { WAIT_OK = 0, WAIT_GONE = -1, WAIT_STOP = -2 };
+
+/* 1 when the client closed its end of the connection. */
+static int peer_gone(int fd)
+{
+    if (fd < 0) return 0;
+    struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+    return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* With r->mu held: wait until the request has ended (any == 0) or has
+ * anything to send (any == 1). WAIT_GONE when the client hung up, WAIT_STOP when
+ * the server is stopping (checked every IE_HTTP_POLL_MS). */
+static int req_wait_locked(req_t *r, ie_http_t *h, int fd, int any)
+{
+    for (;;) {
+        if (r->terminal || r->oom || (any && (r->n_ids || r->text.len))) return WAIT_OK;
+        if (atomic_load(&h->stopping)) return WAIT_STOP;
+        if (peer_gone(fd)) return WAIT_GONE;
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += (long)IE_HTTP_POLL_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&r->cv, &r->mu, &ts);
+    }
+}
+
+/* ------------------------------------------------------------ responses */
+
+/* An error in OpenAI's shape, kept until the answer is sent. */
+typedef struct http_err {
+    unsigned status;
+    const char *type;        /* static                                    */
+    const char *code;        /* static or NULL                            */
+    char param[64];          /* "" = null                                 */
+    char message[512];
+} http_err_t;
+
+static int err_set(http_err_t *e, unsigned status, const char *type, const char *code, const char *param,
+                   const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+static int err_set(http_err_t *e, unsigned status, const char *type, const char *code, const char *param,
+                   const char *fmt, ...)
+{
+    va_list ap;
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static int bad_param(http_err_t *e, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int bad_param(http_err_t *e, const char *param, const char *fmt, ...)
+{
+    va_list ap;
+    e->status = MHD_HTTP_BAD_REQUEST;
+    e->type = "invalid_request_error";
+    e->code = "invalid_value";
+    snprintf(e->param, sizeof e->param, "%s", param);
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static cJSON *err_json(const http_err_t *e)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *o = cJSON_AddObjectToObject(root, "error");
+    if (!o) {
+        cJSON_Delete(root);
+        return NULL;
+    }
+    cJSON_AddStringToObject(o, "message", e->message);
+    cJSON_AddStringToObject(o, "type", e->type);
+    if (e->param[0]) cJSON_AddStringToObject(o, "param", e->param);
+    else cJSON_AddNullToObject(o, "param");
+    if (e->code) cJSON_AddStringToObject(o, "code", e->code);
+    else cJSON_AddNullToObject(o, "code");
+    return root;
+}
+
+typedef enum route {
+    ROUTE_NONE = 0,
+    ROUTE_COMPLETIONS,
+    ROUTE_CHAT,
+    ROUTE_GET        /* health, metrics, models */
+} route_t;
+
+/* State of one HTTP request (libmicrohttpd's con_cls). */
+typedef struct conn {
+    char method[8];
+    char url[128];
+    int route;               /* route_t                                   */
+    int fd;
+    ie_buf_t body;
+    int too_large, body_oom;
+    int early;               /* `err` answers once the body is read        */
+    http_err_t err;
+    const char *allow;       /* the Allow header of a 405 (static)        */
+    unsigned status;         /* what was answered (the log line)          */
+    double t0;
+    int busy;                /* counted in h->n_busy                       */
+    req_t *req;              /* the connection's reference                 */
+} conn_t;
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static void count_status(ie_http_t *h, unsigned status)
+{
+    if (!h->m_req) return;
+    char code[8];
+    snprintf(code, sizeof code, "%u", status);
+    ie_metric_add(h->m_req, code, 1);
+}
+
+/* Queue `body` (malloc'd, taken; NULL = out of memory) with `status`. */
+static enum MHD_Result send_body(ie_http_t *h, struct MHD_Connection *mc, conn_t *c, unsigned status, char *body,
+                                 const char *ctype, const char *allow)
+{
+    static char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"param\":null,"
+                        "\"code\":\"internal\"}}";
+    struct MHD_Response *r;
+    if (body) {
+        r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+        if (!r) free(body);
+    } else {
+        status = MHD_HTTP_INTERNAL_SERVER_ERROR;
+        ctype = IE_HTTP_JSON;
+        r = MHD_create_response_from_buffer(strlen(oom), oom, MHD_RESPMEM_PERSISTENT);
+    }
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    if (allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
+    if (status == MHD_HTTP_UNAUTHORIZED) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    enum MHD_Result ret = MHD_queue_response(mc, status, r);
+    MHD_destroy_response(r);
+    if (c) c->status = status;
+    count_status(h, status);
+    return ret;
+}
+
+/* Queue a JSON document (taken). */
+static enum MHD_Result send_json(ie_http_t *h, struct MHD_Connection *mc, conn_t *c, unsigned status, cJSON *js)
+{
+    char *body = js ? cJSON_PrintUnformatted(js) : NULL;
+    cJSON_Delete(js);
+    return send_body(h, mc, c, status, body, IE_HTTP_JSON, NULL);
+}
+
+static enum MHD_Result send_err(ie_http_t *h, struct MHD_Connection *mc, conn_t *c, const http_err_t *e,
+                                const char *allow)
+{
+    cJSON *js = err_json(e);
+    char *body = js ? cJSON_PrintUnformatted(js) : NULL;
+    cJSON_Delete(js);
+    return send_body(h, mc, c, e->status, body, IE_HTTP_JSON, allow);
+}
+
+/* The HTTP status and error for a scheduler failure (at submit: st and
+ * ie_error_last(); from an ERROR event: its status and code). */
+static void err_from_sched(http_err_t *e, ie_status_t st, const char *code, const char *msg)
+{
+    if (code && !strcmp(code, "timeout")) st = IE_ERR_TIMEOUT;
+    else if (code && (!strcmp(code, "unavailable") || !strcmp(code, "cancelled"))) st = IE_ERR_UNAVAILABLE;
+    else if (code && !strcmp(code, "busy")) st = IE_ERR_BUSY;
+    else if (code && !strcmp(code, "out_of_memory")) st = IE_ERR_NOMEM;
+    switch (st) {
+    case IE_ERR_BUSY:
+        err_set(e, MHD_HTTP_TOO_MANY_REQUESTS, "rate_limit_error", "busy", NULL, "%s",
+                msg && *msg ? msg : "server busy: too many requests waiting; try again later");
+        break;
+    case IE_ERR_INVAL:
+    case IE_ERR_RANGE:
+    case IE_ERR_FORMAT:
+        err_set(e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "invalid_value", NULL, "%s", msg);
+        break;
+    case IE_ERR_TIMEOUT:
+        err_set(e, MHD_HTTP_GATEWAY_TIMEOUT, "server_error", "timeout", NULL, "%s",
+                msg && *msg ? msg : "the request timed out");
+        break;
+    case IE_ERR_UNAVAILABLE:
+        err_set(e, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", code && *code ? code : "unavailable", NULL, "%s",
+                msg && *msg ? msg : "the model is unavailable");
+        break;
+    case IE_ERR_NOMEM:
+        err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "out_of_memory", NULL, "%s",
+                msg && *msg ? msg : "out of memory");
+        break;
+    default:
+        err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "%s",
+                msg && *msg ? msg : "internal error");
+        break;
+    }
+}
+
+static const char *finish_reason(ie_finish_t f)
+{
+    return f == IE_FINISH_LENGTH || f == IE_FINISH_CONTEXT ? "length" : "stop";
+}
+
+static void add_usage(cJSON *o, size_t n_prompt, size_t n_gen)
+{
+    cJSON *u = cJSON_AddObjectToObject(o, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)n_gen);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(n_prompt + n_gen));
+}
+
+/* ------------------------------------------------------------ parameters */
+
+/* A request's generation settings, pointing into its parsed JSON. */
+typedef struct gen {
+    int chat;
+    ie_gen_params_t gp;
+    const char *stops[IE_HTTP_MAX_STOP];
+    int priority;
+    int stream, include_usage;
+    ie_chat_opts_t chat_opts;
+} gen_t;
+
+/* Optional number `k`: 0 absent or null, 1 found (*v), -1 not a number. */
+static int opt_num(const cJSON *o, const char *k, double *v)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!it || cJSON_IsNull(it)) return 0;
+    if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble)) return -1;
+    *v = it->valuedouble;
+    return 1;
+}
+
+/* Optional float in [lo, hi] (open bounds when lo_open / hi_open). */
+static int opt_float(const cJSON *o, const char *k, double lo, double hi, int lo_open, float *out, http_err_t *e)
+{
+    double v;
+    int f = opt_num(o, k, &v);
+    if (f < 0 || (f && (v < lo || v > hi || (lo_open && v == lo))))
+        return bad_param(e, k, "'%s' must be a number in %c%g, %g]", k, lo_open ? '(' : '[', lo, hi);
+    if (f) *out = (float)v;
+    return 0;
+}
+
+/* Optional integer in [lo, hi]; *found (may be NULL) says whether given. */
+static int opt_int(const cJSON *o, const char *k, double lo, double hi, long long *out, int *found, http_err_t *e)
+{
+    double v;
+    int f = opt_num(o, k, &v);
+    if (f < 0 || (f && (v != floor(v) || v < lo || v > hi)))
+        return bad_param(e, k, "'%s' must be an integer in [%.0f, %.0f]", k, lo, hi);
+    if (f) *out = (long long)v;
+    if (found) *found = f;
+    return 0;
+}
+
+/* Optional boolean: absent/null leaves *out. */
+static int opt_bool(const cJSON *o, const char *k, int *out, http_err_t *e)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!it || cJSON_IsNull(it)) return 0;
+    if (!cJSON_IsBool(it)) return bad_param(e, k, "'%s' must be a boolean", k);
+    *out = cJSON_IsTrue(it);
+    return 0;
+}
+
+/* The sampling and control parameters shared by both endpoints. */
+static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
+{
+    ie_sampler_params_t *sp = &g->gp.sampling;
+    long long v;
+    int found = 0;
+
+    ie_gen_params_default(&g->gp);
+    *sp = ie_sampler_params_default(); /* temperature 1, filters off: OpenAI's defaults */
+    /* completions: 16 tokens like OpenAI; chat: until the model ends its
+     * turn or the context is full */
+    g->gp.max_new = g->chat ? h->n_ctx : 16;
+    if (opt_int(root, "max_tokens", 1, 1 << 24, &v, &found, e)) return -1;
+    if (found) g->gp.max_new = (int)v;
+    if (g->chat) {
+        if (opt_int(root, "max_completion_tokens", 1, 1 << 24, &v, &found, e)) return -1;
+        if (found) g->gp.max_new = (int)v;
+    }
+    if (opt_float(root, "temperature", 0, 2, 0, &sp->temperature, e)) return -1;
+    if (opt_float(root, "top_p", 0, 1, 1, &sp->top_p, e)) return -1;
+    if (opt_float(root, "min_p", 0, 1, 0, &sp->min_p, e)) return -1;
+    if (opt_float(root, "frequency_penalty", -2, 2, 0, &sp->frequency_penalty, e)) return -1;
+    if (opt_float(root, "presence_penalty", -2, 2, 0, &sp->presence_penalty, e)) return -1;
+    if (opt_float(root, "repetition_penalty", 0, 100, 1, &sp->repeat_penalty, e)) return -1;
+    v = 0;
+    if (opt_int(root, "top_k", -1, 1 << 30, &v, &found, e)) return -1;
+    if (found) sp->top_k = v < 0 ? 0 : (int32_t)v; /* -1: off (vLLM) */
+    /* seed: JSON numbers are doubles here, so seeds beyond 2^53 lose bits */
+    if (opt_int(root, "seed", -9.2e18, 1.8e19, &v, &found, e)) return -1;
+    sp->seed = found ? (uint64_t)v : ie_sampler_seed_random();
+    v = 0;
+    if (opt_int(root, "priority", -1000000, 1000000, &v, NULL, e)) return -1;
+    g->priority = (int)v;
+    v = 1;
+    if (opt_int(root, "n", 1, 1, &v, NULL, e)) return bad_param(e, "n", "'n' must be 1 (one choice per request)");
+    if (opt_int(root, "best_of", 1, 1, &v, NULL, e)) return bad_param(e, "best_of", "'best_of' must be 1");
+    if (opt_bool(root, "stream", &g->stream, e)) return -1;
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    if (so && !cJSON_IsNull(so)) {
+        if (!cJSON_IsObject(so)) return bad_param(e, "stream_options", "'stream_options' must be an object");
+        if (opt_bool(so, "include_usage", &g->include_usage, e))
+            return bad_param(e, "stream_options", "'stream_options.include_usage' must be a boolean");
+    }
+    int echo = 0;
+    if (opt_bool(root, "echo", &echo, e)) return -1;
+    if (echo) return bad_param(e, "echo", "'echo' is not supported (false only)");
+    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
+    if (lp && !cJSON_IsNull(lp) && !cJSON_IsFalse(lp))
+        return bad_param(e, "logprobs", "'logprobs' is not supported");
+    const cJSON *tlp = cJSON_GetObjectItemCaseSensitive(root, "top_logprobs");
+    if (tlp && !cJSON_IsNull(tlp)) return bad_param(e, "top_logprobs", "'top_logprobs' is not supported");
+    const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(root, "suffix");
+    if (suffix && !cJSON_IsNull(suffix) && !(cJSON_IsString(suffix) && !suffix->valuestring[0]))
+        return bad_param(e, "suffix", "'suffix' is not supported");
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
+    if (lb && !cJSON_IsNull(lb) && !(cJSON_IsObject(lb) && !lb->child))
+        return bad_param(e, "logit_bias", "'logit_bias' is not supported");
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
+    if (tools && !cJSON_IsNull(tools) && !(cJSON_IsArray(tools) && !tools->child))
+        return bad_param(e, "tools", "'tools' are not supported");
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
+    if (rf && !cJSON_IsNull(rf)) {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
+        if (!cJSON_IsString(t) || strcmp(t->valuestring, "text"))
+            return bad_param(e, "response_format", "'response_format' supports {\"type\": \"text\"} only");
+    }
+    const cJSON *re = cJSON_GetObjectItemCaseSensitive(root, "reasoning_effort");
+    if (re && !cJSON_IsNull(re) &&
+        (!cJSON_IsString(re) || ie_harmony_effort_parse(re->valuestring, &g->chat_opts.effort) != IE_OK))
+        return bad_param(e, "reasoning_effort", "'reasoning_effort' must be \"low\", \"medium\" or \"high\"");
+
+    const cJSON *stop = cJSON_GetObjectItemCaseSensitive(root, "stop");
+    size_t n_stop = 0;
+    if (cJSON_IsString(stop)) {
+        g->stops[n_stop++] = stop->valuestring;
+    } else if (cJSON_IsArray(stop)) {
+        const cJSON *it;
+        cJSON_ArrayForEach(it, stop) {
+            if (!cJSON_IsString(it)) return bad_param(e, "stop", "'stop' must be a string or a list of strings");
+            if (n_stop == IE_HTTP_MAX_STOP)
+                return bad_param(e, "stop", "'stop' has more than %d strings", IE_HTTP_MAX_STOP);
+            g->stops[n_stop++] = it->valuestring;
+        }
+    } else if (stop && !cJSON_IsNull(stop)) {
+        return bad_param(e, "stop", "'stop' must be a string or a list of strings");
+    }
+    g->gp.stop = n_stop ? g->stops : NULL;
+    g->gp.n_stop = n_stop;
+    if (ie_sampler_params_validate(sp) != IE_OK)
+        return err_set(e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "invalid_value", NULL, "%s",
+                       ie_error_last());
+    return 0;
+}
+
+/* A JSON array of numbers that are token ids -> ids (malloc'd). */
+static int ids_from_json(ie_http_t *h, const cJSON *arr, int32_t **ids_out, size_t *n_out, http_err_t *e)
+{
+    size_t n = (size_t)cJSON_GetArraySize(arr), i = 0;
+    int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
+    const cJSON *it;
+    if (!ids) return err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
+    cJSON_ArrayForEach(it, arr) {
+        if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) || it->valuedouble < 0 ||
+            it->valuedouble >= h->n_vocab) {
+            free(ids);
+            return bad_param(e, "prompt", "'prompt': token ids must be integers in [0, %d)", (int)h->n_vocab);
+        }
+        ids[i++] = (int32_t)it->valuedouble;
+    }
+    *ids_out = ids;
+    *n_out = i;
+    return 0;
+}
+
+/* /v1/completions' prompt -> ids: a string (tokenized like the CLI: BOS
+ * and special-token text), a list of one string, a list of token ids or a
+ * list of one such list. */
+static int prompt_ids(ie_http_t *h, const cJSON *root, int32_t **ids, size_t *n, http_err_t *e)
+{
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    if (cJSON_IsArray(p)) {
+        int k = cJSON_GetArraySize(p);
+        const cJSON *first = cJSON_GetArrayItem(p, 0);
+        if (k >= 1 && cJSON_IsNumber(first)) return ids_from_json(h, p, ids, n, e);
+        if (k != 1)
+            return bad_param(e, "prompt",
+                             k ? "'prompt': several prompts in one request are not supported; send one request "
+                                 "per prompt"
+                               : "'prompt' is empty");
+        if (cJSON_IsArray(first)) return ids_from_json(h, first, ids, n, e);
+        p = first;
+    }
+    if (!cJSON_IsString(p))
+        return bad_param(e, "prompt", "'prompt' must be a string, a list of one string or a list of token ids");
+    ie_status_t st = ie_tokenizer_encode(h->tok, p->valuestring, strlen(p->valuestring),
+                                         IE_TOK_ADD_SPECIAL | IE_TOK_PARSE_SPECIAL, ids, n);
+    if (st == IE_ERR_NOMEM)
+        return err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
+    if (st != IE_OK) return bad_param(e, "prompt", "'prompt': %s", ie_error_last());
+    return 0;
+}
+
+/* /v1/chat/completions' messages -> ids through the model's chat template.
+ * OpenAI's content parts ([{"type": "text", "text": ...}]) are joined into
+ * one string; "name" is dropped. */
+static int chat_ids(ie_http_t *h, const cJSON *root, const gen_t *g, int32_t **ids, size_t *n, http_err_t *e)
+{
+    const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    cJSON *norm = NULL;
+    char *json = NULL;
+    int rc = 0, i = 0;
+    cJSON *m;
+
+    if (!cJSON_IsArray(msgs) || !msgs->child)
+        return bad_param(e, "messages", "'messages' must be a non-empty list of messages");
+    if (h->chat_fmt == IE_CHAT_NONE)
+        return bad_param(e, "messages", "this model has no chat template; use /v1/completions");
+    if (!(norm = cJSON_Duplicate(msgs, 1))) goto oom;
+    cJSON_ArrayForEach(m, norm) {
+        i++;
+        if (!cJSON_IsObject(m)) {
+            rc = bad_param(e, "messages", "'messages[%d]' is not an object", i - 1);
+            goto cleanup;
+        }
+        cJSON_DeleteItemFromObjectCaseSensitive(m, "name");
+        cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (!cJSON_IsArray(content)) continue;
+        ie_buf_t b = { 0 };
+        const cJSON *part;
+        cJSON_ArrayForEach(part, content) {
+            const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+            const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+            if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text)) {
+                ie_buf_free(&b);
+                rc = bad_param(e, "messages", "'messages[%d].content': only text parts are supported", i - 1);
+                goto cleanup;
+            }
+            if (ie_buf_append(&b, text->valuestring, strlen(text->valuestring)) != 0) {
+                ie_buf_free(&b);
+                goto oom;
+            }
+        }
+        cJSON *s = cJSON_CreateString(b.data ? b.data : "");
+        ie_buf_free(&b);
+        if (!s || !cJSON_ReplaceItemInObjectCaseSensitive(m, "content", s)) {
+            cJSON_Delete(s);
+            goto oom;
+        }
+    }
+    if (!(json = cJSON_PrintUnformatted(norm))) goto oom;
+    ie_status_t st = ie_chat_encode(h->tok, json, &g->chat_opts, ids, n, NULL);
+    if (st == IE_ERR_NOMEM) goto oom;
+    if (st != IE_OK) rc = bad_param(e, "messages", "%s", ie_error_last());
+    goto cleanup;
+oom:
+    rc = err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
+cleanup:
+    cJSON_Delete(norm);
+    free(json);
+    return rc;
+}
+
+/* --------------------------------------------------------------- answers */
+
+/* The harmony parser's channels as they are emitted (a stream's deltas). */
+typedef struct chan_bufs {
+    ie_buf_t final, analysis;
+    int oom;
+} chan_bufs_t;
+
+static void on_harmony(void *user, ie_harmony_channel_t ch, const char *text, size_t len)
+{
+    chan_bufs_t *cb = user;
+    ie_buf_t *b = ch == IE_HARMONY_CH_FINAL ? &cb->final : ch == IE_HARMONY_CH_ANALYSIS ? &cb->analysis : NULL;
+    if (b && len && ie_buf_append(b, text, len) != 0) cb->oom = 1;
+}
+
+/* Identity shared by a response and all its chunks. */
+typedef struct ident {
+    char id[48];
+    long created;
+} ident_t;
+
+static void ident_make(ident_t *x, int chat)
+{
+    snprintf(x->id, sizeof x->id, "%s%016llx%08llx", chat ? "chatcmpl-" : "cmpl-",
+             (unsigned long long)ie_sampler_seed_random(), (unsigned long long)(ie_sampler_seed_random() >> 32));
+    x->created = (long)time(NULL);
+}
+
+static cJSON *resp_head(ie_http_t *h, const ident_t *x, const char *object)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "id", x->id);
+    cJSON_AddStringToObject(o, "object", object);
+    cJSON_AddNumberToObject(o, "created", (double)x->created);
+    cJSON_AddStringToObject(o, "model", h->model_name);
+    return o;
+}
+
+/* The non-streamed answer of a finished request (r->terminal == DONE). */
+static cJSON *final_json(ie_http_t *h, req_t *r, int chat)
+{
+    ident_t x;
+    cJSON *o = NULL;
+    ie_harmony_parser_t *hp = NULL;
+    ident_make(&x, chat);
+    if (!(o = resp_head(h, &x, chat ? "chat.completion" : "text_completion"))) goto fail;
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    if (!cJSON_AddItemToArray(choices, ch)) {
+        cJSON_Delete(ch);
+        goto fail;
+    }
+    cJSON_AddNumberToObject(ch, "index", 0);
+    const char *text = r->all_text ? r->all_text : "";
+    if (chat) {
+        cJSON *msg = cJSON_AddObjectToObject(ch, "message");
+        cJSON_AddStringToObject(msg, "role", "assistant");
+        if (h->chat_fmt == IE_CHAT_HARMONY) {
+            /* the text hides control tokens: channels come from the ids */
+            if (ie_harmony_parser_new(h->tok, NULL, NULL, &hp) != IE_OK) goto fail;
+            for (size_t k = 0; k < r->n_gen; k++)
+                if (r->all_ids && ie_harmony_parser_push_token(hp, r->all_ids[k]) != IE_OK) goto fail;
+            if (ie_harmony_parser_finish(hp) != IE_OK) goto fail;
+            cJSON_AddStringToObject(msg, "content", ie_harmony_parser_text(hp, IE_HARMONY_CH_FINAL, NULL));
+            cJSON_AddStringToObject(msg, "reasoning_content",
+                                    ie_harmony_parser_text(hp, IE_HARMONY_CH_ANALYSIS, NULL));
+        } else {
+            cJSON_AddStringToObject(msg, "content", text);
+        }
+    } else {
+        cJSON_AddStringToObject(ch, "text", text);
+    }
+    cJSON_AddNullToObject(ch, "logprobs");
+    cJSON_AddStringToObject(ch, "finish_reason", finish_reason(r->finish));
+    add_usage(o, r->n_prompt, r->n_gen);
+    ie_harmony_parser_destroy(&hp);
+    return o;
+fail:
+    ie_harmony_parser_destroy(&hp);
+    cJSON_Delete(o);
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- streams */
+
+/* The body of a streamed answer (libmicrohttpd's content reader). */
+typedef struct stream {
+    ie_http_t *h;
+    req_t *r;                /* the stream's reference                     */
+    int fd, chat, harmony, include_usage;
+    ident_t x;
+    ie_buf_t out;            /* SSE bytes not yet handed to MHD           */
+    size_t off;
+    ie_buf_t take;           /* text taken from the request              */
+    int32_t *take_ids;
+    size_t n_take, cap_take;
+    size_t sent_len;         /* text bytes sent (non-harmony)             */
+    ie_harmony_parser_t *hp;
+    chan_bufs_t cb;
+    int started, ended;
+} stream_t;
+
+static void stream_free(void *cls)
+{
+    stream_t *s = cls;
+    if (!s) return;
+    req_unref(s->r);
+    ie_buf_free(&s->out);
+    ie_buf_free(&s->take);
+    free(s->take_ids);
+    ie_harmony_parser_destroy(&s->hp);
+    ie_buf_free(&s->cb.final);
+    ie_buf_free(&s->cb.analysis);
+    free(s);
+}
+
+/* Append "data: <json>\n\n" (js taken). -1 out of memory. */
+static int sse_json(stream_t *s, cJSON *js)
+{
+    char *t = js ? cJSON_PrintUnformatted(js) : NULL;
+    cJSON_Delete(js);
+    int rc = t && ie_buf_printf(&s->out, "data: %s\n\n", t) == 0 ? 0 : -1;
+    free(t);
+    return rc;
+}
+
+/* One chunk: completions {"text"}, chat {"delta": {content,
+ * reasoning_content}} (a delta of NULLs: {}), finish_reason or null. */
+static int sse_chunk(stream_t *s, const char *text, size_t len, const char *reasoning, size_t rlen,
+                     const char *finish)
+{
+    cJSON *o = resp_head(s->h, &s->x, s->chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *choices = cJSON_AddArrayToObject(o, "choices");
+    cJSON *ch = cJSON_CreateObject();
+    if (!o || !choices || !ch || !cJSON_AddItemToArray(choices, ch)) {
+        cJSON_Delete(ch);
+        cJSON_Delete(o);
+        return -1;
+    }
+    cJSON_AddNumberToObject(ch, "index", 0);
+    /* content may hold any bytes: copy into a NUL-terminated string */
+    char *t = strndup(text ? text : "", text ? len : 0), *rt = strndup(reasoning ? reasoning : "", rlen);
+    if (!t || !rt) {
+        free(t);
+        free(rt);
+        cJSON_Delete(o);
+        return -1;
+    }
+    if (s->chat) {
+        cJSON *d = cJSON_AddObjectToObject(ch, "delta");
+        if (!s->started) cJSON_AddStringToObject(d, "role", "assistant");
+        if (text) cJSON_AddStringToObject(d, "content", t);
+        if (reasoning) cJSON_AddStringToObject(d, "reasoning_content", rt);
+    } else {
+        cJSON_AddStringToObject(ch, "text", t);
+    }
+    free(t);
+    free(rt);
+    cJSON_AddNullToObject(ch, "logprobs");
+    if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
+    else cJSON_AddNullToObject(ch, "finish_reason");
+    return sse_json(s, o);
+}
+
+static int sse_error(stream_t *s, const http_err_t *e)
+{
+    if (sse_json(s, err_json(e)) != 0) return -1;
+    return ie_buf_printf(&s->out, "data: [DONE]\n\n");
+}
+
+/* Format what the request has produced since the last call into s->out
+ * (waiting for it first). -1: end the connection with an error (client
+ * gone, out of memory). */
+static int stream_fill(stream_t *s)
+{
+    req_t *r = s->r;
+    http_err_t e;
+    if (!s->started) { /* chat streams open with the role */
+        int rc = s->chat ? sse_chunk(s, "", 0, NULL, 0, NULL) : 0;
+        s->started = 1;
+        if (rc || s->chat) return rc;
+    }
+    pthread_mutex_lock(&r->mu);
+    int w = req_wait_locked(r, s->h, s->fd, 1);
+    if (w == WAIT_GONE) {
+        pthread_mutex_unlock(&r->mu);
+        return -1;
+    }
+    /* take the pending text and ids; the outcome is immutable once set */
+    ie_buf_t tb = r->text;
+    r->text = s->take;
+    s->take = tb;
+    ie_buf_reset(&r->text);
+    int32_t *ti = r->ids;
+    size_t tcap = r->cap_ids;
+    s->n_take = r->n_ids;
+    r->ids = s->take_ids;
+    r->cap_ids = s->cap_take;
+    r->n_ids = 0;
+    s->take_ids = ti;
+    s->cap_take = tcap;
+    int terminal = r->terminal, oom = r->oom;
+    pthread_mutex_unlock(&r->mu);
+
+    if (w == WAIT_STOP && !terminal) {
+        s->ended = 1;
+        err_set(&e, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", "unavailable", NULL, "the server is shutting down");
+        return sse_error(s, &e);
+    }
+    if (oom) {
+        s->ended = 1;
+        err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
+        return sse_error(s, &e);
+    }
+    if (s->harmony) {
+        for (size_t k = 0; k < s->n_take; k++)
+            if (ie_harmony_parser_push_token(s->hp, s->take_ids[k]) != IE_OK) return -1;
+        if (terminal && ie_harmony_parser_finish(s->hp) != IE_OK) return -1;
+        if (s->cb.oom) return -1;
+        if (s->cb.final.len || s->cb.analysis.len) {
+            if (sse_chunk(s, s->cb.final.len ? s->cb.final.data : NULL, s->cb.final.len,
+                          s->cb.analysis.len ? s->cb.analysis.data : NULL, s->cb.analysis.len, NULL) != 0)
+                return -1;
+            ie_buf_reset(&s->cb.final);
+            ie_buf_reset(&s->cb.analysis);
+        }
+    } else {
+        size_t len = s->take.len;
+        const char *text = s->take.data;
+        /* text the stop matcher still held when the request ended is in
+         * all_text only */
+        if (terminal == IE_SCHED_DONE && r->all_text) {
+            size_t all = strlen(r->all_text);
+            if (all > s->sent_len + len && !memcmp(r->all_text + s->sent_len, text ? text : "", len)) {
+                text = r->all_text + s->sent_len;
+                len = all - s->sent_len;
+            }
+        }
+        if (len && sse_chunk(s, text, len, NULL, 0, NULL) != 0) return -1;
+        s->sent_len += len;
+    }
+    ie_buf_reset(&s->take);
+    if (!terminal) return 0;
+
+    s->ended = 1;
+    if (terminal == IE_SCHED_ERROR) {
+        err_from_sched(&e, r->status, r->code, r->message);
+        return sse_error(s, &e);
+    }
+    if (sse_chunk(s, s->chat ? NULL : "", 0, NULL, 0, finish_reason(r->finish)) != 0) return -1;
+    if (s->include_usage) {
+        cJSON *o = resp_head(s->h, &s->x, s->chat ? "chat.completion.chunk" : "text_completion");
+        if (!o || !cJSON_AddArrayToObject(o, "choices")) {
+            cJSON_Delete(o);
+            return -1;
+        }
+        add_usage(o, r->n_prompt, r->n_gen);
+        if (sse_json(s, o) != 0) return -1;
+    }
+    return ie_buf_printf(&s->out, "data: [DONE]\n\n");
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    stream_t *s = cls;
+    (void)pos;
+    for (;;) {
+        if (s->off < s->out.len) {
+            size_t n = s->out.len - s->off < max ? s->out.len - s->off : max;
+            memcpy(buf, s->out.data + s->off, n);
+            s->off += n;
+            return (ssize_t)n;
+        }
+        ie_buf_reset(&s->out);
+        s->off = 0;
+        if (s->ended) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (stream_fill(s) != 0) return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+}
+
+/* ------------------------------------------------------------- endpoints */
+
+/* POST /v1/completions and /v1/chat/completions, body read. */
+static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, conn_t *c)
+{
+    http_err_t e;
+    gen_t g;
+    const char *end = NULL;
+    cJSON *root = NULL;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    req_t *r = NULL;
+    stream_t *s = NULL;
+    enum MHD_Result ret = MHD_NO;
+
+    memset(&g, 0, sizeof g);
+    g.chat = c->route == ROUTE_CHAT;
+    root = cJSON_ParseWithLengthOpts(c->body.data ? c->body.data : "", c->body.len, &end, 0);
+    if (!root) {
+        size_t at = end && c->body.data && end >= c->body.data ? (size_t)(end - c->body.data) : 0;
+        err_set(&e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "invalid_json", NULL,
+                "the body is not valid JSON (at byte %zu)", at);
+        goto answer_err;
+    }
+    if (!cJSON_IsObject(root)) {
+        err_set(&e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "invalid_json", NULL,
+                "the body must be a JSON object");
+        goto answer_err;
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (model && !cJSON_IsNull(model) && !cJSON_IsString(model)) {
+        bad_param(&e, "model", "'model' must be a string");
+        goto answer_err;
+    }
+    if (cJSON_IsString(model) && strcmp(model->valuestring, h->model_name)) {
+        err_set(&e, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model_not_found", "model",
+                "The model '%.200s' does not exist (this server has '%.200s')", model->valuestring, h->model_name);
+        goto answer_err;
+    }
+    if (parse_gen(h, root, &g, &e) != 0) goto answer_err;
+    if ((g.chat ? chat_ids(h, root, &g, &ids, &n_ids, &e) : prompt_ids(h, root, &ids, &n_ids, &e)) != 0)
+        goto answer_err;
+    if (n_ids == 0) {
+        bad_param(&e, g.chat ? "messages" : "prompt", "the prompt is empty");
+        goto answer_err;
+    }
+    if (n_ids > (size_t)h->n_ctx) {
+        err_set(&e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "context_length_exceeded",
+                g.chat ? "messages" : "prompt", "the prompt has %zu tokens; the context holds %d", n_ids, h->n_ctx);
+        goto answer_err;
+    }
+
+    if (!(r = req_new())) {
+        err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
+        goto answer_err;
+    }
+    ie_sched_req_t sr = { .ids = ids, .n_ids = n_ids, .params = &g.gp, .priority = g.priority,
+                          .timeout_ms = h->o.request_timeout_ms, .cb = req_on_event, .cb_ctx = r };
+    req_ref(r); /* the scheduler's, until its terminal event */
+    ie_status_t st = ie_sched_submit(h->o.sched, &sr, &r->id);
+    if (st != IE_OK) {
+        req_unref(r); /* no event will come */
+        err_from_sched(&e, st, NULL, ie_error_last());
+        if (e.status == MHD_HTTP_BAD_REQUEST) snprintf(e.param, sizeof e.param, "%s", g.chat ? "messages" : "prompt");
+        goto answer_err;
+    }
+    r->submitted = 1;
+    c->req = r;
+    req_ref(r);
+
+    /* non-streamed: the whole answer; streamed: the first event */
+    pthread_mutex_lock(&r->mu);
+    int w = req_wait_locked(r, h, c->fd, g.stream);
+    int terminal = r->terminal, oom = r->oom;
+    size_t n_events = r->n_events;
+    pthread_mutex_unlock(&r->mu);
+    if (w == WAIT_GONE) goto cleanup; /* MHD_NO: closed; on_completed cancels */
+    if (w == WAIT_STOP && !terminal) {
+        err_set(&e, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", "unavailable", NULL, "the server is shutting down");
+        goto answer_err;
+    }
+    if (oom) {
+        err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
+        goto answer_err;
+    }
+    if (terminal == IE_SCHED_ERROR && (!g.stream || n_events == 0)) {
+        err_from_sched(&e, r->status, r->code, r->message);
+        goto answer_err;
+    }
+    if (!g.stream) {
+        ret = send_json(h, mc, c, MHD_HTTP_OK, final_json(h, r, g.chat));
+        goto cleanup;
+    }
+
+    if (!(s = calloc(1, sizeof *s))) {
+        err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
+        goto answer_err;
+    }
+    s->h = h;
+    s->r = r;
+    req_ref(r);
+    s->fd = c->fd;
+    s->chat = g.chat;
+    s->harmony = g.chat && h->chat_fmt == IE_CHAT_HARMONY;
+    s->include_usage = g.include_usage;
+    ident_make(&s->x, g.chat);
+    if (s->harmony && ie_harmony_parser_new(h->tok, on_harmony, &s->cb, &s->hp) != IE_OK) {
+        stream_free(s);
+        err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
+        goto answer_err;
+    }
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, s, stream_free);
+    if (!resp) {
+        stream_free(s);
+        goto cleanup;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    ret = MHD_queue_response(mc, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    c->status = MHD_HTTP_OK;
+    count_status(h, MHD_HTTP_OK);
+    goto cleanup;
+
+answer_err:
+    ret = send_err(h, mc, c, &e, NULL);
+cleanup:
+    req_unref(r); /* this function's own reference (c->req holds another) */
+    cJSON_Delete(root);
+    free(ids);
+    return ret;
+}
+
+static cJSON *model_json(ie_http_t *h)
+{
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", h->model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)h->created);
+    cJSON_AddStringToObject(m, "owned_by", "clocher");
+    return m;
+}
+
+/* GET /health, /metrics, /v1/models[/ID]. */
+static enum MHD_Result handle_get(ie_http_t *h, struct MHD_Connection *mc, conn_t *c, const char *url)
+{
+    http_err_t e;
+    if (!strcmp(url, "/health")) {
+        ie_cluster_t *cl = ie_engine_cluster(h->o.engine);
+        int ok = !cl || ie_cluster_ready(cl);
+        cJSON *js = cJSON_CreateObject();
+        cJSON_AddStringToObject(js, "status", ok ? "ok" : "unavailable");
+        return send_json(h, mc, c, ok ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, js);
+    }
+    if (!strcmp(url, "/metrics")) {
+        ie_buf_t b = { 0 };
+        if (ie_metrics_render(h->o.metrics, &b) != IE_OK || !b.data) {
+            ie_buf_free(&b);
+            err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "rendering failed");
+            return send_err(h, mc, c, &e, NULL);
+        }
+        return send_body(h, mc, c, MHD_HTTP_OK, b.data, "text/plain; version=0.0.4; charset=utf-8", NULL);
+    }
+    if (!strcmp(url, "/v1/models")) {
+        cJSON *js = cJSON_CreateObject();
+        cJSON_AddStringToObject(js, "object", "list");
+        cJSON *data = cJSON_AddArrayToObject(js, "data");
+        cJSON_AddItemToArray(data, model_json(h));
+        return send_json(h, mc, c, MHD_HTTP_OK, js);
+    }
+    /* /v1/models/ID */
+    const char *id = url + strlen("/v1/models/");
+    if (strcmp(id, h->model_name)) {
+        err_set(&e, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model_not_found", "model",
+                "The model '%.200s' does not exist", id);
+        return send_err(h, mc, c, &e, NULL);
+    }
+    return send_json(h, mc, c, MHD_HTTP_OK, model_json(h));
+}
+
+/* ------------------------------------------------------------- dispatch */
+
+/* 1 when the request carries "Authorization: Bearer <api_key>". The
+ * comparison takes the same time wherever the first difference is. */
+static int authorized(ie_http_t *h, struct MHD_Connection *mc)
+{
+    const char *v = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!v || strncasecmp(v, "Bearer ", 7)) return 0;
+    v += 7;
+    while (*v == ' ') v++;
+    size_t n = strlen(h->api_key), m = strlen(v);
+    volatile unsigned char d = (unsigned char)(n != m);
+    for (size_t i = 0; i < n; i++) d |= (unsigned char)(h->api_key[i] ^ (i < m ? v[i] : 0));
+    return d == 0;
+}
+
+
+static route_t route_of(ie_http_t *h, const char *url)
+{
+    if (!strcmp(url, "/v1/completions")) return ROUTE_COMPLETIONS;
+    if (!strcmp(url, "/v1/chat/completions")) return ROUTE_CHAT;
+    if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") ||
+        (!strncmp(url, "/v1/models/", 11) && url[11]) || (!strcmp(url, "/metrics") && h->o.metrics))
+        return ROUTE_GET;
+    return ROUTE_NONE;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls)
+{
+    ie_http_t *h = cls;
+    conn_t *c = *con_cls;
+    (void)version;
+
+    if (!c) { /* headers only: route and authorize; the answer waits for the
+               * end of the request (answering before it is read closes the
+               * connection, and answering while a client still sends can
+               * lose the answer to a connection reset) */
+        if (!(c = calloc(1, sizeof *c))) return MHD_NO;
+        *con_cls = c;
+        c->t0 = now_ms();
+        c->fd = -1;
+        snprintf(c->method, sizeof c->method, "%s", method);
+        snprintf(c->url, sizeof c->url, "%s", url);
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (ci) c->fd = (int)ci->connect_fd;
+        int post = !strcmp(method, MHD_HTTP_METHOD_POST);
+        int get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
+        route_t rt = route_of(h, url);
+        c->early = 1;
+        if (h->api_key && !strncmp(url, "/v1/", 4) && !authorized(h, mc)) {
+            err_set(&c->err, MHD_HTTP_UNAUTHORIZED, "invalid_request_error", "invalid_api_key", NULL,
+                    "Incorrect API key provided (send 'Authorization: Bearer <key>')");
+        } else if (rt == ROUTE_NONE) {
+            err_set(&c->err, MHD_HTTP_NOT_FOUND, "invalid_request_error", "not_found", NULL, "Invalid URL (%s %.100s)",
+                    method, url);
+        } else if ((rt == ROUTE_GET && !get) || (rt != ROUTE_GET && !post)) {
+            c->allow = rt == ROUTE_GET ? "GET, HEAD" : "POST";
+            err_set(&c->err, MHD_HTTP_METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed", NULL,
+                    "Method %s is not allowed for %.100s (%s)", method, url, c->allow);
+        } else {
+            c->early = 0;
+            c->route = rt;
+            /* a body declared far too large is refused before it is sent */
+            const char *cl = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+            if (rt != ROUTE_GET && cl && strtoull(cl, NULL, 10) > 16 * (unsigned long long)h->max_body) {
+                err_set(&c->err, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", "request_too_large", NULL,
+                        "the body has %s bytes; at most %zu are accepted", cl, h->max_body);
+                return send_err(h, mc, c, &c->err, NULL);
+            }
+        }
+        return MHD_YES;
+    }
+    if (*upload_data_size) { /* a piece of the body */
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (c->early || c->too_large || c->body_oom) return MHD_YES; /* read and dropped */
+        if (c->body.len + n > h->max_body) {
+            c->too_large = 1;
+            ie_buf_free(&c->body);
+        } else if (ie_buf_append(&c->body, upload_data, n) != 0) {
+            c->body_oom = 1;
+        }
+        return MHD_YES;
+    }
+    /* the body is complete */
+    if (c->early) return send_err(h, mc, c, &c->err, c->allow);
+    if (c->too_large) {
+        err_set(&c->err, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", "request_too_large", NULL,
+                "the body is larger than %zu bytes", h->max_body);
+        return send_err(h, mc, c, &c->err, NULL);
+    }
+    if (c->body_oom) {
+        err_set(&c->err, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
+        return send_err(h, mc, c, &c->err, NULL);
+    }
+    if (c->status) return MHD_YES; /* answered already */
+    if (c->route == ROUTE_GET) return handle_get(h, mc, c, url);
+    pthread_mutex_lock(&h->mu);
+    h->n_busy++;
+    pthread_mutex_unlock(&h->mu);
+    c->busy = 1;
+    return handle_generate(h, mc, c);
+}
+
+/* The request is over (answered, failed, or its client gone): cancel a
+ * generation that has not ended, drop the connection's state. */
+static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, enum MHD_RequestTerminationCode toe)
+{
+    ie_http_t *h = cls;
+    conn_t *c = *con_cls;
+    (void)mc;
+    if (!c) return;
+    *con_cls = NULL;
+    if (c->req) {
+        pthread_mutex_lock(&c->req->mu);
+        int ended = c->req->terminal;
+        pthread_mutex_unlock(&c->req->mu);
+        if (!ended) {
+            ie_sched_cancel(h->o.sched, c->req->id);
+            if (!atomic_load(&h->stopping) && h->m_gone) ie_metric_add(h->m_gone, NULL, 1);
+            if (h->o.verbose) fprintf(stderr, "http: %s %s: client gone, request cancelled\n", c->method, c->url);
+        }
+        req_unref(c->req);
+    }
+    if (h->o.verbose)
+        fprintf(stderr, "http: %s %s %u %.1f ms%s\n", c->method, c->url, c->status, now_ms() - c->t0,
+                toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection closed early)");
+    if (c->busy) {
+        pthread_mutex_lock(&h->mu);
+        h->n_busy--;
+        pthread_cond_broadcast(&h->cv);
+        pthread_mutex_unlock(&h->mu);
+    }
+    ie_buf_free(&c->body);
+    free(c);
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+/* Contract: starts the server on o->addr:o->port (an IPv4/IPv6 literal or
+ * "localhost"; NULL = 127.0.0.1; port 0 = any free one). engine and sched
+ * are required and must outlive the server (stop it before destroying
+ * them); metrics (optional) too. The strings are copied. *out receives
+ * the server, owned by the caller (ie_http_stop). IE_ERR_INVAL for bad
+ * options, IE_ERR_IO when the address cannot be bound, IE_ERR_NOMEM. */
+ie_status_t ie_http_start(const ie_http_opts_t *o, ie_http_t **out)
+{
+    ie_status_t st = IE_OK;
+    ie_http_t *h = NULL;
+    struct sockaddr_storage ss;
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL | MHD_USE_ITC;
+    const char *addr;
+
+    if (!out) return ie_error_set(IE_ERR_INVAL, "ie_http_start: out is NULL");
+    *out = NULL;
+    if (!o || !o->engine || !o->sched) return ie_error_set(IE_ERR_INVAL, "http: an engine and a scheduler are required");
+    if (!ie_engine_tokenizer(o->engine)) return ie_error_set(IE_ERR_INVAL, "http: the engine has no tokenizer");
+    if (o->port < 0 || o->port > 65535) return ie_error_set(IE_ERR_INVAL, "http: bad port %d", o->port);
+    if (o->max_body < 0 || o->request_timeout_ms < 0)
+        return ie_error_set(IE_ERR_INVAL, "http: bad max_body %d or request_timeout_ms %d", o->max_body,
+                            o->request_timeout_ms);
+    if (o->api_key && !*o->api_key) return ie_error_set(IE_ERR_INVAL, "http: empty API key");
+    addr = o->addr && *o->addr ? o->addr : "127.0.0.1";
+    if (!strcmp(addr, "localhost")) addr = "127.0.0.1";
+
+    memset(&ss, 0, sizeof ss);
+    struct sockaddr_in *in4 = (struct sockaddr_in *)&ss;
+    struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+    if (inet_pton(AF_INET, addr, &in4->sin_addr) == 1) {
+        in4->sin_family = AF_INET;
+        in4->sin_port = htons((uint16_t)o->port);
+    } else if (inet_pton(AF_INET6, addr, &in6->sin6_addr) == 1) {
+        in6->sin6_family = AF_INET6;
+        in6->sin6_port = htons((uint16_t)o->port);
+        flags |= MHD_USE_IPv6;
+    } else {
+        return ie_error_set(IE_ERR_INVAL, "http: '%s' is not an IP address", addr);
+    }
+
+    if (!(h = calloc(1, sizeof *h))) return ie_error_set(IE_ERR_NOMEM, "http: out of memory");
+    pthread_mutex_init(&h->mu, NULL);
+    {
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&h->cv, &ca);
+        pthread_condattr_destroy(&ca);
+    }
+    h->o = *o;
+    h->o.addr = NULL;
+    h->o.api_key = NULL;
+    h->o.model_name = NULL;
+    h->listen_fd = MHD_INVALID_SOCKET;
+    h->created = (long)time(NULL);
+    h->tok = ie_engine_tokenizer(o->engine);
+    h->chat_fmt = ie_chat_format(h->tok);
+    h->n_ctx = ie_engine_n_ctx(o->engine);
+    h->n_vocab = ie_tokenizer_n_vocab(h->tok);
+    h->max_body = o->max_body > 0 ? (size_t)o->max_body : (size_t)1 << 20;
+    atomic_init(&h->stopping, 0);
+    const ie_hparams_t *hp = ie_engine_hparams(o->engine);
+    const char *name = o->model_name && *o->model_name ? o->model_name : hp && hp->name[0] ? hp->name : "model";
+    if (!(h->model_name = strdup(name)) || (o->api_key && !(h->api_key = strdup(o->api_key)))) {
+        st = ie_error_set(IE_ERR_NOMEM, "http: out of memory");
+        goto cleanup;
+    }
+    if (o->metrics) {
+        if ((st = ie_metrics_counter(o->metrics, "ie_http_requests_total", "HTTP API answers by status code",
+                                     "code", &h->m_req)) != IE_OK ||
+            (st = ie_metrics_counter(o->metrics, "ie_http_client_disconnects_total",
+                                     "HTTP generation requests cancelled because their client went away", NULL,
+                                     &h->m_gone)) != IE_OK)
+            goto cleanup;
+    }
+    h->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
+                            (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+                            MHD_OPTION_CONNECTION_TIMEOUT, 120u, MHD_OPTION_CONNECTION_LIMIT, 1024u,
+                            MHD_OPTION_END);
+    if (!h->d) {
+        st = ie_error_set(IE_ERR_IO, "http: cannot listen on %s:%d (%s)", addr, o->port, strerror(errno));
+        goto cleanup;
+    }
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
+    h->port = info ? (int)info->port : o->port;
+    if (h->port == 0) {
+        st = ie_error_set(IE_ERR_IO, "http: cannot tell which port it bound");
+        goto cleanup;
+    }
+    *out = h;
+    h = NULL;
+cleanup:
+    if (h) ie_http_stop(&h);
+    return st;
+}
+
+/* Contract: the TCP port the server listens on; -1 for NULL. */
+int ie_http_port(const ie_http_t *h)
+{
+    return h ? h->port : -1;
+}
+
+/* Contract: see ie_http.h. Requests waiting for their generation answer
+ * 503 (streams: an error event and [DONE]) within IE_HTTP_POLL_MS; their
+ * generations are cancelled; open connections are closed after at most
+ * IE_HTTP_STOP_GRACE_MS. Frees the server, sets *self_p to NULL. */
+void ie_http_stop(ie_http_t **self_p)
+{
+    if (!self_p || !*self_p) return;
+    ie_http_t *h = *self_p;
+    *self_p = NULL;
+    atomic_store(&h->stopping, 1);
+    if (h->d) {
+        h->listen_fd = MHD_quiesce_daemon(h->d); /* no new connections */
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_sec += IE_HTTP_STOP_GRACE_MS / 1000;
+        pthread_mutex_lock(&h->mu);
+        while (h->n_busy > 0)
+            if (pthread_cond_timedwait(&h->cv, &h->mu, &ts) == ETIMEDOUT) break;
+        pthread_mutex_unlock(&h->mu);
+        MHD_stop_daemon(h->d);
+        if (h->listen_fd != MHD_INVALID_SOCKET) close(h->listen_fd);
+    }
+    pthread_mutex_destroy(&h->mu);
+    pthread_cond_destroy(&h->cv);
+    free(h->api_key);
+    free(h->model_name);
+    free(h);
+}
