@@ -75,6 +75,9 @@ typedef struct ie_msg_hello {
 
 typedef struct ie_msg_assign {
     uint64_t epoch;        /* cluster generation: bumps on every re-plan     */
+    uint64_t cluster_id;   /* random per cluster, the same for every rank
+                              (0: none): names the ranks' shared-memory
+                              segments (ie_shmreduce.h)                      */
     int32_t plan;          /* ie_shard_kind_t                                */
     int32_t rank, n_ranks;
     int32_t n_ctx, n_seq, max_batch;

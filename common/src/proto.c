@@ -297,6 +297,7 @@ static const field_t k_assign[] = {
     FI(ie_msg_assign_t, precision, REQ, 0, INT32_MAX),
     FI(ie_msg_assign_t, heartbeat_ms, REQ, 1, INT32_MAX),
     FI(ie_msg_assign_t, dead_ms, REQ, 1, INT32_MAX),
+    FU(ie_msg_assign_t, cluster_id, OPT),
     FSA(ie_msg_assign_t, peer_endpoint, REQ, n_ranks),
     FSA(ie_msg_assign_t, peer_key, OPT, n_ranks),
 };

@@ -9,6 +9,7 @@
 #include "ie_clock.h"
 
 #include "ie_proto.h"
+#include "ie_sampler.h"
 #include "ie_sdnotify.h"
 
 #include <stdarg.h>
@@ -40,6 +41,7 @@ struct ie_cluster {
     char endpoint[IE_PROTO_ENDPOINT_MAX];
     member_t m[IE_PROTO_MAX_RANKS];
     uint64_t epoch, step;
+    uint64_t cluster_id; /* random, in every ASSIGN: names the ranks' shared-memory segments */
     int kv_nlb, kv_pool;  /* logical blocks per slot, blocks in the pool   */
     ie_buf_t kv;         /* queued KV operations (ie_kv_ops_append)       */
     size_t kv_ids;       /* block ids in them                             */
@@ -128,6 +130,7 @@ static void send_assign(ie_cluster_t *c, int r)
     a->precision = c->o.precision;
     a->heartbeat_ms = c->o.heartbeat_ms;
     a->dead_ms = c->o.dead_ms;
+    a->cluster_id = c->cluster_id;
     for (int k = 0; k < c->o.n_ranks; k++) {
         snprintf(a->peer_endpoint[k], sizeof a->peer_endpoint[k], "%s", c->m[k].hello.peer_endpoint);
         snprintf(a->peer_key[k], sizeof a->peer_key[k], "%s", c->m[k].hello.public_key);
@@ -388,6 +391,9 @@ ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src
     c->src = src;
     c->hp = *ie_model_src_hparams(src);
     c->fp = ie_model_src_fingerprint(src);
+    /* one id per cluster: ranks of clusters that share a host (parallel
+     * tests, two services) never open each other's segments */
+    while (c->cluster_id == 0) c->cluster_id = ie_sampler_seed_random();
     /* the workers' pool (ie_worker_new's defaults), for checking binds */
     {
         const int kb = o->kv_block > 0 ? o->kv_block : 16;

@@ -114,7 +114,7 @@ int main(int argc, char **argv)
     m.kind = IE_MSG_ASSIGN;
     m.u.assign = (ie_msg_assign_t){.epoch = 1, .plan = 1, .rank = 1, .n_ranks = 2, .n_ctx = 2048, .n_seq = 4,
                                    .max_batch = 256, .kv_block = 16, .kv_blocks = 64, .precision = 0,
-                                   .heartbeat_ms = 500, .dead_ms = 3000};
+                                   .heartbeat_ms = 500, .dead_ms = 3000, .cluster_id = 0x1234abcd5678ef90ull};
     strcpy(m.u.assign.peer_endpoint[0], "tcp://10.0.0.1:5601");
     strcpy(m.u.assign.peer_endpoint[1], "tcp://10.0.0.2:5601");
     seed_msg(dir, &m);

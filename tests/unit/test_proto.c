@@ -110,7 +110,8 @@ static void sample(ie_msg_kind_t kind, ie_msg_t *m)
     case IE_MSG_ASSIGN:
         m->u.assign = (ie_msg_assign_t){.epoch = 3, .plan = 1, .rank = 2, .n_ranks = 4, .n_ctx = 4096, .n_seq = 8,
                                         .max_batch = 512, .kv_block = 16, .kv_blocks = 1000, .precision = 4,
-                                        .heartbeat_ms = 500, .dead_ms = 3000};
+                                        .heartbeat_ms = 500, .dead_ms = 3000,
+                                        .cluster_id = 0xf3e2d1c0b9a89786ull};
         for (int i = 0; i < 4; i++) {
             snprintf(m->u.assign.peer_endpoint[i], IE_PROTO_ENDPOINT_MAX, "tcp://10.0.0.%d:5601", i + 1);
             snprintf(m->u.assign.peer_key[i], IE_PROTO_KEY_MAX, "key-%d", i);
@@ -121,7 +122,13 @@ static void sample(ie_msg_kind_t kind, ie_msg_t *m)
                                       .weight_bytes = 7ull << 32};
         break;
     case IE_MSG_STEP:
-        m->u.step = (ie_msg_step_t){.epoch = 3, .step = 99, .n = 17, .has_hidden = 1, .kv_words = 23};
+        /* field by field: a compound literal's trailing padding (4 bytes
+         * here) may be stack garbage at -O0, and the round trip memcmps */
+        m->u.step.epoch = 3;
+        m->u.step.step = 99;
+        m->u.step.n = 17;
+        m->u.step.has_hidden = 1;
+        m->u.step.kv_words = 23;
         break;
     case IE_MSG_RESULT:
         m->u.result = (ie_msg_result_t){.epoch = 3, .step = 99, .rank = 1, .status = 0, .n_rows = 4,
@@ -284,6 +291,8 @@ static void test_wrong_types(void)
     expect_changed(IE_MSG_STEP, NULL, "kv_words", (val_t){V_ARR_INT, .i = 1, .slen = 2}, IE_ERR_FORMAT, "kv_words");
     expect_changed(IE_MSG_STEP, NULL, "kv_words", (val_t){V_DBL, .d = 2.0}, IE_ERR_FORMAT, "kv_words");
     expect_changed(IE_MSG_ASSIGN, NULL, "kv_block", (val_t){V_BOOL, .i = 1}, IE_ERR_FORMAT, "kv_block");
+    expect_changed(IE_MSG_ASSIGN, NULL, "cluster_id", (val_t){V_INT, .i = -1}, IE_ERR_FORMAT, "cluster_id");
+    expect_changed(IE_MSG_ASSIGN, NULL, "cluster_id", (val_t){V_STR, .s = "7"}, IE_ERR_FORMAT, "cluster_id");
     expect_changed(IE_MSG_ASSIGN, NULL, "peer_endpoint", (val_t){V_ARR_INT, .i = 1, .slen = 4}, IE_ERR_FORMAT,
                    "peer_endpoint");
     expect_changed(IE_MSG_READY, NULL, "load_ms", (val_t){V_STR, .s = "1"}, IE_ERR_FORMAT, "load_ms");
@@ -321,6 +330,10 @@ static void test_missing_keys(void)
     expect_changed(IE_MSG_ASSIGN, "peer_key", NULL, (val_t){.k = V_NIL}, IE_OK, NULL);
     CU_ASSERT_STRING_EQUAL(g_b.u.assign.peer_key[0], "");
     CU_ASSERT_STRING_EQUAL(g_b.u.assign.peer_endpoint[3], "tcp://10.0.0.4:5601");
+    /* an ASSIGN without a cluster id (an older coordinator): 0, no shared-memory reduce */
+    expect_changed(IE_MSG_ASSIGN, "cluster_id", NULL, (val_t){.k = V_NIL}, IE_OK, NULL);
+    CU_ASSERT_EQUAL(g_b.u.assign.cluster_id, 0);
+    CU_ASSERT_EQUAL(g_b.u.assign.dead_ms, 3000);
 }
 
 static void test_ranges_and_strings(void)
