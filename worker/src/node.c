@@ -10,6 +10,7 @@
 #include "ie_numa.h"
 #include "ie_proto.h"
 #include "ie_sdnotify.h"
+#include "ie_shmreduce.h"
 #include "ie_worker.h"
 
 #include <errno.h>
@@ -65,6 +66,11 @@ typedef struct node {
     uint64_t cur_step;
     double transfer_ms;
     peerq_t pq[IE_PROTO_MAX_RANKS];
+    /* same-host reduce of the current epoch (ie_shmreduce.h); NULL: none
+     * or the cluster decided for ZeroMQ */
+    ie_shmreduce_t *shm;
+    uint64_t shm_cid, shm_epoch; /* the assignment it was set up for     */
+    int shm_rank, shm_used;      /* shm_used: decided for shared memory  */
     float *hidden_out, *logits;
     size_t hidden_cap, logits_cap;
     ie_parts_t in;
@@ -213,12 +219,38 @@ static void pq_put(node_t *nd, const ie_msg_partial_t *h)
     q->n++;
 }
 
+/* Same-host ranks: reduce through shared memory once every rank agreed
+ * (ie_shmreduce_attach, at the first reduction of the epoch). Returns
+ * IE_ERR_UNSUPPORTED when the cluster uses ZeroMQ; the handle is then gone. */
+static ie_status_t shm_reduce(node_t *nd, int index, float *buf, size_t n, double t0)
+{
+    ie_status_t st = ie_shmreduce_attach(nd->shm, nd->as.dead_ms);
+    if (st == IE_OK && !nd->shm_used) {
+        nd->shm_used = 1;
+        if (nd->o->verbose) logf_(nd, "tensor reduce: shared memory (%d ranks on this host)", nd->as.n_ranks);
+    }
+    if (st == IE_OK) {
+        int left = nd->as.dead_ms - (int)(ie_now_ms() - t0);
+        st = ie_shmreduce_run(nd->shm, nd->cur_step, index, buf, n, left > 0 ? left : 0);
+    }
+    if (st == IE_ERR_UNSUPPORTED) {
+        if (nd->o->verbose) logf_(nd, "tensor reduce: ZeroMQ (%s)", ie_error_last());
+        ie_shmreduce_destroy(&nd->shm);
+    }
+    return st;
+}
+
 static ie_status_t node_reduce(void *ctx, int index, float *buf, size_t n)
 {
     node_t *nd = ctx;
     const int me = nd->as.rank, P = nd->as.n_ranks;
     double t0 = ie_now_ms();
     ie_status_t st = IE_OK;
+    if (nd->shm && (st = shm_reduce(nd, index, buf, n, t0)) != IE_ERR_UNSUPPORTED) {
+        nd->transfer_ms += ie_now_ms() - t0;
+        return st;
+    }
+    st = IE_OK;
     ie_msg_t m = {.kind = IE_MSG_PARTIAL};
     m.u.partial.epoch = nd->as.epoch;
     m.u.partial.step = nd->cur_step;
@@ -365,6 +397,29 @@ static ie_status_t connect_peers(node_t *nd)
     return IE_OK;
 }
 
+/* Tensor ranks: this epoch's shared-memory segment, made before READY so
+ * that it exists when any peer runs its first reduction (the coordinator
+ * sends no STEP before every rank is READY). A repeated ASSIGN of the same
+ * epoch keeps what is there (peers may have mapped it, or decided). A
+ * segment that cannot be made only means ZeroMQ: the peers, unable to open
+ * it, decide so too. */
+static void setup_shm(node_t *nd, const ie_msg_assign_t *a)
+{
+    if (nd->shm_cid == a->cluster_id && nd->shm_epoch == a->epoch && nd->shm_rank == a->rank && a->cluster_id)
+        return;
+    ie_shmreduce_destroy(&nd->shm);
+    nd->shm_cid = a->cluster_id;
+    nd->shm_epoch = a->epoch;
+    nd->shm_rank = a->rank;
+    nd->shm_used = 0;
+    if (a->plan != IE_SHARD_TENSOR || a->n_ranks < 2 || a->cluster_id == 0 || !ie_shmreduce_enabled()) return;
+    ie_shmreduce_opts_t so = {.cluster_id = a->cluster_id, .epoch = a->epoch, .rank = a->rank,
+                              .n_ranks = a->n_ranks,
+                              .max_floats = (size_t)a->max_batch * (size_t)ie_worker_hparams(nd->w)->n_embd};
+    if (ie_shmreduce_new(&so, &nd->shm) != IE_OK && nd->o->verbose)
+        logf_(nd, "no shared-memory segment (%s); the tensor reduce will use ZeroMQ", ie_error_last());
+}
+
 static void handle_assign(node_t *nd, const ie_msg_assign_t *a)
 {
     ie_status_t st = IE_OK;
@@ -416,10 +471,15 @@ static void handle_assign(node_t *nd, const ie_msg_assign_t *a)
     pq_clear(nd);
     nd->cur_step = 0;
     if ((st = connect_peers(nd)) != IE_OK) goto reply;
+    setup_shm(nd, a);
     nd->assigned = 1;
 
 reply:
-    if (st != IE_OK) snprintf(why, sizeof why, "%s", ie_error_last());
+    if (st != IE_OK) {
+        snprintf(why, sizeof why, "%s", ie_error_last());
+        ie_shmreduce_destroy(&nd->shm); /* whatever it was for is over */
+        nd->shm_cid = 0;
+    }
     ie_msg_t m = {.kind = IE_MSG_READY};
     m.u.ready.epoch = a->epoch;
     m.u.ready.rank = a->rank;
@@ -731,6 +791,7 @@ cleanup:
     }
     if (st != IE_OK && !o->quiet) fprintf(stderr, "ie-worker: %s\n", ie_error_last());
     close_peers(nd);
+    ie_shmreduce_destroy(&nd->shm);
     ie_sock_destroy(&nd->coord);
     ie_sock_destroy(&nd->pull);
     if (nd->own_net) ie_net_destroy(&nd->net);
