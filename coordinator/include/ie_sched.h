@@ -155,6 +155,10 @@ ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out);
 void ie_sched_wait(ie_sched_t *s, int timeout_ms);
 
 typedef struct ie_sched_stats {
+    int ready;                          /* steps can run: no cluster, or
+                                           every rank ready (as of the
+                                           last ie_sched_step; for health
+                                           checks on other threads)      */
     int queued, running;
     int kv_blocks, kv_used, kv_cached;  /* pool blocks: all / in use /
                                            cached for reuse              */

@@ -317,6 +317,7 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
     s->ident = ie_engine_kv_blocks(s->e) >= s->n_seq * s->max_lblocks;
     if ((st = ie_kvpool_new(ie_engine_kv_blocks(s->e), s->bt, &s->pool)) != IE_OK) goto cleanup;
     s->st.kv_blocks = ie_engine_kv_blocks(s->e);
+    s->st.ready = cluster_ready(s);
     if (o->metrics) {
         static const double qb[] = {0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 30};
         static const double lb[] = {0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1};
@@ -331,7 +332,7 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
         ie_metrics_histogram(m, "ie_token_latency_seconds", "Time between a stream's tokens", NULL, lb, 8,
                              &s->m_lat);
         ie_metrics_gauge(m, "ie_kv_blocks_used", "KV cache blocks in use", NULL, &s->m_kv_used);
-        ie_metrics_gauge(m, "ie_kv_blocks_total", "KV cache blocks in the pool", NULL, &s->m_kv_total);
+        ie_metrics_gauge(m, "ie_kv_blocks", "KV cache blocks in the pool", NULL, &s->m_kv_total);
         ie_metrics_gauge(m, "ie_kv_used_ratio", "Share of KV cache blocks in use", NULL, &s->m_kv_ratio);
         ie_metrics_counter(m, "ie_prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache",
                            NULL, &s->m_hit);
@@ -892,6 +893,7 @@ static void update_gauges(ie_sched_t *s)
     for (int k = 0; k < s->n_seq; k++) running += s->run[k] != NULL;
     s->st.running = running;
     s->st.kv_used = ps.used;
+    s->st.ready = cluster_ready(s);
     s->st.kv_cached = ps.cached;
     if (s->m_kv_used) ie_metric_set(s->m_kv_used, NULL, ps.used);
     if (s->m_kv_ratio) ie_metric_set(s->m_kv_ratio, NULL, ps.n_blocks ? (double)ps.used / ps.n_blocks : 0);

@@ -1095,8 +1095,9 @@ static enum MHD_Result handle_get(ie_http_t *h, struct MHD_Connection *mc, conn_
 {
     http_err_t e;
     if (!strcmp(url, "/health")) {
-        ie_cluster_t *cl = ie_engine_cluster(h->o.engine);
-        int ok = !cl || ie_cluster_ready(cl);
+        ie_sched_stats_t ss; /* the cluster belongs to the serving thread; the scheduler's copy is locked */
+        ie_sched_stats(h->o.sched, &ss);
+        int ok = ss.ready;
         cJSON *js = cJSON_CreateObject();
         cJSON_AddStringToObject(js, "status", ok ? "ok" : "unavailable");
         return send_json(h, mc, c, ok ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, js);
