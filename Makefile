@@ -4,7 +4,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all build test test-distributed bench bench-quick bench-distributed fuzz reference asan tsan clean
+.PHONY: all build test test-distributed test-serving bench bench-quick bench-distributed bench-serve fuzz reference asan tsan clean
 
 all: build
 
@@ -52,6 +52,22 @@ bench-quick: build
 # tcp (1 thread each), interleaved rounds; writes bench/out/distributed-*.json.
 bench-distributed: build
 	.venv/bin/python bench/bench_distributed.py --rounds 3 --gen 64 --prompt-tokens 64
+
+# Issue 6: the serving tests with the issue's full load (1000 requests from
+# 64 clients; `make test` runs 300): overload, distributed HTTP, timeouts,
+# priorities too. About three and a half minutes on two cores.
+test-serving: build
+	IE_SERVING_REQUESTS=1000 IE_BIN=$(BUILD)/inference-engine IE_BUILD_DIR=$(BUILD) \
+	  .venv/bin/python -m pytest -q -s tests/e2e/test_serving.py
+
+# Issue 6: aggregate t/s, per-token latency and TTFT p50/p95 of the HTTP API
+# for 1..16 concurrent streams, SmolLM2 and the TinyLlama-shaped Q4_0 model,
+# embedded and ie-coordinator + 2 ie-worker (tensor, pipeline), beside the
+# engine's own batched decode (cli); writes bench/out/serve-<stamp>/
+# (results.jsonl/.csv, plots, summary.md with the table to paste).
+bench-serve: build
+	.venv/bin/python bench/make_tinyllama_gguf.py --types q4_0
+	.venv/bin/python bench/bench_serve.py --bin-dir $(BUILD) --modes embedded,tensor,pipeline,cli
 
 # Bounded libFuzzer runs under ASan/UBSan (seconds per target: FUZZ_SECONDS).
 FUZZ_SECONDS ?= 60
