@@ -112,7 +112,9 @@ typedef struct ie_worker_opts {
     void *reduce_ctx;
     int kv_block;      /* positions per KV block (0: 16)              */
     int kv_blocks;     /* KV blocks in the pool (0: n_seq * ceil(n_ctx /
-                          kv_block), every slot bound to its own)      */
+                          kv_block)); a pool at least that large starts
+                          with every slot bound to its own blocks, a
+                          smaller one unbound                          */
 } ie_worker_opts_t;
 
 /* Defaults: 1 thread, pinned, n_ctx 2048, 1 slot, max_batch 256, native,
@@ -184,16 +186,21 @@ void ie_worker_seq_clear(ie_worker_t *w, int seq);
  * The cache is a pool of kv_blocks physical blocks of kv_block positions
  * (for every layer this worker holds). Each slot has a block table: its
  * logical block lb (positions lb*kv_block .. (lb+1)*kv_block - 1) lives in
- * a physical block. With the default pool every slot starts bound to its
- * own blocks (slot s, lb -> s * ceil(n_ctx/kv_block) + lb): the unpaged
- * cache, and nobody needs to bind anything. With a smaller pool every
- * table starts unbound and the caller (the coordinator's scheduler, see
- * ie_kvpool.h) binds blocks before a step uses them; one physical block may
- * be bound in several slots (a shared prompt prefix) — the caller makes
- * sure no step writes a position of a block another slot reads. A step
- * that touches a position whose block is unbound fails with IE_ERR_RANGE
- * (slot, position) and changes nothing. Attention over blocks gives results
- * bit-identical to the unpaged cache. */
+ * a physical block. With the default pool (or a larger one) every slot
+ * starts bound to its own blocks (slot s, lb -> s * ceil(n_ctx/kv_block) +
+ * lb): the unpaged cache, and nobody needs to bind anything. With a smaller
+ * pool every table starts unbound and the caller (the coordinator's
+ * scheduler, see ie_kvpool.h) binds blocks before a step uses them; one
+ * physical block may be bound in several slots (a shared prompt prefix) —
+ * the caller makes sure no step writes a position of a block another slot
+ * reads. A step that touches a position whose block is unbound — the one
+ * it writes, or one its attention reads (the whole prefix; only the window
+ * when every layer the worker holds slides) — fails with IE_ERR_RANGE
+ * naming slot and position, and changes nothing. Attention reads the blocks
+ * through ie_attn.h's paged views: logits are bit-identical to the unpaged
+ * cache for any block size and placement. ie_worker_seq_clear keeps the
+ * table. Memory: 2 * kv_blocks * kv_block * (held layers) * (held KV heads
+ * * head_dim) floats. */
 
 /* Bind slot seq's logical blocks first .. first+n-1 to physical blocks
  * pb[0..n) (-1 unbinds). IE_ERR_RANGE for a bad slot, a logical block past
