@@ -231,7 +231,7 @@ void ie_engine_destroy(ie_engine_t **self_p)
     ie_engine_t *e = *self_p;
     ie_worker_destroy(&e->worker);
     ie_cluster_destroy(&e->cluster); /* says BYE to the workers */
-    e->node_stop = 1;
+    __atomic_store_n(&e->node_stop, 1, __ATOMIC_RELEASE); /* read by the worker threads */
     for (int r = 0; r < e->n_nodes; r++) pthread_join(e->nodes[r], NULL);
     free(e->nodes);
     free(e->node_opts);

@@ -700,6 +700,13 @@ static ie_status_t handle_peer(node_t *nd)
     return IE_OK;
 }
 
+/* *o->stop is set by a signal handler (ie-worker) or by another thread
+ * (an engine destroying its in-process workers): read it atomically. */
+static int stop_requested(const ie_node_opts_t *o)
+{
+    return o->stop && __atomic_load_n(o->stop, __ATOMIC_ACQUIRE);
+}
+
 ie_status_t ie_node_run(const ie_node_opts_t *o)
 {
     ie_status_t st = IE_OK;
@@ -755,7 +762,7 @@ ie_status_t ie_node_run(const ie_node_opts_t *o)
     ie_sd_status("registering with %s", o->coordinator);
     send_hello(nd);
 
-    while (!(o->stop && *o->stop)) {
+    while (!stop_requested(o)) {
         atomic_store(&nd->tick_ms, ie_now_ms());
         ie_sock_t *socks[2] = {nd->coord, nd->pull};
         int ready[2] = {0, 0};
@@ -779,7 +786,7 @@ ie_status_t ie_node_run(const ie_node_opts_t *o)
         if (!nd->registered && t - nd->last_hello_ms > 1000) send_hello(nd);
     }
     ie_sd_stopping();
-    if (nd->registered && o->stop && *o->stop) { /* stopped here: tell the coordinator, it need not wait */
+    if (nd->registered && stop_requested(o)) { /* stopped here: tell the coordinator, it need not wait */
         ie_msg_t bye = {.kind = IE_MSG_BYE};
         send_msg(nd->coord, &nd->hdr, &bye, NULL, 0, 100);
     }
