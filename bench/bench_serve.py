@@ -223,6 +223,19 @@ class Server:
 
 
 # ------------------------------------------------------------------ clients
+def sse_events(resp):
+    """data: payloads of an SSE response. Lines end at LF (CRLF) only:
+    httpx's iter_lines also cuts at U+2028, U+0085 and friends, which JSON
+    strings may hold unescaped (random-weight models produce them)."""
+    buf = b""
+    for chunk in resp.iter_bytes():
+        buf += chunk
+        while (i := buf.find(b"\n")) >= 0:
+            line, buf = buf[:i].rstrip(b"\r"), buf[i + 1:]
+            if line.startswith(b"data:"):
+                yield line[5:].strip().decode("utf-8")
+
+
 def one_request(base: str, model_name: str, prompt: str, max_tokens: int, timeout: float) -> dict:
     """A streamed greedy completion; chunk arrival times relative to send."""
     body = {"model": model_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
@@ -238,10 +251,7 @@ def one_request(base: str, model_name: str, prompt: str, max_tokens: int, timeou
                     r.read()
                     rec["error"] = r.text[:300]
                     return rec
-                for line in r.iter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
+                for data in sse_events(r):
                     if data == "[DONE]":
                         break
                     obj = json.loads(data)

@@ -438,12 +438,16 @@ def error_shape(body) -> dict:
 
 
 def sse_events(resp):
-    """data: payloads of an SSE response (str), up to and including [DONE]."""
-    for line in resp.iter_lines():
-        if not line or line.startswith(":"):
-            continue
-        if line.startswith("data:"):
-            yield line[5:].strip()
+    """data: payloads of an SSE response (str), up to and including [DONE].
+    Lines end at LF (CRLF) only: httpx's iter_lines also cuts at U+2028,
+    U+0085 and friends, which JSON strings may hold unescaped."""
+    buf = b""
+    for chunk in resp.iter_bytes():
+        buf += chunk
+        while (i := buf.find(b"\n")) >= 0:
+            line, buf = buf[:i].rstrip(b"\r"), buf[i + 1:]
+            if line.startswith(b"data:"):
+                yield line[5:].strip().decode("utf-8")
 
 
 def run_httpx(hx, base: str, req: Req, model: str) -> Res:
@@ -1057,8 +1061,8 @@ def test_priority_overtakes_queue(model, services, tmp_path):
     with httpx.stream("POST", url, json={"model": MODEL_NAME, "prompt": "Once upon a time", "max_tokens": 64,
                                          "temperature": 0, "stream": True}, timeout=60) as blocker:
         assert blocker.status_code == 200
-        lines = blocker.iter_lines()
-        next(x for x in lines if x.startswith("data:"))     # the first token: the one slot is taken
+        lines = sse_events(blocker)
+        next(lines)                                         # the first token: the one slot is taken
         ts = [threading.Thread(target=post, args=(f"low{i}", f"Low priority request {i}:", 4, 0)) for i in range(3)]
         for t in ts:
             t.start()
