@@ -421,6 +421,36 @@ static void test_leftover_replaced(void)
     CU_ASSERT_PTR_NULL(a);
 }
 
+/* A new epoch's segment sweeps the names this cluster's earlier epochs
+ * left behind (ranks killed before the vote), and nobody else's. */
+static void test_new_epoch_sweeps_older(void)
+{
+    const uint64_t cid = new_cid(), other = new_cid();
+    ie_shmreduce_opts_t o;
+    ie_shmreduce_t *old[3] = {NULL, NULL, NULL}, *cur = NULL, *foreign = NULL;
+    o = opts(cid, 3, 0, 2, 8);
+    CU_ASSERT_EQUAL_FATAL(ie_shmreduce_new(&o, &old[0]), IE_OK);
+    o = opts(cid, 3, 1, 2, 8);
+    CU_ASSERT_EQUAL_FATAL(ie_shmreduce_new(&o, &old[1]), IE_OK);
+    o = opts(cid, 12, 1, 2, 8); /* a later epoch than the new one: kept */
+    CU_ASSERT_EQUAL_FATAL(ie_shmreduce_new(&o, &old[2]), IE_OK);
+    o = opts(other, 3, 0, 2, 8);
+    CU_ASSERT_EQUAL_FATAL(ie_shmreduce_new(&o, &foreign), IE_OK);
+    o = opts(cid, 11, 0, 2, 8);
+    CU_ASSERT_EQUAL_FATAL(ie_shmreduce_new(&o, &cur), IE_OK);
+    CU_ASSERT_FALSE(seg_exists(cid, 3, 0));
+    CU_ASSERT_FALSE(seg_exists(cid, 3, 1));
+    CU_ASSERT_TRUE(seg_exists(cid, 12, 1));
+    CU_ASSERT_TRUE(seg_exists(cid, 11, 0));
+    CU_ASSERT_TRUE(seg_exists(other, 3, 0));
+    for (int i = 0; i < 3; i++) ie_shmreduce_destroy(&old[i]);
+    ie_shmreduce_destroy(&foreign);
+    ie_shmreduce_destroy(&cur);
+    CU_ASSERT_FALSE(seg_exists(cid, 12, 1));
+    CU_ASSERT_FALSE(seg_exists(cid, 11, 0));
+    CU_ASSERT_FALSE(seg_exists(other, 3, 0));
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -439,6 +469,7 @@ int main(void)
         {"votes: every rank decides alike", test_votes_decide_alike},
         {"votes: a late vote times out, then attaches", test_vote_late},
         {"a leftover segment is replaced", test_leftover_replaced},
+        {"a new epoch sweeps the cluster's older names", test_new_epoch_sweeps_older},
     };
     /* IE_TEST_ONLY=word runs the tests whose name holds it (make tsan) */
     const char *only = getenv("IE_TEST_ONLY");

@@ -58,7 +58,9 @@ typedef struct ie_shmreduce_opts {
 int ie_shmreduce_enabled(void);
 
 /* Create this rank's segment (shm_open + ftruncate + mmap) and fill its
- * header. *out is owned by the caller (ie_shmreduce_destroy). Errors:
+ * header; unlink the names of this cluster's earlier epochs that are still
+ * there (left by a rank killed before its peers voted). *out is owned by
+ * the caller (ie_shmreduce_destroy). Errors:
  * IE_ERR_UNSUPPORTED when IE_TP_SHM=0 or cluster_id is 0, IE_ERR_INVAL on
  * bad options, IE_ERR_IO / IE_ERR_NOMEM when the segment cannot be made. */
 ie_status_t ie_shmreduce_new(const ie_shmreduce_opts_t *o, ie_shmreduce_t **out);

@@ -6,6 +6,7 @@
 #include "ie_shmreduce.h"
 #include "ie_clock.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -199,6 +200,33 @@ static ie_status_t map_segment(const char *name, int create, size_t bytes, seg_h
     return st;
 }
 
+/* Unlink this cluster's segments of earlier epochs. A rank unlinks its own
+ * name once every peer voted; a rank killed before that (between READY and
+ * the first reduction) leaves its name, and the survivors, re-assigned to
+ * a later epoch, remove it here. Nobody needs an old epoch's names: a rank
+ * still in that epoch that cannot open a peer's votes ZeroMQ, and its step
+ * fails anyway. Best effort: /dev/shm is where glibc keeps them. */
+static void sweep_older(uint64_t cluster_id, uint64_t epoch)
+{
+    char prefix[32];
+    snprintf(prefix, sizeof prefix, "ie-tp-%016llx-", (unsigned long long)cluster_id);
+    const size_t np = strlen(prefix);
+    DIR *d = opendir("/dev/shm");
+    if (!d) return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, np) != 0) continue;
+        char *end;
+        errno = 0;
+        unsigned long long ep = strtoull(e->d_name + np, &end, 10);
+        if (errno || end == e->d_name + np || *end != '-' || ep >= epoch) continue;
+        char name[NAME_MAX + 2];
+        snprintf(name, sizeof name, "/%s", e->d_name);
+        shm_unlink(name);
+    }
+    closedir(d);
+}
+
 ie_status_t ie_shmreduce_new(const ie_shmreduce_opts_t *o, ie_shmreduce_t **out)
 {
     ie_status_t st = IE_OK;
@@ -231,6 +259,7 @@ ie_status_t ie_shmreduce_new(const ie_shmreduce_opts_t *o, ie_shmreduce_t **out)
     h->buf_stride = stride_of(o->max_floats);
     h->pid = (int32_t)getpid();
     atomic_store_explicit(&h->magic, MAGIC, memory_order_release);
+    sweep_older(o->cluster_id, o->epoch);
     *out = s;
     s = NULL;
 
