@@ -356,6 +356,56 @@ def test_worker_killed_mid_generation(smollm2, clusters, tmp_path):
     assert done["text"] == ref[0], (done["text"], ref[0])
 
 
+def wait_for_line(path: Path, text: str, timeout_s: float) -> float | None:
+    """Seconds until `text` appears in the file at `path` (None: not within timeout_s)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if path.exists() and text in path.read_text(errors="replace"):
+            return time.monotonic() - t0
+        time.sleep(0.02)
+    return None
+
+
+def test_tensor_reduce_shared_memory(smollm2, clusters, tmp_path):
+    """Tensor ranks on one host reduce through shared memory, with the text
+    of the ZeroMQ path (which one rank started with IE_TP_SHM=0 makes the
+    whole cluster use). A rank killed -9 mid-generation makes its peer fail
+    the step it waits in within dead_ms, not hang; the restarted rank gets
+    a new epoch's segments and the cluster serves the same text again."""
+    ref = embedded(smollm2, PROMPTS[:1], tmp_path)
+    dead_ms = 1500
+    for mode in ("zmq", "shm"):
+        c = start_cluster(clusters, smollm2, "tensor", 2, tmp_path / mode,
+                          coord_extra=["--dead-ms", str(dead_ms), "--retry-ms", "0"])
+        c.start_worker(0, extra=["--verbose"])
+        c.start_worker(1, extra=["--verbose"], prefix=["env", "IE_TP_SHM=0"] if mode == "zmq" else None)
+        done = c.generate(PROMPTS[0], max_new=MAX_NEW)
+        assert done["text"] == ref[0], (mode, done["text"], ref[0])
+        want = "tensor reduce: shared memory (2 ranks" if mode == "shm" else "tensor reduce: ZeroMQ"
+        for i in range(2):
+            assert want in (c.logdir / f"worker{i}.log").read_text(errors="replace"), (mode, c.log())
+    # c is the shared-memory cluster: kill rank 1 while rank 0 computes and reduces
+    victim, log0 = c.workers[1], c.logdir / "worker0.log"
+    n, t_kill = 0, None
+    with pytest.raises(ie_client.ClientError):
+        for ev in ie_client.stream(c.client_ep, prompt=LONG_PROMPT, max_new=400, temperature=0.0,
+                                   timeout_s=120, idle_timeout_s=5.0):
+            n += 1
+            if n == 10:
+                victim.send_signal(signal.SIGKILL)
+                t_kill = time.monotonic()
+    assert t_kill is not None
+    assert wait_for_line(log0, "no partial sum from rank 1 within", 10.0) is not None, c.log()
+    since_kill = time.monotonic() - t_kill  # a bound on when rank 0 gave up (slack: a loaded machine)
+    assert since_kill < dead_ms / 1e3 + 3.0, (since_kill, c.log())
+    victim.wait(timeout=5)
+    c.start_worker(1)
+    done = c.generate(PROMPTS[0], max_new=MAX_NEW, wait_s=30)
+    assert done["text"] == ref[0], (done["text"], ref[0])
+    text0 = log0.read_text(errors="replace")
+    assert text0.count("tensor reduce: shared memory (2 ranks") >= 2, c.log()  # a new epoch, new segments
+
+
 @pytest.mark.parametrize("plan", ["tensor", "pipeline"])
 def test_worker_killed_request_rerun_after_restart(plan, smollm2, clusters, tmp_path):
     """By default a request in flight when a worker dies waits for a

@@ -261,9 +261,11 @@ static ie_status_t node_reduce(void *ctx, int index, float *buf, size_t n)
     ie_frame_t f = {buf, n * sizeof(float)};
     for (int r = 0; r < P; r++) {
         if (r == me) continue;
-        if ((st = send_msg(nd->push[r], &nd->hdr, &m, &f, 1, nd->as.dead_ms)) != IE_OK)
-            return ie_error_set(IE_ERR_UNAVAILABLE, "tensor reduce: cannot send to rank %d: %s", r,
-                                ie_error_last());
+        if ((st = send_msg(nd->push[r], &nd->hdr, &m, &f, 1, nd->as.dead_ms)) != IE_OK) {
+            char why[IE_PROTO_TEXT_MAX]; /* ie_error_set must not read its own buffer */
+            snprintf(why, sizeof why, "%s", ie_error_last());
+            return ie_error_set(IE_ERR_UNAVAILABLE, "tensor reduce: cannot send to rank %d: %s", r, why);
+        }
     }
     /* wait until every peer's queue head is this (step, index) */
     const float *part[IE_PROTO_MAX_RANKS];
@@ -413,7 +415,12 @@ static void setup_shm(node_t *nd, const ie_msg_assign_t *a)
     nd->shm_epoch = a->epoch;
     nd->shm_rank = a->rank;
     nd->shm_used = 0;
-    if (a->plan != IE_SHARD_TENSOR || a->n_ranks < 2 || a->cluster_id == 0 || !ie_shmreduce_enabled()) return;
+    if (a->plan != IE_SHARD_TENSOR || a->n_ranks < 2) return;
+    if (a->cluster_id == 0 || !ie_shmreduce_enabled()) {
+        if (nd->o->verbose)
+            logf_(nd, "tensor reduce: ZeroMQ (%s)", a->cluster_id ? "IE_TP_SHM=0" : "the coordinator sent no cluster id");
+        return;
+    }
     ie_shmreduce_opts_t so = {.cluster_id = a->cluster_id, .epoch = a->epoch, .rank = a->rank,
                               .n_ranks = a->n_ranks,
                               .max_floats = (size_t)a->max_batch * (size_t)ie_worker_hparams(nd->w)->n_embd};
@@ -425,7 +432,7 @@ static void setup_shm(node_t *nd, const ie_msg_assign_t *a)
      * run as many threads as this rank. */
     if (nd->n_cpu > 0 && (long)a->n_ranks * nd->o->n_threads > nd->n_cpu) so.spin_us = -1;
     if (ie_shmreduce_new(&so, &nd->shm) != IE_OK && nd->o->verbose)
-        logf_(nd, "no shared-memory segment (%s); the tensor reduce will use ZeroMQ", ie_error_last());
+        logf_(nd, "tensor reduce: ZeroMQ (no shared-memory segment: %s)", ie_error_last());
 }
 
 static void handle_assign(node_t *nd, const ie_msg_assign_t *a)
@@ -659,6 +666,7 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
     return;
 
 fail:
+    if (nd->o->verbose) logf_(nd, "step %llu failed: %s", (unsigned long long)h->step, ie_error_last());
     send_result_error(nd, h->epoch, h->step, st, ie_error_last());
     forward_kv(nd, h);
 }

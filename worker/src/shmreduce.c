@@ -307,13 +307,17 @@ ie_status_t ie_shmreduce_attach(ie_shmreduce_t *s, int timeout_ms)
     if (s->decided < 0) return ie_error_set(IE_ERR_UNSUPPORTED, "shared-memory reduce: the cluster uses ZeroMQ");
     if (atomic_load(&own->vote) == VOTE_NONE) { /* first call: open every peer, vote */
         int vote = VOTE_SHM;
+        char why[256] = "";
         for (int r = 0; r < P && vote == VOTE_SHM; r++)
-            if (r != me && open_peer(s, r) != IE_OK) vote = VOTE_ZMQ;
+            if (r != me && open_peer(s, r) != IE_OK) {
+                vote = VOTE_ZMQ;
+                snprintf(why, sizeof why, "%s", ie_error_last()); /* not ie_error_set's own buffer */
+            }
         atomic_store_explicit(&own->vote, vote, memory_order_release);
         announce(own);
         if (vote == VOTE_ZMQ) {
             s->decided = -1;
-            return ie_error_set(IE_ERR_UNSUPPORTED, "shared-memory reduce: %s", ie_error_last());
+            return ie_error_set(IE_ERR_UNSUPPORTED, "shared-memory reduce: no peer segment here (%s)", why);
         }
     }
     /* every peer is mapped: collect their votes */
