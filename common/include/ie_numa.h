@@ -49,4 +49,8 @@ ie_status_t ie_numa_bind(int node);
 void *ie_numa_alloc(size_t n, int node);
 void ie_numa_free(void *p, size_t n);
 
+/* The node CPU `cpu` belongs to (libnuma numa_node_of_cpu); 0 without
+ * NUMA support; -1 for cpu < 0 or a CPU libnuma does not know. */
+int ie_numa_node_of_cpu(int cpu);
+
 #endif

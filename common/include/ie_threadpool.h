@@ -24,6 +24,12 @@ void ie_threadpool_destroy(ie_threadpool_t **self_p);
 
 int ie_threadpool_size(const ie_threadpool_t *tp);
 
+/* The CPU thread ith (0 = the owner) was pinned to, or -1 when the pool
+ * does not pin it (pin off, more threads than CPUs, or pinning failed for
+ * the owner). Share ith of a job normally runs on thread ith; the owner
+ * may run a share whose thread has not woken yet. */
+int ie_threadpool_cpu(const ie_threadpool_t *tp, int ith);
+
 /* Run fn(ctx, ith, nth) on every thread (ith = 0..nth-1) and wait. Not
  * reentrant: call from the owning thread only. */
 void ie_threadpool_run(ie_threadpool_t *tp, ie_task_fn fn, void *ctx);

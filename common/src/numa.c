@@ -208,3 +208,12 @@ void ie_numa_free(void *p, size_t n)
     if (numa_available() >= 0) numa_free(p, n);
     else munmap(p, n);
 }
+
+/* Contract (ie_numa.h). */
+int ie_numa_node_of_cpu(int cpu)
+{
+    if (cpu < 0) return -1;
+    if (numa_available() < 0) return 0;
+    int node = numa_node_of_cpu(cpu);
+    return node >= 0 ? node : -1;
+}

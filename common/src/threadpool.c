@@ -75,6 +75,7 @@ struct ie_threadpool {
     pthread_cond_t cv;
 
     int pinned;            /* owner thread pinned by us           */
+    int owner_cpu;         /* the CPU it was pinned to, or -1     */
     pthread_t owner;
     cpu_set_t owner_mask;  /* owner's affinity before pinning     */
 };
@@ -248,6 +249,7 @@ ie_status_t ie_threadpool_new(int n_threads, int pin, ie_threadpool_t **out)
             tp->pinned = pthread_setaffinity_np(tp->owner, sizeof set, &set) == 0;
         }
     }
+    tp->owner_cpu = tp->pinned ? cpus[0] : -1;
     *out = tp;
     return IE_OK;
 }
@@ -272,6 +274,14 @@ void ie_threadpool_destroy(ie_threadpool_t **self_p)
 }
 
 int ie_threadpool_size(const ie_threadpool_t *tp) { return tp ? tp->n : 0; }
+
+/* Contract (ie_threadpool.h): workers report the CPU they were given at
+ * creation (their own pthread_setaffinity_np is best effort). */
+int ie_threadpool_cpu(const ie_threadpool_t *tp, int ith)
+{
+    if (!tp || ith < 0 || ith >= tp->n) return -1;
+    return ith == 0 ? tp->owner_cpu : tp->workers[ith - 1].cpu;
+}
 
 void ie_threadpool_run(ie_threadpool_t *tp, ie_task_fn fn, void *ctx)
 {
