@@ -115,11 +115,20 @@ typedef struct ie_worker_opts {
                           kv_block)); a pool at least that large starts
                           with every slot bound to its own blocks, a
                           smaller one unbound                          */
+    int hot_replicate; /* 1: when the pool's threads sit on several
+                          NUMA nodes, copy the output head (and the
+                          embedding table, one copy when tied) into
+                          each of those nodes' memory; every pool
+                          share reads its own node's copy. Env
+                          IE_HOT_REPLICATE=0/1 overrides. Default 0. */
+    double hot_repl_limit_mb; /* cap on all copies together, MiB (1024;
+                          env IE_HOT_REPL_LIMIT_MB overrides); a tensor
+                          whose copies do not fit is skipped (reported) */
 } ie_worker_opts_t;
 
 /* Defaults: 1 thread, pinned, n_ctx 2048, 1 slot, max_batch 256, native,
  * no weight copy, best ISA, group 32 symmetric absmax scales, repack on, no
- * cache. */
+ * cache, no hot-weight replicas (cap 1024 MiB). */
 void ie_worker_opts_default(ie_worker_opts_t *o);
 
 typedef struct ie_worker ie_worker_t;
@@ -222,6 +231,36 @@ int ie_worker_n_ctx(const ie_worker_t *w);
 int ie_worker_max_batch(const ie_worker_t *w);
 int ie_worker_n_threads(const ie_worker_t *w);
 ie_isa_t ie_worker_isa(const ie_worker_t *w);
+
+/* ------------------------------------------------------------ hot replicas
+ * With opts.hot_replicate the worker looks at the NUMA node of every pool
+ * thread (the CPU the pool pinned it to; env IE_NUMA_FAKE_NODES=N instead
+ * pretends share ith runs on node ith % N and places every copy on node 0,
+ * for tests on one-node machines). Threads on two or more nodes: the
+ * output head, then the embedding table unless it is the head's own buffer,
+ * get one copy per node while all copies together stay within
+ * hot_repl_limit_mb; pool share ith reads its node's copy in the head
+ * matmul, the lookups read the copy of share 0's node. Same bytes, same
+ * kernels, same split: logits are bit-identical to a worker without
+ * copies. The copies are freed by ie_worker_destroy. */
+
+/* Node-local copies made (nodes x tensors replicated; 0: none). */
+int ie_worker_hot_replicas(const ie_worker_t *w);
+
+/* One line saying what was found and done, e.g. "1 node: no replicas
+ * needed", "2 nodes: output.weight 2 x 21.2 MiB (token_embd shares it)",
+ * "... skipped token_embd.weight (2 x 0.1 MiB over the 0.2 MiB cap)";
+ * "" when replication was not asked for. Owned by the worker. */
+const char *ie_worker_hot_report(const ie_worker_t *w);
+
+/* Copy `r` (0 .. nodes-1, in the order the nodes first appear among the
+ * pool's shares) of the head (embd 0) or of the embedding table (embd 1),
+ * and its size in *bytes_out; NULL when there is none. The worker reads
+ * it; tests overwrite it to prove which share reads which copy. */
+const void *ie_worker_hot_replica(const ie_worker_t *w, int embd, int r, size_t *bytes_out);
+
+/* The copy pool share ith reads (-1: the original, no copies). */
+int ie_worker_hot_replica_of(const ie_worker_t *w, int ith);
 
 /* Bytes of weights one decode token streams (all matrices once — for MoE
  * layers the router and n_expert_used experts — plus one embedding row),
