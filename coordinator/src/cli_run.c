@@ -66,7 +66,12 @@ static void usage(FILE *f)
           "  --print-text                   also write the generated text to stderr\n"
           "  --no-pin                       do not pin threads to cores\n"
           "  --plan none|pipeline:N|tensor:N  run the model on N in-process workers over the\n"
-          "                                 cluster protocol (env IE_PLAN; docs/OPERATIONS.md)\n",
+          "                                 cluster protocol (env IE_PLAN; docs/OPERATIONS.md)\n"
+          "environment:\n"
+          "  IE_HOT_REPLICATE=1             threads on several NUMA nodes: a copy of the output\n"
+          "                                 head and embeddings in each node's memory (JSON\n"
+          "                                 hot_replicas, hot_repl); IE_HOT_REPL_LIMIT_MB caps all\n"
+          "                                 copies (1024)\n",
           f);
 }
 
@@ -511,6 +516,11 @@ int ie_cli_run(int argc, char **argv)
     cJSON_AddStringToObject(js, "isa", ie_isa_name(ie_engine_worker(eng) ? ie_worker_isa(ie_engine_worker(eng))
                                                                           : ie_isa_best()));
     cJSON_AddNumberToObject(js, "batch", (double)eo.n_seq);
+    {   /* per-node copies of the head and embeddings (IE_HOT_REPLICATE) */
+        const ie_worker_t *hw = ie_engine_worker(eng);
+        cJSON_AddNumberToObject(js, "hot_replicas", (double)ie_worker_hot_replicas(hw));
+        if (hw && ie_worker_hot_report(hw)[0]) cJSON_AddStringToObject(js, "hot_repl", ie_worker_hot_report(hw));
+    }
     { char sb[24]; snprintf(sb, sizeof sb, "%llu", (unsigned long long)sp.seed); cJSON_AddRawToObject(js, "seed", sb); } /* exact: a double loses 64-bit seeds */
     cJSON_AddNumberToObject(js, "rounds", (double)rounds);
     if (chat) cJSON_AddStringToObject(js, "chat_format", ie_chat_format_name(chat_fmt));

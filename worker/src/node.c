@@ -513,6 +513,8 @@ reply:
           ie_shard_kind_name((ie_shard_kind_t)a->plan), a->rank, a->n_ranks, r->layer_begin, r->layer_end - 1,
           r->kv_head_begin, r->kv_head_end - 1, (long long)r->vocab_begin, (long long)r->vocab_end - 1,
           ie_worker_weight_bytes(nd->w) / 1e6, reload ? "loaded" : "kept", m.u.ready.load_ms);
+    if (reload && !nd->o->quiet && ie_worker_hot_report(nd->w)[0]) /* IE_HOT_REPLICATE asked for */
+        logf_(nd, "hot weights: %s", ie_worker_hot_report(nd->w));
     ie_sd_status("rank %d of %d (%s), epoch %llu", a->rank, a->n_ranks, ie_shard_kind_name((ie_shard_kind_t)a->plan),
                  (unsigned long long)a->epoch);
     if (!nd->announced) {
