@@ -11,6 +11,10 @@ Configurations, interleaved round-robin over --rounds rounds:
                   --threads T/2 on loopback tcp; one request through the
                   client protocol (the "done" map carries decode_tps)
   proc-pipeline   the same with --plan pipeline
+  *-tensor-zmq    the tensor configurations with IE_TP_SHM=0: partial sums
+                  over ZeroMQ instead of shared memory (the A/B of the
+                  same-host reduce, ie_shmreduce.h; the plain tensor
+                  configurations run with IE_TP_SHM=1)
 
 For the process configurations the workers serve /metrics, and the script
 reads ie_worker_transfer_seconds_total / ie_worker_compute_seconds_total /
@@ -21,7 +25,8 @@ ranks that includes waiting for the slower peer) and computing.
 Bytes on the wire per decoded token are computed from the model's shapes
 (payload only, message headers excluded):
   tensor   every rank sends 2 reductions per layer x n_embd x 4 bytes to each
-           of the (ranks-1) others; the ranks send their logits slices
+           of the (ranks-1) others (over shared memory, off the wire, unless
+           IE_TP_SHM=0); the ranks send their logits slices
            (n_vocab x 4 in all) to the coordinator; the coordinator sends
            13 bytes of token/pos/seq/flag to each rank
   pipeline n_embd x 4 per hop (ranks-1 hops), n_vocab x 4 of logits from
@@ -54,7 +59,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402  (corpus, GGUF header reader, machine info)
 
-CONFIGS = ["embedded", "inproc-tensor", "inproc-pipeline", "proc-tensor", "proc-pipeline"]
+CONFIGS = ["embedded", "inproc-tensor", "inproc-tensor-zmq", "inproc-pipeline", "proc-tensor", "proc-tensor-zmq",
+           "proc-pipeline"]
 
 
 def log(*a):
@@ -80,7 +86,7 @@ def shapes(model: Path) -> dict:
     return d
 
 
-def wire_bytes(sh: dict, plan: str, ranks: int) -> dict:
+def wire_bytes(sh: dict, plan: str, ranks: int, shm: bool = False) -> dict:
     e, L, V = sh["n_embd"], sh["n_layer"], sh["n_vocab"]
     step_in = 13  # token, pos, seq (int32) + logits flag (u8) per token
     if plan == "tensor":
@@ -88,8 +94,9 @@ def wire_bytes(sh: dict, plan: str, ranks: int) -> dict:
         peers = per_rank_peers * ranks
         logits = V * 4
         coord_out = step_in * ranks
-        return {"peer_bytes_per_rank": per_rank_peers, "peer_bytes": peers, "logits_bytes": logits,
-                "coord_out_bytes": coord_out, "total_bytes": peers + logits + coord_out}
+        return {"peer_bytes_per_rank": per_rank_peers, "peer_bytes": peers, "peer_via": "shm" if shm else "zmq",
+                "logits_bytes": logits, "coord_out_bytes": coord_out,
+                "total_bytes": (0 if shm else peers) + logits + coord_out}
     hops = (ranks - 1) * (e * 4 + step_in)
     logits = V * 4
     return {"peer_bytes": hops, "logits_bytes": logits, "coord_out_bytes": step_in,
@@ -97,12 +104,13 @@ def wire_bytes(sh: dict, plan: str, ranks: int) -> dict:
 
 
 # ------------------------------------------------------------ embedded CLI
-def run_cli(bin_dir: Path, model: Path, prompt: str, gen: int, threads: int, plan: str | None) -> dict:
+def run_cli(bin_dir: Path, model: Path, prompt: str, gen: int, threads: int, plan: str | None,
+            env: dict | None = None) -> dict:
     cmd = [str(bin_dir / "inference-engine"), "--model", str(model), "--prompt", prompt, "--max-new", str(gen),
            "--threads", str(threads), "--greedy", "--warmup", "1", "--seed", "1"]
     if plan:
         cmd += ["--plan", plan]
-    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     line = next((l for l in reversed(cp.stdout.splitlines()) if l.startswith("{")), None)
     if cp.returncode != 0 or not line:
         return {"error": (cp.stderr.strip().splitlines() or ["no output"])[-1]}
@@ -142,7 +150,8 @@ def request(sock, zmq, msgpack, rid: str, prompt: str, gen: int, timeout_s: floa
     return {"type": "error", "code": "timeout", "message": f"no answer in {timeout_s} s"}
 
 
-def run_procs(bin_dir: Path, model: Path, prompt: str, gen: int, threads: int, plan: str) -> dict:
+def run_procs(bin_dir: Path, model: Path, prompt: str, gen: int, threads: int, plan: str,
+              env: dict | None = None) -> dict:
     import msgpack
     import zmq
     wport, cport, mport = free_port(), free_port(), free_port()
@@ -159,12 +168,12 @@ def run_procs(bin_dir: Path, model: Path, prompt: str, gen: int, threads: int, p
         procs.append(subprocess.Popen(
             [str(bin_dir / "ie-coordinator"), "--model", str(model), "--plan", plan, "--workers", "2",
              "--bind", f"tcp://127.0.0.1:{wport}", "--client-bind", f"tcp://127.0.0.1:{cport}",
-             "--metrics-port", str(mport), "--batch", "1"], stdout=f, stderr=subprocess.STDOUT))
+             "--metrics-port", str(mport), "--batch", "1"], stdout=f, stderr=subprocess.STDOUT, env=env))
         for r in range(2):
             procs.append(subprocess.Popen(
                 [str(bin_dir / "ie-worker"), "--model", str(model), "--coordinator", f"tcp://127.0.0.1:{wport}",
                  "--rank", str(r), "--threads", str(max(1, threads // 2)), "--metrics-port", str(wm[r])],
-                stdout=f, stderr=subprocess.STDOUT))
+                stdout=f, stderr=subprocess.STDOUT, env=env))
         t0 = time.time()
         while True:  # ready when both ranks are up
             try:
@@ -218,11 +227,12 @@ def run_procs(bin_dir: Path, model: Path, prompt: str, gen: int, threads: int, p
 
 
 def run_config(cfg: str, a, prompt: str) -> dict:
+    env = dict(os.environ, IE_TP_SHM="0" if cfg.endswith("-zmq") else "1")
     if cfg == "embedded":
-        return run_cli(a.bin_dir, a.model, prompt, a.gen, a.threads, None)
+        return run_cli(a.bin_dir, a.model, prompt, a.gen, a.threads, None, env)
     if cfg.startswith("inproc-"):
-        return run_cli(a.bin_dir, a.model, prompt, a.gen, a.threads, cfg.split("-")[1] + ":2")
-    return run_procs(a.bin_dir, a.model, prompt, a.gen, a.threads, cfg.split("-")[1])
+        return run_cli(a.bin_dir, a.model, prompt, a.gen, a.threads, cfg.split("-")[1] + ":2", env)
+    return run_procs(a.bin_dir, a.model, prompt, a.gen, a.threads, cfg.split("-")[1], env)
 
 
 def stats(vals: list[float]) -> dict:
@@ -278,7 +288,7 @@ def main(argv=None) -> int:
                 s[k] = {str(rk): stats([w[k] for r in ok for w in r.get("workers", []) if w["rank"] == rk])
                         for rk in range(2)}
         if c != "embedded":
-            s["wire"] = wire_bytes(sh, c.split("-")[1], 2)
+            s["wire"] = wire_bytes(sh, c.split("-")[1], 2, shm=c.split("-")[1] == "tensor" and not c.endswith("-zmq"))
         summary[c] = s
     base = summary.get("embedded", {}).get("decode_tps", {}).get("median")
     base_p = summary.get("embedded", {}).get("prefill_tps", {}).get("median")
@@ -303,13 +313,15 @@ def main(argv=None) -> int:
               + f"{f1(p['median']):>10s} [{f1(p['min'])}-{f1(p['max'])}]".ljust(30)
               + f" {f1(s['prefill_ratio'], '.2f'):>6s} {('-' if wire is None else str(wire)):>13s} "
               f"{xf:>19s} {cp:>22s}" + (f"  ({s['errors']} errors)" if s["errors"] else ""))
-    print("wire B/token: payload bytes per decoded token summed over all links (headers excluded); "
-          "xfer ms/step: ie_worker_transfer_seconds_total per step (tensor: includes waiting for the peer)")
-    goal = summary.get("proc-tensor", {}).get("decode_ratio")
-    if goal is not None:
-        print(f"goal tensor-parallel >= 0.9x embedded: processes {goal:.2f}x"
-              + (f", in-process {summary['inproc-tensor']['decode_ratio']:.2f}x"
-                 if summary.get("inproc-tensor", {}).get("decode_ratio") else ""))
+    print("wire B/token: payload bytes per decoded token summed over all links (headers excluded; tensor partial "
+          "sums go through shared memory except in *-zmq); xfer ms/step: ie_worker_transfer_seconds_total per step "
+          "(tensor: includes waiting for the peer)")
+    for suffix, what in (("", "shared-memory reduce"), ("-zmq", "IE_TP_SHM=0")):
+        goal = summary.get("proc-tensor" + suffix, {}).get("decode_ratio")
+        inproc = summary.get("inproc-tensor" + suffix, {}).get("decode_ratio")
+        if goal is not None or inproc is not None:
+            print(f"goal tensor-parallel >= 0.9x embedded ({what}): processes {f1(goal, '.2f')}x, "
+                  f"in-process {f1(inproc, '.2f')}x")
 
     a.out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
