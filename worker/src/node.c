@@ -689,7 +689,10 @@ static ie_status_t handle_coord(node_t *nd)
         handle_assign(nd, &m.u.assign);
         nd->last_coord_ms = ie_now_ms(); /* loading time is not the coordinator's silence */
         break;
-    case IE_MSG_STEP: handle_step(nd, &m.u.step); break;
+    case IE_MSG_STEP:
+        handle_step(nd, &m.u.step);
+        nd->last_coord_ms = ie_now_ms(); /* nor is a long step's compute time (its heartbeats wait queued) */
+        break;
     case IE_MSG_HEARTBEAT:
         /* a coordinator that forgot us (restarted) says epoch 0 */
         if (nd->assigned && m.u.heartbeat.epoch != nd->as.epoch) nd->registered = 0;
