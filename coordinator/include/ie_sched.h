@@ -44,8 +44,9 @@ typedef struct ie_sched_opts {
     ie_engine_t *engine;   /* not owned; its n_seq slots and KV pool are the
                               scheduler's from now on (one scheduler per
                               engine)                                    */
-    int queue_max;         /* waiting requests at most (0: 64); more is
-                              IE_ERR_BUSY at submit                      */
+    int queue_max;         /* waiting requests at most (0: 64) beyond
+                              the slots free at submit; more is
+                              IE_ERR_BUSY                                */
     int prefill_chunk;     /* prompt tokens per step at most (0: the
                               engine's max_batch)                        */
     int retry_ms;          /* > 0: a request whose step failed because a

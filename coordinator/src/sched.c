@@ -442,10 +442,13 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
     q->deadline = r->timeout_ms > 0 ? q->t_submit + r->timeout_ms : 0;
 
     pthread_mutex_lock(&s->mu);
+    /* queue_max wait beyond the slots that are free now (a burst between
+     * two steps fills the idle slots first, then the queue) */
     int cap = s->o.queue_max > 0 ? s->o.queue_max : 64;
+    for (int k = 0; k < s->n_seq; k++) cap += s->run[k] == NULL;
     if (s->n_queue >= cap) {
         pthread_mutex_unlock(&s->mu);
-        st = ie_error_set(IE_ERR_BUSY, "server busy: %d requests waiting; try again later", cap);
+        st = ie_error_set(IE_ERR_BUSY, "server busy: %d requests waiting; try again later", s->n_queue);
         goto cleanup;
     }
     q->id = s->next_id++;

@@ -392,6 +392,27 @@ static void test_queue_cancel_timeout_priority(void)
     ie_engine_destroy(&e);
 }
 
+/* A burst between two steps fills the idle slots, then queue_max more. */
+static void test_busy_counts_free_slots(void)
+{
+    ie_engine_t *e = NULL;
+    ie_sched_t *s = NULL;
+    static outcome_t o[5];
+    memset(o, 0, sizeof o);
+    CU_ASSERT_EQUAL_FATAL(make_engine(2, 64, 0, &e), IE_OK);
+    ie_sched_opts_t so = {.engine = e, .queue_max = 2};
+    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    ie_gen_params_t p = greedy(3);
+    for (int i = 0; i < 4; i++) CU_ASSERT_EQUAL(submit_text(s, e, k_prompts[i], &p, 0, 0, &o[i], NULL), IE_OK);
+    CU_ASSERT_EQUAL(submit_text(s, e, k_prompts[4], &p, 0, 0, &o[4], NULL), IE_ERR_BUSY);
+    run_until_idle(s);
+    for (int i = 0; i < 4; i++) assert_equals_solo(&o[i], k_prompts[i], 3);
+    CU_ASSERT_EQUAL(o[4].n_events, 0);
+    assert_pool_clean(s);
+    ie_sched_destroy(&s);
+    ie_engine_destroy(&e);
+}
+
 /* Submitters on other threads while this one steps (TSan runs this). */
 typedef struct submitter {
     ie_sched_t *s;
@@ -459,6 +480,7 @@ int main(void)
                  {"prefix cache", test_prefix_cache},
                  {"preemption in a small pool", test_preemption},
                  {"queue, cancel, timeout, priority", test_queue_cancel_timeout_priority},
+                 {"busy counts free slots", test_busy_counts_free_slots},
                  {"submit from other threads", test_threads}};
     /* IE_TEST_ONLY=word runs the tests whose name holds it (make tsan runs
      * the threaded ones: every test under TSan takes minutes) */

@@ -714,8 +714,11 @@ static ie_status_t handle_peer(node_t *nd)
         logf_(nd, "peer sent a malformed message: %s", ie_error_last());
         return IE_OK;
     }
-    if (m.kind == IE_MSG_STEP) handle_step(nd, &m.u.step);
-    else if (m.kind == IE_MSG_PARTIAL && nd->in.n == 2 &&
+    if (m.kind == IE_MSG_STEP) { /* a pipeline hop: its compute time is not the coordinator's silence either */
+        double t0 = ie_now_ms();
+        handle_step(nd, &m.u.step);
+        nd->last_coord_ms += ie_now_ms() - t0;
+    } else if (m.kind == IE_MSG_PARTIAL && nd->in.n == 2 &&
              nd->in.size[1] == (size_t)m.u.partial.count * sizeof(float))
         pq_put(nd, &m.u.partial);
     return IE_OK;
