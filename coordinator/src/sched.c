@@ -296,7 +296,11 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
     s->ended_cap = s->queue_cap + 1;
     s->next_id = 1;
     pthread_mutex_init(&s->mu, NULL);
-    pthread_cond_init(&s->cv, NULL);
+    pthread_condattr_t ca; /* waits measured on the monotonic clock: a wall-clock jump cannot stretch them */
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&s->cv, &ca);
+    pthread_condattr_destroy(&ca);
     size_t B = (size_t)s->B;
     s->queue = calloc((size_t)s->queue_cap, sizeof *s->queue);
     s->run = calloc((size_t)s->n_seq, sizeof *s->run);
@@ -492,7 +496,7 @@ void ie_sched_wait(ie_sched_t *s, int timeout_ms)
     for (int k = 0; !busy && k < s->n_seq; k++) busy = s->run[k] != NULL;
     if (!busy && timeout_ms > 0) {
         struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
+        clock_gettime(CLOCK_MONOTONIC, &ts);
         ts.tv_sec += timeout_ms / 1000;
         ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
         if (ts.tv_nsec >= 1000000000L) {

@@ -36,6 +36,7 @@
  */
 #define _GNU_SOURCE
 #include "ie_http.h"
+#include "ie_clock.h"
 
 #include "ie_chat.h"
 #include "ie_harmony.h"
@@ -300,13 +301,6 @@ typedef struct conn {
     int busy;                /* counted in h->n_busy                       */
     req_t *req;              /* the connection's reference                 */
 } conn_t;
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static void count_status(ie_http_t *h, unsigned status)
 {
@@ -1169,7 +1163,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
                * lose the answer to a connection reset) */
         if (!(c = calloc(1, sizeof *c))) return MHD_NO;
         *con_cls = c;
-        c->t0 = now_ms();
+        c->t0 = ie_now_ms();
         c->fd = -1;
         snprintf(c->method, sizeof c->method, "%s", method);
         snprintf(c->url, sizeof c->url, "%s", url);
@@ -1255,7 +1249,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
         req_unref(c->req);
     }
     if (h->o.verbose)
-        fprintf(stderr, "http: %s %s %u %.1f ms%s\n", c->method, c->url, c->status, now_ms() - c->t0,
+        fprintf(stderr, "http: %s %s %u %.1f ms%s\n", c->method, c->url, c->status, ie_now_ms() - c->t0,
                 toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection closed early)");
     if (c->busy) {
         pthread_mutex_lock(&h->mu);
