@@ -11,6 +11,12 @@ Configurations, interleaved round-robin over --rounds rounds:
                   --threads T/2 on loopback tcp; one request through the
                   client protocol (the "done" map carries decode_tps)
   proc-pipeline   the same with --plan pipeline
+  proc-embedded   inference-engine serve --threads T --zmq-bind: the embedded
+                  engine behind the same client protocol and serving loop,
+                  measured the same way as proc-* (decode_tps of the done
+                  map: time between tokens, sampling and the loop
+                  included) — the baseline of the proc-* ratios; the CLI's
+                  decode_tps (embedded, inproc-*) counts step time only
   *-tensor-zmq    the tensor configurations with IE_TP_SHM=0: partial sums
                   over ZeroMQ instead of shared memory (the A/B of the
                   same-host reduce, ie_shmreduce.h; the plain tensor
@@ -59,7 +65,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402  (corpus, GGUF header reader, machine info)
 
-CONFIGS = ["embedded", "inproc-tensor", "inproc-tensor-zmq", "inproc-pipeline", "proc-tensor", "proc-tensor-zmq",
+CONFIGS = ["embedded", "inproc-tensor", "inproc-tensor-zmq", "inproc-pipeline", "proc-embedded", "proc-tensor",
+           "proc-tensor-zmq",
            "proc-pipeline"]
 
 
@@ -165,6 +172,23 @@ def run_procs(bin_dir: Path, model: Path, prompt: str, gen: int, threads: int, p
     try:
         f = open(os.devnull, "w")
         logs.append(f)
+        if plan == "embedded":  # the embedded engine behind the same protocol and loop
+            procs.append(subprocess.Popen(
+                [str(bin_dir / "inference-engine"), "serve", "--model", str(model), "--port", "0",
+                 "--zmq-bind", f"tcp://127.0.0.1:{cport}", "--batch", "1", "--threads", str(threads)],
+                stdout=f, stderr=subprocess.STDOUT, env=env))
+            sock.connect(f"tcp://127.0.0.1:{cport}")
+            w = request(sock, zmq, msgpack, "warmup", prompt, gen)
+            if w.get("type") != "done":
+                return {"error": f"warm-up: {w.get('code')}: {w.get('message')}"}
+            d = request(sock, zmq, msgpack, "measured", prompt, gen)
+            if d.get("type") != "done":
+                return {"error": f"{d.get('code')}: {d.get('message')}"}
+            res.update({"decode_tps": d["decode_tps"],
+                        "prefill_tps": d["n_prompt"] / (d["ttft_ms"] / 1e3) if d.get("ttft_ms") else None,
+                        "n_prompt": d["n_prompt"], "n_gen": d["n_gen"], "ttft_ms": d["ttft_ms"],
+                        "total_ms": d["total_ms"]})
+            return res
         procs.append(subprocess.Popen(
             [str(bin_dir / "ie-coordinator"), "--model", str(model), "--plan", plan, "--workers", "2",
              "--bind", f"tcp://127.0.0.1:{wport}", "--client-bind", f"tcp://127.0.0.1:{cport}",
@@ -283,19 +307,24 @@ def main(argv=None) -> int:
         ok = [r for r in runs[c] if "error" not in r]
         s = {"decode_tps": stats([r.get("decode_tps") for r in ok]),
              "prefill_tps": stats([r.get("prefill_tps") for r in ok]), "errors": len(runs[c]) - len(ok)}
-        if c.startswith("proc-"):
+        if c.startswith("proc-") and c != "proc-embedded":
             for k in ("transfer_ms_per_step", "compute_ms_per_step"):
                 s[k] = {str(rk): stats([w[k] for r in ok for w in r.get("workers", []) if w["rank"] == rk])
                         for rk in range(2)}
-        if c != "embedded":
+        if c not in ("embedded", "proc-embedded"):
             s["wire"] = wire_bytes(sh, c.split("-")[1], 2, shm=c.split("-")[1] == "tensor" and not c.endswith("-zmq"))
         summary[c] = s
     base = summary.get("embedded", {}).get("decode_tps", {}).get("median")
     base_p = summary.get("embedded", {}).get("prefill_tps", {}).get("median")
+    # process configurations against the embedded engine behind the same
+    # serving path (proc-embedded) when it ran, the others against the CLI
+    pbase = summary.get("proc-embedded", {}).get("decode_tps", {}).get("median")
+    pbase_p = summary.get("proc-embedded", {}).get("prefill_tps", {}).get("median")
     for c, s in summary.items():
         m, mp = s["decode_tps"]["median"], s["prefill_tps"]["median"]
-        s["decode_ratio"] = m / base if m and base else None
-        s["prefill_ratio"] = mp / base_p if mp and base_p else None
+        b, bp = (pbase, pbase_p) if c.startswith("proc-") and pbase else (base, base_p)
+        s["decode_ratio"] = m / b if m and b else None
+        s["prefill_ratio"] = mp / bp if mp and bp else None
 
     print(f"\nSmolLM2 distributed vs embedded ({a.rounds} rounds, prompt ~{n_tok} tokens, {a.gen} generated, "
           f"{a.threads} threads; load average at start {machine.get('loadavg')})")
@@ -315,7 +344,8 @@ def main(argv=None) -> int:
               f"{xf:>19s} {cp:>22s}" + (f"  ({s['errors']} errors)" if s["errors"] else ""))
     print("wire B/token: payload bytes per decoded token summed over all links (headers excluded; tensor partial "
           "sums go through shared memory except in *-zmq); xfer ms/step: ie_worker_transfer_seconds_total per step "
-          "(tensor: includes waiting for the peer)")
+          "(tensor: includes waiting for the peer); x emb: proc-* against proc-embedded (same serving path and "
+          "measurement) when it ran, the others against the CLI's embedded run")
     for suffix, what in (("", "shared-memory reduce"), ("-zmq", "IE_TP_SHM=0")):
         goal = summary.get("proc-tensor" + suffix, {}).get("decode_ratio")
         inproc = summary.get("inproc-tensor" + suffix, {}).get("decode_ratio")
