@@ -336,8 +336,8 @@ static void gen_event(void *ctx, const ie_sched_event_t *ev)
         }
         return;
     }
-    memcpy(r->ids, ev->ids, ev->n_gen * sizeof *r->ids);
-    memcpy(r->lat_ms, ev->lat_ms, ev->n_lat * sizeof *r->lat_ms);
+    if (ev->n_gen) memcpy(r->ids, ev->ids, ev->n_gen * sizeof *r->ids);
+    if (ev->n_lat) memcpy(r->lat_ms, ev->lat_ms, ev->n_lat * sizeof *r->lat_ms); /* NULL when none */
     r->n_gen = ev->n_gen;
     r->n_lat = ev->n_lat;
     r->n_prompt = ev->n_prompt;

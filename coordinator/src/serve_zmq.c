@@ -186,7 +186,7 @@ static void on_message(server_t *s)
         return; /* not a client message shape: nothing to answer to */
     }
     for (int i = 0; i < body; i++) {
-        memcpy(p->env[i], s->in.data[i], s->in.size[i]);
+        if (s->in.size[i]) memcpy(p->env[i], s->in.data[i], s->in.size[i]); /* the delimiter is empty */
         p->env_len[i] = s->in.size[i];
     }
     p->n_env = body;
