@@ -157,6 +157,13 @@ def request(sock, zmq, msgpack, rid: str, prompt: str, gen: int, timeout_s: floa
     return {"type": "error", "code": "timeout", "message": f"no answer in {timeout_s} s"}
 
 
+def done_fields(d: dict) -> dict:
+    """The figures of a done map."""
+    return {"decode_tps": d["decode_tps"],
+            "prefill_tps": d["n_prompt"] / (d["ttft_ms"] / 1e3) if d.get("ttft_ms") else None,
+            "n_prompt": d["n_prompt"], "n_gen": d["n_gen"], "ttft_ms": d["ttft_ms"], "total_ms": d["total_ms"]}
+
+
 def run_procs(bin_dir: Path, model: Path, prompt: str, gen: int, threads: int, plan: str,
               env: dict | None = None) -> dict:
     import msgpack
@@ -184,10 +191,7 @@ def run_procs(bin_dir: Path, model: Path, prompt: str, gen: int, threads: int, p
             d = request(sock, zmq, msgpack, "measured", prompt, gen)
             if d.get("type") != "done":
                 return {"error": f"{d.get('code')}: {d.get('message')}"}
-            res.update({"decode_tps": d["decode_tps"],
-                        "prefill_tps": d["n_prompt"] / (d["ttft_ms"] / 1e3) if d.get("ttft_ms") else None,
-                        "n_prompt": d["n_prompt"], "n_gen": d["n_gen"], "ttft_ms": d["ttft_ms"],
-                        "total_ms": d["total_ms"]})
+            res.update(done_fields(d))
             return res
         procs.append(subprocess.Popen(
             [str(bin_dir / "ie-coordinator"), "--model", str(model), "--plan", plan, "--workers", "2",
@@ -219,10 +223,7 @@ def run_procs(bin_dir: Path, model: Path, prompt: str, gen: int, threads: int, p
         after = [scrape(p) for p in wm]
         if d.get("type") != "done":
             return {"error": f"{d.get('code')}: {d.get('message')}"}
-        res.update({"decode_tps": d["decode_tps"],
-                    "prefill_tps": d["n_prompt"] / (d["ttft_ms"] / 1e3) if d.get("ttft_ms") else None,
-                    "n_prompt": d["n_prompt"], "n_gen": d["n_gen"], "ttft_ms": d["ttft_ms"],
-                    "total_ms": d["total_ms"]})
+        res.update(done_fields(d))
         per = []
         for r in range(2):
             dd = {k: worker_sum(after[r], k) - worker_sum(before[r], k)
