@@ -451,8 +451,9 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
     int cap = s->o.queue_max > 0 ? s->o.queue_max : 64;
     for (int k = 0; k < s->n_seq; k++) cap += s->run[k] == NULL;
     if (s->n_queue >= cap) {
+        int waiting = s->n_queue; /* read under the lock */
         pthread_mutex_unlock(&s->mu);
-        st = ie_error_set(IE_ERR_BUSY, "server busy: %d requests waiting; try again later", s->n_queue);
+        st = ie_error_set(IE_ERR_BUSY, "server busy: %d requests waiting; try again later", waiting);
         goto cleanup;
     }
     q->id = s->next_id++;
