@@ -395,9 +395,15 @@ def test_tensor_reduce_shared_memory(smollm2, clusters, tmp_path):
                 victim.send_signal(signal.SIGKILL)
                 t_kill = time.monotonic()
     assert t_kill is not None
-    assert wait_for_line(log0, "no partial sum from rank 1 within", 10.0) is not None, c.log()
-    since_kill = time.monotonic() - t_kill  # a bound on when rank 0 gave up (slack: a loaded machine)
-    assert since_kill < dead_ms / 1e3 + 3.0, (since_kill, c.log())
+    # Usually rank 0 is inside a step when rank 1 dies and gives up on its
+    # reduce within dead_ms. When the kill falls between two steps, the
+    # coordinator's send to the dead rank fails first and rank 0 is never
+    # given the step; then the coordinator's "lost" line is the evidence.
+    if wait_for_line(log0, "no partial sum from rank 1 within", 10.0) is not None:
+        since_kill = time.monotonic() - t_kill  # a bound on when rank 0 gave up (slack: a loaded machine)
+        assert since_kill < dead_ms / 1e3 + 3.0, (since_kill, c.log())
+    else:
+        assert "worker rank 1" in c.coord_log.read_text(errors="replace") and " lost: " in c.log(), c.log()
     victim.wait(timeout=5)
     c.start_worker(1)
     done = c.generate(PROMPTS[0], max_new=MAX_NEW, wait_s=30)
