@@ -957,6 +957,16 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
 
     memset(&g, 0, sizeof g);
     g.chat = c->route == ROUTE_CHAT;
+    /* JSON is UTF-8 (RFC 8259): checked once for the whole body, so no
+     * field (a model name echoed in an error, a stop string) carries
+     * invalid bytes any further */
+    if (ie_tokenizer_check_utf8(c->body.data, c->body.len) != IE_OK) {
+        char why[128];
+        snprintf(why, sizeof why, "%s", ie_error_last());
+        err_set(&e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "invalid_json", NULL, "the body is not valid UTF-8 (%s)",
+                why);
+        goto answer_err;
+    }
     root = cJSON_ParseWithLengthOpts(c->body.data ? c->body.data : "", c->body.len, &end, 0);
     if (!root) {
         size_t at = end && c->body.data && end >= c->body.data ? (size_t)(end - c->body.data) : 0;
