@@ -50,10 +50,11 @@ typedef struct ie_sched_opts {
     int prefill_chunk;     /* prompt tokens per step at most (0: the
                               engine's max_batch)                        */
     int retry_ms;          /* > 0: a request whose step failed because a
-                              worker was lost waits up to this long for
-                              the cluster to be ready again and is
-                              recomputed (once); 0: it ends with ERROR
-                              "unavailable" at once                      */
+                              worker was lost is recomputed when the
+                              cluster is ready again, tried again (250 ms
+                              apart) for up to this long after the first
+                              loss; 0: it ends with ERROR "unavailable"
+                              at once                                    */
     ie_gen_stats_t *timing;/* optional: step times and token counts
                               accumulate here (stepping thread only)     */
     ie_metrics_t *metrics; /* optional: ie_requests_total{status},
@@ -145,8 +146,8 @@ ie_status_t ie_sched_cancel(ie_sched_t *s, uint64_t id);
  * An engine step that fails does not fail the scheduler: on
  * IE_ERR_UNAVAILABLE (a worker lost) the running requests end with ERROR
  * "unavailable", or with retry_ms set are requeued and recomputed when the
- * cluster is ready again (each request once); any other failure ends the
- * running requests with ERROR. Returns IE_OK, or
+ * cluster is ready again (within retry_ms of their first loss); any other
+ * failure ends the running requests with ERROR. Returns IE_OK, or
  * IE_ERR_NOMEM when even that bookkeeping failed. */
 ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out);
 

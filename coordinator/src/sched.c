@@ -52,8 +52,11 @@ typedef struct sreq {
     size_t text_len, text_cap;
     double *lat;
     size_t n_lat, lat_cap;
-    double t_submit, t_admit, t_first, t_prev, deadline, hold_until;
-    int admitted, retried;
+    double t_submit, t_admit, t_first, t_prev, deadline;
+    double hold_until;       /* a lost worker's requests wait until then
+                                for the cluster (0: never failed)        */
+    double not_before;       /* retry back-off                           */
+    int admitted;
     int cancel;              /* set under mu by ie_sched_cancel          */
     ie_sched_cb cb;
     void *cb_ctx;
@@ -579,7 +582,10 @@ static void admit(ie_sched_t *s, double now)
         for (int k = 0; k < s->n_seq && slot < 0; k++)
             if (!s->run[k]) slot = k;
         if (slot < 0) return;
-        if (!ready && q->hold_until > now) { /* waiting for a replacement worker */
+        /* waiting for a replacement worker; and a moment between tries: the
+         * cluster may still count a dead rank as ready until its heartbeat
+         * times out, and a try then fails at once */
+        if ((!ready && q->hold_until > now) || now < q->not_before) {
             i++;
             continue;
         }
@@ -882,9 +888,9 @@ static void step_failed(ie_sched_t *s, ie_status_t st, int nb, double now)
         int in_step = 0;
         for (int i = 0; q && i < nb && !in_step; i++) in_step = s->b_req[i] == q;
         if (!q || (st != IE_ERR_UNAVAILABLE && !in_step)) continue;
-        if (st == IE_ERR_UNAVAILABLE && s->o.retry_ms > 0 && !q->retried) {
-            q->retried = 1;
-            q->hold_until = now + s->o.retry_ms;
+        if (st == IE_ERR_UNAVAILABLE && s->o.retry_ms > 0 && (q->hold_until == 0 || now < q->hold_until)) {
+            if (q->hold_until == 0) q->hold_until = now + s->o.retry_ms; /* the window opens at the first loss */
+            q->not_before = now + 250;
             preempt(s, q);
         } else {
             release_slot(s, q);

@@ -412,18 +412,21 @@ def test_tensor_reduce_shared_memory(smollm2, clusters, tmp_path):
     assert text0.count("tensor reduce: shared memory (2 ranks") >= 2, c.log()  # a new epoch, new segments
 
 
-@pytest.mark.parametrize("plan", ["tensor", "pipeline"])
-def test_worker_killed_request_rerun_after_restart(plan, smollm2, clusters, tmp_path):
+@pytest.mark.parametrize("plan,victim_rank", [("tensor", 1), ("pipeline", 1), ("pipeline", 0)])
+def test_worker_killed_request_rerun_after_restart(plan, victim_rank, smollm2, clusters, tmp_path):
     """By default a request in flight when a worker dies waits for a
     replacement and is recomputed: the stream goes on where it stopped (no
-    token repeated or lost) and the whole answer equals embedded."""
+    token repeated or lost) and the whole answer equals embedded. Killing
+    pipeline stage 0 makes the next tries fail at once (the coordinator's
+    send to it fails) until its heartbeat times out: the request keeps
+    trying within --retry-ms instead of giving up."""
     max_new = 48
     # the uninterrupted run of the same plan (tensor sums partials in another
     # order than embedded and this prompt has a near tie; pipeline is exact)
     ref = engine_texts(smollm2, [LONG_PROMPT], f"{plan}:2", tmp_path, max_new)[0]
     c = start_cluster(clusters, smollm2, plan, 2, tmp_path / "logs")
-    c.start_worker(0)
-    victim = c.start_worker(1)
+    c.start_worker(1 - victim_rank, extra=["--rank", str(1 - victim_rank)])
+    victim = c.start_worker(victim_rank, extra=["--rank", str(victim_rank)])
     c.generate(PROMPTS[0], max_new=4)
     texts, done, n = [], None, 0
     for ev in ie_client.stream(c.client_ep, prompt=LONG_PROMPT, max_new=max_new, temperature=0.0,
@@ -435,7 +438,7 @@ def test_worker_killed_request_rerun_after_restart(plan, smollm2, clusters, tmp_
                 victim.send_signal(signal.SIGKILL)
                 victim.wait(timeout=5)
                 time.sleep(0.5)
-                c.start_worker(1)
+                c.start_worker(victim_rank)
         elif ev["type"] == "done":
             done = ev
     assert done is not None, c.log()
