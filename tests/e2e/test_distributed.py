@@ -377,8 +377,10 @@ def test_tensor_reduce_shared_memory(smollm2, clusters, tmp_path):
     for mode in ("zmq", "shm"):
         c = start_cluster(clusters, smollm2, "tensor", 2, tmp_path / mode,
                           coord_extra=["--dead-ms", str(dead_ms), "--retry-ms", "0"])
-        c.start_worker(0, extra=["--verbose"])
-        c.start_worker(1, extra=["--verbose"], prefix=["env", "IE_TP_SHM=0"] if mode == "zmq" else None)
+        # ranks pinned: the kill below must hit rank 1 (two workers started at
+        # once may otherwise register in either order)
+        c.start_worker(0, extra=["--verbose", "--rank", "0"])
+        c.start_worker(1, extra=["--verbose", "--rank", "1"], prefix=["env", "IE_TP_SHM=0"] if mode == "zmq" else None)
         done = c.generate(PROMPTS[0], max_new=MAX_NEW)
         assert done["text"] == ref[0], (mode, done["text"], ref[0])
         want = "tensor reduce: shared memory (2 ranks" if mode == "shm" else "tensor reduce: ZeroMQ"
