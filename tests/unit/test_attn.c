@@ -120,6 +120,43 @@ static void test_exact(void)
     }
 }
 
+/* A head's scores and outputs do not depend on how many heads share the
+ * call (the worker groups 1..group heads per call depending on the batch):
+ * nh heads at once == nh calls of one head, bit for bit. */
+static void test_head_grouping(void)
+{
+    static const int hds[] = {16, 48, 64, 128};
+    int bad = 0, ran = 0;
+    for (int isa = IE_ISA_REF; isa <= IE_ISA_AVX512; isa++) {
+        const ie_attn_ops_t *ops = ie_attn_get((ie_isa_t)isa);
+        if (!ops) continue;
+        for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++) {
+            enum { NH = 8, N = 75 };
+            const int hd = hds[a];
+            float *q = malloc(sizeof(float) * NH * hd), *k = malloc(sizeof(float) * N * hd);
+            float *v = malloc(sizeof(float) * N * hd), *p = malloc(sizeof(float) * NH * N);
+            float *s1 = malloc(sizeof(float) * NH * N), *s2 = malloc(sizeof(float) * NH * N);
+            float *o1 = malloc(sizeof(float) * NH * hd), *o2 = malloc(sizeof(float) * NH * hd);
+            for (int i = 0; i < NH * hd; i++) q[i] = frand();
+            for (int i = 0; i < N * hd; i++) k[i] = frand(), v[i] = frand();
+            for (int i = 0; i < NH * N; i++) p[i] = 0.5f * (frand() + 1.0f) / N;
+            const ie_attn_rows_t kr = {k, (size_t)hd, NULL, 0, 0}, vr = {v, (size_t)hd, NULL, 0, 0};
+            ops->scores(q, (size_t)hd, NH, &kr, 0, N, hd, 0.125f, s1, N);
+            ops->values(p, N, NH, &vr, 0, N, hd, o1, (size_t)hd);
+            for (int h = 0; h < NH; h++) {
+                ops->scores(q + h * hd, (size_t)hd, 1, &kr, 0, N, hd, 0.125f, s2 + h * N, N);
+                ops->values(p + h * N, N, 1, &vr, 0, N, hd, o2 + h * hd, (size_t)hd);
+            }
+            bad += memcmp(s1, s2, sizeof(float) * NH * N) != 0;
+            bad += memcmp(o1, o2, sizeof(float) * NH * hd) != 0;
+            ran++;
+            free(q), free(k), free(v), free(p), free(s1), free(s2), free(o1), free(o2);
+        }
+    }
+    CU_ASSERT(ran >= 8);
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
 /* One paged layout: positions j0 .. j0+n-1 in blocks of B rows placed in a
  * pool in scrambled order (a block table like the worker's); the kernels
  * on the paged view must give the bits of the kernels on the same rows
@@ -279,6 +316,7 @@ int main(void)
     }
     CU_add_test(suite, "every ISA vs ref on odd shapes", test_shapes);
     CU_add_test(suite, "exact cases", test_exact);
+    CU_add_test(suite, "heads per call do not change the bits", test_head_grouping);
     CU_add_test(suite, "paged views == contiguous, bit for bit", test_paged);
     CU_add_test(suite, "swiglu vs scalar", test_swiglu);
     CU_add_test(suite, "softmax vs scalar", test_softmax);
