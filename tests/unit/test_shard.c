@@ -104,19 +104,27 @@ static void check_plans(const ie_hparams_t *hp, int max_tensor)
     }
     /* tensor: every rank count the shapes allow */
     for (int R = 1; R <= max_tensor; R++) {
-        int64_t kb[64], ke[64], fb[64], fe[64], xb[64], xe[64], vb[64], ve[64];
+        int64_t kb[64], ke[64], hb[64], he[64], fb[64], fe[64], xb[64], xe[64], vb[64], ve[64];
         for (int r = 0; r < R; r++) {
             ie_shard_t s = {IE_SHARD_TENSOR, r, R};
             CU_ASSERT_EQUAL_FATAL(ie_shard_plan(hp, &s, &p[r]), IE_OK);
             CU_ASSERT(p[r].layer_begin == 0 && p[r].layer_end == hp->n_layer);
             CU_ASSERT(p[r].has_embed == 1 && p[r].has_head == 1);
             kb[r] = p[r].kv_head_begin, ke[r] = p[r].kv_head_end;
+            hb[r] = p[r].head_begin, he[r] = p[r].head_end;
             fb[r] = p[r].ff_begin, fe[r] = p[r].ff_end;
             xb[r] = p[r].expert_begin, xe[r] = p[r].expert_end;
             vb[r] = p[r].vocab_begin, ve[r] = p[r].vocab_end;
-            CU_ASSERT(ke[r] - kb[r] == hp->n_head_kv / R || ke[r] - kb[r] == hp->n_head_kv / R + 1);
+            /* query heads dealt evenly; the KV heads are exactly those they read */
+            CU_ASSERT(he[r] - hb[r] == hp->n_head / R || he[r] - hb[r] == hp->n_head / R + 1);
+            const int group = hp->n_head / hp->n_head_kv;
+            CU_ASSERT(kb[r] == hb[r] / group && ke[r] == (he[r] + group - 1) / group);
+            /* a KV head is shared by two ranks only when its group is cut */
+            if (r > 0) CU_ASSERT(kb[r] == ke[r - 1] || (kb[r] == ke[r - 1] - 1 && hb[r] % group != 0));
         }
-        CU_ASSERT(tiles(kb, ke, R, hp->n_head_kv, 1));
+        CU_ASSERT(tiles(hb, he, R, hp->n_head, 1));
+        CU_ASSERT(kb[0] == 0 && ke[R - 1] == hp->n_head_kv);
+        if (hp->n_head_kv % R == 0) CU_ASSERT(tiles(kb, ke, R, hp->n_head_kv, 1)); /* whole groups */
         CU_ASSERT(tiles(vb, ve, R, hp->n_vocab, 32));
         if (hp->n_expert > 0) {
             CU_ASSERT(tiles(xb, xe, R, hp->n_expert, 1));
@@ -138,11 +146,19 @@ static void test_plan_coverage(void)
     CU_ASSERT_EQUAL(ie_shard_plan(&g, &none, &p), IE_OK);
     CU_ASSERT(p.layer_end == 36 && p.has_embed && p.has_head && p.expert_end == 128 && p.vocab_end == 201088 &&
               p.kv_head_end == 8 && p.ff_end == 2880);
-    /* SmolLM2, 2 tensor ranks: 2+1 KV heads, ff 768+768, vocab 24576 each */
+    /* SmolLM2, 2 tensor ranks: 5+4 query heads (KV heads 0-1 and 1-2, the
+     * middle group cut), ff 768+768, vocab 24576 each */
     ie_shard_t t = {IE_SHARD_TENSOR, 1, 2};
     CU_ASSERT_EQUAL(ie_shard_plan(&a, &t, &p), IE_OK);
-    CU_ASSERT(p.kv_head_begin == 2 && p.kv_head_end == 3 && p.ff_begin == 768 && p.ff_end == 1536 &&
-              p.vocab_begin == 24576 && p.vocab_end == 49152);
+    CU_ASSERT(p.head_begin == 5 && p.head_end == 9 && p.kv_head_begin == 1 && p.kv_head_end == 3 &&
+              p.ff_begin == 768 && p.ff_end == 1536 && p.vocab_begin == 24576 && p.vocab_end == 49152);
+    t.rank = 0;
+    CU_ASSERT_EQUAL(ie_shard_plan(&a, &t, &p), IE_OK);
+    CU_ASSERT(p.head_begin == 0 && p.head_end == 5 && p.kv_head_begin == 0 && p.kv_head_end == 2);
+    /* 3 ranks: whole groups, one KV head each */
+    ie_shard_t t3 = {IE_SHARD_TENSOR, 2, 3};
+    CU_ASSERT_EQUAL(ie_shard_plan(&a, &t3, &p), IE_OK);
+    CU_ASSERT(p.head_begin == 6 && p.head_end == 9 && p.kv_head_begin == 2 && p.kv_head_end == 3);
     /* 30 layers in 4 stages: 8 8 7 7 */
     ie_shard_t pp = {IE_SHARD_PIPELINE, 2, 4};
     CU_ASSERT_EQUAL(ie_shard_plan(&a, &pp, &p), IE_OK);

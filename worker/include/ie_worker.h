@@ -66,7 +66,10 @@ typedef struct ie_shard_range {
     int layer_begin, layer_end;     /* layers run                          */
     int has_embed;                  /* looks tokens up (else takes hidden) */
     int has_head;                   /* computes logits (a vocab slice)     */
-    int kv_head_begin, kv_head_end; /* KV heads (query heads follow)       */
+    int head_begin, head_end;       /* query heads                         */
+    int kv_head_begin, kv_head_end; /* the KV heads those query heads read
+                                       (tensor: a KV head whose group is cut
+                                       between two ranks is held by both)  */
     int64_t ff_begin, ff_end;       /* dense MLP columns                   */
     int expert_begin, expert_end;   /* MoE experts                         */
     int64_t vocab_begin, vocab_end; /* output head rows                    */

@@ -509,9 +509,9 @@ reply:
     }
     const ie_shard_range_t *r = ie_worker_shard(nd->w);
     if (nd->o->verbose)
-        logf_(nd, "%s rank %d of %d: layers %d-%d, kv heads %d-%d, vocab %lld-%lld, %.1f MB, %s in %.0f ms",
+        logf_(nd, "%s rank %d of %d: layers %d-%d, heads %d-%d (kv %d-%d), vocab %lld-%lld, %.1f MB, %s in %.0f ms",
           ie_shard_kind_name((ie_shard_kind_t)a->plan), a->rank, a->n_ranks, r->layer_begin, r->layer_end - 1,
-          r->kv_head_begin, r->kv_head_end - 1, (long long)r->vocab_begin, (long long)r->vocab_end - 1,
+          r->head_begin, r->head_end - 1, r->kv_head_begin, r->kv_head_end - 1, (long long)r->vocab_begin, (long long)r->vocab_end - 1,
           ie_worker_weight_bytes(nd->w) / 1e6, reload ? "loaded" : "kept", m.u.ready.load_ms);
     if (reload && !nd->o->quiet && ie_worker_hot_report(nd->w)[0]) /* IE_HOT_REPLICATE asked for */
         logf_(nd, "hot weights: %s", ie_worker_hot_report(nd->w));

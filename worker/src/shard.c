@@ -66,7 +66,8 @@ ie_status_t ie_shard_plan(const ie_hparams_t *hp, const ie_shard_t *s, ie_shard_
     const int R = s->kind == IE_SHARD_NONE && s->n_ranks == 0 ? 1 : s->n_ranks, k = s->rank;
     /* everything: NONE, and the starting point of the others */
     r = (ie_shard_range_t){.layer_begin = 0, .layer_end = hp->n_layer, .has_embed = 1, .has_head = 1,
-                           .kv_head_begin = 0, .kv_head_end = hp->n_head_kv, .ff_begin = 0, .ff_end = hp->n_ff,
+                           .head_begin = 0, .head_end = hp->n_head, .kv_head_begin = 0,
+                           .kv_head_end = hp->n_head_kv, .ff_begin = 0, .ff_end = hp->n_ff,
                            .expert_begin = 0, .expert_end = hp->n_expert, .vocab_begin = 0,
                            .vocab_end = hp->n_vocab};
     int64_t b, e;
@@ -102,9 +103,22 @@ ie_status_t ie_shard_plan(const ie_hparams_t *hp, const ie_shard_t *s, ie_shard_
                               hp->n_vocab, (hp->n_vocab + 31) / 32);
             break;
         }
-        split(hp->n_head_kv, k, R, &b, &e);
-        r.kv_head_begin = (int)b;
-        r.kv_head_end = (int)e;
+        /* Query heads are dealt evenly and each rank holds the KV heads its
+         * query heads read. When the KV heads divide evenly this is a split
+         * by KV-head groups; when they do not (SmolLM2's 9 query / 3 KV
+         * heads on 2 ranks: 5 + 4 query heads, KV heads 0-1 and 1-2) the
+         * group cut in two is held by both ranks, which costs its k/v
+         * projection twice but evens the attention out: the ranks meet at
+         * a reduction after it in every layer, so the rank with a whole KV
+         * group more (2 + 1) would make the other wait each time. */
+        {
+            const int group = hp->n_head / hp->n_head_kv;
+            split(hp->n_head, k, R, &b, &e);
+            r.head_begin = (int)b;
+            r.head_end = (int)e;
+            r.kv_head_begin = (int)(b / group);
+            r.kv_head_end = (int)((e + group - 1) / group);
+        }
         split_units(hp->n_vocab, 32, k, R, &r.vocab_begin, &r.vocab_end);
         if (hp->n_expert > 0) {
             if (R > hp->n_expert) {

@@ -997,13 +997,13 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
     const ie_shard_range_t *sh = &w->sh;
     const int qgroup = hp->n_head / hp->n_head_kv, hd = hp->head_dim;
     w->n_kv_loc = sh->kv_head_end - sh->kv_head_begin;
-    w->n_head_loc = w->n_kv_loc * qgroup;
+    w->n_head_loc = sh->head_end - sh->head_begin;
     w->ff_loc = sh->ff_end - sh->ff_begin;
     int64_t d = hp->n_embd, ff = w->ff_loc;
     w->q_dim = w->n_head_loc * hd;
     w->kv_dim = w->n_kv_loc * hd;
     /* this rank's rows of q and of k/v; o takes the q range as columns */
-    const int64_t q0 = (int64_t)sh->kv_head_begin * qgroup * hd, q1 = (int64_t)sh->kv_head_end * qgroup * hd;
+    const int64_t q0 = (int64_t)sh->head_begin * hd, q1 = (int64_t)sh->head_end * hd;
     const int64_t kv0 = (int64_t)sh->kv_head_begin * hd, kv1 = (int64_t)sh->kv_head_end * hd;
     const int64_t qd = (int64_t)hp->n_head * hd, kvd = (int64_t)hp->n_head_kv * hd;
     const int64_t nv_loc = sh->vocab_end - sh->vocab_begin;
@@ -1083,13 +1083,13 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
             L->bq += q0;
             L->bk += kv0;
             L->bv += kv0;
-            if (sh->kv_head_begin == 0) {
+            if (sh->head_begin == 0) {
                 BIND_VEC(bo, "attn_output.bias", d, 1);
             }
         }
         if (hp->attn_sinks) {
             BIND_VEC(sinks, "attn_sinks.weight", hp->n_head, 1);
-            L->sinks += (int64_t)sh->kv_head_begin * qgroup;
+            L->sinks += sh->head_begin;
         }
         L->swa = hp->sliding_window > 0 && hp->layer_swa[l];
         if (!moe) {
@@ -1387,8 +1387,16 @@ static void att_run(void *ctx, int ith, int nth)
     const long units = (long)t->b->n * w->n_kv_loc * nsub;
     for (long u = ith; u < units; u += nth) {
         const int i = (int)(u / (w->n_kv_loc * nsub)), r = (int)(u % (w->n_kv_loc * nsub));
-        const int kh = r / nsub, h0 = kh * group + (r % nsub) * t->sg;
-        const int nh = kh * group + group - h0 < t->sg ? kh * group + group - h0 : t->sg;
+        const int kh = r / nsub;
+        /* this KV head's query heads held here (local numbers): a whole
+         * group, or the part of a group cut between two ranks */
+        const int kg = w->sh.kv_head_begin + kh;
+        const int qa = kg * group > w->sh.head_begin ? kg * group : w->sh.head_begin;
+        const int qe = (kg + 1) * group < w->sh.head_end ? (kg + 1) * group : w->sh.head_end;
+        const int h0 = qa - w->sh.head_begin + (r % nsub) * t->sg;
+        const int hend = qe - w->sh.head_begin;
+        if (h0 >= hend) continue;
+        const int nh = hend - h0 < t->sg ? hend - h0 : t->sg;
         const int seq = t->b->seq[i], pos = t->b->pos[i];
         /* a sliding layer sees the last W positions, itself included */
         const int j0 = L->swa && pos >= hp->sliding_window ? pos - hp->sliding_window + 1 : 0;
@@ -1439,7 +1447,7 @@ static int att_share(const ie_worker_t *w, int n)
 {
     const int group = w->hp.n_head / w->hp.n_head_kv, nth = w->opts.n_threads;
     int sg = group;
-    while (sg > 1 && (long)n * w->n_kv_loc * ((group + sg - 1) / sg) < 2L * nth) sg = (sg + 1) / 2;
+    while (nth > 1 && sg > 1 && (long)n * w->n_kv_loc * ((group + sg - 1) / sg) < 2L * nth) sg = (sg + 1) / 2;
     return sg;
 }
 
