@@ -326,11 +326,22 @@ def main(argv=None) -> int:
         b, bp = (pbase, pbase_p) if c.startswith("proc-") and pbase else (base, base_p)
         s["decode_ratio"] = m / b if m and b else None
         s["prefill_ratio"] = mp / bp if mp and bp else None
+        # paired: each round's run against its baseline's run of the same
+        # round (minutes apart at most), so a bandwidth phase that flips
+        # between rounds moves both sides of a ratio
+        bc = "proc-embedded" if c.startswith("proc-") and "proc-embedded" in runs else "embedded"
+        pairs = []
+        for r, rb in zip(runs[c], runs.get(bc, [])):
+            x, y = r.get("decode_tps"), rb.get("decode_tps")
+            if "error" not in r and "error" not in rb and x and y:
+                pairs.append(x / y)
+        s["decode_ratio_paired"] = stats(pairs) if bc in runs and c != bc else None
 
-    print(f"\nSmolLM2 distributed vs embedded ({a.rounds} rounds, prompt ~{n_tok} tokens, {a.gen} generated, "
+    print(f"\n{a.model.name} distributed vs embedded ({a.rounds} rounds, prompt ~{n_tok} tokens, {a.gen} generated, "
           f"{a.threads} threads; load average at start {machine.get('loadavg')})")
     print(f"{'config':16s} {'decode t/s med [min-max]':>28s} {'x emb':>6s} {'prefill t/s med [min-max]':>30s} "
-          f"{'x emb':>6s} {'wire B/token':>13s} {'xfer ms/step r0,r1':>19s} {'compute ms/step r0,r1':>22s}")
+          f"{'x emb':>6s} {'wire B/token':>13s} {'xfer ms/step r0,r1':>19s} {'compute ms/step r0,r1':>22s} "
+          f"{'x emb paired med [min-max]':>27s}")
     for c, s in summary.items():
         d, p = s["decode_tps"], s["prefill_tps"]
         xf = cp = "-"
@@ -342,17 +353,23 @@ def main(argv=None) -> int:
               + f"{f1(s['decode_ratio'], '.2f'):>6s} "
               + f"{f1(p['median']):>10s} [{f1(p['min'])}-{f1(p['max'])}]".ljust(30)
               + f" {f1(s['prefill_ratio'], '.2f'):>6s} {('-' if wire is None else str(wire)):>13s} "
-              f"{xf:>19s} {cp:>22s}" + (f"  ({s['errors']} errors)" if s["errors"] else ""))
+              f"{xf:>19s} {cp:>22s} "
+              + (f"{f1(pr['median'], '.2f')} [{f1(pr['min'], '.2f')}-{f1(pr['max'], '.2f')}]".rjust(27)
+                 if (pr := s.get("decode_ratio_paired")) and pr["n"] else "-".rjust(27))
+              + (f"  ({s['errors']} errors)" if s["errors"] else ""))
     print("wire B/token: payload bytes per decoded token summed over all links (headers excluded; tensor partial "
           "sums go through shared memory except in *-zmq); xfer ms/step: ie_worker_transfer_seconds_total per step "
           "(tensor: includes waiting for the peer); x emb: proc-* against proc-embedded (same serving path and "
-          "measurement) when it ran, the others against the CLI's embedded run")
+          "measurement) when it ran, the others against the CLI's embedded run; paired: the median of the "
+          "per-round ratios (each run against the same round's baseline run)")
     for suffix, what in (("", "shared-memory reduce"), ("-zmq", "IE_TP_SHM=0")):
         goal = summary.get("proc-tensor" + suffix, {}).get("decode_ratio")
         inproc = summary.get("inproc-tensor" + suffix, {}).get("decode_ratio")
+        gp = (summary.get("proc-tensor" + suffix, {}).get("decode_ratio_paired") or {}).get("median")
+        ip = (summary.get("inproc-tensor" + suffix, {}).get("decode_ratio_paired") or {}).get("median")
         if goal is not None or inproc is not None:
-            print(f"goal tensor-parallel >= 0.9x embedded ({what}): processes {f1(goal, '.2f')}x, "
-                  f"in-process {f1(inproc, '.2f')}x")
+            print(f"goal tensor-parallel >= 0.9x embedded ({what}): processes {f1(goal, '.2f')}x "
+                  f"(paired {f1(gp, '.2f')}x), in-process {f1(inproc, '.2f')}x (paired {f1(ip, '.2f')}x)")
 
     a.out.mkdir(parents=True, exist_ok=True)
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")

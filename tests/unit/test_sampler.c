@@ -151,6 +151,49 @@ static void test_greedy_argmax_and_ties(void)
     ie_sampler_destroy(&s);
 }
 
+/* The vectorized arg max against a scalar "first strict maximum" scan on
+ * vocabularies of every size around the 16-lane blocks and a large one,
+ * with ties across lanes and blocks, NaN, -inf and +inf sprinkled in. */
+static void test_greedy_matches_scalar_scan(void)
+{
+    static const int sizes[] = {1, 2, 3, 15, 16, 17, 31, 32, 33, 47, 64, 65, 100, 49157};
+    uint64_t st = 12345;
+    int bad = 0, ran = 0;
+    for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
+        const int n = sizes[z];
+        ie_sampler_params_t p = ie_sampler_params_default();
+        p.greedy = 1;
+        ie_sampler_t *s = make(&p, n);
+        float *l = malloc(sizeof(float) * (size_t)n), *c = malloc(sizeof(float) * (size_t)n);
+        for (int trial = 0; trial < 60; trial++) {
+            for (int i = 0; i < n; i++) {
+                st = st * 6364136223846793005ull + 1442695040888963407ull;
+                const unsigned r = (unsigned)(st >> 33);
+                l[i] = (float)(r % 7) - 3.0f; /* few values: many ties */
+                if (trial % 3 == 1 && r % 11 == 0) l[i] = NAN;
+                if (trial % 3 == 2 && r % 13 == 0) l[i] = -INFINITY;
+                if (trial % 20 == 19 && r % 97 == 0) l[i] = INFINITY;
+            }
+            if (trial == 5)
+                for (int i = 0; i < n; i++) l[i] = i % 2 ? NAN : -INFINITY; /* nothing usable */
+            int want = -1;
+            float best = -INFINITY;
+            for (int i = 0; i < n; i++)
+                if (l[i] > best) best = l[i], want = i;
+            memcpy(c, l, sizeof(float) * (size_t)n);
+            int32_t id = -7;
+            const ie_status_t rc = ie_sampler_sample(s, c, &id);
+            if (want < 0) bad += !(rc == IE_ERR_RANGE && id == -1);
+            else bad += !(rc == IE_OK && id == want);
+            ran++;
+        }
+        free(l), free(c);
+        ie_sampler_destroy(&s);
+    }
+    CU_ASSERT(ran == 60 * (int)(sizeof sizes / sizeof sizes[0]));
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
 /* --------------------------------------------------------- determinism */
 
 /* 1000 draws from fixed logits over 50 tokens; mode 0: defaults, 1: top-p
@@ -815,6 +858,7 @@ int main(void)
         return (int)CU_get_error();
     }
     CU_add_test(suite, "greedy argmax and ties", test_greedy_argmax_and_ties);
+    CU_add_test(suite, "greedy == a scalar first-maximum scan (odd sizes, NaN, inf)", test_greedy_matches_scalar_scan);
     CU_add_test(suite, "seed reproducible", test_seed_reproducible);
     CU_add_test(suite, "reset replays", test_reset_replays);
     CU_add_test(suite, "frequencies match softmax", test_frequencies_match_softmax);
