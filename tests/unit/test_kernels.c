@@ -116,14 +116,16 @@ static double term_scale(ie_dtype_t wt, const void *wrow, const void *arow, int6
 
 /* ------------------------------------------------------------- matmul */
 
-static int check_matmul_case(ie_isa_t isa, ie_dtype_t wt, int64_t n_in, int64_t n_out,
-                             int64_t n_tok, int64_t r0, uint64_t seed)
+/* Activation rows as_ bytes apart (0: a row + 12, larger than a row and not
+ * a multiple of 64). */
+static int check_matmul_case_as(ie_isa_t isa, ie_dtype_t wt, int64_t n_in, int64_t n_out,
+                                int64_t n_tok, int64_t r0, uint64_t seed, size_t as_)
 {
     const ie_matmul_ops_t *ops = ie_kernels_get(isa);
     const ie_dtype_t at = ie_matmul_act_dtype(wt);
     const size_t wb = ie_dtype_row_bytes(wt, n_in);
     const size_t abytes = ie_dtype_row_bytes(at, n_in);
-    const size_t as = abytes + 12; /* stride larger than a row, not a multiple of 64 */
+    const size_t as = as_ ? as_ : abytes + 12;
     const int64_t ldy = n_out + 5;
     rng_seed(seed);
     float *xf = malloc((size_t)n_in * sizeof(float));
@@ -162,6 +164,12 @@ static int check_matmul_case(ie_isa_t isa, ie_dtype_t wt, int64_t n_in, int64_t 
     }
     free(xf); free(w); free(a); free(y); free(yr);
     return bad;
+}
+
+static int check_matmul_case(ie_isa_t isa, ie_dtype_t wt, int64_t n_in, int64_t n_out,
+                             int64_t n_tok, int64_t r0, uint64_t seed)
+{
+    return check_matmul_case_as(isa, wt, n_in, n_out, n_tok, r0, seed, 0);
 }
 
 static void test_matmul_vs_ref(void)
@@ -206,6 +214,35 @@ static void test_matmul_large(void)
             CU_ASSERT_EQUAL(check_matmul_case(isas[i], WTYPES[wi], 8320, 70, 13, 3, 77 + wi), 0);
             CU_ASSERT_EQUAL(check_matmul_case(isas[i], WTYPES[wi], 8320, 9, 1, 0, 99 + wi), 0);
         }
+}
+
+/* BF16 prefill shapes (n_tok >= 48: on AVX-512 with AVX512_BF16, the
+ * repacked-panel path): odd and short n_in (the last pair half empty),
+ * row counts and starts that are not multiples of 16 or 32, token counts
+ * that split into uneven blocks, activation strides that are multiples of
+ * 2048 (copied activations) or not, several row panels (n_in 2051: 128 rows
+ * a panel), a row too long to copy (8200) and one too long to repack
+ * (16500, the tiles of the decode path). */
+static void test_matmul_bf16_prefill(void)
+{
+    ie_isa_t isas[3];
+    const int ni = n_isas(isas);
+    static const struct { int64_t n_in, n_out, n_tok, r0; } cs[] = {
+        { 1, 17, 48, 0 },   { 3, 45, 61, 3 },   { 31, 1, 48, 0 },   { 33, 17, 53, 1 },  { 77, 45, 49, 0 },
+        { 64, 32, 60, 0 },  { 2051, 45, 50, 7 }, { 2048, 64, 61, 0 }, { 2051, 300, 61, 5 },
+        { 8200, 33, 48, 2 }, { 16500, 3, 48, 0 } };
+    int bad = 0;
+    for (int i = 0; i < ni; i++)
+        for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++)
+            for (int s2048 = 0; s2048 < 2; s2048++) {
+                const size_t row = ie_dtype_row_bytes(IE_DTYPE_BF16, cs[c].n_in);
+                const size_t as = s2048 ? (row + 2047) / 2048 * 2048 : 0;
+                const int b = check_matmul_case_as(isas[i], IE_DTYPE_BF16, cs[c].n_in, cs[c].n_out, cs[c].n_tok,
+                                                   cs[c].r0, 4242 + 17 * c + (uint64_t)s2048, as);
+                if (b) printf("\n  bf16 prefill case %zu (stride %zu) failed", c, as);
+                bad += b;
+            }
+    CU_ASSERT_EQUAL(bad, 0);
 }
 
 /* Weights and activations that end exactly at an inaccessible page: no
@@ -902,6 +939,7 @@ int main(void)
     CU_add_test(s, "dispatch", test_dispatch);
     CU_add_test(s, "matmul vs ref (all ISAs, types, odd sizes)", test_matmul_vs_ref);
     CU_add_test(s, "matmul large (k-chunks, panels)", test_matmul_large);
+    CU_add_test(s, "bf16 matmul, prefill shapes (repacked panels)", test_matmul_bf16_prefill);
     CU_add_test(s, "matmul integer part exact", test_matmul_integer_exact);
     CU_add_test(s, "matmul reads nothing past its inputs", test_matmul_guard_page);
     CU_add_test(s, "matmul unsupported types", test_matmul_unsupported);

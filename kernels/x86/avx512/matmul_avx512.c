@@ -330,11 +330,295 @@ static void bdrive(const ie_ftile_fn *tiles1, const ie_ftile_fn *tilesR, int R, 
     }
 }
 
+/* ------------------------------- bf16 prefill: repacked weights, no reduce
+ *
+ * The tiles above put k along the vector lanes, so every (row, token) pair
+ * ends in a horizontal sum (reduce16 per 16 pairs), and at n_in = 2048 its
+ * 4 weight and 6 token rows, 4096 bytes apart, share one L1 set. For
+ * prefill-sized calls (n_tok >= BP_MIN_TOK)
+ * the rows go along the lanes instead. Each row panel is first repacked
+ * once into a thread-local buffer, "interleaved pairs":
+ *     group g (rows p0+16g .. +15), pair j: one 64-byte vector whose dword
+ *     i is the bf16 pair (w[p0+16g+i][2j], w[p0+16g+i][2j+1]),
+ * groups BP_GS(n_in) bytes apart, pairs 64 bytes apart; a pair past n_in
+ * (odd n_in) and the rows past the panel are zeros. A tile of BPV groups
+ * (32 rows) x BPT tokens then keeps BPV*BPT zmm accumulators whose lanes are
+ * rows: per pair, BPV weight loads and one vdpbf16ps per (group, token) with
+ * the token's pair as the {1to16} broadcast memory operand. An accumulator
+ * is 16 consecutive outputs of one token: one (masked at the panel end)
+ * store, no reduction. The repack (a 16 x 16 dword transpose per 16 rows x
+ * 32 k) costs about one pass over the panel, which every token block then
+ * reuses from L2; decode and short batches (n_tok < BP_MIN_TOK) keep the
+ * tiles above, and so do rows whose 16-row group does not fit BP_BUF
+ * (n_in > ~16.6K).
+ *
+ * Activations: 4 bytes per token and pair; for odd n_in the last element
+ * is loaded alone (widened with a zero), never the word after the row.
+ * When the row stride is a multiple of 2048 (the worker's bf16 rows of
+ * n_in = 1024, 2048, 4096, ...) the 12 token rows of a tile fall into one
+ * or two L1 sets and evict each other every step (measured: 335 vs 445
+ * GOP/s); such blocks are read from a copy with a stride of a row + 64
+ * bytes, made for the next block by the first tile of the current one (64
+ * bytes per row every 16 pairs, overlapped with the arithmetic). The sums
+ * are the same products added in another order (per pair, then along k in
+ * one f32 accumulator per output, where the tiles above keep 16 partial
+ * sums per output). Measured (2 threads, 512 tokens, cpu GOP/s): 2048 x
+ * 2048 370 -> 435, 5632 x 2048 370 -> 430, 2048 x 5632 430 -> 445. */
+
+#define BPV 2          /* 16-row groups per tile (rows: 16 * BPV) */
+#define BPT 12         /* tokens per tile                         */
+#define BP_MIN_TOK 48  /* n_tok from which the repacked path runs */
+#define BP_BUF (520u << 10) /* 8 groups of n_in 2048 (padded) */
+#define BP_GS(n_in) ((size_t)(((n_in) + 1) / 2) * 64 + 64) /* bytes per 16-row group */
+
+#define BP_CP_MAXK 8192 /* longest activation row that is copied */
+#define BP_AS(n_in) ((((size_t)(n_in) * 2 + 63) & ~(size_t)63) + 64) /* copied act stride */
+
+static _Thread_local _Alignas(64) char g_bpack[BP_BUF];
+static _Thread_local _Alignas(64) char g_bpact[2][BPT * BP_AS(BP_CP_MAXK)];
+
+/* acc += vdpbf16ps(w, the bf16 pair at p broadcast to every dword), the
+ * broadcast as the instruction's {1to16} memory operand (GCC does not fold
+ * _mm512_set1_epi32 of a load into it; a separate vpbroadcastd per product
+ * costs an extra uop); see dpbusd_bcast in pack_avx512.c. */
+IE_INLINE __m512 dpbf16_bcast(__m512 acc, __m512bh w, const char *p)
+{
+#ifdef IE_PACK_NO_ASM
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_dpbf16_ps(acc, w, (__m512bh)_mm512_set1_epi32(v));
+#else
+    __asm__("vdpbf16ps %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)(const void *)p));
+    return acc;
+#endif
+}
+
+/* Dword transpose: on return r[j] lane i = r[i] lane j (on entry). */
+IE_INLINE void transpose16(__m512i r[16])
+{
+    __m512i t[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) { /* per 128-bit lane: a0 b0 a1 b1 | a2 b2 a3 b3 */
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) { /* r[4i+c], 128-bit lane l: rows 4i..4i+3 of column 4l+c */
+        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) { /* 4 x 4 transpose of 128-bit lanes */
+        const __m512i v0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44), v1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xee);
+        const __m512i v2 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44);
+        const __m512i v3 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xee);
+        t[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);
+        t[4 + c] = _mm512_shuffle_i32x4(v0, v2, 0xdd);
+        t[8 + c] = _mm512_shuffle_i32x4(v1, v3, 0x88);
+        t[12 + c] = _mm512_shuffle_i32x4(v1, v3, 0xdd);
+    }
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+/* Repack rows w[0 .. nrows) (row stride wb) into dst, groups gs apart. */
+static void bp_repack(const char *w, size_t wb, int64_t n_in, int64_t nrows, char *dst, size_t gs)
+{
+    const int64_t np = (n_in + 1) / 2;
+    for (int64_t g = 0; g * 16 < nrows; g++) {
+        const int64_t nr = nrows - 16 * g < 16 ? nrows - 16 * g : 16;
+        const char *src = w + (size_t)(16 * g) * wb;
+        char *out = dst + (size_t)g * gs;
+        for (int64_t j0 = 0; j0 < np; j0 += 16) {
+            const int64_t ne = n_in - 2 * j0 < 32 ? n_in - 2 * j0 : 32; /* valid elements */
+            const __mmask32 m = _cvtu32_mask32(ne == 32 ? ~0u : (1u << ne) - 1u);
+            __m512i v[16];
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++)
+                v[i] = i < nr ? _mm512_maskz_loadu_epi16(m, src + (size_t)i * wb + (size_t)j0 * 4)
+                              : _mm512_setzero_si512();
+            transpose16(v);
+            const int64_t nc = np - j0 < 16 ? np - j0 : 16;
+#pragma GCC unroll 16
+            for (int c = 0; c < 16; c++)
+                if (c < nc) _mm512_store_si512((void *)(out + (size_t)(j0 + c) * 64), v[c]);
+        }
+    }
+}
+
+/* Rows to prefetch (into L2) while a tile runs: n rows from p, s bytes
+ * apart; the tile touches line j*4 of each every 16 pairs j, so the rows
+ * arrive spread over the tile (bytes 0..4*n_in/2 of each). */
+typedef struct bp_pf {
+    const char *p;
+    size_t s;
+    int n;
+} bp_pf_t;
+
+/* Activation rows to copy while a tile runs: n rows of n_in bf16 from s
+ * (ss bytes apart) to d (ds bytes apart), 64 bytes of each every 16 pairs. */
+typedef struct bp_cp {
+    const char *s;
+    size_t ss;
+    char *d;
+    size_t ds;
+    int n;
+} bp_cp_t;
+
+/* One tile of V groups (16V rows, nrows of them valid) x T tokens from the
+ * repacked panel at pw; y[t*ldy + r] for r < nrows. Prefetches pf[0], pf[1]
+ * on the way. */
+IE_INLINE void bptile(int V, int T, const char *pw, size_t gs, int64_t n_in, const char *a, size_t as, float *y,
+                      int64_t ldy, int nrows, const bp_pf_t *pf, const bp_cp_t *cp)
+{
+    __m512 acc[BPV * BPT];
+#pragma GCC unroll 24
+    for (int i = 0; i < V * T; i++) acc[i] = _mm512_setzero_ps();
+    const int64_t nf = n_in / 2, np = (n_in + 1) / 2; /* full pairs, all pairs */
+    for (int64_t j0 = 0; j0 < np; j0 += 16) {
+        for (int q = 0; q < 2; q++)
+            for (int i = 0; i < pf[q].n; i++) _mm_prefetch(pf[q].p + (size_t)i * pf[q].s + (size_t)j0 * 4, _MM_HINT_T1);
+        if (cp->n) {
+            const int64_t ne = n_in - 2 * j0 < 32 ? n_in - 2 * j0 : 32;
+            const __mmask32 m = _cvtu32_mask32(ne == 32 ? ~0u : (1u << ne) - 1u);
+            for (int i = 0; i < cp->n; i++) {
+                const char *src = cp->s + (size_t)i * cp->ss + (size_t)j0 * 4;
+                _mm_prefetch(src + 256, _MM_HINT_T1);
+                _mm512_store_si512((void *)(cp->d + (size_t)i * cp->ds + (size_t)j0 * 4), _mm512_maskz_loadu_epi16(m, src));
+            }
+        }
+        const int64_t je = j0 + 16 < nf ? j0 + 16 : nf;
+        for (int64_t j = j0; j < je; j++) {
+            __m512bh wv[BPV];
+#pragma GCC unroll 4
+            for (int v = 0; v < V; v++)
+                wv[v] = (__m512bh)_mm512_load_si512((const void *)(pw + (size_t)v * gs + (size_t)j * 64));
+#pragma GCC unroll 12
+            for (int t = 0; t < T; t++)
+#pragma GCC unroll 4
+                for (int v = 0; v < V; v++)
+                    acc[t * V + v] = dpbf16_bcast(acc[t * V + v], wv[v], a + (size_t)t * as + (size_t)j * 4);
+        }
+    }
+    if (n_in & 1) { /* the last element alone: its pair's weight half is 0 */
+        __m512bh wv[BPV];
+#pragma GCC unroll 4
+        for (int v = 0; v < V; v++) wv[v] = (__m512bh)_mm512_load_si512((const void *)(pw + (size_t)v * gs + (size_t)nf * 64));
+#pragma GCC unroll 12
+        for (int t = 0; t < T; t++) {
+            uint16_t e;
+            memcpy(&e, a + (size_t)t * as + (size_t)nf * 4, 2);
+            const __m512bh x = (__m512bh)_mm512_set1_epi32(e);
+#pragma GCC unroll 4
+            for (int v = 0; v < V; v++) acc[t * V + v] = _mm512_dpbf16_ps(acc[t * V + v], wv[v], x);
+        }
+    }
+#pragma GCC unroll 4
+    for (int v = 0; v < V; v++) {
+        const int n = nrows - 16 * v;
+        const __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
+#pragma GCC unroll 12
+        for (int t = 0; t < T; t++) _mm512_mask_storeu_ps(y + t * ldy + 16 * v, m, acc[t * V + v]);
+    }
+}
+
+typedef void (*bptile_fn)(const char *pw, size_t gs, int64_t n_in, const char *a, size_t as, float *y,
+                          int64_t ldy, int nrows, const bp_pf_t *pf, const bp_cp_t *cp);
+
+#define BPTILE(V, T)                                                                                      \
+    static void bptile_##V##_##T(const char *pw, size_t gs, int64_t n_in, const char *a, size_t as, float *y, \
+                                 int64_t ldy, int nrows, const bp_pf_t *pf, const bp_cp_t *cp)            \
+    {                                                                                                     \
+        bptile(V, T, pw, gs, n_in, a, as, y, ldy, nrows, pf, cp);                                         \
+    }
+#define BPTILES(V)                                                                                     \
+    BPTILE(V, 1) BPTILE(V, 2) BPTILE(V, 3) BPTILE(V, 4) BPTILE(V, 5) BPTILE(V, 6) BPTILE(V, 7)        \
+    BPTILE(V, 8) BPTILE(V, 9) BPTILE(V, 10) BPTILE(V, 11) BPTILE(V, 12)
+BPTILES(1)
+BPTILES(2)
+static const bptile_fn bptiles[BPV][BPT + 1] = {
+    { NULL, bptile_1_1, bptile_1_2, bptile_1_3, bptile_1_4, bptile_1_5, bptile_1_6, bptile_1_7, bptile_1_8,
+      bptile_1_9, bptile_1_10, bptile_1_11, bptile_1_12 },
+    { NULL, bptile_2_1, bptile_2_2, bptile_2_3, bptile_2_4, bptile_2_5, bptile_2_6, bptile_2_7, bptile_2_8,
+      bptile_2_9, bptile_2_10, bptile_2_11, bptile_2_12 } };
+
+/* Copy tt activation rows (n_in bf16 each) to dst, rows ds bytes apart. */
+static void bp_copy_act(const char *a, size_t as, int64_t n_in, int tt, char *dst, size_t ds)
+{
+    for (int t = 0; t < tt; t++) {
+        const char *src = a + (size_t)t * as;
+        char *d = dst + (size_t)t * ds;
+        int64_t k = 0;
+        for (; k + 32 <= n_in; k += 32) _mm512_store_si512((void *)(d + k * 2), _mm512_loadu_si512((const void *)(src + k * 2)));
+        if (k < n_in)
+            _mm512_store_si512((void *)(d + k * 2), _mm512_maskz_loadu_epi16(_cvtu32_mask32((1u << (n_in - k)) - 1u), src + k * 2));
+    }
+}
+
+/* Rows r0..r1 in panels that fit g_bpack; per panel, token blocks of BPT or
+ * fewer (sizes differ by at most one) against 32-row tiles. The first block
+ * repacks each tile just before using it, while the tile before prefetches
+ * its rows; the last tile of the last block prefetches the next panel's
+ * first tile, and the first tile of every block the next block's
+ * activations, so the DRAM / L3 reads overlap the arithmetic. */
+static void bpdrive(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as, int64_t n_tok,
+                    float *y, int64_t ldy)
+{
+    const size_t wb = (size_t)n_in * 2, gs = BP_GS(n_in), cas = BP_AS(n_in);
+    const int TR = 16 * BPV; /* rows per tile */
+    int64_t P = (int64_t)(BP_BUF / gs) * 16; /* rows whose groups fit */
+    if (P >= TR) P -= P % TR;
+    const int copy = n_in <= BP_CP_MAXK && as % 2048 == 0;
+    const int64_t nb = (n_tok + BPT - 1) / BPT;
+    int64_t nblk = 0; /* blocks done: the copy of the current one is g_bpact[nblk % 2] */
+    if (copy) bp_copy_act((const char *)a, as, n_in, (int)(n_tok / nb), g_bpact[0], cas);
+    for (int64_t p0 = r0; p0 < r1; p0 += P) {
+        const int64_t p1 = p0 + P < r1 ? p0 + P : r1;
+        const int64_t nt = (p1 - p0 + TR - 1) / TR;
+        for (int64_t b = 0; b < nb; b++, nblk++) {
+            const int64_t t0 = n_tok * b / nb, t1 = n_tok * (b + 1) / nb;
+            const int tt = (int)(t1 - t0);
+            /* the activations after this block: the next one, or block 0 of the next panel */
+            bp_pf_t pfa = { NULL, as, 0 };
+            if (b + 1 < nb) pfa = (bp_pf_t){ (const char *)a + (size_t)t1 * as, as, (int)(n_tok * (b + 2) / nb - t1) };
+            else if (p1 < r1) pfa = (bp_pf_t){ (const char *)a, as, (int)(n_tok / nb) };
+            const char *at = (const char *)a + (size_t)t0 * as;
+            size_t ats = as;
+            bp_cp_t cp = { NULL, as, NULL, cas, 0 };
+            if (copy) { /* this block from its copy; tile 0 copies the next one */
+                at = g_bpact[nblk % 2];
+                ats = cas;
+                cp = (bp_cp_t){ pfa.p, as, g_bpact[(nblk + 1) % 2], cas, pfa.n };
+                pfa.n = 0;
+            }
+            float *yt = y + t0 * ldy;
+            for (int64_t i = 0; i < nt; i++) {
+                const int64_t r = p0 + i * TR;
+                const int nr = (int)(p1 - r < TR ? p1 - r : TR);
+                char *pw = g_bpack + (size_t)(i * BPV) * gs;
+                if (b == 0) bp_repack((const char *)w + (size_t)r * wb, wb, n_in, nr, pw, gs);
+                bp_pf_t pf[2] = { { NULL, wb, 0 }, { NULL, as, 0 } };
+                if (b == 0 && i + 1 < nt)
+                    pf[0] = (bp_pf_t){ (const char *)w + (size_t)(r + TR) * wb, wb, (int)(p1 - r - TR < TR ? p1 - r - TR : TR) };
+                else if (b == nb - 1 && i + 1 == nt && p1 < r1)
+                    pf[0] = (bp_pf_t){ (const char *)w + (size_t)p1 * wb, wb, (int)(r1 - p1 < TR ? r1 - p1 : TR) };
+                static const bp_cp_t nocp = { NULL, 0, NULL, 0, 0 };
+                if (i == 0) pf[1] = pfa;
+                bptiles[nr > 16][tt](pw, gs, n_in, at, ats, yt + r, ldy, nr, pf, i == 0 ? &cp : &nocp);
+            }
+        }
+    }
+}
+
 void ie_matmul_bf16_bf16_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a,
                                 size_t as, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 <= r0 || n_tok <= 0) return;
-    if (has_bf16())
+    if (has_bf16() && n_tok >= BP_MIN_TOK && BP_GS(n_in) <= BP_BUF)
+        bpdrive(w, n_in, r0, r1, a, as, n_tok, y, ldy);
+    else if (has_bf16())
         bdrive(btiles[0], btiles[1], BR, BT, w, n_in, r0, r1, a, as, n_tok, y, ldy);
     else
         ie_matmul_float_drive(IE_DTYPE_BF16, ftiles_bf16bf16[0], ftiles_bf16bf16[1], FR, FT, w, n_in, r0, r1, a,
