@@ -32,10 +32,11 @@ Bytes on the wire per decoded token are computed from the model's shapes
 (payload only, message headers excluded):
   tensor   every rank sends 2 reductions per layer x n_embd x 4 bytes to each
            of the (ranks-1) others (over shared memory, off the wire, unless
-           IE_TP_SHM=0); the ranks send their logits slices
-           (n_vocab x 4 in all) to the coordinator; the coordinator sends
+           IE_TP_SHM=0); the ranks send their arg max (8 bytes each: the
+           requests are greedy; a sampled request would get the logits
+           slices, n_vocab x 4 in all) to the coordinator; the coordinator sends
            13 bytes of token/pos/seq/flag to each rank
-  pipeline n_embd x 4 per hop (ranks-1 hops), n_vocab x 4 of logits from
+  pipeline n_embd x 4 per hop (ranks-1 hops), the arg max (8 bytes) from
            the last stage, 13 bytes to stage 0 (and along each hop)
 
 Prefill for the process configurations is n_prompt / ttft_ms of the done
@@ -93,19 +94,21 @@ def shapes(model: Path) -> dict:
     return d
 
 
-def wire_bytes(sh: dict, plan: str, ranks: int, shm: bool = False) -> dict:
+def wire_bytes(sh: dict, plan: str, ranks: int, shm: bool = False, greedy: bool = True) -> dict:
+    """greedy: the requests are greedy without penalties, so each head rank
+    sends its arg max (8 bytes) instead of its logits slice."""
     e, L, V = sh["n_embd"], sh["n_layer"], sh["n_vocab"]
     step_in = 13  # token, pos, seq (int32) + logits flag (u8) per token
     if plan == "tensor":
         per_rank_peers = 2 * L * e * 4 * (ranks - 1)
         peers = per_rank_peers * ranks
-        logits = V * 4
+        logits = 8 * ranks if greedy else V * 4
         coord_out = step_in * ranks
         return {"peer_bytes_per_rank": per_rank_peers, "peer_bytes": peers, "peer_via": "shm" if shm else "zmq",
                 "logits_bytes": logits, "coord_out_bytes": coord_out,
                 "total_bytes": (0 if shm else peers) + logits + coord_out}
     hops = (ranks - 1) * (e * 4 + step_in)
-    logits = V * 4
+    logits = 8 if greedy else V * 4
     return {"peer_bytes": hops, "logits_bytes": logits, "coord_out_bytes": step_in,
             "total_bytes": hops + logits + step_in}
 

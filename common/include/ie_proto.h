@@ -35,7 +35,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define IE_PROTO_VERSION 2        /* cluster messages (2: KV operations, paged pool) */
+#define IE_PROTO_VERSION 3        /* cluster messages (2: KV operations, paged pool;
+                                     3: arg-max-only logits rows)                   */
 #define IE_PROTO_CLIENT_VERSION 1 /* client requests and replies                    */
 
 #define IE_PROTO_ENDPOINT_MAX 256 /* bytes of an endpoint string incl. NUL */

@@ -119,4 +119,10 @@ void ie_sampler_reset(ie_sampler_t *s);
 /* The parameters the sampler was made with. */
 const ie_sampler_params_t *ie_sampler_params(const ie_sampler_t *s);
 
+/* 1 if ie_sampler_sample() returns the arg max of the raw logits whatever
+ * the history: greedy (or temperature 0) with the penalties off. Then only
+ * the arg max has to be known (the cluster sends no logits rows); 0 for
+ * NULL. */
+int ie_sampler_argmax_only(const ie_sampler_t *s);
+
 #endif

@@ -12,6 +12,7 @@
 #include "ie_sampler.h"
 #include "ie_sdnotify.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +64,11 @@ struct ie_cluster {
     char step_err[IE_PROTO_TEXT_MAX];
     float *logits_out;
     int rows;
+    const uint8_t *sent_flags; /* the step's logits flags (ie_worker.h)  */
+    int sent_n;
+    float *am_val;             /* per flagged row: the best (max, id) of */
+    int32_t *am_id;            /* the ranks' ARGMAX answers so far       */
+    int am_cap;
 };
 
 static void clog_(const ie_cluster_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -270,9 +276,12 @@ static void on_result(ie_cluster_t *c, const ie_msg_result_t *res)
     }
     const ie_shard_range_t *sr = &c->range[res->rank];
     int64_t nv = sr->vocab_end - sr->vocab_begin;
+    /* the payload: nv floats per FULL row, 2 words per ARGMAX row */
+    size_t want = 0;
+    for (int i = 0; i < c->sent_n; i++)
+        want += c->sent_flags[i] == IE_LOGITS_ARGMAX ? 2 : c->sent_flags[i] ? (size_t)nv : 0;
     if (!sr->has_head || res->n_rows != c->rows || res->vocab_begin != sr->vocab_begin ||
-        res->vocab_end != sr->vocab_end || c->in.n != 3 ||
-        c->in.size[2] != (size_t)res->n_rows * (size_t)nv * sizeof(float)) {
+        res->vocab_end != sr->vocab_end || c->in.n != 3 || c->in.size[2] != want * sizeof(float)) {
         if (c->step_st == IE_OK) {
             c->step_st = IE_ERR_FORMAT;
             snprintf(c->step_err, sizeof c->step_err, "rank %d sent a malformed result", res->rank);
@@ -282,8 +291,33 @@ static void on_result(ie_cluster_t *c, const ie_msg_result_t *res)
     }
     const float *src = c->in.data[2];
     const size_t V = (size_t)c->hp.n_vocab;
-    for (int i = 0; i < res->n_rows; i++)
-        memcpy(c->logits_out + (size_t)i * V + sr->vocab_begin, src + (size_t)i * nv, (size_t)nv * sizeof(float));
+    for (int i = 0, row = 0; i < c->sent_n; i++) {
+        if (!c->sent_flags[i]) continue;
+        if (c->sent_flags[i] == IE_LOGITS_ARGMAX) {
+            /* the larger maximum; among equal ones the lower id, which is
+             * the whole vocabulary's first maximum (ranks hold disjoint ids) */
+            const float v = src[0];
+            int32_t id;
+            memcpy(&id, &src[1], sizeof id);
+            if (id < -1 || id >= (int64_t)V || (id >= 0 && (id < sr->vocab_begin || id >= sr->vocab_end))) {
+                if (c->step_st == IE_OK) {
+                    c->step_st = IE_ERR_FORMAT;
+                    snprintf(c->step_err, sizeof c->step_err, "rank %d sent an arg max id %d outside its slice",
+                             res->rank, (int)id);
+                }
+                break;
+            }
+            if (id >= 0 && (v > c->am_val[row] || (v == c->am_val[row] && (c->am_id[row] < 0 || id < c->am_id[row])))) {
+                c->am_val[row] = v;
+                c->am_id[row] = id;
+            }
+            src += 2;
+        } else {
+            memcpy(c->logits_out + (size_t)row * V + sr->vocab_begin, src, (size_t)nv * sizeof(float));
+            src += nv;
+        }
+        row++;
+    }
     c->got[res->rank] = 1;
     c->stats.compute_ms += res->compute_ms;
     c->stats.transfer_ms += res->transfer_ms;
@@ -447,6 +481,8 @@ void ie_cluster_destroy(ie_cluster_t **c_p)
     ie_buf_free(&c->hdr);
     ie_buf_free(&c->kv);
     free(c->flags);
+    free(c->am_val);
+    free(c->am_id);
     free(c);
     *c_p = NULL;
 }
@@ -582,6 +618,18 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
     }
     int rows = 0;
     for (int i = 0; i < b->n; i++) rows += flags[i] != 0;
+    if (c->am_cap < rows) {
+        float *v = realloc(c->am_val, (size_t)rows * sizeof *v);
+        if (v) c->am_val = v;
+        int32_t *d = realloc(c->am_id, (size_t)rows * sizeof *d);
+        if (d) c->am_id = d;
+        if (!v || !d) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+        c->am_cap = rows;
+    }
+    for (int i = 0; i < rows; i++) {
+        c->am_val[i] = -INFINITY;
+        c->am_id[i] = -1;
+    }
 
     ie_msg_t m = {.kind = IE_MSG_STEP};
     m.u.step.epoch = c->epoch;
@@ -596,6 +644,8 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
     c->step_err[0] = '\0';
     c->logits_out = logits_out;
     c->rows = rows;
+    c->sent_flags = flags;
+    c->sent_n = b->n;
     const int tensor = c->o.plan == IE_SHARD_TENSOR;
     for (int r = 0; r < c->o.n_ranks; r++) {
         if (!tensor && r > 0) break;
@@ -619,6 +669,16 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
         pump(c, c->o.heartbeat_ms);
     }
     c->waiting = 0;
+    if (c->step_st == IE_OK)
+        for (int i = 0, row = 0; i < b->n; i++) {
+            if (!flags[i]) continue;
+            if (flags[i] == IE_LOGITS_ARGMAX) { /* -inf but at the winner: what the sampler's arg max needs */
+                float *lo = logits_out + (size_t)row * (size_t)c->hp.n_vocab;
+                for (int64_t j = 0; j < c->hp.n_vocab; j++) lo[j] = -INFINITY;
+                if (c->am_id[row] >= 0) lo[c->am_id[row]] = c->am_val[row];
+            }
+            row++;
+        }
     c->stats.steps++;
     c->stats.step_ms += ie_now_ms() - t0;
     if (c->m_step && c->step_st == IE_OK) ie_metric_observe(c->m_step, NULL, (ie_now_ms() - t0) / 1e3);

@@ -396,6 +396,15 @@ void ie_sampler_reset(ie_sampler_t *s)
 
 const ie_sampler_params_t *ie_sampler_params(const ie_sampler_t *s) { return s ? &s->params : NULL; }
 
+int ie_sampler_argmax_only(const ie_sampler_t *s)
+{
+    if (!s) return 0;
+    const ie_sampler_params_t *p = &s->params;
+    const int penalties = p->repeat_last_n > 0 &&
+                          (p->repeat_penalty != 1.0f || p->frequency_penalty != 0.0f || p->presence_penalty != 0.0f);
+    return (p->greedy || p->temperature == 0.0f) && !penalties;
+}
+
 ie_status_t ie_sampler_accept(ie_sampler_t *s, int32_t id)
 {
     if (!s)

@@ -703,7 +703,7 @@ static int build(ie_sched_t *s, int *has_prefill)
             s->b_tok[nb] = q->toks[q->n_toks - 1];
             s->b_pos[nb] = (int32_t)q->n_fed;
             s->b_seq[nb] = q->slot;
-            s->b_logits[nb] = 1;
+            s->b_logits[nb] = ie_sampler_argmax_only(q->smp) ? IE_LOGITS_ARGMAX : IE_LOGITS_FULL;
             s->b_req[nb] = q;
             nb++;
         }
@@ -730,7 +730,9 @@ static int build(ie_sched_t *s, int *has_prefill)
             s->b_pos[nb] = (int32_t)q->n_fed;
             s->b_seq[nb] = q->slot;
             q->n_fed++;
-            s->b_logits[nb] = q->fresh && q->n_fed == q->n_known && q->max_new > 0;
+            s->b_logits[nb] = !(q->fresh && q->n_fed == q->n_known && q->max_new > 0) ? 0
+                              : ie_sampler_argmax_only(q->smp)                          ? IE_LOGITS_ARGMAX
+                                                                                        : IE_LOGITS_FULL;
             s->b_req[nb] = q;
             nb++;
             budget--;

@@ -278,6 +278,59 @@ def test_processes_greedy_and_streaming(plan, smollm2, clusters, tmp_path):
         assert done["text"] == r, (p, done["text"], r)
 
 
+def serve_embedded(model: Path, logdir: Path):
+    """inference-engine serve behind the same client protocol (ZeroMQ):
+    (process, client endpoint)."""
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    log = open(logdir / f"serve-{uuid.uuid4().hex[:6]}.log", "w")
+    p = subprocess.Popen([str(binary("inference-engine")), "serve", "--model", str(model), "--port", "0",
+                          "--zmq-bind", ep, "--batch", "1", "--threads", str(THREADS)],
+                         stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    return p, ep
+
+
+def test_processes_sampled_and_penalized_rows_whole(smollm2, clusters, tmp_path):
+    """Only greedy requests without penalties get arg-max-only rows from the
+    ranks (PROTOCOL.md, RESULT); sampled and penalized ones get the whole
+    logits. A pipeline gives the embedded engine's bits, so with the same
+    seed those requests must give the embedded engine's text — which only
+    holds if the coordinator saw every logit; the tensor plan must serve
+    them too, and its greedy request must still match."""
+    logdir = tmp_path / "logs"
+    logdir.mkdir(parents=True, exist_ok=True)
+    reqs = [dict(temperature=0.9, seed=7, max_new=24),                 # sampled: top-k/top-p/min-p defaults
+            dict(temperature=1.3, top_k=0, top_p=1.0, min_p=0.0, seed=11, max_new=24),  # every logit counts
+            dict(temperature=0.0, repeat_penalty=1.5, max_new=24),       # greedy with a penalty
+            dict(temperature=0.0, max_new=24)]                            # arg max only
+    serve, ep = serve_embedded(smollm2, logdir)
+    try:
+        ref = []
+        for r in reqs:
+            d = ie_client.generate(ep, prompt=PROMPTS[1], timeout_s=120, **r)
+            assert d["type"] == "done", d
+            ref.append(d["text"])
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)
+    assert ref[2] != ref[3], "the penalty should change the greedy text (else this test checks nothing)"
+    for plan in ("pipeline", "tensor"):
+        c = start_cluster(clusters, smollm2, plan, 2, logdir / plan)
+        c.start_worker(0)
+        c.start_worker(1)
+        assert c.generate(PROMPTS[0], max_new=1)["type"] == "done"  # waits until both ranks serve
+        got = []
+        for r in reqs:
+            d = ie_client.generate(c.client_ep, prompt=PROMPTS[1], timeout_s=120, **r)
+            assert d["type"] == "done" and d["n_gen"] == 24, (plan, r, d)
+            got.append(d["text"])
+        if plan == "pipeline":
+            assert got == ref, (got, ref)
+        else:
+            assert got[3] == ref[3], (got[3], ref[3])
+        c.stop()
+
+
 def test_processes_malformed_requests_and_c_client(smollm2, clusters, tmp_path):
     ref = embedded(smollm2, PROMPTS, tmp_path)
     c = start_cluster(clusters, smollm2, "tensor", 2, tmp_path / "logs")

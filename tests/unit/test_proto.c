@@ -377,9 +377,11 @@ static void test_ranges_and_strings(void)
 
 static void test_version_and_shape(void)
 {
-    /* version 1 (clear lists, no KV pool) is another protocol now */
+    /* versions 1 (clear lists, no KV pool) and 2 (every logits row whole)
+     * are other protocols now */
     expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 1}, IE_ERR_UNSUPPORTED, NULL);
-    expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 3}, IE_ERR_UNSUPPORTED, NULL);
+    expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 2}, IE_ERR_UNSUPPORTED, NULL);
+    expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 4}, IE_ERR_UNSUPPORTED, NULL);
     expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 0}, IE_ERR_UNSUPPORTED, NULL);
     /* version is judged before anything else: a v1 header with odd keys is "another version" */
     {
@@ -405,9 +407,9 @@ static void test_version_and_shape(void)
     static const uint8_t huge_str[] = {0x81, 0xa1, 'v', 0xdb, 0xff, 0xff, 0xff, 0xff};
     static const uint8_t deep[] = {0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x90};
     static const uint8_t never[] = {0xc1};
-    static const uint8_t dup_v[] = {0x83, 0xa1, 'v', 0x02, 0xa1, 'v', 0x02, 0xa4, 'k', 'i', 'n', 'd', 0x08};
-    static const uint8_t bye[] = {0x82, 0xa1, 'v', 0x02, 0xa4, 'k', 'i', 'n', 'd', 0x08};
-    static const uint8_t dup_kind[] = {0x83, 0xa1, 'v', 0x02, 0xa4, 'k', 'i', 'n', 'd', 0x08,
+    static const uint8_t dup_v[] = {0x83, 0xa1, 'v', 0x03, 0xa1, 'v', 0x03, 0xa4, 'k', 'i', 'n', 'd', 0x08};
+    static const uint8_t bye[] = {0x82, 0xa1, 'v', 0x03, 0xa4, 'k', 'i', 'n', 'd', 0x08};
+    static const uint8_t dup_kind[] = {0x83, 0xa1, 'v', 0x03, 0xa4, 'k', 'i', 'n', 'd', 0x08,
                                        0xa4, 'k', 'i', 'n', 'd', 0x08};
     expect_decode(not_map, sizeof not_map, IE_ERR_FORMAT, NULL);
     expect_decode(int_key, sizeof int_key, IE_ERR_FORMAT, NULL);

@@ -148,7 +148,13 @@ void ie_worker_destroy(ie_worker_t **self_p);
  * position pos[i]. Positions of a slot must be contiguous with what its
  * cache already holds (a token at pos p may attend to 0..p of its slot), and
  * earlier positions of the same slot may appear earlier in the same batch.
- * logits[i] != 0 asks for that token's logits. */
+ * logits[i] != 0 asks for that token's logits: IE_LOGITS_FULL, or
+ * IE_LOGITS_ARGMAX when only their arg max matters (a greedy request with
+ * no penalties). A worker computes full logits either way; the cluster
+ * protocol sends only each rank's (max, id) for ARGMAX rows, and the
+ * coordinator hands back a row that is -inf but at the winning id. */
+#define IE_LOGITS_FULL 1
+#define IE_LOGITS_ARGMAX 2
 typedef struct ie_batch {
     int n;
     const int32_t *tokens;
