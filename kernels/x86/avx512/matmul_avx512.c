@@ -47,6 +47,8 @@
 #include "../../src/ie_kernels_impl.h"
 
 #include <immintrin.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define IE_INLINE static inline __attribute__((always_inline))
@@ -374,8 +376,38 @@ static void bdrive(const ie_ftile_fn *tiles1, const ie_ftile_fn *tilesR, int R, 
 #define BP_CP_MAXK 8192 /* longest activation row that is copied */
 #define BP_AS(n_in) ((((size_t)(n_in) * 2 + 63) & ~(size_t)63) + 64) /* copied act stride */
 
-static _Thread_local _Alignas(64) char g_bpack[BP_BUF];
-static _Thread_local _Alignas(64) char g_bpact[2][BPT * BP_AS(BP_CP_MAXK)];
+/* A thread's repack buffers (~0.9 MiB), allocated on its first prefill
+ * call and freed when it exits (a pthread key; as static _Thread_local
+ * arrays they were zeroed into every thread of every process at creation,
+ * HTTP and ZeroMQ threads included). */
+typedef struct bp_bufs {
+    _Alignas(64) char pack[BP_BUF];
+    _Alignas(64) char act[2][BPT * BP_AS(BP_CP_MAXK)];
+} bp_bufs_t;
+
+static pthread_key_t g_bp_key;
+static pthread_once_t g_bp_once = PTHREAD_ONCE_INIT;
+static int g_bp_key_ok;
+
+static void bp_bufs_free(void *p) { free(p); }
+static void bp_key_init(void) { g_bp_key_ok = pthread_key_create(&g_bp_key, bp_bufs_free) == 0; }
+
+/* This thread's buffers, or NULL (out of memory: the caller takes the
+ * path that needs none). */
+static bp_bufs_t *bp_bufs(void)
+{
+    pthread_once(&g_bp_once, bp_key_init);
+    if (!g_bp_key_ok) return NULL;
+    bp_bufs_t *b = pthread_getspecific(g_bp_key);
+    if (!b) {
+        b = aligned_alloc(64, sizeof *b);
+        if (b && pthread_setspecific(g_bp_key, b) != 0) {
+            free(b);
+            b = NULL;
+        }
+    }
+    return b;
+}
 
 /* acc += vdpbf16ps(w, the bf16 pair at p broadcast to every dword), the
  * broadcast as the instruction's {1to16} memory operand (GCC does not fold
@@ -557,14 +589,14 @@ static void bp_copy_act(const char *a, size_t as, int64_t n_in, int tt, char *ds
     }
 }
 
-/* Rows r0..r1 in panels that fit g_bpack; per panel, token blocks of BPT or
+/* Rows r0..r1 in panels that fit bb->pack; per panel, token blocks of BPT or
  * fewer (sizes differ by at most one) against 32-row tiles. The first block
  * repacks each tile just before using it, while the tile before prefetches
  * its rows; the last tile of the last block prefetches the next panel's
  * first tile, and the first tile of every block the next block's
  * activations, so the DRAM / L3 reads overlap the arithmetic. */
-static void bpdrive(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as, int64_t n_tok,
-                    float *y, int64_t ldy)
+static void bpdrive(bp_bufs_t *bb, const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                    int64_t n_tok, float *y, int64_t ldy)
 {
     const size_t wb = (size_t)n_in * 2, gs = BP_GS(n_in), cas = BP_AS(n_in);
     const int TR = 16 * BPV; /* rows per tile */
@@ -572,8 +604,8 @@ static void bpdrive(const void *w, int64_t n_in, int64_t r0, int64_t r1, const v
     if (P >= TR) P -= P % TR;
     const int copy = n_in <= BP_CP_MAXK && as % 2048 == 0;
     const int64_t nb = (n_tok + BPT - 1) / BPT;
-    int64_t nblk = 0; /* blocks done: the copy of the current one is g_bpact[nblk % 2] */
-    if (copy) bp_copy_act((const char *)a, as, n_in, (int)(n_tok / nb), g_bpact[0], cas);
+    int64_t nblk = 0; /* blocks done: the copy of the current one is bb->act[nblk % 2] */
+    if (copy) bp_copy_act((const char *)a, as, n_in, (int)(n_tok / nb), bb->act[0], cas);
     for (int64_t p0 = r0; p0 < r1; p0 += P) {
         const int64_t p1 = p0 + P < r1 ? p0 + P : r1;
         const int64_t nt = (p1 - p0 + TR - 1) / TR;
@@ -588,16 +620,16 @@ static void bpdrive(const void *w, int64_t n_in, int64_t r0, int64_t r1, const v
             size_t ats = as;
             bp_cp_t cp = { NULL, as, NULL, cas, 0 };
             if (copy) { /* this block from its copy; tile 0 copies the next one */
-                at = g_bpact[nblk % 2];
+                at = bb->act[nblk % 2];
                 ats = cas;
-                cp = (bp_cp_t){ pfa.p, as, g_bpact[(nblk + 1) % 2], cas, pfa.n };
+                cp = (bp_cp_t){ pfa.p, as, bb->act[(nblk + 1) % 2], cas, pfa.n };
                 pfa.n = 0;
             }
             float *yt = y + t0 * ldy;
             for (int64_t i = 0; i < nt; i++) {
                 const int64_t r = p0 + i * TR;
                 const int nr = (int)(p1 - r < TR ? p1 - r : TR);
-                char *pw = g_bpack + (size_t)(i * BPV) * gs;
+                char *pw = bb->pack + (size_t)(i * BPV) * gs;
                 if (b == 0) bp_repack((const char *)w + (size_t)r * wb, wb, n_in, nr, pw, gs);
                 bp_pf_t pf[2] = { { NULL, wb, 0 }, { NULL, as, 0 } };
                 if (b == 0 && i + 1 < nt)
@@ -616,8 +648,9 @@ void ie_matmul_bf16_bf16_avx512(const void *w, int64_t n_in, int64_t r0, int64_t
                                 size_t as, int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 <= r0 || n_tok <= 0) return;
-    if (has_bf16() && n_tok >= BP_MIN_TOK && BP_GS(n_in) <= BP_BUF)
-        bpdrive(w, n_in, r0, r1, a, as, n_tok, y, ldy);
+    bp_bufs_t *bb;
+    if (has_bf16() && n_tok >= BP_MIN_TOK && BP_GS(n_in) <= BP_BUF && (bb = bp_bufs()) != NULL)
+        bpdrive(bb, w, n_in, r0, r1, a, as, n_tok, y, ldy);
     else if (has_bf16())
         bdrive(btiles[0], btiles[1], BR, BT, w, n_in, r0, r1, a, as, n_tok, y, ldy);
     else
