@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import struct
 import subprocess
 from dataclasses import dataclass
@@ -39,6 +40,27 @@ def need_file(p: Path, what: str) -> Path:
     if not p.is_file():
         pytest.fail(f"{what} not found at {p}", pytrace=False)
     return p
+
+
+# Where the binaries are (IE_BUILD_DIR, default <repo>/build).
+BUILD = Path(os.environ.get("IE_BUILD_DIR", REPO / "build"))
+if not BUILD.is_absolute():
+    BUILD = REPO / BUILD
+
+
+def binary(name: str) -> Path:
+    """BUILD/name, failing (never skipping) when it is missing or not executable."""
+    p = need_file(BUILD / name, f"{name} (set IE_BUILD_DIR or build it)")
+    if not os.access(p, os.X_OK):
+        pytest.fail(f"{p} is not executable", pytrace=False)
+    return p
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def fixture_path(rel: str) -> Path:

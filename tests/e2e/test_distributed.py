@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -29,11 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FIXTURES, REPO, THREADS, need_file, parse_single_json_line
+from conftest import FIXTURES, REPO, THREADS, binary, free_port, need_file, parse_single_json_line
 
-BUILD = Path(os.environ.get("IE_BUILD_DIR", REPO / "build"))
-if not BUILD.is_absolute():
-    BUILD = REPO / BUILD
 sys.path.insert(0, str(REPO / "coordinator" / "clients"))
 import ie_client  # noqa: E402
 
@@ -42,19 +38,6 @@ PROMPTS = ["The capital of France is", "Once upon a time, in a small village,",
            "def fibonacci(n):"]
 MAX_NEW = 32
 LONG_PROMPT = "Once upon a time"
-
-
-def binary(name: str) -> Path:
-    p = need_file(BUILD / name, f"{name} (set IE_BUILD_DIR or build it)")
-    if not os.access(p, os.X_OK):
-        pytest.fail(f"{p} is not executable", pytrace=False)
-    return p
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ------------------------------------------------------------ embedded runs

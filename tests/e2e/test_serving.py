@@ -52,7 +52,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import IE_BIN, REPO, THREADS, need_file, run_cli
+from conftest import IE_BIN, REPO, THREADS, binary, free_port, need_file, run_cli
 
 try:
     import httpx
@@ -61,9 +61,6 @@ except ImportError:  # the openai package of .venv ships its fork under this nam
 import openai
 import zmq
 
-BUILD = Path(os.environ.get("IE_BUILD_DIR", REPO / "build"))
-if not BUILD.is_absolute():
-    BUILD = REPO / BUILD
 sys.path.insert(0, str(REPO / "coordinator" / "clients"))
 import ie_client  # noqa: E402
 
@@ -166,19 +163,6 @@ def ref_for(model: Path, req: "Req", plan: str = "none") -> tuple:
 
 
 # ------------------------------------------------------------ processes
-def binary(name: str) -> Path:
-    p = need_file(BUILD / name, f"{name} (set IE_BUILD_DIR or build it)")
-    if not os.access(p, os.X_OK):
-        pytest.fail(f"{p} is not executable", pytrace=False)
-    return p
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def port_open(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=1.0):
