@@ -200,6 +200,41 @@ ie_status_t ie_kv_ops_check(const void *frame, size_t bytes, int *n_ops);
  * *off into *op (pb points into the frame), advance *off; 0 at the end. */
 int ie_kv_ops_next(const int32_t *words, size_t n_words, size_t *off, ie_kv_op_t *op);
 
+/* --------------------------------------------------- RESULT logits payload
+ * A STEP's logits byte per entry: 0 none, IE_LOGITS_FULL the row,
+ * IE_LOGITS_ARGMAX only its arg max. A head rank's RESULT frame holds, for
+ * each entry with a nonzero byte, in order: FULL, the nv floats of its
+ * vocabulary slice [vocab_begin, vocab_begin + nv); ARGMAX, 2 words: the
+ * slice's largest logit (f32) and its vocabulary id (i32, the first of
+ * equal maxima; -1 with -inf when nothing in the slice is usable). */
+#define IE_LOGITS_FULL 1
+#define IE_LOGITS_ARGMAX 2
+
+/* Floats in the payload of one rank holding nv vocabulary rows. */
+size_t ie_result_logits_len(const uint8_t *flags, int n, int64_t nv);
+
+/* Worker side, in place: lg holds one nv-float row per flagged entry, in
+ * order; the ARGMAX rows become their 2 words and the rows after them move
+ * down. Returns the payload's length in floats. */
+size_t ie_result_logits_pack(float *lg, const uint8_t *flags, int n, int64_t nv, int64_t vocab_begin);
+
+/* Coordinator side: take one rank's payload (bytes long) for vocabulary
+ * rows [vb, ve) of n_vocab. FULL entries are copied into their row of
+ * logits_out (n_vocab floats per flagged entry); ARGMAX entries update
+ * am_val / am_id (one per flagged entry, start at -inf / -1) when their
+ * maximum is larger, or equal with a lower id — so after every rank, the
+ * whole vocabulary's first maximum. IE_ERR_FORMAT (naming the entry, and
+ * nothing of this payload applied) for a wrong length or an id that is
+ * not -1 and not in [vb, ve). */
+ie_status_t ie_result_logits_merge(const void *payload, size_t bytes, const uint8_t *flags, int n, int64_t vb,
+                                   int64_t ve, int64_t n_vocab, float *logits_out, float *am_val,
+                                   int32_t *am_id);
+
+/* After the merges: every ARGMAX entry's row of logits_out becomes -inf
+ * but at its winner, the row a greedy sampler reads the same id from. */
+void ie_result_logits_finish(const uint8_t *flags, int n, int64_t n_vocab, const float *am_val,
+                             const int32_t *am_id, float *logits_out);
+
 /* ------------------------------------------------------------- clients
  * Client -> coordinator (ROUTER): a request map ("v" is
  * IE_PROTO_CLIENT_VERSION, independent of the cluster's version)

@@ -275,48 +275,17 @@ static void on_result(ie_cluster_t *c, const ie_msg_result_t *res)
         return;
     }
     const ie_shard_range_t *sr = &c->range[res->rank];
-    int64_t nv = sr->vocab_end - sr->vocab_begin;
-    /* the payload: nv floats per FULL row, 2 words per ARGMAX row */
-    size_t want = 0;
-    for (int i = 0; i < c->sent_n; i++)
-        want += c->sent_flags[i] == IE_LOGITS_ARGMAX ? 2 : c->sent_flags[i] ? (size_t)nv : 0;
-    if (!sr->has_head || res->n_rows != c->rows || res->vocab_begin != sr->vocab_begin ||
-        res->vocab_end != sr->vocab_end || c->in.n != 3 || c->in.size[2] != want * sizeof(float)) {
+    const int bad = !sr->has_head || res->n_rows != c->rows || res->vocab_begin != sr->vocab_begin ||
+                    res->vocab_end != sr->vocab_end || c->in.n != 3;
+    if (bad || ie_result_logits_merge(c->in.data[2], c->in.size[2], c->sent_flags, c->sent_n, sr->vocab_begin,
+                                      sr->vocab_end, c->hp.n_vocab, c->logits_out, c->am_val, c->am_id) != IE_OK) {
         if (c->step_st == IE_OK) {
             c->step_st = IE_ERR_FORMAT;
-            snprintf(c->step_err, sizeof c->step_err, "rank %d sent a malformed result", res->rank);
+            snprintf(c->step_err, sizeof c->step_err, "rank %d sent a malformed result%s%s", res->rank,
+                     bad ? "" : ": ", bad ? "" : ie_error_last());
         }
         c->got[res->rank] = 1;
         return;
-    }
-    const float *src = c->in.data[2];
-    const size_t V = (size_t)c->hp.n_vocab;
-    for (int i = 0, row = 0; i < c->sent_n; i++) {
-        if (!c->sent_flags[i]) continue;
-        if (c->sent_flags[i] == IE_LOGITS_ARGMAX) {
-            /* the larger maximum; among equal ones the lower id, which is
-             * the whole vocabulary's first maximum (ranks hold disjoint ids) */
-            const float v = src[0];
-            int32_t id;
-            memcpy(&id, &src[1], sizeof id);
-            if (id < -1 || id >= (int64_t)V || (id >= 0 && (id < sr->vocab_begin || id >= sr->vocab_end))) {
-                if (c->step_st == IE_OK) {
-                    c->step_st = IE_ERR_FORMAT;
-                    snprintf(c->step_err, sizeof c->step_err, "rank %d sent an arg max id %d outside its slice",
-                             res->rank, (int)id);
-                }
-                break;
-            }
-            if (id >= 0 && (v > c->am_val[row] || (v == c->am_val[row] && (c->am_id[row] < 0 || id < c->am_id[row])))) {
-                c->am_val[row] = v;
-                c->am_id[row] = id;
-            }
-            src += 2;
-        } else {
-            memcpy(c->logits_out + (size_t)row * V + sr->vocab_begin, src, (size_t)nv * sizeof(float));
-            src += nv;
-        }
-        row++;
     }
     c->got[res->rank] = 1;
     c->stats.compute_ms += res->compute_ms;
@@ -669,25 +638,7 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
         pump(c, c->o.heartbeat_ms);
     }
     c->waiting = 0;
-    if (c->step_st == IE_OK)
-        for (int i = 0, row = 0; i < b->n; i++) {
-            if (!flags[i]) continue;
-            if (flags[i] == IE_LOGITS_ARGMAX) { /* -inf but at the winner: what the sampler's arg max needs */
-                const size_t V = (size_t)c->hp.n_vocab;
-                float *lo = logits_out + (size_t)row * V;
-                /* a few -inf, then doubling copies (libc's memcpy is wide;
-                 * a plain loop stayed scalar here, ~30 us per row) */
-                size_t done = V < 16 ? V : 16;
-                for (size_t j = 0; j < done; j++) lo[j] = -INFINITY;
-                while (done < V) {
-                    const size_t k = done < V - done ? done : V - done;
-                    memcpy(lo + done, lo, k * sizeof *lo);
-                    done += k;
-                }
-                if (c->am_id[row] >= 0) lo[c->am_id[row]] = c->am_val[row];
-            }
-            row++;
-        }
+    if (c->step_st == IE_OK) ie_result_logits_finish(flags, b->n, c->hp.n_vocab, c->am_val, c->am_id, logits_out);
     c->stats.steps++;
     c->stats.step_ms += ie_now_ms() - t0;
     if (c->m_step && c->step_st == IE_OK) ie_metric_observe(c->m_step, NULL, (ie_now_ms() - t0) / 1e3);

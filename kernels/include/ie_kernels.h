@@ -122,6 +122,13 @@ void ie_softmax_sink_f32(float *x, int64_t n, const float *sink);
 /* out[i] = silu(g[i]) * u[i]; out may alias g or u. */
 void ie_swiglu_f32(float *out, const float *g, const float *u, int64_t n);
 
+/* Index of the first largest of x[0..n): NaN never counts, -inf never
+ * wins; -1 when nothing is usable (n <= 0, every value NaN or -inf). The
+ * maximum (-inf when -1) goes to *max_out (may be NULL). Portable C, 16
+ * lanes at a time (two passes: the maximum, then its first index); the
+ * greedy sampler and the cluster's arg-max rows use it. */
+int64_t ie_argmax_f32(const float *x, int64_t n, float *max_out);
+
 /* Rotary embedding on one head vector of head_dim floats at position pos.
  * Pair i (0 <= i < rot_dim/2) rotates by angle pos * theta^(-2i/rot_dim).
  * NORMAL layout pairs (2i, 2i+1) (GGUF llama); NEOX pairs (i, i+rot_dim/2)

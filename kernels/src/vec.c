@@ -1,5 +1,43 @@
-/* vec.c — the element-wise kernel table per ISA. */
+/* vec.c — the element-wise kernel table per ISA; the portable arg max. */
 #include "ie_vec.h"
+
+#include <math.h>
+#include <string.h>
+
+typedef float argmax_v4 __attribute__((vector_size(16)));
+typedef int32_t argmax_m4 __attribute__((vector_size(16)));
+
+/* Contract (ie_kernels.h). A lane takes x only when x > its value, so NaN
+ * never enters and -inf never replaces; the first index equal to the
+ * maximum is what a scalar "first strict maximum" scan returns. */
+int64_t ie_argmax_f32(const float *x, int64_t n, float *max_out)
+{
+    const argmax_v4 ninf = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+    argmax_v4 m[4] = {ninf, ninf, ninf, ninf};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int k = 0; k < 4; k++) {
+            argmax_v4 v;
+            memcpy(&v, x + i + 4 * k, sizeof v);
+            const argmax_m4 gt = v > m[k];
+            m[k] = (argmax_v4)(((argmax_m4)v & gt) | ((argmax_m4)m[k] & ~gt));
+        }
+    float best = -INFINITY;
+    for (int k = 0; k < 4; k++)
+        for (int j = 0; j < 4; j++)
+            if (m[k][j] > best) best = m[k][j];
+    for (; i < n; i++)
+        if (x[i] > best) best = x[i];
+    int64_t at = -1;
+    if (best > -INFINITY)
+        for (int64_t j = 0; j < n; j++)
+            if (x[j] == best) {
+                at = j;
+                break;
+            }
+    if (max_out) *max_out = best;
+    return at;
+}
 
 void ie_swiglu_f32_avx512(float *out, const float *g, const float *u, int64_t n);
 void ie_softmax_sink_f32_avx512(float *x, int64_t n, const float *sink);

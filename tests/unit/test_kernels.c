@@ -906,6 +906,42 @@ static void test_dispatch(void)
 /* Each ISA's dot/axpy against ref on every length 1..130 (tails of every
  * width) and at attention's head sizes: within 1e-6 of sum|a*b| (only the
  * summation order differs). */
+/* ie_argmax_f32 against a scalar "first strict maximum" scan: sizes around
+ * the 16-lane blocks, few distinct values (ties across lanes and blocks),
+ * NaN, -inf and +inf sprinkled in, nothing usable, n = 0. */
+static void test_argmax(void)
+{
+    static const int sizes[] = {0, 1, 2, 3, 15, 16, 17, 31, 32, 33, 47, 64, 65, 100, 24576, 49157};
+    float *x = malloc(sizeof(float) * 49157);
+    int bad = 0, ran = 0;
+    rng_seed(77);
+    for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++)
+        for (int trial = 0; trial < 40; trial++) {
+            const int n = sizes[z];
+            for (int i = 0; i < n; i++) {
+                const uint32_t r = rng_u32();
+                x[i] = (float)(r % 7) - 3.0f;
+                if (trial % 3 == 1 && r % 11 == 0) x[i] = NAN;
+                if (trial % 3 == 2 && r % 13 == 0) x[i] = -INFINITY;
+                if (trial % 20 == 19 && r % 97 == 0) x[i] = INFINITY;
+                if (trial == 5) x[i] = i % 2 ? NAN : -INFINITY; /* nothing usable */
+            }
+            int64_t want = -1;
+            float best = -INFINITY;
+            for (int i = 0; i < n; i++)
+                if (x[i] > best) best = x[i], want = i;
+            float got_max = 0.0f;
+            const int64_t got = ie_argmax_f32(x, n, &got_max);
+            bad += got != want || !(got_max == best);
+            ran++;
+        }
+    free(x);
+    CU_ASSERT_EQUAL(ran, 40 * (int)(sizeof sizes / sizeof sizes[0]));
+    CU_ASSERT_EQUAL(bad, 0);
+    float one = 2.0f;
+    CU_ASSERT_EQUAL(ie_argmax_f32(&one, 1, NULL), 0); /* max_out may be NULL */
+}
+
 static void test_vec_ops_vs_ref(void)
 {
     ie_isa_t isas[3];
@@ -953,6 +989,7 @@ int main(void)
     CU_add_test(s, "softmax rmsnorm swiglu dot axpy", test_softmax_rmsnorm_swiglu);
     CU_add_test(s, "rope", test_rope);
     CU_add_test(s, "dot/axpy vs ref (all ISAs, every tail)", test_vec_ops_vs_ref);
+    CU_add_test(s, "arg max == a scalar first-maximum scan (odd sizes, NaN, inf)", test_argmax);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     const unsigned fails = CU_get_number_of_failures();

@@ -10,12 +10,15 @@
  * replaced (repack below), so each case differs from a valid message in
  * exactly the way it names.
  */
+#include "ie_kernels.h"
 #include "ie_proto.h"
 #include "ie_test_rng.h"
 
 #include <CUnit/Basic.h>
 #include <msgpack.h>
 
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1007,6 +1010,89 @@ static void test_replies(void)
     ie_buf_free(&b);
 }
 
+/* RESULT logits payload: two ranks' slices of a 50-row vocabulary packed
+ * as a worker packs them, merged as the coordinator merges them, equal to
+ * the whole vocabulary's rows and first arg max; a tie across the slices
+ * goes to the lower id; every malformed payload is refused and changes
+ * nothing; random payloads never crash. */
+static void test_result_logits(void)
+{
+    enum { V = 50, N = 5, CUT = 24 };
+    const uint8_t flags[N] = {IE_LOGITS_ARGMAX, 0, IE_LOGITS_FULL, IE_LOGITS_ARGMAX, IE_LOGITS_ARGMAX};
+    const int rows = 4;
+    float full[4][V];
+    rng_seed(5);
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < V; j++) full[r][j] = (float)(rng_u32() % 1000) / 10.0f;
+    full[0][7] = 200.0f, full[0][40] = 200.0f; /* tie across the slices: id 7 wins */
+    full[2][30] = NAN, full[2][45] = 150.0f;  /* NaN never wins */
+    for (int j = 0; j < CUT; j++) full[3][j] = -INFINITY; /* rank 0 has nothing usable */
+    float out[4][V], am_val[4];
+    int32_t am_id[4];
+    for (int r = 0; r < rows; r++) am_val[r] = -INFINITY, am_id[r] = -1;
+    memset(out, 0, sizeof out);
+    const int64_t b[2] = {0, CUT}, e[2] = {CUT, V};
+    for (int k = 1; k >= 0; k--) { /* the ranks answer in any order */
+        const int64_t nv = e[k] - b[k];
+        float lg[4 * V];
+        for (int r = 0; r < rows; r++) memcpy(lg + r * nv, &full[r][b[k]], sizeof(float) * (size_t)nv);
+        const size_t len = ie_result_logits_pack(lg, flags, N, nv, b[k]);
+        CU_ASSERT_EQUAL(len, ie_result_logits_len(flags, N, nv));
+        CU_ASSERT_EQUAL(len, 2 + (size_t)nv + 2 + 2);
+        CU_ASSERT_EQUAL(ie_result_logits_merge(lg, len * sizeof(float), flags, N, b[k], e[k], V, &out[0][0], am_val,
+                                               am_id), IE_OK);
+    }
+    ie_result_logits_finish(flags, N, V, am_val, am_id, &out[0][0]);
+    CU_ASSERT(memcmp(out[1], full[1], sizeof out[1]) == 0); /* the FULL row, both slices */
+    const int want[4] = {7, -1, 45, -1};
+    for (int r = 0; r < rows; r++) {
+        if (r == 1) continue;
+        int64_t w = -1;
+        float m = -INFINITY;
+        for (int j = 0; j < V; j++)
+            if (full[r][j] > m) m = full[r][j], w = j;
+        if (want[r] >= 0) CU_ASSERT_EQUAL(w, want[r]);
+        CU_ASSERT_EQUAL(am_id[r], w);
+        CU_ASSERT_EQUAL(ie_argmax_f32(out[r], V, NULL), w); /* the finished row gives the same id */
+        for (int j = 0; j < V; j++) CU_ASSERT(j == w ? out[r][j] == m : out[r][j] == -INFINITY);
+    }
+
+    /* malformed: wrong length, ids outside the slice; nothing applied */
+    float pay[2 + 26 + 2 + 2];
+    memset(pay, 0, sizeof pay);
+    const size_t good = sizeof pay;
+    float keep_val[4];
+    int32_t keep_id[4];
+    memcpy(keep_val, am_val, sizeof keep_val);
+    memcpy(keep_id, am_id, sizeof keep_id);
+    const int32_t bad_ids[] = {-2, 23, 50, 51, INT32_MIN, INT32_MAX};
+    for (size_t t = 0; t < sizeof bad_ids / sizeof bad_ids[0]; t++) {
+        int32_t ok = 30;
+        memcpy(&pay[1], &ok, 4);
+        pay[0] = 1e30f;
+        memcpy(&pay[2 + 26 + 1], &ok, 4);
+        memcpy(&pay[2 + 26 + 2 + 1], &bad_ids[t], 4); /* the last entry is bad: the first must not apply */
+        CU_ASSERT_EQUAL(ie_result_logits_merge(pay, good, flags, N, CUT, V, V, &out[0][0], am_val, am_id),
+                        IE_ERR_FORMAT);
+        CU_ASSERT(memcmp(am_val, keep_val, sizeof keep_val) == 0 && memcmp(am_id, keep_id, sizeof keep_id) == 0);
+    }
+    CU_ASSERT_EQUAL(ie_result_logits_merge(pay, good - 4, flags, N, CUT, V, V, &out[0][0], am_val, am_id),
+                    IE_ERR_FORMAT);
+    CU_ASSERT_EQUAL(ie_result_logits_merge(pay, good + 4, flags, N, CUT, V, V, &out[0][0], am_val, am_id),
+                    IE_ERR_FORMAT);
+    CU_ASSERT_EQUAL(ie_result_logits_merge(pay, 0, flags, N, CUT, V, V, &out[0][0], am_val, am_id), IE_ERR_FORMAT);
+    CU_ASSERT_EQUAL(ie_result_logits_merge(pay, good, flags, N, CUT, V + 1, V, &out[0][0], am_val, am_id),
+                    IE_ERR_FORMAT); /* a slice past the vocabulary */
+    /* random words of the right length: OK or refused, never out of bounds (ASan) */
+    for (int t = 0; t < 2000; t++) {
+        uint32_t w[sizeof pay / 4];
+        for (size_t i = 0; i < sizeof w / 4; i++) w[i] = t % 2 ? rng_u32() : rng_u32() % 64;
+        const ie_status_t st = ie_result_logits_merge(w, sizeof w, flags, N, CUT, V, V, &out[0][0], am_val, am_id);
+        CU_ASSERT(st == IE_OK || st == IE_ERR_FORMAT);
+    }
+    for (int r = 0; r < rows; r++) CU_ASSERT(am_id[r] == -1 || (am_id[r] >= 0 && am_id[r] < V));
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -1029,6 +1115,7 @@ int main(void)
     CU_add_test(s, "client prompt and messages together", test_req_both_prompt_and_messages);
     CU_add_test(s, "client request limits", test_req_limits);
     CU_add_test(s, "reply encoders", test_replies);
+    CU_add_test(s, "RESULT logits payload: pack, merge, finish, bad input", test_result_logits);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     const unsigned fails = CU_get_number_of_failures();

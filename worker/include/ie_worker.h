@@ -14,6 +14,7 @@
 
 #include "ie_kernels.h"
 #include "ie_model_src.h"
+#include "ie_proto.h"
 #include "ie_status.h"
 
 #include <stdint.h>
@@ -150,11 +151,9 @@ void ie_worker_destroy(ie_worker_t **self_p);
  * earlier positions of the same slot may appear earlier in the same batch.
  * logits[i] != 0 asks for that token's logits: IE_LOGITS_FULL, or
  * IE_LOGITS_ARGMAX when only their arg max matters (a greedy request with
- * no penalties). A worker computes full logits either way; the cluster
- * protocol sends only each rank's (max, id) for ARGMAX rows, and the
- * coordinator hands back a row that is -inf but at the winning id. */
-#define IE_LOGITS_FULL 1
-#define IE_LOGITS_ARGMAX 2
+ * no penalties; ie_proto.h). A worker computes full logits either way; the
+ * cluster protocol sends only each rank's (max, id) for ARGMAX rows, and
+ * the coordinator hands back a row that is -inf but at the winning id. */
 typedef struct ie_batch {
     int n;
     const int32_t *tokens;

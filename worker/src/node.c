@@ -20,7 +20,6 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <math.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -576,35 +575,6 @@ static void forward_kv(node_t *nd, const ie_msg_step_t *h)
         logf_(nd, "KV operations of step %llu not passed on: %s", (unsigned long long)h->step, ie_error_last());
 }
 
-/* The RESULT payload in place (docs/PROTOCOL.md, RESULT): the logits rows
- * of the flagged tokens in order, a FULL row as its nv floats, an ARGMAX
- * row as 2 words: the slice's largest logit (f32; NaN never wins, -inf if
- * nothing is usable) and its vocabulary id (i32, the first of equals; -1
- * if nothing is usable). Rows only shrink, so each is moved down over what
- * was already read. Returns the payload's length in floats. */
-static size_t compact_logits(float *lg, const uint8_t *flags, int n, int64_t nv, int64_t vocab_begin)
-{
-    size_t in = 0, out = 0;
-    for (int i = 0; i < n; i++) {
-        if (!flags[i]) continue;
-        const float *row = lg + in;
-        if (flags[i] == IE_LOGITS_ARGMAX) {
-            float best = -INFINITY;
-            int32_t id = -1;
-            for (int64_t j = 0; j < nv; j++)
-                if (row[j] > best) best = row[j], id = (int32_t)(vocab_begin + j);
-            lg[out] = best;
-            memcpy(&lg[out + 1], &id, sizeof id);
-            out += 2;
-        } else {
-            if (out != in) memmove(lg + out, row, (size_t)nv * sizeof(float));
-            out += (size_t)nv;
-        }
-        in += (size_t)nv;
-    }
-    return out;
-}
-
 /* Run the STEP in nd->in (header already decoded into h): its KV
  * operations first, then its tokens. n = 0 is a previous stage passing on
  * the operations of a step that failed there: apply, pass on, no result. */
@@ -692,7 +662,8 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
     res->vocab_end = r->vocab_end;
     res->compute_ms = t1 - t0 - nd->transfer_ms;
     res->transfer_ms = nd->transfer_ms;
-    ie_frame_t f = {nd->logits, compact_logits(nd->logits, b.logits, n, nv, r->vocab_begin) * sizeof(float)};
+    /* ARGMAX rows shrink to their (max, id) (docs/PROTOCOL.md, RESULT) */
+    ie_frame_t f = {nd->logits, ie_result_logits_pack(nd->logits, b.logits, n, nv, r->vocab_begin) * sizeof(float)};
     if (send_msg(nd->coord, &nd->hdr, &m, &f, 1, nd->as.dead_ms) != IE_OK)
         logf_(nd, "result of step %llu not sent: %s", (unsigned long long)h->step, ie_error_last());
     return;
