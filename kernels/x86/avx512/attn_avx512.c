@@ -198,28 +198,9 @@ void ie_attn_values_avx512(const float *p, size_t ld, int nh, const ie_attn_rows
         const float *ph = p + (size_t)h0 * ld;
         float *oh = out + (size_t)h0 * o_stride;
         const values_fn fn = values_get(C, g);
-        if (fn) {
+        if (fn)
             fn(ph, ld, v, j0, n, oh, o_stride);
-            continue;
-        }
-        /* the remaining shapes: a run-time loop, the same arithmetic */
-        __m512 acc[MAXC];
-        for (int i = 0; i < g * C; i++) acc[i] = _mm512_setzero_ps();
-        ie_attn_cursor_t cur;
-        ie_attn_cursor_init(&cur, v, j0);
-        for (int j = 0; j < n;) {
-            const float *vj;
-            int run = ie_attn_cursor_run(&cur, &vj);
-            run = run < n - j ? run : n - j;
-            ie_attn_cursor_skip(&cur, run);
-            for (const int e = j + run; j < e; j++, vj += cur.row_stride)
-                for (int c = 0; c < C; c++) {
-                    const __m512 x = _mm512_loadu_ps(vj + 16 * c);
-                    for (int hh = 0; hh < g; hh++)
-                        acc[hh * C + c] = _mm512_fmadd_ps(_mm512_set1_ps(ph[(size_t)hh * ld + j]), x, acc[hh * C + c]);
-                }
-        }
-        for (int hh = 0; hh < g; hh++)
-            for (int c = 0; c < C; c++) _mm512_storeu_ps(oh + (size_t)hh * o_stride + 16 * c, acc[hh * C + c]);
+        else /* the remaining shapes: the same loop with run-time sizes */
+            values_pass(C, g, ph, ld, v, j0, n, oh, o_stride);
     }
 }
