@@ -17,6 +17,9 @@ Configurations, interleaved round-robin over --rounds rounds:
                   map: time between tokens, sampling and the loop
                   included) — the baseline of the proc-* ratios; the CLI's
                   decode_tps (embedded, inproc-*) counts step time only
+  proc-tensor-nola  proc-tensor with IE_LOOKAHEAD=0 (no chained steps; the
+                  plain configurations run with IE_LOOKAHEAD=1: the A/B of
+                  docs/PROTOCOL.md "Chained steps")
   *-tensor-zmq    the tensor configurations with IE_TP_SHM=0: partial sums
                   over ZeroMQ instead of shared memory (the A/B of the
                   same-host reduce, ie_shmreduce.h; the plain tensor
@@ -67,7 +70,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402  (corpus, GGUF header reader, machine info)
 
 CONFIGS = ["embedded", "inproc-tensor", "inproc-tensor-zmq", "inproc-pipeline", "proc-embedded", "proc-tensor",
-           "proc-tensor-zmq",
+           "proc-tensor-zmq", "proc-tensor-nola",
            "proc-pipeline"]
 
 
@@ -222,8 +225,13 @@ def run_procs(bin_dir: Path, model: Path, prompt: str, gen: int, threads: int, p
         if w.get("type") != "done":
             return {"error": f"warm-up: {w.get('code')}: {w.get('message')}"}
         before = [scrape(p) for p in wm]
+        cb = scrape(mport)
         d = request(sock, zmq, msgpack, "measured", prompt, gen)
         after = [scrape(p) for p in wm]
+        ca = scrape(mport)
+        for k in ("used", "dropped"):  # chained steps sent ahead (ie_cluster_lookahead)
+            key = f'ie_lookahead_steps_total{{outcome="{k}"}}'
+            res[f"lookahead_{k}"] = ca.get(key, 0) - cb.get(key, 0)
         if d.get("type") != "done":
             return {"error": f"{d.get('code')}: {d.get('message')}"}
         res.update(done_fields(d))
@@ -255,7 +263,8 @@ def run_procs(bin_dir: Path, model: Path, prompt: str, gen: int, threads: int, p
 
 
 def run_config(cfg: str, a, prompt: str) -> dict:
-    env = dict(os.environ, IE_TP_SHM="0" if cfg.endswith("-zmq") else "1")
+    env = dict(os.environ, IE_TP_SHM="0" if cfg.endswith("-zmq") else "1",
+               IE_LOOKAHEAD="0" if cfg.endswith("-nola") else "1")
     if cfg == "embedded":
         return run_cli(a.bin_dir, a.model, prompt, a.gen, a.threads, None, env)
     if cfg.startswith("inproc-"):

@@ -35,8 +35,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define IE_PROTO_VERSION 3        /* cluster messages (2: KV operations, paged pool;
-                                     3: arg-max-only logits rows)                   */
+#define IE_PROTO_VERSION 4        /* cluster messages (2: KV operations, paged pool;
+                                     3: arg-max-only logits rows; 4: chained steps) */
 #define IE_PROTO_CLIENT_VERSION 1 /* client requests and replies                    */
 
 #define IE_PROTO_ENDPOINT_MAX 256 /* bytes of an endpoint string incl. NUL */
@@ -108,6 +108,14 @@ typedef struct ie_msg_step {
     int32_t has_hidden;    /* 1: a hidden-state frame follows (pipeline)     */
     int32_t kv_words;      /* int32 words of the KV-operations frame, applied
                               in order before the step (ie_kv_op_t)      */
+    int32_t chain;         /* 1: a chained step (tensor plans): entry i's
+                              token is not in the tokens frame (it holds
+                              -1s) but the whole vocabulary's arg max of
+                              entry i of the step just before (step - 1),
+                              every entry of which was ARGMAX; the ranks
+                              agree on it among themselves, and each
+                              RESULT carries the tokens used as a frame
+                              (docs/PROTOCOL.md, "Chained steps")        */
 } ie_msg_step_t;
 
 typedef struct ie_msg_result {
@@ -234,6 +242,28 @@ ie_status_t ie_result_logits_merge(const void *payload, size_t bytes, const uint
  * but at its winner, the row a greedy sampler reads the same id from. */
 void ie_result_logits_finish(const uint8_t *flags, int n, int64_t n_vocab, const float *am_val,
                              const int32_t *am_id, float *logits_out);
+
+/* ------------------------------------------------------- chained steps
+ * The tensor ranks' agreement on a chained STEP's tokens: each rank puts
+ * its slice's (max, id) of every entry of the previous step into a
+ * gather vector of ie_chain_gather_len floats, zeros elsewhere, and the
+ * ranks sum it (their reduce), which leaves every rank's entries in every
+ * rank's vector: at [(rank * n + i) * 2] the maximum, at [+1] id + 1 as an
+ * exact small integer (0: none, a rank without the head or nothing usable).
+ * Each rank then picks entry i's token with the rule of
+ * ie_result_logits_merge, the coordinator's, so both see the same ids. */
+size_t ie_chain_gather_len(int n_ranks, int n);
+
+/* Zero g (ie_chain_gather_len floats) and put this rank's n pairs from
+ * `packed` (ie_result_logits_pack's ARGMAX words: max, id as int32 bits;
+ * NULL: this rank holds no head) at its place. */
+void ie_chain_gather_put(float *g, int n_ranks, int rank, int n, const float *packed);
+
+/* After the sum: entry i's token into tok[i] (the largest maximum, the
+ * lowest id among equals). IE_ERR_FORMAT naming the entry when an id is
+ * not an integer in [0, n_vocab] or an entry has no usable logit on any
+ * rank; tok is then unspecified. */
+ie_status_t ie_chain_gather_pick(const float *g, int n_ranks, int n, int64_t n_vocab, int32_t *tok);
 
 /* ------------------------------------------------------------- clients
  * Client -> coordinator (ROUTER): a request map ("v" is

@@ -318,6 +318,7 @@ static const field_t k_step[] = {
     FI(ie_msg_step_t, n, REQ, 0, INT32_MAX),
     FB(ie_msg_step_t, has_hidden, REQ),
     FI(ie_msg_step_t, kv_words, REQ, 0, IE_PROTO_KV_WORDS_MAX),
+    FB(ie_msg_step_t, chain, OPT),
 };
 
 static const field_t k_result[] = {
@@ -1066,6 +1067,13 @@ size_t ie_result_logits_pack(float *lg, const uint8_t *flags, int n, int64_t nv,
     return out;
 }
 
+/* The arg max rule of every merge: (v, id) beats (bv, bid) when it is
+ * usable (id >= 0) and larger, or equal with a lower id (or none yet). */
+static int am_beats(float v, int32_t id, float bv, int32_t bid)
+{
+    return id >= 0 && (v > bv || (v == bv && (bid < 0 || id < bid)));
+}
+
 ie_status_t ie_result_logits_merge(const void *payload, size_t bytes, const uint8_t *flags, int n, int64_t vb,
                                    int64_t ve, int64_t n_vocab, float *logits_out, float *am_val,
                                    int32_t *am_id)
@@ -1098,7 +1106,7 @@ ie_status_t ie_result_logits_merge(const void *payload, size_t bytes, const uint
             const float v = src[0];
             int32_t id;
             memcpy(&id, src + 1, sizeof id);
-            if (id >= 0 && (v > am_val[row] || (v == am_val[row] && (am_id[row] < 0 || id < am_id[row])))) {
+            if (am_beats(v, id, am_val[row], am_id[row])) {
                 am_val[row] = v;
                 am_id[row] = id;
             }
@@ -1108,6 +1116,43 @@ ie_status_t ie_result_logits_merge(const void *payload, size_t bytes, const uint
             src += nv;
         }
         row++;
+    }
+    return IE_OK;
+}
+
+size_t ie_chain_gather_len(int n_ranks, int n) { return (size_t)2 * (size_t)n_ranks * (size_t)n; }
+
+void ie_chain_gather_put(float *g, int n_ranks, int rank, int n, const float *packed)
+{
+    memset(g, 0, ie_chain_gather_len(n_ranks, n) * sizeof *g);
+    if (!packed) return;
+    float *mine = g + ie_chain_gather_len(rank, n);
+    for (int i = 0; i < n; i++) {
+        int32_t id;
+        memcpy(&id, packed + 2 * i + 1, sizeof id);
+        mine[2 * i] = id >= 0 ? packed[2 * i] : 0.0f;
+        mine[2 * i + 1] = id >= 0 ? (float)id + 1.0f : 0.0f; /* exact: ids < 2^24 */
+    }
+}
+
+ie_status_t ie_chain_gather_pick(const float *g, int n_ranks, int n, int64_t n_vocab, int32_t *tok)
+{
+    for (int i = 0; i < n; i++) {
+        float bv = -INFINITY;
+        int32_t bid = -1;
+        for (int r = 0; r < n_ranks; r++) {
+            const float *e = g + ie_chain_gather_len(r, n) + 2 * i;
+            if (!(e[1] >= 0.0f && e[1] <= (float)n_vocab && e[1] == (float)(int32_t)e[1]))
+                return ie_error_set(IE_ERR_FORMAT, "chained step: rank %d's arg max of entry %d is not an id", r, i);
+            const int32_t id = (int32_t)e[1] - 1;
+            if (am_beats(e[0], id, bv, bid)) {
+                bv = e[0];
+                bid = id;
+            }
+        }
+        if (bid < 0)
+            return ie_error_set(IE_ERR_FORMAT, "chained step: entry %d has no usable logit on any rank", i);
+        tok[i] = bid;
     }
     return IE_OK;
 }

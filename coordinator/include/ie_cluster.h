@@ -65,6 +65,18 @@ int ie_cluster_ready(const ie_cluster_t *c);
  * a worker's error -> that status with a one-line reason. */
 ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_out);
 
+/* The caller's word on the next ie_cluster_step (it holds for that one
+ * step; without a word, 1): 1 when the step after it will likely be the
+ * same slots at their next positions (no request about to join or to end
+ * by length), so the cluster may send that step ahead, chained
+ * (docs/PROTOCOL.md, "Chained steps"); 0 when it will not, to spare the
+ * ranks a step that would be dropped. Results never depend on it: a step
+ * sent ahead is used only when the next batch is exactly it. The cluster
+ * chains only when it has a CPU the ranks' threads do not fill (on one
+ * host, fewer rank threads than its CPUs); IE_LOOKAHEAD=1 / 0 in the
+ * environment turns chaining on / off regardless. */
+void ie_cluster_lookahead(ie_cluster_t *c, int ok);
+
 /* Forget a slot on every worker (queued like the operations below; a bad
  * slot is ignored, as ie_worker_seq_clear does). */
 void ie_cluster_seq_clear(ie_cluster_t *c, int seq);
@@ -93,6 +105,8 @@ typedef struct ie_cluster_stats {
     uint64_t bytes_sent, bytes_received;
     uint64_t steps;
     double step_ms;           /* wall time inside ie_cluster_step       */
+    uint64_t lookahead_used;    /* chained steps sent ahead and used      */
+    uint64_t lookahead_dropped; /* ... and dropped (the batch differed)    */
 } ie_cluster_stats_t;
 void ie_cluster_stats(const ie_cluster_t *c, ie_cluster_stats_t *out);
 

@@ -516,6 +516,12 @@ int ie_cli_run(int argc, char **argv)
     cJSON_AddStringToObject(js, "isa", ie_isa_name(ie_engine_worker(eng) ? ie_worker_isa(ie_engine_worker(eng))
                                                                           : ie_isa_best()));
     cJSON_AddNumberToObject(js, "batch", (double)eo.n_seq);
+    if (ie_engine_cluster(eng)) { /* --plan: chained steps sent ahead, used and dropped (ie_cluster.h) */
+        ie_cluster_stats_t cs;
+        ie_cluster_stats(ie_engine_cluster(eng), &cs);
+        cJSON_AddNumberToObject(js, "lookahead_used", (double)cs.lookahead_used);
+        cJSON_AddNumberToObject(js, "lookahead_dropped", (double)cs.lookahead_dropped);
+    }
     {   /* per-node copies of the head and embeddings (IE_HOT_REPLICATE) */
         const ie_worker_t *hw = ie_engine_worker(eng);
         cJSON_AddNumberToObject(js, "hot_replicas", (double)ie_worker_hot_replicas(hw));

@@ -5,12 +5,16 @@
  * KV-cache operations (slot clears, block binds, lengths) are checked when
  * called and queued, in call order, as one frame of the next STEP
  * (ie_proto.h "KV operations"); every rank applies them before the step. */
+#define _GNU_SOURCE /* sched_getaffinity, CPU_COUNT */
 #include "ie_cluster.h"
 #include "ie_clock.h"
 
 #include "ie_proto.h"
 #include "ie_sampler.h"
 #include "ie_sdnotify.h"
+
+#include <sched.h>
+#include <unistd.h>
 
 #include <math.h>
 #include <stdarg.h>
@@ -31,6 +35,32 @@ typedef struct member {
     char error[IE_PROTO_TEXT_MAX];
     ie_status_t status;  /* M_FAILED: the worker's load status         */
 } member_t;
+
+/* Chaining's credit (see "steps" below): a use earns 1 (up to
+ * LA_CREDIT_MAX), a drop costs LA_DROP_COST; at 0 chaining pauses for
+ * LA_PAUSE_STEPS steps. A drop wastes a whole step, a use saves a round
+ * trip of the order of a tenth of one. */
+#define LA_CREDIT_MAX 16
+#define LA_DROP_COST 12
+#define LA_PAUSE_STEPS 64
+
+/* A step sent and not yet answered by every head rank. */
+typedef struct pend {
+    int live;            /* its answers are counted                       */
+    int chain;           /* tokens: the previous step's arg max (STEP chain) */
+    uint64_t epoch, step;
+    int got[IE_PROTO_MAX_RANKS];
+    ie_status_t st;
+    char err[IE_PROTO_TEXT_MAX];
+    float *logits_out;   /* FULL rows go here (NULL: none can come)       */
+    int n, rows;
+    uint8_t *flags;      /* [max_batch] the batch, copied                 */
+    int32_t *seq, *pos;
+    int32_t *tok;        /* a chained step's tokens, as the ranks say      */
+    int tok_set;
+    float *am_val;       /* [max_batch] per flagged entry: the best (max, */
+    int32_t *am_id;      /* id) of the ranks' ARGMAX answers so far        */
+} pend_t;
 
 struct ie_cluster {
     ie_cluster_opts_t o;
@@ -57,18 +87,17 @@ struct ie_cluster {
     ie_metric_t *m_up, *m_step;
     uint64_t wd_us;      /* systemd watchdog interval (0: none)      */
     double last_wd;
-    /* the step being waited for */
-    int waiting;
-    int got[IE_PROTO_MAX_RANKS];
-    ie_status_t step_st;
-    char step_err[IE_PROTO_TEXT_MAX];
-    float *logits_out;
-    int rows;
-    const uint8_t *sent_flags; /* the step's logits flags (ie_worker.h)  */
-    int sent_n;
-    float *am_val;             /* per flagged row: the best (max, id) of */
-    int32_t *am_id;            /* the ranks' ARGMAX answers so far       */
-    int am_cap;
+    /* the step being waited for, and a chained step sent ahead of the
+     * caller's next call (ie_cluster_lookahead) */
+    pend_t cur, ahead;
+    int last_ok;         /* the last step answered: cur's am_id are its ids */
+    int la_hint;         /* the caller's word for the next step (1: may chain) */
+    int la_force;        /* IE_LOOKAHEAD: 0 unset (auto), 1 "0" off, 2 "1" on */
+    int n_cpu;           /* CPUs this process may use                     */
+    char host[IE_PROTO_TEXT_MAX];
+    int la_credit;       /* + per chained step used, - per one dropped     */
+    int la_pause;        /* steps left without chaining after a run of drops */
+    ie_metric_t *m_la;
 };
 
 static void clog_(const ie_cluster_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -169,11 +198,12 @@ static void lose(ie_cluster_t *c, int r, const char *why)
 {
     member_t *mb = &c->m[r];
     clog_(c, "worker rank %d (pid %d on %s) lost: %s", r, mb->hello.pid, mb->hello.host, why);
-    if (c->waiting && c->step_st == IE_OK) {
-        c->step_st = IE_ERR_UNAVAILABLE;
-        snprintf(c->step_err, sizeof c->step_err, "worker rank %d (pid %d on %s) lost: %s", r, mb->hello.pid,
+    if (c->cur.live && c->cur.st == IE_OK) {
+        c->cur.st = IE_ERR_UNAVAILABLE;
+        snprintf(c->cur.err, sizeof c->cur.err, "worker rank %d (pid %d on %s) lost: %s", r, mb->hello.pid,
                  mb->hello.host, why);
     }
+    c->ahead.live = 0; /* a new epoch: whatever the ranks were chaining is over */
     memset(mb, 0, sizeof *mb);
     set_up(c, r, 0);
 }
@@ -261,33 +291,50 @@ static void on_ready(ie_cluster_t *c, int r, const ie_msg_ready_t *rd)
     if (c->o.verbose) clog_(c, "rank %d ready (%.1f MB of weights, %.0f ms)", r, rd->weight_bytes / 1e6, rd->load_ms);
 }
 
+static void pend_fail(pend_t *p, ie_status_t st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void pend_fail(pend_t *p, ie_status_t st, const char *fmt, ...)
+{
+    if (p->st != IE_OK) return; /* the first reason stands */
+    p->st = st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->err, sizeof p->err, fmt, ap);
+    va_end(ap);
+}
+
 static void on_result(ie_cluster_t *c, const ie_msg_result_t *res)
 {
-    if (!c->waiting || res->epoch != c->epoch || res->step != c->step) return; /* stale */
+    pend_t *p = c->cur.live && res->step == c->cur.step ? &c->cur
+              : c->ahead.live && res->step == c->ahead.step ? &c->ahead
+                                                          : NULL;
+    if (!p || res->epoch != p->epoch || res->epoch != c->epoch) return; /* stale */
     if (res->rank < 0 || res->rank >= c->o.n_ranks) return;
+    p->got[res->rank] = 1;
     if (res->status != IE_OK) {
-        if (c->step_st == IE_OK) {
-            c->step_st = res->status == IE_ERR_RANGE || res->status == IE_ERR_INVAL ? (ie_status_t)res->status
-                                                                                     : IE_ERR_UNAVAILABLE;
-            snprintf(c->step_err, sizeof c->step_err, "%s", res->error);
-        }
-        c->got[res->rank] = 1;
+        pend_fail(p, res->status == IE_ERR_RANGE || res->status == IE_ERR_INVAL ? (ie_status_t)res->status
+                                                                                : IE_ERR_UNAVAILABLE,
+                  "%s", res->error);
         return;
     }
     const ie_shard_range_t *sr = &c->range[res->rank];
-    const int bad = !sr->has_head || res->n_rows != c->rows || res->vocab_begin != sr->vocab_begin ||
-                    res->vocab_end != sr->vocab_end || c->in.n != 3;
-    if (bad || ie_result_logits_merge(c->in.data[2], c->in.size[2], c->sent_flags, c->sent_n, sr->vocab_begin,
-                                      sr->vocab_end, c->hp.n_vocab, c->logits_out, c->am_val, c->am_id) != IE_OK) {
-        if (c->step_st == IE_OK) {
-            c->step_st = IE_ERR_FORMAT;
-            snprintf(c->step_err, sizeof c->step_err, "rank %d sent a malformed result%s%s", res->rank,
-                     bad ? "" : ": ", bad ? "" : ie_error_last());
-        }
-        c->got[res->rank] = 1;
+    const int bad = !sr->has_head || res->n_rows != p->rows || res->vocab_begin != sr->vocab_begin ||
+                    res->vocab_end != sr->vocab_end || c->in.n != 3 + p->chain ||
+                    (p->chain && c->in.size[3] != (size_t)p->n * sizeof(int32_t));
+    if (bad || ie_result_logits_merge(c->in.data[2], c->in.size[2], p->flags, p->n, sr->vocab_begin, sr->vocab_end,
+                                      c->hp.n_vocab, p->logits_out, p->am_val, p->am_id) != IE_OK) {
+        pend_fail(p, IE_ERR_FORMAT, "rank %d sent a malformed result%s%s", res->rank, bad ? "" : ": ",
+                  bad ? "" : ie_error_last());
         return;
     }
-    c->got[res->rank] = 1;
+    if (p->chain) { /* every rank must have run the same tokens */
+        if (!p->tok_set) {
+            memcpy(p->tok, c->in.data[3], (size_t)p->n * sizeof(int32_t));
+            p->tok_set = 1;
+        } else if (memcmp(p->tok, c->in.data[3], (size_t)p->n * sizeof(int32_t)) != 0) {
+            pend_fail(p, IE_ERR_INTERNAL, "the ranks ran different tokens in chained step %llu",
+                      (unsigned long long)p->step);
+        }
+    }
     c->stats.compute_ms += res->compute_ms;
     c->stats.transfer_ms += res->transfer_ms;
 }
@@ -423,6 +470,34 @@ ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src
         ie_metrics_histogram(o->metrics, "ie_step_seconds", "Wall time of one step across the workers", NULL, sb,
                              10, &c->m_step);
     }
+    {
+        const size_t B = (size_t)o->max_batch;
+        pend_t *ps[2] = {&c->cur, &c->ahead};
+        for (int k = 0; k < 2; k++) {
+            pend_t *p = ps[k];
+            p->flags = malloc(B);
+            p->seq = malloc(B * sizeof *p->seq);
+            p->pos = malloc(B * sizeof *p->pos);
+            p->tok = malloc(B * sizeof *p->tok);
+            p->am_val = malloc(B * sizeof *p->am_val);
+            p->am_id = malloc(B * sizeof *p->am_id);
+            if (!p->flags || !p->seq || !p->pos || !p->tok || !p->am_val || !p->am_id) {
+                st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+                goto cleanup;
+            }
+        }
+        const char *la = getenv("IE_LOOKAHEAD");
+        c->la_force = la && (la[0] == '0' || la[0] == '1') && la[1] == '\0' ? la[0] - '0' + 1 : 0;
+        cpu_set_t cs;
+        c->n_cpu = sched_getaffinity(0, sizeof cs, &cs) == 0 ? CPU_COUNT(&cs) : (int)sysconf(_SC_NPROCESSORS_ONLN);
+        if (gethostname(c->host, sizeof c->host - 1) != 0) c->host[0] = '\0';
+        c->la_hint = 1;
+        c->la_credit = LA_CREDIT_MAX;
+    }
+    if (o->metrics)
+        ie_metrics_counter(o->metrics, "ie_lookahead_steps_total",
+                           "Chained steps sent ahead of the scheduler (tensor plans): used, or dropped because "
+                           "the next batch differed", "outcome", &c->m_la);
     for (int r = 0; r < o->n_ranks; r++) set_up(c, r, 0);
     c->last_hb = ie_now_ms();
     c->wd_us = ie_sd_watchdog_usec();
@@ -450,8 +525,15 @@ void ie_cluster_destroy(ie_cluster_t **c_p)
     ie_buf_free(&c->hdr);
     ie_buf_free(&c->kv);
     free(c->flags);
-    free(c->am_val);
-    free(c->am_id);
+    pend_t *ps[2] = {&c->cur, &c->ahead};
+    for (int k = 0; k < 2; k++) {
+        free(ps[k]->flags);
+        free(ps[k]->seq);
+        free(ps[k]->pos);
+        free(ps[k]->tok);
+        free(ps[k]->am_val);
+        free(ps[k]->am_id);
+    }
     free(c);
     *c_p = NULL;
 }
@@ -551,12 +633,166 @@ ie_status_t ie_cluster_seq_set_len(ie_cluster_t *c, int seq, int n_pos)
     return kv_queue(c, &op, 3, 0);
 }
 
+/* ------------------------------------------------------------- steps */
+
+/* Chained steps sent ahead (docs/PROTOCOL.md, "Chained steps"): after a
+ * step whose every entry is an ARGMAX decode row of its own slot, the
+ * cluster sends at once the step after it (each slot at its next position,
+ * its token the ranks' own arg max), so the ranks go on computing while
+ * the answer travels here, is sampled and scheduled. The caller's next
+ * step uses it when it is that very batch (same slots and positions, the
+ * arg max ids as tokens, no KV operations queued); otherwise it is
+ * dropped, its answers ignored. A dropped step cost the ranks one step
+ * and wrote K/V at positions no reader has reached: the next position
+ * of each slot, in the block that already holds the current one (a
+ * chained step never needs a new block), which every later user of those
+ * positions writes before reading. The credit (LA_*) stops chaining for
+ * a while when drops come often. */
+
+void ie_cluster_lookahead(ie_cluster_t *c, int ok) { c->la_hint = ok != 0; }
+
+/* Fill p for a step of n entries and send it to the ranks that take
+ * steps; chain: the tokens frame holds -1s and the STEP says chain. */
+static void pend_send(ie_cluster_t *c, pend_t *p, int n, const int32_t *tok, const int32_t *pos, const int32_t *seq,
+                      const uint8_t *flags, int chain, float *logits_out)
+{
+    p->live = 1;
+    p->chain = chain;
+    p->epoch = c->epoch;
+    p->step = ++c->step;
+    memset(p->got, 0, sizeof p->got);
+    p->st = IE_OK;
+    p->err[0] = '\0';
+    p->logits_out = logits_out;
+    p->n = n;
+    p->rows = 0;
+    p->tok_set = 0;
+    if (p->flags != flags) memcpy(p->flags, flags, (size_t)n);
+    if (p->seq != seq) memcpy(p->seq, seq, (size_t)n * sizeof *seq);
+    if (p->pos != pos) memcpy(p->pos, pos, (size_t)n * sizeof *pos);
+    for (int i = 0; i < n; i++) p->rows += flags[i] != 0;
+    for (int i = 0; i < p->rows; i++) {
+        p->am_val[i] = -INFINITY;
+        p->am_id[i] = -1;
+    }
+    ie_msg_t m = {.kind = IE_MSG_STEP};
+    m.u.step.epoch = c->epoch;
+    m.u.step.step = p->step;
+    m.u.step.n = n;
+    m.u.step.chain = chain;
+    m.u.step.kv_words = chain ? 0 : (int32_t)(c->kv.len / 4);
+    const size_t n4 = (size_t)n * 4;
+    ie_frame_t f[5] = {{tok, n4}, {pos, n4}, {seq, n4}, {flags, (size_t)n}, {c->kv.data, chain ? 0 : c->kv.len}};
+    const int tensor = c->o.plan == IE_SHARD_TENSOR;
+    for (int r = 0; r < c->o.n_ranks; r++) {
+        if (!tensor && r > 0) break;
+        if (send_to(c, c->m[r].ident, c->m[r].ident_len, &m, f, 5) != IE_OK)
+            pend_fail(p, IE_ERR_UNAVAILABLE, "cannot reach worker rank %d: %s", r, ie_error_last());
+    }
+    /* sent everywhere: the operations are the workers' now (applied even if
+     * the step then fails); a failed send keeps them for the next step */
+    if (!chain && p->st == IE_OK) {
+        ie_buf_reset(&c->kv);
+        c->kv_ids = 0;
+    }
+}
+
+/* May the step after cur be sent ahead? Every entry an ARGMAX decode row
+ * of a slot of its own whose next position is in the same KV block. */
+/* Chaining hides the round trip only if this process has a CPU of its
+ * own: on a host whose CPUs the ranks' threads fill, answering them here
+ * interrupts a rank mid-step and its peers wait for it at the next
+ * reduction (measured on 2 cores, SmolLM2 tensor:2: no gain). Unless
+ * IE_LOOKAHEAD says, chain when the ranks on this host run fewer threads
+ * than it has CPUs. */
+static int spare_cpu(const ie_cluster_t *c)
+{
+    if (c->la_force) return c->la_force == 2;
+    long here = 0;
+    for (int r = 0; r < c->o.n_ranks; r++)
+        if (!strcmp(c->m[r].hello.host, c->host)) here += c->m[r].hello.n_threads;
+    return here < c->n_cpu;
+}
+
+static int may_chain(ie_cluster_t *c)
+{
+    const pend_t *p = &c->cur;
+    if (c->o.plan != IE_SHARD_TENSOR || p->st != IE_OK || p->rows != p->n || !spare_cpu(c)) return 0;
+    if (c->la_pause > 0) {
+        if (--c->la_pause == 0) c->la_credit = LA_DROP_COST;
+        return 0;
+    }
+    const int kb = c->o.kv_block > 0 ? c->o.kv_block : 16;
+    for (int i = 0; i < p->n; i++) {
+        if (p->flags[i] != IE_LOGITS_ARGMAX || p->pos[i] + 1 >= c->o.n_ctx || (p->pos[i] + 1) % kb == 0) return 0;
+        for (int j = 0; j < i; j++)
+            if (p->seq[j] == p->seq[i]) return 0;
+    }
+    return 1;
+}
+
+static void send_ahead(ie_cluster_t *c)
+{
+    const pend_t *p = &c->cur;
+    pend_t *a = &c->ahead;
+    for (int i = 0; i < p->n; i++) { /* built in a's own arrays: pend_send copies onto them */
+        a->tok[i] = -1;
+        a->pos[i] = p->pos[i] + 1;
+    }
+    pend_send(c, a, p->n, a->tok, a->pos, p->seq, p->flags, 1, NULL);
+    if (a->st != IE_OK) a->live = 0; /* the ranks that got it fail it: nothing will match */
+}
+
+/* Is b the step sent ahead? */
+static int ahead_matches(const ie_cluster_t *c, const ie_batch_t *b, const uint8_t *flags)
+{
+    const pend_t *a = &c->ahead;
+    if (!c->last_ok || a->epoch != c->epoch || a->st != IE_OK || c->kv.len != 0 || c->kv_lost != IE_OK ||
+        b->n != a->n)
+        return 0;
+    for (int i = 0; i < b->n; i++)
+        if (flags[i] != IE_LOGITS_ARGMAX || b->seq[i] != a->seq[i] || b->pos[i] != a->pos[i] ||
+            b->tokens[i] != c->cur.am_id[i])
+            return 0;
+    return 1;
+}
+
+static void la_count(ie_cluster_t *c, int used)
+{
+    if (used) {
+        c->stats.lookahead_used++;
+        if (c->la_credit < LA_CREDIT_MAX) c->la_credit++;
+    } else {
+        c->stats.lookahead_dropped++;
+        c->la_credit -= LA_DROP_COST;
+        if (c->la_credit <= 0) c->la_pause = LA_PAUSE_STEPS;
+    }
+    if (c->m_la) ie_metric_add(c->m_la, used ? "used" : "dropped", 1);
+}
+
+/* Wait for the head ranks' answers to cur (all tensor ranks; the last
+ * stage), or its failure. */
+static void wait_cur(ie_cluster_t *c)
+{
+    const int tensor = c->o.plan == IE_SHARD_TENSOR;
+    while (c->cur.st == IE_OK) {
+        int done = 1;
+        for (int r = 0; r < c->o.n_ranks; r++)
+            if (c->range[r].has_head && (tensor || r == c->o.n_ranks - 1) && !c->cur.got[r]) done = 0;
+        if (done) break;
+        pump(c, c->o.heartbeat_ms);
+    }
+}
+
 ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_out)
 {
     double t0 = ie_now_ms();
+    const int hint = c->la_hint;
+    c->la_hint = 1; /* the caller's word holds for one step */
     if (b->n < 1 || b->n > c->o.max_batch)
         return ie_error_set(IE_ERR_INVAL, "cluster: batch of %d tokens (max %d)", b->n, c->o.max_batch);
     if (!ie_cluster_ready(c)) {
+        c->ahead.live = 0;
         /* a moment's grace for a worker re-registering after a restart */
         ie_cluster_service(c, 0);
         if (!ie_cluster_ready(c)) {
@@ -570,6 +806,7 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
         c->kv_lost = IE_OK;
         ie_buf_reset(&c->kv);
         c->kv_ids = 0;
+        c->ahead.live = 0;
         return ie_error_set(lost, "cluster: a slot clear could not be queued (too many KV operations before one "
                             "step); the queued KV operations were dropped");
     }
@@ -585,64 +822,45 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
         c->flags[b->n - 1] = 1;
         flags = c->flags;
     }
-    int rows = 0;
-    for (int i = 0; i < b->n; i++) rows += flags[i] != 0;
-    if (c->am_cap < rows) {
-        float *v = realloc(c->am_val, (size_t)rows * sizeof *v);
-        if (v) c->am_val = v;
-        int32_t *d = realloc(c->am_id, (size_t)rows * sizeof *d);
-        if (d) c->am_id = d;
-        if (!v || !d) return ie_error_set(IE_ERR_NOMEM, "out of memory");
-        c->am_cap = rows;
-    }
-    for (int i = 0; i < rows; i++) {
-        c->am_val[i] = -INFINITY;
-        c->am_id[i] = -1;
-    }
 
-    ie_msg_t m = {.kind = IE_MSG_STEP};
-    m.u.step.epoch = c->epoch;
-    m.u.step.step = ++c->step;
-    m.u.step.n = b->n;
-    m.u.step.kv_words = (int32_t)(c->kv.len / 4);
-    const size_t n4 = (size_t)b->n * 4;
-    ie_frame_t f[5] = {{b->tokens, n4}, {b->pos, n4}, {b->seq, n4}, {flags, (size_t)b->n}, {c->kv.data, c->kv.len}};
-    memset(c->got, 0, sizeof c->got);
-    c->waiting = 1;
-    c->step_st = IE_OK;
-    c->step_err[0] = '\0';
-    c->logits_out = logits_out;
-    c->rows = rows;
-    c->sent_flags = flags;
-    c->sent_n = b->n;
-    const int tensor = c->o.plan == IE_SHARD_TENSOR;
-    for (int r = 0; r < c->o.n_ranks; r++) {
-        if (!tensor && r > 0) break;
-        if (send_to(c, c->m[r].ident, c->m[r].ident_len, &m, f, 5) != IE_OK && c->step_st == IE_OK) {
-            c->step_st = IE_ERR_UNAVAILABLE;
-            snprintf(c->step_err, sizeof c->step_err, "cannot reach worker rank %d: %s", r, ie_error_last());
+    int adopted = 0;
+    if (c->ahead.live) { /* the step sent ahead: this batch, or dropped */
+        adopted = ahead_matches(c, b, flags);
+        la_count(c, adopted);
+        if (adopted) {
+            pend_t t = c->cur;
+            c->cur = c->ahead;
+            c->ahead = t;
+            c->cur.logits_out = logits_out;
         }
+        c->ahead.live = 0;
     }
-    /* sent everywhere: the operations are the workers' now (applied even if
-     * the step then fails); a failed send keeps them for the next step */
-    if (c->step_st == IE_OK) {
-        ie_buf_reset(&c->kv);
-        c->kv_ids = 0;
+    for (;;) {
+        if (!adopted) pend_send(c, &c->cur, b->n, b->tokens, b->pos, b->seq, flags, 0, logits_out);
+        if (hint && may_chain(c)) send_ahead(c);
+        wait_cur(c);
+        /* a chained step that failed, or ran other tokens than these (the
+         * ranks' pick disagreed with ours): run the batch as given */
+        if (adopted && c->cur.st != IE_ERR_UNAVAILABLE &&
+            (c->cur.st != IE_OK || !c->cur.tok_set ||
+             memcmp(c->cur.tok, b->tokens, (size_t)b->n * sizeof *b->tokens) != 0)) {
+            if (c->o.verbose) clog_(c, "chained step %llu not usable (%s): sent again as a step",
+                                    (unsigned long long)c->cur.step, c->cur.st != IE_OK ? c->cur.err : "tokens");
+            c->ahead.live = 0;
+            adopted = 0;
+            continue;
+        }
+        break;
     }
-    /* wait for the head ranks (all tensor ranks; the last stage) */
-    while (c->step_st == IE_OK) {
-        int done = 1;
-        for (int r = 0; r < c->o.n_ranks; r++)
-            if (c->range[r].has_head && (tensor || r == c->o.n_ranks - 1) && !c->got[r]) done = 0;
-        if (done) break;
-        pump(c, c->o.heartbeat_ms);
-    }
-    c->waiting = 0;
-    if (c->step_st == IE_OK) ie_result_logits_finish(flags, b->n, c->hp.n_vocab, c->am_val, c->am_id, logits_out);
+    c->cur.live = 0;
+    c->last_ok = c->cur.st == IE_OK;
+    if (c->cur.st != IE_OK) c->ahead.live = 0;
+    if (c->cur.st == IE_OK)
+        ie_result_logits_finish(flags, b->n, c->hp.n_vocab, c->cur.am_val, c->cur.am_id, logits_out);
     c->stats.steps++;
     c->stats.step_ms += ie_now_ms() - t0;
-    if (c->m_step && c->step_st == IE_OK) ie_metric_observe(c->m_step, NULL, (ie_now_ms() - t0) / 1e3);
-    if (c->step_st != IE_OK) return ie_error_set(c->step_st, "%s", c->step_err);
+    if (c->m_step && c->cur.st == IE_OK) ie_metric_observe(c->m_step, NULL, (ie_now_ms() - t0) / 1e3);
+    if (c->cur.st != IE_OK) return ie_error_set(c->cur.st, "%s", c->cur.err);
     return IE_OK;
 }
 

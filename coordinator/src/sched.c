@@ -917,6 +917,19 @@ static void update_gauges(ie_sched_t *s)
     if (s->m_running) ie_metric_set(s->m_running, NULL, running);
 }
 
+/* Will the step after this one likely be the same requests, one position
+ * on (ie_cluster_lookahead)? Not when a prompt is in it or a request
+ * waits to join, nor when one ends by length with this step's token. */
+static int lookahead_ok(const ie_sched_t *s, int nb, int has_prefill)
+{
+    if (has_prefill || s->n_queue > 0) return 0;
+    for (int i = 0; i < nb; i++) {
+        const sreq_t *q = s->b_req[i];
+        if ((int)(q->n_toks + 1 - q->n_prompt) >= q->max_new || q->n_toks + 1 >= (size_t)s->n_ctx) return 0;
+    }
+    return 1;
+}
+
 ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out)
 {
     double now = ie_now_ms();
@@ -928,10 +941,13 @@ ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out)
     reap(s, now);
     admit(s, now);
     nb = build(s, &has_prefill);
+    const int ahead = nb > 0 && lookahead_ok(s, nb, has_prefill);
     pthread_mutex_unlock(&s->mu);
 
     if (nb > 0) {
         ie_batch_t b = {nb, s->b_tok, s->b_pos, s->b_seq, s->b_logits};
+        ie_cluster_t *c = ie_engine_cluster(s->e);
+        if (c) ie_cluster_lookahead(c, ahead);
         double t0 = ie_now_ms();
         ie_status_t st = ie_engine_step(s->e, &b, s->logits);
         double t1 = ie_now_ms();

@@ -142,6 +142,59 @@ def test_inproc_plans_match_embedded_tiny_gptoss(plan, tiny_gptoss, tmp_path):
     assert got == ref, f"--plan {plan}: {got!r} != {ref!r}"
 
 
+def run_lookahead(model: Path, prompts, plan: str, tmp: Path, lookahead: str | None, extra=()) -> dict:
+    """inference-engine over the prompts decoded together (--batch), with
+    IE_LOOKAHEAD set to `lookahead` (None: unset); the JSON line."""
+    pf = tmp / f"prompts_{uuid.uuid4().hex[:6]}.txt"
+    pf.write_text("\n".join(prompts) + "\n")
+    env = {k: v for k, v in os.environ.items() if k != "IE_LOOKAHEAD"}
+    if lookahead is not None:
+        env["IE_LOOKAHEAD"] = lookahead
+    cmd = [str(binary("inference-engine")), "--model", str(model), "--prompts-file", str(pf), "--batch",
+           str(len(prompts)), "--max-new", str(MAX_NEW), "--greedy", "--threads", str(THREADS), "--plan", plan,
+           *extra]
+    cp = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=120, env=env)
+    assert cp.returncode == 0, f"{cmd}: exit {cp.returncode}\n{cp.stderr[-2000:]}"
+    return parse_single_json_line(cp.stdout)
+
+
+def test_lookahead_chained_steps_match_embedded(smollm2, tmp_path):
+    """Chained steps (docs/PROTOCOL.md): with IE_LOOKAHEAD=1 the cluster sends
+    every all-greedy decode step's successor ahead, the ranks pick its tokens
+    themselves; the ids are the embedded engine's. Requests that all end by
+    length drop nothing (the scheduler says so beforehand); a stop string
+    that ends one request of a batch early drops the step sent ahead, and
+    the ids are still the embedded engine's."""
+    ref = run_lookahead(smollm2, PROMPTS, "none", tmp_path, None)
+    assert "lookahead_used" not in ref, ref  # no cluster, no chaining
+    got = run_lookahead(smollm2, PROMPTS, "tensor:2", tmp_path, "1")
+    assert got["ids"] == ref["ids"], (got["ids"], ref["ids"])
+    assert got["lookahead_used"] > 0 and got["lookahead_dropped"] == 0, got
+    # a stop string from the middle of the second prompt's text
+    stop = ref["text"][1][12:20]
+    assert stop.strip() and stop not in ref["text"][1][:12], ref["text"][1]
+    ref_s = run_lookahead(smollm2, PROMPTS, "none", tmp_path, None, ("--stop", stop))
+    assert "stop" in ref_s["stop_reason"], ref_s
+    got_s = run_lookahead(smollm2, PROMPTS, "tensor:2", tmp_path, "1", ("--stop", stop))
+    assert got_s["ids"] == ref_s["ids"] and got_s["text"] == ref_s["text"], (got_s, ref_s)
+    assert got_s["lookahead_dropped"] >= 1 and got_s["lookahead_used"] > 0, got_s
+    # off: the same ids, nothing sent ahead
+    off = run_lookahead(smollm2, PROMPTS, "tensor:2", tmp_path, "0")
+    assert off["ids"] == ref["ids"] and off["lookahead_used"] == 0 and off["lookahead_dropped"] == 0, off
+
+
+def test_lookahead_auto_needs_a_spare_cpu(smollm2, tmp_path):
+    """Unset IE_LOOKAHEAD: the cluster chains only when the ranks' threads
+    on its host leave it a CPU (2 ranks x 1 thread here)."""
+    got = run_lookahead(smollm2, PROMPTS[:1], "tensor:2", tmp_path, None)
+    cpus = len(os.sched_getaffinity(0))
+    rank_threads = 2 * max(1, THREADS // 2)
+    if rank_threads >= cpus:
+        assert got["lookahead_used"] == 0 and got["lookahead_dropped"] == 0, (cpus, got)
+    else:
+        assert got["lookahead_used"] > 0, (cpus, got)
+
+
 @pytest.mark.parametrize("plan,words", [("tensor:64", ("tensor", "KV heads")),
                                         ("pipeline:64", ("pipeline", "layers"))])
 def test_plan_the_shapes_forbid_fails(plan, words, tiny_gptoss, tmp_path):
@@ -159,7 +212,8 @@ class Cluster:
 
     def __init__(self, model: Path, plan: str, n_workers: int, logdir: Path, *,
                  bind_host: str = "127.0.0.1", worker_host: str = "127.0.0.1",
-                 coord_curve: list | None = None, coord_extra: list | None = None):
+                 coord_curve: list | None = None, coord_extra: list | None = None,
+                 coord_env: dict | None = None):
         self.model, self.plan, self.n = model, plan, n_workers
         self.logdir = logdir
         self.wport, self.cport = free_port(), free_port()
@@ -172,11 +226,11 @@ class Cluster:
                "--workers", str(n_workers), "--bind", f"tcp://{bind_host}:{self.wport}",
                "--client-bind", self.client_ep, "--verbose"] + (coord_curve or []) + (coord_extra or [])
         self.coord_log = logdir / "coordinator.log"
-        self.coord = self._spawn(cmd, self.coord_log)
+        self.coord = self._spawn(cmd, self.coord_log, dict(os.environ, **coord_env) if coord_env else None)
 
-    def _spawn(self, cmd, log: Path) -> subprocess.Popen:
+    def _spawn(self, cmd, log: Path, env: dict | None = None) -> subprocess.Popen:
         with open(log, "ab") as f:
-            p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
         self.procs.append(p)
         return p
 
@@ -241,10 +295,13 @@ def start_cluster(clusters, model, plan, n, logdir, **kw) -> Cluster:
     return c
 
 
-@pytest.mark.parametrize("plan", ["tensor", "pipeline"])
-def test_processes_greedy_and_streaming(plan, smollm2, clusters, tmp_path):
+@pytest.mark.parametrize("plan,lookahead", [("tensor", None), ("tensor", "1"), ("pipeline", None)])
+def test_processes_greedy_and_streaming(plan, lookahead, smollm2, clusters, tmp_path):
+    """lookahead "1": the coordinator chains every greedy step (IE_LOOKAHEAD)."""
     ref = embedded(smollm2, PROMPTS, tmp_path)
-    c = start_cluster(clusters, smollm2, plan, 2, tmp_path / "logs")
+    mport = free_port()
+    c = start_cluster(clusters, smollm2, plan, 2, tmp_path / "logs", coord_extra=["--metrics-port", str(mport)],
+                      coord_env={"IE_LOOKAHEAD": lookahead} if lookahead else None)
     c.start_worker(0)
     c.start_worker(1)
     done = c.generate(PROMPTS[0], max_new=MAX_NEW)
@@ -260,6 +317,13 @@ def test_processes_greedy_and_streaming(plan, smollm2, clusters, tmp_path):
         assert [e["index"] for e in evs] == list(range(len(evs))), [e["index"] for e in evs]
         assert done["text"] == r, (p, done["text"], r)
 
+    if lookahead:  # the chained steps were used, none dropped (every request ends by length)
+        import urllib.request
+        text = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read().decode()
+        used = [l for l in text.splitlines() if l.startswith('ie_lookahead_steps_total{outcome="used"}')]
+        dropped = [l for l in text.splitlines() if l.startswith('ie_lookahead_steps_total{outcome="dropped"}')]
+        assert used and float(used[0].split()[-1]) > 0, text
+        assert not dropped or float(dropped[0].split()[-1]) == 0, text
 
 def serve_embedded(model: Path, logdir: Path):
     """inference-engine serve behind the same client protocol (ZeroMQ):
@@ -361,10 +425,13 @@ def test_processes_malformed_requests_and_c_client(smollm2, clusters, tmp_path):
     assert cp.stdout.decode() == ref[2] + "\n"
 
 
-def test_worker_killed_mid_generation(smollm2, clusters, tmp_path):
-    """With --retry-ms 0 a request hit by a lost worker fails at once."""
+@pytest.mark.parametrize("lookahead", [None, "1"])
+def test_worker_killed_mid_generation(lookahead, smollm2, clusters, tmp_path):
+    """With --retry-ms 0 a request hit by a lost worker fails at once (also
+    with a chained step in flight: IE_LOOKAHEAD=1)."""
     ref = embedded(smollm2, PROMPTS, tmp_path)
-    c = start_cluster(clusters, smollm2, "tensor", 2, tmp_path / "logs", coord_extra=["--retry-ms", "0"])
+    c = start_cluster(clusters, smollm2, "tensor", 2, tmp_path / "logs", coord_extra=["--retry-ms", "0"],
+                      coord_env={"IE_LOOKAHEAD": lookahead} if lookahead else None)
     c.start_worker(0)
     victim = c.start_worker(1)
     c.generate(PROMPTS[0], max_new=4)

@@ -129,6 +129,13 @@ int main(int argc, char **argv)
     m.kind = IE_MSG_STEP;
     m.u.step = (ie_msg_step_t){.epoch = 1, .step = 5, .n = 3, .has_hidden = 1, .kv_words = 14};
     seed_msg(dir, &m);
+    {
+        /* a chained STEP (its tokens from the ranks' arg max) */
+        ie_buf_t b = {0};
+        m.u.step = (ie_msg_step_t){.epoch = 1, .step = 6, .n = 3, .chain = 1};
+        if (ie_msg_encode(&m, &b) == IE_OK) write_seed(dir, "step-chain", b.data, b.len);
+        ie_buf_free(&b);
+    }
 
     { /* a STEP's KV-operations frame: clear, bind, set length */
         static const int32_t pb[3] = {7, -1, 2};

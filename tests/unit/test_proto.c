@@ -380,11 +380,12 @@ static void test_ranges_and_strings(void)
 
 static void test_version_and_shape(void)
 {
-    /* versions 1 (clear lists, no KV pool) and 2 (every logits row whole)
-     * are other protocols now */
+    /* versions 1 (clear lists, no KV pool), 2 (every logits row whole) and
+     * 3 (no chained steps) are other protocols now */
     expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 1}, IE_ERR_UNSUPPORTED, NULL);
     expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 2}, IE_ERR_UNSUPPORTED, NULL);
-    expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 4}, IE_ERR_UNSUPPORTED, NULL);
+    expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 3}, IE_ERR_UNSUPPORTED, NULL);
+    expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 5}, IE_ERR_UNSUPPORTED, NULL);
     expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 0}, IE_ERR_UNSUPPORTED, NULL);
     /* version is judged before anything else: a v1 header with odd keys is "another version" */
     {
@@ -410,9 +411,9 @@ static void test_version_and_shape(void)
     static const uint8_t huge_str[] = {0x81, 0xa1, 'v', 0xdb, 0xff, 0xff, 0xff, 0xff};
     static const uint8_t deep[] = {0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x90};
     static const uint8_t never[] = {0xc1};
-    static const uint8_t dup_v[] = {0x83, 0xa1, 'v', 0x03, 0xa1, 'v', 0x03, 0xa4, 'k', 'i', 'n', 'd', 0x08};
-    static const uint8_t bye[] = {0x82, 0xa1, 'v', 0x03, 0xa4, 'k', 'i', 'n', 'd', 0x08};
-    static const uint8_t dup_kind[] = {0x83, 0xa1, 'v', 0x03, 0xa4, 'k', 'i', 'n', 'd', 0x08,
+    static const uint8_t dup_v[] = {0x83, 0xa1, 'v', 0x04, 0xa1, 'v', 0x04, 0xa4, 'k', 'i', 'n', 'd', 0x08};
+    static const uint8_t bye[] = {0x82, 0xa1, 'v', 0x04, 0xa4, 'k', 'i', 'n', 'd', 0x08};
+    static const uint8_t dup_kind[] = {0x83, 0xa1, 'v', 0x04, 0xa4, 'k', 'i', 'n', 'd', 0x08,
                                        0xa4, 'k', 'i', 'n', 'd', 0x08};
     expect_decode(not_map, sizeof not_map, IE_ERR_FORMAT, NULL);
     expect_decode(int_key, sizeof int_key, IE_ERR_FORMAT, NULL);
@@ -1093,6 +1094,85 @@ static void test_result_logits(void)
     for (int r = 0; r < rows; r++) CU_ASSERT(am_id[r] == -1 || (am_id[r] >= 0 && am_id[r] < V));
 }
 
+/* Chained steps: the ranks' gather (put, sum in rank order, pick) gives
+ * the coordinator's merged arg max ids; bad entries are refused. */
+static void test_chain_gather(void)
+{
+    enum { V = 50, N = 4, P = 3, CUT = 24 };
+    const uint8_t flags[N] = {IE_LOGITS_ARGMAX, IE_LOGITS_ARGMAX, IE_LOGITS_ARGMAX, IE_LOGITS_ARGMAX};
+    float full[N][V];
+    rng_seed(11);
+    for (int r = 0; r < N; r++)
+        for (int j = 0; j < V; j++) full[r][j] = (float)(rng_u32() % 1000) / 10.0f - 50.0f;
+    full[0][7] = 200.0f, full[0][40] = 200.0f;            /* a tie across the slices: 7 */
+    full[1][30] = NAN, full[1][3] = 180.0f;               /* NaN never wins */
+    for (int j = 0; j < CUT; j++) full[2][j] = -INFINITY; /* rank 0 has nothing usable */
+    full[3][33] = -0.0f, full[3][5] = 0.0f;               /* equal zeros of both signs: the lower id */
+    for (int j = 0; j < V; j++)
+        if (j != 33 && j != 5) full[3][j] = -1.0f;
+    const int64_t b[P] = {0, CUT, 0}, e[P] = {CUT, V, 0}; /* rank 2 holds no head */
+    float g[P][2 * P * N], am_val[N];
+    int32_t am_id[N];
+    for (int i = 0; i < N; i++) am_val[i] = -INFINITY, am_id[i] = -1;
+    CU_ASSERT_EQUAL(ie_chain_gather_len(P, N), (size_t)2 * P * N);
+    for (int k = 0; k < P; k++) {
+        const int64_t nv = e[k] - b[k];
+        float lg[N * V];
+        for (int r = 0; r < N; r++) memcpy(lg + r * nv, &full[r][b[k]], sizeof(float) * (size_t)nv);
+        if (nv > 0) {
+            const size_t len = ie_result_logits_pack(lg, flags, N, nv, b[k]);
+            CU_ASSERT_EQUAL(ie_result_logits_merge(lg, len * sizeof(float), flags, N, b[k], e[k], V, NULL, am_val,
+                                                   am_id), IE_OK);
+        }
+        ie_chain_gather_put(g[k], P, k, N, nv > 0 ? lg : NULL);
+    }
+    float sum[2 * P * N];
+    for (size_t j = 0; j < sizeof sum / sizeof sum[0]; j++) {
+        float t = g[0][j];
+        for (int k = 1; k < P; k++) t += g[k][j];
+        sum[j] = t;
+    }
+    int32_t tok[N];
+    CU_ASSERT_EQUAL_FATAL(ie_chain_gather_pick(sum, P, N, V, tok), IE_OK);
+    const int32_t want[N] = {7, 3, -2, 5}; /* -2: whatever the scan says */
+    for (int i = 0; i < N; i++) {
+        CU_ASSERT_EQUAL(tok[i], am_id[i]);
+        if (want[i] >= 0) CU_ASSERT_EQUAL(tok[i], want[i]);
+        CU_ASSERT(tok[i] >= CUT || i != 2);
+    }
+    /* refused: an id field that is -1 (a rank that cannot chain), not an
+     * integer, past the vocabulary, NaN; an entry nobody can answer */
+    const float bad[] = {-1.0f, 1.5f, (float)V + 1.0f, NAN, INFINITY};
+    for (size_t t = 0; t < sizeof bad / sizeof bad[0]; t++) {
+        float s2[2 * P * N];
+        memcpy(s2, sum, sizeof s2);
+        s2[ie_chain_gather_len(1, N) + 2 * 2 + 1] = bad[t];
+        CU_ASSERT_EQUAL(ie_chain_gather_pick(s2, P, N, V, tok), IE_ERR_FORMAT);
+    }
+    float none[2 * P * N];
+    memcpy(none, sum, sizeof none);
+    for (int k = 0; k < P; k++) none[ie_chain_gather_len(k, N) + 2 * 1 + 1] = 0.0f; /* entry 1: no id anywhere */
+    CU_ASSERT_EQUAL(ie_chain_gather_pick(none, P, N, V, tok), IE_ERR_FORMAT);
+    /* random sums: OK or refused, ids in range */
+    for (int t = 0; t < 2000; t++) {
+        float w[2 * P * N];
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+            w[i] = t % 2 ? (float)(int32_t)rng_u32() : (float)(rng_u32() % 60) - 5.0f;
+        const ie_status_t st = ie_chain_gather_pick(w, P, N, V, tok);
+        CU_ASSERT(st == IE_OK || st == IE_ERR_FORMAT);
+        if (st == IE_OK)
+            for (int i = 0; i < N; i++) CU_ASSERT(tok[i] >= 0 && tok[i] < V);
+    }
+    /* the STEP's chain flag survives encoding */
+    ie_buf_t buf = {0};
+    sample(IE_MSG_STEP, &g_a);
+    g_a.u.step.chain = 1;
+    CU_ASSERT_EQUAL_FATAL(ie_msg_encode(&g_a, &buf), IE_OK);
+    CU_ASSERT_EQUAL(ie_msg_decode(buf.data, buf.len, &g_b), IE_OK);
+    CU_ASSERT_EQUAL(g_b.u.step.chain, 1);
+    ie_buf_free(&buf);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -1116,6 +1196,7 @@ int main(void)
     CU_add_test(s, "client request limits", test_req_limits);
     CU_add_test(s, "reply encoders", test_replies);
     CU_add_test(s, "RESULT logits payload: pack, merge, finish, bad input", test_result_logits);
+    CU_add_test(s, "chained steps: token gather against the merge, bad input", test_chain_gather);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     const unsigned fails = CU_get_number_of_failures();

@@ -74,6 +74,15 @@ typedef struct node {
     int n_cpu;                   /* CPUs this process may use (at start) */
     float *hidden_out, *logits;
     size_t hidden_cap, logits_cap;
+    /* chained steps (ie_proto.h): the previous step's ARGMAX answer of
+     * this rank (n pairs; no head: none), valid for step am_step of epoch
+     * am_epoch when am_n > 0; the tokens a chained step ran, the gather */
+    float *am_prev, *gather;
+    size_t am_cap, gather_cap;
+    int am_n;
+    uint64_t am_step, am_epoch;
+    int32_t *chain_tok;
+    size_t chain_cap;
     ie_parts_t in;
     ie_buf_t hdr;
     double last_coord_ms, last_hello_ms;
@@ -328,6 +337,72 @@ static ie_status_t node_reduce(void *ctx, int index, float *buf, size_t n)
     return IE_OK;
 }
 
+static int grow(float **p, size_t *cap, size_t n)
+{
+    if (*cap >= n) return 0;
+    float *q = realloc(*p, n * sizeof(float));
+    if (!q) return -1;
+    *p = q;
+    *cap = n;
+    return 0;
+}
+
+/* The forward pass's reductions are numbered from 1: a chained step's
+ * token gather is reduction 0 of its step. */
+static ie_status_t node_reduce_fwd(void *ctx, int index, float *buf, size_t n)
+{
+    return node_reduce(ctx, index + 1, buf, n);
+}
+
+/* A chained step's tokens (ie_proto.h, "chained steps"): every rank's
+ * arg max of the previous step's entries, summed into one gather vector,
+ * and the same pick as the coordinator's merge. Into nd->chain_tok. */
+static ie_status_t chain_tokens(node_t *nd, const ie_msg_step_t *h)
+{
+    const int P = nd->as.n_ranks, n = h->n;
+    const ie_hparams_t *hp = ie_worker_hparams(nd->w);
+    ie_status_t why = IE_OK; /* this rank cannot chain: it says so in the gather, so every rank fails alike */
+    if (nd->as.plan != IE_SHARD_TENSOR)
+        return ie_error_set(IE_ERR_INVAL, "chained step: only tensor plans chain steps");
+    const size_t len = ie_chain_gather_len(P, n);
+    if (P > 1 && len > (size_t)nd->as.max_batch * (size_t)hp->n_embd)
+        return ie_error_set(IE_ERR_RANGE, "chained step: %d ranks x %d entries do not fit one reduction", P, n);
+    if (nd->am_n != n || nd->am_step + 1 != h->step || nd->am_epoch != h->epoch)
+        why = ie_error_set(IE_ERR_INVAL, "chained step %llu: rank %d has no arg max of %d entries from step %llu",
+                           (unsigned long long)h->step, nd->as.rank, n, (unsigned long long)h->step - 1);
+    if (nd->chain_cap < (size_t)n) {
+        int32_t *t = realloc(nd->chain_tok, (size_t)n * sizeof *t);
+        if (!t) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+        nd->chain_tok = t;
+        nd->chain_cap = (size_t)n;
+    }
+    if (grow(&nd->gather, &nd->gather_cap, len) != 0) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+    ie_chain_gather_put(nd->gather, P, nd->as.rank, n, ie_worker_shard(nd->w)->has_head ? nd->am_prev : NULL);
+    if (why != IE_OK) /* an id of -1 is refused by every rank's pick */
+        for (int i = 0; i < n; i++) nd->gather[ie_chain_gather_len(nd->as.rank, n) + 2 * (size_t)i + 1] = -1.0f;
+    char reason[IE_PROTO_TEXT_MAX];
+    snprintf(reason, sizeof reason, "%s", why != IE_OK ? ie_error_last() : "");
+    ie_status_t st = P > 1 ? node_reduce(nd, 0, nd->gather, len) : IE_OK;
+    if (st == IE_OK) st = ie_chain_gather_pick(nd->gather, P, n, hp->n_vocab, nd->chain_tok);
+    if (why != IE_OK) return ie_error_set(why, "%s", reason);
+    return st;
+}
+
+/* Remember this rank's ARGMAX answer of step h (all n entries ARGMAX in a
+ * tensor plan; else nothing to chain on). packed: the RESULT payload. */
+static void chain_note(node_t *nd, const ie_msg_step_t *h, const uint8_t *flags, const float *packed)
+{
+    nd->am_n = 0;
+    if (nd->as.plan != IE_SHARD_TENSOR || h->n < 1) return;
+    for (int i = 0; i < h->n; i++)
+        if (flags[i] != IE_LOGITS_ARGMAX) return;
+    if (packed && grow(&nd->am_prev, &nd->am_cap, (size_t)2 * h->n) != 0) return;
+    if (packed) memcpy(nd->am_prev, packed, (size_t)2 * h->n * sizeof(float));
+    nd->am_n = h->n;
+    nd->am_step = h->step;
+    nd->am_epoch = h->epoch;
+}
+
 /* ------------------------------------------------------------- assign */
 
 static int same_shard(const ie_msg_assign_t *a, const ie_msg_assign_t *b)
@@ -476,7 +551,7 @@ static void handle_assign(node_t *nd, const ie_msg_assign_t *a)
         wo.kv_blocks = a->kv_blocks;
         wo.precision = (ie_precision_t)a->precision;
         wo.shard = (ie_shard_t){(ie_shard_kind_t)a->plan, a->rank, a->n_ranks};
-        wo.reduce = node_reduce;
+        wo.reduce = node_reduce_fwd;
         wo.reduce_ctx = nd;
         if ((st = ie_worker_new(nd->src, &wo, &nd->w)) != IE_OK) goto reply;
     }
@@ -527,16 +602,6 @@ reply:
 
 /* --------------------------------------------------------------- step */
 
-static int grow(float **p, size_t *cap, size_t n)
-{
-    if (*cap >= n) return 0;
-    float *q = realloc(*p, n * sizeof(float));
-    if (!q) return -1;
-    *p = q;
-    *cap = n;
-    return 0;
-}
-
 /* Apply a validated frame of KV operations (ie_proto.h) in order, up to
  * the first the worker refuses (its predecessors stay applied, as separate
  * calls on an embedded worker would). */
@@ -578,6 +643,9 @@ static void forward_kv(node_t *nd, const ie_msg_step_t *h)
 /* Run the STEP in nd->in (header already decoded into h): its KV
  * operations first, then its tokens. n = 0 is a previous stage passing on
  * the operations of a step that failed there: apply, pass on, no result. */
+/* A step's compute time: its wall time less the transfers (never < 0). */
+static double res_ms(double wall, double transfer) { return wall > transfer ? wall - transfer : 0; }
+
 static void handle_step(node_t *nd, const ie_msg_step_t *h)
 {
     const ie_parts_t *in = &nd->in;
@@ -614,6 +682,15 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
         goto fail;
     }
     ie_batch_t b = {n, in->data[1], in->data[2], in->data[3], in->data[4]};
+    nd->cur_step = h->step;
+    nd->transfer_ms = 0;
+    double t0 = ie_now_ms(); /* the token gather counts as transfer time of the step */
+    if (h->chain) { /* the tokens are the previous step's arg max, agreed on by the ranks */
+        st = chain_tokens(nd, h);
+        if (st != IE_OK) goto fail;
+        b.tokens = nd->chain_tok;
+    }
+    nd->am_n = 0; /* noted again below once this step has answered */
     int rows = 0;
     for (int i = 0; i < n; i++) rows += b.logits[i] != 0;
     const int last = nd->as.plan != IE_SHARD_PIPELINE || nd->as.rank == nd->as.n_ranks - 1;
@@ -623,16 +700,13 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
         st = ie_error_set(IE_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    nd->cur_step = h->step;
-    nd->transfer_ms = 0;
     atomic_store(&nd->busy, 1);
-    double t0 = ie_now_ms();
     st = ie_worker_step_shard(nd->w, &b, h->has_hidden ? in->data[6] : NULL, last ? NULL : nd->hidden_out,
                               r->has_head && rows ? nd->logits : NULL);
     double t1 = ie_now_ms();
     atomic_store(&nd->busy, 0);
     if (nd->m_compute) {
-        ie_metric_add(nd->m_compute, nd->rank_label, (t1 - t0 - nd->transfer_ms) / 1e3);
+        ie_metric_add(nd->m_compute, nd->rank_label, res_ms(t1 - t0, nd->transfer_ms) / 1e3);
         ie_metric_add(nd->m_transfer, nd->rank_label, nd->transfer_ms / 1e3);
         ie_metric_add(nd->m_steps, nd->rank_label, 1);
     }
@@ -650,7 +724,10 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
         if (nd->m_transfer) ie_metric_add(nd->m_transfer, nd->rank_label, (ie_now_ms() - ts) / 1e3);
         return;
     }
-    if (!r->has_head) return;
+    if (!r->has_head) {
+        chain_note(nd, h, b.logits, NULL);
+        return;
+    }
     ie_msg_t m = {.kind = IE_MSG_RESULT};
     ie_msg_result_t *res = &m.u.result;
     res->epoch = h->epoch;
@@ -660,12 +737,17 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
     res->n_rows = rows;
     res->vocab_begin = r->vocab_begin;
     res->vocab_end = r->vocab_end;
-    res->compute_ms = t1 - t0 - nd->transfer_ms;
+    res->compute_ms = res_ms(t1 - t0, nd->transfer_ms);
     res->transfer_ms = nd->transfer_ms;
     /* ARGMAX rows shrink to their (max, id) (docs/PROTOCOL.md, RESULT) */
-    ie_frame_t f = {nd->logits, ie_result_logits_pack(nd->logits, b.logits, n, nv, r->vocab_begin) * sizeof(float)};
-    if (send_msg(nd->coord, &nd->hdr, &m, &f, 1, nd->as.dead_ms) != IE_OK)
+    ie_frame_t f[2] = {
+        {nd->logits, ie_result_logits_pack(nd->logits, b.logits, n, nv, r->vocab_begin) * sizeof(float)},
+        {nd->chain_tok, (size_t)n * sizeof(int32_t)}}; /* a chained step's tokens */
+    chain_note(nd, h, b.logits, nd->logits); /* all ARGMAX: the payload is the n pairs */
+    if (send_msg(nd->coord, &nd->hdr, &m, f, h->chain ? 2 : 1, nd->as.dead_ms) != IE_OK) {
         logf_(nd, "result of step %llu not sent: %s", (unsigned long long)h->step, ie_error_last());
+        send_result_error(nd, h->epoch, h->step, IE_ERR_INTERNAL, ie_error_last()); /* never silence */
+    }
     return;
 
 fail:
@@ -838,6 +920,9 @@ cleanup:
     ie_buf_free(&nd->hdr);
     free(nd->hidden_out);
     free(nd->logits);
+    free(nd->am_prev);
+    free(nd->gather);
+    free(nd->chain_tok);
     free(nd);
     return st;
 }
