@@ -17,9 +17,10 @@ Configurations, interleaved round-robin over --rounds rounds:
                   map: time between tokens, sampling and the loop
                   included) — the baseline of the proc-* ratios; the CLI's
                   decode_tps (embedded, inproc-*) counts step time only
-  proc-tensor-nola  proc-tensor with IE_LOOKAHEAD=0 (no chained steps; the
-                  plain configurations run with IE_LOOKAHEAD=1: the A/B of
-                  docs/PROTOCOL.md "Chained steps")
+  proc-tensor-la  proc-tensor with IE_LOOKAHEAD=1: chained steps forced on
+                  (the plain configurations leave the coordinator its
+                  default, off where the ranks fill the CPUs as here; the
+                  A/B of docs/PROTOCOL.md "Chained steps")
   *-tensor-zmq    the tensor configurations with IE_TP_SHM=0: partial sums
                   over ZeroMQ instead of shared memory (the A/B of the
                   same-host reduce, ie_shmreduce.h; the plain tensor
@@ -70,7 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402  (corpus, GGUF header reader, machine info)
 
 CONFIGS = ["embedded", "inproc-tensor", "inproc-tensor-zmq", "inproc-pipeline", "proc-embedded", "proc-tensor",
-           "proc-tensor-zmq", "proc-tensor-nola",
+           "proc-tensor-zmq", "proc-tensor-la",
            "proc-pipeline"]
 
 
@@ -263,8 +264,10 @@ def run_procs(bin_dir: Path, model: Path, prompt: str, gen: int, threads: int, p
 
 
 def run_config(cfg: str, a, prompt: str) -> dict:
-    env = dict(os.environ, IE_TP_SHM="0" if cfg.endswith("-zmq") else "1",
-               IE_LOOKAHEAD="0" if cfg.endswith("-nola") else "1")
+    env = dict(os.environ, IE_TP_SHM="0" if cfg.endswith("-zmq") else "1")
+    env.pop("IE_LOOKAHEAD", None)
+    if cfg.endswith("-la"):
+        env["IE_LOOKAHEAD"] = "1"
     if cfg == "embedded":
         return run_cli(a.bin_dir, a.model, prompt, a.gen, a.threads, None, env)
     if cfg.startswith("inproc-"):
