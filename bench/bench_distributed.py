@@ -21,6 +21,10 @@ Configurations, interleaved round-robin over --rounds rounds:
                   (the plain configurations leave the coordinator its
                   default, off where the ranks fill the CPUs as here; the
                   A/B of docs/PROTOCOL.md "Chained steps")
+  *-lat0          the configuration with IE_CPU_LATENCY_US=0 in every
+                  process (a PM QoS request: idle CPUs poll instead of
+                  sleeping, ie_cpulat.h), against its baseline also run so
+                  (proc-embedded-lat0 / embedded-lat0)
   *-tensor-zmq    the tensor configurations with IE_TP_SHM=0: partial sums
                   over ZeroMQ instead of shared memory (the A/B of the
                   same-host reduce, ie_shmreduce.h; the plain tensor
@@ -72,7 +76,7 @@ import harness  # noqa: E402  (corpus, GGUF header reader, machine info)
 
 CONFIGS = ["embedded", "inproc-tensor", "inproc-tensor-zmq", "inproc-pipeline", "proc-embedded", "proc-tensor",
            "proc-tensor-zmq", "proc-tensor-la",
-           "proc-pipeline"]
+           "proc-pipeline", "proc-embedded-lat0", "proc-tensor-lat0"]
 
 
 def log(*a):
@@ -263,9 +267,19 @@ def run_procs(bin_dir: Path, model: Path, prompt: str, gen: int, threads: int, p
             f.close()
 
 
+def baseline_of(cfg: str) -> str:
+    """The configuration a ratio of cfg is taken against."""
+    lat = "-lat0" if cfg.endswith("-lat0") else ""
+    return ("proc-embedded" if cfg.startswith("proc-") else "embedded") + lat
+
+
 def run_config(cfg: str, a, prompt: str) -> dict:
     env = dict(os.environ, IE_TP_SHM="0" if cfg.endswith("-zmq") else "1")
     env.pop("IE_LOOKAHEAD", None)
+    env.pop("IE_CPU_LATENCY_US", None)
+    if cfg.endswith("-lat0"):
+        env["IE_CPU_LATENCY_US"] = "0"
+        cfg = cfg[:-len("-lat0")]
     if cfg.endswith("-la"):
         env["IE_LOOKAHEAD"] = "1"
     if cfg == "embedded":
@@ -323,11 +337,11 @@ def main(argv=None) -> int:
         ok = [r for r in runs[c] if "error" not in r]
         s = {"decode_tps": stats([r.get("decode_tps") for r in ok]),
              "prefill_tps": stats([r.get("prefill_tps") for r in ok]), "errors": len(runs[c]) - len(ok)}
-        if c.startswith("proc-") and c != "proc-embedded":
+        if c.startswith("proc-") and not c.startswith("proc-embedded"):
             for k in ("transfer_ms_per_step", "compute_ms_per_step"):
                 s[k] = {str(rk): stats([w[k] for r in ok for w in r.get("workers", []) if w["rank"] == rk])
                         for rk in range(2)}
-        if c not in ("embedded", "proc-embedded"):
+        if c != baseline_of(c):
             s["wire"] = wire_bytes(sh, c.split("-")[1], 2, shm=c.split("-")[1] == "tensor" and not c.endswith("-zmq"))
         summary[c] = s
     base = summary.get("embedded", {}).get("decode_tps", {}).get("median")
@@ -339,12 +353,17 @@ def main(argv=None) -> int:
     for c, s in summary.items():
         m, mp = s["decode_tps"]["median"], s["prefill_tps"]["median"]
         b, bp = (pbase, pbase_p) if c.startswith("proc-") and pbase else (base, base_p)
+        if c.endswith("-lat0"):
+            bs = summary.get(baseline_of(c), {})
+            b, bp = bs.get("decode_tps", {}).get("median"), bs.get("prefill_tps", {}).get("median")
         s["decode_ratio"] = m / b if m and b else None
         s["prefill_ratio"] = mp / bp if mp and bp else None
         # paired: each round's run against its baseline's run of the same
         # round (minutes apart at most), so a bandwidth phase that flips
         # between rounds moves both sides of a ratio
         bc = "proc-embedded" if c.startswith("proc-") and "proc-embedded" in runs else "embedded"
+        if c.endswith("-lat0"):
+            bc = baseline_of(c)
         pairs = []
         for r, rb in zip(runs[c], runs.get(bc, [])):
             x, y = r.get("decode_tps"), rb.get("decode_tps")
@@ -377,7 +396,8 @@ def main(argv=None) -> int:
           "(tensor: includes waiting for the peer); x emb: proc-* against proc-embedded (same serving path and "
           "measurement) when it ran, the others against the CLI's embedded run; paired: the median of the "
           "per-round ratios (each run against the same round's baseline run)")
-    for suffix, what in (("", "shared-memory reduce"), ("-zmq", "IE_TP_SHM=0")):
+    for suffix, what in (("", "shared-memory reduce"), ("-zmq", "IE_TP_SHM=0"),
+                         ("-lat0", "IE_CPU_LATENCY_US=0 everywhere")):
         goal = summary.get("proc-tensor" + suffix, {}).get("decode_ratio")
         inproc = summary.get("inproc-tensor" + suffix, {}).get("decode_ratio")
         gp = (summary.get("proc-tensor" + suffix, {}).get("decode_ratio_paired") or {}).get("median")

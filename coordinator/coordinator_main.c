@@ -12,6 +12,7 @@
  * 1 other failures.
  */
 #include "ie_cli.h"
+#include "ie_cpulat.h"
 #include "ie_engine.h"
 #include "ie_http.h"
 #include "ie_metrics.h"
@@ -53,6 +54,8 @@ static void usage(FILE *f)
           "  --api-key KEY            the HTTP API requires 'Authorization: Bearer KEY' (env IE_API_KEY)\n"
           "  --keys-dir DIR --key NAME          CURVE: this coordinator's key pair\n"
           "  --authorized DIR         CURVE: public keys (*.pub) of workers and clients allowed in\n"
+          "  --cpu-latency-us N       hold a PM QoS request: CPUs wake within N us (0: idle CPUs poll;\n"
+          "                           needs /dev/cpu_dma_latency; env IE_CPU_LATENCY_US; docs/OPERATIONS.md)\n"
           "  --verbose\n",
           f);
 }
@@ -67,7 +70,7 @@ int main(int argc, char **argv)
     const char *metrics_addr = "127.0.0.1", *keys_dir = NULL, *key_name = NULL, *authorized = NULL;
     long workers = 2, ctx = 0, batch = 4, max_batch = 256, queue = 64, hb = 250, dead = 2000, metrics_port = 0;
     long retry_ms = 10000, timeout_ms = 0, http_port = 0;
-    const char *http_addr = "127.0.0.1", *api_key = NULL;
+    const char *http_addr = "127.0.0.1", *api_key = NULL, *cpulat = NULL;
     char *model_name = NULL;
     ie_http_t *http = NULL;
     long kv_block = 0, kv_blocks = 0;
@@ -89,7 +92,7 @@ int main(int argc, char **argv)
     }
     enum { O_MODEL = 1, O_PLAN, O_WORKERS, O_BIND, O_CBIND, O_CTX, O_BATCH, O_MAXB, O_PREC, O_QUEUE, O_HB, O_DEAD,
            O_MPORT, O_MADDR, O_KEYS, O_KEY, O_AUTH, O_VERBOSE, O_HELP, O_KVBLOCK, O_KVBLOCKS, O_NOPREFIX, O_RETRY, O_TIMEOUT,
-           O_HPORT, O_HADDR, O_APIKEY };
+           O_HPORT, O_HADDR, O_APIKEY, O_CPULAT };
     static const struct option lo[] = {
         {"model", required_argument, 0, O_MODEL}, {"plan", required_argument, 0, O_PLAN},
         {"workers", required_argument, 0, O_WORKERS}, {"bind", required_argument, 0, O_BIND},
@@ -104,7 +107,7 @@ int main(int argc, char **argv)
         {"kv-blocks", required_argument, 0, O_KVBLOCKS}, {"no-prefix-cache", no_argument, 0, O_NOPREFIX},
         {"retry-ms", required_argument, 0, O_RETRY}, {"timeout-ms", required_argument, 0, O_TIMEOUT},
         {"http-port", required_argument, 0, O_HPORT}, {"http-addr", required_argument, 0, O_HADDR},
-        {"api-key", required_argument, 0, O_APIKEY},
+        {"api-key", required_argument, 0, O_APIKEY}, {"cpu-latency-us", required_argument, 0, O_CPULAT},
         {0, 0, 0, 0}};
     optind = 1;
     opterr = 0;
@@ -137,6 +140,7 @@ int main(int argc, char **argv)
         case O_HPORT: bad = ie_cli_parse_long(optarg, 0, 65535, &http_port); break;
         case O_HADDR: http_addr = optarg; break;
         case O_APIKEY: api_key = optarg; bad = !*optarg; break;
+        case O_CPULAT: cpulat = optarg; break;
         case O_HELP: usage(stdout); goto cleanup;
         default:
             fprintf(stderr, "error: unknown or incomplete option '%s' (see --help)\n", av[optind - 1]);
@@ -156,6 +160,11 @@ int main(int argc, char **argv)
     }
     if (!!keys_dir != !!key_name) {
         fprintf(stderr, "error: CURVE needs --keys-dir and --key together\n");
+        rc = IE_EXIT_USAGE;
+        goto cleanup;
+    }
+    if (ie_cpulat_apply(cpulat, "ie-coordinator") != IE_OK) {
+        fprintf(stderr, "error: %s\n", ie_error_last());
         rc = IE_EXIT_USAGE;
         goto cleanup;
     }

@@ -13,11 +13,18 @@
  * See docs/CLI.md.
  */
 #include "ie_cli.h"
+#include "ie_cpulat.h"
 
+#include <stdio.h>
 #include <string.h>
 
 int main(int argc, char **argv)
 {
+    /* IE_CPU_LATENCY_US: a PM QoS request held while the command runs */
+    if (ie_cpulat_apply(NULL, "inference-engine") != IE_OK) {
+        fprintf(stderr, "error: %s\n", ie_error_last());
+        return IE_EXIT_USAGE;
+    }
     if (argc > 1) {
         if (!strcmp(argv[1], "tokenize")) return ie_cli_tokenize(argc - 1, argv + 1);
         if (!strcmp(argv[1], "perplexity")) return ie_cli_perplexity(argc - 1, argv + 1);

@@ -9,6 +9,7 @@
  * 3 model unreadable, 1 other failures.
  */
 #include "ie_cli.h"
+#include "ie_cpulat.h"
 #include "ie_metrics.h"
 #include "ie_node.h"
 #include "ie_transport.h"
@@ -41,6 +42,8 @@ static void usage(FILE *f)
           "  --keys-dir DIR --key NAME   CURVE: this worker's key pair DIR/NAME.pub/.key\n"
           "  --coordinator-key FILE   CURVE: the coordinator's public key file\n"
           "  --authorized DIR         CURVE: public keys (*.pub) allowed to connect to us\n"
+          "  --cpu-latency-us N       hold a PM QoS request: CPUs wake within N us (0: idle CPUs poll;\n"
+          "                           needs /dev/cpu_dma_latency; env IE_CPU_LATENCY_US; docs/OPERATIONS.md)\n"
           "  --verbose\n",
           f);
 }
@@ -55,6 +58,7 @@ int main(int argc, char **argv)
     ie_node_opts_default(&o);
     const char *keys_dir = NULL, *key_name = NULL, *coord_key_file = NULL, *authorized = NULL;
     const char *metrics_addr = "127.0.0.1", *advertise = NULL;
+    const char *cpulat = NULL;
     long metrics_port = 0, lv;
     char coord_key[41] = "";
     ie_net_t *net = NULL;
@@ -67,7 +71,7 @@ int main(int argc, char **argv)
         return IE_EXIT_USAGE;
     }
     enum { O_MODEL = 1, O_COORD, O_PEER, O_ADV, O_RANK, O_THREADS, O_NODE, O_POLICY, O_AFF, O_NOPIN, O_MPORT,
-           O_MADDR, O_KEYS, O_KEY, O_CKEY, O_AUTH, O_VERBOSE, O_HELP };
+           O_MADDR, O_KEYS, O_KEY, O_CKEY, O_AUTH, O_VERBOSE, O_HELP, O_CPULAT };
     static const struct option lo[] = {
         {"model", required_argument, 0, O_MODEL}, {"coordinator", required_argument, 0, O_COORD},
         {"peer-bind", required_argument, 0, O_PEER}, {"advertise", required_argument, 0, O_ADV},
@@ -77,7 +81,8 @@ int main(int argc, char **argv)
         {"metrics-port", required_argument, 0, O_MPORT}, {"metrics-addr", required_argument, 0, O_MADDR},
         {"keys-dir", required_argument, 0, O_KEYS}, {"key", required_argument, 0, O_KEY},
         {"coordinator-key", required_argument, 0, O_CKEY}, {"authorized", required_argument, 0, O_AUTH},
-        {"verbose", no_argument, 0, O_VERBOSE}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+        {"verbose", no_argument, 0, O_VERBOSE}, {"help", no_argument, 0, O_HELP},
+        {"cpu-latency-us", required_argument, 0, O_CPULAT}, {0, 0, 0, 0}};
     optind = 1;
     opterr = 0;
     while ((c = getopt_long(ac, av, "", lo, NULL)) != -1) {
@@ -100,6 +105,7 @@ int main(int argc, char **argv)
         case O_CKEY: coord_key_file = optarg; break;
         case O_AUTH: authorized = optarg; break;
         case O_VERBOSE: o.verbose = 1; break;
+        case O_CPULAT: cpulat = optarg; break;
         case O_HELP: usage(stdout); goto cleanup;
         default:
             fprintf(stderr, "error: unknown or incomplete option '%s' (see --help)\n", av[optind - 1]);
@@ -119,6 +125,11 @@ int main(int argc, char **argv)
     }
     if (!!keys_dir != !!key_name || (keys_dir && !coord_key_file)) {
         fprintf(stderr, "error: CURVE needs --keys-dir, --key and --coordinator-key together\n");
+        rc = IE_EXIT_USAGE;
+        goto cleanup;
+    }
+    if (ie_cpulat_apply(cpulat, "ie-worker") != IE_OK) {
+        fprintf(stderr, "error: %s\n", ie_error_last());
         rc = IE_EXIT_USAGE;
         goto cleanup;
     }

@@ -691,6 +691,39 @@ def test_netns_tensor_cluster_with_curve(smollm2, clusters, curve_keys, netns_pa
 
 # ------------------------------------------------------------ bad input: plan specs and config files
 
+@pytest.mark.parametrize("value", ["-1", "x", "1000001", ""])
+def test_cpu_latency_bad_values_refused(value, smollm2):
+    """--cpu-latency-us / IE_CPU_LATENCY_US (ie_cpulat.h): a bad value is a
+    usage error (exit 2) naming it, before anything starts."""
+    cmds = [[str(binary("ie-worker")), "--model", str(smollm2), "--coordinator", "tcp://127.0.0.1:1",
+             "--cpu-latency-us", value],
+            [str(binary("ie-coordinator")), "--model", str(smollm2), "--cpu-latency-us", value]]
+    for cmd in cmds:
+        cp = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        assert cp.returncode == 2 and f"--cpu-latency-us '{value}'" in cp.stderr, (cmd, cp.returncode, cp.stderr)
+    cp = subprocess.run([str(binary("inference-engine")), "--model", str(smollm2), "--prompt", "hi"],
+                        capture_output=True, text=True, timeout=30, env=dict(os.environ, IE_CPU_LATENCY_US=value))
+    assert cp.returncode == 2 and f"IE_CPU_LATENCY_US '{value}'" in cp.stderr, (cp.returncode, cp.stderr)
+
+
+def test_cpu_latency_request_changes_no_result(smollm2, clusters, tmp_path):
+    """IE_CPU_LATENCY_US=0 / --cpu-latency-us 0 hold a PM QoS request (or
+    warn when /dev/cpu_dma_latency is not writable); the ids are the same."""
+    ref = embedded(smollm2, PROMPTS, tmp_path)
+    cp = subprocess.run([str(binary("inference-engine")), "--model", str(smollm2), "--prompt", PROMPTS[0],
+                         "--max-new", str(MAX_NEW), "--greedy", "--threads", str(THREADS)],
+                        capture_output=True, text=True, timeout=120, env=dict(os.environ, IE_CPU_LATENCY_US="0"))
+    assert cp.returncode == 0, cp.stderr
+    assert parse_single_json_line(cp.stdout)["text"] == ref[0]
+    writable = os.access("/dev/cpu_dma_latency", os.W_OK)
+    assert ("warning" in cp.stderr) != writable, cp.stderr
+    c = start_cluster(clusters, smollm2, "tensor", 2, tmp_path / "logs", coord_extra=["--cpu-latency-us", "0"])
+    c.start_worker(0, ["--cpu-latency-us", "0"])
+    c.start_worker(1, ["--cpu-latency-us", "0"])
+    done = c.generate(PROMPTS[1], max_new=MAX_NEW)
+    assert done["text"] == ref[1], (done["text"], ref[1])
+
+
 @pytest.mark.parametrize("spec", ["tensor", "foo:2", "tensor:0", "tensor:65", "pipeline:x", "none:2", ":2"])
 def test_bad_plan_spec_refused(spec, smollm2):
     r = subprocess.run([str(binary("inference-engine")), "--model", str(smollm2), "--prompt", "hi",
