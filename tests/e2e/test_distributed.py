@@ -134,7 +134,7 @@ def test_inproc_plans_match_embedded_smollm2(plan, smollm2, tmp_path):
         assert g == r, f"--plan {plan}, prompt {p!r}:\n  embedded {r!r}\n  got      {g!r}"
 
 
-@pytest.mark.parametrize("plan", ["pipeline:2", "tensor:2"])
+@pytest.mark.parametrize("plan", ["pipeline:2", "tensor:2", "pipeline:3"])  # tensor:3: 2 KV heads only
 def test_inproc_plans_match_embedded_tiny_gptoss(plan, tiny_gptoss, tmp_path):
     prompts = ["hello world", "The quick brown fox"]
     ref = embedded(tiny_gptoss, prompts, tmp_path, 16)
