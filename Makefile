@@ -49,7 +49,9 @@ bench-quick: build
 
 # Issue 5: SmolLM2 decode/prefill, embedded (2 threads) vs --plan tensor:2 /
 # pipeline:2 in-process vs ie-coordinator + 2 ie-worker processes on loopback
-# tcp (1 thread each), interleaved rounds; writes bench/out/distributed-*.json.
+# tcp (1 thread each), interleaved rounds, each also with the partial sums over
+# ZeroMQ (*-zmq), chained steps forced on (*-la) and a CPU wake-up latency
+# request in every process (*-lat0); writes bench/out/distributed-*.json.
 bench-distributed: build
 	.venv/bin/python bench/bench_distributed.py --rounds 3 --gen 64 --prompt-tokens 64
 
