@@ -4,7 +4,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all build test test-distributed test-serving bench bench-quick bench-distributed bench-serve fuzz reference asan tsan clean
+.PHONY: all build test test-distributed test-serving bench bench-quick bench-distributed bench-serve bench-decode fuzz reference asan tsan clean
 
 all: build
 
@@ -46,6 +46,17 @@ bench-quick: build
 	.venv/bin/python bench/harness.py --bin $(BUILD)/inference-engine \
 	  --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
 	  --sweep 'threads=1,2|batch=1,4' --runs 2 --prompt-tokens 64 --gen 32 --no-doc
+
+# Issue 4: TinyLlama-shaped decode at 4-bit, 8-bit and BF16, every token paired
+# with a read of the same weight bytes by the same threads a few ms apart
+# (bench/bench_decode.c): the fraction of the reachable bandwidth, in the high
+# and the low bandwidth phase apart. About two minutes.
+DECODE_TOKENS ?= 192
+bench-decode: build
+	.venv/bin/python bench/make_tinyllama_gguf.py --types f16,q8_0,q4_0
+	$(BUILD)/bench_decode --model models/bench/tinyllama-q4_0.gguf --tokens $(DECODE_TOKENS)
+	$(BUILD)/bench_decode --model models/bench/tinyllama-q8_0.gguf --tokens $(DECODE_TOKENS)
+	$(BUILD)/bench_decode --model models/bench/tinyllama-f16.gguf --precision bf16 --tokens $(DECODE_TOKENS)
 
 # Issue 5: SmolLM2 decode/prefill, embedded (2 threads) vs --plan tensor:2 /
 # pipeline:2 in-process vs ie-coordinator + 2 ie-worker processes on loopback

@@ -19,7 +19,18 @@ typedef struct ie_vec_ops {
      * *sink joins the normalization and its share is dropped (GPT-OSS's
      * attention sinks): x[i] = exp(x[i]-m) / (sum_j exp(x[j]-m) + exp(*sink-m)). */
     void (*softmax)(float *x, int64_t n, const float *sink);
+    /* ie_stream_read at this ISA's load width (the same result). */
+    uint64_t (*stream_read)(const void *p, size_t n);
 } ie_vec_ops_t;
+
+/* Read n bytes at p once, front to back, and return the xor of their
+ * 8-byte words in native byte order (the last n % 8 bytes zero-extended
+ * into one more word, as if copied to the start of a zeroed word): a plain
+ * memory stream with the least work per byte, the ceiling a kernel
+ * streaming the same bytes is measured against (ie_worker_stream_probe).
+ * Any alignment; n may be 0 (returns 0). The portable oracle; the table's
+ * stream_read is the fast one. */
+uint64_t ie_stream_read(const void *p, size_t n);
 
 /* Table for `isa` (AVX2 uses the scalar loops), or NULL if unsupported. */
 const ie_vec_ops_t *ie_vec_get(ie_isa_t isa);

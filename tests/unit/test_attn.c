@@ -306,6 +306,40 @@ static void test_softmax(void)
     }
 }
 
+/* ie_stream_read (the oracle) against a word-by-word xor, and every ISA's
+ * stream_read against the oracle, at every start offset 0..63 and lengths
+ * around the 64- and 128-byte steps (the tail paths). */
+static void test_stream_read(void)
+{
+    enum { CAP = 1200 };
+    unsigned char *buf = malloc(CAP + 64);
+    CU_ASSERT_FATAL(buf != NULL);
+    for (int i = 0; i < CAP + 64; i++) buf[i] = (unsigned char)(i * 131 + (i >> 3) * 7 + 1);
+    static const size_t ns[] = {0, 1, 7, 8, 9, 63, 64, 65, 127, 128, 129, 255, 256, 257, 1000, 1100};
+    int bad = 0;
+    for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+        for (int off = 0; off < 64; off++) {
+            const size_t n = ns[a];
+            uint64_t want = 0;
+            for (size_t i = 0; i < n; i += 8) {
+                uint64_t w = 0;
+                memcpy(&w, buf + off + i, n - i < 8 ? n - i : 8);
+                want ^= w;
+            }
+            if (ie_stream_read(buf + off, n) != want) bad++;
+            for (int isa = IE_ISA_REF; isa <= IE_ISA_AVX512; isa++) {
+                const ie_vec_ops_t *ops = ie_vec_get((ie_isa_t)isa);
+                if (ops && ops->stream_read(buf + off, n) != want) bad++;
+            }
+        }
+    /* one changed byte changes the result (the bytes are really read) */
+    const uint64_t before = ie_stream_read(buf, 1000);
+    buf[999] ^= 0x40;
+    CU_ASSERT_NOT_EQUAL(ie_stream_read(buf, 1000), before);
+    CU_ASSERT_EQUAL(bad, 0);
+    free(buf);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return (int)CU_get_error();
@@ -320,6 +354,7 @@ int main(void)
     CU_add_test(suite, "paged views == contiguous, bit for bit", test_paged);
     CU_add_test(suite, "swiglu vs scalar", test_swiglu);
     CU_add_test(suite, "softmax vs scalar", test_softmax);
+    CU_add_test(suite, "stream read: xor of the words, any offset and length", test_stream_read);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures();

@@ -194,6 +194,32 @@ static void test_precision_parse(void)
     CU_ASSERT_EQUAL(ie_precision_parse(NULL, &p), IE_ERR_INVAL);
 }
 
+/* ie_worker_stream_probe reads without changing what a step computes, in
+ * both modes, at 1-3 threads, over row and panel layouts; NULL arguments
+ * are refused. */
+static void test_stream_probe(void)
+{
+    for (int threads = 1; threads <= 3; threads++) {
+        /* rows (the fixture's f32) and panels (int4w) */
+        ie_worker_t *w = make_worker(1, 8, threads == 2 ? IE_PREC_INT4W : IE_PREC_NATIVE, threads);
+        const int nv = ie_worker_hparams(w)->n_vocab;
+        float *a = malloc(sizeof(float) * 8 * nv), *b = malloc(sizeof(float) * 8 * nv);
+        CU_ASSERT_FATAL(a && b);
+        run_seq(w, 0, k_prompt_a, 8, 8, a);
+        double s0 = -1, s1 = -1;
+        CU_ASSERT_EQUAL(ie_worker_stream_probe(w, 0, &s0), IE_OK);
+        CU_ASSERT_EQUAL(ie_worker_stream_probe(w, 1, &s1), IE_OK);
+        CU_ASSERT(s0 > 0 && s1 > 0);
+        run_seq(w, 0, k_prompt_a, 8, 8, b);
+        CU_ASSERT_EQUAL(memcmp(a, b, sizeof(float) * 8 * nv), 0);
+        CU_ASSERT_EQUAL(ie_worker_stream_probe(w, 0, NULL), IE_ERR_INVAL);
+        CU_ASSERT_EQUAL(ie_worker_stream_probe(NULL, 0, &s0), IE_ERR_INVAL);
+        free(a);
+        free(b);
+        ie_worker_destroy(&w);
+    }
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -203,6 +229,7 @@ int main(void)
     CU_add_test(s, "bad batches rejected", test_bad_batches);
     CU_add_test(s, "precisions close to f32", test_precisions_close);
     CU_add_test(s, "precision names", test_precision_parse);
+    CU_add_test(s, "stream probe", test_stream_probe);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();

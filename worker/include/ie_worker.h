@@ -275,4 +275,16 @@ int ie_worker_hot_replica_of(const ie_worker_t *w, int ith);
  * for the bandwidth figures of benchmarks. */
 uint64_t ie_worker_bytes_per_token(const ie_worker_t *w);
 
+/* The bandwidth a decode step could reach here: read, with this worker's
+ * threads, the weight bytes one decode step streams (the matrices that
+ * ie_worker_bytes_per_token counts, without the embedding row), each
+ * matrix cut between the threads as decode cuts it, with nothing computed.
+ * flat = 0: one pool job per matmul job of a decode step, in its order
+ * (the fork/joins a step pays, not its serial work); flat = 1: one job.
+ * Writes the wall time to *seconds. A benchmark's ceiling: interleave it
+ * with steps (bench/bench_decode.c) to pair each step with a read of the
+ * same bytes a few milliseconds apart. IE_ERR_INVAL for NULL arguments,
+ * IE_ERR_NOMEM. */
+ie_status_t ie_worker_stream_probe(ie_worker_t *w, int flat, double *seconds);
+
 #endif

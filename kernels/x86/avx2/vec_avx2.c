@@ -1,6 +1,7 @@
 /* vec_avx2.c — AVX2/FMA float vector ops used by attention (q·k scores and
  * the weighted sum of values). Twins of ie_dot_f32 / ie_axpy_f32 in ref/. */
 #include "../../src/ie_kernels_impl.h"
+#include "ie_vec.h"
 
 #include <immintrin.h>
 
@@ -29,4 +30,23 @@ void ie_axpy_f32_avx2(float *y, float a, const float *x, int64_t n)
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] += a * x[i];
+}
+
+/* Twin of ie_stream_read (vec.c): 32-byte loads into four accumulators,
+ * 128 bytes a step; the tail goes to the oracle. The xor of all 8-byte
+ * words does not depend on how they are grouped. */
+uint64_t ie_stream_read_avx2(const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+    size_t i = 0;
+    for (; i + 128 <= n; i += 128) {
+        a0 = _mm256_xor_si256(a0, _mm256_loadu_si256((const __m256i *)(const void *)(b + i)));
+        a1 = _mm256_xor_si256(a1, _mm256_loadu_si256((const __m256i *)(const void *)(b + i + 32)));
+        a2 = _mm256_xor_si256(a2, _mm256_loadu_si256((const __m256i *)(const void *)(b + i + 64)));
+        a3 = _mm256_xor_si256(a3, _mm256_loadu_si256((const __m256i *)(const void *)(b + i + 96)));
+    }
+    const __m256i s = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
+    const __m128i h = _mm_xor_si128(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    return ((uint64_t)_mm_cvtsi128_si64(h) ^ (uint64_t)_mm_extract_epi64(h, 1)) ^ ie_stream_read(b + i, n - i);
 }
