@@ -45,6 +45,11 @@ int ie_isa_supported(ie_isa_t isa);
  * Q8_P for the packed I4W/I4WA and Q16_P for the packed I8W (matmul_packed). */
 ie_dtype_t ie_matmul_act_dtype(ie_dtype_t wtype);
 
+/* A source of panel ranges for matmul_packed_ranges: returns 1 and sets
+ * [*p0, *p1) (panels of IE_PANEL rows, p0 < p1) to compute next, or 0
+ * when no work is left. Several threads may share one source. */
+typedef int (*ie_panel_next_fn)(void *ctx, int64_t *p0, int64_t *p1);
+
 /* The matmul family for one ISA. Obtain with ie_kernels_get(). */
 typedef struct ie_matmul_ops {
     ie_isa_t isa;
@@ -80,6 +85,17 @@ typedef struct ie_matmul_ops {
      * for n_tok = 1. Returns 0, or -1 on a bad matrix/range. */
     int (*matmul_packed)(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                          int64_t n_tok, float *y, int64_t ldy);
+
+    /* matmul_packed over the panel ranges next(ctx, ...) hands out, in its
+     * order, until it returns 0: the rows of panels [p0, p1) get exactly
+     * what matmul_packed(m, 16 p0, min(16 p1, n_out), ...) writes. When the
+     * activations fit one pass (decode-sized n_tok; AVX-512) they are
+     * packed once for all ranges, so ranges may be a few panels: threads
+     * can share the work of one matrix through one source (the worker's
+     * decode balancing). Returns 0, or -1 on a bad matrix or range (the
+     * ranges before it are done). */
+    int (*matmul_packed_ranges)(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
+                                size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
 
     /* Block-sparse weights (ie_bsr.h) times f32 activations; contract of
      * ie_bsr_matmul_ref. */

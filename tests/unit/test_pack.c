@@ -609,6 +609,90 @@ static void test_matmul_packed_shapes(void)
     CU_ASSERT_EQUAL(bad, 0);
 }
 
+/* matmul_packed_ranges == matmul_packed, bit for bit, on every ISA: the
+ * panels handed out as shuffled ranges of 1-5 panels, on decode-sized token
+ * counts (one pack for all ranges), on more tokens than a tile and on more
+ * k than one pass (one call per range). A bad range is refused. */
+typedef struct {
+    int64_t r[64][2];
+    int n, at;
+} rsrc_t;
+
+static int rsrc_next(void *ctx, int64_t *p0, int64_t *p1)
+{
+    rsrc_t *s = ctx;
+    if (s->at >= s->n) return 0;
+    *p0 = s->r[s->at][0];
+    *p1 = s->r[s->at][1];
+    s->at++;
+    return 1;
+}
+
+static void test_matmul_packed_ranges(void)
+{
+    static const int64_t nouts[] = { 1, 17, 130, 200 };
+    static const int64_t nins[] = { 64, 2048, 6400 };
+    static const int64_t ntoks[] = { 1, 2, 3, 8, 9 };
+    ie_isa_t isas[3];
+    const int ni = n_isas(isas);
+    int bad = 0, cases = 0;
+    uint64_t seed = 77;
+    for (int ti = 0; ti < 3; ti++)
+        for (int a = 0; a < 3; a++)
+            for (int b = 0; b < 4; b++) {
+                const ie_dtype_t t = ITYPES[ti];
+                const int64_t n_in = nins[a], n_out = nouts[b], n_tok = ntoks[(ti + a + b) % 5];
+                const int G = 64;
+                const ie_dtype_t at = ie_matmul_act_dtype(t);
+                const size_t arow = ie_dtype_row_bytes(at, n_in);
+                uint8_t *w = xmalloc(ie_pack_bytes(t, G, n_in, n_out));
+                uint8_t *act = xmalloc(arow * (size_t)n_tok);
+                float *x = xmalloc(sizeof(float) * (size_t)(n_in * (n_out > n_tok ? n_out : n_tok)));
+                float *y0 = xmalloc(sizeof(float) * (size_t)(n_out * n_tok)), *y1 = xmalloc(sizeof(float) * (size_t)(n_out * n_tok));
+                rng_seed(seed++);
+                rng_fill(x, n_in * n_out);
+                CU_ASSERT_EQUAL_FATAL(ie_pack_quantize(t, G, IE_QSCALE_ABSMAX, x, n_in, 0, n_out, n_out, w), 0);
+                rng_fill(x, n_in * n_tok);
+                for (int64_t k = 0; k < n_tok; k++) ie_act_quantize_ref(at, x + k * n_in, act + (size_t)k * arow, n_in);
+                const ie_pmat_t m = { t, G, n_in, n_out, w };
+                /* ranges of 1..5 panels, then shuffled */
+                const int64_t np = (n_out + 15) / 16;
+                rsrc_t src = { .n = 0 };
+                for (int64_t p = 0; p < np;) {
+                    const int64_t len = 1 + (int64_t)(rng_u32() % 5);
+                    src.r[src.n][0] = p;
+                    src.r[src.n][1] = p + len < np ? p + len : np;
+                    p = src.r[src.n][1];
+                    src.n++;
+                }
+                for (int k = src.n - 1; k > 0; k--) {
+                    const int j = (int)(rng_u32() % (uint32_t)(k + 1));
+                    int64_t t0 = src.r[k][0], t1 = src.r[k][1];
+                    src.r[k][0] = src.r[j][0]; src.r[k][1] = src.r[j][1];
+                    src.r[j][0] = t0; src.r[j][1] = t1;
+                }
+                for (int i = 0; i < ni; i++) {
+                    const ie_matmul_ops_t *ops = ie_kernels_get(isas[i]);
+                    for (int64_t k = 0; k < n_out * n_tok; k++) y0[k] = y1[k] = SENTINEL;
+                    CU_ASSERT_EQUAL(ops->matmul_packed(&m, 0, n_out, act, arow, n_tok, y0, n_out), 0);
+                    src.at = 0;
+                    CU_ASSERT_EQUAL(ops->matmul_packed_ranges(&m, rsrc_next, &src, act, arow, n_tok, y1, n_out), 0);
+                    if (memcmp(y0, y1, sizeof(float) * (size_t)(n_out * n_tok)) != 0) {
+                        printf("\n  %s %s n_in=%lld n_out=%lld n_tok=%lld: ranges differ", ie_isa_name(isas[i]),
+                               ie_dtype_name(t), (long long)n_in, (long long)n_out, (long long)n_tok);
+                        bad++;
+                    }
+                    /* a range past the matrix is refused */
+                    rsrc_t badr = { .r = { { np, np + 1 } }, .n = 1 };
+                    CU_ASSERT_EQUAL(ops->matmul_packed_ranges(&m, rsrc_next, &badr, act, arow, n_tok, y1, n_out), -1);
+                    cases++;
+                }
+                free(w); free(act); free(x); free(y0); free(y1);
+            }
+    printf("\n    %d cases", cases);
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
 /* Bigger GEMM/GEMV shapes: panels larger than L1, many token tiles. */
 static void test_matmul_packed_large(void)
 {
@@ -790,6 +874,7 @@ int main(void)
     CU_add_test(s, "matmul_packed integer exact", test_matmul_packed_exact);
     CU_add_test(s, "matmul_packed i8w x q16_p extremes", test_matmul_packed_i8w_extremes);
     CU_add_test(s, "matmul_packed bad args", test_matmul_packed_bad_args);
+    CU_add_test(s, "matmul_packed_ranges == matmul_packed (all ISAs)", test_matmul_packed_ranges);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     const unsigned fails = CU_get_number_of_failures();

@@ -220,6 +220,32 @@ static void test_stream_probe(void)
     }
 }
 
+/* Balanced decode matmuls (threads claim and steal panels) give the same
+ * bits as the static split, for panel types at 2 and 3 threads, token by
+ * token and in steps of 8 (the largest balanced batch). */
+static void test_balanced_decode(void)
+{
+    static const ie_precision_t precs[] = {IE_PREC_INT4W, IE_PREC_INT8W};
+    for (int pi = 0; pi < 2; pi++)
+        for (int threads = 2; threads <= 3; threads++)
+            for (int chunk = 1; chunk <= 8; chunk += 7) {
+                setenv("IE_DECODE_BALANCE", "0", 1);
+                ie_worker_t *ws = make_worker(1, 8, precs[pi], threads);
+                unsetenv("IE_DECODE_BALANCE");
+                ie_worker_t *wb = make_worker(1, 8, precs[pi], threads);
+                const int nv = ie_worker_hparams(ws)->n_vocab;
+                float *a = malloc(sizeof(float) * 8 * nv), *b = malloc(sizeof(float) * 8 * nv);
+                CU_ASSERT_FATAL(a && b);
+                run_seq(ws, 0, k_prompt_a, 8, chunk, a);
+                run_seq(wb, 0, k_prompt_a, 8, chunk, b);
+                CU_ASSERT_EQUAL(memcmp(a, b, sizeof(float) * 8 * nv), 0);
+                free(a);
+                free(b);
+                ie_worker_destroy(&ws);
+                ie_worker_destroy(&wb);
+            }
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -230,6 +256,7 @@ int main(void)
     CU_add_test(s, "precisions close to f32", test_precisions_close);
     CU_add_test(s, "precision names", test_precision_parse);
     CU_add_test(s, "stream probe", test_stream_probe);
+    CU_add_test(s, "balanced decode == static split", test_balanced_decode);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();

@@ -86,6 +86,13 @@ typedef struct layer {
     const float *gate_b, *up_b, *down_b; /* (E, ff), (E, ff), (E, d)    */
 } layer_t;
 
+/* A thread's unclaimed panels of one matrix in a balanced decode matmul:
+ * front (low 32 bits) and back (high 32 bits), one cache line each. */
+typedef struct mm_span {
+    _Alignas(64) _Atomic uint64_t span;
+} mm_span_t;
+#define MM_SPANS_PER_THREAD 3 /* MM_MAX */
+
 struct ie_worker {
     ie_hparams_t hp;
     ie_worker_opts_t opts;
@@ -146,6 +153,8 @@ struct ie_worker {
     float *hb2;  /* [B][ff]  up                                           */
     float *tmp;  /* [B][d]   matmul output before the residual add        */
     void *act;   /* [B][act row] quantized activations                    */
+    struct mm_span *spans; /* [MM_MAX][n_threads] decode balancing (mm_run) */
+    int balance;           /* balance decode matmuls (env IE_DECODE_BALANCE) */
     size_t act_row_cap;
     float *scores; /* [n_threads][group][n_ctx] attention probabilities   */
     /* MoE scratch */
@@ -1163,6 +1172,11 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
     w->hb2 = big_alloc(B * ff * sizeof(float));
     w->tmp = big_alloc(B * d * sizeof(float));
     w->act = big_alloc(B * w->act_row_cap);
+    w->spans = big_alloc(MM_SPANS_PER_THREAD * (size_t)opts->n_threads * sizeof *w->spans);
+    {
+        const char *e = getenv("IE_DECODE_BALANCE");
+        w->balance = !(e && e[0] == '0' && e[1] == '\0');
+    }
     w->scores = big_alloc((size_t)opts->n_threads * (size_t)qgroup * opts->n_ctx * sizeof(float));
     if (moe) {
         int k = hp->n_expert_used;
@@ -1179,7 +1193,7 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
         }
     }
     if (!w->kcache || !w->vcache || !w->seq_len || !w->btab || !w->rope_cos || !w->rope_sin || !w->x || !w->xb ||
-        !w->q || !w->k || !w->v || !w->hb || !w->hb2 || !w->tmp || !w->act || !w->scores) {
+        !w->q || !w->k || !w->v || !w->hb || !w->hb2 || !w->tmp || !w->act || !w->scores || !w->spans) {
         st = ie_error_set(IE_ERR_NOMEM, "out of memory allocating KV cache (%zu bytes) and scratch", 2 * kv_bytes);
         goto cleanup;
     }
@@ -1228,6 +1242,7 @@ void ie_worker_destroy(ie_worker_t **self_p)
     big_free(w->hb2);
     big_free(w->tmp);
     big_free(w->act);
+    big_free(w->spans);
     big_free(w->scores);
     big_free(w->xg);
     big_free(w->moe);
@@ -1242,7 +1257,7 @@ void ie_worker_destroy(ie_worker_t **self_p)
 
 /* ------------------------------------------------------------- matmuls */
 
-#define MM_MAX 3
+#define MM_MAX MM_SPANS_PER_THREAD
 
 typedef struct mm_task {
     const ie_matmul_ops_t *ops;
@@ -1255,9 +1270,65 @@ typedef struct mm_task {
     const void *act;
     size_t act_stride;
     int n_tok;
-    /* activation quantization, done by all threads before the barrier-free
-     * matmul when the batch is large (each thread its own token rows) */
+    mm_span_t *spans; /* non-NULL: balanced (spans[i * nth + t]: matrix i, thread t) */
+    int64_t chunk;    /* panels a steal takes */
 } mm_task_t;
+
+/* Balanced decode matmuls. Every thread starts on its static share of each
+ * matrix (whole panels, as the unbalanced split), claiming it from the
+ * front in shrinking pieces (half of what is left, at least `chunk`); once
+ * its share is empty it takes `chunk` panels at a time from the back of the
+ * others' shares of the same matrix, so both finish within about a chunk of
+ * each other, while each thread still streams its own share front to back
+ * (a steal reads the far end). Measured on this 2-core VM: per decode
+ * matmul the two halves' times differ by ~10-15% in either direction, at
+ * random (the pool's join waited ~15-30 us per job). */
+typedef struct mm_src {
+    mm_task_t *t;
+    int i, ith, nth;
+    int own_done;
+} mm_src_t;
+
+static int mm_next(void *ctx, int64_t *p0, int64_t *p1)
+{
+    mm_src_t *s = ctx;
+    mm_span_t *sp = s->t->spans + (size_t)s->i * (size_t)s->nth;
+    const uint64_t c = (uint64_t)s->t->chunk;
+    if (!s->own_done) {
+        _Atomic uint64_t *a = &sp[s->ith].span;
+        uint64_t v = atomic_load_explicit(a, memory_order_relaxed);
+        for (;;) {
+            const uint64_t f = v & 0xffffffffu, b = v >> 32;
+            if (f >= b) break;
+            uint64_t n = (b - f) / 2;
+            if (n < c) n = c;
+            if (n > b - f) n = b - f;
+            if (atomic_compare_exchange_weak_explicit(a, &v, (f + n) | (b << 32), memory_order_relaxed,
+                                                      memory_order_relaxed)) {
+                *p0 = (int64_t)f;
+                *p1 = (int64_t)(f + n);
+                return 1;
+            }
+        }
+        s->own_done = 1;
+    }
+    for (int k = 1; k < s->nth; k++) {
+        _Atomic uint64_t *a = &sp[(s->ith + k) % s->nth].span;
+        uint64_t v = atomic_load_explicit(a, memory_order_relaxed);
+        for (;;) {
+            const uint64_t f = v & 0xffffffffu, b = v >> 32;
+            if (f >= b) break;
+            const uint64_t n = c < b - f ? c : b - f;
+            if (atomic_compare_exchange_weak_explicit(a, &v, f | ((b - n) << 32), memory_order_relaxed,
+                                                      memory_order_relaxed)) {
+                *p0 = (int64_t)(b - n);
+                *p1 = (int64_t)b;
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
 
 static void mm_run(void *ctx, int ith, int nth)
 {
@@ -1265,7 +1336,13 @@ static void mm_run(void *ctx, int ith, int nth)
     for (int i = 0; i < t->nm; i++) {
         const wmat_t *m = t->rep[i] ? &t->rep[i][t->share_repl[ith]] : t->m[i]; /* same bytes */
         long b, e;
-        if (m->layout == IE_LAYOUT_PANEL16) {
+        if (m->layout == IE_LAYOUT_PANEL16 && t->spans) {
+            mm_src_t src = {t, i, ith, nth, 0};
+            ie_pmat_t pm = {m->dtype, m->group, m->n_in, m->n_out, m->data};
+            if (t->ops->matmul_packed_ranges(&pm, mm_next, &src, t->act, t->act_stride, t->n_tok, t->y[i],
+                                             m->n_out) != 0)
+                t->failed = 1;
+        } else if (m->layout == IE_LAYOUT_PANEL16) {
             /* whole panels per thread */
             ie_split_range((long)((m->n_out + IE_PANEL - 1) / IE_PANEL), ith, nth, &b, &e);
             b *= IE_PANEL;
@@ -1342,6 +1419,27 @@ static void matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, const wma
                 q_run(&q, 0, 1);
             t.act = w->act;
             t.act_stride = q.out_stride;
+        }
+        const int nth = ie_threadpool_size(w->tp);
+        if (w->balance && nth > 1 && n <= 8) {
+            int panels = 0;
+            for (int k = 0; k < t.nm; k++) panels += t.m[k]->layout == IE_LAYOUT_PANEL16;
+            if (panels > 0) {
+                t.spans = w->spans;
+                /* a steal: ~48 KiB of the first matrix's panels */
+                const size_t pb = ie_pack_panel_bytes(t.m[0]->dtype, t.m[0]->group, t.m[0]->n_in);
+                t.chunk = pb ? (int64_t)((48u << 10) / pb) : 1;
+                if (t.chunk < 1) t.chunk = 1;
+                for (int k = 0; k < t.nm; k++) {
+                    const long np = (long)((t.m[k]->n_out + IE_PANEL - 1) / IE_PANEL);
+                    for (int th = 0; th < nth; th++) {
+                        long b, e;
+                        ie_split_range(np, th, nth, &b, &e);
+                        atomic_store_explicit(&w->spans[(size_t)k * (size_t)nth + (size_t)th].span,
+                                              (uint64_t)b | ((uint64_t)e << 32), memory_order_relaxed);
+                    }
+                }
+            }
         }
         ie_threadpool_run(w->tp, mm_run, &t);
     }

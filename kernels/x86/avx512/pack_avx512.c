@@ -396,3 +396,52 @@ int ie_matmul_packed_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, const vo
     }
     return 0;
 }
+
+/* Contract of ie_matmul_ops_t.matmul_packed_ranges. One token tile and one
+ * k pass (n_tok <= PT, n_in <= KCB blocks for the int4 types, what the
+ * buffer holds for I8W): the tokens are packed once and every range runs
+ * its panels from that pack, each range starting with the prefetch of its
+ * first PFD bytes (a range that continues the previous one finds them in
+ * flight already). Otherwise one matmul_packed call per range. */
+int ie_matmul_packed_ranges_avx512(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
+                                   size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+{
+    if (!m || !next || ie_pack_check(m->dtype, m->group, m->n_in) != 0 || n_tok <= 0) return -1;
+    const int dt = m->dtype == IE_DTYPE_I8W ? D_I8W : m->dtype == IE_DTYPE_I4W ? D_I4W : D_I4WA;
+    const int64_t n_in = m->n_in, nb = n_in / 32, bpg = m->group / 32;
+    const int64_t np = (m->n_out + IE_PANEL - 1) / IE_PANEL;
+    _Alignas(64) uint8_t pk[KCB * PK_BLK];
+    const int64_t kcb = dt == D_I8W ? (int64_t)(sizeof pk / (72 * (size_t)n_tok)) : KCB;
+    int64_t p0, p1;
+    if (n_tok > PT || nb > kcb) {
+        while (next(ctx, &p0, &p1)) {
+            if (p0 < 0 || p1 <= p0 || p0 >= np) return -1;
+            const int64_t r1 = p1 * IE_PANEL < m->n_out ? p1 * IE_PANEL : m->n_out;
+            if (ie_matmul_packed_avx512(m, p0 * IE_PANEL, r1, a, a_stride, n_tok, y, ldy) != 0) return -1;
+        }
+        return 0;
+    }
+    const ptile_fn(*tiles)[PT + 1] = dt == D_I8W ? ptiles_i8w : dt == D_I4W ? ptiles_i4w : ptiles_i4wa;
+    const ptile_fn *fns = tiles[bpg == 1];
+    const size_t pb = ie_pack_panel_bytes(m->dtype, m->group, n_in);
+    const size_t gb = pb / (size_t)(n_in / m->group);
+    const int tt = (int)n_tok;
+    const uint8_t *w = m->data;
+    int packed = 0;
+    while (next(ctx, &p0, &p1)) {
+        if (p0 < 0 || p1 <= p0 || p0 >= np) return -1;
+        if (p1 > np) p1 = np;
+        if (tt <= 3)
+            for (size_t o = 0; o < PFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, _MM_HINT_T1);
+        if (!packed) {
+            pack_tokens(dt, bpg, (const uint8_t *)a, a_stride, n_in, tt, 0, nb, pk);
+            packed = 1;
+        }
+        for (int64_t p = p0; p < p1; p++) {
+            const int64_t rows = m->n_out - p * IE_PANEL;
+            const __mmask16 rmask = rows >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rows) - 1);
+            fns[tt](w + (size_t)p * pb, gb, bpg, 0, nb, pk, y + p * IE_PANEL, ldy, rmask, 1);
+        }
+    }
+    return 0;
+}
