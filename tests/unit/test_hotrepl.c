@@ -147,13 +147,18 @@ static void zero_copy(ie_worker_t *w, int embd, int r)
 /* (b): with 3 threads on 2 fake nodes, shares 0 and 2 read copy 0, share 1
  * copy 1. Zeroing head copy 1 must zero one contiguous block of rows (share
  * 1's: the middle third, whole panels) and keep every other row's bits;
- * zeroing copy 0 too must zero every row. */
+ * zeroing copy 0 too must zero every row. The static split
+ * (IE_DECODE_BALANCE=0): balanced decode matmuls let a thread take rows of
+ * another share, read from its own node's copy, so which rows come from
+ * copy 1 would depend on timing. */
 static void check_who_reads(const ie_model_src_t *src, const char *what)
 {
     ie_worker_t *ref = NULL, *hot = NULL;
     CU_ASSERT_EQUAL_FATAL(make(src, 3, IE_PREC_NATIVE, 0, -1, &ref), IE_OK);
     setenv("IE_NUMA_FAKE_NODES", "2", 1);
+    setenv("IE_DECODE_BALANCE", "0", 1); /* see below */
     ie_status_t st = make(src, 3, IE_PREC_NATIVE, 1, -1, &hot);
+    unsetenv("IE_DECODE_BALANCE");
     unsetenv("IE_NUMA_FAKE_NODES");
     CU_ASSERT_EQUAL_FATAL(st, IE_OK);
     CU_ASSERT_EQUAL(ie_worker_hot_replica_of(hot, 0), 0);
@@ -209,7 +214,9 @@ static void test_who_reads_gptoss(void)
     ie_worker_t *ref = NULL, *hot = NULL;
     CU_ASSERT_EQUAL_FATAL(make(g_gptoss, 2, IE_PREC_NATIVE, 0, -1, &ref), IE_OK);
     setenv("IE_NUMA_FAKE_NODES", "2", 1);
+    setenv("IE_DECODE_BALANCE", "0", 1);
     ie_status_t st = make(g_gptoss, 2, IE_PREC_NATIVE, 1, -1, &hot);
+    unsetenv("IE_DECODE_BALANCE");
     unsetenv("IE_NUMA_FAKE_NODES");
     CU_ASSERT_EQUAL_FATAL(st, IE_OK);
     const size_t nv = (size_t)ie_worker_hparams(ref)->n_vocab;

@@ -220,13 +220,14 @@ static void test_stream_probe(void)
     }
 }
 
-/* Balanced decode matmuls (threads claim and steal panels) give the same
- * bits as the static split, for panel types at 2 and 3 threads, token by
- * token and in steps of 8 (the largest balanced batch). */
+/* Balanced decode matmuls (threads claim and steal panels or 16-row
+ * pieces) give the same bits as the static split, for panel types and row
+ * types (the fixture's f32, bf16) at 2 and 3 threads, token by token and
+ * in steps of 8 (the largest balanced batch). */
 static void test_balanced_decode(void)
 {
-    static const ie_precision_t precs[] = {IE_PREC_INT4W, IE_PREC_INT8W};
-    for (int pi = 0; pi < 2; pi++)
+    static const ie_precision_t precs[] = {IE_PREC_INT4W, IE_PREC_INT8W, IE_PREC_NATIVE, IE_PREC_BF16};
+    for (int pi = 0; pi < 4; pi++)
         for (int threads = 2; threads <= 3; threads++)
             for (int chunk = 1; chunk <= 8; chunk += 7) {
                 setenv("IE_DECODE_BALANCE", "0", 1);

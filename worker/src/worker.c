@@ -1274,7 +1274,8 @@ typedef struct mm_task {
     int64_t chunk;    /* panels a steal takes */
 } mm_task_t;
 
-/* Balanced decode matmuls. Every thread starts on its static share of each
+/* Balanced decode matmuls (PANEL16 and ROWS matrices; rows go in units of
+ * IE_PANEL). Every thread starts on its static share of each
  * matrix (whole panels, as the unbalanced split), claiming it from the
  * front in shrinking pieces (half of what is left, at least `chunk`); once
  * its share is empty it takes `chunk` panels at a time from the back of the
@@ -1356,8 +1357,22 @@ static void mm_run(void *ctx, int ith, int nth)
             if (b < e)
                 t->ops->matmul_bsr(&m->bsr, b * m->bsr.br, e * m->bsr.br, t->act, t->act_stride / sizeof(float),
                                    t->n_tok, t->y[i], m->n_out);
+        } else if (t->spans) {
+            /* rows in units of IE_PANEL, through the same claims */
+            mm_src_t src = {t, i, ith, nth, 0};
+            int64_t p0, p1;
+            while (mm_next(&src, &p0, &p1)) {
+                const int64_t r1 = p1 * IE_PANEL < m->n_out ? p1 * IE_PANEL : m->n_out;
+                if (t->ops->matmul(m->dtype, m->data, m->n_in, p0 * IE_PANEL, r1, t->act, t->act_stride, t->n_tok,
+                                   t->y[i], m->n_out) != 0)
+                    t->failed = 1;
+            }
         } else {
-            ie_split_range((long)m->n_out, ith, nth, &b, &e);
+            /* 16-row units, as the balanced claims cut rows: a row's sum
+             * then does not depend on which of the two ran it */
+            ie_split_range((long)((m->n_out + IE_PANEL - 1) / IE_PANEL), ith, nth, &b, &e);
+            b *= IE_PANEL;
+            e = e * IE_PANEL < m->n_out ? e * IE_PANEL : (long)m->n_out;
             if (b < e &&
                 t->ops->matmul(m->dtype, m->data, m->n_in, b, e, t->act, t->act_stride, t->n_tok, t->y[i],
                                m->n_out) != 0)
@@ -1422,12 +1437,15 @@ static void matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, const wma
         }
         const int nth = ie_threadpool_size(w->tp);
         if (w->balance && nth > 1 && n <= 8) {
-            int panels = 0;
-            for (int k = 0; k < t.nm; k++) panels += t.m[k]->layout == IE_LAYOUT_PANEL16;
-            if (panels > 0) {
+            int bsr = 0;
+            for (int k = 0; k < t.nm; k++) bsr += t.m[k]->layout == IE_LAYOUT_BSR;
+            if (!bsr) {
                 t.spans = w->spans;
-                /* a steal: ~48 KiB of the first matrix's panels */
-                const size_t pb = ie_pack_panel_bytes(t.m[0]->dtype, t.m[0]->group, t.m[0]->n_in);
+                /* a steal: ~48 KiB of the first matrix's panels (rows: 16) */
+                const wmat_t *m0 = t.m[0];
+                const size_t pb = m0->layout == IE_LAYOUT_PANEL16
+                                      ? ie_pack_panel_bytes(m0->dtype, m0->group, m0->n_in)
+                                      : (size_t)IE_PANEL * ie_dtype_row_bytes(m0->dtype, m0->n_in);
                 t.chunk = pb ? (int64_t)((48u << 10) / pb) : 1;
                 if (t.chunk < 1) t.chunk = 1;
                 for (int k = 0; k < t.nm; k++) {
@@ -1890,8 +1908,8 @@ typedef struct probe_task {
     _Atomic uint64_t sink;
 } probe_task_t;
 
-/* Share ith of every matrix in the job, cut as mm_run cuts it: whole
- * panels, whole rows, or (BSR) 4 KiB pieces of the bytes. */
+/* Share ith of every matrix in the job, cut as mm_run's static split cuts
+ * it: whole panels, 16-row pieces, or (BSR) 4 KiB pieces of the bytes. */
 static void probe_run(void *ctx, int ith, int nth)
 {
     probe_task_t *t = ctx;
@@ -1907,8 +1925,8 @@ static void probe_run(void *ctx, int ith, int nth)
             unit = 4096;
             units = (long)((m->slice + unit - 1) / unit);
         } else {
-            unit = ie_dtype_row_bytes(m->dtype, m->n_in);
-            units = (long)m->n_out;
+            unit = (size_t)IE_PANEL * ie_dtype_row_bytes(m->dtype, m->n_in);
+            units = (long)((m->n_out + IE_PANEL - 1) / IE_PANEL);
         }
         long b, e;
         ie_split_range(units, ith, nth, &b, &e);
