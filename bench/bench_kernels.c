@@ -106,7 +106,7 @@ static void read_task(void *p, int ith, int nth)
     job_t *j = p;
     long b, e;
     ie_split_range((long)(j->bytes / 64), ith, nth, &b, &e);
-    j->sink[ith] = probe_read_avx2(j->buf + (size_t)b * 64, (size_t)(e - b) * 64);
+    j->sink[ith] = probe_read(j->buf + (size_t)b * 64, (size_t)(e - b) * 64);
 }
 
 /* ---------------------------------------------------------------- data */

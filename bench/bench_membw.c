@@ -3,7 +3,8 @@
  * Reads a 1 GiB buffer (2 MiB huge pages via MADV_HUGEPAGE, and for
  * comparison 4 KiB pages via MADV_NOHUGEPAGE) with 1 thread and with
  * --threads threads (default 2) of the clocher thread pool, each thread
- * streaming its contiguous share with 256-bit loads. Prints GB/s (1e9 B/s):
+ * streaming its contiguous share with the kernel library's stream_read
+ * (ie_vec.h: 256-bit loads where AVX2 runs). Prints GB/s (1e9 B/s):
  * the median over 64 MiB chunks (best of --passes passes; robust when a
  * neighbour steals a core for a few ms) and the best whole-buffer pass;
  * then one JSON line with the chunk-median figures:
@@ -26,37 +27,10 @@
 #include "bench_util.h"
 
 
-__attribute__((target("avx2"))) static uint64_t read_avx2(const uint8_t *p, size_t n)
-{
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-    const __m256i *v = (const __m256i *)p;
-    for (size_t i = 0; i + 8 <= n / 32; i += 8) {
-        a0 = _mm256_xor_si256(a0, _mm256_load_si256(v + i));
-        a1 = _mm256_xor_si256(a1, _mm256_load_si256(v + i + 1));
-        a2 = _mm256_xor_si256(a2, _mm256_load_si256(v + i + 2));
-        a3 = _mm256_xor_si256(a3, _mm256_load_si256(v + i + 3));
-        a0 = _mm256_xor_si256(a0, _mm256_load_si256(v + i + 4));
-        a1 = _mm256_xor_si256(a1, _mm256_load_si256(v + i + 5));
-        a2 = _mm256_xor_si256(a2, _mm256_load_si256(v + i + 6));
-        a3 = _mm256_xor_si256(a3, _mm256_load_si256(v + i + 7));
-    }
-    a0 = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
-    return (uint64_t)_mm256_extract_epi64(a0, 0) ^ (uint64_t)_mm256_extract_epi64(a0, 3);
-}
-
-static uint64_t read_plain(const uint8_t *p, size_t n)
-{
-    const uint64_t *v = (const uint64_t *)p;
-    uint64_t a = 0, b = 0, c = 0, d = 0;
-    for (size_t i = 0; i + 4 <= n / 8; i += 4) { a ^= v[i]; b ^= v[i + 1]; c ^= v[i + 2]; d ^= v[i + 3]; }
-    return a ^ b ^ c ^ d;
-}
-
 typedef struct {
     const uint8_t *buf;
     size_t bytes;
     int nth_used; /* threads that read; the others idle */
-    int avx2;
     uint64_t sink[64];
 } read_job_t;
 
@@ -70,7 +44,7 @@ static void read_task(void *p, int ith, int nth)
     ie_split_range((long)(j->bytes / 4096), ith, j->nth_used, &b, &e);
     const uint8_t *s = j->buf + (size_t)b * 4096;
     const size_t n = (size_t)(e - b) * 4096;
-    j->sink[ith] = j->avx2 ? read_avx2(s, n) : read_plain(s, n);
+    j->sink[ith] = probe_read(s, n);
 }
 
 static void fill_task(void *p, int ith, int nth)
@@ -92,8 +66,7 @@ static void measure(ie_threadpool_t *tp, uint8_t *buf, size_t bytes, int threads
 {
     const size_t cb = (size_t)64 << 20;
     const size_t nchunks = bytes / cb ? bytes / cb : 1, csz = bytes / cb ? cb : bytes;
-    read_job_t job = { .buf = buf, .bytes = csz, .nth_used = threads,
-                       .avx2 = __builtin_cpu_supports("avx2") };
+    read_job_t job = { .buf = buf, .bytes = csz, .nth_used = threads };
     double *rates = malloc(nchunks * sizeof *rates);
     *chunk = *whole = 0.0;
     for (size_t c = 0; c < nchunks; c++) { /* warm: TLB, page tables */

@@ -3,6 +3,8 @@
 #ifndef IE_BENCH_UTIL_H
 #define IE_BENCH_UTIL_H
 
+#include "ie_vec.h"
+
 #include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -37,22 +39,13 @@ static inline uint64_t rnd_u64(void)
 /* Uniform float in [-1, 1). */
 static inline float rnd(void) { return (float)(rnd_u64() >> 40) / 16777216.0f * 2.0f - 1.0f; }
 
-/* Read n bytes as fast as AVX2 loads go (the bandwidth probe's inner loop);
- * returns a value that depends on every byte so nothing is optimized away. */
-__attribute__((target("avx2"))) static inline uint64_t probe_read_avx2(const uint8_t *p, size_t n)
+/* Read n bytes as a plain stream (the bandwidth probe's inner loop): the
+ * kernel library's stream_read for the best ISA (ie_vec.h), the same read
+ * ie_worker_stream_probe pairs with decode; returns a value that depends on
+ * every byte so nothing is optimized away. */
+static inline uint64_t probe_read(const uint8_t *p, size_t n)
 {
-    __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-    size_t i = 0;
-    for (; i + 128 <= n; i += 128) {
-        a0 = _mm256_xor_si256(a0, _mm256_loadu_si256((const __m256i *)(p + i)));
-        a1 = _mm256_xor_si256(a1, _mm256_loadu_si256((const __m256i *)(p + i + 32)));
-        a2 = _mm256_xor_si256(a2, _mm256_loadu_si256((const __m256i *)(p + i + 64)));
-        a3 = _mm256_xor_si256(a3, _mm256_loadu_si256((const __m256i *)(p + i + 96)));
-    }
-    a0 = _mm256_xor_si256(_mm256_xor_si256(a0, a1), _mm256_xor_si256(a2, a3));
-    uint64_t s = (uint64_t)_mm256_extract_epi64(a0, 0);
-    for (; i < n; i++) s += p[i];
-    return s;
+    return ie_vec_get(ie_isa_best())->stream_read(p, n);
 }
 
 #endif
