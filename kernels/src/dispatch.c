@@ -106,23 +106,31 @@ ie_isa_t ie_isa_best(void)
     return best;
 }
 
-/* matmul_packed_ranges for ISAs without their own: one matmul_packed call
- * per range (the activations are packed per range). */
-#define RANGES_BY_CALLS(NAME, MM)                                                                          \
-    static int NAME(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a, size_t a_stride,  \
-                    int64_t n_tok, float *y, int64_t ldy)                                                  \
-    {                                                                                                      \
-        int64_t p0, p1;                                                                                    \
-        if (!m || !next) return -1;                                                                        \
-        while (next(ctx, &p0, &p1)) {                                                                      \
-            const int64_t r1 = p1 * IE_PANEL < m->n_out ? p1 * IE_PANEL : m->n_out;                        \
-            if (p0 < 0 || p1 <= p0 || p0 * IE_PANEL >= m->n_out) return -1;                                \
-            if (MM(m, p0 * IE_PANEL, r1, a, a_stride, n_tok, y, ldy) != 0) return -1;                       \
-        }                                                                                                  \
-        return 0;                                                                                          \
+/* Contract (ie_kernels_impl.h). */
+int ie_packed_ranges_by_calls(ie_packed_fn mm, const ie_pmat_t *m, ie_panel_next_fn next, void *ctx,
+                              const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+{
+    int64_t p0, p1;
+    if (!m || !next) return -1;
+    while (next(ctx, &p0, &p1)) {
+        if (p0 < 0 || p1 <= p0 || p0 * IE_PANEL >= m->n_out) return -1;
+        const int64_t r1 = p1 * IE_PANEL < m->n_out ? p1 * IE_PANEL : m->n_out;
+        if (mm(m, p0 * IE_PANEL, r1, a, a_stride, n_tok, y, ldy) != 0) return -1;
     }
-RANGES_BY_CALLS(ranges_ref, ie_matmul_packed_ref)
-RANGES_BY_CALLS(ranges_avx2, ie_matmul_packed_avx2)
+    return 0;
+}
+
+static int ranges_ref(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a, size_t a_stride,
+                      int64_t n_tok, float *y, int64_t ldy)
+{
+    return ie_packed_ranges_by_calls(ie_matmul_packed_ref, m, next, ctx, a, a_stride, n_tok, y, ldy);
+}
+
+static int ranges_avx2(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a, size_t a_stride,
+                       int64_t n_tok, float *y, int64_t ldy)
+{
+    return ie_packed_ranges_by_calls(ie_matmul_packed_avx2, m, next, ctx, a, a_stride, n_tok, y, ldy);
+}
 
 static const ie_matmul_ops_t g_ops[3] = {
     { IE_ISA_REF, ie_act_quantize_ref, ie_matmul_ref, ie_dot_f32, ie_axpy_f32,

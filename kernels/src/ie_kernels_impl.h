@@ -126,6 +126,13 @@ int ie_matmul_avx512(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, 
                      const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
 int ie_matmul_packed_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                             int64_t n_tok, float *y, int64_t ldy);
+/* matmul_packed's signature, and matmul_packed_ranges done by one `mm`
+ * call per range (the activations packed per range): the ISAs without a
+ * pack-once version, and AVX-512 beyond one token tile or one k pass. */
+typedef int (*ie_packed_fn)(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                            int64_t n_tok, float *y, int64_t ldy);
+int ie_packed_ranges_by_calls(ie_packed_fn mm, const ie_pmat_t *m, ie_panel_next_fn next, void *ctx,
+                              const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
 int ie_matmul_packed_ranges_avx512(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
                                    size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
 void ie_bsr_matmul_avx512(const ie_bsr_t *m, int64_t r0, int64_t r1, const float *x, size_t xs,

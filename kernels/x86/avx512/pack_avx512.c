@@ -412,15 +412,9 @@ int ie_matmul_packed_ranges_avx512(const ie_pmat_t *m, ie_panel_next_fn next, vo
     const int64_t np = (m->n_out + IE_PANEL - 1) / IE_PANEL;
     _Alignas(64) uint8_t pk[KCB * PK_BLK];
     const int64_t kcb = dt == D_I8W ? (int64_t)(sizeof pk / (72 * (size_t)n_tok)) : KCB;
+    if (n_tok > PT || nb > kcb)
+        return ie_packed_ranges_by_calls(ie_matmul_packed_avx512, m, next, ctx, a, a_stride, n_tok, y, ldy);
     int64_t p0, p1;
-    if (n_tok > PT || nb > kcb) {
-        while (next(ctx, &p0, &p1)) {
-            if (p0 < 0 || p1 <= p0 || p0 >= np) return -1;
-            const int64_t r1 = p1 * IE_PANEL < m->n_out ? p1 * IE_PANEL : m->n_out;
-            if (ie_matmul_packed_avx512(m, p0 * IE_PANEL, r1, a, a_stride, n_tok, y, ldy) != 0) return -1;
-        }
-        return 0;
-    }
     const ptile_fn(*tiles)[PT + 1] = dt == D_I8W ? ptiles_i8w : dt == D_I4W ? ptiles_i4w : ptiles_i4wa;
     const ptile_fn *fns = tiles[bpg == 1];
     const size_t pb = ie_pack_panel_bytes(m->dtype, m->group, n_in);
