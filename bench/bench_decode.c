@@ -39,13 +39,15 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* Medians over the samples with sel(s) (phase: 0 low, 1 high, -1 all). */
-static void summarize(const sample_t *s, int n, double bytes, double high, int phase, const char *label,
-                      FILE *json, int *first)
+/* Medians over the samples of one phase (0 low, 1 high, -1 all): one
+ * table row, one JSON member. Returns -1 when out of memory. */
+static int summarize(const sample_t *s, int n, double bytes, double high, int phase, const char *label,
+                     FILE *json, int *first)
 {
-    double *a = malloc((size_t)(n ? n : 1) * sizeof *a), *b = malloc((size_t)(n ? n : 1) * sizeof *b),
-           *c = malloc((size_t)(n ? n : 1) * sizeof *c), *d = malloc((size_t)(n ? n : 1) * sizeof *d),
-           *e = malloc((size_t)(n ? n : 1) * sizeof *e);
+    /* five columns of n values: frac jobs, frac flat, t/s, read jobs, read flat */
+    double *col = malloc(5 * (size_t)(n ? n : 1) * sizeof *col);
+    if (!col) return -1;
+    double *a = col, *b = col + n, *c = col + 2 * n, *d = col + 3 * n, *e = col + 4 * n;
     int m = 0;
     for (int i = 0; i < n; i++) {
         const double read = bytes / s[i].jobs / 1e9;
@@ -69,11 +71,8 @@ static void summarize(const sample_t *s, int n, double bytes, double high, int p
                 tps, tps * bytes / 1e9, rj, rf, fj, ff);
     fprintf(json, "}");
     *first = 0;
-    free(a);
-    free(b);
-    free(c);
-    free(d);
-    free(e);
+    free(col);
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -181,10 +180,15 @@ int main(int argc, char **argv)
                   "\"mb_per_token\":%.1f,\"high_gbps\":%.1f,",
             model, prec, threads, bytes / 1e6, high);
     int first = 1;
-    summarize(smp, n, bytes, high, -1, "all", json, &first);
-    summarize(smp, n, bytes, high, 1, "high", json, &first);
-    summarize(smp, n, bytes, high, 0, "low", json, &first);
+    const int sum_rc = summarize(smp, n, bytes, high, -1, "all", json, &first) |
+                       summarize(smp, n, bytes, high, 1, "high", json, &first) |
+                       summarize(smp, n, bytes, high, 0, "low", json, &first);
     fclose(json);
+    if (sum_rc != 0) {
+        fprintf(stderr, "bench_decode: out of memory\n");
+        free(jbuf);
+        goto out;
+    }
     printf("%s}\n", jbuf);
     free(jbuf);
     rc = 0;
