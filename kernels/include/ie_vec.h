@@ -1,7 +1,7 @@
 /* ie_vec.h — element-wise activation kernels with SIMD variants.
  *
  * The scalar definitions live in ie_kernels.h (ie_swiglu_f32,
- * ie_softmax_sink_f32) and are
+ * ie_softmax_sink_f32, ie_rmsnorm_f32) and are
  * the oracles; the SIMD versions here agree within a few float ulps (a
  * polynomial exp instead of libm's expf). Obtain the table once with
  * ie_vec_get(isa); callers split long arrays across threads themselves.
@@ -19,6 +19,11 @@ typedef struct ie_vec_ops {
      * *sink joins the normalization and its share is dropped (GPT-OSS's
      * attention sinks): x[i] = exp(x[i]-m) / (sum_j exp(x[j]-m) + exp(*sink-m)). */
     void (*softmax)(float *x, int64_t n, const float *sink);
+    /* out = x * (1/sqrt(mean(x^2) + eps)) * w over n >= 1 floats, the
+     * square sum in double like ie_rmsnorm_f32 (only the order of its adds
+     * differs; each output is the scalar's formula on that scale). out may
+     * alias x. */
+    void (*rmsnorm)(float *out, const float *x, const float *w, int64_t n, float eps);
     /* ie_stream_read at this ISA's load width (the same result). */
     uint64_t (*stream_read)(const void *p, size_t n);
 } ie_vec_ops_t;

@@ -72,13 +72,15 @@ uint64_t ie_stream_read(const void *p, size_t n)
 uint64_t ie_stream_read_avx2(const void *p, size_t n);
 void ie_swiglu_f32_avx512(float *out, const float *g, const float *u, int64_t n);
 void ie_softmax_sink_f32_avx512(float *x, int64_t n, const float *sink);
+void ie_rmsnorm_f32_avx2(float *out, const float *x, const float *w, int64_t n, float eps);
+void ie_rmsnorm_f32_avx512(float *out, const float *x, const float *w, int64_t n, float eps);
 
 static const ie_vec_ops_t g_vec[3] = {
-    {IE_ISA_REF, ie_swiglu_f32, ie_softmax_sink_f32, ie_stream_read},
-    {IE_ISA_AVX2, ie_swiglu_f32, ie_softmax_sink_f32, ie_stream_read_avx2},
+    {IE_ISA_REF, ie_swiglu_f32, ie_softmax_sink_f32, ie_rmsnorm_f32, ie_stream_read},
+    {IE_ISA_AVX2, ie_swiglu_f32, ie_softmax_sink_f32, ie_rmsnorm_f32_avx2, ie_stream_read_avx2},
     /* 32-byte loads here too: a 2-thread read of DRAM measured 1.07x (low
      * bandwidth phase) to 1.13x (high) the rate of 64-byte loads on Zen 4 */
-    {IE_ISA_AVX512, ie_swiglu_f32_avx512, ie_softmax_sink_f32_avx512, ie_stream_read_avx2},
+    {IE_ISA_AVX512, ie_swiglu_f32_avx512, ie_softmax_sink_f32_avx512, ie_rmsnorm_f32_avx512, ie_stream_read_avx2},
 };
 
 const ie_vec_ops_t *ie_vec_get(ie_isa_t isa)

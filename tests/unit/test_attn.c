@@ -306,6 +306,53 @@ static void test_softmax(void)
     }
 }
 
+/* rmsnorm of every ISA — the scalar ie_rmsnorm_f32 is the REF entry —
+ * against the definition in double: odd lengths (masked and scalar
+ * tails), small and large magnitudes, out aliasing x, nothing written past
+ * n. The SIMD sums add the same double squares in another order, so an
+ * output may differ from the scalar's by an ulp of the scale, no more. */
+static void test_rmsnorm(void)
+{
+    static const int64_t ns[] = {1, 7, 8, 15, 16, 17, 31, 32, 33, 100, 2048, 2049, 5632};
+    static const float mags[] = {1e-3f, 1.0f, 1e3f};
+    int bad = 0, ran = 0;
+    for (int isa = IE_ISA_REF; isa <= IE_ISA_AVX512; isa++) {
+        const ie_vec_ops_t *ops = ie_vec_get((ie_isa_t)isa);
+        if (!ops) continue;
+        for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
+            for (size_t b = 0; b < sizeof mags / sizeof mags[0]; b++)
+                for (int alias = 0; alias < 2; alias++) {
+                    const int64_t n = ns[a];
+                    float *x = malloc(sizeof(float) * (n + 1)), *w = malloc(sizeof(float) * n);
+                    float *o = malloc(sizeof(float) * (n + 1)), *want = malloc(sizeof(float) * n);
+                    CU_ASSERT_FATAL(x && w && o && want);
+                    for (int64_t i = 0; i < n; i++) { x[i] = mags[b] * frand(); w[i] = 1.0f + 0.5f * frand(); }
+                    x[n] = o[n] = GUARD_VAL;
+                    ie_rmsnorm_f32(want, x, w, n, 1e-5f);
+                    double ss = 0;
+                    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * x[i];
+                    const double sc = 1.0 / sqrt(ss / (double)n + 1e-5);
+                    float *out = alias ? x : o;
+                    ops->rmsnorm(out, x, w, n, 1e-5f);
+                    int e = out[n] != GUARD_VAL;
+                    for (int64_t i = 0; i < n; i++)
+                        if (!(fabs((double)out[i] - want[i]) <= 3e-7 * fabs((double)want[i]))) e++;
+                    /* the definition (x intact when not aliased): 1e-6 relative */
+                    if (!alias)
+                        for (int64_t i = 0; i < n; i++)
+                            if (!(fabs((double)o[i] - (double)x[i] * sc * w[i]) <= 1e-6 * fabs((double)x[i] * sc * w[i]) + 1e-30))
+                                e++;
+                    if (e) fprintf(stderr, "\n  %s rmsnorm n %lld mag %g alias %d: %d bad\n", ie_isa_name((ie_isa_t)isa),
+                                   (long long)n, mags[b], alias, e);
+                    bad += e;
+                    ran++;
+                    free(x); free(w); free(o); free(want);
+                }
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT(ran >= 3 * 13 * 3 * 2 - 13 * 3 * 2); /* ref and AVX-512 at least */
+}
+
 /* ie_stream_read (the oracle) against a word-by-word xor, and every ISA's
  * stream_read against the oracle, at every start offset 0..63 and lengths
  * around the 64- and 128-byte steps (the tail paths). */
@@ -354,6 +401,7 @@ int main(void)
     CU_add_test(suite, "paged views == contiguous, bit for bit", test_paged);
     CU_add_test(suite, "swiglu vs scalar", test_swiglu);
     CU_add_test(suite, "softmax vs scalar", test_softmax);
+    CU_add_test(suite, "rmsnorm vs scalar and the definition", test_rmsnorm);
     CU_add_test(suite, "stream read: xor of the words, any offset and length", test_stream_read);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();

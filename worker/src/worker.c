@@ -1728,7 +1728,7 @@ static ie_status_t step_run(ie_worker_t *w, const ie_batch_t *b, const float *hi
 
         /* attention: norm, q/k/v in one pass over the tokens */
         for (int i = 0; i < n; i++)
-            ie_rmsnorm_f32(w->xb + (size_t)i * d, w->x + (size_t)i * d, L->attn_norm, d, hp->rms_eps);
+            w->vec->rmsnorm(w->xb + (size_t)i * d, w->x + (size_t)i * d, L->attn_norm, d, hp->rms_eps);
         {
             const wmat_t *ms[3] = {&L->q, &L->k, &L->v};
             float *ys[3] = {w->q, w->k, w->v};
@@ -1769,7 +1769,7 @@ static ie_status_t step_run(ie_worker_t *w, const ie_batch_t *b, const float *hi
 
         /* feed-forward: norm, then a dense SwiGLU MLP or the MoE */
         for (int i = 0; i < n; i++)
-            ie_rmsnorm_f32(w->xb + (size_t)i * d, w->x + (size_t)i * d, L->ffn_norm, d, hp->rms_eps);
+            w->vec->rmsnorm(w->xb + (size_t)i * d, w->x + (size_t)i * d, L->ffn_norm, d, hp->rms_eps);
         if (hp->n_expert > 0) {
             moe_forward(w, L, n);
             if ((st = reduce(w, &ridx, w->moe, (size_t)n * d)) != IE_OK) return st;
@@ -1799,7 +1799,7 @@ static ie_status_t step_run(ie_worker_t *w, const ie_batch_t *b, const float *hi
     for (int i = 0; i < n; i++) {
         if (b->logits && !b->logits[i]) continue;
         if (!b->logits && i != n - 1) continue;
-        ie_rmsnorm_f32(w->xb + (size_t)nl * d, w->x + (size_t)i * d, w->output_norm, d, hp->rms_eps);
+        w->vec->rmsnorm(w->xb + (size_t)nl * d, w->x + (size_t)i * d, w->output_norm, d, hp->rms_eps);
         nl++;
     }
     /* the output projection can be wider than max_batch rows of scratch:

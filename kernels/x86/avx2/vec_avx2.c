@@ -1,9 +1,11 @@
-/* vec_avx2.c — AVX2/FMA float vector ops used by attention (q·k scores and
- * the weighted sum of values). Twins of ie_dot_f32 / ie_axpy_f32 in ref/. */
+/* vec_avx2.c — AVX2/FMA float vector ops: attention's q·k scores and
+ * weighted sum of values, rmsnorm, the stream read. Twins of ie_dot_f32 /
+ * ie_axpy_f32 / ie_rmsnorm_f32 / ie_stream_read. */
 #include "../../src/ie_kernels_impl.h"
 #include "ie_vec.h"
 
 #include <immintrin.h>
+#include <math.h>
 
 float ie_dot_f32_avx2(const float *a, const float *b, int64_t n)
 {
@@ -30,6 +32,34 @@ void ie_axpy_f32_avx2(float *y, float a, const float *x, int64_t n)
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] += a * x[i];
+}
+
+/* Twin of ie_rmsnorm_f32 (ie_vec.h): the squares summed in double, four
+ * 4-lane accumulators (the scalar's one running sum is a 4-cycle chain per
+ * element: ~2.8 us at n = 2048, on the critical path of every decode
+ * layer); the scale applied with the scalar's per-element formula. */
+void ie_rmsnorm_f32_avx2(float *out, const float *x, const float *w, int64_t n, float eps)
+{
+    __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m256d a = _mm256_cvtps_pd(_mm_loadu_ps(x + i)), b = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4));
+        const __m256d c = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 8)), d = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 12));
+        s0 = _mm256_fmadd_pd(a, a, s0);
+        s1 = _mm256_fmadd_pd(b, b, s1);
+        s2 = _mm256_fmadd_pd(c, c, s2);
+        s3 = _mm256_fmadd_pd(d, d, s3);
+    }
+    const __m256d s = _mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3));
+    const __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    double ss = _mm_cvtsd_f64(h) + _mm_cvtsd_f64(_mm_unpackhi_pd(h, h));
+    for (int64_t j = i; j < n; j++) ss += (double)x[j] * x[j];
+    const float mean = (float)(ss / (double)n);
+    const float scale = (float)(1.0 / sqrt((double)(mean + eps)));
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (i = 0; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vs), _mm256_loadu_ps(w + i)));
+    for (; i < n; i++) out[i] = (x[i] * scale) * w[i];
 }
 
 /* Twin of ie_stream_read (vec.c): 32-byte loads into four accumulators,

@@ -997,6 +997,84 @@ static int q8_block(const float *x, int8_t *q, float *d_out)
     return _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
 }
 
+/* Lane i of the result = OP over the 16 lanes of v[i] (OP commutative and
+ * associative on the values used: max of non-negative floats, int32 add),
+ * by the transposition reduce16 uses: 15 OPs and 16 shuffles for 16
+ * vectors, where 16 horizontal reductions cost ~8 dependent steps each. */
+#define REDUCE16_OP(NAME, OP)                                                                                   \
+    IE_INLINE __m512 NAME(const __m512 v[16])                                                                   \
+    {                                                                                                           \
+        __m512 a[8], b[4], c[2];                                                                                \
+        for (int i = 0; i < 8; i++)                                                                             \
+            a[i] = OP(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1])); \
+        for (int j = 0; j < 4; j++) {                                                                           \
+            const __m512d x = _mm512_castps_pd(a[2 * j]), y = _mm512_castps_pd(a[2 * j + 1]);                   \
+            b[j] = OP(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));  \
+        }                                                                                                       \
+        for (int h = 0; h < 2; h++)                                                                             \
+            c[h] = OP(_mm512_shuffle_f32x4(b[2 * h], b[2 * h + 1], 0x88),                                       \
+                      _mm512_shuffle_f32x4(b[2 * h], b[2 * h + 1], 0xdd));                                      \
+        return OP(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xdd));              \
+    }
+#define MAX_PS(a, b) _mm512_max_ps(a, b)
+#define ADD_EPI32_PS(a, b) _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)))
+REDUCE16_OP(reduce16_max, MAX_PS)
+REDUCE16_OP(reduce16_addi, ADD_EPI32_PS)
+
+/* Q8_P (wide 0) or Q16_P (wide 1) quantization of nb <= 16 blocks of 32
+ * floats at x: q (int8 or int16) for those blocks, and their d and s into
+ * d[0..nb) and s[0..nb). The definition's arithmetic per block (ie_pack.h:
+ * d = amax/qmax, id = ie_inv_scale(d), q = roundf(x*id), s = (float)sum*d),
+ * 16 blocks at a time: the block maxima and sums come out as one vector
+ * each (reduce16_*), one division each for d and 1/d, one store each for
+ * d and s. |x*id| <= qmax + 0.01, so q needs no clamp. Blocks past nb are
+ * never read nor written. */
+static void quantize_p16(const float *x, int nb, int wide, void *q, float *d, float *s)
+{
+    const __mmask16 live = (__mmask16)((1u << nb) - 1u);
+    __m512 v[16];
+    for (int b = 0; b < 16; b++)
+        v[b] = b < nb ? _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + 32 * b)),
+                                      _mm512_abs_ps(_mm512_loadu_ps(x + 32 * b + 16)))
+                      : _mm512_setzero_ps();
+    const __m512 vd = _mm512_div_ps(reduce16_max(v), _mm512_set1_ps(wide ? 32767.0f : 127.0f));
+    __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(vd, _mm512_setzero_ps(), _CMP_NEQ_UQ), _mm512_set1_ps(1.0f), vd);
+    id = _mm512_mask_mov_ps(id, _mm512_cmp_ps_mask(_mm512_abs_ps(id), _mm512_set1_ps(__builtin_inff()), _CMP_EQ_OQ),
+                            _mm512_setzero_ps()); /* 1/d overflowed: ie_inv_scale's 0 */
+    for (int b = 0; b < 16; b++) {
+        if (b >= nb) {
+            v[b] = _mm512_setzero_ps();
+            continue;
+        }
+        const __m512 ib = _mm512_permutexvar_ps(_mm512_set1_epi32(b), id);
+        const __m512i q0 = round_away_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 32 * b), ib));
+        const __m512i q1 = round_away_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 32 * b + 16), ib));
+        if (wide) {
+            _mm256_storeu_si256((__m256i *)((int16_t *)q + 32 * b), _mm512_cvtepi32_epi16(q0));
+            _mm256_storeu_si256((__m256i *)((int16_t *)q + 32 * b + 16), _mm512_cvtepi32_epi16(q1));
+        } else {
+            _mm_storeu_si128((__m128i *)((int8_t *)q + 32 * b), _mm512_cvtepi32_epi8(q0));
+            _mm_storeu_si128((__m128i *)((int8_t *)q + 32 * b + 16), _mm512_cvtepi32_epi8(q1));
+        }
+        v[b] = _mm512_castsi512_ps(_mm512_add_epi32(q0, q1));
+    }
+    const __m512 sum = _mm512_cvtepi32_ps(_mm512_castps_si512(reduce16_addi(v)));
+    _mm512_mask_storeu_ps(d, live, vd);
+    _mm512_mask_storeu_ps(s, live, _mm512_mul_ps(sum, vd));
+}
+
+/* A row of n floats (n a multiple of 32) to Q8_P or Q16_P (ie_pack.h). */
+static void quantize_row_p(const float *x, void *out, int64_t n, int wide)
+{
+    const int64_t nblk = n / IE_QK;
+    char *q = out;
+    float *d = (float *)(void *)(q + (size_t)n * (wide ? 2 : 1)), *s = d + nblk;
+    for (int64_t b = 0; b < nblk; b += 16) {
+        const int nb = nblk - b < 16 ? (int)(nblk - b) : 16;
+        quantize_p16(x + b * IE_QK, nb, wide, q + (size_t)b * IE_QK * (wide ? 2 : 1), d + b, s + b);
+    }
+}
+
 /* 16 floats -> bf16 with ie_f32_to_bf16's rule, bit for bit: round to
  * nearest even on the bit pattern (denormals round like any other value,
  * overflow goes to inf), NaN -> quiet NaN with its sign and top payload.
@@ -1029,6 +1107,10 @@ void ie_act_quantize_avx512(ie_dtype_t act, const float *x, void *out, int64_t n
 {
     if (act == IE_DTYPE_BF16) {
         f32_to_bf16_row(x, out, n);
+        return;
+    }
+    if (act == IE_DTYPE_Q8_P || act == IE_DTYPE_Q16_P) {
+        quantize_row_p(x, out, n, act == IE_DTYPE_Q16_P);
         return;
     }
     ie_act_quantize_drive(act, x, out, n, q8_block);
