@@ -13,9 +13,15 @@
  * whose paired read ran in the high phase (>= --high-gbps) and the low one.
  * Bytes are ie_worker_bytes_per_token's (every matrix once, one embedding
  * row). Prints a table and one JSON line; asserts nothing.
+ * --ab OPTION (an ie_worker_set_decode_option name: balance, prefetch,
+ * stream)
+ * switches the option on for tokens 0,1, off for 2,3, and so on (each arm
+ * gets both orders), and prints every row for each arm: an A/B in one
+ * run, each token still paired with its own read.
  *
  * usage: bench_decode --model PATH [--threads N] [--tokens N] [--prompt N]
  *                     [--precision native|bf16|int8w|int4w|...] [--high-gbps G]
+ *                     [--ab balance|prefetch|stream]
  */
 #define _GNU_SOURCE
 #include "ie_model_src.h"
@@ -30,6 +36,7 @@
 
 typedef struct {
     double step, jobs, flat; /* seconds */
+    int arm;                 /* --ab: 0 option on, 1 off; else 0 */
 } sample_t;
 
 static double median(double *v, int n)
@@ -39,9 +46,10 @@ static double median(double *v, int n)
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* Medians over the samples of one phase (0 low, 1 high, -1 all): one
- * table row, one JSON member. Returns -1 when out of memory. */
-static int summarize(const sample_t *s, int n, double bytes, double high, int phase, const char *label,
+/* Medians over the samples of one phase (0 low, 1 high, -1 all) and arm
+ * (-1: all): one table row, one JSON member. Returns -1 when out of
+ * memory. */
+static int summarize(const sample_t *s, int n, double bytes, double high, int phase, int arm, const char *label,
                      FILE *json, int *first)
 {
     /* five columns of n values: frac jobs, frac flat, t/s, read jobs, read flat */
@@ -52,6 +60,7 @@ static int summarize(const sample_t *s, int n, double bytes, double high, int ph
     for (int i = 0; i < n; i++) {
         const double read = bytes / s[i].jobs / 1e9;
         if (phase >= 0 && (read >= high) != phase) continue;
+        if (arm >= 0 && s[i].arm != arm) continue;
         a[m] = s[i].jobs / s[i].step;
         b[m] = s[i].flat / s[i].step;
         c[m] = 1.0 / s[i].step;
@@ -61,9 +70,9 @@ static int summarize(const sample_t *s, int n, double bytes, double high, int ph
     }
     const double fj = median(a, m), ff = median(b, m), tps = median(c, m), rj = median(d, m), rf = median(e, m);
     if (m == 0)
-        printf("%-6s %5d\n", label, 0);
+        printf("%-9s %5d\n", label, 0);
     else
-        printf("%-6s %5d %9.1f %9.1f %9.1f %9.1f %9.3f %9.3f\n", label, m, tps, tps * bytes / 1e9, rj, rf, fj, ff);
+        printf("%-9s %5d %9.1f %9.1f %9.1f %9.1f %9.3f %9.3f\n", label, m, tps, tps * bytes / 1e9, rj, rf, fj, ff);
     fprintf(json, "%s\"%s\":{\"n\":%d", *first ? "" : ",", label, m);
     if (m)
         fprintf(json, ",\"decode_tps\":%.2f,\"decode_gbps\":%.2f,\"read_jobs_gbps\":%.2f,\"read_flat_gbps\":%.2f,"
@@ -77,7 +86,7 @@ static int summarize(const sample_t *s, int n, double bytes, double high, int ph
 
 int main(int argc, char **argv)
 {
-    const char *model = NULL, *prec = "native";
+    const char *model = NULL, *prec = "native", *ab = NULL;
     int threads = 2, tokens = 128, prompt = 8;
     double high = 45.0;
     for (int i = 1; i < argc; i++) {
@@ -87,9 +96,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--prompt") && i + 1 < argc) prompt = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--precision") && i + 1 < argc) prec = argv[++i];
         else if (!strcmp(argv[i], "--high-gbps") && i + 1 < argc) high = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--ab") && i + 1 < argc) ab = argv[++i];
         else {
             fprintf(stderr, "usage: bench_decode --model PATH [--threads N] [--tokens N] [--prompt N] "
-                            "[--precision P] [--high-gbps G]\n");
+                            "[--precision P] [--high-gbps G] [--ab balance|prefetch|stream]\n");
             return 2;
         }
     }
@@ -143,9 +153,15 @@ int main(int argc, char **argv)
         int32_t tok = (int32_t)ie_argmax_f32(logits, n_vocab, NULL), p = prompt + t, sq = 0;
         uint8_t one = 1;
         ie_batch_t d = {1, &tok, &p, &sq, &one};
-        sample_t s;
+        sample_t s = {0};
         ie_status_t st = IE_OK;
-        if (t % 2 == 0) { /* step first, then the reads; the next token the other way round */
+        if (ab) {
+            s.arm = (t / 2) % 2;
+            st = ie_worker_set_decode_option(w, ab, s.arm == 0);
+        }
+        if (st != IE_OK) {
+            /* an unknown --ab name: reported below */
+        } else if (t % 2 == 0) { /* step first, then the reads; the next token the other way round */
             const double t0 = now_s();
             st = ie_worker_step(w, &d, logits);
             s.step = now_s() - t0;
@@ -169,7 +185,7 @@ int main(int argc, char **argv)
            model, prec, threads, n, prompt, warm, bytes / 1e6);
     printf("each token: decode step vs reads of the same bytes by the same threads (jobs: one pool job per "
            "matmul job; flat: one job); medians of per-token figures\n");
-    printf("%-6s %5s %9s %9s %9s %9s %9s %9s\n", "phase", "n", "tok/s", "GB/s", "read_j", "read_f", "frac_j",
+    printf("%-9s %5s %9s %9s %9s %9s %9s %9s\n", "phase", "n", "tok/s", "GB/s", "read_j", "read_f", "frac_j",
            "frac_f");
     /* the table goes to stdout line by line, the JSON object to a buffer */
     char *jbuf = NULL;
@@ -179,10 +195,18 @@ int main(int argc, char **argv)
     fprintf(json, "{\"bench\":\"decode\",\"model\":\"%s\",\"precision\":\"%s\",\"threads\":%d,"
                   "\"mb_per_token\":%.1f,\"high_gbps\":%.1f,",
             model, prec, threads, bytes / 1e6, high);
-    int first = 1;
-    const int sum_rc = summarize(smp, n, bytes, high, -1, "all", json, &first) |
-                       summarize(smp, n, bytes, high, 1, "high", json, &first) |
-                       summarize(smp, n, bytes, high, 0, "low", json, &first);
+    int first = 1, sum_rc = 0;
+    if (ab) fprintf(json, "\"ab\":\"%s\",", ab);
+    for (int arm = ab ? 0 : -1; arm <= (ab ? 1 : -1); arm++) {
+        char l[3][32];
+        const char *pre = arm < 0 ? "" : arm == 0 ? "on:" : "off:";
+        snprintf(l[0], sizeof l[0], "%sall", pre);
+        snprintf(l[1], sizeof l[1], "%shigh", pre);
+        snprintf(l[2], sizeof l[2], "%slow", pre);
+        sum_rc |= summarize(smp, n, bytes, high, -1, arm, l[0], json, &first) |
+                  summarize(smp, n, bytes, high, 1, arm, l[1], json, &first) |
+                  summarize(smp, n, bytes, high, 0, arm, l[2], json, &first);
+    }
     fclose(json);
     if (sum_rc != 0) {
         fprintf(stderr, "bench_decode: out of memory\n");

@@ -34,6 +34,20 @@ int ie_threadpool_cpu(const ie_threadpool_t *tp, int ith);
  * reentrant: call from the owning thread only. */
 void ie_threadpool_run(ie_threadpool_t *tp, ie_task_fn fn, void *ctx);
 
+/* Work a worker thread may do between jobs, e.g. prefetching the memory
+ * the next job will stream. After every job a worker calls
+ * fn(ctx, ith, nth, tp, gen) (ith: the worker's own thread number,
+ * 1..nth-1, whichever share it ran; gen: the job just finished). fn must
+ * return soon after ie_threadpool_idle_over(tp, gen) turns 1 (checked every
+ * few hundred nanoseconds of work), as the next job waits for it; it must
+ * only read memory nobody writes meanwhile. Set or clear (fn NULL) from the
+ * owning thread while no job runs. */
+typedef void (*ie_idle_fn)(void *ctx, int ith, int nth, const ie_threadpool_t *tp, unsigned gen);
+void ie_threadpool_set_idle(ie_threadpool_t *tp, ie_idle_fn fn, void *ctx);
+
+/* 1 once a job after `gen` has been published or the pool is stopping. */
+int ie_threadpool_idle_over(const ie_threadpool_t *tp, unsigned gen);
+
 /* Split [0, n) into nth contiguous shares; share ith is [*b, *e). */
 void ie_split_range(long n, int ith, int nth, long *b, long *e);
 

@@ -70,6 +70,8 @@ struct ie_threadpool {
     _Atomic int done;        /* shares 1..n-1 finished in this job         */
     _Atomic int stop;
     _Atomic int n_sleeping;
+    _Atomic(ie_idle_fn) idle;  /* between jobs, on workers (set_idle)   */
+    _Atomic(void *) idle_ctx;
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -140,6 +142,8 @@ static void *worker_main(void *arg)
             fn(ctx, w->ith, tp->n);
             atomic_fetch_add_explicit(&tp->done, 1, memory_order_release);
         }
+        ie_idle_fn idle = atomic_load_explicit(&tp->idle, memory_order_relaxed);
+        if (idle) idle(atomic_load_explicit(&tp->idle_ctx, memory_order_relaxed), w->ith, tp->n, tp, seen);
     }
     return NULL;
 }
@@ -205,6 +209,8 @@ ie_status_t ie_threadpool_new(int n_threads, int pin, ie_threadpool_t **out)
     atomic_init(&tp->fn, NULL);
     atomic_init(&tp->ctx, NULL);
     atomic_init(&tp->gen, 0);
+    atomic_init(&tp->idle, NULL);
+    atomic_init(&tp->idle_ctx, NULL);
     atomic_init(&tp->done, 0);
     atomic_init(&tp->stop, 0);
     atomic_init(&tp->n_sleeping, 0);
@@ -315,6 +321,20 @@ void ie_threadpool_run(ie_threadpool_t *tp, ie_task_fn fn, void *ctx)
         if (++spins < IE_TP_SPIN) IE_CPU_RELAX();
         else sched_yield();
     }
+}
+
+void ie_threadpool_set_idle(ie_threadpool_t *tp, ie_idle_fn fn, void *ctx)
+{
+    if (!tp) return;
+    /* both published to the workers by the next job's gen bump */
+    atomic_store_explicit(&tp->idle_ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&tp->idle, fn, memory_order_relaxed);
+}
+
+int ie_threadpool_idle_over(const ie_threadpool_t *tp, unsigned gen)
+{
+    return atomic_load_explicit(&tp->gen, memory_order_relaxed) != gen ||
+           atomic_load_explicit(&tp->stop, memory_order_relaxed);
 }
 
 void ie_split_range(long n, int ith, int nth, long *b, long *e)

@@ -101,6 +101,14 @@ typedef struct ie_matmul_ops {
      * ie_bsr_matmul_ref. */
     void (*matmul_bsr)(const ie_bsr_t *m, int64_t r0, int64_t r1, const float *x, size_t xs, int64_t n_tok,
                        float *y, int64_t ldy);
+
+    /* act_quantize's bytes, written for other cores to read next: where the
+     * ISA has them (AVX-512: BF16, Q8_P, Q16_P) with non-temporal stores and
+     * a store fence, so writing does not first take the lines back from a
+     * core that read the previous row there; elsewhere act_quantize. For
+     * rows read once by several threads (the worker's decode matmuls), not
+     * for rows this core re-reads at once. */
+    void (*act_quantize_stream)(ie_dtype_t act, const float *x, void *out, int64_t n);
 } ie_matmul_ops_t;
 
 /* Ops for `isa`, or NULL if not compiled in or not supported by this CPU. */

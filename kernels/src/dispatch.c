@@ -134,11 +134,12 @@ static int ranges_avx2(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, con
 
 static const ie_matmul_ops_t g_ops[3] = {
     { IE_ISA_REF, ie_act_quantize_ref, ie_matmul_ref, ie_dot_f32, ie_axpy_f32,
-      ie_matmul_packed_ref, ranges_ref, ie_bsr_matmul_ref },
+      ie_matmul_packed_ref, ranges_ref, ie_bsr_matmul_ref, ie_act_quantize_ref },
     { IE_ISA_AVX2, ie_act_quantize_avx2, ie_matmul_avx2, ie_dot_f32_avx2, ie_axpy_f32_avx2,
-      ie_matmul_packed_avx2, ranges_avx2, ie_bsr_matmul_avx2 },
+      ie_matmul_packed_avx2, ranges_avx2, ie_bsr_matmul_avx2, ie_act_quantize_avx2 },
     { IE_ISA_AVX512, ie_act_quantize_avx512, ie_matmul_avx512, ie_dot_f32_avx512, ie_axpy_f32_avx512,
-      ie_matmul_packed_avx512, ie_matmul_packed_ranges_avx512, ie_bsr_matmul_avx512 },
+      ie_matmul_packed_avx512, ie_matmul_packed_ranges_avx512, ie_bsr_matmul_avx512,
+      ie_act_quantize_stream_avx512 },
 };
 
 const ie_matmul_ops_t *ie_kernels_get(ie_isa_t isa)

@@ -114,6 +114,7 @@ void ie_bsr_matmul_avx2(const ie_bsr_t *m, int64_t r0, int64_t r1, const float *
 
 /* Needs AVX-512 F/BW/VL/DQ and VNNI (checked by dispatch.c). */
 void ie_act_quantize_avx512(ie_dtype_t act, const float *x, void *out, int64_t n);
+void ie_act_quantize_stream_avx512(ie_dtype_t act, const float *x, void *out, int64_t n);
 /* BF16 x BF16 with vdpbf16ps where the CPU has AVX512_BF16, else widened
  * to f32 and FMA. ie_avx512_use_dpbf16(0) forces the fallback (tests),
  * (1) restores the CPU default; returns whether vdpbf16ps is now used. */

@@ -423,6 +423,49 @@ static void test_act_formats(void)
     }
 }
 
+/* act_quantize_stream writes act_quantize's bytes (the reference's) on
+ * every ISA, for the formats that stream on AVX-512 (BF16, Q8_P, Q16_P)
+ * and one that does not (Q8_0): output at 64-byte aligned, 32-byte
+ * aligned and odd-by-8 addresses (the streaming paths and their plain
+ * fallbacks), lengths with whole and partial 16-block groups; nothing
+ * is written outside the row. */
+static void test_act_stream(void)
+{
+    ie_isa_t isas[3];
+    const int ni = n_isas(isas);
+    static const ie_dtype_t acts[] = {IE_DTYPE_BF16, IE_DTYPE_Q8_P, IE_DTYPE_Q16_P, IE_DTYPE_Q8_0};
+    static const int64_t ns[] = {32, 160, 512, 2080, 5632};
+    static const size_t offs[] = {0, 32, 8};
+    float *x = xmalloc(sizeof(float) * 5632);
+    uint8_t *ref = xmalloc(16384), *buf = aligned_alloc(64, 16384 + 128);
+    CU_ASSERT_FATAL(buf != NULL);
+    int bad = 0, ran = 0;
+    for (size_t a = 0; a < sizeof acts / sizeof acts[0]; a++)
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+            const int64_t n = ns[k];
+            const size_t nb = ie_dtype_row_bytes(acts[a], n);
+            rng_seed(900 + a * 10 + k);
+            rng_fill(x, n);
+            ie_act_quantize_ref(acts[a], x, ref, n);
+            for (int i = 0; i < ni; i++)
+                for (size_t o = 0; o < sizeof offs / sizeof offs[0]; o++) {
+                    memset(buf, 0xab, 16384 + 128);
+                    ie_kernels_get(isas[i])->act_quantize_stream(acts[a], x, buf + offs[o], n);
+                    int e = memcmp(buf + offs[o], ref, nb) != 0;
+                    for (size_t j = 0; j < offs[o]; j++) e |= buf[j] != 0xab;
+                    for (size_t j = offs[o] + nb; j < offs[o] + nb + 64; j++) e |= buf[j] != 0xab;
+                    if (e)
+                        printf("\n  act_quantize_stream %s %s n %lld offset %zu differs", ie_isa_name(isas[i]),
+                               ie_dtype_name(acts[a]), (long long)n, offs[o]);
+                    bad += e;
+                    ran++;
+                }
+        }
+    CU_ASSERT_EQUAL(bad, 0);
+    CU_ASSERT(ran >= 4 * 5 * 3);
+    free(x); free(ref); free(buf);
+}
+
 /* Q16_P rounding on every ISA: d = 1 (amax 32767 in each block), and x =
  * k + 0.5 and its float neighbours (up to 2 ulps either way), k over the
  * whole range and densely near 0: ties and near-ties. */
@@ -873,6 +916,7 @@ int main(void)
     CU_add_test(s, "mse scales <= absmax", test_mse_scales);
     CU_add_test(s, "q8_p/q16_p act_quantize: definition, bit-exact", test_act_formats);
     CU_add_test(s, "q16_p rounding sweep (all ISAs)", test_q16p_rounding_sweep);
+    CU_add_test(s, "act_quantize_stream == act_quantize (all ISAs, alignments)", test_act_stream);
     CU_add_test(s, "matmul_packed odd shapes (all ISAs)", test_matmul_packed_shapes);
     CU_add_test(s, "matmul_packed large", test_matmul_packed_large);
     CU_add_test(s, "matmul_packed integer exact", test_matmul_packed_exact);

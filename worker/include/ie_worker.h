@@ -287,4 +287,14 @@ uint64_t ie_worker_bytes_per_token(const ie_worker_t *w);
  * IE_ERR_NOMEM. */
 ie_status_t ie_worker_stream_probe(ie_worker_t *w, int flat, double *seconds);
 
+/* Decode tuning switches, for A/B benchmarks in one run (a benchmark
+ * flips one between steps; call only between steps). Defaults come from
+ * the environment at ie_worker_new, each on unless set to 0:
+ * IE_DECODE_BALANCE ("balance": balanced decode matmuls),
+ * IE_DECODE_PREFETCH ("prefetch": idle threads fetch their next share),
+ * IE_DECODE_STREAM ("stream": activations written with streaming stores).
+ * None changes the results. IE_ERR_INVAL for a NULL worker or an unknown
+ * name. */
+ie_status_t ie_worker_set_decode_option(ie_worker_t *w, const char *name, int on);
+
 #endif

@@ -1029,7 +1029,11 @@ REDUCE16_OP(reduce16_addi, ADD_EPI32_PS)
  * each (reduce16_*), one division each for d and 1/d, one store each for
  * d and s. |x*id| <= qmax + 0.01, so q needs no clamp. Blocks past nb are
  * never read nor written. */
-static void quantize_p16(const float *x, int nb, int wide, void *q, float *d, float *s)
+IE_INLINE int aligned64(const void *p) { return ((uintptr_t)p & 63) == 0; }
+
+/* nt: stores around the caches (see ie_act_quantize_stream_avx512) where
+ * the address allows it (64-byte aligned vectors), plain stores elsewhere. */
+IE_INLINE void quantize_p16(const int nt, const float *x, int nb, int wide, void *q, float *d, float *s)
 {
     const __mmask16 live = (__mmask16)((1u << nb) - 1u);
     __m512 v[16];
@@ -1049,9 +1053,16 @@ static void quantize_p16(const float *x, int nb, int wide, void *q, float *d, fl
         const __m512 ib = _mm512_permutexvar_ps(_mm512_set1_epi32(b), id);
         const __m512i q0 = round_away_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 32 * b), ib));
         const __m512i q1 = round_away_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + 32 * b + 16), ib));
-        if (wide) {
+        if (wide && nt && aligned64((int16_t *)q + 32 * b)) {
+            _mm512_stream_si512((void *)((int16_t *)q + 32 * b),
+                                _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(q0)),
+                                                   _mm512_cvtepi32_epi16(q1), 1));
+        } else if (wide) {
             _mm256_storeu_si256((__m256i *)((int16_t *)q + 32 * b), _mm512_cvtepi32_epi16(q0));
             _mm256_storeu_si256((__m256i *)((int16_t *)q + 32 * b + 16), _mm512_cvtepi32_epi16(q1));
+        } else if (nt && ((uintptr_t)((int8_t *)q + 32 * b) & 31) == 0) {
+            _mm256_stream_si256((__m256i *)((int8_t *)q + 32 * b),
+                                _mm256_set_m128i(_mm512_cvtepi32_epi8(q1), _mm512_cvtepi32_epi8(q0)));
         } else {
             _mm_storeu_si128((__m128i *)((int8_t *)q + 32 * b), _mm512_cvtepi32_epi8(q0));
             _mm_storeu_si128((__m128i *)((int8_t *)q + 32 * b + 16), _mm512_cvtepi32_epi8(q1));
@@ -1059,19 +1070,21 @@ static void quantize_p16(const float *x, int nb, int wide, void *q, float *d, fl
         v[b] = _mm512_castsi512_ps(_mm512_add_epi32(q0, q1));
     }
     const __m512 sum = _mm512_cvtepi32_ps(_mm512_castps_si512(reduce16_addi(v)));
-    _mm512_mask_storeu_ps(d, live, vd);
-    _mm512_mask_storeu_ps(s, live, _mm512_mul_ps(sum, vd));
+    if (nt && nb == 16 && aligned64(d)) _mm512_stream_ps(d, vd);
+    else _mm512_mask_storeu_ps(d, live, vd);
+    if (nt && nb == 16 && aligned64(s)) _mm512_stream_ps(s, _mm512_mul_ps(sum, vd));
+    else _mm512_mask_storeu_ps(s, live, _mm512_mul_ps(sum, vd));
 }
 
 /* A row of n floats (n a multiple of 32) to Q8_P or Q16_P (ie_pack.h). */
-static void quantize_row_p(const float *x, void *out, int64_t n, int wide)
+IE_INLINE void quantize_row_p(const int nt, const float *x, void *out, int64_t n, int wide)
 {
     const int64_t nblk = n / IE_QK;
     char *q = out;
     float *d = (float *)(void *)(q + (size_t)n * (wide ? 2 : 1)), *s = d + nblk;
     for (int64_t b = 0; b < nblk; b += 16) {
         const int nb = nblk - b < 16 ? (int)(nblk - b) : 16;
-        quantize_p16(x + b * IE_QK, nb, wide, q + (size_t)b * IE_QK * (wide ? 2 : 1), d + b, s + b);
+        quantize_p16(nt, x + b * IE_QK, nb, wide, q + (size_t)b * IE_QK * (wide ? 2 : 1), d + b, s + b);
     }
 }
 
@@ -1090,12 +1103,14 @@ IE_INLINE __m256i bf16_rne16(__m512 v)
     return _mm512_cvtepi32_epi16(r);
 }
 
-static void f32_to_bf16_row(const float *x, ie_bf16_t *out, int64_t n)
+IE_INLINE void f32_to_bf16_row(const int nt, const float *x, ie_bf16_t *out, int64_t n)
 {
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
         const __m256i lo = bf16_rne16(_mm512_loadu_ps(x + i)), hi = bf16_rne16(_mm512_loadu_ps(x + i + 16));
-        _mm512_storeu_si512((void *)(out + i), _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1));
+        const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+        if (nt && aligned64(out + i)) _mm512_stream_si512((void *)(out + i), v);
+        else _mm512_storeu_si512((void *)(out + i), v);
     }
     for (; i < n; i += 16) {
         const __mmask16 m = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1u);
@@ -1106,12 +1121,33 @@ static void f32_to_bf16_row(const float *x, ie_bf16_t *out, int64_t n)
 void ie_act_quantize_avx512(ie_dtype_t act, const float *x, void *out, int64_t n)
 {
     if (act == IE_DTYPE_BF16) {
-        f32_to_bf16_row(x, out, n);
+        f32_to_bf16_row(0, x, out, n);
         return;
     }
     if (act == IE_DTYPE_Q8_P || act == IE_DTYPE_Q16_P) {
-        quantize_row_p(x, out, n, act == IE_DTYPE_Q16_P);
+        quantize_row_p(0, x, out, n, act == IE_DTYPE_Q16_P);
         return;
     }
     ie_act_quantize_drive(act, x, out, n, q8_block);
+}
+
+/* ie_matmul_ops_t.act_quantize_stream: the bytes of act_quantize, the
+ * BF16, Q8_P and Q16_P rows written with non-temporal stores (64-byte
+ * aligned parts; the rest plainly), then a store fence. Measured in the
+ * worker's decode (2 threads): when the two threads sit far apart (the
+ * high-bandwidth phase of this VM) plain stores into the activation
+ * buffer, which the other thread read in the previous matmul, cost ~3 us
+ * per 2048-float row in ownership transfers (~3x the arithmetic); these
+ * stores skip them, and the matmul then reads the row from memory once. */
+void ie_act_quantize_stream_avx512(ie_dtype_t act, const float *x, void *out, int64_t n)
+{
+    if (act == IE_DTYPE_BF16)
+        f32_to_bf16_row(1, x, out, n);
+    else if (act == IE_DTYPE_Q8_P || act == IE_DTYPE_Q16_P)
+        quantize_row_p(1, x, out, n, act == IE_DTYPE_Q16_P);
+    else {
+        ie_act_quantize_drive(act, x, out, n, q8_block);
+        return;
+    }
+    _mm_sfence();
 }
