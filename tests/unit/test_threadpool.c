@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef struct {
     long count[64]; /* times share ith ran (plain memory: written by one thread per run) */
@@ -180,6 +181,72 @@ static void test_affinity_env(void)
     unsetenv("IE_TP_USE_AFFINITY");
 }
 
+/* The idle hook: every worker calls it after every job with its own
+ * thread number and that job's generation, and it may run until the next
+ * job is published (here it waits for exactly that, so a hook that did
+ * not see the publication would hang the test); cleared, it is not
+ * called. */
+typedef struct {
+    _Atomic int calls[4];
+    _Atomic int bad;
+} idle_rec_t;
+
+static void idle_wait(void *ctx, int ith, int nth, const ie_threadpool_t *tp, unsigned gen)
+{
+    idle_rec_t *r = ctx;
+    if (ith < 1 || ith >= nth || nth != 4) atomic_fetch_add(&r->bad, 1);
+    else atomic_fetch_add(&r->calls[ith], 1);
+    while (!ie_threadpool_idle_over(tp, gen)) sched_yield();
+}
+
+static void nop_task(void *ctx, int ith, int nth)
+{
+    (void)ctx;
+    (void)ith;
+    (void)nth;
+}
+
+static void test_idle_hook(void)
+{
+    ie_threadpool_t *tp = NULL;
+    CU_ASSERT_FATAL(ie_threadpool_new(4, 0, &tp) == IE_OK);
+    idle_rec_t r;
+    memset(&r, 0, sizeof r);
+    ie_threadpool_set_idle(tp, idle_wait, &r);
+    /* jobs until every worker has idled at least once (a worker the
+     * scheduler keeps off a core may see none of the first jobs: the owner
+     * runs its share); ~10 s at most */
+    int all = 0, jobs = 0;
+    for (; jobs < 100000 && !all; jobs++) {
+        ie_threadpool_run(tp, nop_task, NULL);
+        all = 1;
+        for (int i = 1; i < 4; i++) all &= atomic_load(&r.calls[i]) > 0;
+        if (jobs > 1000) usleep(100);
+    }
+    CU_ASSERT(all);
+    ie_threadpool_set_idle(tp, NULL, NULL);
+    ie_threadpool_run(tp, nop_task, NULL); /* publishes the clear; hooks return */
+    usleep(20000);
+    int before[4];
+    for (int i = 1; i < 4; i++) before[i] = atomic_load(&r.calls[i]);
+    for (int i = 0; i < 50; i++) ie_threadpool_run(tp, nop_task, NULL);
+    usleep(20000);
+    CU_ASSERT_EQUAL(atomic_load(&r.bad), 0);
+    for (int i = 1; i < 4; i++) {
+        CU_ASSERT(before[i] <= jobs + 1); /* at most one call per job */
+        CU_ASSERT_EQUAL(atomic_load(&r.calls[i]), before[i]); /* cleared: no more calls */
+    }
+    ie_threadpool_destroy(&tp);
+    /* destroyed with the hook set: the hooks see the stop and return */
+    memset(&r, 0, sizeof r);
+    CU_ASSERT_FATAL(ie_threadpool_new(4, 0, &tp) == IE_OK);
+    ie_threadpool_set_idle(tp, idle_wait, &r);
+    for (int i = 0; i < 10; i++) ie_threadpool_run(tp, nop_task, NULL);
+    ie_threadpool_destroy(&tp);
+    CU_ASSERT_PTR_NULL(tp);
+    CU_ASSERT_EQUAL(atomic_load(&r.bad), 0);
+}
+
 static void test_split_range(void)
 {
     int bad = 0;
@@ -216,6 +283,7 @@ int main(void)
     CU_add_test(s, "uneven work joins", test_uneven);
     CU_add_test(s, "destroy", test_destroy);
     CU_add_test(s, "IE_TP_USE_AFFINITY", test_affinity_env);
+    CU_add_test(s, "idle hook between jobs", test_idle_hook);
     CU_add_test(s, "split_range", test_split_range);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();

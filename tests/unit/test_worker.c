@@ -247,6 +247,39 @@ static void test_balanced_decode(void)
             }
 }
 
+/* The decode options (streaming activation stores, idle prefetch,
+ * balancing) change no bits: a worker with all on and one switched off
+ * through ie_worker_set_decode_option give the same logits, decode and
+ * prefill, for the activation formats that stream (Q8_P, Q16_P, BF16);
+ * bad arguments are refused. */
+static void test_decode_options(void)
+{
+    static const ie_precision_t precs[] = {IE_PREC_INT4W, IE_PREC_INT8W, IE_PREC_BF16};
+    for (int pi = 0; pi < 3; pi++)
+        for (int chunk = 1; chunk <= 8; chunk += 7) {
+            ie_worker_t *on = make_worker(1, 8, precs[pi], 2), *off = make_worker(1, 8, precs[pi], 2);
+            CU_ASSERT_EQUAL(ie_worker_set_decode_option(off, "stream", 0), IE_OK);
+            CU_ASSERT_EQUAL(ie_worker_set_decode_option(off, "prefetch", 0), IE_OK);
+            CU_ASSERT_EQUAL(ie_worker_set_decode_option(off, "balance", 0), IE_OK);
+            const int nv = ie_worker_hparams(on)->n_vocab;
+            float *a = malloc(sizeof(float) * 8 * nv), *b = malloc(sizeof(float) * 8 * nv);
+            CU_ASSERT_FATAL(a && b);
+            run_seq(on, 0, k_prompt_a, 8, chunk, a);
+            run_seq(off, 0, k_prompt_a, 8, chunk, b);
+            CU_ASSERT_EQUAL(memcmp(a, b, sizeof(float) * 8 * nv), 0);
+            free(a);
+            free(b);
+            ie_worker_destroy(&on);
+            ie_worker_destroy(&off);
+        }
+    ie_worker_t *w = make_worker(1, 8, IE_PREC_INT4W, 2);
+    CU_ASSERT_EQUAL(ie_worker_set_decode_option(NULL, "stream", 1), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL(ie_worker_set_decode_option(w, NULL, 1), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL(ie_worker_set_decode_option(w, "turbo", 1), IE_ERR_INVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "turbo"));
+    ie_worker_destroy(&w);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -258,6 +291,7 @@ int main(void)
     CU_add_test(s, "precision names", test_precision_parse);
     CU_add_test(s, "stream probe", test_stream_probe);
     CU_add_test(s, "balanced decode == static split", test_balanced_decode);
+    CU_add_test(s, "decode options change no bits; bad names refused", test_decode_options);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
