@@ -40,10 +40,18 @@ void ie_threadpool_run(ie_threadpool_t *tp, ie_task_fn fn, void *ctx);
  * 1..nth-1, whichever share it ran; gen: the job just finished). fn must
  * return soon after ie_threadpool_idle_over(tp, gen) turns 1 (checked every
  * few hundred nanoseconds of work), as the next job waits for it; it must
- * only read memory nobody writes meanwhile. Set or clear (fn NULL) from the
- * owning thread while no job runs. */
+ * only read memory nobody writes meanwhile. */
 typedef void (*ie_idle_fn)(void *ctx, int ith, int nth, const ie_threadpool_t *tp, unsigned gen);
-void ie_threadpool_set_idle(ie_threadpool_t *tp, ie_idle_fn fn, void *ctx);
+typedef struct ie_idle {
+    ie_idle_fn fn;
+    void *ctx;
+} ie_idle_t;
+
+/* Install the hook *idle (NULL: none), from the owning thread. What the
+ * owner wrote before the call is visible to the hook. *idle and its ctx
+ * must stay valid and unchanged until the pool is destroyed: a worker may
+ * still be in a hook installed earlier. */
+void ie_threadpool_set_idle(ie_threadpool_t *tp, const ie_idle_t *idle);
 
 /* 1 once a job after `gen` has been published or the pool is stopping. */
 int ie_threadpool_idle_over(const ie_threadpool_t *tp, unsigned gen);

@@ -70,8 +70,7 @@ struct ie_threadpool {
     _Atomic int done;        /* shares 1..n-1 finished in this job         */
     _Atomic int stop;
     _Atomic int n_sleeping;
-    _Atomic(ie_idle_fn) idle;  /* between jobs, on workers (set_idle)   */
-    _Atomic(void *) idle_ctx;
+    _Atomic(const ie_idle_t *) idle; /* between jobs, on workers (set_idle) */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -142,8 +141,10 @@ static void *worker_main(void *arg)
             fn(ctx, w->ith, tp->n);
             atomic_fetch_add_explicit(&tp->done, 1, memory_order_release);
         }
-        ie_idle_fn idle = atomic_load_explicit(&tp->idle, memory_order_relaxed);
-        if (idle) idle(atomic_load_explicit(&tp->idle_ctx, memory_order_relaxed), w->ith, tp->n, tp, seen);
+        /* acquire: pairs with set_idle's release (the owner's writes before
+         * it, which the hook reads, are visible) */
+        const ie_idle_t *idle = atomic_load_explicit(&tp->idle, memory_order_acquire);
+        if (idle) idle->fn(idle->ctx, w->ith, tp->n, tp, seen);
     }
     return NULL;
 }
@@ -210,7 +211,6 @@ ie_status_t ie_threadpool_new(int n_threads, int pin, ie_threadpool_t **out)
     atomic_init(&tp->ctx, NULL);
     atomic_init(&tp->gen, 0);
     atomic_init(&tp->idle, NULL);
-    atomic_init(&tp->idle_ctx, NULL);
     atomic_init(&tp->done, 0);
     atomic_init(&tp->stop, 0);
     atomic_init(&tp->n_sleeping, 0);
@@ -323,12 +323,9 @@ void ie_threadpool_run(ie_threadpool_t *tp, ie_task_fn fn, void *ctx)
     }
 }
 
-void ie_threadpool_set_idle(ie_threadpool_t *tp, ie_idle_fn fn, void *ctx)
+void ie_threadpool_set_idle(ie_threadpool_t *tp, const ie_idle_t *idle)
 {
-    if (!tp) return;
-    /* both published to the workers by the next job's gen bump */
-    atomic_store_explicit(&tp->idle_ctx, ctx, memory_order_relaxed);
-    atomic_store_explicit(&tp->idle, fn, memory_order_relaxed);
+    if (tp) atomic_store_explicit(&tp->idle, idle, memory_order_release);
 }
 
 int ie_threadpool_idle_over(const ie_threadpool_t *tp, unsigned gen)

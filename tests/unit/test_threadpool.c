@@ -212,7 +212,8 @@ static void test_idle_hook(void)
     CU_ASSERT_FATAL(ie_threadpool_new(4, 0, &tp) == IE_OK);
     idle_rec_t r;
     memset(&r, 0, sizeof r);
-    ie_threadpool_set_idle(tp, idle_wait, &r);
+    const ie_idle_t hook = {idle_wait, &r};
+    ie_threadpool_set_idle(tp, &hook);
     /* jobs until every worker has idled at least once (a worker the
      * scheduler keeps off a core may see none of the first jobs: the owner
      * runs its share); ~10 s at most */
@@ -224,7 +225,7 @@ static void test_idle_hook(void)
         if (jobs > 1000) usleep(100);
     }
     CU_ASSERT(all);
-    ie_threadpool_set_idle(tp, NULL, NULL);
+    ie_threadpool_set_idle(tp, NULL);
     ie_threadpool_run(tp, nop_task, NULL); /* publishes the clear; hooks return */
     usleep(20000);
     int before[4];
@@ -240,7 +241,7 @@ static void test_idle_hook(void)
     /* destroyed with the hook set: the hooks see the stop and return */
     memset(&r, 0, sizeof r);
     CU_ASSERT_FATAL(ie_threadpool_new(4, 0, &tp) == IE_OK);
-    ie_threadpool_set_idle(tp, idle_wait, &r);
+    ie_threadpool_set_idle(tp, &hook);
     for (int i = 0; i < 10; i++) ie_threadpool_run(tp, nop_task, NULL);
     ie_threadpool_destroy(&tp);
     CU_ASSERT_PTR_NULL(tp);

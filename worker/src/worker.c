@@ -160,6 +160,7 @@ struct ie_worker {
      * touched by that thread only, how far it has fetched its share */
     _Atomic(const struct wmat *) pf_next;
     struct pf_state *pf;   /* [n_threads], or NULL (one thread)          */
+    ie_idle_t idle_hook;   /* {worker_idle, this}: installed in the pool  */
     int pf_on;             /* idle prefetch on (env IE_DECODE_PREFETCH)  */
     int stream_act;        /* decode activations by act_quantize_stream (env IE_DECODE_STREAM) */
     size_t act_row_cap;
@@ -1259,7 +1260,8 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
                 st = ie_error_set(IE_ERR_NOMEM, "out of memory: worker scratch");
                 goto cleanup;
             }
-            ie_threadpool_set_idle(w->tp, worker_idle, w);
+            w->idle_hook = (ie_idle_t){worker_idle, w};
+            ie_threadpool_set_idle(w->tp, &w->idle_hook);
         }
     }
     w->scores = big_alloc((size_t)opts->n_threads * (size_t)qgroup * opts->n_ctx * sizeof(float));
