@@ -220,6 +220,22 @@ static void test_stream_probe(void)
     }
 }
 
+/* Both workers (destroyed here) run the same 8 tokens in steps of chunk
+ * and give the same logits, bit for bit. */
+static void check_same_logits(ie_worker_t *wa, ie_worker_t *wb, int chunk)
+{
+    const int nv = ie_worker_hparams(wa)->n_vocab;
+    float *a = malloc(sizeof(float) * 8 * nv), *b = malloc(sizeof(float) * 8 * nv);
+    CU_ASSERT_FATAL(a && b);
+    run_seq(wa, 0, k_prompt_a, 8, chunk, a);
+    run_seq(wb, 0, k_prompt_a, 8, chunk, b);
+    CU_ASSERT_EQUAL(memcmp(a, b, sizeof(float) * 8 * nv), 0);
+    free(a);
+    free(b);
+    ie_worker_destroy(&wa);
+    ie_worker_destroy(&wb);
+}
+
 /* Balanced decode matmuls (threads claim and steal panels or 16-row
  * pieces) give the same bits as the static split, for panel types and row
  * types (the fixture's f32, bf16) at 2 and 3 threads, token by token and
@@ -233,17 +249,7 @@ static void test_balanced_decode(void)
                 setenv("IE_DECODE_BALANCE", "0", 1);
                 ie_worker_t *ws = make_worker(1, 8, precs[pi], threads);
                 unsetenv("IE_DECODE_BALANCE");
-                ie_worker_t *wb = make_worker(1, 8, precs[pi], threads);
-                const int nv = ie_worker_hparams(ws)->n_vocab;
-                float *a = malloc(sizeof(float) * 8 * nv), *b = malloc(sizeof(float) * 8 * nv);
-                CU_ASSERT_FATAL(a && b);
-                run_seq(ws, 0, k_prompt_a, 8, chunk, a);
-                run_seq(wb, 0, k_prompt_a, 8, chunk, b);
-                CU_ASSERT_EQUAL(memcmp(a, b, sizeof(float) * 8 * nv), 0);
-                free(a);
-                free(b);
-                ie_worker_destroy(&ws);
-                ie_worker_destroy(&wb);
+                check_same_logits(ws, make_worker(1, 8, precs[pi], threads), chunk);
             }
 }
 
@@ -261,16 +267,7 @@ static void test_decode_options(void)
             CU_ASSERT_EQUAL(ie_worker_set_decode_option(off, "stream", 0), IE_OK);
             CU_ASSERT_EQUAL(ie_worker_set_decode_option(off, "prefetch", 0), IE_OK);
             CU_ASSERT_EQUAL(ie_worker_set_decode_option(off, "balance", 0), IE_OK);
-            const int nv = ie_worker_hparams(on)->n_vocab;
-            float *a = malloc(sizeof(float) * 8 * nv), *b = malloc(sizeof(float) * 8 * nv);
-            CU_ASSERT_FATAL(a && b);
-            run_seq(on, 0, k_prompt_a, 8, chunk, a);
-            run_seq(off, 0, k_prompt_a, 8, chunk, b);
-            CU_ASSERT_EQUAL(memcmp(a, b, sizeof(float) * 8 * nv), 0);
-            free(a);
-            free(b);
-            ie_worker_destroy(&on);
-            ie_worker_destroy(&off);
+            check_same_logits(on, off, chunk);
         }
     ie_worker_t *w = make_worker(1, 8, IE_PREC_INT4W, 2);
     CU_ASSERT_EQUAL(ie_worker_set_decode_option(NULL, "stream", 1), IE_ERR_INVAL);

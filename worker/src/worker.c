@@ -1498,6 +1498,7 @@ static void matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, const wma
                        float *const *y, const float *x, int n)
 {
     int done[MM_MAX] = {0};
+    const int nth = ie_threadpool_size(w->tp);
     for (int i = 0; i < nm; i++) {
         if (done[i]) continue;
         ie_dtype_t act = ie_matmul_act_dtype(m[i]->dtype);
@@ -1518,7 +1519,7 @@ static void matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, const wma
         } else {
             /* decode rows go around this core's caches (act_quantize_stream):
              * the other threads read the buffer in the last matmul */
-            const int stream = w->stream_act && n <= 8 && ie_threadpool_size(w->tp) > 1;
+            const int stream = w->stream_act && n <= 8 && nth > 1;
             q_task_t q = {w->ops, stream, act, x, n_in, w->act, ie_dtype_row_bytes(act, n_in), n};
             if (n >= 8)
                 ie_threadpool_run(w->tp, q_run, &q);
@@ -1527,7 +1528,6 @@ static void matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, const wma
             t.act = w->act;
             t.act_stride = q.out_stride;
         }
-        const int nth = ie_threadpool_size(w->tp);
         if (w->balance && nth > 1 && n <= 8) {
             int bsr = 0;
             for (int k = 0; k < t.nm; k++) bsr += t.m[k]->layout == IE_LAYOUT_BSR;
