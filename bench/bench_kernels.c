@@ -80,7 +80,12 @@ static void matmul_task(void *p, int ith, int nth)
     if (ith < 64) j->cpu[ith] = cpu_s() - c0;
 }
 
-static int is_packed(ie_dtype_t t) { return t == IE_DTYPE_I8W || t == IE_DTYPE_I4W || t == IE_DTYPE_I4WA; }
+static int g_bf16_panel; /* --bf16-panel: BF16 weights in PANEL16 (matmul_packed) */
+
+static int is_packed(ie_dtype_t t)
+{
+    return t == IE_DTYPE_I8W || t == IE_DTYPE_I4W || t == IE_DTYPE_I4WA || (g_bf16_panel && t == IE_DTYPE_BF16);
+}
 
 static void matmul_packed_task(void *p, int ith, int nth)
 {
@@ -139,6 +144,21 @@ static void fill_pool(ie_dtype_t wt, int64_t n_out, int64_t n_in, size_t copies)
  * +-0.05 in f16, zero scales on padding rows. */
 static void fill_pool_packed(ie_dtype_t wt, int group, int64_t n_out, int64_t n_in, size_t copies)
 {
+    if (wt == IE_DTYPE_BF16) { /* 16 random rows in every panel, zero padding rows */
+        const size_t pb = ie_pack_panel_bytes(wt, group, n_in);
+        const int64_t np = (n_out + IE_PANEL - 1) / IE_PANEL, r1 = n_out < IE_PANEL ? n_out : IE_PANEL;
+        float *x = malloc(sizeof(float) * (size_t)n_in * IE_PANEL);
+        for (int64_t k = 0; k < n_in * IE_PANEL; k++) x[k] = rnd() * 0.05f;
+        ie_pack_quantize(wt, group, IE_QSCALE_ABSMAX, x, n_in, 0, r1, n_out, g_pool);
+        free(x);
+        for (int64_t p = 1; p < np; p++) memcpy(g_pool + (size_t)p * pb, g_pool, pb);
+        if (np > 1 && n_out % IE_PANEL)
+            for (int64_t c = 0; c < n_in / 2; c++)
+                memset(g_pool + (size_t)(np - 1) * pb + (size_t)c * 64 + 4 * (size_t)(n_out % IE_PANEL), 0,
+                       4 * (size_t)(IE_PANEL - n_out % IE_PANEL));
+        for (size_t c = 1; c < copies; c++) memcpy(g_pool + c * pb * (size_t)np, g_pool, pb * (size_t)np);
+        return;
+    }
     const size_t pb = ie_pack_panel_bytes(wt, group, n_in), ng = (size_t)(n_in / group);
     const size_t gb = pb / ng, hdr = wt == IE_DTYPE_I4WA ? 64 : 32;
     const int64_t np = (n_out + IE_PANEL - 1) / IE_PANEL;
@@ -193,6 +213,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             const char *s = argv[++i];
             isa_mask = (strstr(s, "ref") ? 1 : 0) | (strstr(s, "avx2") ? 2 : 0) | (strstr(s, "avx512") ? 4 : 0);
+        } else if (!strcmp(argv[i], "--bf16-panel")) {
+            g_bf16_panel = 1;
         } else if (!strcmp(argv[i], "--types") && i + 1 < argc) {
             type_mask = 0;
             char *s = strdup(argv[++i]);
@@ -337,7 +359,7 @@ int main(int argc, char **argv)
                     ie_kernels_get(IE_ISA_REF)->act_quantize(at, xf, acts + (size_t)t * as, sh.n_in);
                 }
                 job_t j = { .ops = ops, .wt = wt, .group = group, .n_in = sh.n_in, .n_out = sh.n_out, .n_tok = gtok,
-                            .a = acts, .as = as, .y = pk ? yp : y, .w = g_pool };
+                            .a = acts, .as = as, .y = pk && wt != IE_DTYPE_BF16 ? yp : y, .w = g_pool };
                 ie_threadpool_run(tp, task, &j);
                 const int gi = iters / 2 < 5 ? 5 : iters / 2;
                 double tm[200], tc[200];

@@ -181,6 +181,25 @@ static void test_precisions_close(void)
         if (e >= cases[c].tol) fprintf(stderr, "\nprecision %s: rel err %g\n", ie_precision_name(cases[c].p), e);
         ie_worker_destroy(&w);
     }
+    /* bf16 runs in PANEL16 unless repacking is off: both layouts stay as
+     * close, and their logits differ (the sums run in another order), which
+     * shows the panel kernels ran */
+    float *rows = malloc(8 * nv * sizeof(float));
+    CU_ASSERT_FATAL(rows != NULL);
+    ie_worker_opts_t o;
+    ie_worker_opts_default(&o);
+    o.n_ctx = 64;
+    o.max_batch = 8;
+    o.precision = IE_PREC_BF16;
+    o.n_threads = 2;
+    o.pin_threads = 0;
+    o.repack = 0;
+    CU_ASSERT_EQUAL_FATAL(ie_worker_new(g_src, &o, &w), IE_OK);
+    run_seq(w, 0, k_prompt_a, 8, 8, rows);
+    ie_worker_destroy(&w);
+    CU_ASSERT(max_rel(rows, ref, 8 * (size_t)nv) < 3e-2);
+    CU_ASSERT(memcmp(rows, got, 8 * nv * sizeof(float)) != 0);
+    free(rows);
     free(ref);
     free(got);
 }

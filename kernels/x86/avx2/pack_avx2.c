@@ -188,9 +188,90 @@ static void store_tile(const __m256 *acc, int nt, int64_t row, int64_t r1, float
 static void tile1(const geom_t *g, const uint8_t *pan, const int8_t *const *a, __m256 *acc) { tile(g, pan, a, 1, acc); }
 static void tile2(const geom_t *g, const uint8_t *pan, const int8_t *const *a, __m256 *acc) { tile(g, pan, a, 2, acc); }
 
+/* ------------------------------------------------ BF16 panels x BF16 rows
+ *
+ * A BF16 panel chunk (ie_pack.h) is 16 rows x one k pair, rows 0-7 in its
+ * low 32 bytes: per ymm, the even elements widen exactly to f32 by a 16-bit
+ * left shift of each dword and the odd ones by masking off its low half,
+ * and each meets the token's element broadcast in one FMA. BT2 tokens per
+ * tile: 2*BT2 accumulators + 4 widened weights + 2 broadcasts fit 16 ymm. */
+
+#define BT2 4
+
+IE_INLINE void bf16_tile(int T, const uint8_t *pan, int64_t n_in, const uint8_t *a, size_t as, float *y,
+                         int64_t ldy, int rows)
+{
+    __m256 acc[2 * BT2];
+    for (int i = 0; i < 2 * T; i++) acc[i] = _mm256_setzero_ps();
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+    for (int64_t c = 0; c < n_in / 2; c++) {
+        const __m256i w0 = _mm256_loadu_si256((const __m256i *)(const void *)(pan + (size_t)c * 64));
+        const __m256i w1 = _mm256_loadu_si256((const __m256i *)(const void *)(pan + (size_t)c * 64 + 32));
+        const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)), o0 = _mm256_castsi256_ps(_mm256_and_si256(w0, hi));
+        const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16)), o1 = _mm256_castsi256_ps(_mm256_and_si256(w1, hi));
+        for (int t = 0; t < T; t++) {
+            uint32_t pr;
+            memcpy(&pr, a + (size_t)t * as + (size_t)c * 4, 4);
+            const uint32_t ue = pr << 16, uo = pr & 0xffff0000u;
+            float fe, fo;
+            memcpy(&fe, &ue, 4);
+            memcpy(&fo, &uo, 4);
+            const __m256 ae = _mm256_set1_ps(fe), ao = _mm256_set1_ps(fo);
+            acc[2 * t] = _mm256_fmadd_ps(o0, ao, _mm256_fmadd_ps(e0, ae, acc[2 * t]));
+            acc[2 * t + 1] = _mm256_fmadd_ps(o1, ao, _mm256_fmadd_ps(e1, ae, acc[2 * t + 1]));
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        _Alignas(32) float v[16];
+        _mm256_store_ps(v, acc[2 * t]);
+        _mm256_store_ps(v + 8, acc[2 * t + 1]);
+        memcpy(y + t * ldy, v, sizeof(float) * (size_t)rows);
+    }
+}
+
+static void bf16_tile1(const uint8_t *p, int64_t n, const uint8_t *a, size_t as, float *y, int64_t ldy, int rows)
+{
+    bf16_tile(1, p, n, a, as, y, ldy, rows);
+}
+static void bf16_tile2(const uint8_t *p, int64_t n, const uint8_t *a, size_t as, float *y, int64_t ldy, int rows)
+{
+    bf16_tile(2, p, n, a, as, y, ldy, rows);
+}
+static void bf16_tile3(const uint8_t *p, int64_t n, const uint8_t *a, size_t as, float *y, int64_t ldy, int rows)
+{
+    bf16_tile(3, p, n, a, as, y, ldy, rows);
+}
+static void bf16_tile4(const uint8_t *p, int64_t n, const uint8_t *a, size_t as, float *y, int64_t ldy, int rows)
+{
+    bf16_tile(4, p, n, a, as, y, ldy, rows);
+}
+
+/* Panels [p0, p1) x all tokens, in token blocks of ~256 KiB of activations
+ * (kept in L2 while the panels pass). */
+static void bf16_packed(const ie_pmat_t *m, int64_t r0, int64_t r1, const uint8_t *a, size_t as, int64_t n_tok,
+                        float *y, int64_t ldy)
+{
+    typedef void (*fn_t)(const uint8_t *, int64_t, const uint8_t *, size_t, float *, int64_t, int);
+    static const fn_t tiles[BT2 + 1] = { NULL, bf16_tile1, bf16_tile2, bf16_tile3, bf16_tile4 };
+    const size_t pb = ie_pack_panel_bytes(IE_DTYPE_BF16, m->group, m->n_in);
+    int64_t tb = (int64_t)((256u << 10) / ((size_t)m->n_in * 2));
+    if (tb < BT2) tb = BT2;
+    for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
+        const int64_t t1 = t0 + tb < n_tok ? t0 + tb : n_tok;
+        for (int64_t r = r0; r < r1; r += IE_PANEL) {
+            const uint8_t *pan = (const uint8_t *)m->data + (size_t)(r / IE_PANEL) * pb;
+            const int rows = r1 - r < IE_PANEL ? (int)(r1 - r) : IE_PANEL;
+            for (int64_t t = t0; t < t1; t += BT2) {
+                const int tt = t1 - t < BT2 ? (int)(t1 - t) : BT2;
+                tiles[tt](pan, m->n_in, a + (size_t)t * as, as, y + t * ldy + r, ldy, rows);
+            }
+        }
+    }
+}
+
 /* Contract of ie_matmul_ops_t.matmul_packed (I8W x Q16_P, I4W/I4WA x
- * Q8_P). Assumes Q8_P quants in [-127, 127] and Q16_P quants in [-32767,
- * 32767], as the quantizers produce. */
+ * Q8_P, BF16 x BF16). Assumes Q8_P quants in [-127, 127] and Q16_P quants
+ * in [-32767, 32767], as the quantizers produce. */
 int ie_matmul_packed_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                           int64_t n_tok, float *y, int64_t ldy)
 {
@@ -200,6 +281,10 @@ int ie_matmul_packed_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, const void
     if (n_tok < 0) return -1;
     if (n_tok == 0 || r0 == r1) return 0;
     if (!a || !y) return -1;
+    if (m->dtype == IE_DTYPE_BF16) {
+        bf16_packed(m, r0, r1, a, a_stride, n_tok, y, ldy);
+        return 0;
+    }
 
     geom_t g;
     g.t = m->dtype;

@@ -594,15 +594,21 @@ static void bp_copy_act(const char *a, size_t as, int64_t n_in, int tt, char *ds
  * repacks each tile just before using it, while the tile before prefetches
  * its rows; the last tile of the last block prefetches the next panel's
  * first tile, and the first tile of every block the next block's
- * activations, so the DRAM / L3 reads overlap the arithmetic. */
+ * activations, so the DRAM / L3 reads overlap the arithmetic.
+ * pgs != 0: w is already BF16 PANEL16 (ie_pack.h; r0 a multiple of 16,
+ * panels pgs = 32 n_in bytes, n_in even) and the tiles read it in place:
+ * no repack and no software prefetch of the weights (measured: no gain on
+ * prefill; it cost decode 5-15%); bb may then be NULL (no activation
+ * copies). */
 static void bpdrive(bp_bufs_t *bb, const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
-                    int64_t n_tok, float *y, int64_t ldy)
+                    int64_t n_tok, float *y, int64_t ldy, size_t pgs)
 {
-    const size_t wb = (size_t)n_in * 2, gs = BP_GS(n_in), cas = BP_AS(n_in);
+    const size_t wb = (size_t)n_in * 2, gs = pgs ? pgs : BP_GS(n_in), cas = BP_AS(n_in);
     const int TR = 16 * BPV; /* rows per tile */
     int64_t P = (int64_t)(BP_BUF / gs) * 16; /* rows whose groups fit */
     if (P >= TR) P -= P % TR;
-    const int copy = n_in <= BP_CP_MAXK && as % 2048 == 0;
+    if (pgs && P < TR) P = TR; /* in place: any panel count works */
+    const int copy = bb && n_in <= BP_CP_MAXK && as % 2048 == 0;
     const int64_t nb = (n_tok + BPT - 1) / BPT;
     int64_t nblk = 0; /* blocks done: the copy of the current one is bb->act[nblk % 2] */
     if (copy) bp_copy_act((const char *)a, as, n_in, (int)(n_tok / nb), bb->act[0], cas);
@@ -629,13 +635,15 @@ static void bpdrive(bp_bufs_t *bb, const void *w, int64_t n_in, int64_t r0, int6
             for (int64_t i = 0; i < nt; i++) {
                 const int64_t r = p0 + i * TR;
                 const int nr = (int)(p1 - r < TR ? p1 - r : TR);
-                char *pw = bb->pack + (size_t)(i * BPV) * gs;
-                if (b == 0) bp_repack((const char *)w + (size_t)r * wb, wb, n_in, nr, pw, gs);
+                const char *pw = pgs ? (const char *)w + (size_t)(r / 16) * pgs : bb->pack + (size_t)(i * BPV) * gs;
+                if (b == 0 && !pgs) bp_repack((const char *)w + (size_t)r * wb, wb, n_in, nr, bb->pack + (size_t)(i * BPV) * gs, gs);
                 bp_pf_t pf[2] = { { NULL, wb, 0 }, { NULL, as, 0 } };
-                if (b == 0 && i + 1 < nt)
-                    pf[0] = (bp_pf_t){ (const char *)w + (size_t)(r + TR) * wb, wb, (int)(p1 - r - TR < TR ? p1 - r - TR : TR) };
+                const int64_t nnext = p1 - r - TR < TR ? p1 - r - TR : TR, nlast = r1 - p1 < TR ? r1 - p1 : TR;
+                if (pgs) {} /* in place: sequential panels, the hardware prefetchers keep up */
+                else if (b == 0 && i + 1 < nt)
+                    pf[0] = (bp_pf_t){ (const char *)w + (size_t)(r + TR) * wb, wb, (int)nnext };
                 else if (b == nb - 1 && i + 1 == nt && p1 < r1)
-                    pf[0] = (bp_pf_t){ (const char *)w + (size_t)p1 * wb, wb, (int)(r1 - p1 < TR ? r1 - p1 : TR) };
+                    pf[0] = (bp_pf_t){ (const char *)w + (size_t)p1 * wb, wb, (int)nlast };
                 static const bp_cp_t nocp = { NULL, 0, NULL, 0, 0 };
                 if (i == 0) pf[1] = pfa;
                 bptiles[nr > 16][tt](pw, gs, n_in, at, ats, yt + r, ldy, nr, pf, i == 0 ? &cp : &nocp);
@@ -650,7 +658,7 @@ void ie_matmul_bf16_bf16_avx512(const void *w, int64_t n_in, int64_t r0, int64_t
     if (r1 <= r0 || n_tok <= 0) return;
     bp_bufs_t *bb;
     if (has_bf16() && n_tok >= BP_MIN_TOK && BP_GS(n_in) <= BP_BUF && (bb = bp_bufs()) != NULL)
-        bpdrive(bb, w, n_in, r0, r1, a, as, n_tok, y, ldy);
+        bpdrive(bb, w, n_in, r0, r1, a, as, n_tok, y, ldy, 0);
     else if (has_bf16())
         bdrive(btiles[0], btiles[1], BR, BT, w, n_in, r0, r1, a, as, n_tok, y, ldy);
     else
@@ -1150,4 +1158,33 @@ void ie_act_quantize_stream_avx512(ie_dtype_t act, const float *x, void *out, in
         return;
     }
     _mm_sfence();
+}
+
+/* Contract of ie_matmul_packed_bf16_avx512 (ie_kernels_impl.h). Decode-
+ * sized calls (n_tok <= BPT): one 16-row tile per panel straight from the
+ * weights, so each thread reads one sequential stream (measured on TinyLlama
+ * decode, high-bandwidth phase: 0.95-0.98 of the paired read with one panel
+ * per tile, 0.91-0.92 with two, 0.72 with two and the next tile prefetched
+ * in software; the ROWS tiles reached 0.82); longer ones: bpdrive on the
+ * panels in place. */
+void ie_matmul_packed_bf16_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t as,
+                                  int64_t n_tok, float *y, int64_t ldy)
+{
+    if (r1 <= r0 || n_tok <= 0) return;
+    if (!has_bf16()) {
+        ie_matmul_packed_avx2(m, r0, r1, a, as, n_tok, y, ldy);
+        return;
+    }
+    const size_t pgs = (size_t)m->n_in * 32;
+    const char *w = m->data;
+    if (n_tok > BPT) {
+        bpdrive(bp_bufs(), w, m->n_in, r0, r1, a, as, n_tok, y, ldy, pgs);
+        return;
+    }
+    static const bp_cp_t nocp = { NULL, 0, NULL, 0, 0 };
+    static const bp_pf_t nopf[2] = { { NULL, 0, 0 }, { NULL, 0, 0 } };
+    for (int64_t r = r0; r < r1; r += 16) {
+        const int nr = (int)(r1 - r < 16 ? r1 - r : 16);
+        bptiles[0][n_tok](w + (size_t)(r / 16) * pgs, pgs, m->n_in, a, as, y + r, ldy, nr, nopf, &nocp);
+    }
 }
