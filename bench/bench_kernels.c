@@ -80,11 +80,11 @@ static void matmul_task(void *p, int ith, int nth)
     if (ith < 64) j->cpu[ith] = cpu_s() - c0;
 }
 
-static int g_bf16_panel; /* --bf16-panel: BF16 weights in PANEL16 (matmul_packed) */
+static int g_half_panel; /* --half-panel: BF16 and F16 weights in PANEL16 (matmul_packed) */
 
 static int is_packed(ie_dtype_t t)
 {
-    return t == IE_DTYPE_I8W || t == IE_DTYPE_I4W || t == IE_DTYPE_I4WA || (g_bf16_panel && t == IE_DTYPE_BF16);
+    return t == IE_DTYPE_I8W || t == IE_DTYPE_I4W || t == IE_DTYPE_I4WA || (g_half_panel && (t == IE_DTYPE_BF16 || t == IE_DTYPE_F16));
 }
 
 static void matmul_packed_task(void *p, int ith, int nth)
@@ -144,7 +144,7 @@ static void fill_pool(ie_dtype_t wt, int64_t n_out, int64_t n_in, size_t copies)
  * +-0.05 in f16, zero scales on padding rows. */
 static void fill_pool_packed(ie_dtype_t wt, int group, int64_t n_out, int64_t n_in, size_t copies)
 {
-    if (wt == IE_DTYPE_BF16) { /* 16 random rows in every panel, zero padding rows */
+    if (wt == IE_DTYPE_BF16 || wt == IE_DTYPE_F16) { /* 16 random rows in every panel, zero padding rows */
         const size_t pb = ie_pack_panel_bytes(wt, group, n_in);
         const int64_t np = (n_out + IE_PANEL - 1) / IE_PANEL, r1 = n_out < IE_PANEL ? n_out : IE_PANEL;
         float *x = malloc(sizeof(float) * (size_t)n_in * IE_PANEL);
@@ -152,10 +152,10 @@ static void fill_pool_packed(ie_dtype_t wt, int group, int64_t n_out, int64_t n_
         ie_pack_quantize(wt, group, IE_QSCALE_ABSMAX, x, n_in, 0, r1, n_out, g_pool);
         free(x);
         for (int64_t p = 1; p < np; p++) memcpy(g_pool + (size_t)p * pb, g_pool, pb);
-        if (np > 1 && n_out % IE_PANEL)
-            for (int64_t c = 0; c < n_in / 2; c++)
-                memset(g_pool + (size_t)(np - 1) * pb + (size_t)c * 64 + 4 * (size_t)(n_out % IE_PANEL), 0,
-                       4 * (size_t)(IE_PANEL - n_out % IE_PANEL));
+        const size_t live = (size_t)(n_out % IE_PANEL), sl = wt == IE_DTYPE_BF16 ? 64 : 32; /* bytes per slice */
+        if (np > 1 && live) /* BF16: slices of 2 k, F16: of 1 k; row i at 2 * (sl / 32) * i */
+            for (size_t c = 0; c < pb / sl; c++)
+                memset(g_pool + (size_t)(np - 1) * pb + c * sl + live * (sl / 16), 0, (IE_PANEL - live) * (sl / 16));
         for (size_t c = 1; c < copies; c++) memcpy(g_pool + c * pb * (size_t)np, g_pool, pb * (size_t)np);
         return;
     }
@@ -213,8 +213,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             const char *s = argv[++i];
             isa_mask = (strstr(s, "ref") ? 1 : 0) | (strstr(s, "avx2") ? 2 : 0) | (strstr(s, "avx512") ? 4 : 0);
-        } else if (!strcmp(argv[i], "--bf16-panel")) {
-            g_bf16_panel = 1;
+        } else if (!strcmp(argv[i], "--half-panel")) {
+            g_half_panel = 1;
         } else if (!strcmp(argv[i], "--types") && i + 1 < argc) {
             type_mask = 0;
             char *s = strdup(argv[++i]);
@@ -294,7 +294,8 @@ int main(int argc, char **argv)
                 continue;
             }
             char tname[32];
-            if (pk) snprintf(tname, sizeof tname, "%s/g%d", wt == IE_DTYPE_I4WA ? "i4wa" : ie_dtype_name(wt), group);
+            if (pk && !ie_dtype_is_intw(wt)) snprintf(tname, sizeof tname, "%s/p16", ie_dtype_name(wt));
+            else if (pk) snprintf(tname, sizeof tname, "%s/g%d", wt == IE_DTYPE_I4WA ? "i4wa" : ie_dtype_name(wt), group);
             else snprintf(tname, sizeof tname, "%s", ie_dtype_name(wt));
             for (size_t si = 0; si < n_gv; si++) {
                 const shape_t sh = gv[si];

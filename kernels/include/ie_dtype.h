@@ -53,7 +53,7 @@ typedef enum ie_dtype {
  *             { f16 d; [f16 m (I4WA)]; q[G] (int8) or qs[G/2] (4-bit, element
  *             j < G/2 in the low nibble of qs[j], j + G/2 in the high) } —
  *             with G = 32 byte-identical to Q8_0 / Q4_0 / Q4_1.
- *   PANEL16 : I8W/I4W/I4WA and BF16: rows interleaved 16 at a time in
+ *   PANEL16 : I8W/I4W/I4WA, BF16, F16: rows interleaved 16 at a time in
  *             the kernels' blocked-K layout (ie_pack.h).
  *   BSR     : block-sparse rows, f32 blocks (ie_bsr.h); dtype is F32. */
 typedef enum ie_layout {

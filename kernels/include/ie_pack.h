@@ -32,6 +32,11 @@
  * lanes are rows, so a GEMV needs no horizontal sums and reads one stream.
  * Panel bytes: 32 * n_in. Activations: BF16 rows (ie_matmul_act_dtype).
  *
+ * F16 in PANEL16 (the same rules): panel p is n_in slices of 32 bytes;
+ * slice k, word i = the f16 w[16p+i][k]. One slice widens (vcvtph2ps) to
+ * one zmm of 16 rows for an FMA with the activation broadcast. Panel bytes
+ * 32 * n_in. Activations: F32 rows.
+ *
  * Q8_P activations (what matmul_packed reads): per token row of n_in
  * (a multiple of 32) floats x:
  *     int8 q[n_in]; float d[n_in/32]; float s[n_in/32]
@@ -58,7 +63,7 @@
 
 /* A weight matrix in PANEL16 layout. */
 typedef struct ie_pmat {
-    ie_dtype_t dtype; /* I8W, I4W, I4WA or BF16                 */
+    ie_dtype_t dtype; /* I8W, I4W, I4WA, BF16 or F16            */
     int group;        /* G                                       */
     int64_t n_in;     /* elements per row                        */
     int64_t n_out;    /* rows (not padded)                       */
@@ -77,15 +82,15 @@ static inline int ie_dtype_is_intw(ie_dtype_t t)
     return t == IE_DTYPE_I8W || t == IE_DTYPE_I4W || t == IE_DTYPE_I4WA;
 }
 
-/* 1 for the types PANEL16 can hold: the I-types and BF16. */
+/* 1 for the types PANEL16 can hold: the I-types, BF16 and F16. */
 static inline int ie_dtype_is_packable(ie_dtype_t t)
 {
-    return ie_dtype_is_intw(t) || t == IE_DTYPE_BF16;
+    return ie_dtype_is_intw(t) || t == IE_DTYPE_BF16 || t == IE_DTYPE_F16;
 }
 
 /* 0 if (dtype, group, n_in) is a valid packed shape (dtype in I8W/I4W/I4WA,
- * group a positive multiple of 32 dividing n_in; BF16 with group 32 and
- * n_in a multiple of 32), else -1. */
+ * group a positive multiple of 32 dividing n_in; BF16 and F16 with group
+ * 32 and n_in a multiple of 32), else -1. */
 int ie_pack_check(ie_dtype_t dtype, int group, int64_t n_in);
 
 /* Bytes of one panel / of a whole n_out-row matrix in PANEL16 layout; 0 if
@@ -94,7 +99,7 @@ size_t ie_pack_panel_bytes(ie_dtype_t dtype, int group, int64_t n_in);
 size_t ie_pack_bytes(ie_dtype_t dtype, int group, int64_t n_in, int64_t n_out);
 
 /* Bytes of one ROWS-layout row of I8W/I4W/I4WA (see ie_layout_t); 0 if
- * invalid (BF16 included). For ggml types use ie_dtype_row_bytes. */
+ * invalid (BF16 and F16 included). For ggml types use ie_dtype_row_bytes. */
 size_t ie_qrow_bytes(ie_dtype_t dtype, int group, int64_t n_in);
 
 /* Bytes of a whole 2-D tensor of n_rows rows of n_in in any dense layout
@@ -111,26 +116,27 @@ size_t ie_tensor_bytes(ie_dtype_t dtype, ie_layout_t layout, int group, int64_t 
  * u = clamp(roundf(x/d) + 8, 0, 15) ... exactly ggml's Q4_0 rule (x*(1/d) +
  * 8.5 truncated, clamped to 15); I4WA d = (max-min)/15, m = min, u = ggml's
  * Q4_1 rule. IE_QSCALE_MSE tries clip ratios and keeps the best per group.
- * BF16: ie_f32_to_bf16 per element (`how` ignored), padding rows 0.
+ * BF16 / F16: ie_f32_to_bf16 / ie_f32_to_f16 per element (`how` ignored),
+ * padding rows 0.
  * Inputs must be finite. Returns 0, or -1 on a bad shape/range. */
 int ie_pack_quantize(ie_dtype_t dtype, int group, ie_qscale_t how, const float *src, int64_t n_in,
                      int64_t r0, int64_t r1, int64_t n_out, void *dst);
 
 /* Quantize one float row to the ROWS layout of an I-type (n_in floats ->
  * ie_qrow_bytes bytes), same rounding as ie_pack_quantize. 0 or -1 (also
- * for BF16: its rows are ie_quantize_row's). */
+ * for BF16 and F16: their rows are ie_quantize_row's). */
 int ie_qrow_quantize(ie_dtype_t dtype, int group, ie_qscale_t how, const float *src, int64_t n_in, void *dst);
 
 /* Dequantize one ROWS-layout row of an I-type. */
 void ie_qrow_dequantize(ie_dtype_t dtype, int group, const void *src, float *dst, int64_t n_in);
 
 /* The packed type a ROWS-layout tensor repacks to losslessly:
- * Q8_0 -> I8W, Q4_0 -> I4W, Q4_1 -> I4WA (group 32), I-types and BF16
- * (group 32) -> themselves; IE_DTYPE_INVALID for anything else. */
+ * Q8_0 -> I8W, Q4_0 -> I4W, Q4_1 -> I4WA (group 32), I-types, BF16 and
+ * F16 (group 32) -> themselves; IE_DTYPE_INVALID for anything else. */
 ie_dtype_t ie_pack_target(ie_dtype_t rows_dtype);
 
 /* Repack rows [r0, r1) (same alignment rules as ie_pack_quantize) of a
- * ROWS-layout matrix (ggml Q8_0/Q4_0/Q4_1 and BF16 with group 32, or
+ * ROWS-layout matrix (ggml Q8_0/Q4_0/Q4_1, BF16 and F16 with group 32, or
  * I-types with `group`) into PANEL16 without changing a single value.
  * 0 or -1. */
 int ie_pack_repack(ie_dtype_t rows_dtype, int group, const void *src, int64_t n_in, int64_t r0, int64_t r1,

@@ -275,46 +275,54 @@ static void panel_fill(ie_dtype_t t, int G, int64_t n_in, int64_t r0, int64_t r1
     }
 }
 
-/* ---- BF16 panels: chunk c of panel p, dword i = (w[16p+i][2c], w[16p+i][2c+1]) */
+/* ---- 16-bit float panels (ie_pack.h): BF16 chunk c of panel p, dword i =
+ * (w[16p+i][2c], w[16p+i][2c+1]); F16 slice k, word i = w[16p+i][k]. */
 
-/* Byte of element k of panel row i inside a BF16 panel. */
-static inline size_t bf16_pos(int i, int64_t k)
+/* 1 for the plain 16-bit float types PANEL16 holds. */
+static inline int is_half(ie_dtype_t t) { return t == IE_DTYPE_BF16 || t == IE_DTYPE_F16; }
+
+/* Byte of element k of panel row i inside a BF16 / F16 panel. */
+static inline size_t half_pos(ie_dtype_t t, int i, int64_t k)
 {
+    if (t == IE_DTYPE_F16) return (size_t)k * 32 + 2 * (size_t)i;
     return (size_t)(k / 2) * 64 + 4 * (size_t)i + 2 * (size_t)(k & 1);
 }
 
-/* Panels of rows [r0, r1) of a BF16 PANEL16 matrix from f32 rows (f32 set,
- * rounded by ie_f32_to_bf16) or bf16 rows (b16 set, copied); rows past
- * n_out are zeros. */
-static void bf16_fill(const float *f32, const ie_bf16_t *b16, int64_t n_in, int64_t r0, int64_t r1, int64_t n_out,
-                      void *dst)
+/* Panels of rows [r0, r1) of a BF16 / F16 PANEL16 matrix from f32 rows
+ * (f32 set, rounded to nearest even) or rows of the same type (h16 set,
+ * copied); rows past n_out are zeros. */
+static void half_fill(ie_dtype_t t, const float *f32, const uint16_t *h16, int64_t n_in, int64_t r0, int64_t r1,
+                      int64_t n_out, void *dst)
 {
-    const size_t pb = ie_pack_panel_bytes(IE_DTYPE_BF16, IE_QK, n_in);
+    const size_t pb = ie_pack_panel_bytes(t, IE_QK, n_in);
     for (int64_t p = r0 / IE_PANEL; p < (r1 + IE_PANEL - 1) / IE_PANEL; p++) {
         uint8_t *pan = (uint8_t *)dst + (size_t)p * pb;
         for (int i = 0; i < IE_PANEL; i++) {
             const int64_t r = p * IE_PANEL + i;
             for (int64_t k = 0; k < n_in; k++) {
-                ie_bf16_t v = 0;
-                if (r < n_out) v = f32 ? ie_f32_to_bf16(f32[r * n_in + k]) : b16[r * n_in + k];
-                memcpy(pan + bf16_pos(i, k), &v, sizeof v);
+                uint16_t v = 0;
+                if (r < n_out && f32)
+                    v = t == IE_DTYPE_BF16 ? ie_f32_to_bf16(f32[r * n_in + k]) : ie_f32_to_f16(f32[r * n_in + k]);
+                else if (r < n_out)
+                    v = h16[r * n_in + k];
+                memcpy(pan + half_pos(t, i, k), &v, sizeof v);
             }
         }
     }
 }
 
-/* The panel of a BF16 PANEL16 matrix that holds row r. */
-static inline const uint8_t *bf16_panel(const ie_pmat_t *m, int64_t r)
+/* The panel of a BF16 / F16 PANEL16 matrix that holds row r. */
+static inline const uint8_t *half_panel(const ie_pmat_t *m, int64_t r)
 {
-    return (const uint8_t *)m->data + (size_t)(r / IE_PANEL) * ie_pack_panel_bytes(IE_DTYPE_BF16, IE_QK, m->n_in);
+    return (const uint8_t *)m->data + (size_t)(r / IE_PANEL) * ie_pack_panel_bytes(m->dtype, IE_QK, m->n_in);
 }
 
-/* Element k of panel row i of the BF16 panel pan. */
-static inline float bf16_at(const uint8_t *pan, int i, int64_t k)
+/* Element k of panel row i of the BF16 / F16 panel pan. */
+static inline float half_at(ie_dtype_t t, const uint8_t *pan, int i, int64_t k)
 {
-    ie_bf16_t v;
-    memcpy(&v, pan + bf16_pos(i, k), sizeof v);
-    return ie_bf16_to_f32(v);
+    uint16_t v;
+    memcpy(&v, pan + half_pos(t, i, k), sizeof v);
+    return t == IE_DTYPE_BF16 ? ie_bf16_to_f32(v) : ie_f16_to_f32(v);
 }
 
 typedef struct {
@@ -340,8 +348,8 @@ int ie_pack_quantize(ie_dtype_t dtype, int group, ie_qscale_t how, const float *
                      int64_t r0, int64_t r1, int64_t n_out, void *dst)
 {
     if (ie_pack_check(dtype, group, n_in) != 0 || !range_ok(r0, r1, n_out) || !src || !dst) return -1;
-    if (dtype == IE_DTYPE_BF16) {
-        bf16_fill(src, NULL, n_in, r0, r1, n_out, dst);
+    if (is_half(dtype)) {
+        half_fill(dtype, src, NULL, n_in, r0, r1, n_out, dst);
         return 0;
     }
     const quant_ctx_t c = { dtype, group, how, src, n_in };
@@ -357,6 +365,7 @@ ie_dtype_t ie_pack_target(ie_dtype_t rows_dtype)
     case IE_DTYPE_Q4_0: case IE_DTYPE_I4W: return IE_DTYPE_I4W;
     case IE_DTYPE_Q4_1: case IE_DTYPE_I4WA: return IE_DTYPE_I4WA;
     case IE_DTYPE_BF16: return IE_DTYPE_BF16;
+    case IE_DTYPE_F16: return IE_DTYPE_F16;
     default: return IE_DTYPE_INVALID;
     }
 }
@@ -412,8 +421,8 @@ int ie_pack_repack(ie_dtype_t rows_dtype, int group, const void *src, int64_t n_
     if (t == IE_DTYPE_INVALID || !src || !dst) return -1;
     if (!ie_dtype_is_intw(rows_dtype)) group = IE_QK;
     if (ie_pack_check(t, group, n_in) != 0 || !range_ok(r0, r1, n_out)) return -1;
-    if (t == IE_DTYPE_BF16) {
-        bf16_fill(NULL, src, n_in, r0, r1, n_out, dst);
+    if (is_half(t)) {
+        half_fill(t, NULL, src, n_in, r0, r1, n_out, dst);
         return 0;
     }
     const repack_ctx_t c = { t, group, src, ie_qrow_bytes(t, group, n_in), scale_bytes(t) + quant_bytes(t, group) };
@@ -428,9 +437,9 @@ int ie_pack_repack(ie_dtype_t rows_dtype, int group, const void *src, int64_t n_
 void ie_pack_dequant_row(const ie_pmat_t *m, int64_t r, float *dst)
 {
     if (!m || !m->data || ie_pack_check(m->dtype, m->group, m->n_in) != 0 || r < 0 || r >= m->n_out) return;
-    if (m->dtype == IE_DTYPE_BF16) {
-        const uint8_t *pan = bf16_panel(m, r);
-        for (int64_t k = 0; k < m->n_in; k++) dst[k] = bf16_at(pan, (int)(r % IE_PANEL), k);
+    if (is_half(m->dtype)) {
+        const uint8_t *pan = half_panel(m, r);
+        for (int64_t k = 0; k < m->n_in; k++) dst[k] = half_at(m->dtype, pan, (int)(r % IE_PANEL), k);
         return;
     }
     const ie_dtype_t t = m->dtype;
@@ -508,22 +517,30 @@ static int packed_args_ok(const ie_pmat_t *m, int64_t r0, int64_t r1, const void
  *     I4W : y += d_g * (ad_b*isum -   8*s_b)
  *     I4WA: y += d_g *  ad_b*isum + m_g*s_b
  * (from x_w = d*(c - off) or d*c + m, x_a = ad*qa and s_b = ad*sum(qa)).
- * BF16 x BF16 rows: the exact products summed in double, as
- * ie_matmul_bf16_bf16_ref. Returns 0, or -1 on an invalid matrix/range. */
+ * BF16 x BF16 rows and F16 x F32 rows: the exact products summed in
+ * double, as ie_matmul_bf16_bf16_ref / the f16 ROWS reference. Returns 0,
+ * or -1 on an invalid matrix/range. */
 int ie_matmul_packed_ref(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                          int64_t n_tok, float *y, int64_t ldy)
 {
     if (!packed_args_ok(m, r0, r1, a, n_tok, y)) return -1;
-    if (m->dtype == IE_DTYPE_BF16) {
+    if (is_half(m->dtype)) {
+        const int bf = m->dtype == IE_DTYPE_BF16; /* BF16 activations, else F32 */
         for (int64_t tok = 0; tok < n_tok; tok++) {
             const uint8_t *arow = (const uint8_t *)a + (size_t)tok * a_stride;
             for (int64_t r = r0; r < r1; r++) {
-                const uint8_t *pan = bf16_panel(m, r);
+                const uint8_t *pan = half_panel(m, r);
                 double s = 0.0;
                 for (int64_t k = 0; k < m->n_in; k++) {
-                    ie_bf16_t x;
-                    memcpy(&x, arow + 2 * k, sizeof x);
-                    s += (double)bf16_at(pan, (int)(r % IE_PANEL), k) * ie_bf16_to_f32(x);
+                    float x;
+                    if (bf) {
+                        ie_bf16_t h;
+                        memcpy(&h, arow + 2 * k, sizeof h);
+                        x = ie_bf16_to_f32(h);
+                    } else {
+                        memcpy(&x, arow + 4 * k, sizeof x);
+                    }
+                    s += (double)half_at(m->dtype, pan, (int)(r % IE_PANEL), k) * x;
                 }
                 y[tok * ldy + r] = (float)s;
             }

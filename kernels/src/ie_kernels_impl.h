@@ -127,6 +127,11 @@ int ie_avx512_use_dpbf16(int on);
  * without AVX512_BF16, ie_matmul_packed_avx2. */
 void ie_matmul_packed_bf16_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t as,
                                   int64_t n_tok, float *y, int64_t ldy);
+/* matmul_packed for an F16 PANEL16 matrix whose arguments the caller has
+ * checked, F32 activation rows as bytes apart: vcvtph2ps and FMA with the
+ * rows along the lanes. */
+void ie_matmul_packed_f16_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t as,
+                                 int64_t n_tok, float *y, int64_t ldy);
 float ie_dot_f32_avx512(const float *a, const float *b, int64_t n);
 void ie_axpy_f32_avx512(float *y, float a, const float *x, int64_t n);
 int ie_matmul_avx512(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, int64_t r1,

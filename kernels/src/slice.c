@@ -6,7 +6,7 @@
  *
  * Cuts never split a block: ROWS copies whole blocks (ggml block, or one
  * I-type group with its scales) of each row; PANEL16 copies whole groups of
- * whole panels (a BF16 group: 32 columns, 16 pair chunks), which are contiguous inside a panel, and rewrites the
+ * whole panels (a BF16 / F16 group: 32 columns, 1 KiB), which are contiguous inside a panel, and rewrites the
  * padding rows of the last panel the way ie_pack_quantize writes them. */
 #include "ie_pack.h"
 
@@ -34,12 +34,16 @@ static int rows_block(ie_dtype_t t, int group, int64_t *elems, size_t *bytes)
 }
 
 /* Write panel row i of one PANEL16 group as padding: scales 0 and the code
- * of 0.0f (I8W 128, I4W 8, I4WA 0), as ie_pack_quantize does; BF16: its
- * G/2 pairs 0. */
+ * of 0.0f (I8W 128, I4W 8, I4WA 0), as ie_pack_quantize does; BF16 and
+ * F16: its G values 0. */
 static void pad_row(ie_dtype_t t, int G, uint8_t *grp, int i)
 {
     if (t == IE_DTYPE_BF16) {
         for (int c = 0; c < G / 2; c++) memset(grp + (size_t)c * 64 + 4 * (size_t)i, 0, 4);
+        return;
+    }
+    if (t == IE_DTYPE_F16) {
+        for (int k = 0; k < G; k++) memset(grp + (size_t)k * 32 + 2 * (size_t)i, 0, 2);
         return;
     }
     const size_t sb = t == IE_DTYPE_I4WA ? 4 : 2; /* scale bytes per row */

@@ -178,7 +178,7 @@ static void test_repack_lossless(void)
             }
     CU_ASSERT_EQUAL(bad, 0);
     CU_ASSERT_EQUAL(ie_pack_target(IE_DTYPE_I4W), IE_DTYPE_I4W);
-    CU_ASSERT_EQUAL(ie_pack_target(IE_DTYPE_F16), IE_DTYPE_INVALID);
+    CU_ASSERT_EQUAL(ie_pack_target(IE_DTYPE_F32), IE_DTYPE_INVALID);
     CU_ASSERT_EQUAL(ie_pack_target(IE_DTYPE_MXFP4), IE_DTYPE_INVALID);
     CU_ASSERT_EQUAL(ie_pack_target(IE_DTYPE_Q8_P), IE_DTYPE_INVALID);
 }
@@ -297,7 +297,8 @@ static void test_quantize_bad_args(void)
     CU_ASSERT_EQUAL(ie_pack_quantize(IE_DTYPE_I4W, 32, IE_QSCALE_ABSMAX, x, 32, 32, 16, 40, buf), -1);
     CU_ASSERT_EQUAL(ie_pack_quantize(IE_DTYPE_F32, 32, IE_QSCALE_ABSMAX, x, 32, 0, 1, 1, buf), -1);
     CU_ASSERT_EQUAL(ie_pack_quantize(IE_DTYPE_I4W, 32, IE_QSCALE_ABSMAX, x, 32, 0, 8, 8, buf), 0);
-    CU_ASSERT_EQUAL(ie_pack_repack(IE_DTYPE_F16, 32, buf, 32, 0, 1, 1, buf + 4096), -1);
+    CU_ASSERT_EQUAL(ie_pack_repack(IE_DTYPE_F32, 32, buf, 32, 0, 1, 1, buf + 4096), -1);
+    CU_ASSERT_EQUAL(ie_pack_repack(IE_DTYPE_F16, 32, buf, 48, 0, 1, 1, buf + 4096), -1); /* n_in % 32 */
     CU_ASSERT_EQUAL(ie_pack_repack(IE_DTYPE_Q8_0, 32, buf, 48, 0, 1, 1, buf + 4096), -1);
     CU_ASSERT_EQUAL(ie_pack_repack(IE_DTYPE_Q8_0, 32, buf, 32, 16, 17, 20, buf + 4096), -1);
 }
@@ -740,26 +741,34 @@ static void test_matmul_packed_ranges(void)
     CU_ASSERT_EQUAL(bad, 0);
 }
 
-/* ------------------------------------------------------ BF16 in PANEL16 */
+/* ---------------------------------------------- BF16 and F16 in PANEL16 */
 
-/* Element k of row r of a BF16 PANEL16 matrix, read from the ie_pack.h
- * layout independently of the kernels: chunk k/2, dword r%16, half k&1. */
-static uint16_t bf16_panel_elem(const ie_pmat_t *m, int64_t r, int64_t k)
+/* Element k of row r of a BF16 / F16 PANEL16 matrix, read from the
+ * ie_pack.h layout independently of the kernels: BF16 chunk k/2, dword
+ * r%16, half k&1; F16 slice k, word r%16. */
+static uint16_t half_panel_elem(const ie_pmat_t *m, int64_t r, int64_t k)
 {
     uint16_t v;
-    memcpy(&v, (const uint8_t *)m->data + (size_t)(r / 16) * 32 * (size_t)m->n_in + (size_t)(k / 2) * 64 +
-                   4 * (size_t)(r % 16) + 2 * (size_t)(k & 1), 2);
+    const size_t in = m->dtype == IE_DTYPE_BF16 ? (size_t)(k / 2) * 64 + 4 * (size_t)(r % 16) + 2 * (size_t)(k & 1)
+                                                : (size_t)k * 32 + 2 * (size_t)(r % 16);
+    memcpy(&v, (const uint8_t *)m->data + (size_t)(r / 16) * 32 * (size_t)m->n_in + in, 2);
     return v;
 }
 
+static float half_to_f32(ie_dtype_t t, uint16_t h) { return t == IE_DTYPE_BF16 ? ie_bf16_to_f32(h) : ie_f16_to_f32(h); }
+
 /* Shapes, quantize == repack == the layout, padding, sub-ranges, dequant
- * and slices. */
-static void test_bf16_panel_layout(void)
+ * and slices, for BF16 and F16. */
+static void test_half_panel_layout(void)
 {
     CU_ASSERT_EQUAL(ie_pack_check(IE_DTYPE_BF16, 32, 96), 0);
     CU_ASSERT_EQUAL(ie_pack_check(IE_DTYPE_BF16, 64, 128), -1); /* group is 32 */
     CU_ASSERT_EQUAL(ie_pack_check(IE_DTYPE_BF16, 32, 48), -1);
-    CU_ASSERT_EQUAL(ie_pack_check(IE_DTYPE_F16, 32, 64), -1);
+    CU_ASSERT_EQUAL(ie_pack_check(IE_DTYPE_F16, 32, 64), 0);
+    CU_ASSERT_EQUAL(ie_pack_check(IE_DTYPE_F16, 64, 64), -1);
+    CU_ASSERT_EQUAL(ie_pack_check(IE_DTYPE_F32, 32, 64), -1);
+    CU_ASSERT_EQUAL(ie_pack_target(IE_DTYPE_F16), IE_DTYPE_F16);
+    CU_ASSERT_EQUAL(ie_pack_target(IE_DTYPE_F32), IE_DTYPE_INVALID);
     CU_ASSERT_EQUAL(ie_pack_panel_bytes(IE_DTYPE_BF16, 32, 96), 32u * 96u);
     CU_ASSERT_EQUAL(ie_pack_bytes(IE_DTYPE_BF16, 32, 96, 17), 2u * 32u * 96u);
     CU_ASSERT_EQUAL(ie_qrow_bytes(IE_DTYPE_BF16, 32, 96), 0u);
@@ -767,46 +776,48 @@ static void test_bf16_panel_layout(void)
     CU_ASSERT_EQUAL(ie_pack_target(IE_DTYPE_BF16), IE_DTYPE_BF16);
     static const int64_t shapes[][2] = { { 32, 1 }, { 64, 16 }, { 96, 17 }, { 160, 33 }, { 2048, 40 } };
     int bad = 0;
+    for (int hi = 0; hi < 2; hi++)
     for (int si = 0; si < 5; si++) {
+        const ie_dtype_t ht = hi ? IE_DTYPE_F16 : IE_DTYPE_BF16;
         const int64_t n_in = shapes[si][0], n_out = shapes[si][1];
-        const size_t pb = ie_pack_bytes(IE_DTYPE_BF16, 32, n_in, n_out);
+        const size_t pb = ie_pack_bytes(ht, 32, n_in, n_out);
         float *x = xmalloc(sizeof(float) * (size_t)(n_in * n_out)), *d = xmalloc(sizeof(float) * (size_t)n_in);
         uint16_t *rows = xmalloc(2 * (size_t)(n_in * n_out));
         uint8_t *q = palloc(pb), *rp = palloc(pb), *pieces = palloc(pb);
-        rng_seed(900 + (uint64_t)si);
+        rng_seed(900 + (uint64_t)si + 10 * (uint64_t)hi);
         fill_gauss(x, n_in * n_out);
-        CU_ASSERT_EQUAL(ie_quantize_row(IE_DTYPE_BF16, x, rows, n_in * n_out), 0);
-        CU_ASSERT_EQUAL(ie_pack_quantize(IE_DTYPE_BF16, 32, IE_QSCALE_MSE, x, n_in, 0, n_out, n_out, q), 0);
-        CU_ASSERT_EQUAL(ie_pack_repack(IE_DTYPE_BF16, 32, rows, n_in, 0, n_out, n_out, rp), 0);
+        CU_ASSERT_EQUAL(ie_quantize_row(ht, x, rows, n_in * n_out), 0);
+        CU_ASSERT_EQUAL(ie_pack_quantize(ht, 32, IE_QSCALE_MSE, x, n_in, 0, n_out, n_out, q), 0);
+        CU_ASSERT_EQUAL(ie_pack_repack(ht, 32, rows, n_in, 0, n_out, n_out, rp), 0);
         for (int64_t r0 = 0; r0 < n_out; r0 += 16) /* one panel at a time, last first */
-            CU_ASSERT_EQUAL(ie_pack_repack(IE_DTYPE_BF16, 32, rows, n_in, (n_out - 1) / 16 * 16 - r0,
+            CU_ASSERT_EQUAL(ie_pack_repack(ht, 32, rows, n_in, (n_out - 1) / 16 * 16 - r0,
                                            (n_out - 1) / 16 * 16 - r0 + 16 < n_out ? (n_out - 1) / 16 * 16 - r0 + 16
                                                                                  : n_out,
                                            n_out, pieces),
                             0);
         CU_ASSERT(memcmp(q, rp, pb) == 0);
         CU_ASSERT(memcmp(q, pieces, pb) == 0);
-        const ie_pmat_t m = { IE_DTYPE_BF16, 32, n_in, n_out, q };
+        const ie_pmat_t m = { ht, 32, n_in, n_out, q };
         for (int64_t r = 0; r < (n_out + 15) / 16 * 16; r++)
             for (int64_t k = 0; k < n_in; k++)
-                if (bf16_panel_elem(&m, r, k) != (r < n_out ? rows[r * n_in + k] : 0)) bad++;
+                if (half_panel_elem(&m, r, k) != (r < n_out ? rows[r * n_in + k] : 0)) bad++;
         for (int64_t r = 0; r < n_out; r++) {
             ie_pack_dequant_row(&m, r, d);
             for (int64_t k = 0; k < n_in; k++)
-                if (memcmp(&d[k], &(float){ ie_bf16_to_f32(rows[r * n_in + k]) }, 4) != 0) bad++;
+                if (memcmp(&d[k], &(float){ half_to_f32(ht, rows[r * n_in + k]) }, 4) != 0) bad++;
         }
         /* a slice: rows [16, n_out) or [0, n_out), columns [32, n_in) or all */
         const int64_t sr0 = n_out > 16 ? 16 : 0, sc0 = n_in > 32 ? 32 : 0;
-        const size_t sb = ie_tensor_bytes(IE_DTYPE_BF16, IE_LAYOUT_PANEL16, 32, n_in - sc0, n_out - sr0);
+        const size_t sb = ie_tensor_bytes(ht, IE_LAYOUT_PANEL16, 32, n_in - sc0, n_out - sr0);
         uint8_t *sl = palloc(sb), *want = palloc(sb);
         float *xs = xmalloc(sizeof(float) * (size_t)((n_in - sc0) * (n_out - sr0)));
         for (int64_t r = sr0; r < n_out; r++)
             memcpy(xs + (r - sr0) * (n_in - sc0), x + r * n_in + sc0, sizeof(float) * (size_t)(n_in - sc0));
-        CU_ASSERT_EQUAL(ie_tensor_slice(IE_DTYPE_BF16, IE_LAYOUT_PANEL16, 32, q, n_in, n_out, sr0, n_out, sc0, n_in, sl), 0);
-        CU_ASSERT_EQUAL(ie_pack_quantize(IE_DTYPE_BF16, 32, IE_QSCALE_ABSMAX, xs, n_in - sc0, 0, n_out - sr0, n_out - sr0, want), 0);
+        CU_ASSERT_EQUAL(ie_tensor_slice(ht, IE_LAYOUT_PANEL16, 32, q, n_in, n_out, sr0, n_out, sc0, n_in, sl), 0);
+        CU_ASSERT_EQUAL(ie_pack_quantize(ht, 32, IE_QSCALE_ABSMAX, xs, n_in - sc0, 0, n_out - sr0, n_out - sr0, want), 0);
         CU_ASSERT(memcmp(sl, want, sb) == 0);
         if (n_in > 32) /* not on a 32-column boundary */
-            CU_ASSERT_EQUAL(ie_tensor_slice(IE_DTYPE_BF16, IE_LAYOUT_PANEL16, 32, q, n_in, n_out, 0, n_out, 16, n_in, sl), -1);
+            CU_ASSERT_EQUAL(ie_tensor_slice(ht, IE_LAYOUT_PANEL16, 32, q, n_in, n_out, 0, n_out, 16, n_in, sl), -1);
         free(x); free(d); free(rows); free(q); free(rp); free(pieces); free(sl); free(want); free(xs);
     }
     CU_ASSERT_EQUAL(bad, 0);
@@ -818,16 +829,17 @@ static void test_bf16_panel_layout(void)
     CU_ASSERT_EQUAL(ie_qrow_quantize(IE_DTYPE_BF16, 32, IE_QSCALE_ABSMAX, f, 64, buf), -1);
 }
 
-/* matmul_packed on BF16 panels, every ISA (AVX-512 with and without
- * vdpbf16ps), against the double oracle: |y - oracle| <= 2^-20 * sum |w a|
- * (products of bf16 are exact in f32; vdpbf16ps adds pairs, then f32
- * accumulators of at most n_in/2 terms, and flushes bf16 denormals, which
- * these values never are), against the ROWS matmul of the same values
- * within twice that, sentinels outside the range untouched; and
- * matmul_packed_ranges == matmul_packed bit for bit. Token counts cover the
- * decode tiles (1..12), the in-place GEMM (13+) and its activation copies
- * (row stride a multiple of 2048 bytes). */
-static void test_bf16_panel_matmul(void)
+/* matmul_packed on BF16 panels (BF16 activations) and F16 panels (F32
+ * activations), every ISA (AVX-512 BF16 with and without vdpbf16ps),
+ * against the double oracle: |y - oracle| <= 2^-20 * sum |w a| (products
+ * of bf16 are exact in f32 and f16 x f32 ones are fused; the sums run in
+ * f32 accumulators of at most n_in terms; vdpbf16ps flushes bf16
+ * denormals, which these values never are), against the ROWS matmul of the
+ * same values within twice that, sentinels outside the range untouched;
+ * and matmul_packed_ranges == matmul_packed bit for bit. Token counts cover
+ * the decode tiles (1..12), the GEMMs (13+) and the BF16 one's activation
+ * copies (row stride a multiple of 2048 bytes). */
+static void test_half_panel_matmul(void)
 {
     typedef struct { int64_t n_in, n_out, n_tok, r0, r1; size_t as_extra; int ldy_extra; } bcase_t;
     static const bcase_t cases[] = {
@@ -838,32 +850,35 @@ static void test_bf16_panel_matmul(void)
     ie_isa_t isas[3];
     const int ni = n_isas(isas);
     int bad = 0, runs = 0;
+    for (int hi = 0; hi < 2; hi++)
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const bcase_t *c = &cases[ci];
+        const ie_dtype_t ht = hi ? IE_DTYPE_F16 : IE_DTYPE_BF16, at = ie_matmul_act_dtype(ht);
+        const size_t ab = ie_dtype_row_bytes(at, 1); /* bf16 activations, or f32 for f16 */
         const int64_t n_in = c->n_in, n_out = c->n_out, n_tok = c->n_tok, ldy = n_out + c->ldy_extra;
-        const size_t pb = ie_pack_bytes(IE_DTYPE_BF16, 32, n_in, n_out), as = 2 * (size_t)n_in + c->as_extra;
+        const size_t pb = ie_pack_bytes(ht, 32, n_in, n_out), as = ab * (size_t)n_in + c->as_extra;
         const size_t ny = (size_t)(ldy * n_tok) + GUARD_FLOATS;
         guarded_t gw, ga;
         uint8_t *w = guarded_alloc(&gw, pb, 64);
-        uint8_t *a = guarded_alloc(&ga, as * (size_t)(n_tok - 1) + 2 * (size_t)n_in, 2);
+        uint8_t *a = guarded_alloc(&ga, as * (size_t)(n_tok - 1) + ab * (size_t)n_in, 2);
         float *x = xmalloc(sizeof(float) * (size_t)(n_in * (n_out > n_tok ? n_out : n_tok)));
         uint16_t *rows = xmalloc(2 * (size_t)(n_in * n_out));
         float *y = xmalloc(sizeof(float) * ny), *yr = xmalloc(sizeof(float) * ny), *yq = xmalloc(sizeof(float) * ny);
-        rng_seed(4000 + ci);
+        rng_seed(4000 + ci + 100 * (size_t)hi);
         fill_gauss(x, n_in * n_out);
-        CU_ASSERT_EQUAL_FATAL(ie_pack_quantize(IE_DTYPE_BF16, 32, IE_QSCALE_ABSMAX, x, n_in, 0, n_out, n_out, w), 0);
-        CU_ASSERT_EQUAL(ie_quantize_row(IE_DTYPE_BF16, x, rows, n_in * n_out), 0);
+        CU_ASSERT_EQUAL_FATAL(ie_pack_quantize(ht, 32, IE_QSCALE_ABSMAX, x, n_in, 0, n_out, n_out, w), 0);
+        CU_ASSERT_EQUAL(ie_quantize_row(ht, x, rows, n_in * n_out), 0);
         fill_gauss(x, n_in * n_tok);
-        for (int64_t t = 0; t < n_tok; t++) ie_act_quantize_ref(IE_DTYPE_BF16, x + t * n_in, a + (size_t)t * as, n_in);
-        const ie_pmat_t m = { IE_DTYPE_BF16, 32, n_in, n_out, w };
+        for (int64_t t = 0; t < n_tok; t++) ie_act_quantize_ref(at, x + t * n_in, a + (size_t)t * as, n_in);
+        const ie_pmat_t m = { ht, 32, n_in, n_out, w };
         for (int i = 0; i < ni; i++)
-            for (int nobf = 0; nobf < (isas[i] == IE_ISA_AVX512 ? 2 : 1); nobf++) {
+            for (int nobf = 0; nobf < (isas[i] == IE_ISA_AVX512 && !hi ? 2 : 1); nobf++) {
                 const ie_matmul_ops_t *ops = ie_kernels_get(isas[i]);
                 const int had = isas[i] == IE_ISA_AVX512 ? ie_avx512_use_dpbf16(1) : 0;
                 if (nobf) ie_avx512_use_dpbf16(0);
                 for (size_t j = 0; j < ny; j++) y[j] = yr[j] = yq[j] = SENTINEL;
                 CU_ASSERT_EQUAL(ops->matmul_packed(&m, c->r0, c->r1, a, as, n_tok, y, ldy), 0);
-                CU_ASSERT_EQUAL(ops->matmul(IE_DTYPE_BF16, rows, n_in, c->r0, c->r1, a, as, n_tok, yr, ldy), 0);
+                CU_ASSERT_EQUAL(ops->matmul(ht, rows, n_in, c->r0, c->r1, a, as, n_tok, yr, ldy), 0);
                 /* ranges over the same panels, one or two at a time, last first */
                 rsrc_t src = { .n = 0 };
                 for (int64_t p1 = (c->r1 + 15) / 16; p1 > c->r0 / 16; src.n++) {
@@ -885,17 +900,23 @@ static void test_bf16_panel_matmul(void)
                         bad += memcmp(&v, &yq[t * ldy + r], 4) != 0;
                         double s = 0.0, T = 0.0;
                         for (int64_t k = 0; k < n_in; k++) {
-                            uint16_t ab;
-                            memcpy(&ab, a + (size_t)t * as + 2 * (size_t)k, 2);
-                            const double p = (double)ie_bf16_to_f32(rows[r * n_in + k]) * ie_bf16_to_f32(ab);
+                            float xa;
+                            if (hi) {
+                                memcpy(&xa, a + (size_t)t * as + 4 * (size_t)k, 4);
+                            } else {
+                                uint16_t h;
+                                memcpy(&h, a + (size_t)t * as + 2 * (size_t)k, 2);
+                                xa = ie_bf16_to_f32(h);
+                            }
+                            const double p = (double)half_to_f32(ht, rows[r * n_in + k]) * xa;
                             s += p;
                             T += fabs(p);
                         }
                         const double tol = T * 0x1p-20 + 1e-30;
                         if (!(fabs(v - s) <= tol && fabs((double)v - yr[t * ldy + r]) <= 2 * tol)) {
                             if (bad < 4)
-                                printf("\n  %s%s n_in=%lld n_out=%lld n_tok=%lld: y[%lld][%lld]=%.9g oracle=%.9g "
-                                       "rows=%.9g", ie_isa_name(isas[i]), nobf ? "(no bf16)" : "", (long long)n_in,
+                                printf("\n  %s %s%s n_in=%lld n_out=%lld n_tok=%lld: y[%lld][%lld]=%.9g oracle=%.9g "
+                                       "rows=%.9g", ie_dtype_name(ht), ie_isa_name(isas[i]), nobf ? "(no bf16)" : "", (long long)n_in,
                                        (long long)n_out, (long long)n_tok, (long long)t, (long long)r, v, s,
                                        yr[t * ldy + r]);
                             bad++;
@@ -1094,8 +1115,8 @@ int main(void)
     CU_add_test(s, "matmul_packed i8w x q16_p extremes", test_matmul_packed_i8w_extremes);
     CU_add_test(s, "matmul_packed bad args", test_matmul_packed_bad_args);
     CU_add_test(s, "matmul_packed_ranges == matmul_packed (all ISAs)", test_matmul_packed_ranges);
-    CU_add_test(s, "bf16 panel16: quantize == repack == layout, dequant, slice", test_bf16_panel_layout);
-    CU_add_test(s, "bf16 panel16 matmul_packed vs oracle and rows (all ISAs)", test_bf16_panel_matmul);
+    CU_add_test(s, "bf16/f16 panel16: quantize == repack == layout, dequant, slice", test_half_panel_layout);
+    CU_add_test(s, "bf16/f16 panel16 matmul_packed vs oracle and rows (all ISAs)", test_half_panel_matmul);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     const unsigned fails = CU_get_number_of_failures();

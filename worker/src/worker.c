@@ -56,7 +56,7 @@
 
 typedef struct wmat {
     ie_dtype_t dtype;
-    ie_layout_t layout; /* ROWS (ggml types), PANEL16 (int8w/int4w/bf16), BSR */
+    ie_layout_t layout; /* ROWS (ggml types), PANEL16 (int8w/int4w/bf16/f16), BSR */
     int group;          /* PANEL16 / ROWS int types: scale group        */
     const void *data;   /* n_out rows of n_in elements                  */
     int64_t n_in;
@@ -572,7 +572,7 @@ static ie_status_t bind_src(ie_worker_t *w, const char *name, const src_mat_t *t
             lay = IE_LAYOUT_PANEL16; /* engine-native rows always run packed */
         } else if (t->layout == IE_LAYOUT_ROWS && w->repack && ie_pack_target(t->dtype) != IE_DTYPE_INVALID &&
                    ie_pack_check(ie_pack_target(t->dtype), 32, n_in) == 0) {
-            to = ie_pack_target(t->dtype); /* bf16 too: its decode GEMV reads panels */
+            to = ie_pack_target(t->dtype); /* bf16, f16 too: their decode GEMV reads panels */
             lay = IE_LAYOUT_PANEL16;
             group = 32;
         }
@@ -583,7 +583,11 @@ static ie_status_t bind_src(ie_worker_t *w, const char *name, const src_mat_t *t
         lay = w->repack && ie_pack_check(IE_DTYPE_BF16, 32, n_in) == 0 ? IE_LAYOUT_PANEL16 : IE_LAYOUT_ROWS;
         group = lay == IE_LAYOUT_PANEL16 ? 32 : 0;
         break;
-    case IE_PREC_F16: to = IE_DTYPE_F16; lay = IE_LAYOUT_ROWS; group = 0; break;
+    case IE_PREC_F16:
+        to = IE_DTYPE_F16;
+        lay = w->repack && ie_pack_check(IE_DTYPE_F16, 32, n_in) == 0 ? IE_LAYOUT_PANEL16 : IE_LAYOUT_ROWS;
+        group = lay == IE_LAYOUT_PANEL16 ? 32 : 0;
+        break;
     case IE_PREC_INT8W:
     case IE_PREC_INT4W:
         /* int4w keeps the output head (the tied embedding) at 8 bits, as

@@ -246,15 +246,61 @@ static void bf16_tile4(const uint8_t *p, int64_t n, const uint8_t *a, size_t as,
     bf16_tile(4, p, n, a, as, y, ldy, rows);
 }
 
+/* F16 panels x F32 rows: a 32-byte slice (16 rows, one k) widens by two
+ * vcvtph2ps into rows 0-7 and 8-15, each meeting the token's broadcast
+ * element in one FMA. */
+IE_INLINE void f16_tile(int T, const uint8_t *pan, int64_t n_in, const uint8_t *a, size_t as, float *y,
+                        int64_t ldy, int rows)
+{
+    __m256 acc[2 * BT2];
+    for (int i = 0; i < 2 * T; i++) acc[i] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < n_in; k++) {
+        const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(pan + (size_t)k * 32)));
+        const __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(pan + (size_t)k * 32 + 16)));
+        for (int t = 0; t < T; t++) {
+            float x;
+            memcpy(&x, a + (size_t)t * as + (size_t)k * 4, 4);
+            const __m256 xv = _mm256_set1_ps(x);
+            acc[2 * t] = _mm256_fmadd_ps(w0, xv, acc[2 * t]);
+            acc[2 * t + 1] = _mm256_fmadd_ps(w1, xv, acc[2 * t + 1]);
+        }
+    }
+    for (int t = 0; t < T; t++) {
+        _Alignas(32) float v[16];
+        _mm256_store_ps(v, acc[2 * t]);
+        _mm256_store_ps(v + 8, acc[2 * t + 1]);
+        memcpy(y + t * ldy, v, sizeof(float) * (size_t)rows);
+    }
+}
+
+static void f16_tile1(const uint8_t *p, int64_t n, const uint8_t *a, size_t as, float *y, int64_t ldy, int rows)
+{
+    f16_tile(1, p, n, a, as, y, ldy, rows);
+}
+static void f16_tile2(const uint8_t *p, int64_t n, const uint8_t *a, size_t as, float *y, int64_t ldy, int rows)
+{
+    f16_tile(2, p, n, a, as, y, ldy, rows);
+}
+static void f16_tile3(const uint8_t *p, int64_t n, const uint8_t *a, size_t as, float *y, int64_t ldy, int rows)
+{
+    f16_tile(3, p, n, a, as, y, ldy, rows);
+}
+static void f16_tile4(const uint8_t *p, int64_t n, const uint8_t *a, size_t as, float *y, int64_t ldy, int rows)
+{
+    f16_tile(4, p, n, a, as, y, ldy, rows);
+}
+
 /* Panels [p0, p1) x all tokens, in token blocks of ~256 KiB of activations
- * (kept in L2 while the panels pass). */
-static void bf16_packed(const ie_pmat_t *m, int64_t r0, int64_t r1, const uint8_t *a, size_t as, int64_t n_tok,
+ * (kept in L2 while the panels pass); BF16 or F16 panels. */
+static void half_packed(const ie_pmat_t *m, int64_t r0, int64_t r1, const uint8_t *a, size_t as, int64_t n_tok,
                         float *y, int64_t ldy)
 {
     typedef void (*fn_t)(const uint8_t *, int64_t, const uint8_t *, size_t, float *, int64_t, int);
-    static const fn_t tiles[BT2 + 1] = { NULL, bf16_tile1, bf16_tile2, bf16_tile3, bf16_tile4 };
-    const size_t pb = ie_pack_panel_bytes(IE_DTYPE_BF16, m->group, m->n_in);
-    int64_t tb = (int64_t)((256u << 10) / ((size_t)m->n_in * 2));
+    static const fn_t btiles[BT2 + 1] = { NULL, bf16_tile1, bf16_tile2, bf16_tile3, bf16_tile4 };
+    static const fn_t htiles[BT2 + 1] = { NULL, f16_tile1, f16_tile2, f16_tile3, f16_tile4 };
+    const fn_t *tiles = m->dtype == IE_DTYPE_BF16 ? btiles : htiles;
+    const size_t pb = ie_pack_panel_bytes(m->dtype, m->group, m->n_in);
+    int64_t tb = (int64_t)((256u << 10) / ((size_t)m->n_in * 4));
     if (tb < BT2) tb = BT2;
     for (int64_t t0 = 0; t0 < n_tok; t0 += tb) {
         const int64_t t1 = t0 + tb < n_tok ? t0 + tb : n_tok;
@@ -270,7 +316,7 @@ static void bf16_packed(const ie_pmat_t *m, int64_t r0, int64_t r1, const uint8_
 }
 
 /* Contract of ie_matmul_ops_t.matmul_packed (I8W x Q16_P, I4W/I4WA x
- * Q8_P, BF16 x BF16). Assumes Q8_P quants in [-127, 127] and Q16_P quants
+ * Q8_P, BF16 x BF16, F16 x F32). Assumes Q8_P quants in [-127, 127] and Q16_P quants
  * in [-32767, 32767], as the quantizers produce. */
 int ie_matmul_packed_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                           int64_t n_tok, float *y, int64_t ldy)
@@ -281,8 +327,8 @@ int ie_matmul_packed_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, const void
     if (n_tok < 0) return -1;
     if (n_tok == 0 || r0 == r1) return 0;
     if (!a || !y) return -1;
-    if (m->dtype == IE_DTYPE_BF16) {
-        bf16_packed(m, r0, r1, a, a_stride, n_tok, y, ldy);
+    if (m->dtype == IE_DTYPE_BF16 || m->dtype == IE_DTYPE_F16) {
+        half_packed(m, r0, r1, a, a_stride, n_tok, y, ldy);
         return 0;
     }
 

@@ -1188,3 +1188,109 @@ void ie_matmul_packed_bf16_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, co
         bptiles[0][n_tok](w + (size_t)(r / 16) * pgs, pgs, m->n_in, a, as, y + r, ldy, nr, nopf, &nocp);
     }
 }
+
+/* ------------------------------------------- f16 panels x f32 activations
+ *
+ * F16 PANEL16 (ie_pack.h): slice k of a panel is the 16 rows' f16 w[.][k],
+ * 32 bytes; vcvtph2ps widens it to one zmm whose lanes are rows, and each
+ * token's a[k] meets it in one FMA with a {1to16} broadcast operand: no
+ * horizontal sums, one sequential stream per panel. A tile is V panels x T
+ * tokens with NA sets of accumulators taking k in turn (decode: one token
+ * would otherwise wait on one FMA chain, 4 cycles per 32 bytes), summed at
+ * the end. */
+
+#define HT 12 /* tokens per f16 tile */
+
+IE_INLINE void hptile(int V, int T, int NA, const char *pan, size_t pgs, int64_t n_in, const char *a, size_t as,
+                      float *y, int64_t ldy, int nrows)
+{
+    __m512 acc[24];
+#pragma GCC unroll 24
+    for (int i = 0; i < NA * T * V; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < n_in; k += NA) { /* n_in is a multiple of 32 */
+#pragma GCC unroll 4
+        for (int j = 0; j < NA; j++) {
+            __m512 wv[2];
+#pragma GCC unroll 2
+            for (int v = 0; v < V; v++)
+                wv[v] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(pan + (size_t)v * pgs +
+                                                                                             (size_t)(k + j) * 32)));
+#pragma GCC unroll 12
+            for (int t = 0; t < T; t++) {
+                float x;
+                memcpy(&x, a + (size_t)t * as + (size_t)(k + j) * 4, 4);
+                const __m512 xv = _mm512_set1_ps(x);
+#pragma GCC unroll 2
+                for (int v = 0; v < V; v++)
+                    acc[(j * T + t) * V + v] = _mm512_fmadd_ps(wv[v], xv, acc[(j * T + t) * V + v]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int v = 0; v < V; v++) {
+        const int n = nrows - 16 * v;
+        const __mmask16 m = n >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << n) - 1u);
+#pragma GCC unroll 12
+        for (int t = 0; t < T; t++) {
+            __m512 s = acc[t * V + v];
+#pragma GCC unroll 4
+            for (int j = 1; j < NA; j++) s = _mm512_add_ps(s, acc[(j * T + t) * V + v]);
+            _mm512_mask_storeu_ps(y + t * ldy + 16 * v, m, s);
+        }
+    }
+}
+
+typedef void (*hptile_fn)(const char *pan, size_t pgs, int64_t n_in, const char *a, size_t as, float *y,
+                          int64_t ldy, int nrows);
+
+#define HPTILE(V, T, NA)                                                                                  \
+    static void hptile_##V##_##T(const char *pan, size_t pgs, int64_t n_in, const char *a, size_t as,    \
+                                 float *y, int64_t ldy, int nrows)                                         \
+    {                                                                                                     \
+        hptile(V, T, NA, pan, pgs, n_in, a, as, y, ldy, nrows);                                           \
+    }
+/* decode: one panel (one stream per thread), accumulator sets for 1-3 tokens */
+HPTILE(1, 1, 4) HPTILE(1, 2, 2) HPTILE(1, 3, 2) HPTILE(1, 4, 1) HPTILE(1, 5, 1) HPTILE(1, 6, 1)
+HPTILE(1, 7, 1) HPTILE(1, 8, 1) HPTILE(1, 9, 1) HPTILE(1, 10, 1) HPTILE(1, 11, 1) HPTILE(1, 12, 1)
+/* prefill: two panels share each broadcast */
+HPTILE(2, 1, 1) HPTILE(2, 2, 1) HPTILE(2, 3, 1) HPTILE(2, 4, 1) HPTILE(2, 5, 1) HPTILE(2, 6, 1)
+HPTILE(2, 7, 1) HPTILE(2, 8, 1) HPTILE(2, 9, 1) HPTILE(2, 10, 1) HPTILE(2, 11, 1) HPTILE(2, 12, 1)
+static const hptile_fn hptiles[2][HT + 1] = {
+    { NULL, hptile_1_1, hptile_1_2, hptile_1_3, hptile_1_4, hptile_1_5, hptile_1_6, hptile_1_7, hptile_1_8,
+      hptile_1_9, hptile_1_10, hptile_1_11, hptile_1_12 },
+    { NULL, hptile_2_1, hptile_2_2, hptile_2_3, hptile_2_4, hptile_2_5, hptile_2_6, hptile_2_7, hptile_2_8,
+      hptile_2_9, hptile_2_10, hptile_2_11, hptile_2_12 } };
+
+/* Contract of ie_matmul_packed_f16_avx512 (ie_kernels_impl.h). Decode-sized
+ * calls (n_tok <= HT): one panel per tile, front to back. Longer ones: rows
+ * in blocks of ~512 KiB of panels (L2), and per block, token blocks of HT or
+ * fewer (sizes differ by at most one) against 32-row tiles, so each block's
+ * panels come from DRAM once and then from L2. */
+void ie_matmul_packed_f16_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t as,
+                                 int64_t n_tok, float *y, int64_t ldy)
+{
+    if (r1 <= r0 || n_tok <= 0) return;
+    const size_t pgs = (size_t)m->n_in * 32;
+    const char *w = m->data;
+    if (n_tok <= HT) {
+        for (int64_t r = r0; r < r1; r += 16)
+            hptiles[0][n_tok](w + (size_t)(r / 16) * pgs, pgs, m->n_in, a, as, y + r, ldy,
+                              (int)(r1 - r < 16 ? r1 - r : 16));
+        return;
+    }
+    int64_t P = (int64_t)((512u << 10) / pgs) * 16;
+    if (P < 32) P = 32;
+    P -= P % 32;
+    const int64_t nb = (n_tok + HT - 1) / HT;
+    for (int64_t p0 = r0; p0 < r1; p0 += P) {
+        const int64_t p1 = p0 + P < r1 ? p0 + P : r1;
+        for (int64_t b = 0; b < nb; b++) {
+            const int64_t t0 = n_tok * b / nb, t1 = n_tok * (b + 1) / nb;
+            for (int64_t r = p0; r < p1; r += 32) {
+                const int nr = (int)(p1 - r < 32 ? p1 - r : 32);
+                hptiles[nr > 16][t1 - t0](w + (size_t)(r / 16) * pgs, pgs, m->n_in, (const char *)a + (size_t)t0 * as,
+                                          as, y + t0 * ldy + r, ldy, nr);
+            }
+        }
+    }
+}
