@@ -6,8 +6,9 @@
  *
  * Cuts never split a block: ROWS copies whole blocks (ggml block, or one
  * I-type group with its scales) of each row; PANEL16 copies whole groups of
- * whole panels (a BF16 / F16 group: 32 columns, 1 KiB), which are contiguous inside a panel, and rewrites the
- * padding rows of the last panel the way ie_pack_quantize writes them. */
+ * whole panels (a BF16 / F16 group: 32 columns, 1 KiB), which are
+ * contiguous inside a panel, and rewrites the padding rows of the last
+ * panel the way ie_pack_quantize writes them. */
 #include "ie_pack.h"
 
 #include <string.h>

@@ -105,10 +105,11 @@ typedef struct ie_worker_opts {
                           per-group MSE clips outliers the model needs and
                           measured worse perplexity on SmolLM2) */
     int repack;        /* 1: repack GGUF Q8_0/Q4_0/Q4_1, ROWS int
-                          types and bf16 (stored or --precision bf16;
-                          rows a multiple of 32) into PANEL16 at load
-                          (lossless); 0: run them as rows. Env
-                          IE_REPACK=0/1 overrides. Default 1.        */
+                          types, bf16 and f16 (stored, or from
+                          --precision bf16/f16; rows a multiple of 32)
+                          into PANEL16 at load (lossless); 0: run them
+                          as rows. Env IE_REPACK=0/1 overrides.
+                          Default 1.                                  */
     const char *repack_cache; /* directory for the on-disk repack
                           cache (NULL: env IE_REPACK_CACHE, else no
                           cache)                                      */

@@ -597,9 +597,9 @@ static void bp_copy_act(const char *a, size_t as, int64_t n_in, int tt, char *ds
  * activations, so the DRAM / L3 reads overlap the arithmetic.
  * pgs != 0: w is already BF16 PANEL16 (ie_pack.h; r0 a multiple of 16,
  * panels pgs = 32 n_in bytes, n_in even) and the tiles read it in place:
- * no repack and no software prefetch of the weights (measured: no gain on
- * prefill; it cost decode 5-15%); bb may then be NULL (no activation
- * copies). */
+ * no repack and no software prefetch of the weights (a prefetch of the
+ * next tile's panels measured no gain here, and lost 5-15% in decode);
+ * bb may then be NULL (no activation copies). */
 static void bpdrive(bp_bufs_t *bb, const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
                     int64_t n_tok, float *y, int64_t ldy, size_t pgs)
 {
