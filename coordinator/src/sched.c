@@ -816,7 +816,6 @@ static void take_token(ie_sched_t *s, sreq_t *q, int32_t id, double now)
         else if ((int)(q->n_toks - q->n_prompt) >= q->max_new) why = IE_FINISH_LENGTH;
         else if (q->n_toks - 1 >= (size_t)s->n_ctx) why = IE_FINISH_CONTEXT;
     }
-    s->tev[s->n_tev++] = (tok_ev_t){q, id, before_len, q->text_len - before_len};
     if (r < 0) {
         if (s->prefix_cache) publish(s, q);
         release_slot(s, q);
@@ -826,6 +825,10 @@ static void take_token(ie_sched_t *s, sreq_t *q, int32_t id, double now)
     } else {
         q->state = S_DECODE;
     }
+    /* after finish: the text it flushes (held-back stop prefixes, an
+     * incomplete UTF-8 tail as U+FFFD) goes out with the last token, so the
+     * streamed pieces always add up to the final text */
+    s->tev[s->n_tev++] = (tok_ev_t){q, id, before_len, q->text_len - before_len};
 }
 
 /* After a successful step: sample the rows, move prefills on. */

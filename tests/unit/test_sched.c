@@ -413,6 +413,46 @@ static void test_busy_counts_free_slots(void)
     ie_engine_destroy(&e);
 }
 
+/* The streamed pieces add up to the final text however generation ends:
+ * cut by max_new inside a character (the tail becomes U+FFFD in both), and
+ * with a stop string whose prefix was held back when the length ran out.
+ * Greedy SmolLM2 answers this prompt with stars, 3 tokens each. */
+static void test_stream_adds_up(void)
+{
+    ie_engine_t *e = NULL;
+    ie_sched_t *s = NULL;
+    static outcome_t o[2][7];
+    memset(o, 0, sizeof o);
+    CU_ASSERT_EQUAL_FATAL(make_engine(2, 64, 0, &e), IE_OK);
+    ie_sched_opts_t so = {.engine = e, .queue_max = 16};
+    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    static const char *prompt = "Here are three emojis: \xf0\x9f\x8c\x9f";
+    static const char *stops[] = {"\xf0\x9f\x8c\x9f!"}; /* a star then '!': never completes here */
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 7; i++) {
+            ie_gen_params_t p = greedy(i + 1);
+            if (k) {
+                p.stop = stops;
+                p.n_stop = 1;
+            }
+            CU_ASSERT_EQUAL(submit_text(s, e, prompt, &p, 0, 0, &o[k][i], NULL), IE_OK);
+        }
+    run_until_idle(s);
+    int cut = 0;
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 7; i++) {
+            const outcome_t *q = &o[k][i];
+            CU_ASSERT_EQUAL(q->kind, IE_SCHED_DONE);
+            CU_ASSERT_EQUAL(q->streamed_len, strlen(q->text));
+            CU_ASSERT(q->streamed_len == strlen(q->text) && memcmp(q->streamed, q->text, q->streamed_len) == 0);
+            cut += strstr(q->text, "\xef\xbf\xbd") != NULL;
+        }
+    CU_ASSERT(cut >= 2); /* the test reached a cut inside a character */
+    assert_pool_clean(s);
+    ie_sched_destroy(&s);
+    ie_engine_destroy(&e);
+}
+
 /* Submitters on other threads while this one steps (TSan runs this). */
 typedef struct submitter {
     ie_sched_t *s;
@@ -481,6 +521,7 @@ int main(void)
                  {"preemption in a small pool", test_preemption},
                  {"queue, cancel, timeout, priority", test_queue_cancel_timeout_priority},
                  {"busy counts free slots", test_busy_counts_free_slots},
+                 {"streamed pieces add up to the text", test_stream_adds_up},
                  {"submit from other threads", test_threads}};
     /* IE_TEST_ONLY=word runs the tests whose name holds it (make tsan runs
      * the threaded ones: every test under TSan takes minutes) */
