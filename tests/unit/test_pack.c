@@ -856,11 +856,13 @@ static void test_half_panel_matmul(void)
         const ie_dtype_t ht = hi ? IE_DTYPE_F16 : IE_DTYPE_BF16, at = ie_matmul_act_dtype(ht);
         const size_t ab = ie_dtype_row_bytes(at, 1); /* bf16 activations, or f32 for f16 */
         const int64_t n_in = c->n_in, n_out = c->n_out, n_tok = c->n_tok, ldy = n_out + c->ldy_extra;
-        const size_t pb = ie_pack_bytes(ht, 32, n_in, n_out), as = ab * (size_t)n_in + c->as_extra;
+        /* f32 rows stay 4-byte aligned (the ROWS f16 reference reads floats) */
+        const size_t pb = ie_pack_bytes(ht, 32, n_in, n_out),
+                     as = ab * (size_t)n_in + (c->as_extra + ab - 1) / ab * ab;
         const size_t ny = (size_t)(ldy * n_tok) + GUARD_FLOATS;
         guarded_t gw, ga;
         uint8_t *w = guarded_alloc(&gw, pb, 64);
-        uint8_t *a = guarded_alloc(&ga, as * (size_t)(n_tok - 1) + ab * (size_t)n_in, 2);
+        uint8_t *a = guarded_alloc(&ga, as * (size_t)(n_tok - 1) + ab * (size_t)n_in, ab);
         float *x = xmalloc(sizeof(float) * (size_t)(n_in * (n_out > n_tok ? n_out : n_tok)));
         uint16_t *rows = xmalloc(2 * (size_t)(n_in * n_out));
         float *y = xmalloc(sizeof(float) * ny), *yr = xmalloc(sizeof(float) * ny), *yq = xmalloc(sizeof(float) * ny);
