@@ -229,23 +229,6 @@ IE_INLINE void bf16_tile(int T, const uint8_t *pan, int64_t n_in, const uint8_t 
     }
 }
 
-static void bf16_tile1(const uint8_t *p, int64_t n, const uint8_t *a, size_t as, float *y, int64_t ldy, int rows)
-{
-    bf16_tile(1, p, n, a, as, y, ldy, rows);
-}
-static void bf16_tile2(const uint8_t *p, int64_t n, const uint8_t *a, size_t as, float *y, int64_t ldy, int rows)
-{
-    bf16_tile(2, p, n, a, as, y, ldy, rows);
-}
-static void bf16_tile3(const uint8_t *p, int64_t n, const uint8_t *a, size_t as, float *y, int64_t ldy, int rows)
-{
-    bf16_tile(3, p, n, a, as, y, ldy, rows);
-}
-static void bf16_tile4(const uint8_t *p, int64_t n, const uint8_t *a, size_t as, float *y, int64_t ldy, int rows)
-{
-    bf16_tile(4, p, n, a, as, y, ldy, rows);
-}
-
 /* F16 panels x F32 rows: a 32-byte slice (16 rows, one k) widens by two
  * vcvtph2ps into rows 0-7 and 8-15, each meeting the token's broadcast
  * element in one FMA. */
@@ -273,22 +256,14 @@ IE_INLINE void f16_tile(int T, const uint8_t *pan, int64_t n_in, const uint8_t *
     }
 }
 
-static void f16_tile1(const uint8_t *p, int64_t n, const uint8_t *a, size_t as, float *y, int64_t ldy, int rows)
-{
-    f16_tile(1, p, n, a, as, y, ldy, rows);
-}
-static void f16_tile2(const uint8_t *p, int64_t n, const uint8_t *a, size_t as, float *y, int64_t ldy, int rows)
-{
-    f16_tile(2, p, n, a, as, y, ldy, rows);
-}
-static void f16_tile3(const uint8_t *p, int64_t n, const uint8_t *a, size_t as, float *y, int64_t ldy, int rows)
-{
-    f16_tile(3, p, n, a, as, y, ldy, rows);
-}
-static void f16_tile4(const uint8_t *p, int64_t n, const uint8_t *a, size_t as, float *y, int64_t ldy, int rows)
-{
-    f16_tile(4, p, n, a, as, y, ldy, rows);
-}
+/* One function per token count of the tiles above. */
+#define HALF_TILE(FN, T)                                                                                     \
+    static void FN##T(const uint8_t *p, int64_t n, const uint8_t *a, size_t as, float *y, int64_t ldy, int rows) \
+    {                                                                                                        \
+        FN(T, p, n, a, as, y, ldy, rows);                                                                    \
+    }
+HALF_TILE(bf16_tile, 1) HALF_TILE(bf16_tile, 2) HALF_TILE(bf16_tile, 3) HALF_TILE(bf16_tile, 4)
+HALF_TILE(f16_tile, 1) HALF_TILE(f16_tile, 2) HALF_TILE(f16_tile, 3) HALF_TILE(f16_tile, 4)
 
 /* Panels [p0, p1) x all tokens, in token blocks of ~256 KiB of activations
  * (kept in L2 while the panels pass); BF16 or F16 panels. */
