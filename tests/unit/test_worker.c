@@ -23,7 +23,8 @@ static int suite_clean(void)
     return 0;
 }
 
-static ie_worker_t *make_worker(int n_seq, int max_batch, ie_precision_t prec, int threads)
+/* repack: ie_worker_opts_t.repack (1 is the default) */
+static ie_worker_t *make_worker_repack(int n_seq, int max_batch, ie_precision_t prec, int threads, int repack)
 {
     ie_worker_opts_t o;
     ie_worker_opts_default(&o);
@@ -33,9 +34,15 @@ static ie_worker_t *make_worker(int n_seq, int max_batch, ie_precision_t prec, i
     o.precision = prec;
     o.n_threads = threads;
     o.pin_threads = 0;
+    o.repack = repack;
     ie_worker_t *w = NULL;
     CU_ASSERT_EQUAL_FATAL(ie_worker_new(g_src, &o, &w), IE_OK);
     return w;
+}
+
+static ie_worker_t *make_worker(int n_seq, int max_batch, ie_precision_t prec, int threads)
+{
+    return make_worker_repack(n_seq, max_batch, prec, threads, 1);
 }
 
 static const int32_t k_prompt_a[8] = {5, 17, 300, 42, 42, 7, 511, 0};
@@ -186,15 +193,7 @@ static void test_precisions_close(void)
      * shows the panel kernels ran */
     float *rows = malloc(8 * nv * sizeof(float));
     CU_ASSERT_FATAL(rows != NULL);
-    ie_worker_opts_t o;
-    ie_worker_opts_default(&o);
-    o.n_ctx = 64;
-    o.max_batch = 8;
-    o.precision = IE_PREC_BF16;
-    o.n_threads = 2;
-    o.pin_threads = 0;
-    o.repack = 0;
-    CU_ASSERT_EQUAL_FATAL(ie_worker_new(g_src, &o, &w), IE_OK);
+    w = make_worker_repack(1, 8, IE_PREC_BF16, 2, 0);
     run_seq(w, 0, k_prompt_a, 8, 8, rows);
     ie_worker_destroy(&w);
     CU_ASSERT(max_rel(rows, ref, 8 * (size_t)nv) < 3e-2);

@@ -638,12 +638,11 @@ static void bpdrive(bp_bufs_t *bb, const void *w, int64_t n_in, int64_t r0, int6
                 const char *pw = pgs ? (const char *)w + (size_t)(r / 16) * pgs : bb->pack + (size_t)(i * BPV) * gs;
                 if (b == 0 && !pgs) bp_repack((const char *)w + (size_t)r * wb, wb, n_in, nr, bb->pack + (size_t)(i * BPV) * gs, gs);
                 bp_pf_t pf[2] = { { NULL, wb, 0 }, { NULL, as, 0 } };
-                const int64_t nnext = p1 - r - TR < TR ? p1 - r - TR : TR, nlast = r1 - p1 < TR ? r1 - p1 : TR;
-                if (pgs) {} /* in place: sequential panels, the hardware prefetchers keep up */
-                else if (b == 0 && i + 1 < nt)
-                    pf[0] = (bp_pf_t){ (const char *)w + (size_t)(r + TR) * wb, wb, (int)nnext };
-                else if (b == nb - 1 && i + 1 == nt && p1 < r1)
-                    pf[0] = (bp_pf_t){ (const char *)w + (size_t)p1 * wb, wb, (int)nlast };
+                /* (in place: sequential panels, the hardware prefetchers keep up) */
+                if (!pgs && b == 0 && i + 1 < nt)
+                    pf[0] = (bp_pf_t){ (const char *)w + (size_t)(r + TR) * wb, wb, (int)(p1 - r - TR < TR ? p1 - r - TR : TR) };
+                else if (!pgs && b == nb - 1 && i + 1 == nt && p1 < r1)
+                    pf[0] = (bp_pf_t){ (const char *)w + (size_t)p1 * wb, wb, (int)(r1 - p1 < TR ? r1 - p1 : TR) };
                 static const bp_cp_t nocp = { NULL, 0, NULL, 0, 0 };
                 if (i == 0) pf[1] = pfa;
                 bptiles[nr > 16][tt](pw, gs, n_in, at, ats, yt + r, ldy, nr, pf, i == 0 ? &cp : &nocp);
