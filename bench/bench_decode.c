@@ -14,14 +14,14 @@
  * Bytes are ie_worker_bytes_per_token's (every matrix once, one embedding
  * row). Prints a table and one JSON line; asserts nothing.
  * --ab OPTION (an ie_worker_set_decode_option name: balance, prefetch,
- * stream)
+ * stream, kvprefetch)
  * switches the option on for tokens 0,1, off for 2,3, and so on (each arm
  * gets both orders), and prints every row for each arm: an A/B in one
  * run, each token still paired with its own read.
  *
  * usage: bench_decode --model PATH [--threads N] [--tokens N] [--prompt N]
  *                     [--precision native|bf16|int8w|int4w|...] [--high-gbps G]
- *                     [--ab balance|prefetch|stream]
+ *                     [--ab balance|prefetch|stream|kvprefetch]
  */
 #define _GNU_SOURCE
 #include "ie_model_src.h"
@@ -99,7 +99,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--ab") && i + 1 < argc) ab = argv[++i];
         else {
             fprintf(stderr, "usage: bench_decode --model PATH [--threads N] [--tokens N] [--prompt N] "
-                            "[--precision P] [--high-gbps G] [--ab balance|prefetch|stream]\n");
+                            "[--precision P] [--high-gbps G] [--ab balance|prefetch|stream|kvprefetch]\n");
             return 2;
         }
     }

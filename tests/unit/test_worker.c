@@ -272,7 +272,7 @@ static void test_balanced_decode(void)
 }
 
 /* The decode options (streaming activation stores, idle prefetch,
- * balancing) change no bits: a worker with all on and one switched off
+ * balancing, KV-row prefetch) change no bits: a worker with all on and one switched off
  * through ie_worker_set_decode_option give the same logits, decode and
  * prefill, for the activation formats that stream (Q8_P, Q16_P, BF16);
  * bad arguments are refused. */
@@ -285,6 +285,7 @@ static void test_decode_options(void)
             CU_ASSERT_EQUAL(ie_worker_set_decode_option(off, "stream", 0), IE_OK);
             CU_ASSERT_EQUAL(ie_worker_set_decode_option(off, "prefetch", 0), IE_OK);
             CU_ASSERT_EQUAL(ie_worker_set_decode_option(off, "balance", 0), IE_OK);
+            CU_ASSERT_EQUAL(ie_worker_set_decode_option(off, "kvprefetch", 0), IE_OK);
             check_same_logits(on, off, chunk);
         }
     ie_worker_t *w = make_worker(1, 8, IE_PREC_INT4W, 2);

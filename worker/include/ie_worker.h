@@ -294,7 +294,9 @@ ie_status_t ie_worker_stream_probe(ie_worker_t *w, int flat, double *seconds);
  * the environment at ie_worker_new, each on unless set to 0:
  * IE_DECODE_BALANCE ("balance": balanced decode matmuls),
  * IE_DECODE_PREFETCH ("prefetch": idle threads fetch their next share),
- * IE_DECODE_STREAM ("stream": activations written with streaming stores).
+ * IE_DECODE_STREAM ("stream": activations written with streaming stores),
+ * IE_DECODE_KVPREFETCH ("kvprefetch": each thread fetches the KV-cache rows
+ * its attention share will read while the q/k/v matmul streams).
  * None changes the results. IE_ERR_INVAL for a NULL worker or an unknown
  * name. */
 ie_status_t ie_worker_set_decode_option(ie_worker_t *w, const char *name, int on);

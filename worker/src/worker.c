@@ -163,6 +163,7 @@ struct ie_worker {
     ie_idle_t idle_hook;   /* {worker_idle, this}: installed in the pool  */
     int pf_on;             /* idle prefetch on (env IE_DECODE_PREFETCH)  */
     int stream_act;        /* decode activations by act_quantize_stream (env IE_DECODE_STREAM) */
+    int kvpf_on;           /* decode: KV rows prefetched during q/k/v (env IE_DECODE_KVPREFETCH) */
     size_t act_row_cap;
     float *scores; /* [n_threads][group][n_ctx] attention probabilities   */
     /* MoE scratch */
@@ -226,7 +227,9 @@ void ie_worker_opts_default(ie_worker_opts_t *o)
  * and scratch: 4 KiB pages cost ~1/3 of the read bandwidth here). The KV
  * cache does not ask: it is reserved for the whole context but written a
  * position at a time in every layer, and a 2 MiB first-touch per layer would
- * zero (and keep resident) megabytes for a few tokens. Huge allocations
+ * zero (and keep resident) megabytes for a few tokens (measured again: the
+ * SmolLM2 test's resident peak 94 -> 236 MB, for no decode gain seen in
+ * alternating runs). Huge allocations
  * start 2 MiB-aligned (THP only backs aligned 2 MiB ranges: an unaligned
  * 2-6 MiB weight matrix got almost none); the mapping's size for
  * big_free() sits in a header before the data. */
@@ -1259,8 +1262,10 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
         w->balance = !(e && e[0] == '0' && e[1] == '\0');
     }
     {
-        const char *e = getenv("IE_DECODE_PREFETCH"), *es = getenv("IE_DECODE_STREAM");
+        const char *e = getenv("IE_DECODE_PREFETCH"), *es = getenv("IE_DECODE_STREAM"),
+                   *ek = getenv("IE_DECODE_KVPREFETCH");
         w->stream_act = !(es && es[0] == '0' && es[1] == '\0');
+        w->kvpf_on = !(ek && ek[0] == '0' && ek[1] == '\0');
         atomic_init(&w->pf_next, NULL);
         w->pf_on = !(e && e[0] == '0' && e[1] == '\0');
         if (opts->n_threads > 1) {
@@ -1356,6 +1361,12 @@ void ie_worker_destroy(ie_worker_t **self_p)
 
 #define MM_MAX MM_SPANS_PER_THREAD
 
+/* Work each thread does before its share of a matmul job. */
+typedef struct mm_pre {
+    void (*fn)(void *ctx, int ith, int nth);
+    void *ctx;
+} mm_pre_t;
+
 typedef struct mm_task {
     const ie_matmul_ops_t *ops;
     int nm;
@@ -1369,6 +1380,10 @@ typedef struct mm_task {
     int n_tok;
     mm_span_t *spans; /* non-NULL: balanced (spans[i * nth + t]: matrix i, thread t) */
     int64_t chunk;    /* panels a steal takes */
+    /* run by every thread before its share (NULL: nothing): prefetches
+     * for the job after this one */
+    void (*pre)(void *ctx, int ith, int nth);
+    void *pre_ctx;
 } mm_task_t;
 
 /* Balanced decode matmuls (PANEL16 and ROWS matrices; rows go in units of
@@ -1431,6 +1446,7 @@ static int mm_next(void *ctx, int64_t *p0, int64_t *p1)
 static void mm_run(void *ctx, int ith, int nth)
 {
     mm_task_t *t = ctx;
+    if (t->pre) t->pre(t->pre_ctx, ith, nth);
     for (int i = 0; i < t->nm; i++) {
         const wmat_t *m = t->rep[i] ? &t->rep[i][t->share_repl[ith]] : t->m[i]; /* same bytes */
         long b, e;
@@ -1504,7 +1520,7 @@ static void q_run(void *ctx, int ith, int nth)
  * separate passes. rep: NULL, or per matrix NULL or its per-node copies
  * (share ith reads rep[i][w->share_repl[ith]]). */
 static void matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, const wmat_t *const *rep,
-                       float *const *y, const float *x, int n)
+                       float *const *y, const float *x, int n, const mm_pre_t *pre)
 {
     int done[MM_MAX] = {0};
     const int nth = ie_threadpool_size(w->tp);
@@ -1513,6 +1529,11 @@ static void matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, const wma
         ie_dtype_t act = ie_matmul_act_dtype(m[i]->dtype);
         int64_t n_in = m[i]->n_in;
         mm_task_t t = {.ops = w->ops, .n_tok = n, .share_repl = w->share_repl};
+        if (pre) { /* in the first job */
+            t.pre = pre->fn;
+            t.pre_ctx = pre->ctx;
+            pre = NULL;
+        }
         for (int j = i; j < nm; j++) {
             if (!done[j] && ie_matmul_act_dtype(m[j]->dtype) == act) {
                 t.m[t.nm] = m[j];
@@ -1567,7 +1588,7 @@ static void matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, const wma
 static void matmul_group(ie_worker_t *w, int nm, const wmat_t *const *m, float *const *y, const float *x,
                          int n)
 {
-    matmul_rep(w, nm, m, NULL, y, x, n);
+    matmul_rep(w, nm, m, NULL, y, x, n, NULL);
 }
 
 static void matmul1(ie_worker_t *w, const wmat_t *m, float *y, const float *x, int n)
@@ -1592,46 +1613,115 @@ typedef struct att_task {
  * values into xb. The kernels read the slot's rows through its block table
  * (a paged view, ie_attn.h) with the arithmetic of a contiguous pass, so
  * any block size and placement gives the same bits. */
+/* Unit u of an attention job (att_run's numbering): token i, held KV head
+ * kh, query heads h0 .. h0+nh-1 (local numbers), the visible positions
+ * j0 .. j0+cnt-1 and the K and V rows of its slot. Returns 0 for a unit
+ * with no query heads (the last share of a group cut between ranks). */
+typedef struct att_unit {
+    int i, kh, h0, nh, j0, cnt;
+    ie_attn_rows_t kr, vr;
+} att_unit_t;
+
+static int att_unit(const att_task_t *t, long u, att_unit_t *a)
+{
+    const ie_worker_t *w = t->w;
+    const ie_hparams_t *hp = &w->hp;
+    const int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, nsub = (group + t->sg - 1) / t->sg;
+    a->i = (int)(u / (w->n_kv_loc * nsub));
+    const int r = (int)(u % (w->n_kv_loc * nsub));
+    a->kh = r / nsub;
+    /* this KV head's query heads held here (local numbers): a whole
+     * group, or the part of a group cut between two ranks */
+    const int kg = w->sh.kv_head_begin + a->kh;
+    const int qa = kg * group > w->sh.head_begin ? kg * group : w->sh.head_begin;
+    const int qe = (kg + 1) * group < w->sh.head_end ? (kg + 1) * group : w->sh.head_end;
+    a->h0 = qa - w->sh.head_begin + (r % nsub) * t->sg;
+    const int hend = qe - w->sh.head_begin;
+    if (a->h0 >= hend) return 0;
+    a->nh = hend - a->h0 < t->sg ? hend - a->h0 : t->sg;
+    const int seq = t->b->seq[a->i], pos = t->b->pos[a->i];
+    /* a sliding layer sees the last W positions, itself included */
+    a->j0 = w->layers[t->layer].swa && pos >= hp->sliding_window ? pos - hp->sliding_window + 1 : 0;
+    a->cnt = pos + 1 - a->j0;
+    /* this head's rows of the slot's blocks (ie_attn.h's paged view) */
+    const size_t head = (size_t)(t->layer - w->sh.layer_begin) * w->kv_layer_stride + (size_t)a->kh * hd;
+    const int32_t *tab = w->btab + (size_t)seq * w->kv_nlb;
+    const size_t bstride = (size_t)w->kv_block * w->kv_dim;
+    a->kr = (ie_attn_rows_t){w->kcache + head, (size_t)w->kv_dim, tab, w->kv_block, bstride};
+    a->vr = (ie_attn_rows_t){w->vcache + head, (size_t)w->kv_dim, tab, w->kv_block, bstride};
+    return 1;
+}
+
+/* Units per attention job (att_run deals them round-robin). */
+static long att_units(const att_task_t *t)
+{
+    const ie_hparams_t *hp = &t->w->hp;
+    const int group = hp->n_head / hp->n_head_kv, nsub = (group + t->sg - 1) / t->sg;
+    return (long)t->b->n * t->w->n_kv_loc * nsub;
+}
+
+/* One (token, held KV head, share of its query heads) per unit of work: the
+ * shared K and V rows are read once for all those heads (GQA), scores over
+ * the slot's cache up to the token's position, softmax, weighted sum of
+ * values into xb. The kernels read the slot's rows through its block table
+ * (a paged view, ie_attn.h) with the arithmetic of a contiguous pass, so
+ * any block size and placement gives the same bits. Units are dealt
+ * round-robin: a causal prefill's later tokens cost more, contiguous shares
+ * would leave the first thread idle. */
 static void att_run(void *ctx, int ith, int nth)
 {
     att_task_t *t = ctx;
     ie_worker_t *w = t->w;
     const ie_hparams_t *hp = &w->hp;
     const layer_t *L = &w->layers[t->layer];
-    const int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, nsub = (group + t->sg - 1) / t->sg;
+    const int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
     const size_t ld = (size_t)w->opts.n_ctx;
     const float scale = 1.0f / sqrtf((float)hd);
     float *scores = w->scores + (size_t)ith * (size_t)group * ld;
-    /* units dealt round-robin: a causal prefill's later tokens cost more,
-     * contiguous shares would leave the first thread idle */
-    const long units = (long)t->b->n * w->n_kv_loc * nsub;
+    const long units = att_units(t);
+    att_unit_t a;
     for (long u = ith; u < units; u += nth) {
-        const int i = (int)(u / (w->n_kv_loc * nsub)), r = (int)(u % (w->n_kv_loc * nsub));
-        const int kh = r / nsub;
-        /* this KV head's query heads held here (local numbers): a whole
-         * group, or the part of a group cut between two ranks */
-        const int kg = w->sh.kv_head_begin + kh;
-        const int qa = kg * group > w->sh.head_begin ? kg * group : w->sh.head_begin;
-        const int qe = (kg + 1) * group < w->sh.head_end ? (kg + 1) * group : w->sh.head_end;
-        const int h0 = qa - w->sh.head_begin + (r % nsub) * t->sg;
-        const int hend = qe - w->sh.head_begin;
-        if (h0 >= hend) continue;
-        const int nh = hend - h0 < t->sg ? hend - h0 : t->sg;
-        const int seq = t->b->seq[i], pos = t->b->pos[i];
-        /* a sliding layer sees the last W positions, itself included */
-        const int j0 = L->swa && pos >= hp->sliding_window ? pos - hp->sliding_window + 1 : 0;
-        const int cnt = pos + 1 - j0;
-        /* this head's rows of the slot's blocks (ie_attn.h's paged view) */
-        const size_t head = (size_t)(t->layer - w->sh.layer_begin) * w->kv_layer_stride + (size_t)kh * hd;
-        const int32_t *tab = w->btab + (size_t)seq * w->kv_nlb;
-        const size_t bstride = (size_t)w->kv_block * w->kv_dim;
-        const ie_attn_rows_t kr = {w->kcache + head, (size_t)w->kv_dim, tab, w->kv_block, bstride};
-        const ie_attn_rows_t vr = {w->vcache + head, (size_t)w->kv_dim, tab, w->kv_block, bstride};
-        const float *q = w->q + (size_t)i * w->q_dim + (size_t)h0 * hd;
-        w->attn->scores(q, (size_t)hd, nh, &kr, j0, cnt, hd, scale, scores, ld);
-        for (int hh = 0; hh < nh; hh++)
-            w->vec->softmax(scores + (size_t)hh * ld, cnt, L->sinks ? &L->sinks[h0 + hh] : NULL);
-        w->attn->values(scores, ld, nh, &vr, j0, cnt, hd, w->xb + (size_t)i * w->q_dim + (size_t)h0 * hd, (size_t)hd);
+        if (!att_unit(t, u, &a)) continue;
+        const float *q = w->q + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd;
+        w->attn->scores(q, (size_t)hd, a.nh, &a.kr, a.j0, a.cnt, hd, scale, scores, ld);
+        for (int hh = 0; hh < a.nh; hh++)
+            w->vec->softmax(scores + (size_t)hh * ld, a.cnt, L->sinks ? &L->sinks[a.h0 + hh] : NULL);
+        w->attn->values(scores, ld, a.nh, &a.vr, a.j0, a.cnt, hd, w->xb + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd,
+                        (size_t)hd);
+    }
+}
+
+/* Every 64-byte line of [p, p + n), into L2. */
+static void prefetch_l2(const void *p, size_t n)
+{
+    const uintptr_t a = (uintptr_t)p, e = a + n;
+    for (uintptr_t l = a & ~(uintptr_t)63; l < e; l += 64) __builtin_prefetch((const void *)l, 0, 2);
+}
+
+/* Decode: fetch into L2 the cached K and V rows that att_run's share ith
+ * will read after this matmul job, the token's own row left out (the owner
+ * writes it after the job). Run by every thread before its share of the
+ * q/k/v matmul: a decode step's cache rows are read once per layer, a
+ * head's hd floats out of every kv_dim, from DRAM (the weights stream
+ * evicts them), and that scattered read ran latency-bound in att_run; as
+ * prefetches ahead of the matmul's stream they cost the bandwidth of their
+ * bytes and are still in L2 (the job streams ~0.7 MB a thread for
+ * TinyLlama) when attention runs. */
+static void att_prefetch(void *ctx, int ith, int nth)
+{
+    const att_task_t *t = ctx;
+    const size_t row_bytes = (size_t)t->w->hp.head_dim * sizeof(float);
+    const long units = att_units(t);
+    att_unit_t a;
+    for (long u = ith; u < units; u += nth) {
+        if (!att_unit(t, u, &a)) continue;
+        ie_attn_cursor_t ck, cv;
+        ie_attn_cursor_init(&ck, &a.kr, a.j0);
+        ie_attn_cursor_init(&cv, &a.vr, a.j0);
+        for (int j = 0; j + 1 < a.cnt; j++) {
+            prefetch_l2(ie_attn_cursor_next(&ck), row_bytes);
+            prefetch_l2(ie_attn_cursor_next(&cv), row_bytes);
+        }
     }
 }
 
@@ -1831,10 +1921,14 @@ static ie_status_t step_run(ie_worker_t *w, const ie_batch_t *b, const float *hi
         for (int i = 0; i < n; i++)
             w->vec->rmsnorm(w->xb + (size_t)i * d, w->x + (size_t)i * d, L->attn_norm, d, hp->rms_eps);
         pf_set(w, &L->o, n); /* what the idle threads fetch next (worker_idle) */
+        att_task_t at = {w, b, l, att_share(w, n)};
         {
+            /* decode: each thread fetches the cache rows its attention
+             * share reads, ahead of its share of q/k/v */
             const wmat_t *ms[3] = {&L->q, &L->k, &L->v};
             float *ys[3] = {w->q, w->k, w->v};
-            matmul_group(w, 3, ms, ys, w->xb, n);
+            const mm_pre_t kvpf = {att_prefetch, &at};
+            matmul_rep(w, 3, ms, NULL, ys, w->xb, n, w->kvpf_on && n <= 8 ? &kvpf : NULL);
         }
         if (L->bq)
             for (int i = 0; i < n; i++) {
@@ -1859,7 +1953,6 @@ static ie_status_t step_run(ie_worker_t *w, const ie_batch_t *b, const float *hi
             memcpy(w->kcache + off, w->k + (size_t)i * w->kv_dim, (size_t)w->kv_dim * sizeof(float));
             memcpy(w->vcache + off, w->v + (size_t)i * w->kv_dim, (size_t)w->kv_dim * sizeof(float));
         }
-        att_task_t at = {w, b, l, att_share(w, n)};
         ie_threadpool_run(w->tp, att_run, &at);
         /* output projection (tensor-parallel: this rank's heads' share,
          * summed across ranks), residual connection back into x */
@@ -1917,7 +2010,7 @@ static ie_status_t step_run(ie_worker_t *w, const ie_batch_t *b, const float *hi
         pf_set(w, sh->layer_end > sh->layer_begin ? &w->layers[sh->layer_begin].q : NULL, nl);
         const wmat_t *ms[1] = {&w->output}, *rp[1] = {w->head_repl}; /* per-node copies, if any */
         float *ys[1] = {logits_out};
-        matmul_rep(w, 1, ms, rp, ys, w->xb, nl);
+        matmul_rep(w, 1, ms, rp, ys, w->xb, nl, NULL);
     }
     return IE_OK;
 }
@@ -1987,9 +2080,12 @@ ie_status_t ie_worker_set_decode_option(ie_worker_t *w, const char *name, int on
         if (!w->pf_on && w->pf) atomic_store_explicit(&w->pf_next, NULL, memory_order_relaxed);
     } else if (!strcmp(name, "stream"))
         w->stream_act = on != 0;
+    else if (!strcmp(name, "kvprefetch"))
+        w->kvpf_on = on != 0;
     else
         return ie_error_set(IE_ERR_INVAL,
-                            "ie_worker_set_decode_option: unknown option '%s' (balance, prefetch, stream)", name);
+                            "ie_worker_set_decode_option: unknown option '%s' (balance, prefetch, stream, kvprefetch)",
+                            name);
     return IE_OK;
 }
 
