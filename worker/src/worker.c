@@ -1706,19 +1706,25 @@ static void prefetch_l2(const void *p, size_t n)
  * evicts them), and that scattered read ran latency-bound in att_run; as
  * prefetches ahead of the matmul's stream they cost the bandwidth of their
  * bytes and are still in L2 (the job streams ~0.7 MB a thread for
- * TinyLlama) when attention runs. */
+ * TinyLlama) when attention runs. At most KVPF_MAX bytes, the first rows
+ * (attention's own prefetch streams the rest): at 1000 positions the whole
+ * share (~1 MB a thread) measured slightly slower than none. In-run A/B
+ * (bench_decode --ab kvprefetch, Q4_0 TinyLlama shape, ~150 positions):
+ * +0.017 to +0.027 of the paired read in the high-bandwidth phase. */
+#define KVPF_MAX ((size_t)256 << 10) /* bytes a thread fetches ahead */
 static void att_prefetch(void *ctx, int ith, int nth)
 {
     const att_task_t *t = ctx;
     const size_t row_bytes = (size_t)t->w->hp.head_dim * sizeof(float);
     const long units = att_units(t);
+    size_t left = KVPF_MAX;
     att_unit_t a;
     for (long u = ith; u < units; u += nth) {
         if (!att_unit(t, u, &a)) continue;
         ie_attn_cursor_t ck, cv;
         ie_attn_cursor_init(&ck, &a.kr, a.j0);
         ie_attn_cursor_init(&cv, &a.vr, a.j0);
-        for (int j = 0; j + 1 < a.cnt; j++) {
+        for (int j = 0; j + 1 < a.cnt && left >= 2 * row_bytes; j++, left -= 2 * row_bytes) {
             prefetch_l2(ie_attn_cursor_next(&ck), row_bytes);
             prefetch_l2(ie_attn_cursor_next(&cv), row_bytes);
         }
