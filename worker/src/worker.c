@@ -1616,12 +1616,6 @@ typedef struct att_task {
     int sg; /* query heads per unit (a share of one KV head's group) */
 } att_task_t;
 
-/* One (token, held KV head, share of its query heads) per unit of work: the
- * shared K and V rows are read once for all those heads (GQA), scores over
- * the slot's cache up to the token's position, softmax, weighted sum of
- * values into xb. The kernels read the slot's rows through its block table
- * (a paged view, ie_attn.h) with the arithmetic of a contiguous pass, so
- * any block size and placement gives the same bits. */
 /* Unit u of an attention job (att_run's numbering): token i, held KV head
  * kh, query heads h0 .. h0+nh-1 (local numbers), the visible positions
  * j0 .. j0+cnt-1 and the K and V rows of its slot. Returns 0 for a unit
