@@ -84,7 +84,7 @@ static int g_half_panel; /* --half-panel: BF16 and F16 weights in PANEL16 (matmu
 
 static int is_packed(ie_dtype_t t)
 {
-    return t == IE_DTYPE_I8W || t == IE_DTYPE_I4W || t == IE_DTYPE_I4WA || (g_half_panel && (t == IE_DTYPE_BF16 || t == IE_DTYPE_F16));
+    return t == IE_DTYPE_I8W || t == IE_DTYPE_I4W || t == IE_DTYPE_I4WA || (g_half_panel && ie_dtype_is_half(t));
 }
 
 static void matmul_packed_task(void *p, int ith, int nth)
@@ -144,7 +144,7 @@ static void fill_pool(ie_dtype_t wt, int64_t n_out, int64_t n_in, size_t copies)
  * +-0.05 in f16, zero scales on padding rows. */
 static void fill_pool_packed(ie_dtype_t wt, int group, int64_t n_out, int64_t n_in, size_t copies)
 {
-    if (wt == IE_DTYPE_BF16 || wt == IE_DTYPE_F16) { /* 16 random rows in every panel, zero padding rows */
+    if (ie_dtype_is_half(wt)) { /* 16 random rows in every panel, zero padding rows */
         const size_t pb = ie_pack_panel_bytes(wt, group, n_in);
         const int64_t np = (n_out + IE_PANEL - 1) / IE_PANEL, r1 = n_out < IE_PANEL ? n_out : IE_PANEL;
         float *x = malloc(sizeof(float) * (size_t)n_in * IE_PANEL);

@@ -82,11 +82,11 @@ static inline int ie_dtype_is_intw(ie_dtype_t t)
     return t == IE_DTYPE_I8W || t == IE_DTYPE_I4W || t == IE_DTYPE_I4WA;
 }
 
+/* 1 for the plain 16-bit float types PANEL16 holds (no scales). */
+static inline int ie_dtype_is_half(ie_dtype_t t) { return t == IE_DTYPE_BF16 || t == IE_DTYPE_F16; }
+
 /* 1 for the types PANEL16 can hold: the I-types, BF16 and F16. */
-static inline int ie_dtype_is_packable(ie_dtype_t t)
-{
-    return ie_dtype_is_intw(t) || t == IE_DTYPE_BF16 || t == IE_DTYPE_F16;
-}
+static inline int ie_dtype_is_packable(ie_dtype_t t) { return ie_dtype_is_intw(t) || ie_dtype_is_half(t); }
 
 /* 0 if (dtype, group, n_in) is a valid packed shape (dtype in I8W/I4W/I4WA,
  * group a positive multiple of 32 dividing n_in; BF16 and F16 with group

@@ -278,9 +278,6 @@ static void panel_fill(ie_dtype_t t, int G, int64_t n_in, int64_t r0, int64_t r1
 /* ---- 16-bit float panels (ie_pack.h): BF16 chunk c of panel p, dword i =
  * (w[16p+i][2c], w[16p+i][2c+1]); F16 slice k, word i = w[16p+i][k]. */
 
-/* 1 for the plain 16-bit float types PANEL16 holds. */
-static inline int is_half(ie_dtype_t t) { return t == IE_DTYPE_BF16 || t == IE_DTYPE_F16; }
-
 /* Byte of element k of panel row i inside a BF16 / F16 panel. */
 static inline size_t half_pos(ie_dtype_t t, int i, int64_t k)
 {
@@ -348,7 +345,7 @@ int ie_pack_quantize(ie_dtype_t dtype, int group, ie_qscale_t how, const float *
                      int64_t r0, int64_t r1, int64_t n_out, void *dst)
 {
     if (ie_pack_check(dtype, group, n_in) != 0 || !range_ok(r0, r1, n_out) || !src || !dst) return -1;
-    if (is_half(dtype)) {
+    if (ie_dtype_is_half(dtype)) {
         half_fill(dtype, src, NULL, n_in, r0, r1, n_out, dst);
         return 0;
     }
@@ -421,7 +418,7 @@ int ie_pack_repack(ie_dtype_t rows_dtype, int group, const void *src, int64_t n_
     if (t == IE_DTYPE_INVALID || !src || !dst) return -1;
     if (!ie_dtype_is_intw(rows_dtype)) group = IE_QK;
     if (ie_pack_check(t, group, n_in) != 0 || !range_ok(r0, r1, n_out)) return -1;
-    if (is_half(t)) {
+    if (ie_dtype_is_half(t)) {
         half_fill(t, NULL, src, n_in, r0, r1, n_out, dst);
         return 0;
     }
@@ -437,7 +434,7 @@ int ie_pack_repack(ie_dtype_t rows_dtype, int group, const void *src, int64_t n_
 void ie_pack_dequant_row(const ie_pmat_t *m, int64_t r, float *dst)
 {
     if (!m || !m->data || ie_pack_check(m->dtype, m->group, m->n_in) != 0 || r < 0 || r >= m->n_out) return;
-    if (is_half(m->dtype)) {
+    if (ie_dtype_is_half(m->dtype)) {
         const uint8_t *pan = half_panel(m, r);
         for (int64_t k = 0; k < m->n_in; k++) dst[k] = half_at(m->dtype, pan, (int)(r % IE_PANEL), k);
         return;
@@ -524,7 +521,7 @@ int ie_matmul_packed_ref(const ie_pmat_t *m, int64_t r0, int64_t r1, const void 
                          int64_t n_tok, float *y, int64_t ldy)
 {
     if (!packed_args_ok(m, r0, r1, a, n_tok, y)) return -1;
-    if (is_half(m->dtype)) {
+    if (ie_dtype_is_half(m->dtype)) {
         const int bf = m->dtype == IE_DTYPE_BF16; /* BF16 activations, else F32 */
         for (int64_t tok = 0; tok < n_tok; tok++) {
             const uint8_t *arow = (const uint8_t *)a + (size_t)tok * a_stride;

@@ -10,14 +10,14 @@ static size_t quant_bytes(ie_dtype_t t, int group) { return t == IE_DTYPE_I8W ? 
 int ie_pack_check(ie_dtype_t dtype, int group, int64_t n_in)
 {
     if (!ie_dtype_is_packable(dtype) || group <= 0 || group % 32 != 0 || n_in <= 0 || n_in % group != 0) return -1;
-    if ((dtype == IE_DTYPE_BF16 || dtype == IE_DTYPE_F16) && group != IE_QK) return -1;
+    if (ie_dtype_is_half(dtype) && group != IE_QK) return -1;
     return 0;
 }
 
 size_t ie_pack_panel_bytes(ie_dtype_t dtype, int group, int64_t n_in)
 {
     if (ie_pack_check(dtype, group, n_in) != 0) return 0;
-    if (dtype == IE_DTYPE_BF16 || dtype == IE_DTYPE_F16) return (size_t)n_in * IE_PANEL * 2;
+    if (ie_dtype_is_half(dtype)) return (size_t)n_in * IE_PANEL * 2;
     return (size_t)(n_in / group) * IE_PANEL * (scale_bytes(dtype) + quant_bytes(dtype, group));
 }
 

@@ -302,7 +302,7 @@ int ie_matmul_packed_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, const void
     if (n_tok < 0) return -1;
     if (n_tok == 0 || r0 == r1) return 0;
     if (!a || !y) return -1;
-    if (m->dtype == IE_DTYPE_BF16 || m->dtype == IE_DTYPE_F16) {
+    if (ie_dtype_is_half(m->dtype)) {
         half_packed(m, r0, r1, a, a_stride, n_tok, y, ldy);
         return 0;
     }
