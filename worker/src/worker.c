@@ -579,13 +579,9 @@ static ie_status_t bind_src(ie_worker_t *w, const char *name, const src_mat_t *t
         break;
     case IE_PREC_F32: to = IE_DTYPE_F32; lay = IE_LAYOUT_ROWS; group = 0; break;
     case IE_PREC_BF16:
-        to = IE_DTYPE_BF16;
-        lay = w->repack && ie_pack_check(IE_DTYPE_BF16, 32, n_in) == 0 ? IE_LAYOUT_PANEL16 : IE_LAYOUT_ROWS;
-        group = lay == IE_LAYOUT_PANEL16 ? 32 : 0;
-        break;
     case IE_PREC_F16:
-        to = IE_DTYPE_F16;
-        lay = w->repack && ie_pack_check(IE_DTYPE_F16, 32, n_in) == 0 ? IE_LAYOUT_PANEL16 : IE_LAYOUT_ROWS;
+        to = w->opts.precision == IE_PREC_BF16 ? IE_DTYPE_BF16 : IE_DTYPE_F16;
+        lay = w->repack && ie_pack_check(to, 32, n_in) == 0 ? IE_LAYOUT_PANEL16 : IE_LAYOUT_ROWS;
         group = lay == IE_LAYOUT_PANEL16 ? 32 : 0;
         break;
     case IE_PREC_INT8W:
@@ -1004,6 +1000,13 @@ static void pf_set(ie_worker_t *w, const wmat_t *m, int n)
     if (w->pf) atomic_store_explicit(&w->pf_next, w->pf_on && n <= 8 ? m : NULL, memory_order_relaxed);
 }
 
+/* A decode switch (IE_DECODE_*): on unless the variable is exactly "0". */
+static int env_on(const char *name)
+{
+    const char *e = getenv(name);
+    return !(e && e[0] == '0' && e[1] == '\0');
+}
+
 ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opts, ie_worker_t **out)
 {
     ie_status_t st = IE_OK;
@@ -1266,17 +1269,12 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
     w->tmp = big_alloc(B * d * sizeof(float));
     w->act = big_alloc(B * w->act_row_cap);
     w->spans = big_alloc(MM_SPANS_PER_THREAD * (size_t)opts->n_threads * sizeof *w->spans);
+    w->balance = env_on("IE_DECODE_BALANCE");
+    w->stream_act = env_on("IE_DECODE_STREAM");
+    w->kvpf_on = env_on("IE_DECODE_KVPREFETCH");
+    w->pf_on = env_on("IE_DECODE_PREFETCH");
     {
-        const char *e = getenv("IE_DECODE_BALANCE");
-        w->balance = !(e && e[0] == '0' && e[1] == '\0');
-    }
-    {
-        const char *e = getenv("IE_DECODE_PREFETCH"), *es = getenv("IE_DECODE_STREAM"),
-                   *ek = getenv("IE_DECODE_KVPREFETCH");
-        w->stream_act = !(es && es[0] == '0' && es[1] == '\0');
-        w->kvpf_on = !(ek && ek[0] == '0' && ek[1] == '\0');
         atomic_init(&w->pf_next, NULL);
-        w->pf_on = !(e && e[0] == '0' && e[1] == '\0');
         if (opts->n_threads > 1) {
             w->pf = big_alloc((size_t)opts->n_threads * sizeof *w->pf);
             if (!w->pf) {
@@ -1389,10 +1387,7 @@ typedef struct mm_task {
     int n_tok;
     mm_span_t *spans; /* non-NULL: balanced (spans[i * nth + t]: matrix i, thread t) */
     int64_t chunk;    /* panels a steal takes */
-    /* run by every thread before its share (NULL: nothing): prefetches
-     * for the job after this one */
-    void (*pre)(void *ctx, int ith, int nth);
-    void *pre_ctx;
+    mm_pre_t pre; /* run by every thread before its share (fn NULL: nothing) */
 } mm_task_t;
 
 /* Balanced decode matmuls (PANEL16 and ROWS matrices; rows go in units of
@@ -1455,7 +1450,7 @@ static int mm_next(void *ctx, int64_t *p0, int64_t *p1)
 static void mm_run(void *ctx, int ith, int nth)
 {
     mm_task_t *t = ctx;
-    if (t->pre) t->pre(t->pre_ctx, ith, nth);
+    if (t->pre.fn) t->pre.fn(t->pre.ctx, ith, nth);
     for (int i = 0; i < t->nm; i++) {
         const wmat_t *m = t->rep[i] ? &t->rep[i][t->share_repl[ith]] : t->m[i]; /* same bytes */
         long b, e;
@@ -1539,8 +1534,7 @@ static void matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, const wma
         int64_t n_in = m[i]->n_in;
         mm_task_t t = {.ops = w->ops, .n_tok = n, .share_repl = w->share_repl};
         if (pre) { /* in the first job */
-            t.pre = pre->fn;
-            t.pre_ctx = pre->ctx;
+            t.pre = *pre;
             pre = NULL;
         }
         for (int j = i; j < nm; j++) {
