@@ -89,6 +89,7 @@ fuzz:
 
 # Re-generate the reference fixtures with torch/transformers and re-check.
 reference: build
+	bash scripts/setup.sh --reference
 	bash tests/reference/regen.sh
 
 # The unit tests under ASan+UBSan.

