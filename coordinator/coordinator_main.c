@@ -199,7 +199,7 @@ int main(int argc, char **argv)
     eo.dead_ms = (int)dead;
     eo.net = net;
     eo.metrics = metrics;
-    if ((st = ie_engine_create(&eo, &eng)) != IE_OK) goto fail;
+    if ((st = ie_engine_open(&eo, &eng)) != IE_OK) goto fail;
     if ((st = ie_sock_new(net, IE_SOCK_ROUTER, &client)) != IE_OK) goto fail;
     char cep[300];
     if ((st = ie_sock_bind(client, client_bind, cep, sizeof cep)) != IE_OK) goto fail;

@@ -5,9 +5,9 @@
  *
  *     ie_engine_opts_t o; ie_engine_opts_default(&o);
  *     o.model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
- *     ie_engine_t *e; if (ie_engine_create(&o, &e) != IE_OK) ... ie_error_last()
+ *     ie_engine_t *e; if (ie_engine_open(&o, &e) != IE_OK) ... ie_error_last()
  *     ie_gen_params_t p; ie_gen_params_default(&p); p.max_new = 32;
- *     ie_gen_result_t r; ie_engine_generate(e, &prompt, 1, &p, &r);
+ *     ie_gen_result_t r; ie_engine_generate_batch(e, &prompt, 1, &p, &r);
  *     ... r.text, r.n_gen ...
  *     ie_gen_result_clear(&r); ie_engine_destroy(&e);
  *
@@ -70,7 +70,7 @@ void ie_engine_opts_default(ie_engine_opts_t *o);
 /* Load the model and tokenizer and build the worker. Errors: IE_ERR_IO /
  * IE_ERR_FORMAT / IE_ERR_UNSUPPORTED for the model or tokenizer,
  * IE_ERR_NOMEM, IE_ERR_INVAL for options. Caller owns *out. */
-ie_status_t ie_engine_create(const ie_engine_opts_t *o, ie_engine_t **out);
+ie_status_t ie_engine_open(const ie_engine_opts_t *o, ie_engine_t **out);
 
 void ie_engine_destroy(ie_engine_t **self_p);
 
@@ -162,14 +162,14 @@ typedef struct ie_gen_stats {
  * (IE_ERR_INVAL, naming the prompt), a prompt that does not fit the context
  * (IE_ERR_RANGE) or bad sampling params; on failure every result is
  * cleared. stats (optional) accumulates timing of the whole call. */
-ie_status_t ie_engine_generate(ie_engine_t *e, const char *const *prompts, size_t n,
+ie_status_t ie_engine_generate_batch(ie_engine_t *e, const char *const *prompts, size_t n,
                                const ie_gen_params_t *p, ie_gen_result_t *results,
                                ie_gen_stats_t *stats);
 
-/* As ie_engine_generate, for prompts already tokenized (e.g. by
+/* As ie_engine_generate_batch, for prompts already tokenized (e.g. by
  * ie_chat_encode): prompt i is ids[i][0..n_ids[i]), used as given
  * (p->add_special and p->parse_special do not apply). Errors as
- * ie_engine_generate, plus IE_ERR_RANGE for an id outside the model's
+ * ie_engine_generate_batch, plus IE_ERR_RANGE for an id outside the model's
  * vocabulary and IE_ERR_INVAL for an empty prompt. */
 ie_status_t ie_engine_generate_ids(ie_engine_t *e, const int32_t *const *ids, const size_t *n_ids, size_t n,
                                    const ie_gen_params_t *p, ie_gen_result_t *results,

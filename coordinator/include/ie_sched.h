@@ -1,6 +1,6 @@
 /* ie_sched.h — the coordinator's request scheduler: continuous batching over
  * a paged KV cache with a prefix cache, priorities, backpressure, timeouts
- * and cancellation. Every front end (ie_engine_generate, the ZeroMQ client
+ * and cancellation. Every front end (ie_engine_generate_batch, the ZeroMQ client
  * endpoint, the HTTP API) submits requests here.
  *
  * Each ie_sched_step is one engine step: requests join the running batch

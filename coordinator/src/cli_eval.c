@@ -85,7 +85,7 @@ int ie_cli_perplexity(int argc, char **argv)
         rc = fail(IE_EXIT_USAGE, "perplexity: bad plan '%s'", plan ? plan : getenv("IE_PLAN"));
         goto cleanup;
     }
-    ie_status_t st = ie_engine_create(&eo, &eng);
+    ie_status_t st = ie_engine_open(&eo, &eng);
     if (st != IE_OK) {
         rc = fail(ie_cli_exit_for_load(st), "%s", ie_error_last());
         goto cleanup;
@@ -245,7 +245,7 @@ int ie_cli_logits(int argc, char **argv)
         rc = fail(IE_EXIT_USAGE, "logits: bad plan '%s'", plan ? plan : getenv("IE_PLAN"));
         goto cleanup;
     }
-    ie_status_t st = ie_engine_create(&eo, &eng);
+    ie_status_t st = ie_engine_open(&eo, &eng);
     if (st != IE_OK) {
         rc = fail(ie_cli_exit_for_load(st), "%s", ie_error_last());
         goto cleanup;

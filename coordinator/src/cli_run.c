@@ -418,7 +418,7 @@ int ie_cli_run(int argc, char **argv)
         rc = err_exit(IE_EXIT_USAGE, msg);
         goto cleanup;
     }
-    ie_status_t st = ie_engine_create(&eo, &eng);
+    ie_status_t st = ie_engine_open(&eo, &eng);
     if (st != IE_OK) {
         rc = err_exit(ie_cli_exit_for_load(st), ie_error_last());
         goto cleanup;
@@ -458,7 +458,7 @@ int ie_cli_run(int argc, char **argv)
             const int32_t *one = chat_ids;
             st = ie_engine_generate_ids(eng, &one, &n_chat_ids, 1, &gp, res, &s);
         } else {
-            st = ie_engine_generate(eng, (const char *const *)prompts, n_prompts, &gp, res, &s);
+            st = ie_engine_generate_batch(eng, (const char *const *)prompts, n_prompts, &gp, res, &s);
         }
         double t1 = ie_now_s();
         if (st != IE_OK) {

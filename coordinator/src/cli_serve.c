@@ -191,7 +191,7 @@ int ie_cli_serve(int argc, char **argv)
         eo.net = net;
     }
     eo.metrics = metrics;
-    if ((st = ie_engine_create(&eo, &eng)) != IE_OK) {
+    if ((st = ie_engine_open(&eo, &eng)) != IE_OK) {
         fprintf(stderr, "error: %s\n", ie_error_last());
         rc = ie_cli_exit_for_load(st);
         goto cleanup;

@@ -154,7 +154,7 @@ static ie_status_t start_cluster(ie_engine_t *e, const ie_worker_opts_t *wo)
     }
 }
 
-ie_status_t ie_engine_create(const ie_engine_opts_t *o, ie_engine_t **out)
+ie_status_t ie_engine_open(const ie_engine_opts_t *o, ie_engine_t **out)
 {
     ie_status_t st = IE_OK;
     ie_engine_t *e = NULL;
@@ -350,7 +350,7 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
                             const size_t *n_ids, size_t n, const ie_gen_params_t *p, ie_gen_result_t *results,
                             ie_gen_stats_t *stats);
 
-ie_status_t ie_engine_generate(ie_engine_t *e, const char *const *prompts, size_t n,
+ie_status_t ie_engine_generate_batch(ie_engine_t *e, const char *const *prompts, size_t n,
                                const ie_gen_params_t *p, ie_gen_result_t *results, ie_gen_stats_t *stats)
 {
     if (n && !prompts) {

@@ -46,7 +46,7 @@ static ie_status_t make_engine(int n_seq, int max_batch, ie_engine_t **out)
     o.n_ctx = N_CTX;
     o.n_seq = n_seq;
     o.max_batch = max_batch;
-    return ie_engine_create(&o, out);
+    return ie_engine_open(&o, out);
 }
 
 static int suite_init(void)
@@ -133,11 +133,11 @@ static void check_batch_equals_solo(const ie_gen_params_t *p, const char *what)
 {
     ie_gen_result_t solo[5], batch[5];
     for (int i = 0; i < 5; i++) {
-        CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_solo, &k_prompts[i], 1, p, &solo[i], NULL), IE_OK);
+        CU_ASSERT_EQUAL_FATAL(ie_engine_generate_batch(g_solo, &k_prompts[i], 1, p, &solo[i], NULL), IE_OK);
         CU_ASSERT(solo[i].n_gen > 0);
     }
     ie_gen_stats_t st = {0};
-    CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_eng, k_prompts, 5, p, batch, &st), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_engine_generate_batch(g_eng, k_prompts, 5, p, batch, &st), IE_OK);
     size_t n_prompt = 0, n_gen = 0;
     for (int i = 0; i < 5; i++) {
         int ok = same_ids(&solo[i], &batch[i]);
@@ -198,8 +198,8 @@ static void test_batch_same_prompt(void)
     const char *pr[5];
     for (int i = 0; i < 5; i++) pr[i] = k_prompts[3];
     ie_gen_result_t r[5], solo;
-    CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_solo, pr, 1, &p, &solo, NULL), IE_OK);
-    CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_eng, pr, 5, &p, r, NULL), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_engine_generate_batch(g_solo, pr, 1, &p, &solo, NULL), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_engine_generate_batch(g_eng, pr, 5, &p, r, NULL), IE_OK);
     for (int i = 0; i < 5; i++) {
         CU_ASSERT(same_ids(&solo, &r[i]));
         ie_gen_result_clear(&r[i]);
@@ -214,7 +214,7 @@ static void test_stop_strings(void)
     const char *pr = k_prompts[1];
     ie_gen_params_t p = greedy_params(40);
     ie_gen_result_t full, r;
-    CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_eng, &pr, 1, &p, &full, NULL), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_engine_generate_batch(g_eng, &pr, 1, &p, &full, NULL), IE_OK);
     CU_ASSERT_EQUAL_FATAL(full.stop, IE_FINISH_LENGTH);
     size_t len = strlen(full.text);
     CU_ASSERT_FATAL(len > 20);
@@ -228,7 +228,7 @@ static void test_stop_strings(void)
     size_t cut = (size_t)(strstr(full.text, stop) - full.text);
     p.stop = stops;
     p.n_stop = 2;
-    CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_eng, &pr, 1, &p, &r, NULL), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_engine_generate_batch(g_eng, &pr, 1, &p, &r, NULL), IE_OK);
     CU_ASSERT_EQUAL(r.stop, IE_FINISH_STOP);
     CU_ASSERT_EQUAL(strlen(r.text), cut);
     CU_ASSERT(strncmp(r.text, full.text, cut) == 0);
@@ -246,7 +246,7 @@ static void test_stop_strings(void)
     const char *s1[1] = {first};
     p.stop = s1;
     p.n_stop = 1;
-    CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_eng, &pr, 1, &p, &r, NULL), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_engine_generate_batch(g_eng, &pr, 1, &p, &r, NULL), IE_OK);
     CU_ASSERT_EQUAL(r.stop, IE_FINISH_STOP);
     CU_ASSERT_PTR_NOT_NULL(r.text);
     if (r.text) CU_ASSERT_STRING_EQUAL(r.text, "");
@@ -255,7 +255,7 @@ static void test_stop_strings(void)
     /* no stop string matched: text equals the unstopped run's */
     const char *s2[1] = {"#never#appears#"};
     p.stop = s2;
-    CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_eng, &pr, 1, &p, &r, NULL), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_engine_generate_batch(g_eng, &pr, 1, &p, &r, NULL), IE_OK);
     CU_ASSERT_EQUAL(r.stop, IE_FINISH_LENGTH);
     CU_ASSERT_STRING_EQUAL(r.text, full.text);
     CU_ASSERT(same_ids(&r, &full));
@@ -268,7 +268,7 @@ static void test_eos(void)
     const char *pr = CHAT_MATH;
     ie_gen_params_t p = greedy_params(200);
     ie_gen_result_t r;
-    CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_eng, &pr, 1, &p, &r, NULL), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_engine_generate_batch(g_eng, &pr, 1, &p, &r, NULL), IE_OK);
     CU_ASSERT_EQUAL(r.stop, IE_FINISH_EOS);
     CU_ASSERT(r.n_gen > 1 && r.n_gen < 200);
     const ie_tokenizer_t *tk = ie_engine_tokenizer(g_eng);
@@ -296,7 +296,7 @@ static void test_max_new_0_and_1(void)
     ie_gen_params_t p = greedy_params(0);
     ie_gen_result_t r[2], one[2], ref;
     ie_gen_stats_t st = {0};
-    CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_eng, pr, 2, &p, r, &st), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_engine_generate_batch(g_eng, pr, 2, &p, r, &st), IE_OK);
     for (int i = 0; i < 2; i++) {
         CU_ASSERT_EQUAL(r[i].n_gen, 0);
         CU_ASSERT(r[i].n_prompt > 0);
@@ -310,14 +310,14 @@ static void test_max_new_0_and_1(void)
     CU_ASSERT_EQUAL(st.decode_tokens, 0);
 
     p.max_new = 1;
-    CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_eng, pr, 2, &p, one, NULL), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_engine_generate_batch(g_eng, pr, 2, &p, one, NULL), IE_OK);
     p.max_new = 8;
     for (int i = 0; i < 2; i++) {
         CU_ASSERT_EQUAL(one[i].n_gen, 1);
         CU_ASSERT_EQUAL(one[i].n_prompt, r[i].n_prompt);
         CU_ASSERT_EQUAL(one[i].stop, IE_FINISH_LENGTH);
         CU_ASSERT_EQUAL(one[i].n_lat, 0);
-        CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_solo, &pr[i], 1, &p, &ref, NULL), IE_OK);
+        CU_ASSERT_EQUAL_FATAL(ie_engine_generate_batch(g_solo, &pr[i], 1, &p, &ref, NULL), IE_OK);
         CU_ASSERT(ref.n_gen >= 1 && one[i].n_gen == 1 && ref.ids[0] == one[i].ids[0]);
         char *t = ids_text(one[i].ids, one[i].n_gen);
         CU_ASSERT(t && strcmp(t, one[i].text) == 0);
@@ -353,7 +353,7 @@ static void test_context_limit(void)
     ie_gen_params_t p = greedy_params(10);
     const char *pr = s;
     ie_gen_result_t r;
-    CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_eng, &pr, 1, &p, &r, NULL), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_engine_generate_batch(g_eng, &pr, 1, &p, &r, NULL), IE_OK);
     CU_ASSERT_EQUAL(r.n_prompt, N_CTX - 1);
     CU_ASSERT_FATAL(r.n_gen >= 1);
     if (ie_tokenizer_is_eog(tk, r.ids[0])) {
@@ -367,7 +367,7 @@ static void test_context_limit(void)
 
     memcpy(s + len, " the the", 9);
     memset(&r, 0x5a, sizeof r);
-    CU_ASSERT_EQUAL(ie_engine_generate(g_eng, &pr, 1, &p, &r, NULL), IE_ERR_RANGE);
+    CU_ASSERT_EQUAL(ie_engine_generate_batch(g_eng, &pr, 1, &p, &r, NULL), IE_ERR_RANGE);
     CU_ASSERT(all_zero(&r));
     free(s);
 }
@@ -386,22 +386,22 @@ static void test_bad_prompts(void)
     /* the bad prompt second: the first one's result must be cleared too */
     const char *utf[3] = {"Hello", "bad \xff\xfe bytes", "World"};
     memset(r, 0x5a, sizeof r);
-    CU_ASSERT_EQUAL(ie_engine_generate(g_eng, utf, 3, &p, r, NULL), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL(ie_engine_generate_batch(g_eng, utf, 3, &p, r, NULL), IE_ERR_INVAL);
     CU_ASSERT(strstr(ie_error_last(), "prompt 2") != NULL);
     for (int i = 0; i < 3; i++) CU_ASSERT(all_zero(&r[i]));
 
     const char *overlong[2] = {"Hello", "\xc0\xaf"}; /* overlong '/' */
-    CU_ASSERT_EQUAL(ie_engine_generate(g_eng, overlong, 2, &p, r, NULL), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL(ie_engine_generate_batch(g_eng, overlong, 2, &p, r, NULL), IE_ERR_INVAL);
     for (int i = 0; i < 2; i++) CU_ASSERT(all_zero(&r[i]));
 
     const char *empty[2] = {"Hello", ""};
     memset(r, 0x5a, sizeof r);
-    CU_ASSERT_EQUAL(ie_engine_generate(g_eng, empty, 2, &p, r, NULL), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL(ie_engine_generate_batch(g_eng, empty, 2, &p, r, NULL), IE_ERR_INVAL);
     for (int i = 0; i < 2; i++) CU_ASSERT(all_zero(&r[i]));
 
     const char *toolong[2] = {"Hello", longp};
     memset(r, 0x5a, sizeof r);
-    CU_ASSERT_EQUAL(ie_engine_generate(g_eng, toolong, 2, &p, r, NULL), IE_ERR_RANGE);
+    CU_ASSERT_EQUAL(ie_engine_generate_batch(g_eng, toolong, 2, &p, r, NULL), IE_ERR_RANGE);
     for (int i = 0; i < 2; i++) CU_ASSERT(all_zero(&r[i]));
 
     /* bad sampling parameters and a negative max_new */
@@ -409,18 +409,18 @@ static void test_bad_prompts(void)
     ie_gen_params_t bp = p;
     bp.sampling.temperature = -1.0f;
     memset(r, 0x5a, sizeof r);
-    CU_ASSERT_EQUAL(ie_engine_generate(g_eng, ok, 1, &bp, r, NULL), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL(ie_engine_generate_batch(g_eng, ok, 1, &bp, r, NULL), IE_ERR_INVAL);
     CU_ASSERT(all_zero(&r[0]));
     bp = p;
     bp.max_new = -1;
     memset(r, 0x5a, sizeof r);
-    CU_ASSERT_EQUAL(ie_engine_generate(g_eng, ok, 1, &bp, r, NULL), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL(ie_engine_generate_batch(g_eng, ok, 1, &bp, r, NULL), IE_ERR_INVAL);
     CU_ASSERT(all_zero(&r[0]));
 
     /* the engine is still usable, and its slots were not left dirty */
     ie_gen_result_t a, b;
-    CU_ASSERT_EQUAL(ie_engine_generate(g_eng, ok, 1, &p, &a, NULL), IE_OK);
-    CU_ASSERT_EQUAL(ie_engine_generate(g_solo, ok, 1, &p, &b, NULL), IE_OK);
+    CU_ASSERT_EQUAL(ie_engine_generate_batch(g_eng, ok, 1, &p, &a, NULL), IE_OK);
+    CU_ASSERT_EQUAL(ie_engine_generate_batch(g_solo, ok, 1, &p, &b, NULL), IE_OK);
     CU_ASSERT(same_ids(&a, &b));
     ie_gen_result_clear(&a);
     ie_gen_result_clear(&b);
@@ -437,16 +437,16 @@ static void test_seeds(void)
     p.sampling.temperature = 0.8f;
     p.sampling.seed = 42;
     ie_gen_result_t a, b, c, d;
-    CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_eng, &pr, 1, &p, &a, NULL), IE_OK);
-    CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_eng, &pr, 1, &p, &b, NULL), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_engine_generate_batch(g_eng, &pr, 1, &p, &a, NULL), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_engine_generate_batch(g_eng, &pr, 1, &p, &b, NULL), IE_OK);
     CU_ASSERT(same_ids(&a, &b));
     CU_ASSERT_STRING_EQUAL(a.text, b.text);
     /* two other seeds: 32 tokens at temperature 0.8 all agreeing across
      * three seeds would be astronomically unlikely */
     p.sampling.seed = 43;
-    CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_eng, &pr, 1, &p, &c, NULL), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_engine_generate_batch(g_eng, &pr, 1, &p, &c, NULL), IE_OK);
     p.sampling.seed = 0;
-    CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_eng, &pr, 1, &p, &d, NULL), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_engine_generate_batch(g_eng, &pr, 1, &p, &d, NULL), IE_OK);
     CU_ASSERT(!same_ids(&a, &c) || !same_ids(&a, &d));
     CU_ASSERT(!same_ids(&c, &d));
     ie_gen_result_clear(&a);
@@ -465,13 +465,13 @@ static void test_create_errors(void)
     o.n_threads = 2;
     o.pin_threads = 0;
     o.model_path = IE_TEST_DATA "/no/such/model.gguf";
-    CU_ASSERT_EQUAL(ie_engine_create(&o, &e), IE_ERR_IO);
+    CU_ASSERT_EQUAL(ie_engine_open(&o, &e), IE_ERR_IO);
     CU_ASSERT_PTR_NULL(e);
 
     /* a file that is not GGUF (the corpus text) */
     o.model_path = IE_TEST_DATA "/corpus/austen_1.txt";
     e = (ie_engine_t *)&e;
-    CU_ASSERT_EQUAL(ie_engine_create(&o, &e), IE_ERR_FORMAT);
+    CU_ASSERT_EQUAL(ie_engine_open(&o, &e), IE_ERR_FORMAT);
     CU_ASSERT_PTR_NULL(e);
 
     /* a GGUF truncated after its magic */
@@ -482,16 +482,16 @@ static void test_create_errors(void)
     close(fd);
     o.model_path = path;
     e = (ie_engine_t *)&e;
-    CU_ASSERT_EQUAL(ie_engine_create(&o, &e), IE_ERR_FORMAT);
+    CU_ASSERT_EQUAL(ie_engine_open(&o, &e), IE_ERR_FORMAT);
     CU_ASSERT_PTR_NULL(e);
     unlink(path);
 
     /* bad options */
     o.model_path = MODEL;
     o.n_threads = 0;
-    CU_ASSERT_EQUAL(ie_engine_create(&o, &e), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL(ie_engine_open(&o, &e), IE_ERR_INVAL);
     CU_ASSERT_PTR_NULL(e);
-    CU_ASSERT_EQUAL(ie_engine_create(NULL, &e), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL(ie_engine_open(NULL, &e), IE_ERR_INVAL);
 
     /* destroy accepts NULL and a NULL engine */
     ie_engine_destroy(NULL);
@@ -506,7 +506,7 @@ static void test_generate_edge_calls(void)
 {
     ie_gen_params_t p = greedy_params(4);
     ie_gen_result_t r;
-    CU_ASSERT_EQUAL(ie_engine_generate(g_eng, NULL, 0, &p, &r, NULL), IE_OK);
+    CU_ASSERT_EQUAL(ie_engine_generate_batch(g_eng, NULL, 0, &p, &r, NULL), IE_OK);
 
     ie_engine_opts_t o;
     ie_engine_opts_default(&o);
@@ -516,10 +516,10 @@ static void test_generate_edge_calls(void)
     o.n_ctx = 32;
     o.no_tokenizer = 1;
     ie_engine_t *e = NULL;
-    CU_ASSERT_EQUAL_FATAL(ie_engine_create(&o, &e), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_engine_open(&o, &e), IE_OK);
     CU_ASSERT_PTR_NULL(ie_engine_tokenizer(e));
     const char *pr = "Hello";
-    CU_ASSERT_EQUAL(ie_engine_generate(e, &pr, 1, &p, &r, NULL), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL(ie_engine_generate_batch(e, &pr, 1, &p, &r, NULL), IE_ERR_INVAL);
     CU_ASSERT(all_zero(&r));
     ie_engine_destroy(&e);
     CU_ASSERT_PTR_NULL(e);
@@ -537,7 +537,7 @@ static void test_generate_ids(void)
                           IE_OK);
     ie_gen_params_t p = greedy_params(24);
     ie_gen_result_t a, b;
-    CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_solo, &pr, 1, &p, &a, NULL), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_engine_generate_batch(g_solo, &pr, 1, &p, &a, NULL), IE_OK);
     const int32_t *one = ids;
     CU_ASSERT_EQUAL_FATAL(ie_engine_generate_ids(g_eng, &one, &n, 1, &p, &b, NULL), IE_OK);
     CU_ASSERT_EQUAL(b.n_prompt, n);

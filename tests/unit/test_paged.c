@@ -361,7 +361,7 @@ static ie_engine_t *make_engine(ie_shard_kind_t plan, int kv_block, int kv_block
     o.kv_block = kv_block;
     o.kv_blocks = kv_blocks;
     ie_engine_t *e = NULL;
-    ie_status_t st = ie_engine_create(&o, &e);
+    ie_status_t st = ie_engine_open(&o, &e);
     if (st != IE_OK) fprintf(stderr, "\nengine: %s\n", ie_error_last());
     CU_ASSERT_EQUAL_FATAL(st, IE_OK);
     return e;

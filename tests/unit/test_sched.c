@@ -84,7 +84,7 @@ static ie_status_t make_engine(int n_seq, int max_batch, int kv_blocks, ie_engin
     o.n_seq = n_seq;
     o.max_batch = max_batch;
     o.kv_blocks = kv_blocks;
-    return ie_engine_create(&o, out);
+    return ie_engine_open(&o, out);
 }
 
 static int suite_init(void)
@@ -128,7 +128,7 @@ static int32_t *encode(ie_engine_t *e, const char *text, size_t *n)
 static void solo(const char *text, int max_new, ie_gen_result_t *r)
 {
     ie_gen_params_t p = greedy(max_new);
-    CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_solo, &text, 1, &p, r, NULL), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_engine_generate_batch(g_solo, &text, 1, &p, r, NULL), IE_OK);
 }
 
 static void assert_equals_solo(const outcome_t *o, const char *text, int max_new)
