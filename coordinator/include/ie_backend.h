@@ -60,10 +60,11 @@ typedef struct ie_backend_stats {
     const char *isa;            /* kernels in use ("avx512", ...); for a
                                    cluster this host's best (each rank
                                    picks its own)                        */
+    int lookahead;              /* 1: this backend may send a step ahead
+                                   on the hint (the two counts below mean
+                                   something); 0: it never does          */
     uint64_t lookahead_used;    /* steps sent ahead on a hint and used   */
-    uint64_t lookahead_dropped; /* ... and dropped (the batch differed);
-                                   both 0 for a backend that never sends
-                                   ahead                                 */
+    uint64_t lookahead_dropped; /* ... and dropped (the batch differed)  */
     int hot_replicas;           /* per-node copies of the head and
                                    embeddings (IE_HOT_REPLICATE)         */
     const char *hot_report;     /* their one-line report; "" when none   */

@@ -517,10 +517,10 @@ int ie_cli_run(int argc, char **argv)
     ie_backend_stats(ie_engine_backend(eng), &bs);
     cJSON_AddStringToObject(js, "isa", bs.isa);
     cJSON_AddNumberToObject(js, "batch", (double)eo.n_seq);
-    /* steps sent ahead on the scheduler's hint, used and dropped (a
-     * cluster's chained steps, ie_cluster.h; 0 for a worker) */
-    cJSON_AddNumberToObject(js, "lookahead_used", (double)bs.lookahead_used);
-    cJSON_AddNumberToObject(js, "lookahead_dropped", (double)bs.lookahead_dropped);
+    if (bs.lookahead) { /* steps sent ahead on the scheduler's hint, used and dropped (a cluster's chained steps) */
+        cJSON_AddNumberToObject(js, "lookahead_used", (double)bs.lookahead_used);
+        cJSON_AddNumberToObject(js, "lookahead_dropped", (double)bs.lookahead_dropped);
+    }
     /* per-node copies of the head and embeddings (IE_HOT_REPLICATE) */
     cJSON_AddNumberToObject(js, "hot_replicas", (double)bs.hot_replicas);
     if (bs.hot_report[0]) cJSON_AddStringToObject(js, "hot_repl", bs.hot_report);

@@ -893,6 +893,7 @@ static void cb_stats(void *self, ie_backend_stats_t *out)
 {
     const ie_cluster_t *c = self;
     out->isa = ie_isa_name(ie_isa_best());
+    out->lookahead = 1;
     out->lookahead_used = c->stats.lookahead_used;
     out->lookahead_dropped = c->stats.lookahead_dropped;
     out->endpoint = c->endpoint;

@@ -634,6 +634,7 @@ static void test_fake_backend(void)
     ie_backend_stats_t bs; /* no stats entry: all zero, strings empty */
     ie_backend_stats(be, &bs);
     CU_ASSERT_STRING_EQUAL(bs.isa, "");
+    CU_ASSERT_EQUAL(bs.lookahead, 0);
     CU_ASSERT_EQUAL(bs.lookahead_used, 0);
     CU_ASSERT_STRING_EQUAL(bs.endpoint, "");
 
