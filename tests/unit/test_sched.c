@@ -8,6 +8,7 @@
  */
 #include "ie_sched.h"
 #include "ie_engine.h" /* the real backends, the reference runs */
+#include "ie_model_src.h"
 
 #include <CUnit/Basic.h>
 #include <pthread.h>
@@ -517,8 +518,9 @@ static void test_threads(void)
  * ie_backend_t of this file whose logits are made up (the next token is
  * fake_next(token, position)), and which checks the boundary's contract
  * as a worker would: every token's position is its slot's next one, and
- * lies in a bound KV block. Nothing here is an engine, a worker or a
- * cluster: the scheduler needs only ie_backend.h and a tokenizer. */
+ * lies in a bound KV block. No engine, worker or cluster is made: the
+ * scheduler needs only ie_backend.h and a tokenizer (SmolLM2's, loaded
+ * alone). */
 #define FAKE_SEQ 2
 #define FAKE_CTX 64
 #define FAKE_KB 4
@@ -621,7 +623,11 @@ static void test_fake_backend(void)
     static fake_t f;
     memset(&f, 0, sizeof f);
     memset(f.table, 0xff, sizeof f.table); /* every block unbound (-1) */
-    const ie_tokenizer_t *tok = ie_engine_tokenizer(g_solo);
+    ie_model_src_t *src = NULL;
+    ie_tokenizer_t *tok = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_model_src_open(MODEL, &src), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_load(ie_model_src_tokenizer_path(src), &tok), IE_OK);
+    ie_model_src_destroy(&src);
     f.n_vocab = ie_tokenizer_n_vocab(tok);
     f.ready = 1;
     ie_backend_geom_t g = {.n_seq = FAKE_SEQ, .n_ctx = FAKE_CTX, .max_batch = 8, .kv_block = FAKE_KB,
@@ -697,6 +703,7 @@ static void test_fake_backend(void)
     g.kv_blocks = 0;
     CU_ASSERT_EQUAL(ie_backend_new(&k_fake_ops, &f, &g, &be), IE_ERR_INVAL);
     CU_ASSERT_EQUAL(f.destroyed, 3);
+    ie_tokenizer_destroy(&tok);
 }
 
 int main(void)
