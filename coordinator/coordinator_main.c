@@ -203,13 +203,19 @@ int main(int argc, char **argv)
     if ((st = ie_sock_new(net, IE_SOCK_ROUTER, &client)) != IE_OK) goto fail;
     char cep[300];
     if ((st = ie_sock_bind(client, client_bind, cep, sizeof cep)) != IE_OK) goto fail;
+    ie_backend_stats_t bs;
+    ie_backend_stats(ie_engine_backend(eng), &bs);
     fprintf(stderr, "ie-coordinator: %s plan, %ld workers; workers at %s, clients at %s%s\n",
-            ie_shard_kind_name(plan), workers, ie_cluster_endpoint(ie_engine_cluster(eng)), cep,
+            ie_shard_kind_name(plan), workers, bs.endpoint, cep,
             keys_dir ? " (CURVE)" : "");
     if (msrv) fprintf(stderr, "ie-coordinator: metrics at http://%s:%d/metrics\n", metrics_addr,
                       ie_metrics_server_port(msrv));
     ie_sd_ready("accepting clients; waiting for workers");
-    ie_sched_opts_t scho = {.engine = eng, .queue_max = (int)queue, .retry_ms = (int)retry_ms, .metrics = metrics};
+    ie_sched_opts_t scho;
+    ie_engine_sched_opts(eng, &scho);
+    scho.queue_max = (int)queue;
+    scho.retry_ms = (int)retry_ms;
+    scho.metrics = metrics;
     if ((st = ie_sched_new(&scho, &sched)) != IE_OK) goto fail;
     ie_serve_opts_t so = {.engine = eng, .sched = sched, .sock = client, .stop = &g_stop, .metrics = metrics,
                           .request_timeout_ms = (int)timeout_ms, .verbose = verbose};

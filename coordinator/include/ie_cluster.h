@@ -19,6 +19,7 @@
 #ifndef IE_CLUSTER_H
 #define IE_CLUSTER_H
 
+#include "ie_backend.h"
 #include "ie_metrics.h"
 #include "ie_model_src.h"
 #include "ie_transport.h"
@@ -109,5 +110,13 @@ typedef struct ie_cluster_stats {
     uint64_t lookahead_dropped; /* ... and dropped (the batch differed)    */
 } ie_cluster_stats_t;
 void ie_cluster_stats(const ie_cluster_t *c, ie_cluster_stats_t *out);
+
+/* The cluster as a backend (ie_backend.h): step, KV operations, the
+ * lookahead hint, readiness and upkeep (ie_cluster_service) are the
+ * cluster's; the geometry is its options' with ie_worker_new's defaults
+ * resolved. Takes *c_p in every case (*c_p becomes NULL; on failure the
+ * cluster is destroyed); ie_backend_destroy destroys it (BYE to the
+ * workers). Caller owns *out. */
+ie_status_t ie_backend_cluster_new(ie_cluster_t **c_p, ie_backend_t **out);
 
 #endif

@@ -1,27 +1,51 @@
-/* ie_engine.h — the public C API of clocher (embedded mode).
+/* ie_engine.h — the engine: a model source, a tokenizer, a backend that
+ * runs the model (ie_backend.h: one worker in this process, or a cluster
+ * of workers) and a scheduler (ie_sched.h) per call, assembled behind one
+ * handle. The CLI modes and the servers use it; the public library
+ * (include/clocher.h) wraps it.
  *
- * An engine is a coordinator (tokenizer, scheduler, samplers) and a worker
- * (weights, KV cache, kernels) in one process:
- *
- *     ie_engine_opts_t o; ie_engine_opts_default(&o);
+ *     ie_engine_opts_t o;
+ *     ie_engine_opts_default(&o);
  *     o.model_path = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
- *     ie_engine_t *e; if (ie_engine_open(&o, &e) != IE_OK) ... ie_error_last()
- *     ie_gen_params_t p; ie_gen_params_default(&p); p.max_new = 32;
- *     ie_gen_result_t r; ie_engine_generate_batch(e, &prompt, 1, &p, &r);
- *     ... r.text, r.n_gen ...
- *     ie_gen_result_clear(&r); ie_engine_destroy(&e);
+ *     ie_engine_t *e = NULL;
+ *     if (ie_engine_open(&o, &e) != IE_OK) {
+ *         fprintf(stderr, "%s\n", ie_error_last());
+ *         return 1;
+ *     }
+ *     const char *prompt = "The capital of France is";
+ *     ie_gen_params_t p;
+ *     ie_gen_params_default(&p);
+ *     p.max_new = 32;
+ *     ie_gen_result_t r;
+ *     if (ie_engine_generate_batch(e, &prompt, 1, &p, &r, NULL) == IE_OK)
+ *         printf("%s (%zu tokens)\n", r.text, r.n_gen);
+ *     ie_gen_result_clear(&r);
+ *     ie_engine_destroy(&e);
  *
  * Several prompts in one call run as a continuously batched set: up to
  * opts.n_seq sequences decode together in each step (each with its own KV
  * slot, position and sampler); a finished one frees its slot for the next.
+ *
+ * Ownership: the engine owns its model source, tokenizer and backend;
+ * pointers it returns (hparams, tokenizer, backend) are borrowed, valid
+ * until ie_engine_destroy. Results (ie_gen_result_t) belong to the caller,
+ * who frees them with ie_gen_result_clear.
+ *
+ * Threads: one call at a time per engine. A serving front end instead
+ * makes its own scheduler over the engine's backend (ie_engine_sched_opts)
+ * and steps it on one thread; it must not call the engine's generate or
+ * logits functions meanwhile (they use the same slots).
  */
 #ifndef IE_ENGINE_H
 #define IE_ENGINE_H
 
-#include "ie_cluster.h"
-#include "ie_sampler.h"
+#include "ie_backend.h"
+#include "ie_gen.h"
+#include "ie_metrics.h"
+#include "ie_sched.h"
 #include "ie_status.h"
 #include "ie_tokenizer.h"
+#include "ie_transport.h"
 #include "ie_worker.h"
 
 #include <stddef.h>
@@ -65,65 +89,37 @@ typedef struct ie_engine_opts {
                                  prefixes across requests (default 1)   */
 } ie_engine_opts_t;
 
+/* n_threads 1, pin_threads 1, n_seq 1, max_batch 256, precision NATIVE,
+ * prefix_cache 1, everything else 0 / NULL (plan NONE: one worker in this
+ * process). */
 void ie_engine_opts_default(ie_engine_opts_t *o);
 
-/* Load the model and tokenizer and build the worker. Errors: IE_ERR_IO /
- * IE_ERR_FORMAT / IE_ERR_UNSUPPORTED for the model or tokenizer,
- * IE_ERR_NOMEM, IE_ERR_INVAL for options. Caller owns *out. */
+/* Load the model and tokenizer and build the backend (for a plan, start
+ * the cluster and, without cluster_bind, its workers as threads; wait for
+ * them as cluster_wait_ms says). o is copied; its strings, net and metrics
+ * must outlive the engine. Errors: IE_ERR_IO / IE_ERR_FORMAT /
+ * IE_ERR_UNSUPPORTED for the model or tokenizer, IE_ERR_NOMEM,
+ * IE_ERR_INVAL for options, IE_ERR_TIMEOUT when the workers did not come.
+ * Caller owns *out and frees it with ie_engine_destroy. */
 ie_status_t ie_engine_open(const ie_engine_opts_t *o, ie_engine_t **out);
 
+/* Free the engine and everything it owns (the backend first: a cluster
+ * says BYE to its workers, then in-process worker threads are joined).
+ * *self_p becomes NULL; accepts NULL. */
 void ie_engine_destroy(ie_engine_t **self_p);
 
+/* The model's hyper-parameters; borrowed, valid until destroy. */
 const ie_hparams_t *ie_engine_hparams(const ie_engine_t *e);
+/* The tokenizer, NULL when opened with no_tokenizer; borrowed. */
 const ie_tokenizer_t *ie_engine_tokenizer(const ie_engine_t *e);
-/* The in-process worker (plan NONE), else NULL. */
-ie_worker_t *ie_engine_worker(ie_engine_t *e);
-/* The cluster (plan PIPELINE/TENSOR), else NULL. */
-ie_cluster_t *ie_engine_cluster(ie_engine_t *e);
-/* One raw step (ie_worker_step's contract) on whichever backend runs the
- * model, and the slot reset that goes with it. */
-ie_status_t ie_engine_step(ie_engine_t *e, const ie_batch_t *b, float *logits_out);
-void ie_engine_seq_clear(ie_engine_t *e, int seq);
-/* Paged KV on whichever backend runs the model: ie_worker_kv_bind's and
- * ie_worker_seq_set_len's contracts. A cluster checks the arguments at
- * once and sends the operations to every rank with the next step. */
-ie_status_t ie_engine_kv_bind(ie_engine_t *e, int seq, int first, const int32_t *pb, int n);
-ie_status_t ie_engine_seq_set_len(ie_engine_t *e, int seq, int n_pos);
-int ie_engine_kv_block(const ie_engine_t *e);
-int ie_engine_kv_blocks(const ie_engine_t *e);
-int ie_engine_n_seq(const ie_engine_t *e);
-/* opts.prefix_cache as created. */
-int ie_engine_prefix_cache(const ie_engine_t *e);
-int ie_engine_max_batch(const ie_engine_t *e);
-int ie_engine_n_ctx(const ie_engine_t *e);
-
-typedef enum ie_finish {
-    IE_FINISH_NONE = 0,
-    IE_FINISH_EOS,       /* the model ended its turn             */
-    IE_FINISH_STOP,    /* a stop string appeared               */
-    IE_FINISH_LENGTH,    /* max_new tokens generated             */
-    IE_FINISH_CONTEXT    /* the sequence filled its KV slot      */
-} ie_finish_t;
-
-const char *ie_finish_name(ie_finish_t r);
-
-typedef struct ie_gen_params {
-    int max_new;                  /* tokens to generate at most (>= 0)  */
-    ie_sampler_params_t sampling;
-    const char *const *stop;      /* stop strings (not part of output)  */
-    size_t n_stop;
-    int add_special;              /* BOS/EOS per the tokenizer's rules  */
-    int parse_special;            /* special-token text -> tokens       */
-    /* Streaming (optional): called after every sampled token of prompt
-     * `index` with the token and the text it released (after stop-string
-     * holding; may be empty, not NUL-terminated). */
-    void (*on_token)(void *ctx, size_t index, int32_t id, const char *text, size_t len);
-    void *on_token_ctx;
-} ie_gen_params_t;
-
-/* max_new 128, sampler defaults, no stop strings, add_special 1,
- * parse_special 1 (prompts are the user's own: chat markup works). */
-void ie_gen_params_default(ie_gen_params_t *p);
+/* The backend that runs the model (worker or cluster: callers need not
+ * know which); borrowed, valid until destroy. Its geometry says the
+ * slots, context, batch, KV pool and vocabulary. */
+ie_backend_t *ie_engine_backend(ie_engine_t *e);
+/* Scheduler options for this engine: its backend and tokenizer and
+ * opts.prefix_cache; every other field zero (the scheduler's defaults).
+ * The caller may change the rest before ie_sched_new. */
+void ie_engine_sched_opts(ie_engine_t *e, ie_sched_opts_t *out);
 
 typedef struct ie_gen_result {
     char *text;               /* generated text (malloc'd, NUL-terminated) */
@@ -141,21 +137,6 @@ typedef struct ie_gen_result {
 
 /* Free a result's buffers and zero it. Accepts a zeroed result. */
 void ie_gen_result_clear(ie_gen_result_t *r);
-
-/* Step timing. A step that holds any prompt tokens is a prefill step (its
- * time and prompt tokens count here, with any decode token riding along);
- * a step of decode tokens only is a decode step. Sampling and
- * detokenizing between steps count in neither. */
-typedef struct ie_gen_stats {
-    double prefill_ms;        /* time in prefill steps                   */
-    double decode_ms;         /* time in decode-only steps               */
-    size_t prefill_tokens;    /* prompt tokens                           */
-    size_t decode_tokens;     /* tokens sampled after decode-only steps  */
-    size_t prefix_hit_tokens; /* prompt tokens whose KV came from the
-                                 prefix cache (not computed)             */
-    size_t prefix_miss_tokens;/* prompt tokens computed                  */
-    size_t preemptions;       /* sequences preempted (KV pool full)      */
-} ie_gen_stats_t;
 
 /* Generate for n prompts (UTF-8). results[i] belongs to prompts[i]; the
  * caller clears each. Fails before generating anything on invalid UTF-8

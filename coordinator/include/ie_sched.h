@@ -3,10 +3,13 @@
  * and cancellation. Every front end (ie_engine_generate_batch, the ZeroMQ client
  * endpoint, the HTTP API) submits requests here.
  *
- * Each ie_sched_step is one engine step: requests join the running batch
- * when a sequence slot and KV blocks are free (highest priority first, then
- * arrival), every running stream contributes its next decode token, and the
- * rest of the step (up to the engine's max_batch, at most prefill_chunk
+ * The scheduler drives a backend (ie_backend.h: an in-process worker, a
+ * cluster, or a test's fake) through its step boundary and knows nothing
+ * else of it. Each ie_sched_step is one backend step: requests join the
+ * running batch when a sequence slot and KV blocks are free (highest
+ * priority first, then arrival), every running stream contributes its next
+ * decode token, and the rest of the step (up to the backend's max_batch,
+ * at most prefill_chunk
  * prompt tokens) is filled with prompt chunks — a long prompt never stalls
  * running streams. Finished, cancelled and timed-out requests leave the
  * batch at the step they end and free their blocks at once.
@@ -32,8 +35,10 @@
 #ifndef IE_SCHED_H
 #define IE_SCHED_H
 
-#include "ie_engine.h"
+#include "ie_backend.h"
+#include "ie_gen.h"
 #include "ie_metrics.h"
+#include "ie_tokenizer.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -41,17 +46,22 @@
 typedef struct ie_sched ie_sched_t;
 
 typedef struct ie_sched_opts {
-    ie_engine_t *engine;   /* not owned; its n_seq slots and KV pool are the
-                              scheduler's from now on (one scheduler per
-                              engine)                                    */
+    ie_backend_t *backend; /* not owned, must outlive the scheduler; its
+                              n_seq slots and KV pool are the scheduler's
+                              from now on (one scheduler per backend)    */
+    const ie_tokenizer_t *tok; /* not owned, must outlive the scheduler:
+                              detokenizes the output; ids fit the
+                              backend's vocabulary                       */
+    int no_prefix_cache;   /* 1: never reuse cached KV blocks of equal
+                              prompt prefixes (0, the default: reuse)    */
     int queue_max;         /* waiting requests at most (0: 64) beyond
                               the slots free at submit; more is
                               IE_ERR_BUSY                                */
     int prefill_chunk;     /* prompt tokens per step at most (0: the
-                              engine's max_batch)                        */
+                              backend's max_batch)                       */
     int retry_ms;          /* > 0: a request whose step failed because a
                               worker was lost is recomputed when the
-                              cluster is ready again, tried again (250 ms
+                              backend is ready again, tried again (250 ms
                               apart) for up to this long after the first
                               loss; 0: it ends with ERROR "unavailable"
                               at once                                    */
@@ -119,8 +129,8 @@ typedef struct ie_sched_req {
     void *cb_ctx;             /* must stay valid until the terminal event  */
 } ie_sched_req_t;
 
-/* IE_ERR_INVAL for bad options (no engine, an engine without a
- * tokenizer), IE_ERR_NOMEM. Caller owns *out. */
+/* IE_ERR_INVAL for bad options (no backend, no tokenizer),
+ * IE_ERR_NOMEM. Caller owns *out and frees it with ie_sched_destroy. */
 ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out);
 
 /* Every request still queued or running gets ERROR "unavailable" ("the
@@ -141,12 +151,12 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
 ie_status_t ie_sched_cancel(ie_sched_t *s, uint64_t id);
 
 /* One scheduling round: drop cancelled / timed-out requests, admit,
- * run one engine step if any tokens are ready, sample, deliver events.
+ * run one backend step if any tokens are ready, sample, deliver events.
  * *busy_out (may be NULL) is 1 when requests remain queued or running.
- * An engine step that fails does not fail the scheduler: on
+ * A backend step that fails does not fail the scheduler: on
  * IE_ERR_UNAVAILABLE (a worker lost) the running requests end with ERROR
  * "unavailable", or with retry_ms set are requeued and recomputed when the
- * cluster is ready again (within retry_ms of their first loss); any other
+ * backend is ready again (within retry_ms of their first loss); any other
  * failure ends the running requests with ERROR. Returns IE_OK, or
  * IE_ERR_NOMEM when even that bookkeeping failed. */
 ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out);
@@ -157,10 +167,11 @@ ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out);
 void ie_sched_wait(ie_sched_t *s, int timeout_ms);
 
 typedef struct ie_sched_stats {
-    int ready;                          /* steps can run: no cluster, or
-                                           every rank ready (as of the
-                                           last ie_sched_step; for health
-                                           checks on other threads)      */
+    int ready;                          /* steps can run: the backend is
+                                           ready (ie_backend_ready, as of
+                                           the last ie_sched_step; for
+                                           health checks on other
+                                           threads)                      */
     int queued, running;
     int kv_blocks, kv_used, kv_cached;  /* pool blocks: all / in use /
                                            cached for reuse              */

@@ -118,7 +118,8 @@ int ie_cli_perplexity(int argc, char **argv)
     }
 
     const ie_hparams_t *hp = ie_engine_hparams(eng);
-    int B = ie_engine_max_batch(eng);
+    ie_backend_t *be = ie_engine_backend(eng);
+    int B = ie_backend_geom(be)->max_batch;
     size_t first = (size_t)ctx / 2;
     logits = malloc((size_t)B * hp->n_vocab * sizeof(float));
     tok = malloc((size_t)B * sizeof *tok);
@@ -133,7 +134,7 @@ int ie_cli_perplexity(int argc, char **argv)
     size_t scored = 0;
     for (size_t wi = 0; wi < n_win; wi++) {
         const int32_t *win = ids + wi * (size_t)ctx;
-        ie_engine_seq_clear(eng, 0);
+        ie_backend_seq_clear(be, 0);
         for (size_t s0 = 0; s0 < (size_t)ctx; s0 += (size_t)B) {
             int m = (int)((size_t)ctx - s0 < (size_t)B ? (size_t)ctx - s0 : (size_t)B);
             for (int k = 0; k < m; k++) {
@@ -143,7 +144,7 @@ int ie_cli_perplexity(int argc, char **argv)
                 want[k] = p >= first && p + 1 < (size_t)ctx;
             }
             ie_batch_t b = {m, tok, pos, seq, want};
-            if ((st = ie_engine_step(eng, &b, logits)) != IE_OK) {
+            if ((st = ie_backend_step(be, &b, logits)) != IE_OK) {
                 rc = fail(IE_EXIT_RUNTIME, "perplexity: %s", ie_error_last());
                 goto cleanup;
             }

@@ -513,20 +513,17 @@ int ie_cli_run(int argc, char **argv)
     cJSON_AddNumberToObject(js, "rss_peak_mb", rss_peak_mb());
     cJSON_AddNumberToObject(js, "threads", (double)threads);
     cJSON_AddStringToObject(js, "precision", ie_precision_name(prec));
-    cJSON_AddStringToObject(js, "isa", ie_isa_name(ie_engine_worker(eng) ? ie_worker_isa(ie_engine_worker(eng))
-                                                                          : ie_isa_best()));
+    ie_backend_stats_t bs;
+    ie_backend_stats(ie_engine_backend(eng), &bs);
+    cJSON_AddStringToObject(js, "isa", bs.isa);
     cJSON_AddNumberToObject(js, "batch", (double)eo.n_seq);
-    if (ie_engine_cluster(eng)) { /* --plan: chained steps sent ahead, used and dropped (ie_cluster.h) */
-        ie_cluster_stats_t cs;
-        ie_cluster_stats(ie_engine_cluster(eng), &cs);
-        cJSON_AddNumberToObject(js, "lookahead_used", (double)cs.lookahead_used);
-        cJSON_AddNumberToObject(js, "lookahead_dropped", (double)cs.lookahead_dropped);
+    if (bs.lookahead) { /* steps sent ahead on the scheduler's hint, used and dropped (a cluster's chained steps) */
+        cJSON_AddNumberToObject(js, "lookahead_used", (double)bs.lookahead_used);
+        cJSON_AddNumberToObject(js, "lookahead_dropped", (double)bs.lookahead_dropped);
     }
-    {   /* per-node copies of the head and embeddings (IE_HOT_REPLICATE) */
-        const ie_worker_t *hw = ie_engine_worker(eng);
-        cJSON_AddNumberToObject(js, "hot_replicas", (double)ie_worker_hot_replicas(hw));
-        if (hw && ie_worker_hot_report(hw)[0]) cJSON_AddStringToObject(js, "hot_repl", ie_worker_hot_report(hw));
-    }
+    /* per-node copies of the head and embeddings (IE_HOT_REPLICATE) */
+    cJSON_AddNumberToObject(js, "hot_replicas", (double)bs.hot_replicas);
+    if (bs.hot_report[0]) cJSON_AddStringToObject(js, "hot_repl", bs.hot_report);
     { char sb[24]; snprintf(sb, sizeof sb, "%llu", (unsigned long long)sp.seed); cJSON_AddRawToObject(js, "seed", sb); } /* exact: a double loses 64-bit seeds */
     cJSON_AddNumberToObject(js, "rounds", (double)rounds);
     if (chat) cJSON_AddStringToObject(js, "chat_format", ie_chat_format_name(chat_fmt));

@@ -197,8 +197,7 @@ int ie_cli_serve(int argc, char **argv)
         goto cleanup;
     }
     ie_sched_opts_t so;
-    memset(&so, 0, sizeof so);
-    so.engine = eng;
+    ie_engine_sched_opts(eng, &so);
     so.queue_max = (int)queue;
     so.metrics = metrics;
     if ((st = ie_sched_new(&so, &sched)) != IE_OK) goto fail;

@@ -865,3 +865,68 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
 }
 
 void ie_cluster_stats(const ie_cluster_t *c, ie_cluster_stats_t *out) { *out = c->stats; }
+
+/* ------------------------------------------------------------- backend */
+
+/* The cluster behind the step boundary (ie_backend.h): every entry is the
+ * cluster's own; the backend owns the cluster and says BYE on destroy. */
+
+static ie_status_t cb_step(void *self, const ie_batch_t *b, float *logits_out)
+{
+    return ie_cluster_step(self, b, logits_out);
+}
+
+static void cb_seq_clear(void *self, int seq) { ie_cluster_seq_clear(self, seq); }
+
+static ie_status_t cb_seq_set_len(void *self, int seq, int n_pos) { return ie_cluster_seq_set_len(self, seq, n_pos); }
+
+static ie_status_t cb_kv_bind(void *self, int seq, int first, const int32_t *pb, int n)
+{
+    return ie_cluster_kv_bind(self, seq, first, pb, n);
+}
+
+static void cb_hint_next(void *self, int same) { ie_cluster_lookahead(self, same); }
+static int cb_ready(void *self) { return ie_cluster_ready(self); }
+static int cb_upkeep(void *self, int timeout_ms) { return ie_cluster_service(self, timeout_ms); }
+
+static void cb_stats(void *self, ie_backend_stats_t *out)
+{
+    const ie_cluster_t *c = self;
+    out->isa = ie_isa_name(ie_isa_best());
+    out->lookahead = 1;
+    out->lookahead_used = c->stats.lookahead_used;
+    out->lookahead_dropped = c->stats.lookahead_dropped;
+    out->endpoint = c->endpoint;
+}
+
+static void cb_destroy(void *self)
+{
+    ie_cluster_t *c = self;
+    ie_cluster_destroy(&c);
+}
+
+static const ie_backend_ops_t k_cluster_ops = {
+    .name = "cluster",
+    .step = cb_step,
+    .seq_clear = cb_seq_clear,
+    .seq_set_len = cb_seq_set_len,
+    .kv_bind = cb_kv_bind,
+    .hint_next = cb_hint_next,
+    .ready = cb_ready,
+    .upkeep = cb_upkeep,
+    .stats = cb_stats,
+    .destroy = cb_destroy,
+};
+
+ie_status_t ie_backend_cluster_new(ie_cluster_t **c_p, ie_backend_t **out)
+{
+    ie_cluster_t *c = *c_p;
+    *c_p = NULL;
+    *out = NULL;
+    if (!c) return ie_error_set(IE_ERR_INVAL, "backend: no cluster");
+    /* heartbeats and registrations want answers well inside heartbeat_ms */
+    ie_backend_geom_t g = {.n_seq = c->o.n_seq, .n_ctx = c->o.n_ctx, .max_batch = c->o.max_batch,
+                           .kv_block = c->o.kv_block > 0 ? c->o.kv_block : 16, .kv_blocks = c->kv_pool,
+                           .n_vocab = c->hp.n_vocab, .upkeep_ms = 20};
+    return ie_backend_new(&k_cluster_ops, c, &g, out);
+}

@@ -1,35 +1,29 @@
-/* engine.c — embedded engine: tokenizer + scheduler + samplers over one
- * in-process worker.
- *
- * The scheduler is a small continuous-batching loop: requests wait in
- * order, take a free sequence slot, prefill in chunks, then decode one token
- * per step; every step packs the decode tokens of all running requests
- * first and fills the rest of the batch with prefill chunks, so a long
- * prompt never stalls running streams. A finished request frees its slot.
+/* engine.c — the engine's assembly (ie_engine.h): open the model source
+ * and the tokenizer, build the backend that runs the model (one worker in
+ * this process, or a cluster and, for an in-process plan, its workers as
+ * threads), and run each generate call on a scheduler of its own over that
+ * backend. Scheduling lives in sched.c, the step boundary in ie_backend.h;
+ * nothing here branches on which backend runs once it is built.
  */
 #include "ie_engine.h"
-#include "ie_clock.h"
 
-#include "ie_array.h"
+#include "ie_cluster.h"
 #include "ie_model_src.h"
 #include "ie_node.h"
-#include "ie_sched.h"
 
 #include <pthread.h>
-#include <stdatomic.h>
 #include <signal.h>
+#include <stdatomic.h>
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 struct ie_engine {
     ie_engine_opts_t opts;
     ie_model_src_t *src;
     ie_tokenizer_t *tok;
-    ie_worker_t *worker;       /* plan NONE                                */
-    ie_cluster_t *cluster;     /* plan PIPELINE / TENSOR                   */
+    ie_backend_t *backend;     /* worker (plan NONE) or cluster              */
     ie_net_t *net;
     int own_net;
     pthread_t *nodes;          /* in-process workers                       */
@@ -37,10 +31,7 @@ struct ie_engine {
     int n_nodes;
     volatile sig_atomic_t node_stop;
     char ep[96];
-    int n_ctx, max_batch;
-    int kv_block, kv_blocks;   /* the workers' KV pool, resolved            */
-    float *logits;      /* [n_seq][n_vocab] rows of one step */
-    int32_t *b_tok, *b_pos, *b_seq;
+    int32_t *b_tok, *b_pos, *b_seq; /* [max_batch] ie_engine_logits' steps */
     uint8_t *b_logits;
 };
 
@@ -53,27 +44,6 @@ void ie_engine_opts_default(ie_engine_opts_t *o)
     o->max_batch = 256;
     o->precision = IE_PREC_NATIVE;
     o->prefix_cache = 1;
-}
-
-void ie_gen_params_default(ie_gen_params_t *p)
-{
-    memset(p, 0, sizeof *p);
-    p->max_new = 128;
-    p->sampling = ie_sampler_params_default();
-    p->add_special = 1;
-    p->parse_special = 1;
-}
-
-const char *ie_finish_name(ie_finish_t r)
-{
-    switch (r) {
-    case IE_FINISH_NONE: return "none";
-    case IE_FINISH_EOS: return "eos";
-    case IE_FINISH_STOP: return "stop";
-    case IE_FINISH_LENGTH: return "length";
-    case IE_FINISH_CONTEXT: return "context";
-    }
-    return "none";
 }
 
 /* An in-process worker; a node that stops with an error (it could not
@@ -98,8 +68,8 @@ static void *node_main(void *arg)
     return NULL;
 }
 
-/* Distributed execution: the cluster (and, without cluster_bind, its
- * workers as threads of this process over inproc://). */
+/* Distributed execution: the cluster as the backend (and, without
+ * cluster_bind, its workers as threads of this process over inproc://). */
 static ie_status_t start_cluster(ie_engine_t *e, const ie_worker_opts_t *wo)
 {
     ie_status_t st;
@@ -119,7 +89,12 @@ static ie_status_t start_cluster(ie_engine_t *e, const ie_worker_opts_t *wo)
                             .kv_block = wo->kv_block, .kv_blocks = wo->kv_blocks,
                             .heartbeat_ms = o->heartbeat_ms, .dead_ms = o->dead_ms, .net = e->net,
                             .metrics = o->metrics, .verbose = o->cluster_bind != NULL};
-    if ((st = ie_cluster_new(&co, e->src, &e->cluster)) != IE_OK) return st;
+    ie_cluster_t *c = NULL;
+    if ((st = ie_cluster_new(&co, e->src, &c)) != IE_OK) return st;
+    /* the backend owns the cluster from here; `cl` stays a borrowed view
+     * for waiting below, valid while e->backend lives */
+    ie_cluster_t *cl = c;
+    if ((st = ie_backend_cluster_new(&c, &e->backend)) != IE_OK) return st;
     if (!o->cluster_bind) {
         int nt = o->n_threads / o->n_workers;
         e->nodes = calloc((size_t)o->n_workers, sizeof *e->nodes);
@@ -146,7 +121,7 @@ static ie_status_t start_cluster(ie_engine_t *e, const ie_worker_opts_t *wo)
     if (o->cluster_wait_ms < 0) return IE_OK;
     int left = o->cluster_wait_ms > 0 ? o->cluster_wait_ms : 60000;
     for (;;) {
-        st = ie_cluster_wait_ready(e->cluster, left < 100 ? left : 100);
+        st = ie_cluster_wait_ready(cl, left < 100 ? left : 100);
         if (st != IE_ERR_TIMEOUT || (left -= 100) <= 0) return st;
         for (int r = 0; r < e->n_nodes; r++) /* an in-process worker that died will not come */
             if (atomic_load(&e->node_opts[r].failed))
@@ -193,27 +168,19 @@ ie_status_t ie_engine_open(const ie_engine_opts_t *o, ie_engine_t **out)
     wo.kv_block = o->kv_block;
     wo.kv_blocks = o->kv_blocks;
     wo.n_ctx = o->n_ctx ? o->n_ctx : (hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
-    e->n_ctx = wo.n_ctx;
-    e->max_batch = wo.max_batch;
-    /* the pool every worker builds from these options (ie_worker_new) */
-    e->kv_block = wo.kv_block > 0 ? wo.kv_block : 16;
-    {
-        const int64_t full = (int64_t)o->n_seq * ((wo.n_ctx + e->kv_block - 1) / e->kv_block);
-        e->kv_blocks = wo.kv_blocks > 0 ? wo.kv_blocks : full > INT32_MAX ? 0 : (int)full; /* 0: refused below */
-    }
+    /* the one place that knows which backend runs */
     if (o->plan == IE_SHARD_NONE) {
-        if ((st = ie_worker_new(e->src, &wo, &e->worker)) != IE_OK) goto cleanup;
+        if ((st = ie_backend_worker_new(e->src, &wo, &e->backend)) != IE_OK) goto cleanup;
     } else if ((st = start_cluster(e, &wo)) != IE_OK) {
         goto cleanup;
     }
 
     size_t B = (size_t)wo.max_batch;
-    e->logits = malloc((size_t)o->n_seq * hp->n_vocab * sizeof(float));
     e->b_tok = malloc(B * sizeof(int32_t));
     e->b_pos = malloc(B * sizeof(int32_t));
     e->b_seq = malloc(B * sizeof(int32_t));
     e->b_logits = malloc(B);
-    if (!e->logits || !e->b_tok || !e->b_pos || !e->b_seq || !e->b_logits)
+    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_logits)
         st = ie_error_set(IE_ERR_NOMEM, "out of memory");
 
 cleanup:
@@ -229,8 +196,7 @@ void ie_engine_destroy(ie_engine_t **self_p)
 {
     if (!self_p || !*self_p) return;
     ie_engine_t *e = *self_p;
-    ie_worker_destroy(&e->worker);
-    ie_cluster_destroy(&e->cluster); /* says BYE to the workers */
+    ie_backend_destroy(&e->backend); /* a cluster says BYE to its workers */
     __atomic_store_n(&e->node_stop, 1, __ATOMIC_RELEASE); /* read by the worker threads */
     for (int r = 0; r < e->n_nodes; r++) pthread_join(e->nodes[r], NULL);
     free(e->nodes);
@@ -238,7 +204,6 @@ void ie_engine_destroy(ie_engine_t **self_p)
     if (e->own_net) ie_net_destroy(&e->net);
     ie_tokenizer_destroy(&e->tok);
     ie_model_src_destroy(&e->src);
-    free(e->logits);
     free(e->b_tok);
     free(e->b_pos);
     free(e->b_seq);
@@ -249,40 +214,12 @@ void ie_engine_destroy(ie_engine_t **self_p)
 
 const ie_hparams_t *ie_engine_hparams(const ie_engine_t *e) { return ie_model_src_hparams(e->src); }
 const ie_tokenizer_t *ie_engine_tokenizer(const ie_engine_t *e) { return e->tok; }
-ie_worker_t *ie_engine_worker(ie_engine_t *e) { return e->worker; }
-ie_cluster_t *ie_engine_cluster(ie_engine_t *e) { return e->cluster; }
-int ie_engine_n_ctx(const ie_engine_t *e) { return e->n_ctx; }
-int ie_engine_prefix_cache(const ie_engine_t *e) { return e->opts.prefix_cache; }
-int ie_engine_max_batch(const ie_engine_t *e) { return e->max_batch; }
+ie_backend_t *ie_engine_backend(ie_engine_t *e) { return e->backend; }
 
-ie_status_t ie_engine_step(ie_engine_t *e, const ie_batch_t *b, float *logits_out)
+void ie_engine_sched_opts(ie_engine_t *e, ie_sched_opts_t *out)
 {
-    return e->worker ? ie_worker_step(e->worker, b, logits_out) : ie_cluster_step(e->cluster, b, logits_out);
+    *out = (ie_sched_opts_t){.backend = e->backend, .tok = e->tok, .no_prefix_cache = !e->opts.prefix_cache};
 }
-
-void ie_engine_seq_clear(ie_engine_t *e, int seq)
-{
-    if (e->worker) ie_worker_seq_clear(e->worker, seq);
-    else ie_cluster_seq_clear(e->cluster, seq);
-}
-
-/* ------------------------------------------------------------ paged KV */
-
-ie_status_t ie_engine_kv_bind(ie_engine_t *e, int seq, int first, const int32_t *pb, int n)
-{
-    return e->worker ? ie_worker_kv_bind(e->worker, seq, first, pb, n)
-                     : ie_cluster_kv_bind(e->cluster, seq, first, pb, n);
-}
-
-ie_status_t ie_engine_seq_set_len(ie_engine_t *e, int seq, int n_pos)
-{
-    return e->worker ? ie_worker_seq_set_len(e->worker, seq, n_pos) : ie_cluster_seq_set_len(e->cluster, seq, n_pos);
-}
-
-/* The pool as the workers build it (ie_worker_new's defaults resolved). */
-int ie_engine_kv_block(const ie_engine_t *e) { return e->kv_block; }
-int ie_engine_kv_blocks(const ie_engine_t *e) { return e->kv_blocks; }
-int ie_engine_n_seq(const ie_engine_t *e) { return e->opts.n_seq; }
 
 void ie_gen_result_clear(ie_gen_result_t *r)
 {
@@ -421,14 +358,17 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
             st = ie_error_set(IE_ERR_INVAL, "prompt %zu is empty after tokenization", i + 1);
             goto cleanup;
         }
-        if (n_toks[i] > (size_t)e->n_ctx) {
+        if (n_toks[i] > (size_t)ie_backend_geom(e->backend)->n_ctx) {
             st = ie_error_set(IE_ERR_RANGE, "prompt %zu has %zu tokens; the context holds %d", i + 1, n_toks[i],
-                              e->n_ctx);
+                              ie_backend_geom(e->backend)->n_ctx);
             goto cleanup;
         }
     }
 
-    ie_sched_opts_t so = {.engine = e, .queue_max = (int)(n < 1000000 ? n : 1000000), .timing = stats};
+    ie_sched_opts_t so;
+    ie_engine_sched_opts(e, &so);
+    so.queue_max = (int)(n < 1000000 ? n : 1000000);
+    so.timing = stats;
     if ((st = ie_sched_new(&so, &sched)) != IE_OK) goto cleanup;
     for (size_t i = 0; i < n; i++) {
         items[i] = (gen_item_t){&g, i};
@@ -462,23 +402,22 @@ cleanup:
 
 ie_status_t ie_engine_logits(ie_engine_t *e, const int32_t *ids, size_t n, int decode, float *out)
 {
-    const ie_hparams_t *hp = ie_engine_hparams(e);
-    int B = e->max_batch;
+    const ie_backend_geom_t *g = ie_backend_geom(e->backend);
+    int B = g->max_batch;
     if (n == 0) return IE_OK;
-    if (n > (size_t)e->n_ctx)
-        return ie_error_set(IE_ERR_RANGE, "logits: %zu tokens do not fit the context of %d", n,
-                            e->n_ctx);
+    if (n > (size_t)g->n_ctx)
+        return ie_error_set(IE_ERR_RANGE, "logits: %zu tokens do not fit the context of %d", n, g->n_ctx);
     /* slot 0 on the pool's first blocks (what a full-size pool starts
      * with; a smaller pool may have been handed out by a scheduler) */
-    int bt = ie_engine_kv_block(e), nbk = (int)((n + (size_t)bt - 1) / (size_t)bt);
-    if (nbk > ie_engine_kv_blocks(e))
+    int bt = g->kv_block, nbk = (int)((n + (size_t)bt - 1) / (size_t)bt);
+    if (nbk > g->kv_blocks)
         return ie_error_set(IE_ERR_RANGE, "logits: %zu tokens need %d KV blocks; the pool has %d", n, nbk,
-                            ie_engine_kv_blocks(e));
+                            g->kv_blocks);
     int32_t *tab = malloc((size_t)nbk * sizeof *tab);
     if (!tab) return ie_error_set(IE_ERR_NOMEM, "out of memory");
     for (int j = 0; j < nbk; j++) tab[j] = j;
-    ie_engine_seq_clear(e, 0);
-    ie_status_t bst = ie_engine_kv_bind(e, 0, 0, tab, nbk);
+    ie_backend_seq_clear(e->backend, 0);
+    ie_status_t bst = ie_backend_kv_bind(e->backend, 0, 0, tab, nbk);
     free(tab);
     if (bst != IE_OK) return bst;
     size_t chunk = decode ? 1 : (size_t)B;
@@ -491,7 +430,7 @@ ie_status_t ie_engine_logits(ie_engine_t *e, const int32_t *ids, size_t n, int d
             e->b_logits[k] = 1;
         }
         ie_batch_t b = {m, e->b_tok, e->b_pos, e->b_seq, e->b_logits};
-        ie_status_t st = ie_engine_step(e, &b, out + i * hp->n_vocab);
+        ie_status_t st = ie_backend_step(e->backend, &b, out + i * (size_t)g->n_vocab);
         if (st != IE_OK) return st;
     }
     return IE_OK;

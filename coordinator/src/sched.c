@@ -9,7 +9,7 @@
  *
  * Locking: `mu` guards the queue, the live list (for cancel), the flags
  * other threads set and the stats snapshot. The running set, the KV pool
- * and the engine belong to the stepping thread. Events are collected
+ * and the backend belong to the stepping thread. Events are collected
  * during a step and delivered after the lock is released.
  */
 #include "ie_sched.h"
@@ -54,7 +54,7 @@ typedef struct sreq {
     size_t n_lat, lat_cap;
     double t_submit, t_admit, t_first, t_prev, deadline;
     double hold_until;       /* a lost worker's requests wait until then
-                                for the cluster (0: never failed)        */
+                                for the backend (0: never failed)        */
     double not_before;       /* retry back-off                           */
     int admitted;
     int cancel;              /* set under mu by ie_sched_cancel          */
@@ -78,9 +78,9 @@ typedef struct tok_ev {
 
 struct ie_sched {
     ie_sched_opts_t o;
-    ie_engine_t *e;
+    ie_backend_t *be;
     const ie_tokenizer_t *tok;
-    int n_seq, n_ctx, B, bt, chunk, max_lblocks;
+    int n_seq, n_ctx, B, bt, chunk, max_lblocks, kv_blocks; /* the backend's geometry */
     int32_t n_vocab;
     ie_kvpool_t *pool;
     int prefix_cache;
@@ -212,15 +212,15 @@ static void release_slot(ie_sched_t *s, sreq_t *q)
 {
     for (int j = 0; j < q->n_blocks; j++) ie_kvpool_release(s->pool, q->blocks[j]);
     if (q->slot >= 0) {
-        /* leave the slot as the engine starts it: bound to its own blocks
+        /* leave the slot as the backend starts it: bound to its own blocks
          * in a full-size pool (ie_engine_logits and other direct users of
          * a slot rely on that), else unbound */
         if (q->n_blocks) {
             for (int j = 0; j < q->n_blocks; j++)
                 s->unbind[j] = s->ident ? q->slot * s->max_lblocks + j : -1;
-            ie_engine_kv_bind(s->e, q->slot, 0, s->unbind, q->n_blocks);
+            ie_backend_kv_bind(s->be, q->slot, 0, s->unbind, q->n_blocks);
         }
-        ie_engine_seq_clear(s->e, q->slot);
+        ie_backend_seq_clear(s->be, q->slot);
         s->run[q->slot] = NULL;
     }
     q->n_blocks = q->n_pub = 0;
@@ -257,7 +257,7 @@ static int ensure_block(ie_sched_t *s, sreq_t *q, size_t pos)
     if (lb < q->n_blocks) return 0;
     int32_t b;
     if (ie_kvpool_alloc(s->pool, &b) != IE_OK) return -1;
-    if (ie_engine_kv_bind(s->e, q->slot, lb, &b, 1) != IE_OK) {
+    if (ie_backend_kv_bind(s->be, q->slot, lb, &b, 1) != IE_OK) {
         ie_kvpool_release(s->pool, b);
         return -1;
     }
@@ -265,11 +265,7 @@ static int ensure_block(ie_sched_t *s, sreq_t *q, size_t pos)
     return 0;
 }
 
-static int cluster_ready(ie_sched_t *s)
-{
-    ie_cluster_t *c = ie_engine_cluster(s->e);
-    return !c || ie_cluster_ready(c);
-}
+static int backend_ready(ie_sched_t *s) { return ie_backend_ready(s->be); }
 
 /* ------------------------------------------------------------- public */
 
@@ -277,24 +273,25 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
 {
     ie_status_t st = IE_OK;
     *out = NULL;
-    if (!o || !o->engine) return ie_error_set(IE_ERR_INVAL, "scheduler: no engine");
-    if (!ie_engine_tokenizer(o->engine))
-        return ie_error_set(IE_ERR_INVAL, "scheduler: the engine was created without a tokenizer");
+    if (!o || !o->backend) return ie_error_set(IE_ERR_INVAL, "scheduler: no backend");
+    if (!o->tok) return ie_error_set(IE_ERR_INVAL, "scheduler: no tokenizer (the engine was created without one)");
     if (o->queue_max < 0 || o->prefill_chunk < 0 || o->retry_ms < 0)
         return ie_error_set(IE_ERR_INVAL, "scheduler: bad options");
     ie_sched_t *s = calloc(1, sizeof *s);
     if (!s) return ie_error_set(IE_ERR_NOMEM, "out of memory");
     s->o = *o;
-    s->e = o->engine;
-    s->tok = ie_engine_tokenizer(s->e);
-    s->n_seq = ie_engine_n_seq(s->e);
-    s->n_ctx = ie_engine_n_ctx(s->e);
-    s->B = ie_engine_max_batch(s->e);
-    s->bt = ie_engine_kv_block(s->e);
+    s->be = o->backend;
+    const ie_backend_geom_t *g = ie_backend_geom(s->be);
+    s->tok = o->tok;
+    s->n_seq = g->n_seq;
+    s->n_ctx = g->n_ctx;
+    s->B = g->max_batch;
+    s->bt = g->kv_block;
+    s->kv_blocks = g->kv_blocks;
     s->chunk = o->prefill_chunk > 0 ? o->prefill_chunk : s->B;
     s->max_lblocks = (s->n_ctx + s->bt - 1) / s->bt;
-    s->n_vocab = ie_engine_hparams(s->e)->n_vocab;
-    s->prefix_cache = ie_engine_prefix_cache(s->e);
+    s->n_vocab = g->n_vocab;
+    s->prefix_cache = !o->no_prefix_cache;
     s->queue_cap = (o->queue_max > 0 ? o->queue_max : 64) + s->n_seq;
     s->ended_cap = s->queue_cap + 1;
     s->next_id = 1;
@@ -321,10 +318,10 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
         st = ie_error_set(IE_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
-    s->ident = ie_engine_kv_blocks(s->e) >= s->n_seq * s->max_lblocks;
-    if ((st = ie_kvpool_new(ie_engine_kv_blocks(s->e), s->bt, &s->pool)) != IE_OK) goto cleanup;
-    s->st.kv_blocks = ie_engine_kv_blocks(s->e);
-    s->st.ready = cluster_ready(s);
+    s->ident = s->kv_blocks >= s->n_seq * s->max_lblocks;
+    if ((st = ie_kvpool_new(s->kv_blocks, s->bt, &s->pool)) != IE_OK) goto cleanup;
+    s->st.kv_blocks = s->kv_blocks;
+    s->st.ready = backend_ready(s);
     if (o->metrics) {
         static const double qb[] = {0.001, 0.01, 0.05, 0.1, 0.5, 1, 5, 30};
         static const double lb[] = {0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1};
@@ -575,7 +572,7 @@ static void deliver_ended(ie_sched_t *s, sreq_t **ended, int n)
 /* Admit queued requests into free slots (mu held). */
 static void admit(ie_sched_t *s, double now)
 {
-    int ready = cluster_ready(s);
+    int ready = backend_ready(s);
     for (int i = 0; i < s->n_queue;) {
         sreq_t *q = s->queue[i];
         int slot = -1;
@@ -612,22 +609,22 @@ static void admit(ie_sched_t *s, double now)
             queue_remove_at(s, i);
             char why[160];
             snprintf(why, sizeof why, "the request needs %d KV blocks; the pool has %d (--kv-blocks)", need + k,
-                     ie_engine_kv_blocks(s->e));
+                     s->kv_blocks);
             end_req(s, q, IE_SCHED_ERROR, IE_ERR_RANGE, "invalid_request", "%s", why);
             continue;
         }
         queue_remove_at(s, i);
         q->slot = slot;
         s->run[slot] = q;
-        ie_engine_seq_clear(s->e, slot);
+        ie_backend_seq_clear(s->be, slot);
         q->n_blocks = q->n_pub = k;
         q->n_fed = (size_t)k * (size_t)s->bt;
-        if (k && (ie_engine_kv_bind(s->e, slot, 0, q->blocks, k) != IE_OK ||
-                  ie_engine_seq_set_len(s->e, slot, (int)q->n_fed) != IE_OK)) {
+        if (k && (ie_backend_kv_bind(s->be, slot, 0, q->blocks, k) != IE_OK ||
+                  ie_backend_seq_set_len(s->be, slot, (int)q->n_fed) != IE_OK)) {
             for (int j = 0; j < k; j++) ie_kvpool_release(s->pool, q->blocks[j]);
             q->n_blocks = q->n_pub = 0;
             q->n_fed = 0;
-            ie_engine_seq_clear(s->e, slot);
+            ie_backend_seq_clear(s->be, slot);
         }
         if (q->fresh) {
             q->n_cached = q->n_fed;
@@ -664,7 +661,7 @@ static void reap(ie_sched_t *s, double now)
     }
     for (int i = 0; i < s->n_queue;) {
         sreq_t *q = s->queue[i];
-        int held_out = !cluster_ready(s) && q->hold_until > 0 && now >= q->hold_until;
+        int held_out = !backend_ready(s) && q->hold_until > 0 && now >= q->hold_until;
         if (q->cancel || (q->deadline > 0 && now >= q->deadline) || held_out) {
             queue_remove_at(s, i);
             if (q->cancel) end_req(s, q, IE_SCHED_ERROR, IE_ERR_INVAL, "cancelled", "cancelled by the client", NULL);
@@ -912,7 +909,7 @@ static void update_gauges(ie_sched_t *s)
     for (int k = 0; k < s->n_seq; k++) running += s->run[k] != NULL;
     s->st.running = running;
     s->st.kv_used = ps.used;
-    s->st.ready = cluster_ready(s);
+    s->st.ready = backend_ready(s);
     s->st.kv_cached = ps.cached;
     if (s->m_kv_used) ie_metric_set(s->m_kv_used, NULL, ps.used);
     if (s->m_kv_ratio) ie_metric_set(s->m_kv_ratio, NULL, ps.n_blocks ? (double)ps.used / ps.n_blocks : 0);
@@ -921,7 +918,7 @@ static void update_gauges(ie_sched_t *s)
 }
 
 /* Will the step after this one likely be the same requests, one position
- * on (ie_cluster_lookahead)? Not when a prompt is in it or a request
+ * on (ie_backend_hint_next)? Not when a prompt is in it or a request
  * waits to join, nor when one ends by length with this step's token. */
 static int lookahead_ok(const ie_sched_t *s, int nb, int has_prefill)
 {
@@ -949,10 +946,9 @@ ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out)
 
     if (nb > 0) {
         ie_batch_t b = {nb, s->b_tok, s->b_pos, s->b_seq, s->b_logits};
-        ie_cluster_t *c = ie_engine_cluster(s->e);
-        if (c) ie_cluster_lookahead(c, ahead);
+        ie_backend_hint_next(s->be, ahead);
         double t0 = ie_now_ms();
-        ie_status_t st = ie_engine_step(s->e, &b, s->logits);
+        ie_status_t st = ie_backend_step(s->be, &b, s->logits);
         double t1 = ie_now_ms();
         pthread_mutex_lock(&s->mu);
         if (st == IE_OK) advance(s, nb, has_prefill, t1 - t0);

@@ -1330,7 +1330,7 @@ ie_status_t ie_http_start(const ie_http_opts_t *o, ie_http_t **out)
     h->created = (long)time(NULL);
     h->tok = ie_engine_tokenizer(o->engine);
     h->chat_fmt = ie_chat_format(h->tok);
-    h->n_ctx = ie_engine_n_ctx(o->engine);
+    h->n_ctx = ie_backend_geom(ie_engine_backend(o->engine))->n_ctx;
     h->n_vocab = ie_tokenizer_n_vocab(h->tok);
     h->max_body = o->max_body > 0 ? (size_t)o->max_body : (size_t)1 << 20;
     atomic_init(&h->stopping, 0);

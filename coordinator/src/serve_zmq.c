@@ -222,9 +222,10 @@ ie_status_t ie_serve_run(const ie_serve_opts_t *o)
     if (o->metrics)
         ie_metrics_counter(o->metrics, "ie_requests_total", "Requests ended, by outcome", "status", &s.m_req);
     int busy = 0;
+    ie_backend_t *be = ie_engine_backend(o->engine);
+    const int upkeep_ms = ie_backend_geom(be)->upkeep_ms;
     while (!(o->stop && *o->stop)) {
-        ie_cluster_t *c = ie_engine_cluster(o->engine);
-        if (c) ie_cluster_service(c, 0); /* heartbeats, registrations, systemd watchdog */
+        ie_backend_upkeep(be, 0); /* a cluster's heartbeats, registrations, systemd watchdog */
         if (o->sock) {
             int ready = 0;
             if (ie_sock_poll((ie_sock_t *const *)&o->sock, 1, &ready, busy ? 0 : 2) < 0) {
@@ -233,7 +234,7 @@ ie_status_t ie_serve_run(const ie_serve_opts_t *o)
             }
             for (int k = 0; ready && k < 256 && ie_sock_recv(o->sock, &s.in, 0) == IE_OK; k++) on_message(&s);
         } else if (!busy) {
-            ie_sched_wait(o->sched, c ? 20 : 50);
+            ie_sched_wait(o->sched, upkeep_ms);
         }
         if ((st = ie_sched_step(o->sched, &busy)) != IE_OK) break;
     }

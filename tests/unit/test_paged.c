@@ -17,7 +17,7 @@
  * IE_ERR_INVAL.
  *
  * The same through the engine's cluster backend (in-process workers over
- * inproc://, ie_engine_kv_bind / ie_engine_seq_set_len / seq_clear queued
+ * inproc://, ie_backend_kv_bind / ie_backend_seq_set_len / seq_clear queued
  * and sent with the next STEP): pipeline:2 gives the embedded worker's bits,
  * tensor:2 with a scrambled small pool gives the bits of tensor:2 with the
  * default pool; queued operations apply in call order on every rank (clears
@@ -369,7 +369,7 @@ static ie_engine_t *make_engine(ie_shard_kind_t plan, int kv_block, int kv_block
 
 static ie_status_t engine_step(void *ctx, const ie_batch_t *b, float *logits)
 {
-    return ie_engine_step(ctx, b, logits);
+    return ie_backend_step(ie_engine_backend(ctx), b, logits);
 }
 
 /* The shared-prefix scenario of check_shared through an engine (any
@@ -378,14 +378,14 @@ static void engine_shared(ie_engine_t *e, const int32_t *a, const int32_t *b, in
 {
     const int kb = 5, shared = 10, nv = ie_engine_hparams(e)->n_vocab;
     const int32_t t0[4] = {6, 2, 5, 0}, t1[4] = {6, 2, 7, 1};
-    CU_ASSERT_EQUAL(ie_engine_kv_block(e), kb);
-    CU_ASSERT_EQUAL(ie_engine_kv_blocks(e), 8);
-    CU_ASSERT_EQUAL(ie_engine_n_seq(e), 2);
-    CU_ASSERT_EQUAL(ie_engine_kv_bind(e, 0, 0, t0, 4), IE_OK);
+    CU_ASSERT_EQUAL(ie_backend_geom(ie_engine_backend(e))->kv_block, kb);
+    CU_ASSERT_EQUAL(ie_backend_geom(ie_engine_backend(e))->kv_blocks, 8);
+    CU_ASSERT_EQUAL(ie_backend_geom(ie_engine_backend(e))->n_seq, 2);
+    CU_ASSERT_EQUAL(ie_backend_kv_bind(ie_engine_backend(e), 0, 0, t0, 4), IE_OK);
     CU_ASSERT_EQUAL(feed(engine_step, e, 0, a, 0, shared, shared, nv, ga), IE_OK);
-    CU_ASSERT_EQUAL(ie_engine_kv_bind(e, 1, 0, t1, 2), IE_OK);
-    CU_ASSERT_EQUAL(ie_engine_seq_set_len(e, 1, shared), IE_OK);
-    CU_ASSERT_EQUAL(ie_engine_kv_bind(e, 1, 2, t1 + 2, 2), IE_OK);
+    CU_ASSERT_EQUAL(ie_backend_kv_bind(ie_engine_backend(e), 1, 0, t1, 2), IE_OK);
+    CU_ASSERT_EQUAL(ie_backend_seq_set_len(ie_engine_backend(e), 1, shared), IE_OK);
+    CU_ASSERT_EQUAL(ie_backend_kv_bind(ie_engine_backend(e), 1, 2, t1 + 2, 2), IE_OK);
     memcpy(gb, ga, (size_t)shared * nv * 4);
     for (int i = shared; i < n; i++) {
         CU_ASSERT_EQUAL(feed(engine_step, e, 1, b, i, i + 1, 1, nv, gb), IE_OK);
@@ -398,7 +398,7 @@ static void engine_shared(ie_engine_t *e, const int32_t *a, const int32_t *b, in
 static void engine_alone(ie_engine_t *e, const int32_t *ids, int n, float *out)
 {
     const int shared = 10, nv = ie_engine_hparams(e)->n_vocab;
-    ie_engine_seq_clear(e, 0);
+    ie_backend_seq_clear(ie_engine_backend(e), 0);
     CU_ASSERT_EQUAL(feed(engine_step, e, 0, ids, 0, shared, shared, nv, out), IE_OK);
     CU_ASSERT_EQUAL(feed(engine_step, e, 0, ids, shared, n, 1, nv, out), IE_OK);
 }
@@ -439,13 +439,13 @@ static void check_cluster(ie_shard_kind_t plan)
     int32_t p10 = 10, s1 = 1;
     uint8_t want = 1;
     ie_batch_t bt = {1, b + 10, &p10, &s1, &want};
-    CU_ASSERT_EQUAL(ie_engine_seq_set_len(e, 1, 10), IE_OK);
-    ie_engine_seq_clear(e, 1);
-    CU_ASSERT_EQUAL(ie_engine_step(e, &bt, gb), IE_ERR_RANGE);
+    CU_ASSERT_EQUAL(ie_backend_seq_set_len(ie_engine_backend(e), 1, 10), IE_OK);
+    ie_backend_seq_clear(ie_engine_backend(e), 1);
+    CU_ASSERT_EQUAL(ie_backend_step(ie_engine_backend(e), &bt, gb), IE_ERR_RANGE);
     CU_ASSERT(has("skips ahead"));
-    ie_engine_seq_clear(e, 1);
-    CU_ASSERT_EQUAL(ie_engine_seq_set_len(e, 1, 10), IE_OK);
-    CU_ASSERT_EQUAL(ie_engine_step(e, &bt, gb + (size_t)10 * nv), IE_OK);
+    ie_backend_seq_clear(ie_engine_backend(e), 1);
+    CU_ASSERT_EQUAL(ie_backend_seq_set_len(ie_engine_backend(e), 1, 10), IE_OK);
+    CU_ASSERT_EQUAL(ie_backend_step(ie_engine_backend(e), &bt, gb + (size_t)10 * nv), IE_OK);
     CU_ASSERT(memcmp(gb + (size_t)10 * nv, rb + (size_t)10 * nv, (size_t)nv * 4) == 0);
 
     /* operations queued before a step that fails still apply on every
@@ -454,32 +454,32 @@ static void check_cluster(ie_shard_kind_t plan)
      * a block of slot 1 unbound in the same queue, then continue slot 0
      * into block 4 — every stage must have it bound */
     const int32_t more[1] = {3}, unb[1] = {-1}, moved[2] = {3, 4};
-    CU_ASSERT_EQUAL(ie_engine_kv_bind(e, 0, 4, more, 1), IE_OK);
-    CU_ASSERT_EQUAL(ie_engine_kv_bind(e, 1, 2, unb, 1), IE_OK);
-    CU_ASSERT_EQUAL(ie_engine_step(e, &bt, gb), IE_ERR_RANGE);
+    CU_ASSERT_EQUAL(ie_backend_kv_bind(ie_engine_backend(e), 0, 4, more, 1), IE_OK);
+    CU_ASSERT_EQUAL(ie_backend_kv_bind(ie_engine_backend(e), 1, 2, unb, 1), IE_OK);
+    CU_ASSERT_EQUAL(ie_backend_step(ie_engine_backend(e), &bt, gb), IE_ERR_RANGE);
     CU_ASSERT(has("slot 1 position 10") && has("not bound"));
     CU_ASSERT_EQUAL(feed(engine_step, e, 0, a, n, na, 1, nv, ga), IE_OK);
     CU_ASSERT(memcmp(ga, ra, (size_t)na * nv * 4) == 0);
 
     /* arguments are checked at call time */
     const int32_t bad[1] = {8};
-    CU_ASSERT_EQUAL(ie_engine_kv_bind(e, 0, 0, bad, 1), IE_ERR_RANGE);
-    CU_ASSERT_EQUAL(ie_engine_kv_bind(e, 2, 0, moved, 1), IE_ERR_RANGE);
-    CU_ASSERT_EQUAL(ie_engine_kv_bind(e, 0, 12, moved, 2), IE_ERR_RANGE);
-    CU_ASSERT_EQUAL(ie_engine_seq_set_len(e, 0, N_CTX + 1), IE_ERR_RANGE);
+    CU_ASSERT_EQUAL(ie_backend_kv_bind(ie_engine_backend(e), 0, 0, bad, 1), IE_ERR_RANGE);
+    CU_ASSERT_EQUAL(ie_backend_kv_bind(ie_engine_backend(e), 2, 0, moved, 1), IE_ERR_RANGE);
+    CU_ASSERT_EQUAL(ie_backend_kv_bind(ie_engine_backend(e), 0, 12, moved, 2), IE_ERR_RANGE);
+    CU_ASSERT_EQUAL(ie_backend_seq_set_len(ie_engine_backend(e), 0, N_CTX + 1), IE_ERR_RANGE);
     /* a queue of more block ids than one step carries is refused */
     int32_t *many = malloc(13 * sizeof(int32_t));
     CU_ASSERT_FATAL(many != NULL);
     for (int i = 0; i < 13; i++) many[i] = -1;
     ie_status_t st = IE_OK;
     int k = 0;
-    for (; k < 70000 && st == IE_OK; k++) st = ie_engine_kv_bind(e, 1, 0, many, 13);
+    for (; k < 70000 && st == IE_OK; k++) st = ie_backend_kv_bind(ie_engine_backend(e), 1, 0, many, 13);
     CU_ASSERT_EQUAL(st, IE_ERR_RANGE);
     CU_ASSERT(has("65536"));
     CU_ASSERT(k > 5000);
     free(many);
     /* the accepted ones go with the next step (slot 1 all unbound now) */
-    CU_ASSERT_EQUAL(ie_engine_step(e, &bt, gb), IE_ERR_RANGE);
+    CU_ASSERT_EQUAL(ie_backend_step(ie_engine_backend(e), &bt, gb), IE_ERR_RANGE);
     CU_ASSERT(has("slot 1"));
 
     free(ra);

@@ -2,9 +2,13 @@
  * model: requests joining a running batch, 16 streams at once, the prefix
  * cache, preemption in a small KV pool, the bounded queue, cancellation,
  * timeouts, priorities and shutdown — and in every case a greedy request's
- * ids equal what it generates alone on a one-slot engine.
+ * ids equal what it generates alone on a one-slot engine. Last, the
+ * scheduler over a fake backend of made-up logits: the step boundary
+ * (ie_backend.h) is all it needs.
  */
 #include "ie_sched.h"
+#include "ie_engine.h" /* the real backends, the reference runs */
+#include "ie_model_src.h"
 
 #include <CUnit/Basic.h>
 #include <pthread.h>
@@ -178,7 +182,7 @@ static void test_join_leave(void)
     static outcome_t o[N_PROMPTS];
     memset(o, 0, sizeof o);
     CU_ASSERT_EQUAL_FATAL(make_engine(4, 32, 0, &e), IE_OK);
-    ie_sched_opts_t so = {.engine = e};
+    ie_sched_opts_t so = {.backend = ie_engine_backend(e), .tok = ie_engine_tokenizer(e)};
     CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
     ie_gen_params_t p[N_PROMPTS];
     int submitted = 0, steps = 0, busy = 1;
@@ -213,7 +217,7 @@ static void test_sixteen_streams(void)
     static outcome_t o[16];
     memset(o, 0, sizeof o);
     CU_ASSERT_EQUAL_FATAL(make_engine(16, 64, 0, &e), IE_OK);
-    ie_sched_opts_t so = {.engine = e, .queue_max = 16, .prefill_chunk = 24};
+    ie_sched_opts_t so = {.backend = ie_engine_backend(e), .tok = ie_engine_tokenizer(e), .queue_max = 16, .prefill_chunk = 24};
     CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
     ie_gen_params_t p = greedy(16);
     for (int i = 0; i < 16; i++)
@@ -234,7 +238,7 @@ static void test_prefix_cache(void)
     static outcome_t o[4];
     memset(o, 0, sizeof o);
     CU_ASSERT_EQUAL_FATAL(make_engine(2, 64, 0, &e), IE_OK);
-    ie_sched_opts_t so = {.engine = e};
+    ie_sched_opts_t so = {.backend = ie_engine_backend(e), .tok = ie_engine_tokenizer(e)};
     CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
     static char text[4][1024];
     const char *q[4] = {"What is 2+2?", "Name a colour.", "What is 2+2?", "Say hi."};
@@ -251,7 +255,7 @@ static void test_prefix_cache(void)
     /* then three together: each takes the system prompt's full blocks */
     for (int i = 1; i < 4; i++) CU_ASSERT_EQUAL(submit_text(s, e, text[i], &p, 0, 0, &o[i], NULL), IE_OK);
     run_until_idle(s);
-    int bt = ie_engine_kv_block(e);
+    int bt = ie_backend_geom(ie_engine_backend(e))->kv_block;
     for (int i = 1; i < 4; i++) {
         CU_ASSERT(o[i].n_cached >= n_sys / (size_t)bt * (size_t)bt);
         CU_ASSERT(o[i].n_cached % (size_t)bt == 0);
@@ -283,7 +287,7 @@ static void test_preemption(void)
     /* 6 streams of ~10 prompt + 60 new tokens need ~5 blocks of 16 each (30);
      * 14 blocks hold fewer than three at their longest */
     CU_ASSERT_EQUAL_FATAL(make_engine(6, 64, 14, &e), IE_OK);
-    ie_sched_opts_t so = {.engine = e};
+    ie_sched_opts_t so = {.backend = ie_engine_backend(e), .tok = ie_engine_tokenizer(e)};
     CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
     ie_gen_params_t p = greedy(60);
     for (int i = 0; i < 6; i++) CU_ASSERT_EQUAL(submit_text(s, e, k_prompts[i], &p, 0, 0, &o[i], NULL), IE_OK);
@@ -320,7 +324,7 @@ static void test_queue_cancel_timeout_priority(void)
     memset(o, 0, sizeof o);
     g_end_counter = 0;
     CU_ASSERT_EQUAL_FATAL(make_engine(1, 64, 0, &e), IE_OK);
-    ie_sched_opts_t so = {.engine = e, .queue_max = 3};
+    ie_sched_opts_t so = {.backend = ie_engine_backend(e), .tok = ie_engine_tokenizer(e), .queue_max = 3};
     CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
     ie_gen_params_t p = greedy(6);
     uint64_t id[8] = {0};
@@ -400,7 +404,7 @@ static void test_busy_counts_free_slots(void)
     static outcome_t o[5];
     memset(o, 0, sizeof o);
     CU_ASSERT_EQUAL_FATAL(make_engine(2, 64, 0, &e), IE_OK);
-    ie_sched_opts_t so = {.engine = e, .queue_max = 2};
+    ie_sched_opts_t so = {.backend = ie_engine_backend(e), .tok = ie_engine_tokenizer(e), .queue_max = 2};
     CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
     ie_gen_params_t p = greedy(3);
     for (int i = 0; i < 4; i++) CU_ASSERT_EQUAL(submit_text(s, e, k_prompts[i], &p, 0, 0, &o[i], NULL), IE_OK);
@@ -424,7 +428,7 @@ static void test_stream_adds_up(void)
     static outcome_t o[2][7];
     memset(o, 0, sizeof o);
     CU_ASSERT_EQUAL_FATAL(make_engine(2, 64, 0, &e), IE_OK);
-    ie_sched_opts_t so = {.engine = e, .queue_max = 16};
+    ie_sched_opts_t so = {.backend = ie_engine_backend(e), .tok = ie_engine_tokenizer(e), .queue_max = 16};
     CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
     static const char *prompt = "Here are three emojis: \xf0\x9f\x8c\x9f";
     static const char *stops[] = {"\xf0\x9f\x8c\x9f!"}; /* a star then '!': never completes here */
@@ -485,7 +489,7 @@ static void test_threads(void)
     static outcome_t o[2][12];
     memset(o, 0, sizeof o);
     CU_ASSERT_EQUAL_FATAL(make_engine(4, 64, 0, &e), IE_OK);
-    ie_sched_opts_t so = {.engine = e, .queue_max = 4};
+    ie_sched_opts_t so = {.backend = ie_engine_backend(e), .tok = ie_engine_tokenizer(e), .queue_max = 4};
     CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
     submitter_t t[2] = {{s, e, o[0], 12, 0}, {s, e, o[1], 12, 0}};
     pthread_t th[2];
@@ -508,6 +512,200 @@ static void test_threads(void)
     ie_engine_destroy(&e);
 }
 
+/* ------------------------------------------------------- a fake backend */
+
+/* The scheduler against a backend that is not a model: a tiny
+ * ie_backend_t of this file whose logits are made up (the next token is
+ * fake_next(token, position)), and which checks the boundary's contract
+ * as a worker would: every token's position is its slot's next one, and
+ * lies in a bound KV block. No engine, worker or cluster is made: the
+ * scheduler needs only ie_backend.h and a tokenizer (SmolLM2's, loaded
+ * alone). */
+#define FAKE_SEQ 2
+#define FAKE_CTX 64
+#define FAKE_KB 4
+#define FAKE_NLB (FAKE_CTX / FAKE_KB)
+#define FAKE_BLOCKS 20 /* fewer than FAKE_SEQ * FAKE_NLB: slots start unbound */
+
+typedef struct fake {
+    int32_t n_vocab;
+    int len[FAKE_SEQ];              /* positions held by each slot        */
+    int32_t table[FAKE_SEQ][FAKE_NLB]; /* physical block of each logical one */
+    int ready;                      /* 0: steps fail as a lost cluster's  */
+    int steps, hints, bad, upkeeps, destroyed;
+} fake_t;
+
+static int32_t fake_next(int32_t tok, int32_t pos) { return 100 + (tok * 7 + pos) % 50; }
+
+static ie_status_t fake_step(void *self, const ie_batch_t *b, float *logits_out)
+{
+    fake_t *f = self;
+    if (!f->ready) return ie_error_set(IE_ERR_UNAVAILABLE, "fake: not ready");
+    int want = 0;
+    for (int i = 0; i < b->n; i++) { /* check everything first, as a worker does */
+        const int q = b->seq[i], pos = b->pos[i];
+        if (q < 0 || q >= FAKE_SEQ || pos < 0 || pos >= FAKE_CTX || f->table[q][pos / FAKE_KB] < 0) {
+            f->bad++;
+            return ie_error_set(IE_ERR_RANGE, "fake: token %d (slot %d, position %d) refused", i, q, pos);
+        }
+    }
+    for (int i = 0; i < b->n; i++) {
+        const int q = b->seq[i];
+        if (b->pos[i] != f->len[q]) f->bad++; /* not the slot's next position */
+        f->len[q] = b->pos[i] + 1;
+        if (!b->logits[i]) continue;
+        float *row = logits_out + (size_t)want++ * (size_t)f->n_vocab;
+        for (int32_t v = 0; v < f->n_vocab; v++) row[v] = 0.0f;
+        row[fake_next(b->tokens[i], b->pos[i])] = 1.0f;
+    }
+    f->steps++;
+    return IE_OK;
+}
+
+static void fake_seq_clear(void *self, int seq)
+{
+    fake_t *f = self;
+    if (seq >= 0 && seq < FAKE_SEQ) f->len[seq] = 0;
+}
+
+static ie_status_t fake_seq_set_len(void *self, int seq, int n_pos)
+{
+    fake_t *f = self;
+    if (seq < 0 || seq >= FAKE_SEQ || n_pos < 0 || n_pos > FAKE_CTX)
+        return ie_error_set(IE_ERR_RANGE, "fake: bad length");
+    for (int lb = 0; lb * FAKE_KB < n_pos; lb++)
+        if (f->table[seq][lb] < 0) return ie_error_set(IE_ERR_RANGE, "fake: length over an unbound block");
+    f->len[seq] = n_pos;
+    return IE_OK;
+}
+
+static ie_status_t fake_kv_bind(void *self, int seq, int first, const int32_t *pb, int n)
+{
+    fake_t *f = self;
+    if (seq < 0 || seq >= FAKE_SEQ || first < 0 || n < 0 || first + n > FAKE_NLB || (n && !pb))
+        return ie_error_set(IE_ERR_RANGE, "fake: bad bind");
+    for (int j = 0; j < n; j++)
+        if (pb[j] < -1 || pb[j] >= FAKE_BLOCKS) return ie_error_set(IE_ERR_RANGE, "fake: bad block");
+    for (int j = 0; j < n; j++) f->table[seq][first + j] = pb[j];
+    return IE_OK;
+}
+
+static void fake_hint_next(void *self, int same)
+{
+    (void)same;
+    ((fake_t *)self)->hints++;
+}
+
+static int fake_ready(void *self) { return ((fake_t *)self)->ready; }
+
+static int fake_upkeep(void *self, int timeout_ms)
+{
+    (void)timeout_ms;
+    fake_t *f = self;
+    f->upkeeps++;
+    return f->ready;
+}
+
+static void fake_destroy(void *self) { ((fake_t *)self)->destroyed++; }
+
+static const ie_backend_ops_t k_fake_ops = {.name = "fake",
+                                            .step = fake_step,
+                                            .seq_clear = fake_seq_clear,
+                                            .seq_set_len = fake_seq_set_len,
+                                            .kv_bind = fake_kv_bind,
+                                            .hint_next = fake_hint_next,
+                                            .ready = fake_ready,
+                                            .upkeep = fake_upkeep,
+                                            .destroy = fake_destroy};
+
+static void test_fake_backend(void)
+{
+    static fake_t f;
+    memset(&f, 0, sizeof f);
+    memset(f.table, 0xff, sizeof f.table); /* every block unbound (-1) */
+    ie_model_src_t *src = NULL;
+    ie_tokenizer_t *tok = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_model_src_open(MODEL, &src), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_load(ie_model_src_tokenizer_path(src), &tok), IE_OK);
+    ie_model_src_destroy(&src);
+    f.n_vocab = ie_tokenizer_n_vocab(tok);
+    f.ready = 1;
+    ie_backend_geom_t g = {.n_seq = FAKE_SEQ, .n_ctx = FAKE_CTX, .max_batch = 8, .kv_block = FAKE_KB,
+                           .kv_blocks = FAKE_BLOCKS, .n_vocab = f.n_vocab, .upkeep_ms = 10};
+    ie_backend_t *be = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake_ops, &f, &g, &be), IE_OK);
+    CU_ASSERT_STRING_EQUAL(ie_backend_name(be), "fake");
+    CU_ASSERT_EQUAL(ie_backend_upkeep(be, 0), 1);
+    CU_ASSERT_EQUAL(f.upkeeps, 1);
+    ie_backend_stats_t bs; /* no stats entry: all zero, strings empty */
+    ie_backend_stats(be, &bs);
+    CU_ASSERT_STRING_EQUAL(bs.isa, "");
+    CU_ASSERT_EQUAL(bs.lookahead, 0);
+    CU_ASSERT_EQUAL(bs.lookahead_used, 0);
+    CU_ASSERT_STRING_EQUAL(bs.endpoint, "");
+
+    ie_sched_t *s = NULL;
+    ie_sched_opts_t so = {.backend = be, .tok = tok, .prefill_chunk = 5};
+    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    /* three requests on two slots (the third waits for one), prompts that
+     * take several chunks of 5 */
+    static const int32_t p0[] = {200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210, 211};
+    static const int32_t p1[] = {300, 301, 302};
+    static const int32_t p2[] = {400, 401, 402, 403, 404, 405, 406};
+    const int32_t *pr[3] = {p0, p1, p2};
+    const size_t np[3] = {12, 3, 7};
+    static outcome_t o[3];
+    memset(o, 0, sizeof o);
+    ie_gen_params_t gp = greedy(9);
+    for (int i = 0; i < 3; i++) {
+        ie_sched_req_t r = {.ids = pr[i], .n_ids = np[i], .params = &gp, .cb = on_event, .cb_ctx = &o[i]};
+        CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_OK);
+    }
+    run_until_idle(s);
+    CU_ASSERT_EQUAL(f.bad, 0);          /* positions contiguous, blocks bound */
+    CU_ASSERT(f.steps > 0);
+    CU_ASSERT_EQUAL(f.hints, f.steps);  /* one hint before every step */
+    for (int i = 0; i < 3; i++) {
+        CU_ASSERT_EQUAL(o[i].kind, IE_SCHED_DONE);
+        CU_ASSERT_EQUAL(o[i].n_gen, 9);
+        /* the made-up model's greedy continuation */
+        int32_t prev = pr[i][np[i] - 1], pos = (int32_t)np[i] - 1;
+        for (size_t k = 0; k < o[i].n_gen; k++, pos++) {
+            CU_ASSERT_EQUAL(o[i].ids[k], fake_next(prev, pos));
+            prev = o[i].ids[k];
+        }
+    }
+    assert_pool_clean(s);
+
+    /* a backend that is not ready: the step fails, the request ends
+     * "unavailable" (no retry_ms) and the scheduler reports not ready */
+    f.ready = 0;
+    memset(&o[0], 0, sizeof o[0]);
+    ie_sched_req_t r = {.ids = p1, .n_ids = 3, .params = &gp, .cb = on_event, .cb_ctx = &o[0]};
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT_EQUAL(o[0].kind, IE_SCHED_ERROR);
+    CU_ASSERT_STRING_EQUAL(o[0].code, "unavailable");
+    ie_sched_stats_t st;
+    ie_sched_stats(s, &st);
+    CU_ASSERT_EQUAL(st.ready, 0);
+    ie_sched_destroy(&s);
+    ie_backend_destroy(&be);
+    CU_ASSERT_PTR_NULL(be);
+    CU_ASSERT_EQUAL(f.destroyed, 1);
+
+    /* a table without a required entry, or a geometry value < 1, is refused
+     * (and the implementation destroyed all the same) */
+    ie_backend_ops_t no_step = k_fake_ops;
+    no_step.step = NULL;
+    CU_ASSERT_EQUAL(ie_backend_new(&no_step, &f, &g, &be), IE_ERR_INVAL);
+    CU_ASSERT_PTR_NULL(be);
+    g.kv_blocks = 0;
+    CU_ASSERT_EQUAL(ie_backend_new(&k_fake_ops, &f, &g, &be), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL(f.destroyed, 3);
+    ie_tokenizer_destroy(&tok);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -522,7 +720,8 @@ int main(void)
                  {"queue, cancel, timeout, priority", test_queue_cancel_timeout_priority},
                  {"busy counts free slots", test_busy_counts_free_slots},
                  {"streamed pieces add up to the text", test_stream_adds_up},
-                 {"submit from other threads", test_threads}};
+                 {"submit from other threads", test_threads},
+                 {"a fake backend behind the step boundary", test_fake_backend}};
     /* IE_TEST_ONLY=word runs the tests whose name holds it (make tsan runs
      * the threaded ones: every test under TSan takes minutes) */
     const char *only = getenv("IE_TEST_ONLY");
