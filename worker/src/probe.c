@@ -82,7 +82,7 @@ ie_status_t ie_worker_stream_probe(ie_worker_t *w, int flat, double *seconds)
     }
     atomic_init(&t.sink, 0);
     int64_t k = 1;
-    if (w->hp.n_expert > 0) {
+    if (w->arch.ffn == IE_FFN_MOE) {
         const int64_t held = w->sh.expert_end - w->sh.expert_begin;
         k = ((int64_t)w->hp.n_expert_used * held + w->hp.n_expert - 1) / w->hp.n_expert;
     }
@@ -96,7 +96,7 @@ ie_status_t ie_worker_stream_probe(ie_worker_t *w, int flat, double *seconds)
         probe_flush(w, &t, flat, 0);
         probe_add(&t, &L->o, 1);
         probe_flush(w, &t, flat, 0);
-        if (w->hp.n_expert > 0) {
+        if (w->arch.ffn == IE_FFN_MOE) {
             probe_add(&t, &L->router, 1);
             probe_flush(w, &t, flat, 0);
         }
@@ -130,13 +130,13 @@ uint64_t ie_worker_bytes_per_token(const ie_worker_t *w)
         const layer_t *L = &w->layers[l];
         /* a MoE layer streams its router and the k experts it uses */
         uint64_t k = 1;
-        if (w->hp.n_expert > 0) {
+        if (w->arch.ffn == IE_FFN_MOE) {
             const uint64_t held = (uint64_t)(w->sh.expert_end - w->sh.expert_begin);
             k = ((uint64_t)w->hp.n_expert_used * held + (uint64_t)w->hp.n_expert - 1) / (uint64_t)w->hp.n_expert;
         }
         s += mat_bytes(&L->q) + mat_bytes(&L->k) + mat_bytes(&L->v) + mat_bytes(&L->o) +
              k * (mat_bytes(&L->gate) + mat_bytes(&L->up) + mat_bytes(&L->down)) +
-             (w->hp.n_expert > 0 ? mat_bytes(&L->router) : 0) + 2 * (uint64_t)w->hp.n_embd * sizeof(float);
+             (w->arch.ffn == IE_FFN_MOE ? mat_bytes(&L->router) : 0) + 2 * (uint64_t)w->hp.n_embd * sizeof(float);
     }
     return s;
 }
@@ -161,7 +161,7 @@ uint64_t ie_worker_weight_bytes(const ie_worker_t *w)
         uint64_t f = 2 * (uint64_t)d; /* the two norms */
         if (L->bq) f += qd + 2 * kvd + (L->bo ? (uint64_t)d : 0);
         if (L->sinks) f += (uint64_t)w->n_head_loc;
-        if (hp->n_expert > 0) f += (uint64_t)hp->n_expert + ne * (2 * (uint64_t)hp->n_ff + (uint64_t)d);
+        if (w->arch.ffn == IE_FFN_MOE) f += (uint64_t)hp->n_expert + ne * (2 * (uint64_t)hp->n_ff + (uint64_t)d);
         s += f * sizeof(float);
     }
 #undef STACK

@@ -168,7 +168,7 @@ ie_status_t worker_replicas_new(ie_worker_t *w)
     for (int which = 0; which < 2; which++) {
         const wmat_t *m = which == 0 ? &w->output : &w->tok_embd;
         const int held = which == 0 ? w->sh.has_head : w->sh.has_embed;
-        const char *name = which == 0 ? (w->hp.tied_embeddings ? "token_embd.weight (tied head)" : "output.weight")
+        const char *name = which == 0 ? (w->arch.tied_output ? "token_embd.weight (tied head)" : "output.weight")
                                       : "token_embd.weight";
         if (!held || !m->data) continue;
         if (which == 1 && tied) {
