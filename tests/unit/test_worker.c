@@ -398,6 +398,7 @@ static void test_arch_desc(void)
     CU_ASSERT_EQUAL(a.ffn, IE_FFN_MOE);
     CU_ASSERT_EQUAL(a.gating, IE_GATING_SWIGLU_CLAMP);
     CU_ASSERT_EQUAL(a.routing, IE_ROUTE_TOPK_SOFTMAX);
+    CU_ASSERT_EQUAL(a.top_k, 2);
     CU_ASSERT(a.gate_limit == 7.0f && a.gate_alpha == 1.702f);
     CU_ASSERT(a.qkv_bias && a.o_bias && a.sinks && a.sliding && a.router_bias && a.expert_bias);
     CU_ASSERT_EQUAL(a.rope_layout, IE_ROPE_NEOX);

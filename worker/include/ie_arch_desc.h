@@ -71,8 +71,9 @@ typedef struct ie_arch_desc {
                                     RoPE (Qwen 3, Gemma 3; not yet)        */
     int sinks;                   /* per-head sink logit in the softmax      */
     int sliding;                 /* some layers see only the last
-                                    hp.sliding_window positions
-                                    (hp.layer_swa says which)              */
+                                    hp.sliding_window positions; which
+                                    ones is the file's pattern,
+                                    hp.layer_swa (GPT-OSS: even layers)    */
     ie_rope_layout_t rope_layout; /* NORMAL (interleaved pairs) or NEOX     */
     ie_rope_scaling_t rope_scaling;
     float attn_softcap;          /* scores = c * tanh(scores / c); 0: off  */
@@ -83,6 +84,7 @@ typedef struct ie_arch_desc {
     ie_ffn_gating_t gating;
     float gate_limit, gate_alpha; /* IE_GATING_SWIGLU_CLAMP's constants    */
     ie_moe_routing_t routing;    /* IE_FFN_MOE only                        */
+    int top_k;                   /* experts per token (IE_FFN_MOE; 0 dense) */
     int router_bias, expert_bias; /* the router / experts add biases       */
 
     /* ---- norms, embedding, head */

@@ -56,6 +56,7 @@ ie_status_t ie_arch_desc_init(const ie_hparams_t *hp, ie_arch_desc_t *out)
     out->sliding = hp->sliding_window > 0;
     out->ffn = hp->n_expert > 0 ? IE_FFN_MOE : IE_FFN_DENSE;
     if (out->ffn == IE_FFN_MOE) {
+        out->top_k = hp->n_expert_used;
         out->gate_limit = hp->swiglu_limit;
         out->gate_alpha = hp->swiglu_alpha;
     } else {

@@ -26,7 +26,7 @@ static wmat_t expert_mat(const wmat_t *m, int e)
  * from the router logits rlog[n][E]. */
 static ie_status_t route(ie_worker_t *w, const layer_t *L, int n)
 {
-    const int E = w->hp.n_expert, k = w->hp.n_expert_used;
+    const int E = w->hp.n_expert, k = w->arch.top_k;
     ie_status_t st;
     /* rlog[n][E] = Wr · xb (+ bias) */
     if ((st = worker_matmul(w, &L->router, w->rlog, w->xb, n)) != IE_OK) return st;
@@ -56,7 +56,7 @@ static ie_status_t route(ie_worker_t *w, const layer_t *L, int n)
 ie_status_t worker_moe(ie_worker_t *w, const layer_t *L, int n)
 {
     const ie_hparams_t *hp = &w->hp;
-    const int d = hp->n_embd, ff = hp->n_ff, k = hp->n_expert_used;
+    const int d = hp->n_embd, ff = hp->n_ff, k = w->arch.top_k;
     const int e0 = w->sh.expert_begin, e1 = w->sh.expert_end; /* experts held */
     const float limit = w->arch.gate_limit, alpha = w->arch.gate_alpha;
     ie_status_t st;
