@@ -107,7 +107,7 @@ struct ie_worker {
     int copy_weights;        /* resolved opts.copy_weights                */
     int repack;              /* resolved opts.repack                      */
     char *cache_dir;         /* repack cache directory, or NULL           */
-    int binding_head;        /* bind_mats is binding the output head      */
+    int binding_head;        /* bind_src is binding the output head       */
     int src_file_mapped;     /* every source tensor is in a file mapping  */
     ie_shard_range_t sh;     /* what this worker holds (ie_shard_plan)    */
     int tensor_par;          /* tensor-parallel with n_ranks > 1: reduce  */
