@@ -44,6 +44,8 @@ void worker_mat_row(const wmat_t *m, int64_t r, float *out)
     }
 }
 
+/* ------------------------------------------------- conversion on the pool */
+
 /* Conversion of a stack of n_mat matrices (src, described as a wmat) into
  * `to`/`layout`, 16 rows (one panel) per unit of work. */
 typedef struct convert_task {
@@ -108,7 +110,9 @@ static void convert_run(void *ctx, int ith, int nth)
     free(rows);
 }
 
-/* ---- on-disk repack cache: converted stacks keyed by a hash of the source
+/* ------------------------------------------------------- repack cache */
+
+/* On-disk repack cache: converted stacks keyed by a hash of the source
  * bytes and everything that decides the result. */
 
 /* What a bind converts: a whole source tensor, or the slice of it a shard
@@ -188,6 +192,8 @@ static void drop_source_pages(const ie_worker_t *w, const ie_tensor_t *t)
 {
     if (t && w->src_file_mapped) ie_file_release_pages(t->data, (size_t)t->nbytes);
 }
+
+/* ---------------------------------------------- one matrix, one vector */
 
 /* The part of a matrix stack a shard binds: rows [r0, r1), columns
  * [c0, c1) of matrices [e0, e1). */
@@ -425,6 +431,8 @@ static ie_status_t bind_vec(ie_worker_t *w, const ie_model_src_t *src, const cha
     return bind_vec2(w, src, name, n, 1, out);
 }
 
+
+/* ------------------------------------------------------------ the model */
 
 /* Copy the weights into our own huge-page memory? Measured here (TinyLlama
  * Q4_0, 2 threads, interleaved A/B): +2-3% decode for twice the resident
