@@ -390,43 +390,97 @@ static ie_status_t gguf_vocab(const ie_gguf_t *g, const char *vocab_key, int *n_
 /* YaRN attention factor when the file gives none (transformers get_mscale). */
 static float yarn_mscale(float factor) { return factor <= 1.0f ? 1.0f : 0.1f * logf(factor) + 1.0f; }
 
-/* gpt-oss GGUF (llama.cpp converter, docs/GPTOSS.md §3.3). llama.cpp has no
- * layer-type array: even layers are sliding-window (set_swa_pattern(2)). There
- * is no truncate key either; rope_yarn_truncate = 0 because the released
- * config (and transformers / openai on it) use truncate = false, although
- * ggml's own corr-dims computation rounds. */
-static ie_status_t gguf_hparams_gptoss(ie_model_src_t *s)
+/* Integer / float key "<arch>.<key>" (the GGUF keys every architecture
+ * spells with its own prefix). */
+static ie_status_t gguf_arch_int(const ie_gguf_t *g, const char *arch, const char *key, int required, int64_t def,
+                                 int *out)
 {
-    const ie_gguf_t *g = s->gguf;
-    ie_hparams_t *hp = &s->hp;
+    char k[128];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    return gguf_int(g, k, required, def, out);
+}
+
+static ie_status_t gguf_arch_float(const ie_gguf_t *g, const char *arch, const char *key, int required, float def,
+                                   float *out)
+{
+    char k[128];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    return gguf_float(g, k, required, def, out);
+}
+
+static int gguf_arch_has(const ie_gguf_t *g, const char *arch, const char *key)
+{
+    char k[128];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    return ie_gguf_find_key(g, k) >= 0;
+}
+
+/* The keys every architecture has, under its prefix: shape, context, head
+ * geometry, RoPE base and dimensions, norm epsilon (the vocabulary comes
+ * last, gguf_vocab, after each architecture's own checks). ff_key: the
+ * key of the MLP width; rope_base: the RoPE base when the file gives none. */
+static ie_status_t gguf_hparams_common(const ie_gguf_t *g, const char *a, const char *ff_key, float rope_base,
+                                       ie_hparams_t *hp)
+{
     ie_status_t st;
-    ie_gguf_str_t str;
     int v_len;
 
-    if ((st = gguf_int(g, "gpt-oss.block_count", 1, 0, &hp->n_layer)) != IE_OK) return st;
-    if ((st = gguf_int(g, "gpt-oss.embedding_length", 1, 0, &hp->n_embd)) != IE_OK) return st;
-    if (ie_gguf_find_key(g, "gpt-oss.expert_feed_forward_length") >= 0)
-        st = gguf_int(g, "gpt-oss.expert_feed_forward_length", 1, 0, &hp->n_ff);
-    else
-        st = gguf_int(g, "gpt-oss.feed_forward_length", 1, 0, &hp->n_ff);
-    if (st != IE_OK) return st;
-    if ((st = gguf_int(g, "gpt-oss.attention.head_count", 1, 0, &hp->n_head)) != IE_OK) return st;
-    if ((st = gguf_int(g, "gpt-oss.attention.head_count_kv", 0, hp->n_head, &hp->n_head_kv)) != IE_OK) return st;
-    if ((st = gguf_int(g, "gpt-oss.context_length", 1, 0, &hp->n_ctx_train)) != IE_OK) return st;
-    if (ie_gguf_find_key(g, "gpt-oss.attention.key_length") < 0 && hp->n_embd % hp->n_head != 0)
-        return ie_error_set(IE_ERR_FORMAT, "model: gpt-oss.attention.key_length is absent and "
-                            "gpt-oss.embedding_length (%d) is not a multiple of gpt-oss.attention.head_count (%d)",
-                            hp->n_embd, hp->n_head);
-    if ((st = gguf_int(g, "gpt-oss.attention.key_length", 0, hp->n_embd / hp->n_head, &hp->head_dim)) != IE_OK)
+    if ((st = gguf_arch_int(g, a, "block_count", 1, 0, &hp->n_layer)) != IE_OK) return st;
+    if ((st = gguf_arch_int(g, a, "embedding_length", 1, 0, &hp->n_embd)) != IE_OK) return st;
+    if ((st = gguf_arch_int(g, a, ff_key, 1, 0, &hp->n_ff)) != IE_OK) return st;
+    if ((st = gguf_arch_int(g, a, "attention.head_count", 1, 0, &hp->n_head)) != IE_OK) return st;
+    if ((st = gguf_arch_int(g, a, "attention.head_count_kv", 0, hp->n_head, &hp->n_head_kv)) != IE_OK) return st;
+    if ((st = gguf_arch_int(g, a, "context_length", 1, 0, &hp->n_ctx_train)) != IE_OK) return st;
+    if (!gguf_arch_has(g, a, "attention.key_length") && hp->n_embd % hp->n_head != 0)
+        return ie_error_set(IE_ERR_FORMAT,
+                            "model: %s.embedding_length (%d) is not a multiple of %s.attention.head_count (%d) "
+                            "and %s.attention.key_length is absent",
+                            a, hp->n_embd, a, hp->n_head, a);
+    if ((st = gguf_arch_int(g, a, "attention.key_length", 0, hp->n_embd / hp->n_head, &hp->head_dim)) != IE_OK)
         return st;
-    if ((st = gguf_int(g, "gpt-oss.attention.value_length", 0, hp->head_dim, &v_len)) != IE_OK) return st;
+    if ((st = gguf_arch_int(g, a, "attention.value_length", 0, hp->head_dim, &v_len)) != IE_OK) return st;
     if (v_len != hp->head_dim)
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: gpt-oss.attention.value_length (%d) differs from the key length (%d)", v_len,
-                            hp->head_dim);
-    if ((st = gguf_int(g, "gpt-oss.rope.dimension_count", 0, hp->head_dim, &hp->rope_dim)) != IE_OK) return st;
-    if ((st = gguf_float(g, "gpt-oss.rope.freq_base", 0, 150000.0f, &hp->rope_theta)) != IE_OK) return st;
-    if ((st = gguf_float(g, "gpt-oss.attention.layer_norm_rms_epsilon", 1, 0.0f, &hp->rms_eps)) != IE_OK) return st;
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: %s.attention.value_length (%d) differs from the key length (%d)",
+                            a, v_len, hp->head_dim);
+    if ((st = gguf_arch_int(g, a, "rope.dimension_count", 0, hp->head_dim, &hp->rope_dim)) != IE_OK) return st;
+    if ((st = gguf_arch_float(g, a, "rope.freq_base", 0, rope_base, &hp->rope_theta)) != IE_OK) return st;
+    return gguf_arch_float(g, a, "attention.layer_norm_rms_epsilon", 1, 0.0f, &hp->rms_eps);
+}
+
+/* llama GGUF: the common keys; the llama.cpp converter permutes Q/K for the
+ * interleaved-pair rotation. */
+static ie_status_t gguf_hparams_llama(const ie_gguf_t *g, ie_hparams_t *hp)
+{
+    ie_status_t st;
+    ie_gguf_str_t str;
+
+    if ((st = gguf_hparams_common(g, "llama", "feed_forward_length", 10000.0f, hp)) != IE_OK) return st;
+    /* Llama 3.1-style frequency scaling: we would silently compute wrong rotations */
+    if (ie_gguf_get_str(g, "llama.rope.scaling.type", &str) == IE_OK && !(str.len == 4 && !memcmp(str.ptr, "none", 4)))
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: llama.rope.scaling.type '%.*s' is not supported",
+                            (int)(str.len < 64 ? str.len : 64), str.ptr);
+    if (ie_gguf_find_tensor(g, "rope_freqs.weight"))
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: tensor 'rope_freqs.weight' (RoPE frequency scaling) is not supported");
+    if ((st = gguf_vocab(g, "llama.vocab_size", &hp->n_vocab)) != IE_OK) return st;
+    hp->rope_layout = IE_ROPE_NORMAL;
+    hp->tied_embeddings = ie_gguf_find_tensor(g, "output.weight") == NULL;
+    return IE_OK;
+}
+
+/* gpt-oss GGUF (llama.cpp converter, docs/GPTOSS.md §3.3): the common keys,
+ * then MoE, sliding window, YaRN. llama.cpp has no layer-type array: even
+ * layers are sliding-window (set_swa_pattern(2)). There is no truncate key
+ * either; rope_yarn_truncate = 0 because the released config (and
+ * transformers / openai on it) use truncate = false, although ggml's own
+ * corr-dims computation rounds. */
+static ie_status_t gguf_hparams_gptoss(const ie_gguf_t *g, ie_hparams_t *hp)
+{
+    ie_status_t st;
+    ie_gguf_str_t str;
+
+    const char *ff_key =
+        gguf_arch_has(g, "gpt-oss", "expert_feed_forward_length") ? "expert_feed_forward_length" : "feed_forward_length";
+    if ((st = gguf_hparams_common(g, "gpt-oss", ff_key, 150000.0f, hp)) != IE_OK) return st;
     if ((st = gguf_int(g, "gpt-oss.expert_count", 1, 0, &hp->n_expert)) != IE_OK) return st;
     if ((st = gguf_int(g, "gpt-oss.expert_used_count", 1, 0, &hp->n_expert_used)) != IE_OK) return st;
     if ((st = gguf_int(g, "gpt-oss.attention.sliding_window", 1, 0, &hp->sliding_window)) != IE_OK) return st;
@@ -473,15 +527,15 @@ static ie_status_t gguf_hparams_gptoss(ie_model_src_t *s)
     return IE_OK;
 }
 
+/* The architecture and name, then its keys (the shared ones once, in
+ * gguf_hparams_common; each architecture's extras in its own function). */
 static ie_status_t gguf_hparams(ie_model_src_t *s, const char *path)
 {
     const ie_gguf_t *g = s->gguf;
     ie_hparams_t *hp = &s->hp;
     ie_status_t st;
     ie_gguf_str_t str;
-    const ie_gguf_tensor_info_t *emb;
     const char *base;
-    int v_len;
 
     if (ie_gguf_find_key(g, "general.architecture") < 0)
         return ie_error_set(IE_ERR_FORMAT, "model: missing key 'general.architecture'");
@@ -502,53 +556,7 @@ static ie_status_t gguf_hparams(ie_model_src_t *s, const char *path)
         base = strrchr(path, '/');
         snprintf(hp->name, sizeof hp->name, "%s", base ? base + 1 : path);
     }
-    if (hp->arch_id == IE_ARCH_GPTOSS) return gguf_hparams_gptoss(s);
-
-    if ((st = gguf_int(g, "llama.block_count", 1, 0, &hp->n_layer)) != IE_OK) return st;
-    if ((st = gguf_int(g, "llama.embedding_length", 1, 0, &hp->n_embd)) != IE_OK) return st;
-    if ((st = gguf_int(g, "llama.feed_forward_length", 1, 0, &hp->n_ff)) != IE_OK) return st;
-    if ((st = gguf_int(g, "llama.attention.head_count", 1, 0, &hp->n_head)) != IE_OK) return st;
-    if ((st = gguf_int(g, "llama.attention.head_count_kv", 0, hp->n_head, &hp->n_head_kv)) != IE_OK) return st;
-    if ((st = gguf_int(g, "llama.context_length", 1, 0, &hp->n_ctx_train)) != IE_OK) return st;
-    if (ie_gguf_find_key(g, "llama.attention.key_length") < 0 && hp->n_embd % hp->n_head != 0)
-        return ie_error_set(IE_ERR_FORMAT,
-                            "model: llama.embedding_length (%d) is not a multiple of llama.attention.head_count (%d) "
-                            "and llama.attention.key_length is absent",
-                            hp->n_embd, hp->n_head);
-    if ((st = gguf_int(g, "llama.attention.key_length", 0, hp->n_embd / hp->n_head, &hp->head_dim)) != IE_OK)
-        return st;
-    if ((st = gguf_int(g, "llama.attention.value_length", 0, hp->head_dim, &v_len)) != IE_OK) return st;
-    if (v_len != hp->head_dim)
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: llama.attention.value_length (%d) differs from the key length (%d)", v_len,
-                            hp->head_dim);
-    if ((st = gguf_int(g, "llama.rope.dimension_count", 0, hp->head_dim, &hp->rope_dim)) != IE_OK) return st;
-    if ((st = gguf_float(g, "llama.rope.freq_base", 0, 10000.0f, &hp->rope_theta)) != IE_OK) return st;
-    if ((st = gguf_float(g, "llama.attention.layer_norm_rms_epsilon", 1, 0.0f, &hp->rms_eps)) != IE_OK) return st;
-
-    /* Llama 3.1-style frequency scaling: we would silently compute wrong rotations */
-    if (ie_gguf_get_str(g, "llama.rope.scaling.type", &str) == IE_OK && !(str.len == 4 && !memcmp(str.ptr, "none", 4)))
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: llama.rope.scaling.type '%.*s' is not supported",
-                            (int)(str.len < 64 ? str.len : 64), str.ptr);
-    if (ie_gguf_find_tensor(g, "rope_freqs.weight"))
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: tensor 'rope_freqs.weight' (RoPE frequency scaling) is not supported");
-
-    emb = ie_gguf_find_tensor(g, "token_embd.weight");
-    if (!emb) return ie_error_set(IE_ERR_FORMAT, "model: missing tensor 'token_embd.weight'");
-    if (emb->ne[1] > HP_MAX)
-        return ie_error_set(IE_ERR_FORMAT, "model: token_embd.weight has %lld rows, more than %d",
-                            (long long)emb->ne[1], HP_MAX);
-    hp->n_vocab = (int)emb->ne[1];
-    if (ie_gguf_find_key(g, "llama.vocab_size") >= 0) {
-        int64_t v;
-        if ((st = ie_gguf_get_i64(g, "llama.vocab_size", &v)) != IE_OK) return st;
-        if (v != hp->n_vocab)
-            return ie_error_set(IE_ERR_FORMAT, "model: llama.vocab_size is %lld but token_embd.weight has %d rows",
-                                (long long)v, hp->n_vocab);
-    }
-    hp->rope_layout = IE_ROPE_NORMAL;
-    hp->tied_embeddings = ie_gguf_find_tensor(g, "output.weight") == NULL;
-    return IE_OK;
+    return hp->arch_id == IE_ARCH_GPTOSS ? gguf_hparams_gptoss(g, hp) : gguf_hparams_llama(g, hp);
 }
 
 static ie_status_t gguf_tensors(ie_model_src_t *s)

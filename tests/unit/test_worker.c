@@ -4,7 +4,9 @@
  * validated before the cache is touched, and converted precisions stay
  * close to f32. The numerical reference (HF transformers) is checked by
  * tests/e2e/test_forward_tiny.py; this suite checks the engine against
- * itself. */
+ * itself. Also: a failing matmul kernel fails the step (and leaves the
+ * caches as they were), and the architecture descriptors. */
+#include "ie_arch_desc.h"
 #include "ie_worker.h"
 
 #include <CUnit/Basic.h>
@@ -296,6 +298,119 @@ static void test_decode_options(void)
     ie_worker_destroy(&w);
 }
 
+/* Kernels that always fail, as a kernel does on a matrix it cannot run. */
+static int fail_matmul(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a,
+                       size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+{
+    return -1;
+}
+
+static int fail_packed(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride, int64_t n_tok,
+                       float *y, int64_t ldy)
+{
+    return -1;
+}
+
+static int fail_ranges(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a, size_t a_stride,
+                       int64_t n_tok, float *y, int64_t ldy)
+{
+    return -1;
+}
+
+/* A step whose matmul kernel fails returns IE_ERR_INTERNAL naming the
+ * kernel, counts no new positions, and the worker runs on once the kernels
+ * work again: the same logits as a worker that never failed. Rows (f32)
+ * and panels (int8w; balanced with two threads), prefill and decode. */
+static void test_kernel_failure(void)
+{
+    static const ie_precision_t precs[] = {IE_PREC_F32, IE_PREC_INT8W};
+    static const char *const what[] = {"f32/rows", "int8w/panel16"};
+    for (int pi = 0; pi < 2; pi++)
+        for (int threads = 1; threads <= 2; threads++)
+            for (int n = 1; n <= 8; n += 7) {
+                ie_worker_t *w = make_worker(1, 8, precs[pi], threads), *ref = make_worker(1, 8, precs[pi], threads);
+                const int nv = ie_worker_hparams(w)->n_vocab;
+                const ie_matmul_ops_t *good = ie_kernels_get(ie_worker_isa(w));
+                ie_matmul_ops_t bad = *good;
+                bad.matmul = fail_matmul;
+                bad.matmul_packed = fail_packed;
+                bad.matmul_packed_ranges = fail_ranges;
+                int32_t ids[9], pos[9], sq[9] = {0};
+                for (int i = 0; i < 9; i++) {
+                    ids[i] = k_prompt_a[i % 8];
+                    pos[i] = i;
+                }
+                float *la = calloc((size_t)nv, sizeof(float)), *lb = calloc((size_t)nv, sizeof(float));
+                ie_batch_t b = {n, ids, pos, sq, NULL};
+
+                ie_worker_test_set_matmul_ops(w, &bad);
+                CU_ASSERT_EQUAL(ie_worker_step(w, &b, la), IE_ERR_INTERNAL);
+                CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "kernel failed"));
+                CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), what[pi]));
+                /* nothing was counted: position n would skip ahead */
+                ie_worker_test_set_matmul_ops(w, good);
+                ie_batch_t next = {1, ids + n, pos + n, sq, NULL};
+                CU_ASSERT_EQUAL(ie_worker_step(w, &next, la), IE_ERR_RANGE);
+                /* and the step runs again as if it had never failed */
+                CU_ASSERT_EQUAL(ie_worker_step(w, &b, la), IE_OK);
+                CU_ASSERT_EQUAL(ie_worker_step(ref, &b, lb), IE_OK);
+                CU_ASSERT_EQUAL(memcmp(la, lb, (size_t)nv * sizeof(float)), 0);
+                free(la);
+                free(lb);
+                ie_worker_destroy(&w);
+                ie_worker_destroy(&ref);
+            }
+}
+
+/* The descriptor says what the fixture (a Llama) and a GPT-OSS shape need,
+ * and refuses an architecture it has no entry for. */
+static void test_arch_desc(void)
+{
+    ie_arch_desc_t a;
+    const ie_hparams_t *hp = ie_model_src_hparams(g_src);
+    CU_ASSERT_EQUAL_FATAL(ie_arch_desc_init(hp, &a), IE_OK);
+    CU_ASSERT_STRING_EQUAL(a.name, "llama");
+    CU_ASSERT_EQUAL(a.ffn, IE_FFN_DENSE);
+    CU_ASSERT_EQUAL(a.gating, IE_GATING_SWIGLU);
+    CU_ASSERT_EQUAL(a.act, IE_ACT_SILU);
+    CU_ASSERT_EQUAL(a.norm, IE_NORM_PRE);
+    CU_ASSERT_EQUAL(a.rope_layout, hp->rope_layout);
+    CU_ASSERT_EQUAL(a.rope_scaling, IE_ROPE_SCALING_NONE);
+    CU_ASSERT_EQUAL(a.tied_output, hp->tied_embeddings != 0);
+    CU_ASSERT(!a.qkv_bias && !a.o_bias && !a.sinks && !a.sliding && !a.qk_norm);
+    CU_ASSERT(a.embd_scale == 0 && a.attn_softcap == 0 && a.final_softcap == 0);
+    CU_ASSERT_STRING_EQUAL(a.ffn_norm_name, "ffn_norm");
+
+    ie_hparams_t g = *hp;
+    g.arch_id = IE_ARCH_GPTOSS;
+    g.n_expert = 4;
+    g.n_expert_used = 2;
+    g.sliding_window = 16;
+    g.attn_bias = 1;
+    g.attn_sinks = 1;
+    g.swiglu_limit = 7.0f;
+    g.swiglu_alpha = 1.702f;
+    g.rope_yarn_factor = 32.0f;
+    g.rope_layout = IE_ROPE_NEOX;
+    g.tied_embeddings = 0;
+    CU_ASSERT_EQUAL_FATAL(ie_arch_desc_init(&g, &a), IE_OK);
+    CU_ASSERT_STRING_EQUAL(a.name, "gpt-oss");
+    CU_ASSERT_EQUAL(a.ffn, IE_FFN_MOE);
+    CU_ASSERT_EQUAL(a.gating, IE_GATING_SWIGLU_CLAMP);
+    CU_ASSERT_EQUAL(a.routing, IE_ROUTE_TOPK_SOFTMAX);
+    CU_ASSERT_EQUAL(a.top_k, 2);
+    CU_ASSERT(a.gate_limit == 7.0f && a.gate_alpha == 1.702f);
+    CU_ASSERT(a.qkv_bias && a.o_bias && a.sinks && a.sliding && a.router_bias && a.expert_bias);
+    CU_ASSERT_EQUAL(a.rope_layout, IE_ROPE_NEOX);
+    CU_ASSERT_EQUAL(a.rope_scaling, IE_ROPE_SCALING_YARN);
+    CU_ASSERT_EQUAL(a.tied_output, 0);
+    CU_ASSERT_STRING_EQUAL(a.ffn_norm_name, "post_attention_norm");
+
+    g.arch_id = (ie_arch_t)99;
+    CU_ASSERT_EQUAL(ie_arch_desc_init(&g, &a), IE_ERR_UNSUPPORTED);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "no descriptor"));
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -308,6 +423,8 @@ int main(void)
     CU_add_test(s, "stream probe", test_stream_probe);
     CU_add_test(s, "balanced decode == static split", test_balanced_decode);
     CU_add_test(s, "decode options change no bits; bad names refused", test_decode_options);
+    CU_add_test(s, "a failing kernel fails the step", test_kernel_failure);
+    CU_add_test(s, "architecture descriptors", test_arch_desc);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();

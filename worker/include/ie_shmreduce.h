@@ -85,4 +85,11 @@ ie_status_t ie_shmreduce_attach(ie_shmreduce_t *s, int timeout_ms);
  * past it (it failed this reduction); buf is then unspecified. */
 ie_status_t ie_shmreduce_run(ie_shmreduce_t *s, uint64_t step, int index, float *buf, size_t n, int timeout_ms);
 
+/* buf[j] = part[0][j] + part[1][j] + ... + part[n_ranks-1][j], added in rank
+ * order. The one expression of a tensor-parallel sum, shared by both
+ * transports (this one and node.c's ZeroMQ path) so every rank gets the
+ * same bits whichever carried the parts. buf may be one of the parts
+ * (element j reads every part's j before writing it). */
+void ie_reduce_rank_sum(float *buf, const float *const *part, int n_ranks, size_t n);
+
 #endif

@@ -167,7 +167,9 @@ typedef struct ie_batch {
 /* Run one step. Writes n_vocab floats per requested token to logits_out, in
  * batch order (caller provides rows * n_vocab floats). Errors: IE_ERR_RANGE
  * for a bad token id, slot or a position past n_ctx; IE_ERR_INVAL for a
- * batch larger than max_batch. */
+ * batch larger than max_batch; IE_ERR_INTERNAL when a matmul kernel fails
+ * (the message names the matrix's type and shape; the slot caches then
+ * count no new positions). The same holds for the two calls below. */
 ie_status_t ie_worker_step(ie_worker_t *w, const ie_batch_t *b, float *logits_out);
 
 /* ie_worker_step that also writes, when hidden != NULL, the residual stream
@@ -300,5 +302,10 @@ ie_status_t ie_worker_stream_probe(ie_worker_t *w, int flat, double *seconds);
  * None changes the results. IE_ERR_INVAL for a NULL worker or an unknown
  * name. */
 ie_status_t ie_worker_set_decode_option(ie_worker_t *w, const char *name, int on);
+
+/* Testing only: run this worker's matmuls through *ops (which must outlive
+ * the worker, or the next call) instead of the table its ISA chose — how
+ * tests make a kernel fail and check that the step reports it. */
+void ie_worker_test_set_matmul_ops(ie_worker_t *w, const ie_matmul_ops_t *ops);
 
 #endif

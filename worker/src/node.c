@@ -321,12 +321,7 @@ static ie_status_t node_reduce(void *ctx, int index, float *buf, size_t n)
                                 (long long)h->count, (unsigned long long)nd->cur_step, index, n);
         part[r] = q->m[q->head].data[1];
     }
-    /* rank-order sum: the same expression on every rank */
-    for (size_t j = 0; j < n; j++) {
-        float s = part[0][j];
-        for (int r = 1; r < P; r++) s += part[r][j];
-        buf[j] = s;
-    }
+    ie_reduce_rank_sum(buf, part, P, n); /* the same expression as the shared-memory path */
     for (int r = 0; r < P; r++) {
         if (r == me) continue;
         peerq_t *q = &nd->pq[r];

@@ -341,6 +341,16 @@ ie_status_t ie_shmreduce_attach(ie_shmreduce_t *s, int timeout_ms)
     return IE_OK;
 }
 
+/* Contract (ie_shmreduce.h). */
+void ie_reduce_rank_sum(float *buf, const float *const *part, int n_ranks, size_t n)
+{
+    for (size_t j = 0; j < n; j++) {
+        float v = part[0][j];
+        for (int r = 1; r < n_ranks; r++) v += part[r][j];
+        buf[j] = v;
+    }
+}
+
 ie_status_t ie_shmreduce_run(ie_shmreduce_t *s, uint64_t step, int index, float *buf, size_t n, int timeout_ms)
 {
     const int me = s->o.rank, P = s->o.n_ranks;
@@ -377,12 +387,7 @@ ie_status_t ie_shmreduce_run(ie_shmreduce_t *s, uint64_t step, int index, float 
                                 timeout_ms);
         part[r] = seg_buf(s->seg[r], slot[r]);
     }
-    /* rank-order sum: the same expression as the ZeroMQ path, on every rank */
-    for (size_t j = 0; j < n; j++) {
-        float v = part[0][j];
-        for (int r = 1; r < P; r++) v += part[r][j];
-        buf[j] = v;
-    }
+    ie_reduce_rank_sum(buf, part, P, n);
     /* seqlock check: no peer rewrote a buffer while we read it (only a
      * peer that gave up on this reduction could have) */
     atomic_thread_fence(memory_order_acquire);

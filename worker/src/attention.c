@@ -1,0 +1,360 @@
+/* attention.c — RoPE, the paged KV cache and attention.
+ *
+ * The cache is a pool of blocks of kv_block positions of every held layer
+ * ([block][layer][kv_block][kv_dim]); a slot's block table maps its logical
+ * blocks to physical ones (worker_internal.h, ie_worker.h "paged KV").
+ * Attention runs one (token, KV head, share of its query heads) per unit of
+ * work on the pool, reading K and V through the slot's table. A decode
+ * step also fetches into L2 the cache rows each thread's attention share
+ * will read, while the q/k/v matmul streams (att_prefetch).
+ */
+#include "worker_internal.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Rope tables for every position, computed in float32 the way HF does so
+ * logits agree (ie_rope_table_f32). */
+static void rope_tables(ie_worker_t *w)
+{
+    const ie_hparams_t *hp = &w->hp;
+    size_t half = (size_t)hp->rope_dim / 2;
+    if (w->arch.rope_scaling == IE_ROPE_SCALING_NONE) {
+        for (int p = 0; p < w->opts.n_ctx; p++)
+            ie_rope_table_f32(w->rope_cos + p * half, w->rope_sin + p * half, hp->rope_dim, p, hp->rope_theta);
+        return;
+    }
+    /* YaRN (docs/GPTOSS.md 2.2), in float32 like transformers'
+     * _compute_yarn_parameters: high-frequency pairs keep their frequency,
+     * low-frequency ones are divided by the factor, a linear ramp between;
+     * cos and sin carry the attention factor. */
+    double d = hp->rope_dim, base = hp->rope_theta, L = hp->rope_yarn_orig_ctx;
+    double low = d * log(L / (hp->rope_yarn_beta_fast * 2 * M_PI)) / (2 * log(base));
+    double high = d * log(L / (hp->rope_yarn_beta_slow * 2 * M_PI)) / (2 * log(base));
+    if (hp->rope_yarn_truncate) {
+        low = floor(low);
+        high = ceil(high);
+    }
+    if (low < 0) low = 0;
+    if (high > d - 1) high = d - 1;
+    if (low == high) high += 0.001;
+    float factor = hp->rope_yarn_factor, mscale = hp->rope_attn_factor;
+    for (size_t i = 0; i < half; i++) {
+        float pos_freq = powf(hp->rope_theta, (float)(2 * i) / (float)hp->rope_dim);
+        float extrap = 1.0f / pos_freq, interp = 1.0f / (factor * pos_freq);
+        float ramp = ((float)i - (float)low) / (float)(high - low);
+        ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+        float keep = 1.0f - ramp; /* weight of the original frequency */
+        float inv_freq = interp * (1.0f - keep) + extrap * keep;
+        for (int p = 0; p < w->opts.n_ctx; p++) {
+            float a = (float)p * inv_freq;
+            w->rope_cos[(size_t)p * half + i] = cosf(a) * mscale;
+            w->rope_sin[(size_t)p * half + i] = sinf(a) * mscale;
+        }
+    }
+}
+
+typedef struct att_task {
+    ie_worker_t *w;
+    const ie_batch_t *b;
+    int layer;
+    int sg; /* query heads per unit (a share of one KV head's group) */
+} att_task_t;
+
+/* Unit u of an attention job (att_run's numbering): token i, held KV head
+ * kh, query heads h0 .. h0+nh-1 (local numbers), the visible positions
+ * j0 .. j0+cnt-1 and the K and V rows of its slot. Returns 0 for a unit
+ * with no query heads (the last share of a group cut between ranks). */
+typedef struct att_unit {
+    int i, kh, h0, nh, j0, cnt;
+    ie_attn_rows_t kr, vr;
+} att_unit_t;
+
+static int att_unit(const att_task_t *t, long u, att_unit_t *a)
+{
+    const ie_worker_t *w = t->w;
+    const ie_hparams_t *hp = &w->hp;
+    const int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, nsub = (group + t->sg - 1) / t->sg;
+    a->i = (int)(u / (w->n_kv_loc * nsub));
+    const int r = (int)(u % (w->n_kv_loc * nsub));
+    a->kh = r / nsub;
+    /* this KV head's query heads held here (local numbers): a whole
+     * group, or the part of a group cut between two ranks */
+    const int kg = w->sh.kv_head_begin + a->kh;
+    const int qa = kg * group > w->sh.head_begin ? kg * group : w->sh.head_begin;
+    const int qe = (kg + 1) * group < w->sh.head_end ? (kg + 1) * group : w->sh.head_end;
+    a->h0 = qa - w->sh.head_begin + (r % nsub) * t->sg;
+    const int hend = qe - w->sh.head_begin;
+    if (a->h0 >= hend) return 0;
+    a->nh = hend - a->h0 < t->sg ? hend - a->h0 : t->sg;
+    const int seq = t->b->seq[a->i], pos = t->b->pos[a->i];
+    /* a sliding layer sees the last W positions, itself included */
+    a->j0 = w->layers[t->layer].swa && pos >= hp->sliding_window ? pos - hp->sliding_window + 1 : 0;
+    a->cnt = pos + 1 - a->j0;
+    /* this head's rows of the slot's blocks (ie_attn.h's paged view) */
+    const size_t head = (size_t)(t->layer - w->sh.layer_begin) * w->kv_layer_stride + (size_t)a->kh * hd;
+    const int32_t *tab = w->btab + (size_t)seq * w->kv_nlb;
+    a->kr = (ie_attn_rows_t){w->kcache + head, (size_t)w->kv_dim, tab, w->kv_block, w->kv_block_stride};
+    a->vr = (ie_attn_rows_t){w->vcache + head, (size_t)w->kv_dim, tab, w->kv_block, w->kv_block_stride};
+    return 1;
+}
+
+/* Units per attention job (att_run deals them round-robin). */
+static long att_units(const att_task_t *t)
+{
+    const ie_hparams_t *hp = &t->w->hp;
+    const int group = hp->n_head / hp->n_head_kv, nsub = (group + t->sg - 1) / t->sg;
+    return (long)t->b->n * t->w->n_kv_loc * nsub;
+}
+
+/* One (token, held KV head, share of its query heads) per unit of work: the
+ * shared K and V rows are read once for all those heads (GQA), scores over
+ * the slot's cache up to the token's position, softmax, weighted sum of
+ * values into xb. The kernels read the slot's rows through its block table
+ * (a paged view, ie_attn.h) with the arithmetic of a contiguous pass, so
+ * any block size and placement gives the same bits. Units are dealt
+ * round-robin: a causal prefill's later tokens cost more, contiguous shares
+ * would leave the first thread idle. */
+static void att_run(void *ctx, int ith, int nth)
+{
+    att_task_t *t = ctx;
+    ie_worker_t *w = t->w;
+    const ie_hparams_t *hp = &w->hp;
+    const layer_t *L = &w->layers[t->layer];
+    const int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+    const size_t ld = (size_t)w->opts.n_ctx;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *scores = w->scores + (size_t)ith * (size_t)group * ld;
+    const long units = att_units(t);
+    att_unit_t a;
+    for (long u = ith; u < units; u += nth) {
+        if (!att_unit(t, u, &a)) continue;
+        const float *q = w->q + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd;
+        w->attn->scores(q, (size_t)hd, a.nh, &a.kr, a.j0, a.cnt, hd, scale, scores, ld);
+        for (int hh = 0; hh < a.nh; hh++)
+            w->vec->softmax(scores + (size_t)hh * ld, a.cnt, L->sinks ? &L->sinks[a.h0 + hh] : NULL);
+        w->attn->values(scores, ld, a.nh, &a.vr, a.j0, a.cnt, hd, w->xb + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd,
+                        (size_t)hd);
+    }
+}
+
+/* Every 64-byte line of [p, p + n), into L2. */
+static void prefetch_l2(const void *p, size_t n)
+{
+    const uintptr_t a = (uintptr_t)p, e = a + n;
+    for (uintptr_t l = a & ~(uintptr_t)63; l < e; l += 64) __builtin_prefetch((const void *)l, 0, 2);
+}
+
+/* Decode: fetch into L2 the cached K and V rows that att_run's share ith
+ * will read after this matmul job, the token's own row left out (the owner
+ * writes it after the job). Run by every thread before its share of the
+ * q/k/v matmul: a decode step's cache rows are read once per layer, a
+ * head's hd floats out of every kv_dim, from DRAM (the weights stream
+ * evicts them), and that scattered read ran latency-bound in att_run; as
+ * prefetches ahead of the matmul's stream they cost the bandwidth of their
+ * bytes and are still in L2 (the job streams ~0.7 MB a thread for
+ * TinyLlama) when attention runs. At most KVPF_MAX bytes, the first rows
+ * (attention's own prefetch streams the rest): at 1000 positions the whole
+ * share (~1 MB a thread) measured slightly slower than none. In-run A/B
+ * (bench_decode --ab kvprefetch, Q4_0 TinyLlama shape, ~150 positions):
+ * +0.017 to +0.027 of the paired read in the high-bandwidth phase. */
+#define KVPF_MAX ((size_t)256 << 10) /* bytes a thread fetches ahead */
+static void att_prefetch(void *ctx, int ith, int nth)
+{
+    const att_task_t *t = ctx;
+    const size_t row_bytes = (size_t)t->w->hp.head_dim * sizeof(float);
+    const long units = att_units(t);
+    size_t left = KVPF_MAX;
+    att_unit_t a;
+    for (long u = ith; u < units; u += nth) {
+        if (!att_unit(t, u, &a)) continue;
+        ie_attn_cursor_t ck, cv;
+        ie_attn_cursor_init(&ck, &a.kr, a.j0);
+        ie_attn_cursor_init(&cv, &a.vr, a.j0);
+        for (int j = 0; j + 1 < a.cnt && left >= 2 * row_bytes; j++, left -= 2 * row_bytes) {
+            prefetch_l2(ie_attn_cursor_next(&ck), row_bytes);
+            prefetch_l2(ie_attn_cursor_next(&cv), row_bytes);
+        }
+    }
+}
+
+/* Query heads per attention unit: a whole KV group unless that leaves the
+ * pool short of work (a decode step of few KV heads), then halves. */
+static int att_share(const ie_worker_t *w, int n)
+{
+    const int group = w->hp.n_head / w->hp.n_head_kv, nth = w->opts.n_threads;
+    int sg = group;
+    while (nth > 1 && sg > 1 && (long)n * w->n_kv_loc * ((group + sg - 1) / sg) < 2L * nth) sg = (sg + 1) / 2;
+    return sg;
+}
+
+/* Contract (worker_internal.h). */
+ie_status_t worker_kv_new(ie_worker_t *w)
+{
+    const ie_worker_opts_t *opts = &w->opts;
+    const ie_shard_range_t *sh = &w->sh;
+    const int qgroup = w->hp.n_head / w->hp.n_head_kv, half = w->hp.rope_dim / 2;
+
+    w->kv_block = opts->kv_block > 0 ? opts->kv_block : 16;
+    w->kv_nlb = (int)(((int64_t)opts->n_ctx + w->kv_block - 1) / w->kv_block);
+    const int64_t full_pool = (int64_t)opts->n_seq * w->kv_nlb;
+    if (opts->kv_blocks == 0 && full_pool > INT32_MAX)
+        return ie_error_set(IE_ERR_INVAL, "worker: %d slots of %d KV blocks do not fit a block id", opts->n_seq,
+                            w->kv_nlb);
+    w->kv_blocks = opts->kv_blocks > 0 ? opts->kv_blocks : (int)full_pool;
+    w->opts.kv_block = w->kv_block;
+    w->opts.kv_blocks = w->kv_blocks;
+    w->all_swa = sh->layer_end > sh->layer_begin;
+    for (int l = sh->layer_begin; l < sh->layer_end; l++) w->all_swa &= w->layers[l].swa;
+    const uint64_t kv_floats = (uint64_t)(sh->layer_end - sh->layer_begin) * (uint64_t)w->kv_blocks *
+                               (uint64_t)w->kv_block * (uint64_t)w->kv_dim;
+    if (kv_floats > (uint64_t)SIZE_MAX / 8)
+        return ie_error_set(IE_ERR_NOMEM, "out of memory: a KV cache of %d blocks of %d positions is too large",
+                            w->kv_blocks, w->kv_block);
+    w->kv_layer_stride = (size_t)w->kv_block * (size_t)w->kv_dim;
+    w->kv_block_stride = (size_t)(sh->layer_end - sh->layer_begin) * w->kv_layer_stride;
+    const size_t kv_bytes = (size_t)kv_floats * sizeof(float);
+    /* Block-major and on huge pages. Decode reads a head's rows out of
+     * every cached position of a layer, ~1 KiB apart: on 4 KiB pages a TLB
+     * miss every few rows, its page walk from DRAM (the weight stream
+     * evicts the tables), and the hardware prefetchers stop at every page.
+     * Measured (Q4_0 TinyLlama shape, 2 threads, 1016 positions,
+     * alternating runs): 71-75 t/s against 66-68 in the high-bandwidth
+     * phase (0.75-0.79 of the paired read against 0.70), 0.87-0.88 against
+     * 0.83-0.86 in the low. Block-major keeps the cost of huge pages
+     * small: a block holds every held layer, so the first write into a
+     * 2 MiB region commits blocks of all layers at once (a fresh slot: 2 MiB
+     * per cache), where a layer-major cache committed 2 MiB per layer. */
+    w->kcache = worker_big_alloc(kv_bytes ? kv_bytes : 1);
+    w->vcache = worker_big_alloc(kv_bytes ? kv_bytes : 1);
+    w->seq_len = calloc((size_t)opts->n_seq, sizeof(int));
+    w->btab = malloc((size_t)full_pool * sizeof(int32_t));
+    w->rope_cos = malloc((size_t)opts->n_ctx * half * sizeof(float));
+    w->rope_sin = malloc((size_t)opts->n_ctx * half * sizeof(float));
+    w->scores = worker_big_alloc((size_t)opts->n_threads * (size_t)qgroup * opts->n_ctx * sizeof(float));
+    if (!w->kcache || !w->vcache || !w->seq_len || !w->btab || !w->rope_cos || !w->rope_sin || !w->scores)
+        return ie_error_set(IE_ERR_NOMEM, "out of memory allocating KV cache (%zu bytes) and scratch", 2 * kv_bytes);
+    /* a pool with room for every slot's whole context starts as the
+     * unpaged cache (slot s owns blocks s*kv_nlb ..); a smaller one unbound */
+    for (int64_t i = 0; i < full_pool; i++) w->btab[i] = w->kv_blocks >= full_pool ? (int32_t)i : -1;
+    rope_tables(w);
+    return IE_OK;
+}
+
+/* Contract (worker_internal.h): its own position, and the window before it
+ * (all of it unless every held layer slides). */
+ie_status_t worker_kv_check(const ie_worker_t *w, const ie_batch_t *b, int i)
+{
+    const int pos = b->pos[i], kb = w->kv_block;
+    const int j0 = w->all_swa && pos >= w->hp.sliding_window ? pos - w->hp.sliding_window + 1 : 0;
+    const int32_t *tab = w->btab + (size_t)b->seq[i] * w->kv_nlb;
+    for (int lb = pos / kb; lb >= j0 / kb; lb--)
+        if (tab[lb] < 0) {
+            const int at = lb * kb > j0 ? lb * kb : j0;
+            return ie_error_set(IE_ERR_RANGE, "worker: slot %d position %d: its KV block %d is not bound%s",
+                                b->seq[i], lb == pos / kb ? pos : at, lb,
+                                lb == pos / kb ? "" : " (read by a later position)");
+        }
+    return IE_OK;
+}
+
+/* Contract (worker_internal.h). */
+ie_status_t worker_qkv(ie_worker_t *w, int l, const ie_batch_t *b)
+{
+    const layer_t *L = &w->layers[l];
+    const int n = b->n;
+    /* decode: each thread fetches the cache rows its attention share
+     * reads, ahead of its share of q/k/v */
+    att_task_t at = {w, b, l, att_share(w, n)};
+    const mm_pre_t kvpf = {att_prefetch, &at};
+    const wmat_t *ms[3] = {&L->q, &L->k, &L->v};
+    float *ys[3] = {w->q, w->k, w->v};
+    return worker_matmul_rep(w, 3, ms, NULL, ys, w->xb, n, w->kvpf_on && n <= 8 ? &kvpf : NULL);
+}
+
+/* Contract (worker_internal.h). */
+void worker_rope(ie_worker_t *w, const ie_batch_t *b)
+{
+    const ie_hparams_t *hp = &w->hp;
+    const int hd = hp->head_dim, half = hp->rope_dim / 2;
+    const ie_rope_layout_t layout = w->arch.rope_layout;
+    for (int i = 0; i < b->n; i++) {
+        const float *c = w->rope_cos + (size_t)b->pos[i] * half;
+        const float *s = w->rope_sin + (size_t)b->pos[i] * half;
+        for (int h = 0; h < w->n_head_loc; h++)
+            ie_rope_apply_f32(w->q + (size_t)i * w->q_dim + (size_t)h * hd, hd, hp->rope_dim, c, s, layout);
+        for (int h = 0; h < w->n_kv_loc; h++)
+            ie_rope_apply_f32(w->k + (size_t)i * w->kv_dim + (size_t)h * hd, hd, hp->rope_dim, c, s, layout);
+    }
+}
+
+/* Contract (worker_internal.h). */
+void worker_kv_store(ie_worker_t *w, int l, const ie_batch_t *b)
+{
+    const int kb = w->kv_block;
+    for (int i = 0; i < b->n; i++) {
+        const int32_t pb = w->btab[(size_t)b->seq[i] * w->kv_nlb + b->pos[i] / kb];
+        const size_t off = (size_t)pb * w->kv_block_stride + (size_t)(l - w->sh.layer_begin) * w->kv_layer_stride +
+                           (size_t)(b->pos[i] % kb) * w->kv_dim;
+        memcpy(w->kcache + off, w->k + (size_t)i * w->kv_dim, (size_t)w->kv_dim * sizeof(float));
+        memcpy(w->vcache + off, w->v + (size_t)i * w->kv_dim, (size_t)w->kv_dim * sizeof(float));
+    }
+}
+
+/* Contract (worker_internal.h). */
+void worker_attend(ie_worker_t *w, int l, const ie_batch_t *b)
+{
+    att_task_t at = {w, b, l, att_share(w, b->n)};
+    ie_threadpool_run(w->tp, att_run, &at);
+}
+
+/* Contract (worker_internal.h). */
+void worker_kv_commit(ie_worker_t *w, const ie_batch_t *b)
+{
+    for (int i = 0; i < b->n; i++)
+        if (b->pos[i] + 1 > w->seq_len[b->seq[i]]) w->seq_len[b->seq[i]] = b->pos[i] + 1;
+}
+
+/* Contract (ie_worker.h). */
+void ie_worker_seq_clear(ie_worker_t *w, int seq)
+{
+    if (seq >= 0 && seq < w->opts.n_seq) w->seq_len[seq] = 0;
+}
+
+/* Contract (ie_worker.h): every argument is checked before the table
+ * changes. */
+ie_status_t ie_worker_kv_bind(ie_worker_t *w, int seq, int first, const int32_t *pb, int n)
+{
+    if (seq < 0 || seq >= w->opts.n_seq)
+        return ie_error_set(IE_ERR_RANGE, "worker: KV bind: slot %d out of range [0, %d)", seq, w->opts.n_seq);
+    if (first < 0 || n < 0 || (int64_t)first + n > w->kv_nlb || (n > 0 && !pb))
+        return ie_error_set(IE_ERR_RANGE, "worker: KV bind: logical blocks %d..%lld of slot %d outside [0, %d)",
+                            first, (long long)first + n - 1, seq, w->kv_nlb);
+    for (int i = 0; i < n; i++)
+        if (pb[i] < -1 || pb[i] >= w->kv_blocks)
+            return ie_error_set(IE_ERR_RANGE, "worker: KV bind: physical block %d outside the pool [0, %d)", pb[i],
+                                w->kv_blocks);
+    if (n > 0) memcpy(w->btab + (size_t)seq * w->kv_nlb + first, pb, (size_t)n * sizeof(int32_t));
+    return IE_OK;
+}
+
+/* Contract (ie_worker.h). */
+ie_status_t ie_worker_seq_set_len(ie_worker_t *w, int seq, int n_pos)
+{
+    if (seq < 0 || seq >= w->opts.n_seq)
+        return ie_error_set(IE_ERR_RANGE, "worker: set length: slot %d out of range [0, %d)", seq, w->opts.n_seq);
+    if (n_pos < 0 || n_pos > w->opts.n_ctx)
+        return ie_error_set(IE_ERR_RANGE, "worker: set length: %d positions (0..%d)", n_pos, w->opts.n_ctx);
+    const int32_t *tab = w->btab + (size_t)seq * w->kv_nlb;
+    for (int lb = 0; lb * w->kv_block < n_pos; lb++)
+        if (tab[lb] < 0)
+            return ie_error_set(IE_ERR_RANGE, "worker: set length: slot %d position %d: its KV block %d is not bound",
+                                seq, lb * w->kv_block, lb);
+    w->seq_len[seq] = n_pos;
+    return IE_OK;
+}
+
+int ie_worker_kv_block(const ie_worker_t *w) { return w->kv_block; }
+int ie_worker_kv_blocks(const ie_worker_t *w) { return w->kv_blocks; }

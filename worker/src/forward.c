@@ -1,0 +1,226 @@
+/* forward.c — the forward pass: one step of n tokens through the model.
+ *
+ *   forward:  check the batch -> embed -> per layer: attention block,
+ *             feed-forward block (dense MLP or MoE) -> final norm + head
+ *
+ * Read this file top to bottom as the model. Shapes: n tokens in the step,
+ * d = n_embd, q_dim / kv_dim = the query / KV heads held times head_dim,
+ * ff = the MLP columns held. Everything the architecture decides comes from
+ * the descriptor w->arch (ie_arch_desc.h), never from its name. The
+ * machinery stays behind calls: the matmuls' thread split and kernel
+ * failures (matmul.c), the idle threads' prefetch (worker_prefetch_at at
+ * the declared points, prefetch.c), the KV cache's blocks (attention.c),
+ * NUMA copies of the head and embedding (replicas.c). A tensor-parallel
+ * rank holds a slice of each matrix: the two partial results of a layer are
+ * summed across ranks (reduce) before they join the residual stream.
+ */
+#include "worker_internal.h"
+
+#include <string.h>
+
+/* Sum a tensor-parallel partial result across ranks (no-op otherwise);
+ * *index counts the step's reductions. */
+static ie_status_t reduce(ie_worker_t *w, int *index, float *buf, size_t n)
+{
+    if (!w->tensor_par) return IE_OK;
+    return w->opts.reduce(w->opts.reduce_ctx, (*index)++, buf, n); /* its message kept */
+}
+
+/* out[n][d] = rmsnorm(x[n][d]) * weight[d] */
+static void rmsnorm_rows(const ie_worker_t *w, float *out, const float *x, const float *weight, int n)
+{
+    const int d = w->hp.n_embd;
+    for (int i = 0; i < n; i++)
+        w->vec->rmsnorm(out + (size_t)i * d, x + (size_t)i * d, weight, d, w->hp.rms_eps);
+}
+
+/* x[n][d] += y[n][d] */
+static void residual_add(float *x, const float *y, size_t n)
+{
+    for (size_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+/* Validate the whole batch before touching the cache: sizes, token ids,
+ * slots, positions (a slot's positions continue its cache: track the next
+ * expected one), and the KV blocks they write and read. */
+static ie_status_t batch_check(const ie_worker_t *w, const ie_batch_t *b, const float *hidden_in)
+{
+    const int n = b->n;
+    if (n < 1 || n > w->opts.max_batch)
+        return ie_error_set(IE_ERR_INVAL, "worker: batch of %d tokens (max %d)", n, w->opts.max_batch);
+    if (!hidden_in && !w->sh.has_embed)
+        return ie_error_set(IE_ERR_INVAL, "worker: this shard (layers %d..%d) has no embedding: it needs hidden_in",
+                            w->sh.layer_begin, w->sh.layer_end);
+    for (int i = 0; i < n; i++) {
+        if (!hidden_in && (b->tokens[i] < 0 || b->tokens[i] >= w->hp.n_vocab))
+            return ie_error_set(IE_ERR_RANGE, "worker: token id %d out of range [0, %d)", b->tokens[i],
+                                w->hp.n_vocab);
+        if (b->seq[i] < 0 || b->seq[i] >= w->opts.n_seq)
+            return ie_error_set(IE_ERR_RANGE, "worker: sequence slot %d out of range [0, %d)", b->seq[i],
+                                w->opts.n_seq);
+        if (b->pos[i] < 0 || b->pos[i] >= w->opts.n_ctx)
+            return ie_error_set(IE_ERR_RANGE, "worker: position %d past the context size %d", b->pos[i],
+                                w->opts.n_ctx);
+        int expect = w->seq_len[b->seq[i]];
+        for (int j = 0; j < i; j++)
+            if (b->seq[j] == b->seq[i] && b->pos[j] + 1 > expect) expect = b->pos[j] + 1;
+        if (b->pos[i] > expect)
+            return ie_error_set(IE_ERR_RANGE, "worker: slot %d position %d skips ahead of its cache (%d)",
+                                b->seq[i], b->pos[i], expect);
+        ie_status_t st = worker_kv_check(w, b, i);
+        if (st != IE_OK) return st;
+    }
+    return IE_OK;
+}
+
+/* x[n][d] = the tokens' embedding rows, or the previous stage's hidden_in */
+static void embed(ie_worker_t *w, const ie_batch_t *b, const float *hidden_in)
+{
+    const int d = w->hp.n_embd;
+    if (hidden_in) {
+        memcpy(w->x, hidden_in, (size_t)b->n * d * sizeof(float));
+        return;
+    }
+    const wmat_t *te = worker_embedding(w); /* looked up on the calling thread */
+    for (int i = 0; i < b->n; i++) worker_mat_row(te, b->tokens[i], w->x + (size_t)i * d);
+}
+
+/* Layer l's attention block: x[n][d] += Wo · attention(rmsnorm(x)) */
+static ie_status_t attention_block(ie_worker_t *w, int l, const ie_batch_t *b, int *ridx)
+{
+    const layer_t *L = &w->layers[l];
+    const int n = b->n, d = w->hp.n_embd;
+    ie_status_t st;
+
+    /* xb[n][d] = rmsnorm(x) * attn_norm */
+    rmsnorm_rows(w, w->xb, w->x, L->attn_norm, n);
+    /* q[n][q_dim], k[n][kv_dim], v[n][kv_dim] = Wq, Wk, Wv · xb (+ biases) */
+    worker_prefetch_at(w, PF_BEFORE_QKV, l, n);
+    if ((st = worker_qkv(w, l, b)) != IE_OK) return st;
+    if (w->arch.qkv_bias)
+        for (int i = 0; i < n; i++) {
+            worker_add_bias(w->q + (size_t)i * w->q_dim, L->bq, w->q_dim);
+            worker_add_bias(w->k + (size_t)i * w->kv_dim, L->bk, w->kv_dim);
+            worker_add_bias(w->v + (size_t)i * w->kv_dim, L->bv, w->kv_dim);
+        }
+    /* rotate q and k by their positions (RoPE) */
+    worker_rope(w, b);
+    /* k, v -> the slot's cache at each token's position */
+    worker_kv_store(w, l, b);
+    /* xb[n][q_dim] = softmax(q·K^T / sqrt(hd) [, sink]) · V per (token, head),
+     * over the positions each token sees (a sliding layer: the last W) */
+    worker_attend(w, l, b);
+    /* tmp[n][d] = Wo · xb (+ bias, added by tensor rank 0 only) */
+    worker_prefetch_at(w, PF_BEFORE_O, l, n);
+    if ((st = worker_matmul(w, &L->o, w->tmp, w->xb, n)) != IE_OK) return st;
+    if (w->arch.o_bias && L->bo)
+        for (int i = 0; i < n; i++) worker_add_bias(w->tmp + (size_t)i * d, L->bo, d);
+    /* summed across tensor ranks, residual connection back into x */
+    if ((st = reduce(w, ridx, w->tmp, (size_t)n * d)) != IE_OK) return st;
+    residual_add(w->x, w->tmp, (size_t)n * d);
+    return IE_OK;
+}
+
+/* Layer l's dense MLP on xb[n][d]: tmp[n][d] = Wd · (silu(Wg · xb) * (Wu · xb)) */
+static ie_status_t mlp_dense(ie_worker_t *w, int l, int n)
+{
+    const layer_t *L = &w->layers[l];
+    ie_status_t st;
+
+    /* hb[n][ff], hb2[n][ff] = Wg, Wu · xb (one job) */
+    worker_prefetch_at(w, PF_BEFORE_GATE_UP, l, n);
+    const wmat_t *ms[2] = {&L->gate, &L->up};
+    float *ys[2] = {w->hb, w->hb2};
+    if ((st = worker_matmul_group(w, 2, ms, ys, w->xb, n)) != IE_OK) return st;
+    /* hb = silu(hb) * hb2 */
+    worker_swiglu(w, w->hb, w->hb2, (int64_t)n * w->ff_loc);
+    /* tmp[n][d] = Wd · hb */
+    worker_prefetch_at(w, PF_BEFORE_DOWN, l, n);
+    return worker_matmul(w, &L->down, w->tmp, w->hb, n);
+}
+
+/* Layer l's feed-forward block: x[n][d] += ffn(rmsnorm(x)), dense or MoE */
+static ie_status_t ffn_block(ie_worker_t *w, int l, int n, int *ridx)
+{
+    const layer_t *L = &w->layers[l];
+    const int d = w->hp.n_embd;
+    const int moe = w->arch.ffn == IE_FFN_MOE;
+    ie_status_t st;
+
+    /* xb[n][d] = rmsnorm(x) * ffn_norm */
+    rmsnorm_rows(w, w->xb, w->x, L->ffn_norm, n);
+    /* y[n][d] = the dense MLP (into tmp) or the mixture of experts (into moe) */
+    float *y = moe ? w->moe : w->tmp;
+    if ((st = moe ? worker_moe(w, L, n) : mlp_dense(w, l, n)) != IE_OK) return st;
+    /* summed across tensor ranks, residual connection back into x */
+    if ((st = reduce(w, ridx, y, (size_t)n * d)) != IE_OK) return st;
+    residual_add(w->x, y, (size_t)n * d);
+    return IE_OK;
+}
+
+/* logits[nl][vocab held] = Wout · rmsnorm(x) for the nl tokens that asked
+ * (b->logits[i], or the last token when b->logits is NULL). The head can be
+ * wider than max_batch rows of scratch: it writes straight into logits. */
+static ie_status_t head(ie_worker_t *w, const ie_batch_t *b, float *logits)
+{
+    const int d = w->hp.n_embd;
+    /* xb[nl][d] = rmsnorm(x) * output_norm, gathered */
+    int nl = 0;
+    for (int i = 0; i < b->n; i++) {
+        if (b->logits ? !b->logits[i] : i != b->n - 1) continue;
+        w->vec->rmsnorm(w->xb + (size_t)nl * d, w->x + (size_t)i * d, w->output_norm, d, w->hp.rms_eps);
+        nl++;
+    }
+    if (nl == 0) return IE_OK;
+    /* logits = Wout · xb */
+    worker_prefetch_at(w, PF_BEFORE_HEAD, w->sh.layer_begin, nl);
+    return worker_matmul_head(w, logits, w->xb, nl);
+}
+
+/* The forward pass of every step entry point: hidden_in (NULL: embed the
+ * tokens), this shard's layers, hidden_out, then the head; `layers`
+ * (ie_worker_step_hidden) gets the residual stream after each held layer. */
+static ie_status_t forward(ie_worker_t *w, const ie_batch_t *b, const float *hidden_in, float *hidden_out,
+                           float *logits_out, float *layers)
+{
+    const ie_shard_range_t *sh = &w->sh;
+    const size_t nd = (size_t)b->n * w->hp.n_embd;
+    int ridx = 0; /* tensor-parallel reductions so far */
+    ie_status_t st;
+
+    if ((st = batch_check(w, b, hidden_in)) != IE_OK) return st;
+    w->step_logits = logits_out != NULL;
+    /* x[n][d] = embeddings, or the previous stage's residual stream */
+    embed(w, b, hidden_in);
+    for (int l = sh->layer_begin; l < sh->layer_end; l++) {
+        /* x += attention(x); x += ffn(x) */
+        if ((st = attention_block(w, l, b, &ridx)) != IE_OK) return st;
+        if ((st = ffn_block(w, l, b->n, &ridx)) != IE_OK) return st;
+        if (layers) memcpy(layers + (size_t)(l - sh->layer_begin) * nd, w->x, nd * sizeof(float));
+    }
+    /* the slot caches now hold these positions */
+    worker_kv_commit(w, b);
+    if (hidden_out) memcpy(hidden_out, w->x, nd * sizeof(float));
+    /* logits for the tokens that asked */
+    if (!sh->has_head || !logits_out) return IE_OK;
+    return head(w, b, logits_out);
+}
+
+/* Contract (ie_worker.h). */
+ie_status_t ie_worker_step(ie_worker_t *w, const ie_batch_t *b, float *logits_out)
+{
+    return forward(w, b, NULL, NULL, logits_out, NULL);
+}
+
+/* Contract (ie_worker.h). */
+ie_status_t ie_worker_step_hidden(ie_worker_t *w, const ie_batch_t *b, float *logits_out, float *hidden)
+{
+    return forward(w, b, NULL, NULL, logits_out, hidden);
+}
+
+/* Contract (ie_worker.h). */
+ie_status_t ie_worker_step_shard(ie_worker_t *w, const ie_batch_t *b, const float *hidden_in, float *hidden_out,
+                                 float *logits_out)
+{
+    return forward(w, b, hidden_in, hidden_out, logits_out, NULL);
+}

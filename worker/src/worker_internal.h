@@ -1,0 +1,307 @@
+/* worker_internal.h — the worker's state and the calls between its files.
+ *
+ * The worker is cut by job, one file each:
+ *   worker.c     life cycle (ie_worker_new as a list of named steps,
+ *                destroy), options, scratch, accessors, memory helpers
+ *   arch_desc.c  the architecture descriptor (ie_arch_desc.h)
+ *   bind.c       weight binding: shard cuts, conversion, the repack cache
+ *   forward.c    the forward pass, block by block (start reading here)
+ *   attention.c  RoPE, the paged KV cache, attention and its KV prefetch
+ *   moe.c        the GPT-OSS mixture of experts
+ *   matmul.c     matmuls on the thread pool (static and balanced split)
+ *   prefetch.c   idle threads fetching the next matmul's weights
+ *   replicas.c   NUMA hot-weight replicas of the head and embedding
+ *   probe.c      the weight-stream bandwidth probe and byte counts
+ *
+ * Data path of one step (n tokens, any mix of sequences and positions):
+ *   x[n][d]    = embedding rows of the tokens
+ *   per layer:   xb = rmsnorm(x)             q,k,v = Wq,Wk,Wv · xb (one GEMM)
+ *                rope(q, k); k,v -> cache[slot][pos]
+ *                att = softmax(q·K^T/sqrt(hd)) · V   per (token, head)
+ *                x += Wo · att
+ *                xb = rmsnorm(x)             g,u = Wg,Wu · xb  (one GEMM)
+ *                x += Wd · (silu(g) * u)     (or the MoE)
+ *   logits     = Wout · rmsnorm(x) for the tokens that asked
+ * Every matmul sees all n tokens, so prefill is matrix-matrix work and a
+ * decode batch streams each weight matrix once.
+ *
+ * KV cache: a pool of physical blocks of kv_block positions of every held
+ * layer, [block][layer][kv_block][kv_dim]; each slot's block table maps its
+ * logical blocks (positions lb*kv_block ..) to physical ones. K/V rows are
+ * written through the table and attention reads them through it (ie_attn.h's
+ * paged views: the bits of the contiguous cache). The default pool gives
+ * every slot its own blocks (the unpaged cache); a smaller one starts
+ * unbound and the caller binds (ie_worker_kv_bind).
+ *
+ * Shards (ie_shard_plan, shard.c): a pipeline stage binds and runs only its
+ * layers (KV cache for those only), embeds only on the first stage and
+ * projects only on the last; a tensor-parallel rank binds row/column cuts
+ * of every matrix (ie_tensor_slice, then the usual conversion), runs its KV
+ * heads, MLP columns or experts, and sums the two partial results of each
+ * layer (Wo · att, the MLP/MoE output) across ranks through opts.reduce
+ * before the residual add, so x stays replicated. An unsharded worker runs
+ * the very same code with whole cuts and no reduce.
+ */
+#ifndef IE_WORKER_INTERNAL_H
+#define IE_WORKER_INTERNAL_H
+
+#include "ie_arch_desc.h"
+#include "ie_attn.h"
+#include "ie_threadpool.h"
+#include "ie_vec.h"
+#include "ie_worker.h"
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ------------------------------------------------------------------ types */
+
+/* A bound weight matrix, or a stack of n_mat of them (MoE experts). */
+typedef struct wmat {
+    ie_dtype_t dtype;
+    ie_layout_t layout; /* ROWS (ggml types), PANEL16 (int8w/int4w/bf16/f16), BSR */
+    int group;          /* PANEL16 / ROWS int types: scale group        */
+    const void *data;   /* n_out rows of n_in elements                  */
+    int64_t n_in;
+    int64_t n_out;
+    size_t slice;       /* bytes of one matrix (expert stride)          */
+    int64_t n_mat;      /* matrices in the stack (experts held), 0 unbound */
+    ie_bsr_t bsr;       /* BSR: view into data                          */
+} wmat_t;
+
+typedef struct layer {
+    const float *attn_norm; /* (d)                                     */
+    const float *ffn_norm;  /* (d)  post_attention_norm for GPT-OSS    */
+    wmat_t q;               /* (n_head*hd, d)                          */
+    wmat_t k, v;            /* (n_kv*hd, d)                            */
+    wmat_t o;               /* (d, n_head*hd)                          */
+    /* dense MLP (Llama) */
+    wmat_t gate, up;        /* (ff, d)                                 */
+    wmat_t down;            /* (d, ff)                                 */
+    /* GPT-OSS: attention extras */
+    const float *bq, *bk, *bv, *bo; /* biases, NULL when absent (bo: on
+                                       tensor rank 0 only)              */
+    const float *sinks;     /* (n_head) sink logits, NULL when absent  */
+    int swa;                /* sliding-window layer                     */
+    /* GPT-OSS: MoE. Expert matrices hold n_expert matrices back to back;
+     * gate/up/down here describe one expert (data = expert 0). */
+    wmat_t router;          /* (n_expert, d)                            */
+    const float *router_b;  /* (n_expert)                               */
+    const float *gate_b, *up_b, *down_b; /* (E, ff), (E, ff), (E, d)    */
+} layer_t;
+
+/* A thread's unclaimed panels of one matrix in a balanced decode matmul:
+ * front (low 32 bits) and back (high 32 bits), one cache line each. */
+typedef struct mm_span {
+    _Alignas(64) _Atomic uint64_t span;
+} mm_span_t;
+#define MM_MAX 3 /* matrices sharing one input in one matmul job */
+
+struct pf_state; /* prefetch.c */
+
+struct ie_worker {
+    ie_hparams_t hp;
+    ie_arch_desc_t arch;     /* what the forward pass does (ie_arch_desc.h) */
+    ie_worker_opts_t opts;
+    int copy_weights;        /* resolved opts.copy_weights                */
+    int repack;              /* resolved opts.repack                      */
+    char *cache_dir;         /* repack cache directory, or NULL           */
+    int binding_head;        /* bind_src is binding the output head       */
+    int src_file_mapped;     /* every source tensor is in a file mapping  */
+    ie_shard_range_t sh;     /* what this worker holds (ie_shard_plan)    */
+    int tensor_par;          /* tensor-parallel with n_ranks > 1: reduce  */
+    uint64_t probe_sink;     /* ie_worker_stream_probe's reads end here   */
+    int n_head_loc, n_kv_loc; /* query / KV heads held                    */
+    int64_t ff_loc;          /* dense MLP columns held (expert ff: all)  */
+    const ie_matmul_ops_t *ops;
+    const ie_attn_ops_t *attn;
+    const ie_vec_ops_t *vec;
+    ie_threadpool_t *tp;
+
+    wmat_t tok_embd;         /* (vocab, d)                               */
+    wmat_t output;           /* (vocab, d), may share tok_embd's data    */
+    const float *output_norm;
+    layer_t *layers;         /* [n_layer]                                */
+
+    void **owned;            /* buffers we allocated for weights         */
+    size_t n_owned, cap_owned;
+
+    /* hot-weight replicas (IE_HOT_REPLICATE): copy r of the head and of
+     * the embedding for the r-th node among the pool's threads */
+    int n_repl;              /* nodes with a copy (0: no copies)         */
+    int *share_repl;         /* [n_threads] copy read by share ith       */
+    wmat_t *head_repl;       /* [n_repl] or NULL (head not replicated)   */
+    wmat_t *embd_repl;       /* [n_repl] or NULL; tied: head_repl's data */
+    void **repl_mem;         /* [2 * n_repl] our copies (ie_numa_alloc)  */
+    size_t *repl_bytes;      /* [2 * n_repl] their sizes                 */
+    int hot_copies;          /* copies made                              */
+    char hot_report[512];    /* what was found and done ("" not asked)  */
+
+    int q_dim, kv_dim;       /* held heads: n_head_loc*hd, n_kv_loc*hd    */
+    int kv_block;            /* positions per KV block                    */
+    int kv_blocks;           /* physical blocks in the pool               */
+    int kv_nlb;              /* logical blocks per slot: ceil(n_ctx/kv_block) */
+    int all_swa;             /* every held layer slides (reads a window)  */
+    size_t kv_layer_stride;  /* floats per layer in a block: kv_block*kv_dim */
+    size_t kv_block_stride;  /* floats per block: held layers*kv_layer_stride */
+    float *kcache, *vcache;  /* [kv_blocks][held layer][kv_block][kv_dim],
+                                layer l at l - sh.layer_begin             */
+    int32_t *btab;           /* [n_seq][kv_nlb] physical block, -1 unbound */
+    int *seq_len;            /* [n_seq] positions held                   */
+
+    float *rope_cos, *rope_sin; /* [n_ctx][rope_dim/2]                   */
+
+    /* scratch, sized for max_batch tokens */
+    float *x;    /* [B][d]   residual stream                              */
+    float *xb;   /* [B][max(d, q_dim)] normed input / attention output     */
+    float *q;    /* [B][q_dim]                                            */
+    float *k;    /* [B][kv_dim]                                           */
+    float *v;    /* [B][kv_dim]                                           */
+    float *hb;   /* [B][ff]  gate, then silu(gate)*up                     */
+    float *hb2;  /* [B][ff]  up                                           */
+    float *tmp;  /* [B][d]   matmul output before the residual add        */
+    void *act;   /* [B][act row] quantized activations                    */
+    size_t act_row_cap;
+    float *scores; /* [n_threads][group][n_ctx] attention probabilities   */
+    /* MoE scratch */
+    float *xg;     /* [B][d] rows routed to one expert                    */
+    float *moe;    /* [B][d] MoE output before the residual add           */
+    float *rlog;   /* [B][n_expert] router logits                         */
+    int32_t *sel;  /* [B][k] selected experts                             */
+    float *selw;   /* [B][k] their weights                                */
+    int32_t *rows; /* [B] token rows of one expert                        */
+    float *roww;   /* [B] their weights                                   */
+
+    /* decode machinery (matmul.c, prefetch.c, attention.c) */
+    mm_span_t *spans;      /* [MM_MAX][n_threads] decode balancing         */
+    int balance;           /* balance decode matmuls (env IE_DECODE_BALANCE) */
+    /* idle prefetch (prefetch.c): the next decode matmul's first matrix,
+     * set by the owner before each job (NULL: none); per worker thread,
+     * touched by that thread only, how far it has fetched its share */
+    _Atomic(const struct wmat *) pf_next;
+    struct pf_state *pf;   /* [n_threads], or NULL (one thread)          */
+    ie_idle_t idle_hook;   /* {worker_idle, this}: installed in the pool  */
+    int pf_on;             /* idle prefetch on (env IE_DECODE_PREFETCH)  */
+    int stream_act;        /* decode activations by act_quantize_stream (env IE_DECODE_STREAM) */
+    int kvpf_on;           /* decode: KV rows prefetched during q/k/v (env IE_DECODE_KVPREFETCH) */
+    int step_logits;       /* this step computes logits (the last prefetch point) */
+};
+
+/* ------------------------------------------------------- worker.c: memory */
+
+/* Large zeroed buffer of its own mapping (huge: 2 MiB-aligned, THP asked);
+ * free with worker_big_free (NULL accepted). */
+void *worker_big_alloc_ex(size_t n, int huge);
+void *worker_big_alloc(size_t n);
+void worker_big_free(void *q);
+
+/* Keep p (a worker_big_alloc buffer) until destroy. -1: out of memory
+ * (p is not kept). */
+int worker_own(ie_worker_t *w, void *p);
+
+/* y[0..n) += b[0..n) */
+static inline void worker_add_bias(float *y, const float *b, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) y[i] += b[i];
+}
+
+/* ------------------------------------------------------------ bind.c */
+
+/* The loading options the environment overrides (IE_WEIGHTS_COPY,
+ * IE_REPACK, IE_QUANT_*, IE_REPACK_CACHE), resolved into w. */
+ie_status_t worker_bind_options(ie_worker_t *w, const ie_model_src_t *src);
+
+/* Bind the shard's embedding, head and layers (w->sh, w->arch decide
+ * which tensors, under which names). */
+ie_status_t worker_bind_weights(ie_worker_t *w, const ie_model_src_t *src);
+
+/* Row r of a dense matrix in any layout, as floats: out[n_in]. */
+void worker_mat_row(const wmat_t *m, int64_t r, float *out);
+
+/* --------------------------------------------------------- attention.c */
+
+/* The KV block pool and tables, the RoPE tables and attention's scratch. */
+ie_status_t worker_kv_new(ie_worker_t *w);
+
+/* Token i of b may run: every KV block it writes or reads is bound. */
+ie_status_t worker_kv_check(const ie_worker_t *w, const ie_batch_t *b, int i);
+
+/* q[n][q_dim], k[n][kv_dim], v[n][kv_dim] = Wq, Wk, Wv · xb[n][d] of layer
+ * l, in one matmul job; a decode job also fetches the KV rows attention
+ * will read. */
+ie_status_t worker_qkv(ie_worker_t *w, int l, const ie_batch_t *b);
+
+/* Rotate q and k of every token by its position (the descriptor's RoPE). */
+void worker_rope(ie_worker_t *w, const ie_batch_t *b);
+
+/* k, v of every token -> layer l of its slot's cache at its position. */
+void worker_kv_store(ie_worker_t *w, int l, const ie_batch_t *b);
+
+/* xb[n][q_dim] = softmax(q·K^T / sqrt(hd)) · V over each token's visible
+ * positions of layer l, per (token, head), on the pool. */
+void worker_attend(ie_worker_t *w, int l, const ie_batch_t *b);
+
+/* The slots' caches now hold the batch's positions. */
+void worker_kv_commit(ie_worker_t *w, const ie_batch_t *b);
+
+/* --------------------------------------------------------------- moe.c */
+
+/* moe[n][d] = the mixture of experts of layer L on xb[n][d] (this rank's
+ * experts' share on a tensor-parallel rank). */
+ie_status_t worker_moe(ie_worker_t *w, const layer_t *L, int n);
+
+/* ------------------------------------------------------------ matmul.c */
+
+/* Work each thread does before its share of a matmul job. */
+typedef struct mm_pre {
+    void (*fn)(void *ctx, int ith, int nth);
+    void *ctx;
+} mm_pre_t;
+
+/* y_i[n][m_i->n_out] = m_i · x[n][n_in] for up to MM_MAX matrices sharing
+ * the input x. rep: NULL, or per matrix NULL or its per-node copies (share
+ * ith reads rep[i][w->share_repl[ith]]). pre: NULL, or work every thread
+ * does first. A kernel failure is IE_ERR_INTERNAL naming the matrix's type
+ * and shape (y is then unspecified). */
+ie_status_t worker_matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, const wmat_t *const *rep,
+                              float *const *y, const float *x, int n, const mm_pre_t *pre);
+ie_status_t worker_matmul_group(ie_worker_t *w, int nm, const wmat_t *const *m, float *const *y, const float *x,
+                                int n);
+ie_status_t worker_matmul(ie_worker_t *w, const wmat_t *m, float *y, const float *x, int n);
+
+/* g[0..n) = silu(g) * u, split across the pool when large. */
+void worker_swiglu(ie_worker_t *w, float *g, const float *u, int64_t n);
+
+/* ---------------------------------------------------------- prefetch.c */
+
+/* The declared points of a step where the owner names the matrix that the
+ * idle threads fetch next (the first of the matmul job after the next). */
+typedef enum worker_pf_point {
+    PF_BEFORE_QKV,     /* layer l's attention norm done: fetch Wo          */
+    PF_BEFORE_O,       /* attention done: fetch the MLP's gate             */
+    PF_BEFORE_GATE_UP, /* fetch the MLP's down                             */
+    PF_BEFORE_DOWN,    /* fetch the next layer's Wq, or the head           */
+    PF_BEFORE_HEAD     /* fetch the first layer's Wq for the next step     */
+} worker_pf_point_t;
+
+/* Idle prefetch state and the pool's idle hook (n_threads > 1). */
+ie_status_t worker_prefetch_new(ie_worker_t *w);
+
+/* Name what the idle threads fetch at point `at` of layer l (n tokens:
+ * decode batches only). No effect on results. */
+void worker_prefetch_at(ie_worker_t *w, worker_pf_point_t at, int l, int n);
+
+/* ---------------------------------------------------------- replicas.c */
+
+/* Find the pool threads' nodes and copy the head and embedding per node
+ * when asked (IE_HOT_REPLICATE); after every weight is bound. */
+ie_status_t worker_replicas_new(ie_worker_t *w);
+
+/* The embedding the calling thread (share 0) looks tokens up in. */
+const wmat_t *worker_embedding(const ie_worker_t *w);
+
+/* logits[n][vocab held] = Wout · x[n][d], each share reading its node's copy. */
+ie_status_t worker_matmul_head(ie_worker_t *w, float *logits, const float *x, int n);
+
+#endif
