@@ -3,7 +3,7 @@
 #ifndef IE_BENCH_UTIL_H
 #define IE_BENCH_UTIL_H
 
-#include "ie_vec.h"
+#include "ie_kernels.h"
 
 #include <immintrin.h>
 #include <stddef.h>
@@ -45,7 +45,7 @@ static inline float rnd(void) { return (float)(rnd_u64() >> 40) / 16777216.0f * 
  * every byte so nothing is optimized away. */
 static inline uint64_t probe_read(const uint8_t *p, size_t n)
 {
-    return ie_vec_get(ie_isa_best())->stream_read(p, n);
+    return ie_kernels_get(ie_isa_best())->stream_read(p, n);
 }
 
 #endif

@@ -31,7 +31,7 @@
  *       pos*2^-22 absolute vs angles in double; rope_apply == rope bit-for-bit.
  */
 #include "ie_kernels.h"
-#include "../../kernels/src/ie_kernels_impl.h"
+#include "../../kernels/src/ie_kernels_isa.h"
 #include "ie_test_rng.h"
 
 #include <CUnit/Basic.h>
@@ -121,7 +121,7 @@ static double term_scale(ie_dtype_t wt, const void *wrow, const void *arow, int6
 static int check_matmul_case_as(ie_isa_t isa, ie_dtype_t wt, int64_t n_in, int64_t n_out,
                                 int64_t n_tok, int64_t r0, uint64_t seed, size_t as_)
 {
-    const ie_matmul_ops_t *ops = ie_kernels_get(isa);
+    const ie_kernels_t *ops = ie_kernels_get(isa);
     const ie_dtype_t at = ie_matmul_act_dtype(wt);
     const size_t wb = ie_dtype_row_bytes(wt, n_in);
     const size_t abytes = ie_dtype_row_bytes(at, n_in);
@@ -142,8 +142,8 @@ static int check_matmul_case_as(ie_isa_t isa, ie_dtype_t wt, int64_t n_in, int64
         ie_act_quantize_ref(at, xf, a + (size_t)t * as, n_in);
     }
     for (int64_t i = 0; i < ldy * n_tok; i++) y[i] = yr[i] = -12345.0f; /* sentinel */
-    CU_ASSERT_EQUAL(ie_matmul_ref(wt, w, n_in, r0, n_out, a, as, n_tok, yr, ldy), 0);
-    CU_ASSERT_EQUAL(ops->matmul(wt, w, n_in, r0, n_out, a, as, n_tok, y, ldy), 0);
+    CU_ASSERT_EQUAL(ie_kernels_matmul(ie_kernels_get(IE_ISA_REF), wt, w, n_in, r0, n_out, a, as, n_tok, yr, ldy), 0);
+    CU_ASSERT_EQUAL(ie_kernels_matmul(ops, wt, w, n_in, r0, n_out, a, as, n_tok, y, ldy), 0);
     int bad = 0;
     for (int64_t t = 0; t < n_tok; t++) {
         for (int64_t r = 0; r < ldy; r++) {
@@ -269,9 +269,9 @@ static void test_matmul_guard_page(void)
                 rng_seed(5150 + wi * 16 + (uint64_t)c);
                 for (int64_t r = 0; r < n_out; r++) { rng_fill(xf, n_in); ie_quantize_row(wt, xf, w + r * wb, n_in); }
                 for (int64_t t = 0; t < n_tok; t++) { rng_fill(xf, n_in); ie_act_quantize_ref(at, xf, a + t * as, n_in); }
-                ie_matmul_ref(wt, w, n_in, 0, n_out, a, as, n_tok, yr, n_out);
+                ie_kernels_matmul(ie_kernels_get(IE_ISA_REF), wt, w, n_in, 0, n_out, a, as, n_tok, yr, n_out);
                 for (int i = 0; i < ni; i++) {
-                    ie_kernels_get(isas[i])->matmul(wt, w, n_in, 0, n_out, a, as, n_tok, y, n_out);
+                    ie_kernels_matmul(ie_kernels_get(isas[i]), wt, w, n_in, 0, n_out, a, as, n_tok, y, n_out);
                     for (int64_t k = 0; k < n_out * n_tok; k++)
                         if (!(fabsf(y[k] - yr[k]) <= 1e-4f * fabsf(yr[k]) + 1e-3f)) bad++;
                 }
@@ -356,7 +356,7 @@ static void test_matmul_integer_exact(void)
             CU_ASSERT(fabs(exact[0]) < 16777216.0);
             for (int i = 0; i < ni; i++) {
                 memset(y, 0, sizeof(float) * (size_t)(n_out * n_tok));
-                ie_kernels_get(isas[i])->matmul(wt, w, n_in, 0, n_out, a, as, n_tok, y, n_out);
+                ie_kernels_matmul(ie_kernels_get(isas[i]), wt, w, n_in, 0, n_out, a, as, n_tok, y, n_out);
                 int bad = 0;
                 for (int64_t k = 0; k < n_out * n_tok; k++)
                     if ((double)y[k] != exact[k]) {
@@ -491,9 +491,9 @@ static void test_mxfp4_values(void)
             for (int k = 0; k < 160; k++) xf[k] = rng_f() * (edge ? 1e-5f : 1.0f);
             ie_act_quantize_ref(IE_DTYPE_Q8_0, xf, a + t * as, n_in);
         }
-        ie_matmul_ref(IE_DTYPE_MXFP4, w, n_in, 0, n_out, a, as, n_tok, yr, n_out);
+        ie_kernels_matmul(ie_kernels_get(IE_ISA_REF), IE_DTYPE_MXFP4, w, n_in, 0, n_out, a, as, n_tok, yr, n_out);
         for (int i = 0; i < ni; i++) {
-            ie_kernels_get(isas[i])->matmul(IE_DTYPE_MXFP4, w, n_in, 0, n_out, a, as, n_tok, yg, n_out);
+            ie_kernels_matmul(ie_kernels_get(isas[i]), IE_DTYPE_MXFP4, w, n_in, 0, n_out, a, as, n_tok, yg, n_out);
             for (int k = 0; k < 27; k++) {
                 const int t = k / 9, r = k % 9;
                 const double tol = 1e-5 * term_scale(IE_DTYPE_MXFP4, w + r * wb, a + t * as, n_in);
@@ -511,11 +511,11 @@ static void test_matmul_unsupported(void)
     float y[1];
     uint8_t buf[64] = {0};
     for (int i = 0; i < ni; i++) {
-        const ie_matmul_ops_t *ops = ie_kernels_get(isas[i]);
+        const ie_kernels_t *ops = ie_kernels_get(isas[i]);
         CU_ASSERT_PTR_NOT_NULL_FATAL(ops);
         CU_ASSERT_EQUAL(ops->isa, isas[i]);
-        CU_ASSERT_EQUAL(ops->matmul(IE_DTYPE_Q8_1, buf, 32, 0, 1, buf, 36, 1, y, 1), -1);
-        CU_ASSERT_EQUAL(ops->matmul(IE_DTYPE_INVALID, buf, 32, 0, 1, buf, 36, 1, y, 1), -1);
+        CU_ASSERT_EQUAL(ie_kernels_matmul(ops, IE_DTYPE_Q8_1, buf, 32, 0, 1, buf, 36, 1, y, 1), IE_ERR_UNSUPPORTED);
+        CU_ASSERT_EQUAL(ie_kernels_matmul(ops, IE_DTYPE_INVALID, buf, 32, 0, 1, buf, 36, 1, y, 1), IE_ERR_UNSUPPORTED);
     }
     CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_F16), IE_DTYPE_F32);
     CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_BF16), IE_DTYPE_BF16);
@@ -727,7 +727,7 @@ static void test_half_conversions(void)
         float one_act[1];
         ie_act_quantize_ref(ie_matmul_act_dtype(t), &one, one_act, 1);
         for (int i = 0; i < ni; i++) {
-            ie_kernels_get(isas[i])->matmul(t, h, 1, 0, 65536, one_act, sizeof one_act, 1, y, 65536);
+            ie_kernels_matmul(ie_kernels_get(isas[i]), t, h, 1, 0, 65536, one_act, sizeof one_act, 1, y, 65536);
             const int daz = t == IE_DTYPE_BF16 && isas[i] == IE_ISA_AVX512 && ie_avx512_use_dpbf16(1);
             int bad = 0;
             for (uint32_t k = 0; k < 65536; k++) {
@@ -949,7 +949,7 @@ static void test_vec_ops_vs_ref(void)
     float a[200], b[200], y0[200], y1[200];
     rng_seed(77);
     for (int k = 0; k < ni; k++) {
-        const ie_matmul_ops_t *ops = ie_kernels_get(isas[k]);
+        const ie_kernels_t *ops = ie_kernels_get(isas[k]);
         CU_ASSERT_PTR_NOT_NULL_FATAL(ops);
         for (int n = 0; n <= 130; n++) {
             rng_fill(a, n);

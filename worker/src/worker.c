@@ -34,7 +34,7 @@
 #include "ie_attn.h"
 #include "ie_mmap.h"
 #include "ie_numa.h"
-#include "ie_vec.h"
+#include "ie_kernels.h"
 #include "ie_threadpool.h"
 
 #include <errno.h>
@@ -106,9 +106,7 @@ struct ie_worker {
     uint64_t probe_sink;     /* ie_worker_stream_probe's reads end here   */
     int n_head_loc, n_kv_loc; /* query / KV heads held                    */
     int64_t ff_loc;          /* dense MLP columns held (expert ff: all)  */
-    const ie_matmul_ops_t *ops;
-    const ie_attn_ops_t *attn;
-    const ie_vec_ops_t *vec;
+    const ie_kernels_t *ops;
     ie_threadpool_t *tp;
 
     wmat_t tok_embd;         /* (vocab, d)                               */
@@ -1029,9 +1027,7 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
     const ie_hparams_t *hp = &w->hp;
 
     w->ops = ie_kernels_get(opts->isa);
-    w->attn = ie_attn_get(opts->isa);
-    w->vec = ie_vec_get(opts->isa);
-    if (!w->ops || !w->attn || !w->vec) {
+    if (!w->ops) {
         st = ie_error_set(IE_ERR_UNSUPPORTED, "worker: kernels for ISA '%s' are not available on this CPU",
                           ie_isa_name(opts->isa));
         goto cleanup;
@@ -1375,7 +1371,7 @@ typedef struct mm_pre {
 } mm_pre_t;
 
 typedef struct mm_task {
-    const ie_matmul_ops_t *ops;
+    const ie_kernels_t *ops;
     int nm;
     const wmat_t *m[MM_MAX];
     float *y[MM_MAX];       /* [n_tok][m->n_out]                           */
@@ -1480,7 +1476,7 @@ static void mm_run(void *ctx, int ith, int nth)
             int64_t p0, p1;
             while (mm_next(&src, &p0, &p1)) {
                 const int64_t r1 = p1 * IE_PANEL < m->n_out ? p1 * IE_PANEL : m->n_out;
-                if (t->ops->matmul(m->dtype, m->data, m->n_in, p0 * IE_PANEL, r1, t->act, t->act_stride, t->n_tok,
+                if (ie_kernels_matmul(t->ops, m->dtype, m->data, m->n_in, p0 * IE_PANEL, r1, t->act, t->act_stride, t->n_tok,
                                    t->y[i], m->n_out) != 0)
                     t->failed = 1;
             }
@@ -1491,7 +1487,7 @@ static void mm_run(void *ctx, int ith, int nth)
             b *= IE_PANEL;
             e = e * IE_PANEL < m->n_out ? e * IE_PANEL : (long)m->n_out;
             if (b < e &&
-                t->ops->matmul(m->dtype, m->data, m->n_in, b, e, t->act, t->act_stride, t->n_tok, t->y[i],
+                ie_kernels_matmul(t->ops, m->dtype, m->data, m->n_in, b, e, t->act, t->act_stride, t->n_tok, t->y[i],
                                m->n_out) != 0)
                 t->failed = 1;
         }
@@ -1499,7 +1495,7 @@ static void mm_run(void *ctx, int ith, int nth)
 }
 
 typedef struct q_task {
-    const ie_matmul_ops_t *ops;
+    const ie_kernels_t *ops;
     int stream; /* act_quantize_stream (decode: rows the other threads read) */
     ie_dtype_t act;
     const float *x;
@@ -1679,10 +1675,10 @@ static void att_run(void *ctx, int ith, int nth)
     for (long u = ith; u < units; u += nth) {
         if (!att_unit(t, u, &a)) continue;
         const float *q = w->q + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd;
-        w->attn->scores(q, (size_t)hd, a.nh, &a.kr, a.j0, a.cnt, hd, scale, scores, ld);
+        w->ops->attn_scores(q, (size_t)hd, a.nh, &a.kr, a.j0, a.cnt, hd, scale, scores, ld);
         for (int hh = 0; hh < a.nh; hh++)
-            w->vec->softmax(scores + (size_t)hh * ld, a.cnt, L->sinks ? &L->sinks[a.h0 + hh] : NULL);
-        w->attn->values(scores, ld, a.nh, &a.vr, a.j0, a.cnt, hd, w->xb + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd,
+            w->ops->softmax(scores + (size_t)hh * ld, a.cnt, L->sinks ? &L->sinks[a.h0 + hh] : NULL);
+        w->ops->attn_values(scores, ld, a.nh, &a.vr, a.j0, a.cnt, hd, w->xb + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd,
                         (size_t)hd);
     }
 }
@@ -1729,7 +1725,7 @@ static void att_prefetch(void *ctx, int ith, int nth)
 
 /* hb = silu(hb) * hb2 over n elements, split across the pool when large. */
 typedef struct swiglu_task {
-    const ie_vec_ops_t *vec;
+    const ie_kernels_t *vec;
     float *g;
     const float *u;
     int64_t n;
@@ -1746,7 +1742,7 @@ static void swiglu_run(void *ctx, int ith, int nth)
 
 static void swiglu_par(ie_worker_t *w, float *g, const float *u, int64_t n)
 {
-    swiglu_task_t t = {w->vec, g, u, n};
+    swiglu_task_t t = {w->ops, g, u, n};
     if (n >= 16384)
         ie_threadpool_run(w->tp, swiglu_run, &t);
     else
@@ -1921,7 +1917,7 @@ static ie_status_t step_run(ie_worker_t *w, const ie_batch_t *b, const float *hi
 
         /* attention: norm, q/k/v in one pass over the tokens */
         for (int i = 0; i < n; i++)
-            w->vec->rmsnorm(w->xb + (size_t)i * d, w->x + (size_t)i * d, L->attn_norm, d, hp->rms_eps);
+            w->ops->rmsnorm(w->xb + (size_t)i * d, w->x + (size_t)i * d, L->attn_norm, d, hp->rms_eps);
         pf_set(w, &L->o, n); /* what the idle threads fetch next (worker_idle) */
         att_task_t at = {w, b, l, att_share(w, n)};
         {
@@ -1967,7 +1963,7 @@ static ie_status_t step_run(ie_worker_t *w, const ie_batch_t *b, const float *hi
 
         /* feed-forward: norm, then a dense SwiGLU MLP or the MoE */
         for (int i = 0; i < n; i++)
-            w->vec->rmsnorm(w->xb + (size_t)i * d, w->x + (size_t)i * d, L->ffn_norm, d, hp->rms_eps);
+            w->ops->rmsnorm(w->xb + (size_t)i * d, w->x + (size_t)i * d, L->ffn_norm, d, hp->rms_eps);
         if (hp->n_expert > 0) {
             moe_forward(w, L, n);
             if ((st = reduce(w, &ridx, w->moe, (size_t)n * d)) != IE_OK) return st;
@@ -2001,7 +1997,7 @@ static ie_status_t step_run(ie_worker_t *w, const ie_batch_t *b, const float *hi
     for (int i = 0; i < n; i++) {
         if (b->logits && !b->logits[i]) continue;
         if (!b->logits && i != n - 1) continue;
-        w->vec->rmsnorm(w->xb + (size_t)nl * d, w->x + (size_t)i * d, w->output_norm, d, hp->rms_eps);
+        w->ops->rmsnorm(w->xb + (size_t)nl * d, w->x + (size_t)i * d, w->output_norm, d, hp->rms_eps);
         nl++;
     }
     /* the output projection can be wider than max_batch rows of scratch:
@@ -2186,7 +2182,7 @@ ie_status_t ie_worker_stream_probe(ie_worker_t *w, int flat, double *seconds)
 {
     if (!w || !seconds) return ie_error_set(IE_ERR_INVAL, "ie_worker_stream_probe: NULL argument");
     const int n_layers = w->sh.layer_end - w->sh.layer_begin;
-    probe_task_t t = {.read = w->vec->stream_read, .cap = 8 * (n_layers > 0 ? n_layers : 0) + 1};
+    probe_task_t t = {.read = w->ops->stream_read, .cap = 8 * (n_layers > 0 ? n_layers : 0) + 1};
     t.m = malloc((size_t)t.cap * sizeof *t.m);
     t.n_slices = malloc((size_t)t.cap * sizeof *t.n_slices);
     if (!t.m || !t.n_slices) {
