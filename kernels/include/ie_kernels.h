@@ -84,8 +84,11 @@ typedef void (*ie_matmul_fn)(const void *w, int64_t n_in, int64_t r0, int64_t r1
  *   matmul_packed,        IE_ERR_INVAL: a bad packed matrix (dtype, group or
  *   matmul_packed_ranges  n_in that ie_pack_check refuses, NULL data) or a
  *                         bad row / panel range, NULL a or y.
- * Nothing else can fail: the other entries take arguments the caller has
- * checked (shapes of the model) and return nothing. */
+ * Nothing else in the table can fail: the other entries take arguments the
+ * caller has checked (shapes of the model) and return nothing. The
+ * conversions outside the table (ie_quantize_row, ie_pack_*, ie_qrow_*,
+ * ie_tensor_slice, ie_bsr_*), run when weights are bound, not in a step,
+ * return 0 or -1 as documented with each. */
 typedef struct ie_kernels {
     ie_isa_t isa;
 

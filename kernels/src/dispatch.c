@@ -232,3 +232,10 @@ const ie_kernels_t *ie_kernels_get(ie_isa_t isa)
     if (!ie_isa_supported(isa)) return NULL;
     return &g_kernels[isa];
 }
+
+/* Contract (ie_kernels_isa.h). */
+const ie_kernels_t *ie_kernels_table(ie_isa_t isa)
+{
+    if (isa < IE_ISA_REF || isa > IE_ISA_AVX512) return NULL;
+    return &g_kernels[isa];
+}

@@ -37,6 +37,11 @@ enum {
 /* IE_CPU_* bits of this CPU (0 off x86). Probed once; thread-safe. */
 unsigned ie_cpu_features(void);
 
+/* The table of `isa` whether or not this CPU can run it (NULL only for an
+ * isa out of range): for tests that inspect the tables themselves. Call
+ * nothing from it unless ie_isa_supported(isa). */
+const ie_kernels_t *ie_kernels_table(ie_isa_t isa);
+
 /* ---------------------------------------------- shared drivers (drive.c) */
 
 /* Rows per panel so that one panel of weights (~256 KiB) stays in L2 while

@@ -732,7 +732,8 @@ static void test_matmul_packed_ranges(void)
                     }
                     /* a range past the matrix is refused */
                     rsrc_t badr = { .r = { { np, np + 1 } }, .n = 1 };
-                    CU_ASSERT_EQUAL(ops->matmul_packed_ranges(&m, rsrc_next, &badr, act, arow, n_tok, y1, n_out), IE_ERR_INVAL);
+                    CU_ASSERT_EQUAL(ops->matmul_packed_ranges(&m, rsrc_next, &badr, act, arow, n_tok, y1, n_out),
+                                    IE_ERR_INVAL);
                     cases++;
                 }
                 free(w); free(act); free(x); free(y0); free(y1);
@@ -1068,7 +1069,7 @@ static void test_matmul_packed_i8w_extremes(void)
     free(a); free(w);
 }
 
-/* Bad matrices and ranges: -1 from every ISA, y untouched. */
+/* Bad matrices and ranges: IE_ERR_INVAL from every ISA, y untouched. */
 static void test_matmul_packed_bad_args(void)
 {
     ie_isa_t isas[3];
