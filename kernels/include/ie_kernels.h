@@ -35,7 +35,7 @@
 typedef enum ie_isa {
     IE_ISA_REF = 0,   /* portable scalar C: always available, the oracle */
     IE_ISA_AVX2 = 1,  /* AVX2 + FMA + F16C                               */
-    IE_ISA_AVX512 = 2 /* AVX-512 F/BW/VL (+VNNI, +BF16 where present)    */
+    IE_ISA_AVX512 = 2 /* AVX-512 F/BW/VL/DQ + VNNI (+BF16 where present) */
 } ie_isa_t;
 
 /* "ref", "avx2", "avx512". */
@@ -64,7 +64,8 @@ typedef int (*ie_panel_next_fn)(void *ctx, int64_t *p0, int64_t *p1);
  * t in [0, n_tok). W rows are ie_dtype_row_bytes(wtype, n_in) bytes apart;
  * A rows (in ie_matmul_act_dtype(wtype)) are a_stride bytes apart. Reads
  * each weight row once per token block: the GEMM for prefill and the GEMV
- * for decode (n_tok = 1). Cannot fail; call it through ie_kernels_matmul. */
+ * for decode (n_tok = 1). Expects r1 > r0 and n_tok > 0; cannot fail.
+ * Called through ie_kernels_matmul, which picks the slot and checks both. */
 typedef void (*ie_matmul_fn)(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a,
                              size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
 
