@@ -99,7 +99,7 @@ void ie_matmul_f16_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
                            const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
 void ie_matmul_bf16_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
                             const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
-/* BF16 weights x BF16 activation rows (what ie_matmul_ref runs for BF16):
+/* BF16 weights x BF16 activation rows (the REF table's BF16 slot):
  * exact bf16 products summed in double; any n_in. */
 void ie_matmul_bf16_bf16_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
                              const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
