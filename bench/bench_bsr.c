@@ -3,7 +3,7 @@
  * For each shape (2048x2048, 5632x2048), block size (16x16, 32x32 by
  * default), density (100%, 50%, 25%, 10% of blocks kept, random masks) and
  * thread count (1, 2; the clocher pool, rows split in whole block rows):
- * time of ops->matmul_bsr with n_tok = 1 (or --ntok) against ops->matmul on
+ * time of ops->matmul_bsr with n_tok = 1 (or --ntok) against ops->matmul[F32] on
  * the same matrix stored dense in f32. Matrices are cycled through a pool of
  * copies (> L3) so every call streams its bytes from DRAM, as decode does;
  * each timed call is preceded by a plain read of the same number of bytes
@@ -37,7 +37,7 @@
 /* ---------------------------------------------------------------- jobs */
 
 typedef struct {
-    const ie_matmul_ops_t *ops;
+    const ie_kernels_t *ops;
     int sparse;
     const float *w; /* dense */
     ie_bsr_t m;     /* sparse */
@@ -64,8 +64,8 @@ static void matmul_task(void *p, int ith, int nth)
         ie_split_range((long)((j->n_out + 3) / 4), ith, nth, &b, &e);
         const int64_t r0 = 4 * b, r1 = 4 * e < j->n_out ? 4 * e : j->n_out;
         if (r0 < r1)
-            j->ops->matmul(IE_DTYPE_F32, j->w, j->n_in, r0, r1, j->x, (size_t)j->n_in * sizeof(float), j->n_tok,
-                           j->y, j->n_out);
+            ie_kernels_matmul(j->ops, IE_DTYPE_F32, j->w, j->n_in, r0, r1, j->x, (size_t)j->n_in * sizeof(float),
+                              j->n_tok, j->y, j->n_out);
     }
 }
 
@@ -163,7 +163,7 @@ int main(int argc, char **argv)
     if (iters > 256) iters = 256;
     if (n_tok < 1) n_tok = 1;
     const ie_isa_t the_isa = isa < 0 ? ie_isa_best() : (ie_isa_t)isa;
-    const ie_matmul_ops_t *ops = ie_kernels_get(the_isa);
+    const ie_kernels_t *ops = ie_kernels_get(the_isa);
     if (!ops) { fprintf(stderr, "%s not supported here\n", ie_isa_name(the_isa)); return 1; }
 
     g_pool_bytes = pool_mib << 20;

@@ -47,7 +47,7 @@
 /* ---------------------------------------------------------------- jobs */
 
 typedef struct {
-    const ie_matmul_ops_t *ops;
+    const ie_kernels_t *ops;
     ie_dtype_t wt;
     int group; /* packed types */
     const uint8_t *w;
@@ -76,7 +76,7 @@ static void matmul_task(void *p, int ith, int nth)
     ie_split_range((long)((j->n_out + 3) / 4), ith, nth, &b, &e);
     const int64_t r0 = 4 * b, r1 = 4 * e < j->n_out ? 4 * e : j->n_out;
     const double c0 = cpu_s();
-    if (r0 < r1) j->ops->matmul(j->wt, j->w, j->n_in, r0, r1, j->a, j->as, j->n_tok, j->y, j->n_out);
+    if (r0 < r1) ie_kernels_matmul(j->ops, j->wt, j->w, j->n_in, r0, r1, j->a, j->as, j->n_tok, j->y, j->n_out);
     if (ith < 64) j->cpu[ith] = cpu_s() - c0;
 }
 
@@ -274,7 +274,7 @@ int main(int argc, char **argv)
     for (int ii = 0; ii <= 2; ii++) {
         const ie_isa_t isa = (ie_isa_t)ii;
         if (!((isa_mask >> ii) & 1)) continue;
-        const ie_matmul_ops_t *ops = ie_kernels_get(isa);
+        const ie_kernels_t *ops = ie_kernels_get(isa);
         if (!ops) { printf("%s: not supported here\n", ie_isa_name(isa)); continue; }
         for (int ti = 0; ti < n_types; ti++) {
             if (!((type_mask >> ti) & 1)) continue;

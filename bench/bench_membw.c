@@ -4,7 +4,7 @@
  * comparison 4 KiB pages via MADV_NOHUGEPAGE) with 1 thread and with
  * --threads threads (default 2) of the clocher thread pool, each thread
  * streaming its contiguous share with the kernel library's stream_read
- * (ie_vec.h: 256-bit loads where AVX2 runs). Prints GB/s (1e9 B/s):
+ * (ie_kernels_t: 256-bit loads where AVX2 runs). Prints GB/s (1e9 B/s):
  * the median over 64 MiB chunks (best of --passes passes; robust when a
  * neighbour steals a core for a few ms) and the best whole-buffer pass;
  * then one JSON line with the chunk-median figures:

@@ -3,7 +3,7 @@
 #ifndef IE_BENCH_UTIL_H
 #define IE_BENCH_UTIL_H
 
-#include "ie_vec.h"
+#include "ie_kernels.h"
 
 #include <immintrin.h>
 #include <stddef.h>
@@ -40,12 +40,12 @@ static inline uint64_t rnd_u64(void)
 static inline float rnd(void) { return (float)(rnd_u64() >> 40) / 16777216.0f * 2.0f - 1.0f; }
 
 /* Read n bytes as a plain stream (the bandwidth probe's inner loop): the
- * kernel library's stream_read for the best ISA (ie_vec.h), the same read
+ * kernel library's stream_read for the best ISA (ie_kernels_t), the same read
  * ie_worker_stream_probe pairs with decode; returns a value that depends on
  * every byte so nothing is optimized away. */
 static inline uint64_t probe_read(const uint8_t *p, size_t n)
 {
-    return ie_vec_get(ie_isa_best())->stream_read(p, n);
+    return ie_kernels_get(ie_isa_best())->stream_read(p, n);
 }
 
 #endif

@@ -9,14 +9,14 @@
  * view (the same sums in the same order, the same 16-position groups
  * counted from j0), so a paged cache gives the bits of a contiguous one
  * whatever the block size, the placement of the blocks or j0 (a sliding
- * window). Head vectors have hd floats. Pure functions over caller memory,
- * no allocation; a scalar ref and an AVX-512 variant (hd a multiple of 16;
- * other sizes fall back to ref).
+ * window). Head vectors have hd floats. The loops themselves are
+ * ie_kernels_t.attn_scores / attn_values (ie_kernels.h): pure functions
+ * over caller memory, no allocation; a scalar ref, portable float loops for
+ * AVX2 and an AVX-512 variant (hd a multiple of 16; other sizes fall back
+ * to ref).
  */
 #ifndef IE_ATTN_H
 #define IE_ATTN_H
-
-#include "ie_kernels.h"
 
 #include <limits.h>
 #include <stddef.h>
@@ -101,27 +101,5 @@ static inline const float *ie_attn_row(const ie_attn_rows_t *r, int j)
     if (!r->tab) return r->base + (size_t)j * r->row_stride;
     return r->base + (size_t)r->tab[j / r->block] * r->block_stride + (size_t)(j % r->block) * r->row_stride;
 }
-
-typedef struct ie_attn_ops {
-    ie_isa_t isa;
-    /* s[h*ld + j] = scale * dot(q + h*q_stride, row(k, j0 + j), hd)
-     * for h < nh, j < n. */
-    void (*scores)(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n, int hd,
-                   float scale, float *s, size_t ld);
-    /* out[h*o_stride + i] = sum_j p[h*ld + j] * row(v, j0 + j)[i]
-     * for h < nh, i < hd (out is overwritten). */
-    void (*values)(const float *p, size_t ld, int nh, const ie_attn_rows_t *v, int j0, int n, int hd, float *out,
-                   size_t o_stride);
-} ie_attn_ops_t;
-
-/* Attention loops for `isa` (REF always; AVX2 uses the portable C loops),
- * or NULL if the ISA is not supported by this CPU. */
-const ie_attn_ops_t *ie_attn_get(ie_isa_t isa);
-
-/* The scalar oracle (double accumulation). */
-void ie_attn_scores_ref(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n, int hd,
-                        float scale, float *s, size_t ld);
-void ie_attn_values_ref(const float *p, size_t ld, int nh, const ie_attn_rows_t *v, int j0, int n, int hd,
-                        float *out, size_t o_stride);
 
 #endif

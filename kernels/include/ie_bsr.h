@@ -51,10 +51,8 @@ int ie_bsr_view(const void *blob, size_t bytes, int64_t n_in, int64_t n_out, ie_
 int ie_bsr_from_dense(const float *w, int64_t n_in, int64_t n_out, int br, int bc, float threshold, void **blob,
                       size_t *bytes);
 
-/* Y[t*ldy + r] = sum_k W[r][k] * X[t][k] for rows r in [r0, r1) (multiples
- * of br, or r1 = n_out) and tokens t < n_tok; X rows xs floats apart.
- * Scalar reference; the SIMD versions are in ie_matmul_ops_t.matmul_bsr. */
-void ie_bsr_matmul_ref(const ie_bsr_t *m, int64_t r0, int64_t r1, const float *x, size_t xs, int64_t n_tok,
-                       float *y, int64_t ldy);
+/* The matmul over such a matrix is ie_kernels_t.matmul_bsr (ie_kernels.h):
+ * Y[t*ldy + r] = sum_k W[r][k] * X[t][k] for rows r in [r0, r1) (multiples
+ * of br, or r1 = n_out) and tokens t < n_tok; X rows xs floats apart. */
 
 #endif

@@ -1,12 +1,19 @@
 /* ie_kernels.h — the math of clocher: pure functions over caller-owned memory.
  *
- * Kernels know nothing of models, files, threads or the network. They never
- * allocate. Work is split by the caller: functions that take (ith, nth) do
+ * Kernels know nothing of models, files, threads or the network. Two places
+ * allocate, neither on a path that can fail a step: the AVX-512 BF16 prefill
+ * matmul keeps a ~0.9 MiB repack buffer per calling thread (made on its
+ * first prefill call, freed when the thread exits; without memory it takes
+ * the tiled path, which needs none and sums in another order), and
+ * ie_bsr_from_dense returns a malloc'd blob (a conversion, not a step
+ * kernel). Work is split by the caller: functions that take (ith, nth) do
  * the ith of nth equal shares and may be called concurrently for every ith.
  *
  * Every kernel has a scalar reference twin in kernels/ref/ (the test oracle).
  * SIMD variants (kernels/x86/avx2, kernels/x86/avx512) are compiled with
- * their own flags and chosen once at start-up from the CPU's features.
+ * their own flags, declared in kernels/src/ie_kernels_isa.h, and reach
+ * callers through one table per ISA (ie_kernels_t, ie_kernels_get) chosen
+ * once at start-up from the CPU's features (ie_isa_best).
  *
  * Matrix convention: a weight matrix W has n_out rows of n_in elements each,
  * stored row-major in its dtype (rows are ie_dtype_row_bytes(dtype, n_in)
@@ -16,6 +23,8 @@
 #ifndef IE_KERNELS_H
 #define IE_KERNELS_H
 
+#include "clocher.h" /* ie_status_t: kernels report failures in the API's own terms */
+#include "ie_attn.h"
 #include "ie_bsr.h"
 #include "ie_dtype.h"
 #include "ie_pack.h"
@@ -26,7 +35,7 @@
 typedef enum ie_isa {
     IE_ISA_REF = 0,   /* portable scalar C: always available, the oracle */
     IE_ISA_AVX2 = 1,  /* AVX2 + FMA + F16C                               */
-    IE_ISA_AVX512 = 2 /* AVX-512 F/BW/VL (+VNNI, +BF16 where present)    */
+    IE_ISA_AVX512 = 2 /* AVX-512 F/BW/VL/DQ + VNNI (+BF16 where present) */
 } ie_isa_t;
 
 /* "ref", "avx2", "avx512". */
@@ -50,57 +59,49 @@ ie_dtype_t ie_matmul_act_dtype(ie_dtype_t wtype);
  * when no work is left. Several threads may share one source. */
 typedef int (*ie_panel_next_fn)(void *ctx, int64_t *p0, int64_t *p1);
 
-/* The matmul family for one ISA. Obtain with ie_kernels_get(). */
-typedef struct ie_matmul_ops {
+/* Dense matmul for one weight dtype (the dtype is the table slot's):
+ * Y[t*ldy + r] = dot(W row r, A row t) for rows r in [r0, r1) and tokens
+ * t in [0, n_tok). W rows are ie_dtype_row_bytes(wtype, n_in) bytes apart;
+ * A rows (in ie_matmul_act_dtype(wtype)) are a_stride bytes apart. Reads
+ * each weight row once per token block: the GEMM for prefill and the GEMV
+ * for decode (n_tok = 1). Expects r1 > r0 and n_tok > 0; cannot fail.
+ * Called through ie_kernels_matmul, which picks the slot and checks both. */
+typedef void (*ie_matmul_fn)(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a,
+                             size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+
+/* Slots of ie_kernels_t.matmul: the dense weight dtypes are all below
+ * this (the packed IE_DTYPE_I8W.. go through matmul_packed). */
+#define IE_MATMUL_SLOTS (IE_DTYPE_MXFP4 + 1)
+
+/* Every kernel of one ISA: filled once per ISA (dispatch.c), obtained with
+ * ie_kernels_get() and read once per call. Entries are named for what they
+ * compute; the dense matmuls sit in a slot per weight dtype. On REF every
+ * entry is the scalar oracle; an ISA without its own version of an entry
+ * holds the nearest one it can run (e.g. AVX2's swiglu is the scalar one).
+ *
+ * What can fail (the status goes back to the caller, who must not use y):
+ *   ie_kernels_matmul     IE_ERR_UNSUPPORTED: the weight dtype has no dense
+ *                         kernel (an empty slot, or out of the slots).
+ *   matmul_packed,        IE_ERR_INVAL: a bad packed matrix (dtype, group or
+ *   matmul_packed_ranges  n_in that ie_pack_check refuses, NULL data) or a
+ *                         bad row / panel range, NULL a or y.
+ * Nothing else in the table can fail: the other entries take arguments the
+ * caller has checked (shapes of the model) and return nothing. The
+ * conversions outside the table (ie_quantize_row, ie_pack_*, ie_qrow_*,
+ * ie_tensor_slice, ie_bsr_*), run when weights are bound, not in a step,
+ * return 0 or -1 as documented with each. */
+typedef struct ie_kernels {
     ie_isa_t isa;
+
+    /* ---- activations */
 
     /* Convert n floats (n a multiple of 32 for block formats) into activation
      * format `act` (IE_DTYPE_F32: plain copy, BF16: ie_f32_to_bf16 per element
-     * for any n, bit-identical on every ISA, Q8_0, Q8_1, Q8_P) at `out`, which
-     * holds ie_dtype_row_bytes(act, n) bytes. */
+     * for any n, bit-identical on every ISA, Q8_0, Q8_1, Q8_P, Q16_P) at
+     * `out`, which holds ie_dtype_row_bytes(act, n) bytes. Another `act`
+     * (ie_matmul_act_dtype of a dtype with no kernel) writes nothing; the
+     * matmul that would read it reports IE_ERR_UNSUPPORTED. */
     void (*act_quantize)(ie_dtype_t act, const float *x, void *out, int64_t n);
-
-    /* Y[t*ldy + r] = dot(W row r, A row t) for rows r in [r0, r1) and
-     * tokens t in [0, n_tok). W rows are ie_dtype_row_bytes(wtype, n_in)
-     * bytes apart; A rows (in ie_matmul_act_dtype(wtype)) are a_stride bytes
-     * apart. Returns 0, or -1 if wtype is not supported. Reads each weight
-     * row once per token block: this is the GEMM for prefill and the GEMV
-     * for decode (n_tok = 1). */
-    int (*matmul)(ie_dtype_t wtype, const void *w, int64_t n_in,
-                  int64_t r0, int64_t r1,
-                  const void *a, size_t a_stride, int64_t n_tok,
-                  float *y, int64_t ldy);
-
-    /* ie_dot_f32 / ie_axpy_f32 at this ISA's width (attention's q·k and
-     * weighted sum of values). Sums in another order than ref: equal
-     * within float rounding, not bit for bit. */
-    float (*dot_f32)(const float *a, const float *b, int64_t n);
-    void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
-
-    /* Packed weights (ie_pack.h): Y[t*ldy + r] = dot(W row r, A row t) for
-     * r in [r0, r1) — r0 a multiple of 16, r1 = m->n_out or a multiple of
-     * 16 — and t < n_tok. A rows are ie_matmul_act_dtype(m->dtype) (Q8_P,
-     * or Q16_P for I8W), a_stride bytes apart. Register-
-     * and cache-blocked GEMM for prefill, a streaming GEMV (with prefetch)
-     * for n_tok = 1. Returns 0, or -1 on a bad matrix/range. */
-    int (*matmul_packed)(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
-                         int64_t n_tok, float *y, int64_t ldy);
-
-    /* matmul_packed over the panel ranges next(ctx, ...) hands out, in its
-     * order, until it returns 0: the rows of panels [p0, p1) get exactly
-     * what matmul_packed(m, 16 p0, min(16 p1, n_out), ...) writes. When the
-     * activations fit one pass (decode-sized n_tok; AVX-512) they are
-     * packed once for all ranges, so ranges may be a few panels: threads
-     * can share the work of one matrix through one source (the worker's
-     * decode balancing). Returns 0, or -1 on a bad matrix or range (the
-     * ranges before it are done). */
-    int (*matmul_packed_ranges)(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
-                                size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
-
-    /* Block-sparse weights (ie_bsr.h) times f32 activations; contract of
-     * ie_bsr_matmul_ref. */
-    void (*matmul_bsr)(const ie_bsr_t *m, int64_t r0, int64_t r1, const float *x, size_t xs, int64_t n_tok,
-                       float *y, int64_t ldy);
 
     /* act_quantize's bytes, written for other cores to read next: where the
      * ISA has them (AVX-512: BF16, Q8_P, Q16_P) with non-temporal stores and
@@ -109,10 +110,94 @@ typedef struct ie_matmul_ops {
      * rows read once by several threads (the worker's decode matmuls), not
      * for rows this core re-reads at once. */
     void (*act_quantize_stream)(ie_dtype_t act, const float *x, void *out, int64_t n);
-} ie_matmul_ops_t;
 
-/* Ops for `isa`, or NULL if not compiled in or not supported by this CPU. */
-const ie_matmul_ops_t *ie_kernels_get(ie_isa_t isa);
+    /* ---- matmul */
+
+    /* matmul[wtype]: the dense kernel for weights of type wtype (F32, F16,
+     * BF16, Q8_0, Q4_0, Q4_1, MXFP4), NULL for the others. */
+    ie_matmul_fn matmul[IE_MATMUL_SLOTS];
+
+    /* Packed weights (ie_pack.h): Y[t*ldy + r] = dot(W row r, A row t) for
+     * r in [r0, r1) — r0 a multiple of 16, r1 = m->n_out or a multiple of
+     * 16 — and t < n_tok. A rows are ie_matmul_act_dtype(m->dtype) (Q8_P,
+     * or Q16_P for I8W), a_stride bytes apart. Register-
+     * and cache-blocked GEMM for prefill, a streaming GEMV (with prefetch)
+     * for n_tok = 1. Returns IE_OK, or IE_ERR_INVAL on a bad matrix/range. */
+    ie_status_t (*matmul_packed)(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                 int64_t n_tok, float *y, int64_t ldy);
+
+    /* matmul_packed over the panel ranges next(ctx, ...) hands out, in its
+     * order, until it returns 0: the rows of panels [p0, p1) get exactly
+     * what matmul_packed(m, 16 p0, min(16 p1, n_out), ...) writes. When the
+     * activations fit one pass (decode-sized n_tok; AVX-512) they are
+     * packed once for all ranges, so ranges may be a few panels: threads
+     * can share the work of one matrix through one source (the worker's
+     * decode balancing). Returns IE_OK, or IE_ERR_INVAL on a bad matrix or
+     * range (the ranges before it are done). */
+    ie_status_t (*matmul_packed_ranges)(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
+                                        size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+
+    /* Block-sparse weights (ie_bsr.h) times f32 activations:
+     * Y[t*ldy + r] = sum_k W[r][k] * X[t][k] for rows r in [r0, r1)
+     * (multiples of m->br, or r1 = n_out) and tokens t < n_tok; X rows xs
+     * floats apart. */
+    void (*matmul_bsr)(const ie_bsr_t *m, int64_t r0, int64_t r1, const float *x, size_t xs, int64_t n_tok,
+                       float *y, int64_t ldy);
+
+    /* ---- vectors */
+
+    /* ie_dot_f32 / ie_axpy_f32 at this ISA's width. Sums in another order
+     * than ref: equal within float rounding, not bit for bit. */
+    float (*dot_f32)(const float *a, const float *b, int64_t n);
+    void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
+
+    /* ---- attention (ie_attn.h: nh heads sharing one KV head) */
+
+    /* s[h*ld + j] = scale * dot(q + h*q_stride, row(k, j0 + j), hd)
+     * for h < nh, j < n. */
+    void (*attn_scores)(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n, int hd,
+                        float scale, float *s, size_t ld);
+    /* out[h*o_stride + i] = sum_j p[h*ld + j] * row(v, j0 + j)[i]
+     * for h < nh, i < hd (out is overwritten). */
+    void (*attn_values)(const float *p, size_t ld, int nh, const ie_attn_rows_t *v, int j0, int n, int hd,
+                        float *out, size_t o_stride);
+
+    /* ---- element-wise (the scalar ie_swiglu_f32, ie_softmax_sink_f32 and
+     * ie_rmsnorm_f32 are the oracles; the SIMD versions agree within a few
+     * float ulps: a polynomial exp instead of libm's expf). Callers split
+     * long arrays across threads themselves. */
+
+    /* out[i] = silu(g[i]) * u[i]; out may alias g or u. */
+    void (*swiglu)(float *out, const float *g, const float *u, int64_t n);
+    /* In-place softmax over n >= 1 values; with sink != NULL the logit
+     * *sink joins the normalization and its share is dropped (GPT-OSS's
+     * attention sinks): x[i] = exp(x[i]-m) / (sum_j exp(x[j]-m) + exp(*sink-m)). */
+    void (*softmax)(float *x, int64_t n, const float *sink);
+    /* out = x * (1/sqrt(mean(x^2) + eps)) * w over n >= 1 floats, the
+     * square sum in double like ie_rmsnorm_f32 (only the order of its adds
+     * differs; each output is the scalar's formula on that scale). out may
+     * alias x. */
+    void (*rmsnorm)(float *out, const float *x, const float *w, int64_t n, float eps);
+    /* ie_stream_read at this ISA's load width (the same result). */
+    uint64_t (*stream_read)(const void *p, size_t n);
+} ie_kernels_t;
+
+/* The kernels for `isa`, or NULL if not compiled in or not supported by
+ * this CPU. The table is static: never freed, safe to share. */
+const ie_kernels_t *ie_kernels_get(ie_isa_t isa);
+
+/* The dense matmul for weights of type wtype (ie_kernels_t.matmul[wtype]):
+ * IE_OK, or IE_ERR_UNSUPPORTED (and y untouched) when this ISA has no
+ * kernel for wtype. An empty range (r1 <= r0 or n_tok <= 0) does nothing
+ * and returns IE_OK for a supported wtype. */
+static inline ie_status_t ie_kernels_matmul(const ie_kernels_t *k, ie_dtype_t wtype, const void *w, int64_t n_in,
+                                            int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                            int64_t n_tok, float *y, int64_t ldy)
+{
+    if ((unsigned)wtype >= IE_MATMUL_SLOTS || !k->matmul[wtype]) return IE_ERR_UNSUPPORTED;
+    if (r1 > r0 && n_tok > 0) k->matmul[wtype](w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);
+    return IE_OK;
+}
 
 /* Dequantize/convert n elements of a row of type t to floats. */
 void ie_dequantize_row(ie_dtype_t t, const void *src, float *dst, int64_t n);
@@ -175,5 +260,14 @@ void ie_rope_apply_f32(float *x, int64_t head_dim, int64_t rot_dim,
 /* dot product of two float vectors, and y += a*x. */
 float ie_dot_f32(const float *a, const float *b, int64_t n);
 void ie_axpy_f32(float *y, float a, const float *x, int64_t n);
+
+/* Read n bytes at p once, front to back, and return the xor of their
+ * 8-byte words in native byte order (the last n % 8 bytes zero-extended
+ * into one more word, as if copied to the start of a zeroed word): a plain
+ * memory stream with the least work per byte, the ceiling a kernel
+ * streaming the same bytes is measured against (ie_worker_stream_probe).
+ * Any alignment; n may be 0 (returns 0). The portable oracle; the table's
+ * stream_read is the fast one. */
+uint64_t ie_stream_read(const void *p, size_t n);
 
 #endif

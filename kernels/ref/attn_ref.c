@@ -1,6 +1,5 @@
-/* attn_ref.c — scalar attention loops (the oracle) and the portable C
- * variants used where no SIMD version exists. */
-#include "ie_attn.h"
+/* attn_ref.c — scalar attention loops (the oracle). */
+#include "../src/ie_kernels_isa.h"
 
 void ie_attn_scores_ref(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n, int hd,
                         float scale, float *s, size_t ld)

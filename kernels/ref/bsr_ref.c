@@ -7,7 +7,7 @@
  * every size computation is overflow-checked before use.
  */
 #include "ie_bsr.h"
-#include "../src/ie_kernels_impl.h"
+#include "../src/ie_kernels_isa.h"
 
 #include <inttypes.h>
 #include <stdarg.h>

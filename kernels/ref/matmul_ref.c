@@ -9,7 +9,7 @@
  * MXFP4 q_w is the doubled E2M1 value and d_w = 2^(e-128).
  */
 #include "ie_kernels.h"
-#include "../src/ie_kernels_impl.h"
+#include "../src/ie_kernels_isa.h"
 
 #define ROW(base, r, bytes) ((const char *)(base) + (size_t)(r) * (bytes))
 
@@ -165,22 +165,4 @@ void ie_matmul_mxfp4_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r
             y[t * ldy + r] = (float)s;
         }
     }
-}
-
-int ie_matmul_ref(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, int64_t r1,
-                  const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
-{
-    ie_matmul_typed_fn fn;
-    switch (wtype) {
-    case IE_DTYPE_F32: fn = ie_matmul_f32_f32_ref; break;
-    case IE_DTYPE_F16: fn = ie_matmul_f16_f32_ref; break;
-    case IE_DTYPE_BF16: fn = ie_matmul_bf16_bf16_ref; break;
-    case IE_DTYPE_Q8_0: fn = ie_matmul_q8_0_q8_0_ref; break;
-    case IE_DTYPE_Q4_0: fn = ie_matmul_q4_0_q8_0_ref; break;
-    case IE_DTYPE_Q4_1: fn = ie_matmul_q4_1_q8_1_ref; break;
-    case IE_DTYPE_MXFP4: fn = ie_matmul_mxfp4_q8_0_ref; break;
-    default: return -1;
-    }
-    fn(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);
-    return 0;
 }

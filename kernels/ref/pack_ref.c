@@ -12,7 +12,7 @@
  * ROWS); I4W and I4WA u in [0, 15].
  */
 #include "ie_kernels.h"
-#include "../src/ie_kernels_impl.h"
+#include "../src/ie_kernels_isa.h"
 
 #include <float.h>
 #include <math.h>
@@ -515,12 +515,12 @@ static int packed_args_ok(const ie_pmat_t *m, int64_t r0, int64_t r1, const void
  *     I4WA: y += d_g *  ad_b*isum + m_g*s_b
  * (from x_w = d*(c - off) or d*c + m, x_a = ad*qa and s_b = ad*sum(qa)).
  * BF16 x BF16 rows and F16 x F32 rows: the exact products summed in
- * double, as ie_matmul_bf16_bf16_ref / the f16 ROWS reference. Returns 0,
- * or -1 on an invalid matrix/range. */
-int ie_matmul_packed_ref(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
-                         int64_t n_tok, float *y, int64_t ldy)
+ * double, as ie_matmul_bf16_bf16_ref / the f16 ROWS reference. Returns
+ * IE_OK, or IE_ERR_INVAL on an invalid matrix/range. */
+ie_status_t ie_matmul_packed_ref(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                 int64_t n_tok, float *y, int64_t ldy)
 {
-    if (!packed_args_ok(m, r0, r1, a, n_tok, y)) return -1;
+    if (!packed_args_ok(m, r0, r1, a, n_tok, y)) return IE_ERR_INVAL;
     if (ie_dtype_is_half(m->dtype)) {
         const int bf = m->dtype == IE_DTYPE_BF16; /* BF16 activations, else F32 */
         for (int64_t tok = 0; tok < n_tok; tok++) {
@@ -542,7 +542,7 @@ int ie_matmul_packed_ref(const ie_pmat_t *m, int64_t r0, int64_t r1, const void 
                 y[tok * ldy + r] = (float)s;
             }
         }
-        return 0;
+        return IE_OK;
     }
     const ie_dtype_t t = m->dtype;
     const int G = m->group;
@@ -577,5 +577,12 @@ int ie_matmul_packed_ref(const ie_pmat_t *m, int64_t r0, int64_t r1, const void 
             y[tok * ldy + r] = (float)s;
         }
     }
-    return 0;
+    return IE_OK;
+}
+
+/* Contract of ie_kernels_t.matmul_packed_ranges: one call per range. */
+ie_status_t ie_matmul_packed_ranges_ref(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
+                                        size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+{
+    return ie_packed_ranges_by_calls(ie_matmul_packed_ref, m, next, ctx, a, a_stride, n_tok, y, ldy);
 }

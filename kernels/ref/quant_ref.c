@@ -6,7 +6,7 @@
  * llama.cpp's quantizer would have written.
  */
 #include "ie_kernels.h"
-#include "../src/ie_kernels_impl.h"
+#include "../src/ie_kernels_isa.h"
 
 #include <float.h>
 #include <math.h>

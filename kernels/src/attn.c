@@ -1,12 +1,12 @@
-/* attn.c — the attention loop table per ISA. */
-#include "ie_attn.h"
+/* attn.c — the portable float attention loops (the AVX2 table's). */
+#include "ie_kernels_isa.h"
 
 #include <string.h>
 
-/* float-accumulating C loops: what AVX2 builds get (the compiler
+/* Contract (ie_kernels_isa.h): float-accumulating C loops (the compiler
  * vectorizes the inner loops); ref keeps double accumulation. */
-static void scores_c(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n, int hd,
-                     float scale, float *s, size_t ld)
+void ie_attn_scores_generic(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n,
+                            int hd, float scale, float *s, size_t ld)
 {
     for (int h = 0; h < nh; h++) {
         const float *qh = q + (size_t)h * q_stride;
@@ -21,8 +21,8 @@ static void scores_c(const float *q, size_t q_stride, int nh, const ie_attn_rows
     }
 }
 
-static void values_c(const float *p, size_t ld, int nh, const ie_attn_rows_t *v, int j0, int n, int hd,
-                     float *out, size_t o_stride)
+void ie_attn_values_generic(const float *p, size_t ld, int nh, const ie_attn_rows_t *v, int j0, int n, int hd,
+                            float *out, size_t o_stride)
 {
     for (int h = 0; h < nh; h++) memset(out + (size_t)h * o_stride, 0, (size_t)hd * sizeof(float));
     ie_attn_cursor_t c;
@@ -35,21 +35,4 @@ static void values_c(const float *p, size_t ld, int nh, const ie_attn_rows_t *v,
             for (int i = 0; i < hd; i++) oh[i] += w * vj[i];
         }
     }
-}
-
-void ie_attn_scores_avx512(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n,
-                           int hd, float scale, float *s, size_t ld);
-void ie_attn_values_avx512(const float *p, size_t ld, int nh, const ie_attn_rows_t *v, int j0, int n, int hd,
-                           float *out, size_t o_stride);
-
-static const ie_attn_ops_t g_attn[3] = {
-    {IE_ISA_REF, ie_attn_scores_ref, ie_attn_values_ref},
-    {IE_ISA_AVX2, scores_c, values_c},
-    {IE_ISA_AVX512, ie_attn_scores_avx512, ie_attn_values_avx512},
-};
-
-const ie_attn_ops_t *ie_attn_get(ie_isa_t isa)
-{
-    if (!ie_isa_supported(isa)) return NULL;
-    return &g_attn[isa];
 }

@@ -1,13 +1,15 @@
-/* dispatch.c — which ISA variants this CPU can run, and their op tables.
+/* dispatch.c — the CPU probe, which ISA variants this CPU can run, and
+ * the one kernel table per ISA.
  *
  * Support is decided from CPUID (the instructions exist) and XGETBV (the OS
  * saves the AVX / AVX-512 register state on context switch); a CPU that has
  * AVX-512 but an OS that does not enable ZMM state must not use it.
  * IE_ISA_AVX512 requires F, BW, VL, DQ and VNNI (our int8 dot products are
- * vpdpbusd); AVX-512 CPUs without VNNI (Skylake-X) get AVX2.
+ * vpdpbusd); AVX-512 CPUs without VNNI (Skylake-X) get AVX2. AVX512_BF16
+ * is not required: the BF16 kernels test it themselves (ie_cpu_features).
  */
 #include "ie_kernels.h"
-#include "ie_kernels_impl.h"
+#include "ie_kernels_isa.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -48,38 +50,59 @@ static unsigned long long xgetbv0(void)
     return ((unsigned long long)edx << 32) | eax;
 }
 
-/* Bit mask of supported ISAs: bit isa set if the CPU and OS can run it. */
-static int detect(void)
+static unsigned probe(void)
 {
-    int mask = 1 << IE_ISA_REF;
-    unsigned int a, b, c, d;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return mask;
+    unsigned f = 0, a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
     const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
-    if (!osxsave || !avx) return mask;
+    if (!osxsave || !avx) return 0;
     const unsigned long long xcr0 = xgetbv0();
-    const int os_avx = (xcr0 & 0x6) == 0x6;      /* XMM | YMM state      */
+    if ((xcr0 & 0x6) != 0x6) return 0; /* XMM | YMM state */
     const int os_avx512 = (xcr0 & 0xe6) == 0xe6; /* + opmask, ZMM_Hi256, Hi16_ZMM */
-    if (__get_cpuid_max(0, NULL) < 7) return mask;
+    if (fma) f |= IE_CPU_FMA;
+    if (f16c) f |= IE_CPU_F16C;
+    const unsigned max_leaf = __get_cpuid_max(0, NULL);
+    if (max_leaf < 7) return f;
     __cpuid_count(7, 0, a, b, c, d);
-    const int avx2 = (b >> 5) & 1;
-    const int f512 = (b >> 16) & 1, dq = (b >> 17) & 1, bw = (b >> 30) & 1, vl = (b >> 31) & 1;
-    const int vnni = (c >> 11) & 1;
-    if (os_avx && avx2 && fma && f16c) mask |= 1 << IE_ISA_AVX2;
-    if ((mask & (1 << IE_ISA_AVX2)) && os_avx512 && f512 && dq && bw && vl && vnni)
-        mask |= 1 << IE_ISA_AVX512;
-    return mask;
+    const unsigned max_sub7 = a;
+    if ((b >> 5) & 1) f |= IE_CPU_AVX2;
+    if (!os_avx512) return f;
+    if ((b >> 16) & 1) f |= IE_CPU_AVX512F;
+    if ((b >> 17) & 1) f |= IE_CPU_AVX512DQ;
+    if ((b >> 30) & 1) f |= IE_CPU_AVX512BW;
+    if ((b >> 31) & 1) f |= IE_CPU_AVX512VL;
+    if ((c >> 11) & 1) f |= IE_CPU_AVX512_VNNI;
+    if (max_sub7 >= 1) {
+        __cpuid_count(7, 1, a, b, c, d);
+        if ((a >> 5) & 1) f |= IE_CPU_AVX512_BF16;
+    }
+    return f;
 }
 #else
-static int detect(void) { return 1 << IE_ISA_REF; }
+static unsigned probe(void) { return 0; }
 #endif
 
+unsigned ie_cpu_features(void)
+{
+    /* Idempotent: racing first calls compute the same value. Bit 31 marks
+     * "probed" so that a CPU with no features is probed once too. */
+    static _Atomic unsigned cached;
+    unsigned f = cached;
+    if (!f) cached = f = probe() | (1u << 31);
+    return f & ~(1u << 31);
+}
+
+/* Bit mask of supported ISAs: bit isa set if the CPU and OS can run it. */
 static int supported_mask(void)
 {
-    /* Idempotent: racing first calls compute the same value. */
-    static _Atomic int cached = -1;
-    int m = cached;
-    if (m < 0) cached = m = detect();
-    return m;
+    const unsigned f = ie_cpu_features();
+    const unsigned need_avx2 = IE_CPU_AVX2 | IE_CPU_FMA | IE_CPU_F16C;
+    const unsigned need_avx512 = need_avx2 | IE_CPU_AVX512F | IE_CPU_AVX512DQ | IE_CPU_AVX512BW |
+                                 IE_CPU_AVX512VL | IE_CPU_AVX512_VNNI;
+    int mask = 1 << IE_ISA_REF;
+    if ((f & need_avx2) == need_avx2) mask |= 1 << IE_ISA_AVX2;
+    if ((f & need_avx512) == need_avx512) mask |= 1 << IE_ISA_AVX512;
+    return mask;
 }
 
 int ie_isa_supported(ie_isa_t isa)
@@ -106,44 +129,113 @@ ie_isa_t ie_isa_best(void)
     return best;
 }
 
-/* Contract (ie_kernels_impl.h). */
-int ie_packed_ranges_by_calls(ie_packed_fn mm, const ie_pmat_t *m, ie_panel_next_fn next, void *ctx,
-                              const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+/* Contract (ie_kernels_isa.h). */
+ie_status_t ie_packed_ranges_by_calls(ie_packed_fn mm, const ie_pmat_t *m, ie_panel_next_fn next, void *ctx,
+                                      const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
 {
     int64_t p0, p1;
-    if (!m || !next) return -1;
+    if (!m || !next) return IE_ERR_INVAL;
     while (next(ctx, &p0, &p1)) {
-        if (p0 < 0 || p1 <= p0 || p0 * IE_PANEL >= m->n_out) return -1;
+        if (p0 < 0 || p1 <= p0 || p0 * IE_PANEL >= m->n_out) return IE_ERR_INVAL;
         const int64_t r1 = p1 * IE_PANEL < m->n_out ? p1 * IE_PANEL : m->n_out;
-        if (mm(m, p0 * IE_PANEL, r1, a, a_stride, n_tok, y, ldy) != 0) return -1;
+        const ie_status_t st = mm(m, p0 * IE_PANEL, r1, a, a_stride, n_tok, y, ldy);
+        if (st != IE_OK) return st;
     }
-    return 0;
+    return IE_OK;
 }
 
-static int ranges_ref(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a, size_t a_stride,
-                      int64_t n_tok, float *y, int64_t ldy)
-{
-    return ie_packed_ranges_by_calls(ie_matmul_packed_ref, m, next, ctx, a, a_stride, n_tok, y, ldy);
-}
-
-static int ranges_avx2(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a, size_t a_stride,
-                       int64_t n_tok, float *y, int64_t ldy)
-{
-    return ie_packed_ranges_by_calls(ie_matmul_packed_avx2, m, next, ctx, a, a_stride, n_tok, y, ldy);
-}
-
-static const ie_matmul_ops_t g_ops[3] = {
-    { IE_ISA_REF, ie_act_quantize_ref, ie_matmul_ref, ie_dot_f32, ie_axpy_f32,
-      ie_matmul_packed_ref, ranges_ref, ie_bsr_matmul_ref, ie_act_quantize_ref },
-    { IE_ISA_AVX2, ie_act_quantize_avx2, ie_matmul_avx2, ie_dot_f32_avx2, ie_axpy_f32_avx2,
-      ie_matmul_packed_avx2, ranges_avx2, ie_bsr_matmul_avx2, ie_act_quantize_avx2 },
-    { IE_ISA_AVX512, ie_act_quantize_avx512, ie_matmul_avx512, ie_dot_f32_avx512, ie_axpy_f32_avx512,
-      ie_matmul_packed_avx512, ie_matmul_packed_ranges_avx512, ie_bsr_matmul_avx512,
-      ie_act_quantize_stream_avx512 },
+/* One table per ISA, every entry by name; an ISA without its own version
+ * of an entry names the one it runs instead. test_kernels checks that no
+ * entry that REF fills is NULL on another ISA. */
+static const ie_kernels_t g_kernels[3] = {
+    [IE_ISA_REF] = {
+        .isa = IE_ISA_REF,
+        .act_quantize = ie_act_quantize_ref,
+        .act_quantize_stream = ie_act_quantize_ref,
+        .matmul = {
+            [IE_DTYPE_F32] = ie_matmul_f32_f32_ref,
+            [IE_DTYPE_F16] = ie_matmul_f16_f32_ref,
+            [IE_DTYPE_BF16] = ie_matmul_bf16_bf16_ref,
+            [IE_DTYPE_Q8_0] = ie_matmul_q8_0_q8_0_ref,
+            [IE_DTYPE_Q4_0] = ie_matmul_q4_0_q8_0_ref,
+            [IE_DTYPE_Q4_1] = ie_matmul_q4_1_q8_1_ref,
+            [IE_DTYPE_MXFP4] = ie_matmul_mxfp4_q8_0_ref,
+        },
+        .matmul_packed = ie_matmul_packed_ref,
+        .matmul_packed_ranges = ie_matmul_packed_ranges_ref,
+        .matmul_bsr = ie_bsr_matmul_ref,
+        .dot_f32 = ie_dot_f32,
+        .axpy_f32 = ie_axpy_f32,
+        .attn_scores = ie_attn_scores_ref,
+        .attn_values = ie_attn_values_ref,
+        .swiglu = ie_swiglu_f32,
+        .softmax = ie_softmax_sink_f32,
+        .rmsnorm = ie_rmsnorm_f32,
+        .stream_read = ie_stream_read,
+    },
+    [IE_ISA_AVX2] = {
+        .isa = IE_ISA_AVX2,
+        .act_quantize = ie_act_quantize_avx2,
+        .act_quantize_stream = ie_act_quantize_avx2,
+        .matmul = {
+            [IE_DTYPE_F32] = ie_matmul_f32_f32_avx2,
+            [IE_DTYPE_F16] = ie_matmul_f16_f32_avx2,
+            [IE_DTYPE_BF16] = ie_matmul_bf16_bf16_avx2,
+            [IE_DTYPE_Q8_0] = ie_matmul_q8_0_q8_0_avx2,
+            [IE_DTYPE_Q4_0] = ie_matmul_q4_0_q8_0_avx2,
+            [IE_DTYPE_Q4_1] = ie_matmul_q4_1_q8_1_avx2,
+            [IE_DTYPE_MXFP4] = ie_matmul_mxfp4_q8_0_avx2,
+        },
+        .matmul_packed = ie_matmul_packed_avx2,
+        .matmul_packed_ranges = ie_matmul_packed_ranges_avx2,
+        .matmul_bsr = ie_bsr_matmul_avx2,
+        .dot_f32 = ie_dot_f32_avx2,
+        .axpy_f32 = ie_axpy_f32_avx2,
+        .attn_scores = ie_attn_scores_generic,
+        .attn_values = ie_attn_values_generic,
+        .swiglu = ie_swiglu_f32,
+        .softmax = ie_softmax_sink_f32,
+        .rmsnorm = ie_rmsnorm_f32_avx2,
+        .stream_read = ie_stream_read_avx2,
+    },
+    [IE_ISA_AVX512] = {
+        .isa = IE_ISA_AVX512,
+        .act_quantize = ie_act_quantize_avx512,
+        .act_quantize_stream = ie_act_quantize_stream_avx512,
+        .matmul = {
+            [IE_DTYPE_F32] = ie_matmul_f32_f32_avx512,
+            [IE_DTYPE_F16] = ie_matmul_f16_f32_avx512,
+            [IE_DTYPE_BF16] = ie_matmul_bf16_bf16_avx512,
+            [IE_DTYPE_Q8_0] = ie_matmul_q8_0_q8_0_avx512,
+            [IE_DTYPE_Q4_0] = ie_matmul_q4_0_q8_0_avx512,
+            [IE_DTYPE_Q4_1] = ie_matmul_q4_1_q8_1_avx512,
+            [IE_DTYPE_MXFP4] = ie_matmul_mxfp4_q8_0_avx512,
+        },
+        .matmul_packed = ie_matmul_packed_avx512,
+        .matmul_packed_ranges = ie_matmul_packed_ranges_avx512,
+        .matmul_bsr = ie_bsr_matmul_avx512,
+        .dot_f32 = ie_dot_f32_avx512,
+        .axpy_f32 = ie_axpy_f32_avx512,
+        .attn_scores = ie_attn_scores_avx512,
+        .attn_values = ie_attn_values_avx512,
+        .swiglu = ie_swiglu_f32_avx512,
+        .softmax = ie_softmax_sink_f32_avx512,
+        .rmsnorm = ie_rmsnorm_f32_avx512,
+        /* 32-byte loads here too: a 2-thread read of DRAM measured 1.07x (low
+         * bandwidth phase) to 1.13x (high) the rate of 64-byte loads on Zen 4 */
+        .stream_read = ie_stream_read_avx2,
+    },
 };
 
-const ie_matmul_ops_t *ie_kernels_get(ie_isa_t isa)
+const ie_kernels_t *ie_kernels_get(ie_isa_t isa)
 {
     if (!ie_isa_supported(isa)) return NULL;
-    return &g_ops[isa];
+    return &g_kernels[isa];
+}
+
+/* Contract (ie_kernels_isa.h). */
+const ie_kernels_t *ie_kernels_table(ie_isa_t isa)
+{
+    if (isa < IE_ISA_REF || isa > IE_ISA_AVX512) return NULL;
+    return &g_kernels[isa];
 }

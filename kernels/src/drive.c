@@ -4,7 +4,7 @@
  * blocked inner kernels, compiled with their own flags); how rows are cut
  * into L2 panels, how a matmul walks its tiles and how activations are
  * quantized block by block is the same and lives here once. */
-#include "ie_kernels_impl.h"
+#include "ie_kernels_isa.h"
 
 #include <math.h>
 #include <string.h>

@@ -1,5 +1,5 @@
-/* vec.c — the element-wise kernel table per ISA; the portable arg max. */
-#include "ie_vec.h"
+/* vec.c — the portable arg max and memory stream. */
+#include "ie_kernels_isa.h"
 
 #include <math.h>
 #include <string.h>
@@ -41,7 +41,7 @@ int64_t ie_argmax_f32(const float *x, int64_t n, float *max_out)
 
 typedef uint64_t stream_v2 __attribute__((vector_size(16)));
 
-/* Contract (ie_vec.h). Four independent accumulators keep the loads free
+/* Contract (ie_kernels.h). Four independent accumulators keep the loads free
  * of a dependency chain. */
 uint64_t ie_stream_read(const void *p, size_t n)
 {
@@ -67,24 +67,4 @@ uint64_t ie_stream_read(const void *p, size_t n)
         r ^= w;
     }
     return r;
-}
-
-uint64_t ie_stream_read_avx2(const void *p, size_t n);
-void ie_swiglu_f32_avx512(float *out, const float *g, const float *u, int64_t n);
-void ie_softmax_sink_f32_avx512(float *x, int64_t n, const float *sink);
-void ie_rmsnorm_f32_avx2(float *out, const float *x, const float *w, int64_t n, float eps);
-void ie_rmsnorm_f32_avx512(float *out, const float *x, const float *w, int64_t n, float eps);
-
-static const ie_vec_ops_t g_vec[3] = {
-    {IE_ISA_REF, ie_swiglu_f32, ie_softmax_sink_f32, ie_rmsnorm_f32, ie_stream_read},
-    {IE_ISA_AVX2, ie_swiglu_f32, ie_softmax_sink_f32, ie_rmsnorm_f32_avx2, ie_stream_read_avx2},
-    /* 32-byte loads here too: a 2-thread read of DRAM measured 1.07x (low
-     * bandwidth phase) to 1.13x (high) the rate of 64-byte loads on Zen 4 */
-    {IE_ISA_AVX512, ie_swiglu_f32_avx512, ie_softmax_sink_f32_avx512, ie_rmsnorm_f32_avx512, ie_stream_read_avx2},
-};
-
-const ie_vec_ops_t *ie_vec_get(ie_isa_t isa)
-{
-    if (!ie_isa_supported(isa)) return NULL;
-    return &g_vec[isa];
 }

@@ -17,7 +17,8 @@
 #include <string.h>
 
 #include "ie_attn.h"
-#include "ie_vec.h"
+#include "../../kernels/src/ie_kernels_isa.h" /* ie_attn_*_ref: the oracle */
+#include "ie_kernels.h"
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
 static float frand(void)
@@ -31,7 +32,7 @@ static float frand(void)
 #define GUARD 8
 #define GUARD_VAL 12345.0f
 
-static void check_isa(const ie_attn_ops_t *ops, int nh, int hd, int n)
+static void check_isa(const ie_kernels_t *ops, int nh, int hd, int n)
 {
     const size_t qs = (size_t)hd + 3, ks = (size_t)hd * 2 + 5, ld = (size_t)n + 7, os = (size_t)hd + 9;
     float *q = malloc(sizeof(float) * qs * nh);
@@ -48,9 +49,9 @@ static void check_isa(const ie_attn_ops_t *ops, int nh, int hd, int n)
     for (size_t i = 0; i < os * nh + GUARD; i++) o[i] = GUARD_VAL;
 
     const ie_attn_rows_t kr = {k, ks, NULL, 0, 0}, vr = {v, ks, NULL, 0, 0};
-    ops->scores(q, qs, nh, &kr, 0, n, hd, 0.125f, s, ld);
+    ops->attn_scores(q, qs, nh, &kr, 0, n, hd, 0.125f, s, ld);
     ie_attn_scores_ref(q, qs, nh, &kr, 0, n, hd, 0.125f, sr, ld);
-    ops->values(p, ld, nh, &vr, 0, n, hd, o, os);
+    ops->attn_values(p, ld, nh, &vr, 0, n, hd, o, os);
     ie_attn_values_ref(p, ld, nh, &vr, 0, n, hd, orf, os);
     int bad = 0;
     for (int h = 0; h < nh; h++) {
@@ -79,7 +80,7 @@ static void test_shapes(void)
     static const int ns[] = {1, 2, 15, 16, 17, 31, 32, 33, 100, 257};
     int ran = 0;
     for (int isa = IE_ISA_REF; isa <= IE_ISA_AVX512; isa++) {
-        const ie_attn_ops_t *ops = ie_attn_get((ie_isa_t)isa);
+        const ie_kernels_t *ops = ie_kernels_get((ie_isa_t)isa);
         if (!ops) continue;
         for (int nh = 1; nh <= 9; nh += (nh < 4 ? 1 : 4))
             for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
@@ -96,7 +97,7 @@ static void test_shapes(void)
 static void test_exact(void)
 {
     for (int isa = IE_ISA_REF; isa <= IE_ISA_AVX512; isa++) {
-        const ie_attn_ops_t *ops = ie_attn_get((ie_isa_t)isa);
+        const ie_kernels_t *ops = ie_kernels_get((ie_isa_t)isa);
         if (!ops) continue;
         enum { HD = 64, N = 40 };
         float q[HD], k[N * HD], v[N * HD], p[N], s[N], o[HD];
@@ -107,7 +108,7 @@ static void test_exact(void)
                 v[j * HD + i] = (float)(j * 100 + i);
             }
         const ie_attn_rows_t kr = {k, HD, NULL, 0, 0}, vr = {v, HD, NULL, 0, 0};
-        ops->scores(q, HD, 1, &kr, 0, N, HD, 1.0f, s, N);
+        ops->attn_scores(q, HD, 1, &kr, 0, N, HD, 1.0f, s, N);
         for (int j = 0; j < N; j++) {
             double want = 0;
             for (int i = 0; i < HD; i++) want += q[i] * k[j * HD + i];
@@ -115,7 +116,7 @@ static void test_exact(void)
         }
         memset(p, 0, sizeof p);
         p[23] = 1.0f;
-        ops->values(p, N, 1, &vr, 0, N, HD, o, HD);
+        ops->attn_values(p, N, 1, &vr, 0, N, HD, o, HD);
         for (int i = 0; i < HD; i++) CU_ASSERT_EQUAL(o[i], v[23 * HD + i]);
     }
 }
@@ -128,7 +129,7 @@ static void test_head_grouping(void)
     static const int hds[] = {16, 48, 64, 128};
     int bad = 0, ran = 0;
     for (int isa = IE_ISA_REF; isa <= IE_ISA_AVX512; isa++) {
-        const ie_attn_ops_t *ops = ie_attn_get((ie_isa_t)isa);
+        const ie_kernels_t *ops = ie_kernels_get((ie_isa_t)isa);
         if (!ops) continue;
         for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++) {
             enum { NH = 8, N = 75 };
@@ -141,11 +142,11 @@ static void test_head_grouping(void)
             for (int i = 0; i < N * hd; i++) k[i] = frand(), v[i] = frand();
             for (int i = 0; i < NH * N; i++) p[i] = 0.5f * (frand() + 1.0f) / N;
             const ie_attn_rows_t kr = {k, (size_t)hd, NULL, 0, 0}, vr = {v, (size_t)hd, NULL, 0, 0};
-            ops->scores(q, (size_t)hd, NH, &kr, 0, N, hd, 0.125f, s1, N);
-            ops->values(p, N, NH, &vr, 0, N, hd, o1, (size_t)hd);
+            ops->attn_scores(q, (size_t)hd, NH, &kr, 0, N, hd, 0.125f, s1, N);
+            ops->attn_values(p, N, NH, &vr, 0, N, hd, o1, (size_t)hd);
             for (int h = 0; h < NH; h++) {
-                ops->scores(q + h * hd, (size_t)hd, 1, &kr, 0, N, hd, 0.125f, s2 + h * N, N);
-                ops->values(p + h * N, N, 1, &vr, 0, N, hd, o2 + h * hd, (size_t)hd);
+                ops->attn_scores(q + h * hd, (size_t)hd, 1, &kr, 0, N, hd, 0.125f, s2 + h * N, N);
+                ops->attn_values(p + h * N, N, 1, &vr, 0, N, hd, o2 + h * hd, (size_t)hd);
             }
             bad += memcmp(s1, s2, sizeof(float) * NH * N) != 0;
             bad += memcmp(o1, o2, sizeof(float) * NH * hd) != 0;
@@ -161,7 +162,7 @@ static void test_head_grouping(void)
  * pool in scrambled order (a block table like the worker's); the kernels
  * on the paged view must give the bits of the kernels on the same rows
  * laid out contiguously. */
-static int check_paged(const ie_attn_ops_t *ops, int nh, int hd, int n, int B, int j0)
+static int check_paged(const ie_kernels_t *ops, int nh, int hd, int n, int B, int j0)
 {
     const size_t row = (size_t)hd + 5, qs = (size_t)hd + 3, ld = (size_t)n + 3, os = (size_t)hd + 1;
     const int nb = (j0 + n + B - 1) / B; /* logical blocks touched */
@@ -191,10 +192,10 @@ static int check_paged(const ie_attn_ops_t *ops, int nh, int hd, int n, int B, i
     const ie_attn_rows_t kc = {k, row, NULL, 0, 0}, vc = {v, row, NULL, 0, 0};
     const ie_attn_rows_t kpg = {kp, row, tab, B, (size_t)B * row}, vpg = {vp, row, tab, B, (size_t)B * row};
     for (size_t i = 0; i < ld * nh; i++) s2[i] = GUARD_VAL;
-    ops->scores(q, qs, nh, &kc, 0, n, hd, 0.25f, s1, ld);
-    ops->scores(q, qs, nh, &kpg, j0, n, hd, 0.25f, s2, ld);
-    ops->values(p, ld, nh, &vc, 0, n, hd, o1, os);
-    ops->values(p, ld, nh, &vpg, j0, n, hd, o2, os);
+    ops->attn_scores(q, qs, nh, &kc, 0, n, hd, 0.25f, s1, ld);
+    ops->attn_scores(q, qs, nh, &kpg, j0, n, hd, 0.25f, s2, ld);
+    ops->attn_values(p, ld, nh, &vc, 0, n, hd, o1, os);
+    ops->attn_values(p, ld, nh, &vpg, j0, n, hd, o2, os);
     for (int h = 0; h < nh; h++) {
         if (memcmp(s2 + (size_t)h * ld, s1 + (size_t)h * ld, (size_t)n * sizeof(float)) != 0) bad++;
         if (memcmp(o2 + (size_t)h * os, o1 + (size_t)h * os, (size_t)hd * sizeof(float)) != 0) bad++;
@@ -215,7 +216,7 @@ static void test_paged(void)
     static const int nhs[] = {1, 3, 8};
     int ran = 0, bad = 0;
     for (int isa = IE_ISA_REF; isa <= IE_ISA_AVX512; isa++) {
-        const ie_attn_ops_t *ops = ie_attn_get((ie_isa_t)isa);
+        const ie_kernels_t *ops = ie_kernels_get((ie_isa_t)isa);
         if (!ops) continue;
         for (size_t a = 0; a < sizeof hds / sizeof hds[0]; a++)
             for (size_t b = 0; b < sizeof ns / sizeof ns[0]; b++)
@@ -239,7 +240,7 @@ static void test_swiglu(void)
     static const int64_t ns[] = {1, 7, 15, 16, 17, 100, 1000};
     static const float ranges[] = {1.0f, 10.0f, 100.0f, 1000.0f};
     for (int isa = IE_ISA_REF; isa <= IE_ISA_AVX512; isa++) {
-        const ie_vec_ops_t *ops = ie_vec_get((ie_isa_t)isa);
+        const ie_kernels_t *ops = ie_kernels_get((ie_isa_t)isa);
         if (!ops) continue;
         for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
             for (size_t b = 0; b < sizeof ranges / sizeof ranges[0]; b++) {
@@ -271,7 +272,7 @@ static void test_softmax(void)
 {
     static const int64_t ns[] = {1, 2, 15, 16, 17, 33, 1000};
     for (int isa = IE_ISA_REF; isa <= IE_ISA_AVX512; isa++) {
-        const ie_vec_ops_t *ops = ie_vec_get((ie_isa_t)isa);
+        const ie_kernels_t *ops = ie_kernels_get((ie_isa_t)isa);
         if (!ops) continue;
         for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
             for (int with_sink = 0; with_sink < 2; with_sink++) {
@@ -317,7 +318,7 @@ static void test_rmsnorm(void)
     static const float mags[] = {1e-3f, 1.0f, 1e3f};
     int bad = 0, ran = 0;
     for (int isa = IE_ISA_REF; isa <= IE_ISA_AVX512; isa++) {
-        const ie_vec_ops_t *ops = ie_vec_get((ie_isa_t)isa);
+        const ie_kernels_t *ops = ie_kernels_get((ie_isa_t)isa);
         if (!ops) continue;
         for (size_t a = 0; a < sizeof ns / sizeof ns[0]; a++)
             for (size_t b = 0; b < sizeof mags / sizeof mags[0]; b++)
@@ -375,7 +376,7 @@ static void test_stream_read(void)
             }
             if (ie_stream_read(buf + off, n) != want) bad++;
             for (int isa = IE_ISA_REF; isa <= IE_ISA_AVX512; isa++) {
-                const ie_vec_ops_t *ops = ie_vec_get((ie_isa_t)isa);
+                const ie_kernels_t *ops = ie_kernels_get((ie_isa_t)isa);
                 if (ops && ops->stream_read(buf + off, n) != want) bad++;
             }
         }

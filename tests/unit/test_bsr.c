@@ -13,7 +13,7 @@
  */
 #define _GNU_SOURCE
 #include "ie_kernels.h"
-#include "../../kernels/src/ie_kernels_impl.h"
+#include "../../kernels/src/ie_kernels_isa.h"
 #include "ie_test_rng.h"
 
 #include <CUnit/Basic.h>
@@ -157,7 +157,7 @@ static void check_cfg(const cfg_t *c, int max_tok)
     int64_t ranges[4][2] = { { 0, n_out }, { 0, c->br }, { n_out - c->br, n_out }, { c->br, n_out - c->br } };
     const int n_ranges = c->nbr >= 3 ? 4 : c->nbr == 2 ? 3 : 1;
     for (int ii = 0; ii < ni; ii++) {
-        const ie_matmul_ops_t *ops = ie_kernels_get(isas[ii]);
+        const ie_kernels_t *ops = ie_kernels_get(isas[ii]);
         for (int nt = 1; nt <= max_tok; nt++) {
             for (int ri = 0; ri < n_ranges; ri++) {
                 const int64_t r0 = ranges[ri][0], r1 = ranges[ri][1];

@@ -31,7 +31,7 @@
  *       pos*2^-22 absolute vs angles in double; rope_apply == rope bit-for-bit.
  */
 #include "ie_kernels.h"
-#include "../../kernels/src/ie_kernels_impl.h"
+#include "../../kernels/src/ie_kernels_isa.h"
 #include "ie_test_rng.h"
 
 #include <CUnit/Basic.h>
@@ -121,7 +121,7 @@ static double term_scale(ie_dtype_t wt, const void *wrow, const void *arow, int6
 static int check_matmul_case_as(ie_isa_t isa, ie_dtype_t wt, int64_t n_in, int64_t n_out,
                                 int64_t n_tok, int64_t r0, uint64_t seed, size_t as_)
 {
-    const ie_matmul_ops_t *ops = ie_kernels_get(isa);
+    const ie_kernels_t *ops = ie_kernels_get(isa);
     const ie_dtype_t at = ie_matmul_act_dtype(wt);
     const size_t wb = ie_dtype_row_bytes(wt, n_in);
     const size_t abytes = ie_dtype_row_bytes(at, n_in);
@@ -142,8 +142,8 @@ static int check_matmul_case_as(ie_isa_t isa, ie_dtype_t wt, int64_t n_in, int64
         ie_act_quantize_ref(at, xf, a + (size_t)t * as, n_in);
     }
     for (int64_t i = 0; i < ldy * n_tok; i++) y[i] = yr[i] = -12345.0f; /* sentinel */
-    CU_ASSERT_EQUAL(ie_matmul_ref(wt, w, n_in, r0, n_out, a, as, n_tok, yr, ldy), 0);
-    CU_ASSERT_EQUAL(ops->matmul(wt, w, n_in, r0, n_out, a, as, n_tok, y, ldy), 0);
+    CU_ASSERT_EQUAL(ie_kernels_matmul(ie_kernels_get(IE_ISA_REF), wt, w, n_in, r0, n_out, a, as, n_tok, yr, ldy), 0);
+    CU_ASSERT_EQUAL(ie_kernels_matmul(ops, wt, w, n_in, r0, n_out, a, as, n_tok, y, ldy), 0);
     int bad = 0;
     for (int64_t t = 0; t < n_tok; t++) {
         for (int64_t r = 0; r < ldy; r++) {
@@ -269,9 +269,9 @@ static void test_matmul_guard_page(void)
                 rng_seed(5150 + wi * 16 + (uint64_t)c);
                 for (int64_t r = 0; r < n_out; r++) { rng_fill(xf, n_in); ie_quantize_row(wt, xf, w + r * wb, n_in); }
                 for (int64_t t = 0; t < n_tok; t++) { rng_fill(xf, n_in); ie_act_quantize_ref(at, xf, a + t * as, n_in); }
-                ie_matmul_ref(wt, w, n_in, 0, n_out, a, as, n_tok, yr, n_out);
+                ie_kernels_matmul(ie_kernels_get(IE_ISA_REF), wt, w, n_in, 0, n_out, a, as, n_tok, yr, n_out);
                 for (int i = 0; i < ni; i++) {
-                    ie_kernels_get(isas[i])->matmul(wt, w, n_in, 0, n_out, a, as, n_tok, y, n_out);
+                    ie_kernels_matmul(ie_kernels_get(isas[i]), wt, w, n_in, 0, n_out, a, as, n_tok, y, n_out);
                     for (int64_t k = 0; k < n_out * n_tok; k++)
                         if (!(fabsf(y[k] - yr[k]) <= 1e-4f * fabsf(yr[k]) + 1e-3f)) bad++;
                 }
@@ -356,7 +356,7 @@ static void test_matmul_integer_exact(void)
             CU_ASSERT(fabs(exact[0]) < 16777216.0);
             for (int i = 0; i < ni; i++) {
                 memset(y, 0, sizeof(float) * (size_t)(n_out * n_tok));
-                ie_kernels_get(isas[i])->matmul(wt, w, n_in, 0, n_out, a, as, n_tok, y, n_out);
+                ie_kernels_matmul(ie_kernels_get(isas[i]), wt, w, n_in, 0, n_out, a, as, n_tok, y, n_out);
                 int bad = 0;
                 for (int64_t k = 0; k < n_out * n_tok; k++)
                     if ((double)y[k] != exact[k]) {
@@ -491,9 +491,9 @@ static void test_mxfp4_values(void)
             for (int k = 0; k < 160; k++) xf[k] = rng_f() * (edge ? 1e-5f : 1.0f);
             ie_act_quantize_ref(IE_DTYPE_Q8_0, xf, a + t * as, n_in);
         }
-        ie_matmul_ref(IE_DTYPE_MXFP4, w, n_in, 0, n_out, a, as, n_tok, yr, n_out);
+        ie_kernels_matmul(ie_kernels_get(IE_ISA_REF), IE_DTYPE_MXFP4, w, n_in, 0, n_out, a, as, n_tok, yr, n_out);
         for (int i = 0; i < ni; i++) {
-            ie_kernels_get(isas[i])->matmul(IE_DTYPE_MXFP4, w, n_in, 0, n_out, a, as, n_tok, yg, n_out);
+            ie_kernels_matmul(ie_kernels_get(isas[i]), IE_DTYPE_MXFP4, w, n_in, 0, n_out, a, as, n_tok, yg, n_out);
             for (int k = 0; k < 27; k++) {
                 const int t = k / 9, r = k % 9;
                 const double tol = 1e-5 * term_scale(IE_DTYPE_MXFP4, w + r * wb, a + t * as, n_in);
@@ -511,11 +511,11 @@ static void test_matmul_unsupported(void)
     float y[1];
     uint8_t buf[64] = {0};
     for (int i = 0; i < ni; i++) {
-        const ie_matmul_ops_t *ops = ie_kernels_get(isas[i]);
+        const ie_kernels_t *ops = ie_kernels_get(isas[i]);
         CU_ASSERT_PTR_NOT_NULL_FATAL(ops);
         CU_ASSERT_EQUAL(ops->isa, isas[i]);
-        CU_ASSERT_EQUAL(ops->matmul(IE_DTYPE_Q8_1, buf, 32, 0, 1, buf, 36, 1, y, 1), -1);
-        CU_ASSERT_EQUAL(ops->matmul(IE_DTYPE_INVALID, buf, 32, 0, 1, buf, 36, 1, y, 1), -1);
+        CU_ASSERT_EQUAL(ie_kernels_matmul(ops, IE_DTYPE_Q8_1, buf, 32, 0, 1, buf, 36, 1, y, 1), IE_ERR_UNSUPPORTED);
+        CU_ASSERT_EQUAL(ie_kernels_matmul(ops, IE_DTYPE_INVALID, buf, 32, 0, 1, buf, 36, 1, y, 1), IE_ERR_UNSUPPORTED);
     }
     CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_F16), IE_DTYPE_F32);
     CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_BF16), IE_DTYPE_BF16);
@@ -727,7 +727,7 @@ static void test_half_conversions(void)
         float one_act[1];
         ie_act_quantize_ref(ie_matmul_act_dtype(t), &one, one_act, 1);
         for (int i = 0; i < ni; i++) {
-            ie_kernels_get(isas[i])->matmul(t, h, 1, 0, 65536, one_act, sizeof one_act, 1, y, 65536);
+            ie_kernels_matmul(ie_kernels_get(isas[i]), t, h, 1, 0, 65536, one_act, sizeof one_act, 1, y, 65536);
             const int daz = t == IE_DTYPE_BF16 && isas[i] == IE_ISA_AVX512 && ie_avx512_use_dpbf16(1);
             int bad = 0;
             for (uint32_t k = 0; k < 65536; k++) {
@@ -881,6 +881,117 @@ static void test_rope(void)
 
 /* ------------------------------------------------------------ dispatch */
 
+/* Every table has every entry: no NULL where REF has one, for every ISA
+ * compiled in (read from the tables themselves, so a CPU without AVX-512
+ * still checks its table), and the dense matmul slots filled for exactly
+ * the weight types REF has. */
+static void test_table_complete(void)
+{
+    const ie_kernels_t *ref = ie_kernels_table(IE_ISA_REF);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(ref);
+    CU_ASSERT_PTR_NULL(ie_kernels_table((ie_isa_t)3));
+    CU_ASSERT_PTR_NULL(ie_kernels_get((ie_isa_t)3));
+    CU_ASSERT_PTR_NULL(ie_kernels_get((ie_isa_t)-1));
+    for (int i = IE_ISA_REF; i <= IE_ISA_AVX512; i++) {
+        const ie_kernels_t *k = ie_kernels_table((ie_isa_t)i);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(k);
+        CU_ASSERT_EQUAL(k->isa, (ie_isa_t)i);
+        if (ie_isa_supported((ie_isa_t)i)) CU_ASSERT_PTR_EQUAL(ie_kernels_get((ie_isa_t)i), k);
+#define HAS(f) CU_ASSERT(k->f != NULL && ref->f != NULL)
+        HAS(act_quantize);
+        HAS(act_quantize_stream);
+        HAS(matmul_packed);
+        HAS(matmul_packed_ranges);
+        HAS(matmul_bsr);
+        HAS(dot_f32);
+        HAS(axpy_f32);
+        HAS(attn_scores);
+        HAS(attn_values);
+        HAS(swiglu);
+        HAS(softmax);
+        HAS(rmsnorm);
+        HAS(stream_read);
+#undef HAS
+        for (int t = 0; t < IE_MATMUL_SLOTS; t++)
+            CU_ASSERT_EQUAL(k->matmul[t] != NULL, ref->matmul[t] != NULL);
+    }
+    /* the slots REF fills are the weight types the tests sweep */
+    int filled = 0;
+    for (int t = 0; t < IE_MATMUL_SLOTS; t++) filled += ref->matmul[t] != NULL;
+    CU_ASSERT_EQUAL(filled, (int)(sizeof WTYPES / sizeof WTYPES[0]));
+    for (size_t j = 0; j < sizeof WTYPES / sizeof WTYPES[0]; j++) CU_ASSERT_PTR_NOT_NULL(ref->matmul[WTYPES[j]]);
+}
+
+/* A packed matmul that fails on its second range (ie_packed_ranges_by_calls
+ * must hand that status back and run no range after it). */
+static int g_fake_calls;
+static ie_status_t fake_packed(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                               int64_t n_tok, float *y, int64_t ldy)
+{
+    (void)m, (void)a, (void)a_stride, (void)n_tok, (void)ldy;
+    if (++g_fake_calls == 2) return IE_ERR_UNSUPPORTED;
+    for (int64_t r = r0; r < r1; r++) y[r] = 1.0f;
+    return IE_OK;
+}
+
+typedef struct { int64_t r[4][2]; int n, at; } ranges_t;
+static int ranges_next(void *ctx, int64_t *p0, int64_t *p1)
+{
+    ranges_t *s = ctx;
+    if (s->at == s->n) return 0;
+    *p0 = s->r[s->at][0];
+    *p1 = s->r[s->at][1];
+    s->at++;
+    return 1;
+}
+
+/* A kernel that cannot do what it is asked says so with a status, on every
+ * ISA, and writes nothing. */
+static void test_kernel_status(void)
+{
+    const float SENTINEL = -12345.0f;
+    ie_isa_t isas[3];
+    const int ni = n_isas(isas);
+    uint8_t buf[256] = {0};
+    float y[64];
+    for (int i = 0; i < ni; i++) {
+        const ie_kernels_t *k = ie_kernels_get(isas[i]);
+        for (int j = 0; j < 64; j++) y[j] = SENTINEL;
+        /* dense matmul of a type with no dense kernel: the packed types, an
+         * activation-only type, nonsense */
+        const ie_dtype_t none[] = {IE_DTYPE_I8W, IE_DTYPE_I4W, IE_DTYPE_Q8_1, IE_DTYPE_Q16_P, IE_DTYPE_INVALID,
+                                   (ie_dtype_t)1000};
+        for (size_t j = 0; j < sizeof none / sizeof none[0]; j++)
+            CU_ASSERT_EQUAL(ie_kernels_matmul(k, none[j], buf, 32, 0, 1, buf, 36, 1, y, 1), IE_ERR_UNSUPPORTED);
+        /* a supported type with nothing to do succeeds */
+        CU_ASSERT_EQUAL(ie_kernels_matmul(k, IE_DTYPE_Q8_0, buf, 32, 1, 1, buf, 34, 1, y, 1), IE_OK);
+        CU_ASSERT_EQUAL(ie_kernels_matmul(k, IE_DTYPE_F32, buf, 8, 0, 1, buf, 32, 0, y, 1), IE_OK);
+        /* packed: a matrix ie_pack_check refuses, a range off the panels */
+        const ie_pmat_t bad = {IE_DTYPE_I4W, 48, 64, 16, buf};
+        CU_ASSERT_EQUAL(k->matmul_packed(&bad, 0, 16, buf, 80, 1, y, 16), IE_ERR_INVAL);
+        CU_ASSERT_EQUAL(k->matmul_packed(NULL, 0, 16, buf, 80, 1, y, 16), IE_ERR_INVAL);
+        ranges_t off = {{{5, 6}}, 1, 0}; /* panel 5 of a 1-panel matrix */
+        const ie_pmat_t one = {IE_DTYPE_I4W, 32, 64, 16, buf};
+        CU_ASSERT_EQUAL(k->matmul_packed_ranges(&one, ranges_next, &off, buf, 80, 1, y, 16), IE_ERR_INVAL);
+        off.at = 0;
+        CU_ASSERT_EQUAL(k->matmul_packed_ranges(&bad, ranges_next, &off, buf, 80, 1, y, 16), IE_ERR_INVAL);
+        int touched = 0;
+        for (int j = 0; j < 64; j++) touched += y[j] != SENTINEL;
+        CU_ASSERT_EQUAL(touched, 0);
+    }
+    /* the per-range driver stops at the first failing range with its status */
+    const ie_pmat_t m = {IE_DTYPE_I4W, 32, 64, 64, buf};
+    ranges_t three = {{{0, 1}, {1, 2}, {2, 4}}, 3, 0};
+    for (int j = 0; j < 64; j++) y[j] = 0.0f;
+    g_fake_calls = 0;
+    CU_ASSERT_EQUAL(ie_packed_ranges_by_calls(fake_packed, &m, ranges_next, &three, buf, 80, 1, y, 64),
+                    IE_ERR_UNSUPPORTED);
+    CU_ASSERT_EQUAL(g_fake_calls, 2);
+    CU_ASSERT_EQUAL(y[0], 1.0f);  /* the range before it ran */
+    CU_ASSERT_EQUAL(y[32], 0.0f); /* the one after it did not */
+}
+
+
 static void test_dispatch(void)
 {
     CU_ASSERT(ie_isa_supported(IE_ISA_REF));
@@ -949,7 +1060,7 @@ static void test_vec_ops_vs_ref(void)
     float a[200], b[200], y0[200], y1[200];
     rng_seed(77);
     for (int k = 0; k < ni; k++) {
-        const ie_matmul_ops_t *ops = ie_kernels_get(isas[k]);
+        const ie_kernels_t *ops = ie_kernels_get(isas[k]);
         CU_ASSERT_PTR_NOT_NULL_FATAL(ops);
         for (int n = 0; n <= 130; n++) {
             rng_fill(a, n);
@@ -979,6 +1090,8 @@ int main(void)
     CU_add_test(s, "matmul integer part exact", test_matmul_integer_exact);
     CU_add_test(s, "matmul reads nothing past its inputs", test_matmul_guard_page);
     CU_add_test(s, "matmul unsupported types", test_matmul_unsupported);
+    CU_add_test(s, "every ISA's table has every entry REF has", test_table_complete);
+    CU_add_test(s, "a kernel that cannot run returns its status", test_kernel_status);
     CU_add_test(s, "act_quantize bit-exact", test_act_quantize_bitexact);
     CU_add_test(s, "bf16 activations bit-exact (all ISAs, specials, tails)", test_act_bf16_bitexact);
     CU_add_test(s, "bf16 x bf16 matmul, AVX-512 without vdpbf16ps", test_matmul_bf16_no_dpbf16);

@@ -24,7 +24,7 @@
  *       must give the exact result, bit for bit.
  */
 #include "ie_kernels.h"
-#include "../../kernels/src/ie_kernels_impl.h"
+#include "../../kernels/src/ie_kernels_isa.h"
 #include "ie_test_rng.h"
 
 #include <CUnit/Basic.h>
@@ -720,7 +720,7 @@ static void test_matmul_packed_ranges(void)
                     src.r[j][0] = t0; src.r[j][1] = t1;
                 }
                 for (int i = 0; i < ni; i++) {
-                    const ie_matmul_ops_t *ops = ie_kernels_get(isas[i]);
+                    const ie_kernels_t *ops = ie_kernels_get(isas[i]);
                     for (int64_t k = 0; k < n_out * n_tok; k++) y0[k] = y1[k] = SENTINEL;
                     CU_ASSERT_EQUAL(ops->matmul_packed(&m, 0, n_out, act, arow, n_tok, y0, n_out), 0);
                     src.at = 0;
@@ -732,7 +732,8 @@ static void test_matmul_packed_ranges(void)
                     }
                     /* a range past the matrix is refused */
                     rsrc_t badr = { .r = { { np, np + 1 } }, .n = 1 };
-                    CU_ASSERT_EQUAL(ops->matmul_packed_ranges(&m, rsrc_next, &badr, act, arow, n_tok, y1, n_out), -1);
+                    CU_ASSERT_EQUAL(ops->matmul_packed_ranges(&m, rsrc_next, &badr, act, arow, n_tok, y1, n_out),
+                                    IE_ERR_INVAL);
                     cases++;
                 }
                 free(w); free(act); free(x); free(y0); free(y1);
@@ -875,12 +876,12 @@ static void test_half_panel_matmul(void)
         const ie_pmat_t m = { ht, 32, n_in, n_out, w };
         for (int i = 0; i < ni; i++)
             for (int nobf = 0; nobf < (isas[i] == IE_ISA_AVX512 && !hi ? 2 : 1); nobf++) {
-                const ie_matmul_ops_t *ops = ie_kernels_get(isas[i]);
+                const ie_kernels_t *ops = ie_kernels_get(isas[i]);
                 const int had = isas[i] == IE_ISA_AVX512 ? ie_avx512_use_dpbf16(1) : 0;
                 if (nobf) ie_avx512_use_dpbf16(0);
                 for (size_t j = 0; j < ny; j++) y[j] = yr[j] = yq[j] = SENTINEL;
                 CU_ASSERT_EQUAL(ops->matmul_packed(&m, c->r0, c->r1, a, as, n_tok, y, ldy), 0);
-                CU_ASSERT_EQUAL(ops->matmul(ht, rows, n_in, c->r0, c->r1, a, as, n_tok, yr, ldy), 0);
+                CU_ASSERT_EQUAL(ie_kernels_matmul(ops, ht, rows, n_in, c->r0, c->r1, a, as, n_tok, yr, ldy), 0);
                 /* ranges over the same panels, one or two at a time, last first */
                 rsrc_t src = { .n = 0 };
                 for (int64_t p1 = (c->r1 + 15) / 16; p1 > c->r0 / 16; src.n++) {
@@ -1068,7 +1069,7 @@ static void test_matmul_packed_i8w_extremes(void)
     free(a); free(w);
 }
 
-/* Bad matrices and ranges: -1 from every ISA, y untouched. */
+/* Bad matrices and ranges: IE_ERR_INVAL from every ISA, y untouched. */
 static void test_matmul_packed_bad_args(void)
 {
     ie_isa_t isas[3];
@@ -1081,14 +1082,14 @@ static void test_matmul_packed_bad_args(void)
     const ie_pmat_t ok = { IE_DTYPE_I4W, 32, n_in, n_out, w };
     const ie_pmat_t badg = { IE_DTYPE_I4W, 48, n_in, n_out, w }, badt = { IE_DTYPE_Q4_0, 32, n_in, n_out, w };
     for (int i = 0; i < ni; i++) {
-        const ie_matmul_ops_t *ops = ie_kernels_get(isas[i]);
+        const ie_kernels_t *ops = ie_kernels_get(isas[i]);
         for (int j = 0; j < 80; j++) y[j] = SENTINEL;
-        CU_ASSERT_EQUAL(ops->matmul_packed(&ok, 8, 40, a, 80, 2, y, 40), -1);  /* r0 % 16 */
-        CU_ASSERT_EQUAL(ops->matmul_packed(&ok, 0, 20, a, 80, 2, y, 40), -1);  /* r1 */
-        CU_ASSERT_EQUAL(ops->matmul_packed(&ok, 0, 48, a, 80, 2, y, 40), -1);  /* r1 > n_out */
-        CU_ASSERT_EQUAL(ops->matmul_packed(&ok, 32, 16, a, 80, 2, y, 40), -1); /* r0 > r1 */
-        CU_ASSERT_EQUAL(ops->matmul_packed(&badg, 0, 40, a, 80, 2, y, 40), -1);
-        CU_ASSERT_EQUAL(ops->matmul_packed(&badt, 0, 40, a, 80, 2, y, 40), -1);
+        CU_ASSERT_EQUAL(ops->matmul_packed(&ok, 8, 40, a, 80, 2, y, 40), IE_ERR_INVAL);  /* r0 % 16 */
+        CU_ASSERT_EQUAL(ops->matmul_packed(&ok, 0, 20, a, 80, 2, y, 40), IE_ERR_INVAL);  /* r1 */
+        CU_ASSERT_EQUAL(ops->matmul_packed(&ok, 0, 48, a, 80, 2, y, 40), IE_ERR_INVAL);  /* r1 > n_out */
+        CU_ASSERT_EQUAL(ops->matmul_packed(&ok, 32, 16, a, 80, 2, y, 40), IE_ERR_INVAL); /* r0 > r1 */
+        CU_ASSERT_EQUAL(ops->matmul_packed(&badg, 0, 40, a, 80, 2, y, 40), IE_ERR_INVAL);
+        CU_ASSERT_EQUAL(ops->matmul_packed(&badt, 0, 40, a, 80, 2, y, 40), IE_ERR_INVAL);
         int touched = 0;
         for (int j = 0; j < 80; j++) touched += y[j] != SENTINEL;
         CU_ASSERT_EQUAL(touched, 0);

@@ -298,23 +298,18 @@ static void test_decode_options(void)
     ie_worker_destroy(&w);
 }
 
-/* Kernels that always fail, as a kernel does on a matrix it cannot run. */
-static int fail_matmul(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a,
-                       size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+/* Kernels that always fail, as a kernel does on a matrix it cannot run
+ * (the dense matmul: an empty dtype slot, which ie_kernels_matmul refuses). */
+static ie_status_t fail_packed(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                               int64_t n_tok, float *y, int64_t ldy)
 {
-    return -1;
+    return IE_ERR_INVAL;
 }
 
-static int fail_packed(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride, int64_t n_tok,
-                       float *y, int64_t ldy)
+static ie_status_t fail_ranges(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
+                               size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
 {
-    return -1;
-}
-
-static int fail_ranges(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a, size_t a_stride,
-                       int64_t n_tok, float *y, int64_t ldy)
-{
-    return -1;
+    return IE_ERR_INVAL;
 }
 
 /* A step whose matmul kernel fails returns IE_ERR_INTERNAL naming the
@@ -330,9 +325,9 @@ static void test_kernel_failure(void)
             for (int n = 1; n <= 8; n += 7) {
                 ie_worker_t *w = make_worker(1, 8, precs[pi], threads), *ref = make_worker(1, 8, precs[pi], threads);
                 const int nv = ie_worker_hparams(w)->n_vocab;
-                const ie_matmul_ops_t *good = ie_kernels_get(ie_worker_isa(w));
-                ie_matmul_ops_t bad = *good;
-                bad.matmul = fail_matmul;
+                const ie_kernels_t *good = ie_kernels_get(ie_worker_isa(w));
+                ie_kernels_t bad = *good;
+                memset(bad.matmul, 0, sizeof bad.matmul);
                 bad.matmul_packed = fail_packed;
                 bad.matmul_packed_ranges = fail_ranges;
                 int32_t ids[9], pos[9], sq[9] = {0};

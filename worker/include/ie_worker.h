@@ -306,6 +306,6 @@ ie_status_t ie_worker_set_decode_option(ie_worker_t *w, const char *name, int on
 /* Testing only: run this worker's matmuls through *ops (which must outlive
  * the worker, or the next call) instead of the table its ISA chose — how
  * tests make a kernel fail and check that the step reports it. */
-void ie_worker_test_set_matmul_ops(ie_worker_t *w, const ie_matmul_ops_t *ops);
+void ie_worker_test_set_matmul_ops(ie_worker_t *w, const ie_kernels_t *ops);
 
 #endif

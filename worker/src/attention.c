@@ -132,10 +132,10 @@ static void att_run(void *ctx, int ith, int nth)
     for (long u = ith; u < units; u += nth) {
         if (!att_unit(t, u, &a)) continue;
         const float *q = w->q + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd;
-        w->attn->scores(q, (size_t)hd, a.nh, &a.kr, a.j0, a.cnt, hd, scale, scores, ld);
+        w->ops->attn_scores(q, (size_t)hd, a.nh, &a.kr, a.j0, a.cnt, hd, scale, scores, ld);
         for (int hh = 0; hh < a.nh; hh++)
-            w->vec->softmax(scores + (size_t)hh * ld, a.cnt, L->sinks ? &L->sinks[a.h0 + hh] : NULL);
-        w->attn->values(scores, ld, a.nh, &a.vr, a.j0, a.cnt, hd, w->xb + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd,
+            w->ops->softmax(scores + (size_t)hh * ld, a.cnt, L->sinks ? &L->sinks[a.h0 + hh] : NULL);
+        w->ops->attn_values(scores, ld, a.nh, &a.vr, a.j0, a.cnt, hd, w->xb + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd,
                         (size_t)hd);
     }
 }

@@ -31,7 +31,7 @@ static void rmsnorm_rows(const ie_worker_t *w, float *out, const float *x, const
 {
     const int d = w->hp.n_embd;
     for (int i = 0; i < n; i++)
-        w->vec->rmsnorm(out + (size_t)i * d, x + (size_t)i * d, weight, d, w->hp.rms_eps);
+        w->ops->rmsnorm(out + (size_t)i * d, x + (size_t)i * d, weight, d, w->hp.rms_eps);
 }
 
 /* x[n][d] += y[n][d] */
@@ -168,7 +168,7 @@ static ie_status_t head(ie_worker_t *w, const ie_batch_t *b, float *logits)
     int nl = 0;
     for (int i = 0; i < b->n; i++) {
         if (b->logits ? !b->logits[i] : i != b->n - 1) continue;
-        w->vec->rmsnorm(w->xb + (size_t)nl * d, w->x + (size_t)i * d, w->output_norm, d, w->hp.rms_eps);
+        w->ops->rmsnorm(w->xb + (size_t)nl * d, w->x + (size_t)i * d, w->output_norm, d, w->hp.rms_eps);
         nl++;
     }
     if (nl == 0) return IE_OK;

@@ -14,7 +14,7 @@
 #include <stdio.h>
 
 typedef struct mm_task {
-    const ie_matmul_ops_t *ops;
+    const ie_kernels_t *ops;
     int nm;
     const wmat_t *m[MM_MAX];
     float *y[MM_MAX];       /* [n_tok][m->n_out]                           */
@@ -119,7 +119,7 @@ static void mm_run(void *ctx, int ith, int nth)
             int64_t p0, p1;
             while (mm_next(&src, &p0, &p1)) {
                 const int64_t r1 = p1 * IE_PANEL < m->n_out ? p1 * IE_PANEL : m->n_out;
-                if (t->ops->matmul(m->dtype, m->data, m->n_in, p0 * IE_PANEL, r1, t->act, t->act_stride, t->n_tok,
+                if (ie_kernels_matmul(t->ops, m->dtype, m->data, m->n_in, p0 * IE_PANEL, r1, t->act, t->act_stride, t->n_tok,
                                    t->y[i], m->n_out) != 0)
                     t->failed = i + 1;
             }
@@ -130,7 +130,7 @@ static void mm_run(void *ctx, int ith, int nth)
             b *= IE_PANEL;
             e = e * IE_PANEL < m->n_out ? e * IE_PANEL : (long)m->n_out;
             if (b < e &&
-                t->ops->matmul(m->dtype, m->data, m->n_in, b, e, t->act, t->act_stride, t->n_tok, t->y[i],
+                ie_kernels_matmul(t->ops, m->dtype, m->data, m->n_in, b, e, t->act, t->act_stride, t->n_tok, t->y[i],
                                m->n_out) != 0)
                 t->failed = i + 1;
         }
@@ -138,7 +138,7 @@ static void mm_run(void *ctx, int ith, int nth)
 }
 
 typedef struct q_task {
-    const ie_matmul_ops_t *ops;
+    const ie_kernels_t *ops;
     int stream; /* act_quantize_stream (decode: rows the other threads read) */
     ie_dtype_t act;
     const float *x;
@@ -253,7 +253,7 @@ ie_status_t worker_matmul(ie_worker_t *w, const wmat_t *m, float *y, const float
 }
 
 typedef struct swiglu_task {
-    const ie_vec_ops_t *vec;
+    const ie_kernels_t *vec;
     float *g;
     const float *u;
     int64_t n;
@@ -271,7 +271,7 @@ static void swiglu_run(void *ctx, int ith, int nth)
 /* Contract (worker_internal.h). */
 void worker_swiglu(ie_worker_t *w, float *g, const float *u, int64_t n)
 {
-    swiglu_task_t t = {w->vec, g, u, n};
+    swiglu_task_t t = {w->ops, g, u, n};
     if (n >= 16384)
         ie_threadpool_run(w->tp, swiglu_run, &t);
     else

@@ -72,7 +72,7 @@ ie_status_t ie_worker_stream_probe(ie_worker_t *w, int flat, double *seconds)
 {
     if (!w || !seconds) return ie_error_set(IE_ERR_INVAL, "ie_worker_stream_probe: NULL argument");
     const int n_layers = w->sh.layer_end - w->sh.layer_begin;
-    probe_task_t t = {.read = w->vec->stream_read, .cap = 8 * (n_layers > 0 ? n_layers : 0) + 1};
+    probe_task_t t = {.read = w->ops->stream_read, .cap = 8 * (n_layers > 0 ? n_layers : 0) + 1};
     t.m = malloc((size_t)t.cap * sizeof *t.m);
     t.n_slices = malloc((size_t)t.cap * sizeof *t.n_slices);
     if (!t.m || !t.n_slices) {

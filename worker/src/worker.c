@@ -146,9 +146,7 @@ static ie_status_t check_opts(const ie_model_src_t *src, const ie_worker_opts_t 
 static ie_status_t start_kernels(ie_worker_t *w)
 {
     w->ops = ie_kernels_get(w->opts.isa);
-    w->attn = ie_attn_get(w->opts.isa);
-    w->vec = ie_vec_get(w->opts.isa);
-    if (!w->ops || !w->attn || !w->vec)
+    if (!w->ops)
         return ie_error_set(IE_ERR_UNSUPPORTED, "worker: kernels for ISA '%s' are not available on this CPU",
                             ie_isa_name(w->opts.isa));
     return ie_threadpool_new(w->opts.n_threads, w->opts.pin_threads, &w->tp);
@@ -319,7 +317,7 @@ ie_status_t ie_worker_set_decode_option(ie_worker_t *w, const char *name, int on
 }
 
 /* Contract (ie_worker.h). */
-void ie_worker_test_set_matmul_ops(ie_worker_t *w, const ie_matmul_ops_t *ops)
+void ie_worker_test_set_matmul_ops(ie_worker_t *w, const ie_kernels_t *ops)
 {
     w->ops = ops;
 }

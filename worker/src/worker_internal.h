@@ -48,7 +48,7 @@
 #include "ie_arch_desc.h"
 #include "ie_attn.h"
 #include "ie_threadpool.h"
-#include "ie_vec.h"
+#include "ie_kernels.h"
 #include "ie_worker.h"
 
 #include <stdatomic.h>
@@ -114,9 +114,7 @@ struct ie_worker {
     uint64_t probe_sink;     /* ie_worker_stream_probe's reads end here   */
     int n_head_loc, n_kv_loc; /* query / KV heads held                    */
     int64_t ff_loc;          /* dense MLP columns held (expert ff: all)  */
-    const ie_matmul_ops_t *ops;
-    const ie_attn_ops_t *attn;
-    const ie_vec_ops_t *vec;
+    const ie_kernels_t *ops;
     ie_threadpool_t *tp;
 
     wmat_t tok_embd;         /* (vocab, d)                               */

@@ -12,7 +12,7 @@
  * reference. f32 accumulation: equal to the reference within rounding.
  */
 #include "ie_kernels.h"
-#include "../../src/ie_kernels_impl.h"
+#include "../../src/ie_kernels_isa.h"
 
 #include <immintrin.h>
 #include <string.h>

@@ -24,7 +24,7 @@
  * Weights are prefetched into L2 8 rows ahead (see matmul_avx512.c).
  */
 #include "ie_kernels.h"
-#include "../../src/ie_kernels_impl.h"
+#include "../../src/ie_kernels_isa.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -362,27 +362,42 @@ static void matmul_block(ie_dtype_t wt, const qtile_fn tiles[2][QT + 1], const v
     }
 }
 
-int ie_matmul_avx2(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, int64_t r1,
-                   const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+/* The dense matmuls of the table, one per weight type (contract:
+ * ie_matmul_fn in ie_kernels.h; bf16 is ie_matmul_bf16_bf16_avx2 above). */
+void ie_matmul_f32_f32_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                            int64_t n_tok, float *y, int64_t ldy)
 {
-    if (r1 <= r0 || n_tok <= 0) return ie_matmul_act_dtype(wtype) == IE_DTYPE_INVALID ? -1 : 0;
-    switch (wtype) {
-    case IE_DTYPE_F32:
-        ie_matmul_float_drive(wtype, ftiles_f32[0], ftiles_f32[1], FR, FT, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);
-        return 0;
-    case IE_DTYPE_F16:
-        ie_matmul_float_drive(wtype, ftiles_f16[0], ftiles_f16[1], FR, FT, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);
-        return 0;
-    case IE_DTYPE_BF16: /* bf16 activations (ie_matmul_act_dtype) */
-        ie_matmul_bf16_bf16_avx2(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);
-        return 0;
-    case IE_DTYPE_Q8_0: matmul_block(wtype, qtiles_q8_0, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
-    case IE_DTYPE_Q4_0: matmul_block(wtype, qtiles_q4_0, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
-    case IE_DTYPE_Q4_1: matmul_block(wtype, qtiles_q4_1, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
-    /* ie_matmul_mxfp4_q8_0_avx2 */
-    case IE_DTYPE_MXFP4: matmul_block(wtype, qtiles_mxfp4, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
-    default: return -1;
-    }
+    ie_matmul_float_drive(IE_DTYPE_F32, ftiles_f32[0], ftiles_f32[1], FR, FT, w, n_in, r0, r1, a, as, n_tok, y, ldy);
+}
+
+void ie_matmul_f16_f32_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                            int64_t n_tok, float *y, int64_t ldy)
+{
+    ie_matmul_float_drive(IE_DTYPE_F16, ftiles_f16[0], ftiles_f16[1], FR, FT, w, n_in, r0, r1, a, as, n_tok, y, ldy);
+}
+
+void ie_matmul_q8_0_q8_0_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                              int64_t n_tok, float *y, int64_t ldy)
+{
+    matmul_block(IE_DTYPE_Q8_0, qtiles_q8_0, w, n_in, r0, r1, a, as, n_tok, y, ldy);
+}
+
+void ie_matmul_q4_0_q8_0_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                              int64_t n_tok, float *y, int64_t ldy)
+{
+    matmul_block(IE_DTYPE_Q4_0, qtiles_q4_0, w, n_in, r0, r1, a, as, n_tok, y, ldy);
+}
+
+void ie_matmul_q4_1_q8_1_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                              int64_t n_tok, float *y, int64_t ldy)
+{
+    matmul_block(IE_DTYPE_Q4_1, qtiles_q4_1, w, n_in, r0, r1, a, as, n_tok, y, ldy);
+}
+
+void ie_matmul_mxfp4_q8_0_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                               int64_t n_tok, float *y, int64_t ldy)
+{
+    matmul_block(IE_DTYPE_MXFP4, qtiles_mxfp4, w, n_in, r0, r1, a, as, n_tok, y, ldy);
 }
 
 /* ================================================== activation quantize */

@@ -29,7 +29,7 @@
  * them; each panel (n_in*16 bytes or less) is reused by every token pair of
  * the block from L2.
  */
-#include "../../src/ie_kernels_impl.h"
+#include "../../src/ie_kernels_isa.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -290,21 +290,21 @@ static void half_packed(const ie_pmat_t *m, int64_t r0, int64_t r1, const uint8_
     }
 }
 
-/* Contract of ie_matmul_ops_t.matmul_packed (I8W x Q16_P, I4W/I4WA x
+/* Contract of ie_kernels_t.matmul_packed (I8W x Q16_P, I4W/I4WA x
  * Q8_P, BF16 x BF16, F16 x F32). Assumes Q8_P quants in [-127, 127] and Q16_P quants
  * in [-32767, 32767], as the quantizers produce. */
-int ie_matmul_packed_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
-                          int64_t n_tok, float *y, int64_t ldy)
+ie_status_t ie_matmul_packed_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                  int64_t n_tok, float *y, int64_t ldy)
 {
-    if (!m || !m->data || ie_pack_check(m->dtype, m->group, m->n_in) != 0) return -1;
-    if (m->n_out <= 0 || r0 < 0 || r0 > r1 || r1 > m->n_out || r0 % IE_PANEL != 0) return -1;
-    if (r1 != m->n_out && r1 % IE_PANEL != 0) return -1;
-    if (n_tok < 0) return -1;
-    if (n_tok == 0 || r0 == r1) return 0;
-    if (!a || !y) return -1;
+    if (!m || !m->data || ie_pack_check(m->dtype, m->group, m->n_in) != 0) return IE_ERR_INVAL;
+    if (m->n_out <= 0 || r0 < 0 || r0 > r1 || r1 > m->n_out || r0 % IE_PANEL != 0) return IE_ERR_INVAL;
+    if (r1 != m->n_out && r1 % IE_PANEL != 0) return IE_ERR_INVAL;
+    if (n_tok < 0) return IE_ERR_INVAL;
+    if (n_tok == 0 || r0 == r1) return IE_OK;
+    if (!a || !y) return IE_ERR_INVAL;
     if (ie_dtype_is_half(m->dtype)) {
         half_packed(m, r0, r1, a, a_stride, n_tok, y, ldy);
-        return 0;
+        return IE_OK;
     }
 
     geom_t g;
@@ -342,5 +342,13 @@ int ie_matmul_packed_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, const void
             }
         }
     }
-    return 0;
+    return IE_OK;
+}
+
+/* Contract of ie_kernels_t.matmul_packed_ranges: one call per range (the
+ * activations are packed per call here, so nothing is gained by more). */
+ie_status_t ie_matmul_packed_ranges_avx2(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
+                                         size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+{
+    return ie_packed_ranges_by_calls(ie_matmul_packed_avx2, m, next, ctx, a, a_stride, n_tok, y, ldy);
 }

@@ -1,8 +1,7 @@
 /* vec_avx2.c — AVX2/FMA float vector ops: attention's q·k scores and
  * weighted sum of values, rmsnorm, the stream read. Twins of ie_dot_f32 /
  * ie_axpy_f32 / ie_rmsnorm_f32 / ie_stream_read. */
-#include "../../src/ie_kernels_impl.h"
-#include "ie_vec.h"
+#include "../../src/ie_kernels_isa.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -34,7 +33,7 @@ void ie_axpy_f32_avx2(float *y, float a, const float *x, int64_t n)
     for (; i < n; i++) y[i] += a * x[i];
 }
 
-/* Twin of ie_rmsnorm_f32 (ie_vec.h): the squares summed in double, four
+/* Twin of ie_rmsnorm_f32 (ie_kernels.h): the squares summed in double, four
  * 4-lane accumulators (the scalar's one running sum is a 4-cycle chain per
  * element: ~2.8 us at n = 2048, on the critical path of every decode
  * layer); the scale applied with the scalar's per-element formula. */

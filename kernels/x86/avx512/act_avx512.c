@@ -1,4 +1,4 @@
-/* act_avx512.c — SwiGLU and softmax with a vectorized exp (ie_vec.h).
+/* act_avx512.c — SwiGLU and softmax with a vectorized exp (ie_kernels_t.swiglu, .softmax).
  *
  * exp(x) = 2^n * 2^f with n = round(x*log2 e), f in [-1/2, 1/2]; 2^f by its
  * degree-7 Taylor polynomial in f*ln 2 (relative error < 2e-8 on the
@@ -6,7 +6,7 @@
  * clamped to [-87.3, 88.7] where expf neither overflows nor denormalizes;
  * silu of larger |g| is then exact to float precision anyway.
  */
-#include "ie_vec.h"
+#include "../../src/ie_kernels_isa.h"
 
 #include <immintrin.h>
 

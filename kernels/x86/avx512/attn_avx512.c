@@ -10,7 +10,7 @@
  * Rows come through a cursor (ie_attn.h): groups of 16 are counted from
  * j0 whether the view is contiguous or paged, so both give the same bits.
  */
-#include "ie_attn.h"
+#include "../../src/ie_kernels_isa.h"
 
 #include <immintrin.h>
 

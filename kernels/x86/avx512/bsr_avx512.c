@@ -30,7 +30,7 @@
  * within rounding, not bit for bit.
  */
 #include "ie_kernels.h"
-#include "../../src/ie_kernels_impl.h"
+#include "../../src/ie_kernels_isa.h"
 
 #include <immintrin.h>
 #include <string.h>

@@ -44,7 +44,7 @@
  * add into y.
  */
 #include "ie_kernels.h"
-#include "../../src/ie_kernels_impl.h"
+#include "../../src/ie_kernels_isa.h"
 
 #include <immintrin.h>
 #include <pthread.h>
@@ -281,17 +281,14 @@ static const ie_ftile_fn btiles[2][BT + 1] = {
     { NULL, btile_1_1, btile_1_2, btile_1_3, btile_1_4, btile_1_5, btile_1_6 },
     { NULL, btile_4_1, btile_4_2, btile_4_3, btile_4_4, btile_4_5, btile_4_6 } };
 
-/* 1 if vdpbf16ps may be used: the CPU has AVX512_BF16 (CPUID.(7,1):EAX
- * bit 5) and ie_avx512_use_dpbf16 has not turned it off. */
+/* 1 if vdpbf16ps may be used: the CPU has AVX512_BF16 (the library's one
+ * probe, ie_cpu_features) and ie_avx512_use_dpbf16 has not turned it off. */
 static _Atomic int g_dpbf16 = -1; /* -1: not yet probed */
 
 static int has_bf16(void)
 {
     int v = g_dpbf16;
-    if (v < 0) {
-        __builtin_cpu_init();
-        g_dpbf16 = v = __builtin_cpu_supports("avx512bf16") ? 1 : 0;
-    }
+    if (v < 0) g_dpbf16 = v = (ie_cpu_features() & IE_CPU_AVX512_BF16) ? 1 : 0;
     return v;
 }
 
@@ -925,50 +922,42 @@ IE_INLINE void matmul_block(ie_dtype_t wt, const qtile_fn tiles[2][QT + 1], cons
     }
 }
 
-static void matmul_q8_0(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a,
-                        size_t as, int64_t n_tok, float *y, int64_t ldy)
+/* The dense matmuls of the table, one per weight type (contract:
+ * ie_matmul_fn in ie_kernels.h; bf16 is ie_matmul_bf16_bf16_avx512 above). */
+void ie_matmul_f32_f32_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                              int64_t n_tok, float *y, int64_t ldy)
+{
+    ie_matmul_float_drive(IE_DTYPE_F32, ftiles_f32[0], ftiles_f32[1], FR, FT, w, n_in, r0, r1, a, as, n_tok, y, ldy);
+}
+
+void ie_matmul_f16_f32_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                              int64_t n_tok, float *y, int64_t ldy)
+{
+    ie_matmul_float_drive(IE_DTYPE_F16, ftiles_f16[0], ftiles_f16[1], FR, FT, w, n_in, r0, r1, a, as, n_tok, y, ldy);
+}
+
+void ie_matmul_q8_0_q8_0_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                int64_t n_tok, float *y, int64_t ldy)
 {
     matmul_block(IE_DTYPE_Q8_0, qtiles_q8_0, w, n_in, r0, r1, a, as, n_tok, y, ldy);
 }
 
-static void matmul_q4_0(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a,
-                        size_t as, int64_t n_tok, float *y, int64_t ldy)
+void ie_matmul_q4_0_q8_0_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                int64_t n_tok, float *y, int64_t ldy)
 {
     matmul_block(IE_DTYPE_Q4_0, qtiles_q4_0, w, n_in, r0, r1, a, as, n_tok, y, ldy);
 }
 
-static void matmul_q4_1(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a,
-                        size_t as, int64_t n_tok, float *y, int64_t ldy)
+void ie_matmul_q4_1_q8_1_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                int64_t n_tok, float *y, int64_t ldy)
 {
     matmul_block(IE_DTYPE_Q4_1, qtiles_q4_1, w, n_in, r0, r1, a, as, n_tok, y, ldy);
 }
 
-static void matmul_mxfp4_q8_0(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a,
-                              size_t as, int64_t n_tok, float *y, int64_t ldy)
+void ie_matmul_mxfp4_q8_0_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                 int64_t n_tok, float *y, int64_t ldy)
 {
     matmul_block(IE_DTYPE_MXFP4, qtiles_mxfp4, w, n_in, r0, r1, a, as, n_tok, y, ldy);
-}
-
-int ie_matmul_avx512(ie_dtype_t wtype, const void *w, int64_t n_in, int64_t r0, int64_t r1,
-                     const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
-{
-    if (r1 <= r0 || n_tok <= 0) return ie_matmul_act_dtype(wtype) == IE_DTYPE_INVALID ? -1 : 0;
-    switch (wtype) {
-    case IE_DTYPE_F32:
-        ie_matmul_float_drive(wtype, ftiles_f32[0], ftiles_f32[1], FR, FT, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);
-        return 0;
-    case IE_DTYPE_F16:
-        ie_matmul_float_drive(wtype, ftiles_f16[0], ftiles_f16[1], FR, FT, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);
-        return 0;
-    case IE_DTYPE_BF16: /* bf16 activations (ie_matmul_act_dtype) */
-        ie_matmul_bf16_bf16_avx512(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);
-        return 0;
-    case IE_DTYPE_Q8_0: matmul_q8_0(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
-    case IE_DTYPE_Q4_0: matmul_q4_0(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
-    case IE_DTYPE_Q4_1: matmul_q4_1(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
-    case IE_DTYPE_MXFP4: matmul_mxfp4_q8_0(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy); return 0;
-    default: return -1;
-    }
 }
 
 /* ================================================== activation quantize */
@@ -1138,7 +1127,7 @@ void ie_act_quantize_avx512(ie_dtype_t act, const float *x, void *out, int64_t n
     ie_act_quantize_drive(act, x, out, n, q8_block);
 }
 
-/* ie_matmul_ops_t.act_quantize_stream: the bytes of act_quantize, the
+/* ie_kernels_t.act_quantize_stream: the bytes of act_quantize, the
  * BF16, Q8_P and Q16_P rows written with non-temporal stores (64-byte
  * aligned parts; the rest plainly), then a store fence. Measured in the
  * worker's decode (2 threads): when the two threads sit far apart (the
@@ -1159,7 +1148,7 @@ void ie_act_quantize_stream_avx512(ie_dtype_t act, const float *x, void *out, in
     _mm_sfence();
 }
 
-/* Contract of ie_matmul_packed_bf16_avx512 (ie_kernels_impl.h). Decode-
+/* Contract of ie_matmul_packed_bf16_avx512 (ie_kernels_isa.h). Decode-
  * sized calls (n_tok <= BPT): one 16-row tile per panel straight from the
  * weights, so each thread reads one sequential stream (measured on TinyLlama
  * decode, high-bandwidth phase: 0.95-0.98 of the paired read with one panel
@@ -1260,7 +1249,7 @@ static const hptile_fn hptiles[2][HT + 1] = {
     { NULL, hptile_2_1, hptile_2_2, hptile_2_3, hptile_2_4, hptile_2_5, hptile_2_6, hptile_2_7, hptile_2_8,
       hptile_2_9, hptile_2_10, hptile_2_11, hptile_2_12 } };
 
-/* Contract of ie_matmul_packed_f16_avx512 (ie_kernels_impl.h). Decode-sized
+/* Contract of ie_matmul_packed_f16_avx512 (ie_kernels_isa.h). Decode-sized
  * calls (n_tok <= HT): one panel per tile, front to back. Longer ones: rows
  * in blocks of ~512 KiB of panels (L2), and per block, token blocks of HT or
  * fewer (sizes differ by at most one) against 32-row tiles, so each block's

@@ -1,5 +1,5 @@
 /* pack_avx512.c — AVX-512 VNNI matmul over PANEL16 weights (ie_pack.h):
- * ie_matmul_ops_t.matmul_packed for I8W x Q16_P and I4W, I4WA x Q8_P
+ * ie_kernels_t.matmul_packed for I8W x Q16_P and I4W, I4WA x Q8_P
  * activations. Twin of ie_matmul_packed_ref (kernels/ref/pack_ref.c).
  *
  * Inner step. One 64-byte chunk of a panel is one zmm: 16 int32 lanes = the
@@ -59,7 +59,7 @@
  * group's scale multiplies each partial sum).
  */
 #include "ie_kernels.h"
-#include "../../src/ie_kernels_impl.h"
+#include "../../src/ie_kernels_isa.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -350,18 +350,18 @@ static void pack_tokens(int dt, int64_t bpg, const uint8_t *a, size_t as, int64_
     }
 }
 
-int ie_matmul_packed_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
-                            int64_t n_tok, float *y, int64_t ldy)
+ie_status_t ie_matmul_packed_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                    int64_t n_tok, float *y, int64_t ldy)
 {
     if (!m || ie_pack_check(m->dtype, m->group, m->n_in) != 0 || r0 < 0 || r0 % IE_PANEL != 0 || r1 < r0 ||
         r1 > m->n_out || (r1 != m->n_out && r1 % IE_PANEL != 0))
-        return -1;
-    if (r0 == r1 || n_tok <= 0) return 0;
+        return IE_ERR_INVAL;
+    if (r0 == r1 || n_tok <= 0) return IE_OK;
     if (ie_dtype_is_half(m->dtype)) {
-        if (!m->data || !a || !y) return -1;
+        if (!m->data || !a || !y) return IE_ERR_INVAL;
         (m->dtype == IE_DTYPE_BF16 ? ie_matmul_packed_bf16_avx512 : ie_matmul_packed_f16_avx512)(m, r0, r1, a, a_stride,
                                                                                               n_tok, y, ldy);
-        return 0;
+        return IE_OK;
     }
     const int dt = m->dtype == IE_DTYPE_I8W ? D_I8W : m->dtype == IE_DTYPE_I4W ? D_I4W : D_I4WA;
     const ptile_fn(*tiles)[PT + 1] = dt == D_I8W ? ptiles_i8w : dt == D_I4W ? ptiles_i4w : ptiles_i4wa;
@@ -400,19 +400,19 @@ int ie_matmul_packed_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, const vo
             }
         }
     }
-    return 0;
+    return IE_OK;
 }
 
-/* Contract of ie_matmul_ops_t.matmul_packed_ranges. One token tile and one
+/* Contract of ie_kernels_t.matmul_packed_ranges. One token tile and one
  * k pass (n_tok <= PT, n_in <= KCB blocks for the int4 types, what the
  * buffer holds for I8W): the tokens are packed once and every range runs
  * its panels from that pack, each range starting with the prefetch of its
  * first PFD bytes (a range that continues the previous one finds them in
  * flight already). Otherwise one matmul_packed call per range. */
-int ie_matmul_packed_ranges_avx512(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
-                                   size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+ie_status_t ie_matmul_packed_ranges_avx512(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
+                                           size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
 {
-    if (!m || !next || ie_pack_check(m->dtype, m->group, m->n_in) != 0 || n_tok <= 0) return -1;
+    if (!m || !next || ie_pack_check(m->dtype, m->group, m->n_in) != 0 || n_tok <= 0) return IE_ERR_INVAL;
     if (ie_dtype_is_half(m->dtype)) /* nothing to pack once */
         return ie_packed_ranges_by_calls(ie_matmul_packed_avx512, m, next, ctx, a, a_stride, n_tok, y, ldy);
     const int dt = m->dtype == IE_DTYPE_I8W ? D_I8W : m->dtype == IE_DTYPE_I4W ? D_I4W : D_I4WA;
@@ -431,7 +431,7 @@ int ie_matmul_packed_ranges_avx512(const ie_pmat_t *m, ie_panel_next_fn next, vo
     const uint8_t *w = m->data;
     int packed = 0;
     while (next(ctx, &p0, &p1)) {
-        if (p0 < 0 || p1 <= p0 || p0 >= np) return -1;
+        if (p0 < 0 || p1 <= p0 || p0 >= np) return IE_ERR_INVAL;
         if (p1 > np) p1 = np;
         if (tt <= 3)
             for (size_t o = 0; o < PFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, _MM_HINT_T1);
@@ -445,5 +445,5 @@ int ie_matmul_packed_ranges_avx512(const ie_pmat_t *m, ie_panel_next_fn next, vo
             fns[tt](w + (size_t)p * pb, gb, bpg, 0, nb, pk, y + p * IE_PANEL, ldy, rmask, 1);
         }
     }
-    return 0;
+    return IE_OK;
 }

@@ -1,7 +1,7 @@
 /* vec_avx512.c — AVX-512 float vector ops: attention's q·k scores and
  * weighted sum of values, and rmsnorm. Twins of ie_dot_f32 / ie_axpy_f32 /
  * ie_rmsnorm_f32 in ref/. */
-#include "../../src/ie_kernels_impl.h"
+#include "../../src/ie_kernels_isa.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -35,7 +35,7 @@ void ie_axpy_f32_avx512(float *y, float a, const float *x, int64_t n)
     }
 }
 
-/* Twin of ie_rmsnorm_f32 (ie_vec.h): the squares summed in double, four
+/* Twin of ie_rmsnorm_f32 (ie_kernels.h): the squares summed in double, four
  * 8-lane accumulators, the tail masked; the scale applied with the
  * scalar's per-element formula, so only the sum's order differs. */
 void ie_rmsnorm_f32_avx512(float *out, const float *x, const float *w, int64_t n, float eps)

@@ -1,0 +1,238 @@
+/* ie_kernels_isa.h — every per-ISA kernel behind the ie_kernels_get() table.
+ *
+ * Internal to kernels/ (and to tests that compare ISAs one kernel at a time).
+ * Each definition file (kernels/ref/, kernels/src/, kernels/x86/avx2/,
+ * kernels/x86/avx512/) includes this header, so the compiler checks every
+ * definition against the one declaration here; dispatch.c fills the table
+ * from it. Every function has the contract of the ie_kernels_t member it
+ * fills (ie_kernels.h); the _ref twins are the oracle the SIMD variants are
+ * tested against. Names carry the types: ie_matmul_<weight>_<act>_<isa>.
+ */
+#ifndef IE_KERNELS_ISA_H
+#define IE_KERNELS_ISA_H
+
+#include "ie_kernels.h"
+
+#include <math.h>
+
+/* --------------------------------------------- CPU features (dispatch.c) */
+
+/* What this CPU can run, from CPUID (the instructions exist) and XGETBV
+ * (the OS saves the register state they need): an AVX bit is set only if
+ * the OS saves YMM state, an AVX-512 bit only if it saves opmask and ZMM
+ * state. The one probe of the library: ie_isa_supported and every
+ * feature test inside a kernel (vdpbf16ps) read it. */
+enum {
+    IE_CPU_AVX2 = 1u << 0,
+    IE_CPU_FMA = 1u << 1,
+    IE_CPU_F16C = 1u << 2,
+    IE_CPU_AVX512F = 1u << 3,
+    IE_CPU_AVX512DQ = 1u << 4,
+    IE_CPU_AVX512BW = 1u << 5,
+    IE_CPU_AVX512VL = 1u << 6,
+    IE_CPU_AVX512_VNNI = 1u << 7, /* vpdpbusd: the int8 dot products */
+    IE_CPU_AVX512_BF16 = 1u << 8  /* vdpbf16ps: the bf16 dot products */
+};
+
+/* IE_CPU_* bits of this CPU (0 off x86). Probed once; thread-safe. */
+unsigned ie_cpu_features(void);
+
+/* The table of `isa` whether or not this CPU can run it (NULL only for an
+ * isa out of range): for tests that inspect the tables themselves. Call
+ * nothing from it unless ie_isa_supported(isa). */
+const ie_kernels_t *ie_kernels_table(ie_isa_t isa);
+
+/* ---------------------------------------------- shared drivers (drive.c) */
+
+/* Rows per panel so that one panel of weights (~256 KiB) stays in L2 while
+ * every token block passes over it; all rows when there is one token block. */
+int64_t ie_panel_rows(int64_t n_rows, size_t row_bytes, int64_t n_tok, int tile_tok, int tile_rows);
+
+/* A float-weight tile: rows from w (wb bytes apart) against tokens from a
+ * (as bytes apart) into y. */
+typedef void (*ie_ftile_fn)(const char *w, size_t wb, int64_t n_in, const char *a, size_t as,
+                            float *y, int64_t ldy);
+
+/* Float-weight matmul over [r0, r1) x n_tok in L2 panels of tiles:
+ * tilesR[t] does tile_rows rows x t tokens, tiles1[t] one row x t tokens
+ * (t = 1..tile_tok). */
+void ie_matmul_float_drive(ie_dtype_t wt, const ie_ftile_fn *tiles1, const ie_ftile_fn *tilesR, int tile_rows,
+                           int tile_tok, const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a,
+                           size_t as, int64_t n_tok, float *y, int64_t ldy);
+
+/* Quantize 32 floats to int8 q with scale *d_out; returns sum(q). */
+typedef int (*ie_q8_block_fn)(const float *x, int8_t *q, float *d_out);
+
+/* 1/d as ggml computes it, except that a scale so tiny that 1/d overflows
+ * quantizes to zeros instead of hitting the undefined float->int
+ * conversion of inf (every quantizer here, ref and SIMD, does the same). */
+static inline float ie_inv_scale(float d)
+{
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    return isinf(id) ? 0.0f : id;
+}
+
+/* ie_kernels_t.act_quantize on top of an ISA's block quantizer (Q8_0,
+ * Q8_1, Q8_P). Q16_P is quantized here by portable scalar code, bit for bit
+ * equal to ie_quantize_row_q16_p_ref on every ISA (x * (1/d) rounded half
+ * away from zero as trunc(v + copysign(0.5 - 2^-25, v)), which equals
+ * roundf(v) for every |v| <= 32768 — checked exhaustively). */
+void ie_act_quantize_drive(ie_dtype_t act, const float *x, void *out, int64_t n, ie_q8_block_fn q8);
+
+/* ------------------------------------------------------------------ ref */
+
+/* The reference ie_q8_block_fn: d = amax/127, q = roundf(x * (1/d)). */
+int ie_q8_block_ref(const float *x, int8_t *q, float *d_out);
+
+/* Activation quantizers, identical to ggml's quantize_row_q8_{0,1}_ref:
+ * d = amax/127, q = roundf(x * (1/d)) (ties away from zero), and for Q8_1
+ * s = d * sum(q) (d in f32, rounded to f16 once). n is a multiple of 32. */
+void ie_quantize_row_q8_0_ref(const float *x, ie_block_q8_0_t *y, int64_t n);
+void ie_quantize_row_q8_1_ref(const float *x, ie_block_q8_1_t *y, int64_t n);
+
+void ie_act_quantize_ref(ie_dtype_t act, const float *x, void *out, int64_t n);
+
+/* Per-type reference matmuls (accumulate in double; integer block sums exact). */
+void ie_matmul_f32_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                           const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_f16_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                           const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_bf16_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                            const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+/* BF16 weights x BF16 activation rows (the REF table's BF16 slot):
+ * exact bf16 products summed in double; any n_in. */
+void ie_matmul_bf16_bf16_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                             const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_q8_0_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                             const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_q4_0_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                             const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_q4_1_q8_1_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                             const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_mxfp4_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
+                              const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+
+/* Packed (ie_pack.h) reference matmul (I8W x Q16_P, I4W/I4WA x Q8_P) and
+ * the Q8_P / Q16_P activation quantizers (n a multiple of 32). */
+ie_status_t ie_matmul_packed_ref(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                 int64_t n_tok, float *y, int64_t ldy);
+ie_status_t ie_matmul_packed_ranges_ref(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
+                                        size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+void ie_quantize_row_q8_p_ref(const float *x, void *out, int64_t n);
+void ie_quantize_row_q16_p_ref(const float *x, void *out, int64_t n);
+
+/* Block-sparse (ie_bsr.h): Y[t*ldy + r] = sum_k W[r][k] * X[t][k] for rows
+ * r in [r0, r1) (multiples of br, or r1 = n_out) and tokens t < n_tok; X
+ * rows xs floats apart. */
+void ie_bsr_matmul_ref(const ie_bsr_t *m, int64_t r0, int64_t r1, const float *x, size_t xs, int64_t n_tok,
+                       float *y, int64_t ldy);
+
+/* Attention (attn_ref.c): double accumulation. */
+void ie_attn_scores_ref(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n, int hd,
+                        float scale, float *s, size_t ld);
+void ie_attn_values_ref(const float *p, size_t ld, int nh, const ie_attn_rows_t *v, int j0, int n, int hd,
+                        float *out, size_t o_stride);
+
+/* -------------------------------------------------------------- generic */
+
+/* Portable C compiled with the library's default flags (attn.c), float
+ * accumulation: the AVX2 table's attention (the compiler vectorizes the
+ * inner loops). Built without -mfma on purpose: no contraction into FMA,
+ * so the bits do not depend on the AVX2 files' flags. */
+void ie_attn_scores_generic(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n,
+                            int hd, float scale, float *s, size_t ld);
+void ie_attn_values_generic(const float *p, size_t ld, int nh, const ie_attn_rows_t *v, int j0, int n, int hd,
+                            float *out, size_t o_stride);
+
+/* ----------------------------------------------------------------- avx2 */
+
+/* Needs AVX2, FMA and F16C (checked by dispatch.c). */
+void ie_act_quantize_avx2(ie_dtype_t act, const float *x, void *out, int64_t n);
+void ie_matmul_f32_f32_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                            int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_f16_f32_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                            int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_bf16_bf16_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                              int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_q8_0_q8_0_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                              int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_q4_0_q8_0_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                              int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_q4_1_q8_1_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                              int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_mxfp4_q8_0_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                               int64_t n_tok, float *y, int64_t ldy);
+ie_status_t ie_matmul_packed_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                  int64_t n_tok, float *y, int64_t ldy);
+ie_status_t ie_matmul_packed_ranges_avx2(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
+                                         size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+void ie_bsr_matmul_avx2(const ie_bsr_t *m, int64_t r0, int64_t r1, const float *x, size_t xs, int64_t n_tok,
+                        float *y, int64_t ldy);
+float ie_dot_f32_avx2(const float *a, const float *b, int64_t n);
+void ie_axpy_f32_avx2(float *y, float a, const float *x, int64_t n);
+void ie_rmsnorm_f32_avx2(float *out, const float *x, const float *w, int64_t n, float eps);
+uint64_t ie_stream_read_avx2(const void *p, size_t n);
+
+/* --------------------------------------------------------------- avx512 */
+
+/* Needs AVX-512 F/BW/VL/DQ and VNNI (checked by dispatch.c). */
+void ie_act_quantize_avx512(ie_dtype_t act, const float *x, void *out, int64_t n);
+void ie_act_quantize_stream_avx512(ie_dtype_t act, const float *x, void *out, int64_t n);
+/* BF16 x BF16 with vdpbf16ps where the CPU has AVX512_BF16, else widened
+ * to f32 and FMA. ie_avx512_use_dpbf16(0) forces the fallback (tests),
+ * (1) restores the CPU default; returns whether vdpbf16ps is now used. */
+void ie_matmul_bf16_bf16_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a,
+                                size_t as, int64_t n_tok, float *y, int64_t ldy);
+int ie_avx512_use_dpbf16(int on);
+void ie_matmul_f32_f32_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                              int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_f16_f32_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                              int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_q8_0_q8_0_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_q4_0_q8_0_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_q4_1_q8_1_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_mxfp4_q8_0_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                 int64_t n_tok, float *y, int64_t ldy);
+/* matmul_packed for a BF16 PANEL16 matrix whose arguments the caller has
+ * checked (rows [r0, r1), r0 a multiple of 16; BF16 activation rows as
+ * apart): vdpbf16ps with the rows along the lanes, no horizontal sums;
+ * without AVX512_BF16, ie_matmul_packed_avx2. */
+void ie_matmul_packed_bf16_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t as,
+                                  int64_t n_tok, float *y, int64_t ldy);
+/* matmul_packed for an F16 PANEL16 matrix whose arguments the caller has
+ * checked, F32 activation rows as bytes apart: vcvtph2ps and FMA with the
+ * rows along the lanes. */
+void ie_matmul_packed_f16_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t as,
+                                 int64_t n_tok, float *y, int64_t ldy);
+ie_status_t ie_matmul_packed_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                    int64_t n_tok, float *y, int64_t ldy);
+ie_status_t ie_matmul_packed_ranges_avx512(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
+                                           size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+void ie_bsr_matmul_avx512(const ie_bsr_t *m, int64_t r0, int64_t r1, const float *x, size_t xs,
+                          int64_t n_tok, float *y, int64_t ldy);
+float ie_dot_f32_avx512(const float *a, const float *b, int64_t n);
+void ie_axpy_f32_avx512(float *y, float a, const float *x, int64_t n);
+void ie_rmsnorm_f32_avx512(float *out, const float *x, const float *w, int64_t n, float eps);
+void ie_swiglu_f32_avx512(float *out, const float *g, const float *u, int64_t n);
+void ie_softmax_sink_f32_avx512(float *x, int64_t n, const float *sink);
+void ie_attn_scores_avx512(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n,
+                           int hd, float scale, float *s, size_t ld);
+void ie_attn_values_avx512(const float *p, size_t ld, int nh, const ie_attn_rows_t *v, int j0, int n, int hd,
+                           float *out, size_t o_stride);
+
+/* ------------------------------------------------- shared (dispatch.c) */
+
+/* matmul_packed's signature, and matmul_packed_ranges done by one `mm`
+ * call per range (the activations packed per range): the ISAs without a
+ * pack-once version, and AVX-512 beyond one token tile or one k pass.
+ * Stops at the first range mm fails (its status) or that is out of the
+ * matrix (IE_ERR_INVAL). */
+typedef ie_status_t (*ie_packed_fn)(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                    int64_t n_tok, float *y, int64_t ldy);
+ie_status_t ie_packed_ranges_by_calls(ie_packed_fn mm, const ie_pmat_t *m, ie_panel_next_fn next, void *ctx,
+                                      const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+
+#endif
