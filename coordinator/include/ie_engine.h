@@ -75,6 +75,9 @@ ie_status_t ie_engine_open(const ie_engine_opts_t *o, ie_engine_t **out);
 void ie_engine_destroy(ie_engine_t **self_p);
 
 const ie_hparams_t *ie_engine_hparams(const ie_engine_t *e);
+/* One pointer the public API (api.c) keeps with the engine: NULL at open,
+ * freed with free() by ie_engine_destroy. */
+void **ie_engine_ext(const ie_engine_t *e);
 const ie_tokenizer_t *ie_engine_tokenizer(const ie_engine_t *e);
 /* The in-process worker (plan NONE), else NULL. */
 ie_worker_t *ie_engine_worker(ie_engine_t *e);
@@ -119,6 +122,10 @@ typedef struct ie_gen_params {
      * holding; may be empty, not NUL-terminated). */
     void (*on_token)(void *ctx, size_t index, int32_t id, const char *text, size_t len);
     void *on_token_ctx;
+    /* Cancellation (optional): once *cancel is nonzero (on_token may set
+     * it), every request of the call is cancelled before the next step
+     * (ie_sched_cancel) and the call fails with IE_ERR_INVAL "cancelled". */
+    const volatile int *cancel;
 } ie_gen_params_t;
 
 /* max_new 128, sampler defaults, no stop strings, add_special 1,
