@@ -212,8 +212,7 @@ static ie_status_t gen_params(const ie_params_t *p, ie_gen_params_t *g, const ch
         else if (!strcmp(k, "stop")) {
             bad = !*v; /* an empty stop string would end every generation at once */
             (*stops)[g->n_stop++] = v;
-        }
-        else return ie_error_set(IE_ERR_INVAL, "unknown generation option '%s'", k);
+        } else return ie_error_set(IE_ERR_INVAL, "unknown generation option '%s'", k);
         if (bad) return bad_value(kv);
     }
     s->greedy = s->temperature == 0.0f; /* the CLI's --greedy: plain arg max */
@@ -283,8 +282,8 @@ size_t ie_engine_n_vocab(const ie_engine_t *e) { return e ? (size_t)ie_engine_hp
 typedef struct gen_run {
     ie_token_fn on_token;
     void *user;
-    volatile int cancel;     /* the caller asked to stop                  */
-    char *text;              /* the pieces so far (for a cancelled call)  */
+    volatile int cancel; /* the caller asked to stop                  */
+    char *text;          /* the pieces so far (for a cancelled call)  */
     size_t len, cap;
     int nomem;
     size_t n_gen;
@@ -459,8 +458,7 @@ cleanup:
     return st;
 }
 
-ie_status_t ie_engine_tokenize(ie_engine_t *e, const char *text, int add_special, int32_t **ids_out,
-                               size_t *n_out)
+ie_status_t ie_engine_tokenize(ie_engine_t *e, const char *text, int add_special, int32_t **ids_out, size_t *n_out)
 {
     if (ids_out) *ids_out = NULL;
     if (n_out) *n_out = 0;

@@ -103,9 +103,9 @@ static void test_create_errors(void)
     CU_ASSERT_EQUAL(ie_engine_create(TINY, NULL, NULL), IE_ERR_INVAL);
     CU_ASSERT_EQUAL(make(TINY, params("threads", "1", "colour", "red", NULL), &e), IE_ERR_INVAL);
     CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "colour"));
-    const char *bad[][2] = {{"threads", "two"}, {"threads", "0"}, {"pin", "2"}, {"ctx", "12x"},
-                            {"precision", "f8"}, {"plan", "tensor"}, {"plan", "ring:2"}, {"plan", "tensor:0"},
-                            {"prefix_cache", ""}};
+    const char *bad[][2] = {{"threads", "two"}, {"threads", "0"},     {"pin", "2"},
+                            {"ctx", "12x"},     {"precision", "f8"},  {"plan", "tensor"},
+                            {"plan", "ring:2"}, {"plan", "tensor:0"}, {"prefix_cache", ""}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         e = (ie_engine_t *)1;
         CU_ASSERT_EQUAL(make(TINY, params(bad[i][0], bad[i][1], NULL), &e), IE_ERR_INVAL);
@@ -137,9 +137,8 @@ static void test_generate_errors(void)
     CU_ASSERT_EQUAL(ie_engine_generate(g_tiny, "x", g, NULL, NULL, &text, NULL), IE_ERR_INVAL);
     CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "sampler"));
     ie_params_destroy(&g);
-    const char *bad[][2] = {{"max_tokens", "-1"}, {"temperature", "-1"}, {"temperature", "nan"},
-                            {"top_p", "0"},       {"seed", "-3"},        {"stop", ""},
-                            {"add_special", "yes"}};
+    const char *bad[][2] = {{"max_tokens", "-1"}, {"temperature", "-1"}, {"temperature", "nan"}, {"top_p", "0"},
+                            {"seed", "-3"},       {"stop", ""},          {"add_special", "yes"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         g = params(bad[i][0], bad[i][1], NULL);
         text = (char *)1;
@@ -158,8 +157,7 @@ static void test_generate_errors(void)
     free(big);
     /* the tiny vocabulary has no chat markup */
     const char *roles[] = {"user"}, *contents[] = {"hi"};
-    CU_ASSERT_EQUAL(ie_engine_chat(g_tiny, roles, contents, 1, NULL, NULL, NULL, &text, NULL),
-                    IE_ERR_UNSUPPORTED);
+    CU_ASSERT_EQUAL(ie_engine_chat(g_tiny, roles, contents, 1, NULL, NULL, NULL, &text, NULL), IE_ERR_UNSUPPORTED);
     CU_ASSERT_EQUAL(ie_engine_chat(NULL, roles, contents, 1, NULL, NULL, NULL, &text, NULL), IE_ERR_INVAL);
     const char *bad_roles[] = {"wizard"};
     CU_ASSERT_EQUAL(ie_engine_chat(g_smol, bad_roles, contents, 1, NULL, NULL, NULL, &text, NULL), IE_ERR_INVAL);
