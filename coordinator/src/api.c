@@ -337,8 +337,10 @@ static ie_status_t generate_ids(ie_engine_t *e, const int32_t *ids, size_t n_ids
         st = ie_error_set(IE_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
-    if (st != IE_OK && !run.cancel) goto cleanup;
-    st = IE_OK; /* a cancelled call succeeds with what it streamed */
+    /* a cancelled call (the engine fails it with IE_ERR_INVAL "cancelled")
+     * succeeds with what it streamed; any other failure stays one */
+    if (st != IE_OK && !(run.cancel && st == IE_ERR_INVAL)) goto cleanup;
+    st = IE_OK;
     double total_ms = ie_now_ms() - t0;
     const char *text = run.cancel ? (run.text ? run.text : "") : res.text;
     size_t n_gen = run.cancel ? run.n_gen : res.n_gen;
