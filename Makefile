@@ -4,7 +4,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: all build test test-distributed test-serving bench bench-quick bench-distributed bench-serve bench-decode fuzz reference asan tsan clean
+.PHONY: all build test check-install docs format-check test-distributed test-serving bench bench-quick bench-distributed bench-serve bench-decode fuzz reference asan tsan clean
 
 all: build
 
@@ -14,6 +14,22 @@ build:
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure
+
+# The installed library used from outside the tree: cmake --install into a
+# temporary prefix, the C example built with pkg-config only and run on
+# SmolLM2, the Python package pip-installed into a fresh venv and run.
+check-install:
+	bash scripts/check_install.sh $(BUILD)
+
+# The public header's reference (docs/Doxyfile -> $(BUILD)/docs/html);
+# any doxygen warning fails the target.
+docs:
+	mkdir -p $(BUILD)/docs
+	( cat docs/Doxyfile; echo "OUTPUT_DIRECTORY = $(BUILD)/docs" ) | doxygen -
+
+# The tree against .clang-format (lists the files that differ).
+format-check:
+	bash scripts/format.sh --check
 
 # The embedded end-to-end suites again, with the model behind the cluster
 # protocol: in-process workers over ZeroMQ inproc:// in a pipeline and a

@@ -46,7 +46,8 @@ Outputs under --out (default bench/out/serve-<stamp>/, ignored by git):
 
 bench/harness.py regenerates docs/PERFORMANCE.md as a whole (keeping only its
 hand-written section), so this script does not write there: paste the table
-of summary.md into the hand-written section.
+of summary.md into docs/PERFORMANCE_HISTORY.md and update the serving table
+of PERFORMANCE.md's hand-written section.
 
   .venv/bin/python bench/bench_serve.py [--models smollm2,tinyllama]
       [--modes embedded,tensor,pipeline,cli] [--concurrency 1,2,4,8,16]

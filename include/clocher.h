@@ -64,17 +64,22 @@ typedef enum ie_status {
     IE_ERR_BUSY         /**< queue full: try again later                      */
 } ie_status_t;
 
-/** Static name of a status, e.g. "IE_ERR_FORMAT". Never NULL. */
+/** Static name of a status, e.g. "IE_ERR_FORMAT". Never NULL.
+ *  @param st  any value (one outside the enum gives "IE_ERR_UNKNOWN")
+ *  @return    the name, a static string */
 const char *ie_status_str(ie_status_t st);
 
-/** The calling thread's last recorded failure reason ("" if none). Never
- *  NULL; valid until the next failing call on the same thread. */
+/** The calling thread's last recorded failure reason ("" if none).
+ *  @return the reason; never NULL; valid until the next failing call on
+ *          the same thread */
 const char *ie_error_last(void);
 
-/** Free memory the library returned (text, id arrays). Accepts NULL. */
+/** Free memory the library returned (text, id arrays).
+ *  @param p  what a `*_out` parameter received, or NULL */
 void ie_free(void *p);
 
-/** Version of the library, e.g. "0.1.0". Static, never NULL. */
+/** Version of the library.
+ *  @return e.g. "0.1.0"; static, never NULL */
 const char *ie_version(void);
 
 /* ------------------------------------------------------------------ params */
@@ -83,18 +88,24 @@ const char *ie_version(void);
  *  options and for generation options. Opaque. */
 typedef struct ie_params ie_params_t;
 
-/** New empty set. Caller owns *out and frees it with ie_params_destroy().
- *  Errors: IE_ERR_INVAL (out NULL), IE_ERR_NOMEM. */
+/** New empty set.
+ *  @param[out] out  the set; the caller owns it and frees it with
+ *                   ie_params_destroy()
+ *  @return IE_OK, IE_ERR_INVAL (out NULL), IE_ERR_NOMEM */
 ie_status_t ie_params_new(ie_params_t **out);
 
 /** Set `key` to `value` (both copied). Setting a key again replaces its
  *  value, except "stop", which adds one more stop string each time. Keys
  *  are checked where the set is used: an engine or a generation call
  *  refuses a key it does not know with IE_ERR_INVAL naming the key.
- *  Errors: IE_ERR_INVAL (NULL argument), IE_ERR_NOMEM. */
+ *  @param p      the set
+ *  @param key    option name, e.g. "threads"
+ *  @param value  its value as text, e.g. "2"
+ *  @return IE_OK, IE_ERR_INVAL (NULL argument), IE_ERR_NOMEM */
 ie_status_t ie_params_set(ie_params_t *p, const char *key, const char *value);
 
-/** Free the set and NULL *self_p. Accepts NULL and a NULL *self_p. */
+/** Free the set and NULL *self_p.
+ *  @param self_p  address of the set; NULL and a NULL *self_p are accepted */
 void ie_params_destroy(ie_params_t **self_p);
 
 /* ------------------------------------------------------------------ engine */
@@ -114,10 +125,17 @@ typedef struct ie_engine ie_engine_t;
  *
  *  Errors: IE_ERR_INVAL (bad key or value), IE_ERR_IO / IE_ERR_FORMAT /
  *  IE_ERR_UNSUPPORTED (the model or tokenizer), IE_ERR_NOMEM. Caller owns
- *  *out and frees it with ie_engine_destroy(). */
+ *  *out and frees it with ie_engine_destroy().
+ *
+ *  @param model_path  the model
+ *  @param opts        engine options, or NULL
+ *  @param[out] out    the engine (NULL on failure)
+ *  @return IE_OK or one of the errors above */
 ie_status_t ie_engine_create(const char *model_path, const ie_params_t *opts, ie_engine_t **out);
 
-/** Free the engine and everything it holds; NULL *self_p. Accepts NULL. */
+/** Free the engine and everything it holds; NULL *self_p.
+ *  @param self_p  address of the engine; NULL and a NULL *self_p are
+ *                 accepted */
 void ie_engine_destroy(ie_engine_t **self_p);
 
 /** Streaming callback: called on the generating thread after every sampled
@@ -151,7 +169,16 @@ typedef struct ie_gen_info {
  *
  *  Errors: IE_ERR_INVAL (invalid UTF-8, bad key or value), IE_ERR_RANGE
  *  (the prompt does not fit the context), IE_ERR_NOMEM, or the backend's
- *  failure (IE_ERR_UNAVAILABLE for a lost worker). */
+ *  failure (IE_ERR_UNAVAILABLE for a lost worker).
+ *
+ *  @param e              the engine
+ *  @param prompt         the prompt, NUL-terminated UTF-8
+ *  @param gen            generation options, or NULL
+ *  @param on_token       streaming callback, or NULL
+ *  @param user           passed to on_token as is
+ *  @param[out] text_out  the generated text, or NULL not to receive it
+ *  @param[out] info_out  what the generation did, or NULL
+ *  @return IE_OK or one of the errors above */
 ie_status_t ie_engine_generate(ie_engine_t *e, const char *prompt, const ie_params_t *gen,
                                ie_token_fn on_token, void *user, char **text_out, ie_gen_info_t *info_out);
 
@@ -159,7 +186,18 @@ ie_status_t ie_engine_generate(ie_engine_t *e, const char *prompt, const ie_para
  *  chat template: messages i = (roles[i], contents[i]), roles "system",
  *  "user", "assistant"; the assistant's turn is opened for the reply.
  *  Errors as ie_engine_generate(), plus IE_ERR_UNSUPPORTED when the model
- *  has no chat template clocher can render. */
+ *  has no chat template clocher can render.
+ *
+ *  @param e              the engine
+ *  @param roles          n roles
+ *  @param contents       n message texts (UTF-8)
+ *  @param n              number of messages (>= 1)
+ *  @param gen            generation options, or NULL
+ *  @param on_token       streaming callback, or NULL
+ *  @param user           passed to on_token as is
+ *  @param[out] text_out  the reply's text, or NULL not to receive it
+ *  @param[out] info_out  what the generation did, or NULL
+ *  @return IE_OK or one of the errors above */
 ie_status_t ie_engine_chat(ie_engine_t *e, const char *const *roles, const char *const *contents, size_t n,
                            const ie_params_t *gen, ie_token_fn on_token, void *user, char **text_out,
                            ie_gen_info_t *info_out);
@@ -167,13 +205,23 @@ ie_status_t ie_engine_chat(ie_engine_t *e, const char *const *roles, const char 
 /** Token ids of `text` (UTF-8). `add_special` adds BOS/EOS as the
  *  tokenizer's rules say; special-token text is parsed as such. *ids_out is
  *  owned by the caller (ie_free()); it may be NULL when *n_out is 0.
- *  Errors: IE_ERR_INVAL (invalid UTF-8, NULL argument), IE_ERR_NOMEM. */
+ *  @param e             the engine
+ *  @param text          NUL-terminated UTF-8
+ *  @param add_special   nonzero: add BOS/EOS
+ *  @param[out] ids_out  the ids
+ *  @param[out] n_out    how many
+ *  @return IE_OK, IE_ERR_INVAL (invalid UTF-8, NULL argument), IE_ERR_NOMEM */
 ie_status_t ie_engine_tokenize(ie_engine_t *e, const char *text, int add_special, int32_t **ids_out,
                                size_t *n_out);
 
 /** The text of `ids` (special tokens rendered as their text), NUL-terminated,
- *  owned by the caller (ie_free()). Errors: IE_ERR_RANGE (an id outside the
- *  vocabulary), IE_ERR_INVAL, IE_ERR_NOMEM. */
+ *  owned by the caller (ie_free()).
+ *  @param e              the engine
+ *  @param ids            n token ids (may be NULL when n is 0)
+ *  @param n              how many
+ *  @param[out] text_out  the text (NULL on failure)
+ *  @return IE_OK, IE_ERR_RANGE (an id outside the vocabulary), IE_ERR_INVAL,
+ *          IE_ERR_NOMEM */
 ie_status_t ie_engine_detokenize(ie_engine_t *e, const int32_t *ids, size_t n, char **text_out);
 
 /** Running totals over every generation of this engine since it was made. */
@@ -192,10 +240,15 @@ typedef struct ie_engine_metrics {
     double rss_peak_mb;       /**< the process's peak resident memory        */
 } ie_engine_metrics_t;
 
-/** Fill *out with the engine's running totals. Errors: IE_ERR_INVAL. */
+/** Fill *out with the engine's running totals.
+ *  @param e         the engine
+ *  @param[out] out  the totals (zeroed on failure)
+ *  @return IE_OK, IE_ERR_INVAL (NULL argument) */
 ie_status_t ie_engine_get_metrics(const ie_engine_t *e, ie_engine_metrics_t *out);
 
-/** Vocabulary size of the loaded model (0 for a NULL engine). */
+/** Vocabulary size of the loaded model.
+ *  @param e  the engine, or NULL
+ *  @return   the number of token ids (0 for a NULL engine) */
 size_t ie_engine_n_vocab(const ie_engine_t *e);
 
 #ifdef __cplusplus

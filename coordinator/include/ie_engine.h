@@ -120,6 +120,9 @@ ie_backend_t *ie_engine_backend(ie_engine_t *e);
  * opts.prefix_cache; every other field zero (the scheduler's defaults).
  * The caller may change the rest before ie_sched_new. */
 void ie_engine_sched_opts(ie_engine_t *e, ie_sched_opts_t *out);
+/* One pointer the public API (api.c) keeps with the engine: NULL at open,
+ * freed with free() by ie_engine_destroy. */
+void **ie_engine_ext(const ie_engine_t *e);
 
 typedef struct ie_gen_result {
     char *text;               /* generated text (malloc'd, NUL-terminated) */

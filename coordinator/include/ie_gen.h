@@ -34,6 +34,10 @@ typedef struct ie_gen_params {
      * holding; may be empty, not NUL-terminated). */
     void (*on_token)(void *ctx, size_t index, int32_t id, const char *text, size_t len);
     void *on_token_ctx;
+    /* Cancellation (optional): once *cancel is nonzero (on_token may set
+     * it), every request of the call is cancelled before the next step
+     * (ie_sched_cancel) and the call fails with IE_ERR_INVAL "cancelled". */
+    const volatile int *cancel;
 } ie_gen_params_t;
 
 /* max_new 128, sampler defaults, no stop strings, add_special 1,

@@ -33,6 +33,7 @@ struct ie_engine {
     char ep[96];
     int32_t *b_tok, *b_pos, *b_seq; /* [max_batch] ie_engine_logits' steps */
     uint8_t *b_logits;
+    void *ext;                 /* the public API's block (ie_engine_ext)   */
 };
 
 void ie_engine_opts_default(ie_engine_opts_t *o)
@@ -208,6 +209,7 @@ void ie_engine_destroy(ie_engine_t **self_p)
     free(e->b_pos);
     free(e->b_seq);
     free(e->b_logits);
+    free(e->ext);
     free(e);
     *self_p = NULL;
 }
@@ -215,6 +217,7 @@ void ie_engine_destroy(ie_engine_t **self_p)
 const ie_hparams_t *ie_engine_hparams(const ie_engine_t *e) { return ie_model_src_hparams(e->src); }
 const ie_tokenizer_t *ie_engine_tokenizer(const ie_engine_t *e) { return e->tok; }
 ie_backend_t *ie_engine_backend(ie_engine_t *e) { return e->backend; }
+void **ie_engine_ext(const ie_engine_t *e) { return (void **)&e->ext; }
 
 void ie_engine_sched_opts(ie_engine_t *e, ie_sched_opts_t *out)
 {
@@ -316,6 +319,7 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
     int32_t **toks = NULL;
     size_t *n_toks = NULL;
     gen_item_t *items = NULL;
+    uint64_t *rid = NULL;
     ie_sched_t *sched = NULL;
     gen_call_t g = {.p = p, .results = results};
 
@@ -327,7 +331,8 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
     toks = calloc(n, sizeof *toks);
     n_toks = calloc(n, sizeof *n_toks);
     items = calloc(n, sizeof *items);
-    if (!toks || !n_toks || !items) {
+    rid = calloc(n, sizeof *rid);
+    if (!toks || !n_toks || !items || !rid) {
         st = ie_error_set(IE_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
@@ -374,11 +379,15 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
         items[i] = (gen_item_t){&g, i};
         ie_sched_req_t r = {.ids = ids ? ids[i] : toks[i], .n_ids = n_toks[i], .params = p, .cb = gen_event,
                             .cb_ctx = &items[i]};
-        if ((st = ie_sched_submit(sched, &r, NULL)) != IE_OK) goto cleanup;
+        if ((st = ie_sched_submit(sched, &r, &rid[i])) != IE_OK) goto cleanup;
     }
-    int idle = 0;
+    int idle = 0, cancelled = 0;
     while (g.n_done < n && g.st == IE_OK) {
         int busy = 0;
+        if (p->cancel && *p->cancel && !cancelled) { /* each ends with ERROR "cancelled" */
+            for (size_t i = 0; i < n; i++) ie_sched_cancel(sched, rid[i]); /* finished ones: RANGE, ignored */
+            cancelled = 1;
+        }
         if ((st = ie_sched_step(sched, &busy)) != IE_OK) goto cleanup;
         /* nothing runs and nothing can: a scheduler bug, not a hang */
         if (!busy && g.n_done < n && ++idle > 1000) {
@@ -395,6 +404,7 @@ cleanup:
     free(toks);
     free(n_toks);
     free(items);
+    free(rid);
     if (st != IE_OK)
         for (size_t i = 0; i < n; i++) ie_gen_result_clear(&results[i]);
     return st;
