@@ -1,4 +1,4 @@
-/* test_tokenizer.c — CUnit suite for the tokenizer (common/src/tokenizer*.c).
+/* test_tokenizer.c — CUnit suite for the tokenizer (common/tokenizer/tokenizer*.c).
  *
  * - llama.cpp's tokenizer test vectors (tests/data/ggml-vocab-*.gguf.inp /
  *   .out): every case must match, tokenized without BOS and without special

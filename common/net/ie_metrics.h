@@ -7,7 +7,7 @@
  * histograms), which `promtool check metrics` accepts. Every registry also
  * exports process_resident_memory_bytes and process_start_time_seconds.
  *
- * ie_metrics_serve starts an HTTP server (libmicrohttpd, its own thread)
+ * ie_metrics_serve starts a small HTTP server (plain sockets, its own thread)
  * answering GET /metrics with the rendered registry (and 404 otherwise);
  * port 0 picks a free port (ie_metrics_server_port tells which).
  */

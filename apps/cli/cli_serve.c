@@ -55,17 +55,6 @@ static void usage(FILE *f)
           f);
 }
 
-/* Contract (ie_cli.h): the last component of path, trailing '/' dropped;
- * malloc'd, the caller frees; NULL when out of memory. */
-char *ie_cli_base_name(const char *path)
-{
-    size_t n = strlen(path);
-    while (n > 1 && path[n - 1] == '/') n--;
-    size_t b = n;
-    while (b > 0 && path[b - 1] != '/') b--;
-    return strndup(path + b, n - b);
-}
-
 /* Contract (ie_cli.h): the serve mode; returns the process exit code. */
 int ie_cli_serve(int argc, char **argv)
 {
