@@ -23,11 +23,7 @@
 int ie_cli_perplexity(int argc, char **argv)
 {
     static const struct option lo[] = {
-        {"model", required_argument, 0, 'm'}, {"model-dir", required_argument, 0, 'm'},
-        {"file", required_argument, 0, 'f'}, {"ctx", required_argument, 0, 'c'},
-        {"chunks", required_argument, 0, 'k'}, {"threads", required_argument, 0, 't'},
-        {"precision", required_argument, 0, 'p'}, {"batch", required_argument, 0, 'b'},
-        {"plan", required_argument, 0, 'P'}, {0, 0, 0, 0}};
+        {"file", required_argument, 0, 'f'}, {"chunks", required_argument, 0, 'k'}, {0, 0, 0, 0}};
     const char *model = NULL, *file = NULL, *plan = NULL;
     long ctx = 512, chunks = 0, threads = sysconf(_SC_NPROCESSORS_ONLN), batch = 512;
     ie_precision_t prec = IE_PREC_NATIVE;
@@ -39,19 +35,19 @@ int ie_cli_perplexity(int argc, char **argv)
     int32_t *tok = NULL, *pos = NULL, *seq = NULL;
     uint8_t *want = NULL;
 
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    const ie_cli_pick_t picks[] = {
+        IE_CLI_PICK(IE_FLAG_MODEL, &model), IE_CLI_PICK_RANGE(IE_FLAG_CTX, &ctx, 4, 1 << 20),
+        IE_CLI_PICK(IE_FLAG_THREADS, &threads), IE_CLI_PICK(IE_FLAG_PRECISION, &prec),
+        IE_CLI_PICK_RANGE(IE_FLAG_BATCH, &batch, 1, 1 << 16), IE_CLI_PICK(IE_FLAG_PLAN, &plan)};
+    ie_cli_parser_t fl;
+    ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
+    while ((c = ie_cli_next(&fl)) != -1) {
         int bad = 0;
         switch (c) {
-        case 'm': model = optarg; break;
+        case IE_CLI_ENGINE: break;
+        case IE_CLI_BAD: bad = 1; break;
         case 'f': file = optarg; break;
-        case 'c': bad = ie_cli_parse_long(optarg, 4, 1 << 20, &ctx); break;
         case 'k': bad = ie_cli_parse_long(optarg, 0, 1 << 30, &chunks); break;
-        case 't': bad = ie_cli_parse_long(optarg, 1, 1024, &threads); break;
-        case 'b': bad = ie_cli_parse_long(optarg, 1, 1 << 16, &batch); break;
-        case 'p': bad = ie_precision_parse(optarg, &prec) != IE_OK; break;
-        case 'P': plan = optarg; break;
         default: return ie_cli_fail(IE_EXIT_USAGE, "perplexity: unknown or incomplete option '%s'", argv[optind - 1]);
         }
         if (bad) return ie_cli_fail(IE_EXIT_USAGE, "perplexity: bad value '%s'", optarg);
@@ -169,10 +165,8 @@ cleanup:
 int ie_cli_logits(int argc, char **argv)
 {
     static const struct option lo[] = {
-        {"model", required_argument, 0, 'm'}, {"model-dir", required_argument, 0, 'm'},
         {"ids", required_argument, 0, 'i'}, {"mode", required_argument, 0, 'M'},
-        {"out", required_argument, 0, 'o'}, {"threads", required_argument, 0, 't'},
-        {"precision", required_argument, 0, 'p'}, {"plan", required_argument, 0, 'P'}, {0, 0, 0, 0}};
+        {"out", required_argument, 0, 'o'}, {0, 0, 0, 0}};
     const char *model = NULL, *ids_s = NULL, *out = NULL, *plan = NULL;
     long threads = sysconf(_SC_NPROCESSORS_ONLN);
     int decode = 0, c, rc = IE_EXIT_OK;
@@ -182,22 +176,23 @@ int ie_cli_logits(int argc, char **argv)
     ie_engine_t *eng = NULL;
     FILE *f = NULL;
 
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    const ie_cli_pick_t picks[] = {
+        IE_CLI_PICK(IE_FLAG_MODEL, &model), IE_CLI_PICK(IE_FLAG_THREADS, &threads),
+        IE_CLI_PICK(IE_FLAG_PRECISION, &prec), IE_CLI_PICK(IE_FLAG_PLAN, &plan)};
+    ie_cli_parser_t fl;
+    ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
+    while ((c = ie_cli_next(&fl)) != -1) {
         int bad = 0;
         switch (c) {
-        case 'm': model = optarg; break;
+        case IE_CLI_ENGINE: break;
+        case IE_CLI_BAD: bad = 1; break;
         case 'i': ids_s = optarg; break;
         case 'o': out = optarg; break;
-        case 't': bad = ie_cli_parse_long(optarg, 1, 1024, &threads); break;
         case 'M':
             if (!strcmp(optarg, "decode")) decode = 1;
             else if (!strcmp(optarg, "prefill")) decode = 0;
             else bad = 1;
             break;
-        case 'p': bad = ie_precision_parse(optarg, &prec) != IE_OK; break;
-        case 'P': plan = optarg; break;
         default: return ie_cli_fail(IE_EXIT_USAGE, "logits: unknown or incomplete option '%s'", argv[optind - 1]);
         }
         if (bad) return ie_cli_fail(IE_EXIT_USAGE, "logits: bad value '%s'", optarg);

@@ -172,27 +172,21 @@ static int read_prompts(const char *path, char ***out, size_t *n_out)
 int ie_cli_run(int argc, char **argv)
 {
     enum {
-        O_MODEL = 256, O_PROMPT, O_PFILE, O_MAXNEW, O_THREADS, O_BATCH, O_CTX, O_WARMUP, O_ROUNDS, O_GREEDY,
-        O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_FREQ, O_PRES, O_SEED, O_STOP, O_PREC, O_NOSPECIAL,
-        O_PRINT, O_NOPIN, O_HELP, O_CHAT, O_REASONING, O_SHOWPROMPT, O_PLAN, O_KVBLOCK, O_KVBLOCKS, O_NOPREFIX
+        O_PROMPT = 256, O_PFILE, O_MAXNEW, O_WARMUP, O_ROUNDS, O_GREEDY, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP,
+        O_FREQ, O_PRES, O_SEED, O_STOP, O_NOSPECIAL, O_PRINT, O_HELP, O_CHAT, O_REASONING, O_SHOWPROMPT
     };
     static const struct option lo[] = {
-        {"model", required_argument, 0, O_MODEL}, {"model-dir", required_argument, 0, O_MODEL},
         {"prompt", required_argument, 0, O_PROMPT}, {"prompts-file", required_argument, 0, O_PFILE},
-        {"max-new", required_argument, 0, O_MAXNEW}, {"threads", required_argument, 0, O_THREADS},
-        {"batch", required_argument, 0, O_BATCH}, {"ctx", required_argument, 0, O_CTX},
+        {"max-new", required_argument, 0, O_MAXNEW},
         {"warmup", required_argument, 0, O_WARMUP}, {"rounds", required_argument, 0, O_ROUNDS},
         {"greedy", no_argument, 0, O_GREEDY}, {"temperature", required_argument, 0, O_TEMP},
         {"top-k", required_argument, 0, O_TOPK}, {"top-p", required_argument, 0, O_TOPP},
         {"min-p", required_argument, 0, O_MINP}, {"repeat-penalty", required_argument, 0, O_REP},
         {"frequency-penalty", required_argument, 0, O_FREQ},
         {"presence-penalty", required_argument, 0, O_PRES}, {"seed", required_argument, 0, O_SEED},
-        {"stop", required_argument, 0, O_STOP}, {"precision", required_argument, 0, O_PREC},
+        {"stop", required_argument, 0, O_STOP},
         {"no-special", no_argument, 0, O_NOSPECIAL}, {"print-text", no_argument, 0, O_PRINT},
-        {"no-pin", no_argument, 0, O_NOPIN}, {"help", no_argument, 0, O_HELP},
-        {"plan", required_argument, 0, O_PLAN},
-        {"kv-block", required_argument, 0, O_KVBLOCK}, {"kv-blocks", required_argument, 0, O_KVBLOCKS},
-        {"no-prefix-cache", no_argument, 0, O_NOPREFIX},
+        {"help", no_argument, 0, O_HELP},
         {"chat", required_argument, 0, O_CHAT}, {"reasoning", required_argument, 0, O_REASONING},
         {"show-prompt", no_argument, 0, O_SHOWPROMPT}, {0, 0, 0, 0}};
 
@@ -228,12 +222,19 @@ int ie_cli_run(int argc, char **argv)
     char msg[600];
 
     if (threads < 1) threads = 1;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    const ie_cli_pick_t picks[] = {
+        IE_CLI_PICK(IE_FLAG_MODEL, &model), IE_CLI_PICK(IE_FLAG_THREADS, &threads),
+        IE_CLI_PICK(IE_FLAG_BATCH, &batch), IE_CLI_PICK(IE_FLAG_CTX, &ctx),
+        IE_CLI_PICK(IE_FLAG_PRECISION, &prec), IE_CLI_PICK(IE_FLAG_NO_PIN, &pin),
+        IE_CLI_PICK(IE_FLAG_PLAN, &plan), IE_CLI_PICK(IE_FLAG_KV_BLOCK, &kv_block),
+        IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks), IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache)};
+    ie_cli_parser_t fl;
+    ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
+    while ((c = ie_cli_next(&fl)) != -1) {
         int bad = 0;
         switch (c) {
-        case O_MODEL: model = optarg; break;
+        case IE_CLI_ENGINE: break;
+        case IE_CLI_BAD: bad = 1; break;
         case O_PROMPT: prompt = optarg; break;
         case O_PFILE: pfile = optarg; break;
         case O_CHAT: chat = optarg; break;
@@ -243,9 +244,6 @@ int ie_cli_run(int argc, char **argv)
             have_reasoning = 1;
             break;
         case O_MAXNEW: bad = ie_cli_parse_long(optarg, 0, 1 << 24, &max_new); break;
-        case O_THREADS: bad = ie_cli_parse_long(optarg, 1, 1024, &threads); break;
-        case O_BATCH: bad = ie_cli_parse_long(optarg, 1, 4096, &batch); break;
-        case O_CTX: bad = ie_cli_parse_long(optarg, 1, 1 << 24, &ctx); break;
         case O_WARMUP: bad = ie_cli_parse_long(optarg, 0, 1000, &warmup); break;
         case O_ROUNDS: bad = ie_cli_parse_long(optarg, 1, 1000, &rounds); break;
         case O_GREEDY: greedy = 1; break;
@@ -272,16 +270,8 @@ int ie_cli_run(int argc, char **argv)
             stops[n_stop++] = optarg;
             break;
         }
-        case O_PREC:
-            if (ie_precision_parse(optarg, &prec) != IE_OK) bad = 1;
-            break;
         case O_NOSPECIAL: special = 0; break;
         case O_PRINT: print_text = 1; break;
-        case O_NOPIN: pin = 0; break;
-        case O_PLAN: plan = optarg; break;
-        case O_KVBLOCK: bad = ie_cli_parse_long(optarg, 1, 1 << 16, &kv_block); break;
-        case O_KVBLOCKS: bad = ie_cli_parse_long(optarg, 0, INT32_MAX, &kv_blocks); break;
-        case O_NOPREFIX: prefix_cache = 0; break;
         case O_HELP: usage(stdout); goto cleanup;
         default:
             snprintf(msg, sizeof msg, "unknown or incomplete option '%s' (see --help)", argv[optind - 1]);
@@ -289,10 +279,7 @@ int ie_cli_run(int argc, char **argv)
             goto cleanup;
         }
         if (bad) {
-            const char *name = "?";
-            for (const struct option *o = lo; o->name; o++)
-                if (o->val == c) { name = o->name; break; }
-            snprintf(msg, sizeof msg, "bad value '%s' for --%s", optarg, name);
+            snprintf(msg, sizeof msg, "bad value '%s' for --%s", optarg, ie_cli_flag_name(&fl, c));
             rc = ie_cli_fail(IE_EXIT_USAGE, "%s", msg);
             goto cleanup;
         }

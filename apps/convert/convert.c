@@ -457,7 +457,7 @@ int ie_convert_main(int argc, char **argv)
         {"in", required_argument, 0, 'i'},       {"hf-dir", required_argument, 0, 'i'},
         {"out-dir", required_argument, 0, 'o'},  {"q4-map", required_argument, 0, 'm'},
         {"pretranspose", required_argument, 0, 'P'}, {"calib", required_argument, 0, 'c'},
-        {"calib-tokens", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
+        {"calib-tokens", required_argument, 0, 'n'},
         {"force", no_argument, 0, 'f'},          {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     const char *in = NULL, *out_dir = NULL, *manifest_arg = NULL, *calib_path = NULL;
@@ -483,18 +483,20 @@ int ie_convert_main(int argc, char **argv)
     const char *gate_result = "none";
 
     if (threads < 1) threads = 1;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    const ie_cli_pick_t picks[] = { IE_CLI_PICK(IE_FLAG_THREADS, &threads) };
+    ie_cli_parser_t fl;
+    ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
+    while ((c = ie_cli_next(&fl)) != -1) {
         int bad = 0;
         switch (c) {
+        case IE_CLI_ENGINE: break;
+        case IE_CLI_BAD: bad = 1; break;
         case 'i': in = optarg; break;
         case 'o': out_dir = optarg; break;
         case 'm': manifest_arg = optarg; break;
         case 'P': bad = ie_pretranspose_parse(optarg, &pt) != IE_OK; break;
         case 'c': calib_path = optarg; break;
         case 'n': bad = ie_cli_parse_long(optarg, 2, 1 << 24, &calib_tokens); break;
-        case 't': bad = ie_cli_parse_long(optarg, 1, 1024, &threads); break;
         case 'f': force = 1; break;
         case 'q': quiet = 1; break;
         case 'h': usage(stdout); return IE_EXIT_OK;
