@@ -643,11 +643,7 @@ static void test_lowercase_byte_token_json(void)
     CU_ASSERT_PTR_NOT_NULL_FATAL(at);
     memcpy(at + 1, "<0x0a>", 6);
     char path[512];
-    snprintf(path, sizeof path, "%s/tokenizer.json", g_tmpdir);
-    FILE *f = fopen(path, "wb");
-    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
-    fwrite(js, 1, len, f);
-    fclose(f);
+    snprintf(path, sizeof path, "%s", write_tmp("tokenizer.json", js));
     free(js);
     ie_tokenizer_t *t = load(path);
     const int32_t nl = find(t, "<0x0a>");
