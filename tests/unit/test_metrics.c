@@ -433,7 +433,6 @@ static void test_http_server(void)
 
     /* the port is taken now: a second server on it fails cleanly */
     ie_metrics_server_t *s2 = NULL;
-    fprintf(stderr, "\n(an 'address already in use' message from libmicrohttpd follows; it is expected)\n");
     CU_ASSERT_EQUAL(ie_metrics_serve(m, "127.0.0.1", port, &s2), IE_ERR_IO);
     CU_ASSERT_PTR_NULL(s2);
 
