@@ -1,6 +1,6 @@
 /* ie_cli.h — what the executables share (exit codes, the one error exit,
- * the engine flag table, config files, signals: apps/cli/cli_common.c and
- * cli_config.c, library ie_cli) and the modes (subcommands) of the
+ * the engine flag table, config files, signals: apps/cli/cli_common.c,
+ * cli_flags.c and cli_config.c, library ie_cli) and the modes (subcommands) of the
  * `inference-engine` executable (apps/cli/cli_*.c).
  *
  * Each mode takes the argument vector that starts at its own name (argv[0]
