@@ -54,7 +54,8 @@ int ie_cli_parse_long(const char *s, long lo, long hi, long *out);
  *     while ((c = ie_cli_next(&p)) != -1) switch (c) { case IE_CLI_ENGINE: break;
  *                                                     case IE_CLI_BAD: ...; case 'i': ...; default: ... }
  *
- * Each binary keeps its own messages for a bad or unknown flag. */
+ * Each binary keeps its own messages for a bad or unknown flag. Its own
+ * options' values stay below IE_FLAG_MODEL (0x1000). */
 typedef enum ie_flag_id {
     IE_FLAG_MODEL = 0x1000, /* --model / --model-dir PATH         const char * */
     IE_FLAG_THREADS,        /* --threads N (1..1024)              long         */
