@@ -5,7 +5,8 @@
  * copies could drift. Here each is declared once; a binary picks the ones it
  * takes and keeps only its own options in its getopt loop.
  */
-#include "ie_cli.h"
+#include "ie_cli_flags.h"
+#include "ie_cli.h" /* ie_cli_parse_long */
 
 #include "ie_worker.h" /* ie_precision_parse */
 
