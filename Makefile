@@ -3,13 +3,16 @@
 #   make test                 build, then run CUnit + pytest through ctest
 BUILD ?= build
 JOBS ?= $(shell nproc)
+# IE_WERROR=ON turns compiler warnings into errors (.ci/run sets it; an
+# environment variable of that name works too).
+IE_WERROR ?= OFF
 
 .PHONY: all build test check-install docs format-check test-distributed test-serving bench bench-quick bench-distributed bench-serve bench-decode fuzz reference asan tsan clean
 
 all: build
 
 build:
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DIE_WERROR=$(IE_WERROR) >/dev/null
 	cmake --build $(BUILD) -j$(JOBS)
 
 test: build
@@ -110,14 +113,14 @@ reference: build
 
 # The unit tests under ASan+UBSan.
 asan:
-	cmake -S . -B build-asan -DCMAKE_C_COMPILER=clang -DIE_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug >/dev/null
+	cmake -S . -B build-asan -DCMAKE_C_COMPILER=clang -DIE_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug -DIE_WERROR=$(IE_WERROR) >/dev/null
 	cmake --build build-asan -j$(JOBS)
 	cd build-asan && ctest --output-on-failure -E pytest
 
 # The threaded suites under ThreadSanitizer.
 TSAN_TESTS = test_threadpool test_worker test_engine test_metrics test_shard test_transport test_sched test_shmreduce test_paged
 tsan:
-	cmake -S . -B build-tsan -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	cmake -S . -B build-tsan -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIE_WERROR=$(IE_WERROR) \
 	  -DCMAKE_C_FLAGS=-fsanitize=thread -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread >/dev/null
 	cmake --build build-tsan -j$(JOBS) --target $(TSAN_TESTS)
 	cd build-tsan && IE_TEST_ONLY=threads TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" ctest --output-on-failure -R '^($(shell echo $(TSAN_TESTS) | tr ' ' '|'))$$'

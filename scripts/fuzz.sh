@@ -22,7 +22,7 @@ log() { printf '[fuzz] %s\n' "$*" >&2; }
 
 log "configuring $build (clang, ASan+UBSan, libFuzzer)"
 cmake -S . -B "$build" -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Release \
-  -DIE_FUZZ=ON -DIE_SANITIZE=ON -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link" >/dev/null
+  -DIE_FUZZ=ON -DIE_SANITIZE=ON -DIE_WERROR="${IE_WERROR:-OFF}" -DCMAKE_C_FLAGS="-fsanitize=fuzzer-no-link" >/dev/null
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]/#/fuzz_}" >/dev/null
 
 status=0

@@ -4,7 +4,7 @@
      inproc) gives the same greedy text as the embedded engine (plan none);
      a plan the model's shapes forbid fails with a clear error line.
   b) ie-coordinator + ie-worker processes, clients through
-     coordinator/clients/ie_client.py and the C ie-client-example.
+     apps/clients/ie_client.py and the C ie-client-example.
   c) a worker killed with SIGKILL mid-generation: the client gets an
      "unavailable" error reply quickly, and the restarted worker rejoins.
   d) CURVE: keys from ie-keygen, encrypted cluster, an unknown client is
@@ -30,7 +30,7 @@ import pytest
 
 from conftest import FIXTURES, REPO, THREADS, binary, free_port, need_file, parse_single_json_line
 
-sys.path.insert(0, str(REPO / "coordinator" / "clients"))
+sys.path.insert(0, str(REPO / "apps" / "clients"))
 import ie_client  # noqa: E402
 
 TINY_GPTOSS = FIXTURES / "tiny_gptoss.gguf"
@@ -418,7 +418,7 @@ def test_processes_malformed_requests_and_c_client(smollm2, clusters, tmp_path):
     assert f"n_gen={MAX_NEW}" in summary and "finish=length" in summary, summary
 
     # the Python CLI
-    cp = subprocess.run([sys.executable, str(REPO / "coordinator" / "clients" / "ie_client.py"),
+    cp = subprocess.run([sys.executable, str(REPO / "apps" / "clients" / "ie_client.py"),
                          "--endpoint", c.client_ep, "--prompt", PROMPTS[2], "--stream",
                          "--max-new", str(MAX_NEW), "--greedy"], capture_output=True, timeout=60)
     assert cp.returncode == 0, cp.stderr

@@ -61,7 +61,7 @@ except ImportError:  # the openai package of .venv ships its fork under this nam
 import openai
 import zmq
 
-sys.path.insert(0, str(REPO / "coordinator" / "clients"))
+sys.path.insert(0, str(REPO / "apps" / "clients"))
 import ie_client  # noqa: E402
 
 MODEL_NAME = "smollm2"

@@ -72,8 +72,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     return 0;
 }
 
-#else /* seed writer: cc -DIE_PROTO_MAKE_SEEDS -Icommon/include tests/fuzz/fuzz_proto.c \
-   *   build/libie_common.a -lmsgpackc -o seeds && ./seeds tests/fuzz/corpus_proto */
+#else /* seed writer: cc -DIE_PROTO_MAKE_SEEDS -Icommon/net -Icommon/sys -Iinclude tests/fuzz/fuzz_proto.c \
+   *   build/libie_net.a build/libie_sys.a build/libie_kernels.a -lmsgpackc -o seeds && ./seeds tests/fuzz/corpus_proto */
 
 #include <stdio.h>
 

@@ -4,7 +4,7 @@
 The excerpt is a fixed byte range of tests/data/corpus/austen_1.txt (Emma,
 from "Emma Woodhouse, handsome, clever, and rich" on, cut at the end of a
 line). Its perplexity is computed exactly as `inference-engine perplexity`
-does (coordinator/src/cli_eval.c, llama.cpp's method):
+does (apps/cli/cli_eval.c, llama.cpp's method):
 
   ids      tokens of the whole excerpt, no BOS/EOS added (SmolLM2's
            tokenizer adds none; a tokenizer that adds BOS would get it as the

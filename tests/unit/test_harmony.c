@@ -1,4 +1,4 @@
-/* test_harmony.c — CUnit suite for the harmony chat format (coordinator/src/harmony.c).
+/* test_harmony.c — CUnit suite for the harmony chat format (coordinator/chat/harmony.c).
  *
  * - rendering: every case of tests/data/harmony_ref.json (made by
  *   tests/reference/gen_harmony_ref.py with transformers' apply_chat_template

@@ -1,4 +1,4 @@
-/* test_manifest.c — CUnit suite for coordinator/src/manifest.c: parsing
+/* test_manifest.c — CUnit suite for apps/convert/manifest.c: parsing
  * (valid manifests, unknown keys, bad regexes, dtypes and groups), first
  * match wins, shape checks with and without a fallback, the pretranspose
  * selection, and the default manifests under configs/.

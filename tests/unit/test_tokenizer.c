@@ -1,4 +1,4 @@
-/* test_tokenizer.c — CUnit suite for the tokenizer (common/src/tokenizer*.c).
+/* test_tokenizer.c — CUnit suite for the tokenizer (common/tokenizer/tokenizer*.c).
  *
  * - llama.cpp's tokenizer test vectors (tests/data/ggml-vocab-*.gguf.inp /
  *   .out): every case must match, tokenized without BOS and without special
@@ -632,6 +632,36 @@ static void test_dir_and_config(void)
     unlink(path);
 }
 
+/* Byte-fallback tokens spelled in lower-case hex ("<0x0a>") are byte tokens
+ * in a tokenizer.json as in a GGUF vocabulary: the loaders share one parser. */
+static void test_lowercase_byte_token_json(void)
+{
+    size_t len = 0;
+    char *js = slurp(LLAMA2_JSON, &len);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(js);
+    char *at = strstr(js, "\"<0x0A>\"");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(at);
+    memcpy(at + 1, "<0x0a>", 6);
+    char path[512];
+    snprintf(path, sizeof path, "%s", write_tmp("tokenizer.json", js));
+    free(js);
+    ie_tokenizer_t *t = load(path);
+    const int32_t nl = find(t, "<0x0a>");
+    CU_ASSERT_EQUAL(nl, 13);
+    int32_t *ids = NULL;
+    size_t n = enc(t, "a\nb", 0, &ids);
+    int found = 0;
+    for (size_t i = 0; i < n; i++) found |= ids[i] == nl;
+    CU_ASSERT_TRUE(found); /* '\n' encodes through the byte token */
+    free(ids);
+    ie_detok_t *d = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_detok_new(t, &d), IE_OK);
+    CU_ASSERT_STRING_EQUAL(ie_detok_push(d, nl), "\n");
+    ie_detok_destroy(&d);
+    ie_tokenizer_destroy(&t);
+    unlink(path);
+}
+
 static void test_malformed_gguf(void)
 {
     size_t len = 0;
@@ -1054,6 +1084,7 @@ int main(void)
     CU_add_test(s, "smollm2 tokenizer.json", test_smollm2_json);
     CU_add_test(s, "malformed tokenizer.json", test_malformed_json);
     CU_add_test(s, "directory + tokenizer_config.json", test_dir_and_config);
+    CU_add_test(s, "lower-case <0x0a> byte token (json)", test_lowercase_byte_token_json);
     CU_add_test(s, "malformed gguf", test_malformed_gguf);
     CU_add_test(s, "threads and speed", test_threads_and_speed);
     CU_add_test(s, "TestPlans o200k_base (tiktoken)", test_test_plans_o200k);

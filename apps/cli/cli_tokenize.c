@@ -92,9 +92,8 @@ int ie_cli_tokenize(int argc, char **argv)
         const char *a = argv[i];
         if (strcmp(a, "--tokenizer") == 0) {
             if (i + 1 >= argc) {
-                fprintf(stderr, "error: --tokenizer needs a PATH\n");
+                rc = ie_cli_fail(IE_EXIT_USAGE, "--tokenizer needs a PATH");
                 usage(stderr);
-                rc = IE_EXIT_USAGE;
                 goto cleanup;
             }
             path = argv[++i];
@@ -110,29 +109,25 @@ int ie_cli_tokenize(int argc, char **argv)
             usage(stdout);
             goto cleanup;
         } else {
-            fprintf(stderr, "error: unknown argument '%s'\n", a);
+            rc = ie_cli_fail(IE_EXIT_USAGE, "unknown argument '%s'", a);
             usage(stderr);
-            rc = IE_EXIT_USAGE;
             goto cleanup;
         }
     }
     if (!path || !*path) {
-        fprintf(stderr, "error: --tokenizer PATH is required\n");
+        rc = ie_cli_fail(IE_EXIT_USAGE, "--tokenizer PATH is required");
         usage(stderr);
-        rc = IE_EXIT_USAGE;
         goto cleanup;
     }
 
     ie_status_t lst = ie_tokenizer_load(path, &tok);
     if (lst != IE_OK) {
-        fprintf(stderr, "error: %s\n", ie_error_last());
-        rc = lst == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_MODEL;
+        rc = ie_cli_fail(lst == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_MODEL, "%s", ie_error_last());
         goto cleanup;
     }
     int rr = read_all(stdin, &text, &len);
     if (rr != 0) {
-        fprintf(stderr, "error: %s\n", rr == -2 ? "out of memory reading stdin" : "cannot read stdin");
-        rc = rr == -2 ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME;
+        rc = ie_cli_fail(rr == -2 ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, "%s", rr == -2 ? "out of memory reading stdin" : "cannot read stdin");
         goto cleanup;
     }
 
@@ -159,18 +154,15 @@ int ie_cli_tokenize(int argc, char **argv)
         }
     }
     if (st == IE_ERR_INVAL) {
-        fprintf(stderr, "error: input text: %s\n", ie_error_last());
-        rc = IE_EXIT_USAGE;
+        rc = ie_cli_fail(IE_EXIT_USAGE, "input text: %s", ie_error_last());
         goto cleanup;
     }
     if (st != IE_OK) {
-        fprintf(stderr, "error: %s\n", ie_error_last());
-        rc = st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME;
+        rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, "%s", ie_error_last());
         goto cleanup;
     }
     if (fflush(stdout) != 0 || ferror(stdout)) {
-        fprintf(stderr, "error: cannot write stdout\n");
-        rc = IE_EXIT_RUNTIME;
+        rc = ie_cli_fail(IE_EXIT_RUNTIME, "cannot write stdout");
     }
 
 cleanup:

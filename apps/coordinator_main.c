@@ -87,85 +87,64 @@ int main(int argc, char **argv)
     ie_status_t st = IE_OK;
 
     if (ie_cli_config_expand(argc, argv, &ac, &av, err, sizeof err) != 0) {
-        fprintf(stderr, "error: %s\n", err);
-        return IE_EXIT_USAGE;
+        return ie_cli_fail(IE_EXIT_USAGE, "%s", err);
     }
-    enum { O_MODEL = 1, O_PLAN, O_WORKERS, O_BIND, O_CBIND, O_CTX, O_BATCH, O_MAXB, O_PREC, O_QUEUE, O_HB, O_DEAD,
-           O_MPORT, O_MADDR, O_KEYS, O_KEY, O_AUTH, O_VERBOSE, O_HELP, O_KVBLOCK, O_KVBLOCKS, O_NOPREFIX, O_RETRY, O_TIMEOUT,
-           O_HPORT, O_HADDR, O_APIKEY, O_CPULAT };
+    enum { O_WORKERS = 1, O_BIND, O_CBIND, O_HB, O_DEAD, O_HELP, O_RETRY, O_HPORT, O_HADDR };
     static const struct option lo[] = {
-        {"model", required_argument, 0, O_MODEL}, {"plan", required_argument, 0, O_PLAN},
         {"workers", required_argument, 0, O_WORKERS}, {"bind", required_argument, 0, O_BIND},
-        {"client-bind", required_argument, 0, O_CBIND}, {"ctx", required_argument, 0, O_CTX},
-        {"batch", required_argument, 0, O_BATCH}, {"max-batch", required_argument, 0, O_MAXB},
-        {"precision", required_argument, 0, O_PREC}, {"queue", required_argument, 0, O_QUEUE},
-        {"heartbeat-ms", required_argument, 0, O_HB}, {"dead-ms", required_argument, 0, O_DEAD},
-        {"metrics-port", required_argument, 0, O_MPORT}, {"metrics-addr", required_argument, 0, O_MADDR},
-        {"keys-dir", required_argument, 0, O_KEYS}, {"key", required_argument, 0, O_KEY},
-        {"authorized", required_argument, 0, O_AUTH}, {"verbose", no_argument, 0, O_VERBOSE},
-        {"help", no_argument, 0, O_HELP}, {"kv-block", required_argument, 0, O_KVBLOCK},
-        {"kv-blocks", required_argument, 0, O_KVBLOCKS}, {"no-prefix-cache", no_argument, 0, O_NOPREFIX},
-        {"retry-ms", required_argument, 0, O_RETRY}, {"timeout-ms", required_argument, 0, O_TIMEOUT},
-        {"http-port", required_argument, 0, O_HPORT}, {"http-addr", required_argument, 0, O_HADDR},
-        {"api-key", required_argument, 0, O_APIKEY}, {"cpu-latency-us", required_argument, 0, O_CPULAT},
-        {0, 0, 0, 0}};
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(ac, av, "", lo, NULL)) != -1) {
+        {"client-bind", required_argument, 0, O_CBIND}, {"heartbeat-ms", required_argument, 0, O_HB},
+        {"dead-ms", required_argument, 0, O_DEAD}, {"help", no_argument, 0, O_HELP},
+        {"retry-ms", required_argument, 0, O_RETRY}, {"http-port", required_argument, 0, O_HPORT},
+        {"http-addr", required_argument, 0, O_HADDR}, {0, 0, 0, 0}};
+    const char *plan_s = NULL;
+    const ie_cli_pick_t picks[] = {
+        IE_CLI_PICK(IE_FLAG_MODEL, &model), IE_CLI_PICK(IE_FLAG_PLAN, &plan_s),
+        IE_CLI_PICK(IE_FLAG_CTX, &ctx), IE_CLI_PICK_RANGE(IE_FLAG_BATCH, &batch, 1, 64),
+        IE_CLI_PICK(IE_FLAG_MAX_BATCH, &max_batch), IE_CLI_PICK(IE_FLAG_PRECISION, &prec),
+        IE_CLI_PICK(IE_FLAG_QUEUE, &queue), IE_CLI_PICK(IE_FLAG_METRICS_PORT, &metrics_port),
+        IE_CLI_PICK(IE_FLAG_METRICS_ADDR, &metrics_addr), IE_CLI_PICK(IE_FLAG_KEYS_DIR, &keys_dir),
+        IE_CLI_PICK(IE_FLAG_KEY, &key_name), IE_CLI_PICK(IE_FLAG_AUTHORIZED, &authorized),
+        IE_CLI_PICK(IE_FLAG_VERBOSE, &verbose), IE_CLI_PICK(IE_FLAG_KV_BLOCK, &kv_block),
+        IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks), IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache),
+        IE_CLI_PICK_RANGE(IE_FLAG_TIMEOUT_MS, &timeout_ms, 0, 86400000), IE_CLI_PICK(IE_FLAG_API_KEY, &api_key),
+        IE_CLI_PICK(IE_FLAG_CPU_LATENCY, &cpulat)};
+    ie_cli_parser_t fl;
+    ie_cli_parser_init(&fl, ac, av, picks, IE_CLI_NPICKS(picks), lo);
+    while ((c = ie_cli_next(&fl)) != -1) {
         int bad = 0;
         switch (c) {
-        case O_MODEL: model = optarg; break;
-        case O_PLAN: bad = ie_shard_kind_parse(optarg, &plan) != IE_OK || plan == IE_SHARD_NONE; break;
+        case IE_CLI_ENGINE: /* the coordinator's --plan is a kind; --workers gives the count */
+            if (fl.last == IE_FLAG_PLAN) bad = ie_shard_kind_parse(plan_s, &plan) != IE_OK || plan == IE_SHARD_NONE;
+            break;
+        case IE_CLI_BAD: bad = 1; break;
         case O_WORKERS: bad = ie_cli_parse_long(optarg, 1, 64, &workers); break;
         case O_BIND: bind = optarg; break;
         case O_CBIND: client_bind = optarg; break;
-        case O_CTX: bad = ie_cli_parse_long(optarg, 1, 1 << 24, &ctx); break;
-        case O_BATCH: bad = ie_cli_parse_long(optarg, 1, 64, &batch); break;
-        case O_MAXB: bad = ie_cli_parse_long(optarg, 1, 1 << 16, &max_batch); break;
-        case O_PREC: bad = ie_precision_parse(optarg, &prec) != IE_OK; break;
-        case O_QUEUE: bad = ie_cli_parse_long(optarg, 1, 1 << 20, &queue); break;
         case O_HB: bad = ie_cli_parse_long(optarg, 10, 60000, &hb); break;
         case O_DEAD: bad = ie_cli_parse_long(optarg, 50, 600000, &dead); break;
-        case O_MPORT: bad = ie_cli_parse_long(optarg, 0, 65535, &metrics_port); break;
-        case O_MADDR: metrics_addr = optarg; break;
-        case O_KEYS: keys_dir = optarg; break;
-        case O_KEY: key_name = optarg; break;
-        case O_AUTH: authorized = optarg; break;
-        case O_VERBOSE: verbose = 1; break;
-        case O_KVBLOCK: bad = ie_cli_parse_long(optarg, 1, 1 << 16, &kv_block); break;
-        case O_KVBLOCKS: bad = ie_cli_parse_long(optarg, 0, INT32_MAX, &kv_blocks); break;
-        case O_NOPREFIX: prefix_cache = 0; break;
         case O_RETRY: bad = ie_cli_parse_long(optarg, 0, 3600000, &retry_ms); break;
-        case O_TIMEOUT: bad = ie_cli_parse_long(optarg, 0, 86400000, &timeout_ms); break;
         case O_HPORT: bad = ie_cli_parse_long(optarg, 0, 65535, &http_port); break;
         case O_HADDR: http_addr = optarg; break;
-        case O_APIKEY: api_key = optarg; bad = !*optarg; break;
-        case O_CPULAT: cpulat = optarg; break;
         case O_HELP: usage(stdout); goto cleanup;
         default:
-            fprintf(stderr, "error: unknown or incomplete option '%s' (see --help)\n", av[optind - 1]);
-            rc = IE_EXIT_USAGE;
+            rc = ie_cli_fail(IE_EXIT_USAGE, "unknown or incomplete option '%s' (see --help)", av[optind - 1]);
             goto cleanup;
         }
         if (bad) {
-            fprintf(stderr, "error: bad value '%s' for %s\n", optarg, av[optind - 2 >= 0 ? optind - 2 : 0]);
-            rc = IE_EXIT_USAGE;
+            rc = ie_cli_fail(IE_EXIT_USAGE, "bad value '%s' for %s", optarg, av[optind - 2 >= 0 ? optind - 2 : 0]);
             goto cleanup;
         }
     }
     if (optind < ac || !model) {
-        fprintf(stderr, "error: --model is required (see --help)\n");
-        rc = IE_EXIT_USAGE;
+        rc = ie_cli_fail(IE_EXIT_USAGE, "--model is required (see --help)");
         goto cleanup;
     }
     if (!!keys_dir != !!key_name) {
-        fprintf(stderr, "error: CURVE needs --keys-dir and --key together\n");
-        rc = IE_EXIT_USAGE;
+        rc = ie_cli_fail(IE_EXIT_USAGE, "CURVE needs --keys-dir and --key together");
         goto cleanup;
     }
     if (ie_cpulat_apply(cpulat, "ie-coordinator") != IE_OK) {
-        fprintf(stderr, "error: %s\n", ie_error_last());
-        rc = IE_EXIT_USAGE;
+        rc = ie_cli_fail(IE_EXIT_USAGE, "%s", ie_error_last());
         goto cleanup;
     }
     ie_cli_stop_on_signals(&g_stop);
@@ -230,8 +209,7 @@ int main(int argc, char **argv)
         }
         ho.model_name = model_name;
         if ((st = ie_http_start(&ho, &http)) != IE_OK) { /* not the model's fault: exit 1 (2 for a bad address) */
-            fprintf(stderr, "error: %s\n", ie_error_last());
-            rc = st == IE_ERR_INVAL ? IE_EXIT_USAGE : IE_EXIT_RUNTIME;
+            rc = ie_cli_fail(st == IE_ERR_INVAL ? IE_EXIT_USAGE : IE_EXIT_RUNTIME, "%s", ie_error_last());
             goto cleanup;
         }
         fprintf(stderr, "ie-coordinator: HTTP API at http://%s:%d/v1\n", http_addr, ie_http_port(http));
@@ -241,9 +219,10 @@ int main(int argc, char **argv)
     if (st != IE_OK) goto fail;
     goto cleanup;
 fail:
-    fprintf(stderr, "error: %s\n", ie_error_last());
-    rc = st == IE_ERR_INVAL ? IE_EXIT_USAGE : ie_cli_exit_for_load(st) == IE_EXIT_MODEL ? IE_EXIT_MODEL
-                                                                                        : IE_EXIT_RUNTIME;
+    rc = ie_cli_fail(st == IE_ERR_INVAL                              ? IE_EXIT_USAGE
+                     : ie_cli_exit_for_load(st) == IE_EXIT_MODEL ? IE_EXIT_MODEL
+                                                                 : IE_EXIT_RUNTIME,
+                     "%s", ie_error_last());
 cleanup:
     ie_http_stop(&http); /* before the scheduler: its requests are cancelled there */
     ie_sched_destroy(&sched);

@@ -1,4 +1,7 @@
-/* ie_cli.h — the modes (subcommands) of the `inference-engine` executable.
+/* ie_cli.h — what the executables share (exit codes, the one error exit,
+ * config files, signals: apps/cli/cli_common.c and cli_config.c; the flag
+ * table is ie_cli_flags.h; library ie_cli) and the modes (subcommands) of
+ * the `inference-engine` executable (apps/cli/cli_*.c).
  *
  * Each mode takes the argument vector that starts at its own name (argv[0]
  * is the mode), prints its result as JSON on stdout (one line) and errors as
@@ -8,6 +11,7 @@
 #ifndef IE_CLI_H
 #define IE_CLI_H
 
+#include "ie_cli_flags.h" /* the engine flag table and its parser */
 #include "ie_status.h"
 
 #include <signal.h>
@@ -21,6 +25,11 @@ enum {
     IE_EXIT_ENGINE = 5,  /* engine creation failed                    */
     IE_EXIT_NOMEM = 6    /* out of memory                             */
 };
+
+/* The one way to exit on error: prints "error: " + the printf-formatted
+ * message + '\n' to stderr and returns `code` (so a mode writes
+ * `return ie_cli_fail(IE_EXIT_USAGE, "bad value '%s'", v);`). */
+int ie_cli_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Strict integer flag value: the whole string s is a base-10 number in
  * [lo, hi]; stores it in *out and returns 0, else -1 (out untouched). */

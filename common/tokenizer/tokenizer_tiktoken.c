@@ -18,6 +18,7 @@
  * accepted too. Special tokens are control tokens: matched in the text
  * only with IE_TOK_PARSE_SPECIAL, hidden by the detokenizer unless asked.
  */
+#include "ie_mmap.h"
 #include "tokenizer_internal.h"
 
 #include <cjson/cJSON.h>
@@ -241,13 +242,13 @@ ie_status_t ie_tokenizer_load_tiktoken(const char *ranks_path, const char *speci
     }
 
     int32_t max_rank = -1;
-    if ((st = ie_tok_read_file(ranks_path, 0, &buf, &len)) != IE_OK ||
+    if ((st = ie_file_read("tokenizer", ranks_path, IE_TOK_FILE_MAX, &buf, &len)) != IE_OK ||
         (st = parse_ranks(ranks_path, buf, len, &lines, &n_lines, &max_rank)) != IE_OK) {
         goto cleanup;
     }
     int32_t n_vocab = max_rank + 1;
     if (specials_path) {
-        if ((st = ie_tok_read_file(specials_path, 0, &sbuf, &slen)) != IE_OK) {
+        if ((st = ie_file_read("tokenizer", specials_path, IE_TOK_FILE_MAX, &sbuf, &slen)) != IE_OK) {
             goto cleanup;
         }
         const char *end = NULL;

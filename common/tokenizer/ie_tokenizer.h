@@ -44,7 +44,7 @@ ie_status_t ie_tokenizer_load(const char *path, ie_tokenizer_t **out);
 /* A path ending in ".tiktoken" is a tiktoken ranks file (see below); the
  * special-token table IE_TIKTOKEN_SPECIALS in the same directory is read
  * with it when present. */
-#define IE_TIKTOKEN_SPECIALS "o200k_harmony_special_tokens.json"
+#include "ie_tokfile.h" /* IE_TIKTOKEN_SPECIALS */
 
 /* Load a tiktoken ranks file ("BASE64 RANK" per line; rank = id; merges
  * implied: the adjacent pair whose concatenation has the lowest rank joins

@@ -20,24 +20,10 @@
 #include <string.h>
 #include <unistd.h>
 
-static int fail(int code, const char *fmt, const char *arg)
-{
-    fprintf(stderr, "error: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n");
-    return code;
-}
-
-
-
 int ie_cli_perplexity(int argc, char **argv)
 {
     static const struct option lo[] = {
-        {"model", required_argument, 0, 'm'}, {"model-dir", required_argument, 0, 'm'},
-        {"file", required_argument, 0, 'f'}, {"ctx", required_argument, 0, 'c'},
-        {"chunks", required_argument, 0, 'k'}, {"threads", required_argument, 0, 't'},
-        {"precision", required_argument, 0, 'p'}, {"batch", required_argument, 0, 'b'},
-        {"plan", required_argument, 0, 'P'}, {0, 0, 0, 0}};
+        {"file", required_argument, 0, 'f'}, {"chunks", required_argument, 0, 'k'}, {0, 0, 0, 0}};
     const char *model = NULL, *file = NULL, *plan = NULL;
     long ctx = 512, chunks = 0, threads = sysconf(_SC_NPROCESSORS_ONLN), batch = 512;
     ie_precision_t prec = IE_PREC_NATIVE;
@@ -49,30 +35,30 @@ int ie_cli_perplexity(int argc, char **argv)
     int32_t *tok = NULL, *pos = NULL, *seq = NULL;
     uint8_t *want = NULL;
 
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    const ie_cli_pick_t picks[] = {
+        IE_CLI_PICK(IE_FLAG_MODEL, &model), IE_CLI_PICK_RANGE(IE_FLAG_CTX, &ctx, 4, 1 << 20),
+        IE_CLI_PICK(IE_FLAG_THREADS, &threads), IE_CLI_PICK(IE_FLAG_PRECISION, &prec),
+        IE_CLI_PICK_RANGE(IE_FLAG_BATCH, &batch, 1, 1 << 16), IE_CLI_PICK(IE_FLAG_PLAN, &plan)};
+    ie_cli_parser_t fl;
+    ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
+    while ((c = ie_cli_next(&fl)) != -1) {
         int bad = 0;
         switch (c) {
-        case 'm': model = optarg; break;
+        case IE_CLI_ENGINE: break;
+        case IE_CLI_BAD: bad = 1; break;
         case 'f': file = optarg; break;
-        case 'c': bad = ie_cli_parse_long(optarg, 4, 1 << 20, &ctx); break;
         case 'k': bad = ie_cli_parse_long(optarg, 0, 1 << 30, &chunks); break;
-        case 't': bad = ie_cli_parse_long(optarg, 1, 1024, &threads); break;
-        case 'b': bad = ie_cli_parse_long(optarg, 1, 1 << 16, &batch); break;
-        case 'p': bad = ie_precision_parse(optarg, &prec) != IE_OK; break;
-        case 'P': plan = optarg; break;
-        default: return fail(IE_EXIT_USAGE, "perplexity: unknown or incomplete option '%s'", argv[optind - 1]);
+        default: return ie_cli_fail(IE_EXIT_USAGE, "perplexity: unknown or incomplete option '%s'", argv[optind - 1]);
         }
-        if (bad) return fail(IE_EXIT_USAGE, "perplexity: bad value '%s'", optarg);
+        if (bad) return ie_cli_fail(IE_EXIT_USAGE, "perplexity: bad value '%s'", optarg);
     }
     if (!model || !file || optind < argc)
-        return fail(IE_EXIT_USAGE, "%s", "usage: inference-engine perplexity --model PATH --file TEXT --ctx N "
+        return ie_cli_fail(IE_EXIT_USAGE, "%s", "usage: inference-engine perplexity --model PATH --file TEXT --ctx N "
                                          "[--chunks K] [--threads N] [--precision P]");
 
     size_t len = 0;
     ie_status_t rst = ie_file_read("perplexity", file, IE_CLI_MAX_TEXT, &text, &len);
-    if (rst != IE_OK) return fail(rst == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_USAGE, "%s", ie_error_last());
+    if (rst != IE_OK) return ie_cli_fail(rst == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_USAGE, "%s", ie_error_last());
 
     ie_engine_opts_t eo;
     ie_engine_opts_default(&eo);
@@ -82,19 +68,19 @@ int ie_cli_perplexity(int argc, char **argv)
     eo.max_batch = (int)(batch < ctx ? batch : ctx);
     eo.precision = prec;
     if (ie_cli_plan(plan, &eo) != 0) {
-        rc = fail(IE_EXIT_USAGE, "perplexity: bad plan '%s'", plan ? plan : getenv("IE_PLAN"));
+        rc = ie_cli_fail(IE_EXIT_USAGE, "perplexity: bad plan '%s'", plan ? plan : getenv("IE_PLAN"));
         goto cleanup;
     }
     ie_status_t st = ie_engine_open(&eo, &eng);
     if (st != IE_OK) {
-        rc = fail(ie_cli_exit_for_load(st), "%s", ie_error_last());
+        rc = ie_cli_fail(ie_cli_exit_for_load(st), "%s", ie_error_last());
         goto cleanup;
     }
     const ie_tokenizer_t *tk = ie_engine_tokenizer(eng);
     size_t n_ids = 0;
     /* BOS goes at the start of each window, not of the text */
     if ((st = ie_tokenizer_encode(tk, text, len, 0, &ids, &n_ids)) != IE_OK) {
-        rc = fail(IE_EXIT_USAGE, "perplexity: %s", ie_error_last());
+        rc = ie_cli_fail(IE_EXIT_USAGE, "perplexity: %s", ie_error_last());
         goto cleanup;
     }
     int32_t bos = ie_tokenizer_bos(tk);
@@ -113,7 +99,7 @@ int ie_cli_perplexity(int argc, char **argv)
     if (n_win == 0) {
         char m[128];
         snprintf(m, sizeof m, "%zu tokens, need at least --ctx %ld", n_ids, ctx);
-        rc = fail(IE_EXIT_USAGE, "perplexity: text too short: %s", m);
+        rc = ie_cli_fail(IE_EXIT_USAGE, "perplexity: text too short: %s", m);
         goto cleanup;
     }
 
@@ -127,7 +113,7 @@ int ie_cli_perplexity(int argc, char **argv)
     seq = calloc((size_t)B, sizeof *seq);
     want = malloc((size_t)B);
     if (!logits || !tok || !pos || !seq || !want) {
-        rc = fail(IE_EXIT_NOMEM, "%s", "out of memory");
+        rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory");
         goto cleanup;
     }
     double nll = 0;
@@ -145,7 +131,7 @@ int ie_cli_perplexity(int argc, char **argv)
             }
             ie_batch_t b = {m, tok, pos, seq, want};
             if ((st = ie_backend_step(be, &b, logits)) != IE_OK) {
-                rc = fail(IE_EXIT_RUNTIME, "perplexity: %s", ie_error_last());
+                rc = ie_cli_fail(IE_EXIT_RUNTIME, "perplexity: %s", ie_error_last());
                 goto cleanup;
             }
             int row = 0;
@@ -180,10 +166,8 @@ cleanup:
 int ie_cli_logits(int argc, char **argv)
 {
     static const struct option lo[] = {
-        {"model", required_argument, 0, 'm'}, {"model-dir", required_argument, 0, 'm'},
         {"ids", required_argument, 0, 'i'}, {"mode", required_argument, 0, 'M'},
-        {"out", required_argument, 0, 'o'}, {"threads", required_argument, 0, 't'},
-        {"precision", required_argument, 0, 'p'}, {"plan", required_argument, 0, 'P'}, {0, 0, 0, 0}};
+        {"out", required_argument, 0, 'o'}, {0, 0, 0, 0}};
     const char *model = NULL, *ids_s = NULL, *out = NULL, *plan = NULL;
     long threads = sysconf(_SC_NPROCESSORS_ONLN);
     int decode = 0, c, rc = IE_EXIT_OK;
@@ -193,34 +177,35 @@ int ie_cli_logits(int argc, char **argv)
     ie_engine_t *eng = NULL;
     FILE *f = NULL;
 
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    const ie_cli_pick_t picks[] = {
+        IE_CLI_PICK(IE_FLAG_MODEL, &model), IE_CLI_PICK(IE_FLAG_THREADS, &threads),
+        IE_CLI_PICK(IE_FLAG_PRECISION, &prec), IE_CLI_PICK(IE_FLAG_PLAN, &plan)};
+    ie_cli_parser_t fl;
+    ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
+    while ((c = ie_cli_next(&fl)) != -1) {
         int bad = 0;
         switch (c) {
-        case 'm': model = optarg; break;
+        case IE_CLI_ENGINE: break;
+        case IE_CLI_BAD: bad = 1; break;
         case 'i': ids_s = optarg; break;
         case 'o': out = optarg; break;
-        case 't': bad = ie_cli_parse_long(optarg, 1, 1024, &threads); break;
         case 'M':
             if (!strcmp(optarg, "decode")) decode = 1;
             else if (!strcmp(optarg, "prefill")) decode = 0;
             else bad = 1;
             break;
-        case 'p': bad = ie_precision_parse(optarg, &prec) != IE_OK; break;
-        case 'P': plan = optarg; break;
-        default: return fail(IE_EXIT_USAGE, "logits: unknown or incomplete option '%s'", argv[optind - 1]);
+        default: return ie_cli_fail(IE_EXIT_USAGE, "logits: unknown or incomplete option '%s'", argv[optind - 1]);
         }
-        if (bad) return fail(IE_EXIT_USAGE, "logits: bad value '%s'", optarg);
+        if (bad) return ie_cli_fail(IE_EXIT_USAGE, "logits: bad value '%s'", optarg);
     }
     if (!model || !ids_s || !out || optind < argc)
-        return fail(IE_EXIT_USAGE, "%s", "usage: inference-engine logits --model PATH --ids 1,2,3 "
+        return ie_cli_fail(IE_EXIT_USAGE, "%s", "usage: inference-engine logits --model PATH --ids 1,2,3 "
                                          "[--mode prefill|decode] [--precision P] --out FILE");
     /* parse the id list */
     size_t n = 1;
     for (const char *s = ids_s; *s; s++) n += *s == ',';
     ids = malloc(n * sizeof *ids);
-    if (!ids) return fail(IE_EXIT_NOMEM, "%s", "out of memory");
+    if (!ids) return ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory");
     {
         const char *s = ids_s;
         for (size_t i = 0; i < n; i++) {
@@ -228,7 +213,7 @@ int ie_cli_logits(int argc, char **argv)
             errno = 0;
             long v = strtol(s, &end, 10);
             if (errno || end == s || v < 0 || v > INT32_MAX || (*end && *end != ',')) {
-                rc = fail(IE_EXIT_USAGE, "logits: bad id list '%s'", ids_s);
+                rc = ie_cli_fail(IE_EXIT_USAGE, "logits: bad id list '%s'", ids_s);
                 goto cleanup;
             }
             ids[i] = (int32_t)v;
@@ -243,31 +228,31 @@ int ie_cli_logits(int argc, char **argv)
     eo.precision = prec;
     eo.no_tokenizer = 1;
     if (ie_cli_plan(plan, &eo) != 0) {
-        rc = fail(IE_EXIT_USAGE, "logits: bad plan '%s'", plan ? plan : getenv("IE_PLAN"));
+        rc = ie_cli_fail(IE_EXIT_USAGE, "logits: bad plan '%s'", plan ? plan : getenv("IE_PLAN"));
         goto cleanup;
     }
     ie_status_t st = ie_engine_open(&eo, &eng);
     if (st != IE_OK) {
-        rc = fail(ie_cli_exit_for_load(st), "%s", ie_error_last());
+        rc = ie_cli_fail(ie_cli_exit_for_load(st), "%s", ie_error_last());
         goto cleanup;
     }
     const ie_hparams_t *hp = ie_engine_hparams(eng);
     logits = malloc(n * (size_t)hp->n_vocab * sizeof(float));
-    if (!logits) { rc = fail(IE_EXIT_NOMEM, "%s", "out of memory"); goto cleanup; }
+    if (!logits) { rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory"); goto cleanup; }
     if ((st = ie_engine_logits(eng, ids, n, decode, logits)) != IE_OK) {
-        rc = fail(st == IE_ERR_RANGE ? IE_EXIT_USAGE : IE_EXIT_RUNTIME, "logits: %s", ie_error_last());
+        rc = ie_cli_fail(st == IE_ERR_RANGE ? IE_EXIT_USAGE : IE_EXIT_RUNTIME, "logits: %s", ie_error_last());
         goto cleanup;
     }
     f = fopen(out, "wb");
     if (!f || fwrite(logits, sizeof(float), n * (size_t)hp->n_vocab, f) != n * (size_t)hp->n_vocab) {
-        rc = fail(IE_EXIT_RUNTIME, "logits: cannot write '%s'", out);
+        rc = ie_cli_fail(IE_EXIT_RUNTIME, "logits: cannot write '%s'", out);
         goto cleanup;
     }
     printf("{\"n_tokens\":%zu,\"n_vocab\":%d}\n", n, hp->n_vocab);
     fflush(stdout);
 
 cleanup:
-    if (f && fclose(f) != 0 && rc == IE_EXIT_OK) rc = fail(IE_EXIT_RUNTIME, "logits: cannot write '%s'", out);
+    if (f && fclose(f) != 0 && rc == IE_EXIT_OK) rc = ie_cli_fail(IE_EXIT_RUNTIME, "logits: cannot write '%s'", out);
     free(ids);
     free(logits);
     ie_engine_destroy(&eng);

@@ -67,70 +67,57 @@ int main(int argc, char **argv)
     ie_status_t st;
 
     if (ie_cli_config_expand(argc, argv, &ac, &av, err, sizeof err) != 0) {
-        fprintf(stderr, "error: %s\n", err);
-        return IE_EXIT_USAGE;
+        return ie_cli_fail(IE_EXIT_USAGE, "%s", err);
     }
-    enum { O_MODEL = 1, O_COORD, O_PEER, O_ADV, O_RANK, O_THREADS, O_NODE, O_POLICY, O_AFF, O_NOPIN, O_MPORT,
-           O_MADDR, O_KEYS, O_KEY, O_CKEY, O_AUTH, O_VERBOSE, O_HELP, O_CPULAT };
+    enum { O_COORD = 1, O_PEER, O_ADV, O_RANK, O_NODE, O_POLICY, O_AFF, O_CKEY, O_HELP };
     static const struct option lo[] = {
-        {"model", required_argument, 0, O_MODEL}, {"coordinator", required_argument, 0, O_COORD},
-        {"peer-bind", required_argument, 0, O_PEER}, {"advertise", required_argument, 0, O_ADV},
-        {"rank", required_argument, 0, O_RANK}, {"threads", required_argument, 0, O_THREADS},
+        {"coordinator", required_argument, 0, O_COORD}, {"peer-bind", required_argument, 0, O_PEER},
+        {"advertise", required_argument, 0, O_ADV}, {"rank", required_argument, 0, O_RANK},
         {"numa-node", required_argument, 0, O_NODE}, {"numa-policy", required_argument, 0, O_POLICY},
-        {"affinity", required_argument, 0, O_AFF}, {"no-pin", no_argument, 0, O_NOPIN},
-        {"metrics-port", required_argument, 0, O_MPORT}, {"metrics-addr", required_argument, 0, O_MADDR},
-        {"keys-dir", required_argument, 0, O_KEYS}, {"key", required_argument, 0, O_KEY},
-        {"coordinator-key", required_argument, 0, O_CKEY}, {"authorized", required_argument, 0, O_AUTH},
-        {"verbose", no_argument, 0, O_VERBOSE}, {"help", no_argument, 0, O_HELP},
-        {"cpu-latency-us", required_argument, 0, O_CPULAT}, {0, 0, 0, 0}};
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(ac, av, "", lo, NULL)) != -1) {
+        {"affinity", required_argument, 0, O_AFF}, {"coordinator-key", required_argument, 0, O_CKEY},
+        {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+    long threads = o.n_threads;
+    const ie_cli_pick_t picks[] = {
+        IE_CLI_PICK(IE_FLAG_MODEL, &o.model_path), IE_CLI_PICK(IE_FLAG_THREADS, &threads),
+        IE_CLI_PICK(IE_FLAG_NO_PIN, &o.pin_threads), IE_CLI_PICK(IE_FLAG_METRICS_PORT, &metrics_port),
+        IE_CLI_PICK(IE_FLAG_METRICS_ADDR, &metrics_addr), IE_CLI_PICK(IE_FLAG_KEYS_DIR, &keys_dir),
+        IE_CLI_PICK(IE_FLAG_KEY, &key_name), IE_CLI_PICK(IE_FLAG_AUTHORIZED, &authorized),
+        IE_CLI_PICK(IE_FLAG_VERBOSE, &o.verbose), IE_CLI_PICK(IE_FLAG_CPU_LATENCY, &cpulat)};
+    ie_cli_parser_t fl;
+    ie_cli_parser_init(&fl, ac, av, picks, IE_CLI_NPICKS(picks), lo);
+    while ((c = ie_cli_next(&fl)) != -1) {
         int bad = 0;
         switch (c) {
-        case O_MODEL: o.model_path = optarg; break;
+        case IE_CLI_ENGINE: o.n_threads = (int)threads; break;
+        case IE_CLI_BAD: bad = 1; break;
         case O_COORD: o.coordinator = optarg; break;
         case O_PEER: o.peer_bind = optarg; break;
         case O_ADV: advertise = optarg; break;
         case O_RANK: bad = ie_cli_parse_long(optarg, 0, 63, &lv); o.rank = (int)lv; break;
-        case O_THREADS: bad = ie_cli_parse_long(optarg, 1, 1024, &lv); o.n_threads = (int)lv; break;
         case O_NODE: bad = ie_cli_parse_long(optarg, 0, 4095, &lv); o.numa_node = (int)lv; break;
         case O_POLICY: o.numa_policy = optarg; break;
         case O_AFF: o.affinity = optarg; break;
-        case O_NOPIN: o.pin_threads = 0; break;
-        case O_MPORT: bad = ie_cli_parse_long(optarg, 0, 65535, &metrics_port); break;
-        case O_MADDR: metrics_addr = optarg; break;
-        case O_KEYS: keys_dir = optarg; break;
-        case O_KEY: key_name = optarg; break;
         case O_CKEY: coord_key_file = optarg; break;
-        case O_AUTH: authorized = optarg; break;
-        case O_VERBOSE: o.verbose = 1; break;
-        case O_CPULAT: cpulat = optarg; break;
         case O_HELP: usage(stdout); goto cleanup;
         default:
-            fprintf(stderr, "error: unknown or incomplete option '%s' (see --help)\n", av[optind - 1]);
-            rc = IE_EXIT_USAGE;
+            rc = ie_cli_fail(IE_EXIT_USAGE, "unknown or incomplete option '%s' (see --help)", av[optind - 1]);
             goto cleanup;
         }
         if (bad) {
-            fprintf(stderr, "error: bad value '%s' for %s\n", optarg, av[optind - 2 >= 0 ? optind - 2 : 0]);
-            rc = IE_EXIT_USAGE;
+            rc = ie_cli_fail(IE_EXIT_USAGE, "bad value '%s' for %s", optarg, av[optind - 2 >= 0 ? optind - 2 : 0]);
             goto cleanup;
         }
     }
     if (optind < ac || !o.model_path || !o.coordinator) {
-        fprintf(stderr, "error: --model and --coordinator are required (see --help)\n");
-        rc = IE_EXIT_USAGE;
+        rc = ie_cli_fail(IE_EXIT_USAGE, "--model and --coordinator are required (see --help)");
         goto cleanup;
     }
     if (!!keys_dir != !!key_name || (keys_dir && !coord_key_file)) {
-        fprintf(stderr, "error: CURVE needs --keys-dir, --key and --coordinator-key together\n");
-        rc = IE_EXIT_USAGE;
+        rc = ie_cli_fail(IE_EXIT_USAGE, "CURVE needs --keys-dir, --key and --coordinator-key together");
         goto cleanup;
     }
     if (ie_cpulat_apply(cpulat, "ie-worker") != IE_OK) {
-        fprintf(stderr, "error: %s\n", ie_error_last());
-        rc = IE_EXIT_USAGE;
+        rc = ie_cli_fail(IE_EXIT_USAGE, "%s", ie_error_last());
         goto cleanup;
     }
     o.advertise = advertise; /* a tcp peer endpoint bound to all interfaces is advertised by name */
@@ -153,8 +140,7 @@ int main(int argc, char **argv)
                                                                                               : IE_EXIT_RUNTIME;
     goto cleanup;
 fail:
-    fprintf(stderr, "error: %s\n", ie_error_last());
-    rc = st == IE_ERR_INVAL ? IE_EXIT_USAGE : IE_EXIT_RUNTIME;
+    rc = ie_cli_fail(st == IE_ERR_INVAL ? IE_EXIT_USAGE : IE_EXIT_RUNTIME, "%s", ie_error_last());
 cleanup:
     ie_metrics_server_stop(&msrv);
     ie_metrics_destroy(&metrics);

@@ -2,7 +2,7 @@
 """ie_client.py — a small client of the coordinator's client endpoint.
 
 The coordinator (ie-coordinator --client-bind EP) runs a ROUTER socket that
-takes MessagePack maps (see common/include/ie_proto.h):
+takes MessagePack maps (see common/net/ie_proto.h):
 
     {"v":1, "type":"generate", "id":str, "prompt":str | "messages":[...],
      "max_new":int, "temperature":float, ..., "stream":bool}
@@ -24,7 +24,7 @@ text, or load them from ie-keygen files with CurveKeys.from_files).
 
 CLI:
 
-    python coordinator/clients/ie_client.py --endpoint tcp://127.0.0.1:5556 \
+    python apps/clients/ie_client.py --endpoint tcp://127.0.0.1:5556 \
         --prompt "The capital of France is" [--stream] [--max-new N] [--greedy]
 
 Exit codes of the CLI: 0 done, 1 error reply, 3 timeout, 2 bad usage.

@@ -23,7 +23,7 @@
 #include "ie_gguf_write.h"
 #include "ie_mmap.h"
 #include "ie_pack.h"
-#include "ie_tokenizer.h"
+#include "ie_tokfile.h"
 
 #include <cjson/cJSON.h>
 #include <xxhash.h>

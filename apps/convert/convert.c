@@ -34,7 +34,6 @@
 #include <libgen.h>
 #include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -364,8 +363,8 @@ static int find_config(const char *name, char *out, size_t cap)
         if (file_exists(out)) return 0;
     }
     char src[PATH_MAX];
-    snprintf(src, sizeof src, "%s", __FILE__); /* .../coordinator/src/convert.c */
-    char *d1 = dirname(src);                   /* .../coordinator/src */
+    snprintf(src, sizeof src, "%s", __FILE__); /* .../apps/convert/convert.c */
+    char *d1 = dirname(src);                   /* .../apps/convert */
     snprintf(out, cap, "%s/../../configs/%s", d1, name);
     return file_exists(out) ? 0 : -1;
 }
@@ -387,18 +386,6 @@ static void usage(FILE *f)
           "exit: 0 ok, 1 runtime, 2 usage/bad manifest/bad calibration text, 3 model invalid,\n"
           "      4 calibration gate failed (model not written), 6 out of memory (docs/CONVERT.md)\n",
           f);
-}
-
-static int fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int fail(int code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return code;
 }
 
 static int exit_for(ie_status_t st)
@@ -470,7 +457,7 @@ int ie_convert_main(int argc, char **argv)
         {"in", required_argument, 0, 'i'},       {"hf-dir", required_argument, 0, 'i'},
         {"out-dir", required_argument, 0, 'o'},  {"q4-map", required_argument, 0, 'm'},
         {"pretranspose", required_argument, 0, 'P'}, {"calib", required_argument, 0, 'c'},
-        {"calib-tokens", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
+        {"calib-tokens", required_argument, 0, 'n'},
         {"force", no_argument, 0, 'f'},          {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     const char *in = NULL, *out_dir = NULL, *manifest_arg = NULL, *calib_path = NULL;
@@ -496,32 +483,34 @@ int ie_convert_main(int argc, char **argv)
     const char *gate_result = "none";
 
     if (threads < 1) threads = 1;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    const ie_cli_pick_t picks[] = { IE_CLI_PICK(IE_FLAG_THREADS, &threads) };
+    ie_cli_parser_t fl;
+    ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
+    while ((c = ie_cli_next(&fl)) != -1) {
         int bad = 0;
         switch (c) {
+        case IE_CLI_ENGINE: break;
+        case IE_CLI_BAD: bad = 1; break;
         case 'i': in = optarg; break;
         case 'o': out_dir = optarg; break;
         case 'm': manifest_arg = optarg; break;
         case 'P': bad = ie_pretranspose_parse(optarg, &pt) != IE_OK; break;
         case 'c': calib_path = optarg; break;
         case 'n': bad = ie_cli_parse_long(optarg, 2, 1 << 24, &calib_tokens); break;
-        case 't': bad = ie_cli_parse_long(optarg, 1, 1024, &threads); break;
         case 'f': force = 1; break;
         case 'q': quiet = 1; break;
         case 'h': usage(stdout); return IE_EXIT_OK;
-        default: return fail(IE_EXIT_USAGE, "unknown or incomplete option '%s' (see --help)", argv[optind - 1]);
+        default: return ie_cli_fail(IE_EXIT_USAGE, "unknown or incomplete option '%s' (see --help)", argv[optind - 1]);
         }
-        if (bad) return fail(IE_EXIT_USAGE, "bad value '%s' for %s", optarg, argv[optind - 2 >= 0 ? optind - 2 : 0]);
+        if (bad) return ie_cli_fail(IE_EXIT_USAGE, "bad value '%s' for %s", optarg, argv[optind - 2 >= 0 ? optind - 2 : 0]);
     }
-    if (optind < argc) return fail(IE_EXIT_USAGE, "unexpected argument '%s' (see --help)", argv[optind]);
-    if (!in || !out_dir) return fail(IE_EXIT_USAGE, "usage: ie-convert --in SRC --out-dir DIR [options] (see --help)");
+    if (optind < argc) return ie_cli_fail(IE_EXIT_USAGE, "unexpected argument '%s' (see --help)", argv[optind]);
+    if (!in || !out_dir) return ie_cli_fail(IE_EXIT_USAGE, "usage: ie-convert --in SRC --out-dir DIR [options] (see --help)");
     int show_progress = !quiet && isatty(STDERR_FILENO);
 
     /* ---- source, manifest, calibration text */
     if ((st = ie_model_src_open(in, &src)) != IE_OK) {
-        rc = fail(ie_cli_exit_for_load(st), "%s", ie_error_last());
+        rc = ie_cli_fail(ie_cli_exit_for_load(st), "%s", ie_error_last());
         goto cleanup;
     }
     const ie_hparams_t *hp = ie_model_src_hparams(src);
@@ -530,32 +519,32 @@ int ie_convert_main(int argc, char **argv)
     } else {
         const char *name = hp->arch_id == IE_ARCH_GPTOSS ? "quant-gpt-oss.json" : "quant-llama.json";
         if (find_config(name, manifest_path, sizeof manifest_path) != 0) {
-            rc = fail(IE_EXIT_USAGE, "default manifest %s not found (set IE_CONFIG_DIR or pass --q4-map)", name);
+            rc = ie_cli_fail(IE_EXIT_USAGE, "default manifest %s not found (set IE_CONFIG_DIR or pass --q4-map)", name);
             goto cleanup;
         }
         is_default = 1;
     }
     if ((st = ie_manifest_load(manifest_path, &man)) != IE_OK) {
-        rc = fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_USAGE, "%s", ie_error_last());
+        rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_USAGE, "%s", ie_error_last());
         goto cleanup;
     }
     if (calib_path) {
         size_t len = 0;
         if ((st = ie_file_read("calibration text", calib_path, IE_CLI_MAX_TEXT, &calib_text, &len)) != IE_OK) {
-            rc = fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_USAGE, "%s", ie_error_last());
+            rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_USAGE, "%s", ie_error_last());
             goto cleanup;
         }
         if ((st = ie_tokenizer_load(ie_model_src_tokenizer_path(src), &tok)) != IE_OK) {
-            rc = fail(ie_cli_exit_for_load(st), "%s", ie_error_last());
+            rc = ie_cli_fail(ie_cli_exit_for_load(st), "%s", ie_error_last());
             goto cleanup;
         }
         if ((st = ie_tokenizer_encode(tok, calib_text, len, 0, &ids, &n_ids)) != IE_OK) {
-            rc = fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_USAGE, "calibration text '%s': %s", calib_path,
+            rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_USAGE, "calibration text '%s': %s", calib_path,
                       ie_error_last());
             goto cleanup;
         }
         if (n_ids < 2) {
-            rc = fail(IE_EXIT_USAGE, "calibration text '%s' has %zu tokens; at least 2 are needed", calib_path,
+            rc = ie_cli_fail(IE_EXIT_USAGE, "calibration text '%s' has %zu tokens; at least 2 are needed", calib_path,
                       n_ids);
             goto cleanup;
         }
@@ -565,11 +554,11 @@ int ie_convert_main(int argc, char **argv)
     /* ---- plan */
     n_t = ie_model_src_n_tensors(src);
     if (n_t <= 0) {
-        rc = fail(IE_EXIT_MODEL, "source '%s' has no tensors", in);
+        rc = ie_cli_fail(IE_EXIT_MODEL, "source '%s' has no tensors", in);
         goto cleanup;
     }
     if (!(items = calloc((size_t)n_t, sizeof *items))) {
-        rc = fail(IE_EXIT_NOMEM, "out of memory");
+        rc = ie_cli_fail(IE_EXIT_NOMEM, "out of memory");
         goto cleanup;
     }
     uint64_t total_bytes = 0;
@@ -585,7 +574,7 @@ int ie_convert_main(int argc, char **argv)
         it->src = t;
         if ((st = ie_manifest_decide(man, pt, hp->tied_embeddings, t->name, t->dtype, t->layout, t->group, t->n_dims,
                                      t->ne, &it->d)) != IE_OK) {
-            rc = fail(IE_EXIT_USAGE, "%s", ie_error_last());
+            rc = ie_cli_fail(IE_EXIT_USAGE, "%s", ie_error_last());
             goto cleanup;
         }
         total_bytes += t->nbytes;
@@ -596,13 +585,13 @@ int ie_convert_main(int argc, char **argv)
                 ie_pretranspose_name(pt), calib_path ? "; calibration gate on" : "");
 
     if ((st = ie_threadpool_new((int)threads, 0, &tp)) != IE_OK) {
-        rc = fail(exit_for(st), "%s", ie_error_last());
+        rc = ie_cli_fail(exit_for(st), "%s", ie_error_last());
         goto cleanup;
     }
     struct stat sb;
     created_dir = stat(out_dir, &sb) != 0;
     if (!calib_path && (st = ie_iebin_writer_open(out_dir, &w)) != IE_OK) {
-        rc = fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "%s", ie_error_last());
+        rc = ie_cli_fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "%s", ie_error_last());
         goto cleanup;
     }
 
@@ -616,7 +605,7 @@ int ie_convert_main(int argc, char **argv)
         progress_show(&prog, it->src->name);
         if ((st = convert_one(tp, man, it)) != IE_OK) {
             if (show_progress) fputc('\n', stderr);
-            rc = fail(exit_for(st), "%s", ie_error_last());
+            rc = ie_cli_fail(exit_for(st), "%s", ie_error_last());
             goto cleanup;
         }
         n_converted += it->d.target != IE_QT_KEEP;
@@ -624,7 +613,7 @@ int ie_convert_main(int argc, char **argv)
         if (w) {
             if ((st = ie_iebin_writer_add(w, &it->out, it->quant_json)) != IE_OK) {
                 if (show_progress) fputc('\n', stderr);
-                rc = fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "%s", ie_error_last());
+                rc = ie_cli_fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "%s", ie_error_last());
                 goto cleanup;
             }
             free(it->buf); /* quant_json stays for nothing; the record needs only the decision */
@@ -639,27 +628,27 @@ int ie_convert_main(int argc, char **argv)
     /* ---- calibration gate */
     if (calib_path) {
         if ((st = ie_model_src_new_mem(hp, ie_model_src_tokenizer_path(src), &mem)) != IE_OK) {
-            rc = fail(exit_for(st), "%s", ie_error_last());
+            rc = ie_cli_fail(exit_for(st), "%s", ie_error_last());
             goto cleanup;
         }
         for (int64_t i = 0; i < n_t && st == IE_OK; i++) st = ie_model_src_mem_add(mem, &items[i].out, NULL);
         if (st == IE_OK) st = ie_model_src_mem_finish(mem);
         if (st != IE_OK) {
-            rc = fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "converted model: %s",
+            rc = ie_cli_fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "converted model: %s",
                       ie_error_last());
             goto cleanup;
         }
         ie_calib_opts_t co = {(int)threads, 128, ie_tokenizer_add_bos(tok), ie_tokenizer_bos(tok)};
         if (!quiet) fprintf(stderr, "calibrating on %zu tokens of %s ...\n", n_ids, calib_path);
         if ((st = ie_calib_run(src, mem, ids, n_ids, &co, &rep)) != IE_OK) {
-            rc = fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, "calibration: %s", ie_error_last());
+            rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, "calibration: %s", ie_error_last());
             goto cleanup;
         }
         ie_model_src_destroy(&mem);
         ie_calib_gate(&rep, &man->gate);
         if (!quiet || !rep.pass) ie_calib_report_print(stderr, &rep, &man->gate);
         if (!(calib_json = ie_calib_report_json(&rep, &man->gate))) {
-            rc = fail(IE_EXIT_NOMEM, "out of memory");
+            rc = ie_cli_fail(IE_EXIT_NOMEM, "out of memory");
             goto cleanup;
         }
         gate_result = rep.pass ? "pass" : "fail-forced";
@@ -668,7 +657,7 @@ int ie_convert_main(int argc, char **argv)
             if (rep.fail_cos) strcat(what, "min_layer_cosine");
             if (rep.fail_kl) strcat(strcat(what, what[0] ? ", " : ""), "max_kl");
             if (rep.fail_ppl) strcat(strcat(what, what[0] ? ", " : ""), "max_ppl_increase_pct");
-            rc = fail(IE_EXIT_GATE, "calibration gate failed (%s); model not written (--force writes it anyway)",
+            rc = ie_cli_fail(IE_EXIT_GATE, "calibration gate failed (%s); model not written (--force writes it anyway)",
                       what);
             goto cleanup;
         }
@@ -676,28 +665,28 @@ int ie_convert_main(int argc, char **argv)
             fprintf(stderr, "warning: calibration gate failed; writing the model anyway (--force)\n");
         /* write everything now */
         if ((st = ie_iebin_writer_open(out_dir, &w)) != IE_OK) {
-            rc = fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "%s", ie_error_last());
+            rc = ie_cli_fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "%s", ie_error_last());
             goto cleanup;
         }
         for (int64_t i = 0; i < n_t; i++)
             if ((st = ie_iebin_writer_add(w, &items[i].out, items[i].quant_json)) != IE_OK) {
-                rc = fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "%s", ie_error_last());
+                rc = ie_cli_fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "%s", ie_error_last());
                 goto cleanup;
             }
     }
 
     /* ---- finish */
     if ((st = ie_iebin_writer_set_tokenizer(w, ie_model_src_tokenizer_path(src))) != IE_OK) {
-        rc = fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "tokenizer: %s", ie_error_last());
+        rc = ie_cli_fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "tokenizer: %s", ie_error_last());
         goto cleanup;
     }
     if (!(conv_json = conversion_json(in, src, manifest_path, is_default, man, pt, items, n_t, calib_path, calib_json,
                                       gate_result))) {
-        rc = fail(IE_EXIT_NOMEM, "out of memory");
+        rc = ie_cli_fail(IE_EXIT_NOMEM, "out of memory");
         goto cleanup;
     }
     if ((st = ie_iebin_writer_finish(&w, hp, conv_json)) != IE_OK) {
-        rc = fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "%s", ie_error_last());
+        rc = ie_cli_fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "%s", ie_error_last());
         goto cleanup;
     }
     double secs = ie_now_s() - t_start;
@@ -727,7 +716,7 @@ int ie_convert_main(int argc, char **argv)
             cJSON_Delete(res);
         }
         if (!line) {
-            rc = fail(IE_EXIT_NOMEM, "out of memory");
+            rc = ie_cli_fail(IE_EXIT_NOMEM, "out of memory");
             goto cleanup;
         }
         printf("%s\n", line);

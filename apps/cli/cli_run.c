@@ -24,16 +24,6 @@
 #include <time.h>
 #include <unistd.h>
 
-int ie_cli_exit_for_load(ie_status_t st)
-{
-    switch (st) {
-    case IE_ERR_IO: case IE_ERR_FORMAT: case IE_ERR_UNSUPPORTED: return IE_EXIT_MODEL;
-    case IE_ERR_NOMEM: return IE_EXIT_NOMEM;
-    case IE_ERR_INVAL: return IE_EXIT_USAGE;
-    default: return IE_EXIT_ENGINE;
-    }
-}
-
 static void usage(FILE *f)
 {
     fputs("usage: inference-engine --model PATH (--prompt TEXT | --prompts-file FILE | --chat JSON) [options]\n"
@@ -75,12 +65,6 @@ static void usage(FILE *f)
           f);
 }
 
-static int err_exit(int code, const char *msg)
-{
-    fprintf(stderr, "error: %s\n", msg);
-    return code;
-}
-
 int ie_cli_plan(const char *spec, ie_engine_opts_t *eo)
 {
     if (!spec) spec = getenv("IE_PLAN");
@@ -97,16 +81,6 @@ int ie_cli_plan(const char *spec, ie_engine_opts_t *eo)
     if (ie_shard_kind_parse(kind, &k) != IE_OK || k == IE_SHARD_NONE) return -1;
     eo->plan = k;
     eo->n_workers = (int)n;
-    return 0;
-}
-
-int ie_cli_parse_long(const char *s, long lo, long hi, long *out)
-{
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
     return 0;
 }
 
@@ -198,27 +172,21 @@ static int read_prompts(const char *path, char ***out, size_t *n_out)
 int ie_cli_run(int argc, char **argv)
 {
     enum {
-        O_MODEL = 256, O_PROMPT, O_PFILE, O_MAXNEW, O_THREADS, O_BATCH, O_CTX, O_WARMUP, O_ROUNDS, O_GREEDY,
-        O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP, O_FREQ, O_PRES, O_SEED, O_STOP, O_PREC, O_NOSPECIAL,
-        O_PRINT, O_NOPIN, O_HELP, O_CHAT, O_REASONING, O_SHOWPROMPT, O_PLAN, O_KVBLOCK, O_KVBLOCKS, O_NOPREFIX
+        O_PROMPT = 256, O_PFILE, O_MAXNEW, O_WARMUP, O_ROUNDS, O_GREEDY, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP,
+        O_FREQ, O_PRES, O_SEED, O_STOP, O_NOSPECIAL, O_PRINT, O_HELP, O_CHAT, O_REASONING, O_SHOWPROMPT
     };
     static const struct option lo[] = {
-        {"model", required_argument, 0, O_MODEL}, {"model-dir", required_argument, 0, O_MODEL},
         {"prompt", required_argument, 0, O_PROMPT}, {"prompts-file", required_argument, 0, O_PFILE},
-        {"max-new", required_argument, 0, O_MAXNEW}, {"threads", required_argument, 0, O_THREADS},
-        {"batch", required_argument, 0, O_BATCH}, {"ctx", required_argument, 0, O_CTX},
+        {"max-new", required_argument, 0, O_MAXNEW},
         {"warmup", required_argument, 0, O_WARMUP}, {"rounds", required_argument, 0, O_ROUNDS},
         {"greedy", no_argument, 0, O_GREEDY}, {"temperature", required_argument, 0, O_TEMP},
         {"top-k", required_argument, 0, O_TOPK}, {"top-p", required_argument, 0, O_TOPP},
         {"min-p", required_argument, 0, O_MINP}, {"repeat-penalty", required_argument, 0, O_REP},
         {"frequency-penalty", required_argument, 0, O_FREQ},
         {"presence-penalty", required_argument, 0, O_PRES}, {"seed", required_argument, 0, O_SEED},
-        {"stop", required_argument, 0, O_STOP}, {"precision", required_argument, 0, O_PREC},
+        {"stop", required_argument, 0, O_STOP},
         {"no-special", no_argument, 0, O_NOSPECIAL}, {"print-text", no_argument, 0, O_PRINT},
-        {"no-pin", no_argument, 0, O_NOPIN}, {"help", no_argument, 0, O_HELP},
-        {"plan", required_argument, 0, O_PLAN},
-        {"kv-block", required_argument, 0, O_KVBLOCK}, {"kv-blocks", required_argument, 0, O_KVBLOCKS},
-        {"no-prefix-cache", no_argument, 0, O_NOPREFIX},
+        {"help", no_argument, 0, O_HELP},
         {"chat", required_argument, 0, O_CHAT}, {"reasoning", required_argument, 0, O_REASONING},
         {"show-prompt", no_argument, 0, O_SHOWPROMPT}, {0, 0, 0, 0}};
 
@@ -254,12 +222,19 @@ int ie_cli_run(int argc, char **argv)
     char msg[600];
 
     if (threads < 1) threads = 1;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    const ie_cli_pick_t picks[] = {
+        IE_CLI_PICK(IE_FLAG_MODEL, &model), IE_CLI_PICK(IE_FLAG_THREADS, &threads),
+        IE_CLI_PICK(IE_FLAG_BATCH, &batch), IE_CLI_PICK(IE_FLAG_CTX, &ctx),
+        IE_CLI_PICK(IE_FLAG_PRECISION, &prec), IE_CLI_PICK(IE_FLAG_NO_PIN, &pin),
+        IE_CLI_PICK(IE_FLAG_PLAN, &plan), IE_CLI_PICK(IE_FLAG_KV_BLOCK, &kv_block),
+        IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks), IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache)};
+    ie_cli_parser_t fl;
+    ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
+    while ((c = ie_cli_next(&fl)) != -1) {
         int bad = 0;
         switch (c) {
-        case O_MODEL: model = optarg; break;
+        case IE_CLI_ENGINE: break;
+        case IE_CLI_BAD: bad = 1; break;
         case O_PROMPT: prompt = optarg; break;
         case O_PFILE: pfile = optarg; break;
         case O_CHAT: chat = optarg; break;
@@ -269,9 +244,6 @@ int ie_cli_run(int argc, char **argv)
             have_reasoning = 1;
             break;
         case O_MAXNEW: bad = ie_cli_parse_long(optarg, 0, 1 << 24, &max_new); break;
-        case O_THREADS: bad = ie_cli_parse_long(optarg, 1, 1024, &threads); break;
-        case O_BATCH: bad = ie_cli_parse_long(optarg, 1, 4096, &batch); break;
-        case O_CTX: bad = ie_cli_parse_long(optarg, 1, 1 << 24, &ctx); break;
         case O_WARMUP: bad = ie_cli_parse_long(optarg, 0, 1000, &warmup); break;
         case O_ROUNDS: bad = ie_cli_parse_long(optarg, 1, 1000, &rounds); break;
         case O_GREEDY: greedy = 1; break;
@@ -293,61 +265,50 @@ int ie_cli_run(int argc, char **argv)
         }
         case O_STOP: {
             const char **ns = realloc(stops, (n_stop + 1) * sizeof *ns);
-            if (!ns) { rc = err_exit(IE_EXIT_NOMEM, "out of memory"); goto cleanup; }
+            if (!ns) { rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory"); goto cleanup; }
             stops = ns;
             stops[n_stop++] = optarg;
             break;
         }
-        case O_PREC:
-            if (ie_precision_parse(optarg, &prec) != IE_OK) bad = 1;
-            break;
         case O_NOSPECIAL: special = 0; break;
         case O_PRINT: print_text = 1; break;
-        case O_NOPIN: pin = 0; break;
-        case O_PLAN: plan = optarg; break;
-        case O_KVBLOCK: bad = ie_cli_parse_long(optarg, 1, 1 << 16, &kv_block); break;
-        case O_KVBLOCKS: bad = ie_cli_parse_long(optarg, 0, INT32_MAX, &kv_blocks); break;
-        case O_NOPREFIX: prefix_cache = 0; break;
         case O_HELP: usage(stdout); goto cleanup;
         default:
             snprintf(msg, sizeof msg, "unknown or incomplete option '%s' (see --help)", argv[optind - 1]);
-            rc = err_exit(IE_EXIT_USAGE, msg);
+            rc = ie_cli_fail(IE_EXIT_USAGE, "%s", msg);
             goto cleanup;
         }
         if (bad) {
-            const char *name = "?";
-            for (const struct option *o = lo; o->name; o++)
-                if (o->val == c) { name = o->name; break; }
-            snprintf(msg, sizeof msg, "bad value '%s' for --%s", optarg, name);
-            rc = err_exit(IE_EXIT_USAGE, msg);
+            snprintf(msg, sizeof msg, "bad value '%s' for --%s", optarg, ie_cli_flag_name(&fl, c));
+            rc = ie_cli_fail(IE_EXIT_USAGE, "%s", msg);
             goto cleanup;
         }
     }
     if (optind < argc) {
         snprintf(msg, sizeof msg, "unexpected argument '%s'", argv[optind]);
-        rc = err_exit(IE_EXIT_USAGE, msg);
+        rc = ie_cli_fail(IE_EXIT_USAGE, "%s", msg);
         goto cleanup;
     }
     if (!model) {
-        rc = err_exit(IE_EXIT_USAGE, "--model is required (see --help)");
+        rc = ie_cli_fail(IE_EXIT_USAGE, "%s", "--model is required (see --help)");
         goto cleanup;
     }
     if (!!prompt + !!pfile + !!chat != 1) {
-        rc = err_exit(IE_EXIT_USAGE, "give exactly one of --prompt, --prompts-file and --chat (see --help)");
+        rc = ie_cli_fail(IE_EXIT_USAGE, "%s", "give exactly one of --prompt, --prompts-file and --chat (see --help)");
         goto cleanup;
     }
     if ((have_reasoning || show_prompt) && !chat) {
-        rc = err_exit(IE_EXIT_USAGE, "--reasoning and --show-prompt need --chat");
+        rc = ie_cli_fail(IE_EXIT_USAGE, "%s", "--reasoning and --show-prompt need --chat");
         goto cleanup;
     }
     if (chat && !special) {
-        rc = err_exit(IE_EXIT_USAGE, "--no-special does not apply to --chat (the template decides)");
+        rc = ie_cli_fail(IE_EXIT_USAGE, "%s", "--no-special does not apply to --chat (the template decides)");
         goto cleanup;
     }
     sp.greedy = greedy;
     if (!have_seed) sp.seed = ie_sampler_seed_random();
     if (ie_sampler_params_validate(&sp) != IE_OK) {
-        rc = err_exit(IE_EXIT_USAGE, ie_error_last());
+        rc = ie_cli_fail(IE_EXIT_USAGE, "%s", ie_error_last());
         goto cleanup;
     }
     if (chat) {
@@ -357,11 +318,11 @@ int ie_cli_run(int argc, char **argv)
             size_t chat_len;
             ie_status_t rst = ie_file_read("--chat", chat + 1, IE_CLI_MAX_TEXT, &chat_json, &chat_len);
             if (rst != IE_OK) {
-                rc = err_exit(rst == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_USAGE, ie_error_last());
+                rc = ie_cli_fail(rst == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_USAGE, "%s", ie_error_last());
                 goto cleanup;
             }
         } else if (!(chat_json = strdup(chat))) {
-            rc = err_exit(IE_EXIT_NOMEM, "out of memory");
+            rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory");
             goto cleanup;
         }
         cJSON *probe = cJSON_Parse(chat_json);
@@ -369,7 +330,7 @@ int ie_cli_run(int argc, char **argv)
             const char *at = cJSON_GetErrorPtr();
             snprintf(msg, sizeof msg, "--chat: invalid JSON at byte %ld",
                      at && at >= chat_json ? (long)(at - chat_json) : 0L);
-            rc = err_exit(IE_EXIT_USAGE, msg);
+            rc = ie_cli_fail(IE_EXIT_USAGE, "%s", msg);
             goto cleanup;
         }
         cJSON_Delete(probe);
@@ -377,18 +338,18 @@ int ie_cli_run(int argc, char **argv)
         if (!prompts || !(prompts[0] = strdup(""))) {
             free(prompts);
             prompts = NULL;
-            rc = err_exit(IE_EXIT_NOMEM, "out of memory");
+            rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory");
             goto cleanup;
         }
         n_prompts = 1;
     } else if (pfile) {
         if (read_prompts(pfile, &prompts, &n_prompts) != 0) {
             snprintf(msg, sizeof msg, "cannot read prompts file '%s': %s", pfile, strerror(errno));
-            rc = err_exit(IE_EXIT_USAGE, msg);
+            rc = ie_cli_fail(IE_EXIT_USAGE, "%s", msg);
             goto cleanup;
         }
         if (n_prompts == 0) {
-            rc = err_exit(IE_EXIT_USAGE, "prompts file has no prompts");
+            rc = ie_cli_fail(IE_EXIT_USAGE, "%s", "prompts file has no prompts");
             goto cleanup;
         }
     } else {
@@ -396,7 +357,7 @@ int ie_cli_run(int argc, char **argv)
         if (!prompts || !(prompts[0] = strdup(prompt))) {
             free(prompts);
             prompts = NULL;
-            rc = err_exit(IE_EXIT_NOMEM, "out of memory");
+            rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory");
             goto cleanup;
         }
         n_prompts = 1;
@@ -415,12 +376,12 @@ int ie_cli_run(int argc, char **argv)
     eo.prefix_cache = prefix_cache;
     if (ie_cli_plan(plan, &eo) != 0) {
         snprintf(msg, sizeof msg, "bad plan '%s' (none, pipeline:N or tensor:N)", plan ? plan : getenv("IE_PLAN"));
-        rc = err_exit(IE_EXIT_USAGE, msg);
+        rc = ie_cli_fail(IE_EXIT_USAGE, "%s", msg);
         goto cleanup;
     }
     ie_status_t st = ie_engine_open(&eo, &eng);
     if (st != IE_OK) {
-        rc = err_exit(ie_cli_exit_for_load(st), ie_error_last());
+        rc = ie_cli_fail(ie_cli_exit_for_load(st), "%s", ie_error_last());
         goto cleanup;
     }
 
@@ -429,7 +390,7 @@ int ie_cli_run(int argc, char **argv)
         chat_fmt = ie_chat_format(tok);
         st = ie_chat_encode(tok, chat_json, &chat_opts, &chat_ids, &n_chat_ids, &chat_prompt);
         if (st != IE_OK) {
-            rc = err_exit(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : st == IE_ERR_INTERNAL ? IE_EXIT_RUNTIME : IE_EXIT_USAGE,
+            rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : st == IE_ERR_INTERNAL ? IE_EXIT_RUNTIME : IE_EXIT_USAGE, "%s",
                           ie_error_last());
             goto cleanup;
         }
@@ -445,7 +406,7 @@ int ie_cli_run(int argc, char **argv)
     gp.parse_special = special;
 
     res = calloc(n_prompts, sizeof *res);
-    if (!res) { rc = err_exit(IE_EXIT_NOMEM, "out of memory"); goto cleanup; }
+    if (!res) { rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory"); goto cleanup; }
     ie_gen_stats_t stats = {0};
     size_t tokens_in = 0, tokens_out = 0, n_lat = 0, lat_cap = 0;
     double wall = 0, ttft_sum = 0;
@@ -465,7 +426,7 @@ int ie_cli_run(int argc, char **argv)
             int code = st == IE_ERR_INVAL || st == IE_ERR_RANGE ? IE_EXIT_USAGE
                        : st == IE_ERR_NOMEM                     ? IE_EXIT_NOMEM
                                                                 : IE_EXIT_RUNTIME;
-            rc = err_exit(code, ie_error_last());
+            rc = ie_cli_fail(code, "%s", ie_error_last());
             goto cleanup;
         }
         if (!measured) continue;
@@ -484,7 +445,7 @@ int ie_cli_run(int argc, char **argv)
             if (n_lat + res[i].n_lat > lat_cap) {
                 lat_cap = (n_lat + res[i].n_lat) * 2;
                 double *nl = realloc(lat, lat_cap * sizeof *nl);
-                if (!nl) { rc = err_exit(IE_EXIT_NOMEM, "out of memory"); goto cleanup; }
+                if (!nl) { rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory"); goto cleanup; }
                 lat = nl;
             }
             memcpy(lat + n_lat, res[i].lat_ms, res[i].n_lat * sizeof *lat);
@@ -540,12 +501,12 @@ int ie_cli_run(int argc, char **argv)
         for (size_t k = 0; st == IE_OK && k < res[0].n_gen; k++) st = ie_harmony_parser_push_token(hp, res[0].ids[k]);
         if (st == IE_OK) st = ie_harmony_parser_finish(hp);
         if (st != IE_OK) {
-            rc = err_exit(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, ie_error_last());
+            rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, "%s", ie_error_last());
             goto cleanup;
         }
         free(res[0].text);
         res[0].text = strdup(ie_harmony_parser_text(hp, IE_HARMONY_CH_FINAL, NULL));
-        if (!res[0].text) { rc = err_exit(IE_EXIT_NOMEM, "out of memory"); goto cleanup; }
+        if (!res[0].text) { rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory"); goto cleanup; }
         cJSON *ch = cJSON_AddObjectToObject(js, "channels");
         cJSON_AddStringToObject(ch, "analysis", ie_harmony_parser_text(hp, IE_HARMONY_CH_ANALYSIS, NULL));
         cJSON_AddStringToObject(ch, "final", ie_harmony_parser_text(hp, IE_HARMONY_CH_FINAL, NULL));
@@ -568,7 +529,7 @@ int ie_cli_run(int argc, char **argv)
         }
     }
     char *line = cJSON_PrintUnformatted(js);
-    if (!line) { rc = err_exit(IE_EXIT_NOMEM, "out of memory"); goto cleanup; }
+    if (!line) { rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory"); goto cleanup; }
     if (print_text)
         for (size_t i = 0; i < n_prompts; i++) fprintf(stderr, "%s\n", res[i].text ? res[i].text : "");
     printf("%s\n", line);

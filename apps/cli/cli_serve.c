@@ -55,35 +55,14 @@ static void usage(FILE *f)
           f);
 }
 
-/* Contract (ie_cli.h): the last component of path, trailing '/' dropped;
- * malloc'd, the caller frees; NULL when out of memory. */
-char *ie_cli_base_name(const char *path)
-{
-    size_t n = strlen(path);
-    while (n > 1 && path[n - 1] == '/') n--;
-    size_t b = n;
-    while (b > 0 && path[b - 1] != '/') b--;
-    return strndup(path + b, n - b);
-}
-
 /* Contract (ie_cli.h): the serve mode; returns the process exit code. */
 int ie_cli_serve(int argc, char **argv)
 {
-    enum { O_MODEL = 256, O_HOST, O_PORT, O_KEY, O_NAME, O_THREADS, O_BATCH, O_MAXB, O_CTX, O_QUEUE, O_TIMEOUT,
-           O_BODY, O_PREC, O_PLAN, O_ZMQ, O_NOPIN, O_VERBOSE, O_HELP, O_KVBLOCK, O_KVBLOCKS, O_NOPREFIX };
+    enum { O_HOST = 256, O_PORT, O_NAME, O_BODY, O_ZMQ, O_HELP };
     static const struct option lo[] = {
-        {"model", required_argument, 0, O_MODEL}, {"model-dir", required_argument, 0, O_MODEL},
         {"host", required_argument, 0, O_HOST}, {"port", required_argument, 0, O_PORT},
-        {"api-key", required_argument, 0, O_KEY}, {"model-name", required_argument, 0, O_NAME},
-        {"threads", required_argument, 0, O_THREADS}, {"batch", required_argument, 0, O_BATCH},
-        {"max-batch", required_argument, 0, O_MAXB}, {"ctx", required_argument, 0, O_CTX},
-        {"queue", required_argument, 0, O_QUEUE}, {"timeout-ms", required_argument, 0, O_TIMEOUT},
-        {"max-body", required_argument, 0, O_BODY}, {"precision", required_argument, 0, O_PREC},
-        {"plan", required_argument, 0, O_PLAN}, {"zmq-bind", required_argument, 0, O_ZMQ},
-        {"no-pin", no_argument, 0, O_NOPIN}, {"verbose", no_argument, 0, O_VERBOSE},
-        {"kv-block", required_argument, 0, O_KVBLOCK}, {"kv-blocks", required_argument, 0, O_KVBLOCKS},
-        {"no-prefix-cache", no_argument, 0, O_NOPREFIX},
-        {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+        {"model-name", required_argument, 0, O_NAME}, {"max-body", required_argument, 0, O_BODY},
+        {"zmq-bind", required_argument, 0, O_ZMQ}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
     const char *model = NULL, *host = "127.0.0.1", *api_key = NULL, *model_name = NULL, *plan = NULL,
                *zmq_bind = NULL;
     long port = 8080, threads = sysconf(_SC_NPROCESSORS_ONLN), batch = 8, max_batch = 256, ctx = 0, queue = 64,
@@ -100,57 +79,43 @@ int ie_cli_serve(int argc, char **argv)
     ie_status_t st = IE_OK;
 
     if (threads < 1) threads = 1;
-    optind = 1;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    const ie_cli_pick_t picks[] = {
+        IE_CLI_PICK(IE_FLAG_MODEL, &model), IE_CLI_PICK(IE_FLAG_API_KEY, &api_key),
+        IE_CLI_PICK(IE_FLAG_THREADS, &threads), IE_CLI_PICK(IE_FLAG_BATCH, &batch),
+        IE_CLI_PICK(IE_FLAG_MAX_BATCH, &max_batch), IE_CLI_PICK(IE_FLAG_CTX, &ctx),
+        IE_CLI_PICK(IE_FLAG_QUEUE, &queue), IE_CLI_PICK(IE_FLAG_TIMEOUT_MS, &timeout_ms),
+        IE_CLI_PICK(IE_FLAG_PRECISION, &prec), IE_CLI_PICK(IE_FLAG_PLAN, &plan),
+        IE_CLI_PICK(IE_FLAG_NO_PIN, &pin), IE_CLI_PICK(IE_FLAG_VERBOSE, &verbose),
+        IE_CLI_PICK(IE_FLAG_KV_BLOCK, &kv_block), IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks),
+        IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache)};
+    ie_cli_parser_t fl;
+    ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
+    while ((c = ie_cli_next(&fl)) != -1) {
         int bad = 0;
         switch (c) {
-        case O_MODEL: model = optarg; break;
+        case IE_CLI_ENGINE: break;
+        case IE_CLI_BAD: bad = 1; break;
         case O_HOST: host = optarg; break;
         case O_PORT: bad = ie_cli_parse_long(optarg, 0, 65535, &port); break;
-        case O_KEY: api_key = optarg; bad = !*optarg; break;
         case O_NAME: model_name = optarg; bad = !*optarg; break;
-        case O_THREADS: bad = ie_cli_parse_long(optarg, 1, 1024, &threads); break;
-        case O_BATCH: bad = ie_cli_parse_long(optarg, 1, 4096, &batch); break;
-        case O_MAXB: bad = ie_cli_parse_long(optarg, 1, 1 << 16, &max_batch); break;
-        case O_CTX: bad = ie_cli_parse_long(optarg, 1, 1 << 24, &ctx); break;
-        case O_QUEUE: bad = ie_cli_parse_long(optarg, 1, 1 << 20, &queue); break;
-        case O_TIMEOUT: bad = ie_cli_parse_long(optarg, 0, 1L << 30, &timeout_ms); break;
         case O_BODY: bad = ie_cli_parse_long(optarg, 1024, 1L << 30, &max_body); break;
-        case O_PREC: bad = ie_precision_parse(optarg, &prec) != IE_OK; break;
-        case O_PLAN: plan = optarg; break;
         case O_ZMQ: zmq_bind = optarg; break;
-        case O_NOPIN: pin = 0; break;
-        case O_VERBOSE: verbose = 1; break;
-        case O_KVBLOCK: bad = ie_cli_parse_long(optarg, 1, 1 << 16, &kv_block); break;
-        case O_KVBLOCKS: bad = ie_cli_parse_long(optarg, 0, INT32_MAX, &kv_blocks); break;
-        case O_NOPREFIX: prefix_cache = 0; break;
         case O_HELP: usage(stdout); goto cleanup;
         default:
-            fprintf(stderr, "error: unknown or incomplete option '%s' (see --help)\n", argv[optind - 1]);
-            rc = IE_EXIT_USAGE;
+            rc = ie_cli_fail(IE_EXIT_USAGE, "unknown or incomplete option '%s' (see --help)", argv[optind - 1]);
             goto cleanup;
         }
         if (bad) {
-            const char *name = "?";
-            for (const struct option *o = lo; o->name; o++)
-                if (o->val == c) {
-                    name = o->name;
-                    break;
-                }
-            fprintf(stderr, "error: bad value '%s' for --%s\n", optarg, name);
-            rc = IE_EXIT_USAGE;
+            rc = ie_cli_fail(IE_EXIT_USAGE, "bad value '%s' for --%s", optarg, ie_cli_flag_name(&fl, c));
             goto cleanup;
         }
     }
     if (optind < argc) {
-        fprintf(stderr, "error: unexpected argument '%s'\n", argv[optind]);
-        rc = IE_EXIT_USAGE;
+        rc = ie_cli_fail(IE_EXIT_USAGE, "unexpected argument '%s'", argv[optind]);
         goto cleanup;
     }
     if (!model) {
-        fprintf(stderr, "error: --model is required (see --help)\n");
-        rc = IE_EXIT_USAGE;
+        rc = ie_cli_fail(IE_EXIT_USAGE, "--model is required (see --help)");
         goto cleanup;
     }
     if (!api_key) {
@@ -159,8 +124,7 @@ int ie_cli_serve(int argc, char **argv)
     }
     if (!model_name) {
         if (!(default_name = ie_cli_base_name(model))) {
-            fprintf(stderr, "error: out of memory\n");
-            rc = IE_EXIT_NOMEM;
+            rc = ie_cli_fail(IE_EXIT_NOMEM, "out of memory");
             goto cleanup;
         }
         model_name = default_name;
@@ -179,8 +143,7 @@ int ie_cli_serve(int argc, char **argv)
     eo.kv_blocks = (int)kv_blocks;
     eo.prefix_cache = prefix_cache;
     if (ie_cli_plan(plan, &eo) != 0) {
-        fprintf(stderr, "error: bad plan '%s' (none, pipeline:N or tensor:N)\n", plan ? plan : getenv("IE_PLAN"));
-        rc = IE_EXIT_USAGE;
+        rc = ie_cli_fail(IE_EXIT_USAGE, "bad plan '%s' (none, pipeline:N or tensor:N)", plan ? plan : getenv("IE_PLAN"));
         goto cleanup;
     }
     ie_cli_stop_on_signals(&g_stop);
@@ -192,8 +155,7 @@ int ie_cli_serve(int argc, char **argv)
     }
     eo.metrics = metrics;
     if ((st = ie_engine_open(&eo, &eng)) != IE_OK) {
-        fprintf(stderr, "error: %s\n", ie_error_last());
-        rc = ie_cli_exit_for_load(st);
+        rc = ie_cli_fail(ie_cli_exit_for_load(st), "%s", ie_error_last());
         goto cleanup;
     }
     ie_sched_opts_t so;
@@ -227,8 +189,7 @@ int ie_cli_serve(int argc, char **argv)
     if ((st = ie_serve_run(&sv)) != IE_OK) goto fail;
     goto cleanup;
 fail:
-    fprintf(stderr, "error: %s\n", ie_error_last());
-    rc = st == IE_ERR_INVAL ? IE_EXIT_USAGE : st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME;
+    rc = ie_cli_fail(st == IE_ERR_INVAL ? IE_EXIT_USAGE : st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, "%s", ie_error_last());
 cleanup:
     /* the server first (its requests are cancelled), then the scheduler
      * (which ends what is left and drops the requests' last references) */

@@ -1169,3 +1169,21 @@ size_t ie_detok_last_len(const ie_detok_t *d)
 {
     return d ? d->n_out : 0;
 }
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+/* Contract (tokenizer_internal.h): "<0xAB>" / "<0xab>" -> 0xAB, else -1.
+ * One copy for the GGUF and the tokenizer.json loaders, so the two accept
+ * the same spellings. */
+int ie_tok_parse_byte_token(const char *s, size_t len)
+{
+    if (len != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>') return -1;
+    int hi = hexval(s[3]), lo = hexval(s[4]);
+    return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}

@@ -91,30 +91,6 @@ static size_t unescape_spm(const char *s, size_t len, char *dst)
     return o;
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9') {
-        return c - '0';
-    }
-    if (c >= 'A' && c <= 'F') {
-        return c - 'A' + 10;
-    }
-    if (c >= 'a' && c <= 'f') {
-        return c - 'a' + 10;
-    }
-    return -1;
-}
-
-/* "<0xAB>" -> 0xAB, else -1. */
-static int parse_byte_token(const char *s, size_t len)
-{
-    if (len != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>') {
-        return -1;
-    }
-    int hi = hexval(s[3]), lo = hexval(s[4]);
-    return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
-}
-
 static ie_status_t grow(char **buf, size_t *cap, size_t need)
 {
     if (need <= *cap) {
@@ -260,7 +236,7 @@ ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
                 st = ie_tok_set_token(t, i, s.ptr, s.len, s.ptr, s.len);
             }
         } else if (type == IE_TOKT_BYTE) {
-            int b = parse_byte_token(s.ptr, s.len);
+            int b = ie_tok_parse_byte_token(s.ptr, s.len);
             if (b < 0) {
                 st = ie_error_set(IE_ERR_FORMAT, "tokenizer: byte token %d is not of the form <0xXX>", (int)i);
                 goto cleanup;

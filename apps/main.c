@@ -22,8 +22,7 @@ int main(int argc, char **argv)
 {
     /* IE_CPU_LATENCY_US: a PM QoS request held while the command runs */
     if (ie_cpulat_apply(NULL, "inference-engine") != IE_OK) {
-        fprintf(stderr, "error: %s\n", ie_error_last());
-        return IE_EXIT_USAGE;
+        return ie_cli_fail(IE_EXIT_USAGE, "%s", ie_error_last());
     }
     if (argc > 1) {
         if (!strcmp(argv[1], "tokenize")) return ie_cli_tokenize(argc - 1, argv + 1);

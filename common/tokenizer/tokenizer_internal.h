@@ -237,9 +237,12 @@ ie_status_t ie_tok_build_text_map(ie_tokenizer_t *t);
  * the end-of-generation set; check the special ids. */
 ie_status_t ie_tok_finalize(ie_tokenizer_t *t);
 
-/* Whole file into a NUL-terminated malloc'd buffer (caller frees *buf_out),
- * at most 1 GiB. missing_ok: a missing file gives IE_OK with *buf_out NULL. */
-ie_status_t ie_tok_read_file(const char *path, int missing_ok, char **buf_out, size_t *len_out);
+/* Largest tokenizer file read whole (ie_file_read's limit). */
+#define IE_TOK_FILE_MAX ((size_t)1 << 30)
+
+/* A byte-fallback token "<0xAB>" (hex digits of either case: HF writes
+ * upper case, some GGUF vocabularies lower) -> 0xAB; anything else -> -1. */
+int ie_tok_parse_byte_token(const char *s, size_t len);
 
 ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out);
 ie_status_t ie_tok_load_json(const char *json_path, const char *config_path, ie_tokenizer_t **out);

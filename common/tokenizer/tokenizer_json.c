@@ -94,14 +94,6 @@ static int32_t id_value(const cJSON *v)
     return (int32_t)d;
 }
 
-ie_status_t ie_tok_read_file(const char *path, int missing_ok, char **buf_out, size_t *len_out)
-{
-    *buf_out = NULL;
-    *len_out = 0;
-    if (missing_ok && access(path, F_OK) != 0 && errno == ENOENT) return IE_OK;
-    return ie_file_read("tokenizer", path, (size_t)1 << 30, buf_out, len_out);
-}
-
 static ie_status_t parse_json(const char *path, const char *buf, size_t len, cJSON **out)
 {
     const char *end = NULL;
@@ -478,27 +470,6 @@ static ie_status_t merge_parts(const cJSON *m, size_t rank, const char **a, size
     return ie_error_set(IE_ERR_FORMAT, "tokenizer: merge %zu is neither \"a b\" nor [a, b]", rank);
 }
 
-static int hexval(char c)
-{
-    if (c >= '0' && c <= '9') {
-        return c - '0';
-    }
-    if (c >= 'A' && c <= 'F') {
-        return c - 'A' + 10;
-    }
-    return -1;
-}
-
-/* "<0xAB>" (HF writes upper-case hex) -> 0xAB, else -1. */
-static int parse_byte_token(const char *s, size_t len)
-{
-    if (len != 6 || memcmp(s, "<0x", 3) != 0 || s[5] != '>') {
-        return -1;
-    }
-    int hi = hexval(s[3]), lo = hexval(s[4]);
-    return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
-}
-
 static const char *const EOG_NAMES[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>",
                                         "<|return|>", "<|call|>"};
 
@@ -516,12 +487,13 @@ ie_status_t ie_tok_load_json(const char *json_path, const char *config_path, ie_
     p.pp_bos_id = p.pp_eos_id = -1;
     *out = NULL;
 
-    if ((st = ie_tok_read_file(json_path, 0, &buf, &len)) != IE_OK ||
+    if ((st = ie_file_read("tokenizer", json_path, IE_TOK_FILE_MAX, &buf, &len)) != IE_OK ||
         (st = parse_json(json_path, buf, len, &root)) != IE_OK) {
         goto cleanup;
     }
-    if (config_path) {
-        if ((st = ie_tok_read_file(config_path, 1, &cbuf, &clen)) != IE_OK) {
+    /* tokenizer_config.json is optional: a missing one is no error */
+    if (config_path && (access(config_path, F_OK) == 0 || errno != ENOENT)) {
+        if ((st = ie_file_read("tokenizer", config_path, IE_TOK_FILE_MAX, &cbuf, &clen)) != IE_OK) {
             goto cleanup;
         }
         if (cbuf && (st = parse_json(config_path, cbuf, clen, &cfg)) != IE_OK) {
@@ -664,7 +636,7 @@ ie_status_t ie_tok_load_json(const char *json_path, const char *config_path, ie_
                 st = ie_tok_set_token(t, id, s, sl, s, sl);
             }
         } else {
-            int b = t->byte_fallback ? parse_byte_token(s, sl) : -1;
+            int b = t->byte_fallback ? ie_tok_parse_byte_token(s, sl) : -1;
             if (b >= 0) {
                 char c = (char)b;
                 tk->type = IE_TOKT_BYTE;
