@@ -91,23 +91,31 @@ int main(int argc, char **argv)
     }
     enum { O_WORKERS = 1, O_BIND, O_CBIND, O_HB, O_DEAD, O_HELP, O_RETRY, O_HPORT, O_HADDR };
     static const struct option lo[] = {
-        {"workers", required_argument, 0, O_WORKERS}, {"bind", required_argument, 0, O_BIND},
+        {"workers", required_argument, 0, O_WORKERS},   {"bind", required_argument, 0, O_BIND},
         {"client-bind", required_argument, 0, O_CBIND}, {"heartbeat-ms", required_argument, 0, O_HB},
-        {"dead-ms", required_argument, 0, O_DEAD}, {"help", no_argument, 0, O_HELP},
-        {"retry-ms", required_argument, 0, O_RETRY}, {"http-port", required_argument, 0, O_HPORT},
-        {"http-addr", required_argument, 0, O_HADDR}, {0, 0, 0, 0}};
+        {"dead-ms", required_argument, 0, O_DEAD},      {"help", no_argument, 0, O_HELP},
+        {"retry-ms", required_argument, 0, O_RETRY},    {"http-port", required_argument, 0, O_HPORT},
+        {"http-addr", required_argument, 0, O_HADDR},   {0, 0, 0, 0}};
     const char *plan_s = NULL;
-    const ie_cli_pick_t picks[] = {
-        IE_CLI_PICK(IE_FLAG_MODEL, &model), IE_CLI_PICK(IE_FLAG_PLAN, &plan_s),
-        IE_CLI_PICK(IE_FLAG_CTX, &ctx), IE_CLI_PICK_RANGE(IE_FLAG_BATCH, &batch, 1, 64),
-        IE_CLI_PICK(IE_FLAG_MAX_BATCH, &max_batch), IE_CLI_PICK(IE_FLAG_PRECISION, &prec),
-        IE_CLI_PICK(IE_FLAG_QUEUE, &queue), IE_CLI_PICK(IE_FLAG_METRICS_PORT, &metrics_port),
-        IE_CLI_PICK(IE_FLAG_METRICS_ADDR, &metrics_addr), IE_CLI_PICK(IE_FLAG_KEYS_DIR, &keys_dir),
-        IE_CLI_PICK(IE_FLAG_KEY, &key_name), IE_CLI_PICK(IE_FLAG_AUTHORIZED, &authorized),
-        IE_CLI_PICK(IE_FLAG_VERBOSE, &verbose), IE_CLI_PICK(IE_FLAG_KV_BLOCK, &kv_block),
-        IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks), IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache),
-        IE_CLI_PICK_RANGE(IE_FLAG_TIMEOUT_MS, &timeout_ms, 0, 86400000), IE_CLI_PICK(IE_FLAG_API_KEY, &api_key),
-        IE_CLI_PICK(IE_FLAG_CPU_LATENCY, &cpulat)};
+    const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_MODEL, &model),
+                                   IE_CLI_PICK(IE_FLAG_PLAN, &plan_s),
+                                   IE_CLI_PICK(IE_FLAG_CTX, &ctx),
+                                   IE_CLI_PICK_RANGE(IE_FLAG_BATCH, &batch, 1, 64),
+                                   IE_CLI_PICK(IE_FLAG_MAX_BATCH, &max_batch),
+                                   IE_CLI_PICK(IE_FLAG_PRECISION, &prec),
+                                   IE_CLI_PICK(IE_FLAG_QUEUE, &queue),
+                                   IE_CLI_PICK(IE_FLAG_METRICS_PORT, &metrics_port),
+                                   IE_CLI_PICK(IE_FLAG_METRICS_ADDR, &metrics_addr),
+                                   IE_CLI_PICK(IE_FLAG_KEYS_DIR, &keys_dir),
+                                   IE_CLI_PICK(IE_FLAG_KEY, &key_name),
+                                   IE_CLI_PICK(IE_FLAG_AUTHORIZED, &authorized),
+                                   IE_CLI_PICK(IE_FLAG_VERBOSE, &verbose),
+                                   IE_CLI_PICK(IE_FLAG_KV_BLOCK, &kv_block),
+                                   IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks),
+                                   IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache),
+                                   IE_CLI_PICK_RANGE(IE_FLAG_TIMEOUT_MS, &timeout_ms, 0, 86400000),
+                                   IE_CLI_PICK(IE_FLAG_API_KEY, &api_key),
+                                   IE_CLI_PICK(IE_FLAG_CPU_LATENCY, &cpulat)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, ac, av, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -185,10 +193,10 @@ int main(int argc, char **argv)
     ie_backend_stats_t bs;
     ie_backend_stats(ie_engine_backend(eng), &bs);
     fprintf(stderr, "ie-coordinator: %s plan, %ld workers; workers at %s, clients at %s%s\n",
-            ie_shard_kind_name(plan), workers, bs.endpoint, cep,
-            keys_dir ? " (CURVE)" : "");
-    if (msrv) fprintf(stderr, "ie-coordinator: metrics at http://%s:%d/metrics\n", metrics_addr,
-                      ie_metrics_server_port(msrv));
+            ie_shard_kind_name(plan), workers, bs.endpoint, cep, keys_dir ? " (CURVE)" : "");
+    if (msrv)
+        fprintf(stderr, "ie-coordinator: metrics at http://%s:%d/metrics\n", metrics_addr,
+                ie_metrics_server_port(msrv));
     ie_sd_ready("accepting clients; waiting for workers");
     ie_sched_opts_t scho;
     ie_engine_sched_opts(eng, &scho);
@@ -196,12 +204,22 @@ int main(int argc, char **argv)
     scho.retry_ms = (int)retry_ms;
     scho.metrics = metrics;
     if ((st = ie_sched_new(&scho, &sched)) != IE_OK) goto fail;
-    ie_serve_opts_t so = {.engine = eng, .sched = sched, .sock = client, .stop = &g_stop, .metrics = metrics,
-                          .request_timeout_ms = (int)timeout_ms, .verbose = verbose};
+    ie_serve_opts_t so = {.engine = eng,
+                          .sched = sched,
+                          .sock = client,
+                          .stop = &g_stop,
+                          .metrics = metrics,
+                          .request_timeout_ms = (int)timeout_ms,
+                          .verbose = verbose};
     if (http_port > 0) {
-        ie_http_opts_t ho = {.engine = eng, .sched = sched, .addr = http_addr, .port = (int)http_port,
-                             .api_key = api_key ? api_key : getenv("IE_API_KEY"), .metrics = metrics,
-                             .request_timeout_ms = (int)timeout_ms, .verbose = verbose};
+        ie_http_opts_t ho = {.engine = eng,
+                             .sched = sched,
+                             .addr = http_addr,
+                             .port = (int)http_port,
+                             .api_key = api_key ? api_key : getenv("IE_API_KEY"),
+                             .metrics = metrics,
+                             .request_timeout_ms = (int)timeout_ms,
+                             .verbose = verbose};
         if (ho.api_key && !*ho.api_key) ho.api_key = NULL;
         if (!(model_name = ie_cli_base_name(model))) {
             st = ie_error_set(IE_ERR_NOMEM, "out of memory");
@@ -219,7 +237,7 @@ int main(int argc, char **argv)
     if (st != IE_OK) goto fail;
     goto cleanup;
 fail:
-    rc = ie_cli_fail(st == IE_ERR_INVAL                              ? IE_EXIT_USAGE
+    rc = ie_cli_fail(st == IE_ERR_INVAL                          ? IE_EXIT_USAGE
                      : ie_cli_exit_for_load(st) == IE_EXIT_MODEL ? IE_EXIT_MODEL
                                                                  : IE_EXIT_RUNTIME,
                      "%s", ie_error_last());

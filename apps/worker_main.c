@@ -29,7 +29,8 @@ static void usage(FILE *f)
           "  --config FILE            key = value lines (flags without --); flags win\n"
           "  --model PATH             the model on this host's disk (GGUF, IEBIN or HF dir)\n"
           "  --coordinator EP         coordinator's worker endpoint (tcp://host:5555, ipc://...)\n"
-          "  --peer-bind EP           where other workers reach this one (tcp://127.0.0.1:0; tcp://0.0.0.0:0 with --advertise across hosts)\n"
+          "  --peer-bind EP           where other workers reach this one (tcp://127.0.0.1:0; tcp://0.0.0.0:0 with "
+          "--advertise across hosts)\n"
           "  --advertise HOST         host name/address peers use for a tcp peer endpoint\n"
           "  --rank N                 ask for this rank (default: any free one)\n"
           "  --threads N              compute threads (1)\n"
@@ -70,19 +71,27 @@ int main(int argc, char **argv)
         return ie_cli_fail(IE_EXIT_USAGE, "%s", err);
     }
     enum { O_COORD = 1, O_PEER, O_ADV, O_RANK, O_NODE, O_POLICY, O_AFF, O_CKEY, O_HELP };
-    static const struct option lo[] = {
-        {"coordinator", required_argument, 0, O_COORD}, {"peer-bind", required_argument, 0, O_PEER},
-        {"advertise", required_argument, 0, O_ADV}, {"rank", required_argument, 0, O_RANK},
-        {"numa-node", required_argument, 0, O_NODE}, {"numa-policy", required_argument, 0, O_POLICY},
-        {"affinity", required_argument, 0, O_AFF}, {"coordinator-key", required_argument, 0, O_CKEY},
-        {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+    static const struct option lo[] = {{"coordinator", required_argument, 0, O_COORD},
+                                       {"peer-bind", required_argument, 0, O_PEER},
+                                       {"advertise", required_argument, 0, O_ADV},
+                                       {"rank", required_argument, 0, O_RANK},
+                                       {"numa-node", required_argument, 0, O_NODE},
+                                       {"numa-policy", required_argument, 0, O_POLICY},
+                                       {"affinity", required_argument, 0, O_AFF},
+                                       {"coordinator-key", required_argument, 0, O_CKEY},
+                                       {"help", no_argument, 0, O_HELP},
+                                       {0, 0, 0, 0}};
     long threads = o.n_threads;
-    const ie_cli_pick_t picks[] = {
-        IE_CLI_PICK(IE_FLAG_MODEL, &o.model_path), IE_CLI_PICK(IE_FLAG_THREADS, &threads),
-        IE_CLI_PICK(IE_FLAG_NO_PIN, &o.pin_threads), IE_CLI_PICK(IE_FLAG_METRICS_PORT, &metrics_port),
-        IE_CLI_PICK(IE_FLAG_METRICS_ADDR, &metrics_addr), IE_CLI_PICK(IE_FLAG_KEYS_DIR, &keys_dir),
-        IE_CLI_PICK(IE_FLAG_KEY, &key_name), IE_CLI_PICK(IE_FLAG_AUTHORIZED, &authorized),
-        IE_CLI_PICK(IE_FLAG_VERBOSE, &o.verbose), IE_CLI_PICK(IE_FLAG_CPU_LATENCY, &cpulat)};
+    const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_MODEL, &o.model_path),
+                                   IE_CLI_PICK(IE_FLAG_THREADS, &threads),
+                                   IE_CLI_PICK(IE_FLAG_NO_PIN, &o.pin_threads),
+                                   IE_CLI_PICK(IE_FLAG_METRICS_PORT, &metrics_port),
+                                   IE_CLI_PICK(IE_FLAG_METRICS_ADDR, &metrics_addr),
+                                   IE_CLI_PICK(IE_FLAG_KEYS_DIR, &keys_dir),
+                                   IE_CLI_PICK(IE_FLAG_KEY, &key_name),
+                                   IE_CLI_PICK(IE_FLAG_AUTHORIZED, &authorized),
+                                   IE_CLI_PICK(IE_FLAG_VERBOSE, &o.verbose),
+                                   IE_CLI_PICK(IE_FLAG_CPU_LATENCY, &cpulat)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, ac, av, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -93,8 +102,14 @@ int main(int argc, char **argv)
         case O_COORD: o.coordinator = optarg; break;
         case O_PEER: o.peer_bind = optarg; break;
         case O_ADV: advertise = optarg; break;
-        case O_RANK: bad = ie_cli_parse_long(optarg, 0, 63, &lv); o.rank = (int)lv; break;
-        case O_NODE: bad = ie_cli_parse_long(optarg, 0, 4095, &lv); o.numa_node = (int)lv; break;
+        case O_RANK:
+            bad = ie_cli_parse_long(optarg, 0, 63, &lv);
+            o.rank = (int)lv;
+            break;
+        case O_NODE:
+            bad = ie_cli_parse_long(optarg, 0, 4095, &lv);
+            o.numa_node = (int)lv;
+            break;
         case O_POLICY: o.numa_policy = optarg; break;
         case O_AFF: o.affinity = optarg; break;
         case O_CKEY: coord_key_file = optarg; break;
@@ -136,8 +151,8 @@ int main(int argc, char **argv)
     ie_cli_stop_on_signals(&g_stop);
     o.stop = &g_stop;
     st = ie_node_run(&o);
-    if (st != IE_OK) rc = st == IE_ERR_IO || st == IE_ERR_FORMAT || st == IE_ERR_UNSUPPORTED ? IE_EXIT_MODEL
-                                                                                              : IE_EXIT_RUNTIME;
+    if (st != IE_OK)
+        rc = st == IE_ERR_IO || st == IE_ERR_FORMAT || st == IE_ERR_UNSUPPORTED ? IE_EXIT_MODEL : IE_EXIT_RUNTIME;
     goto cleanup;
 fail:
     rc = ie_cli_fail(st == IE_ERR_INVAL ? IE_EXIT_USAGE : IE_EXIT_RUNTIME, "%s", ie_error_last());

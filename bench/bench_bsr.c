@@ -32,8 +32,6 @@
 #include "bench_util.h"
 
 
-
-
 /* ---------------------------------------------------------------- jobs */
 
 typedef struct {
@@ -83,7 +81,9 @@ static void read_task(void *p, int ith, int nth)
 static uint8_t *g_pool;
 static size_t g_pool_bytes;
 
-typedef struct { double best, med, pmed; } timing_t;
+typedef struct {
+    double best, med, pmed;
+} timing_t;
 
 /* Times `iters` calls of j over `copies` copies of `bytes` bytes each
  * (stride apart in the pool; set_copy points j at copy c), each preceded by
@@ -110,7 +110,7 @@ static timing_t run(ie_threadpool_t *tp, job_t *j, size_t bytes, size_t stride, 
     }
     qsort(tm, (size_t)iters, sizeof tm[0], cmp_d);
     qsort(tpr, (size_t)iters, sizeof tpr[0], cmp_d);
-    return (timing_t){ tm[0], tm[iters / 2], tpr[iters / 2] };
+    return (timing_t){tm[0], tm[iters / 2], tpr[iters / 2]};
 }
 
 static void set_dense(job_t *j, const uint8_t *p) { j->w = (const float *)p; }
@@ -132,8 +132,8 @@ int main(int argc, char **argv)
     int iters = 21, isa = -1;
     int64_t n_tok = 1;
     size_t pool_mib = 768;
-    int blocks[8][2] = { { 16, 16 }, { 32, 32 } }, n_blocks = 2;
-    int threads[4] = { 1, 2 }, n_threads = 2;
+    int blocks[8][2] = {{16, 16}, {32, 32}}, n_blocks = 2;
+    int threads[4] = {1, 2}, n_threads = 2;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--pool-mib") && i + 1 < argc) pool_mib = (size_t)atol(argv[++i]);
@@ -154,8 +154,10 @@ int main(int argc, char **argv)
                 threads[n_threads++] = atoi(tok);
             free(s);
         } else {
-            fprintf(stderr, "usage: %s [--iters N] [--pool-mib M] [--ntok T] [--isa ref|avx2|avx512] "
-                            "[--blocks 16x16,32x32] [--threads 1,2]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--iters N] [--pool-mib M] [--ntok T] [--isa ref|avx2|avx512] "
+                    "[--blocks 16x16,32x32] [--threads 1,2]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -164,17 +166,23 @@ int main(int argc, char **argv)
     if (n_tok < 1) n_tok = 1;
     const ie_isa_t the_isa = isa < 0 ? ie_isa_best() : (ie_isa_t)isa;
     const ie_kernels_t *ops = ie_kernels_get(the_isa);
-    if (!ops) { fprintf(stderr, "%s not supported here\n", ie_isa_name(the_isa)); return 1; }
+    if (!ops) {
+        fprintf(stderr, "%s not supported here\n", ie_isa_name(the_isa));
+        return 1;
+    }
 
     g_pool_bytes = pool_mib << 20;
     const size_t align = 2u << 20;
     uint8_t *raw = mmap(NULL, g_pool_bytes + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) { fprintf(stderr, "cannot map pool\n"); return 1; }
+    if (raw == MAP_FAILED) {
+        fprintf(stderr, "cannot map pool\n");
+        return 1;
+    }
     g_pool = (uint8_t *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
     madvise(g_pool, g_pool_bytes, MADV_HUGEPAGE);
 
-    static const int64_t shapes[][2] = { { 2048, 2048 }, { 5632, 2048 } };
-    static const double dens[] = { 1.0, 0.5, 0.25, 0.10 };
+    static const int64_t shapes[][2] = {{2048, 2048}, {5632, 2048}};
+    static const double dens[] = {1.0, 0.5, 0.25, 0.10};
     const int64_t max_out = 5632, max_in = 2048;
     float *w = malloc(sizeof(float) * (size_t)(max_out * max_in));
     float *x = malloc(sizeof(float) * (size_t)(max_in * n_tok));
@@ -188,7 +196,7 @@ int main(int argc, char **argv)
     printf("%-10s %-6s %5s %3s | %9s %7s %7s | %9s %9s %7s %7s %7s | %7s\n", "shape", "block", "dens", "thr",
            "dense ms", "GB/s", "probe", "bsr ms", "(median)", "MiB", "GB/s", "probe", "speedup");
 
-    ie_threadpool_t *tps[4] = { 0 };
+    ie_threadpool_t *tps[4] = {0};
     for (int ti = 0; ti < n_threads; ti++)
         if (ie_threadpool_new(threads[ti], 1, &tps[ti]) != IE_OK) {
             fprintf(stderr, "threadpool: %s\n", ie_error_last());
@@ -200,7 +208,10 @@ int main(int argc, char **argv)
         const size_t dbytes = sizeof(float) * (size_t)(n_out * n_in);
         for (int bi = 0; bi < n_blocks; bi++) {
             const int br = blocks[bi][0], bc = blocks[bi][1];
-            if (n_out % br || n_in % bc) { printf("%dx%d does not divide the shape\n", br, bc); continue; }
+            if (n_out % br || n_in % bc) {
+                printf("%dx%d does not divide the shape\n", br, bc);
+                continue;
+            }
             for (size_t di = 0; di < sizeof dens / sizeof dens[0]; di++) {
                 /* random block mask at this density; non-zero values everywhere kept */
                 for (int64_t i = 0; i < n_out * n_in; i++) w[i] = rnd() * 0.05f;
@@ -218,7 +229,10 @@ int main(int argc, char **argv)
                 }
                 const size_t sstride = (sbytes + 4095) & ~(size_t)4095;
                 size_t dcopies = g_pool_bytes / dbytes, scopies = g_pool_bytes / sstride;
-                if (dcopies < 2 || scopies < 2) { fprintf(stderr, "pool too small\n"); return 1; }
+                if (dcopies < 2 || scopies < 2) {
+                    fprintf(stderr, "pool too small\n");
+                    return 1;
+                }
                 if (scopies > 256) scopies = 256;
                 job_t *j = calloc(1, sizeof *j);
                 j->ops = ops;
@@ -252,11 +266,12 @@ int main(int argc, char **argv)
                     snprintf(shape, sizeof shape, "%lldx%lld", (long long)n_out, (long long)n_in);
                     snprintf(blk, sizeof blk, "%dx%d", br, bc);
                     const double real_d = (double)j->m.n_blocks / (double)((n_out / br) * (n_in / bc));
-                    printf("%-10s %-6s %4.0f%% %3d | %9.3f %7.1f %7.1f | %9.3f %9.3f %7.1f %7.1f %7.1f | %6.2fx%s\n",
-                           shape, blk, real_d * 100, threads[ti], td.best * 1e3, (double)dbytes / td.best / 1e9,
-                           (double)dbytes / td.pmed / 1e9, ts.best * 1e3, ts.med * 1e3, (double)sbytes / 1048576.0,
-                           (double)sbytes / ts.best / 1e9, (double)sbytes / ts.pmed / 1e9, td.best / ts.best,
-                           md > 1e-3 * mx + 1e-6 ? "  MISMATCH" : "");
+                    printf(
+                        "%-10s %-6s %4.0f%% %3d | %9.3f %7.1f %7.1f | %9.3f %9.3f %7.1f %7.1f %7.1f | %6.2fx%s\n",
+                        shape, blk, real_d * 100, threads[ti], td.best * 1e3, (double)dbytes / td.best / 1e9,
+                        (double)dbytes / td.pmed / 1e9, ts.best * 1e3, ts.med * 1e3, (double)sbytes / 1048576.0,
+                        (double)sbytes / ts.best / 1e9, (double)sbytes / ts.pmed / 1e9, td.best / ts.best,
+                        md > 1e-3 * mx + 1e-6 ? "  MISMATCH" : "");
                     printf("{\"bench\":\"bsr\",\"isa\":\"%s\",\"n_out\":%lld,\"n_in\":%lld,\"br\":%d,\"bc\":%d,"
                            "\"density\":%.3f,\"threads\":%d,\"n_tok\":%lld,\"dense_ms\":%.4f,\"dense_gbps\":%.2f,"
                            "\"dense_probe_gbps\":%.2f,\"bsr_ms\":%.4f,\"bsr_gbps\":%.2f,\"bsr_probe_gbps\":%.2f,"

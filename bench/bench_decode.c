@@ -69,14 +69,13 @@ static int summarize(const sample_t *s, int n, double bytes, double high, int ph
         m++;
     }
     const double fj = median(a, m), ff = median(b, m), tps = median(c, m), rj = median(d, m), rf = median(e, m);
-    if (m == 0)
-        printf("%-9s %5d\n", label, 0);
-    else
-        printf("%-9s %5d %9.1f %9.1f %9.1f %9.1f %9.3f %9.3f\n", label, m, tps, tps * bytes / 1e9, rj, rf, fj, ff);
+    if (m == 0) printf("%-9s %5d\n", label, 0);
+    else printf("%-9s %5d %9.1f %9.1f %9.1f %9.1f %9.3f %9.3f\n", label, m, tps, tps * bytes / 1e9, rj, rf, fj, ff);
     fprintf(json, "%s\"%s\":{\"n\":%d", *first ? "" : ",", label, m);
     if (m)
-        fprintf(json, ",\"decode_tps\":%.2f,\"decode_gbps\":%.2f,\"read_jobs_gbps\":%.2f,\"read_flat_gbps\":%.2f,"
-                      "\"frac_jobs\":%.4f,\"frac_flat\":%.4f",
+        fprintf(json,
+                ",\"decode_tps\":%.2f,\"decode_gbps\":%.2f,\"read_jobs_gbps\":%.2f,\"read_flat_gbps\":%.2f,"
+                "\"frac_jobs\":%.4f,\"frac_flat\":%.4f",
                 tps, tps * bytes / 1e9, rj, rf, fj, ff);
     fprintf(json, "}");
     *first = 0;
@@ -192,8 +191,9 @@ int main(int argc, char **argv)
     size_t jlen = 0;
     FILE *json = open_memstream(&jbuf, &jlen);
     if (!json) goto out;
-    fprintf(json, "{\"bench\":\"decode\",\"model\":\"%s\",\"precision\":\"%s\",\"threads\":%d,"
-                  "\"mb_per_token\":%.1f,\"high_gbps\":%.1f,",
+    fprintf(json,
+            "{\"bench\":\"decode\",\"model\":\"%s\",\"precision\":\"%s\",\"threads\":%d,"
+            "\"mb_per_token\":%.1f,\"high_gbps\":%.1f,",
             model, prec, threads, bytes / 1e6, high);
     int first = 1, sum_rc = 0;
     if (ab) fprintf(json, "\"ab\":\"%s\",", ab);

@@ -43,7 +43,6 @@
 #include "bench_util.h"
 
 
-
 /* ---------------------------------------------------------------- jobs */
 
 typedef struct {
@@ -93,7 +92,7 @@ static void matmul_packed_task(void *p, int ith, int nth)
     long b, e; /* rows in whole panels */
     ie_split_range((long)((j->n_out + IE_PANEL - 1) / IE_PANEL), ith, nth, &b, &e);
     const int64_t r0 = IE_PANEL * b, r1 = IE_PANEL * e < j->n_out ? IE_PANEL * e : j->n_out;
-    const ie_pmat_t m = { .dtype = j->wt, .group = j->group, .n_in = j->n_in, .n_out = j->n_out, .data = j->w };
+    const ie_pmat_t m = {.dtype = j->wt, .group = j->group, .n_in = j->n_in, .n_out = j->n_out, .data = j->w};
     const double c0 = cpu_s();
     if (r0 < r1) j->ops->matmul_packed(&m, r0, r1, j->a, j->as, j->n_tok, j->y, j->n_out);
     if (ith < 64) j->cpu[ith] = cpu_s() - c0;
@@ -155,7 +154,8 @@ static void fill_pool_packed(ie_dtype_t wt, int group, int64_t n_out, int64_t n_
         const size_t live = (size_t)(n_out % IE_PANEL), sl = wt == IE_DTYPE_BF16 ? 64 : 32; /* bytes per slice */
         if (np > 1 && live) /* BF16: slices of 2 k, F16: of 1 k; row i at 2 * (sl / 32) * i */
             for (size_t c = 0; c < pb / sl; c++)
-                memset(g_pool + (size_t)(np - 1) * pb + c * sl + live * (sl / 16), 0, (IE_PANEL - live) * (sl / 16));
+                memset(g_pool + (size_t)(np - 1) * pb + c * sl + live * (sl / 16), 0,
+                       (IE_PANEL - live) * (sl / 16));
         for (size_t c = 1; c < copies; c++) memcpy(g_pool + c * pb * (size_t)np, g_pool, pb * (size_t)np);
         return;
     }
@@ -164,7 +164,10 @@ static void fill_pool_packed(ie_dtype_t wt, int group, int64_t n_out, int64_t n_
     const int64_t np = (n_out + IE_PANEL - 1) / IE_PANEL;
     for (int64_t p = 0; p < np; p++) {
         uint8_t *pp = g_pool + (size_t)p * pb;
-        if (p >= 8) { memcpy(pp, g_pool + (size_t)(p % 8) * pb, pb); continue; }
+        if (p >= 8) {
+            memcpy(pp, g_pool + (size_t)(p % 8) * pb, pb);
+            continue;
+        }
         for (size_t g = 0; g < ng; g++) {
             uint8_t *gp = pp + g * gb;
             for (size_t i = hdr; i < gb; i++) {
@@ -191,7 +194,10 @@ static void fill_pool_packed(ie_dtype_t wt, int group, int64_t n_out, int64_t n_
 
 /* ---------------------------------------------------------------- main */
 
-typedef struct { int64_t n_out, n_in; const char *what; } shape_t;
+typedef struct {
+    int64_t n_out, n_in;
+    const char *what;
+} shape_t;
 
 int main(int argc, char **argv)
 {
@@ -199,9 +205,8 @@ int main(int argc, char **argv)
     int64_t gemm_tok = 64, packed_tok = 512;
     int group = 32;
     size_t pool_mib = 1024;
-    static const ie_dtype_t types[] = { IE_DTYPE_F32, IE_DTYPE_F16, IE_DTYPE_BF16,
-                                        IE_DTYPE_Q8_0, IE_DTYPE_Q4_0, IE_DTYPE_Q4_1, IE_DTYPE_MXFP4,
-                                        IE_DTYPE_I8W, IE_DTYPE_I4W, IE_DTYPE_I4WA };
+    static const ie_dtype_t types[] = {IE_DTYPE_F32,  IE_DTYPE_F16,   IE_DTYPE_BF16, IE_DTYPE_Q8_0, IE_DTYPE_Q4_0,
+                                       IE_DTYPE_Q4_1, IE_DTYPE_MXFP4, IE_DTYPE_I8W,  IE_DTYPE_I4W,  IE_DTYPE_I4WA};
     const int n_types = (int)(sizeof types / sizeof types[0]);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
@@ -223,8 +228,9 @@ int main(int argc, char **argv)
                     if (!strcmp(tok, ie_dtype_name(types[t]))) type_mask |= 1 << t;
             free(s);
         } else {
-            fprintf(stderr, "usage: %s [--threads N] [--isa ref,avx2,avx512] [--types f32,f16,bf16,q8_0,q4_0,q4_1,mxfp4,"
-                            "int8w,int4w,int4w_affine] [--iters N] [--pool-mib M] [--ntok T] [--ptok T] [--group G]\n",
+            fprintf(stderr,
+                    "usage: %s [--threads N] [--isa ref,avx2,avx512] [--types f32,f16,bf16,q8_0,q4_0,q4_1,mxfp4,"
+                    "int8w,int4w,int4w_affine] [--iters N] [--pool-mib M] [--ntok T] [--ptok T] [--group G]\n",
                     argv[0]);
             return 2;
         }
@@ -241,20 +247,27 @@ int main(int argc, char **argv)
     g_pool_bytes = pool_mib << 20;
     const size_t align = 2u << 20;
     uint8_t *raw = mmap(NULL, g_pool_bytes + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (raw == MAP_FAILED) { fprintf(stderr, "cannot map pool\n"); return 1; }
+    if (raw == MAP_FAILED) {
+        fprintf(stderr, "cannot map pool\n");
+        return 1;
+    }
     g_pool = (uint8_t *)(((uintptr_t)raw + align - 1) & ~(uintptr_t)(align - 1));
     madvise(g_pool, g_pool_bytes, MADV_HUGEPAGE);
 
-    static const shape_t gemv_shapes[] = {
-        { 2048, 2048, "attn q/o 1B" }, { 5632, 2048, "ffn up 1B" },
-        { 2048, 5632, "ffn down 1B" }, { 32000, 2048, "lm head 1B" } };
-    static const shape_t gemm_shapes[] = { { 2048, 2048, "attn q/o 1B" }, { 5632, 2048, "ffn up 1B" } };
+    static const shape_t gemv_shapes[] = {{2048, 2048, "attn q/o 1B"},
+                                          {5632, 2048, "ffn up 1B"},
+                                          {2048, 5632, "ffn down 1B"},
+                                          {32000, 2048, "lm head 1B"}};
+    static const shape_t gemm_shapes[] = {{2048, 2048, "attn q/o 1B"}, {5632, 2048, "ffn up 1B"}};
     /* packed: k/v (256 rows) too, and ffn down in the GEMM */
-    static const shape_t pgemv_shapes[] = {
-        { 2048, 2048, "attn q/o 1B" }, { 256, 2048, "attn k/v 1B" }, { 5632, 2048, "ffn up 1B" },
-        { 2048, 5632, "ffn down 1B" }, { 32000, 2048, "lm head 1B" } };
-    static const shape_t pgemm_shapes[] = {
-        { 2048, 2048, "attn q/o 1B" }, { 5632, 2048, "ffn up 1B" }, { 2048, 5632, "ffn down 1B" } };
+    static const shape_t pgemv_shapes[] = {{2048, 2048, "attn q/o 1B"},
+                                           {256, 2048, "attn k/v 1B"},
+                                           {5632, 2048, "ffn up 1B"},
+                                           {2048, 5632, "ffn down 1B"},
+                                           {32000, 2048, "lm head 1B"}};
+    static const shape_t pgemm_shapes[] = {{2048, 2048, "attn q/o 1B"},
+                                           {5632, 2048, "ffn up 1B"},
+                                           {2048, 5632, "ffn down 1B"}};
 
     const int64_t max_in = 5632;
     int64_t max_tok = gemm_tok > packed_tok ? gemm_tok : packed_tok;
@@ -268,14 +281,17 @@ int main(int argc, char **argv)
     printf("bench_kernels: %d thread(s), %d iters, pool %zu MiB; GEMV GB/s = weight bytes / time "
            "(median), vs a read probe of the same bytes interleaved; GEMM n_tok=%lld GOP/s\n",
            threads, iters, pool_mib, (long long)gemm_tok);
-    printf("%-7s %-10s %-12s %-11s %9s %9s %9s %7s %9s\n", "isa", "type", "shape", "", "ms", "GB/s",
-           "probe", "frac", "best GB/s");
+    printf("%-7s %-10s %-12s %-11s %9s %9s %9s %7s %9s\n", "isa", "type", "shape", "", "ms", "GB/s", "probe",
+           "frac", "best GB/s");
 
     for (int ii = 0; ii <= 2; ii++) {
         const ie_isa_t isa = (ie_isa_t)ii;
         if (!((isa_mask >> ii) & 1)) continue;
         const ie_kernels_t *ops = ie_kernels_get(isa);
-        if (!ops) { printf("%s: not supported here\n", ie_isa_name(isa)); continue; }
+        if (!ops) {
+            printf("%s: not supported here\n", ie_isa_name(isa));
+            continue;
+        }
         for (int ti = 0; ti < n_types; ti++) {
             if (!((type_mask >> ti) & 1)) continue;
             const ie_dtype_t wt = types[ti];
@@ -284,9 +300,11 @@ int main(int argc, char **argv)
             void (*task)(void *, int, int) = pk ? matmul_packed_task : matmul_task;
             const shape_t *gv = pk ? pgemv_shapes : gemv_shapes, *gm = pk ? pgemm_shapes : gemm_shapes;
             if (wt == IE_DTYPE_BF16) gm = pgemv_shapes;
-            const size_t n_gv = pk ? sizeof pgemv_shapes / sizeof pgemv_shapes[0] : sizeof gemv_shapes / sizeof gemv_shapes[0];
+            const size_t n_gv = pk ? sizeof pgemv_shapes / sizeof pgemv_shapes[0]
+                                   : sizeof gemv_shapes / sizeof gemv_shapes[0];
             const size_t n_gm = wt == IE_DTYPE_BF16 ? sizeof pgemv_shapes / sizeof pgemv_shapes[0]
-                                : pk ? sizeof pgemm_shapes / sizeof pgemm_shapes[0] : sizeof gemm_shapes / sizeof gemm_shapes[0];
+                                : pk                ? sizeof pgemm_shapes / sizeof pgemm_shapes[0]
+                                                    : sizeof gemm_shapes / sizeof gemm_shapes[0];
             const int bfg = wt == IE_DTYPE_BF16; /* prefill shapes and token count of the packed types */
             const int64_t gtok = pk || bfg ? packed_tok : gemm_tok;
             if (pk && (!ops->matmul_packed || ie_pack_check(wt, group, 2048) || ie_pack_check(wt, group, 5632))) {
@@ -295,13 +313,18 @@ int main(int argc, char **argv)
             }
             char tname[32];
             if (pk && !ie_dtype_is_intw(wt)) snprintf(tname, sizeof tname, "%s/p16", ie_dtype_name(wt));
-            else if (pk) snprintf(tname, sizeof tname, "%s/g%d", wt == IE_DTYPE_I4WA ? "i4wa" : ie_dtype_name(wt), group);
+            else if (pk)
+                snprintf(tname, sizeof tname, "%s/g%d", wt == IE_DTYPE_I4WA ? "i4wa" : ie_dtype_name(wt), group);
             else snprintf(tname, sizeof tname, "%s", ie_dtype_name(wt));
             for (size_t si = 0; si < n_gv; si++) {
                 const shape_t sh = gv[si];
                 const size_t mb = mat_bytes(wt, group, sh.n_out, sh.n_in);
                 size_t copies = g_pool_bytes / mb;
-                if (copies < 2) { printf("pool too small for %s %lldx%lld\n", ie_dtype_name(wt), (long long)sh.n_out, (long long)sh.n_in); continue; }
+                if (copies < 2) {
+                    printf("pool too small for %s %lldx%lld\n", ie_dtype_name(wt), (long long)sh.n_out,
+                           (long long)sh.n_in);
+                    continue;
+                }
                 /* at most 64 copies, but at least 256 MiB of them (when the pool
                  * holds that much) so small matrices (k/v) are not L3-resident */
                 {
@@ -313,8 +336,16 @@ int main(int argc, char **argv)
                 else fill_pool(wt, sh.n_out, sh.n_in, copies);
                 for (int64_t k = 0; k < sh.n_in; k++) xf[k] = rnd();
                 ie_kernels_get(IE_ISA_REF)->act_quantize(at, xf, acts, sh.n_in);
-                job_t j = { .ops = ops, .wt = wt, .group = group, .n_in = sh.n_in, .n_out = sh.n_out, .n_tok = 1,
-                            .a = acts, .as = ie_dtype_row_bytes(at, sh.n_in), .y = y, .bytes = mb };
+                job_t j = {.ops = ops,
+                           .wt = wt,
+                           .group = group,
+                           .n_in = sh.n_in,
+                           .n_out = sh.n_out,
+                           .n_tok = 1,
+                           .a = acts,
+                           .as = ie_dtype_row_bytes(at, sh.n_in),
+                           .y = y,
+                           .bytes = mb};
                 double tm[200], tp_[200];
                 size_t c = 0;
                 j.w = g_pool;
@@ -337,9 +368,10 @@ int main(int argc, char **argv)
                 const double gbs = (double)mb / med / 1e9, pgbs = (double)mb / pmed / 1e9;
                 char shape[32];
                 snprintf(shape, sizeof shape, "%lldx%lld", (long long)sh.n_out, (long long)sh.n_in);
-                printf("%-7s %-10s %-12s %-11s %9.3f %9.1f %9.1f %7.2f %9.1f\n", ie_isa_name(isa),
-                       tname, shape, sh.what, med * 1e3, gbs, pgbs, gbs / pgbs, (double)mb / best / 1e9);
-                printf("{\"bench\":\"gemv\",\"isa\":\"%s\",\"type\":\"%s\",\"act\":\"%s\",\"group\":%d,\"n_out\":%lld,\"n_in\":%lld,"
+                printf("%-7s %-10s %-12s %-11s %9.3f %9.1f %9.1f %7.2f %9.1f\n", ie_isa_name(isa), tname, shape,
+                       sh.what, med * 1e3, gbs, pgbs, gbs / pgbs, (double)mb / best / 1e9);
+                printf("{\"bench\":\"gemv\",\"isa\":\"%s\",\"type\":\"%s\",\"act\":\"%s\",\"group\":%d,\"n_out\":%"
+                       "lld,\"n_in\":%lld,"
                        "\"threads\":%d,\"ms\":%.4f,\"gbps\":%.2f,\"probe_gbps\":%.2f,\"frac\":%.3f}\n",
                        ie_isa_name(isa), ie_dtype_name(wt), ie_dtype_name(at), pk ? group : 0, (long long)sh.n_out,
                        (long long)sh.n_in, threads, med * 1e3, gbs, pgbs, gbs / pgbs);
@@ -359,8 +391,16 @@ int main(int argc, char **argv)
                     for (int64_t k = 0; k < sh.n_in; k++) xf[k] = rnd();
                     ie_kernels_get(IE_ISA_REF)->act_quantize(at, xf, acts + (size_t)t * as, sh.n_in);
                 }
-                job_t j = { .ops = ops, .wt = wt, .group = group, .n_in = sh.n_in, .n_out = sh.n_out, .n_tok = gtok,
-                            .a = acts, .as = as, .y = pk && wt != IE_DTYPE_BF16 ? yp : y, .w = g_pool };
+                job_t j = {.ops = ops,
+                           .wt = wt,
+                           .group = group,
+                           .n_in = sh.n_in,
+                           .n_out = sh.n_out,
+                           .n_tok = gtok,
+                           .a = acts,
+                           .as = as,
+                           .y = pk && wt != IE_DTYPE_BF16 ? yp : y,
+                           .w = g_pool};
                 ie_threadpool_run(tp, task, &j);
                 const int gi = iters / 2 < 5 ? 5 : iters / 2;
                 double tm[200], tc[200];
@@ -377,14 +417,16 @@ int main(int argc, char **argv)
                 const double med = tm[gi / 2];
                 const double gops = 2.0 * (double)sh.n_out * (double)sh.n_in * (double)gtok / med / 1e9;
                 char shape[48];
-                snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)sh.n_out, (long long)sh.n_in, (long long)gtok);
+                snprintf(shape, sizeof shape, "%lldx%lldx%lld", (long long)sh.n_out, (long long)sh.n_in,
+                         (long long)gtok);
                 /* cpu: ops / the slowest thread's CPU time (best run): what the
                  * wall clock would show on an otherwise idle machine */
                 printf("%-7s %-10s %-12s %-11s %9.3f %9.1f GOP/s (best %.1f, cpu %.1f)\n", ie_isa_name(isa), tname,
                        shape, "gemm", med * 1e3, gops,
                        2.0 * (double)sh.n_out * (double)sh.n_in * (double)gtok / tm[0] / 1e9,
                        2.0 * (double)sh.n_out * (double)sh.n_in * (double)gtok / tc[0] / 1e9);
-                printf("{\"bench\":\"gemm\",\"isa\":\"%s\",\"type\":\"%s\",\"act\":\"%s\",\"group\":%d,\"n_out\":%lld,\"n_in\":%lld,\"n_tok\":%lld,"
+                printf("{\"bench\":\"gemm\",\"isa\":\"%s\",\"type\":\"%s\",\"act\":\"%s\",\"group\":%d,\"n_out\":%"
+                       "lld,\"n_in\":%lld,\"n_tok\":%lld,"
                        "\"threads\":%d,\"ms\":%.4f,\"gops\":%.2f,\"cpu_gops\":%.2f}\n",
                        ie_isa_name(isa), ie_dtype_name(wt), ie_dtype_name(at), pk ? group : 0, (long long)sh.n_out,
                        (long long)sh.n_in, (long long)gtok, threads, med * 1e3, gops,
@@ -393,7 +435,10 @@ int main(int argc, char **argv)
             }
         }
     }
-    free(xf); free(acts); free(y); free(yp);
+    free(xf);
+    free(acts);
+    free(y);
+    free(yp);
     ie_threadpool_destroy(&tp);
     return 0;
 }

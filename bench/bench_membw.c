@@ -61,12 +61,12 @@ static void fill_task(void *p, int ith, int nth)
  * thread descheduled by a busy neighbour spoils one chunk, not the pass:
  * *chunk = best over passes of the median chunk rate (the figure reported),
  * *whole = best whole-pass rate. */
-static void measure(ie_threadpool_t *tp, uint8_t *buf, size_t bytes, int threads, int passes,
-                    double *chunk, double *whole)
+static void measure(ie_threadpool_t *tp, uint8_t *buf, size_t bytes, int threads, int passes, double *chunk,
+                    double *whole)
 {
     const size_t cb = (size_t)64 << 20;
     const size_t nchunks = bytes / cb ? bytes / cb : 1, csz = bytes / cb ? cb : bytes;
-    read_job_t job = { .buf = buf, .bytes = csz, .nth_used = threads };
+    read_job_t job = {.buf = buf, .bytes = csz, .nth_used = threads};
     double *rates = malloc(nchunks * sizeof *rates);
     *chunk = *whole = 0.0;
     for (size_t c = 0; c < nchunks; c++) { /* warm: TLB, page tables */
@@ -141,7 +141,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "cannot map 2 x %zu MiB\n", mib);
         return 1;
     }
-    read_job_t fj = { .buf = huge, .bytes = bytes };
+    read_job_t fj = {.buf = huge, .bytes = bytes};
     ie_threadpool_run(tp, fill_task, &fj); /* first touch by the reading threads */
     fj.buf = small;
     ie_threadpool_run(tp, fill_task, &fj);
@@ -158,7 +158,8 @@ int main(int argc, char **argv)
                 if (w > r[ti][pg][1]) r[ti][pg][1] = w;
             }
     printf("memory read bandwidth, %zu MiB buffers, %d passes x 2 rounds (GB/s = 1e9 B/s); "
-           "AnonHugePages %ld MiB\n", mib, passes, anon_huge_mib());
+           "AnonHugePages %ld MiB\n",
+           mib, passes, anon_huge_mib());
     printf("  %-10s %-8s %14s %12s\n", "threads", "pages", "64MiB-median", "whole-pass");
     for (int ti = 0; ti < 2; ti++)
         for (int pg = 0; pg < 2; pg++)

@@ -147,12 +147,12 @@ typedef int (*ie_token_fn)(void *user, int32_t id, const char *text, size_t len)
 
 /** What one generation did. */
 typedef struct ie_gen_info {
-    size_t n_prompt;     /**< prompt tokens                                  */
-    size_t n_gen;        /**< generated tokens                               */
-    const char *finish;  /**< "eos", "stop", "length", "context" or
+    size_t n_prompt;    /**< prompt tokens                                  */
+    size_t n_gen;       /**< generated tokens                               */
+    const char *finish; /**< "eos", "stop", "length", "context" or
                               "cancelled" (static string)                    */
-    double ttft_ms;      /**< call start to first token                      */
-    double total_ms;     /**< call start to return                           */
+    double ttft_ms;     /**< call start to first token                      */
+    double total_ms;    /**< call start to return                           */
 } ie_gen_info_t;
 
 /** Generate a continuation of `prompt` (UTF-8).
@@ -179,8 +179,8 @@ typedef struct ie_gen_info {
  *  @param[out] text_out  the generated text, or NULL not to receive it
  *  @param[out] info_out  what the generation did, or NULL
  *  @return IE_OK or one of the errors above */
-ie_status_t ie_engine_generate(ie_engine_t *e, const char *prompt, const ie_params_t *gen,
-                               ie_token_fn on_token, void *user, char **text_out, ie_gen_info_t *info_out);
+ie_status_t ie_engine_generate(ie_engine_t *e, const char *prompt, const ie_params_t *gen, ie_token_fn on_token,
+                               void *user, char **text_out, ie_gen_info_t *info_out);
 
 /** As ie_engine_generate(), for a conversation rendered with the model's
  *  chat template: messages i = (roles[i], contents[i]), roles "system",
@@ -211,8 +211,7 @@ ie_status_t ie_engine_chat(ie_engine_t *e, const char *const *roles, const char 
  *  @param[out] ids_out  the ids
  *  @param[out] n_out    how many
  *  @return IE_OK, IE_ERR_INVAL (invalid UTF-8, NULL argument), IE_ERR_NOMEM */
-ie_status_t ie_engine_tokenize(ie_engine_t *e, const char *text, int add_special, int32_t **ids_out,
-                               size_t *n_out);
+ie_status_t ie_engine_tokenize(ie_engine_t *e, const char *text, int add_special, int32_t **ids_out, size_t *n_out);
 
 /** The text of `ids` (special tokens rendered as their text), NUL-terminated,
  *  owned by the caller (ie_free()).
@@ -226,18 +225,18 @@ ie_status_t ie_engine_detokenize(ie_engine_t *e, const int32_t *ids, size_t n, c
 
 /** Running totals over every generation of this engine since it was made. */
 typedef struct ie_engine_metrics {
-    uint64_t requests;        /**< generations finished                      */
-    uint64_t tokens_in;       /**< prompt tokens                             */
-    uint64_t tokens_out;      /**< generated tokens                          */
-    uint64_t kv_hits;         /**< prompt tokens served from the prefix cache */
-    uint64_t kv_misses;       /**< prompt tokens computed                    */
-    double prefill_tps;       /**< prompt tokens / time in prefill steps     */
-    double decode_tps;        /**< tokens / time in decode-only steps        */
-    double tps;               /**< generated tokens / time in generate calls */
-    double latency_p50_ms;    /**< per-token decode latency, median          */
-    double latency_p95_ms;    /**< per-token decode latency, 95th percentile */
-    double ttft_p50_ms;       /**< time to first token, median               */
-    double rss_peak_mb;       /**< the process's peak resident memory        */
+    uint64_t requests;     /**< generations finished                      */
+    uint64_t tokens_in;    /**< prompt tokens                             */
+    uint64_t tokens_out;   /**< generated tokens                          */
+    uint64_t kv_hits;      /**< prompt tokens served from the prefix cache */
+    uint64_t kv_misses;    /**< prompt tokens computed                    */
+    double prefill_tps;    /**< prompt tokens / time in prefill steps     */
+    double decode_tps;     /**< tokens / time in decode-only steps        */
+    double tps;            /**< generated tokens / time in generate calls */
+    double latency_p50_ms; /**< per-token decode latency, median          */
+    double latency_p95_ms; /**< per-token decode latency, 95th percentile */
+    double ttft_p50_ms;    /**< time to first token, median               */
+    double rss_peak_mb;    /**< the process's peak resident memory        */
 } ie_engine_metrics_t;
 
 /** Fill *out with the engine's running totals.

@@ -33,7 +33,9 @@ int ie_cli_parse_long(const char *s, long lo, long hi, long *out)
 int ie_cli_exit_for_load(ie_status_t st)
 {
     switch (st) {
-    case IE_ERR_IO: case IE_ERR_FORMAT: case IE_ERR_UNSUPPORTED: return IE_EXIT_MODEL;
+    case IE_ERR_IO:
+    case IE_ERR_FORMAT:
+    case IE_ERR_UNSUPPORTED: return IE_EXIT_MODEL;
     case IE_ERR_NOMEM: return IE_EXIT_NOMEM;
     case IE_ERR_INVAL: return IE_EXIT_USAGE;
     default: return IE_EXIT_ENGINE;

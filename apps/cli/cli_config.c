@@ -82,7 +82,8 @@ int ie_cli_config_expand(int argc, char **argv, int *argc_out, char ***argv_out,
             }
             char flag[256];
             snprintf(flag, sizeof flag, "--%s", key);
-            for (char *p = flag; *p; p++) if (*p == '_') *p = '-';
+            for (char *p = flag; *p; p++)
+                if (*p == '_') *p = '-';
             if (push(&v, &n, &cap, flag) != 0) goto oom;
             if (val && push(&v, &n, &cap, val) != 0) goto oom;
         }

@@ -22,8 +22,9 @@
 
 int ie_cli_perplexity(int argc, char **argv)
 {
-    static const struct option lo[] = {
-        {"file", required_argument, 0, 'f'}, {"chunks", required_argument, 0, 'k'}, {0, 0, 0, 0}};
+    static const struct option lo[] = {{"file", required_argument, 0, 'f'},
+                                       {"chunks", required_argument, 0, 'k'},
+                                       {0, 0, 0, 0}};
     const char *model = NULL, *file = NULL, *plan = NULL;
     long ctx = 512, chunks = 0, threads = sysconf(_SC_NPROCESSORS_ONLN), batch = 512;
     ie_precision_t prec = IE_PREC_NATIVE;
@@ -35,10 +36,12 @@ int ie_cli_perplexity(int argc, char **argv)
     int32_t *tok = NULL, *pos = NULL, *seq = NULL;
     uint8_t *want = NULL;
 
-    const ie_cli_pick_t picks[] = {
-        IE_CLI_PICK(IE_FLAG_MODEL, &model), IE_CLI_PICK_RANGE(IE_FLAG_CTX, &ctx, 4, 1 << 20),
-        IE_CLI_PICK(IE_FLAG_THREADS, &threads), IE_CLI_PICK(IE_FLAG_PRECISION, &prec),
-        IE_CLI_PICK_RANGE(IE_FLAG_BATCH, &batch, 1, 1 << 16), IE_CLI_PICK(IE_FLAG_PLAN, &plan)};
+    const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_MODEL, &model),
+                                   IE_CLI_PICK_RANGE(IE_FLAG_CTX, &ctx, 4, 1 << 20),
+                                   IE_CLI_PICK(IE_FLAG_THREADS, &threads),
+                                   IE_CLI_PICK(IE_FLAG_PRECISION, &prec),
+                                   IE_CLI_PICK_RANGE(IE_FLAG_BATCH, &batch, 1, 1 << 16),
+                                   IE_CLI_PICK(IE_FLAG_PLAN, &plan)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -48,17 +51,20 @@ int ie_cli_perplexity(int argc, char **argv)
         case IE_CLI_BAD: bad = 1; break;
         case 'f': file = optarg; break;
         case 'k': bad = ie_cli_parse_long(optarg, 0, 1 << 30, &chunks); break;
-        default: return ie_cli_fail(IE_EXIT_USAGE, "perplexity: unknown or incomplete option '%s'", argv[optind - 1]);
+        default:
+            return ie_cli_fail(IE_EXIT_USAGE, "perplexity: unknown or incomplete option '%s'", argv[optind - 1]);
         }
         if (bad) return ie_cli_fail(IE_EXIT_USAGE, "perplexity: bad value '%s'", optarg);
     }
     if (!model || !file || optind < argc)
-        return ie_cli_fail(IE_EXIT_USAGE, "%s", "usage: inference-engine perplexity --model PATH --file TEXT --ctx N "
-                                         "[--chunks K] [--threads N] [--precision P]");
+        return ie_cli_fail(IE_EXIT_USAGE, "%s",
+                           "usage: inference-engine perplexity --model PATH --file TEXT --ctx N "
+                           "[--chunks K] [--threads N] [--precision P]");
 
     size_t len = 0;
     ie_status_t rst = ie_file_read("perplexity", file, IE_CLI_MAX_TEXT, &text, &len);
-    if (rst != IE_OK) return ie_cli_fail(rst == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_USAGE, "%s", ie_error_last());
+    if (rst != IE_OK)
+        return ie_cli_fail(rst == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_USAGE, "%s", ie_error_last());
 
     ie_engine_opts_t eo;
     ie_engine_opts_default(&eo);
@@ -165,9 +171,10 @@ cleanup:
 
 int ie_cli_logits(int argc, char **argv)
 {
-    static const struct option lo[] = {
-        {"ids", required_argument, 0, 'i'}, {"mode", required_argument, 0, 'M'},
-        {"out", required_argument, 0, 'o'}, {0, 0, 0, 0}};
+    static const struct option lo[] = {{"ids", required_argument, 0, 'i'},
+                                       {"mode", required_argument, 0, 'M'},
+                                       {"out", required_argument, 0, 'o'},
+                                       {0, 0, 0, 0}};
     const char *model = NULL, *ids_s = NULL, *out = NULL, *plan = NULL;
     long threads = sysconf(_SC_NPROCESSORS_ONLN);
     int decode = 0, c, rc = IE_EXIT_OK;
@@ -177,9 +184,8 @@ int ie_cli_logits(int argc, char **argv)
     ie_engine_t *eng = NULL;
     FILE *f = NULL;
 
-    const ie_cli_pick_t picks[] = {
-        IE_CLI_PICK(IE_FLAG_MODEL, &model), IE_CLI_PICK(IE_FLAG_THREADS, &threads),
-        IE_CLI_PICK(IE_FLAG_PRECISION, &prec), IE_CLI_PICK(IE_FLAG_PLAN, &plan)};
+    const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_MODEL, &model), IE_CLI_PICK(IE_FLAG_THREADS, &threads),
+                                   IE_CLI_PICK(IE_FLAG_PRECISION, &prec), IE_CLI_PICK(IE_FLAG_PLAN, &plan)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -199,8 +205,9 @@ int ie_cli_logits(int argc, char **argv)
         if (bad) return ie_cli_fail(IE_EXIT_USAGE, "logits: bad value '%s'", optarg);
     }
     if (!model || !ids_s || !out || optind < argc)
-        return ie_cli_fail(IE_EXIT_USAGE, "%s", "usage: inference-engine logits --model PATH --ids 1,2,3 "
-                                         "[--mode prefill|decode] [--precision P] --out FILE");
+        return ie_cli_fail(IE_EXIT_USAGE, "%s",
+                           "usage: inference-engine logits --model PATH --ids 1,2,3 "
+                           "[--mode prefill|decode] [--precision P] --out FILE");
     /* parse the id list */
     size_t n = 1;
     for (const char *s = ids_s; *s; s++) n += *s == ',';
@@ -238,7 +245,10 @@ int ie_cli_logits(int argc, char **argv)
     }
     const ie_hparams_t *hp = ie_engine_hparams(eng);
     logits = malloc(n * (size_t)hp->n_vocab * sizeof(float));
-    if (!logits) { rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory"); goto cleanup; }
+    if (!logits) {
+        rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory");
+        goto cleanup;
+    }
     if ((st = ie_engine_logits(eng, ids, n, decode, logits)) != IE_OK) {
         rc = ie_cli_fail(st == IE_ERR_RANGE ? IE_EXIT_USAGE : IE_EXIT_RUNTIME, "logits: %s", ie_error_last());
         goto cleanup;
@@ -252,7 +262,8 @@ int ie_cli_logits(int argc, char **argv)
     fflush(stdout);
 
 cleanup:
-    if (f && fclose(f) != 0 && rc == IE_EXIT_OK) rc = ie_cli_fail(IE_EXIT_RUNTIME, "logits: cannot write '%s'", out);
+    if (f && fclose(f) != 0 && rc == IE_EXIT_OK)
+        rc = ie_cli_fail(IE_EXIT_RUNTIME, "logits: cannot write '%s'", out);
     free(ids);
     free(logits);
     ie_engine_destroy(&eng);

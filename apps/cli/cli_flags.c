@@ -25,28 +25,28 @@ typedef struct {
 /* A flag with two names has two rows with the same id (the first name is
  * the one messages use). */
 static const flag_t FLAGS[] = {
-    { "model", IE_FLAG_MODEL, FK_STR, 0, 0 },
-    { "model-dir", IE_FLAG_MODEL, FK_STR, 0, 0 },
-    { "threads", IE_FLAG_THREADS, FK_LONG, 1, 1024 },
-    { "precision", IE_FLAG_PRECISION, FK_PREC, 0, 0 },
-    { "plan", IE_FLAG_PLAN, FK_STR, 0, 0 },
-    { "ctx", IE_FLAG_CTX, FK_LONG, 1, 1 << 24 },
-    { "batch", IE_FLAG_BATCH, FK_LONG, 1, 4096 },
-    { "max-batch", IE_FLAG_MAX_BATCH, FK_LONG, 1, 1 << 16 },
-    { "queue", IE_FLAG_QUEUE, FK_LONG, 1, 1 << 20 },
-    { "timeout-ms", IE_FLAG_TIMEOUT_MS, FK_LONG, 0, 1L << 30 },
-    { "kv-block", IE_FLAG_KV_BLOCK, FK_LONG, 1, 1 << 16 },
-    { "kv-blocks", IE_FLAG_KV_BLOCKS, FK_LONG, 0, INT32_MAX },
-    { "no-prefix-cache", IE_FLAG_NO_PREFIX, FK_SET0, 0, 0 },
-    { "no-pin", IE_FLAG_NO_PIN, FK_SET0, 0, 0 },
-    { "verbose", IE_FLAG_VERBOSE, FK_SET1, 0, 0 },
-    { "api-key", IE_FLAG_API_KEY, FK_STR_NONEMPTY, 0, 0 },
-    { "metrics-port", IE_FLAG_METRICS_PORT, FK_LONG, 0, 65535 },
-    { "metrics-addr", IE_FLAG_METRICS_ADDR, FK_STR, 0, 0 },
-    { "keys-dir", IE_FLAG_KEYS_DIR, FK_STR, 0, 0 },
-    { "key", IE_FLAG_KEY, FK_STR, 0, 0 },
-    { "authorized", IE_FLAG_AUTHORIZED, FK_STR, 0, 0 },
-    { "cpu-latency-us", IE_FLAG_CPU_LATENCY, FK_STR, 0, 0 },
+    {"model", IE_FLAG_MODEL, FK_STR, 0, 0},
+    {"model-dir", IE_FLAG_MODEL, FK_STR, 0, 0},
+    {"threads", IE_FLAG_THREADS, FK_LONG, 1, 1024},
+    {"precision", IE_FLAG_PRECISION, FK_PREC, 0, 0},
+    {"plan", IE_FLAG_PLAN, FK_STR, 0, 0},
+    {"ctx", IE_FLAG_CTX, FK_LONG, 1, 1 << 24},
+    {"batch", IE_FLAG_BATCH, FK_LONG, 1, 4096},
+    {"max-batch", IE_FLAG_MAX_BATCH, FK_LONG, 1, 1 << 16},
+    {"queue", IE_FLAG_QUEUE, FK_LONG, 1, 1 << 20},
+    {"timeout-ms", IE_FLAG_TIMEOUT_MS, FK_LONG, 0, 1L << 30},
+    {"kv-block", IE_FLAG_KV_BLOCK, FK_LONG, 1, 1 << 16},
+    {"kv-blocks", IE_FLAG_KV_BLOCKS, FK_LONG, 0, INT32_MAX},
+    {"no-prefix-cache", IE_FLAG_NO_PREFIX, FK_SET0, 0, 0},
+    {"no-pin", IE_FLAG_NO_PIN, FK_SET0, 0, 0},
+    {"verbose", IE_FLAG_VERBOSE, FK_SET1, 0, 0},
+    {"api-key", IE_FLAG_API_KEY, FK_STR_NONEMPTY, 0, 0},
+    {"metrics-port", IE_FLAG_METRICS_PORT, FK_LONG, 0, 65535},
+    {"metrics-addr", IE_FLAG_METRICS_ADDR, FK_STR, 0, 0},
+    {"keys-dir", IE_FLAG_KEYS_DIR, FK_STR, 0, 0},
+    {"key", IE_FLAG_KEY, FK_STR, 0, 0},
+    {"authorized", IE_FLAG_AUTHORIZED, FK_STR, 0, 0},
+    {"cpu-latency-us", IE_FLAG_CPU_LATENCY, FK_STR, 0, 0},
 };
 #define N_FLAGS (sizeof FLAGS / sizeof FLAGS[0])
 
@@ -72,14 +72,15 @@ int ie_cli_parser_init(ie_cli_parser_t *p, int argc, char **argv, const ie_cli_p
             if (FLAGS[j].id != picks[i].id) continue;
             if (k >= IE_CLI_MAX_OPTS) return -1;
             const int takes = FLAGS[j].kind != FK_SET0 && FLAGS[j].kind != FK_SET1;
-            p->opts[k++] = (struct option){ FLAGS[j].name, takes ? required_argument : no_argument, 0, (int)FLAGS[j].id };
+            p->opts[k++] = (struct option){FLAGS[j].name, takes ? required_argument : no_argument, 0,
+                                           (int)FLAGS[j].id};
         }
     }
     for (const struct option *o = own; o && o->name; o++) {
         if (k >= IE_CLI_MAX_OPTS) return -1;
         p->opts[k++] = *o;
     }
-    p->opts[k] = (struct option){ 0, 0, 0, 0 };
+    p->opts[k] = (struct option){0, 0, 0, 0};
     optind = 1;
     opterr = 0;
     return 0;

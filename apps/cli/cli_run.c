@@ -149,10 +149,16 @@ static int read_prompts(const char *path, char ***out, size_t *n_out)
         if (n == cap) {
             cap = cap ? cap * 2 : 16;
             char **nv = realloc(v, cap * sizeof *nv);
-            if (!nv) { rc = -1; break; }
+            if (!nv) {
+                rc = -1;
+                break;
+            }
             v = nv;
         }
-        if (!(v[n] = strdup(line))) { rc = -1; break; }
+        if (!(v[n] = strdup(line))) {
+            rc = -1;
+            break;
+        }
         n++;
     }
     if (ferror(f)) rc = -1;
@@ -172,26 +178,53 @@ static int read_prompts(const char *path, char ***out, size_t *n_out)
 int ie_cli_run(int argc, char **argv)
 {
     enum {
-        O_PROMPT = 256, O_PFILE, O_MAXNEW, O_WARMUP, O_ROUNDS, O_GREEDY, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_REP,
-        O_FREQ, O_PRES, O_SEED, O_STOP, O_NOSPECIAL, O_PRINT, O_HELP, O_CHAT, O_REASONING, O_SHOWPROMPT
+        O_PROMPT = 256,
+        O_PFILE,
+        O_MAXNEW,
+        O_WARMUP,
+        O_ROUNDS,
+        O_GREEDY,
+        O_TEMP,
+        O_TOPK,
+        O_TOPP,
+        O_MINP,
+        O_REP,
+        O_FREQ,
+        O_PRES,
+        O_SEED,
+        O_STOP,
+        O_NOSPECIAL,
+        O_PRINT,
+        O_HELP,
+        O_CHAT,
+        O_REASONING,
+        O_SHOWPROMPT
     };
-    static const struct option lo[] = {
-        {"prompt", required_argument, 0, O_PROMPT}, {"prompts-file", required_argument, 0, O_PFILE},
-        {"max-new", required_argument, 0, O_MAXNEW},
-        {"warmup", required_argument, 0, O_WARMUP}, {"rounds", required_argument, 0, O_ROUNDS},
-        {"greedy", no_argument, 0, O_GREEDY}, {"temperature", required_argument, 0, O_TEMP},
-        {"top-k", required_argument, 0, O_TOPK}, {"top-p", required_argument, 0, O_TOPP},
-        {"min-p", required_argument, 0, O_MINP}, {"repeat-penalty", required_argument, 0, O_REP},
-        {"frequency-penalty", required_argument, 0, O_FREQ},
-        {"presence-penalty", required_argument, 0, O_PRES}, {"seed", required_argument, 0, O_SEED},
-        {"stop", required_argument, 0, O_STOP},
-        {"no-special", no_argument, 0, O_NOSPECIAL}, {"print-text", no_argument, 0, O_PRINT},
-        {"help", no_argument, 0, O_HELP},
-        {"chat", required_argument, 0, O_CHAT}, {"reasoning", required_argument, 0, O_REASONING},
-        {"show-prompt", no_argument, 0, O_SHOWPROMPT}, {0, 0, 0, 0}};
+    static const struct option lo[] = {{"prompt", required_argument, 0, O_PROMPT},
+                                       {"prompts-file", required_argument, 0, O_PFILE},
+                                       {"max-new", required_argument, 0, O_MAXNEW},
+                                       {"warmup", required_argument, 0, O_WARMUP},
+                                       {"rounds", required_argument, 0, O_ROUNDS},
+                                       {"greedy", no_argument, 0, O_GREEDY},
+                                       {"temperature", required_argument, 0, O_TEMP},
+                                       {"top-k", required_argument, 0, O_TOPK},
+                                       {"top-p", required_argument, 0, O_TOPP},
+                                       {"min-p", required_argument, 0, O_MINP},
+                                       {"repeat-penalty", required_argument, 0, O_REP},
+                                       {"frequency-penalty", required_argument, 0, O_FREQ},
+                                       {"presence-penalty", required_argument, 0, O_PRES},
+                                       {"seed", required_argument, 0, O_SEED},
+                                       {"stop", required_argument, 0, O_STOP},
+                                       {"no-special", no_argument, 0, O_NOSPECIAL},
+                                       {"print-text", no_argument, 0, O_PRINT},
+                                       {"help", no_argument, 0, O_HELP},
+                                       {"chat", required_argument, 0, O_CHAT},
+                                       {"reasoning", required_argument, 0, O_REASONING},
+                                       {"show-prompt", no_argument, 0, O_SHOWPROMPT},
+                                       {0, 0, 0, 0}};
 
     const char *model = NULL, *prompt = NULL, *pfile = NULL, *chat = NULL;
-    char *chat_json = NULL;       /* --chat's JSON (owned: maybe read from a file) */
+    char *chat_json = NULL; /* --chat's JSON (owned: maybe read from a file) */
     int32_t *chat_ids = NULL;
     size_t n_chat_ids = 0;
     ie_chat_format_t chat_fmt = IE_CHAT_NONE;
@@ -223,10 +256,10 @@ int ie_cli_run(int argc, char **argv)
 
     if (threads < 1) threads = 1;
     const ie_cli_pick_t picks[] = {
-        IE_CLI_PICK(IE_FLAG_MODEL, &model), IE_CLI_PICK(IE_FLAG_THREADS, &threads),
-        IE_CLI_PICK(IE_FLAG_BATCH, &batch), IE_CLI_PICK(IE_FLAG_CTX, &ctx),
-        IE_CLI_PICK(IE_FLAG_PRECISION, &prec), IE_CLI_PICK(IE_FLAG_NO_PIN, &pin),
-        IE_CLI_PICK(IE_FLAG_PLAN, &plan), IE_CLI_PICK(IE_FLAG_KV_BLOCK, &kv_block),
+        IE_CLI_PICK(IE_FLAG_MODEL, &model),         IE_CLI_PICK(IE_FLAG_THREADS, &threads),
+        IE_CLI_PICK(IE_FLAG_BATCH, &batch),         IE_CLI_PICK(IE_FLAG_CTX, &ctx),
+        IE_CLI_PICK(IE_FLAG_PRECISION, &prec),      IE_CLI_PICK(IE_FLAG_NO_PIN, &pin),
+        IE_CLI_PICK(IE_FLAG_PLAN, &plan),           IE_CLI_PICK(IE_FLAG_KV_BLOCK, &kv_block),
         IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks), IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
@@ -248,7 +281,10 @@ int ie_cli_run(int argc, char **argv)
         case O_ROUNDS: bad = ie_cli_parse_long(optarg, 1, 1000, &rounds); break;
         case O_GREEDY: greedy = 1; break;
         case O_TEMP: bad = parse_float(optarg, &sp.temperature); break;
-        case O_TOPK: bad = ie_cli_parse_long(optarg, 0, 1 << 30, &lv); sp.top_k = (int32_t)lv; break;
+        case O_TOPK:
+            bad = ie_cli_parse_long(optarg, 0, 1 << 30, &lv);
+            sp.top_k = (int32_t)lv;
+            break;
         case O_TOPP: bad = parse_float(optarg, &sp.top_p); break;
         case O_MINP: bad = parse_float(optarg, &sp.min_p); break;
         case O_REP: bad = parse_float(optarg, &sp.repeat_penalty); break;
@@ -265,7 +301,10 @@ int ie_cli_run(int argc, char **argv)
         }
         case O_STOP: {
             const char **ns = realloc(stops, (n_stop + 1) * sizeof *ns);
-            if (!ns) { rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory"); goto cleanup; }
+            if (!ns) {
+                rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory");
+                goto cleanup;
+            }
             stops = ns;
             stops[n_stop++] = optarg;
             break;
@@ -294,7 +333,8 @@ int ie_cli_run(int argc, char **argv)
         goto cleanup;
     }
     if (!!prompt + !!pfile + !!chat != 1) {
-        rc = ie_cli_fail(IE_EXIT_USAGE, "%s", "give exactly one of --prompt, --prompts-file and --chat (see --help)");
+        rc = ie_cli_fail(IE_EXIT_USAGE, "%s",
+                         "give exactly one of --prompt, --prompts-file and --chat (see --help)");
         goto cleanup;
     }
     if ((have_reasoning || show_prompt) && !chat) {
@@ -390,8 +430,10 @@ int ie_cli_run(int argc, char **argv)
         chat_fmt = ie_chat_format(tok);
         st = ie_chat_encode(tok, chat_json, &chat_opts, &chat_ids, &n_chat_ids, &chat_prompt);
         if (st != IE_OK) {
-            rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : st == IE_ERR_INTERNAL ? IE_EXIT_RUNTIME : IE_EXIT_USAGE, "%s",
-                          ie_error_last());
+            rc = ie_cli_fail(st == IE_ERR_NOMEM      ? IE_EXIT_NOMEM
+                             : st == IE_ERR_INTERNAL ? IE_EXIT_RUNTIME
+                                                     : IE_EXIT_USAGE,
+                             "%s", ie_error_last());
             goto cleanup;
         }
     }
@@ -406,7 +448,10 @@ int ie_cli_run(int argc, char **argv)
     gp.parse_special = special;
 
     res = calloc(n_prompts, sizeof *res);
-    if (!res) { rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory"); goto cleanup; }
+    if (!res) {
+        rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory");
+        goto cleanup;
+    }
     ie_gen_stats_t stats = {0};
     size_t tokens_in = 0, tokens_out = 0, n_lat = 0, lat_cap = 0;
     double wall = 0, ttft_sum = 0;
@@ -445,7 +490,10 @@ int ie_cli_run(int argc, char **argv)
             if (n_lat + res[i].n_lat > lat_cap) {
                 lat_cap = (n_lat + res[i].n_lat) * 2;
                 double *nl = realloc(lat, lat_cap * sizeof *nl);
-                if (!nl) { rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory"); goto cleanup; }
+                if (!nl) {
+                    rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory");
+                    goto cleanup;
+                }
                 lat = nl;
             }
             memcpy(lat + n_lat, res[i].lat_ms, res[i].n_lat * sizeof *lat);
@@ -468,7 +516,8 @@ int ie_cli_run(int argc, char **argv)
     double p50 = percentile(lat, n_lat, 0.50), p95 = percentile(lat, n_lat, 0.95);
     cJSON_AddNumberToObject(js, "latency_p50_ms", p50);
     cJSON_AddNumberToObject(js, "latency_p95_ms", p95);
-    cJSON_AddNumberToObject(js, "kv_hits", (double)stats.prefix_hit_tokens);   /* prompt tokens from the prefix cache */
+    cJSON_AddNumberToObject(js, "kv_hits",
+                            (double)stats.prefix_hit_tokens); /* prompt tokens from the prefix cache */
     cJSON_AddNumberToObject(js, "kv_misses", (double)stats.prefix_miss_tokens); /* prompt tokens computed */
     cJSON_AddNumberToObject(js, "preemptions", (double)stats.preemptions);
     cJSON_AddNumberToObject(js, "rss_peak_mb", rss_peak_mb());
@@ -485,7 +534,11 @@ int ie_cli_run(int argc, char **argv)
     /* per-node copies of the head and embeddings (IE_HOT_REPLICATE) */
     cJSON_AddNumberToObject(js, "hot_replicas", (double)bs.hot_replicas);
     if (bs.hot_report[0]) cJSON_AddStringToObject(js, "hot_repl", bs.hot_report);
-    { char sb[24]; snprintf(sb, sizeof sb, "%llu", (unsigned long long)sp.seed); cJSON_AddRawToObject(js, "seed", sb); } /* exact: a double loses 64-bit seeds */
+    {
+        char sb[24];
+        snprintf(sb, sizeof sb, "%llu", (unsigned long long)sp.seed);
+        cJSON_AddRawToObject(js, "seed", sb);
+    } /* exact: a double loses 64-bit seeds */
     cJSON_AddNumberToObject(js, "rounds", (double)rounds);
     if (chat) cJSON_AddStringToObject(js, "chat_format", ie_chat_format_name(chat_fmt));
     if (show_prompt) {
@@ -498,7 +551,8 @@ int ie_cli_run(int argc, char **argv)
          * ids; text is the answer (final channel) */
         const ie_tokenizer_t *tok = ie_engine_tokenizer(eng);
         st = ie_harmony_parser_new(tok, NULL, NULL, &hp);
-        for (size_t k = 0; st == IE_OK && k < res[0].n_gen; k++) st = ie_harmony_parser_push_token(hp, res[0].ids[k]);
+        for (size_t k = 0; st == IE_OK && k < res[0].n_gen; k++)
+            st = ie_harmony_parser_push_token(hp, res[0].ids[k]);
         if (st == IE_OK) st = ie_harmony_parser_finish(hp);
         if (st != IE_OK) {
             rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, "%s", ie_error_last());
@@ -506,7 +560,10 @@ int ie_cli_run(int argc, char **argv)
         }
         free(res[0].text);
         res[0].text = strdup(ie_harmony_parser_text(hp, IE_HARMONY_CH_FINAL, NULL));
-        if (!res[0].text) { rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory"); goto cleanup; }
+        if (!res[0].text) {
+            rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory");
+            goto cleanup;
+        }
         cJSON *ch = cJSON_AddObjectToObject(js, "channels");
         cJSON_AddStringToObject(ch, "analysis", ie_harmony_parser_text(hp, IE_HARMONY_CH_ANALYSIS, NULL));
         cJSON_AddStringToObject(ch, "final", ie_harmony_parser_text(hp, IE_HARMONY_CH_FINAL, NULL));
@@ -529,7 +586,10 @@ int ie_cli_run(int argc, char **argv)
         }
     }
     char *line = cJSON_PrintUnformatted(js);
-    if (!line) { rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory"); goto cleanup; }
+    if (!line) {
+        rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory");
+        goto cleanup;
+    }
     if (print_text)
         for (size_t i = 0; i < n_prompts; i++) fprintf(stderr, "%s\n", res[i].text ? res[i].text : "");
     printf("%s\n", line);

@@ -59,10 +59,13 @@ static void usage(FILE *f)
 int ie_cli_serve(int argc, char **argv)
 {
     enum { O_HOST = 256, O_PORT, O_NAME, O_BODY, O_ZMQ, O_HELP };
-    static const struct option lo[] = {
-        {"host", required_argument, 0, O_HOST}, {"port", required_argument, 0, O_PORT},
-        {"model-name", required_argument, 0, O_NAME}, {"max-body", required_argument, 0, O_BODY},
-        {"zmq-bind", required_argument, 0, O_ZMQ}, {"help", no_argument, 0, O_HELP}, {0, 0, 0, 0}};
+    static const struct option lo[] = {{"host", required_argument, 0, O_HOST},
+                                       {"port", required_argument, 0, O_PORT},
+                                       {"model-name", required_argument, 0, O_NAME},
+                                       {"max-body", required_argument, 0, O_BODY},
+                                       {"zmq-bind", required_argument, 0, O_ZMQ},
+                                       {"help", no_argument, 0, O_HELP},
+                                       {0, 0, 0, 0}};
     const char *model = NULL, *host = "127.0.0.1", *api_key = NULL, *model_name = NULL, *plan = NULL,
                *zmq_bind = NULL;
     long port = 8080, threads = sysconf(_SC_NPROCESSORS_ONLN), batch = 8, max_batch = 256, ctx = 0, queue = 64,
@@ -79,15 +82,21 @@ int ie_cli_serve(int argc, char **argv)
     ie_status_t st = IE_OK;
 
     if (threads < 1) threads = 1;
-    const ie_cli_pick_t picks[] = {
-        IE_CLI_PICK(IE_FLAG_MODEL, &model), IE_CLI_PICK(IE_FLAG_API_KEY, &api_key),
-        IE_CLI_PICK(IE_FLAG_THREADS, &threads), IE_CLI_PICK(IE_FLAG_BATCH, &batch),
-        IE_CLI_PICK(IE_FLAG_MAX_BATCH, &max_batch), IE_CLI_PICK(IE_FLAG_CTX, &ctx),
-        IE_CLI_PICK(IE_FLAG_QUEUE, &queue), IE_CLI_PICK(IE_FLAG_TIMEOUT_MS, &timeout_ms),
-        IE_CLI_PICK(IE_FLAG_PRECISION, &prec), IE_CLI_PICK(IE_FLAG_PLAN, &plan),
-        IE_CLI_PICK(IE_FLAG_NO_PIN, &pin), IE_CLI_PICK(IE_FLAG_VERBOSE, &verbose),
-        IE_CLI_PICK(IE_FLAG_KV_BLOCK, &kv_block), IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks),
-        IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache)};
+    const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_MODEL, &model),
+                                   IE_CLI_PICK(IE_FLAG_API_KEY, &api_key),
+                                   IE_CLI_PICK(IE_FLAG_THREADS, &threads),
+                                   IE_CLI_PICK(IE_FLAG_BATCH, &batch),
+                                   IE_CLI_PICK(IE_FLAG_MAX_BATCH, &max_batch),
+                                   IE_CLI_PICK(IE_FLAG_CTX, &ctx),
+                                   IE_CLI_PICK(IE_FLAG_QUEUE, &queue),
+                                   IE_CLI_PICK(IE_FLAG_TIMEOUT_MS, &timeout_ms),
+                                   IE_CLI_PICK(IE_FLAG_PRECISION, &prec),
+                                   IE_CLI_PICK(IE_FLAG_PLAN, &plan),
+                                   IE_CLI_PICK(IE_FLAG_NO_PIN, &pin),
+                                   IE_CLI_PICK(IE_FLAG_VERBOSE, &verbose),
+                                   IE_CLI_PICK(IE_FLAG_KV_BLOCK, &kv_block),
+                                   IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks),
+                                   IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -97,7 +106,10 @@ int ie_cli_serve(int argc, char **argv)
         case IE_CLI_BAD: bad = 1; break;
         case O_HOST: host = optarg; break;
         case O_PORT: bad = ie_cli_parse_long(optarg, 0, 65535, &port); break;
-        case O_NAME: model_name = optarg; bad = !*optarg; break;
+        case O_NAME:
+            model_name = optarg;
+            bad = !*optarg;
+            break;
         case O_BODY: bad = ie_cli_parse_long(optarg, 1024, 1L << 30, &max_body); break;
         case O_ZMQ: zmq_bind = optarg; break;
         case O_HELP: usage(stdout); goto cleanup;
@@ -143,7 +155,8 @@ int ie_cli_serve(int argc, char **argv)
     eo.kv_blocks = (int)kv_blocks;
     eo.prefix_cache = prefix_cache;
     if (ie_cli_plan(plan, &eo) != 0) {
-        rc = ie_cli_fail(IE_EXIT_USAGE, "bad plan '%s' (none, pipeline:N or tensor:N)", plan ? plan : getenv("IE_PLAN"));
+        rc = ie_cli_fail(IE_EXIT_USAGE, "bad plan '%s' (none, pipeline:N or tensor:N)",
+                         plan ? plan : getenv("IE_PLAN"));
         goto cleanup;
     }
     ie_cli_stop_on_signals(&g_stop);
@@ -169,9 +182,16 @@ int ie_cli_serve(int argc, char **argv)
         if ((st = ie_sock_bind(sock, zmq_bind, ep, sizeof ep)) != IE_OK) goto fail;
         fprintf(stderr, "serve: ZeroMQ clients at %s\n", ep);
     }
-    ie_http_opts_t ho = {.engine = eng, .sched = sched, .addr = host, .port = (int)port, .api_key = api_key,
-                         .model_name = model_name, .metrics = metrics, .request_timeout_ms = (int)timeout_ms,
-                         .max_body = (int)max_body, .verbose = verbose};
+    ie_http_opts_t ho = {.engine = eng,
+                         .sched = sched,
+                         .addr = host,
+                         .port = (int)port,
+                         .api_key = api_key,
+                         .model_name = model_name,
+                         .metrics = metrics,
+                         .request_timeout_ms = (int)timeout_ms,
+                         .max_body = (int)max_body,
+                         .verbose = verbose};
     if ((st = ie_http_start(&ho, &http)) != IE_OK) goto fail;
     int v6 = strchr(host, ':') != NULL;
     fprintf(stderr, "listening on http://%s%s%s:%d\n", v6 ? "[" : "", host, v6 ? "]" : "", ie_http_port(http));
@@ -189,7 +209,10 @@ int ie_cli_serve(int argc, char **argv)
     if ((st = ie_serve_run(&sv)) != IE_OK) goto fail;
     goto cleanup;
 fail:
-    rc = ie_cli_fail(st == IE_ERR_INVAL ? IE_EXIT_USAGE : st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, "%s", ie_error_last());
+    rc = ie_cli_fail(st == IE_ERR_INVAL   ? IE_EXIT_USAGE
+                     : st == IE_ERR_NOMEM ? IE_EXIT_NOMEM
+                                          : IE_EXIT_RUNTIME,
+                     "%s", ie_error_last());
 cleanup:
     /* the server first (its requests are cancelled), then the scheduler
      * (which ends what is left and drops the requests' last references) */

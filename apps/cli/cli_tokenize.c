@@ -13,15 +13,14 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: inference-engine tokenize --tokenizer PATH [--no-bos] [--parse-special] [--lines]\n"
-            "  Reads UTF-8 text from stdin and prints {\"ids\":[...]}.\n"
-            "  --tokenizer PATH  GGUF file, tokenizer.json, a directory holding tokenizer.json,\n"
-            "                    or a tiktoken ranks file (*.tiktoken; special tokens from\n"
-            "                    " IE_TIKTOKEN_SPECIALS " beside it)\n"
-            "  --no-bos          add no BOS/EOS tokens\n"
-            "  --parse-special   treat special-token text (e.g. <|im_start|>) as those tokens\n"
-            "  --lines           tokenize each input line separately (without its newline)\n");
+    fprintf(f, "usage: inference-engine tokenize --tokenizer PATH [--no-bos] [--parse-special] [--lines]\n"
+               "  Reads UTF-8 text from stdin and prints {\"ids\":[...]}.\n"
+               "  --tokenizer PATH  GGUF file, tokenizer.json, a directory holding tokenizer.json,\n"
+               "                    or a tiktoken ranks file (*.tiktoken; special tokens from\n"
+               "                    " IE_TIKTOKEN_SPECIALS " beside it)\n"
+               "  --no-bos          add no BOS/EOS tokens\n"
+               "  --parse-special   treat special-token text (e.g. <|im_start|>) as those tokens\n"
+               "  --lines           tokenize each input line separately (without its newline)\n");
 }
 
 /* Whole stdin into a malloc'd buffer: 0 ok, -1 read error, -2 no memory. */
@@ -29,9 +28,7 @@ static int read_all(FILE *in, char **buf_out, size_t *len_out)
 {
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap);
-    if (!buf) {
-        return -2;
-    }
+    if (!buf) { return -2; }
     for (;;) {
         if (len == cap) {
             char *nb = cap > SIZE_MAX / 2 ? NULL : realloc(buf, cap * 2);
@@ -44,9 +41,7 @@ static int read_all(FILE *in, char **buf_out, size_t *len_out)
         }
         size_t n = fread(buf + len, 1, cap - len, in);
         len += n;
-        if (n == 0) {
-            break;
-        }
+        if (n == 0) { break; }
     }
     if (ferror(in)) {
         free(buf);
@@ -69,9 +64,7 @@ static void print_ids(FILE *out, const int32_t *ids, size_t n)
             num[--k] = (char)('0' + v % 10);
             v /= 10;
         } while (v);
-        if (i) {
-            fputc(',', out);
-        }
+        if (i) { fputc(',', out); }
         fwrite(num + k, 1, sizeof num - (size_t)k, out);
     }
     fputs("]}\n", out);
@@ -127,7 +120,8 @@ int ie_cli_tokenize(int argc, char **argv)
     }
     int rr = read_all(stdin, &text, &len);
     if (rr != 0) {
-        rc = ie_cli_fail(rr == -2 ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, "%s", rr == -2 ? "out of memory reading stdin" : "cannot read stdin");
+        rc = ie_cli_fail(rr == -2 ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, "%s",
+                         rr == -2 ? "out of memory reading stdin" : "cannot read stdin");
         goto cleanup;
     }
 
@@ -149,9 +143,7 @@ int ie_cli_tokenize(int argc, char **argv)
         }
     } else if (st == IE_OK) {
         st = ie_tokenizer_encode(tok, text, len, flags, &ids, &n_ids);
-        if (st == IE_OK) {
-            print_ids(stdout, ids, n_ids);
-        }
+        if (st == IE_OK) { print_ids(stdout, ids, n_ids); }
     }
     if (st == IE_ERR_INVAL) {
         rc = ie_cli_fail(IE_EXIT_USAGE, "input text: %s", ie_error_last());
@@ -161,9 +153,7 @@ int ie_cli_tokenize(int argc, char **argv)
         rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, "%s", ie_error_last());
         goto cleanup;
     }
-    if (fflush(stdout) != 0 || ferror(stdout)) {
-        rc = ie_cli_fail(IE_EXIT_RUNTIME, "cannot write stdout");
-    }
+    if (fflush(stdout) != 0 || ferror(stdout)) { rc = ie_cli_fail(IE_EXIT_RUNTIME, "cannot write stdout"); }
 
 cleanup:
     free(ids);

@@ -57,8 +57,14 @@ typedef struct ie_cli_pick {
     void *dst;
     long lo, hi;
 } ie_cli_pick_t;
-#define IE_CLI_PICK(id, dst) { (id), (dst), 0, 0 }
-#define IE_CLI_PICK_RANGE(id, dst, lo, hi) { (id), (dst), (lo), (hi) }
+#define IE_CLI_PICK(id, dst) \
+    {                        \
+        (id), (dst), 0, 0    \
+    }
+#define IE_CLI_PICK_RANGE(id, dst, lo, hi) \
+    {                                      \
+        (id), (dst), (lo), (hi)            \
+    }
 #define IE_CLI_NPICKS(a) (sizeof(a) / sizeof((a)[0]))
 
 /* ie_cli_next's answers besides the binary's own option values and -1. */

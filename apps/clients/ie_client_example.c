@@ -23,10 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int pack_write(void *data, const char *buf, size_t len)
-{
-    return ie_buf_append((ie_buf_t *)data, buf, len);
-}
+static int pack_write(void *data, const char *buf, size_t len) { return ie_buf_append((ie_buf_t *)data, buf, len); }
 
 static void pack_str(msgpack_packer *pk, const char *s)
 {
@@ -89,12 +86,16 @@ int main(int argc, char **argv)
     long max_new = 32, timeout_ms = 60000;
     double temperature = 0.0;
     enum { O_EP = 1, O_PROMPT, O_MAXNEW, O_TEMP, O_TIMEOUT, O_SKEY, O_KEYS, O_KEY, O_HELP };
-    static const struct option lo[] = {
-        {"endpoint", required_argument, 0, O_EP},     {"prompt", required_argument, 0, O_PROMPT},
-        {"max-new", required_argument, 0, O_MAXNEW},  {"temperature", required_argument, 0, O_TEMP},
-        {"timeout-ms", required_argument, 0, O_TIMEOUT}, {"server-key", required_argument, 0, O_SKEY},
-        {"keys-dir", required_argument, 0, O_KEYS},   {"key", required_argument, 0, O_KEY},
-        {"help", no_argument, 0, O_HELP},             {0, 0, 0, 0}};
+    static const struct option lo[] = {{"endpoint", required_argument, 0, O_EP},
+                                       {"prompt", required_argument, 0, O_PROMPT},
+                                       {"max-new", required_argument, 0, O_MAXNEW},
+                                       {"temperature", required_argument, 0, O_TEMP},
+                                       {"timeout-ms", required_argument, 0, O_TIMEOUT},
+                                       {"server-key", required_argument, 0, O_SKEY},
+                                       {"keys-dir", required_argument, 0, O_KEYS},
+                                       {"key", required_argument, 0, O_KEY},
+                                       {"help", no_argument, 0, O_HELP},
+                                       {0, 0, 0, 0}};
     int c;
     opterr = 0;
     while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {

@@ -67,8 +67,8 @@ static size_t chunk_len(size_t n, size_t chunk, size_t c)
 
 /* Run one chunk through w: tokens (first one replaced by bos if asked),
  * every position's logits into logits, the residual streams into hidden. */
-static ie_status_t run_chunk(ie_worker_t *w, const int32_t *ids, size_t len, const ie_calib_opts_t *o,
-                             int32_t *tok, int32_t *pos, int32_t *seq, uint8_t *want, float *logits, float *hidden)
+static ie_status_t run_chunk(ie_worker_t *w, const int32_t *ids, size_t len, const ie_calib_opts_t *o, int32_t *tok,
+                             int32_t *pos, int32_t *seq, uint8_t *want, float *logits, float *hidden)
 {
     for (size_t k = 0; k < len; k++) {
         tok[k] = (k == 0 && o->add_bos && o->bos >= 0) ? o->bos : ids[k];
@@ -230,8 +230,10 @@ static const char *verdict(int has, int fail) { return !has ? "-" : fail ? "FAIL
 
 void ie_calib_report_print(FILE *f, const ie_calib_report_t *r, const ie_manifest_gate_t *g)
 {
-    fprintf(f, "calibration: %zu tokens in %zu chunk(s) of <= %d positions; reference = source at f32, "
-               "converted = native\n", r->n_tokens, r->n_chunks, r->chunk);
+    fprintf(f,
+            "calibration: %zu tokens in %zu chunk(s) of <= %d positions; reference = source at f32, "
+            "converted = native\n",
+            r->n_tokens, r->n_chunks, r->chunk);
     fprintf(f, "  layer   cosine(mean)   cosine(min)\n");
     for (int l = 0; l < r->n_layer; l++)
         fprintf(f, "  %5d   %12.6f   %11.6f%s\n", l, r->layer_cos[l], r->layer_cos_min[l],
@@ -247,7 +249,8 @@ void ie_calib_report_print(FILE *f, const ie_calib_report_t *r, const ie_manifes
     if (g->has_max_kl) snprintf(thr, sizeof thr, "<= %.6g", g->max_kl);
     else snprintf(thr, sizeof thr, "(none)");
     snprintf(val, sizeof val, "%.6f (max %.4f)", r->kl_mean, r->kl_max);
-    fprintf(f, "  %-26s %-30s %-16s %s\n", "KL(ref||quant) nats/token", val, thr, verdict(g->has_max_kl, r->fail_kl));
+    fprintf(f, "  %-26s %-30s %-16s %s\n", "KL(ref||quant) nats/token", val, thr,
+            verdict(g->has_max_kl, r->fail_kl));
     if (g->has_max_ppl_increase_pct) snprintf(thr, sizeof thr, "<= %+.6g%%", g->max_ppl_increase_pct);
     else snprintf(thr, sizeof thr, "(none)");
     snprintf(val, sizeof val, "%.4f -> %.4f (%+.3f%%)", r->ppl_ref, r->ppl_quant, r->ppl_delta_pct);

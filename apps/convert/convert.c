@@ -59,7 +59,8 @@ static const char *scheme_name(ie_dtype_t t)
 {
     switch (t) {
     case IE_DTYPE_I8W: return "int8w";
-    case IE_DTYPE_I4W: case IE_DTYPE_I4WA: return "int4w";
+    case IE_DTYPE_I4W:
+    case IE_DTYPE_I4WA: return "int4w";
     default: return ie_dtype_name(t);
     }
 }
@@ -124,10 +125,10 @@ typedef struct job {
     const ie_tensor_t *src;
     const void *src_slice;
     int64_t n_in, n_out;
-    float *f;                 /* n_out x n_in floats                       */
-    void *dst;                /* the output slice                          */
+    float *f;  /* n_out x n_in floats                       */
+    void *dst; /* the output slice                          */
     const ie_qdecision_t *d;
-    atomic_int err;           /* 1: a kernel refused, 2: non-finite input  */
+    atomic_int err; /* 1: a kernel refused, 2: non-finite input  */
 } job_t;
 
 static void job_run(void *ctx, int ith, int nth)
@@ -141,10 +142,10 @@ static void job_run(void *ctx, int ith, int nth)
         if (b >= e) return;
         int64_t r0 = (int64_t)b * IE_PANEL, r1 = (int64_t)e * IE_PANEL;
         if (r1 > j->n_out) r1 = j->n_out;
-        int rc = j->op == OP_PACK ? ie_pack_quantize(d->dtype, d->group, d->scale, j->f, j->n_in, r0, r1, j->n_out,
-                                                     j->dst)
-                                  : ie_pack_repack(j->src->dtype, j->src->group ? j->src->group : 32, j->src_slice,
-                                                   j->n_in, r0, r1, j->n_out, j->dst);
+        int rc = j->op == OP_PACK
+                     ? ie_pack_quantize(d->dtype, d->group, d->scale, j->f, j->n_in, r0, r1, j->n_out, j->dst)
+                     : ie_pack_repack(j->src->dtype, j->src->group ? j->src->group : 32, j->src_slice, j->n_in, r0,
+                                      r1, j->n_out, j->dst);
         if (rc != 0) atomic_store(&j->err, 1);
         return;
     }
@@ -154,7 +155,10 @@ static void job_run(void *ctx, int ith, int nth)
         if (j->op == OP_DEQUANT) {
             src_row(j->src, j->src_slice, j->n_in, j->n_out, r, row);
             for (int64_t k = 0; k < j->n_in; k++)
-                if (!isfinite(row[k])) { atomic_store(&j->err, 2); return; }
+                if (!isfinite(row[k])) {
+                    atomic_store(&j->err, 2);
+                    return;
+                }
         } else if (j->op == OP_QROWS) {
             size_t rb = ie_qrow_bytes(d->dtype, d->group, j->n_in);
             if (ie_qrow_quantize(d->dtype, d->group, d->scale, row, j->n_in, (char *)j->dst + (size_t)r * rb) != 0)
@@ -173,8 +177,9 @@ static ie_status_t run_job(ie_threadpool_t *tp, job_t *j, const char *name)
     ie_threadpool_run(tp, job_run, j);
     int err = atomic_load(&j->err);
     if (err == 2) return ie_error_set(IE_ERR_FORMAT, "tensor %s holds a non-finite value (NaN or inf)", name);
-    if (err) return ie_error_set(IE_ERR_INTERNAL, "tensor %s: the %s quantizer refused the shape", name,
-                                 ie_dtype_name(j->d->dtype));
+    if (err)
+        return ie_error_set(IE_ERR_INTERNAL, "tensor %s: the %s quantizer refused the shape", name,
+                            ie_dtype_name(j->d->dtype));
     return IE_OK;
 }
 
@@ -276,8 +281,13 @@ static ie_status_t convert_one(ie_threadpool_t *tp, const ie_manifest_t *m, conv
     }
     if (d->lossless && d->layout == IE_LAYOUT_PANEL16 && t->layout == IE_LAYOUT_ROWS) {
         for (int64_t s = 0; s < ns; s++) {
-            job_t j = {.op = OP_REPACK, .src = t, .src_slice = (const char *)t->data + (size_t)s * sb_in,
-                       .n_in = n_in, .n_out = n_out, .dst = (char *)it->buf + (size_t)s * sb_out, .d = d};
+            job_t j = {.op = OP_REPACK,
+                       .src = t,
+                       .src_slice = (const char *)t->data + (size_t)s * sb_in,
+                       .n_in = n_in,
+                       .n_out = n_out,
+                       .dst = (char *)it->buf + (size_t)s * sb_out,
+                       .d = d};
             if ((st = run_job(tp, &j, t->name)) != IE_OK) goto done;
         }
         goto record;
@@ -289,8 +299,14 @@ static ie_status_t convert_one(ie_threadpool_t *tp, const ie_manifest_t *m, conv
         goto done;
     }
     for (int64_t s = 0; s < ns; s++) {
-        job_t j = {.op = OP_DEQUANT, .src = t, .src_slice = (const char *)t->data + (size_t)s * sb_in, .n_in = n_in,
-                   .n_out = n_out, .f = f, .dst = (char *)it->buf + (size_t)s * sb_out, .d = d};
+        job_t j = {.op = OP_DEQUANT,
+                   .src = t,
+                   .src_slice = (const char *)t->data + (size_t)s * sb_in,
+                   .n_in = n_in,
+                   .n_out = n_out,
+                   .f = f,
+                   .dst = (char *)it->buf + (size_t)s * sb_out,
+                   .d = d};
         if ((st = run_job(tp, &j, t->name)) != IE_OK) goto done;
         j.op = ie_dtype_is_intw(d->dtype) ? (d->layout == IE_LAYOUT_PANEL16 ? OP_PACK : OP_QROWS) : OP_ROWS;
         if ((st = run_job(tp, &j, t->name)) != IE_OK) goto done;
@@ -370,7 +386,6 @@ static int find_config(const char *name, char *out, size_t cap)
 }
 
 
-
 static void usage(FILE *f)
 {
     fputs("usage: ie-convert --in SRC --out-dir DIR [options]\n"
@@ -393,7 +408,9 @@ static int exit_for(ie_status_t st)
     switch (st) {
     case IE_ERR_NOMEM: return IE_EXIT_NOMEM;
     case IE_ERR_INVAL: return IE_EXIT_USAGE;
-    case IE_ERR_IO: case IE_ERR_FORMAT: case IE_ERR_UNSUPPORTED: return IE_EXIT_MODEL;
+    case IE_ERR_IO:
+    case IE_ERR_FORMAT:
+    case IE_ERR_UNSUPPORTED: return IE_EXIT_MODEL;
     default: return IE_EXIT_RUNTIME;
     }
 }
@@ -426,14 +443,16 @@ static char *conversion_json(const char *in, const ie_model_src_t *src, const ch
         cJSON_AddItemToArray(ts, e);
         cJSON_AddStringToObject(e, "name", it->src->name);
         cJSON_AddStringToObject(e, "from", ie_dtype_name(it->src->dtype));
-        cJSON_AddStringToObject(e, "to", it->d.target == IE_QT_KEEP ? ie_dtype_name(it->src->dtype)
-                                                                    : ie_dtype_name(it->d.dtype));
+        cJSON_AddStringToObject(e, "to",
+                                it->d.target == IE_QT_KEEP ? ie_dtype_name(it->src->dtype)
+                                                           : ie_dtype_name(it->d.dtype));
         cJSON_AddStringToObject(e, "layout", ie_layout_name(it->d.layout));
         if (ie_dtype_is_intw(it->d.dtype)) cJSON_AddNumberToObject(e, "group", it->d.group);
         cJSON_AddNumberToObject(e, "rule", it->d.rule);
-        cJSON_AddStringToObject(e, "action", it->d.target == IE_QT_KEEP ? "keep"
-                                             : it->d.lossless          ? "lossless"
-                                                                       : "quantize");
+        cJSON_AddStringToObject(e, "action",
+                                it->d.target == IE_QT_KEEP ? "keep"
+                                : it->d.lossless           ? "lossless"
+                                                           : "quantize");
         if (it->d.fell_back) cJSON_AddBoolToObject(e, "fallback", 1);
     }
     if (calib_json && (cal = cJSON_Parse(calib_json))) {
@@ -453,13 +472,17 @@ done:
 
 int ie_convert_main(int argc, char **argv)
 {
-    static const struct option lo[] = {
-        {"in", required_argument, 0, 'i'},       {"hf-dir", required_argument, 0, 'i'},
-        {"out-dir", required_argument, 0, 'o'},  {"q4-map", required_argument, 0, 'm'},
-        {"pretranspose", required_argument, 0, 'P'}, {"calib", required_argument, 0, 'c'},
-        {"calib-tokens", required_argument, 0, 'n'},
-        {"force", no_argument, 0, 'f'},          {"quiet", no_argument, 0, 'q'},
-        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
+    static const struct option lo[] = {{"in", required_argument, 0, 'i'},
+                                       {"hf-dir", required_argument, 0, 'i'},
+                                       {"out-dir", required_argument, 0, 'o'},
+                                       {"q4-map", required_argument, 0, 'm'},
+                                       {"pretranspose", required_argument, 0, 'P'},
+                                       {"calib", required_argument, 0, 'c'},
+                                       {"calib-tokens", required_argument, 0, 'n'},
+                                       {"force", no_argument, 0, 'f'},
+                                       {"quiet", no_argument, 0, 'q'},
+                                       {"help", no_argument, 0, 'h'},
+                                       {0, 0, 0, 0}};
     const char *in = NULL, *out_dir = NULL, *manifest_arg = NULL, *calib_path = NULL;
     long calib_tokens = 512, threads = sysconf(_SC_NPROCESSORS_ONLN);
     int force = 0, quiet = 0, c, rc = IE_EXIT_OK;
@@ -483,7 +506,7 @@ int ie_convert_main(int argc, char **argv)
     const char *gate_result = "none";
 
     if (threads < 1) threads = 1;
-    const ie_cli_pick_t picks[] = { IE_CLI_PICK(IE_FLAG_THREADS, &threads) };
+    const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_THREADS, &threads)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -500,12 +523,16 @@ int ie_convert_main(int argc, char **argv)
         case 'f': force = 1; break;
         case 'q': quiet = 1; break;
         case 'h': usage(stdout); return IE_EXIT_OK;
-        default: return ie_cli_fail(IE_EXIT_USAGE, "unknown or incomplete option '%s' (see --help)", argv[optind - 1]);
+        default:
+            return ie_cli_fail(IE_EXIT_USAGE, "unknown or incomplete option '%s' (see --help)", argv[optind - 1]);
         }
-        if (bad) return ie_cli_fail(IE_EXIT_USAGE, "bad value '%s' for %s", optarg, argv[optind - 2 >= 0 ? optind - 2 : 0]);
+        if (bad)
+            return ie_cli_fail(IE_EXIT_USAGE, "bad value '%s' for %s", optarg,
+                               argv[optind - 2 >= 0 ? optind - 2 : 0]);
     }
     if (optind < argc) return ie_cli_fail(IE_EXIT_USAGE, "unexpected argument '%s' (see --help)", argv[optind]);
-    if (!in || !out_dir) return ie_cli_fail(IE_EXIT_USAGE, "usage: ie-convert --in SRC --out-dir DIR [options] (see --help)");
+    if (!in || !out_dir)
+        return ie_cli_fail(IE_EXIT_USAGE, "usage: ie-convert --in SRC --out-dir DIR [options] (see --help)");
     int show_progress = !quiet && isatty(STDERR_FILENO);
 
     /* ---- source, manifest, calibration text */
@@ -519,7 +546,8 @@ int ie_convert_main(int argc, char **argv)
     } else {
         const char *name = hp->arch_id == IE_ARCH_GPTOSS ? "quant-gpt-oss.json" : "quant-llama.json";
         if (find_config(name, manifest_path, sizeof manifest_path) != 0) {
-            rc = ie_cli_fail(IE_EXIT_USAGE, "default manifest %s not found (set IE_CONFIG_DIR or pass --q4-map)", name);
+            rc = ie_cli_fail(IE_EXIT_USAGE, "default manifest %s not found (set IE_CONFIG_DIR or pass --q4-map)",
+                             name);
             goto cleanup;
         }
         is_default = 1;
@@ -539,13 +567,13 @@ int ie_convert_main(int argc, char **argv)
             goto cleanup;
         }
         if ((st = ie_tokenizer_encode(tok, calib_text, len, 0, &ids, &n_ids)) != IE_OK) {
-            rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_USAGE, "calibration text '%s': %s", calib_path,
-                      ie_error_last());
+            rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_USAGE, "calibration text '%s': %s",
+                             calib_path, ie_error_last());
             goto cleanup;
         }
         if (n_ids < 2) {
-            rc = ie_cli_fail(IE_EXIT_USAGE, "calibration text '%s' has %zu tokens; at least 2 are needed", calib_path,
-                      n_ids);
+            rc = ie_cli_fail(IE_EXIT_USAGE, "calibration text '%s' has %zu tokens; at least 2 are needed",
+                             calib_path, n_ids);
             goto cleanup;
         }
         if (n_ids > (size_t)calib_tokens) n_ids = (size_t)calib_tokens;
@@ -572,8 +600,8 @@ int ie_convert_main(int argc, char **argv)
         if (ie_model_src_kind(src) == IE_SRC_HF_DIR && !is_canonical(t->name)) continue;
         conv_item_t *it = &items[n_t++];
         it->src = t;
-        if ((st = ie_manifest_decide(man, pt, hp->tied_embeddings, t->name, t->dtype, t->layout, t->group, t->n_dims,
-                                     t->ne, &it->d)) != IE_OK) {
+        if ((st = ie_manifest_decide(man, pt, hp->tied_embeddings, t->name, t->dtype, t->layout, t->group,
+                                     t->n_dims, t->ne, &it->d)) != IE_OK) {
             rc = ie_cli_fail(IE_EXIT_USAGE, "%s", ie_error_last());
             goto cleanup;
         }
@@ -613,7 +641,8 @@ int ie_convert_main(int argc, char **argv)
         if (w) {
             if ((st = ie_iebin_writer_add(w, &it->out, it->quant_json)) != IE_OK) {
                 if (show_progress) fputc('\n', stderr);
-                rc = ie_cli_fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "%s", ie_error_last());
+                rc = ie_cli_fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "%s",
+                                 ie_error_last());
                 goto cleanup;
             }
             free(it->buf); /* quant_json stays for nothing; the record needs only the decision */
@@ -635,13 +664,14 @@ int ie_convert_main(int argc, char **argv)
         if (st == IE_OK) st = ie_model_src_mem_finish(mem);
         if (st != IE_OK) {
             rc = ie_cli_fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "converted model: %s",
-                      ie_error_last());
+                             ie_error_last());
             goto cleanup;
         }
         ie_calib_opts_t co = {(int)threads, 128, ie_tokenizer_add_bos(tok), ie_tokenizer_bos(tok)};
         if (!quiet) fprintf(stderr, "calibrating on %zu tokens of %s ...\n", n_ids, calib_path);
         if ((st = ie_calib_run(src, mem, ids, n_ids, &co, &rep)) != IE_OK) {
-            rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, "calibration: %s", ie_error_last());
+            rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, "calibration: %s",
+                             ie_error_last());
             goto cleanup;
         }
         ie_model_src_destroy(&mem);
@@ -657,12 +687,11 @@ int ie_convert_main(int argc, char **argv)
             if (rep.fail_cos) strcat(what, "min_layer_cosine");
             if (rep.fail_kl) strcat(strcat(what, what[0] ? ", " : ""), "max_kl");
             if (rep.fail_ppl) strcat(strcat(what, what[0] ? ", " : ""), "max_ppl_increase_pct");
-            rc = ie_cli_fail(IE_EXIT_GATE, "calibration gate failed (%s); model not written (--force writes it anyway)",
-                      what);
+            rc = ie_cli_fail(IE_EXIT_GATE,
+                             "calibration gate failed (%s); model not written (--force writes it anyway)", what);
             goto cleanup;
         }
-        if (!rep.pass)
-            fprintf(stderr, "warning: calibration gate failed; writing the model anyway (--force)\n");
+        if (!rep.pass) fprintf(stderr, "warning: calibration gate failed; writing the model anyway (--force)\n");
         /* write everything now */
         if ((st = ie_iebin_writer_open(out_dir, &w)) != IE_OK) {
             rc = ie_cli_fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "%s", ie_error_last());
@@ -670,18 +699,20 @@ int ie_convert_main(int argc, char **argv)
         }
         for (int64_t i = 0; i < n_t; i++)
             if ((st = ie_iebin_writer_add(w, &items[i].out, items[i].quant_json)) != IE_OK) {
-                rc = ie_cli_fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "%s", ie_error_last());
+                rc = ie_cli_fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "%s",
+                                 ie_error_last());
                 goto cleanup;
             }
     }
 
     /* ---- finish */
     if ((st = ie_iebin_writer_set_tokenizer(w, ie_model_src_tokenizer_path(src))) != IE_OK) {
-        rc = ie_cli_fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "tokenizer: %s", ie_error_last());
+        rc = ie_cli_fail(exit_for(st) == IE_EXIT_MODEL ? IE_EXIT_RUNTIME : exit_for(st), "tokenizer: %s",
+                         ie_error_last());
         goto cleanup;
     }
-    if (!(conv_json = conversion_json(in, src, manifest_path, is_default, man, pt, items, n_t, calib_path, calib_json,
-                                      gate_result))) {
+    if (!(conv_json = conversion_json(in, src, manifest_path, is_default, man, pt, items, n_t, calib_path,
+                                      calib_json, gate_result))) {
         rc = ie_cli_fail(IE_EXIT_NOMEM, "out of memory");
         goto cleanup;
     }

@@ -26,28 +26,28 @@ int ie_convert_main(int argc, char **argv);
 /* ------------------------------------------------------------ calibration */
 
 typedef struct ie_calib_opts {
-    int n_threads;      /* worker threads (>= 1)                       */
-    int chunk;          /* positions per chunk (<= 128 by default)     */
-    int add_bos;        /* 1: the first token of each chunk becomes bos */
+    int n_threads; /* worker threads (>= 1)                       */
+    int chunk;     /* positions per chunk (<= 128 by default)     */
+    int add_bos;   /* 1: the first token of each chunk becomes bos */
     int32_t bos;
 } ie_calib_opts_t;
 
 typedef struct ie_calib_report {
     int n_layer;
-    double *layer_cos;      /* [n_layer] mean over tokens of cos(ref, quant)
+    double *layer_cos;     /* [n_layer] mean over tokens of cos(ref, quant)
                                of the residual stream after layer l        */
-    double *layer_cos_min;  /* [n_layer] smallest over tokens              */
-    double kl_mean;         /* mean over tokens of KL(ref || quant), nats  */
+    double *layer_cos_min; /* [n_layer] smallest over tokens              */
+    double kl_mean;        /* mean over tokens of KL(ref || quant), nats  */
     double kl_max;
     double ppl_ref, ppl_quant;
-    double ppl_delta_pct;   /* 100 (ppl_quant / ppl_ref - 1)                */
-    double top1_agree;      /* fraction of tokens whose argmax agrees      */
-    size_t n_tokens;        /* positions evaluated                          */
-    size_t n_scored;        /* positions with a next token (ppl)            */
+    double ppl_delta_pct; /* 100 (ppl_quant / ppl_ref - 1)                */
+    double top1_agree;    /* fraction of tokens whose argmax agrees      */
+    size_t n_tokens;      /* positions evaluated                          */
+    size_t n_scored;      /* positions with a next token (ppl)            */
     size_t n_chunks;
     int chunk;
     /* gate outcome (ie_calib_gate) */
-    int worst_layer;        /* argmin of layer_cos                          */
+    int worst_layer; /* argmin of layer_cos                          */
     int fail_cos, fail_kl, fail_ppl;
     int pass;
 } ie_calib_report_t;

@@ -35,15 +35,15 @@
 
 /* What a rule converts matched tensors to. */
 typedef enum ie_qtarget {
-    IE_QT_KEEP = 0,  /* bytes as stored                              */
+    IE_QT_KEEP = 0, /* bytes as stored                              */
     IE_QT_F32,
     IE_QT_F16,
     IE_QT_BF16,
-    IE_QT_INT8W,     /* IE_DTYPE_I8W                                 */
-    IE_QT_INT4W,     /* IE_DTYPE_I4W (symmetric) or I4WA (affine)    */
+    IE_QT_INT8W, /* IE_DTYPE_I8W                                 */
+    IE_QT_INT4W, /* IE_DTYPE_I4W (symmetric) or I4WA (affine)    */
     IE_QT_MXFP4,
-    IE_QT_BSR,       /* block-sparse f32 (ie_bsr.h)                  */
-    IE_QT_INT8W_ROW  /* fallback only: int8w with one scale per row  */
+    IE_QT_BSR,      /* block-sparse f32 (ie_bsr.h)                  */
+    IE_QT_INT8W_ROW /* fallback only: int8w with one scale per row  */
 } ie_qtarget_t;
 
 /* "keep", "f32", ..., "int8w-row". */
@@ -52,23 +52,23 @@ const char *ie_qtarget_name(ie_qtarget_t t);
 #define IE_GROUP_ROW 0 /* "group": "row" — one scale per row (G = n_in) */
 
 typedef struct ie_manifest_rule {
-    char *pattern;          /* as written                                */
-    void *re;               /* compiled pcre2_code                       */
+    char *pattern; /* as written                                */
+    void *re;      /* compiled pcre2_code                       */
     ie_qtarget_t target;
-    int group;              /* int types: G, or IE_GROUP_ROW             */
-    int affine;             /* int4w: 1 affine (zero point), 0 symmetric */
+    int group;  /* int types: G, or IE_GROUP_ROW             */
+    int affine; /* int4w: 1 affine (zero point), 0 symmetric */
     ie_qscale_t scale;
-    int br, bc;             /* bsr block (default 16 x 16)               */
-    float threshold;        /* bsr: drop blocks with max|w| <= threshold */
+    int br, bc;      /* bsr block (default 16 x 16)               */
+    float threshold; /* bsr: drop blocks with max|w| <= threshold */
     int has_fallback;
-    ie_qtarget_t fallback;  /* KEEP/F32/F16/BF16/INT8W_ROW               */
+    ie_qtarget_t fallback; /* KEEP/F32/F16/BF16/INT8W_ROW               */
 } ie_manifest_rule_t;
 
 typedef struct ie_manifest_gate {
     int has_min_layer_cosine, has_max_kl, has_max_ppl_increase_pct;
-    double min_layer_cosine;      /* every layer's mean cosine >= this  */
-    double max_kl;                /* mean KL(ref || quant) <= this      */
-    double max_ppl_increase_pct;  /* 100 (ppl_q / ppl_ref - 1) <= this  */
+    double min_layer_cosine;     /* every layer's mean cosine >= this  */
+    double max_kl;               /* mean KL(ref || quant) <= this      */
+    double max_ppl_increase_pct; /* 100 (ppl_q / ppl_ref - 1) <= this  */
 } ie_manifest_gate_t;
 
 typedef struct ie_manifest {
@@ -76,7 +76,7 @@ typedef struct ie_manifest {
     ie_manifest_rule_t *rules;
     size_t n_rules;
     ie_manifest_gate_t gate;
-    char *json;             /* the manifest text, normalized (cJSON print) */
+    char *json; /* the manifest text, normalized (cJSON print) */
 } ie_manifest_t;
 
 /* Parse a manifest from JSON text (len bytes, need not be NUL-terminated).
@@ -112,15 +112,15 @@ int ie_pretranspose_selects(ie_pretranspose_t p, const char *name, int tied);
 
 /* The decision for one tensor. */
 typedef struct ie_qdecision {
-    int rule;               /* matching rule index, -1: none             */
-    ie_qtarget_t target;    /* after any fallback                        */
-    int fell_back;          /* 1: the rule's fallback applied            */
-    ie_dtype_t dtype;       /* output dtype (src dtype for KEEP)         */
-    ie_layout_t layout;     /* output layout                             */
-    int group;              /* output group (I-types), else 0            */
+    int rule;            /* matching rule index, -1: none             */
+    ie_qtarget_t target; /* after any fallback                        */
+    int fell_back;       /* 1: the rule's fallback applied            */
+    ie_dtype_t dtype;    /* output dtype (src dtype for KEEP)         */
+    ie_layout_t layout;  /* output layout                             */
+    int group;           /* output group (I-types), else 0            */
     ie_qscale_t scale;
-    int lossless;           /* 1: a byte copy or a lossless repack       */
-    int br, bc;             /* BSR                                       */
+    int lossless; /* 1: a byte copy or a lossless repack       */
+    int br, bc;   /* BSR                                       */
     float threshold;
 } ie_qdecision_t;
 

@@ -30,11 +30,16 @@ const char *ie_qtarget_name(ie_qtarget_t t)
 
 static int parse_target(const char *s, ie_qtarget_t *out)
 {
-    static const struct { const char *n; ie_qtarget_t t; } tab[] = {
-        {"keep", IE_QT_KEEP}, {"f32", IE_QT_F32},     {"f16", IE_QT_F16},     {"bf16", IE_QT_BF16},
-        {"int8w", IE_QT_INT8W}, {"int4w", IE_QT_INT4W}, {"mxfp4", IE_QT_MXFP4}, {"bsr", IE_QT_BSR}};
+    static const struct {
+        const char *n;
+        ie_qtarget_t t;
+    } tab[] = {{"keep", IE_QT_KEEP},   {"f32", IE_QT_F32},     {"f16", IE_QT_F16},     {"bf16", IE_QT_BF16},
+               {"int8w", IE_QT_INT8W}, {"int4w", IE_QT_INT4W}, {"mxfp4", IE_QT_MXFP4}, {"bsr", IE_QT_BSR}};
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
-        if (!strcmp(s, tab[i].n)) { *out = tab[i].t; return 0; }
+        if (!strcmp(s, tab[i].n)) {
+            *out = tab[i].t;
+            return 0;
+        }
     return -1;
 }
 
@@ -65,10 +70,13 @@ static ie_status_t parse_gate(const cJSON *g, const char *what, ie_manifest_gate
     ie_status_t st;
     if (!cJSON_IsObject(g)) return ie_error_set(IE_ERR_FORMAT, "manifest %s: \"gate\" must be an object", what);
     if ((st = check_keys(g, keys, what, "\"gate\"")) != IE_OK) return st;
-    struct { const char *k; int *has; double *v; } f[] = {
-        {"min_layer_cosine", &gate->has_min_layer_cosine, &gate->min_layer_cosine},
-        {"max_kl", &gate->has_max_kl, &gate->max_kl},
-        {"max_ppl_increase_pct", &gate->has_max_ppl_increase_pct, &gate->max_ppl_increase_pct}};
+    struct {
+        const char *k;
+        int *has;
+        double *v;
+    } f[] = {{"min_layer_cosine", &gate->has_min_layer_cosine, &gate->min_layer_cosine},
+             {"max_kl", &gate->has_max_kl, &gate->max_kl},
+             {"max_ppl_increase_pct", &gate->has_max_ppl_increase_pct, &gate->max_ppl_increase_pct}};
     for (size_t i = 0; i < 3; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(g, f[i].k);
         if (!v) continue;
@@ -82,8 +90,8 @@ static ie_status_t parse_gate(const cJSON *g, const char *what, ie_manifest_gate
 
 static ie_status_t parse_rule(const cJSON *r, size_t idx, const char *what, ie_manifest_rule_t *rule)
 {
-    static const char *const keys[] = {"pattern", "dtype", "group", "zero", "scale", "block", "threshold",
-                                       "fallback", "comment", NULL};
+    static const char *const keys[] = {"pattern", "dtype",     "group",    "zero",    "scale",
+                                       "block",   "threshold", "fallback", "comment", NULL};
     char where[48];
     snprintf(where, sizeof where, "rule %zu", idx);
     ie_status_t st;
@@ -105,9 +113,9 @@ static ie_status_t parse_rule(const cJSON *r, size_t idx, const char *what, ie_m
     if (!cJSON_IsString(dt))
         return ie_error_set(IE_ERR_FORMAT, "manifest %s: %s needs a \"dtype\" string", what, where);
     if (parse_target(dt->valuestring, &rule->target) != 0)
-        return ie_error_set(IE_ERR_FORMAT,
-                            "manifest %s: %s: unknown dtype \"%s\" (int4w, int8w, bf16, f16, f32, mxfp4, keep, bsr)",
-                            what, where, dt->valuestring);
+        return ie_error_set(
+            IE_ERR_FORMAT, "manifest %s: %s: unknown dtype \"%s\" (int4w, int8w, bf16, f16, f32, mxfp4, keep, bsr)",
+            what, where, dt->valuestring);
     if (cm && !cJSON_IsString(cm))
         return ie_error_set(IE_ERR_FORMAT, "manifest %s: %s: \"comment\" must be a string", what, where);
 
@@ -147,7 +155,8 @@ static ie_status_t parse_rule(const cJSON *r, size_t idx, const char *what, ie_m
     /* zero */
     rule->affine = 0;
     if (zero) {
-        if (!cJSON_IsString(zero) || (strcmp(zero->valuestring, "symmetric") && strcmp(zero->valuestring, "affine")))
+        if (!cJSON_IsString(zero) ||
+            (strcmp(zero->valuestring, "symmetric") && strcmp(zero->valuestring, "affine")))
             return ie_error_set(IE_ERR_FORMAT, "manifest %s: %s: \"zero\" must be \"symmetric\" or \"affine\"",
                                 what, where);
         if (!is_int)
@@ -175,7 +184,8 @@ static ie_status_t parse_rule(const cJSON *r, size_t idx, const char *what, ie_m
         return ie_error_set(IE_ERR_FORMAT, "manifest %s: %s: \"block\" and \"threshold\" apply to bsr only", what,
                             where);
     if (block) {
-        const cJSON *b0 = cJSON_IsArray(block) && cJSON_GetArraySize(block) == 2 ? cJSON_GetArrayItem(block, 0) : NULL;
+        const cJSON *b0 = cJSON_IsArray(block) && cJSON_GetArraySize(block) == 2 ? cJSON_GetArrayItem(block, 0)
+                                                                                 : NULL;
         const cJSON *b1 = b0 ? cJSON_GetArrayItem(block, 1) : NULL;
         if (!b0 || !cJSON_IsNumber(b0) || !cJSON_IsNumber(b1) || b0->valuedouble != (double)b0->valueint ||
             b1->valuedouble != (double)b1->valueint || b0->valueint < 1 || b0->valueint > 64 || b1->valueint < 1 ||
@@ -198,7 +208,8 @@ static ie_status_t parse_rule(const cJSON *r, size_t idx, const char *what, ie_m
             !(t == IE_QT_KEEP || t == IE_QT_F32 || t == IE_QT_F16 || t == IE_QT_BF16 || t == IE_QT_INT8W))
             return ie_error_set(IE_ERR_FORMAT,
                                 "manifest %s: %s: \"fallback\" must be \"keep\", \"f32\", \"f16\", \"bf16\" or "
-                                "\"int8w\"", what, where);
+                                "\"int8w\"",
+                                what, where);
         rule->has_fallback = 1;
         rule->fallback = t == IE_QT_INT8W ? IE_QT_INT8W_ROW : t;
     }
@@ -243,12 +254,18 @@ ie_status_t ie_manifest_parse(const char *text, size_t len, const char *what, ie
         goto done;
     }
     m = calloc(1, sizeof *m);
-    if (!m) { st = ie_error_set(IE_ERR_NOMEM, "out of memory"); goto done; }
+    if (!m) {
+        st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+        goto done;
+    }
     m->version = 1;
     int n = cJSON_GetArraySize(rules);
     if (n > 0) {
         m->rules = calloc((size_t)n, sizeof *m->rules);
-        if (!m->rules) { st = ie_error_set(IE_ERR_NOMEM, "out of memory"); goto done; }
+        if (!m->rules) {
+            st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+            goto done;
+        }
     }
     for (const cJSON *r = rules->child; r; r = r->next) {
         st = parse_rule(r, m->n_rules, what, &m->rules[m->n_rules]);
@@ -257,7 +274,10 @@ ie_status_t ie_manifest_parse(const char *text, size_t len, const char *what, ie
     }
     if (gate && (st = parse_gate(gate, what, &m->gate)) != IE_OK) goto done;
     m->json = cJSON_PrintUnformatted(root);
-    if (!m->json) { st = ie_error_set(IE_ERR_NOMEM, "out of memory"); goto done; }
+    if (!m->json) {
+        st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+        goto done;
+    }
 
 done:
     cJSON_Delete(root);
@@ -311,7 +331,10 @@ ie_status_t ie_pretranspose_parse(const char *s, ie_pretranspose_t *out)
 {
     static const char *const names[] = {"none", "woh", "wxh", "all"};
     for (int i = 0; i < 4; i++)
-        if (!strcmp(s, names[i])) { *out = (ie_pretranspose_t)i; return IE_OK; }
+        if (!strcmp(s, names[i])) {
+            *out = (ie_pretranspose_t)i;
+            return IE_OK;
+        }
     return ie_error_set(IE_ERR_INVAL, "bad --pretranspose '%s' (none, woh, wxh or all)", s);
 }
 
@@ -382,7 +405,10 @@ static const char *try_target(ie_qtarget_t t, int g, int affine, const ie_manife
         d->group = src_group;
         d->lossless = 1;
         return NULL;
-    case IE_QT_F32: case IE_QT_F16: case IE_QT_BF16: case IE_QT_MXFP4:
+    case IE_QT_F32:
+    case IE_QT_F16:
+    case IE_QT_BF16:
+    case IE_QT_MXFP4:
         d->dtype = float_dtype(t);
         if (t == IE_QT_MXFP4 && n_in % 32 != 0) {
             snprintf(why, why_cap, "row length %lld is not a multiple of 32 (mxfp4 blocks)", (long long)n_in);
@@ -390,7 +416,9 @@ static const char *try_target(ie_qtarget_t t, int g, int affine, const ie_manife
         }
         d->lossless = src_dtype == d->dtype && src_layout == IE_LAYOUT_ROWS;
         return NULL;
-    case IE_QT_INT8W: case IE_QT_INT4W: case IE_QT_INT8W_ROW: {
+    case IE_QT_INT8W:
+    case IE_QT_INT4W:
+    case IE_QT_INT8W_ROW: {
         int G = (t == IE_QT_INT8W_ROW || g == IE_GROUP_ROW) ? (n_in > (1 << 30) ? 0 : (int)n_in) : g;
         d->dtype = t == IE_QT_INT4W ? (affine ? IE_DTYPE_I4WA : IE_DTYPE_I4W) : IE_DTYPE_I8W;
         d->target = t == IE_QT_INT8W_ROW ? IE_QT_INT8W : t;
@@ -398,8 +426,7 @@ static const char *try_target(ie_qtarget_t t, int g, int affine, const ie_manife
             if (g == IE_GROUP_ROW || t == IE_QT_INT8W_ROW)
                 snprintf(why, why_cap, "group \"row\" needs a row length that is a multiple of 32, not %lld",
                          (long long)n_in);
-            else
-                snprintf(why, why_cap, "group %d does not divide the row length %lld", G, (long long)n_in);
+            else snprintf(why, why_cap, "group %d does not divide the row length %lld", G, (long long)n_in);
             return why;
         }
         d->group = G;
@@ -458,8 +485,9 @@ ie_status_t ie_manifest_decide(const ie_manifest_t *m, ie_pretranspose_t pt, int
         out->rule = ri;
         out->fell_back = 1;
         if (!bad2) return IE_OK;
-        return ie_error_set(IE_ERR_FORMAT, "manifest rule %d (\"%s\", %s) and its fallback %s do not fit tensor %s: %s",
-                            ri, r->pattern, ie_qtarget_name(r->target), ie_qtarget_name(r->fallback), name, bad2);
+        return ie_error_set(IE_ERR_FORMAT,
+                            "manifest rule %d (\"%s\", %s) and its fallback %s do not fit tensor %s: %s", ri,
+                            r->pattern, ie_qtarget_name(r->target), ie_qtarget_name(r->fallback), name, bad2);
     }
     return ie_error_set(IE_ERR_FORMAT, "manifest rule %d (\"%s\", %s) does not fit tensor %s: %s", ri, r->pattern,
                         ie_qtarget_name(r->target), name, bad);

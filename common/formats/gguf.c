@@ -110,8 +110,8 @@ int ie_gguf_ggml_type_block(uint32_t ggml_type, int64_t *block_elems, size_t *bl
 /* ---------------------------------------------------------------- value types */
 
 static const char *const k_type_names[] = {
-    "uint8", "int8", "uint16", "int16", "uint32", "int32", "float32",
-    "bool", "string", "array", "uint64", "int64", "float64",
+    "uint8", "int8",   "uint16", "int16",  "uint32", "int32",   "float32",
+    "bool",  "string", "array",  "uint64", "int64",  "float64",
 };
 /* Size of a scalar value; 0 for string/array. */
 static const uint8_t k_type_size[] = {1, 1, 2, 2, 4, 4, 4, 1, 0, 0, 8, 8, 8};
@@ -195,8 +195,8 @@ static ie_status_t cur_take(cur_t *c, uint64_t n, const uint8_t **p, const char 
 {
     if (n > cur_left(c))
         return ie_error_set(IE_ERR_FORMAT,
-                            "gguf: %s at offset %zu needs %llu bytes, only %zu left in file (%zu bytes)",
-                            what, c->pos, (unsigned long long)n, cur_left(c), c->size);
+                            "gguf: %s at offset %zu needs %llu bytes, only %zu left in file (%zu bytes)", what,
+                            c->pos, (unsigned long long)n, cur_left(c), c->size);
     *p = c->base + c->pos;
     c->pos += (size_t)n;
     return IE_OK;
@@ -247,8 +247,8 @@ static ie_status_t check_bools(const uint8_t *p, uint64_t n, ie_gguf_str_t key)
 {
     for (uint64_t i = 0; i < n; i++)
         if (p[i] > 1)
-            return ie_error_set(IE_ERR_FORMAT, "gguf: key '%.*s' has bool value %u (must be 0 or 1)",
-                                STR_ARG(key), p[i]);
+            return ie_error_set(IE_ERR_FORMAT, "gguf: key '%.*s' has bool value %u (must be 0 or 1)", STR_ARG(key),
+                                p[i]);
     return IE_OK;
 }
 
@@ -260,8 +260,7 @@ static ie_status_t parse_value(cur_t *c, gguf_kv_t *kv)
     ie_gguf_str_t s;
 
     switch (kv->type) {
-    case IE_GGUF_STRING:
-        return cur_str(c, &s, &kv->val, "string value");
+    case IE_GGUF_STRING: return cur_str(c, &s, &kv->val, "string value");
     case IE_GGUF_ARRAY:
         if ((st = cur_u32(c, &et, "array element type")) != IE_OK) return st;
         if (et == IE_GGUF_ARRAY)
@@ -311,14 +310,16 @@ static ie_status_t parse_kvs(ie_gguf_t *g, cur_t *c)
                                 (long long)i, (unsigned long long)kv->key.len, GGUF_MAX_KEY_LEN);
         if ((st = cur_u32(c, &type, "value type")) != IE_OK) return st;
         if (!type_known(type))
-            return ie_error_set(IE_ERR_FORMAT, "gguf: key '%.*s' has unknown value type %u",
-                                STR_ARG(kv->key), type);
+            return ie_error_set(IE_ERR_FORMAT, "gguf: key '%.*s' has unknown value type %u", STR_ARG(kv->key),
+                                type);
         kv->type = (ie_gguf_type_t)type;
         if ((st = parse_value(c, kv)) != IE_OK) return st;
         g->kv_index[i] = (name_ref_t){kv->key.ptr, kv->key.len, i};
     }
     name_sort(g->kv_index, g->n_kv, &dup);
-    if (dup) return ie_error_set(IE_ERR_FORMAT, "gguf: duplicate key '%.*s'", (int)(dup->len < SHOWN ? dup->len : SHOWN), dup->ptr);
+    if (dup)
+        return ie_error_set(IE_ERR_FORMAT, "gguf: duplicate key '%.*s'", (int)(dup->len < SHOWN ? dup->len : SHOWN),
+                            dup->ptr);
     return IE_OK;
 }
 
@@ -346,12 +347,12 @@ static ie_status_t parse_tensor(cur_t *c, int64_t i, ie_gguf_tensor_info_t *t)
 
     if ((st = cur_str(c, &t->name, NULL, "tensor name")) != IE_OK) return st;
     if (t->name.len == 0 || t->name.len > GGUF_MAX_KEY_LEN)
-        return ie_error_set(IE_ERR_FORMAT, "gguf: tensor %lld name has length %llu (must be 1..%u)",
-                            (long long)i, (unsigned long long)t->name.len, GGUF_MAX_KEY_LEN);
+        return ie_error_set(IE_ERR_FORMAT, "gguf: tensor %lld name has length %llu (must be 1..%u)", (long long)i,
+                            (unsigned long long)t->name.len, GGUF_MAX_KEY_LEN);
     if ((st = cur_u32(c, &t->n_dims, "tensor n_dims")) != IE_OK) return st;
     if (t->n_dims < 1 || t->n_dims > 4)
-        return ie_error_set(IE_ERR_FORMAT, "gguf: tensor '%.*s' has n_dims %u (must be 1..4)",
-                            STR_ARG(t->name), t->n_dims);
+        return ie_error_set(IE_ERR_FORMAT, "gguf: tensor '%.*s' has n_dims %u (must be 1..4)", STR_ARG(t->name),
+                            t->n_dims);
     for (uint32_t d = 0; d < t->n_dims; d++)
         if ((st = cur_u64(c, &dims[d], "tensor dimension")) != IE_OK) return st;
     if ((st = cur_u32(c, &t->ggml_type, "tensor type")) != IE_OK) return st;
@@ -368,8 +369,8 @@ static ie_status_t parse_tensor(cur_t *c, int64_t i, ie_gguf_tensor_info_t *t)
     }
     ti = ggml_info(t->ggml_type);
     if (!ti)
-        return ie_error_set(IE_ERR_FORMAT, "gguf: tensor '%.*s' has unknown ggml type %u",
-                            STR_ARG(t->name), t->ggml_type);
+        return ie_error_set(IE_ERR_FORMAT, "gguf: tensor '%.*s' has unknown ggml type %u", STR_ARG(t->name),
+                            t->ggml_type);
     if (dims[0] % ti->blck != 0)
         return ie_error_set(IE_ERR_FORMAT,
                             "gguf: tensor '%.*s' row length %llu is not a multiple of the %s block size %u",
@@ -403,13 +404,13 @@ static ie_status_t parse_tensors(ie_gguf_t *g, cur_t *c)
         if (t->offset % g->alignment != 0)
             return ie_error_set(IE_ERR_FORMAT,
                                 "gguf: tensor '%.*s' offset %llu is not a multiple of the alignment %llu",
-                                STR_ARG(t->name), (unsigned long long)t->offset,
-                                (unsigned long long)g->alignment);
+                                STR_ARG(t->name), (unsigned long long)t->offset, (unsigned long long)g->alignment);
         if (t->offset > data_size || t->nbytes > data_size - t->offset)
-            return ie_error_set(IE_ERR_FORMAT,
-                                "gguf: tensor '%.*s' data [offset %llu, size %llu] extends past end of file (%zu bytes)",
-                                STR_ARG(t->name), (unsigned long long)(data_start + t->offset),
-                                (unsigned long long)t->nbytes, c->size);
+            return ie_error_set(
+                IE_ERR_FORMAT,
+                "gguf: tensor '%.*s' data [offset %llu, size %llu] extends past end of file (%zu bytes)",
+                STR_ARG(t->name), (unsigned long long)(data_start + t->offset), (unsigned long long)t->nbytes,
+                c->size);
         t->data = g->base + data_start + t->offset;
     }
     return IE_OK;
@@ -440,12 +441,13 @@ static ie_status_t gguf_parse(const uint8_t *base, size_t size, ie_gguf_t **out)
     g->size = size;
     if ((st = cur_u32(&c, &g->version, "header")) != IE_OK) goto cleanup;
     if (g->version == 1) {
-        st = ie_error_set(IE_ERR_UNSUPPORTED, "gguf: version 1 is not supported (obsolete format; re-convert the model)");
+        st = ie_error_set(IE_ERR_UNSUPPORTED,
+                          "gguf: version 1 is not supported (obsolete format; re-convert the model)");
         goto cleanup;
     }
     if (g->version != 2 && g->version != 3) {
-        st = ie_error_set(IE_ERR_UNSUPPORTED, "gguf: version %u is not supported (expected 2 or 3)%s",
-                          g->version, g->version && (g->version & 0xffff) == 0 ? "; big-endian files are not supported" : "");
+        st = ie_error_set(IE_ERR_UNSUPPORTED, "gguf: version %u is not supported (expected 2 or 3)%s", g->version,
+                          g->version && (g->version & 0xffff) == 0 ? "; big-endian files are not supported" : "");
         goto cleanup;
     }
     if ((st = cur_u64(&c, &n_tensors, "header")) != IE_OK) goto cleanup;
@@ -573,7 +575,16 @@ static ie_status_t type_error(const char *key, ie_gguf_type_t have, const char *
 /* Integer at p of type t into *out: 1 ok, 0 not an integer type, -1 too big. */
 static int scalar_i64(ie_gguf_type_t t, const uint8_t *p, int64_t *out)
 {
-    union { uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32; uint64_t u64; int64_t i64; } v;
+    union {
+        uint8_t u8;
+        int8_t i8;
+        uint16_t u16;
+        int16_t i16;
+        uint32_t u32;
+        int32_t i32;
+        uint64_t u64;
+        int64_t i64;
+    } v;
     if (!type_known(t) || !k_type_size[t]) return 0;
     memcpy(&v, p, k_type_size[t]);
     switch (t) {
@@ -696,12 +707,14 @@ ie_status_t ie_gguf_arr_i64(const ie_gguf_t *g, const char *key, uint64_t i, int
     int64_t v;
     int r;
     if (!kv) return st;
-    r = kv->elem_type == IE_GGUF_STRING ? 0 : scalar_i64(kv->elem_type, kv->val + i * k_type_size[kv->elem_type], &v);
+    r = kv->elem_type == IE_GGUF_STRING ? 0
+                                        : scalar_i64(kv->elem_type, kv->val + i * k_type_size[kv->elem_type], &v);
     if (r == 0)
         return ie_error_set(IE_ERR_FORMAT, "gguf: key '%s' is an array of %s, expected integers", key,
                             type_name(kv->elem_type));
-    if (r < 0) return ie_error_set(IE_ERR_FORMAT, "gguf: key '%s' element %llu does not fit in int64", key,
-                                   (unsigned long long)i);
+    if (r < 0)
+        return ie_error_set(IE_ERR_FORMAT, "gguf: key '%s' element %llu does not fit in int64", key,
+                            (unsigned long long)i);
     if (out) *out = v;
     return IE_OK;
 }

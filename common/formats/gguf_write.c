@@ -90,7 +90,8 @@ static ie_status_t begin(ie_gguf_writer_t *w, const char *key, ie_gguf_type_t ty
     if (len == 0 || len > GGUF_MAX_KEY_LEN)
         return ie_error_set(IE_ERR_INVAL, "gguf writer: key length %zu must be 1..%u", len, GGUF_MAX_KEY_LEN);
     for (uint64_t i = 0; i < w->n_kv; i++)
-        if (strcmp(w->keys[i], key) == 0) return ie_error_set(IE_ERR_INVAL, "gguf writer: duplicate key '%.96s'", key);
+        if (strcmp(w->keys[i], key) == 0)
+            return ie_error_set(IE_ERR_INVAL, "gguf writer: duplicate key '%.96s'", key);
     if (w->n_kv == w->cap_keys) {
         size_t cap = w->cap_keys ? 2 * w->cap_keys : 16;
         char **k = realloc(w->keys, cap * sizeof *k);
@@ -116,7 +117,8 @@ ie_status_t ie_gguf_writer_set_scalar(ie_gguf_writer_t *w, const char *key, ie_g
 {
     ie_status_t st;
     if (!scalar_type(type) || !value)
-        return ie_error_set(IE_ERR_INVAL, "gguf writer: key '%.96s': bad scalar type %d", key ? key : "", (int)type);
+        return ie_error_set(IE_ERR_INVAL, "gguf writer: key '%.96s': bad scalar type %d", key ? key : "",
+                            (int)type);
     if (type == IE_GGUF_BOOL && (st = check_bools(value, 1, key)) != IE_OK) return st;
     if ((st = begin(w, key, type)) != IE_OK) return st;
     return put(w, value, k_size[type]) ? ie_error_set(IE_ERR_NOMEM, "gguf writer: out of memory") : IE_OK;
@@ -149,7 +151,8 @@ ie_status_t ie_gguf_writer_set_arr_str(ie_gguf_writer_t *w, const char *key, con
     ie_status_t st;
     if (!strs && n) return ie_error_set(IE_ERR_INVAL, "gguf writer: key '%.96s': NULL strings", key ? key : "");
     if ((st = begin(w, key, IE_GGUF_ARRAY)) != IE_OK) return st;
-    if (put_u32(w, IE_GGUF_STRING) || put_u64(w, n)) return ie_error_set(IE_ERR_NOMEM, "gguf writer: out of memory");
+    if (put_u32(w, IE_GGUF_STRING) || put_u64(w, n))
+        return ie_error_set(IE_ERR_NOMEM, "gguf writer: out of memory");
     for (uint64_t i = 0; i < n; i++)
         if (put_str(w, strs[i].ptr, strs[i].len)) return ie_error_set(IE_ERR_NOMEM, "gguf writer: out of memory");
     return IE_OK;

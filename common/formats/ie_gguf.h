@@ -18,9 +18,18 @@
 #include <stdint.h>
 
 typedef enum ie_gguf_type {
-    IE_GGUF_UINT8 = 0, IE_GGUF_INT8 = 1, IE_GGUF_UINT16 = 2, IE_GGUF_INT16 = 3,
-    IE_GGUF_UINT32 = 4, IE_GGUF_INT32 = 5, IE_GGUF_FLOAT32 = 6, IE_GGUF_BOOL = 7,
-    IE_GGUF_STRING = 8, IE_GGUF_ARRAY = 9, IE_GGUF_UINT64 = 10, IE_GGUF_INT64 = 11,
+    IE_GGUF_UINT8 = 0,
+    IE_GGUF_INT8 = 1,
+    IE_GGUF_UINT16 = 2,
+    IE_GGUF_INT16 = 3,
+    IE_GGUF_UINT32 = 4,
+    IE_GGUF_INT32 = 5,
+    IE_GGUF_FLOAT32 = 6,
+    IE_GGUF_BOOL = 7,
+    IE_GGUF_STRING = 8,
+    IE_GGUF_ARRAY = 9,
+    IE_GGUF_UINT64 = 10,
+    IE_GGUF_INT64 = 11,
     IE_GGUF_FLOAT64 = 12
 } ie_gguf_type_t;
 
@@ -32,13 +41,13 @@ typedef struct ie_gguf_str {
 
 typedef struct ie_gguf_tensor_info {
     ie_gguf_str_t name;
-    uint32_t ggml_type;   /* raw type id from the file                   */
-    ie_dtype_t dtype;     /* IE_DTYPE_INVALID if we cannot compute with it */
-    uint32_t n_dims;      /* 1..4                                         */
-    int64_t ne[4];        /* ne[0] = contiguous (row) length; unused = 1  */
-    uint64_t offset;      /* relative to the data section                 */
+    uint32_t ggml_type; /* raw type id from the file                   */
+    ie_dtype_t dtype;   /* IE_DTYPE_INVALID if we cannot compute with it */
+    uint32_t n_dims;    /* 1..4                                         */
+    int64_t ne[4];      /* ne[0] = contiguous (row) length; unused = 1  */
+    uint64_t offset;    /* relative to the data section                 */
     uint64_t nbytes;
-    const void *data;     /* inside the mapping, aligned                  */
+    const void *data; /* inside the mapping, aligned                  */
 } ie_gguf_tensor_info_t;
 
 typedef struct ie_gguf ie_gguf_t;
@@ -78,8 +87,7 @@ ie_status_t ie_gguf_get_str(const ie_gguf_t *g, const char *key, ie_gguf_str_t *
 
 /* Arrays: element type and length; element access for the scalar types and
  * strings. Index must be < length (checked, IE_ERR_RANGE). */
-ie_status_t ie_gguf_get_arr(const ie_gguf_t *g, const char *key,
-                            ie_gguf_type_t *elem_type, uint64_t *len);
+ie_status_t ie_gguf_get_arr(const ie_gguf_t *g, const char *key, ie_gguf_type_t *elem_type, uint64_t *len);
 ie_status_t ie_gguf_arr_str(const ie_gguf_t *g, const char *key, uint64_t i, ie_gguf_str_t *out);
 ie_status_t ie_gguf_arr_i64(const ie_gguf_t *g, const char *key, uint64_t i, int64_t *out);
 ie_status_t ie_gguf_arr_f32(const ie_gguf_t *g, const char *key, uint64_t i, float *out);

@@ -30,39 +30,39 @@
 #include <stdint.h>
 
 typedef enum ie_arch {
-    IE_ARCH_LLAMA = 0,      /* Llama family (SmolLM2, TinyLlama)           */
-    IE_ARCH_GPTOSS = 1      /* GPT-OSS: MoE, sinks, sliding window, YaRN   */
+    IE_ARCH_LLAMA = 0, /* Llama family (SmolLM2, TinyLlama)           */
+    IE_ARCH_GPTOSS = 1 /* GPT-OSS: MoE, sinks, sliding window, YaRN   */
 } ie_arch_t;
 
 #define IE_MAX_LAYERS 512
 
 typedef struct ie_hparams {
-    char arch[32];          /* "llama" or "gpt-oss"                        */
+    char arch[32]; /* "llama" or "gpt-oss"                        */
     ie_arch_t arch_id;
-    char name[128];         /* general.name or directory name              */
+    char name[128]; /* general.name or directory name              */
     int n_layer;
-    int n_embd;             /* hidden size                                 */
-    int n_ff;               /* MLP intermediate size                       */
+    int n_embd; /* hidden size                                 */
+    int n_ff;   /* MLP intermediate size                       */
     int n_head;
     int n_head_kv;
-    int head_dim;           /* n_embd / n_head unless the file says        */
+    int head_dim; /* n_embd / n_head unless the file says        */
     int n_vocab;
     int n_ctx_train;
-    int rope_dim;           /* rotated dims per head (= head_dim usually)  */
+    int rope_dim; /* rotated dims per head (= head_dim usually)  */
     float rope_theta;
     float rms_eps;
     ie_rope_layout_t rope_layout;
-    int tied_embeddings;    /* 1: no output.weight, reuse token_embd       */
+    int tied_embeddings; /* 1: no output.weight, reuse token_embd       */
 
     /* ---- GPT-OSS (zero / unused for Llama); see docs/GPTOSS.md ---- */
-    int n_expert;           /* experts per MoE layer (0: dense MLP)        */
-    int n_expert_used;      /* top-k                                       */
-    int sliding_window;     /* W of sliding layers (0: none)               */
+    int n_expert;                     /* experts per MoE layer (0: dense MLP)        */
+    int n_expert_used;                /* top-k                                       */
+    int sliding_window;               /* W of sliding layers (0: none)               */
     uint8_t layer_swa[IE_MAX_LAYERS]; /* 1: layer l is sliding-window      */
-    int attn_bias;          /* q/k/v/o have biases                         */
-    int attn_sinks;         /* per-head sink logits (attn_sinks.weight)    */
-    float swiglu_limit;     /* clamp of the experts' SwiGLU (7)            */
-    float swiglu_alpha;     /* sigmoid slope of the experts' SwiGLU (1.702) */
+    int attn_bias;                    /* q/k/v/o have biases                         */
+    int attn_sinks;                   /* per-head sink logits (attn_sinks.weight)    */
+    float swiglu_limit;               /* clamp of the experts' SwiGLU (7)            */
+    float swiglu_alpha;               /* sigmoid slope of the experts' SwiGLU (1.702) */
     /* YaRN (rope_yarn_factor 0: plain RoPE) */
     float rope_yarn_factor;
     int rope_yarn_orig_ctx;
@@ -73,11 +73,11 @@ typedef struct ie_hparams {
 } ie_hparams_t;
 
 typedef struct ie_tensor {
-    const char *name;       /* canonical name, NUL-terminated              */
+    const char *name; /* canonical name, NUL-terminated              */
     ie_dtype_t dtype;
     int n_dims;
-    int64_t ne[4];          /* ne[0] = row length (contiguous)             */
-    const void *data;       /* mapped, read-only                           */
+    int64_t ne[4];    /* ne[0] = row length (contiguous)             */
+    const void *data; /* mapped, read-only                           */
     uint64_t nbytes;
     /* GGUF and HF sources always give ROWS and group 0; IEBIN may give
      * I8W/I4W/I4WA (group = G) in ROWS or PANEL16 layout, or BSR blobs. For

@@ -40,22 +40,25 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define IB_ALIGN 64u                 /* every tensor                           */
-#define IB_PAGE 4096u                /* tensors of IB_PAGE_MIN bytes or more   */
+#define IB_ALIGN 64u  /* every tensor                           */
+#define IB_PAGE 4096u /* tensors of IB_PAGE_MIN bytes or more   */
 #define IB_PAGE_MIN (64u << 10)
-#define IB_JSON_MAX (64u << 20)      /* model.ie.json size limit               */
-#define IB_HP_MAX (1 << 20)          /* bound on integer hyper-parameters      */
-#define IB_NAME_MAX 255              /* tensor / tokenizer file name bytes     */
-#define IB_U53 (((int64_t)1) << 53)  /* JSON numbers are exact up to here      */
+#define IB_JSON_MAX (64u << 20)     /* model.ie.json size limit               */
+#define IB_HP_MAX (1 << 20)         /* bound on integer hyper-parameters      */
+#define IB_NAME_MAX 255             /* tensor / tokenizer file name bytes     */
+#define IB_U53 (((int64_t)1) << 53) /* JSON numbers are exact up to here      */
 #define IB_DIM_MAX (((int64_t)1) << 32)
 #define IB_MAX_TENSORS (1 << 20)
 
 /* ---------------------------------------------------------------- tables */
 
-static const struct { const char *name; ie_dtype_t dt; } k_dtypes[] = {
-    {"f32", IE_DTYPE_F32},    {"f16", IE_DTYPE_F16},     {"bf16", IE_DTYPE_BF16},   {"q4_0", IE_DTYPE_Q4_0},
-    {"q4_1", IE_DTYPE_Q4_1},  {"q8_0", IE_DTYPE_Q8_0},   {"mxfp4", IE_DTYPE_MXFP4}, {"int8w", IE_DTYPE_I8W},
-    {"int4w", IE_DTYPE_I4W},  {"int4w_affine", IE_DTYPE_I4WA},
+static const struct {
+    const char *name;
+    ie_dtype_t dt;
+} k_dtypes[] = {
+    {"f32", IE_DTYPE_F32},   {"f16", IE_DTYPE_F16},           {"bf16", IE_DTYPE_BF16},   {"q4_0", IE_DTYPE_Q4_0},
+    {"q4_1", IE_DTYPE_Q4_1}, {"q8_0", IE_DTYPE_Q8_0},         {"mxfp4", IE_DTYPE_MXFP4}, {"int8w", IE_DTYPE_I8W},
+    {"int4w", IE_DTYPE_I4W}, {"int4w_affine", IE_DTYPE_I4WA},
 };
 #define N_DTYPES (sizeof k_dtypes / sizeof k_dtypes[0])
 #define DTYPE_LIST "f32, f16, bf16, q4_0, q4_1, q8_0, mxfp4, int8w, int4w, int4w_affine"
@@ -94,18 +97,43 @@ typedef struct hp_field {
     int64_t lo, hi;
 } hp_field_t;
 
-#define HPI(f, lo, hi) {#f, HP_INT, offsetof(ie_hparams_t, f), lo, hi}
-#define HPF(f, lo) {#f, HP_FLOAT, offsetof(ie_hparams_t, f), lo, 0}
-#define HPB(f) {#f, HP_BOOL, offsetof(ie_hparams_t, f), 0, 1}
+#define HPI(f, lo, hi)                                \
+    {                                                 \
+#f, HP_INT, offsetof(ie_hparams_t, f), lo, hi \
+    }
+#define HPF(f, lo)                                     \
+    {                                                  \
+#f, HP_FLOAT, offsetof(ie_hparams_t, f), lo, 0 \
+    }
+#define HPB(f)                                       \
+    {                                                \
+#f, HP_BOOL, offsetof(ie_hparams_t, f), 0, 1 \
+    }
 static const hp_field_t k_hp[] = {
-    HPI(n_layer, 1, IE_MAX_LAYERS), HPI(n_embd, 1, IB_HP_MAX),     HPI(n_ff, 1, IB_HP_MAX),
-    HPI(n_head, 1, IB_HP_MAX),      HPI(n_head_kv, 1, IB_HP_MAX),  HPI(head_dim, 1, IB_HP_MAX),
-    HPI(n_vocab, 1, IB_HP_MAX),     HPI(n_ctx_train, 1, IB_HP_MAX), HPI(rope_dim, 1, IB_HP_MAX),
-    HPF(rope_theta, 1),             HPF(rms_eps, 1),               HPB(tied_embeddings),
-    HPI(n_expert, 0, IB_HP_MAX),    HPI(n_expert_used, 0, IB_HP_MAX), HPI(sliding_window, 0, IB_HP_MAX),
-    HPB(attn_bias),                 HPB(attn_sinks),               HPF(swiglu_limit, 0),
-    HPF(swiglu_alpha, 0),           HPF(rope_yarn_factor, 0),      HPI(rope_yarn_orig_ctx, 0, IB_HP_MAX),
-    HPF(rope_yarn_beta_fast, 0),    HPF(rope_yarn_beta_slow, 0),   HPB(rope_yarn_truncate),
+    HPI(n_layer, 1, IE_MAX_LAYERS),
+    HPI(n_embd, 1, IB_HP_MAX),
+    HPI(n_ff, 1, IB_HP_MAX),
+    HPI(n_head, 1, IB_HP_MAX),
+    HPI(n_head_kv, 1, IB_HP_MAX),
+    HPI(head_dim, 1, IB_HP_MAX),
+    HPI(n_vocab, 1, IB_HP_MAX),
+    HPI(n_ctx_train, 1, IB_HP_MAX),
+    HPI(rope_dim, 1, IB_HP_MAX),
+    HPF(rope_theta, 1),
+    HPF(rms_eps, 1),
+    HPB(tied_embeddings),
+    HPI(n_expert, 0, IB_HP_MAX),
+    HPI(n_expert_used, 0, IB_HP_MAX),
+    HPI(sliding_window, 0, IB_HP_MAX),
+    HPB(attn_bias),
+    HPB(attn_sinks),
+    HPF(swiglu_limit, 0),
+    HPF(swiglu_alpha, 0),
+    HPF(rope_yarn_factor, 0),
+    HPI(rope_yarn_orig_ctx, 0, IB_HP_MAX),
+    HPF(rope_yarn_beta_fast, 0),
+    HPF(rope_yarn_beta_slow, 0),
+    HPB(rope_yarn_truncate),
     HPF(rope_attn_factor, 0),
 };
 #define N_HP (sizeof k_hp / sizeof k_hp[0])
@@ -153,7 +181,8 @@ static ie_status_t check_shape(ie_status_t bad, const char *name, ie_dtype_t dt,
     *bytes = 0;
     fmt_shape(shp, sizeof shp, n_dims, ne);
     if (!dtype_known(dt)) return ie_error_set(bad, "iebin: tensor '%s': dtype %d is not storable", name, (int)dt);
-    if (n_dims < 1 || n_dims > 4) return ie_error_set(bad, "iebin: tensor '%s': %d dimensions (must be 1..4)", name, n_dims);
+    if (n_dims < 1 || n_dims > 4)
+        return ie_error_set(bad, "iebin: tensor '%s': %d dimensions (must be 1..4)", name, n_dims);
     for (int d = 0; d < n_dims; d++)
         if (ne[d] < 1 || ne[d] > IB_DIM_MAX)
             return ie_error_set(bad, "iebin: tensor '%s': shape %s has a dimension outside [1, 2^32]", name, shp);
@@ -165,25 +194,32 @@ static ie_status_t check_shape(ie_status_t bad, const char *name, ie_dtype_t dt,
         break;
     case IE_LAYOUT_PANEL16:
         if (!ie_dtype_is_intw(dt))
-            return ie_error_set(bad, "iebin: tensor '%s': layout panel16 needs dtype int8w, int4w or int4w_affine, not %s",
-                                name, ie_dtype_name(dt));
-        if (n_dims < 2) return ie_error_set(bad, "iebin: tensor '%s': layout panel16 needs at least 2 dimensions", name);
+            return ie_error_set(
+                bad, "iebin: tensor '%s': layout panel16 needs dtype int8w, int4w or int4w_affine, not %s", name,
+                ie_dtype_name(dt));
+        if (n_dims < 2)
+            return ie_error_set(bad, "iebin: tensor '%s': layout panel16 needs at least 2 dimensions", name);
         break;
     case IE_LAYOUT_BSR:
         if (dt != IE_DTYPE_F32 || group != 0 || n_dims != 2)
-            return ie_error_set(bad, "iebin: tensor '%s': layout bsr needs dtype f32, group 0 and 2 dimensions "
-                                "(have %s, group %d, shape %s)", name, ie_dtype_name(dt), group, shp);
+            return ie_error_set(bad,
+                                "iebin: tensor '%s': layout bsr needs dtype f32, group 0 and 2 dimensions "
+                                "(have %s, group %d, shape %s)",
+                                name, ie_dtype_name(dt), group, shp);
         return IE_OK;
-    default:
-        return ie_error_set(bad, "iebin: tensor '%s': unknown layout %d", name, (int)lay);
+    default: return ie_error_set(bad, "iebin: tensor '%s': unknown layout %d", name, (int)lay);
     }
     if (ie_dtype_is_intw(dt) && ie_pack_check(dt, group, ne[0]) != 0)
-        return ie_error_set(bad, "iebin: tensor '%s': group %d is not valid for %s rows of %lld (must be a positive "
-                            "multiple of 32 dividing the row length)", name, group, ie_dtype_name(dt), (long long)ne[0]);
+        return ie_error_set(bad,
+                            "iebin: tensor '%s': group %d is not valid for %s rows of %lld (must be a positive "
+                            "multiple of 32 dividing the row length)",
+                            name, group, ie_dtype_name(dt), (long long)ne[0]);
     one = ie_tensor_bytes(dt, lay, group, ne[0], n_dims > 1 ? ne[1] : 1);
     if (one == 0)
-        return ie_error_set(bad, "iebin: tensor '%s': shape %s is not valid for %s %s (row length must be a multiple "
-                            "of the block size)", name, shp, ie_dtype_name(dt), ie_layout_name(lay));
+        return ie_error_set(bad,
+                            "iebin: tensor '%s': shape %s is not valid for %s %s (row length must be a multiple "
+                            "of the block size)",
+                            name, shp, ie_dtype_name(dt), ie_layout_name(lay));
     for (int d = 2; d < n_dims; d++) slices *= (uint64_t)ne[d]; /* < 2^64: two factors <= 2^32 */
     if (__builtin_mul_overflow((uint64_t)one, slices, &total) || total > (uint64_t)IB_U53)
         return ie_error_set(bad, "iebin: tensor '%s': shape %s is too large", name, shp);
@@ -225,7 +261,8 @@ static ie_status_t hp_check(ie_status_t bad, const ie_hparams_t *hp)
                                     (long long)f->lo, (long long)f->hi);
         }
     }
-    if (hp->rms_eps >= 1.0f) return ie_error_set(bad, "iebin: hparams: 'rms_eps' = %g must be below 1", (double)hp->rms_eps);
+    if (hp->rms_eps >= 1.0f)
+        return ie_error_set(bad, "iebin: hparams: 'rms_eps' = %g must be below 1", (double)hp->rms_eps);
     if (hp->n_expert_used > hp->n_expert)
         return ie_error_set(bad, "iebin: hparams: 'n_expert_used' (%d) exceeds 'n_expert' (%d)", hp->n_expert_used,
                             hp->n_expert);
@@ -354,7 +391,9 @@ static ie_status_t parse_hparams(const cJSON *root, ie_hparams_t *hp)
     if ((st = j_str(root, "arch", "model.ie.json", &s)) != IE_OK) return st;
     if (strcmp(s, "llama") == 0) hp->arch_id = IE_ARCH_LLAMA;
     else if (strcmp(s, "gpt-oss") == 0) hp->arch_id = IE_ARCH_GPTOSS;
-    else return ie_error_set(IE_ERR_FORMAT, "iebin: model.ie.json: 'arch' is '%.64s' (expected 'llama' or 'gpt-oss')", s);
+    else
+        return ie_error_set(IE_ERR_FORMAT,
+                            "iebin: model.ie.json: 'arch' is '%.64s' (expected 'llama' or 'gpt-oss')", s);
     snprintf(hp->arch, sizeof hp->arch, "%s", s);
     if (!cJSON_IsObject(h)) return ie_error_set(IE_ERR_FORMAT, "iebin: model.ie.json: 'hparams' must be an object");
     if ((st = j_str(h, "name", "hparams", &s)) != IE_OK) return st;
@@ -373,7 +412,8 @@ static ie_status_t parse_hparams(const cJSON *root, ie_hparams_t *hp)
         } else if (f->kind == HP_BOOL) {
             int bv;
             if (!j) return ie_error_set(IE_ERR_FORMAT, "iebin: hparams: missing '%s'", f->key);
-            if (!cJSON_IsBool(j)) return ie_error_set(IE_ERR_FORMAT, "iebin: hparams: '%s' must be true or false", f->key);
+            if (!cJSON_IsBool(j))
+                return ie_error_set(IE_ERR_FORMAT, "iebin: hparams: '%s' must be true or false", f->key);
             bv = cJSON_IsTrue(j);
             memcpy(p, &bv, sizeof bv);
         } else {
@@ -388,14 +428,18 @@ static ie_status_t parse_hparams(const cJSON *root, ie_hparams_t *hp)
     if ((st = j_str(h, "rope_layout", "hparams", &s)) != IE_OK) return st;
     if (strcmp(s, "normal") == 0) hp->rope_layout = IE_ROPE_NORMAL;
     else if (strcmp(s, "neox") == 0) hp->rope_layout = IE_ROPE_NEOX;
-    else return ie_error_set(IE_ERR_FORMAT, "iebin: hparams: 'rope_layout' is '%.32s' (expected 'normal' or 'neox')", s);
+    else
+        return ie_error_set(IE_ERR_FORMAT, "iebin: hparams: 'rope_layout' is '%.32s' (expected 'normal' or 'neox')",
+                            s);
     swa = obj_get(h, "layer_swa");
     if (!cJSON_IsArray(swa))
         return ie_error_set(IE_ERR_FORMAT, "iebin: hparams: 'layer_swa' must be an array of layer indices");
-    cJSON_ArrayForEach(e, swa) {
+    cJSON_ArrayForEach(e, swa)
+    {
         double d = e->valuedouble;
         if (!cJSON_IsNumber(e) || !(d >= 0 && d < hp->n_layer) || d != floor(d))
-            return ie_error_set(IE_ERR_FORMAT, "iebin: hparams: 'layer_swa' entries must be layer indices in [0, %d)",
+            return ie_error_set(IE_ERR_FORMAT,
+                                "iebin: hparams: 'layer_swa' entries must be layer indices in [0, %d)",
                                 hp->n_layer);
         if (hp->layer_swa[(int)d])
             return ie_error_set(IE_ERR_FORMAT, "iebin: hparams: 'layer_swa' lists layer %d twice", (int)d);
@@ -411,21 +455,26 @@ static ie_status_t parse_tokenizer(ie_iebin_t *m, const cJSON *root, const char 
     ie_status_t st;
     size_t n;
 
-    if (!cJSON_IsObject(t)) return ie_error_set(IE_ERR_FORMAT, "iebin: model.ie.json: 'tokenizer' must be an object");
+    if (!cJSON_IsObject(t))
+        return ie_error_set(IE_ERR_FORMAT, "iebin: model.ie.json: 'tokenizer' must be an object");
     if ((st = j_str(t, "file", "tokenizer", &file)) != IE_OK) return st;
     if ((st = j_str(t, "kind", "tokenizer", &kind)) != IE_OK) return st;
     if (!file_name_ok(file))
-        return ie_error_set(IE_ERR_FORMAT, "iebin: tokenizer: 'file' '%.64s' must be a plain file name in the model "
-                            "directory", file);
+        return ie_error_set(IE_ERR_FORMAT,
+                            "iebin: tokenizer: 'file' '%.64s' must be a plain file name in the model "
+                            "directory",
+                            file);
     if (strcmp(kind, "gguf") != 0 && strcmp(kind, "hf-json") != 0 && strcmp(kind, "tiktoken") != 0)
-        return ie_error_set(IE_ERR_FORMAT, "iebin: tokenizer: 'kind' is '%.32s' (expected gguf, hf-json or tiktoken)",
-                            kind);
+        return ie_error_set(IE_ERR_FORMAT,
+                            "iebin: tokenizer: 'kind' is '%.32s' (expected gguf, hf-json or tiktoken)", kind);
     n = (dir ? strlen(dir) + 1 : 0) + strlen(file) + 1;
     if (!(m->tok_path = malloc(n))) return ie_error_set(IE_ERR_NOMEM, "iebin: out of memory");
     snprintf(m->tok_path, n, "%s%s%s", dir ? dir : "", dir ? "/" : "", file);
     if (dir && access(m->tok_path, R_OK) != 0)
-        return ie_error_set(IE_ERR_FORMAT, "iebin: tokenizer file '%s' named by model.ie.json is missing or "
-                            "unreadable: %s", m->tok_path, strerror(errno));
+        return ie_error_set(IE_ERR_FORMAT,
+                            "iebin: tokenizer file '%s' named by model.ie.json is missing or "
+                            "unreadable: %s",
+                            m->tok_path, strerror(errno));
     return IE_OK;
 }
 
@@ -451,7 +500,8 @@ static ie_status_t parse_tensor(ie_iebin_t *m, const cJSON *j, int64_t i)
     snprintf(where, sizeof where, "tensor '%s'", name);
     if ((st = j_str(j, "dtype", where, &s)) != IE_OK) return st;
     if ((e->t.dtype = dtype_parse(s)) == IE_DTYPE_INVALID)
-        return ie_error_set(IE_ERR_FORMAT, "iebin: tensor '%s': unknown dtype '%.32s' (known: " DTYPE_LIST ")", name, s);
+        return ie_error_set(IE_ERR_FORMAT, "iebin: tensor '%s': unknown dtype '%.32s' (known: " DTYPE_LIST ")",
+                            name, s);
     if ((st = j_str(j, "layout", where, &s)) != IE_OK) return st;
     if (!layout_parse(s, &e->t.layout))
         return ie_error_set(IE_ERR_FORMAT, "iebin: tensor '%s': unknown layout '%.32s' (known: rows, panel16, bsr)",
@@ -464,10 +514,12 @@ static ie_status_t parse_tensor(ie_iebin_t *m, const cJSON *j, int64_t i)
         return ie_error_set(IE_ERR_FORMAT, "iebin: tensor '%s': 'shape' must be an array of 1..4 dimensions", name);
     e->t.ne[0] = e->t.ne[1] = e->t.ne[2] = e->t.ne[3] = 1;
     v = 0;
-    cJSON_ArrayForEach(d, shape) {
+    cJSON_ArrayForEach(d, shape)
+    {
         double x = d->valuedouble;
         if (!cJSON_IsNumber(d) || !(x >= 1 && x <= (double)IB_DIM_MAX) || x != floor(x))
-            return ie_error_set(IE_ERR_FORMAT, "iebin: tensor '%s': shape entries must be integers in [1, 2^32]", name);
+            return ie_error_set(IE_ERR_FORMAT, "iebin: tensor '%s': shape entries must be integers in [1, 2^32]",
+                                name);
         e->t.ne[v++] = (int64_t)x;
     }
     if ((st = j_int(j, "offset", where, 0, IB_U53, &v)) != IE_OK) return st;
@@ -487,10 +539,11 @@ static ie_status_t parse_tensor(ie_iebin_t *m, const cJSON *j, int64_t i)
     if (e->t.layout != IE_LAYOUT_BSR && want != e->t.nbytes) {
         char shp[128];
         fmt_shape(shp, sizeof shp, e->t.n_dims, e->t.ne);
-        return ie_error_set(IE_ERR_FORMAT, "iebin: tensor '%s': size %llu does not match shape %s as %s %s "
-                            "(group %d): expected %llu bytes", name, (unsigned long long)e->t.nbytes, shp,
-                            ie_dtype_name(e->t.dtype), ie_layout_name(e->t.layout), e->t.group,
-                            (unsigned long long)want);
+        return ie_error_set(IE_ERR_FORMAT,
+                            "iebin: tensor '%s': size %llu does not match shape %s as %s %s "
+                            "(group %d): expected %llu bytes",
+                            name, (unsigned long long)e->t.nbytes, shp, ie_dtype_name(e->t.dtype),
+                            ie_layout_name(e->t.layout), e->t.group, (unsigned long long)want);
     }
     return IE_OK;
 }
@@ -519,11 +572,14 @@ static ie_status_t check_placement(const ie_iebin_t *m)
             return ie_error_set(IE_ERR_FORMAT, "iebin: tensor '%s': offset %llu is not a multiple of %llu", e->name,
                                 (unsigned long long)e->offset, (unsigned long long)align);
         if (e->offset > m->blob_len || e->t.nbytes > m->blob_len - e->offset)
-            return ie_error_set(IE_ERR_FORMAT, "iebin: tensor '%s': bytes [%llu, %llu) extend past the end of "
-                                "model.ie.bin (%zu bytes)", e->name, (unsigned long long)e->offset,
+            return ie_error_set(IE_ERR_FORMAT,
+                                "iebin: tensor '%s': bytes [%llu, %llu) extend past the end of "
+                                "model.ie.bin (%zu bytes)",
+                                e->name, (unsigned long long)e->offset,
                                 (unsigned long long)(e->offset + e->t.nbytes), m->blob_len);
     }
-    if (!(by = malloc((size_t)(m->n ? m->n : 1) * sizeof *by))) return ie_error_set(IE_ERR_NOMEM, "iebin: out of memory");
+    if (!(by = malloc((size_t)(m->n ? m->n : 1) * sizeof *by)))
+        return ie_error_set(IE_ERR_NOMEM, "iebin: out of memory");
     for (int64_t i = 0; i < m->n; i++) by[i] = &m->ent[i];
     qsort(by, (size_t)m->n, sizeof *by, cmp_name);
     for (int64_t i = 1; i < m->n; i++)
@@ -537,7 +593,8 @@ static ie_status_t check_placement(const ie_iebin_t *m)
             st = ie_error_set(IE_ERR_FORMAT, "iebin: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap",
                               by[i - 1]->name, (unsigned long long)by[i - 1]->offset,
                               (unsigned long long)(by[i - 1]->offset + by[i - 1]->t.nbytes), by[i]->name,
-                              (unsigned long long)by[i]->offset, (unsigned long long)(by[i]->offset + by[i]->t.nbytes));
+                              (unsigned long long)by[i]->offset,
+                              (unsigned long long)(by[i]->offset + by[i]->t.nbytes));
             goto cleanup;
         }
 
@@ -563,8 +620,10 @@ static ie_status_t check_content_hash(ie_iebin_t *m, const cJSON *root)
     }
     content_hash_str(&b, m->content_hash);
     if (strcasecmp(have, m->content_hash) != 0)
-        st = ie_error_set(IE_ERR_FORMAT, "iebin: content_hash '%.64s' does not match the tensor table (%s): "
-                          "model.ie.json was edited or corrupted", have, m->content_hash);
+        st = ie_error_set(IE_ERR_FORMAT,
+                          "iebin: content_hash '%.64s' does not match the tensor table (%s): "
+                          "model.ie.json was edited or corrupted",
+                          have, m->content_hash);
 
 cleanup:
     free(b.p);
@@ -605,8 +664,10 @@ static ie_status_t parse(ie_iebin_t *m, const char *json, size_t json_len, const
         goto cleanup;
     }
     if (j->valuedouble != IE_IEBIN_VERSION) {
-        st = ie_error_set(IE_ERR_FORMAT, "iebin: model.ie.json version %g is not supported (this build reads "
-                          "version %d; convert the model again or update clocher)", j->valuedouble, IE_IEBIN_VERSION);
+        st = ie_error_set(IE_ERR_FORMAT,
+                          "iebin: model.ie.json version %g is not supported (this build reads "
+                          "version %d; convert the model again or update clocher)",
+                          j->valuedouble, IE_IEBIN_VERSION);
         goto cleanup;
     }
     if ((st = parse_hparams(root, &m->hp)) != IE_OK) goto cleanup;
@@ -632,14 +693,17 @@ static ie_status_t parse(ie_iebin_t *m, const char *json, size_t json_len, const
         goto cleanup;
     }
     v = 0;
-    cJSON_ArrayForEach(j, tensors) {
+    cJSON_ArrayForEach(j, tensors)
+    {
         if ((st = parse_tensor(m, j, v)) != IE_OK) goto cleanup;
         v++;
     }
     if ((st = j_int(root, "blob_size", "model.ie.json", 0, IB_U53, &v)) != IE_OK) goto cleanup;
     if ((uint64_t)v != m->blob_len) {
-        st = ie_error_set(IE_ERR_FORMAT, "iebin: model.ie.bin is %zu bytes but model.ie.json says blob_size %lld "
-                          "(truncated or mismatched blob)", m->blob_len, (long long)v);
+        st = ie_error_set(IE_ERR_FORMAT,
+                          "iebin: model.ie.bin is %zu bytes but model.ie.json says blob_size %lld "
+                          "(truncated or mismatched blob)",
+                          m->blob_len, (long long)v);
         goto cleanup;
     }
     if ((st = check_placement(m)) != IE_OK) goto cleanup;
@@ -656,9 +720,10 @@ static ie_status_t parse(ie_iebin_t *m, const char *json, size_t json_len, const
             const ib_entry_t *e = &m->ent[i];
             XXH64_hash_t h = XXH3_64bits(e->t.data, (size_t)e->t.nbytes);
             if (h != e->xxh3) {
-                st = ie_error_set(IE_ERR_FORMAT, "iebin: tensor '%s': data hash %016llx does not match xxh3 %016llx "
-                                  "in model.ie.json (model.ie.bin corrupted?)", e->name, (unsigned long long)h,
-                                  (unsigned long long)e->xxh3);
+                st = ie_error_set(IE_ERR_FORMAT,
+                                  "iebin: tensor '%s': data hash %016llx does not match xxh3 %016llx "
+                                  "in model.ie.json (model.ie.bin corrupted?)",
+                                  e->name, (unsigned long long)h, (unsigned long long)e->xxh3);
                 goto cleanup;
             }
         }
@@ -837,13 +902,13 @@ struct ie_iebin_writer {
     char *dir;
     char *bin_tmp, *json_tmp;
     int fd;
-    int failed;                     /* a write failed: the blob is unusable */
+    int failed; /* a write failed: the blob is unusable */
     uint64_t pos;
     wr_entry_t *ent;
     size_t n, cap;
     char *tok_file;
     const char *tok_kind;
-    int n_files;                    /* tokenizer files written under .tmp */
+    int n_files; /* tokenizer files written under .tmp */
     char *tmp[WR_MAX_FILES], *fin[WR_MAX_FILES];
 };
 
@@ -933,8 +998,9 @@ ie_status_t ie_iebin_writer_add(ie_iebin_writer_t *w, const ie_tensor_t *t, cons
     if (!w || !t || !t->name) return ie_error_set(IE_ERR_INVAL, "iebin: writer_add: NULL writer, tensor or name");
     if (w->failed) return ie_error_set(IE_ERR_IO, "iebin: an earlier write to '%s' failed", w->bin_tmp);
     if (!name_ok(t->name))
-        return ie_error_set(IE_ERR_INVAL, "iebin: tensor name '%.64s' must be 1..%d bytes without control characters",
-                            t->name, IB_NAME_MAX);
+        return ie_error_set(IE_ERR_INVAL,
+                            "iebin: tensor name '%.64s' must be 1..%d bytes without control characters", t->name,
+                            IB_NAME_MAX);
     for (size_t i = 0; i < w->n; i++)
         if (strcmp(w->ent[i].name, t->name) == 0)
             return ie_error_set(IE_ERR_INVAL, "iebin: tensor '%s' added twice", t->name);
@@ -947,8 +1013,8 @@ ie_status_t ie_iebin_writer_add(ie_iebin_writer_t *w, const ie_tensor_t *t, cons
         if ((st = check_bsr(IE_ERR_INVAL, t->name, t->data, t->nbytes, ne)) != IE_OK) return st;
     } else if (want != t->nbytes) {
         return ie_error_set(IE_ERR_INVAL, "iebin: tensor '%s': %llu bytes given, its shape as %s %s needs %llu",
-                            t->name, (unsigned long long)t->nbytes, ie_dtype_name(t->dtype), ie_layout_name(t->layout),
-                            (unsigned long long)want);
+                            t->name, (unsigned long long)t->nbytes, ie_dtype_name(t->dtype),
+                            ie_layout_name(t->layout), (unsigned long long)want);
     }
     if (quant_json && (!(quant = cJSON_Parse(quant_json)) || !cJSON_IsObject(quant))) {
         st = ie_error_set(IE_ERR_INVAL, "iebin: tensor '%s': quant is not a JSON object", t->name);
@@ -1027,7 +1093,8 @@ static ie_status_t copy_file(ie_iebin_writer_t *w, const char *src, const char *
             goto cleanup;
         }
     }
-    if (fsync(outfd) != 0) st = ie_error_set(IE_ERR_IO, "iebin: cannot sync the tokenizer copy: %s", strerror(errno));
+    if (fsync(outfd) != 0)
+        st = ie_error_set(IE_ERR_IO, "iebin: cannot sync the tokenizer copy: %s", strerror(errno));
 
 cleanup:
     if (in >= 0) close(in);
@@ -1133,7 +1200,8 @@ ie_status_t ie_iebin_writer_set_tokenizer(ie_iebin_writer_t *w, const char *src_
         goto cleanup;
     }
     if ((st = copy_file(w, src, base)) != IE_OK) goto cleanup;
-    st = copy_companion(w, src, strcmp(w->tok_kind, "tiktoken") == 0 ? IE_TIKTOKEN_SPECIALS : "tokenizer_config.json");
+    st = copy_companion(w, src,
+                        strcmp(w->tok_kind, "tiktoken") == 0 ? IE_TIKTOKEN_SPECIALS : "tokenizer_config.json");
 
 cleanup:
     if (st != IE_OK) {
@@ -1177,9 +1245,12 @@ static cJSON *tensor_json(const wr_entry_t *e)
     char hex[24];
     int ok = o && shape;
     snprintf(hex, sizeof hex, "%016llx", (unsigned long long)e->xxh3);
-    for (int d = 0; d < e->n_dims && ok; d++) ok = cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)e->ne[d]));
-    ok = ok && cJSON_AddStringToObject(o, "name", e->name) && cJSON_AddStringToObject(o, "dtype", ie_dtype_name(e->dtype)) &&
-         cJSON_AddStringToObject(o, "layout", ie_layout_name(e->layout)) && cJSON_AddNumberToObject(o, "group", e->group);
+    for (int d = 0; d < e->n_dims && ok; d++)
+        ok = cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)e->ne[d]));
+    ok = ok && cJSON_AddStringToObject(o, "name", e->name) &&
+         cJSON_AddStringToObject(o, "dtype", ie_dtype_name(e->dtype)) &&
+         cJSON_AddStringToObject(o, "layout", ie_layout_name(e->layout)) &&
+         cJSON_AddNumberToObject(o, "group", e->group);
     if (ok && cJSON_AddItemToObject(o, "shape", shape)) shape = NULL;
     else ok = 0;
     ok = ok && cJSON_AddNumberToObject(o, "offset", (double)e->offset) &&
@@ -1212,7 +1283,8 @@ static ie_status_t build_json(const ie_iebin_writer_t *w, const ie_hparams_t *hp
     }
     if (!ok) goto nomem;
     content_hash_str(&b, hash);
-    ok = cJSON_AddStringToObject(root, "format", "iebin") && cJSON_AddNumberToObject(root, "version", IE_IEBIN_VERSION) &&
+    ok = cJSON_AddStringToObject(root, "format", "iebin") &&
+         cJSON_AddNumberToObject(root, "version", IE_IEBIN_VERSION) &&
          cJSON_AddStringToObject(root, "arch", hp->arch_id == IE_ARCH_GPTOSS ? "gpt-oss" : "llama");
     if (!ok || !(item = hparams_json(hp)) || !cJSON_AddItemToObject(root, "hparams", item)) goto nomem;
     if (!(tok = cJSON_AddObjectToObject(root, "tokenizer")) || !cJSON_AddStringToObject(tok, "file", w->tok_file) ||

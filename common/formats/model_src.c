@@ -50,11 +50,11 @@ struct ie_model_src {
     int n_shards;
     src_tensor_t *tensors; /* sorted by name */
     int64_t n_tensors;
-    int64_t n_sorted;      /* leading entries sorted by name (searchable) */
-    int64_t cap_tensors;   /* entries allocated (zeroed beyond n_tensors) */
+    int64_t n_sorted;    /* leading entries sorted by name (searchable) */
+    int64_t cap_tensors; /* entries allocated (zeroed beyond n_tensors) */
     char *tokenizer_path;
-    ie_iebin_t *iebin;     /* IEBIN: owns the blob mapping tensors point into */
-    int mem_finished;      /* in-memory source: mem_finish succeeded      */
+    ie_iebin_t *iebin; /* IEBIN: owns the blob mapping tensors point into */
+    int mem_finished;  /* in-memory source: mem_finish succeeded      */
 };
 
 /* Field names as each format spells them, for error messages. */
@@ -77,14 +77,10 @@ static const name_pair_t k_global_names[] = {
 };
 
 static const name_pair_t k_layer_names[] = {
-    {"input_layernorm.weight", "attn_norm.weight", 0},
-    {"self_attn.q_proj.weight", "attn_q.weight", 0},
-    {"self_attn.k_proj.weight", "attn_k.weight", 0},
-    {"self_attn.v_proj.weight", "attn_v.weight", 0},
-    {"self_attn.o_proj.weight", "attn_output.weight", 0},
-    {"post_attention_layernorm.weight", "ffn_norm.weight", 0},
-    {"mlp.gate_proj.weight", "ffn_gate.weight", 0},
-    {"mlp.up_proj.weight", "ffn_up.weight", 0},
+    {"input_layernorm.weight", "attn_norm.weight", 0},    {"self_attn.q_proj.weight", "attn_q.weight", 0},
+    {"self_attn.k_proj.weight", "attn_k.weight", 0},      {"self_attn.v_proj.weight", "attn_v.weight", 0},
+    {"self_attn.o_proj.weight", "attn_output.weight", 0}, {"post_attention_layernorm.weight", "ffn_norm.weight", 0},
+    {"mlp.gate_proj.weight", "ffn_gate.weight", 0},       {"mlp.up_proj.weight", "ffn_up.weight", 0},
     {"mlp.down_proj.weight", "ffn_down.weight", 0},
 };
 
@@ -165,7 +161,8 @@ static ie_status_t sort_tensors(ie_model_src_t *s)
     s->n_sorted = s->n_tensors;
     for (int64_t i = 1; i < s->n_tensors; i++)
         if (strcmp(s->tensors[i - 1].t.name, s->tensors[i].t.name) == 0)
-            return ie_error_set(IE_ERR_FORMAT, "model: tensor '%.96s' appears more than once", s->tensors[i].t.name);
+            return ie_error_set(IE_ERR_FORMAT, "model: tensor '%.96s' appears more than once",
+                                s->tensors[i].t.name);
     return IE_OK;
 }
 
@@ -197,7 +194,8 @@ static ie_status_t need_ne(const ie_model_src_t *s, const char *name, int n_dims
     int ok;
 
     if (!st)
-        return ie_error_set(IE_ERR_FORMAT, "model: missing tensor '%s'%s", name, hf_hint(s, name, hint, sizeof hint));
+        return ie_error_set(IE_ERR_FORMAT, "model: missing tensor '%s'%s", name,
+                            hf_hint(s, name, hint, sizeof hint));
     ok = st->t.n_dims == n_dims;
     for (int d = 0; d < n_dims && ok; d++) ok = st->t.ne[d] == want[d];
     if (!ok) {
@@ -235,18 +233,21 @@ static ie_status_t validate_gptoss(const ie_model_src_t *s, const hp_labels_t *l
                             lb->n_expert, hp->n_expert);
     for (int l = 0; l < hp->n_layer; l++) any_swa |= hp->layer_swa[l];
     if (any_swa && hp->sliding_window < 1)
-        return ie_error_set(IE_ERR_FORMAT, "model: %s (%d) must be at least 1: some layers use sliding-window attention",
+        return ie_error_set(IE_ERR_FORMAT,
+                            "model: %s (%d) must be at least 1: some layers use sliding-window attention",
                             lb->sliding_window, hp->sliding_window);
     if (hp->rope_dim != hp->head_dim)
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: %s (%d) differs from %s (%d): partial rotary is not supported",
-                            lb->rope_dim, hp->rope_dim, lb->head_dim, hp->head_dim);
+        return ie_error_set(IE_ERR_UNSUPPORTED,
+                            "model: %s (%d) differs from %s (%d): partial rotary is not supported", lb->rope_dim,
+                            hp->rope_dim, lb->head_dim, hp->head_dim);
     if (!isfinite(hp->swiglu_limit) || hp->swiglu_limit <= 0.0f)
         return ie_error_set(IE_ERR_FORMAT, "model: swiglu_limit %g must be positive", (double)hp->swiglu_limit);
     if (!isfinite(hp->swiglu_alpha) || hp->swiglu_alpha <= 0.0f)
         return ie_error_set(IE_ERR_FORMAT, "model: swiglu_alpha %g must be positive", (double)hp->swiglu_alpha);
     if (hp->rope_yarn_factor != 0.0f) {
         if (!isfinite(hp->rope_yarn_factor) || hp->rope_yarn_factor < 1.0f)
-            return ie_error_set(IE_ERR_FORMAT, "model: YaRN factor %g must be at least 1", (double)hp->rope_yarn_factor);
+            return ie_error_set(IE_ERR_FORMAT, "model: YaRN factor %g must be at least 1",
+                                (double)hp->rope_yarn_factor);
         if (hp->rope_yarn_orig_ctx < 1)
             return ie_error_set(IE_ERR_FORMAT, "model: YaRN original context length %d must be positive",
                                 hp->rope_yarn_orig_ctx);
@@ -256,7 +257,8 @@ static ie_status_t validate_gptoss(const ie_model_src_t *s, const hp_labels_t *l
                                 (double)hp->rope_yarn_beta_fast, (double)hp->rope_yarn_beta_slow);
     }
     if (!isfinite(hp->rope_attn_factor) || hp->rope_attn_factor <= 0.0f)
-        return ie_error_set(IE_ERR_FORMAT, "model: RoPE attention factor %g must be positive", (double)hp->rope_attn_factor);
+        return ie_error_set(IE_ERR_FORMAT, "model: RoPE attention factor %g must be positive",
+                            (double)hp->rope_attn_factor);
 
     {
         const int64_t emb[2] = {H, V}, norm[1] = {H};
@@ -265,17 +267,29 @@ static ie_status_t validate_gptoss(const ie_model_src_t *s, const hp_labels_t *l
         if ((st = need_ne(s, "output.weight", 2, emb)) != IE_OK) return st;
     }
     for (int l = 0; l < hp->n_layer; l++) {
-        const struct { const char *suffix; int n_dims; int64_t ne[3]; } req[] = {
+        const struct {
+            const char *suffix;
+            int n_dims;
+            int64_t ne[3];
+        } req[] = {
             {"attn_norm.weight", 1, {H}},
-            {"attn_q.weight", 2, {H, q_dim}},         {"attn_q.bias", 1, {q_dim}},
-            {"attn_k.weight", 2, {H, kv_dim}},        {"attn_k.bias", 1, {kv_dim}},
-            {"attn_v.weight", 2, {H, kv_dim}},        {"attn_v.bias", 1, {kv_dim}},
-            {"attn_output.weight", 2, {q_dim, H}},    {"attn_output.bias", 1, {H}},
-            {"attn_sinks.weight", 1, {hp->n_head}},   {"post_attention_norm.weight", 1, {H}},
-            {"ffn_gate_inp.weight", 2, {H, E}},       {"ffn_gate_inp.bias", 1, {E}},
-            {"ffn_gate_exps.weight", 3, {H, I, E}},   {"ffn_up_exps.weight", 3, {H, I, E}},
+            {"attn_q.weight", 2, {H, q_dim}},
+            {"attn_q.bias", 1, {q_dim}},
+            {"attn_k.weight", 2, {H, kv_dim}},
+            {"attn_k.bias", 1, {kv_dim}},
+            {"attn_v.weight", 2, {H, kv_dim}},
+            {"attn_v.bias", 1, {kv_dim}},
+            {"attn_output.weight", 2, {q_dim, H}},
+            {"attn_output.bias", 1, {H}},
+            {"attn_sinks.weight", 1, {hp->n_head}},
+            {"post_attention_norm.weight", 1, {H}},
+            {"ffn_gate_inp.weight", 2, {H, E}},
+            {"ffn_gate_inp.bias", 1, {E}},
+            {"ffn_gate_exps.weight", 3, {H, I, E}},
+            {"ffn_up_exps.weight", 3, {H, I, E}},
             {"ffn_down_exps.weight", 3, {I, H, E}},
-            {"ffn_gate_exps.bias", 2, {I, E}},        {"ffn_up_exps.bias", 2, {I, E}},
+            {"ffn_gate_exps.bias", 2, {I, E}},
+            {"ffn_up_exps.bias", 2, {I, E}},
             {"ffn_down_exps.bias", 2, {H, E}},
         };
         for (size_t i = 0; i < COUNT(req); i++) {
@@ -294,8 +308,8 @@ static ie_status_t validate(const ie_model_src_t *s, const hp_labels_t *lb)
     char name[64];
 
     if (hp->n_layer > IE_MAX_LAYERS)
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: %s (%d) exceeds the supported maximum of %d layers", lb->n_layer,
-                            hp->n_layer, IE_MAX_LAYERS);
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: %s (%d) exceeds the supported maximum of %d layers",
+                            lb->n_layer, hp->n_layer, IE_MAX_LAYERS);
     if (hp->n_head % hp->n_head_kv != 0)
         return ie_error_set(IE_ERR_FORMAT, "model: %s (%d) is not a multiple of %s (%d)", lb->n_head, hp->n_head,
                             lb->n_head_kv, hp->n_head_kv);
@@ -303,7 +317,8 @@ static ie_status_t validate(const ie_model_src_t *s, const hp_labels_t *lb)
         return ie_error_set(IE_ERR_FORMAT, "model: %s (%d) must be even and at most %s (%d)", lb->rope_dim,
                             hp->rope_dim, lb->head_dim, hp->head_dim);
     if (hp->n_vocab < 1 || hp->n_vocab > HP_MAX)
-        return ie_error_set(IE_ERR_FORMAT, "model: vocabulary size %d is out of range [1, %d]", hp->n_vocab, HP_MAX);
+        return ie_error_set(IE_ERR_FORMAT, "model: vocabulary size %d is out of range [1, %d]", hp->n_vocab,
+                            HP_MAX);
     if (!isfinite(hp->rope_theta) || hp->rope_theta <= 0.0f)
         return ie_error_set(IE_ERR_FORMAT, "model: rope theta %g must be positive", (double)hp->rope_theta);
     if (!isfinite(hp->rms_eps) || hp->rms_eps <= 0.0f || hp->rms_eps >= 1.0f)
@@ -314,9 +329,13 @@ static ie_status_t validate(const ie_model_src_t *s, const hp_labels_t *lb)
     if ((st = need(s, "output_norm.weight", 1, hp->n_embd, 0)) != IE_OK) return st;
     if (!hp->tied_embeddings && (st = need(s, "output.weight", 2, hp->n_embd, hp->n_vocab)) != IE_OK) return st;
     for (int l = 0; l < hp->n_layer; l++) {
-        const struct { const char *suffix; int n_dims; int64_t ne0, ne1; } req[] = {
-            {"attn_norm.weight", 1, hp->n_embd, 0},   {"attn_q.weight", 2, hp->n_embd, q_dim},
-            {"attn_k.weight", 2, hp->n_embd, kv_dim}, {"attn_v.weight", 2, hp->n_embd, kv_dim},
+        const struct {
+            const char *suffix;
+            int n_dims;
+            int64_t ne0, ne1;
+        } req[] = {
+            {"attn_norm.weight", 1, hp->n_embd, 0},       {"attn_q.weight", 2, hp->n_embd, q_dim},
+            {"attn_k.weight", 2, hp->n_embd, kv_dim},     {"attn_v.weight", 2, hp->n_embd, kv_dim},
             {"attn_output.weight", 2, q_dim, hp->n_embd}, {"ffn_norm.weight", 1, hp->n_embd, 0},
             {"ffn_gate.weight", 2, hp->n_embd, hp->n_ff}, {"ffn_up.weight", 2, hp->n_embd, hp->n_ff},
             {"ffn_down.weight", 2, hp->n_ff, hp->n_embd},
@@ -440,8 +459,9 @@ static ie_status_t gguf_hparams_common(const ie_gguf_t *g, const char *a, const 
         return st;
     if ((st = gguf_arch_int(g, a, "attention.value_length", 0, hp->head_dim, &v_len)) != IE_OK) return st;
     if (v_len != hp->head_dim)
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: %s.attention.value_length (%d) differs from the key length (%d)",
-                            a, v_len, hp->head_dim);
+        return ie_error_set(IE_ERR_UNSUPPORTED,
+                            "model: %s.attention.value_length (%d) differs from the key length (%d)", a, v_len,
+                            hp->head_dim);
     if ((st = gguf_arch_int(g, a, "rope.dimension_count", 0, hp->head_dim, &hp->rope_dim)) != IE_OK) return st;
     if ((st = gguf_arch_float(g, a, "rope.freq_base", 0, rope_base, &hp->rope_theta)) != IE_OK) return st;
     return gguf_arch_float(g, a, "attention.layer_norm_rms_epsilon", 1, 0.0f, &hp->rms_eps);
@@ -456,11 +476,13 @@ static ie_status_t gguf_hparams_llama(const ie_gguf_t *g, ie_hparams_t *hp)
 
     if ((st = gguf_hparams_common(g, "llama", "feed_forward_length", 10000.0f, hp)) != IE_OK) return st;
     /* Llama 3.1-style frequency scaling: we would silently compute wrong rotations */
-    if (ie_gguf_get_str(g, "llama.rope.scaling.type", &str) == IE_OK && !(str.len == 4 && !memcmp(str.ptr, "none", 4)))
+    if (ie_gguf_get_str(g, "llama.rope.scaling.type", &str) == IE_OK &&
+        !(str.len == 4 && !memcmp(str.ptr, "none", 4)))
         return ie_error_set(IE_ERR_UNSUPPORTED, "model: llama.rope.scaling.type '%.*s' is not supported",
                             (int)(str.len < 64 ? str.len : 64), str.ptr);
     if (ie_gguf_find_tensor(g, "rope_freqs.weight"))
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: tensor 'rope_freqs.weight' (RoPE frequency scaling) is not supported");
+        return ie_error_set(IE_ERR_UNSUPPORTED,
+                            "model: tensor 'rope_freqs.weight' (RoPE frequency scaling) is not supported");
     if ((st = gguf_vocab(g, "llama.vocab_size", &hp->n_vocab)) != IE_OK) return st;
     hp->rope_layout = IE_ROPE_NORMAL;
     hp->tied_embeddings = ie_gguf_find_tensor(g, "output.weight") == NULL;
@@ -478,8 +500,8 @@ static ie_status_t gguf_hparams_gptoss(const ie_gguf_t *g, ie_hparams_t *hp)
     ie_status_t st;
     ie_gguf_str_t str;
 
-    const char *ff_key =
-        gguf_arch_has(g, "gpt-oss", "expert_feed_forward_length") ? "expert_feed_forward_length" : "feed_forward_length";
+    const char *ff_key = gguf_arch_has(g, "gpt-oss", "expert_feed_forward_length") ? "expert_feed_forward_length"
+                                                                                   : "feed_forward_length";
     if ((st = gguf_hparams_common(g, "gpt-oss", ff_key, 150000.0f, hp)) != IE_OK) return st;
     if ((st = gguf_int(g, "gpt-oss.expert_count", 1, 0, &hp->n_expert)) != IE_OK) return st;
     if ((st = gguf_int(g, "gpt-oss.expert_used_count", 1, 0, &hp->n_expert_used)) != IE_OK) return st;
@@ -491,13 +513,16 @@ static ie_status_t gguf_hparams_gptoss(const ie_gguf_t *g, ie_hparams_t *hp)
     if (ie_gguf_find_key(g, "gpt-oss.rope.scaling.type") >= 0) {
         if ((st = ie_gguf_get_str(g, "gpt-oss.rope.scaling.type", &str)) != IE_OK) return st;
         if (str.len == 4 && memcmp(str.ptr, "yarn", 4) == 0) {
-            if ((st = gguf_float(g, "gpt-oss.rope.scaling.factor", 1, 0.0f, &hp->rope_yarn_factor)) != IE_OK) return st;
+            if ((st = gguf_float(g, "gpt-oss.rope.scaling.factor", 1, 0.0f, &hp->rope_yarn_factor)) != IE_OK)
+                return st;
             if ((st = gguf_int(g, "gpt-oss.rope.scaling.original_context_length", 1, 0, &hp->rope_yarn_orig_ctx)) !=
                 IE_OK)
                 return st;
-            if ((st = gguf_float(g, "gpt-oss.rope.scaling.yarn_beta_fast", 0, 32.0f, &hp->rope_yarn_beta_fast)) != IE_OK)
+            if ((st = gguf_float(g, "gpt-oss.rope.scaling.yarn_beta_fast", 0, 32.0f, &hp->rope_yarn_beta_fast)) !=
+                IE_OK)
                 return st;
-            if ((st = gguf_float(g, "gpt-oss.rope.scaling.yarn_beta_slow", 0, 1.0f, &hp->rope_yarn_beta_slow)) != IE_OK)
+            if ((st = gguf_float(g, "gpt-oss.rope.scaling.yarn_beta_slow", 0, 1.0f, &hp->rope_yarn_beta_slow)) !=
+                IE_OK)
                 return st;
             if ((st = gguf_float(g, "gpt-oss.rope.scaling.attn_factor", 0, yarn_mscale(hp->rope_yarn_factor),
                                  &hp->rope_attn_factor)) != IE_OK)
@@ -520,9 +545,10 @@ static ie_status_t gguf_hparams_gptoss(const ie_gguf_t *g, ie_hparams_t *hp)
         static const char fused[] = "ffn_gate_up_exps";
         for (uint64_t k = 0; t->name.len >= sizeof fused - 1 && k <= t->name.len - (sizeof fused - 1); k++)
             if (memcmp(t->name.ptr + k, fused, sizeof fused - 1) == 0)
-                return ie_error_set(IE_ERR_UNSUPPORTED,
-                                    "model: tensor '%.*s' (fused gate/up experts, --fuse-gate-up-exps) is not supported",
-                                    (int)(t->name.len < 96 ? t->name.len : 96), t->name.ptr);
+                return ie_error_set(
+                    IE_ERR_UNSUPPORTED,
+                    "model: tensor '%.*s' (fused gate/up experts, --fuse-gate-up-exps) is not supported",
+                    (int)(t->name.len < 96 ? t->name.len : 96), t->name.ptr);
     }
     return IE_OK;
 }
@@ -547,7 +573,8 @@ static ie_status_t gguf_hparams(ie_model_src_t *s, const char *path)
         hp->arch_id = IE_ARCH_LLAMA;
         snprintf(hp->arch, sizeof hp->arch, "llama");
     } else {
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: architecture '%.*s' is not supported (only 'llama', 'gpt-oss')",
+        return ie_error_set(IE_ERR_UNSUPPORTED,
+                            "model: architecture '%.*s' is not supported (only 'llama', 'gpt-oss')",
                             (int)(str.len < 64 ? str.len : 64), str.ptr);
     }
     if (ie_gguf_get_str(g, "general.name", &str) == IE_OK) {
@@ -573,8 +600,8 @@ static ie_status_t gguf_tensors(ie_model_src_t *s)
         memcpy(t->name, gt->name.ptr, gt->name.len);
         t->name[gt->name.len] = '\0';
         s->n_tensors = i + 1;
-        t->t = (ie_tensor_t){t->name, gt->dtype, (int)gt->n_dims, {gt->ne[0], gt->ne[1], gt->ne[2], gt->ne[3]},
-                             gt->data, gt->nbytes, IE_LAYOUT_ROWS, 0};
+        t->t = (ie_tensor_t){t->name,  gt->dtype,  (int)gt->n_dims, {gt->ne[0], gt->ne[1], gt->ne[2], gt->ne[3]},
+                             gt->data, gt->nbytes, IE_LAYOUT_ROWS,  0};
         t->type_name = ie_gguf_ggml_type_name(gt->ggml_type);
     }
     /* a name with an embedded NUL may now collide with another: reject it */
@@ -583,13 +610,18 @@ static ie_status_t gguf_tensors(ie_model_src_t *s)
 
 static ie_status_t open_gguf(ie_model_src_t *s, const char *path)
 {
-    static const hp_labels_t labels = {"llama.block_count", "llama.attention.head_count",
-                                       "llama.attention.head_count_kv", "llama.attention.key_length",
-                                       "llama.rope.dimension_count", NULL, NULL, NULL};
+    static const hp_labels_t labels = {"llama.block_count",
+                                       "llama.attention.head_count",
+                                       "llama.attention.head_count_kv",
+                                       "llama.attention.key_length",
+                                       "llama.rope.dimension_count",
+                                       NULL,
+                                       NULL,
+                                       NULL};
     static const hp_labels_t labels_gptoss = {
-        "gpt-oss.block_count",        "gpt-oss.attention.head_count", "gpt-oss.attention.head_count_kv",
-        "gpt-oss.attention.key_length", "gpt-oss.rope.dimension_count", "gpt-oss.expert_count",
-        "gpt-oss.expert_used_count",  "gpt-oss.attention.sliding_window"};
+        "gpt-oss.block_count",          "gpt-oss.attention.head_count",    "gpt-oss.attention.head_count_kv",
+        "gpt-oss.attention.key_length", "gpt-oss.rope.dimension_count",    "gpt-oss.expert_count",
+        "gpt-oss.expert_used_count",    "gpt-oss.attention.sliding_window"};
     ie_status_t st;
     char why[512];
 
@@ -666,7 +698,8 @@ static ie_status_t cfg_float(const cJSON *cfg, const char *field, float def, flo
     const cJSON *j = obj_get(cfg, field);
     *out = def;
     if (!j || cJSON_IsNull(j)) return IE_OK;
-    if (!cJSON_IsNumber(j)) return ie_error_set(IE_ERR_FORMAT, "model: config.json field '%s' must be a number", field);
+    if (!cJSON_IsNumber(j))
+        return ie_error_set(IE_ERR_FORMAT, "model: config.json field '%s' must be a number", field);
     *out = (float)j->valuedouble;
     return IE_OK;
 }
@@ -677,7 +710,8 @@ static ie_status_t cfg_bool(const cJSON *cfg, const char *field, int *out)
     const cJSON *j = obj_get(cfg, field);
     *out = 0;
     if (!j || cJSON_IsNull(j)) return IE_OK;
-    if (!cJSON_IsBool(j)) return ie_error_set(IE_ERR_FORMAT, "model: config.json field '%s' must be true or false", field);
+    if (!cJSON_IsBool(j))
+        return ie_error_set(IE_ERR_FORMAT, "model: config.json field '%s' must be true or false", field);
     *out = cJSON_IsTrue(j);
     return IE_OK;
 }
@@ -687,18 +721,20 @@ static ie_status_t hf_check_arch(const cJSON *cfg, ie_arch_t *arch)
     const cJSON *archs = obj_get(cfg, "architectures");
     const cJSON *mt = obj_get(cfg, "model_type");
     const cJSON *a;
-    if (cJSON_IsArray(archs))
-        cJSON_ArrayForEach(a, archs) {
-            if (cJSON_IsString(a) && strcmp(a->valuestring, "LlamaForCausalLM") == 0) return *arch = IE_ARCH_LLAMA, IE_OK;
+    if (cJSON_IsArray(archs)) cJSON_ArrayForEach(a, archs)
+        {
+            if (cJSON_IsString(a) && strcmp(a->valuestring, "LlamaForCausalLM") == 0)
+                return *arch = IE_ARCH_LLAMA, IE_OK;
             if (cJSON_IsString(a) && strcmp(a->valuestring, "GptOssForCausalLM") == 0)
                 return *arch = IE_ARCH_GPTOSS, IE_OK;
         }
     if (cJSON_IsString(mt) && strcmp(mt->valuestring, "llama") == 0) return *arch = IE_ARCH_LLAMA, IE_OK;
     if (cJSON_IsString(mt) && strcmp(mt->valuestring, "gpt_oss") == 0) return *arch = IE_ARCH_GPTOSS, IE_OK;
     a = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
-    return ie_error_set(IE_ERR_UNSUPPORTED,
-                        "model: config.json architecture '%.64s' (model_type '%.32s') is not supported (only llama, gpt_oss)",
-                        cJSON_IsString(a) ? a->valuestring : "?", cJSON_IsString(mt) ? mt->valuestring : "?");
+    return ie_error_set(
+        IE_ERR_UNSUPPORTED,
+        "model: config.json architecture '%.64s' (model_type '%.32s') is not supported (only llama, gpt_oss)",
+        cJSON_IsString(a) ? a->valuestring : "?", cJSON_IsString(mt) ? mt->valuestring : "?");
 }
 
 /* rope_scaling (transformers 4) and rope_parameters (transformers 5, which
@@ -709,7 +745,8 @@ static ie_status_t hf_check_rope(const cJSON *cfg, const char *field, const char
     const cJSON *j = obj_get(cfg, field), *t, *prf;
     const char *type;
     if (!j || cJSON_IsNull(j)) return IE_OK;
-    if (!cJSON_IsObject(j)) return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json %s type 'unknown' is not supported", field);
+    if (!cJSON_IsObject(j))
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json %s type 'unknown' is not supported", field);
     t = obj_get(j, "rope_type");
     if (!cJSON_IsString(t)) t = obj_get(j, "type");
     type = cJSON_IsString(t) ? t->valuestring : untyped;
@@ -717,8 +754,8 @@ static ie_status_t hf_check_rope(const cJSON *cfg, const char *field, const char
         return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json %s type '%.32s' is not supported", field, type);
     prf = obj_get(j, "partial_rotary_factor");
     if (cJSON_IsNumber(prf) && prf->valuedouble != 1.0)
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json %s partial_rotary_factor %g is not supported", field,
-                            prf->valuedouble);
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json %s partial_rotary_factor %g is not supported",
+                            field, prf->valuedouble);
     return IE_OK;
 }
 
@@ -764,31 +801,35 @@ static ie_status_t hf_rope_gptoss(ie_hparams_t *hp, const cJSON *cfg)
         hp->rope_attn_factor = yarn_mscale(32.0f);
         return IE_OK;
     }
-    if (!cJSON_IsObject(ro)) return ie_error_set(IE_ERR_FORMAT, "model: config.json field '%s' must be an object", field);
+    if (!cJSON_IsObject(ro))
+        return ie_error_set(IE_ERR_FORMAT, "model: config.json field '%s' must be an object", field);
     if ((st = rope_num(ro, field, "rope_theta", 0, theta, &theta)) != IE_OK) return st;
     hp->rope_theta = (float)theta;
     if ((st = rope_num(ro, field, "partial_rotary_factor", 0, 1.0, &prf)) != IE_OK) return st;
     if (prf != 1.0)
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json %s.partial_rotary_factor %g is not supported", field,
-                            prf);
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json %s.partial_rotary_factor %g is not supported",
+                            field, prf);
     t = obj_get(ro, "rope_type");
     if (!cJSON_IsString(t)) t = obj_get(ro, "type");
     type = cJSON_IsString(t) ? t->valuestring : "default";
     if (strcmp(type, "default") == 0) return IE_OK;
     if (strcmp(type, "yarn") != 0)
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json %s type '%.32s' is not supported (default, yarn)",
-                            field, type);
-    if ((st = rope_num(ro, field, "original_max_position_embeddings", 0, hp->n_ctx_train, &orig)) != IE_OK) return st;
+        return ie_error_set(IE_ERR_UNSUPPORTED,
+                            "model: config.json %s type '%.32s' is not supported (default, yarn)", field, type);
+    if ((st = rope_num(ro, field, "original_max_position_embeddings", 0, hp->n_ctx_train, &orig)) != IE_OK)
+        return st;
     if (!(orig >= 1.0 && orig <= HP_MAX) || orig != floor(orig))
-        return ie_error_set(IE_ERR_FORMAT, "model: config.json %s.original_max_position_embeddings %g is out of range",
-                            field, orig);
+        return ie_error_set(IE_ERR_FORMAT,
+                            "model: config.json %s.original_max_position_embeddings %g is out of range", field,
+                            orig);
     if ((st = rope_num(ro, field, "factor", 0, hp->n_ctx_train / orig, &factor)) != IE_OK) return st;
     if ((st = rope_num(ro, field, "beta_fast", 1, 32.0, &bf)) != IE_OK) return st;
     if ((st = rope_num(ro, field, "beta_slow", 1, 1.0, &bs)) != IE_OK) return st;
     if ((st = rope_num(ro, field, "mscale", 1, 0.0, &ms)) != IE_OK) return st;
     if ((st = rope_num(ro, field, "mscale_all_dim", 1, 0.0, &msa)) != IE_OK) return st;
     af = factor <= 1.0 ? 1.0 : 0.1 * log(factor) + 1.0;
-    if (ms != 0.0 && msa != 0.0 && factor > 1.0) af = (0.1 * ms * log(factor) + 1.0) / (0.1 * msa * log(factor) + 1.0);
+    if (ms != 0.0 && msa != 0.0 && factor > 1.0)
+        af = (0.1 * ms * log(factor) + 1.0) / (0.1 * msa * log(factor) + 1.0);
     if ((st = rope_num(ro, field, "attention_factor", 0, af, &af)) != IE_OK) return st;
     t = obj_get(ro, "truncate");
     if (t && !cJSON_IsNull(t) && !cJSON_IsBool(t))
@@ -817,9 +858,10 @@ static ie_status_t hf_dims(const cJSON *cfg, int default_ctx, ie_hparams_t *hp)
     if ((st = cfg_int(cfg, "max_position_embeddings", 0, default_ctx, &hp->n_ctx_train)) != IE_OK) return st;
     j = obj_get(cfg, "head_dim");
     if ((!j || cJSON_IsNull(j)) && hp->n_embd % hp->n_head != 0)
-        return ie_error_set(IE_ERR_FORMAT,
-                            "model: hidden_size (%d) is not a multiple of num_attention_heads (%d) and head_dim is absent",
-                            hp->n_embd, hp->n_head);
+        return ie_error_set(
+            IE_ERR_FORMAT,
+            "model: hidden_size (%d) is not a multiple of num_attention_heads (%d) and head_dim is absent",
+            hp->n_embd, hp->n_head);
     if ((st = cfg_int(cfg, "head_dim", 0, hp->n_embd / hp->n_head, &hp->head_dim)) != IE_OK) return st;
     hp->rope_dim = hp->head_dim;
     return IE_OK;
@@ -836,47 +878,54 @@ static ie_status_t hf_hparams_gptoss(ie_model_src_t *s, const cJSON *cfg)
     if ((st = hf_dims(cfg, 131072, hp)) != IE_OK) return st;
     if (obj_get(cfg, "num_local_experts") || !obj_get(cfg, "num_experts"))
         st = cfg_int(cfg, "num_local_experts", 1, 0, &hp->n_expert);
-    else
-        st = cfg_int(cfg, "num_experts", 1, 0, &hp->n_expert);
+    else st = cfg_int(cfg, "num_experts", 1, 0, &hp->n_expert);
     if (st != IE_OK) return st;
     if ((st = cfg_int(cfg, "num_experts_per_tok", 0, 4, &hp->n_expert_used)) != IE_OK) return st;
     j = obj_get(cfg, "sliding_window");
     if (cJSON_IsNull(j)) hp->sliding_window = 0; /* explicit null: no window */
     else if ((st = cfg_int(cfg, "sliding_window", 0, 128, &hp->sliding_window)) != IE_OK) return st;
     if (hp->n_layer > IE_MAX_LAYERS)
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: num_hidden_layers (%d) exceeds the supported maximum of %d layers",
-                            hp->n_layer, IE_MAX_LAYERS);
+        return ie_error_set(IE_ERR_UNSUPPORTED,
+                            "model: num_hidden_layers (%d) exceeds the supported maximum of %d layers", hp->n_layer,
+                            IE_MAX_LAYERS);
     j = obj_get(cfg, "layer_types");
     if (!j || cJSON_IsNull(j)) {
         for (int l = 0; l < hp->n_layer; l++) hp->layer_swa[l] = (uint8_t)((l + 1) % 2);
     } else {
         if (!cJSON_IsArray(j) || cJSON_GetArraySize(j) != hp->n_layer)
-            return ie_error_set(IE_ERR_FORMAT, "model: config.json field 'layer_types' must be an array of %d strings",
+            return ie_error_set(IE_ERR_FORMAT,
+                                "model: config.json field 'layer_types' must be an array of %d strings",
                                 hp->n_layer);
         for (int l = 0; l < hp->n_layer; l++) {
             const cJSON *e = cJSON_GetArrayItem(j, l);
             if (cJSON_IsString(e) && strcmp(e->valuestring, "sliding_attention") == 0) hp->layer_swa[l] = 1;
             else if (cJSON_IsString(e) && strcmp(e->valuestring, "full_attention") == 0) hp->layer_swa[l] = 0;
             else
-                return ie_error_set(IE_ERR_FORMAT,
-                                    "model: config.json layer_types[%d] must be \"sliding_attention\" or \"full_attention\"", l);
+                return ie_error_set(
+                    IE_ERR_FORMAT,
+                    "model: config.json layer_types[%d] must be \"sliding_attention\" or \"full_attention\"", l);
         }
     }
     if ((st = cfg_float(cfg, "rms_norm_eps", 1e-5f, &hp->rms_eps)) != IE_OK) return st;
     if ((st = cfg_float(cfg, "swiglu_limit", 7.0f, &hp->swiglu_limit)) != IE_OK) return st;
     if ((st = cfg_float(cfg, "swiglu_alpha", 1.702f, &hp->swiglu_alpha)) != IE_OK) return st;
     if ((st = cfg_bool(cfg, "tie_word_embeddings", &flag)) != IE_OK) return st;
-    if (flag) return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json tie_word_embeddings = true is not supported for gpt_oss");
+    if (flag)
+        return ie_error_set(IE_ERR_UNSUPPORTED,
+                            "model: config.json tie_word_embeddings = true is not supported for gpt_oss");
     j = obj_get(cfg, "attention_bias");
     if (j && !cJSON_IsNull(j) && (st = cfg_bool(cfg, "attention_bias", &flag)) != IE_OK) return st;
     if (j && cJSON_IsFalse(j))
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json attention_bias = false is not supported for gpt_oss");
+        return ie_error_set(IE_ERR_UNSUPPORTED,
+                            "model: config.json attention_bias = false is not supported for gpt_oss");
     q = obj_get(cfg, "quantization_config");
     if (q && !cJSON_IsNull(q)) {
         j = obj_get(q, "quant_method");
         if (!cJSON_IsString(j) || strcmp(j->valuestring, "mxfp4") != 0)
-            return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json quantization_config.quant_method '%.32s' is not "
-                                "supported (only mxfp4)", cJSON_IsString(j) ? j->valuestring : "?");
+            return ie_error_set(IE_ERR_UNSUPPORTED,
+                                "model: config.json quantization_config.quant_method '%.32s' is not "
+                                "supported (only mxfp4)",
+                                cJSON_IsString(j) ? j->valuestring : "?");
     }
     if ((st = hf_rope_gptoss(hp, cfg)) != IE_OK) return st;
     hp->rope_layout = IE_ROPE_NEOX;
@@ -915,8 +964,8 @@ static ie_status_t hf_hparams(ie_model_src_t *s, const cJSON *cfg, const char *d
         return st;
     j = obj_get(cfg, "hidden_act");
     if (cJSON_IsString(j) && strcmp(j->valuestring, "silu") != 0)
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json hidden_act '%.32s' is not supported (only silu)",
-                            j->valuestring);
+        return ie_error_set(IE_ERR_UNSUPPORTED,
+                            "model: config.json hidden_act '%.32s' is not supported (only silu)", j->valuestring);
     if ((st = cfg_bool(cfg, "attention_bias", &flag)) != IE_OK) return st;
     if (flag) return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json attention_bias = true is not supported");
     if ((st = cfg_bool(cfg, "mlp_bias", &flag)) != IE_OK) return st;
@@ -960,9 +1009,11 @@ static ie_status_t hf_shard_names(const char *dir, const cJSON *index, char ***n
         const cJSON *wm = obj_get(index, "weight_map");
         if (!cJSON_IsObject(wm))
             return ie_error_set(IE_ERR_FORMAT, "model: model.safetensors.index.json has no \"weight_map\" object");
-        cJSON_ArrayForEach(e, wm) {
+        cJSON_ArrayForEach(e, wm)
+        {
             if (!cJSON_IsString(e) || !e->valuestring[0] || strchr(e->valuestring, '/') || e->valuestring[0] == '.')
-                return ie_error_set(IE_ERR_FORMAT, "model: weight_map entry '%.96s' does not name a shard file in the directory",
+                return ie_error_set(IE_ERR_FORMAT,
+                                    "model: weight_map entry '%.96s' does not name a shard file in the directory",
                                     e->string);
             if ((st = add_shard_name(names, n, e->valuestring)) != IE_OK) return st;
         }
@@ -986,12 +1037,14 @@ static ie_status_t hf_shard_names(const char *dir, const cJSON *index, char ***n
 static ie_status_t hf_check_index(const ie_model_src_t *s, const cJSON *index, char **names)
 {
     const cJSON *e;
-    cJSON_ArrayForEach(e, obj_get(index, "weight_map")) {
+    cJSON_ArrayForEach(e, obj_get(index, "weight_map"))
+    {
         int i = 0;
         while (i < s->n_shards && strcmp(names[i], e->valuestring) != 0) i++;
         if (i == s->n_shards || !ie_safetensors_find(s->shards[i], e->string))
-            return ie_error_set(IE_ERR_FORMAT, "model: weight_map puts '%.96s' in '%.96s', which has no such tensor",
-                                e->string, e->valuestring);
+            return ie_error_set(IE_ERR_FORMAT,
+                                "model: weight_map puts '%.96s' in '%.96s', which has no such tensor", e->string,
+                                e->valuestring);
     }
     return IE_OK;
 }
@@ -1063,8 +1116,8 @@ static ie_status_t add_owned(ie_model_src_t *s, const char *name, ie_dtype_t dt,
 }
 
 /* MXFP4 rows off, off+stride, ... of [E][R][nb] HF blocks -> ggml blocks [E][R/stride][nb]. */
-static void mxfp4_rows(const uint8_t *blocks, const uint8_t *scales, int64_t E, int64_t R, int64_t nb, int64_t stride,
-                       int64_t off, uint8_t *dst)
+static void mxfp4_rows(const uint8_t *blocks, const uint8_t *scales, int64_t E, int64_t R, int64_t nb,
+                       int64_t stride, int64_t off, uint8_t *dst)
 {
     int64_t r_out = R / stride;
     for (int64_t e = 0; e < E; e++)
@@ -1097,8 +1150,10 @@ static ie_status_t gptoss_hf_layer(ie_model_src_t *s, int l)
     snprintf(hn, sizeof hn, "model.layers.%d.mlp.experts.gate_up_proj_blocks", l);
     if (find(s, hn)) { /* MXFP4 release layout */
         if (H % 32 != 0 || I % 32 != 0)
-            return ie_error_set(IE_ERR_FORMAT, "model: MXFP4 experts need hidden_size (%d) and intermediate_size (%d) "
-                                "to be multiples of 32 ('%s')", (int)H, (int)I, hn);
+            return ie_error_set(IE_ERR_FORMAT,
+                                "model: MXFP4 experts need hidden_size (%d) and intermediate_size (%d) "
+                                "to be multiples of 32 ('%s')",
+                                (int)H, (int)I, hn);
         {
             const int64_t gb[4] = {E, 2 * I, H / 32, 16}, db[4] = {E, H, I / 32, 16};
             if ((st = hf_raw(s, hn, 1, 4, gb, 1, &gu)) != IE_OK) return st;
@@ -1140,9 +1195,11 @@ static ie_status_t gptoss_hf_layer(ie_model_src_t *s, int l)
     } else {
         const uint8_t *src = gu->t.data;
         es = float_size(gu->t.dtype);
-        if ((st = add_owned(s, cg, gu->t.dtype, gu->type_name, 3, H, I, E, (uint64_t)(E * I * H) * es, &g)) != IE_OK)
+        if ((st = add_owned(s, cg, gu->t.dtype, gu->type_name, 3, H, I, E, (uint64_t)(E * I * H) * es, &g)) !=
+            IE_OK)
             return st;
-        if ((st = add_owned(s, cu, gu->t.dtype, gu->type_name, 3, H, I, E, (uint64_t)(E * I * H) * es, &u)) != IE_OK)
+        if ((st = add_owned(s, cu, gu->t.dtype, gu->type_name, 3, H, I, E, (uint64_t)(E * I * H) * es, &u)) !=
+            IE_OK)
             return st;
         for (int64_t e = 0; e < E; e++)
             for (int64_t i = 0; i < H; i++)
@@ -1153,7 +1210,8 @@ static ie_status_t gptoss_hf_layer(ie_model_src_t *s, int l)
                 }
         src = dn->t.data;
         es = float_size(dn->t.dtype);
-        if ((st = add_owned(s, cd, dn->t.dtype, dn->type_name, 3, I, H, E, (uint64_t)(E * H * I) * es, &d)) != IE_OK)
+        if ((st = add_owned(s, cd, dn->t.dtype, dn->type_name, 3, I, H, E, (uint64_t)(E * H * I) * es, &d)) !=
+            IE_OK)
             return st;
         for (int64_t e = 0; e < E; e++)
             for (int64_t i = 0; i < I; i++)
@@ -1166,8 +1224,10 @@ static ie_status_t gptoss_hf_layer(ie_model_src_t *s, int l)
     snprintf(cg, sizeof cg, "blk.%d.ffn_gate_exps.bias", l);
     snprintf(cu, sizeof cu, "blk.%d.ffn_up_exps.bias", l);
     es = float_size(gub->t.dtype);
-    if ((st = add_owned(s, cg, gub->t.dtype, gub->type_name, 2, I, E, 1, (uint64_t)(E * I) * es, &g)) != IE_OK) return st;
-    if ((st = add_owned(s, cu, gub->t.dtype, gub->type_name, 2, I, E, 1, (uint64_t)(E * I) * es, &u)) != IE_OK) return st;
+    if ((st = add_owned(s, cg, gub->t.dtype, gub->type_name, 2, I, E, 1, (uint64_t)(E * I) * es, &g)) != IE_OK)
+        return st;
+    if ((st = add_owned(s, cu, gub->t.dtype, gub->type_name, 2, I, E, 1, (uint64_t)(E * I) * es, &u)) != IE_OK)
+        return st;
     for (int64_t k = 0; k < E * I; k++) {
         const uint8_t *p = (const uint8_t *)gub->t.data + 2 * k * (int64_t)es;
         memcpy(g + k * (int64_t)es, p, es);
@@ -1234,7 +1294,8 @@ static ie_status_t hf_tensors(ie_model_src_t *s, const char *dir)
                 goto cleanup;
             }
             s->n_tensors = ++k;
-            t->t = (ie_tensor_t){t->name, ht->dtype, ht->ndim, {1, 1, 1, 1}, ht->data, ht->nbytes, IE_LAYOUT_ROWS, 0};
+            t->t = (ie_tensor_t){t->name,  ht->dtype,  ht->ndim,       {1, 1, 1, 1},
+                                 ht->data, ht->nbytes, IE_LAYOUT_ROWS, 0};
             for (int d = 0; d < ht->ndim; d++) t->t.ne[d] = ht->shape[ht->ndim - 1 - d]; /* HF is outermost-first */
             t->type_name = ht->dtype_str;
         }
@@ -1250,8 +1311,9 @@ cleanup:
 
 static ie_status_t open_hf(ie_model_src_t *s, const char *dir)
 {
-    static const hp_labels_t labels = {"num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
-                                       "head_dim",          "num_local_experts",  "num_experts_per_tok", "sliding_window"};
+    static const hp_labels_t labels = {
+        "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+        "head_dim",          "num_local_experts",   "num_experts_per_tok", "sliding_window"};
     ie_status_t st = IE_OK;
     cJSON *cfg = NULL;
     char path[PATH_CAP];
@@ -1280,8 +1342,8 @@ cleanup:
 /* Tensor table borrowed from the ie_iebin_t (names copied, data mapped). */
 static ie_status_t open_iebin(ie_model_src_t *s, const char *path)
 {
-    static const hp_labels_t labels = {"hparams.n_layer",  "hparams.n_head",   "hparams.n_head_kv",
-                                       "hparams.head_dim", "hparams.rope_dim", "hparams.n_expert",
+    static const hp_labels_t labels = {"hparams.n_layer",       "hparams.n_head",        "hparams.n_head_kv",
+                                       "hparams.head_dim",      "hparams.rope_dim",      "hparams.n_expert",
                                        "hparams.n_expert_used", "hparams.sliding_window"};
     ie_status_t st;
     int64_t n;
@@ -1300,7 +1362,8 @@ static ie_status_t open_iebin(ie_model_src_t *s, const char *path)
     for (int64_t i = 0; i < n; i++) {
         src_tensor_t *t = &s->tensors[i];
         t->t = *ie_iebin_tensor(s->iebin, i);
-        if (!(t->name = strdup(t->t.name))) return ie_error_set(IE_ERR_NOMEM, "model: out of memory for tensor names");
+        if (!(t->name = strdup(t->t.name)))
+            return ie_error_set(IE_ERR_NOMEM, "model: out of memory for tensor names");
         t->t.name = t->name;
         t->type_name = ie_dtype_name(t->t.dtype);
         s->n_tensors = i + 1;
@@ -1344,18 +1407,22 @@ ie_status_t ie_model_src_mem_add(ie_model_src_t *src, const ie_tensor_t *t, void
     if (!src || !t || !t->name || !*t->name || !t->data)
         return ie_error_set(IE_ERR_INVAL, "model: mem_add: NULL source, tensor, name or data");
     if (src->kind != IE_SRC_MEM || src->mem_finished)
-        return ie_error_set(IE_ERR_INVAL, "model: mem_add: '%.96s': source is not an unfinished in-memory source", t->name);
+        return ie_error_set(IE_ERR_INVAL, "model: mem_add: '%.96s': source is not an unfinished in-memory source",
+                            t->name);
     if (t->n_dims < 1 || t->n_dims > 4)
         return ie_error_set(IE_ERR_INVAL, "model: mem_add: '%.96s' has %d dimensions", t->name, t->n_dims);
     for (int d = 0; d < t->n_dims; d++)
-        if (t->ne[d] < 1) return ie_error_set(IE_ERR_INVAL, "model: mem_add: '%.96s' has dimension %d = %lld", t->name, d,
-                                              (long long)t->ne[d]);
+        if (t->ne[d] < 1)
+            return ie_error_set(IE_ERR_INVAL, "model: mem_add: '%.96s' has dimension %d = %lld", t->name, d,
+                                (long long)t->ne[d]);
     if (t->layout != IE_LAYOUT_BSR) {
         one = ie_tensor_bytes(t->dtype, t->layout, t->group, t->ne[0], t->n_dims > 1 ? t->ne[1] : 1);
         for (int d = 2; d < t->n_dims; d++) rows *= t->ne[d];
         if (one == 0 || __builtin_mul_overflow((uint64_t)one, (uint64_t)rows, &want) || want != t->nbytes)
-            return ie_error_set(IE_ERR_INVAL, "model: mem_add: '%.96s' has %llu bytes, its shape as %s %s (group %d) "
-                                "needs %llu", t->name, (unsigned long long)t->nbytes, ie_dtype_name(t->dtype),
+            return ie_error_set(IE_ERR_INVAL,
+                                "model: mem_add: '%.96s' has %llu bytes, its shape as %s %s (group %d) "
+                                "needs %llu",
+                                t->name, (unsigned long long)t->nbytes, ie_dtype_name(t->dtype),
                                 ie_layout_name(t->layout), t->group, (unsigned long long)want);
     }
     if (src->n_tensors == src->cap_tensors) {
@@ -1388,8 +1455,9 @@ ie_status_t ie_model_src_mem_finish(ie_model_src_t *src)
         return ie_error_set(IE_ERR_INVAL, "model: mem_finish: not an unfinished in-memory source");
     hp = &src->hp;
     if (hp->n_layer < 1 || hp->n_embd < 1 || hp->n_ff < 1 || hp->n_head < 1 || hp->n_head_kv < 1 ||
-        hp->head_dim < 1 || hp->rope_dim < 1 || hp->n_ctx_train < 1 || hp->n_layer > HP_MAX || hp->n_embd > HP_MAX ||
-        hp->n_ff > HP_MAX || hp->n_head > HP_MAX || hp->n_head_kv > HP_MAX || hp->head_dim > HP_MAX)
+        hp->head_dim < 1 || hp->rope_dim < 1 || hp->n_ctx_train < 1 || hp->n_layer > HP_MAX ||
+        hp->n_embd > HP_MAX || hp->n_ff > HP_MAX || hp->n_head > HP_MAX || hp->n_head_kv > HP_MAX ||
+        hp->head_dim > HP_MAX)
         return ie_error_set(IE_ERR_FORMAT, "model: hyper-parameters out of range (every size must be in [1, %d])",
                             HP_MAX);
     if ((st = sort_tensors(src)) != IE_OK) return st;
@@ -1464,9 +1532,10 @@ uint64_t ie_model_src_fingerprint(const ie_model_src_t *src)
 {
     const ie_hparams_t *hp = ie_model_src_hparams(src);
     /* field by field: the struct has padding and the free-text name */
-    int64_t v[] = {hp->arch_id, hp->n_layer, hp->n_embd, hp->n_ff, hp->n_head, hp->n_head_kv, hp->head_dim,
-                   hp->n_vocab, hp->rope_dim, hp->rope_layout, hp->tied_embeddings, hp->n_expert,
-                   hp->n_expert_used, hp->sliding_window, hp->attn_bias, hp->attn_sinks};
+    int64_t v[] = {hp->arch_id,       hp->n_layer,        hp->n_embd,          hp->n_ff,
+                   hp->n_head,        hp->n_head_kv,      hp->head_dim,        hp->n_vocab,
+                   hp->rope_dim,      hp->rope_layout,    hp->tied_embeddings, hp->n_expert,
+                   hp->n_expert_used, hp->sliding_window, hp->attn_bias,       hp->attn_sinks};
     float f[] = {hp->rope_theta, hp->rms_eps, hp->swiglu_limit, hp->swiglu_alpha, hp->rope_yarn_factor};
     XXH64_state_t *s = XXH64_createState();
     if (!s) return 0;

@@ -32,11 +32,11 @@ typedef struct st_dtype {
 /* Sub-byte dtypes (F4, F6_*) are not listed: their packing is not
  * byte-granular and no model we load uses them. */
 static const st_dtype_t k_dtypes[] = {
-    {"F32", 4, IE_DTYPE_F32},      {"F16", 2, IE_DTYPE_F16},      {"BF16", 2, IE_DTYPE_BF16},
-    {"F64", 8, IE_DTYPE_INVALID},  {"I64", 8, IE_DTYPE_INVALID},  {"U64", 8, IE_DTYPE_INVALID},
-    {"I32", 4, IE_DTYPE_INVALID},  {"U32", 4, IE_DTYPE_INVALID},  {"I16", 2, IE_DTYPE_INVALID},
-    {"U16", 2, IE_DTYPE_INVALID},  {"I8", 1, IE_DTYPE_INVALID},   {"U8", 1, IE_DTYPE_INVALID},
-    {"BOOL", 1, IE_DTYPE_INVALID}, {"F8_E5M2", 1, IE_DTYPE_INVALID}, {"F8_E4M3", 1, IE_DTYPE_INVALID},
+    {"F32", 4, IE_DTYPE_F32},         {"F16", 2, IE_DTYPE_F16},         {"BF16", 2, IE_DTYPE_BF16},
+    {"F64", 8, IE_DTYPE_INVALID},     {"I64", 8, IE_DTYPE_INVALID},     {"U64", 8, IE_DTYPE_INVALID},
+    {"I32", 4, IE_DTYPE_INVALID},     {"U32", 4, IE_DTYPE_INVALID},     {"I16", 2, IE_DTYPE_INVALID},
+    {"U16", 2, IE_DTYPE_INVALID},     {"I8", 1, IE_DTYPE_INVALID},      {"U8", 1, IE_DTYPE_INVALID},
+    {"BOOL", 1, IE_DTYPE_INVALID},    {"F8_E5M2", 1, IE_DTYPE_INVALID}, {"F8_E4M3", 1, IE_DTYPE_INVALID},
     {"F8_E8M0", 1, IE_DTYPE_INVALID}, {"C64", 8, IE_DTYPE_INVALID},
 };
 
@@ -92,8 +92,7 @@ static ie_status_t parse_entry(const cJSON *e, uint64_t data_size, ie_safetensor
     const cJSON *j;
     int rank;
 
-    if (!cJSON_IsObject(e))
-        return ie_error_set(IE_ERR_FORMAT, "safetensors: entry '%.96s' is not an object", name);
+    if (!cJSON_IsObject(e)) return ie_error_set(IE_ERR_FORMAT, "safetensors: entry '%.96s' is not an object", name);
     dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
     shape = cJSON_GetObjectItemCaseSensitive(e, "shape");
     offs = cJSON_GetObjectItemCaseSensitive(e, "data_offsets");
@@ -102,8 +101,8 @@ static ie_status_t parse_entry(const cJSON *e, uint64_t data_size, ie_safetensor
     for (size_t i = 0; i < sizeof k_dtypes / sizeof k_dtypes[0] && !d; i++)
         if (strcmp(dt->valuestring, k_dtypes[i].name) == 0) d = &k_dtypes[i];
     if (!d)
-        return ie_error_set(IE_ERR_UNSUPPORTED, "safetensors: tensor '%.96s' has unsupported dtype '%.32s'",
-                            name, dt->valuestring);
+        return ie_error_set(IE_ERR_UNSUPPORTED, "safetensors: tensor '%.96s' has unsupported dtype '%.32s'", name,
+                            dt->valuestring);
     if (!cJSON_IsArray(shape))
         return ie_error_set(IE_ERR_FORMAT, "safetensors: tensor '%.96s' has no \"shape\" array", name);
     rank = cJSON_GetArraySize(shape);
@@ -111,10 +110,12 @@ static ie_status_t parse_entry(const cJSON *e, uint64_t data_size, ie_safetensor
         return ie_error_set(IE_ERR_UNSUPPORTED, "safetensors: tensor '%.96s' has rank %d (at most %d supported)",
                             name, rank, ST_MAX_RANK);
     t->ndim = 0;
-    cJSON_ArrayForEach(j, shape) {
+    cJSON_ArrayForEach(j, shape)
+    {
         if (!json_u64(j, &dim))
             return ie_error_set(IE_ERR_FORMAT,
-                                "safetensors: tensor '%.96s' shape[%d] is not a non-negative integer", name, t->ndim);
+                                "safetensors: tensor '%.96s' shape[%d] is not a non-negative integer", name,
+                                t->ndim);
         if (__builtin_mul_overflow(n_elem, dim, &n_elem) || n_elem > (uint64_t)INT64_MAX)
             return ie_error_set(IE_ERR_FORMAT, "safetensors: tensor '%.96s' element count overflows", name);
         t->shape[t->ndim++] = (int64_t)dim;
@@ -122,12 +123,13 @@ static ie_status_t parse_entry(const cJSON *e, uint64_t data_size, ie_safetensor
     if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 || !json_u64(offs->child, &sp->begin) ||
         !json_u64(offs->child->next, &sp->end) || sp->begin > sp->end)
         return ie_error_set(IE_ERR_FORMAT,
-                            "safetensors: tensor '%.96s' needs \"data_offsets\": [begin, end] with begin <= end", name);
+                            "safetensors: tensor '%.96s' needs \"data_offsets\": [begin, end] with begin <= end",
+                            name);
     if (sp->end > data_size)
-        return ie_error_set(IE_ERR_FORMAT,
-                            "safetensors: tensor '%.96s' data_offsets [%llu, %llu] extend past the data section (%llu bytes)",
-                            name, (unsigned long long)sp->begin, (unsigned long long)sp->end,
-                            (unsigned long long)data_size);
+        return ie_error_set(
+            IE_ERR_FORMAT,
+            "safetensors: tensor '%.96s' data_offsets [%llu, %llu] extend past the data section (%llu bytes)", name,
+            (unsigned long long)sp->begin, (unsigned long long)sp->end, (unsigned long long)data_size);
     if (__builtin_mul_overflow(n_elem, (uint64_t)d->size, &nbytes) || nbytes != sp->end - sp->begin)
         return ie_error_set(IE_ERR_FORMAT,
                             "safetensors: tensor '%.96s' is %llu elements of %s but data_offsets span %llu bytes",
@@ -149,7 +151,8 @@ static ie_status_t check_tiling(const ie_safetensors_t *s, span_t *spans, uint64
                                 "safetensors: tensor '%.96s' data_offsets [%llu, %llu] %s (expected begin %llu)",
                                 s->tensors[spans[i].idx].name, (unsigned long long)spans[i].begin,
                                 (unsigned long long)spans[i].end,
-                                spans[i].begin < at ? "overlap another tensor" : "leave a gap", (unsigned long long)at);
+                                spans[i].begin < at ? "overlap another tensor" : "leave a gap",
+                                (unsigned long long)at);
         at = spans[i].end;
     }
     if (at != data_size)
@@ -178,7 +181,8 @@ static ie_status_t st_parse(const uint8_t *base, size_t size, ie_safetensors_t *
     }
     memcpy(&hlen, base, 8); /* little-endian host assumed, as in gguf.c */
     if (hlen < 2 || hlen > ST_MAX_HEADER || hlen > size - 8) {
-        st = ie_error_set(IE_ERR_FORMAT, "safetensors: header length %llu is invalid (file is %zu bytes, limit %llu)",
+        st = ie_error_set(IE_ERR_FORMAT,
+                          "safetensors: header length %llu is invalid (file is %zu bytes, limit %llu)",
                           (unsigned long long)hlen, size, ST_MAX_HEADER);
         goto cleanup;
     }
@@ -186,7 +190,8 @@ static ie_status_t st_parse(const uint8_t *base, size_t size, ie_safetensors_t *
     /* cJSON wants a terminated buffer; the header is bounded, so copy it */
     text = malloc(hlen + 1);
     if (!text) {
-        st = ie_error_set(IE_ERR_NOMEM, "safetensors: out of memory for a %llu-byte header", (unsigned long long)hlen);
+        st = ie_error_set(IE_ERR_NOMEM, "safetensors: out of memory for a %llu-byte header",
+                          (unsigned long long)hlen);
         goto cleanup;
     }
     memcpy(text, base + 8, hlen);
@@ -211,7 +216,8 @@ static ie_status_t st_parse(const uint8_t *base, size_t size, ie_safetensors_t *
         st = ie_error_set(IE_ERR_NOMEM, "safetensors: out of memory");
         goto cleanup;
     }
-    cJSON_ArrayForEach(e, root) {
+    cJSON_ArrayForEach(e, root)
+    {
         if (strcmp(e->string, "__metadata__") == 0) continue;
         s->n++;
         names_len += strlen(e->string) + 1;
@@ -224,7 +230,8 @@ static ie_status_t st_parse(const uint8_t *base, size_t size, ie_safetensors_t *
         st = ie_error_set(IE_ERR_NOMEM, "safetensors: out of memory for %lld tensors", (long long)s->n);
         goto cleanup;
     }
-    cJSON_ArrayForEach(e, root) {
+    cJSON_ArrayForEach(e, root)
+    {
         ie_safetensors_tensor_t *t = &s->tensors[i];
         size_t nl = strlen(e->string) + 1;
         if (strcmp(e->string, "__metadata__") == 0) continue;

@@ -35,7 +35,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define IE_PROTO_VERSION 4        /* cluster messages (2: KV operations, paged pool;
+#define IE_PROTO_VERSION \
+    4                             /* cluster messages (2: KV operations, paged pool;
                                      3: arg-max-only logits rows; 4: chained steps) */
 #define IE_PROTO_CLIENT_VERSION 1 /* client requests and replies                    */
 
@@ -63,11 +64,11 @@ typedef enum ie_msg_kind {
 const char *ie_msg_kind_name(ie_msg_kind_t k);
 
 typedef struct ie_msg_hello {
-    int32_t rank;          /* rank asked for, -1: any free one              */
+    int32_t rank; /* rank asked for, -1: any free one              */
     int32_t pid;
-    int32_t numa_node;     /* node the worker is bound to (-1: none)         */
-    int32_t n_threads;     /* compute threads it will run                    */
-    uint64_t model_fp;     /* ie_model_fingerprint of its local model        */
+    int32_t numa_node; /* node the worker is bound to (-1: none)         */
+    int32_t n_threads; /* compute threads it will run                    */
+    uint64_t model_fp; /* ie_model_fingerprint of its local model        */
     char host[IE_PROTO_TEXT_MAX];
     char peer_endpoint[IE_PROTO_ENDPOINT_MAX]; /* where peers reach it      */
     char public_key[IE_PROTO_KEY_MAX];         /* its CURVE key ("" none)    */
@@ -75,18 +76,18 @@ typedef struct ie_msg_hello {
 } ie_msg_hello_t;
 
 typedef struct ie_msg_assign {
-    uint64_t epoch;        /* cluster generation: bumps on every re-plan     */
-    uint64_t cluster_id;   /* random per cluster, the same for every rank
+    uint64_t epoch;      /* cluster generation: bumps on every re-plan     */
+    uint64_t cluster_id; /* random per cluster, the same for every rank
                               (0: none): names the ranks' shared-memory
                               segments (ie_shmreduce.h)                      */
-    int32_t plan;          /* ie_shard_kind_t                                */
+    int32_t plan;        /* ie_shard_kind_t                                */
     int32_t rank, n_ranks;
     int32_t n_ctx, n_seq, max_batch;
-    int32_t kv_block;      /* positions per KV block (0: the worker's default) */
-    int32_t kv_blocks;     /* KV blocks in the pool (0: enough for all slots)  */
-    int32_t precision;     /* ie_precision_t                                 */
-    int32_t heartbeat_ms;  /* how often to send heartbeats                   */
-    int32_t dead_ms;       /* silence after which a peer counts as dead      */
+    int32_t kv_block;     /* positions per KV block (0: the worker's default) */
+    int32_t kv_blocks;    /* KV blocks in the pool (0: enough for all slots)  */
+    int32_t precision;    /* ie_precision_t                                 */
+    int32_t heartbeat_ms; /* how often to send heartbeats                   */
+    int32_t dead_ms;      /* silence after which a peer counts as dead      */
     /* per rank: where its peer socket listens and its CURVE key */
     char peer_endpoint[IE_PROTO_MAX_RANKS][IE_PROTO_ENDPOINT_MAX];
     char peer_key[IE_PROTO_MAX_RANKS][IE_PROTO_KEY_MAX];
@@ -95,7 +96,7 @@ typedef struct ie_msg_assign {
 typedef struct ie_msg_ready {
     uint64_t epoch;
     int32_t rank;
-    int32_t status;        /* ie_status_t of the load                        */
+    int32_t status; /* ie_status_t of the load                        */
     double load_ms;
     uint64_t weight_bytes; /* bytes of weights this shard holds              */
     char error[IE_PROTO_TEXT_MAX];
@@ -103,12 +104,12 @@ typedef struct ie_msg_ready {
 
 typedef struct ie_msg_step {
     uint64_t epoch;
-    uint64_t step;         /* strictly increasing per cluster epoch          */
-    int32_t n;             /* tokens (frames hold n entries each)            */
-    int32_t has_hidden;    /* 1: a hidden-state frame follows (pipeline)     */
-    int32_t kv_words;      /* int32 words of the KV-operations frame, applied
+    uint64_t step;      /* strictly increasing per cluster epoch          */
+    int32_t n;          /* tokens (frames hold n entries each)            */
+    int32_t has_hidden; /* 1: a hidden-state frame follows (pipeline)     */
+    int32_t kv_words;   /* int32 words of the KV-operations frame, applied
                               in order before the step (ie_kv_op_t)      */
-    int32_t chain;         /* 1: a chained step (tensor plans): entry i's
+    int32_t chain;      /* 1: a chained step (tensor plans): entry i's
                               token is not in the tokens frame (it holds
                               -1s) but the whole vocabulary's arg max of
                               entry i of the step just before (step - 1),
@@ -121,29 +122,29 @@ typedef struct ie_msg_step {
 typedef struct ie_msg_result {
     uint64_t epoch, step;
     int32_t rank;
-    int32_t status;        /* ie_status_t; != 0: error says why, no frame    */
-    int32_t n_rows;        /* logits rows                                    */
+    int32_t status;                 /* ie_status_t; != 0: error says why, no frame    */
+    int32_t n_rows;                 /* logits rows                                    */
     int64_t vocab_begin, vocab_end; /* the columns this rank computed       */
-    double compute_ms;     /* time in the forward pass                       */
-    double transfer_ms;    /* time waiting on peers (reduce / hops)          */
+    double compute_ms;              /* time in the forward pass                       */
+    double transfer_ms;             /* time waiting on peers (reduce / hops)          */
     char error[IE_PROTO_TEXT_MAX];
 } ie_msg_result_t;
 
 typedef struct ie_msg_partial {
     uint64_t epoch, step;
     int32_t from_rank;
-    int32_t index;         /* which reduction of the step (2 per layer)      */
-    int64_t count;         /* floats in the frame                            */
+    int32_t index; /* which reduction of the step (2 per layer)      */
+    int64_t count; /* floats in the frame                            */
 } ie_msg_partial_t;
 
 typedef struct ie_msg_heartbeat {
     uint64_t epoch;
-    int32_t rank;          /* -1 from the coordinator                        */
-    int32_t busy;          /* 1 while a step runs                            */
+    int32_t rank; /* -1 from the coordinator                        */
+    int32_t busy; /* 1 while a step runs                            */
 } ie_msg_heartbeat_t;
 
 typedef struct ie_msg_error {
-    int32_t code;          /* ie_status_t                                    */
+    int32_t code; /* ie_status_t                                    */
     char message[IE_PROTO_TEXT_MAX];
 } ie_msg_error_t;
 
@@ -179,18 +180,14 @@ ie_status_t ie_msg_decode(const void *data, size_t n, ie_msg_t *m);
  *     SET_LEN  3, seq, n_pos                ie_worker_seq_set_len
  * A frame holds at most IE_PROTO_KV_WORDS_MAX words and IE_PROTO_KV_IDS_MAX
  * block ids. Ranges against the pool are the worker's to check. */
-typedef enum ie_kv_op_kind {
-    IE_KV_OP_CLEAR = 1,
-    IE_KV_OP_BIND = 2,
-    IE_KV_OP_SET_LEN = 3
-} ie_kv_op_kind_t;
+typedef enum ie_kv_op_kind { IE_KV_OP_CLEAR = 1, IE_KV_OP_BIND = 2, IE_KV_OP_SET_LEN = 3 } ie_kv_op_kind_t;
 
 typedef struct ie_kv_op {
     ie_kv_op_kind_t kind;
-    int32_t seq;           /* slot (>= 0)                                    */
-    int32_t first;         /* BIND: first logical block (>= 0)               */
-    int32_t n;             /* BIND: blocks (>= 0); SET_LEN: positions (>= 0) */
-    const int32_t *pb;     /* BIND: n physical blocks (>= -1), borrowed      */
+    int32_t seq;       /* slot (>= 0)                                    */
+    int32_t first;     /* BIND: first logical block (>= 0)               */
+    int32_t n;         /* BIND: blocks (>= 0); SET_LEN: positions (>= 0) */
+    const int32_t *pb; /* BIND: n physical blocks (>= -1), borrowed      */
 } ie_kv_op_t;
 
 /* Append op's words to the frame in `frame` (int32 words, native = little
@@ -235,8 +232,7 @@ size_t ie_result_logits_pack(float *lg, const uint8_t *flags, int n, int64_t nv,
  * nothing of this payload applied) for a wrong length or an id that is
  * not -1 and not in [vb, ve). */
 ie_status_t ie_result_logits_merge(const void *payload, size_t bytes, const uint8_t *flags, int n, int64_t vb,
-                                   int64_t ve, int64_t n_vocab, float *logits_out, float *am_val,
-                                   int32_t *am_id);
+                                   int64_t ve, int64_t n_vocab, float *logits_out, float *am_val, int32_t *am_id);
 
 /* After the merges: every ARGMAX entry's row of logits_out becomes -inf
  * but at its winner, the row a greedy sampler reads the same id from. */
@@ -281,22 +277,22 @@ typedef struct ie_client_msg_pair {
 } ie_client_chat_t;
 
 typedef struct ie_client_req {
-    char *type;            /* "generate" or "cancel"                         */
-    char *id;              /* client's request id (<= 128 bytes)             */
-    char *prompt;          /* NULL when messages are given                   */
+    char *type;   /* "generate" or "cancel"                         */
+    char *id;     /* client's request id (<= 128 bytes)             */
+    char *prompt; /* NULL when messages are given                   */
     ie_client_chat_t *messages;
     size_t n_messages;
-    int32_t max_new;       /* default 128                                    */
-    float temperature;     /* default 0.8; 0: greedy                         */
-    int32_t top_k;         /* default 40                                     */
-    float top_p;           /* default 0.95                                   */
-    float min_p;           /* default 0.05                                   */
-    float repeat_penalty;  /* default 1.0                                    */
-    int64_t seed;          /* default -1: from the clock                      */
+    int32_t max_new;      /* default 128                                    */
+    float temperature;    /* default 0.8; 0: greedy                         */
+    int32_t top_k;        /* default 40                                     */
+    float top_p;          /* default 0.95                                   */
+    float min_p;          /* default 0.05                                   */
+    float repeat_penalty; /* default 1.0                                    */
+    int64_t seed;         /* default -1: from the clock                      */
     char **stop;
     size_t n_stop;
-    int stream;            /* default 0                                      */
-    int32_t priority;      /* default 0; higher first                        */
+    int stream;       /* default 0                                      */
+    int32_t priority; /* default 0; higher first                        */
 } ie_client_req_t;
 
 /* Decode a client request (owning strings in *r). Errors IE_ERR_FORMAT /

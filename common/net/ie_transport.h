@@ -66,8 +66,7 @@ ie_status_t ie_net_new(ie_net_t **out);
  * pair (public and secret Z85) and the directory of authorized public keys
  * (every "*.pub" file in it holds one Z85 key; NULL: accept only keys later
  * added with ie_net_authorize). Starts the ZAP handler. */
-ie_status_t ie_net_curve(ie_net_t *net, const char *public_z85, const char *secret_z85,
-                         const char *authorized_dir);
+ie_status_t ie_net_curve(ie_net_t *net, const char *public_z85, const char *secret_z85, const char *authorized_dir);
 
 /* ie_net_curve with this process's key pair read from DIR/NAME.pub and
  * DIR/NAME.key (ie_keys_load: the secret must not be group/other
@@ -85,7 +84,7 @@ int ie_net_is_secure(const ie_net_t *net, const char **public_z85);
 void ie_net_destroy(ie_net_t **net_p);
 
 ie_status_t ie_sock_new(ie_net_t *net, ie_sock_type_t type, ie_sock_t **out);
-void ie_sock_destroy(ie_sock_t **s_p);      /* linger 0; accepts NULL */
+void ie_sock_destroy(ie_sock_t **s_p); /* linger 0; accepts NULL */
 
 /* Identity a DEALER presents to a ROUTER (before connect). */
 ie_status_t ie_sock_set_identity(ie_sock_t *s, const void *id, size_t n);

@@ -29,15 +29,15 @@
 
 typedef enum { KIND_COUNTER, KIND_GAUGE, KIND_HISTOGRAM } metric_kind_t;
 
-static const char *const KIND_NAME[] = { "counter", "gauge", "histogram" };
+static const char *const KIND_NAME[] = {"counter", "gauge", "histogram"};
 
 typedef struct series {
-    char *label;           /* label value; NULL for the metric without a label */
-    double value;          /* counter / gauge                                  */
-    uint64_t *buckets;     /* histogram: [n_bounds + 1] per-bucket counts, not
+    char *label;       /* label value; NULL for the metric without a label */
+    double value;      /* counter / gauge                                  */
+    uint64_t *buckets; /* histogram: [n_bounds + 1] per-bucket counts, not
                               cumulative (the last is (bound[n-1], +Inf])     */
-    double sum;            /* histogram: sum of observations                   */
-    uint64_t count;        /* histogram: number of observations                */
+    double sum;        /* histogram: sum of observations                   */
+    uint64_t count;    /* histogram: number of observations                */
     struct series *next;
 } series_t;
 
@@ -46,7 +46,7 @@ struct ie_metric {
     char *name, *help, *label_key; /* label_key NULL: no label */
     double *bounds;                /* histogram: [n_bounds] increasing, finite */
     int n_bounds;
-    pthread_mutex_t mu;            /* guards the series list and values */
+    pthread_mutex_t mu; /* guards the series list and values */
     series_t *series, *series_tail;
     struct ie_metric *next;
 };
@@ -54,7 +54,7 @@ struct ie_metric {
 struct ie_metrics {
     pthread_mutex_t mu; /* guards the metric list */
     ie_metric_t *head, *tail;
-    double start_time;  /* process start, seconds since the epoch */
+    double start_time; /* process start, seconds since the epoch */
 };
 
 /* ------------------------------------------------------------ helpers */
@@ -64,22 +64,15 @@ static int valid_name(const char *s, int allow_colon)
     if (!s || !*s) return 0;
     for (const char *p = s; *p; p++) {
         const char c = *p;
-        const int alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
-                          (allow_colon && c == ':');
+        const int alpha = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || (allow_colon && c == ':');
         if (!alpha && !(p != s && c >= '0' && c <= '9')) return 0;
     }
     return 1;
 }
 
-static char *dup_or_null(const char *s)
-{
-    return s ? strdup(s) : NULL;
-}
+static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
 
-static int str_eq(const char *a, const char *b)
-{
-    return (!a && !b) || (a && b && strcmp(a, b) == 0);
-}
+static int str_eq(const char *a, const char *b) { return (!a && !b) || (a && b && strcmp(a, b) == 0); }
 
 /* The process's start time from /proc: starttime (clock ticks after boot,
  * field 22 of /proc/self/stat) plus btime of /proc/stat. Falls back to
@@ -174,8 +167,8 @@ static int append_escaped(ie_buf_t *b, const char *s, int quote)
 
 /* "name{key="value"" plus, for buckets, ",le="x"", then "} v\n". The
  * braces are left out when there are no labels at all. */
-static int append_sample(ie_buf_t *b, const char *name, const char *suffix, const char *key,
-                         const char *label, const char *le, double v)
+static int append_sample(ie_buf_t *b, const char *name, const char *suffix, const char *key, const char *label,
+                         const char *le, double v)
 {
     char num[64];
     fmt_double(num, sizeof num, v);
@@ -220,8 +213,7 @@ static series_t *series_add(ie_metric_t *m, const char *label)
     series_t *s = calloc(1, sizeof *s);
     if (!s) return NULL;
     if (label && !(s->label = strdup(label))) goto fail;
-    if (m->kind == KIND_HISTOGRAM && !(s->buckets = calloc((size_t)m->n_bounds + 1, sizeof *s->buckets)))
-        goto fail;
+    if (m->kind == KIND_HISTOGRAM && !(s->buckets = calloc((size_t)m->n_bounds + 1, sizeof *s->buckets))) goto fail;
     if (m->series_tail) m->series_tail->next = s;
     else m->series = s;
     m->series_tail = s;
@@ -307,8 +299,7 @@ static int same_bounds(const ie_metric_t *x, const double *bounds, int n)
 /* Validate and register (or find) a metric. For histograms, bounds/n_bounds
  * have already been checked and a trailing +Inf dropped. */
 static ie_status_t metric_register(ie_metrics_t *m, metric_kind_t kind, const char *name, const char *help,
-                                   const char *label_key, const double *bounds, int n_bounds,
-                                   ie_metric_t **out)
+                                   const char *label_key, const double *bounds, int n_bounds, ie_metric_t **out)
 {
     ie_status_t st = IE_OK;
     ie_metric_t *x = NULL;
@@ -336,8 +327,7 @@ static ie_status_t metric_register(ie_metrics_t *m, metric_kind_t kind, const ch
         if (strcmp(e->name, name) != 0) continue;
         if (e->kind != kind || !str_eq(e->label_key, label_key) ||
             (kind == KIND_HISTOGRAM && !same_bounds(e, bounds, n_bounds))) {
-            st = ie_error_set(IE_ERR_INVAL,
-                              "metrics: %s is already registered as a %s with label '%s'%s", name,
+            st = ie_error_set(IE_ERR_INVAL, "metrics: %s is already registered as a %s with label '%s'%s", name,
                               KIND_NAME[e->kind], e->label_key ? e->label_key : "(none)",
                               e->kind == KIND_HISTOGRAM ? " and other buckets" : "");
             goto cleanup;
@@ -501,8 +491,8 @@ ie_status_t ie_metrics_render(ie_metrics_t *m, ie_buf_t *out)
     }
     if (append_header(out, "process_resident_memory_bytes", "Resident memory size in bytes.", "gauge") != 0 ||
         append_sample(out, "process_resident_memory_bytes", "", NULL, NULL, NULL, resident_bytes()) != 0 ||
-        append_header(out, "process_start_time_seconds",
-                      "Start time of the process since unix epoch in seconds.", "gauge") != 0 ||
+        append_header(out, "process_start_time_seconds", "Start time of the process since unix epoch in seconds.",
+                      "gauge") != 0 ||
         append_sample(out, "process_start_time_seconds", "", NULL, NULL, NULL, m->start_time) != 0) {
         st = ie_error_set(IE_ERR_NOMEM, "metrics: out of memory rendering process metrics");
         goto cleanup;

@@ -29,8 +29,7 @@ struct ie_metrics_server {
 /* Queue a fixed text reply with `code`. */
 static enum MHD_Result reply_text(struct MHD_Connection *conn, unsigned code, const char *text, int allow)
 {
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_PERSISTENT);
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_PERSISTENT);
     if (!r) return MHD_NO;
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
     if (allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
@@ -54,7 +53,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return reply_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method not allowed\n", 1);
     if (strcmp(url, "/metrics") != 0) return reply_text(conn, MHD_HTTP_NOT_FOUND, "not found\n", 0);
 
-    ie_buf_t buf = { 0 };
+    ie_buf_t buf = {0};
     if (ie_metrics_render(s->reg, &buf) != IE_OK || !buf.data) {
         ie_buf_free(&buf);
         return reply_text(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, "rendering failed\n", 0);
@@ -133,10 +132,7 @@ cleanup:
 
 /* Contract: the TCP port the server listens on (the chosen one when it was
  * started with port 0); -1 for NULL. */
-int ie_metrics_server_port(const ie_metrics_server_t *s)
-{
-    return s ? s->port : -1;
-}
+int ie_metrics_server_port(const ie_metrics_server_t *s) { return s ? s->port : -1; }
 
 /* Contract: stops the daemon (waits for its thread and open connections),
  * frees the server and sets *s_p to NULL. Accepts NULL and *s_p == NULL. */

@@ -35,8 +35,8 @@
 
 /* ------------------------------------------------------------ kind names */
 
-static const char *const k_kind_names[] = {"none", "hello",  "assign",    "ready", "step",
-                                           "result", "partial", "heartbeat", "bye",  "error"};
+static const char *const k_kind_names[] = {"none",   "hello",   "assign",    "ready", "step",
+                                           "result", "partial", "heartbeat", "bye",   "error"};
 
 const char *ie_msg_kind_name(ie_msg_kind_t k)
 {
@@ -76,28 +76,64 @@ static int skim(const uint8_t *p, size_t n, size_t *off, int depth)
         len = b & 0x1f;
     } else {
         switch (b) {
-        case 0xc0: case 0xc2: case 0xc3: break;                  /* nil, false, true */
-        case 0xc4: case 0xd9: if (read_be(p, n, off, 1, &len)) return -1; break; /* bin8 / str8 */
-        case 0xc5: case 0xda: if (read_be(p, n, off, 2, &len)) return -1; break;
-        case 0xc6: case 0xdb: if (read_be(p, n, off, 4, &len)) return -1; break;
-        case 0xc7: if (read_be(p, n, off, 1, &len)) return -1; len += 1; break; /* ext: + type */
-        case 0xc8: if (read_be(p, n, off, 2, &len)) return -1; len += 1; break;
-        case 0xc9: if (read_be(p, n, off, 4, &len)) return -1; len += 1; break;
+        case 0xc0:
+        case 0xc2:
+        case 0xc3: break; /* nil, false, true */
+        case 0xc4:
+        case 0xd9:
+            if (read_be(p, n, off, 1, &len)) return -1;
+            break; /* bin8 / str8 */
+        case 0xc5:
+        case 0xda:
+            if (read_be(p, n, off, 2, &len)) return -1;
+            break;
+        case 0xc6:
+        case 0xdb:
+            if (read_be(p, n, off, 4, &len)) return -1;
+            break;
+        case 0xc7:
+            if (read_be(p, n, off, 1, &len)) return -1;
+            len += 1;
+            break; /* ext: + type */
+        case 0xc8:
+            if (read_be(p, n, off, 2, &len)) return -1;
+            len += 1;
+            break;
+        case 0xc9:
+            if (read_be(p, n, off, 4, &len)) return -1;
+            len += 1;
+            break;
         case 0xca: len = 4; break;
         case 0xcb: len = 8; break;
-        case 0xcc: case 0xd0: len = 1; break;
-        case 0xcd: case 0xd1: len = 2; break;
-        case 0xce: case 0xd2: len = 4; break;
-        case 0xcf: case 0xd3: len = 8; break;
+        case 0xcc:
+        case 0xd0: len = 1; break;
+        case 0xcd:
+        case 0xd1: len = 2; break;
+        case 0xce:
+        case 0xd2: len = 4; break;
+        case 0xcf:
+        case 0xd3: len = 8; break;
         case 0xd4: len = 2; break; /* fixext 1..16: type + data */
         case 0xd5: len = 3; break;
         case 0xd6: len = 5; break;
         case 0xd7: len = 9; break;
         case 0xd8: len = 17; break;
-        case 0xdc: if (read_be(p, n, off, 2, &count)) return -1; is_array = 1; break;
-        case 0xdd: if (read_be(p, n, off, 4, &count)) return -1; is_array = 1; break;
-        case 0xde: if (read_be(p, n, off, 2, &count)) return -1; is_map = 1; break;
-        case 0xdf: if (read_be(p, n, off, 4, &count)) return -1; is_map = 1; break;
+        case 0xdc:
+            if (read_be(p, n, off, 2, &count)) return -1;
+            is_array = 1;
+            break;
+        case 0xdd:
+            if (read_be(p, n, off, 4, &count)) return -1;
+            is_array = 1;
+            break;
+        case 0xde:
+            if (read_be(p, n, off, 2, &count)) return -1;
+            is_map = 1;
+            break;
+        case 0xdf:
+            if (read_be(p, n, off, 4, &count)) return -1;
+            is_map = 1;
+            break;
         default: return -1; /* 0xc1: never used */
         }
     }
@@ -220,10 +256,7 @@ static int pack_write(void *data, const char *buf, size_t len)
     return 0;
 }
 
-static void pack_key(msgpack_packer *pk, const char *k)
-{
-    msgpack_pack_str_with_body(pk, k, strlen(k));
-}
+static void pack_key(msgpack_packer *pk, const char *k) { msgpack_pack_str_with_body(pk, k, strlen(k)); }
 
 /* NULL packs as nil. */
 static void pack_strn(msgpack_packer *pk, const char *s, size_t n)
@@ -232,10 +265,7 @@ static void pack_strn(msgpack_packer *pk, const char *s, size_t n)
     else msgpack_pack_str_with_body(pk, s, n);
 }
 
-static void pack_cstr(msgpack_packer *pk, const char *s)
-{
-    pack_strn(pk, s, s ? strlen(s) : 0);
-}
+static void pack_cstr(msgpack_packer *pk, const char *s) { pack_strn(pk, s, s ? strlen(s) : 0); }
 
 /* ------------------------------------------------------------ cluster tables */
 
@@ -253,8 +283,8 @@ typedef enum ftype {
 typedef struct field {
     const char *key;
     ftype_t type;
-    size_t off;       /* offset in the kind's struct                    */
-    size_t size;      /* FT_STR*: bytes of one string buffer            */
+    size_t off;  /* offset in the kind's struct                    */
+    size_t size; /* FT_STR*: bytes of one string buffer            */
     int required;
     int64_t lo, hi;   /* integer ranges (elements for FT_I32_ARR)       */
     size_t count_off; /* FT_*_ARR: offset of the int32 element count    */
@@ -262,14 +292,38 @@ typedef struct field {
 
 #define REQ 1
 #define OPT 0
-#define FI(T, m, req, lo, hi) {#m, FT_I32, offsetof(T, m), 0, req, lo, hi, 0}
-#define FL(T, m, req, lo, hi) {#m, FT_I64, offsetof(T, m), 0, req, lo, hi, 0}
-#define FU(T, m, req) {#m, FT_U64, offsetof(T, m), 0, req, 0, 0, 0}
-#define FD(T, m, req) {#m, FT_F64, offsetof(T, m), 0, req, 0, 0, 0}
-#define FB(T, m, req) {#m, FT_FLAG, offsetof(T, m), 0, req, 0, 1, 0}
-#define FS(T, m, req) {#m, FT_STR, offsetof(T, m), sizeof(((T *)0)->m), req, 0, 0, 0}
-#define FSA(T, m, req, cnt) {#m, FT_STR_ARR, offsetof(T, m), sizeof(((T *)0)->m[0]), req, 0, 0, offsetof(T, cnt)}
-#define FIA(T, m, req, lo, hi, cnt) {#m, FT_I32_ARR, offsetof(T, m), 0, req, lo, hi, offsetof(T, cnt)}
+#define FI(T, m, req, lo, hi)                         \
+    {                                                 \
+#m, FT_I32, offsetof(T, m), 0, req, lo, hi, 0 \
+    }
+#define FL(T, m, req, lo, hi)                         \
+    {                                                 \
+#m, FT_I64, offsetof(T, m), 0, req, lo, hi, 0 \
+    }
+#define FU(T, m, req)                               \
+    {                                               \
+#m, FT_U64, offsetof(T, m), 0, req, 0, 0, 0 \
+    }
+#define FD(T, m, req)                               \
+    {                                               \
+#m, FT_F64, offsetof(T, m), 0, req, 0, 0, 0 \
+    }
+#define FB(T, m, req)                                \
+    {                                                \
+#m, FT_FLAG, offsetof(T, m), 0, req, 0, 1, 0 \
+    }
+#define FS(T, m, req)                                                 \
+    {                                                                 \
+#m, FT_STR, offsetof(T, m), sizeof(((T *)0)->m), req, 0, 0, 0 \
+    }
+#define FSA(T, m, req, cnt)                                                                 \
+    {                                                                                       \
+#m, FT_STR_ARR, offsetof(T, m), sizeof(((T *)0)->m[0]), req, 0, 0, offsetof(T, cnt) \
+    }
+#define FIA(T, m, req, lo, hi, cnt)                                      \
+    {                                                                    \
+#m, FT_I32_ARR, offsetof(T, m), 0, req, lo, hi, offsetof(T, cnt) \
+    }
 
 #define RANK_MAX (IE_PROTO_MAX_RANKS - 1)
 
@@ -358,13 +412,14 @@ typedef struct kind_desc {
     int n_fields;
 } kind_desc_t;
 
-#define KD(t) {t, (int)(sizeof t / sizeof t[0])}
+#define KD(t)                            \
+    {                                    \
+        t, (int)(sizeof t / sizeof t[0]) \
+    }
 static const kind_desc_t k_kinds[] = {
-    [IE_MSG_HELLO] = KD(k_hello),     [IE_MSG_ASSIGN] = KD(k_assign),
-    [IE_MSG_READY] = KD(k_ready),     [IE_MSG_STEP] = KD(k_step),
-    [IE_MSG_RESULT] = KD(k_result),   [IE_MSG_PARTIAL] = KD(k_partial),
-    [IE_MSG_HEARTBEAT] = KD(k_heartbeat), [IE_MSG_BYE] = {NULL, 0},
-    [IE_MSG_ERROR] = KD(k_error),
+    [IE_MSG_HELLO] = KD(k_hello),         [IE_MSG_ASSIGN] = KD(k_assign), [IE_MSG_READY] = KD(k_ready),
+    [IE_MSG_STEP] = KD(k_step),           [IE_MSG_RESULT] = KD(k_result), [IE_MSG_PARTIAL] = KD(k_partial),
+    [IE_MSG_HEARTBEAT] = KD(k_heartbeat), [IE_MSG_BYE] = {NULL, 0},       [IE_MSG_ERROR] = KD(k_error),
 };
 
 static const kind_desc_t *kind_desc(int64_t kind)
@@ -555,14 +610,15 @@ static ie_status_t dec_field(const field_t *f, const msgpack_object *o, uint8_t 
     case FT_STR_ARR:
     case FT_I32_ARR:
         if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size > IE_PROTO_MAX_RANKS)
-            return ie_error_set(IE_ERR_FORMAT, "decode %s: key \"%s\" must be an array of at most %d entries", kname,
-                                f->key, IE_PROTO_MAX_RANKS);
+            return ie_error_set(IE_ERR_FORMAT, "decode %s: key \"%s\" must be an array of at most %d entries",
+                                kname, f->key, IE_PROTO_MAX_RANKS);
         for (uint32_t i = 0; i < o->via.array.size; i++) {
             const msgpack_object *e = &o->via.array.ptr[i];
             if (f->type == FT_STR_ARR) {
                 if (str_copy(e, (char *)p + (size_t)i * f->size, f->size) != 0)
-                    return ie_error_set(IE_ERR_FORMAT, "decode %s: key \"%s\"[%u] must be a string of at most %zu bytes",
-                                        kname, f->key, i, f->size - 1);
+                    return ie_error_set(IE_ERR_FORMAT,
+                                        "decode %s: key \"%s\"[%u] must be a string of at most %zu bytes", kname,
+                                        f->key, i, f->size - 1);
             } else {
                 if (obj_i64(e, &v) != 0 || v < f->lo || v > f->hi)
                     return ie_error_set(IE_ERR_FORMAT, "decode %s: key \"%s\"[%u] must be an integer in %lld..%lld",
@@ -668,17 +724,25 @@ ie_status_t ie_kv_ops_append(ie_buf_t *frame, const ie_kv_op_t *op)
     if (!frame || !op) return ie_error_set(IE_ERR_INVAL, "ie_kv_ops_append: NULL argument");
     if (op->seq < 0) return ie_error_set(IE_ERR_INVAL, "kv op: slot %d", (int)op->seq);
     switch (op->kind) {
-    case IE_KV_OP_CLEAR: w[nw++] = IE_KV_OP_CLEAR; w[nw++] = op->seq; break;
+    case IE_KV_OP_CLEAR:
+        w[nw++] = IE_KV_OP_CLEAR;
+        w[nw++] = op->seq;
+        break;
     case IE_KV_OP_SET_LEN:
         if (op->n < 0) return ie_error_set(IE_ERR_INVAL, "kv op: set length %d", (int)op->n);
-        w[nw++] = IE_KV_OP_SET_LEN; w[nw++] = op->seq; w[nw++] = op->n;
+        w[nw++] = IE_KV_OP_SET_LEN;
+        w[nw++] = op->seq;
+        w[nw++] = op->n;
         break;
     case IE_KV_OP_BIND:
         if (op->first < 0 || op->n < 0 || (op->n > 0 && !op->pb))
             return ie_error_set(IE_ERR_INVAL, "kv op: bind of %d blocks at %d", (int)op->n, (int)op->first);
         for (int32_t i = 0; i < op->n; i++)
             if (op->pb[i] < -1) return ie_error_set(IE_ERR_INVAL, "kv op: physical block %d", (int)op->pb[i]);
-        w[nw++] = IE_KV_OP_BIND; w[nw++] = op->seq; w[nw++] = op->first; w[nw++] = op->n;
+        w[nw++] = IE_KV_OP_BIND;
+        w[nw++] = op->seq;
+        w[nw++] = op->first;
+        w[nw++] = op->n;
         break;
     default: return ie_error_set(IE_ERR_INVAL, "kv op: kind %d", (int)op->kind);
     }
@@ -706,14 +770,19 @@ ie_status_t ie_kv_ops_check(const void *frame, size_t bytes, int *n_ops)
 #define WORD(i) (memcpy(&w, p + 4 * (i), 4), w)
     for (size_t at = 0; at < n; ops++) {
         const int32_t kind = WORD(at);
-        const size_t need = kind == IE_KV_OP_CLEAR ? 2 : kind == IE_KV_OP_SET_LEN ? 3 : kind == IE_KV_OP_BIND ? 4 : 0;
+        const size_t need = kind == IE_KV_OP_CLEAR     ? 2
+                            : kind == IE_KV_OP_SET_LEN ? 3
+                            : kind == IE_KV_OP_BIND    ? 4
+                                                       : 0;
         if (!need) return ie_error_set(IE_ERR_FORMAT, "kv ops: word %zu: unknown operation %d", at, (int)kind);
-        if (n - at < need) return ie_error_set(IE_ERR_FORMAT, "kv ops: word %zu: operation %d cut short", at, (int)kind);
+        if (n - at < need)
+            return ie_error_set(IE_ERR_FORMAT, "kv ops: word %zu: operation %d cut short", at, (int)kind);
         if (WORD(at + 1) < 0) return ie_error_set(IE_ERR_FORMAT, "kv ops: word %zu: slot %d", at + 1, (int)w);
         if (kind == IE_KV_OP_SET_LEN && WORD(at + 2) < 0)
             return ie_error_set(IE_ERR_FORMAT, "kv ops: word %zu: length %d", at + 2, (int)w);
         if (kind == IE_KV_OP_BIND) {
-            if (WORD(at + 2) < 0) return ie_error_set(IE_ERR_FORMAT, "kv ops: word %zu: first block %d", at + 2, (int)w);
+            if (WORD(at + 2) < 0)
+                return ie_error_set(IE_ERR_FORMAT, "kv ops: word %zu: first block %d", at + 2, (int)w);
             const int32_t cnt = WORD(at + 3);
             if (cnt < 0 || (size_t)cnt > n - at - 4)
                 return ie_error_set(IE_ERR_FORMAT, "kv ops: word %zu: %d blocks (%zu words left)", at + 3, (int)cnt,
@@ -742,7 +811,10 @@ int ie_kv_ops_next(const int32_t *words, size_t n_words, size_t *off, ie_kv_op_t
     op->seq = w[1];
     switch (op->kind) {
     case IE_KV_OP_CLEAR: *off += 2; break;
-    case IE_KV_OP_SET_LEN: op->n = w[2]; *off += 3; break;
+    case IE_KV_OP_SET_LEN:
+        op->n = w[2];
+        *off += 3;
+        break;
     case IE_KV_OP_BIND:
         op->first = w[2];
         op->n = w[3];
@@ -790,8 +862,8 @@ static void req_defaults(ie_client_req_t *r)
 static ie_status_t req_str(const msgpack_object *o, const char *key, size_t lo, size_t hi, char **dst)
 {
     if (!obj_str(o) || o->via.str.size < lo || o->via.str.size > hi)
-        return ie_error_set(IE_ERR_FORMAT, "request: \"%s\" must be a string of %zu..%zu bytes without NUL", key, lo,
-                            hi);
+        return ie_error_set(IE_ERR_FORMAT, "request: \"%s\" must be a string of %zu..%zu bytes without NUL", key,
+                            lo, hi);
     char *s = malloc(o->via.str.size + 1);
     if (!s) return ie_error_set(IE_ERR_NOMEM, "request: out of memory");
     if (o->via.str.size) memcpy(s, o->via.str.ptr, o->via.str.size);
@@ -876,9 +948,9 @@ static ie_status_t req_stop(const msgpack_object *o, ie_client_req_t *r)
  * reads as "not given" (what JSON-minded clients send for None). */
 static ie_status_t req_key(const msgpack_object *k, const msgpack_object *o, ie_client_req_t *r, uint32_t *seen)
 {
-    static const char *const keys[] = {"type",  "id",    "prompt",         "messages", "max_new",
-                                       "temperature", "top_k", "top_p", "min_p", "repeat_penalty",
-                                       "seed",  "stop",  "stream",         "priority"};
+    static const char *const keys[] = {"type",        "id",    "prompt", "messages", "max_new",
+                                       "temperature", "top_k", "top_p",  "min_p",    "repeat_penalty",
+                                       "seed",        "stop",  "stream", "priority"};
     int idx = -1;
     int64_t v = 0;
     for (int i = 0; i < (int)(sizeof keys / sizeof keys[0]); i++)
@@ -915,7 +987,8 @@ static ie_status_t req_key(const msgpack_object *k, const msgpack_object *o, ie_
         break;
     case 11: st = req_stop(o, r); break;
     case 12:
-        if (o->type != MSGPACK_OBJECT_BOOLEAN) st = ie_error_set(IE_ERR_FORMAT, "request: \"stream\" must be a boolean");
+        if (o->type != MSGPACK_OBJECT_BOOLEAN)
+            st = ie_error_set(IE_ERR_FORMAT, "request: \"stream\" must be a boolean");
         else r->stream = o->via.boolean ? 1 : 0;
         break;
     case 13:
@@ -952,7 +1025,8 @@ ie_status_t ie_client_req_decode(const void *data, size_t n, ie_client_req_t *r)
         goto cleanup;
     }
     if (strcmp(r->type, "generate") == 0 && !r->prompt == !r->messages)
-        st = ie_error_set(IE_ERR_FORMAT, "request: a generate request needs exactly one of \"prompt\" or \"messages\"");
+        st = ie_error_set(IE_ERR_FORMAT,
+                          "request: a generate request needs exactly one of \"prompt\" or \"messages\"");
 
 cleanup:
     msgpack_unpacked_destroy(&u);
@@ -1075,8 +1149,7 @@ static int am_beats(float v, int32_t id, float bv, int32_t bid)
 }
 
 ie_status_t ie_result_logits_merge(const void *payload, size_t bytes, const uint8_t *flags, int n, int64_t vb,
-                                   int64_t ve, int64_t n_vocab, float *logits_out, float *am_val,
-                                   int32_t *am_id)
+                                   int64_t ve, int64_t n_vocab, float *logits_out, float *am_val, int32_t *am_id)
 {
     const int64_t nv = ve - vb;
     const size_t want = ie_result_logits_len(flags, n, nv);
@@ -1143,7 +1216,8 @@ ie_status_t ie_chain_gather_pick(const float *g, int n_ranks, int n, int64_t n_v
         for (int r = 0; r < n_ranks; r++) {
             const float *e = g + ie_chain_gather_len(r, n) + 2 * i;
             if (!(e[1] >= 0.0f && e[1] <= (float)n_vocab && e[1] == (float)(int32_t)e[1]))
-                return ie_error_set(IE_ERR_FORMAT, "chained step: rank %d's arg max of entry %d is not an id", r, i);
+                return ie_error_set(IE_ERR_FORMAT, "chained step: rank %d's arg max of entry %d is not an id", r,
+                                    i);
             const int32_t id = (int32_t)e[1] - 1;
             if (am_beats(e[0], id, bv, bid)) {
                 bv = e[0];

@@ -53,16 +53,10 @@ int ie_sd_status(const char *fmt, ...)
 }
 
 /* Contract: sends WATCHDOG=1. >0 sent, 0 no notify socket, <0 -errno. */
-int ie_sd_watchdog(void)
-{
-    return sd_notify(0, "WATCHDOG=1");
-}
+int ie_sd_watchdog(void) { return sd_notify(0, "WATCHDOG=1"); }
 
 /* Contract: sends STOPPING=1. >0 sent, 0 no notify socket, <0 -errno. */
-int ie_sd_stopping(void)
-{
-    return sd_notify(0, "STOPPING=1");
-}
+int ie_sd_stopping(void) { return sd_notify(0, "STOPPING=1"); }
 
 /* Contract: $WATCHDOG_USEC when the watchdog is meant for this process
  * ($WATCHDOG_PID unset or our pid), else 0 (also for malformed values). */

@@ -34,12 +34,12 @@
 #include <unistd.h>
 
 #define NET_HWM 1000
-#define NET_MAX_MSG (1ll << 30)  /* per frame (ZMQ_MAXMSGSIZE) and per message */
+#define NET_MAX_MSG (1ll << 30) /* per frame (ZMQ_MAXMSGSIZE) and per message */
 #define NET_MAX_FRAMES 64
-#define NET_ALIGN 64              /* received frames: cache-line aligned (>= 16 promised) */
+#define NET_ALIGN 64 /* received frames: cache-line aligned (>= 16 promised) */
 #define NET_ZAP_ENDPOINT "inproc://zeromq.zap.01"
 #define NET_ZAP_DOMAIN "ie"
-#define NET_REFUSE_QUIET_S 10     /* the same refused key+address is logged once per this */
+#define NET_REFUSE_QUIET_S 10 /* the same refused key+address is logged once per this */
 #define Z85_LEN 40
 
 struct ie_net {
@@ -47,10 +47,10 @@ struct ie_net {
     int secure;
     char public_z85[Z85_LEN + 1];
     char secret_z85[Z85_LEN + 1];
-    void *zap;              /* REP socket, owned by the ZAP thread once it runs */
+    void *zap; /* REP socket, owned by the ZAP thread once it runs */
     pthread_t zap_thread;
     int zap_running;
-    pthread_mutex_t mu;     /* guards the authorized set and the refusal log */
+    pthread_mutex_t mu; /* guards the authorized set and the refusal log */
     char (*keys)[Z85_LEN + 1];
     size_t n_keys, cap_keys;
     char last_refused[Z85_LEN + 1 + 64];
@@ -61,7 +61,7 @@ struct ie_sock {
     ie_net_t *net;
     void *zs;
     ie_sock_type_t type;
-    int sndtimeo;           /* the ZMQ_SNDTIMEO currently set */
+    int sndtimeo; /* the ZMQ_SNDTIMEO currently set */
 };
 
 /* ------------------------------------------------------------ helpers */
@@ -210,8 +210,8 @@ static void zap_handle(ie_net_t *net, void *zs, const zap_req_t *r)
     }
     /* NULL (or PLAIN) on a secure net: this handler only runs when CURVE is
      * on, and then every binding socket must be a CURVE server. */
-    fprintf(stderr, "transport: refused %.*s client from %s (CURVE required)\n", (int)(r->len[5] < 16 ? r->len[5] : 16),
-            r->f[5], addr);
+    fprintf(stderr, "transport: refused %.*s client from %s (CURVE required)\n",
+            (int)(r->len[5] < 16 ? r->len[5] : 16), r->f[5], addr);
     zap_reply(zs, r, "400", "CURVE required", "");
 }
 
@@ -227,8 +227,7 @@ static void *zap_main(void *arg)
             zmq_msg_t msg;
             zmq_msg_init(&msg);
             int rc;
-            while ((rc = zmq_msg_recv(&msg, zs, 0)) < 0 && zmq_errno() == EINTR) {
-            }
+            while ((rc = zmq_msg_recv(&msg, zs, 0)) < 0 && zmq_errno() == EINTR) {}
             if (rc < 0) { /* ETERM: the net is shutting down */
                 zmq_msg_close(&msg);
                 goto done;
@@ -319,7 +318,8 @@ static ie_status_t net_load_dir(ie_net_t *net, const char *dir)
     struct dirent *e;
     char path[4096], key[Z85_LEN + 1];
 
-    if (!d) return ie_error_set(IE_ERR_IO, "transport: cannot open authorized keys dir %s: %s", dir, strerror(errno));
+    if (!d)
+        return ie_error_set(IE_ERR_IO, "transport: cannot open authorized keys dir %s: %s", dir, strerror(errno));
     while ((e = readdir(d)) != NULL) {
         const size_t n = strlen(e->d_name);
         if (n < 5 || e->d_name[0] == '.' || strcmp(e->d_name + n - 4, ".pub") != 0) continue;
@@ -398,8 +398,7 @@ void ie_net_destroy(ie_net_t **net_p)
      * the context can terminate (every other socket is already closed). */
     zmq_ctx_shutdown(net->ctx);
     if (net->zap_running) pthread_join(net->zap_thread, NULL);
-    while (zmq_ctx_term(net->ctx) != 0 && zmq_errno() == EINTR) {
-    }
+    while (zmq_ctx_term(net->ctx) != 0 && zmq_errno() == EINTR) {}
     explicit_bzero(net->secret_z85, sizeof net->secret_z85);
     free(net->keys);
     pthread_mutex_destroy(&net->mu);
@@ -477,7 +476,9 @@ ie_status_t ie_sock_set_identity(ie_sock_t *s, const void *id, size_t n)
 static ie_status_t endpoint_status(void)
 {
     switch (zmq_errno()) {
-    case EADDRINUSE: case EADDRNOTAVAIL: case ENODEV: return IE_ERR_UNAVAILABLE;
+    case EADDRINUSE:
+    case EADDRNOTAVAIL:
+    case ENODEV: return IE_ERR_UNAVAILABLE;
     case ENOMEM: return IE_ERR_NOMEM;
     default: return IE_ERR_INVAL;
     }
@@ -499,7 +500,8 @@ static ie_status_t connectable(const char *last, char *bound, size_t cap)
         }
     }
     const int w = snprintf(bound, cap, "%s%s", to ? to : "", rest);
-    if (w < 0 || (size_t)w >= cap) return ie_error_set(IE_ERR_RANGE, "transport: bound endpoint %s does not fit", last);
+    if (w < 0 || (size_t)w >= cap)
+        return ie_error_set(IE_ERR_RANGE, "transport: bound endpoint %s does not fit", last);
     return IE_OK;
 }
 
@@ -542,8 +544,8 @@ ie_status_t ie_sock_connect(ie_sock_t *s, const char *endpoint, const char *serv
     if (!s || !endpoint) return ie_error_set(IE_ERR_INVAL, "ie_sock_connect: NULL argument");
     if (s->net->secure && !is_inproc(endpoint)) {
         if (!z85_valid(server_z85))
-            return ie_error_set(IE_ERR_INVAL, "transport: connecting to %s on a secure net needs the server's Z85 key",
-                                endpoint);
+            return ie_error_set(IE_ERR_INVAL,
+                                "transport: connecting to %s on a secure net needs the server's Z85 key", endpoint);
         if (zmq_setsockopt(s->zs, ZMQ_CURVE_SERVERKEY, server_z85, Z85_LEN) != 0 ||
             zmq_setsockopt(s->zs, ZMQ_CURVE_PUBLICKEY, s->net->public_z85, Z85_LEN) != 0 ||
             zmq_setsockopt(s->zs, ZMQ_CURVE_SECRETKEY, s->net->secret_z85, Z85_LEN) != 0)
@@ -559,7 +561,8 @@ ie_status_t ie_sock_disconnect(ie_sock_t *s, const char *endpoint)
 {
     if (!s || !endpoint) return ie_error_set(IE_ERR_INVAL, "ie_sock_disconnect: NULL argument");
     if (zmq_disconnect(s->zs, endpoint) != 0)
-        return ie_error_set(IE_ERR_INVAL, "transport: cannot disconnect %s: %s", endpoint, zmq_strerror(zmq_errno()));
+        return ie_error_set(IE_ERR_INVAL, "transport: cannot disconnect %s: %s", endpoint,
+                            zmq_strerror(zmq_errno()));
     return IE_OK;
 }
 
@@ -571,7 +574,8 @@ ie_status_t ie_sock_send(ie_sock_t *s, const ie_frame_t *frames, int n, int time
             return ie_error_set(IE_ERR_INVAL, "ie_sock_send: frame %d has no data", i);
     const int tmo = timeout_ms < 0 ? -1 : timeout_ms;
     if (tmo != s->sndtimeo) {
-        if (zmq_setsockopt(s->zs, ZMQ_SNDTIMEO, &tmo, sizeof tmo) != 0) return zmq_fail(IE_ERR_INTERNAL, "SNDTIMEO");
+        if (zmq_setsockopt(s->zs, ZMQ_SNDTIMEO, &tmo, sizeof tmo) != 0)
+            return zmq_fail(IE_ERR_INTERNAL, "SNDTIMEO");
         s->sndtimeo = tmo;
     }
     /* Only the first frame can wait or fail for lack of room: libzmq counts
@@ -580,8 +584,7 @@ ie_status_t ie_sock_send(ie_sock_t *s, const ie_frame_t *frames, int n, int time
     for (int i = 0; i < n; i++) {
         const int flags = i + 1 < n ? ZMQ_SNDMORE : 0;
         int rc;
-        while ((rc = zmq_send(s->zs, frames[i].data, frames[i].size, flags)) < 0 && zmq_errno() == EINTR) {
-        }
+        while ((rc = zmq_send(s->zs, frames[i].data, frames[i].size, flags)) < 0 && zmq_errno() == EINTR) {}
         if (rc >= 0) continue;
         switch (zmq_errno()) {
         case EAGAIN: return ie_error_set(IE_ERR_TIMEOUT, "transport: send timed out after %d ms", timeout_ms);
@@ -655,8 +658,7 @@ ie_status_t ie_sock_recv(ie_sock_t *s, ie_parts_t *p, int timeout_ms)
         more = zmq_msg_more(&msg);
         if (!more) break;
         int rc;
-        while ((rc = zmq_msg_recv(&msg, s->zs, 0)) < 0 && zmq_errno() == EINTR) {
-        }
+        while ((rc = zmq_msg_recv(&msg, s->zs, 0)) < 0 && zmq_errno() == EINTR) {}
         if (rc < 0) {
             st = zmq_fail(IE_ERR_UNAVAILABLE, "recv");
             goto cleanup;
@@ -664,8 +666,8 @@ ie_status_t ie_sock_recv(ie_sock_t *s, ie_parts_t *p, int timeout_ms)
     }
     if (st != IE_OK) goto cleanup; /* out of memory: the message is drained and lost */
     if (too_big) {
-        st = ie_error_set(IE_ERR_FORMAT, "transport: dropped a message of %d frames / %zu bytes (limits %d / %lld)", n,
-                          total, NET_MAX_FRAMES, NET_MAX_MSG);
+        st = ie_error_set(IE_ERR_FORMAT, "transport: dropped a message of %d frames / %zu bytes (limits %d / %lld)",
+                          n, total, NET_MAX_FRAMES, NET_MAX_MSG);
         goto cleanup;
     }
     p->n = n;
@@ -803,7 +805,8 @@ ie_status_t ie_keys_load(const char *path, char out[41])
         goto cleanup;
     }
     if (secret && (sb.st_mode & 077)) {
-        st = ie_error_set(IE_ERR_INVAL, "keys: secret key %s is accessible by group or others (mode %03o); run chmod 600 %s",
+        st = ie_error_set(IE_ERR_INVAL,
+                          "keys: secret key %s is accessible by group or others (mode %03o); run chmod 600 %s",
                           path, (unsigned)(sb.st_mode & 0777), path);
         goto cleanup;
     }
@@ -818,7 +821,8 @@ ie_status_t ie_keys_load(const char *path, char out[41])
         n += (size_t)r;
     }
     int ok = n >= Z85_LEN && n < sizeof buf;
-    for (size_t i = Z85_LEN; ok && i < n; i++) ok = buf[i] == '\n' || buf[i] == '\r' || buf[i] == ' ' || buf[i] == '\t';
+    for (size_t i = Z85_LEN; ok && i < n; i++)
+        ok = buf[i] == '\n' || buf[i] == '\r' || buf[i] == ' ' || buf[i] == '\t';
     if (ok) {
         memcpy(out, buf, Z85_LEN);
         out[Z85_LEN] = '\0';

@@ -22,11 +22,11 @@
 #include <stddef.h>
 
 typedef struct ie_topo {
-    int n_nodes;         /* NUMA nodes (>= 1)                          */
-    int n_packages;      /* sockets                                    */
-    int n_cores;         /* physical cores                             */
-    int n_pus;           /* hardware threads                           */
-    int node_cores[64];  /* cores per node (first 64 nodes)            */
+    int n_nodes;        /* NUMA nodes (>= 1)                          */
+    int n_packages;     /* sockets                                    */
+    int n_cores;        /* physical cores                             */
+    int n_pus;          /* hardware threads                           */
+    int node_cores[64]; /* cores per node (first 64 nodes)            */
 } ie_topo_t;
 
 /* Read the machine's topology with hwloc. */

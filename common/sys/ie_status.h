@@ -14,8 +14,7 @@
 
 /* Record a printf-style reason for the current thread's last failure and
  * return `st` (so callers can write `return ie_error_set(IE_ERR_IO, ...)`). */
-ie_status_t ie_error_set(ie_status_t st, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+ie_status_t ie_error_set(ie_status_t st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Clear the current thread's last reason. */
 void ie_error_clear(void);

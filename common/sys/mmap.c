@@ -34,8 +34,8 @@ ie_status_t ie_file_map(const char *what, const char *path, const void **map_out
     void *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED) {
         int e = errno;
-        st = ie_error_set(e == ENOMEM ? IE_ERR_NOMEM : IE_ERR_IO, "%s: cannot map '%s' (%zu bytes): %s", what,
-                          path, len, strerror(e));
+        st = ie_error_set(e == ENOMEM ? IE_ERR_NOMEM : IE_ERR_IO, "%s: cannot map '%s' (%zu bytes): %s", what, path,
+                          len, strerror(e));
         goto cleanup;
     }
     (void)madvise(map, len, MADV_HUGEPAGE); /* a hint; file mappings usually refuse it */

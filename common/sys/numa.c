@@ -132,8 +132,8 @@ ie_status_t ie_numa_pick(const ie_topo_t *t, const char *policy, int rank, int n
                                 policy, id, t->n_nodes, t->n_nodes == 1 ? "" : "s");
         *node_out = (int)id;
     } else {
-        return ie_error_set(IE_ERR_INVAL,
-                            "numa: unknown policy '%s' (auto, compact, scatter, socket:<id> or none)", policy);
+        return ie_error_set(IE_ERR_INVAL, "numa: unknown policy '%s' (auto, compact, scatter, socket:<id> or none)",
+                            policy);
     }
     return IE_OK;
 }

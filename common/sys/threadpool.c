@@ -60,14 +60,14 @@ typedef struct ie_worker {
 } ie_worker_t;
 
 struct ie_threadpool {
-    int n;                 /* threads in all, the owner included */
-    ie_worker_t *workers;  /* n-1 workers (ith = 1..n-1)         */
+    int n;                /* threads in all, the owner included */
+    ie_worker_t *workers; /* n-1 workers (ith = 1..n-1)         */
 
-    _Atomic(ie_task_fn) fn;  /* current job (published before gen)       */
+    _Atomic(ie_task_fn) fn; /* current job (published before gen)       */
     _Atomic(void *) ctx;
-    _Atomic unsigned gen;    /* bumped once per job, by the owner only     */
+    _Atomic unsigned gen;      /* bumped once per job, by the owner only     */
     _Atomic unsigned *claimed; /* [n]: last gen in which share i was taken */
-    _Atomic int done;        /* shares 1..n-1 finished in this job         */
+    _Atomic int done;          /* shares 1..n-1 finished in this job         */
     _Atomic int stop;
     _Atomic int n_sleeping;
     _Atomic(const ie_idle_t *) idle; /* between jobs, on workers (set_idle) */
@@ -75,10 +75,10 @@ struct ie_threadpool {
     pthread_mutex_t mu;
     pthread_cond_t cv;
 
-    int pinned;            /* owner thread pinned by us           */
-    int owner_cpu;         /* the CPU it was pinned to, or -1     */
+    int pinned;    /* owner thread pinned by us           */
+    int owner_cpu; /* the CPU it was pinned to, or -1     */
     pthread_t owner;
-    cpu_set_t owner_mask;  /* owner's affinity before pinning     */
+    cpu_set_t owner_mask; /* owner's affinity before pinning     */
 };
 
 static long long now_ns(void)
@@ -106,8 +106,7 @@ static unsigned wait_for_job(struct ie_threadpool *tp, unsigned seen)
     }
     pthread_mutex_lock(&tp->mu);
     atomic_fetch_add(&tp->n_sleeping, 1); /* seq_cst: pairs with the owner's gen bump */
-    while ((g = atomic_load(&tp->gen)) == seen && !atomic_load(&tp->stop))
-        pthread_cond_wait(&tp->cv, &tp->mu);
+    while ((g = atomic_load(&tp->gen)) == seen && !atomic_load(&tp->stop)) pthread_cond_wait(&tp->cv, &tp->mu);
     atomic_fetch_sub(&tp->n_sleeping, 1);
     pthread_mutex_unlock(&tp->mu);
     return g;
@@ -117,8 +116,8 @@ static unsigned wait_for_job(struct ie_threadpool *tp, unsigned seen)
 static int claim(struct ie_threadpool *tp, int ith, unsigned g)
 {
     unsigned expect = g - 1;
-    return atomic_compare_exchange_strong_explicit(&tp->claimed[ith], &expect, g,
-                                                   memory_order_acq_rel, memory_order_relaxed);
+    return atomic_compare_exchange_strong_explicit(&tp->claimed[ith], &expect, g, memory_order_acq_rel,
+                                                   memory_order_relaxed);
 }
 
 static void *worker_main(void *arg)

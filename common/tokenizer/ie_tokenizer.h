@@ -29,8 +29,8 @@
 typedef struct ie_tokenizer ie_tokenizer_t;
 
 enum {
-    IE_TOK_ADD_SPECIAL = 1,   /* add BOS (and EOS) as the model's rules say */
-    IE_TOK_PARSE_SPECIAL = 2  /* treat special-token strings as tokens      */
+    IE_TOK_ADD_SPECIAL = 1,  /* add BOS (and EOS) as the model's rules say */
+    IE_TOK_PARSE_SPECIAL = 2 /* treat special-token strings as tokens      */
 };
 
 /* Load from a GGUF file (a vocab-only GGUF is enough), a tokenizer.json, or
@@ -66,8 +66,8 @@ void ie_tokenizer_destroy(ie_tokenizer_t **self_p);
  * frees (non-NULL even when *n_out is 0), *n_out its length; on failure
  * *ids_out is NULL and *n_out 0. flags: IE_TOK_ADD_SPECIAL adds BOS / EOS
  * as ie_tokenizer_add_bos / _add_eos say; IE_TOK_PARSE_SPECIAL see above. */
-ie_status_t ie_tokenizer_encode(const ie_tokenizer_t *tok, const char *text, size_t len,
-                                int flags, int32_t **ids_out, size_t *n_out);
+ie_status_t ie_tokenizer_encode(const ie_tokenizer_t *tok, const char *text, size_t len, int flags,
+                                int32_t **ids_out, size_t *n_out);
 
 /* IE_OK if text[0..len) is valid UTF-8 (no overlongs, surrogates or code
  * points above U+10FFFF), else IE_ERR_INVAL "invalid UTF-8 at byte N". */
@@ -77,8 +77,7 @@ ie_status_t ie_tokenizer_check_utf8(const char *text, size_t len);
  * space). Special/control tokens give their text only if `special` is 1,
  * else nothing. Writes up to cap bytes; returns the full length, or -1 for
  * an out-of-range id. Bytes may be a partial UTF-8 sequence. */
-int ie_tokenizer_token_bytes(const ie_tokenizer_t *tok, int32_t id, int special,
-                             char *buf, size_t cap);
+int ie_tokenizer_token_bytes(const ie_tokenizer_t *tok, int32_t id, int special, char *buf, size_t cap);
 
 int32_t ie_tokenizer_n_vocab(const ie_tokenizer_t *tok);
 int32_t ie_tokenizer_bos(const ie_tokenizer_t *tok); /* -1 if none */

@@ -43,9 +43,7 @@ ie_status_t ie_tok_alloc(int32_t n_vocab, ie_tokenizer_t **out)
         goto cleanup;
     }
     t->n_vocab = n_vocab;
-    for (int32_t i = 0; i < n_vocab; i++) {
-        t->tokens[i].type = IE_TOKT_UNUSED;
-    }
+    for (int32_t i = 0; i < n_vocab; i++) { t->tokens[i].type = IE_TOKT_UNUSED; }
     for (int i = 0; i < 256; i++) {
         t->byte_sym[i] = -1;
         t->byte_tok[i] = -1;
@@ -66,35 +64,27 @@ ie_status_t ie_tok_pool_add(ie_tokenizer_t *t, const char *s, size_t len, uint32
     }
     if (t->pool_len + len > t->pool_cap) {
         size_t ncap = t->pool_cap ? t->pool_cap : 4096;
-        while (ncap < t->pool_len + len) {
-            ncap *= 2;
-        }
+        while (ncap < t->pool_len + len) { ncap *= 2; }
         char *np = realloc(t->pool, ncap);
-        if (!np) {
-            return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory for vocabulary text");
-        }
+        if (!np) { return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory for vocabulary text"); }
         t->pool = np;
         t->pool_cap = ncap;
     }
-    if (len) {
-        memcpy(t->pool + t->pool_len, s, len);
-    }
+    if (len) { memcpy(t->pool + t->pool_len, s, len); }
     *off_out = (uint32_t)t->pool_len;
     t->pool_len += len;
     return IE_OK;
 }
 
-ie_status_t ie_tok_set_token(ie_tokenizer_t *t, int32_t id, const char *text, size_t text_len,
-                             const char *piece, size_t piece_len)
+ie_status_t ie_tok_set_token(ie_tokenizer_t *t, int32_t id, const char *text, size_t text_len, const char *piece,
+                             size_t piece_len)
 {
     ie_status_t st;
     if (id < 0 || id >= t->n_vocab) {
         return ie_error_set(IE_ERR_INTERNAL, "tokenizer: token id %d out of range", (int)id);
     }
     ie_tok_token_t *tk = &t->tokens[id];
-    if ((st = ie_tok_pool_add(t, text, text_len, &tk->text_off)) != IE_OK) {
-        return st;
-    }
+    if ((st = ie_tok_pool_add(t, text, text_len, &tk->text_off)) != IE_OK) { return st; }
     tk->text_len = (uint32_t)text_len;
     if (piece == text && piece_len == text_len) {
         tk->piece_off = tk->text_off;
@@ -105,8 +95,7 @@ ie_status_t ie_tok_set_token(ie_tokenizer_t *t, int32_t id, const char *text, si
     return IE_OK;
 }
 
-ie_status_t ie_tok_add_step(ie_tokenizer_t *t, pcre2_code *re, ie_tok_split_behavior_t behavior,
-                            int invert)
+ie_status_t ie_tok_add_step(ie_tokenizer_t *t, pcre2_code *re, ie_tok_split_behavior_t behavior, int invert)
 {
     ie_tok_pretok_step_t *ns = realloc(t->steps, (t->n_steps + 1) * sizeof *ns);
     if (!ns) {
@@ -123,20 +112,12 @@ ie_status_t ie_tok_add_step(ie_tokenizer_t *t, pcre2_code *re, ie_tok_split_beha
 
 ie_status_t ie_tok_add_eog(ie_tokenizer_t *t, int32_t id)
 {
-    if (id < 0 || id >= t->n_vocab) {
-        return IE_OK;
-    }
+    if (id < 0 || id >= t->n_vocab) { return IE_OK; }
     size_t i = 0;
-    while (i < t->n_eog && t->eog[i] < id) {
-        i++;
-    }
-    if (i < t->n_eog && t->eog[i] == id) {
-        return IE_OK;
-    }
+    while (i < t->n_eog && t->eog[i] < id) { i++; }
+    if (i < t->n_eog && t->eog[i] == id) { return IE_OK; }
     int32_t *ne = realloc(t->eog, (t->n_eog + 1) * sizeof *ne);
-    if (!ne) {
-        return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory");
-    }
+    if (!ne) { return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory"); }
     t->eog = ne;
     memmove(t->eog + i + 1, t->eog + i, (t->n_eog - i) * sizeof *ne);
     t->eog[i] = id;
@@ -147,9 +128,7 @@ ie_status_t ie_tok_add_eog(ie_tokenizer_t *t, int32_t id)
 ie_status_t ie_tok_build_text_map(ie_tokenizer_t *t)
 {
     ie_status_t st = IE_OK;
-    if (t->text_map.cap) {
-        return IE_OK;
-    }
+    if (t->text_map.cap) { return IE_OK; }
     st = ie_tok_strmap_init(&t->text_map, (size_t)t->n_vocab);
     for (int32_t i = 0; i < t->n_vocab && st == IE_OK; i++) {
         const ie_tok_token_t *tk = &t->tokens[i];
@@ -169,12 +148,8 @@ typedef struct match_key {
 static int cmp_match(const void *a, const void *b)
 {
     const match_key_t *x = a, *y = b;
-    if (x->first != y->first) {
-        return x->first < y->first ? -1 : 1;
-    }
-    if (x->len != y->len) {
-        return x->len > y->len ? -1 : 1; /* longest first */
-    }
+    if (x->first != y->first) { return x->first < y->first ? -1 : 1; }
+    if (x->len != y->len) { return x->len > y->len ? -1 : 1; /* longest first */ }
     return x->id < y->id ? -1 : (x->id > y->id);
 }
 
@@ -183,15 +158,13 @@ ie_status_t ie_tok_finalize(ie_tokenizer_t *t)
     ie_status_t st = IE_OK;
     match_key_t *keys = NULL;
 
-    if ((st = ie_tok_build_text_map(t)) != IE_OK) {
-        goto cleanup;
-    }
+    if ((st = ie_tok_build_text_map(t)) != IE_OK) { goto cleanup; }
     const int32_t *ids[] = {&t->bos, &t->eos, &t->eot, &t->unk, &t->pad};
     const char *names[] = {"bos", "eos", "eot", "unknown", "padding"};
     for (size_t k = 0; k < sizeof ids / sizeof ids[0]; k++) {
         if (*ids[k] < -1 || *ids[k] >= t->n_vocab) {
-            st = ie_error_set(IE_ERR_FORMAT, "tokenizer: %s token id %d out of range (vocabulary has %d)",
-                              names[k], (int)*ids[k], (int)t->n_vocab);
+            st = ie_error_set(IE_ERR_FORMAT, "tokenizer: %s token id %d out of range (vocabulary has %d)", names[k],
+                              (int)*ids[k], (int)t->n_vocab);
             goto cleanup;
         }
     }
@@ -236,17 +209,13 @@ ie_status_t ie_tok_finalize(ie_tokenizer_t *t)
             }
         }
         qsort(keys, n, sizeof *keys, cmp_match);
-        for (size_t i = 0; i < n; i++) {
-            t->match_ids[i] = keys[i].id;
-        }
+        for (size_t i = 0; i < n; i++) { t->match_ids[i] = keys[i].id; }
     }
     t->n_match = n;
     {
         size_t k = 0;
         for (int b = 0; b <= 256; b++) {
-            while (b < 256 && k < n && keys[k].first < b) {
-                k++;
-            }
+            while (b < 256 && k < n && keys[k].first < b) { k++; }
             t->match_start[b] = (uint32_t)(b < 256 ? k : n);
         }
     }
@@ -261,9 +230,7 @@ ie_status_t ie_tok_finalize(ie_tokenizer_t *t)
         for (int32_t i = 0; i < t->n_vocab && t->spm_word_split; i++) {
             const ie_tok_token_t *tk = &t->tokens[i];
             const char *s = t->pool + tk->text_off;
-            if (!tk->in_bpe) {
-                continue;
-            }
+            if (!tk->in_bpe) { continue; }
             for (uint32_t k = 1; k + 3 <= tk->text_len; k++) {
                 if (memcmp(s + k, "\xE2\x96\x81", 3) == 0 && (k < 3 || memcmp(s + k - 3, "\xE2\x96\x81", 3) != 0)) {
                     t->spm_word_split = 0;
@@ -273,9 +240,7 @@ ie_status_t ie_tok_finalize(ie_tokenizer_t *t)
         }
     }
 
-    if ((st = ie_tok_add_eog(t, t->eos)) != IE_OK || (st = ie_tok_add_eog(t, t->eot)) != IE_OK) {
-        goto cleanup;
-    }
+    if ((st = ie_tok_add_eog(t, t->eos)) != IE_OK || (st = ie_tok_add_eog(t, t->eot)) != IE_OK) { goto cleanup; }
 
 cleanup:
     free(keys);
@@ -295,9 +260,7 @@ static int file_is_gguf(const char *path)
 {
     char magic[4] = {0};
     FILE *f = fopen(path, "rb");
-    if (!f) {
-        return 0;
-    }
+    if (!f) { return 0; }
     size_t n = fread(magic, 1, 4, f);
     fclose(f);
     return n == 4 && memcmp(magic, "GGUF", 4) == 0;
@@ -307,17 +270,11 @@ ie_status_t ie_tokenizer_load(const char *path, ie_tokenizer_t **out)
 {
     ie_status_t st = IE_OK;
     char *json = NULL, *config = NULL;
-    if (!out) {
-        return ie_error_set(IE_ERR_INVAL, "ie_tokenizer_load: out is NULL");
-    }
+    if (!out) { return ie_error_set(IE_ERR_INVAL, "ie_tokenizer_load: out is NULL"); }
     *out = NULL;
-    if (!path || !*path) {
-        return ie_error_set(IE_ERR_INVAL, "ie_tokenizer_load: empty path");
-    }
+    if (!path || !*path) { return ie_error_set(IE_ERR_INVAL, "ie_tokenizer_load: empty path"); }
     struct stat sb;
-    if (stat(path, &sb) != 0) {
-        return ie_error_set(IE_ERR_IO, "tokenizer: cannot open '%s'", path);
-    }
+    if (stat(path, &sb) != 0) { return ie_error_set(IE_ERR_IO, "tokenizer: cannot open '%s'", path); }
     size_t plen = strlen(path);
     if (S_ISDIR(sb.st_mode)) {
         json = malloc(plen + 32);
@@ -369,13 +326,9 @@ cleanup:
 
 void ie_tokenizer_destroy(ie_tokenizer_t **self_p)
 {
-    if (!self_p || !*self_p) {
-        return;
-    }
+    if (!self_p || !*self_p) { return; }
     ie_tokenizer_t *t = *self_p;
-    for (size_t i = 0; i < t->n_steps; i++) {
-        pcre2_code_free(t->steps[i].re);
-    }
+    for (size_t i = 0; i < t->n_steps; i++) { pcre2_code_free(t->steps[i].re); }
     free(t->steps);
     ie_tok_strmap_free(&t->text_map);
     ie_tok_pairmap_free(&t->merges);
@@ -440,9 +393,7 @@ static ie_status_t heap_push(enc_t *e, heap_ent_t v)
     size_t i = e->n_heap++;
     while (i > 0) {
         size_t p = (i - 1) / 2;
-        if (!heap_less(&v, &e->heap[p])) {
-            break;
-        }
+        if (!heap_less(&v, &e->heap[p])) { break; }
         e->heap[i] = e->heap[p];
         i = p;
     }
@@ -457,19 +408,13 @@ static heap_ent_t heap_pop(enc_t *e)
     size_t n = e->n_heap, i = 0;
     for (;;) {
         size_t l = 2 * i + 1;
-        if (l >= n) {
-            break;
-        }
+        if (l >= n) { break; }
         size_t c = (l + 1 < n && heap_less(&e->heap[l + 1], &e->heap[l])) ? l + 1 : l;
-        if (!heap_less(&e->heap[c], &last)) {
-            break;
-        }
+        if (!heap_less(&e->heap[c], &last)) { break; }
         e->heap[i] = e->heap[c];
         i = c;
     }
-    if (n) {
-        e->heap[i] = last;
-    }
+    if (n) { e->heap[i] = last; }
     return top;
 }
 
@@ -477,13 +422,9 @@ static heap_ent_t heap_pop(enc_t *e)
 static ie_status_t try_pair(enc_t *e, const char *w, int32_t l)
 {
     const ie_tokenizer_t *t = e->t;
-    if (l < 0) {
-        return IE_OK;
-    }
+    if (l < 0) { return IE_OK; }
     int32_t r = e->sym[l].next;
-    if (r < 0) {
-        return IE_OK;
-    }
+    if (r < 0) { return IE_OK; }
     const sym_t *a = &e->sym[l], *b = &e->sym[r];
     heap_ent_t h;
     h.pos = l;
@@ -497,9 +438,7 @@ static ie_status_t try_pair(enc_t *e, const char *w, int32_t l)
         h.merged = merged;
     } else {
         int32_t id = ie_tok_strmap_get(&t->text_map, w + a->start, h.size);
-        if (id < 0) {
-            return IE_OK;
-        }
+        if (id < 0) { return IE_OK; }
         /* tiktoken: the rank (= id) of the joined bytes; SPM: best score */
         h.prio = t->merge_mode == IE_TOK_MERGE_TIKTOKEN ? (double)id : -(double)t->tokens[id].score;
         h.merged = id;
@@ -512,9 +451,7 @@ static ie_status_t add_sym(enc_t *e, size_t *n, int32_t id, uint32_t start, uint
     if (*n == e->cap_sym) {
         size_t ncap = e->cap_sym ? e->cap_sym * 2 : 256;
         sym_t *ns = realloc(e->sym, ncap * sizeof *ns);
-        if (!ns) {
-            return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory");
-        }
+        if (!ns) { return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory"); }
         e->sym = ns;
         e->cap_sym = ncap;
     }
@@ -524,9 +461,7 @@ static ie_status_t add_sym(enc_t *e, size_t *n, int32_t id, uint32_t start, uint
     s->len = len;
     s->prev = (int32_t)*n - 1;
     s->next = -1;
-    if (*n > 0) {
-        e->sym[*n - 1].next = (int32_t)*n;
-    }
+    if (*n > 0) { e->sym[*n - 1].next = (int32_t)*n; }
     (*n)++;
     return IE_OK;
 }
@@ -539,18 +474,12 @@ static ie_status_t emit_unknown(enc_t *e, const char *w, const sym_t *s)
     if (t->algo == IE_TOK_ALGO_SPM && t->byte_fallback) {
         for (uint32_t k = 0; k < s->len && st == IE_OK; k++) {
             int32_t b = t->byte_tok[(unsigned char)w[s->start + k]];
-            if (b < 0) {
-                b = t->bpe_unk;
-            }
-            if (b >= 0) {
-                st = push_id(e, b);
-            }
+            if (b < 0) { b = t->bpe_unk; }
+            if (b >= 0) { st = push_id(e, b); }
         }
         return st;
     }
-    if (t->bpe_unk >= 0) {
-        st = push_id(e, t->bpe_unk);
-    }
+    if (t->bpe_unk >= 0) { st = push_id(e, t->bpe_unk); }
     return st;
 }
 
@@ -561,17 +490,11 @@ static ie_status_t bpe_word(enc_t *e, const char *w, size_t n)
     ie_status_t st = IE_OK;
     size_t ns = 0;
 
-    if (n == 0) {
-        return IE_OK;
-    }
-    if (n > UINT32_MAX / 2) {
-        return ie_error_set(IE_ERR_RANGE, "tokenizer: text segment too long");
-    }
+    if (n == 0) { return IE_OK; }
+    if (n > UINT32_MAX / 2) { return ie_error_set(IE_ERR_RANGE, "tokenizer: text segment too long"); }
     if (t->ignore_merges) {
         int32_t id = ie_tok_strmap_get(&t->text_map, w, n);
-        if (id >= 0) {
-            return push_id(e, id);
-        }
+        if (id >= 0) { return push_id(e, id); }
     }
 
     /* initial symbols: bytes (byte-level) or UTF-8 characters (SPM) */
@@ -583,9 +506,7 @@ static ie_status_t bpe_word(enc_t *e, const char *w, size_t n)
             id = t->byte_sym[(unsigned char)w[i]];
         } else {
             cl = (uint32_t)ie_tok_utf8_len((unsigned char)w[i]);
-            if (i + cl > n) {
-                cl = (uint32_t)(n - i);
-            }
+            if (i + cl > n) { cl = (uint32_t)(n - i); }
             id = ie_tok_strmap_get(&t->text_map, w + i, cl);
         }
         if (id >= 0 || t->merge_mode == IE_TOK_MERGE_SCORE) {
@@ -597,9 +518,7 @@ static ie_status_t bpe_word(enc_t *e, const char *w, size_t n)
             /* rank mode (HF BPE): byte fallback now, else unk, else the
              * character is left out of the word altogether */
             int all = t->algo == IE_TOK_ALGO_SPM && t->byte_fallback;
-            for (uint32_t k = 0; k < cl && all; k++) {
-                all = t->byte_tok[(unsigned char)w[i + k]] >= 0;
-            }
+            for (uint32_t k = 0; k < cl && all; k++) { all = t->byte_tok[(unsigned char)w[i + k]] >= 0; }
             if (all) {
                 for (uint32_t k = 0; k < cl && st == IE_OK; k++) {
                     st = add_sym(e, &ns, t->byte_tok[(unsigned char)w[i + k]], (uint32_t)(i + k), 1);
@@ -616,36 +535,24 @@ static ie_status_t bpe_word(enc_t *e, const char *w, size_t n)
         }
         i += cl;
     }
-    if (st != IE_OK || ns == 0) {
-        return st;
-    }
+    if (st != IE_OK || ns == 0) { return st; }
 
     /* merge */
     e->n_heap = 0;
-    for (size_t i = 0; i + 1 < ns && st == IE_OK; i++) {
-        st = try_pair(e, w, (int32_t)i);
-    }
+    for (size_t i = 0; i + 1 < ns && st == IE_OK; i++) { st = try_pair(e, w, (int32_t)i); }
     while (st == IE_OK && e->n_heap > 0) {
         heap_ent_t h = heap_pop(e);
         sym_t *a = &e->sym[h.pos];
-        if (a->len == 0 || a->next < 0) {
-            continue;
-        }
+        if (a->len == 0 || a->next < 0) { continue; }
         sym_t *b = &e->sym[a->next];
-        if (a->len + b->len != h.size) {
-            continue; /* stale: a neighbour changed since it was queued */
-        }
+        if (a->len + b->len != h.size) { continue; /* stale: a neighbour changed since it was queued */ }
         a->len += b->len;
         a->id = h.merged;
         a->next = b->next;
-        if (b->next >= 0) {
-            e->sym[b->next].prev = h.pos;
-        }
+        if (b->next >= 0) { e->sym[b->next].prev = h.pos; }
         b->len = 0;
         st = try_pair(e, w, a->prev);
-        if (st == IE_OK) {
-            st = try_pair(e, w, h.pos);
-        }
+        if (st == IE_OK) { st = try_pair(e, w, h.pos); }
     }
 
     /* emit */
@@ -663,8 +570,7 @@ static int is_ascii_space(unsigned char c)
 
 static int is_word_byte(unsigned char c)
 {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' ||
-           c >= 0x80;
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c >= 0x80;
 }
 
 /* Normalise, pre-tokenize and BPE one stretch of plain text. at_start: the
@@ -673,16 +579,13 @@ static ie_status_t encode_text(enc_t *e, const char *s, size_t n, int at_start)
 {
     const ie_tokenizer_t *t = e->t;
     ie_status_t st = IE_OK;
-    if (n == 0) {
-        return IE_OK;
-    }
+    if (n == 0) { return IE_OK; }
 
     int prefix = t->prepend == IE_TOK_PREPEND_ALWAYS || (t->prepend == IE_TOK_PREPEND_FIRST && at_start);
     if (prefix && t->prefix_if_missing) {
         /* HF ByteLevel / Metaspace: only when the (space-escaped) segment
          * does not already start with the prefix */
-        if ((n >= t->prefix_len && memcmp(s, t->prefix, t->prefix_len) == 0) ||
-            (t->escape_spaces && s[0] == ' ')) {
+        if ((n >= t->prefix_len && memcmp(s, t->prefix, t->prefix_len) == 0) || (t->escape_spaces && s[0] == ' ')) {
             prefix = 0;
         }
     }
@@ -690,15 +593,11 @@ static ie_status_t encode_text(enc_t *e, const char *s, size_t n, int at_start)
     size_t len = n;
     if (prefix || t->escape_spaces) {
         /* worst case: every byte is a space that becomes 3 bytes */
-        if (n > (SIZE_MAX - 16) / 3) {
-            return ie_error_set(IE_ERR_RANGE, "tokenizer: text too long");
-        }
+        if (n > (SIZE_MAX - 16) / 3) { return ie_error_set(IE_ERR_RANGE, "tokenizer: text too long"); }
         size_t need = n * 3 + t->prefix_len + 1;
         if (need > e->cap_norm) {
             char *nb = realloc(e->norm, need);
-            if (!nb) {
-                return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory");
-            }
+            if (!nb) { return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory"); }
             e->norm = nb;
             e->cap_norm = need;
         }
@@ -718,20 +617,14 @@ static ie_status_t encode_text(enc_t *e, const char *s, size_t n, int at_start)
         buf = e->norm;
         len = o;
     }
-    if (len > UINT32_MAX) {
-        return ie_error_set(IE_ERR_RANGE, "tokenizer: text segment longer than 4 GiB");
-    }
+    if (len > UINT32_MAX) { return ie_error_set(IE_ERR_RANGE, "tokenizer: text segment longer than 4 GiB"); }
 
     e->sa.n = 0;
-    if ((st = ie_tok_spans_push(&e->sa, 0, (uint32_t)len)) != IE_OK) {
-        return st;
-    }
+    if ((st = ie_tok_spans_push(&e->sa, 0, (uint32_t)len)) != IE_OK) { return st; }
     for (size_t k = 0; k < t->n_steps; k++) {
         e->sb.n = 0;
         st = ie_tok_pretok_apply(&t->steps[k], buf, &e->sa, &e->sb, e->md, e->mctx);
-        if (st != IE_OK) {
-            return st;
-        }
+        if (st != IE_OK) { return st; }
         ie_tok_spans_t tmp = e->sa;
         e->sa = e->sb;
         e->sb = tmp;
@@ -751,9 +644,7 @@ static ie_status_t encode_text(enc_t *e, const char *s, size_t n, int at_start)
                 start = i;
             }
         }
-        if (st == IE_OK) {
-            st = bpe_word(e, w + start, wl - start);
-        }
+        if (st == IE_OK) { st = bpe_word(e, w + start, wl - start); }
     }
     return st;
 }
@@ -765,12 +656,8 @@ static int32_t match_special(const ie_tokenizer_t *t, const char *text, size_t l
     for (uint32_t k = t->match_start[c]; k < t->match_start[c + 1]; k++) {
         int32_t id = t->match_ids[k];
         const ie_tok_token_t *tk = &t->tokens[id];
-        if (tk->special && !(flags & IE_TOK_PARSE_SPECIAL)) {
-            continue;
-        }
-        if (tk->text_len > len - i || memcmp(text + i, t->pool + tk->text_off, tk->text_len) != 0) {
-            continue;
-        }
+        if (tk->special && !(flags & IE_TOK_PARSE_SPECIAL)) { continue; }
+        if (tk->text_len > len - i || memcmp(text + i, t->pool + tk->text_off, tk->text_len) != 0) { continue; }
         if (tk->flags & IE_TOKF_SINGLE_WORD) {
             size_t end = i + tk->text_len;
             if ((i > 0 && is_word_byte((unsigned char)text[i - 1])) ||
@@ -785,42 +672,30 @@ static int32_t match_special(const ie_tokenizer_t *t, const char *text, size_t l
 
 ie_status_t ie_tokenizer_check_utf8(const char *text, size_t len)
 {
-    if (!text && len) {
-        return ie_error_set(IE_ERR_INVAL, "ie_tokenizer_check_utf8: NULL text");
-    }
+    if (!text && len) { return ie_error_set(IE_ERR_INVAL, "ie_tokenizer_check_utf8: NULL text"); }
     size_t valid = ie_tok_utf8_valid_prefix(text, len);
-    if (valid != len) {
-        return ie_error_set(IE_ERR_INVAL, "invalid UTF-8 at byte %zu", valid);
-    }
+    if (valid != len) { return ie_error_set(IE_ERR_INVAL, "invalid UTF-8 at byte %zu", valid); }
     return IE_OK;
 }
 
-ie_status_t ie_tokenizer_encode(const ie_tokenizer_t *tok, const char *text, size_t len,
-                                int flags, int32_t **ids_out, size_t *n_out)
+ie_status_t ie_tokenizer_encode(const ie_tokenizer_t *tok, const char *text, size_t len, int flags,
+                                int32_t **ids_out, size_t *n_out)
 {
     ie_status_t st = IE_OK;
     enc_t e;
     memset(&e, 0, sizeof e);
     e.t = tok;
 
-    if (ids_out) {
-        *ids_out = NULL;
-    }
-    if (n_out) {
-        *n_out = 0;
-    }
+    if (ids_out) { *ids_out = NULL; }
+    if (n_out) { *n_out = 0; }
     if (!tok || !ids_out || !n_out || (!text && len > 0)) {
         return ie_error_set(IE_ERR_INVAL, "ie_tokenizer_encode: NULL argument");
     }
     if (flags & ~(IE_TOK_ADD_SPECIAL | IE_TOK_PARSE_SPECIAL)) {
         return ie_error_set(IE_ERR_INVAL, "ie_tokenizer_encode: unknown flags 0x%x", (unsigned)flags);
     }
-    if ((st = ie_tokenizer_check_utf8(text, len)) != IE_OK) {
-        return st;
-    }
-    if (!text) {
-        text = ""; /* len == 0: keep pointer arithmetic defined */
-    }
+    if ((st = ie_tokenizer_check_utf8(text, len)) != IE_OK) { return st; }
+    if (!text) { text = ""; /* len == 0: keep pointer arithmetic defined */ }
 
     if (tok->n_steps) {
         /* per call, so threads share nothing; the JIT uses its default
@@ -833,9 +708,7 @@ ie_status_t ie_tokenizer_encode(const ie_tokenizer_t *tok, const char *text, siz
     }
 
     if ((flags & IE_TOK_ADD_SPECIAL) && tok->add_bos && tok->bos >= 0) {
-        if ((st = push_id(&e, tok->bos)) != IE_OK) {
-            goto cleanup;
-        }
+        if ((st = push_id(&e, tok->bos)) != IE_OK) { goto cleanup; }
     }
 
     size_t seg = 0; /* start of the pending plain-text stretch */
@@ -843,9 +716,7 @@ ie_status_t ie_tokenizer_encode(const ie_tokenizer_t *tok, const char *text, siz
     while (i < len) {
         unsigned char c = (unsigned char)text[i];
         int32_t id = -1;
-        if (tok->match_start[c] != tok->match_start[c + 1]) {
-            id = match_special(tok, text, len, i, flags);
-        }
+        if (tok->match_start[c] != tok->match_start[c + 1]) { id = match_special(tok, text, len, i, flags); }
         if (id < 0) {
             i++;
             continue;
@@ -853,30 +724,21 @@ ie_status_t ie_tokenizer_encode(const ie_tokenizer_t *tok, const char *text, siz
         const ie_tok_token_t *tk = &tok->tokens[id];
         size_t end = i; /* end of the plain text before the token */
         if (tk->flags & IE_TOKF_LSTRIP) {
-            while (end > seg && is_ascii_space((unsigned char)text[end - 1])) {
-                end--;
-            }
+            while (end > seg && is_ascii_space((unsigned char)text[end - 1])) { end--; }
         }
-        if ((st = encode_text(&e, text + seg, end - seg, seg == 0)) != IE_OK ||
-            (st = push_id(&e, id)) != IE_OK) {
+        if ((st = encode_text(&e, text + seg, end - seg, seg == 0)) != IE_OK || (st = push_id(&e, id)) != IE_OK) {
             goto cleanup;
         }
         i += tk->text_len;
         if (tk->flags & IE_TOKF_RSTRIP) {
-            while (i < len && is_ascii_space((unsigned char)text[i])) {
-                i++;
-            }
+            while (i < len && is_ascii_space((unsigned char)text[i])) { i++; }
         }
         seg = i;
     }
-    if ((st = encode_text(&e, text + seg, len - seg, seg == 0)) != IE_OK) {
-        goto cleanup;
-    }
+    if ((st = encode_text(&e, text + seg, len - seg, seg == 0)) != IE_OK) { goto cleanup; }
 
     if ((flags & IE_TOK_ADD_SPECIAL) && tok->add_eos && tok->eos >= 0) {
-        if ((st = push_id(&e, tok->eos)) != IE_OK) {
-            goto cleanup;
-        }
+        if ((st = push_id(&e, tok->eos)) != IE_OK) { goto cleanup; }
     }
 
     if (e.n_ids == 0) {
@@ -906,66 +768,35 @@ cleanup:
 
 int ie_tokenizer_token_bytes(const ie_tokenizer_t *tok, int32_t id, int special, char *buf, size_t cap)
 {
-    if (!tok || id < 0 || id >= tok->n_vocab) {
-        return -1;
-    }
+    if (!tok || id < 0 || id >= tok->n_vocab) { return -1; }
     const ie_tok_token_t *tk = &tok->tokens[id];
-    if ((tk->type == IE_TOKT_CONTROL || tk->type == IE_TOKT_UNKNOWN) && !special) {
-        return 0;
-    }
+    if ((tk->type == IE_TOKT_CONTROL || tk->type == IE_TOKT_UNKNOWN) && !special) { return 0; }
     size_t n = tk->piece_len;
-    if (buf && cap) {
-        memcpy(buf, tok->pool + tk->piece_off, n < cap ? n : cap);
-    }
+    if (buf && cap) { memcpy(buf, tok->pool + tk->piece_off, n < cap ? n : cap); }
     return (int)n;
 }
 
-int32_t ie_tokenizer_n_vocab(const ie_tokenizer_t *tok)
-{
-    return tok ? tok->n_vocab : 0;
-}
+int32_t ie_tokenizer_n_vocab(const ie_tokenizer_t *tok) { return tok ? tok->n_vocab : 0; }
 
-int32_t ie_tokenizer_bos(const ie_tokenizer_t *tok)
-{
-    return tok ? tok->bos : -1;
-}
+int32_t ie_tokenizer_bos(const ie_tokenizer_t *tok) { return tok ? tok->bos : -1; }
 
-int32_t ie_tokenizer_eos(const ie_tokenizer_t *tok)
-{
-    return tok ? tok->eos : -1;
-}
+int32_t ie_tokenizer_eos(const ie_tokenizer_t *tok) { return tok ? tok->eos : -1; }
 
-int32_t ie_tokenizer_eot(const ie_tokenizer_t *tok)
-{
-    return tok ? tok->eot : -1;
-}
+int32_t ie_tokenizer_eot(const ie_tokenizer_t *tok) { return tok ? tok->eot : -1; }
 
-int32_t ie_tokenizer_unk(const ie_tokenizer_t *tok)
-{
-    return tok ? tok->unk : -1;
-}
+int32_t ie_tokenizer_unk(const ie_tokenizer_t *tok) { return tok ? tok->unk : -1; }
 
-int ie_tokenizer_add_bos(const ie_tokenizer_t *tok)
-{
-    return tok && tok->add_bos && tok->bos >= 0;
-}
+int ie_tokenizer_add_bos(const ie_tokenizer_t *tok) { return tok && tok->add_bos && tok->bos >= 0; }
 
-int ie_tokenizer_add_eos(const ie_tokenizer_t *tok)
-{
-    return tok && tok->add_eos && tok->eos >= 0;
-}
+int ie_tokenizer_add_eos(const ie_tokenizer_t *tok) { return tok && tok->add_eos && tok->eos >= 0; }
 
 int ie_tokenizer_is_eog(const ie_tokenizer_t *tok, int32_t id)
 {
-    if (!tok) {
-        return 0;
-    }
+    if (!tok) { return 0; }
     size_t lo = 0, hi = tok->n_eog;
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (tok->eog[mid] == id) {
-            return 1;
-        }
+        if (tok->eog[mid] == id) { return 1; }
         if (tok->eog[mid] < id) {
             lo = mid + 1;
         } else {
@@ -977,22 +808,17 @@ int ie_tokenizer_is_eog(const ie_tokenizer_t *tok, int32_t id)
 
 int ie_tokenizer_is_special(const ie_tokenizer_t *tok, int32_t id)
 {
-    if (!tok || id < 0 || id >= tok->n_vocab) {
-        return 0;
-    }
+    if (!tok || id < 0 || id >= tok->n_vocab) { return 0; }
     uint8_t ty = tok->tokens[id].type;
     return ty == IE_TOKT_CONTROL || ty == IE_TOKT_UNKNOWN;
 }
 
 int32_t ie_tokenizer_find(const ie_tokenizer_t *tok, const char *text, size_t len)
 {
-    if (!tok || (!text && len)) {
-        return -1;
-    }
+    if (!tok || (!text && len)) { return -1; }
     for (int32_t i = 0; i < tok->n_vocab; i++) {
         const ie_tok_token_t *tk = &tok->tokens[i];
-        if (tk->text_len == len && memcmp(tok->pool + tk->text_off, text, len) == 0 &&
-            tk->type != IE_TOKT_UNUSED) {
+        if (tk->text_len == len && memcmp(tok->pool + tk->text_off, text, len) == 0 && tk->type != IE_TOKT_UNUSED) {
             return i;
         }
     }
@@ -1004,10 +830,10 @@ int32_t ie_tokenizer_find(const ie_tokenizer_t *tok, const char *text, size_t le
 struct ie_detok {
     const ie_tokenizer_t *tok;
     unsigned char pend[4]; /* incomplete UTF-8 sequence */
-    int n_pend, need;       /* bytes held, bytes the sequence needs */
-    unsigned char lo, hi;   /* allowed range of the next continuation byte */
-    int started;            /* some byte has been seen */
-    int special;            /* emit control tokens' text */
+    int n_pend, need;      /* bytes held, bytes the sequence needs */
+    unsigned char lo, hi;  /* allowed range of the next continuation byte */
+    int started;           /* some byte has been seen */
+    int special;           /* emit control tokens' text */
     char *out;
     size_t n_out, cap_out;
     int oom;
@@ -1015,17 +841,11 @@ struct ie_detok {
 
 ie_status_t ie_detok_new(const ie_tokenizer_t *tok, ie_detok_t **out)
 {
-    if (!out) {
-        return ie_error_set(IE_ERR_INVAL, "ie_detok_new: out is NULL");
-    }
+    if (!out) { return ie_error_set(IE_ERR_INVAL, "ie_detok_new: out is NULL"); }
     *out = NULL;
-    if (!tok) {
-        return ie_error_set(IE_ERR_INVAL, "ie_detok_new: tokenizer is NULL");
-    }
+    if (!tok) { return ie_error_set(IE_ERR_INVAL, "ie_detok_new: tokenizer is NULL"); }
     ie_detok_t *d = calloc(1, sizeof *d);
-    if (!d) {
-        return ie_error_set(IE_ERR_NOMEM, "detok: out of memory");
-    }
+    if (!d) { return ie_error_set(IE_ERR_NOMEM, "detok: out of memory"); }
     d->tok = tok;
     d->cap_out = 64;
     d->out = malloc(d->cap_out);
@@ -1040,9 +860,7 @@ ie_status_t ie_detok_new(const ie_tokenizer_t *tok, ie_detok_t **out)
 
 void ie_detok_destroy(ie_detok_t **self_p)
 {
-    if (!self_p || !*self_p) {
-        return;
-    }
+    if (!self_p || !*self_p) { return; }
     free((*self_p)->out);
     free(*self_p);
     *self_p = NULL;
@@ -1050,21 +868,15 @@ void ie_detok_destroy(ie_detok_t **self_p)
 
 void ie_detok_set_special(ie_detok_t *d, int special)
 {
-    if (d) {
-        d->special = special ? 1 : 0;
-    }
+    if (d) { d->special = special ? 1 : 0; }
 }
 
 static void out_put(ie_detok_t *d, const void *p, size_t n)
 {
-    if (d->oom) {
-        return;
-    }
+    if (d->oom) { return; }
     if (d->n_out + n + 1 > d->cap_out) {
         size_t ncap = d->cap_out;
-        while (ncap < d->n_out + n + 1) {
-            ncap *= 2;
-        }
+        while (ncap < d->n_out + n + 1) { ncap *= 2; }
         char *nb = realloc(d->out, ncap);
         if (!nb) {
             d->oom = 1; /* keep what fits; the text is truncated, never corrupt */
@@ -1077,10 +889,7 @@ static void out_put(ie_detok_t *d, const void *p, size_t n)
     d->n_out += n;
 }
 
-static void put_replacement(ie_detok_t *d)
-{
-    out_put(d, "\xEF\xBF\xBD", 3);
-}
+static void put_replacement(ie_detok_t *d) { out_put(d, "\xEF\xBF\xBD", 3); }
 
 /* Feed one byte through the UTF-8 state machine ("maximal subpart" rule:
  * each broken sequence becomes one U+FFFD, the offending byte restarts). */
@@ -1127,9 +936,7 @@ static void feed(ie_detok_t *d, unsigned char c)
 
 const char *ie_detok_push(ie_detok_t *d, int32_t id)
 {
-    if (!d) {
-        return "";
-    }
+    if (!d) { return ""; }
     d->n_out = 0;
     char small[256];
     int n = ie_tokenizer_token_bytes(d->tok, id, d->special, small, sizeof small);
@@ -1141,9 +948,7 @@ const char *ie_detok_push(ie_detok_t *d, int32_t id)
     for (int i = 0; i < n; i++) {
         if (!d->started) {
             d->started = 1;
-            if (d->tok->strip_leading_space && p[i] == ' ') {
-                continue;
-            }
+            if (d->tok->strip_leading_space && p[i] == ' ') { continue; }
         }
         feed(d, p[i]);
     }
@@ -1153,9 +958,7 @@ const char *ie_detok_push(ie_detok_t *d, int32_t id)
 
 const char *ie_detok_flush(ie_detok_t *d)
 {
-    if (!d) {
-        return "";
-    }
+    if (!d) { return ""; }
     d->n_out = 0;
     if (d->n_pend > 0) {
         put_replacement(d);
@@ -1165,10 +968,7 @@ const char *ie_detok_flush(ie_detok_t *d)
     return d->out;
 }
 
-size_t ie_detok_last_len(const ie_detok_t *d)
-{
-    return d ? d->n_out : 0;
-}
+size_t ie_detok_last_len(const ie_detok_t *d) { return d ? d->n_out : 0; }
 
 static int hexval(char c)
 {

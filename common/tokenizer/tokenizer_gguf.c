@@ -29,30 +29,22 @@ typedef struct pre_def {
 } pre_def_t;
 
 static const pre_def_t PRE_DEFS[] = {
-    {"gpt-2", {NULL}, 0},            /* NULL first entry: GPT-2 regex only */
-    {"gpt2", {NULL}, 0},
-    {"smollm", {"\\p{N}", NULL}, 0}, /* HF Digits(individual_digits) + ByteLevel */
-    {"gpt-4o", {NULL}, 1},           /* o200k (GPT-4o, gpt-oss): IE_TOK_RE_O200K */
+    {"gpt-2", {NULL}, 0},                                   /* NULL first entry: GPT-2 regex only */
+    {"gpt2", {NULL}, 0},   {"smollm", {"\\p{N}", NULL}, 0}, /* HF Digits(individual_digits) + ByteLevel */
+    {"gpt-4o", {NULL}, 1},                                  /* o200k (GPT-4o, gpt-oss): IE_TOK_RE_O200K */
     {"o200k", {NULL}, 1},
 };
 
-static int key_present(const ie_gguf_t *g, const char *key)
-{
-    return ie_gguf_find_key(g, key) >= 0;
-}
+static int key_present(const ie_gguf_t *g, const char *key) { return ie_gguf_find_key(g, key) >= 0; }
 
 /* Optional token id: -1 when absent; must fit the vocabulary. */
 static ie_status_t get_id(const ie_gguf_t *g, const char *key, int32_t n_vocab, int32_t *out)
 {
     *out = -1;
-    if (!key_present(g, key)) {
-        return IE_OK;
-    }
+    if (!key_present(g, key)) { return IE_OK; }
     int64_t v = 0;
     ie_status_t st = ie_gguf_get_i64(g, key, &v);
-    if (st != IE_OK) {
-        return st;
-    }
+    if (st != IE_OK) { return st; }
     if (v < 0 || v >= n_vocab) {
         return ie_error_set(IE_ERR_FORMAT, "tokenizer: %s = %lld is outside the vocabulary (%d tokens)", key,
                             (long long)v, (int)n_vocab);
@@ -64,9 +56,7 @@ static ie_status_t get_id(const ie_gguf_t *g, const char *key, int32_t n_vocab, 
 static ie_status_t get_bool_default(const ie_gguf_t *g, const char *key, int dflt, int *out)
 {
     *out = dflt;
-    if (!key_present(g, key)) {
-        return IE_OK;
-    }
+    if (!key_present(g, key)) { return IE_OK; }
     return ie_gguf_get_bool(g, key, out);
 }
 
@@ -93,24 +83,18 @@ static size_t unescape_spm(const char *s, size_t len, char *dst)
 
 static ie_status_t grow(char **buf, size_t *cap, size_t need)
 {
-    if (need <= *cap) {
-        return IE_OK;
-    }
+    if (need <= *cap) { return IE_OK; }
     size_t ncap = *cap ? *cap : 256;
-    while (ncap < need) {
-        ncap *= 2;
-    }
+    while (ncap < need) { ncap *= 2; }
     char *nb = realloc(*buf, ncap);
-    if (!nb) {
-        return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory");
-    }
+    if (!nb) { return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory"); }
     *buf = nb;
     *cap = ncap;
     return IE_OK;
 }
 
-static const char *const EOG_NAMES[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>",
-                                        "<|return|>", "<|call|>"};
+static const char *const EOG_NAMES[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>",
+                                        "<|end|>",    "<|return|>",    "<|call|>"};
 
 ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
 {
@@ -121,17 +105,13 @@ ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
     size_t scratch_cap = 0;
     *out = NULL;
 
-    if ((st = ie_gguf_open(path, &g)) != IE_OK) {
-        goto cleanup;
-    }
+    if ((st = ie_gguf_open(path, &g)) != IE_OK) { goto cleanup; }
     ie_gguf_str_t model;
     if (!key_present(g, "tokenizer.ggml.model")) {
         st = ie_error_set(IE_ERR_FORMAT, "tokenizer: '%s' has no tokenizer.ggml.model", path);
         goto cleanup;
     }
-    if ((st = ie_gguf_get_str(g, "tokenizer.ggml.model", &model)) != IE_OK) {
-        goto cleanup;
-    }
+    if ((st = ie_gguf_get_str(g, "tokenizer.ggml.model", &model)) != IE_OK) { goto cleanup; }
     ie_tok_algo_t algo;
     if (str_eq(model, "gpt2")) {
         algo = IE_TOK_ALGO_BYTE_BPE;
@@ -149,9 +129,7 @@ ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
         st = ie_error_set(IE_ERR_FORMAT, "tokenizer: '%s' has no tokenizer.ggml.tokens", path);
         goto cleanup;
     }
-    if ((st = ie_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n_tok)) != IE_OK) {
-        goto cleanup;
-    }
+    if ((st = ie_gguf_get_arr(g, "tokenizer.ggml.tokens", &et, &n_tok)) != IE_OK) { goto cleanup; }
     if (et != IE_GGUF_STRING) {
         st = ie_error_set(IE_ERR_FORMAT, "tokenizer: tokenizer.ggml.tokens is not a string array");
         goto cleanup;
@@ -161,18 +139,14 @@ ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
         goto cleanup;
     }
     int32_t n = (int32_t)n_tok;
-    if ((st = ie_tok_alloc(n, &t)) != IE_OK) {
-        goto cleanup;
-    }
+    if ((st = ie_tok_alloc(n, &t)) != IE_OK) { goto cleanup; }
     t->algo = algo;
 
     int has_scores = key_present(g, "tokenizer.ggml.scores");
     int has_types = key_present(g, "tokenizer.ggml.token_type");
     uint64_t alen = 0;
     if (has_scores) {
-        if ((st = ie_gguf_get_arr(g, "tokenizer.ggml.scores", &et, &alen)) != IE_OK) {
-            goto cleanup;
-        }
+        if ((st = ie_gguf_get_arr(g, "tokenizer.ggml.scores", &et, &alen)) != IE_OK) { goto cleanup; }
         if (et != IE_GGUF_FLOAT32 || alen != n_tok) {
             st = ie_error_set(IE_ERR_FORMAT, "tokenizer: tokenizer.ggml.scores must be %llu float32 values",
                               (unsigned long long)n_tok);
@@ -180,9 +154,7 @@ ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
         }
     }
     if (has_types) {
-        if ((st = ie_gguf_get_arr(g, "tokenizer.ggml.token_type", &et, &alen)) != IE_OK) {
-            goto cleanup;
-        }
+        if ((st = ie_gguf_get_arr(g, "tokenizer.ggml.token_type", &et, &alen)) != IE_OK) { goto cleanup; }
         if (alen != n_tok || et == IE_GGUF_STRING || et == IE_GGUF_ARRAY || et == IE_GGUF_FLOAT32 ||
             et == IE_GGUF_FLOAT64 || et == IE_GGUF_BOOL) {
             st = ie_error_set(IE_ERR_FORMAT, "tokenizer: tokenizer.ggml.token_type must be %llu integers",
@@ -193,16 +165,12 @@ ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
 
     for (int32_t i = 0; i < n; i++) {
         ie_gguf_str_t s;
-        if ((st = ie_gguf_arr_str(g, "tokenizer.ggml.tokens", (uint64_t)i, &s)) != IE_OK) {
-            goto cleanup;
-        }
+        if ((st = ie_gguf_arr_str(g, "tokenizer.ggml.tokens", (uint64_t)i, &s)) != IE_OK) { goto cleanup; }
         int64_t type = IE_TOKT_NORMAL;
         if (has_types && (st = ie_gguf_arr_i64(g, "tokenizer.ggml.token_type", (uint64_t)i, &type)) != IE_OK) {
             goto cleanup;
         }
-        if (type == 0) {
-            type = IE_TOKT_NORMAL; /* "undefined" */
-        }
+        if (type == 0) { type = IE_TOKT_NORMAL; /* "undefined" */ }
         if (type < IE_TOKT_NORMAL || type > IE_TOKT_BYTE) {
             st = ie_error_set(IE_ERR_FORMAT, "tokenizer: token %d has unknown type %lld", (int)i, (long long)type);
             goto cleanup;
@@ -216,9 +184,7 @@ ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
                               (unsigned long long)s.len);
             goto cleanup;
         }
-        if ((st = grow(&scratch, &scratch_cap, (size_t)s.len + 1)) != IE_OK) {
-            goto cleanup;
-        }
+        if ((st = grow(&scratch, &scratch_cap, (size_t)s.len + 1)) != IE_OK) { goto cleanup; }
         ie_tok_token_t *tk = &t->tokens[i];
         tk->type = (uint8_t)type;
         tk->score = score;
@@ -248,9 +214,7 @@ ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
             st = ie_tok_set_token(t, i, s.ptr, s.len, scratch, pl);
             tk->in_bpe = type == IE_TOKT_NORMAL;
         }
-        if (st != IE_OK) {
-            goto cleanup;
-        }
+        if (st != IE_OK) { goto cleanup; }
     }
 
     if ((st = get_id(g, "tokenizer.ggml.bos_token_id", n, &t->bos)) != IE_OK ||
@@ -261,17 +225,13 @@ ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
         goto cleanup;
     }
     int32_t eom = -1;
-    if ((st = get_id(g, "tokenizer.ggml.eom_token_id", n, &eom)) != IE_OK) {
-        goto cleanup;
-    }
+    if ((st = get_id(g, "tokenizer.ggml.eom_token_id", n, &eom)) != IE_OK) { goto cleanup; }
     if ((st = get_bool_default(g, "tokenizer.ggml.add_bos_token", algo == IE_TOK_ALGO_SPM, &t->add_bos)) != IE_OK ||
         (st = get_bool_default(g, "tokenizer.ggml.add_eos_token", 0, &t->add_eos)) != IE_OK) {
         goto cleanup;
     }
 
-    if ((st = ie_tok_build_text_map(t)) != IE_OK) {
-        goto cleanup;
-    }
+    if ((st = ie_tok_build_text_map(t)) != IE_OK) { goto cleanup; }
 
     if (algo == IE_TOK_ALGO_SPM) {
         int space_prefix = 1;
@@ -296,19 +256,16 @@ ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
         const pre_def_t *pre = &PRE_DEFS[0];
         if (key_present(g, "tokenizer.ggml.pre")) {
             ie_gguf_str_t p;
-            if ((st = ie_gguf_get_str(g, "tokenizer.ggml.pre", &p)) != IE_OK) {
-                goto cleanup;
-            }
+            if ((st = ie_gguf_get_str(g, "tokenizer.ggml.pre", &p)) != IE_OK) { goto cleanup; }
             pre = NULL;
             for (size_t k = 0; k < sizeof PRE_DEFS / sizeof PRE_DEFS[0]; k++) {
-                if (str_eq(p, PRE_DEFS[k].name)) {
-                    pre = &PRE_DEFS[k];
-                }
+                if (str_eq(p, PRE_DEFS[k].name)) { pre = &PRE_DEFS[k]; }
             }
             if (!pre) {
-                st = ie_error_set(IE_ERR_UNSUPPORTED,
-                                  "tokenizer: pre-tokenizer tokenizer.ggml.pre = '%.*s' not supported (gpt-2, smollm, gpt-4o)",
-                                  (int)(p.len > 64 ? 64 : p.len), p.ptr);
+                st = ie_error_set(
+                    IE_ERR_UNSUPPORTED,
+                    "tokenizer: pre-tokenizer tokenizer.ggml.pre = '%.*s' not supported (gpt-2, smollm, gpt-4o)",
+                    (int)(p.len > 64 ? 64 : p.len), p.ptr);
                 goto cleanup;
             }
         }
@@ -333,32 +290,25 @@ ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
             st = ie_error_set(IE_ERR_FORMAT, "tokenizer: gpt2 vocabulary without tokenizer.ggml.merges");
             goto cleanup;
         }
-        if ((st = ie_gguf_get_arr(g, "tokenizer.ggml.merges", &et, &n_merges)) != IE_OK) {
-            goto cleanup;
-        }
+        if ((st = ie_gguf_get_arr(g, "tokenizer.ggml.merges", &et, &n_merges)) != IE_OK) { goto cleanup; }
         if (et != IE_GGUF_STRING || n_merges > (1u << 24)) {
             st = ie_error_set(IE_ERR_FORMAT, "tokenizer: tokenizer.ggml.merges must be a string array");
             goto cleanup;
         }
-        if ((st = ie_tok_pairmap_init(&t->merges, (size_t)n_merges)) != IE_OK) {
-            goto cleanup;
-        }
+        if ((st = ie_tok_pairmap_init(&t->merges, (size_t)n_merges)) != IE_OK) { goto cleanup; }
         for (uint64_t m = 0; m < n_merges; m++) {
             ie_gguf_str_t s;
-            if ((st = ie_gguf_arr_str(g, "tokenizer.ggml.merges", m, &s)) != IE_OK) {
-                goto cleanup;
-            }
+            if ((st = ie_gguf_arr_str(g, "tokenizer.ggml.merges", m, &s)) != IE_OK) { goto cleanup; }
             /* split at the first space after the first byte (a part never
              * starts with a raw space in byte-level text) */
             const char *sp = s.len > 1 ? memchr(s.ptr + 1, ' ', s.len - 1) : NULL;
             if (!sp) {
-                st = ie_error_set(IE_ERR_FORMAT, "tokenizer: merge %llu is not 'left right'", (unsigned long long)m);
+                st = ie_error_set(IE_ERR_FORMAT, "tokenizer: merge %llu is not 'left right'",
+                                  (unsigned long long)m);
                 goto cleanup;
             }
             size_t ll = (size_t)(sp - s.ptr), rl = s.len - ll - 1;
-            if ((st = grow(&scratch, &scratch_cap, (size_t)s.len + 1)) != IE_OK) {
-                goto cleanup;
-            }
+            if ((st = grow(&scratch, &scratch_cap, (size_t)s.len + 1)) != IE_OK) { goto cleanup; }
             long a = ie_tok_bytelevel_decode(s.ptr, ll, scratch);
             long b = a < 0 ? -1 : ie_tok_bytelevel_decode(sp + 1, rl, scratch + a);
             int32_t left = -1, right = -1, merged = -1;
@@ -368,25 +318,20 @@ ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
                 merged = ie_tok_strmap_get(&t->text_map, scratch, (size_t)(a + b));
             }
             if (left < 0 || right < 0 || merged < 0) {
-                st = ie_error_set(IE_ERR_FORMAT, "tokenizer: merge %llu ('%.*s') refers to a token not in the vocabulary",
+                st = ie_error_set(IE_ERR_FORMAT,
+                                  "tokenizer: merge %llu ('%.*s') refers to a token not in the vocabulary",
                                   (unsigned long long)m, (int)(s.len > 64 ? 64 : s.len), s.ptr);
                 goto cleanup;
             }
-            if ((st = ie_tok_pairmap_put(&t->merges, left, right, (int32_t)m, merged)) != IE_OK) {
-                goto cleanup;
-            }
+            if ((st = ie_tok_pairmap_put(&t->merges, left, right, (int32_t)m, merged)) != IE_OK) { goto cleanup; }
         }
     }
 
-    if ((st = ie_tok_finalize(t)) != IE_OK || (st = ie_tok_add_eog(t, eom)) != IE_OK) {
-        goto cleanup;
-    }
+    if ((st = ie_tok_finalize(t)) != IE_OK || (st = ie_tok_add_eog(t, eom)) != IE_OK) { goto cleanup; }
     if (algo == IE_TOK_ALGO_BYTE_BPE) {
         for (size_t k = 0; k < sizeof EOG_NAMES / sizeof EOG_NAMES[0]; k++) {
             int32_t id = ie_tokenizer_find(t, EOG_NAMES[k], strlen(EOG_NAMES[k]));
-            if ((st = ie_tok_add_eog(t, id)) != IE_OK) {
-                goto cleanup;
-            }
+            if ((st = ie_tok_add_eog(t, id)) != IE_OK) { goto cleanup; }
         }
     }
     *out = t;

@@ -76,7 +76,7 @@ typedef enum ie_tok_split_behavior {
 /* bytes -> int32. Keys are borrowed pointers that must outlive the map. */
 typedef struct ie_tok_strmap {
     struct ie_tok_strslot *slots;
-    size_t cap;   /* power of two, 0 when empty */
+    size_t cap; /* power of two, 0 when empty */
     size_t count;
 } ie_tok_strmap_t;
 
@@ -91,16 +91,14 @@ ie_status_t ie_tok_strmap_init(ie_tok_strmap_t *m, size_t expected);
 void ie_tok_strmap_free(ie_tok_strmap_t *m);
 /* Insert key -> value unless the key is present; *inserted_out (may be NULL)
  * tells which. The key bytes are not copied. */
-ie_status_t ie_tok_strmap_put(ie_tok_strmap_t *m, const char *key, size_t len, int32_t value,
-                              int *inserted_out);
+ie_status_t ie_tok_strmap_put(ie_tok_strmap_t *m, const char *key, size_t len, int32_t value, int *inserted_out);
 /* Value for key, or -1. */
 int32_t ie_tok_strmap_get(const ie_tok_strmap_t *m, const char *key, size_t len);
 
 ie_status_t ie_tok_pairmap_init(ie_tok_pairmap_t *m, size_t expected);
 void ie_tok_pairmap_free(ie_tok_pairmap_t *m);
 /* Insert unless present (the first, lowest-rank merge wins). */
-ie_status_t ie_tok_pairmap_put(ie_tok_pairmap_t *m, int32_t left, int32_t right, int32_t rank,
-                               int32_t merged);
+ie_status_t ie_tok_pairmap_put(ie_tok_pairmap_t *m, int32_t left, int32_t right, int32_t rank, int32_t merged);
 /* 1 and the rank/merged id if present, else 0. */
 int ie_tok_pairmap_get(const ie_tok_pairmap_t *m, int32_t left, int32_t right, int32_t *rank_out,
                        int32_t *merged_out);
@@ -138,9 +136,8 @@ ie_status_t ie_tok_regex_compile(const char *pattern, size_t len, int literal, p
 
 /* Apply one split step to every span of `in`, appending the resulting
  * non-empty spans of `buf` to `out`. */
-ie_status_t ie_tok_pretok_apply(const ie_tok_pretok_step_t *step, const char *buf,
-                                const ie_tok_spans_t *in, ie_tok_spans_t *out,
-                                pcre2_match_data *md, pcre2_match_context *mctx);
+ie_status_t ie_tok_pretok_apply(const ie_tok_pretok_step_t *step, const char *buf, const ie_tok_spans_t *in,
+                                ie_tok_spans_t *out, pcre2_match_data *md, pcre2_match_context *mctx);
 
 ie_status_t ie_tok_spans_push(ie_tok_spans_t *s, uint32_t off, uint32_t len);
 
@@ -166,10 +163,10 @@ typedef struct ie_tok_token {
                                       byte-level: raw bytes)                 */
     uint32_t piece_off, piece_len; /* decoded bytes for output               */
     float score;
-    uint8_t type;                  /* IE_TOKT_*                              */
-    uint8_t flags;                 /* IE_TOKF_*                              */
-    uint8_t in_bpe;                /* text takes part in BPE lookups          */
-    uint8_t special;               /* needs IE_TOK_PARSE_SPECIAL to match     */
+    uint8_t type;    /* IE_TOKT_*                              */
+    uint8_t flags;   /* IE_TOKF_*                              */
+    uint8_t in_bpe;  /* text takes part in BPE lookups          */
+    uint8_t special; /* needs IE_TOK_PARSE_SPECIAL to match     */
 } ie_tok_token_t;
 
 struct ie_tokenizer {
@@ -177,8 +174,8 @@ struct ie_tokenizer {
     ie_tok_merge_mode_t merge_mode;
 
     int32_t n_vocab;
-    ie_tok_token_t *tokens;   /* [n_vocab]                                   */
-    char *pool;               /* text and piece bytes of all tokens          */
+    ie_tok_token_t *tokens; /* [n_vocab]                                   */
+    char *pool;             /* text and piece bytes of all tokens          */
     size_t pool_len, pool_cap;
 
     ie_tok_strmap_t text_map; /* match-form text -> id (tokens with in_bpe)  */
@@ -195,10 +192,10 @@ struct ie_tokenizer {
                                  already start with the prefix (HF ByteLevel) */
     char prefix[8];
     size_t prefix_len;
-    int ignore_merges;        /* whole-word vocabulary hit skips BPE          */
-    int spm_word_split;       /* SPM: no token has U+2581 after another
+    int ignore_merges;       /* whole-word vocabulary hit skips BPE          */
+    int spm_word_split;      /* SPM: no token has U+2581 after another
                                  character, so BPE may run word by word      */
-    int strip_leading_space;  /* detokenizer drops one leading ' '           */
+    int strip_leading_space; /* detokenizer drops one leading ' '           */
 
     /* pre-tokenizer steps */
     ie_tok_pretok_step_t *steps;
@@ -210,11 +207,11 @@ struct ie_tokenizer {
     size_t n_match;
 
     int32_t bos, eos, eot, unk, pad;
-    int32_t bpe_unk;          /* emitted for text BPE cannot represent; -1
+    int32_t bpe_unk; /* emitted for text BPE cannot represent; -1
                                  drops it (HF without unk_token; byte-level
                                  GGUFs, whose "unknown" id is often EOS)   */
     int add_bos, add_eos;
-    int32_t *eog;             /* sorted, unique */
+    int32_t *eog; /* sorted, unique */
     size_t n_eog;
 };
 
@@ -223,11 +220,10 @@ ie_status_t ie_tok_alloc(int32_t n_vocab, ie_tokenizer_t **out);
 /* Append bytes to the pool; *off_out receives their offset. */
 ie_status_t ie_tok_pool_add(ie_tokenizer_t *t, const char *s, size_t len, uint32_t *off_out);
 /* Set token `id`'s match text and piece (both copied). */
-ie_status_t ie_tok_set_token(ie_tokenizer_t *t, int32_t id, const char *text, size_t text_len,
-                             const char *piece, size_t piece_len);
+ie_status_t ie_tok_set_token(ie_tokenizer_t *t, int32_t id, const char *text, size_t text_len, const char *piece,
+                             size_t piece_len);
 /* Append a pre-tokenizer step that owns `re`. On failure re is freed. */
-ie_status_t ie_tok_add_step(ie_tokenizer_t *t, pcre2_code *re, ie_tok_split_behavior_t behavior,
-                            int invert);
+ie_status_t ie_tok_add_step(ie_tokenizer_t *t, pcre2_code *re, ie_tok_split_behavior_t behavior, int invert);
 /* Add an id to the end-of-generation set (ignores -1 and duplicates). */
 ie_status_t ie_tok_add_eog(ie_tokenizer_t *t, int32_t id);
 /* Build text_map from the tokens marked in_bpe (the first id wins for a

@@ -41,13 +41,13 @@ typedef struct step_def {
 typedef struct pipeline {
     step_def_t steps[16];
     size_t n_steps;
-    int bytelevel;          /* ByteLevel pre-tokenizer or decoder */
-    int bl_prefix_space;    /* ByteLevel add_prefix_space */
-    int norm_prepend;       /* normalizer Prepend("▁") */
-    int norm_replace;       /* normalizer Replace(" " -> "▁") */
-    int metaspace;          /* Metaspace pre-tokenizer */
+    int bytelevel;       /* ByteLevel pre-tokenizer or decoder */
+    int bl_prefix_space; /* ByteLevel add_prefix_space */
+    int norm_prepend;    /* normalizer Prepend("▁") */
+    int norm_replace;    /* normalizer Replace(" " -> "▁") */
+    int metaspace;       /* Metaspace pre-tokenizer */
     ie_tok_prepend_t ms_prepend;
-    int strip_leading;      /* decoder drops the leading space */
+    int strip_leading; /* decoder drops the leading space */
     /* post-processor */
     int pp_seen;
     const char *pp_bos, *pp_eos;  /* token text */
@@ -63,9 +63,7 @@ static const char *type_of(const cJSON *o)
 static int bool_field(const cJSON *o, const char *key, int dflt)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (cJSON_IsBool(v)) {
-        return cJSON_IsTrue(v);
-    }
+    if (cJSON_IsBool(v)) { return cJSON_IsTrue(v); }
     return dflt;
 }
 
@@ -84,13 +82,9 @@ static int is_null_or_absent(const cJSON *o, const char *key)
 /* Exact integer in [0, 2^24), else -1. */
 static int32_t id_value(const cJSON *v)
 {
-    if (!cJSON_IsNumber(v)) {
-        return -1;
-    }
+    if (!cJSON_IsNumber(v)) { return -1; }
     double d = v->valuedouble;
-    if (!(d >= 0.0 && d < (double)(1 << 24)) || d != (double)(int32_t)d) {
-        return -1;
-    }
+    if (!(d >= 0.0 && d < (double)(1 << 24)) || d != (double)(int32_t)d) { return -1; }
     return (int32_t)d;
 }
 
@@ -129,24 +123,19 @@ static ie_status_t add_step_def(pipeline_t *p, const char *pat, size_t len, int 
 
 static ie_status_t parse_normalizer(const cJSON *n, pipeline_t *p, int depth)
 {
-    if (!n || cJSON_IsNull(n)) {
-        return IE_OK;
-    }
+    if (!n || cJSON_IsNull(n)) { return IE_OK; }
     const char *ty = type_of(n);
-    if (!cJSON_IsObject(n) || !ty) {
-        return ie_error_set(IE_ERR_FORMAT, "tokenizer: normalizer without a type");
-    }
+    if (!cJSON_IsObject(n) || !ty) { return ie_error_set(IE_ERR_FORMAT, "tokenizer: normalizer without a type"); }
     if (strcmp(ty, "Sequence") == 0) {
         const cJSON *list = cJSON_GetObjectItemCaseSensitive(n, "normalizers");
         if (!cJSON_IsArray(list) || depth > 4) {
             return ie_error_set(IE_ERR_FORMAT, "tokenizer: normalizer Sequence without a normalizers list");
         }
         const cJSON *it;
-        cJSON_ArrayForEach(it, list) {
+        cJSON_ArrayForEach(it, list)
+        {
             ie_status_t st = parse_normalizer(it, p, depth + 1);
-            if (st != IE_OK) {
-                return st;
-            }
+            if (st != IE_OK) { return st; }
         }
         return IE_OK;
     }
@@ -163,8 +152,7 @@ static ie_status_t parse_normalizer(const cJSON *n, pipeline_t *p, int depth)
         const char *from = pat ? str_field(pat, "String") : NULL;
         const char *to = str_field(n, "content");
         if (!from || !to || strcmp(from, " ") != 0 || strcmp(to, SPM_SPACE) != 0) {
-            return ie_error_set(IE_ERR_UNSUPPORTED,
-                                "tokenizer: normalizer Replace supports only \" \" -> U+2581");
+            return ie_error_set(IE_ERR_UNSUPPORTED, "tokenizer: normalizer Replace supports only \" \" -> U+2581");
         }
         p->norm_replace = 1;
         return IE_OK;
@@ -183,9 +171,7 @@ static ie_status_t parse_behavior(const cJSON *o, ie_tok_split_behavior_t *out)
                  {"MergedWithPrevious", IE_SPLIT_MERGED_WITH_PREVIOUS},
                  {"MergedWithNext", IE_SPLIT_MERGED_WITH_NEXT},
                  {"Contiguous", IE_SPLIT_CONTIGUOUS}};
-    if (!b) {
-        return ie_error_set(IE_ERR_FORMAT, "tokenizer: Split pre-tokenizer without a behavior");
-    }
+    if (!b) { return ie_error_set(IE_ERR_FORMAT, "tokenizer: Split pre-tokenizer without a behavior"); }
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         if (strcmp(b, names[i].name) == 0) {
             *out = names[i].v;
@@ -198,9 +184,7 @@ static ie_status_t parse_behavior(const cJSON *o, ie_tok_split_behavior_t *out)
 static ie_status_t parse_pretok(const cJSON *n, pipeline_t *p, int depth)
 {
     ie_status_t st = IE_OK;
-    if (!n || cJSON_IsNull(n)) {
-        return IE_OK;
-    }
+    if (!n || cJSON_IsNull(n)) { return IE_OK; }
     const char *ty = type_of(n);
     if (!cJSON_IsObject(n) || !ty) {
         return ie_error_set(IE_ERR_FORMAT, "tokenizer: pre_tokenizer without a type");
@@ -211,10 +195,9 @@ static ie_status_t parse_pretok(const cJSON *n, pipeline_t *p, int depth)
             return ie_error_set(IE_ERR_FORMAT, "tokenizer: pre_tokenizer Sequence without a pretokenizers list");
         }
         const cJSON *it;
-        cJSON_ArrayForEach(it, list) {
-            if ((st = parse_pretok(it, p, depth + 1)) != IE_OK) {
-                return st;
-            }
+        cJSON_ArrayForEach(it, list)
+        {
+            if ((st = parse_pretok(it, p, depth + 1)) != IE_OK) { return st; }
         }
         return IE_OK;
     }
@@ -235,9 +218,7 @@ static ie_status_t parse_pretok(const cJSON *n, pipeline_t *p, int depth)
         return st;
     }
     if (strcmp(ty, "Digits") == 0) {
-        if (bool_field(n, "individual_digits", 0)) {
-            return add_step_def(p, "\\p{N}", 5, 0, IE_SPLIT_ISOLATED, 0);
-        }
+        if (bool_field(n, "individual_digits", 0)) { return add_step_def(p, "\\p{N}", 5, 0, IE_SPLIT_ISOLATED, 0); }
         return add_step_def(p, "\\p{N}+", 6, 0, IE_SPLIT_ISOLATED, 0);
     }
     if (strcmp(ty, "Split") == 0) {
@@ -245,17 +226,11 @@ static ie_status_t parse_pretok(const cJSON *n, pipeline_t *p, int depth)
         const cJSON *re = pat ? cJSON_GetObjectItemCaseSensitive(pat, "Regex") : NULL;
         const cJSON *lit = pat ? cJSON_GetObjectItemCaseSensitive(pat, "String") : NULL;
         ie_tok_split_behavior_t b = IE_SPLIT_ISOLATED;
-        if ((st = parse_behavior(n, &b)) != IE_OK) {
-            return st;
-        }
+        if ((st = parse_behavior(n, &b)) != IE_OK) { return st; }
         int invert = bool_field(n, "invert", 0);
-        if (cJSON_IsString(re)) {
-            return add_step_def(p, re->valuestring, strlen(re->valuestring), 0, b, invert);
-        }
+        if (cJSON_IsString(re)) { return add_step_def(p, re->valuestring, strlen(re->valuestring), 0, b, invert); }
         if (cJSON_IsString(lit)) {
-            if (lit->valuestring[0] == '\0') {
-                return IE_OK; /* HF: an empty string never matches */
-            }
+            if (lit->valuestring[0] == '\0') { return IE_OK; /* HF: an empty string never matches */ }
             return add_step_def(p, lit->valuestring, strlen(lit->valuestring), 1, b, invert);
         }
         return ie_error_set(IE_ERR_FORMAT, "tokenizer: Split pre-tokenizer without a Regex or String pattern");
@@ -281,9 +256,7 @@ static ie_status_t parse_pretok(const cJSON *n, pipeline_t *p, int depth)
             return ie_error_set(IE_ERR_UNSUPPORTED, "tokenizer: Metaspace prepend_scheme '%s'", scheme);
         }
         p->metaspace = 1;
-        if (bool_field(n, "split", 1)) {
-            st = add_step_def(p, SPM_SPACE, 3, 1, IE_SPLIT_MERGED_WITH_NEXT, 0);
-        }
+        if (bool_field(n, "split", 1)) { st = add_step_def(p, SPM_SPACE, 3, 1, IE_SPLIT_MERGED_WITH_NEXT, 0); }
         return st;
     }
     return ie_error_set(IE_ERR_UNSUPPORTED, "tokenizer: pre_tokenizer '%s' not supported", ty);
@@ -293,33 +266,24 @@ static ie_status_t parse_pretok(const cJSON *n, pipeline_t *p, int depth)
 static void parse_decoder(const cJSON *n, pipeline_t *p, int depth)
 {
     const char *ty = type_of(n);
-    if (!ty || depth > 4) {
-        return;
-    }
+    if (!ty || depth > 4) { return; }
     if (strcmp(ty, "Sequence") == 0) {
         const cJSON *it;
-        cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(n, "decoders")) {
-            parse_decoder(it, p, depth + 1);
-        }
+        cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(n, "decoders")) { parse_decoder(it, p, depth + 1); }
     } else if (strcmp(ty, "ByteLevel") == 0) {
         p->bytelevel = 1;
     } else if (strcmp(ty, "Strip") == 0) {
         const char *c = str_field(n, "content");
         const cJSON *start = cJSON_GetObjectItemCaseSensitive(n, "start");
-        if (c && strcmp(c, " ") == 0 && cJSON_IsNumber(start) && start->valuedouble >= 1) {
-            p->strip_leading = 1;
-        }
+        if (c && strcmp(c, " ") == 0 && cJSON_IsNumber(start) && start->valuedouble >= 1) { p->strip_leading = 1; }
     } else if (strcmp(ty, "Metaspace") == 0) {
         const char *scheme = str_field(n, "prepend_scheme");
         int add = scheme ? strcmp(scheme, "never") != 0 : bool_field(n, "add_prefix_space", 1);
-        if (add) {
-            p->strip_leading = 1;
-        }
+        if (add) { p->strip_leading = 1; }
     }
 }
 
-static ie_status_t pp_special(const cJSON *special_tokens, const char *name, const char **text_out,
-                              int32_t *id_out)
+static ie_status_t pp_special(const cJSON *special_tokens, const char *name, const char **text_out, int32_t *id_out)
 {
     *text_out = name;
     *id_out = -1;
@@ -327,7 +291,8 @@ static ie_status_t pp_special(const cJSON *special_tokens, const char *name, con
     const cJSON *ids = ent ? cJSON_GetObjectItemCaseSensitive(ent, "ids") : NULL;
     if (cJSON_IsArray(ids)) {
         if (cJSON_GetArraySize(ids) != 1) {
-            return ie_error_set(IE_ERR_UNSUPPORTED, "tokenizer: post-processor special '%s' with several ids", name);
+            return ie_error_set(IE_ERR_UNSUPPORTED, "tokenizer: post-processor special '%s' with several ids",
+                                name);
         }
         *id_out = id_value(cJSON_GetArrayItem(ids, 0));
         if (*id_out < 0) {
@@ -340,25 +305,18 @@ static ie_status_t pp_special(const cJSON *special_tokens, const char *name, con
 static ie_status_t parse_post(const cJSON *n, pipeline_t *p, int depth)
 {
     ie_status_t st = IE_OK;
-    if (!n || cJSON_IsNull(n)) {
-        return IE_OK;
-    }
+    if (!n || cJSON_IsNull(n)) { return IE_OK; }
     const char *ty = type_of(n);
-    if (!ty || depth > 4) {
-        return ie_error_set(IE_ERR_FORMAT, "tokenizer: post_processor without a type");
-    }
+    if (!ty || depth > 4) { return ie_error_set(IE_ERR_FORMAT, "tokenizer: post_processor without a type"); }
     if (strcmp(ty, "Sequence") == 0) {
         const cJSON *it;
-        cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(n, "processors")) {
-            if ((st = parse_post(it, p, depth + 1)) != IE_OK) {
-                return st;
-            }
+        cJSON_ArrayForEach(it, cJSON_GetObjectItemCaseSensitive(n, "processors"))
+        {
+            if ((st = parse_post(it, p, depth + 1)) != IE_OK) { return st; }
         }
         return IE_OK;
     }
-    if (strcmp(ty, "ByteLevel") == 0) {
-        return IE_OK; /* offsets only */
-    }
+    if (strcmp(ty, "ByteLevel") == 0) { return IE_OK; /* offsets only */ }
     if (strcmp(ty, "TemplateProcessing") == 0) {
         const cJSON *single = cJSON_GetObjectItemCaseSensitive(n, "single");
         const cJSON *sp = cJSON_GetObjectItemCaseSensitive(n, "special_tokens");
@@ -367,7 +325,8 @@ static ie_status_t parse_post(const cJSON *n, pipeline_t *p, int depth)
         }
         int seen_seq = 0, n_before = 0, n_after = 0;
         const cJSON *it;
-        cJSON_ArrayForEach(it, single) {
+        cJSON_ArrayForEach(it, single)
+        {
             const cJSON *tok = cJSON_GetObjectItemCaseSensitive(it, "SpecialToken");
             if (cJSON_GetObjectItemCaseSensitive(it, "Sequence")) {
                 seen_seq = 1;
@@ -383,15 +342,15 @@ static ie_status_t parse_post(const cJSON *n, pipeline_t *p, int depth)
                     n_after++;
                     st = pp_special(sp, name, &p->pp_eos, &p->pp_eos_id);
                 }
-                if (st != IE_OK) {
-                    return st;
-                }
+                if (st != IE_OK) { return st; }
             } else {
-                return ie_error_set(IE_ERR_FORMAT, "tokenizer: TemplateProcessing item is neither Sequence nor SpecialToken");
+                return ie_error_set(IE_ERR_FORMAT,
+                                    "tokenizer: TemplateProcessing item is neither Sequence nor SpecialToken");
             }
         }
         if (n_before > 1 || n_after > 1) {
-            return ie_error_set(IE_ERR_UNSUPPORTED, "tokenizer: TemplateProcessing with more than one special token per side");
+            return ie_error_set(IE_ERR_UNSUPPORTED,
+                                "tokenizer: TemplateProcessing with more than one special token per side");
         }
         p->pp_seen = 1;
         return IE_OK;
@@ -420,12 +379,8 @@ static ie_status_t parse_post(const cJSON *n, pipeline_t *p, int depth)
 static const char *config_token(const cJSON *cfg, const char *key)
 {
     const cJSON *v = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, key) : NULL;
-    if (cJSON_IsString(v)) {
-        return v->valuestring;
-    }
-    if (cJSON_IsObject(v)) {
-        return str_field(v, "content");
-    }
+    if (cJSON_IsString(v)) { return v->valuestring; }
+    if (cJSON_IsObject(v)) { return str_field(v, "content"); }
     return NULL;
 }
 
@@ -437,15 +392,12 @@ static int32_t find_token(const ie_tokenizer_t *t, const char *text)
 
 static int32_t resolve_special(const ie_tokenizer_t *t, const char *text, int32_t id)
 {
-    if (id >= 0 && id < t->n_vocab) {
-        return id;
-    }
+    if (id >= 0 && id < t->n_vocab) { return id; }
     return find_token(t, text);
 }
 
 /* Split a merge entry into its two parts. */
-static ie_status_t merge_parts(const cJSON *m, size_t rank, const char **a, size_t *al, const char **b,
-                               size_t *bl)
+static ie_status_t merge_parts(const cJSON *m, size_t rank, const char **a, size_t *al, const char **b, size_t *bl)
 {
     if (cJSON_IsString(m)) {
         const char *s = m->valuestring;
@@ -470,8 +422,8 @@ static ie_status_t merge_parts(const cJSON *m, size_t rank, const char **a, size
     return ie_error_set(IE_ERR_FORMAT, "tokenizer: merge %zu is neither \"a b\" nor [a, b]", rank);
 }
 
-static const char *const EOG_NAMES[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>",
-                                        "<|return|>", "<|call|>"};
+static const char *const EOG_NAMES[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>",
+                                        "<|end|>",    "<|return|>",    "<|call|>"};
 
 /* ---------------------------------------------------------------- loader */
 
@@ -493,12 +445,8 @@ ie_status_t ie_tok_load_json(const char *json_path, const char *config_path, ie_
     }
     /* tokenizer_config.json is optional: a missing one is no error */
     if (config_path && (access(config_path, F_OK) == 0 || errno != ENOENT)) {
-        if ((st = ie_file_read("tokenizer", config_path, IE_TOK_FILE_MAX, &cbuf, &clen)) != IE_OK) {
-            goto cleanup;
-        }
-        if (cbuf && (st = parse_json(config_path, cbuf, clen, &cfg)) != IE_OK) {
-            goto cleanup;
-        }
+        if ((st = ie_file_read("tokenizer", config_path, IE_TOK_FILE_MAX, &cbuf, &clen)) != IE_OK) { goto cleanup; }
+        if (cbuf && (st = parse_json(config_path, cbuf, clen, &cfg)) != IE_OK) { goto cleanup; }
     }
 
     /* ---- model */
@@ -529,10 +477,10 @@ ie_status_t ie_tok_load_json(const char *json_path, const char *config_path, ie_
     }
     const char *csp = str_field(model, "continuing_subword_prefix");
     const char *eow = str_field(model, "end_of_word_suffix");
-    if ((csp && *csp) || (eow && *eow) ||
-        (!is_null_or_absent(model, "continuing_subword_prefix") && !csp) ||
+    if ((csp && *csp) || (eow && *eow) || (!is_null_or_absent(model, "continuing_subword_prefix") && !csp) ||
         (!is_null_or_absent(model, "end_of_word_suffix") && !eow)) {
-        st = ie_error_set(IE_ERR_UNSUPPORTED, "tokenizer: BPE continuing_subword_prefix / end_of_word_suffix not supported");
+        st = ie_error_set(IE_ERR_UNSUPPORTED,
+                          "tokenizer: BPE continuing_subword_prefix / end_of_word_suffix not supported");
         goto cleanup;
     }
 
@@ -543,17 +491,16 @@ ie_status_t ie_tok_load_json(const char *json_path, const char *config_path, ie_
         goto cleanup;
     }
     const cJSON *dec = cJSON_GetObjectItemCaseSensitive(root, "decoder");
-    if (cJSON_IsObject(dec)) {
-        parse_decoder(dec, &p, 0);
-    }
+    if (cJSON_IsObject(dec)) { parse_decoder(dec, &p, 0); }
     int spm = p.norm_replace || p.norm_prepend || p.metaspace;
     if (p.bytelevel && spm) {
         st = ie_error_set(IE_ERR_UNSUPPORTED, "tokenizer: both ByteLevel and U+2581 space handling");
         goto cleanup;
     }
     if (!p.bytelevel && !spm) {
-        st = ie_error_set(IE_ERR_UNSUPPORTED,
-                          "tokenizer: BPE that is neither byte-level nor SentencePiece-style (U+2581) is not supported");
+        st = ie_error_set(
+            IE_ERR_UNSUPPORTED,
+            "tokenizer: BPE that is neither byte-level nor SentencePiece-style (U+2581) is not supported");
         goto cleanup;
     }
     if (p.norm_prepend && !p.norm_replace) {
@@ -568,38 +515,34 @@ ie_status_t ie_tok_load_json(const char *json_path, const char *config_path, ie_
     /* ---- vocabulary size: the largest id of vocab and added_tokens */
     int32_t max_id = -1;
     const cJSON *it;
-    cJSON_ArrayForEach(it, vocab) {
+    cJSON_ArrayForEach(it, vocab)
+    {
         int32_t id = id_value(it);
         if (id < 0) {
             st = ie_error_set(IE_ERR_FORMAT, "tokenizer: vocab entry has a bad id");
             goto cleanup;
         }
-        if (id > max_id) {
-            max_id = id;
-        }
+        if (id > max_id) { max_id = id; }
     }
     const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
     if (added && !cJSON_IsArray(added) && !cJSON_IsNull(added)) {
         st = ie_error_set(IE_ERR_FORMAT, "tokenizer: added_tokens is not an array");
         goto cleanup;
     }
-    cJSON_ArrayForEach(it, added) {
+    cJSON_ArrayForEach(it, added)
+    {
         int32_t id = id_value(cJSON_GetObjectItemCaseSensitive(it, "id"));
         if (id < 0 || !str_field(it, "content")) {
             st = ie_error_set(IE_ERR_FORMAT, "tokenizer: added token without a valid id and content");
             goto cleanup;
         }
-        if (id > max_id) {
-            max_id = id;
-        }
+        if (id > max_id) { max_id = id; }
     }
     if (max_id < 0) {
         st = ie_error_set(IE_ERR_FORMAT, "tokenizer: empty vocabulary");
         goto cleanup;
     }
-    if ((st = ie_tok_alloc(max_id + 1, &t)) != IE_OK) {
-        goto cleanup;
-    }
+    if ((st = ie_tok_alloc(max_id + 1, &t)) != IE_OK) { goto cleanup; }
     t->algo = p.bytelevel ? IE_TOK_ALGO_BYTE_BPE : IE_TOK_ALGO_SPM;
     t->merge_mode = IE_TOK_MERGE_RANK;
     t->byte_fallback = bool_field(model, "byte_fallback", 0);
@@ -608,7 +551,8 @@ ie_status_t ie_tok_load_json(const char *json_path, const char *config_path, ie_
 
     /* ---- tokens */
     size_t scratch_cap = 0;
-    cJSON_ArrayForEach(it, vocab) {
+    cJSON_ArrayForEach(it, vocab)
+    {
         int32_t id = id_value(it);
         const char *s = it->string;
         size_t sl = strlen(s);
@@ -655,11 +599,10 @@ ie_status_t ie_tok_load_json(const char *json_path, const char *config_path, ie_
                 tk->in_bpe = 1;
             }
         }
-        if (st != IE_OK) {
-            goto cleanup;
-        }
+        if (st != IE_OK) { goto cleanup; }
     }
-    cJSON_ArrayForEach(it, added) {
+    cJSON_ArrayForEach(it, added)
+    {
         int32_t id = id_value(cJSON_GetObjectItemCaseSensitive(it, "id"));
         const char *content = str_field(it, "content");
         int special = bool_field(it, "special", 0);
@@ -674,23 +617,18 @@ ie_status_t ie_tok_load_json(const char *json_path, const char *config_path, ie_
                     (bool_field(it, "rstrip", 0) ? IE_TOKF_RSTRIP : 0) |
                     (bool_field(it, "single_word", 0) ? IE_TOKF_SINGLE_WORD : 0);
     }
-    if ((st = ie_tok_build_text_map(t)) != IE_OK) {
-        goto cleanup;
-    }
+    if ((st = ie_tok_build_text_map(t)) != IE_OK) { goto cleanup; }
 
     /* ---- merges, rank = position */
     size_t n_merges = cJSON_IsArray(merges) ? (size_t)cJSON_GetArraySize(merges) : 0;
-    if ((st = ie_tok_pairmap_init(&t->merges, n_merges)) != IE_OK) {
-        goto cleanup;
-    }
+    if ((st = ie_tok_pairmap_init(&t->merges, n_merges)) != IE_OK) { goto cleanup; }
     size_t rank = 0;
     const cJSON *merge_list = cJSON_IsArray(merges) ? merges : NULL;
-    cJSON_ArrayForEach(it, merge_list) {
+    cJSON_ArrayForEach(it, merge_list)
+    {
         const char *a = NULL, *b = NULL;
         size_t al = 0, bl = 0;
-        if ((st = merge_parts(it, rank, &a, &al, &b, &bl)) != IE_OK) {
-            goto cleanup;
-        }
+        if ((st = merge_parts(it, rank, &a, &al, &b, &bl)) != IE_OK) { goto cleanup; }
         if (al + bl + 1 > scratch_cap) {
             char *ns = realloc(scratch, al + bl + 1);
             if (!ns) {
@@ -717,14 +655,14 @@ ie_status_t ie_tok_load_json(const char *json_path, const char *config_path, ie_
             merged = ie_tok_strmap_get(&t->text_map, scratch, (size_t)(ra + rb));
         }
         if (left < 0 || right < 0 || merged < 0) {
-            st = ie_error_set(IE_ERR_FORMAT, "tokenizer: merge %zu ('%.*s' + '%.*s') refers to a token not in model.vocab",
-                              rank, (int)(al > 32 ? 32 : al), a, (int)(bl > 32 ? 32 : bl), b);
+            st = ie_error_set(IE_ERR_FORMAT,
+                              "tokenizer: merge %zu ('%.*s' + '%.*s') refers to a token not in model.vocab", rank,
+                              (int)(al > 32 ? 32 : al), a, (int)(bl > 32 ? 32 : bl), b);
             goto cleanup;
         }
-        if (rank > INT32_MAX - 1 || (st = ie_tok_pairmap_put(&t->merges, left, right, (int32_t)rank, merged)) != IE_OK) {
-            if (st == IE_OK) {
-                st = ie_error_set(IE_ERR_FORMAT, "tokenizer: too many merges");
-            }
+        if (rank > INT32_MAX - 1 ||
+            (st = ie_tok_pairmap_put(&t->merges, left, right, (int32_t)rank, merged)) != IE_OK) {
+            if (st == IE_OK) { st = ie_error_set(IE_ERR_FORMAT, "tokenizer: too many merges"); }
             goto cleanup;
         }
         rank++;
@@ -761,9 +699,7 @@ ie_status_t ie_tok_load_json(const char *json_path, const char *config_path, ie_
     /* ---- special ids */
     const char *unk = str_field(model, "unk_token");
     t->unk = find_token(t, unk);
-    if (t->unk >= 0 && t->tokens[t->unk].type == IE_TOKT_NORMAL) {
-        t->tokens[t->unk].type = IE_TOKT_UNKNOWN;
-    }
+    if (t->unk >= 0 && t->tokens[t->unk].type == IE_TOKT_NORMAL) { t->tokens[t->unk].type = IE_TOKT_UNKNOWN; }
     t->bpe_unk = t->unk; /* HF BPE: unk_token if set, else drop */
     const char *cfg_bos = config_token(cfg, "bos_token");
     const char *cfg_eos = config_token(cfg, "eos_token");
@@ -775,25 +711,17 @@ ie_status_t ie_tok_load_json(const char *json_path, const char *config_path, ie_
         /* no config and no template: the conventional end-of-text tokens */
         t->eos = find_token(t, t->algo == IE_TOK_ALGO_SPM ? "</s>" : "<|endoftext|>");
     }
-    if (t->bos < 0 && t->algo == IE_TOK_ALGO_SPM) {
-        t->bos = find_token(t, "<s>");
-    }
+    if (t->bos < 0 && t->algo == IE_TOK_ALGO_SPM) { t->bos = find_token(t, "<s>"); }
 
-    if ((st = ie_tok_finalize(t)) != IE_OK) {
-        goto cleanup;
-    }
+    if ((st = ie_tok_finalize(t)) != IE_OK) { goto cleanup; }
     if (t->algo == IE_TOK_ALGO_BYTE_BPE) {
         /* Harmony (gpt-oss, recognised by <|channel|>): <|end|> closes one
          * message and generation goes on with the next, so only <|return|>
          * and <|call|> end the turn there. */
         int harmony = find_token(t, "<|channel|>") >= 0;
         for (size_t k = 0; k < sizeof EOG_NAMES / sizeof EOG_NAMES[0]; k++) {
-            if (harmony && strcmp(EOG_NAMES[k], "<|end|>") == 0) {
-                continue;
-            }
-            if ((st = ie_tok_add_eog(t, find_token(t, EOG_NAMES[k]))) != IE_OK) {
-                goto cleanup;
-            }
+            if (harmony && strcmp(EOG_NAMES[k], "<|end|>") == 0) { continue; }
+            if ((st = ie_tok_add_eog(t, find_token(t, EOG_NAMES[k]))) != IE_OK) { goto cleanup; }
         }
     }
     *out = t;

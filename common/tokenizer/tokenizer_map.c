@@ -18,8 +18,8 @@ struct ie_tok_strslot {
 };
 
 struct ie_tok_pairslot {
-    uint64_t key;    /* (left << 32) | right */
-    int32_t rank;    /* -1 = empty */
+    uint64_t key; /* (left << 32) | right */
+    int32_t rank; /* -1 = empty */
     int32_t merged;
 };
 
@@ -49,9 +49,7 @@ static uint64_t hash_u64(uint64_t x)
 static size_t cap_for(size_t expected)
 {
     size_t cap = 16;
-    while (cap < expected * 2 + 1) {
-        cap <<= 1;
-    }
+    while (cap < expected * 2 + 1) { cap <<= 1; }
     return cap;
 }
 
@@ -72,9 +70,7 @@ ie_status_t ie_tok_strmap_init(ie_tok_strmap_t *m, size_t expected)
 
 void ie_tok_strmap_free(ie_tok_strmap_t *m)
 {
-    if (!m) {
-        return;
-    }
+    if (!m) { return; }
     free(m->slots);
     memset(m, 0, sizeof *m);
 }
@@ -83,15 +79,11 @@ static ie_status_t strmap_grow(ie_tok_strmap_t *m)
 {
     size_t ncap = m->cap ? m->cap * 2 : 16;
     struct ie_tok_strslot *ns = calloc(ncap, sizeof *ns);
-    if (!ns) {
-        return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory for hash map");
-    }
+    if (!ns) { return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory for hash map"); }
     for (size_t i = 0; i < m->cap; i++) {
         if (m->slots[i].key) {
             size_t j = m->slots[i].hash & (ncap - 1);
-            while (ns[j].key) {
-                j = (j + 1) & (ncap - 1);
-            }
+            while (ns[j].key) { j = (j + 1) & (ncap - 1); }
             ns[j] = m->slots[i];
         }
     }
@@ -101,20 +93,13 @@ static ie_status_t strmap_grow(ie_tok_strmap_t *m)
     return IE_OK;
 }
 
-ie_status_t ie_tok_strmap_put(ie_tok_strmap_t *m, const char *key, size_t len, int32_t value,
-                              int *inserted_out)
+ie_status_t ie_tok_strmap_put(ie_tok_strmap_t *m, const char *key, size_t len, int32_t value, int *inserted_out)
 {
-    if (inserted_out) {
-        *inserted_out = 0;
-    }
-    if (len > UINT32_MAX) {
-        return ie_error_set(IE_ERR_RANGE, "tokenizer: key too long");
-    }
+    if (inserted_out) { *inserted_out = 0; }
+    if (len > UINT32_MAX) { return ie_error_set(IE_ERR_RANGE, "tokenizer: key too long"); }
     if ((m->count + 1) * 2 > m->cap) {
         ie_status_t st = strmap_grow(m);
-        if (st != IE_OK) {
-            return st;
-        }
+        if (st != IE_OK) { return st; }
     }
     uint64_t h = hash_bytes(key, len);
     size_t j = h & (m->cap - 1);
@@ -131,24 +116,18 @@ ie_status_t ie_tok_strmap_put(ie_tok_strmap_t *m, const char *key, size_t len, i
     m->slots[j].value = value;
     m->slots[j].hash = h;
     m->count++;
-    if (inserted_out) {
-        *inserted_out = 1;
-    }
+    if (inserted_out) { *inserted_out = 1; }
     return IE_OK;
 }
 
 int32_t ie_tok_strmap_get(const ie_tok_strmap_t *m, const char *key, size_t len)
 {
-    if (m->cap == 0) {
-        return -1;
-    }
+    if (m->cap == 0) { return -1; }
     uint64_t h = hash_bytes(key, len);
     size_t j = h & (m->cap - 1);
     while (m->slots[j].key) {
         const struct ie_tok_strslot *s = &m->slots[j];
-        if (s->hash == h && s->len == len && memcmp(s->key, key, len) == 0) {
-            return s->value;
-        }
+        if (s->hash == h && s->len == len && memcmp(s->key, key, len) == 0) { return s->value; }
         j = (j + 1) & (m->cap - 1);
     }
     return -1;
@@ -181,32 +160,23 @@ ie_status_t ie_tok_pairmap_init(ie_tok_pairmap_t *m, size_t expected)
 
 void ie_tok_pairmap_free(ie_tok_pairmap_t *m)
 {
-    if (!m) {
-        return;
-    }
+    if (!m) { return; }
     free(m->slots);
     memset(m, 0, sizeof *m);
 }
 
-static uint64_t pair_key(int32_t left, int32_t right)
-{
-    return ((uint64_t)(uint32_t)left << 32) | (uint32_t)right;
-}
+static uint64_t pair_key(int32_t left, int32_t right) { return ((uint64_t)(uint32_t)left << 32) | (uint32_t)right; }
 
 static ie_status_t pairmap_grow(ie_tok_pairmap_t *m)
 {
     size_t ncap = m->cap ? m->cap * 2 : 16;
     struct ie_tok_pairslot *ns = malloc(ncap * sizeof *ns);
-    if (!ns) {
-        return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory for merge table");
-    }
+    if (!ns) { return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory for merge table"); }
     pairmap_clear_slots(ns, ncap);
     for (size_t i = 0; i < m->cap; i++) {
         if (m->slots[i].rank >= 0) {
             size_t j = hash_u64(m->slots[i].key) & (ncap - 1);
-            while (ns[j].rank >= 0) {
-                j = (j + 1) & (ncap - 1);
-            }
+            while (ns[j].rank >= 0) { j = (j + 1) & (ncap - 1); }
             ns[j] = m->slots[i];
         }
     }
@@ -216,24 +186,17 @@ static ie_status_t pairmap_grow(ie_tok_pairmap_t *m)
     return IE_OK;
 }
 
-ie_status_t ie_tok_pairmap_put(ie_tok_pairmap_t *m, int32_t left, int32_t right, int32_t rank,
-                               int32_t merged)
+ie_status_t ie_tok_pairmap_put(ie_tok_pairmap_t *m, int32_t left, int32_t right, int32_t rank, int32_t merged)
 {
-    if (rank < 0) {
-        return ie_error_set(IE_ERR_INTERNAL, "tokenizer: negative merge rank");
-    }
+    if (rank < 0) { return ie_error_set(IE_ERR_INTERNAL, "tokenizer: negative merge rank"); }
     if ((m->count + 1) * 2 > m->cap) {
         ie_status_t st = pairmap_grow(m);
-        if (st != IE_OK) {
-            return st;
-        }
+        if (st != IE_OK) { return st; }
     }
     uint64_t k = pair_key(left, right);
     size_t j = hash_u64(k) & (m->cap - 1);
     while (m->slots[j].rank >= 0) {
-        if (m->slots[j].key == k) {
-            return IE_OK;
-        }
+        if (m->slots[j].key == k) { return IE_OK; }
         j = (j + 1) & (m->cap - 1);
     }
     m->slots[j].key = k;
@@ -246,9 +209,7 @@ ie_status_t ie_tok_pairmap_put(ie_tok_pairmap_t *m, int32_t left, int32_t right,
 int ie_tok_pairmap_get(const ie_tok_pairmap_t *m, int32_t left, int32_t right, int32_t *rank_out,
                        int32_t *merged_out)
 {
-    if (m->cap == 0) {
-        return 0;
-    }
+    if (m->cap == 0) { return 0; }
     uint64_t k = pair_key(left, right);
     size_t j = hash_u64(k) & (m->cap - 1);
     while (m->slots[j].rank >= 0) {

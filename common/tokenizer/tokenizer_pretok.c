@@ -80,9 +80,7 @@ ie_status_t ie_tok_regex_compile(const char *pattern, size_t len, int literal, p
             if (c == '\\' && i + 1 < len) {
                 char n = pattern[i + 1];
                 if (quoted) {
-                    if (n == 'E') {
-                        quoted = 0;
-                    }
+                    if (n == 'E') { quoted = 0; }
                     rewritten[o++] = c;
                     rewritten[o++] = n;
                 } else if (n == 's' || n == 'S') {
@@ -90,9 +88,7 @@ ie_status_t ie_tok_regex_compile(const char *pattern, size_t len, int literal, p
                     memcpy(rewritten + o, r, sizeof WS_POS - 1);
                     o += sizeof WS_POS - 1;
                 } else {
-                    if (n == 'Q') {
-                        quoted = 1;
-                    }
+                    if (n == 'Q') { quoted = 1; }
                     rewritten[o++] = c;
                     rewritten[o++] = n;
                 }
@@ -143,9 +139,7 @@ static ie_status_t split_push(split_list_t *l, uint32_t s, uint32_t e, int m)
     if (l->n == l->cap) {
         size_t ncap = l->cap ? l->cap * 2 : 64;
         split_ent_t *nv = realloc(l->v, ncap * sizeof *nv);
-        if (!nv) {
-            return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory");
-        }
+        if (!nv) { return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory"); }
         l->v = nv;
         l->cap = ncap;
     }
@@ -158,14 +152,12 @@ static ie_status_t split_push(split_list_t *l, uint32_t s, uint32_t e, int m)
 
 /* Every match of re in subj[0..len), with the gaps between them, covering
  * the whole subject (HF Pattern::find_matches). */
-static ie_status_t find_matches(const pcre2_code *re, const char *subj, size_t len,
-                                pcre2_match_data *md, pcre2_match_context *mctx, split_list_t *l)
+static ie_status_t find_matches(const pcre2_code *re, const char *subj, size_t len, pcre2_match_data *md,
+                                pcre2_match_context *mctx, split_list_t *l)
 {
     ie_status_t st = IE_OK;
     l->n = 0;
-    if (len == 0) {
-        return split_push(l, 0, 0, 0);
-    }
+    if (len == 0) { return split_push(l, 0, 0, 0); }
     size_t prev = 0, pos = 0;
     while (pos <= len) {
         int rc = pcre2_match(re, (PCRE2_SPTR)subj, len, pos, PCRE2_NO_UTF_CHECK, md, mctx);
@@ -174,9 +166,7 @@ static ie_status_t find_matches(const pcre2_code *re, const char *subj, size_t l
              * its backtracking state on the heap */
             rc = pcre2_match(re, (PCRE2_SPTR)subj, len, pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, mctx);
         }
-        if (rc == PCRE2_ERROR_NOMATCH) {
-            break;
-        }
+        if (rc == PCRE2_ERROR_NOMATCH) { break; }
         if (rc < 0) {
             PCRE2_UCHAR msg[160];
             pcre2_get_error_message(rc, msg, sizeof msg);
@@ -188,33 +178,24 @@ static ie_status_t find_matches(const pcre2_code *re, const char *subj, size_t l
             e = s;
         }
         if (prev != s) {
-            if ((st = split_push(l, (uint32_t)prev, (uint32_t)s, 0)) != IE_OK) {
-                return st;
-            }
+            if ((st = split_push(l, (uint32_t)prev, (uint32_t)s, 0)) != IE_OK) { return st; }
         }
-        if ((st = split_push(l, (uint32_t)s, (uint32_t)e, 1)) != IE_OK) {
-            return st;
-        }
+        if ((st = split_push(l, (uint32_t)s, (uint32_t)e, 1)) != IE_OK) { return st; }
         prev = e;
         if (e == s) {
             /* empty match: step over one character */
-            if (e >= len) {
-                break;
-            }
+            if (e >= len) { break; }
             pos = e + (size_t)ie_tok_utf8_len((unsigned char)subj[e]);
         } else {
             pos = e;
         }
     }
-    if (prev < len) {
-        st = split_push(l, (uint32_t)prev, (uint32_t)len, 0);
-    }
+    if (prev < len) { st = split_push(l, (uint32_t)prev, (uint32_t)len, 0); }
     return st;
 }
 
-ie_status_t ie_tok_pretok_apply(const ie_tok_pretok_step_t *step, const char *buf,
-                                const ie_tok_spans_t *in, ie_tok_spans_t *out,
-                                pcre2_match_data *md, pcre2_match_context *mctx)
+ie_status_t ie_tok_pretok_apply(const ie_tok_pretok_step_t *step, const char *buf, const ie_tok_spans_t *in,
+                                ie_tok_spans_t *out, pcre2_match_data *md, pcre2_match_context *mctx)
 {
     ie_status_t st = IE_OK;
     split_list_t l = {0};
@@ -223,27 +204,19 @@ ie_status_t ie_tok_pretok_apply(const ie_tok_pretok_step_t *step, const char *bu
     for (size_t k = 0; k < in->n; k++) {
         const ie_tok_span_t *sp = &in->v[k];
         st = find_matches(step->re, buf + sp->off, sp->len, md, mctx, &l);
-        if (st != IE_OK) {
-            goto cleanup;
-        }
+        if (st != IE_OK) { goto cleanup; }
         if (step->invert) {
-            for (size_t i = 0; i < l.n; i++) {
-                l.v[i].m = !l.v[i].m;
-            }
+            for (size_t i = 0; i < l.n; i++) { l.v[i].m = !l.v[i].m; }
         }
         r.n = 0;
         int prev_match = 0;
         switch (step->behavior) {
         case IE_SPLIT_ISOLATED:
-            for (size_t i = 0; i < l.n && st == IE_OK; i++) {
-                st = split_push(&r, l.v[i].s, l.v[i].e, 0);
-            }
+            for (size_t i = 0; i < l.n && st == IE_OK; i++) { st = split_push(&r, l.v[i].s, l.v[i].e, 0); }
             break;
         case IE_SPLIT_REMOVED:
             for (size_t i = 0; i < l.n && st == IE_OK; i++) {
-                if (!l.v[i].m) {
-                    st = split_push(&r, l.v[i].s, l.v[i].e, 0);
-                }
+                if (!l.v[i].m) { st = split_push(&r, l.v[i].s, l.v[i].e, 0); }
             }
             break;
         case IE_SPLIT_CONTIGUOUS:
@@ -282,19 +255,13 @@ ie_status_t ie_tok_pretok_apply(const ie_tok_pretok_step_t *step, const char *bu
                 r.v[r.n - 1 - i] = t;
             }
             break;
-        default:
-            st = ie_error_set(IE_ERR_INTERNAL, "tokenizer: bad split behavior %d", (int)step->behavior);
-            break;
+        default: st = ie_error_set(IE_ERR_INTERNAL, "tokenizer: bad split behavior %d", (int)step->behavior); break;
         }
-        if (st != IE_OK) {
-            goto cleanup;
-        }
+        if (st != IE_OK) { goto cleanup; }
         for (size_t i = 0; i < r.n; i++) {
             if (r.v[i].e > r.v[i].s) {
                 st = ie_tok_spans_push(out, sp->off + r.v[i].s, r.v[i].e - r.v[i].s);
-                if (st != IE_OK) {
-                    goto cleanup;
-                }
+                if (st != IE_OK) { goto cleanup; }
             }
         }
     }
@@ -309,18 +276,10 @@ cleanup:
 
 int ie_tok_utf8_len(unsigned char c)
 {
-    if (c < 0x80) {
-        return 1;
-    }
-    if (c >= 0xC2 && c <= 0xDF) {
-        return 2;
-    }
-    if (c >= 0xE0 && c <= 0xEF) {
-        return 3;
-    }
-    if (c >= 0xF0 && c <= 0xF4) {
-        return 4;
-    }
+    if (c < 0x80) { return 1; }
+    if (c >= 0xC2 && c <= 0xDF) { return 2; }
+    if (c >= 0xE0 && c <= 0xEF) { return 3; }
+    if (c >= 0xF0 && c <= 0xF4) { return 4; }
     return 1;
 }
 
@@ -335,9 +294,7 @@ size_t ie_tok_utf8_valid_prefix(const char *str, size_t len)
             continue;
         }
         int n = ie_tok_utf8_len(c);
-        if (n == 1 || i + (size_t)n > len) {
-            return i;
-        }
+        if (n == 1 || i + (size_t)n > len) { return i; }
         unsigned char lo = 0x80, hi = 0xBF; /* allowed range of the 2nd byte */
         if (c == 0xE0) {
             lo = 0xA0; /* no overlongs */
@@ -348,13 +305,9 @@ size_t ie_tok_utf8_valid_prefix(const char *str, size_t len)
         } else if (c == 0xF4) {
             hi = 0x8F; /* <= U+10FFFF */
         }
-        if (s[i + 1] < lo || s[i + 1] > hi) {
-            return i;
-        }
+        if (s[i + 1] < lo || s[i + 1] > hi) { return i; }
         for (int k = 2; k < n; k++) {
-            if ((s[i + k] & 0xC0) != 0x80) {
-                return i;
-            }
+            if ((s[i + k] & 0xC0) != 0x80) { return i; }
         }
         i += (size_t)n;
     }
@@ -372,33 +325,19 @@ static int byte_is_printable(unsigned b)
 
 uint32_t ie_tok_byte_to_cp(unsigned char b)
 {
-    if (byte_is_printable(b)) {
-        return b;
-    }
-    if (b <= 0x20) {
-        return 256u + b;             /* U+0100..U+0120 */
-    }
-    if (b >= 0x7F && b <= 0xA0) {
-        return 256u + 33u + (b - 0x7Fu); /* U+0121..U+0142 */
-    }
-    return 256u + 67u;               /* 0xAD -> U+0143 */
+    if (byte_is_printable(b)) { return b; }
+    if (b <= 0x20) { return 256u + b; /* U+0100..U+0120 */ }
+    if (b >= 0x7F && b <= 0xA0) { return 256u + 33u + (b - 0x7Fu); /* U+0121..U+0142 */ }
+    return 256u + 67u; /* 0xAD -> U+0143 */
 }
 
 int ie_tok_cp_to_byte(uint32_t cp)
 {
-    if (cp < 256) {
-        return byte_is_printable(cp) ? (int)cp : -1;
-    }
+    if (cp < 256) { return byte_is_printable(cp) ? (int)cp : -1; }
     uint32_t n = cp - 256;
-    if (n <= 32) {
-        return (int)n;
-    }
-    if (n <= 66) {
-        return (int)(0x7F + (n - 33));
-    }
-    if (n == 67) {
-        return 0xAD;
-    }
+    if (n <= 32) { return (int)n; }
+    if (n <= 66) { return (int)(0x7F + (n - 33)); }
+    if (n == 67) { return 0xAD; }
     return -1;
 }
 
@@ -419,9 +358,7 @@ long ie_tok_bytelevel_decode(const char *str, size_t len, char *dst)
             return -1; /* every mapped code point is below U+0800 */
         }
         int b = ie_tok_cp_to_byte(cp);
-        if (b < 0) {
-            return -1;
-        }
+        if (b < 0) { return -1; }
         dst[o++] = (char)b;
     }
     return (long)o;

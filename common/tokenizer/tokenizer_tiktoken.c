@@ -30,21 +30,11 @@
 
 static int b64_val(unsigned char c)
 {
-    if (c >= 'A' && c <= 'Z') {
-        return c - 'A';
-    }
-    if (c >= 'a' && c <= 'z') {
-        return c - 'a' + 26;
-    }
-    if (c >= '0' && c <= '9') {
-        return c - '0' + 52;
-    }
-    if (c == '+') {
-        return 62;
-    }
-    if (c == '/') {
-        return 63;
-    }
+    if (c >= 'A' && c <= 'Z') { return c - 'A'; }
+    if (c >= 'a' && c <= 'z') { return c - 'a' + 26; }
+    if (c >= '0' && c <= '9') { return c - '0' + 52; }
+    if (c == '+') { return 62; }
+    if (c == '/') { return 63; }
     return -1;
 }
 
@@ -52,9 +42,7 @@ static int b64_val(unsigned char c)
  * it). dst needs len * 3 / 4 bytes. Returns the decoded length, or -1. */
 static long b64_decode(const char *s, size_t len, unsigned char *dst)
 {
-    if (len == 0 || len % 4 != 0) {
-        return -1;
-    }
+    if (len == 0 || len % 4 != 0) { return -1; }
     size_t o = 0;
     for (size_t i = 0; i < len; i += 4) {
         int v[4];
@@ -72,12 +60,8 @@ static long b64_decode(const char *s, size_t len, unsigned char *dst)
         }
         uint32_t w = (uint32_t)v[0] << 18 | (uint32_t)v[1] << 12 | (uint32_t)v[2] << 6 | (uint32_t)v[3];
         dst[o++] = (unsigned char)(w >> 16);
-        if (pad < 2) {
-            dst[o++] = (unsigned char)(w >> 8);
-        }
-        if (pad < 1) {
-            dst[o++] = (unsigned char)w;
-        }
+        if (pad < 2) { dst[o++] = (unsigned char)(w >> 8); }
+        if (pad < 1) { dst[o++] = (unsigned char)w; }
     }
     return (long)o;
 }
@@ -103,14 +87,10 @@ static ie_status_t parse_ranks(const char *path, const char *buf, size_t len, ra
 
     for (size_t i = 0; i < len;) {
         size_t e = i;
-        while (e < len && buf[e] != '\n') {
-            e++;
-        }
+        while (e < len && buf[e] != '\n') { e++; }
         lineno++;
         size_t le = e;
-        if (le > i && buf[le - 1] == '\r') {
-            le--;
-        }
+        if (le > i && buf[le - 1] == '\r') { le--; }
         if (le > i) {
             const char *sp = memchr(buf + i, ' ', le - i);
             if (!sp || sp == buf + i || sp + 1 == buf + le) {
@@ -143,9 +123,7 @@ static ie_status_t parse_ranks(const char *path, const char *buf, size_t len, ra
             v[n].b64 = buf + i;
             v[n].b64_len = (size_t)(sp - (buf + i));
             v[n].rank = (int32_t)r;
-            if (v[n].rank > max_rank) {
-                max_rank = v[n].rank;
-            }
+            if (v[n].rank > max_rank) { max_rank = v[n].rank; }
             n++;
         }
         i = e + 1;
@@ -171,9 +149,7 @@ static ie_status_t parse_specials(const char *path, const cJSON *root, const cJS
     *map_out = NULL;
     *n_vocab_out = -1;
     *pattern_out = NULL;
-    if (!cJSON_IsObject(root)) {
-        return ie_error_set(IE_ERR_FORMAT, "tokenizer: '%s' is not a JSON object", path);
-    }
+    if (!cJSON_IsObject(root)) { return ie_error_set(IE_ERR_FORMAT, "tokenizer: '%s' is not a JSON object", path); }
     const cJSON *map = cJSON_GetObjectItemCaseSensitive(root, "special_tokens");
     if (!map) {
         map = root; /* bare {"<|x|>": id} */
@@ -199,7 +175,8 @@ static ie_status_t parse_specials(const char *path, const cJSON *root, const cJS
         return ie_error_set(IE_ERR_FORMAT, "tokenizer: '%s': special_tokens must be an object", path);
     }
     const cJSON *it;
-    cJSON_ArrayForEach(it, map) {
+    cJSON_ArrayForEach(it, map)
+    {
         if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= (1 << 24) ||
             it->valuedouble != (double)(int32_t)it->valuedouble) {
             return ie_error_set(IE_ERR_FORMAT, "tokenizer: '%s': special token '%.40s' needs an id in 0..16777215",
@@ -233,9 +210,7 @@ ie_status_t ie_tokenizer_load_tiktoken(const char *ranks_path, const char *speci
     const char *pattern = NULL;
     int32_t n_vocab_decl = -1;
 
-    if (!out) {
-        return ie_error_set(IE_ERR_INVAL, "ie_tokenizer_load_tiktoken: out is NULL");
-    }
+    if (!out) { return ie_error_set(IE_ERR_INVAL, "ie_tokenizer_load_tiktoken: out is NULL"); }
     *out = NULL;
     if (!ranks_path || !*ranks_path) {
         return ie_error_set(IE_ERR_INVAL, "ie_tokenizer_load_tiktoken: empty path");
@@ -255,17 +230,15 @@ ie_status_t ie_tokenizer_load_tiktoken(const char *ranks_path, const char *speci
         sroot = cJSON_ParseWithLengthOpts(sbuf, slen, &end, 0);
         if (!sroot) {
             size_t at = end && end >= sbuf && end <= sbuf + slen ? (size_t)(end - sbuf) : 0;
-            st = ie_error_set(IE_ERR_FORMAT, "tokenizer: '%s' is not valid JSON (near byte %zu)", specials_path, at);
+            st = ie_error_set(IE_ERR_FORMAT, "tokenizer: '%s' is not valid JSON (near byte %zu)", specials_path,
+                              at);
             goto cleanup;
         }
-        if ((st = parse_specials(specials_path, sroot, &smap, &n_vocab_decl, &pattern)) != IE_OK) {
-            goto cleanup;
-        }
+        if ((st = parse_specials(specials_path, sroot, &smap, &n_vocab_decl, &pattern)) != IE_OK) { goto cleanup; }
         const cJSON *it;
-        cJSON_ArrayForEach(it, smap) {
-            if ((int32_t)it->valuedouble + 1 > n_vocab) {
-                n_vocab = (int32_t)it->valuedouble + 1;
-            }
+        cJSON_ArrayForEach(it, smap)
+        {
+            if ((int32_t)it->valuedouble + 1 > n_vocab) { n_vocab = (int32_t)it->valuedouble + 1; }
         }
         if (n_vocab_decl > 0) {
             if (n_vocab_decl < n_vocab) {
@@ -276,9 +249,7 @@ ie_status_t ie_tokenizer_load_tiktoken(const char *ranks_path, const char *speci
             n_vocab = n_vocab_decl;
         }
     }
-    if ((st = ie_tok_alloc(n_vocab, &t)) != IE_OK) {
-        goto cleanup;
-    }
+    if ((st = ie_tok_alloc(n_vocab, &t)) != IE_OK) { goto cleanup; }
     t->algo = IE_TOK_ALGO_BYTE_BPE;
     t->merge_mode = IE_TOK_MERGE_TIKTOKEN;
     t->ignore_merges = 1; /* tiktoken looks a whole piece up before merging */
@@ -317,7 +288,8 @@ ie_status_t ie_tokenizer_load_tiktoken(const char *ranks_path, const char *speci
     /* ---- special tokens */
     {
         const cJSON *it;
-        cJSON_ArrayForEach(it, smap) {
+        cJSON_ArrayForEach(it, smap)
+        {
             int32_t id = (int32_t)it->valuedouble;
             ie_tok_token_t *tk = &t->tokens[id];
             if (tk->type != IE_TOKT_UNUSED) {
@@ -326,18 +298,14 @@ ie_status_t ie_tokenizer_load_tiktoken(const char *ranks_path, const char *speci
                 goto cleanup;
             }
             size_t sl = strlen(it->string);
-            if ((st = ie_tok_set_token(t, id, it->string, sl, it->string, sl)) != IE_OK) {
-                goto cleanup;
-            }
+            if ((st = ie_tok_set_token(t, id, it->string, sl, it->string, sl)) != IE_OK) { goto cleanup; }
             tk->type = IE_TOKT_CONTROL;
             tk->special = 1;
             tk->in_bpe = 0;
             tk->flags = IE_TOKF_MATCHABLE;
         }
     }
-    if ((st = ie_tok_build_text_map(t)) != IE_OK) {
-        goto cleanup;
-    }
+    if ((st = ie_tok_build_text_map(t)) != IE_OK) { goto cleanup; }
     for (int b = 0; b < 256; b++) {
         char c = (char)b;
         if (ie_tok_strmap_get(&t->text_map, &c, 1) < 0) {

@@ -24,10 +24,7 @@ static const char *const CHATML_MARKERS[] = {"<|im_start|>", "<|im_end|>", NULL}
 static const char *const HARMONY_MARKERS[] = {"<|start|>",     "<|end|>",    "<|message|>", "<|channel|>",
                                               "<|constrain|>", "<|return|>", "<|call|>",    NULL};
 
-static int has_token(const ie_tokenizer_t *tok, const char *s)
-{
-    return ie_tokenizer_find(tok, s, strlen(s)) >= 0;
-}
+static int has_token(const ie_tokenizer_t *tok, const char *s) { return ie_tokenizer_find(tok, s, strlen(s)) >= 0; }
 
 ie_chat_format_t ie_chat_format(const ie_tokenizer_t *tok)
 {
@@ -50,8 +47,8 @@ const char *ie_chat_format_name(ie_chat_format_t f)
 /* ------------------------------------------------------------ masked text */
 
 typedef struct mbuf {
-    char *s;      /* text, NUL-terminated            */
-    uint8_t *m;   /* [len] 1 = content byte          */
+    char *s;    /* text, NUL-terminated            */
+    uint8_t *m; /* [len] 1 = content byte          */
     size_t len, cap;
 } mbuf_t;
 
@@ -255,8 +252,7 @@ static ie_status_t render_masked(const ie_tokenizer_t *tok, const char *json, co
         *markers = HARMONY_MARKERS;
         st = harmony_render(json, opts, out);
         break;
-    default:
-        return ie_error_set(IE_ERR_INVAL, "model has no chat template");
+    default: return ie_error_set(IE_ERR_INVAL, "model has no chat template");
     }
     if (st != IE_OK) mbuf_free(out);
     return st;
@@ -326,8 +322,7 @@ ie_status_t ie_chat_encode(const ie_tokenizer_t *tok, const char *messages_json,
         if (!b.m[i] && b.s[i] == '<')
             for (k = 0; k < n_markers; k++)
                 if (marker_id[k] >= 0 && i + marker_len[k] <= b.len &&
-                    memcmp(b.s + i, markers[k], marker_len[k]) == 0 &&
-                    !memchr(b.m + i, 1, marker_len[k]))
+                    memcmp(b.s + i, markers[k], marker_len[k]) == 0 && !memchr(b.m + i, 1, marker_len[k]))
                     break;
         if (k == n_markers) {
             i++;

@@ -39,11 +39,11 @@ typedef enum ie_harmony_role {
 } ie_harmony_role_t;
 
 typedef enum ie_harmony_channel {
-    IE_HARMONY_CH_NONE = 0,   /* no <|channel|> in the header (or not an assistant message) */
+    IE_HARMONY_CH_NONE = 0, /* no <|channel|> in the header (or not an assistant message) */
     IE_HARMONY_CH_ANALYSIS,
     IE_HARMONY_CH_COMMENTARY,
     IE_HARMONY_CH_FINAL,
-    IE_HARMONY_CH_OTHER       /* a channel name we do not know */
+    IE_HARMONY_CH_OTHER /* a channel name we do not know */
 } ie_harmony_channel_t;
 
 /* Zero is the template's default, "medium". */

@@ -43,15 +43,15 @@ typedef struct ie_backend ie_backend_t;
 
 /* The shape of a backend, fixed when it is made. */
 typedef struct ie_backend_geom {
-    int n_seq;        /* sequence slots: seq ids 0..n_seq-1              */
-    int n_ctx;        /* KV positions per slot                           */
-    int max_batch;    /* tokens per step at most                         */
-    int kv_block;     /* positions per KV block                          */
-    int kv_blocks;    /* blocks in the pool (physical ids 0..kv_blocks-1);
+    int n_seq;       /* sequence slots: seq ids 0..n_seq-1              */
+    int n_ctx;       /* KV positions per slot                           */
+    int max_batch;   /* tokens per step at most                         */
+    int kv_block;    /* positions per KV block                          */
+    int kv_blocks;   /* blocks in the pool (physical ids 0..kv_blocks-1);
                          the first n_seq * ceil(n_ctx / kv_block) of a
                          full-size pool start bound to the slots in order */
-    int32_t n_vocab;  /* floats per logits row                           */
-    int upkeep_ms;    /* a serving loop calls ie_backend_upkeep at least
+    int32_t n_vocab; /* floats per logits row                           */
+    int upkeep_ms;   /* a serving loop calls ie_backend_upkeep at least
                          this often (it may sleep this long when idle)   */
 } ie_backend_geom_t;
 

@@ -28,17 +28,17 @@
 typedef struct ie_cluster ie_cluster_t;
 
 typedef struct ie_cluster_opts {
-    const char *bind;          /* ROUTER endpoint workers connect to      */
-    ie_shard_kind_t plan;      /* PIPELINE or TENSOR                      */
-    int n_ranks;               /* workers in the plan (>= 1)              */
+    const char *bind;     /* ROUTER endpoint workers connect to      */
+    ie_shard_kind_t plan; /* PIPELINE or TENSOR                      */
+    int n_ranks;          /* workers in the plan (>= 1)              */
     int n_ctx, n_seq, max_batch;
-    int kv_block, kv_blocks;   /* paged KV (ie_worker_opts_t); 0: defaults */
+    int kv_block, kv_blocks; /* paged KV (ie_worker_opts_t); 0: defaults */
     ie_precision_t precision;
-    int heartbeat_ms;          /* default 250                             */
-    int dead_ms;               /* default 2000                            */
-    ie_net_t *net;             /* context (required; shared for inproc)   */
-    ie_metrics_t *metrics;     /* optional                                */
-    int verbose;               /* log membership changes to stderr        */
+    int heartbeat_ms;      /* default 250                             */
+    int dead_ms;           /* default 2000                            */
+    ie_net_t *net;         /* context (required; shared for inproc)   */
+    ie_metrics_t *metrics; /* optional                                */
+    int verbose;           /* log membership changes to stderr        */
 } ie_cluster_opts_t;
 
 /* The model src gives the shapes and the fingerprint workers must match;
@@ -105,7 +105,7 @@ typedef struct ie_cluster_stats {
     double compute_ms, transfer_ms;
     uint64_t bytes_sent, bytes_received;
     uint64_t steps;
-    double step_ms;           /* wall time inside ie_cluster_step       */
+    double step_ms;             /* wall time inside ie_cluster_step       */
     uint64_t lookahead_used;    /* chained steps sent ahead and used      */
     uint64_t lookahead_dropped; /* ... and dropped (the batch differed)    */
 } ie_cluster_stats_t;

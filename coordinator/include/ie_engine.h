@@ -54,38 +54,38 @@
 typedef struct ie_engine ie_engine_t;
 
 typedef struct ie_engine_opts {
-    const char *model_path;   /* GGUF file or HF directory              */
+    const char *model_path;     /* GGUF file or HF directory              */
     const char *tokenizer_path; /* NULL: the model's own               */
-    int n_threads;            /* compute threads (>= 1)                 */
-    int pin_threads;          /* pin them to cores                      */
-    int n_ctx;                /* KV positions per sequence; 0: min(train
+    int n_threads;              /* compute threads (>= 1)                 */
+    int pin_threads;            /* pin them to cores                      */
+    int n_ctx;                  /* KV positions per sequence; 0: min(train
                                  context, 4096)                         */
-    int n_seq;                /* sequences decoded together (>= 1)      */
-    int max_batch;            /* prefill chunk, tokens per step         */
+    int n_seq;                  /* sequences decoded together (>= 1)      */
+    int max_batch;              /* prefill chunk, tokens per step         */
     ie_precision_t precision;
-    int no_tokenizer;         /* 1: do not load one (logits-only use)   */
+    int no_tokenizer; /* 1: do not load one (logits-only use)   */
     /* Distributed execution (docs/OPERATIONS.md). plan NONE: one worker
      * in this process, called directly. PIPELINE/TENSOR: n_workers
      * workers behind the cluster protocol — as threads of this process
      * over ZeroMQ inproc:// when cluster_bind is NULL, else remote
      * ie-worker processes registering at cluster_bind. */
     ie_shard_kind_t plan;
-    int n_workers;            /* >= 1 when plan != NONE                 */
-    const char *cluster_bind; /* e.g. "tcp://0.0.0.0:5555"; NULL: inproc */
-    int cluster_wait_ms;      /* create waits this long for the workers
+    int n_workers;             /* >= 1 when plan != NONE                 */
+    const char *cluster_bind;  /* e.g. "tcp://0.0.0.0:5555"; NULL: inproc */
+    int cluster_wait_ms;       /* create waits this long for the workers
                                  (0: 60 s; < 0: not at all — steps fail
                                  with IE_ERR_UNAVAILABLE until ready)   */
-    int heartbeat_ms, dead_ms;/* 0: 250 / 2000                          */
-    ie_net_t *net;            /* ZeroMQ context to use (CURVE set up by
+    int heartbeat_ms, dead_ms; /* 0: 250 / 2000                          */
+    ie_net_t *net;             /* ZeroMQ context to use (CURVE set up by
                                  the caller); NULL: the engine makes one */
-    ie_metrics_t *metrics;    /* optional registry for cluster metrics   */
+    ie_metrics_t *metrics;     /* optional registry for cluster metrics   */
     /* Paged KV cache (ie_worker.h, ie_kvpool.h): positions per block
      * (0: 16) and blocks in the pool (0: n_seq * ceil(n_ctx / kv_block),
      * enough for every slot's whole context). A smaller pool serves more
      * slots than memory for full contexts allows; the scheduler preempts
      * a sequence when the pool runs out. */
     int kv_block, kv_blocks;
-    int prefix_cache;         /* reuse cached KV blocks of equal prompt
+    int prefix_cache; /* reuse cached KV blocks of equal prompt
                                  prefixes across requests (default 1)   */
 } ie_engine_opts_t;
 
@@ -125,15 +125,15 @@ void ie_engine_sched_opts(ie_engine_t *e, ie_sched_opts_t *out);
 void **ie_engine_ext(const ie_engine_t *e);
 
 typedef struct ie_gen_result {
-    char *text;               /* generated text (malloc'd, NUL-terminated) */
-    int32_t *ids;             /* generated ids (malloc'd)                */
+    char *text;   /* generated text (malloc'd, NUL-terminated) */
+    int32_t *ids; /* generated ids (malloc'd)                */
     size_t n_gen;
-    size_t n_prompt;          /* prompt tokens                           */
+    size_t n_prompt; /* prompt tokens                           */
     ie_finish_t stop;
-    double ttft_ms;           /* from the call's start (tokenization and
+    double ttft_ms; /* from the call's start (tokenization and
                                  waiting for a slot included) to the
                                  first token                            */
-    double *lat_ms;           /* per generated token after the first:
+    double *lat_ms; /* per generated token after the first:
                                  time since the previous one (malloc'd)  */
     size_t n_lat;
 } ie_gen_result_t;
@@ -146,9 +146,8 @@ void ie_gen_result_clear(ie_gen_result_t *r);
  * (IE_ERR_INVAL, naming the prompt), a prompt that does not fit the context
  * (IE_ERR_RANGE) or bad sampling params; on failure every result is
  * cleared. stats (optional) accumulates timing of the whole call. */
-ie_status_t ie_engine_generate_batch(ie_engine_t *e, const char *const *prompts, size_t n,
-                               const ie_gen_params_t *p, ie_gen_result_t *results,
-                               ie_gen_stats_t *stats);
+ie_status_t ie_engine_generate_batch(ie_engine_t *e, const char *const *prompts, size_t n, const ie_gen_params_t *p,
+                                     ie_gen_result_t *results, ie_gen_stats_t *stats);
 
 /* As ie_engine_generate_batch, for prompts already tokenized (e.g. by
  * ie_chat_encode): prompt i is ids[i][0..n_ids[i]), used as given
@@ -156,8 +155,7 @@ ie_status_t ie_engine_generate_batch(ie_engine_t *e, const char *const *prompts,
  * ie_engine_generate_batch, plus IE_ERR_RANGE for an id outside the model's
  * vocabulary and IE_ERR_INVAL for an empty prompt. */
 ie_status_t ie_engine_generate_ids(ie_engine_t *e, const int32_t *const *ids, const size_t *n_ids, size_t n,
-                                   const ie_gen_params_t *p, ie_gen_result_t *results,
-                                   ie_gen_stats_t *stats);
+                                   const ie_gen_params_t *p, ie_gen_result_t *results, ie_gen_stats_t *stats);
 
 /* Logits for every position of `ids` in sequence slot 0 (cleared first):
  * out holds n * n_vocab floats, row i after consuming ids[0..i]. `decode`

@@ -13,22 +13,22 @@
 
 typedef enum ie_finish {
     IE_FINISH_NONE = 0,
-    IE_FINISH_EOS,       /* the model ended its turn             */
-    IE_FINISH_STOP,    /* a stop string appeared               */
-    IE_FINISH_LENGTH,    /* max_new tokens generated             */
-    IE_FINISH_CONTEXT    /* the sequence filled its KV slot      */
+    IE_FINISH_EOS,    /* the model ended its turn             */
+    IE_FINISH_STOP,   /* a stop string appeared               */
+    IE_FINISH_LENGTH, /* max_new tokens generated             */
+    IE_FINISH_CONTEXT /* the sequence filled its KV slot      */
 } ie_finish_t;
 
 /* "none", "eos", "stop", "length", "context": a static string. */
 const char *ie_finish_name(ie_finish_t r);
 
 typedef struct ie_gen_params {
-    int max_new;                  /* tokens to generate at most (>= 0)  */
+    int max_new; /* tokens to generate at most (>= 0)  */
     ie_sampler_params_t sampling;
-    const char *const *stop;      /* stop strings (not part of output)  */
+    const char *const *stop; /* stop strings (not part of output)  */
     size_t n_stop;
-    int add_special;              /* BOS/EOS per the tokenizer's rules  */
-    int parse_special;            /* special-token text -> tokens       */
+    int add_special;   /* BOS/EOS per the tokenizer's rules  */
+    int parse_special; /* special-token text -> tokens       */
     /* Streaming (optional): called after every sampled token of prompt
      * `index` with the token and the text it released (after stop-string
      * holding; may be empty, not NUL-terminated). */
@@ -49,14 +49,14 @@ void ie_gen_params_default(ie_gen_params_t *p);
  * a step of decode tokens only is a decode step. Sampling and
  * detokenizing between steps count in neither. */
 typedef struct ie_gen_stats {
-    double prefill_ms;        /* time in prefill steps                   */
-    double decode_ms;         /* time in decode-only steps               */
-    size_t prefill_tokens;    /* prompt tokens                           */
-    size_t decode_tokens;     /* tokens sampled after decode-only steps  */
-    size_t prefix_hit_tokens; /* prompt tokens whose KV came from the
+    double prefill_ms;         /* time in prefill steps                   */
+    double decode_ms;          /* time in decode-only steps               */
+    size_t prefill_tokens;     /* prompt tokens                           */
+    size_t decode_tokens;      /* tokens sampled after decode-only steps  */
+    size_t prefix_hit_tokens;  /* prompt tokens whose KV came from the
                                  prefix cache (not computed)             */
-    size_t prefix_miss_tokens;/* prompt tokens computed                  */
-    size_t preemptions;       /* sequences preempted (KV pool full)      */
+    size_t prefix_miss_tokens; /* prompt tokens computed                  */
+    size_t preemptions;        /* sequences preempted (KV pool full)      */
 } ie_gen_stats_t;
 
 #endif

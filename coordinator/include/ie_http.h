@@ -33,19 +33,19 @@
 typedef struct ie_http ie_http_t;
 
 typedef struct ie_http_opts {
-    ie_engine_t *engine;       /* tokenizer, chat template, shapes        */
-    ie_sched_t *sched;         /* where requests go                       */
-    const char *addr;          /* listen address (NULL: "127.0.0.1")       */
-    int port;                  /* 0: pick a free port (ie_http_port)      */
-    const char *api_key;       /* non-NULL: require "Authorization: Bearer
+    ie_engine_t *engine;    /* tokenizer, chat template, shapes        */
+    ie_sched_t *sched;      /* where requests go                       */
+    const char *addr;       /* listen address (NULL: "127.0.0.1")       */
+    int port;               /* 0: pick a free port (ie_http_port)      */
+    const char *api_key;    /* non-NULL: require "Authorization: Bearer
                                   <key>" on /v1/ endpoints               */
-    const char *model_name;    /* id in /v1/models and responses (NULL:
+    const char *model_name; /* id in /v1/models and responses (NULL:
                                   the model file's base name)            */
-    ie_metrics_t *metrics;     /* served at /metrics when non-NULL        */
-    int request_timeout_ms;    /* per-request limit given to the scheduler
+    ie_metrics_t *metrics;  /* served at /metrics when non-NULL        */
+    int request_timeout_ms; /* per-request limit given to the scheduler
                                   (0: none)                               */
-    int max_body;              /* bytes of request body at most (0: 1 MiB) */
-    int verbose;               /* one log line per request to stderr      */
+    int max_body;           /* bytes of request body at most (0: 1 MiB) */
+    int verbose;            /* one log line per request to stderr      */
 } ie_http_opts_t;
 
 /* Start listening. IE_ERR_IO when the address cannot be bound (message

@@ -33,13 +33,13 @@
 typedef struct ie_kvpool ie_kvpool_t;
 
 typedef struct ie_kvpool_stats {
-    int n_blocks;          /* all blocks                                    */
-    int used;              /* refcount > 0                                  */
-    int cached;            /* refcount 0, published (evictable)             */
-    int free;              /* refcount 0, unpublished                       */
-    uint64_t hit_blocks;   /* blocks ie_kvpool_match handed out             */
-    uint64_t miss_blocks;  /* full blocks asked for and not found           */
-    uint64_t evictions;    /* cached blocks reused for something else       */
+    int n_blocks;         /* all blocks                                    */
+    int used;             /* refcount > 0                                  */
+    int cached;           /* refcount 0, published (evictable)             */
+    int free;             /* refcount 0, unpublished                       */
+    uint64_t hit_blocks;  /* blocks ie_kvpool_match handed out             */
+    uint64_t miss_blocks; /* full blocks asked for and not found           */
+    uint64_t evictions;   /* cached blocks reused for something else       */
 } ie_kvpool_stats_t;
 
 /* A pool of n_blocks (>= 1) blocks of block_tokens (>= 1) positions.

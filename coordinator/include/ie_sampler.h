@@ -88,8 +88,7 @@ ie_status_t ie_sampler_params_validate(const ie_sampler_params_t *params);
  * params->seed, empty history. Copies *params. Allocates all scratch now
  * (about 24 bytes per vocabulary entry, plus 4 per window slot). Caller owns *out and must destroy
  * it; *out is NULL on failure. */
-ie_status_t ie_sampler_new(const ie_sampler_params_t *params, int32_t n_vocab,
-                           ie_sampler_t **out);
+ie_status_t ie_sampler_new(const ie_sampler_params_t *params, int32_t n_vocab, ie_sampler_t **out);
 
 /* Free the sampler; *self_p = NULL. Accepts NULL and *self_p == NULL. */
 void ie_sampler_destroy(ie_sampler_t **self_p);

@@ -46,87 +46,87 @@
 typedef struct ie_sched ie_sched_t;
 
 typedef struct ie_sched_opts {
-    ie_backend_t *backend; /* not owned, must outlive the scheduler; its
+    ie_backend_t *backend;     /* not owned, must outlive the scheduler; its
                               n_seq slots and KV pool are the scheduler's
                               from now on (one scheduler per backend)    */
     const ie_tokenizer_t *tok; /* not owned, must outlive the scheduler:
                               detokenizes the output; ids fit the
                               backend's vocabulary                       */
-    int no_prefix_cache;   /* 1: never reuse cached KV blocks of equal
+    int no_prefix_cache;       /* 1: never reuse cached KV blocks of equal
                               prompt prefixes (0, the default: reuse)    */
-    int queue_max;         /* waiting requests at most (0: 64) beyond
+    int queue_max;             /* waiting requests at most (0: 64) beyond
                               the slots free at submit; more is
                               IE_ERR_BUSY                                */
-    int prefill_chunk;     /* prompt tokens per step at most (0: the
+    int prefill_chunk;         /* prompt tokens per step at most (0: the
                               backend's max_batch)                       */
-    int retry_ms;          /* > 0: a request whose step failed because a
+    int retry_ms;              /* > 0: a request whose step failed because a
                               worker was lost is recomputed when the
                               backend is ready again, tried again (250 ms
                               apart) for up to this long after the first
                               loss; 0: it ends with ERROR "unavailable"
                               at once                                    */
-    ie_gen_stats_t *timing;/* optional: step times and token counts
+    ie_gen_stats_t *timing;    /* optional: step times and token counts
                               accumulate here (stepping thread only)     */
-    ie_metrics_t *metrics; /* optional: ie_requests_total{status},
+    ie_metrics_t *metrics;     /* optional: ie_requests_total{status},
                               tokens, queue/TTFT/token-latency
                               histograms, KV blocks used/total, prefix
                               hits/misses, preemptions                   */
 } ie_sched_opts_t;
 
 typedef enum ie_sched_ev_kind {
-    IE_SCHED_TOKEN = 1,   /* a token was sampled                          */
-    IE_SCHED_DONE,        /* finished normally (terminal)                 */
-    IE_SCHED_ERROR        /* failed, cancelled or timed out (terminal)    */
+    IE_SCHED_TOKEN = 1, /* a token was sampled                          */
+    IE_SCHED_DONE,      /* finished normally (terminal)                 */
+    IE_SCHED_ERROR      /* failed, cancelled or timed out (terminal)    */
 } ie_sched_ev_kind_t;
 
 /* One event. Pointers are valid only during the callback. */
 typedef struct ie_sched_event {
     ie_sched_ev_kind_t kind;
     uint64_t id;
-    void *user;               /* the request's cb_ctx                      */
+    void *user; /* the request's cb_ctx                      */
     /* TOKEN */
     int32_t token;
-    const char *text;         /* text it released (after stop-string
+    const char *text; /* text it released (after stop-string
                                  holding; may be empty; not NUL-terminated) */
     size_t len;
     /* DONE (and, with what was produced before the failure, ERROR) */
-    const char *all_text;     /* whole output, NUL-terminated             */
-    const int32_t *ids;       /* generated ids                             */
+    const char *all_text; /* whole output, NUL-terminated             */
+    const int32_t *ids;   /* generated ids                             */
     size_t n_gen;
-    size_t n_prompt;          /* prompt tokens                             */
-    size_t n_cached;          /* prompt tokens taken from the prefix cache */
-    ie_finish_t finish;       /* DONE: why it ended                        */
-    double queue_ms;          /* submit -> first admitted                  */
-    double ttft_ms;           /* submit -> first token                     */
-    double total_ms;          /* submit -> this event                      */
-    double decode_tps;        /* tokens after the first / their time       */
-    const double *lat_ms;     /* per token after the first: time since the
+    size_t n_prompt;      /* prompt tokens                             */
+    size_t n_cached;      /* prompt tokens taken from the prefix cache */
+    ie_finish_t finish;   /* DONE: why it ended                        */
+    double queue_ms;      /* submit -> first admitted                  */
+    double ttft_ms;       /* submit -> first token                     */
+    double total_ms;      /* submit -> this event                      */
+    double decode_tps;    /* tokens after the first / their time       */
+    const double *lat_ms; /* per token after the first: time since the
                                  previous one                              */
     size_t n_lat;
     /* ERROR */
-    ie_status_t status;       /* IE_ERR_TIMEOUT, IE_ERR_UNAVAILABLE, ...   */
-    const char *code;         /* "cancelled", "timeout", "unavailable",
+    ie_status_t status;  /* IE_ERR_TIMEOUT, IE_ERR_UNAVAILABLE, ...   */
+    const char *code;    /* "cancelled", "timeout", "unavailable",
                                  "invalid_request" (needs more KV blocks
                                  than the pool has), "out_of_memory",
                                  "internal"                                */
-    const char *message;      /* one line                                   */
+    const char *message; /* one line                                   */
 } ie_sched_event_t;
 
 typedef void (*ie_sched_cb)(void *ctx, const ie_sched_event_t *ev);
 
 typedef struct ie_sched_req {
-    const int32_t *ids;       /* prompt tokens (copied; >= 1, each in the
+    const int32_t *ids; /* prompt tokens (copied; >= 1, each in the
                                  model's vocabulary, fits the context)     */
     size_t n_ids;
     const ie_gen_params_t *params; /* max_new, sampling (its seed fixed by
                                  the caller), stop strings (copied);
                                  on_token is ignored — events carry tokens */
-    int priority;             /* higher runs first                         */
-    double timeout_ms;        /* > 0: the request ends with ERROR
+    int priority;                  /* higher runs first                         */
+    double timeout_ms;             /* > 0: the request ends with ERROR
                                  "timeout" this long after submission if
                                  not finished; 0: no limit                 */
-    ie_sched_cb cb;           /* required                                  */
-    void *cb_ctx;             /* must stay valid until the terminal event  */
+    ie_sched_cb cb;                /* required                                  */
+    void *cb_ctx;                  /* must stay valid until the terminal event  */
 } ie_sched_req_t;
 
 /* IE_ERR_INVAL for bad options (no backend, no tokenizer),
@@ -167,17 +167,17 @@ ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out);
 void ie_sched_wait(ie_sched_t *s, int timeout_ms);
 
 typedef struct ie_sched_stats {
-    int ready;                          /* steps can run: the backend is
+    int ready; /* steps can run: the backend is
                                            ready (ie_backend_ready, as of
                                            the last ie_sched_step; for
                                            health checks on other
                                            threads)                      */
     int queued, running;
-    int kv_blocks, kv_used, kv_cached;  /* pool blocks: all / in use /
+    int kv_blocks, kv_used, kv_cached; /* pool blocks: all / in use /
                                            cached for reuse              */
-    uint64_t prefix_hit_tokens;         /* prompt tokens served from the
+    uint64_t prefix_hit_tokens;        /* prompt tokens served from the
                                            prefix cache                  */
-    uint64_t prefix_miss_tokens;        /* prompt tokens computed        */
+    uint64_t prefix_miss_tokens;       /* prompt tokens computed        */
     uint64_t preemptions;
     uint64_t submitted, completed, failed;
 } ie_sched_stats_t;

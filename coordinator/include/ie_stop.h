@@ -55,8 +55,7 @@ void ie_stop_destroy(ie_stop_t **self_p);
  * string has completed (now or before), else 0. Once stopped, further feeds
  * release nothing. IE_ERR_NOMEM if the internal buffer cannot grow (the
  * matcher is then unchanged). On failure both outputs are 0. */
-ie_status_t ie_stop_feed(ie_stop_t *s, const char *text, size_t len, size_t *emit_len_out,
-                         int *stopped_out);
+ie_status_t ie_stop_feed(ie_stop_t *s, const char *text, size_t len, size_t *emit_len_out, int *stopped_out);
 
 /* End of stream without a stop: release every held-back byte. After a stop
  * releases nothing. *emit_len_out as for ie_stop_feed. Later feeds still

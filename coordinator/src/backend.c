@@ -23,8 +23,9 @@ ie_status_t ie_backend_new(const ie_backend_ops_t *ops, void *self, const ie_bac
     }
     if (geom->n_seq < 1 || geom->n_ctx < 1 || geom->max_batch < 1 || geom->kv_block < 1 || geom->kv_blocks < 1 ||
         geom->n_vocab < 1 || geom->upkeep_ms < 1) {
-        st = ie_error_set(IE_ERR_INVAL, "backend %s: bad geometry (slots %d, context %d, batch %d, KV block %d, "
-                                        "blocks %d, vocabulary %d, upkeep %d ms)",
+        st = ie_error_set(IE_ERR_INVAL,
+                          "backend %s: bad geometry (slots %d, context %d, batch %d, KV block %d, "
+                          "blocks %d, vocabulary %d, upkeep %d ms)",
                           ops->name ? ops->name : "?", geom->n_seq, geom->n_ctx, geom->max_batch, geom->kv_block,
                           geom->kv_blocks, (int)geom->n_vocab, geom->upkeep_ms);
         goto cleanup;

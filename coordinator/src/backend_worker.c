@@ -49,8 +49,12 @@ ie_status_t ie_backend_worker_new(const ie_model_src_t *src, const ie_worker_opt
     ie_status_t st = ie_worker_new(src, o, &w);
     if (st != IE_OK) return st;
     /* nothing to keep alive between steps: a serving loop may sleep long */
-    ie_backend_geom_t g = {.n_seq = o->n_seq, .n_ctx = ie_worker_n_ctx(w), .max_batch = ie_worker_max_batch(w),
-                           .kv_block = ie_worker_kv_block(w), .kv_blocks = ie_worker_kv_blocks(w),
-                           .n_vocab = ie_worker_hparams(w)->n_vocab, .upkeep_ms = 50};
+    ie_backend_geom_t g = {.n_seq = o->n_seq,
+                           .n_ctx = ie_worker_n_ctx(w),
+                           .max_batch = ie_worker_max_batch(w),
+                           .kv_block = ie_worker_kv_block(w),
+                           .kv_blocks = ie_worker_kv_blocks(w),
+                           .n_vocab = ie_worker_hparams(w)->n_vocab,
+                           .upkeep_ms = 50};
     return ie_backend_new(&k_worker_ops, w, &g, out);
 }

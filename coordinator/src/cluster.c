@@ -33,7 +33,7 @@ typedef struct member {
     uint64_t assigned_epoch;
     double last_seen;
     char error[IE_PROTO_TEXT_MAX];
-    ie_status_t status;  /* M_FAILED: the worker's load status         */
+    ie_status_t status; /* M_FAILED: the worker's load status         */
 } member_t;
 
 /* Chaining's credit (see "steps" below): a use earns 1 (up to
@@ -46,20 +46,20 @@ typedef struct member {
 
 /* A step sent and not yet answered by every head rank. */
 typedef struct pend {
-    int live;            /* its answers are counted                       */
-    int chain;           /* tokens: the previous step's arg max (STEP chain) */
+    int live;  /* its answers are counted                       */
+    int chain; /* tokens: the previous step's arg max (STEP chain) */
     uint64_t epoch, step;
     int got[IE_PROTO_MAX_RANKS];
     ie_status_t st;
     char err[IE_PROTO_TEXT_MAX];
-    float *logits_out;   /* FULL rows go here (NULL: none can come)       */
+    float *logits_out; /* FULL rows go here (NULL: none can come)       */
     int n, rows;
-    uint8_t *flags;      /* [max_batch] the batch, copied                 */
+    uint8_t *flags; /* [max_batch] the batch, copied                 */
     int32_t *seq, *pos;
-    int32_t *tok;        /* a chained step's tokens, as the ranks say      */
+    int32_t *tok; /* a chained step's tokens, as the ranks say      */
     int tok_set;
-    float *am_val;       /* [max_batch] per flagged entry: the best (max, */
-    int32_t *am_id;      /* id) of the ranks' ARGMAX answers so far        */
+    float *am_val;  /* [max_batch] per flagged entry: the best (max, */
+    int32_t *am_id; /* id) of the ranks' ARGMAX answers so far        */
 } pend_t;
 
 struct ie_cluster {
@@ -73,7 +73,7 @@ struct ie_cluster {
     member_t m[IE_PROTO_MAX_RANKS];
     uint64_t epoch, step;
     uint64_t cluster_id; /* random, in every ASSIGN: names the ranks' shared-memory segments */
-    int kv_nlb, kv_pool;  /* logical blocks per slot, blocks in the pool   */
+    int kv_nlb, kv_pool; /* logical blocks per slot, blocks in the pool   */
     ie_buf_t kv;         /* queued KV operations (ie_kv_ops_append)       */
     size_t kv_ids;       /* block ids in them                             */
     ie_status_t kv_lost; /* a clear that could not be queued: fail the next step */
@@ -81,22 +81,22 @@ struct ie_cluster {
     ie_buf_t hdr;
     ie_msg_t assign_msg;
     double last_hb;
-    uint8_t *flags;      /* logits flags when the batch has none      */
+    uint8_t *flags; /* logits flags when the batch has none      */
     int flags_cap;
     ie_cluster_stats_t stats;
     ie_metric_t *m_up, *m_step;
-    uint64_t wd_us;      /* systemd watchdog interval (0: none)      */
+    uint64_t wd_us; /* systemd watchdog interval (0: none)      */
     double last_wd;
     /* the step being waited for, and a chained step sent ahead of the
      * caller's next call (ie_cluster_lookahead) */
     pend_t cur, ahead;
-    int last_ok;         /* the last step answered: cur's am_id are its ids */
-    int la_hint;         /* the caller's word for the next step (1: may chain) */
-    int la_force;        /* IE_LOOKAHEAD: 0 unset (auto), 1 "0" off, 2 "1" on */
-    int n_cpu;           /* CPUs this process may use                     */
+    int last_ok;  /* the last step answered: cur's am_id are its ids */
+    int la_hint;  /* the caller's word for the next step (1: may chain) */
+    int la_force; /* IE_LOOKAHEAD: 0 unset (auto), 1 "0" off, 2 "1" on */
+    int n_cpu;    /* CPUs this process may use                     */
     char host[IE_PROTO_TEXT_MAX];
-    int la_credit;       /* + per chained step used, - per one dropped     */
-    int la_pause;        /* steps left without chaining after a run of drops */
+    int la_credit; /* + per chained step used, - per one dropped     */
+    int la_pause;  /* steps left without chaining after a run of drops */
     ie_metric_t *m_la;
 };
 
@@ -219,8 +219,10 @@ static void on_hello(ie_cluster_t *c, const void *id, size_t idn, const ie_msg_h
 {
     char why[IE_PROTO_TEXT_MAX];
     if (h->model_fp != c->fp) {
-        snprintf(why, sizeof why, "model mismatch: the worker's model (fingerprint %016llx) is not the "
-                 "coordinator's (%016llx)", (unsigned long long)h->model_fp, (unsigned long long)c->fp);
+        snprintf(why, sizeof why,
+                 "model mismatch: the worker's model (fingerprint %016llx) is not the "
+                 "coordinator's (%016llx)",
+                 (unsigned long long)h->model_fp, (unsigned long long)c->fp);
         clog_(c, "refused pid %d on %s: %s", h->pid, h->host, why);
         send_error(c, id, idn, IE_ERR_INVAL, why);
         return;
@@ -288,7 +290,8 @@ static void on_ready(ie_cluster_t *c, int r, const ie_msg_ready_t *rd)
     }
     mb->state = M_READY;
     set_up(c, r, 1);
-    if (c->o.verbose) clog_(c, "rank %d ready (%.1f MB of weights, %.0f ms)", r, rd->weight_bytes / 1e6, rd->load_ms);
+    if (c->o.verbose)
+        clog_(c, "rank %d ready (%.1f MB of weights, %.0f ms)", r, rd->weight_bytes / 1e6, rd->load_ms);
 }
 
 static void pend_fail(pend_t *p, ie_status_t st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -304,15 +307,16 @@ static void pend_fail(pend_t *p, ie_status_t st, const char *fmt, ...)
 
 static void on_result(ie_cluster_t *c, const ie_msg_result_t *res)
 {
-    pend_t *p = c->cur.live && res->step == c->cur.step ? &c->cur
-              : c->ahead.live && res->step == c->ahead.step ? &c->ahead
-                                                          : NULL;
+    pend_t *p = c->cur.live && res->step == c->cur.step       ? &c->cur
+                : c->ahead.live && res->step == c->ahead.step ? &c->ahead
+                                                              : NULL;
     if (!p || res->epoch != p->epoch || res->epoch != c->epoch) return; /* stale */
     if (res->rank < 0 || res->rank >= c->o.n_ranks) return;
     p->got[res->rank] = 1;
     if (res->status != IE_OK) {
-        pend_fail(p, res->status == IE_ERR_RANGE || res->status == IE_ERR_INVAL ? (ie_status_t)res->status
-                                                                                : IE_ERR_UNAVAILABLE,
+        pend_fail(p,
+                  res->status == IE_ERR_RANGE || res->status == IE_ERR_INVAL ? (ie_status_t)res->status
+                                                                             : IE_ERR_UNAVAILABLE,
                   "%s", res->error);
         return;
     }
@@ -497,7 +501,8 @@ ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src
     if (o->metrics)
         ie_metrics_counter(o->metrics, "ie_lookahead_steps_total",
                            "Chained steps sent ahead of the scheduler (tensor plans): used, or dropped because "
-                           "the next batch differed", "outcome", &c->m_la);
+                           "the next batch differed",
+                           "outcome", &c->m_la);
     for (int r = 0; r < o->n_ranks; r++) set_up(c, r, 0);
     c->last_hb = ie_now_ms();
     c->wd_us = ie_sd_watchdog_usec();
@@ -808,7 +813,7 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
         c->kv_ids = 0;
         c->ahead.live = 0;
         return ie_error_set(lost, "cluster: a slot clear could not be queued (too many KV operations before one "
-                            "step); the queued KV operations were dropped");
+                                  "step); the queued KV operations were dropped");
     }
     const uint8_t *flags = b->logits;
     if (!flags) { /* as ie_worker_step: the last token only */
@@ -844,8 +849,9 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
         if (adopted && c->cur.st != IE_ERR_UNAVAILABLE &&
             (c->cur.st != IE_OK || !c->cur.tok_set ||
              memcmp(c->cur.tok, b->tokens, (size_t)b->n * sizeof *b->tokens) != 0)) {
-            if (c->o.verbose) clog_(c, "chained step %llu not usable (%s): sent again as a step",
-                                    (unsigned long long)c->cur.step, c->cur.st != IE_OK ? c->cur.err : "tokens");
+            if (c->o.verbose)
+                clog_(c, "chained step %llu not usable (%s): sent again as a step", (unsigned long long)c->cur.step,
+                      c->cur.st != IE_OK ? c->cur.err : "tokens");
             c->ahead.live = 0;
             adopted = 0;
             continue;
@@ -878,7 +884,10 @@ static ie_status_t cb_step(void *self, const ie_batch_t *b, float *logits_out)
 
 static void cb_seq_clear(void *self, int seq) { ie_cluster_seq_clear(self, seq); }
 
-static ie_status_t cb_seq_set_len(void *self, int seq, int n_pos) { return ie_cluster_seq_set_len(self, seq, n_pos); }
+static ie_status_t cb_seq_set_len(void *self, int seq, int n_pos)
+{
+    return ie_cluster_seq_set_len(self, seq, n_pos);
+}
 
 static ie_status_t cb_kv_bind(void *self, int seq, int first, const int32_t *pb, int n)
 {
@@ -925,8 +934,12 @@ ie_status_t ie_backend_cluster_new(ie_cluster_t **c_p, ie_backend_t **out)
     *out = NULL;
     if (!c) return ie_error_set(IE_ERR_INVAL, "backend: no cluster");
     /* heartbeats and registrations want answers well inside heartbeat_ms */
-    ie_backend_geom_t g = {.n_seq = c->o.n_seq, .n_ctx = c->o.n_ctx, .max_batch = c->o.max_batch,
-                           .kv_block = c->o.kv_block > 0 ? c->o.kv_block : 16, .kv_blocks = c->kv_pool,
-                           .n_vocab = c->hp.n_vocab, .upkeep_ms = 20};
+    ie_backend_geom_t g = {.n_seq = c->o.n_seq,
+                           .n_ctx = c->o.n_ctx,
+                           .max_batch = c->o.max_batch,
+                           .kv_block = c->o.kv_block > 0 ? c->o.kv_block : 16,
+                           .kv_blocks = c->kv_pool,
+                           .n_vocab = c->hp.n_vocab,
+                           .upkeep_ms = 20};
     return ie_backend_new(&k_cluster_ops, c, &g, out);
 }

@@ -23,17 +23,17 @@ struct ie_engine {
     ie_engine_opts_t opts;
     ie_model_src_t *src;
     ie_tokenizer_t *tok;
-    ie_backend_t *backend;     /* worker (plan NONE) or cluster              */
+    ie_backend_t *backend; /* worker (plan NONE) or cluster              */
     ie_net_t *net;
     int own_net;
-    pthread_t *nodes;          /* in-process workers                       */
+    pthread_t *nodes; /* in-process workers                       */
     struct node_slot *node_opts;
     int n_nodes;
     volatile sig_atomic_t node_stop;
     char ep[96];
     int32_t *b_tok, *b_pos, *b_seq; /* [max_batch] ie_engine_logits' steps */
     uint8_t *b_logits;
-    void *ext;                 /* the public API's block (ie_engine_ext)   */
+    void *ext; /* the public API's block (ie_engine_ext)   */
 };
 
 void ie_engine_opts_default(ie_engine_opts_t *o)
@@ -54,7 +54,7 @@ typedef struct node_slot {
     _Atomic int failed;
     ie_status_t st;
     char err[512];
-    char peer[96];     /* its peer endpoint (inproc://...)                */
+    char peer[96]; /* its peer endpoint (inproc://...)                */
 } node_slot_t;
 
 static void *node_main(void *arg)
@@ -84,12 +84,20 @@ static ie_status_t start_cluster(ie_engine_t *e, const ie_worker_opts_t *wo)
         e->own_net = 1;
     }
     if (!o->cluster_bind) snprintf(e->ep, sizeof e->ep, "inproc://ie-cluster-%p", (void *)e);
-    ie_cluster_opts_t co = {.bind = o->cluster_bind ? o->cluster_bind : e->ep, .plan = o->plan,
-                            .n_ranks = o->n_workers, .n_ctx = wo->n_ctx, .n_seq = wo->n_seq,
-                            .max_batch = wo->max_batch, .precision = wo->precision,
-                            .kv_block = wo->kv_block, .kv_blocks = wo->kv_blocks,
-                            .heartbeat_ms = o->heartbeat_ms, .dead_ms = o->dead_ms, .net = e->net,
-                            .metrics = o->metrics, .verbose = o->cluster_bind != NULL};
+    ie_cluster_opts_t co = {.bind = o->cluster_bind ? o->cluster_bind : e->ep,
+                            .plan = o->plan,
+                            .n_ranks = o->n_workers,
+                            .n_ctx = wo->n_ctx,
+                            .n_seq = wo->n_seq,
+                            .max_batch = wo->max_batch,
+                            .precision = wo->precision,
+                            .kv_block = wo->kv_block,
+                            .kv_blocks = wo->kv_blocks,
+                            .heartbeat_ms = o->heartbeat_ms,
+                            .dead_ms = o->dead_ms,
+                            .net = e->net,
+                            .metrics = o->metrics,
+                            .verbose = o->cluster_bind != NULL};
     ie_cluster_t *c = NULL;
     if ((st = ie_cluster_new(&co, e->src, &c)) != IE_OK) return st;
     /* the backend owns the cluster from here; `cl` stays a borrowed view
@@ -181,8 +189,7 @@ ie_status_t ie_engine_open(const ie_engine_opts_t *o, ie_engine_t **out)
     e->b_pos = malloc(B * sizeof(int32_t));
     e->b_seq = malloc(B * sizeof(int32_t));
     e->b_logits = malloc(B);
-    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_logits)
-        st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_logits) st = ie_error_set(IE_ERR_NOMEM, "out of memory");
 
 cleanup:
     if (st != IE_OK) {
@@ -197,7 +204,7 @@ void ie_engine_destroy(ie_engine_t **self_p)
 {
     if (!self_p || !*self_p) return;
     ie_engine_t *e = *self_p;
-    ie_backend_destroy(&e->backend); /* a cluster says BYE to its workers */
+    ie_backend_destroy(&e->backend);                      /* a cluster says BYE to its workers */
     __atomic_store_n(&e->node_stop, 1, __ATOMIC_RELEASE); /* read by the worker threads */
     for (int r = 0; r < e->n_nodes; r++) pthread_join(e->nodes[r], NULL);
     free(e->nodes);
@@ -240,7 +247,7 @@ typedef struct gen_call {
     const ie_gen_params_t *p;
     ie_gen_result_t *results;
     size_t n_done;
-    ie_status_t st;          /* first failure, IE_OK if none             */
+    ie_status_t st; /* first failure, IE_OK if none             */
     char err[512];
 } gen_call_t;
 
@@ -290,8 +297,8 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
                             const size_t *n_ids, size_t n, const ie_gen_params_t *p, ie_gen_result_t *results,
                             ie_gen_stats_t *stats);
 
-ie_status_t ie_engine_generate_batch(ie_engine_t *e, const char *const *prompts, size_t n,
-                               const ie_gen_params_t *p, ie_gen_result_t *results, ie_gen_stats_t *stats)
+ie_status_t ie_engine_generate_batch(ie_engine_t *e, const char *const *prompts, size_t n, const ie_gen_params_t *p,
+                                     ie_gen_result_t *results, ie_gen_stats_t *stats)
 {
     if (n && !prompts) {
         memset(results, 0, n * sizeof *results);
@@ -377,14 +384,14 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
     if ((st = ie_sched_new(&so, &sched)) != IE_OK) goto cleanup;
     for (size_t i = 0; i < n; i++) {
         items[i] = (gen_item_t){&g, i};
-        ie_sched_req_t r = {.ids = ids ? ids[i] : toks[i], .n_ids = n_toks[i], .params = p, .cb = gen_event,
-                            .cb_ctx = &items[i]};
+        ie_sched_req_t r = {
+            .ids = ids ? ids[i] : toks[i], .n_ids = n_toks[i], .params = p, .cb = gen_event, .cb_ctx = &items[i]};
         if ((st = ie_sched_submit(sched, &r, &rid[i])) != IE_OK) goto cleanup;
     }
     int idle = 0, cancelled = 0;
     while (g.n_done < n && g.st == IE_OK) {
         int busy = 0;
-        if (p->cancel && *p->cancel && !cancelled) { /* each ends with ERROR "cancelled" */
+        if (p->cancel && *p->cancel && !cancelled) {                       /* each ends with ERROR "cancelled" */
             for (size_t i = 0; i < n; i++) ie_sched_cancel(sched, rid[i]); /* finished ones: RANGE, ignored */
             cancelled = 1;
         }

@@ -29,16 +29,16 @@
 #include <xxhash.h>
 
 typedef struct kvpool_blk {
-    uint64_t salt;      /* published: namespace                             */
-    uint64_t hash;      /* published: hash of its key                       */
-    int32_t ref;        /* references (slots binding it)                    */
-    int32_t prev, next; /* refcount 0: neighbours in the free or LRU list   */
-    int32_t hnext;      /* published: next block in its hash chain          */
-    int32_t parent;     /* published: block holding the block before, or -1 */
-    int32_t child;      /* published: first published child, or -1          */
+    uint64_t salt;              /* published: namespace                             */
+    uint64_t hash;              /* published: hash of its key                       */
+    int32_t ref;                /* references (slots binding it)                    */
+    int32_t prev, next;         /* refcount 0: neighbours in the free or LRU list   */
+    int32_t hnext;              /* published: next block in its hash chain          */
+    int32_t parent;             /* published: block holding the block before, or -1 */
+    int32_t child;              /* published: first published child, or -1          */
     int32_t sib_prev, sib_next; /* published: siblings under parent         */
     uint8_t published;
-    uint8_t spent;      /* published since it was allocated: never again    */
+    uint8_t spent; /* published since it was allocated: never again    */
 } kvpool_blk_t;
 
 typedef struct kvpool_list {
@@ -49,9 +49,9 @@ typedef struct kvpool_list {
 struct ie_kvpool {
     int n_blocks;
     int block_tokens;
-    kvpool_blk_t *blk;  /* (n_blocks)                                       */
-    int32_t *tokens;    /* (n_blocks, block_tokens) published blocks' ids   */
-    int32_t *bucket;    /* (mask + 1) first block of each hash chain, or -1 */
+    kvpool_blk_t *blk; /* (n_blocks)                                       */
+    int32_t *tokens;   /* (n_blocks, block_tokens) published blocks' ids   */
+    int32_t *bucket;   /* (mask + 1) first block of each hash chain, or -1 */
     uint64_t mask;
     kvpool_list_t free; /* refcount 0, unpublished                          */
     kvpool_list_t lru;  /* refcount 0, published; head evicted first        */
@@ -75,10 +75,8 @@ static void kvpool_list_push(ie_kvpool_t *p, kvpool_list_t *l, int32_t b)
 {
     p->blk[b].prev = l->tail;
     p->blk[b].next = -1;
-    if (l->tail >= 0)
-        p->blk[l->tail].next = b;
-    else
-        l->head = b;
+    if (l->tail >= 0) p->blk[l->tail].next = b;
+    else l->head = b;
     l->tail = b;
     l->n++;
 }
@@ -86,14 +84,10 @@ static void kvpool_list_push(ie_kvpool_t *p, kvpool_list_t *l, int32_t b)
 static void kvpool_list_remove(ie_kvpool_t *p, kvpool_list_t *l, int32_t b)
 {
     kvpool_blk_t *x = &p->blk[b];
-    if (x->prev >= 0)
-        p->blk[x->prev].next = x->next;
-    else
-        l->head = x->next;
-    if (x->next >= 0)
-        p->blk[x->next].prev = x->prev;
-    else
-        l->tail = x->prev;
+    if (x->prev >= 0) p->blk[x->prev].next = x->next;
+    else l->head = x->next;
+    if (x->next >= 0) p->blk[x->next].prev = x->prev;
+    else l->tail = x->prev;
     x->prev = x->next = -1;
     l->n--;
 }
@@ -101,8 +95,7 @@ static void kvpool_list_remove(ie_kvpool_t *p, kvpool_list_t *l, int32_t b)
 /* ------------------------------------------------------------ prefix entries */
 
 /* The published block with exactly this key, or -1. */
-static int32_t kvpool_find(const ie_kvpool_t *p, uint64_t h, uint64_t salt, int32_t parent,
-                           const int32_t *ids)
+static int32_t kvpool_find(const ie_kvpool_t *p, uint64_t h, uint64_t salt, int32_t parent, const int32_t *ids)
 {
     size_t bytes = (size_t)p->block_tokens * sizeof *ids;
     for (int32_t b = p->bucket[h & p->mask]; b >= 0; b = p->blk[b].hnext) {
@@ -120,12 +113,9 @@ static int32_t kvpool_find(const ie_kvpool_t *p, uint64_t h, uint64_t salt, int3
 static void kvpool_unpublish(ie_kvpool_t *p, int32_t b)
 {
     kvpool_blk_t *x = &p->blk[b];
-    if (x->sib_prev >= 0)
-        p->blk[x->sib_prev].sib_next = x->sib_next;
-    else if (x->parent >= 0)
-        p->blk[x->parent].child = x->sib_next;
-    if (x->sib_next >= 0)
-        p->blk[x->sib_next].sib_prev = x->sib_prev;
+    if (x->sib_prev >= 0) p->blk[x->sib_prev].sib_next = x->sib_next;
+    else if (x->parent >= 0) p->blk[x->parent].child = x->sib_next;
+    if (x->sib_next >= 0) p->blk[x->sib_next].sib_prev = x->sib_prev;
     x->sib_next = -1;
 
     for (int32_t w = b; w >= 0;) {
@@ -138,8 +128,7 @@ static void kvpool_unpublish(ie_kvpool_t *p, int32_t b)
             c = c_next;
         }
         int32_t *link = &p->bucket[x->hash & p->mask];
-        while (*link != w)
-            link = &p->blk[*link].hnext;
+        while (*link != w) link = &p->blk[*link].hnext;
         *link = x->hnext;
         x->hnext = x->parent = x->child = x->sib_prev = x->sib_next = -1;
         x->published = 0;
@@ -158,20 +147,17 @@ ie_status_t ie_kvpool_new(int n_blocks, int block_tokens, ie_kvpool_t **out)
     ie_status_t st = IE_OK;
     ie_kvpool_t *p = NULL;
 
-    if (!out)
-        return ie_error_set(IE_ERR_INVAL, "kvpool: out is NULL");
+    if (!out) return ie_error_set(IE_ERR_INVAL, "kvpool: out is NULL");
     *out = NULL;
     if (n_blocks < 1 || block_tokens < 1 || (size_t)n_blocks * (size_t)block_tokens > SIZE_MAX / 8)
-        return ie_error_set(IE_ERR_INVAL, "kvpool: bad size (%d blocks of %d tokens)", n_blocks,
-                            block_tokens);
+        return ie_error_set(IE_ERR_INVAL, "kvpool: bad size (%d blocks of %d tokens)", n_blocks, block_tokens);
     p = calloc(1, sizeof *p);
     if (!p) {
         st = ie_error_set(IE_ERR_NOMEM, "kvpool: out of memory");
         goto cleanup;
     }
     size_t n_buckets = 1;
-    while (n_buckets < (size_t)n_blocks)
-        n_buckets *= 2;
+    while (n_buckets < (size_t)n_blocks) n_buckets *= 2;
     p->n_blocks = n_blocks;
     p->block_tokens = block_tokens;
     p->mask = n_buckets - 1;
@@ -197,8 +183,7 @@ cleanup:
 
 void ie_kvpool_destroy(ie_kvpool_t **self_p)
 {
-    if (!self_p || !*self_p)
-        return;
+    if (!self_p || !*self_p) return;
     ie_kvpool_t *p = *self_p;
     free(p->blk);
     free(p->tokens);
@@ -211,24 +196,18 @@ int ie_kvpool_block_tokens(const ie_kvpool_t *p) { return p ? p->block_tokens : 
 
 int ie_kvpool_available(const ie_kvpool_t *p) { return p ? p->free.n + p->lru.n : 0; }
 
-int ie_kvpool_match(ie_kvpool_t *p, uint64_t salt, const int32_t *ids, size_t n, int32_t *blocks,
-                    int max_blocks)
+int ie_kvpool_match(ie_kvpool_t *p, uint64_t salt, const int32_t *ids, size_t n, int32_t *blocks, int max_blocks)
 {
-    if (!p || max_blocks <= 0 || !blocks || (!ids && n > 0))
-        return 0;
+    if (!p || max_blocks <= 0 || !blocks || (!ids && n > 0)) return 0;
     size_t want = n / (size_t)p->block_tokens;
-    if (want > (size_t)max_blocks)
-        want = (size_t)max_blocks;
+    if (want > (size_t)max_blocks) want = (size_t)max_blocks;
     int k = 0;
     int32_t parent = -1;
     for (; (size_t)k < want; k++) {
         const int32_t *blk_ids = ids + (size_t)k * p->block_tokens;
-        int32_t b = kvpool_find(p, IE_KVPOOL_HASH(salt, parent, blk_ids, p->block_tokens), salt, parent,
-                                blk_ids);
-        if (b < 0)
-            break;
-        if (p->blk[b].ref++ == 0)
-            kvpool_list_remove(p, &p->lru, b);
+        int32_t b = kvpool_find(p, IE_KVPOOL_HASH(salt, parent, blk_ids, p->block_tokens), salt, parent, blk_ids);
+        if (b < 0) break;
+        if (p->blk[b].ref++ == 0) kvpool_list_remove(p, &p->lru, b);
         blocks[k] = parent = b;
     }
     p->hits += (uint64_t)k;
@@ -259,48 +238,40 @@ ie_status_t ie_kvpool_alloc(ie_kvpool_t *p, int32_t *block)
     p->blk[b].ref = 1;
     p->blk[b].spent = 0;
 cleanup:
-    if (block)
-        *block = b;
+    if (block) *block = b;
     return st;
 }
 
 ie_status_t ie_kvpool_retain(ie_kvpool_t *p, int32_t block)
 {
-    if (!p)
-        return ie_error_set(IE_ERR_INVAL, "kvpool: pool is NULL");
+    if (!p) return ie_error_set(IE_ERR_INVAL, "kvpool: pool is NULL");
     if (block < 0 || block >= p->n_blocks || (p->blk[block].ref == 0 && !p->blk[block].published))
         return ie_error_set(IE_ERR_RANGE, "kvpool: cannot retain block %d", (int)block);
-    if (p->blk[block].ref++ == 0)
-        kvpool_list_remove(p, &p->lru, block);
+    if (p->blk[block].ref++ == 0) kvpool_list_remove(p, &p->lru, block);
     return IE_OK;
 }
 
 void ie_kvpool_release(ie_kvpool_t *p, int32_t block)
 {
-    if (!p || block < 0 || block >= p->n_blocks || p->blk[block].ref == 0)
-        return;
+    if (!p || block < 0 || block >= p->n_blocks || p->blk[block].ref == 0) return;
     kvpool_blk_t *x = &p->blk[block];
-    if (--x->ref == 0)
-        kvpool_list_push(p, x->published ? &p->lru : &p->free, block);
+    if (--x->ref == 0) kvpool_list_push(p, x->published ? &p->lru : &p->free, block);
 }
 
 int ie_kvpool_publish(ie_kvpool_t *p, int32_t block, uint64_t salt, int32_t parent, const int32_t *block_ids)
 {
-    if (!p || !block_ids || block < 0 || block >= p->n_blocks)
-        return 0;
+    if (!p || !block_ids || block < 0 || block >= p->n_blocks) return 0;
     kvpool_blk_t *x = &p->blk[block];
-    if (x->ref == 0 || x->published || x->spent)
-        return 0;
+    if (x->ref == 0 || x->published || x->spent) return 0;
     /* The invariant of the file comment: the parent must be reachable. */
-    if (parent != -1 && (parent < 0 || parent >= p->n_blocks || !p->blk[parent].published ||
-                         p->blk[parent].salt != salt))
+    if (parent != -1 &&
+        (parent < 0 || parent >= p->n_blocks || !p->blk[parent].published || p->blk[parent].salt != salt))
         return 0;
     uint64_t h = IE_KVPOOL_HASH(salt, parent, block_ids, p->block_tokens);
     if (kvpool_find(p, h, salt, parent, block_ids) >= 0)
         return 0; /* computed twice: the first copy stays the entry */
 
-    memcpy(p->tokens + (size_t)block * p->block_tokens, block_ids,
-           (size_t)p->block_tokens * sizeof *block_ids);
+    memcpy(p->tokens + (size_t)block * p->block_tokens, block_ids, (size_t)p->block_tokens * sizeof *block_ids);
     x->salt = salt;
     x->hash = h;
     x->parent = parent;
@@ -309,8 +280,7 @@ int ie_kvpool_publish(ie_kvpool_t *p, int32_t block, uint64_t salt, int32_t pare
     x->sib_prev = -1;
     x->sib_next = parent >= 0 ? p->blk[parent].child : -1;
     if (parent >= 0) {
-        if (x->sib_next >= 0)
-            p->blk[x->sib_next].sib_prev = block;
+        if (x->sib_next >= 0) p->blk[x->sib_next].sib_prev = block;
         p->blk[parent].child = block;
     }
     x->published = x->spent = 1;
@@ -319,12 +289,10 @@ int ie_kvpool_publish(ie_kvpool_t *p, int32_t block, uint64_t salt, int32_t pare
 
 void ie_kvpool_forget(ie_kvpool_t *p)
 {
-    if (!p)
-        return;
+    if (!p) return;
     for (int32_t b = 0; b < p->n_blocks; b++) {
         kvpool_blk_t *x = &p->blk[b];
-        if (!x->published)
-            continue;
+        if (!x->published) continue;
         x->hnext = x->parent = x->child = x->sib_prev = x->sib_next = -1;
         x->published = 0;
         if (x->ref == 0) {
@@ -337,11 +305,9 @@ void ie_kvpool_forget(ie_kvpool_t *p)
 
 void ie_kvpool_stats(const ie_kvpool_t *p, ie_kvpool_stats_t *out)
 {
-    if (!out)
-        return;
+    if (!out) return;
     memset(out, 0, sizeof *out);
-    if (!p)
-        return;
+    if (!p) return;
     out->n_blocks = p->n_blocks;
     out->cached = p->lru.n;
     out->free = p->free.n;

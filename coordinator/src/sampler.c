@@ -60,19 +60,19 @@ typedef struct ie_cand {
 struct ie_sampler {
     ie_sampler_params_t params;
     int32_t n_vocab;
-    uint64_t rng[4];   /* xoshiro256** state                                */
-    int32_t *ring;     /* (repeat_last_n) window; entries [0, ring_len) valid */
-    int32_t ring_len;  /* tokens in the window                              */
-    int32_t ring_head; /* slot the next accepted token goes to              */
-    int32_t *counts;   /* (n_vocab) occurrences of each id in the window,
+    uint64_t rng[4];                      /* xoshiro256** state                                */
+    int32_t *ring;                        /* (repeat_last_n) window; entries [0, ring_len) valid */
+    int32_t ring_len;                     /* tokens in the window                              */
+    int32_t ring_head;                    /* slot the next accepted token goes to              */
+    int32_t *counts;                      /* (n_vocab) occurrences of each id in the window,
                           NULL when repeat_last_n == 0                      */
-    ie_cand_t *cand;   /* (n_vocab) candidates of the top-k/top-p paths     */
-    float *w;          /* (n_vocab) dense weights, 0 for excluded tokens    */
-    double *bsum;      /* (ceil(n_vocab / BLOCK)) sums of w per block       */
-    float *gmax;       /* (ceil(n_vocab / GROUP)) largest logit per group   */
-    uint16_t *bk;      /* (n_vocab) histogram bucket of each token          */
-    uint32_t hist_n[IE_SAMPLER_NB]; /* tokens per bucket                    */
-    double hist_w[IE_SAMPLER_NB];   /* weight per bucket (top-p)            */
+    ie_cand_t *cand;                      /* (n_vocab) candidates of the top-k/top-p paths     */
+    float *w;                             /* (n_vocab) dense weights, 0 for excluded tokens    */
+    double *bsum;                         /* (ceil(n_vocab / BLOCK)) sums of w per block       */
+    float *gmax;                          /* (ceil(n_vocab / GROUP)) largest logit per group   */
+    uint16_t *bk;                         /* (n_vocab) histogram bucket of each token          */
+    uint32_t hist_n[IE_SAMPLER_NB];       /* tokens per bucket                    */
+    double hist_w[IE_SAMPLER_NB];         /* weight per bucket (top-p)            */
     uint32_t sub_n[4][IE_SAMPLER_NB + 1]; /* per-lane parts of hist_n/_w;  */
     double sub_w[4][IE_SAMPLER_NB + 1];   /* [NB] collects unusable tokens */
 };
@@ -108,15 +108,11 @@ static uint64_t rng_next(uint64_t st[4])
 static void rng_seed(uint64_t st[4], uint64_t seed)
 {
     uint64_t x = seed;
-    for (int i = 0; i < 4; i++)
-        st[i] = splitmix64_next(&x);
+    for (int i = 0; i < 4; i++) st[i] = splitmix64_next(&x);
 }
 
 /* Uniform double in [0, 1) with 53 random bits. */
-static double rng_uniform(uint64_t st[4])
-{
-    return (double)(rng_next(st) >> 11) * (1.0 / 9007199254740992.0);
-}
+static double rng_uniform(uint64_t st[4]) { return (double)(rng_next(st) >> 11) * (1.0 / 9007199254740992.0); }
 
 uint64_t ie_sampler_seed_random(void)
 {
@@ -168,13 +164,10 @@ static void heap_sift_down(ie_cand_t *c, size_t root, size_t n)
 {
     for (;;) {
         size_t child = 2 * root + 1;
-        if (child >= n)
-            break;
+        if (child >= n) break;
         /* The heap keeps the worst-ranked element on top. */
-        if (child + 1 < n && cand_before(&c[child], &c[child + 1]))
-            child++;
-        if (!cand_before(&c[root], &c[child]))
-            break;
+        if (child + 1 < n && cand_before(&c[child], &c[child + 1])) child++;
+        if (!cand_before(&c[root], &c[child])) break;
         cand_swap(&c[root], &c[child]);
         root = child;
     }
@@ -183,8 +176,7 @@ static void heap_sift_down(ie_cand_t *c, size_t root, size_t n)
 /* Fallback of introsort: guaranteed O(n log n), best-ranked first. */
 static void heap_sort(ie_cand_t *c, size_t n)
 {
-    for (size_t i = n / 2; i-- > 0;)
-        heap_sift_down(c, i, n);
+    for (size_t i = n / 2; i-- > 0;) heap_sift_down(c, i, n);
     for (size_t end = n; end-- > 1;) {
         cand_swap(&c[0], &c[end]);
         heap_sift_down(c, 0, end);
@@ -196,18 +188,14 @@ static void heap_sort(ie_cand_t *c, size_t n)
 static size_t partition(ie_cand_t *c, size_t n)
 {
     size_t mid = n / 2;
-    if (cand_before(&c[mid], &c[0]))
-        cand_swap(&c[mid], &c[0]);
-    if (cand_before(&c[n - 1], &c[0]))
-        cand_swap(&c[n - 1], &c[0]);
-    if (cand_before(&c[n - 1], &c[mid]))
-        cand_swap(&c[n - 1], &c[mid]);
+    if (cand_before(&c[mid], &c[0])) cand_swap(&c[mid], &c[0]);
+    if (cand_before(&c[n - 1], &c[0])) cand_swap(&c[n - 1], &c[0]);
+    if (cand_before(&c[n - 1], &c[mid])) cand_swap(&c[n - 1], &c[mid]);
     cand_swap(&c[mid], &c[n - 1]); /* pivot (the median) to the end */
     const ie_cand_t pivot = c[n - 1];
     size_t store = 0;
     for (size_t i = 0; i + 1 < n; i++) {
-        if (cand_before(&c[i], &pivot))
-            cand_swap(&c[i], &c[store++]);
+        if (cand_before(&c[i], &pivot)) cand_swap(&c[i], &c[store++]);
     }
     cand_swap(&c[store], &c[n - 1]);
     return store;
@@ -258,9 +246,8 @@ static void cand_select(ie_cand_t *c, size_t n, size_t k)
         }
         size_t p = partition(c, n);
         if (k <= p) {
-            n = p;                  /* c[0..p) are exactly the p best */
-            if (k == p)
-                return;
+            n = p; /* c[0..p) are exactly the p best */
+            if (k == p) return;
         } else if (k == p + 1) {
             return;
         } else {
@@ -294,13 +281,11 @@ ie_sampler_params_t ie_sampler_params_default(void)
 ie_status_t ie_sampler_params_validate(const ie_sampler_params_t *p)
 {
     /* Comparisons are written so that NaN fails them. */
-    if (!p)
-        return ie_error_set(IE_ERR_INVAL, "sampler: params is NULL");
+    if (!p) return ie_error_set(IE_ERR_INVAL, "sampler: params is NULL");
     if (!(p->temperature >= 0.0f) || !isfinite(p->temperature))
         return ie_error_set(IE_ERR_INVAL, "sampler: temperature must be finite and >= 0 (got %g)",
                             (double)p->temperature);
-    if (p->top_k < 0)
-        return ie_error_set(IE_ERR_INVAL, "sampler: top_k must be >= 0 (got %d)", (int)p->top_k);
+    if (p->top_k < 0) return ie_error_set(IE_ERR_INVAL, "sampler: top_k must be >= 0 (got %d)", (int)p->top_k);
     if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
         return ie_error_set(IE_ERR_INVAL, "sampler: top_p must be in (0, 1] (got %g)", (double)p->top_p);
     if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
@@ -325,12 +310,10 @@ ie_status_t ie_sampler_new(const ie_sampler_params_t *params, int32_t n_vocab, i
     ie_status_t st = IE_OK;
     ie_sampler_t *s = NULL;
 
-    if (!out)
-        return ie_error_set(IE_ERR_INVAL, "sampler: out is NULL");
+    if (!out) return ie_error_set(IE_ERR_INVAL, "sampler: out is NULL");
     *out = NULL;
     st = ie_sampler_params_validate(params);
-    if (st != IE_OK)
-        goto cleanup;
+    if (st != IE_OK) goto cleanup;
     if (n_vocab < 1) {
         st = ie_error_set(IE_ERR_INVAL, "sampler: n_vocab must be >= 1 (got %d)", (int)n_vocab);
         goto cleanup;
@@ -369,8 +352,7 @@ cleanup:
 
 void ie_sampler_destroy(ie_sampler_t **self_p)
 {
-    if (!self_p || !*self_p)
-        return;
+    if (!self_p || !*self_p) return;
     ie_sampler_t *s = *self_p;
     free(s->cand);
     free(s->w);
@@ -385,12 +367,10 @@ void ie_sampler_destroy(ie_sampler_t **self_p)
 
 void ie_sampler_reset(ie_sampler_t *s)
 {
-    if (!s)
-        return;
+    if (!s) return;
     rng_seed(s->rng, s->params.seed);
     /* Clear only what the window touched: O(window), not O(n_vocab). */
-    for (int32_t i = 0; i < s->ring_len; i++)
-        s->counts[s->ring[i]] = 0;
+    for (int32_t i = 0; i < s->ring_len; i++) s->counts[s->ring[i]] = 0;
     s->ring_len = 0;
     s->ring_head = 0;
 }
@@ -413,17 +393,13 @@ int ie_sampler_argmax_only(const ie_sampler_t *s)
 
 ie_status_t ie_sampler_accept(ie_sampler_t *s, int32_t id)
 {
-    if (!s)
-        return ie_error_set(IE_ERR_INVAL, "sampler: NULL sampler");
+    if (!s) return ie_error_set(IE_ERR_INVAL, "sampler: NULL sampler");
     if (id < 0 || id >= s->n_vocab)
         return ie_error_set(IE_ERR_RANGE, "sampler: token id %d outside [0, %d)", (int)id, (int)s->n_vocab);
     const int32_t cap = s->params.repeat_last_n;
-    if (cap == 0)
-        return IE_OK;
-    if (s->ring_len == cap)
-        s->counts[s->ring[s->ring_head]]--; /* oldest leaves the window */
-    else
-        s->ring_len++;
+    if (cap == 0) return IE_OK;
+    if (s->ring_len == cap) s->counts[s->ring[s->ring_head]]--; /* oldest leaves the window */
+    else s->ring_len++;
     s->ring[s->ring_head] = id;
     s->counts[id]++;
     s->ring_head = (s->ring_head + 1) % cap;
@@ -434,10 +410,8 @@ ie_status_t ie_sampler_accept(ie_sampler_t *s, int32_t id)
 
 void ie_sampler_apply_penalties(ie_sampler_t *s, float *logits)
 {
-    if (!s || !logits || s->ring_len == 0)
-        return;
-    if (!penalties_on(&s->params))
-        return;
+    if (!s || !logits || s->ring_len == 0) return;
+    if (!penalties_on(&s->params)) return;
     const float rep = s->params.repeat_penalty;
     const float freq = s->params.frequency_penalty;
     const float pres = s->params.presence_penalty;
@@ -446,8 +420,7 @@ void ie_sampler_apply_penalties(ie_sampler_t *s, float *logits)
     for (int32_t i = 0; i < s->ring_len; i++) {
         const int32_t t = s->ring[i];
         const int32_t c = s->counts[t];
-        if (c <= 0)
-            continue;
+        if (c <= 0) continue;
         float l = logits[t];
         l = l > 0.0f ? l / rep : l * rep;
         l -= (float)c * freq + pres;
@@ -456,8 +429,7 @@ void ie_sampler_apply_penalties(ie_sampler_t *s, float *logits)
     }
     for (int32_t i = 0; i < s->ring_len; i++) {
         const int32_t t = s->ring[i];
-        if (s->counts[t] < 0)
-            s->counts[t] = -s->counts[t];
+        if (s->counts[t] < 0) s->counts[t] = -s->counts[t];
     }
 }
 
@@ -468,8 +440,7 @@ static ie_status_t sample_greedy(const ie_sampler_t *s, const float *logits, int
 {
     const int64_t best = ie_argmax_f32(logits, s->n_vocab, NULL);
     *id_out = (int32_t)best;
-    if (best < 0)
-        return ie_error_set(IE_ERR_RANGE, "sampler: every logit is NaN or -inf");
+    if (best < 0) return ie_error_set(IE_ERR_RANGE, "sampler: every logit is NaN or -inf");
     return IE_OK;
 }
 
@@ -499,10 +470,8 @@ static inline ie_v4f v4f_select(ie_v4i mask, ie_v4f a, ie_v4f b)
 static inline ie_v4f load_clean4(const float *l, int32_t cnt, ie_v4i *usable_out)
 {
     ie_v4f v = v4f_splat(-INFINITY);
-    if (cnt == 4)
-        memcpy(&v, l, sizeof v);
-    else
-        memcpy(&v, l, (size_t)cnt * sizeof(float));
+    if (cnt == 4) memcpy(&v, l, sizeof v);
+    else memcpy(&v, l, (size_t)cnt * sizeof(float));
     const ie_v4i usable = v > v4f_splat(-INFINITY); /* false for NaN */
     v = v4f_select(usable, v, v4f_splat(-INFINITY));
     v = v4f_select(v > v4f_splat(FLT_MAX), v4f_splat(FLT_MAX), v);
@@ -513,8 +482,7 @@ static inline ie_v4f load_clean4(const float *l, int32_t cnt, ie_v4i *usable_out
 /* The scalar twin of load_clean4(). */
 static inline float clean_logit(float l)
 {
-    if (!(l > -INFINITY))
-        return -INFINITY;
+    if (!(l > -INFINITY)) return -INFINITY;
     return l > FLT_MAX ? FLT_MAX : l;
 }
 
@@ -553,8 +521,8 @@ static inline float scaled_logit(float l, float m, float inv_t) { return (l - m)
 /* ------------------------------------------------------ logit survey */
 
 typedef struct ie_logit_stats {
-    float max;      /* largest usable (cleaned) logit  */
-    float min;      /* smallest usable logit           */
+    float max; /* largest usable (cleaned) logit  */
+    float min; /* smallest usable logit           */
     size_t n_usable;
 } ie_logit_stats_t;
 
@@ -576,8 +544,7 @@ static void logit_survey(ie_sampler_t *s, const float *logits, ie_logit_stats_t 
             vcnt -= usable; /* usable lanes are -1 */
         }
         float best = gm[0];
-        for (int k = 1; k < 4; k++)
-            best = gm[k] > best ? gm[k] : best;
+        for (int k = 1; k < 4; k++) best = gm[k] > best ? gm[k] : best;
         s->gmax[g] = best;
         vmax = v4f_select(gm > vmax, gm, vmax);
     }
@@ -618,18 +585,15 @@ static double dense_weights(ie_sampler_t *s, const float *logits, float m, float
             ie_v4i usable;
             const ie_v4f x = (load_clean4(logits + i, cnt, &usable) - vm) * vinv;
             const ie_v4f e = (ie_v4f)((ie_v4i)fast_exp4(x) & (x >= vlmp) & usable);
-            if (cnt == 4)
-                memcpy(w + i, &e, sizeof e);
-            else
-                memcpy(w + i, &e, (size_t)cnt * sizeof(float));
+            if (cnt == 4) memcpy(w + i, &e, sizeof e);
+            else memcpy(w + i, &e, (size_t)cnt * sizeof(float));
             acc += e;
             if (want_bk) {
                 ie_v4f d = -x * vsc;
                 d = v4f_select(d < vlast, d, vlast); /* +inf and NaN -> last */
                 const ie_v4i b = __builtin_convertvector(d, ie_v4i);
                 const ie_v4i bb = (b & usable) | (vnone & ~usable);
-                for (int32_t k = 0; k < cnt; k++)
-                    s->bk[i + k] = (uint16_t)bb[k];
+                for (int32_t k = 0; k < cnt; k++) s->bk[i + k] = (uint16_t)bb[k];
             }
         }
         const double bs = ((double)acc[0] + (double)acc[1]) + ((double)acc[2] + (double)acc[3]);
@@ -651,8 +615,7 @@ static int32_t dense_draw(const ie_sampler_t *s, double u)
     int32_t last = -1;
     for (int32_t b0 = 0, blk = 0; b0 < n; b0 += IE_SAMPLER_BLOCK, blk++) {
         const int32_t b1 = n - b0 < IE_SAMPLER_BLOCK ? n : b0 + IE_SAMPLER_BLOCK;
-        if (!(s->bsum[blk] > 0.0))
-            continue;
+        if (!(s->bsum[blk] > 0.0)) continue;
         const int inside = u < acc + s->bsum[blk];
         if (inside || b1 == n) {
             const double r = u - acc;
@@ -661,12 +624,10 @@ static int32_t dense_draw(const ie_sampler_t *s, double u)
                 if (w[i] > 0.0f) {
                     local += w[i];
                     last = i;
-                    if (r < local)
-                        return i;
+                    if (r < local) return i;
                 }
             }
-            if (inside)
-                return last;
+            if (inside) return last;
         } else {
             for (int32_t i = b1; i-- > b0;) { /* remember the fallback */
                 if (w[i] > 0.0f) {
@@ -719,17 +680,13 @@ static size_t gather_hist(ie_sampler_t *s, const float *logits, int by_mass, dou
     int32_t i = 0;
     for (; i + 4 <= n; i += 4) {
         for (int j = 0; j < 4; j++) {
-            if (by_mass)
-                s->sub_w[j][bk[i + j]] += s->w[i + j];
-            else
-                s->sub_n[j][bk[i + j]]++;
+            if (by_mass) s->sub_w[j][bk[i + j]] += s->w[i + j];
+            else s->sub_n[j][bk[i + j]]++;
         }
     }
     for (; i < n; i++) {
-        if (by_mass)
-            s->sub_w[0][bk[i]] += s->w[i];
-        else
-            s->sub_n[0][bk[i]]++;
+        if (by_mass) s->sub_w[0][bk[i]] += s->w[i];
+        else s->sub_n[0][bk[i]]++;
     }
     for (int b = 0; b < IE_SAMPLER_NB; b++) { /* bucket NB ("none") is ignored */
         s->hist_n[b] = (s->sub_n[0][b] + s->sub_n[1][b]) + (s->sub_n[2][b] + s->sub_n[3][b]);
@@ -737,8 +694,7 @@ static size_t gather_hist(ie_sampler_t *s, const float *logits, int by_mass, dou
     }
     double before;
     int bmax = hist_boundary(s, by_mass, need, &before);
-    if (bmax == IE_SAMPLER_NB)
-        bmax = IE_SAMPLER_NB - 1;
+    if (bmax == IE_SAMPLER_NB) bmax = IE_SAMPLER_NB - 1;
     for (i = 0; i < n; i++) {
         /* Branch-free: write every token, advance past the wanted ones (c
          * has room for n_vocab; near the boundary "wanted" is a coin toss
@@ -764,24 +720,19 @@ static size_t gather_top_k(ie_sampler_t *s, const float *logits, size_t k)
     const size_t ng = ((size_t)n + IE_SAMPLER_GROUP - 1) / IE_SAMPLER_GROUP;
     ie_cand_t *c = s->cand;
 
-    if (k > ng)
-        return 0;
+    if (k > ng) return 0;
     for (size_t g = 0; g < ng; g++) {
         c[g].logit = s->gmax[g];
         c[g].id = (int32_t)g;
     }
-    if (k < ng)
-        cand_select(c, ng, k);
+    if (k < ng) cand_select(c, ng, k);
     float t = c[0].logit;
-    for (size_t j = 1; j < k; j++)
-        t = c[j].logit < t ? c[j].logit : t;
-    if (t == -INFINITY)
-        return 0;
+    for (size_t j = 1; j < k; j++) t = c[j].logit < t ? c[j].logit : t;
+    if (t == -INFINITY) return 0;
 
     size_t m = 0; /* the group list in c is dead from here on */
     for (size_t g = 0; g < ng; g++) {
-        if (s->gmax[g] < t)
-            continue;
+        if (s->gmax[g] < t) continue;
         const int32_t g0 = (int32_t)g * IE_SAMPLER_GROUP;
         const int32_t g1 = n - g0 < IE_SAMPLER_GROUP ? n : g0 + IE_SAMPLER_GROUP;
         for (int32_t i = g0; i < g1; i++) {
@@ -816,8 +767,7 @@ static size_t rank_prefix(ie_sampler_t *s, ie_cand_t *c, size_t n, int by_mass, 
     size_t len = n;  /* c[base, base + len) undecided  */
     for (int level = 0;; level++) {
         ie_cand_t *r = c + base;
-        if (len == 0 || need <= 0.0)
-            return base;
+        if (len == 0 || need <= 0.0) return base;
         float hi = r[0].logit, lo = r[0].logit;
         for (size_t j = 1; j < len; j++) {
             hi = r[j].logit > hi ? r[j].logit : hi;
@@ -827,16 +777,14 @@ static size_t rank_prefix(ie_sampler_t *s, ie_cand_t *c, size_t n, int by_mass, 
         if (len <= IE_SAMPLER_FINISH || hi == lo || level >= 16) {
             if (!by_mass) {
                 const size_t k = need >= (double)len ? len : (size_t)need;
-                if (k < len)
-                    cand_select(r, len, k);
+                if (k < len) cand_select(r, len, k);
                 return base + k;
             }
             cand_sort(r, len);
             double cum = 0.0;
             for (size_t j = 0; j < len; j++) {
                 cum += r[j].w;
-                if (cum >= need)
-                    return base + j + 1;
+                if (cum >= need) return base + j + 1;
             }
             return base + len;
         }
@@ -846,24 +794,20 @@ static size_t rank_prefix(ie_sampler_t *s, ie_cand_t *c, size_t n, int by_mass, 
         for (size_t j = 0; j < len; j++) {
             const int b = bucket_of(r[j].logit, hi, scale);
             s->hist_n[b]++;
-            if (by_mass)
-                s->hist_w[b] += r[j].w;
+            if (by_mass) s->hist_w[b] += r[j].w;
         }
         double before;
         const int bnd = hist_boundary(s, by_mass, need, &before);
-        if (bnd == IE_SAMPLER_NB)
-            return base + len;
+        if (bnd == IE_SAMPLER_NB) return base + len;
         /* Drop the buckets below the boundary, then move the ones above it
          * to the front: they are kept, the boundary bucket is next. */
         size_t m = 0;
         for (size_t j = 0; j < len; j++) {
-            if (bucket_of(r[j].logit, hi, scale) <= bnd)
-                r[m++] = r[j];
+            if (bucket_of(r[j].logit, hi, scale) <= bnd) r[m++] = r[j];
         }
         size_t above = 0;
         for (size_t j = 0; j < m; j++) {
-            if (bucket_of(r[j].logit, hi, scale) < bnd)
-                cand_swap(&r[j], &r[above++]);
+            if (bucket_of(r[j].logit, hi, scale) < bnd) cand_swap(&r[j], &r[above++]);
         }
         base += above;
         len = m - above;
@@ -875,8 +819,7 @@ static size_t rank_prefix(ie_sampler_t *s, ie_cand_t *c, size_t n, int by_mass, 
 static int32_t cand_draw(const ie_cand_t *c, size_t n, double u)
 {
     double z = 0.0;
-    for (size_t j = 0; j < n; j++)
-        z += c[j].w;
+    for (size_t j = 0; j < n; j++) z += c[j].w;
     const double target = u * z;
     double acc = 0.0;
     int32_t last = -1;
@@ -884,8 +827,7 @@ static int32_t cand_draw(const ie_cand_t *c, size_t n, double u)
         if (c[j].w > 0.0f) {
             acc += c[j].w;
             last = c[j].id;
-            if (target < acc)
-                return c[j].id;
+            if (target < acc) return c[j].id;
         }
     }
     return last; /* rounding only; the best token (w = 1) is always here */
@@ -957,8 +899,7 @@ static ie_status_t sample_dist(ie_sampler_t *s, const float *logits, int32_t *id
     if (use_min_p) { /* 6. the best token (x = 0) always stays */
         size_t kept = 0;
         for (size_t j = 0; j < n; j++) {
-            if (scaled_logit(c[j].logit, m, inv_t) >= log_min_p)
-                c[kept++] = c[j];
+            if (scaled_logit(c[j].logit, m, inv_t) >= log_min_p) c[kept++] = c[j];
         }
         n = kept;
     }
@@ -978,12 +919,9 @@ ie_status_t ie_sampler_sample(ie_sampler_t *s, float *logits, int32_t *id_out)
         goto cleanup;
     }
     ie_sampler_apply_penalties(s, logits);
-    if (s->params.greedy || s->params.temperature == 0.0f)
-        st = sample_greedy(s, logits, &id);
-    else
-        st = sample_dist(s, logits, &id);
+    if (s->params.greedy || s->params.temperature == 0.0f) st = sample_greedy(s, logits, &id);
+    else st = sample_dist(s, logits, &id);
 cleanup:
-    if (id_out)
-        *id_out = st == IE_OK ? id : -1;
+    if (id_out) *id_out = st == IE_OK ? id : -1;
     return st;
 }

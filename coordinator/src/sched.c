@@ -32,17 +32,17 @@ typedef struct sreq {
     uint64_t id, order;
     int priority;
     sstate_t state;
-    int32_t *toks;           /* prompt, then generated tokens            */
+    int32_t *toks; /* prompt, then generated tokens            */
     size_t n_toks, toks_cap, n_prompt;
-    size_t n_known;          /* tokens to have in the cache before the
+    size_t n_known; /* tokens to have in the cache before the
                                 next sampled token: n_prompt fresh,
                                 n_toks - 1 after a preemption          */
-    size_t n_fed;            /* positions in the cache                   */
-    int fresh;               /* never sampled yet: the last known token
+    size_t n_fed;   /* positions in the cache                   */
+    int fresh;      /* never sampled yet: the last known token
                                 wants logits                            */
     int slot;
-    int32_t *blocks;         /* physical block of each logical block     */
-    int n_blocks, n_pub;     /* bound; published (a prefix of them)      */
+    int32_t *blocks;     /* physical block of each logical block     */
+    int n_blocks, n_pub; /* bound; published (a prefix of them)      */
     size_t n_cached;
     int max_new;
     ie_sampler_t *smp;
@@ -53,11 +53,11 @@ typedef struct sreq {
     double *lat;
     size_t n_lat, lat_cap;
     double t_submit, t_admit, t_first, t_prev, deadline;
-    double hold_until;       /* a lost worker's requests wait until then
+    double hold_until; /* a lost worker's requests wait until then
                                 for the backend (0: never failed)        */
-    double not_before;       /* retry back-off                           */
+    double not_before; /* retry back-off                           */
     int admitted;
-    int cancel;              /* set under mu by ie_sched_cancel          */
+    int cancel; /* set under mu by ie_sched_cancel          */
     ie_sched_cb cb;
     void *cb_ctx;
     /* the terminal outcome, filled when it ends */
@@ -66,7 +66,7 @@ typedef struct sreq {
     ie_status_t status;
     const char *code;
     char msg[256];
-    struct sreq *next_live;  /* all live requests (for cancel)           */
+    struct sreq *next_live; /* all live requests (for cancel)           */
 } sreq_t;
 
 /* A token event of this step (text is a slice of the request's text). */
@@ -86,27 +86,27 @@ struct ie_sched {
     int prefix_cache;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    sreq_t **queue;          /* sorted; queue_max + n_seq capacity       */
+    sreq_t **queue; /* sorted; queue_max + n_seq capacity       */
     int n_queue, queue_cap;
     sreq_t *live;
-    sreq_t **run;            /* [n_seq] by slot                          */
+    sreq_t **run; /* [n_seq] by slot                          */
     uint64_t next_id, next_order;
-    int pending;             /* a submit or cancel since the last step   */
+    int pending; /* a submit or cancel since the last step   */
     /* step buffers */
     int32_t *b_tok, *b_pos, *b_seq;
     uint8_t *b_logits;
-    sreq_t **b_req;          /* the request of each batch entry          */
+    sreq_t **b_req; /* the request of each batch entry          */
     float *logits;
     tok_ev_t *tev;
     int n_tev;
-    sreq_t **ended;          /* terminal this step                        */
+    sreq_t **ended; /* terminal this step                        */
     int n_ended, ended_cap;
-    int32_t *unbind;         /* a slot's table when it is let go          */
-    int ident;               /* the pool is full size: slots start bound
+    int32_t *unbind;     /* a slot's table when it is let go          */
+    int ident;           /* the pool is full size: slots start bound
                                 to their own blocks                      */
-    ie_sched_stats_t st;     /* under mu                                 */
-    ie_metric_t *m_req, *m_gen, *m_prompt, *m_queue, *m_ttft, *m_lat, *m_kv_used, *m_kv_total, *m_kv_ratio,
-        *m_hit, *m_miss, *m_preempt, *m_queued, *m_running;
+    ie_sched_stats_t st; /* under mu                                 */
+    ie_metric_t *m_req, *m_gen, *m_prompt, *m_queue, *m_ttft, *m_lat, *m_kv_used, *m_kv_total, *m_kv_ratio, *m_hit,
+        *m_miss, *m_preempt, *m_queued, *m_running;
 };
 
 /* ------------------------------------------------------------ helpers */
@@ -216,8 +216,7 @@ static void release_slot(ie_sched_t *s, sreq_t *q)
          * in a full-size pool (ie_engine_logits and other direct users of
          * a slot rely on that), else unbound */
         if (q->n_blocks) {
-            for (int j = 0; j < q->n_blocks; j++)
-                s->unbind[j] = s->ident ? q->slot * s->max_lblocks + j : -1;
+            for (int j = 0; j < q->n_blocks; j++) s->unbind[j] = s->ident ? q->slot * s->max_lblocks + j : -1;
             ie_backend_kv_bind(s->be, q->slot, 0, s->unbind, q->n_blocks);
         }
         ie_backend_seq_clear(s->be, q->slot);
@@ -378,8 +377,8 @@ void ie_sched_destroy(ie_sched_t **self_p)
                         NULL);
             }
         for (int i = 0; i < s->n_queue; i++)
-            end_req(s, s->queue[i], IE_SCHED_ERROR, IE_ERR_UNAVAILABLE, "unavailable", "the server is shutting down",
-                    NULL);
+            end_req(s, s->queue[i], IE_SCHED_ERROR, IE_ERR_UNAVAILABLE, "unavailable",
+                    "the server is shutting down", NULL);
         s->n_queue = 0;
         pthread_mutex_unlock(&s->mu);
         deliver_ended(s, s->ended, s->n_ended);
@@ -655,7 +654,8 @@ static void reap(ie_sched_t *s, double now)
         if (!q) continue;
         if (q->cancel || (q->deadline > 0 && now >= q->deadline)) {
             release_slot(s, q);
-            if (q->cancel) end_req(s, q, IE_SCHED_ERROR, IE_ERR_INVAL, "cancelled", "cancelled by the client", NULL);
+            if (q->cancel)
+                end_req(s, q, IE_SCHED_ERROR, IE_ERR_INVAL, "cancelled", "cancelled by the client", NULL);
             else end_req(s, q, IE_SCHED_ERROR, IE_ERR_TIMEOUT, "timeout", "the request timed out", NULL);
         }
     }
@@ -664,7 +664,8 @@ static void reap(ie_sched_t *s, double now)
         int held_out = !backend_ready(s) && q->hold_until > 0 && now >= q->hold_until;
         if (q->cancel || (q->deadline > 0 && now >= q->deadline) || held_out) {
             queue_remove_at(s, i);
-            if (q->cancel) end_req(s, q, IE_SCHED_ERROR, IE_ERR_INVAL, "cancelled", "cancelled by the client", NULL);
+            if (q->cancel)
+                end_req(s, q, IE_SCHED_ERROR, IE_ERR_INVAL, "cancelled", "cancelled by the client", NULL);
             else if (held_out)
                 end_req(s, q, IE_SCHED_ERROR, IE_ERR_UNAVAILABLE, "unavailable",
                         "no replacement worker registered in time", NULL);
@@ -728,8 +729,8 @@ static int build(ie_sched_t *s, int *has_prefill)
             s->b_seq[nb] = q->slot;
             q->n_fed++;
             s->b_logits[nb] = !(q->fresh && q->n_fed == q->n_known && q->max_new > 0) ? 0
-                              : ie_sampler_argmax_only(q->smp)                          ? IE_LOGITS_ARGMAX
-                                                                                        : IE_LOGITS_FULL;
+                              : ie_sampler_argmax_only(q->smp)                        ? IE_LOGITS_ARGMAX
+                                                                                      : IE_LOGITS_FULL;
             s->b_req[nb] = q;
             nb++;
             budget--;
@@ -962,8 +963,12 @@ ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out)
 
     for (int i = 0; i < s->n_tev; i++) {
         tok_ev_t *t = &s->tev[i];
-        ie_sched_event_t ev = {.kind = IE_SCHED_TOKEN, .id = t->q->id, .user = t->q->cb_ctx, .token = t->id,
-                               .text = t->q->text + t->off, .len = t->len};
+        ie_sched_event_t ev = {.kind = IE_SCHED_TOKEN,
+                               .id = t->q->id,
+                               .user = t->q->cb_ctx,
+                               .token = t->id,
+                               .text = t->q->text + t->off,
+                               .len = t->len};
         t->q->cb(t->q->cb_ctx, &ev);
     }
     int n_ended = s->n_ended;

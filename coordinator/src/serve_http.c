@@ -60,30 +60,30 @@
 #include <time.h>
 #include <unistd.h>
 
-#define IE_HTTP_POLL_MS 100          /* hang-up / stop checks while waiting */
-#define IE_HTTP_STOP_GRACE_MS 3000   /* ie_http_stop waits this long for answers */
-#define IE_HTTP_MAX_STOP 16          /* stop strings per request at most    */
+#define IE_HTTP_POLL_MS 100        /* hang-up / stop checks while waiting */
+#define IE_HTTP_STOP_GRACE_MS 3000 /* ie_http_stop waits this long for answers */
+#define IE_HTTP_MAX_STOP 16        /* stop strings per request at most    */
 #define IE_HTTP_JSON "application/json"
 
 struct ie_http {
-    ie_http_opts_t o;            /* borrowed pointers: engine, sched, metrics */
-    char *api_key;               /* owned copies of the strings            */
+    ie_http_opts_t o; /* borrowed pointers: engine, sched, metrics */
+    char *api_key;    /* owned copies of the strings            */
     char *model_name;
     struct MHD_Daemon *d;
-    MHD_socket listen_fd;        /* after MHD_quiesce_daemon: ours to close */
+    MHD_socket listen_fd; /* after MHD_quiesce_daemon: ours to close */
     int port;
-    long created;                /* start time, for /v1/models            */
+    long created; /* start time, for /v1/models            */
     const ie_tokenizer_t *tok;
     ie_chat_format_t chat_fmt;
     int n_ctx;
     int32_t n_vocab;
     size_t max_body;
     atomic_int stopping;
-    pthread_mutex_t mu;          /* n_busy                                */
+    pthread_mutex_t mu; /* n_busy                                */
     pthread_cond_t cv;
-    int n_busy;                  /* generation requests not yet completed  */
-    ie_metric_t *m_req;          /* ie_http_requests_total{code}          */
-    ie_metric_t *m_gone;         /* ie_http_client_disconnects_total      */
+    int n_busy;          /* generation requests not yet completed  */
+    ie_metric_t *m_req;  /* ie_http_requests_total{code}          */
+    ie_metric_t *m_gone; /* ie_http_client_disconnects_total      */
 };
 
 /* ------------------------------------------------------------- requests */
@@ -95,20 +95,20 @@ typedef struct req {
     atomic_int refs;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    ie_buf_t text;           /* released text not yet taken (mu)          */
-    int32_t *ids;            /* token ids not yet taken (mu)              */
+    ie_buf_t text; /* released text not yet taken (mu)          */
+    int32_t *ids;  /* token ids not yet taken (mu)              */
     size_t n_ids, cap_ids;
-    size_t n_events;         /* TOKEN events so far (mu)                  */
-    int terminal;            /* 0, IE_SCHED_DONE or IE_SCHED_ERROR (mu)   */
-    int oom;                 /* an event could not be stored (mu)         */
-    char *all_text;          /* outcome: the whole output                  */
+    size_t n_events; /* TOKEN events so far (mu)                  */
+    int terminal;    /* 0, IE_SCHED_DONE or IE_SCHED_ERROR (mu)   */
+    int oom;         /* an event could not be stored (mu)         */
+    char *all_text;  /* outcome: the whole output                  */
     int32_t *all_ids;
     size_t n_gen, n_prompt;
     ie_finish_t finish;
     ie_status_t status;
     char code[32];
     char message[256];
-    uint64_t id;             /* connection thread only                    */
+    uint64_t id; /* connection thread only                    */
     int submitted;
 } req_t;
 
@@ -126,10 +126,7 @@ static req_t *req_new(void)
     return r;
 }
 
-static void req_ref(req_t *r)
-{
-    atomic_fetch_add(&r->refs, 1);
-}
+static void req_ref(req_t *r) { atomic_fetch_add(&r->refs, 1); }
 
 static void req_unref(req_t *r)
 {
@@ -178,8 +175,7 @@ static void req_on_event(void *ctx, const ie_sched_event_t *ev)
         if (ev->ids && ev->n_gen) {
             if ((r->all_ids = malloc(ev->n_gen * sizeof *r->all_ids)))
                 memcpy(r->all_ids, ev->ids, ev->n_gen * sizeof *r->all_ids);
-            else
-                r->oom = 1;
+            else r->oom = 1;
         }
         r->terminal = ev->kind;
     }
@@ -194,7 +190,7 @@ enum { WAIT_OK = 0, WAIT_GONE = -1, WAIT_STOP = -2 };
 static int peer_gone(int fd)
 {
     if (fd < 0) return 0;
-    struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
@@ -223,9 +219,9 @@ static int req_wait_locked(req_t *r, ie_http_t *h, int fd, int any)
 /* An error in OpenAI's shape, kept until the answer is sent. */
 typedef struct http_err {
     unsigned status;
-    const char *type;        /* static                                    */
-    const char *code;        /* static or NULL                            */
-    char param[64];          /* "" = null                                 */
+    const char *type; /* static                                    */
+    const char *code; /* static or NULL                            */
+    char param[64];   /* "" = null                                 */
     char message[512];
 } http_err_t;
 
@@ -282,24 +278,24 @@ typedef enum route {
     ROUTE_NONE = 0,
     ROUTE_COMPLETIONS,
     ROUTE_CHAT,
-    ROUTE_GET        /* health, metrics, models */
+    ROUTE_GET /* health, metrics, models */
 } route_t;
 
 /* State of one HTTP request (libmicrohttpd's con_cls). */
 typedef struct conn {
     char method[8];
     char url[128];
-    int route;               /* route_t                                   */
+    int route; /* route_t                                   */
     int fd;
     ie_buf_t body;
     int too_large, body_oom;
-    int early;               /* `err` answers once the body is read        */
+    int early; /* `err` answers once the body is read        */
     http_err_t err;
-    const char *allow;       /* the Allow header of a 405 (static)        */
-    unsigned status;         /* what was answered (the log line)          */
+    const char *allow; /* the Allow header of a 405 (static)        */
+    unsigned status;   /* what was answered (the log line)          */
     double t0;
-    int busy;                /* counted in h->n_busy                       */
-    req_t *req;              /* the connection's reference                 */
+    int busy;   /* counted in h->n_busy                       */
+    req_t *req; /* the connection's reference                 */
 } conn_t;
 
 static void count_status(ie_http_t *h, unsigned status)
@@ -535,7 +531,8 @@ static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
         g->stops[n_stop++] = stop->valuestring;
     } else if (cJSON_IsArray(stop)) {
         const cJSON *it;
-        cJSON_ArrayForEach(it, stop) {
+        cJSON_ArrayForEach(it, stop)
+        {
             if (!cJSON_IsString(it)) return bad_param(e, "stop", "'stop' must be a string or a list of strings");
             if (n_stop == IE_HTTP_MAX_STOP)
                 return bad_param(e, "stop", "'stop' has more than %d strings", IE_HTTP_MAX_STOP);
@@ -559,7 +556,8 @@ static int ids_from_json(ie_http_t *h, const cJSON *arr, int32_t **ids_out, size
     int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
     const cJSON *it;
     if (!ids) return err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
-    cJSON_ArrayForEach(it, arr) {
+    cJSON_ArrayForEach(it, arr)
+    {
         if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) || it->valuedouble < 0 ||
             it->valuedouble >= h->n_vocab) {
             free(ids);
@@ -616,7 +614,8 @@ static int chat_ids(ie_http_t *h, const cJSON *root, const gen_t *g, int32_t **i
     if (h->chat_fmt == IE_CHAT_NONE)
         return bad_param(e, "messages", "this model has no chat template; use /v1/completions");
     if (!(norm = cJSON_Duplicate(msgs, 1))) goto oom;
-    cJSON_ArrayForEach(m, norm) {
+    cJSON_ArrayForEach(m, norm)
+    {
         i++;
         if (!cJSON_IsObject(m)) {
             rc = bad_param(e, "messages", "'messages[%d]' is not an object", i - 1);
@@ -625,9 +624,10 @@ static int chat_ids(ie_http_t *h, const cJSON *root, const gen_t *g, int32_t **i
         cJSON_DeleteItemFromObjectCaseSensitive(m, "name");
         cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
         if (!cJSON_IsArray(content)) continue;
-        ie_buf_t b = { 0 };
+        ie_buf_t b = {0};
         const cJSON *part;
-        cJSON_ArrayForEach(part, content) {
+        cJSON_ArrayForEach(part, content)
+        {
             const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
             const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
             if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text)) {
@@ -748,15 +748,15 @@ fail:
 /* The body of a streamed answer (libmicrohttpd's content reader). */
 typedef struct stream {
     ie_http_t *h;
-    req_t *r;                /* the stream's reference                     */
+    req_t *r; /* the stream's reference                     */
     int fd, chat, harmony, include_usage;
     ident_t x;
-    ie_buf_t out;            /* SSE bytes not yet handed to MHD           */
+    ie_buf_t out; /* SSE bytes not yet handed to MHD           */
     size_t off;
-    ie_buf_t take;           /* text taken from the request              */
+    ie_buf_t take; /* text taken from the request              */
     int32_t *take_ids;
     size_t n_take, cap_take;
-    size_t sent_len;         /* text bytes sent (non-harmony)             */
+    size_t sent_len; /* text bytes sent (non-harmony)             */
     ie_harmony_parser_t *hp;
     chan_bufs_t cb;
     int started, ended;
@@ -866,7 +866,8 @@ static int stream_fill(stream_t *s)
 
     if (w == WAIT_STOP && !terminal) {
         s->ended = 1;
-        err_set(&e, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", "unavailable", NULL, "the server is shutting down");
+        err_set(&e, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", "unavailable", NULL,
+                "the server is shutting down");
         return sse_error(s, &e);
     }
     if (oom) {
@@ -963,8 +964,8 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
     if (ie_tokenizer_check_utf8(c->body.data, c->body.len) != IE_OK) {
         char why[128];
         snprintf(why, sizeof why, "%s", ie_error_last());
-        err_set(&e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "invalid_json", NULL, "the body is not valid UTF-8 (%s)",
-                why);
+        err_set(&e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "invalid_json", NULL,
+                "the body is not valid UTF-8 (%s)", why);
         goto answer_err;
     }
     root = cJSON_ParseWithLengthOpts(c->body.data ? c->body.data : "", c->body.len, &end, 0);
@@ -1006,14 +1007,20 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
         err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
         goto answer_err;
     }
-    ie_sched_req_t sr = { .ids = ids, .n_ids = n_ids, .params = &g.gp, .priority = g.priority,
-                          .timeout_ms = h->o.request_timeout_ms, .cb = req_on_event, .cb_ctx = r };
+    ie_sched_req_t sr = {.ids = ids,
+                         .n_ids = n_ids,
+                         .params = &g.gp,
+                         .priority = g.priority,
+                         .timeout_ms = h->o.request_timeout_ms,
+                         .cb = req_on_event,
+                         .cb_ctx = r};
     req_ref(r); /* the scheduler's, until its terminal event */
     ie_status_t st = ie_sched_submit(h->o.sched, &sr, &r->id);
     if (st != IE_OK) {
         req_unref(r); /* no event will come */
         err_from_sched(&e, st, NULL, ie_error_last());
-        if (e.status == MHD_HTTP_BAD_REQUEST) snprintf(e.param, sizeof e.param, "%s", g.chat ? "messages" : "prompt");
+        if (e.status == MHD_HTTP_BAD_REQUEST)
+            snprintf(e.param, sizeof e.param, "%s", g.chat ? "messages" : "prompt");
         goto answer_err;
     }
     r->submitted = 1;
@@ -1028,7 +1035,8 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
     pthread_mutex_unlock(&r->mu);
     if (w == WAIT_GONE) goto cleanup; /* MHD_NO: closed; on_completed cancels */
     if (w == WAIT_STOP && !terminal) {
-        err_set(&e, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", "unavailable", NULL, "the server is shutting down");
+        err_set(&e, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", "unavailable", NULL,
+                "the server is shutting down");
         goto answer_err;
     }
     if (oom) {
@@ -1061,7 +1069,8 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
         err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
         goto answer_err;
     }
-    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, s, stream_free);
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, s,
+                                                                  stream_free);
     if (!resp) {
         stream_free(s);
         goto cleanup;
@@ -1107,7 +1116,7 @@ static enum MHD_Result handle_get(ie_http_t *h, struct MHD_Connection *mc, conn_
         return send_json(h, mc, c, ok ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, js);
     }
     if (!strcmp(url, "/metrics")) {
-        ie_buf_t b = { 0 };
+        ie_buf_t b = {0};
         if (ie_metrics_render(h->o.metrics, &b) != IE_OK || !b.data) {
             ie_buf_free(&b);
             err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "rendering failed");
@@ -1153,8 +1162,8 @@ static route_t route_of(ie_http_t *h, const char *url)
 {
     if (!strcmp(url, "/v1/completions")) return ROUTE_COMPLETIONS;
     if (!strcmp(url, "/v1/chat/completions")) return ROUTE_CHAT;
-    if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") ||
-        (!strncmp(url, "/v1/models/", 11) && url[11]) || (!strcmp(url, "/metrics") && h->o.metrics))
+    if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") || (!strncmp(url, "/v1/models/", 11) && url[11]) ||
+        (!strcmp(url, "/metrics") && h->o.metrics))
         return ROUTE_GET;
     return ROUTE_NONE;
 }
@@ -1187,8 +1196,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             err_set(&c->err, MHD_HTTP_UNAUTHORIZED, "invalid_request_error", "invalid_api_key", NULL,
                     "Incorrect API key provided (send 'Authorization: Bearer <key>')");
         } else if (rt == ROUTE_NONE) {
-            err_set(&c->err, MHD_HTTP_NOT_FOUND, "invalid_request_error", "not_found", NULL, "Invalid URL (%s %.100s)",
-                    method, url);
+            err_set(&c->err, MHD_HTTP_NOT_FOUND, "invalid_request_error", "not_found", NULL,
+                    "Invalid URL (%s %.100s)", method, url);
         } else if ((rt == ROUTE_GET && !get) || (rt != ROUTE_GET && !post)) {
             c->allow = rt == ROUTE_GET ? "GET, HEAD" : "POST";
             err_set(&c->err, MHD_HTTP_METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed", NULL,
@@ -1289,7 +1298,8 @@ ie_status_t ie_http_start(const ie_http_opts_t *o, ie_http_t **out)
 
     if (!out) return ie_error_set(IE_ERR_INVAL, "ie_http_start: out is NULL");
     *out = NULL;
-    if (!o || !o->engine || !o->sched) return ie_error_set(IE_ERR_INVAL, "http: an engine and a scheduler are required");
+    if (!o || !o->engine || !o->sched)
+        return ie_error_set(IE_ERR_INVAL, "http: an engine and a scheduler are required");
     if (!ie_engine_tokenizer(o->engine)) return ie_error_set(IE_ERR_INVAL, "http: the engine has no tokenizer");
     if (o->port < 0 || o->port > 65535) return ie_error_set(IE_ERR_INVAL, "http: bad port %d", o->port);
     if (o->max_body < 0 || o->request_timeout_ms < 0)
@@ -1370,10 +1380,7 @@ cleanup:
 }
 
 /* Contract: the TCP port the server listens on; -1 for NULL. */
-int ie_http_port(const ie_http_t *h)
-{
-    return h ? h->port : -1;
-}
+int ie_http_port(const ie_http_t *h) { return h ? h->port : -1; }
 
 /* Contract: see ie_http.h. Requests waiting for their generation answer
  * 503 (streams: an error event and [DONE]) within IE_HTTP_POLL_MS; their

@@ -21,12 +21,12 @@ typedef struct server server_t;
 
 typedef struct pending {
     ie_client_req_t req;
-    char env[2][256];   /* routing envelope: identity [+ empty delimiter] */
+    char env[2][256]; /* routing envelope: identity [+ empty delimiter] */
     size_t env_len[2];
     int n_env;
-    uint64_t sid;       /* scheduler id                                   */
-    int32_t sent;       /* token events sent                              */
-    server_t *srv;      /* NULL once orphaned                             */
+    uint64_t sid;  /* scheduler id                                   */
+    int32_t sent;  /* token events sent                              */
+    server_t *srv; /* NULL once orphaned                             */
     struct pending *next;
 } pending_t;
 
@@ -35,7 +35,7 @@ struct server {
     ie_buf_t out;
     ie_parts_t in;
     ie_metric_t *m_req;
-    pending_t *open;    /* submitted, not ended                           */
+    pending_t *open; /* submitted, not ended                           */
 };
 
 static void reply_env(server_t *s, char env[2][256], const size_t *env_len, int n_env, const ie_buf_t *body)
@@ -94,14 +94,20 @@ static void on_event(void *ctx, const ie_sched_event_t *ev)
         return;
     }
     if (ev->kind == IE_SCHED_TOKEN) {
-        if (p->req.stream && ie_client_enc_token(&s->out, p->req.id, p->sent++, ev->token, ev->text, ev->len) == IE_OK)
+        if (p->req.stream &&
+            ie_client_enc_token(&s->out, p->req.id, p->sent++, ev->token, ev->text, ev->len) == IE_OK)
             reply_env(s, p->env, p->env_len, p->n_env, &s->out);
         return;
     }
     if (ev->kind == IE_SCHED_DONE) {
-        ie_client_done_t d = {.id = p->req.id, .text = ev->all_text, .finish = ie_finish_name(ev->finish),
-                              .text_len = strlen(ev->all_text), .n_prompt = (int32_t)ev->n_prompt,
-                              .n_gen = (int32_t)ev->n_gen, .ttft_ms = ev->ttft_ms, .total_ms = ev->total_ms,
+        ie_client_done_t d = {.id = p->req.id,
+                              .text = ev->all_text,
+                              .finish = ie_finish_name(ev->finish),
+                              .text_len = strlen(ev->all_text),
+                              .n_prompt = (int32_t)ev->n_prompt,
+                              .n_gen = (int32_t)ev->n_gen,
+                              .ttft_ms = ev->ttft_ms,
+                              .total_ms = ev->total_ms,
                               .decode_tps = ev->decode_tps};
         if (ie_client_enc_done(&s->out, &d) == IE_OK) reply_env(s, p->env, p->env_len, p->n_env, &s->out);
     } else {
@@ -155,8 +161,13 @@ static void submit(server_t *s, pending_t *p)
         gp.sampling.seed = r->seed >= 0 ? (uint64_t)r->seed : ie_sampler_seed_random();
         gp.stop = (const char *const *)r->stop;
         gp.n_stop = r->n_stop;
-        ie_sched_req_t sr = {.ids = ids, .n_ids = n, .params = &gp, .priority = r->priority,
-                             .timeout_ms = s->o->request_timeout_ms, .cb = on_event, .cb_ctx = p};
+        ie_sched_req_t sr = {.ids = ids,
+                             .n_ids = n,
+                             .params = &gp,
+                             .priority = r->priority,
+                             .timeout_ms = s->o->request_timeout_ms,
+                             .cb = on_event,
+                             .cb_ctx = p};
         p->srv = s;
         p->next = s->open; /* before submit: events come only from a step */
         s->open = p;

@@ -24,21 +24,20 @@ typedef struct ie_stop_str {
 struct ie_stop {
     ie_stop_str_t *stops; /* (n) non-empty stops, longest first            */
     size_t n;
-    size_t max_len;       /* longest stop; at most max_len - 1 held back   */
-    char *buf;            /* (cap) released bytes, then held-back bytes    */
+    size_t max_len; /* longest stop; at most max_len - 1 held back   */
+    char *buf;      /* (cap) released bytes, then held-back bytes    */
     size_t cap;
-    size_t emit_len;      /* bytes released by the last feed/flush         */
-    size_t held;          /* bytes held back after them                    */
-    size_t total;         /* bytes released since new/reset                */
+    size_t emit_len; /* bytes released by the last feed/flush         */
+    size_t held;     /* bytes held back after them                    */
+    size_t total;    /* bytes released since new/reset                */
     int stopped;
-    int matched;          /* caller's index of the stop that fired, or -1  */
+    int matched; /* caller's index of the stop that fired, or -1  */
 };
 
 static int stop_cmp_len_desc(const void *a, const void *b)
 {
     const ie_stop_str_t *x = a, *y = b;
-    if (x->len != y->len)
-        return x->len < y->len ? 1 : -1;
+    if (x->len != y->len) return x->len < y->len ? 1 : -1;
     return x->index - y->index; /* equal lengths: keep the caller's order */
 }
 
@@ -47,17 +46,13 @@ ie_status_t ie_stop_new(const char *const *stops, size_t n, ie_stop_t **out)
     ie_status_t st = IE_OK;
     ie_stop_t *s = NULL;
 
-    if (!out)
-        return ie_error_set(IE_ERR_INVAL, "stop: out is NULL");
+    if (!out) return ie_error_set(IE_ERR_INVAL, "stop: out is NULL");
     *out = NULL;
-    if (n > 0 && !stops)
-        return ie_error_set(IE_ERR_INVAL, "stop: stops is NULL with n = %zu", n);
+    if (n > 0 && !stops) return ie_error_set(IE_ERR_INVAL, "stop: stops is NULL with n = %zu", n);
     for (size_t i = 0; i < n; i++) {
-        if (!stops[i])
-            return ie_error_set(IE_ERR_INVAL, "stop: stops[%zu] is NULL", i);
+        if (!stops[i]) return ie_error_set(IE_ERR_INVAL, "stop: stops[%zu] is NULL", i);
     }
-    if (n > (size_t)0x7fffffff)
-        return ie_error_set(IE_ERR_INVAL, "stop: too many stop strings (%zu)", n);
+    if (n > (size_t)0x7fffffff) return ie_error_set(IE_ERR_INVAL, "stop: too many stop strings (%zu)", n);
 
     s = calloc(1, sizeof *s);
     if (!s) {
@@ -73,8 +68,7 @@ ie_status_t ie_stop_new(const char *const *stops, size_t n, ie_stop_t **out)
     }
     for (size_t i = 0; i < n; i++) {
         size_t len = strlen(stops[i]);
-        if (len == 0)
-            continue; /* an empty stop would match before any text: ignore */
+        if (len == 0) continue; /* an empty stop would match before any text: ignore */
         ie_stop_str_t *d = &s->stops[s->n];
         d->text = malloc(len);
         if (!d->text) {
@@ -85,12 +79,10 @@ ie_status_t ie_stop_new(const char *const *stops, size_t n, ie_stop_t **out)
         d->len = len;
         d->index = (int)i;
         s->n++;
-        if (len > s->max_len)
-            s->max_len = len;
+        if (len > s->max_len) s->max_len = len;
     }
     /* Longest first: at one end position the first hit is the longest. */
-    if (s->n > 1)
-        qsort(s->stops, s->n, sizeof *s->stops, stop_cmp_len_desc);
+    if (s->n > 1) qsort(s->stops, s->n, sizeof *s->stops, stop_cmp_len_desc);
 
     s->cap = IE_STOP_MIN_CAP + s->max_len;
     s->buf = malloc(s->cap);
@@ -108,11 +100,9 @@ cleanup:
 
 void ie_stop_destroy(ie_stop_t **self_p)
 {
-    if (!self_p || !*self_p)
-        return;
+    if (!self_p || !*self_p) return;
     ie_stop_t *s = *self_p;
-    for (size_t i = 0; i < s->n; i++)
-        free(s->stops[i].text);
+    for (size_t i = 0; i < s->n; i++) free(s->stops[i].text);
     free(s->stops);
     free(s->buf);
     free(s);
@@ -121,8 +111,7 @@ void ie_stop_destroy(ie_stop_t **self_p)
 
 void ie_stop_reset(ie_stop_t *s)
 {
-    if (!s)
-        return;
+    if (!s) return;
     s->emit_len = 0;
     s->held = 0;
     s->total = 0;
@@ -134,8 +123,7 @@ void ie_stop_reset(ie_stop_t *s)
  * to the front of buf. */
 static void stop_compact(ie_stop_t *s)
 {
-    if (s->emit_len > 0 && s->held > 0)
-        memmove(s->buf, s->buf + s->emit_len, s->held);
+    if (s->emit_len > 0 && s->held > 0) memmove(s->buf, s->buf + s->emit_len, s->held);
     s->emit_len = 0;
 }
 
@@ -144,20 +132,17 @@ static void stop_compact(ie_stop_t *s)
 static size_t stop_hold_len(const ie_stop_t *s, size_t len)
 {
     size_t k = s->max_len > 0 ? s->max_len - 1 : 0;
-    if (k > len)
-        k = len;
+    if (k > len) k = len;
     for (; k > 0; k--) {
         const char *tail = s->buf + len - k;
         for (size_t i = 0; i < s->n; i++) {
-            if (s->stops[i].len > k && memcmp(s->stops[i].text, tail, k) == 0)
-                return k;
+            if (s->stops[i].len > k && memcmp(s->stops[i].text, tail, k) == 0) return k;
         }
     }
     return 0;
 }
 
-ie_status_t ie_stop_feed(ie_stop_t *s, const char *text, size_t len, size_t *emit_len_out,
-                         int *stopped_out)
+ie_status_t ie_stop_feed(ie_stop_t *s, const char *text, size_t len, size_t *emit_len_out, int *stopped_out)
 {
     ie_status_t st = IE_OK;
     size_t emit = 0;
@@ -167,8 +152,7 @@ ie_status_t ie_stop_feed(ie_stop_t *s, const char *text, size_t len, size_t *emi
         goto cleanup;
     }
     stop_compact(s);
-    if (s->stopped)
-        goto cleanup;
+    if (s->stopped) goto cleanup;
 
     size_t need = s->held + len;
     if (need < s->held) {
@@ -177,8 +161,7 @@ ie_status_t ie_stop_feed(ie_stop_t *s, const char *text, size_t len, size_t *emi
     }
     if (need > s->cap) {
         size_t cap = s->cap;
-        while (cap < need)
-            cap = cap * 2 > cap ? cap * 2 : need;
+        while (cap < need) cap = cap * 2 > cap ? cap * 2 : need;
         char *nb = realloc(s->buf, cap);
         if (!nb) {
             st = ie_error_set(IE_ERR_NOMEM, "stop: out of memory for a %zu-byte chunk", len);
@@ -187,8 +170,7 @@ ie_status_t ie_stop_feed(ie_stop_t *s, const char *text, size_t len, size_t *emi
         s->buf = nb;
         s->cap = cap;
     }
-    if (len > 0)
-        memcpy(s->buf + s->held, text, len);
+    if (len > 0) memcpy(s->buf + s->held, text, len);
 
     /* Earliest end position among the new bytes; at one end, the longest
      * stop (they are sorted that way). A stop can never start before
@@ -197,8 +179,7 @@ ie_status_t ie_stop_feed(ie_stop_t *s, const char *text, size_t len, size_t *emi
         const char last = s->buf[e - 1];
         for (size_t i = 0; i < s->n; i++) {
             const ie_stop_str_t *d = &s->stops[i];
-            if (d->len <= e && d->text[d->len - 1] == last &&
-                memcmp(s->buf + e - d->len, d->text, d->len) == 0) {
+            if (d->len <= e && d->text[d->len - 1] == last && memcmp(s->buf + e - d->len, d->text, d->len) == 0) {
                 emit = e - d->len;
                 s->stopped = 1;
                 s->matched = d->index;
@@ -216,18 +197,15 @@ cleanup:
         s->emit_len = emit;
         s->total += emit;
     }
-    if (emit_len_out)
-        *emit_len_out = st == IE_OK ? emit : 0;
-    if (stopped_out)
-        *stopped_out = st == IE_OK ? s->stopped : 0;
+    if (emit_len_out) *emit_len_out = st == IE_OK ? emit : 0;
+    if (stopped_out) *stopped_out = st == IE_OK ? s->stopped : 0;
     return st;
 }
 
 ie_status_t ie_stop_flush(ie_stop_t *s, size_t *emit_len_out)
 {
     if (!s || !emit_len_out) {
-        if (emit_len_out)
-            *emit_len_out = 0;
+        if (emit_len_out) *emit_len_out = 0;
         return ie_error_set(IE_ERR_INVAL, "stop: bad argument to flush");
     }
     stop_compact(s);

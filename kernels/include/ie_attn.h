@@ -28,19 +28,19 @@
  * a call touches must be bound (tab >= 0): the caller checks. */
 typedef struct ie_attn_rows {
     const float *base;
-    size_t row_stride;     /* floats between consecutive rows of a block   */
-    const int32_t *tab;    /* logical block -> physical block, or NULL     */
-    int block;             /* rows per block (tab != NULL)                 */
-    size_t block_stride;   /* floats between physical blocks               */
+    size_t row_stride;   /* floats between consecutive rows of a block   */
+    const int32_t *tab;  /* logical block -> physical block, or NULL     */
+    int block;           /* rows per block (tab != NULL)                 */
+    size_t block_stride; /* floats between physical blocks               */
 } ie_attn_rows_t;
 
 /* Walks the rows of a view in position order, one table lookup per block
  * (a division per row would cost more than the row's dot product). The
  * view's fields are copied in, so the walk lives in registers. */
 typedef struct ie_attn_cursor {
-    const float *row;      /* the next row                                 */
-    int left;              /* rows left in its block (0: look up the next) */
-    int lb;                /* its logical block                            */
+    const float *row; /* the next row                                 */
+    int left;         /* rows left in its block (0: look up the next) */
+    int lb;           /* its logical block                            */
     const float *base;
     const int32_t *tab;
     size_t row_stride, block_stride;

@@ -56,11 +56,7 @@ typedef enum ie_dtype {
  *   PANEL16 : I8W/I4W/I4WA, BF16, F16: rows interleaved 16 at a time in
  *             the kernels' blocked-K layout (ie_pack.h).
  *   BSR     : block-sparse rows, f32 blocks (ie_bsr.h); dtype is F32. */
-typedef enum ie_layout {
-    IE_LAYOUT_ROWS = 0,
-    IE_LAYOUT_PANEL16 = 1,
-    IE_LAYOUT_BSR = 2
-} ie_layout_t;
+typedef enum ie_layout { IE_LAYOUT_ROWS = 0, IE_LAYOUT_PANEL16 = 1, IE_LAYOUT_BSR = 2 } ie_layout_t;
 
 /* "rows", "panel16", "bsr" or "invalid". */
 const char *ie_layout_name(ie_layout_t l);
@@ -70,11 +66,28 @@ const char *ie_layout_name(ie_layout_t l);
 typedef uint16_t ie_f16_t;  /* IEEE binary16 bits */
 typedef uint16_t ie_bf16_t; /* bfloat16 bits      */
 
-typedef struct { ie_f16_t d; int8_t q[IE_QK]; } ie_block_q8_0_t;
-typedef struct { ie_f16_t d; ie_f16_t s; int8_t q[IE_QK]; } ie_block_q8_1_t;
-typedef struct { ie_f16_t d; uint8_t qs[IE_QK / 2]; } ie_block_q4_0_t;
-typedef struct { ie_f16_t d; ie_f16_t m; uint8_t qs[IE_QK / 2]; } ie_block_q4_1_t;
-typedef struct { uint8_t e; uint8_t qs[IE_QK / 2]; } ie_block_mxfp4_t;
+typedef struct {
+    ie_f16_t d;
+    int8_t q[IE_QK];
+} ie_block_q8_0_t;
+typedef struct {
+    ie_f16_t d;
+    ie_f16_t s;
+    int8_t q[IE_QK];
+} ie_block_q8_1_t;
+typedef struct {
+    ie_f16_t d;
+    uint8_t qs[IE_QK / 2];
+} ie_block_q4_0_t;
+typedef struct {
+    ie_f16_t d;
+    ie_f16_t m;
+    uint8_t qs[IE_QK / 2];
+} ie_block_q4_1_t;
+typedef struct {
+    uint8_t e;
+    uint8_t qs[IE_QK / 2];
+} ie_block_mxfp4_t;
 
 _Static_assert(sizeof(ie_block_q8_0_t) == 34, "q8_0 layout");
 _Static_assert(sizeof(ie_block_q8_1_t) == 36, "q8_1 layout");
@@ -89,7 +102,10 @@ extern const int8_t ie_mxfp4_kvalues[16];
  * unit; e < 2 gives subnormals 2^-128, 2^-127). */
 static inline float ie_e8m0_half_to_f32(uint8_t e)
 {
-    union { uint32_t u; float f; } v;
+    union {
+        uint32_t u;
+        float f;
+    } v;
     v.u = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
     return v.f;
 }

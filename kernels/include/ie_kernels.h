@@ -66,8 +66,8 @@ typedef int (*ie_panel_next_fn)(void *ctx, int64_t *p0, int64_t *p1);
  * each weight row once per token block: the GEMM for prefill and the GEMV
  * for decode (n_tok = 1). Expects r1 > r0 and n_tok > 0; cannot fail.
  * Called through ie_kernels_matmul, which picks the slot and checks both. */
-typedef void (*ie_matmul_fn)(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a,
-                             size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+typedef void (*ie_matmul_fn)(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                             int64_t n_tok, float *y, int64_t ldy);
 
 /* Slots of ie_kernels_t.matmul: the dense weight dtypes are all below
  * this (the packed IE_DTYPE_I8W.. go through matmul_packed). */
@@ -191,8 +191,8 @@ const ie_kernels_t *ie_kernels_get(ie_isa_t isa);
  * kernel for wtype. An empty range (r1 <= r0 or n_tok <= 0) does nothing
  * and returns IE_OK for a supported wtype. */
 static inline ie_status_t ie_kernels_matmul(const ie_kernels_t *k, ie_dtype_t wtype, const void *w, int64_t n_in,
-                                            int64_t r0, int64_t r1, const void *a, size_t a_stride,
-                                            int64_t n_tok, float *y, int64_t ldy)
+                                            int64_t r0, int64_t r1, const void *a, size_t a_stride, int64_t n_tok,
+                                            float *y, int64_t ldy)
 {
     if ((unsigned)wtype >= IE_MATMUL_SLOTS || !k->matmul[wtype]) return IE_ERR_UNSUPPORTED;
     if (r1 > r0 && n_tok > 0) k->matmul[wtype](w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);
@@ -243,8 +243,7 @@ int64_t ie_argmax_f32(const float *x, int64_t n, float *max_out);
  * NORMAL layout pairs (2i, 2i+1) (GGUF llama); NEOX pairs (i, i+rot_dim/2)
  * (HF rotate_half). Elements past rot_dim are untouched. */
 typedef enum { IE_ROPE_NORMAL = 0, IE_ROPE_NEOX = 1 } ie_rope_layout_t;
-void ie_rope_f32(float *x, int64_t head_dim, int64_t rot_dim, int64_t pos,
-                 float theta, ie_rope_layout_t layout);
+void ie_rope_f32(float *x, int64_t head_dim, int64_t rot_dim, int64_t pos, float theta, ie_rope_layout_t layout);
 
 /* cos/sin tables for one position (rot_dim/2 entries each), computed the way
  * HF transformers does in float32: inv_freq[i] = 1 / theta^((float)(2i)/rot_dim),
@@ -253,8 +252,7 @@ void ie_rope_f32(float *x, int64_t head_dim, int64_t rot_dim, int64_t pos,
 void ie_rope_table_f32(float *cos_t, float *sin_t, int64_t rot_dim, int64_t pos, float theta);
 
 /* Precomputed rope: cos/sin tables for one position, rot_dim/2 entries. */
-void ie_rope_apply_f32(float *x, int64_t head_dim, int64_t rot_dim,
-                       const float *cos_t, const float *sin_t,
+void ie_rope_apply_f32(float *x, int64_t head_dim, int64_t rot_dim, const float *cos_t, const float *sin_t,
                        ie_rope_layout_t layout);
 
 /* dot product of two float vectors, and y += a*x. */

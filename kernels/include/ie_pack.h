@@ -119,8 +119,8 @@ size_t ie_tensor_bytes(ie_dtype_t dtype, ie_layout_t layout, int group, int64_t 
  * BF16 / F16: ie_f32_to_bf16 / ie_f32_to_f16 per element (`how` ignored),
  * padding rows 0.
  * Inputs must be finite. Returns 0, or -1 on a bad shape/range. */
-int ie_pack_quantize(ie_dtype_t dtype, int group, ie_qscale_t how, const float *src, int64_t n_in,
-                     int64_t r0, int64_t r1, int64_t n_out, void *dst);
+int ie_pack_quantize(ie_dtype_t dtype, int group, ie_qscale_t how, const float *src, int64_t n_in, int64_t r0,
+                     int64_t r1, int64_t n_out, void *dst);
 
 /* Quantize one float row to the ROWS layout of an I-type (n_in floats ->
  * ie_qrow_bytes bytes), same rounding as ie_pack_quantize. 0 or -1 (also

@@ -64,7 +64,10 @@ static uint64_t rd_u64(const unsigned char *p) { return (uint64_t)rd_u32(p) | (u
 int ie_bsr_view(const void *blob, size_t bytes, int64_t n_in, int64_t n_out, ie_bsr_t *out, char *err,
                 size_t err_cap)
 {
-    if (!blob || !out) { set_err(err, err_cap, "bsr: NULL blob or output"); return -1; }
+    if (!blob || !out) {
+        set_err(err, err_cap, "bsr: NULL blob or output");
+        return -1;
+    }
     if (((uintptr_t)blob & (BSR_ALIGN - 1)) != 0) {
         set_err(err, err_cap, "bsr: blob not 64-byte aligned");
         return -1;
@@ -73,9 +76,15 @@ int ie_bsr_view(const void *blob, size_t bytes, int64_t n_in, int64_t n_out, ie_
         set_err(err, err_cap, "bsr: bad shape %" PRId64 "x%" PRId64, n_out, n_in);
         return -1;
     }
-    if (bytes < BSR_HDR) { set_err(err, err_cap, "bsr: blob of %zu bytes shorter than its header", bytes); return -1; }
+    if (bytes < BSR_HDR) {
+        set_err(err, err_cap, "bsr: blob of %zu bytes shorter than its header", bytes);
+        return -1;
+    }
     const unsigned char *p = blob;
-    if (memcmp(p, "BSR1", 4) != 0) { set_err(err, err_cap, "bsr: bad magic"); return -1; }
+    if (memcmp(p, "BSR1", 4) != 0) {
+        set_err(err, err_cap, "bsr: bad magic");
+        return -1;
+    }
     const uint32_t br = rd_u32(p + 4), bc = rd_u32(p + 8), reserved = rd_u32(p + 12);
     const uint64_t nb = rd_u64(p + 16);
     if (br < 1 || br > BSR_MAX_BLK || bc < 1 || bc > BSR_MAX_BLK) {
@@ -87,7 +96,10 @@ int ie_bsr_view(const void *blob, size_t bytes, int64_t n_in, int64_t n_out, ie_
                 n_in);
         return -1;
     }
-    if (reserved != 0) { set_err(err, err_cap, "bsr: reserved header field is %u, not 0", reserved); return -1; }
+    if (reserved != 0) {
+        set_err(err, err_cap, "bsr: reserved header field is %u, not 0", reserved);
+        return -1;
+    }
     const uint64_t nbr = (uint64_t)(n_out / br), nbc = (uint64_t)(n_in / bc);
     /* rowptr and colidx are uint32: more block rows/columns than that cannot
      * be indexed; n_blocks cannot exceed nbr*nbc (distinct ascending columns). */
@@ -101,7 +113,10 @@ int ie_bsr_view(const void *blob, size_t bytes, int64_t n_in, int64_t n_out, ie_
         return -1;
     }
     const size_t want = ie_bsr_bytes(n_out, (int)br, (int)bc, (int64_t)nb);
-    if (want == 0) { set_err(err, err_cap, "bsr: size overflows"); return -1; }
+    if (want == 0) {
+        set_err(err, err_cap, "bsr: size overflows");
+        return -1;
+    }
     if (bytes != want) {
         set_err(err, err_cap, "bsr: blob has %zu bytes, %" PRIu64 " blocks of %ux%u need %zu", bytes, nb, br, bc,
                 want);
@@ -126,8 +141,8 @@ int ie_bsr_view(const void *blob, size_t bytes, int64_t n_in, int64_t n_out, ie_
             return -1;
         }
         if (e - b > nbc) {
-            set_err(err, err_cap, "bsr: block row %" PRIu64 " has %u blocks, more than %" PRIu64 " columns", i, e - b,
-                    nbc);
+            set_err(err, err_cap, "bsr: block row %" PRIu64 " has %u blocks, more than %" PRIu64 " columns", i,
+                    e - b, nbc);
             return -1;
         }
         for (uint32_t j = b; j < e; j++) {
@@ -143,8 +158,8 @@ int ie_bsr_view(const void *blob, size_t bytes, int64_t n_in, int64_t n_out, ie_
         }
     }
     if (rd_u32((const unsigned char *)&rowptr[nbr]) != nb) {
-        set_err(err, err_cap, "bsr: rowptr[last] = %u, n_blocks = %" PRIu64, rd_u32((const unsigned char *)&rowptr[nbr]),
-                nb);
+        set_err(err, err_cap, "bsr: rowptr[last] = %u, n_blocks = %" PRIu64,
+                rd_u32((const unsigned char *)&rowptr[nbr]), nb);
         return -1;
     }
     out->n_in = n_in;

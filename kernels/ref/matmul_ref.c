@@ -13,8 +13,8 @@
 
 #define ROW(base, r, bytes) ((const char *)(base) + (size_t)(r) * (bytes))
 
-void ie_matmul_f32_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
-                           const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+void ie_matmul_f32_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                           int64_t n_tok, float *y, int64_t ldy)
 {
     const size_t wb = ie_dtype_row_bytes(IE_DTYPE_F32, n_in);
     for (int64_t t = 0; t < n_tok; t++) {
@@ -28,8 +28,8 @@ void ie_matmul_f32_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
     }
 }
 
-void ie_matmul_f16_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
-                           const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+void ie_matmul_f16_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                           int64_t n_tok, float *y, int64_t ldy)
 {
     const size_t wb = ie_dtype_row_bytes(IE_DTYPE_F16, n_in);
     for (int64_t t = 0; t < n_tok; t++) {
@@ -43,8 +43,8 @@ void ie_matmul_f16_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
     }
 }
 
-void ie_matmul_bf16_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
-                            const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+void ie_matmul_bf16_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                            int64_t n_tok, float *y, int64_t ldy)
 {
     const size_t wb = ie_dtype_row_bytes(IE_DTYPE_BF16, n_in);
     for (int64_t t = 0; t < n_tok; t++) {
@@ -60,8 +60,8 @@ void ie_matmul_bf16_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
 
 /* BF16 weights x BF16 activations (both plain bf16 rows, any n_in): every
  * product of two bf16 values is exact in double, summed in double. */
-void ie_matmul_bf16_bf16_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
-                             const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+void ie_matmul_bf16_bf16_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                             int64_t n_tok, float *y, int64_t ldy)
 {
     const size_t wb = ie_dtype_row_bytes(IE_DTYPE_BF16, n_in);
     for (int64_t t = 0; t < n_tok; t++) {
@@ -75,8 +75,8 @@ void ie_matmul_bf16_bf16_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1
     }
 }
 
-void ie_matmul_q8_0_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
-                             const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+void ie_matmul_q8_0_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                             int64_t n_tok, float *y, int64_t ldy)
 {
     const size_t wb = ie_dtype_row_bytes(IE_DTYPE_Q8_0, n_in);
     const int64_t nb = n_in / IE_QK;
@@ -95,8 +95,8 @@ void ie_matmul_q8_0_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1
     }
 }
 
-void ie_matmul_q4_0_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
-                             const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+void ie_matmul_q4_0_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                             int64_t n_tok, float *y, int64_t ldy)
 {
     const size_t wb = ie_dtype_row_bytes(IE_DTYPE_Q4_0, n_in);
     const int64_t nb = n_in / IE_QK;
@@ -118,8 +118,8 @@ void ie_matmul_q4_0_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1
     }
 }
 
-void ie_matmul_q4_1_q8_1_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
-                             const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+void ie_matmul_q4_1_q8_1_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                             int64_t n_tok, float *y, int64_t ldy)
 {
     const size_t wb = ie_dtype_row_bytes(IE_DTYPE_Q4_1, n_in);
     const int64_t nb = n_in / IE_QK;
@@ -144,8 +144,8 @@ void ie_matmul_q4_1_q8_1_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1
 
 /* MXFP4 x Q8_0: sum_j kv_j*q_j exact in int (|.| <= 32*12*127), scaled by
  * d_a * 2^(e-128) in double (no overflow or underflow for any e). */
-void ie_matmul_mxfp4_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
-                              const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+void ie_matmul_mxfp4_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                              int64_t n_tok, float *y, int64_t ldy)
 {
     const size_t wb = ie_dtype_row_bytes(IE_DTYPE_MXFP4, n_in);
     const int64_t nb = n_in / IE_QK;

@@ -67,8 +67,8 @@ static inline void rope_pair(float *x, int64_t i0, int64_t i1, float c, float s)
     x[i1] = x1 * c + x0 * s;
 }
 
-void ie_rope_apply_f32(float *x, int64_t head_dim, int64_t rot_dim,
-                       const float *cos_t, const float *sin_t, ie_rope_layout_t layout)
+void ie_rope_apply_f32(float *x, int64_t head_dim, int64_t rot_dim, const float *cos_t, const float *sin_t,
+                       ie_rope_layout_t layout)
 {
     (void)head_dim; /* elements in [rot_dim, head_dim) are left untouched */
     const int64_t half = rot_dim / 2;
@@ -78,8 +78,7 @@ void ie_rope_apply_f32(float *x, int64_t head_dim, int64_t rot_dim,
     }
 }
 
-void ie_rope_f32(float *x, int64_t head_dim, int64_t rot_dim, int64_t pos,
-                 float theta, ie_rope_layout_t layout)
+void ie_rope_f32(float *x, int64_t head_dim, int64_t rot_dim, int64_t pos, float theta, ie_rope_layout_t layout)
 {
     (void)head_dim;
     const int64_t half = rot_dim / 2;

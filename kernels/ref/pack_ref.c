@@ -93,7 +93,7 @@ static inline float value_of(ie_dtype_t t, float d, float m, int q)
  * `ratio` (1.0: exactly ggml's rule for the type). */
 static qparams_t group_params(ie_dtype_t t, const float *x, int n, float ratio)
 {
-    qparams_t p = { 0.0f, 0.0f, 0, 0 };
+    qparams_t p = {0.0f, 0.0f, 0, 0};
     if (t == IE_DTYPE_I4WA) {
         float min = FLT_MAX, max = -FLT_MAX;
         for (int j = 0; j < n; j++) {
@@ -114,7 +114,10 @@ static qparams_t group_params(ie_dtype_t t, const float *x, int n, float ratio)
     }
     float amax = 0.0f, max = 0.0f; /* max: the value of largest magnitude */
     for (int j = 0; j < n; j++) {
-        if (amax < fabsf(x[j])) { amax = fabsf(x[j]); max = x[j]; }
+        if (amax < fabsf(x[j])) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
     }
     float d = t == IE_DTYPE_I8W ? amax / 127.0f : max / -8.0f;
     if (ratio != 1.0f) d *= ratio;
@@ -150,7 +153,10 @@ static qparams_t choose_params(ie_dtype_t t, ie_qscale_t how, const float *x, in
     for (int i = 1; i < IE_MSE_STEPS && best_err > 0.0; i++) {
         const qparams_t p = group_params(t, x, n, 1.0f - 0.02f * (float)i);
         const double e = group_error(t, &p, x, n);
-        if (e < best_err) { best = p; best_err = e; }
+        if (e < best_err) {
+            best = p;
+            best_err = e;
+        }
     }
     return best;
 }
@@ -167,8 +173,7 @@ static void qrow_group(ie_dtype_t t, ie_qscale_t how, const float *x, int G, uin
     if (t == IE_DTYPE_I8W) {
         for (int j = 0; j < G; j++) q[j] = (uint8_t)(int8_t)code_of(t, &p, x[j]);
     } else {
-        for (int j = 0; j < G / 2; j++)
-            q[j] = (uint8_t)(code_of(t, &p, x[j]) | code_of(t, &p, x[j + G / 2]) << 4);
+        for (int j = 0; j < G / 2; j++) q[j] = (uint8_t)(code_of(t, &p, x[j]) | code_of(t, &p, x[j + G / 2]) << 4);
     }
 }
 
@@ -233,7 +238,7 @@ static inline size_t panel_quant_pos(ie_dtype_t t, int i, int kk, int *hi)
  * code of 0.0f). Nibbles are or-ed in: the caller zeroes the quants first. */
 static void panel_put_row(ie_dtype_t t, ie_qscale_t how, const float *x, int G, uint8_t *grp, int i)
 {
-    qparams_t p = { 0.0f, 0.0f, 0, 0 };
+    qparams_t p = {0.0f, 0.0f, 0, 0};
     if (x) p = choose_params(t, how, x, G);
     st_f16(grp + 2 * i, p.d);
     if (t == IE_DTYPE_I4WA) st_f16(grp + 2 * IE_PANEL + 2 * i, p.m);
@@ -300,8 +305,7 @@ static void half_fill(ie_dtype_t t, const float *f32, const uint16_t *h16, int64
                 uint16_t v = 0;
                 if (r < n_out && f32)
                     v = t == IE_DTYPE_BF16 ? ie_f32_to_bf16(f32[r * n_in + k]) : ie_f32_to_f16(f32[r * n_in + k]);
-                else if (r < n_out)
-                    v = h16[r * n_in + k];
+                else if (r < n_out) v = h16[r * n_in + k];
                 memcpy(pan + half_pos(t, i, k), &v, sizeof v);
             }
         }
@@ -341,15 +345,15 @@ static void put_quant(const void *ctx, int64_t r, int64_t g, uint8_t *grp, int i
  * d = m = 0 and the codes of 0.0f (I8W 128, I4W 8, I4WA 0). Only the panels
  * of [r0, r1) are written, so disjoint ranges may run concurrently.
  * Returns 0, or -1 on an invalid shape/range or NULL pointers. */
-int ie_pack_quantize(ie_dtype_t dtype, int group, ie_qscale_t how, const float *src, int64_t n_in,
-                     int64_t r0, int64_t r1, int64_t n_out, void *dst)
+int ie_pack_quantize(ie_dtype_t dtype, int group, ie_qscale_t how, const float *src, int64_t n_in, int64_t r0,
+                     int64_t r1, int64_t n_out, void *dst)
 {
     if (ie_pack_check(dtype, group, n_in) != 0 || !range_ok(r0, r1, n_out) || !src || !dst) return -1;
     if (ie_dtype_is_half(dtype)) {
         half_fill(dtype, src, NULL, n_in, r0, r1, n_out, dst);
         return 0;
     }
-    const quant_ctx_t c = { dtype, group, how, src, n_in };
+    const quant_ctx_t c = {dtype, group, how, src, n_in};
     panel_fill(dtype, group, n_in, r0, r1, n_out, dst, put_quant, &c);
     return 0;
 }
@@ -358,9 +362,12 @@ int ie_pack_quantize(ie_dtype_t dtype, int group, ie_qscale_t how, const float *
 ie_dtype_t ie_pack_target(ie_dtype_t rows_dtype)
 {
     switch (rows_dtype) {
-    case IE_DTYPE_Q8_0: case IE_DTYPE_I8W: return IE_DTYPE_I8W;
-    case IE_DTYPE_Q4_0: case IE_DTYPE_I4W: return IE_DTYPE_I4W;
-    case IE_DTYPE_Q4_1: case IE_DTYPE_I4WA: return IE_DTYPE_I4WA;
+    case IE_DTYPE_Q8_0:
+    case IE_DTYPE_I8W: return IE_DTYPE_I8W;
+    case IE_DTYPE_Q4_0:
+    case IE_DTYPE_I4W: return IE_DTYPE_I4W;
+    case IE_DTYPE_Q4_1:
+    case IE_DTYPE_I4WA: return IE_DTYPE_I4WA;
     case IE_DTYPE_BF16: return IE_DTYPE_BF16;
     case IE_DTYPE_F16: return IE_DTYPE_F16;
     default: return IE_DTYPE_INVALID;
@@ -422,7 +429,7 @@ int ie_pack_repack(ie_dtype_t rows_dtype, int group, const void *src, int64_t n_
         half_fill(t, NULL, src, n_in, r0, r1, n_out, dst);
         return 0;
     }
-    const repack_ctx_t c = { t, group, src, ie_qrow_bytes(t, group, n_in), scale_bytes(t) + quant_bytes(t, group) };
+    const repack_ctx_t c = {t, group, src, ie_qrow_bytes(t, group, n_in), scale_bytes(t) + quant_bytes(t, group)};
     panel_fill(t, group, n_in, r0, r1, n_out, dst, put_repack, &c);
     return 0;
 }

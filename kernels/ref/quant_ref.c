@@ -85,7 +85,10 @@ static void quantize_row_q4_0(const float *x, ie_block_q4_0_t *y, int64_t n)
         const float *xb = x + b * IE_QK;
         float amax = 0.0f, max = 0.0f; /* max: the value of largest magnitude */
         for (int j = 0; j < IE_QK; j++) {
-            if (amax < fabsf(xb[j])) { amax = fabsf(xb[j]); max = xb[j]; }
+            if (amax < fabsf(xb[j])) {
+                amax = fabsf(xb[j]);
+                max = xb[j];
+            }
         }
         const float d = max / -8.0f;
         const float id = d != 0.0f ? 1.0f / d : 0.0f;
@@ -153,7 +156,10 @@ static void quantize_row_mxfp4(const float *x, ie_block_mxfp4_t *y, int64_t n)
                 float best_err = fabsf((float)ie_mxfp4_kvalues[0] * d - v);
                 for (int c = 1; c < 16; c++) {
                     const float err = fabsf((float)ie_mxfp4_kvalues[c] * d - v);
-                    if (err < best_err) { best = c; best_err = err; }
+                    if (err < best_err) {
+                        best = c;
+                        best_err = err;
+                    }
                 }
                 code[h] = best;
             }

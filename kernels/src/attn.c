@@ -5,8 +5,8 @@
 
 /* Contract (ie_kernels_isa.h): float-accumulating C loops (the compiler
  * vectorizes the inner loops); ref keeps double accumulation. */
-void ie_attn_scores_generic(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n,
-                            int hd, float scale, float *s, size_t ld)
+void ie_attn_scores_generic(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n, int hd,
+                            float scale, float *s, size_t ld)
 {
     for (int h = 0; h < nh; h++) {
         const float *qh = q + (size_t)h * q_stride;

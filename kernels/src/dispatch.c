@@ -32,12 +32,16 @@ const char *ie_isa_name(ie_isa_t isa)
 ie_dtype_t ie_matmul_act_dtype(ie_dtype_t wtype)
 {
     switch (wtype) {
-    case IE_DTYPE_F32: case IE_DTYPE_F16: return IE_DTYPE_F32;
+    case IE_DTYPE_F32:
+    case IE_DTYPE_F16: return IE_DTYPE_F32;
     case IE_DTYPE_BF16: return IE_DTYPE_BF16; /* vdpbf16ps: bf16 x bf16 pairs */
-    case IE_DTYPE_Q8_0: case IE_DTYPE_Q4_0: case IE_DTYPE_MXFP4: return IE_DTYPE_Q8_0;
+    case IE_DTYPE_Q8_0:
+    case IE_DTYPE_Q4_0:
+    case IE_DTYPE_MXFP4: return IE_DTYPE_Q8_0;
     case IE_DTYPE_Q4_1: return IE_DTYPE_Q8_1;
     case IE_DTYPE_I8W: return IE_DTYPE_Q16_P; /* weight-only: 16-bit activations */
-    case IE_DTYPE_I4W: case IE_DTYPE_I4WA: return IE_DTYPE_Q8_P;
+    case IE_DTYPE_I4W:
+    case IE_DTYPE_I4WA: return IE_DTYPE_Q8_P;
     default: return IE_DTYPE_INVALID;
     }
 }
@@ -57,7 +61,7 @@ static unsigned probe(void)
     const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
     if (!osxsave || !avx) return 0;
     const unsigned long long xcr0 = xgetbv0();
-    if ((xcr0 & 0x6) != 0x6) return 0; /* XMM | YMM state */
+    if ((xcr0 & 0x6) != 0x6) return 0;           /* XMM | YMM state */
     const int os_avx512 = (xcr0 & 0xe6) == 0xe6; /* + opmask, ZMM_Hi256, Hi16_ZMM */
     if (fma) f |= IE_CPU_FMA;
     if (f16c) f |= IE_CPU_F16C;
@@ -97,8 +101,8 @@ static int supported_mask(void)
 {
     const unsigned f = ie_cpu_features();
     const unsigned need_avx2 = IE_CPU_AVX2 | IE_CPU_FMA | IE_CPU_F16C;
-    const unsigned need_avx512 = need_avx2 | IE_CPU_AVX512F | IE_CPU_AVX512DQ | IE_CPU_AVX512BW |
-                                 IE_CPU_AVX512VL | IE_CPU_AVX512_VNNI;
+    const unsigned need_avx512 = need_avx2 | IE_CPU_AVX512F | IE_CPU_AVX512DQ | IE_CPU_AVX512BW | IE_CPU_AVX512VL |
+                                 IE_CPU_AVX512_VNNI;
     int mask = 1 << IE_ISA_REF;
     if ((f & need_avx2) == need_avx2) mask |= 1 << IE_ISA_AVX2;
     if ((f & need_avx512) == need_avx512) mask |= 1 << IE_ISA_AVX512;
@@ -115,7 +119,10 @@ ie_isa_t ie_isa_best(void)
 {
     ie_isa_t best = IE_ISA_REF;
     for (int i = IE_ISA_AVX512; i > IE_ISA_REF; i--)
-        if (ie_isa_supported((ie_isa_t)i)) { best = (ie_isa_t)i; break; }
+        if (ie_isa_supported((ie_isa_t)i)) {
+            best = (ie_isa_t)i;
+            break;
+        }
     const char *env = getenv("IE_ISA");
     if (env && *env) {
         ie_isa_t want = best;
@@ -148,83 +155,89 @@ ie_status_t ie_packed_ranges_by_calls(ie_packed_fn mm, const ie_pmat_t *m, ie_pa
  * of an entry names the one it runs instead. test_kernels checks that no
  * entry that REF fills is NULL on another ISA. */
 static const ie_kernels_t g_kernels[3] = {
-    [IE_ISA_REF] = {
-        .isa = IE_ISA_REF,
-        .act_quantize = ie_act_quantize_ref,
-        .act_quantize_stream = ie_act_quantize_ref,
-        .matmul = {
-            [IE_DTYPE_F32] = ie_matmul_f32_f32_ref,
-            [IE_DTYPE_F16] = ie_matmul_f16_f32_ref,
-            [IE_DTYPE_BF16] = ie_matmul_bf16_bf16_ref,
-            [IE_DTYPE_Q8_0] = ie_matmul_q8_0_q8_0_ref,
-            [IE_DTYPE_Q4_0] = ie_matmul_q4_0_q8_0_ref,
-            [IE_DTYPE_Q4_1] = ie_matmul_q4_1_q8_1_ref,
-            [IE_DTYPE_MXFP4] = ie_matmul_mxfp4_q8_0_ref,
+    [IE_ISA_REF] =
+        {
+            .isa = IE_ISA_REF,
+            .act_quantize = ie_act_quantize_ref,
+            .act_quantize_stream = ie_act_quantize_ref,
+            .matmul =
+                {
+                    [IE_DTYPE_F32] = ie_matmul_f32_f32_ref,
+                    [IE_DTYPE_F16] = ie_matmul_f16_f32_ref,
+                    [IE_DTYPE_BF16] = ie_matmul_bf16_bf16_ref,
+                    [IE_DTYPE_Q8_0] = ie_matmul_q8_0_q8_0_ref,
+                    [IE_DTYPE_Q4_0] = ie_matmul_q4_0_q8_0_ref,
+                    [IE_DTYPE_Q4_1] = ie_matmul_q4_1_q8_1_ref,
+                    [IE_DTYPE_MXFP4] = ie_matmul_mxfp4_q8_0_ref,
+                },
+            .matmul_packed = ie_matmul_packed_ref,
+            .matmul_packed_ranges = ie_matmul_packed_ranges_ref,
+            .matmul_bsr = ie_bsr_matmul_ref,
+            .dot_f32 = ie_dot_f32,
+            .axpy_f32 = ie_axpy_f32,
+            .attn_scores = ie_attn_scores_ref,
+            .attn_values = ie_attn_values_ref,
+            .swiglu = ie_swiglu_f32,
+            .softmax = ie_softmax_sink_f32,
+            .rmsnorm = ie_rmsnorm_f32,
+            .stream_read = ie_stream_read,
         },
-        .matmul_packed = ie_matmul_packed_ref,
-        .matmul_packed_ranges = ie_matmul_packed_ranges_ref,
-        .matmul_bsr = ie_bsr_matmul_ref,
-        .dot_f32 = ie_dot_f32,
-        .axpy_f32 = ie_axpy_f32,
-        .attn_scores = ie_attn_scores_ref,
-        .attn_values = ie_attn_values_ref,
-        .swiglu = ie_swiglu_f32,
-        .softmax = ie_softmax_sink_f32,
-        .rmsnorm = ie_rmsnorm_f32,
-        .stream_read = ie_stream_read,
-    },
-    [IE_ISA_AVX2] = {
-        .isa = IE_ISA_AVX2,
-        .act_quantize = ie_act_quantize_avx2,
-        .act_quantize_stream = ie_act_quantize_avx2,
-        .matmul = {
-            [IE_DTYPE_F32] = ie_matmul_f32_f32_avx2,
-            [IE_DTYPE_F16] = ie_matmul_f16_f32_avx2,
-            [IE_DTYPE_BF16] = ie_matmul_bf16_bf16_avx2,
-            [IE_DTYPE_Q8_0] = ie_matmul_q8_0_q8_0_avx2,
-            [IE_DTYPE_Q4_0] = ie_matmul_q4_0_q8_0_avx2,
-            [IE_DTYPE_Q4_1] = ie_matmul_q4_1_q8_1_avx2,
-            [IE_DTYPE_MXFP4] = ie_matmul_mxfp4_q8_0_avx2,
+    [IE_ISA_AVX2] =
+        {
+            .isa = IE_ISA_AVX2,
+            .act_quantize = ie_act_quantize_avx2,
+            .act_quantize_stream = ie_act_quantize_avx2,
+            .matmul =
+                {
+                    [IE_DTYPE_F32] = ie_matmul_f32_f32_avx2,
+                    [IE_DTYPE_F16] = ie_matmul_f16_f32_avx2,
+                    [IE_DTYPE_BF16] = ie_matmul_bf16_bf16_avx2,
+                    [IE_DTYPE_Q8_0] = ie_matmul_q8_0_q8_0_avx2,
+                    [IE_DTYPE_Q4_0] = ie_matmul_q4_0_q8_0_avx2,
+                    [IE_DTYPE_Q4_1] = ie_matmul_q4_1_q8_1_avx2,
+                    [IE_DTYPE_MXFP4] = ie_matmul_mxfp4_q8_0_avx2,
+                },
+            .matmul_packed = ie_matmul_packed_avx2,
+            .matmul_packed_ranges = ie_matmul_packed_ranges_avx2,
+            .matmul_bsr = ie_bsr_matmul_avx2,
+            .dot_f32 = ie_dot_f32_avx2,
+            .axpy_f32 = ie_axpy_f32_avx2,
+            .attn_scores = ie_attn_scores_generic,
+            .attn_values = ie_attn_values_generic,
+            .swiglu = ie_swiglu_f32,
+            .softmax = ie_softmax_sink_f32,
+            .rmsnorm = ie_rmsnorm_f32_avx2,
+            .stream_read = ie_stream_read_avx2,
         },
-        .matmul_packed = ie_matmul_packed_avx2,
-        .matmul_packed_ranges = ie_matmul_packed_ranges_avx2,
-        .matmul_bsr = ie_bsr_matmul_avx2,
-        .dot_f32 = ie_dot_f32_avx2,
-        .axpy_f32 = ie_axpy_f32_avx2,
-        .attn_scores = ie_attn_scores_generic,
-        .attn_values = ie_attn_values_generic,
-        .swiglu = ie_swiglu_f32,
-        .softmax = ie_softmax_sink_f32,
-        .rmsnorm = ie_rmsnorm_f32_avx2,
-        .stream_read = ie_stream_read_avx2,
-    },
-    [IE_ISA_AVX512] = {
-        .isa = IE_ISA_AVX512,
-        .act_quantize = ie_act_quantize_avx512,
-        .act_quantize_stream = ie_act_quantize_stream_avx512,
-        .matmul = {
-            [IE_DTYPE_F32] = ie_matmul_f32_f32_avx512,
-            [IE_DTYPE_F16] = ie_matmul_f16_f32_avx512,
-            [IE_DTYPE_BF16] = ie_matmul_bf16_bf16_avx512,
-            [IE_DTYPE_Q8_0] = ie_matmul_q8_0_q8_0_avx512,
-            [IE_DTYPE_Q4_0] = ie_matmul_q4_0_q8_0_avx512,
-            [IE_DTYPE_Q4_1] = ie_matmul_q4_1_q8_1_avx512,
-            [IE_DTYPE_MXFP4] = ie_matmul_mxfp4_q8_0_avx512,
-        },
-        .matmul_packed = ie_matmul_packed_avx512,
-        .matmul_packed_ranges = ie_matmul_packed_ranges_avx512,
-        .matmul_bsr = ie_bsr_matmul_avx512,
-        .dot_f32 = ie_dot_f32_avx512,
-        .axpy_f32 = ie_axpy_f32_avx512,
-        .attn_scores = ie_attn_scores_avx512,
-        .attn_values = ie_attn_values_avx512,
-        .swiglu = ie_swiglu_f32_avx512,
-        .softmax = ie_softmax_sink_f32_avx512,
-        .rmsnorm = ie_rmsnorm_f32_avx512,
-        /* 32-byte loads here too: a 2-thread read of DRAM measured 1.07x (low
+    [IE_ISA_AVX512] =
+        {
+            .isa = IE_ISA_AVX512,
+            .act_quantize = ie_act_quantize_avx512,
+            .act_quantize_stream = ie_act_quantize_stream_avx512,
+            .matmul =
+                {
+                    [IE_DTYPE_F32] = ie_matmul_f32_f32_avx512,
+                    [IE_DTYPE_F16] = ie_matmul_f16_f32_avx512,
+                    [IE_DTYPE_BF16] = ie_matmul_bf16_bf16_avx512,
+                    [IE_DTYPE_Q8_0] = ie_matmul_q8_0_q8_0_avx512,
+                    [IE_DTYPE_Q4_0] = ie_matmul_q4_0_q8_0_avx512,
+                    [IE_DTYPE_Q4_1] = ie_matmul_q4_1_q8_1_avx512,
+                    [IE_DTYPE_MXFP4] = ie_matmul_mxfp4_q8_0_avx512,
+                },
+            .matmul_packed = ie_matmul_packed_avx512,
+            .matmul_packed_ranges = ie_matmul_packed_ranges_avx512,
+            .matmul_bsr = ie_bsr_matmul_avx512,
+            .dot_f32 = ie_dot_f32_avx512,
+            .axpy_f32 = ie_axpy_f32_avx512,
+            .attn_scores = ie_attn_scores_avx512,
+            .attn_values = ie_attn_values_avx512,
+            .swiglu = ie_swiglu_f32_avx512,
+            .softmax = ie_softmax_sink_f32_avx512,
+            .rmsnorm = ie_rmsnorm_f32_avx512,
+            /* 32-byte loads here too: a 2-thread read of DRAM measured 1.07x (low
          * bandwidth phase) to 1.13x (high) the rate of 64-byte loads on Zen 4 */
-        .stream_read = ie_stream_read_avx2,
-    },
+            .stream_read = ie_stream_read_avx2,
+        },
 };
 
 const ie_kernels_t *ie_kernels_get(ie_isa_t isa)

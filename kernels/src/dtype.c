@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-const int8_t ie_mxfp4_kvalues[16] = { 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12 };
+const int8_t ie_mxfp4_kvalues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 
 const char *ie_dtype_name(ie_dtype_t t)
 {
@@ -28,8 +28,13 @@ const char *ie_dtype_name(ie_dtype_t t)
 int ie_dtype_block_elems(ie_dtype_t t)
 {
     switch (t) {
-    case IE_DTYPE_F32: case IE_DTYPE_F16: case IE_DTYPE_BF16: return 1;
-    case IE_DTYPE_Q4_0: case IE_DTYPE_Q4_1: case IE_DTYPE_Q8_0: case IE_DTYPE_Q8_1:
+    case IE_DTYPE_F32:
+    case IE_DTYPE_F16:
+    case IE_DTYPE_BF16: return 1;
+    case IE_DTYPE_Q4_0:
+    case IE_DTYPE_Q4_1:
+    case IE_DTYPE_Q8_0:
+    case IE_DTYPE_Q8_1:
     case IE_DTYPE_MXFP4: return IE_QK;
     default: return 0;
     }
@@ -39,7 +44,8 @@ size_t ie_dtype_block_bytes(ie_dtype_t t)
 {
     switch (t) {
     case IE_DTYPE_F32: return 4;
-    case IE_DTYPE_F16: case IE_DTYPE_BF16: return 2;
+    case IE_DTYPE_F16:
+    case IE_DTYPE_BF16: return 2;
     case IE_DTYPE_Q4_0: return sizeof(ie_block_q4_0_t);
     case IE_DTYPE_Q4_1: return sizeof(ie_block_q4_1_t);
     case IE_DTYPE_Q8_0: return sizeof(ie_block_q8_0_t);
@@ -68,8 +74,18 @@ size_t ie_dtype_row_bytes(ie_dtype_t t, int64_t n)
     return (size_t)(n / be) * ie_dtype_block_bytes(t);
 }
 
-static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
 
 float ie_f16_to_f32(ie_f16_t h)
 {

@@ -50,8 +50,8 @@ int64_t ie_panel_rows(int64_t n_rows, size_t row_bytes, int64_t n_tok, int tile_
 
 /* A float-weight tile: rows from w (wb bytes apart) against tokens from a
  * (as bytes apart) into y. */
-typedef void (*ie_ftile_fn)(const char *w, size_t wb, int64_t n_in, const char *a, size_t as,
-                            float *y, int64_t ldy);
+typedef void (*ie_ftile_fn)(const char *w, size_t wb, int64_t n_in, const char *a, size_t as, float *y,
+                            int64_t ldy);
 
 /* Float-weight matmul over [r0, r1) x n_tok in L2 panels of tiles:
  * tilesR[t] does tile_rows rows x t tokens, tiles1[t] one row x t tokens
@@ -93,24 +93,24 @@ void ie_quantize_row_q8_1_ref(const float *x, ie_block_q8_1_t *y, int64_t n);
 void ie_act_quantize_ref(ie_dtype_t act, const float *x, void *out, int64_t n);
 
 /* Per-type reference matmuls (accumulate in double; integer block sums exact). */
-void ie_matmul_f32_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
-                           const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
-void ie_matmul_f16_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
-                           const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
-void ie_matmul_bf16_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
-                            const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_f32_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                           int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_f16_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                           int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_bf16_f32_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                            int64_t n_tok, float *y, int64_t ldy);
 /* BF16 weights x BF16 activation rows (the REF table's BF16 slot):
  * exact bf16 products summed in double; any n_in. */
-void ie_matmul_bf16_bf16_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
-                             const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
-void ie_matmul_q8_0_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
-                             const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
-void ie_matmul_q4_0_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
-                             const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
-void ie_matmul_q4_1_q8_1_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
-                             const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
-void ie_matmul_mxfp4_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1,
-                              const void *a, size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_bf16_bf16_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                             int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_q8_0_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                             int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_q4_0_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                             int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_q4_1_q8_1_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                             int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_mxfp4_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                              int64_t n_tok, float *y, int64_t ldy);
 
 /* Packed (ie_pack.h) reference matmul (I8W x Q16_P, I4W/I4WA x Q8_P) and
  * the Q8_P / Q16_P activation quantizers (n a multiple of 32). */
@@ -139,8 +139,8 @@ void ie_attn_values_ref(const float *p, size_t ld, int nh, const ie_attn_rows_t 
  * accumulation: the AVX2 table's attention (the compiler vectorizes the
  * inner loops). Built without -mfma on purpose: no contraction into FMA,
  * so the bits do not depend on the AVX2 files' flags. */
-void ie_attn_scores_generic(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n,
-                            int hd, float scale, float *s, size_t ld);
+void ie_attn_scores_generic(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n, int hd,
+                            float scale, float *s, size_t ld);
 void ie_attn_values_generic(const float *p, size_t ld, int nh, const ie_attn_rows_t *v, int j0, int n, int hd,
                             float *out, size_t o_stride);
 
@@ -181,8 +181,8 @@ void ie_act_quantize_stream_avx512(ie_dtype_t act, const float *x, void *out, in
 /* BF16 x BF16 with vdpbf16ps where the CPU has AVX512_BF16, else widened
  * to f32 and FMA. ie_avx512_use_dpbf16(0) forces the fallback (tests),
  * (1) restores the CPU default; returns whether vdpbf16ps is now used. */
-void ie_matmul_bf16_bf16_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a,
-                                size_t as, int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_bf16_bf16_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                int64_t n_tok, float *y, int64_t ldy);
 int ie_avx512_use_dpbf16(int on);
 void ie_matmul_f32_f32_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
                               int64_t n_tok, float *y, int64_t ldy);
@@ -211,15 +211,15 @@ ie_status_t ie_matmul_packed_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, 
                                     int64_t n_tok, float *y, int64_t ldy);
 ie_status_t ie_matmul_packed_ranges_avx512(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
                                            size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
-void ie_bsr_matmul_avx512(const ie_bsr_t *m, int64_t r0, int64_t r1, const float *x, size_t xs,
-                          int64_t n_tok, float *y, int64_t ldy);
+void ie_bsr_matmul_avx512(const ie_bsr_t *m, int64_t r0, int64_t r1, const float *x, size_t xs, int64_t n_tok,
+                          float *y, int64_t ldy);
 float ie_dot_f32_avx512(const float *a, const float *b, int64_t n);
 void ie_axpy_f32_avx512(float *y, float a, const float *x, int64_t n);
 void ie_rmsnorm_f32_avx512(float *out, const float *x, const float *w, int64_t n, float eps);
 void ie_swiglu_f32_avx512(float *out, const float *g, const float *u, int64_t n);
 void ie_softmax_sink_f32_avx512(float *x, int64_t n, const float *sink);
-void ie_attn_scores_avx512(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n,
-                           int hd, float scale, float *s, size_t ld);
+void ie_attn_scores_avx512(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n, int hd,
+                           float scale, float *s, size_t ld);
 void ie_attn_values_avx512(const float *p, size_t ld, int nh, const ie_attn_rows_t *v, int j0, int n, int hd,
                            float *out, size_t o_stride);
 

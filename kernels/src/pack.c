@@ -42,8 +42,9 @@ size_t ie_tensor_bytes(ie_dtype_t dtype, ie_layout_t layout, int group, int64_t 
     if (n_in <= 0 || n_rows <= 0) return 0;
     switch (layout) {
     case IE_LAYOUT_ROWS:
-        row = ie_dtype_is_intw(dtype) ? ie_qrow_bytes(dtype, group, n_in)
-                              : (dtype == IE_DTYPE_Q8_P || dtype == IE_DTYPE_Q16_P ? 0 : ie_dtype_row_bytes(dtype, n_in));
+        row = ie_dtype_is_intw(dtype)
+                  ? ie_qrow_bytes(dtype, group, n_in)
+                  : (dtype == IE_DTYPE_Q8_P || dtype == IE_DTYPE_Q16_P ? 0 : ie_dtype_row_bytes(dtype, n_in));
         if (row == 0 || __builtin_mul_overflow(row, (size_t)n_rows, &total)) return 0;
         return total;
     case IE_LAYOUT_PANEL16: return ie_pack_bytes(dtype, group, n_in, n_rows);

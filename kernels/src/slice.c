@@ -24,13 +24,18 @@ static int rows_block(ie_dtype_t t, int group, int64_t *elems, size_t *bytes)
         return *bytes != 0;
     }
     switch (t) {
-    case IE_DTYPE_F32: case IE_DTYPE_F16: case IE_DTYPE_BF16: case IE_DTYPE_Q8_0: case IE_DTYPE_Q8_1:
-    case IE_DTYPE_Q4_0: case IE_DTYPE_Q4_1: case IE_DTYPE_MXFP4:
+    case IE_DTYPE_F32:
+    case IE_DTYPE_F16:
+    case IE_DTYPE_BF16:
+    case IE_DTYPE_Q8_0:
+    case IE_DTYPE_Q8_1:
+    case IE_DTYPE_Q4_0:
+    case IE_DTYPE_Q4_1:
+    case IE_DTYPE_MXFP4:
         *elems = ie_dtype_block_elems(t);
         *bytes = ie_dtype_block_bytes(t);
         return *elems > 0 && *bytes > 0;
-    default:
-        return 0;
+    default: return 0;
     }
 }
 
@@ -66,7 +71,8 @@ int ie_tensor_slice(ie_dtype_t dtype, ie_layout_t layout, int group, const void 
         int64_t be;
         size_t bb;
         if (!rows_block(dtype, group, &be, &bb) || n_in % be != 0 || c0 % be != 0 || c1 % be != 0) return -1;
-        const size_t rb = (size_t)(n_in / be) * bb, off = (size_t)(c0 / be) * bb, len = (size_t)((c1 - c0) / be) * bb;
+        const size_t rb = (size_t)(n_in / be) * bb, off = (size_t)(c0 / be) * bb,
+                     len = (size_t)((c1 - c0) / be) * bb;
         for (int64_t r = r0; r < r1; r++)
             memcpy((char *)dst + (size_t)(r - r0) * len, (const char *)src + (size_t)r * rb + off, len);
         return 0;

@@ -40,7 +40,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     else unsetenv("IE_IEBIN_VERIFY");
     if (ie_iebin_open_memory((const char *)data + 5, jl, blob, bl, NULL, &m) == IE_OK) {
         const ie_hparams_t *hp = ie_iebin_hparams(m);
-        g_sink ^= (uint8_t)(hp->n_layer + hp->arch[0] + ie_iebin_tokenizer_path(m)[0] + ie_iebin_content_hash(m)[9]);
+        g_sink ^= (uint8_t)(hp->n_layer + hp->arch[0] + ie_iebin_tokenizer_path(m)[0] +
+                            ie_iebin_content_hash(m)[9]);
         for (int64_t i = 0; i < ie_iebin_n_tensors(m); i++) {
             const ie_tensor_t *t = ie_iebin_tensor(m, i);
             const uint8_t *p = t ? t->data : NULL;
@@ -110,7 +111,8 @@ static ie_hparams_t hp_tiny(int gptoss)
     if (gptoss) {
         hp.n_expert = 4, hp.n_expert_used = 2, hp.sliding_window = 8, hp.layer_swa[0] = 1;
         hp.attn_bias = hp.attn_sinks = 1, hp.swiglu_limit = 7, hp.swiglu_alpha = 1.702f;
-        hp.rope_yarn_factor = 32, hp.rope_yarn_orig_ctx = 32, hp.rope_yarn_beta_fast = 32, hp.rope_yarn_beta_slow = 1;
+        hp.rope_yarn_factor = 32, hp.rope_yarn_orig_ctx = 32, hp.rope_yarn_beta_fast = 32,
+        hp.rope_yarn_beta_slow = 1;
         hp.rope_attn_factor = 1.3f, hp.rope_layout = IE_ROPE_NEOX;
     }
     return hp;
@@ -133,13 +135,31 @@ int main(int argc, char **argv)
     {
         ie_tensor_t ts[] = {
             {"a.f32", IE_DTYPE_F32, 1, {64, 1, 1, 1}, bytes, 256, IE_LAYOUT_ROWS, 0},
-            {"b.q4_0", IE_DTYPE_Q4_0, 2, {64, 4, 1, 1}, bytes, ie_tensor_bytes(IE_DTYPE_Q4_0, IE_LAYOUT_ROWS, 0, 64, 4),
-             IE_LAYOUT_ROWS, 0},
-            {"c.int4w", IE_DTYPE_I4W, 2, {64, 16, 1, 1}, bytes,
-             ie_tensor_bytes(IE_DTYPE_I4W, IE_LAYOUT_PANEL16, 32, 64, 16), IE_LAYOUT_PANEL16, 32},
+            {"b.q4_0",
+             IE_DTYPE_Q4_0,
+             2,
+             {64, 4, 1, 1},
+             bytes,
+             ie_tensor_bytes(IE_DTYPE_Q4_0, IE_LAYOUT_ROWS, 0, 64, 4),
+             IE_LAYOUT_ROWS,
+             0},
+            {"c.int4w",
+             IE_DTYPE_I4W,
+             2,
+             {64, 16, 1, 1},
+             bytes,
+             ie_tensor_bytes(IE_DTYPE_I4W, IE_LAYOUT_PANEL16, 32, 64, 16),
+             IE_LAYOUT_PANEL16,
+             32},
             {"d.bsr", IE_DTYPE_F32, 2, {32, 32, 1, 1}, bsr, bsr_n, IE_LAYOUT_BSR, 0},
-            {"e.int8w", IE_DTYPE_I8W, 3, {64, 3, 2, 1}, bytes, 2 * ie_tensor_bytes(IE_DTYPE_I8W, IE_LAYOUT_ROWS, 64, 64, 3),
-             IE_LAYOUT_ROWS, 64},
+            {"e.int8w",
+             IE_DTYPE_I8W,
+             3,
+             {64, 3, 2, 1},
+             bytes,
+             2 * ie_tensor_bytes(IE_DTYPE_I8W, IE_LAYOUT_ROWS, 64, 64, 3),
+             IE_LAYOUT_ROWS,
+             64},
         };
         if (ie_iebin_writer_open(tmp, &w) != IE_OK) return 1;
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++)

@@ -112,9 +112,19 @@ int main(int argc, char **argv)
 
     memset(&m, 0, sizeof m);
     m.kind = IE_MSG_ASSIGN;
-    m.u.assign = (ie_msg_assign_t){.epoch = 1, .plan = 1, .rank = 1, .n_ranks = 2, .n_ctx = 2048, .n_seq = 4,
-                                   .max_batch = 256, .kv_block = 16, .kv_blocks = 64, .precision = 0,
-                                   .heartbeat_ms = 500, .dead_ms = 3000, .cluster_id = 0x1234abcd5678ef90ull};
+    m.u.assign = (ie_msg_assign_t){.epoch = 1,
+                                   .plan = 1,
+                                   .rank = 1,
+                                   .n_ranks = 2,
+                                   .n_ctx = 2048,
+                                   .n_seq = 4,
+                                   .max_batch = 256,
+                                   .kv_block = 16,
+                                   .kv_blocks = 64,
+                                   .precision = 0,
+                                   .heartbeat_ms = 500,
+                                   .dead_ms = 3000,
+                                   .cluster_id = 0x1234abcd5678ef90ull};
     strcpy(m.u.assign.peer_endpoint[0], "tcp://10.0.0.1:5601");
     strcpy(m.u.assign.peer_endpoint[1], "tcp://10.0.0.2:5601");
     seed_msg(dir, &m);
@@ -139,7 +149,8 @@ int main(int argc, char **argv)
 
     { /* a STEP's KV-operations frame: clear, bind, set length */
         static const int32_t pb[3] = {7, -1, 2};
-        const ie_kv_op_t ops[3] = {{IE_KV_OP_CLEAR, 1, 0, 0, NULL}, {IE_KV_OP_BIND, 1, 0, 3, pb},
+        const ie_kv_op_t ops[3] = {{IE_KV_OP_CLEAR, 1, 0, 0, NULL},
+                                   {IE_KV_OP_BIND, 1, 0, 3, pb},
                                    {IE_KV_OP_SET_LEN, 0, 0, 40, NULL}};
         ie_buf_t b = {0};
         for (int i = 0; i < 3; i++)
@@ -150,8 +161,14 @@ int main(int argc, char **argv)
 
     memset(&m, 0, sizeof m);
     m.kind = IE_MSG_RESULT;
-    m.u.result = (ie_msg_result_t){.epoch = 1, .step = 5, .rank = 0, .n_rows = 1, .vocab_begin = 0,
-                                   .vocab_end = 32000, .compute_ms = 3.5, .transfer_ms = 0.25};
+    m.u.result = (ie_msg_result_t){.epoch = 1,
+                                   .step = 5,
+                                   .rank = 0,
+                                   .n_rows = 1,
+                                   .vocab_begin = 0,
+                                   .vocab_end = 32000,
+                                   .compute_ms = 3.5,
+                                   .transfer_ms = 0.25};
     seed_msg(dir, &m);
 
     memset(&m, 0, sizeof m);
@@ -180,38 +197,67 @@ int main(int argc, char **argv)
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
     msgpack_pack_map(&pk, 14);
-    K("v"); msgpack_pack_int(&pk, 1);
-    K("type"); K("generate");
-    K("id"); K("req-1");
-    K("prompt"); K("Once upon a time");
-    K("max_new"); msgpack_pack_int(&pk, 16);
-    K("temperature"); msgpack_pack_double(&pk, 0.7);
-    K("top_k"); msgpack_pack_int(&pk, 40);
-    K("top_p"); msgpack_pack_float(&pk, 0.9f);
-    K("min_p"); msgpack_pack_int(&pk, 0);
-    K("repeat_penalty"); msgpack_pack_double(&pk, 1.1);
-    K("seed"); msgpack_pack_int(&pk, 42);
-    K("stop"); msgpack_pack_array(&pk, 1); K("\n\n");
-    K("stream"); msgpack_pack_true(&pk);
-    K("priority"); msgpack_pack_int(&pk, 1);
+    K("v");
+    msgpack_pack_int(&pk, 1);
+    K("type");
+    K("generate");
+    K("id");
+    K("req-1");
+    K("prompt");
+    K("Once upon a time");
+    K("max_new");
+    msgpack_pack_int(&pk, 16);
+    K("temperature");
+    msgpack_pack_double(&pk, 0.7);
+    K("top_k");
+    msgpack_pack_int(&pk, 40);
+    K("top_p");
+    msgpack_pack_float(&pk, 0.9f);
+    K("min_p");
+    msgpack_pack_int(&pk, 0);
+    K("repeat_penalty");
+    msgpack_pack_double(&pk, 1.1);
+    K("seed");
+    msgpack_pack_int(&pk, 42);
+    K("stop");
+    msgpack_pack_array(&pk, 1);
+    K("\n\n");
+    K("stream");
+    msgpack_pack_true(&pk);
+    K("priority");
+    msgpack_pack_int(&pk, 1);
     write_seed(dir, "req-generate", sb.data, sb.size);
 
     msgpack_sbuffer_clear(&sb);
     msgpack_pack_map(&pk, 4);
-    K("v"); msgpack_pack_int(&pk, 1);
-    K("type"); K("generate");
-    K("id"); K("chat-1");
+    K("v");
+    msgpack_pack_int(&pk, 1);
+    K("type");
+    K("generate");
+    K("id");
+    K("chat-1");
     K("messages");
     msgpack_pack_array(&pk, 2);
-    msgpack_pack_map(&pk, 2); K("role"); K("system"); K("content"); K("Be brief.");
-    msgpack_pack_map(&pk, 2); K("role"); K("user"); K("content"); K("Hi!");
+    msgpack_pack_map(&pk, 2);
+    K("role");
+    K("system");
+    K("content");
+    K("Be brief.");
+    msgpack_pack_map(&pk, 2);
+    K("role");
+    K("user");
+    K("content");
+    K("Hi!");
     write_seed(dir, "req-chat", sb.data, sb.size);
 
     msgpack_sbuffer_clear(&sb);
     msgpack_pack_map(&pk, 3);
-    K("v"); msgpack_pack_int(&pk, 1);
-    K("type"); K("cancel");
-    K("id"); K("req-1");
+    K("v");
+    msgpack_pack_int(&pk, 1);
+    K("type");
+    K("cancel");
+    K("id");
+    K("req-1");
     write_seed(dir, "req-cancel", sb.data, sb.size);
     msgpack_sbuffer_destroy(&sb);
     return 0;

@@ -41,9 +41,20 @@ static inline void tb_u32(tbuf_t *b, uint32_t v) { tb_put(b, &v, 4); }
 static inline void tb_u64(tbuf_t *b, uint64_t v) { tb_put(b, &v, 8); }
 static inline void tb_f32(tbuf_t *b, float v) { tb_put(b, &v, 4); }
 static inline void tb_f64(tbuf_t *b, double v) { tb_put(b, &v, 8); }
-static inline void tb_str(tbuf_t *b, const char *s) { tb_u64(b, strlen(s)); tb_put(b, s, strlen(s)); }
-static inline void tb_zeros(tbuf_t *b, size_t n) { while (n--) tb_u8(b, 0); }
-static inline void tb_free(tbuf_t *b) { free(b->p); memset(b, 0, sizeof *b); }
+static inline void tb_str(tbuf_t *b, const char *s)
+{
+    tb_u64(b, strlen(s));
+    tb_put(b, s, strlen(s));
+}
+static inline void tb_zeros(tbuf_t *b, size_t n)
+{
+    while (n--) tb_u8(b, 0);
+}
+static inline void tb_free(tbuf_t *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
 static inline void tb_set_u32(tbuf_t *b, size_t at, uint32_t v) { memcpy(b->p + at, &v, 4); }
 static inline void tb_set_u64(tbuf_t *b, size_t at, uint64_t v) { memcpy(b->p + at, &v, 8); }
 
@@ -55,8 +66,17 @@ typedef struct gguf_w {
     size_t align; /* must match general.alignment if the test writes it */
 } gguf_w_t;
 
-static inline void gw_init(gguf_w_t *w) { memset(w, 0, sizeof *w); w->align = 32; }
-static inline void gw_free(gguf_w_t *w) { tb_free(&w->kv); tb_free(&w->ti); tb_free(&w->data); }
+static inline void gw_init(gguf_w_t *w)
+{
+    memset(w, 0, sizeof *w);
+    w->align = 32;
+}
+static inline void gw_free(gguf_w_t *w)
+{
+    tb_free(&w->kv);
+    tb_free(&w->ti);
+    tb_free(&w->data);
+}
 
 /* Start a kv: key and type; returns the kv's offset in the kv section. The
  * caller appends the value with tb_* on &w->kv. */
@@ -69,12 +89,42 @@ static inline size_t gw_key(gguf_w_t *w, const char *key, uint32_t type)
     return at;
 }
 
-static inline size_t gw_u32(gguf_w_t *w, const char *key, uint32_t v) { size_t at = gw_key(w, key, 4); tb_u32(&w->kv, v); return at; }
-static inline size_t gw_i32(gguf_w_t *w, const char *key, int32_t v) { size_t at = gw_key(w, key, 5); tb_u32(&w->kv, (uint32_t)v); return at; }
-static inline size_t gw_f32(gguf_w_t *w, const char *key, float v) { size_t at = gw_key(w, key, 6); tb_f32(&w->kv, v); return at; }
-static inline size_t gw_bool(gguf_w_t *w, const char *key, int v) { size_t at = gw_key(w, key, 7); tb_u8(&w->kv, (uint8_t)v); return at; }
-static inline size_t gw_str(gguf_w_t *w, const char *key, const char *v) { size_t at = gw_key(w, key, 8); tb_str(&w->kv, v); return at; }
-static inline size_t gw_u64(gguf_w_t *w, const char *key, uint64_t v) { size_t at = gw_key(w, key, 10); tb_u64(&w->kv, v); return at; }
+static inline size_t gw_u32(gguf_w_t *w, const char *key, uint32_t v)
+{
+    size_t at = gw_key(w, key, 4);
+    tb_u32(&w->kv, v);
+    return at;
+}
+static inline size_t gw_i32(gguf_w_t *w, const char *key, int32_t v)
+{
+    size_t at = gw_key(w, key, 5);
+    tb_u32(&w->kv, (uint32_t)v);
+    return at;
+}
+static inline size_t gw_f32(gguf_w_t *w, const char *key, float v)
+{
+    size_t at = gw_key(w, key, 6);
+    tb_f32(&w->kv, v);
+    return at;
+}
+static inline size_t gw_bool(gguf_w_t *w, const char *key, int v)
+{
+    size_t at = gw_key(w, key, 7);
+    tb_u8(&w->kv, (uint8_t)v);
+    return at;
+}
+static inline size_t gw_str(gguf_w_t *w, const char *key, const char *v)
+{
+    size_t at = gw_key(w, key, 8);
+    tb_str(&w->kv, v);
+    return at;
+}
+static inline size_t gw_u64(gguf_w_t *w, const char *key, uint64_t v)
+{
+    size_t at = gw_key(w, key, 10);
+    tb_u64(&w->kv, v);
+    return at;
+}
 
 /* Array header: key, ARRAY, element type, length; append the elements after. */
 static inline size_t gw_arr(gguf_w_t *w, const char *key, uint32_t elem_type, uint64_t n)
@@ -88,7 +138,7 @@ static inline size_t gw_arr(gguf_w_t *w, const char *key, uint32_t elem_type, ui
 /* Tensor: info record plus data (aligned). Returns the info's offset in the
  * tensor-info section. `data` may be NULL (zeros). */
 static inline size_t gw_tensor(gguf_w_t *w, const char *name, uint32_t type, uint32_t n_dims, const uint64_t *ne,
-                        const void *data, size_t nbytes)
+                               const void *data, size_t nbytes)
 {
     size_t at = w->ti.n;
     size_t pad = (w->align - w->data.n % w->align) % w->align;
@@ -105,7 +155,11 @@ static inline size_t gw_tensor(gguf_w_t *w, const char *name, uint32_t type, uin
 }
 
 /* File offsets of section offsets (valid for the file gw_finish writes). */
-static inline size_t gw_kv_at(const gguf_w_t *w, size_t at) { (void)w; return 24 + at; }
+static inline size_t gw_kv_at(const gguf_w_t *w, size_t at)
+{
+    (void)w;
+    return 24 + at;
+}
 static inline size_t gw_ti_at(const gguf_w_t *w, size_t at) { return 24 + w->kv.n + at; }
 
 /* Offset within a tensor-info record at `ti` of its fields, given its name. */
@@ -148,11 +202,12 @@ typedef struct st_w {
 } st_w_t;
 
 static inline void sw_tensor(st_w_t *w, const char *name, const char *dtype, int ndim, const int64_t *shape,
-                      const void *data, size_t nbytes)
+                             const void *data, size_t nbytes)
 {
     char tmp[512];
     int at = snprintf(tmp, sizeof tmp, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", w->n ? "," : "{", name, dtype);
-    for (int d = 0; d < ndim; d++) at += snprintf(tmp + at, sizeof tmp - (size_t)at, "%s%lld", d ? "," : "", (long long)shape[d]);
+    for (int d = 0; d < ndim; d++)
+        at += snprintf(tmp + at, sizeof tmp - (size_t)at, "%s%lld", d ? "," : "", (long long)shape[d]);
     snprintf(tmp + at, sizeof tmp - (size_t)at, "],\"data_offsets\":[%zu,%zu]}", w->data.n, w->data.n + nbytes);
     tb_put(&w->json, tmp, strlen(tmp));
     if (data) tb_put(&w->data, data, nbytes);

@@ -43,7 +43,10 @@ static void check_isa(const ie_kernels_t *ops, int nh, int hd, int n)
     float *o = malloc(sizeof(float) * (os * nh + GUARD)), *orf = malloc(sizeof(float) * os * nh);
     CU_ASSERT_FATAL(q && k && v && p && s && sr && o && orf);
     for (size_t i = 0; i < qs * nh; i++) q[i] = frand();
-    for (size_t i = 0; i < ks * n; i++) { k[i] = frand(); v[i] = frand(); }
+    for (size_t i = 0; i < ks * n; i++) {
+        k[i] = frand();
+        v[i] = frand();
+    }
     for (size_t i = 0; i < ld * nh; i++) p[i] = 0.5f * (frand() + 1.0f) / (float)n;
     for (size_t i = 0; i < ld * nh + GUARD; i++) s[i] = GUARD_VAL;
     for (size_t i = 0; i < os * nh + GUARD; i++) o[i] = GUARD_VAL;
@@ -60,10 +63,12 @@ static void check_isa(const ie_kernels_t *ops, int nh, int hd, int n)
             double tol = 1e-6 * hd * 0.125 + 1e-7;
             if (fabs((double)s[h * ld + j] - sr[h * ld + j]) > tol) bad++;
         }
-        for (size_t j = (size_t)n; j < ld; j++) if (s[h * ld + j] != GUARD_VAL) bad++;
+        for (size_t j = (size_t)n; j < ld; j++)
+            if (s[h * ld + j] != GUARD_VAL) bad++;
         for (int i = 0; i < hd; i++)
             if (fabs((double)o[h * os + i] - orf[h * os + i]) > 2e-6 + 6e-8 * n) bad++; /* p sums to <= 1 */
-        for (size_t i = (size_t)hd; i < os; i++) if (o[h * os + i] != GUARD_VAL) bad++;
+        for (size_t i = (size_t)hd; i < os; i++)
+            if (o[h * os + i] != GUARD_VAL) bad++;
     }
     for (int g = 0; g < GUARD; g++) {
         if (s[ld * nh + g] != GUARD_VAL) bad++;
@@ -71,7 +76,14 @@ static void check_isa(const ie_kernels_t *ops, int nh, int hd, int n)
     }
     if (bad) fprintf(stderr, "\n  %s nh %d hd %d n %d: %d mismatches\n", ie_isa_name(ops->isa), nh, hd, n, bad);
     CU_ASSERT_EQUAL(bad, 0);
-    free(q); free(k); free(v); free(p); free(s); free(sr); free(o); free(orf);
+    free(q);
+    free(k);
+    free(v);
+    free(p);
+    free(s);
+    free(sr);
+    free(o);
+    free(orf);
 }
 
 static void test_shapes(void)
@@ -177,12 +189,18 @@ static int check_paged(const ie_kernels_t *ops, int nh, int hd, int n, int B, in
     CU_ASSERT_FATAL(q && p && k && v && kp && vp && s1 && s2 && o1 && o2 && tab);
     for (size_t i = 0; i < qs * nh; i++) q[i] = frand();
     for (size_t i = 0; i < ld * nh; i++) p[i] = 0.5f * (frand() + 1.0f) / (float)n;
-    for (size_t i = 0; i < row * n; i++) { k[i] = frand(); v[i] = frand(); }
-    for (size_t i = 0; i < row * B * pool; i++) kp[i] = vp[i] = GUARD_VAL; /* unused rows: poison */
+    for (size_t i = 0; i < row * n; i++) {
+        k[i] = frand();
+        v[i] = frand();
+    }
+    for (size_t i = 0; i < row * B * pool; i++) kp[i] = vp[i] = GUARD_VAL;      /* unused rows: poison */
     for (int b = 0; b < nb; b++) tab[b] = (int32_t)(pool - 1 - (b * 5) % pool); /* scattered, back to front */
     for (int b = 0; b < nb; b++)
         for (int c = 0; c < b; c++)
-            if (tab[c] == tab[b]) { tab[b] = (tab[b] + 1) % pool; c = -1; }
+            if (tab[c] == tab[b]) {
+                tab[b] = (tab[b] + 1) % pool;
+                c = -1;
+            }
     tab[nb] = -1; /* the block after the last: never looked up */
     for (int j = 0; j < n; j++) {
         const int lp = j0 + j;
@@ -202,9 +220,19 @@ static int check_paged(const ie_kernels_t *ops, int nh, int hd, int n, int B, in
         if (s2[(size_t)h * ld + n] != GUARD_VAL) bad++;
     }
     if (bad)
-        fprintf(stderr, "\n  %s nh %d hd %d n %d block %d start %d: paged != contiguous\n", ie_isa_name(ops->isa), nh,
-                hd, n, B, j0);
-    free(q); free(p); free(k); free(v); free(kp); free(vp); free(s1); free(s2); free(o1); free(o2); free(tab);
+        fprintf(stderr, "\n  %s nh %d hd %d n %d block %d start %d: paged != contiguous\n", ie_isa_name(ops->isa),
+                nh, hd, n, B, j0);
+    free(q);
+    free(p);
+    free(k);
+    free(v);
+    free(kp);
+    free(vp);
+    free(s1);
+    free(s2);
+    free(o1);
+    free(o2);
+    free(tab);
     return bad;
 }
 
@@ -248,7 +276,10 @@ static void test_swiglu(void)
                 float *g = malloc(sizeof(float) * (n + 1)), *u = malloc(sizeof(float) * n);
                 float *want = malloc(sizeof(float) * n);
                 CU_ASSERT_FATAL(g && u && want);
-                for (int64_t i = 0; i < n; i++) { g[i] = ranges[b] * frand(); u[i] = frand(); }
+                for (int64_t i = 0; i < n; i++) {
+                    g[i] = ranges[b] * frand();
+                    u[i] = frand();
+                }
                 g[n] = GUARD_VAL;
                 ie_swiglu_f32(want, g, u, n);
                 ops->swiglu(g, g, u, n); /* in place */
@@ -258,9 +289,13 @@ static void test_swiglu(void)
                     if (!(fabs((double)g[i] - want[i]) <= tol)) bad++;
                 }
                 if (g[n] != GUARD_VAL) bad++;
-                if (bad) fprintf(stderr, "\n  %s n %lld range %g: %d bad\n", ie_isa_name((ie_isa_t)isa), (long long)n, ranges[b], bad);
+                if (bad)
+                    fprintf(stderr, "\n  %s n %lld range %g: %d bad\n", ie_isa_name((ie_isa_t)isa), (long long)n,
+                            ranges[b], bad);
                 CU_ASSERT_EQUAL(bad, 0);
-                free(g); free(u); free(want);
+                free(g);
+                free(u);
+                free(want);
             }
     }
 }
@@ -300,9 +335,12 @@ static void test_softmax(void)
                 } else {
                     CU_ASSERT(sum <= 1.0 + 1e-5 && sum > 0.0); /* the sink keeps a share (tiny for long rows) */
                 }
-                if (bad) fprintf(stderr, "\n  %s softmax n %lld sink %d: %d bad\n", ie_isa_name((ie_isa_t)isa), (long long)n, with_sink, bad);
+                if (bad)
+                    fprintf(stderr, "\n  %s softmax n %lld sink %d: %d bad\n", ie_isa_name((ie_isa_t)isa),
+                            (long long)n, with_sink, bad);
                 CU_ASSERT_EQUAL(bad, 0);
-                free(x); free(want);
+                free(x);
+                free(want);
             }
     }
 }
@@ -327,7 +365,10 @@ static void test_rmsnorm(void)
                     float *x = malloc(sizeof(float) * (n + 1)), *w = malloc(sizeof(float) * n);
                     float *o = malloc(sizeof(float) * (n + 1)), *want = malloc(sizeof(float) * n);
                     CU_ASSERT_FATAL(x && w && o && want);
-                    for (int64_t i = 0; i < n; i++) { x[i] = mags[b] * frand(); w[i] = 1.0f + 0.5f * frand(); }
+                    for (int64_t i = 0; i < n; i++) {
+                        x[i] = mags[b] * frand();
+                        w[i] = 1.0f + 0.5f * frand();
+                    }
                     x[n] = o[n] = GUARD_VAL;
                     ie_rmsnorm_f32(want, x, w, n, 1e-5f);
                     double ss = 0;
@@ -341,13 +382,18 @@ static void test_rmsnorm(void)
                     /* the definition (x intact when not aliased): 1e-6 relative */
                     if (!alias)
                         for (int64_t i = 0; i < n; i++)
-                            if (!(fabs((double)o[i] - (double)x[i] * sc * w[i]) <= 1e-6 * fabs((double)x[i] * sc * w[i]) + 1e-30))
+                            if (!(fabs((double)o[i] - (double)x[i] * sc * w[i]) <=
+                                  1e-6 * fabs((double)x[i] * sc * w[i]) + 1e-30))
                                 e++;
-                    if (e) fprintf(stderr, "\n  %s rmsnorm n %lld mag %g alias %d: %d bad\n", ie_isa_name((ie_isa_t)isa),
-                                   (long long)n, mags[b], alias, e);
+                    if (e)
+                        fprintf(stderr, "\n  %s rmsnorm n %lld mag %g alias %d: %d bad\n",
+                                ie_isa_name((ie_isa_t)isa), (long long)n, mags[b], alias, e);
                     bad += e;
                     ran++;
-                    free(x); free(w); free(o); free(want);
+                    free(x);
+                    free(w);
+                    free(o);
+                    free(want);
                 }
     }
     CU_ASSERT_EQUAL(bad, 0);

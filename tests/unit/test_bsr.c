@@ -87,7 +87,9 @@ static void *aligned_copy(const void *src, size_t bytes)
 
 enum { PAT_RANDOM, PAT_DENSE, PAT_EMPTY, PAT_EMPTY_ROWS, PAT_DIAG };
 
-typedef struct { int br, bc, nbr, nbc, pat; } cfg_t;
+typedef struct {
+    int br, bc, nbr, nbc, pat;
+} cfg_t;
 
 static const float SENT = -12345.5f;
 
@@ -108,7 +110,10 @@ static int64_t make_matrix(float *w, const cfg_t *c)
             case PAT_DIAG: keep = bj == bi % c->nbc; break;
             default: keep = rng_u32() % 2 == 0; break;
             }
-            if (keep) { kept++; continue; }
+            if (keep) {
+                kept++;
+                continue;
+            }
             for (int i = 0; i < c->br; i++)
                 for (int j = 0; j < c->bc; j++) w[(int64_t)(bi * c->br + i) * n_in + bj * c->bc + j] = 0.0f;
         }
@@ -154,7 +159,7 @@ static void check_cfg(const cfg_t *c, int max_tok)
     float *y = malloc(sizeof(float) * yn);
 
     /* ranges in block rows: full, first, last, middle */
-    int64_t ranges[4][2] = { { 0, n_out }, { 0, c->br }, { n_out - c->br, n_out }, { c->br, n_out - c->br } };
+    int64_t ranges[4][2] = {{0, n_out}, {0, c->br}, {n_out - c->br, n_out}, {c->br, n_out - c->br}};
     const int n_ranges = c->nbr >= 3 ? 4 : c->nbr == 2 ? 3 : 1;
     for (int ii = 0; ii < ni; ii++) {
         const ie_kernels_t *ops = ie_kernels_get(isas[ii]);
@@ -174,7 +179,8 @@ static void check_cfg(const cfg_t *c, int max_tok)
                                     printf("\n  %s %dx%d blocks, %lldx%lld pat %d nt %d [%lld,%lld) t %lld r %lld: "
                                            "%.9g vs %.9g\n",
                                            ie_isa_name(isas[ii]), c->br, c->bc, (long long)n_out, (long long)n_in,
-                                           c->pat, nt, (long long)r0, (long long)r1, (long long)t, (long long)r, v, e);
+                                           c->pat, nt, (long long)r0, (long long)r1, (long long)t, (long long)r, v,
+                                           e);
                                 bad = 1;
                             }
                         } else if (v != SENT) {
@@ -215,14 +221,14 @@ static void check_cfg(const cfg_t *c, int max_tok)
 static void test_matmul_vs_dense(void)
 {
     rng_seed(1);
-    static const int blocks[][2] = { { 16, 16 }, { 32, 32 }, { 8, 32 }, { 4, 4 }, { 8, 8 }, { 1, 1 }, { 3, 5 },
-                                     { 64, 64 }, { 2, 48 }, { 16, 4 }, { 5, 17 }, { 64, 1 }, { 1, 64 }, { 7, 64 },
-                                     { 16, 32 }, { 32, 16 }, { 4, 8 }, { 16, 8 }, { 12, 20 }, { 33, 31 } };
-    static const int grids[][2] = { { 1, 1 }, { 1, 7 }, { 3, 5 }, { 5, 3 }, { 4, 9 } };
+    static const int blocks[][2] = {{16, 16}, {32, 32}, {8, 32}, {4, 4},  {8, 8},   {1, 1},  {3, 5},
+                                    {64, 64}, {2, 48},  {16, 4}, {5, 17}, {64, 1},  {1, 64}, {7, 64},
+                                    {16, 32}, {32, 16}, {4, 8},  {16, 8}, {12, 20}, {33, 31}};
+    static const int grids[][2] = {{1, 1}, {1, 7}, {3, 5}, {5, 3}, {4, 9}};
     for (size_t bi = 0; bi < sizeof blocks / sizeof blocks[0]; bi++)
         for (size_t gi = 0; gi < sizeof grids / sizeof grids[0]; gi++)
             for (int pat = PAT_RANDOM; pat <= PAT_DIAG; pat++) {
-                const cfg_t c = { blocks[bi][0], blocks[bi][1], grids[gi][0], grids[gi][1], pat };
+                const cfg_t c = {blocks[bi][0], blocks[bi][1], grids[gi][0], grids[gi][1], pat};
                 /* all n_tok 1..17 on the random pattern, a few otherwise */
                 check_cfg(&c, pat == PAT_RANDOM ? 17 : 7);
             }
@@ -232,9 +238,11 @@ static void test_matmul_vs_dense(void)
 static void test_matmul_large(void)
 {
     rng_seed(2);
-    static const cfg_t cs[] = { { 16, 16, 32, 128, PAT_RANDOM }, { 32, 32, 8, 24, PAT_RANDOM },
-                                { 8, 32, 40, 40, PAT_EMPTY_ROWS }, { 4, 4, 64, 100, PAT_RANDOM },
-                                { 16, 16, 20, 70, PAT_DENSE } };
+    static const cfg_t cs[] = {{16, 16, 32, 128, PAT_RANDOM},
+                               {32, 32, 8, 24, PAT_RANDOM},
+                               {8, 32, 40, 40, PAT_EMPTY_ROWS},
+                               {4, 4, 64, 100, PAT_RANDOM},
+                               {16, 16, 20, 70, PAT_DENSE}};
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) check_cfg(&cs[i], 9);
 }
 
@@ -246,7 +254,7 @@ static void test_threshold(void)
      * |value| set per case, everything else smaller. */
     const int64_t n_out = 8, n_in = 12;
     float w[8 * 12];
-    const float maxes[2][3] = { { 0.5f, -0.25f, 0.0f }, { 1e-40f, -0.5f, 2.0f } };
+    const float maxes[2][3] = {{0.5f, -0.25f, 0.0f}, {1e-40f, -0.5f, 2.0f}};
     for (int bi = 0; bi < 2; bi++)
         for (int bj = 0; bj < 3; bj++)
             for (int i = 0; i < 4; i++)
@@ -258,13 +266,18 @@ static void test_threshold(void)
                 }
     w[(0 * 4 + 0) * n_in + 2 * 4 + 0] = -0.0f; /* a -0 in the zero block */
 
-    struct { float th; int nb; uint32_t cols[6]; uint32_t rowptr[3]; } cases[] = {
-        { 0.0f, 5, { 0, 1, 0, 1, 2 }, { 0, 2, 5 } },     /* 0: drops only the all-zero block  */
-        { -1.0f, 6, { 0, 1, 2, 0, 1, 2 }, { 0, 3, 6 } }, /* negative: keeps every block       */
-        { 1e-40f, 4, { 0, 1, 1, 2 }, { 0, 2, 4 } },      /* |v| <= th drops (equal included)  */
-        { 0.25f, 3, { 0, 1, 2 }, { 0, 1, 3 } },
-        { 0.5f, 1, { 2 }, { 0, 0, 1 } },                 /* a whole empty block row          */
-        { 2.0f, 0, { 0 }, { 0, 0, 0 } },                 /* everything dropped                */
+    struct {
+        float th;
+        int nb;
+        uint32_t cols[6];
+        uint32_t rowptr[3];
+    } cases[] = {
+        {0.0f, 5, {0, 1, 0, 1, 2}, {0, 2, 5}},     /* 0: drops only the all-zero block  */
+        {-1.0f, 6, {0, 1, 2, 0, 1, 2}, {0, 3, 6}}, /* negative: keeps every block       */
+        {1e-40f, 4, {0, 1, 1, 2}, {0, 2, 4}},      /* |v| <= th drops (equal included)  */
+        {0.25f, 3, {0, 1, 2}, {0, 1, 3}},
+        {0.5f, 1, {2}, {0, 0, 1}}, /* a whole empty block row          */
+        {2.0f, 0, {0}, {0, 0, 0}}, /* everything dropped                */
     };
     float x[12];
     for (int k = 0; k < 12; k++) x[k] = (float)(k + 1) * 0.5f;
@@ -308,7 +321,7 @@ static void test_threshold(void)
     }
 
     /* a NaN keeps its block whatever the threshold */
-    float wn[16] = { 0 };
+    float wn[16] = {0};
     wn[5] = NAN;
     void *blob;
     size_t bytes;
@@ -319,7 +332,7 @@ static void test_threshold(void)
     free(blob);
 
     /* bad shapes */
-    float one[64] = { 0 };
+    float one[64] = {0};
     blob = (void *)1;
     CU_ASSERT_EQUAL(ie_bsr_from_dense(one, 8, 8, 3, 4, 0.0f, &blob, &bytes), -1); /* 3 does not divide 8 */
     CU_ASSERT_PTR_NULL(blob);
@@ -329,9 +342,9 @@ static void test_threshold(void)
     CU_ASSERT_EQUAL(ie_bsr_from_dense(NULL, 8, 8, 4, 4, 0.0f, &blob, &bytes), -1);
 
     /* sizes */
-    CU_ASSERT_EQUAL(ie_bsr_bytes(8, 4, 4, 0), 64u);              /* 24 + 12, padded */
-    CU_ASSERT_EQUAL(ie_bsr_bytes(8, 4, 4, 3), 64u + 3 * 64u);    /* 24+12+12 = 48   */
-    CU_ASSERT_EQUAL(ie_bsr_bytes(40, 4, 4, 0), 128u);            /* 24+44 = 68      */
+    CU_ASSERT_EQUAL(ie_bsr_bytes(8, 4, 4, 0), 64u);           /* 24 + 12, padded */
+    CU_ASSERT_EQUAL(ie_bsr_bytes(8, 4, 4, 3), 64u + 3 * 64u); /* 24+12+12 = 48   */
+    CU_ASSERT_EQUAL(ie_bsr_bytes(40, 4, 4, 0), 128u);         /* 24+44 = 68      */
     CU_ASSERT_EQUAL(ie_bsr_bytes(8, 0, 4, 0), 0u);
     CU_ASSERT_EQUAL(ie_bsr_bytes(8, 4, 4, INT64_MAX), 0u);
 }
@@ -362,7 +375,7 @@ static void test_view_rejects(void)
     /* 24 x 40 matrix, 8 x 8 blocks: 3 block rows x 5 block columns. */
     const int64_t n_out = 24, n_in = 40;
     float w[24 * 40];
-    const cfg_t c = { 8, 8, 3, 5, PAT_RANDOM };
+    const cfg_t c = {8, 8, 3, 5, PAT_RANDOM};
     const int64_t kept = make_matrix(w, &c);
     CU_ASSERT_FATAL(kept >= 3);
     void *blob;
@@ -375,40 +388,90 @@ static void test_view_rejects(void)
     /* first block row with >= 2 blocks */
     int row2 = -1;
     for (int i = 0; i < 3; i++)
-        if (m.rowptr[i + 1] - m.rowptr[i] >= 2) { row2 = i; break; }
+        if (m.rowptr[i + 1] - m.rowptr[i] >= 2) {
+            row2 = i;
+            break;
+        }
 
     unsigned char *v = malloc(bytes + 128);
     memset(v, 0, bytes + 128);
 #define FRESH() memcpy(v, blob, bytes)
 
-    FRESH(); v[0] = 'b'; expect_reject(v, bytes, n_in, n_out, "magic");
-    FRESH(); v[3] = '2'; expect_reject(v, bytes, n_in, n_out, "magic version");
-    FRESH(); expect_reject(v, bytes - 1, n_in, n_out, "truncated by 1");
-    FRESH(); expect_reject(v, bytes - 64, n_in, n_out, "truncated by 64");
-    FRESH(); expect_reject(v, 23, n_in, n_out, "header cut");
-    FRESH(); expect_reject(v, 0, n_in, n_out, "empty");
-    FRESH(); expect_reject(v, bytes + 64, n_in, n_out, "trailing bytes");
-    FRESH(); expect_reject(v, bytes, n_in + 4, n_out, "n_in not a multiple of bc");
-    FRESH(); expect_reject(v, bytes, n_in, n_out + 8, "wrong n_out");
-    FRESH(); expect_reject(v, bytes, n_in, 0, "n_out 0");
-    FRESH(); expect_reject(v, bytes, -40, n_out, "n_in negative");
-    FRESH(); put_u32(v, 4, 0); expect_reject(v, bytes, n_in, n_out, "br 0");
-    FRESH(); put_u32(v, 8, 65); expect_reject(v, bytes, n_in, n_out, "bc 65");
-    FRESH(); put_u32(v, 4, 0x80000008u); expect_reject(v, bytes, n_in, n_out, "br huge");
-    FRESH(); put_u32(v, 4, 16); expect_reject(v, bytes, n_in, n_out, "br 16 does not divide 24");
-    FRESH(); put_u32(v, 8, 16); expect_reject(v, bytes, n_in, n_out, "bc 16 does not divide 40");
-    FRESH(); put_u32(v, 8, 5); expect_reject(v, bytes, n_in, n_out, "bc 5 divides, size differs");
-    FRESH(); put_u32(v, 12, 1); expect_reject(v, bytes, n_in, n_out, "reserved");
-    FRESH(); put_u64(v, 16, (uint64_t)kept + 1); expect_reject(v, bytes, n_in, n_out, "n_blocks + 1");
-    FRESH(); put_u64(v, 16, (uint64_t)kept - 1); expect_reject(v, bytes, n_in, n_out, "n_blocks - 1");
-    FRESH(); put_u64(v, 16, UINT64_MAX); expect_reject(v, bytes, n_in, n_out, "n_blocks 2^64-1");
-    FRESH(); put_u64(v, 16, UINT64_C(1) << 62); expect_reject(v, bytes, n_in, n_out, "n_blocks 2^62");
-    FRESH(); put_u64(v, 16, (UINT64_MAX - 100) / 256); expect_reject(v, bytes, n_in, n_out, "n_blocks overflowing size");
-    FRESH(); put_u64(v, 16, 16); expect_reject(v, bytes, n_in, n_out, "n_blocks > grid");
-    FRESH(); put_u32(v, rp, 1); expect_reject(v, bytes, n_in, n_out, "rowptr[0] != 0");
-    FRESH(); put_u32(v, rp + 12, (uint32_t)kept - 1); expect_reject(v, bytes, n_in, n_out, "rowptr last < n_blocks");
-    FRESH(); put_u32(v, rp + 12, (uint32_t)kept + 1); expect_reject(v, bytes, n_in, n_out, "rowptr last > n_blocks");
-    FRESH(); put_u32(v, rp + 4, 0xffffffffu); expect_reject(v, bytes, n_in, n_out, "rowptr huge");
+    FRESH();
+    v[0] = 'b';
+    expect_reject(v, bytes, n_in, n_out, "magic");
+    FRESH();
+    v[3] = '2';
+    expect_reject(v, bytes, n_in, n_out, "magic version");
+    FRESH();
+    expect_reject(v, bytes - 1, n_in, n_out, "truncated by 1");
+    FRESH();
+    expect_reject(v, bytes - 64, n_in, n_out, "truncated by 64");
+    FRESH();
+    expect_reject(v, 23, n_in, n_out, "header cut");
+    FRESH();
+    expect_reject(v, 0, n_in, n_out, "empty");
+    FRESH();
+    expect_reject(v, bytes + 64, n_in, n_out, "trailing bytes");
+    FRESH();
+    expect_reject(v, bytes, n_in + 4, n_out, "n_in not a multiple of bc");
+    FRESH();
+    expect_reject(v, bytes, n_in, n_out + 8, "wrong n_out");
+    FRESH();
+    expect_reject(v, bytes, n_in, 0, "n_out 0");
+    FRESH();
+    expect_reject(v, bytes, -40, n_out, "n_in negative");
+    FRESH();
+    put_u32(v, 4, 0);
+    expect_reject(v, bytes, n_in, n_out, "br 0");
+    FRESH();
+    put_u32(v, 8, 65);
+    expect_reject(v, bytes, n_in, n_out, "bc 65");
+    FRESH();
+    put_u32(v, 4, 0x80000008u);
+    expect_reject(v, bytes, n_in, n_out, "br huge");
+    FRESH();
+    put_u32(v, 4, 16);
+    expect_reject(v, bytes, n_in, n_out, "br 16 does not divide 24");
+    FRESH();
+    put_u32(v, 8, 16);
+    expect_reject(v, bytes, n_in, n_out, "bc 16 does not divide 40");
+    FRESH();
+    put_u32(v, 8, 5);
+    expect_reject(v, bytes, n_in, n_out, "bc 5 divides, size differs");
+    FRESH();
+    put_u32(v, 12, 1);
+    expect_reject(v, bytes, n_in, n_out, "reserved");
+    FRESH();
+    put_u64(v, 16, (uint64_t)kept + 1);
+    expect_reject(v, bytes, n_in, n_out, "n_blocks + 1");
+    FRESH();
+    put_u64(v, 16, (uint64_t)kept - 1);
+    expect_reject(v, bytes, n_in, n_out, "n_blocks - 1");
+    FRESH();
+    put_u64(v, 16, UINT64_MAX);
+    expect_reject(v, bytes, n_in, n_out, "n_blocks 2^64-1");
+    FRESH();
+    put_u64(v, 16, UINT64_C(1) << 62);
+    expect_reject(v, bytes, n_in, n_out, "n_blocks 2^62");
+    FRESH();
+    put_u64(v, 16, (UINT64_MAX - 100) / 256);
+    expect_reject(v, bytes, n_in, n_out, "n_blocks overflowing size");
+    FRESH();
+    put_u64(v, 16, 16);
+    expect_reject(v, bytes, n_in, n_out, "n_blocks > grid");
+    FRESH();
+    put_u32(v, rp, 1);
+    expect_reject(v, bytes, n_in, n_out, "rowptr[0] != 0");
+    FRESH();
+    put_u32(v, rp + 12, (uint32_t)kept - 1);
+    expect_reject(v, bytes, n_in, n_out, "rowptr last < n_blocks");
+    FRESH();
+    put_u32(v, rp + 12, (uint32_t)kept + 1);
+    expect_reject(v, bytes, n_in, n_out, "rowptr last > n_blocks");
+    FRESH();
+    put_u32(v, rp + 4, 0xffffffffu);
+    expect_reject(v, bytes, n_in, n_out, "rowptr huge");
     {
         /* decreasing: rowptr[1] > rowptr[2] */
         FRESH();
@@ -416,13 +479,20 @@ static void test_view_rejects(void)
         put_u32(v, rp + 8, m.rowptr[2] > 0 ? m.rowptr[2] - 1 : 0);
         expect_reject(v, bytes, n_in, n_out, "rowptr decreasing");
     }
-    FRESH(); put_u32(v, ci, 5); expect_reject(v, bytes, n_in, n_out, "colidx == n_cols");
-    FRESH(); put_u32(v, ci + 4 * ((size_t)kept - 1), 0xffffffffu); expect_reject(v, bytes, n_in, n_out, "colidx huge");
+    FRESH();
+    put_u32(v, ci, 5);
+    expect_reject(v, bytes, n_in, n_out, "colidx == n_cols");
+    FRESH();
+    put_u32(v, ci + 4 * ((size_t)kept - 1), 0xffffffffu);
+    expect_reject(v, bytes, n_in, n_out, "colidx huge");
     if (row2 >= 0) {
         const size_t b0 = m.rowptr[row2];
-        FRESH(); put_u32(v, ci + 4 * (b0 + 1), m.colidx[b0]);
+        FRESH();
+        put_u32(v, ci + 4 * (b0 + 1), m.colidx[b0]);
         expect_reject(v, bytes, n_in, n_out, "colidx repeated");
-        FRESH(); put_u32(v, ci + 4 * b0, m.colidx[b0 + 1]); put_u32(v, ci + 4 * (b0 + 1), m.colidx[b0]);
+        FRESH();
+        put_u32(v, ci + 4 * b0, m.colidx[b0 + 1]);
+        put_u32(v, ci + 4 * (b0 + 1), m.colidx[b0]);
         expect_reject(v, bytes, n_in, n_out, "colidx descending");
     }
     {
@@ -435,7 +505,8 @@ static void test_view_rejects(void)
     }
     CU_ASSERT_EQUAL(ie_bsr_view(NULL, bytes, n_in, n_out, &m, err, sizeof err), -1);
     CU_ASSERT_EQUAL(ie_bsr_view(blob, bytes, n_in, n_out, &m, NULL, 0), 0); /* err may be NULL */
-    FRESH(); put_u32(v, rp, 1);
+    FRESH();
+    put_u32(v, rp, 1);
     {
         void *cpy = aligned_copy(v, bytes);
         CU_ASSERT_EQUAL(ie_bsr_view(cpy, bytes, n_in, n_out, &m, NULL, 0), -1);
@@ -456,8 +527,10 @@ static void test_view_fuzz(void)
     rng_seed(4);
     ie_isa_t isas[3];
     const int ni = n_isas(isas);
-    static const cfg_t cs[] = { { 8, 8, 3, 5, PAT_RANDOM }, { 4, 4, 6, 2, PAT_EMPTY_ROWS },
-                                { 1, 1, 5, 7, PAT_RANDOM }, { 16, 16, 2, 3, PAT_DENSE } };
+    static const cfg_t cs[] = {{8, 8, 3, 5, PAT_RANDOM},
+                               {4, 4, 6, 2, PAT_EMPTY_ROWS},
+                               {1, 1, 5, 7, PAT_RANDOM},
+                               {16, 16, 2, 3, PAT_DENSE}};
     int accepted = 0, rejected = 0;
     for (size_t k = 0; k < sizeof cs / sizeof cs[0]; k++) {
         const cfg_t *c = &cs[k];

@@ -99,8 +99,10 @@ static void test_chatml_with_system(void)
     free(p);
     check_encode_matches_text(g_smol, j, NULL);
     /* a later system message is rendered in place, as the template does */
-    CU_ASSERT_EQUAL(ie_chat_render(g_smol, "[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"system\",\"content\":\"b\"}]",
-                                   NULL, &p), IE_OK);
+    CU_ASSERT_EQUAL(
+        ie_chat_render(g_smol, "[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"system\",\"content\":\"b\"}]",
+                       NULL, &p),
+        IE_OK);
     CU_ASSERT(p && strstr(p, "<|im_start|>system\nb<|im_end|>\n<|im_start|>assistant\n"));
     free(p);
 }
@@ -161,8 +163,10 @@ static void test_harmony(void)
     check_encode_matches_text(g_o200k, j, &o);
 
     /* the default effort is medium; an empty system content is dropped */
-    CU_ASSERT_EQUAL(ie_chat_render(g_o200k, "[{\"role\":\"system\",\"content\":\"\"},{\"role\":\"user\",\"content\":\"x\"}]",
-                                   NULL, &p), IE_OK);
+    CU_ASSERT_EQUAL(ie_chat_render(g_o200k,
+                                   "[{\"role\":\"system\",\"content\":\"\"},{\"role\":\"user\",\"content\":\"x\"}]",
+                                   NULL, &p),
+                    IE_OK);
     CU_ASSERT(p && strstr(p, "Reasoning: medium") && !strstr(p, "# Instructions"));
     free(p);
 
@@ -213,8 +217,8 @@ static void test_bad_input(void)
     expect_fail(g_smol, "{\"role\":\"user\",\"content\":\"x\"}", IE_ERR_FORMAT, "array");
     expect_fail(g_smol, "[\"hi\"]", IE_ERR_FORMAT, "message 1");
     expect_fail(g_smol, "[]", IE_ERR_INVAL, "no messages");
-    expect_fail(g_smol, "[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"wizard\",\"content\":\"x\"}]", IE_ERR_INVAL,
-                "message 2: unknown role 'wizard'");
+    expect_fail(g_smol, "[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"wizard\",\"content\":\"x\"}]",
+                IE_ERR_INVAL, "message 2: unknown role 'wizard'");
     expect_fail(g_smol, "[{\"role\":\"user\"}]", IE_ERR_INVAL, "content");
     expect_fail(g_smol, "[{\"role\":\"user\",\"content\":3}]", IE_ERR_INVAL, "content");
     expect_fail(g_smol, "[{\"content\":\"x\"}]", IE_ERR_INVAL, "role");

@@ -29,12 +29,14 @@ static int run(char **argv, vals_t *v, int *codes, int max, ie_cli_parser_t *p)
 {
     int argc = 0, n = 0, c;
     while (argv[argc]) argc++;
-    const ie_cli_pick_t picks[] = {
-        IE_CLI_PICK(IE_FLAG_MODEL, &v->model), IE_CLI_PICK(IE_FLAG_THREADS, &v->threads),
-        IE_CLI_PICK_RANGE(IE_FLAG_CTX, &v->ctx, 4, 100), IE_CLI_PICK(IE_FLAG_PRECISION, &v->prec),
-        IE_CLI_PICK(IE_FLAG_NO_PIN, &v->pin), IE_CLI_PICK(IE_FLAG_VERBOSE, &v->verbose),
-        IE_CLI_PICK(IE_FLAG_API_KEY, &v->api_key)};
-    static const struct option own[] = { { "own", required_argument, 0, 'o' }, { 0, 0, 0, 0 } };
+    const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_MODEL, &v->model),
+                                   IE_CLI_PICK(IE_FLAG_THREADS, &v->threads),
+                                   IE_CLI_PICK_RANGE(IE_FLAG_CTX, &v->ctx, 4, 100),
+                                   IE_CLI_PICK(IE_FLAG_PRECISION, &v->prec),
+                                   IE_CLI_PICK(IE_FLAG_NO_PIN, &v->pin),
+                                   IE_CLI_PICK(IE_FLAG_VERBOSE, &v->verbose),
+                                   IE_CLI_PICK(IE_FLAG_API_KEY, &v->api_key)};
+    static const struct option own[] = {{"own", required_argument, 0, 'o'}, {0, 0, 0, 0}};
     CU_ASSERT_EQUAL_FATAL(ie_cli_parser_init(p, argc, argv, picks, IE_CLI_NPICKS(picks), own), 0);
     while ((c = ie_cli_next(p)) != -1 && n < max) {
         codes[n++] = c;
@@ -46,14 +48,14 @@ static int run(char **argv, vals_t *v, int *codes, int max, ie_cli_parser_t *p)
 
 static vals_t defaults(void)
 {
-    vals_t v = { NULL, 7, 0, IE_PREC_NATIVE, 1, 0, NULL, NULL };
+    vals_t v = {NULL, 7, 0, IE_PREC_NATIVE, 1, 0, NULL, NULL};
     return v;
 }
 
 static void test_store(void)
 {
-    char *argv[] = { "x", "--model-dir", "/m", "--threads=3", "--ctx", "100", "--precision", "bf16",
-                     "--no-pin", "--verbose", "--own", "v", "--api-key", "k", "rest", NULL };
+    char *argv[] = {"x",        "--model-dir", "/m",    "--threads=3", "--ctx",     "100", "--precision", "bf16",
+                    "--no-pin", "--verbose",   "--own", "v",           "--api-key", "k",   "rest",        NULL};
     vals_t v = defaults();
     int codes[16];
     ie_cli_parser_t p;
@@ -77,13 +79,12 @@ static void test_bad_values(void)
     static const struct {
         const char *flag, *value, *name;
     } cases[] = {
-        { "--threads", "0", "threads" },        { "--threads", "1025", "threads" },
-        { "--threads", "2x", "threads" },       { "--ctx", "3", "ctx" }, /* this binary's range: 4..100 */
-        { "--ctx", "101", "ctx" },              { "--precision", "fp7", "precision" },
-        { "--api-key", "", "api-key" },
+        {"--threads", "0", "threads"}, {"--threads", "1025", "threads"},    {"--threads", "2x", "threads"},
+        {"--ctx", "3", "ctx"}, /* this binary's range: 4..100 */
+        {"--ctx", "101", "ctx"},       {"--precision", "fp7", "precision"}, {"--api-key", "", "api-key"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char *argv[] = { "x", (char *)cases[i].flag, (char *)cases[i].value, NULL };
+        char *argv[] = {"x", (char *)cases[i].flag, (char *)cases[i].value, NULL};
         vals_t v = defaults();
         int codes[4];
         ie_cli_parser_t p;
@@ -94,7 +95,7 @@ static void test_bad_values(void)
         CU_ASSERT_STRING_EQUAL(optarg, cases[i].value);
     }
     vals_t v = defaults();
-    char *argv[] = { "x", "--threads", "0", NULL };
+    char *argv[] = {"x", "--threads", "0", NULL};
     int codes[4];
     ie_cli_parser_t p;
     run(argv, &v, codes, 4, &p);
@@ -104,9 +105,9 @@ static void test_bad_values(void)
 static void test_unknown(void)
 {
     /* not a flag at all; a table flag this binary did not pick; a missing value */
-    static const char *const bad[] = { "--bogus", "--batch", "--threads" };
+    static const char *const bad[] = {"--bogus", "--batch", "--threads"};
     for (size_t i = 0; i < 3; i++) {
-        char *argv[] = { "x", (char *)bad[i], NULL };
+        char *argv[] = {"x", (char *)bad[i], NULL};
         if (i == 1) argv[1] = "--batch=4";
         vals_t v = defaults();
         int codes[4];
@@ -119,7 +120,7 @@ static void test_unknown(void)
 static void test_abbreviation(void)
 {
     /* getopt_long's unique prefixes work across picked and own options */
-    char *argv[] = { "x", "--thr", "2", "--ow", "z", NULL };
+    char *argv[] = {"x", "--thr", "2", "--ow", "z", NULL};
     vals_t v = defaults();
     int codes[4];
     ie_cli_parser_t p;
@@ -132,10 +133,10 @@ static void test_init_errors(void)
 {
     long x = 0;
     ie_cli_parser_t p;
-    const ie_cli_pick_t bogus[] = { { (ie_flag_id_t)12345, &x, 0, 0 } };
-    char *argv[] = { "x", NULL };
+    const ie_cli_pick_t bogus[] = {{(ie_flag_id_t)12345, &x, 0, 0}};
+    char *argv[] = {"x", NULL};
     CU_ASSERT_EQUAL(ie_cli_parser_init(&p, 1, argv, bogus, 1, NULL), -1);
-    const ie_cli_pick_t one[] = { IE_CLI_PICK(IE_FLAG_THREADS, &x) };
+    const ie_cli_pick_t one[] = {IE_CLI_PICK(IE_FLAG_THREADS, &x)};
     CU_ASSERT_EQUAL(ie_cli_parser_init(&p, 1, argv, one, 1, NULL), 0);
     CU_ASSERT_EQUAL(ie_cli_next(&p), -1);
 }

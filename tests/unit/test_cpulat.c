@@ -69,7 +69,7 @@ static void test_hold(void)
     CU_ASSERT_EQUAL_FATAL(ie_cpulat_hold(7), IE_OK);
     CU_ASSERT_EQUAL(ie_cpulat_held(), 7);
     long a = aggregate();
-    CU_ASSERT(a >= 0 && a <= 7); /* the smallest request wins; another process may hold less */
+    CU_ASSERT(a >= 0 && a <= 7);                     /* the smallest request wins; another process may hold less */
     CU_ASSERT_EQUAL_FATAL(ie_cpulat_hold(0), IE_OK); /* replaces it */
     CU_ASSERT_EQUAL(ie_cpulat_held(), 0);
     CU_ASSERT_EQUAL(aggregate(), 0);

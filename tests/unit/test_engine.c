@@ -26,7 +26,7 @@
 #define CHAT_HI "<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n"
 /* A turn that ends well clear of near ties: the same 12 tokens and EOS with
  * the ref, AVX2 and AVX-512 kernels (whose float sums differ in order). */
-#define CHAT_MATH                                                                      \
+#define CHAT_MATH                                                                          \
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging " \
     "Face<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
 
@@ -101,7 +101,10 @@ static char *ids_text(const int32_t *ids, size_t n)
         int m = ie_tokenizer_token_bytes(tk, ids[i], 0, NULL, 0);
         if (m < 0) break;
         char *ns = realloc(s, cap = len + (size_t)m + 1);
-        if (!ns) { free(s); return NULL; }
+        if (!ns) {
+            free(s);
+            return NULL;
+        }
         s = ns;
         ie_tokenizer_token_bytes(tk, ids[i], 0, s + len, (size_t)m);
         len += (size_t)m;
@@ -533,7 +536,8 @@ static void test_generate_ids(void)
     const ie_tokenizer_t *tk = ie_engine_tokenizer(g_solo);
     int32_t *ids = NULL;
     size_t n = 0;
-    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_encode(tk, pr, strlen(pr), IE_TOK_ADD_SPECIAL | IE_TOK_PARSE_SPECIAL, &ids, &n),
+    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_encode(tk, pr, strlen(pr), IE_TOK_ADD_SPECIAL | IE_TOK_PARSE_SPECIAL, &ids,
+                                              &n),
                           IE_OK);
     ie_gen_params_t p = greedy_params(24);
     ie_gen_result_t a, b;

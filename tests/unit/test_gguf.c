@@ -31,12 +31,9 @@ static const struct {
     size_t nbytes;
     ie_dtype_t dtype;
 } k_tensors[N_TENSORS] = {
-    {"w.f32", G_F32, 2, {4, 3}, 48, IE_DTYPE_F32},
-    {"w.f16", G_F16, 1, {8}, 16, IE_DTYPE_F16},
-    {"w.q8_0", G_Q8_0, 2, {64, 2}, 4 * 34, IE_DTYPE_Q8_0},
-    {"w.q4_1", G_Q4_1, 2, {32, 3}, 3 * 20, IE_DTYPE_Q4_1},
-    {"w.q6_K", G_Q6_K, 1, {256}, 210, IE_DTYPE_INVALID},
-    {"w.bf16", G_BF16, 4, {2, 2, 2, 2}, 32, IE_DTYPE_BF16},
+    {"w.f32", G_F32, 2, {4, 3}, 48, IE_DTYPE_F32},         {"w.f16", G_F16, 1, {8}, 16, IE_DTYPE_F16},
+    {"w.q8_0", G_Q8_0, 2, {64, 2}, 4 * 34, IE_DTYPE_Q8_0}, {"w.q4_1", G_Q4_1, 2, {32, 3}, 3 * 20, IE_DTYPE_Q4_1},
+    {"w.q6_K", G_Q6_K, 1, {256}, 210, IE_DTYPE_INVALID},   {"w.bf16", G_BF16, 4, {2, 2, 2, 2}, 32, IE_DTYPE_BF16},
 };
 
 /* Offsets (within their sections) of fields the bad-input tests corrupt. */
@@ -68,7 +65,7 @@ static void build(fixture_t *f, uint32_t version, uint32_t align)
     f->kv_bool = gw_bool(&f->w, "t.bool", 1);
     f->kv_str = gw_str(&f->w, "t.str", "hello");
     gw_u64(&f->w, "t.u64", 0x8000000000000005ull);
-    gw_key(&f->w, "t.i64", T_I64), tb_u64(&f->w.kv, (uint64_t)-(1ll << 40));
+    gw_key(&f->w, "t.i64", T_I64), tb_u64(&f->w.kv, (uint64_t) - (1ll << 40));
     gw_key(&f->w, "t.f64", T_F64), tb_f64(&f->w.kv, 2.25);
     f->kv_arr_i32 = gw_arr(&f->w, "t.arr_i32", T_I32, 3);
     tb_u32(&f->w.kv, 1), tb_u32(&f->w.kv, (uint32_t)-2), tb_u32(&f->w.kv, 3);
@@ -98,12 +95,27 @@ static void fixture_free(fixture_t *f)
 }
 
 /* File offset of a field of tensor t's info record. */
-static size_t ti_ndims(const fixture_t *f, int t) { return gw_ti_at(&f->w, f->ti[t]) + gw_ti_ndims(k_tensors[t].name); }
-static size_t ti_dim(const fixture_t *f, int t, int d) { return gw_ti_at(&f->w, f->ti[t]) + gw_ti_dim(k_tensors[t].name, d); }
-static size_t ti_type(const fixture_t *f, int t) { return gw_ti_at(&f->w, f->ti[t]) + gw_ti_type(k_tensors[t].name, k_tensors[t].n_dims); }
-static size_t ti_offset(const fixture_t *f, int t) { return gw_ti_at(&f->w, f->ti[t]) + gw_ti_offset(k_tensors[t].name, k_tensors[t].n_dims); }
+static size_t ti_ndims(const fixture_t *f, int t)
+{
+    return gw_ti_at(&f->w, f->ti[t]) + gw_ti_ndims(k_tensors[t].name);
+}
+static size_t ti_dim(const fixture_t *f, int t, int d)
+{
+    return gw_ti_at(&f->w, f->ti[t]) + gw_ti_dim(k_tensors[t].name, d);
+}
+static size_t ti_type(const fixture_t *f, int t)
+{
+    return gw_ti_at(&f->w, f->ti[t]) + gw_ti_type(k_tensors[t].name, k_tensors[t].n_dims);
+}
+static size_t ti_offset(const fixture_t *f, int t)
+{
+    return gw_ti_at(&f->w, f->ti[t]) + gw_ti_offset(k_tensors[t].name, k_tensors[t].n_dims);
+}
 /* File offset of the value (after key and type) of the kv at section offset kv. */
-static size_t kv_value(const fixture_t *f, size_t kv, const char *key) { return gw_kv_at(&f->w, kv) + 8 + strlen(key) + 4; }
+static size_t kv_value(const fixture_t *f, size_t kv, const char *key)
+{
+    return gw_kv_at(&f->w, kv) + 8 + strlen(key) + 4;
+}
 
 /* Open an exact-size copy of `len` bytes of `p`; it must fail with `want`
  * and a reason containing `sub`. */
@@ -150,8 +162,11 @@ static void check_full(const ie_gguf_t *g, uint32_t version, size_t align)
     CU_ASSERT_EQUAL((int)ie_gguf_kv_type(g, -1), -1);
 
     /* integers of every width convert */
-    static const struct { const char *key; int64_t v; } ints[] = {
-        {"t.u8", 200}, {"t.i8", -100}, {"t.u16", 60000}, {"t.i16", -30000},
+    static const struct {
+        const char *key;
+        int64_t v;
+    } ints[] = {
+        {"t.u8", 200},           {"t.i8", -100},         {"t.u16", 60000},        {"t.i16", -30000},
         {"t.u32", 4000000000ll}, {"t.i32", -2000000000}, {"t.i64", -(1ll << 40)},
     };
     for (size_t k = 0; k < sizeof ints / sizeof ints[0]; k++) {
@@ -228,7 +243,8 @@ static void check_full(const ie_gguf_t *g, uint32_t version, size_t align)
         const ie_gguf_tensor_info_t *ti = ie_gguf_tensor(g, t);
         CU_ASSERT_FATAL(ti != NULL);
         CU_ASSERT_PTR_EQUAL(ie_gguf_find_tensor(g, k_tensors[t].name), ti);
-        CU_ASSERT(ti->name.len == strlen(k_tensors[t].name) && !memcmp(ti->name.ptr, k_tensors[t].name, ti->name.len));
+        CU_ASSERT(ti->name.len == strlen(k_tensors[t].name) &&
+                  !memcmp(ti->name.ptr, k_tensors[t].name, ti->name.len));
         CU_ASSERT_EQUAL(ti->ggml_type, k_tensors[t].type);
         CU_ASSERT_EQUAL(ti->dtype, k_tensors[t].dtype);
         CU_ASSERT_EQUAL(ti->n_dims, k_tensors[t].n_dims);
@@ -335,7 +351,8 @@ static void test_truncations(void)
     for (uint32_t version = 2; version <= 3; version++) {
         fixture_t f;
         build(&f, version, version == 2 ? 32 : 64);
-        for (size_t len = 0; len < f.file.n; len++) expect_fail_at(f.file.p, len, IE_ERR_FORMAT, "gguf: ", __LINE__);
+        for (size_t len = 0; len < f.file.n; len++)
+            expect_fail_at(f.file.p, len, IE_ERR_FORMAT, "gguf: ", __LINE__);
         fixture_free(&f);
     }
 }
@@ -380,7 +397,8 @@ static void test_bad_header(void)
 }
 
 /* Patch a copy of the fixture file with one u32/u64 at `at` and expect failure. */
-static void patch_fail(const fixture_t *f, size_t at, int width, uint64_t v, ie_status_t want, const char *sub, int line)
+static void patch_fail(const fixture_t *f, size_t at, int width, uint64_t v, ie_status_t want, const char *sub,
+                       int line)
 {
     tbuf_t b = {0};
     tb_put(&b, f->file.p, f->file.n);
@@ -481,7 +499,8 @@ static void test_bad_tensors(void)
         tb_put(&b, f.file.p, f.file.n);
         tb_set_u64(&b, ti_offset(&f, 5), 32 * 1000);
         size_t data_start = f.file.n - f.w.data.n;
-        snprintf(want, sizeof want, "gguf: tensor 'w.bf16' data [offset %zu, size 32] extends past end of file (%zu bytes)",
+        snprintf(want, sizeof want,
+                 "gguf: tensor 'w.bf16' data [offset %zu, size 32] extends past end of file (%zu bytes)",
                  data_start + 32 * 1000, f.file.n);
         EXPECT_FAIL(&b, IE_ERR_FORMAT, want);
         tb_free(&b);
@@ -518,15 +537,20 @@ static void test_duplicates(void)
 
 static void test_ggml_types(void)
 {
-    static const struct { uint32_t id; const char *name; int64_t blck; size_t size; } known[] = {
-        {0, "f32", 1, 4},         {1, "f16", 1, 2},         {2, "q4_0", 32, 18},     {3, "q4_1", 32, 20},
-        {6, "q5_0", 32, 22},      {7, "q5_1", 32, 24},      {8, "q8_0", 32, 34},     {9, "q8_1", 32, 36},
-        {10, "q2_K", 256, 84},    {11, "q3_K", 256, 110},   {12, "q4_K", 256, 144},  {13, "q5_K", 256, 176},
+    static const struct {
+        uint32_t id;
+        const char *name;
+        int64_t blck;
+        size_t size;
+    } known[] = {
+        {0, "f32", 1, 4},         {1, "f16", 1, 2},         {2, "q4_0", 32, 18},      {3, "q4_1", 32, 20},
+        {6, "q5_0", 32, 22},      {7, "q5_1", 32, 24},      {8, "q8_0", 32, 34},      {9, "q8_1", 32, 36},
+        {10, "q2_K", 256, 84},    {11, "q3_K", 256, 110},   {12, "q4_K", 256, 144},   {13, "q5_K", 256, 176},
         {14, "q6_K", 256, 210},   {15, "q8_K", 256, 292},   {16, "iq2_xxs", 256, 66}, {17, "iq2_xs", 256, 74},
-        {18, "iq3_xxs", 256, 98}, {19, "iq1_s", 256, 50},   {20, "iq4_nl", 32, 18},  {21, "iq3_s", 256, 110},
-        {22, "iq2_s", 256, 82},   {23, "iq4_xs", 256, 136}, {24, "i8", 1, 1},        {25, "i16", 1, 2},
-        {26, "i32", 1, 4},        {27, "i64", 1, 8},        {28, "f64", 1, 8},       {29, "iq1_m", 256, 56},
-        {30, "bf16", 1, 2},       {34, "tq1_0", 256, 54},   {35, "tq2_0", 256, 66},  {39, "mxfp4", 32, 17},
+        {18, "iq3_xxs", 256, 98}, {19, "iq1_s", 256, 50},   {20, "iq4_nl", 32, 18},   {21, "iq3_s", 256, 110},
+        {22, "iq2_s", 256, 82},   {23, "iq4_xs", 256, 136}, {24, "i8", 1, 1},         {25, "i16", 1, 2},
+        {26, "i32", 1, 4},        {27, "i64", 1, 8},        {28, "f64", 1, 8},        {29, "iq1_m", 256, 56},
+        {30, "bf16", 1, 2},       {34, "tq1_0", 256, 54},   {35, "tq2_0", 256, 66},   {39, "mxfp4", 32, 17},
     };
     int64_t blck;
     size_t size;

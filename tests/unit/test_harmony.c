@@ -33,9 +33,7 @@ static ie_tokenizer_t *g_tok; /* o200k_harmony, shared by the tests */
 static char *slurp(const char *path, size_t *len_out)
 {
     FILE *f = fopen(path, "rb");
-    if (!f) {
-        return NULL;
-    }
+    if (!f) { return NULL; }
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
@@ -55,9 +53,7 @@ static char *slurp(const char *path, size_t *len_out)
 static size_t count_substr(const char *s, const char *sub)
 {
     size_t n = 0;
-    for (const char *p = strstr(s, sub); p; p = strstr(p + 1, sub)) {
-        n++;
-    }
+    for (const char *p = strstr(s, sub); p; p = strstr(p + 1, sub)) { n++; }
     return n;
 }
 
@@ -72,7 +68,8 @@ static void test_reference_cases(void)
     CU_ASSERT_FATAL(cJSON_IsArray(root));
     size_t n = 0, pass = 0;
     const cJSON *c;
-    cJSON_ArrayForEach(c, root) {
+    cJSON_ArrayForEach(c, root)
+    {
         n++;
         const char *name = cJSON_GetObjectItem(c, "name")->valuestring;
         const char *expected = cJSON_GetObjectItem(c, "expected")->valuestring;
@@ -89,9 +86,7 @@ static void test_reference_cases(void)
         char *text = NULL;
         size_t tl = 0;
         ie_status_t st = ie_harmony_conv_from_json(msgs, strlen(msgs), &conv);
-        if (st == IE_OK) {
-            st = ie_harmony_render(conv, &o, &text, &tl);
-        }
+        if (st == IE_OK) { st = ie_harmony_render(conv, &o, &text, &tl); }
         if (st == IE_OK && strcmp(text, expected) == 0 && tl == strlen(expected)) {
             pass++;
         } else {
@@ -190,11 +185,13 @@ static void test_bad_input(void)
         {"[{\"role\":\"user\",\"content\":\"x\",\"channel\":\"final\"}]", IE_ERR_INVAL, "only assistant"},
         {"[{\"role\":\"assistant\",\"content\":\"x\",\"channel\":\"thoughts\"}]", IE_ERR_INVAL, "unknown channel"},
         {"[{\"role\":\"assistant\",\"content\":\"x\",\"channel\":7}]", IE_ERR_INVAL, "must be a string"},
-        {"[{\"role\":\"assistant\",\"content\":\"x\",\"channel\":\"commentary\"}]", IE_ERR_UNSUPPORTED, "commentary"},
+        {"[{\"role\":\"assistant\",\"content\":\"x\",\"channel\":\"commentary\"}]", IE_ERR_UNSUPPORTED,
+         "commentary"},
         {"[{\"role\":\"tool\",\"content\":\"x\"}]", IE_ERR_UNSUPPORTED, "tool"},
         {"[{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[]}]", IE_ERR_UNSUPPORTED, "tool"},
         {"[{\"role\":\"user\",\"content\":\"x\",\"thinking\":\"y\"}]", IE_ERR_INVAL, "thinking"},
-        {"[{\"role\":\"user\",\"content\":\"ok\"},{\"role\":\"user\",\"content\":\"\\u00ff\",\"x\":1},{\"role\":1}]",
+        {"[{\"role\":\"user\",\"content\":\"ok\"},{\"role\":\"user\",\"content\":\"\\u00ff\",\"x\":1},{\"role\":1}"
+         "]",
          IE_ERR_INVAL, "message 2"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -215,9 +212,11 @@ static void test_bad_input(void)
         const char *msg;
     } render_bad[] = {
         {"[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"system\",\"content\":\"y\"}]", "may only come first"},
-        {"[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"developer\",\"content\":\"y\"}]", "may only come first"},
+        {"[{\"role\":\"user\",\"content\":\"x\"},{\"role\":\"developer\",\"content\":\"y\"}]",
+         "may only come first"},
         {"[{\"role\":\"assistant\",\"channel\":\"analysis\",\"content\":\"x\"}]", "followed by its final"},
-        {"[{\"role\":\"assistant\",\"channel\":\"analysis\",\"content\":\"x\"},{\"role\":\"user\",\"content\":\"y\"}]",
+        {"[{\"role\":\"assistant\",\"channel\":\"analysis\",\"content\":\"x\"},{\"role\":\"user\",\"content\":"
+         "\"y\"}]",
          "followed by its final"},
         {"[{\"role\":\"assistant\",\"content\":\"a<|channel|>final<|message|>b\"}]", "<|channel|> tags"},
         {"[{\"role\":\"assistant\",\"thinking\":\"<|channel|>analysis<|message|>\",\"content\":\"b\"}]",
@@ -225,7 +224,8 @@ static void test_bad_input(void)
     };
     for (size_t i = 0; i < sizeof render_bad / sizeof render_bad[0]; i++) {
         ie_harmony_conv_t *conv = NULL;
-        CU_ASSERT_EQUAL_FATAL(ie_harmony_conv_from_json(render_bad[i].json, strlen(render_bad[i].json), &conv), IE_OK);
+        CU_ASSERT_EQUAL_FATAL(ie_harmony_conv_from_json(render_bad[i].json, strlen(render_bad[i].json), &conv),
+                              IE_OK);
         char *text = (char *)"junk";
         size_t len = 7;
         ie_status_t st = ie_harmony_render(conv, NULL, &text, &len);
@@ -396,14 +396,13 @@ static void test_parser_tokens(void)
 {
     int32_t *ids = NULL;
     size_t n = 0;
-    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_encode(g_tok, STREAM, strlen(STREAM), IE_TOK_PARSE_SPECIAL, &ids, &n), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_encode(g_tok, STREAM, strlen(STREAM), IE_TOK_PARSE_SPECIAL, &ids, &n),
+                          IE_OK);
     seen_t s;
     memset(&s, 0, sizeof s);
     ie_harmony_parser_t *p = NULL;
     CU_ASSERT_EQUAL_FATAL(ie_harmony_parser_new(g_tok, on_emit, &s, &p), IE_OK);
-    for (size_t i = 0; i < n; i++) {
-        CU_ASSERT_EQUAL(ie_harmony_parser_push_token(p, ids[i]), IE_OK);
-    }
+    for (size_t i = 0; i < n; i++) { CU_ASSERT_EQUAL(ie_harmony_parser_push_token(p, ids[i]), IE_OK); }
     CU_ASSERT_EQUAL(ie_harmony_parser_finish(p), IE_OK);
     check_stream_result(p, &s);
     ie_harmony_parser_destroy(&p);
@@ -415,18 +414,14 @@ static void test_parser_tokens(void)
     CU_ASSERT(n >= 4);
     memset(&s, 0, sizeof s);
     CU_ASSERT_EQUAL_FATAL(ie_harmony_parser_new(g_tok, on_emit, &s, &p), IE_OK);
-    for (size_t i = 0; i < n; i++) {
-        CU_ASSERT_EQUAL(ie_harmony_parser_push_token(p, ids[i]), IE_OK);
-    }
+    for (size_t i = 0; i < n; i++) { CU_ASSERT_EQUAL(ie_harmony_parser_push_token(p, ids[i]), IE_OK); }
     CU_ASSERT_EQUAL(s.calls, 1);
     CU_ASSERT_STRING_EQUAL(s.text[IE_HARMONY_CH_FINAL], "\xF0\x9F\x8C\x8D");
     /* ordinary tokens that spell a marker are content; <|endoftext|> stops */
     int32_t *plain = NULL;
     size_t np = 0;
     CU_ASSERT_EQUAL_FATAL(ie_tokenizer_encode(g_tok, "<|end|>", 7, 0, &plain, &np), IE_OK);
-    for (size_t i = 0; i < np; i++) {
-        CU_ASSERT_EQUAL(ie_harmony_parser_push_token(p, plain[i]), IE_OK);
-    }
+    for (size_t i = 0; i < np; i++) { CU_ASSERT_EQUAL(ie_harmony_parser_push_token(p, plain[i]), IE_OK); }
     CU_ASSERT_EQUAL(ie_harmony_parser_push_token(p, 200018), IE_OK); /* <|endofprompt|>: ignored */
     CU_ASSERT_EQUAL(ie_harmony_parser_push_token(p, 199999), IE_OK); /* <|endoftext|> */
     CU_ASSERT_EQUAL(ie_harmony_parser_stop(p), IE_HARMONY_STOP_EOS);
@@ -444,9 +439,7 @@ int main(void)
         fprintf(stderr, "load %s: %s\n", O200K, ie_error_last());
         return 1;
     }
-    if (CU_initialize_registry() != CUE_SUCCESS) {
-        return 1;
-    }
+    if (CU_initialize_registry() != CUE_SUCCESS) { return 1; }
     CU_pSuite s = CU_add_suite("harmony", NULL, NULL);
     CU_add_test(s, "renderings vs the jinja template", test_reference_cases);
     CU_add_test(s, "C API and defaults", test_api);

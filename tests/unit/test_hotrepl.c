@@ -132,7 +132,7 @@ static void test_bits_gptoss(void)
 {
     check_bits(g_gptoss, IE_PREC_NATIVE, 2, 4); /* head and embedding */
     check_bits(g_gptoss, IE_PREC_NATIVE, 3, 4);
-    check_bits(g_gptoss, IE_PREC_INT8W, 2, 4);  /* PANEL16 head */
+    check_bits(g_gptoss, IE_PREC_INT8W, 2, 4); /* PANEL16 head */
 }
 
 /* Overwrite copy r of the head (embd 0) or embedding (1) with zeros. */
@@ -182,7 +182,8 @@ static void check_who_reads(const ie_model_src_t *src, const char *what)
         const int in_block = first >= 0 && i >= first && i <= last;
         if (in_block ? b[i] != 0.0f : memcmp(&a[i], &b[i], sizeof(float)) != 0) other_bad++;
     }
-    printf("\n    %s: head copy 1 zeroed -> rows %d..%d of %d are 0, %d rows off", what, first, last, nv, other_bad);
+    printf("\n    %s: head copy 1 zeroed -> rows %d..%d of %d are 0, %d rows off", what, first, last, nv,
+           other_bad);
     CU_ASSERT_EQUAL(other_bad, 0);
     /* share 1 of 3: the middle third (panel rounding aside) */
     CU_ASSERT(first > nv / 3 - 64 && first < nv / 3 + 64);
@@ -199,10 +200,7 @@ static void check_who_reads(const ie_model_src_t *src, const char *what)
     ie_worker_destroy(&hot);
 }
 
-static void test_who_reads_smollm2(void)
-{
-    check_who_reads(g_smol, "SmolLM2");
-}
+static void test_who_reads_smollm2(void) { check_who_reads(g_smol, "SmolLM2"); }
 
 /* GPT-OSS: head as above; the lookups run on the calling thread (share 0),
  * so zeroing embedding copy 1 changes nothing and zeroing copy 0 changes

@@ -43,10 +43,7 @@ static void rm_tree(const char *dir)
 }
 
 /* A fresh sub-directory name under g_root (not created). */
-static void new_dir(char *out, size_t cap)
-{
-    snprintf(out, cap, "%s/m%d", g_root, g_seq++);
-}
+static void new_dir(char *out, size_t cap) { snprintf(out, cap, "%s/m%d", g_root, g_seq++); }
 
 static char *slurp(const char *path, size_t *len)
 {
@@ -379,7 +376,8 @@ static void check_tok_gguf(const char *src_gguf)
         ie_gguf_str_t k = ie_gguf_kv_key(a, i);
         char key[256];
         int64_t j;
-        if (!((k.len > 10 && !memcmp(k.ptr, "tokenizer.", 10)) || (k.len == 20 && !memcmp(k.ptr, "general.architecture", 20))))
+        if (!((k.len > 10 && !memcmp(k.ptr, "tokenizer.", 10)) ||
+              (k.len == 20 && !memcmp(k.ptr, "general.architecture", 20))))
             continue;
         n_want++;
         snprintf(key, sizeof key, "%.*s", (int)k.len, k.ptr);
@@ -411,7 +409,7 @@ static void check_tok_gguf(const char *src_gguf)
 
 static void test_tokenizer_gguf(void)
 {
-    check_tok_gguf(IE_TEST_DATA "/tiny_llama_f32.gguf");   /* gpt2 BPE + a model's tensors skipped */
+    check_tok_gguf(IE_TEST_DATA "/tiny_llama_f32.gguf");       /* gpt2 BPE + a model's tensors skipped */
     check_tok_gguf(IE_TEST_DATA "/ggml-vocab-llama-spm.gguf"); /* SPM: scores f32[], token_type i32[] */
 }
 
@@ -440,9 +438,11 @@ static void expect(const char *dir, ie_status_t want, const char *sub, int line)
 {
     ie_model_src_t *src = NULL;
     ie_status_t st = ie_model_src_open(dir, &src);
-    int ok = st == want && (st == IE_OK || (src == NULL && strstr(ie_error_last(), sub) && !strchr(ie_error_last(), '\n')));
-    if (!ok) printf("\nline %d: status %s, message '%s' (wanted %s with '%s')\n", line, ie_status_str(st), ie_error_last(),
-                    ie_status_str(want), sub);
+    int ok = st == want &&
+             (st == IE_OK || (src == NULL && strstr(ie_error_last(), sub) && !strchr(ie_error_last(), '\n')));
+    if (!ok)
+        printf("\nline %d: status %s, message '%s' (wanted %s with '%s')\n", line, ie_status_str(st),
+               ie_error_last(), ie_status_str(want), sub);
     CU_ASSERT(ok);
     ie_model_src_destroy(&src);
 }
@@ -472,7 +472,10 @@ static void edited(char *dir, size_t cap, json_edit_fn fn)
 static cJSON *tensor_j(cJSON *root, int i) { return cJSON_GetArrayItem(cJSON_GetObjectItem(root, "tensors"), i); }
 static void set_num(cJSON *o, const char *k, double v) { cJSON_SetNumberValue(cJSON_GetObjectItem(o, k), v); }
 static double get_num(cJSON *o, const char *k) { return cJSON_GetObjectItem(o, k)->valuedouble; }
-static void set_str(cJSON *o, const char *k, const char *v) { cJSON_ReplaceItemInObject(o, k, cJSON_CreateString(v)); }
+static void set_str(cJSON *o, const char *k, const char *v)
+{
+    cJSON_ReplaceItemInObject(o, k, cJSON_CreateString(v));
+}
 
 static void ed_version(cJSON *r) { set_num(r, "version", 2); }
 static void ed_format(cJSON *r) { set_str(r, "format", "gguf"); }
@@ -487,7 +490,10 @@ static void ed_layout(cJSON *r) { set_str(tensor_j(r, 11), "layout", "cols"); }
 static void ed_xxh3(cJSON *r) { set_str(tensor_j(r, 2), "xxh3", "0123456789abcdef"); }
 static void ed_hash(cJSON *r) { set_str(r, "content_hash", "xxh3-128:00000000000000000000000000000000"); }
 static void ed_dup(cJSON *r) { set_str(tensor_j(r, 3), "name", "output_norm.weight"); }
-static void ed_range(cJSON *r) { set_num(tensor_j(r, 13), "offset", ((long long)get_num(r, "blob_size") + 63) / 64 * 64); }
+static void ed_range(cJSON *r)
+{
+    set_num(tensor_j(r, 13), "offset", ((long long)get_num(r, "blob_size") + 63) / 64 * 64);
+}
 static void ed_hp(cJSON *r) { set_num(cJSON_GetObjectItem(r, "hparams"), "n_head", 0); }
 static void ed_hp_type(cJSON *r) { set_str(cJSON_GetObjectItem(r, "hparams"), "rms_eps", "small"); }
 static void ed_rope(cJSON *r) { set_str(cJSON_GetObjectItem(r, "hparams"), "rope_layout", "sideways"); }
@@ -504,7 +510,10 @@ static void ed_nothing(cJSON *r) { (void)r; }
 
 static void test_corruption(void)
 {
-    static const struct { json_edit_fn fn; const char *sub; } cases[] = {
+    static const struct {
+        json_edit_fn fn;
+        const char *sub;
+    } cases[] = {
         {ed_version, "version 2 is not supported"},
         {ed_format, "'format' is 'gguf'"},
         {ed_overlap, "overlap"},
@@ -577,7 +586,8 @@ static void test_corruption(void)
         uint64_t off;
         setenv("IE_IEBIN_VERIFY", "0", 1);
         CU_ASSERT_EQUAL_FATAL(ie_iebin_open(dir, &m), IE_OK);
-        off = (uint64_t)((const uint8_t *)ie_iebin_tensor(m, 12)->data - (const uint8_t *)ie_iebin_tensor(m, 0)->data);
+        off = (uint64_t)((const uint8_t *)ie_iebin_tensor(m, 12)->data -
+                         (const uint8_t *)ie_iebin_tensor(m, 0)->data);
         ie_iebin_destroy(&m);
         snprintf(path, sizeof path, "%s/model.ie.bin", dir);
         p = slurp(path, &n);
@@ -647,7 +657,8 @@ static void test_open_memory(void)
     CU_ASSERT(strstr(ie_error_last(), "blob_size") != NULL);
     CU_ASSERT_PTR_NULL(m);
     /* every strict prefix of the json is rejected without crashing */
-    for (size_t k = 0; k < jn; k += 97) CU_ASSERT_NOT_EQUAL(ie_iebin_open_memory(json, k, blob, bn, NULL, &m), IE_OK);
+    for (size_t k = 0; k < jn; k += 97)
+        CU_ASSERT_NOT_EQUAL(ie_iebin_open_memory(json, k, blob, bn, NULL, &m), IE_OK);
     CU_ASSERT_EQUAL(ie_iebin_open_memory(NULL, 0, NULL, 0, NULL, &m), IE_ERR_FORMAT);
     CU_ASSERT_EQUAL(ie_iebin_open(IE_TEST_DATA "/tiny_llama", &m), IE_ERR_IO);
     free(json);

@@ -45,7 +45,6 @@
 /* ------------------------------------------------------------- helpers */
 
 
-
 static int n_isas(ie_isa_t *isas)
 {
     int n = 0;
@@ -54,8 +53,8 @@ static int n_isas(ie_isa_t *isas)
     return n;
 }
 
-static const ie_dtype_t WTYPES[] = { IE_DTYPE_F32, IE_DTYPE_F16, IE_DTYPE_BF16,
-                                     IE_DTYPE_Q8_0, IE_DTYPE_Q4_0, IE_DTYPE_Q4_1, IE_DTYPE_MXFP4 };
+static const ie_dtype_t WTYPES[] = {IE_DTYPE_F32,  IE_DTYPE_F16,  IE_DTYPE_BF16, IE_DTYPE_Q8_0,
+                                    IE_DTYPE_Q4_0, IE_DTYPE_Q4_1, IE_DTYPE_MXFP4};
 
 static int is_block(ie_dtype_t t) { return ie_dtype_block_elems(t) == IE_QK; }
 
@@ -102,7 +101,8 @@ static double term_scale(ie_dtype_t wt, const void *wrow, const void *arow, int6
             const ie_block_mxfp4_t *wb = (const ie_block_mxfp4_t *)wrow + b;
             dw = ldexp(1.0, wb->e - 128);
             for (int j = 0; j < 16; j++)
-                sumi += abs(ie_mxfp4_kvalues[wb->qs[j] & 15] * qa[j]) + abs(ie_mxfp4_kvalues[wb->qs[j] >> 4] * qa[j + 16]);
+                sumi += abs(ie_mxfp4_kvalues[wb->qs[j] & 15] * qa[j]) +
+                        abs(ie_mxfp4_kvalues[wb->qs[j] >> 4] * qa[j + 16]);
         } else {
             const ie_block_q4_1_t *wb = (const ie_block_q4_1_t *)wrow + b;
             dw = ie_f16_to_f32(wb->d);
@@ -118,8 +118,8 @@ static double term_scale(ie_dtype_t wt, const void *wrow, const void *arow, int6
 
 /* Activation rows as_ bytes apart (0: a row + 12, larger than a row and not
  * a multiple of 64). */
-static int check_matmul_case_as(ie_isa_t isa, ie_dtype_t wt, int64_t n_in, int64_t n_out,
-                                int64_t n_tok, int64_t r0, uint64_t seed, size_t as_)
+static int check_matmul_case_as(ie_isa_t isa, ie_dtype_t wt, int64_t n_in, int64_t n_out, int64_t n_tok, int64_t r0,
+                                uint64_t seed, size_t as_)
 {
     const ie_kernels_t *ops = ie_kernels_get(isa);
     const ie_dtype_t at = ie_matmul_act_dtype(wt);
@@ -142,7 +142,8 @@ static int check_matmul_case_as(ie_isa_t isa, ie_dtype_t wt, int64_t n_in, int64
         ie_act_quantize_ref(at, xf, a + (size_t)t * as, n_in);
     }
     for (int64_t i = 0; i < ldy * n_tok; i++) y[i] = yr[i] = -12345.0f; /* sentinel */
-    CU_ASSERT_EQUAL(ie_kernels_matmul(ie_kernels_get(IE_ISA_REF), wt, w, n_in, r0, n_out, a, as, n_tok, yr, ldy), 0);
+    CU_ASSERT_EQUAL(ie_kernels_matmul(ie_kernels_get(IE_ISA_REF), wt, w, n_in, r0, n_out, a, as, n_tok, yr, ldy),
+                    0);
     CU_ASSERT_EQUAL(ie_kernels_matmul(ops, wt, w, n_in, r0, n_out, a, as, n_tok, y, ldy), 0);
     int bad = 0;
     for (int64_t t = 0; t < n_tok; t++) {
@@ -155,19 +156,24 @@ static int check_matmul_case_as(ie_isa_t isa, ie_dtype_t wt, int64_t n_in, int64
             const double tol = 1e-5 * term_scale(wt, w + (size_t)r * wb, a + (size_t)t * as, n_in) + 1e-30;
             if (!(fabs((double)v - vr) <= tol)) {
                 if (bad < 5)
-                    printf("\n  %s %s n_in=%lld n_out=%lld n_tok=%lld r0=%lld: y[%lld][%lld]=%.9g ref=%.9g tol=%.3g",
-                           ie_isa_name(isa), ie_dtype_name(wt), (long long)n_in, (long long)n_out,
-                           (long long)n_tok, (long long)r0, (long long)t, (long long)r, v, vr, tol);
+                    printf(
+                        "\n  %s %s n_in=%lld n_out=%lld n_tok=%lld r0=%lld: y[%lld][%lld]=%.9g ref=%.9g tol=%.3g",
+                        ie_isa_name(isa), ie_dtype_name(wt), (long long)n_in, (long long)n_out, (long long)n_tok,
+                        (long long)r0, (long long)t, (long long)r, v, vr, tol);
                 bad++;
             }
         }
     }
-    free(xf); free(w); free(a); free(y); free(yr);
+    free(xf);
+    free(w);
+    free(a);
+    free(y);
+    free(yr);
     return bad;
 }
 
-static int check_matmul_case(ie_isa_t isa, ie_dtype_t wt, int64_t n_in, int64_t n_out,
-                             int64_t n_tok, int64_t r0, uint64_t seed)
+static int check_matmul_case(ie_isa_t isa, ie_dtype_t wt, int64_t n_in, int64_t n_out, int64_t n_tok, int64_t r0,
+                             uint64_t seed)
 {
     return check_matmul_case_as(isa, wt, n_in, n_out, n_tok, r0, seed, 0);
 }
@@ -176,10 +182,10 @@ static void test_matmul_vs_ref(void)
 {
     ie_isa_t isas[3];
     const int ni = n_isas(isas);
-    static const int64_t nin_blk[] = { 32, 64, 96, 576, 1536, 2080 };
-    static const int64_t nin_flt[] = { 1, 3, 17, 31, 33, 64, 100, 576 };
-    static const int64_t nouts[] = { 1, 3, 7, 33 };
-    static const int64_t ntoks[] = { 1, 2, 3, 4, 5, 7, 9, 17 };
+    static const int64_t nin_blk[] = {32, 64, 96, 576, 1536, 2080};
+    static const int64_t nin_flt[] = {1, 3, 17, 31, 33, 64, 100, 576};
+    static const int64_t nouts[] = {1, 3, 7, 33};
+    static const int64_t ntoks[] = {1, 2, 3, 4, 5, 7, 9, 17};
     int cases = 0, bad_cases = 0;
     for (int i = 0; i < ni; i++) {
         for (size_t wi = 0; wi < sizeof WTYPES / sizeof WTYPES[0]; wi++) {
@@ -227,10 +233,11 @@ static void test_matmul_bf16_prefill(void)
 {
     ie_isa_t isas[3];
     const int ni = n_isas(isas);
-    static const struct { int64_t n_in, n_out, n_tok, r0; } cs[] = {
-        { 1, 17, 48, 0 },   { 3, 45, 61, 3 },   { 31, 1, 48, 0 },   { 33, 17, 53, 1 },  { 77, 45, 49, 0 },
-        { 64, 32, 60, 0 },  { 2051, 45, 50, 7 }, { 2048, 64, 61, 0 }, { 2051, 300, 61, 5 },
-        { 8200, 33, 48, 2 }, { 16500, 3, 48, 0 } };
+    static const struct {
+        int64_t n_in, n_out, n_tok, r0;
+    } cs[] = {{1, 17, 48, 0},     {3, 45, 61, 3},    {31, 1, 48, 0},    {33, 17, 53, 1},
+              {77, 45, 49, 0},    {64, 32, 60, 0},   {2051, 45, 50, 7}, {2048, 64, 61, 0},
+              {2051, 300, 61, 5}, {8200, 33, 48, 2}, {16500, 3, 48, 0}};
     int bad = 0;
     for (int i = 0; i < ni; i++)
         for (size_t c = 0; c < sizeof cs / sizeof cs[0]; c++)
@@ -256,7 +263,7 @@ static void test_matmul_guard_page(void)
     uint8_t *areg = mmap(NULL, span + pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     CU_ASSERT_FATAL(wreg != MAP_FAILED && areg != MAP_FAILED);
     CU_ASSERT_FATAL(mprotect(wreg + span, pg, PROT_NONE) == 0 && mprotect(areg + span, pg, PROT_NONE) == 0);
-    static const int64_t nin_blk[] = { 32, 64, 96, 160 }, nin_flt[] = { 1, 3, 17, 33 };
+    static const int64_t nin_blk[] = {32, 64, 96, 160}, nin_flt[] = {1, 3, 17, 33};
     float xf[160], y[5 * 9], yr[5 * 9];
     int bad = 0;
     for (size_t wi = 0; wi < sizeof WTYPES / sizeof WTYPES[0]; wi++)
@@ -267,8 +274,14 @@ static void test_matmul_guard_page(void)
                 const size_t wb = ie_dtype_row_bytes(wt, n_in), as = ie_dtype_row_bytes(at, n_in);
                 uint8_t *w = wreg + span - wb * (size_t)n_out, *a = areg + span - as * (size_t)n_tok;
                 rng_seed(5150 + wi * 16 + (uint64_t)c);
-                for (int64_t r = 0; r < n_out; r++) { rng_fill(xf, n_in); ie_quantize_row(wt, xf, w + r * wb, n_in); }
-                for (int64_t t = 0; t < n_tok; t++) { rng_fill(xf, n_in); ie_act_quantize_ref(at, xf, a + t * as, n_in); }
+                for (int64_t r = 0; r < n_out; r++) {
+                    rng_fill(xf, n_in);
+                    ie_quantize_row(wt, xf, w + r * wb, n_in);
+                }
+                for (int64_t t = 0; t < n_tok; t++) {
+                    rng_fill(xf, n_in);
+                    ie_act_quantize_ref(at, xf, a + t * as, n_in);
+                }
                 ie_kernels_matmul(ie_kernels_get(IE_ISA_REF), wt, w, n_in, 0, n_out, a, as, n_tok, yr, n_out);
                 for (int i = 0; i < ni; i++) {
                     ie_kernels_matmul(ie_kernels_get(isas[i]), wt, w, n_in, 0, n_out, a, as, n_tok, y, n_out);
@@ -289,8 +302,8 @@ static void test_matmul_integer_exact(void)
     ie_isa_t isas[3];
     const int ni = n_isas(isas);
     const ie_f16_t one = ie_f32_to_f16(1.0f);
-    static const ie_dtype_t bt[] = { IE_DTYPE_Q8_0, IE_DTYPE_Q4_0, IE_DTYPE_Q4_1, IE_DTYPE_MXFP4 };
-    static const int64_t nins[] = { 32, 96, 160, 2080, 8320 };
+    static const ie_dtype_t bt[] = {IE_DTYPE_Q8_0, IE_DTYPE_Q4_0, IE_DTYPE_Q4_1, IE_DTYPE_MXFP4};
+    static const int64_t nins[] = {32, 96, 160, 2080, 8320};
     for (size_t ti = 0; ti < sizeof bt / sizeof bt[0]; ti++) {
         for (size_t ni_ = 0; ni_ < 5; ni_++) {
             const ie_dtype_t wt = bt[ti];
@@ -367,7 +380,12 @@ static void test_matmul_integer_exact(void)
                     }
                 CU_ASSERT_EQUAL(bad, 0);
             }
-            free(w); free(a); free(exact); free(y); free(wf); free(af);
+            free(w);
+            free(a);
+            free(exact);
+            free(y);
+            free(wf);
+            free(af);
         }
     }
 }
@@ -398,7 +416,7 @@ static void test_mxfp4_values(void)
     CU_ASSERT_EQUAL(ie_dtype_row_bytes(IE_DTYPE_MXFP4, 33), 0);
     for (int c = 0; c < 16; c++) CU_ASSERT_EQUAL((double)ie_mxfp4_kvalues[c], 2.0 * e2m1_value(c));
 
-    static const int es[] = { 0, 1, 2, 3, 100, 126, 127, 128, 129, 200, 253, 254, 255 };
+    static const int es[] = {0, 1, 2, 3, 100, 126, 127, 128, 129, 200, 253, 254, 255};
     ie_block_mxfp4_t blk[16];
     float y[16 * 32];
     int bad = 0;
@@ -414,8 +432,9 @@ static void test_mxfp4_values(void)
                 const float lo = (float)(e2m1_value(byte & 15) * ldexp(1.0, es[ei] - 127));
                 const float hi = (float)(e2m1_value(byte >> 4) * ldexp(1.0, es[ei] - 127));
                 if (!same_float(y[b * 32 + j], lo) || !same_float(y[b * 32 + j + 16], hi)) {
-                    if (bad < 3) printf("\n  mxfp4 e=%d byte 0x%02x: %g %g vs %g %g", es[ei], byte,
-                                        y[b * 32 + j], y[b * 32 + j + 16], lo, hi);
+                    if (bad < 3)
+                        printf("\n  mxfp4 e=%d byte 0x%02x: %g %g vs %g %g", es[ei], byte, y[b * 32 + j],
+                               y[b * 32 + j + 16], lo, hi);
                     bad++;
                 }
                 if (isnan(y[b * 32 + j]) || isnan(y[b * 32 + j + 16])) bad++; /* never NaN */
@@ -441,13 +460,16 @@ static void test_mxfp4_values(void)
 
     /* quantizer: amax 6 -> e = floor(log2 6) + 125 = 127 (unit 1); ties go to
      * the smaller magnitude, above 6 saturates, -tiny -> +0 (code 0) */
-    static const struct { float x; int code; } qc[] = {
-        { 0.0f, 0 }, { 0.25f, 0 }, { 0.26f, 1 }, { 1.25f, 2 }, { 1.3f, 3 }, { 2.5f, 4 }, { 3.5f, 5 },
-        { 5.0f, 6 }, { 5.1f, 7 }, { 6.0f, 7 }, { -0.25f, 0 }, { -0.01f, 0 }, { -1.25f, 10 },
-        { -5.0f, 14 }, { -6.0f, 15 }, { 0.75f, 1 }, { -0.75f, 9 }, { 1.75f, 3 }, { 2.9f, 5 },
+    static const struct {
+        float x;
+        int code;
+    } qc[] = {
+        {0.0f, 0},   {0.25f, 0}, {0.26f, 1},  {1.25f, 2},  {1.3f, 3},   {2.5f, 4},    {3.5f, 5},
+        {5.0f, 6},   {5.1f, 7},  {6.0f, 7},   {-0.25f, 0}, {-0.01f, 0}, {-1.25f, 10}, {-5.0f, 14},
+        {-6.0f, 15}, {0.75f, 1}, {-0.75f, 9}, {1.75f, 3},  {2.9f, 5},
     };
     const int nqc = (int)(sizeof qc / sizeof qc[0]);
-    float xq[32] = { 0 };
+    float xq[32] = {0};
     for (int j = 0; j < nqc; j++) xq[j] = qc[j].x;
     xq[31] = 7.9f; /* amax 7.9: still unit 1 (floor(log2 7.9) = 2), saturates to 6 */
     ie_block_mxfp4_t qb;
@@ -500,7 +522,8 @@ static void test_mxfp4_values(void)
                 CU_ASSERT(isfinite(yr[k]) && fabs((double)yg[k] - yr[k]) <= tol);
             }
         }
-        free(w); free(a);
+        free(w);
+        free(a);
     }
 }
 
@@ -515,7 +538,8 @@ static void test_matmul_unsupported(void)
         CU_ASSERT_PTR_NOT_NULL_FATAL(ops);
         CU_ASSERT_EQUAL(ops->isa, isas[i]);
         CU_ASSERT_EQUAL(ie_kernels_matmul(ops, IE_DTYPE_Q8_1, buf, 32, 0, 1, buf, 36, 1, y, 1), IE_ERR_UNSUPPORTED);
-        CU_ASSERT_EQUAL(ie_kernels_matmul(ops, IE_DTYPE_INVALID, buf, 32, 0, 1, buf, 36, 1, y, 1), IE_ERR_UNSUPPORTED);
+        CU_ASSERT_EQUAL(ie_kernels_matmul(ops, IE_DTYPE_INVALID, buf, 32, 0, 1, buf, 36, 1, y, 1),
+                        IE_ERR_UNSUPPORTED);
     }
     CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_F16), IE_DTYPE_F32);
     CU_ASSERT_EQUAL(ie_matmul_act_dtype(IE_DTYPE_BF16), IE_DTYPE_BF16);
@@ -540,19 +564,28 @@ static void test_act_quantize_bitexact(void)
         rng_fill(x, n);
         if (round == 1) {
             /* exact ties: amax 127 makes d = 1, id = 1, so k + 0.5 must round away */
-            for (int64_t i = 0; i < n; i++) x[i] = (i % 32 == 0) ? 127.0f : (float)((int)(rng_u32() % 253) - 126) + 0.5f;
+            for (int64_t i = 0; i < n; i++)
+                x[i] = (i % 32 == 0) ? 127.0f : (float)((int)(rng_u32() % 253) - 126) + 0.5f;
         }
-        if (round == 2) for (int64_t i = 64; i < 128; i++) x[i] = 0.0f; /* all-zero blocks */
-        if (round == 3) for (int64_t i = 0; i < n; i++) x[i] *= (i < 320 ? 1e-38f : 1e-30f); /* tiny: f16 d underflows, 1/d overflows */
+        if (round == 2)
+            for (int64_t i = 64; i < 128; i++) x[i] = 0.0f; /* all-zero blocks */
+        if (round == 3)
+            for (int64_t i = 0; i < n; i++)
+                x[i] *= (i < 320 ? 1e-38f : 1e-30f); /* tiny: f16 d underflows, 1/d overflows */
         for (int at = 0; at < 4; at++) {
-            const ie_dtype_t act = at == 0 ? IE_DTYPE_F32 : at == 1 ? IE_DTYPE_Q8_0 : at == 2 ? IE_DTYPE_Q8_1 : IE_DTYPE_BF16;
+            const ie_dtype_t act = at == 0   ? IE_DTYPE_F32
+                                   : at == 1 ? IE_DTYPE_Q8_0
+                                   : at == 2 ? IE_DTYPE_Q8_1
+                                             : IE_DTYPE_BF16;
             const size_t nb = ie_dtype_row_bytes(act, n);
             ie_act_quantize_ref(act, x, ref, n);
             for (int i = 0; i < ni; i++) {
                 memset(got, 0xab, nb);
                 ie_kernels_get(isas[i])->act_quantize(act, x, got, n);
                 const int same = memcmp(ref, got, nb) == 0;
-                if (!same) printf("\n  act_quantize %s %s round %d differs", ie_isa_name(isas[i]), ie_dtype_name(act), round);
+                if (!same)
+                    printf("\n  act_quantize %s %s round %d differs", ie_isa_name(isas[i]), ie_dtype_name(act),
+                           round);
                 CU_ASSERT(same);
             }
         }
@@ -571,7 +604,9 @@ static void test_act_quantize_bitexact(void)
     }
     CU_ASSERT_EQUAL(blk.q[31], 127);
     CU_ASSERT_EQUAL(blk.s, ie_f32_to_f16((float)sum * d));
-    free(x); free(ref); free(got);
+    free(x);
+    free(ref);
+    free(got);
 }
 
 /* BF16 activations: every ISA equals ie_f32_to_bf16 element by element,
@@ -581,10 +616,10 @@ static void test_act_bf16_bitexact(void)
 {
     ie_isa_t isas[3];
     const int ni = n_isas(isas);
-    static const uint32_t special[] = { 0x00000000u, 0x80000000u, 0x00000001u, 0x80008000u, 0x00018000u,
-                                        0x007fffffu, 0x00800000u, 0x3f808000u, 0x3f818000u, 0x3f817fffu,
-                                        0x7f7fffffu, 0xff7f8000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
-                                        0xffc00001u, 0x7f800001u, 0xff810000u, 0x7fffffffu, 0x477fe000u };
+    static const uint32_t special[] = {0x00000000u, 0x80000000u, 0x00000001u, 0x80008000u, 0x00018000u,
+                                       0x007fffffu, 0x00800000u, 0x3f808000u, 0x3f818000u, 0x3f817fffu,
+                                       0x7f7fffffu, 0xff7f8000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                       0xffc00001u, 0x7f800001u, 0xff810000u, 0x7fffffffu, 0x477fe000u};
     const int ns = (int)(sizeof special / sizeof special[0]);
     float x[96];
     ie_bf16_t got[96 + 8];
@@ -602,7 +637,9 @@ static void test_act_bf16_bitexact(void)
                 if (got[j] != ie_f32_to_bf16(x[j])) {
                     uint32_t u;
                     memcpy(&u, &x[j], sizeof u);
-                    if (bad < 5) printf("\n  %s bf16 act n=%d x=%08x: %04x, want %04x", ie_isa_name(isas[i]), n, u, got[j], ie_f32_to_bf16(x[j]));
+                    if (bad < 5)
+                        printf("\n  %s bf16 act n=%d x=%08x: %04x, want %04x", ie_isa_name(isas[i]), n, u, got[j],
+                               ie_f32_to_bf16(x[j]));
                     bad++;
                 }
             for (int j = n; j < n + 8; j++) bad += got[j] != 0xdead; /* nothing written past n */
@@ -619,7 +656,7 @@ static void test_matmul_bf16_no_dpbf16(void)
     if (!ie_kernels_get(IE_ISA_AVX512)) return;
     const int had = ie_avx512_use_dpbf16(1);
     ie_avx512_use_dpbf16(0);
-    static const int64_t nins[] = { 1, 3, 17, 31, 33, 64, 100, 576, 8320 };
+    static const int64_t nins[] = {1, 3, 17, 31, 33, 64, 100, 576, 8320};
     int bad = 0;
     for (size_t a = 0; a < sizeof nins / sizeof nins[0]; a++)
         for (int64_t n_tok = 1; n_tok <= 13; n_tok += 4)
@@ -635,8 +672,8 @@ static void test_quant_roundtrip(void)
     const int64_t n = 32 * 40;
     float *x = malloc((size_t)n * sizeof(float)), *x2 = malloc((size_t)n * sizeof(float));
     uint8_t *q = malloc((size_t)n * 4);
-    static const ie_dtype_t ts[] = { IE_DTYPE_F32, IE_DTYPE_F16, IE_DTYPE_BF16, IE_DTYPE_Q8_0,
-                                     IE_DTYPE_Q8_1, IE_DTYPE_Q4_0, IE_DTYPE_Q4_1, IE_DTYPE_MXFP4 };
+    static const ie_dtype_t ts[] = {IE_DTYPE_F32,  IE_DTYPE_F16,  IE_DTYPE_BF16, IE_DTYPE_Q8_0,
+                                    IE_DTYPE_Q8_1, IE_DTYPE_Q4_0, IE_DTYPE_Q4_1, IE_DTYPE_MXFP4};
     rng_seed(31337);
     rng_fill(x, n);
     for (size_t ti = 0; ti < sizeof ts / sizeof ts[0]; ti++) {
@@ -648,7 +685,10 @@ static void test_quant_roundtrip(void)
             float amax = 0, mx = 0, mn = 1e30f, vmax = 0;
             for (int j = 0; j < 32; j++) {
                 const float v = x[b * 32 + j];
-                if (fabsf(v) > amax) { amax = fabsf(v); vmax = v; }
+                if (fabsf(v) > amax) {
+                    amax = fabsf(v);
+                    vmax = v;
+                }
                 mx = fmaxf(mx, v);
                 mn = fminf(mn, v);
             }
@@ -660,7 +700,8 @@ static void test_quant_roundtrip(void)
                 case IE_DTYPE_F32: bound = 0; break;
                 case IE_DTYPE_F16: bound = fabsf(v) * 0x1p-11f + 0x1p-24f; break;
                 case IE_DTYPE_BF16: bound = fabsf(v) * 0x1p-8f; break;
-                case IE_DTYPE_Q8_0: case IE_DTYPE_Q8_1: {
+                case IE_DTYPE_Q8_0:
+                case IE_DTYPE_Q8_1: {
                     const float d = amax / 127.0f;
                     bound = 0.5f * d + 127.0f * d * 0x1p-11f + 1e-7f * amax;
                     break;
@@ -686,7 +727,9 @@ static void test_quant_roundtrip(void)
                 }
                 }
                 if (!(e <= bound)) {
-                    if (bad < 3) printf("\n  %s: x=%g back=%g err=%g bound=%g", ie_dtype_name(t), v, x2[b * 32 + j], e, bound);
+                    if (bad < 3)
+                        printf("\n  %s: x=%g back=%g err=%g bound=%g", ie_dtype_name(t), v, x2[b * 32 + j], e,
+                               bound);
                     bad++;
                 }
             }
@@ -695,7 +738,9 @@ static void test_quant_roundtrip(void)
     }
     CU_ASSERT_EQUAL(ie_quantize_row(IE_DTYPE_Q4_0, x, q, 33), -1);
     CU_ASSERT_EQUAL(ie_quantize_row(IE_DTYPE_INVALID, x, q, 32), -1);
-    free(x); free(x2); free(q);
+    free(x);
+    free(x2);
+    free(q);
 }
 
 /* f16 / bf16: all 65536 bit patterns. Scalar round trip, and the SIMD
@@ -734,7 +779,8 @@ static void test_half_conversions(void)
                 float f = kind == 0 ? ie_f16_to_f32((uint16_t)k) : ie_bf16_to_f32((uint16_t)k);
                 if (daz && fpclassify(f) == FP_SUBNORMAL) f = 0.0f;
                 if (isnan(f) ? !isnan(y[k]) : y[k] != f) {
-                    if (bad < 3) printf("\n  %s %s 0x%04x: %g vs %g", ie_isa_name(isas[i]), ie_dtype_name(t), k, y[k], f);
+                    if (bad < 3)
+                        printf("\n  %s %s 0x%04x: %g vs %g", ie_isa_name(isas[i]), ie_dtype_name(t), k, y[k], f);
                     bad++;
                 }
             }
@@ -742,15 +788,16 @@ static void test_half_conversions(void)
         }
     }
     /* Rounding down: ties to even, overflow, subnormals. */
-    CU_ASSERT_EQUAL(ie_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);          /* tie -> even */
-    CU_ASSERT_EQUAL(ie_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02);      /* tie -> even */
+    CU_ASSERT_EQUAL(ie_f32_to_f16(1.0f + 0x1p-11f), 0x3c00);     /* tie -> even */
+    CU_ASSERT_EQUAL(ie_f32_to_f16(1.0f + 3 * 0x1p-11f), 0x3c02); /* tie -> even */
     CU_ASSERT_EQUAL(ie_f32_to_f16(65520.0f), 0x7c00);
     CU_ASSERT_EQUAL(ie_f32_to_f16(65519.0f), 0x7bff);
     CU_ASSERT_EQUAL(ie_f32_to_f16(0x1p-24f), 0x0001);
-    CU_ASSERT_EQUAL(ie_f32_to_f16(0x1p-25f), 0x0000);                 /* tie -> even (0) */
-    CU_ASSERT_EQUAL(ie_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80);          /* tie -> even */
+    CU_ASSERT_EQUAL(ie_f32_to_f16(0x1p-25f), 0x0000);        /* tie -> even (0) */
+    CU_ASSERT_EQUAL(ie_f32_to_bf16(1.0f + 0x1p-8f), 0x3f80); /* tie -> even */
     CU_ASSERT_EQUAL(ie_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);
-    free(h); free(y);
+    free(h);
+    free(y);
 }
 
 #if defined(__x86_64__)
@@ -787,12 +834,17 @@ static void test_f16_vs_hardware(void)
 
 static void test_softmax_rmsnorm_swiglu(void)
 {
-    const int64_t ns[] = { 1, 5, 64, 1000 };
+    const int64_t ns[] = {1, 5, 64, 1000};
     for (size_t c = 0; c < 4; c++) {
         const int64_t n = ns[c];
-        float *x = malloc((size_t)n * 4), *w = malloc((size_t)n * 4), *o = malloc((size_t)n * 4), *u = malloc((size_t)n * 4);
+        float *x = malloc((size_t)n * 4), *w = malloc((size_t)n * 4), *o = malloc((size_t)n * 4),
+              *u = malloc((size_t)n * 4);
         rng_seed(100 + c);
-        for (int64_t i = 0; i < n; i++) { x[i] = rng_f() * 20.0f; w[i] = rng_f(); u[i] = rng_f() * 3; }
+        for (int64_t i = 0; i < n; i++) {
+            x[i] = rng_f() * 20.0f;
+            w[i] = rng_f();
+            u[i] = rng_f() * 3;
+        }
         /* softmax */
         memcpy(o, x, (size_t)n * 4);
         ie_softmax_f32(o, n);
@@ -825,15 +877,21 @@ static void test_softmax_rmsnorm_swiglu(void)
         }
         /* dot, axpy */
         double dd = 0, sa = 0;
-        for (int64_t i = 0; i < n; i++) { dd += (double)x[i] * w[i]; sa += fabs((double)x[i] * w[i]); }
+        for (int64_t i = 0; i < n; i++) {
+            dd += (double)x[i] * w[i];
+            sa += fabs((double)x[i] * w[i]);
+        }
         CU_ASSERT(fabs(ie_dot_f32(x, w, n) - dd) <= 1e-6 * sa + 1e-30);
         memcpy(o, u, (size_t)n * 4);
         ie_axpy_f32(o, 0.75f, x, n);
         for (int64_t i = 0; i < n; i++) CU_ASSERT(o[i] == u[i] + 0.75f * x[i]);
-        free(x); free(w); free(o); free(u);
+        free(x);
+        free(w);
+        free(o);
+        free(u);
     }
     /* softmax stays finite for large inputs (max subtracted) */
-    float big[3] = { 1000.0f, 999.0f, -1000.0f };
+    float big[3] = {1000.0f, 999.0f, -1000.0f};
     ie_softmax_f32(big, 3);
     CU_ASSERT(fabs(big[0] - 1.0 / (1.0 + exp(-1.0))) < 1e-6);
     CU_ASSERT(big[2] == 0.0f);
@@ -844,8 +902,8 @@ static void test_softmax_rmsnorm_swiglu(void)
 
 static void test_rope(void)
 {
-    const int64_t head_dim = 72, pos_list[] = { 0, 1, 7, 100, 4095 };
-    const int64_t rots[] = { 72, 32 }; /* full and partial rotary */
+    const int64_t head_dim = 72, pos_list[] = {0, 1, 7, 100, 4095};
+    const int64_t rots[] = {72, 32}; /* full and partial rotary */
     const float theta = 10000.0f;
     for (int layout = 0; layout < 2; layout++)
         for (size_t ri = 0; ri < 2; ri++)
@@ -912,8 +970,7 @@ static void test_table_complete(void)
         HAS(rmsnorm);
         HAS(stream_read);
 #undef HAS
-        for (int t = 0; t < IE_MATMUL_SLOTS; t++)
-            CU_ASSERT_EQUAL(k->matmul[t] != NULL, ref->matmul[t] != NULL);
+        for (int t = 0; t < IE_MATMUL_SLOTS; t++) CU_ASSERT_EQUAL(k->matmul[t] != NULL, ref->matmul[t] != NULL);
     }
     /* the slots REF fills are the weight types the tests sweep */
     int filled = 0;
@@ -934,7 +991,10 @@ static ie_status_t fake_packed(const ie_pmat_t *m, int64_t r0, int64_t r1, const
     return IE_OK;
 }
 
-typedef struct { int64_t r[4][2]; int n, at; } ranges_t;
+typedef struct {
+    int64_t r[4][2];
+    int n, at;
+} ranges_t;
 static int ranges_next(void *ctx, int64_t *p0, int64_t *p1)
 {
     ranges_t *s = ctx;
@@ -959,8 +1019,8 @@ static void test_kernel_status(void)
         for (int j = 0; j < 64; j++) y[j] = SENTINEL;
         /* dense matmul of a type with no dense kernel: the packed types, an
          * activation-only type, nonsense */
-        const ie_dtype_t none[] = {IE_DTYPE_I8W, IE_DTYPE_I4W, IE_DTYPE_Q8_1, IE_DTYPE_Q16_P, IE_DTYPE_INVALID,
-                                   (ie_dtype_t)1000};
+        const ie_dtype_t none[] = {IE_DTYPE_I8W,   IE_DTYPE_I4W,     IE_DTYPE_Q8_1,
+                                   IE_DTYPE_Q16_P, IE_DTYPE_INVALID, (ie_dtype_t)1000};
         for (size_t j = 0; j < sizeof none / sizeof none[0]; j++)
             CU_ASSERT_EQUAL(ie_kernels_matmul(k, none[j], buf, 32, 0, 1, buf, 36, 1, y, 1), IE_ERR_UNSUPPORTED);
         /* a supported type with nothing to do succeeds */
@@ -1009,7 +1069,10 @@ static void test_dispatch(void)
     CU_ASSERT_EQUAL(ie_isa_best(), ie_isa_supported(IE_ISA_AVX2) ? IE_ISA_AVX2 : IE_ISA_REF);
     setenv("IE_ISA", "avx512", 1);
     CU_ASSERT_EQUAL(ie_isa_best(), best);
-    if (saved) { setenv("IE_ISA", saved, 1); free(saved); } else unsetenv("IE_ISA");
+    if (saved) {
+        setenv("IE_ISA", saved, 1);
+        free(saved);
+    } else unsetenv("IE_ISA");
     printf("\n  best ISA: %s (avx2 %s, avx512 %s) ", ie_isa_name(best),
            ie_isa_supported(IE_ISA_AVX2) ? "yes" : "no", ie_isa_supported(IE_ISA_AVX512) ? "yes" : "no");
 }
@@ -1073,7 +1136,8 @@ static void test_vec_ops_vs_ref(void)
             for (int i = 0; i < n + 5; i++) y0[i] = y1[i] = rng_f();
             ie_axpy_f32(y0, alpha, a, n);
             ops->axpy_f32(y1, alpha, a, n);
-            for (int i = 0; i < n; i++) CU_ASSERT(fabsf(y0[i] - y1[i]) <= 1e-6f * (fabsf(y0[i]) + fabsf(alpha * a[i])));
+            for (int i = 0; i < n; i++)
+                CU_ASSERT(fabsf(y0[i] - y1[i]) <= 1e-6f * (fabsf(y0[i]) + fabsf(alpha * a[i])));
             for (int i = n; i < n + 5; i++) CU_ASSERT(y0[i] == y1[i]); /* nothing past n */
         }
     }

@@ -20,8 +20,7 @@
 #include "ie_test_rng.h"
 
 static int g_const_hash; /* 1: every key hashes to the same value */
-#define IE_KVPOOL_HASH(salt, parent, ids, bt) \
-    (g_const_hash ? UINT64_C(0x5eed) : kvpool_hash(salt, parent, ids, bt))
+#define IE_KVPOOL_HASH(salt, parent, ids, bt) (g_const_hash ? UINT64_C(0x5eed) : kvpool_hash(salt, parent, ids, bt))
 #include "../../coordinator/src/kvpool.c"
 
 /* ------------------------------------------------------------ helpers */
@@ -64,8 +63,7 @@ static void expect_counters(const ie_kvpool_t *p, uint64_t hits, uint64_t misses
 
 static void release_all(ie_kvpool_t *p, const int32_t *b, int n)
 {
-    for (int i = 0; i < n; i++)
-        ie_kvpool_release(p, b[i]);
+    for (int i = 0; i < n; i++) ie_kvpool_release(p, b[i]);
 }
 
 /* Structural invariants; returns what is wrong, or NULL. */
@@ -73,22 +71,17 @@ static const char *pool_check(const ie_kvpool_t *p)
 {
     static char seen[1024];
     int n = p->n_blocks, published = 0, in_chains = 0;
-    if (n > (int)sizeof seen)
-        return "pool too large for the check";
+    if (n > (int)sizeof seen) return "pool too large for the check";
     memset(seen, 0, (size_t)n);
     const kvpool_list_t *lists[2] = {&p->free, &p->lru};
     for (int l = 0; l < 2; l++) {
         int cnt = 0, prev = -1;
         for (int32_t b = lists[l]->head; b >= 0; prev = b, b = p->blk[b].next) {
-            if (seen[b]++ || ++cnt > n)
-                return "block on two lists or a cycle";
-            if (p->blk[b].prev != prev || p->blk[b].ref != 0)
-                return "bad list link or refcount";
-            if (p->blk[b].published != (l == 1))
-                return "free block published or cached block not";
+            if (seen[b]++ || ++cnt > n) return "block on two lists or a cycle";
+            if (p->blk[b].prev != prev || p->blk[b].ref != 0) return "bad list link or refcount";
+            if (p->blk[b].published != (l == 1)) return "free block published or cached block not";
         }
-        if (cnt != lists[l]->n || lists[l]->tail != prev)
-            return "list count or tail wrong";
+        if (cnt != lists[l]->n || lists[l]->tail != prev) return "list count or tail wrong";
     }
     for (int32_t b = 0; b < n; b++) {
         const kvpool_blk_t *x = &p->blk[b];
@@ -100,21 +93,17 @@ static const char *pool_check(const ie_kvpool_t *p)
             continue;
         }
         published++;
-        if (!x->spent)
-            return "published block not spent";
+        if (!x->spent) return "published block not spent";
         const int32_t *ids = p->tokens + (size_t)b * p->block_tokens;
         if (x->hash != IE_KVPOOL_HASH(x->salt, x->parent, ids, p->block_tokens) ||
             kvpool_find(p, x->hash, x->salt, x->parent, ids) != b)
             return "published block not found under its own key";
         if (x->parent >= 0) {
             const kvpool_blk_t *par = &p->blk[x->parent];
-            if (!par->published || par->salt != x->salt)
-                return "published block under an unpublished parent";
+            if (!par->published || par->salt != x->salt) return "published block under an unpublished parent";
             int32_t c = par->child;
-            while (c >= 0 && c != b)
-                c = p->blk[c].sib_next;
-            if (c != b)
-                return "block missing from its parent's child list";
+            while (c >= 0 && c != b) c = p->blk[c].sib_next;
+            if (c != b) return "block missing from its parent's child list";
         } else if (x->sib_prev != -1 || x->sib_next != -1) {
             return "root with siblings";
         }
@@ -124,17 +113,15 @@ static const char *pool_check(const ie_kvpool_t *p)
     }
     for (uint64_t h = 0; h <= p->mask; h++)
         for (int32_t b = p->bucket[h]; b >= 0; b = p->blk[b].hnext)
-            if (!p->blk[b].published || (p->blk[b].hash & p->mask) != h || ++in_chains > n)
-                return "bad hash chain";
+            if (!p->blk[b].published || (p->blk[b].hash & p->mask) != h || ++in_chains > n) return "bad hash chain";
     return in_chains == published ? NULL : "hash chains and published blocks differ";
 }
 
-#define CHECK_POOL(p)                                         \
-    do {                                                      \
-        const char *why_ = pool_check(p);                     \
-        if (why_)                                             \
-            fprintf(stderr, "\n  pool_check: %s\n", why_);    \
-        CU_ASSERT_PTR_NULL(why_);                             \
+#define CHECK_POOL(p)                                            \
+    do {                                                         \
+        const char *why_ = pool_check(p);                        \
+        if (why_) fprintf(stderr, "\n  pool_check: %s\n", why_); \
+        CU_ASSERT_PTR_NULL(why_);                                \
     } while (0)
 
 /* ------------------------------------------------------------ cases */
@@ -286,7 +273,7 @@ static void test_prefix_match(void)
     CU_ASSERT_EQUAL(ie_kvpool_match(p, 0, ids, 12, out, 1), 1); /* max_blocks */
     CU_ASSERT_EQUAL(out[0], b[0]);
     release_all(p, out, 1);
-    CU_ASSERT_EQUAL(ie_kvpool_match(p, 0, ids, 3, out, 8), 0);  /* no full block */
+    CU_ASSERT_EQUAL(ie_kvpool_match(p, 0, ids, 3, out, 8), 0); /* no full block */
     expect_counters(p, 6, 0, 0);
 
     /* 4 blocks, the last one never published: 3 hits, 1 miss */
@@ -411,8 +398,7 @@ static void test_lru_order(void)
         /* the evicted one is gone, the rest are still there */
         for (int k = 0; k < N; k++) {
             int evicted = 0;
-            for (int e = 0; e <= i; e++)
-                evicted |= want[e] == k;
+            for (int e = 0; e <= i; e++) evicted |= want[e] == k;
             int got = ie_kvpool_match(p, 0, ids[k], 2, out, 1);
             CU_ASSERT_EQUAL(got, !evicted);
             if (got) /* matching touched it: put it back where it was */
@@ -593,8 +579,7 @@ static void test_constant_hash(void)
     }
     CHECK_POOL(p);
     int chain = 0;
-    for (int32_t b = p->bucket[0x5eed & p->mask]; b >= 0; b = p->blk[b].hnext)
-        chain++;
+    for (int32_t b = p->bucket[0x5eed & p->mask]; b >= 0; b = p->blk[b].hnext) chain++;
     CU_ASSERT_EQUAL(chain, 12);
 
     for (int pass = 0; pass < 2; pass++) {
@@ -604,8 +589,7 @@ static void test_constant_hash(void)
                 int got = ie_kvpool_match(p, (uint64_t)(r / 2), ids, 6, out, 2);
                 int want = pass == 0 || r != 1 ? 2 : 0;
                 CU_ASSERT_EQUAL(got, want);
-                if (got == 2)
-                    CU_ASSERT(out[0] == root[r] && out[1] == kid[r][k]);
+                if (got == 2) CU_ASSERT(out[0] == root[r] && out[1] == kid[r][k]);
                 release_all(p, out, got);
             }
         CU_ASSERT_EQUAL(ie_kvpool_match(p, 0, (const int32_t[]){1, 2, 2}, 3, out, 2), 0);
@@ -613,13 +597,11 @@ static void test_constant_hash(void)
         if (pass == 0) {
             /* evict root 1 from the middle of the chain: the 4 free blocks
              * go first, then root 1 once everything else is more recent */
-            for (int i = 0; i < 4; i++)
-                alloc1(p);
+            for (int i = 0; i < 4; i++) alloc1(p);
             for (int r = 0; r < 4; r++)
                 for (int k = -1; k < 2; k++) {
                     int32_t b = k < 0 ? root[r] : kid[r][k];
-                    if (b == root[1])
-                        continue;
+                    if (b == root[1]) continue;
                     CU_ASSERT_EQUAL(ie_kvpool_retain(p, b), IE_OK);
                     ie_kvpool_release(p, b);
                 }
@@ -686,8 +668,7 @@ static void model_unpublish(model_t *m, int b)
     for (int changed = 1; changed;) {
         changed = 0;
         for (int c = 0; c < RN; c++)
-            if (m->b[c].pub && m->b[c].parent >= 0 && !m->b[m->b[c].parent].pub)
-                m->b[c].pub = 0, changed = 1;
+            if (m->b[c].pub && m->b[c].parent >= 0 && !m->b[m->b[c].parent].pub) m->b[c].pub = 0, changed = 1;
     }
 }
 
@@ -703,21 +684,19 @@ static void random_run(int const_hash, uint64_t seed, int ops)
     long n_nomem = 0, n_pub = 0, n_dup = 0, n_deep = 0, n_cascade = 0;
     const char *why = NULL;
 
-#define REQ(c)                      \
-    if (!(c)) {                     \
-        why = #c;                   \
-        break;                      \
+#define REQ(c)    \
+    if (!(c)) {   \
+        why = #c; \
+        break;    \
     }
     int op;
     for (op = 0; op < ops && !why; op++) {
         uint32_t r = rng_u32() % 100;
         if (r < 20) { /* alloc */
-            if (n_held == RHELD)
-                continue;
+            if (n_held == RHELD) continue;
             int want_free = -1, want_lru = -1;
             for (int b = 0; b < RN; b++) {
-                if (m.b[b].ref == 0 && !m.b[b].pub)
-                    want_free = b;
+                if (m.b[b].ref == 0 && !m.b[b].pub) want_free = b;
                 if (m.b[b].ref == 0 && m.b[b].pub &&
                     (want_lru < 0 || m.b[b].released_at < m.b[want_lru].released_at))
                     want_lru = b;
@@ -735,11 +714,9 @@ static void random_run(int const_hash, uint64_t seed, int ops)
             } else {
                 REQ(b == want_lru);
                 int before = 0, after = 0;
-                for (int k = 0; k < RN; k++)
-                    before += m.b[k].pub;
+                for (int k = 0; k < RN; k++) before += m.b[k].pub;
                 model_unpublish(&m, b);
-                for (int k = 0; k < RN; k++)
-                    after += m.b[k].pub;
+                for (int k = 0; k < RN; k++) after += m.b[k].pub;
                 n_cascade += before - after - 1;
                 m.evictions++;
             }
@@ -747,14 +724,12 @@ static void random_run(int const_hash, uint64_t seed, int ops)
             m.b[b].spent = 0;
             held[n_held++] = b;
         } else if (r < 45) { /* release a held reference */
-            if (n_held == 0)
-                continue;
+            if (n_held == 0) continue;
             int i = (int)(rng_u32() % (uint32_t)n_held);
             int32_t b = held[i];
             held[i] = held[--n_held];
             ie_kvpool_release(p, b);
-            if (--m.b[b].ref == 0)
-                m.b[b].released_at = ++m.tick;
+            if (--m.b[b].ref == 0) m.b[b].released_at = ++m.tick;
         } else if (r < 55) { /* retain any id */
             int32_t b = (int32_t)(rng_u32() % (RN + 2)) - 1;
             int ok = b >= 0 && b < RN && (m.b[b].ref > 0 || m.b[b].pub);
@@ -762,10 +737,8 @@ static void random_run(int const_hash, uint64_t seed, int ops)
             REQ(st == (ok ? IE_OK : IE_ERR_RANGE));
             if (ok) {
                 m.b[b].ref++;
-                if (n_held < RHELD)
-                    held[n_held++] = b;
-                else
-                    ie_kvpool_release(p, b), m.b[b].ref--; /* still > 0 */
+                if (n_held < RHELD) held[n_held++] = b;
+                else ie_kvpool_release(p, b), m.b[b].ref--; /* still > 0 */
             }
         } else if (r < 75) { /* publish */
             int32_t b = n_held ? held[rng_u32() % (uint32_t)n_held] : (int32_t)(rng_u32() % RN);
@@ -775,18 +748,16 @@ static void random_run(int const_hash, uint64_t seed, int ops)
                 parent = -1;
             } else if (how < 8) {
                 parent = (int32_t)(rng_u32() % RN);
-                for (int t = 0; t < RN && !m.b[parent].pub; t++)
-                    parent = (parent + 1) % RN;
+                for (int t = 0; t < RN && !m.b[parent].pub; t++) parent = (parent + 1) % RN;
             } else {
                 parent = (int32_t)(rng_u32() % (RN + 3)) - 2;
             }
             uint64_t salt = rng_u32() % 8 == 0 ? 1 : (parent >= 0 && parent < RN ? m.b[parent].salt : 0);
             int32_t tok[RBT];
-            for (int t = 0; t < RBT; t++)
-                tok[t] = (int32_t)(rng_u32() % 3);
+            for (int t = 0; t < RBT; t++) tok[t] = (int32_t)(rng_u32() % 3);
             int want = m.b[b].ref > 0 && !m.b[b].pub && !m.b[b].spent &&
-                       (parent == -1 || (parent >= 0 && parent < RN && m.b[parent].pub &&
-                                         m.b[parent].salt == salt));
+                       (parent == -1 ||
+                        (parent >= 0 && parent < RN && m.b[parent].pub && m.b[parent].salt == salt));
             int dup = want && model_find(&m, salt, parent, tok) >= 0;
             n_dup += dup;
             want = want && !dup;
@@ -808,46 +779,38 @@ static void random_run(int const_hash, uint64_t seed, int ops)
                 int32_t b = (int32_t)(rng_u32() % RN);
                 if (m.b[b].pub) {
                     salt = m.b[b].salt;
-                    for (; b >= 0 && len < RN; b = m.b[b].parent)
-                        chain[len++] = b;
+                    for (; b >= 0 && len < RN; b = m.b[b].parent) chain[len++] = b;
                 }
                 for (int j = len - 1; j >= 0 && j >= len - 6; j--)
-                    for (int t = 0; t < RBT; t++)
-                        ids[n++] = m.b[chain[j]].tok[t];
+                    for (int t = 0; t < RBT; t++) ids[n++] = m.b[chain[j]].tok[t];
             }
             size_t extra = rng_u32() % (sizeof ids / sizeof *ids - n + 1);
-            for (size_t t = 0; t < extra; t++)
-                ids[n++] = (int32_t)(rng_u32() % 3);
+            for (size_t t = 0; t < extra; t++) ids[n++] = (int32_t)(rng_u32() % 3);
             int max_blocks = (int)(rng_u32() % 7);
-            if (n_held + max_blocks > RHELD)
-                continue;
+            if (n_held + max_blocks > RHELD) continue;
             int k = ie_kvpool_match(p, salt, ids, n, out, max_blocks);
             int want = (int)(n / RBT) < max_blocks ? (int)(n / RBT) : max_blocks;
             int j = 0;
             for (int parent = -1; j < want; j++) {
                 int b = model_find(&m, salt, parent, ids + j * RBT);
-                if (b < 0)
-                    break;
+                if (b < 0) break;
                 REQ(j < k && out[j] == b);
                 parent = b;
                 m.b[b].ref++;
                 held[n_held++] = b;
             }
-            if (why)
-                break;
+            if (why) break;
             REQ(k == j);
             m.hits += (uint64_t)k;
             m.misses += (uint64_t)(want - k);
             n_deep += k >= 3;
         } else if (r < 99) { /* release of a bad id or a free block: ignored */
             int32_t b = (int32_t)(rng_u32() % (RN + 4)) - 2;
-            if (b >= 0 && b < RN && m.b[b].ref > 0)
-                continue;
+            if (b >= 0 && b < RN && m.b[b].ref > 0) continue;
             ie_kvpool_release(p, b);
         } else if (rng_u32() % 16 == 0) {
             ie_kvpool_forget(p);
-            for (int b = 0; b < RN; b++)
-                m.b[b].pub = 0;
+            for (int b = 0; b < RN; b++) m.b[b].pub = 0;
         }
 
         ie_kvpool_stats_t s;
@@ -864,8 +827,7 @@ static void random_run(int const_hash, uint64_t seed, int ops)
         why = pool_check(p);
     }
 #undef REQ
-    if (why)
-        fprintf(stderr, "\n  op %d (const_hash %d): %s\n", op, const_hash, why);
+    if (why) fprintf(stderr, "\n  op %d (const_hash %d): %s\n", op, const_hash, why);
     CU_ASSERT_PTR_NULL(why);
     /* the run exercised what it is meant to */
     ie_kvpool_stats_t s;
@@ -874,8 +836,9 @@ static void random_run(int const_hash, uint64_t seed, int ops)
         CU_ASSERT(s.hit_blocks > 1000 && s.miss_blocks > 1000 && s.evictions > 1000);
         CU_ASSERT(n_nomem > 100 && n_pub > 1000 && n_dup > 100 && n_deep > 100 && n_cascade > 100);
     }
-    fprintf(stderr, "[%d ops: %llu hits, %llu misses, %llu evictions, %ld published, %ld dup, "
-                    "%ld deep, %ld cascaded, %ld full] ",
+    fprintf(stderr,
+            "[%d ops: %llu hits, %llu misses, %llu evictions, %ld published, %ld dup, "
+            "%ld deep, %ld cascaded, %ld full] ",
             op, (unsigned long long)s.hit_blocks, (unsigned long long)s.miss_blocks,
             (unsigned long long)s.evictions, n_pub, n_dup, n_deep, n_cascade, n_nomem);
     ie_kvpool_destroy(&p);
@@ -887,8 +850,7 @@ static void test_random_const_hash(void) { random_run(1, 2, 100000); }
 
 int main(void)
 {
-    if (CU_initialize_registry() != CUE_SUCCESS)
-        return (int)CU_get_error();
+    if (CU_initialize_registry() != CUE_SUCCESS) return (int)CU_get_error();
     CU_pSuite suite = CU_add_suite("kvpool", NULL, NULL);
     if (!suite) {
         CU_cleanup_registry();

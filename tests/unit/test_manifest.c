@@ -90,11 +90,13 @@ static void test_parse_errors(void)
     parse_bad("{\"version\":1,\"rules\":[],\"gates\":{}}", "unknown key \"gates\"");
     parse_bad("{\"version\":1,\"rules\":[{\"pattern\":\"a\",\"dtype\":\"int8w\",\"gruop\":32}]}",
               "unknown key \"gruop\" in rule 0");
-    parse_bad("{\"version\":1,\"rules\":[],\"gate\":{\"min_cosine\":0.9}}", "unknown key \"min_cosine\" in \"gate\"");
+    parse_bad("{\"version\":1,\"rules\":[],\"gate\":{\"min_cosine\":0.9}}",
+              "unknown key \"min_cosine\" in \"gate\"");
     /* regex */
     parse_bad("{\"version\":1,\"rules\":[{\"pattern\":\"blk.(\",\"dtype\":\"int8w\"}]}", "rule 0: bad pattern");
-    parse_bad("{\"version\":1,\"rules\":[{\"pattern\":\"a\",\"dtype\":\"int8w\"},{\"pattern\":\"[\",\"dtype\":\"f16\"}]}",
-              "rule 1: bad pattern");
+    parse_bad(
+        "{\"version\":1,\"rules\":[{\"pattern\":\"a\",\"dtype\":\"int8w\"},{\"pattern\":\"[\",\"dtype\":\"f16\"}]}",
+        "rule 1: bad pattern");
     parse_bad("{\"version\":1,\"rules\":[{\"dtype\":\"int8w\"}]}", "needs a \"pattern\"");
     /* dtype */
     parse_bad("{\"version\":1,\"rules\":[{\"pattern\":\"a\",\"dtype\":\"int3w\"}]}", "unknown dtype \"int3w\"");
@@ -102,9 +104,12 @@ static void test_parse_errors(void)
     /* group */
     parse_bad("{\"version\":1,\"rules\":[{\"pattern\":\"a\",\"dtype\":\"int8w\",\"group\":48}]}", "bad \"group\"");
     parse_bad("{\"version\":1,\"rules\":[{\"pattern\":\"a\",\"dtype\":\"int8w\",\"group\":0}]}", "bad \"group\"");
-    parse_bad("{\"version\":1,\"rules\":[{\"pattern\":\"a\",\"dtype\":\"int8w\",\"group\":32.5}]}", "bad \"group\"");
-    parse_bad("{\"version\":1,\"rules\":[{\"pattern\":\"a\",\"dtype\":\"int8w\",\"group\":\"col\"}]}", "bad \"group\"");
-    parse_bad("{\"version\":1,\"rules\":[{\"pattern\":\"a\",\"dtype\":\"bf16\",\"group\":32}]}", "int8w/int4w only");
+    parse_bad("{\"version\":1,\"rules\":[{\"pattern\":\"a\",\"dtype\":\"int8w\",\"group\":32.5}]}",
+              "bad \"group\"");
+    parse_bad("{\"version\":1,\"rules\":[{\"pattern\":\"a\",\"dtype\":\"int8w\",\"group\":\"col\"}]}",
+              "bad \"group\"");
+    parse_bad("{\"version\":1,\"rules\":[{\"pattern\":\"a\",\"dtype\":\"bf16\",\"group\":32}]}",
+              "int8w/int4w only");
     /* zero / scale / bsr / fallback */
     parse_bad("{\"version\":1,\"rules\":[{\"pattern\":\"a\",\"dtype\":\"int8w\",\"zero\":\"affine\"}]}",
               "symmetric only");
@@ -119,10 +124,11 @@ static void test_parse_errors(void)
 
 static void test_first_match_wins(void)
 {
-    ie_manifest_t *m = parse_ok("{\"version\":1,\"rules\":["
-                                "{\"pattern\":\"^blk\\\\.0\\\\.\",\"dtype\":\"keep\"},"
-                                "{\"pattern\":\"^blk\\\\.\\\\d+\\\\.ffn_(gate|up)\\\\.weight$\",\"dtype\":\"int4w\"},"
-                                "{\"pattern\":\"^blk\\\\.\",\"dtype\":\"int8w\"}]}");
+    ie_manifest_t *m = parse_ok(
+        "{\"version\":1,\"rules\":["
+        "{\"pattern\":\"^blk\\\\.0\\\\.\",\"dtype\":\"keep\"},"
+        "{\"pattern\":\"^blk\\\\.\\\\d+\\\\.ffn_(gate|up)\\\\.weight$\",\"dtype\":\"int4w\"},"
+        "{\"pattern\":\"^blk\\\\.\",\"dtype\":\"int8w\"}]}");
     CU_ASSERT_EQUAL(ie_manifest_match(m, "blk.0.ffn_up.weight"), 0);
     CU_ASSERT_EQUAL(ie_manifest_match(m, "blk.1.ffn_up.weight"), 1);
     CU_ASSERT_EQUAL(ie_manifest_match(m, "blk.12.ffn_gate.weight"), 1);
@@ -133,7 +139,8 @@ static void test_first_match_wins(void)
     int64_t ne[4] = {576, 1536, 1, 1};
     ie_qdecision_t d;
     CU_ASSERT_EQUAL(ie_manifest_decide(m, IE_PT_ALL, 0, "blk.1.ffn_up.weight", IE_DTYPE_F32, IE_LAYOUT_ROWS, 0, 2,
-                                       ne, &d), IE_OK);
+                                       ne, &d),
+                    IE_OK);
     CU_ASSERT_EQUAL(d.rule, 1);
     CU_ASSERT_EQUAL(d.dtype, IE_DTYPE_I4W);
     CU_ASSERT_EQUAL(d.group, 32);
@@ -141,27 +148,32 @@ static void test_first_match_wins(void)
     CU_ASSERT_EQUAL(d.lossless, 0);
     /* Q4_0 source -> int4w g32 symmetric: lossless repack */
     CU_ASSERT_EQUAL(ie_manifest_decide(m, IE_PT_ALL, 0, "blk.1.ffn_up.weight", IE_DTYPE_Q4_0, IE_LAYOUT_ROWS, 0, 2,
-                                       ne, &d), IE_OK);
+                                       ne, &d),
+                    IE_OK);
     CU_ASSERT_EQUAL(d.lossless, 1);
     /* Q4_1 source -> symmetric int4w is lossy */
     CU_ASSERT_EQUAL(ie_manifest_decide(m, IE_PT_ALL, 0, "blk.1.ffn_up.weight", IE_DTYPE_Q4_1, IE_LAYOUT_ROWS, 0, 2,
-                                       ne, &d), IE_OK);
+                                       ne, &d),
+                    IE_OK);
     CU_ASSERT_EQUAL(d.lossless, 0);
     /* rule 0 keeps */
     CU_ASSERT_EQUAL(ie_manifest_decide(m, IE_PT_ALL, 0, "blk.0.ffn_up.weight", IE_DTYPE_Q4_1, IE_LAYOUT_ROWS, 0, 2,
-                                       ne, &d), IE_OK);
+                                       ne, &d),
+                    IE_OK);
     CU_ASSERT_EQUAL(d.rule, 0);
     CU_ASSERT_EQUAL(d.target, IE_QT_KEEP);
     CU_ASSERT_EQUAL(d.dtype, IE_DTYPE_Q4_1);
     /* unmatched: kept */
-    CU_ASSERT_EQUAL(ie_manifest_decide(m, IE_PT_ALL, 0, "output.weight", IE_DTYPE_BF16, IE_LAYOUT_ROWS, 0, 2, ne, &d),
+    CU_ASSERT_EQUAL(ie_manifest_decide(m, IE_PT_ALL, 0, "output.weight", IE_DTYPE_BF16, IE_LAYOUT_ROWS, 0, 2, ne,
+                                       &d),
                     IE_OK);
     CU_ASSERT_EQUAL(d.rule, -1);
     CU_ASSERT_EQUAL(d.dtype, IE_DTYPE_BF16);
     /* 1-D tensors are kept even when a rule matches */
     int64_t ne1[4] = {576, 1, 1, 1};
-    CU_ASSERT_EQUAL(ie_manifest_decide(m, IE_PT_ALL, 0, "blk.3.attn_norm.weight", IE_DTYPE_F32, IE_LAYOUT_ROWS, 0, 1,
-                                       ne1, &d), IE_OK);
+    CU_ASSERT_EQUAL(ie_manifest_decide(m, IE_PT_ALL, 0, "blk.3.attn_norm.weight", IE_DTYPE_F32, IE_LAYOUT_ROWS, 0,
+                                       1, ne1, &d),
+                    IE_OK);
     CU_ASSERT_EQUAL(d.rule, -1);
     CU_ASSERT_EQUAL(d.target, IE_QT_KEEP);
     ie_manifest_destroy(&m);
@@ -232,19 +244,17 @@ static void test_pretranspose(void)
     CU_ASSERT_EQUAL(ie_pretranspose_parse("some", &p), IE_ERR_INVAL);
     CU_ASSERT_STRING_EQUAL(ie_pretranspose_name(IE_PT_WXH), "wxh");
 
-    static const struct { const char *name; int tied; int none, woh, wxh, all; } cases[] = {
-        {"blk.0.attn_output.weight", 0, 0, 1, 0, 1},
-        {"output.weight", 0, 0, 1, 0, 1},
-        {"token_embd.weight", 0, 0, 0, 0, 0},
-        {"token_embd.weight", 1, 0, 1, 0, 1},
-        {"blk.3.attn_q.weight", 0, 0, 0, 1, 1},
-        {"blk.3.attn_k.weight", 0, 0, 0, 1, 1},
-        {"blk.3.attn_v.weight", 0, 0, 0, 1, 1},
-        {"blk.11.ffn_gate.weight", 0, 0, 0, 1, 1},
-        {"blk.11.ffn_up.weight", 0, 0, 0, 1, 1},
-        {"blk.11.ffn_down.weight", 0, 0, 0, 1, 1},
-        {"blk.0.ffn_gate_exps.weight", 0, 0, 0, 1, 1},
-        {"blk.0.ffn_gate_inp.weight", 0, 0, 0, 1, 1},
+    static const struct {
+        const char *name;
+        int tied;
+        int none, woh, wxh, all;
+    } cases[] = {
+        {"blk.0.attn_output.weight", 0, 0, 1, 0, 1},   {"output.weight", 0, 0, 1, 0, 1},
+        {"token_embd.weight", 0, 0, 0, 0, 0},          {"token_embd.weight", 1, 0, 1, 0, 1},
+        {"blk.3.attn_q.weight", 0, 0, 0, 1, 1},        {"blk.3.attn_k.weight", 0, 0, 0, 1, 1},
+        {"blk.3.attn_v.weight", 0, 0, 0, 1, 1},        {"blk.11.ffn_gate.weight", 0, 0, 0, 1, 1},
+        {"blk.11.ffn_up.weight", 0, 0, 0, 1, 1},       {"blk.11.ffn_down.weight", 0, 0, 0, 1, 1},
+        {"blk.0.ffn_gate_exps.weight", 0, 0, 0, 1, 1}, {"blk.0.ffn_gate_inp.weight", 0, 0, 0, 1, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         CU_ASSERT_EQUAL(ie_pretranspose_selects(IE_PT_NONE, cases[i].name, cases[i].tied), cases[i].none);
@@ -257,14 +267,17 @@ static void test_pretranspose(void)
                                 "{\"pattern\":\"attn_output\",\"dtype\":\"bf16\"}]}");
     int64_t ne[4] = {64, 64, 1, 1};
     ie_qdecision_t d;
-    CU_ASSERT_EQUAL(ie_manifest_decide(m, IE_PT_WOH, 0, "blk.0.attn_q.weight", IE_DTYPE_F32, IE_LAYOUT_ROWS, 0, 2, ne,
-                                       &d), IE_OK);
+    CU_ASSERT_EQUAL(ie_manifest_decide(m, IE_PT_WOH, 0, "blk.0.attn_q.weight", IE_DTYPE_F32, IE_LAYOUT_ROWS, 0, 2,
+                                       ne, &d),
+                    IE_OK);
     CU_ASSERT_EQUAL(d.layout, IE_LAYOUT_ROWS);
-    CU_ASSERT_EQUAL(ie_manifest_decide(m, IE_PT_WXH, 0, "blk.0.attn_q.weight", IE_DTYPE_F32, IE_LAYOUT_ROWS, 0, 2, ne,
-                                       &d), IE_OK);
+    CU_ASSERT_EQUAL(ie_manifest_decide(m, IE_PT_WXH, 0, "blk.0.attn_q.weight", IE_DTYPE_F32, IE_LAYOUT_ROWS, 0, 2,
+                                       ne, &d),
+                    IE_OK);
     CU_ASSERT_EQUAL(d.layout, IE_LAYOUT_PANEL16);
     CU_ASSERT_EQUAL(ie_manifest_decide(m, IE_PT_ALL, 0, "blk.0.attn_output.weight", IE_DTYPE_F32, IE_LAYOUT_ROWS, 0,
-                                       2, ne, &d), IE_OK);
+                                       2, ne, &d),
+                    IE_OK);
     CU_ASSERT_EQUAL(d.layout, IE_LAYOUT_ROWS);
     CU_ASSERT_EQUAL(d.dtype, IE_DTYPE_BF16);
     ie_manifest_destroy(&m);

@@ -29,7 +29,7 @@ static ie_metrics_t *sample_registry(void)
 {
     ie_metrics_t *m = NULL;
     ie_metric_t *req = NULL, *kv = NULL, *step = NULL;
-    static const double bounds[] = { 0.005, 0.25, 1 };
+    static const double bounds[] = {0.005, 0.25, 1};
     if (ie_metrics_new(&m) != IE_OK) return NULL;
     if (ie_metrics_counter(m, "ie_requests_total", "Requests finished, by status.", "status", &req) != IE_OK ||
         ie_metrics_gauge(m, "ie_kv_used_ratio", "KV cache slots in use.", NULL, &kv) != IE_OK ||
@@ -48,22 +48,21 @@ static ie_metrics_t *sample_registry(void)
     return m;
 }
 
-static const char SAMPLE_TEXT[] =
-    "# HELP ie_requests_total Requests finished, by status.\n"
-    "# TYPE ie_requests_total counter\n"
-    "ie_requests_total{status=\"ok\"} 3\n"
-    "ie_requests_total{status=\"error\"} 1\n"
-    "# HELP ie_kv_used_ratio KV cache slots in use.\n"
-    "# TYPE ie_kv_used_ratio gauge\n"
-    "ie_kv_used_ratio 0.25\n"
-    "# HELP ie_step_seconds Step time.\n"
-    "# TYPE ie_step_seconds histogram\n"
-    "ie_step_seconds_bucket{le=\"0.005\"} 1\n"
-    "ie_step_seconds_bucket{le=\"0.25\"} 3\n"
-    "ie_step_seconds_bucket{le=\"1\"} 3\n"
-    "ie_step_seconds_bucket{le=\"+Inf\"} 4\n"
-    "ie_step_seconds_sum 4.251953125\n"
-    "ie_step_seconds_count 4\n";
+static const char SAMPLE_TEXT[] = "# HELP ie_requests_total Requests finished, by status.\n"
+                                  "# TYPE ie_requests_total counter\n"
+                                  "ie_requests_total{status=\"ok\"} 3\n"
+                                  "ie_requests_total{status=\"error\"} 1\n"
+                                  "# HELP ie_kv_used_ratio KV cache slots in use.\n"
+                                  "# TYPE ie_kv_used_ratio gauge\n"
+                                  "ie_kv_used_ratio 0.25\n"
+                                  "# HELP ie_step_seconds Step time.\n"
+                                  "# TYPE ie_step_seconds histogram\n"
+                                  "ie_step_seconds_bucket{le=\"0.005\"} 1\n"
+                                  "ie_step_seconds_bucket{le=\"0.25\"} 3\n"
+                                  "ie_step_seconds_bucket{le=\"1\"} 3\n"
+                                  "ie_step_seconds_bucket{le=\"+Inf\"} 4\n"
+                                  "ie_step_seconds_sum 4.251953125\n"
+                                  "ie_step_seconds_count 4\n";
 
 /* The value on the line that starts with `prefix` (after a newline or at
  * the start of text); -1 when there is no such line. */
@@ -81,7 +80,7 @@ static void test_exposition_exact(void)
 {
     ie_metrics_t *m = sample_registry();
     CU_ASSERT_PTR_NOT_NULL_FATAL(m);
-    ie_buf_t b = { 0 };
+    ie_buf_t b = {0};
     CU_ASSERT_EQUAL_FATAL(ie_metrics_render(m, &b), IE_OK);
     CU_ASSERT_EQUAL(strncmp(b.data, SAMPLE_TEXT, strlen(SAMPLE_TEXT)), 0);
     if (strncmp(b.data, SAMPLE_TEXT, strlen(SAMPLE_TEXT)) != 0) fprintf(stderr, "\n--- got:\n%s", b.data);
@@ -117,19 +116,20 @@ static void test_unlabelled_defaults(void)
     CU_ASSERT_EQUAL(ie_metrics_counter(m, "ie_tokens_generated_total", "Tokens.", NULL, &c), IE_OK);
     CU_ASSERT_EQUAL(ie_metrics_gauge(m, "g", "", NULL, &g), IE_OK);
     CU_ASSERT_EQUAL(ie_metrics_histogram(m, "h_seconds", "H.", NULL, NULL, 0, &h), IE_OK);
-    ie_buf_t b = { 0 };
+    ie_buf_t b = {0};
     CU_ASSERT_EQUAL(ie_metrics_render(m, &b), IE_OK);
     /* unlabelled series exist (as 0) before the first update */
     CU_ASSERT_PTR_NOT_NULL(strstr(b.data, "\nie_tokens_generated_total 0\n"));
     CU_ASSERT_PTR_NOT_NULL(strstr(b.data, "# HELP g \n# TYPE g gauge\ng 0\n"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(b.data, "\nh_seconds_bucket{le=\"+Inf\"} 0\nh_seconds_sum 0\nh_seconds_count 0\n"));
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr(b.data, "\nh_seconds_bucket{le=\"+Inf\"} 0\nh_seconds_sum 0\nh_seconds_count 0\n"));
 
     ie_metric_add(c, NULL, 5);
     ie_metric_add(c, NULL, -3);  /* counters never go down */
     ie_metric_add(c, "x", 1.5);  /* a label on an unlabelled metric is ignored */
     ie_metric_set(c, NULL, 100); /* set is for gauges only */
     ie_metric_set(g, NULL, -2.5);
-    ie_metric_add(g, NULL, 1);   /* gauges may add either way */
+    ie_metric_add(g, NULL, 1); /* gauges may add either way */
     ie_metric_add(g, NULL, -0.25);
     ie_metric_observe(h, NULL, 1e9);
     ie_metric_observe(c, NULL, 1); /* wrong kind: ignored */
@@ -137,7 +137,8 @@ static void test_unlabelled_defaults(void)
     CU_ASSERT_EQUAL(ie_metrics_render(m, &b), IE_OK);
     CU_ASSERT_PTR_NOT_NULL(strstr(b.data, "\nie_tokens_generated_total 6.5\n"));
     CU_ASSERT_PTR_NOT_NULL(strstr(b.data, "\ng -1.75\n"));
-    CU_ASSERT_PTR_NOT_NULL(strstr(b.data, "\nh_seconds_bucket{le=\"+Inf\"} 1\nh_seconds_sum 1000000000\nh_seconds_count 1\n"));
+    CU_ASSERT_PTR_NOT_NULL(
+        strstr(b.data, "\nh_seconds_bucket{le=\"+Inf\"} 1\nh_seconds_sum 1000000000\nh_seconds_count 1\n"));
     ie_buf_free(&b);
     ie_metrics_destroy(&m);
 }
@@ -146,11 +147,12 @@ static void test_labelled_histogram(void)
 {
     ie_metrics_t *m = NULL;
     ie_metric_t *h = NULL, *g = NULL;
-    static const double bounds[] = { 0.1, 0.5, INFINITY }; /* a trailing +Inf is implied anyway */
+    static const double bounds[] = {0.1, 0.5, INFINITY}; /* a trailing +Inf is implied anyway */
     CU_ASSERT_EQUAL_FATAL(ie_metrics_new(&m), IE_OK);
-    CU_ASSERT_EQUAL(ie_metrics_histogram(m, "ie_worker_step_seconds", "Per worker.", "worker", bounds, 3, &h), IE_OK);
+    CU_ASSERT_EQUAL(ie_metrics_histogram(m, "ie_worker_step_seconds", "Per worker.", "worker", bounds, 3, &h),
+                    IE_OK);
     CU_ASSERT_EQUAL(ie_metrics_gauge(m, "ie_worker_up", "Up.", "worker", &g), IE_OK);
-    ie_buf_t b = { 0 };
+    ie_buf_t b = {0};
     CU_ASSERT_EQUAL(ie_metrics_render(m, &b), IE_OK);
     /* a labelled metric has no series until a label value is used */
     CU_ASSERT_PTR_NOT_NULL(strstr(b.data, "# TYPE ie_worker_step_seconds histogram\n# HELP ie_worker_up Up.\n"));
@@ -161,24 +163,23 @@ static void test_labelled_histogram(void)
     ie_metric_set(g, "0", 0);
     ie_metric_set(g, NULL, 1); /* NULL label value = "" */
     CU_ASSERT_EQUAL(ie_metrics_render(m, &b), IE_OK);
-    const char *want =
-        "# HELP ie_worker_step_seconds Per worker.\n"
-        "# TYPE ie_worker_step_seconds histogram\n"
-        "ie_worker_step_seconds_bucket{worker=\"1\",le=\"0.1\"} 1\n"
-        "ie_worker_step_seconds_bucket{worker=\"1\",le=\"0.5\"} 2\n"
-        "ie_worker_step_seconds_bucket{worker=\"1\",le=\"+Inf\"} 2\n"
-        "ie_worker_step_seconds_sum{worker=\"1\"} 0.4\n"
-        "ie_worker_step_seconds_count{worker=\"1\"} 2\n"
-        "ie_worker_step_seconds_bucket{worker=\"0\",le=\"0.1\"} 0\n"
-        "ie_worker_step_seconds_bucket{worker=\"0\",le=\"0.5\"} 0\n"
-        "ie_worker_step_seconds_bucket{worker=\"0\",le=\"+Inf\"} 1\n"
-        "ie_worker_step_seconds_sum{worker=\"0\"} 0.75\n"
-        "ie_worker_step_seconds_count{worker=\"0\"} 1\n"
-        "# HELP ie_worker_up Up.\n"
-        "# TYPE ie_worker_up gauge\n"
-        "ie_worker_up{worker=\"1\"} 1\n"
-        "ie_worker_up{worker=\"0\"} 0\n"
-        "ie_worker_up{worker=\"\"} 1\n";
+    const char *want = "# HELP ie_worker_step_seconds Per worker.\n"
+                       "# TYPE ie_worker_step_seconds histogram\n"
+                       "ie_worker_step_seconds_bucket{worker=\"1\",le=\"0.1\"} 1\n"
+                       "ie_worker_step_seconds_bucket{worker=\"1\",le=\"0.5\"} 2\n"
+                       "ie_worker_step_seconds_bucket{worker=\"1\",le=\"+Inf\"} 2\n"
+                       "ie_worker_step_seconds_sum{worker=\"1\"} 0.4\n"
+                       "ie_worker_step_seconds_count{worker=\"1\"} 2\n"
+                       "ie_worker_step_seconds_bucket{worker=\"0\",le=\"0.1\"} 0\n"
+                       "ie_worker_step_seconds_bucket{worker=\"0\",le=\"0.5\"} 0\n"
+                       "ie_worker_step_seconds_bucket{worker=\"0\",le=\"+Inf\"} 1\n"
+                       "ie_worker_step_seconds_sum{worker=\"0\"} 0.75\n"
+                       "ie_worker_step_seconds_count{worker=\"0\"} 1\n"
+                       "# HELP ie_worker_up Up.\n"
+                       "# TYPE ie_worker_up gauge\n"
+                       "ie_worker_up{worker=\"1\"} 1\n"
+                       "ie_worker_up{worker=\"0\"} 0\n"
+                       "ie_worker_up{worker=\"\"} 1\n";
     CU_ASSERT_EQUAL(strncmp(b.data, want, strlen(want)), 0);
     if (strncmp(b.data, want, strlen(want)) != 0) fprintf(stderr, "\n--- got:\n%s", b.data);
     ie_buf_free(&b);
@@ -193,7 +194,7 @@ static void test_escaping(void)
     CU_ASSERT_EQUAL(ie_metrics_counter(m, "esc_total", "Back\\slash, \"quotes\" and\na newline.", "v", &c), IE_OK);
     ie_metric_add(c, "a\"b\\c\nd", 1);
     ie_metric_add(c, "plain \xc3\xa9t\xc3\xa9", 2); /* UTF-8 passes through */
-    ie_buf_t b = { 0 };
+    ie_buf_t b = {0};
     CU_ASSERT_EQUAL(ie_metrics_render(m, &b), IE_OK);
     /* HELP escapes backslash and newline only; label values also the quote */
     CU_ASSERT_PTR_NOT_NULL(strstr(b.data, "# HELP esc_total Back\\\\slash, \"quotes\" and\\na newline.\n"));
@@ -207,11 +208,11 @@ static void test_registration_rules(void)
 {
     ie_metrics_t *m = NULL;
     ie_metric_t *a = NULL, *b = NULL, *h = NULL, *x = (ie_metric_t *)1;
-    static const double bounds[] = { 1, 2 };
-    static const double other[] = { 1, 3 };
-    static const double unsorted[] = { 2, 1 };
-    static const double dup[] = { 1, 1 };
-    static const double nan_b[] = { NAN };
+    static const double bounds[] = {1, 2};
+    static const double other[] = {1, 3};
+    static const double unsorted[] = {2, 1};
+    static const double dup[] = {1, 1};
+    static const double nan_b[] = {NAN};
     CU_ASSERT_EQUAL_FATAL(ie_metrics_new(&m), IE_OK);
     CU_ASSERT_EQUAL(ie_metrics_counter(m, "c_total", "C.", "status", &a), IE_OK);
     /* same name, kind and label: the same metric */
@@ -238,9 +239,9 @@ static void test_registration_rules(void)
     CU_ASSERT_EQUAL(ie_metrics_histogram(m, "h2", "H.", NULL, NULL, 2, &x), IE_ERR_INVAL);
     CU_ASSERT_EQUAL(ie_metrics_histogram(m, "h2", "H.", NULL, bounds, -1, &x), IE_ERR_INVAL);
     /* bad names and labels */
-    const char *bad_names[] = { "", "1abc", "a-b", "a b", "é", NULL };
+    const char *bad_names[] = {"", "1abc", "a-b", "a b", "é", NULL};
     for (int i = 0; i < 6; i++) CU_ASSERT_EQUAL(ie_metrics_counter(m, bad_names[i], "", NULL, &x), IE_ERR_INVAL);
-    CU_ASSERT_EQUAL(ie_metrics_counter(m, "ns:sub_total", "", NULL, &x), IE_OK); /* colons are fine */
+    CU_ASSERT_EQUAL(ie_metrics_counter(m, "ns:sub_total", "", NULL, &x), IE_OK);     /* colons are fine */
     CU_ASSERT_EQUAL(ie_metrics_counter(m, "l1_total", "", "a:b", &x), IE_ERR_INVAL); /* not in labels */
     CU_ASSERT_EQUAL(ie_metrics_counter(m, "l2_total", "", "__reserved", &x), IE_ERR_INVAL);
     CU_ASSERT_EQUAL(ie_metrics_counter(m, "l3_total", "", "", &x), IE_ERR_INVAL);
@@ -252,7 +253,7 @@ static void test_registration_rules(void)
     CU_ASSERT_EQUAL(ie_metrics_counter(NULL, "n_total", "", NULL, &x), IE_ERR_INVAL);
     CU_ASSERT_EQUAL(ie_metrics_counter(m, "n_total", "", NULL, NULL), IE_ERR_INVAL);
     /* nothing refused made it into the text */
-    ie_buf_t buf = { 0 };
+    ie_buf_t buf = {0};
     CU_ASSERT_EQUAL(ie_metrics_render(m, &buf), IE_OK);
     CU_ASSERT_PTR_NULL(strstr(buf.data, "h2"));
     CU_ASSERT_PTR_NULL(strstr(buf.data, "l4"));
@@ -289,7 +290,7 @@ static void *update_thread(void *p)
 static void *render_thread(void *p)
 {
     thread_arg_t *a = p;
-    ie_buf_t b = { 0 };
+    ie_buf_t b = {0};
     for (int i = 0; i < 200; i++) ie_metrics_render(a->m, &b);
     ie_buf_free(&b);
     return NULL;
@@ -298,8 +299,8 @@ static void *render_thread(void *p)
 static void test_concurrent_updates(void)
 {
     ie_metrics_t *m = NULL;
-    static const double bounds[] = { 1, 2 };
-    thread_arg_t base = { 0 };
+    static const double bounds[] = {1, 2};
+    thread_arg_t base = {0};
     CU_ASSERT_EQUAL_FATAL(ie_metrics_new(&m), IE_OK);
     base.m = m;
     CU_ASSERT_EQUAL_FATAL(ie_metrics_counter(m, "conc_total", "C.", NULL, &base.c), IE_OK);
@@ -312,11 +313,12 @@ static void test_concurrent_updates(void)
     for (int i = 0; i <= N_THREADS; i++) {
         args[i] = base;
         args[i].id = i;
-        CU_ASSERT_EQUAL_FATAL(pthread_create(&th[i], NULL, i < N_THREADS ? update_thread : render_thread, &args[i]), 0);
+        CU_ASSERT_EQUAL_FATAL(pthread_create(&th[i], NULL, i < N_THREADS ? update_thread : render_thread, &args[i]),
+                              0);
     }
     for (int i = 0; i <= N_THREADS; i++) pthread_join(th[i], NULL);
 
-    ie_buf_t b = { 0 };
+    ie_buf_t b = {0};
     CU_ASSERT_EQUAL(ie_metrics_render(m, &b), IE_OK);
     CU_ASSERT_EQUAL(line_value(b.data, "conc_total "), (double)N_THREADS * N_ITERS);
     CU_ASSERT_EQUAL(line_value(b.data, "conc_labelled_total{t=\"t0\"} "), N_THREADS / 2 * N_ITERS * 0.5);
@@ -340,9 +342,9 @@ static char *http_raw(int port, const char *request)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) return NULL;
-    struct timeval tv = { 5, 0 };
+    struct timeval tv = {5, 0};
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    struct sockaddr_in sa = { 0 };
+    struct sockaddr_in sa = {0};
     sa.sin_family = AF_INET;
     sa.sin_port = htons((uint16_t)port);
     inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
@@ -428,7 +430,8 @@ static void test_http_server(void)
     free(r);
     /* HTTP/1.0 works too */
     r = http_raw(port, "GET /metrics HTTP/1.0\r\n\r\n");
-    CU_ASSERT(r && strncmp(r, "HTTP/1.", 7) == 0 && strncmp(r + 8, " 200", 4) == 0 && strstr(r, "# TYPE ie_step_seconds histogram\n"));
+    CU_ASSERT(r && strncmp(r, "HTTP/1.", 7) == 0 && strncmp(r + 8, " 200", 4) == 0 &&
+              strstr(r, "# TYPE ie_step_seconds histogram\n"));
     free(r);
 
     /* the port is taken now: a second server on it fails cleanly */
@@ -477,9 +480,12 @@ static void test_promtool(void)
     ie_metrics_t *m = sample_registry();
     CU_ASSERT_PTR_NOT_NULL_FATAL(m);
     ie_metric_t *c = NULL, *h = NULL, *g = NULL;
-    static const double bounds[] = { 0.001, 0.01, 0.1, 1, 10 };
-    CU_ASSERT_EQUAL(ie_metrics_counter(m, "ie_worker_compute_seconds_total", "Compute time per worker.", "worker", &c), IE_OK);
-    CU_ASSERT_EQUAL(ie_metrics_histogram(m, "ie_request_queue_seconds", "Queue wait.", "priority", bounds, 5, &h), IE_OK);
+    static const double bounds[] = {0.001, 0.01, 0.1, 1, 10};
+    CU_ASSERT_EQUAL(ie_metrics_counter(m, "ie_worker_compute_seconds_total", "Compute time per worker.", "worker",
+                                       &c),
+                    IE_OK);
+    CU_ASSERT_EQUAL(ie_metrics_histogram(m, "ie_request_queue_seconds", "Queue wait.", "priority", bounds, 5, &h),
+                    IE_OK);
     CU_ASSERT_EQUAL(ie_metrics_gauge(m, "ie_escape_test_ratio", "Odd \\ help\nover two lines.", "v", &g), IE_OK);
     ie_metric_add(c, "0", 1.25);
     ie_metric_add(c, "1", 3e-7);
@@ -489,7 +495,7 @@ static void test_promtool(void)
     ie_metric_set(g, "tiny", 1e-300);
     ie_metric_set(g, "huge", 1.5e300);
 
-    ie_buf_t b = { 0 };
+    ie_buf_t b = {0};
     CU_ASSERT_EQUAL_FATAL(ie_metrics_render(m, &b), IE_OK);
     char path[] = "/tmp/ie_metrics_XXXXXX";
     int fd = mkstemp(path);

@@ -72,19 +72,19 @@ static ie_model_src_t *open_expect(const char *path, ie_status_t want, const cha
 enum { E = 8, H = 2, KV = 1, HD = 4, FF = 12, L = 2, V = 16 };
 
 typedef struct hf_opts {
-    const char *drop_field;  /* config field left out                     */
-    const char *extra;       /* raw JSON members appended to config.json  */
-    int n_kv;                /* num_key_value_heads (0: KV)               */
-    const char *skip;        /* HF tensor name not written                */
-    const char *bad_shape;   /* HF tensor written one row short           */
-    const char *dtype_i32;   /* HF tensor written as I32                  */
-    int tied;                /* tie_word_embeddings true, no lm_head      */
-    int no_lm_head;          /* untied but lm_head missing                */
-    int sharded;             /* two shards + model.safetensors.index.json */
-    int misindexed;          /* index puts one tensor in the wrong shard  */
-    const char *file_name;   /* single-file name (default model.safetensors) */
-    int tokenizer;           /* write tokenizer.json                      */
-    const char *arch;        /* architectures[0] (default LlamaForCausalLM) */
+    const char *drop_field; /* config field left out                     */
+    const char *extra;      /* raw JSON members appended to config.json  */
+    int n_kv;               /* num_key_value_heads (0: KV)               */
+    const char *skip;       /* HF tensor name not written                */
+    const char *bad_shape;  /* HF tensor written one row short           */
+    const char *dtype_i32;  /* HF tensor written as I32                  */
+    int tied;               /* tie_word_embeddings true, no lm_head      */
+    int no_lm_head;         /* untied but lm_head missing                */
+    int sharded;            /* two shards + model.safetensors.index.json */
+    int misindexed;         /* index puts one tensor in the wrong shard  */
+    const char *file_name;  /* single-file name (default model.safetensors) */
+    int tokenizer;          /* write tokenizer.json                      */
+    const char *arch;       /* architectures[0] (default LlamaForCausalLM) */
 } hf_opts_t;
 
 /* Fill value of element i of tensor k: distinct per tensor so mapping
@@ -95,11 +95,16 @@ static void write_config(const hf_opts_t *o)
 {
     char fields[1024], json[2048];
     int at = 0;
-    const struct { const char *k; char v[64]; } f[] = {
-        {"hidden_size", "8"}, {"intermediate_size", "12"}, {"num_hidden_layers", "2"},
-        {"num_attention_heads", "2"}, {"vocab_size", "16"}, {"max_position_embeddings", "256"},
-        {"rms_norm_eps", "1e-05"}, {"rope_theta", "500000.0"}, {"hidden_act", "\"silu\""},
-        {"torch_dtype", "\"bfloat16\""}, {"rope_scaling", "null"}, {"head_dim", "null"},
+    const struct {
+        const char *k;
+        char v[64];
+    } f[] = {
+        {"hidden_size", "8"},       {"intermediate_size", "12"},
+        {"num_hidden_layers", "2"}, {"num_attention_heads", "2"},
+        {"vocab_size", "16"},       {"max_position_embeddings", "256"},
+        {"rms_norm_eps", "1e-05"},  {"rope_theta", "500000.0"},
+        {"hidden_act", "\"silu\""}, {"torch_dtype", "\"bfloat16\""},
+        {"rope_scaling", "null"},   {"head_dim", "null"},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (!o->drop_field || strcmp(o->drop_field, f[i].k) != 0)
@@ -157,11 +162,15 @@ static void add(weights_ctx_t *c, int shard, const char *name, int64_t rows, int
  * (embeddings and layer 0 in the first shard, the rest in the second). */
 static void write_weights(const hf_opts_t *o)
 {
-    static const struct { const char *suffix; int rows, cols; } layer[] = {
-        {"input_layernorm.weight", E, 0},  {"self_attn.q_proj.weight", H * HD, E},
+    static const struct {
+        const char *suffix;
+        int rows, cols;
+    } layer[] = {
+        {"input_layernorm.weight", E, 0},        {"self_attn.q_proj.weight", H * HD, E},
         {"self_attn.k_proj.weight", KV * HD, E}, {"self_attn.v_proj.weight", KV * HD, E},
-        {"self_attn.o_proj.weight", E, H * HD}, {"post_attention_layernorm.weight", E, 0},
-        {"mlp.gate_proj.weight", FF, E},   {"mlp.up_proj.weight", FF, E}, {"mlp.down_proj.weight", E, FF},
+        {"self_attn.o_proj.weight", E, H * HD},  {"post_attention_layernorm.weight", E, 0},
+        {"mlp.gate_proj.weight", FF, E},         {"mlp.up_proj.weight", FF, E},
+        {"mlp.down_proj.weight", E, FF},
     };
     weights_ctx_t c;
     tbuf_t file;
@@ -213,7 +222,13 @@ static void check_hf_model(const ie_model_src_t *src, int tied)
     CU_ASSERT_EQUAL(hp->tied_embeddings, tied);
 
     /* canonical names, ne[] reversed from the HF shape, dtypes, data */
-    static const struct { const char *name; int n_dims; int64_t ne0, ne1; int k; ie_dtype_t dtype; } want[] = {
+    static const struct {
+        const char *name;
+        int n_dims;
+        int64_t ne0, ne1;
+        int k;
+        ie_dtype_t dtype;
+    } want[] = {
         {"token_embd.weight", 2, E, V, 0, IE_DTYPE_F32},
         {"blk.0.attn_norm.weight", 1, E, 1, 1, IE_DTYPE_F16},
         {"blk.0.attn_q.weight", 2, E, H * HD, 2, IE_DTYPE_BF16},
@@ -338,7 +353,8 @@ static void test_hf_bad_config(void)
     write_hf(&o);
     EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "num_attention_heads (2) is not a multiple of num_key_value_heads (3)");
 
-    o = (hf_opts_t){.drop_field = "rope_scaling", .extra = ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}"};
+    o = (hf_opts_t){.drop_field = "rope_scaling",
+                    .extra = ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}"};
     write_hf(&o);
     EXPECT_FAIL(g_dir, IE_ERR_UNSUPPORTED, "rope_scaling type 'llama3' is not supported");
     o.extra = ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}";
@@ -417,7 +433,8 @@ static void test_hf_bad_tensors(void)
 
     o = (hf_opts_t){.skip = "model.layers.1.mlp.up_proj.weight"};
     write_hf(&o);
-    EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "missing tensor 'blk.1.ffn_up.weight' (HF 'model.layers.1.mlp.up_proj.weight')");
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT,
+                "missing tensor 'blk.1.ffn_up.weight' (HF 'model.layers.1.mlp.up_proj.weight')");
 
     o = (hf_opts_t){.skip = "model.norm.weight"};
     write_hf(&o);
@@ -446,13 +463,13 @@ enum { G_F32 = 0, G_F16 = 1, G_Q4_0 = 2, G_Q4_1 = 3, G_Q5_0 = 6, G_Q8_0 = 8 };
 typedef struct gg_opts {
     const char *arch;
     int drop_block_count;
-    int n_kv;             /* head_count_kv key; 0: key absent (defaults to n_head) */
-    int vocab_size;       /* llama.vocab_size key; 0: absent                      */
-    uint32_t q_type;      /* type of the attn_q tensors (default q8_0)            */
-    uint64_t k_rows;      /* ne[1] of blk.0.attn_k (default GKV*GHD)              */
+    int n_kv;        /* head_count_kv key; 0: key absent (defaults to n_head) */
+    int vocab_size;  /* llama.vocab_size key; 0: absent                      */
+    uint32_t q_type; /* type of the attn_q tensors (default q8_0)            */
+    uint64_t k_rows; /* ne[1] of blk.0.attn_k (default GKV*GHD)              */
     int rope_freqs;
     int tied;
-    int defaults;         /* leave out every optional key                         */
+    int defaults; /* leave out every optional key                         */
 } gg_opts_t;
 
 static void gg_tensor(gguf_w_t *w, const char *name, uint32_t type, uint64_t ne0, uint64_t ne1)
@@ -488,7 +505,8 @@ static void write_gguf(const gg_opts_t *o, const char *file)
     gg_tensor(&w, "token_embd.weight", G_Q8_0, GE, GV);
     for (int l = 0; l < GL; l++) {
         snprintf(name, sizeof name, "blk.%d.attn_norm.weight", l), gg_tensor(&w, name, G_F32, GE, 0);
-        snprintf(name, sizeof name, "blk.%d.attn_q.weight", l), gg_tensor(&w, name, o->q_type ? o->q_type : G_Q8_0, GE, GH * GHD);
+        snprintf(name, sizeof name, "blk.%d.attn_q.weight", l),
+            gg_tensor(&w, name, o->q_type ? o->q_type : G_Q8_0, GE, GH * GHD);
         snprintf(name, sizeof name, "blk.%d.attn_k.weight", l);
         gg_tensor(&w, name, G_Q4_0, GE, l == 0 && o->k_rows ? o->k_rows : GKV * GHD);
         snprintf(name, sizeof name, "blk.%d.attn_v.weight", l), gg_tensor(&w, name, G_Q4_1, GE, GKV * GHD);
@@ -589,7 +607,8 @@ static void test_gguf_bad(void)
 
     o = (gg_opts_t){.n_kv = GKV, .k_rows = 15};
     write_gguf(&o, "tiny.gguf");
-    EXPECT_FAIL(gguf_path(), IE_ERR_FORMAT, "model: tensor 'blk.0.attn_k.weight' has shape [32, 15], expected [32, 16]");
+    EXPECT_FAIL(gguf_path(), IE_ERR_FORMAT,
+                "model: tensor 'blk.0.attn_k.weight' has shape [32, 15], expected [32, 16]");
 
     o = (gg_opts_t){.n_kv = GKV, .rope_freqs = 1};
     write_gguf(&o, "tiny.gguf");
@@ -618,8 +637,8 @@ static void test_gguf_bad(void)
 enum { GO_H = 32, GO_NH = 4, GO_NKV = 2, GO_D = 16, GO_I = 64, GO_V = 512, GO_L = 3 };
 
 /* Tensor `name` must exist with ne = {ne0, ne1, ne2} (n_dims dims). */
-static const ie_tensor_t *go_tensor(const ie_model_src_t *src, const char *name, int n_dims, int64_t ne0, int64_t ne1,
-                                    int64_t ne2)
+static const ie_tensor_t *go_tensor(const ie_model_src_t *src, const char *name, int n_dims, int64_t ne0,
+                                    int64_t ne1, int64_t ne2)
 {
     const ie_tensor_t *t = ie_model_src_tensor(src, name);
     int ok = t && t->n_dims == n_dims && t->ne[0] == ne0 && (n_dims < 2 || t->ne[1] == ne1) &&
@@ -670,15 +689,30 @@ static void check_gptoss(const ie_model_src_t *src, int n_expert, int gguf)
     go_tensor(src, "output_norm.weight", 1, GO_H, 0, 0);
     go_tensor(src, "output.weight", 2, GO_H, GO_V, 0);
     for (int l = 0; l < GO_L; l++) {
-        const struct { const char *suffix; int nd; int64_t ne[3]; } req[] = {
-            {"attn_norm.weight", 1, {GO_H}},      {"attn_q.weight", 2, {GO_H, q}},   {"attn_q.bias", 1, {q}},
-            {"attn_k.weight", 2, {GO_H, kv}},     {"attn_k.bias", 1, {kv}},          {"attn_v.weight", 2, {GO_H, kv}},
-            {"attn_v.bias", 1, {kv}},             {"attn_output.weight", 2, {q, GO_H}}, {"attn_output.bias", 1, {GO_H}},
-            {"attn_sinks.weight", 1, {GO_NH}},    {"post_attention_norm.weight", 1, {GO_H}},
-            {"ffn_gate_inp.weight", 2, {GO_H, E}}, {"ffn_gate_inp.bias", 1, {E}},
-            {"ffn_gate_exps.weight", 3, {GO_H, GO_I, E}}, {"ffn_up_exps.weight", 3, {GO_H, GO_I, E}},
-            {"ffn_down_exps.weight", 3, {GO_I, GO_H, E}}, {"ffn_gate_exps.bias", 2, {GO_I, E}},
-            {"ffn_up_exps.bias", 2, {GO_I, E}},   {"ffn_down_exps.bias", 2, {GO_H, E}},
+        const struct {
+            const char *suffix;
+            int nd;
+            int64_t ne[3];
+        } req[] = {
+            {"attn_norm.weight", 1, {GO_H}},
+            {"attn_q.weight", 2, {GO_H, q}},
+            {"attn_q.bias", 1, {q}},
+            {"attn_k.weight", 2, {GO_H, kv}},
+            {"attn_k.bias", 1, {kv}},
+            {"attn_v.weight", 2, {GO_H, kv}},
+            {"attn_v.bias", 1, {kv}},
+            {"attn_output.weight", 2, {q, GO_H}},
+            {"attn_output.bias", 1, {GO_H}},
+            {"attn_sinks.weight", 1, {GO_NH}},
+            {"post_attention_norm.weight", 1, {GO_H}},
+            {"ffn_gate_inp.weight", 2, {GO_H, E}},
+            {"ffn_gate_inp.bias", 1, {E}},
+            {"ffn_gate_exps.weight", 3, {GO_H, GO_I, E}},
+            {"ffn_up_exps.weight", 3, {GO_H, GO_I, E}},
+            {"ffn_down_exps.weight", 3, {GO_I, GO_H, E}},
+            {"ffn_gate_exps.bias", 2, {GO_I, E}},
+            {"ffn_up_exps.bias", 2, {GO_I, E}},
+            {"ffn_down_exps.bias", 2, {GO_H, E}},
         };
         for (size_t i = 0; i < sizeof req / sizeof req[0]; i++) {
             const ie_tensor_t *t;
@@ -694,7 +728,11 @@ static void check_gptoss(const ie_model_src_t *src, int n_expert, int gguf)
 
 static void test_gptoss_fixtures(void)
 {
-    static const struct { const char *path; int E, gguf; ie_dtype_t exp_dt; } fx[] = {
+    static const struct {
+        const char *path;
+        int E, gguf;
+        ie_dtype_t exp_dt;
+    } fx[] = {
         {GPTOSS_DIR, 8, 0, IE_DTYPE_F32},
         {GPTOSS_BF16_DIR, 4, 0, IE_DTYPE_BF16},
         {GPTOSS_MXFP4_DIR, 8, 0, IE_DTYPE_MXFP4},
@@ -728,10 +766,22 @@ static void test_gptoss_mxfp4_vs_gguf(void)
     ie_model_src_t *hf = EXPECT_FAIL(GPTOSS_MXFP4_DIR, IE_OK, "");
     ie_model_src_t *gg = EXPECT_FAIL(GPTOSS_GGUF, IE_OK, "");
     static const char *const exps[] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
-    static const char *const rest[] = {
-        "attn_norm.weight", "attn_q.weight", "attn_q.bias", "attn_k.weight", "attn_k.bias", "attn_v.weight",
-        "attn_v.bias", "attn_output.weight", "attn_output.bias", "attn_sinks.weight", "post_attention_norm.weight",
-        "ffn_gate_inp.weight", "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias"};
+    static const char *const rest[] = {"attn_norm.weight",
+                                       "attn_q.weight",
+                                       "attn_q.bias",
+                                       "attn_k.weight",
+                                       "attn_k.bias",
+                                       "attn_v.weight",
+                                       "attn_v.bias",
+                                       "attn_output.weight",
+                                       "attn_output.bias",
+                                       "attn_sinks.weight",
+                                       "post_attention_norm.weight",
+                                       "ffn_gate_inp.weight",
+                                       "ffn_gate_inp.bias",
+                                       "ffn_gate_exps.bias",
+                                       "ffn_up_exps.bias",
+                                       "ffn_down_exps.bias"};
     static const char *const glob[] = {"token_embd.weight", "output_norm.weight", "output.weight"};
     char n[96];
     int n_cmp = 0;
@@ -936,7 +986,8 @@ static void test_gptoss_bad(void)
     EXPECT_FAIL(g_dir, IE_ERR_UNSUPPORTED, "attention_bias = false");
 
     gptoss_copy(NULL, NULL, "model.layers.1.self_attn.sinks", NULL);
-    EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "missing tensor 'blk.1.attn_sinks.weight' (HF 'model.layers.1.self_attn.sinks')");
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT,
+                "missing tensor 'blk.1.attn_sinks.weight' (HF 'model.layers.1.self_attn.sinks')");
     gptoss_copy(NULL, NULL, NULL, "model.layers.2.mlp.experts.gate_up_proj");
     EXPECT_FAIL(g_dir, IE_ERR_FORMAT,
                 "tensor 'model.layers.2.mlp.experts.gate_up_proj' has shape [8, 32, 127], expected [8, 32, 128]");
@@ -946,7 +997,8 @@ static void test_gptoss_bad(void)
     EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "missing tensor 'model.layers.0.mlp.experts.gate_up_proj_bias'");
     gptoss_copy(NULL, NULL, NULL, "model.layers.0.mlp.experts.down_proj_bias");
     EXPECT_FAIL(g_dir, IE_ERR_FORMAT,
-                "tensor 'blk.0.ffn_down_exps.bias' has shape [31, 8], expected [32, 8] (HF 'model.layers.0.mlp.experts.down_proj_bias')");
+                "tensor 'blk.0.ffn_down_exps.bias' has shape [31, 8], expected [32, 8] (HF "
+                "'model.layers.0.mlp.experts.down_proj_bias')");
     gptoss_copy(NULL, NULL, NULL, "model.layers.0.mlp.router.weight");
     EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "'blk.0.ffn_gate_inp.weight' has shape [31, 8], expected [32, 8]");
     gptoss_copy(NULL, NULL, "lm_head.weight", NULL);

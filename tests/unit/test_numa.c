@@ -45,7 +45,7 @@ static void test_topology(void)
 
 static void test_describe_fixed(void)
 {
-    ie_topo_t t = { .n_nodes = 2, .n_packages = 2, .n_cores = 8, .n_pus = 16, .node_cores = { 4, 4 } };
+    ie_topo_t t = {.n_nodes = 2, .n_packages = 2, .n_cores = 8, .n_pus = 16, .node_cores = {4, 4}};
     char line[128];
     ie_topo_describe(&t, line, sizeof line);
     CU_ASSERT_STRING_EQUAL(line, "nodes=2 packages=2 cores=8 pus=16 node0:cores=4 node1:cores=4");
@@ -56,7 +56,7 @@ static void test_pick_this_machine(void)
 {
     ie_topo_t t;
     CU_ASSERT_EQUAL_FATAL(ie_topo_read(&t), IE_OK);
-    const char *policies[] = { NULL, "", "auto", "compact", "scatter", "socket:0", "none" };
+    const char *policies[] = {NULL, "", "auto", "compact", "scatter", "socket:0", "none"};
     for (size_t p = 0; p < sizeof policies / sizeof *policies; p++)
         for (int n = 1; n <= 8; n++)
             for (int r = 0; r < n; r++) {
@@ -82,9 +82,9 @@ static void test_pick_this_machine(void)
 /* The policies' arithmetic on a made-up 2-socket, 3-node machine. */
 static void test_pick_multinode(void)
 {
-    ie_topo_t t = { .n_nodes = 3, .n_packages = 2, .n_cores = 7, .n_pus = 14, .node_cores = { 2, 3, 2 } };
+    ie_topo_t t = {.n_nodes = 3, .n_packages = 2, .n_cores = 7, .n_pus = 14, .node_cores = {2, 3, 2}};
     int node = -2;
-    static const int compact[] = { 0, 0, 1, 1, 1, 2, 2, 0, 0, 1 }; /* 7 cores, then start over */
+    static const int compact[] = {0, 0, 1, 1, 1, 2, 2, 0, 0, 1}; /* 7 cores, then start over */
     for (int r = 0; r < 10; r++) {
         CU_ASSERT_EQUAL(ie_numa_pick(&t, "compact", r, 10, &node), IE_OK);
         CU_ASSERT_EQUAL(node, compact[r]);
@@ -107,8 +107,10 @@ static void test_pick_bad(void)
 {
     ie_topo_t t;
     CU_ASSERT_EQUAL_FATAL(ie_topo_read(&t), IE_OK);
-    const char *bad[] = { "fastest", "AUTO", "socket:", "socket:x", "socket:-1", "socket:+0", "socket:0x",
-                          "socket: 0", "socket:99999999999999999999", "compact ", "scatter,compact" };
+    const char *bad[] = {"fastest",   "AUTO",           "socket:",
+                         "socket:x",  "socket:-1",      "socket:+0",
+                         "socket:0x", "socket: 0",      "socket:99999999999999999999",
+                         "compact ",  "scatter,compact"};
     char id[32];
     snprintf(id, sizeof id, "socket:%d", t.n_nodes); /* one past the last node */
     for (size_t i = 0; i <= sizeof bad / sizeof *bad; i++) {
@@ -155,7 +157,7 @@ static void test_bind(void)
 
 static void check_alloc(int node)
 {
-    const size_t sizes[] = { 1, 4096, 3 * 4096 + 5, 8u << 20 };
+    const size_t sizes[] = {1, 4096, 3 * 4096 + 5, 8u << 20};
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {
         unsigned char *p = ie_numa_alloc(sizes[i], node);
         CU_ASSERT_PTR_NOT_NULL_FATAL(p);

@@ -38,7 +38,6 @@
 /* ------------------------------------------------------------- helpers */
 
 
-
 /* Gaussian (Box-Muller) with ~1% outliers 6-10x larger. */
 static void fill_gauss(float *x, int64_t n)
 {
@@ -58,7 +57,7 @@ static int n_isas(ie_isa_t *isas)
     return n;
 }
 
-static const ie_dtype_t ITYPES[] = { IE_DTYPE_I8W, IE_DTYPE_I4W, IE_DTYPE_I4WA };
+static const ie_dtype_t ITYPES[] = {IE_DTYPE_I8W, IE_DTYPE_I4W, IE_DTYPE_I4WA};
 
 /* The ggml type a group-32 I-type is byte-identical to. */
 static ie_dtype_t ggml_twin(ie_dtype_t t)
@@ -137,7 +136,7 @@ static float a_s(ie_dtype_t at, const uint8_t *row, int64_t n_in, int64_t b)
  * rows are zeros. */
 static void test_repack_lossless(void)
 {
-    static const int64_t nins[] = { 32, 96, 256 }, nouts[] = { 1, 16, 17, 40 };
+    static const int64_t nins[] = {32, 96, 256}, nouts[] = {1, 16, 17, 40};
     int bad = 0;
     for (int ti = 0; ti < 3; ti++)
         for (int a = 0; a < 3; a++)
@@ -161,8 +160,8 @@ static void test_repack_lossless(void)
                     CU_ASSERT_EQUAL(ie_pack_repack(gt, 0, w, n_in, r0, r1, n_out, p2), 0);
                 }
                 CU_ASSERT(memcmp(p, p2, pb) == 0);
-                const ie_pmat_t m = { ITYPES[ti], 32, n_in, n_out, p };
-                const ie_pmat_t mp = { ITYPES[ti], 32, n_in, n_pad, p }; /* sees the padding rows */
+                const ie_pmat_t m = {ITYPES[ti], 32, n_in, n_out, p};
+                const ie_pmat_t mp = {ITYPES[ti], 32, n_in, n_pad, p}; /* sees the padding rows */
                 for (int64_t r = 0; r < n_pad; r++) {
                     if (r < n_out) {
                         ie_dequantize_row(gt, w + (size_t)r * rb, x1, n_in);
@@ -174,7 +173,12 @@ static void test_repack_lossless(void)
                             if (x2[k] != 0.0f) bad++;
                     }
                 }
-                free(x); free(x1); free(x2); free(w); free(p); free(p2);
+                free(x);
+                free(x1);
+                free(x2);
+                free(w);
+                free(p);
+                free(p2);
             }
     CU_ASSERT_EQUAL(bad, 0);
     CU_ASSERT_EQUAL(ie_pack_target(IE_DTYPE_I4W), IE_DTYPE_I4W);
@@ -195,7 +199,8 @@ static void test_quantize_matches_ggml(void)
         const ie_dtype_t t = ITYPES[ti], gt = ggml_twin(t);
         const size_t rb = ie_dtype_row_bytes(gt, n_in), pb = ie_pack_bytes(t, 32, n_in, n_out);
         CU_ASSERT_EQUAL(ie_qrow_bytes(t, 32, n_in), rb);
-        uint8_t *g = xmalloc(rb * (size_t)n_out), *q = xmalloc(rb * (size_t)n_out), *p1 = palloc(pb), *p2 = palloc(pb);
+        uint8_t *g = xmalloc(rb * (size_t)n_out), *q = xmalloc(rb * (size_t)n_out), *p1 = palloc(pb),
+                *p2 = palloc(pb);
         rng_seed(200 + (uint64_t)ti);
         rng_fill(x, n_in * n_out);
         for (int64_t i = 0; i < 32; i++) x[3 * n_in + i] = 0.0f; /* an all-zero block */
@@ -207,7 +212,10 @@ static void test_quantize_matches_ggml(void)
         CU_ASSERT_EQUAL(ie_pack_repack(gt, 32, g, n_in, 0, n_out, n_out, p1), 0);
         CU_ASSERT_EQUAL(ie_pack_quantize(t, 32, IE_QSCALE_ABSMAX, x, n_in, 0, n_out, n_out, p2), 0);
         CU_ASSERT(memcmp(p1, p2, pb) == 0);
-        free(g); free(q); free(p1); free(p2);
+        free(g);
+        free(q);
+        free(p1);
+        free(p2);
     }
     free(x);
 }
@@ -217,7 +225,10 @@ static double elem_bound(ie_dtype_t t, const float *xg, int G)
 {
     float amax = 0.0f, max = 0.0f, mn = xg[0], mx = xg[0];
     for (int j = 0; j < G; j++) {
-        if (fabsf(xg[j]) > amax) { amax = fabsf(xg[j]); max = xg[j]; }
+        if (fabsf(xg[j]) > amax) {
+            amax = fabsf(xg[j]);
+            max = xg[j];
+        }
         if (xg[j] < mn) mn = xg[j];
         if (xg[j] > mx) mx = xg[j];
     }
@@ -233,7 +244,7 @@ static double elem_bound(ie_dtype_t t, const float *xg, int G)
  * 16-row pieces writes the same bytes as in one go. */
 static void test_rows_vs_panel(void)
 {
-    static const int64_t nins[] = { 128, 384 };
+    static const int64_t nins[] = {128, 384};
     int bad = 0, bad_bound = 0;
     for (int ti = 0; ti < 3; ti++)
         for (int a = 0; a < 2; a++)
@@ -248,7 +259,8 @@ static void test_rows_vs_panel(void)
                     CU_ASSERT_EQUAL(ie_tensor_bytes(t, IE_LAYOUT_PANEL16, G, n_in, n_out), pb);
                     float *x = xmalloc(sizeof(float) * (size_t)(n_in * n_out));
                     float *x1 = xmalloc(sizeof(float) * (size_t)n_in), *x2 = xmalloc(sizeof(float) * (size_t)n_in);
-                    uint8_t *rows = xmalloc(rb * (size_t)n_out), *p = palloc(pb), *p2 = palloc(pb), *p3 = palloc(pb);
+                    uint8_t *rows = xmalloc(rb * (size_t)n_out), *p = palloc(pb), *p2 = palloc(pb),
+                            *p3 = palloc(pb);
                     rng_seed(300 + (uint64_t)(ti * 64 + a * 16 + gi * 2 + how));
                     rng_fill(x, n_in * n_out);
                     const ie_qscale_t qs = how ? IE_QSCALE_MSE : IE_QSCALE_ABSMAX;
@@ -261,7 +273,7 @@ static void test_rows_vs_panel(void)
                     CU_ASSERT(memcmp(p, p2, pb) == 0);
                     CU_ASSERT_EQUAL(ie_pack_repack(t, G, rows, n_in, 0, n_out, n_out, p3), 0);
                     CU_ASSERT(memcmp(p, p3, pb) == 0);
-                    const ie_pmat_t m = { t, G, n_in, n_out, p };
+                    const ie_pmat_t m = {t, G, n_in, n_out, p};
                     for (int64_t r = 0; r < n_out; r++) {
                         ie_qrow_dequantize(t, G, rows + (size_t)r * rb, x1, n_in);
                         ie_pack_dequant_row(&m, r, x2);
@@ -271,13 +283,20 @@ static void test_rows_vs_panel(void)
                                 const float *xg = x + r * n_in + k / G * G;
                                 if (!(fabs((double)x1[k] - x[r * n_in + k]) <= elem_bound(t, xg, G))) {
                                     if (bad_bound < 3)
-                                        printf("\n  %s G=%d r=%lld k=%lld x=%g deq=%g bound=%g", ie_dtype_name(t), G,
-                                               (long long)r, (long long)k, x[r * n_in + k], x1[k], elem_bound(t, xg, G));
+                                        printf("\n  %s G=%d r=%lld k=%lld x=%g deq=%g bound=%g", ie_dtype_name(t),
+                                               G, (long long)r, (long long)k, x[r * n_in + k], x1[k],
+                                               elem_bound(t, xg, G));
                                     bad_bound++;
                                 }
                             }
                     }
-                    free(x); free(x1); free(x2); free(rows); free(p); free(p2); free(p3);
+                    free(x);
+                    free(x1);
+                    free(x2);
+                    free(rows);
+                    free(p);
+                    free(p2);
+                    free(p3);
                 }
     CU_ASSERT_EQUAL(bad, 0);
     CU_ASSERT_EQUAL(bad_bound, 0);
@@ -286,14 +305,15 @@ static void test_rows_vs_panel(void)
 /* Bad shapes and ranges are refused. */
 static void test_quantize_bad_args(void)
 {
-    float x[256] = { 0 };
+    float x[256] = {0};
     uint8_t buf[8192];
     CU_ASSERT_EQUAL(ie_qrow_quantize(IE_DTYPE_I8W, 48, IE_QSCALE_ABSMAX, x, 96, buf), -1);
     CU_ASSERT_EQUAL(ie_qrow_quantize(IE_DTYPE_I8W, 64, IE_QSCALE_ABSMAX, x, 96, buf), -1);
     CU_ASSERT_EQUAL(ie_qrow_quantize(IE_DTYPE_Q8_0, 32, IE_QSCALE_ABSMAX, x, 96, buf), -1);
     CU_ASSERT_EQUAL(ie_pack_quantize(IE_DTYPE_I4W, 32, IE_QSCALE_ABSMAX, x, 32, 8, 8, 8, buf), -1);   /* r0 % 16 */
     CU_ASSERT_EQUAL(ie_pack_quantize(IE_DTYPE_I4W, 32, IE_QSCALE_ABSMAX, x, 32, 0, 20, 40, buf), -1); /* r1 */
-    CU_ASSERT_EQUAL(ie_pack_quantize(IE_DTYPE_I4W, 32, IE_QSCALE_ABSMAX, x, 32, 0, 48, 40, buf), -1); /* r1 > n_out */
+    CU_ASSERT_EQUAL(ie_pack_quantize(IE_DTYPE_I4W, 32, IE_QSCALE_ABSMAX, x, 32, 0, 48, 40, buf),
+                    -1); /* r1 > n_out */
     CU_ASSERT_EQUAL(ie_pack_quantize(IE_DTYPE_I4W, 32, IE_QSCALE_ABSMAX, x, 32, 32, 16, 40, buf), -1);
     CU_ASSERT_EQUAL(ie_pack_quantize(IE_DTYPE_F32, 32, IE_QSCALE_ABSMAX, x, 32, 0, 1, 1, buf), -1);
     CU_ASSERT_EQUAL(ie_pack_quantize(IE_DTYPE_I4W, 32, IE_QSCALE_ABSMAX, x, 32, 0, 8, 8, buf), 0);
@@ -319,15 +339,17 @@ static void test_mse_scales(void)
             uint8_t *pa = palloc(pb), *pm = palloc(pb);
             CU_ASSERT_EQUAL(ie_pack_quantize(t, G, IE_QSCALE_ABSMAX, x, n_in, 0, n_out, n_out, pa), 0);
             CU_ASSERT_EQUAL(ie_pack_quantize(t, G, IE_QSCALE_MSE, x, n_in, 0, n_out, n_out, pm), 0);
-            const ie_pmat_t ma = { t, G, n_in, n_out, pa }, mm = { t, G, n_in, n_out, pm };
+            const ie_pmat_t ma = {t, G, n_in, n_out, pa}, mm = {t, G, n_in, n_out, pm};
             double ea = 0, em = 0;
             int worse_rows = 0;
             for (int64_t r = 0; r < n_out; r++) {
                 double ra = 0, rm = 0;
                 ie_pack_dequant_row(&ma, r, xr);
-                for (int64_t k = 0; k < n_in; k++) ra += ((double)xr[k] - x[r * n_in + k]) * ((double)xr[k] - x[r * n_in + k]);
+                for (int64_t k = 0; k < n_in; k++)
+                    ra += ((double)xr[k] - x[r * n_in + k]) * ((double)xr[k] - x[r * n_in + k]);
                 ie_pack_dequant_row(&mm, r, xr);
-                for (int64_t k = 0; k < n_in; k++) rm += ((double)xr[k] - x[r * n_in + k]) * ((double)xr[k] - x[r * n_in + k]);
+                for (int64_t k = 0; k < n_in; k++)
+                    rm += ((double)xr[k] - x[r * n_in + k]) * ((double)xr[k] - x[r * n_in + k]);
                 if (rm > ra * (1 + 1e-12)) worse_rows++;
                 ea += ra;
                 em += rm;
@@ -336,9 +358,11 @@ static void test_mse_scales(void)
             CU_ASSERT(em <= ea * (1 + 1e-12));
             if (t != IE_DTYPE_I8W) CU_ASSERT(em < 0.98 * ea); /* 4-bit: clipping pays */
             printf("\n    %s G=%d: mse/absmax squared error %.3f", ie_dtype_name(t), G, em / ea);
-            free(pa); free(pm);
+            free(pa);
+            free(pm);
         }
-    free(x); free(xr);
+    free(x);
+    free(xr);
 }
 
 /* ----------------------------------------------- Q8_P / Q16_P activations */
@@ -369,18 +393,25 @@ static void check_act_format(ie_dtype_t at, int64_t n)
             for (int64_t i = 0; i < n; i++)
                 x[i] = (i % 32 == 0) ? (i % 64 ? -qmax : qmax)
                                      : (float)((int)(rng_u32() % (uint32_t)(2 * qm - 1)) - (qm - 1)) + 0.5f;
-        if (round == 2) for (int64_t i = 64 < n ? 64 : 0; i < 128 && i < n; i++) x[i] = 0.0f;
-        if (round == 3) for (int64_t i = 0; i < n; i++) x[i] *= (i < 320 ? 1e-38f : i < 640 ? 1e-36f : i < 960 ? 1e-34f : 1e-30f);
+        if (round == 2)
+            for (int64_t i = 64 < n ? 64 : 0; i < 128 && i < n; i++) x[i] = 0.0f;
+        if (round == 3)
+            for (int64_t i = 0; i < n; i++)
+                x[i] *= (i < 320 ? 1e-38f : i < 640 ? 1e-36f : i < 960 ? 1e-34f : 1e-30f);
         if (round == 4) /* amax = qmax * 2^e: d = 2^e exactly, integer multiples and ties of it */
             for (int64_t i = 0; i < n; i++) {
                 const float p2 = ldexpf(1.0f, (int)(i / 32 % 40) - 20);
-                x[i] = p2 * ((i % 32 == 7) ? qmax : (float)((int)(rng_u32() % (uint32_t)(2 * qm + 1)) - qm) * (i % 3 ? 1.0f : 0.5f));
+                x[i] = p2 * ((i % 32 == 7)
+                                 ? qmax
+                                 : (float)((int)(rng_u32() % (uint32_t)(2 * qm + 1)) - qm) * (i % 3 ? 1.0f : 0.5f));
             }
         if (round == 5) /* one value per block is amax; the rest near ties */
             for (int64_t i = 0; i < n; i++)
-                x[i] = (i % 32 == 3) ? qmax
-                                     : nextafterf((float)((int)(rng_u32() % 200) - 100) + 0.5f, (i & 1) ? 1e9f : -1e9f);
-        if (round == 6) for (int64_t i = 0; i < n; i++) x[i] = (i % 32 == 0) ? 1e-3f : 0.0f; /* single non-zero */
+                x[i] = (i % 32 == 3)
+                           ? qmax
+                           : nextafterf((float)((int)(rng_u32() % 200) - 100) + 0.5f, (i & 1) ? 1e9f : -1e9f);
+        if (round == 6)
+            for (int64_t i = 0; i < n; i++) x[i] = (i % 32 == 0) ? 1e-3f : 0.0f; /* single non-zero */
         memset(ref, 0xcd, nb);
         ie_act_quantize_ref(at, x, ref, n);
         /* the definition, spelled out */
@@ -403,11 +434,14 @@ static void check_act_format(ie_dtype_t at, int64_t n)
             memset(got, 0xab, nb);
             ie_kernels_get(isas[i])->act_quantize(at, x, got, n);
             const int same = memcmp(ref, got, nb) == 0;
-            if (!same) printf("\n  act_quantize %s %s round %d differs", ie_isa_name(isas[i]), ie_dtype_name(at), round);
+            if (!same)
+                printf("\n  act_quantize %s %s round %d differs", ie_isa_name(isas[i]), ie_dtype_name(at), round);
             CU_ASSERT(same);
         }
     }
-    free(x); free(ref); free(got);
+    free(x);
+    free(ref);
+    free(got);
 }
 
 static void test_act_formats(void)
@@ -464,7 +498,9 @@ static void test_act_stream(void)
         }
     CU_ASSERT_EQUAL(bad, 0);
     CU_ASSERT(ran >= 4 * 5 * 3);
-    free(x); free(ref); free(buf);
+    free(x);
+    free(ref);
+    free(buf);
 }
 
 /* Q16_P rounding on every ISA: d = 1 (amax 32767 in each block), and x =
@@ -480,7 +516,10 @@ static void test_q16p_rounding_sweep(void)
     uint8_t *ref = xmalloc(nb), *got = xmalloc(nb);
     int bad = 0;
     for (int64_t i = 0; i < n; i++) {
-        if (i % 32 == 0) { x[i] = 32767.0f; continue; }
+        if (i % 32 == 0) {
+            x[i] = 32767.0f;
+            continue;
+        }
         /* odd i: k anywhere in [-32766, 32766]; even i: |k| < 64, where
          * the sum k + 0.5 crosses binades (a naive +0.5 rounds wrong) */
         const int k = i & 1 ? (int)((i * 2654435761u) % 65533u) - 32766 : (int)((i * 40503u) % 127u) - 63;
@@ -498,13 +537,18 @@ static void test_q16p_rounding_sweep(void)
         ie_kernels_get(isas[i])->act_quantize(IE_DTYPE_Q16_P, x, got, n);
         CU_ASSERT(memcmp(ref, got, nb) == 0);
     }
-    free(x); free(ref); free(got);
+    free(x);
+    free(ref);
+    free(got);
 }
 
 /* ------------------------------------------------------ matmul_packed */
 
 /* Memory whose last byte is followed by an inaccessible page. */
-typedef struct { uint8_t *base; size_t len; } guarded_t;
+typedef struct {
+    uint8_t *base;
+    size_t len;
+} guarded_t;
 
 static void *guarded_alloc(guarded_t *g, size_t n, size_t align)
 {
@@ -548,15 +592,17 @@ static int check_packed_case(const mcase_t *c)
     float *x = xmalloc(sizeof(float) * (size_t)(n_in * (n_out > n_tok ? n_out : n_tok)));
     float *wf = xmalloc(sizeof(float) * (size_t)(n_in * n_out));
     double *af = xmalloc(sizeof(double) * (size_t)(n_in * n_tok));
-    double *yo = xmalloc(sizeof(double) * (size_t)(n_out * n_tok)), *tol = xmalloc(sizeof(double) * (size_t)(n_out * n_tok));
+    double *yo = xmalloc(sizeof(double) * (size_t)(n_out * n_tok)),
+           *tol = xmalloc(sizeof(double) * (size_t)(n_out * n_tok));
     float *y = xmalloc(sizeof(float) * ny), *yref = xmalloc(sizeof(float) * ny);
     rng_seed(c->seed);
     rng_fill(x, n_in * n_out);
     CU_ASSERT_EQUAL_FATAL(ie_pack_quantize(c->t, c->G, c->mse ? IE_QSCALE_MSE : IE_QSCALE_ABSMAX, x, n_in, 0, n_out,
-                                           n_out, w), 0);
+                                           n_out, w),
+                          0);
     rng_fill(x, n_in * n_tok);
     for (int64_t t = 0; t < n_tok; t++) ie_act_quantize_ref(at, x + t * n_in, a + (size_t)t * as, n_in);
-    const ie_pmat_t m = { c->t, c->G, n_in, n_out, w };
+    const ie_pmat_t m = {c->t, c->G, n_in, n_out, w};
     for (int64_t r = 0; r < n_out; r++) ie_pack_dequant_row(&m, r, wf + r * n_in);
     for (int64_t t = 0; t < n_tok; t++)
         for (int64_t k = 0; k < n_in; k++) {
@@ -574,7 +620,8 @@ static int check_packed_case(const mcase_t *c)
                 const double mw = c->t == IE_DTYPE_I4WA ? p_scale(&m, r, b * 32 / c->G, 1) : 0.0;
                 const double da = a_d(at, ar, n_in, b), sa = a_s(at, ar, n_in, b);
                 double si = 0.0;
-                for (int64_t k = b * 32; k < b * 32 + 32; k++) si += fabs((double)p_code(&m, r, k) * a_q(at, ar, k));
+                for (int64_t k = b * 32; k < b * 32 + 32; k++)
+                    si += fabs((double)p_code(&m, r, k) * a_q(at, ar, k));
                 T += fabs(dw * da) * si + off * fabs(dw * sa) + fabs(mw * sa);
             }
             yo[t * n_out + r] = s;
@@ -611,8 +658,15 @@ static int check_packed_case(const mcase_t *c)
         for (size_t j = (size_t)(ldy * n_tok); j < ny; j++)
             if (yy[j] != SENTINEL) bad++;
     }
-    guarded_free(&gw); guarded_free(&ga);
-    free(x); free(wf); free(af); free(yo); free(tol); free(y); free(yref);
+    guarded_free(&gw);
+    guarded_free(&ga);
+    free(x);
+    free(wf);
+    free(af);
+    free(yo);
+    free(tol);
+    free(y);
+    free(yref);
     return bad;
 }
 
@@ -621,9 +675,9 @@ static int check_packed_case(const mcase_t *c)
  * row bytes. */
 static void test_matmul_packed_shapes(void)
 {
-    static const int64_t nouts[] = { 1, 15, 16, 17, 33, 100, 130 };
-    static const int64_t nins[] = { 32, 64, 96, 160, 512, 576, 1024 };
-    static const int64_t ntoks[] = { 1, 2, 3, 5, 7, 8, 13, 19, 33 };
+    static const int64_t nouts[] = {1, 15, 16, 17, 33, 100, 130};
+    static const int64_t nins[] = {32, 64, 96, 160, 512, 576, 1024};
+    static const int64_t ntoks[] = {1, 2, 3, 5, 7, 8, 13, 19, 33};
     int bad = 0, cases = 0, k = 0;
     for (int ti = 0; ti < 3; ti++)
         for (int a = 0; a < 7; a++)
@@ -632,8 +686,9 @@ static void test_matmul_packed_shapes(void)
                 const int G = gi < 3 ? 32 << gi : (int)n_in;
                 if (n_in % G || (gi == 3 && (G == 32 || G == 64 || G == 128))) continue;
                 for (int rep = 0; rep < 3; rep++, k++) {
-                    mcase_t c = { ITYPES[ti], G, n_in, nouts[k % 7], ntoks[(k * 4 + rep) % 9], 0, 0,
-                                  (k % 5) == 0, 1 + k % 7, 4 * (k % 5), 1000 + (uint64_t)k };
+                    mcase_t c = {
+                        ITYPES[ti],   G,         n_in,        nouts[k % 7],      ntoks[(k * 4 + rep) % 9], 0, 0,
+                        (k % 5) == 0, 1 + k % 7, 4 * (k % 5), 1000 + (uint64_t)k};
                     if (n_in >= 512 && c.n_tok > 13) c.n_tok = 13; /* keep the oracle quick */
                     c.r1 = c.n_out;
                     if (rep > 0 && c.n_out > 16) { /* a sub-range */
@@ -649,7 +704,7 @@ static void test_matmul_packed_shapes(void)
     /* every n_tok with every type on a mid shape */
     for (int ti = 0; ti < 3; ti++)
         for (int j = 0; j < 9; j++, k++) {
-            mcase_t c = { ITYPES[ti], 64, 192, 33, ntoks[j], 16, 33, 0, 3, 12, 5000 + (uint64_t)k };
+            mcase_t c = {ITYPES[ti], 64, 192, 33, ntoks[j], 16, 33, 0, 3, 12, 5000 + (uint64_t)k};
             bad += check_packed_case(&c);
             cases++;
         }
@@ -678,9 +733,9 @@ static int rsrc_next(void *ctx, int64_t *p0, int64_t *p1)
 
 static void test_matmul_packed_ranges(void)
 {
-    static const int64_t nouts[] = { 1, 17, 130, 200 };
-    static const int64_t nins[] = { 64, 2048, 6400 };
-    static const int64_t ntoks[] = { 1, 2, 3, 8, 9 };
+    static const int64_t nouts[] = {1, 17, 130, 200};
+    static const int64_t nins[] = {64, 2048, 6400};
+    static const int64_t ntoks[] = {1, 2, 3, 8, 9};
     ie_isa_t isas[3];
     const int ni = n_isas(isas);
     int bad = 0, cases = 0;
@@ -696,16 +751,18 @@ static void test_matmul_packed_ranges(void)
                 uint8_t *w = xmalloc(ie_pack_bytes(t, G, n_in, n_out));
                 uint8_t *act = xmalloc(arow * (size_t)n_tok);
                 float *x = xmalloc(sizeof(float) * (size_t)(n_in * (n_out > n_tok ? n_out : n_tok)));
-                float *y0 = xmalloc(sizeof(float) * (size_t)(n_out * n_tok)), *y1 = xmalloc(sizeof(float) * (size_t)(n_out * n_tok));
+                float *y0 = xmalloc(sizeof(float) * (size_t)(n_out * n_tok)),
+                      *y1 = xmalloc(sizeof(float) * (size_t)(n_out * n_tok));
                 rng_seed(seed++);
                 rng_fill(x, n_in * n_out);
                 CU_ASSERT_EQUAL_FATAL(ie_pack_quantize(t, G, IE_QSCALE_ABSMAX, x, n_in, 0, n_out, n_out, w), 0);
                 rng_fill(x, n_in * n_tok);
-                for (int64_t k = 0; k < n_tok; k++) ie_act_quantize_ref(at, x + k * n_in, act + (size_t)k * arow, n_in);
-                const ie_pmat_t m = { t, G, n_in, n_out, w };
+                for (int64_t k = 0; k < n_tok; k++)
+                    ie_act_quantize_ref(at, x + k * n_in, act + (size_t)k * arow, n_in);
+                const ie_pmat_t m = {t, G, n_in, n_out, w};
                 /* ranges of 1..5 panels, then shuffled */
                 const int64_t np = (n_out + 15) / 16;
-                rsrc_t src = { .n = 0 };
+                rsrc_t src = {.n = 0};
                 for (int64_t p = 0; p < np;) {
                     const int64_t len = 1 + (int64_t)(rng_u32() % 5);
                     src.r[src.n][0] = p;
@@ -716,8 +773,10 @@ static void test_matmul_packed_ranges(void)
                 for (int k = src.n - 1; k > 0; k--) {
                     const int j = (int)(rng_u32() % (uint32_t)(k + 1));
                     int64_t t0 = src.r[k][0], t1 = src.r[k][1];
-                    src.r[k][0] = src.r[j][0]; src.r[k][1] = src.r[j][1];
-                    src.r[j][0] = t0; src.r[j][1] = t1;
+                    src.r[k][0] = src.r[j][0];
+                    src.r[k][1] = src.r[j][1];
+                    src.r[j][0] = t0;
+                    src.r[j][1] = t1;
                 }
                 for (int i = 0; i < ni; i++) {
                     const ie_kernels_t *ops = ie_kernels_get(isas[i]);
@@ -731,12 +790,16 @@ static void test_matmul_packed_ranges(void)
                         bad++;
                     }
                     /* a range past the matrix is refused */
-                    rsrc_t badr = { .r = { { np, np + 1 } }, .n = 1 };
+                    rsrc_t badr = {.r = {{np, np + 1}}, .n = 1};
                     CU_ASSERT_EQUAL(ops->matmul_packed_ranges(&m, rsrc_next, &badr, act, arow, n_tok, y1, n_out),
                                     IE_ERR_INVAL);
                     cases++;
                 }
-                free(w); free(act); free(x); free(y0); free(y1);
+                free(w);
+                free(act);
+                free(x);
+                free(y0);
+                free(y1);
             }
     printf("\n    %d cases", cases);
     CU_ASSERT_EQUAL(bad, 0);
@@ -756,7 +819,10 @@ static uint16_t half_panel_elem(const ie_pmat_t *m, int64_t r, int64_t k)
     return v;
 }
 
-static float half_to_f32(ie_dtype_t t, uint16_t h) { return t == IE_DTYPE_BF16 ? ie_bf16_to_f32(h) : ie_f16_to_f32(h); }
+static float half_to_f32(ie_dtype_t t, uint16_t h)
+{
+    return t == IE_DTYPE_BF16 ? ie_bf16_to_f32(h) : ie_f16_to_f32(h);
+}
 
 /* Shapes, quantize == repack == the layout, padding, sub-ranges, dequant
  * and slices, for BF16 and F16. */
@@ -775,55 +841,68 @@ static void test_half_panel_layout(void)
     CU_ASSERT_EQUAL(ie_qrow_bytes(IE_DTYPE_BF16, 32, 96), 0u);
     CU_ASSERT_EQUAL(ie_tensor_bytes(IE_DTYPE_BF16, IE_LAYOUT_PANEL16, 32, 96, 17), 2u * 32u * 96u);
     CU_ASSERT_EQUAL(ie_pack_target(IE_DTYPE_BF16), IE_DTYPE_BF16);
-    static const int64_t shapes[][2] = { { 32, 1 }, { 64, 16 }, { 96, 17 }, { 160, 33 }, { 2048, 40 } };
+    static const int64_t shapes[][2] = {{32, 1}, {64, 16}, {96, 17}, {160, 33}, {2048, 40}};
     int bad = 0;
     for (int hi = 0; hi < 2; hi++)
-    for (int si = 0; si < 5; si++) {
-        const ie_dtype_t ht = hi ? IE_DTYPE_F16 : IE_DTYPE_BF16;
-        const int64_t n_in = shapes[si][0], n_out = shapes[si][1];
-        const size_t pb = ie_pack_bytes(ht, 32, n_in, n_out);
-        float *x = xmalloc(sizeof(float) * (size_t)(n_in * n_out)), *d = xmalloc(sizeof(float) * (size_t)n_in);
-        uint16_t *rows = xmalloc(2 * (size_t)(n_in * n_out));
-        uint8_t *q = palloc(pb), *rp = palloc(pb), *pieces = palloc(pb);
-        rng_seed(900 + (uint64_t)si + 10 * (uint64_t)hi);
-        fill_gauss(x, n_in * n_out);
-        CU_ASSERT_EQUAL(ie_quantize_row(ht, x, rows, n_in * n_out), 0);
-        CU_ASSERT_EQUAL(ie_pack_quantize(ht, 32, IE_QSCALE_MSE, x, n_in, 0, n_out, n_out, q), 0);
-        CU_ASSERT_EQUAL(ie_pack_repack(ht, 32, rows, n_in, 0, n_out, n_out, rp), 0);
-        for (int64_t r0 = 0; r0 < n_out; r0 += 16) /* one panel at a time, last first */
-            CU_ASSERT_EQUAL(ie_pack_repack(ht, 32, rows, n_in, (n_out - 1) / 16 * 16 - r0,
-                                           (n_out - 1) / 16 * 16 - r0 + 16 < n_out ? (n_out - 1) / 16 * 16 - r0 + 16
-                                                                                 : n_out,
-                                           n_out, pieces),
+        for (int si = 0; si < 5; si++) {
+            const ie_dtype_t ht = hi ? IE_DTYPE_F16 : IE_DTYPE_BF16;
+            const int64_t n_in = shapes[si][0], n_out = shapes[si][1];
+            const size_t pb = ie_pack_bytes(ht, 32, n_in, n_out);
+            float *x = xmalloc(sizeof(float) * (size_t)(n_in * n_out)), *d = xmalloc(sizeof(float) * (size_t)n_in);
+            uint16_t *rows = xmalloc(2 * (size_t)(n_in * n_out));
+            uint8_t *q = palloc(pb), *rp = palloc(pb), *pieces = palloc(pb);
+            rng_seed(900 + (uint64_t)si + 10 * (uint64_t)hi);
+            fill_gauss(x, n_in * n_out);
+            CU_ASSERT_EQUAL(ie_quantize_row(ht, x, rows, n_in * n_out), 0);
+            CU_ASSERT_EQUAL(ie_pack_quantize(ht, 32, IE_QSCALE_MSE, x, n_in, 0, n_out, n_out, q), 0);
+            CU_ASSERT_EQUAL(ie_pack_repack(ht, 32, rows, n_in, 0, n_out, n_out, rp), 0);
+            for (int64_t r0 = 0; r0 < n_out; r0 += 16) /* one panel at a time, last first */
+                CU_ASSERT_EQUAL(ie_pack_repack(ht, 32, rows, n_in, (n_out - 1) / 16 * 16 - r0,
+                                               (n_out - 1) / 16 * 16 - r0 + 16 < n_out
+                                                   ? (n_out - 1) / 16 * 16 - r0 + 16
+                                                   : n_out,
+                                               n_out, pieces),
+                                0);
+            CU_ASSERT(memcmp(q, rp, pb) == 0);
+            CU_ASSERT(memcmp(q, pieces, pb) == 0);
+            const ie_pmat_t m = {ht, 32, n_in, n_out, q};
+            for (int64_t r = 0; r < (n_out + 15) / 16 * 16; r++)
+                for (int64_t k = 0; k < n_in; k++)
+                    if (half_panel_elem(&m, r, k) != (r < n_out ? rows[r * n_in + k] : 0)) bad++;
+            for (int64_t r = 0; r < n_out; r++) {
+                ie_pack_dequant_row(&m, r, d);
+                for (int64_t k = 0; k < n_in; k++)
+                    if (memcmp(&d[k], &(float){half_to_f32(ht, rows[r * n_in + k])}, 4) != 0) bad++;
+            }
+            /* a slice: rows [16, n_out) or [0, n_out), columns [32, n_in) or all */
+            const int64_t sr0 = n_out > 16 ? 16 : 0, sc0 = n_in > 32 ? 32 : 0;
+            const size_t sb = ie_tensor_bytes(ht, IE_LAYOUT_PANEL16, 32, n_in - sc0, n_out - sr0);
+            uint8_t *sl = palloc(sb), *want = palloc(sb);
+            float *xs = xmalloc(sizeof(float) * (size_t)((n_in - sc0) * (n_out - sr0)));
+            for (int64_t r = sr0; r < n_out; r++)
+                memcpy(xs + (r - sr0) * (n_in - sc0), x + r * n_in + sc0, sizeof(float) * (size_t)(n_in - sc0));
+            CU_ASSERT_EQUAL(ie_tensor_slice(ht, IE_LAYOUT_PANEL16, 32, q, n_in, n_out, sr0, n_out, sc0, n_in, sl),
                             0);
-        CU_ASSERT(memcmp(q, rp, pb) == 0);
-        CU_ASSERT(memcmp(q, pieces, pb) == 0);
-        const ie_pmat_t m = { ht, 32, n_in, n_out, q };
-        for (int64_t r = 0; r < (n_out + 15) / 16 * 16; r++)
-            for (int64_t k = 0; k < n_in; k++)
-                if (half_panel_elem(&m, r, k) != (r < n_out ? rows[r * n_in + k] : 0)) bad++;
-        for (int64_t r = 0; r < n_out; r++) {
-            ie_pack_dequant_row(&m, r, d);
-            for (int64_t k = 0; k < n_in; k++)
-                if (memcmp(&d[k], &(float){ half_to_f32(ht, rows[r * n_in + k]) }, 4) != 0) bad++;
+            CU_ASSERT_EQUAL(ie_pack_quantize(ht, 32, IE_QSCALE_ABSMAX, xs, n_in - sc0, 0, n_out - sr0, n_out - sr0,
+                                             want),
+                            0);
+            CU_ASSERT(memcmp(sl, want, sb) == 0);
+            if (n_in > 32) /* not on a 32-column boundary */
+                CU_ASSERT_EQUAL(ie_tensor_slice(ht, IE_LAYOUT_PANEL16, 32, q, n_in, n_out, 0, n_out, 16, n_in, sl),
+                                -1);
+            free(x);
+            free(d);
+            free(rows);
+            free(q);
+            free(rp);
+            free(pieces);
+            free(sl);
+            free(want);
+            free(xs);
         }
-        /* a slice: rows [16, n_out) or [0, n_out), columns [32, n_in) or all */
-        const int64_t sr0 = n_out > 16 ? 16 : 0, sc0 = n_in > 32 ? 32 : 0;
-        const size_t sb = ie_tensor_bytes(ht, IE_LAYOUT_PANEL16, 32, n_in - sc0, n_out - sr0);
-        uint8_t *sl = palloc(sb), *want = palloc(sb);
-        float *xs = xmalloc(sizeof(float) * (size_t)((n_in - sc0) * (n_out - sr0)));
-        for (int64_t r = sr0; r < n_out; r++)
-            memcpy(xs + (r - sr0) * (n_in - sc0), x + r * n_in + sc0, sizeof(float) * (size_t)(n_in - sc0));
-        CU_ASSERT_EQUAL(ie_tensor_slice(ht, IE_LAYOUT_PANEL16, 32, q, n_in, n_out, sr0, n_out, sc0, n_in, sl), 0);
-        CU_ASSERT_EQUAL(ie_pack_quantize(ht, 32, IE_QSCALE_ABSMAX, xs, n_in - sc0, 0, n_out - sr0, n_out - sr0, want), 0);
-        CU_ASSERT(memcmp(sl, want, sb) == 0);
-        if (n_in > 32) /* not on a 32-column boundary */
-            CU_ASSERT_EQUAL(ie_tensor_slice(ht, IE_LAYOUT_PANEL16, 32, q, n_in, n_out, 0, n_out, 16, n_in, sl), -1);
-        free(x); free(d); free(rows); free(q); free(rp); free(pieces); free(sl); free(want); free(xs);
-    }
     CU_ASSERT_EQUAL(bad, 0);
     /* bad shapes and ranges are refused */
-    float f[64] = { 0 };
+    float f[64] = {0};
     uint8_t buf[32 * 64 * 2];
     CU_ASSERT_EQUAL(ie_pack_quantize(IE_DTYPE_BF16, 32, IE_QSCALE_ABSMAX, f, 48, 0, 1, 1, buf), -1);
     CU_ASSERT_EQUAL(ie_pack_quantize(IE_DTYPE_BF16, 32, IE_QSCALE_ABSMAX, f, 64, 8, 17, 17, buf), -1);
@@ -842,95 +921,108 @@ static void test_half_panel_layout(void)
  * copies (row stride a multiple of 2048 bytes). */
 static void test_half_panel_matmul(void)
 {
-    typedef struct { int64_t n_in, n_out, n_tok, r0, r1; size_t as_extra; int ldy_extra; } bcase_t;
-    static const bcase_t cases[] = {
-        { 32, 1, 1, 0, 1, 0, 0 },      { 64, 17, 2, 0, 17, 6, 3 },   { 96, 33, 3, 16, 33, 0, 0 },
-        { 160, 100, 5, 32, 64, 2, 1 }, { 2048, 48, 1, 0, 48, 0, 0 }, { 2048, 40, 12, 16, 40, 0, 5 },
-        { 576, 130, 13, 0, 130, 4, 0 }, { 1024, 70, 47, 0, 70, 0, 0 }, { 1024, 64, 60, 16, 64, 1024, 2 },
-        { 5632, 20, 8, 0, 20, 0, 0 },  { 2048, 200, 1, 64, 200, 0, 0 } };
+    typedef struct {
+        int64_t n_in, n_out, n_tok, r0, r1;
+        size_t as_extra;
+        int ldy_extra;
+    } bcase_t;
+    static const bcase_t cases[] = {{32, 1, 1, 0, 1, 0, 0},          {64, 17, 2, 0, 17, 6, 3},
+                                    {96, 33, 3, 16, 33, 0, 0},       {160, 100, 5, 32, 64, 2, 1},
+                                    {2048, 48, 1, 0, 48, 0, 0},      {2048, 40, 12, 16, 40, 0, 5},
+                                    {576, 130, 13, 0, 130, 4, 0},    {1024, 70, 47, 0, 70, 0, 0},
+                                    {1024, 64, 60, 16, 64, 1024, 2}, {5632, 20, 8, 0, 20, 0, 0},
+                                    {2048, 200, 1, 64, 200, 0, 0}};
     ie_isa_t isas[3];
     const int ni = n_isas(isas);
     int bad = 0, runs = 0;
     for (int hi = 0; hi < 2; hi++)
-    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
-        const bcase_t *c = &cases[ci];
-        const ie_dtype_t ht = hi ? IE_DTYPE_F16 : IE_DTYPE_BF16, at = ie_matmul_act_dtype(ht);
-        const size_t ab = ie_dtype_row_bytes(at, 1); /* bf16 activations, or f32 for f16 */
-        const int64_t n_in = c->n_in, n_out = c->n_out, n_tok = c->n_tok, ldy = n_out + c->ldy_extra;
-        /* f32 rows stay 4-byte aligned (the ROWS f16 reference reads floats) */
-        const size_t pb = ie_pack_bytes(ht, 32, n_in, n_out),
-                     as = ab * (size_t)n_in + (c->as_extra + ab - 1) / ab * ab;
-        const size_t ny = (size_t)(ldy * n_tok) + GUARD_FLOATS;
-        guarded_t gw, ga;
-        uint8_t *w = guarded_alloc(&gw, pb, 64);
-        uint8_t *a = guarded_alloc(&ga, as * (size_t)(n_tok - 1) + ab * (size_t)n_in, ab);
-        float *x = xmalloc(sizeof(float) * (size_t)(n_in * (n_out > n_tok ? n_out : n_tok)));
-        uint16_t *rows = xmalloc(2 * (size_t)(n_in * n_out));
-        float *y = xmalloc(sizeof(float) * ny), *yr = xmalloc(sizeof(float) * ny), *yq = xmalloc(sizeof(float) * ny);
-        rng_seed(4000 + ci + 100 * (size_t)hi);
-        fill_gauss(x, n_in * n_out);
-        CU_ASSERT_EQUAL_FATAL(ie_pack_quantize(ht, 32, IE_QSCALE_ABSMAX, x, n_in, 0, n_out, n_out, w), 0);
-        CU_ASSERT_EQUAL(ie_quantize_row(ht, x, rows, n_in * n_out), 0);
-        fill_gauss(x, n_in * n_tok);
-        for (int64_t t = 0; t < n_tok; t++) ie_act_quantize_ref(at, x + t * n_in, a + (size_t)t * as, n_in);
-        const ie_pmat_t m = { ht, 32, n_in, n_out, w };
-        for (int i = 0; i < ni; i++)
-            for (int nobf = 0; nobf < (isas[i] == IE_ISA_AVX512 && !hi ? 2 : 1); nobf++) {
-                const ie_kernels_t *ops = ie_kernels_get(isas[i]);
-                const int had = isas[i] == IE_ISA_AVX512 ? ie_avx512_use_dpbf16(1) : 0;
-                if (nobf) ie_avx512_use_dpbf16(0);
-                for (size_t j = 0; j < ny; j++) y[j] = yr[j] = yq[j] = SENTINEL;
-                CU_ASSERT_EQUAL(ops->matmul_packed(&m, c->r0, c->r1, a, as, n_tok, y, ldy), 0);
-                CU_ASSERT_EQUAL(ie_kernels_matmul(ops, ht, rows, n_in, c->r0, c->r1, a, as, n_tok, yr, ldy), 0);
-                /* ranges over the same panels, one or two at a time, last first */
-                rsrc_t src = { .n = 0 };
-                for (int64_t p1 = (c->r1 + 15) / 16; p1 > c->r0 / 16; src.n++) {
-                    const int64_t p0 = p1 - 1 - (src.n & 1) > c->r0 / 16 ? p1 - 1 - (src.n & 1) : c->r0 / 16;
-                    src.r[src.n][0] = p0;
-                    src.r[src.n][1] = p1;
-                    p1 = p0;
-                }
-                CU_ASSERT_EQUAL(ops->matmul_packed_ranges(&m, rsrc_next, &src, a, as, n_tok, yq, ldy), 0);
-                if (isas[i] == IE_ISA_AVX512) ie_avx512_use_dpbf16(had);
-                for (int64_t t = 0; t < n_tok; t++)
-                    for (int64_t r = 0; r < ldy; r++) {
-                        const float v = y[t * ldy + r];
-                        if (r < c->r0 || r >= c->r1) {
-                            bad += v != SENTINEL || yr[t * ldy + r] != SENTINEL;
-                            continue;
-                        }
-                        /* ranges cover the panels of [r0, r1): whole panels */
-                        bad += memcmp(&v, &yq[t * ldy + r], 4) != 0;
-                        double s = 0.0, T = 0.0;
-                        for (int64_t k = 0; k < n_in; k++) {
-                            float xa;
-                            if (hi) {
-                                memcpy(&xa, a + (size_t)t * as + 4 * (size_t)k, 4);
-                            } else {
-                                uint16_t h;
-                                memcpy(&h, a + (size_t)t * as + 2 * (size_t)k, 2);
-                                xa = ie_bf16_to_f32(h);
-                            }
-                            const double p = (double)half_to_f32(ht, rows[r * n_in + k]) * xa;
-                            s += p;
-                            T += fabs(p);
-                        }
-                        const double tol = T * 0x1p-20 + 1e-30;
-                        if (!(fabs(v - s) <= tol && fabs((double)v - yr[t * ldy + r]) <= 2 * tol)) {
-                            if (bad < 4)
-                                printf("\n  %s %s%s n_in=%lld n_out=%lld n_tok=%lld: y[%lld][%lld]=%.9g oracle=%.9g "
-                                       "rows=%.9g", ie_dtype_name(ht), ie_isa_name(isas[i]), nobf ? "(no bf16)" : "", (long long)n_in,
-                                       (long long)n_out, (long long)n_tok, (long long)t, (long long)r, v, s,
-                                       yr[t * ldy + r]);
-                            bad++;
-                        }
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+            const bcase_t *c = &cases[ci];
+            const ie_dtype_t ht = hi ? IE_DTYPE_F16 : IE_DTYPE_BF16, at = ie_matmul_act_dtype(ht);
+            const size_t ab = ie_dtype_row_bytes(at, 1); /* bf16 activations, or f32 for f16 */
+            const int64_t n_in = c->n_in, n_out = c->n_out, n_tok = c->n_tok, ldy = n_out + c->ldy_extra;
+            /* f32 rows stay 4-byte aligned (the ROWS f16 reference reads floats) */
+            const size_t pb = ie_pack_bytes(ht, 32, n_in, n_out),
+                         as = ab * (size_t)n_in + (c->as_extra + ab - 1) / ab * ab;
+            const size_t ny = (size_t)(ldy * n_tok) + GUARD_FLOATS;
+            guarded_t gw, ga;
+            uint8_t *w = guarded_alloc(&gw, pb, 64);
+            uint8_t *a = guarded_alloc(&ga, as * (size_t)(n_tok - 1) + ab * (size_t)n_in, ab);
+            float *x = xmalloc(sizeof(float) * (size_t)(n_in * (n_out > n_tok ? n_out : n_tok)));
+            uint16_t *rows = xmalloc(2 * (size_t)(n_in * n_out));
+            float *y = xmalloc(sizeof(float) * ny), *yr = xmalloc(sizeof(float) * ny),
+                  *yq = xmalloc(sizeof(float) * ny);
+            rng_seed(4000 + ci + 100 * (size_t)hi);
+            fill_gauss(x, n_in * n_out);
+            CU_ASSERT_EQUAL_FATAL(ie_pack_quantize(ht, 32, IE_QSCALE_ABSMAX, x, n_in, 0, n_out, n_out, w), 0);
+            CU_ASSERT_EQUAL(ie_quantize_row(ht, x, rows, n_in * n_out), 0);
+            fill_gauss(x, n_in * n_tok);
+            for (int64_t t = 0; t < n_tok; t++) ie_act_quantize_ref(at, x + t * n_in, a + (size_t)t * as, n_in);
+            const ie_pmat_t m = {ht, 32, n_in, n_out, w};
+            for (int i = 0; i < ni; i++)
+                for (int nobf = 0; nobf < (isas[i] == IE_ISA_AVX512 && !hi ? 2 : 1); nobf++) {
+                    const ie_kernels_t *ops = ie_kernels_get(isas[i]);
+                    const int had = isas[i] == IE_ISA_AVX512 ? ie_avx512_use_dpbf16(1) : 0;
+                    if (nobf) ie_avx512_use_dpbf16(0);
+                    for (size_t j = 0; j < ny; j++) y[j] = yr[j] = yq[j] = SENTINEL;
+                    CU_ASSERT_EQUAL(ops->matmul_packed(&m, c->r0, c->r1, a, as, n_tok, y, ldy), 0);
+                    CU_ASSERT_EQUAL(ie_kernels_matmul(ops, ht, rows, n_in, c->r0, c->r1, a, as, n_tok, yr, ldy), 0);
+                    /* ranges over the same panels, one or two at a time, last first */
+                    rsrc_t src = {.n = 0};
+                    for (int64_t p1 = (c->r1 + 15) / 16; p1 > c->r0 / 16; src.n++) {
+                        const int64_t p0 = p1 - 1 - (src.n & 1) > c->r0 / 16 ? p1 - 1 - (src.n & 1) : c->r0 / 16;
+                        src.r[src.n][0] = p0;
+                        src.r[src.n][1] = p1;
+                        p1 = p0;
                     }
-                for (size_t j = (size_t)(ldy * n_tok); j < ny; j++) bad += y[j] != SENTINEL;
-                runs++;
-            }
-        guarded_free(&gw); guarded_free(&ga);
-        free(x); free(rows); free(y); free(yr); free(yq);
-    }
+                    CU_ASSERT_EQUAL(ops->matmul_packed_ranges(&m, rsrc_next, &src, a, as, n_tok, yq, ldy), 0);
+                    if (isas[i] == IE_ISA_AVX512) ie_avx512_use_dpbf16(had);
+                    for (int64_t t = 0; t < n_tok; t++)
+                        for (int64_t r = 0; r < ldy; r++) {
+                            const float v = y[t * ldy + r];
+                            if (r < c->r0 || r >= c->r1) {
+                                bad += v != SENTINEL || yr[t * ldy + r] != SENTINEL;
+                                continue;
+                            }
+                            /* ranges cover the panels of [r0, r1): whole panels */
+                            bad += memcmp(&v, &yq[t * ldy + r], 4) != 0;
+                            double s = 0.0, T = 0.0;
+                            for (int64_t k = 0; k < n_in; k++) {
+                                float xa;
+                                if (hi) {
+                                    memcpy(&xa, a + (size_t)t * as + 4 * (size_t)k, 4);
+                                } else {
+                                    uint16_t h;
+                                    memcpy(&h, a + (size_t)t * as + 2 * (size_t)k, 2);
+                                    xa = ie_bf16_to_f32(h);
+                                }
+                                const double p = (double)half_to_f32(ht, rows[r * n_in + k]) * xa;
+                                s += p;
+                                T += fabs(p);
+                            }
+                            const double tol = T * 0x1p-20 + 1e-30;
+                            if (!(fabs(v - s) <= tol && fabs((double)v - yr[t * ldy + r]) <= 2 * tol)) {
+                                if (bad < 4)
+                                    printf("\n  %s %s%s n_in=%lld n_out=%lld n_tok=%lld: y[%lld][%lld]=%.9g "
+                                           "oracle=%.9g "
+                                           "rows=%.9g",
+                                           ie_dtype_name(ht), ie_isa_name(isas[i]), nobf ? "(no bf16)" : "",
+                                           (long long)n_in, (long long)n_out, (long long)n_tok, (long long)t,
+                                           (long long)r, v, s, yr[t * ldy + r]);
+                                bad++;
+                            }
+                        }
+                    for (size_t j = (size_t)(ldy * n_tok); j < ny; j++) bad += y[j] != SENTINEL;
+                    runs++;
+                }
+            guarded_free(&gw);
+            guarded_free(&ga);
+            free(x);
+            free(rows);
+            free(y);
+            free(yr);
+            free(yq);
+        }
     printf("\n    %d runs", runs);
     CU_ASSERT_EQUAL(bad, 0);
 }
@@ -940,8 +1032,8 @@ static void test_matmul_packed_large(void)
 {
     int bad = 0;
     for (int ti = 0; ti < 3; ti++) {
-        mcase_t c1 = { ITYPES[ti], 128, 4096, 64, 1, 0, 64, 1, 0, 0, 7000 + (uint64_t)ti };
-        mcase_t c2 = { ITYPES[ti], 32, 2048, 48, 37, 0, 48, 0, 5, 8, 7100 + (uint64_t)ti };
+        mcase_t c1 = {ITYPES[ti], 128, 4096, 64, 1, 0, 64, 1, 0, 0, 7000 + (uint64_t)ti};
+        mcase_t c2 = {ITYPES[ti], 32, 2048, 48, 37, 0, 48, 0, 5, 8, 7100 + (uint64_t)ti};
         bad += check_packed_case(&c1);
         bad += check_packed_case(&c2);
     }
@@ -958,7 +1050,8 @@ static void test_matmul_packed_exact(void)
     ie_isa_t isas[3];
     const int ni = n_isas(isas);
     const int64_t n_in = 256, n_out = 35, n_tok = 6;
-    float *x = xmalloc(sizeof(float) * (size_t)(n_in * n_out)), *y = xmalloc(sizeof(float) * (size_t)(n_out * n_tok));
+    float *x = xmalloc(sizeof(float) * (size_t)(n_in * n_out)),
+          *y = xmalloc(sizeof(float) * (size_t)(n_out * n_tok));
     float *wf = xmalloc(sizeof(float) * (size_t)n_in);
     const size_t asmax = ie_dtype_row_bytes(IE_DTYPE_Q16_P, n_in);
     uint8_t *a = xmalloc(asmax * (size_t)n_tok);
@@ -974,26 +1067,28 @@ static void test_matmul_packed_exact(void)
             for (int64_t i = 0; i < n_in * n_out; i++) {
                 const int64_t kk = i % G;
                 if (t == IE_DTYPE_I8W)
-                    x[i] = kk == 0 ? 127.0f : kk % 32 == 5 ? (float)((int)(rng_u32() % 3) - 1)
-                                                          : (float)((int)(rng_u32() % 255) - 127);
+                    x[i] = kk == 0        ? 127.0f
+                           : kk % 32 == 5 ? (float)((int)(rng_u32() % 3) - 1)
+                                          : (float)((int)(rng_u32() % 255) - 127);
                 else if (t == IE_DTYPE_I4W) x[i] = kk == 0 ? -8.0f : (float)((int)(rng_u32() % 16) - 8);
                 else x[i] = kk == 0 ? -3.0f : kk == 1 ? 12.0f : (float)((int)(rng_u32() % 16) - 3);
             }
             const size_t pb = ie_pack_bytes(t, G, n_in, n_out);
             uint8_t *w = palloc(pb);
             CU_ASSERT_EQUAL(ie_pack_quantize(t, G, IE_QSCALE_ABSMAX, x, n_in, 0, n_out, n_out, w), 0);
-            const ie_pmat_t m = { t, G, n_in, n_out, w };
+            const ie_pmat_t m = {t, G, n_in, n_out, w};
             /* activations: integers with amax qmax per block -> d = 1 */
             float xa[256];
             for (int64_t tt = 0; tt < n_tok; tt++) {
                 for (int64_t k = 0; k < n_in; k++) {
                     if (at == IE_DTYPE_Q16_P)
-                        xa[k] = k % 32 == 5 ? (k % 64 ? -32767.0f : 32767.0f) : (float)((int)(rng_u32() % 801) - 400);
-                    else
-                        xa[k] = k % 32 == 5 ? -127.0f : (float)((int)(rng_u32() % 255) - 127);
+                        xa[k] = k % 32 == 5 ? (k % 64 ? -32767.0f : 32767.0f)
+                                            : (float)((int)(rng_u32() % 801) - 400);
+                    else xa[k] = k % 32 == 5 ? -127.0f : (float)((int)(rng_u32() % 255) - 127);
                 }
                 ie_act_quantize_ref(at, xa, a + (size_t)tt * as, n_in);
-                for (int64_t b = 0; b < n_in / 32; b++) CU_ASSERT_EQUAL(a_d(at, a + (size_t)tt * as, n_in, b), 1.0f);
+                for (int64_t b = 0; b < n_in / 32; b++)
+                    CU_ASSERT_EQUAL(a_d(at, a + (size_t)tt * as, n_in, b), 1.0f);
             }
             for (int i = 0; i < ni; i++) {
                 ie_kernels_get(isas[i])->matmul_packed(&m, 0, n_out, a, as, n_tok, y, n_out);
@@ -1015,7 +1110,10 @@ static void test_matmul_packed_exact(void)
             free(w);
         }
     CU_ASSERT_EQUAL(bad, 0);
-    free(x); free(y); free(wf); free(a);
+    free(x);
+    free(y);
+    free(wf);
+    free(a);
 }
 
 /* I8W x Q16_P at the extremes of both codes (weights +-127, i.e. stored
@@ -1035,16 +1133,21 @@ static void test_matmul_packed_i8w_extremes(void)
     for (int64_t r = 0; r < n_out; r++)
         for (int64_t k = 0; k < n_in; k++) {
             const int pat = (int)(r % 5);
-            x[r * n_in + k] = pat == 0 ? 127.0f : pat == 1 ? -127.0f : pat == 2 ? (k & 1 ? 127.0f : -127.0f)
-                            : pat == 3 ? (rng_u32() & 1 ? 127.0f : -127.0f) : (k == 0 ? 127.0f : -1.0f);
+            x[r * n_in + k] = pat == 0   ? 127.0f
+                              : pat == 1 ? -127.0f
+                              : pat == 2 ? (k & 1 ? 127.0f : -127.0f)
+                              : pat == 3 ? (rng_u32() & 1 ? 127.0f : -127.0f)
+                                         : (k == 0 ? 127.0f : -1.0f);
         }
     CU_ASSERT_EQUAL(ie_pack_quantize(IE_DTYPE_I8W, 32, IE_QSCALE_ABSMAX, x, n_in, 0, n_out, n_out, w), 0);
-    const ie_pmat_t m = { IE_DTYPE_I8W, 32, n_in, n_out, w };
+    const ie_pmat_t m = {IE_DTYPE_I8W, 32, n_in, n_out, w};
     for (int64_t tt = 0; tt < n_tok; tt++) {
         const int pat = (int)(tt % 4);
         for (int64_t k = 0; k < n_in; k++)
-            xa[k] = pat == 0 ? 32767.0f : pat == 1 ? -32767.0f : pat == 2 ? (k & 1 ? 32767.0f : -32767.0f)
-                  : (rng_u32() & 1 ? 32767.0f : -32767.0f);
+            xa[k] = pat == 0   ? 32767.0f
+                    : pat == 1 ? -32767.0f
+                    : pat == 2 ? (k & 1 ? 32767.0f : -32767.0f)
+                               : (rng_u32() & 1 ? 32767.0f : -32767.0f);
         ie_act_quantize_ref(IE_DTYPE_Q16_P, xa, a + (size_t)tt * as, n_in);
     }
     int bad = 0;
@@ -1055,7 +1158,8 @@ static void test_matmul_packed_i8w_extremes(void)
             ie_pack_dequant_row(&m, r, wf);
             for (int64_t tt = 0; tt < n_tok; tt++) {
                 int64_t s = 0;
-                for (int64_t k = 0; k < n_in; k++) s += (int64_t)wf[k] * a_q(IE_DTYPE_Q16_P, a + (size_t)tt * as, k);
+                for (int64_t k = 0; k < n_in; k++)
+                    s += (int64_t)wf[k] * a_q(IE_DTYPE_Q16_P, a + (size_t)tt * as, k);
                 if (y[tt * n_out + r] != (float)s) {
                     if (bad < 4)
                         printf("\n  %s y[%lld][%lld]=%.9g exact=%lld", ie_isa_name(isas[i]), (long long)tt,
@@ -1066,7 +1170,8 @@ static void test_matmul_packed_i8w_extremes(void)
         }
     }
     CU_ASSERT_EQUAL(bad, 0);
-    free(a); free(w);
+    free(a);
+    free(w);
 }
 
 /* Bad matrices and ranges: IE_ERR_INVAL from every ISA, y untouched. */
@@ -1075,12 +1180,12 @@ static void test_matmul_packed_bad_args(void)
     ie_isa_t isas[3];
     const int ni = n_isas(isas);
     const int64_t n_in = 64, n_out = 40;
-    float x[64 * 40] = { 0 }, y[40 * 2];
+    float x[64 * 40] = {0}, y[40 * 2];
     uint8_t *w = palloc(ie_pack_bytes(IE_DTYPE_I4W, 32, n_in, n_out));
-    uint8_t a[2 * 80] = { 0 };
+    uint8_t a[2 * 80] = {0};
     CU_ASSERT_EQUAL(ie_pack_quantize(IE_DTYPE_I4W, 32, IE_QSCALE_ABSMAX, x, n_in, 0, n_out, n_out, w), 0);
-    const ie_pmat_t ok = { IE_DTYPE_I4W, 32, n_in, n_out, w };
-    const ie_pmat_t badg = { IE_DTYPE_I4W, 48, n_in, n_out, w }, badt = { IE_DTYPE_Q4_0, 32, n_in, n_out, w };
+    const ie_pmat_t ok = {IE_DTYPE_I4W, 32, n_in, n_out, w};
+    const ie_pmat_t badg = {IE_DTYPE_I4W, 48, n_in, n_out, w}, badt = {IE_DTYPE_Q4_0, 32, n_in, n_out, w};
     for (int i = 0; i < ni; i++) {
         const ie_kernels_t *ops = ie_kernels_get(isas[i]);
         for (int j = 0; j < 80; j++) y[j] = SENTINEL;
@@ -1095,7 +1200,7 @@ static void test_matmul_packed_bad_args(void)
         CU_ASSERT_EQUAL(touched, 0);
         CU_ASSERT_EQUAL(ops->matmul_packed(&ok, 16, 16, a, 80, 2, y, 40), 0); /* empty range */
         CU_ASSERT_EQUAL(ops->matmul_packed(&ok, 32, 40, a, 80, 2, y, 40), 0);
-        CU_ASSERT_EQUAL(ops->matmul_packed(&ok, 0, 40, a, 80, 0, y, 40), 0);  /* no tokens */
+        CU_ASSERT_EQUAL(ops->matmul_packed(&ok, 0, 40, a, 80, 0, y, 40), 0); /* no tokens */
     }
     free(w);
 }

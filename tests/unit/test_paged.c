@@ -152,7 +152,8 @@ static void check_layout(const ie_model_src_t *src, int kv_block, int kv_blocks,
          * stride (kv_blocks >= need) */
         int32_t tab[64];
         CU_ASSERT_FATAL(need <= 64 && kv_blocks >= need);
-        for (int lb = 0; lb < need; lb++) tab[lb] = (int32_t)((kv_blocks - 1 - lb * 3) % kv_blocks + kv_blocks) % kv_blocks;
+        for (int lb = 0; lb < need; lb++)
+            tab[lb] = (int32_t)((kv_blocks - 1 - lb * 3) % kv_blocks + kv_blocks) % kv_blocks;
         /* make it a permutation of distinct blocks: resolve collisions */
         for (int lb = 0; lb < need; lb++)
             for (int k = 0; k < lb; k++)
@@ -179,7 +180,7 @@ static void test_layouts(void)
 {
     const ie_model_src_t *srcs[2] = {g_llama, g_gptoss};
     for (int s = 0; s < 2; s++) {
-        check_layout(srcs[s], 16, 0, 0, 7);  /* default pool: identity tables */
+        check_layout(srcs[s], 16, 0, 0, 7); /* default pool: identity tables */
         check_layout(srcs[s], 5, 0, 0, 16);
         check_layout(srcs[s], 1, 0, 0, 3);
         /* small pools (fewer blocks than 2 slots x whole context): unbound
@@ -330,8 +331,8 @@ static void test_bad_arguments(void)
     CU_ASSERT_EQUAL(ie_worker_kv_bind(w, 0, 0, bad_lo, 2), IE_ERR_RANGE);
     /* nothing changed: slot 0 is still unbound */
     CU_ASSERT_EQUAL(ie_worker_seq_set_len(w, 0, 1), IE_ERR_RANGE);
-    CU_ASSERT_EQUAL(ie_worker_kv_bind(w, 0, 0, NULL, 0), IE_OK); /* an empty bind is fine */
-    CU_ASSERT_EQUAL(ie_worker_kv_bind(w, 0, 10, ok, 3), IE_OK);  /* the last three blocks */
+    CU_ASSERT_EQUAL(ie_worker_kv_bind(w, 0, 0, NULL, 0), IE_OK);   /* an empty bind is fine */
+    CU_ASSERT_EQUAL(ie_worker_kv_bind(w, 0, 10, ok, 3), IE_OK);    /* the last three blocks */
     CU_ASSERT_EQUAL(ie_worker_seq_set_len(w, 0, 1), IE_ERR_RANGE); /* block 0 still unbound */
     CU_ASSERT_EQUAL(ie_worker_kv_bind(w, 0, 0, ok, 3), IE_OK);
     CU_ASSERT_EQUAL(ie_worker_seq_set_len(w, 0, 15), IE_OK);

@@ -46,7 +46,10 @@ static void pack_val(msgpack_packer *pk, const val_t *v)
         msgpack_pack_str_with_body(pk, v->s, n);
         break;
     }
-    case V_BOOL: if (v->i) msgpack_pack_true(pk); else msgpack_pack_false(pk); break;
+    case V_BOOL:
+        if (v->i) msgpack_pack_true(pk);
+        else msgpack_pack_false(pk);
+        break;
     case V_NIL: msgpack_pack_nil(pk); break;
     case V_ARR_INT:
         msgpack_pack_array(pk, v->slen);
@@ -62,7 +65,8 @@ static void pack_val(msgpack_packer *pk, const val_t *v)
 
 /* Copy the map in data[0..n) into out, dropping key `drop` (NULL: none)
  * and giving key `set` the value *v (added when missing; NULL: none). */
-static void repack(const void *data, size_t n, const char *drop, const char *set, const val_t *v, msgpack_sbuffer *out)
+static void repack(const void *data, size_t n, const char *drop, const char *set, const val_t *v,
+                   msgpack_sbuffer *out)
 {
     msgpack_unpacked u;
     msgpack_packer pk;
@@ -85,7 +89,8 @@ static void repack(const void *data, size_t n, const char *drop, const char *set
         const msgpack_object *k = &m->ptr[i].key;
         if (drop && k->via.str.size == strlen(drop) && memcmp(k->via.str.ptr, drop, k->via.str.size) == 0) continue;
         msgpack_pack_object(&pk, *k);
-        if (set && k->via.str.size == strlen(set) && memcmp(k->via.str.ptr, set, k->via.str.size) == 0) pack_val(&pk, v);
+        if (set && k->via.str.size == strlen(set) && memcmp(k->via.str.ptr, set, k->via.str.size) == 0)
+            pack_val(&pk, v);
         else msgpack_pack_object(&pk, m->ptr[i].val);
     }
     if (set && !found) {
@@ -103,17 +108,26 @@ static void sample(ie_msg_kind_t kind, ie_msg_t *m)
     m->kind = kind;
     switch (kind) {
     case IE_MSG_HELLO:
-        m->u.hello = (ie_msg_hello_t){.rank = -1, .pid = 4242, .numa_node = 1, .n_threads = 16,
-                                      .model_fp = 0xfedcba9876543210ull};
+        m->u.hello = (ie_msg_hello_t){
+            .rank = -1, .pid = 4242, .numa_node = 1, .n_threads = 16, .model_fp = 0xfedcba9876543210ull};
         strcpy(m->u.hello.host, "node-7.example");
         strcpy(m->u.hello.peer_endpoint, "tcp://10.0.0.7:5601");
         strcpy(m->u.hello.public_key, "rq:rM>}U?@Lns47E1%kR.o@n%FcmmsL/@{H8]yf7");
         strcpy(m->u.hello.topology, "2 packages, 2 NUMA nodes, 64 cores");
         break;
     case IE_MSG_ASSIGN:
-        m->u.assign = (ie_msg_assign_t){.epoch = 3, .plan = 1, .rank = 2, .n_ranks = 4, .n_ctx = 4096, .n_seq = 8,
-                                        .max_batch = 512, .kv_block = 16, .kv_blocks = 1000, .precision = 4,
-                                        .heartbeat_ms = 500, .dead_ms = 3000,
+        m->u.assign = (ie_msg_assign_t){.epoch = 3,
+                                        .plan = 1,
+                                        .rank = 2,
+                                        .n_ranks = 4,
+                                        .n_ctx = 4096,
+                                        .n_seq = 8,
+                                        .max_batch = 512,
+                                        .kv_block = 16,
+                                        .kv_blocks = 1000,
+                                        .precision = 4,
+                                        .heartbeat_ms = 500,
+                                        .dead_ms = 3000,
                                         .cluster_id = 0xf3e2d1c0b9a89786ull};
         for (int i = 0; i < 4; i++) {
             snprintf(m->u.assign.peer_endpoint[i], IE_PROTO_ENDPOINT_MAX, "tcp://10.0.0.%d:5601", i + 1);
@@ -121,8 +135,8 @@ static void sample(ie_msg_kind_t kind, ie_msg_t *m)
         }
         break;
     case IE_MSG_READY:
-        m->u.ready = (ie_msg_ready_t){.epoch = 3, .rank = 2, .status = 0, .load_ms = 1234.5,
-                                      .weight_bytes = 7ull << 32};
+        m->u.ready =
+            (ie_msg_ready_t){.epoch = 3, .rank = 2, .status = 0, .load_ms = 1234.5, .weight_bytes = 7ull << 32};
         break;
     case IE_MSG_STEP:
         /* field by field: a compound literal's trailing padding (4 bytes
@@ -134,8 +148,14 @@ static void sample(ie_msg_kind_t kind, ie_msg_t *m)
         m->u.step.kv_words = 23;
         break;
     case IE_MSG_RESULT:
-        m->u.result = (ie_msg_result_t){.epoch = 3, .step = 99, .rank = 1, .status = 0, .n_rows = 4,
-                                        .vocab_begin = 64000, .vocab_end = 128256, .compute_ms = 12.25,
+        m->u.result = (ie_msg_result_t){.epoch = 3,
+                                        .step = 99,
+                                        .rank = 1,
+                                        .status = 0,
+                                        .n_rows = 4,
+                                        .vocab_begin = 64000,
+                                        .vocab_end = 128256,
+                                        .compute_ms = 12.25,
                                         .transfer_ms = 0.5};
         break;
     case IE_MSG_PARTIAL:
@@ -164,7 +184,8 @@ static void expect_decode(const void *data, size_t n, ie_status_t st, const char
 {
     const ie_status_t got = ie_msg_decode(data, n, &g_b);
     CU_ASSERT_EQUAL(got, st);
-    if (got != st) fprintf(stderr, "\n  expected %s, got %s: %s\n", ie_status_str(st), ie_status_str(got), ie_error_last());
+    if (got != st)
+        fprintf(stderr, "\n  expected %s, got %s: %s\n", ie_status_str(st), ie_status_str(got), ie_error_last());
     if (st != IE_OK) {
         CU_ASSERT_EQUAL(g_b.kind, IE_MSG_NONE);
         if (key) {
@@ -319,12 +340,23 @@ static void test_missing_keys(void)
     static const struct {
         ie_msg_kind_t kind;
         const char *key;
-    } req[] = {{IE_MSG_HELLO, "rank"},      {IE_MSG_HELLO, "peer_endpoint"}, {IE_MSG_HELLO, "model_fp"},
-               {IE_MSG_ASSIGN, "n_ranks"},  {IE_MSG_ASSIGN, "peer_endpoint"}, {IE_MSG_ASSIGN, "epoch"},
-               {IE_MSG_READY, "status"},    {IE_MSG_STEP, "n"},               {IE_MSG_STEP, "kv_words"},
-               {IE_MSG_ASSIGN, "kv_block"}, {IE_MSG_ASSIGN, "kv_blocks"},
-               {IE_MSG_RESULT, "vocab_end"}, {IE_MSG_PARTIAL, "count"},       {IE_MSG_HEARTBEAT, "rank"},
-               {IE_MSG_ERROR, "code"},      {IE_MSG_HELLO, "kind"},           {IE_MSG_STEP, "v"}};
+    } req[] = {{IE_MSG_HELLO, "rank"},
+               {IE_MSG_HELLO, "peer_endpoint"},
+               {IE_MSG_HELLO, "model_fp"},
+               {IE_MSG_ASSIGN, "n_ranks"},
+               {IE_MSG_ASSIGN, "peer_endpoint"},
+               {IE_MSG_ASSIGN, "epoch"},
+               {IE_MSG_READY, "status"},
+               {IE_MSG_STEP, "n"},
+               {IE_MSG_STEP, "kv_words"},
+               {IE_MSG_ASSIGN, "kv_block"},
+               {IE_MSG_ASSIGN, "kv_blocks"},
+               {IE_MSG_RESULT, "vocab_end"},
+               {IE_MSG_PARTIAL, "count"},
+               {IE_MSG_HEARTBEAT, "rank"},
+               {IE_MSG_ERROR, "code"},
+               {IE_MSG_HELLO, "kind"},
+               {IE_MSG_STEP, "v"}};
     for (size_t i = 0; i < sizeof req / sizeof req[0]; i++)
         expect_changed(req[i].kind, req[i].key, NULL, (val_t){.k = V_NIL}, IE_ERR_FORMAT, req[i].key);
     /* optional texts default to "" */
@@ -404,8 +436,8 @@ static void test_version_and_shape(void)
     expect_changed(IE_MSG_STEP, NULL, "future_field", (val_t){V_ARR_STR, .s = "x", .slen = 3}, IE_OK, NULL);
     CU_ASSERT_EQUAL(g_b.u.step.n, 17);
 
-    static const uint8_t not_map[] = {0x93, 0x01, 0x02, 0x03};     /* [1,2,3] */
-    static const uint8_t int_key[] = {0x81, 0x01, 0x01};           /* {1:1} */
+    static const uint8_t not_map[] = {0x93, 0x01, 0x02, 0x03};        /* [1,2,3] */
+    static const uint8_t int_key[] = {0x81, 0x01, 0x01};              /* {1:1} */
     static const uint8_t huge_arr[] = {0xdd, 0xff, 0xff, 0xff, 0xff}; /* array of 4G: never allocated */
     static const uint8_t huge_map[] = {0xdf, 0xff, 0xff, 0xff, 0xff, 0xa1, 'v', 0x01};
     static const uint8_t huge_str[] = {0x81, 0xa1, 'v', 0xdb, 0xff, 0xff, 0xff, 0xff};
@@ -413,8 +445,8 @@ static void test_version_and_shape(void)
     static const uint8_t never[] = {0xc1};
     static const uint8_t dup_v[] = {0x83, 0xa1, 'v', 0x04, 0xa1, 'v', 0x04, 0xa4, 'k', 'i', 'n', 'd', 0x08};
     static const uint8_t bye[] = {0x82, 0xa1, 'v', 0x04, 0xa4, 'k', 'i', 'n', 'd', 0x08};
-    static const uint8_t dup_kind[] = {0x83, 0xa1, 'v', 0x04, 0xa4, 'k', 'i', 'n', 'd', 0x08,
-                                       0xa4, 'k', 'i', 'n', 'd', 0x08};
+    static const uint8_t dup_kind[] = {0x83, 0xa1, 'v',  0x04, 0xa4, 'k', 'i', 'n',
+                                       'd',  0x08, 0xa4, 'k',  'i',  'n', 'd', 0x08};
     expect_decode(not_map, sizeof not_map, IE_ERR_FORMAT, NULL);
     expect_decode(int_key, sizeof int_key, IE_ERR_FORMAT, NULL);
     expect_decode(huge_arr, sizeof huge_arr, IE_ERR_FORMAT, NULL);
@@ -435,7 +467,11 @@ static void test_version_and_shape(void)
         /* {v, kind, epoch, rank, busy} + a second "busy": bump the fixmap count */
         CU_ASSERT_FATAL((uint8_t)b.data[0] == 0x85);
         b.data[0] = (char)0x86;
-        ie_buf_append(&b, "\xa4" "busy" "\xc3", 6);
+        ie_buf_append(&b,
+                      "\xa4"
+                      "busy"
+                      "\xc3",
+                      6);
         expect_decode(b.data, b.len, IE_ERR_FORMAT, "busy");
         ie_buf_free(&b);
     }
@@ -508,8 +544,9 @@ static void kv_sample(ie_buf_t *f)
 {
     static const int32_t pb[5] = {0, -1, 7, INT32_MAX, 3};
     const ie_kv_op_t ops[] = {
-        {IE_KV_OP_CLEAR, 3, 0, 0, NULL},   {IE_KV_OP_BIND, 0, 2, 5, pb},      {IE_KV_OP_SET_LEN, 1, 0, 40, NULL},
-        {IE_KV_OP_BIND, 2, 0, 0, NULL},    {IE_KV_OP_SET_LEN, 0, 0, 0, NULL}, {IE_KV_OP_CLEAR, INT32_MAX, 0, 0, NULL},
+        {IE_KV_OP_CLEAR, 3, 0, 0, NULL},          {IE_KV_OP_BIND, 0, 2, 5, pb},
+        {IE_KV_OP_SET_LEN, 1, 0, 40, NULL},       {IE_KV_OP_BIND, 2, 0, 0, NULL},
+        {IE_KV_OP_SET_LEN, 0, 0, 0, NULL},        {IE_KV_OP_CLEAR, INT32_MAX, 0, 0, NULL},
         {IE_KV_OP_BIND, 1, INT32_MAX, 1, pb + 1},
     };
     ie_buf_reset(f);
@@ -558,8 +595,8 @@ static void test_kv_ops_round_trip(void)
     /* the encoder refuses what the checker would */
     const int32_t bad_pb[2] = {1, -2};
     const ie_kv_op_t refused[] = {
-        {IE_KV_OP_CLEAR, -1, 0, 0, NULL}, {IE_KV_OP_SET_LEN, 0, 0, -1, NULL}, {IE_KV_OP_BIND, 0, -1, 1, bad_pb},
-        {IE_KV_OP_BIND, 0, 0, -1, bad_pb}, {IE_KV_OP_BIND, 0, 0, 2, bad_pb}, {IE_KV_OP_BIND, 0, 0, 1, NULL},
+        {IE_KV_OP_CLEAR, -1, 0, 0, NULL},    {IE_KV_OP_SET_LEN, 0, 0, -1, NULL},  {IE_KV_OP_BIND, 0, -1, 1, bad_pb},
+        {IE_KV_OP_BIND, 0, 0, -1, bad_pb},   {IE_KV_OP_BIND, 0, 0, 2, bad_pb},    {IE_KV_OP_BIND, 0, 0, 1, NULL},
         {(ie_kv_op_kind_t)4, 0, 0, 0, NULL}, {(ie_kv_op_kind_t)0, 0, 0, 0, NULL},
     };
     const size_t len = f.len;
@@ -676,10 +713,22 @@ static ie_status_t req_decode(const kvp_t *kv, int n, ie_client_req_t *r)
     return st;
 }
 
-#define V1 {"v", {V_INT, .i = 1}}
-#define GEN {"type", {V_STR, .s = "generate"}}
-#define ID {"id", {V_STR, .s = "req-1"}}
-#define PROMPT {"prompt", {V_STR, .s = "Hello"}}
+#define V1                     \
+    {                          \
+        "v", { V_INT, .i = 1 } \
+    }
+#define GEN                                \
+    {                                      \
+        "type", { V_STR, .s = "generate" } \
+    }
+#define ID                            \
+    {                                 \
+        "id", { V_STR, .s = "req-1" } \
+    }
+#define PROMPT                            \
+    {                                     \
+        "prompt", { V_STR, .s = "Hello" } \
+    }
 
 /* Expect a request with one extra key to fail with st naming the key. */
 static void expect_req(kvp_t extra, ie_status_t st)
@@ -688,8 +737,9 @@ static void expect_req(kvp_t extra, ie_status_t st)
     kvp_t kv[] = {V1, GEN, ID, PROMPT, extra};
     const ie_status_t got = req_decode(kv, 5, &r);
     CU_ASSERT_EQUAL(got, st);
-    if (got != st) fprintf(stderr, "\n  key %s: expected %s, got %s: %s\n", extra.key, ie_status_str(st),
-                           ie_status_str(got), ie_error_last());
+    if (got != st)
+        fprintf(stderr, "\n  key %s: expected %s, got %s: %s\n", extra.key, ie_status_str(st), ie_status_str(got),
+                ie_error_last());
     if (st != IE_OK) {
         char q[64];
         snprintf(q, sizeof q, "\"%s\"", extra.key);
@@ -734,24 +784,52 @@ static void test_req_full(void)
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
     msgpack_pack_map(&pk, 15);
 #define K(s) msgpack_pack_str_with_body(&pk, s, strlen(s))
-    K("v"); msgpack_pack_int(&pk, 1);
-    K("type"); K("generate");
-    K("id"); K("chat-9");
+    K("v");
+    msgpack_pack_int(&pk, 1);
+    K("type");
+    K("generate");
+    K("id");
+    K("chat-9");
     K("messages");
     msgpack_pack_array(&pk, 2);
-    msgpack_pack_map(&pk, 3); K("role"); K("system"); K("content"); K("Be brief."); K("name"); K("x");
-    msgpack_pack_map(&pk, 2); K("content"); K("Hi"); K("role"); K("user");
-    K("max_new"); msgpack_pack_int(&pk, 7);
-    K("temperature"); msgpack_pack_int(&pk, 0); /* an int where a float is expected */
-    K("top_k"); msgpack_pack_int(&pk, 0);
-    K("top_p"); msgpack_pack_float(&pk, 0.5f);
-    K("min_p"); msgpack_pack_double(&pk, 0.0);
-    K("repeat_penalty"); msgpack_pack_double(&pk, 1.1);
-    K("seed"); msgpack_pack_uint64(&pk, 1234567890123ull);
-    K("stop"); msgpack_pack_array(&pk, 2); K("\n\n"); K("</s>");
-    K("stream"); msgpack_pack_true(&pk);
-    K("priority"); msgpack_pack_int(&pk, -3);
-    K("extension"); msgpack_pack_map(&pk, 1); K("a"); msgpack_pack_nil(&pk);
+    msgpack_pack_map(&pk, 3);
+    K("role");
+    K("system");
+    K("content");
+    K("Be brief.");
+    K("name");
+    K("x");
+    msgpack_pack_map(&pk, 2);
+    K("content");
+    K("Hi");
+    K("role");
+    K("user");
+    K("max_new");
+    msgpack_pack_int(&pk, 7);
+    K("temperature");
+    msgpack_pack_int(&pk, 0); /* an int where a float is expected */
+    K("top_k");
+    msgpack_pack_int(&pk, 0);
+    K("top_p");
+    msgpack_pack_float(&pk, 0.5f);
+    K("min_p");
+    msgpack_pack_double(&pk, 0.0);
+    K("repeat_penalty");
+    msgpack_pack_double(&pk, 1.1);
+    K("seed");
+    msgpack_pack_uint64(&pk, 1234567890123ull);
+    K("stop");
+    msgpack_pack_array(&pk, 2);
+    K("\n\n");
+    K("</s>");
+    K("stream");
+    msgpack_pack_true(&pk);
+    K("priority");
+    msgpack_pack_int(&pk, -3);
+    K("extension");
+    msgpack_pack_map(&pk, 1);
+    K("a");
+    msgpack_pack_nil(&pk);
 #undef K
     CU_ASSERT_EQUAL_FATAL(ie_client_req_decode(sb.data, sb.size, &r), IE_OK);
     CU_ASSERT_PTR_NULL(r.prompt);
@@ -931,7 +1009,8 @@ static void test_req_limits(void)
     expect_req((kvp_t){"top_p", {V_DBL, .d = 1.5}}, IE_ERR_FORMAT);
     expect_req((kvp_t){"min_p", {V_INT, .i = -1}}, IE_ERR_FORMAT);
     expect_req((kvp_t){"repeat_penalty", {V_INT, .i = 0}}, IE_ERR_FORMAT);
-    expect_req((kvp_t){"repeat_penalty", {V_DBL, .d = 1e-60}}, IE_ERR_FORMAT); /* 0 as a float (found by fuzz_proto) */
+    expect_req((kvp_t){"repeat_penalty", {V_DBL, .d = 1e-60}},
+               IE_ERR_FORMAT); /* 0 as a float (found by fuzz_proto) */
     expect_req((kvp_t){"temperature", {V_DBL, .d = 1e300}}, IE_ERR_FORMAT);
     expect_req((kvp_t){"top_k", {V_INT, .i = -1}}, IE_ERR_FORMAT);
     expect_req((kvp_t){"seed", {V_INT, .i = -2}}, IE_ERR_FORMAT);
@@ -979,8 +1058,15 @@ static void test_replies(void)
     CU_ASSERT_EQUAL(get(&u.data, "token")->via.u64, 1234);
     CU_ASSERT(str_is(get(&u.data, "text"), "he\0y", 4));
 
-    ie_client_done_t d = {.id = "r1", .text = "hello world", .text_len = 11, .finish = "stop", .n_prompt = 5,
-                          .n_gen = 2, .ttft_ms = 12.5, .total_ms = 40.0, .decode_tps = 33.3};
+    ie_client_done_t d = {.id = "r1",
+                          .text = "hello world",
+                          .text_len = 11,
+                          .finish = "stop",
+                          .n_prompt = 5,
+                          .n_gen = 2,
+                          .ttft_ms = 12.5,
+                          .total_ms = 40.0,
+                          .decode_tps = 33.3};
     CU_ASSERT_EQUAL_FATAL(ie_client_enc_done(&b, &d), IE_OK);
     off = 0;
     CU_ASSERT_FATAL(msgpack_unpack_next(&u, b.data, b.len, &off) == MSGPACK_UNPACK_SUCCESS && off == b.len);
@@ -1025,8 +1111,8 @@ static void test_result_logits(void)
     rng_seed(5);
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < V; j++) full[r][j] = (float)(rng_u32() % 1000) / 10.0f;
-    full[0][7] = 200.0f, full[0][40] = 200.0f; /* tie across the slices: id 7 wins */
-    full[2][30] = NAN, full[2][45] = 150.0f;  /* NaN never wins */
+    full[0][7] = 200.0f, full[0][40] = 200.0f;            /* tie across the slices: id 7 wins */
+    full[2][30] = NAN, full[2][45] = 150.0f;              /* NaN never wins */
     for (int j = 0; j < CUT; j++) full[3][j] = -INFINITY; /* rank 0 has nothing usable */
     float out[4][V], am_val[4];
     int32_t am_id[4];
@@ -1041,7 +1127,8 @@ static void test_result_logits(void)
         CU_ASSERT_EQUAL(len, ie_result_logits_len(flags, N, nv));
         CU_ASSERT_EQUAL(len, 2 + (size_t)nv + 2 + 2);
         CU_ASSERT_EQUAL(ie_result_logits_merge(lg, len * sizeof(float), flags, N, b[k], e[k], V, &out[0][0], am_val,
-                                               am_id), IE_OK);
+                                               am_id),
+                        IE_OK);
     }
     ie_result_logits_finish(flags, N, V, am_val, am_id, &out[0][0]);
     CU_ASSERT(memcmp(out[1], full[1], sizeof out[1]) == 0); /* the FULL row, both slices */
@@ -1122,7 +1209,8 @@ static void test_chain_gather(void)
         if (nv > 0) {
             const size_t len = ie_result_logits_pack(lg, flags, N, nv, b[k]);
             CU_ASSERT_EQUAL(ie_result_logits_merge(lg, len * sizeof(float), flags, N, b[k], e[k], V, NULL, am_val,
-                                                   am_id), IE_OK);
+                                                   am_id),
+                            IE_OK);
         }
         ie_chain_gather_put(g[k], P, k, N, nv > 0 ? lg : NULL);
     }

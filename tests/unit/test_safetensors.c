@@ -51,14 +51,13 @@ static const float k_scalar = 42.0f;
 static void build_valid(tbuf_t *out)
 {
     /* written by hand to exercise __metadata__, padding and key order */
-    static const char json[] =
-        "{\"__metadata__\":{\"format\":\"pt\"},"
-        "\"w.f32\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"
-        "\"w.f16\":{\"dtype\":\"F16\",\"shape\":[4],\"data_offsets\":[24,32]},"
-        "\"w.bf16\":{\"shape\":[2,2],\"dtype\":\"BF16\",\"data_offsets\":[32,40]},"
-        "\"w.i64\":{\"dtype\":\"I64\",\"shape\":[3],\"data_offsets\":[40,64]},"
-        "\"w.scalar\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[64,68]},"
-        "\"w.empty\":{\"dtype\":\"U8\",\"shape\":[0,5],\"data_offsets\":[68,68]}}      ";
+    static const char json[] = "{\"__metadata__\":{\"format\":\"pt\"},"
+                               "\"w.f32\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,24]},"
+                               "\"w.f16\":{\"dtype\":\"F16\",\"shape\":[4],\"data_offsets\":[24,32]},"
+                               "\"w.bf16\":{\"shape\":[2,2],\"dtype\":\"BF16\",\"data_offsets\":[32,40]},"
+                               "\"w.i64\":{\"dtype\":\"I64\",\"shape\":[3],\"data_offsets\":[40,64]},"
+                               "\"w.scalar\":{\"dtype\":\"F32\",\"shape\":[],\"data_offsets\":[64,68]},"
+                               "\"w.empty\":{\"dtype\":\"U8\",\"shape\":[0,5],\"data_offsets\":[68,68]}}      ";
     tbuf_t data = {0};
     tb_put(&data, k_f32, sizeof k_f32);
     tb_put(&data, k_f16, sizeof k_f16);
@@ -232,13 +231,17 @@ static void test_bad_entries(void)
               IE_ERR_FORMAT, "data_offsets span"); /* 2^62 elements fit; x8 bytes overflows */
     /* offsets */
     JSON_FAIL("{\"a\":{\"dtype\":\"F32\",\"shape\":[1]}}", 4, IE_ERR_FORMAT, "\"data_offsets\": [begin, end]");
-    JSON_FAIL("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", 4, IE_ERR_FORMAT, "data_offsets");
+    JSON_FAIL("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", 4, IE_ERR_FORMAT,
+              "data_offsets");
     JSON_FAIL("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", 4, IE_ERR_FORMAT, "begin <= end");
-    JSON_FAIL("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,-4]}}", 4, IE_ERR_FORMAT, "data_offsets");
-    JSON_FAIL("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":\"0,4\"}}", 4, IE_ERR_FORMAT, "data_offsets");
+    JSON_FAIL("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,-4]}}", 4, IE_ERR_FORMAT,
+              "data_offsets");
+    JSON_FAIL("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":\"0,4\"}}", 4, IE_ERR_FORMAT,
+              "data_offsets");
     JSON_FAIL("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,8]}}", 4, IE_ERR_FORMAT,
               "'a' data_offsets [0, 8] extend past the data section (4 bytes)");
-    JSON_FAIL("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,1e30]}}", 4, IE_ERR_FORMAT, "data_offsets");
+    JSON_FAIL("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,1e30]}}", 4, IE_ERR_FORMAT,
+              "data_offsets");
     /* size mismatch */
     JSON_FAIL("{\"a\":{\"dtype\":\"F32\",\"shape\":[2,3],\"data_offsets\":[0,20]}}", 20, IE_ERR_FORMAT,
               "'a' is 6 elements of F32 but data_offsets span 20 bytes");

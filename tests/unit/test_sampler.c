@@ -39,8 +39,7 @@ static void draw_counts(ie_sampler_t *s, const float *logits, int32_t n, int dra
     memset(counts, 0, (size_t)n * sizeof *counts);
     memcpy(work, logits, (size_t)n * sizeof *work);
     for (int d = 0; d < draws; d++) {
-        if (n <= 4096)
-            memcpy(work, logits, (size_t)n * sizeof *work);
+        if (n <= 4096) memcpy(work, logits, (size_t)n * sizeof *work);
         int32_t id = -7;
         ie_status_t st = ie_sampler_sample(s, work, &id);
         CU_ASSERT_EQUAL_FATAL(st, IE_OK);
@@ -69,14 +68,12 @@ static void check_support(const long *counts, const int *expect, int32_t n)
 static void softmax_ref(const float *l, int n, double temp, double *p)
 {
     double m = -INFINITY, z = 0;
-    for (int i = 0; i < n; i++)
-        m = l[i] > m ? l[i] : m;
+    for (int i = 0; i < n; i++) m = l[i] > m ? l[i] : m;
     for (int i = 0; i < n; i++) {
         p[i] = exp((l[i] - m) / temp);
         z += p[i];
     }
-    for (int i = 0; i < n; i++)
-        p[i] /= z;
+    for (int i = 0; i < n; i++) p[i] /= z;
 }
 
 /* Deterministic pseudo-random logits for big-vocabulary tests (an LCG,
@@ -94,13 +91,15 @@ static void fill_logits(float *l, int32_t n, uint32_t seed, float scale)
     }
 }
 
-typedef struct { float l; int32_t id; } ref_rank_t;
+typedef struct {
+    float l;
+    int32_t id;
+} ref_rank_t;
 
 static int ref_rank_cmp(const void *a, const void *b)
 {
     const ref_rank_t *x = a, *y = b;
-    if (x->l != y->l)
-        return x->l > y->l ? -1 : 1;
+    if (x->l != y->l) return x->l > y->l ? -1 : 1;
     return x->id < y->id ? -1 : 1;
 }
 
@@ -213,8 +212,7 @@ static void draw_seq(uint64_t seed, int mode, int32_t *seq, int n_draws)
     enum { V = 50 };
     ie_sampler_t *s = make(&p, V);
     float base[V];
-    for (int i = 0; i < V; i++)
-        base[i] = (float)(i % 7) * 0.3f;
+    for (int i = 0; i < V; i++) base[i] = (float)(i % 7) * 0.3f;
     for (int d = 0; d < n_draws; d++) {
         float l[V];
         memcpy(l, base, sizeof l);
@@ -262,8 +260,7 @@ static void test_reset_replays(void)
         int32_t *seq = pass ? b : a;
         for (int d = 0; d < N; d++) {
             float l[V];
-            for (int i = 0; i < V; i++)
-                l[i] = (float)(i % 5);
+            for (int i = 0; i < V; i++) l[i] = (float)(i % 5);
             CU_ASSERT_EQUAL(ie_sampler_sample(s, l, &seq[d]), IE_OK);
             CU_ASSERT_EQUAL(ie_sampler_accept(s, seq[d]), IE_OK);
         }
@@ -322,8 +319,7 @@ static void test_temperature_extremes(void)
     s = make(&p, V);
     const float l2[V] = {5.0f, -3.0f, 0.0f, 2.0f, 1.0f};
     draw_counts(s, l2, V, DRAWS, counts);
-    for (int i = 0; i < V; i++)
-        CU_ASSERT_DOUBLE_EQUAL((double)counts[i] / DRAWS, 0.2, 0.01);
+    for (int i = 0; i < V; i++) CU_ASSERT_DOUBLE_EQUAL((double)counts[i] / DRAWS, 0.2, 0.01);
     ie_sampler_destroy(&s);
 }
 
@@ -333,8 +329,7 @@ static void test_top_k_support(void)
 {
     enum { V = 100 };
     float l[V];
-    for (int i = 0; i < V; i++)
-        l[i] = (float)((i * 37) % V) * 0.01f; /* a permutation of 0..0.99 */
+    for (int i = 0; i < V; i++) l[i] = (float)((i * 37) % V) * 0.01f; /* a permutation of 0..0.99 */
     ie_sampler_params_t p = ie_sampler_params_default();
     p.top_k = 5;
     p.temperature = 50.0f; /* flat, so all 5 show up */
@@ -342,21 +337,18 @@ static void test_top_k_support(void)
     long counts[V];
     int expect[V];
     draw_counts(s, l, V, 5000, counts);
-    for (int i = 0; i < V; i++)
-        expect[i] = l[i] >= 0.95f - 1e-6f;
+    for (int i = 0; i < V; i++) expect[i] = l[i] >= 0.95f - 1e-6f;
     check_support(counts, expect, V);
     ie_sampler_destroy(&s);
 
     /* all tied: the k lowest ids */
     float flat[V];
-    for (int i = 0; i < V; i++)
-        flat[i] = 0.25f;
+    for (int i = 0; i < V; i++) flat[i] = 0.25f;
     p.top_k = 3;
     p.temperature = 1.0f;
     s = make(&p, V);
     draw_counts(s, flat, V, 3000, counts);
-    for (int i = 0; i < V; i++)
-        expect[i] = i < 3;
+    for (int i = 0; i < V; i++) expect[i] = i < 3;
     check_support(counts, expect, V);
     ie_sampler_destroy(&s);
 
@@ -364,16 +356,14 @@ static void test_top_k_support(void)
     p.top_k = 1;
     s = make(&p, V);
     draw_counts(s, l, V, 500, counts);
-    for (int i = 0; i < V; i++)
-        expect[i] = l[i] >= 0.99f - 1e-6f;
+    for (int i = 0; i < V; i++) expect[i] = l[i] >= 0.99f - 1e-6f;
     check_support(counts, expect, V);
     ie_sampler_destroy(&s);
     p.top_k = 1000;
     p.temperature = 1000.0f;
     s = make(&p, V);
     draw_counts(s, l, V, 20000, counts);
-    for (int i = 0; i < V; i++)
-        expect[i] = 1;
+    for (int i = 0; i < V; i++) expect[i] = 1;
     check_support(counts, expect, V);
     ie_sampler_destroy(&s);
 }
@@ -393,8 +383,7 @@ static void test_top_k_large_vocab(void)
     l[5] = boundary;
     l[V - 3] = boundary;
     r = ref_rank(l, V);
-    for (int i = 0; i < K; i++)
-        expect[r[i].id] = 1;
+    for (int i = 0; i < K; i++) expect[r[i].id] = 1;
     free(r);
 
     ie_sampler_params_t p = ie_sampler_params_default();
@@ -428,15 +417,14 @@ static void support_for(const ie_sampler_params_t *p, const float *l, int32_t n,
 static void test_top_p_boundaries(void)
 {
     ie_sampler_params_t p = ie_sampler_params_default();
-    struct { float top_p; int expect[4]; } cases[] = {
-        {0.01f, {1, 0, 0, 0}},
-        {0.5f, {1, 0, 0, 0}},   /* exactly reached by the first token */
-        {0.5001f, {1, 1, 0, 0}},
-        {0.75f, {1, 1, 0, 0}},  /* exactly reached by two */
-        {0.751f, {1, 1, 1, 0}}, /* tie 2/3: lower id ranks first */
-        {0.875f, {1, 1, 1, 0}},
-        {0.876f, {1, 1, 1, 1}},
-        {1.0f, {1, 1, 1, 1}},
+    struct {
+        float top_p;
+        int expect[4];
+    } cases[] = {
+        {0.01f, {1, 0, 0, 0}},   {0.5f, {1, 0, 0, 0}},  /* exactly reached by the first token */
+        {0.5001f, {1, 1, 0, 0}}, {0.75f, {1, 1, 0, 0}}, /* exactly reached by two */
+        {0.751f, {1, 1, 1, 0}},                         /* tie 2/3: lower id ranks first */
+        {0.875f, {1, 1, 1, 0}},  {0.876f, {1, 1, 1, 1}}, {1.0f, {1, 1, 1, 1}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         p.top_p = cases[i].top_p;
@@ -476,21 +464,18 @@ static void test_top_p_large_vocab(void)
     long *counts = malloc((size_t)V * sizeof *counts);
     int *expect = calloc((size_t)V, sizeof *expect);
     fill_logits(l, V, 11, 2.5f);
-    for (int32_t i = 7; i < V; i += 397)
-        l[i] = 12.0f + 0.3f * l[i];
+    for (int32_t i = 7; i < V; i += 397) l[i] = 12.0f + 0.3f * l[i];
     const float top_p = 0.9f;
 
     ref_rank_t *r = ref_rank(l, V);
     double m = r[0].l, z = 0, cum = 0;
-    for (int32_t i = 0; i < V; i++)
-        z += exp(r[i].l - m);
+    for (int32_t i = 0; i < V; i++) z += exp(r[i].l - m);
     int32_t kept = 0;
     while (kept < V && cum < top_p * z) {
         cum += exp(r[kept].l - m);
         kept++;
     }
-    for (int32_t i = 0; i < kept; i++)
-        expect[r[i].id] = 1;
+    for (int32_t i = 0; i < kept; i++) expect[r[i].id] = 1;
     CU_ASSERT(kept > 256);
     CU_ASSERT(kept < 500);
 
@@ -503,24 +488,20 @@ static void test_top_p_large_vocab(void)
      * seen (its rarest members are individually unlikely in 4000 draws). */
     long outside = 0, seen = 0;
     for (int32_t i = 0; i < V; i++) {
-        if (!expect[i])
-            outside += counts[i];
-        else
-            seen += counts[i] > 0;
+        if (!expect[i]) outside += counts[i];
+        else seen += counts[i] > 0;
     }
     CU_ASSERT_EQUAL(outside, 0);
     CU_ASSERT(seen > kept / 2);
     ie_sampler_destroy(&s);
 
     /* all tied: the lower half of the ids carries exactly half the mass */
-    for (int32_t i = 0; i < V; i++)
-        l[i] = 1.5f;
+    for (int32_t i = 0; i < V; i++) l[i] = 1.5f;
     p.top_p = 0.5f;
     s = make(&p, V);
     draw_counts(s, l, V, 40, counts);
     long high = 0;
-    for (int32_t i = V / 2; i < V; i++)
-        high += counts[i];
+    for (int32_t i = V / 2; i < V; i++) high += counts[i];
     CU_ASSERT_EQUAL(high, 0);
     ie_sampler_destroy(&s);
     free(r);
@@ -540,8 +521,7 @@ static void test_top_k_histogram_route(void)
     fill_logits(l, V, 21, 2.0f);
     ref_rank_t *r = ref_rank(l, V);
     memset(expect, 0, sizeof expect);
-    for (int i = 0; i < K; i++)
-        expect[r[i].id] = 1;
+    for (int i = 0; i < K; i++) expect[r[i].id] = 1;
     free(r);
     ie_sampler_params_t p = ie_sampler_params_default();
     p.top_k = K;
@@ -552,8 +532,7 @@ static void test_top_k_histogram_route(void)
 
     /* usable logits only in groups 0, 10 and 99 (60 of them); NaN and -inf
      * elsewhere; top-k 100 keeps all 60 */
-    for (int i = 0; i < V; i++)
-        l[i] = (i % 2) ? NAN : -INFINITY;
+    for (int i = 0; i < V; i++) l[i] = (i % 2) ? NAN : -INFINITY;
     memset(expect, 0, sizeof expect);
     const int groups[3] = {0, 10, 99};
     for (int g = 0; g < 3; g++) {
@@ -577,13 +556,12 @@ static void test_top_k_histogram_route(void)
 static void test_min_p(void)
 {
     ie_sampler_params_t p = ie_sampler_params_default();
-    struct { float min_p; int expect[4]; } cases[] = {
-        {0.0f, {1, 1, 1, 1}},
-        {0.24f, {1, 1, 1, 1}},
-        {0.26f, {1, 1, 0, 0}},
-        {0.49f, {1, 1, 0, 0}},
-        {0.51f, {1, 0, 0, 0}},
-        {1.0f, {1, 0, 0, 0}},
+    struct {
+        float min_p;
+        int expect[4];
+    } cases[] = {
+        {0.0f, {1, 1, 1, 1}},  {0.24f, {1, 1, 1, 1}}, {0.26f, {1, 1, 0, 0}},
+        {0.49f, {1, 1, 0, 0}}, {0.51f, {1, 0, 0, 0}}, {1.0f, {1, 0, 0, 0}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         p.min_p = cases[i].min_p;
@@ -623,8 +601,7 @@ static void test_penalties_exact(void)
     p.presence_penalty = 0.25f;
     ie_sampler_t *s = make(&p, 6);
     const int32_t hist[] = {0, 1, 1, 2, 5};
-    for (size_t i = 0; i < sizeof hist / sizeof hist[0]; i++)
-        CU_ASSERT_EQUAL(ie_sampler_accept(s, hist[i]), IE_OK);
+    for (size_t i = 0; i < sizeof hist / sizeof hist[0]; i++) CU_ASSERT_EQUAL(ie_sampler_accept(s, hist[i]), IE_OK);
 
     float l[6] = {2.0f, -2.0f, 0.5f, 3.0f, -1.0f, 0.0f};
     const float want[6] = {
@@ -636,8 +613,7 @@ static void test_penalties_exact(void)
         0.0f * 2 - (1 * 0.5f + 0.25f),  /* -0.75: 0 counts as "not > 0" */
     };
     ie_sampler_apply_penalties(s, l);
-    for (int i = 0; i < 6; i++)
-        CU_ASSERT_EQUAL(l[i], want[i]);
+    for (int i = 0; i < 6; i++) CU_ASSERT_EQUAL(l[i], want[i]);
     /* applying twice to fresh logits gives the same result: state intact */
     float l2[6] = {2.0f, -2.0f, 0.5f, 3.0f, -1.0f, 0.0f};
     ie_sampler_apply_penalties(s, l2);
@@ -688,8 +664,7 @@ static void test_penalty_window(void)
     p.repeat_last_n = 3;
     ie_sampler_t *s = make(&p, 5);
     const int32_t hist[] = {0, 1, 2, 2, 3}; /* window = {2, 2, 3} */
-    for (size_t i = 0; i < sizeof hist / sizeof hist[0]; i++)
-        CU_ASSERT_EQUAL(ie_sampler_accept(s, hist[i]), IE_OK);
+    for (size_t i = 0; i < sizeof hist / sizeof hist[0]; i++) CU_ASSERT_EQUAL(ie_sampler_accept(s, hist[i]), IE_OK);
     float l[5] = {4.0f, 4.0f, 4.0f, 4.0f, 4.0f};
     ie_sampler_apply_penalties(s, l);
     CU_ASSERT_EQUAL(l[0], 4.0f);
@@ -738,20 +713,48 @@ static void expect_inval(const ie_sampler_params_t *p)
 static void test_invalid_params(void)
 {
     ie_sampler_params_t p;
-    p = ie_sampler_params_default(); p.temperature = -0.1f; expect_inval(&p);
-    p = ie_sampler_params_default(); p.temperature = NAN; expect_inval(&p);
-    p = ie_sampler_params_default(); p.temperature = INFINITY; expect_inval(&p);
-    p = ie_sampler_params_default(); p.top_k = -1; expect_inval(&p);
-    p = ie_sampler_params_default(); p.top_p = 0.0f; expect_inval(&p);
-    p = ie_sampler_params_default(); p.top_p = 1.01f; expect_inval(&p);
-    p = ie_sampler_params_default(); p.top_p = NAN; expect_inval(&p);
-    p = ie_sampler_params_default(); p.min_p = -0.01f; expect_inval(&p);
-    p = ie_sampler_params_default(); p.min_p = 1.5f; expect_inval(&p);
-    p = ie_sampler_params_default(); p.repeat_penalty = 0.0f; expect_inval(&p);
-    p = ie_sampler_params_default(); p.repeat_penalty = -1.0f; expect_inval(&p);
-    p = ie_sampler_params_default(); p.repeat_last_n = -1; expect_inval(&p);
-    p = ie_sampler_params_default(); p.frequency_penalty = NAN; expect_inval(&p);
-    p = ie_sampler_params_default(); p.presence_penalty = INFINITY; expect_inval(&p);
+    p = ie_sampler_params_default();
+    p.temperature = -0.1f;
+    expect_inval(&p);
+    p = ie_sampler_params_default();
+    p.temperature = NAN;
+    expect_inval(&p);
+    p = ie_sampler_params_default();
+    p.temperature = INFINITY;
+    expect_inval(&p);
+    p = ie_sampler_params_default();
+    p.top_k = -1;
+    expect_inval(&p);
+    p = ie_sampler_params_default();
+    p.top_p = 0.0f;
+    expect_inval(&p);
+    p = ie_sampler_params_default();
+    p.top_p = 1.01f;
+    expect_inval(&p);
+    p = ie_sampler_params_default();
+    p.top_p = NAN;
+    expect_inval(&p);
+    p = ie_sampler_params_default();
+    p.min_p = -0.01f;
+    expect_inval(&p);
+    p = ie_sampler_params_default();
+    p.min_p = 1.5f;
+    expect_inval(&p);
+    p = ie_sampler_params_default();
+    p.repeat_penalty = 0.0f;
+    expect_inval(&p);
+    p = ie_sampler_params_default();
+    p.repeat_penalty = -1.0f;
+    expect_inval(&p);
+    p = ie_sampler_params_default();
+    p.repeat_last_n = -1;
+    expect_inval(&p);
+    p = ie_sampler_params_default();
+    p.frequency_penalty = NAN;
+    expect_inval(&p);
+    p = ie_sampler_params_default();
+    p.presence_penalty = INFINITY;
+    expect_inval(&p);
     expect_inval(NULL);
 
     p = ie_sampler_params_default();
@@ -805,9 +808,7 @@ static void test_nonfinite_logits(void)
         const float a[V] = {NAN, 1.0f, -INFINITY, 0.5f, NAN, 0.9f};
         draw_counts(s, a, V, 2000, counts);
         CU_ASSERT_EQUAL(counts[0] + counts[2] + counts[4], 0);
-        if (greedy) {
-            CU_ASSERT_EQUAL(counts[1], 2000);
-        }
+        if (greedy) { CU_ASSERT_EQUAL(counts[1], 2000); }
 
         /* +inf takes all the mass; two of them share it */
         const float b[V] = {1.0f, INFINITY, 3.0f, NAN, INFINITY, -INFINITY};
@@ -837,8 +838,7 @@ static void test_nonfinite_logits(void)
     p.repeat_penalty = 1.5f;
     p.frequency_penalty = 0.5f;
     ie_sampler_t *s = make(&p, V);
-    for (int i = 0; i < V; i++)
-        ie_sampler_accept(s, i);
+    for (int i = 0; i < V; i++) ie_sampler_accept(s, i);
     long counts[V];
     const float e[V] = {NAN, 2.0f, INFINITY, -INFINITY, 0.0f, NAN};
     draw_counts(s, e, V, 500, counts);
@@ -850,15 +850,15 @@ static void test_nonfinite_logits(void)
 
 int main(void)
 {
-    if (CU_initialize_registry() != CUE_SUCCESS)
-        return (int)CU_get_error();
+    if (CU_initialize_registry() != CUE_SUCCESS) return (int)CU_get_error();
     CU_pSuite suite = CU_add_suite("sampler", NULL, NULL);
     if (!suite) {
         CU_cleanup_registry();
         return (int)CU_get_error();
     }
     CU_add_test(suite, "greedy argmax and ties", test_greedy_argmax_and_ties);
-    CU_add_test(suite, "greedy == a scalar first-maximum scan (odd sizes, NaN, inf)", test_greedy_matches_scalar_scan);
+    CU_add_test(suite, "greedy == a scalar first-maximum scan (odd sizes, NaN, inf)",
+                test_greedy_matches_scalar_scan);
     CU_add_test(suite, "seed reproducible", test_seed_reproducible);
     CU_add_test(suite, "reset replays", test_reset_replays);
     CU_add_test(suite, "frequencies match softmax", test_frequencies_match_softmax);

@@ -36,13 +36,13 @@ static const char *k_prompts[] = {
 #define N_PROMPTS (int)(sizeof k_prompts / sizeof *k_prompts)
 
 /* A long shared prefix (a system prompt) for the prefix cache. */
-#define SYSTEM                                                                                              \
+#define SYSTEM                                                                                             \
     "<|im_start|>system\nYou are a careful assistant. Answer briefly and truthfully. If you do not know, " \
     "say so. Never invent facts, names or numbers. Prefer plain words over jargon, short sentences over "  \
     "long ones, and examples over abstractions. Keep answers under fifty words.<|im_end|>\n"
 
 typedef struct outcome {
-    int kind;            /* 0 none yet, else IE_SCHED_DONE / ERROR       */
+    int kind; /* 0 none yet, else IE_SCHED_DONE / ERROR       */
     int n_events, n_tokens;
     int32_t ids[N_CTX];
     size_t n_gen, n_cached;
@@ -50,7 +50,7 @@ typedef struct outcome {
     char text[4096];
     char streamed[4096];
     size_t streamed_len;
-    int order;           /* rank in which it ended                       */
+    int order; /* rank in which it ended                       */
 } outcome_t;
 
 static int g_end_counter;
@@ -151,8 +151,13 @@ static ie_status_t submit_text(ie_sched_t *s, ie_engine_t *e, const char *text, 
 {
     size_t n = 0;
     int32_t *ids = encode(e, text, &n);
-    ie_sched_req_t r = {.ids = ids, .n_ids = n, .params = p, .priority = priority, .timeout_ms = timeout_ms,
-                        .cb = on_event, .cb_ctx = o};
+    ie_sched_req_t r = {.ids = ids,
+                        .n_ids = n,
+                        .params = p,
+                        .priority = priority,
+                        .timeout_ms = timeout_ms,
+                        .cb = on_event,
+                        .cb_ctx = o};
     ie_status_t st = ie_sched_submit(s, &r, id);
     free(ids);
     return st;
@@ -217,7 +222,10 @@ static void test_sixteen_streams(void)
     static outcome_t o[16];
     memset(o, 0, sizeof o);
     CU_ASSERT_EQUAL_FATAL(make_engine(16, 64, 0, &e), IE_OK);
-    ie_sched_opts_t so = {.backend = ie_engine_backend(e), .tok = ie_engine_tokenizer(e), .queue_max = 16, .prefill_chunk = 24};
+    ie_sched_opts_t so = {.backend = ie_engine_backend(e),
+                          .tok = ie_engine_tokenizer(e),
+                          .queue_max = 16,
+                          .prefill_chunk = 24};
     CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
     ie_gen_params_t p = greedy(16);
     for (int i = 0; i < 16; i++)
@@ -529,9 +537,9 @@ static void test_threads(void)
 
 typedef struct fake {
     int32_t n_vocab;
-    int len[FAKE_SEQ];              /* positions held by each slot        */
+    int len[FAKE_SEQ];                 /* positions held by each slot        */
     int32_t table[FAKE_SEQ][FAKE_NLB]; /* physical block of each logical one */
-    int ready;                      /* 0: steps fail as a lost cluster's  */
+    int ready;                         /* 0: steps fail as a lost cluster's  */
     int steps, hints, bad, upkeeps, destroyed;
 } fake_t;
 
@@ -630,8 +638,13 @@ static void test_fake_backend(void)
     ie_model_src_destroy(&src);
     f.n_vocab = ie_tokenizer_n_vocab(tok);
     f.ready = 1;
-    ie_backend_geom_t g = {.n_seq = FAKE_SEQ, .n_ctx = FAKE_CTX, .max_batch = 8, .kv_block = FAKE_KB,
-                           .kv_blocks = FAKE_BLOCKS, .n_vocab = f.n_vocab, .upkeep_ms = 10};
+    ie_backend_geom_t g = {.n_seq = FAKE_SEQ,
+                           .n_ctx = FAKE_CTX,
+                           .max_batch = 8,
+                           .kv_block = FAKE_KB,
+                           .kv_blocks = FAKE_BLOCKS,
+                           .n_vocab = f.n_vocab,
+                           .upkeep_ms = 10};
     ie_backend_t *be = NULL;
     CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake_ops, &f, &g, &be), IE_OK);
     CU_ASSERT_STRING_EQUAL(ie_backend_name(be), "fake");
@@ -662,9 +675,9 @@ static void test_fake_backend(void)
         CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_OK);
     }
     run_until_idle(s);
-    CU_ASSERT_EQUAL(f.bad, 0);          /* positions contiguous, blocks bound */
+    CU_ASSERT_EQUAL(f.bad, 0); /* positions contiguous, blocks bound */
     CU_ASSERT(f.steps > 0);
-    CU_ASSERT_EQUAL(f.hints, f.steps);  /* one hint before every step */
+    CU_ASSERT_EQUAL(f.hints, f.steps); /* one hint before every step */
     for (int i = 0; i < 3; i++) {
         CU_ASSERT_EQUAL(o[i].kind, IE_SCHED_DONE);
         CU_ASSERT_EQUAL(o[i].n_gen, 9);

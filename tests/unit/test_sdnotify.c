@@ -26,11 +26,11 @@ static int suite_init(void)
     snprintf(g_path, sizeof g_path, "%s/notify", g_dir);
     g_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (g_fd < 0) return -1;
-    struct sockaddr_un sa = { 0 };
+    struct sockaddr_un sa = {0};
     sa.sun_family = AF_UNIX;
     memcpy(sa.sun_path, g_path, strlen(g_path) + 1);
     if (bind(g_fd, (struct sockaddr *)&sa, sizeof sa) != 0) return -1;
-    struct timeval tv = { 2, 0 }; /* a missing datagram fails the test, not hangs it */
+    struct timeval tv = {2, 0}; /* a missing datagram fails the test, not hangs it */
     setsockopt(g_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     return 0;
 }

@@ -171,7 +171,11 @@ static void test_plan_errors(void)
     ie_shard_range_t p;
     memset(&p, 0x5a, sizeof p);
     ie_shard_range_t keep = p;
-    const struct { const ie_hparams_t *hp; ie_shard_t s; const char *says; } bad[] = {
+    const struct {
+        const ie_hparams_t *hp;
+        ie_shard_t s;
+        const char *says;
+    } bad[] = {
         {&a, {IE_SHARD_PIPELINE, 0, 31}, "31 stages but only 30 layers"},
         {&a, {IE_SHARD_TENSOR, 0, 4}, "4 ranks but only 3 KV heads"},
         {&g, {IE_SHARD_TENSOR, 0, 9}, "9 ranks but only 8 KV heads"},
@@ -523,9 +527,8 @@ static void tensor_case(const char *model, ie_precision_t prec, int R, double to
         ie_worker_destroy(&full);
     }
     for (int r = 0; r < R; r++) CU_ASSERT(ie_worker_weight_bytes(t.w[r]) < whole);
-    printf("\n  %s %s tensor x%d: max |diff| %.3g (%.3g of max |logit| %.3g), argmax %s, %d reduces/rank",
-           model, ie_precision_name(prec), R, md, md / mx, mx, same_argmax ? "same" : "DIFFERENT",
-           t.ar.calls);
+    printf("\n  %s %s tensor x%d: max |diff| %.3g (%.3g of max |logit| %.3g), argmax %s, %d reduces/rank", model,
+           ie_precision_name(prec), R, md, md / mx, mx, same_argmax ? "same" : "DIFFERENT", t.ar.calls);
     tp_close(&t);
     free(got);
     free(ref);

@@ -83,8 +83,12 @@ static void *rank_main(void *p)
     rank_arg_t *a = p;
     cluster_t *c = a->c;
     ie_shmreduce_t *s = NULL;
-    ie_shmreduce_opts_t o = {.cluster_id = c->cid, .epoch = c->epoch, .rank = a->rank, .n_ranks = c->P,
-                             .max_floats = c->maxf, .spin_us = c->spin_us};
+    ie_shmreduce_opts_t o = {.cluster_id = c->cid,
+                             .epoch = c->epoch,
+                             .rank = a->rank,
+                             .n_ranks = c->P,
+                             .max_floats = c->maxf,
+                             .spin_us = c->spin_us};
     float *buf = malloc(c->maxf * sizeof(float)), *want = malloc(c->maxf * sizeof(float));
     a->st_new = ie_shmreduce_new(&o, &s);
     pthread_barrier_wait(&c->created); /* every segment exists: the READY barrier of a real cluster */
@@ -262,7 +266,7 @@ static void test_vote_late(void)
     double dt = ie_now_ms() - t0;
     CU_ASSERT(dt >= 99 && dt < 3000);
     CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "rank 1"));
-    CU_ASSERT_TRUE(seg_exists(cid, 1, 0)); /* not decided: still linked */
+    CU_ASSERT_TRUE(seg_exists(cid, 1, 0));                /* not decided: still linked */
     CU_ASSERT_EQUAL(ie_shmreduce_attach(s1, 100), IE_OK); /* rank 0 already voted */
     CU_ASSERT_EQUAL(ie_shmreduce_attach(s0, 100), IE_OK);
     CU_ASSERT_FALSE(seg_exists(cid, 1, 0));

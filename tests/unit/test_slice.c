@@ -18,7 +18,9 @@
 #define N_OUT 37
 #define N_IN 192
 
-typedef struct cut { int64_t r0, r1, c0, c1; } cut_t;
+typedef struct cut {
+    int64_t r0, r1, c0, c1;
+} cut_t;
 
 static void *xcalloc(size_t n)
 {
@@ -54,8 +56,9 @@ static void check_cut(ie_dtype_t t, ie_layout_t lay, int g, const float *x, cons
     } else {
         for (int r = 0; r < N_OUT; r++) {
             void *row = (char *)full + (size_t)r * (full_b / N_OUT);
-            const int rc = ie_dtype_is_intw(t) ? ie_qrow_quantize(t, g, IE_QSCALE_ABSMAX, x + (size_t)r * N_IN, N_IN, row)
-                                               : ie_quantize_row(t, x + (size_t)r * N_IN, row, N_IN);
+            const int rc = ie_dtype_is_intw(t)
+                               ? ie_qrow_quantize(t, g, IE_QSCALE_ABSMAX, x + (size_t)r * N_IN, N_IN, row)
+                               : ie_quantize_row(t, x + (size_t)r * N_IN, row, N_IN);
             CU_ASSERT_EQUAL_FATAL(rc, 0);
         }
     }

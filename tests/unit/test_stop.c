@@ -148,7 +148,7 @@ static void test_false_start_released(void)
     CU_ASSERT_EQUAL(feed(s, &k, "a"), 0);
     CU_ASSERT_EQUAL(feed(s, &k, "b"), 0);
     CU_ASSERT_EQUAL(k.stopped, 0);
-    CU_ASSERT_EQUAL(flush(s, &k), 2);       /* end of stream: release "ab" */
+    CU_ASSERT_EQUAL(flush(s, &k), 2); /* end of stream: release "ab" */
     expect_out(&k, "xabdab");
     /* feeding after a flush still works */
     feed(s, &k, "zabc");
@@ -269,16 +269,15 @@ static void test_bad_args(void)
 
 /* Reference: scan the whole text byte by byte; the first end position
  * with a match wins, the longest stop among those ending there. */
-static void naive(const char *text, size_t len, const char *const *stops, size_t n,
-                  size_t *emit_out, int *stopped_out, int *which_out)
+static void naive(const char *text, size_t len, const char *const *stops, size_t n, size_t *emit_out,
+                  int *stopped_out, int *which_out)
 {
     for (size_t e = 1; e <= len; e++) {
         size_t best_len = 0;
         int which = -1;
         for (size_t i = 0; i < n; i++) {
             size_t l = strlen(stops[i]);
-            if (l == 0 || l > e || l <= best_len)
-                continue;
+            if (l == 0 || l > e || l <= best_len) continue;
             if (memcmp(text + e - l, stops[i], l) == 0) {
                 best_len = l;
                 which = (int)i;
@@ -314,15 +313,13 @@ static void test_random_chunkings(void)
         const char *stops[6];
         for (size_t i = 0; i < n; i++) {
             size_t l = 1 + rnd(&x) % 5;
-            for (size_t j = 0; j < l; j++)
-                pool[i][j] = (char)('a' + rnd(&x) % 3);
+            for (size_t j = 0; j < l; j++) pool[i][j] = (char)('a' + rnd(&x) % 3);
             pool[i][l] = '\0';
             stops[i] = pool[i];
         }
         char text[64];
         size_t len = rnd(&x) % 61;
-        for (size_t j = 0; j < len; j++)
-            text[j] = (char)('a' + rnd(&x) % 4);
+        for (size_t j = 0; j < len; j++) text[j] = (char)('a' + rnd(&x) % 4);
         text[len] = '\0';
 
         size_t want_len;
@@ -334,21 +331,19 @@ static void test_random_chunkings(void)
         size_t pos = 0;
         while (pos < len && !k.stopped) {
             size_t c = 1 + rnd(&x) % 7;
-            if (c > len - pos)
-                c = len - pos;
+            if (c > len - pos) c = len - pos;
             char chunk[16];
             memcpy(chunk, text + pos, c);
             chunk[c] = '\0';
             feed(s, &k, chunk);
             pos += c;
         }
-        if (!k.stopped)
-            flush(s, &k);
-        int ok = k.stopped == want_stopped && k.len == want_len &&
-                 memcmp(k.out, text, want_len) == 0 && ie_stop_matched(s) == want_which;
+        if (!k.stopped) flush(s, &k);
+        int ok = k.stopped == want_stopped && k.len == want_len && memcmp(k.out, text, want_len) == 0 &&
+                 ie_stop_matched(s) == want_which;
         if (!ok) {
-            fprintf(stderr, "\n  iter %d text \"%s\": got %zu/%d/%d want %zu/%d/%d\n", iter, text,
-                    k.len, k.stopped, ie_stop_matched(s), want_len, want_stopped, want_which);
+            fprintf(stderr, "\n  iter %d text \"%s\": got %zu/%d/%d want %zu/%d/%d\n", iter, text, k.len, k.stopped,
+                    ie_stop_matched(s), want_len, want_stopped, want_which);
             CU_FAIL("chunked result differs from reference");
             ie_stop_destroy(&s);
             break;
@@ -359,8 +354,7 @@ static void test_random_chunkings(void)
 
 int main(void)
 {
-    if (CU_initialize_registry() != CUE_SUCCESS)
-        return (int)CU_get_error();
+    if (CU_initialize_registry() != CUE_SUCCESS) return (int)CU_get_error();
     CU_pSuite suite = CU_add_suite("stop", NULL, NULL);
     if (!suite) {
         CU_cleanup_registry();

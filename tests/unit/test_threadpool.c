@@ -45,7 +45,7 @@ static void check_runs(int n_threads, int pin, int runs, int sleep_between)
         for (int i = 0; i < n_threads; i++) /* read plain memory right after the join */
             if (c->count[i] != r + 1 || c->nth_seen[i] != n_threads) bad++;
         if (sleep_between) {
-            struct timespec ts = { 0, 5 * 1000 * 1000 }; /* past the spin+yield window */
+            struct timespec ts = {0, 5 * 1000 * 1000}; /* past the spin+yield window */
             nanosleep(&ts, NULL);
         }
     }
@@ -106,7 +106,9 @@ static void test_claims(void)
 }
 
 /* Work that takes a while on some threads only: the join must wait for it. */
-typedef struct { long sum[8]; } work_ctx_t;
+typedef struct {
+    long sum[8];
+} work_ctx_t;
 static void task_uneven(void *p, int ith, int nth)
 {
     work_ctx_t *c = p;
@@ -134,7 +136,7 @@ static void test_destroy(void)
 {
     ie_threadpool_t *tp = NULL;
     ie_threadpool_destroy(NULL);
-    ie_threadpool_destroy(&tp); /* *self_p NULL: no-op */
+    ie_threadpool_destroy(&tp);    /* *self_p NULL: no-op */
     for (int n = 1; n <= 4; n++) { /* destroy without any run */
         CU_ASSERT_EQUAL_FATAL(ie_threadpool_new(n, 0, &tp), IE_OK);
         ie_threadpool_destroy(&tp);
@@ -142,7 +144,7 @@ static void test_destroy(void)
     }
     /* destroy while workers sleep on the condition variable */
     CU_ASSERT_EQUAL_FATAL(ie_threadpool_new(3, 0, &tp), IE_OK);
-    struct timespec ts = { 0, 10 * 1000 * 1000 };
+    struct timespec ts = {0, 10 * 1000 * 1000};
     nanosleep(&ts, NULL);
     ie_threadpool_destroy(&tp);
     /* 0 threads means one per CPU */
@@ -234,7 +236,7 @@ static void test_idle_hook(void)
     usleep(20000);
     CU_ASSERT_EQUAL(atomic_load(&r.bad), 0);
     for (int i = 1; i < 4; i++) {
-        CU_ASSERT(before[i] <= jobs + 1); /* at most one call per job */
+        CU_ASSERT(before[i] <= jobs + 1);                     /* at most one call per job */
         CU_ASSERT_EQUAL(atomic_load(&r.calls[i]), before[i]); /* cleared: no more calls */
     }
     ie_threadpool_destroy(&tp);
@@ -262,8 +264,8 @@ static void test_split_range(void)
                 if (e - b < minsz) minsz = e - b;
                 if (e - b > maxsz) maxsz = e - b;
             }
-            if (expect_b != n) bad++;      /* covers [0, n) */
-            if (maxsz - minsz > 1) bad++;  /* balanced */
+            if (expect_b != n) bad++;     /* covers [0, n) */
+            if (maxsz - minsz > 1) bad++; /* balanced */
         }
     long b, e;
     ie_split_range(1L << 40, 3, 4, &b, &e); /* no overflow on big n */

@@ -39,9 +39,7 @@
 static char *slurp(const char *path, size_t *len_out)
 {
     FILE *f = fopen(path, "rb");
-    if (!f) {
-        return NULL;
-    }
+    if (!f) { return NULL; }
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
@@ -62,9 +60,7 @@ static ie_tokenizer_t *load(const char *path)
 {
     ie_tokenizer_t *t = NULL;
     ie_status_t st = ie_tokenizer_load(path, &t);
-    if (st != IE_OK) {
-        fprintf(stderr, "\nload %s: %s\n", path, ie_error_last());
-    }
+    if (st != IE_OK) { fprintf(stderr, "\nload %s: %s\n", path, ie_error_last()); }
     CU_ASSERT_EQUAL_FATAL(st, IE_OK);
     return t;
 }
@@ -151,17 +147,13 @@ static size_t read_vectors(const char *base, vec_case_t **out)
     char *line = ob;
     for (size_t k = 0; k < n && line; k++) {
         char *nl = strchr(line, '\n');
-        if (nl) {
-            *nl = '\0';
-        }
+        if (nl) { *nl = '\0'; }
         size_t icap = 16;
         v[k].ids = malloc(icap * sizeof(int32_t));
         char *p = line, *e;
         for (;;) {
             long x = strtol(p, &e, 10);
-            if (e == p) {
-                break;
-            }
+            if (e == p) { break; }
             if (v[k].n == icap) {
                 icap *= 2;
                 v[k].ids = realloc(v[k].ids, icap * sizeof(int32_t));
@@ -202,13 +194,9 @@ static void run_vectors(const char *tok_path, const char *vec_base, const char *
             pass++;
         } else {
             fprintf(stderr, "\n%s case %zu mismatch: '%s'\n  got:", label, i, v[i].text);
-            for (size_t k = 0; k < m; k++) {
-                fprintf(stderr, " %d", ids[k]);
-            }
+            for (size_t k = 0; k < m; k++) { fprintf(stderr, " %d", ids[k]); }
             fprintf(stderr, "\n  exp:");
-            for (size_t k = 0; k < v[i].n; k++) {
-                fprintf(stderr, " %d", v[i].ids[k]);
-            }
+            for (size_t k = 0; k < v[i].n; k++) { fprintf(stderr, " %d", v[i].ids[k]); }
             fprintf(stderr, "\n");
         }
         /* detokenizing the expected ids gives back the text */
@@ -229,28 +217,16 @@ static void run_vectors(const char *tok_path, const char *vec_base, const char *
     ie_tokenizer_destroy(&t);
 }
 
-static void test_vectors_gpt2(void)
-{
-    run_vectors(GPT2_GGUF, GPT2_GGUF, "gpt-2 gguf");
-}
+static void test_vectors_gpt2(void) { run_vectors(GPT2_GGUF, GPT2_GGUF, "gpt-2 gguf"); }
 
-static void test_vectors_spm(void)
-{
-    run_vectors(SPM_GGUF, SPM_GGUF, "llama-spm gguf");
-}
+static void test_vectors_spm(void) { run_vectors(SPM_GGUF, SPM_GGUF, "llama-spm gguf"); }
 
 /* The same cases with ids from HF `tokenizers` (tests/reference/
  * make_hf_vectors.py). Note llama2_tokenizer.json is not the vocabulary of
  * ggml-vocab-llama-spm.gguf (see tests/data/README.md). */
-static void test_vectors_llama2_json(void)
-{
-    run_vectors(LLAMA2_JSON, LLAMA2_JSON, "llama2 tokenizer.json");
-}
+static void test_vectors_llama2_json(void) { run_vectors(LLAMA2_JSON, LLAMA2_JSON, "llama2 tokenizer.json"); }
 
-static void test_vectors_smollm2_json(void)
-{
-    run_vectors(SMOLLM2_JSON, SMOLLM2_JSON, "smollm2 tokenizer.json");
-}
+static void test_vectors_smollm2_json(void) { run_vectors(SMOLLM2_JSON, SMOLLM2_JSON, "smollm2 tokenizer.json"); }
 
 /* SmolLM2's GGUF (fetched by scripts/setup.sh) against the same HF ids */
 static void test_vectors_smollm2_gguf(void)
@@ -278,7 +254,9 @@ static void test_stream_spm_bytes(void)
     ie_detok_t *d = NULL;
     CU_ASSERT_EQUAL_FATAL(ie_detok_new(t, &d), IE_OK);
     /* U+1F999 as four byte-fallback tokens: nothing until the last one */
-    CU_ASSERT_STRING_EQUAL(ie_detok_push(d, find(t, "\xE2\x96\x81" "a")), "a"); /* leading space dropped */
+    CU_ASSERT_STRING_EQUAL(ie_detok_push(d, find(t, "\xE2\x96\x81"
+                                                    "a")),
+                           "a"); /* leading space dropped */
     CU_ASSERT_STRING_EQUAL(ie_detok_push(d, find(t, "<0xF0>")), "");
     CU_ASSERT_STRING_EQUAL(ie_detok_push(d, find(t, "<0x9F>")), "");
     CU_ASSERT_STRING_EQUAL(ie_detok_push(d, find(t, "<0xA6>")), "");
@@ -286,7 +264,9 @@ static void test_stream_spm_bytes(void)
     /* broken sequence: F0 9F then 'b' -> U+FFFD then " b" */
     CU_ASSERT_STRING_EQUAL(ie_detok_push(d, find(t, "<0xF0>")), "");
     CU_ASSERT_STRING_EQUAL(ie_detok_push(d, find(t, "<0x9F>")), "");
-    CU_ASSERT_STRING_EQUAL(ie_detok_push(d, find(t, "\xE2\x96\x81" "b")), "\xEF\xBF\xBD b");
+    CU_ASSERT_STRING_EQUAL(ie_detok_push(d, find(t, "\xE2\x96\x81"
+                                                    "b")),
+                           "\xEF\xBF\xBD b");
     /* a lone continuation byte and an invalid lead byte */
     CU_ASSERT_STRING_EQUAL(ie_detok_push(d, find(t, "<0x80>")), "\xEF\xBF\xBD");
     CU_ASSERT_STRING_EQUAL(ie_detok_push(d, find(t, "<0xFF>")), "\xEF\xBF\xBD");
@@ -355,14 +335,14 @@ static void test_invalid_utf8(void)
         size_t len;
         size_t at;
     } bad[] = {
-        {"ab\xFF", 3, 2},              /* never valid */
-        {"\xC0\xAF", 2, 0},            /* overlong '/' */
-        {"x\xE0\x80\xAF", 4, 1},       /* overlong 3-byte */
-        {"ok \xED\xA0\x80", 6, 3},     /* surrogate U+D800 */
-        {"\xF4\x90\x80\x80", 4, 0},    /* above U+10FFFF */
-        {"abc\xE2\x82", 5, 3},         /* truncated at the end */
-        {"\x80", 1, 0},                /* lone continuation */
-        {"a\xC3(", 3, 1},              /* bad continuation */
+        {"ab\xFF", 3, 2},           /* never valid */
+        {"\xC0\xAF", 2, 0},         /* overlong '/' */
+        {"x\xE0\x80\xAF", 4, 1},    /* overlong 3-byte */
+        {"ok \xED\xA0\x80", 6, 3},  /* surrogate U+D800 */
+        {"\xF4\x90\x80\x80", 4, 0}, /* above U+10FFFF */
+        {"abc\xE2\x82", 5, 3},      /* truncated at the end */
+        {"\x80", 1, 0},             /* lone continuation */
+        {"a\xC3(", 3, 1},           /* bad continuation */
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int32_t *ids = (int32_t *)1;
@@ -407,9 +387,7 @@ static void test_special_gpt2(void)
     free(ids);
     n = enc(t, "a<|endoftext|>b", 0, &ids);
     CU_ASSERT(n > 3);
-    for (size_t i = 0; i < n; i++) {
-        CU_ASSERT_NOT_EQUAL(ids[i], 50256);
-    }
+    for (size_t i = 0; i < n; i++) { CU_ASSERT_NOT_EQUAL(ids[i], 50256); }
     free(ids);
     /* GPT-2 adds no BOS; EOS/EOG is <|endoftext|> */
     n = enc(t, "hello", IE_TOK_ADD_SPECIAL, &ids);
@@ -437,9 +415,7 @@ static void test_special_spm(const char *path)
     free(ids);
     n = enc(t, "Hi<s>there", 0, &ids);
     CU_ASSERT(n > 3);
-    for (size_t i = 0; i < n; i++) {
-        CU_ASSERT_NOT_EQUAL(ids[i], 1);
-    }
+    for (size_t i = 0; i < n; i++) { CU_ASSERT_NOT_EQUAL(ids[i], 1); }
     free(ids);
     /* Llama adds BOS, not EOS */
     n = enc(t, "Hi", IE_TOK_ADD_SPECIAL, &ids);
@@ -457,15 +433,9 @@ static void test_special_spm(const char *path)
     ie_tokenizer_destroy(&t);
 }
 
-static void test_special_spm_gguf(void)
-{
-    test_special_spm(SPM_GGUF);
-}
+static void test_special_spm_gguf(void) { test_special_spm(SPM_GGUF); }
 
-static void test_special_spm_json(void)
-{
-    test_special_spm(LLAMA2_JSON);
-}
+static void test_special_spm_json(void) { test_special_spm(LLAMA2_JSON); }
 
 /* SmolLM2 (generated by tests/reference/make_smollm2_tokenizer_json.py) */
 static void test_smollm2_json(void)
@@ -483,8 +453,8 @@ static void test_smollm2_json(void)
     n = enc(t, "2024", 0, &ids);
     CU_ASSERT_EQUAL(n, 4);
     free(ids);
-    CU_ASSERT_TRUE(ie_tokenizer_is_eog(t, 2));     /* <|im_end|> */
-    CU_ASSERT_TRUE(ie_tokenizer_is_eog(t, 0));     /* <|endoftext|> */
+    CU_ASSERT_TRUE(ie_tokenizer_is_eog(t, 2)); /* <|im_end|> */
+    CU_ASSERT_TRUE(ie_tokenizer_is_eog(t, 0)); /* <|endoftext|> */
     CU_ASSERT_EQUAL(ie_tokenizer_add_bos(t), 0);
     ie_tokenizer_destroy(&t);
 }
@@ -560,11 +530,11 @@ static void test_malformed_json(void)
          "\"decoder\":{\"type\":\"ByteLevel\"}," MODEL("{\"a\":0}", "[]") "}",
          IE_ERR_UNSUPPORTED},
         {"{" MODEL("{\"a\":0}", "[]") "}", IE_ERR_UNSUPPORTED}, /* neither byte-level nor SPM */
-        {"{" BL_PRE ",\"post_processor\":{\"type\":\"Mystery\"}," MODEL("{\"a\":0}", "[]") "}",
-         IE_ERR_UNSUPPORTED},
+        {"{" BL_PRE ",\"post_processor\":{\"type\":\"Mystery\"}," MODEL("{\"a\":0}", "[]") "}", IE_ERR_UNSUPPORTED},
         {"{" BL_PRE ",\"model\":{\"type\":\"BPE\",\"dropout\":0.1,\"vocab\":{\"a\":0},\"merges\":[]}}",
          IE_ERR_UNSUPPORTED},
-        {"{" BL_PRE ",\"model\":{\"type\":\"BPE\",\"continuing_subword_prefix\":\"##\",\"vocab\":{\"a\":0},\"merges\":[]}}",
+        {"{" BL_PRE
+         ",\"model\":{\"type\":\"BPE\",\"continuing_subword_prefix\":\"##\",\"vocab\":{\"a\":0},\"merges\":[]}}",
          IE_ERR_UNSUPPORTED},
         /* valid */
         {"{" BL_PRE "," MODEL("{\"a\":0,\"b\":1,\"ab\":2}", "[\"a b\"]") "}", IE_OK},
@@ -740,9 +710,7 @@ static void test_threads_and_speed(void)
         thr_arg_t a[4];
         pthread_t th[4];
         size_t half = len / 2;
-        while (half < len && text[half] != '\n') {
-            half++;
-        }
+        while (half < len && text[half] != '\n') { half++; }
         for (int i = 0; i < 4; i++) {
             memset(&a[i], 0, sizeof a[i]);
             a[i].t = t;
@@ -750,16 +718,12 @@ static void test_threads_and_speed(void)
             a[i].len = half;
             CU_ASSERT_EQUAL_FATAL(pthread_create(&th[i], NULL, thr_main, &a[i]), 0);
         }
-        for (int i = 0; i < 4; i++) {
-            pthread_join(th[i], NULL);
-        }
+        for (int i = 0; i < 4; i++) { pthread_join(th[i], NULL); }
         for (int i = 1; i < 4; i++) {
             CU_ASSERT_EQUAL(a[i].st, IE_OK);
             CU_ASSERT_TRUE(ids_eq(a[i].ids, a[i].n, a[0].ids, a[0].n));
         }
-        for (int i = 0; i < 4; i++) {
-            free(a[i].ids);
-        }
+        for (int i = 0; i < 4; i++) { free(a[i].ids); }
         free(ref);
         ie_tokenizer_destroy(&t);
     }
@@ -789,9 +753,7 @@ static size_t read_test_plans(const char *name, vec_case_t **out)
     char *line = buf;
     while (line && *line) {
         char *nl = strchr(line, '\n');
-        if (nl) {
-            *nl = '\0';
-        }
+        if (nl) { *nl = '\0'; }
         if (strncmp(line, "EncodingName: ", 14) == 0) {
             cur_name = line + 14;
         } else if (strncmp(line, "Sample: ", 8) == 0) {
@@ -814,13 +776,9 @@ static size_t read_test_plans(const char *name, vec_case_t **out)
             v[n].n = 0;
             char *p = line + 10, *e;
             for (;;) {
-                while (*p == ',' || *p == ' ') {
-                    p++;
-                }
+                while (*p == ',' || *p == ' ') { p++; }
                 long x = strtol(p, &e, 10);
-                if (e == p) {
-                    break;
-                }
+                if (e == p) { break; }
                 if (v[n].n == icap) {
                     icap *= 2;
                     v[n].ids = realloc(v[n].ids, icap * sizeof(int32_t));
@@ -856,13 +814,9 @@ static void test_test_plans_o200k(void)
             pass++;
         } else {
             fprintf(stderr, "\no200k case %zu mismatch: '%s'\n  got:", i, v[i].text);
-            for (size_t k = 0; k < m; k++) {
-                fprintf(stderr, " %d", ids[k]);
-            }
+            for (size_t k = 0; k < m; k++) { fprintf(stderr, " %d", ids[k]); }
             fprintf(stderr, "\n  exp:");
-            for (size_t k = 0; k < v[i].n; k++) {
-                fprintf(stderr, " %d", v[i].ids[k]);
-            }
+            for (size_t k = 0; k < v[i].n; k++) { fprintf(stderr, " %d", v[i].ids[k]); }
             fprintf(stderr, "\n");
         }
         char *back = detok_all(t, v[i].ids, v[i].n);
@@ -901,9 +855,7 @@ static void test_tiktoken_specials(void)
     CU_ASSERT_TRUE(ids_eq(ids, n, exp, 5));
     free(ids);
     n = enc(t, s, 0, &ids); /* plain text: no special ids */
-    for (size_t i = 0; i < n; i++) {
-        CU_ASSERT(ids[i] < 199998);
-    }
+    for (size_t i = 0; i < n; i++) { CU_ASSERT(ids[i] < 199998); }
     char *back = detok_all(t, ids, n);
     CU_ASSERT_STRING_EQUAL(back, s);
     free(back);
@@ -932,9 +884,7 @@ static const char *write_ranks(const char *name, const char *extra)
     static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     size_t cap = 256 * 16 + strlen(extra) + 1;
     char *s = malloc(cap), *o = s;
-    for (int b = 0; b < 256; b++) {
-        o += sprintf(o, "%c%c== %d\n", b64[b >> 2], b64[(b & 3) << 4], b);
-    }
+    for (int b = 0; b < 256; b++) { o += sprintf(o, "%c%c== %d\n", b64[b >> 2], b64[(b & 3) << 4], b); }
     strcpy(o, extra);
     const char *p = write_tmp(name, s);
     free(s);
@@ -948,14 +898,14 @@ static void test_malformed_tiktoken(void)
         ie_status_t want;
     } cases[] = {
         {"", IE_OK},
-        {"YWI= 256\n", IE_OK},          /* "ab" */
-        {"YWI= 255\n", IE_ERR_FORMAT},  /* rank twice */
-        {"YWI=\n", IE_ERR_FORMAT},      /* no rank */
+        {"YWI= 256\n", IE_OK},         /* "ab" */
+        {"YWI= 255\n", IE_ERR_FORMAT}, /* rank twice */
+        {"YWI=\n", IE_ERR_FORMAT},     /* no rank */
         {"YWI= -3\n", IE_ERR_FORMAT},
         {"YWI= 99999999999\n", IE_ERR_FORMAT},
-        {"YW= 256\n", IE_ERR_FORMAT},   /* base64 length */
-        {"Y!I= 256\n", IE_ERR_FORMAT},  /* base64 alphabet */
-        {"Y=I= 256\n", IE_ERR_FORMAT},  /* padding inside */
+        {"YW= 256\n", IE_ERR_FORMAT},  /* base64 length */
+        {"Y!I= 256\n", IE_ERR_FORMAT}, /* base64 alphabet */
+        {"Y=I= 256\n", IE_ERR_FORMAT}, /* padding inside */
         {" 256\n", IE_ERR_FORMAT},
         {"YWI= 2x\n", IE_ERR_FORMAT},
     };
@@ -995,7 +945,7 @@ static void test_malformed_tiktoken(void)
         {"{\"special_tokens\": {\"<|x|>\": 256}}", IE_OK},
         {"{\"<|x|>\": 300}", IE_OK},
         {"{\"special_tokens\": {\"<|x|>\": 256}, \"n_vocab\": 1000}", IE_OK},
-        {"{\"special_tokens\": {\"<|x|>\": 7}}", IE_ERR_FORMAT},       /* id of a byte */
+        {"{\"special_tokens\": {\"<|x|>\": 7}}", IE_ERR_FORMAT}, /* id of a byte */
         {"{\"special_tokens\": {\"<|x|>\": 256, \"<|y|>\": 256}}", IE_ERR_FORMAT},
         {"{\"special_tokens\": {\"<|x|>\": -1}}", IE_ERR_FORMAT},
         {"{\"special_tokens\": {\"<|x|>\": \"a\"}}", IE_ERR_FORMAT},
@@ -1003,7 +953,7 @@ static void test_malformed_tiktoken(void)
         {"{\"special_tokens\": {\"<|x|>\": 99999999}}", IE_ERR_FORMAT},
         {"{\"special_tokens\": {\"\": 256}}", IE_ERR_FORMAT},
         {"{\"special_tokens\": [1]}", IE_ERR_FORMAT},
-        {"{\"special_tokens\": {}, \"n_vocab\": 10}", IE_ERR_FORMAT},  /* below the ranks */
+        {"{\"special_tokens\": {}, \"n_vocab\": 10}", IE_ERR_FORMAT}, /* below the ranks */
         {"{\"special_tokens\": {}, \"pattern\": 5}", IE_ERR_FORMAT},
         {"{\"special_tokens\": {}, \"pattern\": \"(\"}", IE_ERR_UNSUPPORTED},
         {"{\"special_tokens\"", IE_ERR_FORMAT},
@@ -1066,9 +1016,7 @@ int main(void)
         perror("mkdtemp");
         return 1;
     }
-    if (CU_initialize_registry() != CUE_SUCCESS) {
-        return 1;
-    }
+    if (CU_initialize_registry() != CUE_SUCCESS) { return 1; }
     CU_pSuite s = CU_add_suite("tokenizer", NULL, NULL);
     CU_add_test(s, "gpt-2 vectors (gguf)", test_vectors_gpt2);
     CU_add_test(s, "llama-spm vectors (gguf)", test_vectors_spm);

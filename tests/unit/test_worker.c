@@ -111,8 +111,16 @@ static void test_two_sequences_one_step(void)
     ie_worker_seq_clear(w, 0);
     ie_worker_seq_clear(w, 2);
     while (ia < 8 || ib < 5) {
-        if (ia < 8) { tok[n] = k_prompt_a[ia]; pos[n] = ia++; seq[n++] = 2; }
-        if (ib < 5) { tok[n] = k_prompt_b[ib]; pos[n] = ib++; seq[n++] = 0; }
+        if (ia < 8) {
+            tok[n] = k_prompt_a[ia];
+            pos[n] = ia++;
+            seq[n++] = 2;
+        }
+        if (ib < 5) {
+            tok[n] = k_prompt_b[ib];
+            pos[n] = ib++;
+            seq[n++] = 0;
+        }
     }
     ie_batch_t bt = {n, tok, pos, seq, NULL};
     /* logits == NULL asks for the last token only */
@@ -180,8 +188,10 @@ static void test_precisions_close(void)
     got = malloc(8 * nv * sizeof(float));
     run_seq(w, 0, k_prompt_a, 8, 8, ref);
     ie_worker_destroy(&w);
-    static const struct { ie_precision_t p; double tol; } cases[] = {
-        {IE_PREC_NATIVE, 1e-6}, {IE_PREC_F16, 5e-3}, {IE_PREC_BF16, 3e-2}};
+    static const struct {
+        ie_precision_t p;
+        double tol;
+    } cases[] = {{IE_PREC_NATIVE, 1e-6}, {IE_PREC_F16, 5e-3}, {IE_PREC_BF16, 3e-2}};
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         w = make_worker(1, 8, cases[c].p, 2);
         run_seq(w, 0, k_prompt_a, 8, 8, got);
@@ -306,8 +316,8 @@ static ie_status_t fail_packed(const ie_pmat_t *m, int64_t r0, int64_t r1, const
     return IE_ERR_INVAL;
 }
 
-static ie_status_t fail_ranges(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
-                               size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+static ie_status_t fail_ranges(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a, size_t a_stride,
+                               int64_t n_tok, float *y, int64_t ldy)
 {
     return IE_ERR_INVAL;
 }
@@ -323,7 +333,8 @@ static void test_kernel_failure(void)
     for (int pi = 0; pi < 2; pi++)
         for (int threads = 1; threads <= 2; threads++)
             for (int n = 1; n <= 8; n += 7) {
-                ie_worker_t *w = make_worker(1, 8, precs[pi], threads), *ref = make_worker(1, 8, precs[pi], threads);
+                ie_worker_t *w = make_worker(1, 8, precs[pi], threads),
+                            *ref = make_worker(1, 8, precs[pi], threads);
                 const int nv = ie_worker_hparams(w)->n_vocab;
                 const ie_kernels_t *good = ie_kernels_get(ie_worker_isa(w));
                 ie_kernels_t bad = *good;

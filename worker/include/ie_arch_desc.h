@@ -23,8 +23,8 @@
 
 /* How RoPE frequencies are scaled past the training context. */
 typedef enum ie_rope_scaling {
-    IE_ROPE_SCALING_NONE = 0, /* theta^(-2i/d) as is                       */
-    IE_ROPE_SCALING_YARN = 1, /* YaRN ramp + attention factor (GPT-OSS)    */
+    IE_ROPE_SCALING_NONE = 0,   /* theta^(-2i/d) as is                       */
+    IE_ROPE_SCALING_YARN = 1,   /* YaRN ramp + attention factor (GPT-OSS)    */
     IE_ROPE_SCALING_LINEAR = 2, /* positions divided by a factor (not yet) */
     IE_ROPE_SCALING_LLAMA3 = 3  /* Llama 3.1 frequency bands (not yet)     */
 } ie_rope_scaling_t;
@@ -62,39 +62,39 @@ typedef enum ie_norm_place {
 } ie_norm_place_t;
 
 typedef struct ie_arch_desc {
-    const char *name;            /* "llama", "gpt-oss"                     */
+    const char *name; /* "llama", "gpt-oss"                     */
 
     /* ---- attention */
-    int qkv_bias;                /* q, k, v projections add a bias         */
-    int o_bias;                  /* the output projection adds a bias      */
-    int qk_norm;                 /* per-head RMS norm of q and k before
+    int qkv_bias;                 /* q, k, v projections add a bias         */
+    int o_bias;                   /* the output projection adds a bias      */
+    int qk_norm;                  /* per-head RMS norm of q and k before
                                     RoPE (Qwen 3, Gemma 3; not yet)        */
-    int sinks;                   /* per-head sink logit in the softmax      */
-    int sliding;                 /* some layers see only the last
+    int sinks;                    /* per-head sink logit in the softmax      */
+    int sliding;                  /* some layers see only the last
                                     hp.sliding_window positions; which
                                     ones is the file's pattern,
                                     hp.layer_swa (GPT-OSS: even layers)    */
     ie_rope_layout_t rope_layout; /* NORMAL (interleaved pairs) or NEOX     */
     ie_rope_scaling_t rope_scaling;
-    float attn_softcap;          /* scores = c * tanh(scores / c); 0: off  */
+    float attn_softcap; /* scores = c * tanh(scores / c); 0: off  */
 
     /* ---- feed-forward */
     ie_ffn_kind_t ffn;
     ie_ffn_act_t act;
     ie_ffn_gating_t gating;
     float gate_limit, gate_alpha; /* IE_GATING_SWIGLU_CLAMP's constants    */
-    ie_moe_routing_t routing;    /* IE_FFN_MOE only                        */
-    int top_k;                   /* experts per token (IE_FFN_MOE; 0 dense) */
+    ie_moe_routing_t routing;     /* IE_FFN_MOE only                        */
+    int top_k;                    /* experts per token (IE_FFN_MOE; 0 dense) */
     int router_bias, expert_bias; /* the router / experts add biases       */
 
     /* ---- norms, embedding, head */
     ie_norm_place_t norm;
-    float embd_scale;            /* x = embedding * embd_scale; 0: off     */
-    float final_softcap;         /* logits = c * tanh(logits / c); 0: off  */
-    int tied_output;             /* the head is token_embd.weight          */
+    float embd_scale;    /* x = embedding * embd_scale; 0: off     */
+    float final_softcap; /* logits = c * tanh(logits / c); 0: off  */
+    int tied_output;     /* the head is token_embd.weight          */
 
     /* ---- tensor names that differ between architectures */
-    const char *ffn_norm_name;   /* "ffn_norm" or "post_attention_norm"    */
+    const char *ffn_norm_name; /* "ffn_norm" or "post_attention_norm"    */
 } ie_arch_desc_t;
 
 /* Fill *out for the model hp describes: the architecture's entry, then

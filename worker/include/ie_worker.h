@@ -47,11 +47,7 @@ ie_status_t ie_precision_parse(const char *s, ie_precision_t *out);
  *             residual stream stays replicated on every rank.
  * Splits are as even as the shapes allow on 32-element boundaries; a rank
  * count the shapes do not allow is IE_ERR_INVAL naming the reason. */
-typedef enum ie_shard_kind {
-    IE_SHARD_NONE = 0,
-    IE_SHARD_PIPELINE = 1,
-    IE_SHARD_TENSOR = 2
-} ie_shard_kind_t;
+typedef enum ie_shard_kind { IE_SHARD_NONE = 0, IE_SHARD_PIPELINE = 1, IE_SHARD_TENSOR = 2 } ie_shard_kind_t;
 
 /* "none", "pipeline", "tensor"; parse returns IE_ERR_INVAL on others. */
 const char *ie_shard_kind_name(ie_shard_kind_t k);
@@ -59,7 +55,7 @@ ie_status_t ie_shard_kind_parse(const char *s, ie_shard_kind_t *out);
 
 typedef struct ie_shard {
     ie_shard_kind_t kind;
-    int rank, n_ranks;     /* 0 of 1 for NONE                            */
+    int rank, n_ranks; /* 0 of 1 for NONE                            */
 } ie_shard_t;
 
 /* What one rank holds. Ranges are [begin, end). */
@@ -88,23 +84,23 @@ ie_status_t ie_shard_plan(const ie_hparams_t *hp, const ie_shard_t *s, ie_shard_
 typedef ie_status_t (*ie_reduce_fn)(void *ctx, int index, float *buf, size_t n);
 
 typedef struct ie_worker_opts {
-    int n_threads;     /* >= 1                                        */
-    int pin_threads;   /* pin pool threads to cores                   */
-    int n_ctx;         /* KV positions per sequence slot              */
-    int n_seq;         /* sequence slots                              */
-    int max_batch;     /* most tokens in one step                     */
+    int n_threads;   /* >= 1                                        */
+    int pin_threads; /* pin pool threads to cores                   */
+    int n_ctx;       /* KV positions per sequence slot              */
+    int n_seq;       /* sequence slots                              */
+    int max_batch;   /* most tokens in one step                     */
     ie_precision_t precision;
-    int copy_weights;  /* 1: copy matrices into huge-page memory; 0
+    int copy_weights;         /* 1: copy matrices into huge-page memory; 0
                           (default): use the file mapping. Env
                           IE_WEIGHTS_COPY=0/1 overrides.              */
-    ie_isa_t isa;      /* kernels to use (ie_isa_best() by default)   */
-    int quant_group;   /* group of --precision int8w/int4w (32)       */
-    int quant_affine;  /* int4w: 1 affine (d, m), 0 symmetric (0)     */
-    ie_qscale_t quant_scale; /* how int8w/int4w scales are chosen
+    ie_isa_t isa;             /* kernels to use (ie_isa_best() by default)   */
+    int quant_group;          /* group of --precision int8w/int4w (32)       */
+    int quant_affine;         /* int4w: 1 affine (d, m), 0 symmetric (0)     */
+    ie_qscale_t quant_scale;  /* how int8w/int4w scales are chosen
                           (IE_QSCALE_ABSMAX; env IE_QUANT_SCALE=absmax|mse;
                           per-group MSE clips outliers the model needs and
                           measured worse perplexity on SmolLM2) */
-    int repack;        /* 1: repack GGUF Q8_0/Q4_0/Q4_1, ROWS int
+    int repack;               /* 1: repack GGUF Q8_0/Q4_0/Q4_1, ROWS int
                           types, bf16 and f16 (stored, or from
                           --precision bf16/f16; rows a multiple of 32)
                           into PANEL16 at load (lossless); 0: run them
@@ -113,15 +109,15 @@ typedef struct ie_worker_opts {
     const char *repack_cache; /* directory for the on-disk repack
                           cache (NULL: env IE_REPACK_CACHE, else no
                           cache)                                      */
-    ie_shard_t shard;  /* which part of the model (NONE: all)         */
-    ie_reduce_fn reduce; /* TENSOR with n_ranks > 1: required          */
+    ie_shard_t shard;         /* which part of the model (NONE: all)         */
+    ie_reduce_fn reduce;      /* TENSOR with n_ranks > 1: required          */
     void *reduce_ctx;
-    int kv_block;      /* positions per KV block (0: 16)              */
-    int kv_blocks;     /* KV blocks in the pool (0: n_seq * ceil(n_ctx /
+    int kv_block;             /* positions per KV block (0: 16)              */
+    int kv_blocks;            /* KV blocks in the pool (0: n_seq * ceil(n_ctx /
                           kv_block)); a pool at least that large starts
                           with every slot bound to its own blocks, a
                           smaller one unbound                          */
-    int hot_replicate; /* 1: when the pool's threads sit on several
+    int hot_replicate;        /* 1: when the pool's threads sit on several
                           NUMA nodes, copy the output head (and the
                           embedding table, one copy when tied) into
                           each of those nodes' memory; every pool
@@ -142,8 +138,7 @@ typedef struct ie_worker ie_worker_t;
 /* Bind `src`'s tensors and allocate cache and scratch. `src` must outlive the
  * worker. Unsupported tensor types -> IE_ERR_UNSUPPORTED naming the tensor;
  * allocation failure -> IE_ERR_NOMEM. Caller owns *out. */
-ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opts,
-                          ie_worker_t **out);
+ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opts, ie_worker_t **out);
 
 void ie_worker_destroy(ie_worker_t **self_p);
 

@@ -44,8 +44,7 @@ ie_status_t ie_arch_desc_init(const ie_hparams_t *hp, ie_arch_desc_t *out)
     switch (hp->arch_id) {
     case IE_ARCH_LLAMA: *out = k_llama; break;
     case IE_ARCH_GPTOSS: *out = k_gptoss; break;
-    default:
-        return ie_error_set(IE_ERR_UNSUPPORTED, "worker: architecture '%s' has no descriptor", hp->arch);
+    default: return ie_error_set(IE_ERR_UNSUPPORTED, "worker: architecture '%s' has no descriptor", hp->arch);
     }
     /* what the file decides */
     out->rope_layout = hp->rope_layout;
@@ -74,8 +73,7 @@ ie_status_t ie_arch_desc_init(const ie_hparams_t *hp, ie_arch_desc_t *out)
         missing = "RoPE scaling other than YaRN";
     else if (out->ffn == IE_FFN_MOE && out->routing != IE_ROUTE_TOPK_SOFTMAX)
         missing = "softmax-then-top-k routing";
-    else if (out->ffn == IE_FFN_MOE && !out->expert_bias)
-        missing = "MoE experts without biases";
+    else if (out->ffn == IE_FFN_MOE && !out->expert_bias) missing = "MoE experts without biases";
     else if (out->ffn == IE_FFN_MOE && out->gating != IE_GATING_SWIGLU_CLAMP)
         missing = "MoE experts without the clamped SwiGLU";
     if (missing)

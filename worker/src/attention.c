@@ -135,8 +135,8 @@ static void att_run(void *ctx, int ith, int nth)
         w->ops->attn_scores(q, (size_t)hd, a.nh, &a.kr, a.j0, a.cnt, hd, scale, scores, ld);
         for (int hh = 0; hh < a.nh; hh++)
             w->ops->softmax(scores + (size_t)hh * ld, a.cnt, L->sinks ? &L->sinks[a.h0 + hh] : NULL);
-        w->ops->attn_values(scores, ld, a.nh, &a.vr, a.j0, a.cnt, hd, w->xb + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd,
-                        (size_t)hd);
+        w->ops->attn_values(scores, ld, a.nh, &a.vr, a.j0, a.cnt, hd,
+                            w->xb + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd, (size_t)hd);
     }
 }
 
@@ -235,7 +235,8 @@ ie_status_t worker_kv_new(ie_worker_t *w)
     w->rope_sin = malloc((size_t)opts->n_ctx * half * sizeof(float));
     w->scores = worker_big_alloc((size_t)opts->n_threads * (size_t)qgroup * opts->n_ctx * sizeof(float));
     if (!w->kcache || !w->vcache || !w->seq_len || !w->btab || !w->rope_cos || !w->rope_sin || !w->scores)
-        return ie_error_set(IE_ERR_NOMEM, "out of memory allocating KV cache (%zu bytes) and scratch", 2 * kv_bytes);
+        return ie_error_set(IE_ERR_NOMEM, "out of memory allocating KV cache (%zu bytes) and scratch",
+                            2 * kv_bytes);
     /* a pool with room for every slot's whole context starts as the
      * unpaged cache (slot s owns blocks s*kv_nlb ..); a smaller one unbound */
     for (int64_t i = 0; i < full_pool; i++) w->btab[i] = w->kv_blocks >= full_pool ? (int32_t)i : -1;
@@ -350,8 +351,9 @@ ie_status_t ie_worker_seq_set_len(ie_worker_t *w, int seq, int n_pos)
     const int32_t *tab = w->btab + (size_t)seq * w->kv_nlb;
     for (int lb = 0; lb * w->kv_block < n_pos; lb++)
         if (tab[lb] < 0)
-            return ie_error_set(IE_ERR_RANGE, "worker: set length: slot %d position %d: its KV block %d is not bound",
-                                seq, lb * w->kv_block, lb);
+            return ie_error_set(IE_ERR_RANGE,
+                                "worker: set length: slot %d position %d: its KV block %d is not bound", seq,
+                                lb * w->kv_block, lb);
     w->seq_len[seq] = n_pos;
     return IE_OK;
 }

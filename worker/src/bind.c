@@ -49,7 +49,7 @@ void worker_mat_row(const wmat_t *m, int64_t r, float *out)
 /* Conversion of a stack of n_mat matrices (src, described as a wmat) into
  * `to`/`layout`, 16 rows (one panel) per unit of work. */
 typedef struct convert_task {
-    wmat_t src;          /* slice 0; slices src_slice bytes apart          */
+    wmat_t src; /* slice 0; slices src_slice bytes apart          */
     size_t src_slice;
     int64_t n_mat;
     ie_dtype_t to;
@@ -86,8 +86,8 @@ static void convert_run(void *ctx, int ith, int nth)
             int rc;
             if (lossless) {
                 const size_t rb = ie_tensor_bytes(sm.dtype, IE_LAYOUT_ROWS, sm.group, n_in, 1);
-                rc = ie_pack_repack(sm.dtype, c->group, (const char *)sm.data + (size_t)r0 * rb, n_in, 0, cnt,
-                                    cnt, dp);
+                rc = ie_pack_repack(sm.dtype, c->group, (const char *)sm.data + (size_t)r0 * rb, n_in, 0, cnt, cnt,
+                                    dp);
             } else {
                 for (int64_t r = 0; r < cnt; r++) worker_mat_row(&sm, r0 + r, rows + (size_t)r * n_in);
                 rc = ie_pack_quantize(c->to, c->group, c->how, rows, n_in, 0, cnt, cnt, dp);
@@ -127,8 +127,7 @@ typedef struct src_mat {
     uint64_t nbytes;
 } src_mat_t;
 
-static void cache_path(const ie_worker_t *w, const src_mat_t *t, const convert_task_t *c, char *out,
-                       size_t cap)
+static void cache_path(const ie_worker_t *w, const src_mat_t *t, const convert_task_t *c, char *out, size_t cap)
 {
     char key[256];
     snprintf(key, sizeof key, "v1|%s|%s|%d|%s|%s|%d|%d|%lld|%lld|%lld", ie_dtype_name(t->dtype),
@@ -231,8 +230,8 @@ static ie_status_t bind_cut(ie_worker_t *w, const ie_model_src_t *src, const cha
     if (t->layout == IE_LAYOUT_BSR) {
         char err[160];
         if (n_mat != 1)
-            return ie_error_set(IE_ERR_UNSUPPORTED, "model: tensor '%s': block-sparse expert stacks are not supported",
-                                name);
+            return ie_error_set(IE_ERR_UNSUPPORTED,
+                                "model: tensor '%s': block-sparse expert stacks are not supported", name);
         if (!whole)
             return ie_error_set(IE_ERR_UNSUPPORTED, "model: block-sparse tensor '%s' cannot be sharded", name);
         if (ie_bsr_view(t->data, (size_t)t->nbytes, n_in, n_out, &m->bsr, err, sizeof err) != 0)
@@ -270,9 +269,9 @@ static ie_status_t bind_cut(ie_worker_t *w, const ie_model_src_t *src, const cha
     void *tmp = sb ? worker_big_alloc(sb * (size_t)ne) : NULL;
     if (sb && !tmp) return ie_error_set(IE_ERR_NOMEM, "out of memory slicing '%s'", name);
     for (int64_t e = 0; e < ne; e++) {
-        if (sb == 0 || ie_tensor_slice(t->dtype, t->layout, t->group, (const char *)t->data +
-                                       (size_t)(c->e0 + e) * src_slice, n_in, n_out, c->r0, c->r1, c->c0, c->c1,
-                                       (char *)tmp + (size_t)e * sb) != 0) {
+        if (sb == 0 ||
+            ie_tensor_slice(t->dtype, t->layout, t->group, (const char *)t->data + (size_t)(c->e0 + e) * src_slice,
+                            n_in, n_out, c->r0, c->r1, c->c0, c->c1, (char *)tmp + (size_t)e * sb) != 0) {
             worker_big_free(tmp);
             return ie_error_set(IE_ERR_INVAL,
                                 "tensor plan: cannot cut rows [%lld, %lld) x columns [%lld, %lld) out of '%s' "
@@ -302,8 +301,14 @@ static ie_status_t bind_src(ie_worker_t *w, const char *name, const src_mat_t *t
     m->n_mat = n_mat;
     const size_t src_slice = ie_tensor_bytes(t->dtype, t->layout, t->group, n_in, n_out);
     /* what the source is, as a matrix */
-    wmat_t sm = {.dtype = t->dtype, .layout = t->layout, .group = t->group, .data = t->data,
-                 .n_in = n_in, .n_out = n_out, .slice = src_slice, .n_mat = n_mat};
+    wmat_t sm = {.dtype = t->dtype,
+                 .layout = t->layout,
+                 .group = t->group,
+                 .data = t->data,
+                 .n_in = n_in,
+                 .n_out = n_out,
+                 .slice = src_slice,
+                 .n_mat = n_mat};
 
     /* what we want it to be */
     ie_dtype_t to = t->dtype;
@@ -320,7 +325,11 @@ static ie_status_t bind_src(ie_worker_t *w, const char *name, const src_mat_t *t
             group = 32;
         }
         break;
-    case IE_PREC_F32: to = IE_DTYPE_F32; lay = IE_LAYOUT_ROWS; group = 0; break;
+    case IE_PREC_F32:
+        to = IE_DTYPE_F32;
+        lay = IE_LAYOUT_ROWS;
+        group = 0;
+        break;
     case IE_PREC_BF16:
     case IE_PREC_F16:
         to = w->opts.precision == IE_PREC_BF16 ? IE_DTYPE_BF16 : IE_DTYPE_F16;
@@ -377,8 +386,15 @@ static ie_status_t bind_src(ie_worker_t *w, const char *name, const src_mat_t *t
         return ie_error_set(IE_ERR_NOMEM, "out of memory converting '%s' to %s (%zu bytes)", name,
                             ie_dtype_name(to), bytes);
     }
-    convert_task_t c = {.src = sm, .src_slice = src_slice, .n_mat = n_mat, .to = to, .layout = lay,
-                        .group = m->group, .how = w->opts.quant_scale, .dst = dst, .dst_slice = m->slice};
+    convert_task_t c = {.src = sm,
+                        .src_slice = src_slice,
+                        .n_mat = n_mat,
+                        .to = to,
+                        .layout = lay,
+                        .group = m->group,
+                        .how = w->opts.quant_scale,
+                        .dst = dst,
+                        .dst_slice = m->slice};
     char path[PATH_MAX];
     int cached = 0;
     if (w->cache_dir) {
@@ -399,14 +415,14 @@ static ie_status_t bind_src(ie_worker_t *w, const char *name, const src_mat_t *t
 /* Bind a vector of n floats (norms, biases, sinks; n1 > 1 for per-expert
  * biases of shape [n, n1]); F16/BF16 tensors (HF checkpoints) are
  * converted once. */
-static ie_status_t bind_vec2(ie_worker_t *w, const ie_model_src_t *src, const char *name, int64_t n,
-                             int64_t n1, const float **out)
+static ie_status_t bind_vec2(ie_worker_t *w, const ie_model_src_t *src, const char *name, int64_t n, int64_t n1,
+                             const float **out)
 {
     const ie_tensor_t *t = ie_model_src_tensor(src, name);
     if (!t) return ie_error_set(IE_ERR_FORMAT, "model: missing tensor '%s'", name);
     if (t->ne[0] != n || t->ne[1] != n1 || t->ne[2] != 1 || t->ne[3] != 1)
-        return ie_error_set(IE_ERR_FORMAT, "model: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]",
-                            name, (long long)t->ne[0], (long long)t->ne[1], (long long)n, (long long)n1);
+        return ie_error_set(IE_ERR_FORMAT, "model: tensor '%s' has shape [%lld, %lld], expected [%lld, %lld]", name,
+                            (long long)t->ne[0], (long long)t->ne[1], (long long)n, (long long)n1);
     n *= n1;
     if (t->dtype == IE_DTYPE_F32) {
         *out = t->data;
@@ -495,16 +511,21 @@ static ie_status_t bind_embedding_and_head(ie_worker_t *w, const ie_model_src_t 
         te = ie_model_src_tensor(src, "token_embd.weight");
         if (!te) return ie_error_set(IE_ERR_FORMAT, "model: missing tensor 'token_embd.weight'");
         if (!dtype_computable(te->dtype) || te->layout == IE_LAYOUT_BSR || te->ne[0] != d ||
-            te->ne[1] != hp->n_vocab ||
-            ie_tensor_bytes(te->dtype, te->layout, te->group, d, hp->n_vocab) == 0 ||
+            te->ne[1] != hp->n_vocab || ie_tensor_bytes(te->dtype, te->layout, te->group, d, hp->n_vocab) == 0 ||
             ie_tensor_bytes(te->dtype, te->layout, te->group, d, hp->n_vocab) > te->nbytes)
-            return ie_error_set(IE_ERR_FORMAT,
-                                "model: tensor 'token_embd.weight' is %s/%s [%lld, %lld], expected a dense [%lld, %d]",
-                                ie_dtype_name(te->dtype), ie_layout_name(te->layout), (long long)te->ne[0],
-                                (long long)te->ne[1], (long long)d, hp->n_vocab);
+            return ie_error_set(
+                IE_ERR_FORMAT,
+                "model: tensor 'token_embd.weight' is %s/%s [%lld, %lld], expected a dense [%lld, %d]",
+                ie_dtype_name(te->dtype), ie_layout_name(te->layout), (long long)te->ne[0], (long long)te->ne[1],
+                (long long)d, hp->n_vocab);
         if (sh->has_embed)
-            w->tok_embd = (wmat_t){.dtype = te->dtype, .layout = te->layout, .group = te->group, .data = te->data,
-                                   .n_in = d, .n_out = hp->n_vocab, .n_mat = 1,
+            w->tok_embd = (wmat_t){.dtype = te->dtype,
+                                   .layout = te->layout,
+                                   .group = te->group,
+                                   .data = te->data,
+                                   .n_in = d,
+                                   .n_out = hp->n_vocab,
+                                   .n_mat = 1,
                                    .slice = ie_tensor_bytes(te->dtype, te->layout, te->group, d, hp->n_vocab)};
     }
     if (!sh->has_head) return IE_OK;
@@ -540,12 +561,12 @@ static ie_status_t bind_layer(ie_worker_t *w, const ie_model_src_t *src, int l)
     char name[96];
     ie_status_t st = IE_OK;
 
-#define BIND_CUT(field, suffix, nin, nout, nmat, ...)                                                          \
-    snprintf(name, sizeof name, "blk.%d.%s.weight", l, suffix);                                                \
+#define BIND_CUT(field, suffix, nin, nout, nmat, ...)                                                       \
+    snprintf(name, sizeof name, "blk.%d.%s.weight", l, suffix);                                             \
     if ((st = bind_cut(w, src, name, nin, nout, nmat, &(const cut_t){__VA_ARGS__}, 0, &L->field)) != IE_OK) \
         return st;
-#define BIND_VEC(field, suffix, n, n1)                                                 \
-    snprintf(name, sizeof name, "blk.%d.%s", l, suffix);                               \
+#define BIND_VEC(field, suffix, n, n1)                   \
+    snprintf(name, sizeof name, "blk.%d.%s", l, suffix); \
     if ((st = bind_vec2(w, src, name, n, n1, &L->field)) != IE_OK) return st;
     BIND_VEC(attn_norm, "attn_norm.weight", d, 1);
     BIND_CUT(q, "attn_q", d, qd, 1, q0, q1, 0, d, 0, 1);
@@ -582,9 +603,7 @@ static ie_status_t bind_layer(ie_worker_t *w, const ie_model_src_t *src, int l)
     /* the router stays whole (every rank selects the same top-k); the
      * expert stacks keep this rank's experts */
     BIND_CUT(router, "ffn_gate_inp", d, E, 1, 0, E, 0, d, 0, 1);
-    if (a->router_bias) {
-        BIND_VEC(router_b, "ffn_gate_inp.bias", E, 1);
-    }
+    if (a->router_bias) { BIND_VEC(router_b, "ffn_gate_inp.bias", E, 1); }
     BIND_CUT(gate, "ffn_gate_exps", d, ff, E, 0, ff, 0, d, e0, e1);
     BIND_CUT(up, "ffn_up_exps", d, ff, E, 0, ff, 0, d, e0, e1);
     BIND_CUT(down, "ffn_down_exps", ff, d, E, 0, d, 0, ff, e0, e1);

@@ -30,8 +30,7 @@ static ie_status_t reduce(ie_worker_t *w, int *index, float *buf, size_t n)
 static void rmsnorm_rows(const ie_worker_t *w, float *out, const float *x, const float *weight, int n)
 {
     const int d = w->hp.n_embd;
-    for (int i = 0; i < n; i++)
-        w->ops->rmsnorm(out + (size_t)i * d, x + (size_t)i * d, weight, d, w->hp.rms_eps);
+    for (int i = 0; i < n; i++) w->ops->rmsnorm(out + (size_t)i * d, x + (size_t)i * d, weight, d, w->hp.rms_eps);
 }
 
 /* x[n][d] += y[n][d] */

@@ -17,7 +17,7 @@ typedef struct mm_task {
     const ie_kernels_t *ops;
     int nm;
     const wmat_t *m[MM_MAX];
-    float *y[MM_MAX];       /* [n_tok][m->n_out]                           */
+    float *y[MM_MAX];          /* [n_tok][m->n_out]                           */
     _Atomic int failed;        /* 1 + the index of a matrix whose kernel failed (0: none) */
     const wmat_t *rep[MM_MAX]; /* per-node copies of m[i] (NULL: none)    */
     const int *share_repl;     /* [nth] the copy share ith reads          */
@@ -26,7 +26,7 @@ typedef struct mm_task {
     int n_tok;
     mm_span_t *spans; /* non-NULL: balanced (spans[i * nth + t]: matrix i, thread t) */
     int64_t chunk;    /* panels a steal takes */
-    mm_pre_t pre; /* run by every thread before its share (fn NULL: nothing) */
+    mm_pre_t pre;     /* run by every thread before its share (fn NULL: nothing) */
 } mm_task_t;
 
 /* Balanced decode matmuls (PANEL16 and ROWS matrices; rows go in units of
@@ -119,8 +119,8 @@ static void mm_run(void *ctx, int ith, int nth)
             int64_t p0, p1;
             while (mm_next(&src, &p0, &p1)) {
                 const int64_t r1 = p1 * IE_PANEL < m->n_out ? p1 * IE_PANEL : m->n_out;
-                if (ie_kernels_matmul(t->ops, m->dtype, m->data, m->n_in, p0 * IE_PANEL, r1, t->act, t->act_stride, t->n_tok,
-                                   t->y[i], m->n_out) != 0)
+                if (ie_kernels_matmul(t->ops, m->dtype, m->data, m->n_in, p0 * IE_PANEL, r1, t->act, t->act_stride,
+                                      t->n_tok, t->y[i], m->n_out) != 0)
                     t->failed = i + 1;
             }
         } else {
@@ -129,9 +129,8 @@ static void mm_run(void *ctx, int ith, int nth)
             ie_split_range((long)((m->n_out + IE_PANEL - 1) / IE_PANEL), ith, nth, &b, &e);
             b *= IE_PANEL;
             e = e * IE_PANEL < m->n_out ? e * IE_PANEL : (long)m->n_out;
-            if (b < e &&
-                ie_kernels_matmul(t->ops, m->dtype, m->data, m->n_in, b, e, t->act, t->act_stride, t->n_tok, t->y[i],
-                               m->n_out) != 0)
+            if (b < e && ie_kernels_matmul(t->ops, m->dtype, m->data, m->n_in, b, e, t->act, t->act_stride,
+                                           t->n_tok, t->y[i], m->n_out) != 0)
                 t->failed = i + 1;
         }
     }
@@ -154,17 +153,19 @@ static void q_run(void *ctx, int ith, int nth)
     long b, e;
     ie_split_range(t->n_tok, ith, nth, &b, &e);
     for (long i = b; i < e; i++)
-        (t->stream ? t->ops->act_quantize_stream : t->ops->act_quantize)(
-            t->act, t->x + (size_t)i * t->n_in, (char *)t->out + (size_t)i * t->out_stride, t->n_in);
+        (t->stream ? t->ops->act_quantize_stream : t->ops->act_quantize)(t->act, t->x + (size_t)i * t->n_in,
+                                                                         (char *)t->out + (size_t)i * t->out_stride,
+                                                                         t->n_in);
 }
 
 /* A kernel said no: the step must not go on with stale rows. */
 static ie_status_t mm_failed(const ie_worker_t *w, const wmat_t *m, int n)
 {
-    return ie_error_set(IE_ERR_INTERNAL,
-                        "worker: the %s matmul kernel failed on a %s/%s matrix of %lld x %lld (group %d, %d tokens)",
-                        ie_isa_name(w->ops->isa), ie_dtype_name(m->dtype), ie_layout_name(m->layout),
-                        (long long)m->n_out, (long long)m->n_in, m->group, n);
+    return ie_error_set(
+        IE_ERR_INTERNAL,
+        "worker: the %s matmul kernel failed on a %s/%s matrix of %lld x %lld (group %d, %d tokens)",
+        ie_isa_name(w->ops->isa), ie_dtype_name(m->dtype), ie_layout_name(m->layout), (long long)m->n_out,
+        (long long)m->n_in, m->group, n);
 }
 
 /* Contract (worker_internal.h). Matrices whose kernels want different
@@ -200,10 +201,8 @@ ie_status_t worker_matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, co
              * the other threads read the buffer in the last matmul */
             const int stream = w->stream_act && n <= 8 && nth > 1;
             q_task_t q = {w->ops, stream, act, x, n_in, w->act, ie_dtype_row_bytes(act, n_in), n};
-            if (n >= 8)
-                ie_threadpool_run(w->tp, q_run, &q);
-            else
-                q_run(&q, 0, 1);
+            if (n >= 8) ie_threadpool_run(w->tp, q_run, &q);
+            else q_run(&q, 0, 1);
             t.act = w->act;
             t.act_stride = q.out_stride;
         }
@@ -272,8 +271,6 @@ static void swiglu_run(void *ctx, int ith, int nth)
 void worker_swiglu(ie_worker_t *w, float *g, const float *u, int64_t n)
 {
     swiglu_task_t t = {w->ops, g, u, n};
-    if (n >= 16384)
-        ie_threadpool_run(w->tp, swiglu_run, &t);
-    else
-        swiglu_run(&t, 0, 1);
+    if (n >= 16384) ie_threadpool_run(w->tp, swiglu_run, &t);
+    else swiglu_run(&t, 0, 1);
 }

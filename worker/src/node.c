@@ -316,9 +316,11 @@ static ie_status_t node_reduce(void *ctx, int index, float *buf, size_t n)
         }
         const ie_msg_partial_t *h = &q->h[q->head];
         if (h->step != nd->cur_step || h->index != index || (size_t)h->count != n)
-            return ie_error_set(IE_ERR_INTERNAL, "tensor reduce: rank %d sent step %llu index %d (%lld floats), "
-                                "expected step %llu index %d (%zu)", r, (unsigned long long)h->step, h->index,
-                                (long long)h->count, (unsigned long long)nd->cur_step, index, n);
+            return ie_error_set(IE_ERR_INTERNAL,
+                                "tensor reduce: rank %d sent step %llu index %d (%lld floats), "
+                                "expected step %llu index %d (%zu)",
+                                r, (unsigned long long)h->step, h->index, (long long)h->count,
+                                (unsigned long long)nd->cur_step, index, n);
         part[r] = q->m[q->head].data[1];
     }
     ie_reduce_rank_sum(buf, part, P, n); /* the same expression as the shared-memory path */
@@ -488,10 +490,13 @@ static void setup_shm(node_t *nd, const ie_msg_assign_t *a)
     if (a->plan != IE_SHARD_TENSOR || a->n_ranks < 2) return;
     if (a->cluster_id == 0 || !ie_shmreduce_enabled()) {
         if (nd->o->verbose)
-            logf_(nd, "tensor reduce: ZeroMQ (%s)", a->cluster_id ? "IE_TP_SHM=0" : "the coordinator sent no cluster id");
+            logf_(nd, "tensor reduce: ZeroMQ (%s)",
+                  a->cluster_id ? "IE_TP_SHM=0" : "the coordinator sent no cluster id");
         return;
     }
-    ie_shmreduce_opts_t so = {.cluster_id = a->cluster_id, .epoch = a->epoch, .rank = a->rank,
+    ie_shmreduce_opts_t so = {.cluster_id = a->cluster_id,
+                              .epoch = a->epoch,
+                              .rank = a->rank,
                               .n_ranks = a->n_ranks,
                               .max_floats = (size_t)a->max_batch * (size_t)ie_worker_hparams(nd->w)->n_embd};
     /* A waiting rank spins briefly (its peers run on their own cores, the
@@ -580,13 +585,14 @@ reply:
     const ie_shard_range_t *r = ie_worker_shard(nd->w);
     if (nd->o->verbose)
         logf_(nd, "%s rank %d of %d: layers %d-%d, heads %d-%d (kv %d-%d), vocab %lld-%lld, %.1f MB, %s in %.0f ms",
-          ie_shard_kind_name((ie_shard_kind_t)a->plan), a->rank, a->n_ranks, r->layer_begin, r->layer_end - 1,
-          r->head_begin, r->head_end - 1, r->kv_head_begin, r->kv_head_end - 1, (long long)r->vocab_begin, (long long)r->vocab_end - 1,
-          ie_worker_weight_bytes(nd->w) / 1e6, reload ? "loaded" : "kept", m.u.ready.load_ms);
+              ie_shard_kind_name((ie_shard_kind_t)a->plan), a->rank, a->n_ranks, r->layer_begin, r->layer_end - 1,
+              r->head_begin, r->head_end - 1, r->kv_head_begin, r->kv_head_end - 1, (long long)r->vocab_begin,
+              (long long)r->vocab_end - 1, ie_worker_weight_bytes(nd->w) / 1e6, reload ? "loaded" : "kept",
+              m.u.ready.load_ms);
     if (reload && !nd->o->quiet && ie_worker_hot_report(nd->w)[0]) /* IE_HOT_REPLICATE asked for */
         logf_(nd, "hot weights: %s", ie_worker_hot_report(nd->w));
-    ie_sd_status("rank %d of %d (%s), epoch %llu", a->rank, a->n_ranks, ie_shard_kind_name((ie_shard_kind_t)a->plan),
-                 (unsigned long long)a->epoch);
+    ie_sd_status("rank %d of %d (%s), epoch %llu", a->rank, a->n_ranks,
+                 ie_shard_kind_name((ie_shard_kind_t)a->plan), (unsigned long long)a->epoch);
     if (!nd->announced) {
         char s[128];
         snprintf(s, sizeof s, "shard loaded: rank %d of %d", a->rank, a->n_ranks);
@@ -680,7 +686,7 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
     nd->cur_step = h->step;
     nd->transfer_ms = 0;
     double t0 = ie_now_ms(); /* the token gather counts as transfer time of the step */
-    if (h->chain) { /* the tokens are the previous step's arg max, agreed on by the ranks */
+    if (h->chain) {          /* the tokens are the previous step's arg max, agreed on by the ranks */
         st = chain_tokens(nd, h);
         if (st != IE_OK) goto fail;
         b.tokens = nd->chain_tok;
@@ -710,9 +716,9 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
         ie_msg_t m = {.kind = IE_MSG_STEP};
         m.u.step = *h;
         m.u.step.has_hidden = 1;
-        ie_frame_t f[6] = {{in->data[1], in->size[1]}, {in->data[2], in->size[2]}, {in->data[3], in->size[3]},
-                           {in->data[4], in->size[4]}, {in->data[5], in->size[5]},
-                           {nd->hidden_out, (size_t)n * d * sizeof(float)}};
+        ie_frame_t f[6] = {{in->data[1], in->size[1]}, {in->data[2], in->size[2]},
+                           {in->data[3], in->size[3]}, {in->data[4], in->size[4]},
+                           {in->data[5], in->size[5]}, {nd->hidden_out, (size_t)n * d * sizeof(float)}};
         double ts = ie_now_ms();
         if ((st = send_msg(nd->push[nd->as.rank + 1], &nd->hdr, &m, f, 6, nd->as.dead_ms)) != IE_OK)
             send_result_error(nd, h->epoch, h->step, IE_ERR_UNAVAILABLE, "next pipeline stage unreachable");
@@ -735,10 +741,10 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
     res->compute_ms = res_ms(t1 - t0, nd->transfer_ms);
     res->transfer_ms = nd->transfer_ms;
     /* ARGMAX rows shrink to their (max, id) (docs/PROTOCOL.md, RESULT) */
-    ie_frame_t f[2] = {
-        {nd->logits, ie_result_logits_pack(nd->logits, b.logits, n, nv, r->vocab_begin) * sizeof(float)},
-        {nd->chain_tok, (size_t)n * sizeof(int32_t)}}; /* a chained step's tokens */
-    chain_note(nd, h, b.logits, nd->logits); /* all ARGMAX: the payload is the n pairs */
+    ie_frame_t f[2] = {{nd->logits,
+                        ie_result_logits_pack(nd->logits, b.logits, n, nv, r->vocab_begin) * sizeof(float)},
+                       {nd->chain_tok, (size_t)n * sizeof(int32_t)}}; /* a chained step's tokens */
+    chain_note(nd, h, b.logits, nd->logits);                          /* all ARGMAX: the payload is the n pairs */
     if (send_msg(nd->coord, &nd->hdr, &m, f, h->chain ? 2 : 1, nd->as.dead_ms) != IE_OK) {
         logf_(nd, "result of step %llu not sent: %s", (unsigned long long)h->step, ie_error_last());
         send_result_error(nd, h->epoch, h->step, IE_ERR_INTERNAL, ie_error_last()); /* never silence */
@@ -797,17 +803,14 @@ static ie_status_t handle_peer(node_t *nd)
         handle_step(nd, &m.u.step);
         nd->last_coord_ms += ie_now_ms() - t0;
     } else if (m.kind == IE_MSG_PARTIAL && nd->in.n == 2 &&
-             nd->in.size[1] == (size_t)m.u.partial.count * sizeof(float))
+               nd->in.size[1] == (size_t)m.u.partial.count * sizeof(float))
         pq_put(nd, &m.u.partial);
     return IE_OK;
 }
 
 /* *o->stop is set by a signal handler (ie-worker) or by another thread
  * (an engine destroying its in-process workers): read it atomically. */
-static int stop_requested(const ie_node_opts_t *o)
-{
-    return o->stop && __atomic_load_n(o->stop, __ATOMIC_ACQUIRE);
-}
+static int stop_requested(const ie_node_opts_t *o) { return o->stop && __atomic_load_n(o->stop, __ATOMIC_ACQUIRE); }
 
 ie_status_t ie_node_run(const ie_node_opts_t *o)
 {
@@ -863,8 +866,9 @@ ie_status_t ie_node_run(const ie_node_opts_t *o)
         goto cleanup;
     }
     nd->hb_started = 1;
-    if (o->verbose) logf_(nd, "model %s, coordinator %s, peers at %s; %s", o->model_path, o->coordinator,
-                          nd->peer_ep, nd->topo);
+    if (o->verbose)
+        logf_(nd, "model %s, coordinator %s, peers at %s; %s", o->model_path, o->coordinator, nd->peer_ep,
+              nd->topo);
     ie_sd_status("registering with %s", o->coordinator);
     send_hello(nd);
 

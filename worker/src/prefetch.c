@@ -31,12 +31,9 @@ static void worker_idle(void *ctx, int ith, int nth, const ie_threadpool_t *tp, 
     if (!m || !m->data) return;
     size_t unit;
     int64_t units;
-    if (m->layout == IE_LAYOUT_PANEL16)
-        unit = ie_pack_panel_bytes(m->dtype, m->group, m->n_in);
-    else if (m->layout == IE_LAYOUT_ROWS)
-        unit = (size_t)IE_PANEL * ie_dtype_row_bytes(m->dtype, m->n_in);
-    else
-        return;
+    if (m->layout == IE_LAYOUT_PANEL16) unit = ie_pack_panel_bytes(m->dtype, m->group, m->n_in);
+    else if (m->layout == IE_LAYOUT_ROWS) unit = (size_t)IE_PANEL * ie_dtype_row_bytes(m->dtype, m->n_in);
+    else return;
     units = (m->n_out + IE_PANEL - 1) / IE_PANEL;
     long b, e;
     ie_split_range((long)units, ith, nth, &b, &e);
@@ -93,8 +90,11 @@ void worker_prefetch_at(ie_worker_t *w, worker_pf_point_t at, int l, int n)
     case PF_BEFORE_GATE_UP: pf_set(w, &L->down, n); break;
     case PF_BEFORE_DOWN:
         /* then the next layer's q, or the head (per-node copies: not fetched) */
-        pf_set(w, l + 1 < sh->layer_end ? &w->layers[l + 1].q
-                  : sh->has_head && w->step_logits && !w->head_repl ? &w->output : NULL, n);
+        pf_set(w,
+               l + 1 < sh->layer_end                             ? &w->layers[l + 1].q
+               : sh->has_head && w->step_logits && !w->head_repl ? &w->output
+                                                                 : NULL,
+               n);
         break;
     case PF_BEFORE_HEAD:
         /* after the head, the idle threads fetch the first layer's q for

@@ -141,8 +141,9 @@ ie_status_t worker_replicas_new(ie_worker_t *w)
         const int machine = fake ? fake : ie_topo_read(&t) == IE_OK ? t.n_nodes : 1;
         if (machine <= 1) hot_say(w, "1 node: no replicas needed");
         else if (unpinned) hot_say(w, "%d nodes, but the pool's threads are not pinned: no replicas", machine);
-        else hot_say(w, "%d nodes, the pool's %d thread%s on node %d only: no replicas needed", machine, nt,
-                     nt == 1 ? "" : "s", nodes[0]);
+        else
+            hot_say(w, "%d nodes, the pool's %d thread%s on node %d only: no replicas needed", machine, nt,
+                    nt == 1 ? "" : "s", nodes[0]);
         goto cleanup;
     }
 

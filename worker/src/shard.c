@@ -65,10 +65,19 @@ ie_status_t ie_shard_plan(const ie_hparams_t *hp, const ie_shard_t *s, ie_shard_
     if (!hp || !s || !out) return ie_error_set(IE_ERR_INVAL, "shard plan: NULL argument");
     const int R = s->kind == IE_SHARD_NONE && s->n_ranks == 0 ? 1 : s->n_ranks, k = s->rank;
     /* everything: NONE, and the starting point of the others */
-    r = (ie_shard_range_t){.layer_begin = 0, .layer_end = hp->n_layer, .has_embed = 1, .has_head = 1,
-                           .head_begin = 0, .head_end = hp->n_head, .kv_head_begin = 0,
-                           .kv_head_end = hp->n_head_kv, .ff_begin = 0, .ff_end = hp->n_ff,
-                           .expert_begin = 0, .expert_end = hp->n_expert, .vocab_begin = 0,
+    r = (ie_shard_range_t){.layer_begin = 0,
+                           .layer_end = hp->n_layer,
+                           .has_embed = 1,
+                           .has_head = 1,
+                           .head_begin = 0,
+                           .head_end = hp->n_head,
+                           .kv_head_begin = 0,
+                           .kv_head_end = hp->n_head_kv,
+                           .ff_begin = 0,
+                           .ff_end = hp->n_ff,
+                           .expert_begin = 0,
+                           .expert_end = hp->n_expert,
+                           .vocab_begin = 0,
                            .vocab_end = hp->n_vocab};
     int64_t b, e;
 
@@ -99,8 +108,8 @@ ie_status_t ie_shard_plan(const ie_hparams_t *hp, const ie_shard_t *s, ie_shard_
             break;
         }
         if ((int64_t)R * 32 > hp->n_vocab) {
-            st = ie_error_set(IE_ERR_INVAL, "tensor plan: %d ranks but the vocabulary (%d) has only %d rows of 32", R,
-                              hp->n_vocab, (hp->n_vocab + 31) / 32);
+            st = ie_error_set(IE_ERR_INVAL, "tensor plan: %d ranks but the vocabulary (%d) has only %d rows of 32",
+                              R, hp->n_vocab, (hp->n_vocab + 31) / 32);
             break;
         }
         /* Query heads are dealt evenly and each rank holds the KV heads its
@@ -137,9 +146,7 @@ ie_status_t ie_shard_plan(const ie_hparams_t *hp, const ie_shard_t *s, ie_shard_
             split_units(hp->n_ff, 32, k, R, &r.ff_begin, &r.ff_end);
         }
         break;
-    default:
-        st = ie_error_set(IE_ERR_INVAL, "shard plan: unknown kind %d", (int)s->kind);
-        break;
+    default: st = ie_error_set(IE_ERR_INVAL, "shard plan: unknown kind %d", (int)s->kind); break;
     }
 
 cleanup:

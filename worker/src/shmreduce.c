@@ -63,12 +63,12 @@ _Static_assert(sizeof(seg_hdr_t) <= HDR_BYTES, "header fits its page");
 
 struct ie_shmreduce {
     ie_shmreduce_opts_t o;
-    char name[96];            /* own segment's name                        */
-    int linked;               /* the name still exists                      */
+    char name[96]; /* own segment's name                        */
+    int linked;    /* the name still exists                      */
     size_t seg_bytes;
     seg_hdr_t *seg[MAX_RANKS]; /* mappings: own and (after attach) peers'  */
-    int decided;              /* 0 open, 1 shared memory, -1 ZeroMQ        */
-    uint64_t n_pub;           /* own publications so far (buffer parity)    */
+    int decided;               /* 0 open, 1 shared memory, -1 ZeroMQ        */
+    uint64_t n_pub;            /* own publications so far (buffer parity)    */
 };
 
 int ie_shmreduce_enabled(void)
@@ -192,7 +192,8 @@ static ie_status_t map_segment(const char *name, int create, size_t bytes, seg_h
         st = ie_error_set(IE_ERR_FORMAT, "%s: %lld bytes, expected %zu", name, (long long)sb.st_size, bytes);
     } else {
         void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-        if (p == MAP_FAILED) st = ie_error_set(IE_ERR_NOMEM, "mmap %s (%zu bytes): %s", name, bytes, strerror(errno));
+        if (p == MAP_FAILED)
+            st = ie_error_set(IE_ERR_NOMEM, "mmap %s (%zu bytes): %s", name, bytes, strerror(errno));
         else *out = p;
     }
     close(fd);
@@ -292,8 +293,8 @@ static ie_status_t open_peer(ie_shmreduce_t *s, int r)
         h->n_ranks != s->o.n_ranks || h->max_floats != s->o.max_floats ||
         h->buf_stride != stride_of(s->o.max_floats)) {
         munmap(h, s->seg_bytes);
-        return ie_error_set(IE_ERR_FORMAT, "%s: header does not match rank %d of %d, epoch %llu, %zu floats", name, r,
-                            s->o.n_ranks, (unsigned long long)s->o.epoch, s->o.max_floats);
+        return ie_error_set(IE_ERR_FORMAT, "%s: header does not match rank %d of %d, epoch %llu, %zu floats", name,
+                            r, s->o.n_ranks, (unsigned long long)s->o.epoch, s->o.max_floats);
     }
     s->seg[r] = h;
     return IE_OK;
@@ -380,8 +381,10 @@ ie_status_t ie_shmreduce_run(ie_shmreduce_t *s, uint64_t step, int index, float 
         }
         wres_t w = wait_for(s->seg[r], check_seq, want, &slot[r], spin_end, deadline);
         if (w == W_BEYOND)
-            return ie_error_set(IE_ERR_UNAVAILABLE, "tensor reduce: rank %d went past step %llu index %d "
-                                "(it failed it)", r, (unsigned long long)step, index);
+            return ie_error_set(IE_ERR_UNAVAILABLE,
+                                "tensor reduce: rank %d went past step %llu index %d "
+                                "(it failed it)",
+                                r, (unsigned long long)step, index);
         if (w != W_FOUND)
             return ie_error_set(IE_ERR_UNAVAILABLE, "tensor reduce: no partial sum from rank %d within %d ms", r,
                                 timeout_ms);

@@ -132,8 +132,7 @@ static int env_on(const char *name)
 static ie_status_t check_opts(const ie_model_src_t *src, const ie_worker_opts_t *opts)
 {
     if (!src || !opts) return ie_error_set(IE_ERR_INVAL, "worker: NULL argument");
-    if (opts->n_threads < 1 || opts->n_threads > 1024 || opts->n_ctx < 1 || opts->n_seq < 1 ||
-        opts->max_batch < 1)
+    if (opts->n_threads < 1 || opts->n_threads > 1024 || opts->n_ctx < 1 || opts->n_seq < 1 || opts->max_batch < 1)
         return ie_error_set(IE_ERR_INVAL, "worker: bad options (threads %d, ctx %d, seq %d, batch %d)",
                             opts->n_threads, opts->n_ctx, opts->n_seq, opts->max_batch);
     if (opts->kv_block < 0 || opts->kv_blocks < 0)
@@ -182,7 +181,8 @@ static ie_status_t new_scratch(ie_worker_t *w)
     const size_t B = (size_t)w->opts.max_batch, d = (size_t)hp->n_embd, ff = (size_t)w->ff_loc;
     const size_t wide = d > (size_t)w->q_dim ? d : (size_t)w->q_dim;
     const size_t max_in = ff > wide ? ff : wide;
-    w->act_row_cap = ie_dtype_row_bytes(IE_DTYPE_Q16_P, (int64_t)((max_in + 31) / 32 * 32)); /* the widest act row */
+    w->act_row_cap = ie_dtype_row_bytes(IE_DTYPE_Q16_P,
+                                        (int64_t)((max_in + 31) / 32 * 32)); /* the widest act row */
     w->x = worker_big_alloc(B * d * sizeof(float));
     w->xb = worker_big_alloc(B * wide * sizeof(float));
     w->q = worker_big_alloc(B * w->q_dim * sizeof(float));
@@ -225,15 +225,15 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
     if (!(w = calloc(1, sizeof *w))) return ie_error_set(IE_ERR_NOMEM, "out of memory");
     w->hp = *ie_model_src_hparams(src);
     w->opts = *opts;
-    if ((st = ie_arch_desc_init(&w->hp, &w->arch)) != IE_OK) goto cleanup;  /* what the pass does */
-    if ((st = start_kernels(w)) != IE_OK) goto cleanup;                     /* kernels, thread pool */
-    if ((st = worker_bind_options(w, src)) != IE_OK) goto cleanup;          /* env overrides */
-    if ((st = plan_shard(w)) != IE_OK) goto cleanup;                        /* what this worker holds */
-    if ((st = worker_bind_weights(w, src)) != IE_OK) goto cleanup;          /* bind.c */
-    if ((st = worker_kv_new(w)) != IE_OK) goto cleanup;                     /* KV cache, RoPE tables */
-    if ((st = new_scratch(w)) != IE_OK) goto cleanup;                       /* step scratch */
-    if ((st = worker_prefetch_new(w)) != IE_OK) goto cleanup;               /* idle prefetch hook */
-    st = worker_replicas_new(w);                                            /* after every weight is bound */
+    if ((st = ie_arch_desc_init(&w->hp, &w->arch)) != IE_OK) goto cleanup; /* what the pass does */
+    if ((st = start_kernels(w)) != IE_OK) goto cleanup;                    /* kernels, thread pool */
+    if ((st = worker_bind_options(w, src)) != IE_OK) goto cleanup;         /* env overrides */
+    if ((st = plan_shard(w)) != IE_OK) goto cleanup;                       /* what this worker holds */
+    if ((st = worker_bind_weights(w, src)) != IE_OK) goto cleanup;         /* bind.c */
+    if ((st = worker_kv_new(w)) != IE_OK) goto cleanup;                    /* KV cache, RoPE tables */
+    if ((st = new_scratch(w)) != IE_OK) goto cleanup;                      /* step scratch */
+    if ((st = worker_prefetch_new(w)) != IE_OK) goto cleanup;              /* idle prefetch hook */
+    st = worker_replicas_new(w);                                           /* after every weight is bound */
 
 cleanup:
     if (st != IE_OK) {
@@ -300,24 +300,18 @@ ie_isa_t ie_worker_isa(const ie_worker_t *w) { return w->ops->isa; }
 ie_status_t ie_worker_set_decode_option(ie_worker_t *w, const char *name, int on)
 {
     if (!w || !name) return ie_error_set(IE_ERR_INVAL, "ie_worker_set_decode_option: NULL argument");
-    if (!strcmp(name, "balance"))
-        w->balance = on != 0;
+    if (!strcmp(name, "balance")) w->balance = on != 0;
     else if (!strcmp(name, "prefetch")) {
         w->pf_on = on != 0;
         if (!w->pf_on && w->pf) atomic_store_explicit(&w->pf_next, NULL, memory_order_relaxed);
-    } else if (!strcmp(name, "stream"))
-        w->stream_act = on != 0;
-    else if (!strcmp(name, "kvprefetch"))
-        w->kvpf_on = on != 0;
+    } else if (!strcmp(name, "stream")) w->stream_act = on != 0;
+    else if (!strcmp(name, "kvprefetch")) w->kvpf_on = on != 0;
     else
-        return ie_error_set(IE_ERR_INVAL,
-                            "ie_worker_set_decode_option: unknown option '%s' (balance, prefetch, stream, kvprefetch)",
-                            name);
+        return ie_error_set(
+            IE_ERR_INVAL,
+            "ie_worker_set_decode_option: unknown option '%s' (balance, prefetch, stream, kvprefetch)", name);
     return IE_OK;
 }
 
 /* Contract (ie_worker.h). */
-void ie_worker_test_set_matmul_ops(ie_worker_t *w, const ie_kernels_t *ops)
-{
-    w->ops = ops;
-}
+void ie_worker_test_set_matmul_ops(ie_worker_t *w, const ie_kernels_t *ops) { w->ops = ops; }

@@ -65,9 +65,9 @@ typedef struct wmat {
     const void *data;   /* n_out rows of n_in elements                  */
     int64_t n_in;
     int64_t n_out;
-    size_t slice;       /* bytes of one matrix (expert stride)          */
-    int64_t n_mat;      /* matrices in the stack (experts held), 0 unbound */
-    ie_bsr_t bsr;       /* BSR: view into data                          */
+    size_t slice;  /* bytes of one matrix (expert stride)          */
+    int64_t n_mat; /* matrices in the stack (experts held), 0 unbound */
+    ie_bsr_t bsr;  /* BSR: view into data                          */
 } wmat_t;
 
 typedef struct layer {
@@ -77,17 +77,17 @@ typedef struct layer {
     wmat_t k, v;            /* (n_kv*hd, d)                            */
     wmat_t o;               /* (d, n_head*hd)                          */
     /* dense MLP (Llama) */
-    wmat_t gate, up;        /* (ff, d)                                 */
-    wmat_t down;            /* (d, ff)                                 */
+    wmat_t gate, up; /* (ff, d)                                 */
+    wmat_t down;     /* (d, ff)                                 */
     /* GPT-OSS: attention extras */
     const float *bq, *bk, *bv, *bo; /* biases, NULL when absent (bo: on
                                        tensor rank 0 only)              */
-    const float *sinks;     /* (n_head) sink logits, NULL when absent  */
-    int swa;                /* sliding-window layer                     */
+    const float *sinks;             /* (n_head) sink logits, NULL when absent  */
+    int swa;                        /* sliding-window layer                     */
     /* GPT-OSS: MoE. Expert matrices hold n_expert matrices back to back;
      * gate/up/down here describe one expert (data = expert 0). */
-    wmat_t router;          /* (n_expert, d)                            */
-    const float *router_b;  /* (n_expert)                               */
+    wmat_t router;                       /* (n_expert, d)                            */
+    const float *router_b;               /* (n_expert)                               */
     const float *gate_b, *up_b, *down_b; /* (E, ff), (E, ff), (E, d)    */
 } layer_t;
 
@@ -102,64 +102,64 @@ struct pf_state; /* prefetch.c */
 
 struct ie_worker {
     ie_hparams_t hp;
-    ie_arch_desc_t arch;     /* what the forward pass does (ie_arch_desc.h) */
+    ie_arch_desc_t arch; /* what the forward pass does (ie_arch_desc.h) */
     ie_worker_opts_t opts;
-    int copy_weights;        /* resolved opts.copy_weights                */
-    int repack;              /* resolved opts.repack                      */
-    char *cache_dir;         /* repack cache directory, or NULL           */
-    int binding_head;        /* bind_src is binding the output head       */
-    int src_file_mapped;     /* every source tensor is in a file mapping  */
-    ie_shard_range_t sh;     /* what this worker holds (ie_shard_plan)    */
-    int tensor_par;          /* tensor-parallel with n_ranks > 1: reduce  */
-    uint64_t probe_sink;     /* ie_worker_stream_probe's reads end here   */
+    int copy_weights;         /* resolved opts.copy_weights                */
+    int repack;               /* resolved opts.repack                      */
+    char *cache_dir;          /* repack cache directory, or NULL           */
+    int binding_head;         /* bind_src is binding the output head       */
+    int src_file_mapped;      /* every source tensor is in a file mapping  */
+    ie_shard_range_t sh;      /* what this worker holds (ie_shard_plan)    */
+    int tensor_par;           /* tensor-parallel with n_ranks > 1: reduce  */
+    uint64_t probe_sink;      /* ie_worker_stream_probe's reads end here   */
     int n_head_loc, n_kv_loc; /* query / KV heads held                    */
-    int64_t ff_loc;          /* dense MLP columns held (expert ff: all)  */
+    int64_t ff_loc;           /* dense MLP columns held (expert ff: all)  */
     const ie_kernels_t *ops;
     ie_threadpool_t *tp;
 
-    wmat_t tok_embd;         /* (vocab, d)                               */
-    wmat_t output;           /* (vocab, d), may share tok_embd's data    */
+    wmat_t tok_embd; /* (vocab, d)                               */
+    wmat_t output;   /* (vocab, d), may share tok_embd's data    */
     const float *output_norm;
-    layer_t *layers;         /* [n_layer]                                */
+    layer_t *layers; /* [n_layer]                                */
 
-    void **owned;            /* buffers we allocated for weights         */
+    void **owned; /* buffers we allocated for weights         */
     size_t n_owned, cap_owned;
 
     /* hot-weight replicas (IE_HOT_REPLICATE): copy r of the head and of
      * the embedding for the r-th node among the pool's threads */
-    int n_repl;              /* nodes with a copy (0: no copies)         */
-    int *share_repl;         /* [n_threads] copy read by share ith       */
-    wmat_t *head_repl;       /* [n_repl] or NULL (head not replicated)   */
-    wmat_t *embd_repl;       /* [n_repl] or NULL; tied: head_repl's data */
-    void **repl_mem;         /* [2 * n_repl] our copies (ie_numa_alloc)  */
-    size_t *repl_bytes;      /* [2 * n_repl] their sizes                 */
-    int hot_copies;          /* copies made                              */
-    char hot_report[512];    /* what was found and done ("" not asked)  */
+    int n_repl;           /* nodes with a copy (0: no copies)         */
+    int *share_repl;      /* [n_threads] copy read by share ith       */
+    wmat_t *head_repl;    /* [n_repl] or NULL (head not replicated)   */
+    wmat_t *embd_repl;    /* [n_repl] or NULL; tied: head_repl's data */
+    void **repl_mem;      /* [2 * n_repl] our copies (ie_numa_alloc)  */
+    size_t *repl_bytes;   /* [2 * n_repl] their sizes                 */
+    int hot_copies;       /* copies made                              */
+    char hot_report[512]; /* what was found and done ("" not asked)  */
 
-    int q_dim, kv_dim;       /* held heads: n_head_loc*hd, n_kv_loc*hd    */
-    int kv_block;            /* positions per KV block                    */
-    int kv_blocks;           /* physical blocks in the pool               */
-    int kv_nlb;              /* logical blocks per slot: ceil(n_ctx/kv_block) */
-    int all_swa;             /* every held layer slides (reads a window)  */
-    size_t kv_layer_stride;  /* floats per layer in a block: kv_block*kv_dim */
-    size_t kv_block_stride;  /* floats per block: held layers*kv_layer_stride */
-    float *kcache, *vcache;  /* [kv_blocks][held layer][kv_block][kv_dim],
+    int q_dim, kv_dim;      /* held heads: n_head_loc*hd, n_kv_loc*hd    */
+    int kv_block;           /* positions per KV block                    */
+    int kv_blocks;          /* physical blocks in the pool               */
+    int kv_nlb;             /* logical blocks per slot: ceil(n_ctx/kv_block) */
+    int all_swa;            /* every held layer slides (reads a window)  */
+    size_t kv_layer_stride; /* floats per layer in a block: kv_block*kv_dim */
+    size_t kv_block_stride; /* floats per block: held layers*kv_layer_stride */
+    float *kcache, *vcache; /* [kv_blocks][held layer][kv_block][kv_dim],
                                 layer l at l - sh.layer_begin             */
-    int32_t *btab;           /* [n_seq][kv_nlb] physical block, -1 unbound */
-    int *seq_len;            /* [n_seq] positions held                   */
+    int32_t *btab;          /* [n_seq][kv_nlb] physical block, -1 unbound */
+    int *seq_len;           /* [n_seq] positions held                   */
 
     float *rope_cos, *rope_sin; /* [n_ctx][rope_dim/2]                   */
 
     /* scratch, sized for max_batch tokens */
-    float *x;    /* [B][d]   residual stream                              */
-    float *xb;   /* [B][max(d, q_dim)] normed input / attention output     */
-    float *q;    /* [B][q_dim]                                            */
-    float *k;    /* [B][kv_dim]                                           */
-    float *v;    /* [B][kv_dim]                                           */
-    float *hb;   /* [B][ff]  gate, then silu(gate)*up                     */
-    float *hb2;  /* [B][ff]  up                                           */
-    float *tmp;  /* [B][d]   matmul output before the residual add        */
-    void *act;   /* [B][act row] quantized activations                    */
+    float *x;   /* [B][d]   residual stream                              */
+    float *xb;  /* [B][max(d, q_dim)] normed input / attention output     */
+    float *q;   /* [B][q_dim]                                            */
+    float *k;   /* [B][kv_dim]                                           */
+    float *v;   /* [B][kv_dim]                                           */
+    float *hb;  /* [B][ff]  gate, then silu(gate)*up                     */
+    float *hb2; /* [B][ff]  up                                           */
+    float *tmp; /* [B][d]   matmul output before the residual add        */
+    void *act;  /* [B][act row] quantized activations                    */
     size_t act_row_cap;
     float *scores; /* [n_threads][group][n_ctx] attention probabilities   */
     /* MoE scratch */
@@ -172,18 +172,18 @@ struct ie_worker {
     float *roww;   /* [B] their weights                                   */
 
     /* decode machinery (matmul.c, prefetch.c, attention.c) */
-    mm_span_t *spans;      /* [MM_MAX][n_threads] decode balancing         */
-    int balance;           /* balance decode matmuls (env IE_DECODE_BALANCE) */
+    mm_span_t *spans; /* [MM_MAX][n_threads] decode balancing         */
+    int balance;      /* balance decode matmuls (env IE_DECODE_BALANCE) */
     /* idle prefetch (prefetch.c): the next decode matmul's first matrix,
      * set by the owner before each job (NULL: none); per worker thread,
      * touched by that thread only, how far it has fetched its share */
     _Atomic(const struct wmat *) pf_next;
-    struct pf_state *pf;   /* [n_threads], or NULL (one thread)          */
-    ie_idle_t idle_hook;   /* {worker_idle, this}: installed in the pool  */
-    int pf_on;             /* idle prefetch on (env IE_DECODE_PREFETCH)  */
-    int stream_act;        /* decode activations by act_quantize_stream (env IE_DECODE_STREAM) */
-    int kvpf_on;           /* decode: KV rows prefetched during q/k/v (env IE_DECODE_KVPREFETCH) */
-    int step_logits;       /* this step computes logits (the last prefetch point) */
+    struct pf_state *pf; /* [n_threads], or NULL (one thread)          */
+    ie_idle_t idle_hook; /* {worker_idle, this}: installed in the pool  */
+    int pf_on;           /* idle prefetch on (env IE_DECODE_PREFETCH)  */
+    int stream_act;      /* decode activations by act_quantize_stream (env IE_DECODE_STREAM) */
+    int kvpf_on;         /* decode: KV rows prefetched during q/k/v (env IE_DECODE_KVPREFETCH) */
+    int step_logits;     /* this step computes logits (the last prefetch point) */
 };
 
 /* ------------------------------------------------------- worker.c: memory */

@@ -32,7 +32,7 @@ IE_INLINE float hsum8(__m256 v)
 }
 
 /* Lane mask with the first n (0..8) lanes on. */
-static const int32_t MASKTAB[16] = { -1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0 };
+static const int32_t MASKTAB[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
 
 /* ------------------------------------------------------------ row tiles */
 
@@ -90,17 +90,17 @@ typedef void (*rows_fn)(int R, int T, int bc, size_t bstride, const float *w, co
                         const float *x, size_t xs, float *y, int64_t ldy);
 
 /* R in {4, 1}, T = 1..3 (decode alone takes wide_decode). */
-#define RC(BC, R, T)                                                                 \
-    case (R) * 8 + (T): rtile(R, T, BC, bc, bstride, w, col, nb, x, xs, y, ldy); break;
-#define ROWS_FN(name, BC)                                                                      \
-    static void name(int R, int T, int bc, size_t bstride, const float *w, const uint32_t *col, \
-                     uint32_t nb, const float *x, size_t xs, float *y, int64_t ldy)            \
-    {                                                                                          \
-        switch (R * 8 + T) {                                                                   \
-            RC(BC, 4, 1) RC(BC, 4, 2) RC(BC, 4, 3) RC(BC, 1, 1) RC(BC, 1, 2)      \
-            RC(BC, 1, 3)                                                                       \
-        default: break;                                                                        \
-        }                                                                                      \
+#define RC(BC, R, T)                                             \
+    case (R)*8 + (T):                                            \
+        rtile(R, T, BC, bc, bstride, w, col, nb, x, xs, y, ldy); \
+        break;
+#define ROWS_FN(name, BC)                                                                                    \
+    static void name(int R, int T, int bc, size_t bstride, const float *w, const uint32_t *col, uint32_t nb, \
+                     const float *x, size_t xs, float *y, int64_t ldy)                                       \
+    {                                                                                                        \
+        switch (R * 8 + T) {                                                                                 \
+            RC(BC, 4, 1) RC(BC, 4, 2) RC(BC, 4, 3) RC(BC, 1, 1) RC(BC, 1, 2) RC(BC, 1, 3) default : break;   \
+        }                                                                                                    \
     }
 ROWS_FN(rows_bc8, 8)
 ROWS_FN(rows_bc16, 16)
@@ -174,25 +174,31 @@ IE_INLINE void ftile(int NQ, int T, const float *w, const uint32_t *col, uint32_
         _Alignas(32) float s[FQ * 8];
 #pragma GCC unroll 8
         for (int q = 0; q < NQ; q++) _mm256_store_ps(s + q * 8, acc[q][t]);
-        for (int i = 0; i < br; i++) y[(int64_t)t * ldy + i] = (s[4 * i] + s[4 * i + 1]) + (s[4 * i + 2] + s[4 * i + 3]);
+        for (int i = 0; i < br; i++)
+            y[(int64_t)t * ldy + i] = (s[4 * i] + s[4 * i + 1]) + (s[4 * i + 2] + s[4 * i + 3]);
     }
 }
 
 typedef void (*flat_fn)(int T, const float *w, const uint32_t *col, uint32_t nb, const float *x, size_t xs,
                         float *y, int64_t ldy);
 
-#define FC(NQ, T) case T: ftile(NQ, T, w, col, nb, x, xs, y, ldy); break;
-#define FLAT_FN(NQ)                                                                                       \
+#define FC(NQ, T)                                \
+    case T:                                      \
+        ftile(NQ, T, w, col, nb, x, xs, y, ldy); \
+        break;
+#define FLAT_FN(NQ)                                                                                           \
     static void flat_##NQ(int T, const float *w, const uint32_t *col, uint32_t nb, const float *x, size_t xs, \
-                          float *y, int64_t ldy)                                                          \
-    {                                                                                                     \
-        if ((NQ) * T > 12) { /* keep accumulators in registers: split the tokens */                      \
-            const int h = T / 2;                                                                          \
-            flat_##NQ(h, w, col, nb, x, xs, y, ldy);                                                      \
-            flat_##NQ(T - h, w, col, nb, x + (size_t)h * xs, xs, y + h * ldy, ldy);                       \
-            return;                                                                                       \
-        }                                                                                                 \
-        switch (T) { FC(NQ, 1) FC(NQ, 2) FC(NQ, 3) default: break; }                                      \
+                          float *y, int64_t ldy)                                                              \
+    {                                                                                                         \
+        if ((NQ)*T > 12) { /* keep accumulators in registers: split the tokens */                             \
+            const int h = T / 2;                                                                              \
+            flat_##NQ(h, w, col, nb, x, xs, y, ldy);                                                          \
+            flat_##NQ(T - h, w, col, nb, x + (size_t)h * xs, xs, y + h * ldy, ldy);                           \
+            return;                                                                                           \
+        }                                                                                                     \
+        switch (T) {                                                                                          \
+            FC(NQ, 1) FC(NQ, 2) FC(NQ, 3) default : break;                                                    \
+        }                                                                                                     \
     }
 FLAT_FN(2) /* 4x4  */
 FLAT_FN(4) /* 8x4  */
@@ -243,7 +249,8 @@ void ie_bsr_matmul_avx2(const ie_bsr_t *m, int64_t r0, int64_t r1, const float *
                 continue;
             }
             int i = 0;
-            for (; i + RR <= br; i += RR) rows(RR, T, bc, bstride, w + (size_t)i * bc, col, nb, xt, xs, yt + i, ldy);
+            for (; i + RR <= br; i += RR)
+                rows(RR, T, bc, bstride, w + (size_t)i * bc, col, nb, xt, xs, yt + i, ldy);
             for (; i < br; i++) rows(1, T, bc, bstride, w + (size_t)i * bc, col, nb, xt, xs, yt + i, ldy);
         }
     }

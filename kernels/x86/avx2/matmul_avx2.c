@@ -64,7 +64,8 @@ IE_INLINE __m256 fw_load(ie_dtype_t wt, const void *p)
     switch (wt) {
     case IE_DTYPE_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
     case IE_DTYPE_BF16:
-        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
     default: return _mm256_loadu_ps((const float *)p);
     }
 }
@@ -85,8 +86,7 @@ IE_INLINE void ftile(ie_dtype_t wt, ie_dtype_t at, int R, int T, const char *w, 
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             /* the same columns 8 rows (two tiles) ahead, one line per 64 bytes */
-            if ((k & (es == 4 ? 8 : 24)) == 0)
-                _mm_prefetch(w + (size_t)(r + 8) * wb + (size_t)k * es, _MM_HINT_T1);
+            if ((k & (es == 4 ? 8 : 24)) == 0) _mm_prefetch(w + (size_t)(r + 8) * wb + (size_t)k * es, _MM_HINT_T1);
             wv[r] = fw_load(wt, w + (size_t)r * wb + (size_t)k * es);
         }
 #pragma GCC unroll 2
@@ -123,12 +123,14 @@ IE_INLINE void ftile(ie_dtype_t wt, ie_dtype_t at, int R, int T, const char *w, 
         for (int t = 0; t < T; t++) y[t * ldy + r] = hsum256(acc[r][t]);
 }
 
-#define FTILE(WT, AT, name, R, T)                                                          \
-    static void ftile_##name##_##R##_##T(const char *w, size_t wb, int64_t n_in,          \
-                                          const char *a, size_t as, float *y, int64_t ldy) \
-    {                                                                                      \
-        ftile(WT, AT, R, T, w, wb, n_in, a, as, y, ldy);                                   \
+#define FTILE(WT, AT, name, R, T)                                                                          \
+    static void ftile_##name##_##R##_##T(const char *w, size_t wb, int64_t n_in, const char *a, size_t as, \
+                                         float *y, int64_t ldy)                                            \
+    {                                                                                                      \
+        ftile(WT, AT, R, T, w, wb, n_in, a, as, y, ldy);                                                   \
     }
+/* macro-built tile tables, laid out by hand */
+// clang-format off
 #define FTILES(WT, AT, name)                                                               \
     FTILE(WT, AT, name, 4, 1) FTILE(WT, AT, name, 4, 2)                                   \
     FTILE(WT, AT, name, 1, 1) FTILE(WT, AT, name, 1, 2)                                   \
@@ -139,6 +141,7 @@ IE_INLINE void ftile(ie_dtype_t wt, ie_dtype_t at, int R, int T, const char *w, 
 FTILES(IE_DTYPE_F32, IE_DTYPE_F32, f32)
 FTILES(IE_DTYPE_F16, IE_DTYPE_F32, f16)
 FTILES(IE_DTYPE_BF16, IE_DTYPE_BF16, bf16bf16)
+// clang-format on
 
 /* BF16 weights x BF16 activations (contract of ie_matmul_bf16_bf16_ref):
  * both widened to f32 by a 16-bit shift (exact), products by FMA. */
@@ -154,8 +157,8 @@ void ie_matmul_bf16_bf16_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r
 
 #define QR 2
 #define QT 3
-#define QPF 8      /* rows ahead to prefetch (into L2)                  */
-#define KCP 64     /* block pairs per k-chunk (4096 elements)           */
+#define QPF 8  /* rows ahead to prefetch (into L2)                  */
+#define KCP 64 /* block pairs per k-chunk (4096 elements)           */
 #define PK_PAIR 128
 #define PK_STRIDE (KCP * PK_PAIR) /* packed activations: 8 KiB per token */
 
@@ -203,7 +206,10 @@ IE_INLINE void pack_pair(ie_dtype_t wt, const uint8_t *b0, const uint8_t *b1, ui
 /* One pair of weight blocks of one row (the second absent if !both):
  * lo/hi in the packed activation order; ulo/uhi the unsigned operands of
  * vpmaddubsw (|w| for q8_0, whose sign moves onto the activations). */
-typedef struct { __m256i lo, hi, ulo, uhi; __m256 d, m; } wpair_t;
+typedef struct {
+    __m256i lo, hi, ulo, uhi;
+    __m256 d, m;
+} wpair_t;
 
 IE_INLINE wpair_t wpair_load(ie_dtype_t wt, const uint8_t *p, int both)
 {
@@ -221,8 +227,8 @@ IE_INLINE wpair_t wpair_load(ie_dtype_t wt, const uint8_t *p, int both)
         w.m = _mm256_setzero_ps();
     } else if (wt == IE_DTYPE_MXFP4) {
         /* 2*E2M1(code) + 12: unsigned for vpmaddubsw; the +12 is undone by aux */
-        const __m256i lut = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
-                                             12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+        const __m256i lut = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0, 12, 13, 14,
+                                             15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
         const __m256i qs = _mm256_set_m128i(both ? _mm_loadu_si128((const __m128i *)(p1 + 1)) : z,
                                             _mm_loadu_si128((const __m128i *)(p + 1)));
         const __m256i m4 = _mm256_set1_epi8(0x0f);
@@ -245,8 +251,8 @@ IE_INLINE wpair_t wpair_load(ie_dtype_t wt, const uint8_t *p, int both)
     return w;
 }
 
-IE_INLINE void qstep(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, int both,
-                     const uint8_t *pk, __m256 acc[QR][QT])
+IE_INLINE void qstep(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, int both, const uint8_t *pk,
+                     __m256 acc[QR][QT])
 {
     const size_t bb = blk_bytes(wt);
     const __m256i ones16 = _mm256_set1_epi16(1);
@@ -279,14 +285,13 @@ IE_INLINE void qstep(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, i
                 s = _mm256_madd_epi16(p, ones16);
             }
             acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(wv[r].d, da), acc[r][t]);
-            if (wt == IE_DTYPE_Q4_1)
-                acc[r][t] = _mm256_fmadd_ps(wv[r].m, _mm256_castsi256_ps(aux), acc[r][t]);
+            if (wt == IE_DTYPE_Q4_1) acc[r][t] = _mm256_fmadd_ps(wv[r].m, _mm256_castsi256_ps(aux), acc[r][t]);
         }
     }
 }
 
-IE_INLINE void qtile(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, int64_t npairs,
-                     int odd, const uint8_t *pk, float *y, int64_t ldy, int first)
+IE_INLINE void qtile(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, int64_t npairs, int odd,
+                     const uint8_t *pk, float *y, int64_t ldy, int first)
 {
     const size_t pb = 2 * blk_bytes(wt);
     __m256 acc[QR][QT];
@@ -305,15 +310,17 @@ IE_INLINE void qtile(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, i
         }
 }
 
-typedef void (*qtile_fn)(const uint8_t *w, size_t wb, int64_t npairs, int odd,
-                         const uint8_t *pk, float *y, int64_t ldy, int first);
+typedef void (*qtile_fn)(const uint8_t *w, size_t wb, int64_t npairs, int odd, const uint8_t *pk, float *y,
+                         int64_t ldy, int first);
 
-#define QTILE(WT, name, R, T)                                                                   \
-    static void qtile_##name##_##R##_##T(const uint8_t *w, size_t wb, int64_t np, int odd,     \
-                                          const uint8_t *pk, float *y, int64_t ldy, int first)  \
-    {                                                                                           \
-        qtile(WT, R, T, w, wb, np, odd, pk, y, ldy, first);                                     \
+#define QTILE(WT, name, R, T)                                                                                 \
+    static void qtile_##name##_##R##_##T(const uint8_t *w, size_t wb, int64_t np, int odd, const uint8_t *pk, \
+                                         float *y, int64_t ldy, int first)                                    \
+    {                                                                                                         \
+        qtile(WT, R, T, w, wb, np, odd, pk, y, ldy, first);                                                   \
     }
+/* macro-built tile tables, laid out by hand */
+// clang-format off
 #define QTILES(WT, name)                                                                        \
     QTILE(WT, name, 2, 1) QTILE(WT, name, 2, 2) QTILE(WT, name, 2, 3)                           \
     QTILE(WT, name, 1, 1) QTILE(WT, name, 1, 2) QTILE(WT, name, 1, 3)                           \
@@ -325,10 +332,10 @@ QTILES(IE_DTYPE_Q8_0, q8_0)
 QTILES(IE_DTYPE_Q4_0, q4_0)
 QTILES(IE_DTYPE_Q4_1, q4_1)
 QTILES(IE_DTYPE_MXFP4, mxfp4)
+// clang-format on
 
-static void matmul_block(ie_dtype_t wt, const qtile_fn tiles[2][QT + 1], const void *w,
-                         int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
-                         int64_t n_tok, float *y, int64_t ldy)
+static void matmul_block(ie_dtype_t wt, const qtile_fn tiles[2][QT + 1], const void *w, int64_t n_in, int64_t r0,
+                         int64_t r1, const void *a, size_t as, int64_t n_tok, float *y, int64_t ldy)
 {
     _Alignas(32) uint8_t pk[QT * PK_STRIDE];
     const size_t wb = ie_dtype_row_bytes(wt, n_in), bb = blk_bytes(wt);
@@ -355,8 +362,7 @@ static void matmul_block(ie_dtype_t wt, const qtile_fn tiles[2][QT + 1], const v
                 int64_t r = p0;
                 for (; r + QR <= p1; r += QR)
                     tiles[1][tt](wk + (size_t)r * wb, wb, npairs, odd, pk, yt + r, ldy, kb0 == 0);
-                for (; r < p1; r++)
-                    tiles[0][tt](wk + (size_t)r * wb, wb, npairs, odd, pk, yt + r, ldy, kb0 == 0);
+                for (; r < p1; r++) tiles[0][tt](wk + (size_t)r * wb, wb, npairs, odd, pk, yt + r, ldy, kb0 == 0);
             }
         }
     }
@@ -367,13 +373,15 @@ static void matmul_block(ie_dtype_t wt, const qtile_fn tiles[2][QT + 1], const v
 void ie_matmul_f32_f32_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
                             int64_t n_tok, float *y, int64_t ldy)
 {
-    ie_matmul_float_drive(IE_DTYPE_F32, ftiles_f32[0], ftiles_f32[1], FR, FT, w, n_in, r0, r1, a, as, n_tok, y, ldy);
+    ie_matmul_float_drive(IE_DTYPE_F32, ftiles_f32[0], ftiles_f32[1], FR, FT, w, n_in, r0, r1, a, as, n_tok, y,
+                          ldy);
 }
 
 void ie_matmul_f16_f32_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
                             int64_t n_tok, float *y, int64_t ldy)
 {
-    ie_matmul_float_drive(IE_DTYPE_F16, ftiles_f16[0], ftiles_f16[1], FR, FT, w, n_in, r0, r1, a, as, n_tok, y, ldy);
+    ie_matmul_float_drive(IE_DTYPE_F16, ftiles_f16[0], ftiles_f16[1], FR, FT, w, n_in, r0, r1, a, as, n_tok, y,
+                          ldy);
 }
 
 void ie_matmul_q8_0_q8_0_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
@@ -462,7 +470,8 @@ static void f32_to_bf16_row(const float *x, ie_bf16_t *out, int64_t n)
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         /* packus keeps 0..65535 as is; it interleaves 128-bit lanes, undone by the permute */
-        const __m256i p = _mm256_packus_epi32(bf16_rne8(_mm256_loadu_ps(x + i)), bf16_rne8(_mm256_loadu_ps(x + i + 8)));
+        const __m256i p = _mm256_packus_epi32(bf16_rne8(_mm256_loadu_ps(x + i)),
+                                              bf16_rne8(_mm256_loadu_ps(x + i + 8)));
         _mm256_storeu_si256((__m256i *)(out + i), _mm256_permute4x64_epi64(p, 0xd8));
     }
     for (; i < n; i++) out[i] = ie_f32_to_bf16(x[i]);

@@ -41,10 +41,10 @@ typedef struct {
     ie_dtype_t t;
     int G;
     int64_t n_in, nb;   /* elements, 32-blocks per row */
-    int64_t aq_bytes;    /* quants of an activation row: 2*n_in (Q16_P), n_in (Q8_P) */
-    size_t panel_bytes;  /* one panel                   */
-    size_t group_bytes;  /* one group of a panel        */
-    size_t scale_bytes;  /* d[16] (+ m[16]) of a group  */
+    int64_t aq_bytes;   /* quants of an activation row: 2*n_in (Q16_P), n_in (Q8_P) */
+    size_t panel_bytes; /* one panel                   */
+    size_t group_bytes; /* one group of a panel        */
+    size_t scale_bytes; /* d[16] (+ m[16]) of a group  */
 } geom_t;
 
 IE_INLINE float ld_f32(const void *p)
@@ -79,8 +79,8 @@ IE_INLINE void tile(const geom_t *g, const uint8_t *pan, const int8_t *const *a,
     for (int64_t gi = 0; gi < g->n_in / g->G; gi++) {
         const uint8_t *grp = pan + (size_t)gi * g->group_bytes;
         const uint8_t *qw = grp + g->scale_bytes;
-        const __m256 wd[2] = { _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)grp)),
-                               _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + 16))) };
+        const __m256 wd[2] = {_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)grp)),
+                              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + 16)))};
         for (int j = 0; j < bpg; j++) {
             const int64_t b = gi * bpg + j; /* block index in the row */
             __m256i isum[4];
@@ -90,11 +90,13 @@ IE_INLINE void tile(const geom_t *g, const uint8_t *pan, const int8_t *const *a,
                 for (int t = 0; t < nt; t++) {
                     const uint8_t *qa = (const uint8_t *)a[t] + 64 * b;
                     __m256i v = _mm256_add_epi32(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)qa), ones),
-                                                 _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(qa + 32)), ones));
+                                                 _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(qa + 32)),
+                                                                   ones));
                     v = _mm256_add_epi32(v, _mm256_permute2x128_si256(v, v, 1));
                     v = _mm256_add_epi32(v, _mm256_shuffle_epi32(v, 0x4e));
                     v = _mm256_add_epi32(v, _mm256_shuffle_epi32(v, 0xb1));
-                    isum[2 * t] = isum[2 * t + 1] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(v, 7));
+                    isum[2 * t] = isum[2 * t + 1] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                                                     _mm256_slli_epi32(v, 7));
                 }
                 const uint8_t *ch = qw + (size_t)j * 8 * 64;
                 if (nt == 1) _mm_prefetch((const char *)ch + 1024, _MM_HINT_T0);
@@ -149,11 +151,12 @@ IE_INLINE void tile(const geom_t *g, const uint8_t *pan, const int8_t *const *a,
         }
         if (g->t != IE_DTYPE_I8W) {
             /* offsets: -8*d*S (I4W) or +m*S (I4WA), S = sum of the group's s_b */
-            const __m256 wo[2] = {
-                g->t == IE_DTYPE_I4WA ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + 32)))
+            const __m256 wo[2] = {g->t == IE_DTYPE_I4WA
+                                      ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + 32)))
                                       : _mm256_mul_ps(wd[0], _mm256_set1_ps(-8.0f)),
-                g->t == IE_DTYPE_I4WA ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + 48)))
-                                      : _mm256_mul_ps(wd[1], _mm256_set1_ps(-8.0f)) };
+                                  g->t == IE_DTYPE_I4WA
+                                      ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(grp + 48)))
+                                      : _mm256_mul_ps(wd[1], _mm256_set1_ps(-8.0f))};
 #pragma GCC unroll 2
             for (int t = 0; t < nt; t++) {
                 const uint8_t *sp = (const uint8_t *)a[t] + g->aq_bytes + 4 * (g->nb + gi * bpg);
@@ -185,8 +188,14 @@ static void store_tile(const __m256 *acc, int nt, int64_t row, int64_t r1, float
     }
 }
 
-static void tile1(const geom_t *g, const uint8_t *pan, const int8_t *const *a, __m256 *acc) { tile(g, pan, a, 1, acc); }
-static void tile2(const geom_t *g, const uint8_t *pan, const int8_t *const *a, __m256 *acc) { tile(g, pan, a, 2, acc); }
+static void tile1(const geom_t *g, const uint8_t *pan, const int8_t *const *a, __m256 *acc)
+{
+    tile(g, pan, a, 1, acc);
+}
+static void tile2(const geom_t *g, const uint8_t *pan, const int8_t *const *a, __m256 *acc)
+{
+    tile(g, pan, a, 2, acc);
+}
 
 /* ------------------------------------------------ BF16 panels x BF16 rows
  *
@@ -207,8 +216,10 @@ IE_INLINE void bf16_tile(int T, const uint8_t *pan, int64_t n_in, const uint8_t 
     for (int64_t c = 0; c < n_in / 2; c++) {
         const __m256i w0 = _mm256_loadu_si256((const __m256i *)(const void *)(pan + (size_t)c * 64));
         const __m256i w1 = _mm256_loadu_si256((const __m256i *)(const void *)(pan + (size_t)c * 64 + 32));
-        const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)), o0 = _mm256_castsi256_ps(_mm256_and_si256(w0, hi));
-        const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16)), o1 = _mm256_castsi256_ps(_mm256_and_si256(w1, hi));
+        const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)),
+                     o0 = _mm256_castsi256_ps(_mm256_and_si256(w0, hi));
+        const __m256 e1 = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16)),
+                     o1 = _mm256_castsi256_ps(_mm256_and_si256(w1, hi));
         for (int t = 0; t < T; t++) {
             uint32_t pr;
             memcpy(&pr, a + (size_t)t * as + (size_t)c * 4, 4);
@@ -232,14 +243,15 @@ IE_INLINE void bf16_tile(int T, const uint8_t *pan, int64_t n_in, const uint8_t 
 /* F16 panels x F32 rows: a 32-byte slice (16 rows, one k) widens by two
  * vcvtph2ps into rows 0-7 and 8-15, each meeting the token's broadcast
  * element in one FMA. */
-IE_INLINE void f16_tile(int T, const uint8_t *pan, int64_t n_in, const uint8_t *a, size_t as, float *y,
-                        int64_t ldy, int rows)
+IE_INLINE void f16_tile(int T, const uint8_t *pan, int64_t n_in, const uint8_t *a, size_t as, float *y, int64_t ldy,
+                        int rows)
 {
     __m256 acc[2 * BT2];
     for (int i = 0; i < 2 * T; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t k = 0; k < n_in; k++) {
         const __m256 w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(pan + (size_t)k * 32)));
-        const __m256 w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(pan + (size_t)k * 32 + 16)));
+        const __m256 w1 = _mm256_cvtph_ps(
+            _mm_loadu_si128((const __m128i *)(const void *)(pan + (size_t)k * 32 + 16)));
         for (int t = 0; t < T; t++) {
             float x;
             memcpy(&x, a + (size_t)t * as + (size_t)k * 4, 4);
@@ -257,22 +269,25 @@ IE_INLINE void f16_tile(int T, const uint8_t *pan, int64_t n_in, const uint8_t *
 }
 
 /* One function per token count of the tiles above. */
-#define HALF_TILE(FN, T)                                                                                     \
+#define HALF_TILE(FN, T)                                                                                         \
     static void FN##T(const uint8_t *p, int64_t n, const uint8_t *a, size_t as, float *y, int64_t ldy, int rows) \
-    {                                                                                                        \
-        FN(T, p, n, a, as, y, ldy, rows);                                                                    \
+    {                                                                                                            \
+        FN(T, p, n, a, as, y, ldy, rows);                                                                        \
     }
+/* macro-built tile tables, laid out by hand */
+// clang-format off
 HALF_TILE(bf16_tile, 1) HALF_TILE(bf16_tile, 2) HALF_TILE(bf16_tile, 3) HALF_TILE(bf16_tile, 4)
 HALF_TILE(f16_tile, 1) HALF_TILE(f16_tile, 2) HALF_TILE(f16_tile, 3) HALF_TILE(f16_tile, 4)
+    // clang-format on
 
-/* Panels [p0, p1) x all tokens, in token blocks of ~256 KiB of activations
+    /* Panels [p0, p1) x all tokens, in token blocks of ~256 KiB of activations
  * (kept in L2 while the panels pass); BF16 or F16 panels. */
-static void half_packed(const ie_pmat_t *m, int64_t r0, int64_t r1, const uint8_t *a, size_t as, int64_t n_tok,
-                        float *y, int64_t ldy)
+    static void half_packed(const ie_pmat_t *m, int64_t r0, int64_t r1, const uint8_t *a, size_t as, int64_t n_tok,
+                            float *y, int64_t ldy)
 {
     typedef void (*fn_t)(const uint8_t *, int64_t, const uint8_t *, size_t, float *, int64_t, int);
-    static const fn_t btiles[BT2 + 1] = { NULL, bf16_tile1, bf16_tile2, bf16_tile3, bf16_tile4 };
-    static const fn_t htiles[BT2 + 1] = { NULL, f16_tile1, f16_tile2, f16_tile3, f16_tile4 };
+    static const fn_t btiles[BT2 + 1] = {NULL, bf16_tile1, bf16_tile2, bf16_tile3, bf16_tile4};
+    static const fn_t htiles[BT2 + 1] = {NULL, f16_tile1, f16_tile2, f16_tile3, f16_tile4};
     const fn_t *tiles = m->dtype == IE_DTYPE_BF16 ? btiles : htiles;
     const size_t pb = ie_pack_panel_bytes(m->dtype, m->group, m->n_in);
     int64_t tb = (int64_t)((256u << 10) / ((size_t)m->n_in * 4));
@@ -330,13 +345,13 @@ ie_status_t ie_matmul_packed_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, co
             const uint8_t *pan = (const uint8_t *)m->data + (size_t)p * g.panel_bytes;
             int64_t t = tb0;
             for (; t + 2 <= tb1; t += 2) {
-                const int8_t *ar[2] = { (const int8_t *)((const uint8_t *)a + (size_t)t * a_stride),
-                                        (const int8_t *)((const uint8_t *)a + (size_t)(t + 1) * a_stride) };
+                const int8_t *ar[2] = {(const int8_t *)((const uint8_t *)a + (size_t)t * a_stride),
+                                       (const int8_t *)((const uint8_t *)a + (size_t)(t + 1) * a_stride)};
                 tile2(&g, pan, ar, acc);
                 store_tile(acc, 2, p * IE_PANEL, r1, y, t, ldy);
             }
             if (t < tb1) {
-                const int8_t *ar[1] = { (const int8_t *)((const uint8_t *)a + (size_t)t * a_stride) };
+                const int8_t *ar[1] = {(const int8_t *)((const uint8_t *)a + (size_t)t * a_stride)};
                 tile1(&g, pan, ar, acc);
                 store_tile(acc, 1, p * IE_PANEL, r1, y, t, ldy);
             }

@@ -42,7 +42,8 @@ void ie_swiglu_f32_avx512(float *out, const float *g, const float *u, int64_t n)
         _mm512_storeu_ps(out + i, swiglu_ps(_mm512_loadu_ps(g + i), _mm512_loadu_ps(u + i)));
     if (i < n) {
         const __mmask16 m = (__mmask16)((1u << (n - i)) - 1u);
-        _mm512_mask_storeu_ps(out + i, m, swiglu_ps(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i)));
+        _mm512_mask_storeu_ps(out + i, m,
+                              swiglu_ps(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, u + i)));
     }
 }
 

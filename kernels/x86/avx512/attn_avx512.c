@@ -24,7 +24,7 @@ static inline __attribute__((always_inline)) __m512 transpose_reduce16(const __m
     for (int p = 0; p < 8; p++)
         t[p] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * p], v[2 * p + 1]),
                              _mm512_unpackhi_ps(v[2 * p], v[2 * p + 1]));
-    /* t[p], per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] (a = v[2p], b = v[2p+1]) */
+        /* t[p], per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3] (a = v[2p], b = v[2p+1]) */
 #pragma GCC unroll 4
     for (int q = 0; q < 4; q++) {
         const __m512d c = _mm512_castps_pd(t[2 * q]), d = _mm512_castps_pd(t[2 * q + 1]);
@@ -82,8 +82,8 @@ IE_INLINE void prefetch_row(const float *r, const int C)
     for (int c = 0; c < C; c++) _mm_prefetch((const char *)(r + 16 * c), _MM_HINT_T1);
 }
 
-IE_INLINE void scores_body(const int C, const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k,
-                           int j0, int n, float scale, float *s, size_t ld)
+IE_INLINE void scores_body(const int C, const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0,
+                           int n, float scale, float *s, size_t ld)
 {
     const __m512 vs = _mm512_set1_ps(scale);
     /* Tiles of 16 keys, every head of the group against a tile before the
@@ -117,25 +117,29 @@ IE_INLINE void scores_body(const int C, const float *q, size_t q_stride, int nh,
         for (int h = 0; h < nh; h++) {
             const float *qh = q + (size_t)h * q_stride;
             __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qh), _mm512_loadu_ps(kr));
-            for (int c = 1; c < C; c++) a = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * c), _mm512_loadu_ps(kr + 16 * c), a);
+            for (int c = 1; c < C; c++)
+                a = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * c), _mm512_loadu_ps(kr + 16 * c), a);
             s[(size_t)h * ld + j] = _mm512_reduce_add_ps(a) * scale;
         }
     }
 }
 
-#define SCORES_C(CC)                                                                                        \
+#define SCORES_C(CC)                                                                                          \
     static void scores_c##CC(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n, \
-                             float scale, float *s, size_t ld)                                              \
-    {                                                                                                       \
-        scores_body(CC, q, q_stride, nh, k, j0, n, scale, s, ld);                                           \
+                             float scale, float *s, size_t ld)                                                \
+    {                                                                                                         \
+        scores_body(CC, q, q_stride, nh, k, j0, n, scale, s, ld);                                             \
     }
+/* macro-built tile tables, laid out by hand */
+// clang-format off
 SCORES_C(1)
 SCORES_C(2)
 SCORES_C(4)
 SCORES_C(8)
+// clang-format on
 
-void ie_attn_scores_avx512(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n,
-                           int hd, float scale, float *s, size_t ld)
+void ie_attn_scores_avx512(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n, int hd,
+                           float scale, float *s, size_t ld)
 {
     if (hd % 16 != 0 || hd / 16 > MAXC) {
         ie_attn_scores_ref(q, q_stride, nh, k, j0, n, hd, scale, s, ld);
@@ -190,25 +194,35 @@ IE_INLINE void values_pass(const int C, const int G, const float *p, size_t ld, 
 
 typedef void (*values_fn)(const float *p, size_t ld, const ie_attn_rows_t *v, int j0, int n, float *out,
                           size_t o_stride);
-#define VALUES_CG(CC, GG)                                                                                  \
-    static void values_c##CC##_g##GG(const float *p, size_t ld, const ie_attn_rows_t *v, int j0, int n,     \
-                                     float *out, size_t o_stride)                                          \
-    {                                                                                                      \
-        values_pass(CC, GG, p, ld, v, j0, n, out, o_stride);                                               \
+#define VALUES_CG(CC, GG)                                                                               \
+    static void values_c##CC##_g##GG(const float *p, size_t ld, const ie_attn_rows_t *v, int j0, int n, \
+                                     float *out, size_t o_stride)                                       \
+    {                                                                                                   \
+        values_pass(CC, GG, p, ld, v, j0, n, out, o_stride);                                            \
     }
+/* macro-built tile tables, laid out by hand */
+// clang-format off
 VALUES_CG(1, 1) VALUES_CG(1, 2) VALUES_CG(1, 4) VALUES_CG(1, 8) VALUES_CG(1, 16)
 VALUES_CG(2, 1) VALUES_CG(2, 2) VALUES_CG(2, 4) VALUES_CG(2, 8)
 VALUES_CG(4, 1) VALUES_CG(4, 2) VALUES_CG(4, 3) VALUES_CG(4, 4)
 VALUES_CG(8, 1) VALUES_CG(8, 2)
+    // clang-format on
 
-/* The specialised pass for C chunks and g heads, or NULL. */
-static values_fn values_get(int C, int g)
+    /* The specialised pass for C chunks and g heads, or NULL. */
+    static values_fn values_get(int C, int g)
 {
     switch (C) {
-    case 1: return g == 1 ? values_c1_g1 : g == 2 ? values_c1_g2 : g == 4 ? values_c1_g4 : g == 8 ? values_c1_g8
-                 : g == 16 ? values_c1_g16 : NULL;
-    case 2: return g == 1 ? values_c2_g1 : g == 2 ? values_c2_g2 : g == 4 ? values_c2_g4 : g == 8 ? values_c2_g8 : NULL;
-    case 4: return g == 1 ? values_c4_g1 : g == 2 ? values_c4_g2 : g == 3 ? values_c4_g3 : g == 4 ? values_c4_g4 : NULL;
+    case 1:
+        return g == 1    ? values_c1_g1
+               : g == 2  ? values_c1_g2
+               : g == 4  ? values_c1_g4
+               : g == 8  ? values_c1_g8
+               : g == 16 ? values_c1_g16
+                         : NULL;
+    case 2:
+        return g == 1 ? values_c2_g1 : g == 2 ? values_c2_g2 : g == 4 ? values_c2_g4 : g == 8 ? values_c2_g8 : NULL;
+    case 4:
+        return g == 1 ? values_c4_g1 : g == 2 ? values_c4_g2 : g == 3 ? values_c4_g3 : g == 4 ? values_c4_g4 : NULL;
     case 8: return g == 1 ? values_c8_g1 : g == 2 ? values_c8_g2 : NULL;
     default: return NULL;
     }
@@ -228,8 +242,7 @@ void ie_attn_values_avx512(const float *p, size_t ld, int nh, const ie_attn_rows
         const float *ph = p + (size_t)h0 * ld;
         float *oh = out + (size_t)h0 * o_stride;
         const values_fn fn = values_get(C, g);
-        if (fn)
-            fn(ph, ld, v, j0, n, oh, o_stride);
+        if (fn) fn(ph, ld, v, j0, n, oh, o_stride);
         else /* the remaining shapes: the same loop with run-time sizes */
             values_pass(C, g, ph, ld, v, j0, n, oh, o_stride);
     }

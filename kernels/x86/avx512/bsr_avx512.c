@@ -100,8 +100,10 @@ typedef void (*rows_fn)(int R, int T, int bc, size_t bstride, const float *w, co
 /* One function per compile-time bc; (R, T) picked by a switch: R in {4, 1},
  * T = 1..6 (T = 1 only for the last token of a prefill: decode alone takes
  * wide_decode). */
-#define RC(BC, R, T)                                                                 \
-    case (R) * 8 + (T): rtile(R, T, BC, bc, bstride, w, col, nb, x, xs, y, ldy); break;
+#define RC(BC, R, T) \
+    case (R)*8 + (T): rtile(R, T, BC, bc, bstride, w, col, nb, x, xs, y, ldy); break;
+/* macro-built tile tables, laid out by hand */
+// clang-format off
 #define ROWS_FN(name, BC)                                                                      \
     static void name(int R, int T, int bc, size_t bstride, const float *w, const uint32_t *col, \
                      uint32_t nb, const float *x, size_t xs, float *y, int64_t ldy)            \
@@ -116,6 +118,7 @@ typedef void (*rows_fn)(int R, int T, int bc, size_t bstride, const float *w, co
 ROWS_FN(rows_bc16, 16)
 
 ROWS_FN(rows_any, 0)
+// clang-format on
 
 /* Decode (T = 1) of a whole block row: each block read once, front to back
  * (row by row, all of a row's columns), br accumulators in memory (L1):
@@ -151,7 +154,8 @@ static void wide_decode(int br, int bc, const float *w, const uint32_t *col, uin
                 const float *wr = wb + (size_t)r * 32;
                 _mm_prefetch((const char *)(wr + PF_BLK * bstride), _MM_HINT_T0);
                 _mm_prefetch((const char *)(wr + PF_BLK * bstride + 16), _MM_HINT_T0);
-                acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(wr + 16), x1, _mm512_fmadd_ps(_mm512_loadu_ps(wr), x0, acc[r]));
+                acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(wr + 16), x1,
+                                         _mm512_fmadd_ps(_mm512_loadu_ps(wr), x0, acc[r]));
             }
             continue;
         }
@@ -228,19 +232,23 @@ IE_INLINE void ftile(int NQ, int BC, int T, const float *w, const uint32_t *col,
 typedef void (*flat_fn)(int T, const float *w, const uint32_t *col, uint32_t nb, const float *x, size_t xs,
                         float *y, int64_t ldy);
 
-#define FC(NQ, BC, T) case T: ftile(NQ, BC, T, w, col, nb, x, xs, y, ldy); break;
-#define FLAT_FN(NQ, BC)                                                                                  \
-    static void flat_##NQ##_##BC(int T, const float *w, const uint32_t *col, uint32_t nb, const float *x, \
-                                 size_t xs, float *y, int64_t ldy)                                       \
-    {                                                                                                    \
-        if ((NQ) * T > 24) { /* keep accumulators in registers: split the tokens */                     \
-            const int h = T / 2;                                                                         \
-            flat_##NQ##_##BC(h, w, col, nb, x, xs, y, ldy);                                              \
-            flat_##NQ##_##BC(T - h, w, col, nb, x + (size_t)h * xs, xs, y + h * ldy, ldy);               \
-            return;                                                                                      \
-        }                                                                                                \
-        switch (T) { FC(NQ, BC, 1) FC(NQ, BC, 2) FC(NQ, BC, 3) FC(NQ, BC, 4) FC(NQ, BC, 5)               \
-                     FC(NQ, BC, 6) default: break; }                                                      \
+#define FC(NQ, BC, T)                                \
+    case T:                                          \
+        ftile(NQ, BC, T, w, col, nb, x, xs, y, ldy); \
+        break;
+#define FLAT_FN(NQ, BC)                                                                                          \
+    static void flat_##NQ##_##BC(int T, const float *w, const uint32_t *col, uint32_t nb, const float *x,        \
+                                 size_t xs, float *y, int64_t ldy)                                               \
+    {                                                                                                            \
+        if ((NQ)*T > 24) { /* keep accumulators in registers: split the tokens */                                \
+            const int h = T / 2;                                                                                 \
+            flat_##NQ##_##BC(h, w, col, nb, x, xs, y, ldy);                                                      \
+            flat_##NQ##_##BC(T - h, w, col, nb, x + (size_t)h * xs, xs, y + h * ldy, ldy);                       \
+            return;                                                                                              \
+        }                                                                                                        \
+        switch (T) {                                                                                             \
+            FC(NQ, BC, 1) FC(NQ, BC, 2) FC(NQ, BC, 3) FC(NQ, BC, 4) FC(NQ, BC, 5) FC(NQ, BC, 6) default : break; \
+        }                                                                                                        \
     }
 FLAT_FN(1, 4) /* 4x4        */
 FLAT_FN(2, 4) /* 8x4        */
@@ -267,8 +275,8 @@ static flat_fn flat_for(int br, int bc)
 
 /* ---------------------------------------------------------------- driver */
 
-void ie_bsr_matmul_avx512(const ie_bsr_t *m, int64_t r0, int64_t r1, const float *x, size_t xs,
-                          int64_t n_tok, float *y, int64_t ldy)
+void ie_bsr_matmul_avx512(const ie_bsr_t *m, int64_t r0, int64_t r1, const float *x, size_t xs, int64_t n_tok,
+                          float *y, int64_t ldy)
 {
     if (r0 >= r1 || n_tok <= 0) return;
     const int br = m->br, bc = m->bc;
@@ -300,7 +308,8 @@ void ie_bsr_matmul_avx512(const ie_bsr_t *m, int64_t r0, int64_t r1, const float
                 continue;
             }
             int i = 0;
-            for (; i + RR <= br; i += RR) rows(RR, T, bc, bstride, w + (size_t)i * bc, col, nb, xt, xs, yt + i, ldy);
+            for (; i + RR <= br; i += RR)
+                rows(RR, T, bc, bstride, w + (size_t)i * bc, col, nb, xt, xs, yt + i, ldy);
             for (; i < br; i++) rows(1, T, bc, bstride, w + (size_t)i * bc, col, nb, xt, xs, yt + i, ldy);
         }
     }

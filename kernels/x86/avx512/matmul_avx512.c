@@ -76,26 +76,22 @@ IE_INLINE size_t blk_bytes(ie_dtype_t t)
 IE_INLINE __m512 fw_load(ie_dtype_t wt, const char *row, int64_t k)
 {
     switch (wt) {
-    case IE_DTYPE_F16:
-        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + k)));
+    case IE_DTYPE_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + k)));
     case IE_DTYPE_BF16:
         return _mm512_castsi512_ps(_mm512_slli_epi32(
             _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + k))), 16));
-    default:
-        return _mm512_loadu_ps((const float *)row + k);
+    default: return _mm512_loadu_ps((const float *)row + k);
     }
 }
 
 IE_INLINE __m512 fw_load_mask(ie_dtype_t wt, const char *row, int64_t k, __mmask16 m)
 {
     switch (wt) {
-    case IE_DTYPE_F16:
-        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + k));
+    case IE_DTYPE_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + k));
     case IE_DTYPE_BF16:
-        return _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + k)), 16));
-    default:
-        return _mm512_maskz_loadu_ps(m, (const float *)row + k);
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)row + k)), 16));
+    default: return _mm512_maskz_loadu_ps(m, (const float *)row + k);
     }
 }
 
@@ -117,8 +113,7 @@ IE_INLINE void ftile(ie_dtype_t wt, ie_dtype_t at, int R, int T, const char *w, 
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             /* the same columns 8 rows (two tiles) ahead, one line per 64 bytes */
-            if (es == 4 || (k & 16) == 0)
-                _mm_prefetch(w + (size_t)(r + 8) * wb + (size_t)k * es, _MM_HINT_T1);
+            if (es == 4 || (k & 16) == 0) _mm_prefetch(w + (size_t)(r + 8) * wb + (size_t)k * es, _MM_HINT_T1);
             wv[r] = fw_load(wt, w + (size_t)r * wb, k);
         }
 #pragma GCC unroll 6
@@ -146,12 +141,14 @@ IE_INLINE void ftile(ie_dtype_t wt, ie_dtype_t at, int R, int T, const char *w, 
         for (int t = 0; t < T; t++) y[t * ldy + r] = _mm512_reduce_add_ps(acc[r][t]);
 }
 
-#define FTILE(WT, AT, name, R, T)                                                          \
-    static void ftile_##name##_##R##_##T(const char *w, size_t wb, int64_t n_in,          \
-                                          const char *a, size_t as, float *y, int64_t ldy) \
-    {                                                                                      \
-        ftile(WT, AT, R, T, w, wb, n_in, a, as, y, ldy);                                   \
+#define FTILE(WT, AT, name, R, T)                                                                          \
+    static void ftile_##name##_##R##_##T(const char *w, size_t wb, int64_t n_in, const char *a, size_t as, \
+                                         float *y, int64_t ldy)                                            \
+    {                                                                                                      \
+        ftile(WT, AT, R, T, w, wb, n_in, a, as, y, ldy);                                                   \
     }
+/* macro-built tile tables, laid out by hand */
+// clang-format off
 #define FTILES(WT, AT, name)                                                                         \
     FTILE(WT, AT, name, 4, 1) FTILE(WT, AT, name, 4, 2) FTILE(WT, AT, name, 4, 3)                   \
     FTILE(WT, AT, name, 4, 4) FTILE(WT, AT, name, 4, 5) FTILE(WT, AT, name, 4, 6)                   \
@@ -165,6 +162,7 @@ IE_INLINE void ftile(ie_dtype_t wt, ie_dtype_t at, int R, int T, const char *w, 
 
 FTILES(IE_DTYPE_F32, IE_DTYPE_F32, f32)
 FTILES(IE_DTYPE_F16, IE_DTYPE_F32, f16)
+// clang-format on
 FTILES(IE_DTYPE_BF16, IE_DTYPE_BF16, bf16bf16) /* no AVX512_BF16: widen both */
 
 /* ============================================ bf16 weights x bf16 acts */
@@ -195,12 +193,14 @@ IE_INLINE __m512 reduce16(const __m512 v[16])
     /* a[i], per 128-bit lane: [v2i.0+v2i.2, v2i+1.0+v2i+1.2, v2i.1+v2i.3, v2i+1.1+v2i+1.3] */
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++)
-        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    /* b[j], per 128-bit lane q: element e = partial (over lane q) of v[4j+e] */
+        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+        /* b[j], per 128-bit lane q: element e = partial (over lane q) of v[4j+e] */
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) {
         const __m512d x = _mm512_castps_pd(a[2 * j]), y = _mm512_castps_pd(a[2 * j + 1]);
-        b[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+        b[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
     }
     /* c[h]: 128-bit lanes 0,1 = halves of v[8h..8h+3], lanes 2,3 = of v[8h+4..8h+7] */
 #pragma GCC unroll 2
@@ -217,8 +217,8 @@ IE_INLINE __m512bh bh_load_mask(const char *p, __mmask32 m)
 }
 
 /* One R x T tile, accumulator of (row r, token t) at acc[t*R + r]. */
-IE_INLINE void btile(int R, int T, const char *w, size_t wb, int64_t n_in, const char *a, size_t as,
-                     float *y, int64_t ldy)
+IE_INLINE void btile(int R, int T, const char *w, size_t wb, int64_t n_in, const char *a, size_t as, float *y,
+                     int64_t ldy)
 {
     __m512 acc[BR * BT];
 #pragma GCC unroll 24
@@ -269,17 +269,20 @@ IE_INLINE void btile(int R, int T, const char *w, size_t wb, int64_t n_in, const
         for (int r = 0; r < R; r++) y[t * ldy + r] = s[t * R + r];
 }
 
-#define BTILE(R, T)                                                                               \
-    static void btile_##R##_##T(const char *w, size_t wb, int64_t n_in, const char *a, size_t as, \
-                                float *y, int64_t ldy)                                           \
-    {                                                                                             \
-        btile(R, T, w, wb, n_in, a, as, y, ldy);                                                  \
+#define BTILE(R, T)                                                                                         \
+    static void btile_##R##_##T(const char *w, size_t wb, int64_t n_in, const char *a, size_t as, float *y, \
+                                int64_t ldy)                                                                \
+    {                                                                                                       \
+        btile(R, T, w, wb, n_in, a, as, y, ldy);                                                            \
     }
+/* macro-built tile tables, laid out by hand */
+// clang-format off
 BTILE(4, 1) BTILE(4, 2) BTILE(4, 3) BTILE(4, 4) BTILE(4, 5) BTILE(4, 6)
 BTILE(1, 1) BTILE(1, 2) BTILE(1, 3) BTILE(1, 4) BTILE(1, 5) BTILE(1, 6)
-static const ie_ftile_fn btiles[2][BT + 1] = {
-    { NULL, btile_1_1, btile_1_2, btile_1_3, btile_1_4, btile_1_5, btile_1_6 },
-    { NULL, btile_4_1, btile_4_2, btile_4_3, btile_4_4, btile_4_5, btile_4_6 } };
+    // clang-format on
+    static const
+    ie_ftile_fn btiles[2][BT + 1] = {{NULL, btile_1_1, btile_1_2, btile_1_3, btile_1_4, btile_1_5, btile_1_6},
+                                     {NULL, btile_4_1, btile_4_2, btile_4_3, btile_4_4, btile_4_5, btile_4_6}};
 
 /* 1 if vdpbf16ps may be used: the CPU has AVX512_BF16 (the library's one
  * probe, ie_cpu_features) and ie_avx512_use_dpbf16 has not turned it off. */
@@ -364,14 +367,14 @@ static void bdrive(const ie_ftile_fn *tiles1, const ie_ftile_fn *tilesR, int R, 
  * sums per output). Measured (2 threads, 512 tokens, cpu GOP/s): 2048 x
  * 2048 370 -> 435, 5632 x 2048 370 -> 430, 2048 x 5632 430 -> 445. */
 
-#define BPV 2          /* 16-row groups per tile (rows: 16 * BPV) */
-#define BPT 12         /* tokens per tile                         */
-#define BP_MIN_TOK 48  /* n_tok from which the repacked path runs */
-#define BP_BUF (520u << 10) /* 8 groups of n_in 2048 (padded) */
+#define BPV 2                                              /* 16-row groups per tile (rows: 16 * BPV) */
+#define BPT 12                                             /* tokens per tile                         */
+#define BP_MIN_TOK 48                                      /* n_tok from which the repacked path runs */
+#define BP_BUF (520u << 10)                                /* 8 groups of n_in 2048 (padded) */
 #define BP_GS(n_in) ((size_t)(((n_in) + 1) / 2) * 64 + 64) /* bytes per 16-row group */
 
-#define BP_CP_MAXK 8192 /* longest activation row that is copied */
-#define BP_AS(n_in) ((((size_t)(n_in) * 2 + 63) & ~(size_t)63) + 64) /* copied act stride */
+#define BP_CP_MAXK 8192                                            /* longest activation row that is copied */
+#define BP_AS(n_in) ((((size_t)(n_in)*2 + 63) & ~(size_t)63) + 64) /* copied act stride */
 
 /* A thread's repack buffers (~0.9 MiB), allocated on its first prefill
  * call and freed when it exits (a pthread key; as static _Thread_local
@@ -440,7 +443,8 @@ IE_INLINE void transpose16(__m512i r[16])
     }
 #pragma GCC unroll 4
     for (int c = 0; c < 4; c++) { /* 4 x 4 transpose of 128-bit lanes */
-        const __m512i v0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44), v1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xee);
+        const __m512i v0 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x44),
+                      v1 = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xee);
         const __m512i v2 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x44);
         const __m512i v3 = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xee);
         t[c] = _mm512_shuffle_i32x4(v0, v2, 0x88);
@@ -508,14 +512,16 @@ IE_INLINE void bptile(int V, int T, const char *pw, size_t gs, int64_t n_in, con
     const int64_t nf = n_in / 2, np = (n_in + 1) / 2; /* full pairs, all pairs */
     for (int64_t j0 = 0; j0 < np; j0 += 16) {
         for (int q = 0; q < 2; q++)
-            for (int i = 0; i < pf[q].n; i++) _mm_prefetch(pf[q].p + (size_t)i * pf[q].s + (size_t)j0 * 4, _MM_HINT_T1);
+            for (int i = 0; i < pf[q].n; i++)
+                _mm_prefetch(pf[q].p + (size_t)i * pf[q].s + (size_t)j0 * 4, _MM_HINT_T1);
         if (cp->n) {
             const int64_t ne = n_in - 2 * j0 < 32 ? n_in - 2 * j0 : 32;
             const __mmask32 m = _cvtu32_mask32(ne == 32 ? ~0u : (1u << ne) - 1u);
             for (int i = 0; i < cp->n; i++) {
                 const char *src = cp->s + (size_t)i * cp->ss + (size_t)j0 * 4;
                 _mm_prefetch(src + 256, _MM_HINT_T1);
-                _mm512_store_si512((void *)(cp->d + (size_t)i * cp->ds + (size_t)j0 * 4), _mm512_maskz_loadu_epi16(m, src));
+                _mm512_store_si512((void *)(cp->d + (size_t)i * cp->ds + (size_t)j0 * 4),
+                                   _mm512_maskz_loadu_epi16(m, src));
             }
         }
         const int64_t je = j0 + 16 < nf ? j0 + 16 : nf;
@@ -534,7 +540,8 @@ IE_INLINE void bptile(int V, int T, const char *pw, size_t gs, int64_t n_in, con
     if (n_in & 1) { /* the last element alone: its pair's weight half is 0 */
         __m512bh wv[BPV];
 #pragma GCC unroll 4
-        for (int v = 0; v < V; v++) wv[v] = (__m512bh)_mm512_load_si512((const void *)(pw + (size_t)v * gs + (size_t)nf * 64));
+        for (int v = 0; v < V; v++)
+            wv[v] = (__m512bh)_mm512_load_si512((const void *)(pw + (size_t)v * gs + (size_t)nf * 64));
 #pragma GCC unroll 12
         for (int t = 0; t < T; t++) {
             uint16_t e;
@@ -553,25 +560,29 @@ IE_INLINE void bptile(int V, int T, const char *pw, size_t gs, int64_t n_in, con
     }
 }
 
-typedef void (*bptile_fn)(const char *pw, size_t gs, int64_t n_in, const char *a, size_t as, float *y,
-                          int64_t ldy, int nrows, const bp_pf_t *pf, const bp_cp_t *cp);
+typedef void (*bptile_fn)(const char *pw, size_t gs, int64_t n_in, const char *a, size_t as, float *y, int64_t ldy,
+                          int nrows, const bp_pf_t *pf, const bp_cp_t *cp);
 
-#define BPTILE(V, T)                                                                                      \
+#define BPTILE(V, T)                                                                                          \
     static void bptile_##V##_##T(const char *pw, size_t gs, int64_t n_in, const char *a, size_t as, float *y, \
-                                 int64_t ldy, int nrows, const bp_pf_t *pf, const bp_cp_t *cp)            \
-    {                                                                                                     \
-        bptile(V, T, pw, gs, n_in, a, as, y, ldy, nrows, pf, cp);                                         \
+                                 int64_t ldy, int nrows, const bp_pf_t *pf, const bp_cp_t *cp)                \
+    {                                                                                                         \
+        bptile(V, T, pw, gs, n_in, a, as, y, ldy, nrows, pf, cp);                                             \
     }
+/* macro-built tile tables, laid out by hand */
+// clang-format off
 #define BPTILES(V)                                                                                     \
     BPTILE(V, 1) BPTILE(V, 2) BPTILE(V, 3) BPTILE(V, 4) BPTILE(V, 5) BPTILE(V, 6) BPTILE(V, 7)        \
     BPTILE(V, 8) BPTILE(V, 9) BPTILE(V, 10) BPTILE(V, 11) BPTILE(V, 12)
 BPTILES(1)
 BPTILES(2)
-static const bptile_fn bptiles[BPV][BPT + 1] = {
-    { NULL, bptile_1_1, bptile_1_2, bptile_1_3, bptile_1_4, bptile_1_5, bptile_1_6, bptile_1_7, bptile_1_8,
-      bptile_1_9, bptile_1_10, bptile_1_11, bptile_1_12 },
-    { NULL, bptile_2_1, bptile_2_2, bptile_2_3, bptile_2_4, bptile_2_5, bptile_2_6, bptile_2_7, bptile_2_8,
-      bptile_2_9, bptile_2_10, bptile_2_11, bptile_2_12 } };
+// clang-format on
+static const bptile_fn bptiles[BPV][BPT + 1] = {{NULL, bptile_1_1, bptile_1_2, bptile_1_3, bptile_1_4, bptile_1_5,
+                                                 bptile_1_6, bptile_1_7, bptile_1_8, bptile_1_9, bptile_1_10,
+                                                 bptile_1_11, bptile_1_12},
+                                                {NULL, bptile_2_1, bptile_2_2, bptile_2_3, bptile_2_4, bptile_2_5,
+                                                 bptile_2_6, bptile_2_7, bptile_2_8, bptile_2_9, bptile_2_10,
+                                                 bptile_2_11, bptile_2_12}};
 
 /* Copy tt activation rows (n_in bf16 each) to dst, rows ds bytes apart. */
 static void bp_copy_act(const char *a, size_t as, int64_t n_in, int tt, char *dst, size_t ds)
@@ -580,9 +591,11 @@ static void bp_copy_act(const char *a, size_t as, int64_t n_in, int tt, char *ds
         const char *src = a + (size_t)t * as;
         char *d = dst + (size_t)t * ds;
         int64_t k = 0;
-        for (; k + 32 <= n_in; k += 32) _mm512_store_si512((void *)(d + k * 2), _mm512_loadu_si512((const void *)(src + k * 2)));
+        for (; k + 32 <= n_in; k += 32)
+            _mm512_store_si512((void *)(d + k * 2), _mm512_loadu_si512((const void *)(src + k * 2)));
         if (k < n_in)
-            _mm512_store_si512((void *)(d + k * 2), _mm512_maskz_loadu_epi16(_cvtu32_mask32((1u << (n_in - k)) - 1u), src + k * 2));
+            _mm512_store_si512((void *)(d + k * 2),
+                               _mm512_maskz_loadu_epi16(_cvtu32_mask32((1u << (n_in - k)) - 1u), src + k * 2));
     }
 }
 
@@ -601,7 +614,7 @@ static void bpdrive(bp_bufs_t *bb, const void *w, int64_t n_in, int64_t r0, int6
                     int64_t n_tok, float *y, int64_t ldy, size_t pgs)
 {
     const size_t wb = (size_t)n_in * 2, gs = pgs ? pgs : BP_GS(n_in), cas = BP_AS(n_in);
-    const int TR = 16 * BPV; /* rows per tile */
+    const int TR = 16 * BPV;                 /* rows per tile */
     int64_t P = (int64_t)(BP_BUF / gs) * 16; /* rows whose groups fit */
     if (P >= TR) P -= P % TR;
     if (pgs && P < TR) P = TR; /* in place: any panel count works */
@@ -616,16 +629,17 @@ static void bpdrive(bp_bufs_t *bb, const void *w, int64_t n_in, int64_t r0, int6
             const int64_t t0 = n_tok * b / nb, t1 = n_tok * (b + 1) / nb;
             const int tt = (int)(t1 - t0);
             /* the activations after this block: the next one, or block 0 of the next panel */
-            bp_pf_t pfa = { NULL, as, 0 };
-            if (b + 1 < nb) pfa = (bp_pf_t){ (const char *)a + (size_t)t1 * as, as, (int)(n_tok * (b + 2) / nb - t1) };
-            else if (p1 < r1) pfa = (bp_pf_t){ (const char *)a, as, (int)(n_tok / nb) };
+            bp_pf_t pfa = {NULL, as, 0};
+            if (b + 1 < nb)
+                pfa = (bp_pf_t){(const char *)a + (size_t)t1 * as, as, (int)(n_tok * (b + 2) / nb - t1)};
+            else if (p1 < r1) pfa = (bp_pf_t){(const char *)a, as, (int)(n_tok / nb)};
             const char *at = (const char *)a + (size_t)t0 * as;
             size_t ats = as;
-            bp_cp_t cp = { NULL, as, NULL, cas, 0 };
+            bp_cp_t cp = {NULL, as, NULL, cas, 0};
             if (copy) { /* this block from its copy; tile 0 copies the next one */
                 at = bb->act[nblk % 2];
                 ats = cas;
-                cp = (bp_cp_t){ pfa.p, as, bb->act[(nblk + 1) % 2], cas, pfa.n };
+                cp = (bp_cp_t){pfa.p, as, bb->act[(nblk + 1) % 2], cas, pfa.n};
                 pfa.n = 0;
             }
             float *yt = y + t0 * ldy;
@@ -633,14 +647,17 @@ static void bpdrive(bp_bufs_t *bb, const void *w, int64_t n_in, int64_t r0, int6
                 const int64_t r = p0 + i * TR;
                 const int nr = (int)(p1 - r < TR ? p1 - r : TR);
                 const char *pw = pgs ? (const char *)w + (size_t)(r / 16) * pgs : bb->pack + (size_t)(i * BPV) * gs;
-                if (b == 0 && !pgs) bp_repack((const char *)w + (size_t)r * wb, wb, n_in, nr, bb->pack + (size_t)(i * BPV) * gs, gs);
-                bp_pf_t pf[2] = { { NULL, wb, 0 }, { NULL, as, 0 } };
+                if (b == 0 && !pgs)
+                    bp_repack((const char *)w + (size_t)r * wb, wb, n_in, nr, bb->pack + (size_t)(i * BPV) * gs,
+                              gs);
+                bp_pf_t pf[2] = {{NULL, wb, 0}, {NULL, as, 0}};
                 /* (in place: sequential panels, the hardware prefetchers keep up) */
                 if (!pgs && b == 0 && i + 1 < nt)
-                    pf[0] = (bp_pf_t){ (const char *)w + (size_t)(r + TR) * wb, wb, (int)(p1 - r - TR < TR ? p1 - r - TR : TR) };
+                    pf[0] = (bp_pf_t){(const char *)w + (size_t)(r + TR) * wb, wb,
+                                      (int)(p1 - r - TR < TR ? p1 - r - TR : TR)};
                 else if (!pgs && b == nb - 1 && i + 1 == nt && p1 < r1)
-                    pf[0] = (bp_pf_t){ (const char *)w + (size_t)p1 * wb, wb, (int)(r1 - p1 < TR ? r1 - p1 : TR) };
-                static const bp_cp_t nocp = { NULL, 0, NULL, 0, 0 };
+                    pf[0] = (bp_pf_t){(const char *)w + (size_t)p1 * wb, wb, (int)(r1 - p1 < TR ? r1 - p1 : TR)};
+                static const bp_cp_t nocp = {NULL, 0, NULL, 0, 0};
                 if (i == 0) pf[1] = pfa;
                 bptiles[nr > 16][tt](pw, gs, n_in, at, ats, yt + r, ldy, nr, pf, i == 0 ? &cp : &nocp);
             }
@@ -648,18 +665,17 @@ static void bpdrive(bp_bufs_t *bb, const void *w, int64_t n_in, int64_t r0, int6
     }
 }
 
-void ie_matmul_bf16_bf16_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a,
-                                size_t as, int64_t n_tok, float *y, int64_t ldy)
+void ie_matmul_bf16_bf16_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                int64_t n_tok, float *y, int64_t ldy)
 {
     if (r1 <= r0 || n_tok <= 0) return;
     bp_bufs_t *bb;
     if (has_bf16() && n_tok >= BP_MIN_TOK && BP_GS(n_in) <= BP_BUF && (bb = bp_bufs()) != NULL)
         bpdrive(bb, w, n_in, r0, r1, a, as, n_tok, y, ldy, 0);
-    else if (has_bf16())
-        bdrive(btiles[0], btiles[1], BR, BT, w, n_in, r0, r1, a, as, n_tok, y, ldy);
+    else if (has_bf16()) bdrive(btiles[0], btiles[1], BR, BT, w, n_in, r0, r1, a, as, n_tok, y, ldy);
     else
-        ie_matmul_float_drive(IE_DTYPE_BF16, ftiles_bf16bf16[0], ftiles_bf16bf16[1], FR, FT, w, n_in, r0, r1, a,
-                              as, n_tok, y, ldy);
+        ie_matmul_float_drive(IE_DTYPE_BF16, ftiles_bf16bf16[0], ftiles_bf16bf16[1], FR, FT, w, n_in, r0, r1, a, as,
+                              n_tok, y, ldy);
 }
 
 /* ========================================================= block weights */
@@ -676,19 +692,39 @@ void ie_matmul_bf16_bf16_avx512(const void *w, int64_t n_in, int64_t r0, int64_t
  * byte's address / 2 within the pair of 64-byte loads (second load's words
  * start at 32). Generated by a script; the matmul tests check them. */
 /* q4_0: loads at +0 and +8 of the 72-byte group. */
-static const uint16_t IDX_Q4_0_QS[32] __attribute__((aligned(64))) = {1, 2, 10, 11, 19, 20, 28, 29, 3, 4, 12, 13, 21, 22, 30, 31, 5, 6, 14, 15, 23, 24, 60, 61, 7, 8, 16, 17, 25, 26, 62, 63};
-static const uint16_t IDX_Q4_0_D[32] __attribute__((aligned(64))) = {0, 9, 18, 27, 0, 9, 18, 27, 0, 9, 18, 27, 0, 9, 18, 27, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const uint16_t IDX_Q4_0_QS[32]
+    __attribute__((aligned(64))) = {1, 2, 10, 11, 19, 20, 28, 29, 3, 4, 12, 13, 21, 22, 30, 31,
+                                    5, 6, 14, 15, 23, 24, 60, 61, 7, 8, 16, 17, 25, 26, 62, 63};
+static const uint16_t IDX_Q4_0_D[32]
+    __attribute__((aligned(64))) = {0, 9, 18, 27, 0, 9, 18, 27, 0, 9, 18, 27, 0, 9, 18, 27,
+                                    0, 0, 0,  0,  0, 0, 0,  0,  0, 0, 0,  0,  0, 0, 0,  0};
 /* q4_1: loads at +0 and +16 of the 80-byte group; DM: d pattern, then m. */
-static const uint16_t IDX_Q4_1_QS[32] __attribute__((aligned(64))) = {2, 3, 12, 13, 22, 23, 56, 57, 4, 5, 14, 15, 24, 25, 58, 59, 6, 7, 16, 17, 26, 27, 60, 61, 8, 9, 18, 19, 28, 29, 62, 63};
-static const uint16_t IDX_Q4_1_DM[32] __attribute__((aligned(64))) = {0, 10, 20, 30, 0, 10, 20, 30, 0, 10, 20, 30, 0, 10, 20, 30, 1, 11, 21, 31, 1, 11, 21, 31, 1, 11, 21, 31, 1, 11, 21, 31};
+static const uint16_t IDX_Q4_1_QS[32]
+    __attribute__((aligned(64))) = {2, 3, 12, 13, 22, 23, 56, 57, 4, 5, 14, 15, 24, 25, 58, 59,
+                                    6, 7, 16, 17, 26, 27, 60, 61, 8, 9, 18, 19, 28, 29, 62, 63};
+static const uint16_t IDX_Q4_1_DM[32]
+    __attribute__((aligned(64))) = {0, 10, 20, 30, 0, 10, 20, 30, 0, 10, 20, 30, 0, 10, 20, 30,
+                                    1, 11, 21, 31, 1, 11, 21, 31, 1, 11, 21, 31, 1, 11, 21, 31};
 /* q8_0: lo and d from loads at +0/+64, hi from loads at +8/+72 (136 bytes). */
-static const uint16_t IDX_Q8_0_LO[32] __attribute__((aligned(64))) = {1, 2, 18, 19, 35, 36, 52, 53, 3, 4, 20, 21, 37, 38, 54, 55, 5, 6, 22, 23, 39, 40, 56, 57, 7, 8, 24, 25, 41, 42, 58, 59};
-static const uint16_t IDX_Q8_0_HI[32] __attribute__((aligned(64))) = {5, 6, 22, 23, 39, 40, 56, 57, 7, 8, 24, 25, 41, 42, 58, 59, 9, 10, 26, 27, 43, 44, 60, 61, 11, 12, 28, 29, 45, 46, 62, 63};
-static const uint16_t IDX_Q8_0_D[32] __attribute__((aligned(64))) = {0, 17, 34, 51, 0, 17, 34, 51, 0, 17, 34, 51, 0, 17, 34, 51, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const uint16_t IDX_Q8_0_LO[32]
+    __attribute__((aligned(64))) = {1, 2, 18, 19, 35, 36, 52, 53, 3, 4, 20, 21, 37, 38, 54, 55,
+                                    5, 6, 22, 23, 39, 40, 56, 57, 7, 8, 24, 25, 41, 42, 58, 59};
+static const uint16_t IDX_Q8_0_HI[32]
+    __attribute__((aligned(64))) = {5, 6,  22, 23, 39, 40, 56, 57, 7,  8,  24, 25, 41, 42, 58, 59,
+                                    9, 10, 26, 27, 43, 44, 60, 61, 11, 12, 28, 29, 45, 46, 62, 63};
+static const uint16_t IDX_Q8_0_D[32]
+    __attribute__((aligned(64))) = {0, 17, 34, 51, 0, 17, 34, 51, 0, 17, 34, 51, 0, 17, 34, 51,
+                                    0, 0,  0,  0,  0, 0,  0,  0,  0, 0,  0,  0,  0, 0,  0,  0};
 /* q8_1: lo and d/s from loads at +0/+64, hi from loads at +16/+80 (144 bytes). */
-static const uint16_t IDX_Q8_1_LO[32] __attribute__((aligned(64))) = {2, 3, 20, 21, 38, 39, 56, 57, 4, 5, 22, 23, 40, 41, 58, 59, 6, 7, 24, 25, 42, 43, 60, 61, 8, 9, 26, 27, 44, 45, 62, 63};
-static const uint16_t IDX_Q8_1_HI[32] __attribute__((aligned(64))) = {2, 3, 20, 21, 38, 39, 56, 57, 4, 5, 22, 23, 40, 41, 58, 59, 6, 7, 24, 25, 42, 43, 60, 61, 8, 9, 26, 27, 44, 45, 62, 63};
-static const uint16_t IDX_Q8_1_DS[32] __attribute__((aligned(64))) = {0, 18, 36, 54, 0, 18, 36, 54, 0, 18, 36, 54, 0, 18, 36, 54, 1, 19, 37, 55, 1, 19, 37, 55, 1, 19, 37, 55, 1, 19, 37, 55};
+static const uint16_t IDX_Q8_1_LO[32]
+    __attribute__((aligned(64))) = {2, 3, 20, 21, 38, 39, 56, 57, 4, 5, 22, 23, 40, 41, 58, 59,
+                                    6, 7, 24, 25, 42, 43, 60, 61, 8, 9, 26, 27, 44, 45, 62, 63};
+static const uint16_t IDX_Q8_1_HI[32]
+    __attribute__((aligned(64))) = {2, 3, 20, 21, 38, 39, 56, 57, 4, 5, 22, 23, 40, 41, 58, 59,
+                                    6, 7, 24, 25, 42, 43, 60, 61, 8, 9, 26, 27, 44, 45, 62, 63};
+static const uint16_t IDX_Q8_1_DS[32]
+    __attribute__((aligned(64))) = {0, 18, 36, 54, 0, 18, 36, 54, 0, 18, 36, 54, 0, 18, 36, 54,
+                                    1, 19, 37, 55, 1, 19, 37, 55, 1, 19, 37, 55, 1, 19, 37, 55};
 
 #define IDX(t) _mm512_load_si512((const void *)(t))
 
@@ -703,8 +739,7 @@ IE_INLINE __m512i gload(const uint8_t *p, int off, int full, int valid)
 }
 
 /* Gather one group of a q8_0 / q8_1 row (weights or activations). */
-IE_INLINE void q8_gather(int is_q8_1, const uint8_t *p, int full, int valid,
-                         __m512i *lo, __m512i *hi, __m512i *ds)
+IE_INLINE void q8_gather(int is_q8_1, const uint8_t *p, int full, int valid, __m512i *lo, __m512i *hi, __m512i *ds)
 {
     const int hoff = is_q8_1 ? 16 : 8;
     const __m512i z0 = gload(p, 0, full, valid), z1 = gload(p, 64, full, valid);
@@ -721,12 +756,20 @@ IE_INLINE void q8_gather(int is_q8_1, const uint8_t *p, int full, int valid,
  * word, the word of the load at +0 that holds e of block j%4 (low byte for
  * even blocks, high byte for odd ones); rotating by ROT puts e at bits
  * 23..30. */
-static const uint16_t IDX_MXFP4_QS[32] __attribute__((aligned(64))) = {0, 1, 39, 40, 17, 18, 56, 57, 2, 3, 41, 42, 19, 20, 58, 59, 4, 5, 43, 44, 21, 22, 60, 61, 6, 7, 45, 46, 23, 24, 62, 63};
-static const uint16_t IDX_MXFP4_E[32] __attribute__((aligned(64))) = {0, 0, 8, 8, 17, 17, 25, 25, 0, 0, 8, 8, 17, 17, 25, 25, 0, 0, 8, 8, 17, 17, 25, 25, 0, 0, 8, 8, 17, 17, 25, 25};
-static const int32_t ROT_MXFP4_E[16] __attribute__((aligned(64))) = {7, 31, 7, 31, 7, 31, 7, 31, 7, 31, 7, 31, 7, 31, 7, 31};
+static const uint16_t IDX_MXFP4_QS[32]
+    __attribute__((aligned(64))) = {0, 1, 39, 40, 17, 18, 56, 57, 2, 3, 41, 42, 19, 20, 58, 59,
+                                    4, 5, 43, 44, 21, 22, 60, 61, 6, 7, 45, 46, 23, 24, 62, 63};
+static const uint16_t IDX_MXFP4_E[32]
+    __attribute__((aligned(64))) = {0, 0, 8, 8, 17, 17, 25, 25, 0, 0, 8, 8, 17, 17, 25, 25,
+                                    0, 0, 8, 8, 17, 17, 25, 25, 0, 0, 8, 8, 17, 17, 25, 25};
+static const int32_t ROT_MXFP4_E[16]
+    __attribute__((aligned(64))) = {7, 31, 7, 31, 7, 31, 7, 31, 7, 31, 7, 31, 7, 31, 7, 31};
 
 /* Unpacked weights of one group for one row. */
-typedef struct { __m512i lo, hi; __m512 d, m; } wgroup_t;
+typedef struct {
+    __m512i lo, hi;
+    __m512 d, m;
+} wgroup_t;
 
 IE_INLINE wgroup_t wgroup_load(ie_dtype_t wt, const uint8_t *p, int full, int valid)
 {
@@ -784,7 +827,7 @@ IE_INLINE void pack_group(ie_dtype_t wt, const uint8_t *p, int full, int valid, 
         const __m512i ones = _mm512_set1_epi8(1);
         __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, lo);
         s = _mm512_dpbusd_epi32(s, ones, hi); /* partial sums of a, per block lane */
-        s = wt == IE_DTYPE_Q4_0 ? _mm512_slli_epi32(s, 3)
+        s = wt == IE_DTYPE_Q4_0    ? _mm512_slli_epi32(s, 3)
             : wt == IE_DTYPE_MXFP4 ? _mm512_mullo_epi32(s, _mm512_set1_epi32(12))
                                    : _mm512_slli_epi32(s, 7);
         aux = _mm512_sub_epi32(_mm512_setzero_si512(), s);
@@ -803,8 +846,8 @@ IE_INLINE void pack_group(ie_dtype_t wt, const uint8_t *p, int full, int valid, 
 #define QPF 8
 
 /* Accumulate one group into an R x T tile. */
-IE_INLINE void qstep(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, int full,
-                     int valid, const uint8_t *pk, size_t ps, __m512 acc[QR][QT])
+IE_INLINE void qstep(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, int full, int valid,
+                     const uint8_t *pk, size_t ps, __m512 acc[QR][QT])
 {
     const size_t gb = 4 * blk_bytes(wt);
     wgroup_t g[QR];
@@ -824,8 +867,7 @@ IE_INLINE void qstep(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, i
         const __m512 da = _mm512_load_ps((const void *)(pt + 128));
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            __m512i s = wt == IE_DTYPE_Q4_1 ? _mm512_setzero_si512()
-                                            : _mm512_load_si512((const void *)(pt + 192));
+            __m512i s = wt == IE_DTYPE_Q4_1 ? _mm512_setzero_si512() : _mm512_load_si512((const void *)(pt + 192));
             s = _mm512_dpbusd_epi32(s, g[r].lo, alo);
             s = _mm512_dpbusd_epi32(s, g[r].hi, ahi);
             acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(g[r].d, da), acc[r][t]);
@@ -835,8 +877,8 @@ IE_INLINE void qstep(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, i
     }
 }
 
-IE_INLINE void qtile(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, int64_t ngf,
-                     int tail_valid, const uint8_t *pk, float *y, int64_t ldy, int first)
+IE_INLINE void qtile(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, int64_t ngf, int tail_valid,
+                     const uint8_t *pk, float *y, int64_t ldy, int first)
 {
     const size_t gb = 4 * blk_bytes(wt);
     __m512 acc[QR][QT];
@@ -844,10 +886,8 @@ IE_INLINE void qtile(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, i
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int t = 0; t < T; t++) acc[r][t] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < ngf; g++)
-        qstep(wt, R, T, w + g * gb, wb, 1, 0, pk + g * PK_GROUP, PK_STRIDE, acc);
-    if (tail_valid)
-        qstep(wt, R, T, w + ngf * gb, wb, 0, tail_valid, pk + ngf * PK_GROUP, PK_STRIDE, acc);
+    for (int64_t g = 0; g < ngf; g++) qstep(wt, R, T, w + g * gb, wb, 1, 0, pk + g * PK_GROUP, PK_STRIDE, acc);
+    if (tail_valid) qstep(wt, R, T, w + ngf * gb, wb, 0, tail_valid, pk + ngf * PK_GROUP, PK_STRIDE, acc);
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
@@ -857,15 +897,17 @@ IE_INLINE void qtile(ie_dtype_t wt, int R, int T, const uint8_t *w, size_t wb, i
         }
 }
 
-typedef void (*qtile_fn)(const uint8_t *w, size_t wb, int64_t ngf, int tail_valid,
-                         const uint8_t *pk, float *y, int64_t ldy, int first);
+typedef void (*qtile_fn)(const uint8_t *w, size_t wb, int64_t ngf, int tail_valid, const uint8_t *pk, float *y,
+                         int64_t ldy, int first);
 
-#define QTILE(WT, name, R, T)                                                                  \
-    static void qtile_##name##_##R##_##T(const uint8_t *w, size_t wb, int64_t ngf, int tv,    \
-                                          const uint8_t *pk, float *y, int64_t ldy, int first) \
-    {                                                                                          \
-        qtile(WT, R, T, w, wb, ngf, tv, pk, y, ldy, first);                                    \
+#define QTILE(WT, name, R, T)                                                                                 \
+    static void qtile_##name##_##R##_##T(const uint8_t *w, size_t wb, int64_t ngf, int tv, const uint8_t *pk, \
+                                         float *y, int64_t ldy, int first)                                    \
+    {                                                                                                         \
+        qtile(WT, R, T, w, wb, ngf, tv, pk, y, ldy, first);                                                   \
     }
+/* macro-built tile tables, laid out by hand */
+// clang-format off
 #define QTILES(WT, name)                                                                       \
     QTILE(WT, name, 4, 1) QTILE(WT, name, 4, 2) QTILE(WT, name, 4, 3) QTILE(WT, name, 4, 4)    \
     QTILE(WT, name, 1, 1) QTILE(WT, name, 1, 2) QTILE(WT, name, 1, 3) QTILE(WT, name, 1, 4)    \
@@ -877,10 +919,11 @@ QTILES(IE_DTYPE_Q8_0, q8_0)
 QTILES(IE_DTYPE_Q4_0, q4_0)
 QTILES(IE_DTYPE_Q4_1, q4_1)
 QTILES(IE_DTYPE_MXFP4, mxfp4)
+// clang-format on
 
 /* Pack blocks [kb0, kb0+nbc) of tokens t0..t0+tt-1 into pk (PK_STRIDE apart). */
-IE_INLINE void pack_tokens(ie_dtype_t wt, const void *a, size_t as, int64_t t0, int tt,
-                           int64_t kb0, int64_t nbc, uint8_t *pk)
+IE_INLINE void pack_tokens(ie_dtype_t wt, const void *a, size_t as, int64_t t0, int tt, int64_t kb0, int64_t nbc,
+                           uint8_t *pk)
 {
     const size_t ab = blk_bytes(ie_matmul_act_dtype(wt));
     const int64_t ngf = nbc / 4;
@@ -893,9 +936,8 @@ IE_INLINE void pack_tokens(ie_dtype_t wt, const void *a, size_t as, int64_t t0, 
     }
 }
 
-IE_INLINE void matmul_block(ie_dtype_t wt, const qtile_fn tiles[2][QT + 1], const void *w,
-                            int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
-                            int64_t n_tok, float *y, int64_t ldy)
+IE_INLINE void matmul_block(ie_dtype_t wt, const qtile_fn tiles[2][QT + 1], const void *w, int64_t n_in, int64_t r0,
+                            int64_t r1, const void *a, size_t as, int64_t n_tok, float *y, int64_t ldy)
 {
     _Alignas(64) uint8_t pk[QT * PK_STRIDE];
     const size_t wb = ie_dtype_row_bytes(wt, n_in), bb = blk_bytes(wt);
@@ -927,13 +969,15 @@ IE_INLINE void matmul_block(ie_dtype_t wt, const qtile_fn tiles[2][QT + 1], cons
 void ie_matmul_f32_f32_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
                               int64_t n_tok, float *y, int64_t ldy)
 {
-    ie_matmul_float_drive(IE_DTYPE_F32, ftiles_f32[0], ftiles_f32[1], FR, FT, w, n_in, r0, r1, a, as, n_tok, y, ldy);
+    ie_matmul_float_drive(IE_DTYPE_F32, ftiles_f32[0], ftiles_f32[1], FR, FT, w, n_in, r0, r1, a, as, n_tok, y,
+                          ldy);
 }
 
 void ie_matmul_f16_f32_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
                               int64_t n_tok, float *y, int64_t ldy)
 {
-    ie_matmul_float_drive(IE_DTYPE_F16, ftiles_f16[0], ftiles_f16[1], FR, FT, w, n_in, r0, r1, a, as, n_tok, y, ldy);
+    ie_matmul_float_drive(IE_DTYPE_F16, ftiles_f16[0], ftiles_f16[1], FR, FT, w, n_in, r0, r1, a, as, n_tok, y,
+                          ldy);
 }
 
 void ie_matmul_q8_0_q8_0_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
@@ -970,9 +1014,9 @@ IE_INLINE __m512i round_away_epi32(__m512 v)
     const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
     const __m512 f = _mm512_abs_ps(_mm512_sub_ps(v, t));
     const __mmask16 up = _mm512_cmp_ps_mask(f, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
-    const __m512 one = _mm512_castsi512_ps(_mm512_or_si512(
-        _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32((int)0x80000000u)),
-        _mm512_castps_si512(_mm512_set1_ps(1.0f))));
+    const __m512 one = _mm512_castsi512_ps(
+        _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32((int)0x80000000u)),
+                        _mm512_castps_si512(_mm512_set1_ps(1.0f))));
     return _mm512_cvttps_epi32(_mm512_mask_add_ps(t, up, t, one));
 }
 
@@ -997,25 +1041,28 @@ static int q8_block(const float *x, int8_t *q, float *d_out)
  * associative on the values used: max of non-negative floats, int32 add),
  * by the transposition reduce16 uses: 15 OPs and 16 shuffles for 16
  * vectors, where 16 horizontal reductions cost ~8 dependent steps each. */
-#define REDUCE16_OP(NAME, OP)                                                                                   \
-    IE_INLINE __m512 NAME(const __m512 v[16])                                                                   \
-    {                                                                                                           \
-        __m512 a[8], b[4], c[2];                                                                                \
-        for (int i = 0; i < 8; i++)                                                                             \
+#define REDUCE16_OP(NAME, OP)                                                                                  \
+    IE_INLINE __m512 NAME(const __m512 v[16])                                                                  \
+    {                                                                                                          \
+        __m512 a[8], b[4], c[2];                                                                               \
+        for (int i = 0; i < 8; i++)                                                                            \
             a[i] = OP(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1])); \
-        for (int j = 0; j < 4; j++) {                                                                           \
-            const __m512d x = _mm512_castps_pd(a[2 * j]), y = _mm512_castps_pd(a[2 * j + 1]);                   \
-            b[j] = OP(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));  \
-        }                                                                                                       \
-        for (int h = 0; h < 2; h++)                                                                             \
-            c[h] = OP(_mm512_shuffle_f32x4(b[2 * h], b[2 * h + 1], 0x88),                                       \
-                      _mm512_shuffle_f32x4(b[2 * h], b[2 * h + 1], 0xdd));                                      \
-        return OP(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xdd));              \
+        for (int j = 0; j < 4; j++) {                                                                          \
+            const __m512d x = _mm512_castps_pd(a[2 * j]), y = _mm512_castps_pd(a[2 * j + 1]);                  \
+            b[j] = OP(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y))); \
+        }                                                                                                      \
+        for (int h = 0; h < 2; h++)                                                                            \
+            c[h] = OP(_mm512_shuffle_f32x4(b[2 * h], b[2 * h + 1], 0x88),                                      \
+                      _mm512_shuffle_f32x4(b[2 * h], b[2 * h + 1], 0xdd));                                     \
+        return OP(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xdd));             \
     }
 #define MAX_PS(a, b) _mm512_max_ps(a, b)
 #define ADD_EPI32_PS(a, b) _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)))
+/* macro-built tile tables, laid out by hand */
+// clang-format off
 REDUCE16_OP(reduce16_max, MAX_PS)
 REDUCE16_OP(reduce16_addi, ADD_EPI32_PS)
+// clang-format on
 
 /* Q8_P (wide 0) or Q16_P (wide 1) quantization of nb <= 16 blocks of 32
  * floats at x: q (int8 or int16) for those blocks, and their d and s into
@@ -1038,7 +1085,8 @@ IE_INLINE void quantize_p16(const int nt, const float *x, int nb, int wide, void
                                       _mm512_abs_ps(_mm512_loadu_ps(x + 32 * b + 16)))
                       : _mm512_setzero_ps();
     const __m512 vd = _mm512_div_ps(reduce16_max(v), _mm512_set1_ps(wide ? 32767.0f : 127.0f));
-    __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(vd, _mm512_setzero_ps(), _CMP_NEQ_UQ), _mm512_set1_ps(1.0f), vd);
+    __m512 id = _mm512_maskz_div_ps(_mm512_cmp_ps_mask(vd, _mm512_setzero_ps(), _CMP_NEQ_UQ), _mm512_set1_ps(1.0f),
+                                    vd);
     id = _mm512_mask_mov_ps(id, _mm512_cmp_ps_mask(_mm512_abs_ps(id), _mm512_set1_ps(__builtin_inff()), _CMP_EQ_OQ),
                             _mm512_setzero_ps()); /* 1/d overflowed: ie_inv_scale's 0 */
     for (int b = 0; b < 16; b++) {
@@ -1137,10 +1185,8 @@ void ie_act_quantize_avx512(ie_dtype_t act, const float *x, void *out, int64_t n
  * stores skip them, and the matmul then reads the row from memory once. */
 void ie_act_quantize_stream_avx512(ie_dtype_t act, const float *x, void *out, int64_t n)
 {
-    if (act == IE_DTYPE_BF16)
-        f32_to_bf16_row(1, x, out, n);
-    else if (act == IE_DTYPE_Q8_P || act == IE_DTYPE_Q16_P)
-        quantize_row_p(1, x, out, n, act == IE_DTYPE_Q16_P);
+    if (act == IE_DTYPE_BF16) f32_to_bf16_row(1, x, out, n);
+    else if (act == IE_DTYPE_Q8_P || act == IE_DTYPE_Q16_P) quantize_row_p(1, x, out, n, act == IE_DTYPE_Q16_P);
     else {
         ie_act_quantize_drive(act, x, out, n, q8_block);
         return;
@@ -1169,8 +1215,8 @@ void ie_matmul_packed_bf16_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, co
         bpdrive(bp_bufs(), w, m->n_in, r0, r1, a, as, n_tok, y, ldy, pgs);
         return;
     }
-    static const bp_cp_t nocp = { NULL, 0, NULL, 0, 0 };
-    static const bp_pf_t nopf[2] = { { NULL, 0, 0 }, { NULL, 0, 0 } };
+    static const bp_cp_t nocp = {NULL, 0, NULL, 0, 0};
+    static const bp_pf_t nopf[2] = {{NULL, 0, 0}, {NULL, 0, 0}};
     for (int64_t r = r0; r < r1; r += 16) {
         const int nr = (int)(r1 - r < 16 ? r1 - r : 16);
         bptiles[0][n_tok](w + (size_t)(r / 16) * pgs, pgs, m->n_in, a, as, y + r, ldy, nr, nopf, &nocp);
@@ -1201,8 +1247,8 @@ IE_INLINE void hptile(int V, int T, int NA, const char *pan, size_t pgs, int64_t
             __m512 wv[2];
 #pragma GCC unroll 2
             for (int v = 0; v < V; v++)
-                wv[v] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(pan + (size_t)v * pgs +
-                                                                                             (size_t)(k + j) * 32)));
+                wv[v] = _mm512_cvtph_ps(_mm256_loadu_si256(
+                    (const __m256i *)(const void *)(pan + (size_t)v * pgs + (size_t)(k + j) * 32)));
 #pragma GCC unroll 12
             for (int t = 0; t < T; t++) {
                 float x;
@@ -1231,23 +1277,30 @@ IE_INLINE void hptile(int V, int T, int NA, const char *pan, size_t pgs, int64_t
 typedef void (*hptile_fn)(const char *pan, size_t pgs, int64_t n_in, const char *a, size_t as, float *y,
                           int64_t ldy, int nrows);
 
-#define HPTILE(V, T, NA)                                                                                  \
-    static void hptile_##V##_##T(const char *pan, size_t pgs, int64_t n_in, const char *a, size_t as,    \
-                                 float *y, int64_t ldy, int nrows)                                         \
-    {                                                                                                     \
-        hptile(V, T, NA, pan, pgs, n_in, a, as, y, ldy, nrows);                                           \
+#define HPTILE(V, T, NA)                                                                                        \
+    static void hptile_##V##_##T(const char *pan, size_t pgs, int64_t n_in, const char *a, size_t as, float *y, \
+                                 int64_t ldy, int nrows)                                                        \
+    {                                                                                                           \
+        hptile(V, T, NA, pan, pgs, n_in, a, as, y, ldy, nrows);                                                 \
     }
 /* decode: one panel (one stream per thread), accumulator sets for 1-3 tokens */
+/* macro-built tile tables, laid out by hand */
+// clang-format off
 HPTILE(1, 1, 4) HPTILE(1, 2, 2) HPTILE(1, 3, 2) HPTILE(1, 4, 1) HPTILE(1, 5, 1) HPTILE(1, 6, 1)
 HPTILE(1, 7, 1) HPTILE(1, 8, 1) HPTILE(1, 9, 1) HPTILE(1, 10, 1) HPTILE(1, 11, 1) HPTILE(1, 12, 1)
-/* prefill: two panels share each broadcast */
+    // clang-format on
+    /* prefill: two panels share each broadcast */
+    /* macro-built tile tables, laid out by hand */
+    // clang-format off
 HPTILE(2, 1, 1) HPTILE(2, 2, 1) HPTILE(2, 3, 1) HPTILE(2, 4, 1) HPTILE(2, 5, 1) HPTILE(2, 6, 1)
 HPTILE(2, 7, 1) HPTILE(2, 8, 1) HPTILE(2, 9, 1) HPTILE(2, 10, 1) HPTILE(2, 11, 1) HPTILE(2, 12, 1)
-static const hptile_fn hptiles[2][HT + 1] = {
-    { NULL, hptile_1_1, hptile_1_2, hptile_1_3, hptile_1_4, hptile_1_5, hptile_1_6, hptile_1_7, hptile_1_8,
-      hptile_1_9, hptile_1_10, hptile_1_11, hptile_1_12 },
-    { NULL, hptile_2_1, hptile_2_2, hptile_2_3, hptile_2_4, hptile_2_5, hptile_2_6, hptile_2_7, hptile_2_8,
-      hptile_2_9, hptile_2_10, hptile_2_11, hptile_2_12 } };
+    // clang-format on
+    static const hptile_fn hptiles[2][HT + 1] = {{NULL, hptile_1_1, hptile_1_2, hptile_1_3, hptile_1_4, hptile_1_5,
+                                                  hptile_1_6, hptile_1_7, hptile_1_8, hptile_1_9, hptile_1_10,
+                                                  hptile_1_11, hptile_1_12},
+                                                 {NULL, hptile_2_1, hptile_2_2, hptile_2_3, hptile_2_4, hptile_2_5,
+                                                  hptile_2_6, hptile_2_7, hptile_2_8, hptile_2_9, hptile_2_10,
+                                                  hptile_2_11, hptile_2_12}};
 
 /* Contract of ie_matmul_packed_f16_avx512 (ie_kernels_isa.h). Decode-sized
  * calls (n_tok <= HT): one panel per tile, front to back. Longer ones: rows
@@ -1276,8 +1329,8 @@ void ie_matmul_packed_f16_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, con
             const int64_t t0 = n_tok * b / nb, t1 = n_tok * (b + 1) / nb;
             for (int64_t r = p0; r < p1; r += 32) {
                 const int nr = (int)(p1 - r < 32 ? p1 - r : 32);
-                hptiles[nr > 16][t1 - t0](w + (size_t)(r / 16) * pgs, pgs, m->n_in, (const char *)a + (size_t)t0 * as,
-                                          as, y + t0 * ldy + r, ldy, nr);
+                hptiles[nr > 16][t1 - t0](w + (size_t)(r / 16) * pgs, pgs, m->n_in,
+                                          (const char *)a + (size_t)t0 * as, as, y + t0 * ldy + r, ldy, nr);
             }
         }
     }

@@ -66,11 +66,11 @@
 
 #define IE_INLINE static inline __attribute__((always_inline))
 
-#define PT 8                    /* max tokens per tile                    */
-#define PK_BLK (40 * PT)        /* packed bytes per block of a full tile  */
-#define KCB 192                 /* blocks per k-chunk (60 KiB pack)       */
+#define PT 8             /* max tokens per tile                    */
+#define PK_BLK (40 * PT) /* packed bytes per block of a full tile  */
+#define KCB 192          /* blocks per k-chunk (60 KiB pack)       */
 #ifndef PFD
-#define PFD 2048                /* decode prefetch distance, bytes        */
+#define PFD 2048 /* decode prefetch distance, bytes        */
 #endif
 #define ROWBLK_BYTES (2u << 20) /* weights per row block in prefill      */
 
@@ -130,8 +130,8 @@ IE_INLINE __m512i dpwssd_bcast(__m512i acc, __m512i w, const uint8_t *p)
  * the -128*sum(q) start: every partial sum stays below 2^29 in magnitude.
  * For T <= 4 the Wl and Wh products go to two chains (their sum at the end)
  * to halve the dependent vpdpwssd latency of decode. */
-IE_INLINE void pblock(const int DT, const int T, const int FIRST, const int PF, const uint8_t *q,
-                      const uint8_t *p, __m512 gacc[PT])
+IE_INLINE void pblock(const int DT, const int T, const int FIRST, const int PF, const uint8_t *q, const uint8_t *p,
+                      __m512 gacc[PT])
 {
     const size_t bb = DT == D_I8W ? 512 : 256;
     const int qb = QB(DT);
@@ -218,8 +218,8 @@ IE_INLINE void pblock(const int DT, const int T, const int FIRST, const int PF, 
  * 0; rows with a clear bit in rmask are not written; first: store (else
  * add into y). */
 IE_INLINE void ptile(const int DT, const int T, const int ONE, const int PF, const uint8_t *panel, size_t gb,
-                     int64_t bpg, int64_t b0, int64_t b1, const uint8_t *pk, float *y, int64_t ldy,
-                     __mmask16 rmask, int first)
+                     int64_t bpg, int64_t b0, int64_t b1, const uint8_t *pk, float *y, int64_t ldy, __mmask16 rmask,
+                     int first)
 {
     const size_t hdr = DT == D_I4WA ? 64 : 32, bb = DT == D_I8W ? 512 : 256, ks = (QB(DT) + 8) * (size_t)T;
     __m512 acc[PT], gacc[PT];
@@ -274,18 +274,19 @@ IE_INLINE void ptile(const int DT, const int T, const int ONE, const int PF, con
     }
 }
 
-typedef void (*ptile_fn)(const uint8_t *panel, size_t gb, int64_t bpg, int64_t b0, int64_t b1,
-                         const uint8_t *pk, float *y, int64_t ldy, __mmask16 rmask, int first);
+typedef void (*ptile_fn)(const uint8_t *panel, size_t gb, int64_t bpg, int64_t b0, int64_t b1, const uint8_t *pk,
+                         float *y, int64_t ldy, __mmask16 rmask, int first);
 
 /* Decode-sized tiles (T <= 3) prefetch; prefill tiles read L2-resident
  * panels and do not. */
-#define PTILE(DT, name, T, ONE)                                                                        \
-    static void ptile_##name##_##T##_##ONE(const uint8_t *panel, size_t gb, int64_t bpg, int64_t b0,  \
-                                           int64_t b1, const uint8_t *pk, float *y, int64_t ldy,      \
-                                           __mmask16 rmask, int first)                                \
-    {                                                                                                  \
-        ptile(DT, T, ONE, (T) <= 3, panel, gb, bpg, b0, b1, pk, y, ldy, rmask, first);                 \
+#define PTILE(DT, name, T, ONE)                                                                                  \
+    static void ptile_##name##_##T##_##ONE(const uint8_t *panel, size_t gb, int64_t bpg, int64_t b0, int64_t b1, \
+                                           const uint8_t *pk, float *y, int64_t ldy, __mmask16 rmask, int first) \
+    {                                                                                                            \
+        ptile(DT, T, ONE, (T) <= 3, panel, gb, bpg, b0, b1, pk, y, ldy, rmask, first);                           \
     }
+/* macro-built tile tables, laid out by hand */
+// clang-format off
 #define PTILES1(DT, name, ONE)                                                                         \
     PTILE(DT, name, 1, ONE) PTILE(DT, name, 2, ONE) PTILE(DT, name, 3, ONE) PTILE(DT, name, 4, ONE)    \
     PTILE(DT, name, 5, ONE) PTILE(DT, name, 6, ONE) PTILE(DT, name, 7, ONE) PTILE(DT, name, 8, ONE)
@@ -300,6 +301,7 @@ typedef void (*ptile_fn)(const uint8_t *panel, size_t gb, int64_t bpg, int64_t b
 PTILES(D_I8W, i8w)
 PTILES(D_I4W, i4w)
 PTILES(D_I4WA, i4wa)
+// clang-format on
 
 /* Pack blocks [kb0, kb1) of tokens a, a+as, ... (tt of them) into pk
  * (layout in the file comment, T = tt; I8W: Q16_P rows, int16 quants). */
@@ -311,8 +313,8 @@ static void pack_tokens(int dt, int64_t bpg, const uint8_t *a, size_t as, int64_
     const int off = dt == D_I8W ? 128 : 8;
     const __m256i bias = _mm256_set1_epi8((char)0x80);
     /* int16 (a0, a1, a2, a3) -> (a0, a2, a1, a3) in every group of 4 */
-    const __m512i a_perm =
-        _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15));
+    const __m512i a_perm = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15));
     for (int t = 0; t < tt; t++) {
         const uint8_t *row = a + (size_t)t * as;
         const uint8_t *dp = row + qb * (size_t)nb, *sp = dp + 4 * nb;
@@ -359,8 +361,8 @@ ie_status_t ie_matmul_packed_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, 
     if (r0 == r1 || n_tok <= 0) return IE_OK;
     if (ie_dtype_is_half(m->dtype)) {
         if (!m->data || !a || !y) return IE_ERR_INVAL;
-        (m->dtype == IE_DTYPE_BF16 ? ie_matmul_packed_bf16_avx512 : ie_matmul_packed_f16_avx512)(m, r0, r1, a, a_stride,
-                                                                                              n_tok, y, ldy);
+        (m->dtype == IE_DTYPE_BF16 ? ie_matmul_packed_bf16_avx512
+                                   : ie_matmul_packed_f16_avx512)(m, r0, r1, a, a_stride, n_tok, y, ldy);
         return IE_OK;
     }
     const int dt = m->dtype == IE_DTYPE_I8W ? D_I8W : m->dtype == IE_DTYPE_I4W ? D_I4W : D_I4WA;

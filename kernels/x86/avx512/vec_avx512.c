@@ -31,7 +31,8 @@ void ie_axpy_f32_avx512(float *y, float a, const float *x, int64_t n)
     if (i < n) {
         __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
         _mm512_mask_storeu_ps(y + i, m,
-                              _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
+                              _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i),
+                                              _mm512_maskz_loadu_ps(m, y + i)));
     }
 }
 
