@@ -20,6 +20,18 @@
 #include <string.h>
 #include <unistd.h>
 
+/* Apply the plan (spec, else env IE_PLAN) to *eo and open the engine; 0,
+ * or the exit code after the error line ("MODE: bad plan 'x'", or the
+ * engine's own message). */
+static int open_engine(const char *mode, const char *plan, ie_engine_opts_t *eo, ie_engine_t **eng)
+{
+    if (ie_cli_plan(plan, eo) != 0)
+        return ie_cli_fail(IE_EXIT_USAGE, "%s: bad plan '%s'", mode, plan ? plan : getenv("IE_PLAN"));
+    ie_status_t st = ie_engine_open(eo, eng);
+    if (st != IE_OK) return ie_cli_fail(ie_cli_exit_for_load(st), "%s", ie_error_last());
+    return 0;
+}
+
 int ie_cli_perplexity(int argc, char **argv)
 {
     static const struct option lo[] = {{"file", required_argument, 0, 'f'},
@@ -73,15 +85,8 @@ int ie_cli_perplexity(int argc, char **argv)
     eo.n_ctx = (int)ctx;
     eo.max_batch = (int)(batch < ctx ? batch : ctx);
     eo.precision = prec;
-    if (ie_cli_plan(plan, &eo) != 0) {
-        rc = ie_cli_fail(IE_EXIT_USAGE, "perplexity: bad plan '%s'", plan ? plan : getenv("IE_PLAN"));
-        goto cleanup;
-    }
-    ie_status_t st = ie_engine_open(&eo, &eng);
-    if (st != IE_OK) {
-        rc = ie_cli_fail(ie_cli_exit_for_load(st), "%s", ie_error_last());
-        goto cleanup;
-    }
+    if ((rc = open_engine("perplexity", plan, &eo, &eng)) != 0) goto cleanup;
+    ie_status_t st;
     const ie_tokenizer_t *tk = ie_engine_tokenizer(eng);
     size_t n_ids = 0;
     /* BOS goes at the start of each window, not of the text */
@@ -234,15 +239,8 @@ int ie_cli_logits(int argc, char **argv)
     eo.n_ctx = (int)(n < 16 ? 16 : n);
     eo.precision = prec;
     eo.no_tokenizer = 1;
-    if (ie_cli_plan(plan, &eo) != 0) {
-        rc = ie_cli_fail(IE_EXIT_USAGE, "logits: bad plan '%s'", plan ? plan : getenv("IE_PLAN"));
-        goto cleanup;
-    }
-    ie_status_t st = ie_engine_open(&eo, &eng);
-    if (st != IE_OK) {
-        rc = ie_cli_fail(ie_cli_exit_for_load(st), "%s", ie_error_last());
-        goto cleanup;
-    }
+    if ((rc = open_engine("logits", plan, &eo, &eng)) != 0) goto cleanup;
+    ie_status_t st;
     const ie_hparams_t *hp = ie_engine_hparams(eng);
     logits = malloc(n * (size_t)hp->n_vocab * sizeof(float));
     if (!logits) {
