@@ -121,7 +121,10 @@ typedef struct ie_engine ie_engine_t;
  *  "seqs" (sequences decoded together), "max_batch" (prefill tokens per
  *  step), "precision" (native|f32|bf16|f16|int8w|int4w), "plan"
  *  (none|pipeline:N|tensor:N), "tokenizer" (a tokenizer.json or GGUF path),
- *  "kv_block", "kv_blocks", "prefix_cache" (0/1). The set is not kept.
+ *  "kv_block", "kv_blocks", "prefix_cache" (0/1, default 1: the KV of
+ *  earlier prompts stays cached across calls, so a later prompt that starts
+ *  the same way, e.g. the next turn of a chat, is not recomputed; see
+ *  ie_engine_metrics_t.kv_hits). The set is not kept.
  *
  *  Errors: IE_ERR_INVAL (bad key or value), IE_ERR_IO / IE_ERR_FORMAT /
  *  IE_ERR_UNSUPPORTED (the model or tokenizer), IE_ERR_NOMEM. Caller owns

@@ -87,6 +87,12 @@ typedef struct ie_engine_opts {
     int kv_block, kv_blocks;
     int prefix_cache; /* reuse cached KV blocks of equal prompt
                                  prefixes across requests (default 1)   */
+    int keep_sched;   /* 1: every generate call runs on one
+                                 scheduler kept by the engine, so its
+                                 prefix cache outlives the call (a
+                                 conversation's earlier turns are not
+                                 recomputed); 0 (default): a scheduler per
+                                 call, nothing kept between calls        */
 } ie_engine_opts_t;
 
 /* n_threads 1, pin_threads 1, n_seq 1, max_batch 256, precision NATIVE,

@@ -137,6 +137,11 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out);
  * server is shutting down"), then everything is freed. */
 void ie_sched_destroy(ie_sched_t **self_p);
 
+/* Point the step timing at `timing` (NULL: none) from now on: a scheduler
+ * kept across calls (ie_engine_opts_t.keep_sched) counts each call into
+ * its own stats. Stepping thread only. */
+void ie_sched_set_timing(ie_sched_t *s, ie_gen_stats_t *timing);
+
 /* Queue a request. On IE_OK *id_out is its id and exactly one terminal
  * event (DONE or ERROR) will follow, from ie_sched_step or
  * ie_sched_destroy. Otherwise no event ever comes: IE_ERR_BUSY when

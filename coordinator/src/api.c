@@ -263,6 +263,7 @@ ie_status_t ie_engine_create(const char *model_path, const ie_params_t *opts, ie
     if (!model_path || !out) return ie_error_set(IE_ERR_INVAL, "ie_engine_create: NULL argument");
     ie_engine_opts_default(&o);
     o.model_path = model_path;
+    o.keep_sched = 1; /* one call after another (a chat) reuses the prefix cache */
     if ((st = engine_opts(opts, &o)) != IE_OK) return st;
     if ((st = ie_engine_open(&o, &e)) != IE_OK) return st;
     api_stats_t *as = calloc(1, sizeof *as);

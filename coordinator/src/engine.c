@@ -33,7 +33,8 @@ struct ie_engine {
     char ep[96];
     int32_t *b_tok, *b_pos, *b_seq; /* [max_batch] ie_engine_logits' steps */
     uint8_t *b_logits;
-    void *ext; /* the public API's block (ie_engine_ext)   */
+    void *ext;         /* the public API's block (ie_engine_ext)   */
+    ie_sched_t *sched; /* opts.keep_sched: the one generate calls share */
 };
 
 void ie_engine_opts_default(ie_engine_opts_t *o)
@@ -204,6 +205,7 @@ void ie_engine_destroy(ie_engine_t **self_p)
 {
     if (!self_p || !*self_p) return;
     ie_engine_t *e = *self_p;
+    ie_sched_destroy(&e->sched);                          /* before the backend it drives */
     ie_backend_destroy(&e->backend);                      /* a cluster says BYE to its workers */
     __atomic_store_n(&e->node_stop, 1, __ATOMIC_RELEASE); /* read by the worker threads */
     for (int r = 0; r < e->n_nodes; r++) pthread_join(e->nodes[r], NULL);
@@ -377,11 +379,22 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
         }
     }
 
-    ie_sched_opts_t so;
-    ie_engine_sched_opts(e, &so);
-    so.queue_max = (int)(n < 1000000 ? n : 1000000);
-    so.timing = stats;
-    if ((st = ie_sched_new(&so, &sched)) != IE_OK) goto cleanup;
+    if (e->opts.keep_sched) { /* the engine's scheduler: its prefix cache persists */
+        if (!e->sched) {
+            ie_sched_opts_t so;
+            ie_engine_sched_opts(e, &so);
+            so.queue_max = 1000000;
+            if ((st = ie_sched_new(&so, &e->sched)) != IE_OK) goto cleanup;
+        }
+        sched = e->sched;
+        ie_sched_set_timing(sched, stats);
+    } else {
+        ie_sched_opts_t so;
+        ie_engine_sched_opts(e, &so);
+        so.queue_max = (int)(n < 1000000 ? n : 1000000);
+        so.timing = stats;
+        if ((st = ie_sched_new(&so, &sched)) != IE_OK) goto cleanup;
+    }
     for (size_t i = 0; i < n; i++) {
         items[i] = (gen_item_t){&g, i};
         ie_sched_req_t r = {
@@ -406,7 +419,15 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
     if (g.st != IE_OK) st = ie_error_set(g.st, "%s", g.err);
 
 cleanup:
-    ie_sched_destroy(&sched); /* ends what is left (after a failure) */
+    if (sched && sched == e->sched) {
+        ie_sched_set_timing(sched, NULL);
+        /* after a failure some of this call's requests may still be queued
+         * or running, and their events point into this frame: destroying
+         * the scheduler ends them now (the cache goes with it) */
+        if (st != IE_OK) ie_sched_destroy(&e->sched);
+    } else {
+        ie_sched_destroy(&sched); /* ends what is left (after a failure) */
+    }
     for (size_t i = 0; toks && i < n; i++) free(toks[i]);
     free(toks);
     free(n_toks);
@@ -422,6 +443,9 @@ ie_status_t ie_engine_logits(ie_engine_t *e, const int32_t *ids, size_t n, int d
     const ie_backend_geom_t *g = ie_backend_geom(e->backend);
     int B = g->max_batch;
     if (n == 0) return IE_OK;
+    /* slot 0 is rebound below: a kept scheduler's cached blocks would be
+     * overwritten, so it goes (with its prefix cache) */
+    ie_sched_destroy(&e->sched);
     if (n > (size_t)g->n_ctx)
         return ie_error_set(IE_ERR_RANGE, "logits: %zu tokens do not fit the context of %d", n, g->n_ctx);
     /* slot 0 on the pool's first blocks (what a full-size pool starts

@@ -402,6 +402,11 @@ void ie_sched_destroy(ie_sched_t **self_p)
     *self_p = NULL;
 }
 
+void ie_sched_set_timing(ie_sched_t *s, ie_gen_stats_t *timing)
+{
+    if (s) s->o.timing = timing;
+}
+
 ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id_out)
 {
     ie_status_t st = IE_OK;

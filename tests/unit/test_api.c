@@ -335,6 +335,47 @@ static void test_metrics(void)
     ie_engine_destroy(&e);
 }
 
+/* Generations one after another share the engine's prefix cache: the
+ * second run of a long prompt takes its full KV blocks from the first
+ * (kv_hits), and greedy output does not change. prefix_cache 0 keeps
+ * nothing. */
+static void test_prefix_cache_across_calls(void)
+{
+    static const char *const long_prompt =
+        "It is a truth universally acknowledged, that a single man in possession of a good fortune, "
+        "must be in want of a wife. However little known the feelings or views of such a man may be";
+    for (int cache = 1; cache >= 0; cache--) {
+        ie_engine_t *e = NULL;
+        CU_ASSERT_EQUAL_FATAL(
+            make(MODEL, params("threads", "2", "pin", "0", "ctx", "256", "prefix_cache", cache ? "1" : "0", NULL),
+                 &e),
+            IE_OK);
+        ie_params_t *g = params("max_tokens", "8", "temperature", "0", NULL);
+        char *t1 = NULL, *t2 = NULL;
+        ie_gen_info_t info;
+        ie_engine_metrics_t m1, m2;
+        CU_ASSERT_EQUAL(ie_engine_generate(e, long_prompt, g, NULL, NULL, &t1, &info), IE_OK);
+        CU_ASSERT(info.n_prompt >= 32); /* two full KV blocks of 16 */
+        CU_ASSERT_EQUAL(ie_engine_get_metrics(e, &m1), IE_OK);
+        CU_ASSERT_EQUAL(m1.kv_hits, 0);
+        CU_ASSERT_EQUAL(ie_engine_generate(e, long_prompt, g, NULL, NULL, &t2, &info), IE_OK);
+        CU_ASSERT_EQUAL(ie_engine_get_metrics(e, &m2), IE_OK);
+        if (cache) {
+            CU_ASSERT(m2.kv_hits >= 16);
+        } else {
+            CU_ASSERT_EQUAL(m2.kv_hits, 0);
+        }
+        CU_ASSERT_EQUAL(m2.kv_hits + m2.kv_misses, 2 * info.n_prompt);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(t1);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(t2);
+        CU_ASSERT_STRING_EQUAL(t1, t2);
+        ie_free(t1);
+        ie_free(t2);
+        ie_params_destroy(&g);
+        ie_engine_destroy(&e);
+    }
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -348,6 +389,7 @@ int main(void)
     CU_add_test(s, "chat", test_chat);
     CU_add_test(s, "tokenize / detokenize", test_tokenize);
     CU_add_test(s, "metrics", test_metrics);
+    CU_add_test(s, "prefix cache across calls", test_prefix_cache_across_calls);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
