@@ -10,6 +10,7 @@
 #include "ie_chat.h"
 #include "ie_clock.h"
 #include "ie_cli.h"
+#include "ie_proc.h"
 #include "ie_mmap.h"
 #include "ie_engine.h"
 #include "ie_harmony.h"
@@ -68,20 +69,8 @@ static void usage(FILE *f)
 int ie_cli_plan(const char *spec, ie_engine_opts_t *eo)
 {
     if (!spec) spec = getenv("IE_PLAN");
-    eo->plan = IE_SHARD_NONE;
-    eo->n_workers = 0;
-    if (!spec || !*spec || !strcmp(spec, "none")) return 0;
-    const char *colon = strchr(spec, ':');
-    char kind[16];
-    long n = 0;
-    if (!colon || (size_t)(colon - spec) >= sizeof kind || ie_cli_parse_long(colon + 1, 1, 64, &n) != 0) return -1;
-    memcpy(kind, spec, (size_t)(colon - spec));
-    kind[colon - spec] = '\0';
-    ie_shard_kind_t k;
-    if (ie_shard_kind_parse(kind, &k) != IE_OK || k == IE_SHARD_NONE) return -1;
-    eo->plan = k;
-    eo->n_workers = (int)n;
-    return 0;
+    if (!spec || !*spec) return ie_engine_opts_plan(eo, "none") == IE_OK ? 0 : -1;
+    return ie_engine_opts_plan(eo, spec) == IE_OK ? 0 : -1;
 }
 
 static int parse_float(const char *s, float *out)
@@ -92,27 +81,6 @@ static int parse_float(const char *s, float *out)
     if (errno || end == s || *end) return -1;
     *out = v;
     return 0;
-}
-
-/* Peak resident memory of this process image, MB: VmHWM of /proc/self/status
- * (the high-water mark of our own address space). getrusage's ru_maxrss is
- * only the fallback: Linux folds the pre-exec image's peak into it, so a
- * process started by a large parent (a Python harness: vfork + exec)
- * reported the parent's size. */
-static double rss_peak_mb(void)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    if (f) {
-        char line[256];
-        long kb = -1;
-        while (fgets(line, sizeof line, f))
-            if (sscanf(line, "VmHWM: %ld kB", &kb) == 1) break;
-        fclose(f);
-        if (kb >= 0) return kb / 1024.0;
-    }
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    return ru.ru_maxrss / 1024.0;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -520,7 +488,7 @@ int ie_cli_run(int argc, char **argv)
                             (double)stats.prefix_hit_tokens); /* prompt tokens from the prefix cache */
     cJSON_AddNumberToObject(js, "kv_misses", (double)stats.prefix_miss_tokens); /* prompt tokens computed */
     cJSON_AddNumberToObject(js, "preemptions", (double)stats.preemptions);
-    cJSON_AddNumberToObject(js, "rss_peak_mb", rss_peak_mb());
+    cJSON_AddNumberToObject(js, "rss_peak_mb", ie_rss_peak_mb());
     cJSON_AddNumberToObject(js, "threads", (double)threads);
     cJSON_AddStringToObject(js, "precision", ie_precision_name(prec));
     ie_backend_stats_t bs;

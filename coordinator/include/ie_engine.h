@@ -100,6 +100,11 @@ typedef struct ie_engine_opts {
  * process). */
 void ie_engine_opts_default(ie_engine_opts_t *o);
 
+/* Set o->plan and o->n_workers from "none", "pipeline:N" or "tensor:N"
+ * (N in 1..64, digits only). IE_OK, or IE_ERR_INVAL naming the spec (o
+ * then says plan NONE). */
+ie_status_t ie_engine_opts_plan(ie_engine_opts_t *o, const char *spec);
+
 /* Load the model and tokenizer and build the backend (for a plan, start
  * the cluster and, without cluster_bind, its workers as threads; wait for
  * them as cluster_wait_ms says). o is copied; its strings, net and metrics

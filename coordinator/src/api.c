@@ -17,10 +17,12 @@
 #include "ie_chat.h"
 #include "ie_clock.h"
 #include "ie_engine.h"
+#include "ie_proc.h"
 #include "ie_status.h"
 #include "ie_tokenizer.h"
 
 #include <cjson/cJSON.h>
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -99,10 +101,12 @@ void ie_params_destroy(ie_params_t **self_p)
     *self_p = NULL;
 }
 
-/* Whole-string numbers only: "12x", "", "1e999" and NaN are bad values. */
+/* Whole-string numbers only: "12x", "", " 4", "+4", "1e999" and NaN are bad
+ * values (strto* would skip the space and take the sign). */
 static int parse_long(const char *s, long lo, long hi, long *out)
 {
     char *end;
+    if (!isdigit((unsigned char)*s) && !(*s == '-' && lo < 0)) return -1;
     errno = 0;
     long v = strtol(s, &end, 10);
     if (errno || end == s || *end || v < lo || v > hi) return -1;
@@ -113,8 +117,8 @@ static int parse_long(const char *s, long lo, long hi, long *out)
 static int parse_u64(const char *s, uint64_t *out)
 {
     char *end;
+    if (!isdigit((unsigned char)*s)) return -1; /* strtoull would wrap " -3" */
     errno = 0;
-    if (*s == '-') return -1; /* strtoull would wrap it */
     unsigned long long v = strtoull(s, &end, 10);
     if (errno || end == s || *end) return -1;
     *out = v;
@@ -124,6 +128,7 @@ static int parse_u64(const char *s, uint64_t *out)
 static int parse_float(const char *s, float *out)
 {
     char *end;
+    if (isspace((unsigned char)*s)) return -1;
     errno = 0;
     float v = strtof(s, &end);
     if (errno || end == s || *end || !isfinite(v)) return -1;
@@ -136,24 +141,6 @@ static ie_status_t bad_value(const ie_param_t *kv)
     return ie_error_set(IE_ERR_INVAL, "bad value '%s' for option '%s'", kv->value, kv->key);
 }
 
-/* "none", "pipeline:N" or "tensor:N" (N in 1..64), as the CLI's --plan. */
-static int parse_plan(const char *s, ie_engine_opts_t *o)
-{
-    o->plan = IE_SHARD_NONE;
-    o->n_workers = 0;
-    if (!strcmp(s, "none")) return 0;
-    const char *colon = strchr(s, ':');
-    char kind[16];
-    long n;
-    if (!colon || (size_t)(colon - s) >= sizeof kind || parse_long(colon + 1, 1, 64, &n) != 0) return -1;
-    memcpy(kind, s, (size_t)(colon - s));
-    kind[colon - s] = '\0';
-    ie_shard_kind_t k;
-    if (ie_shard_kind_parse(kind, &k) != IE_OK || k == IE_SHARD_NONE) return -1;
-    o->plan = k;
-    o->n_workers = (int)n;
-    return 0;
-}
 
 /* Engine options -> ie_engine_opts_t. Strings point into `p`. */
 static ie_status_t engine_opts(const ie_params_t *p, ie_engine_opts_t *o)
@@ -174,7 +161,7 @@ static ie_status_t engine_opts(const ie_params_t *p, ie_engine_opts_t *o)
         else if (!strcmp(k, "kv_blocks")) bad = parse_long(v, 1, 1 << 30, &n), o->kv_blocks = (int)n;
         else if (!strcmp(k, "prefix_cache")) bad = parse_long(v, 0, 1, &n), o->prefix_cache = (int)n;
         else if (!strcmp(k, "precision")) bad = ie_precision_parse(v, &o->precision) != IE_OK;
-        else if (!strcmp(k, "plan")) bad = parse_plan(v, o);
+        else if (!strcmp(k, "plan")) bad = ie_engine_opts_plan(o, v) != IE_OK;
         else if (!strcmp(k, "tokenizer")) o->tokenizer_path = v;
         else return ie_error_set(IE_ERR_INVAL, "unknown engine option '%s'", k);
         if (bad) return bad_value(kv);
@@ -215,7 +202,6 @@ static ie_status_t gen_params(const ie_params_t *p, ie_gen_params_t *g, const ch
         } else return ie_error_set(IE_ERR_INVAL, "unknown generation option '%s'", k);
         if (bad) return bad_value(kv);
     }
-    s->greedy = s->temperature == 0.0f; /* the CLI's --greedy: plain arg max */
     g->stop = *stops;
     /* the sampler's own ranges (top_p in (0, 1], ...), named by it */
     return ie_sampler_params_validate(s);
@@ -535,8 +521,7 @@ ie_status_t ie_engine_get_metrics(const ie_engine_t *e, ie_engine_metrics_t *out
     if (out) memset(out, 0, sizeof *out);
     if (!e || !out) return ie_error_set(IE_ERR_INVAL, "ie_engine_get_metrics: NULL argument");
     const api_stats_t *as = *ie_engine_ext(e);
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru) == 0) out->rss_peak_mb = (double)ru.ru_maxrss / 1024.0; /* KiB on Linux */
+    out->rss_peak_mb = ie_rss_peak_mb();
     if (!as) return IE_OK; /* an engine not made by ie_engine_create: no totals */
     double *tmp = malloc((as->n_lat + as->n_ttft + 1) * sizeof *tmp);
     if (!tmp) return ie_error_set(IE_ERR_NOMEM, "out of memory");

@@ -17,6 +17,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 
 struct ie_engine {
@@ -46,6 +47,31 @@ void ie_engine_opts_default(ie_engine_opts_t *o)
     o->max_batch = 256;
     o->precision = IE_PREC_NATIVE;
     o->prefix_cache = 1;
+}
+
+/* Contract (ie_engine.h). */
+ie_status_t ie_engine_opts_plan(ie_engine_opts_t *o, const char *spec)
+{
+    o->plan = IE_SHARD_NONE;
+    o->n_workers = 0;
+    if (spec && !strcmp(spec, "none")) return IE_OK;
+    const char *colon = spec ? strchr(spec, ':') : NULL;
+    char kind[16];
+    char *end;
+    long n = 0;
+    ie_shard_kind_t k;
+    if (colon && (size_t)(colon - spec) < sizeof kind && colon[1] >= '0' && colon[1] <= '9') {
+        memcpy(kind, spec, (size_t)(colon - spec));
+        kind[colon - spec] = '\0';
+        errno = 0;
+        n = strtol(colon + 1, &end, 10);
+        if (!errno && !*end && n >= 1 && n <= 64 && ie_shard_kind_parse(kind, &k) == IE_OK && k != IE_SHARD_NONE) {
+            o->plan = k;
+            o->n_workers = (int)n;
+            return IE_OK;
+        }
+    }
+    return ie_error_set(IE_ERR_INVAL, "bad plan '%s' (none, pipeline:N or tensor:N)", spec ? spec : "(null)");
 }
 
 /* An in-process worker; a node that stops with an error (it could not
@@ -330,6 +356,7 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
     gen_item_t *items = NULL;
     uint64_t *rid = NULL;
     ie_sched_t *sched = NULL;
+    size_t n_sub = 0; /* requests submitted */
     gen_call_t g = {.p = p, .results = results};
 
     if (n == 0) return IE_OK;
@@ -395,14 +422,17 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
         so.timing = stats;
         if ((st = ie_sched_new(&so, &sched)) != IE_OK) goto cleanup;
     }
-    for (size_t i = 0; i < n; i++) {
+    for (; n_sub < n; n_sub++) {
+        const size_t i = n_sub;
         items[i] = (gen_item_t){&g, i};
         ie_sched_req_t r = {
             .ids = ids ? ids[i] : toks[i], .n_ids = n_toks[i], .params = p, .cb = gen_event, .cb_ctx = &items[i]};
         if ((st = ie_sched_submit(sched, &r, &rid[i])) != IE_OK) goto cleanup;
     }
     int idle = 0, cancelled = 0;
-    while (g.n_done < n && g.st == IE_OK) {
+    /* a cancelled call still steps until every request has ended, so that
+     * nothing of it is left in a kept scheduler */
+    while (g.n_done < n && (g.st == IE_OK || cancelled)) {
         int busy = 0;
         if (p->cancel && *p->cancel && !cancelled) {                       /* each ends with ERROR "cancelled" */
             for (size_t i = 0; i < n; i++) ie_sched_cancel(sched, rid[i]); /* finished ones: RANGE, ignored */
@@ -424,7 +454,7 @@ cleanup:
         /* after a failure some of this call's requests may still be queued
          * or running, and their events point into this frame: destroying
          * the scheduler ends them now (the cache goes with it) */
-        if (st != IE_OK) ie_sched_destroy(&e->sched);
+        if (g.n_done < n_sub) ie_sched_destroy(&e->sched);
     } else {
         ie_sched_destroy(&sched); /* ends what is left (after a failure) */
     }

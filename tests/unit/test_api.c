@@ -103,9 +103,10 @@ static void test_create_errors(void)
     CU_ASSERT_EQUAL(ie_engine_create(TINY, NULL, NULL), IE_ERR_INVAL);
     CU_ASSERT_EQUAL(make(TINY, params("threads", "1", "colour", "red", NULL), &e), IE_ERR_INVAL);
     CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "colour"));
-    const char *bad[][2] = {{"threads", "two"}, {"threads", "0"},     {"pin", "2"},
-                            {"ctx", "12x"},     {"precision", "f8"},  {"plan", "tensor"},
-                            {"plan", "ring:2"}, {"plan", "tensor:0"}, {"prefix_cache", ""}};
+    const char *bad[][2] = {{"threads", "two"},   {"threads", "0"},   {"pin", "2"},       {"ctx", "12x"},
+                            {"precision", "f8"},  {"plan", "tensor"}, {"plan", "ring:2"}, {"plan", "tensor:0"},
+                            {"prefix_cache", ""}, {"threads", " 4"},  {"threads", "+4"},  {"plan", "tensor: 2"},
+                            {"plan", "tensor:+2"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         e = (ie_engine_t *)1;
         CU_ASSERT_EQUAL(make(TINY, params(bad[i][0], bad[i][1], NULL), &e), IE_ERR_INVAL);
@@ -138,7 +139,8 @@ static void test_generate_errors(void)
     CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "sampler"));
     ie_params_destroy(&g);
     const char *bad[][2] = {{"max_tokens", "-1"}, {"temperature", "-1"}, {"temperature", "nan"}, {"top_p", "0"},
-                            {"seed", "-3"},       {"stop", ""},          {"add_special", "yes"}};
+                            {"seed", "-3"},       {"stop", ""},          {"add_special", "yes"}, {"seed", " -3"},
+                            {"seed", "+3"},       {"temperature", " 1"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         g = params(bad[i][0], bad[i][1], NULL);
         text = (char *)1;
@@ -369,6 +371,15 @@ static void test_prefix_cache_across_calls(void)
         CU_ASSERT_PTR_NOT_NULL_FATAL(t1);
         CU_ASSERT_PTR_NOT_NULL_FATAL(t2);
         CU_ASSERT_STRING_EQUAL(t1, t2);
+        if (cache) { /* a call cancelled by its callback leaves the cache in place */
+            pieces_t pc = {.cancel_after = 1};
+            CU_ASSERT_EQUAL(ie_engine_generate(e, long_prompt, g, collect, &pc, NULL, &info), IE_OK);
+            CU_ASSERT_STRING_EQUAL(info.finish, "cancelled");
+            CU_ASSERT_EQUAL(ie_engine_generate(e, long_prompt, g, NULL, NULL, NULL, &info), IE_OK);
+            ie_engine_metrics_t m3;
+            CU_ASSERT_EQUAL(ie_engine_get_metrics(e, &m3), IE_OK);
+            CU_ASSERT(m3.kv_hits >= 3 * m2.kv_hits); /* the cancelled call and the one after it hit too */
+        }
         ie_free(t1);
         ie_free(t2);
         ie_params_destroy(&g);
