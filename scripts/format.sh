@@ -23,6 +23,8 @@ if [ $# -gt 0 ]; then
 else
     mapfile -t files < <(git ls-files '*.c' '*.h')
 fi
+# no files (not a git checkout): say so rather than read stdin or pass unchecked
+[ ${#files[@]} -gt 0 ] || { echo "format.sh: no C files to check (run it in a git checkout or name files)" >&2; exit 2; }
 
 if [ $check = 0 ]; then
     "$CF" -i --style=file "${files[@]}"

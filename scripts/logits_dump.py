@@ -75,8 +75,12 @@ def dump(args) -> int:
                "--plan", plan, "--threads", str(args.threads), "--out", str(out / f"{tag}.f32")]
         if prec:
             cmd += ["--precision", prec]
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
         f = out / f"{tag}.f32"
+        f.unlink(missing_ok=True)  # a stale file from an earlier dump must not be hashed
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        except subprocess.TimeoutExpired:
+            r = subprocess.CompletedProcess(cmd, -9, "", "timed out after 600 s")
         digest = hashlib.sha256(f.read_bytes()).hexdigest() if r.returncode == 0 and f.exists() else None
         err = r.stderr.strip().splitlines()[-1] if r.returncode != 0 and r.stderr.strip() else ""
         index[tag] = {"rc": r.returncode, "sha256": digest, "error": err}

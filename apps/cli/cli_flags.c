@@ -91,7 +91,10 @@ static int store(const flag_t *f, const ie_cli_pick_t *pk, const char *arg)
 {
     switch (f->kind) {
     case FK_STR: *(const char **)pk->dst = arg; return 0;
-    case FK_STR_NONEMPTY: *(const char **)pk->dst = arg; return *arg ? 0 : -1;
+    case FK_STR_NONEMPTY:
+        if (!*arg) return -1; /* nothing is stored for a bad value */
+        *(const char **)pk->dst = arg;
+        return 0;
     case FK_PREC: return ie_precision_parse(arg, (ie_precision_t *)pk->dst) == IE_OK ? 0 : -1;
     case FK_SET0: *(int *)pk->dst = 0; return 0;
     case FK_SET1: *(int *)pk->dst = 1; return 0;

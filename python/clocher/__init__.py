@@ -138,9 +138,14 @@ def _check(st: int) -> None:
 
 
 def _value(v: Any) -> str:
+    if v is None:
+        raise ClocherError("IE_ERR_INVAL", "an option's value is None")
     if isinstance(v, bool):
         return "1" if v else "0"
-    return str(v)
+    s = str(v)
+    if "\0" in s:  # C strings end there: refuse rather than truncate
+        raise ClocherError("IE_ERR_INVAL", "an option's value contains a NUL character")
+    return s
 
 
 class _Params:
@@ -217,12 +222,14 @@ class Engine:
         """One call of ie_engine_generate (prompt) or ie_engine_chat
         (messages); on_piece(text) -> bool (True stops) sees every piece."""
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        raised: List[BaseException] = []
 
         def cb(user: Any, tok: int, text: int, n: int) -> int:
             try:
                 piece = decoder.decode(ctypes.string_at(text, n) if n else b"")
                 return 1 if on_piece(piece) else 0
-            except BaseException:  # never let an exception unwind through C
+            except BaseException as exc:  # never unwind through C: stop, re-raise after the call
+                raised.append(exc)
                 return 1
 
         c_cb = _TOKEN_FN(cb) if on_piece is not None else _TOKEN_FN()
@@ -239,6 +246,9 @@ class Engine:
                 contents = (ctypes.c_char_p * max(n, 1))(*[str(m["content"]).encode() for m in messages])
                 st = self._lib.ie_engine_chat(self._engine(), roles, contents, n, p.ptr, c_cb, None,
                                               ctypes.byref(out), ctypes.byref(info))
+            if raised:
+                self._lib.ie_free(out)
+                raise raised[0]
             _check(st)
         try:
             text = ctypes.string_at(out.value).decode("utf-8", "replace")

@@ -136,6 +136,15 @@ def test_errors(clocher, engine):
     with pytest.raises(clocher.ClocherError) as exc:
         clocher.Engine(REPO / "tests" / "data" / "no_such_model.gguf")
     assert exc.value.status == "IE_ERR_IO"
+    for bad in (None, "1\x002"):
+        with pytest.raises(clocher.ClocherError) as exc:
+            engine.generate(PROMPT, max_tokens=bad)
+        assert exc.value.status == "IE_ERR_INVAL"
+    # an exception in a piece callback stops the call and is raised, not swallowed
+    def boom(piece):
+        raise KeyError("from the callback")
+    with pytest.raises(KeyError):
+        engine._run(PROMPT, None, {"max_tokens": 4}, boom)
     # a failing stream raises in the consumer
     with pytest.raises(clocher.ClocherError):
         list(engine.stream(PROMPT, top_p=0))

@@ -100,6 +100,9 @@ static void test_bad_values(void)
     ie_cli_parser_t p;
     run(argv, &v, codes, 4, &p);
     CU_ASSERT_EQUAL(v.threads, 7); /* a rejected value is not stored */
+    char *argv2[] = {"x", "--api-key", "", NULL};
+    run(argv2, &v, codes, 4, &p);
+    CU_ASSERT_PTR_NULL(v.api_key); /* an empty string included */
 }
 
 static void test_unknown(void)
