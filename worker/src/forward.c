@@ -33,12 +33,6 @@ static void rmsnorm_rows(const ie_worker_t *w, float *out, const float *x, const
     for (int i = 0; i < n; i++) w->ops->rmsnorm(out + (size_t)i * d, x + (size_t)i * d, weight, d, w->hp.rms_eps);
 }
 
-/* x[n][d] += y[n][d] */
-static void residual_add(float *x, const float *y, size_t n)
-{
-    for (size_t i = 0; i < n; i++) x[i] += y[i];
-}
-
 /* Validate the whole batch before touching the cache: sizes, token ids,
  * slots, positions (a slot's positions continue its cache: track the next
  * expected one), and the KV blocks they write and read. */
@@ -98,9 +92,9 @@ static ie_status_t attention_block(ie_worker_t *w, int l, const ie_batch_t *b, i
     if ((st = worker_qkv(w, l, b)) != IE_OK) return st;
     if (w->arch.qkv_bias)
         for (int i = 0; i < n; i++) {
-            worker_add_bias(w->q + (size_t)i * w->q_dim, L->bq, w->q_dim);
-            worker_add_bias(w->k + (size_t)i * w->kv_dim, L->bk, w->kv_dim);
-            worker_add_bias(w->v + (size_t)i * w->kv_dim, L->bv, w->kv_dim);
+            worker_vec_add(w->q + (size_t)i * w->q_dim, L->bq, w->q_dim);
+            worker_vec_add(w->k + (size_t)i * w->kv_dim, L->bk, w->kv_dim);
+            worker_vec_add(w->v + (size_t)i * w->kv_dim, L->bv, w->kv_dim);
         }
     /* rotate q and k by their positions (RoPE) */
     worker_rope(w, b);
@@ -113,10 +107,10 @@ static ie_status_t attention_block(ie_worker_t *w, int l, const ie_batch_t *b, i
     worker_prefetch_at(w, PF_BEFORE_O, l, n);
     if ((st = worker_matmul(w, &L->o, w->tmp, w->xb, n)) != IE_OK) return st;
     if (w->arch.o_bias && L->bo)
-        for (int i = 0; i < n; i++) worker_add_bias(w->tmp + (size_t)i * d, L->bo, d);
+        for (int i = 0; i < n; i++) worker_vec_add(w->tmp + (size_t)i * d, L->bo, d);
     /* summed across tensor ranks, residual connection back into x */
     if ((st = reduce(w, ridx, w->tmp, (size_t)n * d)) != IE_OK) return st;
-    residual_add(w->x, w->tmp, (size_t)n * d);
+    worker_vec_add(w->x, w->tmp, (int64_t)n * d);
     return IE_OK;
 }
 
@@ -153,7 +147,7 @@ static ie_status_t ffn_block(ie_worker_t *w, int l, int n, int *ridx)
     if ((st = moe ? worker_moe(w, L, n) : mlp_dense(w, l, n)) != IE_OK) return st;
     /* summed across tensor ranks, residual connection back into x */
     if ((st = reduce(w, ridx, y, (size_t)n * d)) != IE_OK) return st;
-    residual_add(w->x, y, (size_t)n * d);
+    worker_vec_add(w->x, y, (int64_t)n * d);
     return IE_OK;
 }
 

@@ -19,6 +19,7 @@ typedef struct mm_task {
     const wmat_t *m[MM_MAX];
     float *y[MM_MAX];          /* [n_tok][m->n_out]                           */
     _Atomic int failed;        /* 1 + the index of a matrix whose kernel failed (0: none) */
+    _Atomic int failed_st;     /* that kernel's status (ie_status_t)                       */
     const wmat_t *rep[MM_MAX]; /* per-node copies of m[i] (NULL: none)    */
     const int *share_repl;     /* [nth] the copy share ith reads          */
     const void *act;
@@ -86,6 +87,14 @@ static int mm_next(void *ctx, int64_t *p0, int64_t *p1)
     return 0;
 }
 
+/* Keep the first failing kernel's matrix and status for mm_failed. */
+static void mm_check(mm_task_t *t, int i, ie_status_t ks)
+{
+    if (ks == IE_OK) return;
+    atomic_store_explicit(&t->failed_st, (int)ks, memory_order_relaxed);
+    atomic_store_explicit(&t->failed, i + 1, memory_order_relaxed);
+}
+
 static void mm_run(void *ctx, int ith, int nth)
 {
     mm_task_t *t = ctx;
@@ -96,9 +105,9 @@ static void mm_run(void *ctx, int ith, int nth)
         if (m->layout == IE_LAYOUT_PANEL16 && t->spans) {
             mm_src_t src = {t, i, ith, nth, 0};
             ie_pmat_t pm = {m->dtype, m->group, m->n_in, m->n_out, m->data};
-            if (t->ops->matmul_packed_ranges(&pm, mm_next, &src, t->act, t->act_stride, t->n_tok, t->y[i],
-                                             m->n_out) != 0)
-                t->failed = i + 1;
+            mm_check(t, i,
+                     t->ops->matmul_packed_ranges(&pm, mm_next, &src, t->act, t->act_stride, t->n_tok, t->y[i],
+                                                  m->n_out));
         } else if (m->layout == IE_LAYOUT_PANEL16) {
             /* whole panels per thread */
             ie_split_range((long)((m->n_out + IE_PANEL - 1) / IE_PANEL), ith, nth, &b, &e);
@@ -106,8 +115,7 @@ static void mm_run(void *ctx, int ith, int nth)
             e = e * IE_PANEL < m->n_out ? e * IE_PANEL : (long)m->n_out;
             if (b >= e) continue;
             ie_pmat_t pm = {m->dtype, m->group, m->n_in, m->n_out, m->data};
-            if (t->ops->matmul_packed(&pm, b, e, t->act, t->act_stride, t->n_tok, t->y[i], m->n_out) != 0)
-                t->failed = i + 1;
+            mm_check(t, i, t->ops->matmul_packed(&pm, b, e, t->act, t->act_stride, t->n_tok, t->y[i], m->n_out));
         } else if (m->layout == IE_LAYOUT_BSR) {
             ie_split_range((long)(m->n_out / m->bsr.br), ith, nth, &b, &e);
             if (b < e)
@@ -119,9 +127,9 @@ static void mm_run(void *ctx, int ith, int nth)
             int64_t p0, p1;
             while (mm_next(&src, &p0, &p1)) {
                 const int64_t r1 = p1 * IE_PANEL < m->n_out ? p1 * IE_PANEL : m->n_out;
-                if (ie_kernels_matmul(t->ops, m->dtype, m->data, m->n_in, p0 * IE_PANEL, r1, t->act, t->act_stride,
-                                      t->n_tok, t->y[i], m->n_out) != 0)
-                    t->failed = i + 1;
+                mm_check(t, i,
+                         ie_kernels_matmul(t->ops, m->dtype, m->data, m->n_in, p0 * IE_PANEL, r1, t->act,
+                                           t->act_stride, t->n_tok, t->y[i], m->n_out));
             }
         } else {
             /* 16-row units, as the balanced claims cut rows: a row's sum
@@ -129,9 +137,10 @@ static void mm_run(void *ctx, int ith, int nth)
             ie_split_range((long)((m->n_out + IE_PANEL - 1) / IE_PANEL), ith, nth, &b, &e);
             b *= IE_PANEL;
             e = e * IE_PANEL < m->n_out ? e * IE_PANEL : (long)m->n_out;
-            if (b < e && ie_kernels_matmul(t->ops, m->dtype, m->data, m->n_in, b, e, t->act, t->act_stride,
-                                           t->n_tok, t->y[i], m->n_out) != 0)
-                t->failed = i + 1;
+            if (b < e)
+                mm_check(t, i,
+                         ie_kernels_matmul(t->ops, m->dtype, m->data, m->n_in, b, e, t->act, t->act_stride,
+                                           t->n_tok, t->y[i], m->n_out));
         }
     }
 }
@@ -159,13 +168,13 @@ static void q_run(void *ctx, int ith, int nth)
 }
 
 /* A kernel said no: the step must not go on with stale rows. */
-static ie_status_t mm_failed(const ie_worker_t *w, const wmat_t *m, int n)
+static ie_status_t mm_failed(const ie_worker_t *w, const wmat_t *m, ie_status_t ks, int n)
 {
     return ie_error_set(
         IE_ERR_INTERNAL,
-        "worker: the %s matmul kernel failed on a %s/%s matrix of %lld x %lld (group %d, %d tokens)",
-        ie_isa_name(w->ops->isa), ie_dtype_name(m->dtype), ie_layout_name(m->layout), (long long)m->n_out,
-        (long long)m->n_in, m->group, n);
+        "worker: the %s matmul kernel failed (%s) on a %s/%s matrix of %lld x %lld (group %d, %d tokens)",
+        ie_isa_name(w->ops->isa), ie_status_str(ks), ie_dtype_name(m->dtype), ie_layout_name(m->layout),
+        (long long)m->n_out, (long long)m->n_in, m->group, n);
 }
 
 /* Contract (worker_internal.h). Matrices whose kernels want different
@@ -231,7 +240,9 @@ ie_status_t worker_matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, co
         }
         ie_threadpool_run(w->tp, mm_run, &t);
         const int bad = atomic_load_explicit(&t.failed, memory_order_relaxed);
-        if (bad) return mm_failed(w, t.m[bad - 1], n);
+        if (bad)
+            return mm_failed(w, t.m[bad - 1], (ie_status_t)atomic_load_explicit(&t.failed_st, memory_order_relaxed),
+                             n);
     }
     return IE_OK;
 }

@@ -34,7 +34,7 @@ static ie_status_t route(ie_worker_t *w, const layer_t *L, int n)
         float *r = w->rlog + (size_t)i * E;
         int32_t *sel = w->sel + (size_t)i * k;
         float *sw = w->selw + (size_t)i * k;
-        if (L->router_b) worker_add_bias(r, L->router_b, E);
+        if (L->router_b) worker_vec_add(r, L->router_b, E);
         /* top-k by value, ties to the lower expert id */
         for (int t = 0; t < k; t++) {
             int best = -1;

@@ -198,8 +198,8 @@ void worker_big_free(void *q);
  * (p is not kept). */
 int worker_own(ie_worker_t *w, void *p);
 
-/* y[0..n) += b[0..n) */
-static inline void worker_add_bias(float *y, const float *b, int64_t n)
+/* y[0..n) += b[0..n): biases, and the residual adds of the forward pass */
+static inline void worker_vec_add(float *y, const float *b, int64_t n)
 {
     for (int64_t i = 0; i < n; i++) y[i] += b[i];
 }
