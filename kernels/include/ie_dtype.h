@@ -10,6 +10,33 @@
  *   (4-bit: element j<16 is the low nibble of qs[j], element j+16 its high nibble)
  * Q8_1 is an activation format only (paired with Q4_1 weights).
  *
+ * The k-quant family and its relatives (ggml's layouts, byte for byte; u is
+ * an element's unsigned code, sc/mn its sub-block's scale/min codes; which
+ * bits of qs/qh/scales hold which element's code is ggml's, decoded by
+ * ie_dequantize_row — gguf.quants' dequantization is the oracle):
+ *   Q5_0  : 32 = { f16 d; u8 qh[4]; u8 qs[16]; }            22 B, x = d*(u-16)
+ *   Q5_1  : 32 = { f16 d; f16 m; u8 qh[4]; u8 qs[16]; }     24 B, x = d*u + m
+ *   IQ4_NL: 32 = { f16 d; u8 qs[16]; }                      18 B, x = d*kv[u]
+ *   Q2_K  : 256 = { u8 scales[16]; u8 qs[64]; f16 d; f16 dmin; }      84 B,
+ *           16 subs of 16, sc and mn 4 bits: x = (d*sc)*u - (dmin*mn)
+ *   Q3_K  : 256 = { u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d; } 110 B,
+ *           16 subs of 16, 6-bit codes s: x = (d*(s-32))*(u-4), u in [0,7]
+ *   Q4_K  : 256 = { f16 d; f16 dmin; u8 scales[12]; u8 qs[128]; }    144 B,
+ *           8 subs of 32, sc and mn 6 bits: x = (d*sc)*u - (dmin*mn)
+ *   Q5_K  : 256 = { f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]; }
+ *           176 B, as Q4_K with u in [0,31]
+ *   Q6_K  : 256 = { u8 ql[128]; u8 qh[64]; int8 scales[16]; f16 d; } 210 B,
+ *           16 subs of 16: x = (d*sc)*(u-32), u in [0,63]
+ *   IQ4_XS: 256 = { f16 d; u16 scales_h; u8 scales_l[4]; u8 qs[128]; } 136 B,
+ *           8 subs of 32, 6-bit codes s: x = (d*(s-32))*kv[u]
+ *   Q8_K  : 256 = { f32 d; int8 q[256]; int16 bsums[16]; } 292 B, activations
+ *           only (the K types' and IQ4_XS's): x = d*q, bsums[i] = sum of
+ *           q[16i .. 16i+15]; ggml's rounding (d = -max/127 with max the
+ *           value of largest magnitude, q = nearest(x/d) capped at 127).
+ * kv = ie_iq4nl_kvalues (int8, non-linear). Every product in parentheses is
+ * exact in f32 (an f16 times a code of at most 6 bits), so (d*sc)*u - (dmin*mn)
+ * rounds once, as gguf.quants computes it.
+ *
  * MXFP4 values, exactly as ggml decodes them (dequantize_row_mxfp4,
  * kvalues_mxfp4, GGML_E8M0_TO_FP32_HALF in ggml-quants.c / ggml-impl.h):
  *   x = E2M1(code) * 2^(e-127) = ie_mxfp4_kvalues[code] * 2^(e-128)
@@ -32,8 +59,18 @@ typedef enum ie_dtype {
     IE_DTYPE_F16 = 1,
     IE_DTYPE_Q4_0 = 2,
     IE_DTYPE_Q4_1 = 3,
+    IE_DTYPE_Q5_0 = 6,
+    IE_DTYPE_Q5_1 = 7,
     IE_DTYPE_Q8_0 = 8,
     IE_DTYPE_Q8_1 = 9,
+    IE_DTYPE_Q2_K = 10,
+    IE_DTYPE_Q3_K = 11,
+    IE_DTYPE_Q4_K = 12,
+    IE_DTYPE_Q5_K = 13,
+    IE_DTYPE_Q6_K = 14,
+    IE_DTYPE_Q8_K = 15,
+    IE_DTYPE_IQ4_NL = 20,
+    IE_DTYPE_IQ4_XS = 23,
     IE_DTYPE_BF16 = 30,
     IE_DTYPE_MXFP4 = 39,
     /* engine-native weight quantizations (never in GGUF files; ids outside
@@ -61,7 +98,8 @@ typedef enum ie_layout { IE_LAYOUT_ROWS = 0, IE_LAYOUT_PANEL16 = 1, IE_LAYOUT_BS
 /* "rows", "panel16", "bsr" or "invalid". */
 const char *ie_layout_name(ie_layout_t l);
 
-#define IE_QK 32 /* elements per quantized block */
+#define IE_QK 32    /* elements per quantized block */
+#define IE_QK_K 256 /* elements per k-quant super-block */
 
 typedef uint16_t ie_f16_t;  /* IEEE binary16 bits */
 typedef uint16_t ie_bf16_t; /* bfloat16 bits      */
@@ -89,7 +127,75 @@ typedef struct {
     uint8_t qs[IE_QK / 2];
 } ie_block_mxfp4_t;
 
+typedef struct {
+    ie_f16_t d;
+    uint8_t qh[4];
+    uint8_t qs[IE_QK / 2];
+} ie_block_q5_0_t;
+typedef struct {
+    ie_f16_t d;
+    ie_f16_t m;
+    uint8_t qh[4];
+    uint8_t qs[IE_QK / 2];
+} ie_block_q5_1_t;
+typedef struct {
+    ie_f16_t d;
+    uint8_t qs[IE_QK / 2];
+} ie_block_iq4_nl_t;
+typedef struct {
+    uint8_t scales[IE_QK_K / 16];
+    uint8_t qs[IE_QK_K / 4];
+    ie_f16_t d;
+    ie_f16_t dmin;
+} ie_block_q2_k_t;
+typedef struct {
+    uint8_t hmask[IE_QK_K / 8];
+    uint8_t qs[IE_QK_K / 4];
+    uint8_t scales[12];
+    ie_f16_t d;
+} ie_block_q3_k_t;
+typedef struct {
+    ie_f16_t d;
+    ie_f16_t dmin;
+    uint8_t scales[12];
+    uint8_t qs[IE_QK_K / 2];
+} ie_block_q4_k_t;
+typedef struct {
+    ie_f16_t d;
+    ie_f16_t dmin;
+    uint8_t scales[12];
+    uint8_t qh[IE_QK_K / 8];
+    uint8_t qs[IE_QK_K / 2];
+} ie_block_q5_k_t;
+typedef struct {
+    uint8_t ql[IE_QK_K / 2];
+    uint8_t qh[IE_QK_K / 4];
+    int8_t scales[IE_QK_K / 16];
+    ie_f16_t d;
+} ie_block_q6_k_t;
+typedef struct {
+    float d;
+    int8_t q[IE_QK_K];
+    int16_t bsums[IE_QK_K / 16];
+} ie_block_q8_k_t;
+typedef struct {
+    ie_f16_t d;
+    uint16_t scales_h;
+    uint8_t scales_l[IE_QK_K / 64];
+    uint8_t qs[IE_QK_K / 2];
+} ie_block_iq4_xs_t;
+
 _Static_assert(sizeof(ie_block_q8_0_t) == 34, "q8_0 layout");
+_Static_assert(sizeof(ie_block_q5_0_t) == 22, "q5_0 layout");
+_Static_assert(sizeof(ie_block_q5_1_t) == 24, "q5_1 layout");
+_Static_assert(sizeof(ie_block_iq4_nl_t) == 18, "iq4_nl layout");
+_Static_assert(sizeof(ie_block_q2_k_t) == 84, "q2_K layout");
+_Static_assert(sizeof(ie_block_q3_k_t) == 110, "q3_K layout");
+_Static_assert(sizeof(ie_block_q4_k_t) == 144, "q4_K layout");
+_Static_assert(sizeof(ie_block_q5_k_t) == 176, "q5_K layout");
+_Static_assert(sizeof(ie_block_q6_k_t) == 210, "q6_K layout");
+_Static_assert(sizeof(ie_block_q8_k_t) == 292, "q8_K layout");
+_Static_assert(sizeof(ie_block_iq4_xs_t) == 136, "iq4_xs layout");
 _Static_assert(sizeof(ie_block_q8_1_t) == 36, "q8_1 layout");
 _Static_assert(sizeof(ie_block_q4_0_t) == 18, "q4_0 layout");
 _Static_assert(sizeof(ie_block_q4_1_t) == 20, "q4_1 layout");
@@ -97,6 +203,13 @@ _Static_assert(sizeof(ie_block_mxfp4_t) == 17, "mxfp4 layout");
 
 /* 2 x the E2M1 value of each 4-bit MXFP4 code (see above). */
 extern const int8_t ie_mxfp4_kvalues[16];
+
+/* The IQ4_NL / IQ4_XS code book: {-127, -104, ..., 113} (ggml's kvalues_iq4nl). */
+extern const int8_t ie_iq4nl_kvalues[16];
+
+/* 1 for the ggml k-quant family and relatives this engine computes with
+ * (Q5_0, Q5_1, IQ4_NL, Q2_K..Q6_K, IQ4_XS; not the activation type Q8_K). */
+int ie_dtype_is_kquant(ie_dtype_t t);
 
 /* 2^(e-128) as f32, exact for every e (the scale of one ie_mxfp4_kvalues
  * unit; e < 2 gives subnormals 2^-128, 2^-127). */
@@ -113,7 +226,8 @@ static inline float ie_e8m0_half_to_f32(uint8_t e)
 /* Lower-case name ("f32", "q4_1", ...) or "invalid". Never NULL. */
 const char *ie_dtype_name(ie_dtype_t t);
 
-/* 1 for f32/f16/bf16, 32 for block types, 0 for an unknown type. */
+/* 1 for f32/f16/bf16, 32 or 256 (k-quants, IQ4_XS, Q8_K) for block types,
+ * 0 for an unknown type. */
 int ie_dtype_block_elems(ie_dtype_t t);
 
 /* Bytes of one block (element size for non-block types), 0 if unknown. */

@@ -51,7 +51,9 @@ int ie_isa_supported(ie_isa_t isa);
 /* Activation format that matmul expects for weights of type `wtype`:
  * F32 for f32/f16 weights, BF16 (bf16 rows, round to nearest even) for bf16
  * weights, Q8_0 for q8_0/q4_0/mxfp4, Q8_1 for q4_1,
- * Q8_P for the packed I4W/I4WA and Q16_P for the packed I8W (matmul_packed). */
+ * Q8_P for the packed I4W/I4WA and Q16_P for the packed I8W (matmul_packed);
+ * Q8_P for q5_0/q5_1/iq4_nl and Q8_K for q2_K..q6_K and iq4_xs, in either
+ * layout (ROWS or PANEL16). */
 ie_dtype_t ie_matmul_act_dtype(ie_dtype_t wtype);
 
 /* A source of panel ranges for matmul_packed_ranges: returns 1 and sets

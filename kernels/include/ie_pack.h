@@ -37,6 +37,41 @@
  * one zmm of 16 rows for an FMA with the activation broadcast. Panel bytes
  * 32 * n_in. Activations: F32 rows.
  *
+ * K-QUANTS in PANEL16 (Q5_0, Q5_1, IQ4_NL: blocks of QK = 32; Q2_K,
+ * Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS: super-blocks of QK = 256; ie_dtype.h
+ * gives each type's codes and formula). A lossless rearrangement of the
+ * ggml blocks: every f16 and every code is kept, 6-bit and 4-bit scale
+ * codes are widened to int8. `group` is QK. Panel p, for each block b =
+ * 0 .. n_in/QK - 1 in order, is a header and then the codes:
+ *   header, in this order (16 = the panel's rows, row i at index i):
+ *     f16 d[16]                      every type
+ *     f16 dmin[16]                   Q2_K, Q4_K, Q5_K (dmin); Q5_1 (its m)
+ *     int8 sc[nsub][16]              K types and IQ4_XS: sc[j][i] = the
+ *                                    signed scale of sub-block j of row i:
+ *                                    Q2_K, Q4_K, Q5_K its code; Q3_K and
+ *                                    IQ4_XS code - 32; Q6_K its int8
+ *     int8 mn[nsub][16]              Q2_K, Q4_K, Q5_K: min codes
+ *   (nsub = 16 for Q2_K, Q3_K, Q6_K; 8 for Q4_K, Q5_K, IQ4_XS; 32-element
+ *   types have no sc/mn: their scale is d alone.)
+ *   codes, for each slab of 32 columns K = 32s of the block in order, the
+ *   b-bit code u (b = 2 Q2_K, 3 Q3_K, 4 Q4_K IQ4_NL IQ4_XS, 5 Q5_0 Q5_1
+ *   Q5_K, 6 Q6_K) split into planes of 64-byte chunks (row i, j = 0..3):
+ *     nibble chunks c = 0..3 (b >= 4): bits 0-3;
+ *         byte 4i+j = lo4(u[i][K+8c+j]) | lo4(u[i][K+8c+4+j]) << 4
+ *     crumb chunks c = 0..1 (b = 2, 3: bits 0-1; b = 6: bits 4-5);
+ *         byte 4i+j, bits 2t..2t+1 (t = 0..3) = those bits of u[i][K+16c+4t+j]
+ *     bit chunk (b = 3: bit 2; b = 5: bit 4);
+ *         byte 4i+j, bit t (t = 0..7) = that bit of u[i][K+4t+j]
+ *   in the order nibbles, crumbs, bit: b*64 bytes per slab. Each chunk
+ *   holds whole quads of 4 consecutive columns per row in one dword,
+ *   the layout vpdpbusd reads with 4 activation bytes broadcast.
+ * The value of element k of row i is the type's formula (ie_dtype.h) on
+ * these fields, evaluated in the same order, so ie_pack_dequant_row equals
+ * ie_dequantize_row on the source bit for bit. Activations: Q8_P for the
+ * 32-element types, Q8_K for the others (ie_matmul_act_dtype); the same
+ * for their ROWS kernels.
+ * Panel bytes per block: 2*16*(1 + has_dmin) + 16*nsub*(1 + has_mn) + 16*QK*b/8.
+ *
  * Q8_P activations (what matmul_packed reads): per token row of n_in
  * (a multiple of 32) floats x:
  *     int8 q[n_in]; float d[n_in/32]; float s[n_in/32]
@@ -85,12 +120,17 @@ static inline int ie_dtype_is_intw(ie_dtype_t t)
 /* 1 for the plain 16-bit float types PANEL16 holds (no scales). */
 static inline int ie_dtype_is_half(ie_dtype_t t) { return t == IE_DTYPE_BF16 || t == IE_DTYPE_F16; }
 
-/* 1 for the types PANEL16 can hold: the I-types, BF16 and F16. */
-static inline int ie_dtype_is_packable(ie_dtype_t t) { return ie_dtype_is_intw(t) || ie_dtype_is_half(t); }
+/* 1 for the types PANEL16 can hold: the I-types, BF16, F16 and the
+ * k-quants (ie_dtype_is_kquant). */
+static inline int ie_dtype_is_packable(ie_dtype_t t)
+{
+    return ie_dtype_is_intw(t) || ie_dtype_is_half(t) || ie_dtype_is_kquant(t);
+}
 
 /* 0 if (dtype, group, n_in) is a valid packed shape (dtype in I8W/I4W/I4WA,
  * group a positive multiple of 32 dividing n_in; BF16 and F16 with group
- * 32 and n_in a multiple of 32), else -1. */
+ * 32 and n_in a multiple of 32; a k-quant with group = its block size
+ * dividing n_in), else -1. */
 int ie_pack_check(ie_dtype_t dtype, int group, int64_t n_in);
 
 /* Bytes of one panel / of a whole n_out-row matrix in PANEL16 layout; 0 if
@@ -132,7 +172,8 @@ void ie_qrow_dequantize(ie_dtype_t dtype, int group, const void *src, float *dst
 
 /* The packed type a ROWS-layout tensor repacks to losslessly:
  * Q8_0 -> I8W, Q4_0 -> I4W, Q4_1 -> I4WA (group 32), I-types, BF16 and
- * F16 (group 32) -> themselves; IE_DTYPE_INVALID for anything else. */
+ * F16 (group 32) and the k-quants (group = block size) -> themselves;
+ * IE_DTYPE_INVALID for anything else. */
 ie_dtype_t ie_pack_target(ie_dtype_t rows_dtype);
 
 /* Repack rows [r0, r1) (same alignment rules as ie_pack_quantize) of a

@@ -42,6 +42,15 @@ ie_dtype_t ie_matmul_act_dtype(ie_dtype_t wtype)
     case IE_DTYPE_I8W: return IE_DTYPE_Q16_P; /* weight-only: 16-bit activations */
     case IE_DTYPE_I4W:
     case IE_DTYPE_I4WA: return IE_DTYPE_Q8_P;
+    case IE_DTYPE_Q5_0: /* the 32-element relatives read I4W's activations */
+    case IE_DTYPE_Q5_1:
+    case IE_DTYPE_IQ4_NL: return IE_DTYPE_Q8_P;
+    case IE_DTYPE_Q2_K: /* one scale per super-block: the integer sub-block */
+    case IE_DTYPE_Q3_K: /* sums add up before any float (ggml's Q8_K) */
+    case IE_DTYPE_Q4_K:
+    case IE_DTYPE_Q5_K:
+    case IE_DTYPE_Q6_K:
+    case IE_DTYPE_IQ4_XS: return IE_DTYPE_Q8_K;
     default: return IE_DTYPE_INVALID;
     }
 }

@@ -4,6 +4,23 @@
 #include <string.h>
 
 const int8_t ie_mxfp4_kvalues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+const int8_t ie_iq4nl_kvalues[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+int ie_dtype_is_kquant(ie_dtype_t t)
+{
+    switch (t) {
+    case IE_DTYPE_Q5_0:
+    case IE_DTYPE_Q5_1:
+    case IE_DTYPE_IQ4_NL:
+    case IE_DTYPE_Q2_K:
+    case IE_DTYPE_Q3_K:
+    case IE_DTYPE_Q4_K:
+    case IE_DTYPE_Q5_K:
+    case IE_DTYPE_Q6_K:
+    case IE_DTYPE_IQ4_XS: return 1;
+    default: return 0;
+    }
+}
 
 const char *ie_dtype_name(ie_dtype_t t)
 {
@@ -16,6 +33,16 @@ const char *ie_dtype_name(ie_dtype_t t)
     case IE_DTYPE_Q8_0: return "q8_0";
     case IE_DTYPE_Q8_1: return "q8_1";
     case IE_DTYPE_MXFP4: return "mxfp4";
+    case IE_DTYPE_Q5_0: return "q5_0";
+    case IE_DTYPE_Q5_1: return "q5_1";
+    case IE_DTYPE_IQ4_NL: return "iq4_nl";
+    case IE_DTYPE_Q2_K: return "q2_K";
+    case IE_DTYPE_Q3_K: return "q3_K";
+    case IE_DTYPE_Q4_K: return "q4_K";
+    case IE_DTYPE_Q5_K: return "q5_K";
+    case IE_DTYPE_Q6_K: return "q6_K";
+    case IE_DTYPE_Q8_K: return "q8_K";
+    case IE_DTYPE_IQ4_XS: return "iq4_xs";
     case IE_DTYPE_I8W: return "int8w";
     case IE_DTYPE_I4W: return "int4w";
     case IE_DTYPE_I4WA: return "int4w_affine";
@@ -35,7 +62,17 @@ int ie_dtype_block_elems(ie_dtype_t t)
     case IE_DTYPE_Q4_1:
     case IE_DTYPE_Q8_0:
     case IE_DTYPE_Q8_1:
-    case IE_DTYPE_MXFP4: return IE_QK;
+    case IE_DTYPE_MXFP4:
+    case IE_DTYPE_Q5_0:
+    case IE_DTYPE_Q5_1:
+    case IE_DTYPE_IQ4_NL: return IE_QK;
+    case IE_DTYPE_Q2_K:
+    case IE_DTYPE_Q3_K:
+    case IE_DTYPE_Q4_K:
+    case IE_DTYPE_Q5_K:
+    case IE_DTYPE_Q6_K:
+    case IE_DTYPE_Q8_K:
+    case IE_DTYPE_IQ4_XS: return IE_QK_K;
     default: return 0;
     }
 }
@@ -51,6 +88,16 @@ size_t ie_dtype_block_bytes(ie_dtype_t t)
     case IE_DTYPE_Q8_0: return sizeof(ie_block_q8_0_t);
     case IE_DTYPE_Q8_1: return sizeof(ie_block_q8_1_t);
     case IE_DTYPE_MXFP4: return sizeof(ie_block_mxfp4_t);
+    case IE_DTYPE_Q5_0: return sizeof(ie_block_q5_0_t);
+    case IE_DTYPE_Q5_1: return sizeof(ie_block_q5_1_t);
+    case IE_DTYPE_IQ4_NL: return sizeof(ie_block_iq4_nl_t);
+    case IE_DTYPE_Q2_K: return sizeof(ie_block_q2_k_t);
+    case IE_DTYPE_Q3_K: return sizeof(ie_block_q3_k_t);
+    case IE_DTYPE_Q4_K: return sizeof(ie_block_q4_k_t);
+    case IE_DTYPE_Q5_K: return sizeof(ie_block_q5_k_t);
+    case IE_DTYPE_Q6_K: return sizeof(ie_block_q6_k_t);
+    case IE_DTYPE_Q8_K: return sizeof(ie_block_q8_k_t);
+    case IE_DTYPE_IQ4_XS: return sizeof(ie_block_iq4_xs_t);
     default: return 0;
     }
 }

@@ -112,6 +112,32 @@ void ie_matmul_q4_1_q8_1_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1
 void ie_matmul_mxfp4_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                               int64_t n_tok, float *y, int64_t ldy);
 
+/* The k-quants in ROWS layout (ggml blocks, ie_dtype.h) against their
+ * activations (ie_matmul_act_dtype: Q8_P for q5_0/q5_1/iq4_nl, Q8_K for
+ * the 256-element types): per block, the integer code x activation sums
+ * exactly (int32), then scaled in f32 in a fixed order, summed over blocks
+ * in double. Q8_K rows: ie_quantize_row_q8_k_ref (ggml's
+ * quantize_row_q8_K rule, n a multiple of 256). */
+void ie_quantize_row_q8_k_ref(const float *x, ie_block_q8_k_t *y, int64_t n);
+void ie_matmul_q5_0_q8_p_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                             int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_q5_1_q8_p_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                             int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq4_nl_q8_p_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                               int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_q2_k_q8_k_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                             int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_q3_k_q8_k_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                             int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_q4_k_q8_k_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                             int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_q5_k_q8_k_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                             int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_q6_k_q8_k_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                             int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq4_xs_q8_k_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                               int64_t n_tok, float *y, int64_t ldy);
+
 /* Packed (ie_pack.h) reference matmul (I8W x Q16_P, I4W/I4WA x Q8_P) and
  * the Q8_P / Q16_P activation quantizers (n a multiple of 32). */
 ie_status_t ie_matmul_packed_ref(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,

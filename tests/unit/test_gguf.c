@@ -33,7 +33,7 @@ static const struct {
 } k_tensors[N_TENSORS] = {
     {"w.f32", G_F32, 2, {4, 3}, 48, IE_DTYPE_F32},         {"w.f16", G_F16, 1, {8}, 16, IE_DTYPE_F16},
     {"w.q8_0", G_Q8_0, 2, {64, 2}, 4 * 34, IE_DTYPE_Q8_0}, {"w.q4_1", G_Q4_1, 2, {32, 3}, 3 * 20, IE_DTYPE_Q4_1},
-    {"w.q6_K", G_Q6_K, 1, {256}, 210, IE_DTYPE_INVALID},   {"w.bf16", G_BF16, 4, {2, 2, 2, 2}, 32, IE_DTYPE_BF16},
+    {"w.q6_K", G_Q6_K, 1, {256}, 210, IE_DTYPE_Q6_K},      {"w.bf16", G_BF16, 4, {2, 2, 2, 2}, 32, IE_DTYPE_BF16},
 };
 
 /* Offsets (within their sections) of fields the bad-input tests corrupt. */

@@ -458,7 +458,7 @@ static void test_hf_bad_tensors(void)
 /* ================================================================ GGUF */
 
 enum { GE = 32, GH = 4, GKV = 2, GHD = 8, GFF = 64, GL = 2, GV = 40 };
-enum { G_F32 = 0, G_F16 = 1, G_Q4_0 = 2, G_Q4_1 = 3, G_Q5_0 = 6, G_Q8_0 = 8 };
+enum { G_F32 = 0, G_F16 = 1, G_Q4_0 = 2, G_Q4_1 = 3, G_Q8_0 = 8, G_Q8_1 = 9 };
 
 typedef struct gg_opts {
     const char *arch;
@@ -601,9 +601,9 @@ static void test_gguf_bad(void)
     write_gguf(&o, "tiny.gguf");
     EXPECT_FAIL(gguf_path(), IE_ERR_FORMAT, "llama.vocab_size is 41 but token_embd.weight has 40 rows");
 
-    o = (gg_opts_t){.n_kv = GKV, .q_type = G_Q5_0};
+    o = (gg_opts_t){.n_kv = GKV, .q_type = G_Q8_1}; /* an activation-only type */
     write_gguf(&o, "tiny.gguf");
-    EXPECT_FAIL(gguf_path(), IE_ERR_UNSUPPORTED, "tensor 'blk.0.attn_q.weight' has type q5_0");
+    EXPECT_FAIL(gguf_path(), IE_ERR_UNSUPPORTED, "tensor 'blk.0.attn_q.weight' has type q8_1");
 
     o = (gg_opts_t){.n_kv = GKV, .k_rows = 15};
     write_gguf(&o, "tiny.gguf");
