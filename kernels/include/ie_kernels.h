@@ -201,6 +201,13 @@ static inline ie_status_t ie_kernels_matmul(const ie_kernels_t *k, ie_dtype_t wt
     return IE_OK;
 }
 
+/* Index of the first block among the n elements at src (a row or several,
+ * n a multiple of the block size) of ggml block type t whose scale fields
+ * (d, dmin, m, e...) are NaN or infinite, or -1 when every one is finite
+ * (always -1 for f32/f16/bf16, whose values are checked elsewhere if at
+ * all). Run when weights are bound: a NaN scale would poison every sum. */
+int64_t ie_quant_find_nonfinite(ie_dtype_t t, const void *src, int64_t n);
+
 /* Dequantize/convert n elements of a row of type t to floats. */
 void ie_dequantize_row(ie_dtype_t t, const void *src, float *dst, int64_t n);
 

@@ -112,6 +112,47 @@ void ie_matmul_q4_1_q8_1_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1
 void ie_matmul_mxfp4_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                               int64_t n_tok, float *y, int64_t ldy);
 
+/* ---------------------------------------- k-quant codes (kquant_ref.c) */
+
+/* The shape of a k-quant type (ie_dtype_is_kquant): elements per block,
+ * sub-blocks per block (0 for the 32-element types: their scale is d
+ * alone), code bits, and which fields it has (ie_dtype.h, ie_pack.h). */
+typedef struct ie_kq_info {
+    int qk;       /* 32 or 256                                       */
+    int nsub;     /* 0, 8 or 16                                      */
+    int bits;     /* 2 .. 6                                          */
+    int has_dmin; /* Q2_K, Q4_K, Q5_K (dmin); Q5_1 (its m)           */
+    int has_mn;   /* Q2_K, Q4_K, Q5_K: min codes per sub-block       */
+} ie_kq_info_t;
+
+/* 0 and *info filled for a k-quant type, -1 for any other. */
+int ie_kq_info(ie_dtype_t t, ie_kq_info_t *info);
+
+/* One block's fields, decoded: u[k] the unsigned code of element k (k <
+ * qk), sc[j] / mn[j] sub-block j's signed scale / min code exactly as
+ * PANEL16 stores them (ie_pack.h: Q3_K and IQ4_XS already minus 32), d
+ * and dmin the f16 fields as stored (dmin: Q5_1's m; 0 where absent). */
+typedef struct ie_kq_codes {
+    uint8_t u[IE_QK_K];
+    int8_t sc[16];
+    int8_t mn[16];
+    ie_f16_t d, dmin;
+} ie_kq_codes_t;
+
+/* Decode one ggml block of type t into c. The one place that knows which
+ * bits of a ggml block hold which code (dequantize, repack and the
+ * quantizers all go through it and ie_kq_encode). Returns 0, -1 if t is
+ * not a k-quant. */
+int ie_kq_decode(ie_dtype_t t, const void *block, ie_kq_codes_t *c);
+
+/* The inverse: write the ggml block of type t holding c's fields (codes
+ * out of their range are masked to their bits). Returns 0 or -1. */
+int ie_kq_encode(ie_dtype_t t, const ie_kq_codes_t *c, void *block);
+
+/* Element k's value from c by the type's formula (ie_dtype.h), in f32 in
+ * the order gguf.quants computes it: ie_dequantize_row's values. */
+float ie_kq_value(ie_dtype_t t, const ie_kq_codes_t *c, int k);
+
 /* The k-quants in ROWS layout (ggml blocks, ie_dtype.h) against their
  * activations (ie_matmul_act_dtype: Q8_P for q5_0/q5_1/iq4_nl, Q8_K for
  * the 256-element types): per block, the integer code x activation sums
