@@ -309,6 +309,20 @@ static void test_repack_lossless(void)
                         bad++;
                     }
                 }
+                /* a range writes its panels only */
+                if (np > 1) {
+                    memset(p2, 0x5a, pb);
+                    CU_ASSERT_EQUAL(ie_pack_repack(t, 0, w, n_in, 16, 32 < n_out ? 32 : n_out, n_out, p2), 0);
+                    const size_t ppb = pb / (size_t)np;
+                    int outside = 0;
+                    for (size_t j = 0; j < pb; j++)
+                        if ((j < ppb || j >= 2 * ppb) && p2[j] != 0x5a) outside++;
+                    if (outside || memcmp(p2 + ppb, p0 + ppb, ppb) != 0) {
+                        printf("\n  %s n_in=%lld n_out=%lld: repack of rows [16, 32) wrong or outside its panel",
+                               ie_dtype_name(t), (long long)n_in, (long long)n_out);
+                        bad++;
+                    }
+                }
                 /* bad ranges / shapes refused */
                 CU_ASSERT_EQUAL(ie_pack_repack(t, 0, w, n_in, 1, n_out, n_out, p0), -1);
                 CU_ASSERT_EQUAL(ie_pack_repack(t, 0, w, n_in, 0, n_out + 1, n_out, p0), -1);
@@ -729,6 +743,29 @@ static void test_matmul_shapes(void)
     CU_ASSERT_EQUAL(bad, 0);
 }
 
+/* Long rows (more k than one pass of a blocked kernel: 131 blocks of 32,
+ * 43 of 256 — odd counts) and more panels, at decode and small prefill
+ * token counts, whole and sub-ranges. */
+static void test_matmul_large(void)
+{
+    static const int64_t ntoks[] = {1, 3, 9};
+    int bad = 0, cases = 0, k = 0;
+    for (int ti = 0; ti < N_KTYPES; ti++)
+        for (int j = 0; j < 3; j++, k++) {
+            const ie_dtype_t t = KTYPES[ti];
+            const int64_t n_in = ie_dtype_block_elems(t) == 32 ? 131 * 32 : 43 * 256, n_out = 72;
+            mcase_t c = {t, n_in, n_out, ntoks[j], 0, n_out, j, 4 * j, 7000 + (uint64_t)k};
+            if (j == 1) { /* rows [16, 48) */
+                c.r0 = 16;
+                c.r1 = 48;
+            }
+            bad += check_case(&c);
+            cases++;
+        }
+    printf("\n    %d cases", cases);
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
 /* Bad matrices and ranges are refused by every ISA with IE_ERR_INVAL. */
 static void test_matmul_bad_args(void)
 {
@@ -773,6 +810,7 @@ int main(void)
     CU_add_test(s, "repack lossless: spec fields, dequant_row == ie_dequantize_row", test_repack_lossless);
     CU_add_test(s, "slice rows/panels == repack of the cut; bad cuts refused", test_slice);
     CU_add_test(s, "matmul_packed: ref == rows ref; every ISA vs ref, ranges", test_matmul_shapes);
+    CU_add_test(s, "matmul_packed long rows, more panels (all ISAs)", test_matmul_large);
     CU_add_test(s, "matmul_packed bad args (all ISAs)", test_matmul_bad_args);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
