@@ -625,25 +625,27 @@ static ie_f16_t f16_up(float v)
 
 static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
-/* nearest integer of v (half away from zero), clamped to [lo, hi]; a
- * non-finite or huge v lands on the end of its sign. */
+/* Nearest integer of v, clamped to [lo, hi] (a NaN gives lo): the clamp
+ * first, then ggml's nearest_int (ties to even, no libm call: these
+ * searches round tens of times per element). */
 static int qround(float v, int lo, int hi)
 {
-    if (!(v > (float)lo)) return v != v ? 0 : lo;
-    if (!(v < (float)hi)) return hi;
-    return clampi((int)lroundf(v), lo, hi);
+    if (!(v > (float)lo)) return lo;
+    if (v > (float)hi) return hi;
+    return clampi(nearest_int(v), lo, hi);
 }
 
-/* Index of the code book entry nearest v (the first on ties). */
+/* Index of the code book entry nearest v (the lower one on ties): the
+ * number of midpoints of the sorted book below v, counted without
+ * branches (a search's unpredictable branches cost more than the 15
+ * compares; the searches call this ~30 times per element). */
 static int nearest_kv(float v)
 {
-    int best = 0;
-    float be = fabsf(v - (float)ie_iq4nl_kvalues[0]);
-    for (int i = 1; i < 16; i++) {
-        const float e = fabsf(v - (float)ie_iq4nl_kvalues[i]);
-        if (e < be) be = e, best = i;
-    }
-    return best;
+    static const float cut[15] = {-115.5f, -93.5f, -74.0f, -57.0f, -42.0f, -28.5f, -16.0f, -4.5f,
+                                  7.0f,    19.0f,  31.5f,  45.5f,  61.0f,  79.0f,  101.0f};
+    int n = 0;
+    for (int i = 0; i < 15; i++) n += v > cut[i];
+    return n;
 }
 
 /* Affine fit of x[0..n) ~ s*u - m (u in [0, nmax], s >= 0, m >= 0). */
@@ -660,10 +662,9 @@ static void fit_affine(const float *x, int n, int nmax, float *s_out, float *m_o
     for (int k = -10; k <= 10; k++) {
         const double is = (nmax + 0.1 * k) / range; /* k = 0: the extremes on 0 and nmax, nothing clipped */
         double sl = 0, sll = 0, sx = 0, slx = 0;
-        int L[IE_QK];
         for (int i = 0; i < n; i++) {
-            L[i] = qround((float)(is * ((double)x[i] - lo)), 0, nmax);
-            sl += L[i], sll += (double)L[i] * L[i], sx += x[i], slx += (double)L[i] * x[i];
+            const double L = qround((float)(is * ((double)x[i] - lo)), 0, nmax);
+            sl += L, sll += L * L, sx += x[i], slx += L * x[i];
         }
         const double det = n * sll - sl * sl;
         double s, c; /* x ~ s*L + c */
@@ -675,11 +676,8 @@ static void fit_affine(const float *x, int n, int nmax, float *s_out, float *m_o
         }
         if (c > 0) c = 0, s = sll > 0 ? slx / sll : 0; /* the min must not be positive */
         if (s < 0) continue;
-        double e = 0;
-        for (int i = 0; i < n; i++) {
-            const double r = s * L[i] + c - x[i];
-            e += r * r;
-        }
+        /* sum (s*L + c - x)^2 from the sums, less the constant sum x^2 */
+        const double e = s * s * sll + n * c * c + 2 * s * c * sl - 2 * s * slx - 2 * c * sx;
         if (e < best) best = e, *s_out = (float)s, *m_out = (float)-c;
     }
 }
@@ -696,19 +694,14 @@ static float fit_symmetric(const float *x, int n, int nmax)
     for (int k = -9; k <= 9; k++) {
         const double is = -(nmax + 0.1 * k) / (double)max;
         double sqx = 0, sqq = 0;
-        int q[IE_QK];
         for (int i = 0; i < n; i++) {
-            q[i] = qround((float)(is * x[i]), -nmax, nmax - 1);
-            sqx += (double)q[i] * x[i], sqq += (double)q[i] * q[i];
+            const double q = qround((float)(is * x[i]), -nmax, nmax - 1);
+            sqx += q * x[i], sqq += q * q;
         }
         if (sqq <= 0) continue;
-        const double s = sqx / sqq;
-        double e = 0;
-        for (int i = 0; i < n; i++) {
-            const double r = s * q[i] - x[i];
-            e += r * r;
-        }
-        if (e < best) best = e, bs = s;
+        /* the least-squares s = sqx/sqq leaves sum x^2 - sqx^2/sqq */
+        const double e = -sqx * sqx / sqq;
+        if (e < best) best = e, bs = sqx / sqq;
     }
     return (float)bs;
 }
@@ -722,23 +715,18 @@ static float fit_codebook(const float *x, int n)
     if (amax == 0.0f) return 0.0f;
     double best = INFINITY, bs = 0.0;
     for (int end = 0; end < 2; end++)
-        for (int k = -10; k <= 10; k++) {
+        for (int k = -7; k <= 7; k++) {
             const double kend = end ? ie_iq4nl_kvalues[15] : ie_iq4nl_kvalues[0];
             const double is = (kend + 0.1 * k * (end ? 1 : -1)) / (double)max;
             double sqx = 0, sqq = 0;
-            int u[IE_QK];
             for (int i = 0; i < n; i++) {
-                u[i] = nearest_kv((float)(is * x[i]));
-                const double v = ie_iq4nl_kvalues[u[i]];
+                const double v = ie_iq4nl_kvalues[nearest_kv((float)(is * x[i]))];
                 sqx += v * x[i], sqq += v * v;
             }
-            const double s = sqx / sqq; /* sqq > 0: the book has no 0 */
-            double e = 0;
-            for (int i = 0; i < n; i++) {
-                const double r = s * ie_iq4nl_kvalues[u[i]] - x[i];
-                e += r * r;
-            }
-            if (e < best) best = e, bs = s;
+            /* sqq > 0 (the book has no 0); the least-squares s = sqx/sqq
+             * leaves sum x^2 - sqx^2/sqq */
+            const double e = -sqx * sqx / sqq;
+            if (e < best) best = e, bs = sqx / sqq;
         }
     return (float)bs;
 }
