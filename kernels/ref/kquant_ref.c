@@ -421,10 +421,6 @@ void ie_quantize_row_q8_k_ref(const float *x, ie_block_q8_k_t *y, int64_t n)
 
 /* -------------------------------------------------- ROWS ref matmuls */
 
-/* One weight block against one activation block: the f32 term the row sum
- * adds (in double). */
-typedef float (*kq_block_dot_fn)(const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in);
-
 /* Q8_P activations of a row of n_in: q at arow, d and s after them. */
 static float q8p_d(const uint8_t *arow, int64_t b, int64_t n_in)
 {
@@ -439,135 +435,99 @@ static float q8p_s(const uint8_t *arow, int64_t b, int64_t n_in)
     return v;
 }
 
-/* 32-element types x Q8_P: isum = sum u*q (IQ4_NL: kv[u]*q) exactly, then
+/* 32-element types x Q8_P, block b of the decoded weight block c: isum =
+ * sum u*q (IQ4_NL: kv[u]*q) exactly, then in f32
  *   Q5_0  : dw * (da*isum - 16*s)
  *   Q5_1  : (dw*da)*isum + m*s
  *   IQ4_NL: (dw*da)*isum
- * in f32 (s = da*sum(q), the activation block's stored sum). */
-static float dot_q8p(ie_dtype_t t, const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in)
+ * (s = da*sum(q), the activation block's stored sum). */
+static float dot_q8p(ie_dtype_t t, const ie_kq_codes_t *c, const uint8_t *arow, int64_t b, int64_t n_in)
 {
-    ie_kq_codes_t c;
-    (void)ie_kq_decode(t, wb, &c);
     const int8_t *q = (const int8_t *)arow + b * IE_QK;
     int32_t isum = 0;
     for (int k = 0; k < IE_QK; k++)
-        isum += (t == IE_DTYPE_IQ4_NL ? ie_iq4nl_kvalues[c.u[k]] : (int32_t)c.u[k]) * (int32_t)q[k];
-    const float dw = ie_f16_to_f32(c.d), da = q8p_d(arow, b, n_in), s = q8p_s(arow, b, n_in);
+        isum += (t == IE_DTYPE_IQ4_NL ? ie_iq4nl_kvalues[c->u[k]] : (int32_t)c->u[k]) * (int32_t)q[k];
+    const float dw = ie_f16_to_f32(c->d), da = q8p_d(arow, b, n_in), s = q8p_s(arow, b, n_in);
     switch (t) {
     case IE_DTYPE_Q5_0: return dw * (da * (float)isum - 16.0f * s);
-    case IE_DTYPE_Q5_1: return (dw * da) * (float)isum + ie_f16_to_f32(c.dmin) * s;
+    case IE_DTYPE_Q5_1: return (dw * da) * (float)isum + ie_f16_to_f32(c->dmin) * s;
     default: return (dw * da) * (float)isum;
     }
 }
 
-static float dot_q5_0(const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in)
-{
-    return dot_q8p(IE_DTYPE_Q5_0, wb, arow, b, n_in);
-}
-static float dot_q5_1(const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in)
-{
-    return dot_q8p(IE_DTYPE_Q5_1, wb, arow, b, n_in);
-}
-static float dot_iq4_nl(const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in)
-{
-    return dot_q8p(IE_DTYPE_IQ4_NL, wb, arow, b, n_in);
-}
-
-/* 256-element types x Q8_K, per super-block (int32 throughout; the largest
+/* 256-element types x Q8_K, super-block b (int32 throughout; the largest
  * magnitude, Q6_K's 16*16*32*128*128, is below 2^31):
  *   isum = sum_j sc_j * sum_{k in j} (v_k * q_k)   with v_k = u (Q2_K, Q4_K,
  *          Q5_K), u - 4 (Q3_K), u - 32 (Q6_K), kv[u] (IQ4_XS); the offsets
  *          enter through bsums: sum (u-o)*q = sum u*q - o*bsum
  *   msum = sum_j mn_j * bsum_j (Q2_K, Q4_K, Q5_K; bsum_j over sub-block j)
  * then in f32: (da*d)*isum - (da*dmin)*msum. */
-static float dot_q8k(ie_dtype_t t, const uint8_t *wb, const uint8_t *arow, int64_t b)
+static float dot_q8k(ie_dtype_t t, const ie_kq_info_t *in, const ie_kq_codes_t *c, const uint8_t *arow, int64_t b)
 {
-    ie_kq_info_t in;
-    ie_kq_codes_t c;
     ie_block_q8_k_t a;
-    (void)ie_kq_info(t, &in);
-    (void)ie_kq_decode(t, wb, &c);
     memcpy(&a, arow + (size_t)b * sizeof a, sizeof a);
-    const int len = IE_QK_K / in.nsub, per = len / 16; /* bsums per sub-block */
+    const int len = IE_QK_K / in->nsub, per = len / 16; /* bsums per sub-block */
     const int off = t == IE_DTYPE_Q3_K ? 4 : t == IE_DTYPE_Q6_K ? 32 : 0;
     int32_t isum = 0, msum = 0;
-    for (int j = 0; j < in.nsub; j++) {
-        int32_t s = 0, bs = 0;
+    for (int j = 0; j < in->nsub; j++) {
+        int32_t sj = 0, bs = 0;
         for (int k = j * len; k < (j + 1) * len; k++)
-            s += (t == IE_DTYPE_IQ4_XS ? ie_iq4nl_kvalues[c.u[k]] : (int32_t)c.u[k]) * (int32_t)a.q[k];
+            sj += (t == IE_DTYPE_IQ4_XS ? ie_iq4nl_kvalues[c->u[k]] : (int32_t)c->u[k]) * (int32_t)a.q[k];
         for (int i = 0; i < per; i++) bs += a.bsums[j * per + i];
-        isum += c.sc[j] * (s - off * bs);
-        msum += c.mn[j] * bs;
+        isum += c->sc[j] * (sj - off * bs);
+        msum += c->mn[j] * bs;
     }
-    const float d = ie_f16_to_f32(c.d), dmin = ie_f16_to_f32(c.dmin);
-    if (!in.has_mn) return (a.d * d) * (float)isum;
+    const float d = ie_f16_to_f32(c->d), dmin = ie_f16_to_f32(c->dmin);
+    if (!in->has_mn) return (a.d * d) * (float)isum;
     return (a.d * d) * (float)isum - (a.d * dmin) * (float)msum;
 }
 
-static float dot_q2_k(const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in)
+/* Rows [r0, r1) x n_tok tokens: each block's f32 term summed in double,
+ * blocks in order. A weight block is decoded once per group of up to
+ * TOK_GROUP tokens (the accumulators live on the stack: no allocation). */
+#define TOK_GROUP 16
+static void matmul_rows(ie_dtype_t t, const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                        int64_t n_tok, float *y, int64_t ldy)
 {
-    (void)n_in;
-    return dot_q8k(IE_DTYPE_Q2_K, wb, arow, b);
-}
-static float dot_q3_k(const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in)
-{
-    (void)n_in;
-    return dot_q8k(IE_DTYPE_Q3_K, wb, arow, b);
-}
-static float dot_q4_k(const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in)
-{
-    (void)n_in;
-    return dot_q8k(IE_DTYPE_Q4_K, wb, arow, b);
-}
-static float dot_q5_k(const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in)
-{
-    (void)n_in;
-    return dot_q8k(IE_DTYPE_Q5_K, wb, arow, b);
-}
-static float dot_q6_k(const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in)
-{
-    (void)n_in;
-    return dot_q8k(IE_DTYPE_Q6_K, wb, arow, b);
-}
-static float dot_iq4_xs(const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in)
-{
-    (void)n_in;
-    return dot_q8k(IE_DTYPE_IQ4_XS, wb, arow, b);
-}
-
-/* Rows [r0, r1) x n_tok tokens: each block's f32 term summed in double. */
-static void matmul_rows(ie_dtype_t t, kq_block_dot_fn dot, const void *w, int64_t n_in, int64_t r0, int64_t r1,
-                        const void *a, size_t as, int64_t n_tok, float *y, int64_t ldy)
-{
+    ie_kq_info_t in;
+    ie_kq_codes_t c;
+    (void)ie_kq_info(t, &in);
     const size_t wrow = ie_dtype_row_bytes(t, n_in), bb = ie_dtype_block_bytes(t);
-    const int64_t nb = n_in / ie_dtype_block_elems(t);
-    for (int64_t tk = 0; tk < n_tok; tk++) {
-        const uint8_t *arow = (const uint8_t *)a + (size_t)tk * as;
-        for (int64_t r = r0; r < r1; r++) {
-            const uint8_t *wr = (const uint8_t *)w + (size_t)r * wrow;
-            double acc = 0.0;
-            for (int64_t b = 0; b < nb; b++) acc += (double)dot(wr + (size_t)b * bb, arow, b, n_in);
-            y[tk * ldy + r] = (float)acc;
+    const int64_t nb = n_in / in.qk;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = (const uint8_t *)w + (size_t)r * wrow;
+        for (int64_t t0 = 0; t0 < n_tok; t0 += TOK_GROUP) {
+            const int nt = (int)(n_tok - t0 < TOK_GROUP ? n_tok - t0 : TOK_GROUP);
+            double acc[TOK_GROUP] = {0};
+            for (int64_t b = 0; b < nb; b++) {
+                (void)ie_kq_decode(t, wr + (size_t)b * bb, &c);
+                for (int i = 0; i < nt; i++) {
+                    const uint8_t *arow = (const uint8_t *)a + (size_t)(t0 + i) * as;
+                    acc[i] += in.qk == IE_QK ? (double)dot_q8p(t, &c, arow, b, n_in)
+                                             : (double)dot_q8k(t, &in, &c, arow, b);
+                }
+            }
+            for (int i = 0; i < nt; i++) y[(t0 + i) * ldy + r] = (float)acc[i];
         }
     }
 }
 
-#define IE_KQ_MATMUL(name, type, dotfn)                                                                           \
+#define IE_KQ_MATMUL(name, type)                                                                                  \
     void name(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride, int64_t n_tok, \
               float *y, int64_t ldy)                                                                              \
     {                                                                                                             \
-        matmul_rows(type, dotfn, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);                                    \
+        matmul_rows(type, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);                                           \
     }
 
-IE_KQ_MATMUL(ie_matmul_q5_0_q8_p_ref, IE_DTYPE_Q5_0, dot_q5_0)
-IE_KQ_MATMUL(ie_matmul_q5_1_q8_p_ref, IE_DTYPE_Q5_1, dot_q5_1)
-IE_KQ_MATMUL(ie_matmul_iq4_nl_q8_p_ref, IE_DTYPE_IQ4_NL, dot_iq4_nl)
-IE_KQ_MATMUL(ie_matmul_q2_k_q8_k_ref, IE_DTYPE_Q2_K, dot_q2_k)
-IE_KQ_MATMUL(ie_matmul_q3_k_q8_k_ref, IE_DTYPE_Q3_K, dot_q3_k)
-IE_KQ_MATMUL(ie_matmul_q4_k_q8_k_ref, IE_DTYPE_Q4_K, dot_q4_k)
-IE_KQ_MATMUL(ie_matmul_q5_k_q8_k_ref, IE_DTYPE_Q5_K, dot_q5_k)
-IE_KQ_MATMUL(ie_matmul_q6_k_q8_k_ref, IE_DTYPE_Q6_K, dot_q6_k)
-IE_KQ_MATMUL(ie_matmul_iq4_xs_q8_k_ref, IE_DTYPE_IQ4_XS, dot_iq4_xs)
+IE_KQ_MATMUL(ie_matmul_q5_0_q8_p_ref, IE_DTYPE_Q5_0)
+IE_KQ_MATMUL(ie_matmul_q5_1_q8_p_ref, IE_DTYPE_Q5_1)
+IE_KQ_MATMUL(ie_matmul_iq4_nl_q8_p_ref, IE_DTYPE_IQ4_NL)
+IE_KQ_MATMUL(ie_matmul_q2_k_q8_k_ref, IE_DTYPE_Q2_K)
+IE_KQ_MATMUL(ie_matmul_q3_k_q8_k_ref, IE_DTYPE_Q3_K)
+IE_KQ_MATMUL(ie_matmul_q4_k_q8_k_ref, IE_DTYPE_Q4_K)
+IE_KQ_MATMUL(ie_matmul_q5_k_q8_k_ref, IE_DTYPE_Q5_K)
+IE_KQ_MATMUL(ie_matmul_q6_k_q8_k_ref, IE_DTYPE_Q6_K)
+IE_KQ_MATMUL(ie_matmul_iq4_xs_q8_k_ref, IE_DTYPE_IQ4_XS)
 
 /* ---------------------------------------------------------- quantizers
  *
