@@ -545,8 +545,10 @@ IE_KQ_MATMUL(ie_matmul_iq4_xs_q8_k_ref, IE_DTYPE_IQ4_XS)
  *      candidate inverse scales around the one that maps the sub-block's
  *      extreme onto the code range's end, assigning nearest codes, solving
  *      the least-squares scale (and offset) for those codes, and keeping
- *      the candidate with the smallest squared error; the candidate that
- *      clips nothing is always among them;
+ *      the candidate with the smallest squared error (for the affine and
+ *      code book fits one candidate clips nothing; the symmetric one, like
+ *      ggml's, maps the extreme to -nmax and may clip the other side at
+ *      nmax-1);
  *        affine (Q2_K, Q4_K, Q5_K): x ~ s*u - m with s >= 0, m >= 0 (the
  *          sub-block's minimum is clamped to <= 0, as the formula needs);
  *        symmetric (Q3_K, Q6_K): x ~ s*q, q in [-nmax, nmax-1], the
@@ -558,9 +560,10 @@ IE_KQ_MATMUL(ie_matmul_iq4_xs_q8_k_ref, IE_DTYPE_IQ4_XS)
  *      (cmax 15 for Q2_K, 63 otherwise); signed, like ggml, d = -S/c with
  *      S the scale of largest magnitude (c = 128 for Q6_K's int8, 32 for
  *      Q3_K's and IQ4_XS's 6-bit codes), so that S's code is -c;
- *   3. every element then takes the code nearest to it under the stored
- *      (f16, code-quantized) scale and min: what is written is the best
- *      per-element choice for the scales the block actually carries.
+ *   3. each sub-block's scale (and min) code is the best of the rounded
+ *      code and its two neighbours (3 or 3x3 tries) by the squared error
+ *      of the block as stored, every element taking the code nearest to
+ *      it under that (f16, code-quantized) scale and min.
  * f16 fields saturate at +-65504 (inputs whose scales overflow f16 lose
  * range instead of producing an infinite scale). */
 
@@ -691,6 +694,38 @@ static float fit_codebook(const float *x, int n)
     return (float)bs;
 }
 
+/* The nearest codes u (to u, when not NULL) of x[0..n) under the stored
+ * sub-block scale ds and min dm (x ~ ds*u - dm, u in [0, nmax]), and
+ * their squared error, every product rounded to f32 as ie_kq_value
+ * computes it. */
+static double codes_affine(const float *x, int n, int nmax, float ds, float dm, uint8_t *u)
+{
+    const float ids = ie_inv_scale(ds);
+    double e = 0;
+    for (int k = 0; k < n; k++) {
+        const int q = qround((x[k] + dm) * ids, 0, nmax);
+        const double r = (double)(ds * (float)q - dm) - x[k];
+        e += r * r;
+        if (u) u[k] = (uint8_t)q;
+    }
+    return e;
+}
+
+/* The same for the signed formulas: x ~ ds*(u - nmax) (Q3_K, Q6_K) or
+ * ds*kv[u] (book: IQ4_XS). */
+static double codes_signed(const float *x, int n, int book, int nmax, float ds, uint8_t *u)
+{
+    const float ids = ie_inv_scale(ds);
+    double e = 0;
+    for (int k = 0; k < n; k++) {
+        const int q = book ? nearest_kv(x[k] * ids) : qround(x[k] * ids, -nmax, nmax - 1) + nmax;
+        const double r = (double)(ds * (float)(book ? ie_iq4nl_kvalues[q] : q - nmax)) - x[k];
+        e += r * r;
+        if (u) u[k] = (uint8_t)q;
+    }
+    return e;
+}
+
 /* One block of t (qk = 32 or 256 floats) into codes c (ie_kq_encode
  * writes them). */
 static void quantize_block(ie_dtype_t t, const float *x, ie_kq_codes_t *c)
@@ -745,10 +780,15 @@ static void quantize_block(ie_dtype_t t, const float *x, ie_kq_codes_t *c)
         const float df = ie_f16_to_f32(c->d), dmf = ie_f16_to_f32(c->dmin);
         const float id = ie_inv_scale(df), idm = ie_inv_scale(dmf);
         for (int j = 0; j < in.nsub; j++) {
-            c->sc[j] = (int8_t)qround(s[j] * id, 0, cmax);
-            c->mn[j] = (int8_t)qround(m[j] * idm, 0, cmax);
-            const float ds = df * (float)c->sc[j], dm = dmf * (float)c->mn[j], ids = ie_inv_scale(ds);
-            for (int k = j * len; k < (j + 1) * len; k++) c->u[k] = (uint8_t)qround((x[k] + dm) * ids, 0, nmax);
+            const int sc0 = qround(s[j] * id, 0, cmax), mn0 = qround(m[j] * idm, 0, cmax);
+            double best = INFINITY;
+            for (int a = sc0 - 1; a <= sc0 + 1; a++)
+                for (int b = mn0 - 1; b <= mn0 + 1; b++) {
+                    if (a < 0 || a > cmax || b < 0 || b > cmax) continue;
+                    const double e = codes_affine(x + j * len, len, nmax, df * (float)a, dmf * (float)b, NULL);
+                    if (e < best) best = e, c->sc[j] = (int8_t)a, c->mn[j] = (int8_t)b;
+                }
+            (void)codes_affine(x + j * len, len, nmax, df * (float)c->sc[j], dmf * (float)c->mn[j], c->u + j * len);
         }
         return;
     }
@@ -762,12 +802,16 @@ static void quantize_block(ie_dtype_t t, const float *x, ie_kq_codes_t *c)
     }
     c->d = f16_up(sbig / (float)-cneg);
     const float df = ie_f16_to_f32(c->d), id = ie_inv_scale(df);
+    const int book = t == IE_DTYPE_IQ4_XS;
     for (int j = 0; j < in.nsub; j++) {
-        c->sc[j] = (int8_t)qround(s[j] * id, -cneg, cneg - 1);
-        const float ds = df * (float)c->sc[j], ids = ie_inv_scale(ds);
-        for (int k = j * len; k < (j + 1) * len; k++)
-            c->u[k] = (uint8_t)(t == IE_DTYPE_IQ4_XS ? nearest_kv(x[k] * ids)
-                                                     : qround(x[k] * ids, -nmax, nmax - 1) + nmax);
+        const int sc0 = qround(s[j] * id, -cneg, cneg - 1);
+        double best = INFINITY;
+        for (int a = sc0 - 1; a <= sc0 + 1; a++) {
+            if (a < -cneg || a > cneg - 1) continue;
+            const double e = codes_signed(x + j * len, len, book, nmax, df * (float)a, NULL);
+            if (e < best) best = e, c->sc[j] = (int8_t)a;
+        }
+        (void)codes_signed(x + j * len, len, book, nmax, df * (float)c->sc[j], c->u + j * len);
     }
 }
 
