@@ -57,7 +57,8 @@
 
 #define IE_INLINE static inline __attribute__((always_inline))
 
-#define KQ_NT 4          /* tokens per GEMM tile */
+#define KQ_NT 4          /* tokens per GEMM tile (4 x half panel beat 2 and 3 x panel, 6 and 8 x half) */
+#define KQ_PF_DIST 8192  /* GEMV software prefetch distance, bytes (beat 512 .. 4096 on Zen 4) */
 #define KQ_Q8K_BYTES 292 /* sizeof(ie_block_q8_k_t): f32 d, int8 q[256], int16 bsums[16] */
 #define KQ_Q8K_BSUMS 260 /* offset of bsums in a Q8_K block */
 
@@ -199,7 +200,6 @@ IE_INLINE void kq_tile(const ie_dtype_t T, const int NT, const int NH, const kq_
     for (int64_t b = 0; b < g->nb; b++) {
         const uint8_t *blk = pan + (size_t)b * g->block_bytes;
         const uint8_t *codes = blk + g->hdr_bytes;
-        if (NT == 1) _mm_prefetch((const char *)blk + g->block_bytes, _MM_HINT_T0);
         __m256 wd[2], wm[2];
 #pragma GCC unroll 2
         for (int hh = 0; hh < NH; hh++) {
@@ -235,6 +235,12 @@ IE_INLINE void kq_tile(const ie_dtype_t T, const int NT, const int NH, const kq_
         for (int i = 0; i < NT * NH; i++) isum[i] = _mm256_setzero_si256();
 #pragma GCC unroll 1
         for (int s = 0; s < nslab; s++) {
+            if (NT == 1) { /* the GEMV streams: each line KQ_PF_DIST ahead */
+                const uint8_t *from = s ? codes + (size_t)s * bits * 64 : blk;
+                const uint8_t *to = codes + (size_t)(s + 1) * bits * 64;
+                for (const uint8_t *p = from; p < to; p += 64)
+                    _mm_prefetch((const char *)p + KQ_PF_DIST, _MM_HINT_T0);
+            }
 #pragma GCC unroll 2
             for (int hh = 0; hh < NH; hh++) {
                 const uint8_t *sl = codes + (size_t)s * bits * 64 + 32 * (h0 + hh);
