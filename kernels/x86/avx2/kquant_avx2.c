@@ -370,14 +370,14 @@ void ie_matmul_packed_kq_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, const 
     const ie_dtype_t wt = m->dtype;
     kq_tile_fn gemv, gemm;
     kq_tiles(wt, &gemv, &gemm);
-    if (!gemv) return;
-    /* ie_pack.h: per block 2*16*(1 + has_dmin) + 16*nsub*(1 + has_mn) + 16*QK*b/8 */
+    ie_kq_panel_t kp;
+    if (!gemv || ie_kq_panel(wt, &kp) != 0) return;
     kq_geom_t g;
     g.n_in = m->n_in;
-    g.nb = m->n_in / kq_qk(wt);
-    g.hdr_bytes = (size_t)(2 * IE_PANEL * (1 + kq_has_dmin(wt)) + IE_PANEL * kq_nsub(wt) * (1 + kq_has_mn(wt)));
-    g.block_bytes = g.hdr_bytes + (size_t)(IE_PANEL * kq_qk(wt) * kq_bits(wt) / 8);
-    g.panel_bytes = (size_t)g.nb * g.block_bytes;
+    g.nb = m->n_in / kp.info.qk;
+    g.hdr_bytes = kp.codes;
+    g.block_bytes = kp.block;
+    g.panel_bytes = (size_t)g.nb * kp.block;
 
     const uint8_t *ab = a;
     const int64_t p0 = r0 / IE_PANEL, p1 = (r1 + IE_PANEL - 1) / IE_PANEL;
