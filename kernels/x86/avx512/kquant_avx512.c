@@ -255,9 +255,7 @@ IE_INLINE void k_block256(const int ty, const int T, const int PF, const uint8_t
             const int j = nsub == 16 ? 2 * s + h : s;
             if (nsub == 16 || h == 0) {
 #pragma GCC unroll 8
-                for (int t = 0; t < T; t++)
-                    I[t] = off ? _mm512_set1_epi32(ld32(p + paux + 64 * (size_t)t + 4 * (size_t)j))
-                               : _mm512_setzero_si512();
+                for (int t = 0; t < T; t++) I[t] = _mm512_setzero_si512();
             }
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++)
@@ -274,26 +272,24 @@ IE_INLINE void k_block256(const int ty, const int T, const int PF, const uint8_t
             }
         }
     }
+    /* M = sum_j c_j * S_j with c the min codes (types with mins) or the
+     * scales (offset types): vpdpwssd on (c_2m, c_2m+1) pairs */
+    const uint8_t *cr = wb + sco + (k_mn(ty) ? 16 * (size_t)nsub : 0);
+    __m512i P[8];
+#pragma GCC unroll 8
+    for (int m = 0; m < nsub / 2; m++) P[m] = pair16(cr + 32 * m);
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb));
-    if (k_mn(ty)) {
-        const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + 32)));
-        const uint8_t *mn = wb + sco + 16 * (size_t)nsub;
-        __m512i P[8];
+    const __m512 dmin = k_mn(ty) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + 32))) : d;
 #pragma GCC unroll 8
-        for (int m = 0; m < nsub / 2; m++) P[m] = pair16(mn + 32 * m);
+    for (int t = 0; t < T; t++) {
+        __m512i M = _mm512_setzero_si512();
 #pragma GCC unroll 8
-        for (int t = 0; t < T; t++) {
-            __m512i M = _mm512_setzero_si512();
-#pragma GCC unroll 8
-            for (int m = 0; m < nsub / 2; m++) M = dpwssd_b(M, P[m], p + paux + 64 * (size_t)t + 4 * (size_t)m);
-            const __m512 v = _mm512_fmsub_ps(d, F[t], _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(M)));
-            acc[t] = _mm512_fmadd_ps(v, _mm512_set1_ps(ldf(p + 256 * (size_t)T + 4 * (size_t)t)), acc[t]);
-        }
-    } else {
-#pragma GCC unroll 8
-        for (int t = 0; t < T; t++)
-            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(F[t], d),
-                                     _mm512_set1_ps(ldf(p + 256 * (size_t)T + 4 * (size_t)t)), acc[t]);
+        for (int m = 0; m < nsub / 2; m++) M = dpwssd_b(M, P[m], p + paux + 64 * (size_t)t + 4 * (size_t)m);
+        const __m512 da = _mm512_set1_ps(ldf(p + 256 * (size_t)T + 4 * (size_t)t));
+        __m512 v;
+        if (k_mn(ty)) v = _mm512_fmsub_ps(d, F[t], _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(M)));
+        else v = _mm512_mul_ps(d, _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M), _mm512_set1_ps((float)off), F[t]));
+        acc[t] = _mm512_fmadd_ps(v, da, acc[t]);
     }
 }
 
@@ -428,12 +424,7 @@ static void k_pack(int ty, const uint8_t *a, size_t as, int64_t n_in, int tt, in
                 int16_t bs[16];
                 memcpy(bs, src + 260, sizeof bs);
                 uint8_t *aux = dst + 260 * (size_t)tt + 64 * (size_t)t;
-                if (off) { /* int32 -off * (sum of the sub-block) */
-                    int32_t c[16];
-                    for (int j = 0; j < nsub; j++)
-                        c[j] = -off * (nsub == 16 ? (int32_t)bs[j] : (int32_t)bs[2 * j] + bs[2 * j + 1]);
-                    memcpy(aux, c, 4 * (size_t)nsub);
-                } else if (nsub == 16) {
+                if (nsub == 16) {
                     memcpy(aux, bs, 32);
                 } else { /* sums per 32 */
                     int16_t sj[8];
