@@ -259,12 +259,17 @@ IE_INLINE void kq_tile(const ie_dtype_t T, const int NT, const int NH, const kq_
                         if (kq_is_iq4(T)) av = _mm256_sign_epi8(av, kv);
                         const __m256i p = _mm256_maddubs_epi16(u, av);
                         s16[t] = q % qpm == 0 ? p : _mm256_add_epi16(s16[t], p);
+                        /* keep the sum a chain: reassociated into a tree, GCC
+                         * computes all NT*8 products first and spills them */
+                        __asm__("" : "+x"(s16[t]));
                     }
                     if (q % qpm == qpm - 1) {
                         const __m256i f = nsub ? scv[nsub == 8 ? s : 2 * s + q / quads_per_sub][hh] : ones;
 #pragma GCC unroll 4
-                        for (int t = 0; t < NT; t++)
+                        for (int t = 0; t < NT; t++) {
                             isum[t * NH + hh] = _mm256_add_epi32(isum[t * NH + hh], _mm256_madd_epi16(s16[t], f));
+                            __asm__("" : "+x"(isum[t * NH + hh])); /* a chain too */
+                        }
                     }
                 }
             }
