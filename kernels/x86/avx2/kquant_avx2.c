@@ -20,18 +20,18 @@
  * Integer products without VNNI: vpmaddubsw (u8 code x s8 activation ->
  * int16 sums of 2) and vpmaddwd (-> int32 sums of 4). Every partial sum is
  * exact: with activations q in [-127, 127] (what the quantizers produce)
- * and codes u < 2^b, a vpmaddubsw lane is at most 2*(2^b - 1)*127, and the
- * lanes of QPM quads (kq_qpm: 8 for 4-bit, 4 for 2/3/5-bit, 2 for 6-bit, so
- * at most 16 products: <= 16*15*127, 16*31*127 / 2, 8*63*127 < 32767) are
- * added in int16 before one vpmaddwd. IQ4 codes kv are signed (-127 ..
- * 113): the product is vpmaddubsw(|kv|, sign(q, kv)), at most 2*127*127 =
- * 32258 per lane, so each goes into vpmaddwd alone.
+ * and codes u < 2^b, the int16 lanes of kq_qpm(T) quads (2*qpm products)
+ * are added before one vpmaddwd: 4-bit 16 products, at most 16*15*127 =
+ * 30480; 2/3-bit 8*7*127; 5-bit 8*31*127 = 31496; 6-bit 4*63*127 = 32004,
+ * all < 32767. IQ4 codes kv are signed (-127 .. 113): the product is
+ * vpmaddubsw(|kv|, sign(q, kv)), at most 2*127*127 = 32258 per lane, so
+ * each goes into vpmaddwd alone.
  *   The vpmaddwd that widens a sub-block's int16 sums multiplies them by
  * its scale (K types and IQ4_XS: each row's sc code duplicated in both
  * halves of its dword) or by ones (32-element types). A super-block's sum
- * sum_j sc_j * sum_k u*q stays an exact int32 (at most 128*256*63*127 <
- * 2^29 for Q6_K, less for the others). The per-sub-block activation sums
- * of Q8_K (bsums, one per 16) give the rest in integers too:
+ * sum_j sc_j * sum_k u*q stays an exact int32 (Q6_K, the largest: at most
+ * 128*256*63*127 < 2^29, and 32*|msum| below < 2^28). The per-sub-block
+ * activation sums of Q8_K (bsums, one per 16) give the rest in integers:
  *   msum = sum_j c_j * bsums_j with c = mn (Q2_K; Q4_K, Q5_K per 32) or
  *   sc (Q3_K, Q6_K), by vpmaddwd of each row's (c_2m, c_2m+1) int16 pair
  *   with the token's broadcast (bsums_2m, bsums_2m+1);
@@ -48,7 +48,11 @@
  * GEMM takes a half panel x KQ_NT tokens, so each rebuilt code vector
  * serves KQ_NT tokens, walking the activations in token blocks of ~256 KiB
  * that stay in L2 while every panel of the range passes over them (a panel
- * is at most 16*n_in*6/8 bytes plus its headers: L2 as well).
+ * is at most 16*n_in*6/8 bytes plus its headers: L2 as well). The GEMV
+ * prefetches every line KQ_PF_DIST bytes ahead (the blocks are 0.3-3.3
+ * KiB; a line or two ahead left the big-block types at half the bandwidth).
+ * The block geometry comes from ie_kq_panel; kq_tile's field offsets
+ * inside a block are ie_pack.h's, checked by test_kquant_pack.
  */
 #include "../../src/ie_kernels_isa.h"
 
