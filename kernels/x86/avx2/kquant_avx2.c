@@ -61,8 +61,8 @@
 
 #define IE_INLINE static inline __attribute__((always_inline))
 
-#define KQ_NT 4          /* tokens per GEMM tile (4 x half panel beat 2 and 3 x panel, 6 and 8 x half) */
-#define KQ_PF_DIST 8192  /* GEMV software prefetch distance, bytes (beat 512 .. 4096 on Zen 4) */
+#define KQ_NT 4          /* tokens per GEMM tile: 3, 5 (fewer registers free), 6 (spills) were slower */
+#define KQ_PF_DIST 8192  /* GEMV prefetch distance, bytes: 2048 gave 0.7x on Q4_K-Q6_K (Zen 4), 16384 the same */
 #define KQ_Q8K_BYTES 292 /* sizeof(ie_block_q8_k_t): f32 d, int8 q[256], int16 bsums[16] */
 #define KQ_Q8K_BSUMS 260 /* offset of bsums in a Q8_K block */
 
