@@ -24,12 +24,19 @@
  * of 16. The panels hold random quants and small random scales (the
  * kernels' speed does not depend on the values).
  *
+ * K-quants (q4_K, q6_K, q5_K, q5_0, iq4_xs, iq4_nl, q3_K, q2_K, q5_1) run
+ * matmul_packed over their PANEL16 layout (ie_pack.h; group = block size,
+ * --group ignored) with Q8_K or Q8_P activations, the same shapes, probe
+ * and GEMM as the int types: compare with int4w in the same run. Their
+ * panels hold random codes, small f16 scales and small sub-block codes.
+ *
  * usage: bench_kernels [--threads N] [--isa ref,avx2,avx512] [--types f32,q4_0,int4w,...]
  *                      [--iters N] [--pool-mib M] [--ntok T] [--ptok T] [--group G]
  */
 #define _GNU_SOURCE
 #include "ie_kernels.h"
 #include "ie_threadpool.h"
+#include "../kernels/src/ie_kernels_isa.h" /* ie_kq_info: a k-quant block's fields */
 
 #include <immintrin.h>
 #include <math.h>
@@ -83,8 +90,12 @@ static int g_half_panel; /* --half-panel: BF16 and F16 weights in PANEL16 (matmu
 
 static int is_packed(ie_dtype_t t)
 {
-    return t == IE_DTYPE_I8W || t == IE_DTYPE_I4W || t == IE_DTYPE_I4WA || (g_half_panel && ie_dtype_is_half(t));
+    return t == IE_DTYPE_I8W || t == IE_DTYPE_I4W || t == IE_DTYPE_I4WA || ie_dtype_is_kquant(t) ||
+           (g_half_panel && ie_dtype_is_half(t));
 }
+
+/* The packed group of type t: a k-quant's block size, else --group. */
+static int packed_group(ie_dtype_t t, int group) { return ie_dtype_is_kquant(t) ? ie_dtype_block_elems(t) : group; }
 
 static void matmul_packed_task(void *p, int ith, int nth)
 {
@@ -92,7 +103,8 @@ static void matmul_packed_task(void *p, int ith, int nth)
     long b, e; /* rows in whole panels */
     ie_split_range((long)((j->n_out + IE_PANEL - 1) / IE_PANEL), ith, nth, &b, &e);
     const int64_t r0 = IE_PANEL * b, r1 = IE_PANEL * e < j->n_out ? IE_PANEL * e : j->n_out;
-    const ie_pmat_t m = {.dtype = j->wt, .group = j->group, .n_in = j->n_in, .n_out = j->n_out, .data = j->w};
+    const ie_pmat_t m = {
+        .dtype = j->wt, .group = packed_group(j->wt, j->group), .n_in = j->n_in, .n_out = j->n_out, .data = j->w};
     const double c0 = cpu_s();
     if (r0 < r1) j->ops->matmul_packed(&m, r0, r1, j->a, j->as, j->n_tok, j->y, j->n_out);
     if (ith < 64) j->cpu[ith] = cpu_s() - c0;
@@ -101,7 +113,8 @@ static void matmul_packed_task(void *p, int ith, int nth)
 /* Matrix bytes of an n_out x n_in matrix of type wt (packed: PANEL16). */
 static size_t mat_bytes(ie_dtype_t wt, int group, int64_t n_out, int64_t n_in)
 {
-    return is_packed(wt) ? ie_pack_bytes(wt, group, n_in, n_out) : ie_dtype_row_bytes(wt, n_in) * (size_t)n_out;
+    return is_packed(wt) ? ie_pack_bytes(wt, packed_group(wt, group), n_in, n_out)
+                         : ie_dtype_row_bytes(wt, n_in) * (size_t)n_out;
 }
 
 
@@ -143,6 +156,28 @@ static void fill_pool(ie_dtype_t wt, int64_t n_out, int64_t n_in, size_t copies)
  * +-0.05 in f16, zero scales on padding rows. */
 static void fill_pool_packed(ie_dtype_t wt, int group, int64_t n_out, int64_t n_in, size_t copies)
 {
+    ie_kq_info_t kq;
+    if (ie_kq_info(wt, &kq) == 0) { /* random codes; per block: d, dmin of +-0.01, sub-block codes 0..31 */
+        const size_t pb = ie_pack_panel_bytes(wt, kq.qk, n_in);
+        const size_t hs = 32u * (size_t)(1 + kq.has_dmin), hdr = hs + 16u * (size_t)kq.nsub * (1 + kq.has_mn);
+        const size_t bb = hdr + 2u * (size_t)kq.qk * (size_t)kq.bits;
+        const int64_t np = (n_out + IE_PANEL - 1) / IE_PANEL;
+        for (size_t i = 0; i < pb; i++) {
+            g_pool[i] = (uint8_t)(g_rng >> 24);
+            rnd();
+        }
+        for (size_t b = 0; b < pb / bb; b++) {
+            uint8_t *bp = g_pool + b * bb;
+            for (size_t i = 0; i < hs / 2; i++) {
+                const uint16_t d = ie_f32_to_f16(rnd() * 0.01f);
+                memcpy(bp + 2 * i, &d, 2);
+            }
+            for (size_t i = hs; i < hdr; i++) bp[i] &= 0x1f;
+        }
+        for (int64_t p = 1; p < np; p++) memcpy(g_pool + (size_t)p * pb, g_pool, pb);
+        for (size_t c = 1; c < copies; c++) memcpy(g_pool + c * pb * (size_t)np, g_pool, pb * (size_t)np);
+        return;
+    }
     if (ie_dtype_is_half(wt)) { /* 16 random rows in every panel, zero padding rows */
         const size_t pb = ie_pack_panel_bytes(wt, group, n_in);
         const int64_t np = (n_out + IE_PANEL - 1) / IE_PANEL, r1 = n_out < IE_PANEL ? n_out : IE_PANEL;
@@ -205,8 +240,11 @@ int main(int argc, char **argv)
     int64_t gemm_tok = 64, packed_tok = 512;
     int group = 32;
     size_t pool_mib = 1024;
-    static const ie_dtype_t types[] = {IE_DTYPE_F32,  IE_DTYPE_F16,   IE_DTYPE_BF16, IE_DTYPE_Q8_0, IE_DTYPE_Q4_0,
-                                       IE_DTYPE_Q4_1, IE_DTYPE_MXFP4, IE_DTYPE_I8W,  IE_DTYPE_I4W,  IE_DTYPE_I4WA};
+    static const ie_dtype_t types[] = {IE_DTYPE_F32,  IE_DTYPE_F16,  IE_DTYPE_BF16,   IE_DTYPE_Q8_0,
+                                       IE_DTYPE_Q4_0, IE_DTYPE_Q4_1, IE_DTYPE_MXFP4,  IE_DTYPE_I8W,
+                                       IE_DTYPE_I4W,  IE_DTYPE_I4WA, IE_DTYPE_Q4_K,   IE_DTYPE_Q6_K,
+                                       IE_DTYPE_Q5_K, IE_DTYPE_Q5_0, IE_DTYPE_IQ4_XS, IE_DTYPE_IQ4_NL,
+                                       IE_DTYPE_Q3_K, IE_DTYPE_Q2_K, IE_DTYPE_Q5_1};
     const int n_types = (int)(sizeof types / sizeof types[0]);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
@@ -230,7 +268,8 @@ int main(int argc, char **argv)
         } else {
             fprintf(stderr,
                     "usage: %s [--threads N] [--isa ref,avx2,avx512] [--types f32,f16,bf16,q8_0,q4_0,q4_1,mxfp4,"
-                    "int8w,int4w,int4w_affine] [--iters N] [--pool-mib M] [--ntok T] [--ptok T] [--group G]\n",
+                    "int8w,int4w,int4w_affine,q4_K,q6_K,q5_K,q5_0,iq4_xs,iq4_nl,q3_K,q2_K,q5_1] [--iters N] "
+                    "[--pool-mib M] [--ntok T] [--ptok T] [--group G]\n",
                     argv[0]);
             return 2;
         }
@@ -307,12 +346,14 @@ int main(int argc, char **argv)
                                                     : sizeof gemm_shapes / sizeof gemm_shapes[0];
             const int bfg = wt == IE_DTYPE_BF16; /* prefill shapes and token count of the packed types */
             const int64_t gtok = pk || bfg ? packed_tok : gemm_tok;
-            if (pk && (!ops->matmul_packed || ie_pack_check(wt, group, 2048) || ie_pack_check(wt, group, 5632))) {
+            const int pg = packed_group(wt, group);
+            if (pk && (!ops->matmul_packed || ie_pack_check(wt, pg, 2048) || ie_pack_check(wt, pg, 5632))) {
                 printf("%s %s: group %d does not fit the shapes\n", ie_isa_name(isa), ie_dtype_name(wt), group);
                 continue;
             }
             char tname[32];
-            if (pk && !ie_dtype_is_intw(wt)) snprintf(tname, sizeof tname, "%s/p16", ie_dtype_name(wt));
+            if (pk && ie_dtype_is_kquant(wt)) snprintf(tname, sizeof tname, "%s", ie_dtype_name(wt));
+            else if (pk && !ie_dtype_is_intw(wt)) snprintf(tname, sizeof tname, "%s/p16", ie_dtype_name(wt));
             else if (pk)
                 snprintf(tname, sizeof tname, "%s/g%d", wt == IE_DTYPE_I4WA ? "i4wa" : ie_dtype_name(wt), group);
             else snprintf(tname, sizeof tname, "%s", ie_dtype_name(wt));

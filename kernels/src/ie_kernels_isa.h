@@ -260,6 +260,13 @@ ie_status_t ie_matmul_packed_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, co
                                   int64_t n_tok, float *y, int64_t ldy);
 ie_status_t ie_matmul_packed_ranges_avx2(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
                                          size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+/* matmul_packed for a k-quant PANEL16 matrix (ie_dtype_is_kquant; ie_pack.h)
+ * whose arguments the caller has checked: rows [r0, r1), r0 a multiple of
+ * 16, activation rows (Q8_K or Q8_P, ie_matmul_act_dtype) a_stride bytes
+ * apart with quants in [-127, 127], as the quantizers produce. Does
+ * nothing for another dtype. */
+void ie_matmul_packed_kq_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                              int64_t n_tok, float *y, int64_t ldy);
 void ie_bsr_matmul_avx2(const ie_bsr_t *m, int64_t r0, int64_t r1, const float *x, size_t xs, int64_t n_tok,
                         float *y, int64_t ldy);
 float ie_dot_f32_avx2(const float *a, const float *b, int64_t n);
@@ -301,6 +308,14 @@ void ie_matmul_packed_bf16_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, co
  * rows along the lanes. */
 void ie_matmul_packed_f16_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t as,
                                  int64_t n_tok, float *y, int64_t ldy);
+/* matmul_packed / matmul_packed_ranges for the k-quant PANEL16 types
+ * (ie_dtype_is_kquant; kquant_avx512.c): Q8_K activations for the
+ * 256-element types, Q8_P for Q5_0, Q5_1 and IQ4_NL. The contracts of the
+ * table entries (IE_ERR_INVAL for another dtype). */
+ie_status_t ie_matmul_packed_kq_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                       int64_t n_tok, float *y, int64_t ldy);
+ie_status_t ie_matmul_packed_ranges_kq_avx512(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
+                                              size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
 ie_status_t ie_matmul_packed_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                     int64_t n_tok, float *y, int64_t ldy);
 ie_status_t ie_matmul_packed_ranges_avx512(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,

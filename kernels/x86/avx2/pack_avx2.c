@@ -306,7 +306,8 @@ HALF_TILE(f16_tile, 1) HALF_TILE(f16_tile, 2) HALF_TILE(f16_tile, 3) HALF_TILE(f
 }
 
 /* Contract of ie_kernels_t.matmul_packed (I8W x Q16_P, I4W/I4WA x
- * Q8_P, BF16 x BF16, F16 x F32). Assumes Q8_P quants in [-127, 127] and Q16_P quants
+ * Q8_P, BF16 x BF16, F16 x F32; the k-quants x Q8_P / Q8_K in
+ * kquant_avx2.c). Assumes Q8_P quants in [-127, 127] and Q16_P quants
  * in [-32767, 32767], as the quantizers produce. */
 ie_status_t ie_matmul_packed_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                   int64_t n_tok, float *y, int64_t ldy)
@@ -317,7 +318,10 @@ ie_status_t ie_matmul_packed_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, co
     if (n_tok < 0) return IE_ERR_INVAL;
     if (n_tok == 0 || r0 == r1) return IE_OK;
     if (!a || !y) return IE_ERR_INVAL;
-    if (ie_dtype_is_kquant(m->dtype)) return ie_matmul_packed_ref(m, r0, r1, a, a_stride, n_tok, y, ldy);
+    if (ie_dtype_is_kquant(m->dtype)) {
+        ie_matmul_packed_kq_avx2(m, r0, r1, a, a_stride, n_tok, y, ldy);
+        return IE_OK;
+    }
     if (ie_dtype_is_half(m->dtype)) {
         half_packed(m, r0, r1, a, a_stride, n_tok, y, ldy);
         return IE_OK;
