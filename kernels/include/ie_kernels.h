@@ -99,7 +99,8 @@ typedef struct ie_kernels {
 
     /* Convert n floats (n a multiple of 32 for block formats) into activation
      * format `act` (IE_DTYPE_F32: plain copy, BF16: ie_f32_to_bf16 per element
-     * for any n, bit-identical on every ISA, Q8_0, Q8_1, Q8_P, Q16_P) at
+     * for any n, bit-identical on every ISA, Q8_0, Q8_1, Q8_P, Q16_P; Q8_K,
+     * n a multiple of 256, by ie_quantize_row_q8_k_ref on every ISA) at
      * `out`, which holds ie_dtype_row_bytes(act, n) bytes. Another `act`
      * (ie_matmul_act_dtype of a dtype with no kernel) writes nothing; the
      * matmul that would read it reports IE_ERR_UNSUPPORTED. */
@@ -116,7 +117,8 @@ typedef struct ie_kernels {
     /* ---- matmul */
 
     /* matmul[wtype]: the dense kernel for weights of type wtype (F32, F16,
-     * BF16, Q8_0, Q4_0, Q4_1, MXFP4), NULL for the others. */
+     * BF16, Q8_0, Q4_0, Q4_1, MXFP4, and the k-quants Q5_0, Q5_1, IQ4_NL,
+     * Q2_K..Q6_K, IQ4_XS in ROWS layout), NULL for the others. */
     ie_matmul_fn matmul[IE_MATMUL_SLOTS];
 
     /* Packed weights (ie_pack.h): Y[t*ldy + r] = dot(W row r, A row t) for

@@ -73,7 +73,7 @@ static inline float ie_inv_scale(float d)
 }
 
 /* ie_kernels_t.act_quantize on top of an ISA's block quantizer (Q8_0,
- * Q8_1, Q8_P). Q16_P is quantized here by portable scalar code, bit for bit
+ * Q8_1, Q8_P; Q8_K always by ie_quantize_row_q8_k_ref). Q16_P is quantized here by portable scalar code, bit for bit
  * equal to ie_quantize_row_q16_p_ref on every ISA (x * (1/d) rounded half
  * away from zero as trunc(v + copysign(0.5 - 2^-25, v)), which equals
  * roundf(v) for every |v| <= 32768 — checked exhaustively). */
