@@ -153,6 +153,12 @@ int ie_kq_encode(ie_dtype_t t, const ie_kq_codes_t *c, void *block);
  * the order gguf.quants computes it: ie_dequantize_row's values. */
 float ie_kq_value(ie_dtype_t t, const ie_kq_codes_t *c, int k);
 
+/* ie_quantize_row for a k-quant t (n floats, finite, a multiple of the
+ * block size): Q5_0 / Q5_1 by ggml's reference rule, the others by the
+ * search quantizers described in kquant_ref.c. Returns 0, -1 if t is not
+ * a k-quant or n does not fit its blocks. */
+int ie_kq_quantize_row(ie_dtype_t t, const float *src, void *dst, int64_t n);
+
 /* The k-quants in ROWS layout (ggml blocks, ie_dtype.h) against their
  * activations (ie_matmul_act_dtype: Q8_P for q5_0/q5_1/iq4_nl, Q8_K for
  * the 256-element types): per block, the integer code x activation sums
