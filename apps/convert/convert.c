@@ -231,7 +231,8 @@ static ie_status_t convert_one(ie_threadpool_t *tp, const ie_manifest_t *m, conv
     it->out = *t;
     it->out.dtype = d->dtype;
     it->out.layout = d->layout;
-    it->out.group = ie_dtype_is_intw(d->dtype) ? d->group : 0;
+    it->out.group = ie_dtype_is_intw(d->dtype) || d->layout == IE_LAYOUT_PANEL16 ? d->group
+                                                                                 : 0; /* packed k-quant: QK */
     if (d->target == IE_QT_KEEP) {
         it->out.group = t->group;
         it->quant_json = quant_json(it, m, 0);

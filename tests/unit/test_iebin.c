@@ -795,6 +795,17 @@ static void test_kquant_tensors(void)
         t.nbytes = nb[i];
         CU_ASSERT_EQUAL(ie_iebin_writer_add(w, &t, "{\"scheme\":\"ggml\"}"), IE_OK);
     }
+    /* a packed k-quant: group = its block size, panels of 16 rows */
+    void *packed = NULL;
+    size_t packed_n = ie_tensor_bytes(IE_DTYPE_Q6_K, IE_LAYOUT_PANEL16, IE_QK_K, 2 * IE_QK_K, 20);
+    CU_ASSERT_FATAL(packed_n == 2 * (size_t)ie_pack_panel_bytes(IE_DTYPE_Q6_K, IE_QK_K, 2 * IE_QK_K));
+    packed = malloc(packed_n);
+    for (size_t k = 0; k < packed_n; k++) ((uint8_t *)packed)[k] = rnd8();
+    {
+        ie_tensor_t t = {"blk.0.kq_packed.weight", IE_DTYPE_Q6_K, 2, {2 * IE_QK_K, 20, 1, 1}, packed, packed_n,
+                         IE_LAYOUT_PANEL16,        IE_QK_K};
+        CU_ASSERT_EQUAL(ie_iebin_writer_add(w, &t, NULL), IE_OK);
+    }
     /* the writer refuses: partial block, wrong size, packed with group 0 */
     {
         static uint8_t junk[4096];
@@ -819,7 +830,13 @@ static void test_kquant_tensors(void)
     CU_ASSERT_EQUAL_FATAL(ie_iebin_writer_finish(&w, &hp, NULL), IE_OK);
 
     CU_ASSERT_EQUAL_FATAL(ie_iebin_open(dir, &m), IE_OK);
-    CU_ASSERT_EQUAL(ie_iebin_n_tensors(m), 2 * N_KQ);
+    CU_ASSERT_EQUAL(ie_iebin_n_tensors(m), 2 * N_KQ + 1);
+    {
+        const ie_tensor_t *t = ie_iebin_tensor(m, 2 * N_KQ);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+        CU_ASSERT(t->dtype == IE_DTYPE_Q6_K && t->layout == IE_LAYOUT_PANEL16 && t->group == IE_QK_K);
+        CU_ASSERT(t->nbytes == packed_n && memcmp(t->data, packed, packed_n) == 0);
+    }
     for (int i = 0; i < 2 * N_KQ && i < ie_iebin_n_tensors(m); i++) {
         const ie_tensor_t *t = ie_iebin_tensor(m, i);
         CU_ASSERT_EQUAL(t->dtype, k_kq_types[i % N_KQ]);
@@ -879,7 +896,18 @@ static void test_kquant_tensors(void)
         EXPECT_OPEN(d2, IE_ERR_FORMAT, "'blk.0.kq2_q5_K.weight': row length 320 is not a multiple of q5_K's block");
         rm_tree(d2);
     }
+    /* a packed tensor whose group is not its block size */
+    {
+        char d2[128];
+        new_dir(d2, sizeof d2);
+        copy_model(dir, d2);
+        edit_tensor(d2, 2 * N_KQ, "group", NULL, 32);
+        EXPECT_OPEN(d2, IE_ERR_FORMAT,
+                    "'blk.0.kq_packed.weight': panel16 q6_K needs group 256 (its block size), not 32");
+        rm_tree(d2);
+    }
     for (int i = 0; i < 2 * N_KQ; i++) free(bytes[i]);
+    free(packed);
     rm_tree(dir);
 }
 
