@@ -99,7 +99,8 @@ typedef struct ie_kernels {
 
     /* Convert n floats (n a multiple of 32 for block formats) into activation
      * format `act` (IE_DTYPE_F32: plain copy, BF16: ie_f32_to_bf16 per element
-     * for any n, bit-identical on every ISA, Q8_0, Q8_1, Q8_P, Q16_P) at
+     * for any n, bit-identical on every ISA, Q8_0, Q8_1, Q8_P, Q16_P; Q8_K,
+     * n a multiple of 256, by ie_quantize_row_q8_k_ref on every ISA) at
      * `out`, which holds ie_dtype_row_bytes(act, n) bytes. Another `act`
      * (ie_matmul_act_dtype of a dtype with no kernel) writes nothing; the
      * matmul that would read it reports IE_ERR_UNSUPPORTED. */
@@ -116,7 +117,8 @@ typedef struct ie_kernels {
     /* ---- matmul */
 
     /* matmul[wtype]: the dense kernel for weights of type wtype (F32, F16,
-     * BF16, Q8_0, Q4_0, Q4_1, MXFP4), NULL for the others. */
+     * BF16, Q8_0, Q4_0, Q4_1, MXFP4, and the k-quants Q5_0, Q5_1, IQ4_NL,
+     * Q2_K..Q6_K, IQ4_XS in ROWS layout), NULL for the others. */
     ie_matmul_fn matmul[IE_MATMUL_SLOTS];
 
     /* Packed weights (ie_pack.h): Y[t*ldy + r] = dot(W row r, A row t) for
@@ -219,7 +221,11 @@ void ie_dequantize_row(ie_dtype_t t, const void *src, float *dst, int64_t n);
  * all-zero block), i.e. element scale 2^(e-127) puts amax/scale in [4, 8):
  * values above 6*scale saturate to +-6, the rest go to the nearest E2M1
  * value, ties to the smaller magnitude (ggml scans the 16 codes in order,
- * first best wins). Inputs must be finite. f16/bf16 round to nearest even.
+ * first best wins); Q5_0 d = max/-16, Q5_1 d = (max-min)/31, m = min
+ * (ggml's rule, bit-exact with gguf.quants). IQ4_NL, IQ4_XS and Q2_K..Q6_K
+ * (n a multiple of their block, 32 or 256) use this engine's own
+ * least-squares scale searches (kquant_ref.c; not llama.cpp's bytes).
+ * Inputs must be finite. f16/bf16 round to nearest even.
  * Returns 0, or -1 if t is unknown or n does not fit its blocks. */
 int ie_quantize_row(ie_dtype_t t, const float *src, void *dst, int64_t n);
 

@@ -73,6 +73,7 @@ void ie_act_quantize_ref(ie_dtype_t act, const float *x, void *out, int64_t n)
     case IE_DTYPE_Q8_1: ie_quantize_row_q8_1_ref(x, out, n); break;
     case IE_DTYPE_Q8_P: ie_quantize_row_q8_p_ref(x, out, n); break;
     case IE_DTYPE_Q16_P: ie_quantize_row_q16_p_ref(x, out, n); break;
+    case IE_DTYPE_Q8_K: ie_quantize_row_q8_k_ref(x, out, n); break;
     default: break; /* not an activation format: nothing to do */
     }
 }
@@ -184,7 +185,7 @@ int ie_quantize_row(ie_dtype_t t, const float *src, void *dst, int64_t n)
     case IE_DTYPE_Q4_0: quantize_row_q4_0(src, dst, n); return 0;
     case IE_DTYPE_Q4_1: quantize_row_q4_1(src, dst, n); return 0;
     case IE_DTYPE_MXFP4: quantize_row_mxfp4(src, dst, n); return 0;
-    default: return -1;
+    default: return ie_dtype_is_kquant(t) ? ie_kq_quantize_row(t, src, dst, n) : -1;
     }
 }
 
@@ -244,6 +245,22 @@ void ie_dequantize_row(ie_dtype_t t, const void *src, float *dst, int64_t n)
             }
         }
         break;
-    default: break;
+    case IE_DTYPE_Q8_K: /* activations; dequantized for tests and tools */
+        for (int64_t b = 0; b < n / IE_QK_K; b++) {
+            const ie_block_q8_k_t *blk = (const ie_block_q8_k_t *)src + b;
+            for (int j = 0; j < IE_QK_K; j++) dst[b * IE_QK_K + j] = blk->d * (float)blk->q[j];
+        }
+        break;
+    default:
+        if (ie_dtype_is_kquant(t)) { /* the one decoder of ggml's layouts, the formulas of ie_dtype.h */
+            const int qk = ie_dtype_block_elems(t);
+            const size_t bb = ie_dtype_block_bytes(t);
+            ie_kq_codes_t c;
+            for (int64_t b = 0; b < n / qk; b++) {
+                (void)ie_kq_decode(t, (const uint8_t *)src + (size_t)b * bb, &c);
+                for (int k = 0; k < qk; k++) dst[b * qk + k] = ie_kq_value(t, &c, k);
+            }
+        }
+        break;
     }
 }

@@ -115,6 +115,9 @@ void ie_act_quantize_drive(ie_dtype_t act, const float *x, void *out, int64_t n,
         break;
     }
     case IE_DTYPE_Q16_P: quantize_row_q16_p(x, out, n); break;
+    /* Q8_K (the 256-element k-quants' activations): the scalar reference
+     * on every ISA, so every table writes the same bytes */
+    case IE_DTYPE_Q8_K: ie_quantize_row_q8_k_ref(x, out, n); break;
     default: break;
     }
 }

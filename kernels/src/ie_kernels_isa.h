@@ -73,7 +73,7 @@ static inline float ie_inv_scale(float d)
 }
 
 /* ie_kernels_t.act_quantize on top of an ISA's block quantizer (Q8_0,
- * Q8_1, Q8_P). Q16_P is quantized here by portable scalar code, bit for bit
+ * Q8_1, Q8_P; Q8_K always by ie_quantize_row_q8_k_ref). Q16_P is quantized here by portable scalar code, bit for bit
  * equal to ie_quantize_row_q16_p_ref on every ISA (x * (1/d) rounded half
  * away from zero as trunc(v + copysign(0.5 - 2^-25, v)), which equals
  * roundf(v) for every |v| <= 32768 — checked exhaustively). */
@@ -152,6 +152,12 @@ int ie_kq_encode(ie_dtype_t t, const ie_kq_codes_t *c, void *block);
 /* Element k's value from c by the type's formula (ie_dtype.h), in f32 in
  * the order gguf.quants computes it: ie_dequantize_row's values. */
 float ie_kq_value(ie_dtype_t t, const ie_kq_codes_t *c, int k);
+
+/* ie_quantize_row for a k-quant t (n floats, finite, a multiple of the
+ * block size): Q5_0 / Q5_1 by ggml's reference rule, the others by the
+ * search quantizers described in kquant_ref.c. Returns 0, -1 if t is not
+ * a k-quant or n does not fit its blocks. */
+int ie_kq_quantize_row(ie_dtype_t t, const float *src, void *dst, int64_t n);
 
 /* The k-quants in ROWS layout (ggml blocks, ie_dtype.h) against their
  * activations (ie_matmul_act_dtype: Q8_P for q5_0/q5_1/iq4_nl, Q8_K for
