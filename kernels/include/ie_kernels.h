@@ -123,8 +123,12 @@ typedef struct ie_kernels {
 
     /* Packed weights (ie_pack.h): Y[t*ldy + r] = dot(W row r, A row t) for
      * r in [r0, r1) — r0 a multiple of 16, r1 = m->n_out or a multiple of
-     * 16 — and t < n_tok. A rows are ie_matmul_act_dtype(m->dtype) (Q8_P,
-     * or Q16_P for I8W), a_stride bytes apart. Register-
+     * 16 — and t < n_tok. A rows are ie_matmul_act_dtype(m->dtype), a_stride
+     * bytes apart: Q8_P (I4W, I4WA, Q5_0, Q5_1, IQ4_NL), Q16_P (I8W), BF16
+     * (BF16), F32 (F16), or rows of ggml Q8_K blocks (Q2_K..Q6_K, IQ4_XS).
+     * k-quants: per block the exact integer sums, then the block's scales
+     * in f32; ie_matmul_packed_ref's order (pack_ref.c) is the oracle, the
+     * SIMD kernels may scale and sum in another order. Register-
      * and cache-blocked GEMM for prefill, a streaming GEMV (with prefetch)
      * for n_tok = 1. Returns IE_OK, or IE_ERR_INVAL on a bad matrix/range. */
     ie_status_t (*matmul_packed)(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,

@@ -98,8 +98,8 @@
 
 /* A weight matrix in PANEL16 layout. */
 typedef struct ie_pmat {
-    ie_dtype_t dtype; /* I8W, I4W, I4WA, BF16 or F16            */
-    int group;        /* G                                       */
+    ie_dtype_t dtype; /* I8W, I4W, I4WA, BF16, F16 or a k-quant  */
+    int group;        /* G (k-quants: their block size, 32/256)  */
     int64_t n_in;     /* elements per row                        */
     int64_t n_out;    /* rows (not padded)                       */
     const void *data; /* ie_pack_bytes() bytes, 64-byte aligned  */
@@ -143,8 +143,9 @@ size_t ie_pack_bytes(ie_dtype_t dtype, int group, int64_t n_in, int64_t n_out);
 size_t ie_qrow_bytes(ie_dtype_t dtype, int group, int64_t n_in);
 
 /* Bytes of a whole 2-D tensor of n_rows rows of n_in in any dense layout
- * (ROWS of any dtype, PANEL16 of I-types); 0 if invalid. group is ignored
- * for non-I types. */
+ * (ROWS of any dtype, PANEL16 of the packable types: group must be valid
+ * for ie_pack_check there, e.g. a k-quant's block size); 0 if invalid.
+ * For ROWS, group is ignored for non-I types. */
 size_t ie_tensor_bytes(ie_dtype_t dtype, ie_layout_t layout, int group, int64_t n_in, int64_t n_rows);
 
 /* Quantize float rows [r0, r1) of an n_out x n_in matrix (src points at row
@@ -157,7 +158,8 @@ size_t ie_tensor_bytes(ie_dtype_t dtype, ie_layout_t layout, int group, int64_t 
  * 8.5 truncated, clamped to 15); I4WA d = (max-min)/15, m = min, u = ggml's
  * Q4_1 rule. IE_QSCALE_MSE tries clip ratios and keeps the best per group.
  * BF16 / F16: ie_f32_to_bf16 / ie_f32_to_f16 per element (`how` ignored),
- * padding rows 0.
+ * padding rows 0. The k-quants are refused (-1): they come from files;
+ * floats reach them through ie_quantize_row (ROWS) and ie_pack_repack.
  * Inputs must be finite. Returns 0, or -1 on a bad shape/range. */
 int ie_pack_quantize(ie_dtype_t dtype, int group, ie_qscale_t how, const float *src, int64_t n_in, int64_t r0,
                      int64_t r1, int64_t n_out, void *dst);
@@ -177,23 +179,28 @@ void ie_qrow_dequantize(ie_dtype_t dtype, int group, const void *src, float *dst
 ie_dtype_t ie_pack_target(ie_dtype_t rows_dtype);
 
 /* Repack rows [r0, r1) (same alignment rules as ie_pack_quantize) of a
- * ROWS-layout matrix (ggml Q8_0/Q4_0/Q4_1, BF16 and F16 with group 32, or
- * I-types with `group`) into PANEL16 without changing a single value.
- * 0 or -1. */
+ * ROWS-layout matrix (src: its row 0) — ggml Q8_0/Q4_0/Q4_1, BF16 and F16
+ * (group 32), a k-quant (group = its block size), whatever `group` says for
+ * these; I-types with `group` — into PANEL16 (of ie_pack_target's type)
+ * without changing a single value. Padding rows of a k-quant's last panel:
+ * every field 0 (d, dmin, sc, mn, codes). 0 or -1. */
 int ie_pack_repack(ie_dtype_t rows_dtype, int group, const void *src, int64_t n_in, int64_t r0, int64_t r1,
                    int64_t n_out, void *dst);
 
 /* Dequantize row r of a packed matrix into n_in floats (embedding lookup,
- * tests, calibration). */
+ * tests, calibration). Repacked ggml rows (Q8_0/Q4_0/Q4_1, BF16, F16, the
+ * k-quants) give ie_dequantize_row's bits on the source row. */
 void ie_pack_dequant_row(const ie_pmat_t *m, int64_t r, float *dst);
 
 /* Copy the sub-matrix rows [r0, r1) x columns [c0, c1) of a dense weight
  * tensor of n_out rows of n_in elements into dst, which must hold
  * ie_tensor_bytes(dtype, layout, group, c1 - c0, r1 - r0) bytes; the result
  * is the same dtype/layout/group, as if the smaller matrix had been made
- * directly. ROWS layout: any dtype; c0 and c1 on the dtype's block
- * boundaries (or c1 == n_in). PANEL16: r0 a multiple of 16, c0 and c1
- * multiples of the group (the last panel of the result is zero-padded).
+ * directly. ROWS layout: any dense dtype; c0 and c1 on the dtype's block
+ * boundaries (32 columns; 256 for Q2_K..Q6_K and IQ4_XS). PANEL16: r0 a
+ * multiple of 16, c0 and c1 multiples of the group (a k-quant's block
+ * size); the padding rows of the result's last panel are written as
+ * ie_pack_quantize / ie_pack_repack write them.
  * Returns 0, or -1 when the cut is out of range or not on those boundaries
  * (dst untouched). */
 int ie_tensor_slice(ie_dtype_t dtype, ie_layout_t layout, int group, const void *src, int64_t n_in, int64_t n_out,

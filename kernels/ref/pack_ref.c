@@ -10,6 +10,12 @@
  *
  * Codes: I8W q in [-127, 127] (stored as q + 128 in PANEL16, as int8 in
  * ROWS); I4W and I4WA u in [0, 15].
+ *
+ * The k-quants (Q5_0 .. IQ4_XS) come from files, never from floats here:
+ * they are repacked from their ggml blocks through ie_kq_decode (the one
+ * reader of ggml's bit layouts) and read back into an ie_kq_codes_t, whose
+ * values ie_kq_value computes, so a packed row is the source row bit for
+ * bit by construction.
  */
 #include "ie_kernels.h"
 #include "../src/ie_kernels_isa.h"
@@ -326,6 +332,110 @@ static inline float half_at(ie_dtype_t t, const uint8_t *pan, int i, int64_t k)
     return t == IE_DTYPE_BF16 ? ie_bf16_to_f32(v) : ie_f16_to_f32(v);
 }
 
+/* ---- k-quants in PANEL16 (ie_pack.h; offsets from ie_kq_panel). */
+
+/* Block b of panel p of a k-quant PANEL16 matrix of rows of n_in. */
+static inline uint8_t *kq_block(const ie_kq_panel_t *g, const void *base, int64_t n_in, int64_t p, int64_t b)
+{
+    const size_t per_panel = (size_t)(n_in / g->info.qk) * g->block;
+    return (uint8_t *)(uintptr_t)base + (size_t)p * per_panel + (size_t)b * g->block;
+}
+
+/* Write the fields c of panel row i into the panel block blk: the f16 d,
+ * dmin, the sc / mn codes and row i's bytes of every code chunk (row i
+ * owns bytes 4i..4i+3 of each chunk, so rows are written independently). */
+static void kq_put_row(const ie_kq_panel_t *g, uint8_t *blk, int i, const ie_kq_codes_t *c)
+{
+    const ie_kq_info_t *in = &g->info;
+    st_f16(blk + g->d + 2 * (size_t)i, c->d);
+    if (in->has_dmin) st_f16(blk + g->dmin + 2 * (size_t)i, c->dmin);
+    for (int j = 0; j < in->nsub; j++) {
+        blk[g->sc + (size_t)(IE_PANEL * j + i)] = (uint8_t)c->sc[j];
+        if (in->has_mn) blk[g->mn + (size_t)(IE_PANEL * j + i)] = (uint8_t)c->mn[j];
+    }
+    const int b = in->bits, crumb_shift = b == 6 ? 4 : 0, bit_pos = b == 3 ? 2 : 4;
+    for (int s = 0; s < in->qk / 32; s++) {
+        const uint8_t *u = c->u + 32 * s;
+        uint8_t *slab = blk + g->codes + (size_t)s * g->slab + 4 * (size_t)i;
+        for (int j = 0; j < 4; j++) {
+            if (b >= 4)
+                for (int ch = 0; ch < 4; ch++)
+                    slab[g->nib + 64 * (size_t)ch + (size_t)j] = (uint8_t)((u[8 * ch + j] & 15) |
+                                                                           (u[8 * ch + 4 + j] & 15) << 4);
+            if (b == 2 || b == 3 || b == 6)
+                for (int ch = 0; ch < 2; ch++) {
+                    unsigned v = 0;
+                    for (int t = 0; t < 4; t++)
+                        v |= ((unsigned)(u[16 * ch + 4 * t + j] >> crumb_shift) & 3u) << (2 * t);
+                    slab[g->crumb + 64 * (size_t)ch + (size_t)j] = (uint8_t)v;
+                }
+            if (b == 3 || b == 5) {
+                unsigned v = 0;
+                for (int t = 0; t < 8; t++) v |= ((unsigned)(u[4 * t + j] >> bit_pos) & 1u) << t;
+                slab[g->bit + (size_t)j] = (uint8_t)v;
+            }
+        }
+    }
+}
+
+/* Read panel row i of the panel block blk back into c (the inverse of
+ * kq_put_row; fields the type lacks are 0). */
+static void kq_get_row(const ie_kq_panel_t *g, const uint8_t *blk, int i, ie_kq_codes_t *c)
+{
+    const ie_kq_info_t *in = &g->info;
+    memset(c, 0, sizeof *c);
+    memcpy(&c->d, blk + g->d + 2 * (size_t)i, sizeof c->d);
+    if (in->has_dmin) memcpy(&c->dmin, blk + g->dmin + 2 * (size_t)i, sizeof c->dmin);
+    for (int j = 0; j < in->nsub; j++) {
+        c->sc[j] = (int8_t)blk[g->sc + (size_t)(IE_PANEL * j + i)];
+        if (in->has_mn) c->mn[j] = (int8_t)blk[g->mn + (size_t)(IE_PANEL * j + i)];
+    }
+    const int b = in->bits, crumb_shift = b == 6 ? 4 : 0, bit_pos = b == 3 ? 2 : 4;
+    for (int s = 0; s < in->qk / 32; s++) {
+        uint8_t *u = c->u + 32 * s;
+        const uint8_t *slab = blk + g->codes + (size_t)s * g->slab + 4 * (size_t)i;
+        for (int j = 0; j < 4; j++) {
+            if (b >= 4)
+                for (int ch = 0; ch < 4; ch++) {
+                    const uint8_t v = slab[g->nib + 64 * (size_t)ch + (size_t)j];
+                    u[8 * ch + j] = v & 15;
+                    u[8 * ch + 4 + j] = v >> 4;
+                }
+            if (b == 2 || b == 3 || b == 6)
+                for (int ch = 0; ch < 2; ch++) {
+                    const unsigned v = slab[g->crumb + 64 * (size_t)ch + (size_t)j];
+                    for (int t = 0; t < 4; t++)
+                        u[16 * ch + 4 * t + j] |= (uint8_t)(((v >> (2 * t)) & 3u) << crumb_shift);
+                }
+            if (b == 3 || b == 5) {
+                const unsigned v = slab[g->bit + (size_t)j];
+                for (int t = 0; t < 8; t++) u[4 * t + j] |= (uint8_t)(((v >> t) & 1u) << bit_pos);
+            }
+        }
+    }
+}
+
+/* Panels of rows [r0, r1) of the k-quant PANEL16 matrix dst from ggml
+ * ROWS src (row r at src + r * row bytes): every block decoded and its
+ * fields put in place; rows past n_out (the last panel's padding) get
+ * all-zero fields: d = dmin = 0, sc = mn = 0, codes 0. */
+static void kq_repack(ie_dtype_t t, const ie_kq_panel_t *g, const uint8_t *src, int64_t n_in, int64_t r0,
+                      int64_t r1, int64_t n_out, void *dst)
+{
+    const size_t rb = ie_dtype_row_bytes(t, n_in), bb = ie_dtype_block_bytes(t);
+    const int64_t nb = n_in / g->info.qk;
+    ie_kq_codes_t c;
+    for (int64_t p = r0 / IE_PANEL; p < (r1 + IE_PANEL - 1) / IE_PANEL; p++)
+        for (int i = 0; i < IE_PANEL; i++) {
+            const int64_t r = p * IE_PANEL + i;
+            for (int64_t b = 0; b < nb; b++) {
+                if (r < n_out) (void)ie_kq_decode(t, src + (size_t)r * rb + (size_t)b * bb, &c);
+                else memset(&c, 0, sizeof c);
+                kq_put_row(g, kq_block(g, dst, n_in, p, b), i, &c);
+            }
+        }
+}
+
 typedef struct {
     ie_dtype_t t;
     int G;
@@ -344,10 +454,13 @@ static void put_quant(const void *ctx, int64_t r, int64_t g, uint8_t *grp, int i
  * Padding rows of the last panel (when r1 = n_out) are written as zero rows:
  * d = m = 0 and the codes of 0.0f (I8W 128, I4W 8, I4WA 0). Only the panels
  * of [r0, r1) are written, so disjoint ranges may run concurrently.
+ * The k-quants are refused (-1): they come from files, and floats reach
+ * them through ie_quantize_row and ie_pack_repack.
  * Returns 0, or -1 on an invalid shape/range or NULL pointers. */
 int ie_pack_quantize(ie_dtype_t dtype, int group, ie_qscale_t how, const float *src, int64_t n_in, int64_t r0,
                      int64_t r1, int64_t n_out, void *dst)
 {
+    if (ie_dtype_is_kquant(dtype)) return -1;
     if (ie_pack_check(dtype, group, n_in) != 0 || !range_ok(r0, r1, n_out) || !src || !dst) return -1;
     if (ie_dtype_is_half(dtype)) {
         half_fill(dtype, src, NULL, n_in, r0, r1, n_out, dst);
@@ -358,9 +471,11 @@ int ie_pack_quantize(ie_dtype_t dtype, int group, ie_qscale_t how, const float *
     return 0;
 }
 
-/* Q8_0 -> I8W, Q4_0 -> I4W, Q4_1 -> I4WA, I-types -> themselves. */
+/* Q8_0 -> I8W, Q4_0 -> I4W, Q4_1 -> I4WA, I-types, BF16, F16 and the
+ * k-quants -> themselves. */
 ie_dtype_t ie_pack_target(ie_dtype_t rows_dtype)
 {
+    if (ie_dtype_is_kquant(rows_dtype)) return rows_dtype;
     switch (rows_dtype) {
     case IE_DTYPE_Q8_0:
     case IE_DTYPE_I8W: return IE_DTYPE_I8W;
@@ -415,18 +530,25 @@ static void put_repack(const void *ctx, int64_t r, int64_t g, uint8_t *grp, int 
 }
 
 /* Repack rows [r0, r1) of a ROWS-layout matrix into PANEL16 without
- * changing any value. For Q8_0/Q4_0/Q4_1 the group is 32 whatever `group`
- * says; for I-types it is `group`. Padding rows as in ie_pack_quantize.
+ * changing any value. For Q8_0/Q4_0/Q4_1, BF16 and F16 the group is 32 and
+ * for the k-quants their block size (32 or 256), whatever `group` says;
+ * for I-types it is `group`. Padding rows as in ie_pack_quantize (the
+ * k-quants: all fields 0). src points at row 0 of the ROWS matrix.
  * Returns 0, or -1 on an unsupported type, invalid shape/range or NULL. */
 int ie_pack_repack(ie_dtype_t rows_dtype, int group, const void *src, int64_t n_in, int64_t r0, int64_t r1,
                    int64_t n_out, void *dst)
 {
     const ie_dtype_t t = ie_pack_target(rows_dtype);
     if (t == IE_DTYPE_INVALID || !src || !dst) return -1;
-    if (!ie_dtype_is_intw(rows_dtype)) group = IE_QK;
+    if (!ie_dtype_is_intw(rows_dtype)) group = ie_dtype_is_kquant(t) ? ie_dtype_block_elems(t) : IE_QK;
     if (ie_pack_check(t, group, n_in) != 0 || !range_ok(r0, r1, n_out)) return -1;
     if (ie_dtype_is_half(t)) {
         half_fill(t, NULL, src, n_in, r0, r1, n_out, dst);
+        return 0;
+    }
+    ie_kq_panel_t g;
+    if (ie_kq_panel(t, &g) == 0) {
+        kq_repack(t, &g, src, n_in, r0, r1, n_out, dst);
         return 0;
     }
     const repack_ctx_t c = {t, group, src, ie_qrow_bytes(t, group, n_in), scale_bytes(t) + quant_bytes(t, group)};
@@ -436,14 +558,26 @@ int ie_pack_repack(ie_dtype_t rows_dtype, int group, const void *src, int64_t n_
 
 /* Dequantize row r (0 <= r < m->n_out) of a packed matrix into n_in floats,
  * with the same f32 formulas as ie_qrow_dequantize (so a repacked Q8_0 /
- * Q4_0 / Q4_1 row dequantizes to the bits ie_dequantize_row gives). Does
- * nothing on an invalid matrix or row. */
+ * Q4_0 / Q4_1 row dequantizes to the bits ie_dequantize_row gives); a
+ * k-quant row through its codes and ie_kq_value, so it equals
+ * ie_dequantize_row on the source row bit for bit. Does nothing on an
+ * invalid matrix or row. */
 void ie_pack_dequant_row(const ie_pmat_t *m, int64_t r, float *dst)
 {
     if (!m || !m->data || ie_pack_check(m->dtype, m->group, m->n_in) != 0 || r < 0 || r >= m->n_out) return;
     if (ie_dtype_is_half(m->dtype)) {
         const uint8_t *pan = half_panel(m, r);
         for (int64_t k = 0; k < m->n_in; k++) dst[k] = half_at(m->dtype, pan, (int)(r % IE_PANEL), k);
+        return;
+    }
+    ie_kq_panel_t kg;
+    if (ie_kq_panel(m->dtype, &kg) == 0) {
+        const int qk = kg.info.qk;
+        ie_kq_codes_t c;
+        for (int64_t b = 0; b < m->n_in / qk; b++) {
+            kq_get_row(&kg, kq_block(&kg, m->data, m->n_in, r / IE_PANEL, b), (int)(r % IE_PANEL), &c);
+            for (int k = 0; k < qk; k++) dst[b * qk + k] = ie_kq_value(m->dtype, &c, k);
+        }
         return;
     }
     const ie_dtype_t t = m->dtype;
@@ -511,6 +645,82 @@ static int packed_args_ok(const ie_pmat_t *m, int64_t r0, int64_t r1, const void
     return 1;
 }
 
+/* One k-quant block (codes c of one weight row) against block b of one
+ * activation row (ie_matmul_act_dtype: Q8_P or Q8_K): the f32 term the row
+ * sum adds. The order is the ROWS reference's (kquant_ref.c), so a packed
+ * and a ROWS matrix give the same bits:
+ *   32-element types x Q8_P (q, da, s of block b): isum = sum v*q exactly
+ *   (v = u; IQ4_NL kv[u]), then in f32
+ *       Q5_0  : dw * (da*isum - 16*s)
+ *       Q5_1  : (dw*da)*isum + m*s
+ *       IQ4_NL: (dw*da)*isum
+ *   256-element types x Q8_K (q, da, bsums of block b), in int32 (the
+ *   largest, Q6_K's, is below 2^31):
+ *       isum = sum_j sc_j * (sum_{k in j} v_k*q_k - off*bs_j)
+ *       msum = sum_j mn_j * bs_j               (Q2_K, Q4_K, Q5_K)
+ *   with v = u (IQ4_XS kv[u]), off = 4 (Q3_K), 32 (Q6_K), else 0, bs_j the
+ *   sum of the bsums inside sub-block j; then in f32
+ *       (da*d)*isum - (da*dmin)*msum           (no msum term without mn). */
+static float kq_block_term(ie_dtype_t t, const ie_kq_info_t *in, const ie_kq_codes_t *c, const uint8_t *arow,
+                           int64_t b, int64_t n_in)
+{
+    const int nl = t == IE_DTYPE_IQ4_NL || t == IE_DTYPE_IQ4_XS; /* codes index the code book */
+    if (in->qk == IE_QK) {
+        const int8_t *q = (const int8_t *)arow + b * IE_QK;
+        int32_t isum = 0;
+        for (int k = 0; k < IE_QK; k++) isum += (nl ? ie_iq4nl_kvalues[c->u[k] & 15] : (int32_t)c->u[k]) * q[k];
+        const float dw = ie_f16_to_f32(c->d), da = ld_f32(arow + n_in + 4 * b),
+                    sa = ld_f32(arow + n_in + 4 * (n_in / IE_QK) + 4 * b);
+        switch (t) {
+        case IE_DTYPE_Q5_0: return dw * (da * (float)isum - 16.0f * sa);
+        case IE_DTYPE_Q5_1: return (dw * da) * (float)isum + ie_f16_to_f32(c->dmin) * sa;
+        default: return (dw * da) * (float)isum;
+        }
+    }
+    ie_block_q8_k_t a;
+    memcpy(&a, arow + (size_t)b * sizeof a, sizeof a);
+    const int len = IE_QK_K / in->nsub, per = len / 16; /* elements, bsums per sub-block */
+    const int32_t off = t == IE_DTYPE_Q3_K ? 4 : t == IE_DTYPE_Q6_K ? 32 : 0;
+    int32_t isum = 0, msum = 0;
+    for (int j = 0; j < in->nsub; j++) {
+        int32_t sj = 0, bs = 0;
+        for (int k = j * len; k < (j + 1) * len; k++)
+            sj += (nl ? ie_iq4nl_kvalues[c->u[k] & 15] : (int32_t)c->u[k]) * (int32_t)a.q[k];
+        for (int i = 0; i < per; i++) bs += a.bsums[j * per + i];
+        isum += c->sc[j] * (sj - off * bs);
+        msum += c->mn[j] * bs;
+    }
+    const float d = ie_f16_to_f32(c->d);
+    if (!in->has_mn) return (a.d * d) * (float)isum;
+    return (a.d * d) * (float)isum - (a.d * ie_f16_to_f32(c->dmin)) * (float)msum;
+}
+
+#define KQ_TOK_CHUNK 64 /* tokens whose row sums are kept while the blocks of one row pass */
+
+/* matmul_packed for a checked k-quant matrix: per row, each block's codes
+ * read from the panel once per chunk of tokens, its kq_block_term per
+ * token summed over the blocks in order, in double. */
+static void kq_matmul(const ie_pmat_t *m, const ie_kq_panel_t *g, int64_t r0, int64_t r1, const void *a,
+                      size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+{
+    const ie_dtype_t t = m->dtype;
+    const int64_t n_in = m->n_in, nb = n_in / g->info.qk;
+    ie_kq_codes_t c;
+    double acc[KQ_TOK_CHUNK];
+    for (int64_t r = r0; r < r1; r++)
+        for (int64_t t0 = 0; t0 < n_tok; t0 += KQ_TOK_CHUNK) {
+            const int64_t nt = n_tok - t0 < KQ_TOK_CHUNK ? n_tok - t0 : KQ_TOK_CHUNK;
+            for (int64_t k = 0; k < nt; k++) acc[k] = 0.0;
+            for (int64_t b = 0; b < nb; b++) {
+                kq_get_row(g, kq_block(g, m->data, n_in, r / IE_PANEL, b), (int)(r % IE_PANEL), &c);
+                for (int64_t k = 0; k < nt; k++)
+                    acc[k] += (double)kq_block_term(t, &g->info, &c,
+                                                    (const uint8_t *)a + (size_t)(t0 + k) * a_stride, b, n_in);
+            }
+            for (int64_t k = 0; k < nt; k++) y[(t0 + k) * ldy + r] = (float)acc[k];
+        }
+}
+
 /* Y[t*ldy + r] = dot(W row r, A row t) for r in [r0, r1), t < n_tok, the
  * oracle of matmul_packed. A rows are Q16_P for I8W, Q8_P for I4W/I4WA
  * (ie_matmul_act_dtype). Per 32-element block b (within group g) the
@@ -522,12 +732,21 @@ static int packed_args_ok(const ie_pmat_t *m, int64_t r0, int64_t r1, const void
  *     I4WA: y += d_g *  ad_b*isum + m_g*s_b
  * (from x_w = d*(c - off) or d*c + m, x_a = ad*qa and s_b = ad*sum(qa)).
  * BF16 x BF16 rows and F16 x F32 rows: the exact products summed in
- * double, as ie_matmul_bf16_bf16_ref / the f16 ROWS reference. Returns
+ * double, as ie_matmul_bf16_bf16_ref / the f16 ROWS reference. The
+ * k-quants (Q8_P rows for Q5_0/Q5_1/IQ4_NL, Q8_K rows of ggml blocks for
+ * the rest): per block the exact integer sums, then the f32 term of
+ * kq_block_term, summed over blocks in double — the same bits as the
+ * ROWS reference ie_matmul_<t>_q8_{p,k}_ref on the source rows. Returns
  * IE_OK, or IE_ERR_INVAL on an invalid matrix/range. */
 ie_status_t ie_matmul_packed_ref(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                  int64_t n_tok, float *y, int64_t ldy)
 {
     if (!packed_args_ok(m, r0, r1, a, n_tok, y)) return IE_ERR_INVAL;
+    ie_kq_panel_t kg;
+    if (ie_kq_panel(m->dtype, &kg) == 0) {
+        kq_matmul(m, &kg, r0, r1, a, a_stride, n_tok, y, ldy);
+        return IE_OK;
+    }
     if (ie_dtype_is_half(m->dtype)) {
         const int bf = m->dtype == IE_DTYPE_BF16; /* BF16 activations, else F32 */
         for (int64_t tok = 0; tok < n_tok; tok++) {

@@ -159,6 +159,26 @@ float ie_kq_value(ie_dtype_t t, const ie_kq_codes_t *c, int k);
  * a k-quant or n does not fit its blocks. */
 int ie_kq_quantize_row(ie_dtype_t t, const float *src, void *dst, int64_t n);
 
+/* Where one k-quant block's fields sit in a PANEL16 panel (ie_pack.h), in
+ * bytes from the start of the block's header: f16 d[16] at d, f16
+ * dmin[16] at dmin (info.has_dmin), int8 sc[nsub][16] at sc (nsub > 0),
+ * int8 mn[nsub][16] at mn (info.has_mn); absent fields have offset 0.
+ * The codes start at `codes`: qk/32 slabs of `slab` (= 64*bits) bytes,
+ * planes in the order nibbles (4 chunks, bits >= 4), crumbs (2 chunks,
+ * bits 2, 3, 6), bit (1 chunk, bits 3, 5) at nib, crumb, bit from the
+ * slab's start. `block` = header + codes: the stride of blocks in a panel,
+ * so a panel is (n_in/qk)*block bytes. Defined in pack.c. */
+typedef struct ie_kq_panel {
+    ie_kq_info_t info;
+    size_t d, dmin, sc, mn, codes; /* header offsets, codes offset   */
+    size_t slab;                   /* bytes per 32 columns: 64*bits  */
+    size_t nib, crumb, bit;        /* plane offsets inside a slab    */
+    size_t block;                  /* bytes per block of one panel   */
+} ie_kq_panel_t;
+
+/* 0 and *g filled for a k-quant type, -1 for any other. */
+int ie_kq_panel(ie_dtype_t t, ie_kq_panel_t *g);
+
 /* The k-quants in ROWS layout (ggml blocks, ie_dtype.h) against their
  * activations (ie_matmul_act_dtype: Q8_P for q5_0/q5_1/iq4_nl, Q8_K for
  * the 256-element types): per block, the integer code x activation sums
@@ -185,7 +205,8 @@ void ie_matmul_q6_k_q8_k_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1
 void ie_matmul_iq4_xs_q8_k_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                int64_t n_tok, float *y, int64_t ldy);
 
-/* Packed (ie_pack.h) reference matmul (I8W x Q16_P, I4W/I4WA x Q8_P) and
+/* Packed (ie_pack.h) reference matmul (I8W x Q16_P, I4W/I4WA x Q8_P, BF16,
+ * F16 and the k-quants: the oracle of every ISA's matmul_packed) and
  * the Q8_P / Q16_P activation quantizers (n a multiple of 32). */
 ie_status_t ie_matmul_packed_ref(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                  int64_t n_tok, float *y, int64_t ldy);

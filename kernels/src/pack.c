@@ -1,5 +1,7 @@
-/* pack.c — sizes of the engine-native quantized layouts (ie_pack.h). */
+/* pack.c — sizes of the engine-native quantized layouts (ie_pack.h), and
+ * where each field of a k-quant block sits in a PANEL16 panel. */
 #include "ie_pack.h"
+#include "ie_kernels_isa.h"
 
 /* Bytes of scales per row per group (d, and m for affine). */
 static size_t scale_bytes(ie_dtype_t t) { return t == IE_DTYPE_I4WA ? 4 : 2; }
@@ -11,7 +13,37 @@ int ie_pack_check(ie_dtype_t dtype, int group, int64_t n_in)
 {
     if (!ie_dtype_is_packable(dtype) || group <= 0 || group % 32 != 0 || n_in <= 0 || n_in % group != 0) return -1;
     if (ie_dtype_is_half(dtype) && group != IE_QK) return -1;
-    if (ie_dtype_is_kquant(dtype)) return -1; /* no packed k-quant kernels yet */
+    if (ie_dtype_is_kquant(dtype) && group != ie_dtype_block_elems(dtype)) return -1;
+    return 0;
+}
+
+int ie_kq_panel(ie_dtype_t t, ie_kq_panel_t *g)
+{
+    ie_kq_info_t in;
+    if (ie_kq_info(t, &in) != 0) return -1;
+    ie_kq_panel_t p = {.info = in};
+    size_t o = 2 * IE_PANEL; /* after d[16] */
+    if (in.has_dmin) {
+        p.dmin = o;
+        o += 2 * IE_PANEL;
+    }
+    if (in.nsub > 0) {
+        p.sc = o;
+        o += (size_t)IE_PANEL * (size_t)in.nsub;
+    }
+    if (in.has_mn) {
+        p.mn = o;
+        o += (size_t)IE_PANEL * (size_t)in.nsub;
+    }
+    p.codes = o;
+    p.slab = 64 * (size_t)in.bits;
+    /* planes: nibbles (bits >= 4), crumbs (2, 3: bits 0-1; 6: bits 4-5), bit (3: bit 2; 5: bit 4) */
+    const int nib = in.bits >= 4, crumb = in.bits == 2 || in.bits == 3 || in.bits == 6;
+    p.nib = 0;
+    p.crumb = nib ? 4 * 64 : 0;
+    p.bit = (size_t)(4 * nib + 2 * crumb) * 64;
+    p.block = p.codes + (size_t)(in.qk / 32) * p.slab;
+    *g = p;
     return 0;
 }
 
@@ -19,6 +51,8 @@ size_t ie_pack_panel_bytes(ie_dtype_t dtype, int group, int64_t n_in)
 {
     if (ie_pack_check(dtype, group, n_in) != 0) return 0;
     if (ie_dtype_is_half(dtype)) return (size_t)n_in * IE_PANEL * 2;
+    ie_kq_panel_t kp;
+    if (ie_kq_panel(dtype, &kp) == 0) return (size_t)(n_in / group) * kp.block;
     return (size_t)(n_in / group) * IE_PANEL * (scale_bytes(dtype) + quant_bytes(dtype, group));
 }
 

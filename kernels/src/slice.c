@@ -4,12 +4,15 @@
  * tensor's own encoding, so that every later step (conversion, repacking,
  * the matmuls) sees an ordinary, smaller matrix.
  *
- * Cuts never split a block: ROWS copies whole blocks (ggml block, or one
- * I-type group with its scales) of each row; PANEL16 copies whole groups of
- * whole panels (a BF16 / F16 group: 32 columns, 1 KiB), which are
- * contiguous inside a panel, and rewrites the padding rows of the last
- * panel the way ie_pack_quantize writes them. */
+ * Cuts never split a block: ROWS copies whole blocks (ggml block — 256
+ * columns for the K types and IQ4_XS — or one I-type group with its
+ * scales) of each row; PANEL16 copies whole groups of whole panels (a BF16 /
+ * F16 group: 32 columns, 1 KiB; a k-quant group: one block's header and
+ * codes), which are contiguous inside a panel, and rewrites the padding
+ * rows of the last panel the way ie_pack_quantize / ie_pack_repack write
+ * them. */
 #include "ie_pack.h"
+#include "ie_kernels_isa.h"
 
 #include <string.h>
 
@@ -35,15 +38,32 @@ static int rows_block(ie_dtype_t t, int group, int64_t *elems, size_t *bytes)
         *elems = ie_dtype_block_elems(t);
         *bytes = ie_dtype_block_bytes(t);
         return *elems > 0 && *bytes > 0;
-    default: return 0;
+    default:
+        if (!ie_dtype_is_kquant(t)) return 0;
+        *elems = ie_dtype_block_elems(t);
+        *bytes = ie_dtype_block_bytes(t);
+        return *elems > 0 && *bytes > 0;
     }
 }
 
 /* Write panel row i of one PANEL16 group as padding: scales 0 and the code
  * of 0.0f (I8W 128, I4W 8, I4WA 0), as ie_pack_quantize does; BF16 and
- * F16: its G values 0. */
+ * F16: its G values 0; a k-quant: every field 0 (d, dmin, sc, mn and the
+ * codes), as ie_pack_repack does. */
 static void pad_row(ie_dtype_t t, int G, uint8_t *grp, int i)
 {
+    ie_kq_panel_t kp;
+    if (ie_kq_panel(t, &kp) == 0) {
+        memset(grp + kp.d + 2 * (size_t)i, 0, 2);
+        if (kp.info.has_dmin) memset(grp + kp.dmin + 2 * (size_t)i, 0, 2);
+        for (int j = 0; j < kp.info.nsub; j++) {
+            grp[kp.sc + (size_t)(IE_PANEL * j + i)] = 0;
+            if (kp.info.has_mn) grp[kp.mn + (size_t)(IE_PANEL * j + i)] = 0;
+        }
+        const size_t chunks = (kp.block - kp.codes) / 64; /* every code chunk of the block */
+        for (size_t ch = 0; ch < chunks; ch++) memset(grp + kp.codes + ch * 64 + 4 * (size_t)i, 0, 4);
+        return;
+    }
     if (t == IE_DTYPE_BF16) {
         for (int c = 0; c < G / 2; c++) memset(grp + (size_t)c * 64 + 4 * (size_t)i, 0, 4);
         return;

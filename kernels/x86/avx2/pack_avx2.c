@@ -317,6 +317,7 @@ ie_status_t ie_matmul_packed_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, co
     if (n_tok < 0) return IE_ERR_INVAL;
     if (n_tok == 0 || r0 == r1) return IE_OK;
     if (!a || !y) return IE_ERR_INVAL;
+    if (ie_dtype_is_kquant(m->dtype)) return ie_matmul_packed_ref(m, r0, r1, a, a_stride, n_tok, y, ldy);
     if (ie_dtype_is_half(m->dtype)) {
         half_packed(m, r0, r1, a, a_stride, n_tok, y, ldy);
         return IE_OK;
