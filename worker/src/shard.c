@@ -125,9 +125,16 @@ static ie_status_t refuse_cut(const ie_hparams_t *hp, const ie_shard_units_t *u,
     if (hp->n_expert == 0 && (int64_t)R * u->ff_unit > hp->n_ff)
         snprintf(why, sizeof why, "the MLP (%d) has only %d columns of %d for %s", hp->n_ff, hp->n_ff / u->ff_unit,
                  u->ff_unit, u->ff_what[0] ? u->ff_what : "ffn_down");
-    else
-        snprintf(why, sizeof why, "its heads would cut the columns of %s off their blocks",
-                 u->o_what[0] ? u->o_what : "attn_output");
+    else {
+        int64_t at = 0; /* the first cut off a block */
+        for (int r = 1; r < R && at == 0; r++) {
+            int64_t b, e;
+            split(hp->n_head, r, R, &b, &e);
+            if (b * hp->head_dim % u->o_unit != 0) at = b * hp->head_dim;
+        }
+        snprintf(why, sizeof why, "its heads would cut the columns of %s at %lld",
+                 u->o_what[0] ? u->o_what : "attn_output", (long long)at);
+    }
     return ie_error_set(IE_ERR_INVAL, "tensor plan: %d ranks, but %s; the shapes allow tensor:N for N in {%s}", R,
                         why, allow);
 }

@@ -230,7 +230,7 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
     if ((st = ie_arch_desc_init(&w->hp, &w->arch)) != IE_OK) goto cleanup; /* what the pass does */
     if ((st = start_kernels(w)) != IE_OK) goto cleanup;                    /* kernels, thread pool */
     if ((st = worker_bind_options(w, src)) != IE_OK) goto cleanup;         /* env overrides */
-    if ((st = plan_shard(w, src)) != IE_OK) goto cleanup;                       /* what this worker holds */
+    if ((st = plan_shard(w, src)) != IE_OK) goto cleanup;                  /* what this worker holds */
     if ((st = worker_bind_weights(w, src)) != IE_OK) goto cleanup;         /* bind.c */
     if ((st = worker_kv_new(w)) != IE_OK) goto cleanup;                    /* KV cache, RoPE tables */
     if ((st = new_scratch(w)) != IE_OK) goto cleanup;                      /* step scratch */
