@@ -17,7 +17,7 @@
  *                o_k the offset part of w_k's formula (m, dmin*mn, 16d, 4d*sc,
  *                32d*sc): the kernels' integer sums are exact and only a few
  *                f32 roundings (2^-24 each) of per-block terms remain. Odd row
- *                counts, sub-ranges, several tokens, n_in 256/512/768 (and
+ *                counts, sub-ranges, 1-3 and 19 tokens, n_in 256/512/768 (and
  *                32/96/160 for the 32-element types), every ISA's table.
  *   Q8_K       : ie_quantize_row_q8_k_ref equals a scalar restatement of
  *                ggml's quantize_row_q8_K (rintf for nearest_int) byte for
@@ -388,6 +388,9 @@ static void test_matmul_rows(void)
                                     0);
                     cases++;
                 }
+            /* more tokens than the kernel's token group (16) */
+            CU_ASSERT_EQUAL(check_matmul((ie_isa_t)isa, t, big ? 512 : 96, 3, 1, 19, 7100 + i), 0);
+            cases++;
         }
     }
     printf("\n  %d matmul cases ", cases);
