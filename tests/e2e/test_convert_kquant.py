@@ -20,6 +20,16 @@ skip, visibly, without it).
     q4_K where rows are whole super-blocks and llama-quantize's substitutes
     (q5_0, q8_0) elsewhere; gguf.quants dequantizes the IEBIN's bytes within
     the types' error of the f32 values.
+
+On the tiny k-quant Llamas of test_forward_kquant.py (committed fixtures,
+rows of 256 and 512; never skipped):
+  * every tensor kept: the IEBIN runs to the GGUF's logits bit for bit
+    (native and f32);
+  * a q4_K / q5_K / q6_K mix written from the fixture's f32 values: stored
+    PANEL16 and stored ROWS (packed at load) give identical logits, within
+    the native k-quant bounds (max rel <= 0.15, rms <= 0.07; measured
+    0.050-0.062 / 0.033-0.044) of the same weights at f32, the arg max equal
+    but at the f32 run's near ties (top-2 margin < 0.3; 1-2 positions).
 """
 from __future__ import annotations
 
@@ -30,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, THREADS, fixture_path, run_json
+from conftest import REPO, THREADS, engine_logits, fixture_path, row_rel_err, run_json
 from test_convert import convert_ok, model_json, write_manifest
 
 gguf = pytest.importorskip("gguf")
@@ -193,3 +203,83 @@ def test_write_kquants(f32_ref, work):
         assert rel <= REL_RMS[dt], f"{name} as {dt}: relative RMS error {rel:.4f} > {REL_RMS[dt]}"
         seen[dt] = seen.get(dt, 0) + 1
     assert seen == {"q6_K": 15, "q4_K": 15, "q8_0": 31, "q5_0": 30 * 5}, seen
+
+
+# ------------------------------------------------- the tiny k-quant Llamas
+# tests/data/tiny_kq_*.gguf (gen_tiny_kquant.py; hidden 256, FFN 512, vocab
+# 512): every row is whole super-blocks, so k-quant targets apply as asked.
+TINY = ("tiny_kq_mixed.gguf", "tiny_kq_tied.gguf", "tiny_kq_q3_K.gguf")
+KEEP = {"version": 1, "rules": []}  # every tensor as stored
+MIX = {"version": 1, "rules": [
+    {"pattern": r"^(output|token_embd)\.weight$", "dtype": "q6_K"},
+    {"pattern": r"^blk\.\d+\.(attn_v|ffn_down)\.weight$", "dtype": "q6_K"},
+    {"pattern": r"^blk\.1\.", "dtype": "q5_K"},
+    {"pattern": r"^blk\.\d+\.", "dtype": "q4_K"}]}
+# native k-quant arithmetic (8-bit activations per 256) against the same
+# weights at f32: test_forward_kquant.py's bounds for the fixtures' own files
+NATIVE_MAX_REL, NATIVE_RMS = 0.15, 0.07
+
+
+def _tiny_ids(name):
+    d = np.load(fixture_path(name.replace(".gguf", ".expected.npz")))
+    return d["ids"]
+
+
+def _rms(a, b):
+    return float(np.sqrt(np.mean((a - b) ** 2) / np.mean(b ** 2)))
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_tiny_keep_is_the_gguf(name, tmp_path):
+    """k-quant GGUF -> IEBIN with every tensor kept (ROWS bytes as stored):
+    the engine gives the GGUF's logits bit for bit, natively and at f32."""
+    out = tmp_path / "keep"
+    convert_ok(["--in", fixture_path(name), "--out-dir", out, "--quiet",
+                "--q4-map", write_manifest(tmp_path / "keep.json", KEEP)])
+    kinds = {t["dtype"] for t in model_json(out)["tensors"]}
+    assert kinds & {"q4_K", "q5_K", "q6_K", "q3_K", "q5_0", "iq4_nl"}, kinds
+    ids = _tiny_ids(name)[0]
+    for prec in ("native", "f32"):
+        a = engine_logits(fixture_path(name), ids, tmp_path, precision=prec)
+        b = engine_logits(out, ids, tmp_path, precision=prec)
+        assert np.array_equal(a, b), f"{name} {prec}: IEBIN logits differ from the GGUF's"
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_tiny_written_kquants_run(name, tmp_path):
+    """k-quants written by ie-convert (from the fixture dequantized to f32):
+    stored PANEL16 (--pretranspose all) and ROWS (packed at load) give the
+    same logits; natively within the k-quant bounds of the same weights at
+    f32; greedy ids of the native run equal the f32 run's."""
+    f32 = tmp_path / "f32"
+    convert_ok(["--in", fixture_path(name), "--out-dir", f32, "--quiet",
+                "--q4-map", write_manifest(tmp_path / "f32.json", F32)])
+    packed, rows = tmp_path / "mix_all", tmp_path / "mix_none"
+    for out, pt in ((packed, "all"), (rows, "none")):
+        convert_ok(["--in", f32, "--out-dir", out, "--quiet", "--pretranspose", pt,
+                    "--q4-map", write_manifest(tmp_path / "mix.json", MIX)])
+    tens = {t["name"]: t for t in model_json(packed)["tensors"]}
+    assert tens["blk.0.ffn_down.weight"]["dtype"] == "q6_K"
+    assert tens["blk.0.attn_q.weight"]["dtype"] == "q4_K"
+    assert tens["blk.1.attn_q.weight"]["dtype"] == "q5_K"
+    assert tens["blk.0.attn_q.weight"]["layout"] == "panel16" and tens["blk.0.attn_q.weight"]["group"] == 256
+    assert {t["layout"] for t in model_json(rows)["tensors"]} == {"rows"}
+    back = tmp_path / "mix_f32"  # the written k-quants dequantized: the f32 reference
+    convert_ok(["--in", packed, "--out-dir", back, "--quiet", "--q4-map", write_manifest(tmp_path / "f.json", F32)])
+    worst = rms = 0.0
+    n_differ = 0
+    for p, ids in enumerate(_tiny_ids(name)):
+        a = engine_logits(packed, ids, tmp_path)
+        b = engine_logits(rows, ids, tmp_path)
+        assert np.array_equal(a, b), f"{name} prompt {p}: PANEL16-stored and ROWS-stored logits differ"
+        ref = engine_logits(back, ids, tmp_path, precision="f32")
+        worst = max(worst, float(row_rel_err(a, ref).max()))
+        rms = max(rms, _rms(a, ref))
+        differ = a.argmax(-1) != ref.argmax(-1)
+        top2 = np.sort(ref, -1)[:, -2:]
+        margin = top2[:, 1] - top2[:, 0]
+        assert np.all(margin[differ] < 0.3), \
+            f"{name} prompt {p}: native argmax differs from f32's where its margin is {margin[differ].min():.3f}"
+        n_differ += int(differ.sum())
+    print(f"{name}: max rel {worst:.3e}, rms {rms:.3e}, argmax differs at {n_differ} near ties")
+    assert worst <= NATIVE_MAX_REL and rms <= NATIVE_RMS, f"{name}: max rel {worst:.3e}, rms {rms:.3e}"

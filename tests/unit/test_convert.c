@@ -67,10 +67,10 @@ typedef struct spec {
 } spec_t;
 
 static const spec_t k_specs[] = {
-    {"token_embd.weight", 2, E, V},        {"output_norm.weight", 1, E, 1},     {"output.weight", 2, E, V},
-    {"blk.0.attn_norm.weight", 1, E, 1},   {"blk.0.attn_q.weight", 2, E, E},    {"blk.0.attn_k.weight", 2, E, 128},
-    {"blk.0.attn_v.weight", 2, E, 128},    {"blk.0.attn_output.weight", 2, E, E}, {"blk.0.ffn_norm.weight", 1, E, 1},
-    {"blk.0.ffn_gate.weight", 2, E, F},    {"blk.0.ffn_up.weight", 2, E, F},    {"blk.0.ffn_down.weight", 2, F, E},
+    {"token_embd.weight", 2, E, V},      {"output_norm.weight", 1, E, 1},       {"output.weight", 2, E, V},
+    {"blk.0.attn_norm.weight", 1, E, 1}, {"blk.0.attn_q.weight", 2, E, E},      {"blk.0.attn_k.weight", 2, E, 128},
+    {"blk.0.attn_v.weight", 2, E, 128},  {"blk.0.attn_output.weight", 2, E, E}, {"blk.0.ffn_norm.weight", 1, E, 1},
+    {"blk.0.ffn_gate.weight", 2, E, F},  {"blk.0.ffn_up.weight", 2, E, F},      {"blk.0.ffn_down.weight", 2, F, E},
 };
 #define N_SPECS ((int)(sizeof k_specs / sizeof k_specs[0]))
 
@@ -129,14 +129,10 @@ static int write_source(const char *dir)
     if (ie_iebin_writer_open(dir, &w) != IE_OK) return -1;
     for (int i = 0; i < N_SPECS; i++) {
         const spec_t *s = &k_specs[i];
-        ie_tensor_t t = {s->name,
-                         IE_DTYPE_F32,
-                         s->n_dims,
-                         {s->ne0, s->ne1, 1, 1},
-                         g_w[i],
-                         (uint64_t)(s->ne0 * s->ne1) * sizeof(float),
-                         IE_LAYOUT_ROWS,
-                         0};
+        ie_tensor_t t = {s->name,        IE_DTYPE_F32,
+                         s->n_dims,      {s->ne0, s->ne1, 1, 1},
+                         g_w[i],         (uint64_t)(s->ne0 * s->ne1) * sizeof(float),
+                         IE_LAYOUT_ROWS, 0};
         if (ie_iebin_writer_add(w, &t, NULL) != IE_OK) break;
     }
     if (ie_iebin_writer_set_tokenizer(w, TOK_JSON) != IE_OK) {
@@ -163,8 +159,8 @@ static int convert(const char *in, const char *out, const char *manifest, const 
     FILE *f = fopen(mpath, "w");
     if (!f || fputs(manifest, f) < 0) abort();
     fclose(f);
-    char *argv[] = {"ie-convert", "--in",         (char *)in, "--out-dir", (char *)out, "--q4-map", mpath,
-                    "--quiet",    "--pretranspose", (char *)pt, "--threads", "2",        NULL};
+    char *argv[] = {"ie-convert", "--in",           (char *)in, "--out-dir", (char *)out, "--q4-map", mpath,
+                    "--quiet",    "--pretranspose", (char *)pt, "--threads", "2",         NULL};
     fflush(stdout);
     int rc = ie_convert_main((int)(sizeof argv / sizeof argv[0]) - 1, argv);
     fflush(stdout);
@@ -316,7 +312,7 @@ static void test_write_mix(void)
     static const struct {
         const char *name;
         ie_dtype_t dt;
-    } want[] = {{"output.weight", IE_DTYPE_Q6_K},        {"blk.0.attn_v.weight", IE_DTYPE_Q6_K},
+    } want[] = {{"output.weight", IE_DTYPE_Q6_K},         {"blk.0.attn_v.weight", IE_DTYPE_Q6_K},
                 {"blk.0.ffn_down.weight", IE_DTYPE_Q6_K}, {"blk.0.attn_q.weight", IE_DTYPE_Q4_K},
                 {"blk.0.attn_k.weight", IE_DTYPE_Q4_K},   {"blk.0.attn_output.weight", IE_DTYPE_Q4_K},
                 {"blk.0.ffn_gate.weight", IE_DTYPE_Q4_K}, {"blk.0.ffn_up.weight", IE_DTYPE_Q4_K},
@@ -351,9 +347,9 @@ static void test_write_mix(void)
 /* Every other ggml type this build quantizes, on ffn_gate (rows of 256). */
 static void test_write_each_type(void)
 {
-    static const ie_dtype_t types[] = {IE_DTYPE_Q5_0,   IE_DTYPE_Q5_1, IE_DTYPE_IQ4_NL, IE_DTYPE_Q2_K,
-                                       IE_DTYPE_Q3_K,   IE_DTYPE_Q5_K, IE_DTYPE_IQ4_XS, IE_DTYPE_Q4_0,
-                                       IE_DTYPE_Q4_1,   IE_DTYPE_Q4_K, IE_DTYPE_Q6_K};
+    static const ie_dtype_t types[] = {IE_DTYPE_Q5_0, IE_DTYPE_Q5_1, IE_DTYPE_IQ4_NL, IE_DTYPE_Q2_K,
+                                       IE_DTYPE_Q3_K, IE_DTYPE_Q5_K, IE_DTYPE_IQ4_XS, IE_DTYPE_Q4_0,
+                                       IE_DTYPE_Q4_1, IE_DTYPE_Q4_K, IE_DTYPE_Q6_K};
     int n_done = 0;
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         if (!can_quantize(types[i])) continue; /* refused by the manifest: test_manifest checks the message */
@@ -409,11 +405,12 @@ static void test_kquant_source(void)
     char kq[128], out[128];
     ie_model_src_t *src = NULL, *m = NULL;
     new_dir(kq, sizeof kq);
-    CU_ASSERT_EQUAL_FATAL(convert(g_src, kq,
-                                  "{\"version\":1,\"rules\":[{\"pattern\":\"ffn_down|output\\\\.\",\"dtype\":\"q6_K\"},"
-                                  "{\"pattern\":\".\",\"dtype\":\"q4_K\"}]}",
-                                  "none"),
-                          0);
+    CU_ASSERT_EQUAL_FATAL(
+        convert(g_src, kq,
+                "{\"version\":1,\"rules\":[{\"pattern\":\"ffn_down|output\\\\.\",\"dtype\":\"q6_K\"},"
+                "{\"pattern\":\".\",\"dtype\":\"q4_K\"}]}",
+                "none"),
+        0);
     CU_ASSERT_EQUAL_FATAL(ie_model_src_open(kq, &src), IE_OK);
     CU_ASSERT_EQUAL(ie_model_src_tensor(src, "blk.0.attn_q.weight")->dtype, IE_DTYPE_Q4_K);
     CU_ASSERT_EQUAL(ie_model_src_tensor(src, "blk.0.ffn_down.weight")->dtype, IE_DTYPE_Q6_K);
@@ -422,11 +419,12 @@ static void test_kquant_source(void)
     for (int pass = 0; pass < 2; pass++) {
         new_dir(out, sizeof out);
         CU_ASSERT_EQUAL_FATAL(
-            convert(kq, out,
-                    pass ? "{\"version\":1,\"rules\":[{\"pattern\":\"^blk\",\"dtype\":\"int4w\",\"zero\":\"affine\"},"
-                           "{\"pattern\":\".\",\"dtype\":\"int8w\"}]}"
-                         : "{\"version\":1,\"rules\":[{\"pattern\":\".\",\"dtype\":\"int8w\"}]}",
-                    pass ? "all" : "none"),
+            convert(
+                kq, out,
+                pass ? "{\"version\":1,\"rules\":[{\"pattern\":\"^blk\",\"dtype\":\"int4w\",\"zero\":\"affine\"},"
+                       "{\"pattern\":\".\",\"dtype\":\"int8w\"}]}"
+                     : "{\"version\":1,\"rules\":[{\"pattern\":\".\",\"dtype\":\"int8w\"}]}",
+                pass ? "all" : "none"),
             0);
         CU_ASSERT_EQUAL_FATAL(ie_model_src_open(out, &m), IE_OK);
         for (int i = 0; i < N_SPECS; i++) {
@@ -452,7 +450,8 @@ static void test_kquant_source(void)
                           0);
     CU_ASSERT_EQUAL_FATAL(ie_model_src_open(out, &m), IE_OK);
     for (int i = 0; i < N_SPECS; i++) {
-        const ie_tensor_t *a = ie_model_src_tensor(src, k_specs[i].name), *b = ie_model_src_tensor(m, k_specs[i].name);
+        const ie_tensor_t *a = ie_model_src_tensor(src, k_specs[i].name),
+                          *b = ie_model_src_tensor(m, k_specs[i].name);
         CU_ASSERT(a->dtype == b->dtype && a->nbytes == b->nbytes && memcmp(a->data, b->data, a->nbytes) == 0);
     }
     CU_ASSERT(quant_has(out, "blk.0.ffn_down.weight", "lossless", NULL));
@@ -469,7 +468,8 @@ static void test_kquant_source(void)
         uint64_t off = 0;
         for (int64_t i = 0; i < ie_iebin_n_tensors(ib); i++) {
             const ie_tensor_t *u = ie_iebin_tensor(ib, i);
-            if (!strcmp(u->name, t->name)) off = (uint64_t)((const char *)u->data - (const char *)ie_iebin_tensor(ib, 0)->data);
+            if (!strcmp(u->name, t->name))
+                off = (uint64_t)((const char *)u->data - (const char *)ie_iebin_tensor(ib, 0)->data);
         }
         ie_iebin_destroy(&ib);
         /* tensor 0's data is at blob offset 0: the writer aligns from 0 */
@@ -481,7 +481,8 @@ static void test_kquant_source(void)
         CU_ASSERT_EQUAL(fwrite(nan16, 1, 2, f), 2);
         fclose(f);
         setenv("IE_IEBIN_VERIFY", "0", 1);
-        CU_ASSERT_EQUAL(convert(kq, out, "{\"version\":1,\"rules\":[{\"pattern\":\".\",\"dtype\":\"int8w\"}]}", "none"),
+        CU_ASSERT_EQUAL(convert(kq, out, "{\"version\":1,\"rules\":[{\"pattern\":\".\",\"dtype\":\"int8w\"}]}",
+                                "none"),
                         3);
         unsetenv("IE_IEBIN_VERIFY");
         CU_ASSERT(access(out, F_OK) != 0); /* nothing written */
@@ -499,7 +500,8 @@ static void test_fallbacks(void)
     ie_model_src_t *m = NULL;
     const char *gguf = IE_TEST_DATA "/tiny_llama_f32.gguf";
     new_dir(out, sizeof out);
-    CU_ASSERT_EQUAL(convert(gguf, out, "{\"version\":1,\"rules\":[{\"pattern\":\"^blk\",\"dtype\":\"q4_K\"}]}", "none"),
+    CU_ASSERT_EQUAL(convert(gguf, out, "{\"version\":1,\"rules\":[{\"pattern\":\"^blk\",\"dtype\":\"q4_K\"}]}",
+                            "none"),
                     2);
     CU_ASSERT(access(out, F_OK) != 0);
     int q5 = can_quantize(IE_DTYPE_Q5_0);
