@@ -30,9 +30,9 @@
  * length mxfp4 cannot block) is an IE_ERR_FORMAT naming rule and tensor,
  * unless the rule has a "fallback", which then applies to that tensor
  * ("int8w" as a fallback means one scale per row, group "row"; "auto", for
- * a ggml target, is llama-quantize's substitute: q2_K, q3_K, iq4_xs ->
- * iq4_nl, q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0, and f16 where even that
- * does not fit).
+ * a ggml target, is llama-quantize's substitute: q2_K, q3_K -> q4_0,
+ * iq4_xs -> iq4_nl, q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0, and f16 where
+ * even that does not fit).
  */
 #ifndef IE_MANIFEST_H
 #define IE_MANIFEST_H
@@ -140,8 +140,10 @@ typedef struct ie_qdecision {
 } ie_qdecision_t;
 
 /* llama-quantize's substitute for ggml type t when a row is not whole
- * blocks of it: q2_K, q3_K, iq4_xs -> iq4_nl; q4_K -> q5_0; q5_K -> q5_1;
- * q6_K -> q8_0; IE_DTYPE_INVALID for any other type (then f16). */
+ * blocks of it (as its logs under models/kquant show: "ncols 576 not
+ * divisible by 256 ... falling back to"): q2_K, q3_K -> q4_0; iq4_xs ->
+ * iq4_nl; q4_K -> q5_0; q5_K -> q5_1; q6_K -> q8_0; IE_DTYPE_INVALID for
+ * any other type (then f16). */
 ie_dtype_t ie_manifest_auto_fallback(ie_dtype_t t);
 
 /* Decide what tensor `name` (dtype src_dtype, layout src_layout, src_group,

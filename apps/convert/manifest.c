@@ -60,7 +60,7 @@ ie_dtype_t ie_manifest_auto_fallback(ie_dtype_t t)
 {
     switch (t) {
     case IE_DTYPE_Q2_K:
-    case IE_DTYPE_Q3_K:
+    case IE_DTYPE_Q3_K: return IE_DTYPE_Q4_0;
     case IE_DTYPE_IQ4_XS: return IE_DTYPE_IQ4_NL;
     case IE_DTYPE_Q4_K: return IE_DTYPE_Q5_0;
     case IE_DTYPE_Q5_K: return IE_DTYPE_Q5_1;

@@ -504,18 +504,22 @@ static void test_fallbacks(void)
                             "none"),
                     2);
     CU_ASSERT(access(out, F_OK) != 0);
-    int q5 = can_quantize(IE_DTYPE_Q5_0);
+    CU_ASSERT_FATAL(can_quantize(IE_DTYPE_Q5_0) && can_quantize(IE_DTYPE_IQ4_NL) && can_quantize(IE_DTYPE_Q4_0));
     CU_ASSERT_EQUAL_FATAL(convert(gguf, out,
                                   "{\"version\":1,\"rules\":["
                                   "{\"pattern\":\"ffn_down\",\"dtype\":\"q6_K\",\"fallback\":\"auto\"},"
+                                  "{\"pattern\":\"attn_output\",\"dtype\":\"q3_K\",\"fallback\":\"auto\"},"
+                                  "{\"pattern\":\"ffn_gate\",\"dtype\":\"iq4_xs\",\"fallback\":\"auto\"},"
                                   "{\"pattern\":\"^blk\",\"dtype\":\"q4_K\",\"fallback\":\"auto\"}]}",
                                   "none"),
-                          q5 ? 0 : 2); /* auto for q4_K needs q5_0's quantizer: refused up front without it */
-    if (q5) {
+                          0);
+    {
         CU_ASSERT_EQUAL_FATAL(ie_model_src_open(out, &m), IE_OK);
         CU_ASSERT_EQUAL(ie_model_src_tensor(m, "blk.0.ffn_down.weight")->dtype, IE_DTYPE_Q8_0);
         CU_ASSERT_EQUAL(ie_model_src_tensor(m, "blk.1.attn_q.weight")->dtype, IE_DTYPE_Q5_0);
         CU_ASSERT_EQUAL(ie_model_src_tensor(m, "blk.1.ffn_up.weight")->dtype, IE_DTYPE_Q5_0);
+        CU_ASSERT_EQUAL(ie_model_src_tensor(m, "blk.0.attn_output.weight")->dtype, IE_DTYPE_Q4_0);
+        CU_ASSERT_EQUAL(ie_model_src_tensor(m, "blk.0.ffn_gate.weight")->dtype, IE_DTYPE_IQ4_NL);
         CU_ASSERT_EQUAL(ie_model_src_tensor(m, "output.weight")->dtype, IE_DTYPE_F32); /* no rule */
         CU_ASSERT(quant_has(out, "blk.1.attn_q.weight", "fallback", NULL));
         CU_ASSERT(quant_has(out, "blk.1.attn_q.weight", "scheme", "q5_0"));

@@ -467,8 +467,8 @@ static void test_ggml_targets(void)
         }
         ie_manifest_destroy(&mm);
     }
-    CU_ASSERT_EQUAL(ie_manifest_auto_fallback(IE_DTYPE_Q2_K), IE_DTYPE_IQ4_NL);
-    CU_ASSERT_EQUAL(ie_manifest_auto_fallback(IE_DTYPE_Q3_K), IE_DTYPE_IQ4_NL);
+    CU_ASSERT_EQUAL(ie_manifest_auto_fallback(IE_DTYPE_Q2_K), IE_DTYPE_Q4_0);
+    CU_ASSERT_EQUAL(ie_manifest_auto_fallback(IE_DTYPE_Q3_K), IE_DTYPE_Q4_0);
     CU_ASSERT_EQUAL(ie_manifest_auto_fallback(IE_DTYPE_IQ4_XS), IE_DTYPE_IQ4_NL);
     CU_ASSERT_EQUAL(ie_manifest_auto_fallback(IE_DTYPE_Q4_K), IE_DTYPE_Q5_0);
     CU_ASSERT_EQUAL(ie_manifest_auto_fallback(IE_DTYPE_Q5_K), IE_DTYPE_Q5_1);
