@@ -128,7 +128,9 @@ typedef struct job {
     float *f;  /* n_out x n_in floats                       */
     void *dst; /* the output slice                          */
     const ie_qdecision_t *d;
-    atomic_int err; /* 1: a kernel refused, 2: non-finite input  */
+    ie_dtype_t rp_dtype; /* OP_REPACK: the ROWS bytes' type ...      */
+    int rp_group;        /* ... and group (a k-quant's: block size)  */
+    atomic_int err;      /* 1: a kernel refused, 2: non-finite input  */
 } job_t;
 
 static void job_run(void *ctx, int ith, int nth)
@@ -144,8 +146,7 @@ static void job_run(void *ctx, int ith, int nth)
         if (r1 > j->n_out) r1 = j->n_out;
         int rc = j->op == OP_PACK
                      ? ie_pack_quantize(d->dtype, d->group, d->scale, j->f, j->n_in, r0, r1, j->n_out, j->dst)
-                     : ie_pack_repack(j->src->dtype, j->src->group ? j->src->group : 32, j->src_slice, j->n_in, r0,
-                                      r1, j->n_out, j->dst);
+                     : ie_pack_repack(j->rp_dtype, j->rp_group, j->src_slice, j->n_in, r0, r1, j->n_out, j->dst);
         if (rc != 0) atomic_store(&j->err, 1);
         return;
     }
@@ -224,12 +225,14 @@ static ie_status_t convert_one(ie_threadpool_t *tp, const ie_manifest_t *m, conv
     const ie_qdecision_t *d = &it->d;
     ie_status_t st = IE_OK;
     float *f = NULL;
+    void *rows = NULL; /* a packed ggml target's rows before the repack */
     size_t bsr_blocks = 0;
 
     it->out = *t;
     it->out.dtype = d->dtype;
     it->out.layout = d->layout;
-    it->out.group = ie_dtype_is_intw(d->dtype) ? d->group : 0;
+    it->out.group = ie_dtype_is_intw(d->dtype) || d->layout == IE_LAYOUT_PANEL16 ? d->group
+                                                                                 : 0; /* packed k-quant: QK */
     if (d->target == IE_QT_KEEP) {
         it->out.group = t->group;
         it->quant_json = quant_json(it, m, 0);
@@ -279,6 +282,8 @@ static ie_status_t convert_one(ie_threadpool_t *tp, const ie_manifest_t *m, conv
         memcpy(it->buf, t->data, sb_out * (size_t)ns);
         goto record;
     }
+    /* a ggml source's group is 0 in ROWS: its repack group is its block */
+    int src_rp_group = ie_dtype_is_intw(t->dtype) ? (t->group ? t->group : 32) : ie_dtype_block_elems(t->dtype);
     if (d->lossless && d->layout == IE_LAYOUT_PANEL16 && t->layout == IE_LAYOUT_ROWS) {
         for (int64_t s = 0; s < ns; s++) {
             job_t j = {.op = OP_REPACK,
@@ -287,14 +292,20 @@ static ie_status_t convert_one(ie_threadpool_t *tp, const ie_manifest_t *m, conv
                        .n_in = n_in,
                        .n_out = n_out,
                        .dst = (char *)it->buf + (size_t)s * sb_out,
-                       .d = d};
+                       .d = d,
+                       .rp_dtype = t->dtype,
+                       .rp_group = src_rp_group};
             if ((st = run_job(tp, &j, t->name)) != IE_OK) goto done;
         }
         goto record;
     }
 
-    /* through floats, one matrix at a time */
-    if (!(f = malloc((size_t)n_in * n_out * sizeof(float)))) {
+    /* through floats, one matrix at a time. A packed ggml target (a
+     * k-quant) is quantized into ggml rows first, then repacked: the
+     * quantizer is ggml's row quantizer, the repack lossless. */
+    int ggml_packed = !ie_dtype_is_intw(d->dtype) && d->layout == IE_LAYOUT_PANEL16;
+    size_t sb_rows = ggml_packed ? slice_bytes(d->dtype, IE_LAYOUT_ROWS, 0, n_in, n_out) : 0;
+    if (!(f = malloc((size_t)n_in * n_out * sizeof(float))) || (ggml_packed && !(rows = alloc64(sb_rows)))) {
         st = ie_error_set(IE_ERR_NOMEM, "out of memory converting %s", t->name);
         goto done;
     }
@@ -305,11 +316,19 @@ static ie_status_t convert_one(ie_threadpool_t *tp, const ie_manifest_t *m, conv
                    .n_in = n_in,
                    .n_out = n_out,
                    .f = f,
-                   .dst = (char *)it->buf + (size_t)s * sb_out,
+                   .dst = ggml_packed ? rows : (char *)it->buf + (size_t)s * sb_out,
                    .d = d};
         if ((st = run_job(tp, &j, t->name)) != IE_OK) goto done;
         j.op = ie_dtype_is_intw(d->dtype) ? (d->layout == IE_LAYOUT_PANEL16 ? OP_PACK : OP_QROWS) : OP_ROWS;
         if ((st = run_job(tp, &j, t->name)) != IE_OK) goto done;
+        if (ggml_packed) {
+            j.op = OP_REPACK;
+            j.src_slice = rows;
+            j.dst = (char *)it->buf + (size_t)s * sb_out;
+            j.rp_dtype = d->dtype;
+            j.rp_group = d->group;
+            if ((st = run_job(tp, &j, t->name)) != IE_OK) goto done;
+        }
     }
 
 record:
@@ -317,6 +336,7 @@ record:
     if (!it->quant_json) st = ie_error_set(IE_ERR_NOMEM, "out of memory");
 done:
     free(f);
+    free(rows);
     return st;
 }
 
@@ -392,7 +412,7 @@ static void usage(FILE *f)
           "  --in SRC, --hf-dir DIR       GGUF file, Hugging Face directory or IEBIN directory\n"
           "  --out-dir DIR                where model.ie.json / model.ie.bin / tokenizer go\n"
           "  --q4-map MANIFEST            quantization manifest (default: configs/quant-<arch>.json)\n"
-          "  --pretranspose MODE          none|woh|wxh|all: int matrices stored PANEL16 (all)\n"
+          "  --pretranspose MODE          none|woh|wxh|all: int/k-quant matrices stored PANEL16 (all)\n"
           "  --calib TEXTFILE             run the calibration gate on this text\n"
           "  --calib-tokens N             tokens of it to use (512)\n"
           "  --threads N                  threads (online CPUs)\n"

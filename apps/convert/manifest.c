@@ -1,6 +1,7 @@
 /* manifest.c — parsing and applying ie-convert's quantization manifest
  * (ie_manifest.h, docs/CONVERT.md). */
 #include "ie_manifest.h"
+#include "ie_kernels.h"
 #include "ie_mmap.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -11,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 const char *ie_qtarget_name(ie_qtarget_t t)
 {
@@ -24,8 +26,47 @@ const char *ie_qtarget_name(ie_qtarget_t t)
     case IE_QT_MXFP4: return "mxfp4";
     case IE_QT_BSR: return "bsr";
     case IE_QT_INT8W_ROW: return "int8w-row";
+    case IE_QT_GGML: return "ggml";
+    case IE_QT_AUTO: return "auto";
     }
     return "invalid";
+}
+
+/* The ggml block types a rule may ask for (besides mxfp4, its own target). */
+static const ie_dtype_t k_ggml_targets[] = {IE_DTYPE_Q8_0, IE_DTYPE_Q4_0,   IE_DTYPE_Q4_1, IE_DTYPE_Q5_0,
+                                            IE_DTYPE_Q5_1, IE_DTYPE_IQ4_NL, IE_DTYPE_Q2_K, IE_DTYPE_Q3_K,
+                                            IE_DTYPE_Q4_K, IE_DTYPE_Q5_K,   IE_DTYPE_Q6_K, IE_DTYPE_IQ4_XS};
+
+/* The ggml type named s (ie_dtype_name, case-insensitive: q4_K or q4_k), or
+ * IE_DTYPE_INVALID. */
+static ie_dtype_t parse_ggml(const char *s)
+{
+    for (size_t i = 0; i < sizeof k_ggml_targets / sizeof k_ggml_targets[0]; i++)
+        if (!strcasecmp(s, ie_dtype_name(k_ggml_targets[i]))) return k_ggml_targets[i];
+    return IE_DTYPE_INVALID;
+}
+
+/* 1 if ie_quantize_row can write type t here (probed on one zero block:
+ * a quantizer not built into this build answers -1). */
+static int can_quantize(ie_dtype_t t)
+{
+    float zeros[IE_QK_K] = {0};
+    uint8_t out[2 * sizeof(ie_block_q8_k_t)];
+    int n = ie_dtype_block_elems(t);
+    return n > 0 && n <= IE_QK_K && ie_dtype_block_bytes(t) <= sizeof out && ie_quantize_row(t, zeros, out, n) == 0;
+}
+
+ie_dtype_t ie_manifest_auto_fallback(ie_dtype_t t)
+{
+    switch (t) {
+    case IE_DTYPE_Q2_K:
+    case IE_DTYPE_Q3_K: return IE_DTYPE_Q4_0;
+    case IE_DTYPE_IQ4_XS: return IE_DTYPE_IQ4_NL;
+    case IE_DTYPE_Q4_K: return IE_DTYPE_Q5_0;
+    case IE_DTYPE_Q5_K: return IE_DTYPE_Q5_1;
+    case IE_DTYPE_Q6_K: return IE_DTYPE_Q8_0;
+    default: return IE_DTYPE_INVALID;
+    }
 }
 
 static int parse_target(const char *s, ie_qtarget_t *out)
@@ -90,7 +131,7 @@ static ie_status_t parse_gate(const cJSON *g, const char *what, ie_manifest_gate
 
 static ie_status_t parse_rule(const cJSON *r, size_t idx, const char *what, ie_manifest_rule_t *rule)
 {
-    static const char *const keys[] = {"pattern", "dtype",     "group",    "zero",    "scale",
+    static const char *const keys[] = {"pattern", "dtype",     "group",    "zero",    "scale", "method",
                                        "block",   "threshold", "fallback", "comment", NULL};
     char where[48];
     snprintf(where, sizeof where, "rule %zu", idx);
@@ -103,6 +144,7 @@ static ie_status_t parse_rule(const cJSON *r, size_t idx, const char *what, ie_m
     const cJSON *grp = cJSON_GetObjectItemCaseSensitive(r, "group");
     const cJSON *zero = cJSON_GetObjectItemCaseSensitive(r, "zero");
     const cJSON *scale = cJSON_GetObjectItemCaseSensitive(r, "scale");
+    const cJSON *method = cJSON_GetObjectItemCaseSensitive(r, "method");
     const cJSON *block = cJSON_GetObjectItemCaseSensitive(r, "block");
     const cJSON *thr = cJSON_GetObjectItemCaseSensitive(r, "threshold");
     const cJSON *fb = cJSON_GetObjectItemCaseSensitive(r, "fallback");
@@ -112,10 +154,21 @@ static ie_status_t parse_rule(const cJSON *r, size_t idx, const char *what, ie_m
         return ie_error_set(IE_ERR_FORMAT, "manifest %s: %s needs a \"pattern\" string", what, where);
     if (!cJSON_IsString(dt))
         return ie_error_set(IE_ERR_FORMAT, "manifest %s: %s needs a \"dtype\" string", what, where);
-    if (parse_target(dt->valuestring, &rule->target) != 0)
-        return ie_error_set(
-            IE_ERR_FORMAT, "manifest %s: %s: unknown dtype \"%s\" (int4w, int8w, bf16, f16, f32, mxfp4, keep, bsr)",
-            what, where, dt->valuestring);
+    rule->gtype = IE_DTYPE_INVALID;
+    if (parse_target(dt->valuestring, &rule->target) != 0) {
+        rule->gtype = parse_ggml(dt->valuestring);
+        if (rule->gtype == IE_DTYPE_INVALID)
+            return ie_error_set(
+                IE_ERR_FORMAT,
+                "manifest %s: %s: unknown dtype \"%s\" (int4w, int8w, bf16, f16, f32, mxfp4, keep, "
+                "bsr, or a ggml type: q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_K, q3_K, q4_K, q5_K, "
+                "q6_K, iq4_xs)",
+                what, where, dt->valuestring);
+        if (!can_quantize(rule->gtype))
+            return ie_error_set(IE_ERR_FORMAT, "manifest %s: %s: dtype \"%s\": this build has no %s quantizer",
+                                what, where, dt->valuestring, ie_dtype_name(rule->gtype));
+        rule->target = IE_QT_GGML;
+    }
     if (cm && !cJSON_IsString(cm))
         return ie_error_set(IE_ERR_FORMAT, "manifest %s: %s: \"comment\" must be a string", what, where);
 
@@ -152,29 +205,77 @@ static ie_status_t parse_rule(const cJSON *r, size_t idx, const char *what, ie_m
                                 where);
         }
     }
-    /* zero */
+    /* zero: the engine's words and the seed README's (docs/CONVERT.md) */
     rule->affine = 0;
     if (zero) {
-        if (!cJSON_IsString(zero) ||
-            (strcmp(zero->valuestring, "symmetric") && strcmp(zero->valuestring, "affine")))
-            return ie_error_set(IE_ERR_FORMAT, "manifest %s: %s: \"zero\" must be \"symmetric\" or \"affine\"",
+        static const struct {
+            const char *n;
+            int affine;
+        } zs[] = {{"symmetric", 0},  {"none", 0},      {"per-tensor", 0},  {"affine", 1},
+                  {"asymmetric", 1}, {"per-group", 1}, {"per-channel", 1}, {"per-row", 1}};
+        int k = -1;
+        for (int i = 0; cJSON_IsString(zero) && i < (int)(sizeof zs / sizeof zs[0]) && k < 0; i++)
+            if (!strcmp(zero->valuestring, zs[i].n)) k = i;
+        if (k < 0)
+            return ie_error_set(IE_ERR_FORMAT,
+                                "manifest %s: %s: \"zero\" must be \"symmetric\" (or \"none\", \"per-tensor\") or "
+                                "\"affine\" (or \"asymmetric\", \"per-group\", \"per-channel\", \"per-row\")",
                                 what, where);
         if (!is_int)
-            return ie_error_set(IE_ERR_FORMAT, "manifest %s: %s: \"zero\" applies to int4w only", what, where);
-        rule->affine = !strcmp(zero->valuestring, "affine");
-        if (rule->affine && rule->target != IE_QT_INT4W)
-            return ie_error_set(IE_ERR_FORMAT, "manifest %s: %s: int8w is symmetric only", what, where);
-    }
-    /* scale */
-    rule->scale = IE_QSCALE_ABSMAX;
-    if (scale) {
-        if (!cJSON_IsString(scale) || (strcmp(scale->valuestring, "absmax") && strcmp(scale->valuestring, "mse")))
-            return ie_error_set(IE_ERR_FORMAT, "manifest %s: %s: \"scale\" must be \"absmax\" or \"mse\"", what,
+            return ie_error_set(IE_ERR_FORMAT, "manifest %s: %s: \"zero\" applies to int8w/int4w only", what,
                                 where);
+        rule->affine = zs[k].affine;
+        if (rule->affine && rule->target != IE_QT_INT4W)
+            return ie_error_set(IE_ERR_FORMAT,
+                                "manifest %s: %s: int8w is symmetric only (\"zero\": \"%s\" asks for a zero point)",
+                                what, where, zero->valuestring);
+    }
+    /* scale: a method (absmax, mse) or a granularity (per-channel / per-row,
+     * per-group, per-tensor); "method" names the method beside a granularity */
+    rule->scale = IE_QSCALE_ABSMAX;
+    int scale_method = 0;
+    if (scale) {
+        const char *v = cJSON_IsString(scale) ? scale->valuestring : "";
+        if (!strcmp(v, "absmax") || !strcmp(v, "mse")) {
+            rule->scale = !strcmp(v, "mse") ? IE_QSCALE_MSE : IE_QSCALE_ABSMAX;
+            scale_method = 1;
+        } else if (!strcmp(v, "per-channel") || !strcmp(v, "per-row")) {
+            /* one scale per output channel (row), or per group of "group"
+             * inputs within each channel when a group is given */
+            if (!grp) rule->group = IE_GROUP_ROW;
+        } else if (!strcmp(v, "per-group")) {
+            /* the group: "group", else the default 32 */
+        } else if (!strcmp(v, "per-tensor")) {
+            return ie_error_set(
+                IE_ERR_FORMAT,
+                "manifest %s: %s: \"scale\": \"per-tensor\" cannot be honoured: int8w/int4w keep one "
+                "scale per row (\"per-channel\") or per group of a row (\"per-group\")",
+                what, where);
+        } else {
+            return ie_error_set(IE_ERR_FORMAT,
+                                "manifest %s: %s: \"scale\" must be \"absmax\", \"mse\", \"per-channel\", "
+                                "\"per-row\" or \"per-group\"",
+                                what, where);
+        }
         if (!is_int)
             return ie_error_set(IE_ERR_FORMAT, "manifest %s: %s: \"scale\" applies to int8w/int4w only", what,
                                 where);
-        rule->scale = !strcmp(scale->valuestring, "mse") ? IE_QSCALE_MSE : IE_QSCALE_ABSMAX;
+    }
+    if (method) {
+        if (!cJSON_IsString(method) ||
+            (strcmp(method->valuestring, "absmax") && strcmp(method->valuestring, "mse")))
+            return ie_error_set(IE_ERR_FORMAT, "manifest %s: %s: \"method\" must be \"absmax\" or \"mse\"", what,
+                                where);
+        if (!is_int)
+            return ie_error_set(IE_ERR_FORMAT, "manifest %s: %s: \"method\" applies to int8w/int4w only", what,
+                                where);
+        if (scale_method)
+            return ie_error_set(
+                IE_ERR_FORMAT,
+                "manifest %s: %s: \"scale\" already names the method; give \"method\" only beside a "
+                "granularity (\"per-channel\", \"per-group\")",
+                what, where);
+        rule->scale = !strcmp(method->valuestring, "mse") ? IE_QSCALE_MSE : IE_QSCALE_ABSMAX;
     }
     /* bsr */
     rule->br = 16;
@@ -202,16 +303,37 @@ static ie_status_t parse_rule(const cJSON *r, size_t idx, const char *what, ie_m
     }
     /* fallback */
     rule->has_fallback = 0;
+    rule->fb_gtype = IE_DTYPE_INVALID;
     if (fb) {
-        ie_qtarget_t t;
-        if (!cJSON_IsString(fb) || parse_target(fb->valuestring, &t) != 0 ||
-            !(t == IE_QT_KEEP || t == IE_QT_F32 || t == IE_QT_F16 || t == IE_QT_BF16 || t == IE_QT_INT8W))
+        ie_qtarget_t t = IE_QT_KEEP;
+        ie_dtype_t g = IE_DTYPE_INVALID;
+        int ok = cJSON_IsString(fb);
+        if (ok && !strcmp(fb->valuestring, "auto")) t = IE_QT_AUTO;
+        else if (ok && parse_target(fb->valuestring, &t) != 0) {
+            g = parse_ggml(fb->valuestring);
+            t = IE_QT_GGML;
+            ok = g != IE_DTYPE_INVALID;
+        }
+        if (!ok || !(t == IE_QT_KEEP || t == IE_QT_F32 || t == IE_QT_F16 || t == IE_QT_BF16 || t == IE_QT_INT8W ||
+                     t == IE_QT_GGML || t == IE_QT_AUTO))
             return ie_error_set(IE_ERR_FORMAT,
-                                "manifest %s: %s: \"fallback\" must be \"keep\", \"f32\", \"f16\", \"bf16\" or "
-                                "\"int8w\"",
+                                "manifest %s: %s: \"fallback\" must be \"keep\", \"f32\", \"f16\", \"bf16\", "
+                                "\"int8w\", a ggml type (q8_0, q5_0, ...) or \"auto\"",
                                 what, where);
+        if (t == IE_QT_AUTO) {
+            if (rule->target != IE_QT_GGML)
+                return ie_error_set(IE_ERR_FORMAT,
+                                    "manifest %s: %s: \"fallback\": \"auto\" applies to ggml dtypes (q4_K, ...)",
+                                    what, where);
+            g = ie_manifest_auto_fallback(rule->gtype);
+        }
+        if (g != IE_DTYPE_INVALID && !can_quantize(g))
+            return ie_error_set(IE_ERR_FORMAT,
+                                "manifest %s: %s: \"fallback\" needs %s, which this build cannot write", what,
+                                where, ie_dtype_name(g));
         rule->has_fallback = 1;
         rule->fallback = t == IE_QT_INT8W ? IE_QT_INT8W_ROW : t;
+        rule->fb_gtype = g;
     }
     return IE_OK;
 }
@@ -385,10 +507,10 @@ static ie_dtype_t float_dtype(ie_qtarget_t t)
 
 /* Fill d for target t (group g: IE_GROUP_ROW or G) or return a reason the
  * shape does not fit (static string), NULL if it fits. */
-static const char *try_target(ie_qtarget_t t, int g, int affine, const ie_manifest_rule_t *r, ie_pretranspose_t pt,
-                              int tied, const char *name, ie_dtype_t src_dtype, ie_layout_t src_layout,
-                              int src_group, int n_dims, const int64_t ne[4], ie_qdecision_t *d, char *why,
-                              size_t why_cap)
+static const char *try_target(ie_qtarget_t t, ie_dtype_t gt, int g, int affine, const ie_manifest_rule_t *r,
+                              ie_pretranspose_t pt, int tied, const char *name, ie_dtype_t src_dtype,
+                              ie_layout_t src_layout, int src_group, int n_dims, const int64_t ne[4],
+                              ie_qdecision_t *d, char *why, size_t why_cap)
 {
     int64_t n_in = ne[0];
     d->target = t;
@@ -438,6 +560,24 @@ static const char *try_target(ie_qtarget_t t, int g, int affine, const ie_manife
             d->lossless = 1;
         return NULL;
     }
+    case IE_QT_GGML: {
+        /* ggml blocks along each row: ROWS, or PANEL16 (group = block size)
+         * where --pretranspose selects the tensor and this build packs it */
+        int qk = ie_dtype_block_elems(gt);
+        d->dtype = gt;
+        if (qk <= 0 || n_in % qk != 0) {
+            snprintf(why, why_cap, "row length %lld is not a multiple of %s's block of %d", (long long)n_in,
+                     ie_dtype_name(gt), qk);
+            return why;
+        }
+        if (ie_pretranspose_selects(pt, name, tied) && ie_pack_check(gt, qk, n_in) == 0) {
+            d->layout = IE_LAYOUT_PANEL16;
+            d->group = qk;
+        }
+        d->lossless = src_dtype == gt && (src_layout == IE_LAYOUT_ROWS || src_layout == d->layout);
+        return NULL;
+    }
+    case IE_QT_AUTO: break; /* resolved by ie_manifest_decide */
     case IE_QT_BSR:
         d->dtype = IE_DTYPE_F32;
         d->layout = IE_LAYOUT_BSR;
@@ -459,6 +599,12 @@ static const char *try_target(ie_qtarget_t t, int g, int affine, const ie_manife
     return why;
 }
 
+/* The name a rule's target goes by in messages ("q4_K" for a ggml one). */
+static const char *target_name(ie_qtarget_t t, ie_dtype_t gt)
+{
+    return t == IE_QT_GGML ? ie_dtype_name(gt) : ie_qtarget_name(t);
+}
+
 ie_status_t ie_manifest_decide(const ie_manifest_t *m, ie_pretranspose_t pt, int tied, const char *name,
                                ie_dtype_t src_dtype, ie_layout_t src_layout, int src_group, int n_dims,
                                const int64_t ne[4], ie_qdecision_t *out)
@@ -469,26 +615,34 @@ ie_status_t ie_manifest_decide(const ie_manifest_t *m, ie_pretranspose_t pt, int
     int is_matrix = n_dims >= 2 && ne[1] > 1;
     int ri = is_matrix ? ie_manifest_match(m, name) : -1;
     if (ri < 0) {
-        try_target(IE_QT_KEEP, 0, 0, NULL, pt, tied, name, src_dtype, src_layout, src_group, n_dims, ne, out, why,
-                   sizeof why);
+        try_target(IE_QT_KEEP, IE_DTYPE_INVALID, 0, 0, NULL, pt, tied, name, src_dtype, src_layout, src_group,
+                   n_dims, ne, out, why, sizeof why);
         return IE_OK;
     }
     const ie_manifest_rule_t *r = &m->rules[ri];
     out->rule = ri;
-    const char *bad = try_target(r->target, r->group, r->affine, r, pt, tied, name, src_dtype, src_layout,
+    const char *bad = try_target(r->target, r->gtype, r->group, r->affine, r, pt, tied, name, src_dtype, src_layout,
                                  src_group, n_dims, ne, out, why, sizeof why);
     if (!bad) return IE_OK;
     if (r->has_fallback) {
         char why2[160];
-        const char *bad2 = try_target(r->fallback, IE_GROUP_ROW, 0, r, pt, tied, name, src_dtype, src_layout,
-                                      src_group, n_dims, ne, out, why2, sizeof why2);
+        ie_qtarget_t ft = r->fallback;
+        ie_dtype_t fg = r->fb_gtype;
+        /* "auto": llama-quantize's substitute type, else f16 */
+        if (ft == IE_QT_AUTO) {
+            ft = IE_QT_GGML;
+            if (fg == IE_DTYPE_INVALID || ne[0] % ie_dtype_block_elems(fg) != 0) ft = IE_QT_F16;
+        }
+        const char *bad2 = try_target(ft, fg, IE_GROUP_ROW, 0, r, pt, tied, name, src_dtype, src_layout, src_group,
+                                      n_dims, ne, out, why2, sizeof why2);
         out->rule = ri;
         out->fell_back = 1;
         if (!bad2) return IE_OK;
         return ie_error_set(IE_ERR_FORMAT,
                             "manifest rule %d (\"%s\", %s) and its fallback %s do not fit tensor %s: %s", ri,
-                            r->pattern, ie_qtarget_name(r->target), ie_qtarget_name(r->fallback), name, bad2);
+                            r->pattern, target_name(r->target, r->gtype), target_name(ft, fg), name, bad2);
     }
-    return ie_error_set(IE_ERR_FORMAT, "manifest rule %d (\"%s\", %s) does not fit tensor %s: %s", ri, r->pattern,
-                        ie_qtarget_name(r->target), name, bad);
+    return ie_error_set(IE_ERR_FORMAT, "manifest rule %d (\"%s\", %s) does not fit tensor %s: %s%s", ri, r->pattern,
+                        target_name(r->target, r->gtype), name, bad,
+                        r->target == IE_QT_GGML ? " (a \"fallback\" such as \"auto\" picks a type that fits)" : "");
 }

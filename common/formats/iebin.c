@@ -56,12 +56,32 @@ static const struct {
     const char *name;
     ie_dtype_t dt;
 } k_dtypes[] = {
-    {"f32", IE_DTYPE_F32},   {"f16", IE_DTYPE_F16},           {"bf16", IE_DTYPE_BF16},   {"q4_0", IE_DTYPE_Q4_0},
-    {"q4_1", IE_DTYPE_Q4_1}, {"q8_0", IE_DTYPE_Q8_0},         {"mxfp4", IE_DTYPE_MXFP4}, {"int8w", IE_DTYPE_I8W},
-    {"int4w", IE_DTYPE_I4W}, {"int4w_affine", IE_DTYPE_I4WA},
+    {"f32", IE_DTYPE_F32},
+    {"f16", IE_DTYPE_F16},
+    {"bf16", IE_DTYPE_BF16},
+    {"q4_0", IE_DTYPE_Q4_0},
+    {"q4_1", IE_DTYPE_Q4_1},
+    {"q8_0", IE_DTYPE_Q8_0},
+    {"mxfp4", IE_DTYPE_MXFP4},
+    {"int8w", IE_DTYPE_I8W},
+    {"int4w", IE_DTYPE_I4W},
+    {"int4w_affine", IE_DTYPE_I4WA},
+    /* ggml's k-quant family and relatives (ie_dtype_is_kquant), under
+     * ie_dtype_name's spelling (the writer stores that name) */
+    {"q5_0", IE_DTYPE_Q5_0},
+    {"q5_1", IE_DTYPE_Q5_1},
+    {"iq4_nl", IE_DTYPE_IQ4_NL},
+    {"q2_K", IE_DTYPE_Q2_K},
+    {"q3_K", IE_DTYPE_Q3_K},
+    {"q4_K", IE_DTYPE_Q4_K},
+    {"q5_K", IE_DTYPE_Q5_K},
+    {"q6_K", IE_DTYPE_Q6_K},
+    {"iq4_xs", IE_DTYPE_IQ4_XS},
 };
 #define N_DTYPES (sizeof k_dtypes / sizeof k_dtypes[0])
-#define DTYPE_LIST "f32, f16, bf16, q4_0, q4_1, q8_0, mxfp4, int8w, int4w, int4w_affine"
+#define DTYPE_LIST                                                                                                \
+    "f32, f16, bf16, q4_0, q4_1, q8_0, mxfp4, int8w, int4w, int4w_affine, q5_0, q5_1, iq4_nl, q2_K, q3_K, q4_K, " \
+    "q5_K, q6_K, iq4_xs"
 
 static ie_dtype_t dtype_parse(const char *s)
 {
@@ -186,6 +206,10 @@ static ie_status_t check_shape(ie_status_t bad, const char *name, ie_dtype_t dt,
     for (int d = 0; d < n_dims; d++)
         if (ne[d] < 1 || ne[d] > IB_DIM_MAX)
             return ie_error_set(bad, "iebin: tensor '%s': shape %s has a dimension outside [1, 2^32]", name, shp);
+    /* ggml block types: whole blocks per row (a k-quant's 256) */
+    if (!ie_dtype_is_intw(dt) && ne[0] % ie_dtype_block_elems(dt) != 0)
+        return ie_error_set(bad, "iebin: tensor '%s': row length %lld is not a multiple of %s's block of %d", name,
+                            (long long)ne[0], ie_dtype_name(dt), ie_dtype_block_elems(dt));
     switch (lay) {
     case IE_LAYOUT_ROWS:
         if (!ie_dtype_is_intw(dt) && group != 0)
@@ -193,12 +217,20 @@ static ie_status_t check_shape(ie_status_t bad, const char *name, ie_dtype_t dt,
                                 ie_dtype_name(dt));
         break;
     case IE_LAYOUT_PANEL16:
-        if (!ie_dtype_is_intw(dt))
-            return ie_error_set(
-                bad, "iebin: tensor '%s': layout panel16 needs dtype int8w, int4w or int4w_affine, not %s", name,
-                ie_dtype_name(dt));
+        if (!ie_dtype_is_intw(dt) && !ie_dtype_is_kquant(dt))
+            return ie_error_set(bad,
+                                "iebin: tensor '%s': layout panel16 needs dtype int8w, int4w, int4w_affine or a "
+                                "k-quant, not %s",
+                                name, ie_dtype_name(dt));
         if (n_dims < 2)
             return ie_error_set(bad, "iebin: tensor '%s': layout panel16 needs at least 2 dimensions", name);
+        /* a packed k-quant's group is its block size (ie_pack.h) */
+        if (ie_dtype_is_kquant(dt) && group != ie_dtype_block_elems(dt))
+            return ie_error_set(bad, "iebin: tensor '%s': panel16 %s needs group %d (its block size), not %d", name,
+                                ie_dtype_name(dt), ie_dtype_block_elems(dt), group);
+        if (ie_dtype_is_kquant(dt) && ie_pack_check(dt, group, ne[0]) != 0)
+            return ie_error_set(bad, "iebin: tensor '%s': this build has no panel16 layout for %s rows of %lld",
+                                name, ie_dtype_name(dt), (long long)ne[0]);
         break;
     case IE_LAYOUT_BSR:
         if (dt != IE_DTYPE_F32 || group != 0 || n_dims != 2)

@@ -725,6 +725,192 @@ static void test_writer_errors(void)
     rm_tree(dir);
 }
 
+/* ---------------------------------------------------------------- k-quants */
+
+static const ie_dtype_t k_kq_types[] = {IE_DTYPE_Q5_0, IE_DTYPE_Q5_1, IE_DTYPE_IQ4_NL,
+                                        IE_DTYPE_Q2_K, IE_DTYPE_Q3_K, IE_DTYPE_Q4_K,
+                                        IE_DTYPE_Q5_K, IE_DTYPE_Q6_K, IE_DTYPE_IQ4_XS};
+#define N_KQ ((int)(sizeof k_kq_types / sizeof k_kq_types[0]))
+
+/* ie_iebin_open on dir: expect `want` and, on failure, `sub` in the message. */
+static void expect_open(const char *dir, ie_status_t want, const char *sub, int line)
+{
+    ie_iebin_t *m = NULL;
+    ie_status_t st = ie_iebin_open(dir, &m);
+    int ok = st == want && (st == IE_OK || (m == NULL && strstr(ie_error_last(), sub)));
+    if (!ok)
+        printf("\nline %d: status %s, message '%s' (wanted %s with '%s')\n", line, ie_status_str(st),
+               ie_error_last(), ie_status_str(want), sub);
+    CU_ASSERT(ok);
+    ie_iebin_destroy(&m);
+}
+#define EXPECT_OPEN(dir, want, sub) expect_open(dir, want, sub, __LINE__)
+
+/* Rewrite dir's model.ie.json with tensor i's field `key` set to a string
+ * (str != NULL) or a number. */
+static void edit_tensor(const char *dir, int i, const char *key, const char *str, double num)
+{
+    char path[256];
+    snprintf(path, sizeof path, "%s/model.ie.json", dir);
+    char *text = slurp(path, NULL);
+    cJSON *root = cJSON_Parse(text);
+    free(text);
+    if (str) set_str(tensor_j(root, i), key, str);
+    else set_num(tensor_j(root, i), key, num);
+    text = cJSON_Print(root);
+    spit(path, text, strlen(text));
+    free(text);
+    cJSON_Delete(root);
+}
+
+/* Every k-quant is named and sized by IEBIN: a 2-D (two super-blocks per
+ * row) and a 3-D tensor of each round-trip byte for byte under
+ * ie_dtype_name's spelling; a row length that is not a whole number of
+ * blocks, a wrong byte count and a packed k-quant with the wrong group are
+ * refused by the writer (IE_ERR_INVAL) and the reader (IE_ERR_FORMAT),
+ * naming the tensor. */
+static void test_kquant_tensors(void)
+{
+    char dir[128], name[64], path[256];
+    ie_iebin_writer_t *w = NULL;
+    ie_iebin_t *m = NULL;
+    ie_hparams_t hp = tiny_hp();
+    void *bytes[2 * N_KQ];
+    size_t nb[2 * N_KQ];
+
+    new_dir(dir, sizeof dir);
+    CU_ASSERT_EQUAL_FATAL(ie_iebin_writer_open(dir, &w), IE_OK);
+    for (int i = 0; i < 2 * N_KQ; i++) {
+        ie_dtype_t dt = k_kq_types[i % N_KQ];
+        int three = i >= N_KQ;
+        int64_t n_in = 2 * IE_QK_K, n_out = 3;
+        ie_tensor_t t = {NULL, dt, three ? 3 : 2, {n_in, n_out, three ? 2 : 1, 1}, NULL, 0, IE_LAYOUT_ROWS, 0};
+        snprintf(name, sizeof name, "blk.0.kq%d_%s.weight", three ? 3 : 2, ie_dtype_name(dt));
+        t.name = name;
+        nb[i] = ie_dtype_row_bytes(dt, n_in) * (size_t)n_out * (three ? 2 : 1);
+        CU_ASSERT_FATAL(nb[i] > 0);
+        bytes[i] = malloc(nb[i]);
+        for (size_t k = 0; k < nb[i]; k++) ((uint8_t *)bytes[i])[k] = rnd8();
+        t.data = bytes[i];
+        t.nbytes = nb[i];
+        CU_ASSERT_EQUAL(ie_iebin_writer_add(w, &t, "{\"scheme\":\"ggml\"}"), IE_OK);
+    }
+    /* a packed k-quant: group = its block size, panels of 16 rows */
+    void *packed = NULL;
+    size_t packed_n = ie_tensor_bytes(IE_DTYPE_Q6_K, IE_LAYOUT_PANEL16, IE_QK_K, 2 * IE_QK_K, 20);
+    CU_ASSERT_FATAL(packed_n == 2 * (size_t)ie_pack_panel_bytes(IE_DTYPE_Q6_K, IE_QK_K, 2 * IE_QK_K));
+    packed = malloc(packed_n);
+    for (size_t k = 0; k < packed_n; k++) ((uint8_t *)packed)[k] = rnd8();
+    {
+        ie_tensor_t t = {"blk.0.kq_packed.weight", IE_DTYPE_Q6_K, 2, {2 * IE_QK_K, 20, 1, 1}, packed, packed_n,
+                         IE_LAYOUT_PANEL16,        IE_QK_K};
+        CU_ASSERT_EQUAL(ie_iebin_writer_add(w, &t, NULL), IE_OK);
+    }
+    /* the writer refuses: partial block, wrong size, packed with group 0 */
+    {
+        static uint8_t junk[4096];
+        ie_tensor_t t = {"blk.0.bad.weight", IE_DTYPE_Q4_K, 2, {288, 2, 1, 1}, junk, 288, IE_LAYOUT_ROWS, 0};
+        CU_ASSERT_EQUAL(ie_iebin_writer_add(w, &t, NULL), IE_ERR_INVAL);
+        CU_ASSERT(strstr(ie_error_last(), "'blk.0.bad.weight': row length 288 is not a multiple of q4_K's block "
+                                          "of 256") != NULL);
+        t.dtype = IE_DTYPE_Q5_0;
+        t.ne[0] = 48;
+        CU_ASSERT_EQUAL(ie_iebin_writer_add(w, &t, NULL), IE_ERR_INVAL);
+        CU_ASSERT(strstr(ie_error_last(), "row length 48 is not a multiple of q5_0's block of 32") != NULL);
+        t.dtype = IE_DTYPE_Q6_K;
+        t.ne[0] = 256;
+        t.nbytes = 2 * 210 - 1;
+        CU_ASSERT_EQUAL(ie_iebin_writer_add(w, &t, NULL), IE_ERR_INVAL);
+        CU_ASSERT(strstr(ie_error_last(), "'blk.0.bad.weight': 419 bytes given") != NULL);
+        t.layout = IE_LAYOUT_PANEL16;
+        CU_ASSERT_EQUAL(ie_iebin_writer_add(w, &t, NULL), IE_ERR_INVAL);
+        CU_ASSERT(strstr(ie_error_last(), "panel16 q6_K needs group 256") != NULL);
+    }
+    CU_ASSERT_EQUAL(ie_iebin_writer_set_tokenizer(w, TOK_JSON), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_iebin_writer_finish(&w, &hp, NULL), IE_OK);
+
+    CU_ASSERT_EQUAL_FATAL(ie_iebin_open(dir, &m), IE_OK);
+    CU_ASSERT_EQUAL(ie_iebin_n_tensors(m), 2 * N_KQ + 1);
+    {
+        const ie_tensor_t *t = ie_iebin_tensor(m, 2 * N_KQ);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(t);
+        CU_ASSERT(t->dtype == IE_DTYPE_Q6_K && t->layout == IE_LAYOUT_PANEL16 && t->group == IE_QK_K);
+        CU_ASSERT(t->nbytes == packed_n && memcmp(t->data, packed, packed_n) == 0);
+    }
+    for (int i = 0; i < 2 * N_KQ && i < ie_iebin_n_tensors(m); i++) {
+        const ie_tensor_t *t = ie_iebin_tensor(m, i);
+        CU_ASSERT_EQUAL(t->dtype, k_kq_types[i % N_KQ]);
+        CU_ASSERT_EQUAL(t->layout, IE_LAYOUT_ROWS);
+        CU_ASSERT_EQUAL(t->group, 0);
+        CU_ASSERT_EQUAL(t->n_dims, i >= N_KQ ? 3 : 2);
+        CU_ASSERT_EQUAL(t->nbytes, nb[i]);
+        CU_ASSERT(t->nbytes == nb[i] && memcmp(t->data, bytes[i], nb[i]) == 0);
+    }
+    ie_iebin_destroy(&m);
+    /* the json names them as ie_dtype_name does */
+    snprintf(path, sizeof path, "%s/model.ie.json", dir);
+    {
+        char *text = slurp(path, NULL);
+        CU_ASSERT(strstr(text, "\"dtype\":\t\"q4_K\"") != NULL);
+        CU_ASSERT(strstr(text, "\"dtype\":\t\"iq4_xs\"") != NULL);
+        free(text);
+    }
+
+    /* the reader refuses edited entries (shape and size checks run before
+     * the content hash, so each message is the field's own) */
+    static const struct {
+        int tensor;
+        const char *key, *str;
+        double num;
+        const char *sub;
+    } cases[] = {
+        {5, "dtype", "q4_k", 0, "unknown dtype 'q4_k'"}, /* the spelling is ggml's: q4_K */
+        {5, "dtype", "q8_K", 0, "unknown dtype 'q8_K'"}, /* activations only */
+        {5, "size", NULL, 2 * 144 * 3 - 1, "'blk.0.kq2_q4_K.weight': size 863 does not match"},
+        {7, "group", NULL, 256, "group 256 must be 0 for dtype q6_K"},
+        {7, "layout", "panel16", 0, "panel16 q6_K needs group 256 (its block size), not 0"},
+        {0, "dtype", "q4_K", 0, "'blk.0.kq2_q5_0.weight': size"}, /* q5_0's bytes are not q4_K's */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char d2[128];
+        new_dir(d2, sizeof d2);
+        copy_model(dir, d2);
+        edit_tensor(d2, cases[c].tensor, cases[c].key, cases[c].str, cases[c].num);
+        EXPECT_OPEN(d2, IE_ERR_FORMAT, cases[c].sub);
+        rm_tree(d2);
+    }
+    /* a row length that is not whole super-blocks */
+    {
+        char d2[128];
+        new_dir(d2, sizeof d2);
+        copy_model(dir, d2);
+        snprintf(path, sizeof path, "%s/model.ie.json", d2);
+        char *text = slurp(path, NULL);
+        cJSON *root = cJSON_Parse(text);
+        free(text);
+        cJSON_ReplaceItemInObject(tensor_j(root, 6), "shape", cJSON_CreateIntArray((int[]){320, 3}, 2));
+        text = cJSON_Print(root);
+        spit(path, text, strlen(text));
+        free(text);
+        cJSON_Delete(root);
+        EXPECT_OPEN(d2, IE_ERR_FORMAT, "'blk.0.kq2_q5_K.weight': row length 320 is not a multiple of q5_K's block");
+        rm_tree(d2);
+    }
+    /* a packed tensor whose group is not its block size */
+    {
+        char d2[128];
+        new_dir(d2, sizeof d2);
+        copy_model(dir, d2);
+        edit_tensor(d2, 2 * N_KQ, "group", NULL, 32);
+        EXPECT_OPEN(d2, IE_ERR_FORMAT,
+                    "'blk.0.kq_packed.weight': panel16 q6_K needs group 256 (its block size), not 32");
+        rm_tree(d2);
+    }
+    for (int i = 0; i < 2 * N_KQ; i++) free(bytes[i]);
+    free(packed);
+    rm_tree(dir);
+}
+
 /* ---------------------------------------------------------------- in-memory source */
 
 static void test_mem_source(void)
@@ -813,6 +999,7 @@ int main(void)
     CU_add_test(s, "open_memory", test_open_memory);
     CU_add_test(s, "writer misuse and abort", test_writer_errors);
     CU_add_test(s, "in-memory model source", test_mem_source);
+    CU_add_test(s, "k-quant dtypes: names, sizes, validation", test_kquant_tensors);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     failures = CU_get_number_of_failures();

@@ -1,7 +1,9 @@
 /* test_manifest.c — CUnit suite for apps/convert/manifest.c: parsing
  * (valid manifests, unknown keys, bad regexes, dtypes and groups), first
  * match wins, shape checks with and without a fallback, the pretranspose
- * selection, and the default manifests under configs/.
+ * selection, the default manifests under configs/, the seed README's
+ * vocabulary (zero per-tensor, scale per-channel, ...) and ggml block
+ * targets (q8_0 ... q4_K, q6_K) with their fallbacks.
  */
 #include <CUnit/Basic.h>
 #include <CUnit/CUnit.h>
@@ -10,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ie_kernels.h"
 #include "ie_manifest.h"
 
 static ie_manifest_t *parse_ok(const char *text)
@@ -283,6 +286,196 @@ static void test_pretranspose(void)
     ie_manifest_destroy(&m);
 }
 
+/* One rule {"pattern":"^w$", "dtype":D, EXTRA} parsed and decided on a
+ * [576 x 64] f32 matrix (576 = 9 x 64 = 18 x 32, not 256-divisible). */
+static ie_manifest_t *one_rule(const char *dtype, const char *extra)
+{
+    char text[512];
+    snprintf(text, sizeof text, "{\"version\":1,\"rules\":[{\"pattern\":\"^w$\",\"dtype\":\"%s\"%s%s}]}", dtype,
+             extra[0] ? "," : "", extra);
+    return parse_ok(text);
+}
+
+static void one_rule_bad(const char *dtype, const char *extra, const char *needle)
+{
+    char text[512];
+    snprintf(text, sizeof text, "{\"version\":1,\"rules\":[{\"pattern\":\"^w$\",\"dtype\":\"%s\"%s%s}]}", dtype,
+             extra[0] ? "," : "", extra);
+    parse_bad(text, needle);
+}
+
+static ie_status_t decide_w(const ie_manifest_t *m, ie_pretranspose_t pt, ie_dtype_t src, int64_t n_in,
+                            ie_qdecision_t *d)
+{
+    int64_t ne[4] = {n_in, 64, 1, 1};
+    return ie_manifest_decide(m, pt, 0, "w", src, IE_LAYOUT_ROWS, 0, 2, ne, d);
+}
+
+/* The seed README's manifest vocabulary, each spelling mapped to a scheme
+ * (docs/CONVERT.md), and the spellings that cannot be honoured refused. */
+static void test_seed_vocabulary(void)
+{
+    ie_qdecision_t d;
+    /* the seed template itself: int4w, group 64, zero per-tensor, scale per-channel */
+    ie_manifest_t *m = parse_ok("{\"version\":1,\"rules\":[{\"pattern\":\"^w$\",\"dtype\":\"int4w\",\"group\":64,"
+                                "\"zero\":\"per-tensor\",\"scale\":\"per-channel\"}]}");
+    CU_ASSERT_EQUAL(m->rules[0].target, IE_QT_INT4W);
+    CU_ASSERT_EQUAL(m->rules[0].group, 64);
+    CU_ASSERT_EQUAL(m->rules[0].affine, 0);
+    CU_ASSERT_EQUAL(m->rules[0].scale, IE_QSCALE_ABSMAX);
+    CU_ASSERT_EQUAL(decide_w(m, IE_PT_NONE, IE_DTYPE_F32, 576, &d), IE_OK);
+    CU_ASSERT_EQUAL(d.dtype, IE_DTYPE_I4W);
+    CU_ASSERT_EQUAL(d.group, 64);
+    ie_manifest_destroy(&m);
+
+    /* zero: symmetric spellings and zero-point spellings */
+    static const struct {
+        const char *zero;
+        int affine;
+    } zs[] = {{"symmetric", 0},  {"none", 0},      {"per-tensor", 0},  {"affine", 1},
+              {"asymmetric", 1}, {"per-group", 1}, {"per-channel", 1}, {"per-row", 1}};
+    for (size_t i = 0; i < sizeof zs / sizeof zs[0]; i++) {
+        char extra[64];
+        snprintf(extra, sizeof extra, "\"zero\":\"%s\"", zs[i].zero);
+        m = one_rule("int4w", extra);
+        CU_ASSERT_EQUAL(m->rules[0].affine, zs[i].affine);
+        CU_ASSERT_EQUAL(decide_w(m, IE_PT_NONE, IE_DTYPE_F32, 576, &d), IE_OK);
+        CU_ASSERT_EQUAL(d.dtype, zs[i].affine ? IE_DTYPE_I4WA : IE_DTYPE_I4W);
+        ie_manifest_destroy(&m);
+        if (zs[i].affine) {
+            one_rule_bad("int8w", extra, "int8w is symmetric only");
+        } else {
+            m = one_rule("int8w", extra);
+            CU_ASSERT_EQUAL(m->rules[0].affine, 0);
+            ie_manifest_destroy(&m);
+        }
+    }
+    one_rule_bad("int4w", "\"zero\":\"per-block\"", "\"zero\" must be \"symmetric\" (or \"none\", \"per-tensor\")");
+    one_rule_bad("bf16", "\"zero\":\"per-tensor\"", "\"zero\" applies to int8w/int4w only");
+
+    /* scale granularity: per-channel / per-row = a scale per row, or per
+     * group within each row when "group" is given; per-group = "group" */
+    m = one_rule("int8w", "\"scale\":\"per-channel\"");
+    CU_ASSERT_EQUAL(m->rules[0].group, IE_GROUP_ROW);
+    CU_ASSERT_EQUAL(decide_w(m, IE_PT_NONE, IE_DTYPE_F32, 576, &d), IE_OK);
+    CU_ASSERT_EQUAL(d.dtype, IE_DTYPE_I8W);
+    CU_ASSERT_EQUAL(d.group, 576);
+    ie_manifest_destroy(&m);
+    m = one_rule("int4w", "\"scale\":\"per-row\"");
+    CU_ASSERT_EQUAL(decide_w(m, IE_PT_NONE, IE_DTYPE_F32, 576, &d), IE_OK);
+    CU_ASSERT_EQUAL(d.group, 576);
+    ie_manifest_destroy(&m);
+    m = one_rule("int4w", "\"scale\":\"per-channel\",\"group\":96");
+    CU_ASSERT_EQUAL(decide_w(m, IE_PT_NONE, IE_DTYPE_F32, 576, &d), IE_OK);
+    CU_ASSERT_EQUAL(d.group, 96);
+    ie_manifest_destroy(&m);
+    m = one_rule("int4w", "\"scale\":\"per-group\"");
+    CU_ASSERT_EQUAL(m->rules[0].group, 32);
+    ie_manifest_destroy(&m);
+    m = one_rule("int4w", "\"scale\":\"per-group\",\"group\":64,\"method\":\"mse\"");
+    CU_ASSERT_EQUAL(m->rules[0].group, 64);
+    CU_ASSERT_EQUAL(m->rules[0].scale, IE_QSCALE_MSE);
+    ie_manifest_destroy(&m);
+    m = one_rule("int8w", "\"scale\":\"per-channel\",\"method\":\"absmax\"");
+    CU_ASSERT_EQUAL(m->rules[0].scale, IE_QSCALE_ABSMAX);
+    ie_manifest_destroy(&m);
+    m = one_rule("int8w", "\"method\":\"mse\"");
+    CU_ASSERT_EQUAL(m->rules[0].scale, IE_QSCALE_MSE);
+    CU_ASSERT_EQUAL(m->rules[0].group, 32);
+    ie_manifest_destroy(&m);
+    one_rule_bad("int4w", "\"scale\":\"per-tensor\"", "\"scale\": \"per-tensor\" cannot be honoured");
+    one_rule_bad("int4w", "\"scale\":\"per-block\"", "\"scale\" must be \"absmax\", \"mse\", \"per-channel\"");
+    one_rule_bad("int4w", "\"scale\":\"mse\",\"method\":\"absmax\"", "\"scale\" already names the method");
+    one_rule_bad("int4w", "\"method\":\"minmax\"", "\"method\" must be \"absmax\" or \"mse\"");
+    one_rule_bad("f16", "\"method\":\"mse\"", "\"method\" applies to int8w/int4w only");
+    one_rule_bad("f16", "\"scale\":\"per-channel\"", "\"scale\" applies to int8w/int4w only");
+    /* a per-channel group that does not divide the row is a shape error */
+    m = one_rule("int4w", "\"scale\":\"per-channel\",\"group\":128");
+    CU_ASSERT_EQUAL(decide_w(m, IE_PT_NONE, IE_DTYPE_F32, 576, &d), IE_ERR_FORMAT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "group 128 does not divide the row length 576"));
+    ie_manifest_destroy(&m);
+}
+
+/* ggml block targets: spelling, quantizer probe, layout, lossless copy,
+ * row lengths that are not whole blocks, and the fallbacks. */
+static void test_ggml_targets(void)
+{
+    ie_qdecision_t d;
+    ie_manifest_t *m = one_rule("q8_0", "");
+    CU_ASSERT_EQUAL(m->rules[0].target, IE_QT_GGML);
+    CU_ASSERT_EQUAL(m->rules[0].gtype, IE_DTYPE_Q8_0);
+    CU_ASSERT_EQUAL(decide_w(m, IE_PT_ALL, IE_DTYPE_F32, 576, &d), IE_OK);
+    CU_ASSERT_EQUAL(d.target, IE_QT_GGML);
+    CU_ASSERT_EQUAL(d.dtype, IE_DTYPE_Q8_0);
+    CU_ASSERT_EQUAL(d.layout, IE_LAYOUT_ROWS); /* q8_0 has no packed form of its own */
+    CU_ASSERT_EQUAL(d.group, 0);
+    CU_ASSERT_EQUAL(d.lossless, 0);
+    CU_ASSERT_EQUAL(decide_w(m, IE_PT_ALL, IE_DTYPE_Q8_0, 576, &d), IE_OK);
+    CU_ASSERT_EQUAL(d.lossless, 1);
+    /* a row that is not whole blocks: an error naming rule, tensor, block */
+    CU_ASSERT_EQUAL(decide_w(m, IE_PT_ALL, IE_DTYPE_F32, 48, &d), IE_ERR_FORMAT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "rule 0 (\"^w$\", q8_0) does not fit tensor w: row length 48 is "
+                                                   "not a multiple of q8_0's block of 32"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "\"auto\""));
+    ie_manifest_destroy(&m);
+    m = one_rule("Q8_0", "\"fallback\":\"auto\""); /* case-insensitive; auto: no substitute for q8_0 -> f16 */
+    CU_ASSERT_EQUAL(decide_w(m, IE_PT_ALL, IE_DTYPE_F32, 48, &d), IE_OK);
+    CU_ASSERT_EQUAL(d.fell_back, 1);
+    CU_ASSERT_EQUAL(d.dtype, IE_DTYPE_F16);
+    ie_manifest_destroy(&m);
+    m = one_rule("q4_0", "\"fallback\":\"bf16\"");
+    CU_ASSERT_EQUAL(decide_w(m, IE_PT_NONE, IE_DTYPE_F32, 48, &d), IE_OK);
+    CU_ASSERT_EQUAL(d.dtype, IE_DTYPE_BF16);
+    CU_ASSERT_EQUAL(decide_w(m, IE_PT_NONE, IE_DTYPE_F32, 64, &d), IE_OK);
+    CU_ASSERT_EQUAL(d.dtype, IE_DTYPE_Q4_0);
+    CU_ASSERT_EQUAL(d.fell_back, 0);
+    ie_manifest_destroy(&m);
+    m = one_rule("int4w", "\"group\":128,\"fallback\":\"q8_0\"");
+    CU_ASSERT_EQUAL(decide_w(m, IE_PT_ALL, IE_DTYPE_F32, 576, &d), IE_OK);
+    CU_ASSERT_EQUAL(d.fell_back, 1);
+    CU_ASSERT_EQUAL(d.dtype, IE_DTYPE_Q8_0);
+    ie_manifest_destroy(&m);
+
+    one_rule_bad("q9_K", "", "unknown dtype \"q9_K\"");
+    one_rule_bad("q8_K", "", "unknown dtype \"q8_K\""); /* activations only */
+    one_rule_bad("q8_0", "\"group\":64", "\"group\" applies to int8w/int4w only");
+    one_rule_bad("q8_0", "\"zero\":\"affine\"", "\"zero\" applies to int8w/int4w only");
+    one_rule_bad("q8_0", "\"scale\":\"mse\"", "\"scale\" applies to int8w/int4w only");
+    one_rule_bad("int8w", "\"fallback\":\"auto\"", "\"auto\" applies to ggml dtypes");
+    one_rule_bad("q8_0", "\"fallback\":\"q9_0\"", "\"fallback\" must be");
+
+    /* every ggml type: accepted exactly when this build quantizes it */
+    static const char *const names[] = {"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl",
+                                        "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_xs"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char text[256];
+        snprintf(text, sizeof text, "{\"version\":1,\"rules\":[{\"pattern\":\"^w$\",\"dtype\":\"%s\"}]}", names[i]);
+        ie_manifest_t *mm = NULL;
+        ie_status_t st = ie_manifest_parse(text, strlen(text), "test", &mm);
+        static const ie_dtype_t ids[] = {IE_DTYPE_Q8_0, IE_DTYPE_Q4_0,   IE_DTYPE_Q4_1, IE_DTYPE_Q5_0,
+                                         IE_DTYPE_Q5_1, IE_DTYPE_IQ4_NL, IE_DTYPE_Q2_K, IE_DTYPE_Q3_K,
+                                         IE_DTYPE_Q4_K, IE_DTYPE_Q5_K,   IE_DTYPE_Q6_K, IE_DTYPE_IQ4_XS};
+        ie_dtype_t t = ids[i];
+        float zeros[256] = {0};
+        unsigned char out[512];
+        int can = ie_quantize_row(t, zeros, out, ie_dtype_block_elems(t)) == 0;
+        CU_ASSERT_EQUAL(st == IE_OK, can);
+        if (st == IE_OK) {
+            CU_ASSERT_EQUAL(mm->rules[0].gtype, t);
+        } else {
+            CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "this build has no"));
+        }
+        ie_manifest_destroy(&mm);
+    }
+    CU_ASSERT_EQUAL(ie_manifest_auto_fallback(IE_DTYPE_Q2_K), IE_DTYPE_Q4_0);
+    CU_ASSERT_EQUAL(ie_manifest_auto_fallback(IE_DTYPE_Q3_K), IE_DTYPE_Q4_0);
+    CU_ASSERT_EQUAL(ie_manifest_auto_fallback(IE_DTYPE_IQ4_XS), IE_DTYPE_IQ4_NL);
+    CU_ASSERT_EQUAL(ie_manifest_auto_fallback(IE_DTYPE_Q4_K), IE_DTYPE_Q5_0);
+    CU_ASSERT_EQUAL(ie_manifest_auto_fallback(IE_DTYPE_Q5_K), IE_DTYPE_Q5_1);
+    CU_ASSERT_EQUAL(ie_manifest_auto_fallback(IE_DTYPE_Q6_K), IE_DTYPE_Q8_0);
+    CU_ASSERT_EQUAL(ie_manifest_auto_fallback(IE_DTYPE_Q5_0), IE_DTYPE_INVALID);
+}
+
 /* The shipped default manifests parse. */
 static void test_default_configs(void)
 {
@@ -312,6 +505,8 @@ int main(void)
     CU_add_test(s, "group vs row length", test_group_row_length);
     CU_add_test(s, "pretranspose", test_pretranspose);
     CU_add_test(s, "default configs", test_default_configs);
+    CU_add_test(s, "seed README vocabulary", test_seed_vocabulary);
+    CU_add_test(s, "ggml block targets and fallbacks", test_ggml_targets);
     CU_basic_set_mode(CU_BRM_NORMAL);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures();

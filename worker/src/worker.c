@@ -153,15 +153,17 @@ static ie_status_t start_kernels(ie_worker_t *w)
 
 /* Which layers, heads, columns, experts and vocab rows this worker holds,
  * and the sizes that follow. */
-static ie_status_t plan_shard(ie_worker_t *w)
+static ie_status_t plan_shard(ie_worker_t *w, const ie_model_src_t *src)
 {
     const ie_hparams_t *hp = &w->hp;
     const ie_shard_t *s = &w->opts.shard;
+    ie_shard_units_t units;
     ie_status_t st;
     if (hp->rope_dim <= 0 || hp->rope_dim > hp->head_dim || hp->rope_dim % 2)
         return ie_error_set(IE_ERR_FORMAT, "model: rope dimension %d invalid for head_dim %d", hp->rope_dim,
                             hp->head_dim);
-    if ((st = ie_shard_plan(hp, s, &w->sh)) != IE_OK) return st;
+    if ((st = ie_shard_units(src, &units)) != IE_OK) return st;
+    if ((st = ie_shard_plan_units(hp, &units, s, &w->sh)) != IE_OK) return st;
     w->tensor_par = s->kind == IE_SHARD_TENSOR && s->n_ranks > 1;
     if (w->tensor_par && !w->opts.reduce)
         return ie_error_set(IE_ERR_INVAL, "worker: a tensor-parallel shard of %d ranks needs a reduce callback",
@@ -228,7 +230,7 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
     if ((st = ie_arch_desc_init(&w->hp, &w->arch)) != IE_OK) goto cleanup; /* what the pass does */
     if ((st = start_kernels(w)) != IE_OK) goto cleanup;                    /* kernels, thread pool */
     if ((st = worker_bind_options(w, src)) != IE_OK) goto cleanup;         /* env overrides */
-    if ((st = plan_shard(w)) != IE_OK) goto cleanup;                       /* what this worker holds */
+    if ((st = plan_shard(w, src)) != IE_OK) goto cleanup;                  /* what this worker holds */
     if ((st = worker_bind_weights(w, src)) != IE_OK) goto cleanup;         /* bind.c */
     if ((st = worker_kv_new(w)) != IE_OK) goto cleanup;                    /* KV cache, RoPE tables */
     if ((st = new_scratch(w)) != IE_OK) goto cleanup;                      /* step scratch */
