@@ -776,14 +776,15 @@ static void test_matmul_shapes(void)
 }
 
 /* Long rows (more k than one pass of a blocked kernel: 131 blocks of 32,
- * 43 of 256 — odd counts) and more panels, at decode and small prefill
- * token counts, whole and sub-ranges. */
+ * 43 of 256 — odd counts) and more panels, at decode and prefill token
+ * counts (23: more tokens than one token block of the GEMMs at this row
+ * length), whole and sub-ranges. */
 static void test_matmul_large(void)
 {
-    static const int64_t ntoks[] = {1, 3, 9};
+    static const int64_t ntoks[] = {1, 3, 9, 23};
     int bad = 0, cases = 0, k = 0;
     for (int ti = 0; ti < N_KTYPES; ti++)
-        for (int j = 0; j < 3; j++, k++) {
+        for (int j = 0; j < 4; j++, k++) {
             const ie_dtype_t t = KTYPES[ti];
             const int64_t n_in = ie_dtype_block_elems(t) == 32 ? 131 * 32 : 43 * 256, n_out = 72;
             mcase_t c = {t, n_in, n_out, ntoks[j], 0, n_out, j, 4 * j, 7000 + (uint64_t)k, 0};
