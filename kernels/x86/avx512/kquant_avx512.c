@@ -238,16 +238,18 @@ IE_INLINE void k_block256(const int ty, const int T, const int PF, const uint8_t
 {
     const int nsub = k_nsub(ty), off = k_off(ty);
     const size_t hdr = k_hdr(ty), slab = k_slab(ty), sco = k_sc(ty);
-    if (PF) {
-        const size_t bb = k_blk(ty);
-        for (size_t o = 0; o < bb; o += 64) _mm_prefetch((const char *)wb + KPFD + o, _MM_HINT_T1);
-    }
+    /* the header's lines here, each slab's as it starts: a steady stream of
+     * requests PFD bytes ahead rather than a burst of a whole block's */
+    if (PF)
+        for (size_t o = 0; o < hdr; o += 64) _mm_prefetch((const char *)wb + KPFD + o, _MM_HINT_T1);
     const size_t paux = 260 * (size_t)T; /* aux of token t at paux + 64 t */
     __m512 F[KT];
     __m512i I[KT];
 #pragma GCC unroll 8
     for (int s = 0; s < 8; s++) {
         const uint8_t *q = wb + hdr + (size_t)s * slab;
+        if (PF)
+            for (size_t o = 0; o < slab; o += 64) _mm_prefetch((const char *)q + KPFD + o, _MM_HINT_T1);
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             __m512i W[4];
