@@ -460,9 +460,13 @@ ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src
         c->kv_nlb = (int)nlb;
         c->kv_pool = o->kv_blocks > 0 ? o->kv_blocks : (int)full;
     }
-    for (int r = 0; r < o->n_ranks; r++) {
-        ie_shard_t s = {o->plan, r, o->n_ranks};
-        if ((st = ie_shard_plan(&c->hp, &s, &c->range[r])) != IE_OK) goto cleanup;
+    {
+        ie_shard_units_t units; /* the stored blocks a column cut must respect */
+        if ((st = ie_shard_units(src, &units)) != IE_OK) goto cleanup;
+        for (int r = 0; r < o->n_ranks; r++) {
+            ie_shard_t s = {o->plan, r, o->n_ranks};
+            if ((st = ie_shard_plan_units(&c->hp, &units, &s, &c->range[r])) != IE_OK) goto cleanup;
+        }
     }
     if ((st = ie_sock_new(o->net, IE_SOCK_ROUTER, &c->router)) != IE_OK) goto cleanup;
     if ((st = ie_sock_bind(c->router, o->bind, c->endpoint, sizeof c->endpoint)) != IE_OK) goto cleanup;

@@ -225,7 +225,11 @@ void ie_dequantize_row(ie_dtype_t t, const void *src, float *dst, int64_t n);
  * all-zero block), i.e. element scale 2^(e-127) puts amax/scale in [4, 8):
  * values above 6*scale saturate to +-6, the rest go to the nearest E2M1
  * value, ties to the smaller magnitude (ggml scans the 16 codes in order,
- * first best wins). Inputs must be finite. f16/bf16 round to nearest even.
+ * first best wins); Q5_0 d = max/-16, Q5_1 d = (max-min)/31, m = min
+ * (ggml's rule, bit-exact with gguf.quants). IQ4_NL, IQ4_XS and Q2_K..Q6_K
+ * (n a multiple of their block, 32 or 256) use this engine's own
+ * least-squares scale searches (kquant_ref.c; not llama.cpp's bytes).
+ * Inputs must be finite. f16/bf16 round to nearest even.
  * Returns 0, or -1 if t is unknown or n does not fit its blocks. */
 int ie_quantize_row(ie_dtype_t t, const float *src, void *dst, int64_t n);
 

@@ -568,3 +568,271 @@ IE_KQ_MATMUL(ie_matmul_q4_k_q8_k_ref, IE_DTYPE_Q4_K, dot_q4_k)
 IE_KQ_MATMUL(ie_matmul_q5_k_q8_k_ref, IE_DTYPE_Q5_K, dot_q5_k)
 IE_KQ_MATMUL(ie_matmul_q6_k_q8_k_ref, IE_DTYPE_Q6_K, dot_q6_k)
 IE_KQ_MATMUL(ie_matmul_iq4_xs_q8_k_ref, IE_DTYPE_IQ4_XS, dot_iq4_xs)
+
+/* ---------------------------------------------------------- quantizers
+ *
+ * Q5_0 and Q5_1 follow ggml's reference rule exactly (quantize_row_q5_0_ref
+ * / _q5_1_ref, equal to gguf.quants' quantize): Q5_0 d = max/-16 with max
+ * the value of largest magnitude (the first on ties), u = min(31,
+ * trunc(x/d + 16.5)); Q5_1 d = (max-min)/31, m = min, u = trunc((x-min)/d
+ * + 0.5). The only difference: a scale whose inverse overflows f32 gives
+ * zero codes (ie_inv_scale) where ggml would convert inf to int.
+ *
+ * The others are this engine's own search quantizers, in the spirit of
+ * ggml's reference ones (no importance matrix: every element weighs the
+ * same, the squared error is what is minimized):
+ *   1. each sub-block gets a float scale (and min) by trying a few
+ *      candidate inverse scales around the one that maps the sub-block's
+ *      extreme onto the code range's end, assigning nearest codes, solving
+ *      the least-squares scale (and offset) for those codes, and keeping
+ *      the candidate with the smallest squared error; the candidate that
+ *      clips nothing is always among them;
+ *        affine (Q2_K, Q4_K, Q5_K): x ~ s*u - m with s >= 0, m >= 0 (the
+ *          sub-block's minimum is clamped to <= 0, as the formula needs);
+ *        symmetric (Q3_K, Q6_K): x ~ s*q, q in [-nmax, nmax-1], the
+ *          extreme mapped to -nmax (the longer side) so s is signed;
+ *        code book (IQ4_NL, IQ4_XS): x ~ s*kv[u], the extreme mapped to
+ *          either end of the book (-127 or 113);
+ *   2. the super-block's f16 d (and dmin) quantize those scales to the
+ *      type's scale codes: affine d = max(s)/cmax, dmin = max(m)/cmax
+ *      (cmax 15 for Q2_K, 63 otherwise); signed, like ggml, d = -S/c with
+ *      S the scale of largest magnitude (c = 128 for Q6_K's int8, 32 for
+ *      Q3_K's and IQ4_XS's 6-bit codes), so that S's code is -c;
+ *   3. every element then takes the code nearest to it under the stored
+ *      (f16, code-quantized) scale and min: what is written is the best
+ *      per-element choice for the scales the block actually carries.
+ * f16 fields saturate at +-65504 (inputs whose scales overflow f16 lose
+ * range instead of producing an infinite scale). */
+
+/* f16 of v, saturated to the largest finite f16. */
+static ie_f16_t f16_sat(float v)
+{
+    if (v > 65504.0f) v = 65504.0f;
+    if (v < -65504.0f) v = -65504.0f;
+    return ie_f32_to_f16(v);
+}
+
+/* f16 of v rounded away from zero (saturated): a super-block scale that
+ * is never smaller than the one the scale codes were sized for, so the
+ * largest sub-block scale's code stays in range even where f16 is coarse
+ * (subnormal d for tiny blocks). */
+static ie_f16_t f16_up(float v)
+{
+    ie_f16_t h = f16_sat(v);
+    if (fabsf(ie_f16_to_f32(h)) < fabsf(v) && (h & 0x7fff) < 0x7bff) h = (ie_f16_t)(h + 1);
+    return h;
+}
+
+static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
+
+/* nearest integer of v (half away from zero), clamped to [lo, hi]; a
+ * non-finite or huge v lands on the end of its sign. */
+static int qround(float v, int lo, int hi)
+{
+    if (!(v > (float)lo)) return v != v ? 0 : lo;
+    if (!(v < (float)hi)) return hi;
+    return clampi((int)lroundf(v), lo, hi);
+}
+
+/* Index of the code book entry nearest v (the first on ties). */
+static int nearest_kv(float v)
+{
+    int best = 0;
+    float be = fabsf(v - (float)ie_iq4nl_kvalues[0]);
+    for (int i = 1; i < 16; i++) {
+        const float e = fabsf(v - (float)ie_iq4nl_kvalues[i]);
+        if (e < be) be = e, best = i;
+    }
+    return best;
+}
+
+/* Affine fit of x[0..n) ~ s*u - m (u in [0, nmax], s >= 0, m >= 0). */
+static void fit_affine(const float *x, int n, int nmax, float *s_out, float *m_out)
+{
+    float lo = x[0], hi = x[0];
+    for (int i = 1; i < n; i++) lo = fminf(lo, x[i]), hi = fmaxf(hi, x[i]);
+    if (lo > 0.0f) lo = 0.0f;
+    *s_out = 0.0f;
+    *m_out = -lo;
+    if (!(hi > lo)) return; /* every x equal to lo <= 0: s = 0, m = -lo */
+    double best = INFINITY;
+    const double range = (double)hi - lo;
+    for (int k = -10; k <= 10; k++) {
+        const double is = (nmax + 0.1 * k) / range; /* k = 0: the extremes on 0 and nmax, nothing clipped */
+        double sl = 0, sll = 0, sx = 0, slx = 0;
+        int L[IE_QK];
+        for (int i = 0; i < n; i++) {
+            L[i] = qround((float)(is * ((double)x[i] - lo)), 0, nmax);
+            sl += L[i], sll += (double)L[i] * L[i], sx += x[i], slx += (double)L[i] * x[i];
+        }
+        const double det = n * sll - sl * sl;
+        double s, c; /* x ~ s*L + c */
+        if (det > 1e-9 * n * sll) {
+            s = (n * slx - sl * sx) / det;
+            c = (sll * sx - sl * slx) / det;
+        } else { /* every code equal (a constant sub-block): the scale alone */
+            s = sll > 0 ? slx / sll : 0, c = sll > 0 ? 0 : sx / n;
+        }
+        if (c > 0) c = 0, s = sll > 0 ? slx / sll : 0; /* the min must not be positive */
+        if (s < 0) continue;
+        double e = 0;
+        for (int i = 0; i < n; i++) {
+            const double r = s * L[i] + c - x[i];
+            e += r * r;
+        }
+        if (e < best) best = e, *s_out = (float)s, *m_out = (float)-c;
+    }
+}
+
+/* Symmetric fit of x[0..n) ~ s*q (q in [-nmax, nmax-1]); s may be
+ * negative (the extreme goes to -nmax). */
+static float fit_symmetric(const float *x, int n, int nmax)
+{
+    float amax = 0.0f, max = 0.0f;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > amax) amax = fabsf(x[i]), max = x[i];
+    if (amax == 0.0f) return 0.0f;
+    double best = INFINITY, bs = 0.0;
+    for (int k = -9; k <= 9; k++) {
+        const double is = -(nmax + 0.1 * k) / (double)max;
+        double sqx = 0, sqq = 0;
+        int q[IE_QK];
+        for (int i = 0; i < n; i++) {
+            q[i] = qround((float)(is * x[i]), -nmax, nmax - 1);
+            sqx += (double)q[i] * x[i], sqq += (double)q[i] * q[i];
+        }
+        if (sqq <= 0) continue;
+        const double s = sqx / sqq;
+        double e = 0;
+        for (int i = 0; i < n; i++) {
+            const double r = s * q[i] - x[i];
+            e += r * r;
+        }
+        if (e < best) best = e, bs = s;
+    }
+    return (float)bs;
+}
+
+/* Code book fit of x[0..n) ~ s*kv[u]. */
+static float fit_codebook(const float *x, int n)
+{
+    float amax = 0.0f, max = 0.0f;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > amax) amax = fabsf(x[i]), max = x[i];
+    if (amax == 0.0f) return 0.0f;
+    double best = INFINITY, bs = 0.0;
+    for (int end = 0; end < 2; end++)
+        for (int k = -10; k <= 10; k++) {
+            const double kend = end ? ie_iq4nl_kvalues[15] : ie_iq4nl_kvalues[0];
+            const double is = (kend + 0.1 * k * (end ? 1 : -1)) / (double)max;
+            double sqx = 0, sqq = 0;
+            int u[IE_QK];
+            for (int i = 0; i < n; i++) {
+                u[i] = nearest_kv((float)(is * x[i]));
+                const double v = ie_iq4nl_kvalues[u[i]];
+                sqx += v * x[i], sqq += v * v;
+            }
+            const double s = sqx / sqq; /* sqq > 0: the book has no 0 */
+            double e = 0;
+            for (int i = 0; i < n; i++) {
+                const double r = s * ie_iq4nl_kvalues[u[i]] - x[i];
+                e += r * r;
+            }
+            if (e < best) best = e, bs = s;
+        }
+    return (float)bs;
+}
+
+/* One block of t (qk = 32 or 256 floats) into codes c (ie_kq_encode
+ * writes them). */
+static void quantize_block(ie_dtype_t t, const float *x, ie_kq_codes_t *c)
+{
+    ie_kq_info_t in;
+    (void)ie_kq_info(t, &in);
+    memset(c, 0, sizeof *c);
+    switch (t) {
+    case IE_DTYPE_Q5_0: {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < IE_QK; j++)
+            if (amax < fabsf(x[j])) amax = fabsf(x[j]), max = x[j];
+        const float d = max / -16.0f, id = ie_inv_scale(d);
+        c->d = ie_f32_to_f16(d);
+        for (int j = 0; j < IE_QK; j++) {
+            const int v = (int8_t)(x[j] * id + 16.5f);
+            c->u[j] = (uint8_t)(v < 31 ? v : 31);
+        }
+        return;
+    }
+    case IE_DTYPE_Q5_1: {
+        float lo = x[0], hi = x[0];
+        for (int j = 1; j < IE_QK; j++) lo = x[j] < lo ? x[j] : lo, hi = x[j] > hi ? x[j] : hi;
+        const float d = (hi - lo) / 31.0f, id = ie_inv_scale(d);
+        c->d = ie_f32_to_f16(d);
+        c->dmin = ie_f32_to_f16(lo);
+        for (int j = 0; j < IE_QK; j++) {
+            const int v = (int)((x[j] - lo) * id + 0.5f); /* in [0, 31.5]: truncation */
+            c->u[j] = (uint8_t)(v < 31 ? v : 31);
+        }
+        return;
+    }
+    case IE_DTYPE_IQ4_NL: {
+        c->d = f16_sat(fit_codebook(x, IE_QK));
+        const float df = ie_f16_to_f32(c->d), id = ie_inv_scale(df);
+        for (int j = 0; j < IE_QK; j++) c->u[j] = (uint8_t)nearest_kv(x[j] * id);
+        return;
+    }
+    default: break;
+    }
+    const int len = IE_QK_K / in.nsub;
+    float s[16], m[16];
+    if (in.has_mn) { /* Q2_K, Q4_K, Q5_K */
+        const int nmax = (1 << in.bits) - 1, cmax = t == IE_DTYPE_Q2_K ? 15 : 63;
+        float smax = 0.0f, mmax = 0.0f;
+        for (int j = 0; j < in.nsub; j++) {
+            fit_affine(x + j * len, len, nmax, &s[j], &m[j]);
+            smax = fmaxf(smax, s[j]), mmax = fmaxf(mmax, m[j]);
+        }
+        c->d = f16_up(smax / (float)cmax);
+        c->dmin = f16_up(mmax / (float)cmax);
+        const float df = ie_f16_to_f32(c->d), dmf = ie_f16_to_f32(c->dmin);
+        const float id = ie_inv_scale(df), idm = ie_inv_scale(dmf);
+        for (int j = 0; j < in.nsub; j++) {
+            c->sc[j] = (int8_t)qround(s[j] * id, 0, cmax);
+            c->mn[j] = (int8_t)qround(m[j] * idm, 0, cmax);
+            const float ds = df * (float)c->sc[j], dm = dmf * (float)c->mn[j], ids = ie_inv_scale(ds);
+            for (int k = j * len; k < (j + 1) * len; k++) c->u[k] = (uint8_t)qround((x[k] + dm) * ids, 0, nmax);
+        }
+        return;
+    }
+    /* symmetric and code book super-blocks: Q3_K, Q6_K, IQ4_XS */
+    const int nmax = t == IE_DTYPE_Q3_K ? 4 : 32;   /* q in [-nmax, nmax-1] */
+    const int cneg = t == IE_DTYPE_Q6_K ? 128 : 32; /* scale codes in [-cneg, cneg-1] */
+    float smax = 0.0f, sbig = 0.0f;                 /* the scale of largest magnitude */
+    for (int j = 0; j < in.nsub; j++) {
+        s[j] = t == IE_DTYPE_IQ4_XS ? fit_codebook(x + j * len, len) : fit_symmetric(x + j * len, len, nmax);
+        if (fabsf(s[j]) > smax) smax = fabsf(s[j]), sbig = s[j];
+    }
+    c->d = f16_up(sbig / (float)-cneg);
+    const float df = ie_f16_to_f32(c->d), id = ie_inv_scale(df);
+    for (int j = 0; j < in.nsub; j++) {
+        c->sc[j] = (int8_t)qround(s[j] * id, -cneg, cneg - 1);
+        const float ds = df * (float)c->sc[j], ids = ie_inv_scale(ds);
+        for (int k = j * len; k < (j + 1) * len; k++)
+            c->u[k] = (uint8_t)(t == IE_DTYPE_IQ4_XS ? nearest_kv(x[k] * ids)
+                                                     : qround(x[k] * ids, -nmax, nmax - 1) + nmax);
+    }
+}
+
+/* Contract (ie_kernels_isa.h). */
+int ie_kq_quantize_row(ie_dtype_t t, const float *src, void *dst, int64_t n)
+{
+    ie_kq_info_t in;
+    if (ie_kq_info(t, &in) != 0 || n < 0 || n % in.qk != 0) return -1;
+    const size_t bb = ie_dtype_block_bytes(t);
+    ie_kq_codes_t c;
+    for (int64_t b = 0; b < n / in.qk; b++) {
+        quantize_block(t, src + b * in.qk, &c);
+        (void)ie_kq_encode(t, &c, (uint8_t *)dst + (size_t)b * bb);
+    }
+    return 0;
+}

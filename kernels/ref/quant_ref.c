@@ -185,7 +185,7 @@ int ie_quantize_row(ie_dtype_t t, const float *src, void *dst, int64_t n)
     case IE_DTYPE_Q4_0: quantize_row_q4_0(src, dst, n); return 0;
     case IE_DTYPE_Q4_1: quantize_row_q4_1(src, dst, n); return 0;
     case IE_DTYPE_MXFP4: quantize_row_mxfp4(src, dst, n); return 0;
-    default: return -1;
+    default: return ie_dtype_is_kquant(t) ? ie_kq_quantize_row(t, src, dst, n) : -1;
     }
 }
 

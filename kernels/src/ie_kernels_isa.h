@@ -153,6 +153,12 @@ int ie_kq_encode(ie_dtype_t t, const ie_kq_codes_t *c, void *block);
  * the order gguf.quants computes it: ie_dequantize_row's values. */
 float ie_kq_value(ie_dtype_t t, const ie_kq_codes_t *c, int k);
 
+/* ie_quantize_row for a k-quant t (n floats, finite, a multiple of the
+ * block size): Q5_0 / Q5_1 by ggml's reference rule, the others by the
+ * search quantizers described in kquant_ref.c. Returns 0, -1 if t is not
+ * a k-quant or n does not fit its blocks. */
+int ie_kq_quantize_row(ie_dtype_t t, const float *src, void *dst, int64_t n);
+
 /* Where one k-quant block's fields sit in a PANEL16 panel (ie_pack.h), in
  * bytes from the start of the block's header: f16 d[16] at d, f16
  * dmin[16] at dmin (info.has_dmin), int8 sc[nsub][16] at sc (nsub > 0),

@@ -2,7 +2,9 @@
 # tests/reference/regen.sh — re-generate the reference fixtures from scratch,
 # check they equal the committed ones, and run the e2e tests on the fresh set.
 #
-#   1. gen_tiny_llama.py and gen_smollm2_ref.py write into a temp dir
+#   1. gen_tiny_llama.py, gen_smollm2_ref.py and gen_kquant_ref.py (the
+#      k-quant blocks and their gguf.quants values, tests/data/kquant) write
+#      into a temp dir
 #   2. every fixture there is compared with tests/data: token ids exactly,
 #      logits within 1e-6 (relative to the row's max |logit|), model files
 #      (GGUF, safetensors, config/tokenizer json) byte for byte
@@ -27,6 +29,8 @@ trap cleanup EXIT
 echo "[regen] generating into $tmp" >&2
 "$py" tests/reference/gen_tiny_llama.py --out "$tmp"
 "$py" tests/reference/gen_smollm2_ref.py --out "$tmp"
+"$py" tests/reference/gen_kquant_ref.py --out "$tmp"
+"$py" tests/reference/gen_tiny_kquant.py --out "$tmp"
 
 echo "[regen] comparing with tests/data" >&2
 "$py" - "$here/tests/data" "$tmp" <<'EOF'
@@ -86,7 +90,7 @@ for new in sorted(p for p in new_root.rglob("*") if p.is_file()):
                 d = float(np.max(np.abs(x - y) / scale)) if x.size else 0.0
                 if d > 1e-6:
                     bad.append(f"{rel}:{k}: values differ by {d:.3e} (> 1e-6)")
-    elif new.suffix == ".json" and new.name in ("tiny_manifest.json", "smollm2_ref.json"):
+    elif new.suffix == ".json" and new.name in ("tiny_manifest.json", "tiny_kq_manifest.json", "smollm2_ref.json"):
         ja, jb = drop_versions(json.loads(old.read_text())), drop_versions(json.loads(new.read_text()))
         if not same(ja, jb):
             bad.append(f"{rel}: content differs")

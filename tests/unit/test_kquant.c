@@ -22,6 +22,10 @@
  *   Q8_K       : ie_quantize_row_q8_k_ref equals a scalar restatement of
  *                ggml's quantize_row_q8_K (rintf for nearest_int) byte for
  *                byte; every ISA's act_quantize writes the same bytes.
+ *   quantize   : Q5_0 / Q5_1 byte for byte gguf.quants' quantize (fixtures);
+ *                every type's round trip within the bounds stated at
+ *                test_quantize_bounds (random, tiny, all-zero, constant,
+ *                one-outlier data); -1 for n that does not fit the blocks.
  *   nonfinite  : ie_quant_find_nonfinite finds a NaN / inf d, dmin, m (or
  *                Q8_1's s, Q8_K's f32 d) in block k of every block type, -1
  *                for finite rows, MXFP4 and the float types.
@@ -389,6 +393,117 @@ static void test_matmul_rows(void)
     printf("\n  %d matmul cases ", cases);
 }
 
+/* ---------------------------------------------------------- quantizers */
+
+/* Q5_0 / Q5_1: ggml's reference rule, byte for byte what gguf.quants'
+ * quantize wrote for the fixture inputs (random floats at four scales, an
+ * all-zero, a constant, a one-outlier and a linear block). */
+static void test_quantize_q5_exact(void)
+{
+    static const ie_dtype_t ts[] = {IE_DTYPE_Q5_0, IE_DTYPE_Q5_1};
+    for (int i = 0; i < 2; i++) {
+        size_t nx = 0, nq = 0;
+        float *x = read_fixture(ie_dtype_name(ts[i]), "qin.f32", &nx);
+        uint8_t *want = read_fixture(ie_dtype_name(ts[i]), "qout", &nq);
+        CU_ASSERT_FATAL(x && want);
+        const int64_t n = (int64_t)(nx / sizeof(float));
+        CU_ASSERT_EQUAL(nq, ie_dtype_row_bytes(ts[i], n));
+        uint8_t *got = malloc(nq);
+        CU_ASSERT_EQUAL(ie_quantize_row(ts[i], x, got, n), 0);
+        int bad = 0;
+        for (size_t b = 0; b < nq / ie_dtype_block_bytes(ts[i]); b++) {
+            const size_t bb = ie_dtype_block_bytes(ts[i]);
+            if (memcmp(got + b * bb, want + b * bb, bb) != 0) {
+                if (bad < 3) printf("\n  %s block %zu differs from gguf.quants", ie_dtype_name(ts[i]), b);
+                bad++;
+            }
+        }
+        CU_ASSERT_EQUAL(bad, 0);
+        free(got);
+        free(x);
+        free(want);
+    }
+}
+
+/* Round-trip bounds of ie_quantize_row -> ie_dequantize_row, per block,
+ * R = max |x| over the block (the block's range up to a factor 2):
+ *   max |x - x'| <= cmax * R and rms(x - x') <= crms * R
+ * with (cmax, crms) per type below: Q5_0 1/16 + 2^-11 (its rule clips +R
+ * to code 31 = 15/16 R: one full step; plus the f16 rounding of d) and
+ * Q5_1 1/31 + 2^-10 + 2^-11 (half a step of (max-min)/31 <= 2R/31, plus
+ * the f16 roundings of d and m); for the search quantizers the observed worst over these
+ * data sets (uniform, varying-scale, tiny) times ~1.2. Edge blocks: all
+ * zero -> exactly zero; a constant block -> within 2e-3 R (f16 rounding of
+ * the scales); one outlier of 50 among 0.01-noise -> within 0.02 R. */
+static void test_quantize_bounds(void)
+{
+    static const struct {
+        ie_dtype_t t;
+        double cmax, crms;
+    } B[] = {{IE_DTYPE_Q5_0, 0.0630, 0.030}, {IE_DTYPE_Q5_1, 0.034, 0.025},  {IE_DTYPE_IQ4_NL, 0.165, 0.060},
+             {IE_DTYPE_Q2_K, 0.56, 0.17},    {IE_DTYPE_Q3_K, 0.32, 0.090},   {IE_DTYPE_Q4_K, 0.15, 0.041},
+             {IE_DTYPE_Q5_K, 0.068, 0.021},  {IE_DTYPE_Q6_K, 0.030, 0.0098}, {IE_DTYPE_IQ4_XS, 0.16, 0.050}};
+    enum { N = 256 * 24 };
+    float *x = malloc(N * sizeof(float)), *y = malloc(N * sizeof(float));
+    uint8_t *q = malloc(ie_dtype_row_bytes(IE_DTYPE_Q6_K, N) + ie_dtype_row_bytes(IE_DTYPE_Q5_1, N));
+    for (size_t i = 0; i < sizeof B / sizeof B[0]; i++) {
+        const ie_dtype_t t = B[i].t;
+        const int qk = ie_dtype_block_elems(t);
+        double worst_max = 0, worst_rms = 0;
+        int bad = 0;
+        for (int ds = 0; ds < 7; ds++) {
+            rng_seed(4000 + 10 * i + (uint64_t)ds);
+            for (int k = 0; k < N; k++) {
+                switch (ds) {
+                case 0: x[k] = rng_f(); break;                      /* uniform */
+                case 1: x[k] = rng_f() + rng_f() + rng_f(); break;  /* bell-shaped */
+                case 2: x[k] = 1e-3f * rng_f(); break;              /* tiny: subnormal f16 d */
+                case 3: x[k] = 0.0f; break;                         /* all zero */
+                case 4: x[k] = (k / qk) % 2 ? 0.75f : -0.3f; break; /* constant */
+                case 5: x[k] = 0.01f * rng_f() + (k % qk == 37 % qk ? 50.0f : 0.0f); break; /* one outlier */
+                default: x[k] = 0.0f; break;
+                }
+            }
+            if (ds == 6) rng_fill(x, N); /* scales over three decades per 32 */
+            CU_ASSERT_EQUAL_FATAL(ie_quantize_row(t, x, q, N), 0);
+            ie_dequantize_row(t, q, y, N);
+            CU_ASSERT_EQUAL(ie_quant_find_nonfinite(t, q, N), -1);
+            for (int b = 0; b < N / qk; b++) {
+                double R = 0, me = 0, se = 0;
+                for (int k = b * qk; k < (b + 1) * qk; k++) {
+                    const double e = fabs((double)x[k] - y[k]);
+                    R = fmax(R, fabs(x[k]));
+                    me = fmax(me, e);
+                    se += e * e;
+                }
+                const double rms = sqrt(se / qk);
+                if (ds == 3) {
+                    bad += me != 0.0;
+                    continue;
+                }
+                const double cm = ds == 4 ? 2e-3 : ds == 5 ? 0.02 : B[i].cmax;
+                const double cr = ds == 4 ? 2e-3 : ds == 5 ? 0.02 : B[i].crms;
+                if (ds != 4 && ds != 5) worst_max = fmax(worst_max, me / R), worst_rms = fmax(worst_rms, rms / R);
+                if (!(me <= cm * R) || !(rms <= cr * R)) {
+                    if (bad < 3)
+                        printf("\n  %s data %d block %d: max err %.4g rms %.4g (R %.4g)", ie_dtype_name(t), ds, b,
+                               me, rms, R);
+                    bad++;
+                }
+            }
+        }
+        printf("\n  %-7s worst max/R %.4f rms/R %.4f", ie_dtype_name(t), worst_max, worst_rms);
+        CU_ASSERT_EQUAL(bad, 0);
+        /* n that does not fit the blocks */
+        CU_ASSERT_EQUAL(ie_quantize_row(t, x, q, qk + 16), -1);
+        CU_ASSERT_EQUAL(ie_quantize_row(t, x, q, -qk), -1);
+        CU_ASSERT_EQUAL(ie_quantize_row(t, x, q, 0), 0);
+    }
+    free(x);
+    free(y);
+    free(q);
+}
+
 /* ---------------------------------------------------- nonfinite scales */
 
 static void test_find_nonfinite(void)
@@ -472,6 +587,8 @@ int main(void)
     CU_add_test(s, "Q8_K == ggml's rule restated, every ISA", test_q8_k);
     CU_add_test(s, "ROWS ref matmuls vs double dot, every ISA table", test_matmul_rows);
     CU_add_test(s, "ie_quant_find_nonfinite, every block type", test_find_nonfinite);
+    CU_add_test(s, "Q5_0/Q5_1 quantize == gguf.quants (fixtures)", test_quantize_q5_exact);
+    CU_add_test(s, "quantize -> dequantize within the stated bounds", test_quantize_bounds);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     const unsigned fails = CU_get_number_of_failures();

@@ -45,8 +45,10 @@ ie_status_t ie_precision_parse(const char *s, ie_precision_t *out);
  *             partial sums of each layer (attention output, MLP/MoE output)
  *             are summed across ranks through the reduce callback, so the
  *             residual stream stays replicated on every rank.
- * Splits are as even as the shapes allow on 32-element boundaries; a rank
- * count the shapes do not allow is IE_ERR_INVAL naming the reason. */
+ * Splits are as even as the shapes allow on 32-element boundaries (the
+ * MLP's on ffn_down's blocks: 256 for the k-quants); a rank count the
+ * shapes do not allow is IE_ERR_INVAL naming the reason (for a column cut
+ * off the stored blocks, also the rank counts that work). */
 typedef enum ie_shard_kind { IE_SHARD_NONE = 0, IE_SHARD_PIPELINE = 1, IE_SHARD_TENSOR = 2 } ie_shard_kind_t;
 
 /* "none", "pipeline", "tensor"; parse returns IE_ERR_INVAL on others. */
@@ -74,8 +76,31 @@ typedef struct ie_shard_range {
 
 /* Compute rank s->rank's share for the model hp. IE_ERR_INVAL when the
  * plan cannot be cut that way (e.g. more tensor ranks than KV heads, more
- * pipeline stages than layers), with a message naming the limit. */
+ * pipeline stages than layers), with a message naming the limit. Assumes
+ * the row-parallel matrices' columns come in blocks of 32. */
 ie_status_t ie_shard_plan(const ie_hparams_t *hp, const ie_shard_t *s, ie_shard_range_t *out);
+
+/* The column units a tensor plan must cut the row-parallel matrices on:
+ * the largest block (or int group) of any layer's attn_output and of any
+ * ffn_down as stored, at least 32 (256 for the k-quants' super-blocks);
+ * o_what / ff_what name the tensor and type that set a unit above 32
+ * ("" otherwise), for messages. */
+typedef struct ie_shard_units {
+    int o_unit, ff_unit;
+    char o_what[96], ff_what[96];
+} ie_shard_units_t;
+
+/* Fill *out from the model source's tensors. IE_OK, IE_ERR_INVAL on NULL. */
+ie_status_t ie_shard_units(const ie_model_src_t *src, ie_shard_units_t *out);
+
+/* ie_shard_plan for a model whose units are *units (NULL: 32): the MLP is
+ * split in units of ff_unit columns, and a tensor plan whose heads would
+ * cut attn_output off its o_unit blocks, or that leaves a rank no unit of
+ * the MLP, is IE_ERR_INVAL naming the tensor and the rank counts the
+ * shapes allow. Every caller that has the model source plans through this
+ * (the coordinator and every worker then agree). */
+ie_status_t ie_shard_plan_units(const ie_hparams_t *hp, const ie_shard_units_t *units, const ie_shard_t *s,
+                                ie_shard_range_t *out);
 
 /* Tensor-parallel reduction: replace buf[0..n) by the element-wise sum of
  * every rank's buf, summed in rank order (so all ranks get bit-identical

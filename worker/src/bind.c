@@ -26,7 +26,36 @@
 static int dtype_computable(ie_dtype_t t)
 {
     return t == IE_DTYPE_F32 || t == IE_DTYPE_F16 || t == IE_DTYPE_BF16 || t == IE_DTYPE_Q8_0 ||
-           t == IE_DTYPE_Q4_0 || t == IE_DTYPE_Q4_1 || t == IE_DTYPE_MXFP4 || ie_dtype_is_intw(t);
+           t == IE_DTYPE_Q4_0 || t == IE_DTYPE_Q4_1 || t == IE_DTYPE_MXFP4 || ie_dtype_is_intw(t) ||
+           ie_dtype_is_kquant(t);
+}
+
+/* The group a ROWS tensor of ggml type t repacks into PANEL16 with
+ * (ie_pack_target): a k-quant keeps its own block (32 or 256 elements),
+ * Q8_0/Q4_0/Q4_1, bf16 and f16 go to groups of 32. */
+static int repack_group(ie_dtype_t t) { return ie_dtype_is_kquant(t) ? ie_dtype_block_elems(t) : IE_QK; }
+
+/* A NaN or infinite scale poisons every sum it enters (and in a repacked
+ * panel, sixteen rows' worth of tiles): refuse the model at load, naming
+ * the tensor. Reads only the scale fields of the ggml blocks (one or two
+ * f16 per 18-292 bytes), so it costs a fraction of the read that binding
+ * or the first step does anyway. Plain float and engine-native (int8w,
+ * int4w) tensors are not checked here. */
+static ie_status_t check_scales(const char *name, ie_dtype_t t, ie_layout_t layout, const void *data,
+                                uint64_t nbytes, int64_t n_in)
+{
+    const int qk = ie_dtype_block_elems(t);
+    const size_t bb = ie_dtype_block_bytes(t);
+    if (layout != IE_LAYOUT_ROWS || qk <= 1 || bb == 0 || ie_dtype_is_intw(t)) return IE_OK;
+    const int64_t nb = (int64_t)(nbytes / bb), per_row = n_in / qk;
+    const int64_t bad = ie_quant_find_nonfinite(t, data, nb * qk);
+    if (bad < 0) return IE_OK;
+    return ie_error_set(IE_ERR_FORMAT,
+                        "model: tensor '%s' (%s) has a NaN or infinite scale in block %lld (row %lld, "
+                        "columns %lld..%lld)",
+                        name, ie_dtype_name(t), (long long)bad, (long long)(per_row ? bad / per_row : 0),
+                        (long long)(per_row ? bad % per_row * qk : 0),
+                        (long long)(per_row ? bad % per_row * qk + qk - 1 : 0));
 }
 
 /* Row r of a dense matrix in any layout, as floats. */
@@ -74,7 +103,7 @@ static void convert_run(void *ctx, int ith, int nth)
     }
     const int lossless = c->layout == IE_LAYOUT_PANEL16 && c->src.layout == IE_LAYOUT_ROWS &&
                          ie_pack_target(c->src.dtype) == c->to &&
-                         (ie_dtype_is_intw(c->src.dtype) ? c->src.group : 32) == c->group;
+                         (ie_dtype_is_intw(c->src.dtype) ? c->src.group : repack_group(c->src.dtype)) == c->group;
     for (long u = b; u < e; u++) {
         const int64_t s = u / np, p = u % np, r0 = p * IE_PANEL;
         const int64_t cnt = n_out - r0 < IE_PANEL ? n_out - r0 : IE_PANEL;
@@ -300,6 +329,8 @@ static ie_status_t bind_src(ie_worker_t *w, const char *name, const src_mat_t *t
     m->n_out = n_out;
     m->n_mat = n_mat;
     const size_t src_slice = ie_tensor_bytes(t->dtype, t->layout, t->group, n_in, n_out);
+    ie_status_t st = check_scales(name, t->dtype, t->layout, t->data, (uint64_t)src_slice * (uint64_t)n_mat, n_in);
+    if (st != IE_OK) return st;
     /* what the source is, as a matrix */
     wmat_t sm = {.dtype = t->dtype,
                  .layout = t->layout,
@@ -319,10 +350,13 @@ static ie_status_t bind_src(ie_worker_t *w, const char *name, const src_mat_t *t
         if (t->layout == IE_LAYOUT_ROWS && ie_dtype_is_intw(t->dtype)) {
             lay = IE_LAYOUT_PANEL16; /* engine-native rows always run packed */
         } else if (t->layout == IE_LAYOUT_ROWS && w->repack && ie_pack_target(t->dtype) != IE_DTYPE_INVALID &&
-                   ie_pack_check(ie_pack_target(t->dtype), 32, n_in) == 0) {
-            to = ie_pack_target(t->dtype); /* bf16, f16 too: their decode GEMV reads panels */
+                   ie_pack_check(ie_pack_target(t->dtype), repack_group(t->dtype), n_in) == 0) {
+            /* bf16, f16 too: their decode GEMV reads panels; a k-quant in
+             * its own blocks. Packing off (IE_REPACK=0) or a row length the
+             * blocks do not divide keeps ROWS, run by the ROWS kernels. */
+            to = ie_pack_target(t->dtype);
             lay = IE_LAYOUT_PANEL16;
-            group = 32;
+            group = repack_group(t->dtype);
         }
         break;
     case IE_PREC_F32:
@@ -518,6 +552,12 @@ static ie_status_t bind_embedding_and_head(ie_worker_t *w, const ie_model_src_t 
                 "model: tensor 'token_embd.weight' is %s/%s [%lld, %lld], expected a dense [%lld, %d]",
                 ie_dtype_name(te->dtype), ie_layout_name(te->layout), (long long)te->ne[0], (long long)te->ne[1],
                 (long long)d, hp->n_vocab);
+        /* lookups read any row: check the whole table (a tied head bound
+         * whole checks it again, a sliced one only its rows) */
+        if (sh->has_embed &&
+            (st = check_scales("token_embd.weight", te->dtype, te->layout, te->data,
+                               ie_tensor_bytes(te->dtype, te->layout, te->group, d, hp->n_vocab), d)) != IE_OK)
+            return st;
         if (sh->has_embed)
             w->tok_embd = (wmat_t){.dtype = te->dtype,
                                    .layout = te->layout,

@@ -4,14 +4,18 @@
  * rank (and the coordinator) computes the same plan without talking.
  *
  * Splits give the first ranks the extra unit (layers, KV heads, experts;
- * 32-row units of the head and 32-column units of the MLP, so that block
- * types and int8w/int4w groups of 32 are never cut). Whether a cut also
- * falls on the block boundaries of the stored weights (attn_output's
- * columns follow the heads: head_dim * heads per rank) depends on their
- * types, which the plan does not see: the worker checks that when it binds
- * the slices and refuses a model it cannot cut (IE_ERR_INVAL). */
+ * 32-row units of the head, and units of the MLP's columns that ffn_down's
+ * blocks allow: 32, 256 for the k-quants' super-blocks). The column cuts
+ * of the row-parallel matrices (attn_output's follow the heads: head_dim *
+ * heads per rank; ffn_down's the MLP split) must fall on the blocks of the
+ * stored types: ie_shard_units reads those from the model source, and a
+ * plan given them (ie_shard_plan_units) refuses a rank count that would
+ * cut a block, naming the counts the shapes allow. A plan without them
+ * (ie_shard_plan) assumes blocks of 32; the worker still checks every cut
+ * when it binds the slices (IE_ERR_INVAL). */
 #include "ie_worker.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #define MAX_RANKS 64
@@ -56,13 +60,101 @@ static void split_units(int64_t n, int64_t unit, int r, int R, int64_t *b, int64
     *e = *e * unit < n ? *e * unit : n;
 }
 
+/* The column unit a cut of tensor t must fall on: its block (or int8w /
+ * int4w group) size, never below 32 (the engine's own int types, which
+ * --precision int8w/int4w may make of any source, use groups of 32). */
+static int col_unit(const ie_tensor_t *t)
+{
+    int u = ie_dtype_is_intw(t->dtype) ? t->group : ie_dtype_block_elems(t->dtype);
+    return u > 32 ? u : 32;
+}
+
+/* Contract (ie_worker.h). */
+ie_status_t ie_shard_units(const ie_model_src_t *src, ie_shard_units_t *out)
+{
+    if (!src || !out) return ie_error_set(IE_ERR_INVAL, "shard units: NULL argument");
+    const ie_hparams_t *hp = ie_model_src_hparams(src);
+    memset(out, 0, sizeof *out);
+    out->o_unit = out->ff_unit = 32;
+    for (int l = 0; l < hp->n_layer; l++) {
+        static const char *const sfx[2] = {"attn_output", "ffn_down"};
+        for (int k = 0; k < 2; k++) {
+            char name[64];
+            snprintf(name, sizeof name, "blk.%d.%s.weight", l, sfx[k]);
+            const ie_tensor_t *t = ie_model_src_tensor(src, name);
+            if (!t) continue; /* MoE (ffn_down_exps, cut by experts) or missing: binding says */
+            int *u = k == 0 ? &out->o_unit : &out->ff_unit;
+            char *what = k == 0 ? out->o_what : out->ff_what;
+            const int cu = col_unit(t);
+            if (cu > *u) {
+                *u = cu;
+                snprintf(what, sizeof out->o_what, "%s (%s, blocks of %d)", name, ie_dtype_name(t->dtype), cu);
+            }
+        }
+    }
+    return IE_OK;
+}
+
+/* 1 when a tensor plan of R ranks cuts attn_output's and ffn_down's
+ * columns on units u (the other limits of such a plan are checked apart):
+ * every rank's first query column is a multiple of u->o_unit, and the MLP
+ * has a unit of u->ff_unit columns for every rank. Blocks of 32 are left
+ * to the binding, as before units were known: f32/f16/bf16 sources can be
+ * cut anywhere, and whether a 32-element type's cut fits is its check. */
+static int tensor_cuts_fit(const ie_hparams_t *hp, const ie_shard_units_t *u, int R)
+{
+    if (hp->n_expert == 0 && (int64_t)R * u->ff_unit > hp->n_ff) return 0;
+    for (int r = 0; u->o_unit > 32 && r < R; r++) {
+        int64_t b, e;
+        split(hp->n_head, r, R, &b, &e);
+        if (b * hp->head_dim % u->o_unit != 0) return 0;
+    }
+    return 1;
+}
+
+/* The tensor plan's refusal when R ranks would cut a block: which
+ * tensor, and the rank counts (up to the KV heads) that the shapes allow. */
+static ie_status_t refuse_cut(const ie_hparams_t *hp, const ie_shard_units_t *u, int R)
+{
+    char allow[256] = "", why[160];
+    size_t n = 0;
+    const int top = hp->n_head_kv < MAX_RANKS ? hp->n_head_kv : MAX_RANKS;
+    for (int c = 1; c <= top && n < sizeof allow - 16; c++)
+        if ((int64_t)c * 32 <= hp->n_vocab && tensor_cuts_fit(hp, u, c))
+            n += (size_t)snprintf(allow + n, sizeof allow - n, "%s%d", n ? ", " : "", c);
+    if (hp->n_expert == 0 && (int64_t)R * u->ff_unit > hp->n_ff)
+        snprintf(why, sizeof why, "the MLP (%d) has only %d columns of %d for %s", hp->n_ff, hp->n_ff / u->ff_unit,
+                 u->ff_unit, u->ff_what[0] ? u->ff_what : "ffn_down");
+    else {
+        int64_t at = 0; /* the first cut off a block */
+        for (int r = 1; r < R && at == 0; r++) {
+            int64_t b, e;
+            split(hp->n_head, r, R, &b, &e);
+            if (b * hp->head_dim % u->o_unit != 0) at = b * hp->head_dim;
+        }
+        snprintf(why, sizeof why, "its heads would cut the columns of %s at %lld",
+                 u->o_what[0] ? u->o_what : "attn_output", (long long)at);
+    }
+    return ie_error_set(IE_ERR_INVAL, "tensor plan: %d ranks, but %s; the shapes allow tensor:N for N in {%s}", R,
+                        why, allow);
+}
+
+/* Contract (ie_worker.h). */
+ie_status_t ie_shard_plan(const ie_hparams_t *hp, const ie_shard_t *s, ie_shard_range_t *out)
+{
+    return ie_shard_plan_units(hp, NULL, s, out);
+}
+
 /* Contract (ie_worker.h). NONE accepts n_ranks 0 (zeroed options) or 1;
  * PIPELINE and TENSOR need 1 <= n_ranks <= 64 and 0 <= rank < n_ranks. */
-ie_status_t ie_shard_plan(const ie_hparams_t *hp, const ie_shard_t *s, ie_shard_range_t *out)
+ie_status_t ie_shard_plan_units(const ie_hparams_t *hp, const ie_shard_units_t *units, const ie_shard_t *s,
+                                ie_shard_range_t *out)
 {
     ie_status_t st = IE_OK;
     ie_shard_range_t r;
     if (!hp || !s || !out) return ie_error_set(IE_ERR_INVAL, "shard plan: NULL argument");
+    ie_shard_units_t u32 = {.o_unit = 32, .ff_unit = 32};
+    const ie_shard_units_t *u = units ? units : &u32;
     const int R = s->kind == IE_SHARD_NONE && s->n_ranks == 0 ? 1 : s->n_ranks, k = s->rank;
     /* everything: NONE, and the starting point of the others */
     r = (ie_shard_range_t){.layer_begin = 0,
@@ -143,8 +235,9 @@ ie_status_t ie_shard_plan(const ie_hparams_t *hp, const ie_shard_t *s, ie_shard_
                                   R, hp->n_ff, hp->n_ff / 32);
                 break;
             }
-            split_units(hp->n_ff, 32, k, R, &r.ff_begin, &r.ff_end);
+            split_units(hp->n_ff, u->ff_unit, k, R, &r.ff_begin, &r.ff_end);
         }
+        if (!tensor_cuts_fit(hp, u, R)) st = refuse_cut(hp, u, R);
         break;
     default: st = ie_error_set(IE_ERR_INVAL, "shard plan: unknown kind %d", (int)s->kind); break;
     }

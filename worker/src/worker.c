@@ -153,15 +153,17 @@ static ie_status_t start_kernels(ie_worker_t *w)
 
 /* Which layers, heads, columns, experts and vocab rows this worker holds,
  * and the sizes that follow. */
-static ie_status_t plan_shard(ie_worker_t *w)
+static ie_status_t plan_shard(ie_worker_t *w, const ie_model_src_t *src)
 {
     const ie_hparams_t *hp = &w->hp;
     const ie_shard_t *s = &w->opts.shard;
+    ie_shard_units_t units;
     ie_status_t st;
     if (hp->rope_dim <= 0 || hp->rope_dim > hp->head_dim || hp->rope_dim % 2)
         return ie_error_set(IE_ERR_FORMAT, "model: rope dimension %d invalid for head_dim %d", hp->rope_dim,
                             hp->head_dim);
-    if ((st = ie_shard_plan(hp, s, &w->sh)) != IE_OK) return st;
+    if ((st = ie_shard_units(src, &units)) != IE_OK) return st;
+    if ((st = ie_shard_plan_units(hp, &units, s, &w->sh)) != IE_OK) return st;
     w->tensor_par = s->kind == IE_SHARD_TENSOR && s->n_ranks > 1;
     if (w->tensor_par && !w->opts.reduce)
         return ie_error_set(IE_ERR_INVAL, "worker: a tensor-parallel shard of %d ranks needs a reduce callback",
@@ -181,8 +183,20 @@ static ie_status_t new_scratch(ie_worker_t *w)
     const size_t B = (size_t)w->opts.max_batch, d = (size_t)hp->n_embd, ff = (size_t)w->ff_loc;
     const size_t wide = d > (size_t)w->q_dim ? d : (size_t)w->q_dim;
     const size_t max_in = ff > wide ? ff : wide;
-    w->act_row_cap = ie_dtype_row_bytes(IE_DTYPE_Q16_P,
-                                        (int64_t)((max_in + 31) / 32 * 32)); /* the widest act row */
+    /* the widest activation row any bound matrix can ask for: every n_in
+     * is d, q_dim or ff_loc, in Q16_P (int8w, 2.25 B per element), Q8_P
+     * (int4w, q5_0/q5_1/iq4_nl: 1.25), Q8_K (the 256-element k-quants:
+     * 292 per 256) or BF16 rows (2); F32 activations read x itself */
+    {
+        static const ie_dtype_t acts[] = {IE_DTYPE_Q16_P, IE_DTYPE_Q8_P, IE_DTYPE_Q8_K,
+                                          IE_DTYPE_BF16,  IE_DTYPE_Q8_0, IE_DTYPE_Q8_1};
+        w->act_row_cap = 0;
+        for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) {
+            const int qk = ie_dtype_block_elems(acts[i]) > 32 ? ie_dtype_block_elems(acts[i]) : 32;
+            const size_t rb = ie_dtype_row_bytes(acts[i], (int64_t)((max_in + qk - 1) / qk * qk));
+            if (rb > w->act_row_cap) w->act_row_cap = rb;
+        }
+    }
     w->x = worker_big_alloc(B * d * sizeof(float));
     w->xb = worker_big_alloc(B * wide * sizeof(float));
     w->q = worker_big_alloc(B * w->q_dim * sizeof(float));
@@ -228,7 +242,7 @@ ie_status_t ie_worker_new(const ie_model_src_t *src, const ie_worker_opts_t *opt
     if ((st = ie_arch_desc_init(&w->hp, &w->arch)) != IE_OK) goto cleanup; /* what the pass does */
     if ((st = start_kernels(w)) != IE_OK) goto cleanup;                    /* kernels, thread pool */
     if ((st = worker_bind_options(w, src)) != IE_OK) goto cleanup;         /* env overrides */
-    if ((st = plan_shard(w)) != IE_OK) goto cleanup;                       /* what this worker holds */
+    if ((st = plan_shard(w, src)) != IE_OK) goto cleanup;                  /* what this worker holds */
     if ((st = worker_bind_weights(w, src)) != IE_OK) goto cleanup;         /* bind.c */
     if ((st = worker_kv_new(w)) != IE_OK) goto cleanup;                    /* KV cache, RoPE tables */
     if ((st = new_scratch(w)) != IE_OK) goto cleanup;                      /* step scratch */
