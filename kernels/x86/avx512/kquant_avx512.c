@@ -204,12 +204,18 @@ IE_INLINE void k_codes(const int ty, const uint8_t *q, int h, __m512i W[4])
                 const int Q = 4 * h + i; /* bit Q of each byte -> bit 4 */
                 W[i] = merge(src[i], sh16(_mm512_and_si512(hb, _mm512_set1_epi8((char)(1 << Q))), 4 - Q), m4);
             }
-        } else { /* 6: crumb chunk h, crumb i -> bits 4-5 */
+        } else {
+            /* 6: crumb chunk h, crumb i -> bits 4-5. Crumbs 0, 2 (mask 0x33)
+             * and 1, 3 (0xcc) shifted into bits 4-5 leave bits 6-7 zero,
+             * so a bit select (bits 0-3 from the nibble, 4-7 from the
+             * crumbs) merges them: 2 ands for the 4 quads, not 4 */
             const __m512i cr = _mm512_loadu_si512((const void *)(q + 256 + 64 * h));
-#pragma GCC unroll 4
-            for (int i = 0; i < 4; i++)
-                W[i] = merge(src[i], sh16(_mm512_and_si512(cr, _mm512_set1_epi8((char)(3 << (2 * i)))), 4 - 2 * i),
-                             m4);
+            const __m512i c02 = _mm512_and_si512(cr, _mm512_set1_epi8(0x33));
+            const __m512i c13 = _mm512_and_si512(cr, _mm512_set1_epi8((char)0xcc));
+            W[0] = _mm512_ternarylogic_epi32(src[0], _mm512_slli_epi16(c02, 4), m4, 0xE4);
+            W[1] = _mm512_ternarylogic_epi32(src[1], _mm512_slli_epi16(c13, 2), m4, 0xE4);
+            W[2] = _mm512_ternarylogic_epi32(src[2], c02, m4, 0xE4);
+            W[3] = _mm512_ternarylogic_epi32(src[3], _mm512_srli_epi16(c13, 2), m4, 0xE4);
         }
     } else {
         const __m512i m2 = _mm512_set1_epi8(0x03);
