@@ -421,10 +421,6 @@ void ie_quantize_row_q8_k_ref(const float *x, ie_block_q8_k_t *y, int64_t n)
 
 /* -------------------------------------------------- ROWS ref matmuls */
 
-/* One weight block against one activation block: the f32 term the row sum
- * adds (in double). */
-typedef float (*kq_block_dot_fn)(const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in);
-
 /* Q8_P activations of a row of n_in: q at arow, d and s after them. */
 static float q8p_d(const uint8_t *arow, int64_t b, int64_t n_in)
 {
@@ -439,135 +435,99 @@ static float q8p_s(const uint8_t *arow, int64_t b, int64_t n_in)
     return v;
 }
 
-/* 32-element types x Q8_P: isum = sum u*q (IQ4_NL: kv[u]*q) exactly, then
+/* 32-element types x Q8_P, block b of the decoded weight block c: isum =
+ * sum u*q (IQ4_NL: kv[u]*q) exactly, then in f32
  *   Q5_0  : dw * (da*isum - 16*s)
  *   Q5_1  : (dw*da)*isum + m*s
  *   IQ4_NL: (dw*da)*isum
- * in f32 (s = da*sum(q), the activation block's stored sum). */
-static float dot_q8p(ie_dtype_t t, const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in)
+ * (s = da*sum(q), the activation block's stored sum). */
+static float dot_q8p(ie_dtype_t t, const ie_kq_codes_t *c, const uint8_t *arow, int64_t b, int64_t n_in)
 {
-    ie_kq_codes_t c;
-    (void)ie_kq_decode(t, wb, &c);
     const int8_t *q = (const int8_t *)arow + b * IE_QK;
     int32_t isum = 0;
     for (int k = 0; k < IE_QK; k++)
-        isum += (t == IE_DTYPE_IQ4_NL ? ie_iq4nl_kvalues[c.u[k]] : (int32_t)c.u[k]) * (int32_t)q[k];
-    const float dw = ie_f16_to_f32(c.d), da = q8p_d(arow, b, n_in), s = q8p_s(arow, b, n_in);
+        isum += (t == IE_DTYPE_IQ4_NL ? ie_iq4nl_kvalues[c->u[k]] : (int32_t)c->u[k]) * (int32_t)q[k];
+    const float dw = ie_f16_to_f32(c->d), da = q8p_d(arow, b, n_in), s = q8p_s(arow, b, n_in);
     switch (t) {
     case IE_DTYPE_Q5_0: return dw * (da * (float)isum - 16.0f * s);
-    case IE_DTYPE_Q5_1: return (dw * da) * (float)isum + ie_f16_to_f32(c.dmin) * s;
+    case IE_DTYPE_Q5_1: return (dw * da) * (float)isum + ie_f16_to_f32(c->dmin) * s;
     default: return (dw * da) * (float)isum;
     }
 }
 
-static float dot_q5_0(const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in)
-{
-    return dot_q8p(IE_DTYPE_Q5_0, wb, arow, b, n_in);
-}
-static float dot_q5_1(const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in)
-{
-    return dot_q8p(IE_DTYPE_Q5_1, wb, arow, b, n_in);
-}
-static float dot_iq4_nl(const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in)
-{
-    return dot_q8p(IE_DTYPE_IQ4_NL, wb, arow, b, n_in);
-}
-
-/* 256-element types x Q8_K, per super-block (int32 throughout; the largest
+/* 256-element types x Q8_K, super-block b (int32 throughout; the largest
  * magnitude, Q6_K's 16*16*32*128*128, is below 2^31):
  *   isum = sum_j sc_j * sum_{k in j} (v_k * q_k)   with v_k = u (Q2_K, Q4_K,
  *          Q5_K), u - 4 (Q3_K), u - 32 (Q6_K), kv[u] (IQ4_XS); the offsets
  *          enter through bsums: sum (u-o)*q = sum u*q - o*bsum
  *   msum = sum_j mn_j * bsum_j (Q2_K, Q4_K, Q5_K; bsum_j over sub-block j)
  * then in f32: (da*d)*isum - (da*dmin)*msum. */
-static float dot_q8k(ie_dtype_t t, const uint8_t *wb, const uint8_t *arow, int64_t b)
+static float dot_q8k(ie_dtype_t t, const ie_kq_info_t *in, const ie_kq_codes_t *c, const uint8_t *arow, int64_t b)
 {
-    ie_kq_info_t in;
-    ie_kq_codes_t c;
     ie_block_q8_k_t a;
-    (void)ie_kq_info(t, &in);
-    (void)ie_kq_decode(t, wb, &c);
     memcpy(&a, arow + (size_t)b * sizeof a, sizeof a);
-    const int len = IE_QK_K / in.nsub, per = len / 16; /* bsums per sub-block */
+    const int len = IE_QK_K / in->nsub, per = len / 16; /* bsums per sub-block */
     const int off = t == IE_DTYPE_Q3_K ? 4 : t == IE_DTYPE_Q6_K ? 32 : 0;
     int32_t isum = 0, msum = 0;
-    for (int j = 0; j < in.nsub; j++) {
-        int32_t s = 0, bs = 0;
+    for (int j = 0; j < in->nsub; j++) {
+        int32_t sj = 0, bs = 0;
         for (int k = j * len; k < (j + 1) * len; k++)
-            s += (t == IE_DTYPE_IQ4_XS ? ie_iq4nl_kvalues[c.u[k]] : (int32_t)c.u[k]) * (int32_t)a.q[k];
+            sj += (t == IE_DTYPE_IQ4_XS ? ie_iq4nl_kvalues[c->u[k]] : (int32_t)c->u[k]) * (int32_t)a.q[k];
         for (int i = 0; i < per; i++) bs += a.bsums[j * per + i];
-        isum += c.sc[j] * (s - off * bs);
-        msum += c.mn[j] * bs;
+        isum += c->sc[j] * (sj - off * bs);
+        msum += c->mn[j] * bs;
     }
-    const float d = ie_f16_to_f32(c.d), dmin = ie_f16_to_f32(c.dmin);
-    if (!in.has_mn) return (a.d * d) * (float)isum;
+    const float d = ie_f16_to_f32(c->d), dmin = ie_f16_to_f32(c->dmin);
+    if (!in->has_mn) return (a.d * d) * (float)isum;
     return (a.d * d) * (float)isum - (a.d * dmin) * (float)msum;
 }
 
-static float dot_q2_k(const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in)
+/* Rows [r0, r1) x n_tok tokens: each block's f32 term summed in double,
+ * blocks in order. A weight block is decoded once per group of up to
+ * TOK_GROUP tokens (the accumulators live on the stack: no allocation). */
+#define TOK_GROUP 16
+static void matmul_rows(ie_dtype_t t, const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                        int64_t n_tok, float *y, int64_t ldy)
 {
-    (void)n_in;
-    return dot_q8k(IE_DTYPE_Q2_K, wb, arow, b);
-}
-static float dot_q3_k(const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in)
-{
-    (void)n_in;
-    return dot_q8k(IE_DTYPE_Q3_K, wb, arow, b);
-}
-static float dot_q4_k(const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in)
-{
-    (void)n_in;
-    return dot_q8k(IE_DTYPE_Q4_K, wb, arow, b);
-}
-static float dot_q5_k(const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in)
-{
-    (void)n_in;
-    return dot_q8k(IE_DTYPE_Q5_K, wb, arow, b);
-}
-static float dot_q6_k(const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in)
-{
-    (void)n_in;
-    return dot_q8k(IE_DTYPE_Q6_K, wb, arow, b);
-}
-static float dot_iq4_xs(const uint8_t *wb, const uint8_t *arow, int64_t b, int64_t n_in)
-{
-    (void)n_in;
-    return dot_q8k(IE_DTYPE_IQ4_XS, wb, arow, b);
-}
-
-/* Rows [r0, r1) x n_tok tokens: each block's f32 term summed in double. */
-static void matmul_rows(ie_dtype_t t, kq_block_dot_fn dot, const void *w, int64_t n_in, int64_t r0, int64_t r1,
-                        const void *a, size_t as, int64_t n_tok, float *y, int64_t ldy)
-{
+    ie_kq_info_t in;
+    ie_kq_codes_t c;
+    (void)ie_kq_info(t, &in);
     const size_t wrow = ie_dtype_row_bytes(t, n_in), bb = ie_dtype_block_bytes(t);
-    const int64_t nb = n_in / ie_dtype_block_elems(t);
-    for (int64_t tk = 0; tk < n_tok; tk++) {
-        const uint8_t *arow = (const uint8_t *)a + (size_t)tk * as;
-        for (int64_t r = r0; r < r1; r++) {
-            const uint8_t *wr = (const uint8_t *)w + (size_t)r * wrow;
-            double acc = 0.0;
-            for (int64_t b = 0; b < nb; b++) acc += (double)dot(wr + (size_t)b * bb, arow, b, n_in);
-            y[tk * ldy + r] = (float)acc;
+    const int64_t nb = n_in / in.qk;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *wr = (const uint8_t *)w + (size_t)r * wrow;
+        for (int64_t t0 = 0; t0 < n_tok; t0 += TOK_GROUP) {
+            const int nt = (int)(n_tok - t0 < TOK_GROUP ? n_tok - t0 : TOK_GROUP);
+            double acc[TOK_GROUP] = {0};
+            for (int64_t b = 0; b < nb; b++) {
+                (void)ie_kq_decode(t, wr + (size_t)b * bb, &c);
+                for (int i = 0; i < nt; i++) {
+                    const uint8_t *arow = (const uint8_t *)a + (size_t)(t0 + i) * as;
+                    acc[i] += in.qk == IE_QK ? (double)dot_q8p(t, &c, arow, b, n_in)
+                                             : (double)dot_q8k(t, &in, &c, arow, b);
+                }
+            }
+            for (int i = 0; i < nt; i++) y[(t0 + i) * ldy + r] = (float)acc[i];
         }
     }
 }
 
-#define IE_KQ_MATMUL(name, type, dotfn)                                                                           \
+#define IE_KQ_MATMUL(name, type)                                                                                  \
     void name(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride, int64_t n_tok, \
               float *y, int64_t ldy)                                                                              \
     {                                                                                                             \
-        matmul_rows(type, dotfn, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);                                    \
+        matmul_rows(type, w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);                                           \
     }
 
-IE_KQ_MATMUL(ie_matmul_q5_0_q8_p_ref, IE_DTYPE_Q5_0, dot_q5_0)
-IE_KQ_MATMUL(ie_matmul_q5_1_q8_p_ref, IE_DTYPE_Q5_1, dot_q5_1)
-IE_KQ_MATMUL(ie_matmul_iq4_nl_q8_p_ref, IE_DTYPE_IQ4_NL, dot_iq4_nl)
-IE_KQ_MATMUL(ie_matmul_q2_k_q8_k_ref, IE_DTYPE_Q2_K, dot_q2_k)
-IE_KQ_MATMUL(ie_matmul_q3_k_q8_k_ref, IE_DTYPE_Q3_K, dot_q3_k)
-IE_KQ_MATMUL(ie_matmul_q4_k_q8_k_ref, IE_DTYPE_Q4_K, dot_q4_k)
-IE_KQ_MATMUL(ie_matmul_q5_k_q8_k_ref, IE_DTYPE_Q5_K, dot_q5_k)
-IE_KQ_MATMUL(ie_matmul_q6_k_q8_k_ref, IE_DTYPE_Q6_K, dot_q6_k)
-IE_KQ_MATMUL(ie_matmul_iq4_xs_q8_k_ref, IE_DTYPE_IQ4_XS, dot_iq4_xs)
+IE_KQ_MATMUL(ie_matmul_q5_0_q8_p_ref, IE_DTYPE_Q5_0)
+IE_KQ_MATMUL(ie_matmul_q5_1_q8_p_ref, IE_DTYPE_Q5_1)
+IE_KQ_MATMUL(ie_matmul_iq4_nl_q8_p_ref, IE_DTYPE_IQ4_NL)
+IE_KQ_MATMUL(ie_matmul_q2_k_q8_k_ref, IE_DTYPE_Q2_K)
+IE_KQ_MATMUL(ie_matmul_q3_k_q8_k_ref, IE_DTYPE_Q3_K)
+IE_KQ_MATMUL(ie_matmul_q4_k_q8_k_ref, IE_DTYPE_Q4_K)
+IE_KQ_MATMUL(ie_matmul_q5_k_q8_k_ref, IE_DTYPE_Q5_K)
+IE_KQ_MATMUL(ie_matmul_q6_k_q8_k_ref, IE_DTYPE_Q6_K)
+IE_KQ_MATMUL(ie_matmul_iq4_xs_q8_k_ref, IE_DTYPE_IQ4_XS)
 
 /* ---------------------------------------------------------- quantizers
  *
@@ -585,8 +545,10 @@ IE_KQ_MATMUL(ie_matmul_iq4_xs_q8_k_ref, IE_DTYPE_IQ4_XS, dot_iq4_xs)
  *      candidate inverse scales around the one that maps the sub-block's
  *      extreme onto the code range's end, assigning nearest codes, solving
  *      the least-squares scale (and offset) for those codes, and keeping
- *      the candidate with the smallest squared error; the candidate that
- *      clips nothing is always among them;
+ *      the candidate with the smallest squared error (for the affine and
+ *      code book fits one candidate clips nothing; the symmetric one, like
+ *      ggml's, maps the extreme to -nmax and may clip the other side at
+ *      nmax-1);
  *        affine (Q2_K, Q4_K, Q5_K): x ~ s*u - m with s >= 0, m >= 0 (the
  *          sub-block's minimum is clamped to <= 0, as the formula needs);
  *        symmetric (Q3_K, Q6_K): x ~ s*q, q in [-nmax, nmax-1], the
@@ -598,9 +560,10 @@ IE_KQ_MATMUL(ie_matmul_iq4_xs_q8_k_ref, IE_DTYPE_IQ4_XS, dot_iq4_xs)
  *      (cmax 15 for Q2_K, 63 otherwise); signed, like ggml, d = -S/c with
  *      S the scale of largest magnitude (c = 128 for Q6_K's int8, 32 for
  *      Q3_K's and IQ4_XS's 6-bit codes), so that S's code is -c;
- *   3. every element then takes the code nearest to it under the stored
- *      (f16, code-quantized) scale and min: what is written is the best
- *      per-element choice for the scales the block actually carries.
+ *   3. each sub-block's scale (and min) code is the best of the rounded
+ *      code and its two neighbours (3 or 3x3 tries) by the squared error
+ *      of the block as stored, every element taking the code nearest to
+ *      it under that (f16, code-quantized) scale and min.
  * f16 fields saturate at +-65504 (inputs whose scales overflow f16 lose
  * range instead of producing an infinite scale). */
 
@@ -625,25 +588,27 @@ static ie_f16_t f16_up(float v)
 
 static int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
-/* nearest integer of v (half away from zero), clamped to [lo, hi]; a
- * non-finite or huge v lands on the end of its sign. */
+/* Nearest integer of v, clamped to [lo, hi] (a NaN gives lo): the clamp
+ * first, then ggml's nearest_int (ties to even, no libm call: these
+ * searches round tens of times per element). */
 static int qround(float v, int lo, int hi)
 {
-    if (!(v > (float)lo)) return v != v ? 0 : lo;
-    if (!(v < (float)hi)) return hi;
-    return clampi((int)lroundf(v), lo, hi);
+    if (!(v > (float)lo)) return lo;
+    if (v > (float)hi) return hi;
+    return clampi(nearest_int(v), lo, hi);
 }
 
-/* Index of the code book entry nearest v (the first on ties). */
+/* Index of the code book entry nearest v (the lower one on ties): the
+ * number of midpoints of the sorted book below v, counted without
+ * branches (a search's unpredictable branches cost more than the 15
+ * compares; the searches call this ~30 times per element). */
 static int nearest_kv(float v)
 {
-    int best = 0;
-    float be = fabsf(v - (float)ie_iq4nl_kvalues[0]);
-    for (int i = 1; i < 16; i++) {
-        const float e = fabsf(v - (float)ie_iq4nl_kvalues[i]);
-        if (e < be) be = e, best = i;
-    }
-    return best;
+    static const float cut[15] = {-115.5f, -93.5f, -74.0f, -57.0f, -42.0f, -28.5f, -16.0f, -4.5f,
+                                  7.0f,    19.0f,  31.5f,  45.5f,  61.0f,  79.0f,  101.0f};
+    int n = 0;
+    for (int i = 0; i < 15; i++) n += v > cut[i];
+    return n;
 }
 
 /* Affine fit of x[0..n) ~ s*u - m (u in [0, nmax], s >= 0, m >= 0). */
@@ -660,10 +625,9 @@ static void fit_affine(const float *x, int n, int nmax, float *s_out, float *m_o
     for (int k = -10; k <= 10; k++) {
         const double is = (nmax + 0.1 * k) / range; /* k = 0: the extremes on 0 and nmax, nothing clipped */
         double sl = 0, sll = 0, sx = 0, slx = 0;
-        int L[IE_QK];
         for (int i = 0; i < n; i++) {
-            L[i] = qround((float)(is * ((double)x[i] - lo)), 0, nmax);
-            sl += L[i], sll += (double)L[i] * L[i], sx += x[i], slx += (double)L[i] * x[i];
+            const double L = qround((float)(is * ((double)x[i] - lo)), 0, nmax);
+            sl += L, sll += L * L, sx += x[i], slx += L * x[i];
         }
         const double det = n * sll - sl * sl;
         double s, c; /* x ~ s*L + c */
@@ -675,11 +639,8 @@ static void fit_affine(const float *x, int n, int nmax, float *s_out, float *m_o
         }
         if (c > 0) c = 0, s = sll > 0 ? slx / sll : 0; /* the min must not be positive */
         if (s < 0) continue;
-        double e = 0;
-        for (int i = 0; i < n; i++) {
-            const double r = s * L[i] + c - x[i];
-            e += r * r;
-        }
+        /* sum (s*L + c - x)^2 from the sums, less the constant sum x^2 */
+        const double e = s * s * sll + n * c * c + 2 * s * c * sl - 2 * s * slx - 2 * c * sx;
         if (e < best) best = e, *s_out = (float)s, *m_out = (float)-c;
     }
 }
@@ -696,19 +657,14 @@ static float fit_symmetric(const float *x, int n, int nmax)
     for (int k = -9; k <= 9; k++) {
         const double is = -(nmax + 0.1 * k) / (double)max;
         double sqx = 0, sqq = 0;
-        int q[IE_QK];
         for (int i = 0; i < n; i++) {
-            q[i] = qround((float)(is * x[i]), -nmax, nmax - 1);
-            sqx += (double)q[i] * x[i], sqq += (double)q[i] * q[i];
+            const double q = qround((float)(is * x[i]), -nmax, nmax - 1);
+            sqx += q * x[i], sqq += q * q;
         }
         if (sqq <= 0) continue;
-        const double s = sqx / sqq;
-        double e = 0;
-        for (int i = 0; i < n; i++) {
-            const double r = s * q[i] - x[i];
-            e += r * r;
-        }
-        if (e < best) best = e, bs = s;
+        /* the least-squares s = sqx/sqq leaves sum x^2 - sqx^2/sqq */
+        const double e = -sqx * sqx / sqq;
+        if (e < best) best = e, bs = sqx / sqq;
     }
     return (float)bs;
 }
@@ -722,25 +678,52 @@ static float fit_codebook(const float *x, int n)
     if (amax == 0.0f) return 0.0f;
     double best = INFINITY, bs = 0.0;
     for (int end = 0; end < 2; end++)
-        for (int k = -10; k <= 10; k++) {
+        for (int k = -7; k <= 7; k++) {
             const double kend = end ? ie_iq4nl_kvalues[15] : ie_iq4nl_kvalues[0];
             const double is = (kend + 0.1 * k * (end ? 1 : -1)) / (double)max;
             double sqx = 0, sqq = 0;
-            int u[IE_QK];
             for (int i = 0; i < n; i++) {
-                u[i] = nearest_kv((float)(is * x[i]));
-                const double v = ie_iq4nl_kvalues[u[i]];
+                const double v = ie_iq4nl_kvalues[nearest_kv((float)(is * x[i]))];
                 sqx += v * x[i], sqq += v * v;
             }
-            const double s = sqx / sqq; /* sqq > 0: the book has no 0 */
-            double e = 0;
-            for (int i = 0; i < n; i++) {
-                const double r = s * ie_iq4nl_kvalues[u[i]] - x[i];
-                e += r * r;
-            }
-            if (e < best) best = e, bs = s;
+            /* sqq > 0 (the book has no 0); the least-squares s = sqx/sqq
+             * leaves sum x^2 - sqx^2/sqq */
+            const double e = -sqx * sqx / sqq;
+            if (e < best) best = e, bs = sqx / sqq;
         }
     return (float)bs;
+}
+
+/* The nearest codes u (to u, when not NULL) of x[0..n) under the stored
+ * sub-block scale ds and min dm (x ~ ds*u - dm, u in [0, nmax]), and
+ * their squared error, every product rounded to f32 as ie_kq_value
+ * computes it. */
+static double codes_affine(const float *x, int n, int nmax, float ds, float dm, uint8_t *u)
+{
+    const float ids = ie_inv_scale(ds);
+    double e = 0;
+    for (int k = 0; k < n; k++) {
+        const int q = qround((x[k] + dm) * ids, 0, nmax);
+        const double r = (double)(ds * (float)q - dm) - x[k];
+        e += r * r;
+        if (u) u[k] = (uint8_t)q;
+    }
+    return e;
+}
+
+/* The same for the signed formulas: x ~ ds*(u - nmax) (Q3_K, Q6_K) or
+ * ds*kv[u] (book: IQ4_XS). */
+static double codes_signed(const float *x, int n, int book, int nmax, float ds, uint8_t *u)
+{
+    const float ids = ie_inv_scale(ds);
+    double e = 0;
+    for (int k = 0; k < n; k++) {
+        const int q = book ? nearest_kv(x[k] * ids) : qround(x[k] * ids, -nmax, nmax - 1) + nmax;
+        const double r = (double)(ds * (float)(book ? ie_iq4nl_kvalues[q] : q - nmax)) - x[k];
+        e += r * r;
+        if (u) u[k] = (uint8_t)q;
+    }
+    return e;
 }
 
 /* One block of t (qk = 32 or 256 floats) into codes c (ie_kq_encode
@@ -797,10 +780,15 @@ static void quantize_block(ie_dtype_t t, const float *x, ie_kq_codes_t *c)
         const float df = ie_f16_to_f32(c->d), dmf = ie_f16_to_f32(c->dmin);
         const float id = ie_inv_scale(df), idm = ie_inv_scale(dmf);
         for (int j = 0; j < in.nsub; j++) {
-            c->sc[j] = (int8_t)qround(s[j] * id, 0, cmax);
-            c->mn[j] = (int8_t)qround(m[j] * idm, 0, cmax);
-            const float ds = df * (float)c->sc[j], dm = dmf * (float)c->mn[j], ids = ie_inv_scale(ds);
-            for (int k = j * len; k < (j + 1) * len; k++) c->u[k] = (uint8_t)qround((x[k] + dm) * ids, 0, nmax);
+            const int sc0 = qround(s[j] * id, 0, cmax), mn0 = qround(m[j] * idm, 0, cmax);
+            double best = INFINITY;
+            for (int a = sc0 - 1; a <= sc0 + 1; a++)
+                for (int b = mn0 - 1; b <= mn0 + 1; b++) {
+                    if (a < 0 || a > cmax || b < 0 || b > cmax) continue;
+                    const double e = codes_affine(x + j * len, len, nmax, df * (float)a, dmf * (float)b, NULL);
+                    if (e < best) best = e, c->sc[j] = (int8_t)a, c->mn[j] = (int8_t)b;
+                }
+            (void)codes_affine(x + j * len, len, nmax, df * (float)c->sc[j], dmf * (float)c->mn[j], c->u + j * len);
         }
         return;
     }
@@ -814,12 +802,16 @@ static void quantize_block(ie_dtype_t t, const float *x, ie_kq_codes_t *c)
     }
     c->d = f16_up(sbig / (float)-cneg);
     const float df = ie_f16_to_f32(c->d), id = ie_inv_scale(df);
+    const int book = t == IE_DTYPE_IQ4_XS;
     for (int j = 0; j < in.nsub; j++) {
-        c->sc[j] = (int8_t)qround(s[j] * id, -cneg, cneg - 1);
-        const float ds = df * (float)c->sc[j], ids = ie_inv_scale(ds);
-        for (int k = j * len; k < (j + 1) * len; k++)
-            c->u[k] = (uint8_t)(t == IE_DTYPE_IQ4_XS ? nearest_kv(x[k] * ids)
-                                                     : qround(x[k] * ids, -nmax, nmax - 1) + nmax);
+        const int sc0 = qround(s[j] * id, -cneg, cneg - 1);
+        double best = INFINITY;
+        for (int a = sc0 - 1; a <= sc0 + 1; a++) {
+            if (a < -cneg || a > cneg - 1) continue;
+            const double e = codes_signed(x + j * len, len, book, nmax, df * (float)a, NULL);
+            if (e < best) best = e, c->sc[j] = (int8_t)a;
+        }
+        (void)codes_signed(x + j * len, len, book, nmax, df * (float)c->sc[j], c->u + j * len);
     }
 }
 

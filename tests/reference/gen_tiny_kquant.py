@@ -2,9 +2,9 @@
 """gen_tiny_kquant.py — a tiny random Llama in GGUF k-quants, and its reference logits.
 
 gguf 0.19 can dequantize every k-quant but quantize none of them (nor
-IQ4_NL), so this script carries a small numpy quantizer per type: simple
-per-sub-block min/max (or absmax) rules that produce VALID blocks of
-ggml's layouts. Quality does not matter here — the references are computed
+IQ4_NL), so the weights go through the small numpy quantizers of
+kquant_np.py: simple per-sub-block min/max (or absmax) rules that produce
+VALID blocks of ggml's layouts. Quality does not matter here — the references are computed
 from the dequantized weights, so only the engine's arithmetic is tested.
 The quantizer's bit packing is checked against gguf.quants' dequantizer
 (exactly) before anything is written.
@@ -31,7 +31,10 @@ gen_tiny_llama.py, seed 4321 (untied) and 8765 (tied). Writes into OUT
                             greedy step leads by >= MARGIN logits)
       logits  f32 [P][N][512] transformers (fp32, eager) on the weights
                             dequantized by gguf.quants, Q/K un-permuted
-      meta    json: types, n_prompt, margins, versions
+      meta    json: types, n_random / n_greedy, margins, the logits'
+                            move under the weight quantization and under the
+                            native path's 8-bit activations simulated in HF
+                            (sim_act_max_rel / sim_act_rms_rel), versions
   tiny_kq_manifest.json   the list above
 
 Usage: gen_tiny_kquant.py [--out DIR]
@@ -189,6 +192,41 @@ def file_types(path: Path) -> dict:
 
 
 # ----------------------------------------------------------------- reference
+K256 = {QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.IQ4_XS}
+
+
+def _round_act(x: torch.Tensor, blk: int) -> torch.Tensor:
+    """8-bit activations per block of blk as the native kernels make them:
+    Q8_K (blk 256: d = max|x|/127, q = nearest(x/d)) for the 256-element
+    types, Q8_P (blk 32, the same rule) for q5_0/q5_1/iq4_nl."""
+    b = x.reshape(-1, blk)
+    d = b.abs().amax(dim=1, keepdim=True) / 127.0
+    safe = torch.where(d > 0, d, torch.ones_like(d))
+    return (torch.clamp(torch.round(b / safe), -127, 127) * d).reshape(x.shape)
+
+
+@torch.no_grad()
+def sim_act_stats(model, types: dict, ids: np.ndarray, ref: np.ndarray) -> dict:
+    """How far the native path's activation rounding alone moves the logits:
+    every Linear's input rounded per block of its weight type's activation
+    format. Sizes the native tests' bounds; never stored as truth."""
+    cfg = model.config
+    blk = {"lm_head": 256 if types.get("output.weight", types["token_embd.weight"]) in K256 else 32}
+    for i in range(cfg.num_hidden_layers):
+        for hf, g in tl.LAYER_MAP.items():
+            if hf.endswith("proj.weight"):
+                blk[f"model.layers.{i}.{hf[:-len('.weight')]}"] = 256 if types[f"blk.{i}.{g}"] in K256 else 32
+    hooks = [mod.register_forward_pre_hook(lambda mod, a, b=blk[n]: (_round_act(a[0], b),) + tuple(a[1:]))
+             for n, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)]
+    try:
+        sims = np.stack([tl.prefill_logits(model, row) for row in ids])
+    finally:
+        for h in hooks:
+            h.remove()
+    rms = max(float(np.sqrt(np.mean((s - r) ** 2) / np.mean(r ** 2))) for s, r in zip(sims, ref))
+    return {"sim_act_max_rel": max(tl.rel_err(s, r) for s, r in zip(sims, ref)), "sim_act_rms_rel": rms}
+
+
 @torch.no_grad()
 def greedy_prompts(model, rng) -> tuple[np.ndarray, list]:
     """N_PROMPTS sequences: N_RANDOM random ids then HF's greedy continuation,
@@ -251,11 +289,13 @@ def main():
             raise SystemExit(f"{p.name}: transformers' own GGUF loader disagrees ({e:.3e})")
         e_w = tl.rel_err(tl.prefill_logits(model, ids[0]), logits[0])
         ft = file_types(p)
+        sim = sim_act_stats(m, types, ids, logits)
         log(f"{p.name}: {p.stat().st_size} bytes, weight quantization moves logits by rel {e_w:.2e}, "
-            f"greedy margins {', '.join(f'{x:.2f}' for x in margins)}")
+            f"greedy margins {', '.join(f'{x:.2f}' for x in margins)}; simulated activation rounding: "
+            f"max rel {sim['sim_act_max_rel']:.3e}, rms {sim['sim_act_rms_rel']:.3e}")
         exp = out / f"tiny_kq_{name}.expected.npz"
         meta = dict(types=ft, n_random=N_RANDOM, n_greedy=N_GREEDY, margins=margins,
-                    weight_quant_rel_err=e_w, **versions)
+                    weight_quant_rel_err=e_w, **sim, **versions)
         np.savez_compressed(exp, ids=ids, logits=logits.astype(np.float32),
                             meta=np.array(json.dumps(meta, sort_keys=True)))
         manifest.append({"name": p.name, "path": p.name, "expected": exp.name,

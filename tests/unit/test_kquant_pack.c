@@ -6,7 +6,9 @@
  * Weights are random valid ggml blocks: ie_kq_encode of random codes,
  * sub-block scale / min codes over their whole range and random finite f16
  * d / dmin (moderate ones, and in some rows extreme ones: 65504, the
- * smallest subnormal, 0, negative). Activations: ie_quantize_row_q8_p_ref
+ * smallest subnormal, 0, negative), and some matrices quantized from
+ * Gaussian floats by ie_quantize_row (the route floats take to a k-quant:
+ * ie_pack_quantize refuses them). Activations: ie_quantize_row_q8_p_ref
  * (Q5_0, Q5_1, IQ4_NL) or ie_quantize_row_q8_k_ref (the rest) of Gaussian
  * rows with outliers, and some all-zero or constant rows.
  *
@@ -19,8 +21,10 @@
  *       dst untouched.
  *   ie_matmul_packed_ref: bit for bit ie_matmul_<t>_q8_{p,k}_ref on the
  *       source rows (both scale each block in f32 in the same order and
- *       sum the blocks in double), and within 1e-5*T of the double sum of
- *       dequantized weights x dequantized activations.
+ *       sum the blocks in double), and within 1e-5*T + 2^-23*sum|w*a| of
+ *       the double sum of dequantized weights w x dequantized activations
+ *       a (the second term: w itself is rounded to f32, e.g. d*u + m with
+ *       a large m, where T counts m only through the activation sum).
  *   every ISA's matmul_packed (and _ranges): |y - ref| <= 1e-5 * T + 1e-30
  *       per output, with T the sum of |terms| a kernel may form, as in
  *       test_pack.c: per block |d_w*d_a| * sum_j |sc_j| * (sum_k |c_k*q_k|
@@ -146,6 +150,24 @@ static void rand_codes(ie_dtype_t t, int extreme, ie_kq_codes_t *c)
     if (!extreme && rng_u32() % 50 == 0) c->d = 0; /* an all-zero scale now and then */
 }
 
+static void fill_gauss(float *x, int64_t n);
+
+/* n_out rows of n_in elements of type t quantized by ie_quantize_row from
+ * Gaussian floats: the weights real files hold (caller frees). */
+static uint8_t *quant_rows(ie_dtype_t t, int64_t n_in, int64_t n_out)
+{
+    const size_t rb = ie_dtype_row_bytes(t, n_in);
+    uint8_t *w = xmalloc(rb * (size_t)n_out);
+    float *x = xmalloc(sizeof(float) * (size_t)n_in);
+    for (int64_t r = 0; r < n_out; r++) {
+        fill_gauss(x, n_in);
+        for (int64_t k = 0; k < n_in; k++) x[k] *= 0.02f;
+        CU_ASSERT_FATAL(ie_quantize_row(t, x, w + (size_t)r * rb, n_in) == 0);
+    }
+    free(x);
+    return w;
+}
+
 /* n_out random ROWS of n_in elements of type t (caller frees). Rows with
  * r % 7 == 3 get extreme blocks. */
 static uint8_t *rand_rows(ie_dtype_t t, int64_t n_in, int64_t n_out)
@@ -260,7 +282,7 @@ static void test_repack_lossless(void)
                 const int64_t np = (n_out + 15) / 16, padded = np * 16;
                 const size_t pb = ie_pack_bytes(t, s->qk, n_in, n_out), rb = ie_dtype_row_bytes(t, n_in);
                 CU_ASSERT_FATAL(pb == (size_t)np * (size_t)nblocks[a] * sp_block(s));
-                uint8_t *w = rand_rows(t, n_in, n_out);
+                uint8_t *w = a == 2 ? quant_rows(t, n_in, n_out) : rand_rows(t, n_in, n_out);
                 uint8_t *p0 = palloc(pb, 0x00), *p1 = palloc(pb, 0xff), *p2 = palloc(pb, 0x5a);
                 /* group is ignored for the k-quants (0 here) */
                 CU_ASSERT_EQUAL(ie_pack_repack(t, 0, w, n_in, 0, n_out, n_out, p0), 0);
@@ -489,12 +511,13 @@ static const int8_t *act_q(ie_dtype_t t, const uint8_t *row, int64_t n_in, int64
 /* The double-precision truth (dequantized weights x dequantized
  * activations) and the tolerance scale T of the header, for one weight
  * row (ROWS, row bytes wr) and one activation row. */
-static void truth_and_T(ie_dtype_t t, const uint8_t *wr, const uint8_t *ar, int64_t n_in, double *truth, double *T)
+static void truth_and_T(ie_dtype_t t, const uint8_t *wr, const uint8_t *ar, int64_t n_in, double *truth, double *T,
+                        double *abs_sum)
 {
     const spec_t *s = spec_of(t);
     const size_t bb = ie_dtype_block_bytes(t);
     float wf[256];
-    double sum = 0.0, tt = 0.0;
+    double sum = 0.0, tt = 0.0, as = 0.0;
     const int nl = t == IE_DTYPE_IQ4_NL || t == IE_DTYPE_IQ4_XS;
     for (int64_t b = 0; b < n_in / s->qk; b++) {
         ie_kq_codes_t c;
@@ -503,7 +526,10 @@ static void truth_and_T(ie_dtype_t t, const uint8_t *wr, const uint8_t *ar, int6
         ie_kq_decode(t, wr + (size_t)b * bb, &c);
         ie_dequantize_row(t, wr + (size_t)b * bb, wf, s->qk);
         const int8_t *q = act_q(t, ar, n_in, b, &da, &sa, bs);
-        for (int k = 0; k < s->qk; k++) sum += (double)wf[k] * ((double)da * q[k]);
+        for (int k = 0; k < s->qk; k++) {
+            sum += (double)wf[k] * ((double)da * q[k]);
+            as += fabs((double)wf[k] * ((double)da * q[k]));
+        }
         const double dw = ie_f16_to_f32(c.d), dm = ie_f16_to_f32(c.dmin);
         if (s->qk == 32) {
             double si = 0.0;
@@ -523,6 +549,7 @@ static void truth_and_T(ie_dtype_t t, const uint8_t *wr, const uint8_t *ar, int6
     }
     *truth = sum;
     *T = tt;
+    *abs_sum = as;
 }
 
 /* The ROWS reference of type t (kquant_ref.c). */
@@ -585,6 +612,7 @@ typedef struct {
     int64_t n_in, n_out, n_tok, r0, r1;
     int ldy_extra, as_extra;
     uint64_t seed;
+    int real; /* weights from ie_quantize_row of floats, not random codes */
 } mcase_t;
 
 /* One case: the packed ref against the ROWS ref (bits) and the truth
@@ -601,7 +629,7 @@ static int check_case(const mcase_t *c)
     const size_t arow = ie_dtype_row_bytes(ie_matmul_act_dtype(t), n_in), as = arow + (size_t)c->as_extra;
     const size_t ny = (size_t)(ldy * n_tok) + GUARD_FLOATS;
     rng_seed(c->seed);
-    uint8_t *w = rand_rows(t, n_in, n_out);
+    uint8_t *w = c->real ? quant_rows(t, n_in, n_out) : rand_rows(t, n_in, n_out);
     guarded_t gw, ga;
     uint8_t *pw = guarded_alloc(&gw, pb, 64);
     uint8_t *a = guarded_alloc(&ga, as * (size_t)(n_tok - 1) + arow, 4);
@@ -625,10 +653,12 @@ static int check_case(const mcase_t *c)
     }
     for (int64_t k = 0; k < n_tok; k++)
         for (int64_t r = 0; r < n_out; r++) {
-            double truth, T;
-            truth_and_T(t, w + (size_t)r * rb, a + (size_t)k * as, n_in, &truth, &T);
+            double truth, T, S;
+            truth_and_T(t, w + (size_t)r * rb, a + (size_t)k * as, n_in, &truth, &T, &S);
             tol[k * n_out + r] = 1e-5 * T + 1e-30;
-            if (!(fabs((double)yref[k * ldy + r] - truth) <= tol[k * n_out + r])) {
+            /* the truth's own weights are rounded to f32 ((d*sc)*u - dmin*mn,
+             * d*u + m): 2^-23 of sum |w*a| on top */
+            if (!(fabs((double)yref[k * ldy + r] - truth) <= tol[k * n_out + r] + 0x1p-23 * S)) {
                 if (bad < 4)
                     printf("\n  ref " SHAPE_FMT ": y[%lld][%lld]=%.9g truth=%.9g tol=%.3g", SHAPE_ARGS,
                            (long long)k, (long long)r, yref[k * ldy + r], truth, tol[k * n_out + r]);
@@ -721,7 +751,8 @@ static void test_matmul_shapes(void)
         for (int a = 0; a < nn; a++)
             for (int o = 0; o < 5; o++, k++) {
                 const int64_t n_in = (int64_t)(qk == 32 ? nblk32[a] : nblk256[a]) * qk, n_out = nouts[o];
-                mcase_t c = {t, n_in, n_out, ntoks[(k + a) % 7], 0, n_out, k % 3, 4 * (k % 4), 900 + (uint64_t)k};
+                mcase_t c = {t,     n_in,  n_out,       ntoks[(k + a) % 7], 0,
+                             n_out, k % 3, 4 * (k % 4), 900 + (uint64_t)k,  o == 4};
                 if (c.n_tok == 64 && n_in * n_out > 100 * 768) c.n_tok = 17; /* keep the scalar oracle quick */
                 if (n_out > 16 && k % 2) {                                   /* a sub-range */
                     const int64_t np = (n_out + 15) / 16;
@@ -734,7 +765,8 @@ static void test_matmul_shapes(void)
             }
         /* every token count on a mid shape with a sub-range */
         for (int j = 0; j < 7; j++, k++) {
-            mcase_t c = {t, (qk == 32 ? 5 : 2) * (int64_t)qk, 33, ntoks[j], 16, 33, 3, 8, 5000 + (uint64_t)k};
+            mcase_t c = {t,    (qk == 32 ? 5 : 2) * (int64_t)qk, 33, ntoks[j], 16, 33, 3, 8, 5000 + (uint64_t)k,
+                         j % 2};
             bad += check_case(&c);
             cases++;
         }
@@ -754,11 +786,12 @@ static void test_matmul_large(void)
         for (int j = 0; j < 3; j++, k++) {
             const ie_dtype_t t = KTYPES[ti];
             const int64_t n_in = ie_dtype_block_elems(t) == 32 ? 131 * 32 : 43 * 256, n_out = 72;
-            mcase_t c = {t, n_in, n_out, ntoks[j], 0, n_out, j, 4 * j, 7000 + (uint64_t)k};
+            mcase_t c = {t, n_in, n_out, ntoks[j], 0, n_out, j, 4 * j, 7000 + (uint64_t)k, 0};
             if (j == 1) { /* rows [16, 48) */
                 c.r0 = 16;
                 c.r1 = 48;
             }
+            c.real = j == 2;
             bad += check_case(&c);
             cases++;
         }

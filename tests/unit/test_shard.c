@@ -213,7 +213,7 @@ static void test_plan_units(void)
     small.n_ff = 256;
     ie_shard_t t2 = {IE_SHARD_TENSOR, 1, 2};
     CU_ASSERT_EQUAL(ie_shard_plan_units(&small, &k256, &t2, &p), IE_ERR_INVAL);
-    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "the MLP (256) has only 1 columns of 256"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "the MLP (256) has only 1 units of 256 columns"));
     CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "N in {1}"));
     /* pipeline plans never cut columns */
     ie_shard_t pp = {IE_SHARD_PIPELINE, 1, 2};
