@@ -22,14 +22,17 @@ files in brackets):
   native            (PANEL16 repacks in the type's own blocks; Q8_K
                     activations per 256 for the K types and IQ4_XS, Q8_P per
                     32 for q5_0/q5_1/iq4_nl): HF's greedy ids at every step,
-                    rel <= 0.15 [0.102, q4_K], rms <= 0.07 [0.049, q2_K].
+                    and rel / rms within 1.25x (+2e-3) of what rounding the
+                    activations that way in transformers does on the same
+                    weights (sim_act_* in each expected.npz's meta; measured:
+                    the engine's errors equal the simulation's to 4 digits,
+                    max rel 0.039 (q5_1) .. 0.102 (q4_K), rms 0.028 .. 0.049).
                     This model is ~3x more sensitive than the 64-wide tiny
                     Llama (its weight quantization alone moves logits by
                     0.24 (q6_K) .. 1.6 (q2_K)), and 8-bit activations per
                     256 elements round coarser than Q8_0's per 32.
-  IE_REPACK=0       the ROWS kernels: the same bounds (the packed ref and the
-                    ROWS ref give the same bits).
-  bf16              rel <= 4e-2 [2.5e-2]; int8w rel <= 0.1 [6.7e-2]:
+  IE_REPACK=0       the ROWS kernels: the same bounds.
+  f16, bf16, int8w  rel <= 5e-3 [2.1e-3], 4e-2 [2.5e-2], 0.1 [6.7e-2]:
                     converted from the k-quants at load (dequantize, then
                     round / quantize); int4w re-quantizes 4-bit weights in
                     groups of 32 and is only checked to run (rel ~0.6).
@@ -39,7 +42,6 @@ from __future__ import annotations
 import json
 import shutil
 import struct
-import subprocess
 
 import numpy as np
 import pytest
@@ -48,7 +50,7 @@ from conftest import (EXIT_MODEL, EXIT_USAGE, THREADS, engine_logits, fixture_pa
                       run_cli)
 
 TOL_F32 = 1e-4
-NATIVE_MAX_REL, NATIVE_RMS = 0.15, 0.07
+SIM_SLACK, SIM_ABS = 1.25, 2e-3  # native bounds: SIM_SLACK * simulated + SIM_ABS
 TYPES = ("q5_0", "q5_1", "iq4_nl", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_xs")
 EXPECTED = {f"tiny_kq_{t}.gguf" for t in TYPES} | {"tiny_kq_mixed.gguf", "tiny_kq_tied.gguf"}
 
@@ -80,6 +82,11 @@ def _rms(a, b):
 def _greedy_ok(lg, ids, n_random):
     """The engine's argmax after each prefix of the greedy part is HF's next id."""
     return np.array_equal(lg[n_random - 1:-1].argmax(-1), ids[n_random:])
+
+
+def _native_bounds(name):
+    _, _, meta = _expected(name)
+    return (SIM_SLACK * meta["sim_act_max_rel"] + SIM_ABS, SIM_SLACK * meta["sim_act_rms_rel"] + SIM_ABS)
 
 
 def _check_model(name, tmp_path, precision, mode="prefill", env=None):
@@ -115,20 +122,22 @@ def test_f32_matches_hf(name, mode, tmp_path):
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_native_greedy_and_close(name, mode, tmp_path):
     worst, rms, greedy = _check_model(name, tmp_path, "native", mode)
+    max_rel, max_rms = _native_bounds(name)
     msg = f"{name} native/{mode}: max rel {worst:.3e}, rms {rms:.3e}"
     assert greedy, msg + ": greedy ids differ from HF's"
-    assert worst <= NATIVE_MAX_REL, msg + f" > {NATIVE_MAX_REL}"
-    assert rms <= NATIVE_RMS, msg + f"; rms > {NATIVE_RMS}"
+    assert worst <= max_rel, msg + f" > {max_rel:.3e}"
+    assert rms <= max_rms, msg + f"; rms > {max_rms:.3e}"
 
 
 @pytest.mark.parametrize("name", ["tiny_kq_mixed.gguf", "tiny_kq_tied.gguf", "tiny_kq_q3_K.gguf"])
 def test_rows_kernels_without_repack(name, tmp_path):
     """IE_REPACK=0 keeps the ggml rows: the ROWS kernels of every type."""
     worst, rms, greedy = _check_model(name, tmp_path, "native", env={"IE_REPACK": "0"})
-    assert greedy and worst <= NATIVE_MAX_REL and rms <= NATIVE_RMS, (worst, rms, greedy)
+    max_rel, max_rms = _native_bounds(name)
+    assert greedy and worst <= max_rel and rms <= max_rms, (worst, rms, greedy, max_rel, max_rms)
 
 
-@pytest.mark.parametrize("precision,tol", [("bf16", 4e-2), ("int8w", 0.1), ("int4w", None)])
+@pytest.mark.parametrize("precision,tol", [("f16", 5e-3), ("bf16", 4e-2), ("int8w", 0.1), ("int4w", None)])
 @pytest.mark.parametrize("name", ["tiny_kq_mixed.gguf", "tiny_kq_tied.gguf"])
 def test_precision_from_kquant_sources(name, precision, tol, tmp_path):
     """--precision converts k-quant sources (dequantized at load)."""
@@ -176,7 +185,6 @@ def test_pipeline_on_tied_kquant(tmp_path):
 def test_tensor_plan_refuses_cutting_super_blocks(name, what, tmp_path):
     """2 ranks would cut attn_output's 256 columns at 128: refused at plan
     time, naming the tensor and the rank counts the shapes allow."""
-    ids, _, _ = _expected(name)
     cp = run_cli(["logits", "--model", fixture_path(name), "--ids", "5,6", "--plan", "tensor:2",
                   "--out", tmp_path / "x.f32"])
     assert cp.returncode == EXIT_USAGE, (cp.returncode, cp.stderr)
@@ -264,3 +272,19 @@ def test_type_id_refused(tid, words, tmp_path):
         f.seek(type_at)
         f.write(struct.pack("<I", tid))
     _expect_model_error(bad, tmp_path, "'blk.0.attn_q.weight'", *words)
+
+
+def test_repack_cache_round_trip(tmp_path):
+    """The on-disk repack cache keys k-quant panels by their own group (256
+    or 32): a second load reads them back and gives the same bits."""
+    ids, _, _ = _expected("tiny_kq_mixed.gguf")
+    cache = tmp_path / "cache"
+    plain = _logits_env(fixture_path("tiny_kq_mixed.gguf"), ids[0], tmp_path, "native", {"IE_REPACK": "1"})
+    first = _logits_env(fixture_path("tiny_kq_mixed.gguf"), ids[0], tmp_path, "native",
+                        {"IE_REPACK_CACHE": str(cache)})
+    names = sorted(p.name for p in cache.iterdir())
+    assert any(n.endswith("-q6_K-panel16-g256.iepack") for n in names), names
+    assert any(n.endswith("-q5_0-panel16-g32.iepack") for n in names), names
+    again = _logits_env(fixture_path("tiny_kq_mixed.gguf"), ids[0], tmp_path, "native",
+                        {"IE_REPACK_CACHE": str(cache)})
+    assert np.array_equal(plain, first) and np.array_equal(first, again)

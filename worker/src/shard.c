@@ -123,8 +123,8 @@ static ie_status_t refuse_cut(const ie_hparams_t *hp, const ie_shard_units_t *u,
         if ((int64_t)c * 32 <= hp->n_vocab && tensor_cuts_fit(hp, u, c))
             n += (size_t)snprintf(allow + n, sizeof allow - n, "%s%d", n ? ", " : "", c);
     if (hp->n_expert == 0 && (int64_t)R * u->ff_unit > hp->n_ff)
-        snprintf(why, sizeof why, "the MLP (%d) has only %d columns of %d for %s", hp->n_ff, hp->n_ff / u->ff_unit,
-                 u->ff_unit, u->ff_what[0] ? u->ff_what : "ffn_down");
+        snprintf(why, sizeof why, "the MLP (%d) has only %d units of %d columns for %s", hp->n_ff,
+                 hp->n_ff / u->ff_unit, u->ff_unit, u->ff_what[0] ? u->ff_what : "ffn_down");
     else {
         int64_t at = 0; /* the first cut off a block */
         for (int r = 1; r < R && at == 0; r++) {
