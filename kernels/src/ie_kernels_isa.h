@@ -308,6 +308,9 @@ void ie_matmul_packed_bf16_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, co
  * rows along the lanes. */
 void ie_matmul_packed_f16_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t as,
                                  int64_t n_tok, float *y, int64_t ldy);
+/* ie_quantize_row_q8_k_ref's bytes, bit for bit, with AVX-512 (n a
+ * multiple of 256; out: n/256 ie_block_q8_k_t). */
+void ie_quantize_row_q8_k_avx512(const float *x, void *out, int64_t n);
 /* matmul_packed / matmul_packed_ranges for the k-quant PANEL16 types
  * (ie_dtype_is_kquant; kquant_avx512.c): Q8_K activations for the
  * 256-element types, Q8_P for Q5_0, Q5_1 and IQ4_NL. The contracts of the

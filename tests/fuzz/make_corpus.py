@@ -18,6 +18,10 @@ from safetensors.numpy import save_file as save_np
 from safetensors.torch import save_file as save_torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+from kquant_np import quantize as kq_quantize  # noqa: E402  (numpy k-quant blocks)
+
+KQ_TYPES = ("Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 
 
 def gguf_file(path, build, version=3):
@@ -61,11 +65,11 @@ def all_types(w):
     w.add_tensor("w.q4_1", q41, raw_dtype=gguf.GGMLQuantizationType.Q4_1)
 
 
-def tiny_llama_meta(w):
+def tiny_llama_meta_kv(w, n_embd):
     w.add_name("tiny")
     w.add_block_count(1)
     w.add_context_length(64)
-    w.add_embedding_length(32)
+    w.add_embedding_length(n_embd)
     w.add_feed_forward_length(64)
     w.add_head_count(2)
     w.add_head_count_kv(1)
@@ -74,8 +78,34 @@ def tiny_llama_meta(w):
     w.add_custom_alignment(64)
     w.add_array("tokenizer.ggml.tokens", ["<s>", "</s>", "a", "b"])
     w.add_array("tokenizer.ggml.token_type", [3, 3, 1, 1])
+
+
+def tiny_llama_meta(w):
+    tiny_llama_meta_kv(w, 32)
     w.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float16))
     w.add_tensor("output_norm.weight", np.ones(32, dtype=np.float32))
+
+
+def kquants(w):
+    """One 1 x 256 tensor of every k-quant type this engine computes, valid
+    blocks of a ramp (q8_K, activation-only, and iq2_xxs, uncomputed, as raw
+    bytes of their block sizes)."""
+    x = np.linspace(-1, 1, 256, dtype=np.float32).reshape(1, 256)
+    for name in KQ_TYPES:
+        qt = gguf.GGMLQuantizationType[name]
+        q = kq_quantize(x, qt)
+        w.add_tensor(f"w.{name.lower()}", q, raw_shape=q.shape, raw_dtype=qt)
+    w.add_tensor("w.q8_k", np.zeros((1, 292), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_K)
+    w.add_tensor("w.iq2_xxs", np.zeros((1, 66), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS)
+
+
+def kquant_llama(w):
+    """tiny_llama_meta's header with a k-quant embedding (2 rows of 256)."""
+    tiny_llama_meta_kv(w, 256)
+    w.add_tensor("token_embd.weight", kq_quantize(np.ones((4, 256), dtype=np.float32), gguf.GGMLQuantizationType.Q4_K),
+                 raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+    w.add_tensor("output.weight", kq_quantize(np.ones((4, 256), dtype=np.float32), gguf.GGMLQuantizationType.Q6_K),
+                 raw_dtype=gguf.GGMLQuantizationType.Q6_K)
 
 
 def main():
@@ -86,6 +116,8 @@ def main():
     gguf_file(os.path.join(gdir, "minimal.gguf"), minimal)
     gguf_file(os.path.join(gdir, "all_types.gguf"), all_types)
     gguf_file(os.path.join(gdir, "tiny_llama_v2.gguf"), tiny_llama_meta, version=2)
+    gguf_file(os.path.join(gdir, "kquant_types.gguf"), kquants)
+    gguf_file(os.path.join(gdir, "kquant_llama.gguf"), kquant_llama)
 
     save_np({"w": np.arange(6, dtype=np.float32).reshape(2, 3)}, os.path.join(sdir, "single.safetensors"))
     save_np({"f32": np.ones((2, 2), dtype=np.float32), "f16": np.ones(3, dtype=np.float16),

@@ -30,6 +30,7 @@ echo "[regen] generating into $tmp" >&2
 "$py" tests/reference/gen_tiny_llama.py --out "$tmp"
 "$py" tests/reference/gen_smollm2_ref.py --out "$tmp"
 "$py" tests/reference/gen_kquant_ref.py --out "$tmp"
+"$py" tests/reference/gen_tiny_kquant.py --out "$tmp"
 
 echo "[regen] comparing with tests/data" >&2
 "$py" - "$here/tests/data" "$tmp" <<'EOF'
@@ -89,7 +90,7 @@ for new in sorted(p for p in new_root.rglob("*") if p.is_file()):
                 d = float(np.max(np.abs(x - y) / scale)) if x.size else 0.0
                 if d > 1e-6:
                     bad.append(f"{rel}:{k}: values differ by {d:.3e} (> 1e-6)")
-    elif new.suffix == ".json" and new.name in ("tiny_manifest.json", "smollm2_ref.json"):
+    elif new.suffix == ".json" and new.name in ("tiny_manifest.json", "tiny_kq_manifest.json", "smollm2_ref.json"):
         ja, jb = drop_versions(json.loads(old.read_text())), drop_versions(json.loads(new.read_text()))
         if not same(ja, jb):
             bad.append(f"{rel}: content differs")

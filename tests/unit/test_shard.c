@@ -165,6 +165,61 @@ static void test_plan_coverage(void)
     CU_ASSERT(p.layer_begin == 16 && p.layer_end == 23 && !p.has_embed && !p.has_head);
 }
 
+/* Column units of the stored types (k-quants: 256): the MLP is split on
+ * them, and a rank count whose heads cut attn_output off its blocks is
+ * refused naming the counts that work. */
+static void test_plan_units(void)
+{
+    ie_hparams_t a = smollm2();
+    ie_shard_range_t p;
+    int64_t b[MAXR], e[MAXR];
+    /* SmolLM2 with a q6_K ffn_down (1536 = 6 x 256): 2 and 3 ranks cut it on 256 */
+    const ie_shard_units_t ff256 = {.o_unit = 32, .ff_unit = 256};
+    for (int R = 2; R <= 3; R++) {
+        for (int r = 0; r < R; r++) {
+            ie_shard_t t = {IE_SHARD_TENSOR, r, R};
+            CU_ASSERT_EQUAL_FATAL(ie_shard_plan_units(&a, &ff256, &t, &p), IE_OK);
+            b[r] = p.ff_begin;
+            e[r] = p.ff_end;
+        }
+        CU_ASSERT(tiles(b, e, R, 1536, 256));
+    }
+    /* a Llama-7B shape with q4_K attn_output (32 heads of 128, 8 KV heads,
+     * ff 11008 = 43 x 256): uneven head splits cut a super-block */
+    ie_hparams_t l7 = a;
+    l7.n_head = 32;
+    l7.n_head_kv = 8;
+    l7.head_dim = 128;
+    l7.n_embd = 4096;
+    l7.n_ff = 11008;
+    l7.n_vocab = 32000;
+    ie_shard_units_t k256 = {.o_unit = 256, .ff_unit = 256};
+    snprintf(k256.o_what, sizeof k256.o_what, "blk.0.attn_output.weight (q4_K, blocks of 256)");
+    const int ok[9] = {0, 1, 1, 0, 1, 0, 0, 0, 1};
+    for (int R = 1; R <= 8; R++) {
+        ie_shard_t t = {IE_SHARD_TENSOR, R - 1, R};
+        ie_status_t st = ie_shard_plan_units(&l7, &k256, &t, &p);
+        CU_ASSERT_EQUAL(st, ok[R] ? IE_OK : IE_ERR_INVAL);
+        if (st == IE_OK) CU_ASSERT(p.ff_begin % 256 == 0 && p.ff_end == 11008);
+    }
+    ie_shard_t t3 = {IE_SHARD_TENSOR, 0, 3};
+    CU_ASSERT_EQUAL(ie_shard_plan_units(&l7, &k256, &t3, &p), IE_ERR_INVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "blk.0.attn_output.weight (q4_K, blocks of 256) at 1408"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "tensor:N for N in {1, 2, 4, 8}"));
+    /* without units (ie_shard_plan) the same plan is left to the binding */
+    CU_ASSERT_EQUAL(ie_shard_plan(&l7, &t3, &p), IE_OK);
+    /* an MLP of one super-block cannot feed 2 ranks */
+    ie_hparams_t small = l7;
+    small.n_ff = 256;
+    ie_shard_t t2 = {IE_SHARD_TENSOR, 1, 2};
+    CU_ASSERT_EQUAL(ie_shard_plan_units(&small, &k256, &t2, &p), IE_ERR_INVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "the MLP (256) has only 1 columns of 256"));
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "N in {1}"));
+    /* pipeline plans never cut columns */
+    ie_shard_t pp = {IE_SHARD_PIPELINE, 1, 2};
+    CU_ASSERT_EQUAL(ie_shard_plan_units(&l7, &k256, &pp, &p), IE_OK);
+}
+
 static void test_plan_errors(void)
 {
     ie_hparams_t a = smollm2(), g = gptoss();
@@ -535,12 +590,35 @@ static void tensor_case(const char *model, ie_precision_t prec, int R, double to
     ie_model_src_destroy(&src);
 }
 
+/* ie_shard_units reads the stored types: the mixed k-quant fixture has
+ * attn_output in q5_0 / iq4_nl (32) and ffn_down in q6_K (256); the q4_K
+ * one 256 for both; a q8_0 model 32. */
+static void test_units_from_model(void)
+{
+    ie_model_src_t *src = open_src("tiny_kq_mixed.gguf");
+    ie_shard_units_t u;
+    CU_ASSERT_EQUAL(ie_shard_units(src, &u), IE_OK);
+    CU_ASSERT(u.o_unit == 32 && u.ff_unit == 256 && u.o_what[0] == 0);
+    CU_ASSERT_STRING_EQUAL(u.ff_what, "blk.0.ffn_down.weight (q6_K, blocks of 256)");
+    ie_model_src_destroy(&src);
+    src = open_src("tiny_kq_q4_K.gguf");
+    CU_ASSERT_EQUAL(ie_shard_units(src, &u), IE_OK);
+    CU_ASSERT(u.o_unit == 256 && u.ff_unit == 256);
+    ie_model_src_destroy(&src);
+    src = open_src("tiny_llama_q8_0.gguf");
+    CU_ASSERT_EQUAL(ie_shard_units(src, &u), IE_OK);
+    CU_ASSERT(u.o_unit == 32 && u.ff_unit == 32);
+    ie_model_src_destroy(&src);
+}
+
 static void test_pipeline_llama(void)
 {
     pipeline_case("tiny_llama_f32.gguf", IE_PREC_NATIVE, 2);
     pipeline_case("tiny_llama_q8_0.gguf", IE_PREC_NATIVE, 2);
     pipeline_case("tiny_llama_tied", IE_PREC_NATIVE, 2);
     pipeline_case("tiny_llama_q4_0.gguf", IE_PREC_INT8W, 2);
+    pipeline_case("tiny_kq_mixed.gguf", IE_PREC_NATIVE, 2); /* k-quant mixes, repacked */
+    pipeline_case("tiny_kq_tied.gguf", IE_PREC_NATIVE, 2);  /* a q5_K tied head */
 }
 
 static void test_pipeline_gptoss(void)
@@ -555,6 +633,9 @@ static void test_tensor_llama(void)
     tensor_case("tiny_llama_f32.gguf", IE_PREC_INT8W, 2, TOL_Q);
     tensor_case("tiny_llama_q8_0.gguf", IE_PREC_NATIVE, 2, TOL_Q);
     tensor_case("tiny_llama_tied", IE_PREC_NATIVE, 2, TOL_F32);
+    /* k-quant slices (q6_K ffn_down at column 256, q5_0 / iq4_nl attn_output
+     * at 128, q4_K / q6_K rows), dequantized: only the sums' order differs */
+    tensor_case("tiny_kq_mixed.gguf", IE_PREC_F32, 2, TOL_F32);
     /* 3 ranks: only 2 KV heads */
     ie_model_src_t *src = open_src("tiny_llama_f32.gguf");
     ie_worker_opts_t o = base_opts(IE_PREC_NATIVE);
@@ -630,6 +711,8 @@ int main(void)
     CU_pSuite s = CU_add_suite("shard", NULL, NULL);
     CU_add_test(s, "plans tile the model (smollm2, gpt-oss)", test_plan_coverage);
     CU_add_test(s, "impossible plans refused", test_plan_errors);
+    CU_add_test(s, "plans on the stored blocks (k-quants: 256)", test_plan_units);
+    CU_add_test(s, "column units from the stored types", test_units_from_model);
     CU_add_test(s, "pipeline llama == unsharded (bit-identical)", test_pipeline_llama);
     CU_add_test(s, "pipeline gpt-oss 2/3 stages == unsharded", test_pipeline_gptoss);
     CU_add_test(s, "tensor llama x2 (f32, int8w, q8_0, tied)", test_tensor_llama);

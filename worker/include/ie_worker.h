@@ -45,8 +45,10 @@ ie_status_t ie_precision_parse(const char *s, ie_precision_t *out);
  *             partial sums of each layer (attention output, MLP/MoE output)
  *             are summed across ranks through the reduce callback, so the
  *             residual stream stays replicated on every rank.
- * Splits are as even as the shapes allow on 32-element boundaries; a rank
- * count the shapes do not allow is IE_ERR_INVAL naming the reason. */
+ * Splits are as even as the shapes allow on 32-element boundaries (the
+ * MLP's on ffn_down's blocks: 256 for the k-quants); a rank count the
+ * shapes do not allow is IE_ERR_INVAL naming the reason (for a column cut
+ * off the stored blocks, also the rank counts that work). */
 typedef enum ie_shard_kind { IE_SHARD_NONE = 0, IE_SHARD_PIPELINE = 1, IE_SHARD_TENSOR = 2 } ie_shard_kind_t;
 
 /* "none", "pipeline", "tensor"; parse returns IE_ERR_INVAL on others. */

@@ -183,8 +183,20 @@ static ie_status_t new_scratch(ie_worker_t *w)
     const size_t B = (size_t)w->opts.max_batch, d = (size_t)hp->n_embd, ff = (size_t)w->ff_loc;
     const size_t wide = d > (size_t)w->q_dim ? d : (size_t)w->q_dim;
     const size_t max_in = ff > wide ? ff : wide;
-    w->act_row_cap = ie_dtype_row_bytes(IE_DTYPE_Q16_P,
-                                        (int64_t)((max_in + 31) / 32 * 32)); /* the widest act row */
+    /* the widest activation row any bound matrix can ask for: every n_in
+     * is d, q_dim or ff_loc, in Q16_P (int8w, 2.25 B per element), Q8_P
+     * (int4w, q5_0/q5_1/iq4_nl: 1.25), Q8_K (the 256-element k-quants:
+     * 292 per 256) or BF16 rows (2); F32 activations read x itself */
+    {
+        static const ie_dtype_t acts[] = {IE_DTYPE_Q16_P, IE_DTYPE_Q8_P, IE_DTYPE_Q8_K,
+                                          IE_DTYPE_BF16,  IE_DTYPE_Q8_0, IE_DTYPE_Q8_1};
+        w->act_row_cap = 0;
+        for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) {
+            const int qk = ie_dtype_block_elems(acts[i]) > 32 ? ie_dtype_block_elems(acts[i]) : 32;
+            const size_t rb = ie_dtype_row_bytes(acts[i], (int64_t)((max_in + qk - 1) / qk * qk));
+            if (rb > w->act_row_cap) w->act_row_cap = rb;
+        }
+    }
     w->x = worker_big_alloc(B * d * sizeof(float));
     w->xb = worker_big_alloc(B * wide * sizeof(float));
     w->q = worker_big_alloc(B * w->q_dim * sizeof(float));

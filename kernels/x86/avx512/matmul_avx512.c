@@ -1172,6 +1172,10 @@ void ie_act_quantize_avx512(ie_dtype_t act, const float *x, void *out, int64_t n
         quantize_row_p(0, x, out, n, act == IE_DTYPE_Q16_P);
         return;
     }
+    if (act == IE_DTYPE_Q8_K) {
+        ie_quantize_row_q8_k_avx512(x, out, n);
+        return;
+    }
     ie_act_quantize_drive(act, x, out, n, q8_block);
 }
 
@@ -1187,7 +1191,10 @@ void ie_act_quantize_stream_avx512(ie_dtype_t act, const float *x, void *out, in
 {
     if (act == IE_DTYPE_BF16) f32_to_bf16_row(1, x, out, n);
     else if (act == IE_DTYPE_Q8_P || act == IE_DTYPE_Q16_P) quantize_row_p(1, x, out, n, act == IE_DTYPE_Q16_P);
-    else {
+    else if (act == IE_DTYPE_Q8_K) { /* plain stores: 292-byte blocks, not 64-byte aligned parts */
+        ie_quantize_row_q8_k_avx512(x, out, n);
+        return;
+    } else {
         ie_act_quantize_drive(act, x, out, n, q8_block);
         return;
     }
