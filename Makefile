@@ -7,7 +7,7 @@ JOBS ?= $(shell nproc)
 # environment variable of that name works too).
 IE_WERROR ?= OFF
 
-.PHONY: all build test check-install docs format-check test-distributed test-serving bench bench-quick bench-distributed bench-serve bench-decode fuzz reference asan tsan clean
+.PHONY: all build test check-install docs format-check test-distributed test-serving bench bench-quick bench-distributed bench-serve bench-decode bench-kquant fuzz reference asan tsan clean
 
 all: build
 
@@ -76,6 +76,16 @@ bench-decode: build
 	$(BUILD)/bench_decode --model models/bench/tinyllama-q4_0.gguf --tokens $(DECODE_TOKENS)
 	$(BUILD)/bench_decode --model models/bench/tinyllama-q8_0.gguf --tokens $(DECODE_TOKENS)
 	$(BUILD)/bench_decode --model models/bench/tinyllama-f16.gguf --precision bf16 --tokens $(DECODE_TOKENS)
+
+# Issue 18: TinyLlama-shaped decode (bench_decode's fraction of the paired
+# read) and pp512 per k-quant type, each model run between two runs of the
+# Q4_0 baseline (bench/bench_kquant.py). The models are made by ie-convert
+# from the f16 file once (~0.5-0.9 GB each, models/bench/kquant/); llama.cpp's
+# tinyllama-Q4_K_M/Q6_K/Q4_0 files join when models/kquant/ has them.
+KQUANT_TOKENS ?= 48
+KQUANT_ROUNDS ?= 1
+bench-kquant: build
+	.venv/bin/python bench/bench_kquant.py --build $(BUILD) --tokens $(KQUANT_TOKENS) --rounds $(KQUANT_ROUNDS)
 
 # Issue 5: SmolLM2 decode/prefill, embedded (2 threads) vs --plan tensor:2 /
 # pipeline:2 in-process vs ie-coordinator + 2 ie-worker processes on loopback
