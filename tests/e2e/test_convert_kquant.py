@@ -278,8 +278,15 @@ def test_tiny_written_kquants_run(name, tmp_path):
         differ = a.argmax(-1) != ref.argmax(-1)
         top2 = np.sort(ref, -1)[:, -2:]
         margin = top2[:, 1] - top2[:, 0]
-        assert np.all(margin[differ] < 0.3), \
-            f"{name} prompt {p}: native argmax differs from f32's where its margin is {margin[differ].min():.3f}"
+        # a near tie, on the scale of the row: the native path's typical
+        # error is ~4% of a row's largest |logit| (8-bit activations), and
+        # the logits' scale differs by file (the tied head's are ~7x the
+        # others'), so the margin is measured against the row, not in
+        # absolute units
+        scale = np.max(np.abs(ref), axis=-1)
+        assert np.all(margin[differ] < 0.05 * scale[differ]), \
+            f"{name} prompt {p}: native argmax differs from f32's where its margin is " \
+            f"{(margin[differ] / scale[differ]).max():.3f} of the row's largest |logit|"
         n_differ += int(differ.sum())
     print(f"{name}: max rel {worst:.3e}, rms {rms:.3e}, argmax differs at {n_differ} near ties")
     assert worst <= NATIVE_MAX_REL and rms <= NATIVE_RMS, f"{name}: max rel {worst:.3e}, rms {rms:.3e}"
