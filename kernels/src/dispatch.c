@@ -160,6 +160,15 @@ ie_status_t ie_packed_ranges_by_calls(ie_packed_fn mm, const ie_pmat_t *m, ie_pa
     return IE_OK;
 }
 
+/* The k-quants' ROWS slots, the same scalar reference on every ISA: their
+ * fast path is PANEL16 (matmul_packed); ROWS runs with IE_REPACK=0 only. */
+#define IE_KQUANT_ROWS_REF                                                                    \
+    [IE_DTYPE_Q5_0] = ie_matmul_q5_0_q8_p_ref, [IE_DTYPE_Q5_1] = ie_matmul_q5_1_q8_p_ref,     \
+    [IE_DTYPE_IQ4_NL] = ie_matmul_iq4_nl_q8_p_ref, [IE_DTYPE_Q2_K] = ie_matmul_q2_k_q8_k_ref, \
+    [IE_DTYPE_Q3_K] = ie_matmul_q3_k_q8_k_ref, [IE_DTYPE_Q4_K] = ie_matmul_q4_k_q8_k_ref,     \
+    [IE_DTYPE_Q5_K] = ie_matmul_q5_k_q8_k_ref, [IE_DTYPE_Q6_K] = ie_matmul_q6_k_q8_k_ref,     \
+    [IE_DTYPE_IQ4_XS] = ie_matmul_iq4_xs_q8_k_ref
+
 /* One table per ISA, every entry by name; an ISA without its own version
  * of an entry names the one it runs instead. test_kernels checks that no
  * entry that REF fills is NULL on another ISA. */
@@ -178,15 +187,7 @@ static const ie_kernels_t g_kernels[3] = {
                     [IE_DTYPE_Q4_0] = ie_matmul_q4_0_q8_0_ref,
                     [IE_DTYPE_Q4_1] = ie_matmul_q4_1_q8_1_ref,
                     [IE_DTYPE_MXFP4] = ie_matmul_mxfp4_q8_0_ref,
-                    [IE_DTYPE_Q5_0] = ie_matmul_q5_0_q8_p_ref,
-                    [IE_DTYPE_Q5_1] = ie_matmul_q5_1_q8_p_ref,
-                    [IE_DTYPE_IQ4_NL] = ie_matmul_iq4_nl_q8_p_ref,
-                    [IE_DTYPE_Q2_K] = ie_matmul_q2_k_q8_k_ref,
-                    [IE_DTYPE_Q3_K] = ie_matmul_q3_k_q8_k_ref,
-                    [IE_DTYPE_Q4_K] = ie_matmul_q4_k_q8_k_ref,
-                    [IE_DTYPE_Q5_K] = ie_matmul_q5_k_q8_k_ref,
-                    [IE_DTYPE_Q6_K] = ie_matmul_q6_k_q8_k_ref,
-                    [IE_DTYPE_IQ4_XS] = ie_matmul_iq4_xs_q8_k_ref,
+                    IE_KQUANT_ROWS_REF,
                 },
             .matmul_packed = ie_matmul_packed_ref,
             .matmul_packed_ranges = ie_matmul_packed_ranges_ref,
@@ -214,17 +215,7 @@ static const ie_kernels_t g_kernels[3] = {
                     [IE_DTYPE_Q4_0] = ie_matmul_q4_0_q8_0_avx2,
                     [IE_DTYPE_Q4_1] = ie_matmul_q4_1_q8_1_avx2,
                     [IE_DTYPE_MXFP4] = ie_matmul_mxfp4_q8_0_avx2,
-                    /* k-quants in ROWS: the scalar reference on every ISA until
-                     * SIMD ROWS kernels exist (PANEL16 is their fast path) */
-                    [IE_DTYPE_Q5_0] = ie_matmul_q5_0_q8_p_ref,
-                    [IE_DTYPE_Q5_1] = ie_matmul_q5_1_q8_p_ref,
-                    [IE_DTYPE_IQ4_NL] = ie_matmul_iq4_nl_q8_p_ref,
-                    [IE_DTYPE_Q2_K] = ie_matmul_q2_k_q8_k_ref,
-                    [IE_DTYPE_Q3_K] = ie_matmul_q3_k_q8_k_ref,
-                    [IE_DTYPE_Q4_K] = ie_matmul_q4_k_q8_k_ref,
-                    [IE_DTYPE_Q5_K] = ie_matmul_q5_k_q8_k_ref,
-                    [IE_DTYPE_Q6_K] = ie_matmul_q6_k_q8_k_ref,
-                    [IE_DTYPE_IQ4_XS] = ie_matmul_iq4_xs_q8_k_ref,
+                    IE_KQUANT_ROWS_REF,
                 },
             .matmul_packed = ie_matmul_packed_avx2,
             .matmul_packed_ranges = ie_matmul_packed_ranges_avx2,
@@ -252,17 +243,7 @@ static const ie_kernels_t g_kernels[3] = {
                     [IE_DTYPE_Q4_0] = ie_matmul_q4_0_q8_0_avx512,
                     [IE_DTYPE_Q4_1] = ie_matmul_q4_1_q8_1_avx512,
                     [IE_DTYPE_MXFP4] = ie_matmul_mxfp4_q8_0_avx512,
-                    /* k-quants in ROWS: the scalar reference on every ISA until
-                     * SIMD ROWS kernels exist (PANEL16 is their fast path) */
-                    [IE_DTYPE_Q5_0] = ie_matmul_q5_0_q8_p_ref,
-                    [IE_DTYPE_Q5_1] = ie_matmul_q5_1_q8_p_ref,
-                    [IE_DTYPE_IQ4_NL] = ie_matmul_iq4_nl_q8_p_ref,
-                    [IE_DTYPE_Q2_K] = ie_matmul_q2_k_q8_k_ref,
-                    [IE_DTYPE_Q3_K] = ie_matmul_q3_k_q8_k_ref,
-                    [IE_DTYPE_Q4_K] = ie_matmul_q4_k_q8_k_ref,
-                    [IE_DTYPE_Q5_K] = ie_matmul_q5_k_q8_k_ref,
-                    [IE_DTYPE_Q6_K] = ie_matmul_q6_k_q8_k_ref,
-                    [IE_DTYPE_IQ4_XS] = ie_matmul_iq4_xs_q8_k_ref,
+                    IE_KQUANT_ROWS_REF,
                 },
             .matmul_packed = ie_matmul_packed_avx512,
             .matmul_packed_ranges = ie_matmul_packed_ranges_avx512,

@@ -56,10 +56,11 @@
  */
 #include "../../src/ie_kernels_isa.h"
 
+#include "avx2_inl.h"
+
 #include <immintrin.h>
 #include <string.h>
 
-#define IE_INLINE static inline __attribute__((always_inline))
 
 #define KQ_NT 4          /* tokens per GEMM tile: 3, 5 (fewer registers free), 6 (spills) were slower */
 #define KQ_PF_DIST 8192  /* GEMV prefetch distance, bytes: 2048 gave 0.7x on Q4_K-Q6_K (Zen 4), 16384 the same */
@@ -126,20 +127,6 @@ IE_INLINE int kq_qpm(ie_dtype_t T)
 }
 
 /* ------------------------------------------------------------ helpers */
-
-IE_INLINE float ld_f32(const void *p)
-{
-    float f;
-    memcpy(&f, p, sizeof f);
-    return f;
-}
-
-IE_INLINE __m256i bcast4(const uint8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return _mm256_set1_epi32(v);
-}
 
 IE_INLINE __m256i ld256(const uint8_t *p) { return _mm256_loadu_si256((const __m256i *)(const void *)p); }
 

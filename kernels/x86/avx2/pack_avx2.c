@@ -31,10 +31,11 @@
  */
 #include "../../src/ie_kernels_isa.h"
 
+#include "avx2_inl.h"
+
 #include <immintrin.h>
 #include <string.h>
 
-#define IE_INLINE static inline __attribute__((always_inline))
 
 /* Geometry of one packed matrix, computed once per call. */
 typedef struct {
@@ -46,20 +47,6 @@ typedef struct {
     size_t group_bytes; /* one group of a panel        */
     size_t scale_bytes; /* d[16] (+ m[16]) of a group  */
 } geom_t;
-
-IE_INLINE float ld_f32(const void *p)
-{
-    float f;
-    memcpy(&f, p, sizeof f);
-    return f;
-}
-
-IE_INLINE __m256i bcast4(const int8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return _mm256_set1_epi32(v);
-}
 
 /* One tile: panel `pan` (16 rows) x nt tokens (rows a[t]); writes the
  * 16 x nt results into acc[2*t + h] (h: rows 0-7 / 8-15). */

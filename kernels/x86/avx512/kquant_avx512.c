@@ -53,10 +53,11 @@
 #include "ie_kernels.h"
 #include "../../src/ie_kernels_isa.h"
 
+#include "avx512_inl.h"
+
 #include <immintrin.h>
 #include <string.h>
 
-#define IE_INLINE static inline __attribute__((always_inline))
 
 #define KT 8 /* max tokens per tile */
 #ifndef KPFD
@@ -120,43 +121,6 @@ static int k_type(ie_dtype_t t)
     case IE_DTYPE_IQ4_NL: return K_IQ4NL;
     default: return -1;
     }
-}
-
-IE_INLINE int32_t ld32(const uint8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-IE_INLINE float ldf(const uint8_t *p)
-{
-    float v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-/* acc += vpdpbusd(w (u8), the 4 bytes at p broadcast (s8)), the broadcast
- * as the {1to16} memory operand (see dpbusd_bcast in pack_avx512.c). */
-IE_INLINE __m512i dpbusd_b(__m512i acc, __m512i w, const uint8_t *p)
-{
-#ifdef IE_PACK_NO_ASM
-    return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(ld32(p)));
-#else
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)(const void *)p));
-    return acc;
-#endif
-}
-
-/* acc += vpdpwssd(w (int16 pairs), the int16 pair at p broadcast). */
-IE_INLINE __m512i dpwssd_b(__m512i acc, __m512i w, const uint8_t *p)
-{
-#ifdef IE_PACK_NO_ASM
-    return _mm512_dpwssd_epi32(acc, w, _mm512_set1_epi32(ld32(p)));
-#else
-    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)(const void *)p));
-    return acc;
-#endif
 }
 
 /* v shifted by n bits (left for n > 0) in 16-bit lanes */
@@ -281,8 +245,8 @@ IE_INLINE void k_block256(const int ty, const int T, const int PF, const uint8_t
 #pragma GCC unroll 8
                 for (int t = 0; t < T; t++) {
                     const uint8_t *a = p + 32 * (size_t)T * s + 32 * (size_t)t + 16 * h + 4 * i;
-                    if (two && (nsub == 16 ? i >= 2 : h == 1)) X[t] = dpbusd_b(X[t], W[i], a);
-                    else I[t] = dpbusd_b(I[t], W[i], a);
+                    if (two && (nsub == 16 ? i >= 2 : h == 1)) X[t] = dpbusd_bcast(X[t], W[i], a);
+                    else I[t] = dpbusd_bcast(I[t], W[i], a);
                 }
             if (nsub == 16 || h == 1) {
                 if (two) {
@@ -310,7 +274,7 @@ IE_INLINE void k_block256(const int ty, const int T, const int PF, const uint8_t
     for (int t = 0; t < T; t++) {
         __m512i M = _mm512_setzero_si512();
 #pragma GCC unroll 8
-        for (int m = 0; m < nsub / 2; m++) M = dpwssd_b(M, P[m], p + paux + 64 * (size_t)t + 4 * (size_t)m);
+        for (int m = 0; m < nsub / 2; m++) M = dpwssd_bcast(M, P[m], p + paux + 64 * (size_t)t + 4 * (size_t)m);
         const __m512 da = _mm512_set1_ps(ldf(p + 256 * (size_t)T + 4 * (size_t)t));
         __m512 v;
         if (k_mn(ty)) v = _mm512_fmsub_ps(d, F[t], _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(M)));
@@ -346,8 +310,8 @@ IE_INLINE void k_block32(const int ty, const int T, const int PF, const uint8_t 
 #pragma GCC unroll 8
             for (int t = 0; t < T; t++) {
                 const uint8_t *a = p + 32 * (size_t)t + 16 * h + 4 * i;
-                if (two && h == 1) X[t] = dpbusd_b(X[t], W[i], a);
-                else I[t] = dpbusd_b(I[t], W[i], a);
+                if (two && h == 1) X[t] = dpbusd_bcast(X[t], W[i], a);
+                else I[t] = dpbusd_bcast(I[t], W[i], a);
             }
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb));

@@ -412,7 +412,7 @@ static bp_bufs_t *bp_bufs(void)
 /* acc += vdpbf16ps(w, the bf16 pair at p broadcast to every dword), the
  * broadcast as the instruction's {1to16} memory operand (GCC does not fold
  * _mm512_set1_epi32 of a load into it; a separate vpbroadcastd per product
- * costs an extra uop); see dpbusd_bcast in pack_avx512.c. */
+ * costs an extra uop); see dpbusd_bcast in avx512_inl.h. */
 IE_INLINE __m512 dpbf16_bcast(__m512 acc, __m512bh w, const char *p)
 {
 #ifdef IE_PACK_NO_ASM

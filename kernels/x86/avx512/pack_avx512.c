@@ -61,10 +61,11 @@
 #include "ie_kernels.h"
 #include "../../src/ie_kernels_isa.h"
 
+#include "avx512_inl.h"
+
 #include <immintrin.h>
 #include <string.h>
 
-#define IE_INLINE static inline __attribute__((always_inline))
 
 #define PT 8             /* max tokens per tile                    */
 #define PK_BLK (40 * PT) /* packed bytes per block of a full tile  */
@@ -76,50 +77,10 @@
 
 enum { D_I8W = 0, D_I4W = 1, D_I4WA = 2 };
 
-IE_INLINE int32_t ld32(const uint8_t *p)
-{
-    int32_t v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-IE_INLINE float ldf(const uint8_t *p)
-{
-    float v;
-    memcpy(&v, p, 4);
-    return v;
-}
-
-/* acc += vpdpbusd(w (u8), 4 bytes at p broadcast (s8)), with the broadcast
- * as the instruction's {1to16} memory operand (GCC does not fold
- * _mm512_set1_epi32 of a load into vpdpbusd; a separate vpbroadcastd per
- * product costs an extra uop). */
-IE_INLINE __m512i dpbusd_bcast(__m512i acc, __m512i w, const uint8_t *p)
-{
-#ifdef IE_PACK_NO_ASM
-    return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(ld32(p)));
-#else
-    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)(const void *)p));
-    return acc;
-#endif
-}
-
 /* Bytes of one token's quants in a packed block: int16 for I8W (Q16_P),
  * int8 otherwise (Q8_P). A packed block of T tokens is (QB + 8) * T bytes:
  * q[T][32] | f32 d[T] | int32 c[T]. */
 #define QB(DT) ((DT) == D_I8W ? 64 : 32)
-
-/* acc += vpdpwssd(w (16 x int16 pairs), the int16 pair at p broadcast),
- * the broadcast again as the {1to16} memory operand. */
-IE_INLINE __m512i dpwssd_bcast(__m512i acc, __m512i w, const uint8_t *p)
-{
-#ifdef IE_PACK_NO_ASM
-    return _mm512_dpwssd_epi32(acc, w, _mm512_set1_epi32(ld32(p)));
-#else
-    __asm__("vpdpwssd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)(const void *)p));
-    return acc;
-#endif
-}
 
 /* One block (32 k) of one panel against T packed tokens (block pointer p):
  * gacc[t] (+)= cvt(exact int dot - off*sum(q)) * d_a[t].
