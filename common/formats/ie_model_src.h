@@ -29,10 +29,24 @@
 
 #include <stdint.h>
 
+/* Ids are stored in IEBIN files and fingerprints: never renumber. */
 typedef enum ie_arch {
-    IE_ARCH_LLAMA = 0, /* Llama family (SmolLM2, TinyLlama)           */
-    IE_ARCH_GPTOSS = 1 /* GPT-OSS: MoE, sinks, sliding window, YaRN   */
+    IE_ARCH_LLAMA = 0,    /* Llama 1/2/3.x, SmolLM2, TinyLlama, Mistral  */
+    IE_ARCH_GPTOSS = 1,   /* GPT-OSS: MoE, sinks, sliding window, YaRN   */
+    IE_ARCH_QWEN2 = 2,    /* Qwen2 / Qwen2.5: q/k/v biases               */
+    IE_ARCH_QWEN3 = 3,    /* Qwen3: per-head q/k RMS norm                */
+    IE_ARCH_QWEN3MOE = 4, /* Qwen3-MoE: q/k norm, softmax top-k experts  */
+    IE_ARCH_PHI3 = 5,     /* Phi-3 / 3.5: fused qkv and gate_up          */
+    IE_ARCH_GEMMA2 = 6,   /* Gemma 2: GeGLU, sandwich norms, soft-caps   */
+    IE_ARCH_GEMMA3 = 7    /* Gemma 3 (text): + q/k norm, two RoPE bases  */
 } ie_arch_t;
+
+/* The architecture's name ("llama", "gpt-oss", as GGUF's
+ * general.architecture and IEBIN's "arch" spell it), or NULL for an id
+ * without one. */
+const char *ie_arch_name(ie_arch_t id);
+/* 1 and *out = the id if `name` is an architecture's name, else 0. */
+int ie_arch_from_name(const char *name, ie_arch_t *out);
 
 #define IE_MAX_LAYERS 512
 
@@ -70,6 +84,36 @@ typedef struct ie_hparams {
     float rope_yarn_beta_slow;
     int rope_yarn_truncate; /* floor/ceil the correction range (HF key)   */
     float rope_attn_factor; /* multiplies cos and sin (0.1 ln f + 1)       */
+
+    /* ---- the other architectures' switches (0 = off unless said) ---- */
+    int qkv_bias;          /* q/k/v have biases, o has none (Qwen2); attn_bias
+                              is all four (GPT-OSS)                          */
+    int qk_norm;           /* blk.N.attn_{q,k}_norm.weight [head_dim]: RMS
+                              norm of each q / k head before RoPE (Qwen3,
+                              Gemma 3), with rms_eps                        */
+    float attn_scale;      /* scores = q.k * attn_scale; 0: 1/sqrt(head_dim)
+                              (Gemma: query_pre_attn_scalar^-1/2)           */
+    float attn_softcap;    /* scores = c tanh(scores / c); 0: off (Gemma 2) */
+    float final_softcap;   /* logits = c tanh(logits / c); 0: off (Gemma 2) */
+    float embd_scale;      /* x = embedding * embd_scale; 0: off (Gemma:
+                              sqrt(n_embd), rounded to the model's dtype)   */
+    int post_norms;        /* blk.N.post_attention_norm / post_ffw_norm on
+                              each block's output before the residual add
+                              (Gemma 2/3; their input norm of the MLP is
+                              ffn_norm)                                     */
+    int ffn_gelu;          /* MLP activation gelu (tanh approximation)
+                              instead of silu (Gemma)                       */
+    float rope_theta_swa;  /* RoPE base of sliding-window layers; 0: the
+                              same as rope_theta (Gemma 3: 10000)           */
+    float rope_freq_scale; /* linear RoPE scaling: position * scale; 0 or 1:
+                              off (Gemma 3 global layers: 1/8)              */
+    int rope_freqs;        /* rope_freqs.weight [rope_dim/2]: per-frequency
+                              divisors (Llama 3.x "llama3" scaling; Phi-3
+                              long/short factors chosen at load)            */
+    int moe_norm_topk;     /* MoE: renormalize the top-k weights to sum 1
+                              (Qwen3-MoE norm_topk_prob)                    */
+    int moe_softmax_first; /* MoE: softmax over all experts, then top-k
+                              (Qwen3-MoE) instead of top-k then softmax     */
 } ie_hparams_t;
 
 typedef struct ie_tensor {

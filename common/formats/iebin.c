@@ -115,19 +115,25 @@ typedef struct hp_field {
     int kind;
     size_t off;
     int64_t lo, hi;
+    int opt; /* may be absent (0): the switches added after version 1's
+                first files, which stay readable */
 } hp_field_t;
 
-#define HPI(f, lo, hi)                                \
-    {                                                 \
-#f, HP_INT, offsetof(ie_hparams_t, f), lo, hi \
+#define HPI(f, lo, hi)                                   \
+    {                                                    \
+#f, HP_INT, offsetof(ie_hparams_t, f), lo, hi, 0 \
     }
-#define HPF(f, lo)                                     \
+#define HPF(f, lo)                                        \
+    {                                                     \
+#f, HP_FLOAT, offsetof(ie_hparams_t, f), lo, 0, 0 \
+    }
+#define HPB(f)                                          \
+    {                                                   \
+#f, HP_BOOL, offsetof(ie_hparams_t, f), 0, 1, 0 \
+    }
+#define HPO(f, kind, lo, hi)                           \
     {                                                  \
-#f, HP_FLOAT, offsetof(ie_hparams_t, f), lo, 0 \
-    }
-#define HPB(f)                                       \
-    {                                                \
-#f, HP_BOOL, offsetof(ie_hparams_t, f), 0, 1 \
+#f, kind, offsetof(ie_hparams_t, f), lo, hi, 1 \
     }
 static const hp_field_t k_hp[] = {
     HPI(n_layer, 1, IE_MAX_LAYERS),
@@ -155,6 +161,19 @@ static const hp_field_t k_hp[] = {
     HPF(rope_yarn_beta_slow, 0),
     HPB(rope_yarn_truncate),
     HPF(rope_attn_factor, 0),
+    HPO(qkv_bias, HP_BOOL, 0, 1),
+    HPO(qk_norm, HP_BOOL, 0, 1),
+    HPO(attn_scale, HP_FLOAT, 0, 0),
+    HPO(attn_softcap, HP_FLOAT, 0, 0),
+    HPO(final_softcap, HP_FLOAT, 0, 0),
+    HPO(embd_scale, HP_FLOAT, 0, 0),
+    HPO(post_norms, HP_BOOL, 0, 1),
+    HPO(ffn_gelu, HP_BOOL, 0, 1),
+    HPO(rope_theta_swa, HP_FLOAT, 0, 0),
+    HPO(rope_freq_scale, HP_FLOAT, 0, 0),
+    HPO(rope_freqs, HP_BOOL, 0, 1),
+    HPO(moe_norm_topk, HP_BOOL, 0, 1),
+    HPO(moe_softmax_first, HP_BOOL, 0, 1),
 };
 #define N_HP (sizeof k_hp / sizeof k_hp[0])
 
@@ -300,8 +319,7 @@ static ie_status_t hp_check(ie_status_t bad, const ie_hparams_t *hp)
                             hp->n_expert);
     if (hp->rope_layout != IE_ROPE_NORMAL && hp->rope_layout != IE_ROPE_NEOX)
         return ie_error_set(bad, "iebin: hparams: unknown rope_layout %d", (int)hp->rope_layout);
-    if (hp->arch_id != IE_ARCH_LLAMA && hp->arch_id != IE_ARCH_GPTOSS)
-        return ie_error_set(bad, "iebin: unknown architecture id %d", (int)hp->arch_id);
+    if (!ie_arch_name(hp->arch_id)) return ie_error_set(bad, "iebin: unknown architecture id %d", (int)hp->arch_id);
     for (int l = 0; l < IE_MAX_LAYERS; l++) n_swa += hp->layer_swa[l] != 0 && l >= hp->n_layer;
     if (n_swa) return ie_error_set(bad, "iebin: hparams: layer_swa marks layers beyond n_layer (%d)", hp->n_layer);
     return IE_OK;
@@ -421,11 +439,8 @@ static ie_status_t parse_hparams(const cJSON *root, ie_hparams_t *hp)
 
     memset(hp, 0, sizeof *hp);
     if ((st = j_str(root, "arch", "model.ie.json", &s)) != IE_OK) return st;
-    if (strcmp(s, "llama") == 0) hp->arch_id = IE_ARCH_LLAMA;
-    else if (strcmp(s, "gpt-oss") == 0) hp->arch_id = IE_ARCH_GPTOSS;
-    else
-        return ie_error_set(IE_ERR_FORMAT,
-                            "iebin: model.ie.json: 'arch' is '%.64s' (expected 'llama' or 'gpt-oss')", s);
+    if (!ie_arch_from_name(s, &hp->arch_id))
+        return ie_error_set(IE_ERR_FORMAT, "iebin: model.ie.json: 'arch' is '%.64s', which is no architecture", s);
     snprintf(hp->arch, sizeof hp->arch, "%s", s);
     if (!cJSON_IsObject(h)) return ie_error_set(IE_ERR_FORMAT, "iebin: model.ie.json: 'hparams' must be an object");
     if ((st = j_str(h, "name", "hparams", &s)) != IE_OK) return st;
@@ -436,6 +451,7 @@ static ie_status_t parse_hparams(const cJSON *root, ie_hparams_t *hp)
         const hp_field_t *f = &k_hp[i];
         const cJSON *j = obj_get(h, f->key);
         void *p = (char *)hp + f->off;
+        if (f->opt && (!j || cJSON_IsNull(j))) continue; /* stays 0 */
         if (f->kind == HP_INT) {
             int iv;
             if ((st = j_int(h, f->key, "hparams", f->lo, f->hi, &v)) != IE_OK) return st;
@@ -1316,8 +1332,8 @@ static ie_status_t build_json(const ie_iebin_writer_t *w, const ie_hparams_t *hp
     if (!ok) goto nomem;
     content_hash_str(&b, hash);
     ok = cJSON_AddStringToObject(root, "format", "iebin") &&
-         cJSON_AddNumberToObject(root, "version", IE_IEBIN_VERSION) &&
-         cJSON_AddStringToObject(root, "arch", hp->arch_id == IE_ARCH_GPTOSS ? "gpt-oss" : "llama");
+         cJSON_AddNumberToObject(root, "version", IE_IEBIN_VERSION) && ie_arch_name(hp->arch_id) &&
+         cJSON_AddStringToObject(root, "arch", ie_arch_name(hp->arch_id));
     if (!ok || !(item = hparams_json(hp)) || !cJSON_AddItemToObject(root, "hparams", item)) goto nomem;
     if (!(tok = cJSON_AddObjectToObject(root, "tokenizer")) || !cJSON_AddStringToObject(tok, "file", w->tok_file) ||
         !cJSON_AddStringToObject(tok, "kind", w->tok_kind) || !(arr = cJSON_AddArrayToObject(root, "tensors")))

@@ -3,22 +3,18 @@
  *
  * All loaders fill the same ie_hparams_t and a table of tensors under
  * canonical GGUF names, then share one validator: hyper-parameters in range
- * and consistent, every tensor the llama architecture needs present with the
- * exact expected shape and a dtype we compute with. Tensor data stays in the
+ * and consistent, every tensor the architecture needs present with the
+ * exact expected shape and a dtype we compute with (each architecture's
+ * tensors: its model_<arch>.c, model_src_internal.h). Tensor data stays in the
  * GGUF / safetensors mappings; only names are copied.
  *
  * Functions that own resources leave through one cleanup label; pure checks
  * return at their first failure, which reads more directly than a goto there.
  */
-#include "ie_model_src.h"
+#include "model_src_internal.h"
+
 #include "ie_mmap.h"
-
-#include "ie_gguf.h"
-#include "ie_iebin.h"
 #include "ie_pack.h"
-#include "ie_safetensors.h"
-
-#include <cjson/cJSON.h>
 
 #include <dirent.h>
 #include <errno.h>
@@ -31,44 +27,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define HP_MAX (1 << 20)           /* bound on every integer hyper-parameter */
 #define JSON_MAX_BYTES (64u << 20) /* config.json / index json size limit    */
 #define PATH_CAP 4096
 
-typedef struct src_tensor {
-    ie_tensor_t t;         /* must stay first: the public view            */
-    char *name;            /* owned; t.name points here                   */
-    const char *type_name; /* the file's name for the dtype, for errors   */
-    void *owned;           /* converted copy t.data points into, or NULL  */
-} src_tensor_t;
-
-struct ie_model_src {
-    ie_src_kind_t kind;
-    ie_hparams_t hp;
-    ie_gguf_t *gguf;
-    ie_safetensors_t **shards;
-    int n_shards;
-    src_tensor_t *tensors; /* sorted by name */
-    int64_t n_tensors;
-    int64_t n_sorted;    /* leading entries sorted by name (searchable) */
-    int64_t cap_tensors; /* entries allocated (zeroed beyond n_tensors) */
-    char *tokenizer_path;
-    ie_iebin_t *iebin; /* IEBIN: owns the blob mapping tensors point into */
-    int mem_finished;  /* in-memory source: mem_finish succeeded      */
-};
-
-/* Field names as each format spells them, for error messages. */
-typedef struct hp_labels {
-    const char *n_layer, *n_head, *n_head_kv, *head_dim, *rope_dim;
-    const char *n_expert, *n_expert_used, *sliding_window; /* GPT-OSS */
-} hp_labels_t;
-
 /* ---------------------------------------------------------------- names */
-
-typedef struct name_pair {
-    const char *hf, *canon;
-    int hint_only; /* canonical tensor is a converted copy: HF name for error hints only */
-} name_pair_t;
 
 static const name_pair_t k_global_names[] = {
     {"model.embed_tokens.weight", "token_embd.weight", 0},
@@ -76,48 +38,14 @@ static const name_pair_t k_global_names[] = {
     {"lm_head.weight", "output.weight", 0},
 };
 
-static const name_pair_t k_layer_names[] = {
-    {"input_layernorm.weight", "attn_norm.weight", 0},    {"self_attn.q_proj.weight", "attn_q.weight", 0},
-    {"self_attn.k_proj.weight", "attn_k.weight", 0},      {"self_attn.v_proj.weight", "attn_v.weight", 0},
-    {"self_attn.o_proj.weight", "attn_output.weight", 0}, {"post_attention_layernorm.weight", "ffn_norm.weight", 0},
-    {"mlp.gate_proj.weight", "ffn_gate.weight", 0},       {"mlp.up_proj.weight", "ffn_up.weight", 0},
-    {"mlp.down_proj.weight", "ffn_down.weight", 0},
-};
-
-/* GPT-OSS (docs/GPTOSS.md §3.1 -> §3.3). The expert matrices and the
- * gate/up bias need converted copies (gptoss_hf_layer); their entries here
- * only name the HF source in error messages. */
-static const name_pair_t k_gptoss_layer_names[] = {
-    {"input_layernorm.weight", "attn_norm.weight", 0},
-    {"self_attn.q_proj.weight", "attn_q.weight", 0},
-    {"self_attn.q_proj.bias", "attn_q.bias", 0},
-    {"self_attn.k_proj.weight", "attn_k.weight", 0},
-    {"self_attn.k_proj.bias", "attn_k.bias", 0},
-    {"self_attn.v_proj.weight", "attn_v.weight", 0},
-    {"self_attn.v_proj.bias", "attn_v.bias", 0},
-    {"self_attn.o_proj.weight", "attn_output.weight", 0},
-    {"self_attn.o_proj.bias", "attn_output.bias", 0},
-    {"self_attn.sinks", "attn_sinks.weight", 0},
-    {"post_attention_layernorm.weight", "post_attention_norm.weight", 0},
-    {"mlp.router.weight", "ffn_gate_inp.weight", 0},
-    {"mlp.router.bias", "ffn_gate_inp.bias", 0},
-    {"mlp.experts.down_proj_bias", "ffn_down_exps.bias", 0},
-    {"mlp.experts.gate_up_proj", "ffn_gate_exps.weight", 1},
-    {"mlp.experts.gate_up_proj", "ffn_up_exps.weight", 1},
-    {"mlp.experts.down_proj", "ffn_down_exps.weight", 1},
-    {"mlp.experts.gate_up_proj_bias", "ffn_gate_exps.bias", 1},
-    {"mlp.experts.gate_up_proj_bias", "ffn_up_exps.bias", 1},
-};
-
-#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
-
 /* Translate a tensor name HF -> canonical (to_hf = 0) or back (to_hf = 1)
  * for architecture `arch`. Returns 1 and writes `out` if the mapping knows
  * the name. */
 static int translate_name(const char *name, int to_hf, ie_arch_t arch, char *out, size_t cap)
 {
-    const name_pair_t *tab = arch == IE_ARCH_GPTOSS ? k_gptoss_layer_names : k_layer_names;
-    size_t n_tab = arch == IE_ARCH_GPTOSS ? COUNT(k_gptoss_layer_names) : COUNT(k_layer_names);
+    const msrc_arch_t *a = msrc_arch_by_id(arch);
+    const name_pair_t *tab = a ? a->layer_names : NULL;
+    size_t n_tab = a ? a->n_layer_names : 0;
     const char *from_pre = to_hf ? "blk." : "model.layers.";
     const char *to_pre = to_hf ? "model.layers." : "blk.";
     size_t pl = strlen(from_pre);
@@ -146,7 +74,7 @@ static int tensor_cmp(const void *a, const void *b)
     return strcmp(((const src_tensor_t *)a)->t.name, ((const src_tensor_t *)b)->t.name);
 }
 
-static const src_tensor_t *find(const ie_model_src_t *s, const char *name)
+const src_tensor_t *msrc_find(const ie_model_src_t *s, const char *name)
 {
     src_tensor_t key;
     if (!s || !name || !s->tensors) return NULL;
@@ -155,7 +83,7 @@ static const src_tensor_t *find(const ie_model_src_t *s, const char *name)
 }
 
 /* Sort the table and reject names that appear twice. */
-static ie_status_t sort_tensors(ie_model_src_t *s)
+ie_status_t msrc_sort_tensors(ie_model_src_t *s)
 {
     if (s->n_tensors > 1) qsort(s->tensors, (size_t)s->n_tensors, sizeof *s->tensors, tensor_cmp);
     s->n_sorted = s->n_tensors;
@@ -168,7 +96,7 @@ static ie_status_t sort_tensors(ie_model_src_t *s)
 
 /* ---------------------------------------------------------------- validation */
 
-static void fmt_shape(char *buf, size_t cap, int n_dims, const int64_t *ne)
+void msrc_fmt_shape(char *buf, size_t cap, int n_dims, const int64_t *ne)
 {
     size_t at = (size_t)snprintf(buf, cap, "[");
     for (int d = 0; d < n_dims && at < cap; d++)
@@ -187,9 +115,9 @@ static const char *hf_hint(const ie_model_src_t *s, const char *canon, char *buf
 
 /* Tensor `name` must exist with exactly `n_dims` dims equal to ne[] and a
  * dtype the kernels compute with. */
-static ie_status_t need_ne(const ie_model_src_t *s, const char *name, int n_dims, const int64_t *want)
+ie_status_t msrc_need_ne(const ie_model_src_t *s, const char *name, int n_dims, const int64_t *want)
 {
-    const src_tensor_t *st = find(s, name);
+    const src_tensor_t *st = msrc_find(s, name);
     char hint[300], have_s[96], want_s[96];
     int ok;
 
@@ -199,8 +127,8 @@ static ie_status_t need_ne(const ie_model_src_t *s, const char *name, int n_dims
     ok = st->t.n_dims == n_dims;
     for (int d = 0; d < n_dims && ok; d++) ok = st->t.ne[d] == want[d];
     if (!ok) {
-        fmt_shape(have_s, sizeof have_s, st->t.n_dims, st->t.ne);
-        fmt_shape(want_s, sizeof want_s, n_dims, want);
+        msrc_fmt_shape(have_s, sizeof have_s, st->t.n_dims, st->t.ne);
+        msrc_fmt_shape(want_s, sizeof want_s, n_dims, want);
         return ie_error_set(IE_ERR_FORMAT, "model: tensor '%s' has shape %s, expected %s%s", name, have_s, want_s,
                             hf_hint(s, name, hint, sizeof hint));
     }
@@ -213,101 +141,19 @@ static ie_status_t need_ne(const ie_model_src_t *s, const char *name, int n_dims
     return IE_OK;
 }
 
-static ie_status_t need(const ie_model_src_t *s, const char *name, int n_dims, int64_t ne0, int64_t ne1)
+ie_status_t msrc_need(const ie_model_src_t *s, const char *name, int n_dims, int64_t ne0, int64_t ne1)
 {
     const int64_t want[2] = {ne0, ne1};
-    return need_ne(s, name, n_dims, want);
+    return msrc_need_ne(s, name, n_dims, want);
 }
 
-/* GPT-OSS hyper-parameters and tensors (docs/GPTOSS.md §1, §3.3). */
-static ie_status_t validate_gptoss(const ie_model_src_t *s, const hp_labels_t *lb)
-{
-    const ie_hparams_t *hp = &s->hp;
-    ie_status_t st = IE_OK;
-    int64_t H = hp->n_embd, I = hp->n_ff, E = hp->n_expert, V = hp->n_vocab;
-    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
-    int any_swa = 0;
-    char name[96];
-
-    if (hp->n_expert_used > hp->n_expert)
-        return ie_error_set(IE_ERR_FORMAT, "model: %s (%d) exceeds %s (%d)", lb->n_expert_used, hp->n_expert_used,
-                            lb->n_expert, hp->n_expert);
-    for (int l = 0; l < hp->n_layer; l++) any_swa |= hp->layer_swa[l];
-    if (any_swa && hp->sliding_window < 1)
-        return ie_error_set(IE_ERR_FORMAT,
-                            "model: %s (%d) must be at least 1: some layers use sliding-window attention",
-                            lb->sliding_window, hp->sliding_window);
-    if (hp->rope_dim != hp->head_dim)
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: %s (%d) differs from %s (%d): partial rotary is not supported", lb->rope_dim,
-                            hp->rope_dim, lb->head_dim, hp->head_dim);
-    if (!isfinite(hp->swiglu_limit) || hp->swiglu_limit <= 0.0f)
-        return ie_error_set(IE_ERR_FORMAT, "model: swiglu_limit %g must be positive", (double)hp->swiglu_limit);
-    if (!isfinite(hp->swiglu_alpha) || hp->swiglu_alpha <= 0.0f)
-        return ie_error_set(IE_ERR_FORMAT, "model: swiglu_alpha %g must be positive", (double)hp->swiglu_alpha);
-    if (hp->rope_yarn_factor != 0.0f) {
-        if (!isfinite(hp->rope_yarn_factor) || hp->rope_yarn_factor < 1.0f)
-            return ie_error_set(IE_ERR_FORMAT, "model: YaRN factor %g must be at least 1",
-                                (double)hp->rope_yarn_factor);
-        if (hp->rope_yarn_orig_ctx < 1)
-            return ie_error_set(IE_ERR_FORMAT, "model: YaRN original context length %d must be positive",
-                                hp->rope_yarn_orig_ctx);
-        if (!isfinite(hp->rope_yarn_beta_fast) || hp->rope_yarn_beta_fast <= 0.0f ||
-            !isfinite(hp->rope_yarn_beta_slow) || hp->rope_yarn_beta_slow <= 0.0f)
-            return ie_error_set(IE_ERR_FORMAT, "model: YaRN beta_fast %g / beta_slow %g must be positive",
-                                (double)hp->rope_yarn_beta_fast, (double)hp->rope_yarn_beta_slow);
-    }
-    if (!isfinite(hp->rope_attn_factor) || hp->rope_attn_factor <= 0.0f)
-        return ie_error_set(IE_ERR_FORMAT, "model: RoPE attention factor %g must be positive",
-                            (double)hp->rope_attn_factor);
-
-    {
-        const int64_t emb[2] = {H, V}, norm[1] = {H};
-        if ((st = need_ne(s, "token_embd.weight", 2, emb)) != IE_OK) return st;
-        if ((st = need_ne(s, "output_norm.weight", 1, norm)) != IE_OK) return st;
-        if ((st = need_ne(s, "output.weight", 2, emb)) != IE_OK) return st;
-    }
-    for (int l = 0; l < hp->n_layer; l++) {
-        const struct {
-            const char *suffix;
-            int n_dims;
-            int64_t ne[3];
-        } req[] = {
-            {"attn_norm.weight", 1, {H}},
-            {"attn_q.weight", 2, {H, q_dim}},
-            {"attn_q.bias", 1, {q_dim}},
-            {"attn_k.weight", 2, {H, kv_dim}},
-            {"attn_k.bias", 1, {kv_dim}},
-            {"attn_v.weight", 2, {H, kv_dim}},
-            {"attn_v.bias", 1, {kv_dim}},
-            {"attn_output.weight", 2, {q_dim, H}},
-            {"attn_output.bias", 1, {H}},
-            {"attn_sinks.weight", 1, {hp->n_head}},
-            {"post_attention_norm.weight", 1, {H}},
-            {"ffn_gate_inp.weight", 2, {H, E}},
-            {"ffn_gate_inp.bias", 1, {E}},
-            {"ffn_gate_exps.weight", 3, {H, I, E}},
-            {"ffn_up_exps.weight", 3, {H, I, E}},
-            {"ffn_down_exps.weight", 3, {I, H, E}},
-            {"ffn_gate_exps.bias", 2, {I, E}},
-            {"ffn_up_exps.bias", 2, {I, E}},
-            {"ffn_down_exps.bias", 2, {H, E}},
-        };
-        for (size_t i = 0; i < COUNT(req); i++) {
-            snprintf(name, sizeof name, "blk.%d.%s", l, req[i].suffix);
-            if ((st = need_ne(s, name, req[i].n_dims, req[i].ne)) != IE_OK) return st;
-        }
-    }
-    return IE_OK;
-}
 
 static ie_status_t validate(const ie_model_src_t *s, const hp_labels_t *lb)
 {
     const ie_hparams_t *hp = &s->hp;
-    ie_status_t st = IE_OK;
-    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
-    char name[64];
 
+    if (!msrc_arch_by_id(hp->arch_id))
+        return ie_error_set(IE_ERR_FORMAT, "model: unknown architecture id %d", (int)hp->arch_id);
     if (hp->n_layer > IE_MAX_LAYERS)
         return ie_error_set(IE_ERR_UNSUPPORTED, "model: %s (%d) exceeds the supported maximum of %d layers",
                             lb->n_layer, hp->n_layer, IE_MAX_LAYERS);
@@ -324,32 +170,10 @@ static ie_status_t validate(const ie_model_src_t *s, const hp_labels_t *lb)
         return ie_error_set(IE_ERR_FORMAT, "model: rope theta %g must be positive", (double)hp->rope_theta);
     if (!isfinite(hp->rms_eps) || hp->rms_eps <= 0.0f || hp->rms_eps >= 1.0f)
         return ie_error_set(IE_ERR_FORMAT, "model: RMS norm epsilon %g must be in (0, 1)", (double)hp->rms_eps);
-    if (hp->arch_id == IE_ARCH_GPTOSS) return validate_gptoss(s, lb);
-
-    if ((st = need(s, "token_embd.weight", 2, hp->n_embd, hp->n_vocab)) != IE_OK) return st;
-    if ((st = need(s, "output_norm.weight", 1, hp->n_embd, 0)) != IE_OK) return st;
-    if (!hp->tied_embeddings && (st = need(s, "output.weight", 2, hp->n_embd, hp->n_vocab)) != IE_OK) return st;
-    for (int l = 0; l < hp->n_layer; l++) {
-        const struct {
-            const char *suffix;
-            int n_dims;
-            int64_t ne0, ne1;
-        } req[] = {
-            {"attn_norm.weight", 1, hp->n_embd, 0},       {"attn_q.weight", 2, hp->n_embd, q_dim},
-            {"attn_k.weight", 2, hp->n_embd, kv_dim},     {"attn_v.weight", 2, hp->n_embd, kv_dim},
-            {"attn_output.weight", 2, q_dim, hp->n_embd}, {"ffn_norm.weight", 1, hp->n_embd, 0},
-            {"ffn_gate.weight", 2, hp->n_embd, hp->n_ff}, {"ffn_up.weight", 2, hp->n_embd, hp->n_ff},
-            {"ffn_down.weight", 2, hp->n_ff, hp->n_embd},
-        };
-        for (size_t i = 0; i < COUNT(req); i++) {
-            snprintf(name, sizeof name, "blk.%d.%s", l, req[i].suffix);
-            if ((st = need(s, name, req[i].n_dims, req[i].ne0, req[i].ne1)) != IE_OK) return st;
-        }
-    }
-    return IE_OK;
+    return msrc_arch_by_id(hp->arch_id)->validate(s, lb);
 }
 
-static ie_status_t check_range(const char *field, int64_t v, int *out)
+ie_status_t msrc_check_range(const char *field, int64_t v, int *out)
 {
     if (v < 1 || v > HP_MAX)
         return ie_error_set(IE_ERR_FORMAT, "model: %s = %lld is out of range [1, %d]", field, (long long)v, HP_MAX);
@@ -360,7 +184,7 @@ static ie_status_t check_range(const char *field, int64_t v, int *out)
 /* ---------------------------------------------------------------- GGUF */
 
 /* Integer key; absent -> `def` unless required. */
-static ie_status_t gguf_int(const ie_gguf_t *g, const char *key, int required, int64_t def, int *out)
+ie_status_t msrc_gguf_int(const ie_gguf_t *g, const char *key, int required, int64_t def, int *out)
 {
     int64_t v = def;
     if (ie_gguf_find_key(g, key) < 0) {
@@ -368,10 +192,10 @@ static ie_status_t gguf_int(const ie_gguf_t *g, const char *key, int required, i
     } else if (ie_gguf_get_i64(g, key, &v) != IE_OK) {
         return IE_ERR_FORMAT; /* the reason names the key */
     }
-    return check_range(key, v, out);
+    return msrc_check_range(key, v, out);
 }
 
-static ie_status_t gguf_float(const ie_gguf_t *g, const char *key, int required, float def, float *out)
+ie_status_t msrc_gguf_float(const ie_gguf_t *g, const char *key, int required, float def, float *out)
 {
     *out = def;
     if (ie_gguf_find_key(g, key) < 0)
@@ -380,7 +204,7 @@ static ie_status_t gguf_float(const ie_gguf_t *g, const char *key, int required,
 }
 
 /* Copy a GGUF string into a fixed buffer (truncating). */
-static void str_copy(char *dst, size_t cap, ie_gguf_str_t s)
+void msrc_str_copy(char *dst, size_t cap, ie_gguf_str_t s)
 {
     size_t n = s.len < cap - 1 ? (size_t)s.len : cap - 1;
     memcpy(dst, s.ptr, n);
@@ -388,7 +212,7 @@ static void str_copy(char *dst, size_t cap, ie_gguf_str_t s)
 }
 
 /* rows of token_embd.weight, cross-checked with `vocab_key` if present */
-static ie_status_t gguf_vocab(const ie_gguf_t *g, const char *vocab_key, int *n_vocab)
+ie_status_t msrc_gguf_vocab(const ie_gguf_t *g, const char *vocab_key, int *n_vocab)
 {
     const ie_gguf_tensor_info_t *emb = ie_gguf_find_tensor(g, "token_embd.weight");
     ie_status_t st;
@@ -408,27 +232,27 @@ static ie_status_t gguf_vocab(const ie_gguf_t *g, const char *vocab_key, int *n_
 }
 
 /* YaRN attention factor when the file gives none (transformers get_mscale). */
-static float yarn_mscale(float factor) { return factor <= 1.0f ? 1.0f : 0.1f * logf(factor) + 1.0f; }
+float msrc_yarn_mscale(float factor) { return factor <= 1.0f ? 1.0f : 0.1f * logf(factor) + 1.0f; }
 
 /* Integer / float key "<arch>.<key>" (the GGUF keys every architecture
  * spells with its own prefix). */
-static ie_status_t gguf_arch_int(const ie_gguf_t *g, const char *arch, const char *key, int required, int64_t def,
-                                 int *out)
+ie_status_t msrc_gguf_arch_int(const ie_gguf_t *g, const char *arch, const char *key, int required, int64_t def,
+                               int *out)
 {
     char k[128];
     snprintf(k, sizeof k, "%s.%s", arch, key);
-    return gguf_int(g, k, required, def, out);
+    return msrc_gguf_int(g, k, required, def, out);
 }
 
-static ie_status_t gguf_arch_float(const ie_gguf_t *g, const char *arch, const char *key, int required, float def,
-                                   float *out)
+ie_status_t msrc_gguf_arch_float(const ie_gguf_t *g, const char *arch, const char *key, int required, float def,
+                                 float *out)
 {
     char k[128];
     snprintf(k, sizeof k, "%s.%s", arch, key);
-    return gguf_float(g, k, required, def, out);
+    return msrc_gguf_float(g, k, required, def, out);
 }
 
-static int gguf_arch_has(const ie_gguf_t *g, const char *arch, const char *key)
+int msrc_gguf_arch_has(const ie_gguf_t *g, const char *arch, const char *key)
 {
     char k[128];
     snprintf(k, sizeof k, "%s.%s", arch, key);
@@ -439,119 +263,34 @@ static int gguf_arch_has(const ie_gguf_t *g, const char *arch, const char *key)
  * geometry, RoPE base and dimensions, norm epsilon (the vocabulary comes
  * last, gguf_vocab, after each architecture's own checks). ff_key: the
  * key of the MLP width; rope_base: the RoPE base when the file gives none. */
-static ie_status_t gguf_hparams_common(const ie_gguf_t *g, const char *a, const char *ff_key, float rope_base,
-                                       ie_hparams_t *hp)
+ie_status_t msrc_gguf_hparams_common(const ie_gguf_t *g, const char *a, const char *ff_key, float rope_base,
+                                     ie_hparams_t *hp)
 {
     ie_status_t st;
     int v_len;
 
-    if ((st = gguf_arch_int(g, a, "block_count", 1, 0, &hp->n_layer)) != IE_OK) return st;
-    if ((st = gguf_arch_int(g, a, "embedding_length", 1, 0, &hp->n_embd)) != IE_OK) return st;
-    if ((st = gguf_arch_int(g, a, ff_key, 1, 0, &hp->n_ff)) != IE_OK) return st;
-    if ((st = gguf_arch_int(g, a, "attention.head_count", 1, 0, &hp->n_head)) != IE_OK) return st;
-    if ((st = gguf_arch_int(g, a, "attention.head_count_kv", 0, hp->n_head, &hp->n_head_kv)) != IE_OK) return st;
-    if ((st = gguf_arch_int(g, a, "context_length", 1, 0, &hp->n_ctx_train)) != IE_OK) return st;
-    if (!gguf_arch_has(g, a, "attention.key_length") && hp->n_embd % hp->n_head != 0)
+    if ((st = msrc_gguf_arch_int(g, a, "block_count", 1, 0, &hp->n_layer)) != IE_OK) return st;
+    if ((st = msrc_gguf_arch_int(g, a, "embedding_length", 1, 0, &hp->n_embd)) != IE_OK) return st;
+    if ((st = msrc_gguf_arch_int(g, a, ff_key, 1, 0, &hp->n_ff)) != IE_OK) return st;
+    if ((st = msrc_gguf_arch_int(g, a, "attention.head_count", 1, 0, &hp->n_head)) != IE_OK) return st;
+    if ((st = msrc_gguf_arch_int(g, a, "attention.head_count_kv", 0, hp->n_head, &hp->n_head_kv)) != IE_OK)
+        return st;
+    if ((st = msrc_gguf_arch_int(g, a, "context_length", 1, 0, &hp->n_ctx_train)) != IE_OK) return st;
+    if (!msrc_gguf_arch_has(g, a, "attention.key_length") && hp->n_embd % hp->n_head != 0)
         return ie_error_set(IE_ERR_FORMAT,
                             "model: %s.embedding_length (%d) is not a multiple of %s.attention.head_count (%d) "
                             "and %s.attention.key_length is absent",
                             a, hp->n_embd, a, hp->n_head, a);
-    if ((st = gguf_arch_int(g, a, "attention.key_length", 0, hp->n_embd / hp->n_head, &hp->head_dim)) != IE_OK)
+    if ((st = msrc_gguf_arch_int(g, a, "attention.key_length", 0, hp->n_embd / hp->n_head, &hp->head_dim)) != IE_OK)
         return st;
-    if ((st = gguf_arch_int(g, a, "attention.value_length", 0, hp->head_dim, &v_len)) != IE_OK) return st;
+    if ((st = msrc_gguf_arch_int(g, a, "attention.value_length", 0, hp->head_dim, &v_len)) != IE_OK) return st;
     if (v_len != hp->head_dim)
         return ie_error_set(IE_ERR_UNSUPPORTED,
                             "model: %s.attention.value_length (%d) differs from the key length (%d)", a, v_len,
                             hp->head_dim);
-    if ((st = gguf_arch_int(g, a, "rope.dimension_count", 0, hp->head_dim, &hp->rope_dim)) != IE_OK) return st;
-    if ((st = gguf_arch_float(g, a, "rope.freq_base", 0, rope_base, &hp->rope_theta)) != IE_OK) return st;
-    return gguf_arch_float(g, a, "attention.layer_norm_rms_epsilon", 1, 0.0f, &hp->rms_eps);
-}
-
-/* llama GGUF: the common keys; the llama.cpp converter permutes Q/K for the
- * interleaved-pair rotation. */
-static ie_status_t gguf_hparams_llama(const ie_gguf_t *g, ie_hparams_t *hp)
-{
-    ie_status_t st;
-    ie_gguf_str_t str;
-
-    if ((st = gguf_hparams_common(g, "llama", "feed_forward_length", 10000.0f, hp)) != IE_OK) return st;
-    /* Llama 3.1-style frequency scaling: we would silently compute wrong rotations */
-    if (ie_gguf_get_str(g, "llama.rope.scaling.type", &str) == IE_OK &&
-        !(str.len == 4 && !memcmp(str.ptr, "none", 4)))
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: llama.rope.scaling.type '%.*s' is not supported",
-                            (int)(str.len < 64 ? str.len : 64), str.ptr);
-    if (ie_gguf_find_tensor(g, "rope_freqs.weight"))
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: tensor 'rope_freqs.weight' (RoPE frequency scaling) is not supported");
-    if ((st = gguf_vocab(g, "llama.vocab_size", &hp->n_vocab)) != IE_OK) return st;
-    hp->rope_layout = IE_ROPE_NORMAL;
-    hp->tied_embeddings = ie_gguf_find_tensor(g, "output.weight") == NULL;
-    return IE_OK;
-}
-
-/* gpt-oss GGUF (llama.cpp converter, docs/GPTOSS.md §3.3): the common keys,
- * then MoE, sliding window, YaRN. llama.cpp has no layer-type array: even
- * layers are sliding-window (set_swa_pattern(2)). There is no truncate key
- * either; rope_yarn_truncate = 0 because the released config (and
- * transformers / openai on it) use truncate = false, although ggml's own
- * corr-dims computation rounds. */
-static ie_status_t gguf_hparams_gptoss(const ie_gguf_t *g, ie_hparams_t *hp)
-{
-    ie_status_t st;
-    ie_gguf_str_t str;
-
-    const char *ff_key = gguf_arch_has(g, "gpt-oss", "expert_feed_forward_length") ? "expert_feed_forward_length"
-                                                                                   : "feed_forward_length";
-    if ((st = gguf_hparams_common(g, "gpt-oss", ff_key, 150000.0f, hp)) != IE_OK) return st;
-    if ((st = gguf_int(g, "gpt-oss.expert_count", 1, 0, &hp->n_expert)) != IE_OK) return st;
-    if ((st = gguf_int(g, "gpt-oss.expert_used_count", 1, 0, &hp->n_expert_used)) != IE_OK) return st;
-    if ((st = gguf_int(g, "gpt-oss.attention.sliding_window", 1, 0, &hp->sliding_window)) != IE_OK) return st;
-    for (int l = 0; l < hp->n_layer && l < IE_MAX_LAYERS; l++) hp->layer_swa[l] = (uint8_t)(l % 2 == 0);
-
-    hp->rope_yarn_factor = 0.0f;
-    hp->rope_attn_factor = 1.0f;
-    if (ie_gguf_find_key(g, "gpt-oss.rope.scaling.type") >= 0) {
-        if ((st = ie_gguf_get_str(g, "gpt-oss.rope.scaling.type", &str)) != IE_OK) return st;
-        if (str.len == 4 && memcmp(str.ptr, "yarn", 4) == 0) {
-            if ((st = gguf_float(g, "gpt-oss.rope.scaling.factor", 1, 0.0f, &hp->rope_yarn_factor)) != IE_OK)
-                return st;
-            if ((st = gguf_int(g, "gpt-oss.rope.scaling.original_context_length", 1, 0, &hp->rope_yarn_orig_ctx)) !=
-                IE_OK)
-                return st;
-            if ((st = gguf_float(g, "gpt-oss.rope.scaling.yarn_beta_fast", 0, 32.0f, &hp->rope_yarn_beta_fast)) !=
-                IE_OK)
-                return st;
-            if ((st = gguf_float(g, "gpt-oss.rope.scaling.yarn_beta_slow", 0, 1.0f, &hp->rope_yarn_beta_slow)) !=
-                IE_OK)
-                return st;
-            if ((st = gguf_float(g, "gpt-oss.rope.scaling.attn_factor", 0, yarn_mscale(hp->rope_yarn_factor),
-                                 &hp->rope_attn_factor)) != IE_OK)
-                return st;
-            hp->rope_yarn_truncate = 0;
-        } else if (!(str.len == 4 && memcmp(str.ptr, "none", 4) == 0)) {
-            return ie_error_set(IE_ERR_UNSUPPORTED, "model: gpt-oss.rope.scaling.type '%.*s' is not supported",
-                                (int)(str.len < 64 ? str.len : 64), str.ptr);
-        }
-    }
-    if ((st = gguf_vocab(g, "gpt-oss.vocab_size", &hp->n_vocab)) != IE_OK) return st;
-    hp->rope_layout = IE_ROPE_NEOX; /* llama.cpp does not permute gpt-oss Q/K */
-    hp->tied_embeddings = 0;
-    hp->attn_bias = 1;
-    hp->attn_sinks = 1;
-    hp->swiglu_limit = 7.0f; /* llama.cpp hard-codes both; no GGUF keys */
-    hp->swiglu_alpha = 1.702f;
-    for (int64_t i = 0; i < ie_gguf_tensor_count(g); i++) {
-        const ie_gguf_tensor_info_t *t = ie_gguf_tensor(g, i);
-        static const char fused[] = "ffn_gate_up_exps";
-        for (uint64_t k = 0; t->name.len >= sizeof fused - 1 && k <= t->name.len - (sizeof fused - 1); k++)
-            if (memcmp(t->name.ptr + k, fused, sizeof fused - 1) == 0)
-                return ie_error_set(
-                    IE_ERR_UNSUPPORTED,
-                    "model: tensor '%.*s' (fused gate/up experts, --fuse-gate-up-exps) is not supported",
-                    (int)(t->name.len < 96 ? t->name.len : 96), t->name.ptr);
-    }
-    return IE_OK;
+    if ((st = msrc_gguf_arch_int(g, a, "rope.dimension_count", 0, hp->head_dim, &hp->rope_dim)) != IE_OK) return st;
+    if ((st = msrc_gguf_arch_float(g, a, "rope.freq_base", 0, rope_base, &hp->rope_theta)) != IE_OK) return st;
+    return msrc_gguf_arch_float(g, a, "attention.layer_norm_rms_epsilon", 1, 0.0f, &hp->rms_eps);
 }
 
 /* The architecture and name, then its keys (the shared ones once, in
@@ -563,28 +302,24 @@ static ie_status_t gguf_hparams(ie_model_src_t *s, const char *path)
     ie_status_t st;
     ie_gguf_str_t str;
     const char *base;
+    const msrc_arch_t *arch;
+    char list[256];
 
     if (ie_gguf_find_key(g, "general.architecture") < 0)
         return ie_error_set(IE_ERR_FORMAT, "model: missing key 'general.architecture'");
     if ((st = ie_gguf_get_str(g, "general.architecture", &str)) != IE_OK) return st;
-    if (str.len == 7 && memcmp(str.ptr, "gpt-oss", 7) == 0) {
-        hp->arch_id = IE_ARCH_GPTOSS;
-        snprintf(hp->arch, sizeof hp->arch, "gpt-oss");
-    } else if (str.len == 5 && memcmp(str.ptr, "llama", 5) == 0) {
-        hp->arch_id = IE_ARCH_LLAMA;
-        snprintf(hp->arch, sizeof hp->arch, "llama");
-    } else {
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: architecture '%.*s' is not supported (only 'llama', 'gpt-oss')",
-                            (int)(str.len < 64 ? str.len : 64), str.ptr);
-    }
+    if (!(arch = msrc_arch_by_name(str.ptr, str.len)))
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: architecture '%.*s' is not supported (supported: %s)",
+                            (int)(str.len < 64 ? str.len : 64), str.ptr, msrc_arch_list(list, sizeof list));
+    hp->arch_id = arch->id;
+    snprintf(hp->arch, sizeof hp->arch, "%s", arch->name);
     if (ie_gguf_get_str(g, "general.name", &str) == IE_OK) {
-        str_copy(hp->name, sizeof hp->name, str);
+        msrc_str_copy(hp->name, sizeof hp->name, str);
     } else {
         base = strrchr(path, '/');
         snprintf(hp->name, sizeof hp->name, "%s", base ? base + 1 : path);
     }
-    return hp->arch_id == IE_ARCH_GPTOSS ? gguf_hparams_gptoss(g, hp) : gguf_hparams_llama(g, hp);
+    return arch->gguf_hparams(g, hp);
 }
 
 static ie_status_t gguf_tensors(ie_model_src_t *s)
@@ -606,23 +341,23 @@ static ie_status_t gguf_tensors(ie_model_src_t *s)
         t->type_name = ie_gguf_ggml_type_name(gt->ggml_type);
     }
     /* a name with an embedded NUL may now collide with another: reject it */
-    return sort_tensors(s);
+    return msrc_sort_tensors(s);
+}
+
+/* validate() with the GGUF keys' names ("<arch>.block_count", ...) */
+static ie_status_t validate_gguf(const ie_model_src_t *s)
+{
+    static const char *const keys[] = {"block_count",          "attention.head_count",    "attention.head_count_kv",
+                                       "attention.key_length", "rope.dimension_count",    "expert_count",
+                                       "expert_used_count",    "attention.sliding_window"};
+    char buf[COUNT(keys)][96];
+    for (size_t i = 0; i < COUNT(keys); i++) snprintf(buf[i], sizeof buf[i], "%s.%s", s->hp.arch, keys[i]);
+    const hp_labels_t labels = {buf[0], buf[1], buf[2], buf[3], buf[4], buf[5], buf[6], buf[7]};
+    return validate(s, &labels);
 }
 
 static ie_status_t open_gguf(ie_model_src_t *s, const char *path)
 {
-    static const hp_labels_t labels = {"llama.block_count",
-                                       "llama.attention.head_count",
-                                       "llama.attention.head_count_kv",
-                                       "llama.attention.key_length",
-                                       "llama.rope.dimension_count",
-                                       NULL,
-                                       NULL,
-                                       NULL};
-    static const hp_labels_t labels_gptoss = {
-        "gpt-oss.block_count",          "gpt-oss.attention.head_count",    "gpt-oss.attention.head_count_kv",
-        "gpt-oss.attention.key_length", "gpt-oss.rope.dimension_count",    "gpt-oss.expert_count",
-        "gpt-oss.expert_used_count",    "gpt-oss.attention.sliding_window"};
     ie_status_t st;
     char why[512];
 
@@ -634,20 +369,20 @@ static ie_status_t open_gguf(ie_model_src_t *s, const char *path)
     if ((st = gguf_hparams(s, path)) != IE_OK) return st;
     if ((st = gguf_tensors(s)) != IE_OK) return st;
     if (!(s->tokenizer_path = strdup(path))) return ie_error_set(IE_ERR_NOMEM, "model: out of memory");
-    return validate(s, s->hp.arch_id == IE_ARCH_GPTOSS ? &labels_gptoss : &labels);
+    return validate_gguf(s);
 }
 
 /* ---------------------------------------------------------------- HF directory */
 
 /* Member `key` of `o`, or NULL if absent or `o` is not an object (some cJSON
  * versions dereference array members' NULL names in GetObjectItem). */
-static const cJSON *obj_get(const cJSON *o, const char *key)
+const cJSON *msrc_obj_get(const cJSON *o, const char *key)
 {
     return cJSON_IsObject(o) ? cJSON_GetObjectItemCaseSensitive(o, key) : NULL;
 }
 
 /* Read a whole (bounded) file and parse it as JSON. */
-static ie_status_t read_json(const char *path, cJSON **out)
+ie_status_t msrc_read_json(const char *path, cJSON **out)
 {
     ie_status_t st = IE_OK;
     FILE *f = fopen(path, "rb");
@@ -680,23 +415,23 @@ cleanup:
 }
 
 /* Integer config field; absent or null -> `def` unless required. */
-static ie_status_t cfg_int(const cJSON *cfg, const char *field, int required, int64_t def, int *out)
+ie_status_t msrc_cfg_int(const cJSON *cfg, const char *field, int required, int64_t def, int *out)
 {
-    const cJSON *j = obj_get(cfg, field);
+    const cJSON *j = msrc_obj_get(cfg, field);
     double d;
     if (!j || cJSON_IsNull(j)) {
         if (required) return ie_error_set(IE_ERR_FORMAT, "model: config.json is missing field '%s'", field);
-        return check_range(field, def, out);
+        return msrc_check_range(field, def, out);
     }
     d = j->valuedouble;
     if (!cJSON_IsNumber(j) || !(d >= -1e15 && d <= 1e15) || d != (double)(int64_t)d)
         return ie_error_set(IE_ERR_FORMAT, "model: config.json field '%s' must be an integer", field);
-    return check_range(field, (int64_t)d, out);
+    return msrc_check_range(field, (int64_t)d, out);
 }
 
-static ie_status_t cfg_float(const cJSON *cfg, const char *field, float def, float *out)
+ie_status_t msrc_cfg_float(const cJSON *cfg, const char *field, float def, float *out)
 {
-    const cJSON *j = obj_get(cfg, field);
+    const cJSON *j = msrc_obj_get(cfg, field);
     *out = def;
     if (!j || cJSON_IsNull(j)) return IE_OK;
     if (!cJSON_IsNumber(j))
@@ -706,9 +441,9 @@ static ie_status_t cfg_float(const cJSON *cfg, const char *field, float def, flo
 }
 
 /* Absent/null/false -> 0, true -> 1; anything else is an error. */
-static ie_status_t cfg_bool(const cJSON *cfg, const char *field, int *out)
+ie_status_t msrc_cfg_bool(const cJSON *cfg, const char *field, int *out)
 {
-    const cJSON *j = obj_get(cfg, field);
+    const cJSON *j = msrc_obj_get(cfg, field);
     *out = 0;
     if (!j || cJSON_IsNull(j)) return IE_OK;
     if (!cJSON_IsBool(j))
@@ -717,43 +452,37 @@ static ie_status_t cfg_bool(const cJSON *cfg, const char *field, int *out)
     return IE_OK;
 }
 
-static ie_status_t hf_check_arch(const cJSON *cfg, ie_arch_t *arch)
+static ie_status_t hf_check_arch(const cJSON *cfg, const msrc_arch_t **arch)
 {
-    const cJSON *archs = obj_get(cfg, "architectures");
-    const cJSON *mt = obj_get(cfg, "model_type");
+    const cJSON *archs = msrc_obj_get(cfg, "architectures");
+    const cJSON *mt = msrc_obj_get(cfg, "model_type");
     const cJSON *a;
-    if (cJSON_IsArray(archs)) cJSON_ArrayForEach(a, archs)
-        {
-            if (cJSON_IsString(a) && strcmp(a->valuestring, "LlamaForCausalLM") == 0)
-                return *arch = IE_ARCH_LLAMA, IE_OK;
-            if (cJSON_IsString(a) && strcmp(a->valuestring, "GptOssForCausalLM") == 0)
-                return *arch = IE_ARCH_GPTOSS, IE_OK;
-        }
-    if (cJSON_IsString(mt) && strcmp(mt->valuestring, "llama") == 0) return *arch = IE_ARCH_LLAMA, IE_OK;
-    if (cJSON_IsString(mt) && strcmp(mt->valuestring, "gpt_oss") == 0) return *arch = IE_ARCH_GPTOSS, IE_OK;
+    char list[256];
+    if ((*arch = msrc_arch_by_hf(cfg))) return IE_OK;
     a = cJSON_IsArray(archs) ? cJSON_GetArrayItem(archs, 0) : NULL;
-    return ie_error_set(
-        IE_ERR_UNSUPPORTED,
-        "model: config.json architecture '%.64s' (model_type '%.32s') is not supported (only llama, gpt_oss)",
-        cJSON_IsString(a) ? a->valuestring : "?", cJSON_IsString(mt) ? mt->valuestring : "?");
+    return ie_error_set(IE_ERR_UNSUPPORTED,
+                        "model: config.json architecture '%.64s' (model_type '%.32s') is not supported "
+                        "(supported: %s)",
+                        cJSON_IsString(a) ? a->valuestring : "?", cJSON_IsString(mt) ? mt->valuestring : "?",
+                        msrc_arch_list(list, sizeof list));
 }
 
 /* rope_scaling (transformers 4) and rope_parameters (transformers 5, which
  * also moves rope_theta there): only the plain, full-width rotation is
  * implemented. `untyped` is the type assumed when the object names none. */
-static ie_status_t hf_check_rope(const cJSON *cfg, const char *field, const char *untyped)
+ie_status_t msrc_hf_check_rope(const cJSON *cfg, const char *field, const char *untyped)
 {
-    const cJSON *j = obj_get(cfg, field), *t, *prf;
+    const cJSON *j = msrc_obj_get(cfg, field), *t, *prf;
     const char *type;
     if (!j || cJSON_IsNull(j)) return IE_OK;
     if (!cJSON_IsObject(j))
         return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json %s type 'unknown' is not supported", field);
-    t = obj_get(j, "rope_type");
-    if (!cJSON_IsString(t)) t = obj_get(j, "type");
+    t = msrc_obj_get(j, "rope_type");
+    if (!cJSON_IsString(t)) t = msrc_obj_get(j, "type");
     type = cJSON_IsString(t) ? t->valuestring : untyped;
     if (strcmp(type, "default") != 0)
         return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json %s type '%.32s' is not supported", field, type);
-    prf = obj_get(j, "partial_rotary_factor");
+    prf = msrc_obj_get(j, "partial_rotary_factor");
     if (cJSON_IsNumber(prf) && prf->valuedouble != 1.0)
         return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json %s partial_rotary_factor %g is not supported",
                             field, prf->valuedouble);
@@ -762,10 +491,10 @@ static ie_status_t hf_check_rope(const cJSON *cfg, const char *field, const char
 
 /* Number member `key` of the rope object `ro` (named `field` in messages);
  * absent, null or (zero_is_absent) 0 -> def. */
-static ie_status_t rope_num(const cJSON *ro, const char *field, const char *key, int zero_is_absent, double def,
-                            double *out)
+ie_status_t msrc_rope_num(const cJSON *ro, const char *field, const char *key, int zero_is_absent, double def,
+                          double *out)
 {
-    const cJSON *j = obj_get(ro, key);
+    const cJSON *j = msrc_obj_get(ro, key);
     *out = def;
     if (!j || cJSON_IsNull(j)) return IE_OK;
     if (!cJSON_IsNumber(j) || !isfinite(j->valuedouble))
@@ -774,204 +503,46 @@ static ie_status_t rope_num(const cJSON *ro, const char *field, const char *key,
     return IE_OK;
 }
 
-/* RoPE of a GPT-OSS config: transformers 5 `rope_parameters` (rope_theta
- * inside) or 4.x `rope_scaling` + top-level `rope_theta`. Neither present:
- * GptOssConfig's default (the release's YaRN). Semantics of
- * _compute_yarn_parameters: factor absent -> max_position / original;
- * attention_factor absent -> mscale ratio or 0.1 ln(factor) + 1; beta_fast /
- * beta_slow absent or 0 -> 32 / 1; truncate absent -> true. */
-static ie_status_t hf_rope_gptoss(ie_hparams_t *hp, const cJSON *cfg)
-{
-    const char *field = "rope_parameters";
-    const cJSON *ro = obj_get(cfg, field), *t;
-    const char *type;
-    double theta, factor, orig, bf, bs, af, ms, msa, prf;
-    ie_status_t st;
-
-    if (!ro || cJSON_IsNull(ro)) ro = obj_get(cfg, field = "rope_scaling");
-    if ((st = rope_num(cfg, "config", "rope_theta", 0, 150000.0, &theta)) != IE_OK) return st;
-    hp->rope_yarn_factor = 0.0f;
-    hp->rope_attn_factor = 1.0f;
-    if (!ro || cJSON_IsNull(ro)) { /* GptOssConfig default */
-        hp->rope_theta = (float)theta;
-        hp->rope_yarn_factor = 32.0f;
-        hp->rope_yarn_orig_ctx = 4096;
-        hp->rope_yarn_beta_fast = 32.0f;
-        hp->rope_yarn_beta_slow = 1.0f;
-        hp->rope_yarn_truncate = 0;
-        hp->rope_attn_factor = yarn_mscale(32.0f);
-        return IE_OK;
-    }
-    if (!cJSON_IsObject(ro))
-        return ie_error_set(IE_ERR_FORMAT, "model: config.json field '%s' must be an object", field);
-    if ((st = rope_num(ro, field, "rope_theta", 0, theta, &theta)) != IE_OK) return st;
-    hp->rope_theta = (float)theta;
-    if ((st = rope_num(ro, field, "partial_rotary_factor", 0, 1.0, &prf)) != IE_OK) return st;
-    if (prf != 1.0)
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json %s.partial_rotary_factor %g is not supported",
-                            field, prf);
-    t = obj_get(ro, "rope_type");
-    if (!cJSON_IsString(t)) t = obj_get(ro, "type");
-    type = cJSON_IsString(t) ? t->valuestring : "default";
-    if (strcmp(type, "default") == 0) return IE_OK;
-    if (strcmp(type, "yarn") != 0)
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: config.json %s type '%.32s' is not supported (default, yarn)", field, type);
-    if ((st = rope_num(ro, field, "original_max_position_embeddings", 0, hp->n_ctx_train, &orig)) != IE_OK)
-        return st;
-    if (!(orig >= 1.0 && orig <= HP_MAX) || orig != floor(orig))
-        return ie_error_set(IE_ERR_FORMAT,
-                            "model: config.json %s.original_max_position_embeddings %g is out of range", field,
-                            orig);
-    if ((st = rope_num(ro, field, "factor", 0, hp->n_ctx_train / orig, &factor)) != IE_OK) return st;
-    if ((st = rope_num(ro, field, "beta_fast", 1, 32.0, &bf)) != IE_OK) return st;
-    if ((st = rope_num(ro, field, "beta_slow", 1, 1.0, &bs)) != IE_OK) return st;
-    if ((st = rope_num(ro, field, "mscale", 1, 0.0, &ms)) != IE_OK) return st;
-    if ((st = rope_num(ro, field, "mscale_all_dim", 1, 0.0, &msa)) != IE_OK) return st;
-    af = factor <= 1.0 ? 1.0 : 0.1 * log(factor) + 1.0;
-    if (ms != 0.0 && msa != 0.0 && factor > 1.0)
-        af = (0.1 * ms * log(factor) + 1.0) / (0.1 * msa * log(factor) + 1.0);
-    if ((st = rope_num(ro, field, "attention_factor", 0, af, &af)) != IE_OK) return st;
-    t = obj_get(ro, "truncate");
-    if (t && !cJSON_IsNull(t) && !cJSON_IsBool(t))
-        return ie_error_set(IE_ERR_FORMAT, "model: config.json field '%s.truncate' must be true or false", field);
-    hp->rope_yarn_truncate = !(t && cJSON_IsFalse(t)); /* transformers: .get("truncate", True) */
-    hp->rope_yarn_factor = (float)factor;
-    hp->rope_yarn_orig_ctx = (int)orig;
-    hp->rope_yarn_beta_fast = (float)bf;
-    hp->rope_yarn_beta_slow = (float)bs;
-    hp->rope_attn_factor = (float)af;
-    return IE_OK;
-}
-
 /* The transformer dimensions every HF config carries (default_ctx when
  * max_position_embeddings is absent); head_dim defaults to hidden/heads. */
-static ie_status_t hf_dims(const cJSON *cfg, int default_ctx, ie_hparams_t *hp)
+ie_status_t msrc_hf_dims(const cJSON *cfg, int default_ctx, ie_hparams_t *hp)
 {
     ie_status_t st;
     const cJSON *j;
-    if ((st = cfg_int(cfg, "hidden_size", 1, 0, &hp->n_embd)) != IE_OK) return st;
-    if ((st = cfg_int(cfg, "intermediate_size", 1, 0, &hp->n_ff)) != IE_OK) return st;
-    if ((st = cfg_int(cfg, "num_hidden_layers", 1, 0, &hp->n_layer)) != IE_OK) return st;
-    if ((st = cfg_int(cfg, "num_attention_heads", 1, 0, &hp->n_head)) != IE_OK) return st;
-    if ((st = cfg_int(cfg, "num_key_value_heads", 0, hp->n_head, &hp->n_head_kv)) != IE_OK) return st;
-    if ((st = cfg_int(cfg, "vocab_size", 1, 0, &hp->n_vocab)) != IE_OK) return st;
-    if ((st = cfg_int(cfg, "max_position_embeddings", 0, default_ctx, &hp->n_ctx_train)) != IE_OK) return st;
-    j = obj_get(cfg, "head_dim");
+    if ((st = msrc_cfg_int(cfg, "hidden_size", 1, 0, &hp->n_embd)) != IE_OK) return st;
+    if ((st = msrc_cfg_int(cfg, "intermediate_size", 1, 0, &hp->n_ff)) != IE_OK) return st;
+    if ((st = msrc_cfg_int(cfg, "num_hidden_layers", 1, 0, &hp->n_layer)) != IE_OK) return st;
+    if ((st = msrc_cfg_int(cfg, "num_attention_heads", 1, 0, &hp->n_head)) != IE_OK) return st;
+    if ((st = msrc_cfg_int(cfg, "num_key_value_heads", 0, hp->n_head, &hp->n_head_kv)) != IE_OK) return st;
+    if ((st = msrc_cfg_int(cfg, "vocab_size", 1, 0, &hp->n_vocab)) != IE_OK) return st;
+    if ((st = msrc_cfg_int(cfg, "max_position_embeddings", 0, default_ctx, &hp->n_ctx_train)) != IE_OK) return st;
+    j = msrc_obj_get(cfg, "head_dim");
     if ((!j || cJSON_IsNull(j)) && hp->n_embd % hp->n_head != 0)
         return ie_error_set(
             IE_ERR_FORMAT,
             "model: hidden_size (%d) is not a multiple of num_attention_heads (%d) and head_dim is absent",
             hp->n_embd, hp->n_head);
-    if ((st = cfg_int(cfg, "head_dim", 0, hp->n_embd / hp->n_head, &hp->head_dim)) != IE_OK) return st;
+    if ((st = msrc_cfg_int(cfg, "head_dim", 0, hp->n_embd / hp->n_head, &hp->head_dim)) != IE_OK) return st;
     hp->rope_dim = hp->head_dim;
     return IE_OK;
 }
 
-/* GptOssConfig (docs/GPTOSS.md §1); defaults are the config class's. */
-static ie_status_t hf_hparams_gptoss(ie_model_src_t *s, const cJSON *cfg)
-{
-    ie_hparams_t *hp = &s->hp;
-    ie_status_t st;
-    const cJSON *j, *q;
-    int flag;
-
-    if ((st = hf_dims(cfg, 131072, hp)) != IE_OK) return st;
-    if (obj_get(cfg, "num_local_experts") || !obj_get(cfg, "num_experts"))
-        st = cfg_int(cfg, "num_local_experts", 1, 0, &hp->n_expert);
-    else st = cfg_int(cfg, "num_experts", 1, 0, &hp->n_expert);
-    if (st != IE_OK) return st;
-    if ((st = cfg_int(cfg, "num_experts_per_tok", 0, 4, &hp->n_expert_used)) != IE_OK) return st;
-    j = obj_get(cfg, "sliding_window");
-    if (cJSON_IsNull(j)) hp->sliding_window = 0; /* explicit null: no window */
-    else if ((st = cfg_int(cfg, "sliding_window", 0, 128, &hp->sliding_window)) != IE_OK) return st;
-    if (hp->n_layer > IE_MAX_LAYERS)
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: num_hidden_layers (%d) exceeds the supported maximum of %d layers", hp->n_layer,
-                            IE_MAX_LAYERS);
-    j = obj_get(cfg, "layer_types");
-    if (!j || cJSON_IsNull(j)) {
-        for (int l = 0; l < hp->n_layer; l++) hp->layer_swa[l] = (uint8_t)((l + 1) % 2);
-    } else {
-        if (!cJSON_IsArray(j) || cJSON_GetArraySize(j) != hp->n_layer)
-            return ie_error_set(IE_ERR_FORMAT,
-                                "model: config.json field 'layer_types' must be an array of %d strings",
-                                hp->n_layer);
-        for (int l = 0; l < hp->n_layer; l++) {
-            const cJSON *e = cJSON_GetArrayItem(j, l);
-            if (cJSON_IsString(e) && strcmp(e->valuestring, "sliding_attention") == 0) hp->layer_swa[l] = 1;
-            else if (cJSON_IsString(e) && strcmp(e->valuestring, "full_attention") == 0) hp->layer_swa[l] = 0;
-            else
-                return ie_error_set(
-                    IE_ERR_FORMAT,
-                    "model: config.json layer_types[%d] must be \"sliding_attention\" or \"full_attention\"", l);
-        }
-    }
-    if ((st = cfg_float(cfg, "rms_norm_eps", 1e-5f, &hp->rms_eps)) != IE_OK) return st;
-    if ((st = cfg_float(cfg, "swiglu_limit", 7.0f, &hp->swiglu_limit)) != IE_OK) return st;
-    if ((st = cfg_float(cfg, "swiglu_alpha", 1.702f, &hp->swiglu_alpha)) != IE_OK) return st;
-    if ((st = cfg_bool(cfg, "tie_word_embeddings", &flag)) != IE_OK) return st;
-    if (flag)
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: config.json tie_word_embeddings = true is not supported for gpt_oss");
-    j = obj_get(cfg, "attention_bias");
-    if (j && !cJSON_IsNull(j) && (st = cfg_bool(cfg, "attention_bias", &flag)) != IE_OK) return st;
-    if (j && cJSON_IsFalse(j))
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: config.json attention_bias = false is not supported for gpt_oss");
-    q = obj_get(cfg, "quantization_config");
-    if (q && !cJSON_IsNull(q)) {
-        j = obj_get(q, "quant_method");
-        if (!cJSON_IsString(j) || strcmp(j->valuestring, "mxfp4") != 0)
-            return ie_error_set(IE_ERR_UNSUPPORTED,
-                                "model: config.json quantization_config.quant_method '%.32s' is not "
-                                "supported (only mxfp4)",
-                                cJSON_IsString(j) ? j->valuestring : "?");
-    }
-    if ((st = hf_rope_gptoss(hp, cfg)) != IE_OK) return st;
-    hp->rope_layout = IE_ROPE_NEOX;
-    hp->tied_embeddings = 0;
-    hp->attn_bias = 1;
-    hp->attn_sinks = 1;
-    return IE_OK;
-}
 
 static ie_status_t hf_hparams(ie_model_src_t *s, const cJSON *cfg, const char *dir)
 {
     ie_hparams_t *hp = &s->hp;
     ie_status_t st;
-    const cJSON *j;
+    const msrc_arch_t *arch;
     size_t end = strlen(dir), begin;
-    int flag;
 
     if (!cJSON_IsObject(cfg)) return ie_error_set(IE_ERR_FORMAT, "model: config.json is not a JSON object");
-    if ((st = hf_check_arch(cfg, &hp->arch_id)) != IE_OK) return st;
-    snprintf(hp->arch, sizeof hp->arch, hp->arch_id == IE_ARCH_GPTOSS ? "gpt-oss" : "llama");
+    if ((st = hf_check_arch(cfg, &arch)) != IE_OK) return st;
+    hp->arch_id = arch->id;
+    snprintf(hp->arch, sizeof hp->arch, "%s", arch->name);
     while (end > 1 && dir[end - 1] == '/') end--; /* name = last path component */
     for (begin = end; begin > 0 && dir[begin - 1] != '/'; begin--) {}
     snprintf(hp->name, sizeof hp->name, "%.*s", (int)(end - begin), dir + begin);
-    if (hp->arch_id == IE_ARCH_GPTOSS) return hf_hparams_gptoss(s, cfg);
-
-    if ((st = hf_dims(cfg, 2048, hp)) != IE_OK) return st;
-    if ((st = cfg_float(cfg, "rms_norm_eps", 1e-6f, &hp->rms_eps)) != IE_OK) return st;
-    if ((st = cfg_float(cfg, "rope_theta", 10000.0f, &hp->rope_theta)) != IE_OK) return st;
-    if ((st = cfg_bool(cfg, "tie_word_embeddings", &hp->tied_embeddings)) != IE_OK) return st;
-    hp->rope_layout = IE_ROPE_NEOX;
-
-    /* features of LlamaConfig we do not implement: refuse rather than compute wrong numbers */
-    if ((st = hf_check_rope(cfg, "rope_scaling", "unknown")) != IE_OK) return st;
-    if ((st = hf_check_rope(cfg, "rope_parameters", "default")) != IE_OK) return st;
-    if ((st = cfg_float(obj_get(cfg, "rope_parameters"), "rope_theta", hp->rope_theta, &hp->rope_theta)) != IE_OK)
-        return st;
-    j = obj_get(cfg, "hidden_act");
-    if (cJSON_IsString(j) && strcmp(j->valuestring, "silu") != 0)
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: config.json hidden_act '%.32s' is not supported (only silu)", j->valuestring);
-    if ((st = cfg_bool(cfg, "attention_bias", &flag)) != IE_OK) return st;
-    if (flag) return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json attention_bias = true is not supported");
-    if ((st = cfg_bool(cfg, "mlp_bias", &flag)) != IE_OK) return st;
-    if (flag) return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json mlp_bias = true is not supported");
-    return IE_OK;
+    return arch->hf_hparams(s, cfg);
 }
 
 static int path_join(char *out, const char *dir, const char *file)
@@ -1007,7 +578,7 @@ static ie_status_t hf_shard_names(const char *dir, const cJSON *index, char ***n
     const cJSON *e;
 
     if (index) {
-        const cJSON *wm = obj_get(index, "weight_map");
+        const cJSON *wm = msrc_obj_get(index, "weight_map");
         if (!cJSON_IsObject(wm))
             return ie_error_set(IE_ERR_FORMAT, "model: model.safetensors.index.json has no \"weight_map\" object");
         cJSON_ArrayForEach(e, wm)
@@ -1038,7 +609,7 @@ static ie_status_t hf_shard_names(const char *dir, const cJSON *index, char ***n
 static ie_status_t hf_check_index(const ie_model_src_t *s, const cJSON *index, char **names)
 {
     const cJSON *e;
-    cJSON_ArrayForEach(e, obj_get(index, "weight_map"))
+    cJSON_ArrayForEach(e, msrc_obj_get(index, "weight_map"))
     {
         int i = 0;
         while (i < s->n_shards && strcmp(names[i], e->valuestring) != 0) i++;
@@ -1050,32 +621,17 @@ static ie_status_t hf_check_index(const ie_model_src_t *s, const cJSON *index, c
     return IE_OK;
 }
 
-/* ---------------------------------------------------------------- GPT-OSS HF experts
- *
- * The HF expert tensors do not match the canonical layout, so each layer gets
- * converted copies (malloc'd, owned by the table entry, freed in destroy):
- *
- *   plain  gate_up_proj [E][H][2I] (in x out, gate = even columns, up = odd)
- *          -> ffn_gate_exps / ffn_up_exps row-major [E][I][H], source dtype;
- *          down_proj [E][I][H] -> ffn_down_exps [E][H][I] (per-expert transpose);
- *   MXFP4  *_blocks [E][out][in/32][16] + *_scales [E][out][in/32] (rows =
- *          outputs, gate_up rows 2j / 2j+1 = gate j / up j, byte b holds
- *          elements 2b (low nibble) and 2b+1 (high)) -> ggml block_mxfp4
- *          rows {e = scale byte; qs[j] = elem j | elem j+16 << 4};
- *   gate_up_proj_bias [E][2I] -> ffn_gate_exps.bias / ffn_up_exps.bias [E][I].
- *
- * down_proj_bias is already [E][H] and is mapped without a copy. */
 
-static size_t float_size(ie_dtype_t t)
+size_t msrc_float_size(ie_dtype_t t)
 {
     return t == IE_DTYPE_F32 ? 4 : (t == IE_DTYPE_F16 || t == IE_DTYPE_BF16) ? 2 : 0;
 }
 
 /* HF tensor `name` (HF shape order) or NULL if absent and not required. */
-static ie_status_t hf_raw(const ie_model_src_t *s, const char *name, int required, int ndim, const int64_t *shape,
-                          int want_u8, const src_tensor_t **out)
+ie_status_t msrc_hf_raw(const ie_model_src_t *s, const char *name, int required, int ndim, const int64_t *shape,
+                        int want_u8, const src_tensor_t **out)
 {
-    const src_tensor_t *t = find(s, name);
+    const src_tensor_t *t = msrc_find(s, name);
     int64_t have[4], want[4];
     char have_s[96], want_s[96];
     int ok;
@@ -1087,11 +643,11 @@ static ie_status_t hf_raw(const ie_model_src_t *s, const char *name, int require
     for (int d = 0; d < ndim; d++) want[d] = shape[d];
     for (int d = 0; d < ndim && ok; d++) ok = have[d] == want[d];
     if (!ok) {
-        fmt_shape(have_s, sizeof have_s, t->t.n_dims, have);
-        fmt_shape(want_s, sizeof want_s, ndim, want);
+        msrc_fmt_shape(have_s, sizeof have_s, t->t.n_dims, have);
+        msrc_fmt_shape(want_s, sizeof want_s, ndim, want);
         return ie_error_set(IE_ERR_FORMAT, "model: tensor '%s' has shape %s, expected %s", name, have_s, want_s);
     }
-    if (want_u8 ? strcmp(t->type_name, "U8") != 0 : float_size(t->t.dtype) == 0)
+    if (want_u8 ? strcmp(t->type_name, "U8") != 0 : msrc_float_size(t->t.dtype) == 0)
         return ie_error_set(IE_ERR_UNSUPPORTED, "model: tensor '%s' has type %s, expected %s", name, t->type_name,
                             want_u8 ? "U8" : "F32, F16 or BF16");
     *out = t;
@@ -1100,8 +656,8 @@ static ie_status_t hf_raw(const ie_model_src_t *s, const char *name, int require
 
 /* Next free table entry: a new tensor `name` backed by a fresh zeroed buffer
  * of `nbytes`, returned in *buf. The entry owns the buffer from here on. */
-static ie_status_t add_owned(ie_model_src_t *s, const char *name, ie_dtype_t dt, const char *type_name, int n_dims,
-                             int64_t ne0, int64_t ne1, int64_t ne2, uint64_t nbytes, uint8_t **buf)
+ie_status_t msrc_add_owned(ie_model_src_t *s, const char *name, ie_dtype_t dt, const char *type_name, int n_dims,
+                           int64_t ne0, int64_t ne1, int64_t ne2, uint64_t nbytes, uint8_t **buf)
 {
     src_tensor_t *t;
     if (s->n_tensors >= s->cap_tensors) return ie_error_set(IE_ERR_INTERNAL, "model: tensor table full");
@@ -1117,147 +673,19 @@ static ie_status_t add_owned(ie_model_src_t *s, const char *name, ie_dtype_t dt,
 }
 
 /* MXFP4 rows off, off+stride, ... of [E][R][nb] HF blocks -> ggml blocks [E][R/stride][nb]. */
-static void mxfp4_rows(const uint8_t *blocks, const uint8_t *scales, int64_t E, int64_t R, int64_t nb,
-                       int64_t stride, int64_t off, uint8_t *dst)
-{
-    int64_t r_out = R / stride;
-    for (int64_t e = 0; e < E; e++)
-        for (int64_t j = 0; j < r_out; j++)
-            for (int64_t b = 0; b < nb; b++) {
-                int64_t src_blk = (e * R + off + stride * j) * nb + b;
-                const uint8_t *q = blocks + src_blk * 16;
-                uint8_t *d = dst + ((e * r_out + j) * nb + b) * 17, code[32];
-                for (int k = 0; k < 16; k++) {
-                    code[2 * k] = q[k] & 15;
-                    code[2 * k + 1] = q[k] >> 4;
-                }
-                d[0] = scales[src_blk];
-                for (int k = 0; k < 16; k++) d[1 + k] = (uint8_t)(code[k] | code[k + 16] << 4);
-            }
-}
-
-/* Converted sources' pages are dropped from our mapping afterwards
- * (ie_file_release_pages): the copy is what the engine reads, so resident
- * memory stays at about the file's size instead of file + converted experts. */
-static ie_status_t gptoss_hf_layer(ie_model_src_t *s, int l)
-{
-    const int64_t H = s->hp.n_embd, I = s->hp.n_ff, E = s->hp.n_expert;
-    const src_tensor_t *gu = NULL, *gu_s = NULL, *dn = NULL, *dn_s = NULL, *gub = NULL;
-    char hn[160], hs[160], cg[96], cu[96], cd[96];
-    uint8_t *g, *u, *d;
-    ie_status_t st;
-    size_t es;
-
-    snprintf(hn, sizeof hn, "model.layers.%d.mlp.experts.gate_up_proj_blocks", l);
-    if (find(s, hn)) { /* MXFP4 release layout */
-        if (H % 32 != 0 || I % 32 != 0)
-            return ie_error_set(IE_ERR_FORMAT,
-                                "model: MXFP4 experts need hidden_size (%d) and intermediate_size (%d) "
-                                "to be multiples of 32 ('%s')",
-                                (int)H, (int)I, hn);
-        {
-            const int64_t gb[4] = {E, 2 * I, H / 32, 16}, db[4] = {E, H, I / 32, 16};
-            if ((st = hf_raw(s, hn, 1, 4, gb, 1, &gu)) != IE_OK) return st;
-            snprintf(hs, sizeof hs, "model.layers.%d.mlp.experts.gate_up_proj_scales", l);
-            if ((st = hf_raw(s, hs, 1, 3, gb, 1, &gu_s)) != IE_OK) return st;
-            snprintf(hn, sizeof hn, "model.layers.%d.mlp.experts.down_proj_blocks", l);
-            if ((st = hf_raw(s, hn, 1, 4, db, 1, &dn)) != IE_OK) return st;
-            snprintf(hs, sizeof hs, "model.layers.%d.mlp.experts.down_proj_scales", l);
-            if ((st = hf_raw(s, hs, 1, 3, db, 1, &dn_s)) != IE_OK) return st;
-        }
-    } else {
-        const int64_t gs[3] = {E, H, 2 * I}, ds[3] = {E, I, H};
-        snprintf(hn, sizeof hn, "model.layers.%d.mlp.experts.gate_up_proj", l);
-        if ((st = hf_raw(s, hn, 1, 3, gs, 0, &gu)) != IE_OK) return st;
-        snprintf(hn, sizeof hn, "model.layers.%d.mlp.experts.down_proj", l);
-        if ((st = hf_raw(s, hn, 1, 3, ds, 0, &dn)) != IE_OK) return st;
-    }
-    {
-        const int64_t bs[2] = {E, 2 * I};
-        snprintf(hn, sizeof hn, "model.layers.%d.mlp.experts.gate_up_proj_bias", l);
-        if ((st = hf_raw(s, hn, 1, 2, bs, 0, &gub)) != IE_OK) return st;
-    }
-    snprintf(cg, sizeof cg, "blk.%d.ffn_gate_exps.weight", l);
-    snprintf(cu, sizeof cu, "blk.%d.ffn_up_exps.weight", l);
-    snprintf(cd, sizeof cd, "blk.%d.ffn_down_exps.weight", l);
-
-    if (gu_s) {
-        const uint64_t gbytes = (uint64_t)(E * I * (H / 32)) * 17, dbytes = (uint64_t)(E * H * (I / 32)) * 17;
-        if ((st = add_owned(s, cg, IE_DTYPE_MXFP4, "mxfp4", 3, H, I, E, gbytes, &g)) != IE_OK) return st;
-        if ((st = add_owned(s, cu, IE_DTYPE_MXFP4, "mxfp4", 3, H, I, E, gbytes, &u)) != IE_OK) return st;
-        if ((st = add_owned(s, cd, IE_DTYPE_MXFP4, "mxfp4", 3, I, H, E, dbytes, &d)) != IE_OK) return st;
-        mxfp4_rows(gu->t.data, gu_s->t.data, E, 2 * I, H / 32, 2, 0, g);
-        mxfp4_rows(gu->t.data, gu_s->t.data, E, 2 * I, H / 32, 2, 1, u);
-        mxfp4_rows(dn->t.data, dn_s->t.data, E, H, I / 32, 1, 0, d);
-        ie_file_release_pages(gu->t.data, (size_t)gu->t.nbytes);
-        ie_file_release_pages(gu_s->t.data, gu_s->t.nbytes);
-        ie_file_release_pages(dn->t.data, dn->t.nbytes);
-        ie_file_release_pages(dn_s->t.data, dn_s->t.nbytes);
-    } else {
-        const uint8_t *src = gu->t.data;
-        es = float_size(gu->t.dtype);
-        if ((st = add_owned(s, cg, gu->t.dtype, gu->type_name, 3, H, I, E, (uint64_t)(E * I * H) * es, &g)) !=
-            IE_OK)
-            return st;
-        if ((st = add_owned(s, cu, gu->t.dtype, gu->type_name, 3, H, I, E, (uint64_t)(E * I * H) * es, &u)) !=
-            IE_OK)
-            return st;
-        for (int64_t e = 0; e < E; e++)
-            for (int64_t i = 0; i < H; i++)
-                for (int64_t j = 0; j < I; j++) {
-                    const uint8_t *p = src + ((e * H + i) * 2 * I + 2 * j) * (int64_t)es;
-                    memcpy(g + ((e * I + j) * H + i) * (int64_t)es, p, es);
-                    memcpy(u + ((e * I + j) * H + i) * (int64_t)es, p + es, es);
-                }
-        src = dn->t.data;
-        es = float_size(dn->t.dtype);
-        if ((st = add_owned(s, cd, dn->t.dtype, dn->type_name, 3, I, H, E, (uint64_t)(E * H * I) * es, &d)) !=
-            IE_OK)
-            return st;
-        for (int64_t e = 0; e < E; e++)
-            for (int64_t i = 0; i < I; i++)
-                for (int64_t h = 0; h < H; h++)
-                    memcpy(d + ((e * H + h) * I + i) * (int64_t)es, src + ((e * I + i) * H + h) * (int64_t)es, es);
-        ie_file_release_pages(gu->t.data, (size_t)gu->t.nbytes);
-        ie_file_release_pages(dn->t.data, dn->t.nbytes);
-    }
-
-    snprintf(cg, sizeof cg, "blk.%d.ffn_gate_exps.bias", l);
-    snprintf(cu, sizeof cu, "blk.%d.ffn_up_exps.bias", l);
-    es = float_size(gub->t.dtype);
-    if ((st = add_owned(s, cg, gub->t.dtype, gub->type_name, 2, I, E, 1, (uint64_t)(E * I) * es, &g)) != IE_OK)
-        return st;
-    if ((st = add_owned(s, cu, gub->t.dtype, gub->type_name, 2, I, E, 1, (uint64_t)(E * I) * es, &u)) != IE_OK)
-        return st;
-    for (int64_t k = 0; k < E * I; k++) {
-        const uint8_t *p = (const uint8_t *)gub->t.data + 2 * k * (int64_t)es;
-        memcpy(g + k * (int64_t)es, p, es);
-        memcpy(u + k * (int64_t)es, p + es, es);
-    }
-    return IE_OK;
-}
-
-/* Append the converted expert tensors of every layer (find() keeps
- * searching the sorted prefix of HF names meanwhile), then re-sort. */
-static ie_status_t gptoss_hf_convert(ie_model_src_t *s)
-{
-    ie_status_t st = IE_OK;
-    for (int l = 0; l < s->hp.n_layer && st == IE_OK; l++) st = gptoss_hf_layer(s, l);
-    return st == IE_OK ? sort_tensors(s) : st;
-}
-
 /* Open the shards and build the canonical tensor table. */
 static ie_status_t hf_tensors(ie_model_src_t *s, const char *dir)
 {
     ie_status_t st = IE_OK;
     cJSON *index = NULL;
     char **names = NULL, path[PATH_CAP], canon[256];
+    const msrc_arch_t *arch;
     int n_names = 0;
     int64_t total = 0, k = 0;
 
     if (!path_join(path, dir, "model.safetensors.index.json"))
         return ie_error_set(IE_ERR_INVAL, "model: path too long: '%.256s'", dir);
-    if (access(path, F_OK) == 0 && (st = read_json(path, &index)) != IE_OK) goto cleanup;
+    if (access(path, F_OK) == 0 && (st = msrc_read_json(path, &index)) != IE_OK) goto cleanup;
     if ((st = hf_shard_names(dir, index, &names, &n_names)) != IE_OK) goto cleanup;
     if (!(s->shards = calloc((size_t)n_names + 1, sizeof *s->shards))) {
         st = ie_error_set(IE_ERR_NOMEM, "model: out of memory");
@@ -1278,7 +706,8 @@ static ie_status_t hf_tensors(ie_model_src_t *s, const char *dir)
     }
     if (index && (st = hf_check_index(s, index, names)) != IE_OK) goto cleanup;
 
-    if (s->hp.arch_id == IE_ARCH_GPTOSS) total += 5 * (int64_t)s->hp.n_layer; /* converted expert tensors */
+    arch = msrc_arch_by_id(s->hp.arch_id);
+    total += (int64_t)arch->hf_extra_per_layer * s->hp.n_layer; /* converted copies */
     if (!(s->tensors = calloc(total ? total : 1, sizeof *s->tensors))) {
         st = ie_error_set(IE_ERR_NOMEM, "model: out of memory for %lld tensors", (long long)total);
         goto cleanup;
@@ -1300,8 +729,8 @@ static ie_status_t hf_tensors(ie_model_src_t *s, const char *dir)
             for (int d = 0; d < ht->ndim; d++) t->t.ne[d] = ht->shape[ht->ndim - 1 - d]; /* HF is outermost-first */
             t->type_name = ht->dtype_str;
         }
-    st = sort_tensors(s);
-    if (st == IE_OK && s->hp.arch_id == IE_ARCH_GPTOSS) st = gptoss_hf_convert(s);
+    st = msrc_sort_tensors(s);
+    if (st == IE_OK && arch->hf_convert) st = arch->hf_convert(s);
 
 cleanup:
     for (int i = 0; i < n_names; i++) free(names[i]);
@@ -1324,7 +753,7 @@ static ie_status_t open_hf(ie_model_src_t *s, const char *dir)
         st = ie_error_set(IE_ERR_INVAL, "model: path too long: '%.256s'", dir);
         goto cleanup;
     }
-    if ((st = read_json(path, &cfg)) != IE_OK) goto cleanup;
+    if ((st = msrc_read_json(path, &cfg)) != IE_OK) goto cleanup;
     if ((st = hf_hparams(s, cfg, dir)) != IE_OK) goto cleanup;
     if ((st = hf_tensors(s, dir)) != IE_OK) goto cleanup;
     if (path_join(path, dir, "tokenizer.json") && access(path, R_OK) == 0 && !(s->tokenizer_path = strdup(path))) {
@@ -1371,7 +800,7 @@ static ie_status_t open_iebin(ie_model_src_t *s, const char *path)
     }
     if (!(s->tokenizer_path = strdup(ie_iebin_tokenizer_path(s->iebin))))
         return ie_error_set(IE_ERR_NOMEM, "model: out of memory");
-    if ((st = sort_tensors(s)) != IE_OK) return st;
+    if ((st = msrc_sort_tensors(s)) != IE_OK) return st;
     return validate(s, &labels);
 }
 
@@ -1461,7 +890,7 @@ ie_status_t ie_model_src_mem_finish(ie_model_src_t *src)
         hp->head_dim > HP_MAX)
         return ie_error_set(IE_ERR_FORMAT, "model: hyper-parameters out of range (every size must be in [1, %d])",
                             HP_MAX);
-    if ((st = sort_tensors(src)) != IE_OK) return st;
+    if ((st = msrc_sort_tensors(src)) != IE_OK) return st;
     if ((st = validate(src, &labels)) != IE_OK) return st;
     src->mem_finished = 1;
     return IE_OK;
@@ -1521,7 +950,7 @@ const ie_hparams_t *ie_model_src_hparams(const ie_model_src_t *src) { return src
 
 const ie_tensor_t *ie_model_src_tensor(const ie_model_src_t *src, const char *name)
 {
-    const src_tensor_t *t = find(src, name);
+    const src_tensor_t *t = msrc_find(src, name);
     return t ? &t->t : NULL;
 }
 
@@ -1533,11 +962,15 @@ uint64_t ie_model_src_fingerprint(const ie_model_src_t *src)
 {
     const ie_hparams_t *hp = ie_model_src_hparams(src);
     /* field by field: the struct has padding and the free-text name */
-    int64_t v[] = {hp->arch_id,       hp->n_layer,        hp->n_embd,          hp->n_ff,
-                   hp->n_head,        hp->n_head_kv,      hp->head_dim,        hp->n_vocab,
-                   hp->rope_dim,      hp->rope_layout,    hp->tied_embeddings, hp->n_expert,
-                   hp->n_expert_used, hp->sliding_window, hp->attn_bias,       hp->attn_sinks};
-    float f[] = {hp->rope_theta, hp->rms_eps, hp->swiglu_limit, hp->swiglu_alpha, hp->rope_yarn_factor};
+    int64_t v[] = {hp->arch_id,       hp->n_layer,        hp->n_embd,           hp->n_ff,
+                   hp->n_head,        hp->n_head_kv,      hp->head_dim,         hp->n_vocab,
+                   hp->rope_dim,      hp->rope_layout,    hp->tied_embeddings,  hp->n_expert,
+                   hp->n_expert_used, hp->sliding_window, hp->attn_bias,        hp->attn_sinks,
+                   hp->qkv_bias,      hp->qk_norm,        hp->post_norms,       hp->ffn_gelu,
+                   hp->rope_freqs,    hp->moe_norm_topk,  hp->moe_softmax_first};
+    float f[] = {hp->rope_theta,       hp->rms_eps,        hp->swiglu_limit,   hp->swiglu_alpha,
+                 hp->rope_yarn_factor, hp->attn_scale,     hp->attn_softcap,   hp->final_softcap,
+                 hp->embd_scale,       hp->rope_theta_swa, hp->rope_freq_scale};
     XXH64_state_t *s = XXH64_createState();
     if (!s) return 0;
     XXH64_reset(s, 0x1e5eed);

@@ -12,7 +12,9 @@
  * turns one on is refused at load (IE_ERR_UNSUPPORTED naming the switch)
  * until the pass implements it.
  *
- * Entries today: Llama (SmolLM2, TinyLlama) and GPT-OSS.
+ * Entries: Llama (SmolLM2, TinyLlama), GPT-OSS, and the families being
+ * added (Qwen2/3, Qwen3-MoE, Phi-3, Gemma 2/3), which take their switches
+ * from the file's hyper-parameters.
  */
 #ifndef IE_ARCH_DESC_H
 #define IE_ARCH_DESC_H
@@ -25,8 +27,10 @@
 typedef enum ie_rope_scaling {
     IE_ROPE_SCALING_NONE = 0,   /* theta^(-2i/d) as is                       */
     IE_ROPE_SCALING_YARN = 1,   /* YaRN ramp + attention factor (GPT-OSS)    */
-    IE_ROPE_SCALING_LINEAR = 2, /* positions divided by a factor (not yet) */
-    IE_ROPE_SCALING_LLAMA3 = 3  /* Llama 3.1 frequency bands (not yet)     */
+    IE_ROPE_SCALING_LINEAR = 2, /* positions times hp.rope_freq_scale (not yet) */
+    IE_ROPE_SCALING_FREQS = 3   /* each frequency divided by its factor in
+                                   rope_freqs.weight (Llama 3.x, Phi-3 long
+                                   RoPE; not yet)                          */
 } ie_rope_scaling_t;
 
 /* The feed-forward block of every layer. */
@@ -68,7 +72,7 @@ typedef struct ie_arch_desc {
     int qkv_bias;                 /* q, k, v projections add a bias         */
     int o_bias;                   /* the output projection adds a bias      */
     int qk_norm;                  /* per-head RMS norm of q and k before
-                                    RoPE (Qwen 3, Gemma 3; not yet)        */
+                                    RoPE (Qwen 3, Gemma 3)                 */
     int sinks;                    /* per-head sink logit in the softmax      */
     int sliding;                  /* some layers see only the last
                                     hp.sliding_window positions; which

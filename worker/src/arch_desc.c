@@ -37,6 +37,15 @@ static const ie_arch_desc_t k_gptoss = {
     .ffn_norm_name = "post_attention_norm",
 };
 
+/* The Llama-shaped families: each one's own switches come from the file
+ * (ie_arch_desc_init copies hp), so the entries differ only in name. */
+static const ie_arch_desc_t k_qwen2 = {.name = "qwen2", .ffn_norm_name = "ffn_norm"};
+static const ie_arch_desc_t k_qwen3 = {.name = "qwen3", .ffn_norm_name = "ffn_norm"};
+static const ie_arch_desc_t k_qwen3moe = {.name = "qwen3moe", .ffn_norm_name = "ffn_norm"};
+static const ie_arch_desc_t k_phi3 = {.name = "phi3", .ffn_norm_name = "ffn_norm"};
+static const ie_arch_desc_t k_gemma2 = {.name = "gemma2", .ffn_norm_name = "ffn_norm"};
+static const ie_arch_desc_t k_gemma3 = {.name = "gemma3", .ffn_norm_name = "ffn_norm"};
+
 /* Contract (ie_arch_desc.h). */
 ie_status_t ie_arch_desc_init(const ie_hparams_t *hp, ie_arch_desc_t *out)
 {
@@ -44,13 +53,28 @@ ie_status_t ie_arch_desc_init(const ie_hparams_t *hp, ie_arch_desc_t *out)
     switch (hp->arch_id) {
     case IE_ARCH_LLAMA: *out = k_llama; break;
     case IE_ARCH_GPTOSS: *out = k_gptoss; break;
+    case IE_ARCH_QWEN2: *out = k_qwen2; break;
+    case IE_ARCH_QWEN3: *out = k_qwen3; break;
+    case IE_ARCH_QWEN3MOE: *out = k_qwen3moe; break;
+    case IE_ARCH_PHI3: *out = k_phi3; break;
+    case IE_ARCH_GEMMA2: *out = k_gemma2; break;
+    case IE_ARCH_GEMMA3: *out = k_gemma3; break;
     default: return ie_error_set(IE_ERR_UNSUPPORTED, "worker: architecture '%s' has no descriptor", hp->arch);
     }
     /* what the file decides */
     out->rope_layout = hp->rope_layout;
     if (hp->rope_yarn_factor > 0) out->rope_scaling = IE_ROPE_SCALING_YARN;
     out->tied_output = hp->tied_embeddings != 0;
-    out->qkv_bias = out->o_bias = hp->attn_bias != 0;
+    out->qkv_bias = hp->attn_bias != 0 || hp->qkv_bias != 0;
+    out->o_bias = hp->attn_bias != 0;
+    out->qk_norm = hp->qk_norm != 0;
+    out->attn_softcap = hp->attn_softcap;
+    out->final_softcap = hp->final_softcap;
+    out->embd_scale = hp->embd_scale;
+    out->norm = hp->post_norms ? IE_NORM_SANDWICH : IE_NORM_PRE;
+    out->act = hp->ffn_gelu ? IE_ACT_GELU_TANH : IE_ACT_SILU;
+    if (hp->rope_freqs) out->rope_scaling = IE_ROPE_SCALING_FREQS;
+    else if (hp->rope_freq_scale != 0.0f && hp->rope_freq_scale != 1.0f) out->rope_scaling = IE_ROPE_SCALING_LINEAR;
     out->sinks = hp->attn_sinks != 0;
     out->sliding = hp->sliding_window > 0;
     out->ffn = hp->n_expert > 0 ? IE_FFN_MOE : IE_FFN_DENSE;
@@ -58,19 +82,22 @@ ie_status_t ie_arch_desc_init(const ie_hparams_t *hp, ie_arch_desc_t *out)
         out->top_k = hp->n_expert_used;
         out->gate_limit = hp->swiglu_limit;
         out->gate_alpha = hp->swiglu_alpha;
+        if (hp->moe_softmax_first) out->routing = IE_ROUTE_SOFTMAX_TOPK;
     } else {
         out->gating = IE_GATING_SWIGLU; /* the clamp is the experts' only */
     }
 
     /* switches declared for the next architectures, not implemented yet */
-    if (out->qk_norm) missing = "per-head q/k norm";
-    else if (out->attn_softcap != 0) missing = "attention logit soft-capping";
+    if (out->attn_softcap != 0) missing = "attention logit soft-capping";
     else if (out->final_softcap != 0) missing = "final logit soft-capping";
     else if (out->embd_scale != 0) missing = "embedding scale";
     else if (out->norm != IE_NORM_PRE) missing = "post-block norms";
     else if (out->act != IE_ACT_SILU) missing = "GELU activation";
-    else if (out->rope_scaling == IE_ROPE_SCALING_LINEAR || out->rope_scaling == IE_ROPE_SCALING_LLAMA3)
-        missing = "RoPE scaling other than YaRN";
+    else if (out->rope_scaling == IE_ROPE_SCALING_LINEAR) missing = "linear RoPE scaling";
+    else if (out->rope_scaling == IE_ROPE_SCALING_FREQS) missing = "RoPE frequency factors (rope_freqs)";
+    else if (hp->rope_theta_swa != 0.0f && hp->rope_theta_swa != hp->rope_theta)
+        missing = "a second RoPE base for sliding-window layers";
+    else if (hp->attn_scale != 0.0f) missing = "an attention scale other than 1/sqrt(head_dim)";
     else if (out->ffn == IE_FFN_MOE && out->routing != IE_ROUTE_TOPK_SOFTMAX)
         missing = "softmax-then-top-k routing";
     else if (out->ffn == IE_FFN_MOE && !out->expert_bias) missing = "MoE experts without biases";

@@ -626,6 +626,11 @@ static ie_status_t bind_layer(ie_worker_t *w, const ie_model_src_t *src, int l)
         /* o's bias is added once, by the first rank, before the sum across ranks */
         BIND_VEC(bo, "attn_output.bias", d, 1);
     }
+    if (a->qk_norm) {
+        /* one weight for every head: whole on each rank */
+        BIND_VEC(q_norm, "attn_q_norm.weight", hd, 1);
+        BIND_VEC(k_norm, "attn_k_norm.weight", hd, 1);
+    }
     if (a->sinks) {
         BIND_VEC(sinks, "attn_sinks.weight", hp->n_head, 1);
         L->sinks += sh->head_begin;

@@ -96,6 +96,14 @@ static ie_status_t attention_block(ie_worker_t *w, int l, const ie_batch_t *b, i
             worker_vec_add(w->k + (size_t)i * w->kv_dim, L->bk, w->kv_dim);
             worker_vec_add(w->v + (size_t)i * w->kv_dim, L->bv, w->kv_dim);
         }
+    /* q, k heads = rmsnorm(head) * q_norm / k_norm (Qwen3, Gemma 3) */
+    if (w->arch.qk_norm) {
+        const int hd = w->hp.head_dim;
+        for (int64_t h = 0; h < (int64_t)n * w->q_dim / hd; h++)
+            w->ops->rmsnorm(w->q + h * hd, w->q + h * hd, L->q_norm, hd, w->hp.rms_eps);
+        for (int64_t h = 0; h < (int64_t)n * w->kv_dim / hd; h++)
+            w->ops->rmsnorm(w->k + h * hd, w->k + h * hd, L->k_norm, hd, w->hp.rms_eps);
+    }
     /* rotate q and k by their positions (RoPE) */
     worker_rope(w, b);
     /* k, v -> the slot's cache at each token's position */

@@ -83,6 +83,7 @@ typedef struct layer {
     const float *bq, *bk, *bv, *bo; /* biases, NULL when absent (bo: on
                                        tensor rank 0 only)              */
     const float *sinks;             /* (n_head) sink logits, NULL when absent  */
+    const float *q_norm, *k_norm;   /* (head_dim) per-head RMS norms (qk_norm) */
     int swa;                        /* sliding-window layer                     */
     /* GPT-OSS: MoE. Expert matrices hold n_expert matrices back to back;
      * gate/up/down here describe one expert (data = expert 0). */

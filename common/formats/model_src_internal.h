@@ -1,0 +1,159 @@
+/* model_src_internal.h — what the model source's files share: the source
+ * itself, the per-architecture table and the readers every architecture's
+ * file uses.
+ *
+ * model_src.c is the format side (GGUF, HF directories, IEBIN, in-memory
+ * sources: opening, the tensor table, the common validation). Each
+ * architecture lives in its own file, model_<arch>.c, as one msrc_arch_t:
+ * its names, how its hyper-parameters are read from GGUF keys and from an HF
+ * config.json, its HF tensor names, any HF tensors that need converted
+ * copies, and the tensors it requires. model_arch.c lists them. Adding an
+ * architecture is a new file plus one line in that list (and its entry in
+ * worker/src/arch_desc.c for what the forward pass turns on).
+ *
+ * Not installed; nothing outside common/formats includes this.
+ */
+#ifndef IE_MODEL_SRC_INTERNAL_H
+#define IE_MODEL_SRC_INTERNAL_H
+
+#include "ie_gguf.h"
+#include "ie_iebin.h"
+#include "ie_model_src.h"
+#include "ie_safetensors.h"
+
+#include <cjson/cJSON.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define HP_MAX (1 << 20) /* bound on every integer hyper-parameter */
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+typedef struct src_tensor {
+    ie_tensor_t t;         /* must stay first: the public view            */
+    char *name;            /* owned; t.name points here                   */
+    const char *type_name; /* the file's name for the dtype, for errors   */
+    void *owned;           /* converted copy t.data points into, or NULL  */
+} src_tensor_t;
+
+struct ie_model_src {
+    ie_src_kind_t kind;
+    ie_hparams_t hp;
+    ie_gguf_t *gguf;
+    ie_safetensors_t **shards;
+    int n_shards;
+    src_tensor_t *tensors; /* sorted by name */
+    int64_t n_tensors;
+    int64_t n_sorted;    /* leading entries sorted by name (searchable) */
+    int64_t cap_tensors; /* entries allocated (zeroed beyond n_tensors) */
+    char *tokenizer_path;
+    ie_iebin_t *iebin; /* IEBIN: owns the blob mapping tensors point into */
+    int mem_finished;  /* in-memory source: mem_finish succeeded      */
+};
+
+/* Field names as each format spells them, for error messages. */
+typedef struct hp_labels {
+    const char *n_layer, *n_head, *n_head_kv, *head_dim, *rope_dim;
+    const char *n_expert, *n_expert_used, *sliding_window; /* MoE, sliding window */
+} hp_labels_t;
+
+/* One HF tensor name (after "model.layers.N.") and its canonical name
+ * (after "blk.N."). */
+typedef struct name_pair {
+    const char *hf, *canon;
+    int hint_only; /* canonical tensor is a converted copy: HF name for error hints only */
+} name_pair_t;
+
+/* An architecture, as the model source sees it. */
+typedef struct msrc_arch {
+    ie_arch_t id;
+    const char *name;           /* hp->arch, GGUF general.architecture, IEBIN "arch" */
+    const char *hf_classes[4];  /* config.json "architectures" entries (NULL-ended) */
+    const char *hf_model_type;  /* config.json "model_type"                */
+    const name_pair_t *layer_names; /* HF <-> canonical names inside a layer */
+    size_t n_layer_names;
+    /* GGUF: read the "<name>.*" keys into hp (arch, arch_id and name are set) */
+    ie_status_t (*gguf_hparams)(const ie_gguf_t *g, ie_hparams_t *hp);
+    /* HF: read config.json into s->hp (arch, arch_id and name are set) */
+    ie_status_t (*hf_hparams)(ie_model_src_t *s, const cJSON *cfg);
+    /* HF: table entries hf_convert adds per layer (converted copies) */
+    int hf_extra_per_layer;
+    /* HF: after the mapped tensors are in the sorted table, add converted
+     * copies (msrc_add_owned) and re-sort; NULL: nothing to convert */
+    ie_status_t (*hf_convert)(ie_model_src_t *s);
+    /* every tensor the architecture needs, after the common checks */
+    ie_status_t (*validate)(const ie_model_src_t *s, const hp_labels_t *lb);
+} msrc_arch_t;
+
+extern const msrc_arch_t msrc_arch_llama;
+extern const msrc_arch_t msrc_arch_gptoss;
+
+/* The entry for id / for the name (len bytes, not NUL-terminated), or NULL. */
+const msrc_arch_t *msrc_arch_by_id(ie_arch_t id);
+const msrc_arch_t *msrc_arch_by_name(const char *name, size_t len);
+/* The entry whose HF class or model_type config.json names, or NULL. */
+const msrc_arch_t *msrc_arch_by_hf(const cJSON *cfg);
+/* "'llama', 'gpt-oss', ..." into buf (for error messages); returns buf */
+const char *msrc_arch_list(char *buf, size_t cap);
+
+/* ---- the tensor table */
+const src_tensor_t *msrc_find(const ie_model_src_t *s, const char *name);
+/* Sort the table and reject names that appear twice. */
+ie_status_t msrc_sort_tensors(ie_model_src_t *s);
+/* Next free table entry: a new tensor `name` backed by a fresh zeroed
+ * buffer of `nbytes`, returned in *buf; the entry owns the buffer. */
+ie_status_t msrc_add_owned(ie_model_src_t *s, const char *name, ie_dtype_t dt, const char *type_name, int n_dims,
+                           int64_t ne0, int64_t ne1, int64_t ne2, uint64_t nbytes, uint8_t **buf);
+
+/* ---- validation: the tensor must exist with exactly these dims and a
+ * dtype the kernels compute with; errors name it (and its HF name) */
+void msrc_fmt_shape(char *buf, size_t cap, int n_dims, const int64_t *ne);
+ie_status_t msrc_need_ne(const ie_model_src_t *s, const char *name, int n_dims, const int64_t *want);
+ie_status_t msrc_need(const ie_model_src_t *s, const char *name, int n_dims, int64_t ne0, int64_t ne1);
+/* v in [1, HP_MAX] -> *out, else an error naming field */
+ie_status_t msrc_check_range(const char *field, int64_t v, int *out);
+
+/* ---- GGUF keys */
+ie_status_t msrc_gguf_int(const ie_gguf_t *g, const char *key, int required, int64_t def, int *out);
+ie_status_t msrc_gguf_float(const ie_gguf_t *g, const char *key, int required, float def, float *out);
+void msrc_str_copy(char *dst, size_t cap, ie_gguf_str_t s);
+/* n_vocab from token_embd.weight's rows, checked against vocab_key if present */
+ie_status_t msrc_gguf_vocab(const ie_gguf_t *g, const char *vocab_key, int *n_vocab);
+/* "<arch>.<key>" */
+ie_status_t msrc_gguf_arch_int(const ie_gguf_t *g, const char *arch, const char *key, int required, int64_t def,
+                               int *out);
+ie_status_t msrc_gguf_arch_float(const ie_gguf_t *g, const char *arch, const char *key, int required, float def,
+                                 float *out);
+int msrc_gguf_arch_has(const ie_gguf_t *g, const char *arch, const char *key);
+/* The keys every architecture has under its prefix: shape, context, head
+ * geometry, RoPE base and dimensions, norm epsilon. ff_key: the MLP width's
+ * key; rope_base: the RoPE base when the file gives none. */
+ie_status_t msrc_gguf_hparams_common(const ie_gguf_t *g, const char *a, const char *ff_key, float rope_base,
+                                     ie_hparams_t *hp);
+
+/* ---- HF config.json */
+/* member `key` of `o`, or NULL if absent or `o` is not an object */
+const cJSON *msrc_obj_get(const cJSON *o, const char *key);
+ie_status_t msrc_read_json(const char *path, cJSON **out);
+/* integer field; absent or null -> def unless required; range-checked */
+ie_status_t msrc_cfg_int(const cJSON *cfg, const char *field, int required, int64_t def, int *out);
+ie_status_t msrc_cfg_float(const cJSON *cfg, const char *field, float def, float *out);
+/* absent/null/false -> 0, true -> 1; anything else is an error */
+ie_status_t msrc_cfg_bool(const cJSON *cfg, const char *field, int *out);
+/* refuse a rope_scaling / rope_parameters object other than plain RoPE */
+ie_status_t msrc_hf_check_rope(const cJSON *cfg, const char *field, const char *untyped);
+/* number member `key` of a rope object; absent, null or (zero_is_absent) 0 -> def */
+ie_status_t msrc_rope_num(const cJSON *ro, const char *field, const char *key, int zero_is_absent, double def,
+                          double *out);
+/* hidden/intermediate/layers/heads/kv heads/vocab/context/head_dim */
+ie_status_t msrc_hf_dims(const cJSON *cfg, int default_ctx, ie_hparams_t *hp);
+/* HF tensor `name` (HF shape order) or NULL if absent and not required;
+ * want_u8: a U8 tensor, else F32/F16/BF16 */
+ie_status_t msrc_hf_raw(const ie_model_src_t *s, const char *name, int required, int ndim, const int64_t *shape,
+                        int want_u8, const src_tensor_t **out);
+size_t msrc_float_size(ie_dtype_t t);
+
+/* YaRN attention factor when the file gives none (transformers get_mscale) */
+float msrc_yarn_mscale(float factor);
+
+#endif
