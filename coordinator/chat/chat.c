@@ -357,3 +357,112 @@ ie_status_t ie_chat_encode(const ie_tokenizer_t *tok, const char *messages_json,
     else free(b.s);
     return IE_OK;
 }
+
+/* ------------------------------------------------------- jinja templates */
+
+/* transformers' _alias_reasoning_fields: a message whose reasoning is under
+ * any of reasoning_content / thinking / reasoning (first non-null wins)
+ * becomes {"thinking": r, **message, "reasoning_content": r}, so templates
+ * reading either name see it; key order follows Python's dict rules. */
+static cJSON *alias_reasoning(const cJSON *msg)
+{
+    static const char *const FIELDS[] = {"reasoning_content", "thinking", "reasoning"};
+    const cJSON *r = NULL;
+    for (int k = 0; k < 3 && !r; k++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(msg, FIELDS[k]);
+        if (v && !cJSON_IsNull(v)) r = v;
+    }
+    if (!r) return cJSON_Duplicate(msg, 1);
+    cJSON *o = cJSON_CreateObject();
+    if (!o || !cJSON_AddItemToObject(o, "thinking", cJSON_Duplicate(r, 1))) goto fail;
+    for (const cJSON *c = msg->child; c; c = c->next) {
+        cJSON *d = cJSON_Duplicate(c, 1);
+        if (!d) goto fail;
+        if (cJSON_GetObjectItemCaseSensitive(o, c->string)) {
+            if (!cJSON_ReplaceItemInObjectCaseSensitive(o, c->string, d)) goto fail;
+        } else if (!cJSON_AddItemToObject(o, c->string, d)) goto fail;
+    }
+    cJSON *rc = cJSON_Duplicate(r, 1);
+    if (!rc) goto fail;
+    if (cJSON_GetObjectItemCaseSensitive(o, "reasoning_content")) {
+        if (!cJSON_ReplaceItemInObjectCaseSensitive(o, "reasoning_content", rc)) goto fail;
+    } else if (!cJSON_AddItemToObject(o, "reasoning_content", rc)) goto fail;
+    return o;
+fail:
+    cJSON_Delete(o);
+    return NULL;
+}
+
+ie_status_t ie_chat_template_render(const ie_jinja_t *tmpl, const char *messages_json, const char *kwargs_json,
+                                    const char *bos, const char *eos, const ie_jinja_opts_t *jopts,
+                                    char **text_out, uint8_t **mask_out, size_t *len_out, int *raised)
+{
+    ie_status_t st = IE_OK;
+    cJSON *msgs = NULL, *kw = NULL, *vars = NULL, *trusted = NULL, *list = NULL;
+    char *vars_s = NULL, *trusted_s = NULL;
+    *text_out = NULL;
+    if (mask_out) *mask_out = NULL;
+    *len_out = 0;
+    if (raised) *raised = 0;
+    if (!tmpl || !messages_json) return ie_error_set(IE_ERR_INVAL, "chat: NULL template or messages");
+    msgs = cJSON_Parse(messages_json);
+    if (!cJSON_IsArray(msgs)) {
+        st = ie_error_set(IE_ERR_FORMAT, "chat: messages must be a JSON array of {\"role\", \"content\"} objects%s",
+                          msgs ? "" : " (invalid JSON)");
+        goto cleanup;
+    }
+    if (kwargs_json && !cJSON_IsObject(kw = cJSON_Parse(kwargs_json))) {
+        st = ie_error_set(IE_ERR_FORMAT, "chat: template arguments must be a JSON object");
+        goto cleanup;
+    }
+    if (!(vars = cJSON_CreateObject()) || !(trusted = cJSON_CreateObject()) || !(list = cJSON_CreateArray())) {
+        st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    int i = 0;
+    for (const cJSON *m = msgs->child; m; m = m->next, i++) {
+        if (!cJSON_IsObject(m)) {
+            st = ie_error_set(IE_ERR_FORMAT, "chat: message %d is not a JSON object", i + 1);
+            goto cleanup;
+        }
+        cJSON *a = alias_reasoning(m);
+        if (!a || !cJSON_AddItemToArray(list, a)) {
+            cJSON_Delete(a);
+            st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+            goto cleanup;
+        }
+    }
+    /* what render_jinja_template passes: messages, tools, documents,
+     * add_generation_prompt, then the caller's keyword arguments */
+    cJSON_AddItemToObject(vars, "messages", list);
+    list = NULL;
+    cJSON_AddNullToObject(vars, "tools");
+    cJSON_AddNullToObject(vars, "documents");
+    cJSON_AddTrueToObject(vars, "add_generation_prompt");
+    for (const cJSON *c = kw ? kw->child : NULL; c; c = c->next) {
+        cJSON *d = cJSON_Duplicate(c, 1);
+        if (!d) {
+            st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+            goto cleanup;
+        }
+        if (cJSON_GetObjectItemCaseSensitive(vars, c->string)) cJSON_ReplaceItemInObjectCaseSensitive(vars, c->string, d);
+        else cJSON_AddItemToObject(vars, c->string, d);
+    }
+    cJSON_AddStringToObject(trusted, "bos_token", bos ? bos : "");
+    cJSON_AddStringToObject(trusted, "eos_token", eos ? eos : "");
+    if (!(vars_s = cJSON_PrintUnformatted(vars)) || !(trusted_s = cJSON_PrintUnformatted(trusted))) {
+        st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    st = ie_jinja_render(tmpl, vars_s, trusted_s, jopts, text_out, mask_out, len_out, raised);
+
+cleanup:
+    cJSON_Delete(msgs);
+    cJSON_Delete(kw);
+    cJSON_Delete(vars);
+    cJSON_Delete(trusted);
+    cJSON_Delete(list);
+    free(vars_s);
+    free(trusted_s);
+    return st;
+}

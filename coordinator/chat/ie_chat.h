@@ -26,6 +26,7 @@
 #define IE_CHAT_H
 
 #include "ie_harmony.h"
+#include "ie_jinja.h"
 #include "ie_status.h"
 #include "ie_tokenizer.h"
 
@@ -73,5 +74,18 @@ ie_status_t ie_chat_render(const ie_tokenizer_t *tok, const char *messages_json,
  * Errors as ie_chat_render. */
 ie_status_t ie_chat_encode(const ie_tokenizer_t *tok, const char *messages_json, const ie_chat_opts_t *opts,
                            int32_t **ids_out, size_t *n_out, char **prompt_out);
+
+/* Render messages_json (a JSON array of message objects) with a model's
+ * Jinja chat template exactly as transformers' apply_chat_template(...,
+ * tokenize=False, add_generation_prompt=True) does: the template sees
+ * messages (reasoning fields aliased as transformers does), tools = None,
+ * documents = None, add_generation_prompt = True, the members of
+ * kwargs_json (a JSON object or NULL, e.g. {"enable_thinking": false}) and
+ * bos_token / eos_token (template text, not content; NULL = ""). Results
+ * and errors as ie_jinja_render (mask_out and raised may be NULL); also
+ * IE_ERR_FORMAT when messages_json is not an array of objects. */
+ie_status_t ie_chat_template_render(const ie_jinja_t *tmpl, const char *messages_json, const char *kwargs_json,
+                                    const char *bos, const char *eos, const ie_jinja_opts_t *jopts,
+                                    char **text_out, uint8_t **mask_out, size_t *len_out, int *raised);
 
 #endif
