@@ -41,9 +41,9 @@ typedef struct ie_jinja_opts {
     /* strftime_now's clock: used when has_now, else time(NULL); local time */
     int has_now;
     time_t now;
-    size_t max_output; /* bytes of rendered text; 0 = 16 MiB            */
-    size_t max_memory; /* bytes of arena per render; 0 = 256 MiB         */
-    uint64_t max_steps;  /* evaluation steps; 0 = 50 million             */
+    size_t max_output;  /* bytes of rendered text; 0 = 16 MiB            */
+    size_t max_memory;  /* bytes of arena per render; 0 = 256 MiB         */
+    uint64_t max_steps; /* evaluation steps; 0 = 50 million             */
 } ie_jinja_opts_t;
 
 /* Compile template text src[0..len). On success *out is the template

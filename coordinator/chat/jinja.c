@@ -305,7 +305,7 @@ static bool v_truthy(jv_t v)
 
 static const char *type_name(jv_t v)
 {
-    static const char *const names[] = {"undefined", "NoneType", "bool", "int", "float",
+    static const char *const names[] = {"undefined", "NoneType", "bool", "int",   "float",
                                         "str",       "list",     "dict", "macro", "method"};
     return v.t == V_DICT && v.ns ? "Namespace" : names[v.t];
 }
@@ -394,9 +394,9 @@ typedef enum {
 typedef struct tok {
     ttype_t t;
     int line;
-    jstr_t s;   /* text, name, string value, operator */
-    int64_t i;  /* T_INT */
-    double f;   /* T_FLOAT */
+    jstr_t s;  /* text, name, string value, operator */
+    int64_t i; /* T_INT */
+    double f;  /* T_FLOAT */
 } tok_t;
 
 typedef struct lexer {
@@ -434,7 +434,10 @@ static int count_nl(const char *p, size_t n)
 
 static int hexval(char c)
 {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
 }
 
 /* A string literal body with Python's escapes (jinja decodes literals with
@@ -466,9 +469,7 @@ static jstr_t lx_unescape(lexer_t *L, const char *p, size_t n, int line)
         case 'x': hex = 2; break;
         case 'u': hex = 4; break;
         case 'U': hex = 8; break;
-        default:
-            o[k++] = '\\';
-            o[k++] = c;
+        default: o[k++] = '\\'; o[k++] = c;
         }
         if (hex) {
             uint32_t cp = 0;
@@ -675,8 +676,26 @@ typedef enum {
     E_KW
 } nkind_t;
 
-typedef enum { OP_OR, OP_AND, OP_EQ, OP_NE, OP_LT, OP_LE, OP_GT, OP_GE, OP_IN, OP_NOTIN,
-               OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_FDIV, OP_MOD, OP_POW, OP_CAT } op_t;
+typedef enum {
+    OP_OR,
+    OP_AND,
+    OP_EQ,
+    OP_NE,
+    OP_LT,
+    OP_LE,
+    OP_GT,
+    OP_GE,
+    OP_IN,
+    OP_NOTIN,
+    OP_ADD,
+    OP_SUB,
+    OP_MUL,
+    OP_DIV,
+    OP_FDIV,
+    OP_MOD,
+    OP_POW,
+    OP_CAT
+} op_t;
 
 /* One AST node; what a, b, c, d and args mean depends on the kind:
  *   N_TEXT name=text; N_OUT a=expr; N_IF a=cond b=then c=else;
@@ -690,7 +709,7 @@ typedef enum { OP_OR, OP_AND, OP_EQ, OP_NE, OP_LT, OP_LE, OP_GT, OP_GE, OP_IN, O
 typedef struct node {
     nkind_t k;
     int line;
-    int op;  /* op_t; E_TEST: negated */
+    int op; /* op_t; E_TEST: negated */
     struct node *a, *b, *c, *d, *args, *next;
     jstr_t name;
     jv_t lit;
@@ -715,7 +734,9 @@ static _Noreturn void perr(parser_t *P, const char *what)
     const char *got = t->t == T_EOF ? "end of template" : t->t == T_BEND ? "'%}'" : t->t == T_VEND ? "'}}'" : NULL;
     if (got) jfail_st(P->e, IE_ERR_FORMAT, t->line, "expected %s, got %s", what, got);
     jfail_st(P->e, IE_ERR_FORMAT, t->line, "expected %s, got '%.*s'", what, (int)(t->s.n > 40 ? 40 : t->s.n),
-             t->t == T_STR ? "string" : t->s.p ? t->s.p : "?");
+             t->t == T_STR ? "string"
+             : t->s.p      ? t->s.p
+                           : "?");
 }
 
 static void expect_op(parser_t *P, const char *op)
@@ -748,17 +769,17 @@ static node_t *p_unary(parser_t *P, bool with_filter);
 static node_t *p_primary(parser_t *P);
 static node_t *p_postfix(parser_t *P, node_t *n);
 
-static const char *const FILTERS[] = {"trim",   "length",     "count",      "tojson", "upper",   "lower",  "capitalize",
-                                      "title",  "first",      "last",       "join",   "default", "d",      "items",
-                                      "selectattr", "rejectattr", "select", "reject", "map",     "replace", "string",
-                                      "safe",   "int",        "float",      "list",   "reverse", "abs",    "unique",
-                                      NULL};
-static const char *const TESTS[] = {"defined", "undefined", "none",     "string",      "mapping", "iterable",
-                                    "sequence", "number",   "integer",  "float",       "boolean", "true",
-                                    "false",   "equalto",   "eq",       "==",          "ne",      "!=",
-                                    "sameas",  "odd",       "even",     "divisibleby", "in",      "lower",
-                                    "upper",   "callable",  "gt",       "ge",          "lt",      "le",
-                                    "greaterthan", "lessthan", NULL};
+static const char *const FILTERS[] = {"trim",       "length",  "count",      "tojson",     "upper",  "lower",
+                                      "capitalize", "title",   "first",      "last",       "join",   "default",
+                                      "d",          "items",   "selectattr", "rejectattr", "select", "reject",
+                                      "map",        "replace", "string",     "safe",       "int",    "float",
+                                      "list",       "reverse", "abs",        "unique",     NULL};
+static const char *const TESTS[] = {"defined",     "undefined", "none",    "string",      "mapping", "iterable",
+                                    "sequence",    "number",    "integer", "float",       "boolean", "true",
+                                    "false",       "equalto",   "eq",      "==",          "ne",      "!=",
+                                    "sameas",      "odd",       "even",    "divisibleby", "in",      "lower",
+                                    "upper",       "callable",  "gt",      "ge",          "lt",      "le",
+                                    "greaterthan", "lessthan",  NULL};
 
 static bool in_table(const char *const *tab, jstr_t s)
 {
@@ -784,7 +805,8 @@ static node_t *p_args(parser_t *P)
             P->i += 2;
             a->b = p_expr(P);
         } else {
-            if (is_op(pk(P), "*") || is_op(pk(P), "**")) jfail_st(P->e, IE_ERR_FORMAT, pk(P)->line, "*args / **kwargs calls are not supported");
+            if (is_op(pk(P), "*") || is_op(pk(P), "**"))
+                jfail_st(P->e, IE_ERR_FORMAT, pk(P)->line, "*args / **kwargs calls are not supported");
             a = p_expr(P);
         }
         *tail = a;
@@ -816,7 +838,8 @@ static node_t *p_filters(parser_t *P, node_t *n)
                 P->i++;
             }
             tok_t *nm = pk(P);
-            if (nm->t == T_NAME || (nm->t == T_OP && (js_eq(nm->s, "==") || js_eq(nm->s, "!=")))) f->name = nx(P)->s;
+            if (nm->t == T_NAME || (nm->t == T_OP && (js_eq(nm->s, "==") || js_eq(nm->s, "!="))))
+                f->name = nx(P)->s;
             else perr(P, "a test name");
             if (!in_table(TESTS, f->name))
                 jfail_st(P->e, IE_ERR_FORMAT, f->line, "unsupported test '%.*s'", (int)f->name.n, f->name.p);
@@ -1029,7 +1052,11 @@ static node_t *p_math2(parser_t *P)
     node_t *n = p_pow(P);
     for (;;) {
         tok_t *t = pk(P);
-        int op = is_op(t, "*") ? OP_MUL : is_op(t, "/") ? OP_DIV : is_op(t, "//") ? OP_FDIV : is_op(t, "%") ? OP_MOD : -1;
+        int op = is_op(t, "*")    ? OP_MUL
+                 : is_op(t, "/")  ? OP_DIV
+                 : is_op(t, "//") ? OP_FDIV
+                 : is_op(t, "%")  ? OP_MOD
+                                  : -1;
         if (op < 0) return n;
         P->i++;
         n = bin(P, op, n, p_pow(P), t->line);
@@ -1066,8 +1093,14 @@ static node_t *p_compare(parser_t *P)
     int count = 0;
     for (;;) {
         tok_t *t = pk(P);
-        int op = is_op(t, "==") ? OP_EQ : is_op(t, "!=") ? OP_NE : is_op(t, "<") ? OP_LT : is_op(t, "<=") ? OP_LE
-               : is_op(t, ">") ? OP_GT : is_op(t, ">=") ? OP_GE : is_kw(t, "in") ? OP_IN : -1;
+        int op = is_op(t, "==")   ? OP_EQ
+                 : is_op(t, "!=") ? OP_NE
+                 : is_op(t, "<")  ? OP_LT
+                 : is_op(t, "<=") ? OP_LE
+                 : is_op(t, ">")  ? OP_GT
+                 : is_op(t, ">=") ? OP_GE
+                 : is_kw(t, "in") ? OP_IN
+                                  : -1;
         if (op < 0 && is_kw(t, "not") && is_kw(&P->t[P->i + 1], "in")) {
             op = OP_NOTIN;
             P->i++;
@@ -1504,12 +1537,12 @@ static void fmt_float(double d, char *buf, size_t cap)
     int ex = atoi(q + 1);
     char *o = buf;
     size_t left = cap;
-#define PUT(...)                                                                                                       \
-    do {                                                                                                               \
-        int k_ = snprintf(o, left, __VA_ARGS__);                                                                       \
-        if (k_ < 0 || (size_t)k_ >= left) return;                                                                      \
-        o += k_;                                                                                                       \
-        left -= (size_t)k_;                                                                                            \
+#define PUT(...)                                  \
+    do {                                          \
+        int k_ = snprintf(o, left, __VA_ARGS__);  \
+        if (k_ < 0 || (size_t)k_ >= left) return; \
+        o += k_;                                  \
+        left -= (size_t)k_;                       \
     } while (0)
     if (neg) PUT("-");
     if (ex >= -4 && ex < 16) {
@@ -1562,8 +1595,14 @@ static void repr(jx_t *x, sb_t *b, jv_t v, bool top)
     case V_UNDEF: return;
     case V_NONE: sb_c(x, b, "None"); return;
     case V_BOOL: sb_c(x, b, v.i ? "True" : "False"); return;
-    case V_INT: snprintf(buf, sizeof buf, "%lld", (long long)v.i); sb_c(x, b, buf); return;
-    case V_FLOAT: fmt_float(v.f, buf, sizeof buf); sb_c(x, b, buf); return;
+    case V_INT:
+        snprintf(buf, sizeof buf, "%lld", (long long)v.i);
+        sb_c(x, b, buf);
+        return;
+    case V_FLOAT:
+        fmt_float(v.f, buf, sizeof buf);
+        sb_c(x, b, buf);
+        return;
     case V_STR:
         if (top) sb_s(x, b, v.s);
         else repr_str(x, b, v.s);
@@ -1662,7 +1701,10 @@ static void json(jx_t *x, sb_t *b, jv_t v, const jsonfmt_t *fm, int level, int l
     switch (v.t) {
     case V_NONE: sb_c(x, b, "null"); return;
     case V_BOOL: sb_c(x, b, v.i ? "true" : "false"); return;
-    case V_INT: snprintf(buf, sizeof buf, "%lld", (long long)v.i); sb_c(x, b, buf); return;
+    case V_INT:
+        snprintf(buf, sizeof buf, "%lld", (long long)v.i);
+        sb_c(x, b, buf);
+        return;
     case V_FLOAT:
         if (isnan(v.f)) sb_c(x, b, "NaN");
         else if (isinf(v.f)) sb_c(x, b, v.f < 0 ? "-Infinity" : "Infinity");
@@ -1981,17 +2023,18 @@ static jv_t do_slice(jx_t *x, jv_t o, jv_t a, jv_t b, jv_t c, int line)
     }
     if (stepv == 1) return v_str(js_sub(o.s, off[s < e ? s : e], s < e ? off[e] - off[s] : 0));
     sb_t r = {0};
-    for (int64_t i = s; stepv > 0 ? i < e : i > e; i += stepv) sb_s(x, &r, js_sub(o.s, off[i], off[i + 1] - off[i]));
+    for (int64_t i = s; stepv > 0 ? i < e : i > e; i += stepv)
+        sb_s(x, &r, js_sub(o.s, off[i], off[i + 1] - off[i]));
     return v_str(sb_str(&r));
 }
 
-static const char *const STR_METHODS[] = {"startswith", "endswith", "strip", "lstrip", "rstrip", "split", "rsplit",
-                                          "replace",    "upper",    "lower", "title",  "capitalize", "find", "count",
-                                          "join",       NULL};
-static const char *const DICT_METHODS[] = {"get", "items", "keys", "values", "pop", "update", "copy", "setdefault",
-                                           "clear", "popitem", NULL};
-static const char *const LIST_METHODS[] = {"append", "extend", "pop", "insert", "remove", "index", "count", "sort",
-                                           "reverse", "copy", "clear", NULL};
+static const char *const STR_METHODS[] = {"startswith", "endswith", "strip", "lstrip", "rstrip", "split",
+                                          "rsplit",     "replace",  "upper", "lower",  "title",  "capitalize",
+                                          "find",       "count",    "join",  NULL};
+static const char *const DICT_METHODS[] = {"get",  "items",      "keys",  "values",  "pop", "update",
+                                           "copy", "setdefault", "clear", "popitem", NULL};
+static const char *const LIST_METHODS[] = {"append", "extend", "pop",     "insert", "remove", "index",
+                                           "count",  "sort",   "reverse", "copy",   "clear",  NULL};
 
 static const char *const GLOBALS[] = {"raise_exception", "strftime_now", "namespace", "dict", "range", NULL};
 
@@ -2081,7 +2124,8 @@ static const jv_t *arg(const jargs_t *a, size_t i, const char *name)
     return NULL;
 }
 
-static jstr_t arg_str(jx_t *x, const jargs_t *a, size_t i, const char *name, const char *dflt, const char *fn, int line)
+static jstr_t arg_str(jx_t *x, const jargs_t *a, size_t i, const char *name, const char *dflt, const char *fn,
+                      int line)
 {
     const jv_t *v = arg(a, i, name);
     if (!v || (dflt && v->t == V_NONE)) {
@@ -2093,11 +2137,13 @@ static jstr_t arg_str(jx_t *x, const jargs_t *a, size_t i, const char *name, con
     return v->s;
 }
 
-static int64_t arg_int(jx_t *x, const jargs_t *a, size_t i, const char *name, int64_t dflt, const char *fn, int line)
+static int64_t arg_int(jx_t *x, const jargs_t *a, size_t i, const char *name, int64_t dflt, const char *fn,
+                       int line)
 {
     const jv_t *v = arg(a, i, name);
     if (!v || v->t == V_NONE) return dflt;
-    if (v->t != V_INT && v->t != V_BOOL) jfail(&x->e, line, "%s: argument '%s' must be an integer", fn, name ? name : "");
+    if (v->t != V_INT && v->t != V_BOOL)
+        jfail(&x->e, line, "%s: argument '%s' must be an integer", fn, name ? name : "");
     return v->i;
 }
 
@@ -2106,7 +2152,7 @@ static int64_t arg_int(jx_t *x, const jargs_t *a, size_t i, const char *name, in
 static bool apply_test(jx_t *x, jstr_t name, jv_t v, const jargs_t *a, int line)
 {
     const jv_t *o = arg(a, 0, NULL);
-#define NEED_ARG                                                                                                       \
+#define NEED_ARG \
     if (!o) jfail(&x->e, line, "test '%.*s' needs an argument", (int)name.n, name.p)
     if (js_eq(name, "defined")) return v.t != V_UNDEF;
     if (js_eq(name, "undefined")) return v.t == V_UNDEF;
@@ -2276,7 +2322,8 @@ static jv_t apply_filter(jx_t *x, jstr_t name, jv_t v, const jargs_t *a, int lin
         return v_list(out);
     }
     if (js_eq(name, "replace")) {
-        jstr_t old = arg_str(x, a, 0, "old", NULL, "replace", line), rep = arg_str(x, a, 1, "new", NULL, "replace", line);
+        jstr_t old = arg_str(x, a, 0, "old", NULL, "replace", line),
+               rep = arg_str(x, a, 1, "new", NULL, "replace", line);
         return v_str(s_replace(x, to_str(x, v), old, rep, arg_int(x, a, 2, "count", -1, "replace", line)));
     }
     if (js_eq(name, "string") || js_eq(name, "safe")) return v_str(to_str(x, v));
@@ -2343,7 +2390,8 @@ static bool starts_ends(jx_t *x, jstr_t s, jv_t p, bool end, int line)
             if (starts_ends(x, s, p.l->v[i], end, line)) return true;
         return false;
     }
-    if (p.t != V_STR) jfail(&x->e, line, "%s: argument must be a string or a tuple", end ? "endswith" : "startswith");
+    if (p.t != V_STR)
+        jfail(&x->e, line, "%s: argument must be a string or a tuple", end ? "endswith" : "startswith");
     if (p.s.n > s.n) return false;
     return memcmp(s.p + (end ? s.n - p.s.n : 0), p.s.p, p.s.n) == 0;
 }
@@ -2372,7 +2420,8 @@ static jv_t call_method(jx_t *x, jv_t o, jstr_t m, const jargs_t *a, int line)
             return s_split(x, s, sep && sep->t == V_STR ? &sep->s : NULL, maxsplit, line);
         }
         if (js_eq(m, "replace")) {
-            jstr_t old = arg_str(x, a, 0, NULL, NULL, "replace", line), rep = arg_str(x, a, 1, NULL, NULL, "replace", line);
+            jstr_t old = arg_str(x, a, 0, NULL, NULL, "replace", line),
+                   rep = arg_str(x, a, 1, NULL, NULL, "replace", line);
             return v_str(s_replace(x, s, old, rep, arg_int(x, a, 2, "count", -1, "replace", line)));
         }
         if (js_eq(m, "upper")) return v_str(s_case(x, s, 'u'));
@@ -2508,7 +2557,7 @@ static jv_t call_global(jx_t *x, jstr_t name, const jargs_t *a, int line)
 
 static jv_t arith(jx_t *x, int op, jv_t a, jv_t b, int line)
 {
-    static const char *const sym[] = {[OP_ADD] = "+",  [OP_SUB] = "-", [OP_MUL] = "*", [OP_DIV] = "/",
+    static const char *const sym[] = {[OP_ADD] = "+",   [OP_SUB] = "-", [OP_MUL] = "*", [OP_DIV] = "/",
                                       [OP_FDIV] = "//", [OP_MOD] = "%", [OP_POW] = "**"};
     if (op == OP_ADD && a.t == V_STR && b.t == V_STR) return v_str(js_cat(x, a.s, b.s));
     if (op == OP_ADD && a.t == V_LIST && b.t == V_LIST) {
@@ -2517,7 +2566,8 @@ static jv_t arith(jx_t *x, int op, jv_t a, jv_t b, int line)
         for (size_t i = 0; i < b.l->n; i++) list_push(&x->e, l, b.l->v[i]);
         return v_list(l);
     }
-    if (op == OP_MUL && ((a.t == V_STR && (b.t == V_INT || b.t == V_BOOL)) || (b.t == V_STR && (a.t == V_INT || a.t == V_BOOL)))) {
+    if (op == OP_MUL &&
+        ((a.t == V_STR && (b.t == V_INT || b.t == V_BOOL)) || (b.t == V_STR && (a.t == V_INT || a.t == V_BOOL)))) {
         jstr_t s = a.t == V_STR ? a.s : b.s;
         int64_t k = a.t == V_STR ? b.i : a.i;
         if (k > 0 && s.n && (uint64_t)k > x->max_out / s.n) jfail(&x->e, line, "string repetition too large");
@@ -2528,7 +2578,8 @@ static jv_t arith(jx_t *x, int op, jv_t a, jv_t b, int line)
     if (!is_num(a) || !is_num(b)) {
         if (a.t == V_UNDEF || b.t == V_UNDEF)
             fail_undef(x, a.t == V_UNDEF ? a : b, line, "operand of", js_lit(sym[op]));
-        jfail(&x->e, line, "unsupported operand type(s) for %s: '%s' and '%s'", sym[op], type_name(a), type_name(b));
+        jfail(&x->e, line, "unsupported operand type(s) for %s: '%s' and '%s'", sym[op], type_name(a),
+              type_name(b));
     }
     bool fl = a.t == V_FLOAT || b.t == V_FLOAT || op == OP_DIV;
     if (op == OP_POW && !fl && b.i < 0) fl = true;
@@ -2587,7 +2638,9 @@ static jv_t eval(jx_t *x, const node_t *n, frame_t *f)
         jv_t *v = lookup(f, n->name);
         /* the global functions are defined values too ("strftime_now is
          * defined" is how Llama 3 templates probe for the clock) */
-        r = v ? *v : in_table(GLOBALS, n->name) ? (jv_t){.t = V_METHOD, .s = n->name} : (jv_t){.t = V_UNDEF, .s = n->name};
+        r = v                            ? *v
+            : in_table(GLOBALS, n->name) ? (jv_t){.t = V_METHOD, .s = n->name}
+                                         : (jv_t){.t = V_UNDEF, .s = n->name};
         break;
     }
     case E_ATTR: r = get_attr(x, eval(x, n->a, f), n->name, n->line); break;
@@ -2598,7 +2651,8 @@ static jv_t eval(jx_t *x, const node_t *n, frame_t *f)
     }
     case E_SLICE: {
         jv_t o = eval(x, n->a, f);
-        jv_t a = n->b ? eval(x, n->b, f) : NONE, b = n->c ? eval(x, n->c, f) : NONE, c = n->d ? eval(x, n->d, f) : NONE;
+        jv_t a = n->b ? eval(x, n->b, f) : NONE, b = n->c ? eval(x, n->c, f) : NONE,
+             c = n->d ? eval(x, n->d, f) : NONE;
         if (o.t == V_UNDEF) fail_undef(x, o, n->line, "slice", js_lit(""));
         r = do_slice(x, o, a, b, c, n->line);
         break;
@@ -2668,7 +2722,8 @@ static jv_t eval(jx_t *x, const node_t *n, frame_t *f)
     case E_NEG:
     case E_POS: {
         jv_t a = eval(x, n->a, f);
-        if (!is_num(a)) jfail(&x->e, n->line, "bad operand type for unary %c: '%s'", n->k == E_NEG ? '-' : '+', type_name(a));
+        if (!is_num(a))
+            jfail(&x->e, n->line, "bad operand type for unary %c: '%s'", n->k == E_NEG ? '-' : '+', type_name(a));
         if (n->k == E_POS) r = a.t == V_BOOL ? v_int(a.i) : a;
         else if (a.t == V_FLOAT) r = v_float(-a.f);
         else if (a.i == INT64_MIN) jfail(&x->e, n->line, "integer overflow");

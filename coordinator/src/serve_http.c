@@ -462,7 +462,8 @@ static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
     int found = 0;
 
     ie_gen_params_default(&g->gp);
-    *sp = ie_sampler_params_default(); /* temperature 1, filters off: OpenAI's defaults */
+    ie_engine_chat_opts(h->o.engine, &g->chat_opts); /* the model's own template */
+    *sp = ie_sampler_params_default();               /* temperature 1, filters off: OpenAI's defaults */
     /* completions: 16 tokens like OpenAI; chat: until the model ends its
      * turn or the context is full */
     g->gp.max_new = g->chat ? h->n_ctx : 16;
@@ -1339,7 +1340,9 @@ ie_status_t ie_http_start(const ie_http_opts_t *o, ie_http_t **out)
     h->listen_fd = MHD_INVALID_SOCKET;
     h->created = (long)time(NULL);
     h->tok = ie_engine_tokenizer(o->engine);
-    h->chat_fmt = ie_chat_format(h->tok);
+    ie_chat_opts_t co = {0};
+    ie_engine_chat_opts(o->engine, &co);
+    h->chat_fmt = ie_chat_format_for(h->tok, &co);
     h->n_ctx = ie_backend_geom(ie_engine_backend(o->engine))->n_ctx;
     h->n_vocab = ie_tokenizer_n_vocab(h->tok);
     h->max_body = o->max_body > 0 ? (size_t)o->max_body : (size_t)1 << 20;

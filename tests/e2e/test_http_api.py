@@ -2,7 +2,7 @@
 
 The client is the official `openai` package (and httpx for what it cannot
 send: bad JSON, wrong methods, huge bodies, an early hang-up). Servers run on
-SmolLM2 (ChatML) and on the tiny random GPT-OSS model of
+SmolLM2 (its GGUF chat template) and on the tiny random GPT-OSS model of
 test_chat_harmony.py (harmony), each started with --port 0; the port comes
 from the one stderr line "listening on http://HOST:PORT".
 
@@ -364,7 +364,7 @@ def test_bad_prompts_400(server, client):
     with pytest.raises(openai.BadRequestError) as ei:
         client.completions.create(model=server.model, prompt=[10**9], max_tokens=2)
     assert ei.value.body["param"] == "prompt"
-    for msgs in ([], [{"role": "wizard", "content": "x"}], [{"role": "user"}], "hi"):
+    for msgs in ([], [{"role": "user", "content": 7}], [{"role": "user"}], "hi"):
         with pytest.raises(openai.BadRequestError) as ei:
             client.chat.completions.create(model=server.model, messages=msgs, max_tokens=2)
         assert ei.value.body["param"] == "messages", ei.value.body

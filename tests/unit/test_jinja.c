@@ -94,7 +94,8 @@ static void test_reference(void)
                 int ok = st != IE_OK && (!want_raised || raised);
                 if (!ok)
                     printf("\n  %s / %s: expected an error (%s), got %s", t->string, name,
-                           cJSON_GetObjectItem(want, "error")->valuestring, st == IE_OK ? "a render" : ie_error_last());
+                           cJSON_GetObjectItem(want, "error")->valuestring,
+                           st == IE_OK ? "a render" : ie_error_last());
                 if (ok && want_raised) { /* same message as the template's */
                     const char *m = strstr(ie_error_last(), "raised: ");
                     ok = m && strcmp(m + 8, cJSON_GetObjectItem(want, "error")->valuestring) == 0;
@@ -152,7 +153,8 @@ static void check_err(const char *src, const char *vars, const char *needle)
     char *got = render(src, vars, &st);
     CU_ASSERT_PTR_NULL(got);
     CU_ASSERT_NOT_EQUAL(st, IE_OK);
-    if (!got && !strstr(ie_error_last(), needle)) printf("\n  %s: error '%s' lacks '%s'", src, ie_error_last(), needle);
+    if (!got && !strstr(ie_error_last(), needle))
+        printf("\n  %s: error '%s' lacks '%s'", src, ie_error_last(), needle);
     CU_ASSERT(got == NULL && strstr(ie_error_last(), needle) != NULL);
     free(got);
 }
@@ -195,7 +197,8 @@ static void test_language(void)
           "olleh el [3, 4] é 5");
     check("{{ 1e20 }} {{ 0.1 + 0.2 }} {{ 1e-5 }} {{ 3.0 }} {{ 100.0 / 3 }}", NULL,
           "1e+20 0.30000000000000004 1e-05 3.0 33.333333333333336");
-    check("{{ 'a' in 'cat' }} {{ 1 in [1,2] }} {{ 'k' in {'k':1} }} {{ 3 not in [1] }}", NULL, "True True True True");
+    check("{{ 'a' in 'cat' }} {{ 1 in [1,2] }} {{ 'k' in {'k':1} }} {{ 3 not in [1] }}", NULL,
+          "True True True True");
 }
 
 static void test_filters(void)
@@ -203,17 +206,21 @@ static void test_filters(void)
     check("{{ '  x  '|trim }}|{{ xs|length }}|{{ xs|join(', ') }}|{{ xs|first }}{{ xs|last }}|{{ 'Ab'|upper }}"
           "{{ 'Ab'|lower }}",
           "{\"xs\":[\"a\",\"b\"]}", "x|2|a, b|ab|ABab");
-    check("{{ x|default('d') }} {{ ''|default('e', true) }} {{ 'ab'|replace('a', 'x') }} {{ 3|string }} {{ '42'|int + 1 }}",
+    check("{{ x|default('d') }} {{ ''|default('e', true) }} {{ 'ab'|replace('a', 'x') }} {{ 3|string }} {{ "
+          "'42'|int + 1 }}",
           NULL, "d e xb 3 43");
-    check("{{ ms|selectattr('role', 'equalto', 'user')|list|length }} {{ ms|rejectattr('role', 'equalto', 'user')|map(attribute='role')|join }}",
+    check("{{ ms|selectattr('role', 'equalto', 'user')|list|length }} {{ ms|rejectattr('role', 'equalto', "
+          "'user')|map(attribute='role')|join }}",
           "{\"ms\":[{\"role\":\"user\"},{\"role\":\"system\"},{\"role\":\"user\"}]}", "2 system");
     check("{{ xs|reject('equalto', 'b')|list }}", "{\"xs\":[\"a\",\"b\",\"c\"]}", "['a', 'c']");
     check("{{ d|tojson }}", "{\"d\":{\"a\":[1,2.5,null,true],\"s\":\"é\\\"<\\n\"}}",
           "{\"a\": [1, 2.5, null, true], \"s\": \"é\\\"<\\n\"}");
     check("{{ d|tojson(indent=2) }}", "{\"d\":{\"a\":[1],\"e\":{}}}", "{\n  \"a\": [\n    1\n  ],\n  \"e\": {}\n}");
-    check("{{ d|tojson(separators=(',', ':'), sort_keys=true) }}", "{\"d\":{\"b\":1,\"a\":2}}", "{\"a\":2,\"b\":1}");
+    check("{{ d|tojson(separators=(',', ':'), sort_keys=true) }}", "{\"d\":{\"b\":1,\"a\":2}}",
+          "{\"a\":2,\"b\":1}");
     check("{{ ' a b '.split() }} {{ 'a,b,,c'.split(',') }} {{ 'a b c'.split(' ', 1) }} {{ 'xxhixx'.strip('x') }}"
-          " {{ '  a'.lstrip() }} {{ 'Hi'.startswith('H') }} {{ 'Hi'.endswith(('x', 'i')) }} {{ 'hello world'.title() }}",
+          " {{ '  a'.lstrip() }} {{ 'Hi'.startswith('H') }} {{ 'Hi'.endswith(('x', 'i')) }} {{ 'hello "
+          "world'.title() }}",
           NULL, "['a', 'b'] ['a', 'b', '', 'c'] ['a', 'b c'] hi a True True Hello World");
     check("{{ d.get('a') }} {{ d.get('z') }} {{ d.get('z', 5) }} {{ d.keys()|list }}", "{\"d\":{\"a\":1}}",
           "1 None 5 ['a']");
@@ -237,7 +244,13 @@ static void test_mask(void)
                                           &text, &mask, &len, NULL),
                           IE_OK);
     CU_ASSERT_STRING_EQUAL(text, "<|s|><|e|><|e|>[ <|E|> ]<|e|>");
-    const char *want = "00000" "11111" "00000" "0" "1111111" "0" "00000";
+    const char *want = "00000"
+                       "11111"
+                       "00000"
+                       "0"
+                       "1111111"
+                       "0"
+                       "00000";
     CU_ASSERT_EQUAL(len, strlen(want));
     for (size_t i = 0; i < len; i++) CU_ASSERT_EQUAL(mask[i], want[i] - '0');
     free(text);
@@ -281,7 +294,8 @@ static void test_errors(void)
     check_err("{% for x in none %}{% endfor %}", NULL, "not iterable");
     check_err("{{ xs.append(1) }}", "{\"xs\":[]}", "list.append");
     check_err("{% macro f(n) %}{{ f(n) }}{% endmacro %}{{ f(1) }}", NULL, "macro recursion");
-    check_err("{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}", NULL, "step limit");
+    check_err("{% for i in range(1000000) %}{% for j in range(1000000) %}{% endfor %}{% endfor %}", NULL,
+              "step limit");
     check_err("{% set ns = namespace(s='xxxxxxxxxxxxxxxx') %}{% for i in range(100) %}{% set ns.s = ns.s + ns.s %}"
               "{% endfor %}",
               NULL, "larger than");
