@@ -691,3 +691,78 @@ ie_status_t ie_chat_template_find(const char *tokenizer_path, char **text_out)
     free(cfg);
     return st;
 }
+
+static ie_status_t ids_add(int32_t **ids, size_t *n, int32_t id)
+{
+    if (id < 0) return IE_OK;
+    for (size_t i = 0; i < *n; i++)
+        if ((*ids)[i] == id) return IE_OK;
+    int32_t *ni = realloc(*ids, (*n + 1) * sizeof *ni);
+    if (!ni) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+    ni[(*n)++] = id;
+    *ids = ni;
+    return IE_OK;
+}
+
+/* tokenizer_config.json's eos_token: "text" or {"content": "text"}. */
+static int32_t config_token(const ie_tokenizer_t *tok, const cJSON *v)
+{
+    if (cJSON_IsObject(v)) v = cJSON_GetObjectItemCaseSensitive(v, "content");
+    return cJSON_IsString(v) ? ie_tokenizer_find(tok, v->valuestring, strlen(v->valuestring)) : -1;
+}
+
+ie_status_t ie_chat_stop_ids(const ie_tokenizer_t *tok, const char *tokenizer_path, int32_t **ids_out,
+                             size_t *n_out)
+{
+    /* end-of-turn markers of the template families we know; only where the
+     * vocabulary has them as special tokens */
+    static const char *const EOT_NAMES[] = {"<end_of_turn>", "<|eot_id|>", "<|eom_id|>",    "<|im_end|>",
+                                            "<|end|>",       "<|return|>", "<|endoftext|>", NULL};
+    int32_t *ids = NULL;
+    size_t n = 0;
+    ie_status_t st = IE_OK;
+    *ids_out = NULL;
+    *n_out = 0;
+    if (!tok) return IE_OK;
+    for (int k = 0; EOT_NAMES[k] && st == IE_OK; k++) {
+        int32_t id = ie_tokenizer_find(tok, EOT_NAMES[k], strlen(EOT_NAMES[k]));
+        if (id >= 0 && ie_tokenizer_is_special(tok, id) && !ie_tokenizer_is_eog(tok, id))
+            st = ids_add(&ids, &n, id);
+    }
+    /* an HF folder: generation_config.json's eos_token_id (an id or a list)
+     * and tokenizer_config.json's eos_token */
+    size_t dl = tokenizer_path ? strlen(tokenizer_path) : 0;
+    while (dl > 0 && tokenizer_path[dl - 1] != '/') dl--;
+    static const char *const FILES[] = {"generation_config.json", "tokenizer_config.json"};
+    for (int f = 0; tokenizer_path && f < 2 && st == IE_OK; f++) {
+        char path[4096];
+        if (dl + 32 > sizeof path) break;
+        snprintf(path, sizeof path, "%.*s%s", (int)dl, tokenizer_path, FILES[f]);
+        char *text = read_file(path, NULL);
+        cJSON *root = text ? cJSON_Parse(text) : NULL;
+        free(text);
+        int32_t nv = ie_tokenizer_n_vocab(tok);
+        if (f == 0) {
+            const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
+            if (cJSON_IsNumber(e) && e->valuedouble >= 0 && e->valuedouble < nv)
+                st = ids_add(&ids, &n, (int32_t)e->valuedouble);
+            for (const cJSON *c = cJSON_IsArray(e) ? e->child : NULL; c && st == IE_OK; c = c->next)
+                if (cJSON_IsNumber(c) && c->valuedouble >= 0 && c->valuedouble < nv)
+                    st = ids_add(&ids, &n, (int32_t)c->valuedouble);
+        } else {
+            st = ids_add(&ids, &n, config_token(tok, cJSON_GetObjectItemCaseSensitive(root, "eos_token")));
+        }
+        cJSON_Delete(root);
+    }
+    /* keep only what the tokenizer does not stop on already */
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!ie_tokenizer_is_eog(tok, ids[i])) ids[k++] = ids[i];
+    if (st != IE_OK || k == 0) {
+        free(ids);
+        return st;
+    }
+    *ids_out = ids;
+    *n_out = k;
+    return IE_OK;
+}

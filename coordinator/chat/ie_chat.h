@@ -102,6 +102,17 @@ ie_status_t ie_chat_encode(const ie_tokenizer_t *tok, const char *messages_json,
  * IE_ERR_NOMEM. */
 ie_status_t ie_chat_template_find(const char *tokenizer_path, char **text_out);
 
+/* The model's end-of-turn token ids that the tokenizer does not already
+ * stop on (ie_tokenizer_is_eog): the special tokens <end_of_turn>,
+ * <|eot_id|>, <|eom_id|>, <|im_end|>, <|end|>, <|return|>, <|endoftext|>
+ * where the vocabulary has them, and for a tokenizer.json the ids of
+ * generation_config.json's eos_token_id (an id or a list) and
+ * tokenizer_config.json's eos_token beside it. On success *ids_out is
+ * malloc'd (caller frees; NULL when there are none) with *n_out ids.
+ * Errors: IE_ERR_NOMEM. Unreadable or absent files are skipped. */
+ie_status_t ie_chat_stop_ids(const ie_tokenizer_t *tok, const char *tokenizer_path, int32_t **ids_out,
+                             size_t *n_out);
+
 /* Render messages_json (a JSON array of message objects) with a model's
  * Jinja chat template exactly as transformers' apply_chat_template(...,
  * tokenize=False, add_generation_prompt=True) does: the template sees

@@ -27,6 +27,8 @@ struct ie_engine {
     ie_tokenizer_t *tok;
     ie_jinja_t *chat_tmpl; /* the model's chat template, NULL if none  */
     char *chat_tmpl_err;   /* why the model's template did not compile */
+    int32_t *stop_ids;     /* end-of-turn ids beyond the tokenizer's    */
+    size_t n_stop_ids;
     ie_backend_t *backend; /* worker (plan NONE) or cluster              */
     ie_net_t *net;
     int own_net;
@@ -205,6 +207,7 @@ ie_status_t ie_engine_open(const ie_engine_opts_t *o, ie_engine_t **out)
             !(e->chat_tmpl_err = strdup(ie_error_last())))
             st = ie_error_set(IE_ERR_NOMEM, "out of memory");
         free(text);
+        if (st == IE_OK) st = ie_chat_stop_ids(e->tok, tpath, &e->stop_ids, &e->n_stop_ids);
         if (st != IE_OK) goto cleanup;
     }
 
@@ -255,6 +258,7 @@ void ie_engine_destroy(ie_engine_t **self_p)
     ie_tokenizer_destroy(&e->tok);
     ie_jinja_destroy(&e->chat_tmpl);
     free(e->chat_tmpl_err);
+    free(e->stop_ids);
     ie_model_src_destroy(&e->src);
     free(e->b_tok);
     free(e->b_pos);
@@ -278,7 +282,11 @@ void **ie_engine_ext(const ie_engine_t *e) { return (void **)&e->ext; }
 
 void ie_engine_sched_opts(ie_engine_t *e, ie_sched_opts_t *out)
 {
-    *out = (ie_sched_opts_t){.backend = e->backend, .tok = e->tok, .no_prefix_cache = !e->opts.prefix_cache};
+    *out = (ie_sched_opts_t){.backend = e->backend,
+                             .tok = e->tok,
+                             .stop_ids = e->stop_ids,
+                             .n_stop_ids = e->n_stop_ids,
+                             .no_prefix_cache = !e->opts.prefix_cache};
 }
 
 void ie_gen_result_clear(ie_gen_result_t *r)

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #ifndef IE_TEST_DATA
 #define IE_TEST_DATA "tests/data"
@@ -316,6 +317,147 @@ static void test_errors(void)
     ie_jinja_destroy(NULL);
 }
 
+/* --------------------------------------------------- wiring into ie_chat */
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "wb");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* chat_template.jinja beats tokenizer_config.json; a list picks "default";
+ * a wrong type is an error; none at all is NULL. */
+static void test_template_find(void)
+{
+    char dir[] = "/tmp/ie_jinja_XXXXXX", p[256], tj[256];
+    CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
+    write_file(tj, "{}");
+    char *text = NULL;
+    CU_ASSERT_EQUAL(ie_chat_template_find(tj, &text), IE_OK);
+    CU_ASSERT_PTR_NULL(text);
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
+    write_file(p, "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"}, "
+                  "{\"name\": \"default\", \"template\": \"D\"}]}");
+    CU_ASSERT_EQUAL(ie_chat_template_find(tj, &text), IE_OK);
+    CU_ASSERT(text && strcmp(text, "D") == 0);
+    free(text);
+    write_file(p, "{\"chat_template\": 7}");
+    CU_ASSERT_EQUAL(ie_chat_template_find(tj, &text), IE_ERR_FORMAT);
+    CU_ASSERT_PTR_NULL(text);
+    write_file(p, "{\"chat_template\": \"S\"}");
+    CU_ASSERT_EQUAL(ie_chat_template_find(tj, &text), IE_OK);
+    CU_ASSERT(text && strcmp(text, "S") == 0);
+    free(text);
+    char pj[256];
+    snprintf(pj, sizeof pj, "%s/chat_template.jinja", dir);
+    write_file(pj, "J");
+    CU_ASSERT_EQUAL(ie_chat_template_find(tj, &text), IE_OK);
+    CU_ASSERT(text && strcmp(text, "J") == 0);
+    free(text);
+    snprintf(p, sizeof p, "%s/nope.json", dir);
+    CU_ASSERT_EQUAL(ie_chat_template_find(p, &text), IE_ERR_IO);
+    unlink(pj);
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", dir);
+    unlink(p);
+    unlink(tj);
+    rmdir(dir);
+}
+
+/* Qwen2.5's template with SmolLM2's vocabulary (both ChatML): the ids equal
+ * parsing the rendered text with special tokens when content is clean, and
+ * content's "<|im_end|>" stays plain text. */
+static void test_template_encode(void)
+{
+    ie_tokenizer_t *tok = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_load(IE_TEST_DATA "/smollm2_tokenizer.json", &tok), IE_OK);
+    char *src = slurp(TDIR "/Qwen-Qwen2.5-7B-Instruct.jinja");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(src);
+    ie_jinja_t *t = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_jinja_parse(src, strlen(src), &t), IE_OK);
+    ie_chat_opts_t o = {.tmpl = t};
+    CU_ASSERT_EQUAL(ie_chat_format_for(tok, &o), IE_CHAT_TEMPLATE);
+    CU_ASSERT_EQUAL(ie_chat_format_for(tok, NULL), IE_CHAT_CHATML);
+    CU_ASSERT_STRING_EQUAL(ie_chat_format_name(IE_CHAT_TEMPLATE), "template");
+    int32_t *ids = NULL, *ref = NULL;
+    size_t n = 0, n_ref = 0;
+    char *text = NULL;
+    const char *clean = "[{\"role\":\"user\",\"content\":\"Hi there\"}]";
+    CU_ASSERT_EQUAL_FATAL(ie_chat_encode(tok, clean, &o, &ids, &n, &text), IE_OK);
+    CU_ASSERT(strstr(text, "<|im_start|>system\nYou are Qwen") == text);
+    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_encode(tok, text, strlen(text), IE_TOK_PARSE_SPECIAL, &ref, &n_ref), IE_OK);
+    CU_ASSERT(n == n_ref && memcmp(ids, ref, n * sizeof *ids) == 0);
+    free(ids);
+    free(ref);
+    free(text);
+    int32_t im_end = ie_tokenizer_find(tok, "<|im_end|>", 10);
+    CU_ASSERT_EQUAL_FATAL(ie_chat_encode(tok, "[{\"role\":\"user\",\"content\":\"a<|im_end|>b\"}]", &o, &ids, &n,
+                                         NULL),
+                          IE_OK);
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++) c += ids[i] == im_end;
+    CU_ASSERT_EQUAL(c, 2); /* system's and user's, not the content's */
+    free(ids);
+    /* the template's own rejections and a failed compile are errors */
+    CU_ASSERT_EQUAL(ie_chat_encode(tok, "[]", &o, &ids, &n, NULL), IE_ERR_INVAL);
+    ie_chat_opts_t broken = {.tmpl_error = "line 1: boom"};
+    CU_ASSERT_EQUAL(ie_chat_encode(tok, clean, &broken, &ids, &n, NULL), IE_ERR_UNSUPPORTED);
+    CU_ASSERT(strstr(ie_error_last(), "boom") != NULL);
+    /* kwargs reach the template */
+    const char *qsrc = "{{ messages[0].content }}{% if enable_thinking is false %}/no{% endif %}";
+    ie_jinja_t *q = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_jinja_parse(qsrc, strlen(qsrc), &q), IE_OK);
+    ie_chat_opts_t qo = {.tmpl = q, .template_kwargs = "{\"enable_thinking\": false}"};
+    char *p = NULL;
+    CU_ASSERT_EQUAL(ie_chat_render(tok, clean, &qo, &p), IE_OK);
+    CU_ASSERT(p && strcmp(p, "Hi there/no") == 0);
+    free(p);
+    ie_jinja_destroy(&q);
+    ie_jinja_destroy(&t);
+    free(src);
+    ie_tokenizer_destroy(&tok);
+}
+
+/* Extra stop ids: generation_config.json's list and tokenizer_config.json's
+ * eos_token, minus what the tokenizer already stops on. */
+static void test_stop_ids(void)
+{
+    ie_tokenizer_t *tok = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_load(IE_TEST_DATA "/smollm2_tokenizer.json", &tok), IE_OK);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CU_ASSERT_EQUAL(ie_chat_stop_ids(tok, NULL, &ids, &n), IE_OK);
+    for (size_t i = 0; i < n; i++) CU_ASSERT(!ie_tokenizer_is_eog(tok, ids[i]));
+    free(ids);
+    char dir[] = "/tmp/ie_jinja_XXXXXX", p[256], q[256];
+    CU_ASSERT_PTR_NOT_NULL_FATAL(mkdtemp(dir));
+    snprintf(p, sizeof p, "%s/generation_config.json", dir);
+    write_file(p, "{\"eos_token_id\": [5, 7, 99999999]}");
+    snprintf(q, sizeof q, "%s/tokenizer_config.json", dir);
+    write_file(q, "{\"eos_token\": {\"content\": \"<repo_name>\"}}");
+    char tj[256];
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
+    CU_ASSERT_EQUAL(ie_chat_stop_ids(tok, tj, &ids, &n), IE_OK);
+    int has5 = 0, has7 = 0, has_repo = 0, has_big = 0;
+    int32_t repo = ie_tokenizer_find(tok, "<repo_name>", 11);
+    for (size_t i = 0; i < n; i++) {
+        has5 |= ids[i] == 5;
+        has7 |= ids[i] == 7;
+        has_repo |= repo >= 0 && ids[i] == repo;
+        has_big |= ids[i] == 99999999;
+    }
+    CU_ASSERT(has5 == !ie_tokenizer_is_eog(tok, 5) && has7 == !ie_tokenizer_is_eog(tok, 7));
+    CU_ASSERT(repo < 0 || has_repo);
+    CU_ASSERT(!has_big);
+    free(ids);
+    unlink(p);
+    unlink(q);
+    rmdir(dir);
+    ie_tokenizer_destroy(&tok);
+}
+
 int main(void)
 {
     setenv("TZ", "UTC", 1);
@@ -328,6 +470,9 @@ int main(void)
     CU_add_test(s, "filters, tests, methods, globals", test_filters);
     CU_add_test(s, "content mask", test_mask);
     CU_add_test(s, "errors and limits", test_errors);
+    CU_add_test(s, "template files", test_template_find);
+    CU_add_test(s, "template encode", test_template_encode);
+    CU_add_test(s, "stop ids", test_stop_ids);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures();
