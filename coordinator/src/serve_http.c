@@ -601,19 +601,28 @@ static int prompt_ids(ie_http_t *h, const cJSON *root, int32_t **ids, size_t *n,
 
 /* /v1/chat/completions' messages -> ids through the model's chat template.
  * OpenAI's content parts ([{"type": "text", "text": ...}]) are joined into
- * one string; "name" is dropped. */
+ * one string; "name" is dropped. "chat_template_kwargs" (an object, as vLLM
+ * takes it, e.g. {"enable_thinking": false}) become template variables. */
 static int chat_ids(ie_http_t *h, const cJSON *root, const gen_t *g, int32_t **ids, size_t *n, http_err_t *e)
 {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
     cJSON *norm = NULL;
-    char *json = NULL;
+    char *json = NULL, *kw_json = NULL;
     int rc = 0, i = 0;
     cJSON *m;
+    ie_chat_opts_t co = g->chat_opts;
 
     if (!cJSON_IsArray(msgs) || !msgs->child)
         return bad_param(e, "messages", "'messages' must be a non-empty list of messages");
     if (h->chat_fmt == IE_CHAT_NONE)
         return bad_param(e, "messages", "this model has no chat template; use /v1/completions");
+    if (kw && !cJSON_IsNull(kw)) {
+        if (!cJSON_IsObject(kw))
+            return bad_param(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        if (!(kw_json = cJSON_PrintUnformatted(kw))) goto oom;
+        co.template_kwargs = kw_json;
+    }
     if (!(norm = cJSON_Duplicate(msgs, 1))) goto oom;
     cJSON_ArrayForEach(m, norm)
     {
@@ -649,7 +658,7 @@ static int chat_ids(ie_http_t *h, const cJSON *root, const gen_t *g, int32_t **i
         }
     }
     if (!(json = cJSON_PrintUnformatted(norm))) goto oom;
-    ie_status_t st = ie_chat_encode(h->tok, json, &g->chat_opts, ids, n, NULL);
+    ie_status_t st = ie_chat_encode(h->tok, json, &co, ids, n, NULL);
     if (st == IE_ERR_NOMEM) goto oom;
     if (st != IE_OK) rc = bad_param(e, "messages", "%s", ie_error_last());
     goto cleanup;
@@ -658,6 +667,7 @@ oom:
 cleanup:
     cJSON_Delete(norm);
     free(json);
+    free(kw_json);
     return rc;
 }
 

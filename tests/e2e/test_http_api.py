@@ -372,6 +372,17 @@ def test_bad_prompts_400(server, client):
     assert_error_shape(raw(server, "POST", "/v1/chat/completions", json={"max_tokens": 2}), 400, param="messages")
 
 
+def test_chat_template_kwargs(server, client):
+    """chat_template_kwargs (vLLM's name) reach the model's template; not an
+    object -> 400 naming it."""
+    r = raw(server, "POST", "/v1/chat/completions",
+            json={"model": server.model, "messages": CHAT, "max_tokens": 1, "chat_template_kwargs": [1]})
+    assert_error_shape(r, 400, param="chat_template_kwargs")
+    ok = client.chat.completions.create(model=server.model, messages=CHAT, max_tokens=1,
+                                        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert ok.choices[0].finish_reason in ("length", "stop")
+
+
 def test_unknown_model_404(server, client):
     with pytest.raises(openai.NotFoundError) as ei:
         client.completions.create(model="gpt-4", prompt="x", max_tokens=2)
