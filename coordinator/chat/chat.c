@@ -1,13 +1,14 @@
 /* chat.c — messages JSON -> prompt text and ids (see ie_chat.h).
  *
- * Both formats render into a "masked" buffer: the text plus one byte per
+ * Every format renders into a "masked" buffer: the text plus one byte per
  * text byte saying whether it came from message content (1) or from the
  * template (0). Encoding cuts the text only at template markers found where
  * the mask is 0, so content can never produce a control token.
  *
  * A model's jinja template is rendered by ie_jinja, which gives the mask
- * itself (strings from the messages are content). Its markers are all the
- * vocabulary's special tokens. ChatML is rendered here directly. Harmony is rendered by ie_harmony,
+ * itself (strings from the messages are content); its markers are all the
+ * vocabulary's special tokens, since a template may use any of them.
+ * ChatML is rendered here directly. Harmony is rendered by ie_harmony,
  * which returns plain text; to learn where the content lies we render the
  * same conversation a second time with every non-empty content / thinking
  * string replaced by a placeholder ("\x1e<index>\x1e", a byte no template

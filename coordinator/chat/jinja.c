@@ -140,7 +140,8 @@ struct node;
 
 typedef struct jv {
     vtype_t t;
-    bool ns; /* V_DICT that is a namespace() */
+    bool ns;  /* V_DICT that is a namespace() */
+    bool tup; /* V_LIST that is a tuple: prints as (a, b), never equals a list */
     union {
         int64_t i;
         double f;
@@ -271,7 +272,7 @@ static bool v_eq(jv_t a, jv_t b)
     case V_NONE: return true;
     case V_STR: return js_same(a.s, b.s);
     case V_LIST:
-        if (a.l->n != b.l->n) return false;
+        if (a.l->n != b.l->n || a.tup != b.tup) return false;
         for (size_t i = 0; i < a.l->n; i++)
             if (!v_eq(a.l->v[i], b.l->v[i])) return false;
         return true;
@@ -672,6 +673,7 @@ typedef enum {
     E_POS,
     E_COND,
     E_LIST,
+    E_TUPLE,
     E_DICT,
     E_KW
 } nkind_t;
@@ -703,7 +705,7 @@ typedef enum {
  *   a=value (NULL: block set, body b); N_MACRO name, args=E_KW params (b =
  *   default), b=body; N_WRAP b=body; E_ATTR a.name; E_ITEM a[b]; E_SLICE
  *   a[b:c:d]; E_CALL a(args); E_FILTER a|name(args); E_TEST a is [not]
- *   name(args); E_BIN a op b; E_COND a if b else c; E_LIST/E_DICT args
+ *   name(args); E_BIN a op b; E_COND a if b else c; E_LIST/E_TUPLE/E_DICT args
  *   (E_DICT: E_KW with key a, value b); E_KW name=b. Lists are linked by
  *   next. */
 typedef struct node {
@@ -961,11 +963,11 @@ static node_t *p_primary(parser_t *P)
             if (is_op(pk(P), ")")) {
                 P->i++;
                 P->depth--;
-                return mk(P, E_LIST, t->line); /* () */
+                return mk(P, E_TUPLE, t->line); /* () */
             }
             node_t *first = p_expr(P);
             if (is_op(pk(P), ",")) {
-                n = mk(P, E_LIST, t->line);
+                n = mk(P, E_TUPLE, t->line);
                 n->args = first;
                 node_t **tail = &first->next;
                 while (is_op(pk(P), ",")) {
@@ -1199,6 +1201,7 @@ static node_t *p_body(parser_t *P, const char *const *ends, jstr_t *end_out);
 static node_t *p_if(parser_t *P, int line)
 {
     static const char *const ends[] = {"elif", "else", "endif", NULL};
+    enter(P); /* an elif chain nests */
     node_t *n = mk(P, N_IF, line);
     n->a = p_expr(P);
     expect_bend(P);
@@ -1206,6 +1209,7 @@ static node_t *p_if(parser_t *P, int line)
     n->b = p_body(P, ends, &end);
     if (js_eq(end, "elif")) {
         n->c = p_if(P, pk(P)->line);
+        P->depth--;
         return n; /* the nested if consumed endif */
     }
     if (js_eq(end, "else")) {
@@ -1214,6 +1218,7 @@ static node_t *p_if(parser_t *P, int line)
         n->c = p_body(P, endif, &end);
     }
     expect_bend(P);
+    P->depth--;
     return n;
 }
 
@@ -1252,7 +1257,7 @@ static node_t *p_stmt(parser_t *P, jstr_t kw, int line)
             P->i++;
             n->a = p_expr(P);
             if (is_op(pk(P), ",")) { /* set a, b = x, y */
-                node_t *l = mk(P, E_LIST, line);
+                node_t *l = mk(P, E_TUPLE, line);
                 l->args = n->a;
                 node_t **tail = &n->a->next;
                 while (is_op(pk(P), ",")) {
@@ -1563,7 +1568,7 @@ static void fmt_float(double d, char *buf, size_t cap)
 #undef PUT
 }
 
-static void repr(jx_t *x, sb_t *b, jv_t v, bool top);
+static void repr(jx_t *x, sb_t *b, jv_t v, bool top, int level);
 
 static void repr_str(jx_t *x, sb_t *b, jstr_t s)
 {
@@ -1588,9 +1593,11 @@ static void repr_str(jx_t *x, sb_t *b, jstr_t s)
     sb_add(x, b, &q, NULL, 1);
 }
 
-static void repr(jx_t *x, sb_t *b, jv_t v, bool top)
+static void repr(jx_t *x, sb_t *b, jv_t v, bool top, int level)
 {
     char buf[48];
+    /* a namespace can hold itself; Python prints [...], we refuse */
+    if (level > 200) jfail(&x->e, 0, "value nested too deeply to print");
     switch (v.t) {
     case V_UNDEF: return;
     case V_NONE: sb_c(x, b, "None"); return;
@@ -1608,20 +1615,20 @@ static void repr(jx_t *x, sb_t *b, jv_t v, bool top)
         else repr_str(x, b, v.s);
         return;
     case V_LIST:
-        sb_c(x, b, "[");
+        sb_c(x, b, v.tup ? "(" : "[");
         for (size_t i = 0; i < v.l->n; i++) {
             if (i) sb_c(x, b, ", ");
-            repr(x, b, v.l->v[i], false);
+            repr(x, b, v.l->v[i], false, level + 1);
         }
-        sb_c(x, b, "]");
+        sb_c(x, b, v.tup ? (v.l->n == 1 ? ",)" : ")") : "]");
         return;
     case V_DICT:
         sb_c(x, b, v.ns ? "<Namespace {" : "{");
         for (size_t i = 0; i < v.d->n; i++) {
             if (i) sb_c(x, b, ", ");
-            repr(x, b, v.d->k[i], false);
+            repr(x, b, v.d->k[i], false, level + 1);
             sb_c(x, b, ": ");
-            repr(x, b, v.d->v[i], false);
+            repr(x, b, v.d->v[i], false, level + 1);
         }
         sb_c(x, b, v.ns ? "}>" : "}");
         return;
@@ -1635,7 +1642,7 @@ static jstr_t to_str(jx_t *x, jv_t v)
 {
     if (v.t == V_STR) return v.s;
     sb_t b = {0};
-    repr(x, &b, v, true);
+    repr(x, &b, v, true, 0);
     return sb_str(&b);
 }
 
@@ -1945,7 +1952,9 @@ static jv_t items_of(jx_t *x, jv_t d)
         jlist_t *p = list_new(&x->e, 2);
         list_push(&x->e, p, d.d->k[i]);
         list_push(&x->e, p, d.d->v[i]);
-        list_push(&x->e, l, v_list(p));
+        jv_t pair = v_list(p);
+        pair.tup = true;
+        list_push(&x->e, l, pair);
     }
     return v_list(l);
 }
@@ -2018,13 +2027,18 @@ static jv_t do_slice(jx_t *x, jv_t o, jv_t a, jv_t b, jv_t c, int line)
     int64_t e = slice_norm(b, n, stepv > 0 ? n : -1, true, stepv, line, x);
     if (o.t == V_LIST) {
         jlist_t *l = list_new(&x->e, 4);
-        for (int64_t i = s; stepv > 0 ? i < e : i > e; i += stepv) list_push(&x->e, l, o.l->v[i]);
+        for (int64_t i = s; stepv > 0 ? i < e : i > e; i += stepv) {
+            list_push(&x->e, l, o.l->v[i]);
+            if (stepv > 0 ? i > INT64_MAX - stepv : i < INT64_MIN - stepv) break;
+        }
         return v_list(l);
     }
     if (stepv == 1) return v_str(js_sub(o.s, off[s < e ? s : e], s < e ? off[e] - off[s] : 0));
     sb_t r = {0};
-    for (int64_t i = s; stepv > 0 ? i < e : i > e; i += stepv)
+    for (int64_t i = s; stepv > 0 ? i < e : i > e; i += stepv) {
         sb_s(x, &r, js_sub(o.s, off[i], off[i + 1] - off[i]));
+        if (stepv > 0 ? i > INT64_MAX - stepv : i < INT64_MIN - stepv) break;
+    }
     return v_str(sb_str(&r));
 }
 
@@ -2547,6 +2561,7 @@ static jv_t call_global(jx_t *x, jstr_t name, const jargs_t *a, int line)
             if (l->n >= 1000000) jfail(&x->e, line, "range: more than a million items");
             step(x, line);
             list_push(&x->e, l, v_int(i));
+            if (st > 0 ? i > INT64_MAX - st : i < INT64_MIN - st) break;
         }
         return v_list(l);
     }
@@ -2617,9 +2632,12 @@ static jv_t arith(jx_t *x, int op, jv_t a, jv_t b, int line)
         if (op == OP_FDIV && (p % q != 0) && ((p < 0) != (q < 0))) r--;
         if (op == OP_MOD && r != 0 && ((r < 0) != (q < 0))) r += q;
         break;
-    default: /* OP_POW, q >= 0 */
+    default: /* OP_POW, q >= 0: by squaring, so a huge exponent of 0, 1, -1 is quick */
         r = 1;
-        for (int64_t i = 0; i < q && !ovf; i++) ovf = __builtin_mul_overflow(r, p, &r);
+        for (int64_t base = p, e = q; e > 0 && !ovf; e >>= 1) {
+            if (e & 1) ovf = __builtin_mul_overflow(r, base, &r);
+            if (e > 1 && !ovf) ovf = __builtin_mul_overflow(base, base, &base);
+        }
         break;
     }
     if (ovf) jfail(&x->e, line, "integer overflow");
@@ -2734,10 +2752,12 @@ static jv_t eval(jx_t *x, const node_t *n, frame_t *f)
         if (v_truthy(eval(x, n->b, f))) r = eval(x, n->a, f);
         else r = n->c ? eval(x, n->c, f) : UNDEF;
         break;
-    case E_LIST: {
+    case E_LIST:
+    case E_TUPLE: {
         jlist_t *l = list_new(&x->e, 4);
         for (const node_t *e = n->args; e; e = e->next) list_push(&x->e, l, eval(x, e, f));
         r = v_list(l);
+        r.tup = n->k == E_TUPLE;
         break;
     }
     case E_DICT: {

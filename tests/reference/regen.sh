@@ -3,8 +3,9 @@
 # check they equal the committed ones, and run the e2e tests on the fresh set.
 #
 #   1. gen_tiny_llama.py, gen_smollm2_ref.py and gen_kquant_ref.py (the
-#      k-quant blocks and their gguf.quants values, tests/data/kquant) write
-#      into a temp dir
+#      k-quant blocks and their gguf.quants values, tests/data/kquant) and
+#      gen_chat_templates.py (transformers' renders of the chat templates,
+#      tests/data/templates) write into a temp dir
 #   2. every fixture there is compared with tests/data: token ids exactly,
 #      logits within 1e-6 (relative to the row's max |logit|), model files
 #      (GGUF, safetensors, config/tokenizer json) byte for byte
@@ -31,6 +32,7 @@ echo "[regen] generating into $tmp" >&2
 "$py" tests/reference/gen_smollm2_ref.py --out "$tmp"
 "$py" tests/reference/gen_kquant_ref.py --out "$tmp"
 "$py" tests/reference/gen_tiny_kquant.py --out "$tmp"
+"$py" tests/reference/gen_chat_templates.py "$tmp/templates"
 
 echo "[regen] comparing with tests/data" >&2
 "$py" - "$here/tests/data" "$tmp" <<'EOF'

@@ -200,6 +200,9 @@ static void test_language(void)
           "1e+20 0.30000000000000004 1e-05 3.0 33.333333333333336");
     check("{{ 'a' in 'cat' }} {{ 1 in [1,2] }} {{ 'k' in {'k':1} }} {{ 3 not in [1] }}", NULL,
           "True True True True");
+    check("{{ (1, 2) }} {{ ('a',) }} {{ {'a': 1}|items|list }} {{ (1, 2) == [1, 2] }} {{ (1, 2)|tojson }}", NULL,
+          "(1, 2) ('a',) [('a', 1)] False [1, 2]");
+    check("{% for i in [1, 2, 3] %}{% if i == 1 %}{% set x = 5 %}{% endif %}[{{ x }}]{% endfor %}", NULL, "[5][][]");
 }
 
 static void test_filters(void)
