@@ -202,7 +202,8 @@ static void test_language(void)
           "True True True True");
     check("{{ (1, 2) }} {{ ('a',) }} {{ {'a': 1}|items|list }} {{ (1, 2) == [1, 2] }} {{ (1, 2)|tojson }}", NULL,
           "(1, 2) ('a',) [('a', 1)] False [1, 2]");
-    check("{% for i in [1, 2, 3] %}{% if i == 1 %}{% set x = 5 %}{% endif %}[{{ x }}]{% endfor %}", NULL, "[5][][]");
+    check("{% for i in [1, 2, 3] %}{% if i == 1 %}{% set x = 5 %}{% endif %}[{{ x }}]{% endfor %}", NULL,
+          "[5][][]");
 }
 
 static void test_filters(void)
@@ -305,6 +306,10 @@ static void test_errors(void)
               NULL, "larger than");
     check_err("{% set x = 1 %}{% set x.a = 2 %}", NULL, "not a namespace");
     check_err("{{ 1 // 0 }}", NULL, "division");
+    check_err("{% set ns = namespace() %}{% set ns.a = ns %}{{ ns }}", NULL, "nested too deeply");
+    check_err("{{ 2 ** 100 }}", NULL, "integer overflow");
+    check("{{ 1 ** 1000000000000 }} {{ 0 ** 0 }} {{ (-1) ** 999999999999 }} {{ [1, 2, 3][::9223372036854775807] }}",
+          NULL, "1 1 -1 [1]");
     int raised = 0;
     char *text = NULL;
     size_t len;
