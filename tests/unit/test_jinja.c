@@ -428,6 +428,37 @@ static void test_template_encode(void)
     ie_tokenizer_destroy(&tok);
 }
 
+/* A SentencePiece vocabulary (Llama 2's) with Mistral Nemo's template: the
+ * template writes bos_token "<s>" and eos_token "</s>"; the ids equal the
+ * tokenizer's own special-token parsing of the rendered text. */
+static void test_template_encode_spm(void)
+{
+    ie_tokenizer_t *tok = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_load(IE_TEST_DATA "/llama2_tokenizer.json", &tok), IE_OK);
+    char *src = slurp(TDIR "/mistralai-Mistral-Nemo-Instruct-2407.jinja");
+    CU_ASSERT_PTR_NOT_NULL_FATAL(src);
+    ie_jinja_t *t = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_jinja_parse(src, strlen(src), &t), IE_OK);
+    ie_chat_opts_t o = {.tmpl = t};
+    const char *conv =
+        "[{\"role\":\"user\",\"content\":\"Hi there\"},{\"role\":\"assistant\",\"content\":\"Hello!\"},"
+        "{\"role\":\"user\",\"content\":\"How are you?\"}]";
+    int32_t *ids = NULL, *ref = NULL;
+    size_t n = 0, n_ref = 0;
+    char *text = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_chat_encode(tok, conv, &o, &ids, &n, &text), IE_OK);
+    CU_ASSERT(strncmp(text, "<s>[INST]Hi there[/INST]Hello!</s>", 34) == 0);
+    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_encode(tok, text, strlen(text), IE_TOK_PARSE_SPECIAL, &ref, &n_ref), IE_OK);
+    CU_ASSERT(n == n_ref && memcmp(ids, ref, n * sizeof *ids) == 0);
+    CU_ASSERT(n > 0 && ids[0] == ie_tokenizer_bos(tok));
+    free(ids);
+    free(ref);
+    free(text);
+    ie_jinja_destroy(&t);
+    free(src);
+    ie_tokenizer_destroy(&tok);
+}
+
 /* Extra stop ids: generation_config.json's list and tokenizer_config.json's
  * eos_token, minus what the tokenizer already stops on. */
 static void test_stop_ids(void)
@@ -480,6 +511,7 @@ int main(void)
     CU_add_test(s, "errors and limits", test_errors);
     CU_add_test(s, "template files", test_template_find);
     CU_add_test(s, "template encode", test_template_encode);
+    CU_add_test(s, "template encode, SentencePiece", test_template_encode_spm);
     CU_add_test(s, "stop ids", test_stop_ids);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
