@@ -309,8 +309,8 @@ int ie_cli_run(int argc, char **argv)
                          "give exactly one of --prompt, --prompts-file and --chat (see --help)");
         goto cleanup;
     }
-    if ((have_reasoning || show_prompt) && !chat) {
-        rc = ie_cli_fail(IE_EXIT_USAGE, "%s", "--reasoning and --show-prompt need --chat");
+    if ((have_reasoning || show_prompt || chat_opts.template_kwargs) && !chat) {
+        rc = ie_cli_fail(IE_EXIT_USAGE, "%s", "--reasoning, --show-prompt and --chat-template-kwargs need --chat");
         goto cleanup;
     }
     if (chat && !special) {

@@ -71,6 +71,8 @@ def test_template_kwargs(smollm2, ie_bin):
     assert a["prompt"] == b["prompt"]
     cp = run_cli(base + ["--chat-template-kwargs", "[1]"])
     assert cp.returncode == EXIT_USAGE and "template arguments" in cp.stderr, cp.stderr
+    cp = run_cli(["--model", smollm2, "--prompt", "hi", "--chat-template-kwargs", "{}"])
+    assert cp.returncode == EXIT_USAGE and "--chat" in cp.stderr, cp.stderr
 
 
 def hf_dir_with(tmp_path, **files):
