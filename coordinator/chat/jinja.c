@@ -17,9 +17,13 @@
  * integer float boolean true false equalto eq == ne != sameas odd even
  * divisibleby in lower upper callable gt ge lt le greaterthan lessthan.
  * String methods: startswith endswith strip lstrip rstrip split rsplit
- * replace upper lower title capitalize find count join format-free only.
+ * (without maxsplit) replace upper lower title capitalize find count join.
  * Dict methods: get items keys values. Globals: raise_exception,
- * strftime_now, namespace, dict, range.
+ * strftime_now, namespace, dict, range. Not supported (an error naming
+ * it): call blocks, filter blocks, include/import/extends, recursive loops,
+ * loop.cycle, string % formatting and .format, other filters, integers
+ * beyond int64 (Python's are unbounded: overflow is an error here), case
+ * mapping beyond ASCII (upper/lower/title keep other letters as they are).
  */
 #include "ie_jinja.h"
 
@@ -1997,12 +2001,12 @@ static int v_cmp(jx_t *x, jv_t a, jv_t b, int line)
     jfail(&x->e, line, "comparison not supported between '%s' and '%s'", type_name(a), type_name(b));
 }
 
-static int64_t slice_norm(jv_t v, int64_t n, int64_t dflt, bool is_stop, int64_t stepv, int line, jx_t *x)
+/* A slice bound as Python's slice.indices clamps it. */
+static int64_t slice_norm(jv_t v, int64_t n, int64_t dflt, int64_t stepv, int line, jx_t *x)
 {
     if (v.t == V_NONE || v.t == V_UNDEF) return dflt;
     if (v.t != V_INT && v.t != V_BOOL) jfail(&x->e, line, "slice indices must be integers or None");
     int64_t i = v.i;
-    (void)is_stop;
     if (i < 0) {
         i += n;
         if (i < 0) i = stepv < 0 ? -1 : 0;
@@ -2023,8 +2027,8 @@ static jv_t do_slice(jx_t *x, jv_t o, jv_t a, jv_t b, jv_t c, int line)
         n = (int64_t)ncp;
     } else if (o.t == V_LIST) n = (int64_t)o.l->n;
     else jfail(&x->e, line, "'%s' object is not subscriptable", type_name(o));
-    int64_t s = slice_norm(a, n, stepv > 0 ? 0 : n - 1, false, stepv, line, x);
-    int64_t e = slice_norm(b, n, stepv > 0 ? n : -1, true, stepv, line, x);
+    int64_t s = slice_norm(a, n, stepv > 0 ? 0 : n - 1, stepv, line, x);
+    int64_t e = slice_norm(b, n, stepv > 0 ? n : -1, stepv, line, x);
     if (o.t == V_LIST) {
         jlist_t *l = list_new(&x->e, 4);
         for (int64_t i = s; stepv > 0 ? i < e : i > e; i += stepv) {
