@@ -106,6 +106,7 @@ ie_status_t ie_tok_add_step(ie_tokenizer_t *t, pcre2_code *re, ie_tok_split_beha
     t->steps[t->n_steps].re = re;
     t->steps[t->n_steps].behavior = behavior;
     t->steps[t->n_steps].invert = invert;
+    t->steps[t->n_steps].on_bytelevel = 0;
     t->n_steps++;
     return IE_OK;
 }

@@ -109,6 +109,10 @@ typedef struct ie_tok_pretok_step {
     pcre2_code *re;
     ie_tok_split_behavior_t behavior;
     int invert;
+    int on_bytelevel; /* the step comes after HF's ByteLevel pre-tokenizer,
+                         so its regex sees the byte-level form of the text
+                         (each byte one code point: ' ' is the letter U+0120,
+                         the UTF-8 bytes of '½' are 'Â' and '½') */
 } ie_tok_pretok_step_t;
 
 /* A piece of the working buffer. */

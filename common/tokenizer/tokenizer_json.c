@@ -35,6 +35,7 @@ typedef struct step_def {
     int literal;
     ie_tok_split_behavior_t behavior;
     int invert;
+    int on_bytelevel; /* after a ByteLevel pre-tokenizer */
 } step_def_t;
 
 /* What the pipeline parts say, gathered before the tokenizer exists. */
@@ -42,6 +43,8 @@ typedef struct pipeline {
     step_def_t steps[16];
     size_t n_steps;
     int bytelevel;       /* ByteLevel pre-tokenizer or decoder */
+    int bl_pretok_seen;  /* a ByteLevel pre-tokenizer was parsed: later
+                            steps see byte-level text */
     int bl_prefix_space; /* ByteLevel add_prefix_space */
     int norm_prepend;    /* normalizer Prepend("▁") */
     int norm_replace;    /* normalizer Replace(" " -> "▁") */
@@ -118,6 +121,7 @@ static ie_status_t add_step_def(pipeline_t *p, const char *pat, size_t len, int 
     s->literal = literal;
     s->behavior = behavior;
     s->invert = invert;
+    s->on_bytelevel = p->bl_pretok_seen;
     return IE_OK;
 }
 
@@ -215,6 +219,7 @@ static ie_status_t parse_pretok(const cJSON *n, pipeline_t *p, int depth)
         if (bool_field(n, "use_regex", 1)) {
             st = add_step_def(p, IE_TOK_RE_GPT2, strlen(IE_TOK_RE_GPT2), 0, IE_SPLIT_ISOLATED, 0);
         }
+        p->bl_pretok_seen = 1;
         return st;
     }
     if (strcmp(ty, "Digits") == 0) {
@@ -675,6 +680,7 @@ ie_status_t ie_tok_load_json(const char *json_path, const char *config_path, ie_
             (st = ie_tok_add_step(t, re, p.steps[k].behavior, p.steps[k].invert)) != IE_OK) {
             goto cleanup;
         }
+        t->steps[t->n_steps - 1].on_bytelevel = p.steps[k].on_bytelevel;
     }
     if (t->algo == IE_TOK_ALGO_BYTE_BPE) {
         if (p.bl_prefix_space) {

@@ -221,6 +221,17 @@ static void test_vectors_gpt2(void) { run_vectors(GPT2_GGUF, GPT2_GGUF, "gpt-2 g
 
 static void test_vectors_spm(void) { run_vectors(SPM_GGUF, SPM_GGUF, "llama-spm gguf"); }
 
+/* Byte-level vocabularies whose tokenizer.ggml.pre names another
+ * pre-tokenizer (llama.cpp's vectors, ids from HF `tokenizers`). */
+#define VOCAB(name) IE_TEST_DATA "/ggml-vocab-" name ".gguf"
+static void test_vectors_deepseek_coder(void)
+{
+    run_vectors(VOCAB("deepseek-coder"), VOCAB("deepseek-coder"), "deepseek-coder gguf");
+}
+static void test_vectors_falcon(void) { run_vectors(VOCAB("falcon"), VOCAB("falcon"), "falcon gguf"); }
+static void test_vectors_mpt(void) { run_vectors(VOCAB("mpt"), VOCAB("mpt"), "mpt gguf"); }
+static void test_vectors_refact(void) { run_vectors(VOCAB("refact"), VOCAB("refact"), "refact gguf"); }
+
 /* The same cases with ids from HF `tokenizers` (tests/reference/
  * make_hf_vectors.py). Note llama2_tokenizer.json is not the vocabulary of
  * ggml-vocab-llama-spm.gguf (see tests/data/README.md). */
@@ -1020,6 +1031,10 @@ int main(void)
     CU_pSuite s = CU_add_suite("tokenizer", NULL, NULL);
     CU_add_test(s, "gpt-2 vectors (gguf)", test_vectors_gpt2);
     CU_add_test(s, "llama-spm vectors (gguf)", test_vectors_spm);
+    CU_add_test(s, "deepseek-coder vectors (gguf)", test_vectors_deepseek_coder);
+    CU_add_test(s, "falcon vectors (gguf)", test_vectors_falcon);
+    CU_add_test(s, "mpt vectors (gguf)", test_vectors_mpt);
+    CU_add_test(s, "refact vectors (gguf)", test_vectors_refact);
     CU_add_test(s, "llama2 tokenizer.json vs HF ids", test_vectors_llama2_json);
     CU_add_test(s, "smollm2 tokenizer.json vs HF ids", test_vectors_smollm2_json);
     CU_add_test(s, "smollm2 gguf vs HF ids", test_vectors_smollm2_gguf);
