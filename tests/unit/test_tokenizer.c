@@ -232,6 +232,24 @@ static void test_vectors_falcon(void) { run_vectors(VOCAB("falcon"), VOCAB("falc
 static void test_vectors_mpt(void) { run_vectors(VOCAB("mpt"), VOCAB("mpt"), "mpt gguf"); }
 static void test_vectors_refact(void) { run_vectors(VOCAB("refact"), VOCAB("refact"), "refact gguf"); }
 
+/* tests/reference/gen_pretok_refs.py: each model's pre-tokenizer over a
+ * small GPT-2 vocabulary (Gemma: its SentencePiece conventions over a
+ * small Llama-2 vocabulary) as a GGUF with tokenizer.ggml.pre = the name;
+ * ids from HF `tokenizers` on the model's tokenizer.json pipeline. */
+static void test_vectors_pretok_refs(void)
+{
+    static const char *const names[] = {"llama-bpe", "qwen2",     "deepseek-llm", "deepseek-coder",
+                                        "falcon",    "starcoder", "refact",       "command-r",
+                                        "mpt",       "gemma"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char gguf[600], base[512], label[64];
+        snprintf(base, sizeof base, "%s/pretok/%s", IE_TEST_DATA, names[i]);
+        snprintf(gguf, sizeof gguf, "%s.gguf", base);
+        snprintf(label, sizeof label, "%s ref gguf", names[i]);
+        run_vectors(gguf, base, label);
+    }
+}
+
 /* The same cases with ids from HF `tokenizers` (tests/reference/
  * make_hf_vectors.py). Note llama2_tokenizer.json is not the vocabulary of
  * ggml-vocab-llama-spm.gguf (see tests/data/README.md). */
@@ -1035,6 +1053,7 @@ int main(void)
     CU_add_test(s, "falcon vectors (gguf)", test_vectors_falcon);
     CU_add_test(s, "mpt vectors (gguf)", test_vectors_mpt);
     CU_add_test(s, "refact vectors (gguf)", test_vectors_refact);
+    CU_add_test(s, "pre-tokenizer references (gguf)", test_vectors_pretok_refs);
     CU_add_test(s, "llama2 tokenizer.json vs HF ids", test_vectors_llama2_json);
     CU_add_test(s, "smollm2 tokenizer.json vs HF ids", test_vectors_smollm2_json);
     CU_add_test(s, "smollm2 gguf vs HF ids", test_vectors_smollm2_gguf);
