@@ -184,8 +184,10 @@ static ie_status_t grow(char **buf, size_t *cap, size_t need)
     return IE_OK;
 }
 
-static const char *const EOG_NAMES[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>",
-                                        "<|end|>",    "<|return|>",    "<|call|>"};
+/* Tokens that end a turn wherever a vocabulary has them (ChatML, Llama 3,
+ * Phi-3, gpt-oss, Gemma), whatever the tokenizer's algorithm. */
+static const char *const EOG_NAMES[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>",   "<|end|>",
+                                        "<|return|>", "<|call|>",      "<end_of_turn>"};
 
 ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
 {
@@ -425,11 +427,9 @@ ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
     }
 
     if ((st = ie_tok_finalize(t)) != IE_OK || (st = ie_tok_add_eog(t, eom)) != IE_OK) { goto cleanup; }
-    if (algo == IE_TOK_ALGO_BYTE_BPE) {
-        for (size_t k = 0; k < sizeof EOG_NAMES / sizeof EOG_NAMES[0]; k++) {
-            int32_t id = ie_tokenizer_find(t, EOG_NAMES[k], strlen(EOG_NAMES[k]));
-            if ((st = ie_tok_add_eog(t, id)) != IE_OK) { goto cleanup; }
-        }
+    for (size_t k = 0; k < sizeof EOG_NAMES / sizeof EOG_NAMES[0]; k++) {
+        int32_t id = ie_tokenizer_find(t, EOG_NAMES[k], strlen(EOG_NAMES[k]));
+        if ((st = ie_tok_add_eog(t, id)) != IE_OK) { goto cleanup; }
     }
     *out = t;
     t = NULL;

@@ -248,6 +248,13 @@ static void test_vectors_pretok_refs(void)
         snprintf(label, sizeof label, "%s ref gguf", names[i]);
         run_vectors(gguf, base, label);
     }
+    /* Gemma's turn end is an end-of-generation token of the SPM GGUF */
+    ie_tokenizer_t *t = load(IE_TEST_DATA "/pretok/gemma.gguf");
+    int32_t eot = ie_tokenizer_find(t, "<end_of_turn>", 13);
+    CU_ASSERT(eot >= 0);
+    CU_ASSERT_TRUE(ie_tokenizer_is_eog(t, eot));
+    CU_ASSERT_FALSE(ie_tokenizer_is_eog(t, ie_tokenizer_find(t, "<start_of_turn>", 15)));
+    ie_tokenizer_destroy(&t);
 }
 
 /* The same cases with ids from HF `tokenizers` (tests/reference/
@@ -551,7 +558,7 @@ static void test_malformed_json(void)
         {"{" BL_PRE "," MODEL("{\"a\":0}", "[]") ",\"added_tokens\":[{\"id\":1}]}", IE_ERR_FORMAT},
         {"{" BL_PRE "," MODEL("{\"a\":0}", "[]") ",\"added_tokens\":7}", IE_ERR_FORMAT},
         {"{\"pre_tokenizer\":{\"type\":\"Whitespace\"}," MODEL("{\"a\":0}", "[]") "}", IE_ERR_UNSUPPORTED},
-        {"{\"normalizer\":{\"type\":\"NFC\"}," BL_PRE "," MODEL("{\"a\":0}", "[]") "}", IE_ERR_UNSUPPORTED},
+        {"{\"normalizer\":{\"type\":\"NFKC\"}," BL_PRE "," MODEL("{\"a\":0}", "[]") "}", IE_ERR_UNSUPPORTED},
         {"{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},\"behavior\":\"Isolated\"},"
          "\"decoder\":{\"type\":\"ByteLevel\"}," MODEL("{\"a\":0}", "[]") "}",
          IE_ERR_UNSUPPORTED},
