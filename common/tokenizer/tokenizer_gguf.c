@@ -4,7 +4,8 @@
  *                          "llama" -> SentencePiece-style BPE, merges by score
  *   tokenizer.ggml.pre     gpt2 only: one of PRE_DEFS (gpt-2 when absent): gpt-2, mpt,
  *                          smollm/starcoder/refact/command-r, falcon, deepseek-coder,
- *                          deepseek-llm, llama-bpe, qwen2, gpt-4o, ...
+ *                          deepseek-llm, llama-bpe, qwen2, gpt-4o, ...; qwen2, command-r
+ *                          and mpt also NFC-normalise, as their tokenizer.json do
  *   tokenizer.ggml.tokens / scores / token_type / merges
  *   tokenizer.ggml.{bos,eos,eot,eom,unknown,padding}_token_id
  *   tokenizer.ggml.add_bos_token / add_eos_token / add_space_prefix
@@ -33,6 +34,9 @@ typedef struct pre_def {
     const char *regex[PRE_MAX_STEPS]; /* NULL-terminated when shorter */
     int ignore_merges;                /* a piece that is a whole token skips
                                          BPE (HF ignore_merges; tiktoken) */
+    int nfc;                          /* the model's tokenizer.json NFC-
+                                         normalises first (llama.cpp skips
+                                         this; HF, the reference, does not) */
 } pre_def_t;
 
 /* Llama 3: Split(regex, Isolated) + ByteLevel(use_regex false). The
@@ -79,33 +83,34 @@ static const char USE_RE_O200K[] = "<o200k>";
 
 static const pre_def_t PRE_DEFS[] = {
     /* GPT-2's ByteLevel regex only */
-    {"gpt-2", {USE_RE_GPT2}, 0},
-    {"gpt2", {USE_RE_GPT2}, 0},
-    {"mpt", {USE_RE_GPT2}, 0},      /* MPT, GPT-NeoX tokenizer */
-    {"gpt-neox", {USE_RE_GPT2}, 0}, /* not a llama.cpp name; same pre-tokenizer */
-    {"olmo", {USE_RE_GPT2}, 0},
-    {"phi-2", {USE_RE_GPT2}, 0},
+    {"gpt-2", {USE_RE_GPT2}, 0, 0},
+    {"gpt2", {USE_RE_GPT2}, 0, 0},
+    {"mpt", {USE_RE_GPT2}, 0, 1},      /* MPT, GPT-NeoX tokenizer */
+    {"gpt-neox", {USE_RE_GPT2}, 0, 1}, /* not a llama.cpp name; same pre-tokenizer */
+    {"olmo", {USE_RE_GPT2}, 0, 0},
+    {"phi-2", {USE_RE_GPT2}, 0, 0},
     /* HF Digits(individual_digits) + ByteLevel */
-    {"smollm", {"\\p{N}", USE_RE_GPT2}, 0},
-    {"starcoder", {"\\p{N}", USE_RE_GPT2}, 0},
-    {"refact", {"\\p{N}", USE_RE_GPT2}, 0},
-    {"command-r", {"\\p{N}", USE_RE_GPT2}, 0},
-    {"codeshell", {"\\p{N}", USE_RE_GPT2}, 0},
-    {"falcon", {RE_FALCON_PUNCT, USE_RE_GPT2, "\\p{N}+", "[0-9][0-9][0-9]"}, 0},
-    {"deepseek-coder", {"[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", RE_DEEPSEEK_CJK, "\\p{N}"}, 0},
+    {"smollm", {"\\p{N}", USE_RE_GPT2}, 0, 0},
+    {"starcoder", {"\\p{N}", USE_RE_GPT2}, 0, 0},
+    {"refact", {"\\p{N}", USE_RE_GPT2}, 0, 0},
+    {"command-r", {"\\p{N}", USE_RE_GPT2}, 0, 1},
+    {"codeshell", {"\\p{N}", USE_RE_GPT2}, 0, 0},
+    {"falcon", {RE_FALCON_PUNCT, USE_RE_GPT2, "\\p{N}+", "[0-9][0-9][0-9]"}, 0, 0},
+    {"deepseek-coder", {"[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", RE_DEEPSEEK_CJK, "\\p{N}"}, 0, 0},
     {"deepseek-llm",
      {"[\\r\\n]", RE_DEEPSEEK_LLM_LETTERS, RE_DEEPSEEK_LLM_PUNCT, "\\s+$", RE_DEEPSEEK_CJK, "\\p{N}+"},
+     0,
      0},
-    {"llama-bpe", {RE_LLAMA3}, 1},
-    {"llama3", {RE_LLAMA3}, 1},
-    {"llama-v3", {RE_LLAMA3}, 1},
-    {"dbrx", {RE_LLAMA3}, 0},
-    {"smaug-bpe", {RE_LLAMA3}, 0},
-    {"qwen2", {RE_QWEN2}, 0},
-    {"deepseek-r1-qwen", {RE_QWEN2}, 0},
-    {"stablelm2", {RE_QWEN2}, 0},
-    {"gpt-4o", {USE_RE_O200K}, 1}, /* GPT-4o, gpt-oss */
-    {"o200k", {USE_RE_O200K}, 1},
+    {"llama-bpe", {RE_LLAMA3}, 1, 0},
+    {"llama3", {RE_LLAMA3}, 1, 0},
+    {"llama-v3", {RE_LLAMA3}, 1, 0},
+    {"dbrx", {RE_LLAMA3}, 0, 0},
+    {"smaug-bpe", {RE_LLAMA3}, 0, 0},
+    {"qwen2", {RE_QWEN2}, 0, 1},
+    {"deepseek-r1-qwen", {RE_QWEN2}, 0, 1},
+    {"stablelm2", {RE_QWEN2}, 0, 0},
+    {"gpt-4o", {USE_RE_O200K}, 1, 0}, /* GPT-4o, gpt-oss */
+    {"o200k", {USE_RE_O200K}, 1, 0},
 };
 
 /* "gpt-2, gpt2, ..." into buf (cap > 0) for error messages. */
@@ -382,6 +387,7 @@ ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
             if (is_bytelevel) { after_bytelevel = 1; }
         }
         t->ignore_merges = pre->ignore_merges;
+        t->nfc = pre->nfc;
 
         /* merges: "left right", byte-level encoded, rank = position */
         uint64_t n_merges = 0;
