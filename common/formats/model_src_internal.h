@@ -87,6 +87,7 @@ typedef struct msrc_arch {
 
 extern const msrc_arch_t msrc_arch_llama;
 extern const msrc_arch_t msrc_arch_gptoss;
+extern const msrc_arch_t msrc_arch_gemma2, msrc_arch_gemma3; /* model_gemma.c */
 
 /* The entry for id / for the name (len bytes, not NUL-terminated), or NULL. */
 const msrc_arch_t *msrc_arch_by_id(ie_arch_t id);

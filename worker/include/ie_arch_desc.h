@@ -7,8 +7,8 @@
  * arch_desc.c (which switches it turns on) plus its tensor names; the
  * pass changes only where the new architecture needs math it does not have
  * yet. Every switch is declared here, with the value that means "off",
- * even those no architecture uses yet (q/k norm, soft-capping, embedding
- * scale, post-norms, softmax-before-top-k routing, GELU); a model that
+ * even those no architecture uses yet (softmax-before-top-k routing,
+ * rope_freqs); a model that
  * turns one on is refused at load (IE_ERR_UNSUPPORTED naming the switch)
  * until the pass implements it.
  *
@@ -27,7 +27,7 @@
 typedef enum ie_rope_scaling {
     IE_ROPE_SCALING_NONE = 0,   /* theta^(-2i/d) as is                       */
     IE_ROPE_SCALING_YARN = 1,   /* YaRN ramp + attention factor (GPT-OSS)    */
-    IE_ROPE_SCALING_LINEAR = 2, /* positions times hp.rope_freq_scale (not yet) */
+    IE_ROPE_SCALING_LINEAR = 2, /* positions times hp.rope_freq_scale (Gemma 3) */
     IE_ROPE_SCALING_FREQS = 3   /* each frequency divided by its factor in
                                    rope_freqs.weight (Llama 3.x, Phi-3 long
                                    RoPE; not yet)                          */
@@ -49,7 +49,7 @@ typedef enum ie_ffn_gating {
 
 typedef enum ie_ffn_act {
     IE_ACT_SILU = 0,     /* x * sigmoid(x)                                 */
-    IE_ACT_GELU_TANH = 1 /* Gemma's gelu_pytorch_tanh (not yet)            */
+    IE_ACT_GELU_TANH = 1 /* Gemma's gelu_pytorch_tanh                      */
 } ie_ffn_act_t;
 
 /* How MoE router logits become expert weights. */
@@ -62,7 +62,7 @@ typedef enum ie_moe_routing {
 /* Where the RMS norms sit around each block. */
 typedef enum ie_norm_place {
     IE_NORM_PRE = 0,     /* x += f(norm(x))          (Llama, GPT-OSS)       */
-    IE_NORM_SANDWICH = 1 /* x += norm(f(norm(x)))    (Gemma 2/3; not yet)   */
+    IE_NORM_SANDWICH = 1 /* x += norm(f(norm(x)))    (Gemma 2/3)            */
 } ie_norm_place_t;
 
 typedef struct ie_arch_desc {

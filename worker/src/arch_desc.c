@@ -88,16 +88,7 @@ ie_status_t ie_arch_desc_init(const ie_hparams_t *hp, ie_arch_desc_t *out)
     }
 
     /* switches declared for the next architectures, not implemented yet */
-    if (out->attn_softcap != 0) missing = "attention logit soft-capping";
-    else if (out->final_softcap != 0) missing = "final logit soft-capping";
-    else if (out->embd_scale != 0) missing = "embedding scale";
-    else if (out->norm != IE_NORM_PRE) missing = "post-block norms";
-    else if (out->act != IE_ACT_SILU) missing = "GELU activation";
-    else if (out->rope_scaling == IE_ROPE_SCALING_LINEAR) missing = "linear RoPE scaling";
-    else if (out->rope_scaling == IE_ROPE_SCALING_FREQS) missing = "RoPE frequency factors (rope_freqs)";
-    else if (hp->rope_theta_swa != 0.0f && hp->rope_theta_swa != hp->rope_theta)
-        missing = "a second RoPE base for sliding-window layers";
-    else if (hp->attn_scale != 0.0f) missing = "an attention scale other than 1/sqrt(head_dim)";
+    if (out->rope_scaling == IE_ROPE_SCALING_FREQS) missing = "RoPE frequency factors (rope_freqs)";
     else if (out->ffn == IE_FFN_MOE && out->routing != IE_ROUTE_TOPK_SOFTMAX)
         missing = "softmax-then-top-k routing";
     else if (out->ffn == IE_FFN_MOE && !out->expert_bias) missing = "MoE experts without biases";
