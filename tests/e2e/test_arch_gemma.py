@@ -14,11 +14,15 @@ writes (norms + 1, tied head). tiny_gemma3.gguf has no query_pre_attn_scalar
 Metric: rel = max over positions of max|ours - ref| / max|ref|.
   f32 (prefill and decode, HF and GGUF): rel <= 1e-4 (measured ~2e-6).
   int8w (weights int8, activations quantized): same greedy ids at >= 90%
-    of positions, median rel <= 0.05, max <= 0.2 (measured: Gemma 2 max
-    0.10, Gemma 3 0.04, every argmax agreeing).
+    of positions, median rel <= 0.05, max <= 0.2 (measured: Gemma 2
+    median 0.036 / max 0.10 / argmax 100%, Gemma 3 0.012 / 0.03-0.04 / 97%;
+    Gemma 2's final soft-cap at 3 squeezes the logits, so the error is
+    large relative to their range).
   pipeline:2 / tensor:2: the same greedy ids as the reference at every
     position, and f32 logits within 1e-4 (tensor ranks sum partials in
     another order; the post-norms run on the whole sum).
+  ie-convert -> IEBIN (the default manifest's int8 matrices; the HF
+    directory's converted norms + 1 are what it stores): the int8w bounds.
   Bad input exits 3 naming the field or tensor.
 """
 from __future__ import annotations
@@ -31,7 +35,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from conftest import EXIT_MODEL, engine_logits, fixture_path, row_rel_err, run_json
+from conftest import EXIT_MODEL, binary, engine_logits, fixture_path, row_rel_err, run_json
 
 CASES = [
     ("tiny_gemma2", "tiny_gemma2/expected.npz"),
@@ -101,6 +105,20 @@ def test_plans_same_greedy_ids(name, expected, plan, tmp_path, ie_bin):
     np.testing.assert_array_equal(ours.argmax(-1), ref.argmax(-1), err_msg=f"{name} --plan {plan}")
     rel = row_rel_err(ours, ref)
     assert rel.max() <= TOL, f"{name} --plan {plan}: rel {rel.max():.3g} at position {rel.argmax()}"
+
+
+@pytest.mark.parametrize("name,expected", CASES, ids=IDS)
+def test_iebin_bounded(name, expected, tmp_path, ie_bin):
+    ids, ref = _expected(expected)
+    out = tmp_path / "iebin"
+    cp = subprocess.run([str(binary("ie-convert")), "--in", str(fixture_path(name)), "--out-dir", str(out),
+                         "--quiet"], capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    ours = engine_logits(out, ids, tmp_path, precision="native", mode="decode")
+    rel = row_rel_err(ours, ref)
+    assert np.median(rel) <= INT8W["median_rel"], f"{name}: median rel {np.median(rel):.3g}"
+    assert rel.max() <= INT8W["max_rel"], f"{name}: max rel {rel.max():.3g} at {rel.argmax()}"
+    assert np.mean(ours.argmax(-1) == ref.argmax(-1)) >= INT8W["argmax"], name
 
 
 # ------------------------------------------------------------------ bad input
