@@ -61,13 +61,47 @@ static void set_attn_scale(ie_hparams_t *hp, double qpas)
 
 /* gemma2 / gemma3 GGUF (convert_hf_to_gguf Gemma2Model / Gemma3Model and
  * llama.cpp's loader): the common keys; soft-caps (Gemma 2's default to
- * llama.cpp's 50 / 30 when absent); the sliding pattern llama.cpp
- * hard-codes (set_swa_pattern: Gemma 2 even layers, Gemma 3 five of every
- * six); Gemma 3's sliding layers use base 10000 (or rope.freq_base_swa
+ * llama.cpp's 50 / 30 when absent); the sliding layers (gguf_swa: Gemma 2
+ * even layers, Gemma 3 five of every six); Gemma 3's sliding layers use base 10000 (or rope.freq_base_swa
  * where a newer converter writes it) unscaled, its global ones
  * rope.freq_base with the linear rope.scaling.factor. The file has no
  * query_pre_attn_scalar: llama.cpp uses n_embd / n_head for the 27B models
  * (46 / 62 layers) and head_dim otherwise; so do we. */
+/* Which layers slide, as llama.cpp decides: no window (key absent for
+ * Gemma 3, or 0) -> none; <arch>.attention.sliding_window_pattern as a
+ * per-layer bool array (true: sliding) or a period p where the file has
+ * one, else the architecture's period; with a period, layer l slides when
+ * l % p < p - 1 (set_swa_pattern). Gemma 2's window defaults to 4096. */
+static ie_status_t gguf_swa(const ie_gguf_t *g, ie_hparams_t *hp, const char *a, int period)
+{
+    const int g3 = hp->arch_id == IE_ARCH_GEMMA3;
+    char key[96];
+    int64_t v = g3 ? 0 : 4096;
+    ie_gguf_type_t et;
+    uint64_t len;
+    ie_status_t st;
+
+    snprintf(key, sizeof key, "%s.attention.sliding_window", a);
+    if (ie_gguf_find_key(g, key) >= 0 && ie_gguf_get_i64(g, key, &v) != IE_OK) return IE_ERR_FORMAT;
+    if (v == 0) return IE_OK; /* no sliding layers */
+    if ((st = msrc_check_range(key, v, &hp->sliding_window)) != IE_OK) return st;
+    if (hp->n_layer > IE_MAX_LAYERS) return IE_OK; /* validation names it */
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", a);
+    if (ie_gguf_find_key(g, key) >= 0) {
+        if (ie_gguf_get_arr(g, key, &et, &len) == IE_OK) {
+            const uint8_t *b = ie_gguf_arr_data(g, key);
+            if (et != IE_GGUF_BOOL || len != (uint64_t)hp->n_layer || !b)
+                return ie_error_set(IE_ERR_FORMAT, "model: %s must be an array of %d bools or an integer", key,
+                                    hp->n_layer);
+            for (int l = 0; l < hp->n_layer; l++) hp->layer_swa[l] = b[l] != 0;
+            return IE_OK;
+        }
+        if ((st = msrc_gguf_int(g, key, 1, 0, &period)) != IE_OK) return st;
+    }
+    for (int l = 0; l < hp->n_layer; l++) hp->layer_swa[l] = (uint8_t)(l % period < period - 1);
+    return IE_OK;
+}
+
 static ie_status_t gemma_gguf_hparams_arch(const ie_gguf_t *g, ie_hparams_t *hp, const char *a)
 {
     const int g3 = hp->arch_id == IE_ARCH_GEMMA3;
@@ -87,12 +121,7 @@ static ie_status_t gemma_gguf_hparams_arch(const ie_gguf_t *g, ie_hparams_t *hp,
         hp->final_softcap < 0.0f)
         return ie_error_set(IE_ERR_FORMAT,
                             "model: %s.attn_logit_softcapping / final_logit_softcapping must be >= 0", a);
-    if (!g3 || msrc_gguf_arch_has(g, a, "attention.sliding_window")) {
-        if ((st = msrc_gguf_arch_int(g, a, "attention.sliding_window", 0, 4096, &hp->sliding_window)) != IE_OK)
-            return st;
-        for (int l = 0; l < hp->n_layer && l < IE_MAX_LAYERS; l++)
-            hp->layer_swa[l] = (uint8_t)(g3 ? l % 6 < 5 : l % 2 == 0);
-    }
+    if ((st = gguf_swa(g, hp, a, g3 ? 6 : 2)) != IE_OK) return st;
     if (g3 && (st = msrc_gguf_arch_float(g, a, "rope.freq_base_swa", 0, 10000.0f, &hp->rope_theta_swa)) != IE_OK)
         return st;
     snprintf(key, sizeof key, "%s.rope.scaling.type", a);
