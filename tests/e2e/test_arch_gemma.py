@@ -23,6 +23,11 @@ Metric: rel = max over positions of max|ours - ref| / max|ref|.
     another order; the post-norms run on the whole sum).
   ie-convert -> IEBIN (the default manifest's int8 matrices; the HF
     directory's converted norms + 1 are what it stores): the int8w bounds.
+  transformers 4.x configs (no layer_types / rope_parameters: Gemma 2's
+    parity default, Gemma 3's sliding_window_pattern, rope_local_base_freq,
+    rope_scaling): the same f32 bound.
+  A bf16 checkpoint (bf16 norms converted + 1) equals an f32 one of the
+    same values exactly.
   Bad input exits 3 naming the field or tensor.
 """
 from __future__ import annotations
@@ -119,6 +124,28 @@ def test_iebin_bounded(name, expected, tmp_path, ie_bin):
     assert np.median(rel) <= INT8W["median_rel"], f"{name}: median rel {np.median(rel):.3g}"
     assert rel.max() <= INT8W["max_rel"], f"{name}: max rel {rel.max():.3g} at {rel.argmax()}"
     assert np.mean(ours.argmax(-1) == ref.argmax(-1)) >= INT8W["argmax"], name
+
+
+# --------------------------------------- transformers 4.x configs (as on the Hub)
+LEGACY = {
+    # Gemma 2: no layer_types (even layers slide), top-level rope_theta
+    "tiny_gemma2": dict(layer_types=None, rope_parameters=None, rope_theta=10000.0, dtype=None,
+                        torch_dtype="float32", hidden_act="gelu_pytorch_tanh", sliding_window_size=8),
+    # Gemma 3: sliding_window_pattern, rope_theta + rope_local_base_freq + rope_scaling
+    "tiny_gemma3": dict(layer_types=None, rope_parameters=None, _sliding_window_pattern=None, rope_theta=100.0,
+                        rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear", "factor": 4.0},
+                        sliding_window_pattern=6, dtype=None, torch_dtype="float32"),
+}
+
+
+@pytest.mark.parametrize("name", list(LEGACY))
+def test_legacy_config(name, tmp_path, ie_bin):
+    ids, ref = _expected(f"{name}/expected.npz")
+    d = _copy(tmp_path, name)
+    _edit_config(d, **{k: _DROP if v is None else v for k, v in LEGACY[name].items()})
+    ours = engine_logits(d, ids, tmp_path, precision="f32", mode="prefill")
+    rel = row_rel_err(ours, ref)
+    assert rel.max() <= TOL, f"{name} (4.x config): rel {rel.max():.3g} at position {rel.argmax()}"
 
 
 # ------------------------------------------------- bf16 checkpoints (as released)
