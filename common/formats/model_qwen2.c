@@ -14,12 +14,18 @@
 #include <string.h>
 
 static const name_pair_t k_layer_names[] = {
-    {"input_layernorm.weight", "attn_norm.weight", 0},    {"self_attn.q_proj.weight", "attn_q.weight", 0},
-    {"self_attn.k_proj.weight", "attn_k.weight", 0},      {"self_attn.v_proj.weight", "attn_v.weight", 0},
-    {"self_attn.q_proj.bias", "attn_q.bias", 0},          {"self_attn.k_proj.bias", "attn_k.bias", 0},
-    {"self_attn.v_proj.bias", "attn_v.bias", 0},          {"self_attn.o_proj.weight", "attn_output.weight", 0},
-    {"post_attention_layernorm.weight", "ffn_norm.weight", 0}, {"mlp.gate_proj.weight", "ffn_gate.weight", 0},
-    {"mlp.up_proj.weight", "ffn_up.weight", 0},           {"mlp.down_proj.weight", "ffn_down.weight", 0},
+    {"input_layernorm.weight", "attn_norm.weight", 0},
+    {"self_attn.q_proj.weight", "attn_q.weight", 0},
+    {"self_attn.k_proj.weight", "attn_k.weight", 0},
+    {"self_attn.v_proj.weight", "attn_v.weight", 0},
+    {"self_attn.q_proj.bias", "attn_q.bias", 0},
+    {"self_attn.k_proj.bias", "attn_k.bias", 0},
+    {"self_attn.v_proj.bias", "attn_v.bias", 0},
+    {"self_attn.o_proj.weight", "attn_output.weight", 0},
+    {"post_attention_layernorm.weight", "ffn_norm.weight", 0},
+    {"mlp.gate_proj.weight", "ffn_gate.weight", 0},
+    {"mlp.up_proj.weight", "ffn_up.weight", 0},
+    {"mlp.down_proj.weight", "ffn_down.weight", 0},
 };
 
 /* qwen2 GGUF: the common keys (RoPE base 1e6 is only the config's default:
@@ -35,7 +41,8 @@ static ie_status_t qwen2_gguf_hparams(const ie_gguf_t *g, ie_hparams_t *hp)
         return ie_error_set(IE_ERR_UNSUPPORTED, "model: qwen2.rope.scaling.type '%.*s' is not supported",
                             (int)(str.len < 64 ? str.len : 64), str.ptr);
     if (ie_gguf_find_tensor(g, "rope_freqs.weight"))
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: tensor 'rope_freqs.weight' is not expected in a qwen2 model");
+        return ie_error_set(IE_ERR_UNSUPPORTED,
+                            "model: tensor 'rope_freqs.weight' is not expected in a qwen2 model");
     if ((st = msrc_gguf_vocab(g, "qwen2.vocab_size", &hp->n_vocab)) != IE_OK) return st;
     hp->rope_layout = IE_ROPE_NEOX;
     hp->tied_embeddings = ie_gguf_find_tensor(g, "output.weight") == NULL;
