@@ -678,7 +678,8 @@ ie_status_t worker_bind_weights(ie_worker_t *w, const ie_model_src_t *src)
         return ie_error_set(IE_ERR_FORMAT, "model: %d experts used of %d", hp->n_expert_used, hp->n_expert);
     for (int l = w->sh.layer_begin; l < w->sh.layer_end; l++)
         if ((st = bind_layer(w, src, l)) != IE_OK) return st;
-    /* every rank that holds a layer rotates q and k */
+    /* RoPE frequency factors for the cos/sin tables (worker_kv_new), checked
+     * here so a bad file fails at load naming the entry */
     if (w->arch.rope_scaling == IE_ROPE_SCALING_FREQS &&
         (st = bind_vec(w, src, "rope_freqs.weight", hp->rope_dim / 2, &w->rope_freqs)) != IE_OK)
         return st;
