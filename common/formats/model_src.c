@@ -170,6 +170,11 @@ static ie_status_t validate(const ie_model_src_t *s, const hp_labels_t *lb)
         return ie_error_set(IE_ERR_FORMAT, "model: rope theta %g must be positive", (double)hp->rope_theta);
     if (!isfinite(hp->rms_eps) || hp->rms_eps <= 0.0f || hp->rms_eps >= 1.0f)
         return ie_error_set(IE_ERR_FORMAT, "model: RMS norm epsilon %g must be in (0, 1)", (double)hp->rms_eps);
+    /* RoPE frequency factors (any architecture): one per rotated pair */
+    if (hp->rope_freqs) {
+        ie_status_t st = msrc_need(s, "rope_freqs.weight", 1, hp->rope_dim / 2, 0);
+        if (st != IE_OK) return st;
+    }
     return msrc_arch_by_id(hp->arch_id)->validate(s, lb);
 }
 
@@ -707,7 +712,7 @@ static ie_status_t hf_tensors(ie_model_src_t *s, const char *dir)
     if (index && (st = hf_check_index(s, index, names)) != IE_OK) goto cleanup;
 
     arch = msrc_arch_by_id(s->hp.arch_id);
-    total += (int64_t)arch->hf_extra_per_layer * s->hp.n_layer; /* converted copies */
+    total += (int64_t)arch->hf_extra_per_layer * s->hp.n_layer + arch->hf_extra; /* converted copies */
     if (!(s->tensors = calloc(total ? total : 1, sizeof *s->tensors))) {
         st = ie_error_set(IE_ERR_NOMEM, "model: out of memory for %lld tensors", (long long)total);
         goto cleanup;
@@ -755,7 +760,10 @@ static ie_status_t open_hf(ie_model_src_t *s, const char *dir)
     }
     if ((st = msrc_read_json(path, &cfg)) != IE_OK) goto cleanup;
     if ((st = hf_hparams(s, cfg, dir)) != IE_OK) goto cleanup;
-    if ((st = hf_tensors(s, dir)) != IE_OK) goto cleanup;
+    s->hf_cfg = cfg;
+    st = hf_tensors(s, dir);
+    s->hf_cfg = NULL; /* freed below */
+    if (st != IE_OK) goto cleanup;
     if (path_join(path, dir, "tokenizer.json") && access(path, R_OK) == 0 && !(s->tokenizer_path = strdup(path))) {
         st = ie_error_set(IE_ERR_NOMEM, "model: out of memory");
         goto cleanup;

@@ -47,8 +47,11 @@ struct ie_model_src {
     int64_t n_sorted;    /* leading entries sorted by name (searchable) */
     int64_t cap_tensors; /* entries allocated (zeroed beyond n_tensors) */
     char *tokenizer_path;
-    ie_iebin_t *iebin; /* IEBIN: owns the blob mapping tensors point into */
-    int mem_finished;  /* in-memory source: mem_finish succeeded      */
+    ie_iebin_t *iebin;   /* IEBIN: owns the blob mapping tensors point into */
+    int mem_finished;    /* in-memory source: mem_finish succeeded      */
+    const cJSON *hf_cfg; /* HF: config.json while the directory opens (an
+                            architecture's hf_convert reads its fields),
+                            else NULL                                      */
 };
 
 /* Field names as each format spells them, for error messages. */
@@ -67,9 +70,9 @@ typedef struct name_pair {
 /* An architecture, as the model source sees it. */
 typedef struct msrc_arch {
     ie_arch_t id;
-    const char *name;           /* hp->arch, GGUF general.architecture, IEBIN "arch" */
-    const char *hf_classes[4];  /* config.json "architectures" entries (NULL-ended) */
-    const char *hf_model_type;  /* config.json "model_type"                */
+    const char *name;               /* hp->arch, GGUF general.architecture, IEBIN "arch" */
+    const char *hf_classes[4];      /* config.json "architectures" entries (NULL-ended) */
+    const char *hf_model_type;      /* config.json "model_type"                */
     const name_pair_t *layer_names; /* HF <-> canonical names inside a layer */
     size_t n_layer_names;
     /* GGUF: read the "<name>.*" keys into hp (arch, arch_id and name are set) */
@@ -78,6 +81,8 @@ typedef struct msrc_arch {
     ie_status_t (*hf_hparams)(ie_model_src_t *s, const cJSON *cfg);
     /* HF: table entries hf_convert adds per layer (converted copies) */
     int hf_extra_per_layer;
+    /* HF: table entries hf_convert adds once per model (rope_freqs.weight) */
+    int hf_extra;
     /* HF: after the mapped tensors are in the sorted table, add converted
      * copies (msrc_add_owned) and re-sort; NULL: nothing to convert */
     ie_status_t (*hf_convert)(ie_model_src_t *s);
@@ -87,6 +92,11 @@ typedef struct msrc_arch {
 
 extern const msrc_arch_t msrc_arch_llama;
 extern const msrc_arch_t msrc_arch_gptoss;
+extern const msrc_arch_t msrc_arch_qwen2;
+
+/* The dense Llama tensors (embedding, norms, head unless tied; per layer
+ * q/k/v/o and the SwiGLU MLP), which the Llama-shaped families share. */
+ie_status_t msrc_llama_validate(const ie_model_src_t *s, const hp_labels_t *lb);
 
 /* The entry for id / for the name (len bytes, not NUL-terminated), or NULL. */
 const msrc_arch_t *msrc_arch_by_id(ie_arch_t id);

@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -677,5 +678,16 @@ ie_status_t worker_bind_weights(ie_worker_t *w, const ie_model_src_t *src)
         return ie_error_set(IE_ERR_FORMAT, "model: %d experts used of %d", hp->n_expert_used, hp->n_expert);
     for (int l = w->sh.layer_begin; l < w->sh.layer_end; l++)
         if ((st = bind_layer(w, src, l)) != IE_OK) return st;
+    /* RoPE frequency factors for the cos/sin tables (worker_kv_new), checked
+     * here so a bad file fails at load naming the entry */
+    if (w->arch.rope_scaling == IE_ROPE_SCALING_FREQS &&
+        (st = bind_vec(w, src, "rope_freqs.weight", hp->rope_dim / 2, &w->rope_freqs)) != IE_OK)
+        return st;
+    if (w->rope_freqs)
+        for (int i = 0; i < hp->rope_dim / 2; i++)
+            if (!isfinite(w->rope_freqs[i]) || w->rope_freqs[i] <= 0.0f)
+                return ie_error_set(IE_ERR_FORMAT,
+                                    "model: tensor 'rope_freqs.weight' entry %d is %g (must be positive)", i,
+                                    (double)w->rope_freqs[i]);
     return IE_OK;
 }
