@@ -10,6 +10,7 @@
 static const msrc_arch_t *const k_archs[] = {
     &msrc_arch_llama,
     &msrc_arch_gptoss,
+    &msrc_arch_qwen2,
     &msrc_arch_phi3,
 };
 

@@ -290,7 +290,7 @@ static ie_status_t phi3_hf_convert(ie_model_src_t *s)
     ie_status_t st;
 
     if (!s->hp.rope_freqs) return IE_OK;
-    if ((st = hf_rope_obj(s->cfg, &ro, &field, &type)) != IE_OK) return st;
+    if ((st = hf_rope_obj(s->hf_cfg, &ro, &field, &type)) != IE_OK) return st;
     if ((st = hf_factors(s, ro, field, "short_factor", "rope_freqs.weight", s->hp.rope_dim / 2)) != IE_OK)
         return st;
     if ((st = hf_factors(s, ro, field, "long_factor", "rope_freqs_long.weight", s->hp.rope_dim / 2)) != IE_OK)
@@ -298,45 +298,15 @@ static ie_status_t phi3_hf_convert(ie_model_src_t *s)
     return msrc_sort_tensors(s);
 }
 
-/* A Llama-shaped layer (after the split), the head unless tied, and the
- * long RoPE factor sets. */
+/* A Llama-shaped model (after the split) and the long RoPE factor sets
+ * (the common validator checks rope_freqs.weight). */
 static ie_status_t phi3_validate(const ie_model_src_t *s, const hp_labels_t *lb)
 {
-    const ie_hparams_t *hp = &s->hp;
-    ie_status_t st = IE_OK;
-    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
-    char name[64];
-
-    (void)lb;
-    if ((st = msrc_need(s, "token_embd.weight", 2, hp->n_embd, hp->n_vocab)) != IE_OK) return st;
-    if ((st = msrc_need(s, "output_norm.weight", 1, hp->n_embd, 0)) != IE_OK) return st;
-    if (!hp->tied_embeddings && (st = msrc_need(s, "output.weight", 2, hp->n_embd, hp->n_vocab)) != IE_OK)
+    ie_status_t st;
+    if (s->hp.rope_freqs && s->hp.rope_yarn_orig_ctx > 0 &&
+        (st = msrc_need(s, "rope_freqs_long.weight", 1, s->hp.rope_dim / 2, 0)) != IE_OK)
         return st;
-    if (hp->rope_freqs) {
-        if ((st = msrc_need(s, "rope_freqs.weight", 1, hp->rope_dim / 2, 0)) != IE_OK) return st;
-        if ((st = msrc_need(s, "rope_freqs_long.weight", 1, hp->rope_dim / 2, 0)) != IE_OK) return st;
-        if (hp->rope_yarn_orig_ctx < 1)
-            return ie_error_set(IE_ERR_FORMAT, "model: long RoPE needs the original context length (%s)",
-                                "rope_yarn_orig_ctx");
-    }
-    for (int l = 0; l < hp->n_layer; l++) {
-        const struct {
-            const char *suffix;
-            int n_dims;
-            int64_t ne0, ne1;
-        } req[] = {
-            {"attn_norm.weight", 1, hp->n_embd, 0},       {"attn_q.weight", 2, hp->n_embd, q_dim},
-            {"attn_k.weight", 2, hp->n_embd, kv_dim},     {"attn_v.weight", 2, hp->n_embd, kv_dim},
-            {"attn_output.weight", 2, q_dim, hp->n_embd}, {"ffn_norm.weight", 1, hp->n_embd, 0},
-            {"ffn_gate.weight", 2, hp->n_embd, hp->n_ff}, {"ffn_up.weight", 2, hp->n_embd, hp->n_ff},
-            {"ffn_down.weight", 2, hp->n_ff, hp->n_embd},
-        };
-        for (size_t i = 0; i < COUNT(req); i++) {
-            snprintf(name, sizeof name, "blk.%d.%s", l, req[i].suffix);
-            if ((st = msrc_need(s, name, req[i].n_dims, req[i].ne0, req[i].ne1)) != IE_OK) return st;
-        }
-    }
-    return IE_OK;
+    return msrc_llama_validate(s, lb);
 }
 
 const msrc_arch_t msrc_arch_phi3 = {
@@ -348,9 +318,10 @@ const msrc_arch_t msrc_arch_phi3 = {
     .n_layer_names = COUNT(k_layer_names),
     .gguf_hparams = phi3_gguf_hparams,
     .hf_hparams = phi3_hf_hparams,
-    .hf_extra_per_layer = 2,
+    .hf_extra = 2, /* rope_freqs{,_long}.weight */
     .hf_convert = phi3_hf_convert,
-    .views_per_layer = 7,
+    .views_per_layer = 5, /* q, k, v, gate, up */
+    .views_extra = 2,     /* the renamed GGUF rope_factors_{short,long} */
     .split_fused = phi3_split_fused,
     .validate = phi3_validate,
 };

@@ -213,6 +213,11 @@ static ie_status_t validate(const ie_model_src_t *s, const hp_labels_t *lb)
         return ie_error_set(IE_ERR_FORMAT, "model: rope theta %g must be positive", (double)hp->rope_theta);
     if (!isfinite(hp->rms_eps) || hp->rms_eps <= 0.0f || hp->rms_eps >= 1.0f)
         return ie_error_set(IE_ERR_FORMAT, "model: RMS norm epsilon %g must be in (0, 1)", (double)hp->rms_eps);
+    /* RoPE frequency factors (any architecture): one per rotated pair */
+    if (hp->rope_freqs) {
+        ie_status_t st = msrc_need(s, "rope_freqs.weight", 1, hp->rope_dim / 2, 0);
+        if (st != IE_OK) return st;
+    }
     return msrc_arch_by_id(hp->arch_id)->validate(s, lb);
 }
 
@@ -379,7 +384,8 @@ static ie_status_t gguf_tensors(ie_model_src_t *s)
 {
     int64_t n = ie_gguf_tensor_count(s->gguf);
     /* room for the views of fused tensors */
-    int64_t cap = n + (int64_t)msrc_arch_by_id(s->hp.arch_id)->views_per_layer * s->hp.n_layer;
+    const msrc_arch_t *arch = msrc_arch_by_id(s->hp.arch_id);
+    int64_t cap = n + (int64_t)arch->views_per_layer * s->hp.n_layer + arch->views_extra;
     s->tensors = calloc(cap ? cap : 1, sizeof *s->tensors);
     if (!s->tensors) return ie_error_set(IE_ERR_NOMEM, "model: out of memory for %lld tensors", (long long)n);
     s->cap_tensors = cap;
@@ -762,7 +768,9 @@ static ie_status_t hf_tensors(ie_model_src_t *s, const char *dir)
     if (index && (st = hf_check_index(s, index, names)) != IE_OK) goto cleanup;
 
     arch = msrc_arch_by_id(s->hp.arch_id);
-    total += (int64_t)(arch->hf_extra_per_layer + arch->views_per_layer) * s->hp.n_layer; /* copies, views */
+    /* converted copies, views */
+    total += (int64_t)(arch->hf_extra_per_layer + arch->views_per_layer) * s->hp.n_layer + arch->hf_extra +
+             arch->views_extra;
     if (!(s->tensors = calloc(total ? total : 1, sizeof *s->tensors))) {
         st = ie_error_set(IE_ERR_NOMEM, "model: out of memory for %lld tensors", (long long)total);
         goto cleanup;
@@ -811,9 +819,9 @@ static ie_status_t open_hf(ie_model_src_t *s, const char *dir)
     }
     if ((st = msrc_read_json(path, &cfg)) != IE_OK) goto cleanup;
     if ((st = hf_hparams(s, cfg, dir)) != IE_OK) goto cleanup;
-    s->cfg = cfg;
+    s->hf_cfg = cfg;
     st = hf_tensors(s, dir);
-    s->cfg = NULL;
+    s->hf_cfg = NULL; /* freed below */
     if (st != IE_OK) goto cleanup;
     if (path_join(path, dir, "tokenizer.json") && access(path, R_OK) == 0 && !(s->tokenizer_path = strdup(path))) {
         st = ie_error_set(IE_ERR_NOMEM, "model: out of memory");

@@ -49,10 +49,11 @@ struct ie_model_src {
     int64_t n_sorted;    /* leading entries sorted by name (searchable) */
     int64_t cap_tensors; /* entries allocated (zeroed beyond n_tensors) */
     char *tokenizer_path;
-    ie_iebin_t *iebin; /* IEBIN: owns the blob mapping tensors point into */
-    int mem_finished;  /* in-memory source: mem_finish succeeded      */
-    const cJSON *cfg;  /* HF: config.json while opening (hf_convert
-                          reads it), NULL after                       */
+    ie_iebin_t *iebin;   /* IEBIN: owns the blob mapping tensors point into */
+    int mem_finished;    /* in-memory source: mem_finish succeeded      */
+    const cJSON *hf_cfg; /* HF: config.json while the directory opens (an
+                            architecture's hf_convert reads its fields),
+                            else NULL                                      */
 };
 
 /* Field names as each format spells them, for error messages. */
@@ -82,11 +83,13 @@ typedef struct msrc_arch {
     ie_status_t (*hf_hparams)(ie_model_src_t *s, const cJSON *cfg);
     /* HF: table entries hf_convert adds per layer (converted copies) */
     int hf_extra_per_layer;
+    /* HF: table entries hf_convert adds once per model (rope_freqs.weight) */
+    int hf_extra;
     /* HF: after the mapped tensors are in the sorted table, add converted
      * copies (msrc_add_owned) and re-sort; NULL: nothing to convert */
     ie_status_t (*hf_convert)(ie_model_src_t *s);
-    /* GGUF and HF: table entries split_fused adds per layer (views) */
-    int views_per_layer;
+    /* GGUF and HF: table entries split_fused adds per layer and once (views) */
+    int views_per_layer, views_extra;
     /* GGUF and HF: after the table is sorted (and hf_convert ran), present
      * fused tensors as the canonical separate ones (msrc_split_rows) and
      * re-sort; NULL: nothing fused */
@@ -98,6 +101,11 @@ typedef struct msrc_arch {
 extern const msrc_arch_t msrc_arch_llama;
 extern const msrc_arch_t msrc_arch_gptoss;
 extern const msrc_arch_t msrc_arch_phi3;
+extern const msrc_arch_t msrc_arch_qwen2;
+
+/* The dense Llama tensors (embedding, norms, head unless tied; per layer
+ * q/k/v/o and the SwiGLU MLP), which the Llama-shaped families share. */
+ie_status_t msrc_llama_validate(const ie_model_src_t *s, const hp_labels_t *lb);
 
 /* The entry for id / for the name (len bytes, not NUL-terminated), or NULL. */
 const msrc_arch_t *msrc_arch_by_id(ie_arch_t id);
