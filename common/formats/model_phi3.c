@@ -38,9 +38,17 @@
 /* The fused HF tensors map to the GGUF names of the fused tensors;
  * split_fused turns both into views. */
 static const name_pair_t k_layer_names[] = {
-    {"input_layernorm.weight", "attn_norm.weight", 0},    {"self_attn.qkv_proj.weight", "attn_qkv.weight", 0},
-    {"self_attn.o_proj.weight", "attn_output.weight", 0}, {"post_attention_layernorm.weight", "ffn_norm.weight", 0},
-    {"mlp.gate_up_proj.weight", "ffn_up.weight", 0},      {"mlp.down_proj.weight", "ffn_down.weight", 0},
+    {"input_layernorm.weight", "attn_norm.weight", 0},
+    {"self_attn.qkv_proj.weight", "attn_qkv.weight", 0},
+    {"self_attn.o_proj.weight", "attn_output.weight", 0},
+    {"post_attention_layernorm.weight", "ffn_norm.weight", 0},
+    {"mlp.gate_up_proj.weight", "ffn_up.weight", 0},
+    {"mlp.down_proj.weight", "ffn_down.weight", 0},
+    /* the views, for error hints: which HF tensor they come from */
+    {"self_attn.qkv_proj.weight", "attn_q.weight", 1},
+    {"self_attn.qkv_proj.weight", "attn_k.weight", 1},
+    {"self_attn.qkv_proj.weight", "attn_v.weight", 1},
+    {"mlp.gate_up_proj.weight", "ffn_gate.weight", 1},
 };
 
 /* A window applies to every layer (transformers' Phi3Model masks them all). */

@@ -691,7 +691,7 @@ ie_status_t worker_bind_weights(ie_worker_t *w, const ie_model_src_t *src)
     if (w->rope_freqs)
         for (int i = 0; i < hp->rope_dim / 2; i++)
             if (!isfinite(w->rope_freqs[i]) || w->rope_freqs[i] <= 0.0f)
-                return ie_error_set(IE_ERR_FORMAT, "model: tensor '%s' entry %d is %g (must be positive)", freqs,
-                                    i, (double)w->rope_freqs[i]);
+                return ie_error_set(IE_ERR_FORMAT, "model: tensor '%s' entry %d is %g (must be positive)", freqs, i,
+                                    (double)w->rope_freqs[i]);
     return IE_OK;
 }
