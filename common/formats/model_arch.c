@@ -11,6 +11,7 @@ static const msrc_arch_t *const k_archs[] = {
     &msrc_arch_llama,
     &msrc_arch_gptoss,
     &msrc_arch_qwen2,
+    &msrc_arch_phi3,
 };
 
 const msrc_arch_t *msrc_arch_by_id(ie_arch_t id)
