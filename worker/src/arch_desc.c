@@ -88,7 +88,8 @@ ie_status_t ie_arch_desc_init(const ie_hparams_t *hp, ie_arch_desc_t *out)
     }
 
     /* switches declared for the next architectures, not implemented yet */
-    if (out->rope_scaling == IE_ROPE_SCALING_FREQS) missing = "RoPE frequency factors (rope_freqs)";
+    if (hp->rope_freqs && hp->rope_freq_scale != 0.0f && hp->rope_freq_scale != 1.0f)
+        missing = "linear RoPE scaling together with rope_freqs factors";
     else if (out->ffn == IE_FFN_MOE && out->routing != IE_ROUTE_TOPK_SOFTMAX)
         missing = "softmax-then-top-k routing";
     else if (out->ffn == IE_FFN_MOE && !out->expert_bias) missing = "MoE experts without biases";

@@ -15,26 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Linear RoPE scaling (Gemma 3's global layers): HF divides each inverse
- * frequency by the factor in float32, then angle = position * inv_freq. */
-static void rope_tables_linear(const ie_worker_t *w, float *cos_t, float *sin_t)
-{
-    const ie_hparams_t *hp = &w->hp;
-    const size_t half = (size_t)hp->rope_dim / 2;
-    const float factor = 1.0f / hp->rope_freq_scale;
-    for (size_t i = 0; i < half; i++) {
-        const float inv_freq = 1.0f / powf(hp->rope_theta, (float)(2 * i) / (float)hp->rope_dim) / factor;
-        for (int p = 0; p < w->opts.n_ctx; p++) {
-            const float a = (float)p * inv_freq;
-            cos_t[(size_t)p * half + i] = (float)cos((double)a);
-            sin_t[(size_t)p * half + i] = (float)sin((double)a);
-        }
-    }
-}
-
 /* Rope tables for every position, computed in float32 the way HF does so
- * logits agree (ie_rope_table_f32); sliding layers with a base of their own
- * (Gemma 3's rope_theta_swa, never scaled) get a second pair. */
+ * logits agree (ie_rope_table_f32). Frequency factors (rope_freqs.weight,
+ * llama.cpp's freq_factors) and linear scaling (Gemma 3's global layers:
+ * rope_freq_scale = 1 / factor) divide each pair's frequency; a set
+ * rope_attn_factor multiplies cos and sin. Sliding layers with a base of
+ * their own (Gemma 3's rope_theta_swa, never scaled) get a second pair. */
 static void rope_tables(ie_worker_t *w)
 {
     const ie_hparams_t *hp = &w->hp;
@@ -43,13 +29,28 @@ static void rope_tables(ie_worker_t *w)
         for (int p = 0; p < w->opts.n_ctx; p++)
             ie_rope_table_f32(w->rope_cos_swa + p * half, w->rope_sin_swa + p * half, hp->rope_dim, p,
                               hp->rope_theta_swa);
-    if (w->arch.rope_scaling == IE_ROPE_SCALING_NONE) {
+    if (w->arch.rope_scaling == IE_ROPE_SCALING_NONE &&
+        (hp->rope_attn_factor == 0.0f || hp->rope_attn_factor == 1.0f)) {
         for (int p = 0; p < w->opts.n_ctx; p++)
             ie_rope_table_f32(w->rope_cos + p * half, w->rope_sin + p * half, hp->rope_dim, p, hp->rope_theta);
         return;
     }
-    if (w->arch.rope_scaling == IE_ROPE_SCALING_LINEAR) {
-        rope_tables_linear(w, w->rope_cos, w->rope_sin);
+    if (w->arch.rope_scaling != IE_ROPE_SCALING_YARN) {
+        const float mscale = hp->rope_attn_factor != 0.0f ? hp->rope_attn_factor : 1.0f;
+        const int linear = w->arch.rope_scaling == IE_ROPE_SCALING_LINEAR;
+        const float factor = linear ? 1.0f / hp->rope_freq_scale : 1.0f;
+        for (size_t i = 0; i < half; i++) {
+            /* ie_rope_table_f32's inv_freq, then the factor, as HF divides
+             * its inv_freq (float32 throughout) */
+            float inv_freq = 1.0f / powf(hp->rope_theta, (float)(2 * i) / (float)hp->rope_dim);
+            if (w->rope_freqs) inv_freq /= w->rope_freqs[i];
+            if (linear) inv_freq /= factor;
+            for (int p = 0; p < w->opts.n_ctx; p++) {
+                const float a = (float)p * inv_freq;
+                w->rope_cos[(size_t)p * half + i] = (float)cos((double)a) * mscale;
+                w->rope_sin[(size_t)p * half + i] = (float)sin((double)a) * mscale;
+            }
+        }
         return;
     }
     /* YaRN (docs/GPTOSS.md 2.2), in float32 like transformers'

@@ -153,6 +153,8 @@ struct ie_worker {
     int *seq_len;           /* [n_seq] positions held                   */
 
     float *rope_cos, *rope_sin; /* [n_ctx][rope_dim/2]                   */
+    const float *rope_freqs;    /* [rope_dim/2] frequency divisors
+                                   (IE_ROPE_SCALING_FREQS), else NULL     */
     /* the sliding layers' tables: their own base (hp.rope_theta_swa,
      * unscaled), or rope_cos / rope_sin themselves when the same */
     float *rope_cos_swa, *rope_sin_swa;
