@@ -10,6 +10,8 @@
 static const msrc_arch_t *const k_archs[] = {
     &msrc_arch_llama,
     &msrc_arch_gptoss,
+    &msrc_arch_qwen3,
+    &msrc_arch_qwen3moe,
 };
 
 const msrc_arch_t *msrc_arch_by_id(ie_arch_t id)

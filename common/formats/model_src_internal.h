@@ -67,9 +67,9 @@ typedef struct name_pair {
 /* An architecture, as the model source sees it. */
 typedef struct msrc_arch {
     ie_arch_t id;
-    const char *name;           /* hp->arch, GGUF general.architecture, IEBIN "arch" */
-    const char *hf_classes[4];  /* config.json "architectures" entries (NULL-ended) */
-    const char *hf_model_type;  /* config.json "model_type"                */
+    const char *name;               /* hp->arch, GGUF general.architecture, IEBIN "arch" */
+    const char *hf_classes[4];      /* config.json "architectures" entries (NULL-ended) */
+    const char *hf_model_type;      /* config.json "model_type"                */
     const name_pair_t *layer_names; /* HF <-> canonical names inside a layer */
     size_t n_layer_names;
     /* GGUF: read the "<name>.*" keys into hp (arch, arch_id and name are set) */
@@ -87,6 +87,8 @@ typedef struct msrc_arch {
 
 extern const msrc_arch_t msrc_arch_llama;
 extern const msrc_arch_t msrc_arch_gptoss;
+extern const msrc_arch_t msrc_arch_qwen3;
+extern const msrc_arch_t msrc_arch_qwen3moe;
 
 /* The entry for id / for the name (len bytes, not NUL-terminated), or NULL. */
 const msrc_arch_t *msrc_arch_by_id(ie_arch_t id);

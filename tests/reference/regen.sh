@@ -31,6 +31,7 @@ echo "[regen] generating into $tmp" >&2
 "$py" tests/reference/gen_smollm2_ref.py --out "$tmp"
 "$py" tests/reference/gen_kquant_ref.py --out "$tmp"
 "$py" tests/reference/gen_tiny_kquant.py --out "$tmp"
+"$py" tests/reference/gen_tiny_qwen3.py --out "$tmp"
 
 echo "[regen] comparing with tests/data" >&2
 "$py" - "$here/tests/data" "$tmp" <<'EOF'
