@@ -100,11 +100,12 @@ ie_status_t worker_moe(ie_worker_t *w, const layer_t *L, int n)
             worker_swiglu(w, w->hb, w->hb2, (int64_t)m * ff);
         } else {
             /* hb = clamped SwiGLU(hb + gate bias, hb2 + up bias) */
-            const float *gb = L->gate_b + (size_t)(e - e0) * ff, *ub = L->up_b + (size_t)(e - e0) * ff;
+            const float *gb = L->gate_b ? L->gate_b + (size_t)(e - e0) * ff : NULL;
+            const float *ub = L->up_b ? L->up_b + (size_t)(e - e0) * ff : NULL;
             for (int r = 0; r < m; r++) {
                 float *gr = w->hb + (size_t)r * ff, *ur = w->hb2 + (size_t)r * ff;
                 for (int j = 0; j < ff; j++) {
-                    float gv = gr[j] + gb[j], uv = ur[j] + ub[j];
+                    float gv = gb ? gr[j] + gb[j] : gr[j], uv = ub ? ur[j] + ub[j] : ur[j];
                     gv = gv > limit ? limit : gv;
                     uv = uv > limit ? limit : uv < -limit ? -limit : uv;
                     gr[j] = (uv + 1.0f) * (gv / (1.0f + expf(-alpha * gv)));
