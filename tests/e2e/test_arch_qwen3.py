@@ -180,6 +180,31 @@ def test_plans_same_greedy_ids(name, expected, plan, tmp_path, ie_bin):
     assert rel.max() <= TOL, f"{name} --plan {plan}: rel {rel.max():.3g}"
 
 
+PROMPTS = ["The quick brown fox", "def f(x): return x * 2", "Inference engines read weights"]
+
+
+def _generate(model: Path, plan: str, tmp: Path) -> list:
+    pf = tmp / "prompts.txt"
+    pf.write_text("\n".join(PROMPTS) + "\n")
+    out = run_json(["--model", model, "--prompts-file", pf, "--max-new", 12, "--greedy", "--threads", 2,
+                    "--plan", plan])
+    ids = out["ids"]
+    assert isinstance(ids, list) and len(ids) == len(PROMPTS), out
+    return ids
+
+
+@pytest.mark.parametrize("family", ["tiny_qwen3", "tiny_qwen3moe"])
+def test_generate_same_ids_across_formats_and_plans(family, tmp_path, ie_bin):
+    """Text in (the fixtures' tokenizer), greedy ids out: the HF dir and the
+    GGUF, one worker and pipeline:2 / tensor:2, all agree."""
+    ref = _generate(fixture_path(family), "none", tmp_path)
+    assert any(len(r) > 1 for r in ref), ref
+    for model, plan in [(family, "pipeline:2"), (family, "tensor:2"), (family + ".gguf", "none"),
+                        (family + ".gguf", "tensor:2")]:
+        got = _generate(fixture_path(model), plan, tmp_path)
+        assert got == ref, f"{model} --plan {plan}: {got} != {ref}"
+
+
 # ------------------------------------------------------------------ bad input
 def _run(ie_bin, model: Path):
     return subprocess.run([str(ie_bin), "logits", "--model", str(model), "--ids", "5,6,7", "--out",

@@ -233,7 +233,8 @@ def write_gguf(path: Path, arch: str, model, tok_fields: dict, name: str):
         w.add_uint32(f"{arch}.expert_feed_forward_length", cfg.moe_intermediate_size)
     w.add_uint32("general.file_type", 1)  # MOSTLY_F16
     w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", "qwen2")
+    # the tiny tokenizer splits with the GPT-2 regex (byte-level, use_regex)
+    w.add_string("tokenizer.ggml.pre", "gpt-2")
     w.add_array("tokenizer.ggml.tokens", tok_fields["tokens"])
     w.add_array("tokenizer.ggml.token_type", tok_fields["token_type"])
     w.add_array("tokenizer.ggml.merges", tok_fields["merges"])
