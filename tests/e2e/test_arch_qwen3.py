@@ -24,8 +24,8 @@ Metric: rel = max over positions of max|ours - ref| / max|ref|.
   --plan pipeline:2 / tensor:2 (f32): the same greedy ids as one worker and
     rel <= 1e-4 from the reference (tensor ranks sum partials in another
     order; the MoE's tensor plan gives each rank 4 of the 8 experts).
-  ie-convert (default manifest: int8w projections) -> IEBIN, native: the
-    int8w bounds.
+  ie-convert (default manifest: int8w projections, and experts for
+    qwen3moe) -> IEBIN, native: the int8w bounds.
 Bad input (HF and GGUF copies broken one thing at a time) exits 3 naming the
 field or tensor.
 """
@@ -146,13 +146,21 @@ def test_int8w_bounded(name, expected, tmp_path, ie_bin):
 
 @pytest.mark.parametrize("name,expected", MODELS, ids=IDS)
 def test_iebin_int8w_bounded(name, expected, tmp_path, ie_bin):
-    """ie-convert with its default manifest (int8w g32 projections; the MoE's
-    expert stacks and router stay as stored), then the IEBIN runs natively:
-    the same bounds as --precision int8w."""
+    """ie-convert with its default manifest (quant-llama.json for qwen3,
+    quant-qwen3moe.json: int8w g32 projections and expert stacks, router as
+    stored), then the IEBIN runs natively: the same bounds as --precision
+    int8w."""
     out = tmp_path / "iebin"
     cp = subprocess.run([str(binary("ie-convert")), "--in", str(fixture_path(name)), "--out-dir", str(out),
                          "--quiet", "--threads", "2"], capture_output=True, text=True, timeout=120)
     assert cp.returncode == 0, cp.stderr
+    manifest = json.loads(cp.stdout)["manifest"]
+    assert Path(manifest).name == ("quant-qwen3moe.json" if "moe" in name else "quant-llama.json"), manifest
+    if "moe" in name:  # the experts were quantized too
+        ie = json.loads((out / "model.ie.json").read_text())
+        dt = {t["name"]: t["dtype"] for t in ie["tensors"]}
+        assert dt["blk.1.ffn_down_exps.weight"] == "int8w", dt
+        assert dt["blk.1.ffn_gate_inp.weight"] != "int8w", dt
     ids, ref = _expected(expected)
     ours = engine_logits(out, ids, tmp_path, precision="native", mode="prefill")
     rel = row_rel_err(ours, ref)
