@@ -21,6 +21,9 @@ Writes into OUT (default tests/data):
                        stacked ffn_{gate,up,down}_exps [n_expert outermost],
                        qwen3moe.expert_count / expert_used_count /
                        expert_feed_forward_length
+  tiny_qwen3moe_q8_0.gguf  the same with every 2-D weight and expert stack
+                       Q8_0 (-> tiny_qwen3moe_q8_0.expected.npz, transformers
+                       on the dequantized weights)
   <dir>/expected.npz  ids int32 [32], logits float32 [32][512] from
                        transformers in fp32
   tiny_qwen3moe_nonorm.expected.npz  the same for tiny_qwen3moe's weights
@@ -208,7 +211,7 @@ def gguf_tensors(sd: dict, n_layer: int, n_expert: int) -> list:
     return out
 
 
-def write_gguf(path: Path, arch: str, model, tok_fields: dict, name: str):
+def write_gguf(path: Path, arch: str, model, tok_fields: dict, name: str, qtype: QT = QT.F16):
     cfg = model.config
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:
@@ -231,7 +234,7 @@ def write_gguf(path: Path, arch: str, model, tok_fields: dict, name: str):
         w.add_uint32(f"{arch}.expert_count", n_expert)
         w.add_uint32(f"{arch}.expert_used_count", cfg.num_experts_per_tok)
         w.add_uint32(f"{arch}.expert_feed_forward_length", cfg.moe_intermediate_size)
-    w.add_uint32("general.file_type", 1)  # MOSTLY_F16
+    w.add_uint32("general.file_type", {QT.F16: 1, QT.Q8_0: 7}[qtype])  # MOSTLY_F16 / MOSTLY_Q8_0
     w.add_string("tokenizer.ggml.model", "gpt2")
     # the tiny tokenizer splits with the GPT-2 regex (byte-level, use_regex)
     w.add_string("tokenizer.ggml.pre", "gpt-2")
@@ -246,8 +249,11 @@ def write_gguf(path: Path, arch: str, model, tok_fields: dict, name: str):
         # the converter keeps 1-D tensors and the router (ffn_gate_inp) in f32
         if t.ndim == 1 or gname.endswith("ffn_gate_inp.weight"):
             w.add_tensor(gname, np.ascontiguousarray(t, dtype=np.float32))
-        else:
+        elif qtype == QT.F16:
             w.add_tensor(gname, np.ascontiguousarray(t.astype(np.float16)))
+        else:  # expert stacks quantize slice by slice: rows never cross experts
+            q = gguf.quants.quantize(np.ascontiguousarray(t, dtype=np.float32), qtype)
+            w.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -336,6 +342,20 @@ def main():
     if not np.array_equal(ref, reference(model_from_gguf(out / "tiny_qwen3moe.gguf", Qwen3MoeForCausalLM,
                                                          moe.config), ids, "tiny_qwen3moe.gguf")):
         raise SystemExit("tiny_qwen3moe.gguf does not reproduce tiny_qwen3moe's logits")
+
+    # Q8_0 GGUF of the same model (2-D and expert stacks Q8_0, as
+    # convert_hf_to_gguf --outtype q8_0 writes): its own reference, on the
+    # dequantized weights
+    p = out / "tiny_qwen3moe_q8_0.gguf"
+    write_gguf(p, "qwen3moe", moe, tok_fields, "tiny_qwen3moe_q8_0", QT.Q8_0)
+    m = model_from_gguf(p, Qwen3MoeForCausalLM, moe.config)
+    ref_q = reference(m, ids, p.name)
+    gap_q = min_route_gap(m, ids)
+    log(f"{p.name}: Q8_0 moves logits by rel {rel_err(ref_q, ref):.2e}; smallest routing gap {gap_q:.3e}")
+    if gap_q < MIN_ROUTE_GAP:
+        raise SystemExit(f"{p.name}: routing near tie ({gap_q:.3e})")
+    save_expected(out / "tiny_qwen3moe_q8_0.expected.npz", ids, ref_q, weights="q8_0",
+                  min_route_gap=gap_q, **versions)
 
     # the same weights with norm_topk_prob false (the e2e test points a
     # copy of tiny_qwen3moe's config.json at them)
