@@ -6,10 +6,10 @@ q/k RMS norms, rope_theta 1e6, weights exact in bf16 and f16 so one
 reference serves the HF dir (bf16) and the GGUF (f16):
 
   tiny_qwen3/ + tiny_qwen3.gguf        dense, tied head -> tiny_qwen3/expected.npz
-  tiny_qwen3moe/ + tiny_qwen3moe.gguf  8 experts top-2 (softmax over all, top-2,
+  tiny_qwen3moe/                       8 experts top-2 (softmax over all, top-2,
                                        renormalized: norm_topk_prob true), SwiGLU
                                        experts of width 32 -> tiny_qwen3moe/expected.npz
-  tiny_qwen3moe_q8_0.gguf              the same, 2-D weights and expert stacks
+  tiny_qwen3moe_q8_0.gguf              its GGUF, 2-D weights and expert stacks
                                        Q8_0 -> tiny_qwen3moe_q8_0.expected.npz
                                        (transformers on the dequantized weights)
   tiny_qwen3moe with norm_topk_prob false (config copied and flipped here)
@@ -51,7 +51,6 @@ MODELS = [
     ("tiny_qwen3", "tiny_qwen3/expected.npz"),
     ("tiny_qwen3.gguf", "tiny_qwen3/expected.npz"),
     ("tiny_qwen3moe", "tiny_qwen3moe/expected.npz"),
-    ("tiny_qwen3moe.gguf", "tiny_qwen3moe/expected.npz"),
     ("tiny_qwen3moe_q8_0.gguf", "tiny_qwen3moe_q8_0.expected.npz"),
 ]
 IDS = [m[0] for m in MODELS]
@@ -224,8 +223,8 @@ def test_generate_same_ids_across_formats_and_plans(family, tmp_path, ie_bin):
     GGUF, one worker and pipeline:2 / tensor:2, all agree."""
     ref = _generate(fixture_path(family), "none", tmp_path)
     assert any(len(r) > 1 for r in ref), ref
-    for model, plan in [(family, "pipeline:2"), (family, "tensor:2"), (family + ".gguf", "none"),
-                        (family + ".gguf", "tensor:2")]:
+    gguf = {"tiny_qwen3": "tiny_qwen3.gguf", "tiny_qwen3moe": "tiny_qwen3moe_q8_0.gguf"}[family]
+    for model, plan in [(family, "pipeline:2"), (family, "tensor:2"), (gguf, "none"), (gguf, "tensor:2")]:
         got = _generate(fixture_path(model), plan, tmp_path)
         assert got == ref, f"{model} --plan {plan}: {got} != {ref}"
 
@@ -299,12 +298,12 @@ def _patch_gguf(src: Path, dst: Path, old: bytes, new: bytes, *, u32_after: int 
 GGUF_CASES = {
     "missing q_norm": ("tiny_qwen3.gguf", dict(old=b"blk.1.attn_q_norm.weight", new=b"blk.1.attn_q_nrrm.weight"),
                        ["blk.1.attn_q_norm.weight"]),
-    "top-k above experts": ("tiny_qwen3moe.gguf", dict(old=b"qwen3moe.expert_used_count", new=None, u32_after=9),
+    "top-k above experts": ("tiny_qwen3moe_q8_0.gguf", dict(old=b"qwen3moe.expert_used_count", new=None, u32_after=9),
                             ["qwen3moe.expert_used_count"]),
-    "expert count inconsistent": ("tiny_qwen3moe.gguf",
+    "expert count inconsistent": ("tiny_qwen3moe_q8_0.gguf",
                                   dict(old=b"qwen3moe.expert_count", new=None, u32_after=6),
                                   ["blk.0.ffn_gate_inp.weight"]),
-    "missing expert stack": ("tiny_qwen3moe.gguf",
+    "missing expert stack": ("tiny_qwen3moe_q8_0.gguf",
                              dict(old=b"blk.1.ffn_down_exps.weight", new=b"blk.1.ffn_down_exps.weighx"),
                              ["blk.1.ffn_down_exps.weight"]),
 }
