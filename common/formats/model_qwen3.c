@@ -95,6 +95,14 @@ static ie_status_t qwen3moe_gguf_hparams(const ie_gguf_t *g, ie_hparams_t *hp)
         (st = ie_gguf_get_bool(g, "qwen3moe.expert_weights_norm", &hp->moe_norm_topk)) != IE_OK)
         return ie_error_set(st, "model: key 'qwen3moe.expert_weights_norm' must be a bool");
     hp->moe_softmax_first = 1;
+    /* llama.cpp's expert_gating_func: 1 = softmax, what Qwen3-MoE routes with */
+    if (msrc_gguf_arch_has(g, "qwen3moe", "expert_gating_func")) {
+        int fn = 0;
+        if ((st = msrc_gguf_int(g, "qwen3moe.expert_gating_func", 1, 0, &fn)) != IE_OK) return st;
+        if (fn != 1)
+            return ie_error_set(IE_ERR_UNSUPPORTED,
+                                "model: qwen3moe.expert_gating_func = %d is not supported (only 1, softmax)", fn);
+    }
     if (msrc_gguf_arch_has(g, "qwen3moe", "expert_shared_count") ||
         ie_gguf_find_tensor(g, "blk.0.ffn_gate_shexp.weight"))
         return ie_error_set(IE_ERR_UNSUPPORTED, "model: qwen3moe with a shared expert is not supported");
