@@ -65,11 +65,13 @@ static const char *scheme_name(ie_dtype_t t)
     }
 }
 
-/* A canonical (GGUF) tensor name: blk.N.* or a top-level llama.cpp name. */
+/* A canonical (GGUF) tensor name: blk.N.* or a top-level llama.cpp name
+ * (rope_freqs_long.weight: Phi-3's long RoPE set, model_phi3.c). */
 static int is_canonical(const char *name)
 {
     return !strncmp(name, "blk.", 4) || !strcmp(name, "token_embd.weight") || !strcmp(name, "output.weight") ||
-           !strcmp(name, "output_norm.weight") || !strcmp(name, "rope_freqs.weight");
+           !strcmp(name, "output_norm.weight") || !strcmp(name, "rope_freqs.weight") ||
+           !strcmp(name, "rope_freqs_long.weight");
 }
 
 static void *alloc64(size_t bytes)

@@ -30,7 +30,7 @@ typedef enum ie_rope_scaling {
     IE_ROPE_SCALING_LINEAR = 2, /* positions times hp.rope_freq_scale (not yet) */
     IE_ROPE_SCALING_FREQS = 3   /* each frequency divided by its factor in
                                    rope_freqs.weight (Llama 3.x, Phi-3 long
-                                   RoPE; not yet)                          */
+                                   RoPE); cos/sin times rope_attn_factor   */
 } ie_rope_scaling_t;
 
 /* The feed-forward block of every layer. */

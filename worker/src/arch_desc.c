@@ -103,7 +103,6 @@ ie_status_t ie_arch_desc_init(const ie_hparams_t *hp, ie_arch_desc_t *out)
     else if (out->norm != IE_NORM_PRE) missing = "post-block norms";
     else if (out->act != IE_ACT_SILU) missing = "GELU activation";
     else if (out->rope_scaling == IE_ROPE_SCALING_LINEAR) missing = "linear RoPE scaling";
-    else if (out->rope_scaling == IE_ROPE_SCALING_FREQS) missing = "RoPE frequency factors (rope_freqs)";
     else if (hp->rope_theta_swa != 0.0f && hp->rope_theta_swa != hp->rope_theta)
         missing = "a second RoPE base for sliding-window layers";
     else if (hp->attn_scale != 0.0f) missing = "an attention scale other than 1/sqrt(head_dim)";

@@ -16,14 +16,32 @@
 #include <string.h>
 
 /* Rope tables for every position, computed in float32 the way HF does so
- * logits agree (ie_rope_table_f32). */
+ * logits agree (ie_rope_table_f32). Frequency factors (rope_freqs.weight,
+ * llama.cpp's freq_factors) divide each pair's frequency; a set
+ * rope_attn_factor multiplies cos and sin. */
 static void rope_tables(ie_worker_t *w)
 {
     const ie_hparams_t *hp = &w->hp;
     size_t half = (size_t)hp->rope_dim / 2;
-    if (w->arch.rope_scaling == IE_ROPE_SCALING_NONE) {
+    if (w->arch.rope_scaling == IE_ROPE_SCALING_NONE &&
+        (hp->rope_attn_factor == 0.0f || hp->rope_attn_factor == 1.0f)) {
         for (int p = 0; p < w->opts.n_ctx; p++)
             ie_rope_table_f32(w->rope_cos + p * half, w->rope_sin + p * half, hp->rope_dim, p, hp->rope_theta);
+        return;
+    }
+    if (w->arch.rope_scaling != IE_ROPE_SCALING_YARN) {
+        const float mscale = hp->rope_attn_factor != 0.0f ? hp->rope_attn_factor : 1.0f;
+        for (size_t i = 0; i < half; i++) {
+            /* ie_rope_table_f32's inv_freq, then the factor, as HF divides
+             * its inv_freq (float32 throughout) */
+            float inv_freq = 1.0f / powf(hp->rope_theta, (float)(2 * i) / (float)hp->rope_dim);
+            if (w->rope_freqs) inv_freq /= w->rope_freqs[i];
+            for (int p = 0; p < w->opts.n_ctx; p++) {
+                const float a = (float)p * inv_freq;
+                w->rope_cos[(size_t)p * half + i] = (float)cos((double)a) * mscale;
+                w->rope_sin[(size_t)p * half + i] = (float)sin((double)a) * mscale;
+            }
+        }
         return;
     }
     /* YaRN (docs/GPTOSS.md 2.2), in float32 like transformers'

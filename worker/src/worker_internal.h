@@ -150,6 +150,8 @@ struct ie_worker {
     int *seq_len;           /* [n_seq] positions held                   */
 
     float *rope_cos, *rope_sin; /* [n_ctx][rope_dim/2]                   */
+    const float *rope_freqs;    /* [rope_dim/2] frequency divisors
+                                   (IE_ROPE_SCALING_FREQS), else NULL     */
 
     /* scratch, sized for max_batch tokens */
     float *x;   /* [B][d]   residual stream                              */
