@@ -34,6 +34,7 @@ echo "[regen] generating into $tmp" >&2
 "$py" tests/reference/gen_tiny_llama3.py --out "$tmp"
 "$py" tests/reference/gen_tiny_phi3.py --out "$tmp"
 "$py" tests/reference/gen_tiny_gemma.py --out "$tmp"
+"$py" tests/reference/gen_tiny_qwen3.py --out "$tmp"
 
 echo "[regen] comparing with tests/data" >&2
 "$py" - "$here/tests/data" "$tmp" <<'EOF'

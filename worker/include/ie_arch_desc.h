@@ -7,8 +7,7 @@
  * arch_desc.c (which switches it turns on) plus its tensor names; the
  * pass changes only where the new architecture needs math it does not have
  * yet. Every switch is declared here, with the value that means "off",
- * even those no architecture uses yet (softmax-before-top-k routing,
- * rope_freqs); a model that
+ * even combinations no architecture uses yet; a model that
  * turns one on is refused at load (IE_ERR_UNSUPPORTED naming the switch)
  * until the pass implements it.
  *
@@ -56,7 +55,7 @@ typedef enum ie_ffn_act {
 typedef enum ie_moe_routing {
     IE_ROUTE_TOPK_SOFTMAX = 0, /* top-k logits, softmax over those k (GPT-OSS) */
     IE_ROUTE_SOFTMAX_TOPK = 1  /* softmax over all, top-k of the
-                                  probabilities (Qwen-MoE, Mixtral; not yet) */
+                                  probabilities (Qwen3-MoE)                */
 } ie_moe_routing_t;
 
 /* Where the RMS norms sit around each block. */
@@ -89,6 +88,8 @@ typedef struct ie_arch_desc {
     float gate_limit, gate_alpha; /* IE_GATING_SWIGLU_CLAMP's constants    */
     ie_moe_routing_t routing;     /* IE_FFN_MOE only                        */
     int top_k;                    /* experts per token (IE_FFN_MOE; 0 dense) */
+    int norm_topk;                /* IE_ROUTE_SOFTMAX_TOPK: renormalize the
+                                    k weights to sum 1                     */
     int router_bias, expert_bias; /* the router / experts add biases       */
 
     /* ---- norms, embedding, head */

@@ -7,7 +7,7 @@
  *   bind.c       weight binding: shard cuts, conversion, the repack cache
  *   forward.c    the forward pass, block by block (start reading here)
  *   attention.c  RoPE, the paged KV cache, attention and its KV prefetch
- *   moe.c        the GPT-OSS mixture of experts
+ *   moe.c        the mixture of experts (GPT-OSS, Qwen3-MoE)
  *   matmul.c     matmuls on the thread pool (static and balanced split)
  *   prefetch.c   idle threads fetching the next matmul's weights
  *   replicas.c   NUMA hot-weight replicas of the head and embedding
