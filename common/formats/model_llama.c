@@ -1,9 +1,18 @@
-/* model_llama.c — the Llama architecture (SmolLM2, TinyLlama, Llama 2) as
- * the model source reads it: llama.cpp's "llama" GGUF keys and names,
- * LlamaForCausalLM directories (model_src_internal.h).
+/* model_llama.c — the Llama architecture (SmolLM2, TinyLlama, Llama 2,
+ * Llama 3.x, Mistral) as the model source reads it: llama.cpp's "llama"
+ * GGUF keys and names, LlamaForCausalLM / MistralForCausalLM directories
+ * (model_src_internal.h).
+ *
+ * Llama 3.x's "llama3" RoPE scaling becomes per-frequency divisors in
+ * rope_freqs.weight (hp.rope_freqs): llama.cpp's converter writes that
+ * tensor into the GGUF; for an HF directory we compute it from config.json
+ * (llama_hf_convert). Mistral is Llama with a sliding window on every layer
+ * when its config sets one; llama.cpp converts it as "llama" without the
+ * window, so a Mistral GGUF attends to everything, as llama.cpp does.
  */
 #include "model_src_internal.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -23,39 +32,105 @@ static ie_status_t llama_gguf_hparams(const ie_gguf_t *g, ie_hparams_t *hp)
     ie_gguf_str_t str;
 
     if ((st = msrc_gguf_hparams_common(g, "llama", "feed_forward_length", 10000.0f, hp)) != IE_OK) return st;
-    /* Llama 3.1-style frequency scaling: we would silently compute wrong rotations */
+    /* linear / YaRN scaling: we would silently compute wrong rotations.
+     * Llama 3.x's scaling has no type key, only rope_freqs.weight. */
     if (ie_gguf_get_str(g, "llama.rope.scaling.type", &str) == IE_OK &&
         !(str.len == 4 && !memcmp(str.ptr, "none", 4)))
         return ie_error_set(IE_ERR_UNSUPPORTED, "model: llama.rope.scaling.type '%.*s' is not supported",
                             (int)(str.len < 64 ? str.len : 64), str.ptr);
-    if (ie_gguf_find_tensor(g, "rope_freqs.weight"))
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: tensor 'rope_freqs.weight' (RoPE frequency scaling) is not supported");
+    hp->rope_freqs = ie_gguf_find_tensor(g, "rope_freqs.weight") != NULL;
     if ((st = msrc_gguf_vocab(g, "llama.vocab_size", &hp->n_vocab)) != IE_OK) return st;
     hp->rope_layout = IE_ROPE_NORMAL;
     hp->tied_embeddings = ie_gguf_find_tensor(g, "output.weight") == NULL;
     return IE_OK;
 }
 
-/* LlamaConfig; features we do not implement are refused rather than
- * computed wrong. */
+/* The config's RoPE object: rope_parameters (transformers 5) or
+ * rope_scaling (older files), NULL if neither; *field names it. */
+static const cJSON *llama_rope_obj(const cJSON *cfg, const char **field)
+{
+    const cJSON *ro = msrc_obj_get(cfg, *field = "rope_parameters");
+    if (!ro || cJSON_IsNull(ro)) ro = msrc_obj_get(cfg, *field = "rope_scaling");
+    return ro && !cJSON_IsNull(ro) ? ro : NULL;
+}
+
+/* Llama 3.x's scaling constants (transformers' _compute_llama3_parameters
+ * requires all four). */
+typedef struct llama3_rope {
+    double factor, low_freq_factor, high_freq_factor, orig_ctx;
+} llama3_rope_t;
+
+static ie_status_t llama3_read(const cJSON *ro, const char *field, llama3_rope_t *r)
+{
+    static const char *const keys[] = {"factor", "low_freq_factor", "high_freq_factor",
+                                       "original_max_position_embeddings"};
+    double *vals[] = {&r->factor, &r->low_freq_factor, &r->high_freq_factor, &r->orig_ctx};
+    ie_status_t st;
+    for (size_t i = 0; i < COUNT(keys); i++) {
+        const cJSON *j = msrc_obj_get(ro, keys[i]);
+        if (!j || cJSON_IsNull(j))
+            return ie_error_set(IE_ERR_FORMAT, "model: config.json %s (rope_type llama3) lacks '%s'", field,
+                                keys[i]);
+        if ((st = msrc_rope_num(ro, field, keys[i], 0, 0.0, vals[i])) != IE_OK) return st;
+        if (!(*vals[i] > 0.0))
+            return ie_error_set(IE_ERR_FORMAT, "model: config.json field '%s.%s' = %g must be positive", field,
+                                keys[i], *vals[i]);
+    }
+    if (!(r->low_freq_factor < r->high_freq_factor))
+        return ie_error_set(IE_ERR_FORMAT,
+                            "model: config.json %s.low_freq_factor (%g) must be below high_freq_factor (%g)", field,
+                            r->low_freq_factor, r->high_freq_factor);
+    return IE_OK;
+}
+
+/* RoPE: the base, then plain or "llama3" scaling (hp->rope_freqs; the
+ * divisors are computed once the tensor table exists, llama_hf_convert);
+ * every other type is refused. */
+static ie_status_t llama_hf_rope(const cJSON *cfg, ie_hparams_t *hp)
+{
+    const char *field, *type;
+    const cJSON *ro = llama_rope_obj(cfg, &field), *t;
+    llama3_rope_t r;
+    double theta, prf;
+    ie_status_t st;
+
+    if ((st = msrc_cfg_float(cfg, "rope_theta", 10000.0f, &hp->rope_theta)) != IE_OK) return st;
+    hp->rope_freqs = 0;
+    if (!ro) return IE_OK;
+    if (!cJSON_IsObject(ro))
+        return ie_error_set(IE_ERR_FORMAT, "model: config.json field '%s' must be an object", field);
+    if ((st = msrc_rope_num(ro, field, "rope_theta", 0, hp->rope_theta, &theta)) != IE_OK) return st;
+    hp->rope_theta = (float)theta;
+    if ((st = msrc_rope_num(ro, field, "partial_rotary_factor", 0, 1.0, &prf)) != IE_OK) return st;
+    if (prf != 1.0)
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json %s.partial_rotary_factor %g is not supported",
+                            field, prf);
+    t = msrc_obj_get(ro, "rope_type");
+    if (!cJSON_IsString(t)) t = msrc_obj_get(ro, "type");
+    type = cJSON_IsString(t) ? t->valuestring : "default";
+    if (strcmp(type, "default") == 0) return IE_OK;
+    if (strcmp(type, "llama3") != 0)
+        return ie_error_set(IE_ERR_UNSUPPORTED,
+                            "model: config.json %s type '%.32s' is not supported (default, llama3)", field, type);
+    if ((st = llama3_read(ro, field, &r)) != IE_OK) return st;
+    hp->rope_freqs = 1;
+    return IE_OK;
+}
+
+/* LlamaConfig / MistralConfig; features we do not implement are refused
+ * rather than computed wrong. */
 static ie_status_t llama_hf_hparams(ie_model_src_t *s, const cJSON *cfg)
 {
     ie_hparams_t *hp = &s->hp;
     ie_status_t st;
-    const cJSON *j;
-    int flag;
+    const cJSON *j, *archs = msrc_obj_get(cfg, "architectures"), *a;
+    int flag, mistral;
 
     if ((st = msrc_hf_dims(cfg, 2048, hp)) != IE_OK) return st;
     if ((st = msrc_cfg_float(cfg, "rms_norm_eps", 1e-6f, &hp->rms_eps)) != IE_OK) return st;
-    if ((st = msrc_cfg_float(cfg, "rope_theta", 10000.0f, &hp->rope_theta)) != IE_OK) return st;
     if ((st = msrc_cfg_bool(cfg, "tie_word_embeddings", &hp->tied_embeddings)) != IE_OK) return st;
     hp->rope_layout = IE_ROPE_NEOX;
-
-    if ((st = msrc_hf_check_rope(cfg, "rope_scaling", "unknown")) != IE_OK) return st;
-    if ((st = msrc_hf_check_rope(cfg, "rope_parameters", "default")) != IE_OK) return st;
-    if ((st = msrc_cfg_float(msrc_obj_get(cfg, "rope_parameters"), "rope_theta", hp->rope_theta, &hp->rope_theta)) != IE_OK)
-        return st;
+    if ((st = llama_hf_rope(cfg, hp)) != IE_OK) return st;
     j = msrc_obj_get(cfg, "hidden_act");
     if (cJSON_IsString(j) && strcmp(j->valuestring, "silu") != 0)
         return ie_error_set(IE_ERR_UNSUPPORTED,
@@ -64,12 +139,68 @@ static ie_status_t llama_hf_hparams(ie_model_src_t *s, const cJSON *cfg)
     if (flag) return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json attention_bias = true is not supported");
     if ((st = msrc_cfg_bool(cfg, "mlp_bias", &flag)) != IE_OK) return st;
     if (flag) return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json mlp_bias = true is not supported");
+
+    /* Mistral: sliding_window (null: none) on every layer. LlamaConfig has
+     * no such field, so a Llama config's stray one is ignored like HF does. */
+    j = msrc_obj_get(cfg, "model_type");
+    mistral = cJSON_IsString(j) && strcmp(j->valuestring, "mistral") == 0;
+    if (cJSON_IsArray(archs)) cJSON_ArrayForEach(a, archs)
+        {
+            if (cJSON_IsString(a) && strcmp(a->valuestring, "MistralForCausalLM") == 0) mistral = 1;
+        }
+    hp->sliding_window = 0;
+    if (mistral) {
+        if ((st = msrc_cfg_int(cfg, "sliding_window", 0, 0, &hp->sliding_window)) != IE_OK) return st;
+        for (int l = 0; l < hp->n_layer && l < IE_MAX_LAYERS; l++) hp->layer_swa[l] = hp->sliding_window > 0;
+    }
     return IE_OK;
 }
 
-/* The dense Llama tensors: embedding, norms, head unless tied, and per
- * layer q/k/v/o and the SwiGLU MLP. */
-static ie_status_t llama_validate(const ie_model_src_t *s, const hp_labels_t *lb)
+/* HF "llama3" RoPE: rope_freqs.weight[i] = inv_freq[i] / inv_freq_llama3[i],
+ * both computed in float32 like transformers' _compute_llama3_parameters
+ * (the worker divides inv_freq by it: llama.cpp's freq_factors). High
+ * frequencies keep theirs (1), low ones are divided by factor, a smooth
+ * blend between. */
+static ie_status_t llama_hf_convert(ie_model_src_t *s)
+{
+    const ie_hparams_t *hp = &s->hp;
+    const char *field;
+    const cJSON *ro;
+    llama3_rope_t r;
+    uint8_t *buf;
+    ie_status_t st;
+    const int half = hp->rope_dim / 2;
+
+    if (!hp->rope_freqs) return IE_OK;
+    if (hp->rope_dim < 2 || hp->rope_dim % 2)
+        return ie_error_set(IE_ERR_FORMAT, "model: head_dim (%d) must be even for RoPE", hp->rope_dim);
+    ro = llama_rope_obj(s->hf_cfg, &field);
+    if ((st = llama3_read(ro, field, &r)) != IE_OK) return st;
+    if (msrc_find(s, "rope_freqs.weight"))
+        return ie_error_set(IE_ERR_FORMAT, "model: the checkpoint has a tensor 'rope_freqs.weight' of its own");
+    if ((st = msrc_add_owned(s, "rope_freqs.weight", IE_DTYPE_F32, "F32", 1, half, 1, 1,
+                             (uint64_t)half * sizeof(float), &buf)) != IE_OK)
+        return st;
+    float *rf = (float *)buf;
+    const float factor = (float)r.factor, lo = (float)r.low_freq_factor, hi = (float)r.high_freq_factor;
+    const float old_ctx = (float)r.orig_ctx;
+    const float low_wavelen = old_ctx / lo, high_wavelen = old_ctx / hi;
+    for (int i = 0; i < half; i++) {
+        const float inv = 1.0f / powf(hp->rope_theta, (float)(2 * i) / (float)hp->rope_dim);
+        const float wavelen = (float)(2.0 * M_PI) / inv;
+        float scaled = inv;
+        if (wavelen > low_wavelen) scaled = inv / factor;
+        else if (!(wavelen < high_wavelen)) {
+            const float smooth = (old_ctx / wavelen - lo) / (hi - lo);
+            scaled = (1.0f - smooth) * inv / factor + smooth * inv;
+        }
+        rf[i] = inv / scaled;
+    }
+    return msrc_sort_tensors(s);
+}
+
+/* Contract (model_src_internal.h). */
+ie_status_t msrc_llama_validate(const ie_model_src_t *s, const hp_labels_t *lb)
 {
     const ie_hparams_t *hp = &s->hp;
     ie_status_t st = IE_OK;
@@ -79,7 +210,8 @@ static ie_status_t llama_validate(const ie_model_src_t *s, const hp_labels_t *lb
     (void)lb;
     if ((st = msrc_need(s, "token_embd.weight", 2, hp->n_embd, hp->n_vocab)) != IE_OK) return st;
     if ((st = msrc_need(s, "output_norm.weight", 1, hp->n_embd, 0)) != IE_OK) return st;
-    if (!hp->tied_embeddings && (st = msrc_need(s, "output.weight", 2, hp->n_embd, hp->n_vocab)) != IE_OK) return st;
+    if (!hp->tied_embeddings && (st = msrc_need(s, "output.weight", 2, hp->n_embd, hp->n_vocab)) != IE_OK)
+        return st;
     for (int l = 0; l < hp->n_layer; l++) {
         const struct {
             const char *suffix;
@@ -104,11 +236,13 @@ static ie_status_t llama_validate(const ie_model_src_t *s, const hp_labels_t *lb
 const msrc_arch_t msrc_arch_llama = {
     .id = IE_ARCH_LLAMA,
     .name = "llama",
-    .hf_classes = {"LlamaForCausalLM"},
+    .hf_classes = {"LlamaForCausalLM", "MistralForCausalLM"},
     .hf_model_type = "llama",
     .layer_names = k_layer_names,
     .n_layer_names = COUNT(k_layer_names),
     .gguf_hparams = llama_gguf_hparams,
     .hf_hparams = llama_hf_hparams,
-    .validate = llama_validate,
+    .hf_extra = 1, /* rope_freqs.weight */
+    .hf_convert = llama_hf_convert,
+    .validate = msrc_llama_validate,
 };

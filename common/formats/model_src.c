@@ -74,6 +74,14 @@ static int tensor_cmp(const void *a, const void *b)
     return strcmp(((const src_tensor_t *)a)->t.name, ((const src_tensor_t *)b)->t.name);
 }
 
+/* name order, hidden entries after every visible one */
+static int tensor_cmp_visible(const void *a, const void *b)
+{
+    const src_tensor_t *x = a, *y = b;
+    if (x->hidden != y->hidden) return x->hidden - y->hidden;
+    return strcmp(x->t.name, y->t.name);
+}
+
 const src_tensor_t *msrc_find(const ie_model_src_t *s, const char *name)
 {
     src_tensor_t key;
@@ -85,12 +93,47 @@ const src_tensor_t *msrc_find(const ie_model_src_t *s, const char *name)
 /* Sort the table and reject names that appear twice. */
 ie_status_t msrc_sort_tensors(ie_model_src_t *s)
 {
-    if (s->n_tensors > 1) qsort(s->tensors, (size_t)s->n_tensors, sizeof *s->tensors, tensor_cmp);
+    if (s->n_tensors > 1) qsort(s->tensors, (size_t)s->n_tensors, sizeof *s->tensors, tensor_cmp_visible);
     s->n_sorted = s->n_tensors;
-    for (int64_t i = 1; i < s->n_tensors; i++)
+    while (s->n_sorted > 0 && s->tensors[s->n_sorted - 1].hidden) s->n_sorted--;
+    for (int64_t i = 1; i < s->n_sorted; i++)
         if (strcmp(s->tensors[i - 1].t.name, s->tensors[i].t.name) == 0)
             return ie_error_set(IE_ERR_FORMAT, "model: tensor '%.96s' appears more than once",
                                 s->tensors[i].t.name);
+    return IE_OK;
+}
+
+/* Contract (model_src_internal.h). The fused entry may move when the
+ * table is re-sorted; its data (a mapping or its owned copy) does not. A
+ * 1-D tensor is one row (n = 1: a rename). */
+ie_status_t msrc_split_rows(ie_model_src_t *s, const char *fused, int n, const char *const *names,
+                            const int64_t *rows)
+{
+    src_tensor_t *f = (src_tensor_t *)msrc_find(s, fused);
+    const uint8_t *data;
+    size_t row_bytes;
+
+    if (!f || f->hidden || f->t.n_dims > 2 || f->t.layout != IE_LAYOUT_ROWS)
+        return ie_error_set(IE_ERR_INTERNAL, "model: cannot split '%s' by rows", fused);
+    row_bytes = ie_tensor_bytes(f->t.dtype, IE_LAYOUT_ROWS, 0, f->t.ne[0], 1);
+    if (f->t.dtype == IE_DTYPE_INVALID || row_bytes == 0)
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: tensor '%s' has type %s, which clocher cannot compute with",
+                            fused, f->type_name);
+    if (s->n_tensors + n > s->cap_tensors) return ie_error_set(IE_ERR_INTERNAL, "model: tensor table full");
+    f->hidden = 1;
+    data = f->t.data;
+    for (int i = 0; i < n; i++) {
+        src_tensor_t *t = &s->tensors[s->n_tensors];
+        if (!(t->name = strdup(names[i]))) return ie_error_set(IE_ERR_NOMEM, "model: out of memory");
+        s->n_tensors++;
+        t->t = f->t;
+        t->t.name = t->name;
+        t->t.ne[1] = rows[i];
+        t->t.data = data;
+        t->t.nbytes = (uint64_t)row_bytes * (uint64_t)rows[i];
+        t->type_name = f->type_name;
+        data += t->t.nbytes;
+    }
     return IE_OK;
 }
 
@@ -170,6 +213,11 @@ static ie_status_t validate(const ie_model_src_t *s, const hp_labels_t *lb)
         return ie_error_set(IE_ERR_FORMAT, "model: rope theta %g must be positive", (double)hp->rope_theta);
     if (!isfinite(hp->rms_eps) || hp->rms_eps <= 0.0f || hp->rms_eps >= 1.0f)
         return ie_error_set(IE_ERR_FORMAT, "model: RMS norm epsilon %g must be in (0, 1)", (double)hp->rms_eps);
+    /* RoPE frequency factors (any architecture): one per rotated pair */
+    if (hp->rope_freqs) {
+        ie_status_t st = msrc_need(s, "rope_freqs.weight", 1, hp->rope_dim / 2, 0);
+        if (st != IE_OK) return st;
+    }
     return msrc_arch_by_id(hp->arch_id)->validate(s, lb);
 }
 
@@ -322,12 +370,25 @@ static ie_status_t gguf_hparams(ie_model_src_t *s, const char *path)
     return arch->gguf_hparams(g, hp);
 }
 
+/* Sort the table, then let the architecture present fused tensors as
+ * views (its split_fused re-sorts). */
+static ie_status_t split_fused(ie_model_src_t *s)
+{
+    const msrc_arch_t *arch = msrc_arch_by_id(s->hp.arch_id);
+    ie_status_t st = msrc_sort_tensors(s);
+    if (st == IE_OK && arch->split_fused) st = arch->split_fused(s);
+    return st;
+}
+
 static ie_status_t gguf_tensors(ie_model_src_t *s)
 {
     int64_t n = ie_gguf_tensor_count(s->gguf);
-    s->tensors = calloc(n ? n : 1, sizeof *s->tensors);
+    /* room for the views of fused tensors */
+    const msrc_arch_t *arch = msrc_arch_by_id(s->hp.arch_id);
+    int64_t cap = n + (int64_t)arch->views_per_layer * s->hp.n_layer + arch->views_extra;
+    s->tensors = calloc(cap ? cap : 1, sizeof *s->tensors);
     if (!s->tensors) return ie_error_set(IE_ERR_NOMEM, "model: out of memory for %lld tensors", (long long)n);
-    s->cap_tensors = n;
+    s->cap_tensors = cap;
     for (int64_t i = 0; i < n; i++) {
         const ie_gguf_tensor_info_t *gt = ie_gguf_tensor(s->gguf, i);
         src_tensor_t *t = &s->tensors[i];
@@ -341,7 +402,7 @@ static ie_status_t gguf_tensors(ie_model_src_t *s)
         t->type_name = ie_gguf_ggml_type_name(gt->ggml_type);
     }
     /* a name with an embedded NUL may now collide with another: reject it */
-    return msrc_sort_tensors(s);
+    return split_fused(s);
 }
 
 /* validate() with the GGUF keys' names ("<arch>.block_count", ...) */
@@ -707,7 +768,9 @@ static ie_status_t hf_tensors(ie_model_src_t *s, const char *dir)
     if (index && (st = hf_check_index(s, index, names)) != IE_OK) goto cleanup;
 
     arch = msrc_arch_by_id(s->hp.arch_id);
-    total += (int64_t)arch->hf_extra_per_layer * s->hp.n_layer; /* converted copies */
+    /* converted copies, views */
+    total += (int64_t)(arch->hf_extra_per_layer + arch->views_per_layer) * s->hp.n_layer + arch->hf_extra +
+             arch->views_extra;
     if (!(s->tensors = calloc(total ? total : 1, sizeof *s->tensors))) {
         st = ie_error_set(IE_ERR_NOMEM, "model: out of memory for %lld tensors", (long long)total);
         goto cleanup;
@@ -731,6 +794,7 @@ static ie_status_t hf_tensors(ie_model_src_t *s, const char *dir)
         }
     st = msrc_sort_tensors(s);
     if (st == IE_OK && arch->hf_convert) st = arch->hf_convert(s);
+    if (st == IE_OK && arch->split_fused) st = arch->split_fused(s);
 
 cleanup:
     for (int i = 0; i < n_names; i++) free(names[i]);
@@ -755,7 +819,10 @@ static ie_status_t open_hf(ie_model_src_t *s, const char *dir)
     }
     if ((st = msrc_read_json(path, &cfg)) != IE_OK) goto cleanup;
     if ((st = hf_hparams(s, cfg, dir)) != IE_OK) goto cleanup;
-    if ((st = hf_tensors(s, dir)) != IE_OK) goto cleanup;
+    s->hf_cfg = cfg;
+    st = hf_tensors(s, dir);
+    s->hf_cfg = NULL; /* freed below */
+    if (st != IE_OK) goto cleanup;
     if (path_join(path, dir, "tokenizer.json") && access(path, R_OK) == 0 && !(s->tokenizer_path = strdup(path))) {
         st = ie_error_set(IE_ERR_NOMEM, "model: out of memory");
         goto cleanup;

@@ -34,6 +34,8 @@ typedef struct src_tensor {
     char *name;            /* owned; t.name points here                   */
     const char *type_name; /* the file's name for the dtype, for errors   */
     void *owned;           /* converted copy t.data points into, or NULL  */
+    int hidden;            /* split into views (msrc_split_rows): kept past
+                              n_sorted, invisible to lookups and converters */
 } src_tensor_t;
 
 struct ie_model_src {
@@ -47,8 +49,11 @@ struct ie_model_src {
     int64_t n_sorted;    /* leading entries sorted by name (searchable) */
     int64_t cap_tensors; /* entries allocated (zeroed beyond n_tensors) */
     char *tokenizer_path;
-    ie_iebin_t *iebin; /* IEBIN: owns the blob mapping tensors point into */
-    int mem_finished;  /* in-memory source: mem_finish succeeded      */
+    ie_iebin_t *iebin;   /* IEBIN: owns the blob mapping tensors point into */
+    int mem_finished;    /* in-memory source: mem_finish succeeded      */
+    const cJSON *hf_cfg; /* HF: config.json while the directory opens (an
+                            architecture's hf_convert reads its fields),
+                            else NULL                                      */
 };
 
 /* Field names as each format spells them, for error messages. */
@@ -67,9 +72,9 @@ typedef struct name_pair {
 /* An architecture, as the model source sees it. */
 typedef struct msrc_arch {
     ie_arch_t id;
-    const char *name;           /* hp->arch, GGUF general.architecture, IEBIN "arch" */
-    const char *hf_classes[4];  /* config.json "architectures" entries (NULL-ended) */
-    const char *hf_model_type;  /* config.json "model_type"                */
+    const char *name;               /* hp->arch, GGUF general.architecture, IEBIN "arch" */
+    const char *hf_classes[4];      /* config.json "architectures" entries (NULL-ended) */
+    const char *hf_model_type;      /* config.json "model_type"                */
     const name_pair_t *layer_names; /* HF <-> canonical names inside a layer */
     size_t n_layer_names;
     /* GGUF: read the "<name>.*" keys into hp (arch, arch_id and name are set) */
@@ -78,15 +83,32 @@ typedef struct msrc_arch {
     ie_status_t (*hf_hparams)(ie_model_src_t *s, const cJSON *cfg);
     /* HF: table entries hf_convert adds per layer (converted copies) */
     int hf_extra_per_layer;
+    /* HF: table entries hf_convert adds once per model (rope_freqs.weight) */
+    int hf_extra;
     /* HF: after the mapped tensors are in the sorted table, add converted
      * copies (msrc_add_owned) and re-sort; NULL: nothing to convert */
     ie_status_t (*hf_convert)(ie_model_src_t *s);
+    /* GGUF and HF: table entries split_fused adds per layer and once (views) */
+    int views_per_layer, views_extra;
+    /* GGUF and HF: after the table is sorted (and hf_convert ran), present
+     * fused tensors as the canonical separate ones (msrc_split_rows) and
+     * re-sort; NULL: nothing fused */
+    ie_status_t (*split_fused)(ie_model_src_t *s);
     /* every tensor the architecture needs, after the common checks */
     ie_status_t (*validate)(const ie_model_src_t *s, const hp_labels_t *lb);
 } msrc_arch_t;
 
 extern const msrc_arch_t msrc_arch_llama;
 extern const msrc_arch_t msrc_arch_gptoss;
+extern const msrc_arch_t msrc_arch_phi3;
+extern const msrc_arch_t msrc_arch_qwen2;
+
+/* The dense Llama tensors (embedding, norms, head unless tied; per layer
+ * q/k/v/o and the SwiGLU MLP), which the Llama-shaped families share. */
+ie_status_t msrc_llama_validate(const ie_model_src_t *s, const hp_labels_t *lb);
+extern const msrc_arch_t msrc_arch_gemma2, msrc_arch_gemma3; /* model_gemma.c */
+extern const msrc_arch_t msrc_arch_qwen3;
+extern const msrc_arch_t msrc_arch_qwen3moe;
 
 /* The entry for id / for the name (len bytes, not NUL-terminated), or NULL. */
 const msrc_arch_t *msrc_arch_by_id(ie_arch_t id);
@@ -98,8 +120,19 @@ const char *msrc_arch_list(char *buf, size_t cap);
 
 /* ---- the tensor table */
 const src_tensor_t *msrc_find(const ie_model_src_t *s, const char *name);
-/* Sort the table and reject names that appear twice. */
+/* Sort the table (hidden entries last, past n_sorted) and reject visible
+ * names that appear twice. */
 ie_status_t msrc_sort_tensors(ie_model_src_t *s);
+/* Present the visible 1-D or 2-D ROWS tensor `fused` as n parts without copying:
+ * part i is a new entry names[i] of rows[i] rows (the rows sum to the
+ * fused tensor's ne[1]) whose data points into the fused tensor's (a row
+ * of every ROWS dtype, ggml blocks included, is contiguous: ne[0]
+ * elements). The fused entry is hidden (still owned by the table, so its
+ * data outlives the parts). Needs n free entries; the parts are found
+ * after the next msrc_sort_tensors. The caller has checked the row count;
+ * errors: a dtype without a row size, a full table, out of memory. */
+ie_status_t msrc_split_rows(ie_model_src_t *s, const char *fused, int n, const char *const *names,
+                            const int64_t *rows);
 /* Next free table entry: a new tensor `name` backed by a fresh zeroed
  * buffer of `nbytes`, returned in *buf; the entry owns the buffer. */
 ie_status_t msrc_add_owned(ie_model_src_t *s, const char *name, ie_dtype_t dt, const char *type_name, int n_dims,

@@ -356,20 +356,24 @@ static void test_hf_bad_config(void)
     o = (hf_opts_t){.drop_field = "rope_scaling",
                     .extra = ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}"};
     write_hf(&o);
-    EXPECT_FAIL(g_dir, IE_ERR_UNSUPPORTED, "rope_scaling type 'llama3' is not supported");
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "rope_scaling (rope_type llama3) lacks 'low_freq_factor'");
+    o.extra = ", \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 4.0, "
+              "\"high_freq_factor\": 1.0, \"original_max_position_embeddings\": 64}";
+    write_hf(&o);
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "rope_scaling.low_freq_factor (4) must be below high_freq_factor (1)");
     o.extra = ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}";
     write_hf(&o);
     EXPECT_FAIL(g_dir, IE_ERR_UNSUPPORTED, "rope_scaling type 'linear'");
     o.extra = ", \"rope_scaling\": [1]";
     write_hf(&o);
-    EXPECT_FAIL(g_dir, IE_ERR_UNSUPPORTED, "rope_scaling type 'unknown'");
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "config.json field 'rope_scaling' must be an object");
 
     o = (hf_opts_t){.extra = ", \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 1e6}"};
     write_hf(&o);
     EXPECT_FAIL(g_dir, IE_ERR_UNSUPPORTED, "rope_parameters type 'yarn' is not supported");
     o.extra = ", \"rope_parameters\": {\"partial_rotary_factor\": 0.5}";
     write_hf(&o);
-    EXPECT_FAIL(g_dir, IE_ERR_UNSUPPORTED, "rope_parameters partial_rotary_factor 0.5");
+    EXPECT_FAIL(g_dir, IE_ERR_UNSUPPORTED, "rope_parameters.partial_rotary_factor 0.5");
 
     o = (hf_opts_t){.drop_field = "num_hidden_layers", .extra = ", \"num_hidden_layers\": 0"};
     write_hf(&o);
@@ -393,9 +397,10 @@ static void test_hf_bad_config(void)
     write_hf(&o);
     EXPECT_FAIL(g_dir, IE_ERR_UNSUPPORTED, "hidden_act 'gelu'");
 
-    o = (hf_opts_t){.arch = "Qwen2ForCausalLM"};
+    o = (hf_opts_t){.arch = "FalconForCausalLM"};
     write_hf(&o);
-    EXPECT_FAIL(g_dir, IE_ERR_UNSUPPORTED, "architecture 'Qwen2ForCausalLM' (model_type 'other') is not supported");
+    EXPECT_FAIL(g_dir, IE_ERR_UNSUPPORTED,
+                "architecture 'FalconForCausalLM' (model_type 'other') is not supported");
 
     /* head_dim given explicitly and inconsistent with the tensors */
     o = (hf_opts_t){.drop_field = "head_dim", .extra = ", \"head_dim\": 8"};
@@ -467,7 +472,7 @@ typedef struct gg_opts {
     int vocab_size;  /* llama.vocab_size key; 0: absent                      */
     uint32_t q_type; /* type of the attn_q tensors (default q8_0)            */
     uint64_t k_rows; /* ne[1] of blk.0.attn_k (default GKV*GHD)              */
-    int rope_freqs;
+    int rope_freqs;  /* entries of a rope_freqs.weight tensor; 0: none       */
     int tied;
     int defaults; /* leave out every optional key                         */
 } gg_opts_t;
@@ -518,7 +523,7 @@ static void write_gguf(const gg_opts_t *o, const char *file)
     }
     gg_tensor(&w, "output_norm.weight", G_F32, GE, 0);
     if (!o->tied) gg_tensor(&w, "output.weight", G_Q8_0, GE, GV);
-    if (o->rope_freqs) gg_tensor(&w, "rope_freqs.weight", G_F32, GHD / 2, 0);
+    if (o->rope_freqs) gg_tensor(&w, "rope_freqs.weight", G_F32, (uint64_t)o->rope_freqs, 0);
     gw_finish(&w, 3, &out);
     put_file(file, out.p, out.n);
     tb_free(&out);
@@ -584,9 +589,9 @@ static void test_gguf_valid(void)
 
 static void test_gguf_bad(void)
 {
-    gg_opts_t o = {.arch = "qwen2", .n_kv = GKV};
+    gg_opts_t o = {.arch = "falcon", .n_kv = GKV};
     write_gguf(&o, "tiny.gguf");
-    EXPECT_FAIL(gguf_path(), IE_ERR_UNSUPPORTED, "architecture 'qwen2' is not supported");
+    EXPECT_FAIL(gguf_path(), IE_ERR_UNSUPPORTED, "architecture 'falcon' is not supported");
 
     o = (gg_opts_t){.drop_block_count = 1, .n_kv = GKV};
     write_gguf(&o, "tiny.gguf");
@@ -610,9 +615,19 @@ static void test_gguf_bad(void)
     EXPECT_FAIL(gguf_path(), IE_ERR_FORMAT,
                 "model: tensor 'blk.0.attn_k.weight' has shape [32, 15], expected [32, 16]");
 
-    o = (gg_opts_t){.n_kv = GKV, .rope_freqs = 1};
+    /* rope_freqs.weight: one factor per rotated pair (rope_freqs = n entries) */
+    o = (gg_opts_t){.n_kv = GKV, .rope_freqs = GHD / 2 + 1};
     write_gguf(&o, "tiny.gguf");
-    EXPECT_FAIL(gguf_path(), IE_ERR_UNSUPPORTED, "rope_freqs.weight");
+    EXPECT_FAIL(gguf_path(), IE_ERR_FORMAT, "tensor 'rope_freqs.weight' has shape [5], expected [4]");
+    o = (gg_opts_t){.n_kv = GKV, .rope_freqs = GHD / 2};
+    write_gguf(&o, "tiny.gguf");
+    {
+        ie_model_src_t *rs = NULL;
+        CU_ASSERT_EQUAL_FATAL(ie_model_src_open(gguf_path(), &rs), IE_OK);
+        CU_ASSERT_EQUAL(ie_model_src_hparams(rs)->rope_freqs, 1);
+        CU_ASSERT_PTR_NOT_NULL(ie_model_src_tensor(rs, "rope_freqs.weight"));
+        ie_model_src_destroy(&rs);
+    }
 
     /* not GGUF at all, and a missing file */
     put_file("tiny.gguf", "PK\3\4 this is a zip", 19);

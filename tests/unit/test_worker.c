@@ -5,7 +5,8 @@
  * close to f32. The numerical reference (HF transformers) is checked by
  * tests/e2e/test_forward_tiny.py; this suite checks the engine against
  * itself. Also: a failing matmul kernel fails the step (and leaves the
- * caches as they were), and the architecture descriptors. */
+ * caches as they were), the architecture descriptors, and RoPE frequency
+ * factors (rope_freqs.weight) with the attention factor. */
 #include "ie_arch_desc.h"
 #include "ie_worker.h"
 
@@ -374,6 +375,117 @@ static void test_kernel_failure(void)
 
 /* The descriptor says what the fixture (a Llama) and a GPT-OSS shape need,
  * and refuses an architecture it has no entry for. */
+/* The fixture as an in-memory source: RoPE frequency factors `freqs`
+ * (NULL: none), cos/sin times attn_factor (0: off), q and k weights times
+ * qk_scale. */
+static ie_model_src_t *mem_variant(const float *freqs, float attn_factor, float qk_scale)
+{
+    ie_hparams_t hp = *ie_model_src_hparams(g_src);
+    ie_model_src_t *m = NULL;
+    const int half = hp.rope_dim / 2;
+    hp.rope_freqs = freqs != NULL;
+    hp.rope_attn_factor = attn_factor;
+    CU_ASSERT_EQUAL_FATAL(ie_model_src_new_mem(&hp, ie_model_src_tokenizer_path(g_src), &m), IE_OK);
+    for (int64_t i = 0; i < ie_model_src_n_tensors(g_src); i++) {
+        ie_tensor_t t = *ie_model_src_tensor_at(g_src, i);
+        float *copy = NULL;
+        if (qk_scale != 1.0f && (strstr(t.name, "attn_q.weight") || strstr(t.name, "attn_k.weight"))) {
+            CU_ASSERT_EQUAL_FATAL(t.dtype, IE_DTYPE_F32);
+            copy = malloc(t.nbytes);
+            CU_ASSERT_PTR_NOT_NULL_FATAL(copy);
+            for (size_t j = 0; j < t.nbytes / sizeof(float); j++) copy[j] = ((const float *)t.data)[j] * qk_scale;
+            t.data = copy;
+        }
+        CU_ASSERT_EQUAL_FATAL(ie_model_src_mem_add(m, &t, copy), IE_OK);
+    }
+    if (freqs) {
+        float *f = malloc((size_t)half * sizeof(float));
+        CU_ASSERT_PTR_NOT_NULL_FATAL(f);
+        memcpy(f, freqs, (size_t)half * sizeof(float));
+        ie_tensor_t t = {.name = "rope_freqs.weight",
+                         .dtype = IE_DTYPE_F32,
+                         .n_dims = 1,
+                         .ne = {half, 1, 1, 1},
+                         .data = f,
+                         .nbytes = (uint64_t)half * sizeof(float),
+                         .layout = IE_LAYOUT_ROWS};
+        CU_ASSERT_EQUAL_FATAL(ie_model_src_mem_add(m, &t, f), IE_OK);
+    }
+    CU_ASSERT_EQUAL_FATAL(ie_model_src_mem_finish(m), IE_OK);
+    return m;
+}
+
+/* Logits of k_prompt_a (8 positions) from src at f32, fed one token a step. */
+static float *logits_of(const ie_model_src_t *src)
+{
+    ie_worker_opts_t o;
+    ie_worker_opts_default(&o);
+    o.n_ctx = 64;
+    o.precision = IE_PREC_F32;
+    o.n_threads = 2;
+    o.pin_threads = 0;
+    ie_worker_t *w = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_worker_new(src, &o, &w), IE_OK);
+    float *out = malloc(8 * (size_t)ie_worker_hparams(w)->n_vocab * sizeof(float));
+    CU_ASSERT_PTR_NOT_NULL_FATAL(out);
+    run_seq(w, 0, k_prompt_a, 8, 1, out);
+    ie_worker_destroy(&w);
+    return out;
+}
+
+/* rope_freqs.weight divides each pair's frequency (factors of 1 change no
+ * bit; others change the logits); rope_attn_factor still multiplies cos and
+ * sin, which scales every score like q and k weights scaled by it; a factor
+ * that is not positive is refused naming its entry. */
+static void test_rope_freqs(void)
+{
+    const ie_hparams_t *hp = ie_model_src_hparams(g_src);
+    const size_t n = 8 * (size_t)hp->n_vocab;
+    float ones[64], ramp[64];
+    CU_ASSERT_FATAL(hp->rope_dim / 2 <= 64);
+    for (int i = 0; i < hp->rope_dim / 2; i++) {
+        ones[i] = 1.0f;
+        ramp[i] = 1.0f + (float)i;
+    }
+    float *plain = logits_of(g_src);
+
+    ie_model_src_t *m = mem_variant(ones, 0.0f, 1.0f);
+    float *got = logits_of(m);
+    CU_ASSERT(memcmp(got, plain, n * sizeof(float)) == 0);
+    free(got);
+    ie_model_src_destroy(&m);
+
+    m = mem_variant(ramp, 0.0f, 1.0f);
+    got = logits_of(m);
+    CU_ASSERT(max_rel(got, plain, n) > 1e-3);
+    free(got);
+    ie_model_src_destroy(&m);
+
+    m = mem_variant(ones, 1.5f, 1.0f);
+    ie_model_src_t *ref_src = mem_variant(NULL, 0.0f, 1.5f);
+    float *ref = logits_of(ref_src);
+    got = logits_of(m);
+    CU_ASSERT(max_rel(ref, plain, n) > 1e-3);
+    CU_ASSERT(max_rel(got, ref, n) < 1e-5);
+    free(got);
+    free(ref);
+    ie_model_src_destroy(&m);
+    ie_model_src_destroy(&ref_src);
+
+    ramp[2] = 0.0f;
+    m = mem_variant(ramp, 0.0f, 1.0f);
+    ie_worker_opts_t o;
+    ie_worker_opts_default(&o);
+    o.n_ctx = 64;
+    o.pin_threads = 0;
+    ie_worker_t *w = NULL;
+    CU_ASSERT_EQUAL(ie_worker_new(m, &o, &w), IE_ERR_FORMAT);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "'rope_freqs.weight' entry 2"));
+    CU_ASSERT_PTR_NULL(w);
+    ie_model_src_destroy(&m);
+    free(plain);
+}
+
 static void test_arch_desc(void)
 {
     ie_arch_desc_t a;
@@ -416,6 +528,38 @@ static void test_arch_desc(void)
     CU_ASSERT_EQUAL(a.tied_output, 0);
     CU_ASSERT_STRING_EQUAL(a.ffn_norm_name, "post_attention_norm");
 
+    /* Llama 3.x frequency factors, a Mistral window on every layer */
+    g = *hp;
+    g.rope_freqs = 1;
+    g.sliding_window = 8;
+    memset(g.layer_swa, 1, (size_t)g.n_layer);
+    CU_ASSERT_EQUAL_FATAL(ie_arch_desc_init(&g, &a), IE_OK);
+    CU_ASSERT_EQUAL(a.rope_scaling, IE_ROPE_SCALING_FREQS);
+    CU_ASSERT(a.sliding && !a.qkv_bias && !a.o_bias);
+    /* Qwen2: biases on q/k/v only */
+    g = *hp;
+    g.arch_id = IE_ARCH_QWEN2;
+    g.qkv_bias = 1;
+    CU_ASSERT_EQUAL_FATAL(ie_arch_desc_init(&g, &a), IE_OK);
+    CU_ASSERT_STRING_EQUAL(a.name, "qwen2");
+    CU_ASSERT(a.qkv_bias && !a.o_bias && !a.sliding && a.ffn == IE_FFN_DENSE);
+    /* Qwen3-MoE: softmax over all experts first, renormalized top-k, plain
+     * SwiGLU experts, no biases anywhere */
+    ie_hparams_t q = *hp;
+    q.arch_id = IE_ARCH_QWEN3MOE;
+    q.n_expert = 8;
+    q.n_expert_used = 2;
+    q.qk_norm = 1;
+    q.moe_softmax_first = 1;
+    q.moe_norm_topk = 1;
+    CU_ASSERT_EQUAL_FATAL(ie_arch_desc_init(&q, &a), IE_OK);
+    CU_ASSERT_STRING_EQUAL(a.name, "qwen3moe");
+    CU_ASSERT_EQUAL(a.ffn, IE_FFN_MOE);
+    CU_ASSERT_EQUAL(a.routing, IE_ROUTE_SOFTMAX_TOPK);
+    CU_ASSERT_EQUAL(a.gating, IE_GATING_SWIGLU);
+    CU_ASSERT(a.norm_topk && a.qk_norm && a.top_k == 2);
+    CU_ASSERT(!a.router_bias && !a.expert_bias && !a.qkv_bias && !a.o_bias && !a.sinks);
+
     g.arch_id = (ie_arch_t)99;
     CU_ASSERT_EQUAL(ie_arch_desc_init(&g, &a), IE_ERR_UNSUPPORTED);
     CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "no descriptor"));
@@ -435,6 +579,7 @@ int main(void)
     CU_add_test(s, "decode options change no bits; bad names refused", test_decode_options);
     CU_add_test(s, "a failing kernel fails the step", test_kernel_failure);
     CU_add_test(s, "architecture descriptors", test_arch_desc);
+    CU_add_test(s, "RoPE frequency factors and attention factor", test_rope_freqs);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();

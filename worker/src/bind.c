@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -639,6 +640,11 @@ static ie_status_t bind_layer(ie_worker_t *w, const ie_model_src_t *src, int l)
     char norm[64];
     snprintf(norm, sizeof norm, "%s.weight", a->ffn_norm_name);
     BIND_VEC(ffn_norm, norm, d, 1);
+    if (a->norm == IE_NORM_SANDWICH) {
+        /* applied to each block's summed output: whole on every rank */
+        BIND_VEC(post_attn_norm, "post_attention_norm.weight", d, 1);
+        BIND_VEC(post_ffw_norm, "post_ffw_norm.weight", d, 1);
+    }
     if (!moe) {
         BIND_CUT(gate, "ffn_gate", d, hp->n_ff, 1, sh->ff_begin, sh->ff_end, 0, d, 0, 1);
         BIND_CUT(up, "ffn_up", d, hp->n_ff, 1, sh->ff_begin, sh->ff_end, 0, d, 0, 1);
@@ -677,5 +683,21 @@ ie_status_t worker_bind_weights(ie_worker_t *w, const ie_model_src_t *src)
         return ie_error_set(IE_ERR_FORMAT, "model: %d experts used of %d", hp->n_expert_used, hp->n_expert);
     for (int l = w->sh.layer_begin; l < w->sh.layer_end; l++)
         if ((st = bind_layer(w, src, l)) != IE_OK) return st;
+    /* RoPE frequency factors for the cos/sin tables (worker_kv_new), checked
+     * here so a bad file fails at load naming the entry; a second, long set
+     * (Phi-3 long RoPE) replaces the first when the context exceeds the
+     * original one (model_phi3.c). Every rank that holds a layer rotates. */
+    const char *freqs = "rope_freqs.weight";
+    if (hp->rope_yarn_orig_ctx > 0 && w->opts.n_ctx > hp->rope_yarn_orig_ctx &&
+        ie_model_src_tensor(src, "rope_freqs_long.weight"))
+        freqs = "rope_freqs_long.weight";
+    if (w->arch.rope_scaling == IE_ROPE_SCALING_FREQS &&
+        (st = bind_vec(w, src, freqs, hp->rope_dim / 2, &w->rope_freqs)) != IE_OK)
+        return st;
+    if (w->rope_freqs)
+        for (int i = 0; i < hp->rope_dim / 2; i++)
+            if (!isfinite(w->rope_freqs[i]) || w->rope_freqs[i] <= 0.0f)
+                return ie_error_set(IE_ERR_FORMAT, "model: tensor '%s' entry %d is %g (must be positive)", freqs, i,
+                                    (double)w->rope_freqs[i]);
     return IE_OK;
 }
