@@ -856,7 +856,11 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
         }
         float *lg = s->logits + (size_t)row++ * (size_t)s->n_vocab;
         int32_t id;
-        if (ie_sampler_sample(q->smp, lg, &id) != IE_OK) {
+        const double ts = s->o.timing ? ie_now_ms() : 0;
+        const ie_status_t sst = ie_sampler_sample(q->smp, lg, &id);
+        const double td = s->o.timing ? ie_now_ms() : 0;
+        if (s->o.timing) s->o.timing->sample_ms += td - ts;
+        if (sst != IE_OK) {
             char why[256];
             snprintf(why, sizeof why, "%s", ie_error_last());
             release_slot(s, q);
@@ -865,6 +869,7 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
         }
         if (!has_prefill) n_dec++;
         take_token(s, q, id, now);
+        if (s->o.timing) s->o.timing->detok_ms += ie_now_ms() - td; /* text, stop strings, events */
     }
     if (s->prefix_cache)
         for (int k = 0; k < s->n_seq; k++)
