@@ -22,14 +22,14 @@
 typedef struct ie_cli_batcher ie_cli_batcher_t;
 
 typedef struct ie_cli_batch_opts {
-    const char *path;           /* prompts file (one per line, empty lines skipped), or NULL */
-    const char *text;           /* with path NULL: the one prompt                           */
-    const ie_tokenizer_t *tok;  /* borrowed; must outlive the batcher                       */
-    int tok_flags;              /* IE_TOK_ADD_SPECIAL | IE_TOK_PARSE_SPECIAL                */
-    size_t max_tokens;          /* longer prompts fail (the context)                        */
-    size_t max_line;            /* longer lines fail, bytes (0: 1 MiB)                      */
-    int n_threads;              /* tokenizer threads (>= 1)                                 */
-    size_t depth;               /* ring slots (>= 1)                                        */
+    const char *path;          /* prompts file (one per line, empty lines skipped), or NULL */
+    const char *text;          /* with path NULL: the one prompt                           */
+    const ie_tokenizer_t *tok; /* borrowed; must outlive the batcher                       */
+    int tok_flags;             /* IE_TOK_ADD_SPECIAL | IE_TOK_PARSE_SPECIAL                */
+    size_t max_tokens;         /* longer prompts fail (the context)                        */
+    size_t max_line;           /* longer lines fail, bytes (0: 1 MiB)                      */
+    int n_threads;             /* tokenizer threads (>= 1)                                 */
+    size_t depth;              /* ring slots (>= 1)                                        */
 } ie_cli_batch_opts_t;
 
 /* One prompt as it comes out of the ring. On failure st != IE_OK, ids NULL
