@@ -15,6 +15,8 @@
 #include "ie_engine.h"
 #include "ie_harmony.h"
 #include "ie_cli_batch.h"
+#include "ie_dtype.h"
+#include "ie_prof.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -43,6 +45,7 @@ static void usage(FILE *f)
           "  --model-json F --model-bin F   an IEBIN pair (model.ie.json + model.ie.bin, one directory)\n"
           "  --pretranspose none|all        at load: use stored matrices as they are / pack into PANEL16\n"
           "  --device auto|cpu|cuda         cpu (auto); this build has no CUDA backend\n"
+          "  --profile                      add each kernel class's share of the step time (profile)\n"
           "  --chat JSON|@FILE              messages [{\"role\",\"content\"},...], chat template applied\n"
           "  --reasoning low|medium|high    harmony models' reasoning effort (medium)\n"
           "  --show-prompt                  with --chat: add the rendered prompt and its ids to the JSON\n"
@@ -304,7 +307,8 @@ int ie_cli_run(int argc, char **argv)
         O_MODEL_JSON,
         O_MODEL_BIN,
         O_PRETRANSPOSE,
-        O_DEVICE
+        O_DEVICE,
+        O_PROFILE
     };
     static const struct option lo[] = {{"prompt", required_argument, 0, O_PROMPT},
                                        {"prompts-file", required_argument, 0, O_PFILE},
@@ -334,6 +338,7 @@ int ie_cli_run(int argc, char **argv)
                                        {"model-bin", required_argument, 0, O_MODEL_BIN},
                                        {"pretranspose", required_argument, 0, O_PRETRANSPOSE},
                                        {"device", required_argument, 0, O_DEVICE},
+                                       {"profile", no_argument, 0, O_PROFILE},
                                        {0, 0, 0, 0}};
 
     const double t_start = ie_now_ms();
@@ -345,7 +350,7 @@ int ie_cli_run(int argc, char **argv)
     size_t n_chat_ids = 0;
     ie_chat_format_t chat_fmt = IE_CHAT_NONE;
     ie_chat_opts_t chat_opts = {0};
-    int have_reasoning = 0, show_prompt = 0, aggregate = 0;
+    int have_reasoning = 0, show_prompt = 0, aggregate = 0, profile = 0;
     char *chat_prompt = NULL;
     char *harmony_analysis = NULL;
     ie_harmony_parser_t *hp = NULL;
@@ -414,6 +419,7 @@ int ie_cli_run(int argc, char **argv)
         case O_PREFETCH: bad = ie_cli_parse_long(optarg, 1, 1 << 20, &prefetch); break;
         case O_TOKTHREADS: bad = ie_cli_parse_long(optarg, 1, 64, &tok_threads); break;
         case O_AGGREGATE: aggregate = 1; break;
+        case O_PROFILE: profile = 1; break;
         case O_MODEL_JSON: model_json = optarg; break;
         case O_MODEL_BIN: model_bin = optarg; break;
         case O_PRETRANSPOSE:
@@ -669,6 +675,10 @@ int ie_cli_run(int argc, char **argv)
         double qwait = 0;
         const double t0 = ie_now_ms();
         int chat_left = chat != NULL, done = 0;
+        if (profile && r == warmup) { /* the measured rounds only */
+            ie_prof_reset();
+            ie_prof_enable(1);
+        }
         n_items = n_failed = 0;
         if (!chat && (st = ie_cli_batcher_start(&bo, &bat)) != IE_OK) {
             rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_USAGE, "%s", ie_error_last());
@@ -800,6 +810,7 @@ int ie_cli_run(int argc, char **argv)
         stats.prefix_miss_tokens += s.prefix_miss_tokens;
         stats.preemptions += s.preemptions;
     }
+    ie_prof_enable(0);
     if (sp_text.failed || sp_reason.failed || sp_ids.failed || sp_err.failed) {
         rc = ie_cli_fail(IE_EXIT_RUNTIME, "%s", "cannot write the results to a temporary file");
         goto cleanup;
@@ -843,6 +854,26 @@ int ie_cli_run(int argc, char **argv)
         cJSON_AddNumberToObject(t, "total", total);
         cJSON_AddNumberToObject(t, "tokenize", tokenize_ms);
         cJSON_AddNumberToObject(js, "tokenize_threads", (double)tok_used);
+    }
+    if (profile) {
+        /* each kernel class's share of the step time (prefill + decode);
+         * "other" is what no bracket covers (embedding, scheduling in the
+         * worker, thread-pool hand-offs) */
+        const double step_ns = (stats.prefill_ms + stats.decode_ms) * 1e6;
+        double sum = 0;
+        cJSON *pr = cJSON_AddObjectToObject(js, "profile");
+        cJSON_AddNumberToObject(pr, "step_ms", step_ns / 1e6);
+        static const char *const fixed[] = {"attention", "norm", "act_quant", "reduce", "elementwise"};
+        for (int k = 0; k < IE_PROF_N; k++) {
+            const uint64_t ns = ie_prof_get(k);
+            if (!ns) continue;
+            char name[48];
+            if (k < IE_PROF_MATMUL_N) snprintf(name, sizeof name, "matmul_%s", ie_dtype_name((ie_dtype_t)k));
+            else snprintf(name, sizeof name, "%s", fixed[k - IE_PROF_MATMUL_N]);
+            cJSON_AddNumberToObject(pr, name, step_ns > 0 ? (double)ns / step_ns : 0);
+            sum += (double)ns;
+        }
+        cJSON_AddNumberToObject(pr, "other", step_ns > sum ? (step_ns - sum) / step_ns : 0);
     }
     cJSON_AddNumberToObject(js, "rss_peak_mb", ie_rss_peak_mb());
     cJSON_AddNumberToObject(js, "threads", (double)threads);

@@ -150,6 +150,22 @@ def test_stage_timers_add_up_to_wall(smollm2, tmp_path, ie_bin):
         assert abs(t["total"] - (t["load"] + out["wall_s"] * 1e3)) < 1.0
 
 
+def test_profile_kernel_shares(smollm2, ie_bin):
+    base = ["--model", smollm2, "--prompt", "Once upon a time", "--max-new", "8", "--greedy",
+            "--threads", THREADS]
+    assert "profile" not in run_json(base)
+    out = run_json(base + ["--profile", "--warmup", "1"])
+    pr = out["profile"]
+    assert abs(pr["step_ms"] - (out["timers_ms"]["prefill"] + out["timers_ms"]["decode"])) < 1e-6
+    matmul = sum(v for k, v in pr.items() if k.startswith("matmul_"))
+    assert matmul > 0.3, pr        # a 135M model's steps are mostly matmuls
+    for k in ("attention", "norm", "elementwise", "other"):
+        assert 0 <= pr[k] < 1, (k, pr)
+    assert pr["attention"] > 0 and pr["norm"] > 0
+    shares = sum(v for k, v in pr.items() if k != "step_ms")
+    assert 0.98 < shares < 1.05, pr  # "other" is the rest of the step time
+
+
 # ------------------------------------------------------------- exit codes
 def _cap_memory(mb):
     def f():
