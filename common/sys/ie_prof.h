@@ -18,7 +18,7 @@
 #include <time.h>
 
 enum {
-    IE_PROF_MATMUL = 0,   /* + the weights' ie_dtype_t (< IE_PROF_MATMUL_N) */
+    IE_PROF_MATMUL = 0, /* + the weights' ie_dtype_t (< IE_PROF_MATMUL_N) */
     IE_PROF_MATMUL_N = 128,
     IE_PROF_ATTENTION = IE_PROF_MATMUL_N, /* scores, softmax, weighted V      */
     IE_PROF_NORM,                         /* RMS / layer norms                */
