@@ -30,6 +30,7 @@ typedef struct reader {
 struct ie_cli_batcher {
     ie_cli_batch_opts_t o;
     FILE *f;
+    pthread_mutex_t file_mu; /* the file, line_no; taken before mu, never after */
     pthread_mutex_t mu;
     pthread_cond_t can_read; /* a slot was freed, or stop */
     pthread_cond_t can_take; /* a slot was filled, or the input ended */
@@ -46,7 +47,7 @@ struct ie_cli_batcher {
 
 /* Next line of the file (without \r\n) into buf (at most cap bytes kept;
  * the rest of a longer line is skipped); *len_out the line's full length.
- * Returns 1, or 0 at the end of the file. Caller holds b->mu. */
+ * Returns 1, or 0 at the end of the file. Caller holds b->file_mu. */
 static int read_line(struct ie_cli_batcher *b, char *buf, size_t cap, size_t *len_out)
 {
     size_t len = 0;
@@ -106,37 +107,58 @@ static void *reader_main(void *arg)
         b->eof = 1;
         pthread_cond_broadcast(&b->can_take);
     }
+    pthread_mutex_unlock(&b->mu);
     for (;;) {
+        /* the file lock orders lines and sequence numbers; the ring's lock
+         * is held only to check for room and to count, not while reading,
+         * so the consumer is not kept waiting by a reader */
+        pthread_mutex_lock(&b->file_mu);
+        pthread_mutex_lock(&b->mu);
         while (!b->stop && !b->eof && b->n_read >= b->n_taken + b->o.depth) pthread_cond_wait(&b->can_read, &b->mu);
-        if (b->stop || b->eof) break;
+        const int quit = b->stop || b->eof;
+        pthread_mutex_unlock(&b->mu);
+        if (quit) {
+            pthread_mutex_unlock(&b->file_mu);
+            break;
+        }
         const char *text = NULL;
         size_t len = 0;
+        int got = 1, failed = 0;
         if (b->f) {
-            int got;
             do {
                 got = read_line(b, buf, cap, &len);
                 if (got) b->line_no++;
             } while (got && len == 0); /* empty lines are skipped */
-            if (!got) {
-                if (ferror(b->f)) {
-                    b->io_err = 1;
-                    snprintf(b->io_msg, sizeof b->io_msg, "reading '%s': %s", b->o.path, strerror(errno));
-                }
-                b->eof = 1;
-                pthread_cond_broadcast(&b->can_take);
-                pthread_cond_broadcast(&b->can_read);
-                break;
-            }
+            failed = !got && ferror(b->f);
             text = buf;
         } else {
             text = b->o.text;
             len = strlen(text);
             b->line_no = 1;
-            b->eof = 1; /* the one prompt */
-            pthread_cond_broadcast(&b->can_read);
         }
-        ie_cli_item_t it = {.index = b->n_read++, .line = b->line_no};
+        pthread_mutex_lock(&b->mu);
+        ie_cli_item_t it = {.index = b->n_read, .line = b->line_no};
+        if (!got) {
+            if (failed) {
+                b->io_err = 1;
+                snprintf(b->io_msg, sizeof b->io_msg, "reading '%s': %s", b->o.path, strerror(errno));
+            }
+            b->eof = 1;
+            pthread_cond_broadcast(&b->can_take);
+            pthread_cond_broadcast(&b->can_read);
+        } else {
+            b->n_read++;
+            if (!b->f) { /* the one prompt */
+                b->eof = 1;
+                pthread_cond_broadcast(&b->can_read);
+            }
+        }
         pthread_mutex_unlock(&b->mu);
+        if (!got) {
+            pthread_mutex_unlock(&b->file_mu);
+            break;
+        }
+        pthread_mutex_unlock(&b->file_mu); /* buf is this reader's own: no copy needed */
 
         double t0 = ie_now_ms();
         tokenize(&b->o, text, len, &it);
@@ -149,8 +171,8 @@ static void *reader_main(void *arg)
         b->ring[slot] = it;
         b->full[slot] = 1;
         pthread_cond_broadcast(&b->can_take);
+        pthread_mutex_unlock(&b->mu);
     }
-    pthread_mutex_unlock(&b->mu);
     free(buf);
     return NULL;
 }
@@ -165,6 +187,7 @@ ie_status_t ie_cli_batcher_start(const ie_cli_batch_opts_t *o, ie_cli_batcher_t 
     if (!b) return ie_error_set(IE_ERR_NOMEM, "out of memory");
     b->o = *o;
     if (!b->o.max_line) b->o.max_line = (size_t)1 << 20;
+    pthread_mutex_init(&b->file_mu, NULL);
     pthread_mutex_init(&b->mu, NULL);
     pthread_cond_init(&b->can_read, NULL);
     pthread_cond_init(&b->can_take, NULL);
@@ -197,19 +220,27 @@ cleanup:
     return IE_OK;
 }
 
-int ie_cli_batcher_next(ie_cli_batcher_t *b, ie_cli_item_t *it, double *wait_ms)
+int ie_cli_batcher_next(ie_cli_batcher_t *b, ie_cli_item_t *it, double *wait_ms, int block)
 {
     int rc;
-    double t0 = ie_now_ms();
-    pthread_mutex_lock(&b->mu);
+    double t0 = block ? ie_now_ms() : 0;
+    /* not waiting: a reader holding the lock means "not ready yet" (the
+     * engine steps meanwhile rather than sleep on the lock) */
+    if (!block && pthread_mutex_trylock(&b->mu) != 0) return 2;
+    if (block) pthread_mutex_lock(&b->mu);
     const size_t slot = b->n_taken % b->o.depth;
-    while (!b->full[slot] && !(b->eof && b->n_taken >= b->n_read)) pthread_cond_wait(&b->can_take, &b->mu);
-    if (b->full[slot]) {
+    while (block && !b->full[slot] && !(b->eof && b->n_taken >= b->n_read)) pthread_cond_wait(&b->can_take, &b->mu);
+    if (!b->full[slot] && !(b->eof && b->n_taken >= b->n_read)) {
+        rc = 2; /* not ready, and not waiting for it */
+    } else if (b->full[slot]) {
         *it = b->ring[slot];
         memset(&b->ring[slot], 0, sizeof b->ring[slot]);
         b->full[slot] = 0;
         b->n_taken++;
-        pthread_cond_broadcast(&b->can_read);
+        /* readers blocked on a full ring wake when it is half empty, to
+         * refill it in one burst: waking them per prompt taken would cost
+         * a context switch per prompt on the engine's cores */
+        if (b->n_read - b->n_taken <= b->o.depth / 2) pthread_cond_broadcast(&b->can_read);
         rc = 1;
     } else if (b->io_err) {
         ie_error_set(IE_ERR_IO, "%s", b->io_msg);
@@ -218,7 +249,7 @@ int ie_cli_batcher_next(ie_cli_batcher_t *b, ie_cli_item_t *it, double *wait_ms)
         rc = 0;
     }
     pthread_mutex_unlock(&b->mu);
-    if (wait_ms) *wait_ms += ie_now_ms() - t0;
+    if (wait_ms && block) *wait_ms += ie_now_ms() - t0;
     return rc;
 }
 
@@ -256,6 +287,7 @@ void ie_cli_batcher_destroy(ie_cli_batcher_t **bp)
     pthread_cond_destroy(&b->can_read);
     pthread_cond_destroy(&b->can_take);
     pthread_mutex_destroy(&b->mu);
+    pthread_mutex_destroy(&b->file_mu);
     free(b);
     *bp = NULL;
 }

@@ -267,6 +267,47 @@ static int env_read(env_defaults_t *d, int plan_none)
 
 /* ------------------------------------------------------------------ run */
 
+/* A prompt between the ring and the output: submitted to the scheduler
+ * (running), or done (result or error) and waiting for its turn. */
+typedef struct slot {
+    ie_cli_item_t it; /* st/err: the batcher's or the scheduler's failure */
+    ie_gen_result_t r;
+    int done;
+    size_t *running; /* the round's count of prompts in the scheduler */
+} slot_t;
+
+/* The scheduler's events for one prompt: its result (or error) into the
+ * slot. Tokens are not streamed here. */
+static void on_event(void *ctx, const ie_sched_event_t *ev)
+{
+    slot_t *sl = ctx;
+    ie_gen_result_t *r = &sl->r;
+    if (ev->kind == IE_SCHED_TOKEN) return;
+    sl->done = 1;
+    (*sl->running)--;
+    if (ev->kind == IE_SCHED_ERROR) {
+        sl->it.st = ev->status != IE_OK ? ev->status : IE_ERR_INTERNAL;
+        snprintf(sl->it.err, sizeof sl->it.err, "line %zu: %s", sl->it.line, ev->message ? ev->message : "failed");
+        return;
+    }
+    r->text = strdup(ev->all_text);
+    r->ids = malloc((ev->n_gen ? ev->n_gen : 1) * sizeof *r->ids);
+    r->lat_ms = malloc((ev->n_lat ? ev->n_lat : 1) * sizeof *r->lat_ms);
+    if (!r->text || !r->ids || !r->lat_ms) {
+        ie_gen_result_clear(r);
+        sl->it.st = IE_ERR_NOMEM;
+        snprintf(sl->it.err, sizeof sl->it.err, "out of memory during generation");
+        return;
+    }
+    if (ev->n_gen) memcpy(r->ids, ev->ids, ev->n_gen * sizeof *r->ids);
+    if (ev->n_lat) memcpy(r->lat_ms, ev->lat_ms, ev->n_lat * sizeof *r->lat_ms);
+    r->n_gen = ev->n_gen;
+    r->n_lat = ev->n_lat;
+    r->n_prompt = ev->n_prompt;
+    r->stop = ev->finish;
+    r->ttft_ms = ev->ttft_ms;
+}
+
 /* What one prompt's slot in the output says. */
 static void emit_result(spill_t *texts, spill_t *reasons, spill_t *ids, const ie_gen_result_t *r, const char *why)
 {
@@ -373,10 +414,9 @@ int ie_cli_run(int argc, char **argv)
     long lv;
     ie_engine_t *eng = NULL;
     ie_cli_batcher_t *bat = NULL;
-    ie_cli_item_t *chunk = NULL;
-    ie_gen_result_t *res = NULL;
-    const int32_t **chunk_ids = NULL;
-    size_t *chunk_n = NULL, n_chunk = 0, n_res = 0;
+    ie_sched_t *sched = NULL;
+    slot_t *slots = NULL;
+    size_t W = 0, running = 0; /* running: function scope, the slots' callbacks count on it until cleanup */
     lat_acc_t *lat = NULL;
     spill_t sp_text = {0}, sp_reason = {0}, sp_ids = {0}, sp_err = {0};
     cJSON *js = NULL;
@@ -604,7 +644,6 @@ int ie_cli_run(int argc, char **argv)
     eo.kv_block = (int)kv_block;
     eo.kv_blocks = (int)kv_blocks;
     eo.prefix_cache = prefix_cache;
-    eo.keep_sched = 1; /* one scheduler for every chunk: its prefix cache spans the file */
     if (ie_cli_plan(plan, &eo) != 0) {
         snprintf(msg, sizeof msg, "bad plan '%s' (none, pipeline:N or tensor:N)", plan ? plan : getenv("IE_PLAN"));
         rc = ie_cli_fail(IE_EXIT_USAGE, "%s", msg);
@@ -640,16 +679,13 @@ int ie_cli_run(int argc, char **argv)
     gp.parse_special = special;
 
     const size_t B = (size_t)eo.n_seq;
-    chunk = calloc(B, sizeof *chunk);
-    res = calloc(B, sizeof *res);
-    chunk_ids = calloc(B, sizeof *chunk_ids);
-    chunk_n = calloc(B, sizeof *chunk_n);
+    W = 4 * B + 16; /* prompts in the scheduler or done and not yet reported */
+    slots = calloc(W, sizeof *slots);
     lat = calloc(1, sizeof *lat);
-    if (!chunk || !res || !chunk_ids || !chunk_n || !lat) {
+    if (!slots || !lat) {
         rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory");
         goto cleanup;
     }
-    n_res = B;
     ie_cli_batch_opts_t bo = {.path = pfile,
                               .text = prompt,
                               .tok = tok,
@@ -674,7 +710,7 @@ int ie_cli_run(int argc, char **argv)
         ie_gen_stats_t s = {0};
         double qwait = 0;
         const double t0 = ie_now_ms();
-        int chat_left = chat != NULL, done = 0;
+        int chat_left = chat != NULL;
         if (profile && r == warmup) { /* the measured rounds only */
             ie_prof_reset();
             ie_prof_enable(1);
@@ -684,51 +720,85 @@ int ie_cli_run(int argc, char **argv)
             rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_USAGE, "%s", ie_error_last());
             goto cleanup;
         }
-        while (!done) {
-            /* a chunk: up to B prompts in input order, failed ones in their place */
-            size_t n_ok = 0;
-            n_chunk = 0;
-            while (n_chunk < B) {
-                ie_cli_item_t *it = &chunk[n_chunk];
+        /* continuous batching in input order: prompts enter the
+         * scheduler as they come out of the ring, up to W ahead of the
+         * oldest one not yet reported; results are reported in order */
+        ie_sched_opts_t so;
+        ie_engine_sched_opts(eng, &so);
+        so.queue_max = (int)W;
+        so.timing = &s;
+        if ((st = ie_sched_new(&so, &sched)) != IE_OK) {
+            rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, "%s", ie_error_last());
+            goto cleanup;
+        }
+        size_t next_emit = 0, next_sub = 0;
+        running = 0;
+        int input_done = 0, idle = 0;
+        while (!input_done || next_emit < next_sub) {
+            while (!input_done && next_sub < next_emit + W) {
+                slot_t *sl = &slots[next_sub % W];
+                int got;
+                memset(sl, 0, sizeof *sl);
                 if (chat) {
-                    if (!chat_left) {
-                        done = 1;
-                        break;
-                    }
-                    *it = (ie_cli_item_t){.line = 1, .ids = NULL, .n_ids = n_chat_ids};
+                    got = chat_left;
+                    if (got) sl->it = (ie_cli_item_t){.line = 1, .n_ids = n_chat_ids};
                     chat_left = 0;
                 } else {
-                    int got = ie_cli_batcher_next(bat, it, &qwait);
-                    if (got < 0) {
-                        rc = ie_cli_fail(IE_EXIT_RUNTIME, "%s", ie_error_last());
-                        goto cleanup;
-                    }
-                    if (got == 0) {
-                        done = 1;
-                        break;
-                    }
+                    /* wait for the ring only when the engine has nothing to do */
+                    got = ie_cli_batcher_next(bat, &sl->it, &qwait, running == 0);
                 }
-                if (it->st == IE_OK) {
-                    chunk_ids[n_ok] = chat ? chat_ids : it->ids;
-                    chunk_n[n_ok++] = it->n_ids;
+                if (got == 2) break; /* not tokenized yet: step meanwhile */
+                if (got < 0) {
+                    rc = ie_cli_fail(IE_EXIT_RUNTIME, "%s", ie_error_last());
+                    goto cleanup;
                 }
-                n_chunk++;
-            }
-            if (n_ok) {
-                st = ie_engine_generate_ids(eng, chunk_ids, chunk_n, n_ok, &gp, res, &s);
+                if (got == 0) {
+                    input_done = 1;
+                    break;
+                }
+                sl->running = &running;
+                next_sub++;
+                if (sl->it.st != IE_OK) {
+                    sl->done = 1;
+                    continue;
+                }
+                ie_sched_req_t rq = {.ids = chat ? chat_ids : sl->it.ids,
+                                     .n_ids = sl->it.n_ids,
+                                     .params = &gp,
+                                     .cb = on_event,
+                                     .cb_ctx = sl};
+                st = ie_sched_submit(sched, &rq, NULL); /* the ids are copied */
+                free(sl->it.ids);
+                sl->it.ids = NULL;
                 if (st != IE_OK) {
-                    int code = st == IE_ERR_INVAL || st == IE_ERR_RANGE ? IE_EXIT_USAGE
-                               : st == IE_ERR_NOMEM                     ? IE_EXIT_NOMEM
-                                                                        : IE_EXIT_RUNTIME;
-                    rc = ie_cli_fail(code, "%s", ie_error_last());
+                    rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, "%s", ie_error_last());
+                    goto cleanup;
+                }
+                running++;
+            }
+            if (running) {
+                int busy = 0;
+                if ((st = ie_sched_step(sched, &busy)) != IE_OK) {
+                    rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, "%s", ie_error_last());
+                    goto cleanup;
+                }
+                /* nothing runs and nothing can: a scheduler bug, not a hang */
+                idle = busy ? 0 : idle + 1;
+                if (idle > 1000) {
+                    rc = ie_cli_fail(IE_EXIT_RUNTIME, "%s", "generate: the scheduler stalled");
                     goto cleanup;
                 }
             }
-            for (size_t i = 0, k = 0; i < n_chunk; i++) {
-                ie_cli_item_t *it = &chunk[i];
-                ie_gen_result_t *rr = it->st == IE_OK ? &res[k++] : NULL;
+            for (; next_emit < next_sub && slots[next_emit % W].done; next_emit++) {
+                slot_t *sl = &slots[next_emit % W];
+                ie_cli_item_t *it = &sl->it;
+                ie_gen_result_t *rr = it->st == IE_OK ? &sl->r : NULL;
                 n_items++;
                 if (!rr) {
+                    if (it->st != IE_ERR_INVAL && it->st != IE_ERR_RANGE) { /* not the prompt's fault */
+                        rc = ie_cli_fail(it->st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, "%s", it->err);
+                        goto cleanup;
+                    }
                     n_failed++;
                     if (!first_err[0]) {
                         snprintf(first_err, sizeof first_err, "%s", it->err);
@@ -742,6 +812,7 @@ int ie_cli_run(int argc, char **argv)
                         spill_add_item(&sp_err, e);
                     }
                     if (last && !aggregate) emit_result(&sp_text, &sp_reason, &sp_ids, NULL, "error");
+                    ie_gen_result_clear(&sl->r);
                     continue;
                 }
                 if (chat_fmt == IE_CHAT_HARMONY && last) {
@@ -778,11 +849,10 @@ int ie_cli_run(int argc, char **argv)
                 }
                 if (last && !aggregate) emit_result(&sp_text, &sp_reason, &sp_ids, rr, NULL);
                 if (last && print_text) fprintf(stderr, "%s\n", rr->text ? rr->text : "");
+                ie_gen_result_clear(&sl->r);
             }
-            for (size_t i = 0; i < n_chunk; i++) free(chunk[i].ids);
-            for (size_t i = 0; i < n_ok; i++) ie_gen_result_clear(&res[i]);
-            n_chunk = 0;
         }
+        ie_sched_destroy(&sched);
         const double t1 = ie_now_ms();
         if (bat && measured) {
             double tms;
@@ -935,12 +1005,12 @@ int ie_cli_run(int argc, char **argv)
 cleanup:
     cJSON_Delete(js);
     ie_cli_batcher_destroy(&bat);
-    for (size_t i = 0; chunk && i < n_chunk; i++) free(chunk[i].ids);
-    for (size_t i = 0; res && i < n_res; i++) ie_gen_result_clear(&res[i]);
-    free(chunk);
-    free(res);
-    free(chunk_ids);
-    free(chunk_n);
+    ie_sched_destroy(&sched); /* ends what still runs (after a failure): before the slots go */
+    for (size_t i = 0; slots && i < W; i++) {
+        free(slots[i].it.ids);
+        ie_gen_result_clear(&slots[i].r);
+    }
+    free(slots);
     if (lat) free(lat->hist);
     free(lat);
     spill_close(&sp_text);

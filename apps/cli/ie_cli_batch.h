@@ -48,10 +48,11 @@ typedef struct ie_cli_item {
  * (ie_cli_batcher_destroy). */
 ie_status_t ie_cli_batcher_start(const ie_cli_batch_opts_t *o, ie_cli_batcher_t **out);
 
-/* The next prompt in input order, waiting for it (the time waited is added
- * to *wait_ms when not NULL). Returns 1 with *it filled, 0 at the end of
+/* The next prompt in input order. With `block` it waits for it (the time
+ * waited is added to *wait_ms when not NULL); without, it returns 2 at once
+ * when that prompt is not ready. Returns 1 with *it filled, 0 at the end of
  * the input, -1 when reading the file failed (ie_error_last says why). */
-int ie_cli_batcher_next(ie_cli_batcher_t *b, ie_cli_item_t *it, double *wait_ms);
+int ie_cli_batcher_next(ie_cli_batcher_t *b, ie_cli_item_t *it, double *wait_ms, int block);
 
 /* Tokenization statistics so far: summed time of the tokenizer threads in
  * encode (ms) and how many distinct threads tokenized at least one prompt. */

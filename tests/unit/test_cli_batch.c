@@ -17,7 +17,10 @@
 
 static ie_tokenizer_t *g_tok;
 
-static int suite_init(void) { return ie_tokenizer_load(IE_TEST_DATA "/smollm2_tokenizer.json", &g_tok) == IE_OK ? 0 : -1; }
+static int suite_init(void)
+{
+    return ie_tokenizer_load(IE_TEST_DATA "/smollm2_tokenizer.json", &g_tok) == IE_OK ? 0 : -1;
+}
 static int suite_clean(void)
 {
     ie_tokenizer_destroy(&g_tok);
@@ -37,7 +40,8 @@ static char *temp_file(const char *text, size_t len)
 
 static ie_cli_batch_opts_t opts(const char *path, int threads, size_t depth)
 {
-    return (ie_cli_batch_opts_t){.path = path, .tok = g_tok, .max_tokens = 1000, .n_threads = threads, .depth = depth};
+    return (
+        ie_cli_batch_opts_t){.path = path, .tok = g_tok, .max_tokens = 1000, .n_threads = threads, .depth = depth};
 }
 
 static void test_order_with_threads_and_depths(void)
@@ -58,7 +62,7 @@ static void test_order_with_threads_and_depths(void)
             ie_cli_item_t it;
             int k = 0, got;
             double wait = 0;
-            while ((got = ie_cli_batcher_next(b, &it, &wait)) == 1) {
+            while ((got = ie_cli_batcher_next(b, &it, &wait, 1)) == 1) {
                 char want[16];
                 int32_t *ids = NULL;
                 size_t n_ids = 0;
@@ -100,7 +104,7 @@ static void test_bad_lines_in_place(void)
     const char *words[] = {NULL, "UTF-8", "bytes", NULL, "context", NULL};
     ie_cli_item_t it;
     int k = 0;
-    while (ie_cli_batcher_next(b, &it, NULL) == 1) {
+    while (ie_cli_batcher_next(b, &it, NULL, 1) == 1) {
         CU_ASSERT_FATAL(k < 6);
         CU_ASSERT_EQUAL(it.st, want[k]);
         CU_ASSERT_EQUAL(it.line, lines[k]);
@@ -121,11 +125,11 @@ static void test_text_and_errors(void)
     ie_cli_batcher_t *b = NULL;
     ie_cli_item_t it;
     CU_ASSERT_EQUAL_FATAL(ie_cli_batcher_start(&o, &b), IE_OK);
-    CU_ASSERT_EQUAL(ie_cli_batcher_next(b, &it, NULL), 1);
+    CU_ASSERT_EQUAL(ie_cli_batcher_next(b, &it, NULL, 1), 1);
     CU_ASSERT(it.st == IE_OK && it.n_ids == 2 && it.line == 1);
     free(it.ids);
-    CU_ASSERT_EQUAL(ie_cli_batcher_next(b, &it, NULL), 0);
-    CU_ASSERT_EQUAL(ie_cli_batcher_next(b, &it, NULL), 0);
+    CU_ASSERT_EQUAL(ie_cli_batcher_next(b, &it, NULL, 1), 0);
+    CU_ASSERT_EQUAL(ie_cli_batcher_next(b, &it, NULL, 1), 0);
     ie_cli_batcher_destroy(&b);
     ie_cli_batcher_destroy(&b); /* accepts NULL */
 
@@ -138,7 +142,7 @@ static void test_text_and_errors(void)
     CU_ASSERT_EQUAL(ie_cli_batcher_start(&bad, &b), IE_ERR_INVAL);
     bad = opts("/dev/null", 1, 1); /* an empty file: the end at once */
     CU_ASSERT_EQUAL_FATAL(ie_cli_batcher_start(&bad, &b), IE_OK);
-    CU_ASSERT_EQUAL(ie_cli_batcher_next(b, &it, NULL), 0);
+    CU_ASSERT_EQUAL(ie_cli_batcher_next(b, &it, NULL, 1), 0);
     ie_cli_batcher_destroy(&b);
 }
 
@@ -152,9 +156,9 @@ static void test_destroy_with_full_ring(void)
     ie_cli_batcher_t *b = NULL;
     ie_cli_item_t it;
     CU_ASSERT_EQUAL_FATAL(ie_cli_batcher_start(&o, &b), IE_OK);
-    CU_ASSERT_EQUAL(ie_cli_batcher_next(b, &it, NULL), 1);
+    CU_ASSERT_EQUAL(ie_cli_batcher_next(b, &it, NULL, 1), 1);
     free(it.ids);
-    usleep(20000); /* the readers fill the ring and block */
+    usleep(20000);              /* the readers fill the ring and block */
     ie_cli_batcher_destroy(&b); /* frees the 8 prompts not taken (ASan: no leak) */
     CU_ASSERT_PTR_NULL(b);
     unlink(path);
