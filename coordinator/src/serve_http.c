@@ -81,9 +81,10 @@ struct ie_http {
     atomic_int stopping;
     pthread_mutex_t mu; /* n_busy                                */
     pthread_cond_t cv;
-    int n_busy;          /* generation requests not yet completed  */
-    ie_metric_t *m_req;  /* ie_http_requests_total{code}          */
-    ie_metric_t *m_gone; /* ie_http_client_disconnects_total      */
+    int n_busy;           /* generation requests not yet completed  */
+    ie_metric_t *m_req;   /* ie_http_requests_total{code}          */
+    ie_metric_t *m_gone;  /* ie_http_client_disconnects_total      */
+    ie_metric_t *m_stage; /* ie_stage_seconds{stage="tokenize"}   */
 };
 
 /* ------------------------------------------------------------- requests */
@@ -591,8 +592,10 @@ static int prompt_ids(ie_http_t *h, const cJSON *root, int32_t **ids, size_t *n,
     }
     if (!cJSON_IsString(p))
         return bad_param(e, "prompt", "'prompt' must be a string, a list of one string or a list of token ids");
+    const double t0 = ie_now_ms();
     ie_status_t st = ie_tokenizer_encode(h->tok, p->valuestring, strlen(p->valuestring),
                                          IE_TOK_ADD_SPECIAL | IE_TOK_PARSE_SPECIAL, ids, n);
+    if (h->m_stage) ie_metric_observe(h->m_stage, "tokenize", (ie_now_ms() - t0) / 1e3);
     if (st == IE_ERR_NOMEM)
         return err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
     if (st != IE_OK) return bad_param(e, "prompt", "'prompt': %s", ie_error_last());
@@ -658,7 +661,9 @@ static int chat_ids(ie_http_t *h, const cJSON *root, const gen_t *g, int32_t **i
         }
     }
     if (!(json = cJSON_PrintUnformatted(norm))) goto oom;
+    const double t0 = ie_now_ms();
     ie_status_t st = ie_chat_encode(h->tok, json, &co, ids, n, NULL);
+    if (h->m_stage) ie_metric_observe(h->m_stage, "tokenize", (ie_now_ms() - t0) / 1e3);
     if (st == IE_ERR_NOMEM) goto oom;
     if (st != IE_OK) rc = bad_param(e, "messages", "%s", ie_error_last());
     goto cleanup;
@@ -1369,6 +1374,10 @@ ie_status_t ie_http_start(const ie_http_opts_t *o, ie_http_t **out)
             (st = ie_metrics_counter(o->metrics, "ie_http_client_disconnects_total",
                                      "HTTP generation requests cancelled because their client went away", NULL,
                                      &h->m_gone)) != IE_OK)
+            goto cleanup;
+        static const double sb[] = {0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5};
+        if ((st = ie_metrics_histogram(o->metrics, "ie_stage_seconds", "Time per step in each stage", "stage", sb,
+                                       10, &h->m_stage)) != IE_OK)
             goto cleanup;
     }
     h->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,

@@ -451,6 +451,9 @@ def test_metrics(server, client):
     text = r.text
     assert metric_value(text, "ie_http_requests_total", 'code="200"') >= 1, text
     assert metric_value(text, "ie_http_requests_total", 'code="404"') >= 1, text
+    # the CLI's stage timers as histograms (docs/OPERATIONS.md, "Metrics")
+    for stage in ("tokenize", "prefill", "decode", "sample", "detokenize"):
+        assert metric_value(text, "ie_stage_seconds_count", f'stage="{stage}"') >= 1, (stage, text)
     promtool = shutil.which("promtool")
     assert promtool, "promtool not found: install the prometheus package (scripts/setup.sh)"
     cp = subprocess.run([promtool, "check", "metrics"], input=r.content, capture_output=True, timeout=60)
