@@ -122,6 +122,7 @@ static ie_status_t start_cluster(ie_engine_t *e, const ie_worker_opts_t *wo)
                             .kv_blocks = wo->kv_blocks,
                             .heartbeat_ms = o->heartbeat_ms,
                             .dead_ms = o->dead_ms,
+                            .step_timeout_ms = o->step_timeout_ms,
                             .net = e->net,
                             .metrics = o->metrics,
                             .verbose = o->cluster_bind != NULL};
