@@ -138,7 +138,7 @@ int main(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_MAX_BODY, &max_body),
                                    IE_CLI_PICK(IE_FLAG_HTTP_READ_MS, &read_ms),
                                    IE_CLI_PICK(IE_FLAG_HTTP_CONNS, &conns),
-                                   IE_CLI_PICK(IE_FLAG_HTTP_CONNS_ADDR, &conns_addr)};
+                                   IE_CLI_PICK(IE_FLAG_HTTP_PER_ADDR, &conns_addr)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, ac, av, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {

@@ -53,7 +53,7 @@ static const flag_t FLAGS[] = {
     {"prefill-chunk", IE_FLAG_PREFILL_CHUNK, FK_LONG, 1, 1 << 16},
     {"http-read-timeout-ms", IE_FLAG_HTTP_READ_MS, FK_LONG, 100, 1L << 30},
     {"http-max-conns", IE_FLAG_HTTP_CONNS, FK_LONG, 1, 1 << 16},
-    {"http-max-conns-per-addr", IE_FLAG_HTTP_CONNS_ADDR, FK_LONG, 1, 1 << 16},
+    {"http-max-conns-per-addr", IE_FLAG_HTTP_PER_ADDR, FK_LONG, 1, 1 << 16},
 };
 #define N_FLAGS (sizeof FLAGS / sizeof FLAGS[0])
 

@@ -111,7 +111,7 @@ int ie_cli_serve(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_PREFILL_CHUNK, &prefill_chunk),
                                    IE_CLI_PICK(IE_FLAG_HTTP_READ_MS, &read_ms),
                                    IE_CLI_PICK(IE_FLAG_HTTP_CONNS, &conns),
-                                   IE_CLI_PICK(IE_FLAG_HTTP_CONNS_ADDR, &conns_addr)};
+                                   IE_CLI_PICK(IE_FLAG_HTTP_PER_ADDR, &conns_addr)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {

@@ -26,34 +26,34 @@
  * Each binary keeps its own messages for a bad or unknown flag. Its own
  * options' values stay below IE_FLAG_MODEL (0x1000). */
 typedef enum ie_flag_id {
-    IE_FLAG_MODEL = 0x1000,  /* --model / --model-dir PATH         const char * */
-    IE_FLAG_THREADS,         /* --threads N (1..1024)              long         */
-    IE_FLAG_PRECISION,       /* --precision P (ie_precision_parse) ie_precision_t */
-    IE_FLAG_PLAN,            /* --plan SPEC                        const char * */
-    IE_FLAG_CTX,             /* --ctx N (1..2^24)                  long         */
-    IE_FLAG_BATCH,           /* --batch N (1..4096)                long         */
-    IE_FLAG_MAX_BATCH,       /* --max-batch N (1..65536)           long         */
-    IE_FLAG_QUEUE,           /* --queue N (1..2^20)                long         */
-    IE_FLAG_TIMEOUT_MS,      /* --timeout-ms N (0..2^30)           long         */
-    IE_FLAG_KV_BLOCK,        /* --kv-block N (1..65536)            long         */
-    IE_FLAG_KV_BLOCKS,       /* --kv-blocks N (0..INT32_MAX)       long         */
-    IE_FLAG_NO_PREFIX,       /* --no-prefix-cache: sets 0          int          */
-    IE_FLAG_NO_PIN,          /* --no-pin: sets 0                   int          */
-    IE_FLAG_VERBOSE,         /* --verbose: sets 1                  int          */
-    IE_FLAG_API_KEY,         /* --api-key K (not empty)            const char * */
-    IE_FLAG_METRICS_PORT,    /* --metrics-port N (0..65535)        long         */
-    IE_FLAG_METRICS_ADDR,    /* --metrics-addr A                   const char * */
-    IE_FLAG_KEYS_DIR,        /* --keys-dir DIR                     const char * */
-    IE_FLAG_KEY,             /* --key NAME                         const char * */
-    IE_FLAG_AUTHORIZED,      /* --authorized FILE                  const char * */
-    IE_FLAG_CPU_LATENCY,     /* --cpu-latency-us US                const char * */
-    IE_FLAG_DRAIN_MS,        /* --drain-ms N (0..2^30)             long         */
-    IE_FLAG_MAX_MSG,         /* --max-msg N (1024..2^30)           long         */
-    IE_FLAG_MAX_BODY,        /* --max-body N (1024..2^30)          long         */
-    IE_FLAG_PREFILL_CHUNK,   /* --prefill-chunk N (1..65536)       long         */
-    IE_FLAG_HTTP_READ_MS,    /* --http-read-timeout-ms N (100..2^30) long       */
-    IE_FLAG_HTTP_CONNS,      /* --http-max-conns N (1..65536)      long         */
-    IE_FLAG_HTTP_CONNS_ADDR, /* --http-max-conns-per-addr N (1..65536) long    */
+    IE_FLAG_MODEL = 0x1000, /* --model / --model-dir PATH         const char * */
+    IE_FLAG_THREADS,        /* --threads N (1..1024)              long         */
+    IE_FLAG_PRECISION,      /* --precision P (ie_precision_parse) ie_precision_t */
+    IE_FLAG_PLAN,           /* --plan SPEC                        const char * */
+    IE_FLAG_CTX,            /* --ctx N (1..2^24)                  long         */
+    IE_FLAG_BATCH,          /* --batch N (1..4096)                long         */
+    IE_FLAG_MAX_BATCH,      /* --max-batch N (1..65536)           long         */
+    IE_FLAG_QUEUE,          /* --queue N (1..2^20)                long         */
+    IE_FLAG_TIMEOUT_MS,     /* --timeout-ms N (0..2^30)           long         */
+    IE_FLAG_KV_BLOCK,       /* --kv-block N (1..65536)            long         */
+    IE_FLAG_KV_BLOCKS,      /* --kv-blocks N (0..INT32_MAX)       long         */
+    IE_FLAG_NO_PREFIX,      /* --no-prefix-cache: sets 0          int          */
+    IE_FLAG_NO_PIN,         /* --no-pin: sets 0                   int          */
+    IE_FLAG_VERBOSE,        /* --verbose: sets 1                  int          */
+    IE_FLAG_API_KEY,        /* --api-key K (not empty)            const char * */
+    IE_FLAG_METRICS_PORT,   /* --metrics-port N (0..65535)        long         */
+    IE_FLAG_METRICS_ADDR,   /* --metrics-addr A                   const char * */
+    IE_FLAG_KEYS_DIR,       /* --keys-dir DIR                     const char * */
+    IE_FLAG_KEY,            /* --key NAME                         const char * */
+    IE_FLAG_AUTHORIZED,     /* --authorized FILE                  const char * */
+    IE_FLAG_CPU_LATENCY,    /* --cpu-latency-us US                const char * */
+    IE_FLAG_DRAIN_MS,       /* --drain-ms N (0..2^30)             long         */
+    IE_FLAG_MAX_MSG,        /* --max-msg N (1024..2^30)           long         */
+    IE_FLAG_MAX_BODY,       /* --max-body N (1024..2^30)          long         */
+    IE_FLAG_PREFILL_CHUNK,  /* --prefill-chunk N (1..65536)       long         */
+    IE_FLAG_HTTP_READ_MS,   /* --http-read-timeout-ms N (100..)   long         */
+    IE_FLAG_HTTP_CONNS,     /* --http-max-conns N (1..65536)      long         */
+    IE_FLAG_HTTP_PER_ADDR,  /* --http-max-conns-per-addr N        long         */
     IE_FLAG_END
 } ie_flag_id_t;
 
