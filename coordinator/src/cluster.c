@@ -474,6 +474,14 @@ ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src
         }
     }
     if ((st = ie_sock_new(o->net, IE_SOCK_ROUTER, &c->router)) != IE_OK) goto cleanup;
+    {
+        /* the largest message a worker sends is a RESULT of whole logits
+         * rows for a full batch (plus its chained tokens): anything larger
+         * is not from a worker, and is refused before it takes memory */
+        const int64_t cap = (int64_t)o->max_batch * c->hp.n_vocab * (int64_t)sizeof(float) +
+                            (int64_t)o->max_batch * (int64_t)sizeof(int32_t) + (1 << 20);
+        if ((st = ie_sock_set_max_msg(c->router, cap < (1ll << 30) ? cap : 1ll << 30)) != IE_OK) goto cleanup;
+    }
     if ((st = ie_sock_bind(c->router, o->bind, c->endpoint, sizeof c->endpoint)) != IE_OK) goto cleanup;
     if (o->metrics)
         ie_metrics_gauge(o->metrics, "ie_worker_up", "1 while the worker of this rank is registered and ready",
