@@ -299,12 +299,17 @@ ie_status_t ie_serve_run(const ie_serve_opts_t *o)
         ie_backend_upkeep(be, 0); /* a cluster's heartbeats, registrations, systemd watchdog */
         if (o->sock) {
             int ready = 0;
-            peers_gone(&s); /* before reading: a connection number may be reused */
+            peers_gone(&s); /* also when no message comes */
             if (ie_sock_poll((ie_sock_t *const *)&o->sock, 1, &ready, busy ? 0 : 2) < 0) {
                 st = ie_error_set(IE_ERR_IO, "client socket: poll failed");
                 break;
             }
-            for (int k = 0; ready && k < 256 && ie_sock_recv(o->sock, &s.in, 0) == IE_OK; k++) on_message(&s);
+            for (int k = 0; ready && k < 256 && ie_sock_recv(o->sock, &s.in, 0) == IE_OK; k++) {
+                /* the end of a connection is reported before its number can
+                 * be reused, so ends read now all precede this message */
+                peers_gone(&s);
+                on_message(&s);
+            }
         } else if (!busy) {
             ie_sched_wait(o->sched, upkeep_ms);
         }
