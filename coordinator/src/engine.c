@@ -412,6 +412,7 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
             ie_sched_opts_t so;
             ie_engine_sched_opts(e, &so);
             so.queue_max = 1000000;
+            so.prefill_chunk = ie_backend_geom(e->backend)->max_batch; /* offline: throughput, not latency */
             if ((st = ie_sched_new(&so, &e->sched)) != IE_OK) goto cleanup;
         }
         sched = e->sched;
@@ -420,6 +421,7 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
         ie_sched_opts_t so;
         ie_engine_sched_opts(e, &so);
         so.queue_max = (int)(n < 1000000 ? n : 1000000);
+        so.prefill_chunk = ie_backend_geom(e->backend)->max_batch; /* no one waits between tokens here */
         so.timing = stats;
         if ((st = ie_sched_new(&so, &sched)) != IE_OK) goto cleanup;
     }
