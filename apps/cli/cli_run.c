@@ -35,6 +35,7 @@ static void usage(FILE *f)
           "  --prompts-file FILE            one prompt per line\n"
           "  --chat JSON|@FILE              messages [{\"role\",\"content\"},...], chat template applied\n"
           "  --reasoning low|medium|high    harmony models' reasoning effort (medium)\n"
+          "  --chat-template-kwargs JSON    extra chat-template variables, e.g. {\"enable_thinking\":false}\n"
           "  --show-prompt                  with --chat: add the rendered prompt and its ids to the JSON\n"
           "  --max-new N                    tokens to generate per prompt (128)\n"
           "  --threads N                    compute threads (online CPUs)\n"
@@ -166,7 +167,8 @@ int ie_cli_run(int argc, char **argv)
         O_HELP,
         O_CHAT,
         O_REASONING,
-        O_SHOWPROMPT
+        O_SHOWPROMPT,
+        O_TMPLKW
     };
     static const struct option lo[] = {{"prompt", required_argument, 0, O_PROMPT},
                                        {"prompts-file", required_argument, 0, O_PFILE},
@@ -189,6 +191,7 @@ int ie_cli_run(int argc, char **argv)
                                        {"chat", required_argument, 0, O_CHAT},
                                        {"reasoning", required_argument, 0, O_REASONING},
                                        {"show-prompt", no_argument, 0, O_SHOWPROMPT},
+                                       {"chat-template-kwargs", required_argument, 0, O_TMPLKW},
                                        {0, 0, 0, 0}};
 
     const char *model = NULL, *prompt = NULL, *pfile = NULL, *chat = NULL;
@@ -240,6 +243,7 @@ int ie_cli_run(int argc, char **argv)
         case O_PFILE: pfile = optarg; break;
         case O_CHAT: chat = optarg; break;
         case O_SHOWPROMPT: show_prompt = 1; break;
+        case O_TMPLKW: chat_opts.template_kwargs = optarg; break;
         case O_REASONING:
             bad = ie_harmony_effort_parse(optarg, &chat_opts.effort) != IE_OK;
             have_reasoning = 1;
@@ -305,8 +309,8 @@ int ie_cli_run(int argc, char **argv)
                          "give exactly one of --prompt, --prompts-file and --chat (see --help)");
         goto cleanup;
     }
-    if ((have_reasoning || show_prompt) && !chat) {
-        rc = ie_cli_fail(IE_EXIT_USAGE, "%s", "--reasoning and --show-prompt need --chat");
+    if ((have_reasoning || show_prompt || chat_opts.template_kwargs) && !chat) {
+        rc = ie_cli_fail(IE_EXIT_USAGE, "%s", "--reasoning, --show-prompt and --chat-template-kwargs need --chat");
         goto cleanup;
     }
     if (chat && !special) {
@@ -395,7 +399,8 @@ int ie_cli_run(int argc, char **argv)
 
     if (chat) {
         const ie_tokenizer_t *tok = ie_engine_tokenizer(eng);
-        chat_fmt = ie_chat_format(tok);
+        ie_engine_chat_opts(eng, &chat_opts);
+        chat_fmt = ie_chat_format_for(tok, &chat_opts);
         st = ie_chat_encode(tok, chat_json, &chat_opts, &chat_ids, &n_chat_ids, &chat_prompt);
         if (st != IE_OK) {
             rc = ie_cli_fail(st == IE_ERR_NOMEM      ? IE_EXIT_NOMEM

@@ -11,8 +11,9 @@
  * decode token, and the rest of the step is filled with prompt chunks: at
  * most prefill_chunk prompt tokens while streams decode (so a long prompt
  * adds a bounded amount of work to each of their tokens), up to the
- * backend's max_batch when none does. Finished, cancelled and timed-out requests leave the
- * batch at the step they end and free their blocks at once.
+ * backend's max_batch when none does. Finished, cancelled and timed-out
+ * requests leave the batch at the step they end and free their blocks at
+ * once.
  *
  * KV blocks come from an ie_kvpool. A new request first takes the cached
  * blocks of the longest equal prompt prefix (a shared system prompt is
@@ -55,17 +56,21 @@ typedef struct ie_sched_opts {
     const ie_tokenizer_t *tok; /* not owned, must outlive the scheduler:
                               detokenizes the output; ids fit the
                               backend's vocabulary                       */
-    int no_prefix_cache;       /* 1: never reuse cached KV blocks of equal
+    const int32_t *stop_ids;   /* end-of-turn ids beyond the tokenizer's
+                              (ie_tokenizer_is_eog), not owned, must
+                              outlive the scheduler; may be NULL        */
+    size_t n_stop_ids;
+    int no_prefix_cache;    /* 1: never reuse cached KV blocks of equal
                               prompt prefixes (0, the default: reuse)    */
-    int queue_max;             /* waiting requests at most (0: 64) beyond
+    int queue_max;          /* waiting requests at most (0: 64) beyond
                               the slots free at submit; more is
                               IE_ERR_BUSY                                */
-    int prefill_chunk;         /* prompt tokens per step at most while
+    int prefill_chunk;      /* prompt tokens per step at most while
                               streams decode (0: IE_SCHED_PREFILL_CHUNK;
                               capped at the backend's max_batch); a step
                               with no decoding stream takes up to
                               max_batch                                  */
-    int retry_ms;              /* > 0: a request whose step failed because a
+    int retry_ms;           /* > 0: a request whose step failed because a
                               worker was lost (one that never ran on a
                               ready backend fails at once) is
                               recomputed when the
@@ -73,9 +78,9 @@ typedef struct ie_sched_opts {
                               apart) for up to this long after the first
                               loss; 0: it ends with ERROR "unavailable"
                               at once                                    */
-    ie_gen_stats_t *timing;    /* optional: step times and token counts
+    ie_gen_stats_t *timing; /* optional: step times and token counts
                               accumulate here (stepping thread only)     */
-    ie_metrics_t *metrics;     /* optional: ie_requests_total{status},
+    ie_metrics_t *metrics;  /* optional: ie_requests_total{status},
                               tokens, queue/TTFT/token-latency
                               histograms, KV blocks used/total, prefix
                               hits/misses, preemptions                   */

@@ -833,7 +833,9 @@ static void take_token(ie_sched_t *s, sreq_t *q, int32_t id, double now)
     size_t before_len = q->text_len;
     int r = 0;
     ie_finish_t why = IE_FINISH_NONE;
-    if (ie_tokenizer_is_eog(s->tok, id)) {
+    int eog = ie_tokenizer_is_eog(s->tok, id);
+    for (size_t k = 0; !eog && k < s->o.n_stop_ids; k++) eog = s->o.stop_ids[k] == id;
+    if (eog) {
         why = IE_FINISH_EOS;
     } else {
         const char *piece = ie_detok_push(q->detok, id);

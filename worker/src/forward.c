@@ -16,6 +16,7 @@
  */
 #include "worker_internal.h"
 
+#include <math.h>
 #include <string.h>
 
 /* Sum a tensor-parallel partial result across ranks (no-op otherwise);
@@ -66,7 +67,8 @@ static ie_status_t batch_check(const ie_worker_t *w, const ie_batch_t *b, const 
     return IE_OK;
 }
 
-/* x[n][d] = the tokens' embedding rows, or the previous stage's hidden_in */
+/* x[n][d] = the tokens' embedding rows (times arch.embd_scale when set:
+ * Gemma's sqrt(d)), or the previous stage's hidden_in */
 static void embed(ie_worker_t *w, const ie_batch_t *b, const float *hidden_in)
 {
     const int d = w->hp.n_embd;
@@ -76,6 +78,15 @@ static void embed(ie_worker_t *w, const ie_batch_t *b, const float *hidden_in)
     }
     const wmat_t *te = worker_embedding(w); /* looked up on the calling thread */
     for (int i = 0; i < b->n; i++) worker_mat_row(te, b->tokens[i], w->x + (size_t)i * d);
+    if (w->arch.embd_scale != 0.0f)
+        for (size_t i = 0; i < (size_t)b->n * d; i++) w->x[i] *= w->arch.embd_scale;
+}
+
+/* y[n][d] = c tanh(y / c) (Gemma's soft-capping), in place */
+static void softcap_rows(float *y, size_t count, float c)
+{
+    const float inv = 1.0f / c;
+    for (size_t i = 0; i < count; i++) y[i] = c * tanhf(y[i] * inv);
 }
 
 /* Layer l's attention block: x[n][d] += Wo · attention(rmsnorm(x)) */
@@ -105,7 +116,7 @@ static ie_status_t attention_block(ie_worker_t *w, int l, const ie_batch_t *b, i
             w->ops->rmsnorm(w->k + h * hd, w->k + h * hd, L->k_norm, hd, w->hp.rms_eps);
     }
     /* rotate q and k by their positions (RoPE) */
-    worker_rope(w, b);
+    worker_rope(w, l, b);
     /* k, v -> the slot's cache at each token's position */
     worker_kv_store(w, l, b);
     /* xb[n][q_dim] = softmax(q·K^T / sqrt(hd) [, sink]) · V per (token, head),
@@ -116,13 +127,16 @@ static ie_status_t attention_block(ie_worker_t *w, int l, const ie_batch_t *b, i
     if ((st = worker_matmul(w, &L->o, w->tmp, w->xb, n)) != IE_OK) return st;
     if (w->arch.o_bias && L->bo)
         for (int i = 0; i < n; i++) worker_vec_add(w->tmp + (size_t)i * d, L->bo, d);
-    /* summed across tensor ranks, residual connection back into x */
+    /* summed across tensor ranks; a sandwich norm on the whole sum (Gemma:
+     * post_attention_norm), then the residual connection back into x */
     if ((st = reduce(w, ridx, w->tmp, (size_t)n * d)) != IE_OK) return st;
+    if (L->post_attn_norm) rmsnorm_rows(w, w->tmp, w->tmp, L->post_attn_norm, n);
     worker_vec_add(w->x, w->tmp, (int64_t)n * d);
     return IE_OK;
 }
 
-/* Layer l's dense MLP on xb[n][d]: tmp[n][d] = Wd · (silu(Wg · xb) * (Wu · xb)) */
+/* Layer l's dense MLP on xb[n][d]: tmp[n][d] = Wd · (act(Wg · xb) * (Wu · xb)),
+ * act silu or GELU (the descriptor's) */
 static ie_status_t mlp_dense(ie_worker_t *w, int l, int n)
 {
     const layer_t *L = &w->layers[l];
@@ -133,7 +147,7 @@ static ie_status_t mlp_dense(ie_worker_t *w, int l, int n)
     const wmat_t *ms[2] = {&L->gate, &L->up};
     float *ys[2] = {w->hb, w->hb2};
     if ((st = worker_matmul_group(w, 2, ms, ys, w->xb, n)) != IE_OK) return st;
-    /* hb = silu(hb) * hb2 */
+    /* hb = act(hb) * hb2 */
     worker_swiglu(w, w->hb, w->hb2, (int64_t)n * w->ff_loc);
     /* tmp[n][d] = Wd · hb */
     worker_prefetch_at(w, PF_BEFORE_DOWN, l, n);
@@ -153,15 +167,19 @@ static ie_status_t ffn_block(ie_worker_t *w, int l, int n, int *ridx)
     /* y[n][d] = the dense MLP (into tmp) or the mixture of experts (into moe) */
     float *y = moe ? w->moe : w->tmp;
     if ((st = moe ? worker_moe(w, L, n) : mlp_dense(w, l, n)) != IE_OK) return st;
-    /* summed across tensor ranks, residual connection back into x */
+    /* summed across tensor ranks; a sandwich norm on the whole sum (Gemma:
+     * post_ffw_norm), then the residual connection back into x */
     if ((st = reduce(w, ridx, y, (size_t)n * d)) != IE_OK) return st;
+    if (L->post_ffw_norm) rmsnorm_rows(w, y, y, L->post_ffw_norm, n);
     worker_vec_add(w->x, y, (int64_t)n * d);
     return IE_OK;
 }
 
 /* logits[nl][vocab held] = Wout · rmsnorm(x) for the nl tokens that asked
- * (b->logits[i], or the last token when b->logits is NULL). The head can be
- * wider than max_batch rows of scratch: it writes straight into logits. */
+ * (b->logits[i], or the last token when b->logits is NULL), soft-capped
+ * when arch.final_softcap is set (elementwise: each rank caps its own
+ * vocabulary slice). The head can be wider than max_batch rows of scratch:
+ * it writes straight into logits. */
 static ie_status_t head(ie_worker_t *w, const ie_batch_t *b, float *logits)
 {
     const int d = w->hp.n_embd;
@@ -175,7 +193,10 @@ static ie_status_t head(ie_worker_t *w, const ie_batch_t *b, float *logits)
     if (nl == 0) return IE_OK;
     /* logits = Wout · xb */
     worker_prefetch_at(w, PF_BEFORE_HEAD, w->sh.layer_begin, nl);
-    return worker_matmul_head(w, logits, w->xb, nl);
+    ie_status_t st = worker_matmul_head(w, logits, w->xb, nl);
+    if (st == IE_OK && w->arch.final_softcap != 0.0f)
+        softcap_rows(logits, (size_t)nl * (size_t)(w->sh.vocab_end - w->sh.vocab_begin), w->arch.final_softcap);
+    return st;
 }
 
 /* The forward pass of every step entry point: hidden_in (NULL: embed the

@@ -11,6 +11,8 @@
  */
 #include "worker_internal.h"
 
+#include <math.h>
+
 #include <stdio.h>
 
 typedef struct mm_task {
@@ -267,7 +269,19 @@ typedef struct swiglu_task {
     float *g;
     const float *u;
     int64_t n;
+    int gelu; /* GELU (tanh approximation) instead of silu */
 } swiglu_task_t;
+
+/* out[i] = gelu_tanh(g[i]) * u[i], in float32 with PyTorch's constants
+ * (gelu(approximate="tanh"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))). */
+static void geglu_f32(float *out, const float *g, const float *u, int64_t n)
+{
+    const float beta = 0.7978845608028654f, kappa = 0.044715f;
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(beta * (x + kappa * x * x * x))) * u[i];
+    }
+}
 
 static void swiglu_run(void *ctx, int ith, int nth)
 {
@@ -275,13 +289,15 @@ static void swiglu_run(void *ctx, int ith, int nth)
     long b, e;
     ie_split_range((long)((t->n + 15) / 16), ith, nth, &b, &e); /* whole vectors per thread */
     int64_t i0 = (int64_t)b * 16, i1 = (int64_t)e * 16 < t->n ? (int64_t)e * 16 : t->n;
-    if (i0 < i1) t->vec->swiglu(t->g + i0, t->g + i0, t->u + i0, i1 - i0);
+    if (i0 >= i1) return;
+    if (t->gelu) geglu_f32(t->g + i0, t->g + i0, t->u + i0, i1 - i0);
+    else t->vec->swiglu(t->g + i0, t->g + i0, t->u + i0, i1 - i0);
 }
 
 /* Contract (worker_internal.h). */
 void worker_swiglu(ie_worker_t *w, float *g, const float *u, int64_t n)
 {
-    swiglu_task_t t = {w->ops, g, u, n};
+    swiglu_task_t t = {w->ops, g, u, n, w->arch.act == IE_ACT_GELU_TANH};
     if (n >= 16384) ie_threadpool_run(w->tp, swiglu_run, &t);
     else swiglu_run(&t, 0, 1);
 }
