@@ -76,6 +76,8 @@ typedef struct ie_engine_opts {
                                  (0: 60 s; < 0: not at all — steps fail
                                  with IE_ERR_UNAVAILABLE until ready)   */
     int heartbeat_ms, dead_ms; /* 0: 250 / 2000                          */
+    int step_timeout_ms;       /* a cluster step's deadline (0: 30 s,
+                                 IE_CLUSTER_STEP_TIMEOUT_MS)             */
     ie_net_t *net;             /* ZeroMQ context to use (CURVE set up by
                                  the caller); NULL: the engine makes one */
     ie_metrics_t *metrics;     /* optional registry for cluster metrics   */

@@ -127,6 +127,7 @@ static ie_status_t start_cluster(ie_engine_t *e, const ie_worker_opts_t *wo)
                             .kv_blocks = wo->kv_blocks,
                             .heartbeat_ms = o->heartbeat_ms,
                             .dead_ms = o->dead_ms,
+                            .step_timeout_ms = o->step_timeout_ms,
                             .net = e->net,
                             .metrics = o->metrics,
                             .verbose = o->cluster_bind != NULL};
@@ -441,6 +442,7 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
             ie_sched_opts_t so;
             ie_engine_sched_opts(e, &so);
             so.queue_max = 1000000;
+            so.prefill_chunk = ie_backend_geom(e->backend)->max_batch; /* offline: throughput, not latency */
             if ((st = ie_sched_new(&so, &e->sched)) != IE_OK) goto cleanup;
         }
         sched = e->sched;
@@ -449,6 +451,7 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
         ie_sched_opts_t so;
         ie_engine_sched_opts(e, &so);
         so.queue_max = (int)(n < 1000000 ? n : 1000000);
+        so.prefill_chunk = ie_backend_geom(e->backend)->max_batch; /* no one waits between tokens here */
         so.timing = stats;
         if ((st = ie_sched_new(&so, &sched)) != IE_OK) goto cleanup;
     }
