@@ -52,8 +52,10 @@ static void usage(FILE *f)
           "  --http-port N --http-addr A       OpenAI-compatible HTTP API, /metrics included\n"
           "                                    (off / 127.0.0.1; docs/HTTP.md)\n"
           "  --api-key KEY            the HTTP API requires 'Authorization: Bearer KEY' (env IE_API_KEY)\n"
+          "  --cors-origin ORIGIN     let web pages of ORIGIN ('*': any) call the HTTP API (CORS; off)\n"
           "  --keys-dir DIR --key NAME          CURVE: this coordinator's key pair\n"
-          "  --authorized DIR         CURVE: public keys (*.pub) of workers and clients allowed in\n"
+          "  --authorized DIR         CURVE: public keys allowed in: DIR/workers/*.pub may join as workers,\n"
+          "                           DIR/clients/*.pub may use the client port (DIR/*.pub: workers)\n"
           "  --cpu-latency-us N       hold a PM QoS request: CPUs wake within N us (0: idle CPUs poll;\n"
           "                           needs /dev/cpu_dma_latency; env IE_CPU_LATENCY_US; docs/OPERATIONS.md)\n"
           "  --verbose\n",
@@ -70,7 +72,7 @@ int main(int argc, char **argv)
     const char *metrics_addr = "127.0.0.1", *keys_dir = NULL, *key_name = NULL, *authorized = NULL;
     long workers = 2, ctx = 0, batch = 4, max_batch = 256, queue = 64, hb = 250, dead = 2000, metrics_port = 0;
     long retry_ms = 10000, timeout_ms = 0, http_port = 0;
-    const char *http_addr = "127.0.0.1", *api_key = NULL, *cpulat = NULL;
+    const char *http_addr = "127.0.0.1", *api_key = NULL, *cpulat = NULL, *cors = NULL;
     char *model_name = NULL;
     ie_http_t *http = NULL;
     long kv_block = 0, kv_blocks = 0;
@@ -115,7 +117,8 @@ int main(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache),
                                    IE_CLI_PICK_RANGE(IE_FLAG_TIMEOUT_MS, &timeout_ms, 0, 86400000),
                                    IE_CLI_PICK(IE_FLAG_API_KEY, &api_key),
-                                   IE_CLI_PICK(IE_FLAG_CPU_LATENCY, &cpulat)};
+                                   IE_CLI_PICK(IE_FLAG_CPU_LATENCY, &cpulat),
+                                   IE_CLI_PICK(IE_FLAG_CORS_ORIGIN, &cors)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, ac, av, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -188,6 +191,7 @@ int main(int argc, char **argv)
     eo.metrics = metrics;
     if ((st = ie_engine_open(&eo, &eng)) != IE_OK) goto fail;
     if ((st = ie_sock_new(net, IE_SOCK_ROUTER, &client)) != IE_OK) goto fail;
+    if ((st = ie_sock_set_role(client, IE_ROLE_CLIENT)) != IE_OK) goto fail; /* worker keys are no clients */
     char cep[300];
     if ((st = ie_sock_bind(client, client_bind, cep, sizeof cep)) != IE_OK) goto fail;
     ie_backend_stats_t bs;
@@ -219,7 +223,8 @@ int main(int argc, char **argv)
                              .api_key = api_key ? api_key : getenv("IE_API_KEY"),
                              .metrics = metrics,
                              .request_timeout_ms = (int)timeout_ms,
-                             .verbose = verbose};
+                             .verbose = verbose,
+                             .cors_origin = cors};
         if (ho.api_key && !*ho.api_key) ho.api_key = NULL;
         if (!(model_name = ie_cli_base_name(model))) {
             st = ie_error_set(IE_ERR_NOMEM, "out of memory");

@@ -47,6 +47,7 @@ static const flag_t FLAGS[] = {
     {"key", IE_FLAG_KEY, FK_STR, 0, 0},
     {"authorized", IE_FLAG_AUTHORIZED, FK_STR, 0, 0},
     {"cpu-latency-us", IE_FLAG_CPU_LATENCY, FK_STR, 0, 0},
+    {"cors-origin", IE_FLAG_CORS_ORIGIN, FK_STR_NONEMPTY, 0, 0},
 };
 #define N_FLAGS (sizeof FLAGS / sizeof FLAGS[0])
 

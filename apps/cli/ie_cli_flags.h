@@ -47,6 +47,7 @@ typedef enum ie_flag_id {
     IE_FLAG_KEY,            /* --key NAME                         const char * */
     IE_FLAG_AUTHORIZED,     /* --authorized FILE                  const char * */
     IE_FLAG_CPU_LATENCY,    /* --cpu-latency-us US                const char * */
+    IE_FLAG_CORS_ORIGIN,    /* --cors-origin ORIGIN (not empty)   const char * */
     IE_FLAG_END
 } ie_flag_id_t;
 

@@ -15,7 +15,8 @@
  * use OpenAI's shape {"error": {"message", "type", "param", "code"}}: 400
  * invalid_request_error for bad JSON or parameters, 401 without the right
  * API key, 404 unknown path or model, 405 wrong method, 413 a body too
- * large, 429 when the queue is full ("busy"), 503 when workers are
+ * large, 415 a POST whose Content-Type is not application/json (a browser
+ * sends text/plain across origins without a CORS preflight), 429 when the queue is full ("busy"), 503 when workers are
  * unavailable, 504 on a request timeout, 500 otherwise. A client that
  * disconnects has its request cancelled (its KV blocks are freed at the
  * next step).
@@ -33,19 +34,21 @@
 typedef struct ie_http ie_http_t;
 
 typedef struct ie_http_opts {
-    ie_engine_t *engine;    /* tokenizer, chat template, shapes        */
-    ie_sched_t *sched;      /* where requests go                       */
-    const char *addr;       /* listen address (NULL: "127.0.0.1")       */
-    int port;               /* 0: pick a free port (ie_http_port)      */
-    const char *api_key;    /* non-NULL: require "Authorization: Bearer
+    ie_engine_t *engine;     /* tokenizer, chat template, shapes        */
+    ie_sched_t *sched;       /* where requests go                       */
+    const char *addr;        /* listen address (NULL: "127.0.0.1")       */
+    int port;                /* 0: pick a free port (ie_http_port)      */
+    const char *api_key;     /* non-NULL: require "Authorization: Bearer
                                   <key>" on /v1/ endpoints               */
-    const char *model_name; /* id in /v1/models and responses (NULL:
+    const char *model_name;  /* id in /v1/models and responses (NULL:
                                   the model file's base name)            */
-    ie_metrics_t *metrics;  /* served at /metrics when non-NULL        */
-    int request_timeout_ms; /* per-request limit given to the scheduler
+    ie_metrics_t *metrics;   /* served at /metrics when non-NULL        */
+    int request_timeout_ms;  /* per-request limit given to the scheduler
                                   (0: none)                               */
-    int max_body;           /* bytes of request body at most (0: 1 MiB) */
-    int verbose;            /* one log line per request to stderr      */
+    int max_body;            /* bytes of request body at most (0: 1 MiB) */
+    int verbose;             /* one log line per request to stderr      */
+    const char *cors_origin; /* non-NULL: answer CORS preflights (OPTIONS)
+                                  and allow this origin ("*": any) */
 } ie_http_opts_t;
 
 /* Start listening. IE_ERR_IO when the address cannot be bound (message

@@ -67,6 +67,7 @@ struct ie_cluster {
     const ie_model_src_t *src;
     ie_hparams_t hp;
     uint64_t fp;
+    uint64_t wfp; /* ie_model_src_weights_hash: workers must load the same bytes */
     ie_shard_range_t range[IE_PROTO_MAX_RANKS];
     ie_sock_t *router;
     char endpoint[IE_PROTO_ENDPOINT_MAX];
@@ -218,13 +219,24 @@ static int find_ident(const ie_cluster_t *c, const void *id, size_t n)
 static void on_hello(ie_cluster_t *c, const void *id, size_t idn, const ie_msg_hello_t *h)
 {
     char why[IE_PROTO_TEXT_MAX];
+    /* IE_ERR_UNSUPPORTED: the worker gives up (its model will not change
+     * by asking again) */
     if (h->model_fp != c->fp) {
         snprintf(why, sizeof why,
                  "model mismatch: the worker's model (fingerprint %016llx) is not the "
                  "coordinator's (%016llx)",
                  (unsigned long long)h->model_fp, (unsigned long long)c->fp);
         clog_(c, "refused pid %d on %s: %s", h->pid, h->host, why);
-        send_error(c, id, idn, IE_ERR_INVAL, why);
+        send_error(c, id, idn, IE_ERR_UNSUPPORTED, why);
+        return;
+    }
+    if (h->weights_fp != c->wfp) {
+        snprintf(why, sizeof why,
+                 "weights mismatch: the worker's model file has the same shapes but other weights (hash "
+                 "%016llx, the coordinator's %016llx); every host needs the same file, format and quantization",
+                 (unsigned long long)h->weights_fp, (unsigned long long)c->wfp);
+        clog_(c, "refused pid %d on %s: %s", h->pid, h->host, why);
+        send_error(c, id, idn, IE_ERR_UNSUPPORTED, why);
         return;
     }
     if (idn > sizeof c->m[0].ident) return;
@@ -285,7 +297,7 @@ static void on_ready(ie_cluster_t *c, int r, const ie_msg_ready_t *rd)
         mb->state = M_FAILED;
         mb->status = (ie_status_t)rd->status;
         snprintf(mb->error, sizeof mb->error, "%s", rd->error);
-        if (c->o.verbose) clog_(c, "rank %d could not load its shard: %s", r, rd->error);
+        clog_(c, "rank %d (pid %d on %s) is not ready: %s", r, mb->hello.pid, mb->hello.host, rd->error);
         return;
     }
     mb->state = M_READY;
@@ -445,6 +457,7 @@ ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src
     c->src = src;
     c->hp = *ie_model_src_hparams(src);
     c->fp = ie_model_src_fingerprint(src);
+    c->wfp = ie_model_src_weights_hash(src);
     /* one id per cluster: ranks of clusters that share a host (parallel
      * tests, two services) never open each other's segments */
     while (c->cluster_id == 0) c->cluster_id = ie_sampler_seed_random();
