@@ -26,6 +26,7 @@
  */
 #define _GNU_SOURCE
 #include "ie_transport.h"
+#include "ie_clock.h"
 
 #include <zmq.h>
 
@@ -38,6 +39,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +103,18 @@ struct ie_sock {
 };
 
 /* ------------------------------------------------------------ helpers */
+
+/* One log line to stderr, the time first (ie_log_time). */
+static void tlog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void tlog(const char *fmt, ...)
+{
+    char line[1024], when[32];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s %s", ie_log_time(when, sizeof when), line);
+}
 
 static int64_t now_ms(void)
 {
@@ -218,12 +232,11 @@ static void net_log_refusal(ie_net_t *net, const char *z85, const char *addr, in
     }
     pthread_mutex_unlock(&net->mu);
     if (!repeat && roles)
-        fprintf(stderr, "transport: refused CURVE client %s from %s: it is authorized as a %s, not as a %s\n", z85,
-                addr, k_role_name[(roles >> IE_ROLE_WORKER) & 1 ? IE_ROLE_WORKER : IE_ROLE_CLIENT],
-                k_role_name[role]);
+        tlog("transport: refused CURVE client %s from %s: it is authorized as a %s, not as a %s\n", z85, addr,
+             k_role_name[(roles >> IE_ROLE_WORKER) & 1 ? IE_ROLE_WORKER : IE_ROLE_CLIENT], k_role_name[role]);
     else if (!repeat)
-        fprintf(stderr, "transport: refused CURVE client %s from %s: not an authorized %s key\n", z85, addr,
-                k_role_name[role]);
+        tlog("transport: refused CURVE client %s from %s: not an authorized %s key\n", z85, addr,
+             k_role_name[role]);
 }
 
 static void zap_reply(void *zs, const zap_req_t *r, const char *code, const char *text, const char *user)
@@ -263,8 +276,8 @@ static void zap_handle(ie_net_t *net, void *zs, const zap_req_t *r)
     }
     /* NULL (or PLAIN) on a secure net: this handler only runs when CURVE is
      * on, and then every binding socket must be a CURVE server. */
-    fprintf(stderr, "transport: refused %.*s client from %s (CURVE required)\n",
-            (int)(r->len[5] < 16 ? r->len[5] : 16), r->f[5], addr);
+    tlog("transport: refused %.*s client from %s (CURVE required)\n", (int)(r->len[5] < 16 ? r->len[5] : 16),
+         r->f[5], addr);
     zap_reply(zs, r, "400", "CURVE required", "");
 }
 
@@ -318,9 +331,9 @@ static void mon_report(ie_net_t *net, net_mon_t *m, uint16_t ev, uint32_t value)
     m->last_at[kind] = now;
     if (m->bound) {
         if (value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
-            fprintf(stderr, "transport: refused a client on %s (%s)\n", m->endpoint,
-                    net->secure ? "CURVE required: it connected without CURVE keys"
-                                : "it uses CURVE, this process has no keys");
+            tlog("transport: refused a client on %s (%s)\n", m->endpoint,
+                 net->secure ? "CURVE required: it connected without CURVE keys"
+                             : "it uses CURVE, this process has no keys");
         else if (value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
             fprintf(
                 stderr,
@@ -328,26 +341,24 @@ static void mon_report(ie_net_t *net, net_mon_t *m, uint16_t ev, uint32_t value)
                 "server key than this process's %s\n",
                 m->endpoint, net->public_z85);
         else
-            fprintf(stderr, "transport: a client on %s failed the handshake (protocol error 0x%x)\n", m->endpoint,
-                    (unsigned)value);
+            tlog("transport: a client on %s failed the handshake (protocol error 0x%x)\n", m->endpoint,
+                 (unsigned)value);
         return;
     }
     if (kind == 2)
-        fprintf(stderr,
-                "transport: %s refused this process's CURVE key %s (ZAP status %u): it is not authorized there for "
-                "this role\n",
-                m->endpoint, net->public_z85, (unsigned)value);
+        tlog("transport: %s refused this process's CURVE key %s (ZAP status %u): it is not authorized there for "
+             "this role\n",
+             m->endpoint, net->public_z85, (unsigned)value);
     else if (kind == 1 && value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
-        fprintf(stderr, "transport: %s %s\n", m->endpoint,
-                net->secure ? "does not use CURVE, this process does" : "uses CURVE, this process has no keys");
+        tlog("transport: %s %s\n", m->endpoint,
+             net->secure ? "does not use CURVE, this process does" : "uses CURVE, this process has no keys");
     else if (net->secure)
-        fprintf(stderr,
-                "transport: CURVE handshake with %s failed (%s): the server key this process was given for it "
-                "(--coordinator-key, or a peer's key) is probably not that server's\n",
-                m->endpoint, kind == 0 ? "the server closed the connection" : "protocol error");
+        tlog("transport: CURVE handshake with %s failed (%s): the server key this process was given for it "
+             "(--coordinator-key, or a peer's key) is probably not that server's\n",
+             m->endpoint, kind == 0 ? "the server closed the connection" : "protocol error");
     else
-        fprintf(stderr, "transport: handshake with %s failed (%s): does the server require CURVE?\n", m->endpoint,
-                kind == 0 ? "the server closed the connection" : "protocol error");
+        tlog("transport: handshake with %s failed (%s): does the server require CURVE?\n", m->endpoint,
+             kind == 0 ? "the server closed the connection" : "protocol error");
 }
 
 /* Read one monitor event (2 frames: 6 bytes of event + value, the

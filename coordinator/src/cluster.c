@@ -99,18 +99,19 @@ struct ie_cluster {
     int la_credit; /* + per chained step used, - per one dropped     */
     int la_pause;  /* steps left without chaining after a run of drops */
     ie_metric_t *m_la;
+    ie_metric_t *m_step_fail; /* steps that failed (a lost rank, a rank's error) */
 };
 
 static void clog_(const ie_cluster_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void clog_(const ie_cluster_t *c, const char *fmt, ...)
 {
     (void)c;
-    char line[1024];
+    char line[1024], when[32];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "ie-coordinator: %s\n", line);
+    fprintf(stderr, "%s ie-coordinator: %s\n", ie_log_time(when, sizeof when), line);
 }
 
 static void set_up(ie_cluster_t *c, int r, int up)
@@ -490,6 +491,10 @@ ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src
         static const double sb[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5};
         ie_metrics_histogram(o->metrics, "ie_step_seconds", "Wall time of one step across the workers", NULL, sb,
                              10, &c->m_step);
+        ie_metrics_counter(o->metrics, "ie_step_failures_total",
+                           "Steps that failed across the workers (a rank lost or unreachable, a rank's error); the "
+                           "requests in them are retried or failed",
+                           NULL, &c->m_step_fail);
     }
     {
         const size_t B = (size_t)o->max_batch;
@@ -883,6 +888,7 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
     c->stats.steps++;
     c->stats.step_ms += ie_now_ms() - t0;
     if (c->m_step && c->cur.st == IE_OK) ie_metric_observe(c->m_step, NULL, (ie_now_ms() - t0) / 1e3);
+    if (c->cur.st != IE_OK && c->m_step_fail) ie_metric_add(c->m_step_fail, NULL, 1);
     if (c->cur.st != IE_OK) return ie_error_set(c->cur.st, "%s", c->cur.err);
     return IE_OK;
 }
@@ -923,6 +929,10 @@ static void cb_stats(void *self, ie_backend_stats_t *out)
     out->lookahead_used = c->stats.lookahead_used;
     out->lookahead_dropped = c->stats.lookahead_dropped;
     out->endpoint = c->endpoint;
+    out->workers = c->o.n_ranks;
+    out->workers_ready = 0;
+    for (int r = 0; r < c->o.n_ranks; r++)
+        out->workers_ready += c->m[r].state == M_READY && c->m[r].assigned_epoch == c->epoch;
 }
 
 static void cb_destroy(void *self)

@@ -14,6 +14,8 @@ HTTP API (issue 21, items 8-11 and 13), on loopback.
   - a lone worker waiting for a second one stays registered (no re-register
     loop);
   - IPv6 literal endpoints (tcp://[::1]:PORT) serve a request;
+  - systemd's STATUS= follows the workers and requests (a fake
+    NOTIFY_SOCKET), and the log lines carry their time;
   - HTTP: a text/plain POST (a cross-site form or fetch without preflight)
     is refused with 415 in OpenAI's error shape and starts nothing; with
     --cors-origin an OPTIONS preflight is answered and answers carry
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -167,6 +170,36 @@ def test_lone_worker_stays_registered(smollm2, clusters, tmp_path):
     assert text(c.coord_log).count("takes rank") == 1, log
 
 
+def test_sd_status_kept_current_and_timestamps(smollm2, clusters, tmp_path):
+    path = tmp_path / "notify.sock"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(0.2)
+    seen: list = []
+
+    def drain_until(text: str, timeout_s: float) -> bool:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            try:
+                seen.extend(sock.recv(4096).decode().splitlines())
+            except socket.timeout:
+                pass
+            if any(text in m for m in seen):
+                return True
+        return False
+    try:
+        c = start_cluster(clusters, smollm2, "tensor", 2, tmp_path / "logs", coord_env={"NOTIFY_SOCKET": str(path)})
+        assert drain_until("STATUS=0 of 2 workers ready; 0 requests running, 0 waiting", 30), seen
+        c.start_worker(0)
+        c.start_worker(1)
+        assert drain_until("STATUS=2 of 2 workers ready; 0 requests running, 0 waiting", 60), (seen, c.log())
+        assert any(m == "READY=1" for m in seen), seen
+    finally:
+        sock.close()
+    first = text(c.coord_log).splitlines()[0]
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ie-coordinator: ", first), first
+
+
 def test_ipv6_endpoints(smollm2, clusters, tmp_path):
     c = start_cluster(clusters, smollm2, "pipeline", 2, tmp_path / "logs", bind_host="[::1]")
     c.client_ep = c.client_ep.replace("127.0.0.1", "[::1]")
@@ -200,7 +233,7 @@ def cors_server(smollm2):
 
 @pytest.mark.parametrize("ctype", ["text/plain", "application/x-www-form-urlencoded", None])
 def test_post_without_json_content_type_refused(open_server, ctype):
-    body = b'{"prompt": "The capital of France is", "max_tokens": 4}'
+    body = b'{"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}'
     headers = {"Content-Type": ctype} if ctype else {}
     for path in ("/v1/completions", "/v1/chat/completions"):
         r = httpx.post(open_server.url + path, content=body, headers=headers, timeout=30)
@@ -211,7 +244,7 @@ def test_post_without_json_content_type_refused(open_server, ctype):
     r = httpx.post(open_server.url + "/v1/completions", content=body,
                    headers={"Content-Type": "application/json; charset=utf-8"}, timeout=60)
     assert r.status_code == 200, r.text
-    assert r.json()["usage"]["completion_tokens"] == 4
+    assert 1 <= r.json()["usage"]["completion_tokens"] <= 4
 
 
 def test_options_without_cors_is_405(open_server):

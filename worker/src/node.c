@@ -95,12 +95,13 @@ typedef struct node {
 static void logf_(const node_t *nd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void logf_(const node_t *nd, const char *fmt, ...)
 {
-    char line[1024];
+    char line[1024], when[32];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "ie-worker[%d rank %d]: %s\n", (int)getpid(), atomic_load(&nd->rank), line);
+    fprintf(stderr, "%s ie-worker[%d rank %d]: %s\n", ie_log_time(when, sizeof when), (int)getpid(),
+            atomic_load(&nd->rank), line);
 }
 
 void ie_node_opts_default(ie_node_opts_t *o)
@@ -545,11 +546,20 @@ static void handle_assign(node_t *nd, const ie_msg_assign_t *a)
         if (nd->o->numa_node < 0) {
             ie_topo_t t;
             int node = -1;
+            const char *pol = nd->o->numa_policy ? nd->o->numa_policy : getenv("NUMA_POLICY");
+            const int automatic = !pol || !*pol || !strcmp(pol, "auto");
             if ((st = ie_topo_read(&t)) != IE_OK ||
-                (st = ie_numa_pick(&t, nd->o->numa_policy ? nd->o->numa_policy : getenv("NUMA_POLICY"), a->rank,
-                                   a->n_ranks, &node)) != IE_OK ||
-                (node >= 0 && (st = ie_numa_bind(node)) != IE_OK))
-                goto reply; /* a policy that names no node is a configuration error */
+                (st = ie_numa_pick(&t, pol, a->rank, a->n_ranks, &node)) != IE_OK ||
+                (node >= 0 && (st = ie_numa_bind(node)) != IE_OK)) {
+                /* a policy that names a node is a configuration error; "auto"
+                 * is only a wish (hwloc and libnuma can disagree, a cgroup
+                 * can refuse the node): run unbound and say so */
+                if (!automatic) goto reply;
+                logf_(nd, "warning: NUMA_POLICY=auto: no binding for rank %d (%s); running unbound", a->rank,
+                      ie_error_last());
+                node = -1;
+                st = IE_OK;
+            }
             nd->node_id = node;
         }
         apply_affinity(nd, a->rank);
