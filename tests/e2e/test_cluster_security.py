@@ -25,14 +25,17 @@ from __future__ import annotations
 
 import re
 import shutil
+import signal
 import socket
 import subprocess
+import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import binary
+from conftest import binary, free_port
 from test_distributed import (MAX_NEW, PROMPTS, Cluster, clusters, curve_flags, curve_keys,  # noqa: F401
                               embedded, ie_client, keygen, start_cluster)
 from test_http_api import Server, assert_error_shape, httpx
@@ -198,6 +201,37 @@ def test_sd_status_kept_current_and_timestamps(smollm2, clusters, tmp_path):
         sock.close()
     first = text(c.coord_log).splitlines()[0]
     assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ie-coordinator: ", first), first
+
+
+def test_step_failure_counted(smollm2, clusters, tmp_path):
+    mport = free_port()
+    c = start_cluster(clusters, smollm2, "tensor", 2, tmp_path / "logs",
+                      coord_extra=["--metrics-port", str(mport), "--retry-ms", "0"])
+    c.start_worker(0)
+    c.start_worker(1)
+    c.generate(PROMPTS[0], max_new=2, wait_s=60)  # ready
+
+    def failures() -> float:
+        body = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read().decode()
+        m = re.search(r"^ie_step_failures_total (\S+)$", body, re.M)
+        assert m, body
+        return float(m.group(1))
+    assert failures() == 0
+    out: dict = {}
+
+    def long_request():
+        try:
+            out["done"] = ie_client.generate(c.client_ep, prompt=PROMPTS[1], max_new=2000, temperature=0.0,
+                                             timeout_s=60)
+        except ie_client.ClientError as e:
+            out["error"] = e
+    t = threading.Thread(target=long_request)
+    t.start()
+    time.sleep(1.0)
+    c.workers[1].send_signal(signal.SIGKILL)
+    t.join(70)
+    assert "error" in out and out["error"].code == "unavailable", (out, c.log())
+    assert failures() >= 1, c.log()
 
 
 def test_ipv6_endpoints(smollm2, clusters, tmp_path):
