@@ -14,9 +14,11 @@
  *
  * Security: with ie_net_curve() every socket of the net uses CURVE. Binding
  * sockets are CURVE servers that accept only clients whose public key is
- * in the authorized set (a ZAP handler inside the net; a refused peer is
- * logged to stderr with its address and key); connecting sockets are CURVE
- * clients and must be told the server's public key (ie_sock_connect_key).
+ * authorized for the socket's role (ie_role_t, ie_sock_set_role: workers
+ * or clients; a ZAP handler inside the net; a refused peer is logged to
+ * stderr with its address and key); connecting sockets are CURVE clients
+ * and must be told the server's public key (ie_sock_connect). Failed
+ * handshakes (a wrong server key, a peer without CURVE) are logged too.
  * Keys are Z85 text (40 chars) in files written by ie_keys_generate.
  *
  * Threading: a socket belongs to one thread at a time (ZeroMQ's rule); the

@@ -37,7 +37,7 @@ import pytest
 
 from conftest import binary, free_port
 from test_distributed import (MAX_NEW, PROMPTS, Cluster, clusters, curve_flags, curve_keys,  # noqa: F401
-                              embedded, ie_client, keygen, start_cluster)
+                              embedded, ie_client, keygen, start_cluster, tiny_gptoss)
 from test_http_api import Server, assert_error_shape, httpx
 
 
@@ -90,6 +90,15 @@ def test_worker_with_other_weights_refused(smollm2, clusters, tmp_path):
     c.start_worker(1)
     ref = embedded(smollm2, PROMPTS[:1], tmp_path)
     assert c.generate(PROMPTS[0], max_new=MAX_NEW, wait_s=60)["text"] == ref[0]
+
+
+def test_worker_with_other_model_exits(smollm2, tiny_gptoss, clusters, tmp_path):
+    c = start_cluster(clusters, smollm2, "tensor", 2, tmp_path / "logs")
+    c.start_worker(0)
+    w = c._spawn([str(binary("ie-worker")), "--model", str(tiny_gptoss), "--coordinator", c.worker_ep],
+                 tmp_path / "logs" / "other.log")
+    assert w.wait(timeout=60) == 3, text(tmp_path / "logs" / "other.log")
+    assert "model mismatch" in text(tmp_path / "logs" / "other.log")
 
 
 # ------------------------------------------------------------ item 9: roles
@@ -152,11 +161,13 @@ def test_unreachable_peer_address_reported_before_ready(smollm2, clusters, tmp_p
 
 
 def test_wildcard_peer_bind_without_advertise_warns(smollm2, clusters, tmp_path):
-    c = start_cluster(clusters, smollm2, "tensor", 2, tmp_path / "logs")
+    c = start_cluster(clusters, smollm2, "tensor", 2, tmp_path / "logs", bind_host="0.0.0.0")
     c.start_worker(0, ["--peer-bind", "tcp://0.0.0.0:0"])
     c.start_worker(1)
     wlog = tmp_path / "logs" / "worker0.log"
     assert wait_for(lambda: "without --advertise: advertising 127.0.0.1" in text(wlog), 15), c.log()
+    # the coordinator's wildcard bind is logged as such, not as loopback
+    assert f"workers at tcp://0.0.0.0:{c.wport} (every interface)" in text(c.coord_log), c.log()
     ref = embedded(smollm2, PROMPTS[:1], tmp_path)
     assert c.generate(PROMPTS[0], max_new=MAX_NEW, wait_s=60)["text"] == ref[0]
 

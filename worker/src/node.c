@@ -949,11 +949,12 @@ ie_status_t ie_node_run(const ie_node_opts_t *o)
             nd->registered = 0;
         }
         if (!nd->registered && t - nd->last_hello_ms > 1000) send_hello(nd);
-        /* registered, no shard yet (the plan waits for more workers): the
+        /* registered, never assigned (the plan waits for more workers): the
          * heartbeat thread has no rank to speak for, so the HELLO is our
          * sign of life; without it the coordinator drops us after dead_ms
-         * and we register again, over and over */
-        if (nd->registered && !nd->assigned && t - nd->last_hello_ms > 250) send_hello(nd);
+         * and we register again, over and over. Once a rank is assigned
+         * (even one whose load failed) the heartbeats speak for us. */
+        if (nd->registered && atomic_load(&nd->rank) < 0 && t - nd->last_hello_ms > 250) send_hello(nd);
     }
     ie_sd_stopping();
     if (nd->registered && stop_requested(o)) { /* stopped here: tell the coordinator, it need not wait */
