@@ -68,7 +68,7 @@ typedef struct net_mon {
     const void *owner; /* the ie_sock_t, until it is destroyed (then NULL) */
     int bound;         /* a server socket (bind), else a client (connect) */
     char endpoint[256];
-    time_t last_at[3]; /* per kind (no detail, protocol, auth): last line */
+    time_t last_at[4]; /* per kind (mon_report): the last line's time */
 } net_mon_t;
 
 struct ie_net {
@@ -322,9 +322,12 @@ done:
 /* One failed handshake, said in words an operator can act on. */
 static void mon_report(ie_net_t *net, net_mon_t *m, uint16_t ev, uint32_t value)
 {
-    const int kind = ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL  ? 0
-                     : ev == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ? 1
-                                                                 : 2;
+    /* kinds, each rate-limited on its own: no detail, protocol, auth, and
+     * the mechanism mismatch (a peer with or without CURVE) */
+    const int kind = ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL            ? 0
+                     : ev != ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL           ? 2
+                     : value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH ? 3
+                                                                           : 1;
     const time_t now = time(NULL);
     if (m->bound && (kind == 0 || kind == 2)) return; /* a client that left early; ZAP logs its refusals */
     if (m->last_at[kind] && now - m->last_at[kind] < NET_REFUSE_QUIET_S) return;
@@ -335,11 +338,9 @@ static void mon_report(ie_net_t *net, net_mon_t *m, uint16_t ev, uint32_t value)
                  net->secure ? "CURVE required: it connected without CURVE keys"
                              : "it uses CURVE, this process has no keys");
         else if (value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
-            fprintf(
-                stderr,
-                "transport: a client on %s failed the CURVE handshake (cryptographic error): it was given another "
-                "server key than this process's %s\n",
-                m->endpoint, net->public_z85);
+            tlog("transport: a client on %s failed the CURVE handshake (cryptographic error): it was given another "
+                 "server key than this process's %s\n",
+                 m->endpoint, net->public_z85);
         else
             tlog("transport: a client on %s failed the handshake (protocol error 0x%x)\n", m->endpoint,
                  (unsigned)value);
@@ -349,7 +350,7 @@ static void mon_report(ie_net_t *net, net_mon_t *m, uint16_t ev, uint32_t value)
         tlog("transport: %s refused this process's CURVE key %s (ZAP status %u): it is not authorized there for "
              "this role\n",
              m->endpoint, net->public_z85, (unsigned)value);
-    else if (kind == 1 && value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+    else if (kind == 3)
         tlog("transport: %s %s\n", m->endpoint,
              net->secure ? "does not use CURVE, this process does" : "uses CURVE, this process has no keys");
     else if (net->secure)

@@ -167,7 +167,8 @@ def test_wildcard_peer_bind_without_advertise_warns(smollm2, clusters, tmp_path)
     wlog = tmp_path / "logs" / "worker0.log"
     assert wait_for(lambda: "without --advertise: advertising 127.0.0.1" in text(wlog), 15), c.log()
     # the coordinator's wildcard bind is logged as such, not as loopback
-    assert f"workers at tcp://0.0.0.0:{c.wport} (every interface)" in text(c.coord_log), c.log()
+    assert wait_for(lambda: f"workers at tcp://0.0.0.0:{c.wport} (every interface)" in text(c.coord_log), 30), \
+        c.log()
     ref = embedded(smollm2, PROMPTS[:1], tmp_path)
     assert c.generate(PROMPTS[0], max_new=MAX_NEW, wait_s=60)["text"] == ref[0]
 
