@@ -67,6 +67,7 @@ typedef struct net_mon {
     void *pair;
     const void *owner; /* the ie_sock_t, until it is destroyed (then NULL) */
     int bound;         /* a server socket (bind), else a client (connect) */
+    int router;        /* a ROUTER: a client port, which nothing of ours probes */
     char endpoint[256];
     time_t last_at[4]; /* per kind (mon_report): the last line's time */
 } net_mon_t;
@@ -329,11 +330,20 @@ static void mon_report(ie_net_t *net, net_mon_t *m, uint16_t ev, uint32_t value)
                      : value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH ? 3
                                                                            : 1;
     const time_t now = time(NULL);
-    if (m->bound && (kind == 0 || kind == 2)) return; /* a client that left early; ZAP logs its refusals */
+    /* ZAP logs its own refusals; a client that leaves mid-handshake is
+     * said only on ROUTERs (workers probe each other's PULL sockets, see
+     * ie_endpoint_probe, and that must not read as an attack) */
+    if (m->bound && (kind == 2 || (kind == 0 && (!m->router || !net->secure)))) return;
     if (m->last_at[kind] && now - m->last_at[kind] < NET_REFUSE_QUIET_S) return;
     m->last_at[kind] = now;
     if (m->bound) {
-        if (value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+        /* A client without CURVE sees our CURVE greeting as we see its NULL
+         * one; when it hangs up first we get no detail, only the close */
+        if (kind == 0)
+            tlog("transport: refused a client on %s that closed the connection during the handshake (CURVE "
+                 "required: a client without CURVE keys does this; so does a plain TCP probe)\n",
+                 m->endpoint);
+        else if (value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
             tlog("transport: refused a client on %s (%s)\n", m->endpoint,
                  net->secure ? "CURVE required: it connected without CURVE keys"
                              : "it uses CURVE, this process has no keys");
@@ -454,6 +464,7 @@ static void mon_watch(ie_sock_t *s, const char *endpoint, int bound)
     m->pair = pair; /* the monitor thread's from here (the mutex is the barrier ZeroMQ asks for) */
     m->owner = s;
     m->bound = bound;
+    m->router = s->type == IE_SOCK_ROUTER;
     snprintf(m->endpoint, sizeof m->endpoint, "%s", endpoint);
     if (!net->mon_running && pthread_create(&net->mon_thread, NULL, mon_main, net) == 0) net->mon_running = 1;
     pthread_mutex_unlock(&net->mu);

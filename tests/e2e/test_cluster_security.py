@@ -148,7 +148,7 @@ def test_wrong_coordinator_key_and_plain_client_logged(smollm2, clusters, curve_
 
 
 def test_unreachable_peer_address_reported_before_ready(smollm2, clusters, tmp_path):
-    c = start_cluster(clusters, smollm2, "tensor", 2, tmp_path / "logs")
+    c = start_cluster(clusters, smollm2, "tensor", 2, tmp_path / "logs", coord_extra=["--retry-ms", "0"])
     # listens on 127.0.0.1 only, tells its peers 127.0.0.3: nobody can reach it there
     c.start_worker(0, ["--peer-bind", "tcp://127.0.0.1:0", "--advertise", "127.0.0.3"])
     c.start_worker(1)
