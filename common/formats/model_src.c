@@ -1050,7 +1050,7 @@ uint64_t ie_model_src_fingerprint(const ie_model_src_t *src)
     return h;
 }
 
-uint64_t ie_model_src_weights_hash(const ie_model_src_t *src)
+uint64_t ie_model_src_weights_hash(const ie_model_src_t *src, int release)
 {
     XXH3_state_t *s = XXH3_createState();
     uint64_t h = 0;
@@ -1065,6 +1065,8 @@ uint64_t ie_model_src_weights_hash(const ie_model_src_t *src)
         XXH3_64bits_update(s, t->name, strlen(t->name) + 1);
         XXH3_64bits_update(s, meta, sizeof meta);
         if (t->data && t->nbytes) XXH3_64bits_update(s, t->data, (size_t)t->nbytes);
+        if (release && src->kind != IE_SRC_MEM && !src->tensors[i].owned)
+            ie_file_release_pages(t->data, (size_t)t->nbytes);
     }
     h = XXH3_64bits_digest(s);
     XXH3_freeState(s);

@@ -458,7 +458,7 @@ ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src
     c->src = src;
     c->hp = *ie_model_src_hparams(src);
     c->fp = ie_model_src_fingerprint(src);
-    c->wfp = ie_model_src_weights_hash(src);
+    c->wfp = ie_model_src_weights_hash(src, 1); /* never computed with here: not kept resident */
     /* one id per cluster: ranks of clusters that share a host (parallel
      * tests, two services) never open each other's segments */
     while (c->cluster_id == 0) c->cluster_id = ie_sampler_seed_random();

@@ -866,7 +866,7 @@ ie_status_t ie_node_run(const ie_node_opts_t *o)
     nd->fp = ie_model_src_fingerprint(nd->src);
     {
         const double t0 = ie_now_ms();
-        nd->wfp = ie_model_src_weights_hash(nd->src);
+        nd->wfp = ie_model_src_weights_hash(nd->src, 0);
         if (o->verbose) logf_(nd, "weights hash %016llx (%.0f ms)", (unsigned long long)nd->wfp, ie_now_ms() - t0);
     }
     {
