@@ -566,7 +566,12 @@ int ie_convert_main(int argc, char **argv)
     if (manifest_arg) {
         snprintf(manifest_path, sizeof manifest_path, "%s", manifest_arg);
     } else {
-        const char *name = hp->arch_id == IE_ARCH_GPTOSS ? "quant-gpt-oss.json" : "quant-llama.json";
+        /* the architecture's own manifest, else the Llama one: the dense
+         * Llama-shaped families (Qwen3, ...) share its tensor names */
+        char name[64];
+        snprintf(name, sizeof name, "quant-%s.json", hp->arch);
+        if (find_config(name, manifest_path, sizeof manifest_path) != 0)
+            snprintf(name, sizeof name, "quant-llama.json");
         if (find_config(name, manifest_path, sizeof manifest_path) != 0) {
             rc = ie_cli_fail(IE_EXIT_USAGE, "default manifest %s not found (set IE_CONFIG_DIR or pass --q4-map)",
                              name);

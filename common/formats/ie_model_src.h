@@ -15,7 +15,9 @@
  * copies owned by the source (plain experts keep their F32/F16/BF16 dtype,
  * MXFP4 _blocks/_scales pairs become ggml block_mxfp4); the converted
  * sources' pages are then dropped from the mapping, so resident memory stays
- * about the file's size. Everything else is mapped.
+ * about the file's size. Gemma 2/3 HF norms ("...norm.weight") are float32
+ * copies holding w + 1, as llama.cpp's converter stores them (Gemma's
+ * RMSNorm multiplies by 1 + w). Everything else is mapped.
  *
  * RoPE layout follows the file: GGUF llama stores Q/K permuted for the
  * NORMAL (interleaved-pair) rotation; HF checkpoints use NEOX (rotate_half).

@@ -106,6 +106,9 @@ extern const msrc_arch_t msrc_arch_qwen2;
 /* The dense Llama tensors (embedding, norms, head unless tied; per layer
  * q/k/v/o and the SwiGLU MLP), which the Llama-shaped families share. */
 ie_status_t msrc_llama_validate(const ie_model_src_t *s, const hp_labels_t *lb);
+extern const msrc_arch_t msrc_arch_gemma2, msrc_arch_gemma3; /* model_gemma.c */
+extern const msrc_arch_t msrc_arch_qwen3;
+extern const msrc_arch_t msrc_arch_qwen3moe;
 
 /* The entry for id / for the name (len bytes, not NUL-terminated), or NULL. */
 const msrc_arch_t *msrc_arch_by_id(ie_arch_t id);

@@ -543,6 +543,22 @@ static void test_arch_desc(void)
     CU_ASSERT_EQUAL_FATAL(ie_arch_desc_init(&g, &a), IE_OK);
     CU_ASSERT_STRING_EQUAL(a.name, "qwen2");
     CU_ASSERT(a.qkv_bias && !a.o_bias && !a.sliding && a.ffn == IE_FFN_DENSE);
+    /* Qwen3-MoE: softmax over all experts first, renormalized top-k, plain
+     * SwiGLU experts, no biases anywhere */
+    ie_hparams_t q = *hp;
+    q.arch_id = IE_ARCH_QWEN3MOE;
+    q.n_expert = 8;
+    q.n_expert_used = 2;
+    q.qk_norm = 1;
+    q.moe_softmax_first = 1;
+    q.moe_norm_topk = 1;
+    CU_ASSERT_EQUAL_FATAL(ie_arch_desc_init(&q, &a), IE_OK);
+    CU_ASSERT_STRING_EQUAL(a.name, "qwen3moe");
+    CU_ASSERT_EQUAL(a.ffn, IE_FFN_MOE);
+    CU_ASSERT_EQUAL(a.routing, IE_ROUTE_SOFTMAX_TOPK);
+    CU_ASSERT_EQUAL(a.gating, IE_GATING_SWIGLU);
+    CU_ASSERT(a.norm_topk && a.qk_norm && a.top_k == 2);
+    CU_ASSERT(!a.router_bias && !a.expert_bias && !a.qkv_bias && !a.o_bias && !a.sinks);
 
     g.arch_id = (ie_arch_t)99;
     CU_ASSERT_EQUAL(ie_arch_desc_init(&g, &a), IE_ERR_UNSUPPORTED);

@@ -7,8 +7,7 @@
  * arch_desc.c (which switches it turns on) plus its tensor names; the
  * pass changes only where the new architecture needs math it does not have
  * yet. Every switch is declared here, with the value that means "off",
- * even those no architecture uses yet (q/k norm, soft-capping, embedding
- * scale, post-norms, softmax-before-top-k routing, GELU); a model that
+ * even combinations no architecture uses yet; a model that
  * turns one on is refused at load (IE_ERR_UNSUPPORTED naming the switch)
  * until the pass implements it.
  *
@@ -27,7 +26,7 @@
 typedef enum ie_rope_scaling {
     IE_ROPE_SCALING_NONE = 0,   /* theta^(-2i/d) as is                       */
     IE_ROPE_SCALING_YARN = 1,   /* YaRN ramp + attention factor (GPT-OSS)    */
-    IE_ROPE_SCALING_LINEAR = 2, /* positions times hp.rope_freq_scale (not yet) */
+    IE_ROPE_SCALING_LINEAR = 2, /* positions times hp.rope_freq_scale (Gemma 3) */
     IE_ROPE_SCALING_FREQS = 3   /* each frequency divided by its factor in
                                    rope_freqs.weight (Llama 3.x, Phi-3 long
                                    RoPE); cos/sin times rope_attn_factor   */
@@ -49,20 +48,20 @@ typedef enum ie_ffn_gating {
 
 typedef enum ie_ffn_act {
     IE_ACT_SILU = 0,     /* x * sigmoid(x)                                 */
-    IE_ACT_GELU_TANH = 1 /* Gemma's gelu_pytorch_tanh (not yet)            */
+    IE_ACT_GELU_TANH = 1 /* Gemma's gelu_pytorch_tanh                      */
 } ie_ffn_act_t;
 
 /* How MoE router logits become expert weights. */
 typedef enum ie_moe_routing {
     IE_ROUTE_TOPK_SOFTMAX = 0, /* top-k logits, softmax over those k (GPT-OSS) */
     IE_ROUTE_SOFTMAX_TOPK = 1  /* softmax over all, top-k of the
-                                  probabilities (Qwen-MoE, Mixtral; not yet) */
+                                  probabilities (Qwen3-MoE)                */
 } ie_moe_routing_t;
 
 /* Where the RMS norms sit around each block. */
 typedef enum ie_norm_place {
     IE_NORM_PRE = 0,     /* x += f(norm(x))          (Llama, GPT-OSS)       */
-    IE_NORM_SANDWICH = 1 /* x += norm(f(norm(x)))    (Gemma 2/3; not yet)   */
+    IE_NORM_SANDWICH = 1 /* x += norm(f(norm(x)))    (Gemma 2/3)            */
 } ie_norm_place_t;
 
 typedef struct ie_arch_desc {
@@ -89,6 +88,8 @@ typedef struct ie_arch_desc {
     float gate_limit, gate_alpha; /* IE_GATING_SWIGLU_CLAMP's constants    */
     ie_moe_routing_t routing;     /* IE_FFN_MOE only                        */
     int top_k;                    /* experts per token (IE_FFN_MOE; 0 dense) */
+    int norm_topk;                /* IE_ROUTE_SOFTMAX_TOPK: renormalize the
+                                    k weights to sum 1                     */
     int router_bias, expert_bias; /* the router / experts add biases       */
 
     /* ---- norms, embedding, head */

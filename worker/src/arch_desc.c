@@ -41,7 +41,15 @@ static const ie_arch_desc_t k_gptoss = {
  * (ie_arch_desc_init copies hp), so the entries differ only in name. */
 static const ie_arch_desc_t k_qwen2 = {.name = "qwen2", .ffn_norm_name = "ffn_norm"};
 static const ie_arch_desc_t k_qwen3 = {.name = "qwen3", .ffn_norm_name = "ffn_norm"};
-static const ie_arch_desc_t k_qwen3moe = {.name = "qwen3moe", .ffn_norm_name = "ffn_norm"};
+/* Qwen3-MoE: plain SwiGLU experts without biases, router without bias;
+ * routing (softmax first) and renormalization come from the file. */
+static const ie_arch_desc_t k_qwen3moe = {
+    .name = "qwen3moe",
+    .gating = IE_GATING_SWIGLU,
+    .router_bias = 0,
+    .expert_bias = 0,
+    .ffn_norm_name = "ffn_norm",
+};
 static const ie_arch_desc_t k_phi3 = {.name = "phi3", .ffn_norm_name = "ffn_norm"};
 static const ie_arch_desc_t k_gemma2 = {.name = "gemma2", .ffn_norm_name = "ffn_norm"};
 static const ie_arch_desc_t k_gemma3 = {.name = "gemma3", .ffn_norm_name = "ffn_norm"};
@@ -83,25 +91,14 @@ ie_status_t ie_arch_desc_init(const ie_hparams_t *hp, ie_arch_desc_t *out)
         out->gate_limit = hp->swiglu_limit;
         out->gate_alpha = hp->swiglu_alpha;
         if (hp->moe_softmax_first) out->routing = IE_ROUTE_SOFTMAX_TOPK;
+        out->norm_topk = hp->moe_norm_topk != 0;
     } else {
         out->gating = IE_GATING_SWIGLU; /* the clamp is the experts' only */
     }
 
-    /* switches declared for the next architectures, not implemented yet */
-    if (out->attn_softcap != 0) missing = "attention logit soft-capping";
-    else if (out->final_softcap != 0) missing = "final logit soft-capping";
-    else if (out->embd_scale != 0) missing = "embedding scale";
-    else if (out->norm != IE_NORM_PRE) missing = "post-block norms";
-    else if (out->act != IE_ACT_SILU) missing = "GELU activation";
-    else if (out->rope_scaling == IE_ROPE_SCALING_LINEAR) missing = "linear RoPE scaling";
-    else if (hp->rope_theta_swa != 0.0f && hp->rope_theta_swa != hp->rope_theta)
-        missing = "a second RoPE base for sliding-window layers";
-    else if (hp->attn_scale != 0.0f) missing = "an attention scale other than 1/sqrt(head_dim)";
-    else if (out->ffn == IE_FFN_MOE && out->routing != IE_ROUTE_TOPK_SOFTMAX)
-        missing = "softmax-then-top-k routing";
-    else if (out->ffn == IE_FFN_MOE && !out->expert_bias) missing = "MoE experts without biases";
-    else if (out->ffn == IE_FFN_MOE && out->gating != IE_GATING_SWIGLU_CLAMP)
-        missing = "MoE experts without the clamped SwiGLU";
+    /* combinations the forward pass does not implement */
+    if (hp->rope_freqs && hp->rope_freq_scale != 0.0f && hp->rope_freq_scale != 1.0f)
+        missing = "linear RoPE scaling together with rope_freqs factors";
     if (missing)
         return ie_error_set(IE_ERR_UNSUPPORTED, "worker: architecture '%s' needs %s, which the forward pass lacks",
                             out->name, missing);

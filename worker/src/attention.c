@@ -17,12 +17,18 @@
 
 /* Rope tables for every position, computed in float32 the way HF does so
  * logits agree (ie_rope_table_f32). Frequency factors (rope_freqs.weight,
- * llama.cpp's freq_factors) divide each pair's frequency; a set
- * rope_attn_factor multiplies cos and sin. */
+ * llama.cpp's freq_factors) and linear scaling (Gemma 3's global layers:
+ * rope_freq_scale = 1 / factor) divide each pair's frequency; a set
+ * rope_attn_factor multiplies cos and sin. Sliding layers with a base of
+ * their own (Gemma 3's rope_theta_swa, never scaled) get a second pair. */
 static void rope_tables(ie_worker_t *w)
 {
     const ie_hparams_t *hp = &w->hp;
     size_t half = (size_t)hp->rope_dim / 2;
+    if (w->rope_cos_swa != w->rope_cos)
+        for (int p = 0; p < w->opts.n_ctx; p++)
+            ie_rope_table_f32(w->rope_cos_swa + p * half, w->rope_sin_swa + p * half, hp->rope_dim, p,
+                              hp->rope_theta_swa);
     if (w->arch.rope_scaling == IE_ROPE_SCALING_NONE &&
         (hp->rope_attn_factor == 0.0f || hp->rope_attn_factor == 1.0f)) {
         for (int p = 0; p < w->opts.n_ctx; p++)
@@ -31,11 +37,14 @@ static void rope_tables(ie_worker_t *w)
     }
     if (w->arch.rope_scaling != IE_ROPE_SCALING_YARN) {
         const float mscale = hp->rope_attn_factor != 0.0f ? hp->rope_attn_factor : 1.0f;
+        const int linear = w->arch.rope_scaling == IE_ROPE_SCALING_LINEAR;
+        const float factor = linear ? 1.0f / hp->rope_freq_scale : 1.0f;
         for (size_t i = 0; i < half; i++) {
             /* ie_rope_table_f32's inv_freq, then the factor, as HF divides
              * its inv_freq (float32 throughout) */
             float inv_freq = 1.0f / powf(hp->rope_theta, (float)(2 * i) / (float)hp->rope_dim);
             if (w->rope_freqs) inv_freq /= w->rope_freqs[i];
+            if (linear) inv_freq /= factor;
             for (int p = 0; p < w->opts.n_ctx; p++) {
                 const float a = (float)p * inv_freq;
                 w->rope_cos[(size_t)p * half + i] = (float)cos((double)a) * mscale;
@@ -143,7 +152,8 @@ static void att_run(void *ctx, int ith, int nth)
     const layer_t *L = &w->layers[t->layer];
     const int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
     const size_t ld = (size_t)w->opts.n_ctx;
-    const float scale = 1.0f / sqrtf((float)hd);
+    const float scale = hp->attn_scale != 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hd);
+    const float cap = w->arch.attn_softcap, inv_cap = cap != 0.0f ? 1.0f / cap : 0.0f;
     float *scores = w->scores + (size_t)ith * (size_t)group * ld;
     const long units = att_units(t);
     att_unit_t a;
@@ -151,6 +161,12 @@ static void att_run(void *ctx, int ith, int nth)
         if (!att_unit(t, u, &a)) continue;
         const float *q = w->q + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd;
         w->ops->attn_scores(q, (size_t)hd, a.nh, &a.kr, a.j0, a.cnt, hd, scale, scores, ld);
+        if (cap != 0.0f) /* Gemma 2: scores = c tanh(scores / c), before the softmax */
+            for (int hh = 0; hh < a.nh; hh++)
+                for (int j = 0; j < a.cnt; j++) {
+                    float *sc = scores + (size_t)hh * ld + j;
+                    *sc = cap * tanhf(*sc * inv_cap);
+                }
         for (int hh = 0; hh < a.nh; hh++)
             w->ops->softmax(scores + (size_t)hh * ld, a.cnt, L->sinks ? &L->sinks[a.h0 + hh] : NULL);
         w->ops->attn_values(scores, ld, a.nh, &a.vr, a.j0, a.cnt, hd,
@@ -251,8 +267,15 @@ ie_status_t worker_kv_new(ie_worker_t *w)
     w->btab = malloc((size_t)full_pool * sizeof(int32_t));
     w->rope_cos = malloc((size_t)opts->n_ctx * half * sizeof(float));
     w->rope_sin = malloc((size_t)opts->n_ctx * half * sizeof(float));
+    /* sliding layers' own tables only when their RoPE differs (Gemma 3) */
+    const int swa_tables = w->arch.sliding && w->hp.rope_theta_swa != 0.0f &&
+                           (w->hp.rope_theta_swa != w->hp.rope_theta ||
+                            w->arch.rope_scaling != IE_ROPE_SCALING_NONE);
+    w->rope_cos_swa = swa_tables ? malloc((size_t)opts->n_ctx * half * sizeof(float)) : w->rope_cos;
+    w->rope_sin_swa = swa_tables ? malloc((size_t)opts->n_ctx * half * sizeof(float)) : w->rope_sin;
     w->scores = worker_big_alloc((size_t)opts->n_threads * (size_t)qgroup * opts->n_ctx * sizeof(float));
-    if (!w->kcache || !w->vcache || !w->seq_len || !w->btab || !w->rope_cos || !w->rope_sin || !w->scores)
+    if (!w->kcache || !w->vcache || !w->seq_len || !w->btab || !w->rope_cos || !w->rope_sin || !w->rope_cos_swa ||
+        !w->rope_sin_swa || !w->scores)
         return ie_error_set(IE_ERR_NOMEM, "out of memory allocating KV cache (%zu bytes) and scratch",
                             2 * kv_bytes);
     /* a pool with room for every slot's whole context starts as the
@@ -294,14 +317,16 @@ ie_status_t worker_qkv(ie_worker_t *w, int l, const ie_batch_t *b)
 }
 
 /* Contract (worker_internal.h). */
-void worker_rope(ie_worker_t *w, const ie_batch_t *b)
+void worker_rope(ie_worker_t *w, int l, const ie_batch_t *b)
 {
     const ie_hparams_t *hp = &w->hp;
     const int hd = hp->head_dim, half = hp->rope_dim / 2;
     const ie_rope_layout_t layout = w->arch.rope_layout;
+    const int swa = w->layers[l].swa;
+    const float *cos_t = swa ? w->rope_cos_swa : w->rope_cos, *sin_t = swa ? w->rope_sin_swa : w->rope_sin;
     for (int i = 0; i < b->n; i++) {
-        const float *c = w->rope_cos + (size_t)b->pos[i] * half;
-        const float *s = w->rope_sin + (size_t)b->pos[i] * half;
+        const float *c = cos_t + (size_t)b->pos[i] * half;
+        const float *s = sin_t + (size_t)b->pos[i] * half;
         for (int h = 0; h < w->n_head_loc; h++)
             ie_rope_apply_f32(w->q + (size_t)i * w->q_dim + (size_t)h * hd, hd, hp->rope_dim, c, s, layout);
         for (int h = 0; h < w->n_kv_loc; h++)

@@ -640,6 +640,11 @@ static ie_status_t bind_layer(ie_worker_t *w, const ie_model_src_t *src, int l)
     char norm[64];
     snprintf(norm, sizeof norm, "%s.weight", a->ffn_norm_name);
     BIND_VEC(ffn_norm, norm, d, 1);
+    if (a->norm == IE_NORM_SANDWICH) {
+        /* applied to each block's summed output: whole on every rank */
+        BIND_VEC(post_attn_norm, "post_attention_norm.weight", d, 1);
+        BIND_VEC(post_ffw_norm, "post_ffw_norm.weight", d, 1);
+    }
     if (!moe) {
         BIND_CUT(gate, "ffn_gate", d, hp->n_ff, 1, sh->ff_begin, sh->ff_end, 0, d, 0, 1);
         BIND_CUT(up, "ffn_up", d, hp->n_ff, 1, sh->ff_begin, sh->ff_end, 0, d, 0, 1);

@@ -14,8 +14,10 @@
  * rank holds a slice of each matrix: the two partial results of a layer are
  * summed across ranks (reduce) before they join the residual stream.
  */
+#include "ie_prof.h"
 #include "worker_internal.h"
 
+#include <math.h>
 #include <string.h>
 
 /* Sum a tensor-parallel partial result across ranks (no-op otherwise);
@@ -66,7 +68,8 @@ static ie_status_t batch_check(const ie_worker_t *w, const ie_batch_t *b, const 
     return IE_OK;
 }
 
-/* x[n][d] = the tokens' embedding rows, or the previous stage's hidden_in */
+/* x[n][d] = the tokens' embedding rows (times arch.embd_scale when set:
+ * Gemma's sqrt(d)), or the previous stage's hidden_in */
 static void embed(ie_worker_t *w, const ie_batch_t *b, const float *hidden_in)
 {
     const int d = w->hp.n_embd;
@@ -76,6 +79,15 @@ static void embed(ie_worker_t *w, const ie_batch_t *b, const float *hidden_in)
     }
     const wmat_t *te = worker_embedding(w); /* looked up on the calling thread */
     for (int i = 0; i < b->n; i++) worker_mat_row(te, b->tokens[i], w->x + (size_t)i * d);
+    if (w->arch.embd_scale != 0.0f)
+        for (size_t i = 0; i < (size_t)b->n * d; i++) w->x[i] *= w->arch.embd_scale;
+}
+
+/* y[n][d] = c tanh(y / c) (Gemma's soft-capping), in place */
+static void softcap_rows(float *y, size_t count, float c)
+{
+    const float inv = 1.0f / c;
+    for (size_t i = 0; i < count; i++) y[i] = c * tanhf(y[i] * inv);
 }
 
 /* Layer l's attention block: x[n][d] += Wo · attention(rmsnorm(x)) */
@@ -86,17 +98,22 @@ static ie_status_t attention_block(ie_worker_t *w, int l, const ie_batch_t *b, i
     ie_status_t st;
 
     /* xb[n][d] = rmsnorm(x) * attn_norm */
+    uint64_t t = ie_prof_begin();
     rmsnorm_rows(w, w->xb, w->x, L->attn_norm, n);
+    ie_prof_end(IE_PROF_NORM, t);
     /* q[n][q_dim], k[n][kv_dim], v[n][kv_dim] = Wq, Wk, Wv · xb (+ biases) */
     worker_prefetch_at(w, PF_BEFORE_QKV, l, n);
     if ((st = worker_qkv(w, l, b)) != IE_OK) return st;
+    t = ie_prof_begin();
     if (w->arch.qkv_bias)
         for (int i = 0; i < n; i++) {
             worker_vec_add(w->q + (size_t)i * w->q_dim, L->bq, w->q_dim);
             worker_vec_add(w->k + (size_t)i * w->kv_dim, L->bk, w->kv_dim);
             worker_vec_add(w->v + (size_t)i * w->kv_dim, L->bv, w->kv_dim);
         }
+    ie_prof_end(IE_PROF_ELEMENTWISE, t);
     /* q, k heads = rmsnorm(head) * q_norm / k_norm (Qwen3, Gemma 3) */
+    t = ie_prof_begin();
     if (w->arch.qk_norm) {
         const int hd = w->hp.head_dim;
         for (int64_t h = 0; h < (int64_t)n * w->q_dim / hd; h++)
@@ -104,25 +121,37 @@ static ie_status_t attention_block(ie_worker_t *w, int l, const ie_batch_t *b, i
         for (int64_t h = 0; h < (int64_t)n * w->kv_dim / hd; h++)
             w->ops->rmsnorm(w->k + h * hd, w->k + h * hd, L->k_norm, hd, w->hp.rms_eps);
     }
+    ie_prof_end(IE_PROF_NORM, t);
     /* rotate q and k by their positions (RoPE) */
-    worker_rope(w, b);
+    t = ie_prof_begin();
+    worker_rope(w, l, b);
     /* k, v -> the slot's cache at each token's position */
     worker_kv_store(w, l, b);
+    ie_prof_end(IE_PROF_ELEMENTWISE, t);
     /* xb[n][q_dim] = softmax(q·K^T / sqrt(hd) [, sink]) · V per (token, head),
      * over the positions each token sees (a sliding layer: the last W) */
+    t = ie_prof_begin();
     worker_attend(w, l, b);
+    ie_prof_end(IE_PROF_ATTENTION, t);
     /* tmp[n][d] = Wo · xb (+ bias, added by tensor rank 0 only) */
     worker_prefetch_at(w, PF_BEFORE_O, l, n);
     if ((st = worker_matmul(w, &L->o, w->tmp, w->xb, n)) != IE_OK) return st;
     if (w->arch.o_bias && L->bo)
         for (int i = 0; i < n; i++) worker_vec_add(w->tmp + (size_t)i * d, L->bo, d);
-    /* summed across tensor ranks, residual connection back into x */
+    /* summed across tensor ranks; a sandwich norm on the whole sum (Gemma:
+     * post_attention_norm), then the residual connection back into x */
+    t = ie_prof_begin();
     if ((st = reduce(w, ridx, w->tmp, (size_t)n * d)) != IE_OK) return st;
+    ie_prof_end(IE_PROF_REDUCE, t);
+    t = ie_prof_begin();
+    if (L->post_attn_norm) rmsnorm_rows(w, w->tmp, w->tmp, L->post_attn_norm, n);
     worker_vec_add(w->x, w->tmp, (int64_t)n * d);
+    ie_prof_end(IE_PROF_ELEMENTWISE, t);
     return IE_OK;
 }
 
-/* Layer l's dense MLP on xb[n][d]: tmp[n][d] = Wd · (silu(Wg · xb) * (Wu · xb)) */
+/* Layer l's dense MLP on xb[n][d]: tmp[n][d] = Wd · (act(Wg · xb) * (Wu · xb)),
+ * act silu or GELU (the descriptor's) */
 static ie_status_t mlp_dense(ie_worker_t *w, int l, int n)
 {
     const layer_t *L = &w->layers[l];
@@ -133,8 +162,10 @@ static ie_status_t mlp_dense(ie_worker_t *w, int l, int n)
     const wmat_t *ms[2] = {&L->gate, &L->up};
     float *ys[2] = {w->hb, w->hb2};
     if ((st = worker_matmul_group(w, 2, ms, ys, w->xb, n)) != IE_OK) return st;
-    /* hb = silu(hb) * hb2 */
+    /* hb = act(hb) * hb2 */
+    const uint64_t t = ie_prof_begin();
     worker_swiglu(w, w->hb, w->hb2, (int64_t)n * w->ff_loc);
+    ie_prof_end(IE_PROF_ELEMENTWISE, t);
     /* tmp[n][d] = Wd · hb */
     worker_prefetch_at(w, PF_BEFORE_DOWN, l, n);
     return worker_matmul(w, &L->down, w->tmp, w->hb, n);
@@ -149,33 +180,48 @@ static ie_status_t ffn_block(ie_worker_t *w, int l, int n, int *ridx)
     ie_status_t st;
 
     /* xb[n][d] = rmsnorm(x) * ffn_norm */
+    uint64_t t = ie_prof_begin();
     rmsnorm_rows(w, w->xb, w->x, L->ffn_norm, n);
+    ie_prof_end(IE_PROF_NORM, t);
     /* y[n][d] = the dense MLP (into tmp) or the mixture of experts (into moe) */
     float *y = moe ? w->moe : w->tmp;
     if ((st = moe ? worker_moe(w, L, n) : mlp_dense(w, l, n)) != IE_OK) return st;
-    /* summed across tensor ranks, residual connection back into x */
+    /* summed across tensor ranks; a sandwich norm on the whole sum (Gemma:
+     * post_ffw_norm), then the residual connection back into x */
+    t = ie_prof_begin();
     if ((st = reduce(w, ridx, y, (size_t)n * d)) != IE_OK) return st;
+    ie_prof_end(IE_PROF_REDUCE, t);
+    t = ie_prof_begin();
+    if (L->post_ffw_norm) rmsnorm_rows(w, y, y, L->post_ffw_norm, n);
     worker_vec_add(w->x, y, (int64_t)n * d);
+    ie_prof_end(IE_PROF_ELEMENTWISE, t);
     return IE_OK;
 }
 
 /* logits[nl][vocab held] = Wout · rmsnorm(x) for the nl tokens that asked
- * (b->logits[i], or the last token when b->logits is NULL). The head can be
- * wider than max_batch rows of scratch: it writes straight into logits. */
+ * (b->logits[i], or the last token when b->logits is NULL), soft-capped
+ * when arch.final_softcap is set (elementwise: each rank caps its own
+ * vocabulary slice). The head can be wider than max_batch rows of scratch:
+ * it writes straight into logits. */
 static ie_status_t head(ie_worker_t *w, const ie_batch_t *b, float *logits)
 {
     const int d = w->hp.n_embd;
     /* xb[nl][d] = rmsnorm(x) * output_norm, gathered */
     int nl = 0;
+    const uint64_t t = ie_prof_begin();
     for (int i = 0; i < b->n; i++) {
         if (b->logits ? !b->logits[i] : i != b->n - 1) continue;
         w->ops->rmsnorm(w->xb + (size_t)nl * d, w->x + (size_t)i * d, w->output_norm, d, w->hp.rms_eps);
         nl++;
     }
+    ie_prof_end(IE_PROF_NORM, t);
     if (nl == 0) return IE_OK;
     /* logits = Wout · xb */
     worker_prefetch_at(w, PF_BEFORE_HEAD, w->sh.layer_begin, nl);
-    return worker_matmul_head(w, logits, w->xb, nl);
+    ie_status_t st = worker_matmul_head(w, logits, w->xb, nl);
+    if (st == IE_OK && w->arch.final_softcap != 0.0f)
+        softcap_rows(logits, (size_t)nl * (size_t)(w->sh.vocab_end - w->sh.vocab_begin), w->arch.final_softcap);
+    return st;
 }
 
 /* The forward pass of every step entry point: hidden_in (NULL: embed the

@@ -9,7 +9,10 @@
  * the matmul's status. Also here: the SwiGLU, the one elementwise step
  * large enough to split across the pool.
  */
+#include "ie_prof.h"
 #include "worker_internal.h"
+
+#include <math.h>
 
 #include <stdio.h>
 
@@ -210,8 +213,10 @@ ie_status_t worker_matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, co
              * the other threads read the buffer in the last matmul */
             const int stream = w->stream_act && n <= 8 && nth > 1;
             q_task_t q = {w->ops, stream, act, x, n_in, w->act, ie_dtype_row_bytes(act, n_in), n};
+            const uint64_t tq = ie_prof_begin();
             if (n >= 8) ie_threadpool_run(w->tp, q_run, &q);
             else q_run(&q, 0, 1);
+            ie_prof_end(IE_PROF_ACT_QUANT, tq);
             t.act = w->act;
             t.act_stride = q.out_stride;
         }
@@ -238,7 +243,9 @@ ie_status_t worker_matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, co
                 }
             }
         }
+        const uint64_t tm = ie_prof_begin();
         ie_threadpool_run(w->tp, mm_run, &t);
+        ie_prof_end(IE_PROF_MATMUL + ((unsigned)t.m[0]->dtype < IE_PROF_MATMUL_N ? (int)t.m[0]->dtype : 0), tm);
         const int bad = atomic_load_explicit(&t.failed, memory_order_relaxed);
         if (bad)
             return mm_failed(w, t.m[bad - 1], (ie_status_t)atomic_load_explicit(&t.failed_st, memory_order_relaxed),
@@ -267,7 +274,19 @@ typedef struct swiglu_task {
     float *g;
     const float *u;
     int64_t n;
+    int gelu; /* GELU (tanh approximation) instead of silu */
 } swiglu_task_t;
+
+/* out[i] = gelu_tanh(g[i]) * u[i], in float32 with PyTorch's constants
+ * (gelu(approximate="tanh"): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))). */
+static void geglu_f32(float *out, const float *g, const float *u, int64_t n)
+{
+    const float beta = 0.7978845608028654f, kappa = 0.044715f;
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        out[i] = 0.5f * x * (1.0f + tanhf(beta * (x + kappa * x * x * x))) * u[i];
+    }
+}
 
 static void swiglu_run(void *ctx, int ith, int nth)
 {
@@ -275,13 +294,15 @@ static void swiglu_run(void *ctx, int ith, int nth)
     long b, e;
     ie_split_range((long)((t->n + 15) / 16), ith, nth, &b, &e); /* whole vectors per thread */
     int64_t i0 = (int64_t)b * 16, i1 = (int64_t)e * 16 < t->n ? (int64_t)e * 16 : t->n;
-    if (i0 < i1) t->vec->swiglu(t->g + i0, t->g + i0, t->u + i0, i1 - i0);
+    if (i0 >= i1) return;
+    if (t->gelu) geglu_f32(t->g + i0, t->g + i0, t->u + i0, i1 - i0);
+    else t->vec->swiglu(t->g + i0, t->g + i0, t->u + i0, i1 - i0);
 }
 
 /* Contract (worker_internal.h). */
 void worker_swiglu(ie_worker_t *w, float *g, const float *u, int64_t n)
 {
-    swiglu_task_t t = {w->ops, g, u, n};
+    swiglu_task_t t = {w->ops, g, u, n, w->arch.act == IE_ACT_GELU_TANH};
     if (n >= 16384) ie_threadpool_run(w->tp, swiglu_run, &t);
     else swiglu_run(&t, 0, 1);
 }

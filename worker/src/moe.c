@@ -1,10 +1,13 @@
-/* moe.c — the mixture of experts (GPT-OSS, docs/GPTOSS.md 2.3).
+/* moe.c — the mixture of experts (GPT-OSS, docs/GPTOSS.md 2.3; Qwen3-MoE).
  *
- * Router logits (+ bias), top-k per token, softmax over the k selected
- * logits (IE_ROUTE_TOPK_SOFTMAX); each used expert then runs once over all
- * its tokens (matrix work in prefill): gate/up (+ biases), the clamped
- * SwiGLU (gate clamped above and up on both sides at the limit,
- * (up + 1) * gate * sigmoid(alpha * gate)), down (+ bias), weighted into
+ * Router logits (+ bias), then per token either the top-k logits and a
+ * softmax over those k (IE_ROUTE_TOPK_SOFTMAX, GPT-OSS) or a softmax over
+ * all experts and the top-k probabilities, optionally renormalized to sum
+ * 1 (IE_ROUTE_SOFTMAX_TOPK, Qwen3-MoE norm_topk_prob). Each used expert
+ * then runs once over all its tokens (matrix work in prefill): gate/up
+ * (+ biases), the gating — plain SwiGLU silu(gate) * up, or GPT-OSS's
+ * clamped one (gate clamped above and up on both sides at the limit,
+ * (up + 1) * gate * sigmoid(alpha * gate)) — down (+ bias), weighted into
  * the output. A tensor-parallel rank runs only its experts (the top-k is
  * over all of them, the same on every rank), so its output is its share of
  * the sum.
@@ -35,6 +38,8 @@ static ie_status_t route(ie_worker_t *w, const layer_t *L, int n)
         int32_t *sel = w->sel + (size_t)i * k;
         float *sw = w->selw + (size_t)i * k;
         if (L->router_b) worker_vec_add(r, L->router_b, E);
+        /* softmax first: the top-k of the probabilities (same order) */
+        if (w->arch.routing == IE_ROUTE_SOFTMAX_TOPK) ie_softmax_f32(r, E);
         /* top-k by value, ties to the lower expert id */
         for (int t = 0; t < k; t++) {
             int best = -1;
@@ -46,8 +51,13 @@ static ie_status_t route(ie_worker_t *w, const layer_t *L, int n)
             sel[t] = best;
             sw[t] = r[best];
         }
-        /* softmax over the k selected (IE_ROUTE_TOPK_SOFTMAX) */
-        ie_softmax_f32(sw, k);
+        if (w->arch.routing == IE_ROUTE_TOPK_SOFTMAX) {
+            ie_softmax_f32(sw, k); /* over the k selected */
+        } else if (w->arch.norm_topk) {
+            float sum = 0.0f;
+            for (int t = 0; t < k; t++) sum += sw[t];
+            for (int t = 0; t < k; t++) sw[t] /= sum; /* > 0: softmax outputs are positive */
+        }
     }
     return IE_OK;
 }
@@ -80,23 +90,35 @@ ie_status_t worker_moe(ie_worker_t *w, const layer_t *L, int n)
         const wmat_t *ms[2] = {&g, &u};
         float *ys[2] = {w->hb, w->hb2};
         if ((st = worker_matmul_group(w, 2, ms, ys, w->xg, m)) != IE_OK) return st;
-        /* hb = clamped SwiGLU(hb + gate bias, hb2 + up bias) */
-        const float *gb = L->gate_b + (size_t)(e - e0) * ff, *ub = L->up_b + (size_t)(e - e0) * ff;
-        for (int r = 0; r < m; r++) {
-            float *gr = w->hb + (size_t)r * ff, *ur = w->hb2 + (size_t)r * ff;
-            for (int j = 0; j < ff; j++) {
-                float gv = gr[j] + gb[j], uv = ur[j] + ub[j];
-                gv = gv > limit ? limit : gv;
-                uv = uv > limit ? limit : uv < -limit ? -limit : uv;
-                gr[j] = (uv + 1.0f) * (gv / (1.0f + expf(-alpha * gv)));
+        if (w->arch.gating == IE_GATING_SWIGLU) {
+            /* hb = silu(hb + gate bias) * (hb2 + up bias) */
+            if (L->gate_b)
+                for (int r = 0; r < m; r++) {
+                    worker_vec_add(w->hb + (size_t)r * ff, L->gate_b + (size_t)(e - e0) * ff, ff);
+                    worker_vec_add(w->hb2 + (size_t)r * ff, L->up_b + (size_t)(e - e0) * ff, ff);
+                }
+            worker_swiglu(w, w->hb, w->hb2, (int64_t)m * ff);
+        } else {
+            /* hb = clamped SwiGLU(hb + gate bias, hb2 + up bias) */
+            const float *gb = L->gate_b ? L->gate_b + (size_t)(e - e0) * ff : NULL;
+            const float *ub = L->up_b ? L->up_b + (size_t)(e - e0) * ff : NULL;
+            for (int r = 0; r < m; r++) {
+                float *gr = w->hb + (size_t)r * ff, *ur = w->hb2 + (size_t)r * ff;
+                for (int j = 0; j < ff; j++) {
+                    float gv = gb ? gr[j] + gb[j] : gr[j], uv = ub ? ur[j] + ub[j] : ur[j];
+                    gv = gv > limit ? limit : gv;
+                    uv = uv > limit ? limit : uv < -limit ? -limit : uv;
+                    gr[j] = (uv + 1.0f) * (gv / (1.0f + expf(-alpha * gv)));
+                }
             }
         }
         /* tmp[m][d] = Wd · hb; moe[token] += weight * (tmp + down bias) */
         if ((st = worker_matmul(w, &dn, w->tmp, w->hb, m)) != IE_OK) return st;
-        const float *db = L->down_b + (size_t)(e - e0) * d;
+        const float *db = L->down_b ? L->down_b + (size_t)(e - e0) * d : NULL;
         for (int r = 0; r < m; r++) {
             float *y = w->tmp + (size_t)r * d, *o = w->moe + (size_t)w->rows[r] * d, wt = w->roww[r];
-            for (int j = 0; j < d; j++) o[j] += wt * (y[j] + db[j]);
+            if (db) worker_vec_add(y, db, d);
+            for (int j = 0; j < d; j++) o[j] += wt * y[j];
         }
     }
     return IE_OK;

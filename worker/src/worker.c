@@ -277,6 +277,8 @@ void ie_worker_destroy(ie_worker_t **self_p)
     worker_big_free(w->vcache);
     free(w->seq_len);
     free(w->btab);
+    if (w->rope_cos_swa != w->rope_cos) free(w->rope_cos_swa);
+    if (w->rope_sin_swa != w->rope_sin) free(w->rope_sin_swa);
     free(w->rope_cos);
     free(w->rope_sin);
     worker_big_free(w->x);

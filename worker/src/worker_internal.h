@@ -7,7 +7,7 @@
  *   bind.c       weight binding: shard cuts, conversion, the repack cache
  *   forward.c    the forward pass, block by block (start reading here)
  *   attention.c  RoPE, the paged KV cache, attention and its KV prefetch
- *   moe.c        the GPT-OSS mixture of experts
+ *   moe.c        the mixture of experts (GPT-OSS, Qwen3-MoE)
  *   matmul.c     matmuls on the thread pool (static and balanced split)
  *   prefetch.c   idle threads fetching the next matmul's weights
  *   replicas.c   NUMA hot-weight replicas of the head and embedding
@@ -84,6 +84,9 @@ typedef struct layer {
                                        tensor rank 0 only)              */
     const float *sinks;             /* (n_head) sink logits, NULL when absent  */
     const float *q_norm, *k_norm;   /* (head_dim) per-head RMS norms (qk_norm) */
+    const float *post_attn_norm;    /* (d) on the attention block's output and */
+    const float *post_ffw_norm;     /* (d) the MLP's, before the residual add
+                                       (IE_NORM_SANDWICH; NULL otherwise)      */
     int swa;                        /* sliding-window layer                     */
     /* GPT-OSS: MoE. Expert matrices hold n_expert matrices back to back;
      * gate/up/down here describe one expert (data = expert 0). */
@@ -152,6 +155,9 @@ struct ie_worker {
     float *rope_cos, *rope_sin; /* [n_ctx][rope_dim/2]                   */
     const float *rope_freqs;    /* [rope_dim/2] frequency divisors
                                    (IE_ROPE_SCALING_FREQS), else NULL     */
+    /* the sliding layers' tables: their own base (hp.rope_theta_swa,
+     * unscaled), or rope_cos / rope_sin themselves when the same */
+    float *rope_cos_swa, *rope_sin_swa;
 
     /* scratch, sized for max_batch tokens */
     float *x;   /* [B][d]   residual stream                              */
@@ -233,14 +239,17 @@ ie_status_t worker_kv_check(const ie_worker_t *w, const ie_batch_t *b, int i);
  * will read. */
 ie_status_t worker_qkv(ie_worker_t *w, int l, const ie_batch_t *b);
 
-/* Rotate q and k of every token by its position (the descriptor's RoPE). */
-void worker_rope(ie_worker_t *w, const ie_batch_t *b);
+/* Rotate q and k of every token by its position (the descriptor's RoPE;
+ * layer l picks the sliding or the global layers' tables). */
+void worker_rope(ie_worker_t *w, int l, const ie_batch_t *b);
 
 /* k, v of every token -> layer l of its slot's cache at its position. */
 void worker_kv_store(ie_worker_t *w, int l, const ie_batch_t *b);
 
-/* xb[n][q_dim] = softmax(q·K^T / sqrt(hd)) · V over each token's visible
- * positions of layer l, per (token, head), on the pool. */
+/* xb[n][q_dim] = softmax(softcap(q·K^T * scale)) · V over each token's
+ * visible positions of layer l, per (token, head), on the pool; scale is
+ * hp.attn_scale or 1/sqrt(hd), softcap c tanh(s / c) when
+ * arch.attn_softcap is set. */
 void worker_attend(ie_worker_t *w, int l, const ie_batch_t *b);
 
 /* The slots' caches now hold the batch's positions. */
@@ -271,7 +280,8 @@ ie_status_t worker_matmul_group(ie_worker_t *w, int nm, const wmat_t *const *m, 
                                 int n);
 ie_status_t worker_matmul(ie_worker_t *w, const wmat_t *m, float *y, const float *x, int n);
 
-/* g[0..n) = silu(g) * u, split across the pool when large. */
+/* g[0..n) = act(g) * u, act = silu or the descriptor's GELU (tanh
+ * approximation), split across the pool when large. */
 void worker_swiglu(ie_worker_t *w, float *g, const float *u, int64_t n);
 
 /* ---------------------------------------------------------- prefetch.c */

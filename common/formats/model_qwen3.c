@@ -1,0 +1,353 @@
+/* model_qwen3.c — Qwen3 and Qwen3-MoE as the model source reads them
+ * (model_src_internal.h): llama.cpp's "qwen3" / "qwen3moe" GGUF keys and
+ * names, Qwen3ForCausalLM / Qwen3MoeForCausalLM directories.
+ *
+ * Both are Llama-shaped with a per-head RMS norm of q and k before RoPE
+ * (attn_q_norm / attn_k_norm, [head_dim]), an explicit head_dim (often not
+ * hidden / heads), no biases and NEOX RoPE in both formats (the converter
+ * does not permute Q/K for qwen3). Qwen3-MoE replaces every layer's MLP by
+ * a router (ffn_gate_inp, no bias) choosing top-k of n_expert SwiGLU
+ * experts after a softmax over all of them, optionally renormalizing the k
+ * weights (norm_topk_prob). HF directories store the experts one by one
+ * (mlp.experts.N.{gate,up,down}_proj.weight; transformers 5 may save them
+ * fused as mlp.experts.gate_up_proj / down_proj): both become converted
+ * copies stacked as the GGUF holds them, ffn_{gate,up,down}_exps.weight
+ * with the expert outermost (ne = [in, out, n_expert]).
+ */
+#include "model_src_internal.h"
+
+#include "ie_mmap.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* HF name after "model.layers.N." <-> canonical name after "blk.N.". */
+static const name_pair_t k_qwen3_names[] = {
+    {"input_layernorm.weight", "attn_norm.weight", 0},    {"self_attn.q_proj.weight", "attn_q.weight", 0},
+    {"self_attn.k_proj.weight", "attn_k.weight", 0},      {"self_attn.v_proj.weight", "attn_v.weight", 0},
+    {"self_attn.o_proj.weight", "attn_output.weight", 0}, {"self_attn.q_norm.weight", "attn_q_norm.weight", 0},
+    {"self_attn.k_norm.weight", "attn_k_norm.weight", 0}, {"post_attention_layernorm.weight", "ffn_norm.weight", 0},
+    {"mlp.gate_proj.weight", "ffn_gate.weight", 0},       {"mlp.up_proj.weight", "ffn_up.weight", 0},
+    {"mlp.down_proj.weight", "ffn_down.weight", 0},
+};
+
+/* The same attention; the expert stacks are converted copies
+ * (qwen3moe_hf_layer): their entries only name the HF source in errors. */
+static const name_pair_t k_qwen3moe_names[] = {
+    {"input_layernorm.weight", "attn_norm.weight", 0},
+    {"self_attn.q_proj.weight", "attn_q.weight", 0},
+    {"self_attn.k_proj.weight", "attn_k.weight", 0},
+    {"self_attn.v_proj.weight", "attn_v.weight", 0},
+    {"self_attn.o_proj.weight", "attn_output.weight", 0},
+    {"self_attn.q_norm.weight", "attn_q_norm.weight", 0},
+    {"self_attn.k_norm.weight", "attn_k_norm.weight", 0},
+    {"post_attention_layernorm.weight", "ffn_norm.weight", 0},
+    {"mlp.gate.weight", "ffn_gate_inp.weight", 0},
+    {"mlp.experts.*.gate_proj.weight", "ffn_gate_exps.weight", 1},
+    {"mlp.experts.*.up_proj.weight", "ffn_up_exps.weight", 1},
+    {"mlp.experts.*.down_proj.weight", "ffn_down_exps.weight", 1},
+};
+
+/* ------------------------------------------------------------------ GGUF */
+
+/* The keys both share under prefix a: the common ones (ff_key: the MLP or
+ * expert width), plain RoPE only, vocabulary, tied head, q/k norm. */
+static ie_status_t qwen3_gguf_common(const ie_gguf_t *g, const char *a, const char *ff_key, ie_hparams_t *hp)
+{
+    ie_status_t st;
+    ie_gguf_str_t str;
+    char key[96];
+
+    if ((st = msrc_gguf_hparams_common(g, a, ff_key, 10000.0f, hp)) != IE_OK) return st;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
+    /* YaRN context extension: we would silently compute wrong rotations */
+    if (ie_gguf_get_str(g, key, &str) == IE_OK && !(str.len == 4 && !memcmp(str.ptr, "none", 4)))
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: %s '%.*s' is not supported", key,
+                            (int)(str.len < 64 ? str.len : 64), str.ptr);
+    if (ie_gguf_find_tensor(g, "blk.0.attn_q.bias"))
+        return ie_error_set(IE_ERR_UNSUPPORTED,
+                            "model: tensor 'blk.0.attn_q.bias': %s with attention biases is not supported", a);
+    snprintf(key, sizeof key, "%s.vocab_size", a);
+    if ((st = msrc_gguf_vocab(g, key, &hp->n_vocab)) != IE_OK) return st;
+    hp->rope_layout = IE_ROPE_NEOX; /* convert_hf_to_gguf does not permute qwen3 Q/K */
+    hp->tied_embeddings = ie_gguf_find_tensor(g, "output.weight") == NULL;
+    hp->qk_norm = 1;
+    return IE_OK;
+}
+
+static ie_status_t qwen3_gguf_hparams(const ie_gguf_t *g, ie_hparams_t *hp)
+{
+    return qwen3_gguf_common(g, "qwen3", "feed_forward_length", hp);
+}
+
+/* qwen3moe: expert width, count and top-k. llama.cpp always renormalizes
+ * the top-k weights for qwen3moe (every release has norm_topk_prob = true);
+ * an expert_weights_norm key, where a file has one, decides. */
+static ie_status_t qwen3moe_gguf_hparams(const ie_gguf_t *g, ie_hparams_t *hp)
+{
+    ie_status_t st;
+
+    if ((st = qwen3_gguf_common(g, "qwen3moe", "expert_feed_forward_length", hp)) != IE_OK) return st;
+    if ((st = msrc_gguf_int(g, "qwen3moe.expert_count", 1, 0, &hp->n_expert)) != IE_OK) return st;
+    if ((st = msrc_gguf_int(g, "qwen3moe.expert_used_count", 1, 0, &hp->n_expert_used)) != IE_OK) return st;
+    hp->moe_norm_topk = 1;
+    if (ie_gguf_find_key(g, "qwen3moe.expert_weights_norm") >= 0 &&
+        (st = ie_gguf_get_bool(g, "qwen3moe.expert_weights_norm", &hp->moe_norm_topk)) != IE_OK)
+        return ie_error_set(st, "model: key 'qwen3moe.expert_weights_norm' must be a bool");
+    hp->moe_softmax_first = 1;
+    /* llama.cpp's expert_gating_func: 1 = softmax, what Qwen3-MoE routes with */
+    if (msrc_gguf_arch_has(g, "qwen3moe", "expert_gating_func")) {
+        int fn = 0;
+        if ((st = msrc_gguf_int(g, "qwen3moe.expert_gating_func", 1, 0, &fn)) != IE_OK) return st;
+        if (fn != 1)
+            return ie_error_set(IE_ERR_UNSUPPORTED,
+                                "model: qwen3moe.expert_gating_func = %d is not supported (only 1, softmax)", fn);
+    }
+    if (msrc_gguf_arch_has(g, "qwen3moe", "expert_shared_count") ||
+        ie_gguf_find_tensor(g, "blk.0.ffn_gate_shexp.weight"))
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: qwen3moe with a shared expert is not supported");
+    return IE_OK;
+}
+
+/* -------------------------------------------------------------- config.json */
+
+/* What Qwen3Config and Qwen3MoeConfig share; features we do not implement
+ * are refused rather than computed wrong. */
+static ie_status_t qwen3_hf_common(ie_model_src_t *s, const cJSON *cfg)
+{
+    ie_hparams_t *hp = &s->hp;
+    ie_status_t st;
+    const cJSON *j, *e;
+    int flag;
+
+    if ((st = msrc_hf_dims(cfg, 32768, hp)) != IE_OK) return st;
+    if ((st = msrc_cfg_float(cfg, "rms_norm_eps", 1e-6f, &hp->rms_eps)) != IE_OK) return st;
+    if ((st = msrc_cfg_float(cfg, "rope_theta", 10000.0f, &hp->rope_theta)) != IE_OK) return st;
+    if ((st = msrc_cfg_bool(cfg, "tie_word_embeddings", &hp->tied_embeddings)) != IE_OK) return st;
+    if ((st = msrc_hf_check_rope(cfg, "rope_scaling", "unknown")) != IE_OK) return st;
+    if ((st = msrc_hf_check_rope(cfg, "rope_parameters", "default")) != IE_OK) return st;
+    if ((st = msrc_cfg_float(msrc_obj_get(cfg, "rope_parameters"), "rope_theta", hp->rope_theta,
+                             &hp->rope_theta)) != IE_OK)
+        return st;
+    hp->rope_layout = IE_ROPE_NEOX;
+    hp->qk_norm = 1;
+    j = msrc_obj_get(cfg, "hidden_act");
+    if (cJSON_IsString(j) && strcmp(j->valuestring, "silu") != 0)
+        return ie_error_set(IE_ERR_UNSUPPORTED,
+                            "model: config.json hidden_act '%.32s' is not supported (only silu)", j->valuestring);
+    if ((st = msrc_cfg_bool(cfg, "attention_bias", &flag)) != IE_OK) return st;
+    if (flag) return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json attention_bias = true is not supported");
+    if ((st = msrc_cfg_bool(cfg, "use_sliding_window", &flag)) != IE_OK) return st;
+    if (flag)
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json use_sliding_window = true is not supported");
+    j = msrc_obj_get(cfg, "layer_types");
+    if (cJSON_IsArray(j)) cJSON_ArrayForEach(e, j)
+        {
+            if (!cJSON_IsString(e) || strcmp(e->valuestring, "full_attention") != 0)
+                return ie_error_set(IE_ERR_UNSUPPORTED,
+                                    "model: config.json layer_types: only 'full_attention' layers are supported");
+        }
+    return IE_OK;
+}
+
+/* Qwen3Config: head_dim defaults to 128 there, not hidden / heads. */
+static ie_status_t qwen3_hf_hparams(ie_model_src_t *s, const cJSON *cfg)
+{
+    ie_status_t st;
+    const cJSON *j = msrc_obj_get(cfg, "head_dim");
+    if ((st = qwen3_hf_common(s, cfg)) != IE_OK) return st;
+    if (!j || cJSON_IsNull(j)) s->hp.head_dim = s->hp.rope_dim = 128;
+    return IE_OK;
+}
+
+/* Qwen3MoeConfig: every layer must be sparse (decoder_sparse_step 1, no
+ * mlp_only_layers): a dense layer among experts is not supported. */
+static ie_status_t qwen3moe_hf_hparams(ie_model_src_t *s, const cJSON *cfg)
+{
+    ie_hparams_t *hp = &s->hp;
+    ie_status_t st;
+    const cJSON *j;
+    const char *ne_field = msrc_obj_get(cfg, "num_experts") ? "num_experts" : "num_local_experts";
+    int step;
+
+    if ((st = qwen3_hf_common(s, cfg)) != IE_OK) return st;
+    if ((st = msrc_cfg_int(cfg, ne_field, 1, 0, &hp->n_expert)) != IE_OK) return st;
+    if ((st = msrc_cfg_int(cfg, "num_experts_per_tok", 0, 8, &hp->n_expert_used)) != IE_OK) return st;
+    if (hp->n_expert_used > hp->n_expert)
+        return ie_error_set(IE_ERR_FORMAT, "model: config.json num_experts_per_tok (%d) exceeds %s (%d)",
+                            hp->n_expert_used, ne_field, hp->n_expert);
+    if ((st = msrc_cfg_int(cfg, "moe_intermediate_size", 0, 768, &hp->n_ff)) != IE_OK) return st;
+    if ((st = msrc_cfg_bool(cfg, "norm_topk_prob", &hp->moe_norm_topk)) != IE_OK) return st;
+    hp->moe_softmax_first = 1;
+    if ((st = msrc_cfg_int(cfg, "decoder_sparse_step", 0, 1, &step)) != IE_OK) return st;
+    if (step != 1)
+        return ie_error_set(IE_ERR_UNSUPPORTED,
+                            "model: config.json decoder_sparse_step = %d (dense MLP layers among MoE layers) is "
+                            "not supported",
+                            step);
+    j = msrc_obj_get(cfg, "mlp_only_layers");
+    if (j && !cJSON_IsNull(j) && (!cJSON_IsArray(j) || cJSON_GetArraySize(j) != 0))
+        return ie_error_set(IE_ERR_UNSUPPORTED,
+                            "model: config.json mlp_only_layers (dense MLP layers among MoE layers) is not "
+                            "supported");
+    return IE_OK;
+}
+
+/* Stack layer l's experts into ffn_{gate,up,down}_exps.weight: from the
+ * per-expert tensors (the released checkpoints) or transformers 5's fused
+ * mlp.experts.gate_up_proj [E][2I][H] (gate rows first) and down_proj
+ * [E][H][I]. Each expert's matrix is already one ggml slice in HF's
+ * row-major layout, so stacking is a copy per expert. */
+static ie_status_t qwen3moe_hf_layer(ie_model_src_t *s, int l)
+{
+    const ie_hparams_t *hp = &s->hp;
+    const int64_t H = hp->n_embd, I = hp->n_ff, E = hp->n_expert;
+    static const char *const proj[3] = {"gate", "up", "down"};
+    static const char *const canon[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+    const src_tensor_t *gu = NULL, *dn = NULL;
+    ie_status_t st;
+    char hn[128], cn[64];
+    uint8_t *dst[3];
+
+    snprintf(hn, sizeof hn, "model.layers.%d.mlp.experts.gate_up_proj", l);
+    if ((st = msrc_hf_raw(s, hn, 0, 3, (const int64_t[3]){E, 2 * I, H}, 0, &gu)) != IE_OK) return st;
+    if (gu) {
+        snprintf(hn, sizeof hn, "model.layers.%d.mlp.experts.down_proj", l);
+        if ((st = msrc_hf_raw(s, hn, 1, 3, (const int64_t[3]){E, H, I}, 0, &dn)) != IE_OK) return st;
+        const size_t es = msrc_float_size(gu->t.dtype), ds = msrc_float_size(dn->t.dtype);
+        const uint64_t mat = (uint64_t)(H * I);
+        for (int p = 0; p < 3; p++) {
+            const src_tensor_t *src = p < 2 ? gu : dn;
+            snprintf(cn, sizeof cn, "blk.%d.%s.weight", l, canon[p]);
+            if ((st = msrc_add_owned(s, cn, src->t.dtype, src->type_name, 3, p < 2 ? H : I, p < 2 ? I : H, E,
+                                     mat * (uint64_t)E * (p < 2 ? es : ds), &dst[p])) != IE_OK)
+                return st;
+        }
+        for (int64_t e = 0; e < E; e++) {
+            const uint8_t *g = (const uint8_t *)gu->t.data + (size_t)(e * 2 * mat) * es;
+            memcpy(dst[0] + (size_t)(e * mat) * es, g, (size_t)mat * es);
+            memcpy(dst[1] + (size_t)(e * mat) * es, g + (size_t)mat * es, (size_t)mat * es);
+        }
+        memcpy(dst[2], dn->t.data, (size_t)(mat * (uint64_t)E) * ds);
+        ie_file_release_pages(gu->t.data, (size_t)gu->t.nbytes);
+        ie_file_release_pages(dn->t.data, (size_t)dn->t.nbytes);
+        return IE_OK;
+    }
+
+    for (int p = 0; p < 3; p++) {
+        const int64_t shape[2] = {p < 2 ? I : H, p < 2 ? H : I}; /* HF [out][in] */
+        const src_tensor_t *first = NULL;
+        size_t es = 0;
+        for (int64_t e = 0; e < E; e++) {
+            const src_tensor_t *t;
+            snprintf(hn, sizeof hn, "model.layers.%d.mlp.experts.%lld.%s_proj.weight", l, (long long)e, proj[p]);
+            if ((st = msrc_hf_raw(s, hn, 1, 2, shape, 0, &t)) != IE_OK) return st;
+            if (!first) {
+                first = t;
+                es = msrc_float_size(t->t.dtype);
+                snprintf(cn, sizeof cn, "blk.%d.%s.weight", l, canon[p]);
+                if ((st = msrc_add_owned(s, cn, t->t.dtype, t->type_name, 3, shape[1], shape[0], E,
+                                         (uint64_t)(H * I * E) * es, &dst[p])) != IE_OK)
+                    return st;
+            } else if (t->t.dtype != first->t.dtype) {
+                return ie_error_set(IE_ERR_FORMAT, "model: tensor '%s' has type %s, expert 0's has %s", hn,
+                                    t->type_name, first->type_name);
+            }
+            memcpy(dst[p] + (size_t)(e * H * I) * es, t->t.data, (size_t)(H * I) * es);
+            ie_file_release_pages(t->t.data, (size_t)t->t.nbytes);
+        }
+    }
+    return IE_OK;
+}
+
+/* Append every layer's converted stacks (msrc_find() keeps searching the
+ * sorted prefix of HF names meanwhile), then re-sort. */
+static ie_status_t qwen3moe_hf_convert(ie_model_src_t *s)
+{
+    ie_status_t st = IE_OK;
+    for (int l = 0; l < s->hp.n_layer && st == IE_OK; l++) st = qwen3moe_hf_layer(s, l);
+    return st == IE_OK ? msrc_sort_tensors(s) : st;
+}
+
+/* ------------------------------------------------------------- validation */
+
+/* Embedding, norms, head unless tied; per layer attention with the q/k
+ * norms, then the dense MLP (n_expert 0) or router and expert stacks. */
+static ie_status_t qwen3_validate(const ie_model_src_t *s, const hp_labels_t *lb)
+{
+    const ie_hparams_t *hp = &s->hp;
+    const int64_t H = hp->n_embd, I = hp->n_ff, E = hp->n_expert, V = hp->n_vocab;
+    const int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    const int moe = hp->arch_id == IE_ARCH_QWEN3MOE;
+    ie_status_t st;
+    char name[96];
+
+    if (moe && hp->n_expert_used > hp->n_expert)
+        return ie_error_set(IE_ERR_FORMAT, "model: %s (%d) exceeds %s (%d)", lb->n_expert_used, hp->n_expert_used,
+                            lb->n_expert, hp->n_expert);
+    if (hp->rope_dim != hp->head_dim)
+        return ie_error_set(IE_ERR_UNSUPPORTED,
+                            "model: %s (%d) differs from %s (%d): partial rotary is not supported", lb->rope_dim,
+                            hp->rope_dim, lb->head_dim, hp->head_dim);
+    {
+        const int64_t emb[2] = {H, V}, norm[1] = {H};
+        if ((st = msrc_need_ne(s, "token_embd.weight", 2, emb)) != IE_OK) return st;
+        if ((st = msrc_need_ne(s, "output_norm.weight", 1, norm)) != IE_OK) return st;
+        if (!hp->tied_embeddings && (st = msrc_need_ne(s, "output.weight", 2, emb)) != IE_OK) return st;
+    }
+    for (int l = 0; l < hp->n_layer; l++) {
+        const struct {
+            const char *suffix;
+            int n_dims, moe; /* moe: 1 MoE only, 0 dense only, -1 both */
+            int64_t ne[3];
+        } req[] = {
+            {"attn_norm.weight", 1, -1, {H}},
+            {"attn_q.weight", 2, -1, {H, q_dim}},
+            {"attn_k.weight", 2, -1, {H, kv_dim}},
+            {"attn_v.weight", 2, -1, {H, kv_dim}},
+            {"attn_output.weight", 2, -1, {q_dim, H}},
+            {"attn_q_norm.weight", 1, -1, {hp->head_dim}},
+            {"attn_k_norm.weight", 1, -1, {hp->head_dim}},
+            {"ffn_norm.weight", 1, -1, {H}},
+            {"ffn_gate.weight", 2, 0, {H, I}},
+            {"ffn_up.weight", 2, 0, {H, I}},
+            {"ffn_down.weight", 2, 0, {I, H}},
+            {"ffn_gate_inp.weight", 2, 1, {H, E}},
+            {"ffn_gate_exps.weight", 3, 1, {H, I, E}},
+            {"ffn_up_exps.weight", 3, 1, {H, I, E}},
+            {"ffn_down_exps.weight", 3, 1, {I, H, E}},
+        };
+        for (size_t i = 0; i < COUNT(req); i++) {
+            if (req[i].moe >= 0 && req[i].moe != moe) continue;
+            snprintf(name, sizeof name, "blk.%d.%s", l, req[i].suffix);
+            if ((st = msrc_need_ne(s, name, req[i].n_dims, req[i].ne)) != IE_OK) return st;
+        }
+    }
+    return IE_OK;
+}
+
+const msrc_arch_t msrc_arch_qwen3 = {
+    .id = IE_ARCH_QWEN3,
+    .name = "qwen3",
+    .hf_classes = {"Qwen3ForCausalLM"},
+    .hf_model_type = "qwen3",
+    .layer_names = k_qwen3_names,
+    .n_layer_names = COUNT(k_qwen3_names),
+    .gguf_hparams = qwen3_gguf_hparams,
+    .hf_hparams = qwen3_hf_hparams,
+    .validate = qwen3_validate,
+};
+
+const msrc_arch_t msrc_arch_qwen3moe = {
+    .id = IE_ARCH_QWEN3MOE,
+    .name = "qwen3moe",
+    .hf_classes = {"Qwen3MoeForCausalLM"},
+    .hf_model_type = "qwen3_moe",
+    .layer_names = k_qwen3moe_names,
+    .n_layer_names = COUNT(k_qwen3moe_names),
+    .gguf_hparams = qwen3moe_gguf_hparams,
+    .hf_hparams = qwen3moe_hf_hparams,
+    .hf_extra_per_layer = 3,
+    .hf_convert = qwen3moe_hf_convert,
+    .validate = qwen3_validate,
+};
