@@ -54,6 +54,7 @@ static const flag_t FLAGS[] = {
     {"http-read-timeout-ms", IE_FLAG_HTTP_READ_MS, FK_LONG, 100, 1L << 30},
     {"http-max-conns", IE_FLAG_HTTP_CONNS, FK_LONG, 1, 1 << 16},
     {"http-max-conns-per-addr", IE_FLAG_HTTP_PER_ADDR, FK_LONG, 1, 1 << 16},
+    {"cors-origin", IE_FLAG_CORS_ORIGIN, FK_STR_NONEMPTY, 0, 0},
 };
 #define N_FLAGS (sizeof FLAGS / sizeof FLAGS[0])
 
