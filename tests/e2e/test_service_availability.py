@@ -494,10 +494,12 @@ def test_nul_in_prompt_is_refused(model, procs, tmp_path):
                    timeout=30)
     assert r.status_code == 400 and "NUL" in r.json()["error"]["message"], r.text
     body = '{"messages": [{"role": "user", "content": "a\\u0000b"}], "max_tokens": 2}'
-    r = httpx.post(srv.base + "/v1/chat/completions", content=body, timeout=30)
+    r = httpx.post(srv.base + "/v1/chat/completions", content=body, headers={"Content-Type": "application/json"},
+                   timeout=30)
     assert r.status_code == 400, r.text
     body = '{"prompt": "a backslash then u0000: \\\\u0000", "max_tokens": 1}'   # no NUL: accepted
-    r = httpx.post(srv.base + "/v1/completions", content=body, timeout=30)
+    r = httpx.post(srv.base + "/v1/completions", content=body, headers={"Content-Type": "application/json"},
+                   timeout=30)
     assert r.status_code == 200, r.text
 
 
