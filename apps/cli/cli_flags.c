@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef enum { FK_STR, FK_STR_NONEMPTY, FK_LONG, FK_PREC, FK_SET0, FK_SET1 } flag_kind_t;
+typedef enum { FK_STR, FK_STR_NONEMPTY, FK_LONG, FK_PREC, FK_SET0, FK_SET1, FK_KVTYPE, FK_KVROT } flag_kind_t;
 
 typedef struct {
     const char *name;
@@ -47,6 +47,9 @@ static const flag_t FLAGS[] = {
     {"key", IE_FLAG_KEY, FK_STR, 0, 0},
     {"authorized", IE_FLAG_AUTHORIZED, FK_STR, 0, 0},
     {"cpu-latency-us", IE_FLAG_CPU_LATENCY, FK_STR, 0, 0},
+    {"cache-type-k", IE_FLAG_CACHE_TYPE_K, FK_KVTYPE, 0, 0},
+    {"cache-type-v", IE_FLAG_CACHE_TYPE_V, FK_KVTYPE, 0, 0},
+    {"kv-rotate", IE_FLAG_KV_ROTATE, FK_KVROT, 0, 0},
 };
 #define N_FLAGS (sizeof FLAGS / sizeof FLAGS[0])
 
@@ -96,6 +99,8 @@ static int store(const flag_t *f, const ie_cli_pick_t *pk, const char *arg)
         *(const char **)pk->dst = arg;
         return 0;
     case FK_PREC: return ie_precision_parse(arg, (ie_precision_t *)pk->dst) == IE_OK ? 0 : -1;
+    case FK_KVTYPE: return ie_kv_type_parse(arg, (ie_kv_type_t *)pk->dst) == IE_OK ? 0 : -1;
+    case FK_KVROT: return ie_kv_rotate_parse(arg, (ie_kv_rotate_t *)pk->dst) == IE_OK ? 0 : -1;
     case FK_SET0: *(int *)pk->dst = 0; return 0;
     case FK_SET1: *(int *)pk->dst = 1; return 0;
     case FK_LONG: {

@@ -203,6 +203,8 @@ int ie_cli_run(int argc, char **argv)
     long max_new = 128, threads = sysconf(_SC_NPROCESSORS_ONLN), batch = 1, ctx = 0, warmup = 0, rounds = 1;
     int greedy = 0, print_text = 0, special = 1, pin = 1, have_seed = 0, prefix_cache = 1;
     long kv_block = 0, kv_blocks = 0;
+    ie_kv_type_t kv_k = IE_KV_F32, kv_v = IE_KV_F32;
+    ie_kv_rotate_t kv_rot = IE_KV_ROTATE_AUTO;
     const char *plan = NULL;
     ie_sampler_params_t sp = ie_sampler_params_default();
     sp.temperature = 0.8f; /* llama.cpp's defaults for an interactive CLI */
@@ -228,7 +230,9 @@ int ie_cli_run(int argc, char **argv)
         IE_CLI_PICK(IE_FLAG_BATCH, &batch),         IE_CLI_PICK(IE_FLAG_CTX, &ctx),
         IE_CLI_PICK(IE_FLAG_PRECISION, &prec),      IE_CLI_PICK(IE_FLAG_NO_PIN, &pin),
         IE_CLI_PICK(IE_FLAG_PLAN, &plan),           IE_CLI_PICK(IE_FLAG_KV_BLOCK, &kv_block),
-        IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks), IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache)};
+        IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks), IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache),
+        IE_CLI_PICK(IE_FLAG_CACHE_TYPE_K, &kv_k),   IE_CLI_PICK(IE_FLAG_CACHE_TYPE_V, &kv_v),
+        IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -381,6 +385,9 @@ int ie_cli_run(int argc, char **argv)
     eo.precision = prec;
     eo.kv_block = (int)kv_block;
     eo.kv_blocks = (int)kv_blocks;
+    eo.kv_type_k = kv_k;
+    eo.kv_type_v = kv_v;
+    eo.kv_rotate = kv_rot;
     eo.prefix_cache = prefix_cache;
     if (ie_cli_plan(plan, &eo) != 0) {
         snprintf(msg, sizeof msg, "bad plan '%s' (none, pipeline:N or tensor:N)", plan ? plan : getenv("IE_PLAN"));

@@ -72,6 +72,8 @@ int ie_cli_serve(int argc, char **argv)
          timeout_ms = 0, max_body = 1 << 20, kv_block = 0, kv_blocks = 0;
     int pin = 1, verbose = 0, prefix_cache = 1, rc = IE_EXIT_OK, c;
     ie_precision_t prec = IE_PREC_NATIVE;
+    ie_kv_type_t kv_k = IE_KV_F32, kv_v = IE_KV_F32;
+    ie_kv_rotate_t kv_rot = IE_KV_ROTATE_AUTO;
     char *default_name = NULL;
     ie_metrics_t *metrics = NULL;
     ie_net_t *net = NULL;
@@ -96,7 +98,10 @@ int ie_cli_serve(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_VERBOSE, &verbose),
                                    IE_CLI_PICK(IE_FLAG_KV_BLOCK, &kv_block),
                                    IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks),
-                                   IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache)};
+                                   IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache),
+                                   IE_CLI_PICK(IE_FLAG_CACHE_TYPE_K, &kv_k),
+                                   IE_CLI_PICK(IE_FLAG_CACHE_TYPE_V, &kv_v),
+                                   IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -153,6 +158,9 @@ int ie_cli_serve(int argc, char **argv)
     eo.precision = prec;
     eo.kv_block = (int)kv_block;
     eo.kv_blocks = (int)kv_blocks;
+    eo.kv_type_k = kv_k;
+    eo.kv_type_v = kv_v;
+    eo.kv_rotate = kv_rot;
     eo.prefix_cache = prefix_cache;
     if (ie_cli_plan(plan, &eo) != 0) {
         rc = ie_cli_fail(IE_EXIT_USAGE, "bad plan '%s' (none, pipeline:N or tensor:N)",

@@ -47,6 +47,9 @@ typedef enum ie_flag_id {
     IE_FLAG_KEY,            /* --key NAME                         const char * */
     IE_FLAG_AUTHORIZED,     /* --authorized FILE                  const char * */
     IE_FLAG_CPU_LATENCY,    /* --cpu-latency-us US                const char * */
+    IE_FLAG_CACHE_TYPE_K,   /* --cache-type-k T (ie_kv_type_parse) ie_kv_type_t */
+    IE_FLAG_CACHE_TYPE_V,   /* --cache-type-v T                   ie_kv_type_t */
+    IE_FLAG_KV_ROTATE,      /* --kv-rotate on|off|auto            ie_kv_rotate_t */
     IE_FLAG_END
 } ie_flag_id_t;
 

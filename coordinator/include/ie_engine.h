@@ -85,6 +85,10 @@ typedef struct ie_engine_opts {
      * slots than memory for full contexts allows; the scheduler preempts
      * a sequence when the pool runs out. */
     int kv_block, kv_blocks;
+    /* how the cache stores K and V, and the Hadamard rotation
+     * (ie_worker_opts_t; zero: f32, rotation AUTO) */
+    ie_kv_type_t kv_type_k, kv_type_v;
+    ie_kv_rotate_t kv_rotate;
     int prefix_cache; /* reuse cached KV blocks of equal prompt
                                  prefixes across requests (default 1)   */
     int keep_sched;   /* 1: every generate call runs on one

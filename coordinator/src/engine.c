@@ -120,6 +120,9 @@ static ie_status_t start_cluster(ie_engine_t *e, const ie_worker_opts_t *wo)
                             .precision = wo->precision,
                             .kv_block = wo->kv_block,
                             .kv_blocks = wo->kv_blocks,
+                            .kv_type_k = wo->kv_type_k,
+                            .kv_type_v = wo->kv_type_v,
+                            .kv_rotate = wo->kv_rotate,
                             .heartbeat_ms = o->heartbeat_ms,
                             .dead_ms = o->dead_ms,
                             .net = e->net,
@@ -203,6 +206,9 @@ ie_status_t ie_engine_open(const ie_engine_opts_t *o, ie_engine_t **out)
     wo.precision = o->precision;
     wo.kv_block = o->kv_block;
     wo.kv_blocks = o->kv_blocks;
+    wo.kv_type_k = o->kv_type_k;
+    wo.kv_type_v = o->kv_type_v;
+    wo.kv_rotate = o->kv_rotate;
     wo.n_ctx = o->n_ctx ? o->n_ctx : (hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
     /* the one place that knows which backend runs */
     if (o->plan == IE_SHARD_NONE) {
