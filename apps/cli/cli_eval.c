@@ -71,7 +71,8 @@ int ie_cli_perplexity(int argc, char **argv)
         default:
             return ie_cli_fail(IE_EXIT_USAGE, "perplexity: unknown or incomplete option '%s'", argv[optind - 1]);
         }
-        if (bad) return ie_cli_fail(IE_EXIT_USAGE, "perplexity: bad value '%s'", optarg);
+        if (bad)
+            return ie_cli_fail(IE_EXIT_USAGE, "perplexity: bad value '%s'%s", optarg, ie_cli_flag_hint(&fl, c));
     }
     if (!model || !file || optind < argc)
         return ie_cli_fail(IE_EXIT_USAGE, "%s",
@@ -222,7 +223,7 @@ int ie_cli_logits(int argc, char **argv)
             break;
         default: return ie_cli_fail(IE_EXIT_USAGE, "logits: unknown or incomplete option '%s'", argv[optind - 1]);
         }
-        if (bad) return ie_cli_fail(IE_EXIT_USAGE, "logits: bad value '%s'", optarg);
+        if (bad) return ie_cli_fail(IE_EXIT_USAGE, "logits: bad value '%s'%s", optarg, ie_cli_flag_hint(&fl, c));
     }
     if (!model || !ids_s || !out || optind < argc)
         return ie_cli_fail(IE_EXIT_USAGE, "%s",

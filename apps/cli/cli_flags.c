@@ -123,6 +123,15 @@ int ie_cli_next(ie_cli_parser_t *p)
     return IE_CLI_UNKNOWN; /* not reached: only picked flags are in the table */
 }
 
+/* Contract (ie_cli_flags.h). */
+const char *ie_cli_flag_hint(const ie_cli_parser_t *p, int c)
+{
+    const flag_t *f = c == IE_CLI_BAD ? flag_of(p->last) : NULL;
+    if (f && f->kind == FK_KVTYPE) return " (expected f32, f16, bf16, q8 (q8_0), q4 (q4_0), fp8_e4m3 or fp8_e5m2)";
+    if (f && f->kind == FK_KVROT) return " (expected on, off or auto)";
+    return "";
+}
+
 const char *ie_cli_flag_name(const ie_cli_parser_t *p, int c)
 {
     if (c == IE_CLI_BAD || c == IE_CLI_ENGINE) {

@@ -43,6 +43,9 @@ static void usage(FILE *f)
           "  --kv-block N                   positions per KV-cache block (16)\n"
           "  --kv-blocks N                  KV-cache blocks in the pool (0: batch * ceil(ctx / kv-block))\n"
           "  --no-prefix-cache              do not reuse the KV blocks of equal prompt prefixes\n"
+          "  --cache-type-k T / --cache-type-v T  KV cache storage: f32 (default), f16, bf16,\n"
+          "                                 q8 (q8_0), q4 (q4_0), fp8_e4m3, fp8_e5m2 (docs/KVCACHE.md)\n"
+          "  --kv-rotate auto|on|off        Hadamard rotation of K/V (auto: on for q8, q4, fp8)\n"
           "  --warmup N / --rounds N        unmeasured / measured repetitions (0 / 1)\n"
           "  --greedy                       arg max decoding\n"
           "  --temperature T --top-k K --top-p P --min-p P\n"
@@ -290,7 +293,8 @@ int ie_cli_run(int argc, char **argv)
             goto cleanup;
         }
         if (bad) {
-            snprintf(msg, sizeof msg, "bad value '%s' for --%s", optarg, ie_cli_flag_name(&fl, c));
+            snprintf(msg, sizeof msg, "bad value '%s' for --%s%s", optarg, ie_cli_flag_name(&fl, c),
+                     ie_cli_flag_hint(&fl, c));
             rc = ie_cli_fail(IE_EXIT_USAGE, "%s", msg);
             goto cleanup;
         }
@@ -498,6 +502,9 @@ int ie_cli_run(int argc, char **argv)
     cJSON_AddNumberToObject(js, "rss_peak_mb", ie_rss_peak_mb());
     cJSON_AddNumberToObject(js, "threads", (double)threads);
     cJSON_AddStringToObject(js, "precision", ie_precision_name(prec));
+    cJSON_AddStringToObject(js, "cache_type_k", ie_kv_type_name(kv_k));
+    cJSON_AddStringToObject(js, "cache_type_v", ie_kv_type_name(kv_v));
+    cJSON_AddNumberToObject(js, "kv_bytes_per_token", (double)ie_engine_kv_bytes_per_token(eng));
     ie_backend_stats_t bs;
     ie_backend_stats(ie_engine_backend(eng), &bs);
     cJSON_AddStringToObject(js, "isa", bs.isa);

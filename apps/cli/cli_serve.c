@@ -123,7 +123,8 @@ int ie_cli_serve(int argc, char **argv)
             goto cleanup;
         }
         if (bad) {
-            rc = ie_cli_fail(IE_EXIT_USAGE, "bad value '%s' for --%s", optarg, ie_cli_flag_name(&fl, c));
+            rc = ie_cli_fail(IE_EXIT_USAGE, "bad value '%s' for --%s%s", optarg, ie_cli_flag_name(&fl, c),
+                             ie_cli_flag_hint(&fl, c));
             goto cleanup;
         }
     }

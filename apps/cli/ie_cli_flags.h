@@ -104,5 +104,8 @@ int ie_cli_next(ie_cli_parser_t *p);
  * first name of the rejected flag for IE_CLI_BAD, the first name with that
  * value for an own option; "?" otherwise. */
 const char *ie_cli_flag_name(const ie_cli_parser_t *p, int c);
+/* For a bad value (c == IE_CLI_BAD) of a flag with a fixed set of values:
+ * " (expected ...)" naming them; "" otherwise. */
+const char *ie_cli_flag_hint(const ie_cli_parser_t *p, int c);
 
 #endif

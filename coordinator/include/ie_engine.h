@@ -125,6 +125,9 @@ void ie_engine_destroy(ie_engine_t **self_p);
 
 /* The model's hyper-parameters; borrowed, valid until destroy. */
 const ie_hparams_t *ie_engine_hparams(const ie_engine_t *e);
+/* Bytes the KV cache takes per token of context: every layer and KV head,
+ * K and V in their types (ie_kv_head_bytes). */
+size_t ie_engine_kv_bytes_per_token(const ie_engine_t *e);
 /* The tokenizer, NULL when opened with no_tokenizer; borrowed. */
 const ie_tokenizer_t *ie_engine_tokenizer(const ie_engine_t *e);
 /* The backend that runs the model (worker or cluster: callers need not

@@ -134,8 +134,7 @@ static void test_codec_bounds(void)
         for (int g = 0; g < hd / 32; g++) {
             float gmax = 0;
             for (int i = 0; i < 32; i++) gmax = fmaxf(gmax, fabsf(x[g * 32 + i]));
-            for (int i = 0; i < 32; i++)
-                /* d = -(signed max) / 8: the far end clips at 7 steps, off by up to one */
+            for (int i = 0; i < 32; i++) /* d = -(signed max) / 8: the far end clips at 7 steps, off by up to one */
                 CU_ASSERT(fabs((double)y[g * 32 + i] - x[g * 32 + i]) <= gmax / 8.0 * 1.002 + 1e-7);
         }
     }
@@ -152,11 +151,11 @@ static void test_fp8_codes(void)
     kvq_encode(IE_KV_FP8_E4M3, in, n, c);
     kvq_decode(IE_KV_FP8_E4M3, c, n, y);
     for (int i = 0; i < n; i++) CU_ASSERT_EQUAL(y[i], e4[i]);
-    CU_ASSERT_EQUAL(c[0], 0x7e);  /* the largest finite e4m3 */
-    CU_ASSERT_EQUAL(c[2], 0xfe);  /* saturated negative */
-    CU_ASSERT_EQUAL(c[3], 0x01);  /* the smallest subnormal */
-    CU_ASSERT_EQUAL(c[4], 0x08);  /* the smallest normal */
-    CU_ASSERT_EQUAL(c[6], 0x38);  /* 1.0625 ties to even: 1.0 */
+    CU_ASSERT_EQUAL(c[0], 0x7e); /* the largest finite e4m3 */
+    CU_ASSERT_EQUAL(c[2], 0xfe); /* saturated negative */
+    CU_ASSERT_EQUAL(c[3], 0x01); /* the smallest subnormal */
+    CU_ASSERT_EQUAL(c[4], 0x08); /* the smallest normal */
+    CU_ASSERT_EQUAL(c[6], 0x38); /* 1.0625 ties to even: 1.0 */
     const float in5[] = {57344.0f, 1e6f, 0x1p-16f, 1.125f, 1.375f};
     const float e5[] = {57344.0f, 57344.0f, 0x1p-16f, 1.0f, 1.5f};
     kvq_encode(IE_KV_FP8_E5M2, in5, 5, c);
@@ -233,8 +232,8 @@ static void test_worker_types(void)
     static const struct {
         ie_kv_type_t t;
         double tol;
-    } types[] = {{IE_KV_F16, 2e-3}, {IE_KV_BF16, 2e-2}, {IE_KV_Q8, 3e-2}, {IE_KV_FP8_E4M3, 8e-2},
-                 {IE_KV_FP8_E5M2, 1.5e-1}};
+    } types[] = {
+        {IE_KV_F16, 2e-3}, {IE_KV_BF16, 2e-2}, {IE_KV_Q8, 3e-2}, {IE_KV_FP8_E4M3, 8e-2}, {IE_KV_FP8_E5M2, 1.5e-1}};
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
         w = make(types[t].t, types[t].t, IE_KV_ROTATE_AUTO, 0, 2);
         CU_ASSERT_EQUAL(ie_worker_kv_bytes_per_pos(w), (size_t)nl * kvh * ie_kv_head_bytes(types[t].t, hd) * 2);

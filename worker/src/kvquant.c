@@ -16,10 +16,7 @@
 static const char *const KV_NAMES[IE_KV_TYPE_COUNT] = {"f32", "f16", "bf16", "q8", "q4", "fp8_e4m3", "fp8_e5m2"};
 
 /* Contract (ie_worker.h). */
-const char *ie_kv_type_name(ie_kv_type_t t)
-{
-    return (unsigned)t < IE_KV_TYPE_COUNT ? KV_NAMES[t] : "?";
-}
+const char *ie_kv_type_name(ie_kv_type_t t) { return (unsigned)t < IE_KV_TYPE_COUNT ? KV_NAMES[t] : "?"; }
 
 /* Contract (ie_worker.h): llama.cpp's q8_0 / q4_0 spellings name ours. */
 ie_status_t ie_kv_type_parse(const char *s, ie_kv_type_t *out)
@@ -112,7 +109,8 @@ static float mini_decode(uint32_t c, int eb, int mb)
 {
     const int bias = (1 << (eb - 1)) - 1;
     const uint32_t e = (c >> mb) & ((1u << eb) - 1), m = c & ((1u << mb) - 1);
-    const float a = e == 0 ? ldexpf((float)m, 1 - bias - mb) : ldexpf(1.0f + (float)m / (float)(1 << mb), (int)e - bias);
+    const float a = e == 0 ? ldexpf((float)m, 1 - bias - mb)
+                           : ldexpf(1.0f + (float)m / (float)(1 << mb), (int)e - bias);
     return (c >> (eb + mb)) & 1 ? -a : a;
 }
 
