@@ -164,6 +164,33 @@ static void test_fp8_codes(void)
     CU_ASSERT_EQUAL(c[0], 0x7b);
 }
 
+/* The AVX-512 decode gives kvq_decode's bits: every type, head sizes with
+ * and without a tail of fewer than 16 values. */
+static void test_decode_twin(void)
+{
+    if (!ie_kernels_get(IE_ISA_AVX512)) {
+        CU_PASS("no AVX-512 on this CPU: the twin is never called");
+        return;
+    }
+    static const int sizes[] = {16, 64, 80, 96, 128, 40};
+    for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
+        const int hd = sizes[z];
+        float x[144], a[144], b[144];
+        unsigned char buf[1024];
+        for (int i = 0; i < hd; i++) x[i] = frand() * 3.0f;
+        x[3] = 1e-7f; /* subnormal in f16 / fp8 */
+        for (int t = 0; t < IE_KV_TYPE_COUNT; t++) {
+            if (!ie_kv_head_bytes((ie_kv_type_t)t, hd)) continue;
+            kvq_encode((ie_kv_type_t)t, x, hd, buf);
+            kvq_decode((ie_kv_type_t)t, buf, hd, a);
+            memset(b, 0xff, sizeof b);
+            kvq_decode_avx512((ie_kv_type_t)t, buf, hd, b);
+            CU_ASSERT_EQUAL(memcmp(a, b, (size_t)hd * sizeof(float)), 0);
+            CU_ASSERT_EQUAL(((uint32_t *)(void *)b)[hd], 0xffffffffu); /* nothing past the head */
+        }
+    }
+}
+
 /* ------------------------------------------------------------ on a worker */
 
 static ie_worker_t *make(ie_kv_type_t k, ie_kv_type_t v, ie_kv_rotate_t rot, int kv_block, int threads)
@@ -299,6 +326,7 @@ int main(void)
     CU_add_test(s, "FWHT == dense Hadamard product", test_fwht_dense);
     CU_add_test(s, "codec round trips within bounds", test_codec_bounds);
     CU_add_test(s, "FP8 codes", test_fp8_codes);
+    CU_add_test(s, "AVX-512 decode == scalar decode", test_decode_twin);
     CU_add_test(s, "worker: each cache type close to f32", test_worker_types);
     CU_add_test(s, "worker: quantized cache bits independent of layout", test_worker_layouts);
     CU_basic_set_mode(CU_BRM_VERBOSE);

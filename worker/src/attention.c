@@ -114,9 +114,10 @@ static inline const unsigned char *kv_row(const kv_view_t *v, int j)
 }
 
 /* Rows j .. j+m-1 of a view of type t, decoded into buf[m][hd]. */
-static void kv_decode_rows(ie_kv_type_t t, const kv_view_t *v, int j, int m, int hd, float *buf)
+static void kv_decode_rows(const ie_worker_t *w, ie_kv_type_t t, const kv_view_t *v, int j, int m, int hd,
+                           float *buf)
 {
-    for (int r = 0; r < m; r++) kvq_decode(t, kv_row(v, j + r), hd, buf + (size_t)r * hd);
+    for (int r = 0; r < m; r++) w->kv_decode(t, kv_row(v, j + r), hd, buf + (size_t)r * hd);
 }
 
 static int att_unit(const att_task_t *t, long u, att_unit_t *a)
@@ -203,7 +204,7 @@ static void att_run(void *ctx, int ith, int nth)
             for (int c0 = 0; c0 < a.cnt; c0 += KVQ_CHUNK) {
                 const int m = a.cnt - c0 < KVQ_CHUNK ? a.cnt - c0 : KVQ_CHUNK;
                 const ie_attn_rows_t flat = {rows, (size_t)hd, NULL, 0, 0};
-                kv_decode_rows(kt, &a.kq, a.j0 + c0, m, hd, rows);
+                kv_decode_rows(w, kt, &a.kq, a.j0 + c0, m, hd, rows);
                 w->ops->attn_scores(q, (size_t)hd, a.nh, &flat, 0, m, hd, scale, scores + c0, ld);
             }
         if (cap != 0.0f) /* Gemma 2: scores = c tanh(scores / c), before the softmax */
@@ -220,7 +221,7 @@ static void att_run(void *ctx, int ith, int nth)
             for (int c0 = 0; c0 < a.cnt; c0 += KVQ_CHUNK) {
                 const int m = a.cnt - c0 < KVQ_CHUNK ? a.cnt - c0 : KVQ_CHUNK;
                 const ie_attn_rows_t flat = {rows, (size_t)hd, NULL, 0, 0};
-                kv_decode_rows(vt, &a.vq, a.j0 + c0, m, hd, rows);
+                kv_decode_rows(w, vt, &a.vq, a.j0 + c0, m, hd, rows);
                 w->ops->attn_values(scores + c0, ld, a.nh, &flat, 0, m, hd, c0 ? part : out, (size_t)hd);
                 if (c0)
                     for (size_t e = 0; e < (size_t)a.nh * hd; e++) out[e] += part[e];
@@ -334,6 +335,7 @@ ie_status_t worker_kv_new(ie_worker_t *w)
      * per cache), where a layer-major cache committed 2 MiB per layer. */
     w->kcache = worker_big_alloc(kv_bytes_k ? (size_t)kv_bytes_k : 1);
     w->vcache = worker_big_alloc(kv_bytes_v ? (size_t)kv_bytes_v : 1);
+    w->kv_decode = w->opts.isa == IE_ISA_AVX512 ? kvq_decode_avx512 : kvq_decode;
     const int kv_tmp = w->kv_type[0] != IE_KV_F32 || w->kv_type[1] != IE_KV_F32 || w->kv_rot[0] || w->kv_rot[1];
     w->kv_tmp = kv_tmp ? worker_big_alloc((size_t)opts->n_threads * ((size_t)KVQ_CHUNK + 2 * (size_t)qgroup) *
                                           (size_t)hd * sizeof(float))

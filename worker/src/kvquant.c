@@ -282,3 +282,78 @@ void kvq_fwht(float *x, int hd)
         for (int i = 0; i < p; i++) v[i] *= norm;
     }
 }
+
+/* ------------------------------------------------ AVX-512 decode (twins) */
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define KVQ_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,avx2,fma")))
+
+/* Contract (worker_internal.h): kvq_decode's bits, 16 values a step (f16
+ * and the FP8 table are exact conversions, q8/q4 the same product). */
+KVQ_AVX512 void kvq_decode_avx512(ie_kv_type_t t, const void *src, int hd, float *y)
+{
+    const unsigned char *s = src;
+    int i = 0;
+    switch (t) {
+    case IE_KV_F16:
+        for (; i + 16 <= hd; i += 16)
+            _mm512_storeu_ps(y + i, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 2 * i))));
+        break;
+    case IE_KV_BF16:
+        for (; i + 16 <= hd; i += 16) {
+            const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(s + 2 * i)));
+            _mm512_storeu_ps(y + i, _mm512_castsi512_ps(_mm512_slli_epi32(u, 16)));
+        }
+        break;
+    case IE_KV_Q8: {
+        float d;
+        memcpy(&d, s, 4);
+        const __m512 vd = _mm512_set1_ps(d);
+        for (; i + 16 <= hd; i += 16) {
+            const __m512i q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(s + 4 + i)));
+            _mm512_storeu_ps(y + i, _mm512_mul_ps(vd, _mm512_cvtepi32_ps(q)));
+        }
+        for (; i < hd; i++) y[i] = d * (float)(int8_t)s[4 + i];
+        return;
+    }
+    case IE_KV_Q4: {
+        const __m512i eight = _mm512_set1_epi32(8), lo4 = _mm512_set1_epi32(15);
+        for (int g = 0; g < hd / Q4_GROUP; g++, s += Q4_GROUP_BYTES, y += Q4_GROUP) {
+            uint16_t dh;
+            memcpy(&dh, s, 2);
+            const __m512 vd = _mm512_set1_ps(f16_decode(dh));
+            const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(s + 2)));
+            const __m512i qa = _mm512_sub_epi32(_mm512_and_si512(b, lo4), eight);
+            const __m512i qb = _mm512_sub_epi32(_mm512_srli_epi32(b, 4), eight);
+            _mm512_storeu_ps(y, _mm512_mul_ps(vd, _mm512_cvtepi32_ps(qa)));
+            _mm512_storeu_ps(y + Q4_GROUP / 2, _mm512_mul_ps(vd, _mm512_cvtepi32_ps(qb)));
+        }
+        return;
+    }
+    case IE_KV_FP8_E4M3:
+    case IE_KV_FP8_E5M2: {
+        pthread_once(&fp8_once, fp8_init);
+        const float *tab = fp8_tab[t == IE_KV_FP8_E5M2];
+        for (; i + 16 <= hd; i += 16) {
+            const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(s + i)));
+            _mm512_storeu_ps(y + i, _mm512_i32gather_ps(c, tab, 4));
+        }
+        break;
+    }
+    default: break;
+    }
+    if (i < hd) { /* the tail (hd not a multiple of 16): the scalar loop */
+        float tail[16];
+        const size_t per = t == IE_KV_F16 || t == IE_KV_BF16 ? 2 : t == IE_KV_F32 ? 4 : 1;
+        if (t == IE_KV_F32) {
+            memcpy(y, s, (size_t)hd * 4);
+            return;
+        }
+        kvq_decode(t, s + per * (size_t)i, hd - i, tail);
+        memcpy(y + i, tail, (size_t)(hd - i) * sizeof(float));
+    }
+}
+#else
+void kvq_decode_avx512(ie_kv_type_t t, const void *src, int hd, float *y) { kvq_decode(t, src, hd, y); }
+#endif

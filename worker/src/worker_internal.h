@@ -154,14 +154,15 @@ struct ie_worker {
     size_t kv_row_bytes[2];
     size_t kv_layer_bytes[2];
     size_t kv_block_bytes[2];
-    unsigned char *kcache, *vcache; /* [kv_blocks][held layer][kv_block]
+    unsigned char *kcache, *vcache;                              /* [kv_blocks][held layer][kv_block]
                                 [n_kv_loc heads encoded], layer l at
                                 l - sh.layer_begin                        */
-    float *kv_tmp;                  /* [n_threads][KVQ_CHUNK*hd + (group+1)*hd] decoded
+    void (*kv_decode)(ie_kv_type_t, const void *, int, float *); /* kvq_decode or its ISA twin */
+    float *kv_tmp;                                               /* [n_threads][KVQ_CHUNK*hd + (group+1)*hd] decoded
                       rows, rotated queries, partial outputs (a cache
                       not f32 or rotated), else NULL                    */
-    int32_t *btab;                  /* [n_seq][kv_nlb] physical block, -1 unbound */
-    int *seq_len;                   /* [n_seq] positions held                   */
+    int32_t *btab;                                               /* [n_seq][kv_nlb] physical block, -1 unbound */
+    int *seq_len;                                                /* [n_seq] positions held                   */
 
     float *rope_cos, *rope_sin; /* [n_ctx][rope_dim/2]                   */
     const float *rope_freqs;    /* [rope_dim/2] frequency divisors
@@ -240,7 +241,7 @@ void worker_mat_row(const wmat_t *m, int64_t r, float *out);
 /* ---------------------------------------------------------- kvquant.c */
 
 /* Positions attention decodes at a time from a cache that is not f32. */
-#define KVQ_CHUNK 256
+#define KVQ_CHUNK 64
 
 /* Whether a cache of type t is rotated under switch r. */
 int kvq_rotates(ie_kv_type_t t, ie_kv_rotate_t r);
@@ -249,6 +250,9 @@ int kvq_rotates(ie_kv_type_t t, ie_kv_rotate_t r);
 void kvq_encode(ie_kv_type_t t, const float *x, int hd, void *dst);
 /* One head back: the bytes at src -> y[0..hd). */
 void kvq_decode(ie_kv_type_t t, const void *src, int hd, float *y);
+/* kvq_decode's twin with AVX-512 (the same bits); call only on a CPU with
+ * AVX-512 F/BW/VL/DQ (the worker does when its ISA is IE_ISA_AVX512). */
+void kvq_decode_avx512(ie_kv_type_t t, const void *src, int hd, float *y);
 /* x[0..hd) <- H x, H the orthonormal Walsh-Hadamard matrix of order p (the
  * largest power of two dividing hd) on each block of p values: symmetric,
  * its own inverse, so dot products of rotated vectors are unchanged. */
