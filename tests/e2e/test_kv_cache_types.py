@@ -8,7 +8,8 @@
   b) Distributed (in-process workers): pipeline:2 gives the embedded
      engine's ids with the same cache types (the types travel in the
      workers' assignment); a pool too small for every stream (binds and
-     preemption/recompute) gives the full pool's ids.
+     preemption/recompute) gives the full pool's ids; tensor:2 gives its own
+     default pool's ids with any block size.
   c) The JSON line reports the types and the bytes per token of context.
   d) An unknown type, a bad rotation switch and a head size the type cannot
      hold exit 2 with one clear line.
@@ -66,6 +67,15 @@ def test_pipeline_and_small_pool_quantized(smollm2, prompts_file):
     got = greedy(smollm2, prompts_file, *QUANT, "--plan", "pipeline:2", "--kv-blocks", 4)
     assert got["ids"] == ref
     got = greedy(smollm2, prompts_file, *QUANT, "--kv-blocks", 4)
+    assert got["ids"] == ref
+
+
+def test_tensor_plan_quantized_block_size(smollm2, prompts_file):
+    """tensor:2 splits the KV heads between the ranks; each rank encodes its
+    own heads, so the block size still changes no id."""
+    ref = greedy(smollm2, prompts_file, *QUANT, "--plan", "tensor:2")["ids"]
+    full = len(PROMPTS) * (CTX // 8)
+    got = greedy(smollm2, prompts_file, *QUANT, "--plan", "tensor:2", "--kv-block", 8, "--kv-blocks", full)
     assert got["ids"] == ref
 
 
