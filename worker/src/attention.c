@@ -88,6 +88,10 @@ typedef struct att_task {
     const ie_batch_t *b;
     int layer;
     int sg; /* query heads per unit (a share of one KV head's group) */
+    /* a prefill over a cache not f32 (worker_attend): -1 every token not
+     * marked in kv_mark; else only the tokens of slot `seq`, whose rows
+     * lo .. were decoded once into kv_pre (the f32 kernels read them) */
+    int seq, lo;
 } att_task_t;
 
 /* Unit u of an attention job (att_run's numbering): token i, held KV head
@@ -193,13 +197,21 @@ static void att_run(void *ctx, int ith, int nth)
     att_unit_t a;
     for (long u = ith; u < units; u += nth) {
         if (!att_unit(t, u, &a)) continue;
+        const int pre = t->seq >= 0;
+        if (pre ? t->b->seq[a.i] != t->seq : w->kv_mark && w->kv_mark[a.i]) continue;
+        if (pre) { /* the step's decoded rows, row j at (j - lo) */
+            a.kr = (ie_attn_rows_t){w->kv_pre[0] + (size_t)a.kh * hd, (size_t)w->kv_dim, NULL, 0, 0};
+            a.vr = (ie_attn_rows_t){w->kv_pre[1] + (size_t)a.kh * hd, (size_t)w->kv_dim, NULL, 0, 0};
+        }
+        const int jr = pre ? a.j0 - t->lo : a.j0; /* the first row in the view's numbering */
         const float *q = w->q + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd;
         if (w->kv_rot[0]) { /* K is stored rotated: rotate Q alike, q.k stays */
             memcpy(qrot, q, (size_t)a.nh * hd * sizeof(float));
             for (int hh = 0; hh < a.nh; hh++) kvq_fwht(qrot + (size_t)hh * hd, hd);
             q = qrot;
         }
-        if (kt == IE_KV_F32) w->ops->attn_scores(q, (size_t)hd, a.nh, &a.kr, a.j0, a.cnt, hd, scale, scores, ld);
+        if (kt == IE_KV_F32 || pre)
+            w->ops->attn_scores(q, (size_t)hd, a.nh, &a.kr, jr, a.cnt, hd, scale, scores, ld);
         else /* decode a chunk of rows, score it as a contiguous cache */
             for (int c0 = 0; c0 < a.cnt; c0 += KVQ_CHUNK) {
                 const int m = a.cnt - c0 < KVQ_CHUNK ? a.cnt - c0 : KVQ_CHUNK;
@@ -216,7 +228,7 @@ static void att_run(void *ctx, int ith, int nth)
         for (int hh = 0; hh < a.nh; hh++)
             w->ops->softmax(scores + (size_t)hh * ld, a.cnt, L->sinks ? &L->sinks[a.h0 + hh] : NULL);
         float *out = w->xb + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd;
-        if (vt == IE_KV_F32) w->ops->attn_values(scores, ld, a.nh, &a.vr, a.j0, a.cnt, hd, out, (size_t)hd);
+        if (vt == IE_KV_F32 || pre) w->ops->attn_values(scores, ld, a.nh, &a.vr, jr, a.cnt, hd, out, (size_t)hd);
         else /* chunks of decoded rows, their partial sums added in order */
             for (int c0 = 0; c0 < a.cnt; c0 += KVQ_CHUNK) {
                 const int m = a.cnt - c0 < KVQ_CHUNK ? a.cnt - c0 : KVQ_CHUNK;
@@ -336,6 +348,17 @@ ie_status_t worker_kv_new(ie_worker_t *w)
     w->kcache = worker_big_alloc(kv_bytes_k ? (size_t)kv_bytes_k : 1);
     w->vcache = worker_big_alloc(kv_bytes_v ? (size_t)kv_bytes_v : 1);
     w->kv_decode = w->opts.isa == IE_ISA_AVX512 ? kvq_decode_avx512 : kvq_decode;
+    /* a prefill's decoded rows: up to KVQ_PRE_BYTES of them, K and V */
+    if (w->kv_type[0] != IE_KV_F32 || w->kv_type[1] != IE_KV_F32) {
+        const size_t row = (size_t)w->kv_dim * sizeof(float) * 2;
+        const size_t rows = KVQ_PRE_BYTES / (row ? row : 1);
+        w->kv_pre_rows = (int)(rows < (size_t)opts->n_ctx ? rows : (size_t)opts->n_ctx);
+        w->kv_pre[0] = worker_big_alloc((size_t)w->kv_pre_rows * w->kv_dim * sizeof(float) + 64);
+        w->kv_pre[1] = worker_big_alloc((size_t)w->kv_pre_rows * w->kv_dim * sizeof(float) + 64);
+        w->kv_mark = malloc((size_t)opts->max_batch);
+        if (!w->kv_pre[0] || !w->kv_pre[1] || !w->kv_mark)
+            return ie_error_set(IE_ERR_NOMEM, "out of memory allocating the KV decode scratch");
+    }
     const int kv_tmp = w->kv_type[0] != IE_KV_F32 || w->kv_type[1] != IE_KV_F32 || w->kv_rot[0] || w->kv_rot[1];
     w->kv_tmp = kv_tmp ? worker_big_alloc((size_t)opts->n_threads * ((size_t)KVQ_CHUNK + 2 * (size_t)qgroup) *
                                           (size_t)hd * sizeof(float))
@@ -385,7 +408,7 @@ ie_status_t worker_qkv(ie_worker_t *w, int l, const ie_batch_t *b)
     const int n = b->n;
     /* decode: each thread fetches the cache rows its attention share
      * reads, ahead of its share of q/k/v */
-    att_task_t at = {w, b, l, att_share(w, n)};
+    att_task_t at = {w, b, l, att_share(w, n), -1, 0};
     const mm_pre_t kvpf = {att_prefetch, &at};
     const wmat_t *ms[3] = {&L->q, &L->k, &L->v};
     float *ys[3] = {w->q, w->k, w->v};
@@ -434,10 +457,72 @@ void worker_kv_store(ie_worker_t *w, int l, const ie_batch_t *b)
     }
 }
 
-/* Contract (worker_internal.h). */
+typedef struct pre_task {
+    ie_worker_t *w;
+    int layer, seq, lo, n; /* rows lo .. lo+n-1 of slot seq */
+} pre_task_t;
+
+/* Share ith of a step's pre-decode: rows of every held KV head, K and V
+ * (an f32 one copied), into kv_pre. */
+static void pre_run(void *ctx, int ith, int nth)
+{
+    const pre_task_t *t = ctx;
+    ie_worker_t *w = t->w;
+    const int hd = w->hp.head_dim;
+    const int32_t *tab = w->btab + (size_t)t->seq * w->kv_nlb;
+    const size_t ll = (size_t)(t->layer - w->sh.layer_begin);
+    const int r0 = (int)((long)t->n * ith / nth), r1 = (int)((long)t->n * (ith + 1) / nth);
+    for (int c = 0; c < 2; c++) {
+        const unsigned char *cache = c ? w->vcache : w->kcache;
+        for (int r = r0; r < r1; r++) {
+            const int j = t->lo + r;
+            const unsigned char *row = cache + (size_t)tab[j / w->kv_block] * w->kv_block_bytes[c] +
+                                       ll * w->kv_layer_bytes[c] + (size_t)(j % w->kv_block) * w->kv_row_bytes[c];
+            for (int h = 0; h < w->n_kv_loc; h++)
+                w->kv_decode(w->kv_type[c], row + (size_t)h * w->kv_head_bytes[c], hd,
+                             w->kv_pre[c] + (size_t)r * w->kv_dim + (size_t)h * hd);
+        }
+    }
+}
+
+/* Contract (worker_internal.h). A cache not f32: the tokens of a slot with
+ * at least KVQ_PRE_MIN tokens in the step (a prefill) would each decode
+ * every row they see, the same rows again and again; their rows are
+ * decoded once into kv_pre and read by the f32 kernels. Other tokens
+ * decode chunks of their own rows (att_run). */
 void worker_attend(ie_worker_t *w, int l, const ie_batch_t *b)
 {
-    att_task_t at = {w, b, l, att_share(w, b->n)};
+    att_task_t at = {w, b, l, att_share(w, b->n), -1, 0};
+    if (w->kv_pre[0] && b->n >= KVQ_PRE_MIN) {
+        memset(w->kv_mark, 0, (size_t)b->n);
+        const int swa = w->layers[l].swa, W = w->hp.sliding_window;
+        for (int i = 0; i < b->n; i++) {
+            if (w->kv_mark[i]) continue;
+            const int seq = b->seq[i];
+            int cnt = 0, lo = INT_MAX, hi = 0;
+            for (int k = i; k < b->n; k++)
+                if (b->seq[k] == seq) {
+                    const int p = b->pos[k], j0 = swa && p >= W ? p - W + 1 : 0;
+                    cnt++;
+                    lo = j0 < lo ? j0 : lo;
+                    hi = p + 1 > hi ? p + 1 : hi;
+                }
+            if (cnt < KVQ_PRE_MIN || hi - lo > w->kv_pre_rows) continue;
+            for (int k = i; k < b->n; k++)
+                if (b->seq[k] == seq) w->kv_mark[k] = 1;
+            pre_task_t pt = {w, l, seq, lo, hi - lo};
+            ie_threadpool_run(w->tp, pre_run, &pt);
+            att_task_t one = {w, b, l, at.sg, seq, lo};
+            ie_threadpool_run(w->tp, att_run, &one);
+        }
+        for (int i = 0; i < b->n; i++)
+            if (!w->kv_mark[i]) {
+                ie_threadpool_run(w->tp, att_run, &at); /* the rest, each on its own rows */
+                break;
+            }
+        return;
+    }
+    if (w->kv_mark) memset(w->kv_mark, 0, (size_t)b->n);
     ie_threadpool_run(w->tp, att_run, &at);
 }
 

@@ -280,6 +280,9 @@ void ie_worker_destroy(ie_worker_t **self_p)
     worker_big_free(w->kcache);
     worker_big_free(w->vcache);
     worker_big_free(w->kv_tmp);
+    worker_big_free(w->kv_pre[0]);
+    worker_big_free(w->kv_pre[1]);
+    free(w->kv_mark);
     free(w->seq_len);
     free(w->btab);
     if (w->rope_cos_swa != w->rope_cos) free(w->rope_cos_swa);

@@ -158,11 +158,15 @@ struct ie_worker {
                                 [n_kv_loc heads encoded], layer l at
                                 l - sh.layer_begin                        */
     void (*kv_decode)(ie_kv_type_t, const void *, int, float *); /* kvq_decode or its ISA twin */
-    float *kv_tmp;                                               /* [n_threads][KVQ_CHUNK*hd + (group+1)*hd] decoded
+    float *kv_pre[2];                                            /* [kv_pre_rows][kv_dim] a prefill's rows decoded
+                         (K, V; a cache not f32), else NULL             */
+    int kv_pre_rows;
+    uint8_t *kv_mark; /* [max_batch] tokens attended from kv_pre        */
+    float *kv_tmp;    /* [n_threads][KVQ_CHUNK*hd + (group+1)*hd] decoded
                       rows, rotated queries, partial outputs (a cache
                       not f32 or rotated), else NULL                    */
-    int32_t *btab;                                               /* [n_seq][kv_nlb] physical block, -1 unbound */
-    int *seq_len;                                                /* [n_seq] positions held                   */
+    int32_t *btab;    /* [n_seq][kv_nlb] physical block, -1 unbound */
+    int *seq_len;     /* [n_seq] positions held                   */
 
     float *rope_cos, *rope_sin; /* [n_ctx][rope_dim/2]                   */
     const float *rope_freqs;    /* [rope_dim/2] frequency divisors
@@ -242,6 +246,10 @@ void worker_mat_row(const wmat_t *m, int64_t r, float *out);
 
 /* Positions attention decodes at a time from a cache that is not f32. */
 #define KVQ_CHUNK 64
+/* A slot's tokens in one step from which attention decodes its rows once
+ * for all of them, and the most bytes (K and V, f32) that decode takes. */
+#define KVQ_PRE_MIN 4
+#define KVQ_PRE_BYTES ((size_t)64 << 20)
 
 /* Whether a cache of type t is rotated under switch r. */
 int kvq_rotates(ie_kv_type_t t, ie_kv_rotate_t r);
