@@ -414,6 +414,8 @@ typedef struct kind_desc {
     const field_t *fields;
     int n_fields;
 } kind_desc_t;
+/* ie_msg_decode keeps one bit and one array length per field */
+_Static_assert(sizeof k_assign / sizeof k_assign[0] <= 32, "ASSIGN: more fields than ie_msg_decode tracks");
 
 #define KD(t)                            \
     {                                    \
@@ -642,7 +644,7 @@ ie_status_t ie_msg_decode(const void *data, size_t n, ie_msg_t *m)
     msgpack_unpacked u;
     const kind_desc_t *kd = NULL;
     const char *kname = "header";
-    int32_t arr_len[16];
+    int32_t arr_len[32]; /* per field of a kind: at most 32 (`seen` is a 32-bit mask) */
     uint32_t seen = 0;
 
     msgpack_unpacked_init(&u);
