@@ -193,7 +193,8 @@ static void test_decode_twin(void)
 
 /* ------------------------------------------------------------ on a worker */
 
-static ie_worker_t *make(ie_kv_type_t k, ie_kv_type_t v, ie_kv_rotate_t rot, int kv_block, int threads)
+static ie_worker_t *make_src(ie_model_src_t *src, ie_kv_type_t k, ie_kv_type_t v, ie_kv_rotate_t rot, int kv_block,
+                             int threads)
 {
     ie_worker_opts_t o;
     ie_worker_opts_default(&o);
@@ -207,8 +208,13 @@ static ie_worker_t *make(ie_kv_type_t k, ie_kv_type_t v, ie_kv_rotate_t rot, int
     o.kv_rotate = rot;
     o.kv_block = kv_block;
     ie_worker_t *w = NULL;
-    CU_ASSERT_EQUAL_FATAL(ie_worker_new(g_src, &o, &w), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_worker_new(src, &o, &w), IE_OK);
     return w;
+}
+
+static ie_worker_t *make(ie_kv_type_t k, ie_kv_type_t v, ie_kv_rotate_t rot, int kv_block, int threads)
+{
+    return make_src(g_src, k, v, rot, kv_block, threads);
 }
 
 #define NTOK 40
@@ -318,6 +324,36 @@ static void test_worker_layouts(void)
     free(ref);
 }
 
+/* GPT-OSS (sinks, sliding layers of window 8, head size 16... of the
+ * fixture): an f16 cache stays within f16 rounding of the f32 cache, for
+ * a prefill (the rows decoded once per step, read from the window's start)
+ * and token by token (each token's own chunks), past the window's edge and
+ * over blocks of 3 positions. */
+static void test_worker_gptoss_window(void)
+{
+    ie_model_src_t *src = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_model_src_open(IE_TEST_DATA "/tiny_gptoss.gguf", &src), IE_OK);
+    ie_worker_t *w = make_src(src, IE_KV_F32, IE_KV_F32, IE_KV_ROTATE_AUTO, 0, 2);
+    const size_t n = NTOK * (size_t)ie_worker_hparams(w)->n_vocab;
+    CU_ASSERT(ie_worker_hparams(w)->sliding_window < NTOK);
+    float *ref = run(w, 16);
+    ie_worker_destroy(&w);
+    double lmax = 0;
+    for (size_t i = 0; i < n; i++) lmax = fmax(lmax, fabs(ref[i]));
+    static const int chunks[] = {16, 1, 5};
+    for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+        w = make_src(src, IE_KV_F16, IE_KV_F16, IE_KV_ROTATE_ON, 3, 2);
+        float *got = run(w, chunks[c]);
+        const double d = max_diff(got, ref, n);
+        CU_ASSERT(d < 2e-3 * lmax);
+        if (d >= 2e-3 * lmax) fprintf(stderr, "  chunk %d: max diff %.3g of %.3g\n", chunks[c], d, lmax);
+        free(got);
+        ie_worker_destroy(&w);
+    }
+    free(ref);
+    ie_model_src_destroy(&src);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -329,6 +365,7 @@ int main(void)
     CU_add_test(s, "AVX-512 decode == scalar decode", test_decode_twin);
     CU_add_test(s, "worker: each cache type close to f32", test_worker_types);
     CU_add_test(s, "worker: quantized cache bits independent of layout", test_worker_layouts);
+    CU_add_test(s, "worker: GPT-OSS window edges and sinks over an f16 cache", test_worker_gptoss_window);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
