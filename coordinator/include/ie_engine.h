@@ -130,6 +130,11 @@ const ie_hparams_t *ie_engine_hparams(const ie_engine_t *e);
 size_t ie_engine_kv_bytes_per_token(const ie_engine_t *e);
 /* The tokenizer, NULL when opened with no_tokenizer; borrowed. */
 const ie_tokenizer_t *ie_engine_tokenizer(const ie_engine_t *e);
+/* Put the model's chat template (o->tmpl, borrowed, valid until destroy;
+ * NULL if the model has none) and, if it did not compile, the reason
+ * (o->tmpl_error) into chat options; other fields are left as they are. */
+struct ie_chat_opts;
+void ie_engine_chat_opts(const ie_engine_t *e, struct ie_chat_opts *o);
 /* The backend that runs the model (worker or cluster: callers need not
  * know which); borrowed, valid until destroy. Its geometry says the
  * slots, context, batch, KV pool and vocabulary. */

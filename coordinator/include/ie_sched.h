@@ -52,22 +52,26 @@ typedef struct ie_sched_opts {
     const ie_tokenizer_t *tok; /* not owned, must outlive the scheduler:
                               detokenizes the output; ids fit the
                               backend's vocabulary                       */
-    int no_prefix_cache;       /* 1: never reuse cached KV blocks of equal
+    const int32_t *stop_ids;   /* end-of-turn ids beyond the tokenizer's
+                              (ie_tokenizer_is_eog), not owned, must
+                              outlive the scheduler; may be NULL        */
+    size_t n_stop_ids;
+    int no_prefix_cache;    /* 1: never reuse cached KV blocks of equal
                               prompt prefixes (0, the default: reuse)    */
-    int queue_max;             /* waiting requests at most (0: 64) beyond
+    int queue_max;          /* waiting requests at most (0: 64) beyond
                               the slots free at submit; more is
                               IE_ERR_BUSY                                */
-    int prefill_chunk;         /* prompt tokens per step at most (0: the
+    int prefill_chunk;      /* prompt tokens per step at most (0: the
                               backend's max_batch)                       */
-    int retry_ms;              /* > 0: a request whose step failed because a
+    int retry_ms;           /* > 0: a request whose step failed because a
                               worker was lost is recomputed when the
                               backend is ready again, tried again (250 ms
                               apart) for up to this long after the first
                               loss; 0: it ends with ERROR "unavailable"
                               at once                                    */
-    ie_gen_stats_t *timing;    /* optional: step times and token counts
+    ie_gen_stats_t *timing; /* optional: step times and token counts
                               accumulate here (stepping thread only)     */
-    ie_metrics_t *metrics;     /* optional: ie_requests_total{status},
+    ie_metrics_t *metrics;  /* optional: ie_requests_total{status},
                               tokens, queue/TTFT/token-latency
                               histograms, KV blocks used/total, prefix
                               hits/misses, preemptions                   */

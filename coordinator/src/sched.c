@@ -101,10 +101,11 @@ struct ie_sched {
     int n_tev;
     sreq_t **ended; /* terminal this step                        */
     int n_ended, ended_cap;
-    int32_t *unbind;     /* a slot's table when it is let go          */
-    int ident;           /* the pool is full size: slots start bound
+    int32_t *unbind;      /* a slot's table when it is let go          */
+    int ident;            /* the pool is full size: slots start bound
                                 to their own blocks                      */
-    ie_sched_stats_t st; /* under mu                                 */
+    ie_sched_stats_t st;  /* under mu                                 */
+    ie_metric_t *m_stage; /* ie_stage_seconds{stage} */
     ie_metric_t *m_req, *m_gen, *m_prompt, *m_queue, *m_ttft, *m_lat, *m_kv_used, *m_kv_total, *m_kv_ratio, *m_hit,
         *m_miss, *m_preempt, *m_queued, *m_running;
 };
@@ -343,6 +344,12 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
         ie_metrics_counter(m, "ie_preemptions_total", "Sequences preempted for KV blocks", NULL, &s->m_preempt);
         ie_metrics_gauge(m, "ie_queue_depth", "Requests waiting", NULL, &s->m_queued);
         ie_metrics_gauge(m, "ie_running_requests", "Requests in the running batch", NULL, &s->m_running);
+        /* the CLI's stage timers (docs/CLI.md), per step: the forward pass
+         * of a step with prompt tokens (prefill) or without (decode), then
+         * sampling and detokenizing its rows; queue wait is
+         * ie_request_queue_seconds */
+        static const double sb[] = {0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5};
+        ie_metrics_histogram(m, "ie_stage_seconds", "Time per step in each stage", "stage", sb, 10, &s->m_stage);
         if (s->m_kv_total) ie_metric_set(s->m_kv_total, NULL, s->st.kv_blocks);
         if (s->m_kv_used) ie_metric_set(s->m_kv_used, NULL, 0);
         if (s->m_kv_ratio) ie_metric_set(s->m_kv_ratio, NULL, 0);
@@ -810,7 +817,9 @@ static void take_token(ie_sched_t *s, sreq_t *q, int32_t id, double now)
     size_t before_len = q->text_len;
     int r = 0;
     ie_finish_t why = IE_FINISH_NONE;
-    if (ie_tokenizer_is_eog(s->tok, id)) {
+    int eog = ie_tokenizer_is_eog(s->tok, id);
+    for (size_t k = 0; !eog && k < s->o.n_stop_ids; k++) eog = s->o.stop_ids[k] == id;
+    if (eog) {
         why = IE_FINISH_EOS;
     } else {
         const char *piece = ie_detok_push(q->detok, id);
@@ -840,6 +849,7 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
     int row = 0;
     double now = ie_now_ms();
     size_t n_pre = 0, n_dec = 0;
+    double sample_ms = 0, detok_ms = 0;
     s->n_tev = 0;
     for (int i = 0; i < nb; i++) {
         sreq_t *q = s->b_req[i];
@@ -856,7 +866,12 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
         }
         float *lg = s->logits + (size_t)row++ * (size_t)s->n_vocab;
         int32_t id;
-        if (ie_sampler_sample(q->smp, lg, &id) != IE_OK) {
+        const int timed = s->o.timing || s->m_stage;
+        const double ts = timed ? ie_now_ms() : 0;
+        const ie_status_t sst = ie_sampler_sample(q->smp, lg, &id);
+        const double td = timed ? ie_now_ms() : 0;
+        sample_ms += td - ts;
+        if (sst != IE_OK) {
             char why[256];
             snprintf(why, sizeof why, "%s", ie_error_last());
             release_slot(s, q);
@@ -865,11 +880,19 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
         }
         if (!has_prefill) n_dec++;
         take_token(s, q, id, now);
+        if (timed) detok_ms += ie_now_ms() - td; /* text, stop strings, events */
     }
     if (s->prefix_cache)
         for (int k = 0; k < s->n_seq; k++)
             if (s->run[k]) publish(s, s->run[k]);
+    if (s->m_stage) {
+        ie_metric_observe(s->m_stage, has_prefill ? "prefill" : "decode", step_ms / 1e3);
+        ie_metric_observe(s->m_stage, "sample", sample_ms / 1e3);
+        ie_metric_observe(s->m_stage, "detokenize", detok_ms / 1e3);
+    }
     if (s->o.timing) {
+        s->o.timing->sample_ms += sample_ms;
+        s->o.timing->detok_ms += detok_ms;
         if (has_prefill) {
             s->o.timing->prefill_ms += step_ms;
             s->o.timing->prefill_tokens += n_pre;

@@ -81,9 +81,10 @@ struct ie_http {
     atomic_int stopping;
     pthread_mutex_t mu; /* n_busy                                */
     pthread_cond_t cv;
-    int n_busy;          /* generation requests not yet completed  */
-    ie_metric_t *m_req;  /* ie_http_requests_total{code}          */
-    ie_metric_t *m_gone; /* ie_http_client_disconnects_total      */
+    int n_busy;           /* generation requests not yet completed  */
+    ie_metric_t *m_req;   /* ie_http_requests_total{code}          */
+    ie_metric_t *m_gone;  /* ie_http_client_disconnects_total      */
+    ie_metric_t *m_stage; /* ie_stage_seconds{stage="tokenize"}   */
 };
 
 /* ------------------------------------------------------------- requests */
@@ -462,7 +463,8 @@ static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
     int found = 0;
 
     ie_gen_params_default(&g->gp);
-    *sp = ie_sampler_params_default(); /* temperature 1, filters off: OpenAI's defaults */
+    ie_engine_chat_opts(h->o.engine, &g->chat_opts); /* the model's own template */
+    *sp = ie_sampler_params_default();               /* temperature 1, filters off: OpenAI's defaults */
     /* completions: 16 tokens like OpenAI; chat: until the model ends its
      * turn or the context is full */
     g->gp.max_new = g->chat ? h->n_ctx : 16;
@@ -590,8 +592,10 @@ static int prompt_ids(ie_http_t *h, const cJSON *root, int32_t **ids, size_t *n,
     }
     if (!cJSON_IsString(p))
         return bad_param(e, "prompt", "'prompt' must be a string, a list of one string or a list of token ids");
+    const double t0 = ie_now_ms();
     ie_status_t st = ie_tokenizer_encode(h->tok, p->valuestring, strlen(p->valuestring),
                                          IE_TOK_ADD_SPECIAL | IE_TOK_PARSE_SPECIAL, ids, n);
+    if (h->m_stage) ie_metric_observe(h->m_stage, "tokenize", (ie_now_ms() - t0) / 1e3);
     if (st == IE_ERR_NOMEM)
         return err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
     if (st != IE_OK) return bad_param(e, "prompt", "'prompt': %s", ie_error_last());
@@ -600,19 +604,28 @@ static int prompt_ids(ie_http_t *h, const cJSON *root, int32_t **ids, size_t *n,
 
 /* /v1/chat/completions' messages -> ids through the model's chat template.
  * OpenAI's content parts ([{"type": "text", "text": ...}]) are joined into
- * one string; "name" is dropped. */
+ * one string; "name" is dropped. "chat_template_kwargs" (an object, as vLLM
+ * takes it, e.g. {"enable_thinking": false}) become template variables. */
 static int chat_ids(ie_http_t *h, const cJSON *root, const gen_t *g, int32_t **ids, size_t *n, http_err_t *e)
 {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
     cJSON *norm = NULL;
-    char *json = NULL;
+    char *json = NULL, *kw_json = NULL;
     int rc = 0, i = 0;
     cJSON *m;
+    ie_chat_opts_t co = g->chat_opts;
 
     if (!cJSON_IsArray(msgs) || !msgs->child)
         return bad_param(e, "messages", "'messages' must be a non-empty list of messages");
     if (h->chat_fmt == IE_CHAT_NONE)
         return bad_param(e, "messages", "this model has no chat template; use /v1/completions");
+    if (kw && !cJSON_IsNull(kw)) {
+        if (!cJSON_IsObject(kw))
+            return bad_param(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        if (!(kw_json = cJSON_PrintUnformatted(kw))) goto oom;
+        co.template_kwargs = kw_json;
+    }
     if (!(norm = cJSON_Duplicate(msgs, 1))) goto oom;
     cJSON_ArrayForEach(m, norm)
     {
@@ -648,7 +661,9 @@ static int chat_ids(ie_http_t *h, const cJSON *root, const gen_t *g, int32_t **i
         }
     }
     if (!(json = cJSON_PrintUnformatted(norm))) goto oom;
-    ie_status_t st = ie_chat_encode(h->tok, json, &g->chat_opts, ids, n, NULL);
+    const double t0 = ie_now_ms();
+    ie_status_t st = ie_chat_encode(h->tok, json, &co, ids, n, NULL);
+    if (h->m_stage) ie_metric_observe(h->m_stage, "tokenize", (ie_now_ms() - t0) / 1e3);
     if (st == IE_ERR_NOMEM) goto oom;
     if (st != IE_OK) rc = bad_param(e, "messages", "%s", ie_error_last());
     goto cleanup;
@@ -657,6 +672,7 @@ oom:
 cleanup:
     cJSON_Delete(norm);
     free(json);
+    free(kw_json);
     return rc;
 }
 
@@ -1339,7 +1355,9 @@ ie_status_t ie_http_start(const ie_http_opts_t *o, ie_http_t **out)
     h->listen_fd = MHD_INVALID_SOCKET;
     h->created = (long)time(NULL);
     h->tok = ie_engine_tokenizer(o->engine);
-    h->chat_fmt = ie_chat_format(h->tok);
+    ie_chat_opts_t co = {0};
+    ie_engine_chat_opts(o->engine, &co);
+    h->chat_fmt = ie_chat_format_for(h->tok, &co);
     h->n_ctx = ie_backend_geom(ie_engine_backend(o->engine))->n_ctx;
     h->n_vocab = ie_tokenizer_n_vocab(h->tok);
     h->max_body = o->max_body > 0 ? (size_t)o->max_body : (size_t)1 << 20;
@@ -1356,6 +1374,10 @@ ie_status_t ie_http_start(const ie_http_opts_t *o, ie_http_t **out)
             (st = ie_metrics_counter(o->metrics, "ie_http_client_disconnects_total",
                                      "HTTP generation requests cancelled because their client went away", NULL,
                                      &h->m_gone)) != IE_OK)
+            goto cleanup;
+        static const double sb[] = {0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5};
+        if ((st = ie_metrics_histogram(o->metrics, "ie_stage_seconds", "Time per step in each stage", "stage", sb,
+                                       10, &h->m_stage)) != IE_OK)
             goto cleanup;
     }
     h->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,

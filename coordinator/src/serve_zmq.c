@@ -137,7 +137,9 @@ static ie_status_t encode(server_t *s, const ie_client_req_t *r, int32_t **ids, 
     char *json = cJSON_PrintUnformatted(arr);
     cJSON_Delete(arr);
     if (!json) return ie_error_set(IE_ERR_NOMEM, "out of memory");
-    ie_status_t st = ie_chat_encode(tok, json, NULL, ids, n, NULL);
+    ie_chat_opts_t co = {0};
+    ie_engine_chat_opts(s->o->engine, &co);
+    ie_status_t st = ie_chat_encode(tok, json, &co, ids, n, NULL);
     free(json);
     return st;
 }
