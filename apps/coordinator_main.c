@@ -71,6 +71,9 @@ static void usage(FILE *f)
           "  --kv-block N --kv-blocks N        KV-cache blocks: positions per block (16), blocks in\n"
           "                                    the pool (0: batch * ceil(ctx / kv-block))\n"
           "  --no-prefix-cache        do not reuse the KV blocks of equal prompt prefixes\n"
+          "  --cache-type-k T --cache-type-v T  KV cache types (f32, f16, bf16, q8, q4, fp8_e4m3,\n"
+          "                                    fp8_e5m2; docs/KVCACHE.md), sent to every worker\n"
+          "  --kv-rotate auto|on|off  Hadamard rotation of a quantized cache (auto: on)\n"
           "  --precision P            weights precision the workers use (native)\n"
           "  --queue N                waiting client requests at most (64)\n"
           "  --timeout-ms N           a request's time limit, queue included (0: none)\n"
@@ -116,6 +119,8 @@ int main(int argc, char **argv)
     char *model_name = NULL;
     ie_http_t *http = NULL;
     long kv_block = 0, kv_blocks = 0;
+    ie_kv_type_t kv_k = IE_KV_F32, kv_v = IE_KV_F32;
+    ie_kv_rotate_t kv_rot = IE_KV_ROTATE_AUTO;
     int prefix_cache = 1;
     ie_shard_kind_t plan = IE_SHARD_TENSOR;
     ie_precision_t prec = IE_PREC_NATIVE;
@@ -160,6 +165,9 @@ int main(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_KV_BLOCK, &kv_block),
                                    IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks),
                                    IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache),
+                                   IE_CLI_PICK(IE_FLAG_CACHE_TYPE_K, &kv_k),
+                                   IE_CLI_PICK(IE_FLAG_CACHE_TYPE_V, &kv_v),
+                                   IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot),
                                    IE_CLI_PICK_RANGE(IE_FLAG_TIMEOUT_MS, &timeout_ms, 0, 86400000),
                                    IE_CLI_PICK(IE_FLAG_API_KEY, &api_key),
                                    IE_CLI_PICK(IE_FLAG_CPU_LATENCY, &cpulat),
@@ -196,7 +204,8 @@ int main(int argc, char **argv)
             goto cleanup;
         }
         if (bad) {
-            rc = ie_cli_fail(IE_EXIT_USAGE, "bad value '%s' for %s", optarg, av[optind - 2 >= 0 ? optind - 2 : 0]);
+            rc = ie_cli_fail(IE_EXIT_USAGE, "bad value '%s' for %s%s", optarg, av[optind - 2 >= 0 ? optind - 2 : 0],
+                             ie_cli_flag_hint(&fl, c));
             goto cleanup;
         }
     }
@@ -234,6 +243,9 @@ int main(int argc, char **argv)
     eo.precision = prec;
     eo.kv_block = (int)kv_block;
     eo.kv_blocks = (int)kv_blocks;
+    eo.kv_type_k = kv_k;
+    eo.kv_type_v = kv_v;
+    eo.kv_rotate = kv_rot;
     eo.prefix_cache = prefix_cache;
     eo.plan = plan;
     eo.n_workers = (int)workers;

@@ -22,6 +22,9 @@
  * usage: bench_decode --model PATH [--threads N] [--tokens N] [--prompt N]
  *                     [--precision native|bf16|int8w|int4w|...] [--high-gbps G]
  *                     [--ab balance|prefetch|stream|kvprefetch]
+ *                     [--cache-type-k T] [--cache-type-v T] [--kv-rotate auto|on|off]
+ * The cache types (docs/KVCACHE.md) show what a smaller cache read buys at
+ * depth: --prompt 4096 puts every decode step 4,096 positions deep.
  */
 #define _GNU_SOURCE
 #include "ie_model_src.h"
@@ -87,6 +90,8 @@ int main(int argc, char **argv)
 {
     const char *model = NULL, *prec = "native", *ab = NULL;
     int threads = 2, tokens = 128, prompt = 8;
+    ie_kv_type_t kvk = IE_KV_F32, kvv = IE_KV_F32;
+    ie_kv_rotate_t kvrot = IE_KV_ROTATE_AUTO;
     double high = 45.0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
@@ -96,9 +101,17 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--precision") && i + 1 < argc) prec = argv[++i];
         else if (!strcmp(argv[i], "--high-gbps") && i + 1 < argc) high = atof(argv[++i]);
         else if (!strcmp(argv[i], "--ab") && i + 1 < argc) ab = argv[++i];
+        else if (!strcmp(argv[i], "--cache-type-k") && i + 1 < argc && ie_kv_type_parse(argv[i + 1], &kvk) == IE_OK)
+            i++;
+        else if (!strcmp(argv[i], "--cache-type-v") && i + 1 < argc && ie_kv_type_parse(argv[i + 1], &kvv) == IE_OK)
+            i++;
+        else if (!strcmp(argv[i], "--kv-rotate") && i + 1 < argc &&
+                 ie_kv_rotate_parse(argv[i + 1], &kvrot) == IE_OK)
+            i++;
         else {
             fprintf(stderr, "usage: bench_decode --model PATH [--threads N] [--tokens N] [--prompt N] "
-                            "[--precision P] [--high-gbps G] [--ab balance|prefetch|stream|kvprefetch]\n");
+                            "[--precision P] [--high-gbps G] [--ab balance|prefetch|stream|kvprefetch] "
+                            "[--cache-type-k T] [--cache-type-v T] [--kv-rotate auto|on|off]\n");
             return 2;
         }
     }
@@ -117,7 +130,10 @@ int main(int argc, char **argv)
     ie_worker_opts_default(&o);
     o.n_threads = threads;
     o.n_ctx = prompt + tokens + 1;
-    o.max_batch = prompt;
+    o.max_batch = prompt < 512 ? prompt : 512;
+    o.kv_type_k = kvk;
+    o.kv_type_v = kvv;
+    o.kv_rotate = kvrot;
     if (ie_precision_parse(prec, &o.precision) != IE_OK || ie_model_src_open(model, &src) != IE_OK ||
         ie_worker_new(src, &o, &w) != IE_OK) {
         fprintf(stderr, "bench_decode: %s\n", ie_error_last());
@@ -141,10 +157,13 @@ int main(int argc, char **argv)
         pos[i] = i;
     }
     want[prompt - 1] = 1;
-    ie_batch_t b = {prompt, ids, pos, seq, want};
-    if (ie_worker_step(w, &b, logits) != IE_OK) {
-        fprintf(stderr, "bench_decode: prefill: %s\n", ie_error_last());
-        goto out;
+    for (int i0 = 0; i0 < prompt; i0 += o.max_batch) { /* prefill in steps of max_batch */
+        const int m = prompt - i0 < o.max_batch ? prompt - i0 : o.max_batch;
+        ie_batch_t b = {m, ids + i0, pos + i0, seq + i0, want + i0};
+        if (ie_worker_step(w, &b, logits) != IE_OK) {
+            fprintf(stderr, "bench_decode: prefill: %s\n", ie_error_last());
+            goto out;
+        }
     }
     const int warm = tokens > 16 ? 8 : 0;
     int n = 0;
@@ -180,8 +199,9 @@ int main(int argc, char **argv)
         if (t >= warm) smp[n++] = s;
     }
     printf("bench_decode: %s, precision %s, %d thread(s), %d tokens after a %d-token prompt (first %d not "
-           "counted), %.1f MB per token\n",
-           model, prec, threads, n, prompt, warm, bytes / 1e6);
+           "counted), %.1f MB per token, KV cache %s/%s (%zu bytes per position)\n",
+           model, prec, threads, n, prompt, warm, bytes / 1e6, ie_kv_type_name(kvk), ie_kv_type_name(kvv),
+           ie_worker_kv_bytes_per_pos(w));
     printf("each token: decode step vs reads of the same bytes by the same threads (jobs: one pool job per "
            "matmul job; flat: one job); medians of per-token figures\n");
     printf("%-9s %5s %9s %9s %9s %9s %9s %9s\n", "phase", "n", "tok/s", "GB/s", "read_j", "read_f", "frac_j",
@@ -193,8 +213,9 @@ int main(int argc, char **argv)
     if (!json) goto out;
     fprintf(json,
             "{\"bench\":\"decode\",\"model\":\"%s\",\"precision\":\"%s\",\"threads\":%d,"
-            "\"mb_per_token\":%.1f,\"high_gbps\":%.1f,",
-            model, prec, threads, bytes / 1e6, high);
+            "\"mb_per_token\":%.1f,\"high_gbps\":%.1f,\"cache_type_k\":\"%s\",\"cache_type_v\":\"%s\","
+            "\"prompt\":%d,",
+            model, prec, threads, bytes / 1e6, high, ie_kv_type_name(kvk), ie_kv_type_name(kvv), prompt);
     int first = 1, sum_rc = 0;
     if (ab) fprintf(json, "\"ab\":\"%s\",", ab);
     for (int arm = ab ? 0 : -1; arm <= (ab ? 1 : -1); arm++) {

@@ -124,7 +124,9 @@ typedef struct ie_engine ie_engine_t;
  *  "kv_block", "kv_blocks", "prefix_cache" (0/1, default 1: the KV of
  *  earlier prompts stays cached across calls, so a later prompt that starts
  *  the same way, e.g. the next turn of a chat, is not recomputed; see
- *  ie_engine_metrics_t.kv_hits). The set is not kept.
+ *  ie_engine_metrics_t.kv_hits), "cache_type_k", "cache_type_v" (the KV
+ *  cache's storage: f32 (default), f16, bf16, q8, q4, fp8_e4m3, fp8_e5m2;
+ *  docs/KVCACHE.md), "kv_rotate" (auto|on|off). The set is not kept.
  *
  *  Errors: IE_ERR_INVAL (bad key or value), IE_ERR_IO / IE_ERR_FORMAT /
  *  IE_ERR_UNSUPPORTED (the model or tokenizer), IE_ERR_NOMEM. Caller owns

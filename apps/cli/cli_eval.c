@@ -40,6 +40,8 @@ int ie_cli_perplexity(int argc, char **argv)
     const char *model = NULL, *file = NULL, *plan = NULL;
     long ctx = 512, chunks = 0, threads = sysconf(_SC_NPROCESSORS_ONLN), batch = 512;
     ie_precision_t prec = IE_PREC_NATIVE;
+    ie_kv_type_t kv_k = IE_KV_F32, kv_v = IE_KV_F32;
+    ie_kv_rotate_t kv_rot = IE_KV_ROTATE_AUTO;
     int c, rc = IE_EXIT_OK;
     char *text = NULL;
     int32_t *ids = NULL;
@@ -53,7 +55,10 @@ int ie_cli_perplexity(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_THREADS, &threads),
                                    IE_CLI_PICK(IE_FLAG_PRECISION, &prec),
                                    IE_CLI_PICK_RANGE(IE_FLAG_BATCH, &batch, 1, 1 << 16),
-                                   IE_CLI_PICK(IE_FLAG_PLAN, &plan)};
+                                   IE_CLI_PICK(IE_FLAG_PLAN, &plan),
+                                   IE_CLI_PICK(IE_FLAG_CACHE_TYPE_K, &kv_k),
+                                   IE_CLI_PICK(IE_FLAG_CACHE_TYPE_V, &kv_v),
+                                   IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -66,7 +71,8 @@ int ie_cli_perplexity(int argc, char **argv)
         default:
             return ie_cli_fail(IE_EXIT_USAGE, "perplexity: unknown or incomplete option '%s'", argv[optind - 1]);
         }
-        if (bad) return ie_cli_fail(IE_EXIT_USAGE, "perplexity: bad value '%s'", optarg);
+        if (bad)
+            return ie_cli_fail(IE_EXIT_USAGE, "perplexity: bad value '%s'%s", optarg, ie_cli_flag_hint(&fl, c));
     }
     if (!model || !file || optind < argc)
         return ie_cli_fail(IE_EXIT_USAGE, "%s",
@@ -85,6 +91,9 @@ int ie_cli_perplexity(int argc, char **argv)
     eo.n_ctx = (int)ctx;
     eo.max_batch = (int)(batch < ctx ? batch : ctx);
     eo.precision = prec;
+    eo.kv_type_k = kv_k;
+    eo.kv_type_v = kv_v;
+    eo.kv_rotate = kv_rot;
     if ((rc = open_engine("perplexity", plan, &eo, &eng)) != 0) goto cleanup;
     ie_status_t st;
     const ie_tokenizer_t *tk = ie_engine_tokenizer(eng);
@@ -184,13 +193,20 @@ int ie_cli_logits(int argc, char **argv)
     long threads = sysconf(_SC_NPROCESSORS_ONLN);
     int decode = 0, c, rc = IE_EXIT_OK;
     ie_precision_t prec = IE_PREC_NATIVE;
+    ie_kv_type_t kv_k = IE_KV_F32, kv_v = IE_KV_F32;
+    ie_kv_rotate_t kv_rot = IE_KV_ROTATE_AUTO;
     int32_t *ids = NULL;
     float *logits = NULL;
     ie_engine_t *eng = NULL;
     FILE *f = NULL;
 
-    const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_MODEL, &model), IE_CLI_PICK(IE_FLAG_THREADS, &threads),
-                                   IE_CLI_PICK(IE_FLAG_PRECISION, &prec), IE_CLI_PICK(IE_FLAG_PLAN, &plan)};
+    const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_MODEL, &model),
+                                   IE_CLI_PICK(IE_FLAG_THREADS, &threads),
+                                   IE_CLI_PICK(IE_FLAG_PRECISION, &prec),
+                                   IE_CLI_PICK(IE_FLAG_PLAN, &plan),
+                                   IE_CLI_PICK(IE_FLAG_CACHE_TYPE_K, &kv_k),
+                                   IE_CLI_PICK(IE_FLAG_CACHE_TYPE_V, &kv_v),
+                                   IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -207,7 +223,7 @@ int ie_cli_logits(int argc, char **argv)
             break;
         default: return ie_cli_fail(IE_EXIT_USAGE, "logits: unknown or incomplete option '%s'", argv[optind - 1]);
         }
-        if (bad) return ie_cli_fail(IE_EXIT_USAGE, "logits: bad value '%s'", optarg);
+        if (bad) return ie_cli_fail(IE_EXIT_USAGE, "logits: bad value '%s'%s", optarg, ie_cli_flag_hint(&fl, c));
     }
     if (!model || !ids_s || !out || optind < argc)
         return ie_cli_fail(IE_EXIT_USAGE, "%s",
@@ -238,6 +254,9 @@ int ie_cli_logits(int argc, char **argv)
     eo.n_threads = (int)threads;
     eo.n_ctx = (int)(n < 16 ? 16 : n);
     eo.precision = prec;
+    eo.kv_type_k = kv_k;
+    eo.kv_type_v = kv_v;
+    eo.kv_rotate = kv_rot;
     eo.no_tokenizer = 1;
     if ((rc = open_engine("logits", plan, &eo, &eng)) != 0) goto cleanup;
     ie_status_t st;

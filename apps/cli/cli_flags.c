@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef enum { FK_STR, FK_STR_NONEMPTY, FK_LONG, FK_PREC, FK_SET0, FK_SET1 } flag_kind_t;
+typedef enum { FK_STR, FK_STR_NONEMPTY, FK_LONG, FK_PREC, FK_SET0, FK_SET1, FK_KVTYPE, FK_KVROT } flag_kind_t;
 
 typedef struct {
     const char *name;
@@ -55,6 +55,9 @@ static const flag_t FLAGS[] = {
     {"http-max-conns", IE_FLAG_HTTP_CONNS, FK_LONG, 1, 1 << 16},
     {"http-max-conns-per-addr", IE_FLAG_HTTP_PER_ADDR, FK_LONG, 1, 1 << 16},
     {"cors-origin", IE_FLAG_CORS_ORIGIN, FK_STR_NONEMPTY, 0, 0},
+    {"cache-type-k", IE_FLAG_CACHE_TYPE_K, FK_KVTYPE, 0, 0},
+    {"cache-type-v", IE_FLAG_CACHE_TYPE_V, FK_KVTYPE, 0, 0},
+    {"kv-rotate", IE_FLAG_KV_ROTATE, FK_KVROT, 0, 0},
 };
 #define N_FLAGS (sizeof FLAGS / sizeof FLAGS[0])
 
@@ -104,6 +107,8 @@ static int store(const flag_t *f, const ie_cli_pick_t *pk, const char *arg)
         *(const char **)pk->dst = arg;
         return 0;
     case FK_PREC: return ie_precision_parse(arg, (ie_precision_t *)pk->dst) == IE_OK ? 0 : -1;
+    case FK_KVTYPE: return ie_kv_type_parse(arg, (ie_kv_type_t *)pk->dst) == IE_OK ? 0 : -1;
+    case FK_KVROT: return ie_kv_rotate_parse(arg, (ie_kv_rotate_t *)pk->dst) == IE_OK ? 0 : -1;
     case FK_SET0: *(int *)pk->dst = 0; return 0;
     case FK_SET1: *(int *)pk->dst = 1; return 0;
     case FK_LONG: {
@@ -124,6 +129,15 @@ int ie_cli_next(ie_cli_parser_t *p)
         return store(flag_of(p->last), &p->picks[i], optarg) == 0 ? IE_CLI_ENGINE : IE_CLI_BAD;
     }
     return IE_CLI_UNKNOWN; /* not reached: only picked flags are in the table */
+}
+
+/* Contract (ie_cli_flags.h). */
+const char *ie_cli_flag_hint(const ie_cli_parser_t *p, int c)
+{
+    const flag_t *f = c == IE_CLI_BAD ? flag_of(p->last) : NULL;
+    if (f && f->kind == FK_KVTYPE) return " (expected f32, f16, bf16, q8 (q8_0), q4 (q4_0), fp8_e4m3 or fp8_e5m2)";
+    if (f && f->kind == FK_KVROT) return " (expected on, off or auto)";
+    return "";
 }
 
 const char *ie_cli_flag_name(const ie_cli_parser_t *p, int c)

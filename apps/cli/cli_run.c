@@ -57,6 +57,9 @@ static void usage(FILE *f)
           "  --kv-block N                   positions per KV-cache block (16)\n"
           "  --kv-blocks N                  KV-cache blocks in the pool (0: batch * ceil(ctx / kv-block))\n"
           "  --no-prefix-cache              do not reuse the KV blocks of equal prompt prefixes\n"
+          "  --cache-type-k T / --cache-type-v T  KV cache storage: f32 (default), f16, bf16,\n"
+          "                                 q8 (q8_0), q4 (q4_0), fp8_e4m3, fp8_e5m2 (docs/KVCACHE.md)\n"
+          "  --kv-rotate auto|on|off        Hadamard rotation of K/V (auto: on for q8, q4, fp8)\n"
           "  --warmup N / --rounds N        unmeasured / measured repetitions (0 / env RUNS, 1)\n"
           "  --greedy                       arg max decoding\n"
           "  --temperature T --top-k K --top-p P --min-p P\n"
@@ -405,6 +408,8 @@ int ie_cli_run(int argc, char **argv)
     long max_new = 128, ctx = 0, warmup = 0, prefetch = 0, tok_threads = 0;
     int greedy = 0, print_text = 0, special = 1, pin = 1, have_seed = 0, prefix_cache = 1;
     long kv_block = 0, kv_blocks = 0;
+    ie_kv_type_t kv_k = IE_KV_F32, kv_v = IE_KV_F32;
+    ie_kv_rotate_t kv_rot = IE_KV_ROTATE_AUTO;
     const char *plan = NULL;
     ie_sampler_params_t sp = ie_sampler_params_default();
     sp.temperature = 0.8f; /* llama.cpp's defaults for an interactive CLI */
@@ -440,7 +445,9 @@ int ie_cli_run(int argc, char **argv)
         IE_CLI_PICK(IE_FLAG_BATCH, &batch),         IE_CLI_PICK(IE_FLAG_CTX, &ctx),
         IE_CLI_PICK(IE_FLAG_PRECISION, &prec),      IE_CLI_PICK(IE_FLAG_NO_PIN, &pin),
         IE_CLI_PICK(IE_FLAG_PLAN, &plan),           IE_CLI_PICK(IE_FLAG_KV_BLOCK, &kv_block),
-        IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks), IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache)};
+        IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks), IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache),
+        IE_CLI_PICK(IE_FLAG_CACHE_TYPE_K, &kv_k),   IE_CLI_PICK(IE_FLAG_CACHE_TYPE_V, &kv_v),
+        IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -513,7 +520,8 @@ int ie_cli_run(int argc, char **argv)
             goto cleanup;
         }
         if (bad) {
-            snprintf(msg, sizeof msg, "bad value '%s' for --%s", optarg, ie_cli_flag_name(&fl, c));
+            snprintf(msg, sizeof msg, "bad value '%s' for --%s%s", optarg, ie_cli_flag_name(&fl, c),
+                     ie_cli_flag_hint(&fl, c));
             rc = ie_cli_fail(IE_EXIT_USAGE, "%s", msg);
             goto cleanup;
         }
@@ -647,6 +655,9 @@ int ie_cli_run(int argc, char **argv)
     eo.precision = prec;
     eo.kv_block = (int)kv_block;
     eo.kv_blocks = (int)kv_blocks;
+    eo.kv_type_k = kv_k;
+    eo.kv_type_v = kv_v;
+    eo.kv_rotate = kv_rot;
     eo.prefix_cache = prefix_cache;
     if (ie_cli_plan(plan, &eo) != 0) {
         snprintf(msg, sizeof msg, "bad plan '%s' (none, pipeline:N or tensor:N)", plan ? plan : getenv("IE_PLAN"));
@@ -953,6 +964,9 @@ int ie_cli_run(int argc, char **argv)
     cJSON_AddNumberToObject(js, "rss_peak_mb", ie_rss_peak_mb());
     cJSON_AddNumberToObject(js, "threads", (double)threads);
     cJSON_AddStringToObject(js, "precision", ie_precision_name(prec));
+    cJSON_AddStringToObject(js, "cache_type_k", ie_kv_type_name(kv_k));
+    cJSON_AddStringToObject(js, "cache_type_v", ie_kv_type_name(kv_v));
+    cJSON_AddNumberToObject(js, "kv_bytes_per_token", (double)ie_engine_kv_bytes_per_token(eng));
     ie_backend_stats_t bs;
     ie_backend_stats(ie_engine_backend(eng), &bs);
     cJSON_AddStringToObject(js, "isa", bs.isa);

@@ -81,6 +81,8 @@ int ie_cli_serve(int argc, char **argv)
          prefill_chunk = 0, read_ms = 0, conns = 0, conns_addr = 0;
     int pin = 1, verbose = 0, prefix_cache = 1, rc = IE_EXIT_OK, c;
     ie_precision_t prec = IE_PREC_NATIVE;
+    ie_kv_type_t kv_k = IE_KV_F32, kv_v = IE_KV_F32;
+    ie_kv_rotate_t kv_rot = IE_KV_ROTATE_AUTO;
     char *default_name = NULL;
     ie_metrics_t *metrics = NULL;
     ie_net_t *net = NULL;
@@ -113,7 +115,11 @@ int ie_cli_serve(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_PREFILL_CHUNK, &prefill_chunk),
                                    IE_CLI_PICK(IE_FLAG_HTTP_READ_MS, &read_ms),
                                    IE_CLI_PICK(IE_FLAG_HTTP_CONNS, &conns),
-                                   IE_CLI_PICK(IE_FLAG_HTTP_PER_ADDR, &conns_addr)};
+                                   IE_CLI_PICK(IE_FLAG_HTTP_PER_ADDR, &conns_addr),
+
+                                   IE_CLI_PICK(IE_FLAG_CACHE_TYPE_K, &kv_k),
+                                   IE_CLI_PICK(IE_FLAG_CACHE_TYPE_V, &kv_v),
+                                   IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -134,7 +140,8 @@ int ie_cli_serve(int argc, char **argv)
             goto cleanup;
         }
         if (bad) {
-            rc = ie_cli_fail(IE_EXIT_USAGE, "bad value '%s' for --%s", optarg, ie_cli_flag_name(&fl, c));
+            rc = ie_cli_fail(IE_EXIT_USAGE, "bad value '%s' for --%s%s", optarg, ie_cli_flag_name(&fl, c),
+                             ie_cli_flag_hint(&fl, c));
             goto cleanup;
         }
     }
@@ -169,6 +176,9 @@ int ie_cli_serve(int argc, char **argv)
     eo.precision = prec;
     eo.kv_block = (int)kv_block;
     eo.kv_blocks = (int)kv_blocks;
+    eo.kv_type_k = kv_k;
+    eo.kv_type_v = kv_v;
+    eo.kv_rotate = kv_rot;
     eo.prefix_cache = prefix_cache;
     if (ie_cli_plan(plan, &eo) != 0) {
         rc = ie_cli_fail(IE_EXIT_USAGE, "bad plan '%s' (none, pipeline:N or tensor:N)",

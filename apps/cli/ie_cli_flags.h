@@ -55,6 +55,9 @@ typedef enum ie_flag_id {
     IE_FLAG_HTTP_CONNS,     /* --http-max-conns N (1..65536)      long         */
     IE_FLAG_HTTP_PER_ADDR,  /* --http-max-conns-per-addr N        long         */
     IE_FLAG_CORS_ORIGIN,    /* --cors-origin ORIGIN (not empty)   const char * */
+    IE_FLAG_CACHE_TYPE_K,   /* --cache-type-k T (ie_kv_type_parse) ie_kv_type_t */
+    IE_FLAG_CACHE_TYPE_V,   /* --cache-type-v T                   ie_kv_type_t */
+    IE_FLAG_KV_ROTATE,      /* --kv-rotate on|off|auto            ie_kv_rotate_t */
     IE_FLAG_END
 } ie_flag_id_t;
 
@@ -109,5 +112,8 @@ int ie_cli_next(ie_cli_parser_t *p);
  * first name of the rejected flag for IE_CLI_BAD, the first name with that
  * value for an own option; "?" otherwise. */
 const char *ie_cli_flag_name(const ie_cli_parser_t *p, int c);
+/* For a bad value (c == IE_CLI_BAD) of a flag with a fixed set of values:
+ * " (expected ...)" naming them; "" otherwise. */
+const char *ie_cli_flag_hint(const ie_cli_parser_t *p, int c);
 
 #endif

@@ -86,6 +86,9 @@ typedef struct ie_msg_assign {
     int32_t n_ctx, n_seq, max_batch;
     int32_t kv_block;     /* positions per KV block (0: the worker's default) */
     int32_t kv_blocks;    /* KV blocks in the pool (0: enough for all slots)  */
+    int32_t kv_type_k;    /* ie_kv_type_t of the K cache (absent: 0, f32)   */
+    int32_t kv_type_v;    /* and of V                                       */
+    int32_t kv_rotate;    /* ie_kv_rotate_t (absent: 0, auto)               */
     int32_t precision;    /* ie_precision_t                                 */
     int32_t heartbeat_ms; /* how often to send heartbeats                   */
     int32_t dead_ms;      /* silence after which a peer counts as dead      */

@@ -350,6 +350,9 @@ static const field_t k_assign[] = {
     FI(ie_msg_assign_t, max_batch, REQ, 1, INT32_MAX),
     FI(ie_msg_assign_t, kv_block, REQ, 0, INT32_MAX),
     FI(ie_msg_assign_t, kv_blocks, REQ, 0, INT32_MAX),
+    FI(ie_msg_assign_t, kv_type_k, OPT, 0, 6),
+    FI(ie_msg_assign_t, kv_type_v, OPT, 0, 6),
+    FI(ie_msg_assign_t, kv_rotate, OPT, 0, 2),
     FI(ie_msg_assign_t, precision, REQ, 0, INT32_MAX),
     FI(ie_msg_assign_t, heartbeat_ms, REQ, 1, INT32_MAX),
     FI(ie_msg_assign_t, dead_ms, REQ, 1, INT32_MAX),
@@ -412,6 +415,8 @@ typedef struct kind_desc {
     const field_t *fields;
     int n_fields;
 } kind_desc_t;
+/* ie_msg_decode keeps one bit and one array length per field */
+_Static_assert(sizeof k_assign / sizeof k_assign[0] <= 32, "ASSIGN: more fields than ie_msg_decode tracks");
 
 #define KD(t)                            \
     {                                    \
@@ -640,7 +645,7 @@ ie_status_t ie_msg_decode(const void *data, size_t n, ie_msg_t *m)
     msgpack_unpacked u;
     const kind_desc_t *kd = NULL;
     const char *kname = "header";
-    int32_t arr_len[16];
+    int32_t arr_len[32]; /* per field of a kind: at most 32 (`seen` is a 32-bit mask) */
     uint32_t seen = 0;
 
     msgpack_unpacked_init(&u);

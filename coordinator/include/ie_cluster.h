@@ -40,7 +40,9 @@ typedef struct ie_cluster_opts {
     ie_shard_kind_t plan; /* PIPELINE or TENSOR                      */
     int n_ranks;          /* workers in the plan (>= 1)              */
     int n_ctx, n_seq, max_batch;
-    int kv_block, kv_blocks; /* paged KV (ie_worker_opts_t); 0: defaults */
+    int kv_block, kv_blocks;           /* paged KV (ie_worker_opts_t); 0: defaults */
+    ie_kv_type_t kv_type_k, kv_type_v; /* cache types (ie_worker_opts_t) */
+    ie_kv_rotate_t kv_rotate;
     ie_precision_t precision;
     int heartbeat_ms;      /* default 250                             */
     int dead_ms;           /* default 2000                            */

@@ -87,6 +87,10 @@ typedef struct ie_engine_opts {
      * slots than memory for full contexts allows; the scheduler preempts
      * a sequence when the pool runs out. */
     int kv_block, kv_blocks;
+    /* how the cache stores K and V, and the Hadamard rotation
+     * (ie_worker_opts_t; zero: f32, rotation AUTO) */
+    ie_kv_type_t kv_type_k, kv_type_v;
+    ie_kv_rotate_t kv_rotate;
     int prefix_cache; /* reuse cached KV blocks of equal prompt
                                  prefixes across requests (default 1)   */
     int keep_sched;   /* 1: every generate call runs on one
@@ -123,6 +127,9 @@ void ie_engine_destroy(ie_engine_t **self_p);
 
 /* The model's hyper-parameters; borrowed, valid until destroy. */
 const ie_hparams_t *ie_engine_hparams(const ie_engine_t *e);
+/* Bytes the KV cache takes per token of context: every layer and KV head,
+ * K and V in their types (ie_kv_head_bytes). */
+size_t ie_engine_kv_bytes_per_token(const ie_engine_t *e);
 /* The tokenizer, NULL when opened with no_tokenizer; borrowed. */
 const ie_tokenizer_t *ie_engine_tokenizer(const ie_engine_t *e);
 /* Put the model's chat template (o->tmpl, borrowed, valid until destroy;

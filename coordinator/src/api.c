@@ -159,6 +159,9 @@ static ie_status_t engine_opts(const ie_params_t *p, ie_engine_opts_t *o)
         else if (!strcmp(k, "max_batch")) bad = parse_long(v, 1, 1 << 20, &n), o->max_batch = (int)n;
         else if (!strcmp(k, "kv_block")) bad = parse_long(v, 1, 1 << 20, &n), o->kv_block = (int)n;
         else if (!strcmp(k, "kv_blocks")) bad = parse_long(v, 1, 1 << 30, &n), o->kv_blocks = (int)n;
+        else if (!strcmp(k, "cache_type_k")) bad = ie_kv_type_parse(v, &o->kv_type_k) != IE_OK;
+        else if (!strcmp(k, "cache_type_v")) bad = ie_kv_type_parse(v, &o->kv_type_v) != IE_OK;
+        else if (!strcmp(k, "kv_rotate")) bad = ie_kv_rotate_parse(v, &o->kv_rotate) != IE_OK;
         else if (!strcmp(k, "prefix_cache")) bad = parse_long(v, 0, 1, &n), o->prefix_cache = (int)n;
         else if (!strcmp(k, "precision")) bad = ie_precision_parse(v, &o->precision) != IE_OK;
         else if (!strcmp(k, "plan")) bad = ie_engine_opts_plan(o, v) != IE_OK;

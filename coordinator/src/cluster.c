@@ -165,6 +165,9 @@ static void send_assign(ie_cluster_t *c, int r)
     a->max_batch = c->o.max_batch;
     a->kv_block = c->o.kv_block;
     a->kv_blocks = c->o.kv_blocks;
+    a->kv_type_k = (int32_t)c->o.kv_type_k;
+    a->kv_type_v = (int32_t)c->o.kv_type_v;
+    a->kv_rotate = (int32_t)c->o.kv_rotate;
     a->precision = c->o.precision;
     a->heartbeat_ms = c->o.heartbeat_ms;
     a->dead_ms = c->o.dead_ms;

@@ -125,6 +125,9 @@ static ie_status_t start_cluster(ie_engine_t *e, const ie_worker_opts_t *wo)
                             .precision = wo->precision,
                             .kv_block = wo->kv_block,
                             .kv_blocks = wo->kv_blocks,
+                            .kv_type_k = wo->kv_type_k,
+                            .kv_type_v = wo->kv_type_v,
+                            .kv_rotate = wo->kv_rotate,
                             .heartbeat_ms = o->heartbeat_ms,
                             .dead_ms = o->dead_ms,
                             .step_timeout_ms = o->step_timeout_ms,
@@ -221,6 +224,9 @@ ie_status_t ie_engine_open(const ie_engine_opts_t *o, ie_engine_t **out)
     wo.precision = o->precision;
     wo.kv_block = o->kv_block;
     wo.kv_blocks = o->kv_blocks;
+    wo.kv_type_k = o->kv_type_k;
+    wo.kv_type_v = o->kv_type_v;
+    wo.kv_rotate = o->kv_rotate;
     wo.n_ctx = o->n_ctx ? o->n_ctx : (hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
     /* the one place that knows which backend runs */
     if (o->plan == IE_SHARD_NONE) {
@@ -235,6 +241,20 @@ ie_status_t ie_engine_open(const ie_engine_opts_t *o, ie_engine_t **out)
     e->b_seq = malloc(B * sizeof(int32_t));
     e->b_logits = malloc(B);
     if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_logits) st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+    if (st == IE_OK && o->metrics) { /* the cache's types and cost per token, for /metrics */
+        ie_metric_t *mk = NULL, *mv = NULL, *mb = NULL;
+        if ((st = ie_metrics_gauge(o->metrics, "ie_kv_cache_type_k", "1 for the K cache's storage type", "type",
+                                   &mk)) == IE_OK &&
+            (st = ie_metrics_gauge(o->metrics, "ie_kv_cache_type_v", "1 for the V cache's storage type", "type",
+                                   &mv)) == IE_OK &&
+            (st = ie_metrics_gauge(o->metrics, "ie_kv_cache_bytes_per_token",
+                                   "KV cache bytes per token of context (all layers, K and V)", NULL, &mb)) ==
+                IE_OK) {
+            ie_metric_set(mk, ie_kv_type_name(o->kv_type_k), 1);
+            ie_metric_set(mv, ie_kv_type_name(o->kv_type_v), 1);
+            ie_metric_set(mb, NULL, (double)ie_engine_kv_bytes_per_token(e));
+        }
+    }
 
 cleanup:
     if (st != IE_OK) {
@@ -271,6 +291,15 @@ void ie_engine_destroy(ie_engine_t **self_p)
 }
 
 const ie_hparams_t *ie_engine_hparams(const ie_engine_t *e) { return ie_model_src_hparams(e->src); }
+
+/* Contract (ie_engine.h): from the shapes, so a cluster's ranks together
+ * report what one worker of the whole model would. */
+size_t ie_engine_kv_bytes_per_token(const ie_engine_t *e)
+{
+    const ie_hparams_t *hp = ie_model_src_hparams(e->src);
+    return (size_t)hp->n_layer * (size_t)hp->n_head_kv *
+           (ie_kv_head_bytes(e->opts.kv_type_k, hp->head_dim) + ie_kv_head_bytes(e->opts.kv_type_v, hp->head_dim));
+}
 const ie_tokenizer_t *ie_engine_tokenizer(const ie_engine_t *e) { return e->tok; }
 
 void ie_engine_chat_opts(const ie_engine_t *e, ie_chat_opts_t *o)

@@ -103,10 +103,12 @@ static void test_create_errors(void)
     CU_ASSERT_EQUAL(ie_engine_create(TINY, NULL, NULL), IE_ERR_INVAL);
     CU_ASSERT_EQUAL(make(TINY, params("threads", "1", "colour", "red", NULL), &e), IE_ERR_INVAL);
     CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "colour"));
-    const char *bad[][2] = {{"threads", "two"},   {"threads", "0"},   {"pin", "2"},       {"ctx", "12x"},
-                            {"precision", "f8"},  {"plan", "tensor"}, {"plan", "ring:2"}, {"plan", "tensor:0"},
-                            {"prefix_cache", ""}, {"threads", " 4"},  {"threads", "+4"},  {"plan", "tensor: 2"},
-                            {"plan", "tensor:+2"}};
+    const char *bad[][2] = {{"threads", "two"},    {"threads", "0"},       {"pin", "2"},
+                            {"ctx", "12x"},        {"precision", "f8"},    {"plan", "tensor"},
+                            {"plan", "ring:2"},    {"plan", "tensor:0"},   {"prefix_cache", ""},
+                            {"threads", " 4"},     {"threads", "+4"},      {"plan", "tensor: 2"},
+                            {"plan", "tensor:+2"}, {"cache_type_k", "q5"}, {"cache_type_v", "int8"},
+                            {"kv_rotate", "maybe"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         e = (ie_engine_t *)1;
         CU_ASSERT_EQUAL(make(TINY, params(bad[i][0], bad[i][1], NULL), &e), IE_ERR_INVAL);
@@ -119,7 +121,8 @@ static void test_create_errors(void)
     CU_ASSERT_EQUAL(make(TINY,
                          params("threads", "1", "pin", "0", "ctx", "64", "seqs", "1", "max_batch", "16",
                                 "precision", "f32", "plan", "none", "kv_block", "16", "kv_blocks", "8",
-                                "prefix_cache", "0", NULL),
+                                "prefix_cache", "0", "cache_type_k", "q8_0", "cache_type_v", "fp8_e5m2",
+                                "kv_rotate", "off", NULL),
                          &e),
                     IE_OK);
     ie_engine_destroy(&e);

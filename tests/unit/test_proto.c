@@ -125,6 +125,9 @@ static void sample(ie_msg_kind_t kind, ie_msg_t *m)
                                         .max_batch = 512,
                                         .kv_block = 16,
                                         .kv_blocks = 1000,
+                                        .kv_type_k = 3,
+                                        .kv_type_v = 5,
+                                        .kv_rotate = 2,
                                         .precision = 4,
                                         .heartbeat_ms = 500,
                                         .dead_ms = 3000,
@@ -369,6 +372,12 @@ static void test_missing_keys(void)
     expect_changed(IE_MSG_ASSIGN, "cluster_id", NULL, (val_t){.k = V_NIL}, IE_OK, NULL);
     CU_ASSERT_EQUAL(g_b.u.assign.cluster_id, 0);
     CU_ASSERT_EQUAL(g_b.u.assign.dead_ms, 3000);
+    /* without KV cache types (an older coordinator): 0, an f32 cache, auto */
+    expect_changed(IE_MSG_ASSIGN, "kv_type_k", NULL, (val_t){.k = V_NIL}, IE_OK, NULL);
+    CU_ASSERT_EQUAL(g_b.u.assign.kv_type_k, 0);
+    CU_ASSERT_EQUAL(g_b.u.assign.kv_type_v, 5);
+    expect_changed(IE_MSG_ASSIGN, "kv_rotate", NULL, (val_t){.k = V_NIL}, IE_OK, NULL);
+    CU_ASSERT_EQUAL(g_b.u.assign.kv_rotate, 0);
 }
 
 static void test_ranges_and_strings(void)
@@ -401,6 +410,8 @@ static void test_ranges_and_strings(void)
     expect_changed(IE_MSG_ASSIGN, NULL, "kv_blocks", (val_t){V_INT, .i = -1}, IE_ERR_FORMAT, "kv_blocks");
     expect_changed(IE_MSG_ASSIGN, NULL, "kv_block", (val_t){V_INT, .i = 0}, IE_OK, NULL);
     CU_ASSERT_EQUAL(g_b.u.assign.kv_block, 0);
+    expect_changed(IE_MSG_ASSIGN, NULL, "kv_type_v", (val_t){V_INT, .i = 7}, IE_ERR_FORMAT, "kv_type_v");
+    expect_changed(IE_MSG_ASSIGN, NULL, "kv_rotate", (val_t){V_INT, .i = 3}, IE_ERR_FORMAT, "kv_rotate");
     expect_changed(IE_MSG_STEP, NULL, "n", (val_t){V_INT, .i = -1}, IE_ERR_FORMAT, "n");
     expect_changed(IE_MSG_STEP, NULL, "n", (val_t){V_INT, .i = (int64_t)INT32_MAX + 1}, IE_ERR_FORMAT, "n");
     expect_changed(IE_MSG_HELLO, NULL, "rank", (val_t){V_INT, .i = -2}, IE_ERR_FORMAT, "rank");

@@ -33,6 +33,40 @@ typedef enum ie_precision {
 const char *ie_precision_name(ie_precision_t p);
 ie_status_t ie_precision_parse(const char *s, ie_precision_t *out);
 
+/* How the KV cache stores K or V (docs/KVCACHE.md). Per (position, KV
+ * head): f32; f16 / bf16 (2 bytes a value); q8: int8 values and one f32
+ * scale (absmax / 127); q4: groups of 32 along the head dimension, each an
+ * f16 scale and 32 4-bit values (llama.cpp's q4_0 layout, 18 bytes);
+ * fp8_e4m3 / fp8_e5m2: one byte a value (OCP FP8, saturating, no scale). */
+typedef enum ie_kv_type {
+    IE_KV_F32 = 0,
+    IE_KV_F16,
+    IE_KV_BF16,
+    IE_KV_Q8,
+    IE_KV_Q4,
+    IE_KV_FP8_E4M3,
+    IE_KV_FP8_E5M2,
+    IE_KV_TYPE_COUNT
+} ie_kv_type_t;
+
+/* Whether K and V heads are rotated by a Walsh-Hadamard transform before
+ * they are stored (Q at attention time, the attention output of a rotated
+ * V after it): AUTO rotates the sub-16-bit types (q8, q4, fp8). */
+typedef enum { IE_KV_ROTATE_AUTO = 0, IE_KV_ROTATE_ON = 1, IE_KV_ROTATE_OFF = 2 } ie_kv_rotate_t;
+
+/* The type's canonical name ("f32", "q8", ...). */
+const char *ie_kv_type_name(ie_kv_type_t t);
+/* Parse a cache type: f32, f16, bf16, q8 (or q8_0), q4 (or q4_0),
+ * fp8_e4m3, fp8_e5m2. IE_ERR_INVAL with a message naming them for
+ * anything else (out untouched). */
+ie_status_t ie_kv_type_parse(const char *s, ie_kv_type_t *out);
+/* Bytes one KV head of hd values takes in type t; 0 when the type cannot
+ * hold a head of that size (q4: hd not a multiple of 32) or t is not a
+ * type. */
+size_t ie_kv_head_bytes(ie_kv_type_t t, int hd);
+/* Parse on|off|auto into a rotation switch; IE_ERR_INVAL otherwise. */
+ie_status_t ie_kv_rotate_parse(const char *s, ie_kv_rotate_t *out);
+
 /* ------------------------------------------------------------ sharding
  * A worker can hold a shard of the model (docs/ARCHITECTURE.md):
  *   PIPELINE  rank r of R runs a contiguous range of layers; the first
@@ -138,6 +172,9 @@ typedef struct ie_worker_opts {
     ie_reduce_fn reduce;      /* TENSOR with n_ranks > 1: required          */
     void *reduce_ctx;
     int kv_block;             /* positions per KV block (0: 16)              */
+    ie_kv_type_t kv_type_k;   /* how the cache stores K (IE_KV_F32)          */
+    ie_kv_type_t kv_type_v;   /* and V                                       */
+    ie_kv_rotate_t kv_rotate; /* Hadamard rotation (AUTO: sub-16-bit types)  */
     int kv_blocks;            /* KV blocks in the pool (0: n_seq * ceil(n_ctx /
                           kv_block)); a pool at least that large starts
                           with every slot bound to its own blocks, a
@@ -240,8 +277,8 @@ void ie_worker_seq_clear(ie_worker_t *w, int seq);
  * naming slot and position, and changes nothing. Attention reads the blocks
  * through ie_attn.h's paged views: logits are bit-identical to the unpaged
  * cache for any block size and placement. ie_worker_seq_clear keeps the
- * table. Memory: 2 * kv_blocks * kv_block * (held layers) * (held KV heads
- * * head_dim) floats. */
+ * table. Memory: kv_blocks * kv_block * (held layers) * (held KV heads) *
+ * (ie_kv_head_bytes of the K type + that of the V type) bytes. */
 
 /* Bind slot seq's logical blocks first .. first+n-1 to physical blocks
  * pb[0..n) (-1 unbinds). IE_ERR_RANGE for a bad slot, a logical block past
@@ -257,6 +294,9 @@ ie_status_t ie_worker_seq_set_len(ie_worker_t *w, int seq, int n_pos);
 
 int ie_worker_kv_block(const ie_worker_t *w);
 int ie_worker_kv_blocks(const ie_worker_t *w);
+/* Bytes the cache takes per position of context, all held layers and KV
+ * heads, K and V together (what a worker of the whole model reports). */
+size_t ie_worker_kv_bytes_per_pos(const ie_worker_t *w);
 
 const ie_hparams_t *ie_worker_hparams(const ie_worker_t *w);
 int ie_worker_n_ctx(const ie_worker_t *w);

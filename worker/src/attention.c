@@ -88,16 +88,41 @@ typedef struct att_task {
     const ie_batch_t *b;
     int layer;
     int sg; /* query heads per unit (a share of one KV head's group) */
+    /* a prefill over a cache not f32 (worker_attend): -1 every token not
+     * marked in kv_mark; else only the tokens of slot `seq`, whose rows
+     * lo .. were decoded once into kv_pre (the f32 kernels read them) */
+    int seq, lo;
 } att_task_t;
 
 /* Unit u of an attention job (att_run's numbering): token i, held KV head
  * kh, query heads h0 .. h0+nh-1 (local numbers), the visible positions
  * j0 .. j0+cnt-1 and the K and V rows of its slot. Returns 0 for a unit
  * with no query heads (the last share of a group cut between ranks). */
+typedef struct kv_view {
+    const unsigned char *base; /* the head's bytes in block 0, layer 0 row 0 */
+    size_t row, block;         /* bytes between rows, between blocks       */
+    const int32_t *tab;
+    int kb; /* rows per block */
+} kv_view_t;
+
 typedef struct att_unit {
     int i, kh, h0, nh, j0, cnt;
-    ie_attn_rows_t kr, vr;
+    kv_view_t kq, vq;      /* the K and V rows as bytes (any type)        */
+    ie_attn_rows_t kr, vr; /* and as floats (an f32 cache)            */
 } att_unit_t;
+
+/* The bytes of row j of a view. */
+static inline const unsigned char *kv_row(const kv_view_t *v, int j)
+{
+    return v->base + (size_t)v->tab[j / v->kb] * v->block + (size_t)(j % v->kb) * v->row;
+}
+
+/* Rows j .. j+m-1 of a view of type t, decoded into buf[m][hd]. */
+static void kv_decode_rows(const ie_worker_t *w, ie_kv_type_t t, const kv_view_t *v, int j, int m, int hd,
+                           float *buf)
+{
+    for (int r = 0; r < m; r++) w->kv_decode(t, kv_row(v, j + r), hd, buf + (size_t)r * hd);
+}
 
 static int att_unit(const att_task_t *t, long u, att_unit_t *a)
 {
@@ -121,10 +146,18 @@ static int att_unit(const att_task_t *t, long u, att_unit_t *a)
     a->j0 = w->layers[t->layer].swa && pos >= hp->sliding_window ? pos - hp->sliding_window + 1 : 0;
     a->cnt = pos + 1 - a->j0;
     /* this head's rows of the slot's blocks (ie_attn.h's paged view) */
-    const size_t head = (size_t)(t->layer - w->sh.layer_begin) * w->kv_layer_stride + (size_t)a->kh * hd;
     const int32_t *tab = w->btab + (size_t)seq * w->kv_nlb;
-    a->kr = (ie_attn_rows_t){w->kcache + head, (size_t)w->kv_dim, tab, w->kv_block, w->kv_block_stride};
-    a->vr = (ie_attn_rows_t){w->vcache + head, (size_t)w->kv_dim, tab, w->kv_block, w->kv_block_stride};
+    const size_t ll = (size_t)(t->layer - w->sh.layer_begin);
+    a->kq = (kv_view_t){w->kcache + ll * w->kv_layer_bytes[0] + (size_t)a->kh * w->kv_head_bytes[0],
+                        w->kv_row_bytes[0], w->kv_block_bytes[0], tab, w->kv_block};
+    a->vq = (kv_view_t){w->vcache + ll * w->kv_layer_bytes[1] + (size_t)a->kh * w->kv_head_bytes[1],
+                        w->kv_row_bytes[1], w->kv_block_bytes[1], tab, w->kv_block};
+    /* an f32 cache's float view: its strides are whole floats */
+    a->kr = (ie_attn_rows_t){(const float *)(const void *)a->kq.base, a->kq.row / 4, tab, w->kv_block,
+                             a->kq.block / 4};
+    a->vr = (ie_attn_rows_t){(const float *)(const void *)a->vq.base, a->vq.row / 4, tab, w->kv_block,
+                             a->vq.block / 4};
+    (void)hd;
     return 1;
 }
 
@@ -155,12 +188,37 @@ static void att_run(void *ctx, int ith, int nth)
     const float scale = hp->attn_scale != 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hd);
     const float cap = w->arch.attn_softcap, inv_cap = cap != 0.0f ? 1.0f / cap : 0.0f;
     float *scores = w->scores + (size_t)ith * (size_t)group * ld;
+    /* a cache not f32 or rotated: decoded rows, rotated queries and
+     * partial outputs in this thread's share of kv_tmp */
+    float *rows = w->kv_tmp ? w->kv_tmp + (size_t)ith * ((size_t)KVQ_CHUNK + 2 * (size_t)group) * hd : NULL;
+    float *qrot = rows ? rows + (size_t)KVQ_CHUNK * hd : NULL, *part = rows ? qrot + (size_t)group * hd : NULL;
+    const ie_kv_type_t kt = w->kv_type[0], vt = w->kv_type[1];
     const long units = att_units(t);
     att_unit_t a;
     for (long u = ith; u < units; u += nth) {
         if (!att_unit(t, u, &a)) continue;
+        const int pre = t->seq >= 0;
+        if (pre ? t->b->seq[a.i] != t->seq : w->kv_mark && w->kv_mark[a.i]) continue;
+        if (pre) { /* the step's decoded rows, row j at (j - lo) */
+            a.kr = (ie_attn_rows_t){w->kv_pre[0] + (size_t)a.kh * hd, (size_t)w->kv_dim, NULL, 0, 0};
+            a.vr = (ie_attn_rows_t){w->kv_pre[1] + (size_t)a.kh * hd, (size_t)w->kv_dim, NULL, 0, 0};
+        }
+        const int jr = pre ? a.j0 - t->lo : a.j0; /* the first row in the view's numbering */
         const float *q = w->q + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd;
-        w->ops->attn_scores(q, (size_t)hd, a.nh, &a.kr, a.j0, a.cnt, hd, scale, scores, ld);
+        if (w->kv_rot[0]) { /* K is stored rotated: rotate Q alike, q.k stays */
+            memcpy(qrot, q, (size_t)a.nh * hd * sizeof(float));
+            for (int hh = 0; hh < a.nh; hh++) kvq_fwht(qrot + (size_t)hh * hd, hd);
+            q = qrot;
+        }
+        if (kt == IE_KV_F32 || pre)
+            w->ops->attn_scores(q, (size_t)hd, a.nh, &a.kr, jr, a.cnt, hd, scale, scores, ld);
+        else /* decode a chunk of rows, score it as a contiguous cache */
+            for (int c0 = 0; c0 < a.cnt; c0 += KVQ_CHUNK) {
+                const int m = a.cnt - c0 < KVQ_CHUNK ? a.cnt - c0 : KVQ_CHUNK;
+                const ie_attn_rows_t flat = {rows, (size_t)hd, NULL, 0, 0};
+                kv_decode_rows(w, kt, &a.kq, a.j0 + c0, m, hd, rows);
+                w->ops->attn_scores(q, (size_t)hd, a.nh, &flat, 0, m, hd, scale, scores + c0, ld);
+            }
         if (cap != 0.0f) /* Gemma 2: scores = c tanh(scores / c), before the softmax */
             for (int hh = 0; hh < a.nh; hh++)
                 for (int j = 0; j < a.cnt; j++) {
@@ -169,8 +227,19 @@ static void att_run(void *ctx, int ith, int nth)
                 }
         for (int hh = 0; hh < a.nh; hh++)
             w->ops->softmax(scores + (size_t)hh * ld, a.cnt, L->sinks ? &L->sinks[a.h0 + hh] : NULL);
-        w->ops->attn_values(scores, ld, a.nh, &a.vr, a.j0, a.cnt, hd,
-                            w->xb + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd, (size_t)hd);
+        float *out = w->xb + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd;
+        if (vt == IE_KV_F32 || pre) w->ops->attn_values(scores, ld, a.nh, &a.vr, jr, a.cnt, hd, out, (size_t)hd);
+        else /* chunks of decoded rows, their partial sums added in order */
+            for (int c0 = 0; c0 < a.cnt; c0 += KVQ_CHUNK) {
+                const int m = a.cnt - c0 < KVQ_CHUNK ? a.cnt - c0 : KVQ_CHUNK;
+                const ie_attn_rows_t flat = {rows, (size_t)hd, NULL, 0, 0};
+                kv_decode_rows(w, vt, &a.vq, a.j0 + c0, m, hd, rows);
+                w->ops->attn_values(scores + c0, ld, a.nh, &flat, 0, m, hd, c0 ? part : out, (size_t)hd);
+                if (c0)
+                    for (size_t e = 0; e < (size_t)a.nh * hd; e++) out[e] += part[e];
+            }
+        if (w->kv_rot[1]) /* V was stored rotated: the weighted sum is too */
+            for (int hh = 0; hh < a.nh; hh++) kvq_fwht(out + (size_t)hh * hd, hd);
     }
 }
 
@@ -198,18 +267,15 @@ static void prefetch_l2(const void *p, size_t n)
 static void att_prefetch(void *ctx, int ith, int nth)
 {
     const att_task_t *t = ctx;
-    const size_t row_bytes = (size_t)t->w->hp.head_dim * sizeof(float);
+    const size_t kbytes = t->w->kv_head_bytes[0], vbytes = t->w->kv_head_bytes[1];
     const long units = att_units(t);
     size_t left = KVPF_MAX;
     att_unit_t a;
     for (long u = ith; u < units; u += nth) {
         if (!att_unit(t, u, &a)) continue;
-        ie_attn_cursor_t ck, cv;
-        ie_attn_cursor_init(&ck, &a.kr, a.j0);
-        ie_attn_cursor_init(&cv, &a.vr, a.j0);
-        for (int j = 0; j + 1 < a.cnt && left >= 2 * row_bytes; j++, left -= 2 * row_bytes) {
-            prefetch_l2(ie_attn_cursor_next(&ck), row_bytes);
-            prefetch_l2(ie_attn_cursor_next(&cv), row_bytes);
+        for (int j = 0; j + 1 < a.cnt && left >= kbytes + vbytes; j++, left -= kbytes + vbytes) {
+            prefetch_l2(kv_row(&a.kq, a.j0 + j), kbytes);
+            prefetch_l2(kv_row(&a.vq, a.j0 + j), vbytes);
         }
     }
 }
@@ -242,14 +308,32 @@ ie_status_t worker_kv_new(ie_worker_t *w)
     w->opts.kv_blocks = w->kv_blocks;
     w->all_swa = sh->layer_end > sh->layer_begin;
     for (int l = sh->layer_begin; l < sh->layer_end; l++) w->all_swa &= w->layers[l].swa;
-    const uint64_t kv_floats = (uint64_t)(sh->layer_end - sh->layer_begin) * (uint64_t)w->kv_blocks *
-                               (uint64_t)w->kv_block * (uint64_t)w->kv_dim;
-    if (kv_floats > (uint64_t)SIZE_MAX / 8)
+    /* the pool in bytes of the chosen types: a q8 cache holds ~4x the
+     * positions of an f32 one in the same memory */
+    const int hd = w->hp.head_dim;
+    uint64_t kv_bytes_k = 0, kv_bytes_v = 0;
+    for (int c = 0; c < 2; c++) {
+        const ie_kv_type_t t = c ? opts->kv_type_v : opts->kv_type_k;
+        w->kv_type[c] = t;
+        w->kv_rot[c] = kvq_rotates(t, opts->kv_rotate);
+        w->kv_head_bytes[c] = ie_kv_head_bytes(t, hd);
+        if (!w->kv_head_bytes[c])
+            return ie_error_set(IE_ERR_INVAL, "KV cache type %s cannot hold a head of %d values%s",
+                                ie_kv_type_name(t), hd,
+                                (unsigned)t < IE_KV_TYPE_COUNT ? " (q4: a multiple of 32)" : "");
+        w->kv_row_bytes[c] = (size_t)w->n_kv_loc * w->kv_head_bytes[c];
+        w->kv_layer_bytes[c] = (size_t)w->kv_block * w->kv_row_bytes[c];
+        w->kv_block_bytes[c] = (size_t)(sh->layer_end - sh->layer_begin) * w->kv_layer_bytes[c];
+        const uint64_t b = (uint64_t)w->kv_blocks * (uint64_t)w->kv_block_bytes[c];
+        if ((uint64_t)w->kv_blocks > 0 && b / (uint64_t)w->kv_blocks != (uint64_t)w->kv_block_bytes[c])
+            return ie_error_set(IE_ERR_NOMEM, "out of memory: a KV cache of %d blocks of %d positions is too large",
+                                w->kv_blocks, w->kv_block);
+        *(c ? &kv_bytes_v : &kv_bytes_k) = b;
+    }
+    if (kv_bytes_k > (uint64_t)SIZE_MAX / 4 || kv_bytes_v > (uint64_t)SIZE_MAX / 4)
         return ie_error_set(IE_ERR_NOMEM, "out of memory: a KV cache of %d blocks of %d positions is too large",
                             w->kv_blocks, w->kv_block);
-    w->kv_layer_stride = (size_t)w->kv_block * (size_t)w->kv_dim;
-    w->kv_block_stride = (size_t)(sh->layer_end - sh->layer_begin) * w->kv_layer_stride;
-    const size_t kv_bytes = (size_t)kv_floats * sizeof(float);
+    const size_t kv_bytes = (size_t)(kv_bytes_k + kv_bytes_v);
     /* Block-major and on huge pages. Decode reads a head's rows out of
      * every cached position of a layer, ~1 KiB apart: on 4 KiB pages a TLB
      * miss every few rows, its page walk from DRAM (the weight stream
@@ -261,8 +345,24 @@ ie_status_t worker_kv_new(ie_worker_t *w)
      * small: a block holds every held layer, so the first write into a
      * 2 MiB region commits blocks of all layers at once (a fresh slot: 2 MiB
      * per cache), where a layer-major cache committed 2 MiB per layer. */
-    w->kcache = worker_big_alloc(kv_bytes ? kv_bytes : 1);
-    w->vcache = worker_big_alloc(kv_bytes ? kv_bytes : 1);
+    w->kcache = worker_big_alloc(kv_bytes_k ? (size_t)kv_bytes_k : 1);
+    w->vcache = worker_big_alloc(kv_bytes_v ? (size_t)kv_bytes_v : 1);
+    w->kv_decode = w->opts.isa == IE_ISA_AVX512 ? kvq_decode_avx512 : kvq_decode;
+    /* a prefill's decoded rows: up to KVQ_PRE_BYTES of them, K and V */
+    if (w->kv_type[0] != IE_KV_F32 || w->kv_type[1] != IE_KV_F32) {
+        const size_t row = (size_t)w->kv_dim * sizeof(float) * 2;
+        const size_t rows = KVQ_PRE_BYTES / (row ? row : 1);
+        w->kv_pre_rows = (int)(rows < (size_t)opts->n_ctx ? rows : (size_t)opts->n_ctx);
+        w->kv_pre[0] = worker_big_alloc((size_t)w->kv_pre_rows * w->kv_dim * sizeof(float) + 64);
+        w->kv_pre[1] = worker_big_alloc((size_t)w->kv_pre_rows * w->kv_dim * sizeof(float) + 64);
+        w->kv_mark = malloc((size_t)opts->max_batch);
+        if (!w->kv_pre[0] || !w->kv_pre[1] || !w->kv_mark)
+            return ie_error_set(IE_ERR_NOMEM, "out of memory allocating the KV decode scratch");
+    }
+    const int kv_tmp = w->kv_type[0] != IE_KV_F32 || w->kv_type[1] != IE_KV_F32 || w->kv_rot[0] || w->kv_rot[1];
+    w->kv_tmp = kv_tmp ? worker_big_alloc((size_t)opts->n_threads * ((size_t)KVQ_CHUNK + 2 * (size_t)qgroup) *
+                                          (size_t)hd * sizeof(float))
+                       : NULL;
     w->seq_len = calloc((size_t)opts->n_seq, sizeof(int));
     w->btab = malloc((size_t)full_pool * sizeof(int32_t));
     w->rope_cos = malloc((size_t)opts->n_ctx * half * sizeof(float));
@@ -275,9 +375,8 @@ ie_status_t worker_kv_new(ie_worker_t *w)
     w->rope_sin_swa = swa_tables ? malloc((size_t)opts->n_ctx * half * sizeof(float)) : w->rope_sin;
     w->scores = worker_big_alloc((size_t)opts->n_threads * (size_t)qgroup * opts->n_ctx * sizeof(float));
     if (!w->kcache || !w->vcache || !w->seq_len || !w->btab || !w->rope_cos || !w->rope_sin || !w->rope_cos_swa ||
-        !w->rope_sin_swa || !w->scores)
-        return ie_error_set(IE_ERR_NOMEM, "out of memory allocating KV cache (%zu bytes) and scratch",
-                            2 * kv_bytes);
+        !w->rope_sin_swa || !w->scores || (kv_tmp && !w->kv_tmp))
+        return ie_error_set(IE_ERR_NOMEM, "out of memory allocating KV cache (%zu bytes) and scratch", kv_bytes);
     /* a pool with room for every slot's whole context starts as the
      * unpaged cache (slot s owns blocks s*kv_nlb ..); a smaller one unbound */
     for (int64_t i = 0; i < full_pool; i++) w->btab[i] = w->kv_blocks >= full_pool ? (int32_t)i : -1;
@@ -309,7 +408,7 @@ ie_status_t worker_qkv(ie_worker_t *w, int l, const ie_batch_t *b)
     const int n = b->n;
     /* decode: each thread fetches the cache rows its attention share
      * reads, ahead of its share of q/k/v */
-    att_task_t at = {w, b, l, att_share(w, n)};
+    att_task_t at = {w, b, l, att_share(w, n), -1, 0};
     const mm_pre_t kvpf = {att_prefetch, &at};
     const wmat_t *ms[3] = {&L->q, &L->k, &L->v};
     float *ys[3] = {w->q, w->k, w->v};
@@ -337,20 +436,93 @@ void worker_rope(ie_worker_t *w, int l, const ie_batch_t *b)
 /* Contract (worker_internal.h). */
 void worker_kv_store(ie_worker_t *w, int l, const ie_batch_t *b)
 {
-    const int kb = w->kv_block;
+    const int kb = w->kv_block, hd = w->hp.head_dim;
+    const size_t ll = (size_t)(l - w->sh.layer_begin);
     for (int i = 0; i < b->n; i++) {
         const int32_t pb = w->btab[(size_t)b->seq[i] * w->kv_nlb + b->pos[i] / kb];
-        const size_t off = (size_t)pb * w->kv_block_stride + (size_t)(l - w->sh.layer_begin) * w->kv_layer_stride +
-                           (size_t)(b->pos[i] % kb) * w->kv_dim;
-        memcpy(w->kcache + off, w->k + (size_t)i * w->kv_dim, (size_t)w->kv_dim * sizeof(float));
-        memcpy(w->vcache + off, w->v + (size_t)i * w->kv_dim, (size_t)w->kv_dim * sizeof(float));
+        for (int c = 0; c < 2; c++) {
+            float *src = (c ? w->v : w->k) + (size_t)i * w->kv_dim;
+            unsigned char *dst = (c ? w->vcache : w->kcache) + (size_t)pb * w->kv_block_bytes[c] +
+                                 ll * w->kv_layer_bytes[c] + (size_t)(b->pos[i] % kb) * w->kv_row_bytes[c];
+            if (w->kv_type[c] == IE_KV_F32 && !w->kv_rot[c]) {
+                memcpy(dst, src, (size_t)w->kv_dim * sizeof(float));
+                continue;
+            }
+            /* k and v are scratch this step reads no more: rotate in place */
+            for (int h = 0; h < w->n_kv_loc; h++) {
+                if (w->kv_rot[c]) kvq_fwht(src + (size_t)h * hd, hd);
+                kvq_encode(w->kv_type[c], src + (size_t)h * hd, hd, dst + (size_t)h * w->kv_head_bytes[c]);
+            }
+        }
     }
 }
 
-/* Contract (worker_internal.h). */
+typedef struct pre_task {
+    ie_worker_t *w;
+    int layer, seq, lo, n; /* rows lo .. lo+n-1 of slot seq */
+} pre_task_t;
+
+/* Share ith of a step's pre-decode: rows of every held KV head, K and V
+ * (an f32 one copied), into kv_pre. */
+static void pre_run(void *ctx, int ith, int nth)
+{
+    const pre_task_t *t = ctx;
+    ie_worker_t *w = t->w;
+    const int hd = w->hp.head_dim;
+    const int32_t *tab = w->btab + (size_t)t->seq * w->kv_nlb;
+    const size_t ll = (size_t)(t->layer - w->sh.layer_begin);
+    const int r0 = (int)((long)t->n * ith / nth), r1 = (int)((long)t->n * (ith + 1) / nth);
+    for (int c = 0; c < 2; c++) {
+        const unsigned char *cache = c ? w->vcache : w->kcache;
+        for (int r = r0; r < r1; r++) {
+            const int j = t->lo + r;
+            const unsigned char *row = cache + (size_t)tab[j / w->kv_block] * w->kv_block_bytes[c] +
+                                       ll * w->kv_layer_bytes[c] + (size_t)(j % w->kv_block) * w->kv_row_bytes[c];
+            for (int h = 0; h < w->n_kv_loc; h++)
+                w->kv_decode(w->kv_type[c], row + (size_t)h * w->kv_head_bytes[c], hd,
+                             w->kv_pre[c] + (size_t)r * w->kv_dim + (size_t)h * hd);
+        }
+    }
+}
+
+/* Contract (worker_internal.h). A cache not f32: the tokens of a slot with
+ * at least KVQ_PRE_MIN tokens in the step (a prefill) would each decode
+ * every row they see, the same rows again and again; their rows are
+ * decoded once into kv_pre and read by the f32 kernels. Other tokens
+ * decode chunks of their own rows (att_run). */
 void worker_attend(ie_worker_t *w, int l, const ie_batch_t *b)
 {
-    att_task_t at = {w, b, l, att_share(w, b->n)};
+    att_task_t at = {w, b, l, att_share(w, b->n), -1, 0};
+    if (w->kv_pre[0] && b->n >= KVQ_PRE_MIN) {
+        memset(w->kv_mark, 0, (size_t)b->n);
+        const int swa = w->layers[l].swa, W = w->hp.sliding_window;
+        for (int i = 0; i < b->n; i++) {
+            if (w->kv_mark[i]) continue;
+            const int seq = b->seq[i];
+            int cnt = 0, lo = INT_MAX, hi = 0;
+            for (int k = i; k < b->n; k++)
+                if (b->seq[k] == seq) {
+                    const int p = b->pos[k], j0 = swa && p >= W ? p - W + 1 : 0;
+                    cnt++;
+                    lo = j0 < lo ? j0 : lo;
+                    hi = p + 1 > hi ? p + 1 : hi;
+                }
+            if (cnt < KVQ_PRE_MIN || hi - lo > w->kv_pre_rows) continue;
+            for (int k = i; k < b->n; k++)
+                if (b->seq[k] == seq) w->kv_mark[k] = 1;
+            pre_task_t pt = {w, l, seq, lo, hi - lo};
+            ie_threadpool_run(w->tp, pre_run, &pt);
+            att_task_t one = {w, b, l, at.sg, seq, lo};
+            ie_threadpool_run(w->tp, att_run, &one);
+        }
+        for (int i = 0; i < b->n; i++)
+            if (!w->kv_mark[i]) {
+                ie_threadpool_run(w->tp, att_run, &at); /* the rest, each on its own rows */
+                break;
+            }
+        return;
+    }
+    if (w->kv_mark) memset(w->kv_mark, 0, (size_t)b->n);
     ie_threadpool_run(w->tp, att_run, &at);
 }
 
@@ -403,3 +575,9 @@ ie_status_t ie_worker_seq_set_len(ie_worker_t *w, int seq, int n_pos)
 
 int ie_worker_kv_block(const ie_worker_t *w) { return w->kv_block; }
 int ie_worker_kv_blocks(const ie_worker_t *w) { return w->kv_blocks; }
+
+/* Contract (ie_worker.h). */
+size_t ie_worker_kv_bytes_per_pos(const ie_worker_t *w)
+{
+    return (w->kv_block_bytes[0] + w->kv_block_bytes[1]) / (size_t)w->kv_block;
+}

@@ -138,6 +138,10 @@ static ie_status_t check_opts(const ie_model_src_t *src, const ie_worker_opts_t 
     if (opts->kv_block < 0 || opts->kv_blocks < 0)
         return ie_error_set(IE_ERR_INVAL, "worker: bad KV pool (block of %d positions, %d blocks)", opts->kv_block,
                             opts->kv_blocks);
+    if ((unsigned)opts->kv_type_k >= IE_KV_TYPE_COUNT || (unsigned)opts->kv_type_v >= IE_KV_TYPE_COUNT ||
+        (unsigned)opts->kv_rotate > IE_KV_ROTATE_OFF)
+        return ie_error_set(IE_ERR_INVAL, "worker: bad KV cache types (%d, %d) or rotation %d",
+                            (int)opts->kv_type_k, (int)opts->kv_type_v, (int)opts->kv_rotate);
     return IE_OK;
 }
 
@@ -275,6 +279,10 @@ void ie_worker_destroy(ie_worker_t **self_p)
     free(w->layers);
     worker_big_free(w->kcache);
     worker_big_free(w->vcache);
+    worker_big_free(w->kv_tmp);
+    worker_big_free(w->kv_pre[0]);
+    worker_big_free(w->kv_pre[1]);
+    free(w->kv_mark);
     free(w->seq_len);
     free(w->btab);
     if (w->rope_cos_swa != w->rope_cos) free(w->rope_cos_swa);

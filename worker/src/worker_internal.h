@@ -140,17 +140,33 @@ struct ie_worker {
     int hot_copies;       /* copies made                              */
     char hot_report[512]; /* what was found and done ("" not asked)  */
 
-    int q_dim, kv_dim;      /* held heads: n_head_loc*hd, n_kv_loc*hd    */
-    int kv_block;           /* positions per KV block                    */
-    int kv_blocks;          /* physical blocks in the pool               */
-    int kv_nlb;             /* logical blocks per slot: ceil(n_ctx/kv_block) */
-    int all_swa;            /* every held layer slides (reads a window)  */
-    size_t kv_layer_stride; /* floats per layer in a block: kv_block*kv_dim */
-    size_t kv_block_stride; /* floats per block: held layers*kv_layer_stride */
-    float *kcache, *vcache; /* [kv_blocks][held layer][kv_block][kv_dim],
-                                layer l at l - sh.layer_begin             */
-    int32_t *btab;          /* [n_seq][kv_nlb] physical block, -1 unbound */
-    int *seq_len;           /* [n_seq] positions held                   */
+    int q_dim, kv_dim; /* held heads: n_head_loc*hd, n_kv_loc*hd    */
+    int kv_block;      /* positions per KV block                    */
+    int kv_blocks;     /* physical blocks in the pool               */
+    int kv_nlb;        /* logical blocks per slot: ceil(n_ctx/kv_block) */
+    int all_swa;       /* every held layer slides (reads a window)  */
+    /* per cache (0: K, 1: V): its type, bytes of one head, of a
+     * position's row (n_kv_loc heads), of a layer in a block
+     * (kv_block rows) and of a block (held layers) */
+    ie_kv_type_t kv_type[2];
+    int kv_rot[2]; /* rotated by kvq_fwht before it is stored  */
+    size_t kv_head_bytes[2];
+    size_t kv_row_bytes[2];
+    size_t kv_layer_bytes[2];
+    size_t kv_block_bytes[2];
+    unsigned char *kcache, *vcache;                              /* [kv_blocks][held layer][kv_block]
+                                [n_kv_loc heads encoded], layer l at
+                                l - sh.layer_begin                        */
+    void (*kv_decode)(ie_kv_type_t, const void *, int, float *); /* kvq_decode or its ISA twin */
+    float *kv_pre[2];                                            /* [kv_pre_rows][kv_dim] a prefill's rows decoded
+                         (K, V; a cache not f32), else NULL             */
+    int kv_pre_rows;
+    uint8_t *kv_mark; /* [max_batch] tokens attended from kv_pre        */
+    float *kv_tmp;    /* [n_threads][KVQ_CHUNK*hd + (group+1)*hd] decoded
+                      rows, rotated queries, partial outputs (a cache
+                      not f32 or rotated), else NULL                    */
+    int32_t *btab;    /* [n_seq][kv_nlb] physical block, -1 unbound */
+    int *seq_len;     /* [n_seq] positions held                   */
 
     float *rope_cos, *rope_sin; /* [n_ctx][rope_dim/2]                   */
     const float *rope_freqs;    /* [rope_dim/2] frequency divisors
@@ -225,6 +241,30 @@ ie_status_t worker_bind_weights(ie_worker_t *w, const ie_model_src_t *src);
 
 /* Row r of a dense matrix in any layout, as floats: out[n_in]. */
 void worker_mat_row(const wmat_t *m, int64_t r, float *out);
+
+/* ---------------------------------------------------------- kvquant.c */
+
+/* Positions attention decodes at a time from a cache that is not f32. */
+#define KVQ_CHUNK 64
+/* A slot's tokens in one step from which attention decodes its rows once
+ * for all of them, and the most bytes (K and V, f32) that decode takes. */
+#define KVQ_PRE_MIN 4
+#define KVQ_PRE_BYTES ((size_t)64 << 20)
+
+/* Whether a cache of type t is rotated under switch r. */
+int kvq_rotates(ie_kv_type_t t, ie_kv_rotate_t r);
+/* One head: x[0..hd) -> ie_kv_head_bytes(t, hd) bytes at dst (hd one the
+ * type takes). */
+void kvq_encode(ie_kv_type_t t, const float *x, int hd, void *dst);
+/* One head back: the bytes at src -> y[0..hd). */
+void kvq_decode(ie_kv_type_t t, const void *src, int hd, float *y);
+/* kvq_decode's twin with AVX-512 (the same bits); call only on a CPU with
+ * AVX-512 F/BW/VL/DQ (the worker does when its ISA is IE_ISA_AVX512). */
+void kvq_decode_avx512(ie_kv_type_t t, const void *src, int hd, float *y);
+/* x[0..hd) <- H x, H the orthonormal Walsh-Hadamard matrix of order p (the
+ * largest power of two dividing hd) on each block of p values: symmetric,
+ * its own inverse, so dot products of rotated vectors are unchanged. */
+void kvq_fwht(float *x, int hd);
 
 /* --------------------------------------------------------- attention.c */
 

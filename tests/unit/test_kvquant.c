@@ -1,0 +1,374 @@
+/* test_kvquant.c — the KV cache's storage types (worker/src/kvquant.c) and
+ * a worker running on each: type names and the head sizes each type takes,
+ * the Walsh-Hadamard rotation against a dense Hadamard matrix product, each
+ * codec's round-trip error within its format's bound (and FP8's exact codes,
+ * saturation, subnormals), and on the tiny Llama fixture: every cache type
+ * gives logits close to the f32 cache's (f16/bf16 closer than the 8-bit and
+ * those closer than nothing), the rotation changes an f32 cache's logits
+ * only by rounding, a quantized cache gives the same bits whatever the
+ * block size and with a batched prefill or token-by-token decode, and the
+ * pool's bytes per position follow the types. */
+#include "../../worker/src/worker_internal.h"
+
+#include <CUnit/Basic.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MODEL IE_TEST_DATA "/tiny_llama"
+
+static ie_model_src_t *g_src;
+
+static int suite_init(void) { return ie_model_src_open(MODEL, &g_src) == IE_OK ? 0 : -1; }
+static int suite_clean(void)
+{
+    ie_model_src_destroy(&g_src);
+    return 0;
+}
+
+static unsigned g_rng = 12345;
+static float frand(void) /* uniform in [-1, 1) */
+{
+    g_rng = g_rng * 1103515245u + 12345u;
+    return (float)((g_rng >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+static void test_names(void)
+{
+    ie_kv_type_t t = IE_KV_F32;
+    for (int i = 0; i < IE_KV_TYPE_COUNT; i++) {
+        CU_ASSERT_EQUAL(ie_kv_type_parse(ie_kv_type_name((ie_kv_type_t)i), &t), IE_OK);
+        CU_ASSERT_EQUAL(t, (ie_kv_type_t)i);
+    }
+    CU_ASSERT_EQUAL(ie_kv_type_parse("q8_0", &t), IE_OK);
+    CU_ASSERT_EQUAL(t, IE_KV_Q8);
+    CU_ASSERT_EQUAL(ie_kv_type_parse("q4_0", &t), IE_OK);
+    CU_ASSERT_EQUAL(t, IE_KV_Q4);
+    CU_ASSERT_EQUAL(ie_kv_type_parse("q5_1", &t), IE_ERR_INVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "unknown KV cache type 'q5_1'"));
+    CU_ASSERT_EQUAL(t, IE_KV_Q4); /* untouched */
+    CU_ASSERT_EQUAL(ie_kv_type_parse(NULL, &t), IE_ERR_INVAL);
+    ie_kv_rotate_t r;
+    CU_ASSERT_EQUAL(ie_kv_rotate_parse("off", &r), IE_OK);
+    CU_ASSERT_EQUAL(r, IE_KV_ROTATE_OFF);
+    CU_ASSERT_EQUAL(ie_kv_rotate_parse("yes", &r), IE_ERR_INVAL);
+    /* bytes per head; q4 takes multiples of 32 only */
+    CU_ASSERT_EQUAL(ie_kv_head_bytes(IE_KV_F32, 64), 256);
+    CU_ASSERT_EQUAL(ie_kv_head_bytes(IE_KV_BF16, 64), 128);
+    CU_ASSERT_EQUAL(ie_kv_head_bytes(IE_KV_Q8, 64), 68);
+    CU_ASSERT_EQUAL(ie_kv_head_bytes(IE_KV_Q4, 64), 36);
+    CU_ASSERT_EQUAL(ie_kv_head_bytes(IE_KV_Q4, 80), 0);
+    CU_ASSERT_EQUAL(ie_kv_head_bytes(IE_KV_FP8_E5M2, 80), 80);
+    CU_ASSERT_EQUAL(ie_kv_head_bytes(IE_KV_TYPE_COUNT, 64), 0);
+    /* auto rotates exactly the sub-16-bit types */
+    CU_ASSERT(!kvq_rotates(IE_KV_F32, IE_KV_ROTATE_AUTO) && !kvq_rotates(IE_KV_BF16, IE_KV_ROTATE_AUTO));
+    CU_ASSERT(kvq_rotates(IE_KV_Q8, IE_KV_ROTATE_AUTO) && kvq_rotates(IE_KV_FP8_E4M3, IE_KV_ROTATE_AUTO));
+    CU_ASSERT(!kvq_rotates(IE_KV_Q4, IE_KV_ROTATE_OFF) && kvq_rotates(IE_KV_F16, IE_KV_ROTATE_ON));
+}
+
+/* Sylvester's H_p entry (i, j): (-1)^popcount(i & j). */
+static int had(int i, int j) { return __builtin_popcount((unsigned)(i & j)) & 1 ? -1 : 1; }
+
+/* The FWHT equals the dense product with blockdiag(H_p, ...)/sqrt(p), p
+ * the largest power of two dividing hd; applied twice it is the identity. */
+static void test_fwht_dense(void)
+{
+    static const int sizes[] = {1, 2, 16, 64, 128, 80, 96, 24};
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        const int hd = sizes[s], p = hd & -hd;
+        float x[128], y[128], ref[128];
+        for (int i = 0; i < hd; i++) x[i] = y[i] = frand();
+        for (int i = 0; i < hd; i++) {
+            const int b = i / p * p;
+            double acc = 0;
+            for (int j = 0; j < p; j++) acc += had(i - b, j) * (double)x[b + j];
+            ref[i] = (float)(acc / sqrt((double)p));
+        }
+        kvq_fwht(y, hd);
+        double err = 0, back = 0;
+        for (int i = 0; i < hd; i++) err = fmax(err, fabs((double)y[i] - ref[i]));
+        kvq_fwht(y, hd);
+        for (int i = 0; i < hd; i++) back = fmax(back, fabs((double)y[i] - x[i]));
+        CU_ASSERT(err < 1e-5);
+        CU_ASSERT(back < 1e-5);
+    }
+}
+
+/* Round trip of random heads within each format's bound. */
+static void test_codec_bounds(void)
+{
+    const int hd = 96;
+    float x[96], y[96];
+    unsigned char buf[512];
+    for (int trial = 0; trial < 50; trial++) {
+        const float mag = ldexpf(1.0f, trial % 12 - 4); /* 2^-4 .. 2^7 */
+        for (int i = 0; i < hd; i++) x[i] = frand() * mag;
+        float amax = 0;
+        for (int i = 0; i < hd; i++) amax = fmaxf(amax, fabsf(x[i]));
+        for (int t = 0; t < IE_KV_TYPE_COUNT; t++) {
+            if (t == IE_KV_Q4) continue; /* below: its groups */
+            memset(buf, 0xa5, sizeof buf);
+            kvq_encode((ie_kv_type_t)t, x, hd, buf);
+            CU_ASSERT_EQUAL(buf[ie_kv_head_bytes((ie_kv_type_t)t, hd)], 0xa5); /* no write past the head */
+            kvq_decode((ie_kv_type_t)t, buf, hd, y);
+            for (int i = 0; i < hd; i++) {
+                const double e = fabs((double)y[i] - x[i]), a = fabs((double)x[i]);
+                double bound = 0;
+                switch (t) {
+                case IE_KV_F32: bound = 0; break;
+                case IE_KV_F16: bound = fmax(a * 0x1p-11, 0x1p-25); break;
+                case IE_KV_BF16: bound = a * 0x1p-8; break;
+                case IE_KV_Q8: bound = amax / 254.0 * 1.0001; break;
+                case IE_KV_FP8_E4M3: bound = fmax(a * 0x1p-4, 0x1p-10); break;
+                case IE_KV_FP8_E5M2: bound = fmax(a * 0x1p-3, 0x1p-17); break;
+                }
+                if (e > bound) {
+                    CU_FAIL("round trip outside its bound");
+                    break;
+                }
+            }
+        }
+        /* q4: each group of 32 within half its step, d = max / 8 */
+        kvq_encode(IE_KV_Q4, x, hd, buf);
+        kvq_decode(IE_KV_Q4, buf, hd, y);
+        for (int g = 0; g < hd / 32; g++) {
+            float gmax = 0;
+            for (int i = 0; i < 32; i++) gmax = fmaxf(gmax, fabsf(x[g * 32 + i]));
+            for (int i = 0; i < 32; i++) /* d = -(signed max) / 8: the far end clips at 7 steps, off by up to one */
+                CU_ASSERT(fabs((double)y[g * 32 + i] - x[g * 32 + i]) <= gmax / 8.0 * 1.002 + 1e-7);
+        }
+    }
+}
+
+/* FP8 codes: exact values, saturation, subnormals, sign. */
+static void test_fp8_codes(void)
+{
+    const float in[] = {448.0f, 1000.0f, -1e9f, 0x1p-9f, 0x1p-6f, 1.0f, 1.0625f, 1.1875f, -0.0f, 0.0f};
+    const float e4[] = {448.0f, 448.0f, -448.0f, 0x1p-9f, 0x1p-6f, 1.0f, 1.0f, 1.25f, -0.0f, 0.0f};
+    const int n = (int)(sizeof in / sizeof in[0]);
+    unsigned char c[16];
+    float y[16];
+    kvq_encode(IE_KV_FP8_E4M3, in, n, c);
+    kvq_decode(IE_KV_FP8_E4M3, c, n, y);
+    for (int i = 0; i < n; i++) CU_ASSERT_EQUAL(y[i], e4[i]);
+    CU_ASSERT_EQUAL(c[0], 0x7e); /* the largest finite e4m3 */
+    CU_ASSERT_EQUAL(c[2], 0xfe); /* saturated negative */
+    CU_ASSERT_EQUAL(c[3], 0x01); /* the smallest subnormal */
+    CU_ASSERT_EQUAL(c[4], 0x08); /* the smallest normal */
+    CU_ASSERT_EQUAL(c[6], 0x38); /* 1.0625 ties to even: 1.0 */
+    const float in5[] = {57344.0f, 1e6f, 0x1p-16f, 1.125f, 1.375f};
+    const float e5[] = {57344.0f, 57344.0f, 0x1p-16f, 1.0f, 1.5f};
+    kvq_encode(IE_KV_FP8_E5M2, in5, 5, c);
+    kvq_decode(IE_KV_FP8_E5M2, c, 5, y);
+    for (int i = 0; i < 5; i++) CU_ASSERT_EQUAL(y[i], e5[i]);
+    CU_ASSERT_EQUAL(c[0], 0x7b);
+}
+
+/* The AVX-512 decode gives kvq_decode's bits: every type, head sizes with
+ * and without a tail of fewer than 16 values. */
+static void test_decode_twin(void)
+{
+    if (!ie_kernels_get(IE_ISA_AVX512)) {
+        CU_PASS("no AVX-512 on this CPU: the twin is never called");
+        return;
+    }
+    static const int sizes[] = {16, 64, 80, 96, 128, 40};
+    for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
+        const int hd = sizes[z];
+        float x[144], a[144], b[144];
+        unsigned char buf[1024];
+        for (int i = 0; i < hd; i++) x[i] = frand() * 3.0f;
+        x[3] = 1e-7f; /* subnormal in f16 / fp8 */
+        for (int t = 0; t < IE_KV_TYPE_COUNT; t++) {
+            if (!ie_kv_head_bytes((ie_kv_type_t)t, hd)) continue;
+            kvq_encode((ie_kv_type_t)t, x, hd, buf);
+            kvq_decode((ie_kv_type_t)t, buf, hd, a);
+            memset(b, 0xff, sizeof b);
+            kvq_decode_avx512((ie_kv_type_t)t, buf, hd, b);
+            CU_ASSERT_EQUAL(memcmp(a, b, (size_t)hd * sizeof(float)), 0);
+            CU_ASSERT_EQUAL(((uint32_t *)(void *)b)[hd], 0xffffffffu); /* nothing past the head */
+        }
+    }
+}
+
+/* ------------------------------------------------------------ on a worker */
+
+static ie_worker_t *make_src(ie_model_src_t *src, ie_kv_type_t k, ie_kv_type_t v, ie_kv_rotate_t rot, int kv_block,
+                             int threads)
+{
+    ie_worker_opts_t o;
+    ie_worker_opts_default(&o);
+    o.n_ctx = 64;
+    o.max_batch = 16;
+    o.precision = IE_PREC_F32;
+    o.n_threads = threads;
+    o.pin_threads = 0;
+    o.kv_type_k = k;
+    o.kv_type_v = v;
+    o.kv_rotate = rot;
+    o.kv_block = kv_block;
+    ie_worker_t *w = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_worker_new(src, &o, &w), IE_OK);
+    return w;
+}
+
+static ie_worker_t *make(ie_kv_type_t k, ie_kv_type_t v, ie_kv_rotate_t rot, int kv_block, int threads)
+{
+    return make_src(g_src, k, v, rot, kv_block, threads);
+}
+
+#define NTOK 40
+/* logits of all NTOK positions of a fixed text, `chunk` tokens a step */
+static float *run(ie_worker_t *w, int chunk)
+{
+    const int nv = ie_worker_hparams(w)->n_vocab;
+    float *out = malloc((size_t)NTOK * nv * sizeof(float));
+    int32_t ids[NTOK], pos[NTOK], sq[NTOK];
+    uint8_t want[NTOK];
+    for (int i = 0; i < NTOK; i++) ids[i] = (i * 37 + 11) % nv, pos[i] = i, sq[i] = 0, want[i] = 1;
+    ie_worker_seq_clear(w, 0);
+    for (int i = 0; i < NTOK; i += chunk) {
+        const int m = NTOK - i < chunk ? NTOK - i : chunk;
+        ie_batch_t b = {m, ids + i, pos + i, sq + i, want + i};
+        CU_ASSERT_EQUAL_FATAL(ie_worker_step(w, &b, out + (size_t)i * nv), IE_OK);
+    }
+    return out;
+}
+
+static double max_diff(const float *a, const float *b, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs((double)a[i] - b[i]));
+    return m;
+}
+
+static void test_worker_types(void)
+{
+    ie_worker_t *w = make(IE_KV_F32, IE_KV_F32, IE_KV_ROTATE_AUTO, 0, 2);
+    const size_t nv = (size_t)ie_worker_hparams(w)->n_vocab, n = NTOK * nv;
+    const int hd = ie_worker_hparams(w)->head_dim, kvh = ie_worker_hparams(w)->n_head_kv,
+              nl = ie_worker_hparams(w)->n_layer;
+    float *ref = run(w, 16);
+    CU_ASSERT_EQUAL(ie_worker_kv_bytes_per_pos(w), (size_t)nl * kvh * hd * 4 * 2);
+    ie_worker_destroy(&w);
+    double lmax = 0;
+    for (size_t i = 0; i < n; i++) lmax = fmax(lmax, fabs(ref[i]));
+
+    /* the rotation alone (f32 cache): only rounding */
+    w = make(IE_KV_F32, IE_KV_F32, IE_KV_ROTATE_ON, 0, 2);
+    float *got = run(w, 16);
+    CU_ASSERT(max_diff(got, ref, n) < 1e-4 * lmax);
+    free(got);
+    ie_worker_destroy(&w);
+
+    /* each type: close to f32 within a bound of its precision */
+    static const struct {
+        ie_kv_type_t t;
+        double tol;
+    } types[] = {
+        {IE_KV_F16, 2e-3}, {IE_KV_BF16, 2e-2}, {IE_KV_Q8, 3e-2}, {IE_KV_FP8_E4M3, 8e-2}, {IE_KV_FP8_E5M2, 1.5e-1}};
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        w = make(types[t].t, types[t].t, IE_KV_ROTATE_AUTO, 0, 2);
+        CU_ASSERT_EQUAL(ie_worker_kv_bytes_per_pos(w), (size_t)nl * kvh * ie_kv_head_bytes(types[t].t, hd) * 2);
+        got = run(w, 16);
+        const double d = max_diff(got, ref, n);
+        CU_ASSERT(d > 0); /* the cache did change something */
+        CU_ASSERT(d < types[t].tol * lmax);
+        if (d >= types[t].tol * lmax)
+            fprintf(stderr, "  %s: max diff %.3g of %.3g\n", ie_kv_type_name(types[t].t), d, lmax);
+        free(got);
+        ie_worker_destroy(&w);
+    }
+    free(ref);
+
+    /* a head size q4 cannot take (the fixture's 16): refused, named */
+    ie_worker_opts_t o;
+    ie_worker_opts_default(&o);
+    o.n_ctx = 64;
+    o.pin_threads = 0;
+    o.kv_type_v = IE_KV_Q4;
+    w = NULL;
+    CU_ASSERT_EQUAL(ie_worker_new(g_src, &o, &w), IE_ERR_INVAL);
+    CU_ASSERT_PTR_NULL(w);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "q4 cannot hold a head of 16 values"));
+    o.kv_type_v = (ie_kv_type_t)99;
+    CU_ASSERT_EQUAL(ie_worker_new(g_src, &o, &w), IE_ERR_INVAL);
+}
+
+/* A quantized cache: the same bits whatever the block size and the
+ * threads, and with a batched prefill or one token a step (each position
+ * decodes to the same values, scored in the same chunks from its window's
+ * start). K q8 rotated, V fp8 rotated: both paths at once. */
+static void test_worker_layouts(void)
+{
+    ie_worker_t *w = make(IE_KV_Q8, IE_KV_FP8_E4M3, IE_KV_ROTATE_AUTO, 0, 1);
+    const size_t n = NTOK * (size_t)ie_worker_hparams(w)->n_vocab;
+    float *ref = run(w, 16);
+    float *got = run(w, 16);
+    CU_ASSERT_EQUAL(memcmp(got, ref, n * sizeof(float)), 0); /* a rerun over the old cache */
+    free(got);
+    ie_worker_destroy(&w);
+    static const int blocks[] = {1, 3, 7, 64};
+    for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++) {
+        w = make(IE_KV_Q8, IE_KV_FP8_E4M3, IE_KV_ROTATE_AUTO, blocks[i], 2);
+        got = run(w, 16);
+        CU_ASSERT_EQUAL(memcmp(got, ref, n * sizeof(float)), 0);
+        free(got);
+        ie_worker_destroy(&w);
+    }
+    w = make(IE_KV_Q8, IE_KV_FP8_E4M3, IE_KV_ROTATE_AUTO, 5, 2);
+    got = run(w, 1);
+    CU_ASSERT(max_diff(got, ref, n) < 1e-4); /* decode vs prefill: matmul shapes differ */
+    free(got);
+    ie_worker_destroy(&w);
+    free(ref);
+}
+
+/* GPT-OSS (sinks, sliding layers of window 8, head size 16... of the
+ * fixture): an f16 cache stays within f16 rounding of the f32 cache, for
+ * a prefill (the rows decoded once per step, read from the window's start)
+ * and token by token (each token's own chunks), past the window's edge and
+ * over blocks of 3 positions. */
+static void test_worker_gptoss_window(void)
+{
+    ie_model_src_t *src = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_model_src_open(IE_TEST_DATA "/tiny_gptoss.gguf", &src), IE_OK);
+    ie_worker_t *w = make_src(src, IE_KV_F32, IE_KV_F32, IE_KV_ROTATE_AUTO, 0, 2);
+    const size_t n = NTOK * (size_t)ie_worker_hparams(w)->n_vocab;
+    CU_ASSERT(ie_worker_hparams(w)->sliding_window < NTOK);
+    float *ref = run(w, 16);
+    ie_worker_destroy(&w);
+    double lmax = 0;
+    for (size_t i = 0; i < n; i++) lmax = fmax(lmax, fabs(ref[i]));
+    static const int chunks[] = {16, 1, 5};
+    for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+        w = make_src(src, IE_KV_F16, IE_KV_F16, IE_KV_ROTATE_ON, 3, 2);
+        float *got = run(w, chunks[c]);
+        const double d = max_diff(got, ref, n);
+        CU_ASSERT(d < 2e-3 * lmax);
+        if (d >= 2e-3 * lmax) fprintf(stderr, "  chunk %d: max diff %.3g of %.3g\n", chunks[c], d, lmax);
+        free(got);
+        ie_worker_destroy(&w);
+    }
+    free(ref);
+    ie_model_src_destroy(&src);
+}
+
+int main(void)
+{
+    if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+    CU_pSuite s = CU_add_suite("kvquant", suite_init, suite_clean);
+    CU_add_test(s, "type names, head sizes, rotation switch", test_names);
+    CU_add_test(s, "FWHT == dense Hadamard product", test_fwht_dense);
+    CU_add_test(s, "codec round trips within bounds", test_codec_bounds);
+    CU_add_test(s, "FP8 codes", test_fp8_codes);
+    CU_add_test(s, "AVX-512 decode == scalar decode", test_decode_twin);
+    CU_add_test(s, "worker: each cache type close to f32", test_worker_types);
+    CU_add_test(s, "worker: quantized cache bits independent of layout", test_worker_layouts);
+    CU_add_test(s, "worker: GPT-OSS window edges and sinks over an f16 cache", test_worker_gptoss_window);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
+    CU_cleanup_registry();
+    return fails ? 1 : 0;
+}
