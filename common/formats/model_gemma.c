@@ -141,9 +141,7 @@ static ie_status_t gemma_gguf_hparams_arch(const ie_gguf_t *g, ie_hparams_t *hp,
     }
     if (ie_gguf_find_tensor(g, "rope_freqs.weight"))
         return ie_error_set(IE_ERR_UNSUPPORTED, "model: tensor 'rope_freqs.weight' is not supported for %s", a);
-    snprintf(key, sizeof key, "%s.vocab_size", a);
-    if ((st = msrc_gguf_vocab(g, key, &hp->n_vocab)) != IE_OK) return st;
-    hp->tied_embeddings = ie_gguf_find_tensor(g, "output.weight") == NULL;
+    if ((st = msrc_gguf_vocab_tied(g, a, hp)) != IE_OK) return st;
     hp->embd_scale = sqrtf((float)hp->n_embd); /* llama.cpp scales in float32 */
     gemma_common(hp);
     set_attn_scale(hp, hp->n_layer == (g3 ? 62 : 46) ? (double)(hp->n_embd / hp->n_head) : (double)hp->head_dim);
@@ -246,32 +244,12 @@ static ie_status_t hf_rope_gemma(ie_hparams_t *hp, const cJSON *cfg, int g3)
  * sliding then one global). */
 static ie_status_t hf_layer_types(ie_hparams_t *hp, const cJSON *cfg, int g3)
 {
-    const cJSON *j = msrc_obj_get(cfg, "layer_types");
     ie_status_t st;
-    int pattern = 2;
+    int pattern = 2, given;
 
-    if (hp->n_layer > IE_MAX_LAYERS)
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: num_hidden_layers (%d) exceeds the supported maximum of %d layers", hp->n_layer,
-                            IE_MAX_LAYERS);
-    if (!j || cJSON_IsNull(j)) {
-        if (g3 && (st = msrc_cfg_int(cfg, "sliding_window_pattern", 0, 6, &pattern)) != IE_OK) return st;
-        for (int l = 0; l < hp->n_layer; l++) hp->layer_swa[l] = (uint8_t)((l + 1) % pattern != 0);
-        return IE_OK;
-    }
-    if (!cJSON_IsArray(j) || cJSON_GetArraySize(j) != hp->n_layer)
-        return ie_error_set(IE_ERR_FORMAT, "model: config.json field 'layer_types' must be an array of %d strings",
-                            hp->n_layer);
-    for (int l = 0; l < hp->n_layer; l++) {
-        const cJSON *e = cJSON_GetArrayItem(j, l);
-        if (cJSON_IsString(e) && strcmp(e->valuestring, "sliding_attention") == 0) hp->layer_swa[l] = 1;
-        else if (cJSON_IsString(e) && strcmp(e->valuestring, "full_attention") == 0) hp->layer_swa[l] = 0;
-        else
-            return ie_error_set(IE_ERR_FORMAT,
-                                "model: config.json layer_types[%d] must be \"sliding_attention\" or "
-                                "\"full_attention\"",
-                                l);
-    }
+    if ((st = msrc_hf_layer_types(cfg, hp, &given)) != IE_OK || given) return st;
+    if (g3 && (st = msrc_cfg_int(cfg, "sliding_window_pattern", 0, 6, &pattern)) != IE_OK) return st;
+    for (int l = 0; l < hp->n_layer; l++) hp->layer_swa[l] = (uint8_t)((l + 1) % pattern != 0);
     return IE_OK;
 }
 
@@ -301,7 +279,6 @@ static ie_status_t gemma_hf_hparams(ie_model_src_t *s, const cJSON *cfg)
     const cJSON *j;
     ie_status_t st;
     float qpas;
-    int flag;
 
     j = msrc_obj_get(cfg, "architectures");
     if (cJSON_IsArray(j))
@@ -350,12 +327,8 @@ static ie_status_t gemma_hf_hparams(ie_model_src_t *s, const cJSON *cfg)
     j = msrc_obj_get(cfg, "tie_word_embeddings");
     if (!j || cJSON_IsNull(j)) hp->tied_embeddings = 1; /* Gemma's default */
     else if ((st = msrc_cfg_bool(cfg, "tie_word_embeddings", &hp->tied_embeddings)) != IE_OK) return st;
-    if ((st = msrc_cfg_bool(cfg, "attention_bias", &flag)) != IE_OK) return st;
-    if (flag) return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json attention_bias = true is not supported");
-    if ((st = msrc_cfg_bool(cfg, "use_bidirectional_attention", &flag)) != IE_OK) return st;
-    if (flag)
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: config.json use_bidirectional_attention = true is not supported");
+    if ((st = msrc_cfg_refuse_true(cfg, "attention_bias")) != IE_OK) return st;
+    if ((st = msrc_cfg_refuse_true(cfg, "use_bidirectional_attention")) != IE_OK) return st;
     if ((st = hf_embd_scale(hp, cfg)) != IE_OK) return st;
     gemma_common(hp);
     return IE_OK;
@@ -407,45 +380,29 @@ static ie_status_t gemma_hf_convert(ie_model_src_t *s)
 static ie_status_t gemma_validate(const ie_model_src_t *s, const hp_labels_t *lb)
 {
     const ie_hparams_t *hp = &s->hp;
-    ie_status_t st = IE_OK;
-    const int64_t H = hp->n_embd, F = hp->n_ff, V = hp->n_vocab, hd = hp->head_dim;
+    const int64_t H = hp->n_embd, F = hp->n_ff, hd = hp->head_dim;
     const int64_t q_dim = (int64_t)hp->n_head * hd, kv_dim = (int64_t)hp->n_head_kv * hd;
-    int any_swa = 0;
-    char name[96];
+    const msrc_req_t req[] = {
+        {"attn_norm.weight", 1, 0, {H}},
+        {"attn_q.weight", 2, 0, {H, q_dim}},
+        {"attn_k.weight", 2, 0, {H, kv_dim}},
+        {"attn_v.weight", 2, 0, {H, kv_dim}},
+        {"attn_output.weight", 2, 0, {q_dim, H}},
+        {"post_attention_norm.weight", 1, 0, {H}},
+        {"ffn_norm.weight", 1, 0, {H}},
+        {"ffn_gate.weight", 2, 0, {H, F}},
+        {"ffn_up.weight", 2, 0, {H, F}},
+        {"ffn_down.weight", 2, 0, {F, H}},
+        {"post_ffw_norm.weight", 1, 0, {H}},
+        {"attn_q_norm.weight", 1, !hp->qk_norm, {hd}}, /* Gemma 3 */
+        {"attn_k_norm.weight", 1, !hp->qk_norm, {hd}},
+    };
+    ie_status_t st;
 
-    for (int l = 0; l < hp->n_layer; l++) any_swa |= hp->layer_swa[l];
-    if (any_swa && hp->sliding_window < 1)
-        return ie_error_set(IE_ERR_FORMAT,
-                            "model: %s (%d) must be at least 1: some layers use sliding-window attention",
-                            lb->sliding_window, hp->sliding_window);
-    if (hp->rope_dim != hp->head_dim)
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: %s (%d) differs from %s (%d): partial rotary is not supported", lb->rope_dim,
-                            hp->rope_dim, lb->head_dim, hp->head_dim);
-    if ((st = msrc_need(s, "token_embd.weight", 2, H, V)) != IE_OK) return st;
-    if ((st = msrc_need(s, "output_norm.weight", 1, H, 0)) != IE_OK) return st;
-    if (!hp->tied_embeddings && (st = msrc_need(s, "output.weight", 2, H, V)) != IE_OK) return st;
-    for (int l = 0; l < hp->n_layer; l++) {
-        const struct {
-            const char *suffix;
-            int n_dims;
-            int64_t ne0, ne1;
-        } req[] = {
-            {"attn_norm.weight", 1, H, 0},       {"attn_q.weight", 2, H, q_dim},
-            {"attn_k.weight", 2, H, kv_dim},     {"attn_v.weight", 2, H, kv_dim},
-            {"attn_output.weight", 2, q_dim, H}, {"post_attention_norm.weight", 1, H, 0},
-            {"ffn_norm.weight", 1, H, 0},        {"ffn_gate.weight", 2, H, F},
-            {"ffn_up.weight", 2, H, F},          {"ffn_down.weight", 2, F, H},
-            {"post_ffw_norm.weight", 1, H, 0},   {"attn_q_norm.weight", 1, hd, 0},
-            {"attn_k_norm.weight", 1, hd, 0},
-        };
-        const size_t n_req = hp->qk_norm ? COUNT(req) : COUNT(req) - 2;
-        for (size_t i = 0; i < n_req; i++) {
-            snprintf(name, sizeof name, "blk.%d.%s", l, req[i].suffix);
-            if ((st = msrc_need(s, name, req[i].n_dims, req[i].ne0, req[i].ne1)) != IE_OK) return st;
-        }
-    }
-    return IE_OK;
+    if ((st = msrc_check_swa(hp, lb)) != IE_OK) return st;
+    if ((st = msrc_check_full_rotary(hp, lb)) != IE_OK) return st;
+    if ((st = msrc_need_embd(s, !hp->tied_embeddings)) != IE_OK) return st;
+    return msrc_need_layers(s, req, COUNT(req));
 }
 
 const msrc_arch_t msrc_arch_gemma2 = {

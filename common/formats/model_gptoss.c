@@ -40,24 +40,34 @@ static const name_pair_t k_gptoss_layer_names[] = {
 static ie_status_t gptoss_validate(const ie_model_src_t *s, const hp_labels_t *lb)
 {
     const ie_hparams_t *hp = &s->hp;
-    ie_status_t st = IE_OK;
-    int64_t H = hp->n_embd, I = hp->n_ff, E = hp->n_expert, V = hp->n_vocab;
-    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
-    int any_swa = 0;
-    char name[96];
+    const int64_t H = hp->n_embd, I = hp->n_ff, E = hp->n_expert;
+    const int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    const msrc_req_t req[] = {
+        {"attn_norm.weight", 1, 0, {H}},
+        {"attn_q.weight", 2, 0, {H, q_dim}},
+        {"attn_q.bias", 1, 0, {q_dim}},
+        {"attn_k.weight", 2, 0, {H, kv_dim}},
+        {"attn_k.bias", 1, 0, {kv_dim}},
+        {"attn_v.weight", 2, 0, {H, kv_dim}},
+        {"attn_v.bias", 1, 0, {kv_dim}},
+        {"attn_output.weight", 2, 0, {q_dim, H}},
+        {"attn_output.bias", 1, 0, {H}},
+        {"attn_sinks.weight", 1, 0, {hp->n_head}},
+        {"post_attention_norm.weight", 1, 0, {H}},
+        {"ffn_gate_inp.weight", 2, 0, {H, E}},
+        {"ffn_gate_inp.bias", 1, 0, {E}},
+        {"ffn_gate_exps.weight", 3, 0, {H, I, E}},
+        {"ffn_up_exps.weight", 3, 0, {H, I, E}},
+        {"ffn_down_exps.weight", 3, 0, {I, H, E}},
+        {"ffn_gate_exps.bias", 2, 0, {I, E}},
+        {"ffn_up_exps.bias", 2, 0, {I, E}},
+        {"ffn_down_exps.bias", 2, 0, {H, E}},
+    };
+    ie_status_t st;
 
-    if (hp->n_expert_used > hp->n_expert)
-        return ie_error_set(IE_ERR_FORMAT, "model: %s (%d) exceeds %s (%d)", lb->n_expert_used, hp->n_expert_used,
-                            lb->n_expert, hp->n_expert);
-    for (int l = 0; l < hp->n_layer; l++) any_swa |= hp->layer_swa[l];
-    if (any_swa && hp->sliding_window < 1)
-        return ie_error_set(IE_ERR_FORMAT,
-                            "model: %s (%d) must be at least 1: some layers use sliding-window attention",
-                            lb->sliding_window, hp->sliding_window);
-    if (hp->rope_dim != hp->head_dim)
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: %s (%d) differs from %s (%d): partial rotary is not supported", lb->rope_dim,
-                            hp->rope_dim, lb->head_dim, hp->head_dim);
+    if ((st = msrc_check_experts(hp, lb)) != IE_OK) return st;
+    if ((st = msrc_check_swa(hp, lb)) != IE_OK) return st;
+    if ((st = msrc_check_full_rotary(hp, lb)) != IE_OK) return st;
     if (!isfinite(hp->swiglu_limit) || hp->swiglu_limit <= 0.0f)
         return ie_error_set(IE_ERR_FORMAT, "model: swiglu_limit %g must be positive", (double)hp->swiglu_limit);
     if (!isfinite(hp->swiglu_alpha) || hp->swiglu_alpha <= 0.0f)
@@ -78,44 +88,8 @@ static ie_status_t gptoss_validate(const ie_model_src_t *s, const hp_labels_t *l
         return ie_error_set(IE_ERR_FORMAT, "model: RoPE attention factor %g must be positive",
                             (double)hp->rope_attn_factor);
 
-    {
-        const int64_t emb[2] = {H, V}, norm[1] = {H};
-        if ((st = msrc_need_ne(s, "token_embd.weight", 2, emb)) != IE_OK) return st;
-        if ((st = msrc_need_ne(s, "output_norm.weight", 1, norm)) != IE_OK) return st;
-        if ((st = msrc_need_ne(s, "output.weight", 2, emb)) != IE_OK) return st;
-    }
-    for (int l = 0; l < hp->n_layer; l++) {
-        const struct {
-            const char *suffix;
-            int n_dims;
-            int64_t ne[3];
-        } req[] = {
-            {"attn_norm.weight", 1, {H}},
-            {"attn_q.weight", 2, {H, q_dim}},
-            {"attn_q.bias", 1, {q_dim}},
-            {"attn_k.weight", 2, {H, kv_dim}},
-            {"attn_k.bias", 1, {kv_dim}},
-            {"attn_v.weight", 2, {H, kv_dim}},
-            {"attn_v.bias", 1, {kv_dim}},
-            {"attn_output.weight", 2, {q_dim, H}},
-            {"attn_output.bias", 1, {H}},
-            {"attn_sinks.weight", 1, {hp->n_head}},
-            {"post_attention_norm.weight", 1, {H}},
-            {"ffn_gate_inp.weight", 2, {H, E}},
-            {"ffn_gate_inp.bias", 1, {E}},
-            {"ffn_gate_exps.weight", 3, {H, I, E}},
-            {"ffn_up_exps.weight", 3, {H, I, E}},
-            {"ffn_down_exps.weight", 3, {I, H, E}},
-            {"ffn_gate_exps.bias", 2, {I, E}},
-            {"ffn_up_exps.bias", 2, {I, E}},
-            {"ffn_down_exps.bias", 2, {H, E}},
-        };
-        for (size_t i = 0; i < COUNT(req); i++) {
-            snprintf(name, sizeof name, "blk.%d.%s", l, req[i].suffix);
-            if ((st = msrc_need_ne(s, name, req[i].n_dims, req[i].ne)) != IE_OK) return st;
-        }
-    }
-    return IE_OK;
+    if ((st = msrc_need_embd(s, 1)) != IE_OK) return st;
+    return msrc_need_layers(s, req, COUNT(req));
 }
 
 /* gpt-oss GGUF (llama.cpp converter, docs/GPTOSS.md §3.3): the common keys,
@@ -129,8 +103,9 @@ static ie_status_t gptoss_gguf_hparams(const ie_gguf_t *g, ie_hparams_t *hp)
     ie_status_t st;
     ie_gguf_str_t str;
 
-    const char *ff_key = msrc_gguf_arch_has(g, "gpt-oss", "expert_feed_forward_length") ? "expert_feed_forward_length"
-                                                                                   : "feed_forward_length";
+    const char *ff_key = msrc_gguf_arch_has(g, "gpt-oss", "expert_feed_forward_length")
+                             ? "expert_feed_forward_length"
+                             : "feed_forward_length";
     if ((st = msrc_gguf_hparams_common(g, "gpt-oss", ff_key, 150000.0f, hp)) != IE_OK) return st;
     if ((st = msrc_gguf_int(g, "gpt-oss.expert_count", 1, 0, &hp->n_expert)) != IE_OK) return st;
     if ((st = msrc_gguf_int(g, "gpt-oss.expert_used_count", 1, 0, &hp->n_expert_used)) != IE_OK) return st;
@@ -144,17 +119,17 @@ static ie_status_t gptoss_gguf_hparams(const ie_gguf_t *g, ie_hparams_t *hp)
         if (str.len == 4 && memcmp(str.ptr, "yarn", 4) == 0) {
             if ((st = msrc_gguf_float(g, "gpt-oss.rope.scaling.factor", 1, 0.0f, &hp->rope_yarn_factor)) != IE_OK)
                 return st;
-            if ((st = msrc_gguf_int(g, "gpt-oss.rope.scaling.original_context_length", 1, 0, &hp->rope_yarn_orig_ctx)) !=
-                IE_OK)
+            if ((st = msrc_gguf_int(g, "gpt-oss.rope.scaling.original_context_length", 1, 0,
+                                    &hp->rope_yarn_orig_ctx)) != IE_OK)
                 return st;
-            if ((st = msrc_gguf_float(g, "gpt-oss.rope.scaling.yarn_beta_fast", 0, 32.0f, &hp->rope_yarn_beta_fast)) !=
-                IE_OK)
+            if ((st = msrc_gguf_float(g, "gpt-oss.rope.scaling.yarn_beta_fast", 0, 32.0f,
+                                      &hp->rope_yarn_beta_fast)) != IE_OK)
                 return st;
-            if ((st = msrc_gguf_float(g, "gpt-oss.rope.scaling.yarn_beta_slow", 0, 1.0f, &hp->rope_yarn_beta_slow)) !=
-                IE_OK)
+            if ((st = msrc_gguf_float(g, "gpt-oss.rope.scaling.yarn_beta_slow", 0, 1.0f,
+                                      &hp->rope_yarn_beta_slow)) != IE_OK)
                 return st;
-            if ((st = msrc_gguf_float(g, "gpt-oss.rope.scaling.attn_factor", 0, msrc_yarn_mscale(hp->rope_yarn_factor),
-                                 &hp->rope_attn_factor)) != IE_OK)
+            if ((st = msrc_gguf_float(g, "gpt-oss.rope.scaling.attn_factor", 0,
+                                      msrc_yarn_mscale(hp->rope_yarn_factor), &hp->rope_attn_factor)) != IE_OK)
                 return st;
             hp->rope_yarn_truncate = 0;
         } else if (!(str.len == 4 && memcmp(str.ptr, "none", 4) == 0)) {
@@ -191,17 +166,15 @@ static ie_status_t gptoss_gguf_hparams(const ie_gguf_t *g, ie_hparams_t *hp)
  * beta_slow absent or 0 -> 32 / 1; truncate absent -> true. */
 static ie_status_t hf_rope_gptoss(ie_hparams_t *hp, const cJSON *cfg)
 {
-    const char *field = "rope_parameters";
-    const cJSON *ro = msrc_obj_get(cfg, field), *t;
-    const char *type;
-    double theta, factor, orig, bf, bs, af, ms, msa, prf;
+    const char *field, *type;
+    const cJSON *ro = msrc_hf_rope_field(cfg, &field), *t;
+    double theta, factor, orig, bf, bs, af, ms, msa;
     ie_status_t st;
 
-    if (!ro || cJSON_IsNull(ro)) ro = msrc_obj_get(cfg, field = "rope_scaling");
     if ((st = msrc_rope_num(cfg, "config", "rope_theta", 0, 150000.0, &theta)) != IE_OK) return st;
     hp->rope_yarn_factor = 0.0f;
     hp->rope_attn_factor = 1.0f;
-    if (!ro || cJSON_IsNull(ro)) { /* GptOssConfig default */
+    if (!ro) { /* GptOssConfig default */
         hp->rope_theta = (float)theta;
         hp->rope_yarn_factor = 32.0f;
         hp->rope_yarn_orig_ctx = 4096;
@@ -211,17 +184,8 @@ static ie_status_t hf_rope_gptoss(ie_hparams_t *hp, const cJSON *cfg)
         hp->rope_attn_factor = msrc_yarn_mscale(32.0f);
         return IE_OK;
     }
-    if (!cJSON_IsObject(ro))
-        return ie_error_set(IE_ERR_FORMAT, "model: config.json field '%s' must be an object", field);
-    if ((st = msrc_rope_num(ro, field, "rope_theta", 0, theta, &theta)) != IE_OK) return st;
+    if ((st = msrc_rope_obj_base(ro, field, &theta, &type)) != IE_OK) return st;
     hp->rope_theta = (float)theta;
-    if ((st = msrc_rope_num(ro, field, "partial_rotary_factor", 0, 1.0, &prf)) != IE_OK) return st;
-    if (prf != 1.0)
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json %s.partial_rotary_factor %g is not supported",
-                            field, prf);
-    t = msrc_obj_get(ro, "rope_type");
-    if (!cJSON_IsString(t)) t = msrc_obj_get(ro, "type");
-    type = cJSON_IsString(t) ? t->valuestring : "default";
     if (strcmp(type, "default") == 0) return IE_OK;
     if (strcmp(type, "yarn") != 0)
         return ie_error_set(IE_ERR_UNSUPPORTED,
@@ -260,7 +224,7 @@ static ie_status_t gptoss_hf_hparams(ie_model_src_t *s, const cJSON *cfg)
     ie_hparams_t *hp = &s->hp;
     ie_status_t st;
     const cJSON *j, *q;
-    int flag;
+    int flag, given;
 
     if ((st = msrc_hf_dims(cfg, 131072, hp)) != IE_OK) return st;
     if (msrc_obj_get(cfg, "num_local_experts") || !msrc_obj_get(cfg, "num_experts"))
@@ -271,28 +235,10 @@ static ie_status_t gptoss_hf_hparams(ie_model_src_t *s, const cJSON *cfg)
     j = msrc_obj_get(cfg, "sliding_window");
     if (cJSON_IsNull(j)) hp->sliding_window = 0; /* explicit null: no window */
     else if ((st = msrc_cfg_int(cfg, "sliding_window", 0, 128, &hp->sliding_window)) != IE_OK) return st;
-    if (hp->n_layer > IE_MAX_LAYERS)
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: num_hidden_layers (%d) exceeds the supported maximum of %d layers", hp->n_layer,
-                            IE_MAX_LAYERS);
-    j = msrc_obj_get(cfg, "layer_types");
-    if (!j || cJSON_IsNull(j)) {
+    /* no layer_types: GptOssConfig's even layers slide */
+    if ((st = msrc_hf_layer_types(cfg, hp, &given)) != IE_OK) return st;
+    if (!given)
         for (int l = 0; l < hp->n_layer; l++) hp->layer_swa[l] = (uint8_t)((l + 1) % 2);
-    } else {
-        if (!cJSON_IsArray(j) || cJSON_GetArraySize(j) != hp->n_layer)
-            return ie_error_set(IE_ERR_FORMAT,
-                                "model: config.json field 'layer_types' must be an array of %d strings",
-                                hp->n_layer);
-        for (int l = 0; l < hp->n_layer; l++) {
-            const cJSON *e = cJSON_GetArrayItem(j, l);
-            if (cJSON_IsString(e) && strcmp(e->valuestring, "sliding_attention") == 0) hp->layer_swa[l] = 1;
-            else if (cJSON_IsString(e) && strcmp(e->valuestring, "full_attention") == 0) hp->layer_swa[l] = 0;
-            else
-                return ie_error_set(
-                    IE_ERR_FORMAT,
-                    "model: config.json layer_types[%d] must be \"sliding_attention\" or \"full_attention\"", l);
-        }
-    }
     if ((st = msrc_cfg_float(cfg, "rms_norm_eps", 1e-5f, &hp->rms_eps)) != IE_OK) return st;
     if ((st = msrc_cfg_float(cfg, "swiglu_limit", 7.0f, &hp->swiglu_limit)) != IE_OK) return st;
     if ((st = msrc_cfg_float(cfg, "swiglu_alpha", 1.702f, &hp->swiglu_alpha)) != IE_OK) return st;

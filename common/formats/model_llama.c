@@ -13,7 +13,6 @@
 #include "model_src_internal.h"
 
 #include <math.h>
-#include <stdio.h>
 #include <string.h>
 
 static const name_pair_t k_layer_names[] = {
@@ -29,29 +28,15 @@ static const name_pair_t k_layer_names[] = {
 static ie_status_t llama_gguf_hparams(const ie_gguf_t *g, ie_hparams_t *hp)
 {
     ie_status_t st;
-    ie_gguf_str_t str;
 
     if ((st = msrc_gguf_hparams_common(g, "llama", "feed_forward_length", 10000.0f, hp)) != IE_OK) return st;
-    /* linear / YaRN scaling: we would silently compute wrong rotations.
-     * Llama 3.x's scaling has no type key, only rope_freqs.weight. */
-    if (ie_gguf_get_str(g, "llama.rope.scaling.type", &str) == IE_OK &&
-        !(str.len == 4 && !memcmp(str.ptr, "none", 4)))
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: llama.rope.scaling.type '%.*s' is not supported",
-                            (int)(str.len < 64 ? str.len : 64), str.ptr);
+    /* linear / YaRN scaling is refused; Llama 3.x's scaling has no type
+     * key, only rope_freqs.weight. */
+    if ((st = msrc_gguf_rope_plain(g, "llama")) != IE_OK) return st;
     hp->rope_freqs = ie_gguf_find_tensor(g, "rope_freqs.weight") != NULL;
-    if ((st = msrc_gguf_vocab(g, "llama.vocab_size", &hp->n_vocab)) != IE_OK) return st;
+    if ((st = msrc_gguf_vocab_tied(g, "llama", hp)) != IE_OK) return st;
     hp->rope_layout = IE_ROPE_NORMAL;
-    hp->tied_embeddings = ie_gguf_find_tensor(g, "output.weight") == NULL;
     return IE_OK;
-}
-
-/* The config's RoPE object: rope_parameters (transformers 5) or
- * rope_scaling (older files), NULL if neither; *field names it. */
-static const cJSON *llama_rope_obj(const cJSON *cfg, const char **field)
-{
-    const cJSON *ro = msrc_obj_get(cfg, *field = "rope_parameters");
-    if (!ro || cJSON_IsNull(ro)) ro = msrc_obj_get(cfg, *field = "rope_scaling");
-    return ro && !cJSON_IsNull(ro) ? ro : NULL;
 }
 
 /* Llama 3.x's scaling constants (transformers' _compute_llama3_parameters
@@ -89,25 +74,17 @@ static ie_status_t llama3_read(const cJSON *ro, const char *field, llama3_rope_t
 static ie_status_t llama_hf_rope(const cJSON *cfg, ie_hparams_t *hp)
 {
     const char *field, *type;
-    const cJSON *ro = llama_rope_obj(cfg, &field), *t;
+    const cJSON *ro = msrc_hf_rope_field(cfg, &field);
     llama3_rope_t r;
-    double theta, prf;
+    double theta;
     ie_status_t st;
 
     if ((st = msrc_cfg_float(cfg, "rope_theta", 10000.0f, &hp->rope_theta)) != IE_OK) return st;
     hp->rope_freqs = 0;
     if (!ro) return IE_OK;
-    if (!cJSON_IsObject(ro))
-        return ie_error_set(IE_ERR_FORMAT, "model: config.json field '%s' must be an object", field);
-    if ((st = msrc_rope_num(ro, field, "rope_theta", 0, hp->rope_theta, &theta)) != IE_OK) return st;
+    theta = hp->rope_theta;
+    if ((st = msrc_rope_obj_base(ro, field, &theta, &type)) != IE_OK) return st;
     hp->rope_theta = (float)theta;
-    if ((st = msrc_rope_num(ro, field, "partial_rotary_factor", 0, 1.0, &prf)) != IE_OK) return st;
-    if (prf != 1.0)
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json %s.partial_rotary_factor %g is not supported",
-                            field, prf);
-    t = msrc_obj_get(ro, "rope_type");
-    if (!cJSON_IsString(t)) t = msrc_obj_get(ro, "type");
-    type = cJSON_IsString(t) ? t->valuestring : "default";
     if (strcmp(type, "default") == 0) return IE_OK;
     if (strcmp(type, "llama3") != 0)
         return ie_error_set(IE_ERR_UNSUPPORTED,
@@ -124,21 +101,16 @@ static ie_status_t llama_hf_hparams(ie_model_src_t *s, const cJSON *cfg)
     ie_hparams_t *hp = &s->hp;
     ie_status_t st;
     const cJSON *j, *archs = msrc_obj_get(cfg, "architectures"), *a;
-    int flag, mistral;
+    int mistral;
 
     if ((st = msrc_hf_dims(cfg, 2048, hp)) != IE_OK) return st;
     if ((st = msrc_cfg_float(cfg, "rms_norm_eps", 1e-6f, &hp->rms_eps)) != IE_OK) return st;
     if ((st = msrc_cfg_bool(cfg, "tie_word_embeddings", &hp->tied_embeddings)) != IE_OK) return st;
     hp->rope_layout = IE_ROPE_NEOX;
     if ((st = llama_hf_rope(cfg, hp)) != IE_OK) return st;
-    j = msrc_obj_get(cfg, "hidden_act");
-    if (cJSON_IsString(j) && strcmp(j->valuestring, "silu") != 0)
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: config.json hidden_act '%.32s' is not supported (only silu)", j->valuestring);
-    if ((st = msrc_cfg_bool(cfg, "attention_bias", &flag)) != IE_OK) return st;
-    if (flag) return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json attention_bias = true is not supported");
-    if ((st = msrc_cfg_bool(cfg, "mlp_bias", &flag)) != IE_OK) return st;
-    if (flag) return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json mlp_bias = true is not supported");
+    if ((st = msrc_cfg_silu(cfg)) != IE_OK) return st;
+    if ((st = msrc_cfg_refuse_true(cfg, "attention_bias")) != IE_OK) return st;
+    if ((st = msrc_cfg_refuse_true(cfg, "mlp_bias")) != IE_OK) return st;
 
     /* Mistral: sliding_window (null: none) on every layer. LlamaConfig has
      * no such field, so a Llama config's stray one is ignored like HF does. */
@@ -174,7 +146,7 @@ static ie_status_t llama_hf_convert(ie_model_src_t *s)
     if (!hp->rope_freqs) return IE_OK;
     if (hp->rope_dim < 2 || hp->rope_dim % 2)
         return ie_error_set(IE_ERR_FORMAT, "model: head_dim (%d) must be even for RoPE", hp->rope_dim);
-    ro = llama_rope_obj(s->hf_cfg, &field);
+    ro = msrc_hf_rope_field(s->hf_cfg, &field);
     if ((st = llama3_read(ro, field, &r)) != IE_OK) return st;
     if (msrc_find(s, "rope_freqs.weight"))
         return ie_error_set(IE_ERR_FORMAT, "model: the checkpoint has a tensor 'rope_freqs.weight' of its own");
@@ -203,33 +175,20 @@ static ie_status_t llama_hf_convert(ie_model_src_t *s)
 ie_status_t msrc_llama_validate(const ie_model_src_t *s, const hp_labels_t *lb)
 {
     const ie_hparams_t *hp = &s->hp;
-    ie_status_t st = IE_OK;
-    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
-    char name[64];
+    const int64_t H = hp->n_embd, F = hp->n_ff;
+    const int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    const msrc_req_t req[] = {
+        {"attn_norm.weight", 1, 0, {H}},          {"attn_q.weight", 2, 0, {H, q_dim}},
+        {"attn_k.weight", 2, 0, {H, kv_dim}},     {"attn_v.weight", 2, 0, {H, kv_dim}},
+        {"attn_output.weight", 2, 0, {q_dim, H}}, {"ffn_norm.weight", 1, 0, {H}},
+        {"ffn_gate.weight", 2, 0, {H, F}},        {"ffn_up.weight", 2, 0, {H, F}},
+        {"ffn_down.weight", 2, 0, {F, H}},
+    };
+    ie_status_t st;
 
     (void)lb;
-    if ((st = msrc_need(s, "token_embd.weight", 2, hp->n_embd, hp->n_vocab)) != IE_OK) return st;
-    if ((st = msrc_need(s, "output_norm.weight", 1, hp->n_embd, 0)) != IE_OK) return st;
-    if (!hp->tied_embeddings && (st = msrc_need(s, "output.weight", 2, hp->n_embd, hp->n_vocab)) != IE_OK)
-        return st;
-    for (int l = 0; l < hp->n_layer; l++) {
-        const struct {
-            const char *suffix;
-            int n_dims;
-            int64_t ne0, ne1;
-        } req[] = {
-            {"attn_norm.weight", 1, hp->n_embd, 0},       {"attn_q.weight", 2, hp->n_embd, q_dim},
-            {"attn_k.weight", 2, hp->n_embd, kv_dim},     {"attn_v.weight", 2, hp->n_embd, kv_dim},
-            {"attn_output.weight", 2, q_dim, hp->n_embd}, {"ffn_norm.weight", 1, hp->n_embd, 0},
-            {"ffn_gate.weight", 2, hp->n_embd, hp->n_ff}, {"ffn_up.weight", 2, hp->n_embd, hp->n_ff},
-            {"ffn_down.weight", 2, hp->n_ff, hp->n_embd},
-        };
-        for (size_t i = 0; i < COUNT(req); i++) {
-            snprintf(name, sizeof name, "blk.%d.%s", l, req[i].suffix);
-            if ((st = msrc_need(s, name, req[i].n_dims, req[i].ne0, req[i].ne1)) != IE_OK) return st;
-        }
-    }
-    return IE_OK;
+    if ((st = msrc_need_embd(s, !hp->tied_embeddings)) != IE_OK) return st;
+    return msrc_need_layers(s, req, COUNT(req));
 }
 
 

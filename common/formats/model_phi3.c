@@ -94,9 +94,8 @@ static ie_status_t phi3_gguf_hparams(const ie_gguf_t *g, ie_hparams_t *hp)
             IE_OK)
             return st;
     }
-    if ((st = msrc_gguf_vocab(g, "phi3.vocab_size", &hp->n_vocab)) != IE_OK) return st;
+    if ((st = msrc_gguf_vocab_tied(g, "phi3", hp)) != IE_OK) return st;
     hp->rope_layout = IE_ROPE_NEOX;
-    hp->tied_embeddings = ie_gguf_find_tensor(g, "output.weight") == NULL;
     return IE_OK;
 }
 
@@ -176,10 +175,7 @@ static ie_status_t phi3_hf_hparams(ie_model_src_t *s, const cJSON *cfg)
     if ((st = msrc_hf_dims(cfg, 4096, hp)) != IE_OK) return st;
     if ((st = msrc_cfg_float(cfg, "rms_norm_eps", 1e-5f, &hp->rms_eps)) != IE_OK) return st;
     if ((st = msrc_cfg_bool(cfg, "tie_word_embeddings", &hp->tied_embeddings)) != IE_OK) return st;
-    j = msrc_obj_get(cfg, "hidden_act");
-    if (cJSON_IsString(j) && strcmp(j->valuestring, "silu") != 0)
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: config.json hidden_act '%.32s' is not supported (only silu)", j->valuestring);
+    if ((st = msrc_cfg_silu(cfg)) != IE_OK) return st;
     hp->rope_layout = IE_ROPE_NEOX;
 
     if ((st = hf_rope_obj(cfg, &ro, &field, &type)) != IE_OK) return st;

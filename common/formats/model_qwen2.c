@@ -10,7 +10,6 @@
  */
 #include "model_src_internal.h"
 
-#include <stdio.h>
 #include <string.h>
 
 static const name_pair_t k_layer_names[] = {
@@ -33,19 +32,14 @@ static const name_pair_t k_layer_names[] = {
 static ie_status_t qwen2_gguf_hparams(const ie_gguf_t *g, ie_hparams_t *hp)
 {
     ie_status_t st;
-    ie_gguf_str_t str;
 
     if ((st = msrc_gguf_hparams_common(g, "qwen2", "feed_forward_length", 1000000.0f, hp)) != IE_OK) return st;
-    if (ie_gguf_get_str(g, "qwen2.rope.scaling.type", &str) == IE_OK &&
-        !(str.len == 4 && !memcmp(str.ptr, "none", 4)))
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: qwen2.rope.scaling.type '%.*s' is not supported",
-                            (int)(str.len < 64 ? str.len : 64), str.ptr);
+    if ((st = msrc_gguf_rope_plain(g, "qwen2")) != IE_OK) return st;
     if (ie_gguf_find_tensor(g, "rope_freqs.weight"))
         return ie_error_set(IE_ERR_UNSUPPORTED,
                             "model: tensor 'rope_freqs.weight' is not expected in a qwen2 model");
-    if ((st = msrc_gguf_vocab(g, "qwen2.vocab_size", &hp->n_vocab)) != IE_OK) return st;
+    if ((st = msrc_gguf_vocab_tied(g, "qwen2", hp)) != IE_OK) return st;
     hp->rope_layout = IE_ROPE_NEOX;
-    hp->tied_embeddings = ie_gguf_find_tensor(g, "output.weight") == NULL;
     hp->qkv_bias = 1;
     return IE_OK;
 }
@@ -55,7 +49,7 @@ static ie_status_t qwen2_hf_hparams(ie_model_src_t *s, const cJSON *cfg)
 {
     ie_hparams_t *hp = &s->hp;
     ie_status_t st;
-    const cJSON *j, *lt, *e;
+    const cJSON *lt, *e;
     int flag;
 
     if ((st = msrc_hf_dims(cfg, 32768, hp)) != IE_OK) return st;
@@ -65,15 +59,8 @@ static ie_status_t qwen2_hf_hparams(ie_model_src_t *s, const cJSON *cfg)
     hp->rope_layout = IE_ROPE_NEOX;
     hp->qkv_bias = 1;
 
-    if ((st = msrc_hf_check_rope(cfg, "rope_scaling", "unknown")) != IE_OK) return st;
-    if ((st = msrc_hf_check_rope(cfg, "rope_parameters", "default")) != IE_OK) return st;
-    if ((st = msrc_cfg_float(msrc_obj_get(cfg, "rope_parameters"), "rope_theta", hp->rope_theta,
-                             &hp->rope_theta)) != IE_OK)
-        return st;
-    j = msrc_obj_get(cfg, "hidden_act");
-    if (cJSON_IsString(j) && strcmp(j->valuestring, "silu") != 0)
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: config.json hidden_act '%.32s' is not supported (only silu)", j->valuestring);
+    if ((st = msrc_hf_plain_rope(cfg, hp)) != IE_OK) return st;
+    if ((st = msrc_cfg_silu(cfg)) != IE_OK) return st;
     if ((st = msrc_cfg_bool(cfg, "use_sliding_window", &flag)) != IE_OK) return st;
     if (flag)
         return ie_error_set(IE_ERR_UNSUPPORTED,
@@ -97,19 +84,15 @@ static ie_status_t qwen2_validate(const ie_model_src_t *s, const hp_labels_t *lb
 {
     const ie_hparams_t *hp = &s->hp;
     const int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    const msrc_req_t req[] = {
+        {"attn_q.bias", 1, 0, {q_dim}},
+        {"attn_k.bias", 1, 0, {kv_dim}},
+        {"attn_v.bias", 1, 0, {kv_dim}},
+    };
     ie_status_t st;
-    char name[64];
 
     if ((st = msrc_llama_validate(s, lb)) != IE_OK) return st;
-    for (int l = 0; l < hp->n_layer; l++) {
-        snprintf(name, sizeof name, "blk.%d.attn_q.bias", l);
-        if ((st = msrc_need(s, name, 1, q_dim, 0)) != IE_OK) return st;
-        snprintf(name, sizeof name, "blk.%d.attn_k.bias", l);
-        if ((st = msrc_need(s, name, 1, kv_dim, 0)) != IE_OK) return st;
-        snprintf(name, sizeof name, "blk.%d.attn_v.bias", l);
-        if ((st = msrc_need(s, name, 1, kv_dim, 0)) != IE_OK) return st;
-    }
-    return IE_OK;
+    return msrc_need_layers(s, req, COUNT(req));
 }
 
 const msrc_arch_t msrc_arch_qwen2 = {

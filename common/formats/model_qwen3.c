@@ -55,22 +55,15 @@ static const name_pair_t k_qwen3moe_names[] = {
 static ie_status_t qwen3_gguf_common(const ie_gguf_t *g, const char *a, const char *ff_key, ie_hparams_t *hp)
 {
     ie_status_t st;
-    ie_gguf_str_t str;
-    char key[96];
 
     if ((st = msrc_gguf_hparams_common(g, a, ff_key, 10000.0f, hp)) != IE_OK) return st;
-    snprintf(key, sizeof key, "%s.rope.scaling.type", a);
-    /* YaRN context extension: we would silently compute wrong rotations */
-    if (ie_gguf_get_str(g, key, &str) == IE_OK && !(str.len == 4 && !memcmp(str.ptr, "none", 4)))
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: %s '%.*s' is not supported", key,
-                            (int)(str.len < 64 ? str.len : 64), str.ptr);
+    /* YaRN context extension is refused */
+    if ((st = msrc_gguf_rope_plain(g, a)) != IE_OK) return st;
     if (ie_gguf_find_tensor(g, "blk.0.attn_q.bias"))
         return ie_error_set(IE_ERR_UNSUPPORTED,
                             "model: tensor 'blk.0.attn_q.bias': %s with attention biases is not supported", a);
-    snprintf(key, sizeof key, "%s.vocab_size", a);
-    if ((st = msrc_gguf_vocab(g, key, &hp->n_vocab)) != IE_OK) return st;
+    if ((st = msrc_gguf_vocab_tied(g, a, hp)) != IE_OK) return st;
     hp->rope_layout = IE_ROPE_NEOX; /* convert_hf_to_gguf does not permute qwen3 Q/K */
-    hp->tied_embeddings = ie_gguf_find_tensor(g, "output.weight") == NULL;
     hp->qk_norm = 1;
     return IE_OK;
 }
@@ -118,28 +111,17 @@ static ie_status_t qwen3_hf_common(ie_model_src_t *s, const cJSON *cfg)
     ie_hparams_t *hp = &s->hp;
     ie_status_t st;
     const cJSON *j, *e;
-    int flag;
 
     if ((st = msrc_hf_dims(cfg, 32768, hp)) != IE_OK) return st;
     if ((st = msrc_cfg_float(cfg, "rms_norm_eps", 1e-6f, &hp->rms_eps)) != IE_OK) return st;
     if ((st = msrc_cfg_float(cfg, "rope_theta", 10000.0f, &hp->rope_theta)) != IE_OK) return st;
     if ((st = msrc_cfg_bool(cfg, "tie_word_embeddings", &hp->tied_embeddings)) != IE_OK) return st;
-    if ((st = msrc_hf_check_rope(cfg, "rope_scaling", "unknown")) != IE_OK) return st;
-    if ((st = msrc_hf_check_rope(cfg, "rope_parameters", "default")) != IE_OK) return st;
-    if ((st = msrc_cfg_float(msrc_obj_get(cfg, "rope_parameters"), "rope_theta", hp->rope_theta,
-                             &hp->rope_theta)) != IE_OK)
-        return st;
+    if ((st = msrc_hf_plain_rope(cfg, hp)) != IE_OK) return st;
     hp->rope_layout = IE_ROPE_NEOX;
     hp->qk_norm = 1;
-    j = msrc_obj_get(cfg, "hidden_act");
-    if (cJSON_IsString(j) && strcmp(j->valuestring, "silu") != 0)
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: config.json hidden_act '%.32s' is not supported (only silu)", j->valuestring);
-    if ((st = msrc_cfg_bool(cfg, "attention_bias", &flag)) != IE_OK) return st;
-    if (flag) return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json attention_bias = true is not supported");
-    if ((st = msrc_cfg_bool(cfg, "use_sliding_window", &flag)) != IE_OK) return st;
-    if (flag)
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json use_sliding_window = true is not supported");
+    if ((st = msrc_cfg_silu(cfg)) != IE_OK) return st;
+    if ((st = msrc_cfg_refuse_true(cfg, "attention_bias")) != IE_OK) return st;
+    if ((st = msrc_cfg_refuse_true(cfg, "use_sliding_window")) != IE_OK) return st;
     j = msrc_obj_get(cfg, "layer_types");
     if (cJSON_IsArray(j)) cJSON_ArrayForEach(e, j)
         {
@@ -276,54 +258,34 @@ static ie_status_t qwen3moe_hf_convert(ie_model_src_t *s)
 static ie_status_t qwen3_validate(const ie_model_src_t *s, const hp_labels_t *lb)
 {
     const ie_hparams_t *hp = &s->hp;
-    const int64_t H = hp->n_embd, I = hp->n_ff, E = hp->n_expert, V = hp->n_vocab;
+    const int64_t H = hp->n_embd, I = hp->n_ff, E = hp->n_expert;
     const int64_t q_dim = (int64_t)hp->n_head * hp->head_dim, kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
     const int moe = hp->arch_id == IE_ARCH_QWEN3MOE;
+    const msrc_req_t req[] = {
+        {"attn_norm.weight", 1, 0, {H}},
+        {"attn_q.weight", 2, 0, {H, q_dim}},
+        {"attn_k.weight", 2, 0, {H, kv_dim}},
+        {"attn_v.weight", 2, 0, {H, kv_dim}},
+        {"attn_output.weight", 2, 0, {q_dim, H}},
+        {"attn_q_norm.weight", 1, 0, {hp->head_dim}},
+        {"attn_k_norm.weight", 1, 0, {hp->head_dim}},
+        {"ffn_norm.weight", 1, 0, {H}},
+        /* dense */
+        {"ffn_gate.weight", 2, moe, {H, I}},
+        {"ffn_up.weight", 2, moe, {H, I}},
+        {"ffn_down.weight", 2, moe, {I, H}},
+        /* MoE */
+        {"ffn_gate_inp.weight", 2, !moe, {H, E}},
+        {"ffn_gate_exps.weight", 3, !moe, {H, I, E}},
+        {"ffn_up_exps.weight", 3, !moe, {H, I, E}},
+        {"ffn_down_exps.weight", 3, !moe, {I, H, E}},
+    };
     ie_status_t st;
-    char name[96];
 
-    if (moe && hp->n_expert_used > hp->n_expert)
-        return ie_error_set(IE_ERR_FORMAT, "model: %s (%d) exceeds %s (%d)", lb->n_expert_used, hp->n_expert_used,
-                            lb->n_expert, hp->n_expert);
-    if (hp->rope_dim != hp->head_dim)
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: %s (%d) differs from %s (%d): partial rotary is not supported", lb->rope_dim,
-                            hp->rope_dim, lb->head_dim, hp->head_dim);
-    {
-        const int64_t emb[2] = {H, V}, norm[1] = {H};
-        if ((st = msrc_need_ne(s, "token_embd.weight", 2, emb)) != IE_OK) return st;
-        if ((st = msrc_need_ne(s, "output_norm.weight", 1, norm)) != IE_OK) return st;
-        if (!hp->tied_embeddings && (st = msrc_need_ne(s, "output.weight", 2, emb)) != IE_OK) return st;
-    }
-    for (int l = 0; l < hp->n_layer; l++) {
-        const struct {
-            const char *suffix;
-            int n_dims, moe; /* moe: 1 MoE only, 0 dense only, -1 both */
-            int64_t ne[3];
-        } req[] = {
-            {"attn_norm.weight", 1, -1, {H}},
-            {"attn_q.weight", 2, -1, {H, q_dim}},
-            {"attn_k.weight", 2, -1, {H, kv_dim}},
-            {"attn_v.weight", 2, -1, {H, kv_dim}},
-            {"attn_output.weight", 2, -1, {q_dim, H}},
-            {"attn_q_norm.weight", 1, -1, {hp->head_dim}},
-            {"attn_k_norm.weight", 1, -1, {hp->head_dim}},
-            {"ffn_norm.weight", 1, -1, {H}},
-            {"ffn_gate.weight", 2, 0, {H, I}},
-            {"ffn_up.weight", 2, 0, {H, I}},
-            {"ffn_down.weight", 2, 0, {I, H}},
-            {"ffn_gate_inp.weight", 2, 1, {H, E}},
-            {"ffn_gate_exps.weight", 3, 1, {H, I, E}},
-            {"ffn_up_exps.weight", 3, 1, {H, I, E}},
-            {"ffn_down_exps.weight", 3, 1, {I, H, E}},
-        };
-        for (size_t i = 0; i < COUNT(req); i++) {
-            if (req[i].moe >= 0 && req[i].moe != moe) continue;
-            snprintf(name, sizeof name, "blk.%d.%s", l, req[i].suffix);
-            if ((st = msrc_need_ne(s, name, req[i].n_dims, req[i].ne)) != IE_OK) return st;
-        }
-    }
-    return IE_OK;
+    if (moe && (st = msrc_check_experts(hp, lb)) != IE_OK) return st;
+    if ((st = msrc_check_full_rotary(hp, lb)) != IE_OK) return st;
+    if ((st = msrc_need_embd(s, !hp->tied_embeddings)) != IE_OK) return st;
+    return msrc_need_layers(s, req, COUNT(req));
 }
 
 const msrc_arch_t msrc_arch_qwen3 = {

@@ -143,6 +143,27 @@ ie_status_t msrc_add_owned(ie_model_src_t *s, const char *name, ie_dtype_t dt, c
 void msrc_fmt_shape(char *buf, size_t cap, int n_dims, const int64_t *ne);
 ie_status_t msrc_need_ne(const ie_model_src_t *s, const char *name, int n_dims, const int64_t *want);
 ie_status_t msrc_need(const ie_model_src_t *s, const char *name, int n_dims, int64_t ne0, int64_t ne1);
+/* One tensor every layer needs: "blk.N.<suffix>" with n_dims dims of
+ * sizes ne; skip non-zero: not this model's (a feature it lacks). */
+typedef struct msrc_req {
+    const char *suffix;
+    int n_dims;
+    int skip;
+    int64_t ne[3];
+} msrc_req_t;
+/* msrc_need_ne for each entry of req that is not skipped, layer by layer
+ * (layer 0's tensors in table order, then layer 1's...); the first failure. */
+ie_status_t msrc_need_layers(const ie_model_src_t *s, const msrc_req_t *req, size_t n);
+/* token_embd.weight [n_embd, n_vocab], output_norm.weight [n_embd] and,
+ * where head is non-zero, output.weight [n_embd, n_vocab]. */
+ie_status_t msrc_need_embd(const ie_model_src_t *s, int head);
+/* The hyper-parameter checks several architectures share, errors naming
+ * the fields as lb spells them: rope_dim must equal head_dim (no partial
+ * rotary); some layer sliding -> a window of at least 1; n_expert_used at
+ * most n_expert. */
+ie_status_t msrc_check_full_rotary(const ie_hparams_t *hp, const hp_labels_t *lb);
+ie_status_t msrc_check_swa(const ie_hparams_t *hp, const hp_labels_t *lb);
+ie_status_t msrc_check_experts(const ie_hparams_t *hp, const hp_labels_t *lb);
 /* v in [1, HP_MAX] -> *out, else an error naming field */
 ie_status_t msrc_check_range(const char *field, int64_t v, int *out);
 
@@ -164,6 +185,13 @@ int msrc_gguf_arch_has(const ie_gguf_t *g, const char *arch, const char *key);
 ie_status_t msrc_gguf_hparams_common(const ie_gguf_t *g, const char *a, const char *ff_key, float rope_base,
                                      ie_hparams_t *hp);
 
+/* <a>.rope.scaling.type absent or "none", else refused (we would compute
+ * wrong rotations) */
+ie_status_t msrc_gguf_rope_plain(const ie_gguf_t *g, const char *a);
+/* n_vocab (msrc_gguf_vocab with "<a>.vocab_size") and a tied head when the
+ * file has no output.weight */
+ie_status_t msrc_gguf_vocab_tied(const ie_gguf_t *g, const char *a, ie_hparams_t *hp);
+
 /* ---- HF config.json */
 /* member `key` of `o`, or NULL if absent or `o` is not an object */
 const cJSON *msrc_obj_get(const cJSON *o, const char *key);
@@ -178,6 +206,26 @@ ie_status_t msrc_hf_check_rope(const cJSON *cfg, const char *field, const char *
 /* number member `key` of a rope object; absent, null or (zero_is_absent) 0 -> def */
 ie_status_t msrc_rope_num(const cJSON *ro, const char *field, const char *key, int zero_is_absent, double def,
                           double *out);
+/* plain RoPE only (rope_scaling and rope_parameters, msrc_hf_check_rope);
+ * rope_parameters.rope_theta, where present, overrides hp->rope_theta */
+ie_status_t msrc_hf_plain_rope(const cJSON *cfg, ie_hparams_t *hp);
+/* The config's RoPE object: rope_parameters (transformers 5) or
+ * rope_scaling (older files), NULL if neither; *field names it. */
+const cJSON *msrc_hf_rope_field(const cJSON *cfg, const char **field);
+/* What every typed rope object `ro` (named field) is checked for: an
+ * object; its rope_theta (absent: *theta kept) into *theta; a
+ * partial_rotary_factor of 1; *type its rope_type / type ("default" when
+ * not a string). */
+ie_status_t msrc_rope_obj_base(const cJSON *ro, const char *field, double *theta, const char **type);
+/* hidden_act absent or "silu", else refused */
+ie_status_t msrc_cfg_silu(const cJSON *cfg);
+/* bool `field` (msrc_cfg_bool) that must not be true: a feature we do not
+ * implement ("config.json <field> = true is not supported") */
+ie_status_t msrc_cfg_refuse_true(const cJSON *cfg, const char *field);
+/* layer_types (one "sliding_attention" / "full_attention" per layer) into
+ * hp->layer_swa; *given 0 and layer_swa untouched when absent or null.
+ * n_layer above IE_MAX_LAYERS is refused first. */
+ie_status_t msrc_hf_layer_types(const cJSON *cfg, ie_hparams_t *hp, int *given);
 /* hidden/intermediate/layers/heads/kv heads/vocab/context/head_dim */
 ie_status_t msrc_hf_dims(const cJSON *cfg, int default_ctx, ie_hparams_t *hp);
 /* HF tensor `name` (HF shape order) or NULL if absent and not required;

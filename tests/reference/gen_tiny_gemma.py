@@ -50,8 +50,6 @@ Usage: gen_tiny_gemma.py [--out DIR]
 """
 from __future__ import annotations
 
-import argparse
-import copy
 import json
 import os
 import sys
@@ -70,8 +68,9 @@ from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM,  #
                           Gemma3TextConfig)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gen_tiny_llama import (VOCAB, build_tokenizer, decode_logits, prefill_logits,  # noqa: E402
-                            rel_err, save_expected, tokenizer_gguf_fields)
+import tinygen  # noqa: E402
+from gen_tiny_llama import VOCAB, build_tokenizer, tokenizer_gguf_fields  # noqa: E402
+from tinygen import prefill_logits, rel_err, save_expected  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 N_PROMPT = 32
@@ -150,16 +149,7 @@ def make(cls, cfg, state=None, seed=0, qk_std=WEIGHT_STD):
 
 
 def reference(model, ids, what: str) -> np.ndarray:
-    pre = prefill_logits(model, ids)
-    dec = decode_logits(model, ids)
-    e = rel_err(dec, pre)
-    log(f"{what}: prefill vs decode rel err {e:.2e}; logits std {pre.std():.3f}, "
-        f"distinct argmax {len(set(pre.argmax(-1).tolist()))}/{len(ids)}")
-    if not e <= 1e-5:
-        raise SystemExit(f"{what}: prefill/decode disagree ({e:.3e})")
-    if not (0.3 < pre.std() < 10):
-        raise SystemExit(f"{what}: degenerate logits (std {pre.std()})")
-    return pre.astype(np.float32)
+    return tinygen.reference(model, ids, what, log)
 
 
 def must_differ(what: str, ref: np.ndarray, other: np.ndarray):
@@ -169,23 +159,8 @@ def must_differ(what: str, ref: np.ndarray, other: np.ndarray):
         raise SystemExit(f"{what}: changes the logits by only {e:.3g}: the fixture would not test it")
 
 
-def write_tokenizer(path: Path, tok):
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-         "unk_token": "<unk>", "add_bos_token": False, "model_max_length": 128},
-        indent=2, sort_keys=True) + "\n")
-
-
 def save_hf(model, path: Path, tok):
-    path.mkdir(parents=True, exist_ok=True)
-    for f in path.glob("*"):
-        f.unlink()
-    copy.deepcopy(model).save_pretrained(path, safe_serialization=True)
-    gc = path / "generation_config.json"
-    if gc.exists():
-        gc.unlink()
-    write_tokenizer(path, tok)
+    tinygen.save_hf(model, path, tok, clear=True)
 
 
 def gguf_name(hf: str) -> str:
@@ -232,16 +207,7 @@ def write_gguf(path: Path, model, arch: str, tok_fields: dict, name: str):
         w.add_string(f"{a}.rope.scaling.type", "linear")
         w.add_float32(f"{a}.rope.scaling.factor", float(full["factor"]))
         w.add_uint32(f"{a}.attention.sliding_window", cfg.sliding_window)
-    w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", "gpt-2")
-    w.add_array("tokenizer.ggml.tokens", tok_fields["tokens"])
-    w.add_array("tokenizer.ggml.token_type", tok_fields["token_type"])
-    w.add_array("tokenizer.ggml.merges", tok_fields["merges"])
-    w.add_uint32("tokenizer.ggml.bos_token_id", 1)
-    w.add_uint32("tokenizer.ggml.eos_token_id", 2)
-    w.add_uint32("tokenizer.ggml.unknown_token_id", 0)
-    w.add_bool("tokenizer.ggml.add_bos_token", False)
-    w.add_uint32("general.quantization_version", 2)
+    tinygen.gguf_add_tokenizer(w, tok_fields)
     order = ["model.embed_tokens.weight"]
     for i in range(cfg.num_hidden_layers):
         order += [f"model.layers.{i}.{k}" for k in LAYER_MAP if f"model.layers.{i}.{k}" in sd]
@@ -252,10 +218,7 @@ def write_gguf(path: Path, model, arch: str, tok_fields: dict, name: str):
         if hf.endswith("norm.weight"):
             t = t + np.float32(1.0)  # Gemma RMSNorm's (1 + w), as the converter stores it
         w.add_tensor(gguf_name(hf), np.ascontiguousarray(t, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    tinygen.gguf_finish(w)
 
 
 def check_gguf(path: Path, model, ids, ref: np.ndarray):
@@ -280,12 +243,8 @@ def check_gguf(path: Path, model, ids, ref: np.ndarray):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=REPO / "tests" / "data")
-    a = ap.parse_args()
-    out: Path = a.out
-    out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(min(8, os.cpu_count() or 1))
+    out = tinygen.cli_out(REPO)
+    tinygen.torch_setup(8, deterministic=False)
     log(f"transformers {transformers.__version__}, torch {torch.__version__}")
     tok = build_tokenizer()
     tok_fields = tokenizer_gguf_fields(tok)

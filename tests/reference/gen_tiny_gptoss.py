@@ -57,7 +57,6 @@ Usage: gen_tiny_gptoss.py [--out DIR]
 """
 from __future__ import annotations
 
-import argparse
 import copy
 import json
 import os
@@ -78,7 +77,9 @@ import transformers  # noqa: E402
 from transformers import GptOssConfig, GptOssForCausalLM  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tinygen  # noqa: E402
 from gen_tiny_llama import build_tokenizer, tokenizer_gguf_fields, VOCAB  # noqa: E402
+from tinygen import decode_logits, prefill_logits, rel_err, save_expected, write_tokenizer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 N_PROMPT = 32
@@ -162,29 +163,6 @@ def build_model(seed: int, n_experts: int) -> GptOssForCausalLM:
 
 # ------------------------------------------------------------------ running
 @torch.no_grad()
-def prefill_logits(model, ids: np.ndarray) -> np.ndarray:
-    x = torch.tensor(ids, dtype=torch.long)[None]
-    return model(input_ids=x, use_cache=False).logits[0].float().numpy()
-
-
-@torch.no_grad()
-def decode_logits(model, ids: np.ndarray) -> np.ndarray:
-    from transformers import DynamicCache
-    cache = DynamicCache(config=model.config)
-    rows = []
-    for t in ids:
-        out = model(input_ids=torch.tensor([[int(t)]]), past_key_values=cache, use_cache=True)
-        cache = out.past_key_values
-        rows.append(out.logits[0, -1].float().numpy())
-    return np.stack(rows)
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    """max over rows of max|a-b| / max|b| (the metric the e2e tests use)."""
-    return float(np.max(np.max(np.abs(a - b), axis=-1) / np.max(np.abs(b), axis=-1)))
-
-
-@torch.no_grad()
 def clamp_stats(model, ids) -> dict:
     """Count gate/up pre-activations beyond the clamp over the routed experts."""
     st = {"gate_gt": 0, "up_gt": 0, "up_lt": 0, "n": 0}
@@ -240,29 +218,9 @@ def reference(model, ids, what: str) -> tuple[np.ndarray, dict]:
     return pre.astype(np.float32), info
 
 
-def save_expected(path: Path, ids: np.ndarray, logits: np.ndarray, **meta):
-    np.savez_compressed(path, ids=ids.astype(np.int32), logits=logits.astype(np.float32),
-                        meta=np.array(json.dumps(meta, sort_keys=True)))
-
-
 # ------------------------------------------------------------------ HF dirs
-def write_tokenizer(path: Path, tok):
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-         "unk_token": "<unk>", "add_bos_token": False, "model_max_length": 128},
-        indent=2, sort_keys=True) + "\n")
-
-
 def save_hf(model, path: Path, dtype, tok):
-    path.mkdir(parents=True, exist_ok=True)
-    for f in path.glob("*"):
-        f.unlink()
-    copy.deepcopy(model).to(dtype).save_pretrained(path, safe_serialization=True)
-    gc = path / "generation_config.json"
-    if gc.exists():
-        gc.unlink()
-    write_tokenizer(path, tok)
+    tinygen.save_hf(model, path, tok, dtype, clear=True)
 
 
 def load_fp32(path: Path, **kw) -> GptOssForCausalLM:
@@ -390,16 +348,7 @@ def write_gguf(path: Path, mx_dir: Path, cfg: GptOssConfig, tok_fields: dict):
     w.add_uint32(f"{A}.attention.sliding_window", cfg.sliding_window)
     w.add_uint32(f"{A}.expert_feed_forward_length", cfg.intermediate_size)
     w.add_uint32(f"{A}.vocab_size", cfg.vocab_size)
-    w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", "gpt-2")
-    w.add_array("tokenizer.ggml.tokens", tok_fields["tokens"])
-    w.add_array("tokenizer.ggml.token_type", tok_fields["token_type"])
-    w.add_array("tokenizer.ggml.merges", tok_fields["merges"])
-    w.add_uint32("tokenizer.ggml.bos_token_id", 1)
-    w.add_uint32("tokenizer.ggml.eos_token_id", 2)
-    w.add_uint32("tokenizer.ggml.unknown_token_id", 0)
-    w.add_bool("tokenizer.ggml.add_bos_token", False)
-    w.add_uint32("general.quantization_version", 2)
+    tinygen.gguf_add_tokenizer(w, tok_fields)
 
     def f32(name, t):
         w.add_tensor(name, np.ascontiguousarray(t, dtype=np.float32))
@@ -430,10 +379,7 @@ def write_gguf(path: Path, mx_dir: Path, cfg: GptOssConfig, tok_fields: dict):
         f32(gname(e + "down_proj.bias"), st[e + "down_proj_bias"])
     f32("output_norm.weight", st["model.norm.weight"])
     f32("output.weight", st["lm_head.weight"])
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    tinygen.gguf_finish(w)
 
 
 def check_gguf(path: Path, deq_model: GptOssForCausalLM):
@@ -486,12 +432,8 @@ def check_gguf(path: Path, deq_model: GptOssForCausalLM):
 
 # --------------------------------------------------------------------- main
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=REPO / "tests" / "data")
-    a = ap.parse_args()
-    out: Path = a.out
-    out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(min(8, os.cpu_count() or 1))
+    out = tinygen.cli_out(REPO)
+    tinygen.torch_setup(8, deterministic=False)
     log(f"transformers {transformers.__version__}, torch {torch.__version__}, gguf {gguf.__version__ if hasattr(gguf, '__version__') else '?'}")
 
     tok = build_tokenizer()

@@ -41,7 +41,6 @@ Usage: gen_tiny_kquant.py [--out DIR]
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -59,6 +58,7 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import gen_tiny_llama as tl  # noqa: E402  (tokenizer, names, RoPE permutation)
+import tinygen  # noqa: E402  (GGUF keys and writing)
 from kquant_np import quantize  # noqa: E402  (the numpy k-quant quantizers)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,27 +143,11 @@ def write_gguf(path: Path, model, types: dict, ftype: int, tok_fields: dict, nam
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name(name)
     w.add_type("model")
-    w.add_uint32("llama.block_count", cfg.num_hidden_layers)
-    w.add_uint32("llama.context_length", cfg.max_position_embeddings)
-    w.add_uint32("llama.embedding_length", cfg.hidden_size)
-    w.add_uint32("llama.feed_forward_length", cfg.intermediate_size)
-    w.add_uint32("llama.attention.head_count", n_head)
-    w.add_uint32("llama.attention.head_count_kv", n_kv)
-    w.add_float32("llama.rope.freq_base", float(cfg.rope_parameters["rope_theta"]))
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", float(cfg.rms_norm_eps))
+    tinygen.gguf_add_llama_keys(w, "llama", cfg)
     w.add_uint32("general.file_type", ftype)
     w.add_uint32("llama.vocab_size", cfg.vocab_size)
     w.add_uint32("llama.rope.dimension_count", cfg.hidden_size // n_head)
-    w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", "gpt-2")
-    w.add_array("tokenizer.ggml.tokens", tok_fields["tokens"])
-    w.add_array("tokenizer.ggml.token_type", tok_fields["token_type"])
-    w.add_array("tokenizer.ggml.merges", tok_fields["merges"])
-    w.add_uint32("tokenizer.ggml.bos_token_id", 1)
-    w.add_uint32("tokenizer.ggml.eos_token_id", 2)
-    w.add_uint32("tokenizer.ggml.unknown_token_id", 0)
-    w.add_bool("tokenizer.ggml.add_bos_token", False)
-    w.add_uint32("general.quantization_version", 2)
+    tinygen.gguf_add_tokenizer(w, tok_fields)
     order = ["model.embed_tokens.weight"]
     for i in range(cfg.num_hidden_layers):
         order += [f"model.layers.{i}.{k}" for k in tl.LAYER_MAP]
@@ -181,10 +165,7 @@ def write_gguf(path: Path, model, types: dict, ftype: int, tok_fields: dict, nam
             qt = types[gn]
             q = quantize(t, qt)
             w.add_tensor(gn, q, raw_shape=q.shape, raw_dtype=qt)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    tinygen.gguf_finish(w)
 
 
 def file_types(path: Path) -> dict:
@@ -249,15 +230,9 @@ def greedy_prompts(model, rng) -> tuple[np.ndarray, list]:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=REPO / "tests" / "data")
-    args = ap.parse_args()
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    torch.use_deterministic_algorithms(True)
-    versions = {"torch": torch.__version__, "transformers": __import__("transformers").__version__,
-                "gguf": __import__("importlib.metadata").metadata.version("gguf"), "numpy": np.__version__}
+    out = tinygen.cli_out(REPO, __doc__)
+    tinygen.torch_setup(4)
+    versions = tinygen.versions()
     check_quantizers()
     tok_fields = tl.tokenizer_gguf_fields(tl.build_tokenizer())
 

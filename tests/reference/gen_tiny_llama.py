@@ -41,8 +41,6 @@ Usage: gen_tiny_llama.py [--out DIR]
 """
 from __future__ import annotations
 
-import argparse
-import copy
 import json
 import os
 import sys
@@ -58,6 +56,10 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import gguf  # noqa: E402
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+import tinygen  # noqa: E402
+# also reached as gen_tiny_llama.<name> (gen_tiny_kquant.py, gen_smollm2_ref.py)
+from tinygen import prefill_logits, rel_err, save_expected  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -97,15 +99,7 @@ def build_model(seed: int, tied: bool) -> LlamaForCausalLM:
     cfg = tiny_config(tied)
     model = LlamaForCausalLM(cfg)
     model.set_attn_implementation("eager")
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1:
-                p.copy_(1.0 + NORM_JITTER * torch.randn(p.shape, generator=g))
-            elif "embed_tokens" in name:
-                p.copy_(EMBED_STD * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(WEIGHT_STD * torch.randn(p.shape, generator=g))
+    tinygen.randomize(model, seed, WEIGHT_STD, EMBED_STD, NORM_JITTER)
     if tied:
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     return model.float().eval()
@@ -117,46 +111,8 @@ def load_fp32(path: Path) -> LlamaForCausalLM:
     return m.float().eval()
 
 
-@torch.no_grad()
-def prefill_logits(model, ids: np.ndarray) -> np.ndarray:
-    x = torch.tensor(ids, dtype=torch.long)[None]
-    return model(input_ids=x, use_cache=False).logits[0].float().numpy()
-
-
-@torch.no_grad()
-def decode_logits(model, ids: np.ndarray) -> np.ndarray:
-    from transformers import DynamicCache
-    cache = DynamicCache(config=model.config)
-    rows = []
-    for i, t in enumerate(ids):
-        out = model(input_ids=torch.tensor([[int(t)]]), past_key_values=cache,
-                    use_cache=True, cache_position=torch.tensor([i]))
-        cache = out.past_key_values
-        rows.append(out.logits[0, -1].float().numpy())
-    return np.stack(rows)
-
-
-def rel_err(a: np.ndarray, b: np.ndarray) -> float:
-    """max over rows of max|a-b| / max|b| (the metric the e2e tests use)."""
-    return float(np.max(np.max(np.abs(a - b), axis=-1) / np.max(np.abs(b), axis=-1)))
-
-
 def reference(model, ids, what: str) -> np.ndarray:
-    pre = prefill_logits(model, ids)
-    dec = decode_logits(model, ids)
-    e = rel_err(dec, pre)
-    log(f"{what}: prefill vs decode rel err {e:.2e}; logits std {pre.std():.3f}, "
-        f"distinct argmax {len(set(pre.argmax(-1).tolist()))}/{len(ids)}")
-    if not e <= 1e-5:
-        raise SystemExit(f"{what}: prefill/decode disagree ({e:.3e})")
-    if not (0.3 < pre.std() < 10):
-        raise SystemExit(f"{what}: degenerate logits (std {pre.std()})")
-    return pre.astype(np.float32)
-
-
-def save_expected(path: Path, ids: np.ndarray, logits: np.ndarray, **meta):
-    np.savez_compressed(path, ids=ids.astype(np.int32), logits=logits.astype(np.float32),
-                        meta=np.array(json.dumps(meta, sort_keys=True)))
+    return tinygen.reference(model, ids, what, log)
 
 
 # ----------------------------------------------------------------- tokenizer
@@ -262,27 +218,11 @@ def write_gguf(path: Path, model: LlamaForCausalLM, qtype: QT, ftype: int, tok_f
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_name(name)
     w.add_type("model")
-    w.add_uint32("llama.block_count", cfg.num_hidden_layers)
-    w.add_uint32("llama.context_length", cfg.max_position_embeddings)
-    w.add_uint32("llama.embedding_length", cfg.hidden_size)
-    w.add_uint32("llama.feed_forward_length", cfg.intermediate_size)
-    w.add_uint32("llama.attention.head_count", n_head)
-    w.add_uint32("llama.attention.head_count_kv", n_kv)
-    w.add_float32("llama.rope.freq_base", float(cfg.rope_parameters["rope_theta"]))
-    w.add_float32("llama.attention.layer_norm_rms_epsilon", float(cfg.rms_norm_eps))
+    tinygen.gguf_add_llama_keys(w, "llama", cfg)
     w.add_uint32("general.file_type", ftype)
     w.add_uint32("llama.vocab_size", cfg.vocab_size)
     w.add_uint32("llama.rope.dimension_count", head_dim)
-    w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", "gpt-2")
-    w.add_array("tokenizer.ggml.tokens", tok_fields["tokens"])
-    w.add_array("tokenizer.ggml.token_type", tok_fields["token_type"])
-    w.add_array("tokenizer.ggml.merges", tok_fields["merges"])
-    w.add_uint32("tokenizer.ggml.bos_token_id", 1)
-    w.add_uint32("tokenizer.ggml.eos_token_id", 2)
-    w.add_uint32("tokenizer.ggml.unknown_token_id", 0)
-    w.add_bool("tokenizer.ggml.add_bos_token", False)
-    w.add_uint32("general.quantization_version", 2)
+    tinygen.gguf_add_tokenizer(w, tok_fields)
 
     # llama.cpp's converter emits token_embd first, then layer by layer, then
     # output_norm and output; keep that order.
@@ -297,17 +237,8 @@ def write_gguf(path: Path, model: LlamaForCausalLM, qtype: QT, ftype: int, tok_f
             t = rope_permute(t, n_head)
         elif hf.endswith("k_proj.weight"):
             t = rope_permute(t, n_kv)
-        if t.ndim == 1 or qtype == QT.F32:
-            w.add_tensor(gguf_name(hf), np.ascontiguousarray(t, dtype=np.float32))
-        elif qtype == QT.F16:
-            w.add_tensor(gguf_name(hf), t.astype(np.float16))
-        else:
-            q = gguf.quants.quantize(np.ascontiguousarray(t, dtype=np.float32), qtype)
-            w.add_tensor(gguf_name(hf), q, raw_shape=q.shape, raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        tinygen.gguf_add_tensor(w, gguf_name(hf), t, qtype)
+    tinygen.gguf_finish(w)
 
 
 def model_from_gguf(path: Path, cfg: LlamaConfig) -> LlamaForCausalLM:
@@ -331,12 +262,7 @@ def model_from_gguf(path: Path, cfg: LlamaConfig) -> LlamaForCausalLM:
         elif hf.endswith("k_proj.weight"):
             a = rope_unpermute(a, cfg.num_key_value_heads)
         sd[hf] = torch.from_numpy(np.ascontiguousarray(a))
-    m = LlamaForCausalLM(cfg).float().eval()
-    m.set_attn_implementation("eager")
-    missing, unexpected = m.load_state_dict(sd, strict=False)
-    missing = [k for k in missing if not (cfg.tie_word_embeddings and k == "lm_head.weight")]
-    assert not missing and not unexpected, (missing, unexpected)
-    return m
+    return tinygen.model_from_state(LlamaForCausalLM, cfg, sd)
 
 
 def transformers_gguf_logits(path: Path, ids: np.ndarray) -> np.ndarray:
@@ -408,32 +334,13 @@ def rewrite_config_legacy(path: Path):
 
 
 def save_hf(model, path: Path, dtype, tok, legacy_config=False):
-    path.mkdir(parents=True, exist_ok=True)
-    copy.deepcopy(model).to(dtype).save_pretrained(path, safe_serialization=True)
-    gc = path / "generation_config.json"
-    if gc.exists():
-        gc.unlink()
-    if legacy_config:
-        rewrite_config_legacy(path)
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-         "unk_token": "<unk>", "add_bos_token": False, "model_max_length": 128},
-        indent=2, sort_keys=True) + "\n")
+    tinygen.save_hf(model, path, tok, dtype, edit_config=rewrite_config_legacy if legacy_config else None)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=REPO / "tests" / "data")
-    args = ap.parse_args()
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    torch.use_deterministic_algorithms(True)
-
-    versions = {"torch": torch.__version__, "transformers": __import__("transformers").__version__,
-                "gguf": __import__("importlib.metadata").metadata.version("gguf"),
-                "numpy": np.__version__}
+    out = tinygen.cli_out(REPO, __doc__)
+    tinygen.torch_setup(4)
+    versions = tinygen.versions()
     tok = build_tokenizer()
     tok_fields = tokenizer_gguf_fields(tok)
     rng = np.random.default_rng(20240601)

@@ -37,9 +37,7 @@ Usage: gen_tiny_llama3.py [--out DIR]
 """
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import math
 import os
 import sys
@@ -57,9 +55,10 @@ import gguf  # noqa: E402
 from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig,  # noqa: E402
                           MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
-from gen_tiny_llama import (VOCAB, N_PROMPT, build_tokenizer, decode_logits,  # noqa: E402
-                            prefill_logits, rel_err, rope_permute, rope_unpermute,
-                            save_expected, tokenizer_gguf_fields)
+import tinygen  # noqa: E402
+from gen_tiny_llama import (VOCAB, N_PROMPT, build_tokenizer, rope_permute,  # noqa: E402
+                            rope_unpermute, tokenizer_gguf_fields)
+from tinygen import prefill_logits, rel_err, save_expected  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 WEIGHT_STD, EMBED_STD, NORM_JITTER, BIAS_STD = 0.1, 0.5, 0.2, 0.5
@@ -98,44 +97,17 @@ def gguf_name(hf: str) -> str:
 
 
 def randomize(model, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(".bias"):
-                p.copy_(BIAS_STD * torch.randn(p.shape, generator=g))
-            elif p.dim() == 1:
-                p.copy_(1.0 + NORM_JITTER * torch.randn(p.shape, generator=g))
-            elif "embed_tokens" in name:
-                p.copy_(EMBED_STD * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(WEIGHT_STD * torch.randn(p.shape, generator=g))
+    tinygen.randomize(model, seed, WEIGHT_STD, EMBED_STD, NORM_JITTER, BIAS_STD)
     model.set_attn_implementation("eager")
     return model.float().eval()
 
 
 def reference(model, ids, what: str) -> np.ndarray:
-    pre = prefill_logits(model, ids)
-    dec = decode_logits(model, ids)
-    e = rel_err(dec, pre)
-    log(f"{what}: prefill vs decode rel err {e:.2e}; logits std {pre.std():.3f}")
-    if not e <= 1e-5:
-        raise SystemExit(f"{what}: prefill/decode disagree ({e:.3e})")
-    if not (0.3 < pre.std() < 10):
-        raise SystemExit(f"{what}: degenerate logits (std {pre.std()})")
-    return pre.astype(np.float32)
+    return tinygen.reference(model, ids, what, log)
 
 
 def save_hf(model, path: Path, tok):
-    path.mkdir(parents=True, exist_ok=True)
-    copy.deepcopy(model).save_pretrained(path, safe_serialization=True)
-    gc = path / "generation_config.json"
-    if gc.exists():
-        gc.unlink()
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-         "unk_token": "<unk>", "add_bos_token": False, "model_max_length": 256},
-        indent=2, sort_keys=True) + "\n")
+    tinygen.save_hf(model, path, tok, model_max_length=256)
 
 
 def llama3_rope_factors(rp: dict, dim: int) -> np.ndarray:
@@ -168,29 +140,12 @@ def write_gguf(path: Path, model, arch: str, permute: bool, tok_fields: dict, ro
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(path.stem)
     w.add_type("model")
-    a = arch
-    w.add_uint32(f"{a}.block_count", cfg.num_hidden_layers)
-    w.add_uint32(f"{a}.context_length", cfg.max_position_embeddings)
-    w.add_uint32(f"{a}.embedding_length", cfg.hidden_size)
-    w.add_uint32(f"{a}.feed_forward_length", cfg.intermediate_size)
-    w.add_uint32(f"{a}.attention.head_count", n_head)
-    w.add_uint32(f"{a}.attention.head_count_kv", n_kv)
-    w.add_float32(f"{a}.rope.freq_base", float(cfg.rope_parameters["rope_theta"]))
-    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", float(cfg.rms_norm_eps))
+    tinygen.gguf_add_llama_keys(w, arch, cfg)
     w.add_uint32("general.file_type", 0)
     if arch == "llama":  # LlamaModel.set_gguf_parameters; Qwen2Model writes neither
         w.add_uint32("llama.vocab_size", cfg.vocab_size)
         w.add_uint32("llama.rope.dimension_count", head_dim)
-    w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", "gpt-2")
-    w.add_array("tokenizer.ggml.tokens", tok_fields["tokens"])
-    w.add_array("tokenizer.ggml.token_type", tok_fields["token_type"])
-    w.add_array("tokenizer.ggml.merges", tok_fields["merges"])
-    w.add_uint32("tokenizer.ggml.bos_token_id", 1)
-    w.add_uint32("tokenizer.ggml.eos_token_id", 2)
-    w.add_uint32("tokenizer.ggml.unknown_token_id", 0)
-    w.add_bool("tokenizer.ggml.add_bos_token", False)
-    w.add_uint32("general.quantization_version", 2)
+    tinygen.gguf_add_tokenizer(w, tok_fields)
     if rope_freqs is not None:  # the converter yields it before the model's tensors
         w.add_tensor("rope_freqs.weight", np.ascontiguousarray(rope_freqs, dtype=np.float32))
     order = ["model.embed_tokens.weight"]
@@ -205,10 +160,7 @@ def write_gguf(path: Path, model, arch: str, permute: bool, tok_fields: dict, ro
         elif permute and hf.endswith("k_proj.weight"):
             t = rope_permute(t, n_kv)
         w.add_tensor(gguf_name(hf), np.ascontiguousarray(t, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    tinygen.gguf_finish(w)
 
 
 def model_from_gguf(path: Path, cls, cfg, permuted: bool):
@@ -229,22 +181,13 @@ def model_from_gguf(path: Path, cls, cfg, permuted: bool):
         elif permuted and hf.endswith("k_proj.weight"):
             a = rope_unpermute(a, cfg.num_key_value_heads)
         sd[hf] = torch.from_numpy(np.ascontiguousarray(a))
-    m = cls(cfg).float().eval()
-    m.set_attn_implementation("eager")
-    missing, unexpected = m.load_state_dict(sd, strict=False)
-    missing = [k for k in missing if not (cfg.tie_word_embeddings and k == "lm_head.weight")]
-    assert not missing and not unexpected, (missing, unexpected)
-    return m, extra
+    return tinygen.model_from_state(cls, cfg, sd), extra
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=REPO / "tests" / "data")
-    out: Path = ap.parse_args().out
-    out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    torch.use_deterministic_algorithms(True)
-    versions = {"torch": torch.__version__, "transformers": __import__("transformers").__version__}
+    out = tinygen.cli_out(REPO, __doc__)
+    tinygen.torch_setup(4)
+    versions = tinygen.versions(with_gguf=False, with_numpy=False)
     tok = build_tokenizer()
     tok_fields = tokenizer_gguf_fields(tok)
     rng = np.random.default_rng(20240601)

@@ -48,8 +48,6 @@ Usage: gen_tiny_phi3.py [--out DIR]
 """
 from __future__ import annotations
 
-import argparse
-import copy
 import json
 import math
 import os
@@ -68,8 +66,9 @@ import gguf  # noqa: E402
 from gguf import GGMLQuantizationType as QT  # noqa: E402
 from transformers import Phi3Config, Phi3ForCausalLM  # noqa: E402
 
-from gen_tiny_llama import (N_PROMPT, VOCAB, build_tokenizer, decode_logits,  # noqa: E402
-                            prefill_logits, rel_err, save_expected, tokenizer_gguf_fields)
+import tinygen  # noqa: E402
+from gen_tiny_llama import N_PROMPT, VOCAB, build_tokenizer, tokenizer_gguf_fields  # noqa: E402
+from tinygen import rel_err, save_expected  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 WEIGHT_STD, EMBED_STD, NORM_JITTER = 0.1, 0.5, 0.2
@@ -110,20 +109,13 @@ def build_model(seed: int, longrope: bool) -> Phi3ForCausalLM:
     torch.manual_seed(seed)
     model = Phi3ForCausalLM(phi3_config(longrope))
     model.set_attn_implementation("eager")
-    g = torch.Generator().manual_seed(seed)
+    tinygen.randomize(model, seed, WEIGHT_STD, EMBED_STD, NORM_JITTER)
+    # round to bf16 now: the HF dir (bf16) and the GGUFs (f16 holds every
+    # bf16 value in this range exactly) then store the same weights
+    # (parameters only: the RoPE buffers stay f32)
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1:
-                p.copy_(1.0 + NORM_JITTER * torch.randn(p.shape, generator=g))
-            elif "embed_tokens" in name:
-                p.copy_(EMBED_STD * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(WEIGHT_STD * torch.randn(p.shape, generator=g))
-            # round to bf16 now: the HF dir (bf16) and the GGUFs (f16 holds
-            # every bf16 value in this range exactly) then store the same
-            # weights (parameters only: the RoPE buffers stay f32)
-            for p in model.parameters():
-                p.copy_(p.to(torch.bfloat16).float())
+        for p in model.parameters():
+            p.copy_(p.to(torch.bfloat16).float())
     return model.float().eval()
 
 
@@ -132,16 +124,7 @@ def load_fp32(path: Path) -> Phi3ForCausalLM:
 
 
 def save_hf(model, path: Path, tok):
-    path.mkdir(parents=True, exist_ok=True)
-    copy.deepcopy(model).to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
-    gc = path / "generation_config.json"
-    if gc.exists():
-        gc.unlink()
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
-         "unk_token": "<unk>", "add_bos_token": False, "model_max_length": 128},
-        indent=2, sort_keys=True) + "\n")
+    tinygen.save_hf(model, path, tok, torch.bfloat16)
 
 
 # ---------------------------------------------------------------------- GGUF
@@ -192,16 +175,7 @@ def write_gguf(path: Path, model, qtype: QT, ftype: int, tok_fields: dict, name:
         scale = cfg.max_position_embeddings / orig
         attn = math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0
         w.add_float32("phi3.rope.scaling.attn_factor", attn)
-    w.add_string("tokenizer.ggml.model", "gpt2")
-    w.add_string("tokenizer.ggml.pre", "gpt-2")
-    w.add_array("tokenizer.ggml.tokens", tok_fields["tokens"])
-    w.add_array("tokenizer.ggml.token_type", tok_fields["token_type"])
-    w.add_array("tokenizer.ggml.merges", tok_fields["merges"])
-    w.add_uint32("tokenizer.ggml.bos_token_id", 1)
-    w.add_uint32("tokenizer.ggml.eos_token_id", 2)
-    w.add_uint32("tokenizer.ggml.unknown_token_id", 0)
-    w.add_bool("tokenizer.ggml.add_bos_token", False)
-    w.add_uint32("general.quantization_version", 2)
+    tinygen.gguf_add_tokenizer(w, tok_fields)
     if long_f:  # the converter's generate_extra_tensors come first
         w.add_tensor("rope_factors_long.weight", np.asarray(long_f, dtype=np.float32))
         w.add_tensor("rope_factors_short.weight", np.asarray(rp["short_factor"], dtype=np.float32))
@@ -212,17 +186,8 @@ def write_gguf(path: Path, model, qtype: QT, ftype: int, tok_fields: dict, name:
     assert sorted(order) == sorted(sd), (sorted(order), sorted(sd))
     for hf in order:
         t = sd[hf]
-        if t.ndim == 1 or qtype == QT.F32:
-            w.add_tensor(gguf_name(hf), np.ascontiguousarray(t, dtype=np.float32))
-        elif qtype == QT.F16:
-            w.add_tensor(gguf_name(hf), t.astype(np.float16))
-        else:
-            q = gguf.quants.quantize(np.ascontiguousarray(t, dtype=np.float32), qtype)
-            w.add_tensor(gguf_name(hf), q, raw_shape=q.shape, raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        tinygen.gguf_add_tensor(w, gguf_name(hf), t, qtype)
+    tinygen.gguf_finish(w)
 
 
 def model_from_gguf(path: Path, cfg: Phi3Config) -> Phi3ForCausalLM:
@@ -238,24 +203,11 @@ def model_from_gguf(path: Path, cfg: Phi3Config) -> Phi3ForCausalLM:
         shape = tuple(int(x) for x in reversed(t.shape.tolist()))
         a = gguf.quants.dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float32)
         sd[inv[t.name]] = torch.from_numpy(np.ascontiguousarray(a))
-    m = Phi3ForCausalLM(cfg).float().eval()
-    m.set_attn_implementation("eager")
-    missing, unexpected = m.load_state_dict(sd, strict=False)
-    assert not missing and not unexpected, (missing, unexpected)
-    return m
+    return tinygen.model_from_state(Phi3ForCausalLM, cfg, sd)
 
 
 def reference(model, ids, what: str, check_decode: bool) -> np.ndarray:
-    pre = prefill_logits(model, ids)
-    if check_decode:
-        e = rel_err(decode_logits(model, ids), pre)
-        log(f"{what}: prefill vs decode rel err {e:.2e}")
-        if not e <= 1e-5:
-            raise SystemExit(f"{what}: prefill/decode disagree ({e:.3e})")
-    log(f"{what}: logits std {pre.std():.3f}, distinct argmax {len(set(pre.argmax(-1).tolist()))}/{len(ids)}")
-    if not (0.3 < pre.std() < 10):
-        raise SystemExit(f"{what}: degenerate logits (std {pre.std()})")
-    return pre.astype(np.float32)
+    return tinygen.reference(model, ids, what, log, check_decode)
 
 
 def legacy_short_config(src: Path, dst: Path):
@@ -282,15 +234,9 @@ def legacy_short_config(src: Path, dst: Path):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=REPO / "tests" / "data")
-    args = ap.parse_args()
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
-    torch.use_deterministic_algorithms(True)
-    versions = {"torch": torch.__version__, "transformers": __import__("transformers").__version__,
-                "gguf": __import__("importlib.metadata").metadata.version("gguf")}
+    out = tinygen.cli_out(REPO, __doc__)
+    tinygen.torch_setup(2)
+    versions = tinygen.versions(with_numpy=False)
     tok = build_tokenizer()
     tok_fields = tokenizer_gguf_fields(tok)
     rng = np.random.default_rng(20240607)

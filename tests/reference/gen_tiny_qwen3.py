@@ -46,8 +46,6 @@ Usage: gen_tiny_qwen3.py [--out DIR]
 """
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import tempfile
@@ -66,9 +64,9 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 from transformers import (Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig,  # noqa: E402
                           Qwen3MoeForCausalLM)
 
-from gen_tiny_llama import (N_PROMPT, VOCAB, build_tokenizer, decode_logits,  # noqa: E402
-                            prefill_logits, rel_err, save_expected, save_hf,
-                            tokenizer_gguf_fields)
+import tinygen  # noqa: E402
+from gen_tiny_llama import N_PROMPT, VOCAB, build_tokenizer, save_hf, tokenizer_gguf_fields  # noqa: E402
+from tinygen import prefill_logits, rel_err, save_expected  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 WEIGHT_STD = 0.1
@@ -132,16 +130,7 @@ def load_fp32(cls, path: Path):
 
 
 def reference(model, ids, what: str) -> np.ndarray:
-    pre = prefill_logits(model, ids)
-    dec = decode_logits(model, ids)
-    e = rel_err(dec, pre)
-    log(f"{what}: prefill vs decode rel err {e:.2e}; logits std {pre.std():.3f}, "
-        f"distinct argmax {len(set(pre.argmax(-1).tolist()))}/{len(ids)}")
-    if not e <= 1e-5:
-        raise SystemExit(f"{what}: prefill/decode disagree ({e:.3e})")
-    if not (0.3 < pre.std() < 10):
-        raise SystemExit(f"{what}: degenerate logits (std {pre.std()})")
-    return pre.astype(np.float32)
+    return tinygen.reference(model, ids, what, log)
 
 
 @torch.no_grad()
@@ -221,14 +210,7 @@ def write_gguf(path: Path, arch: str, model, tok_fields: dict, name: str, qtype:
     w = gguf.GGUFWriter(str(path), arch)
     w.add_name(name)
     w.add_type("model")
-    w.add_uint32(f"{arch}.block_count", cfg.num_hidden_layers)
-    w.add_uint32(f"{arch}.context_length", cfg.max_position_embeddings)
-    w.add_uint32(f"{arch}.embedding_length", cfg.hidden_size)
-    w.add_uint32(f"{arch}.feed_forward_length", cfg.intermediate_size)
-    w.add_uint32(f"{arch}.attention.head_count", cfg.num_attention_heads)
-    w.add_uint32(f"{arch}.attention.head_count_kv", cfg.num_key_value_heads)
-    w.add_float32(f"{arch}.rope.freq_base", float(cfg.rope_parameters["rope_theta"]))
-    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", float(cfg.rms_norm_eps))
+    tinygen.gguf_add_llama_keys(w, arch, cfg)
     w.add_uint32(f"{arch}.attention.key_length", cfg.head_dim)
     w.add_uint32(f"{arch}.attention.value_length", cfg.head_dim)
     if n_expert:
@@ -236,29 +218,12 @@ def write_gguf(path: Path, arch: str, model, tok_fields: dict, name: str, qtype:
         w.add_uint32(f"{arch}.expert_used_count", cfg.num_experts_per_tok)
         w.add_uint32(f"{arch}.expert_feed_forward_length", cfg.moe_intermediate_size)
     w.add_uint32("general.file_type", {QT.F16: 1, QT.Q8_0: 7}[qtype])  # MOSTLY_F16 / MOSTLY_Q8_0
-    w.add_string("tokenizer.ggml.model", "gpt2")
-    # the tiny tokenizer splits with the GPT-2 regex (byte-level, use_regex)
-    w.add_string("tokenizer.ggml.pre", "gpt-2")
-    w.add_array("tokenizer.ggml.tokens", tok_fields["tokens"])
-    w.add_array("tokenizer.ggml.token_type", tok_fields["token_type"])
-    w.add_array("tokenizer.ggml.merges", tok_fields["merges"])
-    w.add_uint32("tokenizer.ggml.bos_token_id", 1)
-    w.add_uint32("tokenizer.ggml.eos_token_id", 2)
-    w.add_bool("tokenizer.ggml.add_bos_token", False)
-    w.add_uint32("general.quantization_version", 2)
+    tinygen.gguf_add_tokenizer(w, tok_fields, unknown_id=False)
     for gname, t in gguf_tensors(sd, cfg.num_hidden_layers, n_expert):
-        # the converter keeps 1-D tensors and the router (ffn_gate_inp) in f32
-        if t.ndim == 1 or gname.endswith("ffn_gate_inp.weight"):
-            w.add_tensor(gname, np.ascontiguousarray(t, dtype=np.float32))
-        elif qtype == QT.F16:
-            w.add_tensor(gname, np.ascontiguousarray(t.astype(np.float16)))
-        else:  # expert stacks quantize slice by slice: rows never cross experts
-            q = gguf.quants.quantize(np.ascontiguousarray(t, dtype=np.float32), qtype)
-            w.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+        # the converter keeps 1-D tensors and the router (ffn_gate_inp) in
+        # f32; expert stacks quantize slice by slice: rows never cross experts
+        tinygen.gguf_add_tensor(w, gname, t, QT.F32 if gname.endswith("ffn_gate_inp.weight") else qtype)
+    tinygen.gguf_finish(w)
 
 
 def model_from_gguf(path: Path, cls, cfg):
@@ -287,25 +252,13 @@ def model_from_gguf(path: Path, cls, cfg):
             sd[pre + "gate_up_proj"] = torch.cat([sd.pop(pre + "gate_proj")["w"],
                                                   sd.pop(pre + "up_proj")["w"]], dim=1)
             sd[pre + "down_proj"] = sd.pop(pre + "down_proj")["w"]
-    m = cls(cfg).float().eval()
-    m.set_attn_implementation("eager")
-    missing, unexpected = m.load_state_dict(sd, strict=False)
-    missing = [k for k in missing if not (cfg.tie_word_embeddings and k == "lm_head.weight")]
-    assert not missing and not unexpected, (missing, unexpected)
-    return m
+    return tinygen.model_from_state(cls, cfg, sd)
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", type=Path, default=REPO / "tests" / "data")
-    args = ap.parse_args()
-    out: Path = args.out
-    out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-    torch.use_deterministic_algorithms(True)
-    versions = {"torch": torch.__version__, "transformers": __import__("transformers").__version__,
-                "gguf": __import__("importlib.metadata").metadata.version("gguf"),
-                "numpy": np.__version__}
+    out = tinygen.cli_out(REPO, __doc__)
+    tinygen.torch_setup(4)
+    versions = tinygen.versions()
     tok = build_tokenizer()
     tok_fields = tokenizer_gguf_fields(tok)
     rng = np.random.default_rng(20240619)
