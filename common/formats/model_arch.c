@@ -8,8 +8,8 @@
 
 /* Every architecture, in the order error messages list them. */
 static const msrc_arch_t *const k_archs[] = {
-    &msrc_arch_llama, &msrc_arch_gptoss, &msrc_arch_qwen2,  &msrc_arch_qwen3,
-    &msrc_arch_qwen3moe, &msrc_arch_phi3, &msrc_arch_gemma2, &msrc_arch_gemma3,
+    &msrc_arch_llama,    &msrc_arch_gptoss, &msrc_arch_qwen2,  &msrc_arch_qwen3,
+    &msrc_arch_qwen3moe, &msrc_arch_phi3,   &msrc_arch_gemma2, &msrc_arch_gemma3,
 };
 
 const msrc_arch_t *msrc_arch_by_id(ie_arch_t id)

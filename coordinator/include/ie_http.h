@@ -54,14 +54,14 @@ typedef struct ie_http_opts {
     ie_metrics_t *metrics;   /* served at /metrics when non-NULL        */
     int request_timeout_ms;  /* per-request limit given to the scheduler
                                   (0: none)                               */
-    int max_body;           /* bytes of request body at most (0: 1 MiB) */
-    int read_timeout_ms;    /* a connection's whole request (line,
+    int max_body;            /* bytes of request body at most (0: 1 MiB) */
+    int read_timeout_ms;     /* a connection's whole request (line,
                                   headers, body) must arrive within this
                                   of its start or of the previous answer;
                                   else it is closed (0: 10 s)            */
-    int max_conns;          /* open connections at most (0: 1024)      */
-    int max_conns_per_addr; /* ... from one client address (0: 256)    */
-    int verbose;            /* one log line per request to stderr      */
+    int max_conns;           /* open connections at most (0: 1024)      */
+    int max_conns_per_addr;  /* ... from one client address (0: 256)    */
+    int verbose;             /* one log line per request to stderr      */
     const char *cors_origin; /* non-NULL: answer CORS preflights (OPTIONS)
                                   and allow this origin ("*": any) */
 } ie_http_opts_t;
