@@ -141,7 +141,7 @@ int main(int argc, char **argv)
         pos[i] = i;
     }
     want[prompt - 1] = 1;
-    ie_batch_t b = {prompt, ids, pos, seq, want};
+    ie_batch_t b = {prompt, ids, pos, seq, want, NULL};
     if (ie_worker_step(w, &b, logits) != IE_OK) {
         fprintf(stderr, "bench_decode: prefill: %s\n", ie_error_last());
         goto out;
@@ -151,7 +151,7 @@ int main(int argc, char **argv)
     for (int t = 0; t < tokens; t++) {
         int32_t tok = (int32_t)ie_argmax_f32(logits, n_vocab, NULL), p = prompt + t, sq = 0;
         uint8_t one = 1;
-        ie_batch_t d = {1, &tok, &p, &sq, &one};
+        ie_batch_t d = {1, &tok, &p, &sq, &one, NULL};
         sample_t s = {0};
         ie_status_t st = IE_OK;
         if (ab) {

@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef enum { FK_STR, FK_STR_NONEMPTY, FK_LONG, FK_PREC, FK_SET0, FK_SET1 } flag_kind_t;
+typedef enum { FK_STR, FK_STR_NONEMPTY, FK_LONG, FK_PREC, FK_SET0, FK_SET1, FK_LORA } flag_kind_t;
 
 typedef struct {
     const char *name;
@@ -47,6 +47,8 @@ static const flag_t FLAGS[] = {
     {"key", IE_FLAG_KEY, FK_STR, 0, 0},
     {"authorized", IE_FLAG_AUTHORIZED, FK_STR, 0, 0},
     {"cpu-latency-us", IE_FLAG_CPU_LATENCY, FK_STR, 0, 0},
+    {"lora", IE_FLAG_LORA, FK_LORA, 0, 0},
+    {"adapter", IE_FLAG_ADAPTER, FK_STR_NONEMPTY, 0, 0},
 };
 #define N_FLAGS (sizeof FLAGS / sizeof FLAGS[0])
 
@@ -98,6 +100,19 @@ static int store(const flag_t *f, const ie_cli_pick_t *pk, const char *arg)
     case FK_PREC: return ie_precision_parse(arg, (ie_precision_t *)pk->dst) == IE_OK ? 0 : -1;
     case FK_SET0: *(int *)pk->dst = 0; return 0;
     case FK_SET1: *(int *)pk->dst = 1; return 0;
+    case FK_LORA: {
+        /* NAME=PATH appended; a bad form, a repeated name or too many: -1 */
+        ie_cli_loras_t *l = pk->dst;
+        const char *eq = strchr(arg, '=');
+        const size_t nl = eq ? (size_t)(eq - arg) : 0;
+        if (!eq || nl == 0 || nl >= sizeof l->name[0] || !eq[1] || l->n >= IE_CLI_MAX_LORA) return -1;
+        for (int i = 0; i < l->n; i++)
+            if (strlen(l->name[i]) == nl && !memcmp(l->name[i], arg, nl)) return -1;
+        memcpy(l->name[l->n], arg, nl);
+        l->name[l->n][nl] = '\0';
+        l->path[l->n++] = eq + 1;
+        return 0;
+    }
     case FK_LONG: {
         const long lo = pk->lo < pk->hi ? pk->lo : f->lo, hi = pk->lo < pk->hi ? pk->hi : f->hi;
         return ie_cli_parse_long(arg, lo, hi, (long *)pk->dst);

@@ -951,7 +951,7 @@ ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out)
     pthread_mutex_unlock(&s->mu);
 
     if (nb > 0) {
-        ie_batch_t b = {nb, s->b_tok, s->b_pos, s->b_seq, s->b_logits};
+        ie_batch_t b = {nb, s->b_tok, s->b_pos, s->b_seq, s->b_logits, NULL};
         ie_backend_hint_next(s->be, ahead);
         double t0 = ie_now_ms();
         ie_status_t st = ie_backend_step(s->be, &b, s->logits);
