@@ -54,18 +54,18 @@ typedef struct ie_lora_mat {
     int rank;
     int64_t n_in, n_out;
     float scale;
-    float *a; /* [rank][n_in]  */
+    float *a;  /* [rank][n_in]  */
     float *bt; /* [rank][n_out] */
 } ie_lora_mat_t;
 
 typedef struct ie_lora {
-    int n_layer;          /* the base's                              */
-    int max_rank;         /* largest rank of any matrix              */
-    unsigned mods;        /* bit m: some layer adapts module m       */
-    int n_mats;           /* adapted projections                     */
-    uint64_t bytes;       /* of the f32 weights held                 */
-    const char *format;   /* "peft" or "gguf"                        */
-    ie_lora_mat_t *mats;  /* [n_layer][IE_LORA_NMOD]                 */
+    int n_layer;         /* the base's                              */
+    int max_rank;        /* largest rank of any matrix              */
+    unsigned mods;       /* bit m: some layer adapts module m       */
+    int n_mats;          /* adapted projections                     */
+    uint64_t bytes;      /* of the f32 weights held                 */
+    const char *format;  /* "peft" or "gguf"                        */
+    ie_lora_mat_t *mats; /* [n_layer][IE_LORA_NMOD]                 */
 } ie_lora_t;
 
 /* "q", "k", "v", "o", "gate", "up", "down" */

@@ -27,7 +27,7 @@ static const char *const k_mod_names[IE_LORA_NMOD] = {"q", "k", "v", "o", "gate"
 static const char *const k_peft_mods[IE_LORA_NMOD] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                                       "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
                                                       "mlp.down_proj"};
-static const char *const k_gguf_mods[IE_LORA_NMOD] = {"attn_q",   "attn_k",  "attn_v",  "attn_output",
+static const char *const k_gguf_mods[IE_LORA_NMOD] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
                                                       "ffn_gate", "ffn_up", "ffn_down"};
 
 const char *ie_lora_mod_name(ie_lora_mod_t m) { return (unsigned)m < IE_LORA_NMOD ? k_mod_names[m] : "?"; }
@@ -54,7 +54,8 @@ void ie_lora_destroy(ie_lora_t **self_p)
 /* The base's shape of module m: n_out x n_in. */
 static void mod_shape(const ie_hparams_t *hp, ie_lora_mod_t m, int64_t *n_out, int64_t *n_in)
 {
-    const int64_t d = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim, kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+    const int64_t d = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim,
+                  kvd = (int64_t)hp->n_head_kv * hp->head_dim;
     switch (m) {
     case IE_LORA_Q: *n_out = qd, *n_in = d; break;
     case IE_LORA_K:
@@ -109,7 +110,7 @@ static int64_t perm_row(int64_t r, int hd, int to_gguf)
 {
     const int64_t h = r / hd, i = r % hd, half = hd / 2;
     if (to_gguf) return h * hd + (i % 2) * half + i / 2; /* gguf (j, s) <- hf (s, j) */
-    return h * hd + (i % half) * 2 + i / half;            /* hf (s, j) <- gguf (j, s) */
+    return h * hd + (i % half) * 2 + i / half;           /* hf (s, j) <- gguf (j, s) */
 }
 
 /* Check A and B of (layer l, module m) against the base and store them
@@ -133,12 +134,14 @@ static ie_status_t put_mat(ie_lora_t *ad, const ie_hparams_t *hp, const char *wh
         return ie_error_set(IE_ERR_INVAL, "%s: tensor '%s' is [%lld x %lld]; the base's %s takes %lld inputs", what,
                             A->name, (long long)A->rows, (long long)A->cols, k_mod_names[m], (long long)n_in);
     if (B->rows != n_out || B->cols != r)
-        return ie_error_set(IE_ERR_INVAL, "%s: tensor '%s' is [%lld x %lld]; expected [%lld x %lld] (%s, rank %lld)",
-                            what, B->name, (long long)B->rows, (long long)B->cols, (long long)n_out, (long long)r,
+        return ie_error_set(IE_ERR_INVAL,
+                            "%s: tensor '%s' is [%lld x %lld]; expected [%lld x %lld] (%s, rank %lld)", what,
+                            B->name, (long long)B->rows, (long long)B->cols, (long long)n_out, (long long)r,
                             k_mod_names[m], (long long)r);
     ie_lora_mat_t *mt = &ad->mats[(size_t)l * IE_LORA_NMOD + m];
     if (mt->rank)
-        return ie_error_set(IE_ERR_FORMAT, "%s: layer %d %s adapted twice ('%s')", what, l, k_mod_names[m], A->name);
+        return ie_error_set(IE_ERR_FORMAT, "%s: layer %d %s adapted twice ('%s')", what, l, k_mod_names[m],
+                            A->name);
     float *a = malloc((size_t)(r * n_in) * sizeof *a), *b = malloc((size_t)(r * n_out) * sizeof *b);
     if (!a || !b) {
         free(a);
@@ -208,7 +211,8 @@ static ie_status_t peft_config(const char *what, const char *txt, size_t len, pe
                           cJSON_IsString(pt) ? pt->valuestring : "(not a string)");
         goto cleanup;
     }
-    const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "r"), *al = cJSON_GetObjectItemCaseSensitive(j, "lora_alpha");
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "r"),
+                *al = cJSON_GetObjectItemCaseSensitive(j, "lora_alpha");
     if (!cJSON_IsNumber(r) || !(r->valuedouble >= 1 && r->valuedouble <= IE_LORA_MAX_RANK) ||
         r->valuedouble != (double)(int)r->valuedouble) {
         st = ie_error_set(IE_ERR_FORMAT, "%s: adapter_config.json: \"r\" must be an integer 1..%d", what,
@@ -222,8 +226,8 @@ static ie_status_t peft_config(const char *what, const char *txt, size_t len, pe
     }
     c->alpha = al ? (float)al->valuedouble : 8.0f; /* peft's default */
     c->rslora = json_true(j, "use_rslora");
-    static const char *const refused[] = {"use_dora",    "modules_to_save", "rank_pattern", "alpha_pattern",
-                                          "fan_in_fan_out", "layer_replication"};
+    static const char *const refused[] = {"use_dora",      "modules_to_save", "rank_pattern",
+                                          "alpha_pattern", "fan_in_fan_out",  "layer_replication"};
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++)
         if (json_set(j, refused[i])) {
             st = ie_error_set(IE_ERR_UNSUPPORTED, "%s: adapter_config.json sets \"%s\" (not supported%s)", what,
@@ -369,7 +373,9 @@ static ie_status_t load_peft(const char *dir, const ie_hparams_t *hp, ie_lora_t 
     if ((st = peft_config(dir, cfg, cfg_len, &c)) != IE_OK) goto cleanup;
     snprintf(path, sizeof path, "%s/adapter_model.safetensors", dir);
     if ((st = ie_safetensors_open(path, &sf)) != IE_OK) {
-        st = ie_error_set(st, "lora %s: %s", dir, ie_error_last());
+        char why[512]; /* ie_error_last's buffer is the one ie_error_set writes */
+        snprintf(why, sizeof why, "%s", ie_error_last());
+        st = ie_error_set(st, "lora: %s", why);
         goto cleanup;
     }
     if ((st = lora_new(hp, "peft", &ad)) != IE_OK) goto cleanup;
@@ -427,7 +433,9 @@ static ie_status_t load_gguf(const char *path, const ie_hparams_t *hp, ie_lora_t
     float alpha = 0.0f;
     char an[256], bn[256];
     if ((st = ie_gguf_open(path, &g)) != IE_OK) {
-        st = ie_error_set(st, "lora %s: %s", path, ie_error_last());
+        char why[512]; /* ie_error_last's buffer is the one ie_error_set writes */
+        snprintf(why, sizeof why, "%s", ie_error_last());
+        st = ie_error_set(st, "lora: %s", why);
         goto cleanup;
     }
     if (ie_gguf_get_str(g, "general.type", &s) != IE_OK || !gguf_str_is(s, "adapter")) {
@@ -475,7 +483,8 @@ static ie_status_t load_gguf(const char *path, const ie_hparams_t *hp, ie_lora_t
         const ie_gguf_tensor_info_t *t = ie_gguf_tensor(g, i);
         int l, m, is_a;
         snprintf(an, sizeof an, "%.*s", (int)(t->name.len < 255 ? t->name.len : 255), t->name.ptr);
-        if (gguf_name(an, &l, &m, &is_a) && !is_a && l < hp->n_layer && !ad->mats[(size_t)l * IE_LORA_NMOD + m].rank) {
+        if (gguf_name(an, &l, &m, &is_a) && !is_a && l < hp->n_layer &&
+            !ad->mats[(size_t)l * IE_LORA_NMOD + m].rank) {
             st = ie_error_set(IE_ERR_FORMAT, "lora %s: tensor '%s' has no lora_a", path, an);
             goto cleanup;
         }

@@ -79,7 +79,8 @@ void ie_lora_f32_avx2(const ie_lora_args_t *p, const int32_t *rows, int n_rows, 
         for (; o + 8 <= m; o += 8) {
             __m256 y0 = _mm256_loadu_ps(y + o);
             for (j = 0; j < r; j++)
-                y0 = _mm256_fmadd_ps(_mm256_set1_ps(u[j]), _mm256_loadu_ps(p->bt + (size_t)j * (size_t)ldb + o), y0);
+                y0 = _mm256_fmadd_ps(_mm256_set1_ps(u[j]), _mm256_loadu_ps(p->bt + (size_t)j * (size_t)ldb + o),
+                                     y0);
             _mm256_storeu_ps(y + o, y0);
         }
         for (; o < m; o++) {

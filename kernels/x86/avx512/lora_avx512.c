@@ -73,7 +73,8 @@ void ie_lora_f32_avx512(const ie_lora_args_t *p, const int32_t *rows, int n_rows
         for (; o + 16 <= m; o += 16) {
             __m512 y0 = _mm512_loadu_ps(y + o);
             for (j = 0; j < r; j++)
-                y0 = _mm512_fmadd_ps(_mm512_set1_ps(u[j]), _mm512_loadu_ps(p->bt + (size_t)j * (size_t)ldb + o), y0);
+                y0 = _mm512_fmadd_ps(_mm512_set1_ps(u[j]), _mm512_loadu_ps(p->bt + (size_t)j * (size_t)ldb + o),
+                                     y0);
             _mm512_storeu_ps(y + o, y0);
         }
         for (; o < m; o++) {
