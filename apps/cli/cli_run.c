@@ -32,7 +32,10 @@ static void usage(FILE *f)
           "options:\n"
           "  --model PATH, --model-dir DIR  GGUF file or Hugging Face directory\n"
           "  --prompt TEXT                  one prompt\n"
-          "  --prompts-file FILE            one prompt per line\n"
+          "  --prompts-file FILE            one prompt per line (with --lora, \"@NAME text\" runs\n"
+          "                                 adapter NAME, \"@base text\" the base model)\n"
+          "  --lora NAME=PATH               load a LoRA adapter (PEFT dir or GGUF; repeatable)\n"
+          "  --adapter NAME                 run the prompts with adapter NAME\n"
           "  --chat JSON|@FILE              messages [{\"role\",\"content\"},...], chat template applied\n"
           "  --reasoning low|medium|high    harmony models' reasoning effort (medium)\n"
           "  --show-prompt                  with --chat: add the rendered prompt and its ids to the JSON\n"
@@ -99,6 +102,33 @@ static double percentile(double *v, size_t n, double p)
     return i + 1 < n ? v[i] * (1 - f) + v[i + 1] * f : v[i];
 }
 
+
+/* With --lora: each prompt's adapter id in *out (malloc'd; NULL without
+ * --lora): --adapter's (aid, -1 the base), or NAME for a prompt that
+ * starts with "@NAME " where NAME is a --lora name or "base" (the prefix
+ * is removed from the prompt). 0, or the exit code after the message. */
+static int prompt_adapters(ie_engine_t *eng, const ie_cli_loras_t *l, int aid, char **prompts, size_t n,
+                           int32_t **out)
+{
+    *out = NULL;
+    if (l->n == 0) return 0;
+    int32_t *a = malloc((n ? n : 1) * sizeof *a);
+    if (!a) return ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        a[i] = aid;
+        char *p = prompts[i], *sp = p[0] == '@' ? strchr(p, ' ') : NULL;
+        if (!sp || sp - p - 1 >= 64) continue;
+        char name[64];
+        memcpy(name, p + 1, (size_t)(sp - p - 1));
+        name[sp - p - 1] = '\0';
+        const int id = ie_engine_lora_find(eng, name);
+        if (id < 0 && strcmp(name, "base") != 0) continue; /* not a prefix: the text itself */
+        a[i] = id;
+        memmove(p, sp + 1, strlen(sp + 1) + 1);
+    }
+    *out = a;
+    return 0;
+}
 
 /* Read one prompt per line (trailing \r\n stripped, empty lines skipped).
  * Caller frees each line and the array. */
@@ -221,6 +251,10 @@ int ie_cli_run(int argc, char **argv)
     double *lat = NULL;
     cJSON *js = NULL;
     char msg[600];
+    ie_cli_loras_t loras = {0};
+    const char *adapter = NULL;
+    int aid = -1;
+    int32_t *ads = NULL;
 
     if (threads < 1) threads = 1;
     const ie_cli_pick_t picks[] = {
@@ -228,7 +262,8 @@ int ie_cli_run(int argc, char **argv)
         IE_CLI_PICK(IE_FLAG_BATCH, &batch),         IE_CLI_PICK(IE_FLAG_CTX, &ctx),
         IE_CLI_PICK(IE_FLAG_PRECISION, &prec),      IE_CLI_PICK(IE_FLAG_NO_PIN, &pin),
         IE_CLI_PICK(IE_FLAG_PLAN, &plan),           IE_CLI_PICK(IE_FLAG_KV_BLOCK, &kv_block),
-        IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks), IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache)};
+        IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks), IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache),
+        IE_CLI_PICK(IE_FLAG_LORA, &loras),          IE_CLI_PICK(IE_FLAG_ADAPTER, &adapter)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -393,6 +428,9 @@ int ie_cli_run(int argc, char **argv)
         goto cleanup;
     }
 
+    if ((rc = ie_cli_lora_setup(eng, "generate", &loras, adapter, &aid)) != 0) goto cleanup;
+    if ((rc = prompt_adapters(eng, &loras, aid, prompts, n_prompts, &ads)) != 0) goto cleanup;
+
     if (chat) {
         const ie_tokenizer_t *tok = ie_engine_tokenizer(eng);
         chat_fmt = ie_chat_format(tok);
@@ -414,6 +452,7 @@ int ie_cli_run(int argc, char **argv)
     gp.n_stop = n_stop;
     gp.add_special = special;
     gp.parse_special = special;
+    gp.adapters = ads;
 
     res = calloc(n_prompts, sizeof *res);
     if (!res) {
@@ -472,6 +511,15 @@ int ie_cli_run(int argc, char **argv)
     js = cJSON_CreateObject();
     cJSON_AddStringToObject(js, "model", model);
     cJSON_AddNumberToObject(js, "prompts", (double)n_prompts);
+    {
+        /* the adapters that ran, each once, in the order of --lora */
+        cJSON *ja = cJSON_AddArrayToObject(js, "adapters");
+        for (int k = 0; ja && k < loras.n; k++) {
+            int used = 0, id = ie_engine_lora_find(eng, loras.name[k]);
+            for (size_t i = 0; ads && i < n_prompts; i++) used |= ads[i] == id;
+            if (used) cJSON_AddItemToArray(ja, cJSON_CreateString(loras.name[k]));
+        }
+    }
     cJSON_AddNumberToObject(js, "tokens_in", (double)tokens_in);
     cJSON_AddNumberToObject(js, "tokens_out", (double)tokens_out);
     cJSON_AddNumberToObject(js, "wall_s", wall);
@@ -572,6 +620,7 @@ cleanup:
     ie_engine_destroy(&eng);
     for (size_t i = 0; i < n_prompts; i++) free(prompts[i]);
     free(prompts);
+    free(ads);
     free(stops);
     free(chat_json);
     free(chat_ids);

@@ -437,8 +437,12 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
     for (; n_sub < n; n_sub++) {
         const size_t i = n_sub;
         items[i] = (gen_item_t){&g, i};
-        ie_sched_req_t r = {
-            .ids = ids ? ids[i] : toks[i], .n_ids = n_toks[i], .params = p, .cb = gen_event, .cb_ctx = &items[i]};
+        ie_sched_req_t r = {.ids = ids ? ids[i] : toks[i],
+                            .n_ids = n_toks[i],
+                            .params = p,
+                            .cb = gen_event,
+                            .cb_ctx = &items[i],
+                            .lora = p->adapters ? p->adapters[i] + 1 : 0};
         if ((st = ie_sched_submit(sched, &r, &rid[i])) != IE_OK) goto cleanup;
     }
     int idle = 0, cancelled = 0;

@@ -146,3 +146,59 @@ def test_perplexity_with_adapter(tmp_path):
     lo = run_json(common + ["--lora", f"a={fixture_path('lora/all16')}", "--adapter", "a"])
     assert lo["adapter"] == "a" and lo["tokens"] == base["tokens"]
     assert abs(lo["ppl"] - base["ppl"]) > 1e-3 * base["ppl"]
+
+
+# ------------------------------------------------------------------ generate
+PROMPT = "the quick brown fox jumps over the lazy dog and then runs far away into the deep dark forest"
+LORAS = ["--lora", f"qv8={fixture_path('lora/qv8')}", "--lora", f"all16={fixture_path('lora/all16')}",
+         "--lora", f"mlp={fixture_path('lora/mlp8bf16')}"]
+
+
+def generate(tmp_path, lines, batch, extra=()):
+    pf = tmp_path / "prompts.txt"
+    pf.write_text("\n".join(lines) + "\n")
+    return run_json(["--model", fixture_path("tiny_llama"), "--prompts-file", pf, "--batch", batch, "--max-new", 6,
+                     "--greedy", "--threads", 2, "--precision", "f32", *LORAS, *extra])
+
+
+def test_mixed_batch_ids_equal_solo_runs(tmp_path):
+    names = ["base", "qv8", "all16", "mlp"]
+    texts = ["hello world", PROMPT, "a b c d e f"]
+    solo = {}
+    for n in names:
+        for t in texts:
+            out = generate(tmp_path, [t], 1, ["--adapter", n] if n != "base" else [])
+            assert out["adapters"] == ([] if n == "base" else [n]), out
+            solo[n, t] = out["ids"]  # one prompt: a flat list
+    # the adapters change the output
+    assert len({tuple(solo[n, PROMPT]) for n in names}) == len(names)
+    lines, want = [], []
+    for rep in range(2):  # several streams per adapter, interleaved
+        for n in names:
+            for t in texts:
+                lines.append(f"@{n} {t}")
+                want.append(solo[n, t])
+    out = generate(tmp_path, lines, 8)
+    assert out["ids"] == want
+    assert out["adapters"] == ["qv8", "all16", "mlp"]
+    # --adapter applies to the lines without a prefix; "@base" overrides it
+    out = generate(tmp_path, [PROMPT, f"@base {PROMPT}"], 2, ["--adapter", "all16"])
+    assert out["ids"] == [solo["all16", PROMPT], solo["base", PROMPT]]
+
+
+def test_prefix_cache_keyed_by_adapter(tmp_path):
+    # one slot: the second prompt may reuse the first's published blocks
+    # only when both run the same adapter
+    same = generate(tmp_path, [f"@qv8 {PROMPT}", f"@qv8 {PROMPT}"], 1)
+    assert same["kv_hits"] > 0
+    other = generate(tmp_path, [f"@qv8 {PROMPT}", f"@all16 {PROMPT}"], 1)
+    assert other["kv_hits"] == 0
+    assert other["ids"][0] == same["ids"][0] and other["ids"][1] != same["ids"][1]
+    base = generate(tmp_path, [PROMPT, f"@qv8 {PROMPT}"], 1)
+    assert base["kv_hits"] == 0
+
+
+def test_tensor_plan_refused_clearly(tmp_path):
+    cp = run_cli(["--model", fixture_path("tiny_llama"), "--prompt", "hi", "--max-new", 2, "--plan", "tensor:2",
+                  "--lora", f"a={fixture_path('lora/qv8')}", "--threads", 2])
+    assert cp.returncode == 3 and "not supported" in cp.stderr, cp.stderr
