@@ -227,7 +227,7 @@ static int suite_clean(void)
 
 static const int32_t k_ids[3][6] = {{5, 17, 300, 42, 7, 9}, {100, 200, 300, 400, 9, 11}, {1, 2, 3, 4, 5, 6}};
 
-static void test_worker_mixed(void)
+static void worker_mixed(void)
 {
     ie_worker_opts_t o;
     ie_worker_opts_default(&o);
@@ -297,6 +297,16 @@ static void test_worker_mixed(void)
     ie_worker_destroy(&w);
     ie_lora_destroy(&qv);
     ie_lora_destroy(&all);
+}
+
+/* on the calling thread (the fixture's work is small), then on the pool */
+static void test_worker_mixed(void)
+{
+    unsetenv("IE_LORA_POOL_MIN");
+    worker_mixed();
+    setenv("IE_LORA_POOL_MIN", "0", 1);
+    worker_mixed();
+    unsetenv("IE_LORA_POOL_MIN");
 }
 
 int main(void)

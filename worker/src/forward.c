@@ -103,9 +103,11 @@ static ie_status_t attention_block(ie_worker_t *w, int l, const ie_batch_t *b, i
     worker_prefetch_at(w, PF_BEFORE_QKV, l, n);
     if ((st = worker_qkv(w, l, b)) != IE_OK) return st;
     /* + the adapters' low-rank paths (lora.c; nothing when none runs) */
-    worker_lora_apply(w, l, IE_LORA_Q, w->q, w->xb);
-    worker_lora_apply(w, l, IE_LORA_K, w->k, w->xb);
-    worker_lora_apply(w, l, IE_LORA_V, w->v, w->xb);
+    {
+        static const ie_lora_mod_t qkv[3] = {IE_LORA_Q, IE_LORA_K, IE_LORA_V};
+        float *const ys[3] = {w->q, w->k, w->v};
+        worker_lora_apply(w, l, 3, qkv, ys, w->xb);
+    }
     if (w->arch.qkv_bias)
         for (int i = 0; i < n; i++) {
             worker_vec_add(w->q + (size_t)i * w->q_dim, L->bq, w->q_dim);
@@ -130,7 +132,7 @@ static ie_status_t attention_block(ie_worker_t *w, int l, const ie_batch_t *b, i
     /* tmp[n][d] = Wo · xb (+ bias, added by tensor rank 0 only) */
     worker_prefetch_at(w, PF_BEFORE_O, l, n);
     if ((st = worker_matmul(w, &L->o, w->tmp, w->xb, n)) != IE_OK) return st;
-    worker_lora_apply(w, l, IE_LORA_O, w->tmp, w->xb);
+    worker_lora_apply(w, l, 1, (const ie_lora_mod_t[]){IE_LORA_O}, &w->tmp, w->xb);
     if (w->arch.o_bias && L->bo)
         for (int i = 0; i < n; i++) worker_vec_add(w->tmp + (size_t)i * d, L->bo, d);
     /* summed across tensor ranks; a sandwich norm on the whole sum (Gemma:
@@ -153,14 +155,13 @@ static ie_status_t mlp_dense(ie_worker_t *w, int l, int n)
     const wmat_t *ms[2] = {&L->gate, &L->up};
     float *ys[2] = {w->hb, w->hb2};
     if ((st = worker_matmul_group(w, 2, ms, ys, w->xb, n)) != IE_OK) return st;
-    worker_lora_apply(w, l, IE_LORA_GATE, w->hb, w->xb);
-    worker_lora_apply(w, l, IE_LORA_UP, w->hb2, w->xb);
+    worker_lora_apply(w, l, 2, (const ie_lora_mod_t[]){IE_LORA_GATE, IE_LORA_UP}, ys, w->xb);
     /* hb = act(hb) * hb2 */
     worker_swiglu(w, w->hb, w->hb2, (int64_t)n * w->ff_loc);
     /* tmp[n][d] = Wd · hb */
     worker_prefetch_at(w, PF_BEFORE_DOWN, l, n);
     if ((st = worker_matmul(w, &L->down, w->tmp, w->hb, n)) != IE_OK) return st;
-    worker_lora_apply(w, l, IE_LORA_DOWN, w->tmp, w->hb);
+    worker_lora_apply(w, l, 1, (const ie_lora_mod_t[]){IE_LORA_DOWN}, &w->tmp, w->hb);
     return IE_OK;
 }
 

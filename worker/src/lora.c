@@ -39,13 +39,19 @@ ie_status_t ie_worker_lora_add(ie_worker_t *w, const ie_lora_t *a, float scale, 
         goto cleanup;
     }
     if (a->max_rank > w->lora_tmp_rank) {
-        float *t = realloc(w->lora_tmp, B * (size_t)a->max_rank * sizeof *t);
+        float *t = realloc(w->lora_tmp, 3 * B * (size_t)a->max_rank * sizeof *t); /* a block per module of a job */
         if (!t) {
             st = ie_error_set(IE_ERR_NOMEM, "out of memory");
             goto cleanup;
         }
         w->lora_tmp = t;
         w->lora_tmp_rank = a->max_rank;
+    }
+    {
+        /* env IE_LORA_POOL_MIN: the multiply-adds under which a call runs
+         * on the calling thread (tests set 0 to drive the pool path) */
+        const char *e = getenv("IE_LORA_POOL_MIN");
+        w->lora_pool_min = e && *e ? atof(e) : 2e5;
     }
     w->lora[id].ad = a;
     w->lora[id].scale = scale;
@@ -100,40 +106,86 @@ void worker_lora_group(ie_worker_t *w, const ie_batch_t *b)
     }
 }
 
-/* Contract (worker_internal.h). */
-void worker_lora_apply(ie_worker_t *w, int l, ie_lora_mod_t m, float *y, const float *x)
+/* The kernel arguments of module m of layer l for group g (rank 0: the
+ * adapter leaves that projection alone), cut to this rank's slice. */
+static int lora_args(const ie_worker_t *w, int l, ie_lora_mod_t m, int g, float *y, const float *x,
+                     ie_lora_args_t *p)
 {
     const ie_shard_range_t *sh = &w->sh;
-    const int hd = w->hp.head_dim;
-    for (int g = 0; g < w->lora_ngroups; g++) {
-        const lora_group_t *gr = &w->lora_groups[g];
-        const ie_lora_mat_t *mt = ie_lora_mat(w->lora[gr->id].ad, l, m);
-        if (!mt || !mt->rank) continue;
-        ie_lora_args_t p = {.a = mt->a,
-                            .bt = mt->bt,
-                            .lda = mt->n_in,
-                            .ldb = mt->n_out,
-                            .rank = mt->rank,
-                            .n_in = mt->n_in,
-                            .n_out = mt->n_out,
-                            .scale = mt->scale * w->lora[gr->id].scale,
-                            .x = x,
-                            .y = y};
-        /* this rank's slice (whole cuts when unsharded) */
-        switch (m) {
-        case IE_LORA_Q: p.bt += (size_t)sh->head_begin * hd, p.n_out = w->q_dim; break;
-        case IE_LORA_K:
-        case IE_LORA_V: p.bt += (size_t)sh->kv_head_begin * hd, p.n_out = w->kv_dim; break;
-        case IE_LORA_GATE:
-        case IE_LORA_UP: p.bt += sh->ff_begin, p.n_out = w->ff_loc; break;
-        case IE_LORA_O: p.a += (size_t)sh->head_begin * hd, p.n_in = w->q_dim; break;
-        case IE_LORA_DOWN: p.a += sh->ff_begin, p.n_in = w->ff_loc; break;
-        default: break;
-        }
-        p.ldx = p.n_in;
-        p.ldy = p.n_out;
-        w->ops->lora_f32(&p, w->lora_rows + gr->first, gr->n, w->lora_tmp);
+    const int hd = w->hp.head_dim, id = w->lora_groups[g].id;
+    const ie_lora_mat_t *mt = ie_lora_mat(w->lora[id].ad, l, m);
+    if (!mt || !mt->rank) return 0;
+    *p = (ie_lora_args_t){.a = mt->a,
+                          .bt = mt->bt,
+                          .lda = mt->n_in,
+                          .ldb = mt->n_out,
+                          .rank = mt->rank,
+                          .n_in = mt->n_in,
+                          .n_out = mt->n_out,
+                          .scale = mt->scale * w->lora[id].scale,
+                          .x = x,
+                          .y = y};
+    switch (m) {
+    case IE_LORA_Q: p->bt += (size_t)sh->head_begin * hd, p->n_out = w->q_dim; break;
+    case IE_LORA_K:
+    case IE_LORA_V: p->bt += (size_t)sh->kv_head_begin * hd, p->n_out = w->kv_dim; break;
+    case IE_LORA_GATE:
+    case IE_LORA_UP: p->bt += sh->ff_begin, p->n_out = w->ff_loc; break;
+    case IE_LORA_O: p->a += (size_t)sh->head_begin * hd, p->n_in = w->q_dim; break;
+    case IE_LORA_DOWN: p->a += sh->ff_begin, p->n_in = w->ff_loc; break;
+    default: break;
     }
+    p->ldx = p->n_in;
+    p->ldy = p->n_out;
+    return 1;
+}
+
+/* One pool job over every (module, group, row) of a worker_lora_apply
+ * call: unit u goes to thread u % nth. Each (module, row) has its own
+ * slice of lora_tmp (a row sits in one group; block i per module), so
+ * units never share memory. */
+typedef struct lora_job {
+    ie_worker_t *w;
+    ie_lora_args_t args[3 * IE_WORKER_MAX_LORA];
+    int grp[3 * IE_WORKER_MAX_LORA]; /* args[k]'s group                */
+    int mi[3 * IE_WORKER_MAX_LORA];  /* ... and module (its tmp block)  */
+    int n_args;
+} lora_job_t;
+
+static void lora_run(void *ctx, int ith, int nth)
+{
+    lora_job_t *j = ctx;
+    const ie_worker_t *w = j->w;
+    int u = 0;
+    for (int k = 0; k < j->n_args; k++) {
+        const lora_group_t *gr = &w->lora_groups[j->grp[k]];
+        float *tmp = w->lora_tmp + (size_t)j->mi[k] * (size_t)w->opts.max_batch * (size_t)w->lora_tmp_rank;
+        for (int r = 0; r < gr->n; r++, u++)
+            if (u % nth == ith)
+                w->ops->lora_f32(&j->args[k], w->lora_rows + gr->first + r, 1,
+                                 tmp + (size_t)(gr->first + r) * (size_t)j->args[k].rank);
+    }
+}
+
+/* Contract (worker_internal.h). */
+void worker_lora_apply(ie_worker_t *w, int l, int nm, const ie_lora_mod_t *ms, float *const *ys, const float *x)
+{
+    if (!w->lora_ngroups) return;
+    lora_job_t j;
+    j.w = w;
+    j.n_args = 0;
+    double fma = 0;
+    for (int i = 0; i < nm; i++)
+        for (int g = 0; g < w->lora_ngroups; g++) {
+            ie_lora_args_t *p = &j.args[j.n_args];
+            if (!lora_args(w, l, ms[i], g, ys[i], x, p)) continue;
+            j.grp[j.n_args] = g;
+            j.mi[j.n_args++] = i;
+            fma += (double)w->lora_groups[g].n * p->rank * (double)(p->n_in + p->n_out);
+        }
+    /* small work: the fork/join (~15-30 us on the pool) would cost more */
+    if (fma < w->lora_pool_min || w->opts.n_threads < 2) lora_run(&j, 0, 1);
+    else ie_threadpool_run(w->tp, lora_run, &j);
 }
 
 /* Contract (worker_internal.h). */

@@ -210,8 +210,9 @@ struct ie_worker {
     lora_group_t lora_groups[IE_WORKER_MAX_LORA]; /* this step's groups */
     int lora_ngroups;
     int32_t *lora_rows; /* [max_batch] batch rows grouped by adapter   */
-    float *lora_tmp;    /* [max_batch][lora_tmp_rank] the kernels' A x */
+    float *lora_tmp;    /* [3][max_batch][lora_tmp_rank] the kernels' A x */
     int lora_tmp_rank;
+    double lora_pool_min; /* multiply-adds from which a call uses the pool */
 };
 
 /* ------------------------------------------------------- worker.c: memory */
@@ -282,10 +283,11 @@ ie_status_t worker_lora_check(const ie_worker_t *w, const ie_batch_t *b, int i);
 /* Group the step's tokens by adapter (none when b->adapter is NULL). */
 void worker_lora_group(ie_worker_t *w, const ie_batch_t *b);
 
-/* y[n][this rank's n_out] += the low-rank path of module m of layer l of
- * each group's adapter, on input rows x[n][this rank's n_in] (the base
- * matmul's own input and output). */
-void worker_lora_apply(ie_worker_t *w, int l, ie_lora_mod_t m, float *y, const float *x);
+/* For the nm (1..3) modules ms[i] of layer l that share input rows
+ * x[n][this rank's n_in] (the base matmul's own input): ys[i][n][this
+ * rank's n_out] += the low-rank path of each group's adapter. One pool
+ * job when the work outweighs a fork/join, else on the calling thread. */
+void worker_lora_apply(ie_worker_t *w, int l, int nm, const ie_lora_mod_t *ms, float *const *ys, const float *x);
 
 /* Free the LoRA scratch (the adapters are the caller's). */
 void worker_lora_free(ie_worker_t *w);
