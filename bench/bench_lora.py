@@ -1,0 +1,88 @@
+#!/usr/bin/env python3
+"""bench_lora.py — decode throughput with LoRA adapters mixed in one batch.
+
+Random PEFT adapters (N(0, 0.02) A and B, so they cost what trained ones
+do) of rank 16 and 32 on all seven projections are written for the
+TinyLlama-shaped benchmark model (bench/make_tinyllama_gguf.py: 22 layers,
+hidden 2048, 32/4 heads, FFN 5632) under bench/out/lora/. Then the CLI
+generates 8 greedy streams twice per round, alternating:
+  base   — the 8 prompts on the base model (adapters loaded, unused)
+  mixed  — the same 8 prompts over 4 adapters (2 streams each, "@NAME" lines)
+and reports decode tokens/s of each and the ratio mixed / base (the
+issue's target: >= 0.95). A figure, not a test; run on a quiet machine.
+
+Usage: bench/bench_lora.py [--model models/bench/tinyllama-q4_0.gguf]
+       [--threads N] [--max-new 32] [--rounds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+REPO = Path(__file__).resolve().parents[1]
+MODS = {"q_proj": ("self_attn", 2048, 2048), "k_proj": ("self_attn", 256, 2048), "v_proj": ("self_attn", 256, 2048),
+        "o_proj": ("self_attn", 2048, 2048), "gate_proj": ("mlp", 5632, 2048), "up_proj": ("mlp", 5632, 2048),
+        "down_proj": ("mlp", 2048, 5632)}
+
+
+def make_adapter(d: Path, r: int, seed: int, n_layer: int = 22) -> None:
+    if (d / "adapter_model.safetensors").exists():
+        return
+    d.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    t = {}
+    for layer in range(n_layer):
+        for m, (blk, n_out, n_in) in MODS.items():
+            pre = f"base_model.model.model.layers.{layer}.{blk}.{m}"
+            t[pre + ".lora_A.weight"] = rng.normal(0, 0.02, (r, n_in)).astype(np.float32)
+            t[pre + ".lora_B.weight"] = rng.normal(0, 0.02, (n_out, r)).astype(np.float32)
+    save_file(t, str(d / "adapter_model.safetensors"))
+    (d / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": r, "lora_alpha": r, "target_modules": list(MODS)}))
+
+
+def run(args, prompts: list[str], loras: list[str]) -> dict:
+    pf = REPO / "bench/out/lora/prompts.txt"
+    pf.write_text("\n".join(prompts) + "\n")
+    cmd = [str(REPO / "build/inference-engine"), "--model", args.model, "--prompts-file", str(pf),
+           "--batch", "8", "--max-new", str(args.max_new), "--greedy", "--threads", str(args.threads)] + loras
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default=str(REPO / "models/bench/tinyllama-q4_0.gguf"))
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--max-new", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    names = {"a16": 16, "b16": 16, "c32": 32, "d32": 32}
+    loras = []
+    for i, (n, r) in enumerate(names.items()):
+        make_adapter(REPO / f"bench/out/lora/{n}", r, i)
+        loras += ["--lora", f"{n}={REPO / f'bench/out/lora/{n}'}"]
+    texts = [f"Once upon a time number {i}" for i in range(8)]
+    mixed = [f"@{list(names)[i % 4]} {t}" for i, t in enumerate(texts)]
+    base_tps, mix_tps = [], []
+    for _ in range(args.rounds):
+        base_tps.append(run(args, texts, loras)["decode_tps"])
+        m = run(args, mixed, loras)
+        assert sorted(m["adapters"]) == sorted(names), m["adapters"]
+        mix_tps.append(m["decode_tps"])
+    b, x = float(np.median(base_tps)), float(np.median(mix_tps))
+    print(json.dumps({"model": args.model, "threads": args.threads, "streams": 8, "adapters": names,
+                      "base_decode_tps": base_tps, "mixed_decode_tps": mix_tps,
+                      "median_base": b, "median_mixed": x, "ratio": x / b}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
