@@ -202,3 +202,55 @@ def test_tensor_plan_refused_clearly(tmp_path):
     cp = run_cli(["--model", fixture_path("tiny_llama"), "--prompt", "hi", "--max-new", 2, "--plan", "tensor:2",
                   "--lora", f"a={fixture_path('lora/qv8')}", "--threads", 2])
     assert cp.returncode == 3 and "not supported" in cp.stderr, cp.stderr
+
+
+# ---------------------------------------------------------------------- HTTP
+def http(url, body=None):
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def test_http_model_field_selects_adapter(tmp_path):
+    import re
+    import subprocess
+
+    from conftest import IE_BIN
+
+    proc = subprocess.Popen([str(IE_BIN), "serve", "--model", str(fixture_path("tiny_llama")), "--port", "0",
+                             "--threads", "2", "--batch", "4", "--precision", "f32", *map(str, LORAS)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        for line in proc.stderr:
+            m = re.match(r"listening on http://(\S+):(\d+)$", line.strip())
+            if m:
+                port = int(m.group(2))
+                break
+        assert port, "server did not start"
+        url = f"http://127.0.0.1:{port}"
+        st, js = http(url + "/v1/models")
+        models = js["data"]
+        assert [m["id"] for m in models] == ["tiny_llama", "qv8", "all16", "mlp"]
+        assert all(m.get("parent") == "tiny_llama" for m in models[1:])
+        assert http(url + "/v1/models/all16")[1]["parent"] == "tiny_llama"
+        for name in ["tiny_llama", "qv8", "all16"]:
+            extra = ["--adapter", name] if name != "tiny_llama" else []
+            ref = run_json(["--model", fixture_path("tiny_llama"), "--prompt", PROMPT, "--max-new", 6, "--greedy",
+                            "--threads", 2, "--precision", "f32", *LORAS, *extra])
+            st, js = http(url + "/v1/completions",
+                          {"model": name, "prompt": PROMPT, "max_tokens": 6, "temperature": 0})
+            assert st == 200, js
+            assert js["choices"][0]["text"] == ref["text"], name
+        st, _ = http(url + "/v1/completions", {"model": "nope", "prompt": PROMPT, "max_tokens": 2})
+        assert st == 404
+    finally:
+        proc.terminate()
+        assert proc.wait(60) == 0
