@@ -17,7 +17,8 @@
  * patterns, a tensor of a layer or shape the base lacks — is refused with
  * IE_ERR_UNSUPPORTED / IE_ERR_FORMAT naming the tensor or key.
  *
- * The weights are held as f32 (f16 and bf16 files are widened), in the
+ * The weights are held as bf16 when the file stores A and B as BF16, else
+ * as f32 (f16 is widened), in the
  * base model's row order: llama.cpp's converter permutes the q/k rows of a
  * Llama GGUF (IE_ROPE_NORMAL) and of its GGUF LoRAs' B, so a PEFT adapter
  * on such a base gets its q/k B rows permuted the same way, and a GGUF
@@ -54,8 +55,12 @@ typedef struct ie_lora_mat {
     int rank;
     int64_t n_in, n_out;
     float scale;
-    float *a;  /* [rank][n_in]  */
-    float *bt; /* [rank][n_out] */
+    float *a;      /* [rank][n_in]  f32, or NULL when bf16  */
+    float *bt;     /* [rank][n_out]                         */
+    uint16_t *a16; /* the same as bf16 bits: a file storing both
+                      A and B as BF16 is kept so (half the bytes
+                      each decode step streams); else NULL   */
+    uint16_t *bt16;
 } ie_lora_mat_t;
 
 typedef struct ie_lora {

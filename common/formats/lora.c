@@ -45,6 +45,8 @@ void ie_lora_destroy(ie_lora_t **self_p)
     for (int i = 0; a->mats && i < a->n_layer * IE_LORA_NMOD; i++) {
         free(a->mats[i].a);
         free(a->mats[i].bt);
+        free(a->mats[i].a16);
+        free(a->mats[i].bt16);
     }
     free(a->mats);
     free(a);
@@ -142,28 +144,43 @@ static ie_status_t put_mat(ie_lora_t *ad, const ie_hparams_t *hp, const char *wh
     if (mt->rank)
         return ie_error_set(IE_ERR_FORMAT, "%s: layer %d %s adapted twice ('%s')", what, l, k_mod_names[m],
                             A->name);
-    float *a = malloc((size_t)(r * n_in) * sizeof *a), *b = malloc((size_t)(r * n_out) * sizeof *b);
+    /* bf16 kept as bf16 (exact, half the bytes); anything else as f32 */
+    const int keep16 = A->dtype == IE_DTYPE_BF16 && B->dtype == IE_DTYPE_BF16;
+    const size_t es = keep16 ? sizeof(uint16_t) : sizeof(float);
+    void *a = malloc((size_t)(r * n_in) * es), *b = malloc((size_t)(r * n_out) * es);
     if (!a || !b) {
         free(a);
         free(b);
         return ie_error_set(IE_ERR_NOMEM, "out of memory");
     }
-    for (size_t i = 0; i < (size_t)(r * n_in); i++) a[i] = elem(A->dtype, A->data, i);
+    for (size_t i = 0; i < (size_t)(r * n_in); i++) {
+        if (keep16) memcpy((uint16_t *)a + i, (const char *)A->data + i * 2, 2);
+        else ((float *)a)[i] = elem(A->dtype, A->data, i);
+    }
     const int perm = permute && (m == IE_LORA_Q || m == IE_LORA_K) && hp->head_dim % 2 == 0;
     for (int64_t o = 0; o < n_out; o++) {
         const int64_t src = perm ? perm_row(o, hp->head_dim, permute == 1) : o;
-        for (int64_t j = 0; j < r; j++) b[j * n_out + o] = elem(B->dtype, B->data, (size_t)(src * r + j));
+        for (int64_t j = 0; j < r; j++) {
+            const size_t at = (size_t)(src * r + j), to = (size_t)(j * n_out + o);
+            if (keep16) memcpy((uint16_t *)b + to, (const char *)B->data + at * 2, 2);
+            else ((float *)b)[to] = elem(B->dtype, B->data, at);
+        }
     }
     mt->rank = (int)r;
     mt->n_in = n_in;
     mt->n_out = n_out;
     mt->scale = alpha == 0.0f ? 1.0f : alpha / (rslora ? sqrtf((float)r) : (float)r);
-    mt->a = a;
-    mt->bt = b;
+    if (keep16) {
+        mt->a16 = a;
+        mt->bt16 = b;
+    } else {
+        mt->a = a;
+        mt->bt = b;
+    }
     ad->mods |= 1u << m;
     ad->n_mats++;
     if (r > ad->max_rank) ad->max_rank = (int)r;
-    ad->bytes += (uint64_t)(r * (n_in + n_out)) * sizeof(float);
+    ad->bytes += (uint64_t)(r * (n_in + n_out)) * es;
     return IE_OK;
 }
 

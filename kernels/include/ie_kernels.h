@@ -98,7 +98,8 @@ typedef void (*ie_matmul_fn)(const void *w, int64_t n_in, int64_t r0, int64_t r1
  * strides let a tensor-parallel rank run its slice of A's columns or of
  * B's rows in place. */
 typedef struct ie_lora_args {
-    const float *a, *bt;
+    const float *a, *bt;        /* lora_f32's weights                 */
+    const uint16_t *a16, *bt16; /* lora_bf16's: the same, bf16 bits   */
     int64_t lda, ldb;
     int rank;
     int64_t n_in, n_out;
@@ -212,6 +213,10 @@ typedef struct ie_kernels {
      * the oracle; the SIMD twins sum in another order (agree within
      * float rounding). Any rank >= 1, n_in, n_out >= 1. */
     void (*lora_f32)(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp);
+    /* The same with A and B^T in bf16 (p->a16, p->bt16; widened exactly
+     * to f32 as they are read, so it equals lora_f32 on the widened
+     * weights within the same rounding). ie_lora_bf16_ref the oracle. */
+    void (*lora_bf16)(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp);
     /* ie_stream_read at this ISA's load width (the same result). */
     uint64_t (*stream_read)(const void *p, size_t n);
 } ie_kernels_t;
@@ -264,6 +269,7 @@ int ie_quantize_row(ie_dtype_t t, const float *src, void *dst, int64_t n);
 /* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]; out may alias x. */
 void ie_rmsnorm_f32(float *out, const float *x, const float *w, int64_t n, float eps);
 void ie_lora_f32_ref(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp);
+void ie_lora_bf16_ref(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp);
 
 /* In-place softmax over n values. */
 void ie_softmax_f32(float *x, int64_t n);

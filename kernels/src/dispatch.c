@@ -200,6 +200,7 @@ static const ie_kernels_t g_kernels[3] = {
             .softmax = ie_softmax_sink_f32,
             .rmsnorm = ie_rmsnorm_f32,
             .lora_f32 = ie_lora_f32_ref,
+            .lora_bf16 = ie_lora_bf16_ref,
             .stream_read = ie_stream_read,
         },
     [IE_ISA_AVX2] =
@@ -229,6 +230,7 @@ static const ie_kernels_t g_kernels[3] = {
             .softmax = ie_softmax_sink_f32,
             .rmsnorm = ie_rmsnorm_f32_avx2,
             .lora_f32 = ie_lora_f32_avx2,
+            .lora_bf16 = ie_lora_bf16_avx2,
             .stream_read = ie_stream_read_avx2,
         },
     [IE_ISA_AVX512] =
@@ -258,6 +260,7 @@ static const ie_kernels_t g_kernels[3] = {
             .softmax = ie_softmax_sink_f32_avx512,
             .rmsnorm = ie_rmsnorm_f32_avx512,
             .lora_f32 = ie_lora_f32_avx512,
+            .lora_bf16 = ie_lora_bf16_avx512,
             /* 32-byte loads here too: a 2-thread read of DRAM measured 1.07x (low
          * bandwidth phase) to 1.13x (high) the rate of 64-byte loads on Zen 4 */
             .stream_read = ie_stream_read_avx2,

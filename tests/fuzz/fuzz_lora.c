@@ -32,8 +32,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             const ie_lora_mat_t *mt = ie_lora_mat(a, l, (ie_lora_mod_t)m);
             if (!mt->rank) continue;
             float s = 0;
-            for (int64_t i = 0; i < mt->rank * mt->n_in; i++) s += mt->a[i];
-            for (int64_t i = 0; i < mt->rank * mt->n_out; i++) s += mt->bt[i];
+            for (int64_t i = 0; i < mt->rank * mt->n_in; i++) s += mt->a ? mt->a[i] : (float)mt->a16[i];
+            for (int64_t i = 0; i < mt->rank * mt->n_out; i++) s += mt->bt ? mt->bt[i] : (float)mt->bt16[i];
             g_sink += s;
         }
     ie_lora_destroy(&a);

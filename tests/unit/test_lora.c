@@ -1,5 +1,6 @@
 /* test_lora.c — LoRA adapters (issue 20):
- *   - the lora_f32 kernels: every ISA's twin against ie_lora_f32_ref on odd
+ *   - the lora_f32 / lora_bf16 kernels: every ISA's twin against
+ *     ie_lora_f32_ref (on the bf16 weights widened) on odd
  *     ranks (1..64), group sizes, shapes and strides, rows picked out of
  *     order, and against a double-precision sum;
  *   - the loader (ie_lora_load_peft_memory, ie_lora_load): good adapters,
@@ -11,6 +12,7 @@
  *     gives every slot the logits of its solo run, an adapter changes the
  *     logits, and a bad adapter id is refused before anything runs.
  * The numerical reference (peft) is tests/e2e/test_lora.py. */
+#include "ie_dtype.h"
 #include "ie_kernels.h"
 #include "ie_lora.h"
 #include "ie_test_writer.h"
@@ -42,6 +44,7 @@ static void test_kernels(void)
         const ie_kernels_t *k = ie_kernels_get((ie_isa_t)isa);
         if (!k) continue;
         CU_ASSERT_PTR_NOT_NULL_FATAL(k->lora_f32);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(k->lora_bf16);
         for (size_t ri = 0; ri < sizeof ranks / sizeof *ranks; ri++)
             for (size_t ii = 0; ii < sizeof ins / sizeof *ins; ii++)
                 for (size_t oi = 0; oi < sizeof outs / sizeof *outs; oi++) {
@@ -61,10 +64,20 @@ static void test_kernels(void)
                     /* a group of odd size, out of order, skipping rows */
                     const int32_t rows[] = {7, 2, 9, 0, 4};
                     const int n_rows = 1 + (int)((ri + ii + oi) % 5);
-                    ie_lora_args_t p = {a, bt, lda, ldb, r, n_in, n_out, 0.75f, x, ldx, y0, ldy};
-                    ie_lora_f32_ref(&p, rows, n_rows, tmp);
+                    /* bf16 weights: the f32 ones rounded, and their bits */
+                    uint16_t *a16 = malloc(sizeof(uint16_t) * (size_t)(r * lda));
+                    uint16_t *b16 = malloc(sizeof(uint16_t) * (size_t)(r * ldb));
+                    const int bf = (int)((ri + oi) % 2); /* half the shapes in bf16 */
+                    if (bf) {
+                        for (int64_t i = 0; i < r * lda; i++)
+                            a16[i] = ie_f32_to_bf16(a[i]), a[i] = ie_bf16_to_f32(a16[i]);
+                        for (int64_t i = 0; i < r * ldb; i++)
+                            b16[i] = ie_f32_to_bf16(bt[i]), bt[i] = ie_bf16_to_f32(b16[i]);
+                    }
+                    ie_lora_args_t p = {a, bt, a16, b16, lda, ldb, r, n_in, n_out, 0.75f, x, ldx, y0, ldy};
+                    ie_lora_f32_ref(&p, rows, n_rows, tmp); /* the oracle: f32 on the widened weights */
                     p.y = y1;
-                    k->lora_f32(&p, rows, n_rows, tmp);
+                    (bf ? k->lora_bf16 : k->lora_f32)(&p, rows, n_rows, tmp);
                     int bad = 0;
                     for (int t = 0; t < max_rows; t++)
                         for (int64_t o = 0; o < ldy; o++) {
@@ -77,7 +90,7 @@ static void test_kernels(void)
                                 (long long)n_in, (long long)n_out, n_rows, bad);
                     /* untouched rows stay as they were (row 1 is never in the group) */
                     CU_ASSERT(y1[1 * ldy] == y0[1 * ldy]);
-                    free(a), free(bt), free(x), free(y0), free(y1), free(tmp);
+                    free(a), free(bt), free(x), free(y0), free(y1), free(tmp), free(a16), free(b16);
                 }
     }
 }
@@ -93,7 +106,7 @@ static void test_kernel_exact(void)
     for (size_t i = 0; i < sizeof bt / sizeof *bt; i++) bt[i] = frand(&seed);
     for (size_t i = 0; i < sizeof x / sizeof *x; i++) x[i] = frand(&seed);
     const int32_t rows[] = {1};
-    ie_lora_args_t p = {a, bt, n_in, n_out, r, n_in, n_out, 2.0f, x, n_in, y, n_out};
+    ie_lora_args_t p = {a, bt, NULL, NULL, n_in, n_out, r, n_in, n_out, 2.0f, x, n_in, y, n_out};
     ie_lora_f32_ref(&p, rows, 1, tmp);
     for (int64_t o = 0; o < n_out; o++) {
         double s = 0;
@@ -152,6 +165,8 @@ static void test_loader_memory(void)
     CU_ASSERT_PTR_NULL(ie_lora_mat(ad, 2, IE_LORA_Q));
     ie_lora_destroy(&ad);
     CU_ASSERT_EQUAL(load_mem(k_cfg, QA, a4, QB, b4, "BF16", &ad), IE_OK);
+    m = ad ? ie_lora_mat(ad, 0, IE_LORA_Q) : NULL;
+    CU_ASSERT(m && m->a16 && m->bt16 && !m->a && !m->bt); /* kept as bf16 */
     ie_lora_destroy(&ad);
     /* rslora: alpha / sqrt(r) */
     CU_ASSERT_EQUAL(load_mem("{\"r\":4,\"lora_alpha\":8,\"use_rslora\":true}", QA, a4, QB, b4, "F16", &ad), IE_OK);

@@ -4,7 +4,7 @@
  * The base matmul runs once for every token of the step; then, for each
  * adapter the step uses, the tokens that asked for it (grouped once per
  * step, worker_lora_group) get y += scale * B (A x) through the kernels'
- * lora_f32 — A is read once per group and row of the shrink, B^T once per
+ * lora_f32 (lora_bf16 for an adapter kept in bf16) — A is read once per group and row of the shrink, B^T once per
  * token of the expand. Adapters are never merged into the base weights.
  * A tensor-parallel rank runs its slice in place: B's rows of the
  * row-split projections (q, k, v, gate, up: the rows the rank's output
@@ -117,6 +117,8 @@ static int lora_args(const ie_worker_t *w, int l, ie_lora_mod_t m, int g, float 
     if (!mt || !mt->rank) return 0;
     *p = (ie_lora_args_t){.a = mt->a,
                           .bt = mt->bt,
+                          .a16 = mt->a16,
+                          .bt16 = mt->bt16,
                           .lda = mt->n_in,
                           .ldb = mt->n_out,
                           .rank = mt->rank,
@@ -125,16 +127,20 @@ static int lora_args(const ie_worker_t *w, int l, ie_lora_mod_t m, int g, float 
                           .scale = mt->scale * w->lora[id].scale,
                           .x = x,
                           .y = y};
+    /* element offsets of the slice (f32 or bf16 alike) */
+    int64_t a_off = 0, b_off = 0;
     switch (m) {
-    case IE_LORA_Q: p->bt += (size_t)sh->head_begin * hd, p->n_out = w->q_dim; break;
+    case IE_LORA_Q: b_off = (int64_t)sh->head_begin * hd, p->n_out = w->q_dim; break;
     case IE_LORA_K:
-    case IE_LORA_V: p->bt += (size_t)sh->kv_head_begin * hd, p->n_out = w->kv_dim; break;
+    case IE_LORA_V: b_off = (int64_t)sh->kv_head_begin * hd, p->n_out = w->kv_dim; break;
     case IE_LORA_GATE:
-    case IE_LORA_UP: p->bt += sh->ff_begin, p->n_out = w->ff_loc; break;
-    case IE_LORA_O: p->a += (size_t)sh->head_begin * hd, p->n_in = w->q_dim; break;
-    case IE_LORA_DOWN: p->a += sh->ff_begin, p->n_in = w->ff_loc; break;
+    case IE_LORA_UP: b_off = sh->ff_begin, p->n_out = w->ff_loc; break;
+    case IE_LORA_O: a_off = (int64_t)sh->head_begin * hd, p->n_in = w->q_dim; break;
+    case IE_LORA_DOWN: a_off = sh->ff_begin, p->n_in = w->ff_loc; break;
     default: break;
     }
+    if (mt->a16) p->a16 += a_off, p->bt16 += b_off;
+    else p->a += a_off, p->bt += b_off;
     p->ldx = p->n_in;
     p->ldy = p->n_out;
     return 1;
@@ -162,8 +168,9 @@ static void lora_run(void *ctx, int ith, int nth)
         float *tmp = w->lora_tmp + (size_t)j->mi[k] * (size_t)w->opts.max_batch * (size_t)w->lora_tmp_rank;
         for (int r = 0; r < gr->n; r++, u++)
             if (u % nth == ith)
-                w->ops->lora_f32(&j->args[k], w->lora_rows + gr->first + r, 1,
-                                 tmp + (size_t)(gr->first + r) * (size_t)j->args[k].rank);
+                (j->args[k].a16 ? w->ops->lora_bf16
+                                : w->ops->lora_f32)(&j->args[k], w->lora_rows + gr->first + r, 1,
+                                                    tmp + (size_t)(gr->first + r) * (size_t)j->args[k].rank);
     }
 }
 
