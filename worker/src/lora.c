@@ -4,8 +4,9 @@
  * The base matmul runs once for every token of the step; then, for each
  * adapter the step uses, the tokens that asked for it (grouped once per
  * step, worker_lora_group) get y += scale * B (A x) through the kernels'
- * lora_f32 (lora_bf16 for an adapter kept in bf16) — A is read once per group and row of the shrink, B^T once per
- * token of the expand. Adapters are never merged into the base weights.
+ * lora_f32 (lora_bf16 for an adapter kept in bf16), one row at a time,
+ * the rows of q/k/v (gate/up) in one pool job when the work outweighs a
+ * fork/join. Adapters are never merged into the base weights.
  * A tensor-parallel rank runs its slice in place: B's rows of the
  * row-split projections (q, k, v, gate, up: the rows the rank's output
  * holds), A's columns of the column-split ones (o, down: the partial sum
