@@ -12,7 +12,7 @@ and reports decode tokens/s of each and the ratio mixed / base (the
 issue's target: >= 0.95). A figure, not a test; run on a quiet machine.
 
 Usage: bench/bench_lora.py [--model models/bench/tinyllama-q4_0.gguf]
-       [--threads N] [--max-new 32] [--rounds 3]
+       [--threads N] [--max-new 32] [--rounds 3] [--dtype bf16|f32]
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ MODS = {"q_proj": ("self_attn", 2048, 2048), "k_proj": ("self_attn", 256, 2048),
         "down_proj": ("mlp", 2048, 5632)}
 
 
-def make_adapter(d: Path, r: int, seed: int, n_layer: int = 22) -> None:
+def make_adapter(d: Path, r: int, seed: int, dtype: str, n_layer: int = 22) -> None:
     if (d / "adapter_model.safetensors").exists():
         return
     d.mkdir(parents=True, exist_ok=True)
@@ -43,7 +43,13 @@ def make_adapter(d: Path, r: int, seed: int, n_layer: int = 22) -> None:
             pre = f"base_model.model.model.layers.{layer}.{blk}.{m}"
             t[pre + ".lora_A.weight"] = rng.normal(0, 0.02, (r, n_in)).astype(np.float32)
             t[pre + ".lora_B.weight"] = rng.normal(0, 0.02, (n_out, r)).astype(np.float32)
-    save_file(t, str(d / "adapter_model.safetensors"))
+    if dtype == "bf16":  # truncated to bf16 bits, written through torch (safetensors.numpy has no bf16)
+        import torch
+        from safetensors.torch import save_file as save_torch
+        save_torch({k: torch.from_numpy(v).to(torch.bfloat16) for k, v in t.items()},
+                   str(d / "adapter_model.safetensors"))
+    else:
+        save_file(t, str(d / "adapter_model.safetensors"))
     (d / "adapter_config.json").write_text(json.dumps(
         {"peft_type": "LORA", "r": r, "lora_alpha": r, "target_modules": list(MODS)}))
 
@@ -63,12 +69,14 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=os.cpu_count())
     ap.add_argument("--max-new", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="bf16", help="adapter weights (bf16 needs torch)")
     args = ap.parse_args()
     names = {"a16": 16, "b16": 16, "c32": 32, "d32": 32}
     loras = []
     for i, (n, r) in enumerate(names.items()):
-        make_adapter(REPO / f"bench/out/lora/{n}", r, i)
-        loras += ["--lora", f"{n}={REPO / f'bench/out/lora/{n}'}"]
+        d = REPO / f"bench/out/lora/{args.dtype}/{n}"
+        make_adapter(d, r, i, args.dtype)
+        loras += ["--lora", f"{n}={d}"]
     texts = [f"Once upon a time number {i}" for i in range(8)]
     mixed = [f"@{list(names)[i % 4]} {t}" for i, t in enumerate(texts)]
     base_tps, mix_tps = [], []
@@ -79,6 +87,7 @@ def main() -> int:
         mix_tps.append(m["decode_tps"])
     b, x = float(np.median(base_tps)), float(np.median(mix_tps))
     print(json.dumps({"model": args.model, "threads": args.threads, "streams": 8, "adapters": names,
+                      "dtype": args.dtype,
                       "base_decode_tps": base_tps, "mixed_decode_tps": mix_tps,
                       "median_base": b, "median_mixed": x, "ratio": x / b}))
     return 0
