@@ -7,7 +7,7 @@ JOBS ?= $(shell nproc)
 # environment variable of that name works too).
 IE_WERROR ?= OFF
 
-.PHONY: all build test check-install docs format-check test-distributed test-serving bench bench-quick bench-distributed bench-serve bench-decode bench-kquant fuzz reference asan tsan clean
+.PHONY: all build test check-install docs format-check test-distributed test-serving bench bench-quick bench-distributed bench-serve bench-decode bench-kquant profile fuzz reference asan tsan clean
 
 all: build
 
@@ -86,6 +86,12 @@ KQUANT_TOKENS ?= 48
 KQUANT_ROUNDS ?= 1
 bench-kquant: build
 	.venv/bin/python bench/bench_kquant.py --build $(BUILD) --tokens $(KQUANT_TOKENS) --rounds $(KQUANT_ROUNDS)
+
+# Issue 24: record a real generate run with perf and write its folded stacks
+# (and a flame graph when flamegraph.pl or inferno is installed) to
+# bench/out/profile.*; fails with a message where perf cannot run.
+profile: build
+	BUILD=$(BUILD) scripts/profile.sh
 
 # Issue 5: SmolLM2 decode/prefill, embedded (2 threads) vs --plan tensor:2 /
 # pipeline:2 in-process vs ie-coordinator + 2 ie-worker processes on loopback

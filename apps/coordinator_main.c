@@ -52,6 +52,16 @@ static void usage(FILE *f)
           "  --http-port N --http-addr A       OpenAI-compatible HTTP API, /metrics included\n"
           "                                    (off / 127.0.0.1; docs/HTTP.md)\n"
           "  --api-key KEY            the HTTP API requires 'Authorization: Bearer KEY' (env IE_API_KEY)\n"
+          "  --step-timeout-ms N      a step not answered within N ms fails and its ranks are assigned\n"
+          "                           again (30000)\n"
+          "  --drain-ms N             on SIGTERM, refuse new requests and let running ones finish for\n"
+          "                           up to N ms (30000)\n"
+          "  --prefill-chunk N        prompt tokens per step while streams decode (32)\n"
+          "  --max-msg N              client (ZeroMQ) message bytes at most (1048576)\n"
+          "  --max-body N             HTTP request body bytes at most, more is 413 (1048576)\n"
+          "  --http-read-timeout-ms N --http-max-conns N --http-max-conns-per-addr N\n"
+          "                           a connection's whole request within N ms (10000); open HTTP\n"
+          "                           connections (1024) and per client address (256)\n"
           "  --keys-dir DIR --key NAME          CURVE: this coordinator's key pair\n"
           "  --authorized DIR         CURVE: public keys (*.pub) of workers and clients allowed in\n"
           "  --cpu-latency-us N       hold a PM QoS request: CPUs wake within N us (0: idle CPUs poll;\n"
@@ -69,7 +79,8 @@ int main(int argc, char **argv)
     const char *model = NULL, *bind = "tcp://127.0.0.1:5555", *client_bind = "tcp://127.0.0.1:5556";
     const char *metrics_addr = "127.0.0.1", *keys_dir = NULL, *key_name = NULL, *authorized = NULL;
     long workers = 2, ctx = 0, batch = 4, max_batch = 256, queue = 64, hb = 250, dead = 2000, metrics_port = 0;
-    long retry_ms = 10000, timeout_ms = 0, http_port = 0;
+    long retry_ms = 10000, timeout_ms = 0, http_port = 0, step_timeout_ms = 30000, drain_ms = 30000;
+    long prefill_chunk = 0, max_msg = 1 << 20, max_body = 1 << 20, read_ms = 0, conns = 0, conns_addr = 0;
     const char *http_addr = "127.0.0.1", *api_key = NULL, *cpulat = NULL;
     char *model_name = NULL;
     ie_http_t *http = NULL;
@@ -89,13 +100,18 @@ int main(int argc, char **argv)
     if (ie_cli_config_expand(argc, argv, &ac, &av, err, sizeof err) != 0) {
         return ie_cli_fail(IE_EXIT_USAGE, "%s", err);
     }
-    enum { O_WORKERS = 1, O_BIND, O_CBIND, O_HB, O_DEAD, O_HELP, O_RETRY, O_HPORT, O_HADDR };
-    static const struct option lo[] = {
-        {"workers", required_argument, 0, O_WORKERS},   {"bind", required_argument, 0, O_BIND},
-        {"client-bind", required_argument, 0, O_CBIND}, {"heartbeat-ms", required_argument, 0, O_HB},
-        {"dead-ms", required_argument, 0, O_DEAD},      {"help", no_argument, 0, O_HELP},
-        {"retry-ms", required_argument, 0, O_RETRY},    {"http-port", required_argument, 0, O_HPORT},
-        {"http-addr", required_argument, 0, O_HADDR},   {0, 0, 0, 0}};
+    enum { O_WORKERS = 1, O_BIND, O_CBIND, O_HB, O_DEAD, O_HELP, O_RETRY, O_HPORT, O_HADDR, O_STEP_TMO };
+    static const struct option lo[] = {{"workers", required_argument, 0, O_WORKERS},
+                                       {"bind", required_argument, 0, O_BIND},
+                                       {"client-bind", required_argument, 0, O_CBIND},
+                                       {"heartbeat-ms", required_argument, 0, O_HB},
+                                       {"dead-ms", required_argument, 0, O_DEAD},
+                                       {"help", no_argument, 0, O_HELP},
+                                       {"retry-ms", required_argument, 0, O_RETRY},
+                                       {"http-port", required_argument, 0, O_HPORT},
+                                       {"http-addr", required_argument, 0, O_HADDR},
+                                       {"step-timeout-ms", required_argument, 0, O_STEP_TMO},
+                                       {0, 0, 0, 0}};
     const char *plan_s = NULL;
     const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_MODEL, &model),
                                    IE_CLI_PICK(IE_FLAG_PLAN, &plan_s),
@@ -115,7 +131,14 @@ int main(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache),
                                    IE_CLI_PICK_RANGE(IE_FLAG_TIMEOUT_MS, &timeout_ms, 0, 86400000),
                                    IE_CLI_PICK(IE_FLAG_API_KEY, &api_key),
-                                   IE_CLI_PICK(IE_FLAG_CPU_LATENCY, &cpulat)};
+                                   IE_CLI_PICK(IE_FLAG_CPU_LATENCY, &cpulat),
+                                   IE_CLI_PICK(IE_FLAG_DRAIN_MS, &drain_ms),
+                                   IE_CLI_PICK(IE_FLAG_PREFILL_CHUNK, &prefill_chunk),
+                                   IE_CLI_PICK(IE_FLAG_MAX_MSG, &max_msg),
+                                   IE_CLI_PICK(IE_FLAG_MAX_BODY, &max_body),
+                                   IE_CLI_PICK(IE_FLAG_HTTP_READ_MS, &read_ms),
+                                   IE_CLI_PICK(IE_FLAG_HTTP_CONNS, &conns),
+                                   IE_CLI_PICK(IE_FLAG_HTTP_PER_ADDR, &conns_addr)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, ac, av, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -133,6 +156,7 @@ int main(int argc, char **argv)
         case O_RETRY: bad = ie_cli_parse_long(optarg, 0, 3600000, &retry_ms); break;
         case O_HPORT: bad = ie_cli_parse_long(optarg, 0, 65535, &http_port); break;
         case O_HADDR: http_addr = optarg; break;
+        case O_STEP_TMO: bad = ie_cli_parse_long(optarg, 100, 3600000, &step_timeout_ms); break;
         case O_HELP: usage(stdout); goto cleanup;
         default:
             rc = ie_cli_fail(IE_EXIT_USAGE, "unknown or incomplete option '%s' (see --help)", av[optind - 1]);
@@ -184,10 +208,13 @@ int main(int argc, char **argv)
     eo.cluster_wait_ms = -1; /* serve (with "unavailable" answers) while workers join */
     eo.heartbeat_ms = (int)hb;
     eo.dead_ms = (int)dead;
+    eo.step_timeout_ms = (int)step_timeout_ms;
     eo.net = net;
     eo.metrics = metrics;
     if ((st = ie_engine_open(&eo, &eng)) != IE_OK) goto fail;
     if ((st = ie_sock_new(net, IE_SOCK_ROUTER, &client)) != IE_OK) goto fail;
+    if ((st = ie_sock_set_max_msg(client, max_msg)) != IE_OK) goto fail;
+    if ((st = ie_sock_watch_peers(client, IE_SERVE_CLIENT_HEARTBEAT_MS)) != IE_OK) goto fail;
     char cep[300];
     if ((st = ie_sock_bind(client, client_bind, cep, sizeof cep)) != IE_OK) goto fail;
     ie_backend_stats_t bs;
@@ -202,6 +229,7 @@ int main(int argc, char **argv)
     ie_engine_sched_opts(eng, &scho);
     scho.queue_max = (int)queue;
     scho.retry_ms = (int)retry_ms;
+    scho.prefill_chunk = (int)prefill_chunk;
     scho.metrics = metrics;
     if ((st = ie_sched_new(&scho, &sched)) != IE_OK) goto fail;
     ie_serve_opts_t so = {.engine = eng,
@@ -210,6 +238,7 @@ int main(int argc, char **argv)
                           .stop = &g_stop,
                           .metrics = metrics,
                           .request_timeout_ms = (int)timeout_ms,
+                          .drain_ms = (int)drain_ms,
                           .verbose = verbose};
     if (http_port > 0) {
         ie_http_opts_t ho = {.engine = eng,
@@ -219,6 +248,10 @@ int main(int argc, char **argv)
                              .api_key = api_key ? api_key : getenv("IE_API_KEY"),
                              .metrics = metrics,
                              .request_timeout_ms = (int)timeout_ms,
+                             .max_body = (int)max_body,
+                             .read_timeout_ms = (int)read_ms,
+                             .max_conns = (int)conns,
+                             .max_conns_per_addr = (int)conns_addr,
                              .verbose = verbose};
         if (ho.api_key && !*ho.api_key) ho.api_key = NULL;
         if (!(model_name = ie_cli_base_name(model))) {

@@ -35,7 +35,8 @@ apt_pkgs=(build-essential cmake pkg-config git python3 python3-venv python3-pip
           libpcre2-dev libcjson-dev libcunit1-dev libxxhash-dev clang libclang-rt-14-dev
           unzip
           libzmq3-dev libsodium-dev libmsgpack-dev libnuma-dev libhwloc-dev libsystemd-dev
-          libmicrohttpd-dev prometheus iproute2 systemd doxygen clang-format)
+          libmicrohttpd-dev prometheus iproute2 systemd doxygen clang-format
+          linux-perf time)
 if [ "${IE_SETUP_SKIP_APT:-0}" != 1 ]; then
   missing=()
   for p in "${apt_pkgs[@]}"; do

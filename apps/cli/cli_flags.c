@@ -47,6 +47,13 @@ static const flag_t FLAGS[] = {
     {"key", IE_FLAG_KEY, FK_STR, 0, 0},
     {"authorized", IE_FLAG_AUTHORIZED, FK_STR, 0, 0},
     {"cpu-latency-us", IE_FLAG_CPU_LATENCY, FK_STR, 0, 0},
+    {"drain-ms", IE_FLAG_DRAIN_MS, FK_LONG, 0, 1L << 30},
+    {"max-msg", IE_FLAG_MAX_MSG, FK_LONG, 1024, 1L << 30},
+    {"max-body", IE_FLAG_MAX_BODY, FK_LONG, 1024, 1L << 30},
+    {"prefill-chunk", IE_FLAG_PREFILL_CHUNK, FK_LONG, 1, 1 << 16},
+    {"http-read-timeout-ms", IE_FLAG_HTTP_READ_MS, FK_LONG, 100, 1L << 30},
+    {"http-max-conns", IE_FLAG_HTTP_CONNS, FK_LONG, 1, 1 << 16},
+    {"http-max-conns-per-addr", IE_FLAG_HTTP_PER_ADDR, FK_LONG, 1, 1 << 16},
     {"lora", IE_FLAG_LORA, FK_LORA, 0, 0},
     {"adapter", IE_FLAG_ADAPTER, FK_STR_NONEMPTY, 0, 0},
 };

@@ -48,6 +48,14 @@ static void usage(FILE *f)
           "  --queue N             waiting requests at most; more are answered 429 (64)\n"
           "  --timeout-ms N        per-request limit, 504 after it (0: none)\n"
           "  --max-body N          request body bytes at most, more is 413 (1048576)\n"
+          "  --max-msg N           ZeroMQ request message bytes at most; a larger frame drops its\n"
+          "                        connection (1048576)\n"
+          "  --http-read-timeout-ms N  a connection's whole request must arrive within N ms (10000)\n"
+          "  --http-max-conns N    open HTTP connections at most (1024)\n"
+          "  --http-max-conns-per-addr N  ... from one client address (256)\n"
+          "  --prefill-chunk N     prompt tokens per step while streams decode (32)\n"
+          "  --drain-ms N          on SIGTERM, refuse new requests and let running ones finish\n"
+          "                        for up to N ms (30000)\n"
           "  --precision P         weights: native, f32, bf16, f16, int8w, int4w (native)\n"
           "  --plan P              none, pipeline:N or tensor:N in-process workers (env IE_PLAN)\n"
           "  --zmq-bind EP         also serve ZeroMQ clients (docs/PROTOCOL.md) on EP\n"
@@ -59,18 +67,18 @@ static void usage(FILE *f)
 /* Contract (ie_cli.h): the serve mode; returns the process exit code. */
 int ie_cli_serve(int argc, char **argv)
 {
-    enum { O_HOST = 256, O_PORT, O_NAME, O_BODY, O_ZMQ, O_HELP };
+    enum { O_HOST = 256, O_PORT, O_NAME, O_ZMQ, O_HELP };
     static const struct option lo[] = {{"host", required_argument, 0, O_HOST},
                                        {"port", required_argument, 0, O_PORT},
                                        {"model-name", required_argument, 0, O_NAME},
-                                       {"max-body", required_argument, 0, O_BODY},
                                        {"zmq-bind", required_argument, 0, O_ZMQ},
                                        {"help", no_argument, 0, O_HELP},
                                        {0, 0, 0, 0}};
     const char *model = NULL, *host = "127.0.0.1", *api_key = NULL, *model_name = NULL, *plan = NULL,
                *zmq_bind = NULL;
     long port = 8080, threads = sysconf(_SC_NPROCESSORS_ONLN), batch = 8, max_batch = 256, ctx = 0, queue = 64,
-         timeout_ms = 0, max_body = 1 << 20, kv_block = 0, kv_blocks = 0;
+         timeout_ms = 0, max_body = 1 << 20, kv_block = 0, kv_blocks = 0, max_msg = 1 << 20, drain_ms = 30000,
+         prefill_chunk = 0, read_ms = 0, conns = 0, conns_addr = 0;
     int pin = 1, verbose = 0, prefix_cache = 1, rc = IE_EXIT_OK, c;
     ie_precision_t prec = IE_PREC_NATIVE;
     char *default_name = NULL;
@@ -100,6 +108,13 @@ int ie_cli_serve(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_KV_BLOCK, &kv_block),
                                    IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks),
                                    IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache),
+                                   IE_CLI_PICK(IE_FLAG_MAX_BODY, &max_body),
+                                   IE_CLI_PICK(IE_FLAG_MAX_MSG, &max_msg),
+                                   IE_CLI_PICK(IE_FLAG_DRAIN_MS, &drain_ms),
+                                   IE_CLI_PICK(IE_FLAG_PREFILL_CHUNK, &prefill_chunk),
+                                   IE_CLI_PICK(IE_FLAG_HTTP_READ_MS, &read_ms),
+                                   IE_CLI_PICK(IE_FLAG_HTTP_CONNS, &conns),
+                                   IE_CLI_PICK(IE_FLAG_HTTP_PER_ADDR, &conns_addr),
                                    IE_CLI_PICK(IE_FLAG_LORA, &loras)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
@@ -114,7 +129,6 @@ int ie_cli_serve(int argc, char **argv)
             model_name = optarg;
             bad = !*optarg;
             break;
-        case O_BODY: bad = ie_cli_parse_long(optarg, 1024, 1L << 30, &max_body); break;
         case O_ZMQ: zmq_bind = optarg; break;
         case O_HELP: usage(stdout); goto cleanup;
         default:
@@ -179,11 +193,14 @@ int ie_cli_serve(int argc, char **argv)
     ie_sched_opts_t so;
     ie_engine_sched_opts(eng, &so);
     so.queue_max = (int)queue;
+    so.prefill_chunk = (int)prefill_chunk;
     so.metrics = metrics;
     if ((st = ie_sched_new(&so, &sched)) != IE_OK) goto fail;
     if (zmq_bind) {
         char ep[300];
         if ((st = ie_sock_new(net, IE_SOCK_ROUTER, &sock)) != IE_OK) goto fail;
+        if ((st = ie_sock_set_max_msg(sock, max_msg)) != IE_OK) goto fail;
+        if ((st = ie_sock_watch_peers(sock, IE_SERVE_CLIENT_HEARTBEAT_MS)) != IE_OK) goto fail;
         if ((st = ie_sock_bind(sock, zmq_bind, ep, sizeof ep)) != IE_OK) goto fail;
         fprintf(stderr, "serve: ZeroMQ clients at %s\n", ep);
     }
@@ -196,6 +213,9 @@ int ie_cli_serve(int argc, char **argv)
                          .metrics = metrics,
                          .request_timeout_ms = (int)timeout_ms,
                          .max_body = (int)max_body,
+                         .read_timeout_ms = (int)read_ms,
+                         .max_conns = (int)conns,
+                         .max_conns_per_addr = (int)conns_addr,
                          .verbose = verbose};
     if ((st = ie_http_start(&ho, &http)) != IE_OK) goto fail;
     int v6 = strchr(host, ':') != NULL;
@@ -209,6 +229,7 @@ int ie_cli_serve(int argc, char **argv)
     sv.sock = sock;
     sv.request_timeout_ms = (int)timeout_ms;
     sv.stop = &g_stop;
+    sv.drain_ms = (int)drain_ms;
     sv.metrics = metrics;
     sv.verbose = verbose;
     if ((st = ie_serve_run(&sv)) != IE_OK) goto fail;

@@ -47,6 +47,13 @@ typedef enum ie_flag_id {
     IE_FLAG_KEY,            /* --key NAME                         const char * */
     IE_FLAG_AUTHORIZED,     /* --authorized FILE                  const char * */
     IE_FLAG_CPU_LATENCY,    /* --cpu-latency-us US                const char * */
+    IE_FLAG_DRAIN_MS,       /* --drain-ms N (0..2^30)             long         */
+    IE_FLAG_MAX_MSG,        /* --max-msg N (1024..2^30)           long         */
+    IE_FLAG_MAX_BODY,       /* --max-body N (1024..2^30)          long         */
+    IE_FLAG_PREFILL_CHUNK,  /* --prefill-chunk N (1..65536)       long         */
+    IE_FLAG_HTTP_READ_MS,   /* --http-read-timeout-ms N (100..)   long         */
+    IE_FLAG_HTTP_CONNS,     /* --http-max-conns N (1..65536)      long         */
+    IE_FLAG_HTTP_PER_ADDR,  /* --http-max-conns-per-addr N        long         */
     IE_FLAG_LORA,           /* --lora NAME=PATH (repeatable)      ie_cli_loras_t */
     IE_FLAG_ADAPTER,        /* --adapter NAME (not empty)         const char * */
     IE_FLAG_END

@@ -108,6 +108,29 @@ ie_status_t ie_sock_send(ie_sock_t *s, const ie_frame_t *frames, int n, int time
  * than 64 frames or 1 GiB is dropped with IE_ERR_FORMAT. */
 ie_status_t ie_sock_recv(ie_sock_t *s, ie_parts_t *p, int timeout_ms);
 
+/* Cap one received message at `bytes` (1..1 GiB; the default is 1 GiB).
+ * Set it before bind/connect: it applies to connections made afterwards. A
+ * peer that sends a larger frame is disconnected by ZeroMQ before the frame
+ * is stored (no memory is spent on it); a message whose frames add up to
+ * more is read, dropped and reported by ie_sock_recv (IE_ERR_FORMAT). */
+ie_status_t ie_sock_set_max_msg(ie_sock_t *s, int64_t bytes);
+
+/* Watch a bound socket's peers (call before bind): with heartbeat_ms > 0
+ * ZeroMQ pings every connection that often and drops one silent for three
+ * intervals (a client whose host vanished); every connection that ends is
+ * then reported by ie_sock_peers_gone. */
+ie_status_t ie_sock_watch_peers(ie_sock_t *s, int heartbeat_ms);
+
+/* The connection (an opaque number, the socket's file descriptor; -1 for
+ * inproc or unknown) the last message ie_sock_recv returned came over. */
+int ie_sock_last_peer(const ie_sock_t *s);
+
+/* Connections of a watched socket that ended since the last call: up to
+ * cap of their numbers (as ie_sock_last_peer gave) into fds; returns how
+ * many. Never blocks; 0 on an unwatched socket. A number can be reused by
+ * a later connection: read the ends before the next messages. */
+int ie_sock_peers_gone(ie_sock_t *s, int *fds, int cap);
+
 /* Wait until one of the sockets has a message to read; ready[i] = 1 for
  * those. Returns the number ready (0 on timeout), -1 on error (interrupted
  * by a signal counts as 0). */

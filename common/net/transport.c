@@ -61,7 +61,10 @@ struct ie_sock {
     ie_net_t *net;
     void *zs;
     ie_sock_type_t type;
-    int sndtimeo; /* the ZMQ_SNDTIMEO currently set */
+    int sndtimeo;    /* the ZMQ_SNDTIMEO currently set */
+    int64_t max_msg; /* bytes per message at most (ie_sock_set_max_msg) */
+    int last_fd;     /* the connection the last message came over (-1: unknown) */
+    void *mon;       /* PAIR reading the socket's monitor (ie_sock_watch_peers), or NULL */
 };
 
 /* ------------------------------------------------------------ helpers */
@@ -429,6 +432,8 @@ ie_status_t ie_sock_new(ie_net_t *net, ie_sock_type_t type, ie_sock_t **out)
     s->net = net;
     s->type = type;
     s->sndtimeo = -1;
+    s->max_msg = NET_MAX_MSG;
+    s->last_fd = -1;
     s->zs = zmq_socket(net->ctx, ztype);
     if (!s->zs) {
         st = zmq_fail(IE_ERR_INTERNAL, "zmq_socket");
@@ -458,6 +463,10 @@ cleanup:
 void ie_sock_destroy(ie_sock_t **s_p)
 {
     if (!s_p || !*s_p) return;
+    if ((*s_p)->mon) {
+        zmq_socket_monitor((*s_p)->zs, NULL, 0); /* stop the monitor before closing its reader */
+        zmq_close((*s_p)->mon);
+    }
     zmq_close((*s_p)->zs);
     free(*s_p);
     *s_p = NULL;
@@ -649,7 +658,12 @@ ie_status_t ie_sock_recv(ie_sock_t *s, ie_parts_t *p, int timeout_ms)
     while (more) {
         const size_t sz = zmq_msg_size(&msg);
         total += sz;
-        if (n >= NET_MAX_FRAMES || total > (size_t)NET_MAX_MSG) too_big = 1;
+        if (n == 0) s->last_fd = -1;
+        if (s->last_fd < 0) { /* a ROUTER's identity frame may lack it (made by the router): the next has it */
+            const int fd = zmq_msg_get(&msg, ZMQ_SRCFD); /* -1 for inproc */
+            s->last_fd = fd >= 0 ? fd : -1;
+        }
+        if (n >= NET_MAX_FRAMES || total > (size_t)s->max_msg) too_big = 1;
         if (!too_big && st == IE_OK) {
             st = parts_slot(p, n, sz);
             if (st == IE_OK && sz) memcpy(p->data[n], zmq_msg_data(&msg), sz);
@@ -667,7 +681,7 @@ ie_status_t ie_sock_recv(ie_sock_t *s, ie_parts_t *p, int timeout_ms)
     if (st != IE_OK) goto cleanup; /* out of memory: the message is drained and lost */
     if (too_big) {
         st = ie_error_set(IE_ERR_FORMAT, "transport: dropped a message of %d frames / %zu bytes (limits %d / %lld)",
-                          n, total, NET_MAX_FRAMES, NET_MAX_MSG);
+                          n, total, NET_MAX_FRAMES, (long long)s->max_msg);
         goto cleanup;
     }
     p->n = n;
@@ -676,6 +690,80 @@ cleanup:
     zmq_msg_close(&msg);
     if (st != IE_OK) p->n = 0;
     return st;
+}
+
+ie_status_t ie_sock_set_max_msg(ie_sock_t *s, int64_t bytes)
+{
+    if (!s || bytes < 1 || bytes > NET_MAX_MSG)
+        return ie_error_set(IE_ERR_INVAL, "ie_sock_set_max_msg: %lld bytes (1..%lld)", (long long)bytes,
+                            (long long)NET_MAX_MSG);
+    if (zmq_setsockopt(s->zs, ZMQ_MAXMSGSIZE, &bytes, sizeof bytes) != 0)
+        return zmq_fail(IE_ERR_INTERNAL, "MAXMSGSIZE");
+    s->max_msg = bytes;
+    return IE_OK;
+}
+
+/* Why a monitor and not ZMQ_ROUTER_NOTIFY: the router's own disconnect
+ * notification is a DRAFT option that stable libzmq builds refuse. The
+ * monitor's DISCONNECTED event carries the connection's file descriptor,
+ * and every message carries the descriptor it came over (ZMQ_SRCFD), so a
+ * caller can tie a peer's messages to the end of its connection. */
+ie_status_t ie_sock_watch_peers(ie_sock_t *s, int heartbeat_ms)
+{
+    char ep[64];
+    if (!s || heartbeat_ms < 0) return ie_error_set(IE_ERR_INVAL, "ie_sock_watch_peers: bad arguments");
+    if (s->mon) return IE_OK;
+    if (heartbeat_ms > 0) { /* a peer whose host vanished never closes: ZMTP pings find it */
+        const int ivl = heartbeat_ms, tmo = 3 * heartbeat_ms;
+        if (zmq_setsockopt(s->zs, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) != 0 ||
+            zmq_setsockopt(s->zs, ZMQ_HEARTBEAT_TIMEOUT, &tmo, sizeof tmo) != 0 ||
+            zmq_setsockopt(s->zs, ZMQ_HEARTBEAT_TTL, &tmo, sizeof tmo) != 0)
+            return zmq_fail(IE_ERR_INTERNAL, "heartbeat options");
+    }
+    snprintf(ep, sizeof ep, "inproc://ie-monitor-%p", (void *)s);
+    if (zmq_socket_monitor(s->zs, ep, ZMQ_EVENT_DISCONNECTED) != 0) return zmq_fail(IE_ERR_INTERNAL, "monitor");
+    void *m = zmq_socket(s->net->ctx, ZMQ_PAIR);
+    const int linger = 0;
+    if (!m || zmq_setsockopt(m, ZMQ_LINGER, &linger, sizeof linger) != 0 || zmq_connect(m, ep) != 0) {
+        ie_status_t st = zmq_fail(IE_ERR_INTERNAL, "monitor socket");
+        zmq_socket_monitor(s->zs, NULL, 0);
+        if (m) zmq_close(m);
+        return st;
+    }
+    s->mon = m;
+    return IE_OK;
+}
+
+int ie_sock_last_peer(const ie_sock_t *s) { return s ? s->last_fd : -1; }
+
+int ie_sock_peers_gone(ie_sock_t *s, int *fds, int cap)
+{
+    int n = 0;
+    if (!s || !s->mon) return 0;
+    for (;;) { /* an event is two frames: (u16 event, u32 value), the endpoint */
+        zmq_msg_t a, b;
+        zmq_msg_init(&a);
+        if (zmq_msg_recv(&a, s->mon, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&a);
+            break;
+        }
+        int more = zmq_msg_more(&a);
+        uint16_t ev = 0;
+        uint32_t fd = 0;
+        if (zmq_msg_size(&a) >= 6) {
+            memcpy(&ev, zmq_msg_data(&a), 2);
+            memcpy(&fd, (const char *)zmq_msg_data(&a) + 2, 4);
+        }
+        zmq_msg_close(&a);
+        while (more) {
+            zmq_msg_init(&b);
+            if (zmq_msg_recv(&b, s->mon, 0) < 0) more = 0;
+            else more = zmq_msg_more(&b);
+            zmq_msg_close(&b);
+        }
+        if (ev == ZMQ_EVENT_DISCONNECTED && n < cap) fds[n++] = (int)fd;
+    }
+    return n;
 }
 
 int ie_sock_poll(ie_sock_t *const *socks, int n, int *ready, int timeout_ms)

@@ -148,10 +148,42 @@ static void *worker_main(void *arg)
     return NULL;
 }
 
-/* One CPU per physical core from the allowed set, in order; *n_out CPUs. */
+/* The first hardware thread of CPU c's core (its sibling list's first). */
+static int core_of(int c)
+{
+    char path[128];
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/thread_siblings_list", c);
+    FILE *f = fopen(path, "r");
+    int first = c;
+    if (f) {
+        if (fscanf(f, "%d", &first) != 1) first = c;
+        fclose(f);
+    }
+    return first < 0 || first >= CPU_SETSIZE ? c : first;
+}
+
+/* AFFINITY=compact: the hardware threads of one core before the next core
+ * (threads that share caches sit together); otherwise ("scatter", the
+ * default) one CPU per physical core first, then the remaining hardware
+ * threads. Returns the CPUs picked (at most max) from the allowed set. */
 static int pick_cpus(int *cpus, int max, const cpu_set_t *allowed)
 {
     int n = 0;
+    const char *aff = getenv("AFFINITY");
+    if (aff && !strcmp(aff, "compact")) {
+        char taken[CPU_SETSIZE];
+        memset(taken, 0, sizeof taken);
+        for (int c = 0; c < CPU_SETSIZE && n < max; c++) {
+            if (!CPU_ISSET(c, allowed) || taken[c]) continue;
+            const int core = core_of(c);
+            for (int d = c; d < CPU_SETSIZE && n < max; d++) /* c and its siblings */
+                if (CPU_ISSET(d, allowed) && !taken[d] && core_of(d) == core) {
+                    taken[d] = 1;
+                    cpus[n++] = d;
+                }
+        }
+        return n;
+    }
     char seen_core[CPU_SETSIZE];
     memset(seen_core, 0, sizeof seen_core);
     /* First pass: the first hardware thread of each core (by sibling list). */

@@ -106,6 +106,7 @@ ie_status_t ie_tok_add_step(ie_tokenizer_t *t, pcre2_code *re, ie_tok_split_beha
     t->steps[t->n_steps].re = re;
     t->steps[t->n_steps].behavior = behavior;
     t->steps[t->n_steps].invert = invert;
+    t->steps[t->n_steps].on_bytelevel = 0;
     t->n_steps++;
     return IE_OK;
 }
@@ -362,6 +363,8 @@ typedef struct enc {
     size_t n_ids, cap_ids;
     char *norm;
     size_t cap_norm;
+    char *nfc; /* NFC of the current stretch */
+    size_t cap_nfc;
     ie_tok_spans_t sa, sb;
     sym_t *sym;
     size_t cap_sym;
@@ -580,6 +583,10 @@ static ie_status_t encode_text(enc_t *e, const char *s, size_t n, int at_start)
     const ie_tokenizer_t *t = e->t;
     ie_status_t st = IE_OK;
     if (n == 0) { return IE_OK; }
+    if (t->nfc && ie_tok_nfc_needed(s, n)) {
+        if ((st = ie_tok_nfc(s, n, &e->nfc, &e->cap_nfc, &n)) != IE_OK) { return st; }
+        s = e->nfc;
+    }
 
     int prefix = t->prepend == IE_TOK_PREPEND_ALWAYS || (t->prepend == IE_TOK_PREPEND_FIRST && at_start);
     if (prefix && t->prefix_if_missing) {
@@ -756,6 +763,7 @@ ie_status_t ie_tokenizer_encode(const ie_tokenizer_t *tok, const char *text, siz
 cleanup:
     free(e.ids);
     free(e.norm);
+    free(e.nfc);
     free(e.sa.v);
     free(e.sb.v);
     free(e.sym);

@@ -2,7 +2,10 @@
  *
  *   tokenizer.ggml.model   "gpt2"  -> byte-level BPE, merges by rank
  *                          "llama" -> SentencePiece-style BPE, merges by score
- *   tokenizer.ggml.pre     gpt2 only: "gpt-2" (or absent), "smollm", "gpt-4o"/"o200k"
+ *   tokenizer.ggml.pre     gpt2 only: one of PRE_DEFS (gpt-2 when absent): gpt-2, mpt,
+ *                          smollm/starcoder/refact/command-r, falcon, deepseek-coder,
+ *                          deepseek-llm, llama-bpe, qwen2, gpt-4o, ...; qwen2, command-r
+ *                          and mpt also NFC-normalise, as their tokenizer.json do
  *   tokenizer.ggml.tokens / scores / token_type / merges
  *   tokenizer.ggml.{bos,eos,eot,eom,unknown,padding}_token_id
  *   tokenizer.ggml.add_bos_token / add_eos_token / add_space_prefix
@@ -18,22 +21,115 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Pre-tokenizers known for byte-level GGUF vocabularies. Adding one (llama3,
- * o200k, ...) means adding its regex list here. */
+/* Pre-tokenizers known for byte-level GGUF vocabularies, by the names
+ * llama.cpp's converter writes to tokenizer.ggml.pre. Each is the list of
+ * regex splits ("Isolated", applied in order) that the model's Hugging Face
+ * tokenizer.json pre_tokenizer performs; the GGUF vocabularies' test
+ * vectors come from HF, so HF's behaviour is the reference. Adding one
+ * means adding its regex list here. */
+#define PRE_MAX_STEPS 6
+
 typedef struct pre_def {
     const char *name;
-    const char *regex[4]; /* applied in order, each with "Isolated" */
-    int own_regex;        /* 1: regex[] replaces the GPT-2 regex, and a
-                             piece that is a whole token skips BPE (HF
-                             ignore_merges, as tiktoken does) */
+    const char *regex[PRE_MAX_STEPS]; /* NULL-terminated when shorter */
+    int ignore_merges;                /* a piece that is a whole token skips
+                                         BPE (HF ignore_merges; tiktoken) */
+    int nfc;                          /* the model's tokenizer.json NFC-
+                                         normalises first (llama.cpp skips
+                                         this; HF, the reference, does not) */
 } pre_def_t;
 
+/* Llama 3: Split(regex, Isolated) + ByteLevel(use_regex false). The
+ * contractions are case-insensitive; numbers come in groups of <= 3. */
+static const char RE_LLAMA3[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+                                "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+/* Qwen2: Llama 3's regex with single digits. */
+static const char RE_QWEN2[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
+                               "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+/* DeepSeek (LLM and Coder): CJK runs (U+4E00-U+9FA5, U+0800-U+4E00,
+ * U+AC00-U+D7FF) split apart from everything else. */
+#define RE_DEEPSEEK_CJK "[\\x{4E00}-\\x{9FA5}\\x{800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"
+/* DeepSeek LLM: the letters are an explicit list of cased-letter ranges
+ * (Latin, Greek, Cyrillic, Armenian, Georgian, Cherokee, ... as the
+ * model's tokenizer.json spells them), punctuation an explicit ASCII /
+ * full-width / quote list. */
+static const char RE_DEEPSEEK_LLM_LETTERS[] =
+    "\\s?[A-Za-z\\x{B5}\\x{C0}-\\x{D6}\\x{D8}-\\x{F6}\\x{F8}-\\x{1BA}\\x{1BC}-\\x{1BF}\\x{1C4}-\\x{293}"
+    "\\x{295}-\\x{2AF}\\x{370}-\\x{373}\\x{376}\\x{377}\\x{37B}-\\x{37D}\\x{37F}\\x{386}\\x{388}-\\x{38A}"
+    "\\x{38C}\\x{38E}-\\x{3A1}\\x{3A3}-\\x{3F5}\\x{3F7}-\\x{481}\\x{48A}-\\x{52F}\\x{531}-\\x{556}"
+    "\\x{10A0}-\\x{10C5}\\x{13A0}-\\x{13F5}\\x{13F8}-\\x{13FD}\\x{1C90}-\\x{1CBA}\\x{1CBD}-\\x{1CBF}"
+    "\\x{1D00}-\\x{1D2B}\\x{1D6B}-\\x{1D77}\\x{1D79}-\\x{1D9A}\\x{1E00}-\\x{1F15}\\x{1F18}-\\x{1F1D}"
+    "\\x{1F20}-\\x{1F45}\\x{1F48}-\\x{1F4D}\\x{1F50}-\\x{1F57}\\x{1F59}\\x{1F5B}\\x{1F5D}\\x{1F5F}-\\x{1F7D}"
+    "\\x{1F80}-\\x{1FB4}\\x{1FB6}-\\x{1FBC}\\x{1FBE}\\x{1FC2}-\\x{1FC4}\\x{1FC6}-\\x{1FCC}\\x{1FD0}-\\x{1FD3}"
+    "\\x{1FD6}-\\x{1FDB}\\x{1FE0}-\\x{1FEC}\\x{1FF2}-\\x{1FF4}\\x{1FF6}-\\x{1FFC}\\x{2102}\\x{2107}"
+    "\\x{210A}-\\x{2113}\\x{2115}\\x{2119}-\\x{211D}\\x{2124}\\x{2126}\\x{2128}\\x{212A}-\\x{212D}"
+    "\\x{212F}-\\x{2134}\\x{2139}\\x{213C}-\\x{213F}\\x{2145}-\\x{2149}\\x{214E}\\x{2183}\\x{2184}"
+    "\\x{2C00}-\\x{2C7B}\\x{2C7E}-\\x{2CE4}\\x{2CEB}-\\x{2CEE}\\x{2CF2}\\x{2CF3}\\x{A640}-\\x{A66D}"
+    "\\x{A680}-\\x{A69B}\\x{A722}-\\x{A76F}\\x{A771}-\\x{A787}\\x{A78B}-\\x{A78E}\\x{AB70}-\\x{ABBF}"
+    "\\x{FB00}-\\x{FB06}\\x{FB13}-\\x{FB17}\\x{FF21}-\\x{FF3A}\\x{FF41}-\\x{FF5A}\\x{10400}-\\x{1044F}"
+    "\\x{104B0}-\\x{104D3}\\x{104D8}-\\x{104FB}\\x{10C80}-\\x{10CB2}\\x{10CC0}-\\x{10CF2}\\x{118A0}-\\x{118DF}"
+    "\\x{1E900}-\\x{1E943}]+";
+static const char RE_DEEPSEEK_LLM_PUNCT[] =
+    "\\s?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+";
+/* Falcon: HF Punctuation (Unicode P plus the ASCII symbols Rust counts as
+ * punctuation), then GPT-2's ByteLevel regex, Digits, and groups of three
+ * ASCII digits. */
+static const char RE_FALCON_PUNCT[] = "[\\p{P}\\$\\+<=>\\^~\\|`]+";
+
+/* Stand-ins for the shared regexes (extern, so not usable in a static
+ * initializer): compared by address. */
+static const char USE_RE_GPT2[] = "<gpt-2>";
+static const char USE_RE_O200K[] = "<o200k>";
+
 static const pre_def_t PRE_DEFS[] = {
-    {"gpt-2", {NULL}, 0},                                   /* NULL first entry: GPT-2 regex only */
-    {"gpt2", {NULL}, 0},   {"smollm", {"\\p{N}", NULL}, 0}, /* HF Digits(individual_digits) + ByteLevel */
-    {"gpt-4o", {NULL}, 1},                                  /* o200k (GPT-4o, gpt-oss): IE_TOK_RE_O200K */
-    {"o200k", {NULL}, 1},
+    /* GPT-2's ByteLevel regex only */
+    {"gpt-2", {USE_RE_GPT2}, 0, 0},
+    {"gpt2", {USE_RE_GPT2}, 0, 0},
+    {"mpt", {USE_RE_GPT2}, 0, 1},      /* MPT, GPT-NeoX tokenizer */
+    {"gpt-neox", {USE_RE_GPT2}, 0, 1}, /* not a llama.cpp name; same pre-tokenizer */
+    {"olmo", {USE_RE_GPT2}, 0, 0},
+    {"phi-2", {USE_RE_GPT2}, 0, 0},
+    /* HF Digits(individual_digits) + ByteLevel */
+    {"smollm", {"\\p{N}", USE_RE_GPT2}, 0, 0},
+    {"starcoder", {"\\p{N}", USE_RE_GPT2}, 0, 0},
+    {"refact", {"\\p{N}", USE_RE_GPT2}, 0, 0},
+    {"command-r", {"\\p{N}", USE_RE_GPT2}, 0, 1},
+    {"codeshell", {"\\p{N}", USE_RE_GPT2}, 0, 0},
+    {"falcon", {RE_FALCON_PUNCT, USE_RE_GPT2, "\\p{N}+", "[0-9][0-9][0-9]"}, 0, 0},
+    {"deepseek-coder", {"[\\r\\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", RE_DEEPSEEK_CJK, "\\p{N}"}, 0, 0},
+    {"deepseek-llm",
+     {"[\\r\\n]", RE_DEEPSEEK_LLM_LETTERS, RE_DEEPSEEK_LLM_PUNCT, "\\s+$", RE_DEEPSEEK_CJK, "\\p{N}+"},
+     0,
+     0},
+    {"llama-bpe", {RE_LLAMA3}, 1, 0},
+    {"llama3", {RE_LLAMA3}, 1, 0},
+    {"llama-v3", {RE_LLAMA3}, 1, 0},
+    {"dbrx", {RE_LLAMA3}, 0, 0},
+    {"smaug-bpe", {RE_LLAMA3}, 0, 0},
+    {"qwen2", {RE_QWEN2}, 0, 1},
+    {"deepseek-r1-qwen", {RE_QWEN2}, 0, 1},
+    {"stablelm2", {RE_QWEN2}, 0, 0},
+    {"gpt-4o", {USE_RE_O200K}, 1, 0}, /* GPT-4o, gpt-oss */
+    {"o200k", {USE_RE_O200K}, 1, 0},
 };
+
+/* "gpt-2, gpt2, ..." into buf (cap > 0) for error messages. */
+static const char *known_pre_names(char *buf, size_t cap)
+{
+    size_t o = 0;
+    for (size_t k = 0; k < sizeof PRE_DEFS / sizeof PRE_DEFS[0]; k++) {
+        size_t n = strlen(PRE_DEFS[k].name);
+        if (o + n + 3 >= cap) { break; }
+        if (o > 0) {
+            buf[o++] = ',';
+            buf[o++] = ' ';
+        }
+        memcpy(buf + o, PRE_DEFS[k].name, n);
+        o += n;
+    }
+    buf[o] = '\0';
+    return buf;
+}
 
 static int key_present(const ie_gguf_t *g, const char *key) { return ie_gguf_find_key(g, key) >= 0; }
 
@@ -93,8 +189,10 @@ static ie_status_t grow(char **buf, size_t *cap, size_t need)
     return IE_OK;
 }
 
-static const char *const EOG_NAMES[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>",
-                                        "<|end|>",    "<|return|>",    "<|call|>"};
+/* Tokens that end a turn wherever a vocabulary has them (ChatML, Llama 3,
+ * Phi-3, gpt-oss, Gemma), whatever the tokenizer's algorithm. */
+static const char *const EOG_NAMES[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>",   "<|end|>",
+                                        "<|return|>", "<|call|>",      "<end_of_turn>"};
 
 ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
 {
@@ -262,27 +360,34 @@ ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
                 if (str_eq(p, PRE_DEFS[k].name)) { pre = &PRE_DEFS[k]; }
             }
             if (!pre) {
-                st = ie_error_set(
-                    IE_ERR_UNSUPPORTED,
-                    "tokenizer: pre-tokenizer tokenizer.ggml.pre = '%.*s' not supported (gpt-2, smollm, gpt-4o)",
-                    (int)(p.len > 64 ? 64 : p.len), p.ptr);
+                char names[512];
+                st = ie_error_set(IE_ERR_UNSUPPORTED,
+                                  "tokenizer: pre-tokenizer tokenizer.ggml.pre = '%.*s' not supported (known: %s)",
+                                  (int)(p.len > 64 ? 64 : p.len), p.ptr, known_pre_names(names, sizeof names));
                 goto cleanup;
             }
         }
-        for (size_t k = 0; k < 4 && pre->regex[k]; k++) {
+        int after_bytelevel = 0;
+        for (size_t k = 0; k < PRE_MAX_STEPS && pre->regex[k]; k++) {
+            const char *rx = pre->regex[k];
+            int is_bytelevel = rx == USE_RE_GPT2;
+            if (is_bytelevel) {
+                rx = IE_TOK_RE_GPT2;
+            } else if (rx == USE_RE_O200K) {
+                rx = IE_TOK_RE_O200K;
+            }
             pcre2_code *re = NULL;
-            if ((st = ie_tok_regex_compile(pre->regex[k], strlen(pre->regex[k]), 0, &re)) != IE_OK ||
+            if ((st = ie_tok_regex_compile(rx, strlen(rx), 0, &re)) != IE_OK ||
                 (st = ie_tok_add_step(t, re, IE_SPLIT_ISOLATED, 0)) != IE_OK) {
                 goto cleanup;
             }
+            /* GPT-2's regex is HF's ByteLevel(use_regex): what follows it
+             * there sees byte-level text */
+            t->steps[t->n_steps - 1].on_bytelevel = after_bytelevel;
+            if (is_bytelevel) { after_bytelevel = 1; }
         }
-        pcre2_code *re = NULL;
-        const char *main_re = pre->own_regex ? IE_TOK_RE_O200K : IE_TOK_RE_GPT2;
-        t->ignore_merges = pre->own_regex;
-        if ((st = ie_tok_regex_compile(main_re, strlen(main_re), 0, &re)) != IE_OK ||
-            (st = ie_tok_add_step(t, re, IE_SPLIT_ISOLATED, 0)) != IE_OK) {
-            goto cleanup;
-        }
+        t->ignore_merges = pre->ignore_merges;
+        t->nfc = pre->nfc;
 
         /* merges: "left right", byte-level encoded, rank = position */
         uint64_t n_merges = 0;
@@ -328,11 +433,9 @@ ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
     }
 
     if ((st = ie_tok_finalize(t)) != IE_OK || (st = ie_tok_add_eog(t, eom)) != IE_OK) { goto cleanup; }
-    if (algo == IE_TOK_ALGO_BYTE_BPE) {
-        for (size_t k = 0; k < sizeof EOG_NAMES / sizeof EOG_NAMES[0]; k++) {
-            int32_t id = ie_tokenizer_find(t, EOG_NAMES[k], strlen(EOG_NAMES[k]));
-            if ((st = ie_tok_add_eog(t, id)) != IE_OK) { goto cleanup; }
-        }
+    for (size_t k = 0; k < sizeof EOG_NAMES / sizeof EOG_NAMES[0]; k++) {
+        int32_t id = ie_tokenizer_find(t, EOG_NAMES[k], strlen(EOG_NAMES[k]));
+        if ((st = ie_tok_add_eog(t, id)) != IE_OK) { goto cleanup; }
     }
     *out = t;
     t = NULL;

@@ -6,6 +6,7 @@
  *   tokenizer_gguf.c    loader for tokenizer.ggml.* metadata
  *   tokenizer_json.c    loader for Hugging Face tokenizer.json (+ tokenizer_config.json)
  *   tokenizer_tiktoken.c loader for tiktoken ranks files (+ special-token table)
+ *   tokenizer_nfc.c     Unicode NFC (tables in tokenizer_nfc_table.h, generated)
  *
  * Loaders fill an ie_tokenizer_t through the ie_tok_* builder functions and
  * finish with ie_tok_finalize(), which builds every lookup structure. After
@@ -109,6 +110,10 @@ typedef struct ie_tok_pretok_step {
     pcre2_code *re;
     ie_tok_split_behavior_t behavior;
     int invert;
+    int on_bytelevel; /* the step comes after HF's ByteLevel pre-tokenizer,
+                         so its regex sees the byte-level form of the text
+                         (each byte one code point: ' ' is the letter U+0120,
+                         the UTF-8 bytes of '½' are 'Â' and '½') */
 } ie_tok_pretok_step_t;
 
 /* A piece of the working buffer. */
@@ -147,6 +152,12 @@ size_t ie_tok_utf8_valid_prefix(const char *s, size_t len);
 /* Length of the UTF-8 sequence that starts with byte c (1 for invalid). */
 int ie_tok_utf8_len(unsigned char c);
 
+/* 1 when NFC could change s (some code point >= U+0300), else 0. */
+int ie_tok_nfc_needed(const char *s, size_t len);
+/* NFC of the valid UTF-8 src[0..len) into *buf (grown as needed, *cap its
+ * size; the caller frees it); *out_len receives the length. */
+ie_status_t ie_tok_nfc(const char *src, size_t len, char **buf, size_t *cap, size_t *out_len);
+
 /* GPT-2 byte <-> code point mapping. */
 uint32_t ie_tok_byte_to_cp(unsigned char b);
 /* The byte for code point cp, or -1 when cp is not in the mapping. */
@@ -182,6 +193,8 @@ struct ie_tokenizer {
     ie_tok_pairmap_t merges;  /* rank mode only                              */
     int32_t byte_sym[256];    /* byte-level: id of each single byte          */
     int32_t byte_tok[256];    /* SPM: id of <0xXX>, -1 if missing            */
+
+    int nfc; /* NFC-normalise text before everything else (HF normalizer) */
 
     /* SPM options */
     int byte_fallback;

@@ -6,8 +6,10 @@
  *   SentencePiece-style — normalizer Prepend("▁") / Replace(" " -> "▁")
  *                 (Llama-2) or a Metaspace pre-tokenizer; byte_fallback
  *                 <0xXX> tokens, unk, fuse_unk.
+ * Normalizers: Prepend("▁"), Replace(" " -> "▁"), NFC (tokenizer_nfc.c), Sequence.
  * Pre-tokenizers: Sequence, Split{Regex|String, behavior, invert},
  * ByteLevel{use_regex, add_prefix_space}, Digits{individual_digits},
+ * Punctuation{behavior},
  * Metaspace{replacement "▁", prepend_scheme, split}.
  * Post-processors (for BOS/EOS): TemplateProcessing, ByteLevel, Bert,
  * Roberta, Sequence. tokenizer_config.json (bos_token, eos_token,
@@ -35,6 +37,7 @@ typedef struct step_def {
     int literal;
     ie_tok_split_behavior_t behavior;
     int invert;
+    int on_bytelevel; /* after a ByteLevel pre-tokenizer */
 } step_def_t;
 
 /* What the pipeline parts say, gathered before the tokenizer exists. */
@@ -42,9 +45,12 @@ typedef struct pipeline {
     step_def_t steps[16];
     size_t n_steps;
     int bytelevel;       /* ByteLevel pre-tokenizer or decoder */
+    int bl_pretok_seen;  /* a ByteLevel pre-tokenizer was parsed: later
+                            steps see byte-level text */
     int bl_prefix_space; /* ByteLevel add_prefix_space */
     int norm_prepend;    /* normalizer Prepend("▁") */
     int norm_replace;    /* normalizer Replace(" " -> "▁") */
+    int norm_nfc;        /* normalizer NFC */
     int metaspace;       /* Metaspace pre-tokenizer */
     ie_tok_prepend_t ms_prepend;
     int strip_leading; /* decoder drops the leading space */
@@ -118,6 +124,7 @@ static ie_status_t add_step_def(pipeline_t *p, const char *pat, size_t len, int 
     s->literal = literal;
     s->behavior = behavior;
     s->invert = invert;
+    s->on_bytelevel = p->bl_pretok_seen;
     return IE_OK;
 }
 
@@ -155,6 +162,10 @@ static ie_status_t parse_normalizer(const cJSON *n, pipeline_t *p, int depth)
             return ie_error_set(IE_ERR_UNSUPPORTED, "tokenizer: normalizer Replace supports only \" \" -> U+2581");
         }
         p->norm_replace = 1;
+        return IE_OK;
+    }
+    if (strcmp(ty, "NFC") == 0) {
+        p->norm_nfc = 1;
         return IE_OK;
     }
     return ie_error_set(IE_ERR_UNSUPPORTED, "tokenizer: normalizer '%s' not supported", ty);
@@ -215,11 +226,21 @@ static ie_status_t parse_pretok(const cJSON *n, pipeline_t *p, int depth)
         if (bool_field(n, "use_regex", 1)) {
             st = add_step_def(p, IE_TOK_RE_GPT2, strlen(IE_TOK_RE_GPT2), 0, IE_SPLIT_ISOLATED, 0);
         }
+        p->bl_pretok_seen = 1;
         return st;
     }
     if (strcmp(ty, "Digits") == 0) {
         if (bool_field(n, "individual_digits", 0)) { return add_step_def(p, "\\p{N}", 5, 0, IE_SPLIT_ISOLATED, 0); }
         return add_step_def(p, "\\p{N}+", 6, 0, IE_SPLIT_ISOLATED, 0);
+    }
+    if (strcmp(ty, "Punctuation") == 0) {
+        /* HF: each char that is Unicode punctuation or ASCII punctuation
+         * (which adds the symbols $ + < = > ^ ` | ~), split with the
+         * behavior (Falcon: Contiguous) */
+        static const char punct[] = "[\\p{P}\\$\\+<=>\\^`\\|~]";
+        ie_tok_split_behavior_t b = IE_SPLIT_ISOLATED;
+        if (!is_null_or_absent(n, "behavior") && (st = parse_behavior(n, &b)) != IE_OK) { return st; }
+        return add_step_def(p, punct, strlen(punct), 0, b, 0);
     }
     if (strcmp(ty, "Split") == 0) {
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(n, "pattern");
@@ -422,8 +443,10 @@ static ie_status_t merge_parts(const cJSON *m, size_t rank, const char **a, size
     return ie_error_set(IE_ERR_FORMAT, "tokenizer: merge %zu is neither \"a b\" nor [a, b]", rank);
 }
 
-static const char *const EOG_NAMES[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>",
-                                        "<|end|>",    "<|return|>",    "<|call|>"};
+/* Tokens that end a turn wherever a vocabulary has them (ChatML, Llama 3,
+ * Phi-3, gpt-oss, Gemma), whatever the tokenizer's algorithm. */
+static const char *const EOG_NAMES[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>",   "<|end|>",
+                                        "<|return|>", "<|call|>",      "<end_of_turn>"};
 
 /* ---------------------------------------------------------------- loader */
 
@@ -669,12 +692,14 @@ ie_status_t ie_tok_load_json(const char *json_path, const char *config_path, ie_
     }
 
     /* ---- pre-tokenizer and normalisation */
+    t->nfc = p.norm_nfc;
     for (size_t k = 0; k < p.n_steps; k++) {
         pcre2_code *re = NULL;
         if ((st = ie_tok_regex_compile(p.steps[k].pattern, p.steps[k].len, p.steps[k].literal, &re)) != IE_OK ||
             (st = ie_tok_add_step(t, re, p.steps[k].behavior, p.steps[k].invert)) != IE_OK) {
             goto cleanup;
         }
+        t->steps[t->n_steps - 1].on_bytelevel = p.steps[k].on_bytelevel;
     }
     if (t->algo == IE_TOK_ALGO_BYTE_BPE) {
         if (p.bl_prefix_space) {
@@ -714,7 +739,7 @@ ie_status_t ie_tok_load_json(const char *json_path, const char *config_path, ie_
     if (t->bos < 0 && t->algo == IE_TOK_ALGO_SPM) { t->bos = find_token(t, "<s>"); }
 
     if ((st = ie_tok_finalize(t)) != IE_OK) { goto cleanup; }
-    if (t->algo == IE_TOK_ALGO_BYTE_BPE) {
+    {
         /* Harmony (gpt-oss, recognised by <|channel|>): <|end|> closes one
          * message and generation goes on with the next, so only <|return|>
          * and <|call|> end the turn there. */

@@ -194,16 +194,65 @@ static ie_status_t find_matches(const pcre2_code *re, const char *subj, size_t l
     return st;
 }
 
+/* find_matches on the byte-level form of subj: every byte becomes the
+ * UTF-8 of its GPT-2 code point (1 or 2 bytes) in *mapped, and the split
+ * offsets are translated back to raw offsets (a match can only start or
+ * end at a mapped character, which is one raw byte). *mapped and *raw_of
+ * are scratch grown as needed. */
+static ie_status_t find_matches_bytelevel(const pcre2_code *re, const char *subj, size_t len, pcre2_match_data *md,
+                                          pcre2_match_context *mctx, split_list_t *l, char **mapped,
+                                          uint32_t **raw_of, size_t *cap)
+{
+    if (2 * len + 1 > *cap) {
+        size_t ncap = 2 * len + 1;
+        char *nm = realloc(*mapped, ncap);
+        if (nm) { *mapped = nm; }
+        uint32_t *nr = realloc(*raw_of, ncap * sizeof *nr);
+        if (nr) { *raw_of = nr; }
+        if (!nm || !nr) { return ie_error_set(IE_ERR_NOMEM, "tokenizer: out of memory"); }
+        *cap = ncap;
+    }
+    char *m = *mapped;
+    uint32_t *ro = *raw_of;
+    size_t o = 0;
+    for (size_t i = 0; i < len; i++) {
+        uint32_t cp = ie_tok_byte_to_cp((unsigned char)subj[i]);
+        ro[o] = (uint32_t)i;
+        if (cp < 0x80) {
+            m[o++] = (char)cp;
+        } else { /* every mapped code point is below U+0800 */
+            m[o] = (char)(0xC0 | (cp >> 6));
+            ro[o + 1] = (uint32_t)i;
+            m[o + 1] = (char)(0x80 | (cp & 0x3F));
+            o += 2;
+        }
+    }
+    ro[o] = (uint32_t)len;
+    ie_status_t st = find_matches(re, m, o, md, mctx, l);
+    for (size_t i = 0; i < l->n && st == IE_OK; i++) {
+        l->v[i].s = ro[l->v[i].s];
+        l->v[i].e = ro[l->v[i].e];
+    }
+    return st;
+}
+
 ie_status_t ie_tok_pretok_apply(const ie_tok_pretok_step_t *step, const char *buf, const ie_tok_spans_t *in,
                                 ie_tok_spans_t *out, pcre2_match_data *md, pcre2_match_context *mctx)
 {
     ie_status_t st = IE_OK;
     split_list_t l = {0};
     split_list_t r = {0};
+    char *mapped = NULL;
+    uint32_t *raw_of = NULL;
+    size_t map_cap = 0;
 
     for (size_t k = 0; k < in->n; k++) {
         const ie_tok_span_t *sp = &in->v[k];
-        st = find_matches(step->re, buf + sp->off, sp->len, md, mctx, &l);
+        if (step->on_bytelevel) {
+            st = find_matches_bytelevel(step->re, buf + sp->off, sp->len, md, mctx, &l, &mapped, &raw_of, &map_cap);
+        } else {
+            st = find_matches(step->re, buf + sp->off, sp->len, md, mctx, &l);
+        }
         if (st != IE_OK) { goto cleanup; }
         if (step->invert) {
             for (size_t i = 0; i < l.n; i++) { l.v[i].m = !l.v[i].m; }
@@ -269,6 +318,8 @@ ie_status_t ie_tok_pretok_apply(const ie_tok_pretok_step_t *step, const char *bu
 cleanup:
     free(l.v);
     free(r.v);
+    free(mapped);
+    free(raw_of);
     return st;
 }
 

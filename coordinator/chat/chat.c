@@ -1,10 +1,13 @@
 /* chat.c — messages JSON -> prompt text and ids (see ie_chat.h).
  *
- * Both formats render into a "masked" buffer: the text plus one byte per
+ * Every format renders into a "masked" buffer: the text plus one byte per
  * text byte saying whether it came from message content (1) or from the
  * template (0). Encoding cuts the text only at template markers found where
  * the mask is 0, so content can never produce a control token.
  *
+ * A model's jinja template is rendered by ie_jinja, which gives the mask
+ * itself (strings from the messages are content); its markers are all the
+ * vocabulary's special tokens, since a template may use any of them.
  * ChatML is rendered here directly. Harmony is rendered by ie_harmony,
  * which returns plain text; to learn where the content lies we render the
  * same conversation a second time with every non-empty content / thinking
@@ -13,6 +16,7 @@
  * result equals the real render byte for byte.
  */
 #include "ie_chat.h"
+#include "ie_gguf.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -34,9 +38,18 @@ ie_chat_format_t ie_chat_format(const ie_tokenizer_t *tok)
     return IE_CHAT_NONE;
 }
 
+ie_chat_format_t ie_chat_format_for(const ie_tokenizer_t *tok, const ie_chat_opts_t *opts)
+{
+    ie_chat_format_t f = ie_chat_format(tok);
+    if (f == IE_CHAT_HARMONY || !tok) return f;
+    if (opts && (opts->tmpl || opts->tmpl_error)) return IE_CHAT_TEMPLATE;
+    return f;
+}
+
 const char *ie_chat_format_name(ie_chat_format_t f)
 {
     switch (f) {
+    case IE_CHAT_TEMPLATE: return "template";
     case IE_CHAT_CHATML: return "chatml";
     case IE_CHAT_HARMONY: return "harmony";
     case IE_CHAT_NONE: break;
@@ -125,11 +138,6 @@ static ie_status_t chatml_render(const char *json, mbuf_t *out)
             goto cleanup;
         }
     }
-    /* SmolLM2's chat_template: {% if loop.first and messages[0]['role'] !=
-     * 'system' %} the default system message {% endif %} */
-    if (strcmp(cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(root, 0), "role")->valuestring, "system") &&
-        (st = mbuf_str(out, "<|im_start|>system\n" IE_CHAT_SMOLLM_SYSTEM "<|im_end|>\n")) != IE_OK)
-        goto cleanup;
     for (int i = 0; i < n; i++) {
         cJSON *msg = cJSON_GetArrayItem(root, i);
         const char *role = cJSON_GetObjectItemCaseSensitive(msg, "role")->valuestring;
@@ -238,12 +246,19 @@ cleanup:
 
 /* ------------------------------------------------------------------- API */
 
+static ie_status_t template_render(const ie_tokenizer_t *tok, const char *json, const ie_chat_opts_t *opts,
+                                   mbuf_t *out);
+
 static ie_status_t render_masked(const ie_tokenizer_t *tok, const char *json, const ie_chat_opts_t *opts,
                                  mbuf_t *out, const char *const **markers)
 {
     if (!tok || !json) return ie_error_set(IE_ERR_INVAL, "chat: NULL tokenizer or messages");
     ie_status_t st;
-    switch (ie_chat_format(tok)) {
+    switch (ie_chat_format_for(tok, opts)) {
+    case IE_CHAT_TEMPLATE:
+        *markers = NULL; /* every special token of the vocabulary */
+        st = template_render(tok, json, opts, out);
+        break;
     case IE_CHAT_CHATML:
         *markers = CHATML_MARKERS;
         st = chatml_render(json, out);
@@ -297,32 +312,103 @@ static ie_status_t add_plain(const ie_tokenizer_t *tok, const char *s, size_t n,
     return IE_OK;
 }
 
+typedef struct marker {
+    char *s;
+    size_t len;
+    int32_t id;
+} marker_t;
+
+static void markers_free(marker_t *mk, size_t n)
+{
+    for (size_t i = 0; i < n; i++) free(mk[i].s);
+    free(mk);
+}
+
+static int marker_cmp(const void *a, const void *b)
+{
+    const marker_t *x = a, *y = b;
+    return (x->len < y->len) - (x->len > y->len); /* longest first */
+}
+
+/* The markers to cut at: the named ones present in the vocabulary, or
+ * (names NULL: a model's own template, which may use any of them) every
+ * special token with a non-empty text. */
+static ie_status_t markers_of(const ie_tokenizer_t *tok, const char *const *names, marker_t **out, size_t *n_out)
+{
+    size_t n = 0, cap = 0;
+    marker_t *mk = NULL;
+    int n_vocab = names ? 0 : ie_tokenizer_n_vocab(tok);
+    char buf[256];
+    for (int id = 0, k = 0;; names ? k++ : id++) {
+        const char *s;
+        size_t len;
+        int32_t tid;
+        if (names) {
+            if (!names[k]) break;
+            s = names[k];
+            len = strlen(s);
+            if ((tid = ie_tokenizer_find(tok, s, len)) < 0) continue;
+        } else {
+            if (id >= n_vocab) break;
+            if (!ie_tokenizer_is_special(tok, id)) continue;
+            int l = ie_tokenizer_token_bytes(tok, id, 1, buf, sizeof buf);
+            if (l <= 0 || (size_t)l >= sizeof buf) continue;
+            s = buf;
+            len = (size_t)l;
+            tid = id;
+        }
+        if (n == cap) {
+            size_t c = cap ? cap * 2 : 16;
+            marker_t *nm = realloc(mk, c * sizeof *nm);
+            if (!nm) goto nomem;
+            mk = nm;
+            cap = c;
+        }
+        if (!(mk[n].s = malloc(len + 1))) goto nomem;
+        memcpy(mk[n].s, s, len);
+        mk[n].s[len] = '\0';
+        mk[n].len = len;
+        mk[n++].id = tid;
+    }
+    if (n) qsort(mk, n, sizeof *mk, marker_cmp);
+    *out = mk;
+    *n_out = n;
+    return IE_OK;
+nomem:
+    markers_free(mk, n);
+    return ie_error_set(IE_ERR_NOMEM, "out of memory");
+}
+
 ie_status_t ie_chat_encode(const ie_tokenizer_t *tok, const char *messages_json, const ie_chat_opts_t *opts,
                            int32_t **ids_out, size_t *n_out, char **prompt_out)
 {
     mbuf_t b = {0};
     const char *const *markers;
-    int32_t *ids = NULL, marker_id[8];
-    size_t n = 0, cap = 0, marker_len[8];
+    int32_t *ids = NULL;
+    size_t n = 0, cap = 0;
+    marker_t *mk = NULL;
+    size_t n_markers = 0;
+    uint8_t first[256] = {0};
     *ids_out = NULL;
     *n_out = 0;
     if (prompt_out) *prompt_out = NULL;
     ie_status_t st = render_masked(tok, messages_json, opts, &b, &markers);
     if (st != IE_OK) return st;
-
-    size_t n_markers = 0;
-    for (; markers[n_markers]; n_markers++) {
-        marker_len[n_markers] = strlen(markers[n_markers]);
-        marker_id[n_markers] = ie_tokenizer_find(tok, markers[n_markers], marker_len[n_markers]);
+    if ((st = markers_of(tok, markers, &mk, &n_markers)) != IE_OK) {
+        mbuf_free(&b);
+        return st;
     }
-    /* cut at template markers only; all between them is plain text */
+    for (size_t k = 0; k < n_markers; k++) first[(unsigned char)mk[k].s[0]] = 1;
+
+    /* cut at template markers only (longest first); all between them is
+     * plain text */
     size_t piece = 0, i = 0;
     while (i < b.len && st == IE_OK) {
         size_t k = n_markers;
-        if (!b.m[i] && b.s[i] == '<')
+        if (!b.m[i] && first[(unsigned char)b.s[i]])
             for (k = 0; k < n_markers; k++)
-                if (marker_id[k] >= 0 && i + marker_len[k] <= b.len &&
-                    memcmp(b.s + i, markers[k], marker_len[k]) == 0 && !memchr(b.m + i, 1, marker_len[k]))
+                if (i + mk[k].len <= b.len && memcmp(b.s + i, mk[k].s, mk[k].len) == 0 &&
+                    !memchr(b.m + i, 1, mk[k].len))
                     break;
         if (k == n_markers) {
             i++;
@@ -339,12 +425,13 @@ ie_status_t ie_chat_encode(const ie_tokenizer_t *tok, const char *messages_json,
             ids = nv;
             cap = c;
         }
-        ids[n++] = marker_id[k];
-        i += marker_len[k];
+        ids[n++] = mk[k].id;
+        i += mk[k].len;
         piece = i;
     }
     if (st == IE_OK) st = add_plain(tok, b.s + piece, b.len - piece, &ids, &n, &cap);
     if (st == IE_OK && !ids && !(ids = malloc(sizeof *ids))) st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+    markers_free(mk, n_markers);
     free(b.m);
     if (st != IE_OK) {
         free(ids);
@@ -355,5 +442,328 @@ ie_status_t ie_chat_encode(const ie_tokenizer_t *tok, const char *messages_json,
     *n_out = n;
     if (prompt_out) *prompt_out = b.s;
     else free(b.s);
+    return IE_OK;
+}
+
+/* ------------------------------------------------------- jinja templates */
+
+/* transformers' _alias_reasoning_fields: a message whose reasoning is under
+ * any of reasoning_content / thinking / reasoning (first non-null wins)
+ * becomes {"thinking": r, **message, "reasoning_content": r}, so templates
+ * reading either name see it; key order follows Python's dict rules. */
+static cJSON *alias_reasoning(const cJSON *msg)
+{
+    static const char *const FIELDS[] = {"reasoning_content", "thinking", "reasoning"};
+    const cJSON *r = NULL;
+    for (int k = 0; k < 3 && !r; k++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(msg, FIELDS[k]);
+        if (v && !cJSON_IsNull(v)) r = v;
+    }
+    if (!r) return cJSON_Duplicate(msg, 1);
+    cJSON *o = cJSON_CreateObject();
+    if (!o || !cJSON_AddItemToObject(o, "thinking", cJSON_Duplicate(r, 1))) goto fail;
+    for (const cJSON *c = msg->child; c; c = c->next) {
+        cJSON *d = cJSON_Duplicate(c, 1);
+        if (!d) goto fail;
+        if (cJSON_GetObjectItemCaseSensitive(o, c->string)) {
+            if (!cJSON_ReplaceItemInObjectCaseSensitive(o, c->string, d)) goto fail;
+        } else if (!cJSON_AddItemToObject(o, c->string, d)) goto fail;
+    }
+    cJSON *rc = cJSON_Duplicate(r, 1);
+    if (!rc) goto fail;
+    if (cJSON_GetObjectItemCaseSensitive(o, "reasoning_content")) {
+        if (!cJSON_ReplaceItemInObjectCaseSensitive(o, "reasoning_content", rc)) goto fail;
+    } else if (!cJSON_AddItemToObject(o, "reasoning_content", rc)) goto fail;
+    return o;
+fail:
+    cJSON_Delete(o);
+    return NULL;
+}
+
+ie_status_t ie_chat_template_render(const ie_jinja_t *tmpl, const char *messages_json, const char *kwargs_json,
+                                    const char *bos, const char *eos, const ie_jinja_opts_t *jopts, char **text_out,
+                                    uint8_t **mask_out, size_t *len_out, int *raised)
+{
+    ie_status_t st = IE_OK;
+    cJSON *msgs = NULL, *kw = NULL, *vars = NULL, *trusted = NULL, *list = NULL;
+    char *vars_s = NULL, *trusted_s = NULL;
+    *text_out = NULL;
+    if (mask_out) *mask_out = NULL;
+    *len_out = 0;
+    if (raised) *raised = 0;
+    if (!tmpl || !messages_json) return ie_error_set(IE_ERR_INVAL, "chat: NULL template or messages");
+    msgs = cJSON_Parse(messages_json);
+    if (!cJSON_IsArray(msgs)) {
+        st = ie_error_set(IE_ERR_FORMAT, "chat: messages must be a JSON array of {\"role\", \"content\"} objects%s",
+                          msgs ? "" : " (invalid JSON)");
+        goto cleanup;
+    }
+    if (kwargs_json && !cJSON_IsObject(kw = cJSON_Parse(kwargs_json))) {
+        st = ie_error_set(IE_ERR_FORMAT, "chat: template arguments must be a JSON object");
+        goto cleanup;
+    }
+    if (!(vars = cJSON_CreateObject()) || !(trusted = cJSON_CreateObject()) || !(list = cJSON_CreateArray())) {
+        st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    int i = 0;
+    for (const cJSON *m = msgs->child; m; m = m->next, i++) {
+        if (!cJSON_IsObject(m)) {
+            st = ie_error_set(IE_ERR_FORMAT, "chat: message %d is not a JSON object", i + 1);
+            goto cleanup;
+        }
+        cJSON *a = alias_reasoning(m);
+        if (!a || !cJSON_AddItemToArray(list, a)) {
+            cJSON_Delete(a);
+            st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+            goto cleanup;
+        }
+    }
+    /* what render_jinja_template passes: messages, tools, documents,
+     * add_generation_prompt, then the caller's keyword arguments */
+    cJSON_AddItemToObject(vars, "messages", list);
+    list = NULL;
+    cJSON_AddNullToObject(vars, "tools");
+    cJSON_AddNullToObject(vars, "documents");
+    cJSON_AddTrueToObject(vars, "add_generation_prompt");
+    for (const cJSON *c = kw ? kw->child : NULL; c; c = c->next) {
+        cJSON *d = cJSON_Duplicate(c, 1);
+        if (!d) {
+            st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+            goto cleanup;
+        }
+        if (cJSON_GetObjectItemCaseSensitive(vars, c->string))
+            cJSON_ReplaceItemInObjectCaseSensitive(vars, c->string, d);
+        else cJSON_AddItemToObject(vars, c->string, d);
+    }
+    cJSON_AddStringToObject(trusted, "bos_token", bos ? bos : "");
+    cJSON_AddStringToObject(trusted, "eos_token", eos ? eos : "");
+    if (!(vars_s = cJSON_PrintUnformatted(vars)) || !(trusted_s = cJSON_PrintUnformatted(trusted))) {
+        st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    st = ie_jinja_render(tmpl, vars_s, trusted_s, jopts, text_out, mask_out, len_out, raised);
+
+cleanup:
+    cJSON_Delete(msgs);
+    cJSON_Delete(kw);
+    cJSON_Delete(vars);
+    cJSON_Delete(trusted);
+    cJSON_Delete(list);
+    free(vars_s);
+    free(trusted_s);
+    return st;
+}
+
+/* The text of special token id (empty if none). */
+static void token_text(const ie_tokenizer_t *tok, int32_t id, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    if (id < 0) return;
+    int l = ie_tokenizer_token_bytes(tok, id, 1, buf, cap);
+    buf[l > 0 && (size_t)l < cap ? l : 0] = '\0';
+}
+
+static ie_status_t template_render(const ie_tokenizer_t *tok, const char *json, const ie_chat_opts_t *opts,
+                                   mbuf_t *out)
+{
+    if (!opts->tmpl)
+        return ie_error_set(IE_ERR_UNSUPPORTED, "the model's chat template could not be compiled: %s",
+                            opts->tmpl_error);
+    /* the checks every format makes: a non-empty array of objects with
+     * valid UTF-8 strings; roles and the rest are the template's business */
+    cJSON *root = cJSON_Parse(json);
+    ie_status_t st = IE_OK;
+    if (!cJSON_IsArray(root))
+        st = ie_error_set(IE_ERR_FORMAT, "chat: messages must be a JSON array of {\"role\", \"content\"} objects%s",
+                          root ? "" : " (invalid JSON)");
+    else if (!root->child) st = ie_error_set(IE_ERR_INVAL, "chat: the conversation has no messages");
+    int i = 0;
+    for (const cJSON *m = root ? root->child : NULL; st == IE_OK && m; m = m->next, i++) {
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (!cJSON_IsObject(m)) st = ie_error_set(IE_ERR_FORMAT, "chat: message %d is not a JSON object", i + 1);
+        else if (!cJSON_IsString(cJSON_GetObjectItemCaseSensitive(m, "role")))
+            st = ie_error_set(IE_ERR_INVAL, "chat: message %d: missing or non-string \"role\"", i + 1);
+        else if (cJSON_IsString(c) && ie_tokenizer_check_utf8(c->valuestring, strlen(c->valuestring)) != IE_OK)
+            st = ie_error_set(IE_ERR_INVAL, "chat: message %d: content is not valid UTF-8", i + 1);
+    }
+    cJSON_Delete(root);
+    if (st != IE_OK) return st;
+
+    char bos[128], eos[128], *text = NULL;
+    uint8_t *mask = NULL;
+    size_t len = 0;
+    token_text(tok, ie_tokenizer_bos(tok), bos, sizeof bos);
+    token_text(tok, ie_tokenizer_eos(tok), eos, sizeof eos);
+    st = ie_chat_template_render(opts->tmpl, json, opts->template_kwargs, bos, eos, NULL, &text, &mask, &len, NULL);
+    if (st == IE_OK) {
+        /* runs of equal mask */
+        for (size_t a = 0; a < len && st == IE_OK;) {
+            size_t b = a;
+            while (b < len && mask[b] == mask[a]) b++;
+            st = mbuf_add(out, text + a, b - a, mask[a]);
+            a = b;
+        }
+        if (st == IE_OK && len == 0) st = mbuf_add(out, "", 0, 0);
+    }
+    free(text);
+    free(mask);
+    return st;
+}
+
+static char *read_file(const char *path, size_t *len_out)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    long n;
+    if (fseek(f, 0, SEEK_END) == 0 && (n = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+        (buf = malloc((size_t)n + 1)) && fread(buf, 1, (size_t)n, f) == (size_t)n) {
+        buf[n] = '\0';
+        if (len_out) *len_out = (size_t)n;
+    } else {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    return buf;
+}
+
+ie_status_t ie_chat_template_find(const char *tokenizer_path, char **text_out)
+{
+    *text_out = NULL;
+    if (!tokenizer_path) return IE_OK;
+    char magic[4] = {0};
+    FILE *f = fopen(tokenizer_path, "rb");
+    if (!f) return ie_error_set(IE_ERR_IO, "chat template: cannot open '%s'", tokenizer_path);
+    size_t got = fread(magic, 1, 4, f);
+    fclose(f);
+    if (got == 4 && memcmp(magic, "GGUF", 4) == 0) {
+        ie_gguf_t *g = NULL;
+        ie_status_t st = ie_gguf_open(tokenizer_path, &g);
+        if (st != IE_OK) return st;
+        ie_gguf_str_t s;
+        if (ie_gguf_find_key(g, "tokenizer.chat_template") >= 0) {
+            if (ie_gguf_get_str(g, "tokenizer.chat_template", &s) != IE_OK)
+                st = ie_error_set(IE_ERR_FORMAT, "GGUF key tokenizer.chat_template is not a string");
+            else if (!(*text_out = malloc(s.len + 1))) st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+            else {
+                memcpy(*text_out, s.ptr, s.len);
+                (*text_out)[s.len] = '\0';
+            }
+        }
+        ie_gguf_destroy(&g);
+        return st;
+    }
+    /* a tokenizer.json: look beside it */
+    size_t dl = strlen(tokenizer_path);
+    while (dl > 0 && tokenizer_path[dl - 1] != '/') dl--;
+    char path[4096];
+    if (dl + 32 > sizeof path) return ie_error_set(IE_ERR_INVAL, "chat template: path too long");
+    snprintf(path, sizeof path, "%.*schat_template.jinja", (int)dl, tokenizer_path);
+    if ((*text_out = read_file(path, NULL))) return IE_OK;
+    snprintf(path, sizeof path, "%.*stokenizer_config.json", (int)dl, tokenizer_path);
+    char *cfg = read_file(path, NULL);
+    if (!cfg) return IE_OK;
+    ie_status_t st = IE_OK;
+    cJSON *root = cJSON_Parse(cfg);
+    const cJSON *ct = cJSON_GetObjectItemCaseSensitive(root, "chat_template"), *pick = NULL;
+    if (!cJSON_IsObject(root)) st = ie_error_set(IE_ERR_FORMAT, "%s is not a JSON object", path);
+    else if (cJSON_IsString(ct)) pick = ct;
+    else if (cJSON_IsArray(ct)) { /* [{"name": ..., "template": ...}]: "default", else the first */
+        for (const cJSON *e = ct->child; e; e = e->next) {
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(e, "name");
+            const cJSON *t = cJSON_GetObjectItemCaseSensitive(e, "template");
+            if (!cJSON_IsString(t)) {
+                st = ie_error_set(IE_ERR_FORMAT, "%s: chat_template entries need a string \"template\"", path);
+                break;
+            }
+            if (!pick || (cJSON_IsString(name) && strcmp(name->valuestring, "default") == 0)) pick = t;
+        }
+    } else if (ct && !cJSON_IsNull(ct))
+        st = ie_error_set(IE_ERR_FORMAT, "%s: chat_template must be a string or a list", path);
+    if (st == IE_OK && pick && !(*text_out = strdup(pick->valuestring)))
+        st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+    if (st != IE_OK) {
+        free(*text_out);
+        *text_out = NULL;
+    }
+    cJSON_Delete(root);
+    free(cfg);
+    return st;
+}
+
+static ie_status_t ids_add(int32_t **ids, size_t *n, int32_t id)
+{
+    if (id < 0) return IE_OK;
+    for (size_t i = 0; i < *n; i++)
+        if ((*ids)[i] == id) return IE_OK;
+    int32_t *ni = realloc(*ids, (*n + 1) * sizeof *ni);
+    if (!ni) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+    ni[(*n)++] = id;
+    *ids = ni;
+    return IE_OK;
+}
+
+/* tokenizer_config.json's eos_token: "text" or {"content": "text"}. */
+static int32_t config_token(const ie_tokenizer_t *tok, const cJSON *v)
+{
+    if (cJSON_IsObject(v)) v = cJSON_GetObjectItemCaseSensitive(v, "content");
+    return cJSON_IsString(v) ? ie_tokenizer_find(tok, v->valuestring, strlen(v->valuestring)) : -1;
+}
+
+ie_status_t ie_chat_stop_ids(const ie_tokenizer_t *tok, const char *tokenizer_path, int32_t **ids_out,
+                             size_t *n_out)
+{
+    /* end-of-turn markers of the template families we know; only where the
+     * vocabulary has them as special tokens */
+    static const char *const EOT_NAMES[] = {"<end_of_turn>", "<|eot_id|>", "<|eom_id|>",    "<|im_end|>",
+                                            "<|end|>",       "<|return|>", "<|endoftext|>", NULL};
+    int32_t *ids = NULL;
+    size_t n = 0;
+    ie_status_t st = IE_OK;
+    *ids_out = NULL;
+    *n_out = 0;
+    if (!tok) return IE_OK;
+    for (int k = 0; EOT_NAMES[k] && st == IE_OK; k++) {
+        int32_t id = ie_tokenizer_find(tok, EOT_NAMES[k], strlen(EOT_NAMES[k]));
+        if (id >= 0 && ie_tokenizer_is_special(tok, id) && !ie_tokenizer_is_eog(tok, id))
+            st = ids_add(&ids, &n, id);
+    }
+    /* an HF folder: generation_config.json's eos_token_id (an id or a list)
+     * and tokenizer_config.json's eos_token */
+    size_t dl = tokenizer_path ? strlen(tokenizer_path) : 0;
+    while (dl > 0 && tokenizer_path[dl - 1] != '/') dl--;
+    static const char *const FILES[] = {"generation_config.json", "tokenizer_config.json"};
+    for (int f = 0; tokenizer_path && f < 2 && st == IE_OK; f++) {
+        char path[4096];
+        if (dl + 32 > sizeof path) break;
+        snprintf(path, sizeof path, "%.*s%s", (int)dl, tokenizer_path, FILES[f]);
+        char *text = read_file(path, NULL);
+        cJSON *root = text ? cJSON_Parse(text) : NULL;
+        free(text);
+        int32_t nv = ie_tokenizer_n_vocab(tok);
+        if (f == 0) {
+            const cJSON *e = cJSON_GetObjectItemCaseSensitive(root, "eos_token_id");
+            if (cJSON_IsNumber(e) && e->valuedouble >= 0 && e->valuedouble < nv)
+                st = ids_add(&ids, &n, (int32_t)e->valuedouble);
+            for (const cJSON *c = cJSON_IsArray(e) ? e->child : NULL; c && st == IE_OK; c = c->next)
+                if (cJSON_IsNumber(c) && c->valuedouble >= 0 && c->valuedouble < nv)
+                    st = ids_add(&ids, &n, (int32_t)c->valuedouble);
+        } else {
+            st = ids_add(&ids, &n, config_token(tok, cJSON_GetObjectItemCaseSensitive(root, "eos_token")));
+        }
+        cJSON_Delete(root);
+    }
+    /* keep only what the tokenizer does not stop on already */
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!ie_tokenizer_is_eog(tok, ids[i])) ids[k++] = ids[i];
+    if (st != IE_OK || k == 0) {
+        free(ids);
+        return st;
+    }
+    *ids_out = ids;
+    *n_out = k;
     return IE_OK;
 }

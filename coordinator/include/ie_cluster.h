@@ -14,7 +14,13 @@
  * registrations and watches heartbeats: a rank silent for dead_ms (or whose
  * step failed) fails the step with IE_ERR_UNAVAILABLE naming the worker —
  * never a hang — and the cluster stays up, not ready, until a worker takes
- * the empty rank again.
+ * the empty rank again. A step that is not answered within step_timeout_ms
+ * although every rank still heartbeats (a pipeline stage whose next stage
+ * cannot be reached queues the hidden state forever) fails the same way:
+ * the ranks that owe an answer are counted in ie_step_timeouts_total, shown
+ * down (ie_worker_up 0) and assigned again in a new epoch, so they drop
+ * what is stuck and must answer READY before the next step. The systemd
+ * watchdog is fed only while no step is overdue.
  */
 #ifndef IE_CLUSTER_H
 #define IE_CLUSTER_H
@@ -27,6 +33,8 @@
 
 typedef struct ie_cluster ie_cluster_t;
 
+#define IE_CLUSTER_STEP_TIMEOUT_MS 30000
+
 typedef struct ie_cluster_opts {
     const char *bind;     /* ROUTER endpoint workers connect to      */
     ie_shard_kind_t plan; /* PIPELINE or TENSOR                      */
@@ -36,6 +44,8 @@ typedef struct ie_cluster_opts {
     ie_precision_t precision;
     int heartbeat_ms;      /* default 250                             */
     int dead_ms;           /* default 2000                            */
+    int step_timeout_ms;   /* a step unanswered this long fails (0:
+                              IE_CLUSTER_STEP_TIMEOUT_MS)              */
     ie_net_t *net;         /* context (required; shared for inproc)   */
     ie_metrics_t *metrics; /* optional                                */
     int verbose;           /* log membership changes to stderr        */

@@ -76,6 +76,8 @@ typedef struct ie_engine_opts {
                                  (0: 60 s; < 0: not at all — steps fail
                                  with IE_ERR_UNAVAILABLE until ready)   */
     int heartbeat_ms, dead_ms; /* 0: 250 / 2000                          */
+    int step_timeout_ms;       /* a cluster step's deadline (0: 30 s,
+                                 IE_CLUSTER_STEP_TIMEOUT_MS)             */
     ie_net_t *net;             /* ZeroMQ context to use (CURVE set up by
                                  the caller); NULL: the engine makes one */
     ie_metrics_t *metrics;     /* optional registry for cluster metrics   */
@@ -123,6 +125,11 @@ void ie_engine_destroy(ie_engine_t **self_p);
 const ie_hparams_t *ie_engine_hparams(const ie_engine_t *e);
 /* The tokenizer, NULL when opened with no_tokenizer; borrowed. */
 const ie_tokenizer_t *ie_engine_tokenizer(const ie_engine_t *e);
+/* Put the model's chat template (o->tmpl, borrowed, valid until destroy;
+ * NULL if the model has none) and, if it did not compile, the reason
+ * (o->tmpl_error) into chat options; other fields are left as they are. */
+struct ie_chat_opts;
+void ie_engine_chat_opts(const ie_engine_t *e, struct ie_chat_opts *o);
 /* The backend that runs the model (worker or cluster: callers need not
  * know which); borrowed, valid until destroy. Its geometry says the
  * slots, context, batch, KV pool and vocabulary. */

@@ -61,6 +61,8 @@ typedef struct ie_gen_stats {
                                  prefix cache (not computed)             */
     size_t prefix_miss_tokens; /* prompt tokens computed                  */
     size_t preemptions;        /* sequences preempted (KV pool full)      */
+    double sample_ms;          /* sampling the logits (after the steps)   */
+    double detok_ms;           /* detokenizing and stop-string matching   */
 } ie_gen_stats_t;
 
 #endif

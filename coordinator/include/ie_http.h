@@ -16,7 +16,11 @@
  * invalid_request_error for bad JSON or parameters, 401 without the right
  * API key, 404 unknown path or model, 405 wrong method, 413 a body too
  * large, 429 when the queue is full ("busy"), 503 when workers are
- * unavailable, 504 on a request timeout, 500 otherwise. A client that
+ * unavailable or the server drains, 504 on a request timeout, 500
+ * otherwise; 429 and 503 carry "Retry-After: 1". A string with a NUL
+ * character (\u0000) is refused (400) rather than cut short. Connections:
+ * at most max_conns, max_conns_per_addr from one address (more are closed
+ * at once), and each request must be read whole within read_timeout_ms. A client that
  * disconnects has its request cancelled (its KV blocks are freed at the
  * next step).
  *
@@ -32,6 +36,10 @@
 
 typedef struct ie_http ie_http_t;
 
+#define IE_HTTP_READ_TIMEOUT_MS 10000
+#define IE_HTTP_MAX_CONNS 1024
+#define IE_HTTP_MAX_CONNS_PER_ADDR 256
+
 typedef struct ie_http_opts {
     ie_engine_t *engine;    /* tokenizer, chat template, shapes        */
     ie_sched_t *sched;      /* where requests go                       */
@@ -45,6 +53,12 @@ typedef struct ie_http_opts {
     int request_timeout_ms; /* per-request limit given to the scheduler
                                   (0: none)                               */
     int max_body;           /* bytes of request body at most (0: 1 MiB) */
+    int read_timeout_ms;    /* a connection's whole request (line,
+                                  headers, body) must arrive within this
+                                  of its start or of the previous answer;
+                                  else it is closed (0: 10 s)            */
+    int max_conns;          /* open connections at most (0: 1024)      */
+    int max_conns_per_addr; /* ... from one client address (0: 256)    */
     int verbose;            /* one log line per request to stderr      */
 } ie_http_opts_t;
 

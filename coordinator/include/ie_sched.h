@@ -8,11 +8,12 @@
  * else of it. Each ie_sched_step is one backend step: requests join the
  * running batch when a sequence slot and KV blocks are free (highest
  * priority first, then arrival), every running stream contributes its next
- * decode token, and the rest of the step (up to the backend's max_batch,
- * at most prefill_chunk
- * prompt tokens) is filled with prompt chunks — a long prompt never stalls
- * running streams. Finished, cancelled and timed-out requests leave the
- * batch at the step they end and free their blocks at once.
+ * decode token, and the rest of the step is filled with prompt chunks: at
+ * most prefill_chunk prompt tokens while streams decode (so a long prompt
+ * adds a bounded amount of work to each of their tokens), up to the
+ * backend's max_batch when none does. Finished, cancelled and timed-out
+ * requests leave the batch at the step they end and free their blocks at
+ * once.
  *
  * KV blocks come from an ie_kvpool. A new request first takes the cached
  * blocks of the longest equal prompt prefix (a shared system prompt is
@@ -45,6 +46,9 @@
 
 typedef struct ie_sched ie_sched_t;
 
+/* The default prompt-token budget of a step that also decodes streams. */
+#define IE_SCHED_PREFILL_CHUNK 32
+
 typedef struct ie_sched_opts {
     ie_backend_t *backend;     /* not owned, must outlive the scheduler; its
                               n_seq slots and KV pool are the scheduler's
@@ -52,22 +56,31 @@ typedef struct ie_sched_opts {
     const ie_tokenizer_t *tok; /* not owned, must outlive the scheduler:
                               detokenizes the output; ids fit the
                               backend's vocabulary                       */
-    int no_prefix_cache;       /* 1: never reuse cached KV blocks of equal
+    const int32_t *stop_ids;   /* end-of-turn ids beyond the tokenizer's
+                              (ie_tokenizer_is_eog), not owned, must
+                              outlive the scheduler; may be NULL        */
+    size_t n_stop_ids;
+    int no_prefix_cache;    /* 1: never reuse cached KV blocks of equal
                               prompt prefixes (0, the default: reuse)    */
-    int queue_max;             /* waiting requests at most (0: 64) beyond
+    int queue_max;          /* waiting requests at most (0: 64) beyond
                               the slots free at submit; more is
                               IE_ERR_BUSY                                */
-    int prefill_chunk;         /* prompt tokens per step at most (0: the
-                              backend's max_batch)                       */
-    int retry_ms;              /* > 0: a request whose step failed because a
-                              worker was lost is recomputed when the
+    int prefill_chunk;      /* prompt tokens per step at most while
+                              streams decode (0: IE_SCHED_PREFILL_CHUNK;
+                              capped at the backend's max_batch); a step
+                              with no decoding stream takes up to
+                              max_batch                                  */
+    int retry_ms;           /* > 0: a request whose step failed because a
+                              worker was lost (one that never ran on a
+                              ready backend fails at once) is
+                              recomputed when the
                               backend is ready again, tried again (250 ms
                               apart) for up to this long after the first
                               loss; 0: it ends with ERROR "unavailable"
                               at once                                    */
-    ie_gen_stats_t *timing;    /* optional: step times and token counts
+    ie_gen_stats_t *timing; /* optional: step times and token counts
                               accumulate here (stepping thread only)     */
-    ie_metrics_t *metrics;     /* optional: ie_requests_total{status},
+    ie_metrics_t *metrics;  /* optional: ie_requests_total{status},
                               tokens, queue/TTFT/token-latency
                               histograms, KV blocks used/total, prefix
                               hits/misses, preemptions                   */
@@ -149,8 +162,9 @@ void ie_sched_set_timing(ie_sched_t *s, ie_gen_stats_t *timing);
  * event (DONE or ERROR) will follow, from ie_sched_step or
  * ie_sched_destroy. Otherwise no event ever comes: IE_ERR_BUSY when
  * queue_max requests are waiting (message says so; answer HTTP 429 / a
- * "busy" reply), IE_ERR_INVAL / IE_ERR_RANGE for a bad prompt (empty, id
- * out of range, longer than the context) or parameters, IE_ERR_NOMEM. */
+ * "busy" reply), IE_ERR_UNAVAILABLE once ie_sched_drain was called,
+ * IE_ERR_INVAL / IE_ERR_RANGE for a bad prompt (empty, id out of range,
+ * longer than the context) or parameters, IE_ERR_NOMEM. */
 ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id_out);
 
 /* Cancel a queued or running request: it gets ERROR "cancelled" at the
@@ -169,17 +183,22 @@ ie_status_t ie_sched_cancel(ie_sched_t *s, uint64_t id);
  * IE_ERR_NOMEM when even that bookkeeping failed. */
 ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out);
 
+/* Refuse new requests from now on (IE_ERR_UNAVAILABLE, "shutting down")
+ * while the queued and running ones go on: a draining server. Any thread. */
+void ie_sched_drain(ie_sched_t *s);
+
 /* Block until a request is submitted or cancelled, or timeout_ms passes
  * (returns at once when work is pending). For a serving loop that has
  * nothing else to poll. */
 void ie_sched_wait(ie_sched_t *s, int timeout_ms);
 
 typedef struct ie_sched_stats {
-    int ready; /* steps can run: the backend is
+    int ready;    /* steps can run: the backend is
                                            ready (ie_backend_ready, as of
                                            the last ie_sched_step; for
                                            health checks on other
                                            threads)                      */
+    int draining; /* ie_sched_drain was called */
     int queued, running;
     int kv_blocks, kv_used, kv_cached; /* pool blocks: all / in use /
                                            cached for reuse              */

@@ -12,9 +12,12 @@
  * ZeroMQ replies: streamed token events (when the request asks for them)
  * and a final summary, or an error with a code: "busy" at once when the
  * scheduler's queue is full, "invalid_request" (with a log line) for a
- * malformed request, "cancelled", "timeout", "unavailable". Nothing a
- * client sends stops the loop. A "cancel" message cancels a queued or
- * running request of the same client.
+ * malformed request or a message of more than one frame after the
+ * envelope, "cancelled", "timeout", "unavailable". Nothing a client sends
+ * stops the loop. A "cancel" message cancels a queued or running request
+ * of the same client, and so does the end of the client's connection (the
+ * socket should be watched, ie_sock_watch_peers: that is how the loop
+ * learns of it).
  */
 #ifndef IE_SERVE_H
 #define IE_SERVE_H
@@ -26,19 +29,28 @@
 
 #include <signal.h>
 
+/* ZeroMQ heartbeat interval for the client socket (ie_sock_watch_peers):
+ * a client whose host vanished is dropped after three silent intervals. */
+#define IE_SERVE_CLIENT_HEARTBEAT_MS 5000
+
 typedef struct ie_serve_opts {
     ie_engine_t *engine;
     ie_sched_t *sched;           /* requests go here; the loop steps it    */
     ie_sock_t *sock;             /* a bound ROUTER for ZeroMQ clients, or
                                     NULL (HTTP only)                      */
     int request_timeout_ms;      /* per-request limit (0: none)           */
-    volatile sig_atomic_t *stop; /* leave the loop when set               */
+    volatile sig_atomic_t *stop; /* drain, then leave the loop, when set  */
+    int drain_ms;                /* once *stop is set: new requests are
+                                    refused ("unavailable", HTTP 503) and
+                                    the accepted ones may finish for this
+                                    long (0: none, they end at once)     */
     ie_metrics_t *metrics;       /* optional                              */
     int verbose;
 } ie_serve_opts_t;
 
-/* Serve until *stop. Requests of ZeroMQ clients still open when the loop
- * ends get "unavailable". Returns IE_OK, or an error of the socket itself. */
+/* Serve until *stop, then drain (drain_ms). Requests of ZeroMQ clients
+ * still open when the loop ends get "unavailable". Returns IE_OK, or an
+ * error of the socket itself. */
 ie_status_t ie_serve_run(const ie_serve_opts_t *o);
 
 #endif

@@ -414,7 +414,9 @@ ie_status_t ie_engine_chat(ie_engine_t *e, const char *const *roles, const char 
     if (!e || (n && (!roles || !contents))) return ie_error_set(IE_ERR_INVAL, "ie_engine_chat: NULL argument");
     const ie_tokenizer_t *tok = ie_engine_tokenizer(e);
     if (!tok) return ie_error_set(IE_ERR_INVAL, "the engine has no tokenizer");
-    if (ie_chat_format(tok) == IE_CHAT_NONE)
+    ie_chat_opts_t co = {0};
+    ie_engine_chat_opts(e, &co);
+    if (ie_chat_format_for(tok, &co) == IE_CHAT_NONE)
         return ie_error_set(IE_ERR_UNSUPPORTED, "the model has no chat template clocher can render");
     if ((st = gen_params(gen, &g, &stops)) != IE_OK) goto cleanup;
     /* the conversation as ie_chat_encode takes it (the CLI's --chat JSON) */
@@ -433,7 +435,7 @@ ie_status_t ie_engine_chat(ie_engine_t *e, const char *const *roles, const char 
             goto nomem;
     }
     if (!(json = cJSON_PrintUnformatted(arr))) goto nomem;
-    if ((st = ie_chat_encode(tok, json, NULL, &ids, &n_ids, NULL)) != IE_OK) goto cleanup;
+    if ((st = ie_chat_encode(tok, json, &co, &ids, &n_ids, NULL)) != IE_OK) goto cleanup;
     st = generate_ids(e, ids, n_ids, g, on_token, user, t0, text_out, info_out);
     goto cleanup;
 

@@ -46,8 +46,9 @@ typedef struct member {
 
 /* A step sent and not yet answered by every head rank. */
 typedef struct pend {
-    int live;  /* its answers are counted                       */
-    int chain; /* tokens: the previous step's arg max (STEP chain) */
+    int live;      /* its answers are counted                       */
+    double t_sent; /* when it went out (its deadline runs from here) */
+    int chain;     /* tokens: the previous step's arg max (STEP chain) */
     uint64_t epoch, step;
     int got[IE_PROTO_MAX_RANKS];
     ie_status_t st;
@@ -84,7 +85,7 @@ struct ie_cluster {
     uint8_t *flags; /* logits flags when the batch has none      */
     int flags_cap;
     ie_cluster_stats_t stats;
-    ie_metric_t *m_up, *m_step;
+    ie_metric_t *m_up, *m_step, *m_step_tmo;
     uint64_t wd_us; /* systemd watchdog interval (0: none)      */
     double last_wd;
     /* the step being waited for, and a chained step sent ahead of the
@@ -390,8 +391,11 @@ static void handle(ie_cluster_t *c)
 static void tick(ie_cluster_t *c)
 {
     double t = ie_now_ms();
-    /* the coordinator's loop is alive as long as it ticks, steps included */
-    if (c->wd_us && t - c->last_wd >= c->wd_us / 2000.0) {
+    /* the watchdog means progress: the loop ticks, and no step is overdue
+     * (a step past its deadline is failed by wait_cur; if that ever did
+     * not happen, systemd should restart us) */
+    const int overdue = c->cur.live && t - c->cur.t_sent > c->o.step_timeout_ms;
+    if (c->wd_us && !overdue && t - c->last_wd >= c->wd_us / 2000.0) {
         ie_sd_watchdog();
         c->last_wd = t;
     }
@@ -442,6 +446,7 @@ ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src
     c->o = *o;
     if (c->o.heartbeat_ms <= 0) c->o.heartbeat_ms = 250;
     if (c->o.dead_ms <= 0) c->o.dead_ms = 2000;
+    if (c->o.step_timeout_ms <= 0) c->o.step_timeout_ms = IE_CLUSTER_STEP_TIMEOUT_MS;
     c->src = src;
     c->hp = *ie_model_src_hparams(src);
     c->fp = ie_model_src_fingerprint(src);
@@ -469,10 +474,22 @@ ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src
         }
     }
     if ((st = ie_sock_new(o->net, IE_SOCK_ROUTER, &c->router)) != IE_OK) goto cleanup;
+    {
+        /* the largest message a worker sends is a RESULT of whole logits
+         * rows for a full batch (plus its chained tokens): anything larger
+         * is not from a worker, and is refused before it takes memory */
+        const int64_t cap = (int64_t)o->max_batch * c->hp.n_vocab * (int64_t)sizeof(float) +
+                            (int64_t)o->max_batch * (int64_t)sizeof(int32_t) + (1 << 20);
+        if ((st = ie_sock_set_max_msg(c->router, cap < (1ll << 30) ? cap : 1ll << 30)) != IE_OK) goto cleanup;
+    }
     if ((st = ie_sock_bind(c->router, o->bind, c->endpoint, sizeof c->endpoint)) != IE_OK) goto cleanup;
     if (o->metrics)
         ie_metrics_gauge(o->metrics, "ie_worker_up", "1 while the worker of this rank is registered and ready",
                          "worker", &c->m_up);
+    if (o->metrics)
+        ie_metrics_counter(o->metrics, "ie_step_timeouts_total",
+                           "Steps not answered within --step-timeout-ms, by the rank that owed the answer",
+                           "worker", &c->m_step_tmo);
     if (o->metrics) {
         static const double sb[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5};
         ie_metrics_histogram(o->metrics, "ie_step_seconds", "Wall time of one step across the workers", NULL, sb,
@@ -666,6 +683,7 @@ static void pend_send(ie_cluster_t *c, pend_t *p, int n, const int32_t *tok, con
                       const uint8_t *flags, int chain, float *logits_out)
 {
     p->live = 1;
+    p->t_sent = ie_now_ms();
     p->chain = chain;
     p->epoch = c->epoch;
     p->step = ++c->step;
@@ -779,8 +797,41 @@ static void la_count(ie_cluster_t *c, int used)
     if (c->m_la) ie_metric_add(c->m_la, used ? "used" : "dropped", 1);
 }
 
+/* cur was not answered in time although its ranks heartbeat: fail it
+ * (IE_ERR_UNAVAILABLE: its requests are retried as for a lost worker) and
+ * re-assign every rank in a new epoch, so whatever is stuck is dropped and
+ * the ranks prove themselves with READY again; until then they are down.
+ * Which rank owes the answer: the tensor ranks that did not answer; in a
+ * pipeline the stages hand the step on without telling us, so every stage
+ * is a suspect. */
+static void step_overdue(ie_cluster_t *c)
+{
+    const int tensor = c->o.plan == IE_SHARD_TENSOR;
+    char who[256] = "";
+    size_t len = 0;
+    for (int r = 0; r < c->o.n_ranks; r++) {
+        if (tensor && c->cur.got[r]) continue;
+        char l[16];
+        snprintf(l, sizeof l, "%d", r);
+        if (c->m_step_tmo) ie_metric_add(c->m_step_tmo, l, 1);
+        set_up(c, r, 0);
+        int n = snprintf(who + len, sizeof who - len, "%s%d", len ? ", " : "", r);
+        if (n > 0 && (size_t)n < sizeof who - len) len += (size_t)n;
+    }
+    pend_fail(&c->cur, IE_ERR_UNAVAILABLE,
+              "%s step %llu not answered within %d ms (--step-timeout-ms) although the workers heartbeat; "
+              "rank(s) %s marked down and assigned again%s",
+              ie_shard_kind_name(c->o.plan), (unsigned long long)c->cur.step, c->o.step_timeout_ms, who,
+              tensor ? "" : " (a pipeline stage may not reach the next one: check --peer-bind/--advertise)");
+    clog_(c, "%s", c->cur.err);
+    c->ahead.live = 0;
+    for (int r = 0; r < c->o.n_ranks; r++)
+        if (c->m[r].state == M_READY) c->m[r].state = M_LOADING;
+    replan(c);
+}
+
 /* Wait for the head ranks' answers to cur (all tensor ranks; the last
- * stage), or its failure. */
+ * stage), its failure, or its deadline. */
 static void wait_cur(ie_cluster_t *c)
 {
     const int tensor = c->o.plan == IE_SHARD_TENSOR;
@@ -789,7 +840,12 @@ static void wait_cur(ie_cluster_t *c)
         for (int r = 0; r < c->o.n_ranks; r++)
             if (c->range[r].has_head && (tensor || r == c->o.n_ranks - 1) && !c->cur.got[r]) done = 0;
         if (done) break;
-        pump(c, c->o.heartbeat_ms);
+        const int left = (int)(c->cur.t_sent + c->o.step_timeout_ms - ie_now_ms());
+        if (left <= 0) {
+            step_overdue(c);
+            break;
+        }
+        pump(c, left < c->o.heartbeat_ms ? left : c->o.heartbeat_ms);
     }
 }
 

@@ -7,6 +7,7 @@
  */
 #include "ie_engine.h"
 
+#include "ie_chat.h"
 #include "ie_cluster.h"
 #include "ie_model_src.h"
 #include "ie_node.h"
@@ -24,6 +25,10 @@ struct ie_engine {
     ie_engine_opts_t opts;
     ie_model_src_t *src;
     ie_tokenizer_t *tok;
+    ie_jinja_t *chat_tmpl; /* the model's chat template, NULL if none  */
+    char *chat_tmpl_err;   /* why the model's template did not compile */
+    int32_t *stop_ids;     /* end-of-turn ids beyond the tokenizer's    */
+    size_t n_stop_ids;
     ie_backend_t *backend; /* worker (plan NONE) or cluster              */
     ie_net_t *net;
     int own_net;
@@ -129,6 +134,7 @@ static ie_status_t start_cluster(ie_engine_t *e, const ie_worker_opts_t *wo)
                             .kv_blocks = wo->kv_blocks,
                             .heartbeat_ms = o->heartbeat_ms,
                             .dead_ms = o->dead_ms,
+                            .step_timeout_ms = o->step_timeout_ms,
                             .net = e->net,
                             .metrics = o->metrics,
                             .verbose = o->cluster_bind != NULL};
@@ -200,6 +206,18 @@ ie_status_t ie_engine_open(const ie_engine_opts_t *o, ie_engine_t **out)
                           ie_tokenizer_n_vocab(e->tok), hp->n_vocab);
         goto cleanup;
     }
+    if (e->tok) {
+        /* A template that does not compile must not stop non-chat use of
+         * the model: keep the reason for the chat calls to report. */
+        char *text = NULL;
+        if ((st = ie_chat_template_find(tpath, &text)) == IE_OK && text &&
+            ie_jinja_parse(text, strlen(text), &e->chat_tmpl) != IE_OK &&
+            !(e->chat_tmpl_err = strdup(ie_error_last())))
+            st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+        free(text);
+        if (st == IE_OK) st = ie_chat_stop_ids(e->tok, tpath, &e->stop_ids, &e->n_stop_ids);
+        if (st != IE_OK) goto cleanup;
+    }
 
     ie_worker_opts_t wo;
     ie_worker_opts_default(&wo);
@@ -249,6 +267,9 @@ void ie_engine_destroy(ie_engine_t **self_p)
     free(e->node_opts);
     if (e->own_net) ie_net_destroy(&e->net);
     ie_tokenizer_destroy(&e->tok);
+    ie_jinja_destroy(&e->chat_tmpl);
+    free(e->chat_tmpl_err);
+    free(e->stop_ids);
     ie_model_src_destroy(&e->src);
     free(e->b_tok);
     free(e->b_pos);
@@ -263,12 +284,22 @@ void ie_engine_destroy(ie_engine_t **self_p)
 
 const ie_hparams_t *ie_engine_hparams(const ie_engine_t *e) { return ie_model_src_hparams(e->src); }
 const ie_tokenizer_t *ie_engine_tokenizer(const ie_engine_t *e) { return e->tok; }
+
+void ie_engine_chat_opts(const ie_engine_t *e, ie_chat_opts_t *o)
+{
+    o->tmpl = e->chat_tmpl;
+    o->tmpl_error = e->chat_tmpl_err;
+}
 ie_backend_t *ie_engine_backend(ie_engine_t *e) { return e->backend; }
 void **ie_engine_ext(const ie_engine_t *e) { return (void **)&e->ext; }
 
 void ie_engine_sched_opts(ie_engine_t *e, ie_sched_opts_t *out)
 {
-    *out = (ie_sched_opts_t){.backend = e->backend, .tok = e->tok, .no_prefix_cache = !e->opts.prefix_cache};
+    *out = (ie_sched_opts_t){.backend = e->backend,
+                             .tok = e->tok,
+                             .stop_ids = e->stop_ids,
+                             .n_stop_ids = e->n_stop_ids,
+                             .no_prefix_cache = !e->opts.prefix_cache};
 }
 
 void ie_gen_result_clear(ie_gen_result_t *r)
@@ -423,6 +454,7 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
             ie_sched_opts_t so;
             ie_engine_sched_opts(e, &so);
             so.queue_max = 1000000;
+            so.prefill_chunk = ie_backend_geom(e->backend)->max_batch; /* offline: throughput, not latency */
             if ((st = ie_sched_new(&so, &e->sched)) != IE_OK) goto cleanup;
         }
         sched = e->sched;
@@ -431,6 +463,7 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
         ie_sched_opts_t so;
         ie_engine_sched_opts(e, &so);
         so.queue_max = (int)(n < 1000000 ? n : 1000000);
+        so.prefill_chunk = ie_backend_geom(e->backend)->max_batch; /* no one waits between tokens here */
         so.timing = stats;
         if ((st = ie_sched_new(&so, &sched)) != IE_OK) goto cleanup;
     }

@@ -58,6 +58,7 @@ typedef struct sreq {
                                 for the backend (0: never failed)        */
     double not_before; /* retry back-off                           */
     int admitted;
+    int ran;    /* was in a step that succeeded             */
     int cancel; /* set under mu by ie_sched_cancel          */
     ie_sched_cb cb;
     void *cb_ctx;
@@ -92,7 +93,8 @@ struct ie_sched {
     sreq_t *live;
     sreq_t **run; /* [n_seq] by slot                          */
     uint64_t next_id, next_order;
-    int pending; /* a submit or cancel since the last step   */
+    int pending;  /* a submit or cancel since the last step   */
+    int draining; /* ie_sched_drain: submissions are refused   */
     /* step buffers */
     int32_t *b_tok, *b_pos, *b_seq, *b_ad;
     uint8_t *b_logits;
@@ -102,10 +104,11 @@ struct ie_sched {
     int n_tev;
     sreq_t **ended; /* terminal this step                        */
     int n_ended, ended_cap;
-    int32_t *unbind;     /* a slot's table when it is let go          */
-    int ident;           /* the pool is full size: slots start bound
+    int32_t *unbind;      /* a slot's table when it is let go          */
+    int ident;            /* the pool is full size: slots start bound
                                 to their own blocks                      */
-    ie_sched_stats_t st; /* under mu                                 */
+    ie_sched_stats_t st;  /* under mu                                 */
+    ie_metric_t *m_stage; /* ie_stage_seconds{stage} */
     ie_metric_t *m_req, *m_gen, *m_prompt, *m_queue, *m_ttft, *m_lat, *m_kv_used, *m_kv_total, *m_kv_ratio, *m_hit,
         *m_miss, *m_preempt, *m_queued, *m_running;
 };
@@ -288,7 +291,11 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
     s->B = g->max_batch;
     s->bt = g->kv_block;
     s->kv_blocks = g->kv_blocks;
-    s->chunk = o->prefill_chunk > 0 ? o->prefill_chunk : s->B;
+    /* while streams decode, a step takes at most this many prompt tokens
+     * (each costs about as much as a stream's token, and every stream
+     * waits for the whole step); alone, a prompt takes the whole step */
+    s->chunk = o->prefill_chunk > 0 ? o->prefill_chunk : IE_SCHED_PREFILL_CHUNK;
+    if (s->chunk > s->B) s->chunk = s->B;
     s->max_lblocks = (s->n_ctx + s->bt - 1) / s->bt;
     s->n_vocab = g->n_vocab;
     s->prefix_cache = !o->no_prefix_cache;
@@ -345,6 +352,12 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
         ie_metrics_counter(m, "ie_preemptions_total", "Sequences preempted for KV blocks", NULL, &s->m_preempt);
         ie_metrics_gauge(m, "ie_queue_depth", "Requests waiting", NULL, &s->m_queued);
         ie_metrics_gauge(m, "ie_running_requests", "Requests in the running batch", NULL, &s->m_running);
+        /* the CLI's stage timers (docs/CLI.md), per step: the forward pass
+         * of a step with prompt tokens (prefill) or without (decode), then
+         * sampling and detokenizing its rows; queue wait is
+         * ie_request_queue_seconds */
+        static const double sb[] = {0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5};
+        ie_metrics_histogram(m, "ie_stage_seconds", "Time per step in each stage", "stage", sb, 10, &s->m_stage);
         if (s->m_kv_total) ie_metric_set(s->m_kv_total, NULL, s->st.kv_blocks);
         if (s->m_kv_used) ie_metric_set(s->m_kv_used, NULL, 0);
         if (s->m_kv_ratio) ie_metric_set(s->m_kv_ratio, NULL, 0);
@@ -454,14 +467,22 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
     q->deadline = r->timeout_ms > 0 ? q->t_submit + r->timeout_ms : 0;
 
     pthread_mutex_lock(&s->mu);
+    if (s->draining) {
+        pthread_mutex_unlock(&s->mu);
+        st = ie_error_set(IE_ERR_UNAVAILABLE, "the server is shutting down; no new requests are accepted");
+        goto cleanup;
+    }
     /* queue_max wait beyond the slots that are free now (a burst between
      * two steps fills the idle slots first, then the queue) */
-    int cap = s->o.queue_max > 0 ? s->o.queue_max : 64;
+    const int queue_max = s->o.queue_max > 0 ? s->o.queue_max : 64;
+    int cap = queue_max;
     for (int k = 0; k < s->n_seq; k++) cap += s->run[k] == NULL;
     if (s->n_queue >= cap) {
-        int waiting = s->n_queue; /* read under the lock */
         pthread_mutex_unlock(&s->mu);
-        st = ie_error_set(IE_ERR_BUSY, "server busy: %d requests waiting; try again later", waiting);
+        /* the queue's own limit, not n_queue: the requests about to take
+         * the free slots are queued too until the next step */
+        st = ie_error_set(IE_ERR_BUSY, "server busy: the queue is full (%d requests waiting); try again later",
+                          queue_max);
         goto cleanup;
     }
     q->id = s->next_id++;
@@ -517,11 +538,20 @@ void ie_sched_wait(ie_sched_t *s, int timeout_ms)
     pthread_mutex_unlock(&s->mu);
 }
 
+void ie_sched_drain(ie_sched_t *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->draining = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
 void ie_sched_stats(ie_sched_t *s, ie_sched_stats_t *out)
 {
     pthread_mutex_lock(&s->mu);
     *out = s->st;
     out->queued = s->n_queue;
+    out->draining = s->draining;
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -733,7 +763,7 @@ static int build(ie_sched_t *s, int *has_prefill)
             order[b] = order[b - 1];
             order[b - 1] = t;
         }
-    int budget = s->chunk;
+    int budget = nb > 0 ? s->chunk : s->B; /* nb: the streams' decode tokens */
     for (int i = 0; i < n_order && nb < s->B && budget > 0; i++) {
         sreq_t *q = order[i];
         while (q->n_fed < q->n_known && nb < s->B && budget > 0) {
@@ -820,7 +850,9 @@ static void take_token(ie_sched_t *s, sreq_t *q, int32_t id, double now)
     size_t before_len = q->text_len;
     int r = 0;
     ie_finish_t why = IE_FINISH_NONE;
-    if (ie_tokenizer_is_eog(s->tok, id)) {
+    int eog = ie_tokenizer_is_eog(s->tok, id);
+    for (size_t k = 0; !eog && k < s->o.n_stop_ids; k++) eog = s->o.stop_ids[k] == id;
+    if (eog) {
         why = IE_FINISH_EOS;
     } else {
         const char *piece = ie_detok_push(q->detok, id);
@@ -850,9 +882,11 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
     int row = 0;
     double now = ie_now_ms();
     size_t n_pre = 0, n_dec = 0;
+    double sample_ms = 0, detok_ms = 0;
     s->n_tev = 0;
     for (int i = 0; i < nb; i++) {
         sreq_t *q = s->b_req[i];
+        q->ran = 1;
         if (q->state == S_DECODE) q->n_fed++; /* its decode token is in */
         else n_pre++;
         if (!s->b_logits[i]) {
@@ -866,7 +900,12 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
         }
         float *lg = s->logits + (size_t)row++ * (size_t)s->n_vocab;
         int32_t id;
-        if (ie_sampler_sample(q->smp, lg, &id) != IE_OK) {
+        const int timed = s->o.timing || s->m_stage;
+        const double ts = timed ? ie_now_ms() : 0;
+        const ie_status_t sst = ie_sampler_sample(q->smp, lg, &id);
+        const double td = timed ? ie_now_ms() : 0;
+        sample_ms += td - ts;
+        if (sst != IE_OK) {
             char why[256];
             snprintf(why, sizeof why, "%s", ie_error_last());
             release_slot(s, q);
@@ -875,11 +914,19 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
         }
         if (!has_prefill) n_dec++;
         take_token(s, q, id, now);
+        if (timed) detok_ms += ie_now_ms() - td; /* text, stop strings, events */
     }
     if (s->prefix_cache)
         for (int k = 0; k < s->n_seq; k++)
             if (s->run[k]) publish(s, s->run[k]);
+    if (s->m_stage) {
+        ie_metric_observe(s->m_stage, has_prefill ? "prefill" : "decode", step_ms / 1e3);
+        ie_metric_observe(s->m_stage, "sample", sample_ms / 1e3);
+        ie_metric_observe(s->m_stage, "detokenize", detok_ms / 1e3);
+    }
     if (s->o.timing) {
+        s->o.timing->sample_ms += sample_ms;
+        s->o.timing->detok_ms += detok_ms;
         if (has_prefill) {
             s->o.timing->prefill_ms += step_ms;
             s->o.timing->prefill_tokens += n_pre;
@@ -892,7 +939,7 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
 
 /* A failed step: a lost worker requeues (retry) or ends the running
  * requests; any other failure ends the requests of the step. */
-static void step_failed(ie_sched_t *s, ie_status_t st, int nb, double now)
+static void step_failed(ie_sched_t *s, ie_status_t st, int nb, double now, int was_ready)
 {
     char why[256];
     snprintf(why, sizeof why, "%s", ie_error_last());
@@ -906,7 +953,12 @@ static void step_failed(ie_sched_t *s, ie_status_t st, int nb, double now)
         int in_step = 0;
         for (int i = 0; q && i < nb && !in_step; i++) in_step = s->b_req[i] == q;
         if (!q || (st != IE_ERR_UNAVAILABLE && !in_step)) continue;
-        if (st == IE_ERR_UNAVAILABLE && s->o.retry_ms > 0 && (q->hold_until == 0 || now < q->hold_until)) {
+        /* a request that never ran on a ready backend waits for nothing:
+         * with no worker there is no loss to recover from, and the docs
+         * promise "unavailable" at once */
+        const int never = !was_ready && !q->ran && q->hold_until == 0;
+        if (st == IE_ERR_UNAVAILABLE && s->o.retry_ms > 0 && !never &&
+            (q->hold_until == 0 || now < q->hold_until)) {
             if (q->hold_until == 0) q->hold_until = now + s->o.retry_ms; /* the window opens at the first loss */
             q->not_before = now + 250;
             preempt(s, q);
@@ -958,6 +1010,7 @@ ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out)
     admit(s, now);
     nb = build(s, &has_prefill);
     const int ahead = nb > 0 && lookahead_ok(s, nb, has_prefill);
+    const int was_ready = backend_ready(s);
     pthread_mutex_unlock(&s->mu);
 
     if (nb > 0) {
@@ -970,7 +1023,7 @@ ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out)
         double t1 = ie_now_ms();
         pthread_mutex_lock(&s->mu);
         if (st == IE_OK) advance(s, nb, has_prefill, t1 - t0);
-        else step_failed(s, st, nb, t1);
+        else step_failed(s, st, nb, t1, was_ready);
         pthread_mutex_unlock(&s->mu);
     }
     pthread_mutex_lock(&s->mu);

@@ -64,6 +64,20 @@
 #define IE_HTTP_STOP_GRACE_MS 3000 /* ie_http_stop waits this long for answers */
 #define IE_HTTP_MAX_STOP 16        /* stop strings per request at most    */
 #define IE_HTTP_JSON "application/json"
+#define IE_HTTP_REAP_MS 200 /* how often slow request reads are looked for */
+
+/* One open connection, for the request-read deadline: from its start (or
+ * the previous answer, on a kept-alive connection) until its request has
+ * been read whole. Linked in ie_http.conns under conns_mu. */
+typedef struct hconn {
+    int fd;
+    struct sockaddr_storage peer; /* checked before a shutdown: the fd is ours */
+    socklen_t peer_len;
+    double t_read; /* when reading the current request began      */
+    int reading;   /* the request is not read whole yet           */
+    int cut;       /* shut down for reading too slowly            */
+    struct hconn *prev, *next;
+} hconn_t;
 
 struct ie_http {
     ie_http_opts_t o; /* borrowed pointers: engine, sched, metrics */
@@ -81,9 +95,16 @@ struct ie_http {
     atomic_int stopping;
     pthread_mutex_t mu; /* n_busy                                */
     pthread_cond_t cv;
-    int n_busy;          /* generation requests not yet completed  */
-    ie_metric_t *m_req;  /* ie_http_requests_total{code}          */
-    ie_metric_t *m_gone; /* ie_http_client_disconnects_total      */
+    int n_busy;           /* generation requests not yet completed  */
+    ie_metric_t *m_req;   /* ie_http_requests_total{code}          */
+    ie_metric_t *m_gone;  /* ie_http_client_disconnects_total      */
+    ie_metric_t *m_slow;  /* ie_http_slow_requests_total           */
+    ie_metric_t *m_stage; /* ie_stage_seconds{stage="tokenize"}   */
+    pthread_mutex_t conns_mu;
+    hconn_t *conns;   /* every open connection                 */
+    pthread_t reaper; /* cuts connections past read_timeout_ms */
+    int reaper_running;
+    pthread_cond_t reaper_cv; /* wakes the reaper to stop (conns_mu) */
 };
 
 /* ------------------------------------------------------------- requests */
@@ -325,6 +346,10 @@ static enum MHD_Result send_body(ie_http_t *h, struct MHD_Connection *mc, conn_t
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     if (allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow);
     if (status == MHD_HTTP_UNAUTHORIZED) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    /* a full queue empties as requests finish, typically within seconds;
+     * a draining or not-ready server is not worth retrying sooner either */
+    if (status == MHD_HTTP_TOO_MANY_REQUESTS || status == MHD_HTTP_SERVICE_UNAVAILABLE)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     enum MHD_Result ret = MHD_queue_response(mc, status, r);
     MHD_destroy_response(r);
     if (c) c->status = status;
@@ -462,7 +487,8 @@ static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
     int found = 0;
 
     ie_gen_params_default(&g->gp);
-    *sp = ie_sampler_params_default(); /* temperature 1, filters off: OpenAI's defaults */
+    ie_engine_chat_opts(h->o.engine, &g->chat_opts); /* the model's own template */
+    *sp = ie_sampler_params_default();               /* temperature 1, filters off: OpenAI's defaults */
     /* completions: 16 tokens like OpenAI; chat: until the model ends its
      * turn or the context is full */
     g->gp.max_new = g->chat ? h->n_ctx : 16;
@@ -590,8 +616,10 @@ static int prompt_ids(ie_http_t *h, const cJSON *root, int32_t **ids, size_t *n,
     }
     if (!cJSON_IsString(p))
         return bad_param(e, "prompt", "'prompt' must be a string, a list of one string or a list of token ids");
+    const double t0 = ie_now_ms();
     ie_status_t st = ie_tokenizer_encode(h->tok, p->valuestring, strlen(p->valuestring),
                                          IE_TOK_ADD_SPECIAL | IE_TOK_PARSE_SPECIAL, ids, n);
+    if (h->m_stage) ie_metric_observe(h->m_stage, "tokenize", (ie_now_ms() - t0) / 1e3);
     if (st == IE_ERR_NOMEM)
         return err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
     if (st != IE_OK) return bad_param(e, "prompt", "'prompt': %s", ie_error_last());
@@ -600,19 +628,28 @@ static int prompt_ids(ie_http_t *h, const cJSON *root, int32_t **ids, size_t *n,
 
 /* /v1/chat/completions' messages -> ids through the model's chat template.
  * OpenAI's content parts ([{"type": "text", "text": ...}]) are joined into
- * one string; "name" is dropped. */
+ * one string; "name" is dropped. "chat_template_kwargs" (an object, as vLLM
+ * takes it, e.g. {"enable_thinking": false}) become template variables. */
 static int chat_ids(ie_http_t *h, const cJSON *root, const gen_t *g, int32_t **ids, size_t *n, http_err_t *e)
 {
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    const cJSON *kw = cJSON_GetObjectItemCaseSensitive(root, "chat_template_kwargs");
     cJSON *norm = NULL;
-    char *json = NULL;
+    char *json = NULL, *kw_json = NULL;
     int rc = 0, i = 0;
     cJSON *m;
+    ie_chat_opts_t co = g->chat_opts;
 
     if (!cJSON_IsArray(msgs) || !msgs->child)
         return bad_param(e, "messages", "'messages' must be a non-empty list of messages");
     if (h->chat_fmt == IE_CHAT_NONE)
         return bad_param(e, "messages", "this model has no chat template; use /v1/completions");
+    if (kw && !cJSON_IsNull(kw)) {
+        if (!cJSON_IsObject(kw))
+            return bad_param(e, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+        if (!(kw_json = cJSON_PrintUnformatted(kw))) goto oom;
+        co.template_kwargs = kw_json;
+    }
     if (!(norm = cJSON_Duplicate(msgs, 1))) goto oom;
     cJSON_ArrayForEach(m, norm)
     {
@@ -648,7 +685,9 @@ static int chat_ids(ie_http_t *h, const cJSON *root, const gen_t *g, int32_t **i
         }
     }
     if (!(json = cJSON_PrintUnformatted(norm))) goto oom;
-    ie_status_t st = ie_chat_encode(h->tok, json, &g->chat_opts, ids, n, NULL);
+    const double t0 = ie_now_ms();
+    ie_status_t st = ie_chat_encode(h->tok, json, &co, ids, n, NULL);
+    if (h->m_stage) ie_metric_observe(h->m_stage, "tokenize", (ie_now_ms() - t0) / 1e3);
     if (st == IE_ERR_NOMEM) goto oom;
     if (st != IE_OK) rc = bad_param(e, "messages", "%s", ie_error_last());
     goto cleanup;
@@ -657,6 +696,7 @@ oom:
 cleanup:
     cJSON_Delete(norm);
     free(json);
+    free(kw_json);
     return rc;
 }
 
@@ -943,6 +983,20 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
 
 /* ------------------------------------------------------------- endpoints */
 
+/* 1 when a JSON text holds a NUL in a string: a raw 0 byte or the escape
+ * \u0000 (not an escaped backslash followed by "u0000"). */
+static int json_has_nul(const char *s, size_t n)
+{
+    if (!s) return 0;
+    if (memchr(s, 0, n)) return 1;
+    for (size_t i = 0; i + 1 < n; i++) {
+        if (s[i] != '\\') continue;
+        if (s[i + 1] == 'u' && i + 5 < n && !memcmp(s + i + 2, "0000", 4)) return 1;
+        i++; /* skip the escaped character (a backslash included) */
+    }
+    return 0;
+}
+
 /* POST /v1/completions and /v1/chat/completions, body read. */
 static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, conn_t *c)
 {
@@ -966,6 +1020,13 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
         snprintf(why, sizeof why, "%s", ie_error_last());
         err_set(&e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "invalid_json", NULL,
                 "the body is not valid UTF-8 (%s)", why);
+        goto answer_err;
+    }
+    /* cJSON decodes "\u0000" into a NUL that ends its C string: the
+     * prompt (or any string) would be cut there without a word */
+    if (json_has_nul(c->body.data, c->body.len)) {
+        err_set(&e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "invalid_value", NULL,
+                "a string in the body contains a NUL character (\\u0000), which is not accepted");
         goto answer_err;
     }
     root = cJSON_ParseWithLengthOpts(c->body.data ? c->body.data : "", c->body.len, &end, 0);
@@ -1113,9 +1174,9 @@ static enum MHD_Result handle_get(ie_http_t *h, struct MHD_Connection *mc, conn_
     if (!strcmp(url, "/health")) {
         ie_sched_stats_t ss; /* the cluster belongs to the serving thread; the scheduler's copy is locked */
         ie_sched_stats(h->o.sched, &ss);
-        int ok = ss.ready;
+        int ok = ss.ready && !ss.draining; /* a draining server leaves the load balancer's pool */
         cJSON *js = cJSON_CreateObject();
-        cJSON_AddStringToObject(js, "status", ok ? "ok" : "unavailable");
+        cJSON_AddStringToObject(js, "status", ok ? "ok" : ss.draining ? "draining" : "unavailable");
         return send_json(h, mc, c, ok ? MHD_HTTP_OK : MHD_HTTP_SERVICE_UNAVAILABLE, js);
     }
     if (!strcmp(url, "/metrics")) {
@@ -1157,6 +1218,8 @@ static enum MHD_Result handle_get(ie_http_t *h, struct MHD_Connection *mc, conn_
 }
 
 /* ------------------------------------------------------------- dispatch */
+
+static void read_done(ie_http_t *h, struct MHD_Connection *mc, int phase); /* "read deadline" below */
 
 /* 1 when the request carries "Authorization: Bearer <api_key>". The
  * comparison takes the same time wherever the first difference is. */
@@ -1242,7 +1305,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         }
         return MHD_YES;
     }
-    /* the body is complete */
+    /* the body is complete: the read deadline is met */
+    read_done(h, mc, 0);
     if (c->early) return send_err(h, mc, c, &c->err, c->allow);
     if (c->too_large) {
         err_set(&c->err, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", "request_too_large", NULL,
@@ -1268,7 +1332,7 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
 {
     ie_http_t *h = cls;
     conn_t *c = *con_cls;
-    (void)mc;
+    read_done(h, mc, 1); /* a kept-alive connection reads its next request from now */
     if (!c) return;
     *con_cls = NULL;
     if (c->req) {
@@ -1295,6 +1359,107 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
     free(c);
 }
 
+/* ------------------------------------------------------- read deadline */
+
+/* Why a deadline of our own: libmicrohttpd's connection timeout is an idle
+ * timeout that every received byte restarts, so a client sending one
+ * header byte every few seconds holds its connection (and, in this
+ * thread-per-connection server, a thread) forever; a thousand of them take
+ * every connection. Each connection here must deliver its whole request
+ * within read_timeout_ms; a slower one is shut down (its thread then sees
+ * the end of the stream and libmicrohttpd closes it). */
+
+/* Phase 0: the request of mc's connection is read whole (its deadline is
+ * met); 1: its answer went out, the next request's read starts now. */
+static void read_done(ie_http_t *h, struct MHD_Connection *mc, int phase)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    hconn_t *hc = ci ? ci->socket_context : NULL;
+    if (!hc) return;
+    pthread_mutex_lock(&h->conns_mu);
+    if (phase == 0) hc->reading = 0;
+    if (phase == 1) {
+        hc->reading = 1;
+        hc->t_read = ie_now_ms();
+    }
+    pthread_mutex_unlock(&h->conns_mu);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    ie_http_t *h = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        hconn_t *hc = calloc(1, sizeof *hc);
+        const union MHD_ConnectionInfo *fd = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
+        if (!hc || !fd) { /* not watched: libmicrohttpd's idle timeout still applies */
+            free(hc);
+            return;
+        }
+        hc->fd = (int)fd->connect_fd;
+        hc->peer_len = sizeof hc->peer;
+        if (getpeername(hc->fd, (struct sockaddr *)&hc->peer, &hc->peer_len) != 0) hc->peer_len = 0;
+        hc->t_read = ie_now_ms();
+        hc->reading = 1;
+        pthread_mutex_lock(&h->conns_mu);
+        hc->next = h->conns;
+        if (h->conns) h->conns->prev = hc;
+        h->conns = hc;
+        pthread_mutex_unlock(&h->conns_mu);
+        *socket_context = hc;
+        return;
+    }
+    hconn_t *hc = *socket_context; /* CLOSED: before libmicrohttpd closes the socket */
+    if (!hc) return;
+    *socket_context = NULL;
+    pthread_mutex_lock(&h->conns_mu);
+    if (hc->prev) hc->prev->next = hc->next;
+    else h->conns = hc->next;
+    if (hc->next) hc->next->prev = hc->prev;
+    pthread_mutex_unlock(&h->conns_mu);
+    free(hc);
+}
+
+/* Shut down the connections whose request is overdue (conns_mu held). The
+ * peer address is compared first: a descriptor is only shut down while it
+ * is still that connection's. */
+static void reap_slow(ie_http_t *h, double now)
+{
+    for (hconn_t *hc = h->conns; hc; hc = hc->next) {
+        if (!hc->reading || hc->cut || now - hc->t_read < h->o.read_timeout_ms) continue;
+        struct sockaddr_storage peer;
+        socklen_t len = sizeof peer;
+        if (hc->peer_len == 0 || getpeername(hc->fd, (struct sockaddr *)&peer, &len) != 0 || len != hc->peer_len ||
+            memcmp(&peer, &hc->peer, len) != 0)
+            continue;
+        shutdown(hc->fd, SHUT_RDWR);
+        hc->cut = 1;
+        if (h->m_slow) ie_metric_add(h->m_slow, NULL, 1);
+        if (h->o.verbose)
+            fprintf(stderr, "http: a connection sent no whole request within %d ms: closed\n",
+                    h->o.read_timeout_ms);
+    }
+}
+
+static void *reaper_main(void *arg)
+{
+    ie_http_t *h = arg;
+    pthread_mutex_lock(&h->conns_mu);
+    while (h->reaper_running) {
+        reap_slow(h, ie_now_ms());
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += IE_HTTP_REAP_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&h->reaper_cv, &h->conns_mu, &ts);
+    }
+    pthread_mutex_unlock(&h->conns_mu);
+    return NULL;
+}
+
 /* ------------------------------------------------------------ lifecycle */
 
 /* Contract: starts the server on o->addr:o->port (an IPv4/IPv6 literal or
@@ -1317,9 +1482,13 @@ ie_status_t ie_http_start(const ie_http_opts_t *o, ie_http_t **out)
         return ie_error_set(IE_ERR_INVAL, "http: an engine and a scheduler are required");
     if (!ie_engine_tokenizer(o->engine)) return ie_error_set(IE_ERR_INVAL, "http: the engine has no tokenizer");
     if (o->port < 0 || o->port > 65535) return ie_error_set(IE_ERR_INVAL, "http: bad port %d", o->port);
-    if (o->max_body < 0 || o->request_timeout_ms < 0)
-        return ie_error_set(IE_ERR_INVAL, "http: bad max_body %d or request_timeout_ms %d", o->max_body,
-                            o->request_timeout_ms);
+    if (o->max_body < 0 || o->request_timeout_ms < 0 || o->read_timeout_ms < 0 || o->max_conns < 0 ||
+        o->max_conns_per_addr < 0)
+        return ie_error_set(IE_ERR_INVAL,
+                            "http: bad max_body %d, request_timeout_ms %d, read_timeout_ms %d or connection "
+                            "limits %d / %d",
+                            o->max_body, o->request_timeout_ms, o->read_timeout_ms, o->max_conns,
+                            o->max_conns_per_addr);
     if (o->api_key && !*o->api_key) return ie_error_set(IE_ERR_INVAL, "http: empty API key");
     addr = o->addr && *o->addr ? o->addr : "127.0.0.1";
     if (!strcmp(addr, "localhost")) addr = "127.0.0.1";
@@ -1345,16 +1514,23 @@ ie_status_t ie_http_start(const ie_http_opts_t *o, ie_http_t **out)
         pthread_condattr_init(&ca);
         pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
         pthread_cond_init(&h->cv, &ca);
+        pthread_cond_init(&h->reaper_cv, &ca);
         pthread_condattr_destroy(&ca);
     }
+    pthread_mutex_init(&h->conns_mu, NULL);
     h->o = *o;
+    if (h->o.read_timeout_ms == 0) h->o.read_timeout_ms = IE_HTTP_READ_TIMEOUT_MS;
+    if (h->o.max_conns == 0) h->o.max_conns = IE_HTTP_MAX_CONNS;
+    if (h->o.max_conns_per_addr == 0) h->o.max_conns_per_addr = IE_HTTP_MAX_CONNS_PER_ADDR;
     h->o.addr = NULL;
     h->o.api_key = NULL;
     h->o.model_name = NULL;
     h->listen_fd = MHD_INVALID_SOCKET;
     h->created = (long)time(NULL);
     h->tok = ie_engine_tokenizer(o->engine);
-    h->chat_fmt = ie_chat_format(h->tok);
+    ie_chat_opts_t co = {0};
+    ie_engine_chat_opts(o->engine, &co);
+    h->chat_fmt = ie_chat_format_for(h->tok, &co);
     h->n_ctx = ie_backend_geom(ie_engine_backend(o->engine))->n_ctx;
     h->n_vocab = ie_tokenizer_n_vocab(h->tok);
     h->max_body = o->max_body > 0 ? (size_t)o->max_body : (size_t)1 << 20;
@@ -1370,13 +1546,22 @@ ie_status_t ie_http_start(const ie_http_opts_t *o, ie_http_t **out)
                                      "code", &h->m_req)) != IE_OK ||
             (st = ie_metrics_counter(o->metrics, "ie_http_client_disconnects_total",
                                      "HTTP generation requests cancelled because their client went away", NULL,
-                                     &h->m_gone)) != IE_OK)
+                                     &h->m_gone)) != IE_OK ||
+            (st = ie_metrics_counter(o->metrics, "ie_http_slow_requests_total",
+                                     "HTTP connections closed for not sending a whole request within the read "
+                                     "deadline",
+                                     NULL, &h->m_slow)) != IE_OK)
+            goto cleanup;
+        static const double sb[] = {0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5};
+        if ((st = ie_metrics_histogram(o->metrics, "ie_stage_seconds", "Time per step in each stage", "stage", sb,
+                                       10, &h->m_stage)) != IE_OK)
             goto cleanup;
     }
     h->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
                             (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
-                            MHD_OPTION_CONNECTION_TIMEOUT, 120u, MHD_OPTION_CONNECTION_LIMIT, 1024u,
-                            MHD_OPTION_END);
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_CONNECTION_TIMEOUT, 120u,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)h->o.max_conns,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)h->o.max_conns_per_addr, MHD_OPTION_END);
     if (!h->d) {
         st = ie_error_set(IE_ERR_IO, "http: cannot listen on %s:%d (%s)", addr, o->port, strerror(errno));
         goto cleanup;
@@ -1385,6 +1570,12 @@ ie_status_t ie_http_start(const ie_http_opts_t *o, ie_http_t **out)
     h->port = info ? (int)info->port : o->port;
     if (h->port == 0) {
         st = ie_error_set(IE_ERR_IO, "http: cannot tell which port it bound");
+        goto cleanup;
+    }
+    h->reaper_running = 1;
+    if (pthread_create(&h->reaper, NULL, reaper_main, h) != 0) {
+        h->reaper_running = 0;
+        st = ie_error_set(IE_ERR_NOMEM, "http: cannot start a thread");
         goto cleanup;
     }
     *out = h;
@@ -1407,6 +1598,13 @@ void ie_http_stop(ie_http_t **self_p)
     ie_http_t *h = *self_p;
     *self_p = NULL;
     atomic_store(&h->stopping, 1);
+    if (h->reaper_running) {
+        pthread_mutex_lock(&h->conns_mu);
+        h->reaper_running = 0;
+        pthread_cond_broadcast(&h->reaper_cv);
+        pthread_mutex_unlock(&h->conns_mu);
+        pthread_join(h->reaper, NULL);
+    }
     if (h->d) {
         h->listen_fd = MHD_quiesce_daemon(h->d); /* no new connections */
         struct timespec ts;
@@ -1421,6 +1619,8 @@ void ie_http_stop(ie_http_t **self_p)
     }
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->cv);
+    pthread_mutex_destroy(&h->conns_mu);
+    pthread_cond_destroy(&h->reaper_cv);
     free(h->api_key);
     free(h->model_name);
     free(h);

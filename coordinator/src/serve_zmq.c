@@ -11,6 +11,7 @@
 
 #include "ie_chat.h"
 #include "ie_proto.h"
+#include "ie_sdnotify.h"
 
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -26,6 +27,8 @@ typedef struct pending {
     int n_env;
     uint64_t sid;  /* scheduler id                                   */
     int32_t sent;  /* token events sent                              */
+    int peer;      /* the client's connection (ie_sock_last_peer)     */
+    int gone;      /* that connection ended: cancelled, not answered  */
     server_t *srv; /* NULL once orphaned                             */
     struct pending *next;
 } pending_t;
@@ -38,18 +41,22 @@ struct server {
     pending_t *open; /* submitted, not ended                           */
 };
 
-static void reply_env(server_t *s, char env[2][256], const size_t *env_len, int n_env, const ie_buf_t *body)
+/* IE_ERR_UNAVAILABLE: the client's connection is gone (ROUTER_MANDATORY). */
+static ie_status_t reply_env(server_t *s, char env[2][256], const size_t *env_len, int n_env, const ie_buf_t *body)
 {
     ie_frame_t f[3];
     int n = 0;
     for (int i = 0; i < n_env; i++) f[n++] = (ie_frame_t){env[i], env_len[i]};
     f[n++] = (ie_frame_t){body->data, body->len};
-    if (ie_sock_send(s->o->sock, f, n, 100) != IE_OK && s->o->verbose)
+    ie_status_t st = ie_sock_send(s->o->sock, f, n, 100);
+    if (st != IE_OK && s->o->verbose)
         fprintf(stderr, "ie-coordinator: reply to a client lost: %s\n", ie_error_last());
+    return st;
 }
 
 static void reply_error(server_t *s, pending_t *p, const char *id, const char *code, const char *msg)
 {
+    if (p->gone) return; /* nobody to answer */
     if (ie_client_enc_error(&s->out, id ? id : "", code, msg) == IE_OK)
         reply_env(s, p->env, p->env_len, p->n_env, &s->out);
 }
@@ -94,9 +101,12 @@ static void on_event(void *ctx, const ie_sched_event_t *ev)
         return;
     }
     if (ev->kind == IE_SCHED_TOKEN) {
-        if (p->req.stream &&
-            ie_client_enc_token(&s->out, p->req.id, p->sent++, ev->token, ev->text, ev->len) == IE_OK)
-            reply_env(s, p->env, p->env_len, p->n_env, &s->out);
+        if (p->req.stream && !p->gone &&
+            ie_client_enc_token(&s->out, p->req.id, p->sent++, ev->token, ev->text, ev->len) == IE_OK &&
+            reply_env(s, p->env, p->env_len, p->n_env, &s->out) == IE_ERR_UNAVAILABLE) {
+            p->gone = 1; /* no such peer any more: the end of its connection may not be reported yet */
+            ie_sched_cancel(s->o->sched, p->sid);
+        }
         return;
     }
     if (ev->kind == IE_SCHED_DONE) {
@@ -109,7 +119,8 @@ static void on_event(void *ctx, const ie_sched_event_t *ev)
                               .ttft_ms = ev->ttft_ms,
                               .total_ms = ev->total_ms,
                               .decode_tps = ev->decode_tps};
-        if (ie_client_enc_done(&s->out, &d) == IE_OK) reply_env(s, p->env, p->env_len, p->n_env, &s->out);
+        if (!p->gone && ie_client_enc_done(&s->out, &d) == IE_OK)
+            reply_env(s, p->env, p->env_len, p->n_env, &s->out);
     } else {
         reply_error(s, p, p->req.id, ev->code, ev->message);
     }
@@ -137,7 +148,9 @@ static ie_status_t encode(server_t *s, const ie_client_req_t *r, int32_t **ids, 
     char *json = cJSON_PrintUnformatted(arr);
     cJSON_Delete(arr);
     if (!json) return ie_error_set(IE_ERR_NOMEM, "out of memory");
-    ie_status_t st = ie_chat_encode(tok, json, NULL, ids, n, NULL);
+    ie_chat_opts_t co = {0};
+    ie_engine_chat_opts(s->o->engine, &co);
+    ie_status_t st = ie_chat_encode(tok, json, &co, ids, n, NULL);
     free(json);
     return st;
 }
@@ -185,22 +198,52 @@ static void submit(server_t *s, pending_t *p)
     pending_free(p);
 }
 
+/* Connections that ended: their clients' requests are cancelled (a client
+ * that disconnects mid-stream must not hold a slot until its request
+ * ends by itself) and never answered. */
+static void peers_gone(server_t *s)
+{
+    int fds[64], n;
+    while ((n = ie_sock_peers_gone(s->o->sock, fds, 64)) > 0) {
+        for (int i = 0; i < n; i++)
+            for (pending_t *p = s->open; p; p = p->next) {
+                if (p->gone || p->peer < 0 || p->peer != fds[i]) continue;
+                p->gone = 1;
+                if (ie_sched_cancel(s->o->sched, p->sid) == IE_OK && s->o->verbose)
+                    fprintf(stderr, "ie-coordinator: request '%s' cancelled: its client disconnected\n", p->req.id);
+            }
+        if (n < 64) break;
+    }
+}
+
 /* Take one message from the socket (already in s->in). */
 static void on_message(server_t *s)
 {
     pending_t *p = calloc(1, sizeof *p);
     if (!p) return;
-    /* envelope: identity, then an empty delimiter from REQ sockets */
-    int body = s->in.n - 1;
-    if (body < 1 || body > 2 || s->in.size[0] > sizeof p->env[0] || (body == 2 && s->in.size[1] != 0)) {
+    p->peer = ie_sock_last_peer(s->o->sock);
+    if (s->in.n < 2 || s->in.size[0] > sizeof p->env[0]) {
         free(p);
-        return; /* not a client message shape: nothing to answer to */
+        return; /* no routing identity: nothing to answer to */
     }
+    /* envelope: identity, then an empty delimiter from REQ sockets */
+    const int delim = s->in.n >= 3 && s->in.size[1] == 0;
+    const int body = 1 + delim;
     for (int i = 0; i < body; i++) {
         if (s->in.size[i]) memcpy(p->env[i], s->in.data[i], s->in.size[i]); /* the delimiter is empty */
         p->env_len[i] = s->in.size[i];
     }
     p->n_env = body;
+    if (s->in.n != body + 1) { /* a request is one frame: say so rather than drop it */
+        char why[160];
+        snprintf(why, sizeof why,
+                 "a request is one MessagePack frame; this message has %d frames after the envelope",
+                 s->in.n - body);
+        reply_error(s, p, NULL, "invalid_request", why);
+        if (s->m_req) ie_metric_add(s->m_req, "invalid_request", 1);
+        pending_free(p);
+        return;
+    }
     ie_status_t st = ie_client_req_decode(s->in.data[body], s->in.size[body], &p->req);
     if (st != IE_OK) {
         char why[600];
@@ -235,15 +278,40 @@ ie_status_t ie_serve_run(const ie_serve_opts_t *o)
     int busy = 0;
     ie_backend_t *be = ie_engine_backend(o->engine);
     const int upkeep_ms = ie_backend_geom(be)->upkeep_ms;
-    while (!(o->stop && *o->stop)) {
+    double drain_end = -1; /* >= 0: stopping; the accepted requests may run until then */
+    for (;;) {
+        if (o->stop && *o->stop && drain_end < 0) {
+            /* SIGTERM: refuse new requests, let the accepted ones finish
+             * (systemd and load balancers expect a drain), then leave */
+            ie_sched_stats_t ss;
+            ie_sd_stopping(); /* systemd: stopping, TimeoutStopSec runs from here */
+            ie_sched_drain(o->sched);
+            ie_sched_stats(o->sched, &ss);
+            drain_end = ie_now_ms() + (o->drain_ms > 0 ? o->drain_ms : 0);
+            if (ss.queued + ss.running > 0)
+                fprintf(stderr,
+                        "ie-coordinator: stopping: %d running and %d queued requests may finish within %d ms\n",
+                        ss.running, ss.queued, o->drain_ms);
+        }
+        if (drain_end >= 0) {
+            ie_sched_stats_t ss;
+            ie_sched_stats(o->sched, &ss);
+            if (ss.queued + ss.running == 0 || ie_now_ms() >= drain_end) break;
+        }
         ie_backend_upkeep(be, 0); /* a cluster's heartbeats, registrations, systemd watchdog */
         if (o->sock) {
             int ready = 0;
+            peers_gone(&s); /* also when no message comes */
             if (ie_sock_poll((ie_sock_t *const *)&o->sock, 1, &ready, busy ? 0 : 2) < 0) {
                 st = ie_error_set(IE_ERR_IO, "client socket: poll failed");
                 break;
             }
-            for (int k = 0; ready && k < 256 && ie_sock_recv(o->sock, &s.in, 0) == IE_OK; k++) on_message(&s);
+            for (int k = 0; ready && k < 256 && ie_sock_recv(o->sock, &s.in, 0) == IE_OK; k++) {
+                /* the end of a connection is reported before its number can
+                 * be reused, so ends read now all precede this message */
+                peers_gone(&s);
+                on_message(&s);
+            }
         } else if (!busy) {
             ie_sched_wait(o->sched, upkeep_ms);
         }

@@ -1,11 +1,12 @@
 """--chat: a conversation as JSON, rendered with the model's chat template.
 
-SmolLM2's GGUF template is ChatML with a default system message when the
-first message is not a system one. The rendered prompt's ids (--show-prompt)
+SmolLM2's GGUF carries its chat_template (ChatML with a default system
+message when the first message is not a system one), rendered by our jinja
+interpreter (test_chat_template.py checks it against transformers). The rendered prompt's ids (--show-prompt)
 must equal what the tokenize mode gives for the rendered text with special
 tokens parsed (apply_chat_template's ids), except that special-token text
-typed inside a message stays plain text. Bad JSON, unknown roles and --chat
-combined with --prompt exit 2 with one error line. Harmony chat runs end to
+typed inside a message stays plain text. Bad JSON, messages the template
+cannot render and --chat combined with --prompt exit 2 with one error line. Harmony chat runs end to
 end in test_chat_harmony.py (a tiny GPT-OSS with the o200k_harmony vocab)
 and its rendering in tests/unit/test_chat.c.
 """
@@ -44,7 +45,7 @@ def assert_usage_error(cp, *words):
 
 def test_chat_default_system(smollm2, ie_bin):
     out = run_json(chat_args(smollm2, MATH, "--greedy", "--max-new", "64", "--show-prompt"))
-    assert out["chat_format"] == "chatml"
+    assert out["chat_format"] == "template"
     assert out["prompt"] == (f"<|im_start|>system\n{DEFAULT_SYSTEM}<|im_end|>\n"
                              "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
     assert out["prompt_ids"] == tokenize(smollm2, out["prompt"], parse_special=True)
@@ -89,9 +90,9 @@ def test_chat_injection_is_plain_text(smollm2, ie_bin):
     ('[{"role": "user", "content": "x"', ["invalid JSON"]),
     ('{"role": "user", "content": "x"}', ["array"]),
     ('[]', ["no messages"]),
-    ('[{"role": "wizard", "content": "x"}]', ["unknown role", "wizard"]),
-    ('[{"role": "user"}]', ["content"]),
-    ('[{"role": "user", "content": 7}]', ["content"]),
+    ('[{"role": "user"}]', ["chat template", "content"]),
+    ('[{"role": "user", "content": 7}]', ["chat template", "operand"]),
+    ('[{"role": "user", "content": "bad \udcff"}]', ["UTF-8"]),
 ])
 def test_chat_bad_input_exit_2(chat, words, smollm2, ie_bin):
     assert_usage_error(run_cli(chat_args(smollm2, chat, "--max-new", "1")), *words)

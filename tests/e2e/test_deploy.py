@@ -146,6 +146,8 @@ def test_coordinator_unit_settings():
     assert s("PrivateTmp") == "yes"
     assert "/var/lib/clocher" in (s("ReadWritePaths") or "")
     assert u.get("Install.WantedBy") == ["multi-user.target"]
+    # SIGTERM drains for up to --drain-ms (30 s by default): systemd must wait longer
+    assert int(s("TimeoutStopSec")) > 30
 
 
 def test_worker_unit_settings():
@@ -158,6 +160,8 @@ def test_worker_unit_settings():
     assert s("Restart") == "always"
     assert s("RestartSec") == "1"
     assert s("ProtectSystem") == "strict"
+    # stopped after a draining coordinator
+    assert "ie-coordinator.service" in (u.get("Unit.Before", [""])[-1] or "")
     # model loading takes minutes: at least 5 of them before the start fails
     m = re.fullmatch(r"(\d+)(min|s)?", s("TimeoutStartSec") or "")
     assert m and int(m.group(1)) * (60 if m.group(2) == "min" else 1) >= 300

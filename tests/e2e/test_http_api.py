@@ -2,7 +2,7 @@
 
 The client is the official `openai` package (and httpx for what it cannot
 send: bad JSON, wrong methods, huge bodies, an early hang-up). Servers run on
-SmolLM2 (ChatML) and on the tiny random GPT-OSS model of
+SmolLM2 (its GGUF chat template) and on the tiny random GPT-OSS model of
 test_chat_harmony.py (harmony), each started with --port 0; the port comes
 from the one stderr line "listening on http://HOST:PORT".
 
@@ -364,12 +364,23 @@ def test_bad_prompts_400(server, client):
     with pytest.raises(openai.BadRequestError) as ei:
         client.completions.create(model=server.model, prompt=[10**9], max_tokens=2)
     assert ei.value.body["param"] == "prompt"
-    for msgs in ([], [{"role": "wizard", "content": "x"}], [{"role": "user"}], "hi"):
+    for msgs in ([], [{"role": "user", "content": 7}], [{"role": "user"}], "hi"):
         with pytest.raises(openai.BadRequestError) as ei:
             client.chat.completions.create(model=server.model, messages=msgs, max_tokens=2)
         assert ei.value.body["param"] == "messages", ei.value.body
     assert_error_shape(raw(server, "POST", "/v1/completions", json={"max_tokens": 2}), 400, param="prompt")
     assert_error_shape(raw(server, "POST", "/v1/chat/completions", json={"max_tokens": 2}), 400, param="messages")
+
+
+def test_chat_template_kwargs(server, client):
+    """chat_template_kwargs (vLLM's name) reach the model's template; not an
+    object -> 400 naming it."""
+    r = raw(server, "POST", "/v1/chat/completions",
+            json={"model": server.model, "messages": CHAT, "max_tokens": 1, "chat_template_kwargs": [1]})
+    assert_error_shape(r, 400, param="chat_template_kwargs")
+    ok = client.chat.completions.create(model=server.model, messages=CHAT, max_tokens=1,
+                                        extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert ok.choices[0].finish_reason in ("length", "stop")
 
 
 def test_unknown_model_404(server, client):
@@ -440,6 +451,9 @@ def test_metrics(server, client):
     text = r.text
     assert metric_value(text, "ie_http_requests_total", 'code="200"') >= 1, text
     assert metric_value(text, "ie_http_requests_total", 'code="404"') >= 1, text
+    # the CLI's stage timers as histograms (docs/OPERATIONS.md, "Metrics")
+    for stage in ("tokenize", "prefill", "decode", "sample", "detokenize"):
+        assert metric_value(text, "ie_stage_seconds_count", f'stage="{stage}"') >= 1, (stage, text)
     promtool = shutil.which("promtool")
     assert promtool, "promtool not found: install the prometheus package (scripts/setup.sh)"
     cp = subprocess.run([promtool, "check", "metrics"], input=r.content, capture_output=True, timeout=60)

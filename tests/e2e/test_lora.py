@@ -154,50 +154,6 @@ LORAS = ["--lora", f"qv8={fixture_path('lora/qv8')}", "--lora", f"all16={fixture
          "--lora", f"mlp={fixture_path('lora/mlp8bf16')}"]
 
 
-def generate(tmp_path, lines, batch, extra=()):
-    pf = tmp_path / "prompts.txt"
-    pf.write_text("\n".join(lines) + "\n")
-    return run_json(["--model", fixture_path("tiny_llama"), "--prompts-file", pf, "--batch", batch, "--max-new", 6,
-                     "--greedy", "--threads", 2, "--precision", "f32", *LORAS, *extra])
-
-
-def test_mixed_batch_ids_equal_solo_runs(tmp_path):
-    names = ["base", "qv8", "all16", "mlp"]
-    texts = ["hello world", PROMPT, "a b c d e f"]
-    solo = {}
-    for n in names:
-        for t in texts:
-            out = generate(tmp_path, [t], 1, ["--adapter", n] if n != "base" else [])
-            assert out["adapters"] == ([] if n == "base" else [n]), out
-            solo[n, t] = out["ids"]  # one prompt: a flat list
-    # the adapters change the output
-    assert len({tuple(solo[n, PROMPT]) for n in names}) == len(names)
-    lines, want = [], []
-    for rep in range(2):  # several streams per adapter, interleaved
-        for n in names:
-            for t in texts:
-                lines.append(f"@{n} {t}")
-                want.append(solo[n, t])
-    out = generate(tmp_path, lines, 8)
-    assert out["ids"] == want
-    assert out["adapters"] == ["qv8", "all16", "mlp"]
-    # --adapter applies to the lines without a prefix; "@base" overrides it
-    out = generate(tmp_path, [PROMPT, f"@base {PROMPT}"], 2, ["--adapter", "all16"])
-    assert out["ids"] == [solo["all16", PROMPT], solo["base", PROMPT]]
-
-
-def test_prefix_cache_keyed_by_adapter(tmp_path):
-    # one slot: the second prompt may reuse the first's published blocks
-    # only when both run the same adapter
-    same = generate(tmp_path, [f"@qv8 {PROMPT}", f"@qv8 {PROMPT}"], 1)
-    assert same["kv_hits"] > 0
-    other = generate(tmp_path, [f"@qv8 {PROMPT}", f"@all16 {PROMPT}"], 1)
-    assert other["kv_hits"] == 0
-    assert other["ids"][0] == same["ids"][0] and other["ids"][1] != same["ids"][1]
-    base = generate(tmp_path, [PROMPT, f"@qv8 {PROMPT}"], 1)
-    assert base["kv_hits"] == 0
-
-
 def test_tensor_plan_refused_clearly(tmp_path):
     cp = run_cli(["--model", fixture_path("tiny_llama"), "--prompt", "hi", "--max-new", 2, "--plan", "tensor:2",
                   "--lora", f"a={fixture_path('lora/qv8')}", "--threads", 2])
@@ -218,39 +174,74 @@ def http(url, body=None):
         return e.code, json.loads(e.read() or b"{}")
 
 
-def test_http_model_field_selects_adapter(tmp_path):
+@pytest.fixture(scope="module")
+def server():
     import re
     import subprocess
 
     from conftest import IE_BIN
 
     proc = subprocess.Popen([str(IE_BIN), "serve", "--model", str(fixture_path("tiny_llama")), "--port", "0",
-                             "--threads", "2", "--batch", "4", "--precision", "f32", *map(str, LORAS)],
+                             "--threads", "2", "--batch", "8", "--precision", "f32", *map(str, LORAS)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        port = None
-        for line in proc.stderr:
-            m = re.match(r"listening on http://(\S+):(\d+)$", line.strip())
-            if m:
-                port = int(m.group(2))
-                break
-        assert port, "server did not start"
-        url = f"http://127.0.0.1:{port}"
-        st, js = http(url + "/v1/models")
-        models = js["data"]
-        assert [m["id"] for m in models] == ["tiny_llama", "qv8", "all16", "mlp"]
-        assert all(m.get("parent") == "tiny_llama" for m in models[1:])
-        assert http(url + "/v1/models/all16")[1]["parent"] == "tiny_llama"
-        for name in ["tiny_llama", "qv8", "all16"]:
-            extra = ["--adapter", name] if name != "tiny_llama" else []
-            ref = run_json(["--model", fixture_path("tiny_llama"), "--prompt", PROMPT, "--max-new", 6, "--greedy",
-                            "--threads", 2, "--precision", "f32", *LORAS, *extra])
-            st, js = http(url + "/v1/completions",
-                          {"model": name, "prompt": PROMPT, "max_tokens": 6, "temperature": 0})
-            assert st == 200, js
-            assert js["choices"][0]["text"] == ref["text"], name
-        st, _ = http(url + "/v1/completions", {"model": "nope", "prompt": PROMPT, "max_tokens": 2})
-        assert st == 404
-    finally:
-        proc.terminate()
-        assert proc.wait(60) == 0
+    port = None
+    for line in proc.stderr:
+        m = re.match(r"listening on http://(\S+):(\d+)$", line.strip())
+        if m:
+            port = int(m.group(2))
+            break
+    assert port, "server did not start"
+    yield f"http://127.0.0.1:{port}"
+    proc.terminate()
+    assert proc.wait(60) == 0
+
+
+def solo(name, prompt):
+    """The CLI's greedy text for prompt with adapter name (tiny_llama: the base)."""
+    extra = ["--adapter", name] if name != "tiny_llama" else []
+    return run_json(["--model", fixture_path("tiny_llama"), "--prompt", prompt, "--max-new", 6, "--greedy",
+                     "--threads", 2, "--precision", "f32", *LORAS, *extra])
+
+
+def complete(url, name, prompt):
+    st, js = http(url + "/v1/completions", {"model": name, "prompt": prompt, "max_tokens": 6, "temperature": 0})
+    assert st == 200, js
+    return js["choices"][0]["text"]
+
+
+def test_http_model_field_selects_adapter(server):
+    st, js = http(server + "/v1/models")
+    models = js["data"]
+    assert [m["id"] for m in models] == ["tiny_llama", "qv8", "all16", "mlp"]
+    assert all(m.get("parent") == "tiny_llama" for m in models[1:])
+    assert http(server + "/v1/models/all16")[1]["parent"] == "tiny_llama"
+    for name in ["tiny_llama", "qv8", "all16"]:
+        ref = solo(name, PROMPT)
+        assert ref["adapters"] == ([] if name == "tiny_llama" else [name])
+        assert complete(server, name, PROMPT) == ref["text"], name
+    st, _ = http(server + "/v1/completions", {"model": "nope", "prompt": PROMPT, "max_tokens": 2})
+    assert st == 404
+
+
+def test_mixed_requests_equal_solo_runs(server):
+    """The base and three adapters, two streams each, sent at once (one
+    scheduler: they share steps): every request gets its solo run's text."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    names = ["tiny_llama", "qv8", "all16", "mlp"]
+    texts = ["hello world", PROMPT]
+    want = {(n, t): solo(n, t)["text"] for n in names for t in texts}
+    assert len({want[n, PROMPT] for n in names}) == len(names), "the adapters change the output"
+    jobs = [(n, t) for _ in range(2) for n in names for t in texts]
+    with ThreadPoolExecutor(len(jobs)) as ex:
+        got = list(ex.map(lambda j: complete(server, *j), jobs))
+    assert got == [want[j] for j in jobs]
+
+
+def test_prefix_cache_keyed_by_adapter(server):
+    """The same long prompt under one adapter, then another, then the base:
+    each must get its own solo text — KV computed under one adapter must
+    never be reused under another (qv8 and all16 both adapt v)."""
+    long = PROMPT + " and " + PROMPT
+    for name in ["qv8", "all16", "tiny_llama", "qv8"]:
+        assert complete(server, name, long) == solo(name, long)["text"], name

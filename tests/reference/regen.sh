@@ -2,9 +2,10 @@
 # tests/reference/regen.sh — re-generate the reference fixtures from scratch,
 # check they equal the committed ones, and run the e2e tests on the fresh set.
 #
-#   1. gen_tiny_llama.py, gen_tiny_llama3.py, gen_tiny_gemma.py, gen_smollm2_ref.py and gen_kquant_ref.py (the
-#      k-quant blocks and their gguf.quants values, tests/data/kquant) write
-#      into a temp dir
+#   1. gen_tiny_llama.py, gen_tiny_llama3.py, gen_tiny_gemma.py, gen_smollm2_ref.py, gen_pretok_refs.py and gen_kquant_ref.py (the
+#      k-quant blocks and their gguf.quants values, tests/data/kquant) and
+#      gen_chat_templates.py (transformers' renders of the chat templates,
+#      tests/data/templates) write into a temp dir
 #   2. every fixture there is compared with tests/data: token ids exactly,
 #      logits within 1e-6 (relative to the row's max |logit|), model files
 #      (GGUF, safetensors, config/tokenizer json) byte for byte
@@ -35,6 +36,8 @@ echo "[regen] generating into $tmp" >&2
 "$py" tests/reference/gen_tiny_phi3.py --out "$tmp"
 "$py" tests/reference/gen_tiny_gemma.py --out "$tmp"
 "$py" tests/reference/gen_tiny_qwen3.py --out "$tmp"
+"$py" tests/reference/gen_pretok_refs.py --out "$tmp/pretok"
+"$py" tests/reference/gen_chat_templates.py "$tmp/templates"
 
 echo "[regen] comparing with tests/data" >&2
 "$py" - "$here/tests/data" "$tmp" <<'EOF'

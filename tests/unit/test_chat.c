@@ -1,6 +1,5 @@
-/* test_chat.c — ie_chat: template choice by vocabulary, ChatML rendering
- * (SmolLM2's default system message when the first message is not a system
- * one), harmony rendering (the same text as ie_harmony), encoding that
+/* test_chat.c — ie_chat: template choice by vocabulary, ChatML fallback
+ * rendering (no default system message), harmony rendering (the same text as ie_harmony), encoding that
  * equals whole-text special-token parsing for clean content and turns
  * special-token text in content into plain text, and errors on bad input.
  *
@@ -76,13 +75,14 @@ static void test_format(void)
     CU_ASSERT_STRING_EQUAL(ie_chat_format_name(IE_CHAT_NONE), "none");
 }
 
+/* The ChatML fallback (a vocabulary with ChatML markers, no template) adds
+ * no system message: SmolLM2's default one comes with SmolLM2's template. */
 static void test_chatml_default_system(void)
 {
     char *p = NULL;
     CU_ASSERT_EQUAL_FATAL(ie_chat_render(g_smol, "[{\"role\":\"user\",\"content\":\"What is 2+2?\"}]", NULL, &p),
                           IE_OK);
-    CU_ASSERT_STRING_EQUAL(p, "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-                              "Face<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n");
+    CU_ASSERT_STRING_EQUAL(p, "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n");
     free(p);
     check_encode_matches_text(g_smol, "[{\"role\":\"user\",\"content\":\"What is 2+2?\"}]", NULL);
 }
@@ -140,7 +140,7 @@ static void test_harmony(void)
                     "{\"role\":\"user\",\"content\":\"Hi\"},"
                     "{\"role\":\"assistant\",\"content\":\"Salut\",\"thinking\":\"greet\"},"
                     "{\"role\":\"user\",\"content\":\"2+2?\"}]";
-    ie_chat_opts_t o = {IE_HARMONY_EFFORT_LOW, "2026-01-02"};
+    ie_chat_opts_t o = {.effort = IE_HARMONY_EFFORT_LOW, .current_date = "2026-01-02"};
     char *p = NULL, *ref = NULL;
     size_t ref_len = 0;
     CU_ASSERT_EQUAL_FATAL(ie_chat_render(g_o200k, j, &o, &p), IE_OK);
@@ -182,7 +182,7 @@ static void test_harmony_injection(void)
     int32_t *ids = NULL;
     size_t n = 0;
     char *text = NULL;
-    ie_chat_opts_t o = {0, "2026-01-02"};
+    ie_chat_opts_t o = {.current_date = "2026-01-02"};
     CU_ASSERT_EQUAL_FATAL(ie_chat_encode(g_o200k, j, &o, &ids, &n, &text), IE_OK);
     /* template: system, user and the generation prompt start; system and
      * user messages end */
@@ -237,7 +237,7 @@ int main(void)
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
     CU_pSuite s = CU_add_suite("chat", suite_init, suite_clean);
     CU_add_test(s, "format by vocabulary", test_format);
-    CU_add_test(s, "chatml default system", test_chatml_default_system);
+    CU_add_test(s, "chatml: no default system", test_chatml_default_system);
     CU_add_test(s, "chatml with system", test_chatml_with_system);
     CU_add_test(s, "chatml injection", test_chatml_injection);
     CU_add_test(s, "harmony", test_harmony);

@@ -417,6 +417,9 @@ static void test_busy_counts_free_slots(void)
     ie_gen_params_t p = greedy(3);
     for (int i = 0; i < 4; i++) CU_ASSERT_EQUAL(submit_text(s, e, k_prompts[i], &p, 0, 0, &o[i], NULL), IE_OK);
     CU_ASSERT_EQUAL(submit_text(s, e, k_prompts[4], &p, 0, 0, &o[4], NULL), IE_ERR_BUSY);
+    /* the message names the queue's limit, not the queue's length (which
+     * also holds the requests about to take the free slots) */
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "(2 requests waiting)"));
     run_until_idle(s);
     for (int i = 0; i < 4; i++) assert_equals_solo(&o[i], k_prompts[i], 3);
     CU_ASSERT_EQUAL(o[4].n_events, 0);
@@ -702,6 +705,34 @@ static void test_fake_backend(void)
     ie_sched_stats_t st;
     ie_sched_stats(s, &st);
     CU_ASSERT_EQUAL(st.ready, 0);
+    ie_sched_destroy(&s);
+
+    /* with a retry window too: a request that never ran on a ready backend
+     * is not held for a replacement worker — "unavailable" at the first step */
+    so.retry_ms = 60000;
+    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    memset(&o[0], 0, sizeof o[0]);
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_OK);
+    int busy = 1;
+    for (int k = 0; k < 3 && o[0].kind == 0; k++) CU_ASSERT_EQUAL(ie_sched_step(s, &busy), IE_OK);
+    CU_ASSERT_EQUAL(o[0].kind, IE_SCHED_ERROR);
+    CU_ASSERT_STRING_EQUAL(o[0].code, "unavailable");
+
+    /* draining: new requests are refused, the accepted one finishes */
+    f.ready = 1;
+    memset(&o[0], 0, sizeof o[0]);
+    memset(&o[1], 0, sizeof o[1]);
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_OK);
+    ie_sched_drain(s);
+    ie_sched_stats(s, &st);
+    CU_ASSERT_EQUAL(st.draining, 1);
+    ie_sched_req_t r2 = r;
+    r2.cb_ctx = &o[1];
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r2, NULL), IE_ERR_UNAVAILABLE);
+    run_until_idle(s);
+    CU_ASSERT_EQUAL(o[0].kind, IE_SCHED_DONE);
+    CU_ASSERT_EQUAL(o[0].n_gen, 9);
+    CU_ASSERT_EQUAL(o[1].n_events, 0);
     ie_sched_destroy(&s);
     ie_backend_destroy(&be);
     CU_ASSERT_PTR_NULL(be);

@@ -221,6 +221,42 @@ static void test_vectors_gpt2(void) { run_vectors(GPT2_GGUF, GPT2_GGUF, "gpt-2 g
 
 static void test_vectors_spm(void) { run_vectors(SPM_GGUF, SPM_GGUF, "llama-spm gguf"); }
 
+/* Byte-level vocabularies whose tokenizer.ggml.pre names another
+ * pre-tokenizer (llama.cpp's vectors, ids from HF `tokenizers`). */
+#define VOCAB(name) IE_TEST_DATA "/ggml-vocab-" name ".gguf"
+static void test_vectors_deepseek_coder(void)
+{
+    run_vectors(VOCAB("deepseek-coder"), VOCAB("deepseek-coder"), "deepseek-coder gguf");
+}
+static void test_vectors_falcon(void) { run_vectors(VOCAB("falcon"), VOCAB("falcon"), "falcon gguf"); }
+static void test_vectors_mpt(void) { run_vectors(VOCAB("mpt"), VOCAB("mpt"), "mpt gguf"); }
+static void test_vectors_refact(void) { run_vectors(VOCAB("refact"), VOCAB("refact"), "refact gguf"); }
+
+/* tests/reference/gen_pretok_refs.py: each model's pre-tokenizer over a
+ * small GPT-2 vocabulary (Gemma: its SentencePiece conventions over a
+ * small Llama-2 vocabulary) as a GGUF with tokenizer.ggml.pre = the name;
+ * ids from HF `tokenizers` on the model's tokenizer.json pipeline. */
+static void test_vectors_pretok_refs(void)
+{
+    static const char *const names[] = {"llama-bpe", "qwen2",     "deepseek-llm", "deepseek-coder",
+                                        "falcon",    "starcoder", "refact",       "command-r",
+                                        "mpt",       "gemma"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char gguf[600], base[512], label[64];
+        snprintf(base, sizeof base, "%s/pretok/%s", IE_TEST_DATA, names[i]);
+        snprintf(gguf, sizeof gguf, "%s.gguf", base);
+        snprintf(label, sizeof label, "%s ref gguf", names[i]);
+        run_vectors(gguf, base, label);
+    }
+    /* Gemma's turn end is an end-of-generation token of the SPM GGUF */
+    ie_tokenizer_t *t = load(IE_TEST_DATA "/pretok/gemma.gguf");
+    int32_t eot = ie_tokenizer_find(t, "<end_of_turn>", 13);
+    CU_ASSERT(eot >= 0);
+    CU_ASSERT_TRUE(ie_tokenizer_is_eog(t, eot));
+    CU_ASSERT_FALSE(ie_tokenizer_is_eog(t, ie_tokenizer_find(t, "<start_of_turn>", 15)));
+    ie_tokenizer_destroy(&t);
+}
+
 /* The same cases with ids from HF `tokenizers` (tests/reference/
  * make_hf_vectors.py). Note llama2_tokenizer.json is not the vocabulary of
  * ggml-vocab-llama-spm.gguf (see tests/data/README.md). */
@@ -522,7 +558,7 @@ static void test_malformed_json(void)
         {"{" BL_PRE "," MODEL("{\"a\":0}", "[]") ",\"added_tokens\":[{\"id\":1}]}", IE_ERR_FORMAT},
         {"{" BL_PRE "," MODEL("{\"a\":0}", "[]") ",\"added_tokens\":7}", IE_ERR_FORMAT},
         {"{\"pre_tokenizer\":{\"type\":\"Whitespace\"}," MODEL("{\"a\":0}", "[]") "}", IE_ERR_UNSUPPORTED},
-        {"{\"normalizer\":{\"type\":\"NFC\"}," BL_PRE "," MODEL("{\"a\":0}", "[]") "}", IE_ERR_UNSUPPORTED},
+        {"{\"normalizer\":{\"type\":\"NFKC\"}," BL_PRE "," MODEL("{\"a\":0}", "[]") "}", IE_ERR_UNSUPPORTED},
         {"{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},\"behavior\":\"Isolated\"},"
          "\"decoder\":{\"type\":\"ByteLevel\"}," MODEL("{\"a\":0}", "[]") "}",
          IE_ERR_UNSUPPORTED},
@@ -1020,6 +1056,11 @@ int main(void)
     CU_pSuite s = CU_add_suite("tokenizer", NULL, NULL);
     CU_add_test(s, "gpt-2 vectors (gguf)", test_vectors_gpt2);
     CU_add_test(s, "llama-spm vectors (gguf)", test_vectors_spm);
+    CU_add_test(s, "deepseek-coder vectors (gguf)", test_vectors_deepseek_coder);
+    CU_add_test(s, "falcon vectors (gguf)", test_vectors_falcon);
+    CU_add_test(s, "mpt vectors (gguf)", test_vectors_mpt);
+    CU_add_test(s, "refact vectors (gguf)", test_vectors_refact);
+    CU_add_test(s, "pre-tokenizer references (gguf)", test_vectors_pretok_refs);
     CU_add_test(s, "llama2 tokenizer.json vs HF ids", test_vectors_llama2_json);
     CU_add_test(s, "smollm2 tokenizer.json vs HF ids", test_vectors_smollm2_json);
     CU_add_test(s, "smollm2 gguf vs HF ids", test_vectors_smollm2_gguf);

@@ -1,6 +1,7 @@
 /* test_transport.c — ie_transport over inproc, ipc and tcp: DEALER<->ROUTER
  * and PUSH<->PULL with a 4 MB frame, alignment of received frames, timeouts,
- * poll, ROUTER_MANDATORY, the frame-count limit, CURVE with the ZAP handler
+ * poll, ROUTER_MANDATORY, the frame-count limit, the ends of a watched
+ * router's connections, the message-size cap, CURVE with the ZAP handler
  * (authorized client gets through, unknown key gets nothing and is logged,
  * run-time authorization), and key files (modes, refusal of an open secret).
  */
@@ -210,6 +211,57 @@ static void test_timeouts_and_poll(void)
     ie_sock_destroy(&b); /* NULL is fine */
     ie_net_destroy(&net);
     ie_net_destroy(NULL);
+}
+
+/* A watched ROUTER learns which connection a message came over and when
+ * that connection ends; a message-size cap drops a larger frame (and its
+ * connection) without delivering it, while smaller ones still pass. */
+static void test_watch_peers_and_max_msg(void)
+{
+    ie_net_t *net = NULL;
+    ie_sock_t *r = NULL, *d = NULL, *d2 = NULL;
+    ie_parts_t in = {0};
+    char bound[64];
+    int fds[8], n = 0;
+
+    CU_ASSERT_EQUAL_FATAL(ie_net_new(&net), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_sock_new(net, IE_SOCK_ROUTER, &r), IE_OK);
+    CU_ASSERT_EQUAL(ie_sock_set_max_msg(r, 0), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL_FATAL(ie_sock_set_max_msg(r, 1024), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_sock_watch_peers(r, 1000), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_sock_bind(r, "tcp://127.0.0.1:0", bound, sizeof bound), IE_OK);
+    CU_ASSERT_EQUAL(ie_sock_peers_gone(r, fds, 8), 0);
+    CU_ASSERT_EQUAL(ie_sock_last_peer(r), -1);
+
+    CU_ASSERT_EQUAL_FATAL(ie_sock_new(net, IE_SOCK_DEALER, &d), IE_OK);
+    CU_ASSERT_EQUAL(ie_sock_connect(d, bound, NULL), IE_OK);
+    const ie_frame_t f = {"hi", 2};
+    CU_ASSERT_EQUAL(ie_sock_send(d, &f, 1, 1000), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_sock_recv(r, &in, 5000), IE_OK);
+    const int peer = ie_sock_last_peer(r);
+    CU_ASSERT(peer >= 0);
+    ie_sock_destroy(&d); /* the connection ends: reported with the same number */
+    for (int64_t end = ms_now() + 5000; n == 0 && ms_now() < end; usleep(10000)) n = ie_sock_peers_gone(r, fds, 8);
+    CU_ASSERT_EQUAL(n, 1);
+    CU_ASSERT_EQUAL(fds[0], peer);
+
+    CU_ASSERT_EQUAL_FATAL(ie_sock_new(net, IE_SOCK_DEALER, &d2), IE_OK);
+    CU_ASSERT_EQUAL(ie_sock_connect(d2, bound, NULL), IE_OK);
+    static char big[4096];
+    const ie_frame_t fb = {big, sizeof big};
+    CU_ASSERT_EQUAL(ie_sock_send(d2, &fb, 1, 1000), IE_OK);
+    CU_ASSERT_EQUAL(ie_sock_recv(r, &in, 500), IE_ERR_TIMEOUT); /* never delivered */
+    ie_sock_destroy(&d2);
+    CU_ASSERT_EQUAL_FATAL(ie_sock_new(net, IE_SOCK_DEALER, &d2), IE_OK);
+    CU_ASSERT_EQUAL(ie_sock_connect(d2, bound, NULL), IE_OK);
+    const ie_frame_t fs = {big, 1000};
+    CU_ASSERT_EQUAL(ie_sock_send(d2, &fs, 1, 1000), IE_OK);
+    CU_ASSERT_EQUAL(ie_sock_recv(r, &in, 5000), IE_OK);
+    CU_ASSERT(in.n == 2 && in.size[1] == 1000);
+    ie_parts_free(&in);
+    ie_sock_destroy(&d2);
+    ie_sock_destroy(&r);
+    ie_net_destroy(&net);
 }
 
 static void test_bind_wildcard(void)
@@ -488,6 +540,7 @@ int main(void)
     CU_add_test(s, "PUSH->PULL tcp", test_pp_tcp);
     CU_add_test(s, "timeouts, poll, frame limit", test_timeouts_and_poll);
     CU_add_test(s, "bind tcp://*:0", test_bind_wildcard);
+    CU_add_test(s, "watched peers, message cap", test_watch_peers_and_max_msg);
     CU_add_test(s, "CURVE + ZAP", test_curve);
     CU_add_test(s, "CURVE net over inproc", test_curve_inproc);
     CU_add_test(s, "key files", test_keys);

@@ -14,6 +14,7 @@
  * rank holds a slice of each matrix: the two partial results of a layer are
  * summed across ranks (reduce) before they join the residual stream.
  */
+#include "ie_prof.h"
 #include "worker_internal.h"
 
 #include <math.h>
@@ -98,7 +99,9 @@ static ie_status_t attention_block(ie_worker_t *w, int l, const ie_batch_t *b, i
     ie_status_t st;
 
     /* xb[n][d] = rmsnorm(x) * attn_norm */
+    uint64_t t = ie_prof_begin();
     rmsnorm_rows(w, w->xb, w->x, L->attn_norm, n);
+    ie_prof_end(IE_PROF_NORM, t);
     /* q[n][q_dim], k[n][kv_dim], v[n][kv_dim] = Wq, Wk, Wv · xb (+ biases) */
     worker_prefetch_at(w, PF_BEFORE_QKV, l, n);
     if ((st = worker_qkv(w, l, b)) != IE_OK) return st;
@@ -108,13 +111,16 @@ static ie_status_t attention_block(ie_worker_t *w, int l, const ie_batch_t *b, i
         float *const ys[3] = {w->q, w->k, w->v};
         worker_lora_apply(w, l, 3, qkv, ys, w->xb);
     }
+    t = ie_prof_begin();
     if (w->arch.qkv_bias)
         for (int i = 0; i < n; i++) {
             worker_vec_add(w->q + (size_t)i * w->q_dim, L->bq, w->q_dim);
             worker_vec_add(w->k + (size_t)i * w->kv_dim, L->bk, w->kv_dim);
             worker_vec_add(w->v + (size_t)i * w->kv_dim, L->bv, w->kv_dim);
         }
+    ie_prof_end(IE_PROF_ELEMENTWISE, t);
     /* q, k heads = rmsnorm(head) * q_norm / k_norm (Qwen3, Gemma 3) */
+    t = ie_prof_begin();
     if (w->arch.qk_norm) {
         const int hd = w->hp.head_dim;
         for (int64_t h = 0; h < (int64_t)n * w->q_dim / hd; h++)
@@ -122,13 +128,18 @@ static ie_status_t attention_block(ie_worker_t *w, int l, const ie_batch_t *b, i
         for (int64_t h = 0; h < (int64_t)n * w->kv_dim / hd; h++)
             w->ops->rmsnorm(w->k + h * hd, w->k + h * hd, L->k_norm, hd, w->hp.rms_eps);
     }
+    ie_prof_end(IE_PROF_NORM, t);
     /* rotate q and k by their positions (RoPE) */
+    t = ie_prof_begin();
     worker_rope(w, l, b);
     /* k, v -> the slot's cache at each token's position */
     worker_kv_store(w, l, b);
+    ie_prof_end(IE_PROF_ELEMENTWISE, t);
     /* xb[n][q_dim] = softmax(q·K^T / sqrt(hd) [, sink]) · V per (token, head),
      * over the positions each token sees (a sliding layer: the last W) */
+    t = ie_prof_begin();
     worker_attend(w, l, b);
+    ie_prof_end(IE_PROF_ATTENTION, t);
     /* tmp[n][d] = Wo · xb (+ bias, added by tensor rank 0 only) */
     worker_prefetch_at(w, PF_BEFORE_O, l, n);
     if ((st = worker_matmul(w, &L->o, w->tmp, w->xb, n)) != IE_OK) return st;
@@ -137,9 +148,13 @@ static ie_status_t attention_block(ie_worker_t *w, int l, const ie_batch_t *b, i
         for (int i = 0; i < n; i++) worker_vec_add(w->tmp + (size_t)i * d, L->bo, d);
     /* summed across tensor ranks; a sandwich norm on the whole sum (Gemma:
      * post_attention_norm), then the residual connection back into x */
+    t = ie_prof_begin();
     if ((st = reduce(w, ridx, w->tmp, (size_t)n * d)) != IE_OK) return st;
+    ie_prof_end(IE_PROF_REDUCE, t);
+    t = ie_prof_begin();
     if (L->post_attn_norm) rmsnorm_rows(w, w->tmp, w->tmp, L->post_attn_norm, n);
     worker_vec_add(w->x, w->tmp, (int64_t)n * d);
+    ie_prof_end(IE_PROF_ELEMENTWISE, t);
     return IE_OK;
 }
 
@@ -157,7 +172,9 @@ static ie_status_t mlp_dense(ie_worker_t *w, int l, int n)
     if ((st = worker_matmul_group(w, 2, ms, ys, w->xb, n)) != IE_OK) return st;
     worker_lora_apply(w, l, 2, (const ie_lora_mod_t[]){IE_LORA_GATE, IE_LORA_UP}, ys, w->xb);
     /* hb = act(hb) * hb2 */
+    const uint64_t t = ie_prof_begin();
     worker_swiglu(w, w->hb, w->hb2, (int64_t)n * w->ff_loc);
+    ie_prof_end(IE_PROF_ELEMENTWISE, t);
     /* tmp[n][d] = Wd · hb */
     worker_prefetch_at(w, PF_BEFORE_DOWN, l, n);
     if ((st = worker_matmul(w, &L->down, w->tmp, w->hb, n)) != IE_OK) return st;
@@ -174,15 +191,21 @@ static ie_status_t ffn_block(ie_worker_t *w, int l, int n, int *ridx)
     ie_status_t st;
 
     /* xb[n][d] = rmsnorm(x) * ffn_norm */
+    uint64_t t = ie_prof_begin();
     rmsnorm_rows(w, w->xb, w->x, L->ffn_norm, n);
+    ie_prof_end(IE_PROF_NORM, t);
     /* y[n][d] = the dense MLP (into tmp) or the mixture of experts (into moe) */
     float *y = moe ? w->moe : w->tmp;
     if ((st = moe ? worker_moe(w, L, n) : mlp_dense(w, l, n)) != IE_OK) return st;
     /* summed across tensor ranks; a sandwich norm on the whole sum (Gemma:
      * post_ffw_norm), then the residual connection back into x */
+    t = ie_prof_begin();
     if ((st = reduce(w, ridx, y, (size_t)n * d)) != IE_OK) return st;
+    ie_prof_end(IE_PROF_REDUCE, t);
+    t = ie_prof_begin();
     if (L->post_ffw_norm) rmsnorm_rows(w, y, y, L->post_ffw_norm, n);
     worker_vec_add(w->x, y, (int64_t)n * d);
+    ie_prof_end(IE_PROF_ELEMENTWISE, t);
     return IE_OK;
 }
 
@@ -196,11 +219,13 @@ static ie_status_t head(ie_worker_t *w, const ie_batch_t *b, float *logits)
     const int d = w->hp.n_embd;
     /* xb[nl][d] = rmsnorm(x) * output_norm, gathered */
     int nl = 0;
+    const uint64_t t = ie_prof_begin();
     for (int i = 0; i < b->n; i++) {
         if (b->logits ? !b->logits[i] : i != b->n - 1) continue;
         w->ops->rmsnorm(w->xb + (size_t)nl * d, w->x + (size_t)i * d, w->output_norm, d, w->hp.rms_eps);
         nl++;
     }
+    ie_prof_end(IE_PROF_NORM, t);
     if (nl == 0) return IE_OK;
     /* logits = Wout · xb */
     worker_prefetch_at(w, PF_BEFORE_HEAD, w->sh.layer_begin, nl);

@@ -9,6 +9,7 @@
  * the matmul's status. Also here: the SwiGLU, the one elementwise step
  * large enough to split across the pool.
  */
+#include "ie_prof.h"
 #include "worker_internal.h"
 
 #include <math.h>
@@ -212,8 +213,10 @@ ie_status_t worker_matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, co
              * the other threads read the buffer in the last matmul */
             const int stream = w->stream_act && n <= 8 && nth > 1;
             q_task_t q = {w->ops, stream, act, x, n_in, w->act, ie_dtype_row_bytes(act, n_in), n};
+            const uint64_t tq = ie_prof_begin();
             if (n >= 8) ie_threadpool_run(w->tp, q_run, &q);
             else q_run(&q, 0, 1);
+            ie_prof_end(IE_PROF_ACT_QUANT, tq);
             t.act = w->act;
             t.act_stride = q.out_stride;
         }
@@ -240,7 +243,9 @@ ie_status_t worker_matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, co
                 }
             }
         }
+        const uint64_t tm = ie_prof_begin();
         ie_threadpool_run(w->tp, mm_run, &t);
+        ie_prof_end(IE_PROF_MATMUL + ((unsigned)t.m[0]->dtype < IE_PROF_MATMUL_N ? (int)t.m[0]->dtype : 0), tm);
         const int bad = atomic_load_explicit(&t.failed, memory_order_relaxed);
         if (bad)
             return mm_failed(w, t.m[bad - 1], (ie_status_t)atomic_load_explicit(&t.failed_st, memory_order_relaxed),

@@ -420,7 +420,7 @@ static void apply_affinity(node_t *nd, int rank)
     cpu_set_t allowed, set;
     CPU_ZERO(&set);
     if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return;
-    if (aff && *aff && strcmp(aff, "auto") != 0) {
+    if (aff && *aff && strcmp(aff, "auto") != 0 && strcmp(aff, "compact") != 0 && strcmp(aff, "scatter") != 0) {
         const char *p = aff;
         while (*p) {
             char *end;
