@@ -12,6 +12,7 @@
  * 1 other failures.
  */
 #include "ie_cli.h"
+#include "ie_clock.h"
 #include "ie_cpulat.h"
 #include "ie_engine.h"
 #include "ie_http.h"
@@ -23,11 +24,39 @@
 
 #include <getopt.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static volatile sig_atomic_t g_stop;
+
+/* One log line to stderr, the time first (ie_log_time). */
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+    char line[1024], when[32];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s %s", ie_log_time(when, sizeof when), line);
+}
+
+/* What an endpoint listens on, for the log: ie_sock_bind's connectable
+ * form says 127.0.0.1 for a wildcard bind, which would read as "loopback
+ * only"; show the wildcard with the port actually bound. */
+static const char *listening(const char *requested, const char *bound, char *out, size_t cap)
+{
+    static const char *const k_wild[] = {"tcp://0.0.0.0:", "tcp://*:", "tcp://[::]:"};
+    const char *port = strrchr(bound, ':');
+    for (size_t i = 0; port && i < sizeof k_wild / sizeof k_wild[0]; i++)
+        if (!strncmp(requested, k_wild[i], strlen(k_wild[i]))) {
+            snprintf(out, cap, "%.*s%s (every interface)", (int)strlen(k_wild[i]) - 1, k_wild[i], port);
+            return out;
+        }
+    return bound;
+}
 
 static void usage(FILE *f)
 {
@@ -62,8 +91,10 @@ static void usage(FILE *f)
           "  --http-read-timeout-ms N --http-max-conns N --http-max-conns-per-addr N\n"
           "                           a connection's whole request within N ms (10000); open HTTP\n"
           "                           connections (1024) and per client address (256)\n"
+          "  --cors-origin ORIGIN     let web pages of ORIGIN ('*': any) call the HTTP API (CORS; off)\n"
           "  --keys-dir DIR --key NAME          CURVE: this coordinator's key pair\n"
-          "  --authorized DIR         CURVE: public keys (*.pub) of workers and clients allowed in\n"
+          "  --authorized DIR         CURVE: public keys allowed in: DIR/workers/*.pub may join as workers,\n"
+          "                           DIR/clients/*.pub may use the client port (DIR/*.pub: workers)\n"
           "  --cpu-latency-us N       hold a PM QoS request: CPUs wake within N us (0: idle CPUs poll;\n"
           "                           needs /dev/cpu_dma_latency; env IE_CPU_LATENCY_US; docs/OPERATIONS.md)\n"
           "  --verbose\n",
@@ -81,7 +112,7 @@ int main(int argc, char **argv)
     long workers = 2, ctx = 0, batch = 4, max_batch = 256, queue = 64, hb = 250, dead = 2000, metrics_port = 0;
     long retry_ms = 10000, timeout_ms = 0, http_port = 0, step_timeout_ms = 30000, drain_ms = 30000;
     long prefill_chunk = 0, max_msg = 1 << 20, max_body = 1 << 20, read_ms = 0, conns = 0, conns_addr = 0;
-    const char *http_addr = "127.0.0.1", *api_key = NULL, *cpulat = NULL;
+    const char *http_addr = "127.0.0.1", *api_key = NULL, *cpulat = NULL, *cors = NULL;
     char *model_name = NULL;
     ie_http_t *http = NULL;
     long kv_block = 0, kv_blocks = 0;
@@ -138,7 +169,9 @@ int main(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_MAX_BODY, &max_body),
                                    IE_CLI_PICK(IE_FLAG_HTTP_READ_MS, &read_ms),
                                    IE_CLI_PICK(IE_FLAG_HTTP_CONNS, &conns),
-                                   IE_CLI_PICK(IE_FLAG_HTTP_PER_ADDR, &conns_addr)};
+                                   IE_CLI_PICK(IE_FLAG_HTTP_PER_ADDR, &conns_addr),
+
+                                   IE_CLI_PICK(IE_FLAG_CORS_ORIGIN, &cors)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, ac, av, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -190,7 +223,7 @@ int main(int argc, char **argv)
         ie_topo_t t;
         char d[256] = "unknown";
         if (ie_topo_read(&t) == IE_OK) ie_topo_describe(&t, d, sizeof d);
-        fprintf(stderr, "ie-coordinator: topology %s\n", d);
+        say("ie-coordinator: topology %s\n", d);
     }
     ie_engine_opts_t eo;
     ie_engine_opts_default(&eo);
@@ -215,15 +248,16 @@ int main(int argc, char **argv)
     if ((st = ie_sock_new(net, IE_SOCK_ROUTER, &client)) != IE_OK) goto fail;
     if ((st = ie_sock_set_max_msg(client, max_msg)) != IE_OK) goto fail;
     if ((st = ie_sock_watch_peers(client, IE_SERVE_CLIENT_HEARTBEAT_MS)) != IE_OK) goto fail;
+    if ((st = ie_sock_set_role(client, IE_ROLE_CLIENT)) != IE_OK) goto fail; /* worker keys are no clients */
     char cep[300];
     if ((st = ie_sock_bind(client, client_bind, cep, sizeof cep)) != IE_OK) goto fail;
     ie_backend_stats_t bs;
     ie_backend_stats(ie_engine_backend(eng), &bs);
-    fprintf(stderr, "ie-coordinator: %s plan, %ld workers; workers at %s, clients at %s%s\n",
-            ie_shard_kind_name(plan), workers, bs.endpoint, cep, keys_dir ? " (CURVE)" : "");
-    if (msrv)
-        fprintf(stderr, "ie-coordinator: metrics at http://%s:%d/metrics\n", metrics_addr,
-                ie_metrics_server_port(msrv));
+    char wshow[320], cshow[320];
+    say("ie-coordinator: %s plan, %ld workers; workers at %s, clients at %s%s\n", ie_shard_kind_name(plan), workers,
+        listening(bind, bs.endpoint, wshow, sizeof wshow), listening(client_bind, cep, cshow, sizeof cshow),
+        keys_dir ? " (CURVE)" : "");
+    if (msrv) say("ie-coordinator: metrics at http://%s:%d/metrics\n", metrics_addr, ie_metrics_server_port(msrv));
     ie_sd_ready("accepting clients; waiting for workers");
     ie_sched_opts_t scho;
     ie_engine_sched_opts(eng, &scho);
@@ -252,7 +286,8 @@ int main(int argc, char **argv)
                              .read_timeout_ms = (int)read_ms,
                              .max_conns = (int)conns,
                              .max_conns_per_addr = (int)conns_addr,
-                             .verbose = verbose};
+                             .verbose = verbose,
+                             .cors_origin = cors};
         if (ho.api_key && !*ho.api_key) ho.api_key = NULL;
         if (!(model_name = ie_cli_base_name(model))) {
             st = ie_error_set(IE_ERR_NOMEM, "out of memory");
@@ -263,7 +298,7 @@ int main(int argc, char **argv)
             rc = ie_cli_fail(st == IE_ERR_INVAL ? IE_EXIT_USAGE : IE_EXIT_RUNTIME, "%s", ie_error_last());
             goto cleanup;
         }
-        fprintf(stderr, "ie-coordinator: HTTP API at http://%s:%d/v1\n", http_addr, ie_http_port(http));
+        say("ie-coordinator: HTTP API at http://%s:%d/v1\n", http_addr, ie_http_port(http));
     }
     st = ie_serve_run(&so);
     ie_sd_stopping();

@@ -5,7 +5,9 @@
  *
  * Writes DIR/NAME.pub (public Z85 key, 0644) and DIR/NAME.key (secret Z85
  * key, 0600), creating DIR with mode 0700 when missing, and prints the
- * public key on stdout. Existing files are kept unless --force.
+ * public key on stdout. Existing files are kept unless --force. A key's
+ * role (worker or client) is where its .pub goes in the peers' authorized
+ * directory (workers/ or clients/), as --help says.
  *
  * Exit codes: 0 ok, 1 failure (one line on stderr), 2 bad usage.
  */
@@ -35,7 +37,13 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--name") == 0 && i + 1 < argc) name = argv[++i];
         else if (strcmp(argv[i], "--force") == 0) force = 1;
         else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-            printf("usage: ie-keygen --dir DIR --name NAME [--force]\n");
+            printf("usage: ie-keygen --dir DIR --name NAME [--force]\n"
+                   "Writes DIR/NAME.pub (public, 0644) and DIR/NAME.key (secret, 0600) and prints the public key.\n"
+                   "Keys have roles, given by where the .pub is put in an --authorized directory:\n"
+                   "  AUTH/workers/NAME.pub  may join the cluster as a worker (and reach other workers)\n"
+                   "  AUTH/clients/NAME.pub  may send requests to the coordinator's client port\n"
+                   "The coordinator's own .pub is what workers pass as --coordinator-key and clients as their\n"
+                   "server key (docs/OPERATIONS.md, \"CURVE keys\").\n");
             return 0;
         } else {
             return usage("unknown or incomplete option");

@@ -42,7 +42,7 @@ static void usage(FILE *f)
           "  --metrics-addr A         address for /metrics (127.0.0.1)\n"
           "  --keys-dir DIR --key NAME   CURVE: this worker's key pair DIR/NAME.pub/.key\n"
           "  --coordinator-key FILE   CURVE: the coordinator's public key file\n"
-          "  --authorized DIR         CURVE: public keys (*.pub) allowed to connect to us\n"
+          "  --authorized DIR         CURVE: the other workers' keys (DIR/workers/*.pub or DIR/*.pub)\n"
           "  --cpu-latency-us N       hold a PM QoS request: CPUs wake within N us (0: idle CPUs poll;\n"
           "                           needs /dev/cpu_dma_latency; env IE_CPU_LATENCY_US; docs/OPERATIONS.md)\n"
           "  --verbose\n",

@@ -54,6 +54,7 @@ static const flag_t FLAGS[] = {
     {"http-read-timeout-ms", IE_FLAG_HTTP_READ_MS, FK_LONG, 100, 1L << 30},
     {"http-max-conns", IE_FLAG_HTTP_CONNS, FK_LONG, 1, 1 << 16},
     {"http-max-conns-per-addr", IE_FLAG_HTTP_PER_ADDR, FK_LONG, 1, 1 << 16},
+    {"cors-origin", IE_FLAG_CORS_ORIGIN, FK_STR_NONEMPTY, 0, 0},
     {"lora", IE_FLAG_LORA, FK_LORA, 0, 0},
     {"adapter", IE_FLAG_ADAPTER, FK_STR_NONEMPTY, 0, 0},
 };

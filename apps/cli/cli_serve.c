@@ -36,6 +36,7 @@ static void usage(FILE *f)
           "  --host ADDR           listen address, an IP literal or localhost (127.0.0.1)\n"
           "  --port N              TCP port; 0 picks a free one (8080)\n"
           "  --api-key KEY         require 'Authorization: Bearer KEY' on /v1/ (env IE_API_KEY)\n"
+          "  --cors-origin ORIGIN  let web pages of ORIGIN ('*': any) call the API (CORS; off)\n"
           "  --model-name NAME     the model's id in the API (the model file's base name)\n"
           "  --threads N           compute threads (online CPUs)\n"
           "  --batch N             sequence slots: requests decoded together (8)\n"
@@ -75,7 +76,7 @@ int ie_cli_serve(int argc, char **argv)
                                        {"help", no_argument, 0, O_HELP},
                                        {0, 0, 0, 0}};
     const char *model = NULL, *host = "127.0.0.1", *api_key = NULL, *model_name = NULL, *plan = NULL,
-               *zmq_bind = NULL;
+               *zmq_bind = NULL, *cors = NULL;
     long port = 8080, threads = sysconf(_SC_NPROCESSORS_ONLN), batch = 8, max_batch = 256, ctx = 0, queue = 64,
          timeout_ms = 0, max_body = 1 << 20, kv_block = 0, kv_blocks = 0, max_msg = 1 << 20, drain_ms = 30000,
          prefill_chunk = 0, read_ms = 0, conns = 0, conns_addr = 0;
@@ -95,6 +96,7 @@ int ie_cli_serve(int argc, char **argv)
     if (threads < 1) threads = 1;
     const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_MODEL, &model),
                                    IE_CLI_PICK(IE_FLAG_API_KEY, &api_key),
+                                   IE_CLI_PICK(IE_FLAG_CORS_ORIGIN, &cors),
                                    IE_CLI_PICK(IE_FLAG_THREADS, &threads),
                                    IE_CLI_PICK(IE_FLAG_BATCH, &batch),
                                    IE_CLI_PICK(IE_FLAG_MAX_BATCH, &max_batch),
@@ -216,7 +218,8 @@ int ie_cli_serve(int argc, char **argv)
                          .read_timeout_ms = (int)read_ms,
                          .max_conns = (int)conns,
                          .max_conns_per_addr = (int)conns_addr,
-                         .verbose = verbose};
+                         .verbose = verbose,
+                         .cors_origin = cors};
     if ((st = ie_http_start(&ho, &http)) != IE_OK) goto fail;
     int v6 = strchr(host, ':') != NULL;
     fprintf(stderr, "listening on http://%s%s%s:%d\n", v6 ? "[" : "", host, v6 ? "]" : "", ie_http_port(http));

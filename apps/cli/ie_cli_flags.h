@@ -54,6 +54,7 @@ typedef enum ie_flag_id {
     IE_FLAG_HTTP_READ_MS,   /* --http-read-timeout-ms N (100..)   long         */
     IE_FLAG_HTTP_CONNS,     /* --http-max-conns N (1..65536)      long         */
     IE_FLAG_HTTP_PER_ADDR,  /* --http-max-conns-per-addr N        long         */
+    IE_FLAG_CORS_ORIGIN,    /* --cors-origin ORIGIN (not empty)   const char * */
     IE_FLAG_LORA,           /* --lora NAME=PATH (repeatable)      ie_cli_loras_t */
     IE_FLAG_ADAPTER,        /* --adapter NAME (not empty)         const char * */
     IE_FLAG_END

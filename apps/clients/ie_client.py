@@ -110,6 +110,8 @@ class Connection:
         self.ctx = ctx or zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if "[" in endpoint:  # an IPv6 literal (tcp://[::1]:5556): libzmq sockets are IPv4-only by default
+            self.sock.setsockopt(zmq.IPV6, 1)
         if curve is not None:
             self.sock.curve_serverkey = curve.server_public.encode()
             self.sock.curve_publickey = curve.public.encode()

@@ -166,6 +166,17 @@ const struct ie_gguf *ie_model_src_gguf(const ie_model_src_t *src);
  * they hold the same model, whichever file format each one loads. */
 uint64_t ie_model_src_fingerprint(const ie_model_src_t *src);
 
+/* A 64-bit hash of the weights as stored: XXH3 over every tensor's name,
+ * type, layout, shape and bytes, in name order (never 0). It reads every
+ * mapped byte of the model (several GB/s once in the page cache), so a
+ * coordinator and its workers can check they hold the same weights, not
+ * only the same shapes; two files of one model in other formats or
+ * quantizations hash differently. release: a process that will never
+ * compute with the weights (the coordinator) drops each file-mapped
+ * tensor's pages after hashing it (ie_file_release_pages), so they do not
+ * stay resident; tensors in memory the source owns are left alone. */
+uint64_t ie_model_src_weights_hash(const ie_model_src_t *src, int release);
+
 /* Number of tensors and the i-th (name order), for converters. */
 int64_t ie_model_src_n_tensors(const ie_model_src_t *src);
 const ie_tensor_t *ie_model_src_tensor_at(const ie_model_src_t *src, int64_t i);

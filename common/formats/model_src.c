@@ -1049,3 +1049,26 @@ uint64_t ie_model_src_fingerprint(const ie_model_src_t *src)
     XXH64_freeState(s);
     return h;
 }
+
+uint64_t ie_model_src_weights_hash(const ie_model_src_t *src, int release)
+{
+    XXH3_state_t *s = XXH3_createState();
+    uint64_t h = 0;
+    if (!s) return 0;
+    XXH3_64bits_reset_withSeed(s, 0x3e1c4a);
+    const int64_t n = ie_model_src_n_tensors(src);
+    for (int64_t i = 0; i < n; i++) {
+        const ie_tensor_t *t = ie_model_src_tensor_at(src, i);
+        /* the metadata field by field (no padding), then the bytes */
+        const int64_t meta[] = {t->dtype, t->n_dims, t->ne[0], t->ne[1],          t->ne[2],
+                                t->ne[3], t->layout, t->group, (int64_t)t->nbytes};
+        XXH3_64bits_update(s, t->name, strlen(t->name) + 1);
+        XXH3_64bits_update(s, meta, sizeof meta);
+        if (t->data && t->nbytes) XXH3_64bits_update(s, t->data, (size_t)t->nbytes);
+        if (release && src->kind != IE_SRC_MEM && !src->tensors[i].owned)
+            ie_file_release_pages(t->data, (size_t)t->nbytes);
+    }
+    h = XXH3_64bits_digest(s);
+    XXH3_freeState(s);
+    return h ? h : 1; /* 0 is "none" on the wire */
+}

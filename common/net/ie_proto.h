@@ -66,9 +66,10 @@ const char *ie_msg_kind_name(ie_msg_kind_t k);
 typedef struct ie_msg_hello {
     int32_t rank; /* rank asked for, -1: any free one              */
     int32_t pid;
-    int32_t numa_node; /* node the worker is bound to (-1: none)         */
-    int32_t n_threads; /* compute threads it will run                    */
-    uint64_t model_fp; /* ie_model_fingerprint of its local model        */
+    int32_t numa_node;   /* node the worker is bound to (-1: none)         */
+    int32_t n_threads;   /* compute threads it will run                    */
+    uint64_t model_fp;   /* ie_model_fingerprint of its local model        */
+    uint64_t weights_fp; /* ie_model_src_weights_hash of it (0: none)   */
     char host[IE_PROTO_TEXT_MAX];
     char peer_endpoint[IE_PROTO_ENDPOINT_MAX]; /* where peers reach it      */
     char public_key[IE_PROTO_KEY_MAX];         /* its CURVE key ("" none)    */

@@ -14,9 +14,11 @@
  *
  * Security: with ie_net_curve() every socket of the net uses CURVE. Binding
  * sockets are CURVE servers that accept only clients whose public key is
- * in the authorized set (a ZAP handler inside the net; a refused peer is
- * logged to stderr with its address and key); connecting sockets are CURVE
- * clients and must be told the server's public key (ie_sock_connect_key).
+ * authorized for the socket's role (ie_role_t, ie_sock_set_role: workers
+ * or clients; a ZAP handler inside the net; a refused peer is logged to
+ * stderr with its address and key); connecting sockets are CURVE clients
+ * and must be told the server's public key (ie_sock_connect). Failed
+ * handshakes (a wrong server key, a peer without CURVE) are logged too.
  * Keys are Z85 text (40 chars) in files written by ie_keys_generate.
  *
  * Threading: a socket belongs to one thread at a time (ZeroMQ's rule); the
@@ -32,6 +34,11 @@
 
 typedef struct ie_net ie_net_t;
 typedef struct ie_sock ie_sock_t;
+
+/* Who a peer is, for CURVE: a key authorized as a worker may join the
+ * cluster (and reach the workers' peer sockets); a key authorized as a
+ * client may only use the client port. A key may hold both roles. */
+typedef enum ie_role { IE_ROLE_WORKER = 1, IE_ROLE_CLIENT = 2 } ie_role_t;
 
 typedef enum ie_sock_type {
     IE_SOCK_ROUTER = 1,
@@ -63,9 +70,11 @@ void ie_parts_free(ie_parts_t *p);
 ie_status_t ie_net_new(ie_net_t **out);
 
 /* Turn CURVE on for every socket created afterwards: this process's key
- * pair (public and secret Z85) and the directory of authorized public keys
- * (every "*.pub" file in it holds one Z85 key; NULL: accept only keys later
- * added with ie_net_authorize). Starts the ZAP handler. */
+ * pair (public and secret Z85) and the directory of authorized public keys,
+ * one Z85 key per "*.pub" file: DIR/workers/ (and, for older layouts,
+ * DIR itself) hold worker keys, DIR/clients/ client keys (either
+ * subdirectory may be missing; NULL: accept only keys later added with
+ * ie_net_authorize). Starts the ZAP handler. */
 ie_status_t ie_net_curve(ie_net_t *net, const char *public_z85, const char *secret_z85, const char *authorized_dir);
 
 /* ie_net_curve with this process's key pair read from DIR/NAME.pub and
@@ -73,8 +82,8 @@ ie_status_t ie_net_curve(ie_net_t *net, const char *public_z85, const char *secr
  * readable). */
 ie_status_t ie_net_curve_from_dir(ie_net_t *net, const char *dir, const char *name, const char *authorized_dir);
 
-/* Add one authorized client key (Z85) at run time. */
-ie_status_t ie_net_authorize(ie_net_t *net, const char *public_z85);
+/* Authorize one key (Z85) for a role at run time (adds to its roles). */
+ie_status_t ie_net_authorize(ie_net_t *net, ie_role_t role, const char *public_z85);
 
 /* 1 when CURVE is on; then *public_z85 (if not NULL) is this net's key. */
 int ie_net_is_secure(const ie_net_t *net, const char **public_z85);
@@ -85,6 +94,11 @@ void ie_net_destroy(ie_net_t **net_p);
 
 ie_status_t ie_sock_new(ie_net_t *net, ie_sock_type_t type, ie_sock_t **out);
 void ie_sock_destroy(ie_sock_t **s_p); /* linger 0; accepts NULL */
+
+/* Which keys a binding socket accepts on a secure net (before bind):
+ * IE_ROLE_WORKER (the default: cluster and peer sockets) or
+ * IE_ROLE_CLIENT (the coordinator's client port). */
+ie_status_t ie_sock_set_role(ie_sock_t *s, ie_role_t role);
 
 /* Identity a DEALER presents to a ROUTER (before connect). */
 ie_status_t ie_sock_set_identity(ie_sock_t *s, const void *id, size_t n);
@@ -135,6 +149,17 @@ int ie_sock_peers_gone(ie_sock_t *s, int *fds, int cap);
  * those. Returns the number ready (0 on timeout), -1 on error (interrupted
  * by a signal counts as 0). */
 int ie_sock_poll(ie_sock_t *const *socks, int n, int *ready, int timeout_ms);
+
+/* ----------------------------------------------------------- endpoints */
+
+/* Can a TCP connection to a tcp:// endpoint be opened within timeout_ms
+ * (opened and closed at once; other transports: IE_OK untried)?
+ * IE_ERR_UNAVAILABLE naming the endpoint and the reason otherwise. */
+ie_status_t ie_endpoint_probe(const char *endpoint, int timeout_ms);
+
+/* This host's address on the route to a tcp:// endpoint's host ("10.0.0.2",
+ * "[fd00::2]") into out[cap]: what a peer on that side can reach us at. */
+ie_status_t ie_endpoint_local_addr(const char *endpoint, char *out, size_t cap);
 
 /* ---------------------------------------------------------------- keys */
 

@@ -333,6 +333,7 @@ static const field_t k_hello[] = {
     FI(ie_msg_hello_t, numa_node, REQ, -1, INT32_MAX),
     FI(ie_msg_hello_t, n_threads, REQ, 0, INT32_MAX),
     FU(ie_msg_hello_t, model_fp, REQ),
+    FU(ie_msg_hello_t, weights_fp, OPT),
     FS(ie_msg_hello_t, host, OPT),
     FS(ie_msg_hello_t, peer_endpoint, REQ),
     FS(ie_msg_hello_t, public_key, OPT),

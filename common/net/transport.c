@@ -16,16 +16,30 @@
  * inproc:// endpoints bypass ZeroMQ's security mechanisms altogether (no
  * handshake happens inside a process), so CURVE options are not applied to
  * them: inproc is trusted by construction.
+ *
+ * Handshake failures: libzmq retries a failed handshake for ever and says
+ * nothing. Every socket with a tcp/ipc endpoint is watched (a socket
+ * monitor, read by the net's monitor thread), and a failed handshake is
+ * logged to stderr with what probably went wrong (a wrong server key, a
+ * peer without CURVE, a key the server does not authorize), once per 10 s
+ * per socket and kind.
  */
 #define _GNU_SOURCE
 #include "ie_transport.h"
+#include "ie_clock.h"
 
 #include <zmq.h>
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,9 +52,25 @@
 #define NET_MAX_FRAMES 64
 #define NET_ALIGN 64 /* received frames: cache-line aligned (>= 16 promised) */
 #define NET_ZAP_ENDPOINT "inproc://zeromq.zap.01"
-#define NET_ZAP_DOMAIN "ie"
+/* A binding socket's role is its ZAP domain: the handler accepts only keys
+ * authorized for that role (index = ie_role_t). */
+static const char *const k_role_domain[] = {"", "ie-worker", "ie-client"};
+static const char *const k_role_name[] = {"", "worker", "client"};
+#define NET_ROLES 3
 #define NET_REFUSE_QUIET_S 10 /* the same refused key+address is logged once per this */
 #define Z85_LEN 40
+#define NET_MON_EVENTS \
+    (ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+
+/* A watched socket: the PAIR end of its monitor (the monitor thread's). */
+typedef struct net_mon {
+    void *pair;
+    const void *owner; /* the ie_sock_t, until it is destroyed (then NULL) */
+    int bound;         /* a server socket (bind), else a client (connect) */
+    int router;        /* a ROUTER: a client port, which nothing of ours probes */
+    char endpoint[256];
+    time_t last_at[4]; /* per kind (mon_report): the last line's time */
+} net_mon_t;
 
 struct ie_net {
     void *ctx;
@@ -52,9 +82,16 @@ struct ie_net {
     int zap_running;
     pthread_mutex_t mu; /* guards the authorized set and the refusal log */
     char (*keys)[Z85_LEN + 1];
+    unsigned *roles; /* per key: bit (1 << ie_role_t) per role it has */
     size_t n_keys, cap_keys;
     char last_refused[Z85_LEN + 1 + 64];
     time_t last_refused_at;
+    /* handshake monitor: entries under mu; the thread starts with the first */
+    net_mon_t *mons;
+    int n_mons, cap_mons, mon_seq;
+    pthread_t mon_thread;
+    int mon_running;
+    volatile int mon_stop; /* read under mu */
 };
 
 struct ie_sock {
@@ -64,10 +101,29 @@ struct ie_sock {
     int sndtimeo;    /* the ZMQ_SNDTIMEO currently set */
     int64_t max_msg; /* bytes per message at most (ie_sock_set_max_msg) */
     int last_fd;     /* the connection the last message came over (-1: unknown) */
-    void *mon;       /* PAIR reading the socket's monitor (ie_sock_watch_peers), or NULL */
+    ie_role_t role;  /* whom a binding socket accepts on a secure net */
+    int monitored;   /* a monitor entry of the net watches it */
+    /* ie_sock_watch_peers: the PAIR reading this socket's own monitor, or
+     * NULL. ZeroMQ keeps one monitor per socket, so a watched socket's
+     * handshake failures come through it too and are reported from
+     * ie_sock_peers_gone with pmon's endpoint and rate limits. */
+    void *mon;
+    net_mon_t pmon;
 };
 
 /* ------------------------------------------------------------ helpers */
+
+/* One log line to stderr, the time first (ie_log_time). */
+static void tlog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void tlog(const char *fmt, ...)
+{
+    char line[1024], when[32];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s %s", ie_log_time(when, sizeof when), line);
+}
 
 static int64_t now_ms(void)
 {
@@ -151,19 +207,28 @@ static int zap_frame_is(const zap_req_t *r, int i, const char *s)
     return i < r->n && r->len[i] == strlen(s) && memcmp(r->f[i], s, r->len[i]) == 0;
 }
 
-/* 1 when key (Z85) is authorized. */
-static int net_key_known(ie_net_t *net, const char *z85)
+/* The roles key (Z85) is authorized for (bit 1 << ie_role_t; 0: none). */
+static unsigned net_key_roles(ie_net_t *net, const char *z85)
 {
-    int found = 0;
+    unsigned roles = 0;
     pthread_mutex_lock(&net->mu);
-    for (size_t i = 0; i < net->n_keys && !found; i++) found = strcmp(net->keys[i], z85) == 0;
+    for (size_t i = 0; i < net->n_keys; i++)
+        if (strcmp(net->keys[i], z85) == 0) roles = net->roles[i];
     pthread_mutex_unlock(&net->mu);
-    return found;
+    return roles;
+}
+
+/* The role a ZAP domain names (0: none of ours). */
+static int zap_role(const zap_req_t *r)
+{
+    for (int k = 1; k < NET_ROLES; k++)
+        if (zap_frame_is(r, 2, k_role_domain[k])) return k;
+    return 0;
 }
 
 /* One refusal line, not repeated for the same client while it keeps
  * retrying (libzmq reconnects every 100 ms). */
-static void net_log_refusal(ie_net_t *net, const char *z85, const char *addr)
+static void net_log_refusal(ie_net_t *net, const char *z85, const char *addr, int role, unsigned roles)
 {
     char tag[sizeof net->last_refused];
     const time_t now = time(NULL);
@@ -175,7 +240,12 @@ static void net_log_refusal(ie_net_t *net, const char *z85, const char *addr)
         net->last_refused_at = now;
     }
     pthread_mutex_unlock(&net->mu);
-    if (!repeat) fprintf(stderr, "transport: refused CURVE client %s from %s\n", z85, addr);
+    if (!repeat && roles)
+        tlog("transport: refused CURVE client %s from %s: it is authorized as a %s, not as a %s\n", z85, addr,
+             k_role_name[(roles >> IE_ROLE_WORKER) & 1 ? IE_ROLE_WORKER : IE_ROLE_CLIENT], k_role_name[role]);
+    else if (!repeat)
+        tlog("transport: refused CURVE client %s from %s: not an authorized %s key\n", z85, addr,
+             k_role_name[role]);
 }
 
 static void zap_reply(void *zs, const zap_req_t *r, const char *code, const char *text, const char *user)
@@ -203,18 +273,20 @@ static void zap_handle(ie_net_t *net, void *zs, const zap_req_t *r)
     if (zap_frame_is(r, 5, "CURVE") && r->n == 7 && r->len[6] == 32) {
         char z85[Z85_LEN + 1];
         zmq_z85_encode(z85, (const uint8_t *)r->f[6], 32);
-        if (net_key_known(net, z85)) {
+        const int role = zap_role(r);
+        const unsigned roles = net_key_roles(net, z85);
+        if (role && (roles >> role) & 1) {
             zap_reply(zs, r, "200", "OK", z85);
             return;
         }
-        net_log_refusal(net, z85, addr);
+        net_log_refusal(net, z85, addr, role ? role : IE_ROLE_WORKER, roles);
         zap_reply(zs, r, "400", "unknown key", "");
         return;
     }
     /* NULL (or PLAIN) on a secure net: this handler only runs when CURVE is
      * on, and then every binding socket must be a CURVE server. */
-    fprintf(stderr, "transport: refused %.*s client from %s (CURVE required)\n",
-            (int)(r->len[5] < 16 ? r->len[5] : 16), r->f[5], addr);
+    tlog("transport: refused %.*s client from %s (CURVE required)\n", (int)(r->len[5] < 16 ? r->len[5] : 16),
+         r->f[5], addr);
     zap_reply(zs, r, "400", "CURVE required", "");
 }
 
@@ -254,6 +326,180 @@ done:
     return NULL;
 }
 
+/* ------------------------------------------------------------ monitor */
+
+/* One failed handshake, said in words an operator can act on. */
+static void mon_report(ie_net_t *net, net_mon_t *m, uint16_t ev, uint32_t value)
+{
+    /* kinds, each rate-limited on its own: no detail, protocol, auth, and
+     * the mechanism mismatch (a peer with or without CURVE) */
+    const int kind = ev == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL            ? 0
+                     : ev != ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL           ? 2
+                     : value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH ? 3
+                                                                           : 1;
+    const time_t now = time(NULL);
+    /* ZAP logs its own refusals; a client that leaves mid-handshake is
+     * said only on ROUTERs (workers probe each other's PULL sockets, see
+     * ie_endpoint_probe, and that must not read as an attack) */
+    if (m->bound && (kind == 2 || (kind == 0 && (!m->router || !net->secure)))) return;
+    if (m->last_at[kind] && now - m->last_at[kind] < NET_REFUSE_QUIET_S) return;
+    m->last_at[kind] = now;
+    if (m->bound) {
+        /* A client without CURVE sees our CURVE greeting as we see its NULL
+         * one; when it hangs up first we get no detail, only the close */
+        if (kind == 0)
+            tlog("transport: refused a client on %s that closed the connection during the handshake (CURVE "
+                 "required: a client without CURVE keys does this; so does a plain TCP probe)\n",
+                 m->endpoint);
+        else if (value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
+            tlog("transport: refused a client on %s (%s)\n", m->endpoint,
+                 net->secure ? "CURVE required: it connected without CURVE keys"
+                             : "it uses CURVE, this process has no keys");
+        else if (value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
+            tlog("transport: a client on %s failed the CURVE handshake (cryptographic error): it was given another "
+                 "server key than this process's %s\n",
+                 m->endpoint, net->public_z85);
+        else
+            tlog("transport: a client on %s failed the handshake (protocol error 0x%x)\n", m->endpoint,
+                 (unsigned)value);
+        return;
+    }
+    if (kind == 2)
+        tlog("transport: %s refused this process's CURVE key %s (ZAP status %u): it is not authorized there for "
+             "this role\n",
+             m->endpoint, net->public_z85, (unsigned)value);
+    else if (kind == 3)
+        tlog("transport: %s %s\n", m->endpoint,
+             net->secure ? "does not use CURVE, this process does" : "uses CURVE, this process has no keys");
+    else if (net->secure)
+        tlog("transport: CURVE handshake with %s failed (%s): the server key this process was given for it "
+             "(--coordinator-key, or a peer's key) is probably not that server's\n",
+             m->endpoint, kind == 0 ? "the server closed the connection" : "protocol error");
+    else
+        tlog("transport: handshake with %s failed (%s): does the server require CURVE?\n", m->endpoint,
+             kind == 0 ? "the server closed the connection" : "protocol error");
+}
+
+/* Read one monitor event (2 frames: 6 bytes of event + value, the
+ * endpoint) from m's pair and report it. */
+static void mon_read(ie_net_t *net, net_mon_t *m)
+{
+    zmq_msg_t f;
+    uint8_t head[6] = {0};
+    int more = 1, i = 0;
+    while (more) {
+        zmq_msg_init(&f);
+        if (zmq_msg_recv(&f, m->pair, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&f);
+            return;
+        }
+        if (i == 0 && zmq_msg_size(&f) >= sizeof head) memcpy(head, zmq_msg_data(&f), sizeof head);
+        more = zmq_msg_more(&f);
+        zmq_msg_close(&f);
+        i++;
+    }
+    uint16_t ev;
+    uint32_t value;
+    memcpy(&ev, head, 2);
+    memcpy(&value, head + 2, 4);
+    if (ev & NET_MON_EVENTS) mon_report(net, m, ev, value);
+}
+
+static void *mon_main(void *arg)
+{
+    ie_net_t *net = arg;
+    zmq_pollitem_t items[64];
+    int idx[64];
+    for (;;) {
+        int n = 0;
+        pthread_mutex_lock(&net->mu);
+        const int stop = net->mon_stop;
+        for (int i = 0; i < net->n_mons;) { /* drop the entries of destroyed sockets */
+            if (!net->mons[i].owner || stop) {
+                zmq_close(net->mons[i].pair);
+                net->mons[i] = net->mons[--net->n_mons];
+                continue;
+            }
+            if (n < 64) {
+                items[n] = (zmq_pollitem_t){net->mons[i].pair, 0, ZMQ_POLLIN, 0};
+                idx[n++] = i;
+            }
+            i++;
+        }
+        pthread_mutex_unlock(&net->mu);
+        if (stop) break;
+        /* entries change only in this thread (removal) or at the end (append) */
+        const int rc = n ? zmq_poll(items, n, 100) : (usleep(100000), 0);
+        if (rc <= 0) continue;
+        pthread_mutex_lock(&net->mu);
+        for (int k = 0; k < n; k++)
+            if (items[k].revents & ZMQ_POLLIN) mon_read(net, &net->mons[idx[k]]);
+        pthread_mutex_unlock(&net->mu);
+    }
+    return NULL;
+}
+
+/* Watch s (owning thread, at its first tcp/ipc bind or connect). A socket
+ * that cannot be watched still works: the failure is only not logged. */
+static void mon_watch(ie_sock_t *s, const char *endpoint, int bound)
+{
+    ie_net_t *net = s->net;
+    char ep[96];
+    void *pair = NULL;
+    if (s->monitored || is_inproc(endpoint)) return;
+    if (s->mon) { /* its own monitor (ie_sock_watch_peers) reports these */
+        s->pmon.bound = bound;
+        s->pmon.router = s->type == IE_SOCK_ROUTER;
+        snprintf(s->pmon.endpoint, sizeof s->pmon.endpoint, "%s", endpoint);
+        return;
+    }
+    pthread_mutex_lock(&net->mu);
+    const int seq = net->mon_seq++;
+    pthread_mutex_unlock(&net->mu);
+    snprintf(ep, sizeof ep, "inproc://ie-monitor-%p-%d", (void *)net, seq);
+    if (zmq_socket_monitor(s->zs, ep, NET_MON_EVENTS) != 0) return;
+    pair = zmq_socket(net->ctx, ZMQ_PAIR);
+    const int linger = 0;
+    if (!pair || zmq_setsockopt(pair, ZMQ_LINGER, &linger, sizeof linger) != 0 || zmq_connect(pair, ep) != 0)
+        goto fail;
+    pthread_mutex_lock(&net->mu);
+    if (net->n_mons == net->cap_mons) {
+        const int nc = net->cap_mons ? net->cap_mons * 2 : 8;
+        net_mon_t *m = realloc(net->mons, (size_t)nc * sizeof *m);
+        if (!m) {
+            pthread_mutex_unlock(&net->mu);
+            goto fail;
+        }
+        net->mons = m;
+        net->cap_mons = nc;
+    }
+    net_mon_t *m = &net->mons[net->n_mons++];
+    memset(m, 0, sizeof *m);
+    m->pair = pair; /* the monitor thread's from here (the mutex is the barrier ZeroMQ asks for) */
+    m->owner = s;
+    m->bound = bound;
+    m->router = s->type == IE_SOCK_ROUTER;
+    snprintf(m->endpoint, sizeof m->endpoint, "%s", endpoint);
+    if (!net->mon_running && pthread_create(&net->mon_thread, NULL, mon_main, net) == 0) net->mon_running = 1;
+    pthread_mutex_unlock(&net->mu);
+    s->monitored = 1;
+    return;
+fail:
+    if (pair) zmq_close(pair);
+    zmq_socket_monitor(s->zs, NULL, 0);
+}
+
+/* s is going away: stop its monitor, let the thread close the pair. */
+static void mon_forget(ie_sock_t *s)
+{
+    if (!s->monitored) return;
+    zmq_socket_monitor(s->zs, NULL, 0);
+    pthread_mutex_lock(&s->net->mu);
+    for (int i = 0; i < s->net->n_mons; i++)
+        if (s->net->mons[i].owner == s) s->net->mons[i].owner = NULL;
+    pthread_mutex_unlock(&s->net->mu);
+}
+
 /* ------------------------------------------------------------ net */
 
 ie_status_t ie_net_new(ie_net_t **out)
@@ -284,12 +530,15 @@ cleanup:
     return st;
 }
 
-static ie_status_t net_add_key(ie_net_t *net, const char *z85)
+static ie_status_t net_add_key(ie_net_t *net, ie_role_t role, const char *z85)
 {
     ie_status_t st = IE_OK;
     pthread_mutex_lock(&net->mu);
     for (size_t i = 0; i < net->n_keys; i++)
-        if (strcmp(net->keys[i], z85) == 0) goto cleanup;
+        if (strcmp(net->keys[i], z85) == 0) {
+            net->roles[i] |= 1u << role;
+            goto cleanup;
+        }
     if (net->n_keys == net->cap_keys) {
         const size_t nc = net->cap_keys ? net->cap_keys * 2 : 16;
         char(*k)[Z85_LEN + 1] = realloc(net->keys, nc * sizeof *k);
@@ -298,8 +547,15 @@ static ie_status_t net_add_key(ie_net_t *net, const char *z85)
             goto cleanup;
         }
         net->keys = k;
+        unsigned *ro = realloc(net->roles, nc * sizeof *ro);
+        if (!ro) {
+            st = ie_error_set(IE_ERR_NOMEM, "transport: out of memory");
+            goto cleanup;
+        }
+        net->roles = ro;
         net->cap_keys = nc;
     }
+    net->roles[net->n_keys] = 1u << role;
     memcpy(net->keys[net->n_keys++], z85, Z85_LEN + 1);
 
 cleanup:
@@ -307,20 +563,25 @@ cleanup:
     return st;
 }
 
-ie_status_t ie_net_authorize(ie_net_t *net, const char *public_z85)
+ie_status_t ie_net_authorize(ie_net_t *net, ie_role_t role, const char *public_z85)
 {
     if (!net) return ie_error_set(IE_ERR_INVAL, "ie_net_authorize: NULL net");
+    if (role != IE_ROLE_WORKER && role != IE_ROLE_CLIENT)
+        return ie_error_set(IE_ERR_INVAL, "ie_net_authorize: bad role %d", (int)role);
     if (!z85_valid(public_z85)) return ie_error_set(IE_ERR_INVAL, "transport: not a Z85 CURVE public key");
-    return net_add_key(net, public_z85);
+    return net_add_key(net, role, public_z85);
 }
 
-static ie_status_t net_load_dir(ie_net_t *net, const char *dir)
+/* Every DIR/NAME.pub as a key of `role`; a missing directory is no key when
+ * `optional`. */
+static ie_status_t net_load_dir(ie_net_t *net, const char *dir, ie_role_t role, int optional)
 {
     ie_status_t st = IE_OK;
     DIR *d = opendir(dir);
     struct dirent *e;
     char path[4096], key[Z85_LEN + 1];
 
+    if (!d && optional && errno == ENOENT) return IE_OK;
     if (!d)
         return ie_error_set(IE_ERR_IO, "transport: cannot open authorized keys dir %s: %s", dir, strerror(errno));
     while ((e = readdir(d)) != NULL) {
@@ -331,12 +592,26 @@ static ie_status_t net_load_dir(ie_net_t *net, const char *dir)
             goto cleanup;
         }
         if ((st = ie_keys_load(path, key)) != IE_OK) goto cleanup;
-        if ((st = net_add_key(net, key)) != IE_OK) goto cleanup;
+        if ((st = net_add_key(net, role, key)) != IE_OK) goto cleanup;
     }
 
 cleanup:
     closedir(d);
     return st;
+}
+
+/* The authorized layout (ie_transport.h): the .pub files of DIR and of
+ * DIR/workers are worker keys, those of DIR/clients client keys. */
+static ie_status_t net_load_authorized(ie_net_t *net, const char *dir)
+{
+    ie_status_t st;
+    char sub[4096];
+    if ((st = net_load_dir(net, dir, IE_ROLE_WORKER, 0)) != IE_OK) return st;
+    if ((size_t)snprintf(sub, sizeof sub, "%s/workers", dir) >= sizeof sub)
+        return ie_error_set(IE_ERR_IO, "transport: path too long in %s", dir);
+    if ((st = net_load_dir(net, sub, IE_ROLE_WORKER, 1)) != IE_OK) return st;
+    snprintf(sub, sizeof sub, "%s/clients", dir);
+    return net_load_dir(net, sub, IE_ROLE_CLIENT, 1);
 }
 
 ie_status_t ie_net_curve(ie_net_t *net, const char *public_z85, const char *secret_z85, const char *authorized_dir)
@@ -352,7 +627,7 @@ ie_status_t ie_net_curve(ie_net_t *net, const char *public_z85, const char *secr
         return ie_error_set(IE_ERR_INVAL, "transport: CURVE keys must be 40-character Z85 strings");
     if (zmq_curve_public(derived, secret_z85) != 0 || strcmp(derived, public_z85) != 0)
         return ie_error_set(IE_ERR_INVAL, "transport: the CURVE public key does not belong to the secret key");
-    if (authorized_dir && (st = net_load_dir(net, authorized_dir)) != IE_OK) goto cleanup;
+    if (authorized_dir && (st = net_load_authorized(net, authorized_dir)) != IE_OK) goto cleanup;
 
     zap = zmq_socket(net->ctx, ZMQ_REP);
     if (!zap) {
@@ -397,6 +672,13 @@ void ie_net_destroy(ie_net_t **net_p)
 {
     if (!net_p || !*net_p) return;
     ie_net_t *net = *net_p;
+    if (net->mon_running) { /* it closes its pairs, so the context can end */
+        pthread_mutex_lock(&net->mu);
+        net->mon_stop = 1;
+        pthread_mutex_unlock(&net->mu);
+        pthread_join(net->mon_thread, NULL);
+    }
+    free(net->mons);
     /* Shutdown wakes the ZAP thread with ETERM; it closes its socket, then
      * the context can terminate (every other socket is already closed). */
     zmq_ctx_shutdown(net->ctx);
@@ -404,6 +686,7 @@ void ie_net_destroy(ie_net_t **net_p)
     while (zmq_ctx_term(net->ctx) != 0 && zmq_errno() == EINTR) {}
     explicit_bzero(net->secret_z85, sizeof net->secret_z85);
     free(net->keys);
+    free(net->roles);
     pthread_mutex_destroy(&net->mu);
     free(net);
     *net_p = NULL;
@@ -434,6 +717,7 @@ ie_status_t ie_sock_new(ie_net_t *net, ie_sock_type_t type, ie_sock_t **out)
     s->sndtimeo = -1;
     s->max_msg = NET_MAX_MSG;
     s->last_fd = -1;
+    s->role = IE_ROLE_WORKER;
     s->zs = zmq_socket(net->ctx, ztype);
     if (!s->zs) {
         st = zmq_fail(IE_ERR_INTERNAL, "zmq_socket");
@@ -467,9 +751,18 @@ void ie_sock_destroy(ie_sock_t **s_p)
         zmq_socket_monitor((*s_p)->zs, NULL, 0); /* stop the monitor before closing its reader */
         zmq_close((*s_p)->mon);
     }
+    mon_forget(*s_p);
     zmq_close((*s_p)->zs);
     free(*s_p);
     *s_p = NULL;
+}
+
+ie_status_t ie_sock_set_role(ie_sock_t *s, ie_role_t role)
+{
+    if (!s || (role != IE_ROLE_WORKER && role != IE_ROLE_CLIENT))
+        return ie_error_set(IE_ERR_INVAL, "ie_sock_set_role: bad socket or role");
+    s->role = role;
+    return IE_OK;
 }
 
 ie_status_t ie_sock_set_identity(ie_sock_t *s, const void *id, size_t n)
@@ -491,6 +784,16 @@ static ie_status_t endpoint_status(void)
     case ENOMEM: return IE_ERR_NOMEM;
     default: return IE_ERR_INVAL;
     }
+}
+
+/* An IPv6 literal (tcp://[::1]:5556, tcp://[::]:0) needs ZMQ_IPV6 on the
+ * socket (libzmq's sockets are IPv4-only by default and fail with "No such
+ * device"); other endpoints keep the default, so "*" stays IPv4. */
+static ie_status_t want_ipv6(ie_sock_t *s, const char *endpoint)
+{
+    const int one = 1;
+    if (strncmp(endpoint, "tcp://", 6) != 0 || !strchr(endpoint, '[')) return IE_OK;
+    return zmq_setsockopt(s->zs, ZMQ_IPV6, &one, sizeof one) == 0 ? IE_OK : IE_ERR_INTERNAL;
 }
 
 /* "tcp://0.0.0.0:41234" -> "tcp://127.0.0.1:41234": the wildcard is where
@@ -526,15 +829,20 @@ ie_status_t ie_sock_bind(ie_sock_t *s, const char *endpoint, char *bound, size_t
         const int one = 1;
         if (zmq_setsockopt(s->zs, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
             zmq_setsockopt(s->zs, ZMQ_CURVE_SECRETKEY, s->net->secret_z85, Z85_LEN) != 0 ||
-            zmq_setsockopt(s->zs, ZMQ_ZAP_DOMAIN, NET_ZAP_DOMAIN, strlen(NET_ZAP_DOMAIN)) != 0) {
+            zmq_setsockopt(s->zs, ZMQ_ZAP_DOMAIN, k_role_domain[s->role], strlen(k_role_domain[s->role])) != 0) {
             st = zmq_fail(IE_ERR_INTERNAL, "CURVE server options");
             goto cleanup;
         }
+    }
+    if (want_ipv6(s, endpoint) != IE_OK) {
+        st = zmq_fail(IE_ERR_INTERNAL, "ZMQ_IPV6");
+        goto cleanup;
     }
     if (zmq_bind(s->zs, endpoint) != 0) {
         st = ie_error_set(endpoint_status(), "transport: cannot bind %s: %s", endpoint, zmq_strerror(zmq_errno()));
         goto cleanup;
     }
+    mon_watch(s, endpoint, 1);
     if (!bound) goto cleanup;
     if (zmq_getsockopt(s->zs, ZMQ_LAST_ENDPOINT, last, &last_len) != 0) {
         st = zmq_fail(IE_ERR_INTERNAL, "ZMQ_LAST_ENDPOINT");
@@ -560,6 +868,8 @@ ie_status_t ie_sock_connect(ie_sock_t *s, const char *endpoint, const char *serv
             zmq_setsockopt(s->zs, ZMQ_CURVE_SECRETKEY, s->net->secret_z85, Z85_LEN) != 0)
             return zmq_fail(IE_ERR_INTERNAL, "CURVE client options");
     }
+    mon_watch(s, endpoint, 0); /* before connect: the first handshake's failure is seen too */
+    if (want_ipv6(s, endpoint) != IE_OK) return ie_error_set(IE_ERR_INTERNAL, "transport: cannot enable IPv6");
     if (zmq_connect(s->zs, endpoint) != 0)
         return ie_error_set(endpoint_status(), "transport: cannot connect to %s: %s", endpoint,
                             zmq_strerror(zmq_errno()));
@@ -713,6 +1023,8 @@ ie_status_t ie_sock_watch_peers(ie_sock_t *s, int heartbeat_ms)
     char ep[64];
     if (!s || heartbeat_ms < 0) return ie_error_set(IE_ERR_INVAL, "ie_sock_watch_peers: bad arguments");
     if (s->mon) return IE_OK;
+    mon_forget(s); /* one monitor per socket: this one takes over the net's */
+    s->monitored = 0;
     if (heartbeat_ms > 0) { /* a peer whose host vanished never closes: ZMTP pings find it */
         const int ivl = heartbeat_ms, tmo = 3 * heartbeat_ms;
         if (zmq_setsockopt(s->zs, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) != 0 ||
@@ -721,7 +1033,8 @@ ie_status_t ie_sock_watch_peers(ie_sock_t *s, int heartbeat_ms)
             return zmq_fail(IE_ERR_INTERNAL, "heartbeat options");
     }
     snprintf(ep, sizeof ep, "inproc://ie-monitor-%p", (void *)s);
-    if (zmq_socket_monitor(s->zs, ep, ZMQ_EVENT_DISCONNECTED) != 0) return zmq_fail(IE_ERR_INTERNAL, "monitor");
+    if (zmq_socket_monitor(s->zs, ep, ZMQ_EVENT_DISCONNECTED | NET_MON_EVENTS) != 0)
+        return zmq_fail(IE_ERR_INTERNAL, "monitor");
     void *m = zmq_socket(s->net->ctx, ZMQ_PAIR);
     const int linger = 0;
     if (!m || zmq_setsockopt(m, ZMQ_LINGER, &linger, sizeof linger) != 0 || zmq_connect(m, ep) != 0) {
@@ -762,6 +1075,7 @@ int ie_sock_peers_gone(ie_sock_t *s, int *fds, int cap)
             zmq_msg_close(&b);
         }
         if (ev == ZMQ_EVENT_DISCONNECTED && n < cap) fds[n++] = (int)fd;
+        else if (ev & NET_MON_EVENTS) mon_report(s->net, &s->pmon, ev, fd); /* fd: the event's value */
     }
     return n;
 }
@@ -794,6 +1108,104 @@ int ie_sock_poll(ie_sock_t *const *socks, int n, int *ready, int timeout_ms)
     for (int i = 0; rc > 0 && i < n; i++) ready[i] = (items[i].revents & ZMQ_POLLIN) != 0;
     if (items != stack) free(items);
     return rc;
+}
+
+/* ------------------------------------------------------------ endpoints */
+
+/* "tcp://HOST:PORT" (HOST may be "[v6]") -> host[], port[]; 0 when the
+ * endpoint is not tcp or has no port. */
+static int tcp_split(const char *ep, char *host, size_t host_cap, char *port, size_t port_cap)
+{
+    if (!ep || strncmp(ep, "tcp://", 6) != 0) return 0;
+    const char *h = ep + 6, *colon = strrchr(h, ':');
+    if (!colon || colon == h || !colon[1]) return 0;
+    size_t hn = (size_t)(colon - h);
+    if (h[0] == '[' && hn >= 2 && h[hn - 1] == ']') {
+        h++;
+        hn -= 2;
+    }
+    const char *semi = strchr(h, ';'); /* "tcp://src;dst": only the destination matters here */
+    if (semi && semi < colon) return 0;
+    if (hn >= host_cap || strlen(colon + 1) >= port_cap) return 0;
+    memcpy(host, h, hn);
+    host[hn] = '\0';
+    snprintf(port, port_cap, "%s", colon + 1);
+    return 1;
+}
+
+ie_status_t ie_endpoint_probe(const char *endpoint, int timeout_ms)
+{
+    char host[256], port[32];
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    ie_status_t st = IE_OK;
+    int err = 0;
+
+    if (!tcp_split(endpoint, host, sizeof host, port, sizeof port)) return IE_OK; /* inproc, ipc: nothing to try */
+    const int gai = getaddrinfo(host, port, &hints, &res);
+    if (gai != 0) return ie_error_set(IE_ERR_UNAVAILABLE, "cannot resolve %s: %s", endpoint, gai_strerror(gai));
+    err = ETIMEDOUT;
+    for (const struct addrinfo *ai = res; ai && err; ai = ai->ai_next) {
+        const int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+            err = 0;
+        } else if (errno != EINPROGRESS) {
+            err = errno;
+        } else {
+            struct pollfd pf = {fd, POLLOUT, 0};
+            int soerr = 0;
+            socklen_t sl = sizeof soerr;
+            int rc;
+            while ((rc = poll(&pf, 1, timeout_ms)) < 0 && errno == EINTR) {}
+            if (rc == 0) err = ETIMEDOUT;
+            else if (rc < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &soerr, &sl) != 0) err = errno;
+            else err = soerr;
+        }
+        close(fd);
+    }
+    freeaddrinfo(res);
+    if (err) st = ie_error_set(IE_ERR_UNAVAILABLE, "%s is unreachable: %s", endpoint, strerror(err));
+    return st;
+}
+
+ie_status_t ie_endpoint_local_addr(const char *endpoint, char *out, size_t cap)
+{
+    char host[256], port[32], addr[INET6_ADDRSTRLEN];
+    struct addrinfo hints = {.ai_socktype = SOCK_DGRAM}, *res = NULL;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    ie_status_t st = IE_OK;
+    int fd = -1;
+
+    if (!out || !cap) return ie_error_set(IE_ERR_INVAL, "ie_endpoint_local_addr: no room");
+    out[0] = '\0';
+    if (!tcp_split(endpoint, host, sizeof host, port, sizeof port))
+        return ie_error_set(IE_ERR_INVAL, "%s is not a tcp://HOST:PORT endpoint", endpoint ? endpoint : "(null)");
+    const int gai = getaddrinfo(host, port, &hints, &res);
+    if (gai != 0) return ie_error_set(IE_ERR_UNAVAILABLE, "cannot resolve %s: %s", endpoint, gai_strerror(gai));
+    /* a connected UDP socket sends nothing; the kernel only picks the route */
+    fd = socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, res->ai_addr, res->ai_addrlen) != 0 ||
+        getsockname(fd, (struct sockaddr *)&ss, &sl) != 0) {
+        st = ie_error_set(IE_ERR_UNAVAILABLE, "no route to %s: %s", endpoint, strerror(errno));
+        goto cleanup;
+    }
+    const void *a = ss.ss_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+                                             : (const void *)&((struct sockaddr_in *)&ss)->sin_addr;
+    if (!inet_ntop(ss.ss_family, a, addr, sizeof addr)) {
+        st = ie_error_set(IE_ERR_INTERNAL, "inet_ntop: %s", strerror(errno));
+        goto cleanup;
+    }
+    if ((size_t)snprintf(out, cap, ss.ss_family == AF_INET6 ? "[%s]" : "%s", addr) >= cap)
+        st = ie_error_set(IE_ERR_RANGE, "address %s does not fit", addr);
+
+cleanup:
+    if (fd >= 0) close(fd);
+    freeaddrinfo(res);
+    return st;
 }
 
 /* ------------------------------------------------------------ keys */

@@ -2,6 +2,7 @@
 #ifndef IE_CLOCK_H
 #define IE_CLOCK_H
 
+#include <stdio.h>
 #include <time.h>
 
 /* Milliseconds / seconds on CLOCK_MONOTONIC (arbitrary origin). */
@@ -13,5 +14,20 @@ static inline double ie_now_ms(void)
 }
 
 static inline double ie_now_s(void) { return ie_now_ms() / 1e3; }
+
+/* The wall clock for log lines: "2026-11-26T21:40:01.123Z" (UTC, ms) into
+ * out[cap] (cap >= 25; shorter: cut). Services log to stderr, which is not
+ * always the journal: a line carries its own time. */
+static inline const char *ie_log_time(char *out, size_t cap)
+{
+    struct timespec ts;
+    struct tm tm;
+    char day[24];
+    clock_gettime(CLOCK_REALTIME, &ts);
+    gmtime_r(&ts.tv_sec, &tm);
+    strftime(day, sizeof day, "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(out, cap, "%s.%03dZ", day, (int)(ts.tv_nsec / 1000000));
+    return out;
+}
 
 #endif

@@ -70,6 +70,8 @@ typedef struct ie_backend_stats {
     const char *hot_report;     /* their one-line report; "" when none   */
     const char *endpoint;       /* where workers register (a cluster's
                                    bound ROUTER); "" in process          */
+    int workers, workers_ready; /* a cluster's ranks / those registered
+                                   and ready (0 / 0 in process)          */
 } ie_backend_stats_t;
 
 /* An implementation. Entries marked optional may be NULL (the wrapper

@@ -15,12 +15,14 @@
  * use OpenAI's shape {"error": {"message", "type", "param", "code"}}: 400
  * invalid_request_error for bad JSON or parameters, 401 without the right
  * API key, 404 unknown path or model, 405 wrong method, 413 a body too
- * large, 429 when the queue is full ("busy"), 503 when workers are
- * unavailable or the server drains, 504 on a request timeout, 500
- * otherwise; 429 and 503 carry "Retry-After: 1". A string with a NUL
- * character (\u0000) is refused (400) rather than cut short. Connections:
- * at most max_conns, max_conns_per_addr from one address (more are closed
- * at once), and each request must be read whole within read_timeout_ms. A client that
+ * large, 415 a POST whose Content-Type is not application/json (a browser
+ * sends text/plain across origins without a CORS preflight), 429 when the
+ * queue is full ("busy"), 503 when workers are unavailable or the server
+ * drains, 504 on a request timeout, 500 otherwise; 429 and 503 carry
+ * "Retry-After: 1". A string with a NUL character (\u0000) is refused
+ * (400) rather than cut short. Connections: at most max_conns,
+ * max_conns_per_addr from one address (more are closed at once), and each
+ * request must be read whole within read_timeout_ms. A client that
  * disconnects has its request cancelled (its KV blocks are freed at the
  * next step).
  *
@@ -41,16 +43,16 @@ typedef struct ie_http ie_http_t;
 #define IE_HTTP_MAX_CONNS_PER_ADDR 256
 
 typedef struct ie_http_opts {
-    ie_engine_t *engine;    /* tokenizer, chat template, shapes        */
-    ie_sched_t *sched;      /* where requests go                       */
-    const char *addr;       /* listen address (NULL: "127.0.0.1")       */
-    int port;               /* 0: pick a free port (ie_http_port)      */
-    const char *api_key;    /* non-NULL: require "Authorization: Bearer
+    ie_engine_t *engine;     /* tokenizer, chat template, shapes        */
+    ie_sched_t *sched;       /* where requests go                       */
+    const char *addr;        /* listen address (NULL: "127.0.0.1")       */
+    int port;                /* 0: pick a free port (ie_http_port)      */
+    const char *api_key;     /* non-NULL: require "Authorization: Bearer
                                   <key>" on /v1/ endpoints               */
-    const char *model_name; /* id in /v1/models and responses (NULL:
+    const char *model_name;  /* id in /v1/models and responses (NULL:
                                   the model file's base name)            */
-    ie_metrics_t *metrics;  /* served at /metrics when non-NULL        */
-    int request_timeout_ms; /* per-request limit given to the scheduler
+    ie_metrics_t *metrics;   /* served at /metrics when non-NULL        */
+    int request_timeout_ms;  /* per-request limit given to the scheduler
                                   (0: none)                               */
     int max_body;           /* bytes of request body at most (0: 1 MiB) */
     int read_timeout_ms;    /* a connection's whole request (line,
@@ -60,6 +62,8 @@ typedef struct ie_http_opts {
     int max_conns;          /* open connections at most (0: 1024)      */
     int max_conns_per_addr; /* ... from one client address (0: 256)    */
     int verbose;            /* one log line per request to stderr      */
+    const char *cors_origin; /* non-NULL: answer CORS preflights (OPTIONS)
+                                  and allow this origin ("*": any) */
 } ie_http_opts_t;
 
 /* Start listening. IE_ERR_IO when the address cannot be bound (message

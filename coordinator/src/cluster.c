@@ -68,6 +68,7 @@ struct ie_cluster {
     const ie_model_src_t *src;
     ie_hparams_t hp;
     uint64_t fp;
+    uint64_t wfp; /* ie_model_src_weights_hash: workers must load the same bytes */
     ie_shard_range_t range[IE_PROTO_MAX_RANKS];
     ie_sock_t *router;
     char endpoint[IE_PROTO_ENDPOINT_MAX];
@@ -99,18 +100,19 @@ struct ie_cluster {
     int la_credit; /* + per chained step used, - per one dropped     */
     int la_pause;  /* steps left without chaining after a run of drops */
     ie_metric_t *m_la;
+    ie_metric_t *m_step_fail; /* steps that failed (a lost rank, a rank's error) */
 };
 
 static void clog_(const ie_cluster_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void clog_(const ie_cluster_t *c, const char *fmt, ...)
 {
     (void)c;
-    char line[1024];
+    char line[1024], when[32];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "ie-coordinator: %s\n", line);
+    fprintf(stderr, "%s ie-coordinator: %s\n", ie_log_time(when, sizeof when), line);
 }
 
 static void set_up(ie_cluster_t *c, int r, int up)
@@ -219,13 +221,24 @@ static int find_ident(const ie_cluster_t *c, const void *id, size_t n)
 static void on_hello(ie_cluster_t *c, const void *id, size_t idn, const ie_msg_hello_t *h)
 {
     char why[IE_PROTO_TEXT_MAX];
+    /* IE_ERR_UNSUPPORTED: the worker gives up (its model will not change
+     * by asking again) */
     if (h->model_fp != c->fp) {
         snprintf(why, sizeof why,
                  "model mismatch: the worker's model (fingerprint %016llx) is not the "
                  "coordinator's (%016llx)",
                  (unsigned long long)h->model_fp, (unsigned long long)c->fp);
         clog_(c, "refused pid %d on %s: %s", h->pid, h->host, why);
-        send_error(c, id, idn, IE_ERR_INVAL, why);
+        send_error(c, id, idn, IE_ERR_UNSUPPORTED, why);
+        return;
+    }
+    if (h->weights_fp != c->wfp) {
+        snprintf(why, sizeof why,
+                 "weights mismatch: the worker's model file has the same shapes but other weights (hash "
+                 "%016llx, the coordinator's %016llx); every host needs the same file, format and quantization",
+                 (unsigned long long)h->weights_fp, (unsigned long long)c->wfp);
+        clog_(c, "refused pid %d on %s: %s", h->pid, h->host, why);
+        send_error(c, id, idn, IE_ERR_UNSUPPORTED, why);
         return;
     }
     if (idn > sizeof c->m[0].ident) return;
@@ -286,7 +299,7 @@ static void on_ready(ie_cluster_t *c, int r, const ie_msg_ready_t *rd)
         mb->state = M_FAILED;
         mb->status = (ie_status_t)rd->status;
         snprintf(mb->error, sizeof mb->error, "%s", rd->error);
-        if (c->o.verbose) clog_(c, "rank %d could not load its shard: %s", r, rd->error);
+        clog_(c, "rank %d (pid %d on %s) is not ready: %s", r, mb->hello.pid, mb->hello.host, rd->error);
         return;
     }
     mb->state = M_READY;
@@ -450,6 +463,7 @@ ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src
     c->src = src;
     c->hp = *ie_model_src_hparams(src);
     c->fp = ie_model_src_fingerprint(src);
+    c->wfp = ie_model_src_weights_hash(src, 1); /* never computed with here: not kept resident */
     /* one id per cluster: ranks of clusters that share a host (parallel
      * tests, two services) never open each other's segments */
     while (c->cluster_id == 0) c->cluster_id = ie_sampler_seed_random();
@@ -494,6 +508,10 @@ ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src
         static const double sb[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5};
         ie_metrics_histogram(o->metrics, "ie_step_seconds", "Wall time of one step across the workers", NULL, sb,
                              10, &c->m_step);
+        ie_metrics_counter(o->metrics, "ie_step_failures_total",
+                           "Steps that failed across the workers (a rank lost or unreachable, a rank's error); the "
+                           "requests in them are retried or failed",
+                           NULL, &c->m_step_fail);
     }
     {
         const size_t B = (size_t)o->max_batch;
@@ -926,6 +944,7 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
     c->stats.steps++;
     c->stats.step_ms += ie_now_ms() - t0;
     if (c->m_step && c->cur.st == IE_OK) ie_metric_observe(c->m_step, NULL, (ie_now_ms() - t0) / 1e3);
+    if (c->cur.st != IE_OK && c->m_step_fail) ie_metric_add(c->m_step_fail, NULL, 1);
     if (c->cur.st != IE_OK) return ie_error_set(c->cur.st, "%s", c->cur.err);
     return IE_OK;
 }
@@ -966,6 +985,10 @@ static void cb_stats(void *self, ie_backend_stats_t *out)
     out->lookahead_used = c->stats.lookahead_used;
     out->lookahead_dropped = c->stats.lookahead_dropped;
     out->endpoint = c->endpoint;
+    out->workers = c->o.n_ranks;
+    out->workers_ready = 0;
+    for (int r = 0; r < c->o.n_ranks; r++)
+        out->workers_ready += c->m[r].state == M_READY && c->m[r].assigned_epoch == c->epoch;
 }
 
 static void cb_destroy(void *self)

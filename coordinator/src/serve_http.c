@@ -82,6 +82,7 @@ typedef struct hconn {
 struct ie_http {
     ie_http_opts_t o; /* borrowed pointers: engine, sched, metrics */
     char *api_key;    /* owned copies of the strings            */
+    char *cors_origin;
     char *model_name;
     struct MHD_Daemon *d;
     MHD_socket listen_fd; /* after MHD_quiesce_daemon: ours to close */
@@ -310,7 +311,8 @@ typedef struct conn {
     int fd;
     ie_buf_t body;
     int too_large, body_oom;
-    int early; /* `err` answers once the body is read        */
+    int early;     /* `err` answers once the body is read        */
+    int preflight; /* a CORS preflight: 204 once the body is read */
     http_err_t err;
     const char *allow; /* the Allow header of a 405 (static)        */
     unsigned status;   /* what was answered (the log line)          */
@@ -325,6 +327,32 @@ static void count_status(ie_http_t *h, unsigned status)
     char code[8];
     snprintf(code, sizeof code, "%u", status);
     ie_metric_add(h->m_req, code, 1);
+}
+
+/* With --cors-origin, every answer names the allowed origin, and a
+ * preflight's answer also what a cross-origin request may carry. Without
+ * it no CORS header is sent, so browsers keep other origins from reading
+ * answers and from sending JSON (which needs a preflight). */
+static void cors_headers(const ie_http_t *h, struct MHD_Response *r, int preflight)
+{
+    if (!h->cors_origin) return;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", h->cors_origin);
+    if (strcmp(h->cors_origin, "*") != 0) MHD_add_response_header(r, "Vary", "Origin");
+    if (!preflight) return;
+    MHD_add_response_header(r, "Access-Control-Allow-Methods", "GET, HEAD, POST, OPTIONS");
+    MHD_add_response_header(r, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+    MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+}
+
+/* 1 when the request's Content-Type is application/json (parameters such
+ * as charset allowed). */
+static int json_content(struct MHD_Connection *mc)
+{
+    const char *v = MHD_lookup_connection_value(mc, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_TYPE);
+    const size_t n = strlen(IE_HTTP_JSON);
+    if (!v) return 0;
+    while (*v == ' ' || *v == '\t') v++;
+    return strncasecmp(v, IE_HTTP_JSON, n) == 0 && (v[n] == '\0' || v[n] == ';' || v[n] == ' ' || v[n] == '\t');
 }
 
 /* Queue `body` (malloc'd, taken; NULL = out of memory) with `status`. */
@@ -350,6 +378,7 @@ static enum MHD_Result send_body(ie_http_t *h, struct MHD_Connection *mc, conn_t
      * a draining or not-ready server is not worth retrying sooner either */
     if (status == MHD_HTTP_TOO_MANY_REQUESTS || status == MHD_HTTP_SERVICE_UNAVAILABLE)
         MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    cors_headers(h, r, c && c->preflight);
     enum MHD_Result ret = MHD_queue_response(mc, status, r);
     MHD_destroy_response(r);
     if (c) c->status = status;
@@ -1142,6 +1171,7 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    cors_headers(h, resp, 0);
     ret = MHD_queue_response(mc, MHD_HTTP_OK, resp);
     MHD_destroy_response(resp);
     c->status = MHD_HTTP_OK;
@@ -1270,7 +1300,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         int get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
         route_t rt = route_of(h, url);
         c->early = 1;
-        if (h->api_key && !strncmp(url, "/v1/", 4) && !authorized(h, mc)) {
+        if (h->cors_origin && !strcmp(method, MHD_HTTP_METHOD_OPTIONS) && rt != ROUTE_NONE) {
+            c->preflight = 1; /* before the key check: a preflight carries no credentials */
+        } else if (h->api_key && !strncmp(url, "/v1/", 4) && !authorized(h, mc)) {
             err_set(&c->err, MHD_HTTP_UNAUTHORIZED, "invalid_request_error", "invalid_api_key", NULL,
                     "Incorrect API key provided (send 'Authorization: Bearer <key>')");
         } else if (rt == ROUTE_NONE) {
@@ -1280,6 +1312,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
             c->allow = rt == ROUTE_GET ? "GET, HEAD" : "POST";
             err_set(&c->err, MHD_HTTP_METHOD_NOT_ALLOWED, "invalid_request_error", "method_not_allowed", NULL,
                     "Method %s is not allowed for %.100s (%s)", method, url, c->allow);
+        } else if (post && !json_content(mc)) {
+            err_set(&c->err, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, "invalid_request_error", "unsupported_media_type",
+                    NULL, "the body must be sent as Content-Type: application/json");
         } else {
             c->early = 0;
             c->route = rt;
@@ -1307,6 +1342,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     }
     /* the body is complete: the read deadline is met */
     read_done(h, mc, 0);
+    if (c->preflight) return send_body(h, mc, c, MHD_HTTP_NO_CONTENT, strdup(""), "text/plain", NULL);
     if (c->early) return send_err(h, mc, c, &c->err, c->allow);
     if (c->too_large) {
         err_set(&c->err, MHD_HTTP_CONTENT_TOO_LARGE, "invalid_request_error", "request_too_large", NULL,
@@ -1525,6 +1561,7 @@ ie_status_t ie_http_start(const ie_http_opts_t *o, ie_http_t **out)
     h->o.addr = NULL;
     h->o.api_key = NULL;
     h->o.model_name = NULL;
+    h->o.cors_origin = NULL;
     h->listen_fd = MHD_INVALID_SOCKET;
     h->created = (long)time(NULL);
     h->tok = ie_engine_tokenizer(o->engine);
@@ -1537,7 +1574,8 @@ ie_status_t ie_http_start(const ie_http_opts_t *o, ie_http_t **out)
     atomic_init(&h->stopping, 0);
     const ie_hparams_t *hp = ie_engine_hparams(o->engine);
     const char *name = o->model_name && *o->model_name ? o->model_name : hp && hp->name[0] ? hp->name : "model";
-    if (!(h->model_name = strdup(name)) || (o->api_key && !(h->api_key = strdup(o->api_key)))) {
+    if (!(h->model_name = strdup(name)) || (o->api_key && !(h->api_key = strdup(o->api_key))) ||
+        (o->cors_origin && !(h->cors_origin = strdup(o->cors_origin)))) {
         st = ie_error_set(IE_ERR_NOMEM, "http: out of memory");
         goto cleanup;
     }
@@ -1622,6 +1660,7 @@ void ie_http_stop(ie_http_t **self_p)
     pthread_mutex_destroy(&h->conns_mu);
     pthread_cond_destroy(&h->reaper_cv);
     free(h->api_key);
+    free(h->cors_origin);
     free(h->model_name);
     free(h);
 }

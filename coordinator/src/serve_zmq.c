@@ -268,6 +268,28 @@ static void on_message(server_t *s)
     submit(s, p);
 }
 
+/* systemd's STATUS= line (what `systemctl status` shows), kept current:
+ * at most once a second, and only when its text changes. */
+static void sd_status_update(const ie_serve_opts_t *o, ie_backend_t *be, double *last, char *prev, size_t cap)
+{
+    const double t = ie_now_ms();
+    if (t - *last < 1000) return;
+    *last = t;
+    ie_backend_stats_t bs;
+    ie_sched_stats_t ss;
+    char now[160];
+    memset(&bs, 0, sizeof bs);
+    ie_backend_stats(be, &bs);
+    ie_sched_stats(o->sched, &ss);
+    if (bs.workers > 0)
+        snprintf(now, sizeof now, "%d of %d workers ready; %d requests running, %d waiting", bs.workers_ready,
+                 bs.workers, ss.running, ss.queued);
+    else snprintf(now, sizeof now, "%d requests running, %d waiting", ss.running, ss.queued);
+    if (strcmp(now, prev) == 0) return;
+    snprintf(prev, cap, "%s", now);
+    ie_sd_status("%s", now);
+}
+
 ie_status_t ie_serve_run(const ie_serve_opts_t *o)
 {
     server_t s = {.o = o};
@@ -278,6 +300,8 @@ ie_status_t ie_serve_run(const ie_serve_opts_t *o)
     int busy = 0;
     ie_backend_t *be = ie_engine_backend(o->engine);
     const int upkeep_ms = ie_backend_geom(be)->upkeep_ms;
+    double sd_last = 0;
+    char sd_prev[160] = "";
     double drain_end = -1; /* >= 0: stopping; the accepted requests may run until then */
     for (;;) {
         if (o->stop && *o->stop && drain_end < 0) {
@@ -299,6 +323,7 @@ ie_status_t ie_serve_run(const ie_serve_opts_t *o)
             if (ss.queued + ss.running == 0 || ie_now_ms() >= drain_end) break;
         }
         ie_backend_upkeep(be, 0); /* a cluster's heartbeats, registrations, systemd watchdog */
+        sd_status_update(o, be, &sd_last, sd_prev, sizeof sd_prev);
         if (o->sock) {
             int ready = 0;
             peers_gone(&s); /* also when no message comes */

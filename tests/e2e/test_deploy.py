@@ -33,12 +33,15 @@ METRICS = (
     "ie_requests_total", "ie_tokens_generated_total", "ie_prompt_tokens_total",
     "ie_request_queue_seconds", "ie_step_seconds", "ie_kv_used_ratio",
     "ie_worker_compute_seconds_total", "ie_worker_transfer_seconds_total", "ie_worker_up",
-    "process_resident_memory_bytes",
+    "process_resident_memory_bytes", "ie_time_to_first_token_seconds", "ie_token_latency_seconds",
+    "ie_queue_depth", "ie_running_requests", "ie_kv_blocks_used", "ie_preemptions_total",
+    "ie_prefix_cache_hit_tokens_total", "ie_prefix_cache_miss_tokens_total", "ie_step_failures_total",
 )
 # (name, label) pairs whose label the dashboard must break down by
 LABELLED = (("ie_requests_total", "status"), ("ie_worker_compute_seconds_total", "worker"),
             ("ie_worker_transfer_seconds_total", "worker"), ("ie_worker_up", "worker"))
-HISTOGRAMS = ("ie_request_queue_seconds", "ie_step_seconds")
+HISTOGRAMS = ("ie_request_queue_seconds", "ie_step_seconds", "ie_time_to_first_token_seconds",
+              "ie_token_latency_seconds")
 
 
 def need_tool(name: str) -> str:

@@ -565,12 +565,13 @@ def keygen(d: Path, name: str) -> None:
 @pytest.fixture
 def curve_keys(tmp_path):
     keys, auth, other = tmp_path / "keys", tmp_path / "authorized", tmp_path / "other"
-    for d in (keys, auth, other):
+    for d in (keys, auth, auth / "workers", auth / "clients", other):
         d.mkdir()
     for n in ("coord", "w0", "w1", "client"):
         keygen(keys, n)
-    for n in ("w0", "w1", "client"):
-        (auth / f"{n}.pub").write_text((keys / f"{n}.pub").read_text())
+    for n in ("w0", "w1"):  # roles: worker keys may join, client keys may only ask
+        (auth / "workers" / f"{n}.pub").write_text((keys / f"{n}.pub").read_text())
+    (auth / "clients" / "client.pub").write_text((keys / "client.pub").read_text())
     keygen(other, "intruder")
     # a second run with the same name refuses to overwrite the secret key
     cp = subprocess.run([str(binary("ie-keygen")), "--dir", str(keys), "--name", "w0"],

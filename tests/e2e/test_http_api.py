@@ -113,6 +113,8 @@ def client(server):
 
 def raw(server, method, path, *, key=KEY, **kw):
     headers = kw.pop("headers", {})
+    if method == "POST":  # the server refuses other content types (415; test_cluster_security.py)
+        headers.setdefault("Content-Type", "application/json")
     if key:
         headers["Authorization"] = f"Bearer {key}"
     return httpx.request(method, server.url + path, headers=headers, timeout=120, **kw)

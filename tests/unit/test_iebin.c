@@ -954,9 +954,35 @@ static void test_mem_source(void)
     CU_ASSERT_EQUAL_FATAL(ie_model_src_open(dir, &back), IE_OK);
     check_tensors(back, 1);
     CU_ASSERT(memcmp(ie_model_src_hparams(back), &hp, sizeof hp) == 0);
+    /* the weights hash covers the stored bytes, whatever the container */
+    const uint64_t wh = ie_model_src_weights_hash(src, 0);
+    CU_ASSERT_NOT_EQUAL(wh, 0);
+    CU_ASSERT_EQUAL(ie_model_src_weights_hash(back, 0), wh);
+    /* released pages come back from the file: the same bytes, the same hash */
+    CU_ASSERT_EQUAL(ie_model_src_weights_hash(back, 1), wh);
+    CU_ASSERT_EQUAL(ie_model_src_weights_hash(back, 1), wh);
+    check_tensors(back, 1);
+    CU_ASSERT_EQUAL(ie_model_src_fingerprint(back), ie_model_src_fingerprint(src));
     ie_model_src_destroy(&back);
     ie_model_src_destroy(&src);
     rm_tree(dir);
+
+    /* one byte of one tensor changed: same shapes (fingerprint), other hash */
+    {
+        void *copy = malloc(g_data[6].n);
+        CU_ASSERT_FATAL(copy != NULL);
+        memcpy(copy, g_data[6].p, g_data[6].n);
+        ((uint8_t *)copy)[g_data[6].n / 2] ^= 1;
+        CU_ASSERT_EQUAL_FATAL(ie_model_src_new_mem(&hp, TOK_JSON, &src), IE_OK);
+        for (int i = 0; i < N_SPECS; i++) {
+            t = spec_tensor(i);
+            if (i == 6) t.data = copy;
+            CU_ASSERT_EQUAL(ie_model_src_mem_add(src, &t, i == 6 ? copy : NULL), IE_OK);
+        }
+        CU_ASSERT_EQUAL_FATAL(ie_model_src_mem_finish(src), IE_OK);
+        CU_ASSERT_NOT_EQUAL(ie_model_src_weights_hash(src, 0), wh);
+        ie_model_src_destroy(&src);
+    }
 
     /* validation like ie_model_src_open */
     CU_ASSERT_EQUAL_FATAL(ie_model_src_new_mem(&hp, NULL, &src), IE_OK);

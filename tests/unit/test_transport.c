@@ -350,7 +350,7 @@ static void test_curve(void)
     CU_ASSERT_EQUAL(ie_net_curve(snet, srv.pub, srv.sec, auth), IE_ERR_INVAL); /* once */
     CU_ASSERT_EQUAL(ie_net_is_secure(snet, &mine), 1);
     CU_ASSERT_STRING_EQUAL(mine, srv.pub);
-    CU_ASSERT_EQUAL(ie_net_authorize(snet, "not a key"), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL(ie_net_authorize(snet, IE_ROLE_WORKER, "not a key"), IE_ERR_INVAL);
     CU_ASSERT_EQUAL_FATAL(ie_sock_new(snet, IE_SOCK_ROUTER, &r), IE_OK);
     CU_ASSERT_EQUAL_FATAL(ie_sock_bind(r, "tcp://127.0.0.1:0", ep, sizeof ep), IE_OK);
 
@@ -386,13 +386,14 @@ static void test_curve(void)
     fflush(stderr);
     dup2(saved, 2);
     close(saved);
-    snprintf(line, sizeof line, "transport: refused CURVE client %s from 127.0.0.1", stranger.pub);
+    snprintf(line, sizeof line, "transport: refused CURVE client %s from 127.0.0.1: not an authorized worker key",
+             stranger.pub);
     CU_ASSERT(file_has(log_path, line));
     if (!file_has(log_path, line)) fprintf(stderr, "\n  no line \"%s\" in %s\n", line, log_path);
 
     /* authorized at run time: a new connection gets through (libzmq never
      * retries a connection whose handshake was refused) */
-    CU_ASSERT_EQUAL(ie_net_authorize(snet, stranger.pub), IE_OK);
+    CU_ASSERT_EQUAL(ie_net_authorize(snet, IE_ROLE_WORKER, stranger.pub), IE_OK);
     ie_sock_destroy(&x);
     CU_ASSERT_EQUAL_FATAL(ie_sock_new(xnet, IE_SOCK_DEALER, &x), IE_OK);
     CU_ASSERT_EQUAL_FATAL(ie_sock_connect(x, ep, srv.pub), IE_OK);

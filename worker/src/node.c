@@ -43,7 +43,7 @@ typedef struct node {
     const char *public_key;
 
     ie_model_src_t *src;
-    uint64_t fp;
+    uint64_t fp, wfp;
     ie_worker_t *w;
     ie_msg_assign_t as; /* current assignment (valid when assigned)       */
     int assigned;       /* an ASSIGN was applied and the shard is loaded  */
@@ -95,12 +95,13 @@ typedef struct node {
 static void logf_(const node_t *nd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void logf_(const node_t *nd, const char *fmt, ...)
 {
-    char line[1024];
+    char line[1024], when[32];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "ie-worker[%d rank %d]: %s\n", (int)getpid(), atomic_load(&nd->rank), line);
+    fprintf(stderr, "%s ie-worker[%d rank %d]: %s\n", ie_log_time(when, sizeof when), (int)getpid(),
+            atomic_load(&nd->rank), line);
 }
 
 void ie_node_opts_default(ie_node_opts_t *o)
@@ -135,6 +136,7 @@ static void send_hello(node_t *nd)
     h->numa_node = nd->node_id;
     h->n_threads = nd->o->n_threads;
     h->model_fp = nd->fp;
+    h->weights_fp = nd->wfp;
     if (gethostname(h->host, sizeof h->host - 1) != 0) snprintf(h->host, sizeof h->host, "?");
     snprintf(h->peer_endpoint, sizeof h->peer_endpoint, "%s", nd->peer_ep);
     snprintf(h->public_key, sizeof h->public_key, "%s", nd->public_key ? nd->public_key : "");
@@ -464,6 +466,18 @@ static ie_status_t connect_peers(node_t *nd)
     for (int r = 0; r < a->n_ranks; r++) {
         int want = a->plan == IE_SHARD_TENSOR ? r != a->rank : r == a->rank + 1;
         if (!want) continue;
+        /* ZeroMQ would connect in the background and retry for ever: a peer
+         * address that cannot be reached (a wildcard advertised as
+         * loopback, a wrong --advertise, a firewall) is said here, before
+         * READY, instead of as a failed reduction at the first step */
+        if (ie_endpoint_probe(a->peer_endpoint[r], 2000) != IE_OK) {
+            char why[IE_PROTO_TEXT_MAX];
+            snprintf(why, sizeof why, "%s", ie_error_last());
+            return ie_error_set(IE_ERR_UNAVAILABLE,
+                                "peer rank %d's address is not reachable from this host (%s): check that worker's "
+                                "--peer-bind and --advertise",
+                                r, why);
+        }
         ie_status_t st = ie_sock_new(nd->net, IE_SOCK_PUSH, &nd->push[r]);
         if (st == IE_OK)
             st = ie_sock_connect(nd->push[r], a->peer_endpoint[r], a->peer_key[r][0] ? a->peer_key[r] : NULL);
@@ -532,11 +546,20 @@ static void handle_assign(node_t *nd, const ie_msg_assign_t *a)
         if (nd->o->numa_node < 0) {
             ie_topo_t t;
             int node = -1;
+            const char *pol = nd->o->numa_policy ? nd->o->numa_policy : getenv("NUMA_POLICY");
+            const int automatic = !pol || !*pol || !strcmp(pol, "auto");
             if ((st = ie_topo_read(&t)) != IE_OK ||
-                (st = ie_numa_pick(&t, nd->o->numa_policy ? nd->o->numa_policy : getenv("NUMA_POLICY"), a->rank,
-                                   a->n_ranks, &node)) != IE_OK ||
-                (node >= 0 && (st = ie_numa_bind(node)) != IE_OK))
-                goto reply; /* a policy that names no node is a configuration error */
+                (st = ie_numa_pick(&t, pol, a->rank, a->n_ranks, &node)) != IE_OK ||
+                (node >= 0 && (st = ie_numa_bind(node)) != IE_OK)) {
+                /* a policy that names a node is a configuration error; "auto"
+                 * is only a wish (hwloc and libnuma can disagree, a cgroup
+                 * can refuse the node): run unbound and say so */
+                if (!automatic) goto reply;
+                logf_(nd, "warning: NUMA_POLICY=auto: no binding for rank %d (%s); running unbound", a->rank,
+                      ie_error_last());
+                node = -1;
+                st = IE_OK;
+            }
             nd->node_id = node;
         }
         apply_affinity(nd, a->rank);
@@ -785,6 +808,8 @@ static ie_status_t handle_coord(node_t *nd)
     case IE_MSG_ERROR:
         logf_(nd, "coordinator: %s", m.u.error.message);
         nd->registered = 0;
+        if (m.u.error.code == IE_ERR_UNSUPPORTED) /* our model is not the cluster's: asking again will not help */
+            return ie_error_set(IE_ERR_FORMAT, "refused by the coordinator: %s", m.u.error.message);
         break;
     default: logf_(nd, "unexpected %s from the coordinator", ie_msg_kind_name(m.kind)); break;
     }
@@ -806,6 +831,13 @@ static ie_status_t handle_peer(node_t *nd)
                nd->in.size[1] == (size_t)m.u.partial.count * sizeof(float))
         pq_put(nd, &m.u.partial);
     return IE_OK;
+}
+
+/* 1 for a tcp endpoint bound to every interface (0.0.0.0, [::], *). */
+static int wildcard_bind(const char *ep)
+{
+    return ep &&
+           (!strncmp(ep, "tcp://0.0.0.0:", 14) || !strncmp(ep, "tcp://[::]:", 11) || !strncmp(ep, "tcp://*:", 8));
 }
 
 /* *o->stop is set by a signal handler (ie-worker) or by another thread
@@ -833,6 +865,11 @@ ie_status_t ie_node_run(const ie_node_opts_t *o)
     if ((st = ie_model_src_open(o->model_path, &nd->src)) != IE_OK) goto cleanup;
     nd->fp = ie_model_src_fingerprint(nd->src);
     {
+        const double t0 = ie_now_ms();
+        nd->wfp = ie_model_src_weights_hash(nd->src, 0);
+        if (o->verbose) logf_(nd, "weights hash %016llx (%.0f ms)", (unsigned long long)nd->wfp, ie_now_ms() - t0);
+    }
+    {
         ie_topo_t t;
         if (ie_topo_read(&t) == IE_OK) ie_topo_describe(&t, nd->topo, sizeof nd->topo);
         if (o->numa_node >= 0 && (st = ie_numa_bind(o->numa_node)) != IE_OK) goto cleanup;
@@ -848,10 +885,27 @@ ie_status_t ie_node_run(const ie_node_opts_t *o)
     if ((st = ie_sock_connect(nd->coord, o->coordinator, o->coordinator_key)) != IE_OK) goto cleanup;
     if ((st = ie_sock_new(nd->net, IE_SOCK_PULL, &nd->pull)) != IE_OK) goto cleanup;
     if ((st = ie_sock_bind(nd->pull, o->peer_bind, nd->peer_ep, sizeof nd->peer_ep)) != IE_OK) goto cleanup;
-    if (o->advertise && !strncmp(nd->peer_ep, "tcp://", 6)) { /* tcp://any:port -> tcp://advertise:port */
+    const char *adv = o->advertise;
+    char guess[128];
+    if (!adv && wildcard_bind(o->peer_bind)) {
+        /* bound everywhere, and the connectable form says loopback: peers on
+         * other hosts could not use it. This host's address toward the
+         * coordinator is one they most likely can. */
+        if (ie_endpoint_local_addr(o->coordinator, guess, sizeof guess) == IE_OK) {
+            adv = guess;
+            logf_(nd,
+                  "warning: --peer-bind %s without --advertise: advertising %s (this host's address toward the "
+                  "coordinator); give --advertise if peers reach this host by another name",
+                  o->peer_bind, guess);
+        } else {
+            logf_(nd, "warning: --peer-bind %s without --advertise: peers on other hosts cannot reach %s (%s)",
+                  o->peer_bind, nd->peer_ep, ie_error_last());
+        }
+    }
+    if (adv && !strncmp(nd->peer_ep, "tcp://", 6)) { /* tcp://any:port -> tcp://advertise:port */
         const char *port = strrchr(nd->peer_ep, ':');
         char ep[IE_PROTO_ENDPOINT_MAX];
-        snprintf(ep, sizeof ep, "tcp://%s%s", o->advertise, port ? port : "");
+        snprintf(ep, sizeof ep, "tcp://%s%s", adv, port ? port : "");
         snprintf(nd->peer_ep, sizeof nd->peer_ep, "%s", ep);
     }
     if (o->metrics) {
@@ -881,11 +935,12 @@ ie_status_t ie_node_run(const ie_node_opts_t *o)
             st = ie_error_set(IE_ERR_IO, "worker: poll failed");
             break;
         }
-        if (ready[0] && ie_sock_recv(nd->coord, &nd->in, 0) == IE_OK && nd->in.n >= 1)
-            if (handle_coord(nd) != IE_OK) {
-                if (o->verbose) logf_(nd, "coordinator said bye");
-                break;
-            }
+        if (ready[0] && ie_sock_recv(nd->coord, &nd->in, 0) == IE_OK && nd->in.n >= 1) {
+            const ie_status_t hs = handle_coord(nd);
+            if (hs == IE_ERR_UNAVAILABLE && o->verbose) logf_(nd, "coordinator said bye");
+            if (hs != IE_ERR_UNAVAILABLE) st = hs; /* refused for good */
+            if (hs != IE_OK) break;
+        }
         if (ready[1] && ie_sock_recv(nd->pull, &nd->in, 0) == IE_OK && nd->in.n >= 1) handle_peer(nd);
         double t = ie_now_ms();
         int dead = nd->assigned ? nd->as.dead_ms : 2000;
@@ -894,6 +949,12 @@ ie_status_t ie_node_run(const ie_node_opts_t *o)
             nd->registered = 0;
         }
         if (!nd->registered && t - nd->last_hello_ms > 1000) send_hello(nd);
+        /* registered, never assigned (the plan waits for more workers): the
+         * heartbeat thread has no rank to speak for, so the HELLO is our
+         * sign of life; without it the coordinator drops us after dead_ms
+         * and we register again, over and over. Once a rank is assigned
+         * (even one whose load failed) the heartbeats speak for us. */
+        if (nd->registered && atomic_load(&nd->rank) < 0 && t - nd->last_hello_ms > 250) send_hello(nd);
     }
     ie_sd_stopping();
     if (nd->registered && stop_requested(o)) { /* stopped here: tell the coordinator, it need not wait */
