@@ -59,8 +59,8 @@ fi
 py_pkgs=(numpy gguf safetensors tokenizers transformers pytest sentencepiece protobuf matplotlib pyzmq msgpack openai jinja2)
 py_mods="numpy, gguf, safetensors, tokenizers, transformers, pytest, sentencepiece, matplotlib, zmq, msgpack, openai, jinja2"
 if [ "$reference" = 1 ]; then
-  py_pkgs+=(torch accelerate)
-  py_mods+=", torch, accelerate"
+  py_pkgs+=(torch accelerate peft)
+  py_mods+=", torch, accelerate, peft"
 fi
 if [ ! -x .venv/bin/python ]; then
   log "creating .venv"

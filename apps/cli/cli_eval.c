@@ -47,8 +47,11 @@ int ie_cli_perplexity(int argc, char **argv)
     int32_t *ids = NULL;
     float *logits = NULL;
     ie_engine_t *eng = NULL;
-    int32_t *tok = NULL, *pos = NULL, *seq = NULL;
+    int32_t *tok = NULL, *pos = NULL, *seq = NULL, *ad = NULL;
     uint8_t *want = NULL;
+    ie_cli_loras_t loras = {0};
+    const char *adapter = NULL;
+    int aid = -1;
 
     const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_MODEL, &model),
                                    IE_CLI_PICK_RANGE(IE_FLAG_CTX, &ctx, 4, 1 << 20),
@@ -58,7 +61,10 @@ int ie_cli_perplexity(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_PLAN, &plan),
                                    IE_CLI_PICK(IE_FLAG_CACHE_TYPE_K, &kv_k),
                                    IE_CLI_PICK(IE_FLAG_CACHE_TYPE_V, &kv_v),
-                                   IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot)};
+                                   IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot),
+
+                                   IE_CLI_PICK(IE_FLAG_LORA, &loras),
+                                   IE_CLI_PICK(IE_FLAG_ADAPTER, &adapter)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -95,6 +101,7 @@ int ie_cli_perplexity(int argc, char **argv)
     eo.kv_type_v = kv_v;
     eo.kv_rotate = kv_rot;
     if ((rc = open_engine("perplexity", plan, &eo, &eng)) != 0) goto cleanup;
+    if ((rc = ie_cli_lora_setup(eng, "perplexity", &loras, adapter, &aid)) != 0) goto cleanup;
     ie_status_t st;
     const ie_tokenizer_t *tk = ie_engine_tokenizer(eng);
     size_t n_ids = 0;
@@ -132,7 +139,8 @@ int ie_cli_perplexity(int argc, char **argv)
     pos = malloc((size_t)B * sizeof *pos);
     seq = calloc((size_t)B, sizeof *seq);
     want = malloc((size_t)B);
-    if (!logits || !tok || !pos || !seq || !want) {
+    ad = malloc((size_t)B * sizeof *ad);
+    if (!logits || !tok || !pos || !seq || !want || !ad) {
         rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory");
         goto cleanup;
     }
@@ -148,8 +156,9 @@ int ie_cli_perplexity(int argc, char **argv)
                 tok[k] = (p == 0 && add_bos) ? bos : win[p];
                 pos[k] = (int32_t)p;
                 want[k] = p >= first && p + 1 < (size_t)ctx;
+                ad[k] = aid;
             }
-            ie_batch_t b = {m, tok, pos, seq, want};
+            ie_batch_t b = {m, tok, pos, seq, want, aid >= 0 ? ad : NULL};
             if ((st = ie_backend_step(be, &b, logits)) != IE_OK) {
                 rc = ie_cli_fail(IE_EXIT_RUNTIME, "perplexity: %s", ie_error_last());
                 goto cleanup;
@@ -167,8 +176,9 @@ int ie_cli_perplexity(int argc, char **argv)
             }
         }
     }
-    printf("{\"ppl\":%.6f,\"tokens\":%zu,\"chunks\":%zu,\"ctx\":%ld,\"nll\":%.6f}\n", exp(nll / (double)scored),
-           scored, n_win, ctx, nll / (double)scored);
+    printf("{\"ppl\":%.6f,\"tokens\":%zu,\"chunks\":%zu,\"ctx\":%ld,\"nll\":%.6f,\"adapter\":%s%s%s}\n",
+           exp(nll / (double)scored), scored, n_win, ctx, nll / (double)scored, adapter ? "\"" : "",
+           adapter ? adapter : "null", adapter ? "\"" : "");
     fflush(stdout);
 
 cleanup:
@@ -179,6 +189,7 @@ cleanup:
     free(pos);
     free(seq);
     free(want);
+    free(ad);
     ie_engine_destroy(&eng);
     return rc;
 }
@@ -199,6 +210,9 @@ int ie_cli_logits(int argc, char **argv)
     float *logits = NULL;
     ie_engine_t *eng = NULL;
     FILE *f = NULL;
+    ie_cli_loras_t loras = {0};
+    const char *adapter = NULL;
+    int aid = -1;
 
     const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_MODEL, &model),
                                    IE_CLI_PICK(IE_FLAG_THREADS, &threads),
@@ -206,7 +220,10 @@ int ie_cli_logits(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_PLAN, &plan),
                                    IE_CLI_PICK(IE_FLAG_CACHE_TYPE_K, &kv_k),
                                    IE_CLI_PICK(IE_FLAG_CACHE_TYPE_V, &kv_v),
-                                   IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot)};
+                                   IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot),
+
+                                   IE_CLI_PICK(IE_FLAG_LORA, &loras),
+                                   IE_CLI_PICK(IE_FLAG_ADAPTER, &adapter)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -226,9 +243,10 @@ int ie_cli_logits(int argc, char **argv)
         if (bad) return ie_cli_fail(IE_EXIT_USAGE, "logits: bad value '%s'%s", optarg, ie_cli_flag_hint(&fl, c));
     }
     if (!model || !ids_s || !out || optind < argc)
-        return ie_cli_fail(IE_EXIT_USAGE, "%s",
-                           "usage: inference-engine logits --model PATH --ids 1,2,3 "
-                           "[--mode prefill|decode] [--precision P] --out FILE");
+        return ie_cli_fail(
+            IE_EXIT_USAGE, "%s",
+            "usage: inference-engine logits --model PATH --ids 1,2,3 "
+            "[--mode prefill|decode] [--precision P] [--lora NAME=PATH ... --adapter NAME] --out FILE");
     /* parse the id list */
     size_t n = 1;
     for (const char *s = ids_s; *s; s++) n += *s == ',';
@@ -259,6 +277,11 @@ int ie_cli_logits(int argc, char **argv)
     eo.kv_rotate = kv_rot;
     eo.no_tokenizer = 1;
     if ((rc = open_engine("logits", plan, &eo, &eng)) != 0) goto cleanup;
+    if ((rc = ie_cli_lora_setup(eng, "logits", &loras, adapter, &aid)) != 0) goto cleanup;
+    if (ie_engine_set_logits_adapter(eng, aid) != IE_OK) {
+        rc = ie_cli_fail(IE_EXIT_RUNTIME, "logits: %s", ie_error_last());
+        goto cleanup;
+    }
     ie_status_t st;
     const ie_hparams_t *hp = ie_engine_hparams(eng);
     logits = malloc(n * (size_t)hp->n_vocab * sizeof(float));
@@ -275,7 +298,8 @@ int ie_cli_logits(int argc, char **argv)
         rc = ie_cli_fail(IE_EXIT_RUNTIME, "logits: cannot write '%s'", out);
         goto cleanup;
     }
-    printf("{\"n_tokens\":%zu,\"n_vocab\":%d}\n", n, hp->n_vocab);
+    printf("{\"n_tokens\":%zu,\"n_vocab\":%d,\"adapter\":%s%s%s}\n", n, hp->n_vocab, adapter ? "\"" : "",
+           adapter ? adapter : "null", adapter ? "\"" : "");
     fflush(stdout);
 
 cleanup:

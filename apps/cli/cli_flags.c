@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef enum { FK_STR, FK_STR_NONEMPTY, FK_LONG, FK_PREC, FK_SET0, FK_SET1, FK_KVTYPE, FK_KVROT } flag_kind_t;
+typedef enum { FK_STR, FK_STR_NONEMPTY, FK_LONG, FK_PREC, FK_SET0, FK_SET1, FK_KVTYPE, FK_KVROT, FK_LORA } flag_kind_t;
 
 typedef struct {
     const char *name;
@@ -58,6 +58,8 @@ static const flag_t FLAGS[] = {
     {"cache-type-k", IE_FLAG_CACHE_TYPE_K, FK_KVTYPE, 0, 0},
     {"cache-type-v", IE_FLAG_CACHE_TYPE_V, FK_KVTYPE, 0, 0},
     {"kv-rotate", IE_FLAG_KV_ROTATE, FK_KVROT, 0, 0},
+    {"lora", IE_FLAG_LORA, FK_LORA, 0, 0},
+    {"adapter", IE_FLAG_ADAPTER, FK_STR_NONEMPTY, 0, 0},
 };
 #define N_FLAGS (sizeof FLAGS / sizeof FLAGS[0])
 
@@ -111,6 +113,19 @@ static int store(const flag_t *f, const ie_cli_pick_t *pk, const char *arg)
     case FK_KVROT: return ie_kv_rotate_parse(arg, (ie_kv_rotate_t *)pk->dst) == IE_OK ? 0 : -1;
     case FK_SET0: *(int *)pk->dst = 0; return 0;
     case FK_SET1: *(int *)pk->dst = 1; return 0;
+    case FK_LORA: {
+        /* NAME=PATH appended; a bad form, a repeated name or too many: -1 */
+        ie_cli_loras_t *l = pk->dst;
+        const char *eq = strchr(arg, '=');
+        const size_t nl = eq ? (size_t)(eq - arg) : 0;
+        if (!eq || nl == 0 || nl >= sizeof l->name[0] || !eq[1] || l->n >= IE_CLI_MAX_LORA) return -1;
+        for (int i = 0; i < l->n; i++)
+            if (strlen(l->name[i]) == nl && !memcmp(l->name[i], arg, nl)) return -1;
+        memcpy(l->name[l->n], arg, nl);
+        l->name[l->n][nl] = '\0';
+        l->path[l->n++] = eq + 1;
+        return 0;
+    }
     case FK_LONG: {
         const long lo = pk->lo < pk->hi ? pk->lo : f->lo, hi = pk->lo < pk->hi ? pk->hi : f->hi;
         return ie_cli_parse_long(arg, lo, hi, (long *)pk->dst);

@@ -39,6 +39,8 @@ static void usage(FILE *f)
           "  --prompt TEXT                  one prompt\n"
           "  --prompts-file FILE            one prompt per line (env PROMPTS), streamed: a bad line is\n"
           "                                 reported in its place (errors), the others go on\n"
+          "  --lora NAME=PATH               load a LoRA adapter (PEFT dir or GGUF; repeatable)\n"
+          "  --adapter NAME                 run the prompts with adapter NAME (docs/LORA.md)\n"
           "  --prefetch N                   prompts tokenized ahead, the ring's depth (max(64, 4*batch))\n"
           "  --tokenize-threads N           threads tokenizing the prompts (2 for a file)\n"
           "  --aggregate                    one summary instead of per-prompt text/stop_reason/ids\n"
@@ -423,6 +425,9 @@ int ie_cli_run(int argc, char **argv)
     ie_engine_t *eng = NULL;
     ie_cli_batcher_t *bat = NULL;
     ie_sched_t *sched = NULL;
+    ie_cli_loras_t loras = {0};
+    const char *adapter = NULL;
+    int aid = -1;
     slot_t *slots = NULL;
     size_t W = 0, running = 0; /* running: function scope, the slots' callbacks count on it until cleanup */
     lat_acc_t *lat = NULL;
@@ -447,7 +452,9 @@ int ie_cli_run(int argc, char **argv)
         IE_CLI_PICK(IE_FLAG_PLAN, &plan),           IE_CLI_PICK(IE_FLAG_KV_BLOCK, &kv_block),
         IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks), IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache),
         IE_CLI_PICK(IE_FLAG_CACHE_TYPE_K, &kv_k),   IE_CLI_PICK(IE_FLAG_CACHE_TYPE_V, &kv_v),
-        IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot)};
+        IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot),
+
+        IE_CLI_PICK(IE_FLAG_LORA, &loras),          IE_CLI_PICK(IE_FLAG_ADAPTER, &adapter)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -669,6 +676,7 @@ int ie_cli_run(int argc, char **argv)
         rc = ie_cli_fail(ie_cli_exit_for_load(st), "%s", ie_error_last());
         goto cleanup;
     }
+    if ((rc = ie_cli_lora_setup(eng, "generate", &loras, adapter, &aid)) != 0) goto cleanup;
     const double load_ms = ie_now_ms() - t_start;
     const ie_tokenizer_t *tok = ie_engine_tokenizer(eng);
 
@@ -781,6 +789,7 @@ int ie_cli_run(int argc, char **argv)
                 ie_sched_req_t rq = {.ids = chat ? chat_ids : sl->it.ids,
                                      .n_ids = sl->it.n_ids,
                                      .params = &gp,
+                                     .lora = aid + 1, /* --adapter (0: the base) */
                                      .cb = on_event,
                                      .cb_ctx = sl};
                 st = ie_sched_submit(sched, &rq, NULL); /* the ids are copied */
@@ -905,6 +914,10 @@ int ie_cli_run(int argc, char **argv)
     js = cJSON_CreateObject();
     cJSON_AddStringToObject(js, "model", model);
     cJSON_AddNumberToObject(js, "prompts", (double)n_items);
+    {
+        cJSON *ja = cJSON_AddArrayToObject(js, "adapters"); /* the adapters that ran */
+        if (ja && adapter) cJSON_AddItemToArray(ja, cJSON_CreateString(adapter));
+    }
     cJSON_AddNumberToObject(js, "failed", (double)n_failed);
     cJSON_AddNumberToObject(js, "tokens_in", (double)tokens_in);
     cJSON_AddNumberToObject(js, "tokens_out", (double)tokens_out);

@@ -45,6 +45,7 @@ static void usage(FILE *f)
           "  --kv-block N          positions per KV-cache block (16)\n"
           "  --kv-blocks N         KV-cache blocks in the pool (0: batch * ceil(ctx / kv-block))\n"
           "  --no-prefix-cache     do not reuse the KV blocks of equal prompt prefixes\n"
+          "  --lora NAME=PATH      load a LoRA adapter, repeatable; a request's \"model\": NAME runs it\n"
           "  --queue N             waiting requests at most; more are answered 429 (64)\n"
           "  --timeout-ms N        per-request limit, 504 after it (0: none)\n"
           "  --max-body N          request body bytes at most, more is 413 (1048576)\n"
@@ -91,6 +92,8 @@ int ie_cli_serve(int argc, char **argv)
     ie_sched_t *sched = NULL;
     ie_http_t *http = NULL;
     ie_status_t st = IE_OK;
+    ie_cli_loras_t loras = {0};
+    int no_adapter;
 
     if (threads < 1) threads = 1;
     const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_MODEL, &model),
@@ -116,10 +119,11 @@ int ie_cli_serve(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_HTTP_READ_MS, &read_ms),
                                    IE_CLI_PICK(IE_FLAG_HTTP_CONNS, &conns),
                                    IE_CLI_PICK(IE_FLAG_HTTP_PER_ADDR, &conns_addr),
-
                                    IE_CLI_PICK(IE_FLAG_CACHE_TYPE_K, &kv_k),
                                    IE_CLI_PICK(IE_FLAG_CACHE_TYPE_V, &kv_v),
-                                   IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot)};
+                                   IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot),
+
+                                   IE_CLI_PICK(IE_FLAG_LORA, &loras)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -197,6 +201,7 @@ int ie_cli_serve(int argc, char **argv)
         rc = ie_cli_fail(ie_cli_exit_for_load(st), "%s", ie_error_last());
         goto cleanup;
     }
+    if ((rc = ie_cli_lora_setup(eng, "serve", &loras, NULL, &no_adapter)) != 0) goto cleanup;
     ie_sched_opts_t so;
     ie_engine_sched_opts(eng, &so);
     so.queue_max = (int)queue;

@@ -61,6 +61,15 @@ void ie_cli_stop_on_signals(volatile sig_atomic_t *flag);
 /* Exit code for a failed model/engine load with status st. */
 int ie_cli_exit_for_load(ie_status_t st);
 
+/* Load the --lora adapters into eng and look up --adapter (NULL: the
+ * base; *id_out -1). 0, or the exit code after the error line "MODE:
+ * lora NAME: <reason>" (IE_EXIT_MODEL for an adapter that cannot be
+ * used, IE_EXIT_USAGE for an --adapter not among the --lora names,
+ * IE_EXIT_NOMEM). */
+struct ie_engine;
+int ie_cli_lora_setup(struct ie_engine *eng, const char *mode, const ie_cli_loras_t *l, const char *adapter,
+                      int *id_out);
+
 /* Default mode: generate text for --prompt / --prompts-file. */
 int ie_cli_run(int argc, char **argv);
 

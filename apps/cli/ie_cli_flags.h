@@ -58,8 +58,19 @@ typedef enum ie_flag_id {
     IE_FLAG_CACHE_TYPE_K,   /* --cache-type-k T (ie_kv_type_parse) ie_kv_type_t */
     IE_FLAG_CACHE_TYPE_V,   /* --cache-type-v T                   ie_kv_type_t */
     IE_FLAG_KV_ROTATE,      /* --kv-rotate on|off|auto            ie_kv_rotate_t */
+    IE_FLAG_LORA,           /* --lora NAME=PATH (repeatable)      ie_cli_loras_t */
+    IE_FLAG_ADAPTER,        /* --adapter NAME (not empty)         const char * */
     IE_FLAG_END
 } ie_flag_id_t;
+
+/* The --lora flags given, in order: name (1..63 characters, no '=', each
+ * once) and the PATH after the first '=' (argv's own string). */
+#define IE_CLI_MAX_LORA 16
+typedef struct ie_cli_loras {
+    int n;
+    char name[IE_CLI_MAX_LORA][64];
+    const char *path[IE_CLI_MAX_LORA];
+} ie_cli_loras_t;
 
 /* A binary's pick: flag `id`, its value stored in *dst (of the type listed
  * above); lo < hi narrows an integer flag's range for this binary. */

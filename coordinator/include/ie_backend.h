@@ -114,6 +114,11 @@ typedef struct ie_backend_ops {
     /* Fill *out (zeroed first by the wrapper). Strings are the backend's,
      * valid until it is destroyed. Optional: all zero / "". */
     void (*stats)(void *self, ie_backend_stats_t *out);
+    /* Attach LoRA adapter a (alive until the backend is destroyed) with
+     * scale; *id_out names it in ie_batch_t.adapter: ie_worker_lora_add.
+     * Optional: IE_ERR_UNSUPPORTED (a cluster does not carry adapters
+     * yet). */
+    ie_status_t (*lora_add)(void *self, const ie_lora_t *a, float scale, int *id_out);
     /* Free self and everything it owns. Optional. */
     void (*destroy)(void *self);
 } ie_backend_ops_t;
@@ -140,6 +145,7 @@ ie_status_t ie_backend_kv_bind(ie_backend_t *b, int seq, int first, const int32_
 void ie_backend_hint_next(ie_backend_t *b, int same);
 int ie_backend_ready(ie_backend_t *b);
 int ie_backend_upkeep(ie_backend_t *b, int timeout_ms);
+ie_status_t ie_backend_lora_add(ie_backend_t *b, const ie_lora_t *a, float scale, int *id_out);
 void ie_backend_stats(ie_backend_t *b, ie_backend_stats_t *out);
 
 /* ------------------------------------------------------ implementations */

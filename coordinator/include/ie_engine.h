@@ -187,4 +187,26 @@ ie_status_t ie_engine_generate_ids(ie_engine_t *e, const int32_t *const *ids, co
  * 1 feeds one token per step, 0 prefills in chunks of max_batch. */
 ie_status_t ie_engine_logits(ie_engine_t *e, const int32_t *ids, size_t n, int decode, float *out);
 
+/* ---- LoRA adapters (ie_lora.h): loaded for the base model, attached to
+ * the backend under a name, never merged into the base weights. */
+#define IE_ENGINE_MAX_LORA 64
+
+/* Load the adapter at path (PEFT directory or GGUF LoRA) and attach it as
+ * `name` with scale (1: as trained). IE_ERR_INVAL for a bad or taken name
+ * (1..63 characters, no '='), ie_lora_load's errors, the backend's
+ * (IE_ERR_UNSUPPORTED on a cluster); nothing changes on failure. */
+ie_status_t ie_engine_lora_load(ie_engine_t *e, const char *name, const char *path, float scale);
+
+/* The backend's adapter id of `name` (ie_batch_t.adapter), -1 when none
+ * is loaded under it. NULL or "" is the base: -1. */
+int ie_engine_lora_find(const ie_engine_t *e, const char *name);
+
+/* Adapters loaded, and the name of the i-th (NULL when out of range). */
+int ie_engine_lora_count(const ie_engine_t *e);
+const char *ie_engine_lora_name(const ie_engine_t *e, int i);
+
+/* The adapter ie_engine_logits runs (-1: the base, the default); an id
+ * from ie_engine_lora_find. IE_ERR_RANGE for an id not loaded. */
+ie_status_t ie_engine_set_logits_adapter(ie_engine_t *e, int id);
+
 #endif

@@ -27,8 +27,12 @@ typedef struct ie_gen_params {
     ie_sampler_params_t sampling;
     const char *const *stop; /* stop strings (not part of output)  */
     size_t n_stop;
-    int add_special;   /* BOS/EOS per the tokenizer's rules  */
-    int parse_special; /* special-token text -> tokens       */
+    int add_special;         /* BOS/EOS per the tokenizer's rules  */
+    int parse_special;       /* special-token text -> tokens       */
+    const int32_t *adapters; /* NULL: every prompt on the base model;
+                                else prompt i runs LoRA adapter id
+                                adapters[i] (ie_engine_lora_find; -1:
+                                the base)                          */
     /* Streaming (optional): called after every sampled token of prompt
      * `index` with the token and the text it released (after stop-string
      * holding; may be empty, not NUL-terminated). */

@@ -135,6 +135,9 @@ typedef struct ie_sched_req {
                                  the caller), stop strings (copied);
                                  on_token is ignored — events carry tokens */
     int priority;                  /* higher runs first                         */
+    int lora;                      /* 0: the base model; k > 0: LoRA adapter
+                                 id k - 1 of the backend (ie_engine_lora_find
+                                 + 1); its prefix-cache blocks are its own */
     double timeout_ms;             /* > 0: the request ends with ERROR
                                  "timeout" this long after submission if
                                  not finished; 0: no limit                 */

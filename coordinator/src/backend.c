@@ -76,6 +76,14 @@ ie_status_t ie_backend_kv_bind(ie_backend_t *b, int seq, int first, const int32_
     return b->ops->kv_bind(b->self, seq, first, pb, n);
 }
 
+ie_status_t ie_backend_lora_add(ie_backend_t *b, const ie_lora_t *a, float scale, int *id_out)
+{
+    if (!b->ops->lora_add)
+        return ie_error_set(IE_ERR_UNSUPPORTED, "backend %s: LoRA adapters are not supported here (run unsharded)",
+                            ie_backend_name(b));
+    return b->ops->lora_add(b->self, a, scale, id_out);
+}
+
 void ie_backend_hint_next(ie_backend_t *b, int same)
 {
     if (b->ops->hint_next) b->ops->hint_next(b->self, same);

@@ -26,6 +26,11 @@ static void w_stats(void *self, ie_backend_stats_t *out)
     out->hot_report = ie_worker_hot_report(w);
 }
 
+static ie_status_t w_lora_add(void *self, const ie_lora_t *a, float scale, int *id_out)
+{
+    return ie_worker_lora_add(self, a, scale, id_out);
+}
+
 static void w_destroy(void *self)
 {
     ie_worker_t *w = self;
@@ -38,6 +43,7 @@ static const ie_backend_ops_t k_worker_ops = {
     .seq_clear = w_seq_clear,
     .seq_set_len = w_seq_set_len,
     .kv_bind = w_kv_bind,
+    .lora_add = w_lora_add,
     .stats = w_stats,
     .destroy = w_destroy,
 };

@@ -41,6 +41,13 @@ struct ie_engine {
     uint8_t *b_logits;
     void *ext;         /* the public API's block (ie_engine_ext)   */
     ie_sched_t *sched; /* opts.keep_sched: the one generate calls share */
+    /* LoRA adapters: lora[i] attached to the backend as lora_id[i] */
+    ie_lora_t *lora[IE_ENGINE_MAX_LORA];
+    char lora_name[IE_ENGINE_MAX_LORA][64];
+    int lora_id[IE_ENGINE_MAX_LORA];
+    int n_lora;
+    int logits_adapter; /* ie_engine_logits' adapter id (-1: base)    */
+    int32_t *b_adapter; /* [max_batch]                                  */
 };
 
 void ie_engine_opts_default(ie_engine_opts_t *o)
@@ -240,7 +247,10 @@ ie_status_t ie_engine_open(const ie_engine_opts_t *o, ie_engine_t **out)
     e->b_pos = malloc(B * sizeof(int32_t));
     e->b_seq = malloc(B * sizeof(int32_t));
     e->b_logits = malloc(B);
-    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_logits) st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+    e->b_adapter = malloc(B * sizeof *e->b_adapter);
+    e->logits_adapter = -1;
+    if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_logits || !e->b_adapter)
+        st = ie_error_set(IE_ERR_NOMEM, "out of memory");
     if (st == IE_OK && o->metrics) { /* the cache's types and cost per token, for /metrics */
         ie_metric_t *mk = NULL, *mv = NULL, *mb = NULL;
         if ((st = ie_metrics_gauge(o->metrics, "ie_kv_cache_type_k", "1 for the K cache's storage type", "type",
@@ -285,6 +295,8 @@ void ie_engine_destroy(ie_engine_t **self_p)
     free(e->b_pos);
     free(e->b_seq);
     free(e->b_logits);
+    free(e->b_adapter);
+    for (int i = 0; i < e->n_lora; i++) ie_lora_destroy(&e->lora[i]); /* after the backend that read them */
     free(e->ext);
     free(e);
     *self_p = NULL;
@@ -487,8 +499,12 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
     for (; n_sub < n; n_sub++) {
         const size_t i = n_sub;
         items[i] = (gen_item_t){&g, i};
-        ie_sched_req_t r = {
-            .ids = ids ? ids[i] : toks[i], .n_ids = n_toks[i], .params = p, .cb = gen_event, .cb_ctx = &items[i]};
+        ie_sched_req_t r = {.ids = ids ? ids[i] : toks[i],
+                            .n_ids = n_toks[i],
+                            .params = p,
+                            .cb = gen_event,
+                            .cb_ctx = &items[i],
+                            .lora = p->adapters ? p->adapters[i] + 1 : 0};
         if ((st = ie_sched_submit(sched, &r, &rid[i])) != IE_OK) goto cleanup;
     }
     int idle = 0, cancelled = 0;
@@ -561,10 +577,66 @@ ie_status_t ie_engine_logits(ie_engine_t *e, const int32_t *ids, size_t n, int d
             e->b_pos[k] = (int32_t)(i + k);
             e->b_seq[k] = 0;
             e->b_logits[k] = 1;
+            e->b_adapter[k] = e->logits_adapter;
         }
-        ie_batch_t b = {m, e->b_tok, e->b_pos, e->b_seq, e->b_logits};
+        ie_batch_t b = {m, e->b_tok, e->b_pos, e->b_seq, e->b_logits, e->logits_adapter >= 0 ? e->b_adapter : NULL};
         ie_status_t st = ie_backend_step(e->backend, &b, out + i * (size_t)g->n_vocab);
         if (st != IE_OK) return st;
     }
+    return IE_OK;
+}
+
+/* Contract (ie_engine.h). */
+ie_status_t ie_engine_lora_load(ie_engine_t *e, const char *name, const char *path, float scale)
+{
+    ie_status_t st;
+    ie_lora_t *a = NULL;
+    int id = -1;
+    if (!e || !name || !path) return ie_error_set(IE_ERR_INVAL, "lora: NULL argument");
+    if (!*name || strlen(name) >= sizeof e->lora_name[0] || strchr(name, '='))
+        return ie_error_set(IE_ERR_INVAL, "lora: bad adapter name '%s' (1..63 characters, no '=')", name);
+    if (ie_engine_lora_find(e, name) >= 0)
+        return ie_error_set(IE_ERR_INVAL, "lora: adapter '%s' loaded twice", name);
+    if (e->n_lora >= IE_ENGINE_MAX_LORA)
+        return ie_error_set(IE_ERR_RANGE, "lora: %d adapters loaded already", IE_ENGINE_MAX_LORA);
+    if ((st = ie_lora_load(path, ie_model_src_hparams(e->src), &a)) != IE_OK) goto cleanup;
+    if ((st = ie_backend_lora_add(e->backend, a, scale, &id)) != IE_OK) goto cleanup;
+    e->lora[e->n_lora] = a;
+    e->lora_id[e->n_lora] = id;
+    snprintf(e->lora_name[e->n_lora], sizeof e->lora_name[0], "%s", name);
+    e->n_lora++;
+    a = NULL;
+
+cleanup:
+    ie_lora_destroy(&a);
+    return st;
+}
+
+/* Contract (ie_engine.h). */
+int ie_engine_lora_find(const ie_engine_t *e, const char *name)
+{
+    if (!e || !name) return -1;
+    for (int i = 0; i < e->n_lora; i++)
+        if (!strcmp(e->lora_name[i], name)) return e->lora_id[i];
+    return -1;
+}
+
+int ie_engine_lora_count(const ie_engine_t *e) { return e ? e->n_lora : 0; }
+
+const char *ie_engine_lora_name(const ie_engine_t *e, int i)
+{
+    return e && i >= 0 && i < e->n_lora ? e->lora_name[i] : NULL;
+}
+
+/* Contract (ie_engine.h). */
+ie_status_t ie_engine_set_logits_adapter(ie_engine_t *e, int id)
+{
+    for (int i = 0; id >= 0 && i < e->n_lora; i++)
+        if (e->lora_id[i] == id) {
+            e->logits_adapter = id;
+            return IE_OK;
+        }
+    if (id != -1) return ie_error_set(IE_ERR_RANGE, "lora: no adapter %d loaded", id);
+    e->logits_adapter = -1;
     return IE_OK;
 }

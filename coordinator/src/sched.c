@@ -41,6 +41,7 @@ typedef struct sreq {
     int fresh;      /* never sampled yet: the last known token
                                 wants logits                            */
     int slot;
+    int32_t adapter;     /* the backend's adapter id, -1: the base model   */
     int32_t *blocks;     /* physical block of each logical block     */
     int n_blocks, n_pub; /* bound; published (a prefix of them)      */
     size_t n_cached;
@@ -95,7 +96,7 @@ struct ie_sched {
     int pending;  /* a submit or cancel since the last step   */
     int draining; /* ie_sched_drain: submissions are refused   */
     /* step buffers */
-    int32_t *b_tok, *b_pos, *b_seq;
+    int32_t *b_tok, *b_pos, *b_seq, *b_ad;
     uint8_t *b_logits;
     sreq_t **b_req; /* the request of each batch entry          */
     float *logits;
@@ -314,13 +315,14 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
     s->b_pos = malloc(B * sizeof *s->b_pos);
     s->b_seq = malloc(B * sizeof *s->b_seq);
     s->b_logits = malloc(B);
+    s->b_ad = malloc(B * sizeof *s->b_ad);
     s->b_req = malloc(B * sizeof *s->b_req);
     s->logits = malloc(B * (size_t)s->n_vocab * sizeof *s->logits);
     s->tev = malloc((size_t)s->n_seq * sizeof *s->tev);
     s->ended = malloc((size_t)s->ended_cap * sizeof *s->ended);
     s->unbind = malloc((size_t)s->max_lblocks * sizeof *s->unbind);
-    if (!s->queue || !s->run || !s->b_tok || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_req || !s->logits ||
-        !s->tev || !s->ended || !s->unbind) {
+    if (!s->queue || !s->run || !s->b_tok || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_ad || !s->b_req ||
+        !s->logits || !s->tev || !s->ended || !s->unbind) {
         st = ie_error_set(IE_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
@@ -406,6 +408,7 @@ void ie_sched_destroy(ie_sched_t **self_p)
     free(s->b_pos);
     free(s->b_seq);
     free(s->b_logits);
+    free(s->b_ad);
     free(s->b_req);
     free(s->logits);
     free(s->tev);
@@ -453,6 +456,7 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
     q->slot = -1;
     q->max_new = p->max_new;
     q->priority = r->priority;
+    q->adapter = r->lora - 1;
     q->cb = r->cb;
     q->cb_ctx = r->cb_ctx;
     if ((st = ie_sampler_new(&p->sampling, s->n_vocab, &q->smp)) != IE_OK) goto cleanup;
@@ -603,6 +607,10 @@ static void deliver_ended(ie_sched_t *s, sreq_t **ended, int n)
     for (int i = 0; i < n; i++) sreq_free(ended[i]);
 }
 
+/* The prefix cache's namespace of q's blocks: its adapter's (0: the
+ * base), so two adapters never share KV. */
+static uint64_t kv_salt(const sreq_t *q) { return (uint64_t)(int64_t)(q->adapter + 1); }
+
 /* Admit queued requests into free slots (mu held). */
 static void admit(ie_sched_t *s, double now)
 {
@@ -624,7 +632,8 @@ static void admit(ie_sched_t *s, double now)
          * last prompt token (its logits are needed) */
         size_t lim = q->fresh ? q->n_known - 1 : q->n_known;
         int max_b = (int)(lim / (size_t)s->bt), k = 0;
-        if (s->prefix_cache && max_b > 0) k = ie_kvpool_match(s->pool, 0, q->toks, q->n_known, q->blocks, max_b);
+        if (s->prefix_cache && max_b > 0)
+            k = ie_kvpool_match(s->pool, kv_salt(q), q->toks, q->n_known, q->blocks, max_b);
         /* blocks to finish its prefill and take one more token, against
          * what the pool has left after the running prefills' own needs */
         int need = (int)((q->n_known + (size_t)s->bt) / (size_t)s->bt) - k, owed = 0;
@@ -794,7 +803,8 @@ static void publish(ie_sched_t *s, sreq_t *q)
 {
     while (q->n_pub < q->n_blocks && (size_t)(q->n_pub + 1) * (size_t)s->bt <= q->n_fed) {
         int j = q->n_pub;
-        ie_kvpool_publish(s->pool, q->blocks[j], 0, j ? q->blocks[j - 1] : -1, q->toks + (size_t)j * s->bt);
+        ie_kvpool_publish(s->pool, q->blocks[j], kv_salt(q), j ? q->blocks[j - 1] : -1,
+                          q->toks + (size_t)j * s->bt);
         q->n_pub++;
     }
 }
@@ -1004,7 +1014,9 @@ ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out)
     pthread_mutex_unlock(&s->mu);
 
     if (nb > 0) {
-        ie_batch_t b = {nb, s->b_tok, s->b_pos, s->b_seq, s->b_logits};
+        int any_ad = 0;
+        for (int i = 0; i < nb; i++) any_ad |= (s->b_ad[i] = s->b_req[i]->adapter) >= 0;
+        ie_batch_t b = {nb, s->b_tok, s->b_pos, s->b_seq, s->b_logits, any_ad ? s->b_ad : NULL};
         ie_backend_hint_next(s->be, ahead);
         double t0 = ie_now_ms();
         ie_status_t st = ie_backend_step(s->be, &b, s->logits);

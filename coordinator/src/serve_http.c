@@ -1075,7 +1075,9 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
         bad_param(&e, "model", "'model' must be a string");
         goto answer_err;
     }
-    if (cJSON_IsString(model) && strcmp(model->valuestring, h->model_name)) {
+    /* "model": the base's name, or a LoRA adapter's (vLLM's convention) */
+    const int lora = cJSON_IsString(model) ? ie_engine_lora_find(h->o.engine, model->valuestring) + 1 : 0;
+    if (cJSON_IsString(model) && strcmp(model->valuestring, h->model_name) && !lora) {
         err_set(&e, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model_not_found", "model",
                 "The model '%.200s' does not exist (this server has '%.200s')", model->valuestring, h->model_name);
         goto answer_err;
@@ -1101,6 +1103,7 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
                          .n_ids = n_ids,
                          .params = &g.gp,
                          .priority = g.priority,
+                         .lora = lora,
                          .timeout_ms = h->o.request_timeout_ms,
                          .cb = req_on_event,
                          .cb_ctx = r};
@@ -1220,10 +1223,22 @@ static enum MHD_Result handle_get(ie_http_t *h, struct MHD_Connection *mc, conn_
         cJSON_AddStringToObject(js, "object", "list");
         cJSON *data = cJSON_AddArrayToObject(js, "data");
         cJSON_AddItemToArray(data, model_json(h));
+        for (int i = 0; i < ie_engine_lora_count(h->o.engine); i++) { /* adapters, with their parent */
+            cJSON *m = model_json(h);
+            cJSON_ReplaceItemInObject(m, "id", cJSON_CreateString(ie_engine_lora_name(h->o.engine, i)));
+            cJSON_AddStringToObject(m, "parent", h->model_name);
+            cJSON_AddItemToArray(data, m);
+        }
         return send_json(h, mc, c, MHD_HTTP_OK, js);
     }
     /* /v1/models/ID */
     const char *id = url + strlen("/v1/models/");
+    if (strcmp(id, h->model_name) && ie_engine_lora_find(h->o.engine, id) >= 0) {
+        cJSON *m = model_json(h);
+        cJSON_ReplaceItemInObject(m, "id", cJSON_CreateString(id));
+        cJSON_AddStringToObject(m, "parent", h->model_name);
+        return send_json(h, mc, c, MHD_HTTP_OK, m);
+    }
     if (strcmp(id, h->model_name)) {
         err_set(&e, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model_not_found", "model",
                 "The model '%.200s' does not exist", id);

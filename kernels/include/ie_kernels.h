@@ -92,6 +92,24 @@ typedef void (*ie_matmul_fn)(const void *w, int64_t n_in, int64_t r0, int64_t r1
  * conversions outside the table (ie_quantize_row, ie_pack_*, ie_qrow_*,
  * ie_tensor_slice, ie_bsr_*), run when weights are bound, not in a step,
  * return 0 or -1 as documented with each. */
+/* One LoRA-adapted projection for ie_kernels_t.lora_f32: A [rank][n_in]
+ * (row stride lda), B transposed [rank][n_out] (row stride ldb), the
+ * input rows x (stride ldx) and the output rows y (stride ldy). The
+ * strides let a tensor-parallel rank run its slice of A's columns or of
+ * B's rows in place. */
+typedef struct ie_lora_args {
+    const float *a, *bt;        /* lora_f32's weights                 */
+    const uint16_t *a16, *bt16; /* lora_bf16's: the same, bf16 bits   */
+    int64_t lda, ldb;
+    int rank;
+    int64_t n_in, n_out;
+    float scale;
+    const float *x;
+    int64_t ldx;
+    float *y;
+    int64_t ldy;
+} ie_lora_args_t;
+
 typedef struct ie_kernels {
     ie_isa_t isa;
 
@@ -186,6 +204,19 @@ typedef struct ie_kernels {
      * differs; each output is the scalar's formula on that scale). out may
      * alias x. */
     void (*rmsnorm)(float *out, const float *x, const float *w, int64_t n, float eps);
+
+    /* ---- LoRA */
+
+    /* For the n_rows rows r = rows[t] (an adapter's group of tokens):
+     * y_r[o] += sum_j (scale * dot(A_j, x_r)) * B^T[j][o], o < n_out;
+     * tmp holds n_rows * rank floats (the scaled A x). ie_lora_f32_ref is
+     * the oracle; the SIMD twins sum in another order (agree within
+     * float rounding). Any rank >= 1, n_in, n_out >= 1. */
+    void (*lora_f32)(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp);
+    /* The same with A and B^T in bf16 (p->a16, p->bt16; widened exactly
+     * to f32 as they are read, so it equals lora_f32 on the widened
+     * weights within the same rounding). ie_lora_bf16_ref the oracle. */
+    void (*lora_bf16)(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp);
     /* ie_stream_read at this ISA's load width (the same result). */
     uint64_t (*stream_read)(const void *p, size_t n);
 } ie_kernels_t;
@@ -237,6 +268,8 @@ int ie_quantize_row(ie_dtype_t t, const float *src, void *dst, int64_t n);
 
 /* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]; out may alias x. */
 void ie_rmsnorm_f32(float *out, const float *x, const float *w, int64_t n, float eps);
+void ie_lora_f32_ref(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp);
+void ie_lora_bf16_ref(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp);
 
 /* In-place softmax over n values. */
 void ie_softmax_f32(float *x, int64_t n);

@@ -13,6 +13,7 @@
 #define IE_WORKER_H
 
 #include "ie_kernels.h"
+#include "ie_lora.h"
 #include "ie_model_src.h"
 #include "ie_proto.h"
 #include "ie_status.h"
@@ -219,7 +220,30 @@ typedef struct ie_batch {
     const int32_t *pos;
     const int32_t *seq;
     const uint8_t *logits;
+    const int32_t *adapter; /* NULL: the base model for every token; else
+                               per token -1 (the base) or an id from
+                               ie_worker_lora_add (IE_ERR_RANGE when not
+                               attached)                                */
 } ie_batch_t;
+
+/* ------------------------------------------------------------ LoRA
+ * Adapters (ie_lora.h) ride along the base model: each projection a token's
+ * adapter adapts gets scale * B (A x) added to the base matmul's output,
+ * tokens of different adapters and of the base mixed in one step. The
+ * base weights are never changed. */
+#define IE_WORKER_MAX_LORA 64
+
+/* Attach adapter a (which must stay alive and unchanged until removed or
+ * the worker is destroyed) with a scale multiplying its own (1: as
+ * trained); *id_out is the id batches name it by. IE_ERR_INVAL for a
+ * layer count other than the model's, IE_ERR_UNSUPPORTED for MLP
+ * adapters on a mixture-of-experts model, IE_ERR_RANGE when
+ * IE_WORKER_MAX_LORA are attached, IE_ERR_NOMEM. Between steps only. */
+ie_status_t ie_worker_lora_add(ie_worker_t *w, const ie_lora_t *a, float scale, int *id_out);
+
+/* Detach adapter id (its id may be given out again). IE_ERR_RANGE when
+ * none is attached under id. Between steps only. */
+ie_status_t ie_worker_lora_remove(ie_worker_t *w, int id);
 
 /* Run one step. Writes n_vocab floats per requested token to logits_out, in
  * batch order (caller provides rows * n_vocab floats). Errors: IE_ERR_RANGE

@@ -63,6 +63,7 @@ static ie_status_t batch_check(const ie_worker_t *w, const ie_batch_t *b, const 
             return ie_error_set(IE_ERR_RANGE, "worker: slot %d position %d skips ahead of its cache (%d)",
                                 b->seq[i], b->pos[i], expect);
         ie_status_t st = worker_kv_check(w, b, i);
+        if (st == IE_OK) st = worker_lora_check(w, b, i);
         if (st != IE_OK) return st;
     }
     return IE_OK;
@@ -104,6 +105,12 @@ static ie_status_t attention_block(ie_worker_t *w, int l, const ie_batch_t *b, i
     /* q[n][q_dim], k[n][kv_dim], v[n][kv_dim] = Wq, Wk, Wv · xb (+ biases) */
     worker_prefetch_at(w, PF_BEFORE_QKV, l, n);
     if ((st = worker_qkv(w, l, b)) != IE_OK) return st;
+    /* + the adapters' low-rank paths (lora.c; nothing when none runs) */
+    {
+        static const ie_lora_mod_t qkv[3] = {IE_LORA_Q, IE_LORA_K, IE_LORA_V};
+        float *const ys[3] = {w->q, w->k, w->v};
+        worker_lora_apply(w, l, 3, qkv, ys, w->xb);
+    }
     t = ie_prof_begin();
     if (w->arch.qkv_bias)
         for (int i = 0; i < n; i++) {
@@ -136,6 +143,7 @@ static ie_status_t attention_block(ie_worker_t *w, int l, const ie_batch_t *b, i
     /* tmp[n][d] = Wo · xb (+ bias, added by tensor rank 0 only) */
     worker_prefetch_at(w, PF_BEFORE_O, l, n);
     if ((st = worker_matmul(w, &L->o, w->tmp, w->xb, n)) != IE_OK) return st;
+    worker_lora_apply(w, l, 1, (const ie_lora_mod_t[]){IE_LORA_O}, &w->tmp, w->xb);
     if (w->arch.o_bias && L->bo)
         for (int i = 0; i < n; i++) worker_vec_add(w->tmp + (size_t)i * d, L->bo, d);
     /* summed across tensor ranks; a sandwich norm on the whole sum (Gemma:
@@ -162,13 +170,16 @@ static ie_status_t mlp_dense(ie_worker_t *w, int l, int n)
     const wmat_t *ms[2] = {&L->gate, &L->up};
     float *ys[2] = {w->hb, w->hb2};
     if ((st = worker_matmul_group(w, 2, ms, ys, w->xb, n)) != IE_OK) return st;
+    worker_lora_apply(w, l, 2, (const ie_lora_mod_t[]){IE_LORA_GATE, IE_LORA_UP}, ys, w->xb);
     /* hb = act(hb) * hb2 */
     const uint64_t t = ie_prof_begin();
     worker_swiglu(w, w->hb, w->hb2, (int64_t)n * w->ff_loc);
     ie_prof_end(IE_PROF_ELEMENTWISE, t);
     /* tmp[n][d] = Wd · hb */
     worker_prefetch_at(w, PF_BEFORE_DOWN, l, n);
-    return worker_matmul(w, &L->down, w->tmp, w->hb, n);
+    if ((st = worker_matmul(w, &L->down, w->tmp, w->hb, n)) != IE_OK) return st;
+    worker_lora_apply(w, l, 1, (const ie_lora_mod_t[]){IE_LORA_DOWN}, &w->tmp, w->hb);
+    return IE_OK;
 }
 
 /* Layer l's feed-forward block: x[n][d] += ffn(rmsnorm(x)), dense or MoE */
@@ -237,6 +248,7 @@ static ie_status_t forward(ie_worker_t *w, const ie_batch_t *b, const float *hid
 
     if ((st = batch_check(w, b, hidden_in)) != IE_OK) return st;
     w->step_logits = logits_out != NULL;
+    worker_lora_group(w, b);
     /* x[n][d] = embeddings, or the previous stage's residual stream */
     embed(w, b, hidden_in);
     for (int l = sh->layer_begin; l < sh->layer_end; l++) {

@@ -709,7 +709,7 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
         st = ie_error_set(IE_ERR_FORMAT, "step without hidden state for a later stage");
         goto fail;
     }
-    ie_batch_t b = {n, in->data[1], in->data[2], in->data[3], in->data[4]};
+    ie_batch_t b = {n, in->data[1], in->data[2], in->data[3], in->data[4], NULL};
     nd->cur_step = h->step;
     nd->transfer_ms = 0;
     double t0 = ie_now_ms(); /* the token gather counts as transfer time of the step */

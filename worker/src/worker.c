@@ -276,6 +276,7 @@ void ie_worker_destroy(ie_worker_t **self_p)
     free(w->embd_repl);
     free(w->share_repl);
     free(w->cache_dir);
+    worker_lora_free(w);
     free(w->layers);
     worker_big_free(w->kcache);
     worker_big_free(w->vcache);

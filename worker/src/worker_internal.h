@@ -49,6 +49,7 @@
 #include "ie_attn.h"
 #include "ie_threadpool.h"
 #include "ie_kernels.h"
+#include "ie_lora.h"
 #include "ie_worker.h"
 
 #include <stdatomic.h>
@@ -103,6 +104,16 @@ typedef struct mm_span {
 #define MM_MAX 3 /* matrices sharing one input in one matmul job */
 
 struct pf_state; /* prefetch.c */
+
+/* An attached adapter (lora.c) and one step's group of its tokens. */
+typedef struct wlora {
+    const ie_lora_t *ad; /* NULL: free entry                         */
+    float scale;         /* the caller's, times each matrix's own    */
+} wlora_t;
+typedef struct lora_group {
+    int id;       /* adapter                                     */
+    int first, n; /* its batch rows: lora_rows[first .. first+n) */
+} lora_group_t;
 
 struct ie_worker {
     ie_hparams_t hp;
@@ -209,6 +220,15 @@ struct ie_worker {
     int stream_act;      /* decode activations by act_quantize_stream (env IE_DECODE_STREAM) */
     int kvpf_on;         /* decode: KV rows prefetched during q/k/v (env IE_DECODE_KVPREFETCH) */
     int step_logits;     /* this step computes logits (the last prefetch point) */
+
+    /* LoRA (lora.c) */
+    wlora_t lora[IE_WORKER_MAX_LORA];
+    lora_group_t lora_groups[IE_WORKER_MAX_LORA]; /* this step's groups */
+    int lora_ngroups;
+    int32_t *lora_rows; /* [max_batch] batch rows grouped by adapter   */
+    float *lora_tmp;    /* [3][max_batch][lora_tmp_rank] the kernels' A x */
+    int lora_tmp_rank;
+    double lora_pool_min; /* multiply-adds from which a call uses the pool */
 };
 
 /* ------------------------------------------------------- worker.c: memory */
@@ -294,6 +314,23 @@ void worker_attend(ie_worker_t *w, int l, const ie_batch_t *b);
 
 /* The slots' caches now hold the batch's positions. */
 void worker_kv_commit(ie_worker_t *w, const ie_batch_t *b);
+
+/* -------------------------------------------------------------- lora.c */
+
+/* Token i's adapter id is -1 or attached (IE_ERR_RANGE otherwise). */
+ie_status_t worker_lora_check(const ie_worker_t *w, const ie_batch_t *b, int i);
+
+/* Group the step's tokens by adapter (none when b->adapter is NULL). */
+void worker_lora_group(ie_worker_t *w, const ie_batch_t *b);
+
+/* For the nm (1..3) modules ms[i] of layer l that share input rows
+ * x[n][this rank's n_in] (the base matmul's own input): ys[i][n][this
+ * rank's n_out] += the low-rank path of each group's adapter. One pool
+ * job when the work outweighs a fork/join, else on the calling thread. */
+void worker_lora_apply(ie_worker_t *w, int l, int nm, const ie_lora_mod_t *ms, float *const *ys, const float *x);
+
+/* Free the LoRA scratch (the adapters are the caller's). */
+void worker_lora_free(ie_worker_t *w);
 
 /* --------------------------------------------------------------- moe.c */
 

@@ -1,0 +1,100 @@
+/* ie_lora.h — LoRA adapters read from disk, checked against a base model.
+ *
+ * Two formats:
+ *   PEFT directory   adapter_config.json + adapter_model.safetensors (what
+ *                    peft's save_pretrained writes): tensors
+ *                    base_model.model.model.layers.N.{self_attn,mlp}.
+ *                    MOD.lora_{A,B}.weight, A [r][n_in], B [n_out][r];
+ *                    scale lora_alpha / r (use_rslora: / sqrt(r))
+ *   GGUF LoRA        general.type = "adapter", adapter.type = "lora",
+ *                    adapter.lora.alpha; tensors blk.N.NAME.weight.lora_a
+ *                    (ggml ne [n_in, r]: the same A) and .lora_b (ne [r,
+ *                    n_out]) as llama.cpp's convert_lora_to_gguf.py writes
+ *                    them; scale alpha / r (alpha 0: 1), llama.cpp's rule
+ * Modules: the attention projections q, k, v, o and the dense MLP's gate,
+ * up, down. Everything else a file may carry — DoRA magnitudes, embedding
+ * or head adapters, modules_to_save, LoRA biases, per-module rank or alpha
+ * patterns, a tensor of a layer or shape the base lacks — is refused with
+ * IE_ERR_UNSUPPORTED / IE_ERR_FORMAT naming the tensor or key.
+ *
+ * The weights are held as bf16 when the file stores A and B as BF16, else
+ * as f32 (f16 is widened), in the
+ * base model's row order: llama.cpp's converter permutes the q/k rows of a
+ * Llama GGUF (IE_ROPE_NORMAL) and of its GGUF LoRAs' B, so a PEFT adapter
+ * on such a base gets its q/k B rows permuted the same way, and a GGUF
+ * LoRA on an HF (IE_ROPE_NEOX) Llama base gets them un-permuted. Adapters
+ * are never merged into the base weights: the worker adds
+ * scale * B (A x) to each projection's output (ie_worker_lora_add).
+ */
+#ifndef IE_LORA_H
+#define IE_LORA_H
+
+#include "ie_model_src.h"
+#include "ie_status.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define IE_LORA_MAX_RANK 256
+
+typedef enum ie_lora_mod {
+    IE_LORA_Q = 0,
+    IE_LORA_K,
+    IE_LORA_V,
+    IE_LORA_O,
+    IE_LORA_GATE,
+    IE_LORA_UP,
+    IE_LORA_DOWN,
+    IE_LORA_NMOD
+} ie_lora_mod_t;
+
+/* One adapted projection: y[n_out] += scale * B (A x[n_in]). rank 0: none.
+ * B is held transposed (bt[j][o] = B[o][j]) so the kernels add rank
+ * contiguous rows of n_out to y (ie_kernels_t.lora_f32). */
+typedef struct ie_lora_mat {
+    int rank;
+    int64_t n_in, n_out;
+    float scale;
+    float *a;      /* [rank][n_in]  f32, or NULL when bf16  */
+    float *bt;     /* [rank][n_out]                         */
+    uint16_t *a16; /* the same as bf16 bits: a file storing both
+                      A and B as BF16 is kept so (half the bytes
+                      each decode step streams); else NULL   */
+    uint16_t *bt16;
+} ie_lora_mat_t;
+
+typedef struct ie_lora {
+    int n_layer;         /* the base's                              */
+    int max_rank;        /* largest rank of any matrix              */
+    unsigned mods;       /* bit m: some layer adapts module m       */
+    int n_mats;          /* adapted projections                     */
+    uint64_t bytes;      /* of the f32 weights held                 */
+    const char *format;  /* "peft" or "gguf"                        */
+    ie_lora_mat_t *mats; /* [n_layer][IE_LORA_NMOD]                 */
+} ie_lora_t;
+
+/* "q", "k", "v", "o", "gate", "up", "down" */
+const char *ie_lora_mod_name(ie_lora_mod_t m);
+
+/* Load the adapter at `path` (a PEFT directory, or a .gguf file) for the
+ * base model hp. IE_ERR_IO (missing files), IE_ERR_FORMAT (a corrupted
+ * file or config), IE_ERR_UNSUPPORTED (DoRA and the other refusals
+ * above), IE_ERR_INVAL (a shape, layer or rank that does not fit hp),
+ * IE_ERR_NOMEM; each message names the file and the tensor or key. Caller
+ * owns *out (ie_lora_destroy). */
+ie_status_t ie_lora_load(const char *path, const ie_hparams_t *hp, ie_lora_t **out);
+
+/* A PEFT adapter from memory: config JSON (cfg_len bytes, need not be
+ * NUL-terminated) and a safetensors image; same checks as ie_lora_load
+ * (for tests and the fuzz target). */
+ie_status_t ie_lora_load_peft_memory(const char *cfg, size_t cfg_len, const void *st, size_t st_len,
+                                     const ie_hparams_t *hp, ie_lora_t **out);
+
+/* Matrix of layer l, module m (rank 0 when not adapted); NULL when out of
+ * range. */
+const ie_lora_mat_t *ie_lora_mat(const ie_lora_t *a, int l, ie_lora_mod_t m);
+
+/* Free *self_p and set it NULL; accepts NULL. */
+void ie_lora_destroy(ie_lora_t **self_p);
+
+#endif

@@ -1,0 +1,117 @@
+/* lora_avx512.c — AVX-512 twins of ie_lora_f32_ref / ie_lora_bf16_ref: the
+ * LoRA delta of a group of rows. The shrink (u = scale * A x) takes four
+ * rows of A per pass over x; the expand adds rank rows of B^T to y 64
+ * floats at a time, so y is loaded and stored once per row whatever the
+ * rank. One body for both weight types (bf16 widened as it is loaded),
+ * specialised by the constant b16. */
+#include "../../src/ie_kernels_isa.h"
+
+#include <immintrin.h>
+
+#define INL static inline __attribute__((always_inline))
+
+INL float hsum(__m512 s) { return _mm512_reduce_add_ps(s); }
+
+/* 16 weights at element i of f (f32) or h (bf16) */
+INL __m512 ld16(const float *f, const uint16_t *h, size_t i, const int b16)
+{
+    if (!b16) return _mm512_loadu_ps(f + i);
+    const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(h + i)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+}
+
+INL float ld1(const float *f, const uint16_t *h, size_t i, const int b16)
+{
+    if (!b16) return f[i];
+    union {
+        uint32_t u;
+        float f;
+    } v = {(uint32_t)h[i] << 16};
+    return v.f;
+}
+
+/* u[0..4) = dot(A row j + i, x) for i < 4 */
+INL void dot4(const ie_lora_args_t *p, int j, const float *x, float *u, const int b16)
+{
+    const size_t r0 = (size_t)j * (size_t)p->lda, l = (size_t)p->lda, n = (size_t)p->n_in;
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps(), s2 = _mm512_setzero_ps(), s3 = _mm512_setzero_ps();
+    size_t k = 0;
+    for (; k + 16 <= n; k += 16) {
+        const __m512 vx = _mm512_loadu_ps(x + k);
+        s0 = _mm512_fmadd_ps(ld16(p->a, p->a16, r0 + k, b16), vx, s0);
+        s1 = _mm512_fmadd_ps(ld16(p->a, p->a16, r0 + l + k, b16), vx, s1);
+        s2 = _mm512_fmadd_ps(ld16(p->a, p->a16, r0 + 2 * l + k, b16), vx, s2);
+        s3 = _mm512_fmadd_ps(ld16(p->a, p->a16, r0 + 3 * l + k, b16), vx, s3);
+    }
+    u[0] = hsum(s0), u[1] = hsum(s1), u[2] = hsum(s2), u[3] = hsum(s3);
+    for (; k < n; k++)
+        for (int i = 0; i < 4; i++) u[i] += ld1(p->a, p->a16, r0 + (size_t)i * l + k, b16) * x[k];
+}
+
+INL float dot1(const ie_lora_args_t *p, int j, const float *x, const int b16)
+{
+    const size_t r0 = (size_t)j * (size_t)p->lda, n = (size_t)p->n_in;
+    __m512 s = _mm512_setzero_ps();
+    size_t k = 0;
+    for (; k + 16 <= n; k += 16) s = _mm512_fmadd_ps(ld16(p->a, p->a16, r0 + k, b16), _mm512_loadu_ps(x + k), s);
+    float r = hsum(s);
+    for (; k < n; k++) r += ld1(p->a, p->a16, r0 + k, b16) * x[k];
+    return r;
+}
+
+INL void lora_body(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp, const int b16)
+{
+    const int r = p->rank;
+    const int64_t m = p->n_out;
+    const size_t ldb = (size_t)p->ldb;
+    for (int t = 0; t < n_rows; t++) {
+        const float *x = p->x + (size_t)rows[t] * (size_t)p->ldx;
+        float *y = p->y + (size_t)rows[t] * (size_t)p->ldy;
+        float *u = tmp + (size_t)t * (size_t)r;
+        int j = 0;
+        for (; j + 4 <= r; j += 4) dot4(p, j, x, u + j, b16);
+        for (; j < r; j++) u[j] = dot1(p, j, x, b16);
+        for (j = 0; j < r; j++) u[j] *= p->scale;
+        int64_t o = 0;
+        for (; o + 64 <= m; o += 64) {
+            __m512 y0 = _mm512_loadu_ps(y + o), y1 = _mm512_loadu_ps(y + o + 16);
+            __m512 y2 = _mm512_loadu_ps(y + o + 32), y3 = _mm512_loadu_ps(y + o + 48);
+            for (j = 0; j < r; j++) {
+                const size_t b = (size_t)j * ldb + (size_t)o;
+                const __m512 c = _mm512_set1_ps(u[j]);
+                y0 = _mm512_fmadd_ps(c, ld16(p->bt, p->bt16, b, b16), y0);
+                y1 = _mm512_fmadd_ps(c, ld16(p->bt, p->bt16, b + 16, b16), y1);
+                y2 = _mm512_fmadd_ps(c, ld16(p->bt, p->bt16, b + 32, b16), y2);
+                y3 = _mm512_fmadd_ps(c, ld16(p->bt, p->bt16, b + 48, b16), y3);
+            }
+            _mm512_storeu_ps(y + o, y0);
+            _mm512_storeu_ps(y + o + 16, y1);
+            _mm512_storeu_ps(y + o + 32, y2);
+            _mm512_storeu_ps(y + o + 48, y3);
+        }
+        for (; o + 16 <= m; o += 16) {
+            __m512 y0 = _mm512_loadu_ps(y + o);
+            for (j = 0; j < r; j++)
+                y0 = _mm512_fmadd_ps(_mm512_set1_ps(u[j]), ld16(p->bt, p->bt16, (size_t)j * ldb + (size_t)o, b16),
+                                     y0);
+            _mm512_storeu_ps(y + o, y0);
+        }
+        for (; o < m; o++) {
+            float s = y[o];
+            for (j = 0; j < r; j++) s += u[j] * ld1(p->bt, p->bt16, (size_t)j * ldb + (size_t)o, b16);
+            y[o] = s;
+        }
+    }
+}
+
+/* Contract (ie_kernels.h, ie_kernels_t.lora_f32). */
+void ie_lora_f32_avx512(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp)
+{
+    lora_body(p, rows, n_rows, tmp, 0);
+}
+
+/* Contract (ie_kernels.h, ie_kernels_t.lora_bf16). */
+void ie_lora_bf16_avx512(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp)
+{
+    lora_body(p, rows, n_rows, tmp, 1);
+}

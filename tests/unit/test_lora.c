@@ -1,0 +1,341 @@
+/* test_lora.c — LoRA adapters (issue 20):
+ *   - the lora_f32 / lora_bf16 kernels: every ISA's twin against
+ *     ie_lora_f32_ref (on the bf16 weights widened) on odd
+ *     ranks (1..64), group sizes, shapes and strides, rows picked out of
+ *     order, and against a double-precision sum;
+ *   - the loader (ie_lora_load_peft_memory, ie_lora_load): good adapters,
+ *     and each refusal (DoRA, modules_to_save, unknown module, embedding
+ *     adapter, rank or shape that does not fit, missing B, layer past the
+ *     model, bad dtype, bad JSON, corrupted safetensors, missing files) is
+ *     an error naming the tensor or key;
+ *   - the worker: a step mixing the base and two adapters over three slots
+ *     gives every slot the logits of its solo run, an adapter changes the
+ *     logits, and a bad adapter id is refused before anything runs.
+ * The numerical reference (peft) is tests/e2e/test_lora.py. */
+#include "ie_dtype.h"
+#include "ie_kernels.h"
+#include "ie_lora.h"
+#include "ie_test_writer.h"
+#include "ie_worker.h"
+
+#include <CUnit/Basic.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MODEL IE_TEST_DATA "/tiny_llama"
+#define LORA IE_TEST_DATA "/lora"
+
+/* uniform in [-1, 1) from a xorshift state */
+static float frand(uint64_t *s)
+{
+    *s ^= *s << 13, *s ^= *s >> 7, *s ^= *s << 17;
+    return (float)((int64_t)(*s >> 40) - (1 << 23)) / (float)(1 << 23);
+}
+
+static void test_kernels(void)
+{
+    static const int ranks[] = {1, 2, 3, 5, 8, 13, 16, 31, 64};
+    static const int64_t ins[] = {1, 7, 33, 64, 100};
+    static const int64_t outs[] = {1, 9, 31, 64, 130};
+    uint64_t seed = 12345;
+    const int max_rows = 11;
+    for (int isa = 0; isa <= IE_ISA_AVX512; isa++) {
+        const ie_kernels_t *k = ie_kernels_get((ie_isa_t)isa);
+        if (!k) continue;
+        CU_ASSERT_PTR_NOT_NULL_FATAL(k->lora_f32);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(k->lora_bf16);
+        for (size_t ri = 0; ri < sizeof ranks / sizeof *ranks; ri++)
+            for (size_t ii = 0; ii < sizeof ins / sizeof *ins; ii++)
+                for (size_t oi = 0; oi < sizeof outs / sizeof *outs; oi++) {
+                    const int r = ranks[ri];
+                    const int64_t n_in = ins[ii], n_out = outs[oi], lda = n_in + 3, ldb = n_out + 5;
+                    const int64_t ldx = n_in + 2, ldy = n_out + 1;
+                    float *a = malloc(sizeof(float) * (size_t)(r * lda));
+                    float *bt = malloc(sizeof(float) * (size_t)(r * ldb));
+                    float *x = malloc(sizeof(float) * (size_t)(max_rows * ldx));
+                    float *y0 = malloc(sizeof(float) * (size_t)(max_rows * ldy));
+                    float *y1 = malloc(sizeof(float) * (size_t)(max_rows * ldy));
+                    float *tmp = malloc(sizeof(float) * (size_t)(max_rows * r));
+                    for (int64_t i = 0; i < r * lda; i++) a[i] = frand(&seed);
+                    for (int64_t i = 0; i < r * ldb; i++) bt[i] = frand(&seed);
+                    for (int64_t i = 0; i < max_rows * ldx; i++) x[i] = frand(&seed);
+                    for (int64_t i = 0; i < max_rows * ldy; i++) y0[i] = y1[i] = frand(&seed);
+                    /* a group of odd size, out of order, skipping rows */
+                    const int32_t rows[] = {7, 2, 9, 0, 4};
+                    const int n_rows = 1 + (int)((ri + ii + oi) % 5);
+                    /* bf16 weights: the f32 ones rounded, and their bits */
+                    uint16_t *a16 = malloc(sizeof(uint16_t) * (size_t)(r * lda));
+                    uint16_t *b16 = malloc(sizeof(uint16_t) * (size_t)(r * ldb));
+                    const int bf = (int)((ri + oi) % 2); /* half the shapes in bf16 */
+                    if (bf) {
+                        for (int64_t i = 0; i < r * lda; i++)
+                            a16[i] = ie_f32_to_bf16(a[i]), a[i] = ie_bf16_to_f32(a16[i]);
+                        for (int64_t i = 0; i < r * ldb; i++)
+                            b16[i] = ie_f32_to_bf16(bt[i]), bt[i] = ie_bf16_to_f32(b16[i]);
+                    }
+                    ie_lora_args_t p = {a, bt, a16, b16, lda, ldb, r, n_in, n_out, 0.75f, x, ldx, y0, ldy};
+                    ie_lora_f32_ref(&p, rows, n_rows, tmp); /* the oracle: f32 on the widened weights */
+                    p.y = y1;
+                    (bf ? k->lora_bf16 : k->lora_f32)(&p, rows, n_rows, tmp);
+                    int bad = 0;
+                    for (int t = 0; t < max_rows; t++)
+                        for (int64_t o = 0; o < ldy; o++) {
+                            const float e = y0[t * ldy + o], g = y1[t * ldy + o];
+                            if (fabsf(e - g) > 1e-5f * (1.0f + fabsf(e))) bad++;
+                        }
+                    CU_ASSERT_EQUAL(bad, 0);
+                    if (bad)
+                        fprintf(stderr, "isa %d rank %d in %lld out %lld rows %d: %d differ\n", isa, r,
+                                (long long)n_in, (long long)n_out, n_rows, bad);
+                    /* untouched rows stay as they were (row 1 is never in the group) */
+                    CU_ASSERT(y1[1 * ldy] == y0[1 * ldy]);
+                    free(a), free(bt), free(x), free(y0), free(y1), free(tmp), free(a16), free(b16);
+                }
+    }
+}
+
+/* The ref kernel against a double-precision sum. */
+static void test_kernel_exact(void)
+{
+    const int r = 5;
+    const int64_t n_in = 13, n_out = 11;
+    uint64_t seed = 99;
+    float a[5 * 13], bt[5 * 11], x[2 * 13], y[2 * 11] = {0}, tmp[2 * 5];
+    for (size_t i = 0; i < sizeof a / sizeof *a; i++) a[i] = frand(&seed);
+    for (size_t i = 0; i < sizeof bt / sizeof *bt; i++) bt[i] = frand(&seed);
+    for (size_t i = 0; i < sizeof x / sizeof *x; i++) x[i] = frand(&seed);
+    const int32_t rows[] = {1};
+    ie_lora_args_t p = {a, bt, NULL, NULL, n_in, n_out, r, n_in, n_out, 2.0f, x, n_in, y, n_out};
+    ie_lora_f32_ref(&p, rows, 1, tmp);
+    for (int64_t o = 0; o < n_out; o++) {
+        double s = 0;
+        for (int j = 0; j < r; j++) {
+            double u = 0;
+            for (int64_t q = 0; q < n_in; q++) u += (double)a[j * n_in + q] * x[n_in + q];
+            s += 2.0 * u * bt[j * n_out + o];
+        }
+        CU_ASSERT(fabs(y[n_out + o] - s) < 1e-5 * (1 + fabs(s)));
+        CU_ASSERT(y[o] == 0.0f); /* row 0 not in the group */
+    }
+}
+
+/* ------------------------------------------------------------------ loader */
+
+static ie_hparams_t g_hp; /* the tiny fixture's: d 64, 4 heads of 16, 2 KV, ff 128, 2 layers */
+
+static const char *k_cfg = "{\"peft_type\":\"LORA\",\"r\":4,\"lora_alpha\":8,\"target_modules\":[\"q_proj\"]}";
+
+/* ie_lora_load_peft_memory of config cfg and a safetensors image holding
+ * tensors a_name / b_name (NULL: left out) of the given shapes, zeros */
+static ie_status_t load_mem(const char *cfg, const char *a_name, const int64_t *ash, const char *b_name,
+                            const int64_t *bsh, const char *dtype, ie_lora_t **out)
+{
+    st_w_t w = {0};
+    tbuf_t f;
+    const size_t es = !strcmp(dtype, "F32") || !strcmp(dtype, "I32") ? 4 : 2;
+    if (a_name) sw_tensor(&w, a_name, dtype, 2, ash, NULL, (size_t)(ash[0] * ash[1]) * es);
+    if (b_name) sw_tensor(&w, b_name, dtype, 2, bsh, NULL, (size_t)(bsh[0] * bsh[1]) * es);
+    sw_finish(&w, &f);
+    ie_status_t st = ie_lora_load_peft_memory(cfg, strlen(cfg), f.p, f.n, &g_hp, out);
+    tb_free(&f);
+    return st;
+}
+
+#define QA "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+#define QB "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
+
+static void expect(ie_status_t got, ie_status_t want, const char *needle)
+{
+    CU_ASSERT_EQUAL(got, want);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), needle));
+    if (got != want || !strstr(ie_error_last(), needle))
+        fprintf(stderr, "wanted %d '%s', got %d '%s'\n", want, needle, got, ie_error_last());
+}
+
+static void test_loader_memory(void)
+{
+    const int64_t a4[2] = {4, 64}, b4[2] = {64, 4};
+    ie_lora_t *ad = NULL;
+    CU_ASSERT_EQUAL(load_mem(k_cfg, QA, a4, QB, b4, "F32", &ad), IE_OK);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(ad);
+    const ie_lora_mat_t *m = ie_lora_mat(ad, 0, IE_LORA_Q);
+    CU_ASSERT(m->rank == 4 && m->n_in == 64 && m->n_out == 64 && fabsf(m->scale - 2.0f) < 1e-6f);
+    CU_ASSERT_EQUAL(ie_lora_mat(ad, 1, IE_LORA_Q)->rank, 0);
+    CU_ASSERT_PTR_NULL(ie_lora_mat(ad, 2, IE_LORA_Q));
+    ie_lora_destroy(&ad);
+    CU_ASSERT_EQUAL(load_mem(k_cfg, QA, a4, QB, b4, "BF16", &ad), IE_OK);
+    m = ad ? ie_lora_mat(ad, 0, IE_LORA_Q) : NULL;
+    CU_ASSERT(m && m->a16 && m->bt16 && !m->a && !m->bt); /* kept as bf16 */
+    ie_lora_destroy(&ad);
+    /* rslora: alpha / sqrt(r) */
+    CU_ASSERT_EQUAL(load_mem("{\"r\":4,\"lora_alpha\":8,\"use_rslora\":true}", QA, a4, QB, b4, "F16", &ad), IE_OK);
+    CU_ASSERT(ad && fabsf(ie_lora_mat(ad, 0, IE_LORA_Q)->scale - 4.0f) < 1e-6f);
+    ie_lora_destroy(&ad);
+
+    expect(load_mem("{\"r\":4,\"use_dora\":true}", QA, a4, QB, b4, "F32", &ad), IE_ERR_UNSUPPORTED, "DoRA");
+    expect(load_mem("{\"r\":4,\"modules_to_save\":[\"lm_head\"]}", QA, a4, QB, b4, "F32", &ad), IE_ERR_UNSUPPORTED,
+           "modules_to_save");
+    expect(load_mem("{\"r\":4,\"target_modules\":[\"lm_head\"]}", QA, a4, QB, b4, "F32", &ad), IE_ERR_UNSUPPORTED,
+           "lm_head");
+    expect(load_mem("{\"r\":4,\"bias\":\"all\"}", QA, a4, QB, b4, "F32", &ad), IE_ERR_UNSUPPORTED, "bias");
+    expect(load_mem("{\"r\":0}", QA, a4, QB, b4, "F32", &ad), IE_ERR_FORMAT, "\"r\"");
+    expect(load_mem("not json", QA, a4, QB, b4, "F32", &ad), IE_ERR_FORMAT, "JSON");
+    expect(load_mem("{\"r\":8}", QA, a4, QB, b4, "F32", &ad), IE_ERR_INVAL, "rank 4");
+    const int64_t a_bad[2] = {4, 65}, b_bad[2] = {63, 4}, b_r[2] = {64, 3};
+    expect(load_mem(k_cfg, QA, a_bad, QB, b4, "F32", &ad), IE_ERR_INVAL, QA);
+    expect(load_mem(k_cfg, QA, a4, QB, b_bad, "F32", &ad), IE_ERR_INVAL, QB);
+    expect(load_mem(k_cfg, QA, a4, QB, b_r, "F32", &ad), IE_ERR_INVAL, QB);
+    expect(load_mem(k_cfg, QA, a4, NULL, NULL, "F32", &ad), IE_ERR_FORMAT, QB);
+    expect(load_mem(k_cfg, NULL, NULL, QB, b4, "F32", &ad), IE_ERR_FORMAT, "no lora_A");
+    expect(load_mem(k_cfg, "base_model.model.model.layers.5.self_attn.q_proj.lora_A.weight", a4,
+                    "base_model.model.model.layers.5.self_attn.q_proj.lora_B.weight", b4, "F32", &ad),
+           IE_ERR_INVAL, "layer 5");
+    expect(load_mem(k_cfg, "base_model.model.model.embed_tokens.lora_embedding_A", a4, NULL, NULL, "F32", &ad),
+           IE_ERR_UNSUPPORTED, "embedding");
+    expect(load_mem(k_cfg, "base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector", a4, NULL, NULL,
+                    "F32", &ad),
+           IE_ERR_UNSUPPORTED, "DoRA");
+    expect(load_mem(k_cfg, QA, a4, QB, b4, "I32", &ad), IE_ERR_UNSUPPORTED, "I32");
+    expect(load_mem(k_cfg, NULL, NULL, NULL, NULL, "F32", &ad), IE_ERR_FORMAT, "no LoRA tensors");
+    CU_ASSERT_PTR_NULL(ad);
+    /* a corrupted safetensors image */
+    {
+        static const char junk[] = "\x10\0\0\0\0\0\0\0{\"a\":1";
+        expect(ie_lora_load_peft_memory(k_cfg, strlen(k_cfg), junk, sizeof junk, &g_hp, &ad), IE_ERR_FORMAT, "");
+        CU_ASSERT_PTR_NULL(ad);
+    }
+}
+
+static void test_loader_files(void)
+{
+    ie_lora_t *ad = NULL;
+    CU_ASSERT_EQUAL(ie_lora_load(LORA "/all16", &g_hp, &ad), IE_OK);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(ad);
+    CU_ASSERT(ad->n_mats == 14 && ad->max_rank == 16 && ad->mods == 0x7f && !strcmp(ad->format, "peft"));
+    ie_lora_destroy(&ad);
+    CU_ASSERT_EQUAL(ie_lora_load(LORA "/qv8.gguf", &g_hp, &ad), IE_OK);
+    CU_ASSERT(ad && ad->n_mats == 4 && ad->mods == ((1u << IE_LORA_Q) | (1u << IE_LORA_V)));
+    CU_ASSERT(ad && fabsf(ie_lora_mat(ad, 0, IE_LORA_Q)->scale - 2.0f) < 1e-6f);
+    ie_lora_destroy(&ad);
+    expect(ie_lora_load(LORA "/missing", &g_hp, &ad), IE_ERR_IO, "missing");
+    expect(ie_lora_load(LORA, &g_hp, &ad), IE_ERR_IO, "adapter_config.json");
+    expect(ie_lora_load(IE_TEST_DATA "/tiny_llama_f32.gguf", &g_hp, &ad), IE_ERR_FORMAT, "general.type");
+    CU_ASSERT_PTR_NULL(ad);
+}
+
+/* ------------------------------------------------------------------ worker */
+
+static ie_model_src_t *g_src;
+
+static int suite_init(void)
+{
+    if (ie_model_src_open(MODEL, &g_src) != IE_OK) return -1;
+    g_hp = *ie_model_src_hparams(g_src);
+    return 0;
+}
+static int suite_clean(void)
+{
+    ie_model_src_destroy(&g_src);
+    return 0;
+}
+
+static const int32_t k_ids[3][6] = {{5, 17, 300, 42, 7, 9}, {100, 200, 300, 400, 9, 11}, {1, 2, 3, 4, 5, 6}};
+
+static void worker_mixed(void)
+{
+    ie_worker_opts_t o;
+    ie_worker_opts_default(&o);
+    o.n_seq = 3;
+    o.n_ctx = 32;
+    o.max_batch = 32;
+    o.n_threads = 2;
+    o.pin_threads = 0;
+    o.precision = IE_PREC_F32;
+    ie_worker_t *w = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_worker_new(g_src, &o, &w), IE_OK);
+    ie_lora_t *qv = NULL, *all = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_lora_load(LORA "/qv8", &g_hp, &qv), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_lora_load(LORA "/all16", &g_hp, &all), IE_OK);
+    int id_qv = -1, id_all = -1;
+    CU_ASSERT_EQUAL(ie_worker_lora_add(w, qv, 1.0f, &id_qv), IE_OK);
+    CU_ASSERT_EQUAL(ie_worker_lora_add(w, all, 1.0f, &id_all), IE_OK);
+    CU_ASSERT(id_qv >= 0 && id_all >= 0 && id_qv != id_all);
+    const int nv = g_hp.n_vocab, ad_of[3] = {-1, id_qv, id_all};
+    float *solo = malloc(sizeof(float) * 3 * 6 * (size_t)nv), *mixed = malloc(sizeof(float) * 18 * (size_t)nv);
+    int32_t pos[18], seq[18], ad[18], tok[18];
+    uint8_t want[18];
+    /* solo: each slot alone, prefill of 6 */
+    for (int s = 0; s < 3; s++) {
+        ie_worker_seq_clear(w, s);
+        for (int i = 0; i < 6; i++) pos[i] = i, seq[i] = s, ad[i] = ad_of[s], want[i] = 1;
+        ie_batch_t b = {6, k_ids[s], pos, seq, want, ad};
+        CU_ASSERT_EQUAL(ie_worker_step(w, &b, solo + (size_t)s * 6 * nv), IE_OK);
+    }
+    /* mixed: the three slots interleaved in one step */
+    for (int s = 0; s < 3; s++) ie_worker_seq_clear(w, s);
+    for (int i = 0; i < 18; i++) {
+        const int s = i % 3, p = i / 3;
+        tok[i] = k_ids[s][p], pos[i] = p, seq[i] = s, ad[i] = ad_of[s], want[i] = 1;
+    }
+    ie_batch_t mb = {18, tok, pos, seq, want, ad};
+    CU_ASSERT_EQUAL(ie_worker_step(w, &mb, mixed), IE_OK);
+    double worst = 0;
+    for (int i = 0; i < 18; i++) {
+        const float *m = mixed + (size_t)i * nv, *e = solo + ((size_t)(i % 3) * 6 + (size_t)(i / 3)) * nv;
+        for (int v = 0; v < nv; v++) {
+            double d = fabs((double)m[v] - e[v]) / (1.0 + fabs(e[v]));
+            if (d > worst) worst = d;
+        }
+    }
+    CU_ASSERT(worst < 1e-5);
+    /* the adapters matter: slot 2's ids under the base differ */
+    ie_worker_seq_clear(w, 2);
+    for (int i = 0; i < 6; i++) pos[i] = i, seq[i] = 2, want[i] = 1;
+    ie_batch_t bb = {6, k_ids[2], pos, seq, want, NULL};
+    CU_ASSERT_EQUAL(ie_worker_step(w, &bb, mixed), IE_OK);
+    double diff = 0;
+    for (size_t i = 0; i < 6 * (size_t)nv; i++) diff = fmax(diff, fabs(mixed[i] - solo[2 * 6 * (size_t)nv + i]));
+    CU_ASSERT(diff > 1e-2);
+    /* a bad id: refused, nothing run */
+    ie_worker_seq_clear(w, 0);
+    int32_t bad = 7, p0 = 0, s0 = 0;
+    uint8_t one = 1;
+    ie_batch_t b1 = {1, k_ids[0], &p0, &s0, &one, &bad};
+    expect(ie_worker_step(w, &b1, mixed), IE_ERR_RANGE, "adapter 7");
+    CU_ASSERT_EQUAL(ie_worker_lora_remove(w, id_qv), IE_OK);
+    bad = id_qv;
+    expect(ie_worker_step(w, &b1, mixed), IE_ERR_RANGE, "not attached");
+    CU_ASSERT_EQUAL(ie_worker_lora_remove(w, id_qv), IE_ERR_RANGE);
+    free(solo);
+    free(mixed);
+    ie_worker_destroy(&w);
+    ie_lora_destroy(&qv);
+    ie_lora_destroy(&all);
+}
+
+/* on the calling thread (the fixture's work is small), then on the pool */
+static void test_worker_mixed(void)
+{
+    unsetenv("IE_LORA_POOL_MIN");
+    worker_mixed();
+    setenv("IE_LORA_POOL_MIN", "0", 1);
+    worker_mixed();
+    unsetenv("IE_LORA_POOL_MIN");
+}
+
+int main(void)
+{
+    if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+    CU_pSuite s = CU_add_suite("lora", suite_init, suite_clean);
+    CU_add_test(s, "lora_f32 kernels == ref on odd ranks and groups", test_kernels);
+    CU_add_test(s, "ref kernel == double sum", test_kernel_exact);
+    CU_add_test(s, "loader: PEFT images and refusals", test_loader_memory);
+    CU_add_test(s, "loader: fixture files", test_loader_files);
+    CU_add_test(s, "worker: mixed batch == solo runs", test_worker_mixed);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
+    CU_cleanup_registry();
+    return fails ? 1 : 0;
+}
