@@ -214,16 +214,13 @@ int ie_cli_logits(int argc, char **argv)
     const char *adapter = NULL;
     int aid = -1;
 
-    const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_MODEL, &model),
-                                   IE_CLI_PICK(IE_FLAG_THREADS, &threads),
-                                   IE_CLI_PICK(IE_FLAG_PRECISION, &prec),
-                                   IE_CLI_PICK(IE_FLAG_PLAN, &plan),
-                                   IE_CLI_PICK(IE_FLAG_CACHE_TYPE_K, &kv_k),
-                                   IE_CLI_PICK(IE_FLAG_CACHE_TYPE_V, &kv_v),
-                                   IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot),
+    const ie_cli_pick_t picks[] = {
+        IE_CLI_PICK(IE_FLAG_MODEL, &model),       IE_CLI_PICK(IE_FLAG_THREADS, &threads),
+        IE_CLI_PICK(IE_FLAG_PRECISION, &prec),    IE_CLI_PICK(IE_FLAG_PLAN, &plan),
+        IE_CLI_PICK(IE_FLAG_CACHE_TYPE_K, &kv_k), IE_CLI_PICK(IE_FLAG_CACHE_TYPE_V, &kv_v),
+        IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot),
 
-                                   IE_CLI_PICK(IE_FLAG_LORA, &loras),
-                                   IE_CLI_PICK(IE_FLAG_ADAPTER, &adapter)};
+        IE_CLI_PICK(IE_FLAG_LORA, &loras),        IE_CLI_PICK(IE_FLAG_ADAPTER, &adapter)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {

@@ -13,7 +13,17 @@
 #include <stdint.h>
 #include <string.h>
 
-typedef enum { FK_STR, FK_STR_NONEMPTY, FK_LONG, FK_PREC, FK_SET0, FK_SET1, FK_KVTYPE, FK_KVROT, FK_LORA } flag_kind_t;
+typedef enum {
+    FK_STR,
+    FK_STR_NONEMPTY,
+    FK_LONG,
+    FK_PREC,
+    FK_SET0,
+    FK_SET1,
+    FK_KVTYPE,
+    FK_KVROT,
+    FK_LORA
+} flag_kind_t;
 
 typedef struct {
     const char *name;
