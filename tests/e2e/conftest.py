@@ -214,3 +214,41 @@ def gguf_layout(buf: bytes) -> GGUFLayout:
         pos += 12
     data_start = (pos + alignment - 1) // alignment * alignment
     return GGUFLayout(version, n_tensors, n_kv, tensors, data_start)
+
+
+# ---- safetensors without torch: numpy has no bfloat16, so BF16 tensors are
+# read and written as their raw uint16 bit patterns (slicing, stacking and
+# concatenating move them intact); the default run must not need torch.
+_ST_NP = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I32": np.int32, "I64": np.int64,
+          "U8": np.uint8}
+_ST_NAME = {np.dtype(np.float32): "F32", np.dtype(np.float16): "F16", np.dtype(np.uint16): "BF16",
+            np.dtype(np.int32): "I32", np.dtype(np.int64): "I64", np.dtype(np.uint8): "U8"}
+
+
+def st_load(path) -> dict:
+    """name -> numpy array of a safetensors file (BF16 as uint16 bits)."""
+    buf = Path(path).read_bytes()
+    (n,) = struct.unpack("<Q", buf[:8])
+    head = json.loads(buf[8:8 + n])
+    out = {}
+    for name, e in head.items():
+        if name == "__metadata__":
+            continue
+        a, b = e["data_offsets"]
+        out[name] = np.frombuffer(buf[8 + n + a:8 + n + b], dtype=_ST_NP[e["dtype"]]).reshape(e["shape"]).copy()
+    return out
+
+
+def st_save(path, tensors: dict) -> None:
+    """Write name -> numpy array as safetensors (uint16 arrays are BF16)."""
+    head, blobs, off = {}, [], 0
+    for name in sorted(tensors):
+        arr = np.ascontiguousarray(tensors[name])
+        data = arr.tobytes()
+        head[name] = {"dtype": _ST_NAME[arr.dtype], "shape": list(arr.shape), "data_offsets": [off, off + len(data)]}
+        blobs.append(data)
+        off += len(data)
+    head["__metadata__"] = {"format": "pt"}
+    h = json.dumps(head, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    Path(path).write_bytes(struct.pack("<Q", len(h)) + h + b"".join(blobs))

@@ -38,7 +38,7 @@ import numpy as np
 import pytest
 
 from conftest import EXIT_MODEL, FIXTURES, THREADS, binary, engine_logits, fixture_path, read_logits, \
-    row_rel_err
+    row_rel_err, st_load, st_save
 
 TOL_F32 = 1e-4
 Q_MAX_REL, Q_RMS_REL, Q_ARGMAX = 6e-2, 3e-2, 0.90
@@ -168,10 +168,9 @@ def _copy_hf(tmp_path, name):
 
 
 def _edit_tensors(d, fn):
-    from safetensors.torch import load_file, save_file
-    t = load_file(str(d / "model.safetensors"))
+    t = st_load(d / "model.safetensors")
     fn(t)
-    save_file(t, str(d / "model.safetensors"))
+    st_save(d / "model.safetensors", t)
 
 
 def _edit_config(d, fn):
@@ -215,7 +214,7 @@ def _run(model):
 
 def _drop_qkv_row(t):
     k = "model.layers.1.self_attn.qkv_proj.weight"
-    t[k] = t[k][:-1].clone()
+    t[k] = t[k][:-1].copy()
 
 
 def _short_long_factor(cfg):
@@ -224,7 +223,7 @@ def _short_long_factor(cfg):
 
 def _drop_gate_up_row(t):
     k = "model.layers.0.mlp.gate_up_proj.weight"
-    t[k] = t[k][:-2].clone()
+    t[k] = t[k][:-2].copy()
 
 
 HF_CASES = {

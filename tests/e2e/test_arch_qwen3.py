@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import EXIT_MODEL, binary, engine_logits, fixture_path, read_logits, row_rel_err, run_json
+from conftest import EXIT_MODEL, binary, engine_logits, fixture_path, read_logits, row_rel_err, run_json, st_load, st_save
 
 TOL = 1e-4
 MODELS = [
@@ -123,21 +123,19 @@ def test_moe_without_topk_renormalization(mode, tmp_path, ie_bin):
 def test_moe_fused_experts_layout(tmp_path, ie_bin):
     """transformers 5's in-memory layout saved as is: gate_up_proj [E, 2I, H]
     (gate rows first), down_proj [E, H, I]."""
-    import torch
-    from safetensors.torch import load_file, save_file
     src = fixture_path("tiny_qwen3moe")
     d = _link_copy(src, tmp_path / "fused")
     (d / "model.safetensors").unlink()
-    t = load_file(str(src / "model.safetensors"))
+    t = st_load(src / "model.safetensors")
     cfg = json.loads((src / "config.json").read_text())
     E = cfg.get("num_experts", cfg.get("num_local_experts"))
     for layer in range(cfg["num_hidden_layers"]):
         pre = f"model.layers.{layer}.mlp.experts."
-        g = torch.stack([t.pop(f"{pre}{e}.gate_proj.weight") for e in range(E)])
-        u = torch.stack([t.pop(f"{pre}{e}.up_proj.weight") for e in range(E)])
-        t[pre + "gate_up_proj"] = torch.cat([g, u], dim=1).contiguous()
-        t[pre + "down_proj"] = torch.stack([t.pop(f"{pre}{e}.down_proj.weight") for e in range(E)]).contiguous()
-    save_file(t, str(d / "model.safetensors"))
+        g = np.stack([t.pop(f"{pre}{e}.gate_proj.weight") for e in range(E)])
+        u = np.stack([t.pop(f"{pre}{e}.up_proj.weight") for e in range(E)])
+        t[pre + "gate_up_proj"] = np.concatenate([g, u], axis=1)
+        t[pre + "down_proj"] = np.stack([t.pop(f"{pre}{e}.down_proj.weight") for e in range(E)])
+    st_save(d / "model.safetensors", t)
     _check_f32(d, "tiny_qwen3moe/expected.npz", "prefill", tmp_path)
 
 
@@ -242,10 +240,9 @@ def _hf_copy(tmp: Path, name: str) -> Path:
 
 
 def _pop_tensor(d: Path, key: str):
-    from safetensors.torch import load_file, save_file
-    t = load_file(str(d / "model.safetensors"))
+    t = st_load(d / "model.safetensors")
     t.pop(key)
-    save_file(t, str(d / "model.safetensors"))
+    st_save(d / "model.safetensors", t)
 
 
 HF_CASES = {
