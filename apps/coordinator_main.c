@@ -31,18 +31,6 @@
 
 static volatile sig_atomic_t g_stop;
 
-/* One log line to stderr, the time first (ie_log_time). */
-static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void say(const char *fmt, ...)
-{
-    char line[1024], when[32];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "%s %s", ie_log_time(when, sizeof when), line);
-}
-
 /* What an endpoint listens on, for the log: ie_sock_bind's connectable
  * form says 127.0.0.1 for a wildcard bind, which would read as "loopback
  * only"; show the wildcard with the port actually bound. */
@@ -232,7 +220,7 @@ int main(int argc, char **argv)
         ie_topo_t t;
         char d[256] = "unknown";
         if (ie_topo_read(&t) == IE_OK) ie_topo_describe(&t, d, sizeof d);
-        say("ie-coordinator: topology %s\n", d);
+        ie_log("ie-coordinator: topology %s\n", d);
     }
     ie_engine_opts_t eo;
     ie_engine_opts_default(&eo);
@@ -266,10 +254,11 @@ int main(int argc, char **argv)
     ie_backend_stats_t bs;
     ie_backend_stats(ie_engine_backend(eng), &bs);
     char wshow[320], cshow[320];
-    say("ie-coordinator: %s plan, %ld workers; workers at %s, clients at %s%s\n", ie_shard_kind_name(plan), workers,
-        listening(bind, bs.endpoint, wshow, sizeof wshow), listening(client_bind, cep, cshow, sizeof cshow),
-        keys_dir ? " (CURVE)" : "");
-    if (msrv) say("ie-coordinator: metrics at http://%s:%d/metrics\n", metrics_addr, ie_metrics_server_port(msrv));
+    ie_log("ie-coordinator: %s plan, %ld workers; workers at %s, clients at %s%s\n", ie_shard_kind_name(plan),
+           workers, listening(bind, bs.endpoint, wshow, sizeof wshow),
+           listening(client_bind, cep, cshow, sizeof cshow), keys_dir ? " (CURVE)" : "");
+    if (msrv)
+        ie_log("ie-coordinator: metrics at http://%s:%d/metrics\n", metrics_addr, ie_metrics_server_port(msrv));
     ie_sd_ready("accepting clients; waiting for workers");
     ie_sched_opts_t scho;
     ie_engine_sched_opts(eng, &scho);
@@ -310,7 +299,7 @@ int main(int argc, char **argv)
             rc = ie_cli_fail(st == IE_ERR_INVAL ? IE_EXIT_USAGE : IE_EXIT_RUNTIME, "%s", ie_error_last());
             goto cleanup;
         }
-        say("ie-coordinator: HTTP API at http://%s:%d/v1\n", http_addr, ie_http_port(http));
+        ie_log("ie-coordinator: HTTP API at http://%s:%d/v1\n", http_addr, ie_http_port(http));
     }
     st = ie_serve_run(&so);
     ie_sd_stopping();

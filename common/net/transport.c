@@ -113,18 +113,6 @@ struct ie_sock {
 
 /* ------------------------------------------------------------ helpers */
 
-/* One log line to stderr, the time first (ie_log_time). */
-static void tlog(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void tlog(const char *fmt, ...)
-{
-    char line[1024], when[32];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "%s %s", ie_log_time(when, sizeof when), line);
-}
-
 static int64_t now_ms(void)
 {
     struct timespec ts;
@@ -241,11 +229,11 @@ static void net_log_refusal(ie_net_t *net, const char *z85, const char *addr, in
     }
     pthread_mutex_unlock(&net->mu);
     if (!repeat && roles)
-        tlog("transport: refused CURVE client %s from %s: it is authorized as a %s, not as a %s\n", z85, addr,
-             k_role_name[(roles >> IE_ROLE_WORKER) & 1 ? IE_ROLE_WORKER : IE_ROLE_CLIENT], k_role_name[role]);
+        ie_log("transport: refused CURVE client %s from %s: it is authorized as a %s, not as a %s\n", z85, addr,
+               k_role_name[(roles >> IE_ROLE_WORKER) & 1 ? IE_ROLE_WORKER : IE_ROLE_CLIENT], k_role_name[role]);
     else if (!repeat)
-        tlog("transport: refused CURVE client %s from %s: not an authorized %s key\n", z85, addr,
-             k_role_name[role]);
+        ie_log("transport: refused CURVE client %s from %s: not an authorized %s key\n", z85, addr,
+               k_role_name[role]);
 }
 
 static void zap_reply(void *zs, const zap_req_t *r, const char *code, const char *text, const char *user)
@@ -285,8 +273,8 @@ static void zap_handle(ie_net_t *net, void *zs, const zap_req_t *r)
     }
     /* NULL (or PLAIN) on a secure net: this handler only runs when CURVE is
      * on, and then every binding socket must be a CURVE server. */
-    tlog("transport: refused %.*s client from %s (CURVE required)\n", (int)(r->len[5] < 16 ? r->len[5] : 16),
-         r->f[5], addr);
+    ie_log("transport: refused %.*s client from %s (CURVE required)\n", (int)(r->len[5] < 16 ? r->len[5] : 16),
+           r->f[5], addr);
     zap_reply(zs, r, "400", "CURVE required", "");
 }
 
@@ -348,36 +336,37 @@ static void mon_report(ie_net_t *net, net_mon_t *m, uint16_t ev, uint32_t value)
         /* A client without CURVE sees our CURVE greeting as we see its NULL
          * one; when it hangs up first we get no detail, only the close */
         if (kind == 0)
-            tlog("transport: refused a client on %s that closed the connection during the handshake (CURVE "
-                 "required: a client without CURVE keys does this; so does a plain TCP probe)\n",
-                 m->endpoint);
+            ie_log("transport: refused a client on %s that closed the connection during the handshake (CURVE "
+                   "required: a client without CURVE keys does this; so does a plain TCP probe)\n",
+                   m->endpoint);
         else if (value == ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
-            tlog("transport: refused a client on %s (%s)\n", m->endpoint,
-                 net->secure ? "CURVE required: it connected without CURVE keys"
-                             : "it uses CURVE, this process has no keys");
+            ie_log("transport: refused a client on %s (%s)\n", m->endpoint,
+                   net->secure ? "CURVE required: it connected without CURVE keys"
+                               : "it uses CURVE, this process has no keys");
         else if (value == ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC)
-            tlog("transport: a client on %s failed the CURVE handshake (cryptographic error): it was given another "
-                 "server key than this process's %s\n",
-                 m->endpoint, net->public_z85);
+            ie_log(
+                "transport: a client on %s failed the CURVE handshake (cryptographic error): it was given another "
+                "server key than this process's %s\n",
+                m->endpoint, net->public_z85);
         else
-            tlog("transport: a client on %s failed the handshake (protocol error 0x%x)\n", m->endpoint,
-                 (unsigned)value);
+            ie_log("transport: a client on %s failed the handshake (protocol error 0x%x)\n", m->endpoint,
+                   (unsigned)value);
         return;
     }
     if (kind == 2)
-        tlog("transport: %s refused this process's CURVE key %s (ZAP status %u): it is not authorized there for "
-             "this role\n",
-             m->endpoint, net->public_z85, (unsigned)value);
+        ie_log("transport: %s refused this process's CURVE key %s (ZAP status %u): it is not authorized there for "
+               "this role\n",
+               m->endpoint, net->public_z85, (unsigned)value);
     else if (kind == 3)
-        tlog("transport: %s %s\n", m->endpoint,
-             net->secure ? "does not use CURVE, this process does" : "uses CURVE, this process has no keys");
+        ie_log("transport: %s %s\n", m->endpoint,
+               net->secure ? "does not use CURVE, this process does" : "uses CURVE, this process has no keys");
     else if (net->secure)
-        tlog("transport: CURVE handshake with %s failed (%s): the server key this process was given for it "
-             "(--coordinator-key, or a peer's key) is probably not that server's\n",
-             m->endpoint, kind == 0 ? "the server closed the connection" : "protocol error");
+        ie_log("transport: CURVE handshake with %s failed (%s): the server key this process was given for it "
+               "(--coordinator-key, or a peer's key) is probably not that server's\n",
+               m->endpoint, kind == 0 ? "the server closed the connection" : "protocol error");
     else
-        tlog("transport: handshake with %s failed (%s): does the server require CURVE?\n", m->endpoint,
-             kind == 0 ? "the server closed the connection" : "protocol error");
+        ie_log("transport: handshake with %s failed (%s): does the server require CURVE?\n", m->endpoint,
+               kind == 0 ? "the server closed the connection" : "protocol error");
 }
 
 /* Read one monitor event (2 frames: 6 bytes of event + value, the

@@ -30,4 +30,8 @@ static inline const char *ie_log_time(char *out, size_t cap)
     return out;
 }
 
+/* One line to stderr, ie_log_time first: printf's format and arguments
+ * (the caller ends the line with its own newline). */
+void ie_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 #endif
