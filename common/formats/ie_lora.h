@@ -64,13 +64,17 @@ typedef struct ie_lora_mat {
 } ie_lora_mat_t;
 
 typedef struct ie_lora {
-    int n_layer;         /* the base's                              */
-    int max_rank;        /* largest rank of any matrix              */
-    unsigned mods;       /* bit m: some layer adapts module m       */
-    int n_mats;          /* adapted projections                     */
-    uint64_t bytes;      /* of the f32 weights held                 */
-    const char *format;  /* "peft" or "gguf"                        */
-    ie_lora_mat_t *mats; /* [n_layer][IE_LORA_NMOD]                 */
+    int n_layer;          /* the base's                              */
+    int max_rank;         /* largest rank of any matrix              */
+    unsigned mods;        /* bit m: some layer adapts module m       */
+    int n_mats;           /* adapted projections                     */
+    uint64_t bytes;       /* of the f32 weights held                 */
+    const char *format;   /* "peft" or "gguf"; "concat" for a set     */
+    uint64_t fingerprint; /* XXH3-64 over the bytes of the files read
+                             (PEFT: adapter_config.json, then
+                             adapter_model.safetensors; GGUF: the
+                             file); 0 from memory or ie_lora_concat   */
+    ie_lora_mat_t *mats;  /* [n_layer][IE_LORA_NMOD]                 */
 } ie_lora_t;
 
 /* "q", "k", "v", "o", "gate", "up", "down" */
@@ -93,6 +97,24 @@ ie_status_t ie_lora_load_peft_memory(const char *cfg, size_t cfg_len, const void
 /* Matrix of layer l, module m (rank 0 when not adapted); NULL when out of
  * range. */
 const ie_lora_mat_t *ie_lora_mat(const ie_lora_t *a, int l, ie_lora_mod_t m);
+
+/* One adapter equal to the sum of n weighted adapters (1 <= n <= 8, all
+ * for the same base: same n_layer): for every projection any part adapts,
+ * A is the parts' A stacked (each part's rows multiplied by scales[i] and
+ * its own alpha scale) and B^T the parts' B^T stacked, so scale 1 times
+ * B (A x) = sum_i scales[i] * scale_i * B_i (A_i x). Always f32 (bf16 parts
+ * are widened exactly); the result owns its weights, the parts may be
+ * destroyed after. Ranks add up (at most IE_LORA_MAX_RANK per projection:
+ * IE_ERR_RANGE beyond). IE_ERR_INVAL for n out of range, NULL parts,
+ * non-finite scales or parts of different layer counts; IE_ERR_NOMEM.
+ * Caller owns *out (ie_lora_destroy). */
+ie_status_t ie_lora_concat(const ie_lora_t *const *parts, const float *scales, int n, ie_lora_t **out);
+
+/* The XXH3-64 fingerprint ie_lora_load records, computed for `path` alone
+ * (a PEFT directory or a GGUF file) without parsing it: a worker compares
+ * it with the coordinator's before loading. IE_ERR_IO when a file cannot
+ * be read. */
+ie_status_t ie_lora_fingerprint(const char *path, uint64_t *out);
 
 /* Free *self_p and set it NULL; accepts NULL. */
 void ie_lora_destroy(ie_lora_t **self_p);

@@ -13,6 +13,7 @@
 #include "ie_safetensors.h"
 
 #include <cjson/cJSON.h>
+#include <xxhash.h>
 
 #include <math.h>
 #include <stdio.h>
@@ -519,8 +520,129 @@ cleanup:
 ie_status_t ie_lora_load(const char *path, const ie_hparams_t *hp, ie_lora_t **out)
 {
     struct stat sb;
+    uint64_t fp = 0;
+    ie_status_t st;
     *out = NULL;
     if (!path || !hp) return ie_error_set(IE_ERR_INVAL, "lora: NULL argument");
     if (stat(path, &sb) != 0) return ie_error_set(IE_ERR_IO, "lora: cannot open '%s'", path);
-    return S_ISDIR(sb.st_mode) ? load_peft(path, hp, out) : load_gguf(path, hp, out);
+    st = S_ISDIR(sb.st_mode) ? load_peft(path, hp, out) : load_gguf(path, hp, out);
+    if (st == IE_OK && (st = ie_lora_fingerprint(path, &fp)) != IE_OK) ie_lora_destroy(out);
+    if (st == IE_OK) (*out)->fingerprint = fp;
+    return st;
+}
+
+/* Feed the bytes of file `path` to h. */
+static ie_status_t hash_file(XXH3_state_t *h, const char *path)
+{
+    char buf[1 << 16];
+    size_t n;
+    FILE *f = fopen(path, "rb");
+    if (!f) return ie_error_set(IE_ERR_IO, "lora: cannot read '%s'", path);
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0) XXH3_64bits_update(h, buf, n);
+    const int bad = ferror(f);
+    fclose(f);
+    return bad ? ie_error_set(IE_ERR_IO, "lora: error reading '%s'", path) : IE_OK;
+}
+
+/* Contract (ie_lora.h). */
+ie_status_t ie_lora_fingerprint(const char *path, uint64_t *out)
+{
+    struct stat sb;
+    char p[4096];
+    ie_status_t st = IE_OK;
+    *out = 0;
+    if (stat(path, &sb) != 0) return ie_error_set(IE_ERR_IO, "lora: cannot open '%s'", path);
+    XXH3_state_t *h = XXH3_createState();
+    if (!h) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+    XXH3_64bits_reset(h);
+    if (S_ISDIR(sb.st_mode)) {
+        snprintf(p, sizeof p, "%s/adapter_config.json", path);
+        if ((st = hash_file(h, p)) == IE_OK) {
+            snprintf(p, sizeof p, "%s/adapter_model.safetensors", path);
+            st = hash_file(h, p);
+        }
+    } else {
+        st = hash_file(h, path);
+    }
+    if (st == IE_OK) *out = XXH3_64bits_digest(h);
+    XXH3_freeState(h);
+    return st;
+}
+
+/* Contract (ie_lora.h). */
+ie_status_t ie_lora_concat(const ie_lora_t *const *parts, const float *scales, int n, ie_lora_t **out)
+{
+    ie_status_t st = IE_OK;
+    ie_lora_t *c = NULL;
+    *out = NULL;
+    if (!parts || !scales || n < 1 || n > 8)
+        return ie_error_set(IE_ERR_INVAL, "lora: concat of %d adapters (1..8)", n);
+    for (int i = 0; i < n; i++) {
+        if (!parts[i]) return ie_error_set(IE_ERR_INVAL, "lora: concat: NULL adapter %d", i);
+        if (parts[i]->n_layer != parts[0]->n_layer)
+            return ie_error_set(IE_ERR_INVAL, "lora: concat: adapters of %d and %d layers", parts[0]->n_layer,
+                                parts[i]->n_layer);
+        if (!isfinite(scales[i])) return ie_error_set(IE_ERR_INVAL, "lora: concat: scale %d is not finite", i);
+    }
+    if (!(c = calloc(1, sizeof *c)) ||
+        !(c->mats = calloc((size_t)parts[0]->n_layer * IE_LORA_NMOD, sizeof *c->mats))) {
+        free(c);
+        return ie_error_set(IE_ERR_NOMEM, "out of memory");
+    }
+    c->n_layer = parts[0]->n_layer;
+    c->format = "concat";
+    for (size_t k = 0; k < (size_t)c->n_layer * IE_LORA_NMOD; k++) {
+        ie_lora_mat_t *m = &c->mats[k];
+        int r = 0;
+        for (int i = 0; i < n; i++) {
+            const ie_lora_mat_t *p = &parts[i]->mats[k];
+            if (!p->rank) continue;
+            if (r && (p->n_in != m->n_in || p->n_out != m->n_out)) {
+                st = ie_error_set(IE_ERR_INVAL, "lora: concat: layer %d %s shapes differ", (int)(k / IE_LORA_NMOD),
+                                  k_mod_names[k % IE_LORA_NMOD]);
+                goto cleanup;
+            }
+            m->n_in = p->n_in, m->n_out = p->n_out;
+            r += p->rank;
+        }
+        if (!r) continue;
+        if (r > IE_LORA_MAX_RANK) {
+            st = ie_error_set(IE_ERR_RANGE, "lora: concat: layer %d %s would have rank %d (at most %d)",
+                              (int)(k / IE_LORA_NMOD), k_mod_names[k % IE_LORA_NMOD], r, IE_LORA_MAX_RANK);
+            goto cleanup;
+        }
+        if (!(m->a = malloc((size_t)r * (size_t)m->n_in * sizeof(float))) ||
+            !(m->bt = malloc((size_t)r * (size_t)m->n_out * sizeof(float)))) {
+            st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+            goto cleanup;
+        }
+        m->rank = r;
+        m->scale = 1.0f;
+        int j0 = 0;
+        for (int i = 0; i < n; i++) {
+            const ie_lora_mat_t *p = &parts[i]->mats[k];
+            const float s = scales[i] * p->scale;
+            for (int j = 0; j < p->rank; j++, j0++) {
+                float *ar = m->a + (size_t)j0 * (size_t)m->n_in, *br = m->bt + (size_t)j0 * (size_t)m->n_out;
+                for (int64_t x = 0; x < m->n_in; x++) {
+                    const size_t at = (size_t)j * (size_t)m->n_in + (size_t)x;
+                    ar[x] = s * (p->a ? p->a[at] : ie_bf16_to_f32(p->a16[at]));
+                }
+                for (int64_t o = 0; o < m->n_out; o++) {
+                    const size_t at = (size_t)j * (size_t)m->n_out + (size_t)o;
+                    br[o] = p->bt ? p->bt[at] : ie_bf16_to_f32(p->bt16[at]);
+                }
+            }
+        }
+        c->mods |= 1u << (k % IE_LORA_NMOD);
+        c->n_mats++;
+        if (r > c->max_rank) c->max_rank = r;
+        c->bytes += (uint64_t)r * (uint64_t)(m->n_in + m->n_out) * sizeof(float);
+    }
+    if (!c->n_mats) st = ie_error_set(IE_ERR_INVAL, "lora: concat of adapters that adapt nothing");
+
+cleanup:
+    if (st != IE_OK) ie_lora_destroy(&c);
+    *out = c;
+    return st;
 }

@@ -74,6 +74,16 @@ typedef struct ie_backend_stats {
                                    and ready (0 / 0 in process)          */
 } ie_backend_stats_t;
 
+/* One adapter of a set attached under one id (ops.lora_add). */
+typedef struct ie_backend_lora_part {
+    const char *name;      /* the engine's name for it (messages)       */
+    const char *path;      /* where the engine loaded it: a cluster's
+                              ranks load the same path from their disk */
+    const ie_lora_t *lora; /* loaded for this base; lora->fingerprint
+                              is the file's                            */
+    float scale;           /* its weight in the set (1: as trained)     */
+} ie_backend_lora_part_t;
+
 /* An implementation. Entries marked optional may be NULL (the wrapper
  * below then does what the comment says). */
 typedef struct ie_backend_ops {
@@ -114,11 +124,23 @@ typedef struct ie_backend_ops {
     /* Fill *out (zeroed first by the wrapper). Strings are the backend's,
      * valid until it is destroyed. Optional: all zero / "". */
     void (*stats)(void *self, ie_backend_stats_t *out);
-    /* Attach LoRA adapter a (alive until the backend is destroyed) with
-     * scale; *id_out names it in ie_batch_t.adapter: ie_worker_lora_add.
-     * Optional: IE_ERR_UNSUPPORTED (a cluster does not carry adapters
-     * yet). */
-    ie_status_t (*lora_add)(void *self, const ie_lora_t *a, float scale, int *id_out);
+    /* Attach the weighted sum of n adapters (1 <= n <= 8) under one id,
+     * *id_out, that ie_batch_t.adapter names: a request's adapter set.
+     * parts[i].lora must stay alive until the id is removed (or the
+     * backend destroyed); the parts array need not. In process: n 1 is
+     * ie_worker_lora_add(lora, scale), n > 1 an ie_lora_concat the backend
+     * owns. A cluster sends name, path, fingerprint and scale of each part
+     * to every rank, which loads the path from its own disk, refuses a
+     * fingerprint that differs, and slices A/B like its base weights; the
+     * call returns once every rank has it. Errors: ie_worker_lora_add's,
+     * ie_lora_concat's, a rank's refusal (message names the rank).
+     * Optional: IE_ERR_UNSUPPORTED. */
+    ie_status_t (*lora_add)(void *self, const ie_backend_lora_part_t *parts, int n, int *id_out);
+    /* Detach id (everywhere: a cluster's ranks too) and free what the
+     * backend made for it; the id may be given out again. IE_ERR_RANGE
+     * for an id not attached. Between steps only. Optional:
+     * IE_ERR_UNSUPPORTED. */
+    ie_status_t (*lora_remove)(void *self, int id);
     /* Free self and everything it owns. Optional. */
     void (*destroy)(void *self);
 } ie_backend_ops_t;
@@ -145,7 +167,8 @@ ie_status_t ie_backend_kv_bind(ie_backend_t *b, int seq, int first, const int32_
 void ie_backend_hint_next(ie_backend_t *b, int same);
 int ie_backend_ready(ie_backend_t *b);
 int ie_backend_upkeep(ie_backend_t *b, int timeout_ms);
-ie_status_t ie_backend_lora_add(ie_backend_t *b, const ie_lora_t *a, float scale, int *id_out);
+ie_status_t ie_backend_lora_add(ie_backend_t *b, const ie_backend_lora_part_t *parts, int n, int *id_out);
+ie_status_t ie_backend_lora_remove(ie_backend_t *b, int id);
 void ie_backend_stats(ie_backend_t *b, ie_backend_stats_t *out);
 
 /* ------------------------------------------------------ implementations */

@@ -33,6 +33,14 @@ typedef struct ie_gen_params {
                                 else prompt i runs LoRA adapter id
                                 adapters[i] (ie_engine_lora_find; -1:
                                 the base)                          */
+    /* Structured output (optional): NULL, free text; "" any one JSON
+     * object (OpenAI response_format json_object); else a JSON Schema
+     * document (response_format json_schema, and tool_choice required or
+     * a named function) the output must be an instance of. The sampler
+     * masks every token that would leave the language; copied at
+     * submission; a schema that cannot be compiled fails the submission
+     * with IE_ERR_INVAL naming the keyword. */
+    const char *json_schema;
     /* Streaming (optional): called after every sampled token of prompt
      * `index` with the token and the text it released (after stop-string
      * holding; may be empty, not NUL-terminated). */

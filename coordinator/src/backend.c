@@ -76,12 +76,22 @@ ie_status_t ie_backend_kv_bind(ie_backend_t *b, int seq, int first, const int32_
     return b->ops->kv_bind(b->self, seq, first, pb, n);
 }
 
-ie_status_t ie_backend_lora_add(ie_backend_t *b, const ie_lora_t *a, float scale, int *id_out)
+ie_status_t ie_backend_lora_add(ie_backend_t *b, const ie_backend_lora_part_t *parts, int n, int *id_out)
 {
     if (!b->ops->lora_add)
         return ie_error_set(IE_ERR_UNSUPPORTED, "backend %s: LoRA adapters are not supported here (run unsharded)",
                             ie_backend_name(b));
-    return b->ops->lora_add(b->self, a, scale, id_out);
+    if (!parts || n < 1 || n > 8 || !id_out)
+        return ie_error_set(IE_ERR_INVAL, "backend %s: lora_add of %d parts (1..8)", ie_backend_name(b), n);
+    return b->ops->lora_add(b->self, parts, n, id_out);
+}
+
+ie_status_t ie_backend_lora_remove(ie_backend_t *b, int id)
+{
+    if (!b->ops->lora_remove)
+        return ie_error_set(IE_ERR_UNSUPPORTED, "backend %s: LoRA adapters cannot be removed here",
+                            ie_backend_name(b));
+    return b->ops->lora_remove(b->self, id);
 }
 
 void ie_backend_hint_next(ie_backend_t *b, int same)

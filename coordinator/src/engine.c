@@ -600,7 +600,8 @@ ie_status_t ie_engine_lora_load(ie_engine_t *e, const char *name, const char *pa
     if (e->n_lora >= IE_ENGINE_MAX_LORA)
         return ie_error_set(IE_ERR_RANGE, "lora: %d adapters loaded already", IE_ENGINE_MAX_LORA);
     if ((st = ie_lora_load(path, ie_model_src_hparams(e->src), &a)) != IE_OK) goto cleanup;
-    if ((st = ie_backend_lora_add(e->backend, a, scale, &id)) != IE_OK) goto cleanup;
+    const ie_backend_lora_part_t part = {.name = name, .path = path, .lora = a, .scale = scale};
+    if ((st = ie_backend_lora_add(e->backend, &part, 1, &id)) != IE_OK) goto cleanup;
     e->lora[e->n_lora] = a;
     e->lora_id[e->n_lora] = id;
     snprintf(e->lora_name[e->n_lora], sizeof e->lora_name[0], "%s", name);
