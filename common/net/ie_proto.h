@@ -218,6 +218,12 @@ int ie_kv_ops_next(const int32_t *words, size_t n_words, size_t *off, ie_kv_op_t
  * equal maxima; -1 with -inf when nothing in the slice is usable). */
 #define IE_LOGITS_FULL 1
 #define IE_LOGITS_ARGMAX 2
+/* IE_LOGITS_EMBD: no logits, the entry's hidden state after the final norm
+ * (n_embd floats, an embedding request's); it takes no row of the logits
+ * payload. The head rank with vocab_begin 0 (the last pipeline stage, or
+ * tensor rank 0) sends these rows, in entry order, as one more RESULT
+ * frame; the other head ranks send none (docs/PROTOCOL.md, RESULT). */
+#define IE_LOGITS_EMBD 3
 
 /* Floats in the payload of one rank holding nv vocabulary rows. */
 size_t ie_result_logits_len(const uint8_t *flags, int n, int64_t nv);

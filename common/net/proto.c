@@ -1122,7 +1122,8 @@ ie_status_t ie_client_enc_error(ie_buf_t *out, const char *id, const char *code,
 size_t ie_result_logits_len(const uint8_t *flags, int n, int64_t nv)
 {
     size_t len = 0;
-    for (int i = 0; i < n; i++) len += flags[i] == IE_LOGITS_ARGMAX ? 2 : flags[i] ? (size_t)nv : 0;
+    for (int i = 0; i < n; i++)
+        len += flags[i] == IE_LOGITS_ARGMAX ? 2 : flags[i] == IE_LOGITS_FULL ? (size_t)nv : 0;
     return len;
 }
 
@@ -1130,7 +1131,7 @@ size_t ie_result_logits_pack(float *lg, const uint8_t *flags, int n, int64_t nv,
 {
     size_t in = 0, out = 0;
     for (int i = 0; i < n; i++) {
-        if (!flags[i]) continue;
+        if (!flags[i] || flags[i] == IE_LOGITS_EMBD) continue; /* no logits row */
         if (flags[i] == IE_LOGITS_ARGMAX) {
             float best;
             const int64_t j = ie_argmax_f32(lg + in, nv, &best);
@@ -1165,7 +1166,7 @@ ie_status_t ie_result_logits_merge(const void *payload, size_t bytes, const uint
     const float *src = payload;
     /* check every id first: a bad payload changes nothing */
     for (int i = 0, row = 0; i < n; i++) {
-        if (!flags[i]) continue;
+        if (!flags[i] || flags[i] == IE_LOGITS_EMBD) continue; /* no logits row */
         if (flags[i] == IE_LOGITS_ARGMAX) {
             int32_t id;
             memcpy(&id, src + 1, sizeof id);
@@ -1180,7 +1181,7 @@ ie_status_t ie_result_logits_merge(const void *payload, size_t bytes, const uint
     }
     src = payload;
     for (int i = 0, row = 0; i < n; i++) {
-        if (!flags[i]) continue;
+        if (!flags[i] || flags[i] == IE_LOGITS_EMBD) continue; /* no logits row */
         if (flags[i] == IE_LOGITS_ARGMAX) {
             const float v = src[0];
             int32_t id;
@@ -1241,7 +1242,7 @@ void ie_result_logits_finish(const uint8_t *flags, int n, int64_t n_vocab, const
                              const int32_t *am_id, float *logits_out)
 {
     for (int i = 0, row = 0; i < n; i++) {
-        if (!flags[i]) continue;
+        if (!flags[i] || flags[i] == IE_LOGITS_EMBD) continue; /* no logits row */
         if (flags[i] == IE_LOGITS_ARGMAX) {
             float *lo = logits_out + (size_t)row * (size_t)n_vocab;
             /* a few -inf, then doubling copies (libc's memcpy is wide; a

@@ -54,8 +54,10 @@ typedef struct pend {
     ie_status_t st;
     char err[IE_PROTO_TEXT_MAX];
     float *logits_out; /* FULL rows go here (NULL: none can come)       */
-    int n, rows;
-    uint8_t *flags; /* [max_batch] the batch, copied                 */
+    int n, rows;       /* entries; their logits rows (FULL, ARGMAX)     */
+    float *embd_out;   /* IE_LOGITS_EMBD rows go here (n_embd floats each) */
+    int embd_rows;     /* entries flagged IE_LOGITS_EMBD                */
+    uint8_t *flags;    /* [max_batch] the batch, copied                 */
     int32_t *seq, *pos;
     int32_t *tok; /* a chained step's tokens, as the ranks say      */
     int tok_set;
@@ -338,15 +340,20 @@ static void on_result(ie_cluster_t *c, const ie_msg_result_t *res)
         return;
     }
     const ie_shard_range_t *sr = &c->range[res->rank];
+    /* the hidden-state rows come once, from the head rank holding row 0 */
+    const int has_embd = p->embd_rows > 0 && sr->vocab_begin == 0;
+    const size_t embd_bytes = (size_t)p->embd_rows * (size_t)c->hp.n_embd * sizeof(float);
     const int bad = !sr->has_head || res->n_rows != p->rows || res->vocab_begin != sr->vocab_begin ||
-                    res->vocab_end != sr->vocab_end || c->in.n != 3 + p->chain ||
-                    (p->chain && c->in.size[3] != (size_t)p->n * sizeof(int32_t));
+                    res->vocab_end != sr->vocab_end || c->in.n != 3 + p->chain + has_embd ||
+                    (p->chain && c->in.size[3] != (size_t)p->n * sizeof(int32_t)) ||
+                    (has_embd && (c->in.size[3] != embd_bytes || !p->embd_out));
     if (bad || ie_result_logits_merge(c->in.data[2], c->in.size[2], p->flags, p->n, sr->vocab_begin, sr->vocab_end,
                                       c->hp.n_vocab, p->logits_out, p->am_val, p->am_id) != IE_OK) {
         pend_fail(p, IE_ERR_FORMAT, "rank %d sent a malformed result%s%s", res->rank, bad ? "" : ": ",
                   bad ? "" : ie_error_last());
         return;
     }
+    if (has_embd) memcpy(p->embd_out, c->in.data[3], embd_bytes);
     if (p->chain) { /* every rank must have run the same tokens */
         if (!p->tok_set) {
             memcpy(p->tok, c->in.data[3], (size_t)p->n * sizeof(int32_t));
@@ -495,7 +502,7 @@ ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src
         /* the largest message a worker sends is a RESULT of whole logits
          * rows for a full batch (plus its chained tokens): anything larger
          * is not from a worker, and is refused before it takes memory */
-        const int64_t cap = (int64_t)o->max_batch * c->hp.n_vocab * (int64_t)sizeof(float) +
+        const int64_t cap = (int64_t)o->max_batch * (c->hp.n_vocab + c->hp.n_embd) * (int64_t)sizeof(float) +
                             (int64_t)o->max_batch * (int64_t)sizeof(int32_t) + (1 << 20);
         if ((st = ie_sock_set_max_msg(c->router, cap < (1ll << 30) ? cap : 1ll << 30)) != IE_OK) goto cleanup;
     }
@@ -714,11 +721,16 @@ static void pend_send(ie_cluster_t *c, pend_t *p, int n, const int32_t *tok, con
     p->logits_out = logits_out;
     p->n = n;
     p->rows = 0;
+    p->embd_out = NULL; /* the caller's, set after sending (ie_cluster_step) */
+    p->embd_rows = 0;
     p->tok_set = 0;
     if (p->flags != flags) memcpy(p->flags, flags, (size_t)n);
     if (p->seq != seq) memcpy(p->seq, seq, (size_t)n * sizeof *seq);
     if (p->pos != pos) memcpy(p->pos, pos, (size_t)n * sizeof *pos);
-    for (int i = 0; i < n; i++) p->rows += flags[i] != 0;
+    for (int i = 0; i < n; i++) {
+        p->rows += flags[i] == IE_LOGITS_FULL || flags[i] == IE_LOGITS_ARGMAX;
+        p->embd_rows += flags[i] == IE_LOGITS_EMBD;
+    }
     for (int i = 0; i < p->rows; i++) {
         p->am_val[i] = -INFINITY;
         p->am_id[i] = -1;
@@ -897,6 +909,10 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
                                   "step); the queued KV operations were dropped");
     }
     const uint8_t *flags = b->logits;
+    for (int i = 0; flags && !b->embd && i < b->n; i++)
+        if (flags[i] == IE_LOGITS_EMBD)
+            return ie_error_set(IE_ERR_INVAL,
+                                "cluster: entry %d asks for its hidden state and the batch has no embd", i);
     if (!flags) { /* as ie_worker_step: the last token only */
         if (c->flags_cap < b->n) {
             uint8_t *p = realloc(c->flags, (size_t)b->n);
@@ -922,7 +938,10 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
         c->ahead.live = 0;
     }
     for (;;) {
-        if (!adopted) pend_send(c, &c->cur, b->n, b->tokens, b->pos, b->seq, flags, 0, logits_out);
+        if (!adopted) {
+            pend_send(c, &c->cur, b->n, b->tokens, b->pos, b->seq, flags, 0, logits_out);
+            c->cur.embd_out = b->embd;
+        }
         if (hint && may_chain(c)) send_ahead(c);
         wait_cur(c);
         /* a chained step that failed, or ran other tokens than these (the
@@ -1026,6 +1045,7 @@ ie_status_t ie_backend_cluster_new(ie_cluster_t **c_p, ie_backend_t **out)
                            .kv_block = c->o.kv_block > 0 ? c->o.kv_block : 16,
                            .kv_blocks = c->kv_pool,
                            .n_vocab = c->hp.n_vocab,
+                           .n_embd = c->hp.n_embd,
                            .upkeep_ms = 20};
     return ie_backend_new(&k_cluster_ops, c, &g, out);
 }

@@ -46,6 +46,8 @@ typedef struct sreq {
     int n_blocks, n_pub; /* bound; published (a prefix of them)      */
     size_t n_cached;
     int max_new;
+    ie_pooling_t pooling; /* != IE_POOL_NONE: an embedding request       */
+    float *embd;          /* its pooled vector so far (n_embd floats)    */
     ie_sampler_t *smp;
     ie_detok_t *detok;
     ie_stop_t *stop;
@@ -83,7 +85,7 @@ struct ie_sched {
     ie_backend_t *be;
     const ie_tokenizer_t *tok;
     int n_seq, n_ctx, B, bt, chunk, max_lblocks, kv_blocks; /* the backend's geometry */
-    int32_t n_vocab;
+    int32_t n_vocab, n_embd;
     ie_kvpool_t *pool;
     int prefix_cache;
     pthread_mutex_t mu;
@@ -100,6 +102,7 @@ struct ie_sched {
     uint8_t *b_logits;
     sreq_t **b_req; /* the request of each batch entry          */
     float *logits;
+    float *b_embd; /* [B][n_embd] the step's hidden-state rows   */
     tok_ev_t *tev;
     int n_tev;
     sreq_t **ended; /* terminal this step                        */
@@ -153,6 +156,7 @@ static void sreq_free(sreq_t *q)
     ie_stop_destroy(&q->stop);
     free(q->text);
     free(q->lat);
+    free(q->embd);
     free(q);
 }
 
@@ -298,6 +302,7 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
     if (s->chunk > s->B) s->chunk = s->B;
     s->max_lblocks = (s->n_ctx + s->bt - 1) / s->bt;
     s->n_vocab = g->n_vocab;
+    s->n_embd = g->n_embd;
     s->prefix_cache = !o->no_prefix_cache;
     s->queue_cap = (o->queue_max > 0 ? o->queue_max : 64) + s->n_seq;
     s->ended_cap = s->queue_cap + 1;
@@ -321,8 +326,9 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
     s->tev = malloc((size_t)s->n_seq * sizeof *s->tev);
     s->ended = malloc((size_t)s->ended_cap * sizeof *s->ended);
     s->unbind = malloc((size_t)s->max_lblocks * sizeof *s->unbind);
+    if (s->n_embd > 0) s->b_embd = malloc(B * (size_t)s->n_embd * sizeof *s->b_embd);
     if (!s->queue || !s->run || !s->b_tok || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_ad || !s->b_req ||
-        !s->logits || !s->tev || !s->ended || !s->unbind) {
+        !s->logits || !s->tev || !s->ended || !s->unbind || (s->n_embd > 0 && !s->b_embd)) {
         st = ie_error_set(IE_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
@@ -411,6 +417,7 @@ void ie_sched_destroy(ie_sched_t **self_p)
     free(s->b_ad);
     free(s->b_req);
     free(s->logits);
+    free(s->b_embd);
     free(s->tev);
     free(s->ended);
     free(s->unbind);
@@ -441,8 +448,17 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
             return ie_error_set(IE_ERR_RANGE, "token id %d out of range (vocabulary %d)", (int)r->ids[j],
                                 (int)s->n_vocab);
     if ((st = ie_sampler_params_validate(&p->sampling)) != IE_OK) return st;
+    if (r->pooling != IE_POOL_NONE && (r->pooling < IE_POOL_MEAN || r->pooling > IE_POOL_CLS))
+        return ie_error_set(IE_ERR_INVAL, "unknown pooling %d", (int)r->pooling);
+    if (r->pooling != IE_POOL_NONE && s->n_embd <= 0)
+        return ie_error_set(IE_ERR_UNSUPPORTED, "this backend cannot give hidden states (embeddings)");
 
     if (!(q = calloc(1, sizeof *q))) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+    q->pooling = r->pooling;
+    if (q->pooling != IE_POOL_NONE && !(q->embd = calloc((size_t)s->n_embd, sizeof *q->embd))) {
+        st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
     q->toks_cap = r->n_ids + (size_t)(p->max_new < s->n_ctx ? p->max_new : s->n_ctx) + 1;
     q->toks = malloc(q->toks_cap * sizeof *q->toks);
     q->blocks = malloc((size_t)s->max_lblocks * sizeof *q->blocks);
@@ -454,7 +470,7 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
     q->n_toks = q->n_prompt = q->n_known = r->n_ids;
     q->fresh = 1;
     q->slot = -1;
-    q->max_new = p->max_new;
+    q->max_new = q->pooling != IE_POOL_NONE ? 0 : p->max_new; /* an embedding samples nothing */
     q->priority = r->priority;
     q->adapter = r->lora - 1;
     q->cb = r->cb;
@@ -557,7 +573,7 @@ void ie_sched_stats(ie_sched_t *s, ie_sched_stats_t *out)
 
 /* ---------------------------------------------------------------- step */
 
-static void fill_event(const sreq_t *q, ie_sched_event_t *ev, double now)
+static void fill_event(const ie_sched_t *s, const sreq_t *q, ie_sched_event_t *ev, double now)
 {
     memset(ev, 0, sizeof *ev);
     ev->kind = q->end;
@@ -577,6 +593,10 @@ static void fill_event(const sreq_t *q, ie_sched_event_t *ev, double now)
     ev->decode_tps = dsum > 0 ? (double)q->n_lat / (dsum / 1e3) : 0;
     ev->lat_ms = q->lat;
     ev->n_lat = q->n_lat;
+    if (q->pooling != IE_POOL_NONE && q->end == IE_SCHED_DONE) {
+        ev->embd = q->embd;
+        ev->n_embd = s->n_embd;
+    }
     ev->status = q->end == IE_SCHED_ERROR ? q->status : IE_OK;
     ev->code = q->end == IE_SCHED_ERROR ? q->code : NULL;
     ev->message = q->end == IE_SCHED_ERROR ? q->msg : NULL;
@@ -588,7 +608,7 @@ static void deliver_ended(ie_sched_t *s, sreq_t **ended, int n)
     for (int i = 0; i < n; i++) {
         sreq_t *q = ended[i];
         ie_sched_event_t ev;
-        fill_event(q, &ev, now);
+        fill_event(s, q, &ev, now);
         if (q->end == IE_SCHED_DONE) {
             metric_add(s->m_req, "ok", 1);
         } else {
@@ -632,7 +652,8 @@ static void admit(ie_sched_t *s, double now)
          * last prompt token (its logits are needed) */
         size_t lim = q->fresh ? q->n_known - 1 : q->n_known;
         int max_b = (int)(lim / (size_t)s->bt), k = 0;
-        if (s->prefix_cache && max_b > 0)
+        /* an embedding needs every position's hidden state: nothing cached */
+        if (s->prefix_cache && max_b > 0 && q->pooling == IE_POOL_NONE)
             k = ie_kvpool_match(s->pool, kv_salt(q), q->toks, q->n_known, q->blocks, max_b);
         /* blocks to finish its prefill and take one more token, against
          * what the pool has left after the running prefills' own needs */
@@ -687,6 +708,8 @@ static void admit(ie_sched_t *s, double now)
             if (s->m_queue) ie_metric_observe(s->m_queue, NULL, (now - q->t_submit) / 1e3);
         }
         q->state = q->n_fed < q->n_known ? S_PREFILL : S_DECODE;
+        /* (re)computed from position 0: after a preemption too */
+        if (q->pooling != IE_POOL_NONE) memset(q->embd, 0, (size_t)s->n_embd * sizeof *q->embd);
     }
 }
 
@@ -718,6 +741,32 @@ static void reap(ie_sched_t *s, double now)
             i++;
         }
     }
+}
+
+/* The logits byte of an embedding request's position pos: its hidden
+ * state when the pooling reads it (mean: every position; last: the last;
+ * cls: the first), else nothing. */
+static uint8_t embd_flag(const sreq_t *q, size_t pos)
+{
+    const int want = q->pooling == IE_POOL_MEAN ? 1 : q->pooling == IE_POOL_LAST ? pos + 1 == q->n_known : pos == 0;
+    return want ? IE_LOGITS_EMBD : 0;
+}
+
+/* An embedding request's entry at pos ran: pool its hidden-state row (NULL
+ * when it asked for none); at the last position, finish it. Its blocks go
+ * straight back to the pool, never published: a one-off input does not
+ * push generation prompts out of the prefix cache. */
+static void embd_take(ie_sched_t *s, sreq_t *q, size_t pos, const float *row)
+{
+    const int d = s->n_embd;
+    if (row)
+        for (int j = 0; j < d; j++) q->embd[j] += row[j];
+    if (pos + 1 != q->n_known) return;
+    if (q->pooling == IE_POOL_MEAN)
+        for (int j = 0; j < d; j++) q->embd[j] /= (float)q->n_known;
+    q->finish = IE_FINISH_LENGTH;
+    release_slot(s, q);
+    end_req(s, q, IE_SCHED_DONE, IE_OK, NULL, NULL, NULL);
 }
 
 /* Pack the step: decode tokens first, then prompt chunks. Blocks are
@@ -772,9 +821,10 @@ static int build(ie_sched_t *s, int *has_prefill)
             s->b_pos[nb] = (int32_t)q->n_fed;
             s->b_seq[nb] = q->slot;
             q->n_fed++;
-            s->b_logits[nb] = !(q->fresh && q->n_fed == q->n_known && q->max_new > 0) ? 0
-                              : ie_sampler_argmax_only(q->smp)                        ? IE_LOGITS_ARGMAX
-                                                                                      : IE_LOGITS_FULL;
+            s->b_logits[nb] = q->pooling != IE_POOL_NONE                                ? embd_flag(q, q->n_fed - 1)
+                              : !(q->fresh && q->n_fed == q->n_known && q->max_new > 0) ? 0
+                              : ie_sampler_argmax_only(q->smp)                          ? IE_LOGITS_ARGMAX
+                                                                                        : IE_LOGITS_FULL;
             s->b_req[nb] = q;
             nb++;
             budget--;
@@ -879,7 +929,7 @@ static void take_token(ie_sched_t *s, sreq_t *q, int32_t id, double now)
 /* After a successful step: sample the rows, move prefills on. */
 static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
 {
-    int row = 0;
+    int row = 0, erow = 0; /* logits rows; hidden-state rows */
     double now = ie_now_ms();
     size_t n_pre = 0, n_dec = 0;
     double sample_ms = 0, detok_ms = 0;
@@ -889,6 +939,11 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
         q->ran = 1;
         if (q->state == S_DECODE) q->n_fed++; /* its decode token is in */
         else n_pre++;
+        if (q->pooling != IE_POOL_NONE) { /* an embedding: no logits, nothing sampled */
+            const int has = s->b_logits[i] == IE_LOGITS_EMBD;
+            embd_take(s, q, (size_t)s->b_pos[i], has ? s->b_embd + (size_t)erow++ * (size_t)s->n_embd : NULL);
+            continue;
+        }
         if (!s->b_logits[i]) {
             /* a prompt chunk: the last known token of a resumed request
              * (or of one that wants no tokens) ends its prefill */
@@ -1016,7 +1071,7 @@ ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out)
     if (nb > 0) {
         int any_ad = 0;
         for (int i = 0; i < nb; i++) any_ad |= (s->b_ad[i] = s->b_req[i]->adapter) >= 0;
-        ie_batch_t b = {nb, s->b_tok, s->b_pos, s->b_seq, s->b_logits, any_ad ? s->b_ad : NULL};
+        ie_batch_t b = {nb, s->b_tok, s->b_pos, s->b_seq, s->b_logits, any_ad ? s->b_ad : NULL, s->b_embd};
         ie_backend_hint_next(s->be, ahead);
         double t0 = ie_now_ms();
         ie_status_t st = ie_backend_step(s->be, &b, s->logits);

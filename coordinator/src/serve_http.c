@@ -39,6 +39,7 @@
 #include "ie_clock.h"
 
 #include "ie_chat.h"
+#include "ie_embd.h"
 #include "ie_harmony.h"
 #include "ie_model_src.h"
 
@@ -300,6 +301,7 @@ typedef enum route {
     ROUTE_NONE = 0,
     ROUTE_COMPLETIONS,
     ROUTE_CHAT,
+    ROUTE_EMBED,
     ROUTE_GET /* health, metrics, models */
 } route_t;
 
@@ -1187,6 +1189,134 @@ cleanup:
     return ret;
 }
 
+/* POST /v1/embeddings, body read: one scheduler request per input
+ * (pooling h->o.pooling), submitted as the queue takes them (a full queue
+ * with none of ours running is a 429, else we wait for one of ours to end
+ * and go on), then the vectors, normalized, in input order. A client gone
+ * or a server stopping cancels the requests still running. */
+static enum MHD_Result handle_embed(ie_http_t *h, struct MHD_Connection *mc, conn_t *c)
+{
+    http_err_t e;
+    ie_embd_req_t q;
+    ie_embd_err_t pe;
+    ie_embd_wait_t *w = NULL;
+    uint64_t *sid = NULL;
+    cJSON *js = NULL;
+    size_t next = 0, n_ended = 0;
+    enum MHD_Result ret = MHD_NO;
+    const int dim = ie_backend_geom(ie_engine_backend(h->o.engine))->n_embd;
+    memset(&e, 0, sizeof e);
+
+    if (ie_embd_parse(c->body.data, c->body.len, h->tok, h->n_vocab, h->n_ctx, &q, &pe) != IE_OK) {
+        err_set(&e, pe.status, pe.status == 400 ? "invalid_request_error" : "server_error", pe.code,
+                pe.param[0] ? pe.param : NULL, "%s", ie_error_last());
+        goto answer_err;
+    }
+    /* "model": the base's name, or a LoRA adapter's (as for generation) */
+    const int lora = q.model ? ie_engine_lora_find(h->o.engine, q.model) + 1 : 0;
+    if (q.model && strcmp(q.model, h->model_name) && !lora) {
+        err_set(&e, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model_not_found", "model",
+                "The model '%.200s' does not exist (this server has '%.200s')", q.model, h->model_name);
+        goto answer_err;
+    }
+    if (dim <= 0) {
+        err_set(&e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "unsupported", NULL,
+                "this server's backend gives no hidden states: embeddings are not available");
+        goto answer_err;
+    }
+    if (ie_embd_wait_new(q.n_in, dim, &w) != IE_OK || !(sid = calloc(q.n_in, sizeof *sid))) {
+        err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
+        goto answer_err;
+    }
+    ie_gen_params_t gp;
+    ie_gen_params_default(&gp);
+    gp.max_new = 0;
+    for (;;) {
+        while (next < q.n_in) {
+            ie_sched_req_t sr = {.ids = q.ids[next],
+                                 .n_ids = q.n_ids[next],
+                                 .params = &gp,
+                                 .lora = lora,
+                                 .timeout_ms = h->o.request_timeout_ms,
+                                 .cb = ie_embd_wait_on_event,
+                                 .cb_ctx = ie_embd_wait_slot(w, next),
+                                 .pooling = h->o.pooling != IE_POOL_NONE ? h->o.pooling : IE_POOL_MEAN};
+            ie_embd_wait_ref(w); /* the scheduler's, until the terminal event */
+            ie_status_t st = ie_sched_submit(h->o.sched, &sr, &sid[next]);
+            if (st == IE_OK) {
+                next++;
+                continue;
+            }
+            ie_embd_wait_unref(w);                          /* no event will come */
+            if (st == IE_ERR_BUSY && n_ended < next) break; /* ours still run: wait for one */
+            err_from_sched(&e, st, NULL, ie_error_last());
+            if (e.status == MHD_HTTP_BAD_REQUEST) snprintf(e.param, sizeof e.param, "input");
+            goto cancel;
+        }
+        if (n_ended == q.n_in) break;
+        if (ie_embd_wait_poll(w, IE_HTTP_POLL_MS, &n_ended)) {
+            const char *code, *msg;
+            ie_status_t st = ie_embd_wait_error(w, &code, &msg);
+            err_from_sched(&e, st, code, msg);
+            goto cancel;
+        }
+        if (atomic_load(&h->stopping)) {
+            err_set(&e, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", "unavailable", NULL,
+                    "the server is shutting down");
+            goto cancel;
+        }
+        if (peer_gone(c->fd)) {
+            if (h->m_gone) ie_metric_add(h->m_gone, NULL, 1);
+            for (size_t i = 0; i < next; i++) ie_sched_cancel(h->o.sched, sid[i]);
+            goto cleanup; /* MHD_NO: closed */
+        }
+    }
+    size_t n_tok = 0;
+    js = cJSON_CreateObject();
+    cJSON *data = cJSON_AddArrayToObject(js, "data");
+    cJSON_AddStringToObject(js, "object", "list");
+    for (size_t i = 0; i < q.n_in && data; i++) {
+        float *v = ie_embd_wait_vec(w, i);
+        cJSON *d = cJSON_CreateObject();
+        if (!v || !d || !cJSON_AddItemToArray(data, d)) {
+            cJSON_Delete(d);
+            err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL,
+                    "an embedding is missing");
+            goto answer_err;
+        }
+        ie_embd_normalize(v, dim, h->o.embd_norm ? h->o.embd_norm : IE_EMBD_NORM_L2);
+        n_tok += ie_embd_wait_tokens(w, i);
+        cJSON_AddStringToObject(d, "object", "embedding");
+        cJSON_AddNumberToObject(d, "index", (double)i);
+        if (q.base64) {
+            char *b64 = ie_embd_base64(v, dim);
+            cJSON_AddStringToObject(d, "embedding", b64 ? b64 : "");
+            free(b64);
+        } else {
+            cJSON *arr = cJSON_AddArrayToObject(d, "embedding");
+            for (int j = 0; arr && j < dim; j++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(v[j]));
+        }
+    }
+    cJSON_AddStringToObject(js, "model", q.model ? q.model : h->model_name);
+    cJSON *u = cJSON_AddObjectToObject(js, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)n_tok);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)n_tok);
+    ret = send_json(h, mc, c, MHD_HTTP_OK, js);
+    js = NULL; /* send_json's */
+    goto cleanup;
+
+cancel:
+    for (size_t i = 0; i < next; i++) ie_sched_cancel(h->o.sched, sid[i]); /* the ended ones: no such request */
+answer_err:
+    ret = send_err(h, mc, c, &e, NULL);
+cleanup:
+    cJSON_Delete(js);
+    ie_embd_wait_unref(w);
+    free(sid);
+    ie_embd_req_free(&q);
+    return ret;
+}
+
 static cJSON *model_json(ie_http_t *h)
 {
     cJSON *m = cJSON_CreateObject();
@@ -1270,6 +1400,7 @@ static route_t route_of(ie_http_t *h, const char *url)
 {
     if (!strcmp(url, "/v1/completions")) return ROUTE_COMPLETIONS;
     if (!strcmp(url, "/v1/chat/completions")) return ROUTE_CHAT;
+    if (!strcmp(url, "/v1/embeddings")) return ROUTE_EMBED;
     if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") || (!strncmp(url, "/v1/models/", 11) && url[11]) ||
         (!strcmp(url, "/metrics") && h->o.metrics))
         return ROUTE_GET;
@@ -1359,7 +1490,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     h->n_busy++;
     pthread_mutex_unlock(&h->mu);
     c->busy = 1;
-    return handle_generate(h, mc, c);
+    return c->route == ROUTE_EMBED ? handle_embed(h, mc, c) : handle_generate(h, mc, c);
 }
 
 /* The request is over (answered, failed, or its client gone): cancel a

@@ -269,7 +269,7 @@ static void worker_mixed(void)
     for (int s = 0; s < 3; s++) {
         ie_worker_seq_clear(w, s);
         for (int i = 0; i < 6; i++) pos[i] = i, seq[i] = s, ad[i] = ad_of[s], want[i] = 1;
-        ie_batch_t b = {6, k_ids[s], pos, seq, want, ad};
+        ie_batch_t b = {6, k_ids[s], pos, seq, want, ad, NULL};
         CU_ASSERT_EQUAL(ie_worker_step(w, &b, solo + (size_t)s * 6 * nv), IE_OK);
     }
     /* mixed: the three slots interleaved in one step */
@@ -278,7 +278,7 @@ static void worker_mixed(void)
         const int s = i % 3, p = i / 3;
         tok[i] = k_ids[s][p], pos[i] = p, seq[i] = s, ad[i] = ad_of[s], want[i] = 1;
     }
-    ie_batch_t mb = {18, tok, pos, seq, want, ad};
+    ie_batch_t mb = {18, tok, pos, seq, want, ad, NULL};
     CU_ASSERT_EQUAL(ie_worker_step(w, &mb, mixed), IE_OK);
     double worst = 0;
     for (int i = 0; i < 18; i++) {
@@ -292,7 +292,7 @@ static void worker_mixed(void)
     /* the adapters matter: slot 2's ids under the base differ */
     ie_worker_seq_clear(w, 2);
     for (int i = 0; i < 6; i++) pos[i] = i, seq[i] = 2, want[i] = 1;
-    ie_batch_t bb = {6, k_ids[2], pos, seq, want, NULL};
+    ie_batch_t bb = {6, k_ids[2], pos, seq, want, NULL, NULL};
     CU_ASSERT_EQUAL(ie_worker_step(w, &bb, mixed), IE_OK);
     double diff = 0;
     for (size_t i = 0; i < 6 * (size_t)nv; i++) diff = fmax(diff, fabs(mixed[i] - solo[2 * 6 * (size_t)nv + i]));
@@ -301,7 +301,7 @@ static void worker_mixed(void)
     ie_worker_seq_clear(w, 0);
     int32_t bad = 7, p0 = 0, s0 = 0;
     uint8_t one = 1;
-    ie_batch_t b1 = {1, k_ids[0], &p0, &s0, &one, &bad};
+    ie_batch_t b1 = {1, k_ids[0], &p0, &s0, &one, &bad, NULL};
     expect(ie_worker_step(w, &b1, mixed), IE_ERR_RANGE, "adapter 7");
     CU_ASSERT_EQUAL(ie_worker_lora_remove(w, id_qv), IE_OK);
     bad = id_qv;

@@ -213,7 +213,10 @@ void ie_worker_destroy(ie_worker_t **self_p);
  * IE_LOGITS_ARGMAX when only their arg max matters (a greedy request with
  * no penalties; ie_proto.h). A worker computes full logits either way; the
  * cluster protocol sends only each rank's (max, id) for ARGMAX rows, and
- * the coordinator hands back a row that is -inf but at the winning id. */
+ * the coordinator hands back a row that is -inf but at the winning id.
+ * IE_LOGITS_EMBD asks instead for the entry's hidden state after the final
+ * norm (what the head would multiply: n_embd floats) in `embd`; such an
+ * entry takes no row of logits_out. */
 typedef struct ie_batch {
     int n;
     const int32_t *tokens;
@@ -224,6 +227,9 @@ typedef struct ie_batch {
                                per token -1 (the base) or an id from
                                ie_worker_lora_add (IE_ERR_RANGE when not
                                attached)                                */
+    float *embd;            /* n_embd floats per IE_LOGITS_EMBD entry, in
+                               batch order, written by the rank(s) with
+                               the head; may be NULL when no entry asks */
 } ie_batch_t;
 
 /* ------------------------------------------------------------ LoRA

@@ -74,6 +74,8 @@ typedef struct node {
     int n_cpu;                   /* CPUs this process may use (at start) */
     float *hidden_out, *logits;
     size_t hidden_cap, logits_cap;
+    float *embd; /* a step's IE_LOGITS_EMBD rows (head ranks)   */
+    size_t embd_cap;
     /* chained steps (ie_proto.h): the previous step's ARGMAX answer of
      * this rank (n pairs; no head: none), valid for step am_step of epoch
      * am_epoch when am_n > 0; the tokens a chained step ran, the gather */
@@ -709,7 +711,7 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
         st = ie_error_set(IE_ERR_FORMAT, "step without hidden state for a later stage");
         goto fail;
     }
-    ie_batch_t b = {n, in->data[1], in->data[2], in->data[3], in->data[4], NULL};
+    ie_batch_t b = {n, in->data[1], in->data[2], in->data[3], in->data[4], NULL, NULL};
     nd->cur_step = h->step;
     nd->transfer_ms = 0;
     double t0 = ie_now_ms(); /* the token gather counts as transfer time of the step */
@@ -718,16 +720,21 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
         if (st != IE_OK) goto fail;
         b.tokens = nd->chain_tok;
     }
-    nd->am_n = 0; /* noted again below once this step has answered */
-    int rows = 0;
-    for (int i = 0; i < n; i++) rows += b.logits[i] != 0;
+    nd->am_n = 0;                  /* noted again below once this step has answered */
+    int rows = 0, n_embd_rows = 0; /* logits rows; hidden-state rows (embeddings) */
+    for (int i = 0; i < n; i++) {
+        rows += b.logits[i] == IE_LOGITS_FULL || b.logits[i] == IE_LOGITS_ARGMAX;
+        n_embd_rows += b.logits[i] == IE_LOGITS_EMBD;
+    }
     const int last = nd->as.plan != IE_SHARD_PIPELINE || nd->as.rank == nd->as.n_ranks - 1;
     const int64_t nv = r->vocab_end - r->vocab_begin;
     if ((!last && grow(&nd->hidden_out, &nd->hidden_cap, (size_t)n * d) != 0) ||
-        (r->has_head && grow(&nd->logits, &nd->logits_cap, (size_t)(rows ? rows : 1) * nv) != 0)) {
+        (r->has_head && grow(&nd->logits, &nd->logits_cap, (size_t)(rows ? rows : 1) * nv) != 0) ||
+        (r->has_head && n_embd_rows && grow(&nd->embd, &nd->embd_cap, (size_t)n_embd_rows * d) != 0)) {
         st = ie_error_set(IE_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    if (r->has_head && n_embd_rows) b.embd = nd->embd;
     atomic_store(&nd->busy, 1);
     st = ie_worker_step_shard(nd->w, &b, h->has_hidden ? in->data[6] : NULL, last ? NULL : nd->hidden_out,
                               r->has_head && rows ? nd->logits : NULL);
@@ -772,7 +779,14 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
                         ie_result_logits_pack(nd->logits, b.logits, n, nv, r->vocab_begin) * sizeof(float)},
                        {nd->chain_tok, (size_t)n * sizeof(int32_t)}}; /* a chained step's tokens */
     chain_note(nd, h, b.logits, nd->logits);                          /* all ARGMAX: the payload is the n pairs */
-    if (send_msg(nd->coord, &nd->hdr, &m, f, h->chain ? 2 : 1, nd->as.dead_ms) != IE_OK) {
+    int nf_out = h->chain ? 2 : 1;
+    /* hidden-state rows: once, from the head rank holding vocabulary row 0
+     * (a chained step is all ARGMAX: never both extra frames) */
+    if (!h->chain && n_embd_rows && r->vocab_begin == 0) {
+        f[1] = (ie_frame_t){nd->embd, (size_t)n_embd_rows * d * sizeof(float)};
+        nf_out = 2;
+    }
+    if (send_msg(nd->coord, &nd->hdr, &m, f, nf_out, nd->as.dead_ms) != IE_OK) {
         logf_(nd, "result of step %llu not sent: %s", (unsigned long long)h->step, ie_error_last());
         send_result_error(nd, h->epoch, h->step, IE_ERR_INTERNAL, ie_error_last()); /* never silence */
     }
@@ -984,6 +998,7 @@ cleanup:
     ie_buf_free(&nd->hdr);
     free(nd->hidden_out);
     free(nd->logits);
+    free(nd->embd);
     free(nd->am_prev);
     free(nd->gather);
     free(nd->chain_tok);
