@@ -36,8 +36,9 @@
 #include <stdint.h>
 
 #define IE_PROTO_VERSION \
-    4                             /* cluster messages (2: KV operations, paged pool;
-                                     3: arg-max-only logits rows; 4: chained steps) */
+    5                             /* cluster messages (2: KV operations, paged pool;
+                                     3: arg-max-only logits rows; 4: chained steps;
+                                     5: hidden-state rows, IE_LOGITS_EMBD) */
 #define IE_PROTO_CLIENT_VERSION 1 /* client requests and replies                    */
 
 #define IE_PROTO_ENDPOINT_MAX 256 /* bytes of an endpoint string incl. NUL */

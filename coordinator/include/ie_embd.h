@@ -30,11 +30,11 @@
 
 /* One parsed request. */
 typedef struct ie_embd_req {
-    int32_t **ids;  /* [n_in] token ids of each input (owned)        */
-    size_t *n_ids;  /* [n_in] their counts (each >= 1, <= n_ctx)      */
-    size_t n_in;    /* inputs (>= 1)                                 */
-    int base64;     /* encoding_format "base64" (else "float")       */
-    char *model;    /* "model" as sent (owned), NULL when absent     */
+    int32_t **ids; /* [n_in] token ids of each input (owned)        */
+    size_t *n_ids; /* [n_in] their counts (each >= 1, <= n_ctx)      */
+    size_t n_in;   /* inputs (>= 1)                                 */
+    int base64;    /* encoding_format "base64" (else "float")       */
+    char *model;   /* "model" as sent (owned), NULL when absent     */
 } ie_embd_req_t;
 
 /* Where a parse failed: HTTP status (400, or 500 for out of memory), the

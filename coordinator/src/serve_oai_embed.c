@@ -77,8 +77,8 @@ static ie_status_t ids_of_text(const char *s, const ie_tokenizer_t *tok, int n_c
                                ie_embd_err_t *err)
 {
     if (!*s) return fail(err, 400, "invalid_value", "input", IE_ERR_INVAL, "'input': %s", "an input is empty");
-    ie_status_t st =
-        ie_tokenizer_encode(tok, s, strlen(s), IE_TOK_ADD_SPECIAL | IE_TOK_PARSE_SPECIAL, &r->ids[k], &r->n_ids[k]);
+    ie_status_t st = ie_tokenizer_encode(tok, s, strlen(s), IE_TOK_ADD_SPECIAL | IE_TOK_PARSE_SPECIAL, &r->ids[k],
+                                         &r->n_ids[k]);
     if (st == IE_ERR_NOMEM) return fail(err, 500, "internal", NULL, st, "%s", "out of memory");
     if (st != IE_OK) {
         char why[256];

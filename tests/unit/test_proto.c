@@ -423,12 +423,13 @@ static void test_ranges_and_strings(void)
 
 static void test_version_and_shape(void)
 {
-    /* versions 1 (clear lists, no KV pool), 2 (every logits row whole) and
-     * 3 (no chained steps) are other protocols now */
+    /* versions 1 (clear lists, no KV pool), 2 (every logits row whole),
+     * 3 (no chained steps) and 4 (no hidden-state rows) are other protocols now */
     expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 1}, IE_ERR_UNSUPPORTED, NULL);
     expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 2}, IE_ERR_UNSUPPORTED, NULL);
     expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 3}, IE_ERR_UNSUPPORTED, NULL);
-    expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 5}, IE_ERR_UNSUPPORTED, NULL);
+    expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 4}, IE_ERR_UNSUPPORTED, NULL);
+    expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 6}, IE_ERR_UNSUPPORTED, NULL);
     expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 0}, IE_ERR_UNSUPPORTED, NULL);
     /* version is judged before anything else: a v1 header with odd keys is "another version" */
     {
@@ -454,9 +455,9 @@ static void test_version_and_shape(void)
     static const uint8_t huge_str[] = {0x81, 0xa1, 'v', 0xdb, 0xff, 0xff, 0xff, 0xff};
     static const uint8_t deep[] = {0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x90};
     static const uint8_t never[] = {0xc1};
-    static const uint8_t dup_v[] = {0x83, 0xa1, 'v', 0x04, 0xa1, 'v', 0x04, 0xa4, 'k', 'i', 'n', 'd', 0x08};
-    static const uint8_t bye[] = {0x82, 0xa1, 'v', 0x04, 0xa4, 'k', 'i', 'n', 'd', 0x08};
-    static const uint8_t dup_kind[] = {0x83, 0xa1, 'v',  0x04, 0xa4, 'k', 'i', 'n',
+    static const uint8_t dup_v[] = {0x83, 0xa1, 'v', 0x05, 0xa1, 'v', 0x05, 0xa4, 'k', 'i', 'n', 'd', 0x08};
+    static const uint8_t bye[] = {0x82, 0xa1, 'v', 0x05, 0xa4, 'k', 'i', 'n', 'd', 0x08};
+    static const uint8_t dup_kind[] = {0x83, 0xa1, 'v',  0x05, 0xa4, 'k', 'i', 'n',
                                        'd',  0x08, 0xa4, 'k',  'i',  'n', 'd', 0x08};
     expect_decode(not_map, sizeof not_map, IE_ERR_FORMAT, NULL);
     expect_decode(int_key, sizeof int_key, IE_ERR_FORMAT, NULL);
@@ -1108,6 +1109,29 @@ static void test_replies(void)
     ie_buf_free(&b);
 }
 
+/* IE_LOGITS_EMBD entries take no row of the logits payload nor of
+ * logits_out: the rows of the other entries stay in order around them. */
+static void test_result_logits_embd(void)
+{
+    enum { V = 10, N = 4 };
+    const uint8_t flags[N] = {IE_LOGITS_EMBD, IE_LOGITS_FULL, IE_LOGITS_EMBD, IE_LOGITS_ARGMAX};
+    CU_ASSERT_EQUAL(ie_result_logits_len(flags, N, V), V + 2);
+    float lg[2 * V], out[2][V], am_val[2] = {-INFINITY, -INFINITY};
+    int32_t am_id[2] = {-1, -1};
+    for (int j = 0; j < 2 * V; j++) lg[j] = (float)j;
+    lg[V + 3] = 100.0f; /* the ARGMAX row's winner: id 3 */
+    const size_t len = ie_result_logits_pack(lg, flags, N, V, 0);
+    CU_ASSERT_EQUAL(len, V + 2);
+    CU_ASSERT_EQUAL(ie_result_logits_merge(lg, len * sizeof(float), flags, N, 0, V, V, &out[0][0], am_val, am_id),
+                    IE_OK);
+    ie_result_logits_finish(flags, N, V, am_val, am_id, &out[0][0]);
+    for (int j = 0; j < V; j++) CU_ASSERT_EQUAL(out[0][j], (float)j); /* row 0: the FULL entry */
+    CU_ASSERT_EQUAL(am_id[1], 3);
+    CU_ASSERT_EQUAL(ie_argmax_f32(out[1], V, NULL), 3); /* row 1: the ARGMAX entry */
+    const uint8_t only[2] = {IE_LOGITS_EMBD, IE_LOGITS_EMBD};
+    CU_ASSERT_EQUAL(ie_result_logits_len(only, 2, V), 0);
+}
+
 /* RESULT logits payload: two ranks' slices of a 50-row vocabulary packed
  * as a worker packs them, merged as the coordinator merges them, equal to
  * the whole vocabulary's rows and first arg max; a tie across the slices
@@ -1295,6 +1319,7 @@ int main(void)
     CU_add_test(s, "client request limits", test_req_limits);
     CU_add_test(s, "reply encoders", test_replies);
     CU_add_test(s, "RESULT logits payload: pack, merge, finish, bad input", test_result_logits);
+    CU_add_test(s, "RESULT logits payload around hidden-state entries", test_result_logits_embd);
     CU_add_test(s, "chained steps: token gather against the merge, bad input", test_chain_gather);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();

@@ -51,6 +51,9 @@ typedef struct outcome {
     char streamed[4096];
     size_t streamed_len;
     int order; /* rank in which it ended                       */
+    float embd[8];
+    int n_embd;
+    size_t n_prompt;
 } outcome_t;
 
 static int g_end_counter;
@@ -72,6 +75,9 @@ static void on_event(void *ctx, const ie_sched_event_t *ev)
     o->order = g_end_counter++;
     o->n_gen = ev->n_gen;
     o->n_cached = ev->n_cached;
+    o->n_prompt = ev->n_prompt;
+    o->n_embd = ev->embd ? ev->n_embd : 0;
+    if (ev->embd && ev->n_embd <= 8) memcpy(o->embd, ev->embd, (size_t)ev->n_embd * sizeof *o->embd);
     if (ev->n_gen <= N_CTX) memcpy(o->ids, ev->ids, ev->n_gen * sizeof *o->ids);
     snprintf(o->text, sizeof o->text, "%s", ev->all_text ? ev->all_text : "");
     snprintf(o->code, sizeof o->code, "%s", ev->code ? ev->code : "");
@@ -540,6 +546,7 @@ static void test_threads(void)
 
 typedef struct fake {
     int32_t n_vocab;
+    int embd_rows;                     /* IE_LOGITS_EMBD entries seen             */
     int len[FAKE_SEQ];                 /* positions held by each slot        */
     int32_t table[FAKE_SEQ][FAKE_NLB]; /* physical block of each logical one */
     int ready;                         /* 0: steps fail as a lost cluster's  */
@@ -553,6 +560,7 @@ static ie_status_t fake_step(void *self, const ie_batch_t *b, float *logits_out)
     fake_t *f = self;
     if (!f->ready) return ie_error_set(IE_ERR_UNAVAILABLE, "fake: not ready");
     int want = 0;
+    f->embd_rows = 0;
     for (int i = 0; i < b->n; i++) { /* check everything first, as a worker does */
         const int q = b->seq[i], pos = b->pos[i];
         if (q < 0 || q >= FAKE_SEQ || pos < 0 || pos >= FAKE_CTX || f->table[q][pos / FAKE_KB] < 0) {
@@ -565,6 +573,11 @@ static ie_status_t fake_step(void *self, const ie_batch_t *b, float *logits_out)
         if (b->pos[i] != f->len[q]) f->bad++; /* not the slot's next position */
         f->len[q] = b->pos[i] + 1;
         if (!b->logits[i]) continue;
+        if (b->logits[i] == IE_LOGITS_EMBD) { /* hidden state (token, position, 1) */
+            float *e = b->embd + (size_t)f->embd_rows++ * 3;
+            e[0] = (float)b->tokens[i], e[1] = (float)b->pos[i], e[2] = 1.0f;
+            continue;
+        }
         float *row = logits_out + (size_t)want++ * (size_t)f->n_vocab;
         for (int32_t v = 0; v < f->n_vocab; v++) row[v] = 0.0f;
         row[fake_next(b->tokens[i], b->pos[i])] = 1.0f;
@@ -750,6 +763,104 @@ static void test_fake_backend(void)
     ie_tokenizer_destroy(&tok);
 }
 
+/* Embedding requests (ie_sched_req_t.pooling) on the fake backend, whose
+ * hidden state of (token t, position p) is (t, p, 1): pooled mean / last /
+ * cls over exactly the input's positions, no token events, no sampling,
+ * batched with a generation that stays as it is alone, never served from
+ * the prefix cache, the pool clean afterwards. */
+static void test_fake_embeddings(void)
+{
+    static fake_t f;
+    memset(&f, 0, sizeof f);
+    memset(f.table, 0xff, sizeof f.table);
+    ie_model_src_t *src = NULL;
+    ie_tokenizer_t *tok = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_model_src_open(MODEL, &src), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_load(ie_model_src_tokenizer_path(src), &tok), IE_OK);
+    ie_model_src_destroy(&src);
+    f.n_vocab = ie_tokenizer_n_vocab(tok);
+    f.ready = 1;
+    ie_backend_geom_t g = {.n_seq = FAKE_SEQ,
+                           .n_ctx = FAKE_CTX,
+                           .max_batch = 8,
+                           .kv_block = FAKE_KB,
+                           .kv_blocks = FAKE_BLOCKS,
+                           .n_vocab = f.n_vocab,
+                           .n_embd = 0,
+                           .upkeep_ms = 10};
+    ie_backend_t *be = NULL;
+    ie_sched_t *s = NULL;
+    static const int32_t p0[] = {200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210, 211};
+    static const int32_t p1[] = {300, 301, 302};
+    static outcome_t o[4];
+    memset(o, 0, sizeof o);
+    ie_gen_params_t gp = greedy(6);
+    ie_sched_opts_t so = {.prefill_chunk = 5};
+
+    /* a backend without hidden states refuses embeddings at submit */
+    CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake_ops, &f, &g, &be), IE_OK);
+    so.backend = be, so.tok = tok;
+    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    ie_sched_req_t e0 = {
+        .ids = p0, .n_ids = 12, .params = &gp, .cb = on_event, .cb_ctx = &o[1], .pooling = IE_POOL_MEAN};
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &e0, NULL), IE_ERR_UNSUPPORTED);
+    ie_sched_destroy(&s);
+    ie_backend_destroy(&be);
+
+    g.n_embd = 3;
+    CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake_ops, &f, &g, &be), IE_OK);
+    so.backend = be;
+    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    /* a generation of p0 first: it publishes p0's full blocks */
+    ie_sched_req_t r0 = {.ids = p0, .n_ids = 12, .params = &gp, .cb = on_event, .cb_ctx = &o[0]};
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r0, NULL), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT_EQUAL(o[0].kind, IE_SCHED_DONE);
+    /* then, together with a new generation: mean of p0 (cached blocks
+     * there, not taken), last and cls of p1 */
+    memset(o, 0, sizeof o);
+    ie_sched_req_t e1 = e0, e2 = e0;
+    e1.ids = e2.ids = p1, e1.n_ids = e2.n_ids = 3;
+    e1.pooling = IE_POOL_LAST, e1.cb_ctx = &o[2];
+    e2.pooling = IE_POOL_CLS, e2.cb_ctx = &o[3];
+    ie_sched_req_t r1 = {.ids = p1, .n_ids = 3, .params = &gp, .cb = on_event, .cb_ctx = &o[0]};
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r1, NULL), IE_OK);
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &e0, NULL), IE_OK);
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &e1, NULL), IE_OK);
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &e2, NULL), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT_EQUAL(f.bad, 0);
+    CU_ASSERT_EQUAL(o[0].kind, IE_SCHED_DONE);
+    CU_ASSERT_EQUAL(o[0].n_gen, 6);
+    int32_t prev = p1[2], pos = 2;
+    for (size_t k = 0; k < o[0].n_gen; k++, pos++) {
+        CU_ASSERT_EQUAL(o[0].ids[k], fake_next(prev, pos));
+        prev = o[0].ids[k];
+    }
+    for (int i = 1; i < 4; i++) {
+        CU_ASSERT_EQUAL(o[i].kind, IE_SCHED_DONE);
+        CU_ASSERT_EQUAL(o[i].n_tokens, 0); /* no TOKEN events */
+        CU_ASSERT_EQUAL(o[i].n_gen, 0);
+        CU_ASSERT_EQUAL(o[i].n_cached, 0); /* computed whole */
+        CU_ASSERT_EQUAL(o[i].n_embd, 3);
+    }
+    CU_ASSERT_EQUAL(o[1].n_prompt, 12);
+    CU_ASSERT_DOUBLE_EQUAL(o[1].embd[0], 205.5, 1e-4); /* mean of 200..211 */
+    CU_ASSERT_DOUBLE_EQUAL(o[1].embd[1], 5.5, 1e-4);   /* mean of positions 0..11 */
+    CU_ASSERT_DOUBLE_EQUAL(o[1].embd[2], 1.0, 1e-6);
+    CU_ASSERT_DOUBLE_EQUAL(o[2].embd[0], 302, 0);
+    CU_ASSERT_DOUBLE_EQUAL(o[2].embd[1], 2, 0);
+    CU_ASSERT_DOUBLE_EQUAL(o[3].embd[0], 300, 0);
+    CU_ASSERT_DOUBLE_EQUAL(o[3].embd[1], 0, 0);
+    assert_pool_clean(s);
+    /* an unknown pooling is refused */
+    e0.pooling = (ie_pooling_t)9;
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &e0, NULL), IE_ERR_INVAL);
+    ie_sched_destroy(&s);
+    ie_backend_destroy(&be);
+    ie_tokenizer_destroy(&tok);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -765,7 +876,8 @@ int main(void)
                  {"busy counts free slots", test_busy_counts_free_slots},
                  {"streamed pieces add up to the text", test_stream_adds_up},
                  {"submit from other threads", test_threads},
-                 {"a fake backend behind the step boundary", test_fake_backend}};
+                 {"a fake backend behind the step boundary", test_fake_backend},
+                 {"embeddings on a fake backend", test_fake_embeddings}};
     /* IE_TEST_ONLY=word runs the tests whose name holds it (make tsan runs
      * the threaded ones: every test under TSan takes minutes) */
     const char *only = getenv("IE_TEST_ONLY");
