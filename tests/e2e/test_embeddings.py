@@ -10,7 +10,7 @@ Checked: each pooling within 1e-4 (relative to the vector's largest entry)
 of transformers', the raw mean with --embd-normalize -1 too; the same from
 the cluster plans pipeline:2 and tensor:2 (in-process ranks over ZeroMQ:
 node.c's hidden-state frame, cluster.c's merge) and equal to the embedded
-engine within 1e-5; base64 decodes to the float vector bit for bit; a batch
+engine within 1e-5, and from ie-coordinator with two ie-worker processes; base64 decodes to the float vector bit for bit; a batch
 keeps order and indexes; usage counts the input tokens; bad inputs (empty,
 wrong types, ids out of range, too long, dimensions, bad encoding_format,
 unknown model) are 400 / 404 in OpenAI's error shape; generation requests
@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import struct
 import threading
+import time
 
 import numpy as np
 import openai
@@ -32,7 +33,8 @@ try:
 except ImportError:
     import httpx2 as httpx
 
-from conftest import fixture_path
+from conftest import fixture_path, free_port
+from test_distributed import clusters, start_cluster  # noqa: F401  (the fixture)
 from test_http_api import KEY, Server, assert_error_shape
 
 TOL = 1e-4
@@ -261,3 +263,31 @@ def test_generation_beside_embeddings(server, ref):
         assert rel(alone[k].embedding, ref[f"mean_{k}"]) < TOL, k
     again = embed_all(c, [ref["ids_2"].tolist()]).data[0].embedding
     assert rel(again, ref["mean_2"]) < TOL
+
+
+@pytest.mark.parametrize("plan", ["pipeline", "tensor"])
+def test_process_cluster(plan, tiny, ref, clusters, tmp_path):
+    """ie-coordinator --http-port with two ie-worker processes: the
+    hidden-state rows cross real sockets (RESULT's extra frame)."""
+    port = free_port()
+    c = start_cluster(clusters, tiny, plan, 2, tmp_path / "logs",
+                      coord_extra=["--precision", "f32", "--http-port", str(port), "--pooling", "last"])
+    for i in range(2):
+        c.start_worker(i)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert c.coord.poll() is None, c.log()
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    else:
+        pytest.fail(f"cluster not ready\n{c.log()}", pytrace=False)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=60)
+    r = embed_all(client, ids_of(ref))
+    for k, d in enumerate(r.data):
+        assert rel(d.embedding, ref[f"last_{k}"]) < TOL, (plan, k)
+    assert r.usage.prompt_tokens == sum(map(len, ids_of(ref)))
