@@ -20,7 +20,9 @@ an embedding of a prompt the prefix cache holds is still computed whole.
 from __future__ import annotations
 
 import base64
+import json
 import struct
+import subprocess
 import threading
 import time
 
@@ -33,7 +35,7 @@ try:
 except ImportError:
     import httpx2 as httpx
 
-from conftest import fixture_path, free_port
+from conftest import IE_BIN, fixture_path, free_port
 from test_distributed import clusters, start_cluster  # noqa: F401  (the fixture)
 from test_http_api import KEY, Server, assert_error_shape
 
@@ -291,3 +293,20 @@ def test_process_cluster(plan, tiny, ref, clusters, tmp_path):
     for k, d in enumerate(r.data):
         assert rel(d.embedding, ref[f"last_{k}"]) < TOL, (plan, k)
     assert r.usage.prompt_tokens == sum(map(len, ids_of(ref)))
+
+
+def test_cli_embed_mode(server, tiny):
+    """`inference-engine embed`: one JSON line per stdin line, in order, the
+    server's vectors; bad lines get an error line in their place."""
+    lines = ["hello world", "", "the cat sat on the mat", "word " * 40, "x"]
+    cp = subprocess.run([str(IE_BIN), "embed", "--model", str(tiny), "--precision", "f32", "--ctx", "32",
+                         "--threads", "1"], input="\n".join(lines) + "\n", capture_output=True, text=True,
+                        timeout=120)
+    assert cp.returncode == 0, cp.stderr
+    out = [json.loads(x) for x in cp.stdout.splitlines()]
+    assert [o["index"] for o in out] == list(range(len(lines)))
+    assert "error" in out[1] and "error" in out[3] and "context" in out[3]["error"]
+    want = embed_all(server.client(), [lines[0], lines[2], lines[4]]).data
+    for o, w in zip((out[0], out[2], out[4]), want):
+        assert o["tokens"] >= 1
+        assert rel(o["embedding"], w.embedding) < 1e-6

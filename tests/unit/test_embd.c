@@ -48,7 +48,8 @@ static void test_shapes(void)
     CU_ASSERT_EQUAL(r.base64, 1);
     CU_ASSERT_STRING_EQUAL(r.model, "m");
     ie_embd_req_free(&r);
-    CU_ASSERT_EQUAL_FATAL(parse("{\"input\": [\"hello\", \"a b\"], \"encoding_format\": \"float\"}", &r, &e), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(parse("{\"input\": [\"hello\", \"a b\"], \"encoding_format\": \"float\"}", &r, &e),
+                          IE_OK);
     CU_ASSERT_EQUAL(r.n_in, 2);
     CU_ASSERT(r.n_ids[0] >= 1 && r.n_ids[1] >= 1);
     ie_embd_req_free(&r);
