@@ -4,6 +4,7 @@
 #
 #   1. gen_tiny_llama.py, gen_tiny_llama3.py, gen_tiny_gemma.py, gen_smollm2_ref.py, gen_pretok_refs.py and gen_kquant_ref.py (the
 #      k-quant blocks and their gguf.quants values, tests/data/kquant) and
+#      gen_embed_ref.py (final-norm hidden states, tests/data/embed) and
 #      gen_chat_templates.py (transformers' renders of the chat templates,
 #      tests/data/templates) write into a temp dir
 #   2. every fixture there is compared with tests/data: token ids exactly,
