@@ -234,3 +234,52 @@ def test_bad_values(server, path, body, param):
 def test_bad_values_openai_client(server, client):
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=server.model, messages=CHAT, max_tokens=2, n=17)
+
+
+# ------------------------------------------------------------------- ZeroMQ
+def test_zmq_logprobs_equal_http(smollm2, ie_bin):
+    """The ZeroMQ endpoint's "logprobs" (docs/PROTOCOL.md): token events
+    and the done reply carry the same values as the HTTP answer."""
+    import msgpack
+    import zmq
+    from conftest import free_port
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    srv = Server(smollm2, "--batch", 2, "--ctx", 512, "--zmq-bind", ep)
+    ctx = zmq.Context()
+    try:
+        ids = tokenize(smollm2, PROMPT)
+        r = srv.client().completions.create(model=srv.model, prompt=ids, max_tokens=5, temperature=0, logprobs=3)
+        want = r.choices[0].logprobs
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(ep)
+        s.send(msgpack.packb({"v": 1, "type": "generate", "id": "z1", "prompt": PROMPT, "max_new": 5,
+                              "temperature": 0.0, "stream": True, "logprobs": 3}))
+        toks, done = [], None
+        while done is None:
+            assert s.poll(120000), "no ZeroMQ reply"
+            m = msgpack.unpackb(s.recv(), raw=False)
+            assert m["type"] in ("token", "done"), m
+            if m["type"] == "token":
+                toks.append(m)
+            else:
+                done = m
+        assert len(toks) == 5 and len(done["logprobs"]) == 5
+        for i, t in enumerate(toks):
+            assert len(t["top_logprobs"]) == 3
+            assert t["top_logprobs"][0][0] == t["token"]                       # greedy: the first
+            assert t["logprob"] == pytest.approx(want.token_logprobs[i], abs=1e-6)
+            assert done["logprobs"][i]["token"] == t["token"]
+            assert done["logprobs"][i]["logprob"] == pytest.approx(t["logprob"], abs=1e-6)
+            assert sorted(v for _, v in t["top_logprobs"]) == pytest.approx(
+                sorted(want.top_logprobs[i].values())[-3:], abs=1e-6)
+        # without "logprobs": no such keys
+        s.send(msgpack.packb({"v": 1, "type": "generate", "id": "z2", "prompt": PROMPT, "max_new": 2,
+                              "temperature": 0.0}))
+        assert s.poll(120000)
+        m = msgpack.unpackb(s.recv(), raw=False)
+        assert m["type"] == "done" and "logprobs" not in m, m
+        s.close()
+    finally:
+        ctx.term()
+        srv.stop()
