@@ -11,10 +11,12 @@
  * Ownership. A req_t is reference counted: one reference for the
  * connection (dropped when libmicrohttpd reports the request completed),
  * one for the body of a streamed response (dropped when libmicrohttpd
- * frees the response), one for the scheduler from submission to the
- * terminal event. So a request outlives its connection until the scheduler
- * is done with it, and the scheduler may deliver that event after the
- * server is gone (ie_http_stop before ie_sched_destroy).
+ * frees the response), one for the scheduler from each choice's
+ * submission to its terminal event (a request with "n" > 1 is n
+ * scheduler requests of the same prompt, its choices). So a request
+ * outlives its connection until the scheduler is done with it, and the
+ * scheduler may deliver that event after the server is gone
+ * (ie_http_stop before ie_sched_destroy).
  *
  * Waiting. A connection thread sleeps on its request's condition variable
  * and wakes for every event — streams flow token by token — and every

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import subprocess
+import time
 
 import numpy as np
 import openai
@@ -209,6 +210,36 @@ def test_n_chat_stream(server, client):
     assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
 
 
+def test_n_stream_hangup_cancels_every_choice(server, client):
+    """A client that hangs up on an n=3 stream has all three choices
+    cancelled (the scheduler counts them), and the server keeps serving."""
+    try:
+        import httpx
+    except ImportError:
+        import httpx2 as httpx
+
+    def cancelled():
+        return metric_value(raw(server, "GET", "/metrics").text, "ie_requests_total", 'status="cancelled"')
+
+    before = max(cancelled(), 0.0)
+    body = {"prompt": STORY, "max_tokens": 900, "temperature": 1.0, "n": 3, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {KEY}"}) as r:
+        assert r.status_code == 200
+        seen = set()
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                seen.add(json.loads(line[6:])["choices"][0]["index"])
+                if len(seen) == 3:
+                    break                  # every choice running, then hang up
+    deadline = time.time() + 15
+    while cancelled() < before + 3 and time.time() < deadline:
+        time.sleep(0.1)
+    assert cancelled() == before + 3
+    out = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=3, temperature=0)
+    assert out.choices[0].text
+
+
 # --------------------------------------------------------------- bad values
 @pytest.mark.parametrize("path,body,param", [
     ("/v1/chat/completions", {"n": 0}, "n"),
@@ -283,3 +314,56 @@ def test_zmq_logprobs_equal_http(smollm2, ie_bin):
     finally:
         ctx.term()
         srv.stop()
+
+
+def test_cluster_greedy_logprobs_take_full_rows(smollm2, tmp_path):
+    """A greedy request without penalties gets arg-max-only rows from a
+    cluster's ranks (PROTOCOL.md, RESULT) unless it asks for logprobs:
+    then the coordinator needs whole rows, and the cluster's logprobs equal
+    the embedded engine's (pipeline: the same bits; tensor: within the ISA
+    noise of its split reductions). Without full rows the sampled token
+    would read log p = 0 and its alternatives -inf."""
+    from test_distributed import Cluster, ie_client, serve_embedded
+    logdir = tmp_path / "logs"
+    logdir.mkdir(parents=True, exist_ok=True)
+    req = dict(prompt=PROMPT, temperature=0.0, max_new=6, logprobs=3, timeout_s=120)
+    serve, ep = serve_embedded(smollm2, logdir)
+    try:
+        ref = None
+        deadline = time.monotonic() + 60
+        while ref is None:
+            try:
+                ref = ie_client.generate(ep, **req)
+            except ie_client.ClientTimeout:
+                raise
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)
+    assert ref["type"] == "done" and len(ref["logprobs"]) == 6, ref
+    assert ref["logprobs"][0]["logprob"] < -0.25                        # far from a one-hot row's 0
+    # tensor: Q8 activations quantized per slice move logits by up to ~0.1
+    # (test_distributed.py's ISA-noise bound); a one-hot row would be off by
+    # the whole log-probability (> 0.25 here) and its alternatives by inf
+    for plan, tol in (("pipeline", 1e-5), ("tensor", 0.15)):
+        (logdir / plan).mkdir()
+        c = Cluster(smollm2, plan, 2, logdir / plan)
+        try:
+            c.start_worker(0)
+            c.start_worker(1)
+            assert c.generate(PROMPT, max_new=1)["type"] == "done"        # both ranks serve
+            d = ie_client.generate(c.client_ep, **req)
+            assert d["type"] == "done" and d["text"] == ref["text"], (plan, d)
+            for a, b in zip(d["logprobs"], ref["logprobs"]):
+                assert a["token"] == b["token"]
+                assert abs(a["logprob"] - b["logprob"]) < tol, (plan, a, b)
+                assert len(a["top_logprobs"]) == 3 and a["top_logprobs"][0][0] == a["token"], (plan, a)
+                if plan == "pipeline":
+                    assert [t for t, _ in a["top_logprobs"]] == [t for t, _ in b["top_logprobs"]], (a, b)
+                for (_, x), (_, y) in zip(a["top_logprobs"], b["top_logprobs"]):
+                    assert abs(x - y) < tol, (plan, a, b)
+        finally:
+            c.stop()
