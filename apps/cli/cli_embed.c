@@ -22,18 +22,19 @@
 
 static void usage(FILE *f)
 {
-    fputs("usage: inference-engine embed --model PATH [options] < lines\n"
-          "  Prints one JSON line per stdin line: {\"index\", \"tokens\", \"embedding\"} or {\"index\", \"error\"}.\n"
-          "  --model PATH          GGUF file, IEBIN or Hugging Face directory\n"
-          "  --pooling P           mean, last or cls of the final-norm hidden states (mean)\n"
-          "  --embd-normalize N    2: L2-normalized, -1: as pooled (2)\n"
-          "  --threads N           compute threads (online CPUs)\n"
-          "  --batch N             inputs computed together (8)\n"
-          "  --ctx N               positions per input at most (min(train, 4096))\n"
-          "  --precision P         weights: native, f32, bf16, f16, int8w, int4w (native)\n"
-          "  --plan P              none, pipeline:N or tensor:N in-process workers (env IE_PLAN)\n"
-          "  --no-pin              do not pin threads to cores\n",
-          f);
+    fputs(
+        "usage: inference-engine embed --model PATH [options] < lines\n"
+        "  Prints one JSON line per stdin line: {\"index\", \"tokens\", \"embedding\"} or {\"index\", \"error\"}.\n"
+        "  --model PATH          GGUF file, IEBIN or Hugging Face directory\n"
+        "  --pooling P           mean, last or cls of the final-norm hidden states (mean)\n"
+        "  --embd-normalize N    2: L2-normalized, -1: as pooled (2)\n"
+        "  --threads N           compute threads (online CPUs)\n"
+        "  --batch N             inputs computed together (8)\n"
+        "  --ctx N               positions per input at most (min(train, 4096))\n"
+        "  --precision P         weights: native, f32, bf16, f16, int8w, int4w (native)\n"
+        "  --plan P              none, pipeline:N or tensor:N in-process workers (env IE_PLAN)\n"
+        "  --no-pin              do not pin threads to cores\n",
+        f);
 }
 
 /* One input's outcome, filled by the scheduler's callback. */
@@ -94,11 +95,12 @@ int ie_cli_embed(int argc, char **argv)
     size_t *n_ids = NULL;
 
     if (threads < 1) threads = 1;
-    const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_MODEL, &model),       IE_CLI_PICK(IE_FLAG_THREADS, &threads),
-                                   IE_CLI_PICK(IE_FLAG_BATCH, &batch),       IE_CLI_PICK(IE_FLAG_CTX, &ctx),
-                                   IE_CLI_PICK(IE_FLAG_PRECISION, &prec),    IE_CLI_PICK(IE_FLAG_PLAN, &plan),
-                                   IE_CLI_PICK(IE_FLAG_NO_PIN, &pin),        IE_CLI_PICK(IE_FLAG_POOLING, &pooling_s),
-                                   IE_CLI_PICK(IE_FLAG_EMBD_NORM, &embd_norm)};
+    const ie_cli_pick_t picks[] = {
+        IE_CLI_PICK(IE_FLAG_MODEL, &model),        IE_CLI_PICK(IE_FLAG_THREADS, &threads),
+        IE_CLI_PICK(IE_FLAG_BATCH, &batch),        IE_CLI_PICK(IE_FLAG_CTX, &ctx),
+        IE_CLI_PICK(IE_FLAG_PRECISION, &prec),     IE_CLI_PICK(IE_FLAG_PLAN, &plan),
+        IE_CLI_PICK(IE_FLAG_NO_PIN, &pin),         IE_CLI_PICK(IE_FLAG_POOLING, &pooling_s),
+        IE_CLI_PICK(IE_FLAG_EMBD_NORM, &embd_norm)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
