@@ -1203,7 +1203,6 @@ static ie_status_t cb_lora_add(void *self, const ie_backend_lora_part_t *parts, 
         snprintf(why, sizeof why, "%s", ie_error_last());
         e->used = 0;
         lora_broadcast(c, IE_LORA_OP_REMOVE, id); /* the ranks that took it */
-        clog_(c, "LoRA '%s' refused: %s", e->name[0], why);
         return ie_error_set(st, "cluster: LoRA adapter '%s'%s not attached: %s", e->name[0],
                             n > 1 ? " (and the rest of its set)" : "", why);
     }

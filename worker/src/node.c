@@ -661,7 +661,7 @@ static void handle_lora(node_t *nd, const ie_msg_lora_t *lm)
         e->scale[i] = sc[i];
     }
     if (nd->o->verbose)
-        logf_(nd, "adapter set %d attached (%s%s, %.1f MB here)", lm->id, lm->name[0], n > 1 ? ", ..." : "",
+        logf_(nd, "adapter set %d attached (%s%s, %.3f MB here)", lm->id, lm->name[0], n > 1 ? ", ..." : "",
               e->ad->bytes / 1e6);
 
 reply:
