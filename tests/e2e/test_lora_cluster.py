@@ -121,12 +121,18 @@ def solo(name, prompt, max_new=6):
     return _SOLO[key]
 
 
-@pytest.fixture(scope="module", params=PLANS)
+@pytest.fixture(scope="module", params=PLANS + ["tensor:2+lookahead"])
 def plan_server(request):
+    """+lookahead: IE_LOOKAHEAD=1, every greedy decode step chained (sent
+    ahead with its predecessor's adapter frame)."""
+    import os
+
+    plan, _, la = request.param.partition("+")
+    env = dict(os.environ, IE_LOOKAHEAD="1") if la else None
     proc = subprocess.Popen([str(IE_BIN), "serve", "--model", str(fixture_path("tiny_llama")), "--port", "0",
-                             "--threads", "2", "--batch", "8", "--precision", "f32", "--plan", request.param,
+                             "--threads", "2", "--batch", "8", "--precision", "f32", "--plan", plan,
                              *map(str, LORAS)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     port = None
     for line in proc.stderr:
         m = re.match(r"listening on http://(\S+):(\d+)$", line.strip())
