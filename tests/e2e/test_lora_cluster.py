@@ -9,7 +9,9 @@ like the base weights, pipeline stages keep their layers).
   b) `serve --plan tensor:2|pipeline:2`: a mixed batch of the base and
      three adapters (two streams each, sent at once) gives every request
      its solo embedded text;
-  c) ie-coordinator + ie-worker processes: a worker whose copy of an
+  c) tensor:3 on SmolLM2-135M with a synthetic adapter on all seven
+     projections: the embedded engine's logits;
+  d) ie-coordinator + ie-worker processes: a worker whose copy of an
      adapter differs (`--lora-dir` points it at an edited copy) makes the
      coordinator refuse that adapter, naming the rank, while the base and
      the other adapter serve; a worker killed and restarted gets the
@@ -286,3 +288,48 @@ def test_worker_restarted_gets_adapters_again(procs, tmp_path):
         assert c.complete(name, PROMPT) == solo(name, PROMPT), (name, c.log())
     w1 = (tmp_path / "logs" / "worker1.log").read_text(errors="replace")
     assert w1.count("adapter set 0 attached") == 2 and w1.count("adapter set 1 attached") == 2, c.log()
+
+
+# ------------------------------------------------------------ three ranks
+def synthetic_adapter(d, n_layer=30, dim=576, q=576, kv=192, ff=1536, r=8, seed=0):
+    """A PEFT adapter of rank r on all seven projections of a SmolLM2-135M
+    shaped base, random weights (the shapes are what matter here)."""
+    from conftest import st_save
+
+    rng = np.random.default_rng(seed)
+    shapes = {"self_attn.q_proj": (q, dim), "self_attn.k_proj": (kv, dim), "self_attn.v_proj": (kv, dim),
+              "self_attn.o_proj": (dim, q), "mlp.gate_proj": (ff, dim), "mlp.up_proj": (ff, dim),
+              "mlp.down_proj": (dim, ff)}
+    t = {}
+    for l in range(n_layer):
+        for mod, (n_out, n_in) in shapes.items():
+            p = f"base_model.model.model.layers.{l}.{mod}"
+            t[f"{p}.lora_A.weight"] = (rng.standard_normal((r, n_in)) * 0.05).astype(np.float32)
+            t[f"{p}.lora_B.weight"] = (rng.standard_normal((n_out, r)) * 0.05).astype(np.float32)
+    d.mkdir(parents=True)
+    st_save(d / "adapter_model.safetensors", t)
+    (d / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "r": r, "lora_alpha": 2 * r, "bias": "none", "use_rslora": False,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}))
+    return d
+
+
+def test_tensor3_on_smollm2_equals_embedded(smollm2, tmp_path):
+    """tensor:3 on SmolLM2-135M (9 heads, 3 KV heads, MLP 1536: each rank a
+    third of every unit) with an adapter on every projection: f32 logits
+    within 1e-4 relative of the embedded engine's (summation order only),
+    and the adapter moves them."""
+    ad = synthetic_adapter(tmp_path / "syn")
+    ids = "6403,1980,253,655,28,281,253,1165"
+
+    def logits(plan, lora=True):
+        out = tmp_path / f"l_{plan.replace(':', '_')}_{lora}.f32"
+        info = run_json(["logits", "--model", smollm2, "--ids", ids, "--precision", "f32", "--mode", "decode",
+                         "--threads", "2", "--plan", plan, "--out", out,
+                         *(["--lora", f"syn={ad}", "--adapter", "syn"] if lora else [])])
+        return read_logits(out, len(ids.split(",")), info["n_vocab"])
+
+    want, got, base = logits("none"), logits("tensor:3"), logits("none", lora=False)
+    print(f"tensor:3 rel {rel(got, want):.3g}, adapter effect {rel(want, base):.3g}")
+    assert rel(got, want) <= 1e-4  # measured 1.3e-6
+    assert rel(want, base) > 1e-2, "the adapter changed nothing"
