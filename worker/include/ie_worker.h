@@ -235,8 +235,10 @@ typedef struct ie_batch {
 
 /* Attach adapter a (which must stay alive and unchanged until removed or
  * the worker is destroyed) with a scale multiplying its own (1: as
- * trained); *id_out is the id batches name it by. IE_ERR_INVAL for a
- * layer count other than the model's, IE_ERR_UNSUPPORTED for MLP
+ * trained); *id_out is the id batches name it by. Each matrix is the
+ * whole one or this worker's share of it (ie_lora_slice). IE_ERR_INVAL
+ * for a layer count other than the model's or a matrix of neither shape,
+ * IE_ERR_UNSUPPORTED for MLP
  * adapters on a mixture-of-experts model, IE_ERR_RANGE when
  * IE_WORKER_MAX_LORA are attached, IE_ERR_NOMEM. Between steps only. */
 ie_status_t ie_worker_lora_add(ie_worker_t *w, const ie_lora_t *a, float scale, int *id_out);
