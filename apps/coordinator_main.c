@@ -91,6 +91,9 @@ static void usage(FILE *f)
           "                           DIR/clients/*.pub may use the client port (DIR/*.pub: workers)\n"
           "  --cpu-latency-us N       hold a PM QoS request: CPUs wake within N us (0: idle CPUs poll;\n"
           "                           needs /dev/cpu_dma_latency; env IE_CPU_LATENCY_US; docs/OPERATIONS.md)\n"
+          "  --lora NAME=PATH         a LoRA adapter (repeatable): attached once every worker is ready, each\n"
+          "                           worker reading PATH (or its --lora-dir) from its own disk; one refused\n"
+          "                           (a worker's copy differs) is logged and left out, the base serves on\n"
           "  --verbose\n",
           f);
 }
@@ -141,6 +144,7 @@ int main(int argc, char **argv)
                                        {"step-timeout-ms", required_argument, 0, O_STEP_TMO},
                                        {0, 0, 0, 0}};
     const char *plan_s = NULL;
+    ie_cli_loras_t loras = {0};
     const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_MODEL, &model),
                                    IE_CLI_PICK(IE_FLAG_PLAN, &plan_s),
                                    IE_CLI_PICK(IE_FLAG_CTX, &ctx),
@@ -173,7 +177,8 @@ int main(int argc, char **argv)
 
                                    IE_CLI_PICK(IE_FLAG_CORS_ORIGIN, &cors),
                                    IE_CLI_PICK(IE_FLAG_POOLING, &pooling_s),
-                                   IE_CLI_PICK(IE_FLAG_EMBD_NORM, &embd_norm)};
+                                   IE_CLI_PICK(IE_FLAG_EMBD_NORM, &embd_norm),
+                                   IE_CLI_PICK(IE_FLAG_LORA, &loras)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, ac, av, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -257,6 +262,16 @@ int main(int argc, char **argv)
     eo.net = net;
     eo.metrics = metrics;
     if ((st = ie_engine_open(&eo, &eng)) != IE_OK) goto fail;
+    if (loras.n > 0) { /* every rank checks its copy: attach once they are all here */
+        ie_backend_t *be = ie_engine_backend(eng);
+        ie_log("ie-coordinator: waiting for %ld workers to attach %d LoRA adapter(s)\n", workers, loras.n);
+        while (!g_stop && !ie_backend_upkeep(be, 100)) {}
+        for (int i = 0; i < loras.n && !g_stop; i++) {
+            if (ie_engine_lora_load(eng, loras.name[i], loras.path[i], 1.0f) == IE_OK)
+                ie_log("ie-coordinator: LoRA %s attached (%s)\n", loras.name[i], loras.path[i]);
+            else ie_log("ie-coordinator: error: LoRA %s not attached: %s\n", loras.name[i], ie_error_last());
+        }
+    }
     if ((st = ie_sock_new(net, IE_SOCK_ROUTER, &client)) != IE_OK) goto fail;
     if ((st = ie_sock_set_max_msg(client, max_msg)) != IE_OK) goto fail;
     if ((st = ie_sock_watch_peers(client, IE_SERVE_CLIENT_HEARTBEAT_MS)) != IE_OK) goto fail;

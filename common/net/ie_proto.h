@@ -24,6 +24,9 @@
  *   HEARTBEAT both ways
  *   BYE       either way: orderly shutdown / leaving
  *   ERROR     either way: a request could not be understood
+ *   LORA      coord -> worker   attach / detach a LoRA adapter set; frames:
+ *                               fingerprint u64[n_parts], scale f32[n_parts]
+ *   LORA_ACK  worker -> coord   its answer (status != 0: error says why)
  * Client messages (client <-> coordinator ROUTER), see ie_client_*.
  */
 #ifndef IE_PROTO_H
@@ -38,7 +41,8 @@
 #define IE_PROTO_VERSION \
     5                             /* cluster messages (2: KV operations, paged pool;
                                      3: arg-max-only logits rows; 4: chained steps;
-                                     5: hidden-state rows, IE_LOGITS_EMBD) */
+                                     5: hidden-state rows, IE_LOGITS_EMBD;
+                                     LoRA adapters) */
 #define IE_PROTO_CLIENT_VERSION 1 /* client requests and replies                    */
 
 #define IE_PROTO_ENDPOINT_MAX 256 /* bytes of an endpoint string incl. NUL */
@@ -58,8 +62,15 @@ typedef enum ie_msg_kind {
     IE_MSG_PARTIAL = 6,
     IE_MSG_HEARTBEAT = 7,
     IE_MSG_BYE = 8,
-    IE_MSG_ERROR = 9
+    IE_MSG_ERROR = 9,
+    IE_MSG_LORA = 10,
+    IE_MSG_LORA_ACK = 11
 } ie_msg_kind_t;
+
+#define IE_PROTO_LORA_PARTS 8       /* adapters in one set (ie_backend.h's 1..8) */
+#define IE_PROTO_LORA_NAME_MAX 64   /* bytes of an adapter name incl. NUL        */
+#define IE_PROTO_LORA_PATH_MAX 1024 /* bytes of an adapter path incl. NUL       */
+#define IE_PROTO_LORA_IDS 32        /* adapter ids 0..31 (IE_WORKER_MAX_LORA <=)  */
 
 /* "hello", "assign", ...; "none" for unknown kinds. */
 const char *ie_msg_kind_name(ie_msg_kind_t k);
@@ -109,12 +120,14 @@ typedef struct ie_msg_ready {
 
 typedef struct ie_msg_step {
     uint64_t epoch;
-    uint64_t step;      /* strictly increasing per cluster epoch          */
-    int32_t n;          /* tokens (frames hold n entries each)            */
-    int32_t has_hidden; /* 1: a hidden-state frame follows (pipeline)     */
-    int32_t kv_words;   /* int32 words of the KV-operations frame, applied
+    uint64_t step;       /* strictly increasing per cluster epoch          */
+    int32_t n;           /* tokens (frames hold n entries each)            */
+    int32_t has_hidden;  /* 1: a hidden-state frame follows (pipeline)     */
+    int32_t kv_words;    /* int32 words of the KV-operations frame, applied
                               in order before the step (ie_kv_op_t)      */
-    int32_t chain;      /* 1: a chained step (tensor plans): entry i's
+    int32_t has_adapter; /* 1: an adapter frame follows (last): the LORA id
+                              of each token, -1 the base               */
+    int32_t chain;       /* 1: a chained step (tensor plans): entry i's
                               token is not in the tokens frame (it holds
                               -1s) but the whole vocabulary's arg max of
                               entry i of the step just before (step - 1),
@@ -153,6 +166,32 @@ typedef struct ie_msg_error {
     char message[IE_PROTO_TEXT_MAX];
 } ie_msg_error_t;
 
+/* LORA ops: ADD attaches id as the weighted sum of the parts (an id
+ * attached with the same parts stays as it is; with others it is
+ * replaced), REMOVE detaches id (not attached: fine), KEEP detaches every
+ * id whose bit in keep is clear (a rank joining: the coordinator sends
+ * KEEP, then ADD for each attached set). Every LORA is answered by a
+ * LORA_ACK of the same seq. */
+typedef enum ie_lora_op { IE_LORA_OP_ADD = 0, IE_LORA_OP_REMOVE = 1, IE_LORA_OP_KEEP = 2 } ie_lora_op_t;
+
+typedef struct ie_msg_lora {
+    uint64_t seq;           /* increasing per coordinator; echoed in the ack */
+    int32_t op;             /* ie_lora_op_t                                  */
+    int32_t id;             /* 0..IE_PROTO_LORA_IDS-1                         */
+    int64_t keep;           /* KEEP: bit i set = id i stays                  */
+    int32_t n_name, n_path; /* parts (ADD: equal, 1..IE_PROTO_LORA_PARTS)    */
+    char name[IE_PROTO_LORA_PARTS][IE_PROTO_LORA_NAME_MAX];
+    char path[IE_PROTO_LORA_PARTS][IE_PROTO_LORA_PATH_MAX];
+} ie_msg_lora_t;
+
+typedef struct ie_msg_lora_ack {
+    uint64_t seq;
+    int32_t rank;
+    int32_t id;
+    int32_t status; /* ie_status_t; != 0: error says why               */
+    char error[IE_PROTO_TEXT_MAX];
+} ie_msg_lora_ack_t;
+
 typedef struct ie_msg {
     ie_msg_kind_t kind;
     union {
@@ -164,6 +203,8 @@ typedef struct ie_msg {
         ie_msg_partial_t partial;
         ie_msg_heartbeat_t heartbeat;
         ie_msg_error_t error;
+        ie_msg_lora_t lora;
+        ie_msg_lora_ack_t lora_ack;
     } u;
 } ie_msg_t;
 

@@ -192,6 +192,21 @@ int main(int argc, char **argv)
     strcpy(m.u.error.message, "decode: missing key \"kind\"");
     seed_msg(dir, &m);
 
+    memset(&m, 0, sizeof m);
+    m.kind = IE_MSG_LORA;
+    m.u.lora = (ie_msg_lora_t){.seq = 3, .op = IE_LORA_OP_ADD, .id = 2, .keep = 0, .n_name = 2, .n_path = 2};
+    strcpy(m.u.lora.name[0], "qv8");
+    strcpy(m.u.lora.name[1], "all16");
+    strcpy(m.u.lora.path[0], "/srv/lora/qv8");
+    strcpy(m.u.lora.path[1], "/srv/lora/all16.gguf");
+    seed_msg(dir, &m);
+
+    memset(&m, 0, sizeof m);
+    m.kind = IE_MSG_LORA_ACK;
+    m.u.lora_ack = (ie_msg_lora_ack_t){.seq = 3, .rank = 1, .id = 2, .status = 2};
+    strcpy(m.u.lora_ack.error, "worker rank 1: adapter 'qv8': differs");
+    seed_msg(dir, &m);
+
     /* client requests */
     msgpack_sbuffer sb;
     msgpack_packer pk;

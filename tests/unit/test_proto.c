@@ -170,6 +170,17 @@ static void sample(ie_msg_kind_t kind, ie_msg_t *m)
         m->u.error.code = IE_ERR_FORMAT;
         strcpy(m->u.error.message, "decode step: missing key \"n\"");
         break;
+    case IE_MSG_LORA:
+        m->u.lora = (ie_msg_lora_t){.seq = 7, .op = IE_LORA_OP_ADD, .id = 31, .keep = 5, .n_name = 2, .n_path = 2};
+        strcpy(m->u.lora.name[0], "qv8");
+        strcpy(m->u.lora.name[1], "all16");
+        strcpy(m->u.lora.path[0], "/data/lora/qv8");
+        strcpy(m->u.lora.path[1], "/data/lora/all16.gguf");
+        break;
+    case IE_MSG_LORA_ACK:
+        m->u.lora_ack = (ie_msg_lora_ack_t){.seq = 7, .rank = 1, .id = 3, .status = IE_ERR_INVAL};
+        strcpy(m->u.lora_ack.error, "worker rank 1: adapter 'qv8': fingerprint differs");
+        break;
     default: break;
     }
 }
@@ -227,7 +238,7 @@ static void test_kind_names(void)
 static void test_round_trip(void)
 {
     ie_buf_t b = {0};
-    for (int k = IE_MSG_HELLO; k <= IE_MSG_ERROR; k++) {
+    for (int k = IE_MSG_HELLO; k <= IE_MSG_LORA_ACK; k++) {
         encode_sample((ie_msg_kind_t)k, &b);
         CU_ASSERT_EQUAL(ie_msg_decode(b.data, b.len, &g_b), IE_OK);
         CU_ASSERT_EQUAL(memcmp(&g_a, &g_b, sizeof g_a), 0);
@@ -329,7 +340,7 @@ static void test_wrong_types(void)
     expect_changed(IE_MSG_ERROR, NULL, "code", (val_t){.k = V_MAP_EMPTY}, IE_ERR_FORMAT, "code");
     expect_changed(IE_MSG_HELLO, NULL, "kind", (val_t){V_STR, .s = "hello"}, IE_ERR_FORMAT, "kind");
     expect_changed(IE_MSG_HELLO, NULL, "kind", (val_t){V_INT, .i = 0}, IE_ERR_FORMAT, "kind");
-    expect_changed(IE_MSG_HELLO, NULL, "kind", (val_t){V_INT, .i = 10}, IE_ERR_FORMAT, "kind");
+    expect_changed(IE_MSG_HELLO, NULL, "kind", (val_t){V_INT, .i = 12}, IE_ERR_FORMAT, "kind");
     expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_STR, .s = "1"}, IE_ERR_FORMAT, "v");
     /* a number where a float is expected may be an int; flags may be 0/1 */
     expect_changed(IE_MSG_READY, NULL, "load_ms", (val_t){V_INT, .i = 7}, IE_OK, NULL);
@@ -424,7 +435,7 @@ static void test_ranges_and_strings(void)
 static void test_version_and_shape(void)
 {
     /* versions 1 (clear lists, no KV pool), 2 (every logits row whole),
-     * 3 (no chained steps) and 4 (no hidden-state rows) are other protocols now */
+     * 3 (no chained steps) and 4 (no hidden-state rows, no LoRA) are other protocols now */
     expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 1}, IE_ERR_UNSUPPORTED, NULL);
     expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 2}, IE_ERR_UNSUPPORTED, NULL);
     expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 3}, IE_ERR_UNSUPPORTED, NULL);
@@ -493,7 +504,7 @@ static void test_trailing_and_truncated(void)
 {
     ie_buf_t b = {0};
     int bad = 0;
-    for (int k = IE_MSG_HELLO; k <= IE_MSG_ERROR; k++) {
+    for (int k = IE_MSG_HELLO; k <= IE_MSG_LORA_ACK; k++) {
         encode_sample((ie_msg_kind_t)k, &b);
         ie_buf_append(&b, "\x00", 1);
         expect_decode(b.data, b.len, IE_ERR_FORMAT, NULL);
@@ -518,7 +529,7 @@ static void test_mutations(void)
     ie_buf_t b = {0}, b2 = {0};
     int accepted = 0, bad = 0;
     rng_seed(7);
-    for (int k = IE_MSG_HELLO; k <= IE_MSG_ERROR; k++) {
+    for (int k = IE_MSG_HELLO; k <= IE_MSG_LORA_ACK; k++) {
         encode_sample((ie_msg_kind_t)k, &b);
         char *p = malloc(b.len);
         for (int it = 0; it < 3000; it++) {
@@ -579,6 +590,34 @@ static int kv_reencode_equal(const void *data, size_t bytes)
     free(w);
     ie_buf_free(&g);
     return ok;
+}
+
+/* LORA: names and paths pair up, at most IE_PROTO_LORA_PARTS of each, and
+ * an ADD names at least one adapter. */
+static void test_lora_limits(void)
+{
+    ie_buf_t b = {0};
+    ie_msg_t m = {.kind = IE_MSG_LORA};
+    /* the encoder refuses what the decoder would */
+    m.u.lora = (ie_msg_lora_t){.seq = 1, .op = IE_LORA_OP_ADD, .id = 0, .n_name = 2, .n_path = 1};
+    CU_ASSERT_NOT_EQUAL(ie_msg_encode(&m, &b), IE_OK);
+    m.u.lora.n_name = m.u.lora.n_path = 0; /* an add names at least one */
+    CU_ASSERT_NOT_EQUAL(ie_msg_encode(&m, &b), IE_OK);
+    m.u.lora.n_name = m.u.lora.n_path = IE_PROTO_LORA_PARTS + 1;
+    CU_ASSERT_NOT_EQUAL(ie_msg_encode(&m, &b), IE_OK);
+    m.u.lora = (ie_msg_lora_t){.seq = 1, .op = IE_LORA_OP_REMOVE, .id = 3}; /* a remove names none */
+    CU_ASSERT_EQUAL(ie_msg_encode(&m, &b), IE_OK);
+    expect_decode(b.data, b.len, IE_OK, NULL);
+    CU_ASSERT_EQUAL(g_b.u.lora.id, 3);
+    /* and the decoder the same from the wire */
+    expect_changed(IE_MSG_LORA, NULL, "n_path", (val_t){V_INT, .i = 1}, IE_ERR_FORMAT, "path");
+    expect_changed(IE_MSG_LORA, NULL, "n_path", (val_t){V_INT, .i = IE_PROTO_LORA_PARTS + 1}, IE_ERR_FORMAT,
+                   "n_path");
+    expect_changed(IE_MSG_LORA, NULL, "id", (val_t){V_INT, .i = IE_PROTO_LORA_IDS}, IE_ERR_FORMAT, "id");
+    expect_changed(IE_MSG_LORA, NULL, "op", (val_t){V_INT, .i = 3}, IE_ERR_FORMAT, "op");
+    expect_changed(IE_MSG_LORA, NULL, "name", (val_t){V_ARR_STR, .s = "x", .slen = IE_PROTO_LORA_PARTS + 1},
+                   IE_ERR_FORMAT, "name");
+    ie_buf_free(&b);
 }
 
 static void test_kv_ops_round_trip(void)
@@ -1342,6 +1381,7 @@ int main(void)
     CU_add_test(s, "version and shape", test_version_and_shape);
     CU_add_test(s, "trailing bytes, every truncation", test_trailing_and_truncated);
     CU_add_test(s, "random mutations", test_mutations);
+    CU_add_test(s, "lora: parts limits", test_lora_limits);
     CU_add_test(s, "kv ops: round trip, encoder refusals", test_kv_ops_round_trip);
     CU_add_test(s, "kv ops: every truncation", test_kv_ops_truncated);
     CU_add_test(s, "kv ops: mutations, limits", test_kv_ops_mutations_and_limits);
