@@ -51,7 +51,8 @@
 #define IE_GRAMMAR_MAX_WS 8     /* whitespace bytes in a row          */
 #define IE_GRAMMAR_MAX_NUM 24   /* bytes per number                   */
 #define IE_GRAMMAR_MAX_DEPTH 48 /* nested containers + 1              */
-#define IE_GRAMMAR_MAX_ALTS 16  /* live alternatives; more are dropped
+#define IE_GRAMMAR_MAX_ALTS \
+    16                          /* live alternatives; more are dropped
                                    (the output stays valid, the choice
                                    narrower)                          */
 #define IE_GRAMMAR_MAX_PROPS 64 /* properties per object schema       */

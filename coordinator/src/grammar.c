@@ -54,7 +54,7 @@ typedef struct gnode {
     int addl;    /* OBJ without properties: value node of any key, -1 none */
     int *prefix; /* ARR */
     int n_prefix;
-    int items; /* ARR: node of the items after the prefix, -1 none   */
+    int items;      /* ARR: node of the items after the prefix, -1 none   */
     int64_t lo, hi; /* ARR item count, STR length, INT value bounds   */
     char *text;     /* LIT */
     size_t len;
@@ -174,9 +174,9 @@ static int any_node(cctx_t *c)
 
 static int is_annotation(const char *k)
 {
-    static const char *const ann[] = {"title",      "description", "default",  "examples", "$schema",
-                                      "$id",        "$comment",    "$defs",    "definitions",
-                                      "deprecated", "readOnly",    "writeOnly"};
+    static const char *const ann[] = {"title",       "description", "default",  "examples",
+                                      "$schema",     "$id",         "$comment", "$defs",
+                                      "definitions", "deprecated",  "readOnly", "writeOnly"};
     for (size_t i = 0; i < sizeof ann / sizeof *ann; i++)
         if (!strcmp(k, ann[i])) return 1;
     return 0;
@@ -184,11 +184,25 @@ static int is_annotation(const char *k)
 
 static int is_known(const char *k)
 {
-    static const char *const kw[] = {"type",      "properties", "required",         "additionalProperties",
-                                      "items",     "prefixItems", "minItems",        "maxItems",
-                                      "minLength", "maxLength",  "minimum",          "maximum",
-                                      "exclusiveMinimum", "exclusiveMaximum", "enum", "const",
-                                      "anyOf",     "oneOf",      "$ref"};
+    static const char *const kw[] = {"type",
+                                     "properties",
+                                     "required",
+                                     "additionalProperties",
+                                     "items",
+                                     "prefixItems",
+                                     "minItems",
+                                     "maxItems",
+                                     "minLength",
+                                     "maxLength",
+                                     "minimum",
+                                     "maximum",
+                                     "exclusiveMinimum",
+                                     "exclusiveMaximum",
+                                     "enum",
+                                     "const",
+                                     "anyOf",
+                                     "oneOf",
+                                     "$ref"};
     for (size_t i = 0; i < sizeof kw / sizeof *kw; i++)
         if (!strcmp(k, kw[i])) return 1;
     return is_annotation(k);
@@ -222,7 +236,8 @@ static int get_count(const cJSON *js, const char *k, int64_t *out)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(js, k);
     if (!v) return 0;
-    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble) || v->valuedouble > 1e15) {
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble) ||
+        v->valuedouble > 1e15) {
         ie_error_set(IE_ERR_INVAL, "JSON Schema: '%s' must be a non-negative integer", k);
         return -1;
     }
@@ -300,8 +315,8 @@ static int compile_type(cctx_t *c, const cJSON *js, int t, int i)
             return ie_error_set(IE_ERR_INVAL, "JSON Schema: 'required' must be an array of strings"), -1;
         int np = props ? cJSON_GetArraySize(props) : 0;
         if (np > IE_GRAMMAR_MAX_PROPS)
-            return ie_error_set(IE_ERR_INVAL, "JSON Schema: 'properties' has %d entries; at most %d are supported", np,
-                                IE_GRAMMAR_MAX_PROPS),
+            return ie_error_set(IE_ERR_INVAL, "JSON Schema: 'properties' has %d entries; at most %d are supported",
+                                np, IE_GRAMMAR_MAX_PROPS),
                    -1;
         if (np) {
             gprop_t *ps = calloc((size_t)np, sizeof *ps);
@@ -346,7 +361,8 @@ static int compile_type(cctx_t *c, const cJSON *js, int t, int i)
             if (!ad || cJSON_IsTrue(ad)) a = any_node(c);
             else if (cJSON_IsObject(ad)) a = compile(c, ad);
             else if (!cJSON_IsFalse(ad))
-                return ie_error_set(IE_ERR_INVAL, "JSON Schema: 'additionalProperties' must be a boolean or a schema"),
+                return ie_error_set(IE_ERR_INVAL,
+                                    "JSON Schema: 'additionalProperties' must be a boolean or a schema"),
                        -1;
             else a = -2;
             if (a == -1) return -1;
@@ -547,10 +563,7 @@ static int compile_obj(cctx_t *c, const cJSON *js, int i)
     return 0;
 }
 
-static int item_at(const gnode_t *n, int64_t k)
-{
-    return k < n->n_prefix ? n->prefix[k] : n->items;
-}
+static int item_at(const gnode_t *n, int64_t k) { return k < n->n_prefix ? n->prefix[k] : n->items; }
 
 /* Which nodes have a finite instance: least fixpoint. */
 static void mark_sat(ie_grammar_t *g)
@@ -665,8 +678,8 @@ typedef struct frame {
 #define MAXF 256 /* frames of all stacks of one state */
 
 typedef struct gstate {
-    int n;                             /* stacks */
-    int nf;                            /* frames used in f */
+    int n;                            /* stacks */
+    int nf;                           /* frames used in f */
     int off[IE_GRAMMAR_MAX_ALTS + 1]; /* stack k is f[off[k] .. off[k+1]) */
     frame_t f[MAXF];
 } gstate_t;
@@ -993,7 +1006,10 @@ static void step(const ie_grammar_t *g, frame_t *fr, int d, int b, gstate_t *out
                 emit(out, fr, d);
                 return;
             case S_HEX: {
-                int h = b >= '0' && b <= '9' ? b - '0' : b >= 'a' && b <= 'f' ? b - 'a' + 10 : b >= 'A' && b <= 'F' ? b - 'A' + 10 : -1;
+                int h = b >= '0' && b <= '9'   ? b - '0'
+                        : b >= 'a' && b <= 'f' ? b - 'a' + 10
+                        : b >= 'A' && b <= 'F' ? b - 'A' + 10
+                                               : -1;
                 if (h < 0) return;
                 f->val = f->val * 16 + h;
                 f->aux++;
@@ -1192,7 +1208,8 @@ ie_status_t ie_gvocab_new(int32_t n_vocab, const char *const *bytes, const size_
     ie_status_t st = IE_OK;
     ie_gvocab_t *v = NULL;
     int32_t *order = NULL;
-    if (!out || n_vocab <= 0 || !bytes || !lens || !kind) return ie_error_set(IE_ERR_INVAL, "gvocab: bad arguments");
+    if (!out || n_vocab <= 0 || !bytes || !lens || !kind)
+        return ie_error_set(IE_ERR_INVAL, "gvocab: bad arguments");
     *out = NULL;
     if (!(v = calloc(1, sizeof *v))) return ie_error_set(IE_ERR_NOMEM, "out of memory");
     v->n_vocab = n_vocab;
@@ -1307,9 +1324,11 @@ ie_status_t ie_gvocab_apply(ie_gvocab_t *v, const ie_gmatch_t *m, float *logits)
 
 ie_status_t ie_gvocab_accept(const ie_gvocab_t *v, ie_gmatch_t *m, int32_t id)
 {
-    if (id < 0 || id >= v->n_vocab) return ie_error_set(IE_ERR_INVAL, "structured output: token %d out of range", id);
+    if (id < 0 || id >= v->n_vocab)
+        return ie_error_set(IE_ERR_INVAL, "structured output: token %d out of range", id);
     if (v->kind[id] == 2) {
-        if (!ie_gmatch_done(m)) return ie_error_set(IE_ERR_INVAL, "structured output: end token before the JSON is complete");
+        if (!ie_gmatch_done(m))
+            return ie_error_set(IE_ERR_INVAL, "structured output: end token before the JSON is complete");
         return IE_OK;
     }
     if (v->kind[id] != 0 || !ie_gmatch_feed(m, v->bytes[id], v->lens[id]))

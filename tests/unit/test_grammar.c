@@ -63,8 +63,8 @@ static void test_json_object(void)
     CU_ASSERT_TRUE(full("", "{ \"a\" : 1 ,\n  \"b\":false }"));
     CU_ASSERT_FALSE(full("", "[]"));
     CU_ASSERT_FALSE(full("", "\"x\""));
-    CU_ASSERT_FALSE(full("", " {}"));  /* no leading whitespace */
-    CU_ASSERT_FALSE(full("", "{} "));  /* nor trailing */
+    CU_ASSERT_FALSE(full("", " {}")); /* no leading whitespace */
+    CU_ASSERT_FALSE(full("", "{} ")); /* nor trailing */
     CU_ASSERT_FALSE(full("", "{\"a\"}"));
     CU_ASSERT_FALSE(full("", "{\"a\":1,}"));
     CU_ASSERT_FALSE(full("", "{\"a\":01}"));
@@ -108,9 +108,9 @@ static void test_strings(void)
     CU_ASSERT_FALSE(prefix(s, "\"abcd"));
     CU_ASSERT_FALSE(prefix("{\"type\":\"string\"}", "\"a\x01"));    /* raw control */
     CU_ASSERT_FALSE(prefix("{\"type\":\"string\"}", "\"\xc0\xaf")); /* overlong */
-    CU_ASSERT_FALSE(prefix("{\"type\":\"string\"}", "\"\xed\xa0"));  /* surrogate */
+    CU_ASSERT_FALSE(prefix("{\"type\":\"string\"}", "\"\xed\xa0")); /* surrogate */
     CU_ASSERT_FALSE(prefix("{\"type\":\"string\"}", "\"\xf5"));
-    CU_ASSERT_FALSE(prefix("{\"type\":\"string\"}", "\"\\ud8"));     /* escaped surrogate */
+    CU_ASSERT_FALSE(prefix("{\"type\":\"string\"}", "\"\\ud8")); /* escaped surrogate */
     CU_ASSERT_FALSE(prefix("{\"type\":\"string\"}", "\"\\x"));
     CU_ASSERT_TRUE(full("{\"type\":\"string\"}", "\"\xf0\x9f\x98\x80\""));
 }
@@ -122,12 +122,12 @@ static void test_objects(void)
     CU_ASSERT_TRUE(full(s, "{\"b\":\"x\"}"));
     CU_ASSERT_TRUE(full(s, "{\"a\":1,\"b\":\"x\",\"c\":true}"));
     CU_ASSERT_TRUE(full(s, "{\"b\":\"x\",\"c\":false}"));
-    CU_ASSERT_FALSE(full(s, "{}"));                 /* b required */
+    CU_ASSERT_FALSE(full(s, "{}")); /* b required */
     CU_ASSERT_FALSE(full(s, "{\"a\":1}"));
     CU_ASSERT_FALSE(full(s, "{\"b\":\"x\",\"a\":1}")); /* schema order */
     CU_ASSERT_FALSE(full(s, "{\"b\":\"x\",\"d\":1}")); /* no extra keys */
     CU_ASSERT_FALSE(full(s, "{\"b\":\"x\",\"b\":\"y\"}"));
-    CU_ASSERT_FALSE(prefix(s, "{\"c\""));            /* c cannot come before b */
+    CU_ASSERT_FALSE(prefix(s, "{\"c\"")); /* c cannot come before b */
     /* free keys: additionalProperties as a schema */
     const char *f = "{\"type\":\"object\",\"additionalProperties\":{\"type\":\"integer\"}}";
     CU_ASSERT_TRUE(full(f, "{\"x\":1,\"y\":2}"));
@@ -168,9 +168,10 @@ static void test_enum_const_anyof(void)
     CU_ASSERT_FALSE(full("{\"type\":\"string\",\"enum\":[\"a\",1]}", "1")); /* not a string */
     CU_ASSERT_TRUE(full("{\"const\":\"x\"}", "\"x\""));
     CU_ASSERT_FALSE(full("{\"const\":\"x\"}", "\"y\""));
-    const char *a = "{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]},"
-                    "{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"string\"}},\"required\":[\"b\"]},"
-                    "{\"type\":\"integer\"}]}";
+    const char *a =
+        "{\"anyOf\":[{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]},"
+        "{\"type\":\"object\",\"properties\":{\"b\":{\"type\":\"string\"}},\"required\":[\"b\"]},"
+        "{\"type\":\"integer\"}]}";
     CU_ASSERT_TRUE(full(a, "{\"a\":1}"));
     CU_ASSERT_TRUE(full(a, "{\"b\":\"s\"}"));
     CU_ASSERT_TRUE(full(a, "7"));
@@ -239,9 +240,9 @@ static void test_compile_errors(void)
 
 /* ---- the token mask on a toy vocabulary */
 
-static const char *const toy[] = {"{",    "}",  "\"", "a",  "\"a\"", ":",  "1",   "12", ",",    " ",
-                                  "true", "tr", "ue", "\":", "{\"",   "x",  "\xc3", "\xa9", "\"}", "<eos>",
-                                  "<sp>", "0",  "-",  "[",  "]",      "nu", "ll",   "\"a\":"};
+static const char *const toy[] = {"{",    "}",  "\"", "a",   "\"a\"", ":",  "1",    "12",    ",",   " ",
+                                  "true", "tr", "ue", "\":", "{\"",   "x",  "\xc3", "\xa9",  "\"}", "<eos>",
+                                  "<sp>", "0",  "-",  "[",   "]",     "nu", "ll",   "\"a\":"};
 #define N_TOY ((int32_t)(sizeof toy / sizeof *toy))
 
 static ie_gvocab_t *toy_vocab(void)
@@ -307,11 +308,11 @@ static void test_mask(void)
     const char *s = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}},\"required\":[\"a\"]}";
     const int32_t seq[] = {tid("{\""), tid("a"), tid("\":"), tid(" "), tid("12"), tid("}")};
     walk(s, seq, sizeof seq / sizeof *seq, v);
-    const int32_t seq2[] = {tid("{"), tid("\"a\":"), tid("1"), tid(","), tid("\"a\":"), tid("tr"), tid("ue"),
-                            tid("}")};
+    const int32_t seq2[] = {tid("{"),      tid("\"a\":"), tid("1"),  tid(","),
+                            tid("\"a\":"), tid("tr"),     tid("ue"), tid("}")};
     walk("", seq2, sizeof seq2 / sizeof *seq2, v);
-    const int32_t seq3[] = {tid("["), tid("nu"), tid("ll"), tid(","), tid("\""), tid("\xc3"), tid("\xa9"),
-                            tid("\""), tid("]")};
+    const int32_t seq3[] = {tid("["),    tid("nu"),   tid("ll"), tid(","), tid("\""),
+                            tid("\xc3"), tid("\xa9"), tid("\""), tid("]")};
     walk("{\"type\":\"array\",\"items\":{\"type\":[\"null\",\"string\"]}}", seq3, sizeof seq3 / sizeof *seq3, v);
 
     /* EOS only once the value is complete, and then nothing else */
