@@ -847,6 +847,7 @@ void ie_client_req_clear(ie_client_req_t *r)
     free(r->messages);
     for (size_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
+    free(r->json_schema);
     memset(r, 0, sizeof *r);
 }
 
@@ -956,7 +957,7 @@ static ie_status_t req_key(const msgpack_object *k, const msgpack_object *o, ie_
 {
     static const char *const keys[] = {"type",        "id",    "prompt", "messages", "max_new",
                                        "temperature", "top_k", "top_p",  "min_p",    "repeat_penalty",
-                                       "seed",        "stop",  "stream", "priority"};
+                                       "seed",        "stop",  "stream", "priority", "json_schema"};
     int idx = -1;
     int64_t v = 0;
     for (int i = 0; i < (int)(sizeof keys / sizeof keys[0]); i++)
@@ -1000,6 +1001,7 @@ static ie_status_t req_key(const msgpack_object *k, const msgpack_object *o, ie_
     case 13:
         if ((st = req_int(o, "priority", INT32_MIN, INT32_MAX, &v)) == IE_OK) r->priority = (int32_t)v;
         break;
+    case 14: st = req_str(o, "json_schema", 0, CLIENT_TEXT_MAX, &r->json_schema); break;
     }
     return st;
 }

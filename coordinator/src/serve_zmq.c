@@ -174,6 +174,7 @@ static void submit(server_t *s, pending_t *p)
         gp.sampling.seed = r->seed >= 0 ? (uint64_t)r->seed : ie_sampler_seed_random();
         gp.stop = (const char *const *)r->stop;
         gp.n_stop = r->n_stop;
+        gp.json_schema = r->json_schema; /* compiled by submit: a bad one is refused there */
         ie_sched_req_t sr = {.ids = ids,
                              .n_ids = n,
                              .params = &gp,

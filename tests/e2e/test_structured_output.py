@@ -14,13 +14,18 @@ mask time per step (ie_stage_seconds{stage="grammar"}) is printed.
 from __future__ import annotations
 
 import json
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
 import openai
 import pytest
 
+from conftest import REPO, free_port
 from test_http_api import Server, assert_error_shape, metric_value, raw
+
+sys.path.insert(0, str(REPO / "apps" / "clients"))
+import ie_client  # noqa: E402
 
 PERSON = {
     "type": "object",
@@ -104,7 +109,9 @@ MAX_TOKENS = 400
 
 @pytest.fixture(scope="module")
 def server(smollm2, ie_bin):
-    s = Server(smollm2, "--batch", 4, "--ctx", 1024, "--queue", 64)
+    zmq_ep = f"tcp://127.0.0.1:{free_port()}"
+    s = Server(smollm2, "--batch", 4, "--ctx", 1024, "--queue", 64, "--zmq-bind", zmq_ep)
+    s.zmq_ep = zmq_ep
     yield s
     s.stop()
 
@@ -202,3 +209,24 @@ def test_bad_schema_400(server, rf, word):
     with pytest.raises(openai.BadRequestError):
         server.client().chat.completions.create(model=server.model, messages=body["messages"], max_tokens=4,
                                                 response_format=rf)
+
+
+def zmq_generate(server, **params):
+    m = ie_client.build_request(messages=[{"role": "user", "content": "Numbers as JSON."}], **params)
+    with ie_client.Connection(server.zmq_ep) as c:
+        c.send(m)
+        rep = c.recv(180)
+    assert rep.get("id") == m["id"], rep
+    return rep
+
+
+def test_zmq_json_schema(server):
+    """The ZeroMQ request's "json_schema" field (docs/PROTOCOL.md)."""
+    rep = zmq_generate(server, max_new=MAX_TOKENS, temperature=1.0, seed=5, json_schema=json.dumps(INTEGERS))
+    assert rep["type"] == "done" and rep["finish"] != "length", rep
+    jsonschema.validate(json.loads(rep["text"]), INTEGERS)
+    rep = zmq_generate(server, max_new=MAX_TOKENS, temperature=0.5, seed=5, json_schema="")
+    assert rep["type"] == "done", rep
+    assert isinstance(json.loads(rep["text"]), dict)
+    rep = zmq_generate(server, max_new=8, json_schema=json.dumps({"type": "string", "pattern": "x"}))
+    assert rep["type"] == "error" and rep["code"] == "invalid_request" and "pattern" in rep["message"], rep
