@@ -8,14 +8,16 @@
  *   STR  a string with a length range (code points)
  *   NUM  a JSON number;  INT  an integer with an optional range
  *   LIT  one literal JSON text (const, enum members, true, false, null)
- * then a fixpoint marks which nodes have a finite instance ("sat"); the
- * matcher never enters an unsatisfiable alternative, optional property or
- * item, so every prefix it accepts can be completed.
+ * then a fixpoint finds, per node, how many container levels its shallowest
+ * finite instance nests ("need"; NEED_NONE: no finite instance). The
+ * matcher never enters an alternative, optional property, key or item
+ * whose need does not fit under IE_GRAMMAR_MAX_DEPTH at that point, so
+ * every prefix it accepts can be completed: there are no dead ends.
  *
  * The matcher state is a set of stacks of frames (gstate_t, packed so that
  * copying one costs its used frames only). A frame is a value in progress;
  * F_VAL is a value not started yet, which the first byte resolves (an ALT
- * forks the stack, one copy per satisfiable alternative). A number has no
+ * forks the stack, one copy per alternative that fits). A number has no
  * closing byte: a byte that cannot extend a complete number pops it and
  * goes to the container. Identical stacks are merged after each byte.
  *
@@ -46,7 +48,7 @@ typedef struct gprop {
 
 typedef struct gnode {
     int kind;
-    int sat;
+    int need;  /* container levels of the shallowest instance; NEED_NONE */
     int *kids; /* ALT */
     int n_kids;
     gprop_t *props; /* OBJ: declared properties, in schema order      */
@@ -565,38 +567,46 @@ static int compile_obj(cctx_t *c, const cJSON *js, int i)
 
 static int item_at(const gnode_t *n, int64_t k) { return k < n->n_prefix ? n->prefix[k] : n->items; }
 
-/* Which nodes have a finite instance: least fixpoint. */
-static void mark_sat(ie_grammar_t *g)
+#define NEED_NONE (1 << 20) /* no finite instance */
+
+static int need_max(int a, int b) { return a > b ? a : b; }
+
+/* need[] by fixpoint: a scalar or an empty container needs 0 levels below
+ * its own frame; a container needs 1 + the most its required members
+ * need; an ALT the least of its kids. Values only go down, from NEED_NONE. */
+static void mark_need(ie_grammar_t *g)
 {
+    for (int i = 0; i < g->n; i++) g->nodes[i].need = NEED_NONE;
     for (int changed = 1; changed;) {
         changed = 0;
         for (int i = 0; i < g->n; i++) {
             gnode_t *n = &g->nodes[i];
-            if (n->sat) continue;
-            int s = 0;
+            int v = NEED_NONE;
             switch (n->kind) {
             case G_LIT:
-            case G_NUM: s = 1; break;
+            case G_NUM: v = 0; break;
             case G_STR:
-            case G_INT: s = n->lo <= n->hi; break;
+            case G_INT: v = n->lo <= n->hi ? 0 : NEED_NONE; break;
             case G_ALT:
-                for (int k = 0; k < n->n_kids && !s; k++) s = g->nodes[n->kids[k]].sat;
+                for (int k = 0; k < n->n_kids; k++)
+                    if (g->nodes[n->kids[k]].need < v) v = g->nodes[n->kids[k]].need;
                 break;
             case G_OBJ:
-                s = 1;
+                v = 0;
                 for (int k = 0; k < n->n_props; k++)
-                    if (n->props[k].req && !g->nodes[n->props[k].node].sat) s = 0;
+                    if (n->props[k].req) v = need_max(v, 1 + g->nodes[n->props[k].node].need);
                 break;
             case G_ARR:
-                s = n->lo <= n->hi;
-                for (int64_t k = 0; s && k < n->lo; k++) {
+                v = n->lo <= n->hi ? 0 : NEED_NONE;
+                for (int64_t k = 0; v < NEED_NONE && k < n->lo; k++) {
                     int it = item_at(n, k);
-                    s = it >= 0 && g->nodes[it].sat;
+                    v = it < 0 ? NEED_NONE : need_max(v, 1 + g->nodes[it].need);
                     if (k >= n->n_prefix) break; /* the rest are the same node */
                 }
                 break;
             }
-            if (s) n->sat = changed = 1;
+            if (v > NEED_NONE) v = NEED_NONE;
+            if (v < n->need) n->need = v, changed = 1;
         }
     }
 }
@@ -635,9 +645,14 @@ ie_status_t ie_grammar_compile(const char *schema, ie_grammar_t **out)
         st = ie_error_set(IE_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
-    mark_sat(g);
-    if (!g->nodes[g->root].sat) {
+    mark_need(g);
+    if (g->nodes[g->root].need >= NEED_NONE) {
         st = ie_error_set(IE_ERR_INVAL, "JSON Schema: no finite JSON value satisfies this schema");
+        goto cleanup;
+    }
+    if (1 + g->nodes[g->root].need > IE_GRAMMAR_MAX_DEPTH) {
+        st = ie_error_set(IE_ERR_INVAL, "JSON Schema: every instance nests deeper than %d levels",
+                          IE_GRAMMAR_MAX_DEPTH - 1);
         goto cleanup;
     }
     *out = g;
@@ -675,7 +690,9 @@ typedef struct frame {
     int64_t val;
 } frame_t;
 
-#define MAXF 256 /* frames of all stacks of one state */
+/* frames of all stacks of one state: room for every stack at full depth,
+ * so a stack is only ever dropped for the IE_GRAMMAR_MAX_ALTS limit */
+#define MAXF (IE_GRAMMAR_MAX_ALTS * IE_GRAMMAR_MAX_DEPTH)
 
 typedef struct gstate {
     int n;                            /* stacks */
@@ -729,13 +746,19 @@ static void frame_set(frame_t *f, int kind, int node)
     f->node = node;
 }
 
-/* Candidate keys of an object frame from property index nx on: up to and
- * including the first required one. */
-static uint64_t key_candidates(const ie_grammar_t *g, const gnode_t *n, int nx)
+/* Does a value of node fit in a frame at stack depth d (1-based)? */
+static int fits(const ie_grammar_t *g, int node, int d)
+{
+    return node >= 0 && d + g->nodes[node].need <= IE_GRAMMAR_MAX_DEPTH;
+}
+
+/* Candidate keys of an object frame at depth d from property index nx on:
+ * up to and including the first required one, each whose value fits. */
+static uint64_t key_candidates(const ie_grammar_t *g, const gnode_t *n, int nx, int d)
 {
     uint64_t m = 0;
     for (int k = nx; k < n->n_props; k++) {
-        if (g->nodes[n->props[k].node].sat) m |= 1ull << k;
+        if (fits(g, n->props[k].node, d + 1)) m |= 1ull << k;
         if (n->props[k].req) break;
     }
     return m;
@@ -800,7 +823,7 @@ static void step(const ie_grammar_t *g, frame_t *fr, int d, int b, gstate_t *out
                 frame_t tmp[IE_GRAMMAR_MAX_DEPTH];
                 if (alts >= 32) return;
                 for (int k = 0; k < n->n_kids; k++) {
-                    if (!g->nodes[n->kids[k]].sat) continue;
+                    if (!fits(g, n->kids[k], d)) continue;
                     memcpy(tmp, fr, (size_t)d * sizeof *fr);
                     tmp[d - 1].node = n->kids[k];
                     step(g, tmp, d, b, out, alts + 1);
@@ -874,13 +897,13 @@ static void step(const ie_grammar_t *g, frame_t *fr, int d, int b, gstate_t *out
                 }
                 if (b != '"') return;
                 if (n->n_props == 0) { /* free key */
-                    if (n->addl < 0 || d >= IE_GRAMMAR_MAX_DEPTH) return;
+                    if (!fits(g, n->addl, d + 1)) return;
                     f->st = O_COLON;
                     frame_set(&fr[d], F_STR, g->keystr);
                     emit(out, fr, d + 1);
                     return;
                 }
-                f->val = (int64_t)key_candidates(g, n, f->nx);
+                f->val = (int64_t)key_candidates(g, n, f->nx, d);
                 if (!f->val) return;
                 f->st = O_KEY;
                 f->cnt = 0;
@@ -923,7 +946,7 @@ static void step(const ie_grammar_t *g, frame_t *fr, int d, int b, gstate_t *out
                     return;
                 }
                 if (b != ',') return;
-                if (n->n_props && !key_candidates(g, n, f->nx)) return;
+                if (n->n_props ? !key_candidates(g, n, f->nx, d) : !fits(g, n->addl, d + 1)) return;
                 f->st = O_COMMA;
                 emit(out, fr, d);
                 return;
@@ -947,7 +970,7 @@ static void step(const ie_grammar_t *g, frame_t *fr, int d, int b, gstate_t *out
             if (f->st == A_AFTER) {
                 if (b != ',') return;
             }
-            if ((int64_t)f->cnt >= n->hi || it < 0 || !g->nodes[it].sat || d >= IE_GRAMMAR_MAX_DEPTH) return;
+            if ((int64_t)f->cnt >= n->hi || !fits(g, it, d + 1)) return;
             f->cnt++;
             frame_set(&fr[d], F_VAL, it);
             if (f->st == A_AFTER) { /* the comma: the item starts at the next byte */

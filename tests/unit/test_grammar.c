@@ -213,6 +213,34 @@ static void test_ref_and_ints(void)
     CU_ASSERT_TRUE(prefix(arr, "[4"));
 }
 
+/* Nesting limit: optional deeper members are not offered where they
+ * would not fit, required ones make the schema fail to compile. */
+static void test_depth(void)
+{
+    char text[256];
+    const char *r = "{\"type\":\"array\",\"items\":{\"anyOf\":[{\"$ref\":\"#\"},{\"properties\":{\"a\":"
+                    "{\"$ref\":\"#\"}}}]}}";
+    /* depth 47 of arrays, then an object: its key "a" would need one more level */
+    size_t n = 0;
+    for (int i = 0; i < IE_GRAMMAR_MAX_DEPTH - 1; i++) text[n++] = '[';
+    text[n] = '\0';
+    CU_ASSERT_TRUE(prefix(r, text));
+    strcpy(text + n, "{}");
+    CU_ASSERT_TRUE(prefix(r, text));
+    strcpy(text + n, "{\"");
+    CU_ASSERT_FALSE(prefix(r, text));
+    strcpy(text + n, "[]"); /* an empty array fits at the last level */
+    CU_ASSERT_TRUE(prefix(r, text));
+    strcpy(text + n, "[[");
+    CU_ASSERT_FALSE(prefix(r, text));
+    /* an instance needs 60 levels: refused at compile time */
+    char deep[4096] = "";
+    for (int i = 0; i < 60; i++) strcat(deep, "{\"type\":\"array\",\"minItems\":1,\"items\":");
+    strcat(deep, "{\"type\":\"null\"}");
+    for (int i = 0; i < 60; i++) strcat(deep, "}");
+    CU_ASSERT_PTR_NOT_NULL(strstr(compile_err(deep), "deeper"));
+}
+
 static void test_compile_errors(void)
 {
     CU_ASSERT_PTR_NOT_NULL(strstr(compile_err("{\"type\":\"string\",\"pattern\":\"a+\"}"), "'pattern'"));
@@ -366,6 +394,7 @@ int main(void)
     CU_add_test(s, "arrays", test_arrays);
     CU_add_test(s, "enum_const_anyof", test_enum_const_anyof);
     CU_add_test(s, "ref_and_ints", test_ref_and_ints);
+    CU_add_test(s, "depth", test_depth);
     CU_add_test(s, "compile_errors", test_compile_errors);
     CU_add_test(s, "mask", test_mask);
     CU_basic_set_mode(CU_BRM_VERBOSE);
