@@ -319,7 +319,7 @@ ie_status_t ie_chain_gather_pick(const float *g, int n_ranks, int n, int64_t n_v
  *   {"v":1, "type":"generate", "id":str, "prompt":str | "messages":[{"role":str,"content":str}...],
  *    "max_new":int, "temperature":float, "top_k":int, "top_p":float, "min_p":float,
  *    "repeat_penalty":float, "seed":int, "stop":[str...], "stream":bool, "priority":int,
- *    "logprobs":int (-1..20)}
+ *    "logprobs":int (-1..20), "json_schema":str}
  * or {"v":1, "type":"cancel", "id":str}.
  * Coordinator -> client: {"v":1, "type":"token", "id", "index", "token", "text"} events when streaming,
  * then {"v":1, "type":"done", "id", "text", "finish", "n_prompt", "n_gen", "ttft_ms", "total_ms",
@@ -358,10 +358,12 @@ typedef struct ie_client_req {
     int64_t seed;         /* default -1: from the clock                      */
     char **stop;
     size_t n_stop;
-    int stream;       /* default 0                                      */
-    int32_t priority; /* default 0; higher first                        */
-    int32_t logprobs; /* default -1: none; k in 0..IE_CLIENT_TOP_MAX:
+    int stream;        /* default 0                                      */
+    int32_t priority;  /* default 0; higher first                        */
+    int32_t logprobs;  /* default -1: none; k in 0..IE_CLIENT_TOP_MAX:
                          each token's log-probability and k alternatives */
+    char *json_schema; /* default NULL: free text; "" any JSON object; else
+                          a JSON Schema (ie_gen_params_t.json_schema)    */
 } ie_client_req_t;
 
 /* Decode a client request (owning strings in *r). Errors IE_ERR_FORMAT /

@@ -882,6 +882,7 @@ void ie_client_req_clear(ie_client_req_t *r)
     free(r->messages);
     for (size_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
+    free(r->json_schema);
     memset(r, 0, sizeof *r);
 }
 
@@ -990,9 +991,9 @@ static ie_status_t req_stop(const msgpack_object *o, ie_client_req_t *r)
  * reads as "not given" (what JSON-minded clients send for None). */
 static ie_status_t req_key(const msgpack_object *k, const msgpack_object *o, ie_client_req_t *r, uint32_t *seen)
 {
-    static const char *const keys[] = {"type",        "id",    "prompt", "messages", "max_new",
-                                       "temperature", "top_k", "top_p",  "min_p",    "repeat_penalty",
-                                       "seed",        "stop",  "stream", "priority", "logprobs"};
+    static const char *const keys[] = {"type",   "id",       "prompt",   "messages",       "max_new", "temperature",
+                                       "top_k",  "top_p",    "min_p",    "repeat_penalty", "seed",    "stop",
+                                       "stream", "priority", "logprobs", "json_schema"};
     int idx = -1;
     int64_t v = 0;
     for (int i = 0; i < (int)(sizeof keys / sizeof keys[0]); i++)
@@ -1039,6 +1040,7 @@ static ie_status_t req_key(const msgpack_object *k, const msgpack_object *o, ie_
     case 14:
         if ((st = req_int(o, "logprobs", -1, IE_CLIENT_TOP_MAX, &v)) == IE_OK) r->logprobs = (int32_t)v;
         break;
+    case 15: st = req_str(o, "json_schema", 0, CLIENT_TEXT_MAX, &r->json_schema); break;
     }
     return st;
 }

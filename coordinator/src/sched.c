@@ -16,6 +16,7 @@
 #include "ie_clock.h"
 
 #include "ie_array.h"
+#include "ie_grammar.h"
 #include "ie_kvpool.h"
 #include "ie_stop.h"
 
@@ -49,6 +50,8 @@ typedef struct sreq {
     ie_pooling_t pooling; /* != IE_POOL_NONE: an embedding request       */
     float *embd;          /* its pooled vector so far (n_embd floats)    */
     ie_sampler_t *smp;
+    ie_grammar_t *gram; /* structured output (json_schema), else NULL */
+    ie_gmatch_t *gm;    /* its matcher: the text generated so far    */
     /* log-probabilities (params->logprobs): of the token sampled last */
     int lp_on, lp_k;
     double lp_lse;
@@ -92,6 +95,9 @@ struct ie_sched {
     const ie_tokenizer_t *tok;
     int n_seq, n_ctx, B, bt, chunk, max_lblocks, kv_blocks; /* the backend's geometry */
     int32_t n_vocab, n_embd;
+    ie_gvocab_t *gvocab; /* the token trie for json_schema masks: built at
+                            the first such submission (under mu), then
+                            read by the stepping thread only */
     ie_kvpool_t *pool;
     int prefix_cache;
     pthread_mutex_t mu;
@@ -160,6 +166,8 @@ static void sreq_free(sreq_t *q)
     free(q->toks);
     free(q->blocks);
     ie_sampler_destroy(&q->smp);
+    ie_gmatch_destroy(&q->gm);
+    ie_grammar_destroy(&q->gram);
     ie_detok_destroy(&q->detok);
     ie_stop_destroy(&q->stop);
     free(q->text);
@@ -283,11 +291,12 @@ static int ensure_block(ie_sched_t *s, sreq_t *q, size_t pos)
 static int backend_ready(ie_sched_t *s) { return ie_backend_ready(s->be); }
 
 /* The logits q's sampled token needs: only the arg max for a greedy
- * request without penalties, unless it reports log-probabilities (they
- * need the whole row, which the cluster sends only for FULL). */
+ * request without penalties, unless it reports log-probabilities or
+ * follows a json_schema (both need the whole row, which the cluster sends
+ * only for FULL: the mask can move the arg max). */
 static uint8_t row_kind(const sreq_t *q)
 {
-    return ie_sampler_argmax_only(q->smp) && !q->lp_on ? IE_LOGITS_ARGMAX : IE_LOGITS_FULL;
+    return ie_sampler_argmax_only(q->smp) && !q->lp_on && !q->gm ? IE_LOGITS_ARGMAX : IE_LOGITS_FULL;
 }
 
 /* ------------------------------------------------------------- public */
@@ -435,6 +444,7 @@ void ie_sched_destroy(ie_sched_t **self_p)
     free(s->b_req);
     free(s->logits);
     free(s->b_embd);
+    ie_gvocab_destroy(&s->gvocab);
     free(s->lp_row);
     free(s->tev);
     free(s->ended);
@@ -446,6 +456,20 @@ void ie_sched_destroy(ie_sched_t **self_p)
 void ie_sched_set_timing(ie_sched_t *s, ie_gen_stats_t *timing)
 {
     if (s) s->o.timing = timing;
+}
+
+/* Structured output for q: compile the schema (IE_ERR_INVAL names the
+ * keyword), make its matcher, and the scheduler's token trie if this is
+ * the first such request. */
+static ie_status_t sched_grammar(ie_sched_t *s, sreq_t *q, const char *schema)
+{
+    ie_status_t st = ie_grammar_compile(schema, &q->gram);
+    if (st == IE_OK) st = ie_gmatch_new(q->gram, &q->gm);
+    if (st != IE_OK) return st;
+    pthread_mutex_lock(&s->mu);
+    if (!s->gvocab) st = ie_gvocab_from_tokenizer(s->tok, s->o.stop_ids, s->o.n_stop_ids, &s->gvocab);
+    pthread_mutex_unlock(&s->mu);
+    return st;
 }
 
 ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id_out)
@@ -502,6 +526,7 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
     if ((st = ie_detok_new(s->tok, &q->detok)) != IE_OK) goto cleanup;
     if (p->n_stop && (st = ie_stop_new(p->stop, p->n_stop, &q->stop)) != IE_OK) goto cleanup;
     for (size_t j = 0; j < r->n_ids; j++) ie_sampler_accept(q->smp, r->ids[j]);
+    if (p->json_schema && (st = sched_grammar(s, q, p->json_schema)) != IE_OK) goto cleanup;
     q->t_submit = ie_now_ms();
     q->deadline = r->timeout_ms > 0 ? q->t_submit + r->timeout_ms : 0;
 
@@ -954,7 +979,7 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
     int row = 0, erow = 0; /* logits rows; hidden-state rows */
     double now = ie_now_ms();
     size_t n_pre = 0, n_dec = 0;
-    double sample_ms = 0, detok_ms = 0;
+    double sample_ms = 0, detok_ms = 0, grammar_ms = 0;
     s->n_tev = 0;
     for (int i = 0; i < nb; i++) {
         sreq_t *q = s->b_req[i];
@@ -983,7 +1008,14 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
             memcpy(s->lp_row, lg, (size_t)s->n_vocab * sizeof *lg);
             q->lp_n = ie_logprobs_row(lg, s->n_vocab, q->lp_k, &q->lp_lse, q->lp_top);
         }
-        const ie_status_t sst = ie_sampler_sample(q->smp, lg, &id);
+        /* structured output: tokens that would leave the schema's language
+         * go to -inf here, before the sampler's chain; its penalties keep
+         * -inf at -inf, so this is the same as masking after them */
+        ie_status_t sst = q->gm ? ie_gvocab_apply(s->gvocab, q->gm, lg) : IE_OK;
+        const double tg = timed ? ie_now_ms() : 0;
+        if (q->gm) grammar_ms += tg - ts;
+        if (sst == IE_OK) sst = ie_sampler_sample(q->smp, lg, &id);
+        if (sst == IE_OK && q->gm) sst = ie_gvocab_accept(s->gvocab, q->gm, id);
         if (sst == IE_OK && q->lp_on) q->lp_tok = ie_logprobs_of(s->lp_row[id], q->lp_lse);
         const double td = timed ? ie_now_ms() : 0;
         sample_ms += td - ts;
@@ -1004,6 +1036,7 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
     if (s->m_stage) {
         ie_metric_observe(s->m_stage, has_prefill ? "prefill" : "decode", step_ms / 1e3);
         ie_metric_observe(s->m_stage, "sample", sample_ms / 1e3);
+        if (grammar_ms > 0) ie_metric_observe(s->m_stage, "grammar", grammar_ms / 1e3); /* part of sample */
         ie_metric_observe(s->m_stage, "detokenize", detok_ms / 1e3);
     }
     if (s->o.timing) {

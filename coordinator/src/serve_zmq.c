@@ -221,6 +221,7 @@ static void submit(server_t *s, pending_t *p)
         gp.n_stop = r->n_stop;
         gp.logprobs = r->logprobs >= 0;
         gp.top_logprobs = r->logprobs >= 0 ? r->logprobs : 0;
+        gp.json_schema = r->json_schema; /* compiled by submit: a bad one is refused there */
         ie_sched_req_t sr = {.ids = ids,
                              .n_ids = n,
                              .params = &gp,

@@ -6,6 +6,7 @@
  * scheduler over a fake backend of made-up logits: the step boundary
  * (ie_backend.h) is all it needs.
  */
+#include "ie_grammar.h"
 #include "ie_sched.h"
 #include "ie_engine.h" /* the real backends, the reference runs */
 #include "ie_model_src.h"
@@ -947,6 +948,85 @@ static void test_fake_embeddings(void)
     ie_tokenizer_destroy(&tok);
 }
 
+/* A json_schema request: the fake's rows favour tokens outside the JSON
+ * language, so only the mask makes the text an instance; it asks for full
+ * rows although greedy; it ends by EOS once complete; a bad schema is
+ * refused at submission naming the keyword. */
+typedef struct js_sink {
+    int kind;
+    ie_finish_t finish;
+    char text[512];
+} js_sink_t;
+
+static void on_js_event(void *ctx, const ie_sched_event_t *ev)
+{
+    js_sink_t *k = ctx;
+    if (ev->kind == IE_SCHED_TOKEN) return;
+    k->kind = ev->kind;
+    k->finish = ev->finish;
+    if (ev->all_text) snprintf(k->text, sizeof k->text, "%s", ev->all_text);
+}
+
+static void test_fake_json_schema(void)
+{
+    static fake_t f;
+    memset(&f, 0, sizeof f);
+    memset(f.table, 0xff, sizeof f.table);
+    ie_model_src_t *src = NULL;
+    ie_tokenizer_t *tok = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_model_src_open(MODEL, &src), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_load(ie_model_src_tokenizer_path(src), &tok), IE_OK);
+    ie_model_src_destroy(&src);
+    f.n_vocab = ie_tokenizer_n_vocab(tok);
+    f.ready = 1;
+    ie_backend_geom_t g = {.n_seq = FAKE_SEQ,
+                           .n_ctx = FAKE_CTX,
+                           .max_batch = 8,
+                           .kv_block = FAKE_KB,
+                           .kv_blocks = FAKE_BLOCKS,
+                           .n_vocab = f.n_vocab,
+                           .upkeep_ms = 10};
+    ie_backend_t *be = NULL;
+    ie_sched_t *s = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake_ops, &f, &g, &be), IE_OK);
+    ie_sched_opts_t so = {.backend = be, .tok = tok};
+    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    static const int32_t p[] = {200, 201, 202};
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},"
+                         "\"b\":{\"enum\":[\"x\",\"y\"]}},\"required\":[\"a\",\"b\"]}";
+    ie_gen_params_t gp = greedy(50);
+    gp.json_schema = schema;
+    js_sink_t k = {0};
+    ie_sched_req_t r = {.ids = p, .n_ids = 3, .params = &gp, .cb = on_js_event, .cb_ctx = &k};
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT_EQUAL(k.kind, IE_SCHED_DONE);
+    CU_ASSERT_EQUAL(k.finish, IE_FINISH_EOS);
+    CU_ASSERT_EQUAL(f.rows_argmax, 0);
+    CU_ASSERT(f.rows_full > 0);
+    ie_grammar_t *gr = NULL;
+    ie_gmatch_t *m = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_grammar_compile(schema, &gr), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_gmatch_new(gr, &m), IE_OK);
+    CU_ASSERT_TRUE(ie_gmatch_feed(m, k.text, strlen(k.text)) && ie_gmatch_done(m));
+    ie_gmatch_destroy(&m);
+    ie_grammar_destroy(&gr);
+    /* the same request unconstrained follows the fake's rows: not JSON */
+    gp.json_schema = NULL;
+    js_sink_t u = {0};
+    r.cb_ctx = &u;
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT_NOT_EQUAL(u.text[0], '{');
+    CU_ASSERT(f.rows_argmax > 0);
+    gp.json_schema = "{\"type\":\"string\",\"pattern\":\"x\"}";
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_ERR_INVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "'pattern'"));
+    ie_sched_destroy(&s);
+    ie_backend_destroy(&be);
+    ie_tokenizer_destroy(&tok);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -964,7 +1044,8 @@ int main(void)
                  {"submit from other threads", test_threads},
                  {"a fake backend behind the step boundary", test_fake_backend},
                  {"log-probabilities ask for full rows", test_fake_logprobs},
-                 {"embeddings on a fake backend", test_fake_embeddings}};
+                 {"embeddings on a fake backend", test_fake_embeddings},
+                 {"json_schema masks and asks for full rows", test_fake_json_schema}};
     /* IE_TEST_ONLY=word runs the tests whose name holds it (make tsan runs
      * the threaded ones: every test under TSan takes minutes) */
     const char *only = getenv("IE_TEST_ONLY");
