@@ -332,8 +332,7 @@ ie_status_t ie_tool_parse(ie_tool_format_t f, const char *text, size_t len, ie_t
         }
     ie_status_t st = IE_OK;
     if (s.oom) st = ie_error_set(IE_ERR_NOMEM, "out of memory");
-    else if (rc != 0 || s.n == 0) { /* not calls: everything is content */
-        calls_free(s.calls, s.n);
+    else if (rc != 0 || s.n == 0) { /* not calls: everything is content */ calls_free(s.calls, s.n);
         free(s.content);
         s = (scratch_t){0};
         content_add(&s, p, (size_t)(end - p));
@@ -450,8 +449,9 @@ static cJSON *one_schema(const cJSON *fn)
     const cJSON *name = cJSON_GetObjectItemCaseSensitive(fn, "name");
     const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
     cJSON *o = cJSON_CreateObject(), *props = NULL, *nm = NULL, *args = NULL, *req = NULL;
-    if (!o || !cJSON_AddStringToObject(o, "type", "object") || !(props = cJSON_AddObjectToObject(o, "properties")) ||
-        !(nm = cJSON_AddObjectToObject(props, "name")) || !cJSON_AddStringToObject(nm, "const", name->valuestring))
+    if (!o || !cJSON_AddStringToObject(o, "type", "object") ||
+        !(props = cJSON_AddObjectToObject(o, "properties")) || !(nm = cJSON_AddObjectToObject(props, "name")) ||
+        !cJSON_AddStringToObject(nm, "const", name->valuestring))
         goto fail;
     args = cJSON_IsObject(params) ? cJSON_Duplicate(params, 1) : cJSON_CreateObject();
     if (!args || (!cJSON_IsObject(params) && !cJSON_AddStringToObject(args, "type", "object")) ||
@@ -459,8 +459,7 @@ static cJSON *one_schema(const cJSON *fn)
         cJSON_Delete(args);
         goto fail;
     }
-    if (!(req = cJSON_AddArrayToObject(o, "required")) ||
-        !cJSON_AddItemToArray(req, cJSON_CreateString("name")) ||
+    if (!(req = cJSON_AddArrayToObject(o, "required")) || !cJSON_AddItemToArray(req, cJSON_CreateString("name")) ||
         !cJSON_AddItemToArray(req, cJSON_CreateString("arguments")) ||
         !cJSON_AddFalseToObject(o, "additionalProperties"))
         goto fail;

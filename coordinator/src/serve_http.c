@@ -40,6 +40,7 @@
 
 #include "ie_chat.h"
 #include "ie_harmony.h"
+#include "serve_oai_tools.h"
 #include "ie_model_src.h"
 
 #include <arpa/inet.h>
@@ -132,6 +133,7 @@ typedef struct req {
     char message[256];
     uint64_t id; /* connection thread only                    */
     int submitted;
+    ie_oai_tools_t tools; /* the request's tools (serve_oai_tools.h); read-only */
 } req_t;
 
 static req_t *req_new(void)
@@ -159,6 +161,7 @@ static void req_unref(req_t *r)
     free(r->ids);
     free(r->all_text);
     free(r->all_ids);
+    ie_oai_tools_free(&r->tools);
     free(r);
 }
 
@@ -463,6 +466,7 @@ typedef struct gen {
     int priority;
     int stream, include_usage;
     ie_chat_opts_t chat_opts;
+    ie_oai_tools_t tools; /* chat: tools / tool_choice (owned until handed to the request) */
 } gen_t;
 
 /* Optional number `k`: 0 absent or null, 1 found (*v), -1 not a number. */
@@ -567,8 +571,8 @@ static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
     if (lb && !cJSON_IsNull(lb) && !(cJSON_IsObject(lb) && !lb->child))
         return bad_param(e, "logit_bias", "'logit_bias' is not supported");
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
-    if (tools && !cJSON_IsNull(tools) && !(cJSON_IsArray(tools) && !tools->child))
-        return bad_param(e, "tools", "'tools' are not supported");
+    if (!g->chat && tools && !cJSON_IsNull(tools) && !(cJSON_IsArray(tools) && !tools->child))
+        return bad_param(e, "tools", "'tools' are for /v1/chat/completions");
     const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
     if (rf && !cJSON_IsNull(rf)) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
@@ -598,6 +602,18 @@ static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
     }
     g->gp.stop = n_stop ? g->stops : NULL;
     g->gp.n_stop = n_stop;
+    if (g->chat) {
+        char param[32], why[256];
+        int rc = ie_oai_tools_parse(root, h->chat_fmt, g->chat_opts.tmpl, &g->tools, param, sizeof param, why,
+                                    sizeof why);
+        if (rc == -2)
+            return err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
+        if (rc != 0) return bad_param(e, param, "%s", why);
+        if (g->tools.schema && g->gp.json_schema)
+            return bad_param(e, "tool_choice", "a forced tool call cannot be combined with 'response_format'");
+        if (g->tools.schema) g->gp.json_schema = g->tools.schema; /* the call's JSON, through the grammar */
+        g->chat_opts.tools_json = g->tools.tools_json;
+    }
     if (ie_sampler_params_validate(sp) != IE_OK)
         return err_set(e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "invalid_value", NULL, "%s",
                        ie_error_last());
@@ -680,6 +696,17 @@ static int chat_ids(ie_http_t *h, const cJSON *root, const gen_t *g, int32_t **i
         co.template_kwargs = kw_json;
     }
     if (!(norm = cJSON_Duplicate(msgs, 1))) goto oom;
+    /* developer -> system where the template lacks it (harmony has the
+     * role), content null -> "", tool_calls' arguments -> objects */
+    char why[256];
+    int prc = ie_tool_messages_prepare(norm,
+                                       h->chat_fmt == IE_CHAT_HARMONY ? "developer" : ie_jinja_source(co.tmpl), why,
+                                       sizeof why);
+    if (prc == -2) goto oom;
+    if (prc != 0) {
+        rc = bad_param(e, "messages", "%s", why);
+        goto cleanup;
+    }
     cJSON_ArrayForEach(m, norm)
     {
         i++;
@@ -767,6 +794,32 @@ static cJSON *resp_head(ie_http_t *h, const ident_t *x, const char *object)
     return o;
 }
 
+/* The answer's calls, when the request parses them (r->tools): content
+ * (the text outside the calls, or null), tool_calls, and finish_reason
+ * "tool_calls" unless the answer was cut short. Without calls, content is
+ * the text. -1 out of memory. */
+static int tools_message(const req_t *r, const char *text, cJSON *msg, const char **finish)
+{
+    ie_tool_calls_t calls;
+    if (ie_oai_tools_extract(&r->tools, text, strlen(text), &calls) != IE_OK) return -1;
+    int rc = 0;
+    if (!calls.n) {
+        rc = cJSON_AddStringToObject(msg, "content", text) ? 0 : -1;
+    } else {
+        cJSON *arr = ie_oai_tool_calls_json(&calls, 0);
+        if (!arr ||
+            !(calls.content ? cJSON_AddStringToObject(msg, "content", calls.content)
+                            : cJSON_AddNullToObject(msg, "content")) ||
+            !cJSON_AddItemToObject(msg, "tool_calls", arr)) {
+            cJSON_Delete(arr);
+            rc = -1;
+        }
+        if (r->finish != IE_FINISH_LENGTH && r->finish != IE_FINISH_CONTEXT) *finish = "tool_calls";
+    }
+    ie_tool_calls_free(&calls);
+    return rc;
+}
+
 /* The non-streamed answer of a finished request (r->terminal == DONE). */
 static cJSON *final_json(ie_http_t *h, req_t *r, int chat)
 {
@@ -782,7 +835,7 @@ static cJSON *final_json(ie_http_t *h, req_t *r, int chat)
         goto fail;
     }
     cJSON_AddNumberToObject(ch, "index", 0);
-    const char *text = r->all_text ? r->all_text : "";
+    const char *text = r->all_text ? r->all_text : "", *fin = finish_reason(r->finish);
     if (chat) {
         cJSON *msg = cJSON_AddObjectToObject(ch, "message");
         cJSON_AddStringToObject(msg, "role", "assistant");
@@ -795,6 +848,8 @@ static cJSON *final_json(ie_http_t *h, req_t *r, int chat)
             cJSON_AddStringToObject(msg, "content", ie_harmony_parser_text(hp, IE_HARMONY_CH_FINAL, NULL));
             cJSON_AddStringToObject(msg, "reasoning_content",
                                     ie_harmony_parser_text(hp, IE_HARMONY_CH_ANALYSIS, NULL));
+        } else if (r->tools.fmt != IE_TOOL_FMT_NONE) {
+            if (tools_message(r, text, msg, &fin) != 0) goto fail;
         } else {
             cJSON_AddStringToObject(msg, "content", text);
         }
@@ -802,7 +857,7 @@ static cJSON *final_json(ie_http_t *h, req_t *r, int chat)
         cJSON_AddStringToObject(ch, "text", text);
     }
     cJSON_AddNullToObject(ch, "logprobs");
-    cJSON_AddStringToObject(ch, "finish_reason", finish_reason(r->finish));
+    cJSON_AddStringToObject(ch, "finish_reason", fin);
     add_usage(o, r->n_prompt, r->n_gen);
     ie_harmony_parser_destroy(&hp);
     return o;
@@ -829,6 +884,8 @@ typedef struct stream {
     ie_harmony_parser_t *hp;
     chan_bufs_t cb;
     int started, ended;
+    ie_buf_t tool_text; /* tools: the whole text so far              */
+    int tool_calls;     /* tools: the calls were sent                 */
 } stream_t;
 
 static void stream_free(void *cls)
@@ -842,6 +899,7 @@ static void stream_free(void *cls)
     ie_harmony_parser_destroy(&s->hp);
     ie_buf_free(&s->cb.final);
     ie_buf_free(&s->cb.analysis);
+    ie_buf_free(&s->tool_text);
     free(s);
 }
 
@@ -891,6 +949,67 @@ static int sse_chunk(stream_t *s, const char *text, size_t len, const char *reas
     if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
     else cJSON_AddNullToObject(ch, "finish_reason");
     return sse_json(s, o);
+}
+
+/* The chunk {"delta": {"tool_calls": [{index, id, type, function}, ...]}}
+ * (arr taken). */
+static int sse_tool_calls(stream_t *s, cJSON *arr)
+{
+    cJSON *o = resp_head(s->h, &s->x, "chat.completion.chunk");
+    cJSON *choices = o ? cJSON_AddArrayToObject(o, "choices") : NULL;
+    cJSON *ch = cJSON_CreateObject(), *d = NULL;
+    if (!arr || !choices || !ch || !cJSON_AddItemToArray(choices, ch)) {
+        cJSON_Delete(ch);
+        cJSON_Delete(o);
+        cJSON_Delete(arr);
+        return -1;
+    }
+    cJSON_AddNumberToObject(ch, "index", 0);
+    if (!(d = cJSON_AddObjectToObject(ch, "delta")) || !cJSON_AddItemToObject(d, "tool_calls", arr)) {
+        cJSON_Delete(arr);
+        cJSON_Delete(o);
+        return -1;
+    }
+    cJSON_AddNullToObject(ch, "logprobs");
+    cJSON_AddNullToObject(ch, "finish_reason");
+    return sse_json(s, o);
+}
+
+/* A tools stream: content streams up to where a call could begin
+ * (ie_tool_safe_len); the rest waits for the end, where the calls go out
+ * whole in one delta.tool_calls chunk (or, if the text holds none, the
+ * held text goes out as content). -1 out of memory. */
+static int stream_tools(stream_t *s, int terminal)
+{
+    req_t *r = s->r;
+    if (s->take.len && ie_buf_append(&s->tool_text, s->take.data, s->take.len) != 0) return -1;
+    const char *all = s->tool_text.data ? s->tool_text.data : "";
+    size_t len = s->tool_text.len;
+    /* text the stop matcher still held when the request ended is in
+     * all_text only */
+    if (terminal == IE_SCHED_DONE && r->all_text && strlen(r->all_text) >= len && !memcmp(r->all_text, all, len)) {
+        all = r->all_text;
+        len = strlen(all);
+    }
+    if (terminal != IE_SCHED_DONE) {
+        size_t safe = terminal ? s->sent_len : ie_tool_safe_len(r->tools.fmt, all, len);
+        if (safe > s->sent_len && sse_chunk(s, all + s->sent_len, safe - s->sent_len, NULL, 0, NULL) != 0)
+            return -1;
+        if (safe > s->sent_len) s->sent_len = safe;
+        return 0;
+    }
+    ie_tool_calls_t calls;
+    if (ie_oai_tools_extract(&r->tools, all, len, &calls) != IE_OK) return -1;
+    int rc = 0;
+    if (calls.n) {
+        rc = sse_tool_calls(s, ie_oai_tool_calls_json(&calls, 1));
+        s->tool_calls = 1;
+    } else if (len > s->sent_len) {
+        rc = sse_chunk(s, all + s->sent_len, len - s->sent_len, NULL, 0, NULL);
+        s->sent_len = len;
+    }
+    ie_tool_calls_free(&calls);
+    return rc;
 }
 
 static int sse_error(stream_t *s, const http_err_t *e)
@@ -956,6 +1075,8 @@ static int stream_fill(stream_t *s)
             ie_buf_reset(&s->cb.final);
             ie_buf_reset(&s->cb.analysis);
         }
+    } else if (s->r->tools.fmt != IE_TOOL_FMT_NONE) {
+        if (stream_tools(s, terminal) != 0) return -1;
     } else {
         size_t len = s->take.len;
         const char *text = s->take.data;
@@ -979,7 +1100,10 @@ static int stream_fill(stream_t *s)
         err_from_sched(&e, r->status, r->code, r->message);
         return sse_error(s, &e);
     }
-    if (sse_chunk(s, s->chat ? NULL : "", 0, NULL, 0, finish_reason(r->finish)) != 0) return -1;
+    const char *fin = s->tool_calls && r->finish != IE_FINISH_LENGTH && r->finish != IE_FINISH_CONTEXT
+                          ? "tool_calls"
+                          : finish_reason(r->finish);
+    if (sse_chunk(s, s->chat ? NULL : "", 0, NULL, 0, fin) != 0) return -1;
     if (s->include_usage) {
         cJSON *o = resp_head(s->h, &s->x, s->chat ? "chat.completion.chunk" : "text_completion");
         if (!o || !cJSON_AddArrayToObject(o, "choices")) {
@@ -1099,6 +1223,8 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
         err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
         goto answer_err;
     }
+    r->tools = g.tools; /* the answer parses what the request asked for */
+    memset(&g.tools, 0, sizeof g.tools);
     ie_sched_req_t sr = {.ids = ids,
                          .n_ids = n_ids,
                          .params = &g.gp,
@@ -1182,6 +1308,7 @@ answer_err:
     ret = send_err(h, mc, c, &e, NULL);
 cleanup:
     req_unref(r); /* this function's own reference (c->req holds another) */
+    ie_oai_tools_free(&g.tools);
     cJSON_Delete(root);
     free(ids);
     return ret;

@@ -98,9 +98,10 @@ static void test_hermes(void)
               "{}}</tool_call>");
     CU_ASSERT_EQUAL(c.n, 0); /* a </tool_call> inside a string ends the block early: not calls */
     ie_tool_calls_free(&c);
-    c = parse(IE_TOOL_FMT_HERMES, "Let me look.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"q\": \"}{ \\\"x\", "
-                                  "\"o\": {\"l\": [1, {\"d\": null}]}}}\n</tool_call>\n<tool_call>{\"name\": \"b\", "
-                                  "\"arguments\": \"{\\\"k\\\": 2}\"}</tool_call>\n");
+    c = parse(IE_TOOL_FMT_HERMES,
+              "Let me look.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {\"q\": \"}{ \\\"x\", "
+              "\"o\": {\"l\": [1, {\"d\": null}]}}}\n</tool_call>\n<tool_call>{\"name\": \"b\", "
+              "\"arguments\": \"{\\\"k\\\": 2}\"}</tool_call>\n");
     CU_ASSERT_EQUAL(c.n, 2);
     check_call(&c, 0, "a", "{\"q\": \"}{ \\\"x\", \"o\": {\"l\": [1, {\"d\": null}]}}");
     check_call(&c, 1, "b", "{\"k\": 2}"); /* arguments as a JSON string: taken as the JSON */
@@ -120,11 +121,11 @@ static void test_hermes(void)
     /* not calls */
     check_plain(IE_TOOL_FMT_HERMES, "Just an answer.");
     check_plain(IE_TOOL_FMT_HERMES, "");
-    check_plain(IE_TOOL_FMT_HERMES, "<tool_call>\n{\"name\": \"x\", \"argum");               /* truncated */
-    check_plain(IE_TOOL_FMT_HERMES, "<tool_call>{\"arguments\": {}}</tool_call>");           /* no name */
-    check_plain(IE_TOOL_FMT_HERMES, "<tool_call>{\"name\": 3}</tool_call>");                 /* bad name */
+    check_plain(IE_TOOL_FMT_HERMES, "<tool_call>\n{\"name\": \"x\", \"argum");     /* truncated */
+    check_plain(IE_TOOL_FMT_HERMES, "<tool_call>{\"arguments\": {}}</tool_call>"); /* no name */
+    check_plain(IE_TOOL_FMT_HERMES, "<tool_call>{\"name\": 3}</tool_call>");       /* bad name */
     check_plain(IE_TOOL_FMT_HERMES, "<tool_call>{\"name\": \"x\", \"arguments\": [1]}</tool_call>");
-    check_plain(IE_TOOL_FMT_HERMES, "<tool_call>{\"name\": \"x\"} trailing</tool_call>");    /* junk */
+    check_plain(IE_TOOL_FMT_HERMES, "<tool_call>{\"name\": \"x\"} trailing</tool_call>"); /* junk */
     check_plain(IE_TOOL_FMT_HERMES, "<tool_call>not json at all</tool_call>");
     check_plain(IE_TOOL_FMT_HERMES, "<tool_call>{\"name\": \"x\", \"arguments\": \"nope\"}</tool_call>");
     /* one good call and one bad: all or nothing */
@@ -133,7 +134,8 @@ static void test_hermes(void)
 
 static void test_llama3(void)
 {
-    ie_tool_calls_t c = parse(IE_TOOL_FMT_LLAMA3, "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}");
+    ie_tool_calls_t c = parse(IE_TOOL_FMT_LLAMA3,
+                              "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}");
     CU_ASSERT_EQUAL(c.n, 1);
     check_call(&c, 0, "get_weather", "{\"city\": \"Oslo\"}");
     CU_ASSERT_PTR_NULL(c.content);
@@ -150,9 +152,9 @@ static void test_llama3(void)
     ie_tool_calls_free(&c);
     check_plain(IE_TOOL_FMT_LLAMA3, "The answer is {\"name\": \"a\"}"); /* JSON not at the start */
     check_plain(IE_TOOL_FMT_LLAMA3, "{\"name\": \"a\", \"parameters\": {\"x\": 1}");
-    check_plain(IE_TOOL_FMT_LLAMA3, "{\"city\": \"Oslo\"}");                          /* no name */
+    check_plain(IE_TOOL_FMT_LLAMA3, "{\"city\": \"Oslo\"}");                           /* no name */
     check_plain(IE_TOOL_FMT_LLAMA3, "{\"name\": \"a\", \"parameters\": {}} and more"); /* junk after */
-    check_plain(IE_TOOL_FMT_LLAMA3, "{\"name\": \"a\", \"parameters\": {}}; ");       /* dangling ';' */
+    check_plain(IE_TOOL_FMT_LLAMA3, "{\"name\": \"a\", \"parameters\": {}}; ");        /* dangling ';' */
 }
 
 static void test_mistral(void)
