@@ -101,8 +101,8 @@ int ie_oai_tools_parse(const cJSON *root, ie_chat_format_t fmt, const ie_jinja_t
     if (forced && !(out->schema = ie_tool_call_schema(tools, forced_name))) {
         if (forced_name && ie_tool_call_schema(tools, NULL)) { /* tools are fine: the name is unknown */
             ie_oai_tools_free(out);
-            return bad(param, pcap, "tool_choice", why, wcap, "'tool_choice' names '%.64s', which is not in 'tools'",
-                       forced_name);
+            return bad(param, pcap, "tool_choice", why, wcap,
+                       "'tool_choice' names '%.64s', which is not in 'tools'", forced_name);
         }
         goto oom;
     }
