@@ -16,6 +16,7 @@
 #include "ie_clock.h"
 
 #include "ie_array.h"
+#include "ie_grammar.h"
 #include "ie_kvpool.h"
 #include "ie_stop.h"
 
@@ -47,6 +48,8 @@ typedef struct sreq {
     size_t n_cached;
     int max_new;
     ie_sampler_t *smp;
+    ie_grammar_t *gram; /* structured output (json_schema), else NULL */
+    ie_gmatch_t *gm;    /* its matcher: the text generated so far    */
     ie_detok_t *detok;
     ie_stop_t *stop;
     char *text;
@@ -84,6 +87,9 @@ struct ie_sched {
     const ie_tokenizer_t *tok;
     int n_seq, n_ctx, B, bt, chunk, max_lblocks, kv_blocks; /* the backend's geometry */
     int32_t n_vocab;
+    ie_gvocab_t *gvocab; /* the token trie for json_schema masks: built at
+                            the first such submission (under mu), then
+                            read by the stepping thread only */
     ie_kvpool_t *pool;
     int prefix_cache;
     pthread_mutex_t mu;
@@ -149,6 +155,8 @@ static void sreq_free(sreq_t *q)
     free(q->toks);
     free(q->blocks);
     ie_sampler_destroy(&q->smp);
+    ie_gmatch_destroy(&q->gm);
+    ie_grammar_destroy(&q->gram);
     ie_detok_destroy(&q->detok);
     ie_stop_destroy(&q->stop);
     free(q->text);
@@ -411,6 +419,7 @@ void ie_sched_destroy(ie_sched_t **self_p)
     free(s->b_ad);
     free(s->b_req);
     free(s->logits);
+    ie_gvocab_destroy(&s->gvocab);
     free(s->tev);
     free(s->ended);
     free(s->unbind);
@@ -421,6 +430,20 @@ void ie_sched_destroy(ie_sched_t **self_p)
 void ie_sched_set_timing(ie_sched_t *s, ie_gen_stats_t *timing)
 {
     if (s) s->o.timing = timing;
+}
+
+/* Structured output for q: compile the schema (IE_ERR_INVAL names the
+ * keyword), make its matcher, and the scheduler's token trie if this is
+ * the first such request. */
+static ie_status_t sched_grammar(ie_sched_t *s, sreq_t *q, const char *schema)
+{
+    ie_status_t st = ie_grammar_compile(schema, &q->gram);
+    if (st == IE_OK) st = ie_gmatch_new(q->gram, &q->gm);
+    if (st != IE_OK) return st;
+    pthread_mutex_lock(&s->mu);
+    if (!s->gvocab) st = ie_gvocab_from_tokenizer(s->tok, s->o.stop_ids, s->o.n_stop_ids, &s->gvocab);
+    pthread_mutex_unlock(&s->mu);
+    return st;
 }
 
 ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id_out)
@@ -463,6 +486,7 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
     if ((st = ie_detok_new(s->tok, &q->detok)) != IE_OK) goto cleanup;
     if (p->n_stop && (st = ie_stop_new(p->stop, p->n_stop, &q->stop)) != IE_OK) goto cleanup;
     for (size_t j = 0; j < r->n_ids; j++) ie_sampler_accept(q->smp, r->ids[j]);
+    if (p->json_schema && (st = sched_grammar(s, q, p->json_schema)) != IE_OK) goto cleanup;
     q->t_submit = ie_now_ms();
     q->deadline = r->timeout_ms > 0 ? q->t_submit + r->timeout_ms : 0;
 
@@ -745,7 +769,7 @@ static int build(ie_sched_t *s, int *has_prefill)
             s->b_tok[nb] = q->toks[q->n_toks - 1];
             s->b_pos[nb] = (int32_t)q->n_fed;
             s->b_seq[nb] = q->slot;
-            s->b_logits[nb] = ie_sampler_argmax_only(q->smp) ? IE_LOGITS_ARGMAX : IE_LOGITS_FULL;
+            s->b_logits[nb] = ie_sampler_argmax_only(q->smp) && !q->gm ? IE_LOGITS_ARGMAX : IE_LOGITS_FULL;
             s->b_req[nb] = q;
             nb++;
         }
@@ -773,7 +797,7 @@ static int build(ie_sched_t *s, int *has_prefill)
             s->b_seq[nb] = q->slot;
             q->n_fed++;
             s->b_logits[nb] = !(q->fresh && q->n_fed == q->n_known && q->max_new > 0) ? 0
-                              : ie_sampler_argmax_only(q->smp)                        ? IE_LOGITS_ARGMAX
+                              : ie_sampler_argmax_only(q->smp) && !q->gm              ? IE_LOGITS_ARGMAX
                                                                                       : IE_LOGITS_FULL;
             s->b_req[nb] = q;
             nb++;
@@ -882,7 +906,7 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
     int row = 0;
     double now = ie_now_ms();
     size_t n_pre = 0, n_dec = 0;
-    double sample_ms = 0, detok_ms = 0;
+    double sample_ms = 0, detok_ms = 0, grammar_ms = 0;
     s->n_tev = 0;
     for (int i = 0; i < nb; i++) {
         sreq_t *q = s->b_req[i];
@@ -902,7 +926,14 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
         int32_t id;
         const int timed = s->o.timing || s->m_stage;
         const double ts = timed ? ie_now_ms() : 0;
-        const ie_status_t sst = ie_sampler_sample(q->smp, lg, &id);
+        /* structured output: tokens that would leave the schema's language
+         * go to -inf here, before the sampler's chain; its penalties keep
+         * -inf at -inf, so this is the same as masking after them */
+        ie_status_t sst = q->gm ? ie_gvocab_apply(s->gvocab, q->gm, lg) : IE_OK;
+        const double tg = timed ? ie_now_ms() : 0;
+        if (q->gm) grammar_ms += tg - ts;
+        if (sst == IE_OK) sst = ie_sampler_sample(q->smp, lg, &id);
+        if (sst == IE_OK && q->gm) sst = ie_gvocab_accept(s->gvocab, q->gm, id);
         const double td = timed ? ie_now_ms() : 0;
         sample_ms += td - ts;
         if (sst != IE_OK) {
@@ -922,6 +953,7 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
     if (s->m_stage) {
         ie_metric_observe(s->m_stage, has_prefill ? "prefill" : "decode", step_ms / 1e3);
         ie_metric_observe(s->m_stage, "sample", sample_ms / 1e3);
+        if (grammar_ms > 0) ie_metric_observe(s->m_stage, "grammar", grammar_ms / 1e3); /* part of sample */
         ie_metric_observe(s->m_stage, "detokenize", detok_ms / 1e3);
     }
     if (s->o.timing) {

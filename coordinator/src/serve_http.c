@@ -42,6 +42,7 @@
 #include "ie_harmony.h"
 #include "serve_oai_tools.h"
 #include "ie_model_src.h"
+#include "ie_oai_format.h"
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -467,6 +468,7 @@ typedef struct gen {
     int stream, include_usage;
     ie_chat_opts_t chat_opts;
     ie_oai_tools_t tools; /* chat: tools / tool_choice (owned until handed to the request) */
+    char *schema_text;    /* response_format's schema (malloc'd), or NULL */
 } gen_t;
 
 /* Optional number `k`: 0 absent or null, 1 found (*v), -1 not a number. */
@@ -573,12 +575,10 @@ static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
     if (!g->chat && tools && !cJSON_IsNull(tools) && !(cJSON_IsArray(tools) && !tools->child))
         return bad_param(e, "tools", "'tools' are for /v1/chat/completions");
-    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
-    if (rf && !cJSON_IsNull(rf)) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
-        if (!cJSON_IsString(t) || strcmp(t->valuestring, "text"))
-            return bad_param(e, "response_format", "'response_format' supports {\"type\": \"text\"} only");
-    }
+    /* structured output: the schema is compiled (checked) here already */
+    if (ie_oai_response_format(cJSON_GetObjectItemCaseSensitive(root, "response_format"), &g->schema_text) != IE_OK)
+        return bad_param(e, "response_format", "%s", ie_error_last());
+    if (g->schema_text) g->gp.json_schema = g->schema_text;
     const cJSON *re = cJSON_GetObjectItemCaseSensitive(root, "reasoning_effort");
     if (re && !cJSON_IsNull(re) &&
         (!cJSON_IsString(re) || ie_harmony_effort_parse(re->valuestring, &g->chat_opts.effort) != IE_OK))
@@ -1311,6 +1311,7 @@ cleanup:
     ie_oai_tools_free(&g.tools);
     cJSON_Delete(root);
     free(ids);
+    free(g.schema_text);
     return ret;
 }
 
