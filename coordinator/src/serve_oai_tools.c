@@ -12,6 +12,7 @@
  */
 #include "serve_oai_tools.h"
 
+#include "ie_grammar.h"
 #include "ie_sampler.h"
 
 #include <stdarg.h>
@@ -105,6 +106,17 @@ int ie_oai_tools_parse(const cJSON *root, ie_chat_format_t fmt, const ie_jinja_t
                        "'tool_choice' names '%.64s', which is not in 'tools'", forced_name);
         }
         goto oom;
+    }
+    if (forced) { /* the grammar must take it: say so here, naming tools */
+        ie_grammar_t *gr = NULL;
+        ie_status_t st = ie_grammar_compile(out->schema, &gr);
+        ie_grammar_destroy(&gr);
+        if (st == IE_ERR_NOMEM) goto oom;
+        if (st != IE_OK) {
+            ie_oai_tools_free(out);
+            return bad(param, pcap, "tools", why, wcap, "a forced call cannot follow these tools' parameters: %s",
+                       ie_error_last());
+        }
     }
     return 0;
 oom:

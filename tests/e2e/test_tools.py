@@ -44,13 +44,16 @@ EXPECTED = REPO / "tests" / "data" / "templates" / "tools_expected.json"
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city.",
     "parameters": {"type": "object", "properties": {
-        "city": {"type": "string"}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "city": {"type": "string", "maxLength": 12}, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
         "required": ["city"], "additionalProperties": False}}}
 SEARCH = {"type": "function", "function": {
     "name": "search", "description": "Search the web.",
-    "parameters": {"type": "object", "properties": {"q": {"type": "string"}, "n": {"type": "integer"}},
+    "parameters": {"type": "object", "properties": {"q": {"type": "string", "maxLength": 12},
+                                                      "n": {"type": "integer", "minimum": 1, "maximum": 9}},
                    "required": ["q"], "additionalProperties": False}}}
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+# (the random model never ends a string by itself: maxLength bounds the
+# forced calls' strings so that they end within max_tokens)
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +174,10 @@ def validate(v, schema: dict):
         assert isinstance(v, types[t]) and not (t in ("integer", "number") and isinstance(v, bool)), (v, schema)
     if "enum" in schema:
         assert v in schema["enum"], (v, schema)
+    if t == "string" and "maxLength" in schema:
+        assert len(v) <= schema["maxLength"], (v, schema)
+    if t == "integer":
+        assert schema.get("minimum", v) <= v <= schema.get("maximum", v), (v, schema)
     if t == "object":
         props = schema.get("properties", {})
         for k in schema.get("required", []):
@@ -228,6 +235,18 @@ def test_bad_tools_400(what, tools, choice, param, needle, server):
         body["tool_choice"] = choice
     e = assert_error_shape(raw(server, "POST", "/v1/chat/completions", json=body), 400, param=param)
     assert needle in e["message"], e
+
+
+def test_forced_call_unsupported_schema_400(server):
+    if not grammar_merged(server):
+        pytest.xfail("json_schema constrained decoding (helper oai-grammar) is not merged yet")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"s": {"type": "string", "pattern": "^a+$"}}}}}
+    body = {"model": server.model, "messages": USER, "tools": [tool], "tool_choice": "required", "max_tokens": 1}
+    e = assert_error_shape(raw(server, "POST", "/v1/chat/completions", json=body), 400, param="tools")
+    assert "pattern" in e["message"], e
+    body["tool_choice"] = "auto"  # not forced: the schema is only shown to the model
+    assert raw(server, "POST", "/v1/chat/completions", json=body).status_code == 200
 
 
 def test_bad_tool_calls_in_messages_400(server):
