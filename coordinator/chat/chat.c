@@ -255,6 +255,9 @@ static ie_status_t render_masked(const ie_tokenizer_t *tok, const char *json, co
     if (!tok || !json) return ie_error_set(IE_ERR_INVAL, "chat: NULL tokenizer or messages");
     ie_status_t st;
     ie_chat_format_t f = ie_chat_format_for(tok, opts);
+    /* harmony with tools: ie_harmony writes no function definitions, the
+     * model's own (gpt-oss) template does */
+    if (f == IE_CHAT_HARMONY && opts && opts->tools_json && opts->tmpl) f = IE_CHAT_TEMPLATE;
     /* only a model's own template knows how to show functions to it */
     if (opts && opts->tools_json && f != IE_CHAT_TEMPLATE)
         return ie_error_set(IE_ERR_UNSUPPORTED,

@@ -57,8 +57,10 @@ typedef struct ie_chat_opts {
     const char *template_kwargs;
     /* the template's `tools` variable, a JSON array of OpenAI tool
      * objects ({"type": "function", "function": {...}}); NULL: none.
-     * Only a model's Jinja template renders it (ChatML and harmony:
-     * IE_ERR_UNSUPPORTED). */
+     * Only a model's Jinja template renders it: a harmony model with
+     * tools is rendered by its template (opts->tmpl) instead of
+     * ie_harmony; ChatML, or harmony without a template:
+     * IE_ERR_UNSUPPORTED. */
     const char *tools_json;
 } ie_chat_opts_t;
 

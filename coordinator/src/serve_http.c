@@ -820,6 +820,26 @@ static int tools_message(const req_t *r, const char *text, cJSON *msg, const cha
     return rc;
 }
 
+/* A harmony answer's calls: the generated ids' text with its control
+ * tokens (the headers that name the recipient are made of them), parsed
+ * for to=functions.NAME messages. *calls is empty when the request does
+ * not parse harmony calls or there are none. -1 out of memory. */
+static int harmony_calls(ie_http_t *h, const req_t *r, ie_tool_calls_t *calls)
+{
+    ie_buf_t raw = {0};
+    char piece[256];
+    int rc = 0;
+    memset(calls, 0, sizeof *calls);
+    if (r->tools.fmt != IE_TOOL_FMT_HARMONY) return 0;
+    for (size_t k = 0; r->all_ids && k < r->n_gen && rc == 0; k++) {
+        int l = ie_tokenizer_token_bytes(h->tok, r->all_ids[k], 1, piece, sizeof piece);
+        if (l > 0 && (size_t)l <= sizeof piece && ie_buf_append(&raw, piece, (size_t)l) != 0) rc = -1;
+    }
+    if (rc == 0 && ie_oai_tools_extract(&r->tools, raw.data ? raw.data : "", raw.len, calls) != IE_OK) rc = -1;
+    ie_buf_free(&raw);
+    return rc;
+}
+
 /* The non-streamed answer of a finished request (r->terminal == DONE). */
 static cJSON *final_json(ie_http_t *h, req_t *r, int chat)
 {
@@ -845,9 +865,20 @@ static cJSON *final_json(ie_http_t *h, req_t *r, int chat)
             for (size_t k = 0; k < r->n_gen; k++)
                 if (r->all_ids && ie_harmony_parser_push_token(hp, r->all_ids[k]) != IE_OK) goto fail;
             if (ie_harmony_parser_finish(hp) != IE_OK) goto fail;
-            cJSON_AddStringToObject(msg, "content", ie_harmony_parser_text(hp, IE_HARMONY_CH_FINAL, NULL));
+            const char *final = ie_harmony_parser_text(hp, IE_HARMONY_CH_FINAL, NULL);
+            ie_tool_calls_t calls;
+            if (harmony_calls(h, r, &calls) != 0) goto fail;
+            cJSON *arr = calls.n ? ie_oai_tool_calls_json(&calls, 0) : NULL;
+            ie_tool_calls_free(&calls);
+            if (arr && !final[0]) cJSON_AddNullToObject(msg, "content");
+            else cJSON_AddStringToObject(msg, "content", final);
             cJSON_AddStringToObject(msg, "reasoning_content",
                                     ie_harmony_parser_text(hp, IE_HARMONY_CH_ANALYSIS, NULL));
+            if (arr && !cJSON_AddItemToObject(msg, "tool_calls", arr)) {
+                cJSON_Delete(arr);
+                goto fail;
+            }
+            if (arr && r->finish != IE_FINISH_LENGTH && r->finish != IE_FINISH_CONTEXT) fin = "tool_calls";
         } else if (r->tools.fmt != IE_TOOL_FMT_NONE) {
             if (tools_message(r, text, msg, &fin) != 0) goto fail;
         } else {
@@ -1074,6 +1105,14 @@ static int stream_fill(stream_t *s)
                 return -1;
             ie_buf_reset(&s->cb.final);
             ie_buf_reset(&s->cb.analysis);
+        }
+        if (terminal == IE_SCHED_DONE && r->tools.fmt == IE_TOOL_FMT_HARMONY) { /* calls go out whole */
+            ie_tool_calls_t calls;
+            if (harmony_calls(s->h, r, &calls) != 0) return -1;
+            int rc = calls.n ? sse_tool_calls(s, ie_oai_tool_calls_json(&calls, 1)) : 0;
+            s->tool_calls = calls.n > 0;
+            ie_tool_calls_free(&calls);
+            if (rc != 0) return -1;
         }
     } else if (s->r->tools.fmt != IE_TOOL_FMT_NONE) {
         if (stream_tools(s, terminal) != 0) return -1;

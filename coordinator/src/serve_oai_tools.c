@@ -88,14 +88,22 @@ int ie_oai_tools_parse(const cJSON *root, ie_chat_format_t fmt, const ie_jinja_t
 
     /* only a model template that knows tools can show them to the model */
     const char *src = ie_jinja_source(tmpl);
-    if (fmt == IE_CHAT_HARMONY)
-        return bad(param, pcap, "tools", why, wcap,
-                   "tools are not supported for this (harmony / gpt-oss) model: its renderer does not write "
-                   "function definitions yet");
-    if (fmt != IE_CHAT_TEMPLATE || !src || !strstr(src, "tools"))
+    if (fmt == IE_CHAT_HARMONY) {
+        /* our harmony renderer writes no function definitions; the model's
+         * own template (gpt-oss's) does, and chat.c then renders with it */
+        if (!src || !strstr(src, "tools"))
+            return bad(param, pcap, "tools", why, wcap,
+                       "tools need this harmony (gpt-oss) model's own chat template (tokenizer.chat_template), "
+                       "which it does not have");
+        /* a forced call would have to force the harmony header too */
+        if (forced)
+            return bad(param, pcap, "tool_choice", why, wcap,
+                       "'tool_choice' \"required\" or a named function is not supported for harmony (gpt-oss) "
+                       "models; use \"auto\"");
+    } else if (fmt != IE_CHAT_TEMPLATE || !src || !strstr(src, "tools"))
         return bad(param, pcap, "tools", why, wcap,
                    "this model's chat template does not support tools (it never reads the 'tools' variable)");
-    out->native = ie_tool_format_detect(src, 0);
+    out->native = ie_tool_format_detect(src, fmt == IE_CHAT_HARMONY);
     out->fmt = none ? IE_TOOL_FMT_NONE : forced ? IE_TOOL_FMT_JSON : out->native;
     out->single = cJSON_IsFalse(par);
     if (!(out->tools_json = cJSON_PrintUnformatted(tools))) goto oom;

@@ -38,6 +38,7 @@ TEMPLATES = [
     "mistralai-Mistral-Nemo-Instruct-2407.jinja",
     "Mistral-Small-3.2-24B-Instruct-2506.jinja",
     "ibm-granite-granite-3.3-2B-Instruct.jinja",
+    "openai-gpt-oss-120b.jinja",
 ]
 
 WEATHER = {"type": "function", "function": {
