@@ -108,7 +108,10 @@ int ie_oai_tools_parse(const cJSON *root, ie_chat_format_t fmt, const ie_jinja_t
     out->single = cJSON_IsFalse(par);
     if (!(out->tools_json = cJSON_PrintUnformatted(tools))) goto oom;
     if (forced && !(out->schema = ie_tool_call_schema(tools, forced_name))) {
-        if (forced_name && ie_tool_call_schema(tools, NULL)) { /* tools are fine: the name is unknown */
+        char *any = forced_name ? ie_tool_call_schema(tools, NULL) : NULL;
+        const int unknown_name = any != NULL; /* tools are fine: the name is unknown */
+        free(any);
+        if (unknown_name) {
             ie_oai_tools_free(out);
             return bad(param, pcap, "tool_choice", why, wcap,
                        "'tool_choice' names '%.64s', which is not in 'tools'", forced_name);

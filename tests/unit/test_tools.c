@@ -8,7 +8,7 @@
  * - request checks: tools lists (missing name, bad parameters, duplicates),
  *   the forced-call schema, and the message rewrite (developer, content
  *   null, arguments string -> object);
- * - rendering with tools: 9 tool-capable templates x the cases of
+ * - rendering with tools: 10 tool-capable templates x the cases of
  *   tools_expected.json (tests/reference/gen_tool_templates.py, transformers'
  *   render_jinja_template(tools=...)), byte for byte, after the same
  *   message rewrite.
