@@ -195,16 +195,20 @@ def test_forced_call(named, server, client):
         pytest.xfail("json_schema constrained decoding (helper oai-grammar) is not merged yet")
     tools = [WEATHER, SEARCH]
     choice = {"type": "function", "function": {"name": "search"}} if named else "required"
-    for seed in range(5):
+    names = set()
+    for seed in range(100):  # 100 sampled calls, as issue 21 asks of json_schema outputs
         r = client.chat.completions.create(model=server.model, messages=USER, tools=tools, tool_choice=choice,
                                            max_tokens=200, seed=seed, temperature=1)
         ch = r.choices[0]
         assert ch.finish_reason == "tool_calls", ch
         (call,) = ch.message.tool_calls
+        assert ch.message.content is None and call.id.startswith("call_") and call.type == "function"
         if named:
             assert call.function.name == "search"
         fn = {t["function"]["name"]: t["function"] for t in tools}[call.function.name]
         validate(json.loads(call.function.arguments), fn["parameters"])
+        names.add(call.function.name)
+    assert names == ({"search"} if named else {"get_weather", "search"})  # "required" reaches both
     # streamed: one delta.tool_calls chunk with index 0
     chunks = list(client.chat.completions.create(model=server.model, messages=USER, tools=tools,
                                                  tool_choice=choice, max_tokens=200, seed=1, stream=True))
