@@ -612,6 +612,14 @@ static ie_status_t template_render(const ie_tokenizer_t *tok, const char *json, 
             cJSON_DeleteItemFromObjectCaseSensitive(kw, "tools");
             if (!cJSON_AddItemToObject(kw, "tools", tools)) st = ie_error_set(IE_ERR_NOMEM, "out of memory");
             else tools = NULL;
+            /* a harmony model rendered by its template (tools): the
+             * reasoning level reaches it as gpt-oss's template reads it
+             * (its default, "medium", renders as if unset) */
+            static const char *const EFFORT[] = {"medium", "low", "high"};
+            if (st == IE_OK && ie_chat_format(tok) == IE_CHAT_HARMONY &&
+                !cJSON_GetObjectItemCaseSensitive(kw, "reasoning_effort") && (unsigned)opts->effort < 3 &&
+                !cJSON_AddStringToObject(kw, "reasoning_effort", EFFORT[opts->effort]))
+                st = ie_error_set(IE_ERR_NOMEM, "out of memory");
             if (st == IE_OK && !(kw_s = cJSON_PrintUnformatted(kw)))
                 st = ie_error_set(IE_ERR_NOMEM, "out of memory");
         }

@@ -326,6 +326,15 @@ def test_harmony_tools(harmony_tools_model):
         chunks = list(c.chat.completions.create(model=s.model, messages=msgs, tools=[WEATHER], max_tokens=16,
                                                 temperature=0, stream=True))
         assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
+        # reasoning_effort reaches gpt-oss's template
+        r = c.chat.completions.create(model=s.model, messages=msgs, tools=[WEATHER], max_tokens=1,
+                                      reasoning_effort="high")
+        want = hf_render(template, msgs, bos="<|startoftext|>", eos="<|return|>", tools=[WEATHER],
+                         reasoning_effort="high")
+        assert "Reasoning: high" in want
+        cp = run_cli(["tokenize", "--tokenizer", str(model), "--no-bos", "--parse-special"],
+                     input_bytes=want.encode())
+        assert r.usage.prompt_tokens == len(json.loads(cp.stdout)["ids"])
         # forcing a call would have to force the harmony header: refused
         e = assert_error_shape(raw(s, "POST", "/v1/chat/completions",
                                    json={"model": s.model, "messages": USER, "tools": [WEATHER],
