@@ -270,12 +270,27 @@ ie_status_t ie_chain_gather_pick(const float *g, int n_ranks, int n, int64_t n_v
  * IE_PROTO_CLIENT_VERSION, independent of the cluster's version)
  *   {"v":1, "type":"generate", "id":str, "prompt":str | "messages":[{"role":str,"content":str}...],
  *    "max_new":int, "temperature":float, "top_k":int, "top_p":float, "min_p":float,
- *    "repeat_penalty":float, "seed":int, "stop":[str...], "stream":bool, "priority":int}
+ *    "repeat_penalty":float, "seed":int, "stop":[str...], "stream":bool, "priority":int,
+ *    "logprobs":int (-1..20)}
  * or {"v":1, "type":"cancel", "id":str}.
  * Coordinator -> client: {"v":1, "type":"token", "id", "index", "token", "text"} events when streaming,
  * then {"v":1, "type":"done", "id", "text", "finish", "n_prompt", "n_gen", "ttft_ms", "total_ms",
  *       "decode_tps"} or {"v":1, "type":"error", "id", "code":str, "message":str}.
+ * With "logprobs" k >= 0 a token event also has "logprob":float and
+ * "top_logprobs":[[id, logprob]...] (k entries), and "done" has
+ * "logprobs":[{"token", "logprob", "top_logprobs"}...] for every token.
  */
+#define IE_CLIENT_TOP_MAX 20 /* "logprobs" alternatives at most */
+
+/* One generated token's log-probability and its alternatives (a reply's). */
+typedef struct ie_client_lp {
+    int32_t token;
+    float logprob;
+    int32_t n_top;
+    int32_t top_ids[IE_CLIENT_TOP_MAX];
+    float top_lps[IE_CLIENT_TOP_MAX];
+} ie_client_lp_t;
+
 typedef struct ie_client_msg_pair {
     char *role, *content;
 } ie_client_chat_t;
@@ -297,6 +312,8 @@ typedef struct ie_client_req {
     size_t n_stop;
     int stream;       /* default 0                                      */
     int32_t priority; /* default 0; higher first                        */
+    int32_t logprobs; /* default -1: none; k in 0..IE_CLIENT_TOP_MAX:
+                         each token's log-probability and k alternatives */
 } ie_client_req_t;
 
 /* Decode a client request (owning strings in *r). Errors IE_ERR_FORMAT /
@@ -307,11 +324,17 @@ void ie_client_req_clear(ie_client_req_t *r);
 /* Encoders of the replies, appending a complete map to out (replacing it). */
 ie_status_t ie_client_enc_token(ie_buf_t *out, const char *id, int32_t index, int32_t token, const char *text,
                                 size_t text_len);
+/* ie_client_enc_token plus lp's "logprob" and "top_logprobs" (lp NULL:
+ * the same as ie_client_enc_token). */
+ie_status_t ie_client_enc_token_lp(ie_buf_t *out, const char *id, int32_t index, int32_t token, const char *text,
+                                   size_t text_len, const ie_client_lp_t *lp);
 typedef struct ie_client_done {
     const char *id, *text, *finish;
     size_t text_len;
     int32_t n_prompt, n_gen;
     double ttft_ms, total_ms, decode_tps;
+    const ie_client_lp_t *lp; /* NULL: no "logprobs" key; else n_lp entries */
+    size_t n_lp;
 } ie_client_done_t;
 ie_status_t ie_client_enc_done(ie_buf_t *out, const ie_client_done_t *d);
 ie_status_t ie_client_enc_error(ie_buf_t *out, const char *id, const char *code, const char *message);

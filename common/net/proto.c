@@ -862,6 +862,7 @@ static void req_defaults(ie_client_req_t *r)
     r->seed = -1;
     r->stream = 0;
     r->priority = 0;
+    r->logprobs = -1;
 }
 
 /* Duplicate a string object of lo..hi bytes into *dst (malloc'd). */
@@ -956,7 +957,7 @@ static ie_status_t req_key(const msgpack_object *k, const msgpack_object *o, ie_
 {
     static const char *const keys[] = {"type",        "id",    "prompt", "messages", "max_new",
                                        "temperature", "top_k", "top_p",  "min_p",    "repeat_penalty",
-                                       "seed",        "stop",  "stream", "priority"};
+                                       "seed",        "stop",  "stream", "priority", "logprobs"};
     int idx = -1;
     int64_t v = 0;
     for (int i = 0; i < (int)(sizeof keys / sizeof keys[0]); i++)
@@ -999,6 +1000,9 @@ static ie_status_t req_key(const msgpack_object *k, const msgpack_object *o, ie_
         break;
     case 13:
         if ((st = req_int(o, "priority", INT32_MIN, INT32_MAX, &v)) == IE_OK) r->priority = (int32_t)v;
+        break;
+    case 14:
+        if ((st = req_int(o, "logprobs", -1, IE_CLIENT_TOP_MAX, &v)) == IE_OK) r->logprobs = (int32_t)v;
         break;
     }
     return st;
@@ -1063,21 +1067,43 @@ static ie_status_t reply_end(pack_ctx_t *ctx, ie_buf_t *out)
     return ie_error_set(IE_ERR_NOMEM, "client reply: out of memory");
 }
 
-ie_status_t ie_client_enc_token(ie_buf_t *out, const char *id, int32_t index, int32_t token, const char *text,
-                                size_t text_len)
+/* "logprob": f, "top_logprobs": [[id, f]...] of lp (two map entries). */
+static void pack_lp(msgpack_packer *pk, const ie_client_lp_t *lp)
+{
+    const int32_t n = lp->n_top < 0 ? 0 : lp->n_top > IE_CLIENT_TOP_MAX ? IE_CLIENT_TOP_MAX : lp->n_top;
+    pack_key(pk, "logprob");
+    msgpack_pack_double(pk, lp->logprob);
+    pack_key(pk, "top_logprobs");
+    msgpack_pack_array(pk, (size_t)n);
+    for (int32_t j = 0; j < n; j++) {
+        msgpack_pack_array(pk, 2);
+        msgpack_pack_int32(pk, lp->top_ids[j]);
+        msgpack_pack_double(pk, lp->top_lps[j]);
+    }
+}
+
+ie_status_t ie_client_enc_token_lp(ie_buf_t *out, const char *id, int32_t index, int32_t token, const char *text,
+                                   size_t text_len, const ie_client_lp_t *lp)
 {
     msgpack_packer pk;
     pack_ctx_t ctx = {out, 0};
     if (!out || (!text && text_len) || text_len > UINT32_MAX)
         return ie_error_set(IE_ERR_INVAL, "ie_client_enc_token: bad argument");
-    reply_begin(&pk, &ctx, out, 6, "token", id);
+    reply_begin(&pk, &ctx, out, lp ? 8 : 6, "token", id);
     pack_key(&pk, "index");
     msgpack_pack_int32(&pk, index);
     pack_key(&pk, "token");
     msgpack_pack_int32(&pk, token);
     pack_key(&pk, "text");
     pack_strn(&pk, text ? text : "", text_len);
+    if (lp) pack_lp(&pk, lp);
     return reply_end(&ctx, out);
+}
+
+ie_status_t ie_client_enc_token(ie_buf_t *out, const char *id, int32_t index, int32_t token, const char *text,
+                                size_t text_len)
+{
+    return ie_client_enc_token_lp(out, id, index, token, text, text_len, NULL);
 }
 
 ie_status_t ie_client_enc_done(ie_buf_t *out, const ie_client_done_t *d)
@@ -1086,7 +1112,8 @@ ie_status_t ie_client_enc_done(ie_buf_t *out, const ie_client_done_t *d)
     pack_ctx_t ctx = {out, 0};
     if (!out || !d || (!d->text && d->text_len) || d->text_len > UINT32_MAX)
         return ie_error_set(IE_ERR_INVAL, "ie_client_enc_done: bad argument");
-    reply_begin(&pk, &ctx, out, 10, "done", d->id);
+    if (d->n_lp && !d->lp) return ie_error_set(IE_ERR_INVAL, "ie_client_enc_done: bad argument");
+    reply_begin(&pk, &ctx, out, d->lp ? 11 : 10, "done", d->id);
     pack_key(&pk, "text");
     pack_strn(&pk, d->text ? d->text : "", d->text_len);
     pack_key(&pk, "finish");
@@ -1101,6 +1128,16 @@ ie_status_t ie_client_enc_done(ie_buf_t *out, const ie_client_done_t *d)
     msgpack_pack_double(&pk, d->total_ms);
     pack_key(&pk, "decode_tps");
     msgpack_pack_double(&pk, d->decode_tps);
+    if (d->lp) {
+        pack_key(&pk, "logprobs");
+        msgpack_pack_array(&pk, d->n_lp);
+        for (size_t i = 0; i < d->n_lp; i++) {
+            msgpack_pack_map(&pk, 3);
+            pack_key(&pk, "token");
+            msgpack_pack_int32(&pk, d->lp[i].token);
+            pack_lp(&pk, &d->lp[i]);
+        }
+    }
     return reply_end(&ctx, out);
 }
 

@@ -38,6 +38,7 @@
 
 #include "ie_backend.h"
 #include "ie_gen.h"
+#include "ie_logprobs.h"
 #include "ie_metrics.h"
 #include "ie_tokenizer.h"
 
@@ -102,6 +103,13 @@ typedef struct ie_sched_event {
     const char *text; /* text it released (after stop-string
                                  holding; may be empty; not NUL-terminated) */
     size_t len;
+    /* TOKEN of a request with params->logprobs: has_logprob 1, logprob =
+     * ln p(token) under the raw logits, top[0..n_top) the top_logprobs most
+     * likely tokens (descending; ie_logprobs_row); else 0 / NULL / 0 */
+    int has_logprob;
+    float logprob;
+    const ie_token_logprob_t *top;
+    int n_top;
     /* DONE (and, with what was produced before the failure, ERROR) */
     const char *all_text; /* whole output, NUL-terminated             */
     const int32_t *ids;   /* generated ids                             */

@@ -50,6 +50,12 @@ typedef struct sreq {
     ie_sampler_t *smp;
     ie_grammar_t *gram; /* structured output (json_schema), else NULL */
     ie_gmatch_t *gm;    /* its matcher: the text generated so far    */
+    /* log-probabilities (params->logprobs): of the token sampled last */
+    int lp_on, lp_k;
+    double lp_lse;
+    float lp_tok;
+    int lp_n;
+    ie_token_logprob_t lp_top[IE_LOGPROBS_MAX_TOP];
     ie_detok_t *detok;
     ie_stop_t *stop;
     char *text;
@@ -106,6 +112,8 @@ struct ie_sched {
     uint8_t *b_logits;
     sreq_t **b_req; /* the request of each batch entry          */
     float *logits;
+    float *lp_row; /* a raw row kept for log-probabilities (the
+                                sampler writes its penalties into the row) */
     tok_ev_t *tev;
     int n_tev;
     sreq_t **ended; /* terminal this step                        */
@@ -278,6 +286,14 @@ static int ensure_block(ie_sched_t *s, sreq_t *q, size_t pos)
 
 static int backend_ready(ie_sched_t *s) { return ie_backend_ready(s->be); }
 
+/* The logits q's sampled token needs: only the arg max for a greedy
+ * request without penalties, unless it reports log-probabilities (they
+ * need the whole row, which the cluster sends only for FULL). */
+static uint8_t row_kind(const sreq_t *q)
+{
+    return ie_sampler_argmax_only(q->smp) && !q->lp_on && !q->gm ? IE_LOGITS_ARGMAX : IE_LOGITS_FULL;
+}
+
 /* ------------------------------------------------------------- public */
 
 ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
@@ -326,11 +342,12 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
     s->b_ad = malloc(B * sizeof *s->b_ad);
     s->b_req = malloc(B * sizeof *s->b_req);
     s->logits = malloc(B * (size_t)s->n_vocab * sizeof *s->logits);
+    s->lp_row = malloc((size_t)s->n_vocab * sizeof *s->lp_row);
     s->tev = malloc((size_t)s->n_seq * sizeof *s->tev);
     s->ended = malloc((size_t)s->ended_cap * sizeof *s->ended);
     s->unbind = malloc((size_t)s->max_lblocks * sizeof *s->unbind);
     if (!s->queue || !s->run || !s->b_tok || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_ad || !s->b_req ||
-        !s->logits || !s->tev || !s->ended || !s->unbind) {
+        !s->logits || !s->lp_row || !s->tev || !s->ended || !s->unbind) {
         st = ie_error_set(IE_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
@@ -420,6 +437,7 @@ void ie_sched_destroy(ie_sched_t **self_p)
     free(s->b_req);
     free(s->logits);
     ie_gvocab_destroy(&s->gvocab);
+    free(s->lp_row);
     free(s->tev);
     free(s->ended);
     free(s->unbind);
@@ -464,6 +482,9 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
             return ie_error_set(IE_ERR_RANGE, "token id %d out of range (vocabulary %d)", (int)r->ids[j],
                                 (int)s->n_vocab);
     if ((st = ie_sampler_params_validate(&p->sampling)) != IE_OK) return st;
+    if (p->logprobs && (p->top_logprobs < 0 || p->top_logprobs > IE_LOGPROBS_MAX_TOP))
+        return ie_error_set(IE_ERR_INVAL, "top_logprobs must be in [0, %d] (got %d)", IE_LOGPROBS_MAX_TOP,
+                            p->top_logprobs);
 
     if (!(q = calloc(1, sizeof *q))) return ie_error_set(IE_ERR_NOMEM, "out of memory");
     q->toks_cap = r->n_ids + (size_t)(p->max_new < s->n_ctx ? p->max_new : s->n_ctx) + 1;
@@ -478,6 +499,8 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
     q->fresh = 1;
     q->slot = -1;
     q->max_new = p->max_new;
+    q->lp_on = p->logprobs != 0;
+    q->lp_k = p->logprobs ? p->top_logprobs : 0;
     q->priority = r->priority;
     q->adapter = r->lora - 1;
     q->cb = r->cb;
@@ -769,7 +792,7 @@ static int build(ie_sched_t *s, int *has_prefill)
             s->b_tok[nb] = q->toks[q->n_toks - 1];
             s->b_pos[nb] = (int32_t)q->n_fed;
             s->b_seq[nb] = q->slot;
-            s->b_logits[nb] = ie_sampler_argmax_only(q->smp) && !q->gm ? IE_LOGITS_ARGMAX : IE_LOGITS_FULL;
+            s->b_logits[nb] = row_kind(q);
             s->b_req[nb] = q;
             nb++;
         }
@@ -796,9 +819,7 @@ static int build(ie_sched_t *s, int *has_prefill)
             s->b_pos[nb] = (int32_t)q->n_fed;
             s->b_seq[nb] = q->slot;
             q->n_fed++;
-            s->b_logits[nb] = !(q->fresh && q->n_fed == q->n_known && q->max_new > 0) ? 0
-                              : ie_sampler_argmax_only(q->smp) && !q->gm              ? IE_LOGITS_ARGMAX
-                                                                                      : IE_LOGITS_FULL;
+            s->b_logits[nb] = !(q->fresh && q->n_fed == q->n_known && q->max_new > 0) ? 0 : row_kind(q);
             s->b_req[nb] = q;
             nb++;
             budget--;
@@ -926,6 +947,10 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
         int32_t id;
         const int timed = s->o.timing || s->m_stage;
         const double ts = timed ? ie_now_ms() : 0;
+        if (q->lp_on) { /* the raw row, before the grammar mask and the sampler's penalties */
+            memcpy(s->lp_row, lg, (size_t)s->n_vocab * sizeof *lg);
+            q->lp_n = ie_logprobs_row(lg, s->n_vocab, q->lp_k, &q->lp_lse, q->lp_top);
+        }
         /* structured output: tokens that would leave the schema's language
          * go to -inf here, before the sampler's chain; its penalties keep
          * -inf at -inf, so this is the same as masking after them */
@@ -934,6 +959,7 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
         if (q->gm) grammar_ms += tg - ts;
         if (sst == IE_OK) sst = ie_sampler_sample(q->smp, lg, &id);
         if (sst == IE_OK && q->gm) sst = ie_gvocab_accept(s->gvocab, q->gm, id);
+        if (sst == IE_OK && q->lp_on) q->lp_tok = ie_logprobs_of(s->lp_row[id], q->lp_lse);
         const double td = timed ? ie_now_ms() : 0;
         sample_ms += td - ts;
         if (sst != IE_OK) {
@@ -1070,7 +1096,11 @@ ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out)
                                .user = t->q->cb_ctx,
                                .token = t->id,
                                .text = t->q->text + t->off,
-                               .len = t->len};
+                               .len = t->len,
+                               .has_logprob = t->q->lp_on,
+                               .logprob = t->q->lp_tok,
+                               .top = t->q->lp_on ? t->q->lp_top : NULL,
+                               .n_top = t->q->lp_on ? t->q->lp_n : 0};
         t->q->cb(t->q->cb_ctx, &ev);
     }
     int n_ended = s->n_ended;

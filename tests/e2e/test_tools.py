@@ -342,3 +342,30 @@ def test_harmony_tools(harmony_tools_model):
         assert "harmony" in e["message"]
     finally:
         s.stop()
+
+
+def test_forced_call_n_choices(server, client):
+    """n > 1: every choice is a call of its own (choice i seeded seed + i),
+    streamed as delta.tool_calls chunks of that choice's index."""
+    if not grammar_merged(server):
+        pytest.xfail("json_schema constrained decoding (helper oai-grammar) is not merged yet")
+    kw = dict(model=server.model, messages=USER, tools=[WEATHER, SEARCH], tool_choice="required", max_tokens=200,
+              seed=3, n=3)
+    r = client.chat.completions.create(**kw)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    for ch in r.choices:
+        assert ch.finish_reason == "tool_calls"
+        (call,) = ch.message.tool_calls
+        fn = {t["function"]["name"]: t["function"] for t in (WEATHER, SEARCH)}[call.function.name]
+        validate(json.loads(call.function.arguments), fn["parameters"])
+    calls, finish = {}, {}
+    for chunk in client.chat.completions.create(stream=True, **kw):
+        for ch in chunk.choices:
+            for tc in ch.delta.tool_calls or []:
+                calls.setdefault(ch.index, []).append(tc)
+            if ch.finish_reason:
+                finish[ch.index] = ch.finish_reason
+    assert finish == {0: "tool_calls", 1: "tool_calls", 2: "tool_calls"}
+    for i, ch in enumerate(r.choices):  # the same seeds: the same calls, streamed or not
+        assert [(c.function.name, c.function.arguments) for c in calls[i]] == \
+            [(c.function.name, c.function.arguments) for c in ch.message.tool_calls]

@@ -40,6 +40,7 @@ static void check_request(const ie_client_req_t *r)
     for (size_t i = 0; i < r->n_stop; i++)
         if (!r->stop[i] || !r->stop[i][0]) __builtin_trap();
     if (!(r->temperature >= 0) || !(r->top_p >= 0 && r->top_p <= 1) || !(r->repeat_penalty > 0)) __builtin_trap();
+    if (r->logprobs < -1 || r->logprobs > IE_CLIENT_TOP_MAX) __builtin_trap();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

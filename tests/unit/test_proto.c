@@ -780,8 +780,17 @@ static void test_req_defaults(void)
     CU_ASSERT_EQUAL(r.n_stop, 0);
     CU_ASSERT_EQUAL(r.stream, 0);
     CU_ASSERT_EQUAL(r.priority, 0);
+    CU_ASSERT_EQUAL(r.logprobs, -1);
     ie_client_req_clear(&r);
     CU_ASSERT_PTR_NULL(r.id);
+    /* "logprobs": -1..20 */
+    kvp_t lp[] = {V1, GEN, ID, PROMPT, {"logprobs", {V_INT, .i = 20}}};
+    CU_ASSERT_EQUAL_FATAL(req_decode(lp, 5, &r), IE_OK);
+    CU_ASSERT_EQUAL(r.logprobs, 20);
+    ie_client_req_clear(&r);
+    expect_req((kvp_t){"logprobs", {V_INT, .i = 21}}, IE_ERR_FORMAT);
+    expect_req((kvp_t){"logprobs", {V_INT, .i = -2}}, IE_ERR_FORMAT);
+    expect_req((kvp_t){"logprobs", {V_STR, .s = "3"}}, IE_ERR_FORMAT);
     ie_client_req_clear(&r); /* twice is fine */
     ie_client_req_clear(NULL);
 }
@@ -1100,6 +1109,30 @@ static void test_replies(void)
     CU_ASSERT_EQUAL(get(&u.data, "id")->type, MSGPACK_OBJECT_NIL); /* no id known */
     CU_ASSERT(str_is(get(&u.data, "code"), "bad_request", 11));
     CU_ASSERT_PTR_NOT_NULL(get(&u.data, "message"));
+
+    /* log-probabilities: a token's and the done reply's list */
+    ie_client_lp_t lp = {.token = 7, .logprob = -0.5f, .n_top = 2, .top_ids = {7, 9}, .top_lps = {-0.5f, -1.5f}};
+    CU_ASSERT_EQUAL_FATAL(ie_client_enc_token_lp(&b, "r1", 0, 7, "x", 1, &lp), IE_OK);
+    off = 0;
+    CU_ASSERT_FATAL(msgpack_unpack_next(&u, b.data, b.len, &off) == MSGPACK_UNPACK_SUCCESS && off == b.len);
+    CU_ASSERT_EQUAL(u.data.via.map.size, 8);
+    CU_ASSERT_DOUBLE_EQUAL(get(&u.data, "logprob")->via.f64, -0.5, 1e-12);
+    const msgpack_object *tl = get(&u.data, "top_logprobs");
+    CU_ASSERT_FATAL(tl && tl->type == MSGPACK_OBJECT_ARRAY && tl->via.array.size == 2);
+    CU_ASSERT_EQUAL(tl->via.array.ptr[1].via.array.ptr[0].via.u64, 9);
+    CU_ASSERT_DOUBLE_EQUAL(tl->via.array.ptr[1].via.array.ptr[1].via.f64, -1.5, 1e-12);
+    d.lp = &lp;
+    d.n_lp = 1;
+    CU_ASSERT_EQUAL_FATAL(ie_client_enc_done(&b, &d), IE_OK);
+    off = 0;
+    CU_ASSERT_FATAL(msgpack_unpack_next(&u, b.data, b.len, &off) == MSGPACK_UNPACK_SUCCESS && off == b.len);
+    CU_ASSERT_EQUAL(u.data.via.map.size, 11);
+    const msgpack_object *dl = get(&u.data, "logprobs");
+    CU_ASSERT_FATAL(dl && dl->type == MSGPACK_OBJECT_ARRAY && dl->via.array.size == 1);
+    CU_ASSERT_EQUAL(get(&dl->via.array.ptr[0], "token")->via.u64, 7);
+    CU_ASSERT_DOUBLE_EQUAL(get(&dl->via.array.ptr[0], "logprob")->via.f64, -0.5, 1e-12);
+    d.lp = NULL;
+    CU_ASSERT_EQUAL(ie_client_enc_done(&b, &d), IE_ERR_INVAL); /* n_lp without lp */
 
     CU_ASSERT_EQUAL(ie_client_enc_token(&b, "r", 0, 0, NULL, 3), IE_ERR_INVAL);
     CU_ASSERT_EQUAL(ie_client_enc_done(&b, NULL), IE_ERR_INVAL);

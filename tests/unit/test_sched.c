@@ -11,6 +11,7 @@
 #include "ie_model_src.h"
 
 #include <CUnit/Basic.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -544,6 +545,7 @@ typedef struct fake {
     int32_t table[FAKE_SEQ][FAKE_NLB]; /* physical block of each logical one */
     int ready;                         /* 0: steps fail as a lost cluster's  */
     int steps, hints, bad, upkeeps, destroyed;
+    int rows_full, rows_argmax; /* logits rows asked for, by kind      */
 } fake_t;
 
 static int32_t fake_next(int32_t tok, int32_t pos) { return 100 + (tok * 7 + pos) % 50; }
@@ -565,6 +567,8 @@ static ie_status_t fake_step(void *self, const ie_batch_t *b, float *logits_out)
         if (b->pos[i] != f->len[q]) f->bad++; /* not the slot's next position */
         f->len[q] = b->pos[i] + 1;
         if (!b->logits[i]) continue;
+        f->rows_full += b->logits[i] == IE_LOGITS_FULL;
+        f->rows_argmax += b->logits[i] == IE_LOGITS_ARGMAX;
         float *row = logits_out + (size_t)want++ * (size_t)f->n_vocab;
         for (int32_t v = 0; v < f->n_vocab; v++) row[v] = 0.0f;
         row[fake_next(b->tokens[i], b->pos[i])] = 1.0f;
@@ -750,6 +754,88 @@ static void test_fake_backend(void)
     ie_tokenizer_destroy(&tok);
 }
 
+/* Log-probabilities through the step boundary: a greedy request that
+ * asks for them gets FULL rows (an ARGMAX-only row of a cluster would make
+ * them meaningless), one that does not gets ARGMAX rows, and every TOKEN
+ * event carries ln p of its token under the raw row and the top k. */
+typedef struct lp_sink {
+    int n_tok, n_with, bad, kind;
+} lp_sink_t;
+
+static double g_lp_want; /* ln p of the fake's chosen token */
+
+static void on_lp_event(void *ctx, const ie_sched_event_t *ev)
+{
+    lp_sink_t *k = ctx;
+    if (ev->kind != IE_SCHED_TOKEN) {
+        k->kind = ev->kind;
+        return;
+    }
+    k->n_tok++;
+    if (!ev->has_logprob) return;
+    k->n_with++;
+    /* the fake's row: 1 at the next token, 0 elsewhere; top 2 = (next, id 0) */
+    if (fabs(ev->logprob - g_lp_want) > 1e-5 || ev->n_top != 2 || !ev->top || ev->top[0].id != ev->token ||
+        fabs(ev->top[0].logprob - g_lp_want) > 1e-5 || ev->top[1].id != 0 ||
+        fabs(ev->top[1].logprob - (g_lp_want - 1.0)) > 1e-5)
+        k->bad++;
+}
+
+static void test_fake_logprobs(void)
+{
+    static fake_t f;
+    memset(&f, 0, sizeof f);
+    memset(f.table, 0xff, sizeof f.table);
+    ie_model_src_t *src = NULL;
+    ie_tokenizer_t *tok = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_model_src_open(MODEL, &src), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_load(ie_model_src_tokenizer_path(src), &tok), IE_OK);
+    ie_model_src_destroy(&src);
+    f.n_vocab = ie_tokenizer_n_vocab(tok);
+    f.ready = 1;
+    g_lp_want = 1.0 - log(exp(1.0) + (double)(f.n_vocab - 1));
+    ie_backend_geom_t g = {.n_seq = FAKE_SEQ,
+                           .n_ctx = FAKE_CTX,
+                           .max_batch = 8,
+                           .kv_block = FAKE_KB,
+                           .kv_blocks = FAKE_BLOCKS,
+                           .n_vocab = f.n_vocab,
+                           .upkeep_ms = 10};
+    ie_backend_t *be = NULL;
+    ie_sched_t *s = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake_ops, &f, &g, &be), IE_OK);
+    ie_sched_opts_t so = {.backend = be, .tok = tok};
+    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    static const int32_t p[] = {200, 201, 202};
+    ie_gen_params_t plain = greedy(4), lp = greedy(4);
+    lp.logprobs = 1;
+    lp.top_logprobs = 2;
+    lp_sink_t a = {0}, b = {0};
+    ie_sched_req_t ra = {.ids = p, .n_ids = 3, .params = &plain, .cb = on_lp_event, .cb_ctx = &a};
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &ra, NULL), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT_EQUAL(a.kind, IE_SCHED_DONE);
+    CU_ASSERT_EQUAL(a.n_tok, 4);
+    CU_ASSERT_EQUAL(a.n_with, 0);
+    CU_ASSERT_EQUAL(f.rows_argmax, 4);
+    CU_ASSERT_EQUAL(f.rows_full, 0);
+    ie_sched_req_t rb = {.ids = p, .n_ids = 3, .params = &lp, .cb = on_lp_event, .cb_ctx = &b};
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &rb, NULL), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT_EQUAL(b.kind, IE_SCHED_DONE);
+    CU_ASSERT_EQUAL(b.n_tok, 4);
+    CU_ASSERT_EQUAL(b.n_with, 4);
+    CU_ASSERT_EQUAL(b.bad, 0);
+    CU_ASSERT_EQUAL(f.rows_full, 4);
+    CU_ASSERT_EQUAL(f.rows_argmax, 4);
+    /* top_logprobs beyond IE_LOGPROBS_MAX_TOP is refused at submission */
+    lp.top_logprobs = IE_LOGPROBS_MAX_TOP + 1;
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &rb, NULL), IE_ERR_INVAL);
+    ie_sched_destroy(&s);
+    ie_backend_destroy(&be);
+    ie_tokenizer_destroy(&tok);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -765,7 +851,8 @@ int main(void)
                  {"busy counts free slots", test_busy_counts_free_slots},
                  {"streamed pieces add up to the text", test_stream_adds_up},
                  {"submit from other threads", test_threads},
-                 {"a fake backend behind the step boundary", test_fake_backend}};
+                 {"a fake backend behind the step boundary", test_fake_backend},
+                 {"log-probabilities ask for full rows", test_fake_logprobs}};
     /* IE_TEST_ONLY=word runs the tests whose name holds it (make tsan runs
      * the threaded ones: every test under TSan takes minutes) */
     const char *only = getenv("IE_TEST_ONLY");
