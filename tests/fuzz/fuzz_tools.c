@@ -31,8 +31,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             if (!c.n && size && !memchr(text, 0, size) && (!c.content || strlen(c.content) != size)) abort();
             ie_tool_calls_free(&c);
         }
-        size_t last = 0;
-        for (size_t n = 0; n <= size && n < 512; n++) {
+        size_t last = 0; /* the first 128 prefixes (each call scans its whole prefix) */
+        for (size_t n = 0; n <= size && n < 128; n++) {
             size_t s = ie_tool_safe_len(FMTS[f], text, n);
             if (s > n || (s < last && FMTS[f] != IE_TOOL_FMT_JSON)) abort(); /* never shrinks as text grows */
             last = s;
