@@ -2,7 +2,7 @@
 # scripts/fuzz.sh [SECONDS] — fuzz the parsers of outside input (GGUF, IEBIN,
 # safetensors, tokenizer.json and text for the tokenizers, quantization
 # manifests, chat templates, /v1/embeddings bodies, JSON Schemas for structured
-# output).
+# output, tool calls).
 #
 # Builds the libFuzzer targets (tests/fuzz/fuzz_*.c) with clang, ASan and
 # UBSan into build-fuzz/ — the whole library is coverage-instrumented
@@ -17,7 +17,7 @@ secs="${1:-60}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 build=build-fuzz
-targets=(gguf safetensors tokenizer iebin manifest proto jinja lora embd grammar)
+targets=(gguf safetensors tokenizer iebin manifest proto jinja lora embd grammar tools)
 
 log() { printf '[fuzz] %s\n' "$*" >&2; }
 

@@ -254,7 +254,17 @@ static ie_status_t render_masked(const ie_tokenizer_t *tok, const char *json, co
 {
     if (!tok || !json) return ie_error_set(IE_ERR_INVAL, "chat: NULL tokenizer or messages");
     ie_status_t st;
-    switch (ie_chat_format_for(tok, opts)) {
+    ie_chat_format_t f = ie_chat_format_for(tok, opts);
+    /* harmony with tools: ie_harmony writes no function definitions, the
+     * model's own (gpt-oss) template does */
+    if (f == IE_CHAT_HARMONY && opts && opts->tools_json && opts->tmpl) f = IE_CHAT_TEMPLATE;
+    /* only a model's own template knows how to show functions to it */
+    if (opts && opts->tools_json && f != IE_CHAT_TEMPLATE)
+        return ie_error_set(IE_ERR_UNSUPPORTED,
+                            "chat: tools need a chat template that renders them (this model's "
+                            "format is %s)",
+                            ie_chat_format_name(f));
+    switch (f) {
     case IE_CHAT_TEMPLATE:
         *markers = NULL; /* every special token of the vocabulary */
         st = template_render(tok, json, opts, out);
@@ -590,12 +600,38 @@ static ie_status_t template_render(const ie_tokenizer_t *tok, const char *json, 
     cJSON_Delete(root);
     if (st != IE_OK) return st;
 
-    char bos[128], eos[128], *text = NULL;
+    char bos[128], eos[128], *text = NULL, *kw_s = NULL;
     uint8_t *mask = NULL;
     size_t len = 0;
+    const char *kwargs = opts->template_kwargs;
+    if (opts->tools_json) { /* the template's `tools`, as apply_chat_template(tools=...) passes them */
+        cJSON *kw = cJSON_Parse(kwargs ? kwargs : "{}"), *tools = cJSON_Parse(opts->tools_json);
+        if (!cJSON_IsObject(kw) || !cJSON_IsArray(tools))
+            st = ie_error_set(IE_ERR_FORMAT, "chat: template arguments must be a JSON object and tools a list");
+        else {
+            cJSON_DeleteItemFromObjectCaseSensitive(kw, "tools");
+            if (!cJSON_AddItemToObject(kw, "tools", tools)) st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+            else tools = NULL;
+            /* a harmony model rendered by its template (tools): the
+             * reasoning level reaches it as gpt-oss's template reads it
+             * (its default, "medium", renders as if unset) */
+            static const char *const EFFORT[] = {"medium", "low", "high"};
+            if (st == IE_OK && ie_chat_format(tok) == IE_CHAT_HARMONY &&
+                !cJSON_GetObjectItemCaseSensitive(kw, "reasoning_effort") && (unsigned)opts->effort < 3 &&
+                !cJSON_AddStringToObject(kw, "reasoning_effort", EFFORT[opts->effort]))
+                st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+            if (st == IE_OK && !(kw_s = cJSON_PrintUnformatted(kw)))
+                st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+        }
+        cJSON_Delete(kw);
+        cJSON_Delete(tools);
+        if (st != IE_OK) return st;
+        kwargs = kw_s;
+    }
     token_text(tok, ie_tokenizer_bos(tok), bos, sizeof bos);
     token_text(tok, ie_tokenizer_eos(tok), eos, sizeof eos);
-    st = ie_chat_template_render(opts->tmpl, json, opts->template_kwargs, bos, eos, NULL, &text, &mask, &len, NULL);
+    st = ie_chat_template_render(opts->tmpl, json, kwargs, bos, eos, NULL, &text, &mask, &len, NULL);
+    free(kw_s);
     if (st == IE_OK) {
         /* runs of equal mask */
         for (size_t a = 0; a < len && st == IE_OK;) {

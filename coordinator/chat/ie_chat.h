@@ -55,6 +55,13 @@ typedef struct ie_chat_opts {
     /* extra template variables, a JSON object such as
      * {"enable_thinking": false}; NULL: none */
     const char *template_kwargs;
+    /* the template's `tools` variable, a JSON array of OpenAI tool
+     * objects ({"type": "function", "function": {...}}); NULL: none.
+     * Only a model's Jinja template renders it: a harmony model with
+     * tools is rendered by its template (opts->tmpl) instead of
+     * ie_harmony; ChatML, or harmony without a template:
+     * IE_ERR_UNSUPPORTED. */
+    const char *tools_json;
 } ie_chat_opts_t;
 
 /* The chat format of a tokenizer's vocabulary (harmony wins if both). */
@@ -78,7 +85,8 @@ const char *ie_chat_format_name(ie_chat_format_t f);
  * vocabulary with no chat template ("model has no chat template"), a
  * conversation the model's template rejects ("chat template raised: ...")
  * or fails on ("chat template line N: ...");
- * IE_ERR_UNSUPPORTED harmony features ie_harmony does not render (tools),
+ * IE_ERR_UNSUPPORTED opts->tools_json with no model template to render it,
+ * harmony features ie_harmony does not render (tools),
  * a model template that did not compile (opts->tmpl_error); IE_ERR_NOMEM. */
 ie_status_t ie_chat_render(const ie_tokenizer_t *tok, const char *messages_json, const ie_chat_opts_t *opts,
                            char **prompt_out);

@@ -52,6 +52,10 @@ typedef struct ie_jinja_opts {
  * IE_ERR_NOMEM. */
 ie_status_t ie_jinja_parse(const char *src, size_t len, ie_jinja_t **out);
 
+/* The text the template was compiled from (NUL-terminated, valid as long
+ * as t), e.g. to detect a model's tool-call markup; NULL for NULL t. */
+const char *ie_jinja_source(const ie_jinja_t *t);
+
 /* Free a template; *t becomes NULL. NULL and *t == NULL are fine. */
 void ie_jinja_destroy(ie_jinja_t **t);
 

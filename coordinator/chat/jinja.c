@@ -2892,6 +2892,7 @@ static int exec(jx_t *x, const node_t *n, frame_t *f, sb_t *out)
 struct ie_jinja {
     arena_t ar;
     node_t *body;
+    const char *src; /* the template text (in ar): callers read it for markers (ie_jinja_source) */
 };
 
 ie_status_t ie_jinja_parse(const char *src, size_t len, ie_jinja_t **out)
@@ -2923,10 +2924,13 @@ ie_status_t ie_jinja_parse(const char *src, size_t len, ie_jinja_t **out)
     parser_t P = {.e = e, .t = L.toks};
     jstr_t end;
     t->body = p_body(&P, NULL, &end);
+    t->src = copy;
     free(e);
     *out = t;
     return IE_OK;
 }
+
+const char *ie_jinja_source(const ie_jinja_t *t) { return t ? t->src : NULL; }
 
 void ie_jinja_destroy(ie_jinja_t **t)
 {

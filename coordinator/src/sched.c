@@ -1004,7 +1004,7 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
         int32_t id;
         const int timed = s->o.timing || s->m_stage;
         const double ts = timed ? ie_now_ms() : 0;
-        if (q->lp_on) { /* the raw row, before the sampler's penalties */
+        if (q->lp_on) { /* the raw row, before the grammar mask and the sampler's penalties */
             memcpy(s->lp_row, lg, (size_t)s->n_vocab * sizeof *lg);
             q->lp_n = ie_logprobs_row(lg, s->n_vocab, q->lp_k, &q->lp_lse, q->lp_top);
         }

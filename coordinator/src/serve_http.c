@@ -46,6 +46,7 @@
 #include "ie_logprobs.h"
 #include "ie_model_src.h"
 #include "ie_oai_format.h"
+#include "serve_oai_tools.h"
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -166,6 +167,7 @@ typedef struct req {
     int oom;         /* an event could not be stored (mu)         */
     size_t n_prompt; /* outcome: prompt tokens (every choice's)    */
     choice_t ch[IE_HTTP_MAX_N];
+    ie_oai_tools_t tools; /* the request's tools (serve_oai_tools.h); read-only */
 } req_t;
 
 static req_t *req_new(int n, int logprobs)
@@ -203,6 +205,7 @@ static void req_unref(req_t *r)
         free(c->all_text);
         free(c->all_ids);
     }
+    ie_oai_tools_free(&r->tools);
     free(r);
 }
 
@@ -542,7 +545,8 @@ typedef struct gen {
     int lp_k; /* -1: no logprobs; else alternatives per token
                  (chat top_logprobs, completions logprobs)    */
     ie_chat_opts_t chat_opts;
-    char *schema_text; /* response_format's schema (malloc'd), or NULL */
+    char *schema_text;    /* response_format's schema (malloc'd), or NULL */
+    ie_oai_tools_t tools; /* chat: tools / tool_choice (owned until handed to the request) */
 } gen_t;
 
 /* Optional number `k`: 0 absent or null, 1 found (*v), -1 not a number. */
@@ -672,8 +676,8 @@ static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
     if (lb && !cJSON_IsNull(lb) && !(cJSON_IsObject(lb) && !lb->child))
         return bad_param(e, "logit_bias", "'logit_bias' is not supported");
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
-    if (tools && !cJSON_IsNull(tools) && !(cJSON_IsArray(tools) && !tools->child))
-        return bad_param(e, "tools", "'tools' are not supported");
+    if (!g->chat && tools && !cJSON_IsNull(tools) && !(cJSON_IsArray(tools) && !tools->child))
+        return bad_param(e, "tools", "'tools' are for /v1/chat/completions");
     /* structured output: the schema is compiled (checked) here already */
     if (ie_oai_response_format(cJSON_GetObjectItemCaseSensitive(root, "response_format"), &g->schema_text) != IE_OK)
         return bad_param(e, "response_format", "%s", ie_error_last());
@@ -701,6 +705,18 @@ static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
     }
     g->gp.stop = n_stop ? g->stops : NULL;
     g->gp.n_stop = n_stop;
+    if (g->chat) {
+        char param[32], why[256];
+        int rc = ie_oai_tools_parse(root, h->chat_fmt, g->chat_opts.tmpl, &g->tools, param, sizeof param, why,
+                                    sizeof why);
+        if (rc == -2)
+            return err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
+        if (rc != 0) return bad_param(e, param, "%s", why);
+        if (g->tools.schema && g->gp.json_schema)
+            return bad_param(e, "tool_choice", "a forced tool call cannot be combined with 'response_format'");
+        if (g->tools.schema) g->gp.json_schema = g->tools.schema; /* the call's JSON, through the grammar */
+        g->chat_opts.tools_json = g->tools.tools_json;
+    }
     if (ie_sampler_params_validate(sp) != IE_OK)
         return err_set(e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "invalid_value", NULL, "%s",
                        ie_error_last());
@@ -783,6 +799,17 @@ static int chat_ids(ie_http_t *h, const cJSON *root, const gen_t *g, int32_t **i
         co.template_kwargs = kw_json;
     }
     if (!(norm = cJSON_Duplicate(msgs, 1))) goto oom;
+    /* developer -> system where the template lacks it (harmony has the
+     * role), content null -> "", tool_calls' arguments -> objects */
+    char why[256];
+    int prc = ie_tool_messages_prepare(norm,
+                                       h->chat_fmt == IE_CHAT_HARMONY ? "developer" : ie_jinja_source(co.tmpl), why,
+                                       sizeof why);
+    if (prc == -2) goto oom;
+    if (prc != 0) {
+        rc = bad_param(e, "messages", "%s", why);
+        goto cleanup;
+    }
     cJSON_ArrayForEach(m, norm)
     {
         i++;
@@ -994,6 +1021,52 @@ oom:
     return NULL;
 }
 
+/* A choice's calls, when the request parses them (r->tools): content (the
+ * text outside the calls, or null), tool_calls, and finish_reason
+ * "tool_calls" unless the answer was cut short. Without calls, content is
+ * the text. -1 out of memory. */
+static int tools_message(const req_t *r, const choice_t *c, const char *text, cJSON *msg, const char **finish)
+{
+    ie_tool_calls_t calls;
+    if (ie_oai_tools_extract(&r->tools, text, strlen(text), &calls) != IE_OK) return -1;
+    int rc = 0;
+    if (!calls.n) {
+        rc = cJSON_AddStringToObject(msg, "content", text) ? 0 : -1;
+    } else {
+        cJSON *arr = ie_oai_tool_calls_json(&calls, 0);
+        if (!arr ||
+            !(calls.content ? cJSON_AddStringToObject(msg, "content", calls.content)
+                            : cJSON_AddNullToObject(msg, "content")) ||
+            !cJSON_AddItemToObject(msg, "tool_calls", arr)) {
+            cJSON_Delete(arr);
+            rc = -1;
+        }
+        if (c->finish != IE_FINISH_LENGTH && c->finish != IE_FINISH_CONTEXT) *finish = "tool_calls";
+    }
+    ie_tool_calls_free(&calls);
+    return rc;
+}
+
+/* A harmony choice's calls: the generated ids' text with its control
+ * tokens (the headers that name the recipient are made of them), parsed
+ * for to=functions.NAME messages. *calls is empty when the request does
+ * not parse harmony calls or there are none. -1 out of memory. */
+static int harmony_calls(ie_http_t *h, const req_t *r, const choice_t *c, ie_tool_calls_t *calls)
+{
+    ie_buf_t raw = {0};
+    char piece[256];
+    int rc = 0;
+    memset(calls, 0, sizeof *calls);
+    if (r->tools.fmt != IE_TOOL_FMT_HARMONY) return 0;
+    for (size_t k = 0; c->all_ids && k < c->n_gen && rc == 0; k++) {
+        int l = ie_tokenizer_token_bytes(h->tok, c->all_ids[k], 1, piece, sizeof piece);
+        if (l > 0 && (size_t)l <= sizeof piece && ie_buf_append(&raw, piece, (size_t)l) != 0) rc = -1;
+    }
+    if (rc == 0 && ie_oai_tools_extract(&r->tools, raw.data ? raw.data : "", raw.len, calls) != IE_OK) rc = -1;
+    ie_buf_free(&raw);
+    return rc;
+}
+
 /* The non-streamed answer of a finished request (every choice DONE). */
 static cJSON *final_json(ie_http_t *h, req_t *r, int chat, int lp_k)
 {
@@ -1012,7 +1085,7 @@ static cJSON *final_json(ie_http_t *h, req_t *r, int chat, int lp_k)
             goto fail;
         }
         cJSON_AddNumberToObject(ch, "index", i);
-        const char *text = c->all_text ? c->all_text : "";
+        const char *text = c->all_text ? c->all_text : "", *fin = finish_reason(c->finish);
         if (chat) {
             cJSON *msg = cJSON_AddObjectToObject(ch, "message");
             cJSON_AddStringToObject(msg, "role", "assistant");
@@ -1022,10 +1095,23 @@ static cJSON *final_json(ie_http_t *h, req_t *r, int chat, int lp_k)
                 for (size_t k = 0; k < c->n_gen; k++)
                     if (c->all_ids && ie_harmony_parser_push_token(hp, c->all_ids[k]) != IE_OK) goto fail;
                 if (ie_harmony_parser_finish(hp) != IE_OK) goto fail;
-                cJSON_AddStringToObject(msg, "content", ie_harmony_parser_text(hp, IE_HARMONY_CH_FINAL, NULL));
+                const char *final = ie_harmony_parser_text(hp, IE_HARMONY_CH_FINAL, NULL);
+                ie_tool_calls_t calls;
+                if (harmony_calls(h, r, c, &calls) != 0) goto fail;
+                cJSON *arr = calls.n ? ie_oai_tool_calls_json(&calls, 0) : NULL;
+                ie_tool_calls_free(&calls);
+                if (arr && !final[0]) cJSON_AddNullToObject(msg, "content");
+                else cJSON_AddStringToObject(msg, "content", final);
                 cJSON_AddStringToObject(msg, "reasoning_content",
                                         ie_harmony_parser_text(hp, IE_HARMONY_CH_ANALYSIS, NULL));
                 ie_harmony_parser_destroy(&hp);
+                if (arr && !cJSON_AddItemToObject(msg, "tool_calls", arr)) {
+                    cJSON_Delete(arr);
+                    goto fail;
+                }
+                if (arr && c->finish != IE_FINISH_LENGTH && c->finish != IE_FINISH_CONTEXT) fin = "tool_calls";
+            } else if (r->tools.fmt != IE_TOOL_FMT_NONE) {
+                if (tools_message(r, c, text, msg, &fin) != 0) goto fail;
             } else {
                 cJSON_AddStringToObject(msg, "content", text);
             }
@@ -1040,7 +1126,7 @@ static cJSON *final_json(ie_http_t *h, req_t *r, int chat, int lp_k)
         } else {
             cJSON_AddNullToObject(ch, "logprobs");
         }
-        cJSON_AddStringToObject(ch, "finish_reason", finish_reason(c->finish));
+        cJSON_AddStringToObject(ch, "finish_reason", fin);
         n_gen += c->n_gen;
     }
     add_usage(o, r->n_prompt, n_gen);
@@ -1065,7 +1151,9 @@ typedef struct schoice {
     size_t sent_len; /* text bytes sent (non-harmony)             */
     ie_harmony_parser_t *hp;
     chan_bufs_t cb;
-    int ended; /* its finish chunk is out                    */
+    int ended;          /* its finish chunk is out                    */
+    ie_buf_t tool_text; /* tools: the whole text so far              */
+    int tool_calls;     /* tools: the calls were sent                 */
 } schoice_t;
 
 /* The body of a streamed answer (libmicrohttpd's content reader). */
@@ -1093,6 +1181,7 @@ static void stream_free(void *cls)
         ie_harmony_parser_destroy(&c->hp);
         ie_buf_free(&c->cb.final);
         ie_buf_free(&c->cb.analysis);
+        ie_buf_free(&c->tool_text);
     }
     req_unref(s->r);
     ie_buf_free(&s->out);
@@ -1149,6 +1238,76 @@ static int sse_chunk(stream_t *s, int index, const char *text, size_t len, const
     if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
     else cJSON_AddNullToObject(ch, "finish_reason");
     return sse_json(s, o);
+}
+
+/* The chunk of choice `index` {"delta": {"tool_calls": [{index, id, type,
+ * function}, ...]}} (arr taken). */
+static int sse_tool_calls(stream_t *s, int index, cJSON *arr)
+{
+    cJSON *o = resp_head(s->h, &s->x, "chat.completion.chunk");
+    cJSON *choices = o ? cJSON_AddArrayToObject(o, "choices") : NULL;
+    cJSON *ch = cJSON_CreateObject(), *d = NULL;
+    if (!arr || !choices || !ch || !cJSON_AddItemToArray(choices, ch)) {
+        cJSON_Delete(ch);
+        cJSON_Delete(o);
+        cJSON_Delete(arr);
+        return -1;
+    }
+    cJSON_AddNumberToObject(ch, "index", index);
+    if (!(d = cJSON_AddObjectToObject(ch, "delta")) || !cJSON_AddItemToObject(d, "tool_calls", arr)) {
+        cJSON_Delete(arr);
+        cJSON_Delete(o);
+        return -1;
+    }
+    cJSON_AddNullToObject(ch, "logprobs");
+    cJSON_AddNullToObject(ch, "finish_reason");
+    return sse_json(s, o);
+}
+
+/* A tools stream's choice i: content streams up to where a call could
+ * begin (ie_tool_safe_len); the rest waits for the end, where the calls go
+ * out whole in one delta.tool_calls chunk (or, if the text holds none, the
+ * held text goes out as content). lp (taken; may be NULL) rides on the
+ * content chunk. -1 out of memory. */
+static int stream_tools(stream_t *s, int i, int terminal, cJSON *lp)
+{
+    schoice_t *c = &s->c[i];
+    const choice_t *rc = &s->r->ch[i];
+    if (c->take.len && ie_buf_append(&c->tool_text, c->take.data, c->take.len) != 0) {
+        cJSON_Delete(lp);
+        return -1;
+    }
+    const char *all = c->tool_text.data ? c->tool_text.data : "";
+    size_t len = c->tool_text.len;
+    /* text the stop matcher still held when the request ended is in
+     * all_text only */
+    if (terminal == IE_SCHED_DONE && rc->all_text && strlen(rc->all_text) >= len &&
+        !memcmp(rc->all_text, all, len)) {
+        all = rc->all_text;
+        len = strlen(all);
+    }
+    if (terminal != IE_SCHED_DONE) {
+        size_t safe = terminal ? c->sent_len : ie_tool_safe_len(s->r->tools.fmt, all, len);
+        size_t n = safe > c->sent_len ? safe - c->sent_len : 0;
+        if ((n || lp) && sse_chunk(s, i, all + c->sent_len, n, NULL, 0, NULL, lp) != 0) return -1;
+        c->sent_len += n;
+        return 0;
+    }
+    ie_tool_calls_t calls;
+    if (ie_oai_tools_extract(&s->r->tools, all, len, &calls) != IE_OK) {
+        cJSON_Delete(lp);
+        return -1;
+    }
+    int ret = 0;
+    size_t n = calls.n ? 0 : len - (len > c->sent_len ? c->sent_len : len);
+    if (n || lp) ret = sse_chunk(s, i, all + c->sent_len, n, NULL, 0, NULL, lp);
+    c->sent_len += n;
+    if (ret == 0 && calls.n) {
+        ret = sse_tool_calls(s, i, ie_oai_tool_calls_json(&calls, 1));
+        c->tool_calls = 1;
+    }
+    ie_tool_calls_free(&calls);
+    return ret;
 }
 
 static int sse_error(stream_t *s, const http_err_t *e)
@@ -1221,6 +1380,17 @@ static int stream_choice(stream_t *s, int i, int terminal)
             ie_buf_reset(&c->cb.final);
             ie_buf_reset(&c->cb.analysis);
         }
+        if (terminal == IE_SCHED_DONE && s->r->tools.fmt == IE_TOOL_FMT_HARMONY) { /* calls go out whole */
+            ie_tool_calls_t calls;
+            if (harmony_calls(s->h, s->r, rc, &calls) != 0) goto fail;
+            int trc = calls.n ? sse_tool_calls(s, i, ie_oai_tool_calls_json(&calls, 1)) : 0;
+            c->tool_calls = calls.n > 0;
+            ie_tool_calls_free(&calls);
+            if (trc != 0) return -1;
+        }
+    } else if (s->chat && s->r->tools.fmt != IE_TOOL_FMT_NONE) {
+        if (stream_tools(s, i, terminal, lp) != 0) return -1;
+        lp = NULL;
     } else {
         size_t len = c->take.len;
         const char *text = c->take.data;
@@ -1243,7 +1413,10 @@ static int stream_choice(stream_t *s, int i, int terminal)
     if (!terminal) return 0;
     c->ended = 1;
     if (terminal == IE_SCHED_ERROR) return 1;
-    return sse_chunk(s, i, s->chat ? NULL : "", 0, NULL, 0, finish_reason(rc->finish), NULL);
+    const char *fin = c->tool_calls && rc->finish != IE_FINISH_LENGTH && rc->finish != IE_FINISH_CONTEXT
+                          ? "tool_calls"
+                          : finish_reason(rc->finish);
+    return sse_chunk(s, i, s->chat ? NULL : "", 0, NULL, 0, fin, NULL);
 fail:
     cJSON_Delete(lp);
     return -1;
@@ -1428,6 +1601,8 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
     }
     c->req = r;
     req_ref(r);
+    r->tools = g.tools; /* the answer parses what the request asked for */
+    memset(&g.tools, 0, sizeof g.tools);
     /* n choices: n scheduler requests of the same prompt, choice i seeded
      * with the request's seed + i. Choice 0 goes first and the others once
      * it has its first token: by then its prompt's full KV blocks are in
@@ -1535,6 +1710,7 @@ answer_err:
     ret = send_err(h, mc, c, &e, NULL);
 cleanup:
     req_unref(r); /* this function's own reference (c->req holds another) */
+    ie_oai_tools_free(&g.tools);
     cJSON_Delete(root);
     free(ids);
     free(g.schema_text);

@@ -5,7 +5,7 @@
 #   1. gen_tiny_llama.py, gen_tiny_llama3.py, gen_tiny_gemma.py, gen_smollm2_ref.py, gen_pretok_refs.py and gen_kquant_ref.py (the
 #      k-quant blocks and their gguf.quants values, tests/data/kquant) and
 #      gen_embed_ref.py (final-norm hidden states, tests/data/embed) and
-#      gen_chat_templates.py (transformers' renders of the chat templates,
+#      gen_chat_templates.py and gen_tool_templates.py (transformers' renders of the chat templates, with tools too,
 #      tests/data/templates) write into a temp dir
 #   2. every fixture there is compared with tests/data: token ids exactly,
 #      logits within 1e-6 (relative to the row's max |logit|), model files
@@ -40,6 +40,7 @@ echo "[regen] generating into $tmp" >&2
 "$py" tests/reference/gen_embed_ref.py --out "$tmp"
 "$py" tests/reference/gen_pretok_refs.py --out "$tmp/pretok"
 "$py" tests/reference/gen_chat_templates.py "$tmp/templates"
+"$py" tests/reference/gen_tool_templates.py "$tmp/templates"
 
 echo "[regen] comparing with tests/data" >&2
 "$py" - "$here/tests/data" "$tmp" <<'EOF'
