@@ -83,6 +83,9 @@ struct ie_sched {
     ie_backend_t *be;
     const ie_tokenizer_t *tok;
     int n_seq, n_ctx, B, bt, chunk, max_lblocks, kv_blocks; /* the backend's geometry */
+    double ew_dec, ew_tok;                                  /* moving averages (ms): a decode-only step, one
+                              prompt token beyond it; 0 = not measured    */
+    int last_budget;                                        /* the prompt-token budget of the last step    */
     int32_t n_vocab;
     ie_kvpool_t *pool;
     int prefix_cache;
@@ -294,7 +297,7 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
     /* while streams decode, a step takes at most this many prompt tokens
      * (each costs about as much as a stream's token, and every stream
      * waits for the whole step); alone, a prompt takes the whole step */
-    s->chunk = o->prefill_chunk > 0 ? o->prefill_chunk : IE_SCHED_PREFILL_CHUNK;
+    s->chunk = o->prefill_chunk > 0 ? o->prefill_chunk : o->step_latency_ms >= 0 ? s->B : IE_SCHED_PREFILL_CHUNK;
     if (s->chunk > s->B) s->chunk = s->B;
     s->max_lblocks = (s->n_ctx + s->bt - 1) / s->bt;
     s->n_vocab = g->n_vocab;
@@ -720,6 +723,41 @@ static void reap(ie_sched_t *s, double now)
     }
 }
 
+/* Latency-bounded prefill. A step that decodes streams and also computes
+ * prompt tokens makes every stream wait for all of it, so the prompt
+ * tokens it takes are bounded by time, not by a fixed count: a decode-only
+ * step costs ew_dec, each prompt token about ew_tok more (on a CPU a
+ * decode step mostly streams the weights, which prompt tokens of the same
+ * step share; what they add is their own compute), and the step may last
+ * the target: (target - ew_dec) / ew_tok tokens, at least
+ * IE_SCHED_PREFILL_MIN (the prompt never starves), at most s->chunk.
+ * Until both costs are measured the budget is IE_SCHED_PREFILL_CHUNK. */
+static int prefill_budget(const ie_sched_t *s)
+{
+    if (s->o.step_latency_ms < 0) return s->chunk;
+    int cap = s->chunk < IE_SCHED_PREFILL_CHUNK ? s->chunk : IE_SCHED_PREFILL_CHUNK;
+    if (s->ew_dec <= 0 || s->ew_tok <= 0) return cap;
+    double target = s->o.step_latency_ms > 0 ? s->o.step_latency_ms : IE_SCHED_STEP_LATENCY_X * s->ew_dec;
+    double n = (target - s->ew_dec) / s->ew_tok;
+    int lo = s->chunk < IE_SCHED_PREFILL_MIN ? s->chunk : IE_SCHED_PREFILL_MIN;
+    return n < lo ? lo : n > s->chunk ? s->chunk : (int)n;
+}
+
+/* Fold a step's time into the cost averages (weight 1/4: a few steps
+ * follow a change of load, one slow step moves them a quarter). */
+static void measure_step(ie_sched_t *s, int n_pre, double step_ms)
+{
+    const double a = 0.25;
+    if (n_pre == 0) {
+        s->ew_dec = s->ew_dec > 0 ? s->ew_dec + a * (step_ms - s->ew_dec) : step_ms;
+        return;
+    }
+    if (s->ew_dec <= 0) return; /* the per-token share needs the base first */
+    double per = (step_ms - s->ew_dec) / n_pre;
+    if (per < 1e-4) per = 1e-4;
+    s->ew_tok = s->ew_tok > 0 ? s->ew_tok + a * (per - s->ew_tok) : per;
+}
+
 /* Pack the step: decode tokens first, then prompt chunks. Blocks are
  * allocated as positions need them; when the pool is dry the lowest
  * running request is preempted. Returns the batch size. */
@@ -763,7 +801,8 @@ static int build(ie_sched_t *s, int *has_prefill)
             order[b] = order[b - 1];
             order[b - 1] = t;
         }
-    int budget = nb > 0 ? s->chunk : s->B; /* nb: the streams' decode tokens */
+    int budget = nb > 0 ? prefill_budget(s) : s->B; /* nb: the streams' decode tokens */
+    s->last_budget = budget;
     for (int i = 0; i < n_order && nb < s->B && budget > 0; i++) {
         sreq_t *q = order[i];
         while (q->n_fed < q->n_known && nb < s->B && budget > 0) {
@@ -919,6 +958,7 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
     if (s->prefix_cache)
         for (int k = 0; k < s->n_seq; k++)
             if (s->run[k]) publish(s, s->run[k]);
+    measure_step(s, (int)n_pre, step_ms);
     if (s->m_stage) {
         ie_metric_observe(s->m_stage, has_prefill ? "prefill" : "decode", step_ms / 1e3);
         ie_metric_observe(s->m_stage, "sample", sample_ms / 1e3);
