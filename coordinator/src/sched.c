@@ -83,9 +83,10 @@ struct ie_sched {
     ie_backend_t *be;
     const ie_tokenizer_t *tok;
     int n_seq, n_ctx, B, bt, chunk, max_lblocks, kv_blocks; /* the backend's geometry */
-    double ew_dec, ew_tok;                                  /* moving averages (ms): a decode-only step, one
-                              prompt token beyond it; 0 = not measured    */
-    int last_budget;                                        /* the prompt-token budget of the last step    */
+    double ew_dec;                                          /* moving average (ms) of a decode-only step */
+    double fit_w, fit_n, fit_nn, fit_y, fit_ny;             /* decayed sums of mixed steps' prompt tokens n and
+                                                   extra time y (prefill_budget) */
+    unsigned n_mixed;                                       /* budgets handed out (alternation)             */
     int32_t n_vocab;
     ie_kvpool_t *pool;
     int prefix_cache;
@@ -725,37 +726,58 @@ static void reap(ie_sched_t *s, double now)
 
 /* Latency-bounded prefill. A step that decodes streams and also computes
  * prompt tokens makes every stream wait for all of it, so the prompt
- * tokens it takes are bounded by time, not by a fixed count: a decode-only
- * step costs ew_dec, each prompt token about ew_tok more (on a CPU a
- * decode step mostly streams the weights, which prompt tokens of the same
- * step share; what they add is their own compute), and the step may last
- * the target: (target - ew_dec) / ew_tok tokens, at least
- * IE_SCHED_PREFILL_MIN (the prompt never starves), at most s->chunk.
- * Until both costs are measured the budget is IE_SCHED_PREFILL_CHUNK. */
-static int prefill_budget(const ie_sched_t *s)
+ * tokens it takes are bounded by time, not by a fixed count. Measured
+ * model of such a step: a decode-only step (ew_dec, a moving average) plus
+ * pre_fixed plus pre_tok per prompt token. The two prompt terms are the
+ * intercept and slope of an exponentially weighted least-squares fit of
+ * (step time - ew_dec) against the prompt tokens of recent mixed steps:
+ * the per-token average alone misleads, because deep in a long prompt one
+ * token costs about as much as ten (each reads the whole cached context
+ * once per step, whatever the number of its tokens: measured on SmolLM2 at
+ * position ~3,000, 1 token 65 ms, 13 tokens 61 ms, 52 tokens 145 ms).
+ * Mixed steps alternate their budget with 1.5x it, so the fit always sees
+ * two sizes. The budget is (target - ew_dec - pre_fixed) / pre_tok tokens,
+ * at least IE_SCHED_PREFILL_MIN (a prompt always advances), at most
+ * s->chunk; where the fixed part alone overshoots the target (it cannot
+ * be met), the step may take twice that unavoidable time, so the prompt
+ * is not starved for nothing. Until measured: IE_SCHED_PREFILL_MIN. */
+static int prefill_budget(ie_sched_t *s)
 {
     if (s->o.step_latency_ms < 0) return s->chunk;
-    int cap = s->chunk < IE_SCHED_PREFILL_CHUNK ? s->chunk : IE_SCHED_PREFILL_CHUNK;
-    if (s->ew_dec <= 0 || s->ew_tok <= 0) return cap;
+    const int lo = s->chunk < IE_SCHED_PREFILL_MIN ? s->chunk : IE_SCHED_PREFILL_MIN;
     double target = s->o.step_latency_ms > 0 ? s->o.step_latency_ms : IE_SCHED_STEP_LATENCY_X * s->ew_dec;
-    double n = (target - s->ew_dec) / s->ew_tok;
-    int lo = s->chunk < IE_SCHED_PREFILL_MIN ? s->chunk : IE_SCHED_PREFILL_MIN;
+    if (s->o.step_latency_ms == 0 && target < IE_SCHED_STEP_LATENCY_MS) target = IE_SCHED_STEP_LATENCY_MS;
+    double n = lo;
+    if (s->ew_dec > 0 && s->fit_w > 0) {
+        const double w = s->fit_w, var = w * s->fit_nn - s->fit_n * s->fit_n;
+        double tok = var > 1e-9 ? (w * s->fit_ny - s->fit_n * s->fit_y) / var : s->fit_y / s->fit_n;
+        if (tok < 1e-3) tok = 1e-3;
+        double fixed = var > 1e-9 ? (s->fit_y - tok * s->fit_n) / w : 0;
+        if (fixed < 0) fixed = 0;
+        const double base = s->ew_dec + fixed;
+        if (target < 2 * base && base + lo * tok > target) target = 2 * base;
+        n = (target - base) / tok;
+    }
+    if (s->n_mixed++ & 1) n *= 1.5; /* two sizes for the fit */
     return n < lo ? lo : n > s->chunk ? s->chunk : (int)n;
 }
 
-/* Fold a step's time into the cost averages (weight 1/4: a few steps
- * follow a change of load, one slow step moves them a quarter). */
-static void measure_step(ie_sched_t *s, int n_pre, double step_ms)
+/* Fold a step's time into the cost model: a decode-only step into ew_dec
+ * (weight 1/4), a mixed one into the fit (each older step's weight times
+ * 0.9: the fit follows a prompt into deeper, dearer positions). */
+static void measure_step(ie_sched_t *s, int n_pre, int nb, double step_ms)
 {
-    const double a = 0.25;
     if (n_pre == 0) {
-        s->ew_dec = s->ew_dec > 0 ? s->ew_dec + a * (step_ms - s->ew_dec) : step_ms;
+        s->ew_dec = s->ew_dec > 0 ? s->ew_dec + 0.25 * (step_ms - s->ew_dec) : step_ms;
         return;
     }
-    if (s->ew_dec <= 0) return; /* the per-token share needs the base first */
-    double per = (step_ms - s->ew_dec) / n_pre;
-    if (per < 1e-4) per = 1e-4;
-    s->ew_tok = s->ew_tok > 0 ? s->ew_tok + a * (per - s->ew_tok) : per;
+    if (s->ew_dec <= 0 || nb == n_pre) return; /* a prompt alone says nothing of the streams' wait */
+    const double y = step_ms - s->ew_dec, n = n_pre, f = 0.9;
+    s->fit_w = f * s->fit_w + 1;
+    s->fit_n = f * s->fit_n + n;
+    s->fit_nn = f * s->fit_nn + n * n;
+    s->fit_y = f * s->fit_y + y;
+    s->fit_ny = f * s->fit_ny + n * y;
 }
 
 /* Pack the step: decode tokens first, then prompt chunks. Blocks are
@@ -801,8 +823,7 @@ static int build(ie_sched_t *s, int *has_prefill)
             order[b] = order[b - 1];
             order[b - 1] = t;
         }
-    int budget = nb > 0 ? prefill_budget(s) : s->B; /* nb: the streams' decode tokens */
-    s->last_budget = budget;
+    int budget = nb == 0 ? s->B : n_order > 0 ? prefill_budget(s) : 0; /* nb: the streams' decode tokens */
     for (int i = 0; i < n_order && nb < s->B && budget > 0; i++) {
         sreq_t *q = order[i];
         while (q->n_fed < q->n_known && nb < s->B && budget > 0) {
@@ -958,7 +979,7 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
     if (s->prefix_cache)
         for (int k = 0; k < s->n_seq; k++)
             if (s->run[k]) publish(s, s->run[k]);
-    measure_step(s, (int)n_pre, step_ms);
+    measure_step(s, (int)n_pre, nb, step_ms);
     if (s->m_stage) {
         ie_metric_observe(s->m_stage, has_prefill ? "prefill" : "decode", step_ms / 1e3);
         ie_metric_observe(s->m_stage, "sample", sample_ms / 1e3);

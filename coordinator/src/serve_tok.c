@@ -88,14 +88,15 @@ int ie_tokapi_tokenize(const ie_tokenizer_t *tok, int n_ctx, const cJSON *root, 
         const cJSON *text = llama ? content : prompt;
         const char *name = llama ? "content" : "prompt";
         int add = !llama, parse = 1; /* llama-server: no BOS unless asked; vLLM: BOS */
-        if (!text) return fail(e, "prompt", "the body needs 'content' (llama-server), 'prompt' or 'messages' (vLLM)");
+        if (!text)
+            return fail(e, "prompt", "the body needs 'content' (llama-server), 'prompt' or 'messages' (vLLM)");
         if (!cJSON_IsString(text)) return fail(e, name, "'%s' must be a string", name);
         if (opt_flag(root, llama ? "add_special" : "add_special_tokens", &add, e) != 0 ||
             opt_flag(root, "parse_special", &parse, e) != 0)
             return -1;
         ie_status_t st = ie_tokenizer_encode(tok, text->valuestring, strlen(text->valuestring),
-                                             (add ? IE_TOK_ADD_SPECIAL : 0) | (parse ? IE_TOK_PARSE_SPECIAL : 0), &ids,
-                                             &n);
+                                             (add ? IE_TOK_ADD_SPECIAL : 0) | (parse ? IE_TOK_PARSE_SPECIAL : 0),
+                                             &ids, &n);
         if (st == IE_ERR_NOMEM) return oom(e);
         if (st != IE_OK) return fail(e, name, "'%s': %s", name, ie_error_last());
     }
