@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/fuzz.sh [SECONDS] — fuzz the parsers of outside input (GGUF, IEBIN,
 # safetensors, tokenizer.json and text for the tokenizers, quantization
-# manifests, chat templates).
+# manifests, chat templates, /tokenize and /detokenize bodies).
 #
 # Builds the libFuzzer targets (tests/fuzz/fuzz_*.c) with clang, ASan and
 # UBSan into build-fuzz/ — the whole library is coverage-instrumented
@@ -16,7 +16,7 @@ secs="${1:-60}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 build=build-fuzz
-targets=(gguf safetensors tokenizer iebin manifest proto jinja lora)
+targets=(gguf safetensors tokenizer iebin manifest proto jinja lora tokapi)
 
 log() { printf '[fuzz] %s\n' "$*" >&2; }
 
