@@ -87,6 +87,7 @@ struct ie_sched {
     double fit_w, fit_n, fit_nn, fit_y, fit_ny;             /* decayed sums of mixed steps' prompt tokens n and
                                                    extra time y (prefill_budget) */
     unsigned n_mixed;                                       /* budgets handed out (alternation)             */
+    int last_budget;                                        /* the last one (growth cap)                    */
     int32_t n_vocab;
     ie_kvpool_t *pool;
     int prefix_cache;
@@ -738,9 +739,10 @@ static void reap(ie_sched_t *s, double now)
  * Mixed steps alternate their budget with 1.5x it, so the fit always sees
  * two sizes. The budget is (target - ew_dec - pre_fixed) / pre_tok tokens,
  * at least IE_SCHED_PREFILL_MIN (a prompt always advances), at most
- * s->chunk; where the fixed part alone overshoots the target (it cannot
- * be met), the step may take twice that unavoidable time, so the prompt
- * is not starved for nothing. Until measured: IE_SCHED_PREFILL_MIN. */
+ * s->chunk, at most 2x + 1 the last budget; where the fixed part alone
+ * overshoots the target (it cannot be met), the step may take twice that
+ * unavoidable time, so the prompt is not starved for nothing. Until
+ * measured: IE_SCHED_PREFILL_MIN. */
 static int prefill_budget(ie_sched_t *s)
 {
     if (s->o.step_latency_ms < 0) return s->chunk;
@@ -759,7 +761,12 @@ static int prefill_budget(ie_sched_t *s)
         n = (target - base) / tok;
     }
     if (s->n_mixed++ & 1) n *= 1.5; /* two sizes for the fit */
-    return n < lo ? lo : n > s->chunk ? s->chunk : (int)n;
+    /* a noisy fit can put the slope near zero and ask for everything: the
+     * budget at most doubles from one step to the next, so a wrong
+     * estimate costs one step of twice the work before it is measured */
+    if (n > 2.0 * s->last_budget + 1) n = 2.0 * s->last_budget + 1;
+    s->last_budget = n < lo ? lo : n > s->chunk ? s->chunk : (int)n;
+    return s->last_budget;
 }
 
 /* Fold a step's time into the cost model: a decode-only step into ew_dec

@@ -10,9 +10,11 @@ largest 12x. The scheduler's own mixed steps sit at the target (measured:
 median 61 ms for a 70 ms target); the tail is the machine's: on the shared
 2-core machine at load ~19 a process stalls for 100-600 ms now and then
 (the gaps before the prompt reached 10x the median too). Measured there
-in two runs: p90 1.4x and 2.1x, largest 8.2x and 9.0x the target; with the budget off
-(IE_PREFILL_FLAGS="--step-latency-ms 0 --prefill-chunk 256", what
---max-batch allows) the largest gap was 3.4 s = 68x.
+(final code, three runs): p90 1.4x, largest 2.9-3.1x the target; earlier
+runs without the budget's growth cap saw one 2.4 s gap. With the budget
+off the test fails: IE_PREFILL_FLAGS="--step-latency-ms 0 --prefill-chunk
+256" (what --max-batch allows): largest gap 4.6 s = 58x, p90 55x;
+"--step-latency-ms 0" (the fixed 32-token chunk): p90 5.6x, largest 7.9x.
 
 Environment as in conftest.py. IE_PREFILL_FLAGS (space-separated) adds
 server flags, to show the failure with the target off.
