@@ -10,8 +10,8 @@ largest 12x. The scheduler's own mixed steps sit at the target (measured:
 median 61 ms for a 70 ms target); the tail is the machine's: on the shared
 2-core machine at load ~19 a process stalls for 100-600 ms now and then
 (the gaps before the prompt reached 10x the median too). Measured there
-(final code, three runs): p90 1.4x, largest 2.9-3.1x the target; earlier
-runs without the budget's growth cap saw one 2.4 s gap. With the budget
+with the final code: p90 1.4x, largest 3.1x the target; two runs before
+the budget's growth cap: largest 2.9x, and once a 2.4 s gap. With the budget
 off the test fails: IE_PREFILL_FLAGS="--step-latency-ms 0 --prefill-chunk
 256" (what --max-batch allows): largest gap 4.6 s = 58x, p90 55x;
 "--step-latency-ms 0" (the fixed 32-token chunk): p90 5.6x, largest 7.9x.
