@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # scripts/fuzz.sh [SECONDS] — fuzz the parsers of outside input (GGUF, IEBIN,
 # safetensors, tokenizer.json and text for the tokenizers, quantization
-# manifests, chat templates, /v1/embeddings bodies, JSON Schemas for structured
-# output, tool calls).
+# manifests, chat templates, /v1/embeddings, /tokenize and /detokenize bodies,
+# JSON Schemas for structured output, tool calls).
 #
 # Builds the libFuzzer targets (tests/fuzz/fuzz_*.c) with clang, ASan and
 # UBSan into build-fuzz/ — the whole library is coverage-instrumented
@@ -17,7 +17,7 @@ secs="${1:-60}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 build=build-fuzz
-targets=(gguf safetensors tokenizer iebin manifest proto jinja lora embd grammar tools)
+targets=(gguf safetensors tokenizer iebin manifest proto jinja lora embd grammar tools tokapi)
 
 log() { printf '[fuzz] %s\n' "$*" >&2; }
 

@@ -61,6 +61,7 @@ static const flag_t FLAGS[] = {
     {"max-msg", IE_FLAG_MAX_MSG, FK_LONG, 1024, 1L << 30},
     {"max-body", IE_FLAG_MAX_BODY, FK_LONG, 1024, 1L << 30},
     {"prefill-chunk", IE_FLAG_PREFILL_CHUNK, FK_LONG, 1, 1 << 16},
+    {"step-latency-ms", IE_FLAG_STEP_LATENCY, FK_LONG, 0, 60000},
     {"http-read-timeout-ms", IE_FLAG_HTTP_READ_MS, FK_LONG, 100, 1L << 30},
     {"http-max-conns", IE_FLAG_HTTP_CONNS, FK_LONG, 1, 1 << 16},
     {"http-max-conns-per-addr", IE_FLAG_HTTP_PER_ADDR, FK_LONG, 1, 1 << 16},

@@ -51,6 +51,7 @@ typedef enum ie_flag_id {
     IE_FLAG_MAX_MSG,        /* --max-msg N (1024..2^30)           long         */
     IE_FLAG_MAX_BODY,       /* --max-body N (1024..2^30)          long         */
     IE_FLAG_PREFILL_CHUNK,  /* --prefill-chunk N (1..65536)       long         */
+    IE_FLAG_STEP_LATENCY,   /* --step-latency-ms N (0..60000; 0 off) long      */
     IE_FLAG_HTTP_READ_MS,   /* --http-read-timeout-ms N (100..)   long         */
     IE_FLAG_HTTP_CONNS,     /* --http-max-conns N (1..65536)      long         */
     IE_FLAG_HTTP_PER_ADDR,  /* --http-max-conns-per-addr N        long         */

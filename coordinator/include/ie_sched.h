@@ -47,8 +47,21 @@
 
 typedef struct ie_sched ie_sched_t;
 
-/* The default prompt-token budget of a step that also decodes streams. */
+/* The default prompt-token budget of a step that also decodes streams
+ * when the latency target is off (step_latency_ms < 0). */
 #define IE_SCHED_PREFILL_CHUNK 32
+/* With the latency target on: a step that carries decoding streams lasts
+ * about IE_SCHED_STEP_LATENCY_X times the measured decode-only step, or
+ * IE_SCHED_STEP_LATENCY_MS when that is longer (step_latency_ms 0), and
+ * takes at least IE_SCHED_PREFILL_MIN prompt tokens, so that a prompt
+ * always advances. Why both: relative to the decode step the bound holds
+ * on any model and machine; the floor (20 tokens/s, still faster than
+ * anyone reads) keeps a long prompt from crawling where one prompt token
+ * deep in a long context costs several decode steps (its attention spans
+ * the whole context, the streams' only theirs). */
+#define IE_SCHED_STEP_LATENCY_X 4
+#define IE_SCHED_STEP_LATENCY_MS 50.0
+#define IE_SCHED_PREFILL_MIN 1
 
 typedef struct ie_sched_opts {
     ie_backend_t *backend;     /* not owned, must outlive the scheduler; its
@@ -67,10 +80,20 @@ typedef struct ie_sched_opts {
                               the slots free at submit; more is
                               IE_ERR_BUSY                                */
     int prefill_chunk;      /* prompt tokens per step at most while
-                              streams decode (0: IE_SCHED_PREFILL_CHUNK;
-                              capped at the backend's max_batch); a step
-                              with no decoding stream takes up to
-                              max_batch                                  */
+                              streams decode (0: the backend's max_batch
+                              with the latency target on, else
+                              IE_SCHED_PREFILL_CHUNK; capped at
+                              max_batch); a step with no decoding stream
+                              takes up to max_batch                      */
+    double step_latency_ms; /* the latency target of a step that carries
+                              decoding streams and prompt tokens: the
+                              prompt tokens it takes are bounded by the
+                              measured cost per prompt token (a moving
+                              average) so that the step lasts about
+                              this long (> 0: ms; 0: IE_SCHED_STEP_
+                              LATENCY_X decode-only steps, measured, at
+                              least IE_SCHED_STEP_LATENCY_MS; < 0: off,
+                              prefill_chunk alone bounds it)            */
     int retry_ms;           /* > 0: a request whose step failed because a
                               worker was lost (one that never ran on a
                               ready backend fails at once) is

@@ -484,6 +484,7 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
             ie_engine_sched_opts(e, &so);
             so.queue_max = 1000000;
             so.prefill_chunk = ie_backend_geom(e->backend)->max_batch; /* offline: throughput, not latency */
+            so.step_latency_ms = -1;
             if ((st = ie_sched_new(&so, &e->sched)) != IE_OK) goto cleanup;
         }
         sched = e->sched;
@@ -493,6 +494,7 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
         ie_engine_sched_opts(e, &so);
         so.queue_max = (int)(n < 1000000 ? n : 1000000);
         so.prefill_chunk = ie_backend_geom(e->backend)->max_batch; /* no one waits between tokens here */
+        so.step_latency_ms = -1;
         so.timing = stats;
         if ((st = ie_sched_new(&so, &sched)) != IE_OK) goto cleanup;
     }

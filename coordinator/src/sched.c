@@ -94,6 +94,11 @@ struct ie_sched {
     ie_backend_t *be;
     const ie_tokenizer_t *tok;
     int n_seq, n_ctx, B, bt, chunk, max_lblocks, kv_blocks; /* the backend's geometry */
+    double ew_dec;                                          /* moving average (ms) of a decode-only step */
+    double fit_w, fit_n, fit_nn, fit_y, fit_ny;             /* decayed sums of mixed steps' prompt tokens n and
+                                                   extra time y (prefill_budget) */
+    unsigned n_mixed;                                       /* budgets handed out (alternation)             */
+    int last_budget;                                        /* the last one (growth cap)                    */
     int32_t n_vocab, n_embd;
     ie_gvocab_t *gvocab; /* the token trie for json_schema masks: built at
                             the first such submission (under mu), then
@@ -323,7 +328,7 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
     /* while streams decode, a step takes at most this many prompt tokens
      * (each costs about as much as a stream's token, and every stream
      * waits for the whole step); alone, a prompt takes the whole step */
-    s->chunk = o->prefill_chunk > 0 ? o->prefill_chunk : IE_SCHED_PREFILL_CHUNK;
+    s->chunk = o->prefill_chunk > 0 ? o->prefill_chunk : o->step_latency_ms >= 0 ? s->B : IE_SCHED_PREFILL_CHUNK;
     if (s->chunk > s->B) s->chunk = s->B;
     s->max_lblocks = (s->n_ctx + s->bt - 1) / s->bt;
     s->n_vocab = g->n_vocab;
@@ -817,6 +822,68 @@ static void embd_take(ie_sched_t *s, sreq_t *q, size_t pos, const float *row)
     end_req(s, q, IE_SCHED_DONE, IE_OK, NULL, NULL, NULL);
 }
 
+/* Latency-bounded prefill. A step that decodes streams and also computes
+ * prompt tokens makes every stream wait for all of it, so the prompt
+ * tokens it takes are bounded by time, not by a fixed count. Measured
+ * model of such a step: a decode-only step (ew_dec, a moving average) plus
+ * pre_fixed plus pre_tok per prompt token. The two prompt terms are the
+ * intercept and slope of an exponentially weighted least-squares fit of
+ * (step time - ew_dec) against the prompt tokens of recent mixed steps:
+ * the per-token average alone misleads, because deep in a long prompt one
+ * token costs about as much as ten (each reads the whole cached context
+ * once per step, whatever the number of its tokens: measured on SmolLM2 at
+ * position ~3,000, 1 token 65 ms, 13 tokens 61 ms, 52 tokens 145 ms).
+ * Mixed steps alternate their budget with 1.5x it, so the fit always sees
+ * two sizes. The budget is (target - ew_dec - pre_fixed) / pre_tok tokens,
+ * at least IE_SCHED_PREFILL_MIN (a prompt always advances), at most
+ * s->chunk, at most 2x + 1 the last budget; where the fixed part alone
+ * overshoots the target (it cannot be met), the step may take twice that
+ * unavoidable time, so the prompt is not starved for nothing. Until
+ * measured: IE_SCHED_PREFILL_MIN. */
+static int prefill_budget(ie_sched_t *s)
+{
+    if (s->o.step_latency_ms < 0) return s->chunk;
+    const int lo = s->chunk < IE_SCHED_PREFILL_MIN ? s->chunk : IE_SCHED_PREFILL_MIN;
+    double target = s->o.step_latency_ms > 0 ? s->o.step_latency_ms : IE_SCHED_STEP_LATENCY_X * s->ew_dec;
+    if (s->o.step_latency_ms == 0 && target < IE_SCHED_STEP_LATENCY_MS) target = IE_SCHED_STEP_LATENCY_MS;
+    double n = lo;
+    if (s->ew_dec > 0 && s->fit_w > 0) {
+        const double w = s->fit_w, var = w * s->fit_nn - s->fit_n * s->fit_n;
+        double tok = var > 1e-9 ? (w * s->fit_ny - s->fit_n * s->fit_y) / var : s->fit_y / s->fit_n;
+        if (tok < 1e-3) tok = 1e-3;
+        double fixed = var > 1e-9 ? (s->fit_y - tok * s->fit_n) / w : 0;
+        if (fixed < 0) fixed = 0;
+        const double base = s->ew_dec + fixed;
+        if (target < 2 * base && base + lo * tok > target) target = 2 * base;
+        n = (target - base) / tok;
+    }
+    if (s->n_mixed++ & 1) n *= 1.5; /* two sizes for the fit */
+    /* a noisy fit can put the slope near zero and ask for everything: the
+     * budget at most doubles from one step to the next, so a wrong
+     * estimate costs one step of twice the work before it is measured */
+    if (n > 2.0 * s->last_budget + 1) n = 2.0 * s->last_budget + 1;
+    s->last_budget = n < lo ? lo : n > s->chunk ? s->chunk : (int)n;
+    return s->last_budget;
+}
+
+/* Fold a step's time into the cost model: a decode-only step into ew_dec
+ * (weight 1/4), a mixed one into the fit (each older step's weight times
+ * 0.9: the fit follows a prompt into deeper, dearer positions). */
+static void measure_step(ie_sched_t *s, int n_pre, int nb, double step_ms)
+{
+    if (n_pre == 0) {
+        s->ew_dec = s->ew_dec > 0 ? s->ew_dec + 0.25 * (step_ms - s->ew_dec) : step_ms;
+        return;
+    }
+    if (s->ew_dec <= 0 || nb == n_pre) return; /* a prompt alone says nothing of the streams' wait */
+    const double y = step_ms - s->ew_dec, n = n_pre, f = 0.9;
+    s->fit_w = f * s->fit_w + 1;
+    s->fit_n = f * s->fit_n + n;
+    s->fit_nn = f * s->fit_nn + n * n;
+    s->fit_y = f * s->fit_y + y;
+    s->fit_ny = f * s->fit_ny + n * y;
+}
+
 /* Pack the step: decode tokens first, then prompt chunks. Blocks are
  * allocated as positions need them; when the pool is dry the lowest
  * running request is preempted. Returns the batch size. */
@@ -860,7 +927,7 @@ static int build(ie_sched_t *s, int *has_prefill)
             order[b] = order[b - 1];
             order[b - 1] = t;
         }
-    int budget = nb > 0 ? s->chunk : s->B; /* nb: the streams' decode tokens */
+    int budget = nb == 0 ? s->B : n_order > 0 ? prefill_budget(s) : 0; /* nb: the streams' decode tokens */
     for (int i = 0; i < n_order && nb < s->B && budget > 0; i++) {
         sreq_t *q = order[i];
         while (q->n_fed < q->n_known && nb < s->B && budget > 0) {
@@ -1033,6 +1100,7 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
     if (s->prefix_cache)
         for (int k = 0; k < s->n_seq; k++)
             if (s->run[k]) publish(s, s->run[k]);
+    measure_step(s, (int)n_pre, nb, step_ms);
     if (s->m_stage) {
         ie_metric_observe(s->m_stage, has_prefill ? "prefill" : "decode", step_ms / 1e3);
         ie_metric_observe(s->m_stage, "sample", sample_ms / 1e3);

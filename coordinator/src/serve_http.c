@@ -47,6 +47,7 @@
 #include "ie_model_src.h"
 #include "ie_oai_format.h"
 #include "serve_oai_tools.h"
+#include "serve_tok.h"
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -71,6 +72,15 @@
 #define IE_HTTP_MAX_STOP 16        /* stop strings per request at most    */
 #define IE_HTTP_JSON "application/json"
 #define IE_HTTP_REAP_MS 200 /* how often slow request reads are looked for */
+/* libmicrohttpd answers a request line or headers that outgrow a
+ * connection's memory itself, with an HTML page (its build decides the
+ * body; no option replaces it). So its memory is set well above limits of
+ * our own, which are checked in the handler and answered in OpenAI's JSON
+ * shape: only a request beyond IE_HTTP_CONN_MEMORY still gets its page.
+ * The memory is mapped per connection and touched as it is used. */
+#define IE_HTTP_MAX_URI 8192             /* path + query, bytes: 414 beyond      */
+#define IE_HTTP_MAX_HEADERS 16384        /* names + values, bytes: 431 beyond    */
+#define IE_HTTP_CONN_MEMORY (256 * 1024) /* libmicrohttpd's per-connection pool */
 
 /* One open connection, for the request-read deadline: from its start (or
  * the previous answer, on a kept-alive connection) until its request has
@@ -379,7 +389,9 @@ typedef enum route {
     ROUTE_COMPLETIONS,
     ROUTE_CHAT,
     ROUTE_EMBED,
-    ROUTE_GET /* health, metrics, models */
+    ROUTE_GET, /* health, metrics, models */
+    ROUTE_TOKENIZE,
+    ROUTE_DETOKENIZE
 } route_t;
 
 /* State of one HTTP request (libmicrohttpd's con_cls). */
@@ -1905,6 +1917,57 @@ static enum MHD_Result handle_get(ie_http_t *h, struct MHD_Connection *mc, conn_
     return send_json(h, mc, c, MHD_HTTP_OK, model_json(h));
 }
 
+/* ------------------------------------------------------- /tokenize */
+
+/* POST /tokenize and /detokenize (serve_tok.h has the shapes): the body
+ * is checked as a generation's is (UTF-8, no NUL, a JSON object); vLLM's
+ * "messages" go through the chat template as /v1/chat/completions' do. */
+static enum MHD_Result handle_tokenize(ie_http_t *h, struct MHD_Connection *mc, conn_t *c)
+{
+    http_err_t e;
+    ie_tokapi_err_t te = {0};
+    gen_t g;
+    cJSON *root = NULL, *out = NULL;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    int rc = -1;
+
+    memset(&g, 0, sizeof g);
+    if (ie_tokenizer_check_utf8(c->body.data, c->body.len) != IE_OK || json_has_nul(c->body.data, c->body.len) ||
+        !(root = cJSON_ParseWithLength(c->body.data ? c->body.data : "", c->body.len)) || !cJSON_IsObject(root)) {
+        err_set(&e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "invalid_json", NULL,
+                "the body must be a JSON object in UTF-8 (without NUL characters)");
+        goto answer;
+    }
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (model && !cJSON_IsNull(model) &&
+        (!cJSON_IsString(model) ||
+         (strcmp(model->valuestring, h->model_name) && ie_engine_lora_find(h->o.engine, model->valuestring) < 0))) {
+        err_set(&e, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model_not_found", "model",
+                "The model does not exist (this server has '%.200s')", h->model_name);
+        goto answer;
+    }
+    if (c->route == ROUTE_DETOKENIZE) {
+        rc = ie_tokapi_detokenize(h->tok, root, &out, &te);
+    } else if (cJSON_GetObjectItemCaseSensitive(root, "messages")) {
+        ie_engine_chat_opts(h->o.engine, &g.chat_opts);
+        if (chat_ids(h, root, &g, &ids, &n_ids, &e) != 0) goto answer;
+        rc = ie_tokapi_tokenize(h->tok, h->n_ctx, root, ids ? ids : (int32_t[1]){0}, n_ids, &out, &te);
+    } else {
+        rc = ie_tokapi_tokenize(h->tok, h->n_ctx, root, NULL, 0, &out, &te);
+    }
+    if (rc != 0) {
+        if (te.oom) err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
+        else
+            err_set(&e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "invalid_value", te.param, "%s", te.message);
+    }
+answer:
+    cJSON_Delete(root);
+    free(ids);
+    if (out) return send_json(h, mc, c, MHD_HTTP_OK, out);
+    return send_err(h, mc, c, &e, NULL);
+}
+
 /* ------------------------------------------------------------- dispatch */
 
 static void read_done(ie_http_t *h, struct MHD_Connection *mc, int phase); /* "read deadline" below */
@@ -1924,11 +1987,40 @@ static int authorized(ie_http_t *h, struct MHD_Connection *mc)
 }
 
 
+/* Adds the size of one header or query argument (name, value and their
+ * separators) to *cls (a size_t). */
+static enum MHD_Result add_value_len(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    *(size_t *)cls += strlen(key) + (value ? strlen(value) : 0) + 4;
+    return MHD_YES;
+}
+
+/* Sets e and returns 1 when the request's URI or headers exceed our limits
+ * (414, 431); 0 otherwise. */
+static int too_big(struct MHD_Connection *mc, const char *url, http_err_t *e)
+{
+    size_t uri = strlen(url), hdr = 0;
+    MHD_get_connection_values(mc, MHD_GET_ARGUMENT_KIND, add_value_len, &uri);
+    MHD_get_connection_values(mc, MHD_HEADER_KIND, add_value_len, &hdr);
+    int big = 1;
+    if (uri > IE_HTTP_MAX_URI)
+        err_set(e, MHD_HTTP_URI_TOO_LONG, "invalid_request_error", "uri_too_long", NULL,
+                "the request URI has %zu bytes; at most %d are accepted", uri, IE_HTTP_MAX_URI);
+    else if (hdr > IE_HTTP_MAX_HEADERS)
+        err_set(e, MHD_HTTP_REQUEST_HEADER_FIELDS_TOO_LARGE, "invalid_request_error", "headers_too_large", NULL,
+                "the request headers have %zu bytes; at most %d are accepted", hdr, IE_HTTP_MAX_HEADERS);
+    else big = 0;
+    return big;
+}
+
 static route_t route_of(ie_http_t *h, const char *url)
 {
     if (!strcmp(url, "/v1/completions")) return ROUTE_COMPLETIONS;
     if (!strcmp(url, "/v1/chat/completions")) return ROUTE_CHAT;
     if (!strcmp(url, "/v1/embeddings")) return ROUTE_EMBED;
+    if (!strcmp(url, "/tokenize")) return ROUTE_TOKENIZE;
+    if (!strcmp(url, "/detokenize")) return ROUTE_DETOKENIZE;
     if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") || (!strncmp(url, "/v1/models/", 11) && url[11]) ||
         (!strcmp(url, "/metrics") && h->o.metrics))
         return ROUTE_GET;
@@ -1959,9 +2051,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
         int get = !strcmp(method, MHD_HTTP_METHOD_GET) || !strcmp(method, MHD_HTTP_METHOD_HEAD);
         route_t rt = route_of(h, url);
         c->early = 1;
-        if (h->cors_origin && !strcmp(method, MHD_HTTP_METHOD_OPTIONS) && rt != ROUTE_NONE) {
+        if (too_big(mc, url, &c->err)) {
+            /* answered in JSON, not by libmicrohttpd (IE_HTTP_CONN_MEMORY) */
+        } else if (h->cors_origin && !strcmp(method, MHD_HTTP_METHOD_OPTIONS) && rt != ROUTE_NONE) {
             c->preflight = 1; /* before the key check: a preflight carries no credentials */
-        } else if (h->api_key && !strncmp(url, "/v1/", 4) && !authorized(h, mc)) {
+        } else if (h->api_key && (!strncmp(url, "/v1/", 4) || rt == ROUTE_TOKENIZE || rt == ROUTE_DETOKENIZE) &&
+                   !authorized(h, mc)) {
             err_set(&c->err, MHD_HTTP_UNAUTHORIZED, "invalid_request_error", "invalid_api_key", NULL,
                     "Incorrect API key provided (send 'Authorization: Bearer <key>')");
         } else if (rt == ROUTE_NONE) {
@@ -2014,6 +2109,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     }
     if (c->status) return MHD_YES; /* answered already */
     if (c->route == ROUTE_GET) return handle_get(h, mc, c, url);
+    if (c->route == ROUTE_TOKENIZE || c->route == ROUTE_DETOKENIZE) return handle_tokenize(h, mc, c);
     pthread_mutex_lock(&h->mu);
     h->n_busy++;
     pthread_mutex_unlock(&h->mu);
@@ -2263,6 +2359,7 @@ ie_status_t ie_http_start(const ie_http_opts_t *o, ie_http_t **out)
     h->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
                             (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_CONNECTION_TIMEOUT, 120u,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)IE_HTTP_CONN_MEMORY,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)h->o.max_conns,
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)h->o.max_conns_per_addr, MHD_OPTION_END);
     if (!h->d) {

@@ -16,6 +16,7 @@ import os
 import socket
 import struct
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,11 +57,47 @@ def binary(name: str) -> Path:
     return p
 
 
+_PORTS_HELD: list = []
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 for a server a test starts, free now and kept
+    from other tests until this process ends.
+
+    Picking a port with bind(0) and closing it races: the kernel hands the
+    same ephemeral port to the next bind(0) or outgoing connection of any
+    process (seen: a coordinator's "Address already in use" while another
+    suite ran). So the port comes from below the ephemeral range (the
+    kernel never gives those out by itself) and is reserved across test
+    processes by an flock on /tmp/ie-test-ports/PORT, held (and released
+    by the kernel) for this process's life."""
+    import fcntl
+    import random
+    try:
+        lo_eph = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        lo_eph = 32768
+    top = max(lo_eph, 12000)
+    d = Path(os.environ.get("TMPDIR", "/tmp")) / "ie-test-ports"
+    d.mkdir(exist_ok=True)
+    rng = random.Random(os.getpid() ^ time.monotonic_ns())
+    for _ in range(500):
+        port = rng.randrange(10000, top)
+        f = open(d / str(port), "a")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            continue
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", port))     # nothing listens there now
+        except OSError:
+            f.close()
+            continue
+        _PORTS_HELD.append(f)
+        return port
+    raise RuntimeError("no free test port in 500 tries")
 
 
 def fixture_path(rel: str) -> Path:

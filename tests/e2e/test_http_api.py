@@ -38,7 +38,7 @@ try:                       # the openai package's own HTTP client (httpx, or its
 except ImportError:
     import httpx2 as httpx
 
-from conftest import IE_BIN, REPO, THREADS, need_file, run_json
+from conftest import IE_BIN, REPO, THREADS, free_port, need_file, run_json
 from test_chat_harmony import harmony_model  # noqa: F401  (the tiny GPT-OSS fixture)
 
 KEY = "sk-test-8f2c1e"
@@ -571,12 +571,6 @@ def test_harmony_chat(harmony_model):  # noqa: F811
 
 
 # ------------------------------------------------------------ ie-coordinator
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_coordinator_http(smollm2, ie_bin, tmp_path):
     """ie-coordinator --http-port: /health 503 until both pipeline workers
     are ready, then answers equal to the embedded engine's (pipeline stages

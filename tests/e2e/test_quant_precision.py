@@ -146,6 +146,15 @@ def test_repack_cache(smollm2, greedy_ref, tmp_path):
     third = run_json(args, timeout=300, env={"IE_REPACK_CACHE": str(cache)})
     assert third["ids"] == first["ids"]
     assert victim.stat().st_size == sizes[victim.name]  # rebuilt and stored again
+    # an edited entry of the right size (other weights than the hashed
+    # source converts to) fails its content hash: rebuilt, never served
+    good = victim.read_bytes()
+    edited = bytearray(good)
+    edited[64:4160] = bytes(4096)
+    victim.write_bytes(bytes(edited))
+    fourth = run_json(args, timeout=300, env={"IE_REPACK_CACHE": str(cache)})
+    assert fourth["ids"] == first["ids"]
+    assert victim.read_bytes() == good, "the edited cache entry was loaded instead of rebuilt"
 
 
 def test_repack_does_not_keep_the_file_resident(smollm2, greedy_ref):

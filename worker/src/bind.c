@@ -143,7 +143,17 @@ static void convert_run(void *ctx, int ith, int nth)
 /* ------------------------------------------------------- repack cache */
 
 /* On-disk repack cache: converted stacks keyed by a hash of the source
- * bytes and everything that decides the result. */
+ * bytes and everything that decides the result. Each file ends in a
+ * trailer holding the XXH3 of its converted bytes, checked at every load:
+ * the weights a worker computes with are then the conversion of the bytes
+ * it hashed for the coordinator (ie_model_src_weights_hash), or converted
+ * afresh — a damaged, truncated or edited cache file is never served. */
+#define IE_PACK_MAGIC 0x4b504549u /* "IEPK" */
+
+typedef struct pack_trailer {
+    uint32_t magic, zero;
+    uint64_t hash; /* XXH3-64 of the converted bytes */
+} pack_trailer_t;
 
 /* What a bind converts: a whole source tensor, or the slice of it a shard
  * holds (then data/nbytes are the cut's own bytes, so the cache key — the
@@ -160,7 +170,7 @@ typedef struct src_mat {
 static void cache_path(const ie_worker_t *w, const src_mat_t *t, const convert_task_t *c, char *out, size_t cap)
 {
     char key[256];
-    snprintf(key, sizeof key, "v1|%s|%s|%d|%s|%s|%d|%d|%lld|%lld|%lld", ie_dtype_name(t->dtype),
+    snprintf(key, sizeof key, "v2|%s|%s|%d|%s|%s|%d|%d|%lld|%lld|%lld", ie_dtype_name(t->dtype),
              ie_layout_name(t->layout), t->group, ie_dtype_name(c->to), ie_layout_name(c->layout), c->group,
              (int)c->how, (long long)c->src.n_in, (long long)c->src.n_out, (long long)c->n_mat);
     XXH3_state_t *st = XXH3_createState();
@@ -181,8 +191,9 @@ static int cache_load(const char *path, void *dst, size_t bytes)
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return -1;
     struct stat sb;
+    pack_trailer_t tr;
     int rc = -1;
-    if (fstat(fd, &sb) == 0 && (uint64_t)sb.st_size == bytes) {
+    if (fstat(fd, &sb) == 0 && (uint64_t)sb.st_size == bytes + sizeof tr) {
         size_t got = 0;
         while (got < bytes) {
             ssize_t n = pread(fd, (char *)dst + got, bytes - got > (1u << 30) ? (1u << 30) : bytes - got,
@@ -190,7 +201,9 @@ static int cache_load(const char *path, void *dst, size_t bytes)
             if (n <= 0) break;
             got += (size_t)n;
         }
-        rc = got == bytes ? 0 : -1;
+        if (got == bytes && pread(fd, &tr, sizeof tr, (off_t)bytes) == (ssize_t)sizeof tr &&
+            tr.magic == IE_PACK_MAGIC && tr.hash == XXH3_64bits(dst, bytes))
+            rc = 0;
     }
     close(fd);
     return rc;
@@ -208,6 +221,8 @@ static void cache_store(const char *path, const void *src, size_t bytes)
         if (n <= 0) break;
         put += (size_t)n;
     }
+    const pack_trailer_t tr = {IE_PACK_MAGIC, 0, XXH3_64bits(src, bytes)};
+    if (put == bytes && write(fd, &tr, sizeof tr) != (ssize_t)sizeof tr) put = 0;
     if (close(fd) == 0 && put == bytes && rename(tmp, path) == 0) return;
     unlink(tmp); /* the cache is best effort: a failed store only costs the next load */
 }

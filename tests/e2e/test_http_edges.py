@@ -1,0 +1,224 @@
+"""End-to-end tests of the HTTP API's edges (issue 21, items 12 and 15):
+
+  * requests that outgrow our limits on the URI (8 KiB) and the headers
+    (16 KiB) are answered by us in OpenAI's JSON error shape (414, 431),
+    not by libmicrohttpd's HTML pages, up to its raised connection memory
+    (256 KiB); what libmicrohttpd still answers itself (a malformed request
+    line, an unsupported HTTP version, a head beyond 256 KiB) keeps its
+    status and is documented in docs/HTTP.md;
+  * POST /tokenize and /detokenize in llama-server's and vLLM's shapes,
+    round trips, bad ids (400), the API key.
+
+Raw sockets for the oversized requests (an HTTP client would refuse to send
+them or hide the status). Environment as in conftest.py.
+"""
+from __future__ import annotations
+
+import json
+import re
+import socket
+from pathlib import Path
+
+import pytest
+
+from conftest import IE_BIN, SMOLLM2, need_file
+from test_serving import Serve, error_shape, httpx
+
+
+@pytest.fixture(scope="module")
+def model() -> Path:
+    need_file(IE_BIN, "inference-engine binary (set IE_BIN or build it)")
+    return need_file(SMOLLM2, "SmolLM2 GGUF (run scripts/setup.sh)")
+
+
+@pytest.fixture(scope="module")
+def srv(model, tmp_path_factory):
+    s = Serve(model, tmp_path_factory.mktemp("edges"), ["--batch", 2], threads=1)
+    yield s
+    s.p.terminate(5.0)
+
+
+@pytest.fixture(scope="module")
+def keyed(model, tmp_path_factory):
+    s = Serve(model, tmp_path_factory.mktemp("edges_key"), ["--batch", 1], threads=1, api_key="k3y")
+    yield s
+    s.p.terminate(5.0)
+
+
+def raw(port: int, data: bytes, timeout: float = 20.0) -> tuple:
+    """Send data, read one answer: (status, headers text, body bytes)."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    try:
+        s.sendall(data)
+        out = b""
+        while True:
+            try:
+                b = s.recv(65536)
+            except (ConnectionResetError, socket.timeout):
+                break
+            if not b:
+                break
+            out += b
+            head, sep, body = out.partition(b"\r\n\r\n")
+            m = re.search(rb"content-length:\s*(\d+)", head, re.I)
+            if sep and m and len(body) >= int(m.group(1)):
+                break
+    finally:
+        s.close()
+    head, _, body = out.partition(b"\r\n\r\n")
+    m = re.match(rb"HTTP/1\.[01] (\d{3})", head)
+    assert m, f"no HTTP status line in {out[:300]!r}"
+    return int(m.group(1)), head.decode("latin-1"), body
+
+
+def json_error(status: int, head: str, body: bytes, want: int, code: str) -> dict:
+    assert status == want, (status, head, body[:300])
+    assert re.search(r"content-type:\s*application/json", head, re.I), (head, body[:300])
+    e = error_shape(json.loads(body))
+    assert e["code"] == code and e["type"] == "invalid_request_error", e
+    return e
+
+
+# ------------------------------------------------------------ oversized requests in JSON
+@pytest.mark.parametrize("size", [20_000, 120_000])
+def test_oversized_headers_answer_json_431(srv, size):
+    req = (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * size + b"\r\n\r\n")
+    st, head, body = raw(int(srv.port), req)
+    e = json_error(st, head, body, 431, "headers_too_large")
+    assert "16384" in e["message"], e
+
+
+def test_many_headers_answer_json_431(srv):
+    req = b"GET /v1/models HTTP/1.1\r\nHost: x\r\n" + b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 60)
+                                                             for i in range(400)) + b"\r\n"
+    st, head, body = raw(int(srv.port), req)
+    json_error(st, head, body, 431, "headers_too_large")
+
+
+@pytest.mark.parametrize("target", [b"/v1/models?q=" + b"a" * 10_000, b"/" + b"a" * 20_000])
+def test_oversized_uri_answers_json_414(srv, target):
+    st, head, body = raw(int(srv.port), b"GET " + target + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    e = json_error(st, head, body, 414, "uri_too_long")
+    assert "8192" in e["message"], e
+
+
+def test_oversized_post_to_generation_answers_json(srv):
+    body = json.dumps({"prompt": "Hi", "max_tokens": 1}).encode()
+    req = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+           b"Cookie: " + b"c" * 30_000 + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    st, head, b = raw(int(srv.port), req)
+    json_error(st, head, b, 431, "headers_too_large")
+
+
+def test_limits_leave_normal_requests_alone(srv):
+    """Just under the limits: answered normally (the limits are not off by
+    a factor), on a connection that then serves another request."""
+    req = (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 15_000 + b"\r\n\r\n")
+    st, head, body = raw(int(srv.port), req)
+    assert st == 200 and json.loads(body)["object"] == "list", (st, body[:300])
+    st, head, body = raw(int(srv.port), b"GET /v1/models?q=" + b"a" * 8000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert st == 200, (st, body[:300])
+
+
+@pytest.mark.parametrize("line", [b"BREW /v1/models HTTP/1.1", b"GET  /v1/models  HTTP/1.1",
+                                  b"GET /nowhere HTTP/1.1"])
+def test_odd_request_lines_answer_json(srv, line):
+    """Request lines libmicrohttpd passes on (unknown method, extra spaces,
+    unknown path) are ours: JSON 404/405."""
+    st, head, body = raw(int(srv.port), line + b"\r\nHost: x\r\n\r\n")
+    assert st in (404, 405), (st, body[:300])
+    error_shape(json.loads(body))
+
+
+@pytest.mark.parametrize("line,want", [(b"GET /v1/models", 400), (b"GET /v1/models HTTP/9.9", 505)])
+def test_malformed_request_lines_keep_their_status(srv, line, want):
+    """What libmicrohttpd answers itself (docs/HTTP.md says so): the status
+    is right and the connection closes; the body is its HTML page."""
+    st, head, body = raw(int(srv.port), line + b"\r\nHost: x\r\n\r\n")
+    assert st == want, (st, head, body[:300])
+    assert re.search(r"connection:\s*close", head, re.I), head
+
+
+# ------------------------------------------------------------ /tokenize, /detokenize
+def post(s, path: str, body, key: str | None = None):
+    h = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(s.base + path, json=body, headers=h, timeout=30)
+
+
+def test_tokenize_llama_server_shape(srv):
+    r = post(srv, "/tokenize", {"content": "Hello world, how are you?"})
+    assert r.status_code == 200, r.text
+    toks = r.json()["tokens"]
+    assert set(r.json()) == {"tokens"} and len(toks) >= 5 and all(isinstance(t, int) for t in toks), r.text
+    d = post(srv, "/detokenize", {"tokens": toks})
+    assert d.status_code == 200 and d.json()["content"] == "Hello world, how are you?", d.text
+    p = post(srv, "/tokenize", {"content": "Hello 媽 🤗", "with_pieces": True}).json()["tokens"]
+    assert all(set(t) == {"id", "piece"} for t in p), p
+    # pieces are strings when valid UTF-8, else their bytes; together they are the text
+    raw_bytes = b"".join(t["piece"].encode() if isinstance(t["piece"], str) else bytes(t["piece"]) for t in p)
+    assert raw_bytes.decode() == "Hello 媽 🤗", p
+    assert any(isinstance(t["piece"], list) for t in p), "the emoji's byte tokens should not be valid UTF-8 alone"
+
+
+def test_tokenize_special_tokens(srv):
+    parsed = post(srv, "/tokenize", {"content": "<|im_start|>"}).json()["tokens"]
+    assert len(parsed) == 1, parsed
+    plain = post(srv, "/tokenize", {"content": "<|im_start|>", "parse_special": False}).json()["tokens"]
+    assert len(plain) > 1, plain
+    d = post(srv, "/detokenize", {"tokens": parsed})
+    assert d.json()["content"] == "<|im_start|>", d.text
+
+
+def test_tokenize_vllm_shape(srv):
+    r = post(srv, "/tokenize", {"model": srv.model_name, "prompt": "Hello world"})
+    assert r.status_code == 200, r.text
+    j = r.json()
+    assert j["count"] == len(j["tokens"]) and j["max_model_len"] > 0, j
+    assert j["tokens"] == post(srv, "/tokenize", {"content": "Hello world"}).json()["tokens"]
+    msgs = [{"role": "user", "content": "What is 2+2?"}]
+    c = post(srv, "/tokenize", {"messages": msgs, "return_token_strs": True}).json()
+    text = "".join(c["token_strs"])
+    assert "What is 2+2?" in text and "<|im_start|>user" in text and c["count"] == len(c["tokens"]), c
+    d = post(srv, "/detokenize", {"model": srv.model_name, "tokens": c["tokens"]}).json()
+    assert d["prompt"] == text, d
+    # the same ids a chat completion is generated from (its usage counts them)
+    u = post(srv, "/v1/chat/completions", {"messages": msgs, "max_tokens": 1}).json()["usage"]
+    assert u["prompt_tokens"] == c["count"], (u, c["count"])
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/detokenize", {"tokens": [1, 10 ** 9]}, "tokens"),
+    ("/detokenize", {"tokens": [-1]}, "tokens"),
+    ("/detokenize", {"tokens": [1.5]}, "tokens"),
+    ("/detokenize", {"tokens": "12"}, "tokens"),
+    ("/detokenize", {}, "tokens"),
+    ("/tokenize", {"content": 5}, "content"),
+    ("/tokenize", {"prompt": ["a"]}, "prompt"),
+    ("/tokenize", {}, "prompt"),
+    ("/tokenize", {"content": "x", "add_special": "yes"}, "add_special"),
+    ("/tokenize", {"messages": "hi"}, "messages"),
+])
+def test_tokenize_bad_input_400(srv, path, body, param):
+    r = post(srv, path, body)
+    assert r.status_code == 400, (r.status_code, r.text)
+    assert error_shape(r.json())["param"] == param, r.text
+
+
+def test_tokenize_refuses_bad_bodies(srv):
+    r = httpx.post(srv.base + "/tokenize", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    error_shape(r.json())
+    r = httpx.post(srv.base + "/tokenize", content=b'{"content": "x"}', headers={"Content-Type": "text/plain"})
+    assert r.status_code == 415, r.text
+    assert httpx.get(srv.base + "/tokenize").status_code == 405
+    r = post(srv, "/tokenize", {"model": "other", "content": "x"})
+    assert r.status_code == 404, r.text
+
+
+def test_tokenize_needs_the_api_key(keyed):
+    for path, body in (("/tokenize", {"content": "Hi"}), ("/detokenize", {"tokens": [1]})):
+        r = post(keyed, path, body)
+        assert r.status_code == 401, (path, r.status_code, r.text)
+        error_shape(r.json())
+        assert post(keyed, path, body, key="wrong").status_code == 401
+        assert post(keyed, path, body, key="k3y").status_code == 200, path
