@@ -88,6 +88,8 @@ static void usage(FILE *f)
           "                           DIR/clients/*.pub may use the client port (DIR/*.pub: workers)\n"
           "  --cpu-latency-us N       hold a PM QoS request: CPUs wake within N us (0: idle CPUs poll;\n"
           "                           needs /dev/cpu_dma_latency; env IE_CPU_LATENCY_US; docs/OPERATIONS.md)\n"
+          "  --lora NAME=PATH         register a LoRA adapter (pinned; repeatable; docs/LORA.md)\n"
+          "  --lora-budget-mb MB      LoRA weights held at most (0: no limit)\n"
           "  --verbose\n",
           f);
 }
@@ -137,6 +139,8 @@ int main(int argc, char **argv)
                                        {"step-timeout-ms", required_argument, 0, O_STEP_TMO},
                                        {0, 0, 0, 0}};
     const char *plan_s = NULL;
+    ie_cli_loras_t loras = {0};
+    const char *lora_budget = NULL;
     const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_MODEL, &model),
                                    IE_CLI_PICK(IE_FLAG_PLAN, &plan_s),
                                    IE_CLI_PICK(IE_FLAG_CTX, &ctx),
@@ -167,7 +171,9 @@ int main(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_HTTP_CONNS, &conns),
                                    IE_CLI_PICK(IE_FLAG_HTTP_PER_ADDR, &conns_addr),
 
-                                   IE_CLI_PICK(IE_FLAG_CORS_ORIGIN, &cors)};
+                                   IE_CLI_PICK(IE_FLAG_CORS_ORIGIN, &cors),
+                                   IE_CLI_PICK(IE_FLAG_LORA, &loras),
+                                   IE_CLI_PICK(IE_FLAG_LORA_BUDGET, &lora_budget)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, ac, av, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -244,7 +250,22 @@ int main(int argc, char **argv)
     eo.step_timeout_ms = (int)step_timeout_ms;
     eo.net = net;
     eo.metrics = metrics;
+    if (lora_budget) { /* MB, a decimal */
+        char *end = NULL;
+        double mb = strtod(lora_budget, &end);
+        if (end == lora_budget || *end || !(mb >= 0 && mb <= 1e9)) {
+            rc = ie_cli_fail(IE_EXIT_USAGE, "bad value '%s' for --lora-budget-mb", lora_budget);
+            goto cleanup;
+        }
+        eo.lora_budget_bytes = (uint64_t)(mb * 1048576.0);
+    }
     if ((st = ie_engine_open(&eo, &eng)) != IE_OK) goto fail;
+    for (int i = 0; i < loras.n; i++) /* registered (pinned); attached to the cluster on first use */
+        if ((st = ie_engine_lora_load(eng, loras.name[i], loras.path[i], 1.0f)) != IE_OK) {
+            rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_MODEL, "lora %s: %s", loras.name[i],
+                             ie_error_last());
+            goto cleanup;
+        }
     if ((st = ie_sock_new(net, IE_SOCK_ROUTER, &client)) != IE_OK) goto fail;
     if ((st = ie_sock_set_max_msg(client, max_msg)) != IE_OK) goto fail;
     if ((st = ie_sock_watch_peers(client, IE_SERVE_CLIENT_HEARTBEAT_MS)) != IE_OK) goto fail;

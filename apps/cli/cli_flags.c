@@ -70,6 +70,7 @@ static const flag_t FLAGS[] = {
     {"kv-rotate", IE_FLAG_KV_ROTATE, FK_KVROT, 0, 0},
     {"lora", IE_FLAG_LORA, FK_LORA, 0, 0},
     {"adapter", IE_FLAG_ADAPTER, FK_STR_NONEMPTY, 0, 0},
+    {"lora-budget-mb", IE_FLAG_LORA_BUDGET, FK_STR_NONEMPTY, 0, 0},
 };
 #define N_FLAGS (sizeof FLAGS / sizeof FLAGS[0])
 

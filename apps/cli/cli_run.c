@@ -13,6 +13,7 @@
 #include "ie_proc.h"
 #include "ie_mmap.h"
 #include "ie_engine.h"
+#include "ie_lora_cache.h"
 #include "ie_harmony.h"
 #include "ie_cli_batch.h"
 #include "ie_dtype.h"
@@ -790,6 +791,7 @@ int ie_cli_run(int argc, char **argv)
                                      .n_ids = sl->it.n_ids,
                                      .params = &gp,
                                      .lora = aid + 1, /* --adapter (0: the base) */
+                                     .lora_salt = ie_lora_cache_salt(ie_engine_lora_cache(eng), aid),
                                      .cb = on_event,
                                      .cb_ctx = sl};
                 st = ie_sched_submit(sched, &rq, NULL); /* the ids are copied */
@@ -803,7 +805,7 @@ int ie_cli_run(int argc, char **argv)
             }
             if (running) {
                 int busy = 0;
-                if ((st = ie_sched_step(sched, &busy)) != IE_OK) {
+                if ((st = ie_engine_sched_step(eng, sched, &busy)) != IE_OK) {
                     rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, "%s", ie_error_last());
                     goto cleanup;
                 }

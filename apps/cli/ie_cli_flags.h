@@ -60,6 +60,7 @@ typedef enum ie_flag_id {
     IE_FLAG_KV_ROTATE,      /* --kv-rotate on|off|auto            ie_kv_rotate_t */
     IE_FLAG_LORA,           /* --lora NAME=PATH (repeatable)      ie_cli_loras_t */
     IE_FLAG_ADAPTER,        /* --adapter NAME (not empty)         const char * */
+    IE_FLAG_LORA_BUDGET,    /* --lora-budget-mb MB (decimal; 0: no limit) const char * */
     IE_FLAG_END
 } ie_flag_id_t;
 

@@ -340,7 +340,7 @@ ie_status_t ie_serve_run(const ie_serve_opts_t *o)
         } else if (!busy) {
             ie_sched_wait(o->sched, upkeep_ms);
         }
-        if ((st = ie_sched_step(o->sched, &busy)) != IE_OK) break;
+        if ((st = ie_engine_sched_step(o->engine, o->sched, &busy)) != IE_OK) break;
     }
     for (pending_t *p = s.open; p; p = p->next) { /* answered now, freed by their terminal event */
         reply_error(&s, p, p->req.id, "unavailable", "the coordinator is shutting down");
