@@ -42,13 +42,13 @@
 typedef struct ie_lora_cache ie_lora_cache_t;
 
 typedef struct ie_lora_cache_opts {
-    ie_backend_t *backend;   /* not owned, outlives the cache          */
-    const ie_hparams_t *hp;  /* the base's: adapters are checked on it */
-    uint64_t budget_bytes;   /* resident adapter weights at most (0: no
+    ie_backend_t *backend;  /* not owned, outlives the cache          */
+    const ie_hparams_t *hp; /* the base's: adapters are checked on it */
+    uint64_t budget_bytes;  /* resident adapter weights at most (0: no
                                 limit); pinned and leased adapters are
                                 never evicted, so it may be exceeded
                                 while they alone fill it              */
-    ie_metrics_t *metrics;   /* optional: ie_lora_* series            */
+    ie_metrics_t *metrics;  /* optional: ie_lora_* series            */
 } ie_lora_cache_opts_t;
 
 /* One adapter of a requested set: its name and weight. */

@@ -21,8 +21,8 @@
 #include <string.h>
 
 typedef struct ent {
-    int used;  /* slot taken (registered, or unloaded awaiting its sets) */
-    int gone;  /* unloaded: no longer found by name                      */
+    int used; /* slot taken (registered, or unloaded awaiting its sets) */
+    int gone; /* unloaded: no longer found by name                      */
     int pinned;
     char name[IE_LORA_NAME_MAX];
     char *path;
@@ -365,10 +365,12 @@ ie_status_t ie_lora_cache_acquire(ie_lora_cache_t *c, const ie_lora_use_t *uses,
                 break;
             }
             float sc = isnan(uses[k].scale) ? c->ent[e].scale : uses[k].scale;
-            if (!isfinite(sc)) st = ie_error_set(IE_ERR_INVAL, "lora: adapter '%s': scale not finite", uses[k].name);
+            if (!isfinite(sc))
+                st = ie_error_set(IE_ERR_INVAL, "lora: adapter '%s': scale not finite", uses[k].name);
             /* insertion by entry slot: the key does not depend on order */
             int j = k;
-            for (; j > 0 && ent[j - 1] > e; j--) ent[j] = ent[j - 1], serial[j] = serial[j - 1], scale[j] = scale[j - 1];
+            for (; j > 0 && ent[j - 1] > e; j--)
+                ent[j] = ent[j - 1], serial[j] = serial[j - 1], scale[j] = scale[j - 1];
             if (j > 0 && ent[j - 1] == e)
                 st = ie_error_set(IE_ERR_INVAL, "lora: adapter '%s' named twice in one set", uses[k].name);
             ent[j] = e, serial[j] = c->ent[e].serial, scale[j] = sc;

@@ -35,8 +35,8 @@ int ie_oai_lora_lease(ie_lora_cache_t *lc, const cJSON *root, const char *base, 
     if (cJSON_IsString(model) && strcmp(model->valuestring, base)) {
         /* vLLM's convention: the model field names an adapter */
         if (ie_lora_cache_index(lc, model->valuestring) < 0)
-            return fail(e, 404, "model_not_found", "model", "The model '%.200s' does not exist (this server has '%.200s')",
-                        model->valuestring, base);
+            return fail(e, 404, "model_not_found", "model",
+                        "The model '%.200s' does not exist (this server has '%.200s')", model->valuestring, base);
         snprintf(names[n], sizeof names[n], "%s", model->valuestring);
         uses[n] = (ie_lora_use_t){names[n], NAN};
         n++;
@@ -45,7 +45,8 @@ int ie_oai_lora_lease(ie_lora_cache_t *lc, const cJSON *root, const char *base, 
         const cJSON *it;
         int k = 0;
         if (!cJSON_IsArray(list))
-            return fail(e, 400, "invalid_value", "lora", "'lora' must be an array of {\"id\" or \"name\", \"scale\"}");
+            return fail(e, 400, "invalid_value", "lora",
+                        "'lora' must be an array of {\"id\" or \"name\", \"scale\"}");
         cJSON_ArrayForEach(it, list)
         {
             const cJSON *id = cJSON_GetObjectItemCaseSensitive(it, "id");
@@ -53,8 +54,8 @@ int ie_oai_lora_lease(ie_lora_cache_t *lc, const cJSON *root, const char *base, 
             const cJSON *sc = cJSON_GetObjectItemCaseSensitive(it, "scale");
             double scale = 1.0;
             if (!cJSON_IsObject(it) || (!id == !nm))
-                return fail(e, 400, "invalid_value", "lora", "lora[%d] must be an object with one of \"id\" and \"name\"",
-                            k);
+                return fail(e, 400, "invalid_value", "lora",
+                            "lora[%d] must be an object with one of \"id\" and \"name\"", k);
             if (sc && !cJSON_IsNumber(sc))
                 return fail(e, 400, "invalid_value", "lora", "lora[%d].scale must be a number", k);
             if (sc) scale = sc->valuedouble;
