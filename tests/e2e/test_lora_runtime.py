@@ -397,3 +397,57 @@ def test_cli_bad_set_specs(tmp_path):
     for spec in ["a:x", "a,a", "a:1,", "b"]:
         cp = run_cli(base + ["--adapter", spec])
         assert cp.returncode == 2, (spec, cp.stderr)
+
+
+# ------------------------------------------------------------ ZeroMQ
+def test_zmq_adapter_lora_and_admin():
+    """The client protocol: "adapter" and "lora" fields on generate, and
+    load_lora / unload_lora messages (docs/PROTOCOL.md)."""
+    import msgpack
+    import zmq
+
+    from conftest import free_port
+
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    proc, _ = start("--zmq-bind", ep)
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.connect(ep)
+    n = [0]
+
+    def ask(msg):
+        n[0] += 1
+        sock.send(msgpack.packb({"v": 1, "id": f"r{n[0]}", **msg}))
+        assert sock.poll(120000), "no answer"
+        return msgpack.unpackb(sock.recv(), raw=False)
+
+    def gen(**kw):
+        return ask({"type": "generate", "prompt": PROMPT, "max_new": 6, "temperature": 0, **kw})
+
+    try:
+        r = ask({"type": "load_lora", "lora_name": "z", "lora_path": str(PATHS["all16"])})
+        assert r["type"] == "ok" and "added" in r["message"], r
+        r = ask({"type": "load_lora", "lora_name": "q", "lora_path": str(PATHS["qv8"]), "pinned": True})
+        assert r["type"] == "ok", r
+        assert gen(adapter="z")["text"] == solo("all16")
+        assert gen()["text"] == solo(None)
+        r = gen(lora=[{"name": "q", "scale": 0.5}, {"name": "z", "scale": 0.75}])
+        assert r["type"] == "done" and r["text"] == solo("qv8:0.5,all16:0.75"), r
+        r = ask({"type": "load_lora", "lora_name": "bad", "lora_path": "/nowhere"})
+        assert r["type"] == "error" and r["code"] == "invalid_request", r
+        r = ask({"type": "load_lora", "lora_name": "z"})  # no path
+        assert r["type"] == "error" and r["code"] == "invalid_request", r
+        assert ask({"type": "unload_lora", "lora_name": "z"})["type"] == "ok"
+        r = gen(adapter="z")
+        assert r["type"] == "error" and r["code"] == "not_found", r
+        r = ask({"type": "unload_lora", "lora_name": "z"})
+        assert r["type"] == "error" and r["code"] == "not_found", r
+        r = gen(lora=[{"id": 250}])
+        assert r["type"] == "error" and r["code"] == "not_found", r
+        r = gen(lora=[{"name": "q", "id": 0}])
+        assert r["type"] == "error" and r["code"] == "invalid_request", r
+        assert gen(adapter="q")["text"] == solo("qv8")  # still serving
+    finally:
+        sock.close(0)
+        ctx.term()
+        stop(proc)

@@ -84,7 +84,8 @@ static fake_t *g_fake;
 static ie_backend_t *fake_new(void)
 {
     ie_backend_t *b = NULL;
-    ie_backend_geom_t g = {.n_seq = 1, .n_ctx = 64, .max_batch = 8, .kv_block = 16, .kv_blocks = 4, .n_vocab = 512, .upkeep_ms = 50};
+    ie_backend_geom_t g = {
+        .n_seq = 1, .n_ctx = 64, .max_batch = 8, .kv_block = 16, .kv_blocks = 4, .n_vocab = 512, .upkeep_ms = 50};
     g_fake = calloc(1, sizeof *g_fake);
     CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake, g_fake, &g, &b), IE_OK);
     return b;
@@ -293,7 +294,7 @@ static void test_sets_and_salts(void)
     CU_ASSERT_EQUAL(ie_lora_cache_salt(c, la.id), 0); /* detached now: it was idle */
     CU_ASSERT_EQUAL(ie_lora_cache_load(c, "a", LORA "/o4f16", 1.0f, 0), IE_OK);
     ie_lora_lease_t lb = lease1(c, "a");
-    CU_ASSERT(lb.id == l1.id || lb.id == l3.id || lb.id == la.id); /* a freed id again ... */
+    CU_ASSERT(lb.id == l1.id || lb.id == l3.id || lb.id == la.id);          /* a freed id again ... */
     for (int i = 0; i < n_seen; i++) CU_ASSERT_NOT_EQUAL(lb.salt, seen[i]); /* ... never the salt */
     CU_ASSERT_NOT_EQUAL(lb.salt, 0);
     ie_lora_cache_release(c, &lb, 0);
