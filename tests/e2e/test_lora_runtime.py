@@ -451,3 +451,25 @@ def test_zmq_adapter_lora_and_admin():
         sock.close(0)
         ctx.term()
         stop(proc)
+
+
+# -------------------------------------------------------- CLI prompts
+def test_jsonl_prompts_file_per_prompt_adapters(tmp_path):
+    """A prompts file named *.jsonl gives each prompt its own adapter set
+    (one run, one scheduler: the prompts share steps); each prompt's ids
+    equal its solo --adapter run; the JSON line lists the sets that ran;
+    a bad line or unknown adapter fails that prompt alone."""
+    lines = [{"prompt": PROMPT, "adapter": "qv8"}, {"prompt": PROMPT},
+             {"prompt": PROMPT, "adapter": "qv8:0.5,all16:0.75"}, {"prompt": "hello there", "adapter": "all16"},
+             {"prompt": PROMPT, "adapter": "nope"}]
+    f = tmp_path / "p.jsonl"
+    f.write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
+    loras = [a for name, p in PATHS.items() for a in ("--lora", f"{name}={p}")]
+    common = ["--model", fixture_path("tiny_llama"), "--max-new", 6, "--greedy", "--threads", 2, "--precision", "f32",
+              "--batch", 4, *loras]
+    out = run_json(common + ["--prompts-file", f])
+    assert out["adapters"] == ["qv8", "qv8:0.5,all16:0.75", "all16"]
+    assert out["failed"] == 2 and [e["line"] for e in out["errors"]] == [5, 6]
+    for i, x in enumerate(lines[:4]):
+        solo_run = run_json(common + ["--prompt", x["prompt"], *(["--adapter", x["adapter"]] if "adapter" in x else [])])
+        assert out["ids"][i] == solo_run["ids"], i
