@@ -1034,7 +1034,6 @@ static int json_has_nul(const char *s, size_t n)
     return 0;
 }
 
-/* POST /v1/completions and /v1/chat/completions, body read. */
 /* ie_oai_err_t (serve_oai_lora.c) into e; -1. */
 static int err_from_oai(http_err_t *e, const ie_oai_err_t *o)
 {
@@ -1077,6 +1076,7 @@ static enum MHD_Result handle_lora_admin(ie_http_t *h, struct MHD_Connection *mc
     return ret;
 }
 
+/* POST /v1/completions and /v1/chat/completions, body read. */
 static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, conn_t *c)
 {
     http_err_t e;
