@@ -40,8 +40,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static ie_lora_cache_t *lc;
     static ie_hparams_t hp;
     if (!be) {
-        ie_backend_geom_t g = {.n_seq = 1, .n_ctx = 16, .max_batch = 4, .kv_block = 16, .kv_blocks = 1,
-                               .n_vocab = 8, .upkeep_ms = 50};
+        ie_backend_geom_t g = {
+            .n_seq = 1, .n_ctx = 16, .max_batch = 4, .kv_block = 16, .kv_blocks = 1, .n_vocab = 8, .upkeep_ms = 50};
         if (ie_backend_new(&k_ops, NULL, &g, &be) != IE_OK) __builtin_trap();
         ie_lora_cache_opts_t o = {.backend = be, .hp = &hp};
         if (ie_lora_cache_new(&o, &lc) != IE_OK) __builtin_trap();
