@@ -16,6 +16,7 @@
 #include "ie_cpulat.h"
 #include "ie_embd.h"
 #include "ie_engine.h"
+#include "ie_lora_cache.h"
 #include "ie_http.h"
 #include "ie_metrics.h"
 #include "ie_numa.h"
@@ -96,6 +97,7 @@ static void usage(FILE *f)
           "  --lora NAME=PATH         a LoRA adapter (repeatable): attached once every worker is ready, each\n"
           "                           worker reading PATH (or its --lora-dir) from its own disk; one refused\n"
           "                           (a worker's copy differs) is logged and left out, the base serves on\n"
+          "  --lora-budget-mb MB      LoRA weights held at most (0: no limit)\n"
           "  --verbose\n",
           f);
 }
@@ -148,6 +150,7 @@ int main(int argc, char **argv)
                                        {0, 0, 0, 0}};
     const char *plan_s = NULL;
     ie_cli_loras_t loras = {0};
+    const char *lora_budget = NULL;
     const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_MODEL, &model),
                                    IE_CLI_PICK(IE_FLAG_PLAN, &plan_s),
                                    IE_CLI_PICK(IE_FLAG_CTX, &ctx),
@@ -182,7 +185,8 @@ int main(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_CORS_ORIGIN, &cors),
                                    IE_CLI_PICK(IE_FLAG_POOLING, &pooling_s),
                                    IE_CLI_PICK(IE_FLAG_EMBD_NORM, &embd_norm),
-                                   IE_CLI_PICK(IE_FLAG_LORA, &loras)};
+                                   IE_CLI_PICK(IE_FLAG_LORA, &loras),
+                                   IE_CLI_PICK(IE_FLAG_LORA_BUDGET, &lora_budget)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, ac, av, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -265,16 +269,33 @@ int main(int argc, char **argv)
     eo.step_timeout_ms = (int)step_timeout_ms;
     eo.net = net;
     eo.metrics = metrics;
+    if (lora_budget) { /* MB, a decimal */
+        char *end = NULL;
+        double mb = strtod(lora_budget, &end);
+        if (end == lora_budget || *end || !(mb >= 0 && mb <= 1e9)) {
+            rc = ie_cli_fail(IE_EXIT_USAGE, "bad value '%s' for --lora-budget-mb", lora_budget);
+            goto cleanup;
+        }
+        eo.lora_budget_bytes = (uint64_t)(mb * 1048576.0);
+    }
     if ((st = ie_engine_open(&eo, &eng)) != IE_OK) goto fail;
     if (loras.n > 0) { /* every rank checks its copy: attach once they are all here */
         ie_backend_t *be = ie_engine_backend(eng);
         ie_log("ie-coordinator: waiting for %ld workers to attach %d LoRA adapter(s)\n", workers, loras.n);
         while (!g_stop && !ie_backend_upkeep(be, 100)) {}
         for (int i = 0; i < loras.n && !g_stop; i++) {
-            if (ie_engine_lora_load(eng, loras.name[i], loras.path[i], 1.0f) == IE_OK)
+            /* registered pinned, then attached at once (ie_engine_lora_find
+             * leases it), so that a rank's refusal shows here, not at the
+             * first request: a refused adapter is dropped, the base serves */
+            if ((st = ie_engine_lora_load(eng, loras.name[i], loras.path[i], 1.0f)) == IE_OK &&
+                ie_engine_lora_find(eng, loras.name[i]) >= 0) {
                 ie_log("ie-coordinator: LoRA %s attached (%s)\n", loras.name[i], loras.path[i]);
-            else ie_log("ie-coordinator: error: LoRA %s not attached: %s\n", loras.name[i], ie_error_last());
+                continue;
+            }
+            ie_log("ie-coordinator: error: LoRA %s not attached: %s\n", loras.name[i], ie_error_last());
+            if (st == IE_OK) ie_lora_cache_unload(ie_engine_lora_cache(eng), loras.name[i], NULL);
         }
+        st = IE_OK;
     }
     if ((st = ie_sock_new(net, IE_SOCK_ROUTER, &client)) != IE_OK) goto fail;
     if ((st = ie_sock_set_max_msg(client, max_msg)) != IE_OK) goto fail;

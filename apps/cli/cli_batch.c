@@ -13,6 +13,7 @@
 
 #include "ie_clock.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -75,7 +76,28 @@ static void tokenize(const ie_cli_batch_opts_t *o, const char *text, size_t len,
         snprintf(it->err, sizeof it->err, "line %zu is %zu bytes; the limit is %zu", it->line, len, o->max_line);
         return;
     }
-    ie_status_t st = ie_tokenizer_encode(o->tok, text, len, o->tok_flags, &it->ids, &it->n_ids);
+    cJSON *js = NULL;
+    ie_status_t st = IE_OK;
+    if (o->jsonl) { /* {"prompt": str[, "adapter": str]}: the prompt's text and adapter set */
+        const cJSON *p = NULL, *a = NULL;
+        if (!(js = cJSON_ParseWithLength(text, len)) || !cJSON_IsObject(js) ||
+            !cJSON_IsString(p = cJSON_GetObjectItemCaseSensitive(js, "prompt")) ||
+            ((a = cJSON_GetObjectItemCaseSensitive(js, "adapter")) && !cJSON_IsNull(a) &&
+             (!cJSON_IsString(a) || !*a->valuestring))) {
+            it->st = IE_ERR_INVAL;
+            snprintf(it->err, sizeof it->err,
+                     "line %zu: not a JSON object {\"prompt\": string, \"adapter\": \"NAME[:SCALE],...\"}",
+                     it->line);
+            cJSON_Delete(js);
+            return;
+        }
+        if (cJSON_IsString(a) && !(it->adapter = strdup(a->valuestring))) st = IE_ERR_NOMEM;
+        text = p->valuestring;
+        len = strlen(text);
+    }
+    if (st == IE_OK) st = ie_tokenizer_encode(o->tok, text, len, o->tok_flags, &it->ids, &it->n_ids);
+    else ie_error_set(st, "out of memory");
+    cJSON_Delete(js);
     if (st != IE_OK) {
         it->st = st;
         snprintf(it->err, sizeof it->err, "line %zu: %s", it->line, ie_error_last());
@@ -91,6 +113,8 @@ static void tokenize(const ie_cli_batch_opts_t *o, const char *text, size_t len,
         free(it->ids);
         it->ids = NULL;
         it->n_ids = 0;
+        free(it->adapter);
+        it->adapter = NULL;
     }
 }
 
@@ -279,7 +303,7 @@ void ie_cli_batcher_destroy(ie_cli_batcher_t **bp)
     pthread_mutex_unlock(&b->mu);
     for (int i = 0; i < b->n_readers; i++)
         if (b->readers[i].started) pthread_join(b->readers[i].th, NULL);
-    for (size_t i = 0; b->ring && i < b->o.depth; i++) free(b->ring[i].ids);
+    for (size_t i = 0; b->ring && i < b->o.depth; i++) free(b->ring[i].ids), free(b->ring[i].adapter);
     free(b->ring);
     free(b->full);
     free(b->readers);

@@ -73,6 +73,7 @@ static const flag_t FLAGS[] = {
     {"adapter", IE_FLAG_ADAPTER, FK_STR_NONEMPTY, 0, 0},
     {"pooling", IE_FLAG_POOLING, FK_STR_NONEMPTY, 0, 0},
     {"embd-normalize", IE_FLAG_EMBD_NORM, FK_LONG, -1, 2},
+    {"lora-budget-mb", IE_FLAG_LORA_BUDGET, FK_STR_NONEMPTY, 0, 0},
 };
 #define N_FLAGS (sizeof FLAGS / sizeof FLAGS[0])
 

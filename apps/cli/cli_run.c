@@ -13,6 +13,7 @@
 #include "ie_proc.h"
 #include "ie_mmap.h"
 #include "ie_engine.h"
+#include "ie_lora_cache.h"
 #include "ie_harmony.h"
 #include "ie_cli_batch.h"
 #include "ie_dtype.h"
@@ -40,7 +41,9 @@ static void usage(FILE *f)
           "  --prompts-file FILE            one prompt per line (env PROMPTS), streamed: a bad line is\n"
           "                                 reported in its place (errors), the others go on\n"
           "  --lora NAME=PATH               load a LoRA adapter (PEFT dir or GGUF; repeatable)\n"
-          "  --adapter NAME                 run the prompts with adapter NAME (docs/LORA.md)\n"
+          "  --adapter NAME[:W][,NAME[:W]]  run the prompts with an adapter (set: summed with weights W;\n"
+          "                                 docs/LORA.md); a prompts file named *.jsonl gives each line's\n"
+          "                                 own: {\"prompt\": str, \"adapter\": \"NAME[:W],...\"}\n"
           "  --prefetch N                   prompts tokenized ahead, the ring's depth (max(64, 4*batch))\n"
           "  --tokenize-threads N           threads tokenizing the prompts (2 for a file)\n"
           "  --aggregate                    one summary instead of per-prompt text/stop_reason/ids\n"
@@ -324,6 +327,27 @@ static void emit_result(spill_t *texts, spill_t *reasons, spill_t *ids, const ie
     spill_add_item(ids, one);
 }
 
+#define RUN_MAX_SETS 64 /* distinct adapter sets the JSON line names */
+
+/* A JSONL prompt's adapter set `spec`: attached (ie_cli_lora_attach; the
+ * registry reuses an attached equal set), added to ran[] (the distinct
+ * sets that ran) and its backend id returned. A bad set fails that prompt
+ * alone (it->st IE_ERR_INVAL, it->err says why) and returns -2. */
+static int prompt_adapter(ie_engine_t *eng, const char *spec, char ran[][128], int *n_ran, ie_cli_item_t *it)
+{
+    char why[200];
+    int id = -1;
+    if (ie_cli_lora_attach(eng, spec, &id, why, sizeof why) != 0) {
+        it->st = IE_ERR_INVAL;
+        snprintf(it->err, sizeof it->err, "line %zu: adapter '%.60s': %.120s", it->line, spec, why);
+        return -2;
+    }
+    int known = 0;
+    for (int i = 0; i < *n_ran && !known; i++) known = !strcmp(ran[i], spec);
+    if (!known && *n_ran < RUN_MAX_SETS && strlen(spec) < 128) snprintf(ran[(*n_ran)++], 128, "%s", spec);
+    return id;
+}
+
 int ie_cli_run(int argc, char **argv)
 {
     enum {
@@ -427,6 +451,8 @@ int ie_cli_run(int argc, char **argv)
     ie_sched_t *sched = NULL;
     ie_cli_loras_t loras = {0};
     const char *adapter = NULL;
+    static char ran[RUN_MAX_SETS][128]; /* per-prompt adapter sets that ran (JSONL) */
+    int n_ran = 0;
     int aid = -1;
     slot_t *slots = NULL;
     size_t W = 0, running = 0; /* running: function scope, the slots' callbacks count on it until cleanup */
@@ -710,7 +736,9 @@ int ie_cli_run(int argc, char **argv)
         rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory");
         goto cleanup;
     }
+    const size_t pl = pfile ? strlen(pfile) : 0;
     ie_cli_batch_opts_t bo = {.path = pfile,
+                              .jsonl = pl > 6 && !strcmp(pfile + pl - 6, ".jsonl"),
                               .text = prompt,
                               .tok = tok,
                               .tok_flags = (special ? IE_TOK_ADD_SPECIAL | IE_TOK_PARSE_SPECIAL : 0),
@@ -782,6 +810,14 @@ int ie_cli_run(int argc, char **argv)
                 }
                 sl->running = &running;
                 next_sub++;
+                int pid = aid; /* a JSONL line's own adapter set, else --adapter */
+                if (sl->it.st == IE_OK && sl->it.adapter &&
+                    (pid = prompt_adapter(eng, sl->it.adapter, ran, &n_ran, &sl->it)) < -1) {
+                    free(sl->it.ids);
+                    sl->it.ids = NULL;
+                }
+                free(sl->it.adapter);
+                sl->it.adapter = NULL;
                 if (sl->it.st != IE_OK) {
                     sl->done = 1;
                     continue;
@@ -789,7 +825,8 @@ int ie_cli_run(int argc, char **argv)
                 ie_sched_req_t rq = {.ids = chat ? chat_ids : sl->it.ids,
                                      .n_ids = sl->it.n_ids,
                                      .params = &gp,
-                                     .lora = aid + 1, /* --adapter (0: the base) */
+                                     .lora = pid + 1, /* 0: the base */
+                                     .lora_salt = ie_lora_cache_salt(ie_engine_lora_cache(eng), pid),
                                      .cb = on_event,
                                      .cb_ctx = sl};
                 st = ie_sched_submit(sched, &rq, NULL); /* the ids are copied */
@@ -803,7 +840,7 @@ int ie_cli_run(int argc, char **argv)
             }
             if (running) {
                 int busy = 0;
-                if ((st = ie_sched_step(sched, &busy)) != IE_OK) {
+                if ((st = ie_engine_sched_step(eng, sched, &busy)) != IE_OK) {
                     rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, "%s", ie_error_last());
                     goto cleanup;
                 }
@@ -917,6 +954,8 @@ int ie_cli_run(int argc, char **argv)
     {
         cJSON *ja = cJSON_AddArrayToObject(js, "adapters"); /* the adapters that ran */
         if (ja && adapter) cJSON_AddItemToArray(ja, cJSON_CreateString(adapter));
+        for (int i = 0; ja && i < n_ran; i++)
+            if (!adapter || strcmp(ran[i], adapter)) cJSON_AddItemToArray(ja, cJSON_CreateString(ran[i]));
     }
     cJSON_AddNumberToObject(js, "failed", (double)n_failed);
     cJSON_AddNumberToObject(js, "tokens_in", (double)tokens_in);

@@ -49,7 +49,8 @@ static void usage(FILE *f)
           "  --kv-block N          positions per KV-cache block (16)\n"
           "  --kv-blocks N         KV-cache blocks in the pool (0: batch * ceil(ctx / kv-block))\n"
           "  --no-prefix-cache     do not reuse the KV blocks of equal prompt prefixes\n"
-          "  --lora NAME=PATH      load a LoRA adapter, repeatable; a request's \"model\": NAME runs it\n"
+          "  --lora NAME=PATH      load a LoRA adapter (pinned), repeatable; a request's \"model\": NAME runs it\n"
+          "  --lora-budget-mb N    LoRA weights held at most; least recently used unpinned ones are evicted\n"
           "  --queue N             waiting requests at most; more are answered 429 (64)\n"
           "  --timeout-ms N        per-request limit, 504 after it (0: none)\n"
           "  --max-body N          request body bytes at most, more is 413 (1048576)\n"
@@ -100,6 +101,7 @@ int ie_cli_serve(int argc, char **argv)
     ie_http_t *http = NULL;
     ie_status_t st = IE_OK;
     ie_cli_loras_t loras = {0};
+    const char *lora_budget = NULL;
     int no_adapter;
 
     if (threads < 1) threads = 1;
@@ -133,7 +135,8 @@ int ie_cli_serve(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_CACHE_TYPE_V, &kv_v),
                                    IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot),
 
-                                   IE_CLI_PICK(IE_FLAG_LORA, &loras)};
+                                   IE_CLI_PICK(IE_FLAG_LORA, &loras),
+                                   IE_CLI_PICK(IE_FLAG_LORA_BUDGET, &lora_budget)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -200,6 +203,10 @@ int ie_cli_serve(int argc, char **argv)
     eo.kv_type_v = kv_v;
     eo.kv_rotate = kv_rot;
     eo.prefix_cache = prefix_cache;
+    if (ie_cli_lora_budget(lora_budget, &eo.lora_budget_bytes) != 0) {
+        rc = ie_cli_fail(IE_EXIT_USAGE, "bad value '%s' for --lora-budget-mb (MB, a decimal >= 0)", lora_budget);
+        goto cleanup;
+    }
     if (ie_cli_plan(plan, &eo) != 0) {
         rc = ie_cli_fail(IE_EXIT_USAGE, "bad plan '%s' (none, pipeline:N or tensor:N)",
                          plan ? plan : getenv("IE_PLAN"));

@@ -61,14 +61,25 @@ void ie_cli_stop_on_signals(volatile sig_atomic_t *flag);
 /* Exit code for a failed model/engine load with status st. */
 int ie_cli_exit_for_load(ie_status_t st);
 
-/* Load the --lora adapters into eng and look up --adapter (NULL: the
- * base; *id_out -1). 0, or the exit code after the error line "MODE:
- * lora NAME: <reason>" (IE_EXIT_MODEL for an adapter that cannot be
- * used, IE_EXIT_USAGE for an --adapter not among the --lora names,
- * IE_EXIT_NOMEM). */
+/* Load the --lora adapters into eng (pinned; each attached once, so a
+ * backend that cannot run them fails here) and attach the --adapter set
+ * (NULL: the base; *id_out -1). 0, or the exit code after the error line
+ * "MODE: lora NAME: <reason>" (IE_EXIT_MODEL for an adapter that cannot
+ * be used, IE_EXIT_USAGE for an --adapter not among the --lora names or
+ * a bad set, IE_EXIT_NOMEM). */
 struct ie_engine;
 int ie_cli_lora_setup(struct ie_engine *eng, const char *mode, const ie_cli_loras_t *l, const char *adapter,
                       int *id_out);
+
+/* Attach the adapter set `spec`, "NAME[:SCALE][,NAME[:SCALE]...]" (1..8
+ * registered adapters, summed with those weights; no scale: the adapter's
+ * default), leased for the process's life; *id_out its backend id (-1 for
+ * "" / NULL). 0, or an exit code with err (err_cap bytes) saying why. */
+/* --lora-budget-mb: MB as a decimal (e.g. 0.5) into bytes; NULL: 0 (no
+ * limit). 0, or -1 for a value that is not a finite number >= 0. */
+int ie_cli_lora_budget(const char *mb, uint64_t *bytes_out);
+
+int ie_cli_lora_attach(struct ie_engine *eng, const char *spec, int *id_out, char *err, size_t err_cap);
 
 /* Default mode: generate text for --prompt / --prompts-file. */
 int ie_cli_run(int argc, char **argv);

@@ -30,6 +30,8 @@ typedef struct ie_cli_batch_opts {
     size_t max_line;           /* longer lines fail, bytes (0: 1 MiB)                      */
     int n_threads;             /* tokenizer threads (>= 1)                                 */
     size_t depth;              /* ring slots (>= 1)                                        */
+    int jsonl;                 /* each line is {"prompt": str[, "adapter": "NAME[:SCALE],..."]}
+                                  (the generate mode sets it for a file named *.jsonl)     */
 } ie_cli_batch_opts_t;
 
 /* One prompt as it comes out of the ring. On failure st != IE_OK, ids NULL
@@ -41,6 +43,7 @@ typedef struct ie_cli_item {
     size_t n_ids;
     ie_status_t st;
     char err[240];
+    char *adapter; /* jsonl: the line's adapter set (malloc'd, consumer frees), else NULL */
 } ie_cli_item_t;
 
 /* Start the threads. The file is opened here: IE_ERR_IO when it cannot be

@@ -65,6 +65,7 @@ typedef enum ie_flag_id {
                                the binary: ie_pooling_parse)      const char * */
     IE_FLAG_EMBD_NORM,      /* --embd-normalize 2|-1 (checked by
                                the binary)                        long         */
+    IE_FLAG_LORA_BUDGET,    /* --lora-budget-mb MB (decimal; 0: no limit) const char * */
     IE_FLAG_END
 } ie_flag_id_t;
 

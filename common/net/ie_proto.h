@@ -320,7 +320,11 @@ ie_status_t ie_chain_gather_pick(const float *g, int n_ranks, int n, int64_t n_v
  *    "max_new":int, "temperature":float, "top_k":int, "top_p":float, "min_p":float,
  *    "repeat_penalty":float, "seed":int, "stop":[str...], "stream":bool, "priority":int,
  *    "logprobs":int (-1..20), "json_schema":str}
- * or {"v":1, "type":"cancel", "id":str}.
+ *    [, "adapter":str, "lora":[{"name":str | "id":int, "scale":float}...]]  (LoRA set)
+ * or {"v":1, "type":"cancel", "id":str},
+ * or {"v":1, "type":"load_lora", "id":str, "lora_name":str, "lora_path":str[, "pinned":bool]},
+ * or {"v":1, "type":"unload_lora", "id":str, "lora_name":str}, answered
+ *    {"v":1, "type":"ok", "id", "message":str} or an error.
  * Coordinator -> client: {"v":1, "type":"token", "id", "index", "token", "text"} events when streaming,
  * then {"v":1, "type":"done", "id", "text", "finish", "n_prompt", "n_gen", "ttft_ms", "total_ms",
  *       "decode_tps"} or {"v":1, "type":"error", "id", "code":str, "message":str}.
@@ -343,8 +347,18 @@ typedef struct ie_client_msg_pair {
     char *role, *content;
 } ie_client_chat_t;
 
+/* One entry of a request's "lora" list: name, or registry index id (name
+ * NULL), and its weight. */
+typedef struct ie_client_lora {
+    char *name;
+    int32_t id;  /* -1 when named                                   */
+    float scale; /* default 1                                       */
+} ie_client_lora_t;
+
+#define IE_CLIENT_LORA_MAX 8
+
 typedef struct ie_client_req {
-    char *type;   /* "generate" or "cancel"                         */
+    char *type;   /* "generate", "cancel", "load_lora", "unload_lora" */
     char *id;     /* client's request id (<= 128 bytes)             */
     char *prompt; /* NULL when messages are given                   */
     ie_client_chat_t *messages;
@@ -358,12 +372,17 @@ typedef struct ie_client_req {
     int64_t seed;         /* default -1: from the clock                      */
     char **stop;
     size_t n_stop;
-    int stream;        /* default 0                                      */
-    int32_t priority;  /* default 0; higher first                        */
-    int32_t logprobs;  /* default -1: none; k in 0..IE_CLIENT_TOP_MAX:
-                         each token's log-probability and k alternatives */
-    char *json_schema; /* default NULL: free text; "" any JSON object; else
-                          a JSON Schema (ie_gen_params_t.json_schema)    */
+    int stream;             /* default 0                                      */
+    int32_t priority;       /* default 0; higher first                        */
+    int32_t logprobs;       /* default -1: none; k in 0..IE_CLIENT_TOP_MAX:
+                              each token's log-probability and k alternatives */
+    char *json_schema;      /* default NULL: free text; "" any JSON object; else
+                               a JSON Schema (ie_gen_params_t.json_schema)    */
+    char *adapter;          /* generate: an adapter at its default scale      */
+    ie_client_lora_t *lora; /* generate: the weighted set (n_lora <= 8)  */
+    size_t n_lora;
+    char *lora_name, *lora_path; /* load_lora / unload_lora            */
+    int pinned;                  /* load_lora                          */
 } ie_client_req_t;
 
 /* Decode a client request (owning strings in *r). Errors IE_ERR_FORMAT /
@@ -388,5 +407,7 @@ typedef struct ie_client_done {
 } ie_client_done_t;
 ie_status_t ie_client_enc_done(ie_buf_t *out, const ie_client_done_t *d);
 ie_status_t ie_client_enc_error(ie_buf_t *out, const char *id, const char *code, const char *message);
+/* {"v":1, "type":"ok", "id", "message"}: a load_lora / unload_lora done. */
+ie_status_t ie_client_enc_ok(ie_buf_t *out, const char *id, const char *message);
 
 #endif

@@ -883,6 +883,11 @@ void ie_client_req_clear(ie_client_req_t *r)
     for (size_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
     free(r->json_schema);
+    free(r->adapter);
+    for (size_t i = 0; i < r->n_lora; i++) free(r->lora[i].name);
+    free(r->lora);
+    free(r->lora_name);
+    free(r->lora_path);
     memset(r, 0, sizeof *r);
 }
 
@@ -987,13 +992,55 @@ static ie_status_t req_stop(const msgpack_object *o, ie_client_req_t *r)
     return IE_OK;
 }
 
+/* "lora": an array of at most IE_CLIENT_LORA_MAX maps {"name": str | "id":
+ * int >= 0, "scale": number (default 1)}. */
+static ie_status_t req_lora(const msgpack_object *o, ie_client_req_t *r)
+{
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size > IE_CLIENT_LORA_MAX)
+        return ie_error_set(IE_ERR_FORMAT, "request: \"lora\" must be an array of at most %d maps",
+                            IE_CLIENT_LORA_MAX);
+    if (o->via.array.size == 0) return IE_OK;
+    if (!(r->lora = calloc(o->via.array.size, sizeof *r->lora)))
+        return ie_error_set(IE_ERR_NOMEM, "request: out of memory");
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+        const msgpack_object *e = &o->via.array.ptr[i], *name = NULL, *id = NULL, *scale = NULL;
+        ie_client_lora_t *l = &r->lora[i];
+        ie_status_t st = IE_OK;
+        int64_t v = 0;
+        r->n_lora = i + 1; /* what clear must free, even half-filled */
+        l->id = -1;
+        l->scale = 1.0f;
+        if (e->type != MSGPACK_OBJECT_MAP)
+            return ie_error_set(IE_ERR_FORMAT, "request: \"lora\"[%u] must be a map", i);
+        for (uint32_t j = 0; j < e->via.map.size; j++) {
+            const msgpack_object *k = &e->via.map.ptr[j].key;
+            const msgpack_object **slot = key_is(k, "name")    ? &name
+                                          : key_is(k, "id")    ? &id
+                                          : key_is(k, "scale") ? &scale
+                                                               : NULL;
+            if (!slot) continue;
+            if (*slot) return ie_error_set(IE_ERR_FORMAT, "request: \"lora\"[%u] has a duplicate key", i);
+            *slot = &e->via.map.ptr[j].val;
+        }
+        if (!name == !id)
+            return ie_error_set(IE_ERR_FORMAT, "request: \"lora\"[%u] needs one of \"name\" and \"id\"", i);
+        if (name) st = req_str(name, "lora name", 1, 63, &l->name);
+        else if ((st = req_int(id, "lora id", 0, 255, &v)) == IE_OK) l->id = (int32_t)v;
+        if (st == IE_OK && scale) st = req_num(scale, "lora scale", -1e6, 0, 1e6, &l->scale);
+        if (st != IE_OK) return st;
+    }
+    return IE_OK;
+}
+
 /* One key of a request. Unknown keys are ignored; nil on an optional key
  * reads as "not given" (what JSON-minded clients send for None). */
 static ie_status_t req_key(const msgpack_object *k, const msgpack_object *o, ie_client_req_t *r, uint32_t *seen)
 {
-    static const char *const keys[] = {"type",   "id",       "prompt",   "messages",       "max_new", "temperature",
-                                       "top_k",  "top_p",    "min_p",    "repeat_penalty", "seed",    "stop",
-                                       "stream", "priority", "logprobs", "json_schema"};
+    static const char *const keys[] = {"type",        "id",      "prompt", "messages",  "max_new",
+                                       "temperature", "top_k",   "top_p",  "min_p",     "repeat_penalty",
+                                       "seed",        "stop",    "stream", "priority",  "logprobs",
+                                       "json_schema", "adapter", "lora",   "lora_name", "lora_path",
+                                       "pinned"};
     int idx = -1;
     int64_t v = 0;
     for (int i = 0; i < (int)(sizeof keys / sizeof keys[0]); i++)
@@ -1009,8 +1056,10 @@ static ie_status_t req_key(const msgpack_object *k, const msgpack_object *o, ie_
     switch (idx) {
     case 0:
         st = req_str(o, "type", 1, 16, &r->type);
-        if (st == IE_OK && strcmp(r->type, "generate") != 0 && strcmp(r->type, "cancel") != 0)
-            st = ie_error_set(IE_ERR_FORMAT, "request: \"type\" must be \"generate\" or \"cancel\"");
+        if (st == IE_OK && strcmp(r->type, "generate") != 0 && strcmp(r->type, "cancel") != 0 &&
+            strcmp(r->type, "load_lora") != 0 && strcmp(r->type, "unload_lora") != 0)
+            st = ie_error_set(IE_ERR_FORMAT, "request: \"type\" must be \"generate\", \"cancel\", \"load_lora\" "
+                                             "or \"unload_lora\"");
         break;
     case 1: st = req_str(o, "id", 1, CLIENT_ID_MAX, &r->id); break;
     case 2: st = req_str(o, "prompt", 0, CLIENT_TEXT_MAX, &r->prompt); break;
@@ -1041,6 +1090,15 @@ static ie_status_t req_key(const msgpack_object *k, const msgpack_object *o, ie_
         if ((st = req_int(o, "logprobs", -1, IE_CLIENT_TOP_MAX, &v)) == IE_OK) r->logprobs = (int32_t)v;
         break;
     case 15: st = req_str(o, "json_schema", 0, CLIENT_TEXT_MAX, &r->json_schema); break;
+    case 16: st = req_str(o, "adapter", 1, 63, &r->adapter); break;
+    case 17: st = req_lora(o, r); break;
+    case 18: st = req_str(o, "lora_name", 1, 63, &r->lora_name); break;
+    case 19: st = req_str(o, "lora_path", 1, 4096, &r->lora_path); break;
+    case 20:
+        if (o->type != MSGPACK_OBJECT_BOOLEAN)
+            st = ie_error_set(IE_ERR_FORMAT, "request: \"pinned\" must be a boolean");
+        else r->pinned = o->via.boolean ? 1 : 0;
+        break;
     }
     return st;
 }
@@ -1074,6 +1132,10 @@ ie_status_t ie_client_req_decode(const void *data, size_t n, ie_client_req_t *r)
     if (strcmp(r->type, "generate") == 0 && !r->prompt == !r->messages)
         st = ie_error_set(IE_ERR_FORMAT,
                           "request: a generate request needs exactly one of \"prompt\" or \"messages\"");
+    else if (strcmp(r->type, "load_lora") == 0 && (!r->lora_name || !r->lora_path))
+        st = ie_error_set(IE_ERR_FORMAT, "request: load_lora needs \"lora_name\" and \"lora_path\"");
+    else if (strcmp(r->type, "unload_lora") == 0 && !r->lora_name)
+        st = ie_error_set(IE_ERR_FORMAT, "request: unload_lora needs \"lora_name\"");
 
 cleanup:
     msgpack_unpacked_destroy(&u);
@@ -1186,6 +1248,17 @@ ie_status_t ie_client_enc_error(ie_buf_t *out, const char *id, const char *code,
     reply_begin(&pk, &ctx, out, 5, "error", id);
     pack_key(&pk, "code");
     pack_cstr(&pk, code);
+    pack_key(&pk, "message");
+    pack_cstr(&pk, message ? message : "");
+    return reply_end(&ctx, out);
+}
+
+ie_status_t ie_client_enc_ok(ie_buf_t *out, const char *id, const char *message)
+{
+    msgpack_packer pk;
+    pack_ctx_t ctx = {out, 0};
+    if (!out) return ie_error_set(IE_ERR_INVAL, "ie_client_enc_ok: bad argument");
+    reply_begin(&pk, &ctx, out, 4, "ok", id);
     pack_key(&pk, "message");
     pack_cstr(&pk, message ? message : "");
     return reply_end(&ctx, out);

@@ -91,14 +91,16 @@ typedef struct ie_engine_opts {
      * (ie_worker_opts_t; zero: f32, rotation AUTO) */
     ie_kv_type_t kv_type_k, kv_type_v;
     ie_kv_rotate_t kv_rotate;
-    int prefix_cache; /* reuse cached KV blocks of equal prompt
+    int prefix_cache;           /* reuse cached KV blocks of equal prompt
                                  prefixes across requests (default 1)   */
-    int keep_sched;   /* 1: every generate call runs on one
+    int keep_sched;             /* 1: every generate call runs on one
                                  scheduler kept by the engine, so its
                                  prefix cache outlives the call (a
                                  conversation's earlier turns are not
                                  recomputed); 0 (default): a scheduler per
                                  call, nothing kept between calls        */
+    uint64_t lora_budget_bytes; /* LoRA weights held at most (0: no
+                                 limit; ie_lora_cache.h)                 */
 } ie_engine_opts_t;
 
 /* n_threads 1, pin_threads 1, n_seq 1, max_batch 256, precision NATIVE,
@@ -191,15 +193,20 @@ ie_status_t ie_engine_logits(ie_engine_t *e, const int32_t *ids, size_t n, int d
  * the backend under a name, never merged into the base weights. */
 #define IE_ENGINE_MAX_LORA 64
 
-/* Load the adapter at path (PEFT directory or GGUF LoRA) and attach it as
- * `name` with scale (1: as trained). IE_ERR_INVAL for a bad or taken name
- * (1..63 characters, no '='), ie_lora_load's errors, the backend's (on
- * a cluster: a rank's refusal, its message naming the rank and adapter);
- * nothing changes on failure. */
+/* Load the adapter at path (PEFT directory or GGUF LoRA) and register it,
+ * pinned (never evicted), as `name` with default scale (1: as trained):
+ * ie_lora_cache_load. It is attached to the backend when a request first
+ * leases it (on a cluster: every rank, a rank's refusal naming the rank
+ * and adapter). IE_ERR_INVAL for a bad or taken name (1..63 characters,
+ * none of '=' ',' ':'), ie_lora_load's errors; nothing changes on
+ * failure. */
 ie_status_t ie_engine_lora_load(ie_engine_t *e, const char *name, const char *path, float scale);
 
-/* The backend's adapter id of `name` (ie_batch_t.adapter), -1 when none
- * is loaded under it. NULL or "" is the base: -1. */
+/* The backend's adapter id of `name` at its default scale
+ * (ie_batch_t.adapter), attaching it if needed; -1 when none is loaded
+ * under it. NULL or "" is the base: -1. The id is not leased: for
+ * single-threaded callers (the CLI) that run it before anything can
+ * evict it; servers lease sets (ie_lora_cache_acquire). */
 int ie_engine_lora_find(const ie_engine_t *e, const char *name);
 
 /* Adapters loaded, and the name of the i-th (NULL when out of range). */
@@ -209,5 +216,15 @@ const char *ie_engine_lora_name(const ie_engine_t *e, int i);
 /* The adapter ie_engine_logits runs (-1: the base, the default); an id
  * from ie_engine_lora_find. IE_ERR_RANGE for an id not loaded. */
 ie_status_t ie_engine_set_logits_adapter(ie_engine_t *e, int id);
+
+/* The engine's adapter registry (ie_lora_cache.h): run-time load/unload,
+ * leased adapter sets; borrowed, valid until destroy. */
+struct ie_lora_cache;
+struct ie_lora_cache *ie_engine_lora_cache(ie_engine_t *e);
+
+/* ie_sched_step(s) bracketed by the registry's step lock (adapters are
+ * attached and detached between steps only): what a serving loop over the
+ * engine's backend calls instead of ie_sched_step. */
+ie_status_t ie_engine_sched_step(ie_engine_t *e, ie_sched_t *s, int *busy_out);
 
 #endif

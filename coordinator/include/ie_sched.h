@@ -183,6 +183,9 @@ typedef struct ie_sched_req {
     int lora;                      /* 0: the base model; k > 0: LoRA adapter
                                  id k - 1 of the backend (ie_engine_lora_find
                                  + 1); its prefix-cache blocks are its own */
+    uint64_t lora_salt;            /* the prefix cache's namespace for it
+                                 (ie_lora_lease_t.salt: unique per
+                                 attached set); 0: lora itself (legacy)  */
     double timeout_ms;             /* > 0: the request ends with ERROR
                                  "timeout" this long after submission if
                                  not finished; 0: no limit                 */

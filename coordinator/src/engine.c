@@ -6,12 +6,14 @@
  * nothing here branches on which backend runs once it is built.
  */
 #include "ie_engine.h"
+#include "ie_lora_cache.h"
 
 #include "ie_chat.h"
 #include "ie_cluster.h"
 #include "ie_model_src.h"
 #include "ie_node.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -39,15 +41,11 @@ struct ie_engine {
     char ep[96];
     int32_t *b_tok, *b_pos, *b_seq; /* [max_batch] ie_engine_logits' steps */
     uint8_t *b_logits;
-    void *ext;         /* the public API's block (ie_engine_ext)   */
-    ie_sched_t *sched; /* opts.keep_sched: the one generate calls share */
-    /* LoRA adapters: lora[i] attached to the backend as lora_id[i] */
-    ie_lora_t *lora[IE_ENGINE_MAX_LORA];
-    char lora_name[IE_ENGINE_MAX_LORA][64];
-    int lora_id[IE_ENGINE_MAX_LORA];
-    int n_lora;
-    int logits_adapter; /* ie_engine_logits' adapter id (-1: base)    */
-    int32_t *b_adapter; /* [max_batch]                                  */
+    void *ext;           /* the public API's block (ie_engine_ext)   */
+    ie_sched_t *sched;   /* opts.keep_sched: the one generate calls share */
+    ie_lora_cache_t *lc; /* LoRA adapters and the sets requests run  */
+    int logits_adapter;  /* ie_engine_logits' adapter id (-1: base)    */
+    int32_t *b_adapter;  /* [max_batch]                                  */
 };
 
 void ie_engine_opts_default(ie_engine_opts_t *o)
@@ -251,6 +249,13 @@ ie_status_t ie_engine_open(const ie_engine_opts_t *o, ie_engine_t **out)
     e->logits_adapter = -1;
     if (!e->b_tok || !e->b_pos || !e->b_seq || !e->b_logits || !e->b_adapter)
         st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+    if (st == IE_OK) {
+        ie_lora_cache_opts_t lo = {.backend = e->backend,
+                                   .hp = ie_model_src_hparams(e->src),
+                                   .budget_bytes = o->lora_budget_bytes,
+                                   .metrics = o->metrics};
+        st = ie_lora_cache_new(&lo, &e->lc);
+    }
     if (st == IE_OK && o->metrics) { /* the cache's types and cost per token, for /metrics */
         ie_metric_t *mk = NULL, *mv = NULL, *mb = NULL;
         if ((st = ie_metrics_gauge(o->metrics, "ie_kv_cache_type_k", "1 for the K cache's storage type", "type",
@@ -280,6 +285,7 @@ void ie_engine_destroy(ie_engine_t **self_p)
     if (!self_p || !*self_p) return;
     ie_engine_t *e = *self_p;
     ie_sched_destroy(&e->sched);                          /* before the backend it drives */
+    ie_lora_cache_destroy(&e->lc);                        /* detaches its sets: before the backend */
     ie_backend_destroy(&e->backend);                      /* a cluster says BYE to its workers */
     __atomic_store_n(&e->node_stop, 1, __ATOMIC_RELEASE); /* read by the worker threads */
     for (int r = 0; r < e->n_nodes; r++) pthread_join(e->nodes[r], NULL);
@@ -296,7 +302,6 @@ void ie_engine_destroy(ie_engine_t **self_p)
     free(e->b_seq);
     free(e->b_logits);
     free(e->b_adapter);
-    for (int i = 0; i < e->n_lora; i++) ie_lora_destroy(&e->lora[i]); /* after the backend that read them */
     free(e->ext);
     free(e);
     *self_p = NULL;
@@ -506,7 +511,8 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
                             .params = p,
                             .cb = gen_event,
                             .cb_ctx = &items[i],
-                            .lora = p->adapters ? p->adapters[i] + 1 : 0};
+                            .lora = p->adapters ? p->adapters[i] + 1 : 0,
+                            .lora_salt = p->adapters ? ie_lora_cache_salt(e->lc, p->adapters[i]) : 0};
         if ((st = ie_sched_submit(sched, &r, &rid[i])) != IE_OK) goto cleanup;
     }
     int idle = 0, cancelled = 0;
@@ -518,7 +524,7 @@ static ie_status_t generate(ie_engine_t *e, const char *const *prompts, const in
             for (size_t i = 0; i < n; i++) ie_sched_cancel(sched, rid[i]); /* finished ones: RANGE, ignored */
             cancelled = 1;
         }
-        if ((st = ie_sched_step(sched, &busy)) != IE_OK) goto cleanup;
+        if ((st = ie_engine_sched_step(e, sched, &busy)) != IE_OK) goto cleanup;
         /* nothing runs and nothing can: a scheduler bug, not a hang */
         if (!busy && g.n_done < n && ++idle > 1000) {
             st = ie_error_set(IE_ERR_INTERNAL, "generate: the scheduler stalled");
@@ -584,7 +590,9 @@ ie_status_t ie_engine_logits(ie_engine_t *e, const int32_t *ids, size_t n, int d
         ie_batch_t b = {m,        e->b_tok,    e->b_pos,
                         e->b_seq, e->b_logits, e->logits_adapter >= 0 ? e->b_adapter : NULL,
                         NULL};
+        ie_lora_cache_step_begin(e->lc);
         ie_status_t st = ie_backend_step(e->backend, &b, out + i * (size_t)g->n_vocab);
+        ie_lora_cache_step_end(e->lc);
         if (st != IE_OK) return st;
     }
     return IE_OK;
@@ -593,55 +601,47 @@ ie_status_t ie_engine_logits(ie_engine_t *e, const int32_t *ids, size_t n, int d
 /* Contract (ie_engine.h). */
 ie_status_t ie_engine_lora_load(ie_engine_t *e, const char *name, const char *path, float scale)
 {
-    ie_status_t st;
-    ie_lora_t *a = NULL;
-    int id = -1;
-    if (!e || !name || !path) return ie_error_set(IE_ERR_INVAL, "lora: NULL argument");
-    if (!*name || strlen(name) >= sizeof e->lora_name[0] || strchr(name, '='))
-        return ie_error_set(IE_ERR_INVAL, "lora: bad adapter name '%s' (1..63 characters, no '=')", name);
-    if (ie_engine_lora_find(e, name) >= 0)
-        return ie_error_set(IE_ERR_INVAL, "lora: adapter '%s' loaded twice", name);
-    if (e->n_lora >= IE_ENGINE_MAX_LORA)
-        return ie_error_set(IE_ERR_RANGE, "lora: %d adapters loaded already", IE_ENGINE_MAX_LORA);
-    if ((st = ie_lora_load(path, ie_model_src_hparams(e->src), &a)) != IE_OK) goto cleanup;
-    const ie_backend_lora_part_t part = {.name = name, .path = path, .lora = a, .scale = scale};
-    if ((st = ie_backend_lora_add(e->backend, &part, 1, &id)) != IE_OK) goto cleanup;
-    e->lora[e->n_lora] = a;
-    e->lora_id[e->n_lora] = id;
-    snprintf(e->lora_name[e->n_lora], sizeof e->lora_name[0], "%s", name);
-    e->n_lora++;
-    a = NULL;
-
-cleanup:
-    ie_lora_destroy(&a);
-    return st;
+    if (!e) return ie_error_set(IE_ERR_INVAL, "lora: NULL argument");
+    return ie_lora_cache_load(e->lc, name, path, scale, 1);
 }
 
 /* Contract (ie_engine.h). */
 int ie_engine_lora_find(const ie_engine_t *e, const char *name)
 {
-    if (!e || !name) return -1;
-    for (int i = 0; i < e->n_lora; i++)
-        if (!strcmp(e->lora_name[i], name)) return e->lora_id[i];
-    return -1;
+    ie_lora_lease_t l;
+    if (!e || !name || !*name) return -1;
+    const ie_lora_use_t u = {name, NAN};
+    if (ie_lora_cache_acquire(e->lc, &u, 1, &l) != IE_OK) return -1;
+    ie_lora_cache_release(e->lc, &l, 0); /* attached, idle: the caller runs it before anything evicts it */
+    return l.id;
 }
 
-int ie_engine_lora_count(const ie_engine_t *e) { return e ? e->n_lora : 0; }
+int ie_engine_lora_count(const ie_engine_t *e) { return e ? ie_lora_cache_list(e->lc, NULL, 0) : 0; }
 
 const char *ie_engine_lora_name(const ie_engine_t *e, int i)
 {
-    return e && i >= 0 && i < e->n_lora ? e->lora_name[i] : NULL;
+    static _Thread_local ie_lora_info_t info[IE_LORA_CACHE_MAX];
+    if (!e || i < 0) return NULL;
+    int n = ie_lora_cache_list(e->lc, info, IE_LORA_CACHE_MAX);
+    return i < n && i < IE_LORA_CACHE_MAX ? info[i].name : NULL;
 }
 
 /* Contract (ie_engine.h). */
 ie_status_t ie_engine_set_logits_adapter(ie_engine_t *e, int id)
 {
-    for (int i = 0; id >= 0 && i < e->n_lora; i++)
-        if (e->lora_id[i] == id) {
-            e->logits_adapter = id;
-            return IE_OK;
-        }
-    if (id != -1) return ie_error_set(IE_ERR_RANGE, "lora: no adapter %d loaded", id);
-    e->logits_adapter = -1;
+    if (id != -1 && !ie_lora_cache_salt(e->lc, id))
+        return ie_error_set(IE_ERR_RANGE, "lora: no adapter %d loaded", id);
+    e->logits_adapter = id;
     return IE_OK;
+}
+
+ie_lora_cache_t *ie_engine_lora_cache(ie_engine_t *e) { return e ? e->lc : NULL; }
+
+/* Contract (ie_engine.h). */
+ie_status_t ie_engine_sched_step(ie_engine_t *e, ie_sched_t *s, int *busy_out)
+{
+    ie_lora_cache_step_begin(e->lc);
+    ie_status_t st = ie_sched_step(s, busy_out);
+    ie_lora_cache_step_end(e->lc);
+    return st;
 }

@@ -43,6 +43,7 @@ typedef struct sreq {
                                 wants logits                            */
     int slot;
     int32_t adapter;     /* the backend's adapter id, -1: the base model   */
+    uint64_t salt;       /* its prefix-cache namespace (0: the base)       */
     int32_t *blocks;     /* physical block of each logical block     */
     int n_blocks, n_pub; /* bound; published (a prefix of them)      */
     size_t n_cached;
@@ -525,6 +526,7 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
     q->lp_k = q->lp_on ? p->top_logprobs : 0;
     q->priority = r->priority;
     q->adapter = r->lora - 1;
+    q->salt = r->lora <= 0 ? 0 : r->lora_salt ? r->lora_salt : (uint64_t)r->lora;
     q->cb = r->cb;
     q->cb_ctx = r->cb_ctx;
     if ((st = ie_sampler_new(&p->sampling, s->n_vocab, &q->smp)) != IE_OK) goto cleanup;
@@ -680,9 +682,10 @@ static void deliver_ended(ie_sched_t *s, sreq_t **ended, int n)
     for (int i = 0; i < n; i++) sreq_free(ended[i]);
 }
 
-/* The prefix cache's namespace of q's blocks: its adapter's (0: the
- * base), so two adapters never share KV. */
-static uint64_t kv_salt(const sreq_t *q) { return (uint64_t)(int64_t)(q->adapter + 1); }
+/* The prefix cache's namespace of q's blocks: its adapter set's (0: the
+ * base; unique per attached set, so two adapters never share KV, nor
+ * one adapter the KV of another that had its id before). */
+static uint64_t kv_salt(const sreq_t *q) { return q->salt; }
 
 /* Admit queued requests into free slots (mu held). */
 static void admit(ie_sched_t *s, double now)

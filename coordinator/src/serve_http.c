@@ -51,6 +51,7 @@
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
+#include "ie_serve_lora.h"
 #include <errno.h>
 #include <math.h>
 #include <microhttpd.h>
@@ -162,6 +163,9 @@ typedef struct choice {
     char message[256];
     uint64_t id; /* connection thread only                    */
     int submitted;
+    ie_lora_lease_t lease; /* its adapter set, leased before submission
+                              and given back at its terminal event (set
+                              -1: none held)                              */
 } choice_t;
 
 /* One generation request: its n choices share the lock and the condition
@@ -177,6 +181,7 @@ typedef struct req {
     int oom;         /* an event could not be stored (mu)         */
     size_t n_prompt; /* outcome: prompt tokens (every choice's)    */
     choice_t ch[IE_HTTP_MAX_N];
+    ie_lora_cache_t *lc;  /* the engine's adapter registry (choices' leases) */
     ie_oai_tools_t tools; /* the request's tools (serve_oai_tools.h); read-only */
 } req_t;
 
@@ -196,6 +201,7 @@ static req_t *req_new(int n, int logprobs)
     for (int i = 0; i < n; i++) {
         r->ch[i].r = r;
         r->ch[i].index = i;
+        r->ch[i].lease = (ie_lora_lease_t){.id = -1, .salt = 0, .set = -1};
     }
     return r;
 }
@@ -282,7 +288,10 @@ static void req_on_event(void *ctx, const ie_sched_event_t *ev)
     r->n_ev++;
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
-    if (terminal) req_unref(r);
+    if (terminal) {
+        ie_lora_cache_release(r->lc, &c->lease, ev->n_gen); /* an unloaded adapter may go now */
+        req_unref(r);
+    }
 }
 
 /* With r->mu held: the first choice that ended with an error, or NULL. */
@@ -391,7 +400,9 @@ typedef enum route {
     ROUTE_EMBED,
     ROUTE_GET, /* health, metrics, models */
     ROUTE_TOKENIZE,
-    ROUTE_DETOKENIZE
+    ROUTE_DETOKENIZE,
+    ROUTE_LORA_LOAD,
+    ROUTE_LORA_UNLOAD
 } route_t;
 
 /* State of one HTTP request (libmicrohttpd's con_cls). */
@@ -1538,6 +1549,48 @@ static int json_has_nul(const char *s, size_t n)
     return 0;
 }
 
+/* ie_oai_err_t (serve_oai_lora.c) into e; -1. */
+static int err_from_oai(http_err_t *e, const ie_oai_err_t *o)
+{
+    return err_set(e, o->status, o->type, o->code, o->param[0] ? o->param : NULL, "%s", o->message);
+}
+
+/* The request's adapter set, leased (ie_oai_lora_lease). */
+static int lora_lease(ie_http_t *h, const cJSON *root, ie_lora_lease_t *out, http_err_t *e)
+{
+    ie_oai_err_t oe;
+    if (ie_oai_lora_lease(ie_engine_lora_cache(h->o.engine), root, h->model_name, out, &oe) != 0)
+        return err_from_oai(e, &oe);
+    return 0;
+}
+
+/* POST /v1/load_lora_adapter, /v1/unload_lora_adapter (vLLM's bodies and
+ * plain-text answers). */
+static enum MHD_Result handle_lora_admin(ie_http_t *h, struct MHD_Connection *mc, conn_t *c)
+{
+    http_err_t e;
+    ie_oai_err_t oe;
+    char msg[256];
+    enum MHD_Result ret;
+    cJSON *root = NULL;
+    if (ie_tokenizer_check_utf8(c->body.data, c->body.len) != IE_OK || json_has_nul(c->body.data, c->body.len) ||
+        !(root = cJSON_ParseWithLength(c->body.data ? c->body.data : "", c->body.len))) {
+        err_set(&e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "invalid_json", NULL,
+                "the body is not valid JSON (UTF-8, no NUL characters)");
+        return send_err(h, mc, c, &e, NULL);
+    }
+    int unload = c->route == ROUTE_LORA_UNLOAD;
+    if (ie_oai_lora_admin(ie_engine_lora_cache(h->o.engine), unload, root, msg, sizeof msg, &oe) != 0) {
+        err_from_oai(&e, &oe);
+        ret = send_err(h, mc, c, &e, NULL);
+    } else {
+        if (h->o.verbose) fprintf(stderr, "serve: %s\n", msg);
+        ret = send_body(h, mc, c, MHD_HTTP_OK, strdup(msg), "text/plain; charset=utf-8", NULL);
+    }
+    cJSON_Delete(root);
+    return ret;
+}
+
 /* POST /v1/completions and /v1/chat/completions, body read. */
 static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, conn_t *c)
 {
@@ -1587,13 +1640,6 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
         bad_param(&e, "model", "'model' must be a string");
         goto answer_err;
     }
-    /* "model": the base's name, or a LoRA adapter's (vLLM's convention) */
-    const int lora = cJSON_IsString(model) ? ie_engine_lora_find(h->o.engine, model->valuestring) + 1 : 0;
-    if (cJSON_IsString(model) && strcmp(model->valuestring, h->model_name) && !lora) {
-        err_set(&e, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model_not_found", "model",
-                "The model '%.200s' does not exist (this server has '%.200s')", model->valuestring, h->model_name);
-        goto answer_err;
-    }
     if (parse_gen(h, root, &g, &e) != 0) goto answer_err;
     if ((g.chat ? chat_ids(h, root, &g, &ids, &n_ids, &e) : prompt_ids(h, root, &ids, &n_ids, &e)) != 0)
         goto answer_err;
@@ -1611,6 +1657,7 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
         err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
         goto answer_err;
     }
+    r->lc = ie_engine_lora_cache(h->o.engine);
     c->req = r;
     req_ref(r);
     r->tools = g.tools; /* the answer parses what the request asked for */
@@ -1625,17 +1672,24 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
     int terminal = 0, oom = 0, w = WAIT_OK;
     for (int i = 0; i < g.n; i++) {
         g.gp.sampling.seed = seed0 + (uint64_t)i;
+        /* "model": the base's name or a LoRA adapter's (vLLM's convention),
+         * plus llama.cpp's "lora" list: the adapter set, leased per choice
+         * until its end */
+        if (lora_lease(h, root, &r->ch[i].lease, &e) != 0) goto answer_err;
         ie_sched_req_t sr = {.ids = ids,
                              .n_ids = n_ids,
                              .params = &g.gp,
                              .priority = g.priority,
-                             .lora = lora,
+                             .lora = r->ch[i].lease.id + 1,
+                             .lora_salt = r->ch[i].lease.salt,
                              .timeout_ms = h->o.request_timeout_ms,
                              .cb = req_on_event,
                              .cb_ctx = &r->ch[i]};
         req_ref(r); /* the scheduler's, until its terminal event */
         ie_status_t st = ie_sched_submit(h->o.sched, &sr, &r->ch[i].id);
         if (st != IE_OK) {
+            ie_lora_cache_release(r->lc, &r->ch[i].lease, 0);
+            r->ch[i].lease.set = -1;
             req_unref(r); /* no event will come */
             err_from_sched(&e, st, NULL, ie_error_last());
             if (e.status == MHD_HTTP_BAD_REQUEST)
@@ -1721,6 +1775,8 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
 answer_err:
     ret = send_err(h, mc, c, &e, NULL);
 cleanup:
+    for (int i = 0; r && i < r->n; i++) /* no terminal event will come for these */
+        if (!r->ch[i].submitted) ie_lora_cache_release(r->lc, &r->ch[i].lease, 0);
     req_unref(r); /* this function's own reference (c->req holds another) */
     ie_oai_tools_free(&g.tools);
     cJSON_Delete(root);
@@ -1893,17 +1949,23 @@ static enum MHD_Result handle_get(ie_http_t *h, struct MHD_Connection *mc, conn_
         cJSON_AddStringToObject(js, "object", "list");
         cJSON *data = cJSON_AddArrayToObject(js, "data");
         cJSON_AddItemToArray(data, model_json(h));
-        for (int i = 0; i < ie_engine_lora_count(h->o.engine); i++) { /* adapters, with their parent */
+        static _Thread_local ie_lora_info_t info[IE_LORA_CACHE_MAX];
+        int n = ie_lora_cache_list(ie_engine_lora_cache(h->o.engine), info, IE_LORA_CACHE_MAX);
+        for (int i = 0; i < n && i < IE_LORA_CACHE_MAX; i++) { /* adapters, with their parent */
             cJSON *m = model_json(h);
-            cJSON_ReplaceItemInObject(m, "id", cJSON_CreateString(ie_engine_lora_name(h->o.engine, i)));
+            cJSON_ReplaceItemInObject(m, "id", cJSON_CreateString(info[i].name));
             cJSON_AddStringToObject(m, "parent", h->model_name);
+            cJSON_AddStringToObject(m, "root", h->model_name);
+            cJSON_AddNumberToObject(m, "lora_id", info[i].index); /* llama.cpp's lora[].id */
+            cJSON_AddBoolToObject(m, "resident", info[i].resident);
+            cJSON_AddBoolToObject(m, "pinned", info[i].pinned);
             cJSON_AddItemToArray(data, m);
         }
         return send_json(h, mc, c, MHD_HTTP_OK, js);
     }
     /* /v1/models/ID */
     const char *id = url + strlen("/v1/models/");
-    if (strcmp(id, h->model_name) && ie_engine_lora_find(h->o.engine, id) >= 0) {
+    if (strcmp(id, h->model_name) && ie_lora_cache_index(ie_engine_lora_cache(h->o.engine), id) >= 0) {
         cJSON *m = model_json(h);
         cJSON_ReplaceItemInObject(m, "id", cJSON_CreateString(id));
         cJSON_AddStringToObject(m, "parent", h->model_name);
@@ -2021,6 +2083,8 @@ static route_t route_of(ie_http_t *h, const char *url)
     if (!strcmp(url, "/v1/embeddings")) return ROUTE_EMBED;
     if (!strcmp(url, "/tokenize")) return ROUTE_TOKENIZE;
     if (!strcmp(url, "/detokenize")) return ROUTE_DETOKENIZE;
+    if (!strcmp(url, "/v1/load_lora_adapter")) return ROUTE_LORA_LOAD;
+    if (!strcmp(url, "/v1/unload_lora_adapter")) return ROUTE_LORA_UNLOAD;
     if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") || (!strncmp(url, "/v1/models/", 11) && url[11]) ||
         (!strcmp(url, "/metrics") && h->o.metrics))
         return ROUTE_GET;
@@ -2110,6 +2174,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     if (c->status) return MHD_YES; /* answered already */
     if (c->route == ROUTE_GET) return handle_get(h, mc, c, url);
     if (c->route == ROUTE_TOKENIZE || c->route == ROUTE_DETOKENIZE) return handle_tokenize(h, mc, c);
+    if (c->route == ROUTE_LORA_LOAD || c->route == ROUTE_LORA_UNLOAD) return handle_lora_admin(h, mc, c);
     pthread_mutex_lock(&h->mu);
     h->n_busy++;
     pthread_mutex_unlock(&h->mu);

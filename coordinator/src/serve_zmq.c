@@ -12,8 +12,10 @@
 #include "ie_chat.h"
 #include "ie_proto.h"
 #include "ie_sdnotify.h"
+#include "ie_lora_cache.h"
 
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,7 +34,9 @@ typedef struct pending {
     server_t *srv;      /* NULL once orphaned                             */
     ie_client_lp_t *lp; /* with req.logprobs >= 0: every token's, for "done" */
     size_t n_lp, cap_lp;
-    int lp_oom; /* one could not be kept: "done" goes without them */
+    int lp_oom;            /* one could not be kept: "done" goes without them */
+    ie_lora_cache_t *lc;   /* the adapter set it leased (lease.id -1: */
+    ie_lora_lease_t lease; /* the base), given back at its end       */
     struct pending *next;
 } pending_t;
 
@@ -81,6 +85,7 @@ static const char *code_for(ie_status_t st)
 static void pending_free(pending_t *p)
 {
     if (!p) return;
+    ie_lora_cache_release(p->lc, &p->lease, 0); /* no-op once released */
     ie_client_req_clear(&p->req);
     free(p->lp);
     free(p);
@@ -130,6 +135,10 @@ static void on_event(void *ctx, const ie_sched_event_t *ev)
 {
     pending_t *p = ctx;
     server_t *s = p->srv;
+    if (ev->kind != IE_SCHED_TOKEN) { /* the adapter set is free to go */
+        ie_lora_cache_release(p->lc, &p->lease, ev->n_gen);
+        p->lease.set = -1;
+    }
     if (!s) { /* the loop has ended and already answered */
         if (ev->kind != IE_SCHED_TOKEN) pending_free(p);
         return;
@@ -200,6 +209,30 @@ static ie_status_t encode(server_t *s, const ie_client_req_t *r, int32_t **ids, 
     return st;
 }
 
+/* The request's adapter set ("adapter" at its default scale, then the
+ * "lora" list; scale 0 parts dropped), leased into p. IE_ERR_RANGE for an
+ * unknown name or id (code "not_found"), the registry's errors. */
+static ie_status_t lease(server_t *s, pending_t *p)
+{
+    const ie_client_req_t *r = &p->req;
+    ie_lora_use_t uses[IE_LORA_SET_PARTS];
+    char names[IE_LORA_SET_PARTS][IE_LORA_NAME_MAX];
+    int n = 0;
+    p->lc = ie_engine_lora_cache(s->o->engine);
+    p->lease = (ie_lora_lease_t){-1, 0, -1};
+    if (r->adapter) uses[n++] = (ie_lora_use_t){r->adapter, NAN};
+    for (size_t i = 0; i < r->n_lora; i++) {
+        if (r->lora[i].scale == 0) continue;
+        if (n >= IE_LORA_SET_PARTS)
+            return ie_error_set(IE_ERR_INVAL, "at most %d adapters per request", IE_LORA_SET_PARTS);
+        if (!r->lora[i].name && ie_lora_cache_name_at(p->lc, r->lora[i].id, names[n]) != 0)
+            return ie_error_set(IE_ERR_RANGE, "no adapter has id %d", (int)r->lora[i].id);
+        uses[n] = (ie_lora_use_t){r->lora[i].name ? r->lora[i].name : names[n], r->lora[i].scale};
+        n++;
+    }
+    return n ? ie_lora_cache_acquire(p->lc, uses, n, &p->lease) : IE_OK;
+}
+
 /* A "generate" request: into the scheduler, or an error reply now. */
 static void submit(server_t *s, pending_t *p)
 {
@@ -207,6 +240,7 @@ static void submit(server_t *s, pending_t *p)
     int32_t *ids = NULL;
     size_t n = 0;
     ie_status_t st = encode(s, r, &ids, &n);
+    if (st == IE_OK) st = lease(s, p);
     if (st == IE_OK) {
         ie_gen_params_t gp;
         ie_gen_params_default(&gp);
@@ -226,6 +260,8 @@ static void submit(server_t *s, pending_t *p)
                              .n_ids = n,
                              .params = &gp,
                              .priority = r->priority,
+                             .lora = p->lease.id + 1,
+                             .lora_salt = p->lease.salt,
                              .timeout_ms = s->o->request_timeout_ms,
                              .cb = on_event,
                              .cb_ctx = p};
@@ -239,7 +275,8 @@ static void submit(server_t *s, pending_t *p)
     if (st == IE_OK) return;
     char why[600];
     snprintf(why, sizeof why, "%s", ie_error_last());
-    const char *code = code_for(st);
+    const char *code = st == IE_ERR_RANGE && (r->adapter || r->n_lora) && strstr(why, "adapter") ? "not_found"
+                                                                                                 : code_for(st);
     if (st != IE_ERR_BUSY) fprintf(stderr, "ie-coordinator: request '%s' refused: %s\n", r->id, why);
     reply_error(s, p, r->id, code, why);
     if (s->m_req) ie_metric_add(s->m_req, code, 1);
@@ -262,6 +299,33 @@ static void peers_gone(server_t *s)
             }
         if (n < 64) break;
     }
+}
+
+/* "load_lora" / "unload_lora": the registry's load or unload, answered
+ * "ok" or an error ("invalid_request" for an adapter that does not load
+ * or a name taken, "not_found" for unloading an unknown name). */
+static void lora_admin(server_t *s, pending_t *p)
+{
+    ie_lora_cache_t *lc = ie_engine_lora_cache(s->o->engine);
+    const ie_client_req_t *r = &p->req;
+    char msg[256];
+    int deferred = 0;
+    const int load = !strcmp(r->type, "load_lora");
+    ie_status_t st = load ? ie_lora_cache_load(lc, r->lora_name, r->lora_path, 1.0f, r->pinned)
+                          : ie_lora_cache_unload(lc, r->lora_name, &deferred);
+    if (st != IE_OK) {
+        snprintf(msg, sizeof msg, "%s", ie_error_last());
+        reply_error(s, p, r->id,
+                    !load                ? (st == IE_ERR_RANGE ? "not_found" : code_for(st))
+                    : st == IE_ERR_NOMEM ? "out_of_memory"
+                                         : "invalid_request", /* the adapter's fault: missing, bad, refused */
+                    msg);
+    } else {
+        snprintf(msg, sizeof msg, "Success: LoRA adapter '%s' %s successfully.%s", r->lora_name,
+                 load ? "added" : "removed", deferred ? " (requests running it finish first)" : "");
+        if (ie_client_enc_ok(&s->out, r->id, msg) == IE_OK) reply_env(s, p->env, p->env_len, p->n_env, &s->out);
+    }
+    pending_free(p);
 }
 
 /* Take one message from the socket (already in s->in). */
@@ -311,6 +375,10 @@ static void on_message(server_t *s)
         if (!w || ie_sched_cancel(s->o->sched, w->sid) != IE_OK)
             reply_error(s, p, p->req.id, "not_found", "no open request with that id");
         pending_free(p);
+        return;
+    }
+    if (!strcmp(p->req.type, "load_lora") || !strcmp(p->req.type, "unload_lora")) {
+        lora_admin(s, p);
         return;
     }
     submit(s, p);
@@ -370,7 +438,12 @@ ie_status_t ie_serve_run(const ie_serve_opts_t *o)
             ie_sched_stats(o->sched, &ss);
             if (ss.queued + ss.running == 0 || ie_now_ms() >= drain_end) break;
         }
-        ie_backend_upkeep(be, 0); /* a cluster's heartbeats, registrations, systemd watchdog */
+        /* a cluster's heartbeats, registrations, systemd watchdog; bracketed
+         * like a step: an adapter attach on an HTTP thread talks to the same
+         * sockets (ie_lora_cache.h) */
+        ie_lora_cache_step_begin(ie_engine_lora_cache(o->engine));
+        ie_backend_upkeep(be, 0);
+        ie_lora_cache_step_end(ie_engine_lora_cache(o->engine));
         sd_status_update(o, be, &sd_last, sd_prev, sizeof sd_prev);
         if (o->sock) {
             int ready = 0;
@@ -388,7 +461,7 @@ ie_status_t ie_serve_run(const ie_serve_opts_t *o)
         } else if (!busy) {
             ie_sched_wait(o->sched, upkeep_ms);
         }
-        if ((st = ie_sched_step(o->sched, &busy)) != IE_OK) break;
+        if ((st = ie_engine_sched_step(o->engine, o->sched, &busy)) != IE_OK) break;
     }
     for (pending_t *p = s.open; p; p = p->next) { /* answered now, freed by their terminal event */
         reply_error(&s, p, p->req.id, "unavailable", "the coordinator is shutting down");

@@ -20,6 +20,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,7 +31,13 @@ static ie_msg_t g_m, g_m2; /* large (assign): kept off the stack */
 static void check_request(const ie_client_req_t *r)
 {
     const int gen = strcmp(r->type, "generate") == 0;
-    if (!gen && strcmp(r->type, "cancel") != 0) __builtin_trap();
+    const int load = strcmp(r->type, "load_lora") == 0, unload = strcmp(r->type, "unload_lora") == 0;
+    if (!gen && !load && !unload && strcmp(r->type, "cancel") != 0) __builtin_trap();
+    if ((load && (!r->lora_name || !r->lora_path)) || (unload && !r->lora_name)) __builtin_trap();
+    if (r->n_lora > 8 || (r->n_lora && !r->lora)) __builtin_trap();
+    for (size_t i = 0; i < r->n_lora; i++)
+        if (!r->lora[i].name == (r->lora[i].id < 0) || !isfinite(r->lora[i].scale)) __builtin_trap();
+    if (r->adapter && !r->adapter[0]) __builtin_trap();
     if (!r->id || strlen(r->id) < 1 || strlen(r->id) > 128) __builtin_trap();
     if (gen && !r->prompt == !r->messages) __builtin_trap();
     if (r->prompt && strlen(r->prompt) > (1u << 20)) __builtin_trap();

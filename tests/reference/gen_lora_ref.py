@@ -18,7 +18,11 @@ with save_pretrained:
              q/k lora_b rows permuted like the base's q/k (LlamaModel.permute)
   ref.npz    ids int32 [24]; logits_base / logits_<name> float32 [24][512]
              (row i = logits after ids[0..i]) computed by peft in f32;
-             greedy_<name> int32 [8]: peft's greedy continuation of ids[:6]
+             greedy_<name> int32 [8]: peft's greedy continuation of ids[:6];
+             logits_set_<key> float32 [24][512]: the weighted sums in SETS
+             (adapter sets, ie_lora_concat), the base with W + sum_i w_i *
+             delta_i where delta_i is peft's merge_and_unload() minus the
+             base, all in f32
 
 Run from the repository root with the reference stack (torch, peft, gguf):
     .venv/bin/python tests/reference/gen_lora_ref.py
@@ -53,6 +57,12 @@ ADAPTERS = {
     "o4f16": dict(r=4, lora_alpha=4, target_modules=["o_proj", "k_proj"]),
 }
 STORE = {"mlp8bf16": torch.bfloat16, "o4f16": torch.float16}
+# adapter sets (name: weight), as a request's `lora` list or the CLI's
+# --adapter NAME:W,NAME:W runs them
+SETS = {
+    "qv8_all16": {"qv8": 0.5, "all16": 0.75},
+    "mlp_o4_neg": {"mlp8bf16": 1.0, "o4f16": -0.5, "qv8": 0.25},
+}
 
 
 def task_batch(g: torch.Generator, n: int = 16, length: int = 12) -> torch.Tensor:
@@ -158,6 +168,20 @@ def main() -> None:
         ref[f"logits_{name}"] = logits_of(m, ids)
         ref[f"greedy_{name}"] = greedy(m, ids[:6], 8)
         print(name, "greedy", ref[f"greedy_{name}"].tolist())
+    base_sd = LlamaForCausalLM.from_pretrained(BASE, dtype=torch.float32).state_dict()
+    deltas = {}
+    for name in {n for ws in SETS.values() for n in ws}:
+        base = LlamaForCausalLM.from_pretrained(BASE, dtype=torch.float32)
+        merged = PeftModel.from_pretrained(base, OUT / name).float().merge_and_unload().state_dict()
+        deltas[name] = {k: merged[k] - v for k, v in base_sd.items() if not torch.equal(merged[k], v)}
+    for key, ws in SETS.items():
+        sd = {k: v.clone() for k, v in base_sd.items()}
+        for name, w in ws.items():
+            for k, d in deltas[name].items():
+                sd[k] += w * d
+        m = LlamaForCausalLM.from_pretrained(BASE, dtype=torch.float32).eval()
+        m.load_state_dict(sd)
+        ref[f"logits_set_{key}"] = logits_of(m, ids)
     np.savez_compressed(OUT / "ref.npz", **ref)
 
 

@@ -1,0 +1,336 @@
+/* test_lora_cache.c — the adapter registry (coordinator/src/lora_cache.c)
+ * over a fake backend that records what is attached, and ie_lora_concat:
+ *   - concat: y of the concatenated set == sum of the parts' scaled
+ *     separate applications (f32 and bf16 parts, negative weights);
+ *   - LRU: under a budget the least recently used unpinned idle adapter
+ *     goes, a pinned one never, and a leased one never;
+ *   - refcount: unloading a leased adapter takes its name at once and
+ *     detaches it only after the release and the next step_begin;
+ *   - sets: an equal set (any order) reuses its id and salt; salts are
+ *     never 0 and never repeat, also for a name reloaded from disk;
+ *   - reload: an evicted adapter is read again on acquire (loads count).
+ */
+#include "ie_backend.h"
+#include "ie_lora_cache.h"
+#include "ie_model_src.h"
+
+#include <CUnit/Basic.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define LORA IE_TEST_DATA "/lora"
+
+static ie_model_src_t *g_src;
+static const ie_hparams_t *g_hp;
+
+/* ---------------------------------------------------------- fake backend */
+typedef struct fake {
+    int attached[64];
+    int n_parts[64];
+    int adds, removes;
+} fake_t;
+
+static ie_status_t f_step(void *self, const ie_batch_t *b, float *out)
+{
+    (void)self, (void)b, (void)out;
+    return IE_OK;
+}
+static void f_clear(void *self, int seq) { (void)self, (void)seq; }
+static ie_status_t f_set_len(void *self, int seq, int n)
+{
+    (void)self, (void)seq, (void)n;
+    return IE_OK;
+}
+static ie_status_t f_bind(void *self, int seq, int first, const int32_t *pb, int n)
+{
+    (void)self, (void)seq, (void)first, (void)pb, (void)n;
+    return IE_OK;
+}
+static ie_status_t f_add(void *self, const ie_backend_lora_part_t *parts, int n, int *id_out)
+{
+    fake_t *f = self;
+    for (int i = 0; i < 64; i++)
+        if (!f->attached[i]) {
+            f->attached[i] = 1;
+            f->n_parts[i] = n;
+            f->adds++;
+            *id_out = i;
+            (void)parts;
+            return IE_OK;
+        }
+    return ie_error_set(IE_ERR_RANGE, "full");
+}
+static ie_status_t f_remove(void *self, int id)
+{
+    fake_t *f = self;
+    if (id < 0 || id >= 64 || !f->attached[id]) return ie_error_set(IE_ERR_RANGE, "not attached");
+    f->attached[id] = 0;
+    f->removes++;
+    return IE_OK;
+}
+static void f_destroy(void *self) { free(self); }
+static const ie_backend_ops_t k_fake = {.name = "fake",
+                                        .step = f_step,
+                                        .seq_clear = f_clear,
+                                        .seq_set_len = f_set_len,
+                                        .kv_bind = f_bind,
+                                        .lora_add = f_add,
+                                        .lora_remove = f_remove,
+                                        .destroy = f_destroy};
+
+static fake_t *g_fake;
+
+static ie_backend_t *fake_new(void)
+{
+    ie_backend_t *b = NULL;
+    ie_backend_geom_t g = {
+        .n_seq = 1, .n_ctx = 64, .max_batch = 8, .kv_block = 16, .kv_blocks = 4, .n_vocab = 512, .upkeep_ms = 50};
+    g_fake = calloc(1, sizeof *g_fake);
+    CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake, g_fake, &g, &b), IE_OK);
+    return b;
+}
+
+static int n_attached(void)
+{
+    int n = 0;
+    for (int i = 0; i < 64; i++) n += g_fake->attached[i];
+    return n;
+}
+
+static int resident(ie_lora_cache_t *c, const char *name)
+{
+    ie_lora_info_t info[16];
+    int n = ie_lora_cache_list(c, info, 16);
+    for (int i = 0; i < n && i < 16; i++)
+        if (!strcmp(info[i].name, name)) return info[i].resident;
+    return -1;
+}
+
+static ie_lora_lease_t lease1(ie_lora_cache_t *c, const char *name)
+{
+    ie_lora_lease_t l;
+    const ie_lora_use_t u = {name, NAN};
+    CU_ASSERT_EQUAL(ie_lora_cache_acquire(c, &u, 1, &l), IE_OK);
+    return l;
+}
+
+/* ------------------------------------------------------------------ concat */
+static void apply(const ie_lora_mat_t *m, const float *x, float *y)
+{
+    for (int j = 0; j < m->rank; j++) {
+        double t = 0;
+        for (int64_t i = 0; i < m->n_in; i++) {
+            float a = m->a ? m->a[j * m->n_in + i] : 0;
+            if (!m->a) {
+                uint32_t u = (uint32_t)m->a16[j * m->n_in + i] << 16;
+                memcpy(&a, &u, 4);
+            }
+            t += (double)a * x[i];
+        }
+        for (int64_t o = 0; o < m->n_out; o++) {
+            float b = m->bt ? m->bt[j * m->n_out + o] : 0;
+            if (!m->bt) {
+                uint32_t u = (uint32_t)m->bt16[j * m->n_out + o] << 16;
+                memcpy(&b, &u, 4);
+            }
+            y[o] += (float)(m->scale * t * b);
+        }
+    }
+}
+
+static void test_concat_is_sum(void)
+{
+    ie_lora_t *p[3] = {0}, *cat = NULL;
+    const char *names[3] = {LORA "/qv8", LORA "/mlp8bf16", LORA "/all16"};
+    const float w[3] = {0.5f, -1.25f, 0.75f};
+    for (int i = 0; i < 3; i++) CU_ASSERT_EQUAL_FATAL(ie_lora_load(names[i], g_hp, &p[i]), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_lora_concat((const ie_lora_t *const *)p, w, 3, &cat), IE_OK);
+    CU_ASSERT_STRING_EQUAL(cat->format, "concat");
+    double worst = 0;
+    int checked = 0;
+    for (int l = 0; l < cat->n_layer; l++)
+        for (int m = 0; m < IE_LORA_NMOD; m++) {
+            const ie_lora_mat_t *c = ie_lora_mat(cat, l, (ie_lora_mod_t)m);
+            if (!c || !c->rank) continue;
+            float x[256], want[512] = {0}, got[512] = {0};
+            for (int64_t i = 0; i < c->n_in; i++) x[i] = sinf(0.37f * (float)i + (float)m) * 0.5f;
+            int rank = 0;
+            for (int k = 0; k < 3; k++) {
+                const ie_lora_mat_t *pm = ie_lora_mat(p[k], l, (ie_lora_mod_t)m);
+                if (!pm || !pm->rank) continue;
+                float y[512] = {0};
+                apply(pm, x, y);
+                for (int64_t o = 0; o < c->n_out; o++) want[o] += w[k] * y[o];
+                rank += pm->rank;
+            }
+            CU_ASSERT_EQUAL(c->rank, rank); /* ranks add up */
+            apply(c, x, got);
+            double mx = 1e-30;
+            for (int64_t o = 0; o < c->n_out; o++) mx = fmax(mx, fabs(want[o]));
+            for (int64_t o = 0; o < c->n_out; o++) worst = fmax(worst, fabs(got[o] - want[o]) / mx);
+            checked++;
+        }
+    CU_ASSERT(checked == 2 * IE_LORA_NMOD); /* all16 adapts all seven, both layers */
+    CU_ASSERT(worst < 1e-5);
+    /* refusals */
+    const float bad[2] = {1.0f, NAN};
+    ie_lora_t *none = NULL;
+    CU_ASSERT_EQUAL(ie_lora_concat((const ie_lora_t *const *)p, bad, 2, &none), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL(ie_lora_concat((const ie_lora_t *const *)p, w, 0, &none), IE_ERR_INVAL);
+    ie_lora_destroy(&cat);
+    for (int i = 0; i < 3; i++) ie_lora_destroy(&p[i]);
+}
+
+/* --------------------------------------------------------------- registry */
+static void test_lru_pin_busy(void)
+{
+    ie_backend_t *b = fake_new();
+    ie_lora_cache_t *c = NULL;
+    /* in memory: qv8 14336 B, all16 131072, o4f16 7168, mlp8bf16 18432;
+     * the budget holds qv8 + all16 + mlp8bf16, not all four */
+    ie_lora_cache_opts_t o = {.backend = b, .hp = g_hp, .budget_bytes = 14336 + 131072 + 18432};
+    CU_ASSERT_EQUAL_FATAL(ie_lora_cache_new(&o, &c), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "qv8", LORA "/qv8", 1.0f, 1), IE_OK); /* pinned */
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "all16", LORA "/all16", 1.0f, 0), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "o4", LORA "/o4f16", 1.0f, 0), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "o4", LORA "/o4f16", 1.0f, 0), IE_ERR_INVAL); /* taken */
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "a,b", LORA "/o4f16", 1.0f, 0), IE_ERR_INVAL);
+    ie_lora_cache_stats_t s;
+    ie_lora_cache_stats(c, &s);
+    CU_ASSERT_EQUAL(s.resident, 3);
+    CU_ASSERT_EQUAL(s.evictions, 0);
+    /* use o4, then all16: o4 becomes the least recently used */
+    ie_lora_lease_t l = lease1(c, "o4");
+    ie_lora_cache_release(c, &l, 3);
+    l = lease1(c, "all16");
+    ie_lora_cache_release(c, &l, 3);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "mlp", LORA "/mlp8bf16", 1.0f, 0), IE_OK);
+    CU_ASSERT_EQUAL(resident(c, "o4"), 0); /* LRU: evicted */
+    CU_ASSERT_EQUAL(resident(c, "all16"), 1);
+    CU_ASSERT_EQUAL(resident(c, "qv8"), 1);
+    CU_ASSERT_EQUAL(resident(c, "mlp"), 1);
+    ie_lora_cache_stats(c, &s);
+    CU_ASSERT_EQUAL(s.evictions, 1);
+    CU_ASSERT(s.bytes <= o.budget_bytes);
+    /* o4 comes back from disk on use; all16 is then the LRU unpinned one
+     * (mlp used after it), but it is leased: mlp goes instead, qv8 never */
+    ie_lora_lease_t busy = lease1(c, "all16");
+    l = lease1(c, "mlp");
+    ie_lora_cache_release(c, &l, 1);
+    ie_lora_cache_stats(c, &s);
+    const uint64_t loads = s.loads;
+    l = lease1(c, "o4");
+    ie_lora_cache_stats(c, &s);
+    CU_ASSERT_EQUAL(s.loads, loads + 1);
+    CU_ASSERT_EQUAL(resident(c, "o4"), 1);
+    CU_ASSERT_EQUAL(resident(c, "all16"), 1);
+    CU_ASSERT_EQUAL(resident(c, "mlp"), 0);
+    CU_ASSERT_EQUAL(resident(c, "qv8"), 1);
+    ie_lora_cache_release(c, &l, 0);
+    /* unload a leased adapter: the name goes now, the attachment later */
+    int deferred = 0;
+    const int before = n_attached();
+    CU_ASSERT_EQUAL(ie_lora_cache_unload(c, "all16", &deferred), IE_OK);
+    CU_ASSERT_EQUAL(deferred, 1);
+    CU_ASSERT_EQUAL(ie_lora_cache_index(c, "all16"), -1);
+    CU_ASSERT_EQUAL(ie_lora_cache_unload(c, "all16", NULL), IE_ERR_RANGE);
+    const ie_lora_use_t u = {"all16", NAN};
+    ie_lora_lease_t none;
+    CU_ASSERT_EQUAL(ie_lora_cache_acquire(c, &u, 1, &none), IE_ERR_RANGE);
+    CU_ASSERT(g_fake->attached[busy.id]);
+    ie_lora_cache_step_begin(c); /* still leased: stays */
+    ie_lora_cache_step_end(c);
+    CU_ASSERT(g_fake->attached[busy.id]);
+    ie_lora_cache_release(c, &busy, 7);
+    CU_ASSERT(g_fake->attached[busy.id]); /* release never touches the backend */
+    ie_lora_cache_step_begin(c);
+    ie_lora_cache_step_end(c);
+    CU_ASSERT(!g_fake->attached[busy.id]);
+    CU_ASSERT_EQUAL(n_attached(), before - 1);
+    ie_lora_cache_release(c, &busy, 7); /* a stale lease: no-op */
+    /* an idle adapter unloads at once */
+    CU_ASSERT_EQUAL(ie_lora_cache_unload(c, "o4", &deferred), IE_OK);
+    CU_ASSERT_EQUAL(deferred, 0);
+    ie_lora_cache_destroy(&c);
+    CU_ASSERT_EQUAL(n_attached(), 0); /* destroy detaches everything */
+    ie_backend_destroy(&b);
+}
+
+static void test_sets_and_salts(void)
+{
+    ie_backend_t *b = fake_new();
+    ie_lora_cache_t *c = NULL;
+    ie_lora_cache_opts_t o = {.backend = b, .hp = g_hp};
+    CU_ASSERT_EQUAL_FATAL(ie_lora_cache_new(&o, &c), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "a", LORA "/qv8", 1.0f, 0), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "b", LORA "/all16", 1.0f, 0), IE_OK);
+    const ie_lora_use_t ab[2] = {{"a", 0.5f}, {"b", 0.75f}}, ba[2] = {{"b", 0.75f}, {"a", 0.5f}},
+                        ab2[2] = {{"a", 0.5f}, {"b", 0.7f}}, aa[2] = {{"a", 1}, {"a", 2}};
+    ie_lora_lease_t l1, l2, l3, l4;
+    CU_ASSERT_EQUAL(ie_lora_cache_acquire(c, ab, 2, &l1), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_acquire(c, ba, 2, &l2), IE_OK);
+    CU_ASSERT_EQUAL(l1.id, l2.id);
+    CU_ASSERT_EQUAL(l1.salt, l2.salt);
+    CU_ASSERT_EQUAL(g_fake->n_parts[l1.id], 2);
+    CU_ASSERT_EQUAL(ie_lora_cache_acquire(c, ab2, 2, &l3), IE_OK);
+    CU_ASSERT_NOT_EQUAL(l3.id, l1.id);
+    CU_ASSERT_NOT_EQUAL(l3.salt, l1.salt);
+    CU_ASSERT_EQUAL(ie_lora_cache_acquire(c, aa, 2, &l4), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL(ie_lora_cache_acquire(c, ab, 9, &l4), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL(ie_lora_cache_salt(c, l1.id), l1.salt);
+    CU_ASSERT_EQUAL(ie_lora_cache_salt(c, -1), 0);
+    ie_lora_cache_release(c, &l1, 0);
+    ie_lora_cache_release(c, &l2, 0);
+    ie_lora_cache_release(c, &l3, 0);
+    /* a: unloaded, then a different file loaded under its name: the sets
+     * of the old one go, and the new one's set has a salt never seen */
+    uint64_t seen[8] = {l1.salt, l3.salt};
+    int n_seen = 2;
+    ie_lora_lease_t la = lease1(c, "a");
+    seen[n_seen++] = la.salt;
+    ie_lora_cache_release(c, &la, 0);
+    CU_ASSERT_EQUAL(ie_lora_cache_unload(c, "a", NULL), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_salt(c, la.id), 0); /* detached now: it was idle */
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "a", LORA "/o4f16", 1.0f, 0), IE_OK);
+    ie_lora_lease_t lb = lease1(c, "a");
+    CU_ASSERT(lb.id == l1.id || lb.id == l3.id || lb.id == la.id);          /* a freed id again ... */
+    for (int i = 0; i < n_seen; i++) CU_ASSERT_NOT_EQUAL(lb.salt, seen[i]); /* ... never the salt */
+    CU_ASSERT_NOT_EQUAL(lb.salt, 0);
+    ie_lora_cache_release(c, &lb, 0);
+    /* the base's lease */
+    ie_lora_lease_t base;
+    CU_ASSERT_EQUAL(ie_lora_cache_acquire(c, NULL, 0, &base), IE_OK);
+    CU_ASSERT_EQUAL(base.id, -1);
+    CU_ASSERT_EQUAL(base.salt, 0);
+    ie_lora_cache_release(c, &base, 0);
+    ie_lora_cache_destroy(&c);
+    ie_backend_destroy(&b);
+}
+
+static int suite_init(void)
+{
+    if (ie_model_src_open(IE_TEST_DATA "/tiny_llama", &g_src) != IE_OK) return -1;
+    g_hp = ie_model_src_hparams(g_src);
+    return 0;
+}
+
+static int suite_clean(void)
+{
+    ie_model_src_destroy(&g_src);
+    return 0;
+}
+
+int main(void)
+{
+    if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+    CU_pSuite s = CU_add_suite("lora_cache", suite_init, suite_clean);
+    CU_add_test(s, "ie_lora_concat == sum of the parts", test_concat_is_sum);
+    CU_add_test(s, "registry: LRU, pin, leased never evicted, deferred unload", test_lru_pin_busy);
+    CU_add_test(s, "registry: set reuse, salts unique across reloads", test_sets_and_salts);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
+    CU_cleanup_registry();
+    return fails ? 1 : 0;
+}
