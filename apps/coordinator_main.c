@@ -279,23 +279,27 @@ int main(int argc, char **argv)
         eo.lora_budget_bytes = (uint64_t)(mb * 1048576.0);
     }
     if ((st = ie_engine_open(&eo, &eng)) != IE_OK) goto fail;
+    for (int i = 0; i < loras.n; i++) /* read here first: a bad file fails the start */
+        if ((st = ie_engine_lora_load(eng, loras.name[i], loras.path[i], 1.0f)) != IE_OK) {
+            rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_MODEL, "lora %s: %s", loras.name[i],
+                             ie_error_last());
+            goto cleanup;
+        }
     if (loras.n > 0) { /* every rank checks its copy: attach once they are all here */
         ie_backend_t *be = ie_engine_backend(eng);
         ie_log("ie-coordinator: waiting for %ld workers to attach %d LoRA adapter(s)\n", workers, loras.n);
         while (!g_stop && !ie_backend_upkeep(be, 100)) {}
         for (int i = 0; i < loras.n && !g_stop; i++) {
-            /* registered pinned, then attached at once (ie_engine_lora_find
-             * leases it), so that a rank's refusal shows here, not at the
-             * first request: a refused adapter is dropped, the base serves */
-            if ((st = ie_engine_lora_load(eng, loras.name[i], loras.path[i], 1.0f)) == IE_OK &&
-                ie_engine_lora_find(eng, loras.name[i]) >= 0) {
+            /* attached at once (ie_engine_lora_find leases it), so that a
+             * rank's refusal shows here, not at the first request: a refused
+             * adapter is dropped, the base serves */
+            if (ie_engine_lora_find(eng, loras.name[i]) >= 0) {
                 ie_log("ie-coordinator: LoRA %s attached (%s)\n", loras.name[i], loras.path[i]);
                 continue;
             }
             ie_log("ie-coordinator: error: LoRA %s not attached: %s\n", loras.name[i], ie_error_last());
-            if (st == IE_OK) ie_lora_cache_unload(ie_engine_lora_cache(eng), loras.name[i], NULL);
+            ie_lora_cache_unload(ie_engine_lora_cache(eng), loras.name[i], NULL);
         }
-        st = IE_OK;
     }
     if ((st = ie_sock_new(net, IE_SOCK_ROUTER, &client)) != IE_OK) goto fail;
     if ((st = ie_sock_set_max_msg(client, max_msg)) != IE_OK) goto fail;
