@@ -120,8 +120,9 @@ def test_adapters_move_the_logits(ref):
         assert meta["cont"][n] != meta["cont"]["base"], n
 
 
-def generate(smollm2, text, n, adapter=None):
-    args = ["--model", smollm2, "--prompt", text, "--max-new", n, "--greedy", "--threads", THREADS, *lora_args()]
+def generate(smollm2, text, n, adapter=None, gguf=False):
+    args = ["--model", smollm2, "--prompt", text, "--max-new", n, "--greedy", "--threads", THREADS,
+            *lora_args(gguf=gguf)]
     if adapter:
         args += ["--adapter", adapter]
     return run_json(args, timeout=300)
@@ -146,6 +147,16 @@ def test_native_greedy(ref, smollm2, name, i):
     assert out["text"].startswith(expect), (out["text"], expect)
     base = generate(smollm2, meta["prompts"][i], len(want))
     assert not base["text"].startswith(expect), base["text"]
+
+
+def test_native_greedy_gguf_lora(ref, smollm2):
+    """rev8 as a GGUF LoRA on the native path: peft's continuation too."""
+    d, meta = ref
+    want = meta["cont"]["rev8"][0]
+    out = generate(smollm2, meta["prompts"][0], len(want), "rev8", gguf=True)
+    n = want.index(NEWLINE) + 1
+    assert [int(x) for x in out["ids"]][:n] == want[:n], (out["ids"], want)
+    assert out["text"].startswith(meta["expected"]["rev8"][0]), out["text"]
 
 
 NEWLINE = 198  # SmolLM2's "\n": the end of the task's answer
