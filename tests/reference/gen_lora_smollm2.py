@@ -135,8 +135,18 @@ def train(base, tok, name: str, cfg: dict, steps: int, out: Path) -> None:
         save_file({k: v.to(STORE[name]).contiguous() for k, v in sd.items()}, d / "adapter_model.safetensors")
     if (d / "README.md").exists():
         (d / "README.md").unlink()
+    sort_config(d)
     print(f"{name}: {steps} steps in {time.time() - t0:.0f}s, "
           f"{(d / 'adapter_model.safetensors').stat().st_size} bytes", flush=True)
+
+
+def sort_config(d: Path) -> None:
+    """peft writes target_modules from a set (order varies run to run): sorted, the file reproduces."""
+    p = d / "adapter_config.json"
+    cfg = json.loads(p.read_text())
+    if isinstance(cfg.get("target_modules"), list):
+        cfg["target_modules"] = sorted(cfg["target_modules"])
+    p.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 @torch.no_grad()
