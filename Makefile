@@ -7,7 +7,7 @@ JOBS ?= $(shell nproc)
 # environment variable of that name works too).
 IE_WERROR ?= OFF
 
-.PHONY: all build test check-install docs format-check test-distributed test-serving bench bench-quick bench-distributed bench-serve bench-decode bench-kquant profile fuzz reference asan tsan clean
+.PHONY: all build test check-install docs format-check test-distributed test-serving bench bench-quick bench-distributed bench-serve bench-decode bench-kquant bench-lora profile fuzz reference asan tsan clean
 
 all: build
 
@@ -86,6 +86,14 @@ KQUANT_TOKENS ?= 48
 KQUANT_ROUNDS ?= 1
 bench-kquant: build
 	.venv/bin/python bench/bench_kquant.py --build $(BUILD) --tokens $(KQUANT_TOKENS) --rounds $(KQUANT_ROUNDS)
+
+# Issue 20: multi-LoRA serving (bench/bench_lora.py): 8 streams over 4 random
+# adapters (rank 16/32, all seven projections) vs the 8 on the base alone,
+# interleaved rounds beside a bandwidth probe; then a Zipfian trace over 64
+# adapters with room for 16 (run-time load/unload and --lora-budget-mb).
+bench-lora: build
+	.venv/bin/python bench/make_tinyllama_gguf.py --types q4_0
+	.venv/bin/python bench/bench_lora.py --build $(BUILD)
 
 # Issue 24: record a real generate run with perf and write its folded stacks
 # (and a flame graph when flamegraph.pl or inferno is installed) to

@@ -1,123 +1,295 @@
 #!/usr/bin/env python3
-"""bench_lora.py — decode throughput with LoRA adapters mixed in one batch.
+"""bench_lora.py — multi-LoRA serving figures (issue 20). A figure, not a test.
 
-Random PEFT adapters (N(0, 0.02) A and B, so they cost what trained ones
-do) of rank 16 and 32 on all seven projections are written for the
-TinyLlama-shaped benchmark model (bench/make_tinyllama_gguf.py: 22 layers,
-hidden 2048, 32/4 heads, FFN 5632) under bench/out/lora/. Then
-`inference-engine serve --batch 8` with the adapters gets 8 concurrent
-greedy completions twice per round, alternating:
-  base   — the 8 prompts on the base model (adapters loaded, unused)
-  mixed  — the same 8 prompts over 4 adapters (2 streams each, the OpenAI
-           "model" field naming the adapter)
-and reports generated tokens/s of wall time (prefill included) of each
-and the ratio mixed / base (the issue's target for decode: >= 0.95). A
-figure, not a test; run on a quiet machine.
+Base: the TinyLlama-shaped Q4_0 model (bench/make_tinyllama_gguf.py: 22
+layers, hidden 2048, 32/4 heads, FFN 5632). Adapters are random PEFT
+directories made here with numpy (A, B ~ N(0, 0.02), so they cost what
+trained ones do) on all seven projections, under bench/out/lora/ (bf16
+needs torch only to write the file; --dtype f32 needs none).
 
-Usage: bench/bench_lora.py [--model models/bench/tinyllama-q4_0.gguf]
-       [--threads N] [--max-new 32] [--rounds 3] [--dtype bf16|f32]
+Part "mix" (the issue's <= 5% target): `serve --batch 8` with 4 adapters of
+rank 16, 16, 32, 32; each round runs, interleaved, A = 8 streams on the base
+alone and B = the same 8 prompts over the 4 adapters (2 streams each, the
+OpenAI "model" field naming the adapter), in the order ABBA / BAAB
+alternating so that a drift of the machine hits both alike. Each run streams
+(SSE) and times every token; its aggregate decode rate is the tokens that
+arrive while all 8 streams are decoding (from the last stream's first token
+to the first stream's last) over that window — prefill excluded. Before
+each run, build/bench_membw (bench/harness.py's probe: read GB/s with 2
+threads) measures the bandwidth of that moment, printed beside the figure:
+decode is bandwidth-bound, and this machine's bandwidth moves by 2x within
+seconds. Target: median B / A >= 0.95.
+
+Part "zipf" (needs run-time adapters: `POST /v1/load_lora_adapter`,
+`--lora-budget-mb`, branch lora-run): 64 adapters of rank --zipf-rank are
+loaded at run time into a budget with room for 16; then --zipf-requests
+requests whose adapter follows a Zipf law (p(k) ~ 1 / k^s, seeded) from 8
+clients. Reported: generated tokens/s of wall time, requests/s, the
+adapter (re)load latency p50 / p95 from the server's `ie_lora_load_seconds`
+histogram (the loads during the trace only; bucket-interpolated like
+Prometheus' histogram_quantile), and the hit rate 1 - loads / requests.
+Without those endpoints the part says so and is skipped.
+
+Usage: bench/bench_lora.py [--parts mix,zipf] [--model M] [--threads N]
+       [--max-new 32] [--rounds 3] [--dtype bf16|f32] [--zipf-requests 128] ...
 """
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
+import re
 import subprocess
 import sys
-from pathlib import Path
-
-import re
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+from harness import run_probe  # noqa: E402
+
 MODS = {"q_proj": ("self_attn", 2048, 2048), "k_proj": ("self_attn", 256, 2048), "v_proj": ("self_attn", 256, 2048),
         "o_proj": ("self_attn", 2048, 2048), "gate_proj": ("mlp", 5632, 2048), "up_proj": ("mlp", 5632, 2048),
         "down_proj": ("mlp", 2048, 5632)}
+MIX = {"a16": 16, "b16": 16, "c32": 32, "d32": 32}
 
 
-def make_adapter(d: Path, r: int, seed: int, dtype: str, n_layer: int = 22) -> None:
-    if (d / "adapter_model.safetensors").exists():
-        return
-    d.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    t = {}
-    for layer in range(n_layer):
-        for m, (blk, n_out, n_in) in MODS.items():
-            pre = f"base_model.model.model.layers.{layer}.{blk}.{m}"
-            t[pre + ".lora_A.weight"] = rng.normal(0, 0.02, (r, n_in)).astype(np.float32)
-            t[pre + ".lora_B.weight"] = rng.normal(0, 0.02, (n_out, r)).astype(np.float32)
-    if dtype == "bf16":  # truncated to bf16 bits, written through torch (safetensors.numpy has no bf16)
-        import torch
-        from safetensors.torch import save_file as save_torch
-        save_torch({k: torch.from_numpy(v).to(torch.bfloat16) for k, v in t.items()},
-                   str(d / "adapter_model.safetensors"))
-    else:
-        save_file(t, str(d / "adapter_model.safetensors"))
-    (d / "adapter_config.json").write_text(json.dumps(
-        {"peft_type": "LORA", "r": r, "lora_alpha": r, "target_modules": list(MODS)}))
+def make_adapter(d: Path, r: int, seed: int, dtype: str, n_layer: int = 22) -> int:
+    """A random PEFT adapter in d (kept when already there); its weight bytes."""
+    st = d / "adapter_model.safetensors"
+    if not st.exists():
+        d.mkdir(parents=True, exist_ok=True)
+        rng = np.random.default_rng(seed)
+        t = {}
+        for layer in range(n_layer):
+            for m, (blk, n_out, n_in) in MODS.items():
+                pre = f"base_model.model.model.layers.{layer}.{blk}.{m}"
+                t[pre + ".lora_A.weight"] = rng.normal(0, 0.02, (r, n_in)).astype(np.float32)
+                t[pre + ".lora_B.weight"] = rng.normal(0, 0.02, (n_out, r)).astype(np.float32)
+        if dtype == "bf16":  # safetensors.numpy has no bf16: written through torch
+            import torch
+            from safetensors.torch import save_file as save_torch
+            save_torch({k: torch.from_numpy(v).to(torch.bfloat16) for k, v in t.items()}, str(st))
+        else:
+            save_file(t, str(st))
+        (d / "adapter_config.json").write_text(json.dumps(
+            {"peft_type": "LORA", "r": r, "lora_alpha": r, "target_modules": list(MODS)}))
+    return st.stat().st_size
 
 
-def serve(args, loras: list[str]):
-    """`inference-engine serve` with the adapters loaded; returns (proc, url)."""
-    proc = subprocess.Popen([str(REPO / "build/inference-engine"), "serve", "--model", args.model, "--port", "0",
-                             "--batch", "8", "--threads", str(args.threads), *loras],
+def serve(args, extra: list[str]):
+    """`inference-engine serve` (--batch 8); returns (proc, url)."""
+    proc = subprocess.Popen([str(args.build / "inference-engine"), "serve", "--model", args.model, "--port", "0",
+                             "--batch", "8", "--threads", str(args.threads), *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    seen = []
     for line in proc.stderr:
+        seen.append(line.strip())
         m = re.match(r"listening on http://(\S+):(\d+)$", line.strip())
         if m:
-            return proc, f"http://127.0.0.1:{m.group(2)}"
-    raise RuntimeError("server did not start")
+            return proc, f"127.0.0.1:{m.group(2)}"
+    raise RuntimeError(f"server did not start (exit {proc.wait()}): {' | '.join(seen[-2:])[-200:]}")
 
 
-def run(args, url: str, jobs: list[tuple[str, str]]) -> float:
-    """The 8 requests at once; generated tokens per second of wall time."""
-    def one(job):
-        body = json.dumps({"model": job[0], "prompt": job[1], "max_tokens": args.max_new, "temperature": 0,
-                           "ignore_eos": True}).encode()
-        req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=600) as r:
-            return json.loads(r.read())["usage"]["completion_tokens"]
-    t0 = time.perf_counter()
+def post(host: str, path: str, body: dict, timeout: float = 600):
+    """(status, text) of a JSON POST."""
+    req = urllib.request.Request(f"http://{host}{path}", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+def stream(host: str, model: str, prompt: str, max_new: int) -> list[float]:
+    """One streamed greedy completion; the arrival time of each token's chunk."""
+    c = http.client.HTTPConnection(host, timeout=600)
+    c.request("POST", "/v1/completions", json.dumps({
+        "model": model, "prompt": prompt, "max_tokens": max_new, "temperature": 0, "ignore_eos": True,
+        "stream": True}), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"{model}: HTTP {r.status}: {r.read()[:200]!r}")
+    times = []
+    for raw in r:
+        line = raw.decode().strip()
+        if not line.startswith("data:") or line == "data: [DONE]":
+            continue
+        if json.loads(line[5:]).get("choices"):
+            times.append(time.perf_counter())
+    c.close()
+    return times
+
+
+def decode_rate(host: str, jobs: list[tuple[str, str]], max_new: int) -> float:
+    """The 8 streams at once; aggregate tokens/s while all of them decode."""
     with ThreadPoolExecutor(len(jobs)) as ex:
-        n = sum(ex.map(one, jobs))
-    return n / (time.perf_counter() - t0)
+        ts = list(ex.map(lambda j: stream(host, j[0], j[1], max_new), jobs))
+    lo, hi = max(t[0] for t in ts), min(t[-1] for t in ts)
+    n = sum(sum(1 for x in t if lo < x <= hi) for t in ts)
+    return n / (hi - lo) if hi > lo else float("nan")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=str(REPO / "models/bench/tinyllama-q4_0.gguf"))
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--max-new", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--dtype", choices=["f32", "bf16"], default="bf16", help="adapter weights (bf16 needs torch)")
-    args = ap.parse_args()
-    names = {"a16": 16, "b16": 16, "c32": 32, "d32": 32}
+def part_mix(args) -> dict:
     loras = []
-    for i, (n, r) in enumerate(names.items()):
+    for i, (n, r) in enumerate(MIX.items()):
         d = REPO / f"bench/out/lora/{args.dtype}/{n}"
         make_adapter(d, r, i, args.dtype)
         loras += ["--lora", f"{n}={d}"]
     texts = [f"Once upon a time number {i}" for i in range(8)]
-    proc, url = serve(args, loras)
-    base_name = json.loads(urllib.request.urlopen(url + "/v1/models").read())["data"][0]["id"]
-    base_tps, mix_tps = [], []
+    proc, host = serve(args, loras)
+    base = json.loads(urllib.request.urlopen(f"http://{host}/v1/models").read())["data"][0]["id"]
+    jobs = {"A": [(base, t) for t in texts], "B": [(list(MIX)[i % 4], t) for i, t in enumerate(texts)]}
+    rows = []
     try:
-        for _ in range(args.rounds):
-            base_tps.append(run(args, url, [(base_name, t) for t in texts]))
-            mix_tps.append(run(args, url, [(list(names)[i % 4], t) for i, t in enumerate(texts)]))
+        decode_rate(host, jobs["B"], 4)  # warm-up: first touches of the weights
+        for rnd in range(args.rounds):
+            for which in ("ABBA" if rnd % 2 == 0 else "BAAB"):
+                bw = run_probe(args.build / "bench_membw", ["--size-mib", "256", "--passes", "2"])["gbps"]
+                tps = decode_rate(host, jobs[which], args.max_new)
+                rows.append({"round": rnd, "run": which, "decode_tps": tps, "read_gbps": bw})
+                print(f"  round {rnd} {'base 8x  ' if which == 'A' else 'mixed 4x2'} decode {tps:7.2f} tok/s"
+                      f"   paired read {bw if bw is None else round(bw, 1)} GB/s", flush=True)
     finally:
         proc.terminate()
         proc.wait(60)
-    b, x = float(np.median(base_tps)), float(np.median(mix_tps))
-    print(json.dumps({"model": args.model, "threads": args.threads, "streams": 8, "adapters": names,
-                      "dtype": args.dtype,
-                      "base_tps": base_tps, "mixed_tps": mix_tps,
-                      "median_base": b, "median_mixed": x, "ratio": x / b}))
+    a = [r["decode_tps"] for r in rows if r["run"] == "A"]
+    b = [r["decode_tps"] for r in rows if r["run"] == "B"]
+    ratio = float(np.median(b) / np.median(a))
+    bws = [r["read_gbps"] for r in rows if r["read_gbps"]]
+    print(f"mix: median decode base {np.median(a):.2f} tok/s, mixed {np.median(b):.2f} tok/s, "
+          f"ratio {ratio:.3f} (target >= 0.95); read bandwidth {min(bws, default=0):.1f}.."
+          f"{max(bws, default=0):.1f} GB/s", flush=True)
+    return {"part": "mix", "model": args.model, "threads": args.threads, "streams": 8, "adapters": MIX,
+            "dtype": args.dtype, "max_new": args.max_new, "runs": rows, "median_base_tps": float(np.median(a)),
+            "median_mixed_tps": float(np.median(b)), "ratio": ratio}
+
+
+def metrics(host: str) -> str:
+    return urllib.request.urlopen(f"http://{host}/metrics", timeout=60).read().decode()
+
+
+def metric(text: str, name: str) -> float:
+    m = re.search(rf"^{name}(?:{{}})? (\S+)$", text, re.M)
+    return float(m.group(1)) if m else float("nan")
+
+
+def buckets(text: str, name: str) -> list[tuple[float, float]]:
+    """(le, cumulative count) of a Prometheus histogram, le ascending."""
+    out = [(float("inf") if le == "+Inf" else float(le), float(v))
+           for le, v in re.findall(rf'^{name}_bucket{{le="([^"]+)"}} (\S+)$', text, re.M)]
+    return sorted(out)
+
+
+def quantile(q: float, before, after) -> float:
+    """histogram_quantile over the difference of two scrapes."""
+    d = [(le, a - b) for (le, a), (_, b) in zip(after, before)]
+    if not d or d[-1][1] <= 0:
+        return float("nan")
+    rank, prev_le, prev_n = q * d[-1][1], 0.0, 0.0
+    for le, n in d:
+        if n >= rank:
+            if le == float("inf"):
+                return prev_le
+            return prev_le + (le - prev_le) * (rank - prev_n) / max(n - prev_n, 1e-12)
+        prev_le, prev_n = le, n
+    return prev_le
+
+
+def part_zipf(args) -> dict | None:
+    n, room = args.zipf_adapters, args.zipf_room
+    dirs, size = [], 0
+    for k in range(n):
+        d = REPO / f"bench/out/lora/zipf-r{args.zipf_rank}-{args.dtype}/z{k:02d}"
+        size = max(size, make_adapter(d, args.zipf_rank, 100 + k, args.dtype))
+        dirs.append(d)
+    budget_mb = room * size / 1e6 * 1.01  # room for `room` adapters, not one more
+    try:
+        proc, host = serve(args, ["--lora-budget-mb", f"{budget_mb:.3f}"])
+    except RuntimeError as e:
+        print(f"zipf: skipped: this build has no run-time adapters (--lora-budget-mb: {e})")
+        return None
+    try:
+        st, txt = post(host, "/v1/load_lora_adapter", {"lora_name": "z00", "lora_path": str(dirs[0])})
+        if st == 404 or (st != 200 and "load_lora_adapter" in txt):
+            print(f"zipf: skipped: this build has no run-time adapter loading (HTTP {st}: {txt[:120]})")
+            return None
+        assert st == 200, (st, txt)
+        for k in range(1, n):
+            st, txt = post(host, "/v1/load_lora_adapter", {"lora_name": f"z{k:02d}", "lora_path": str(dirs[k])})
+            assert st == 200, (k, st, txt)
+        rng = np.random.default_rng(args.seed)
+        p = 1.0 / np.arange(1, n + 1) ** args.zipf_s
+        trace = rng.choice(n, size=args.zipf_requests, p=p / p.sum())
+        m0 = metrics(host)
+
+        def one(k):
+            body = {"model": f"z{k:02d}", "prompt": f"Request for adapter {k}", "max_tokens": args.zipf_new,
+                    "temperature": 0, "ignore_eos": True}
+            st, txt = post(host, "/v1/completions", body)
+            assert st == 200, (st, txt[:200])
+            return json.loads(txt)["usage"]["completion_tokens"]
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(8) as ex:
+            toks = sum(ex.map(one, trace.tolist()))
+        wall = time.perf_counter() - t0
+        m1 = metrics(host)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    loads = metric(m1, "ie_lora_loads_total") - metric(m0, "ie_lora_loads_total")
+    b0, b1 = buckets(m0, "ie_lora_load_seconds"), buckets(m1, "ie_lora_load_seconds")
+    res = {"part": "zipf", "adapters": n, "room": room, "rank": args.zipf_rank, "dtype": args.dtype,
+           "adapter_bytes": size, "budget_mb": budget_mb, "requests": args.zipf_requests, "s": args.zipf_s,
+           "distinct": int(len(set(trace.tolist()))), "wall_s": wall, "tokens_per_s": toks / wall,
+           "requests_per_s": args.zipf_requests / wall, "loads": loads,
+           "hit_rate": 1.0 - loads / args.zipf_requests,
+           "evictions": metric(m1, "ie_lora_evictions_total") - metric(m0, "ie_lora_evictions_total"),
+           "load_p50_s": quantile(0.5, b0, b1), "load_p95_s": quantile(0.95, b0, b1)}
+    print(f"zipf: {n} adapters (r {args.zipf_rank}, {size / 1e6:.1f} MB each), room {room}, "
+          f"{args.zipf_requests} requests (s {args.zipf_s}, {res['distinct']} distinct): "
+          f"{res['tokens_per_s']:.1f} tok/s, {res['requests_per_s']:.2f} req/s, hit rate {res['hit_rate']:.3f}, "
+          f"{loads:.0f} loads, load p50 {res['load_p50_s'] * 1e3:.0f} ms p95 {res['load_p95_s'] * 1e3:.0f} ms",
+          flush=True)
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--parts", default="mix,zipf")
+    ap.add_argument("--model", default=str(REPO / "models/bench/tinyllama-q4_0.gguf"))
+    ap.add_argument("--build", type=Path, default=REPO / "build")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--max-new", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dtype", choices=["f32", "bf16"], default="bf16", help="adapter weights (bf16 needs torch)")
+    ap.add_argument("--zipf-adapters", type=int, default=64)
+    ap.add_argument("--zipf-room", type=int, default=16)
+    ap.add_argument("--zipf-rank", type=int, default=16)
+    ap.add_argument("--zipf-requests", type=int, default=128)
+    ap.add_argument("--zipf-new", type=int, default=16)
+    ap.add_argument("--zipf-s", type=float, default=1.1)
+    ap.add_argument("--seed", type=int, default=5)
+    args = ap.parse_args()
+    out = []
+    parts = args.parts.split(",")
+    if "mix" in parts:
+        out.append(part_mix(args))
+    if "zipf" in parts:
+        z = part_zipf(args)
+        if z:
+            out.append(z)
+    for o in out:
+        print(json.dumps(o))
     return 0
 
 

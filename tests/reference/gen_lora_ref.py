@@ -122,10 +122,17 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(name: str, cfg: dict) -> None:
-    hp = json.loads((BASE / "config.json").read_text())
-    sd = load_file(OUT / name / "adapter_model.safetensors")
-    w = gguf.GGUFWriter(str(OUT / f"{name}.gguf"), "llama")
+def write_gguf(name: str, cfg: dict, src: Path | None = None, dst: Path | None = None,
+               heads: tuple[int, int] | None = None) -> None:
+    """The PEFT adapter in src (default OUT/name) as a GGUF LoRA at dst
+    (default OUT/name.gguf); heads = (n_head, n_kv_head) of the base for
+    the q/k row permutation (default: the tiny Llama's config.json).
+    Also used by gen_lora_smollm2.py."""
+    if heads is None:
+        hp = json.loads((BASE / "config.json").read_text())
+        heads = (hp["num_attention_heads"], hp["num_key_value_heads"])
+    sd = load_file((src or OUT / name) / "adapter_model.safetensors")
+    w = gguf.GGUFWriter(str(dst or OUT / f"{name}.gguf"), "llama")
     w.add_type("adapter")
     w.add_string("adapter.type", "lora")
     w.add_float32("adapter.lora.alpha", float(cfg["lora_alpha"]))
@@ -139,9 +146,9 @@ def write_gguf(name: str, cfg: dict) -> None:
         a = sd[k].float().numpy()
         b = sd[k.replace("lora_A", "lora_B")].float().numpy()
         if mod == "q_proj":
-            b = permute(b, hp["num_attention_heads"])
+            b = permute(b, heads[0])
         elif mod == "k_proj":
-            b = permute(b, hp["num_key_value_heads"])
+            b = permute(b, heads[1])
         base = f"blk.{layer}.{gg[mod]}.weight"
         w.add_tensor(base + ".lora_a", np.ascontiguousarray(a, dtype=np.float32))
         w.add_tensor(base + ".lora_b", np.ascontiguousarray(b, dtype=np.float32))

@@ -2,7 +2,8 @@
 # tests/reference/regen.sh — re-generate the reference fixtures from scratch,
 # check they equal the committed ones, and run the e2e tests on the fresh set.
 #
-#   1. gen_tiny_llama.py, gen_tiny_llama3.py, gen_tiny_gemma.py, gen_smollm2_ref.py, gen_pretok_refs.py and gen_kquant_ref.py (the
+#   1. gen_tiny_llama.py, gen_tiny_llama3.py, gen_tiny_gemma.py, gen_smollm2_ref.py, gen_lora_smollm2.py
+#      (real LoRA adapters on SmolLM2, tests/data/lora_smollm2), gen_pretok_refs.py and gen_kquant_ref.py (the
 #      k-quant blocks and their gguf.quants values, tests/data/kquant) and
 #      gen_embed_ref.py (final-norm hidden states, tests/data/embed) and
 #      gen_chat_templates.py and gen_tool_templates.py (transformers' renders of the chat templates, with tools too,
@@ -31,6 +32,7 @@ trap cleanup EXIT
 echo "[regen] generating into $tmp" >&2
 "$py" tests/reference/gen_tiny_llama.py --out "$tmp"
 "$py" tests/reference/gen_smollm2_ref.py --out "$tmp"
+"$py" tests/reference/gen_lora_smollm2.py --out "$tmp"
 "$py" tests/reference/gen_kquant_ref.py --out "$tmp"
 "$py" tests/reference/gen_tiny_kquant.py --out "$tmp"
 "$py" tests/reference/gen_tiny_llama3.py --out "$tmp"
