@@ -257,8 +257,9 @@ static int lora_args(const ie_worker_t *w, int l, ie_lora_mod_t m, int g, float 
 
 /* One pool job over every (module, group, row) of a worker_lora_apply
  * call: unit u goes to thread u % nth. Each (module, row) has its own
- * slice of lora_tmp (a row sits in one group; block i per module), so
- * units never share memory. */
+ * slice of lora_tmp (a row sits in one group; block i per module; rows
+ * lora_tmp_rank floats apart, not their group's rank: groups of
+ * different ranks would overlap), so units never share memory. */
 typedef struct lora_job {
     ie_worker_t *w;
     ie_lora_args_t args[3 * IE_WORKER_MAX_LORA];
@@ -279,7 +280,7 @@ static void lora_run(void *ctx, int ith, int nth)
             if (u % nth == ith)
                 (j->args[k].a16 ? w->ops->lora_bf16
                                 : w->ops->lora_f32)(&j->args[k], w->lora_rows + gr->first + r, 1,
-                                                    tmp + (size_t)(gr->first + r) * (size_t)j->args[k].rank);
+                                                    tmp + (size_t)(gr->first + r) * (size_t)w->lora_tmp_rank);
     }
 }
 
