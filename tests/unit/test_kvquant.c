@@ -385,6 +385,51 @@ static void test_worker_gptoss_window(void)
     ie_model_src_destroy(&src);
 }
 
+/* A byte budget sizes the pool in blocks of the chosen types: a q8 cache
+ * gets (4 hd) / (hd + 4) times the f32 cache's blocks; a budget with room
+ * for no block is refused, one past the full pool capped to it, and a
+ * block count given wins over the budget. */
+static void test_worker_mem_budget(void)
+{
+    ie_worker_opts_t o;
+    int blocks[2] = {0, 0};
+    size_t per[2] = {0, 0};
+    static const ie_kv_type_t types[2] = {IE_KV_F32, IE_KV_Q8};
+    for (int t = 0; t < 2; t++) {
+        ie_worker_opts_default(&o);
+        o.n_ctx = 4096;
+        o.n_seq = 4;
+        o.pin_threads = 0;
+        o.kv_type_k = o.kv_type_v = types[t];
+        o.kv_mem_bytes = 1u << 20;
+        ie_worker_t *w = NULL;
+        CU_ASSERT_EQUAL_FATAL(ie_worker_new(g_src, &o, &w), IE_OK);
+        blocks[t] = ie_worker_kv_blocks(w);
+        per[t] = ie_worker_kv_bytes_per_pos(w) * (size_t)ie_worker_kv_block(w);
+        CU_ASSERT_EQUAL(blocks[t], (int)((1u << 20) / per[t]));
+        ie_worker_destroy(&w);
+    }
+    const int hd = ie_model_src_hparams(g_src)->head_dim;
+    CU_ASSERT(blocks[1] >= blocks[0] * (4 * hd) / (hd + 4) - 1 && blocks[1] > 3 * blocks[0]);
+    /* no block fits */
+    ie_worker_opts_default(&o);
+    o.pin_threads = 0;
+    o.kv_mem_bytes = per[0] - 1;
+    ie_worker_t *w = NULL;
+    CU_ASSERT_EQUAL(ie_worker_new(g_src, &o, &w), IE_ERR_INVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "holds no block"));
+    /* past the full pool: capped; a block count wins */
+    o.n_ctx = 64;
+    o.kv_mem_bytes = (uint64_t)1 << 30;
+    CU_ASSERT_EQUAL_FATAL(ie_worker_new(g_src, &o, &w), IE_OK);
+    CU_ASSERT_EQUAL(ie_worker_kv_blocks(w), 64 / ie_worker_kv_block(w));
+    ie_worker_destroy(&w);
+    o.kv_blocks = 3;
+    CU_ASSERT_EQUAL_FATAL(ie_worker_new(g_src, &o, &w), IE_OK);
+    CU_ASSERT_EQUAL(ie_worker_kv_blocks(w), 3);
+    ie_worker_destroy(&w);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -397,6 +442,7 @@ int main(void)
     CU_add_test(s, "worker: each cache type close to f32", test_worker_types);
     CU_add_test(s, "worker: quantized cache bits independent of layout", test_worker_layouts);
     CU_add_test(s, "worker: GPT-OSS window edges and sinks, f16 and quantized caches", test_worker_gptoss_window);
+    CU_add_test(s, "worker: pool sized by a byte budget", test_worker_mem_budget);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();

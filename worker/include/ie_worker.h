@@ -163,6 +163,9 @@ typedef struct ie_worker_opts {
                           kv_block)); a pool at least that large starts
                           with every slot bound to its own blocks, a
                           smaller one unbound                          */
+    uint64_t kv_mem_bytes;    /* with kv_blocks 0 and this > 0: the pool is
+                          as many blocks as fit these bytes in the
+                          chosen K/V types (IE_ERR_INVAL if none)       */
     int hot_replicate;        /* 1: when the pool's threads sit on several
                           NUMA nodes, copy the output head (and the
                           embedding table, one copy when tied) into

@@ -272,8 +272,6 @@ ie_status_t worker_kv_new(ie_worker_t *w)
         return ie_error_set(IE_ERR_INVAL, "worker: %d slots of %d KV blocks do not fit a block id", opts->n_seq,
                             w->kv_nlb);
     w->kv_blocks = opts->kv_blocks > 0 ? opts->kv_blocks : (int)full_pool;
-    w->opts.kv_block = w->kv_block;
-    w->opts.kv_blocks = w->kv_blocks;
     w->all_swa = sh->layer_end > sh->layer_begin;
     for (int l = sh->layer_begin; l < sh->layer_end; l++) w->all_swa &= w->layers[l].swa;
     /* the pool in bytes of the chosen types: a q8 cache holds ~4x the
@@ -294,6 +292,23 @@ ie_status_t worker_kv_new(ie_worker_t *w)
         w->kv_row_bytes[c] = (size_t)w->n_kv_loc * w->kv_head_bytes[c];
         w->kv_layer_bytes[c] = (size_t)w->kv_block * w->kv_row_bytes[c];
         w->kv_block_bytes[c] = (size_t)(sh->layer_end - sh->layer_begin) * w->kv_layer_bytes[c];
+    }
+    /* a byte budget (no block count given): as many whole blocks of the
+     * chosen types as it holds (at most the full pool), so a q8 cache
+     * gets ~4x an f32 one's positions */
+    if (opts->kv_blocks == 0 && opts->kv_mem_bytes > 0) {
+        const uint64_t per = (uint64_t)w->kv_block_bytes[0] + w->kv_block_bytes[1];
+        const uint64_t n = per ? opts->kv_mem_bytes / per : 0;
+        if (n < 1)
+            return ie_error_set(IE_ERR_INVAL,
+                                "KV memory budget of %llu bytes holds no block of %d positions (%llu bytes)",
+                                (unsigned long long)opts->kv_mem_bytes, w->kv_block, (unsigned long long)per);
+        /* never more than every slot's whole context needs */
+        w->kv_blocks = n > (uint64_t)full_pool ? (int)full_pool : (int)n;
+    }
+    w->opts.kv_block = w->kv_block;
+    w->opts.kv_blocks = w->kv_blocks;
+    for (int c = 0; c < 2; c++) {
         const uint64_t b = (uint64_t)w->kv_blocks * (uint64_t)w->kv_block_bytes[c];
         if ((uint64_t)w->kv_blocks > 0 && b / (uint64_t)w->kv_blocks != (uint64_t)w->kv_block_bytes[c])
             return ie_error_set(IE_ERR_NOMEM, "out of memory: a KV cache of %d blocks of %d positions is too large",

@@ -20,8 +20,9 @@ IE_INLINE __m256 kv_ld8(const ie_kv_type_t T, const unsigned char *row, int c)
     switch (T) {
     case IE_KV_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(row + 16 * c)));
     case IE_KV_BF16:
-        return _mm256_castsi256_ps(_mm256_slli_epi32(
-            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(row + 16 * c))), 16));
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(row + 16 * c))),
+                              16));
     case IE_KV_Q8: {
         const __m128i b = _mm_loadl_epi64((const __m128i *)(const void *)(row + 4 + 8 * c));
         return _mm256_mul_ps(_mm256_set1_ps(ld_f32(row)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
@@ -31,8 +32,8 @@ IE_INLINE __m256 kv_ld8(const ie_kv_type_t T, const unsigned char *row, int c)
         uint16_t dh;
         memcpy(&dh, g, 2);
         const int part = c & 3; /* values 8*part .. of the group: bytes (part & 1) * 8 .., nibble part >> 1 */
-        const __m256i b =
-            _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(g + 2 + (part & 1) * 8)));
+        const __m256i b = _mm256_cvtepu8_epi32(
+            _mm_loadl_epi64((const __m128i *)(const void *)(g + 2 + (part & 1) * 8)));
         const __m256i nib = part >> 1 ? _mm256_srli_epi32(b, 4) : _mm256_and_si256(b, _mm256_set1_epi32(15));
         return _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(dh)),
                              _mm256_cvtepi32_ps(_mm256_sub_epi32(nib, _mm256_set1_epi32(8))));
@@ -66,8 +67,7 @@ IE_INLINE void decode_body(const ie_kv_type_t T, const unsigned char *s, int hd,
             float d;
             memcpy(&d, s, 4);
             for (int i = 8 * c; i < hd; i++) y[i] = d * (float)(int8_t)s[4 + i];
-        } else
-            ie_kv_decode_ref(T, s + val_bytes(T, 8 * c), hd - 8 * c, y + 8 * c);
+        } else ie_kv_decode_ref(T, s + val_bytes(T, 8 * c), hd - 8 * c, y + 8 * c);
     }
 }
 
@@ -125,8 +125,8 @@ static float dot_row(const float *a, const float *b, int hd)
 }
 
 /* Contract (ie_kernels_t.kv_scores). */
-void ie_kv_scores_avx2(ie_kv_type_t t, const float *q, size_t q_stride, int nh, const ie_kv_rows_t *k, int j0, int n,
-                       int hd, float scale, float *s, size_t ld)
+void ie_kv_scores_avx2(ie_kv_type_t t, const float *q, size_t q_stride, int nh, const ie_kv_rows_t *k, int j0,
+                       int n, int hd, float scale, float *s, size_t ld)
 {
     if (hd <= 0 || hd > IE_KV_MAX_HD) {
         ie_kv_scores_ref(t, q, q_stride, nh, k, j0, n, hd, scale, s, ld);
@@ -148,9 +148,10 @@ void ie_kv_scores_avx2(ie_kv_type_t t, const float *q, size_t q_stride, int nh, 
                 __m256i acc = _mm256_setzero_si256();
                 int i = 0;
                 for (; i + 16 <= hd; i += 16) {
-                    const __m256i kk = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(kr + i)));
-                    acc = _mm256_add_epi32(acc,
-                                           _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(const void *)(qi + i)), kk));
+                    const __m256i kk = _mm256_cvtepi8_epi16(
+                        _mm_loadu_si128((const __m128i *)(const void *)(kr + i)));
+                    acc = _mm256_add_epi32(
+                        acc, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(const void *)(qi + i)), kk));
                 }
                 int32_t dot = hsum8_epi32(acc);
                 for (; i < hd; i++) dot += (int32_t)qi[i] * (int32_t)kr[i];

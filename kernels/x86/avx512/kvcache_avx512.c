@@ -20,7 +20,7 @@
 #include "../../src/ie_kernels_isa.h"
 #include "avx512_inl.h"
 
-#define MAXC 16   /* chunks of 16 values: hd <= IE_KV_MAX_HD */
+#define MAXC 16    /* chunks of 16 values: hd <= IE_KV_MAX_HD */
 #define PF_ROWS 32 /* rows fetched ahead (into L2, as attn_avx512.c) */
 
 /* 16 values (chunk c: values 16c ..) of a row of type T as floats, lanes
@@ -66,22 +66,22 @@ IE_INLINE void prefetch_bytes(const unsigned char *r, size_t n)
 
 /* Sum of each of v[0..15]'s 16 lanes, as lanes 0..15 of the result; F
  * selects float or int32 adds (the shuffles are the same). */
-#define TRANSPOSE_REDUCE16(NAME, ADD)                                                                      \
-    IE_INLINE __m512 NAME(const __m512 v[16])                                                              \
-    {                                                                                                      \
-        __m512 t[8], u[4], w[2];                                                                           \
-        _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++) t[p] =                                         \
-            ADD(_mm512_unpacklo_ps(v[2 * p], v[2 * p + 1]), _mm512_unpackhi_ps(v[2 * p], v[2 * p + 1]));   \
-        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++)                                                \
-        {                                                                                                  \
-            const __m512d c = _mm512_castps_pd(t[2 * q]), d = _mm512_castps_pd(t[2 * q + 1]);              \
+#define TRANSPOSE_REDUCE16(NAME, ADD)                                                                           \
+    IE_INLINE __m512 NAME(const __m512 v[16])                                                                   \
+    {                                                                                                           \
+        __m512 t[8], u[4], w[2];                                                                                \
+        _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++)                                                     \
+            t[p] = ADD(_mm512_unpacklo_ps(v[2 * p], v[2 * p + 1]), _mm512_unpackhi_ps(v[2 * p], v[2 * p + 1])); \
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++)                                                     \
+        {                                                                                                       \
+            const __m512d c = _mm512_castps_pd(t[2 * q]), d = _mm512_castps_pd(t[2 * q + 1]);                   \
             u[q] = ADD(_mm512_castpd_ps(_mm512_unpacklo_pd(c, d)), _mm512_castpd_ps(_mm512_unpackhi_pd(c, d))); \
-        }                                                                                                  \
-        _Pragma("GCC unroll 2") for (int r = 0; r < 2; r++) w[r] =                                         \
-            ADD(_mm512_shuffle_f32x4(u[2 * r], u[2 * r + 1], _MM_SHUFFLE(2, 0, 2, 0)),                      \
-                _mm512_shuffle_f32x4(u[2 * r], u[2 * r + 1], _MM_SHUFFLE(3, 1, 3, 1)));                     \
-        return ADD(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),                              \
-                   _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));                             \
+        }                                                                                                       \
+        _Pragma("GCC unroll 2") for (int r = 0; r < 2; r++)                                                     \
+            w[r] = ADD(_mm512_shuffle_f32x4(u[2 * r], u[2 * r + 1], _MM_SHUFFLE(2, 0, 2, 0)),                   \
+                       _mm512_shuffle_f32x4(u[2 * r], u[2 * r + 1], _MM_SHUFFLE(3, 1, 3, 1)));                  \
+        return ADD(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),                                   \
+                   _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));                                  \
     }
 IE_INLINE __m512 add_i32(__m512 a, __m512 b)
 {
@@ -112,8 +112,7 @@ IE_INLINE void scores_tile(const ie_kv_type_t T, const int C, __mmask16 mt, cons
 }
 
 /* q8: the 16 exact int32 dots of one int16 query head against rows[16]. */
-IE_INLINE __m512i q8_tile(const int C2, __mmask32 mt, const int16_t *qi,
-                          const unsigned char *const rows[16])
+IE_INLINE __m512i q8_tile(const int C2, __mmask32 mt, const int16_t *qi, const unsigned char *const rows[16])
 {
     __m512i qv[MAXC / 2];
     __m512 acc[16];
@@ -126,8 +125,8 @@ IE_INLINE __m512i q8_tile(const int C2, __mmask32 mt, const int16_t *qi,
         __m512i a = _mm512_setzero_si512();
 #pragma GCC unroll 8
         for (int c = 0; c < C2; c++) {
-            const __m512i k =
-                _mm512_cvtepi8_epi16(_mm256_maskz_loadu_epi8(c == C2 - 1 ? mt : 0xffffffffu, rows[r] + 4 + 32 * c));
+            const __m512i k = _mm512_cvtepi8_epi16(
+                _mm256_maskz_loadu_epi8(c == C2 - 1 ? mt : 0xffffffffu, rows[r] + 4 + 32 * c));
             a = _mm512_dpwssd_epi32(a, qv[c], k);
         }
         acc[r] = _mm512_castsi512_ps(a);
@@ -138,8 +137,8 @@ IE_INLINE __m512i q8_tile(const int C2, __mmask32 mt, const int16_t *qi,
 /* Heads quantized a batch at a time (the int16 queries live on the stack). */
 #define QB 8
 
-IE_INLINE void scores_body(const ie_kv_type_t T, const int C, const float *q, size_t q_stride,
-                           int nh, const ie_kv_rows_t *k, int j0, int n, int hd, float scale, float *s, size_t ld)
+IE_INLINE void scores_body(const ie_kv_type_t T, const int C, const float *q, size_t q_stride, int nh,
+                           const ie_kv_rows_t *k, int j0, int n, int hd, float scale, float *s, size_t ld)
 {
     const __m512 vs = _mm512_set1_ps(scale);
     const __mmask16 mt = hd % 16 ? (__mmask16)((1u << (hd % 16)) - 1) : (__mmask16)0xffff;
@@ -205,14 +204,14 @@ IE_INLINE void scores_body(const ie_kv_type_t T, const int C, const float *q, si
     }
 }
 
-#define SCORES_T(NAME, T)                                                                                      \
-    static void NAME(const float *q, size_t q_stride, int nh, const ie_kv_rows_t *k, int j0, int n, int hd,   \
-                     float scale, float *s, size_t ld)                                                        \
-    {                                                                                                         \
-        const int C = (hd + 15) / 16;                                                                         \
-        if (C == 4) scores_body(T, 4, q, q_stride, nh, k, j0, n, hd, scale, s, ld);                           \
-        else if (C == 8) scores_body(T, 8, q, q_stride, nh, k, j0, n, hd, scale, s, ld);                      \
-        else scores_body(T, C, q, q_stride, nh, k, j0, n, hd, scale, s, ld);                                  \
+#define SCORES_T(NAME, T)                                                                                   \
+    static void NAME(const float *q, size_t q_stride, int nh, const ie_kv_rows_t *k, int j0, int n, int hd, \
+                     float scale, float *s, size_t ld)                                                      \
+    {                                                                                                       \
+        const int C = (hd + 15) / 16;                                                                       \
+        if (C == 4) scores_body(T, 4, q, q_stride, nh, k, j0, n, hd, scale, s, ld);                         \
+        else if (C == 8) scores_body(T, 8, q, q_stride, nh, k, j0, n, hd, scale, s, ld);                    \
+        else scores_body(T, C, q, q_stride, nh, k, j0, n, hd, scale, s, ld);                                \
     }
 // clang-format off
 SCORES_T(scores_f32, IE_KV_F32)
@@ -270,7 +269,8 @@ IE_INLINE void values_pass(const ie_kv_type_t T, const int C, const int G, int g
         }
         const __m512 dv = _mm512_set1_ps(T == IE_KV_Q8 ? q8_scale(vj) : 1.0f);
 #pragma GCC unroll 16
-        for (int hh = 0; hh < G; hh++) wv[hh] = hh < g ? _mm512_set1_ps(p[(size_t)hh * ld + j]) : _mm512_setzero_ps();
+        for (int hh = 0; hh < G; hh++)
+            wv[hh] = hh < g ? _mm512_set1_ps(p[(size_t)hh * ld + j]) : _mm512_setzero_ps();
 #pragma GCC unroll 16
         for (int c = 0; c < C; c++) {
             __m512 x = kv_ld16(T, vj, c, c == C - 1 ? mt : 0xffff);
@@ -285,24 +285,25 @@ IE_INLINE void values_pass(const ie_kv_type_t T, const int C, const int G, int g
         if (hh < g)
 #pragma GCC unroll 16
             for (int c = 0; c < C; c++)
-                _mm512_mask_storeu_ps(out + (size_t)hh * o_stride + 16 * c, c == C - 1 ? mt : 0xffff, acc[hh * C + c]);
+                _mm512_mask_storeu_ps(out + (size_t)hh * o_stride + 16 * c, c == C - 1 ? mt : 0xffff,
+                                      acc[hh * C + c]);
 }
 
-#define VALUES_T(NAME, T)                                                                                        \
+#define VALUES_T(NAME, T)                                                                                         \
     static void NAME(const float *p, size_t ld, int nh, const ie_kv_rows_t *v, int j0, int n, int hd, float *out, \
-                     size_t o_stride)                                                                           \
-    {                                                                                                           \
-        const int C = (hd + 15) / 16, HG = MAXC / C;                                                            \
-        const __mmask16 mt = hd % 16 ? (__mmask16)((1u << (hd % 16)) - 1) : (__mmask16)0xffff;                  \
-        const size_t rb = ie_kv_head_bytes(T, hd);                                                              \
-        for (int h0 = 0; h0 < nh; h0 += HG) {                                                                   \
-            const int g = nh - h0 < HG ? nh - h0 : HG;                                                          \
-            const float *ph = p + (size_t)h0 * ld;                                                              \
-            float *oh = out + (size_t)h0 * o_stride;                                                            \
-            if (C == 4) values_pass(T, 4, 4, g, mt, ph, ld, v, j0, n, rb, oh, o_stride);                        \
-            else if (C == 8) values_pass(T, 8, 2, g, mt, ph, ld, v, j0, n, rb, oh, o_stride);                   \
-            else values_pass(T, C, HG, g, mt, ph, ld, v, j0, n, rb, oh, o_stride);                              \
-        }                                                                                                       \
+                     size_t o_stride)                                                                             \
+    {                                                                                                             \
+        const int C = (hd + 15) / 16, HG = MAXC / C;                                                              \
+        const __mmask16 mt = hd % 16 ? (__mmask16)((1u << (hd % 16)) - 1) : (__mmask16)0xffff;                    \
+        const size_t rb = ie_kv_head_bytes(T, hd);                                                                \
+        for (int h0 = 0; h0 < nh; h0 += HG) {                                                                     \
+            const int g = nh - h0 < HG ? nh - h0 : HG;                                                            \
+            const float *ph = p + (size_t)h0 * ld;                                                                \
+            float *oh = out + (size_t)h0 * o_stride;                                                              \
+            if (C == 4) values_pass(T, 4, 4, g, mt, ph, ld, v, j0, n, rb, oh, o_stride);                          \
+            else if (C == 8) values_pass(T, 8, 2, g, mt, ph, ld, v, j0, n, rb, oh, o_stride);                     \
+            else values_pass(T, C, HG, g, mt, ph, ld, v, j0, n, rb, oh, o_stride);                                \
+        }                                                                                                         \
     }
 // clang-format off
 VALUES_T(values_f32, IE_KV_F32)
@@ -336,17 +337,17 @@ void ie_kv_values_avx512(ie_kv_type_t t, const float *p, size_t ld, int nh, cons
 
 /* --------------------------------------------------------------- decode */
 
-#define DECODE_T(NAME, T)                                                                         \
-    static void NAME(const unsigned char *s, int hd, float *y)                                   \
-    {                                                                                             \
-        const int C = (hd + 15) / 16;                                                             \
-        const __mmask16 mt = hd % 16 ? (__mmask16)((1u << (hd % 16)) - 1) : (__mmask16)0xffff;   \
-        const __m512 d = _mm512_set1_ps(T == IE_KV_Q8 ? q8_scale(s) : 1.0f);                      \
-        for (int c = 0; c < C; c++) {                                                             \
-            const __mmask16 m = c == C - 1 ? mt : 0xffff;                                         \
-            const __m512 x = kv_ld16(T, s, c, m);                                                 \
-            _mm512_mask_storeu_ps(y + 16 * c, m, T == IE_KV_Q8 ? _mm512_mul_ps(d, x) : x);        \
-        }                                                                                         \
+#define DECODE_T(NAME, T)                                                                      \
+    static void NAME(const unsigned char *s, int hd, float *y)                                 \
+    {                                                                                          \
+        const int C = (hd + 15) / 16;                                                          \
+        const __mmask16 mt = hd % 16 ? (__mmask16)((1u << (hd % 16)) - 1) : (__mmask16)0xffff; \
+        const __m512 d = _mm512_set1_ps(T == IE_KV_Q8 ? q8_scale(s) : 1.0f);                   \
+        for (int c = 0; c < C; c++) {                                                          \
+            const __mmask16 m = c == C - 1 ? mt : 0xffff;                                      \
+            const __m512 x = kv_ld16(T, s, c, m);                                              \
+            _mm512_mask_storeu_ps(y + 16 * c, m, T == IE_KV_Q8 ? _mm512_mul_ps(d, x) : x);     \
+        }                                                                                      \
     }
 // clang-format off
 DECODE_T(decode_f32, IE_KV_F32)
