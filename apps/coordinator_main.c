@@ -14,6 +14,7 @@
 #include "ie_cli.h"
 #include "ie_clock.h"
 #include "ie_cpulat.h"
+#include "ie_embd.h"
 #include "ie_engine.h"
 #include "ie_http.h"
 #include "ie_metrics.h"
@@ -83,11 +84,16 @@ static void usage(FILE *f)
           "                           a connection's whole request within N ms (10000); open HTTP\n"
           "                           connections (1024) and per client address (256)\n"
           "  --cors-origin ORIGIN     let web pages of ORIGIN ('*': any) call the HTTP API (CORS; off)\n"
+          "  --pooling P              /v1/embeddings: mean, last or cls of the hidden states (mean)\n"
+          "  --embd-normalize N       ... then 2: L2-normalized, -1: as pooled (2)\n"
           "  --keys-dir DIR --key NAME          CURVE: this coordinator's key pair\n"
           "  --authorized DIR         CURVE: public keys allowed in: DIR/workers/*.pub may join as workers,\n"
           "                           DIR/clients/*.pub may use the client port (DIR/*.pub: workers)\n"
           "  --cpu-latency-us N       hold a PM QoS request: CPUs wake within N us (0: idle CPUs poll;\n"
           "                           needs /dev/cpu_dma_latency; env IE_CPU_LATENCY_US; docs/OPERATIONS.md)\n"
+          "  --lora NAME=PATH         a LoRA adapter (repeatable): attached once every worker is ready, each\n"
+          "                           worker reading PATH (or its --lora-dir) from its own disk; one refused\n"
+          "                           (a worker's copy differs) is logged and left out, the base serves on\n"
           "  --verbose\n",
           f);
 }
@@ -103,7 +109,8 @@ int main(int argc, char **argv)
     long workers = 2, ctx = 0, batch = 4, max_batch = 256, queue = 64, hb = 250, dead = 2000, metrics_port = 0;
     long retry_ms = 10000, timeout_ms = 0, http_port = 0, step_timeout_ms = 30000, drain_ms = 30000;
     long prefill_chunk = 0, max_msg = 1 << 20, max_body = 1 << 20, read_ms = 0, conns = 0, conns_addr = 0;
-    const char *http_addr = "127.0.0.1", *api_key = NULL, *cpulat = NULL, *cors = NULL;
+    const char *http_addr = "127.0.0.1", *api_key = NULL, *cpulat = NULL, *cors = NULL, *pooling_s = "mean";
+    long embd_norm = 2;
     char *model_name = NULL;
     ie_http_t *http = NULL;
     long kv_block = 0, kv_blocks = 0;
@@ -137,6 +144,7 @@ int main(int argc, char **argv)
                                        {"step-timeout-ms", required_argument, 0, O_STEP_TMO},
                                        {0, 0, 0, 0}};
     const char *plan_s = NULL;
+    ie_cli_loras_t loras = {0};
     const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_MODEL, &model),
                                    IE_CLI_PICK(IE_FLAG_PLAN, &plan_s),
                                    IE_CLI_PICK(IE_FLAG_CTX, &ctx),
@@ -167,7 +175,10 @@ int main(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_HTTP_CONNS, &conns),
                                    IE_CLI_PICK(IE_FLAG_HTTP_PER_ADDR, &conns_addr),
 
-                                   IE_CLI_PICK(IE_FLAG_CORS_ORIGIN, &cors)};
+                                   IE_CLI_PICK(IE_FLAG_CORS_ORIGIN, &cors),
+                                   IE_CLI_PICK(IE_FLAG_POOLING, &pooling_s),
+                                   IE_CLI_PICK(IE_FLAG_EMBD_NORM, &embd_norm),
+                                   IE_CLI_PICK(IE_FLAG_LORA, &loras)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, ac, av, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -199,6 +210,12 @@ int main(int argc, char **argv)
     }
     if (optind < ac || !model) {
         rc = ie_cli_fail(IE_EXIT_USAGE, "--model is required (see --help)");
+        goto cleanup;
+    }
+    if (ie_pooling_parse(pooling_s) == IE_POOL_NONE || (embd_norm != 2 && embd_norm != -1)) {
+        rc = ie_cli_fail(IE_EXIT_USAGE,
+                         "bad --pooling '%s' or --embd-normalize %ld (expected mean, last or cls; 2 or -1)",
+                         pooling_s, embd_norm);
         goto cleanup;
     }
     if (!!keys_dir != !!key_name) {
@@ -245,6 +262,16 @@ int main(int argc, char **argv)
     eo.net = net;
     eo.metrics = metrics;
     if ((st = ie_engine_open(&eo, &eng)) != IE_OK) goto fail;
+    if (loras.n > 0) { /* every rank checks its copy: attach once they are all here */
+        ie_backend_t *be = ie_engine_backend(eng);
+        ie_log("ie-coordinator: waiting for %ld workers to attach %d LoRA adapter(s)\n", workers, loras.n);
+        while (!g_stop && !ie_backend_upkeep(be, 100)) {}
+        for (int i = 0; i < loras.n && !g_stop; i++) {
+            if (ie_engine_lora_load(eng, loras.name[i], loras.path[i], 1.0f) == IE_OK)
+                ie_log("ie-coordinator: LoRA %s attached (%s)\n", loras.name[i], loras.path[i]);
+            else ie_log("ie-coordinator: error: LoRA %s not attached: %s\n", loras.name[i], ie_error_last());
+        }
+    }
     if ((st = ie_sock_new(net, IE_SOCK_ROUTER, &client)) != IE_OK) goto fail;
     if ((st = ie_sock_set_max_msg(client, max_msg)) != IE_OK) goto fail;
     if ((st = ie_sock_watch_peers(client, IE_SERVE_CLIENT_HEARTBEAT_MS)) != IE_OK) goto fail;
@@ -288,7 +315,9 @@ int main(int argc, char **argv)
                              .max_conns = (int)conns,
                              .max_conns_per_addr = (int)conns_addr,
                              .verbose = verbose,
-                             .cors_origin = cors};
+                             .cors_origin = cors,
+                             .pooling = ie_pooling_parse(pooling_s),
+                             .embd_norm = (int)embd_norm};
         if (ho.api_key && !*ho.api_key) ho.api_key = NULL;
         if (!(model_name = ie_cli_base_name(model))) {
             st = ie_error_set(IE_ERR_NOMEM, "out of memory");

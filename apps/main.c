@@ -29,6 +29,7 @@ int main(int argc, char **argv)
         if (!strcmp(argv[1], "perplexity")) return ie_cli_perplexity(argc - 1, argv + 1);
         if (!strcmp(argv[1], "logits")) return ie_cli_logits(argc - 1, argv + 1);
         if (!strcmp(argv[1], "serve")) return ie_cli_serve(argc - 1, argv + 1);
+        if (!strcmp(argv[1], "embed")) return ie_cli_embed(argc - 1, argv + 1);
     }
     return ie_cli_run(argc, argv);
 }

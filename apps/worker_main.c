@@ -33,6 +33,7 @@ static void usage(FILE *f)
           "--advertise across hosts)\n"
           "  --advertise HOST         host name/address peers use for a tcp peer endpoint\n"
           "  --rank N                 ask for this rank (default: any free one)\n"
+          "  --lora-dir DIR           read LoRA adapters from DIR/<name of the coordinator's path>\n"
           "  --threads N              compute threads (1)\n"
           "  --numa-node N            bind to this NUMA node (default: NUMA_POLICY)\n"
           "  --numa-policy P          auto|compact|scatter|socket:<id>|none\n"
@@ -70,7 +71,7 @@ int main(int argc, char **argv)
     if (ie_cli_config_expand(argc, argv, &ac, &av, err, sizeof err) != 0) {
         return ie_cli_fail(IE_EXIT_USAGE, "%s", err);
     }
-    enum { O_COORD = 1, O_PEER, O_ADV, O_RANK, O_NODE, O_POLICY, O_AFF, O_CKEY, O_HELP };
+    enum { O_COORD = 1, O_PEER, O_ADV, O_RANK, O_NODE, O_POLICY, O_AFF, O_CKEY, O_LORADIR, O_HELP };
     static const struct option lo[] = {{"coordinator", required_argument, 0, O_COORD},
                                        {"peer-bind", required_argument, 0, O_PEER},
                                        {"advertise", required_argument, 0, O_ADV},
@@ -79,6 +80,7 @@ int main(int argc, char **argv)
                                        {"numa-policy", required_argument, 0, O_POLICY},
                                        {"affinity", required_argument, 0, O_AFF},
                                        {"coordinator-key", required_argument, 0, O_CKEY},
+                                       {"lora-dir", required_argument, 0, O_LORADIR},
                                        {"help", no_argument, 0, O_HELP},
                                        {0, 0, 0, 0}};
     long threads = o.n_threads;
@@ -113,6 +115,7 @@ int main(int argc, char **argv)
         case O_POLICY: o.numa_policy = optarg; break;
         case O_AFF: o.affinity = optarg; break;
         case O_CKEY: coord_key_file = optarg; break;
+        case O_LORADIR: o.lora_dir = optarg; break;
         case O_HELP: usage(stdout); goto cleanup;
         default:
             rc = ie_cli_fail(IE_EXIT_USAGE, "unknown or incomplete option '%s' (see --help)", av[optind - 1]);

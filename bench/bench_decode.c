@@ -159,7 +159,7 @@ int main(int argc, char **argv)
     want[prompt - 1] = 1;
     for (int i0 = 0; i0 < prompt; i0 += o.max_batch) { /* prefill in steps of max_batch */
         const int m = prompt - i0 < o.max_batch ? prompt - i0 : o.max_batch;
-        ie_batch_t b = {m, ids + i0, pos + i0, seq + i0, want + i0, NULL};
+        ie_batch_t b = {m, ids + i0, pos + i0, seq + i0, want + i0, NULL, NULL};
         if (ie_worker_step(w, &b, logits) != IE_OK) {
             fprintf(stderr, "bench_decode: prefill: %s\n", ie_error_last());
             goto out;
@@ -170,7 +170,7 @@ int main(int argc, char **argv)
     for (int t = 0; t < tokens; t++) {
         int32_t tok = (int32_t)ie_argmax_f32(logits, n_vocab, NULL), p = prompt + t, sq = 0;
         uint8_t one = 1;
-        ie_batch_t d = {1, &tok, &p, &sq, &one, NULL};
+        ie_batch_t d = {1, &tok, &p, &sq, &one, NULL, NULL};
         sample_t s = {0};
         ie_status_t st = IE_OK;
         if (ab) {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/fuzz.sh [SECONDS] — fuzz the parsers of outside input (GGUF, IEBIN,
 # safetensors, tokenizer.json and text for the tokenizers, quantization
-# manifests, chat templates).
+# manifests, chat templates, /v1/embeddings bodies, JSON Schemas for structured
+# output).
 #
 # Builds the libFuzzer targets (tests/fuzz/fuzz_*.c) with clang, ASan and
 # UBSan into build-fuzz/ — the whole library is coverage-instrumented
@@ -16,7 +17,7 @@ secs="${1:-60}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 build=build-fuzz
-targets=(gguf safetensors tokenizer iebin manifest proto jinja lora)
+targets=(gguf safetensors tokenizer iebin manifest proto jinja lora embd grammar)
 
 log() { printf '[fuzz] %s\n' "$*" >&2; }
 

@@ -56,7 +56,7 @@ fi
 # Running the engine and `make test` need no torch; only the generators in
 # tests/reference/ do, so it is installed when asked for (--reference or
 # IE_SETUP_REFERENCE=1; `make reference` asks).
-py_pkgs=(numpy gguf safetensors tokenizers transformers pytest sentencepiece protobuf matplotlib pyzmq msgpack openai jinja2)
+py_pkgs=(numpy gguf safetensors tokenizers transformers pytest sentencepiece protobuf matplotlib pyzmq msgpack openai jinja2 jsonschema)
 py_mods="numpy, gguf, safetensors, tokenizers, transformers, pytest, sentencepiece, matplotlib, zmq, msgpack, openai, jinja2"
 if [ "$reference" = 1 ]; then
   py_pkgs+=(torch accelerate peft)

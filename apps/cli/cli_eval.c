@@ -158,7 +158,7 @@ int ie_cli_perplexity(int argc, char **argv)
                 want[k] = p >= first && p + 1 < (size_t)ctx;
                 ad[k] = aid;
             }
-            ie_batch_t b = {m, tok, pos, seq, want, aid >= 0 ? ad : NULL};
+            ie_batch_t b = {m, tok, pos, seq, want, aid >= 0 ? ad : NULL, NULL};
             if ((st = ie_backend_step(be, &b, logits)) != IE_OK) {
                 rc = ie_cli_fail(IE_EXIT_RUNTIME, "perplexity: %s", ie_error_last());
                 goto cleanup;

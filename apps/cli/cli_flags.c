@@ -71,6 +71,8 @@ static const flag_t FLAGS[] = {
     {"kv-rotate", IE_FLAG_KV_ROTATE, FK_KVROT, 0, 0},
     {"lora", IE_FLAG_LORA, FK_LORA, 0, 0},
     {"adapter", IE_FLAG_ADAPTER, FK_STR_NONEMPTY, 0, 0},
+    {"pooling", IE_FLAG_POOLING, FK_STR_NONEMPTY, 0, 0},
+    {"embd-normalize", IE_FLAG_EMBD_NORM, FK_LONG, -1, 2},
 };
 #define N_FLAGS (sizeof FLAGS / sizeof FLAGS[0])
 

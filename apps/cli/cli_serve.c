@@ -12,6 +12,7 @@
  * http://HOST:PORT" (the real port when --port 0 picked one).
  */
 #include "ie_cli.h"
+#include "ie_embd.h"
 #include "ie_engine.h"
 #include "ie_http.h"
 #include "ie_metrics.h"
@@ -38,6 +39,9 @@ static void usage(FILE *f)
           "  --api-key KEY         require 'Authorization: Bearer KEY' on /v1/ (env IE_API_KEY)\n"
           "  --cors-origin ORIGIN  let web pages of ORIGIN ('*': any) call the API (CORS; off)\n"
           "  --model-name NAME     the model's id in the API (the model file's base name)\n"
+          "  --pooling P           /v1/embeddings: mean, last or cls of the positions' final-norm\n"
+          "                        hidden states (mean)\n"
+          "  --embd-normalize N    ... then 2: L2-normalized, -1: as pooled (2)\n"
           "  --threads N           compute threads (online CPUs)\n"
           "  --batch N             sequence slots: requests decoded together (8)\n"
           "  --max-batch N         tokens per engine step at most (256)\n"
@@ -77,7 +81,8 @@ int ie_cli_serve(int argc, char **argv)
                                        {"help", no_argument, 0, O_HELP},
                                        {0, 0, 0, 0}};
     const char *model = NULL, *host = "127.0.0.1", *api_key = NULL, *model_name = NULL, *plan = NULL,
-               *zmq_bind = NULL, *cors = NULL;
+               *zmq_bind = NULL, *cors = NULL, *pooling_s = "mean";
+    long embd_norm = 2;
     long port = 8080, threads = sysconf(_SC_NPROCESSORS_ONLN), batch = 8, max_batch = 256, ctx = 0, queue = 64,
          timeout_ms = 0, max_body = 1 << 20, kv_block = 0, kv_blocks = 0, max_msg = 1 << 20, drain_ms = 30000,
          prefill_chunk = 0, read_ms = 0, conns = 0, conns_addr = 0, kv_mem_mb = 0;
@@ -100,6 +105,8 @@ int ie_cli_serve(int argc, char **argv)
     const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_MODEL, &model),
                                    IE_CLI_PICK(IE_FLAG_API_KEY, &api_key),
                                    IE_CLI_PICK(IE_FLAG_CORS_ORIGIN, &cors),
+                                   IE_CLI_PICK(IE_FLAG_POOLING, &pooling_s),
+                                   IE_CLI_PICK(IE_FLAG_EMBD_NORM, &embd_norm),
                                    IE_CLI_PICK(IE_FLAG_THREADS, &threads),
                                    IE_CLI_PICK(IE_FLAG_BATCH, &batch),
                                    IE_CLI_PICK(IE_FLAG_MAX_BATCH, &max_batch),
@@ -157,6 +164,12 @@ int ie_cli_serve(int argc, char **argv)
     }
     if (!model) {
         rc = ie_cli_fail(IE_EXIT_USAGE, "--model is required (see --help)");
+        goto cleanup;
+    }
+    if (ie_pooling_parse(pooling_s) == IE_POOL_NONE || (embd_norm != 2 && embd_norm != -1)) {
+        rc = ie_cli_fail(IE_EXIT_USAGE,
+                         "bad --pooling '%s' or --embd-normalize %ld (expected mean, last or cls; 2 or -1)",
+                         pooling_s, embd_norm);
         goto cleanup;
     }
     if (!api_key) {
@@ -232,7 +245,9 @@ int ie_cli_serve(int argc, char **argv)
                          .max_conns = (int)conns,
                          .max_conns_per_addr = (int)conns_addr,
                          .verbose = verbose,
-                         .cors_origin = cors};
+                         .cors_origin = cors,
+                         .pooling = ie_pooling_parse(pooling_s),
+                         .embd_norm = (int)embd_norm};
     if ((st = ie_http_start(&ho, &http)) != IE_OK) goto fail;
     int v6 = strchr(host, ':') != NULL;
     fprintf(stderr, "listening on http://%s%s%s:%d\n", v6 ? "[" : "", host, v6 ? "]" : "", ie_http_port(http));

@@ -80,6 +80,11 @@ int ie_cli_run(int argc, char **argv);
  * invalid, 1 other failures (I/O, memory). Messages go to stderr. */
 int ie_cli_tokenize(int argc, char **argv);
 
+/* `inference-engine embed`: one embedding (JSON line) per stdin line,
+ * through the scheduler as /v1/embeddings (cli_embed.c). Returns the exit
+ * code. */
+int ie_cli_embed(int argc, char **argv);
+
 /* `perplexity --model PATH --file TEXT --ctx N [--chunks K]`. */
 int ie_cli_perplexity(int argc, char **argv);
 

@@ -61,6 +61,10 @@ typedef enum ie_flag_id {
     IE_FLAG_KV_ROTATE,      /* --kv-rotate on|off|auto            ie_kv_rotate_t */
     IE_FLAG_LORA,           /* --lora NAME=PATH (repeatable)      ie_cli_loras_t */
     IE_FLAG_ADAPTER,        /* --adapter NAME (not empty)         const char * */
+    IE_FLAG_POOLING,        /* --pooling mean|last|cls (checked by
+                               the binary: ie_pooling_parse)      const char * */
+    IE_FLAG_EMBD_NORM,      /* --embd-normalize 2|-1 (checked by
+                               the binary)                        long         */
     IE_FLAG_END
 } ie_flag_id_t;
 

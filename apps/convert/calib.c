@@ -77,7 +77,7 @@ static ie_status_t run_chunk(ie_worker_t *w, const int32_t *ids, size_t len, con
         want[k] = 1;
     }
     ie_worker_seq_clear(w, 0);
-    ie_batch_t b = {(int)len, tok, pos, seq, want, NULL};
+    ie_batch_t b = {(int)len, tok, pos, seq, want, NULL, NULL};
     return ie_worker_step_hidden(w, &b, logits, hidden);
 }
 

@@ -24,6 +24,9 @@
  *   HEARTBEAT both ways
  *   BYE       either way: orderly shutdown / leaving
  *   ERROR     either way: a request could not be understood
+ *   LORA      coord -> worker   attach / detach a LoRA adapter set; frames:
+ *                               fingerprint u64[n_parts], scale f32[n_parts]
+ *   LORA_ACK  worker -> coord   its answer (status != 0: error says why)
  * Client messages (client <-> coordinator ROUTER), see ie_client_*.
  */
 #ifndef IE_PROTO_H
@@ -36,8 +39,10 @@
 #include <stdint.h>
 
 #define IE_PROTO_VERSION \
-    4                             /* cluster messages (2: KV operations, paged pool;
-                                     3: arg-max-only logits rows; 4: chained steps) */
+    5                             /* cluster messages (2: KV operations, paged pool;
+                                     3: arg-max-only logits rows; 4: chained steps;
+                                     5: hidden-state rows, IE_LOGITS_EMBD;
+                                     LoRA adapters) */
 #define IE_PROTO_CLIENT_VERSION 1 /* client requests and replies                    */
 
 #define IE_PROTO_ENDPOINT_MAX 256 /* bytes of an endpoint string incl. NUL */
@@ -57,8 +62,15 @@ typedef enum ie_msg_kind {
     IE_MSG_PARTIAL = 6,
     IE_MSG_HEARTBEAT = 7,
     IE_MSG_BYE = 8,
-    IE_MSG_ERROR = 9
+    IE_MSG_ERROR = 9,
+    IE_MSG_LORA = 10,
+    IE_MSG_LORA_ACK = 11
 } ie_msg_kind_t;
+
+#define IE_PROTO_LORA_PARTS 8       /* adapters in one set (ie_backend.h's 1..8) */
+#define IE_PROTO_LORA_NAME_MAX 64   /* bytes of an adapter name incl. NUL        */
+#define IE_PROTO_LORA_PATH_MAX 1024 /* bytes of an adapter path incl. NUL       */
+#define IE_PROTO_LORA_IDS 32        /* adapter ids 0..31 (IE_WORKER_MAX_LORA <=)  */
 
 /* "hello", "assign", ...; "none" for unknown kinds. */
 const char *ie_msg_kind_name(ie_msg_kind_t k);
@@ -108,12 +120,14 @@ typedef struct ie_msg_ready {
 
 typedef struct ie_msg_step {
     uint64_t epoch;
-    uint64_t step;      /* strictly increasing per cluster epoch          */
-    int32_t n;          /* tokens (frames hold n entries each)            */
-    int32_t has_hidden; /* 1: a hidden-state frame follows (pipeline)     */
-    int32_t kv_words;   /* int32 words of the KV-operations frame, applied
+    uint64_t step;       /* strictly increasing per cluster epoch          */
+    int32_t n;           /* tokens (frames hold n entries each)            */
+    int32_t has_hidden;  /* 1: a hidden-state frame follows (pipeline)     */
+    int32_t kv_words;    /* int32 words of the KV-operations frame, applied
                               in order before the step (ie_kv_op_t)      */
-    int32_t chain;      /* 1: a chained step (tensor plans): entry i's
+    int32_t has_adapter; /* 1: an adapter frame follows (last): the LORA id
+                              of each token, -1 the base               */
+    int32_t chain;       /* 1: a chained step (tensor plans): entry i's
                               token is not in the tokens frame (it holds
                               -1s) but the whole vocabulary's arg max of
                               entry i of the step just before (step - 1),
@@ -152,6 +166,32 @@ typedef struct ie_msg_error {
     char message[IE_PROTO_TEXT_MAX];
 } ie_msg_error_t;
 
+/* LORA ops: ADD attaches id as the weighted sum of the parts (an id
+ * attached with the same parts stays as it is; with others it is
+ * replaced), REMOVE detaches id (not attached: fine), KEEP detaches every
+ * id whose bit in keep is clear (a rank joining: the coordinator sends
+ * KEEP, then ADD for each attached set). Every LORA is answered by a
+ * LORA_ACK of the same seq. */
+typedef enum ie_lora_op { IE_LORA_OP_ADD = 0, IE_LORA_OP_REMOVE = 1, IE_LORA_OP_KEEP = 2 } ie_lora_op_t;
+
+typedef struct ie_msg_lora {
+    uint64_t seq;           /* increasing per coordinator; echoed in the ack */
+    int32_t op;             /* ie_lora_op_t                                  */
+    int32_t id;             /* 0..IE_PROTO_LORA_IDS-1                         */
+    int64_t keep;           /* KEEP: bit i set = id i stays                  */
+    int32_t n_name, n_path; /* parts (ADD: equal, 1..IE_PROTO_LORA_PARTS)    */
+    char name[IE_PROTO_LORA_PARTS][IE_PROTO_LORA_NAME_MAX];
+    char path[IE_PROTO_LORA_PARTS][IE_PROTO_LORA_PATH_MAX];
+} ie_msg_lora_t;
+
+typedef struct ie_msg_lora_ack {
+    uint64_t seq;
+    int32_t rank;
+    int32_t id;
+    int32_t status; /* ie_status_t; != 0: error says why               */
+    char error[IE_PROTO_TEXT_MAX];
+} ie_msg_lora_ack_t;
+
 typedef struct ie_msg {
     ie_msg_kind_t kind;
     union {
@@ -163,6 +203,8 @@ typedef struct ie_msg {
         ie_msg_partial_t partial;
         ie_msg_heartbeat_t heartbeat;
         ie_msg_error_t error;
+        ie_msg_lora_t lora;
+        ie_msg_lora_ack_t lora_ack;
     } u;
 } ie_msg_t;
 
@@ -218,6 +260,12 @@ int ie_kv_ops_next(const int32_t *words, size_t n_words, size_t *off, ie_kv_op_t
  * equal maxima; -1 with -inf when nothing in the slice is usable). */
 #define IE_LOGITS_FULL 1
 #define IE_LOGITS_ARGMAX 2
+/* IE_LOGITS_EMBD: no logits, the entry's hidden state after the final norm
+ * (n_embd floats, an embedding request's); it takes no row of the logits
+ * payload. The head rank with vocab_begin 0 (the last pipeline stage, or
+ * tensor rank 0) sends these rows, in entry order, as one more RESULT
+ * frame; the other head ranks send none (docs/PROTOCOL.md, RESULT). */
+#define IE_LOGITS_EMBD 3
 
 /* Floats in the payload of one rank holding nv vocabulary rows. */
 size_t ie_result_logits_len(const uint8_t *flags, int n, int64_t nv);
@@ -270,12 +318,27 @@ ie_status_t ie_chain_gather_pick(const float *g, int n_ranks, int n, int64_t n_v
  * IE_PROTO_CLIENT_VERSION, independent of the cluster's version)
  *   {"v":1, "type":"generate", "id":str, "prompt":str | "messages":[{"role":str,"content":str}...],
  *    "max_new":int, "temperature":float, "top_k":int, "top_p":float, "min_p":float,
- *    "repeat_penalty":float, "seed":int, "stop":[str...], "stream":bool, "priority":int}
+ *    "repeat_penalty":float, "seed":int, "stop":[str...], "stream":bool, "priority":int,
+ *    "logprobs":int (-1..20), "json_schema":str}
  * or {"v":1, "type":"cancel", "id":str}.
  * Coordinator -> client: {"v":1, "type":"token", "id", "index", "token", "text"} events when streaming,
  * then {"v":1, "type":"done", "id", "text", "finish", "n_prompt", "n_gen", "ttft_ms", "total_ms",
  *       "decode_tps"} or {"v":1, "type":"error", "id", "code":str, "message":str}.
+ * With "logprobs" k >= 0 a token event also has "logprob":float and
+ * "top_logprobs":[[id, logprob]...] (k entries), and "done" has
+ * "logprobs":[{"token", "logprob", "top_logprobs"}...] for every token.
  */
+#define IE_CLIENT_TOP_MAX 20 /* "logprobs" alternatives at most */
+
+/* One generated token's log-probability and its alternatives (a reply's). */
+typedef struct ie_client_lp {
+    int32_t token;
+    float logprob;
+    int32_t n_top;
+    int32_t top_ids[IE_CLIENT_TOP_MAX];
+    float top_lps[IE_CLIENT_TOP_MAX];
+} ie_client_lp_t;
+
 typedef struct ie_client_msg_pair {
     char *role, *content;
 } ie_client_chat_t;
@@ -295,8 +358,12 @@ typedef struct ie_client_req {
     int64_t seed;         /* default -1: from the clock                      */
     char **stop;
     size_t n_stop;
-    int stream;       /* default 0                                      */
-    int32_t priority; /* default 0; higher first                        */
+    int stream;        /* default 0                                      */
+    int32_t priority;  /* default 0; higher first                        */
+    int32_t logprobs;  /* default -1: none; k in 0..IE_CLIENT_TOP_MAX:
+                         each token's log-probability and k alternatives */
+    char *json_schema; /* default NULL: free text; "" any JSON object; else
+                          a JSON Schema (ie_gen_params_t.json_schema)    */
 } ie_client_req_t;
 
 /* Decode a client request (owning strings in *r). Errors IE_ERR_FORMAT /
@@ -307,11 +374,17 @@ void ie_client_req_clear(ie_client_req_t *r);
 /* Encoders of the replies, appending a complete map to out (replacing it). */
 ie_status_t ie_client_enc_token(ie_buf_t *out, const char *id, int32_t index, int32_t token, const char *text,
                                 size_t text_len);
+/* ie_client_enc_token plus lp's "logprob" and "top_logprobs" (lp NULL:
+ * the same as ie_client_enc_token). */
+ie_status_t ie_client_enc_token_lp(ie_buf_t *out, const char *id, int32_t index, int32_t token, const char *text,
+                                   size_t text_len, const ie_client_lp_t *lp);
 typedef struct ie_client_done {
     const char *id, *text, *finish;
     size_t text_len;
     int32_t n_prompt, n_gen;
     double ttft_ms, total_ms, decode_tps;
+    const ie_client_lp_t *lp; /* NULL: no "logprobs" key; else n_lp entries */
+    size_t n_lp;
 } ie_client_done_t;
 ie_status_t ie_client_enc_done(ie_buf_t *out, const ie_client_done_t *d);
 ie_status_t ie_client_enc_error(ie_buf_t *out, const char *id, const char *code, const char *message);

@@ -35,8 +35,8 @@
 
 /* ------------------------------------------------------------ kind names */
 
-static const char *const k_kind_names[] = {"none",   "hello",   "assign",    "ready", "step",
-                                           "result", "partial", "heartbeat", "bye",   "error"};
+static const char *const k_kind_names[] = {"none",    "hello",     "assign", "ready", "step", "result",
+                                           "partial", "heartbeat", "bye",    "error", "lora", "lora_ack"};
 
 const char *ie_msg_kind_name(ie_msg_kind_t k)
 {
@@ -320,6 +320,11 @@ typedef struct field {
     {                                                                                       \
 #m, FT_STR_ARR, offsetof(T, m), sizeof(((T *)0)->m[0]), req, 0, 0, offsetof(T, cnt) \
     }
+/* a string array of at most max entries (FSA: IE_PROTO_MAX_RANKS) */
+#define FSAN(T, m, req, cnt, max)                                                             \
+    {                                                                                         \
+#m, FT_STR_ARR, offsetof(T, m), sizeof(((T *)0)->m[0]), req, 0, max, offsetof(T, cnt) \
+    }
 #define FIA(T, m, req, lo, hi, cnt)                                      \
     {                                                                    \
 #m, FT_I32_ARR, offsetof(T, m), 0, req, lo, hi, offsetof(T, cnt) \
@@ -377,6 +382,7 @@ static const field_t k_step[] = {
     FB(ie_msg_step_t, has_hidden, REQ),
     FI(ie_msg_step_t, kv_words, REQ, 0, IE_PROTO_KV_WORDS_MAX),
     FB(ie_msg_step_t, chain, OPT),
+    FB(ie_msg_step_t, has_adapter, OPT),
 };
 
 static const field_t k_result[] = {
@@ -411,6 +417,25 @@ static const field_t k_error[] = {
     FS(ie_msg_error_t, message, OPT),
 };
 
+static const field_t k_lora[] = {
+    FU(ie_msg_lora_t, seq, REQ),
+    FI(ie_msg_lora_t, op, REQ, IE_LORA_OP_ADD, IE_LORA_OP_KEEP),
+    FI(ie_msg_lora_t, id, REQ, 0, IE_PROTO_LORA_IDS - 1),
+    FL(ie_msg_lora_t, keep, OPT, 0, (1ll << IE_PROTO_LORA_IDS) - 1),
+    FI(ie_msg_lora_t, n_name, OPT, 0, IE_PROTO_LORA_PARTS),
+    FI(ie_msg_lora_t, n_path, OPT, 0, IE_PROTO_LORA_PARTS),
+    FSAN(ie_msg_lora_t, name, OPT, n_name, IE_PROTO_LORA_PARTS),
+    FSAN(ie_msg_lora_t, path, OPT, n_path, IE_PROTO_LORA_PARTS),
+};
+
+static const field_t k_lora_ack[] = {
+    FU(ie_msg_lora_ack_t, seq, REQ),
+    FI(ie_msg_lora_ack_t, rank, REQ, -1, RANK_MAX),
+    FI(ie_msg_lora_ack_t, id, REQ, 0, IE_PROTO_LORA_IDS - 1),
+    FI(ie_msg_lora_ack_t, status, REQ, 0, INT32_MAX),
+    FS(ie_msg_lora_ack_t, error, OPT),
+};
+
 typedef struct kind_desc {
     const field_t *fields;
     int n_fields;
@@ -423,14 +448,15 @@ _Static_assert(sizeof k_assign / sizeof k_assign[0] <= 32, "ASSIGN: more fields 
         t, (int)(sizeof t / sizeof t[0]) \
     }
 static const kind_desc_t k_kinds[] = {
-    [IE_MSG_HELLO] = KD(k_hello),         [IE_MSG_ASSIGN] = KD(k_assign), [IE_MSG_READY] = KD(k_ready),
-    [IE_MSG_STEP] = KD(k_step),           [IE_MSG_RESULT] = KD(k_result), [IE_MSG_PARTIAL] = KD(k_partial),
-    [IE_MSG_HEARTBEAT] = KD(k_heartbeat), [IE_MSG_BYE] = {NULL, 0},       [IE_MSG_ERROR] = KD(k_error),
+    [IE_MSG_HELLO] = KD(k_hello),         [IE_MSG_ASSIGN] = KD(k_assign),     [IE_MSG_READY] = KD(k_ready),
+    [IE_MSG_STEP] = KD(k_step),           [IE_MSG_RESULT] = KD(k_result),     [IE_MSG_PARTIAL] = KD(k_partial),
+    [IE_MSG_HEARTBEAT] = KD(k_heartbeat), [IE_MSG_BYE] = {NULL, 0},           [IE_MSG_ERROR] = KD(k_error),
+    [IE_MSG_LORA] = KD(k_lora),           [IE_MSG_LORA_ACK] = KD(k_lora_ack),
 };
 
 static const kind_desc_t *kind_desc(int64_t kind)
 {
-    if (kind <= IE_MSG_NONE || kind > IE_MSG_ERROR) return NULL;
+    if (kind <= IE_MSG_NONE || kind > IE_MSG_LORA_ACK) return NULL;
     return &k_kinds[kind];
 }
 
@@ -446,6 +472,11 @@ static ie_status_t check_msg(const ie_msg_t *m, ie_status_t st, const char *what
     case IE_MSG_RESULT:
         if (m->u.result.vocab_end < m->u.result.vocab_begin)
             return ie_error_set(st, "%s: result: \"vocab_end\" is below \"vocab_begin\"", what);
+        break;
+    case IE_MSG_LORA:
+        if (m->u.lora.n_name != m->u.lora.n_path || (m->u.lora.op == IE_LORA_OP_ADD && m->u.lora.n_name < 1))
+            return ie_error_set(st, "%s: lora: %d names and %d paths (an add needs 1..%d of each)", what,
+                                (int)m->u.lora.n_name, (int)m->u.lora.n_path, IE_PROTO_LORA_PARTS);
         break;
     default: break;
     }
@@ -510,9 +541,10 @@ static ie_status_t enc_field(msgpack_packer *pk, const field_t *f, const uint8_t
     case FT_I32_ARR: {
         int32_t cnt;
         memcpy(&cnt, base + f->count_off, 4);
-        if (cnt < 0 || cnt > IE_PROTO_MAX_RANKS)
-            return ie_error_set(IE_ERR_INVAL, "encode %s: \"%s\" has %d entries (0..%d)", kname, f->key, (int)cnt,
-                                IE_PROTO_MAX_RANKS);
+        const int64_t amax = f->type == FT_STR_ARR && f->hi > 0 ? f->hi : IE_PROTO_MAX_RANKS;
+        if (cnt < 0 || cnt > amax)
+            return ie_error_set(IE_ERR_INVAL, "encode %s: \"%s\" has %d entries (0..%lld)", kname, f->key, (int)cnt,
+                                (long long)amax);
         pack_key(pk, f->key);
         msgpack_pack_array(pk, (size_t)cnt);
         for (int32_t i = 0; i < cnt; i++) {
@@ -614,10 +646,12 @@ static ie_status_t dec_field(const field_t *f, const msgpack_object *o, uint8_t 
                                 f->key, f->size - 1);
         return IE_OK;
     case FT_STR_ARR:
-    case FT_I32_ARR:
-        if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size > IE_PROTO_MAX_RANKS)
-            return ie_error_set(IE_ERR_FORMAT, "decode %s: key \"%s\" must be an array of at most %d entries",
-                                kname, f->key, IE_PROTO_MAX_RANKS);
+    case FT_I32_ARR: {
+        /* a string array's own limit (FSAN) is in hi: the buffer's entries */
+        const int64_t amax = f->type == FT_STR_ARR && f->hi > 0 ? f->hi : IE_PROTO_MAX_RANKS;
+        if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size > amax)
+            return ie_error_set(IE_ERR_FORMAT, "decode %s: key \"%s\" must be an array of at most %lld entries",
+                                kname, f->key, (long long)amax);
         for (uint32_t i = 0; i < o->via.array.size; i++) {
             const msgpack_object *e = &o->via.array.ptr[i];
             if (f->type == FT_STR_ARR) {
@@ -635,6 +669,7 @@ static ie_status_t dec_field(const field_t *f, const msgpack_object *o, uint8_t 
         }
         *arr_len = (int32_t)o->via.array.size;
         return IE_OK;
+    }
     }
     return ie_error_set(IE_ERR_INTERNAL, "decode %s: bad field table", kname);
 }
@@ -674,7 +709,7 @@ ie_status_t ie_msg_decode(const void *data, size_t n, ie_msg_t *m)
     }
     if (obj_i64(ko, &kind) != 0 || !(kd = kind_desc(kind))) {
         st = ie_error_set(IE_ERR_FORMAT, "decode: key \"kind\" must be an integer in %d..%d", IE_MSG_HELLO,
-                          IE_MSG_ERROR);
+                          IE_MSG_LORA_ACK);
         goto cleanup;
     }
     m->kind = (ie_msg_kind_t)kind;
@@ -847,6 +882,7 @@ void ie_client_req_clear(ie_client_req_t *r)
     free(r->messages);
     for (size_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
+    free(r->json_schema);
     memset(r, 0, sizeof *r);
 }
 
@@ -862,6 +898,7 @@ static void req_defaults(ie_client_req_t *r)
     r->seed = -1;
     r->stream = 0;
     r->priority = 0;
+    r->logprobs = -1;
 }
 
 /* Duplicate a string object of lo..hi bytes into *dst (malloc'd). */
@@ -954,9 +991,9 @@ static ie_status_t req_stop(const msgpack_object *o, ie_client_req_t *r)
  * reads as "not given" (what JSON-minded clients send for None). */
 static ie_status_t req_key(const msgpack_object *k, const msgpack_object *o, ie_client_req_t *r, uint32_t *seen)
 {
-    static const char *const keys[] = {"type",        "id",    "prompt", "messages", "max_new",
-                                       "temperature", "top_k", "top_p",  "min_p",    "repeat_penalty",
-                                       "seed",        "stop",  "stream", "priority"};
+    static const char *const keys[] = {"type",   "id",       "prompt",   "messages",       "max_new", "temperature",
+                                       "top_k",  "top_p",    "min_p",    "repeat_penalty", "seed",    "stop",
+                                       "stream", "priority", "logprobs", "json_schema"};
     int idx = -1;
     int64_t v = 0;
     for (int i = 0; i < (int)(sizeof keys / sizeof keys[0]); i++)
@@ -1000,6 +1037,10 @@ static ie_status_t req_key(const msgpack_object *k, const msgpack_object *o, ie_
     case 13:
         if ((st = req_int(o, "priority", INT32_MIN, INT32_MAX, &v)) == IE_OK) r->priority = (int32_t)v;
         break;
+    case 14:
+        if ((st = req_int(o, "logprobs", -1, IE_CLIENT_TOP_MAX, &v)) == IE_OK) r->logprobs = (int32_t)v;
+        break;
+    case 15: st = req_str(o, "json_schema", 0, CLIENT_TEXT_MAX, &r->json_schema); break;
     }
     return st;
 }
@@ -1063,21 +1104,43 @@ static ie_status_t reply_end(pack_ctx_t *ctx, ie_buf_t *out)
     return ie_error_set(IE_ERR_NOMEM, "client reply: out of memory");
 }
 
-ie_status_t ie_client_enc_token(ie_buf_t *out, const char *id, int32_t index, int32_t token, const char *text,
-                                size_t text_len)
+/* "logprob": f, "top_logprobs": [[id, f]...] of lp (two map entries). */
+static void pack_lp(msgpack_packer *pk, const ie_client_lp_t *lp)
+{
+    const int32_t n = lp->n_top < 0 ? 0 : lp->n_top > IE_CLIENT_TOP_MAX ? IE_CLIENT_TOP_MAX : lp->n_top;
+    pack_key(pk, "logprob");
+    msgpack_pack_double(pk, lp->logprob);
+    pack_key(pk, "top_logprobs");
+    msgpack_pack_array(pk, (size_t)n);
+    for (int32_t j = 0; j < n; j++) {
+        msgpack_pack_array(pk, 2);
+        msgpack_pack_int32(pk, lp->top_ids[j]);
+        msgpack_pack_double(pk, lp->top_lps[j]);
+    }
+}
+
+ie_status_t ie_client_enc_token_lp(ie_buf_t *out, const char *id, int32_t index, int32_t token, const char *text,
+                                   size_t text_len, const ie_client_lp_t *lp)
 {
     msgpack_packer pk;
     pack_ctx_t ctx = {out, 0};
     if (!out || (!text && text_len) || text_len > UINT32_MAX)
         return ie_error_set(IE_ERR_INVAL, "ie_client_enc_token: bad argument");
-    reply_begin(&pk, &ctx, out, 6, "token", id);
+    reply_begin(&pk, &ctx, out, lp ? 8 : 6, "token", id);
     pack_key(&pk, "index");
     msgpack_pack_int32(&pk, index);
     pack_key(&pk, "token");
     msgpack_pack_int32(&pk, token);
     pack_key(&pk, "text");
     pack_strn(&pk, text ? text : "", text_len);
+    if (lp) pack_lp(&pk, lp);
     return reply_end(&ctx, out);
+}
+
+ie_status_t ie_client_enc_token(ie_buf_t *out, const char *id, int32_t index, int32_t token, const char *text,
+                                size_t text_len)
+{
+    return ie_client_enc_token_lp(out, id, index, token, text, text_len, NULL);
 }
 
 ie_status_t ie_client_enc_done(ie_buf_t *out, const ie_client_done_t *d)
@@ -1086,7 +1149,8 @@ ie_status_t ie_client_enc_done(ie_buf_t *out, const ie_client_done_t *d)
     pack_ctx_t ctx = {out, 0};
     if (!out || !d || (!d->text && d->text_len) || d->text_len > UINT32_MAX)
         return ie_error_set(IE_ERR_INVAL, "ie_client_enc_done: bad argument");
-    reply_begin(&pk, &ctx, out, 10, "done", d->id);
+    if (d->n_lp && !d->lp) return ie_error_set(IE_ERR_INVAL, "ie_client_enc_done: bad argument");
+    reply_begin(&pk, &ctx, out, d->lp ? 11 : 10, "done", d->id);
     pack_key(&pk, "text");
     pack_strn(&pk, d->text ? d->text : "", d->text_len);
     pack_key(&pk, "finish");
@@ -1101,6 +1165,16 @@ ie_status_t ie_client_enc_done(ie_buf_t *out, const ie_client_done_t *d)
     msgpack_pack_double(&pk, d->total_ms);
     pack_key(&pk, "decode_tps");
     msgpack_pack_double(&pk, d->decode_tps);
+    if (d->lp) {
+        pack_key(&pk, "logprobs");
+        msgpack_pack_array(&pk, d->n_lp);
+        for (size_t i = 0; i < d->n_lp; i++) {
+            msgpack_pack_map(&pk, 3);
+            pack_key(&pk, "token");
+            msgpack_pack_int32(&pk, d->lp[i].token);
+            pack_lp(&pk, &d->lp[i]);
+        }
+    }
     return reply_end(&ctx, out);
 }
 
@@ -1122,7 +1196,8 @@ ie_status_t ie_client_enc_error(ie_buf_t *out, const char *id, const char *code,
 size_t ie_result_logits_len(const uint8_t *flags, int n, int64_t nv)
 {
     size_t len = 0;
-    for (int i = 0; i < n; i++) len += flags[i] == IE_LOGITS_ARGMAX ? 2 : flags[i] ? (size_t)nv : 0;
+    for (int i = 0; i < n; i++)
+        len += flags[i] == IE_LOGITS_ARGMAX ? 2 : flags[i] == IE_LOGITS_FULL ? (size_t)nv : 0;
     return len;
 }
 
@@ -1130,7 +1205,7 @@ size_t ie_result_logits_pack(float *lg, const uint8_t *flags, int n, int64_t nv,
 {
     size_t in = 0, out = 0;
     for (int i = 0; i < n; i++) {
-        if (!flags[i]) continue;
+        if (!flags[i] || flags[i] == IE_LOGITS_EMBD) continue; /* no logits row */
         if (flags[i] == IE_LOGITS_ARGMAX) {
             float best;
             const int64_t j = ie_argmax_f32(lg + in, nv, &best);
@@ -1165,7 +1240,7 @@ ie_status_t ie_result_logits_merge(const void *payload, size_t bytes, const uint
     const float *src = payload;
     /* check every id first: a bad payload changes nothing */
     for (int i = 0, row = 0; i < n; i++) {
-        if (!flags[i]) continue;
+        if (!flags[i] || flags[i] == IE_LOGITS_EMBD) continue; /* no logits row */
         if (flags[i] == IE_LOGITS_ARGMAX) {
             int32_t id;
             memcpy(&id, src + 1, sizeof id);
@@ -1180,7 +1255,7 @@ ie_status_t ie_result_logits_merge(const void *payload, size_t bytes, const uint
     }
     src = payload;
     for (int i = 0, row = 0; i < n; i++) {
-        if (!flags[i]) continue;
+        if (!flags[i] || flags[i] == IE_LOGITS_EMBD) continue; /* no logits row */
         if (flags[i] == IE_LOGITS_ARGMAX) {
             const float v = src[0];
             int32_t id;
@@ -1241,7 +1316,7 @@ void ie_result_logits_finish(const uint8_t *flags, int n, int64_t n_vocab, const
                              const int32_t *am_id, float *logits_out)
 {
     for (int i = 0, row = 0; i < n; i++) {
-        if (!flags[i]) continue;
+        if (!flags[i] || flags[i] == IE_LOGITS_EMBD) continue; /* no logits row */
         if (flags[i] == IE_LOGITS_ARGMAX) {
             float *lo = logits_out + (size_t)row * (size_t)n_vocab;
             /* a few -inf, then doubling copies (libc's memcpy is wide; a

@@ -51,6 +51,8 @@ typedef struct ie_backend_geom {
                          the first n_seq * ceil(n_ctx / kv_block) of a
                          full-size pool start bound to the slots in order */
     int32_t n_vocab; /* floats per logits row                           */
+    int32_t n_embd;  /* floats per hidden-state row (IE_LOGITS_EMBD); 0:
+                        this backend cannot give them                   */
     int upkeep_ms;   /* a serving loop calls ie_backend_upkeep at least
                          this often (it may sleep this long when idle)   */
 } ie_backend_geom_t;
@@ -90,7 +92,10 @@ typedef struct ie_backend_ops {
     const char *name; /* for messages: "worker", "cluster"               */
     /* Run one step: ie_worker_step's contract. b->n <= max_batch tokens;
      * writes n_vocab floats per token with b->logits[i] set, in batch
-     * order, to logits_out. Every token is checked first (IE_ERR_INVAL /
+     * order, to logits_out; an entry flagged IE_LOGITS_EMBD takes no row
+     * there but writes its final-norm hidden state (n_embd floats, the
+     * head's input: an embedding) to b->embd, in batch order, instead.
+     * Every token is checked first (IE_ERR_INVAL /
      * IE_ERR_RANGE, nothing run); IE_ERR_UNAVAILABLE when the model cannot
      * run now (a cluster that lost a worker: the caller rebinds its KV
      * blocks and recomputes once ready again). Required. */

@@ -199,8 +199,9 @@ ie_status_t ie_engine_logits(ie_engine_t *e, const int32_t *ids, size_t n, int d
 
 /* Load the adapter at path (PEFT directory or GGUF LoRA) and attach it as
  * `name` with scale (1: as trained). IE_ERR_INVAL for a bad or taken name
- * (1..63 characters, no '='), ie_lora_load's errors, the backend's
- * (IE_ERR_UNSUPPORTED on a cluster); nothing changes on failure. */
+ * (1..63 characters, no '='), ie_lora_load's errors, the backend's (on
+ * a cluster: a rank's refusal, its message naming the rank and adapter);
+ * nothing changes on failure. */
 ie_status_t ie_engine_lora_load(ie_engine_t *e, const char *name, const char *path, float scale);
 
 /* The backend's adapter id of `name` (ie_batch_t.adapter), -1 when none

@@ -41,6 +41,14 @@ typedef struct ie_gen_params {
      * submission; a schema that cannot be compiled fails the submission
      * with IE_ERR_INVAL naming the keyword. */
     const char *json_schema;
+    /* Log-probabilities (optional): logprobs != 0 gives every sampled
+     * token its log-probability under the model's raw logits (log-softmax
+     * before temperature, penalties, filters and masks) and the
+     * top_logprobs (0..IE_LOGPROBS_MAX_TOP, ie_logprobs.h) most likely
+     * tokens, in the scheduler's TOKEN events. Such a request always gets
+     * full logits rows (never the cluster's ARGMAX-only ones). */
+    int logprobs;
+    int top_logprobs;
     /* Streaming (optional): called after every sampled token of prompt
      * `index` with the token and the text it released (after stop-string
      * holding; may be empty, not NUL-terminated). */

@@ -5,6 +5,8 @@
  *   POST /v1/chat/completions   {"model", "messages", ...}; the prompt is the
  *                               model's own chat template (ie_chat.h: ChatML
  *                               for SmolLM2, harmony for GPT-OSS)
+ *   POST /v1/embeddings         {"model", "input", "encoding_format"}: pooled
+ *                               final-norm hidden states (ie_embd.h)
  *   GET  /v1/models             the one model served
  *   GET  /health                200 {"status":"ok"} when steps can run, else
  *                               503 (a cluster that is not ready)
@@ -64,6 +66,8 @@ typedef struct ie_http_opts {
     int verbose;             /* one log line per request to stderr      */
     const char *cors_origin; /* non-NULL: answer CORS preflights (OPTIONS)
                                   and allow this origin ("*": any) */
+    int pooling;             /* /v1/embeddings: ie_pooling_t (ie_sched.h; 0: mean) */
+    int embd_norm;           /* ... IE_EMBD_NORM_L2 or _NONE (ie_embd.h; 0: L2)    */
 } ie_http_opts_t;
 
 /* Start listening. IE_ERR_IO when the address cannot be bound (message

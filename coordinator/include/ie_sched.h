@@ -38,6 +38,7 @@
 
 #include "ie_backend.h"
 #include "ie_gen.h"
+#include "ie_logprobs.h"
 #include "ie_metrics.h"
 #include "ie_tokenizer.h"
 
@@ -102,6 +103,13 @@ typedef struct ie_sched_event {
     const char *text; /* text it released (after stop-string
                                  holding; may be empty; not NUL-terminated) */
     size_t len;
+    /* TOKEN of a request with params->logprobs: has_logprob 1, logprob =
+     * ln p(token) under the raw logits, top[0..n_top) the top_logprobs most
+     * likely tokens (descending; ie_logprobs_row); else 0 / NULL / 0 */
+    int has_logprob;
+    float logprob;
+    const ie_token_logprob_t *top;
+    int n_top;
     /* DONE (and, with what was produced before the failure, ERROR) */
     const char *all_text; /* whole output, NUL-terminated             */
     const int32_t *ids;   /* generated ids                             */
@@ -123,9 +131,23 @@ typedef struct ie_sched_event {
                                  than the pool has), "out_of_memory",
                                  "internal"                                */
     const char *message; /* one line                                   */
+    /* DONE of an embedding request (ie_sched_req_t.pooling): the pooled
+     * final-norm hidden state, not normalized (ie_embd_normalize) */
+    const float *embd;
+    int n_embd;
 } ie_sched_event_t;
 
 typedef void (*ie_sched_cb)(void *ctx, const ie_sched_event_t *ev);
+
+/* An embedding request's pooling of its positions' final-norm hidden
+ * states (the head's input). */
+typedef enum ie_pooling {
+    IE_POOL_NONE = 0, /* not an embedding: a generation request        */
+    IE_POOL_MEAN,     /* the mean over every position of the input     */
+    IE_POOL_LAST,     /* the last position's (what a causal LM has seen
+                         the whole input at)                           */
+    IE_POOL_CLS       /* the first position's                          */
+} ie_pooling_t;
 
 typedef struct ie_sched_req {
     const int32_t *ids; /* prompt tokens (copied; >= 1, each in the
@@ -143,6 +165,14 @@ typedef struct ie_sched_req {
                                  not finished; 0: no limit                 */
     ie_sched_cb cb;                /* required                                  */
     void *cb_ctx;                  /* must stay valid until the terminal event  */
+    /* != IE_POOL_NONE: an embedding request. Its prompt is computed from
+     * position 0 in a slot of its own (no prefix-cache reuse, and its
+     * blocks are freed, not published, at the end), params->max_new and
+     * sampling are ignored, no TOKEN events; DONE carries the pooled vector
+     * (embd). It queues, batches with generation and is refused when busy
+     * like any request. IE_ERR_UNSUPPORTED from submit when the backend
+     * gives no hidden states (geom n_embd 0). */
+    ie_pooling_t pooling;
 } ie_sched_req_t;
 
 /* IE_ERR_INVAL for bad options (no backend, no tokenizer),

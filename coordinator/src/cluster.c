@@ -34,7 +34,23 @@ typedef struct member {
     double last_seen;
     char error[IE_PROTO_TEXT_MAX];
     ie_status_t status; /* M_FAILED: the worker's load status         */
+    /* LoRA sync of a rank that said READY (send_lora_sync): it counts as
+     * ready once it acknowledged LORA lora_wait (0: no sync running);
+     * lora_st / error: the first refusal among them */
+    uint64_t lora_wait;
+    ie_status_t lora_st;
 } member_t;
+
+/* An adapter set attached under an id (cb_lora_add): what every rank is
+ * told to load. */
+typedef struct clora {
+    int used;
+    int n;
+    char name[IE_PROTO_LORA_PARTS][IE_PROTO_LORA_NAME_MAX];
+    char path[IE_PROTO_LORA_PARTS][IE_PROTO_LORA_PATH_MAX];
+    uint64_t fp[IE_PROTO_LORA_PARTS];
+    float scale[IE_PROTO_LORA_PARTS];
+} clora_t;
 
 /* Chaining's credit (see "steps" below): a use earns 1 (up to
  * LA_CREDIT_MAX), a drop costs LA_DROP_COST; at 0 chaining pauses for
@@ -54,10 +70,14 @@ typedef struct pend {
     ie_status_t st;
     char err[IE_PROTO_TEXT_MAX];
     float *logits_out; /* FULL rows go here (NULL: none can come)       */
-    int n, rows;
-    uint8_t *flags; /* [max_batch] the batch, copied                 */
+    int n, rows;       /* entries; their logits rows (FULL, ARGMAX)     */
+    float *embd_out;   /* IE_LOGITS_EMBD rows go here (n_embd floats each) */
+    int embd_rows;     /* entries flagged IE_LOGITS_EMBD                */
+    uint8_t *flags;    /* [max_batch] the batch, copied                 */
     int32_t *seq, *pos;
     int32_t *tok; /* a chained step's tokens, as the ranks say      */
+    int32_t *ad;  /* [max_batch] the batch's adapter ids (has_ad)    */
+    int has_ad;
     int tok_set;
     float *am_val;  /* [max_batch] per flagged entry: the best (max, */
     int32_t *am_id; /* id) of the ranks' ARGMAX answers so far        */
@@ -101,6 +121,16 @@ struct ie_cluster {
     int la_pause;  /* steps left without chaining after a run of drops */
     ie_metric_t *m_la;
     ie_metric_t *m_step_fail; /* steps that failed (a lost rank, a rank's error) */
+    /* LoRA adapter sets by id, the last LORA's seq, and the broadcast
+     * being waited for (lora_broadcast): the ranks sent to and those
+     * that answered, the first refusal */
+    clora_t lora[IE_PROTO_LORA_IDS];
+    uint64_t lora_seq;
+    uint64_t bc_to[IE_PROTO_MAX_RANKS]; /* per rank: its LORA's seq (0: not sent) */
+    int bc_got[IE_PROTO_MAX_RANKS];
+    ie_status_t bc_st;
+    char bc_err[IE_PROTO_TEXT_MAX];
+    ie_msg_t lora_msg; /* large: kept, not on the stack */
 };
 
 static void clog_(const ie_cluster_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -179,6 +209,7 @@ static void send_assign(ie_cluster_t *c, int r)
     member_t *mb = &c->m[r];
     mb->assigned_epoch = c->epoch;
     mb->state = M_LOADING;
+    mb->lora_wait = 0; /* a sync of an older assignment is over */
     if (send_to(c, mb->ident, mb->ident_len, m, NULL, 0) != IE_OK)
         clog_(c, "cannot send the assignment to rank %d: %s", r, ie_error_last());
 }
@@ -294,6 +325,83 @@ static void on_hello(ie_cluster_t *c, const void *id, size_t idn, const ie_msg_h
     replan(c);
 }
 
+/* Send member r one LORA (op, id; ADD: the set under id): its seq, or 0
+ * when it could not be sent. */
+static uint64_t send_lora(ie_cluster_t *c, int r, ie_lora_op_t op, int id, int64_t keep)
+{
+    ie_msg_t *m = &c->lora_msg;
+    memset(m, 0, sizeof *m);
+    m->kind = IE_MSG_LORA;
+    ie_msg_lora_t *l = &m->u.lora;
+    l->seq = ++c->lora_seq;
+    l->op = op;
+    l->id = id;
+    l->keep = keep;
+    const clora_t *e = &c->lora[id];
+    ie_frame_t f[2] = {{NULL, 0}, {NULL, 0}};
+    if (op == IE_LORA_OP_ADD) {
+        l->n_name = l->n_path = e->n;
+        for (int i = 0; i < e->n; i++) {
+            memcpy(l->name[i], e->name[i], sizeof l->name[i]);
+            memcpy(l->path[i], e->path[i], sizeof l->path[i]);
+        }
+        f[0] = (ie_frame_t){e->fp, (size_t)e->n * sizeof e->fp[0]};
+        f[1] = (ie_frame_t){e->scale, (size_t)e->n * sizeof e->scale[0]};
+    }
+    const member_t *mb = &c->m[r];
+    if (send_to(c, mb->ident, mb->ident_len, m, f, op == IE_LORA_OP_ADD ? 2 : 0) != IE_OK) {
+        clog_(c, "cannot send a LoRA message to rank %d: %s", r, ie_error_last());
+        return 0;
+    }
+    return l->seq;
+}
+
+/* Rank r is loaded: make its adapters the attached ones (KEEP, then ADD
+ * each set) before it counts as ready; with none, at once. */
+static void send_lora_sync(ie_cluster_t *c, int r)
+{
+    member_t *mb = &c->m[r];
+    int64_t keep = 0;
+    for (int id = 0; id < IE_PROTO_LORA_IDS; id++) keep |= (int64_t)c->lora[id].used << id;
+    mb->lora_st = IE_OK;
+    mb->lora_wait = send_lora(c, r, IE_LORA_OP_KEEP, 0, keep);
+    for (int id = 0; id < IE_PROTO_LORA_IDS && mb->lora_wait; id++)
+        if (c->lora[id].used) mb->lora_wait = send_lora(c, r, IE_LORA_OP_ADD, id, 0);
+    if (!mb->lora_wait) { /* unreachable: it heartbeats or is lost, and is assigned again */
+        mb->state = M_FAILED;
+        mb->status = IE_ERR_UNAVAILABLE;
+        snprintf(mb->error, sizeof mb->error, "rank %d: its adapters could not be sent", r);
+    }
+}
+
+/* A LORA_ACK: a broadcast's answer (lora_broadcast counts it) and/or the
+ * end of a joining rank's sync. */
+static void on_lora_ack(ie_cluster_t *c, int r, const ie_msg_lora_ack_t *k)
+{
+    if (r < 0 || k->rank != r) return; /* not from that rank's socket: stale */
+    member_t *mb = &c->m[r];
+    if (c->bc_to[r] && k->seq == c->bc_to[r]) {
+        c->bc_got[r] = 1;
+        if (k->status != IE_OK && c->bc_st == IE_OK) {
+            c->bc_st = (ie_status_t)k->status;
+            snprintf(c->bc_err, sizeof c->bc_err, "%s", k->error);
+        }
+    } else if (k->status != IE_OK && mb->lora_wait && k->seq <= mb->lora_wait && mb->lora_st == IE_OK) {
+        mb->lora_st = (ie_status_t)k->status;
+        snprintf(mb->error, sizeof mb->error, "%s", k->error);
+    }
+    if (!mb->lora_wait || k->seq != mb->lora_wait || mb->state != M_LOADING) return;
+    mb->lora_wait = 0;
+    if (mb->lora_st != IE_OK) { /* an adapter attached before cannot be here: say so, stay out */
+        mb->state = M_FAILED;
+        mb->status = mb->lora_st;
+        clog_(c, "rank %d (pid %d on %s) is not ready: %s", r, mb->hello.pid, mb->hello.host, mb->error);
+        return;
+    }
+    mb->state = M_READY;
+    set_up(c, r, 1);
+}
+
 static void on_ready(ie_cluster_t *c, int r, const ie_msg_ready_t *rd)
 {
     if (r < 0 || rd->rank != r || rd->epoch != c->epoch) return; /* stale */
@@ -305,10 +413,9 @@ static void on_ready(ie_cluster_t *c, int r, const ie_msg_ready_t *rd)
         clog_(c, "rank %d (pid %d on %s) is not ready: %s", r, mb->hello.pid, mb->hello.host, rd->error);
         return;
     }
-    mb->state = M_READY;
-    set_up(c, r, 1);
     if (c->o.verbose)
         clog_(c, "rank %d ready (%.1f MB of weights, %.0f ms)", r, rd->weight_bytes / 1e6, rd->load_ms);
+    send_lora_sync(c, r); /* ready once it holds the attached adapters */
 }
 
 static void pend_fail(pend_t *p, ie_status_t st, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -338,15 +445,20 @@ static void on_result(ie_cluster_t *c, const ie_msg_result_t *res)
         return;
     }
     const ie_shard_range_t *sr = &c->range[res->rank];
+    /* the hidden-state rows come once, from the head rank holding row 0 */
+    const int has_embd = p->embd_rows > 0 && sr->vocab_begin == 0;
+    const size_t embd_bytes = (size_t)p->embd_rows * (size_t)c->hp.n_embd * sizeof(float);
     const int bad = !sr->has_head || res->n_rows != p->rows || res->vocab_begin != sr->vocab_begin ||
-                    res->vocab_end != sr->vocab_end || c->in.n != 3 + p->chain ||
-                    (p->chain && c->in.size[3] != (size_t)p->n * sizeof(int32_t));
+                    res->vocab_end != sr->vocab_end || c->in.n != 3 + p->chain + has_embd ||
+                    (p->chain && c->in.size[3] != (size_t)p->n * sizeof(int32_t)) ||
+                    (has_embd && (c->in.size[3] != embd_bytes || !p->embd_out));
     if (bad || ie_result_logits_merge(c->in.data[2], c->in.size[2], p->flags, p->n, sr->vocab_begin, sr->vocab_end,
                                       c->hp.n_vocab, p->logits_out, p->am_val, p->am_id) != IE_OK) {
         pend_fail(p, IE_ERR_FORMAT, "rank %d sent a malformed result%s%s", res->rank, bad ? "" : ": ",
                   bad ? "" : ie_error_last());
         return;
     }
+    if (has_embd) memcpy(p->embd_out, c->in.data[3], embd_bytes);
     if (p->chain) { /* every rank must have run the same tokens */
         if (!p->tok_set) {
             memcpy(p->tok, c->in.data[3], (size_t)p->n * sizeof(int32_t));
@@ -383,6 +495,7 @@ static void handle(ie_cluster_t *c)
     case IE_MSG_HELLO: on_hello(c, id, idn, &m.u.hello); break;
     case IE_MSG_READY: on_ready(c, r, &m.u.ready); break;
     case IE_MSG_RESULT: on_result(c, &m.u.result); break;
+    case IE_MSG_LORA_ACK: on_lora_ack(c, r, &m.u.lora_ack); break;
     case IE_MSG_HEARTBEAT: {
         int k = m.u.heartbeat.rank;
         if (k >= 0 && k < c->o.n_ranks && c->m[k].state != M_EMPTY &&
@@ -495,7 +608,7 @@ ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src
         /* the largest message a worker sends is a RESULT of whole logits
          * rows for a full batch (plus its chained tokens): anything larger
          * is not from a worker, and is refused before it takes memory */
-        const int64_t cap = (int64_t)o->max_batch * c->hp.n_vocab * (int64_t)sizeof(float) +
+        const int64_t cap = (int64_t)o->max_batch * (c->hp.n_vocab + c->hp.n_embd) * (int64_t)sizeof(float) +
                             (int64_t)o->max_batch * (int64_t)sizeof(int32_t) + (1 << 20);
         if ((st = ie_sock_set_max_msg(c->router, cap < (1ll << 30) ? cap : 1ll << 30)) != IE_OK) goto cleanup;
     }
@@ -527,7 +640,8 @@ ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src
             p->tok = malloc(B * sizeof *p->tok);
             p->am_val = malloc(B * sizeof *p->am_val);
             p->am_id = malloc(B * sizeof *p->am_id);
-            if (!p->flags || !p->seq || !p->pos || !p->tok || !p->am_val || !p->am_id) {
+            p->ad = malloc(B * sizeof *p->ad);
+            if (!p->flags || !p->seq || !p->pos || !p->tok || !p->am_val || !p->am_id || !p->ad) {
                 st = ie_error_set(IE_ERR_NOMEM, "out of memory");
                 goto cleanup;
             }
@@ -580,6 +694,7 @@ void ie_cluster_destroy(ie_cluster_t **c_p)
         free(ps[k]->tok);
         free(ps[k]->am_val);
         free(ps[k]->am_id);
+        free(ps[k]->ad);
     }
     free(c);
     *c_p = NULL;
@@ -701,7 +816,7 @@ void ie_cluster_lookahead(ie_cluster_t *c, int ok) { c->la_hint = ok != 0; }
 /* Fill p for a step of n entries and send it to the ranks that take
  * steps; chain: the tokens frame holds -1s and the STEP says chain. */
 static void pend_send(ie_cluster_t *c, pend_t *p, int n, const int32_t *tok, const int32_t *pos, const int32_t *seq,
-                      const uint8_t *flags, int chain, float *logits_out)
+                      const uint8_t *flags, const int32_t *ad, int chain, float *logits_out)
 {
     p->live = 1;
     p->t_sent = ie_now_ms();
@@ -714,11 +829,18 @@ static void pend_send(ie_cluster_t *c, pend_t *p, int n, const int32_t *tok, con
     p->logits_out = logits_out;
     p->n = n;
     p->rows = 0;
+    p->embd_out = NULL; /* the caller's, set after sending (ie_cluster_step) */
+    p->embd_rows = 0;
     p->tok_set = 0;
     if (p->flags != flags) memcpy(p->flags, flags, (size_t)n);
     if (p->seq != seq) memcpy(p->seq, seq, (size_t)n * sizeof *seq);
     if (p->pos != pos) memcpy(p->pos, pos, (size_t)n * sizeof *pos);
-    for (int i = 0; i < n; i++) p->rows += flags[i] != 0;
+    p->has_ad = ad != NULL;
+    if (ad && p->ad != ad) memcpy(p->ad, ad, (size_t)n * sizeof *ad);
+    for (int i = 0; i < n; i++) {
+        p->rows += flags[i] == IE_LOGITS_FULL || flags[i] == IE_LOGITS_ARGMAX;
+        p->embd_rows += flags[i] == IE_LOGITS_EMBD;
+    }
     for (int i = 0; i < p->rows; i++) {
         p->am_val[i] = -INFINITY;
         p->am_id[i] = -1;
@@ -729,12 +851,14 @@ static void pend_send(ie_cluster_t *c, pend_t *p, int n, const int32_t *tok, con
     m.u.step.n = n;
     m.u.step.chain = chain;
     m.u.step.kv_words = chain ? 0 : (int32_t)(c->kv.len / 4);
+    m.u.step.has_adapter = p->has_ad;
     const size_t n4 = (size_t)n * 4;
-    ie_frame_t f[5] = {{tok, n4}, {pos, n4}, {seq, n4}, {flags, (size_t)n}, {c->kv.data, chain ? 0 : c->kv.len}};
+    ie_frame_t f[6] = {{tok, n4},  {pos, n4}, {seq, n4}, {flags, (size_t)n}, {c->kv.data, chain ? 0 : c->kv.len},
+                       {p->ad, n4}};
     const int tensor = c->o.plan == IE_SHARD_TENSOR;
     for (int r = 0; r < c->o.n_ranks; r++) {
         if (!tensor && r > 0) break;
-        if (send_to(c, c->m[r].ident, c->m[r].ident_len, &m, f, 5) != IE_OK)
+        if (send_to(c, c->m[r].ident, c->m[r].ident_len, &m, f, 5 + p->has_ad) != IE_OK)
             pend_fail(p, IE_ERR_UNAVAILABLE, "cannot reach worker rank %d: %s", r, ie_error_last());
     }
     /* sent everywhere: the operations are the workers' now (applied even if
@@ -787,7 +911,7 @@ static void send_ahead(ie_cluster_t *c)
         a->tok[i] = -1;
         a->pos[i] = p->pos[i] + 1;
     }
-    pend_send(c, a, p->n, a->tok, a->pos, p->seq, p->flags, 1, NULL);
+    pend_send(c, a, p->n, a->tok, a->pos, p->seq, p->flags, p->has_ad ? p->ad : NULL, 1, NULL);
     if (a->st != IE_OK) a->live = 0; /* the ranks that got it fail it: nothing will match */
 }
 
@@ -796,7 +920,8 @@ static int ahead_matches(const ie_cluster_t *c, const ie_batch_t *b, const uint8
 {
     const pend_t *a = &c->ahead;
     if (!c->last_ok || a->epoch != c->epoch || a->st != IE_OK || c->kv.len != 0 || c->kv_lost != IE_OK ||
-        b->n != a->n)
+        b->n != a->n || a->has_ad != (b->adapter != NULL) ||
+        (b->adapter && memcmp(b->adapter, a->ad, (size_t)b->n * sizeof *b->adapter) != 0))
         return 0;
     for (int i = 0; i < b->n; i++)
         if (flags[i] != IE_LOGITS_ARGMAX || b->seq[i] != a->seq[i] || b->pos[i] != a->pos[i] ||
@@ -877,6 +1002,11 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
     c->la_hint = 1; /* the caller's word holds for one step */
     if (b->n < 1 || b->n > c->o.max_batch)
         return ie_error_set(IE_ERR_INVAL, "cluster: batch of %d tokens (max %d)", b->n, c->o.max_batch);
+    for (int i = 0; b->adapter && i < b->n; i++)
+        if (b->adapter[i] != -1 &&
+            (b->adapter[i] < 0 || b->adapter[i] >= IE_PROTO_LORA_IDS || !c->lora[b->adapter[i]].used))
+            return ie_error_set(IE_ERR_RANGE, "cluster: token %d asks for adapter %d, which is not attached", i,
+                                (int)b->adapter[i]);
     if (!ie_cluster_ready(c)) {
         c->ahead.live = 0;
         /* a moment's grace for a worker re-registering after a restart */
@@ -897,6 +1027,10 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
                                   "step); the queued KV operations were dropped");
     }
     const uint8_t *flags = b->logits;
+    for (int i = 0; flags && !b->embd && i < b->n; i++)
+        if (flags[i] == IE_LOGITS_EMBD)
+            return ie_error_set(IE_ERR_INVAL,
+                                "cluster: entry %d asks for its hidden state and the batch has no embd", i);
     if (!flags) { /* as ie_worker_step: the last token only */
         if (c->flags_cap < b->n) {
             uint8_t *p = realloc(c->flags, (size_t)b->n);
@@ -922,7 +1056,10 @@ ie_status_t ie_cluster_step(ie_cluster_t *c, const ie_batch_t *b, float *logits_
         c->ahead.live = 0;
     }
     for (;;) {
-        if (!adopted) pend_send(c, &c->cur, b->n, b->tokens, b->pos, b->seq, flags, 0, logits_out);
+        if (!adopted) {
+            pend_send(c, &c->cur, b->n, b->tokens, b->pos, b->seq, flags, b->adapter, 0, logits_out);
+            c->cur.embd_out = b->embd;
+        }
         if (hint && may_chain(c)) send_ahead(c);
         wait_cur(c);
         /* a chained step that failed, or ran other tokens than these (the
@@ -994,6 +1131,118 @@ static void cb_stats(void *self, ie_backend_stats_t *out)
         out->workers_ready += c->m[r].state == M_READY && c->m[r].assigned_epoch == c->epoch;
 }
 
+/* Send one LORA (op, id) to every rank that is ready or syncing (a rank
+ * still loading gets the whole table once READY: send_lora_sync) and wait
+ * for their answers, or for them to be lost, up to LORA_WAIT_MS. IE_OK,
+ * or the first rank's refusal (its message names the rank and adapter),
+ * IE_ERR_TIMEOUT. A syncing rank waits for this one too. */
+#define LORA_WAIT_MS 120000
+static ie_status_t lora_broadcast(ie_cluster_t *c, ie_lora_op_t op, int id)
+{
+    c->ahead.live = 0; /* a chained step was made with the old table: never adopted */
+    c->bc_st = IE_OK;
+    c->bc_err[0] = '\0';
+    memset(c->bc_to, 0, sizeof c->bc_to);
+    memset(c->bc_got, 0, sizeof c->bc_got);
+    uint64_t seq = 0;
+    for (int r = 0; r < c->o.n_ranks; r++) {
+        member_t *mb = &c->m[r];
+        const int syncing = mb->state == M_LOADING && mb->lora_wait;
+        if (!(mb->state == M_READY || syncing)) continue;
+        const uint64_t s = send_lora(c, r, op, id, 0);
+        if (!s) continue; /* unreachable: lost soon, synced when back */
+        seq = s;
+        c->bc_to[r] = s;
+        if (syncing) mb->lora_wait = s;
+    }
+    if (!seq) return IE_OK;
+    /* every rank's message has its own seq; answers are matched per rank */
+    ie_status_t st = IE_OK;
+    const double end = ie_now_ms() + LORA_WAIT_MS;
+    for (;;) {
+        int waiting = 0;
+        for (int r = 0; r < c->o.n_ranks; r++)
+            if (c->bc_to[r] && !c->bc_got[r] && c->m[r].state != M_EMPTY) waiting = 1;
+        if (!waiting) break;
+        if (ie_now_ms() > end) {
+            st = ie_error_set(IE_ERR_TIMEOUT, "cluster: the ranks did not answer a LoRA %s within %d s",
+                              op == IE_LORA_OP_ADD ? "load" : "unload", LORA_WAIT_MS / 1000);
+            break;
+        }
+        pump(c, 50);
+    }
+    memset(c->bc_to, 0, sizeof c->bc_to); /* late answers are stale */
+    if (st == IE_OK && c->bc_st != IE_OK) st = ie_error_set(c->bc_st, "%s", c->bc_err);
+    return st;
+}
+
+/* Contract (ie_backend.h): name, path (made absolute here: the ranks on
+ * this host may run elsewhere), fingerprint and scale of every part to
+ * every rank; a refusal anywhere detaches the id everywhere. */
+static ie_status_t cb_lora_add(void *self, const ie_backend_lora_part_t *parts, int n, int *id_out)
+{
+    ie_cluster_t *c = self;
+    int id = -1;
+    if (!parts || !id_out || n < 1 || n > IE_PROTO_LORA_PARTS)
+        return ie_error_set(IE_ERR_INVAL, "cluster: lora_add of %d parts (1..%d)", n, IE_PROTO_LORA_PARTS);
+    for (int k = 0; k < IE_PROTO_LORA_IDS && id < 0; k++)
+        if (!c->lora[k].used) id = k;
+    if (id < 0) return ie_error_set(IE_ERR_RANGE, "cluster: %d adapter sets attached already", IE_PROTO_LORA_IDS);
+    clora_t *e = &c->lora[id];
+    memset(e, 0, sizeof *e);
+    for (int i = 0; i < n; i++) {
+        const ie_backend_lora_part_t *p = &parts[i];
+        char *abs = p->path ? realpath(p->path, NULL) : NULL;
+        const char *path = abs ? abs : p->path;
+        const int bad = !p->name || !path || !p->lora || strlen(p->name) >= sizeof e->name[0] ||
+                        strlen(path) >= sizeof e->path[0] || !isfinite(p->scale);
+        if (!bad) {
+            snprintf(e->name[i], sizeof e->name[i], "%s", p->name);
+            snprintf(e->path[i], sizeof e->path[i], "%s", path);
+            e->fp[i] = p->lora->fingerprint;
+            e->scale[i] = p->scale;
+        }
+        free(abs);
+        if (bad)
+            return ie_error_set(IE_ERR_INVAL,
+                                "cluster: adapter part %d: a name (< %d bytes), a path (< %d bytes), the loaded "
+                                "adapter and a finite scale are needed",
+                                i, IE_PROTO_LORA_NAME_MAX, IE_PROTO_LORA_PATH_MAX);
+        if (!e->fp[i])
+            return ie_error_set(IE_ERR_INVAL,
+                                "cluster: adapter '%s' has no file fingerprint (not loaded from disk): the ranks "
+                                "could not check their copies",
+                                p->name);
+    }
+    e->n = n;
+    e->used = 1;
+    ie_status_t st = lora_broadcast(c, IE_LORA_OP_ADD, id);
+    if (st != IE_OK) {
+        char why[IE_PROTO_TEXT_MAX];
+        snprintf(why, sizeof why, "%s", ie_error_last());
+        e->used = 0;
+        lora_broadcast(c, IE_LORA_OP_REMOVE, id); /* the ranks that took it */
+        return ie_error_set(st, "cluster: LoRA adapter '%s'%s not attached: %s", e->name[0],
+                            n > 1 ? " (and the rest of its set)" : "", why);
+    }
+    if (c->o.verbose) clog_(c, "LoRA '%s'%s attached as set %d", e->name[0], n > 1 ? " (a set)" : "", id);
+    *id_out = id;
+    return IE_OK;
+}
+
+/* Contract (ie_backend.h). A rank that cannot be told now is told when it
+ * registers again (send_lora_sync's KEEP). */
+static ie_status_t cb_lora_remove(void *self, int id)
+{
+    ie_cluster_t *c = self;
+    if (id < 0 || id >= IE_PROTO_LORA_IDS || !c->lora[id].used)
+        return ie_error_set(IE_ERR_RANGE, "cluster: no adapter set %d attached", id);
+    c->lora[id].used = 0;
+    ie_status_t st = lora_broadcast(c, IE_LORA_OP_REMOVE, id);
+    if (st != IE_OK) clog_(c, "LoRA set %d: %s", id, ie_error_last());
+    return IE_OK;
+}
+
 static void cb_destroy(void *self)
 {
     ie_cluster_t *c = self;
@@ -1010,6 +1259,8 @@ static const ie_backend_ops_t k_cluster_ops = {
     .ready = cb_ready,
     .upkeep = cb_upkeep,
     .stats = cb_stats,
+    .lora_add = cb_lora_add,
+    .lora_remove = cb_lora_remove,
     .destroy = cb_destroy,
 };
 
@@ -1026,6 +1277,7 @@ ie_status_t ie_backend_cluster_new(ie_cluster_t **c_p, ie_backend_t **out)
                            .kv_block = c->o.kv_block > 0 ? c->o.kv_block : 16,
                            .kv_blocks = c->kv_pool,
                            .n_vocab = c->hp.n_vocab,
+                           .n_embd = c->hp.n_embd,
                            .upkeep_ms = 20};
     return ie_backend_new(&k_cluster_ops, c, &g, out);
 }

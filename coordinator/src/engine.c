@@ -593,7 +593,9 @@ ie_status_t ie_engine_logits(ie_engine_t *e, const int32_t *ids, size_t n, int d
             e->b_logits[k] = 1;
             e->b_adapter[k] = e->logits_adapter;
         }
-        ie_batch_t b = {m, e->b_tok, e->b_pos, e->b_seq, e->b_logits, e->logits_adapter >= 0 ? e->b_adapter : NULL};
+        ie_batch_t b = {m,        e->b_tok,    e->b_pos,
+                        e->b_seq, e->b_logits, e->logits_adapter >= 0 ? e->b_adapter : NULL,
+                        NULL};
         ie_status_t st = ie_backend_step(e->backend, &b, out + i * (size_t)g->n_vocab);
         if (st != IE_OK) return st;
     }

@@ -16,6 +16,7 @@
 #include "ie_clock.h"
 
 #include "ie_array.h"
+#include "ie_grammar.h"
 #include "ie_kvpool.h"
 #include "ie_stop.h"
 
@@ -46,7 +47,17 @@ typedef struct sreq {
     int n_blocks, n_pub; /* bound; published (a prefix of them)      */
     size_t n_cached;
     int max_new;
+    ie_pooling_t pooling; /* != IE_POOL_NONE: an embedding request       */
+    float *embd;          /* its pooled vector so far (n_embd floats)    */
     ie_sampler_t *smp;
+    ie_grammar_t *gram; /* structured output (json_schema), else NULL */
+    ie_gmatch_t *gm;    /* its matcher: the text generated so far    */
+    /* log-probabilities (params->logprobs): of the token sampled last */
+    int lp_on, lp_k;
+    double lp_lse;
+    float lp_tok;
+    int lp_n;
+    ie_token_logprob_t lp_top[IE_LOGPROBS_MAX_TOP];
     ie_detok_t *detok;
     ie_stop_t *stop;
     char *text;
@@ -83,7 +94,10 @@ struct ie_sched {
     ie_backend_t *be;
     const ie_tokenizer_t *tok;
     int n_seq, n_ctx, B, bt, chunk, max_lblocks, kv_blocks; /* the backend's geometry */
-    int32_t n_vocab;
+    int32_t n_vocab, n_embd;
+    ie_gvocab_t *gvocab; /* the token trie for json_schema masks: built at
+                            the first such submission (under mu), then
+                            read by the stepping thread only */
     ie_kvpool_t *pool;
     int prefix_cache;
     pthread_mutex_t mu;
@@ -100,6 +114,9 @@ struct ie_sched {
     uint8_t *b_logits;
     sreq_t **b_req; /* the request of each batch entry          */
     float *logits;
+    float *b_embd; /* [B][n_embd] the step's hidden-state rows   */
+    float *lp_row; /* a raw row kept for log-probabilities (the
+                                sampler writes its penalties into the row) */
     tok_ev_t *tev;
     int n_tev;
     sreq_t **ended; /* terminal this step                        */
@@ -149,10 +166,13 @@ static void sreq_free(sreq_t *q)
     free(q->toks);
     free(q->blocks);
     ie_sampler_destroy(&q->smp);
+    ie_gmatch_destroy(&q->gm);
+    ie_grammar_destroy(&q->gram);
     ie_detok_destroy(&q->detok);
     ie_stop_destroy(&q->stop);
     free(q->text);
     free(q->lat);
+    free(q->embd);
     free(q);
 }
 
@@ -270,6 +290,15 @@ static int ensure_block(ie_sched_t *s, sreq_t *q, size_t pos)
 
 static int backend_ready(ie_sched_t *s) { return ie_backend_ready(s->be); }
 
+/* The logits q's sampled token needs: only the arg max for a greedy
+ * request without penalties, unless it reports log-probabilities or
+ * follows a json_schema (both need the whole row, which the cluster sends
+ * only for FULL: the mask can move the arg max). */
+static uint8_t row_kind(const sreq_t *q)
+{
+    return ie_sampler_argmax_only(q->smp) && !q->lp_on && !q->gm ? IE_LOGITS_ARGMAX : IE_LOGITS_FULL;
+}
+
 /* ------------------------------------------------------------- public */
 
 ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
@@ -298,6 +327,7 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
     if (s->chunk > s->B) s->chunk = s->B;
     s->max_lblocks = (s->n_ctx + s->bt - 1) / s->bt;
     s->n_vocab = g->n_vocab;
+    s->n_embd = g->n_embd;
     s->prefix_cache = !o->no_prefix_cache;
     s->queue_cap = (o->queue_max > 0 ? o->queue_max : 64) + s->n_seq;
     s->ended_cap = s->queue_cap + 1;
@@ -318,11 +348,13 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
     s->b_ad = malloc(B * sizeof *s->b_ad);
     s->b_req = malloc(B * sizeof *s->b_req);
     s->logits = malloc(B * (size_t)s->n_vocab * sizeof *s->logits);
+    s->lp_row = malloc((size_t)s->n_vocab * sizeof *s->lp_row);
     s->tev = malloc((size_t)s->n_seq * sizeof *s->tev);
     s->ended = malloc((size_t)s->ended_cap * sizeof *s->ended);
     s->unbind = malloc((size_t)s->max_lblocks * sizeof *s->unbind);
+    if (s->n_embd > 0) s->b_embd = malloc(B * (size_t)s->n_embd * sizeof *s->b_embd);
     if (!s->queue || !s->run || !s->b_tok || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_ad || !s->b_req ||
-        !s->logits || !s->tev || !s->ended || !s->unbind) {
+        !s->logits || !s->lp_row || !s->tev || !s->ended || !s->unbind || (s->n_embd > 0 && !s->b_embd)) {
         st = ie_error_set(IE_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
@@ -411,6 +443,9 @@ void ie_sched_destroy(ie_sched_t **self_p)
     free(s->b_ad);
     free(s->b_req);
     free(s->logits);
+    free(s->b_embd);
+    ie_gvocab_destroy(&s->gvocab);
+    free(s->lp_row);
     free(s->tev);
     free(s->ended);
     free(s->unbind);
@@ -421,6 +456,20 @@ void ie_sched_destroy(ie_sched_t **self_p)
 void ie_sched_set_timing(ie_sched_t *s, ie_gen_stats_t *timing)
 {
     if (s) s->o.timing = timing;
+}
+
+/* Structured output for q: compile the schema (IE_ERR_INVAL names the
+ * keyword), make its matcher, and the scheduler's token trie if this is
+ * the first such request. */
+static ie_status_t sched_grammar(ie_sched_t *s, sreq_t *q, const char *schema)
+{
+    ie_status_t st = ie_grammar_compile(schema, &q->gram);
+    if (st == IE_OK) st = ie_gmatch_new(q->gram, &q->gm);
+    if (st != IE_OK) return st;
+    pthread_mutex_lock(&s->mu);
+    if (!s->gvocab) st = ie_gvocab_from_tokenizer(s->tok, s->o.stop_ids, s->o.n_stop_ids, &s->gvocab);
+    pthread_mutex_unlock(&s->mu);
+    return st;
 }
 
 ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id_out)
@@ -441,8 +490,20 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
             return ie_error_set(IE_ERR_RANGE, "token id %d out of range (vocabulary %d)", (int)r->ids[j],
                                 (int)s->n_vocab);
     if ((st = ie_sampler_params_validate(&p->sampling)) != IE_OK) return st;
+    if (r->pooling != IE_POOL_NONE && (r->pooling < IE_POOL_MEAN || r->pooling > IE_POOL_CLS))
+        return ie_error_set(IE_ERR_INVAL, "unknown pooling %d", (int)r->pooling);
+    if (r->pooling != IE_POOL_NONE && s->n_embd <= 0)
+        return ie_error_set(IE_ERR_UNSUPPORTED, "this backend cannot give hidden states (embeddings)");
+    if (p->logprobs && (p->top_logprobs < 0 || p->top_logprobs > IE_LOGPROBS_MAX_TOP))
+        return ie_error_set(IE_ERR_INVAL, "top_logprobs must be in [0, %d] (got %d)", IE_LOGPROBS_MAX_TOP,
+                            p->top_logprobs);
 
     if (!(q = calloc(1, sizeof *q))) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+    q->pooling = r->pooling;
+    if (q->pooling != IE_POOL_NONE && !(q->embd = calloc((size_t)s->n_embd, sizeof *q->embd))) {
+        st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
     q->toks_cap = r->n_ids + (size_t)(p->max_new < s->n_ctx ? p->max_new : s->n_ctx) + 1;
     q->toks = malloc(q->toks_cap * sizeof *q->toks);
     q->blocks = malloc((size_t)s->max_lblocks * sizeof *q->blocks);
@@ -454,7 +515,9 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
     q->n_toks = q->n_prompt = q->n_known = r->n_ids;
     q->fresh = 1;
     q->slot = -1;
-    q->max_new = p->max_new;
+    q->max_new = q->pooling != IE_POOL_NONE ? 0 : p->max_new; /* an embedding samples nothing */
+    q->lp_on = p->logprobs != 0 && q->pooling == IE_POOL_NONE;
+    q->lp_k = q->lp_on ? p->top_logprobs : 0;
     q->priority = r->priority;
     q->adapter = r->lora - 1;
     q->cb = r->cb;
@@ -463,6 +526,7 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
     if ((st = ie_detok_new(s->tok, &q->detok)) != IE_OK) goto cleanup;
     if (p->n_stop && (st = ie_stop_new(p->stop, p->n_stop, &q->stop)) != IE_OK) goto cleanup;
     for (size_t j = 0; j < r->n_ids; j++) ie_sampler_accept(q->smp, r->ids[j]);
+    if (p->json_schema && (st = sched_grammar(s, q, p->json_schema)) != IE_OK) goto cleanup;
     q->t_submit = ie_now_ms();
     q->deadline = r->timeout_ms > 0 ? q->t_submit + r->timeout_ms : 0;
 
@@ -557,7 +621,7 @@ void ie_sched_stats(ie_sched_t *s, ie_sched_stats_t *out)
 
 /* ---------------------------------------------------------------- step */
 
-static void fill_event(const sreq_t *q, ie_sched_event_t *ev, double now)
+static void fill_event(const ie_sched_t *s, const sreq_t *q, ie_sched_event_t *ev, double now)
 {
     memset(ev, 0, sizeof *ev);
     ev->kind = q->end;
@@ -577,6 +641,10 @@ static void fill_event(const sreq_t *q, ie_sched_event_t *ev, double now)
     ev->decode_tps = dsum > 0 ? (double)q->n_lat / (dsum / 1e3) : 0;
     ev->lat_ms = q->lat;
     ev->n_lat = q->n_lat;
+    if (q->pooling != IE_POOL_NONE && q->end == IE_SCHED_DONE) {
+        ev->embd = q->embd;
+        ev->n_embd = s->n_embd;
+    }
     ev->status = q->end == IE_SCHED_ERROR ? q->status : IE_OK;
     ev->code = q->end == IE_SCHED_ERROR ? q->code : NULL;
     ev->message = q->end == IE_SCHED_ERROR ? q->msg : NULL;
@@ -588,7 +656,7 @@ static void deliver_ended(ie_sched_t *s, sreq_t **ended, int n)
     for (int i = 0; i < n; i++) {
         sreq_t *q = ended[i];
         ie_sched_event_t ev;
-        fill_event(q, &ev, now);
+        fill_event(s, q, &ev, now);
         if (q->end == IE_SCHED_DONE) {
             metric_add(s->m_req, "ok", 1);
         } else {
@@ -632,7 +700,8 @@ static void admit(ie_sched_t *s, double now)
          * last prompt token (its logits are needed) */
         size_t lim = q->fresh ? q->n_known - 1 : q->n_known;
         int max_b = (int)(lim / (size_t)s->bt), k = 0;
-        if (s->prefix_cache && max_b > 0)
+        /* an embedding needs every position's hidden state: nothing cached */
+        if (s->prefix_cache && max_b > 0 && q->pooling == IE_POOL_NONE)
             k = ie_kvpool_match(s->pool, kv_salt(q), q->toks, q->n_known, q->blocks, max_b);
         /* blocks to finish its prefill and take one more token, against
          * what the pool has left after the running prefills' own needs */
@@ -687,6 +756,8 @@ static void admit(ie_sched_t *s, double now)
             if (s->m_queue) ie_metric_observe(s->m_queue, NULL, (now - q->t_submit) / 1e3);
         }
         q->state = q->n_fed < q->n_known ? S_PREFILL : S_DECODE;
+        /* (re)computed from position 0: after a preemption too */
+        if (q->pooling != IE_POOL_NONE) memset(q->embd, 0, (size_t)s->n_embd * sizeof *q->embd);
     }
 }
 
@@ -720,6 +791,32 @@ static void reap(ie_sched_t *s, double now)
     }
 }
 
+/* The logits byte of an embedding request's position pos: its hidden
+ * state when the pooling reads it (mean: every position; last: the last;
+ * cls: the first), else nothing. */
+static uint8_t embd_flag(const sreq_t *q, size_t pos)
+{
+    const int want = q->pooling == IE_POOL_MEAN ? 1 : q->pooling == IE_POOL_LAST ? pos + 1 == q->n_known : pos == 0;
+    return want ? IE_LOGITS_EMBD : 0;
+}
+
+/* An embedding request's entry at pos ran: pool its hidden-state row (NULL
+ * when it asked for none); at the last position, finish it. Its blocks go
+ * straight back to the pool, never published: a one-off input does not
+ * push generation prompts out of the prefix cache. */
+static void embd_take(ie_sched_t *s, sreq_t *q, size_t pos, const float *row)
+{
+    const int d = s->n_embd;
+    if (row)
+        for (int j = 0; j < d; j++) q->embd[j] += row[j];
+    if (pos + 1 != q->n_known) return;
+    if (q->pooling == IE_POOL_MEAN)
+        for (int j = 0; j < d; j++) q->embd[j] /= (float)q->n_known;
+    q->finish = IE_FINISH_LENGTH;
+    release_slot(s, q);
+    end_req(s, q, IE_SCHED_DONE, IE_OK, NULL, NULL, NULL);
+}
+
 /* Pack the step: decode tokens first, then prompt chunks. Blocks are
  * allocated as positions need them; when the pool is dry the lowest
  * running request is preempted. Returns the batch size. */
@@ -745,7 +842,7 @@ static int build(ie_sched_t *s, int *has_prefill)
             s->b_tok[nb] = q->toks[q->n_toks - 1];
             s->b_pos[nb] = (int32_t)q->n_fed;
             s->b_seq[nb] = q->slot;
-            s->b_logits[nb] = ie_sampler_argmax_only(q->smp) ? IE_LOGITS_ARGMAX : IE_LOGITS_FULL;
+            s->b_logits[nb] = row_kind(q);
             s->b_req[nb] = q;
             nb++;
         }
@@ -772,9 +869,9 @@ static int build(ie_sched_t *s, int *has_prefill)
             s->b_pos[nb] = (int32_t)q->n_fed;
             s->b_seq[nb] = q->slot;
             q->n_fed++;
-            s->b_logits[nb] = !(q->fresh && q->n_fed == q->n_known && q->max_new > 0) ? 0
-                              : ie_sampler_argmax_only(q->smp)                        ? IE_LOGITS_ARGMAX
-                                                                                      : IE_LOGITS_FULL;
+            s->b_logits[nb] = q->pooling != IE_POOL_NONE                                ? embd_flag(q, q->n_fed - 1)
+                              : !(q->fresh && q->n_fed == q->n_known && q->max_new > 0) ? 0
+                                                                                        : row_kind(q);
             s->b_req[nb] = q;
             nb++;
             budget--;
@@ -879,16 +976,21 @@ static void take_token(ie_sched_t *s, sreq_t *q, int32_t id, double now)
 /* After a successful step: sample the rows, move prefills on. */
 static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
 {
-    int row = 0;
+    int row = 0, erow = 0; /* logits rows; hidden-state rows */
     double now = ie_now_ms();
     size_t n_pre = 0, n_dec = 0;
-    double sample_ms = 0, detok_ms = 0;
+    double sample_ms = 0, detok_ms = 0, grammar_ms = 0;
     s->n_tev = 0;
     for (int i = 0; i < nb; i++) {
         sreq_t *q = s->b_req[i];
         q->ran = 1;
         if (q->state == S_DECODE) q->n_fed++; /* its decode token is in */
         else n_pre++;
+        if (q->pooling != IE_POOL_NONE) { /* an embedding: no logits, nothing sampled */
+            const int has = s->b_logits[i] == IE_LOGITS_EMBD;
+            embd_take(s, q, (size_t)s->b_pos[i], has ? s->b_embd + (size_t)erow++ * (size_t)s->n_embd : NULL);
+            continue;
+        }
         if (!s->b_logits[i]) {
             /* a prompt chunk: the last known token of a resumed request
              * (or of one that wants no tokens) ends its prefill */
@@ -902,7 +1004,19 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
         int32_t id;
         const int timed = s->o.timing || s->m_stage;
         const double ts = timed ? ie_now_ms() : 0;
-        const ie_status_t sst = ie_sampler_sample(q->smp, lg, &id);
+        if (q->lp_on) { /* the raw row, before the sampler's penalties */
+            memcpy(s->lp_row, lg, (size_t)s->n_vocab * sizeof *lg);
+            q->lp_n = ie_logprobs_row(lg, s->n_vocab, q->lp_k, &q->lp_lse, q->lp_top);
+        }
+        /* structured output: tokens that would leave the schema's language
+         * go to -inf here, before the sampler's chain; its penalties keep
+         * -inf at -inf, so this is the same as masking after them */
+        ie_status_t sst = q->gm ? ie_gvocab_apply(s->gvocab, q->gm, lg) : IE_OK;
+        const double tg = timed ? ie_now_ms() : 0;
+        if (q->gm) grammar_ms += tg - ts;
+        if (sst == IE_OK) sst = ie_sampler_sample(q->smp, lg, &id);
+        if (sst == IE_OK && q->gm) sst = ie_gvocab_accept(s->gvocab, q->gm, id);
+        if (sst == IE_OK && q->lp_on) q->lp_tok = ie_logprobs_of(s->lp_row[id], q->lp_lse);
         const double td = timed ? ie_now_ms() : 0;
         sample_ms += td - ts;
         if (sst != IE_OK) {
@@ -922,6 +1036,7 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
     if (s->m_stage) {
         ie_metric_observe(s->m_stage, has_prefill ? "prefill" : "decode", step_ms / 1e3);
         ie_metric_observe(s->m_stage, "sample", sample_ms / 1e3);
+        if (grammar_ms > 0) ie_metric_observe(s->m_stage, "grammar", grammar_ms / 1e3); /* part of sample */
         ie_metric_observe(s->m_stage, "detokenize", detok_ms / 1e3);
     }
     if (s->o.timing) {
@@ -1016,7 +1131,7 @@ ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out)
     if (nb > 0) {
         int any_ad = 0;
         for (int i = 0; i < nb; i++) any_ad |= (s->b_ad[i] = s->b_req[i]->adapter) >= 0;
-        ie_batch_t b = {nb, s->b_tok, s->b_pos, s->b_seq, s->b_logits, any_ad ? s->b_ad : NULL};
+        ie_batch_t b = {nb, s->b_tok, s->b_pos, s->b_seq, s->b_logits, any_ad ? s->b_ad : NULL, s->b_embd};
         ie_backend_hint_next(s->be, ahead);
         double t0 = ie_now_ms();
         ie_status_t st = ie_backend_step(s->be, &b, s->logits);
@@ -1038,7 +1153,11 @@ ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out)
                                .user = t->q->cb_ctx,
                                .token = t->id,
                                .text = t->q->text + t->off,
-                               .len = t->len};
+                               .len = t->len,
+                               .has_logprob = t->q->lp_on,
+                               .logprob = t->q->lp_tok,
+                               .top = t->q->lp_on ? t->q->lp_top : NULL,
+                               .n_top = t->q->lp_on ? t->q->lp_n : 0};
         t->q->cb(t->q->cb_ctx, &ev);
     }
     int n_ended = s->n_ended;

@@ -11,10 +11,12 @@
  * Ownership. A req_t is reference counted: one reference for the
  * connection (dropped when libmicrohttpd reports the request completed),
  * one for the body of a streamed response (dropped when libmicrohttpd
- * frees the response), one for the scheduler from submission to the
- * terminal event. So a request outlives its connection until the scheduler
- * is done with it, and the scheduler may deliver that event after the
- * server is gone (ie_http_stop before ie_sched_destroy).
+ * frees the response), one for the scheduler from each choice's
+ * submission to its terminal event (a request with "n" > 1 is n
+ * scheduler requests of the same prompt, its choices). So a request
+ * outlives its connection until the scheduler is done with it, and the
+ * scheduler may deliver that event after the server is gone
+ * (ie_http_stop before ie_sched_destroy).
  *
  * Waiting. A connection thread sleeps on its request's condition variable
  * and wakes for every event — streams flow token by token — and every
@@ -39,8 +41,11 @@
 #include "ie_clock.h"
 
 #include "ie_chat.h"
+#include "ie_embd.h"
 #include "ie_harmony.h"
+#include "ie_logprobs.h"
 #include "ie_model_src.h"
+#include "ie_oai_format.h"
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -110,31 +115,60 @@ struct ie_http {
 
 /* ------------------------------------------------------------- requests */
 
-/* One generation. Fields under mu are written by the scheduler callback
- * and read by the connection; the outcome fields are written once, with
- * `terminal`, and read-only after. */
-typedef struct req {
-    atomic_int refs;
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
+#define IE_HTTP_MAX_N 16 /* choices per request at most ("n")       */
+
+/* One generated token's log-probabilities (a TOKEN event's). */
+typedef struct tok_lp {
+    int32_t id;
+    float logprob;
+    int n_top;
+    ie_token_logprob_t top[IE_LOGPROBS_MAX_TOP];
+} tok_lp_t;
+
+struct req;
+
+/* One choice of a request: one scheduler request. Fields under the
+ * request's mu are written by the scheduler callback and read by the
+ * connection; the outcome fields are written once, with `terminal`, and
+ * read-only after. */
+typedef struct choice {
+    struct req *r;
+    int index;
     ie_buf_t text; /* released text not yet taken (mu)          */
     int32_t *ids;  /* token ids not yet taken (mu)              */
     size_t n_ids, cap_ids;
+    tok_lp_t *lp; /* every token's log-probabilities so far,
+                             in order, when the request asks (mu)     */
+    size_t n_lp, cap_lp;
     size_t n_events; /* TOKEN events so far (mu)                  */
     int terminal;    /* 0, IE_SCHED_DONE or IE_SCHED_ERROR (mu)   */
-    int oom;         /* an event could not be stored (mu)         */
     char *all_text;  /* outcome: the whole output                  */
     int32_t *all_ids;
-    size_t n_gen, n_prompt;
+    size_t n_gen;
     ie_finish_t finish;
     ie_status_t status;
     char code[32];
     char message[256];
     uint64_t id; /* connection thread only                    */
     int submitted;
+} choice_t;
+
+/* One generation request: its n choices share the lock and the condition
+ * variable, so a connection waits for whichever choice moves next. */
+typedef struct req {
+    atomic_int refs;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n;           /* choices                                    */
+    int logprobs;    /* keep the TOKEN events' log-probabilities   */
+    size_t n_ev;     /* events of every choice so far (mu)         */
+    int n_done;      /* choices ended (mu)                         */
+    int oom;         /* an event could not be stored (mu)         */
+    size_t n_prompt; /* outcome: prompt tokens (every choice's)    */
+    choice_t ch[IE_HTTP_MAX_N];
 } req_t;
 
-static req_t *req_new(void)
+static req_t *req_new(int n, int logprobs)
 {
     req_t *r = calloc(1, sizeof *r);
     if (!r) return NULL;
@@ -145,6 +179,12 @@ static req_t *req_new(void)
     pthread_cond_init(&r->cv, &ca);
     pthread_condattr_destroy(&ca);
     atomic_init(&r->refs, 1);
+    r->n = n;
+    r->logprobs = logprobs;
+    for (int i = 0; i < n; i++) {
+        r->ch[i].r = r;
+        r->ch[i].index = i;
+    }
     return r;
 }
 
@@ -155,14 +195,18 @@ static void req_unref(req_t *r)
     if (!r || atomic_fetch_sub(&r->refs, 1) != 1) return;
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
-    ie_buf_free(&r->text);
-    free(r->ids);
-    free(r->all_text);
-    free(r->all_ids);
+    for (int i = 0; i < r->n; i++) {
+        choice_t *c = &r->ch[i];
+        ie_buf_free(&c->text);
+        free(c->ids);
+        free(c->lp);
+        free(c->all_text);
+        free(c->all_ids);
+    }
     free(r);
 }
 
-static int req_push_id(req_t *r, int32_t id)
+static int req_push_id(choice_t *r, int32_t id)
 {
     if (r->n_ids == r->cap_ids) {
         size_t cap = r->cap_ids ? r->cap_ids * 2 : 64;
@@ -175,35 +219,65 @@ static int req_push_id(req_t *r, int32_t id)
     return 0;
 }
 
-/* The scheduler's callback (serving thread): store the event, wake the
- * connection; the terminal event drops the scheduler's reference. */
+static int req_push_lp(choice_t *c, const ie_sched_event_t *ev)
+{
+    if (c->n_lp == c->cap_lp) {
+        size_t cap = c->cap_lp ? c->cap_lp * 2 : 32;
+        tok_lp_t *n = realloc(c->lp, cap * sizeof *n);
+        if (!n) return -1;
+        c->lp = n;
+        c->cap_lp = cap;
+    }
+    tok_lp_t *t = &c->lp[c->n_lp++];
+    t->id = ev->token;
+    t->logprob = ev->logprob;
+    t->n_top = ev->n_top < IE_LOGPROBS_MAX_TOP ? ev->n_top : IE_LOGPROBS_MAX_TOP;
+    if (t->n_top > 0) memcpy(t->top, ev->top, (size_t)t->n_top * sizeof *t->top);
+    return 0;
+}
+
+/* The scheduler's callback (serving thread), ctx a choice_t: store the
+ * event, wake the connection; the terminal event drops the scheduler's
+ * reference. */
 static void req_on_event(void *ctx, const ie_sched_event_t *ev)
 {
-    req_t *r = ctx;
+    choice_t *c = ctx;
+    req_t *r = c->r;
     int terminal = ev->kind != IE_SCHED_TOKEN;
     pthread_mutex_lock(&r->mu);
     if (!terminal) {
-        r->n_events++;
-        if (ev->len && ie_buf_append(&r->text, ev->text, ev->len) != 0) r->oom = 1;
-        if (req_push_id(r, ev->token) != 0) r->oom = 1;
+        c->n_events++;
+        if (ev->len && ie_buf_append(&c->text, ev->text, ev->len) != 0) r->oom = 1;
+        if (req_push_id(c, ev->token) != 0) r->oom = 1;
+        if (r->logprobs && ev->has_logprob && req_push_lp(c, ev) != 0) r->oom = 1;
     } else {
-        r->n_gen = ev->n_gen;
+        c->n_gen = ev->n_gen;
         r->n_prompt = ev->n_prompt;
-        r->finish = ev->finish;
-        r->status = ev->status;
-        snprintf(r->code, sizeof r->code, "%s", ev->code ? ev->code : "");
-        snprintf(r->message, sizeof r->message, "%s", ev->message ? ev->message : "");
-        if (ev->all_text && !(r->all_text = strdup(ev->all_text))) r->oom = 1;
+        c->finish = ev->finish;
+        c->status = ev->status;
+        snprintf(c->code, sizeof c->code, "%s", ev->code ? ev->code : "");
+        snprintf(c->message, sizeof c->message, "%s", ev->message ? ev->message : "");
+        if (ev->all_text && !(c->all_text = strdup(ev->all_text))) r->oom = 1;
         if (ev->ids && ev->n_gen) {
-            if ((r->all_ids = malloc(ev->n_gen * sizeof *r->all_ids)))
-                memcpy(r->all_ids, ev->ids, ev->n_gen * sizeof *r->all_ids);
+            if ((c->all_ids = malloc(ev->n_gen * sizeof *c->all_ids)))
+                memcpy(c->all_ids, ev->ids, ev->n_gen * sizeof *c->all_ids);
             else r->oom = 1;
         }
-        r->terminal = ev->kind;
+        c->terminal = ev->kind;
+        r->n_done++;
     }
+    r->n_ev++;
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
     if (terminal) req_unref(r);
+}
+
+/* With r->mu held: the first choice that ended with an error, or NULL. */
+static const choice_t *req_failed_locked(const req_t *r)
+{
+    for (int i = 0; i < r->n; i++)
+        if (r->ch[i].terminal == IE_SCHED_ERROR) return &r->ch[i];
+    return NULL;
 }
 
 enum { WAIT_OK = 0, WAIT_GONE = -1, WAIT_STOP = -2 };
@@ -216,13 +290,14 @@ static int peer_gone(int fd)
     return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
 }
 
-/* With r->mu held: wait until the request has ended (any == 0) or has
- * anything to send (any == 1). WAIT_GONE when the client hung up, WAIT_STOP when
- * the server is stopping (checked every IE_HTTP_POLL_MS). */
-static int req_wait_locked(req_t *r, ie_http_t *h, int fd, int any)
+/* With r->mu held: wait until every choice has ended (any == 0) or until
+ * an event beyond the first `seen` arrived (any == 1). WAIT_GONE when the
+ * client hung up, WAIT_STOP when the server is stopping (checked every
+ * IE_HTTP_POLL_MS). */
+static int req_wait_locked(req_t *r, ie_http_t *h, int fd, int any, size_t seen)
 {
     for (;;) {
-        if (r->terminal || r->oom || (any && (r->n_ids || r->text.len))) return WAIT_OK;
+        if (r->n_done == r->n || r->oom || (any && r->n_ev > seen)) return WAIT_OK;
         if (atomic_load(&h->stopping)) return WAIT_STOP;
         if (peer_gone(fd)) return WAIT_GONE;
         struct timespec ts;
@@ -300,6 +375,7 @@ typedef enum route {
     ROUTE_NONE = 0,
     ROUTE_COMPLETIONS,
     ROUTE_CHAT,
+    ROUTE_EMBED,
     ROUTE_GET /* health, metrics, models */
 } route_t;
 
@@ -462,7 +538,11 @@ typedef struct gen {
     const char *stops[IE_HTTP_MAX_STOP];
     int priority;
     int stream, include_usage;
+    int n;    /* choices, 1..IE_HTTP_MAX_N                 */
+    int lp_k; /* -1: no logprobs; else alternatives per token
+                 (chat top_logprobs, completions logprobs)    */
     ie_chat_opts_t chat_opts;
+    char *schema_text; /* response_format's schema (malloc'd), or NULL */
 } gen_t;
 
 /* Optional number `k`: 0 absent or null, 1 found (*v), -1 not a number. */
@@ -508,6 +588,34 @@ static int opt_bool(const cJSON *o, const char *k, int *out, http_err_t *e)
     return 0;
 }
 
+/* Log-probabilities: chat "logprobs" (boolean) with "top_logprobs"
+ * (0..20, only with logprobs true, as OpenAI has it); completions'
+ * legacy "logprobs" (an integer 0..5: alternatives per token). */
+static int parse_logprobs(const cJSON *root, gen_t *g, http_err_t *e)
+{
+    long long v = 0;
+    int found = 0;
+    g->lp_k = -1;
+    if (g->chat) {
+        int on = 0;
+        if (opt_bool(root, "logprobs", &on, e)) return -1;
+        if (opt_int(root, "top_logprobs", 0, IE_LOGPROBS_MAX_TOP, &v, &found, e)) return -1;
+        if (found && !on) return bad_param(e, "top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
+        if (on) g->lp_k = (int)v;
+    } else {
+        const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
+        if (cJSON_IsBool(lp)) return bad_param(e, "logprobs", "'logprobs' must be an integer in [0, 5]");
+        if (opt_int(root, "logprobs", 0, 5, &v, &found, e)) return -1;
+        const cJSON *tlp = cJSON_GetObjectItemCaseSensitive(root, "top_logprobs");
+        if (tlp && !cJSON_IsNull(tlp))
+            return bad_param(e, "top_logprobs", "'top_logprobs' is a chat parameter; completions take 'logprobs'");
+        if (found) g->lp_k = (int)v;
+    }
+    g->gp.logprobs = g->lp_k >= 0;
+    g->gp.top_logprobs = g->lp_k >= 0 ? g->lp_k : 0;
+    return 0;
+}
+
 /* The sampling and control parameters shared by both endpoints. */
 static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
 {
@@ -543,7 +651,8 @@ static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
     if (opt_int(root, "priority", -1000000, 1000000, &v, NULL, e)) return -1;
     g->priority = (int)v;
     v = 1;
-    if (opt_int(root, "n", 1, 1, &v, NULL, e)) return bad_param(e, "n", "'n' must be 1 (one choice per request)");
+    if (opt_int(root, "n", 1, IE_HTTP_MAX_N, &v, NULL, e)) return -1;
+    g->n = (int)v;
     if (opt_int(root, "best_of", 1, 1, &v, NULL, e)) return bad_param(e, "best_of", "'best_of' must be 1");
     if (opt_bool(root, "stream", &g->stream, e)) return -1;
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
@@ -555,11 +664,7 @@ static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
     int echo = 0;
     if (opt_bool(root, "echo", &echo, e)) return -1;
     if (echo) return bad_param(e, "echo", "'echo' is not supported (false only)");
-    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
-    if (lp && !cJSON_IsNull(lp) && !cJSON_IsFalse(lp))
-        return bad_param(e, "logprobs", "'logprobs' is not supported");
-    const cJSON *tlp = cJSON_GetObjectItemCaseSensitive(root, "top_logprobs");
-    if (tlp && !cJSON_IsNull(tlp)) return bad_param(e, "top_logprobs", "'top_logprobs' is not supported");
+    if (parse_logprobs(root, g, e)) return -1;
     const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(root, "suffix");
     if (suffix && !cJSON_IsNull(suffix) && !(cJSON_IsString(suffix) && !suffix->valuestring[0]))
         return bad_param(e, "suffix", "'suffix' is not supported");
@@ -569,12 +674,10 @@ static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
     if (tools && !cJSON_IsNull(tools) && !(cJSON_IsArray(tools) && !tools->child))
         return bad_param(e, "tools", "'tools' are not supported");
-    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
-    if (rf && !cJSON_IsNull(rf)) {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
-        if (!cJSON_IsString(t) || strcmp(t->valuestring, "text"))
-            return bad_param(e, "response_format", "'response_format' supports {\"type\": \"text\"} only");
-    }
+    /* structured output: the schema is compiled (checked) here already */
+    if (ie_oai_response_format(cJSON_GetObjectItemCaseSensitive(root, "response_format"), &g->schema_text) != IE_OK)
+        return bad_param(e, "response_format", "%s", ie_error_last());
+    if (g->schema_text) g->gp.json_schema = g->schema_text;
     const cJSON *re = cJSON_GetObjectItemCaseSensitive(root, "reasoning_effort");
     if (re && !cJSON_IsNull(re) &&
         (!cJSON_IsString(re) || ie_harmony_effort_parse(re->valuestring, &g->chat_opts.effort) != IE_OK))
@@ -767,44 +870,180 @@ static cJSON *resp_head(ie_http_t *h, const ident_t *x, const char *object)
     return o;
 }
 
-/* The non-streamed answer of a finished request (r->terminal == DONE). */
-static cJSON *final_json(ie_http_t *h, req_t *r, int chat)
+/* -------------------------------------------------------------- logprobs */
+
+#define IE_HTTP_TOK_MAX 256 /* bytes of a token shown at most */
+
+/* A token's text for JSON (raw bytes, special tokens' text included, each
+ * byte of an invalid or cut UTF-8 sequence as U+FFFD: a token may hold
+ * part of a character) into out; its raw bytes into raw[0..*n_raw). */
+static void tok_text(const ie_tokenizer_t *tok, int32_t id, char out[3 * IE_HTTP_TOK_MAX + 1],
+                     unsigned char raw[IE_HTTP_TOK_MAX], size_t *n_raw)
+{
+    int n = ie_tokenizer_token_bytes(tok, id, 1, (char *)raw, IE_HTTP_TOK_MAX);
+    size_t len = n < 0 ? 0 : (size_t)n > IE_HTTP_TOK_MAX ? IE_HTTP_TOK_MAX : (size_t)n, o = 0;
+    for (size_t i = 0; i < len;) {
+        const unsigned char b = raw[i];
+        size_t L = b < 0x80 ? 1 : (b & 0xE0) == 0xC0 ? 2 : (b & 0xF0) == 0xE0 ? 3 : (b & 0xF8) == 0xF0 ? 4 : 0;
+        if (L && i + L <= len && ie_tokenizer_check_utf8((const char *)raw + i, L) == IE_OK) {
+            memcpy(out + o, raw + i, L);
+            o += L;
+            i += L;
+        } else {
+            memcpy(out + o, "\xEF\xBF\xBD", 3);
+            o += 3;
+            i++;
+        }
+    }
+    out[o] = '\0';
+    *n_raw = len;
+}
+
+/* Characters (code points) a token adds to the text: its bytes that do
+ * not continue a UTF-8 sequence, special tokens none (the text hides
+ * them). For completions' text_offset. */
+static size_t tok_chars(const ie_tokenizer_t *tok, int32_t id)
+{
+    char raw[IE_HTTP_TOK_MAX];
+    int n = ie_tokenizer_token_bytes(tok, id, 0, raw, sizeof raw);
+    size_t c = 0;
+    for (int i = 0; i < n && i < IE_HTTP_TOK_MAX; i++) c += ((unsigned char)raw[i] & 0xC0) != 0x80;
+    return c;
+}
+
+/* A log-probability for JSON: -inf (a token that cannot occur) is not a
+ * JSON number; OpenAI's clients read -9999.0 as "never" (vLLM's value). */
+static double lp_num(float v) { return isfinite(v) ? (double)v : -9999.0; }
+
+/* {"token", "logprob", "bytes"} of one token (chat). */
+static cJSON *lp_entry(const ie_tokenizer_t *tok, int32_t id, float logprob)
+{
+    char text[3 * IE_HTTP_TOK_MAX + 1];
+    unsigned char raw[IE_HTTP_TOK_MAX];
+    size_t n_raw = 0;
+    tok_text(tok, id, text, raw, &n_raw);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "token", text);
+    cJSON_AddNumberToObject(o, "logprob", lp_num(logprob));
+    cJSON *b = cJSON_AddArrayToObject(o, "bytes");
+    for (size_t i = 0; b && i < n_raw; i++) cJSON_AddItemToArray(b, cJSON_CreateNumber(raw[i]));
+    return o;
+}
+
+/* The "logprobs" object of a choice (or chunk) for tokens lp[0..n): chat
+ * {"content": [{token, logprob, bytes, top_logprobs: [...]}]}, completions
+ * {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}
+ * with each top_logprobs dict holding the k alternatives and the sampled
+ * token (OpenAI's legacy shape). End-of-turn tokens are left out, like
+ * their text. *chars: the choice's text length in characters before
+ * lp[0], advanced past them. NULL when out of memory. */
+static cJSON *lp_json(const ie_tokenizer_t *tok, int chat, int k, const tok_lp_t *lp, size_t n, size_t *chars)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON *content = NULL, *tokens = NULL, *tlp = NULL, *tops = NULL, *offs = NULL;
+    if (chat) {
+        content = cJSON_AddArrayToObject(o, "content");
+    } else {
+        tokens = cJSON_AddArrayToObject(o, "tokens");
+        tlp = cJSON_AddArrayToObject(o, "token_logprobs");
+        tops = cJSON_AddArrayToObject(o, "top_logprobs");
+        offs = cJSON_AddArrayToObject(o, "text_offset");
+    }
+    if (!o || (chat ? !content : !tokens || !tlp || !tops || !offs)) goto oom;
+    for (size_t i = 0; i < n; i++) {
+        const tok_lp_t *t = &lp[i];
+        if (ie_tokenizer_is_eog(tok, t->id)) continue;
+        const int m = t->n_top < k ? t->n_top : k;
+        if (chat) {
+            cJSON *e = lp_entry(tok, t->id, t->logprob);
+            cJSON *alts = e ? cJSON_AddArrayToObject(e, "top_logprobs") : NULL;
+            if (!alts || !cJSON_AddItemToArray(content, e)) {
+                cJSON_Delete(e);
+                goto oom;
+            }
+            for (int j = 0; j < m; j++)
+                if (!cJSON_AddItemToArray(alts, lp_entry(tok, t->top[j].id, t->top[j].logprob))) goto oom;
+        } else {
+            char text[3 * IE_HTTP_TOK_MAX + 1];
+            unsigned char raw[IE_HTTP_TOK_MAX];
+            size_t n_raw;
+            tok_text(tok, t->id, text, raw, &n_raw);
+            cJSON *d = cJSON_CreateObject();
+            if (!d || !cJSON_AddItemToArray(tops, d)) {
+                cJSON_Delete(d);
+                goto oom;
+            }
+            cJSON_AddItemToArray(tokens, cJSON_CreateString(text));
+            cJSON_AddItemToArray(tlp, cJSON_CreateNumber(lp_num(t->logprob)));
+            cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*chars));
+            for (int j = 0; j <= m; j++) { /* the alternatives, then the sampled token */
+                char alt[3 * IE_HTTP_TOK_MAX + 1];
+                const int32_t id = j < m ? t->top[j].id : t->id;
+                tok_text(tok, id, alt, raw, &n_raw);
+                /* two ids may show as the same text (cut UTF-8): the
+                 * likelier one keeps the key */
+                if (!cJSON_GetObjectItemCaseSensitive(d, alt))
+                    cJSON_AddNumberToObject(d, alt, lp_num(j < m ? t->top[j].logprob : t->logprob));
+            }
+        }
+        *chars += tok_chars(tok, t->id);
+    }
+    return o;
+oom:
+    cJSON_Delete(o);
+    return NULL;
+}
+
+/* The non-streamed answer of a finished request (every choice DONE). */
+static cJSON *final_json(ie_http_t *h, req_t *r, int chat, int lp_k)
 {
     ident_t x;
     cJSON *o = NULL;
     ie_harmony_parser_t *hp = NULL;
+    size_t n_gen = 0;
     ident_make(&x, chat);
     if (!(o = resp_head(h, &x, chat ? "chat.completion" : "text_completion"))) goto fail;
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    cJSON *ch = cJSON_CreateObject();
-    if (!cJSON_AddItemToArray(choices, ch)) {
-        cJSON_Delete(ch);
-        goto fail;
-    }
-    cJSON_AddNumberToObject(ch, "index", 0);
-    const char *text = r->all_text ? r->all_text : "";
-    if (chat) {
-        cJSON *msg = cJSON_AddObjectToObject(ch, "message");
-        cJSON_AddStringToObject(msg, "role", "assistant");
-        if (h->chat_fmt == IE_CHAT_HARMONY) {
-            /* the text hides control tokens: channels come from the ids */
-            if (ie_harmony_parser_new(h->tok, NULL, NULL, &hp) != IE_OK) goto fail;
-            for (size_t k = 0; k < r->n_gen; k++)
-                if (r->all_ids && ie_harmony_parser_push_token(hp, r->all_ids[k]) != IE_OK) goto fail;
-            if (ie_harmony_parser_finish(hp) != IE_OK) goto fail;
-            cJSON_AddStringToObject(msg, "content", ie_harmony_parser_text(hp, IE_HARMONY_CH_FINAL, NULL));
-            cJSON_AddStringToObject(msg, "reasoning_content",
-                                    ie_harmony_parser_text(hp, IE_HARMONY_CH_ANALYSIS, NULL));
-        } else {
-            cJSON_AddStringToObject(msg, "content", text);
+    for (int i = 0; i < r->n; i++) {
+        const choice_t *c = &r->ch[i];
+        cJSON *ch = cJSON_CreateObject();
+        if (!cJSON_AddItemToArray(choices, ch)) {
+            cJSON_Delete(ch);
+            goto fail;
         }
-    } else {
-        cJSON_AddStringToObject(ch, "text", text);
+        cJSON_AddNumberToObject(ch, "index", i);
+        const char *text = c->all_text ? c->all_text : "";
+        if (chat) {
+            cJSON *msg = cJSON_AddObjectToObject(ch, "message");
+            cJSON_AddStringToObject(msg, "role", "assistant");
+            if (h->chat_fmt == IE_CHAT_HARMONY) {
+                /* the text hides control tokens: channels come from the ids */
+                if (ie_harmony_parser_new(h->tok, NULL, NULL, &hp) != IE_OK) goto fail;
+                for (size_t k = 0; k < c->n_gen; k++)
+                    if (c->all_ids && ie_harmony_parser_push_token(hp, c->all_ids[k]) != IE_OK) goto fail;
+                if (ie_harmony_parser_finish(hp) != IE_OK) goto fail;
+                cJSON_AddStringToObject(msg, "content", ie_harmony_parser_text(hp, IE_HARMONY_CH_FINAL, NULL));
+                cJSON_AddStringToObject(msg, "reasoning_content",
+                                        ie_harmony_parser_text(hp, IE_HARMONY_CH_ANALYSIS, NULL));
+                ie_harmony_parser_destroy(&hp);
+            } else {
+                cJSON_AddStringToObject(msg, "content", text);
+            }
+        } else {
+            cJSON_AddStringToObject(ch, "text", text);
+        }
+        if (lp_k >= 0) {
+            size_t chars = 0;
+            cJSON *lj = lp_json(h->tok, chat, lp_k, c->lp, c->n_lp, &chars);
+            if (!lj) goto fail;
+            cJSON_AddItemToObject(ch, "logprobs", lj);
+        } else {
+            cJSON_AddNullToObject(ch, "logprobs");
+        }
+        cJSON_AddStringToObject(ch, "finish_reason", finish_reason(c->finish));
+        n_gen += c->n_gen;
     }
-    cJSON_AddNullToObject(ch, "logprobs");
-    cJSON_AddStringToObject(ch, "finish_reason", finish_reason(r->finish));
-    add_usage(o, r->n_prompt, r->n_gen);
-    ie_harmony_parser_destroy(&hp);
+    add_usage(o, r->n_prompt, n_gen);
     return o;
 fail:
     ie_harmony_parser_destroy(&hp);
@@ -814,20 +1053,31 @@ fail:
 
 /* ---------------------------------------------------------------- streams */
 
+/* A stream's state of one choice. */
+typedef struct schoice {
+    ie_buf_t take; /* text taken from the request              */
+    int32_t *take_ids;
+    size_t n_take, cap_take;
+    tok_lp_t *take_lp; /* log-probabilities taken                 */
+    size_t n_take_lp, cap_take_lp;
+    size_t lp_done;  /* the choice's lp entries taken so far      */
+    size_t chars;    /* text offset in characters (completions)   */
+    size_t sent_len; /* text bytes sent (non-harmony)             */
+    ie_harmony_parser_t *hp;
+    chan_bufs_t cb;
+    int ended; /* its finish chunk is out                    */
+} schoice_t;
+
 /* The body of a streamed answer (libmicrohttpd's content reader). */
 typedef struct stream {
     ie_http_t *h;
     req_t *r; /* the stream's reference                     */
-    int fd, chat, harmony, include_usage;
+    int fd, chat, harmony, include_usage, lp_k;
     ident_t x;
     ie_buf_t out; /* SSE bytes not yet handed to MHD           */
     size_t off;
-    ie_buf_t take; /* text taken from the request              */
-    int32_t *take_ids;
-    size_t n_take, cap_take;
-    size_t sent_len; /* text bytes sent (non-harmony)             */
-    ie_harmony_parser_t *hp;
-    chan_bufs_t cb;
+    size_t seen; /* the request's events seen                 */
+    schoice_t c[IE_HTTP_MAX_N];
     int started, ended;
 } stream_t;
 
@@ -835,13 +1085,17 @@ static void stream_free(void *cls)
 {
     stream_t *s = cls;
     if (!s) return;
+    for (int i = 0; i < IE_HTTP_MAX_N; i++) {
+        schoice_t *c = &s->c[i];
+        ie_buf_free(&c->take);
+        free(c->take_ids);
+        free(c->take_lp);
+        ie_harmony_parser_destroy(&c->hp);
+        ie_buf_free(&c->cb.final);
+        ie_buf_free(&c->cb.analysis);
+    }
     req_unref(s->r);
     ie_buf_free(&s->out);
-    ie_buf_free(&s->take);
-    free(s->take_ids);
-    ie_harmony_parser_destroy(&s->hp);
-    ie_buf_free(&s->cb.final);
-    ie_buf_free(&s->cb.analysis);
     free(s);
 }
 
@@ -855,25 +1109,28 @@ static int sse_json(stream_t *s, cJSON *js)
     return rc;
 }
 
-/* One chunk: completions {"text"}, chat {"delta": {content,
- * reasoning_content}} (a delta of NULLs: {}), finish_reason or null. */
-static int sse_chunk(stream_t *s, const char *text, size_t len, const char *reasoning, size_t rlen,
-                     const char *finish)
+/* One chunk of choice `index`: completions {"text"}, chat {"delta":
+ * {content, reasoning_content}} (a delta of NULLs: {}), its logprobs (lp
+ * taken; NULL: null), finish_reason or null. */
+static int sse_chunk(stream_t *s, int index, const char *text, size_t len, const char *reasoning, size_t rlen,
+                     const char *finish, cJSON *lp)
 {
     cJSON *o = resp_head(s->h, &s->x, s->chat ? "chat.completion.chunk" : "text_completion");
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     cJSON *ch = cJSON_CreateObject();
     if (!o || !choices || !ch || !cJSON_AddItemToArray(choices, ch)) {
+        cJSON_Delete(lp);
         cJSON_Delete(ch);
         cJSON_Delete(o);
         return -1;
     }
-    cJSON_AddNumberToObject(ch, "index", 0);
+    cJSON_AddNumberToObject(ch, "index", index);
     /* content may hold any bytes: copy into a NUL-terminated string */
     char *t = strndup(text ? text : "", text ? len : 0), *rt = strndup(reasoning ? reasoning : "", rlen);
     if (!t || !rt) {
         free(t);
         free(rt);
+        cJSON_Delete(lp);
         cJSON_Delete(o);
         return -1;
     }
@@ -887,7 +1144,8 @@ static int sse_chunk(stream_t *s, const char *text, size_t len, const char *reas
     }
     free(t);
     free(rt);
-    cJSON_AddNullToObject(ch, "logprobs");
+    if (lp) cJSON_AddItemToObject(ch, "logprobs", lp);
+    else cJSON_AddNullToObject(ch, "logprobs");
     if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
     else cJSON_AddNullToObject(ch, "finish_reason");
     return sse_json(s, o);
@@ -899,6 +1157,98 @@ static int sse_error(stream_t *s, const http_err_t *e)
     return ie_buf_printf(&s->out, "data: [DONE]\n\n");
 }
 
+/* With r->mu held: move what choice i produced since the last call into
+ * the stream's state. 0, or -1 out of memory. */
+static int stream_take_locked(stream_t *s, int i)
+{
+    choice_t *rc = &s->r->ch[i];
+    schoice_t *c = &s->c[i];
+    ie_buf_t tb = rc->text;
+    rc->text = c->take;
+    c->take = tb;
+    ie_buf_reset(&rc->text);
+    int32_t *ti = rc->ids;
+    size_t tcap = rc->cap_ids;
+    c->n_take = rc->n_ids;
+    rc->ids = c->take_ids;
+    rc->cap_ids = c->cap_take;
+    rc->n_ids = 0;
+    c->take_ids = ti;
+    c->cap_take = tcap;
+    c->n_take_lp = 0;
+    const size_t n = rc->n_lp - c->lp_done;
+    if (n) {
+        if (n > c->cap_take_lp) {
+            tok_lp_t *p = realloc(c->take_lp, n * sizeof *p);
+            if (!p) return -1;
+            c->take_lp = p;
+            c->cap_take_lp = n;
+        }
+        memcpy(c->take_lp, rc->lp + c->lp_done, n * sizeof *c->take_lp);
+        c->n_take_lp = n;
+        c->lp_done = rc->n_lp;
+    }
+    return 0;
+}
+
+/* The chunks of choice i for what was taken; at its end its finish chunk.
+ * 1: the choice failed (the stream ends with its error), 0, -1: end the
+ * connection. */
+static int stream_choice(stream_t *s, int i, int terminal)
+{
+    schoice_t *c = &s->c[i];
+    const choice_t *rc = &s->r->ch[i];
+    cJSON *lp = NULL;
+    if (s->lp_k >= 0 && c->n_take_lp) {
+        if (!(lp = lp_json(s->h->tok, s->chat, s->lp_k, c->take_lp, c->n_take_lp, &c->chars))) return -1;
+        cJSON *arr = s->chat ? cJSON_GetObjectItemCaseSensitive(lp, "content")
+                             : cJSON_GetObjectItemCaseSensitive(lp, "tokens");
+        if (!cJSON_GetArraySize(arr)) { /* end-of-turn tokens only */
+            cJSON_Delete(lp);
+            lp = NULL;
+        }
+    }
+    if (s->harmony) {
+        for (size_t k = 0; k < c->n_take; k++)
+            if (ie_harmony_parser_push_token(c->hp, c->take_ids[k]) != IE_OK) goto fail;
+        if (terminal && ie_harmony_parser_finish(c->hp) != IE_OK) goto fail;
+        if (c->cb.oom) goto fail;
+        if (c->cb.final.len || c->cb.analysis.len || lp) {
+            if (sse_chunk(s, i, c->cb.final.len || lp ? c->cb.final.data : NULL, c->cb.final.len,
+                          c->cb.analysis.len ? c->cb.analysis.data : NULL, c->cb.analysis.len, NULL, lp) != 0)
+                return -1;
+            lp = NULL;
+            ie_buf_reset(&c->cb.final);
+            ie_buf_reset(&c->cb.analysis);
+        }
+    } else {
+        size_t len = c->take.len;
+        const char *text = c->take.data;
+        /* text the stop matcher still held when the request ended is in
+         * all_text only */
+        if (terminal == IE_SCHED_DONE && rc->all_text) {
+            size_t all = strlen(rc->all_text);
+            if (all > c->sent_len + len && !memcmp(rc->all_text + c->sent_len, text ? text : "", len)) {
+                text = rc->all_text + c->sent_len;
+                len = all - c->sent_len;
+            }
+        }
+        if (len || lp) {
+            if (sse_chunk(s, i, text ? text : "", len, NULL, 0, NULL, lp) != 0) return -1;
+            lp = NULL;
+        }
+        c->sent_len += len;
+    }
+    ie_buf_reset(&c->take);
+    if (!terminal) return 0;
+    c->ended = 1;
+    if (terminal == IE_SCHED_ERROR) return 1;
+    return sse_chunk(s, i, s->chat ? NULL : "", 0, NULL, 0, finish_reason(rc->finish), NULL);
+fail:
+    cJSON_Delete(lp);
+    return -1;
+}
+
 /* Format what the request has produced since the last call into s->out
  * (waiting for it first). -1: end the connection with an error (client
  * gone, out of memory). */
@@ -906,34 +1256,30 @@ static int stream_fill(stream_t *s)
 {
     req_t *r = s->r;
     http_err_t e;
-    if (!s->started) { /* chat streams open with the role */
-        int rc = s->chat ? sse_chunk(s, "", 0, NULL, 0, NULL) : 0;
+    int term[IE_HTTP_MAX_N];
+    if (!s->started) { /* chat streams open with the role, for every choice */
+        int rc = 0;
+        for (int i = 0; s->chat && i < r->n && !rc; i++) rc = sse_chunk(s, i, "", 0, NULL, 0, NULL, NULL);
         s->started = 1;
         if (rc || s->chat) return rc;
     }
     pthread_mutex_lock(&r->mu);
-    int w = req_wait_locked(r, s->h, s->fd, 1);
+    int w = req_wait_locked(r, s->h, s->fd, 1, s->seen);
     if (w == WAIT_GONE) {
         pthread_mutex_unlock(&r->mu);
         return -1;
     }
-    /* take the pending text and ids; the outcome is immutable once set */
-    ie_buf_t tb = r->text;
-    r->text = s->take;
-    s->take = tb;
-    ie_buf_reset(&r->text);
-    int32_t *ti = r->ids;
-    size_t tcap = r->cap_ids;
-    s->n_take = r->n_ids;
-    r->ids = s->take_ids;
-    r->cap_ids = s->cap_take;
-    r->n_ids = 0;
-    s->take_ids = ti;
-    s->cap_take = tcap;
-    int terminal = r->terminal, oom = r->oom;
+    s->seen = r->n_ev;
+    /* take the pending text, ids and logprobs; the outcome is immutable
+     * once set */
+    int oom = r->oom, all_done = r->n_done == r->n;
+    for (int i = 0; i < r->n; i++) {
+        term[i] = s->c[i].ended ? 0 : r->ch[i].terminal;
+        if (!s->c[i].ended && stream_take_locked(s, i) != 0) oom = 1;
+    }
     pthread_mutex_unlock(&r->mu);
 
-    if (w == WAIT_STOP && !terminal) {
+    if (w == WAIT_STOP && !all_done) {
         s->ended = 1;
         err_set(&e, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", "unavailable", NULL,
                 "the server is shutting down");
@@ -944,49 +1290,30 @@ static int stream_fill(stream_t *s)
         err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
         return sse_error(s, &e);
     }
-    if (s->harmony) {
-        for (size_t k = 0; k < s->n_take; k++)
-            if (ie_harmony_parser_push_token(s->hp, s->take_ids[k]) != IE_OK) return -1;
-        if (terminal && ie_harmony_parser_finish(s->hp) != IE_OK) return -1;
-        if (s->cb.oom) return -1;
-        if (s->cb.final.len || s->cb.analysis.len) {
-            if (sse_chunk(s, s->cb.final.len ? s->cb.final.data : NULL, s->cb.final.len,
-                          s->cb.analysis.len ? s->cb.analysis.data : NULL, s->cb.analysis.len, NULL) != 0)
-                return -1;
-            ie_buf_reset(&s->cb.final);
-            ie_buf_reset(&s->cb.analysis);
+    int left = 0;
+    for (int i = 0; i < r->n; i++) {
+        if (s->c[i].ended) continue;
+        int rc = stream_choice(s, i, term[i]);
+        if (rc < 0) return -1;
+        if (rc > 0) { /* a failed choice ends the stream (the others are cancelled) */
+            s->ended = 1;
+            err_from_sched(&e, r->ch[i].status, r->ch[i].code, r->ch[i].message);
+            return sse_error(s, &e);
         }
-    } else {
-        size_t len = s->take.len;
-        const char *text = s->take.data;
-        /* text the stop matcher still held when the request ended is in
-         * all_text only */
-        if (terminal == IE_SCHED_DONE && r->all_text) {
-            size_t all = strlen(r->all_text);
-            if (all > s->sent_len + len && !memcmp(r->all_text + s->sent_len, text ? text : "", len)) {
-                text = r->all_text + s->sent_len;
-                len = all - s->sent_len;
-            }
-        }
-        if (len && sse_chunk(s, text, len, NULL, 0, NULL) != 0) return -1;
-        s->sent_len += len;
+        left += !s->c[i].ended;
     }
-    ie_buf_reset(&s->take);
-    if (!terminal) return 0;
+    if (left) return 0;
 
     s->ended = 1;
-    if (terminal == IE_SCHED_ERROR) {
-        err_from_sched(&e, r->status, r->code, r->message);
-        return sse_error(s, &e);
-    }
-    if (sse_chunk(s, s->chat ? NULL : "", 0, NULL, 0, finish_reason(r->finish)) != 0) return -1;
     if (s->include_usage) {
         cJSON *o = resp_head(s->h, &s->x, s->chat ? "chat.completion.chunk" : "text_completion");
         if (!o || !cJSON_AddArrayToObject(o, "choices")) {
             cJSON_Delete(o);
             return -1;
         }
-        add_usage(o, r->n_prompt, r->n_gen);
+        size_t n_gen = 0;
+        for (int i = 0; i < r->n; i++) n_gen += r->ch[i].n_gen;
+        add_usage(o, r->n_prompt, n_gen);
         if (sse_json(s, o) != 0) return -1;
     }
     return ie_buf_printf(&s->out, "data: [DONE]\n\n");
@@ -1095,39 +1422,59 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
         goto answer_err;
     }
 
-    if (!(r = req_new())) {
+    if (!(r = req_new(g.n, g.lp_k >= 0))) {
         err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
         goto answer_err;
     }
-    ie_sched_req_t sr = {.ids = ids,
-                         .n_ids = n_ids,
-                         .params = &g.gp,
-                         .priority = g.priority,
-                         .lora = lora,
-                         .timeout_ms = h->o.request_timeout_ms,
-                         .cb = req_on_event,
-                         .cb_ctx = r};
-    req_ref(r); /* the scheduler's, until its terminal event */
-    ie_status_t st = ie_sched_submit(h->o.sched, &sr, &r->id);
-    if (st != IE_OK) {
-        req_unref(r); /* no event will come */
-        err_from_sched(&e, st, NULL, ie_error_last());
-        if (e.status == MHD_HTTP_BAD_REQUEST)
-            snprintf(e.param, sizeof e.param, "%s", g.chat ? "messages" : "prompt");
-        goto answer_err;
-    }
-    r->submitted = 1;
     c->req = r;
     req_ref(r);
+    /* n choices: n scheduler requests of the same prompt, choice i seeded
+     * with the request's seed + i. Choice 0 goes first and the others once
+     * it has its first token: by then its prompt's full KV blocks are in
+     * the prefix cache, so the shared prompt is computed once (but for
+     * its last, partial block). */
+    const uint64_t seed0 = g.gp.sampling.seed;
+    size_t n_events = 0;
+    int terminal = 0, oom = 0, w = WAIT_OK;
+    for (int i = 0; i < g.n; i++) {
+        g.gp.sampling.seed = seed0 + (uint64_t)i;
+        ie_sched_req_t sr = {.ids = ids,
+                             .n_ids = n_ids,
+                             .params = &g.gp,
+                             .priority = g.priority,
+                             .lora = lora,
+                             .timeout_ms = h->o.request_timeout_ms,
+                             .cb = req_on_event,
+                             .cb_ctx = &r->ch[i]};
+        req_ref(r); /* the scheduler's, until its terminal event */
+        ie_status_t st = ie_sched_submit(h->o.sched, &sr, &r->ch[i].id);
+        if (st != IE_OK) {
+            req_unref(r); /* no event will come */
+            err_from_sched(&e, st, NULL, ie_error_last());
+            if (e.status == MHD_HTTP_BAD_REQUEST)
+                snprintf(e.param, sizeof e.param, "%s", g.chat ? "messages" : "prompt");
+            goto answer_err; /* on_completed cancels the choices submitted */
+        }
+        r->ch[i].submitted = 1;
+        if (i == 0 && g.n > 1) {
+            pthread_mutex_lock(&r->mu);
+            w = req_wait_locked(r, h, c->fd, 1, 0);
+            const int failed = req_failed_locked(r) != NULL;
+            pthread_mutex_unlock(&r->mu);
+            if (w != WAIT_OK || failed) break; /* answered below */
+        }
+    }
 
     /* non-streamed: the whole answer; streamed: the first event */
     pthread_mutex_lock(&r->mu);
-    int w = req_wait_locked(r, h, c->fd, g.stream);
-    int terminal = r->terminal, oom = r->oom;
-    size_t n_events = r->n_events;
+    if (w == WAIT_OK) w = req_wait_locked(r, h, c->fd, g.stream, 0);
+    const choice_t *failed = req_failed_locked(r);
+    for (int i = 0; i < r->n; i++) n_events += r->ch[i].n_events;
+    terminal = r->n_done == r->n ? IE_SCHED_DONE : 0;
+    oom = r->oom;
     pthread_mutex_unlock(&r->mu);
     if (w == WAIT_GONE) goto cleanup; /* MHD_NO: closed; on_completed cancels */
-    if (w == WAIT_STOP && !terminal) {
+    if (w == WAIT_STOP && !terminal && !failed) {
         err_set(&e, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", "unavailable", NULL,
                 "the server is shutting down");
         goto answer_err;
@@ -1136,12 +1483,14 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
         err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
         goto answer_err;
     }
-    if (terminal == IE_SCHED_ERROR && (!g.stream || n_events == 0)) {
-        err_from_sched(&e, r->status, r->code, r->message);
+    /* a choice that failed fails the request (before any token of a
+     * stream: with its own status) */
+    if (failed && (!g.stream || n_events == 0)) {
+        err_from_sched(&e, failed->status, failed->code, failed->message);
         goto answer_err;
     }
     if (!g.stream) {
-        ret = send_json(h, mc, c, MHD_HTTP_OK, final_json(h, r, g.chat));
+        ret = send_json(h, mc, c, MHD_HTTP_OK, final_json(h, r, g.chat, g.lp_k));
         goto cleanup;
     }
 
@@ -1155,9 +1504,13 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
     s->fd = c->fd;
     s->chat = g.chat;
     s->harmony = g.chat && h->chat_fmt == IE_CHAT_HARMONY;
+    s->lp_k = g.lp_k;
     s->include_usage = g.include_usage;
     ident_make(&s->x, g.chat);
-    if (s->harmony && ie_harmony_parser_new(h->tok, on_harmony, &s->cb, &s->hp) != IE_OK) {
+    int hp_bad = 0;
+    for (int i = 0; s->harmony && i < g.n && !hp_bad; i++)
+        hp_bad = ie_harmony_parser_new(h->tok, on_harmony, &s->c[i].cb, &s->c[i].hp) != IE_OK;
+    if (hp_bad) {
         stream_free(s);
         err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
         goto answer_err;
@@ -1184,6 +1537,135 @@ cleanup:
     req_unref(r); /* this function's own reference (c->req holds another) */
     cJSON_Delete(root);
     free(ids);
+    free(g.schema_text);
+    return ret;
+}
+
+/* POST /v1/embeddings, body read: one scheduler request per input
+ * (pooling h->o.pooling), submitted as the queue takes them (a full queue
+ * with none of ours running is a 429, else we wait for one of ours to end
+ * and go on), then the vectors, normalized, in input order. A client gone
+ * or a server stopping cancels the requests still running. */
+static enum MHD_Result handle_embed(ie_http_t *h, struct MHD_Connection *mc, conn_t *c)
+{
+    http_err_t e;
+    ie_embd_req_t q;
+    ie_embd_err_t pe;
+    ie_embd_wait_t *w = NULL;
+    uint64_t *sid = NULL;
+    cJSON *js = NULL;
+    size_t next = 0, n_ended = 0;
+    enum MHD_Result ret = MHD_NO;
+    const int dim = ie_backend_geom(ie_engine_backend(h->o.engine))->n_embd;
+    memset(&e, 0, sizeof e);
+
+    if (ie_embd_parse(c->body.data, c->body.len, h->tok, h->n_vocab, h->n_ctx, &q, &pe) != IE_OK) {
+        err_set(&e, pe.status, pe.status == 400 ? "invalid_request_error" : "server_error", pe.code,
+                pe.param[0] ? pe.param : NULL, "%s", ie_error_last());
+        goto answer_err;
+    }
+    /* "model": the base's name, or a LoRA adapter's (as for generation) */
+    const int lora = q.model ? ie_engine_lora_find(h->o.engine, q.model) + 1 : 0;
+    if (q.model && strcmp(q.model, h->model_name) && !lora) {
+        err_set(&e, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model_not_found", "model",
+                "The model '%.200s' does not exist (this server has '%.200s')", q.model, h->model_name);
+        goto answer_err;
+    }
+    if (dim <= 0) {
+        err_set(&e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "unsupported", NULL,
+                "this server's backend gives no hidden states: embeddings are not available");
+        goto answer_err;
+    }
+    if (ie_embd_wait_new(q.n_in, dim, &w) != IE_OK || !(sid = calloc(q.n_in, sizeof *sid))) {
+        err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
+        goto answer_err;
+    }
+    ie_gen_params_t gp;
+    ie_gen_params_default(&gp);
+    gp.max_new = 0;
+    for (;;) {
+        while (next < q.n_in) {
+            ie_sched_req_t sr = {.ids = q.ids[next],
+                                 .n_ids = q.n_ids[next],
+                                 .params = &gp,
+                                 .lora = lora,
+                                 .timeout_ms = h->o.request_timeout_ms,
+                                 .cb = ie_embd_wait_on_event,
+                                 .cb_ctx = ie_embd_wait_slot(w, next),
+                                 .pooling = h->o.pooling != IE_POOL_NONE ? h->o.pooling : IE_POOL_MEAN};
+            ie_embd_wait_ref(w); /* the scheduler's, until the terminal event */
+            ie_status_t st = ie_sched_submit(h->o.sched, &sr, &sid[next]);
+            if (st == IE_OK) {
+                next++;
+                continue;
+            }
+            ie_embd_wait_unref(w);                          /* no event will come */
+            if (st == IE_ERR_BUSY && n_ended < next) break; /* ours still run: wait for one */
+            err_from_sched(&e, st, NULL, ie_error_last());
+            if (e.status == MHD_HTTP_BAD_REQUEST) snprintf(e.param, sizeof e.param, "input");
+            goto cancel;
+        }
+        if (n_ended == q.n_in) break;
+        if (ie_embd_wait_poll(w, IE_HTTP_POLL_MS, &n_ended)) {
+            const char *code, *msg;
+            ie_status_t st = ie_embd_wait_error(w, &code, &msg);
+            err_from_sched(&e, st, code, msg);
+            goto cancel;
+        }
+        if (atomic_load(&h->stopping)) {
+            err_set(&e, MHD_HTTP_SERVICE_UNAVAILABLE, "server_error", "unavailable", NULL,
+                    "the server is shutting down");
+            goto cancel;
+        }
+        if (peer_gone(c->fd)) {
+            if (h->m_gone) ie_metric_add(h->m_gone, NULL, 1);
+            for (size_t i = 0; i < next; i++) ie_sched_cancel(h->o.sched, sid[i]);
+            goto cleanup; /* MHD_NO: closed */
+        }
+    }
+    size_t n_tok = 0;
+    js = cJSON_CreateObject();
+    cJSON *data = cJSON_AddArrayToObject(js, "data");
+    cJSON_AddStringToObject(js, "object", "list");
+    for (size_t i = 0; i < q.n_in && data; i++) {
+        float *v = ie_embd_wait_vec(w, i);
+        cJSON *d = cJSON_CreateObject();
+        if (!v || !d || !cJSON_AddItemToArray(data, d)) {
+            cJSON_Delete(d);
+            err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL,
+                    "an embedding is missing");
+            goto answer_err;
+        }
+        ie_embd_normalize(v, dim, h->o.embd_norm ? h->o.embd_norm : IE_EMBD_NORM_L2);
+        n_tok += ie_embd_wait_tokens(w, i);
+        cJSON_AddStringToObject(d, "object", "embedding");
+        cJSON_AddNumberToObject(d, "index", (double)i);
+        if (q.base64) {
+            char *b64 = ie_embd_base64(v, dim);
+            cJSON_AddStringToObject(d, "embedding", b64 ? b64 : "");
+            free(b64);
+        } else {
+            cJSON *arr = cJSON_AddArrayToObject(d, "embedding");
+            for (int j = 0; arr && j < dim; j++) cJSON_AddItemToArray(arr, cJSON_CreateNumber(v[j]));
+        }
+    }
+    cJSON_AddStringToObject(js, "model", q.model ? q.model : h->model_name);
+    cJSON *u = cJSON_AddObjectToObject(js, "usage");
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)n_tok);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)n_tok);
+    ret = send_json(h, mc, c, MHD_HTTP_OK, js);
+    js = NULL; /* send_json's */
+    goto cleanup;
+
+cancel:
+    for (size_t i = 0; i < next; i++) ie_sched_cancel(h->o.sched, sid[i]); /* the ended ones: no such request */
+answer_err:
+    ret = send_err(h, mc, c, &e, NULL);
+cleanup:
+    cJSON_Delete(js);
+    ie_embd_wait_unref(w);
+    free(sid);
+    ie_embd_req_free(&q);
     return ret;
 }
 
@@ -1270,6 +1752,7 @@ static route_t route_of(ie_http_t *h, const char *url)
 {
     if (!strcmp(url, "/v1/completions")) return ROUTE_COMPLETIONS;
     if (!strcmp(url, "/v1/chat/completions")) return ROUTE_CHAT;
+    if (!strcmp(url, "/v1/embeddings")) return ROUTE_EMBED;
     if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") || (!strncmp(url, "/v1/models/", 11) && url[11]) ||
         (!strcmp(url, "/metrics") && h->o.metrics))
         return ROUTE_GET;
@@ -1359,7 +1842,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     h->n_busy++;
     pthread_mutex_unlock(&h->mu);
     c->busy = 1;
-    return handle_generate(h, mc, c);
+    return c->route == ROUTE_EMBED ? handle_embed(h, mc, c) : handle_generate(h, mc, c);
 }
 
 /* The request is over (answered, failed, or its client gone): cancel a
@@ -1372,15 +1855,21 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
     if (!c) return;
     *con_cls = NULL;
     if (c->req) {
-        pthread_mutex_lock(&c->req->mu);
-        int ended = c->req->terminal;
-        pthread_mutex_unlock(&c->req->mu);
-        if (!ended) {
-            ie_sched_cancel(h->o.sched, c->req->id);
+        req_t *r = c->req;
+        int cancelled = 0;
+        for (int i = 0; i < r->n; i++) {
+            pthread_mutex_lock(&r->mu);
+            int ended = r->ch[i].terminal;
+            pthread_mutex_unlock(&r->mu);
+            if (r->ch[i].submitted && !ended) cancelled |= ie_sched_cancel(h->o.sched, r->ch[i].id) == IE_OK;
+        }
+        /* a request answered with an error may leave choices running
+         * (a later choice was refused): not a client gone */
+        if (cancelled && c->status < 400) {
             if (!atomic_load(&h->stopping) && h->m_gone) ie_metric_add(h->m_gone, NULL, 1);
             if (h->o.verbose) fprintf(stderr, "http: %s %s: client gone, request cancelled\n", c->method, c->url);
         }
-        req_unref(c->req);
+        req_unref(r);
     }
     if (h->o.verbose)
         fprintf(stderr, "http: %s %s %u %.1f ms%s\n", c->method, c->url, c->status, ie_now_ms() - c->t0,

@@ -25,11 +25,14 @@ typedef struct pending {
     char env[2][256]; /* routing envelope: identity [+ empty delimiter] */
     size_t env_len[2];
     int n_env;
-    uint64_t sid;  /* scheduler id                                   */
-    int32_t sent;  /* token events sent                              */
-    int peer;      /* the client's connection (ie_sock_last_peer)     */
-    int gone;      /* that connection ended: cancelled, not answered  */
-    server_t *srv; /* NULL once orphaned                             */
+    uint64_t sid;       /* scheduler id                                   */
+    int32_t sent;       /* token events sent                              */
+    int peer;           /* the client's connection (ie_sock_last_peer)     */
+    int gone;           /* that connection ended: cancelled, not answered  */
+    server_t *srv;      /* NULL once orphaned                             */
+    ie_client_lp_t *lp; /* with req.logprobs >= 0: every token's, for "done" */
+    size_t n_lp, cap_lp;
+    int lp_oom; /* one could not be kept: "done" goes without them */
     struct pending *next;
 } pending_t;
 
@@ -79,6 +82,7 @@ static void pending_free(pending_t *p)
 {
     if (!p) return;
     ie_client_req_clear(&p->req);
+    free(p->lp);
     free(p);
 }
 
@@ -92,6 +96,36 @@ static void unlink_open(server_t *s, pending_t *p)
 }
 
 /* Scheduler events of a ZeroMQ request (on the loop's thread). */
+/* A TOKEN event's log-probabilities in the reply's form. */
+static void lp_from_event(ie_client_lp_t *lp, const ie_sched_event_t *ev)
+{
+    memset(lp, 0, sizeof *lp);
+    lp->token = ev->token;
+    lp->logprob = ev->logprob;
+    lp->n_top = ev->n_top < IE_CLIENT_TOP_MAX ? ev->n_top : IE_CLIENT_TOP_MAX;
+    for (int32_t j = 0; j < lp->n_top; j++) {
+        lp->top_ids[j] = ev->top[j].id;
+        lp->top_lps[j] = ev->top[j].logprob;
+    }
+}
+
+/* Keep a token's log-probabilities for the "done" reply. */
+static void lp_keep(pending_t *p, const ie_client_lp_t *lp)
+{
+    if (p->lp_oom) return;
+    if (p->n_lp == p->cap_lp) {
+        size_t cap = p->cap_lp ? p->cap_lp * 2 : 32;
+        ie_client_lp_t *n = realloc(p->lp, cap * sizeof *n);
+        if (!n) {
+            p->lp_oom = 1;
+            return;
+        }
+        p->lp = n;
+        p->cap_lp = cap;
+    }
+    p->lp[p->n_lp++] = *lp;
+}
+
 static void on_event(void *ctx, const ie_sched_event_t *ev)
 {
     pending_t *p = ctx;
@@ -101,8 +135,14 @@ static void on_event(void *ctx, const ie_sched_event_t *ev)
         return;
     }
     if (ev->kind == IE_SCHED_TOKEN) {
+        ie_client_lp_t lp, *lpp = NULL;
+        if (ev->has_logprob) {
+            lp_from_event(&lp, ev);
+            lpp = &lp;
+            lp_keep(p, &lp);
+        }
         if (p->req.stream && !p->gone &&
-            ie_client_enc_token(&s->out, p->req.id, p->sent++, ev->token, ev->text, ev->len) == IE_OK &&
+            ie_client_enc_token_lp(&s->out, p->req.id, p->sent++, ev->token, ev->text, ev->len, lpp) == IE_OK &&
             reply_env(s, p->env, p->env_len, p->n_env, &s->out) == IE_ERR_UNAVAILABLE) {
             p->gone = 1; /* no such peer any more: the end of its connection may not be reported yet */
             ie_sched_cancel(s->o->sched, p->sid);
@@ -118,7 +158,12 @@ static void on_event(void *ctx, const ie_sched_event_t *ev)
                               .n_gen = (int32_t)ev->n_gen,
                               .ttft_ms = ev->ttft_ms,
                               .total_ms = ev->total_ms,
-                              .decode_tps = ev->decode_tps};
+                              .decode_tps = ev->decode_tps,
+                              .n_lp = p->n_lp};
+        /* asked for: a list, empty when no token came (lp still NULL);
+         * one that could not be kept is left out rather than cut short */
+        static const ie_client_lp_t none;
+        if (p->req.logprobs >= 0 && !p->lp_oom) d.lp = p->lp ? p->lp : &none;
         if (!p->gone && ie_client_enc_done(&s->out, &d) == IE_OK)
             reply_env(s, p->env, p->env_len, p->n_env, &s->out);
     } else {
@@ -174,6 +219,9 @@ static void submit(server_t *s, pending_t *p)
         gp.sampling.seed = r->seed >= 0 ? (uint64_t)r->seed : ie_sampler_seed_random();
         gp.stop = (const char *const *)r->stop;
         gp.n_stop = r->n_stop;
+        gp.logprobs = r->logprobs >= 0;
+        gp.top_logprobs = r->logprobs >= 0 ? r->logprobs : 0;
+        gp.json_schema = r->json_schema; /* compiled by submit: a bad one is refused there */
         ie_sched_req_t sr = {.ids = ids,
                              .n_ids = n,
                              .params = &gp,

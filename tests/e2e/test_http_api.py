@@ -306,7 +306,8 @@ def test_random_malformed_requests(server):
     odd = [None, True, False, 0, -1, 1e308, -1e308, 2 ** 63, 0.5, "", "x" * 300, "\u0000", [], [1, "a"], {},
            {"a": {"b": [None]}}, [[[]]], "<|im_end|>"]
     fields = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
-              "min_p", "stop", "seed", "stream", "n", "priority", "stream_options", "frequency_penalty"]
+              "min_p", "stop", "seed", "stream", "n", "priority", "stream_options", "frequency_penalty",
+              "logprobs", "top_logprobs"]
     n_ok = n_4xx = 0
     for i in range(300):
         path, base = bases[i % 2]
@@ -344,7 +345,7 @@ def test_random_malformed_requests(server):
 @pytest.mark.parametrize("param,value", [
     ("temperature", 2.5), ("temperature", "hot"), ("top_p", 0), ("top_p", 1.5), ("min_p", -0.1),
     ("max_tokens", 0), ("max_tokens", 1.5), ("frequency_penalty", 3), ("presence_penalty", -2.5),
-    ("top_k", -2), ("n", 2), ("echo", True), ("logprobs", 3), ("stop", 7), ("stream", "yes"),
+    ("top_k", -2), ("n", 17), ("echo", True), ("logprobs", 6), ("stop", 7), ("stream", "yes"),
     ("seed", 0.5), ("priority", "high"), ("repetition_penalty", 0),
 ])
 def test_bad_param_400_names_it(client, server, param, value):

@@ -154,10 +154,15 @@ LORAS = ["--lora", f"qv8={fixture_path('lora/qv8')}", "--lora", f"all16={fixture
          "--lora", f"mlp={fixture_path('lora/mlp8bf16')}"]
 
 
-def test_tensor_plan_refused_clearly(tmp_path):
-    cp = run_cli(["--model", fixture_path("tiny_llama"), "--prompt", "hi", "--max-new", 2, "--plan", "tensor:2",
-                  "--lora", f"a={fixture_path('lora/qv8')}", "--threads", 2])
-    assert cp.returncode == 3 and "not supported" in cp.stderr, cp.stderr
+def test_tensor_plan_runs_adapters(tmp_path):
+    """A plan runs adapters too (once refused as "not supported"): each rank
+    loads and slices them (tests/e2e/test_lora_cluster.py checks plans
+    against peft and the processes' refusals)."""
+    args = ["--model", fixture_path("tiny_llama"), "--prompt", PROMPT, "--max-new", 6, "--greedy", "--threads", 2,
+            "--precision", "f32", *LORAS, "--adapter", "all16"]
+    want = run_json(args)
+    got = run_json(args + ["--plan", "tensor:2"])
+    assert got["text"] == want["text"] and got["adapters"] == ["all16"], (got, want)
 
 
 # ---------------------------------------------------------------------- HTTP

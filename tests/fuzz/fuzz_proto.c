@@ -40,6 +40,7 @@ static void check_request(const ie_client_req_t *r)
     for (size_t i = 0; i < r->n_stop; i++)
         if (!r->stop[i] || !r->stop[i][0]) __builtin_trap();
     if (!(r->temperature >= 0) || !(r->top_p >= 0 && r->top_p <= 1) || !(r->repeat_penalty > 0)) __builtin_trap();
+    if (r->logprobs < -1 || r->logprobs > IE_CLIENT_TOP_MAX) __builtin_trap();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -189,6 +190,21 @@ int main(int argc, char **argv)
     m.kind = IE_MSG_ERROR;
     m.u.error.code = 3;
     strcpy(m.u.error.message, "decode: missing key \"kind\"");
+    seed_msg(dir, &m);
+
+    memset(&m, 0, sizeof m);
+    m.kind = IE_MSG_LORA;
+    m.u.lora = (ie_msg_lora_t){.seq = 3, .op = IE_LORA_OP_ADD, .id = 2, .keep = 0, .n_name = 2, .n_path = 2};
+    strcpy(m.u.lora.name[0], "qv8");
+    strcpy(m.u.lora.name[1], "all16");
+    strcpy(m.u.lora.path[0], "/srv/lora/qv8");
+    strcpy(m.u.lora.path[1], "/srv/lora/all16.gguf");
+    seed_msg(dir, &m);
+
+    memset(&m, 0, sizeof m);
+    m.kind = IE_MSG_LORA_ACK;
+    m.u.lora_ack = (ie_msg_lora_ack_t){.seq = 3, .rank = 1, .id = 2, .status = 2};
+    strcpy(m.u.lora_ack.error, "worker rank 1: adapter 'qv8': differs");
     seed_msg(dir, &m);
 
     /* client requests */

@@ -4,6 +4,7 @@
 #
 #   1. gen_tiny_llama.py, gen_tiny_llama3.py, gen_tiny_gemma.py, gen_smollm2_ref.py, gen_pretok_refs.py and gen_kquant_ref.py (the
 #      k-quant blocks and their gguf.quants values, tests/data/kquant) and
+#      gen_embed_ref.py (final-norm hidden states, tests/data/embed) and
 #      gen_chat_templates.py (transformers' renders of the chat templates,
 #      tests/data/templates) write into a temp dir
 #   2. every fixture there is compared with tests/data: token ids exactly,
@@ -36,6 +37,7 @@ echo "[regen] generating into $tmp" >&2
 "$py" tests/reference/gen_tiny_phi3.py --out "$tmp"
 "$py" tests/reference/gen_tiny_gemma.py --out "$tmp"
 "$py" tests/reference/gen_tiny_qwen3.py --out "$tmp"
+"$py" tests/reference/gen_embed_ref.py --out "$tmp"
 "$py" tests/reference/gen_pretok_refs.py --out "$tmp/pretok"
 "$py" tests/reference/gen_chat_templates.py "$tmp/templates"
 

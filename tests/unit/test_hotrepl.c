@@ -79,10 +79,10 @@ static void run(ie_worker_t *w, float *out)
         want[i] = 1;
     }
     ie_worker_seq_clear(w, 0);
-    ie_batch_t pre = {6, ids, pos, seq, want, NULL};
+    ie_batch_t pre = {6, ids, pos, seq, want, NULL, NULL};
     CU_ASSERT_EQUAL_FATAL(ie_worker_step(w, &pre, out), IE_OK);
     for (int i = 6; i < 8; i++) {
-        ie_batch_t one = {1, ids + i, pos + i, seq, want, NULL};
+        ie_batch_t one = {1, ids + i, pos + i, seq, want, NULL, NULL};
         CU_ASSERT_EQUAL_FATAL(ie_worker_step(w, &one, out + (size_t)i * nv), IE_OK);
     }
 }
@@ -92,7 +92,7 @@ static void run1(ie_worker_t *w, float *out)
 {
     const int32_t id = k_ids[0] % ie_worker_hparams(w)->n_vocab, pos = 0, seq = 0;
     ie_worker_seq_clear(w, 0);
-    ie_batch_t b = {1, &id, &pos, &seq, NULL, NULL};
+    ie_batch_t b = {1, &id, &pos, &seq, NULL, NULL, NULL};
     CU_ASSERT_EQUAL_FATAL(ie_worker_step(w, &b, out), IE_OK);
 }
 

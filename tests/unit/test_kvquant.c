@@ -231,7 +231,7 @@ static float *run(ie_worker_t *w, int chunk)
     ie_worker_seq_clear(w, 0);
     for (int i = 0; i < NTOK; i += chunk) {
         const int m = NTOK - i < chunk ? NTOK - i : chunk;
-        ie_batch_t b = {m, ids + i, pos + i, sq + i, want + i, NULL};
+        ie_batch_t b = {m, ids + i, pos + i, sq + i, want + i, NULL, NULL};
         CU_ASSERT_EQUAL_FATAL(ie_worker_step(w, &b, out + (size_t)i * nv), IE_OK);
     }
     return out;

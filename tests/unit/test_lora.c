@@ -269,7 +269,7 @@ static void worker_mixed(void)
     for (int s = 0; s < 3; s++) {
         ie_worker_seq_clear(w, s);
         for (int i = 0; i < 6; i++) pos[i] = i, seq[i] = s, ad[i] = ad_of[s], want[i] = 1;
-        ie_batch_t b = {6, k_ids[s], pos, seq, want, ad};
+        ie_batch_t b = {6, k_ids[s], pos, seq, want, ad, NULL};
         CU_ASSERT_EQUAL(ie_worker_step(w, &b, solo + (size_t)s * 6 * nv), IE_OK);
     }
     /* mixed: the three slots interleaved in one step */
@@ -278,7 +278,7 @@ static void worker_mixed(void)
         const int s = i % 3, p = i / 3;
         tok[i] = k_ids[s][p], pos[i] = p, seq[i] = s, ad[i] = ad_of[s], want[i] = 1;
     }
-    ie_batch_t mb = {18, tok, pos, seq, want, ad};
+    ie_batch_t mb = {18, tok, pos, seq, want, ad, NULL};
     CU_ASSERT_EQUAL(ie_worker_step(w, &mb, mixed), IE_OK);
     double worst = 0;
     for (int i = 0; i < 18; i++) {
@@ -292,7 +292,7 @@ static void worker_mixed(void)
     /* the adapters matter: slot 2's ids under the base differ */
     ie_worker_seq_clear(w, 2);
     for (int i = 0; i < 6; i++) pos[i] = i, seq[i] = 2, want[i] = 1;
-    ie_batch_t bb = {6, k_ids[2], pos, seq, want, NULL};
+    ie_batch_t bb = {6, k_ids[2], pos, seq, want, NULL, NULL};
     CU_ASSERT_EQUAL(ie_worker_step(w, &bb, mixed), IE_OK);
     double diff = 0;
     for (size_t i = 0; i < 6 * (size_t)nv; i++) diff = fmax(diff, fabs(mixed[i] - solo[2 * 6 * (size_t)nv + i]));
@@ -301,7 +301,7 @@ static void worker_mixed(void)
     ie_worker_seq_clear(w, 0);
     int32_t bad = 7, p0 = 0, s0 = 0;
     uint8_t one = 1;
-    ie_batch_t b1 = {1, k_ids[0], &p0, &s0, &one, &bad};
+    ie_batch_t b1 = {1, k_ids[0], &p0, &s0, &one, &bad, NULL};
     expect(ie_worker_step(w, &b1, mixed), IE_ERR_RANGE, "adapter 7");
     CU_ASSERT_EQUAL(ie_worker_lora_remove(w, id_qv), IE_OK);
     bad = id_qv;
@@ -315,6 +315,174 @@ static void worker_mixed(void)
 }
 
 /* on the calling thread (the fixture's work is small), then on the pool */
+/* ------------------------------------------------------------ slicing */
+
+static uint16_t to_bf16(float f) /* truncating: the values only need to be bf16-exact */
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16);
+}
+
+static float from_bf16(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Element (j, c) of A (B^T) of m, f32 or bf16. */
+static float mat_a(const ie_lora_mat_t *m, int j, int64_t c)
+{
+    return m->a16 ? from_bf16(m->a16[(size_t)j * (size_t)m->n_in + (size_t)c])
+                  : m->a[(size_t)j * (size_t)m->n_in + (size_t)c];
+}
+static float mat_bt(const ie_lora_mat_t *m, int j, int64_t c)
+{
+    return m->bt16 ? from_bf16(m->bt16[(size_t)j * (size_t)m->n_out + (size_t)c])
+                   : m->bt[(size_t)j * (size_t)m->n_out + (size_t)c];
+}
+
+/* y[n_out] = B (A x[n_in]) in double. */
+static void mat_apply(const ie_lora_mat_t *m, const float *x, double *y)
+{
+    for (int64_t o = 0; o < m->n_out; o++) y[o] = 0;
+    for (int j = 0; j < m->rank; j++) {
+        double t = 0;
+        for (int64_t i = 0; i < m->n_in; i++) t += (double)mat_a(m, j, i) * x[i];
+        for (int64_t o = 0; o < m->n_out; o++) y[o] += (double)mat_bt(m, j, o) * t;
+    }
+}
+
+/* An adapter on odd shapes (d 24, 5 heads of 8, 3 KV heads, ff 40, 3
+ * layers), every module, ranks 1..5, layer 2 in bf16, cut into three
+ * uneven shares (a KV head held by two ranks, as a tensor plan does when
+ * a group is cut): each slice holds exactly its block; the column-parallel
+ * outputs of the shares laid side by side, and the row-parallel partial
+ * sums added up, equal the whole adapter's output. */
+static void test_slice(void)
+{
+    ie_hparams_t hp = {0};
+    hp.n_layer = 3, hp.n_embd = 24, hp.n_head = 5, hp.n_head_kv = 3, hp.head_dim = 8, hp.n_ff = 40, hp.n_vocab = 16;
+    ie_lora_t *a = calloc(1, sizeof *a);
+    CU_ASSERT_FATAL(a != NULL);
+    a->n_layer = hp.n_layer;
+    a->format = "test";
+    a->fingerprint = 0x1234;
+    a->mats = calloc((size_t)hp.n_layer * IE_LORA_NMOD, sizeof *a->mats);
+    CU_ASSERT_FATAL(a->mats != NULL);
+    uint64_t seed = 7;
+    const int64_t qd = 40, kvd = 24, d = 24, ff = 40;
+    const int64_t outs[IE_LORA_NMOD] = {qd, kvd, kvd, d, ff, ff, d}, ins[IE_LORA_NMOD] = {d, d, d, qd, d, d, ff};
+    for (int l = 0; l < hp.n_layer; l++)
+        for (int m = 0; m < IE_LORA_NMOD; m++) {
+            ie_lora_mat_t *mt = &a->mats[l * IE_LORA_NMOD + m];
+            mt->rank = 1 + (l * 3 + m) % 5;
+            mt->n_out = outs[m], mt->n_in = ins[m], mt->scale = 0.5f;
+            const size_t na = (size_t)mt->rank * (size_t)mt->n_in, nb = (size_t)mt->rank * (size_t)mt->n_out;
+            if (l == 2) {
+                mt->a16 = malloc(na * 2), mt->bt16 = malloc(nb * 2);
+                for (size_t i = 0; i < na; i++) mt->a16[i] = to_bf16(frand(&seed));
+                for (size_t i = 0; i < nb; i++) mt->bt16[i] = to_bf16(frand(&seed));
+            } else {
+                mt->a = malloc(na * 4), mt->bt = malloc(nb * 4);
+                for (size_t i = 0; i < na; i++) mt->a[i] = frand(&seed);
+                for (size_t i = 0; i < nb; i++) mt->bt[i] = frand(&seed);
+            }
+            a->n_mats++;
+        }
+    a->mods = (1u << IE_LORA_NMOD) - 1;
+    a->max_rank = 5;
+    /* three shares: heads 0 | 1-3 | 4, KV heads 0 | 0-1 | 2, ff 0-6 | 7-28 | 29-39, layers all | 1-2 | 2 */
+    ie_shard_range_t sh[3] = {
+        {.layer_begin = 0,
+         .layer_end = 3,
+         .head_begin = 0,
+         .head_end = 1,
+         .kv_head_begin = 0,
+         .kv_head_end = 1,
+         .ff_begin = 0,
+         .ff_end = 7},
+        {.layer_begin = 1,
+         .layer_end = 3,
+         .head_begin = 1,
+         .head_end = 4,
+         .kv_head_begin = 0,
+         .kv_head_end = 2,
+         .ff_begin = 7,
+         .ff_end = 29},
+        {.layer_begin = 2,
+         .layer_end = 3,
+         .head_begin = 4,
+         .head_end = 5,
+         .kv_head_begin = 2,
+         .kv_head_end = 3,
+         .ff_begin = 29,
+         .ff_end = 40},
+    };
+    ie_lora_t *sl[3] = {NULL, NULL, NULL};
+    for (int r = 0; r < 3; r++) {
+        CU_ASSERT_EQUAL_FATAL(ie_lora_slice(a, &hp, &sh[r], &sl[r]), IE_OK);
+        CU_ASSERT_EQUAL(sl[r]->fingerprint, 0x1234);
+    }
+    float x[64];
+    double whole[64], part[64], sum[64];
+    for (int i = 0; i < 64; i++) x[i] = frand(&seed);
+    for (int m = 0; m < IE_LORA_NMOD; m++) {
+        const ie_lora_mat_t *w = ie_lora_mat(a, 2, (ie_lora_mod_t)m); /* layer 2: every share has it */
+        mat_apply(w, x, whole);
+        for (int64_t o = 0; o < w->n_out; o++) sum[o] = 0;
+        for (int r = 0; r < 3; r++) {
+            const ie_lora_mat_t *p = ie_lora_mat(sl[r], 2, (ie_lora_mod_t)m);
+            CU_ASSERT_EQUAL(p->rank, w->rank);
+            CU_ASSERT_EQUAL(!!p->a16, !!w->a16); /* bf16 stays bf16 */
+            int64_t ob = 0, ib = 0;
+            const int hd = hp.head_dim;
+            switch (m) {
+            case IE_LORA_Q: ob = sh[r].head_begin * hd; break;
+            case IE_LORA_K:
+            case IE_LORA_V: ob = sh[r].kv_head_begin * hd; break;
+            case IE_LORA_GATE:
+            case IE_LORA_UP: ob = sh[r].ff_begin; break;
+            case IE_LORA_O: ib = sh[r].head_begin * hd; break;
+            case IE_LORA_DOWN: ib = sh[r].ff_begin; break;
+            default: break;
+            }
+            int exact = 1; /* the slice is exactly its block */
+            for (int j = 0; j < p->rank; j++) {
+                for (int64_t c = 0; c < p->n_in; c++) exact &= mat_a(p, j, c) == mat_a(w, j, ib + c);
+                for (int64_t c = 0; c < p->n_out; c++) exact &= mat_bt(p, j, c) == mat_bt(w, j, ob + c);
+            }
+            CU_ASSERT(exact);
+            if (m == IE_LORA_O || m == IE_LORA_DOWN) { /* row-parallel: partial sums over the input part */
+                CU_ASSERT_EQUAL(p->n_out, w->n_out);
+                mat_apply(p, x + ib, part);
+                for (int64_t o = 0; o < w->n_out; o++) sum[o] += part[o];
+            } else { /* column-parallel: this share's output rows */
+                CU_ASSERT_EQUAL(p->n_in, w->n_in);
+                mat_apply(p, x, part);
+                for (int64_t o = 0; o < p->n_out; o++) sum[ob + o] = part[o];
+            }
+        }
+        double err = 0;
+        for (int64_t o = 0; o < w->n_out; o++) err = fmax(err, fabs(sum[o] - whole[o]));
+        CU_ASSERT(err < 1e-9);
+    }
+    /* layers outside a share are dropped */
+    CU_ASSERT_EQUAL(ie_lora_mat(sl[1], 0, IE_LORA_Q)->rank, 0);
+    CU_ASSERT_EQUAL(ie_lora_mat(sl[2], 1, IE_LORA_DOWN)->rank, 0);
+    CU_ASSERT(sl[2]->bytes < sl[0]->bytes);
+    /* a share outside the model is refused */
+    ie_shard_range_t bad = sh[2];
+    bad.ff_end = 41;
+    ie_lora_t *no = NULL;
+    CU_ASSERT_EQUAL(ie_lora_slice(a, &hp, &bad, &no), IE_ERR_INVAL);
+    CU_ASSERT_PTR_NULL(no);
+    for (int r = 0; r < 3; r++) ie_lora_destroy(&sl[r]);
+    ie_lora_destroy(&a);
+}
+
 static void test_worker_mixed(void)
 {
     unsetenv("IE_LORA_POOL_MIN");
@@ -333,6 +501,7 @@ int main(void)
     CU_add_test(s, "loader: PEFT images and refusals", test_loader_memory);
     CU_add_test(s, "loader: fixture files", test_loader_files);
     CU_add_test(s, "worker: mixed batch == solo runs", test_worker_mixed);
+    CU_add_test(s, "ie_lora_slice: odd shares, sums of the parts == the whole", test_slice);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();

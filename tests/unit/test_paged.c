@@ -89,7 +89,7 @@ static ie_status_t feed(step_fn fn, void *ctx, int seq, const int32_t *ids, int 
             sq[k] = seq;
             want[k] = 1;
         }
-        ie_batch_t b = {m, ids + i, pos, sq, want, NULL};
+        ie_batch_t b = {m, ids + i, pos, sq, want, NULL, NULL};
         ie_status_t st = fn(ctx, &b, out + (size_t)i * nv);
         if (st != IE_OK) return st;
     }
@@ -270,7 +270,7 @@ static void test_unbound_blocks(void)
     /* nothing bound: the first write fails, naming slot and position */
     int32_t pos[2] = {0, 0}, seq[2] = {1, 0};
     uint8_t want[2] = {1, 1};
-    ie_batch_t b = {1, ids, pos, seq, want, NULL};
+    ie_batch_t b = {1, ids, pos, seq, want, NULL, NULL};
     CU_ASSERT_EQUAL(ie_worker_step(w, &b, got), IE_ERR_RANGE);
     CU_ASSERT(has("slot 1 position 0") && has("not bound"));
 
@@ -290,11 +290,11 @@ static void test_unbound_blocks(void)
     CU_ASSERT_EQUAL(ie_worker_kv_bind(w, 1, 0, t1, 1), IE_OK);
     int32_t two_tok[2] = {7, ids[8]};
     int32_t two_pos[2] = {0, 8}, two_seq[2] = {1, 0};
-    ie_batch_t b2 = {2, two_tok, two_pos, two_seq, want, NULL};
+    ie_batch_t b2 = {2, two_tok, two_pos, two_seq, want, NULL, NULL};
     CU_ASSERT_EQUAL(ie_worker_step(w, &b2, got), IE_ERR_RANGE); /* slot 1 fine, slot 0 not */
     /* slot 1 did not advance: position 1 skips ahead */
     int32_t p1 = 1, s1 = 1;
-    ie_batch_t b3 = {1, ids, &p1, &s1, want, NULL};
+    ie_batch_t b3 = {1, ids, &p1, &s1, want, NULL, NULL};
     CU_ASSERT_EQUAL(ie_worker_step(w, &b3, got), IE_ERR_RANGE);
     CU_ASSERT(has("skips ahead"));
     /* a read of an unbound block: unbind slot 0's block 0 after writing */
@@ -439,7 +439,7 @@ static void check_cluster(ie_shard_kind_t plan)
      * (position 10 skips ahead), clear then set_len leaves 10 positions */
     int32_t p10 = 10, s1 = 1;
     uint8_t want = 1;
-    ie_batch_t bt = {1, b + 10, &p10, &s1, &want, NULL};
+    ie_batch_t bt = {1, b + 10, &p10, &s1, &want, NULL, NULL};
     CU_ASSERT_EQUAL(ie_backend_seq_set_len(ie_engine_backend(e), 1, 10), IE_OK);
     ie_backend_seq_clear(ie_engine_backend(e), 1);
     CU_ASSERT_EQUAL(ie_backend_step(ie_engine_backend(e), &bt, gb), IE_ERR_RANGE);

@@ -170,6 +170,17 @@ static void sample(ie_msg_kind_t kind, ie_msg_t *m)
         m->u.error.code = IE_ERR_FORMAT;
         strcpy(m->u.error.message, "decode step: missing key \"n\"");
         break;
+    case IE_MSG_LORA:
+        m->u.lora = (ie_msg_lora_t){.seq = 7, .op = IE_LORA_OP_ADD, .id = 31, .keep = 5, .n_name = 2, .n_path = 2};
+        strcpy(m->u.lora.name[0], "qv8");
+        strcpy(m->u.lora.name[1], "all16");
+        strcpy(m->u.lora.path[0], "/data/lora/qv8");
+        strcpy(m->u.lora.path[1], "/data/lora/all16.gguf");
+        break;
+    case IE_MSG_LORA_ACK:
+        m->u.lora_ack = (ie_msg_lora_ack_t){.seq = 7, .rank = 1, .id = 3, .status = IE_ERR_INVAL};
+        strcpy(m->u.lora_ack.error, "worker rank 1: adapter 'qv8': fingerprint differs");
+        break;
     default: break;
     }
 }
@@ -227,7 +238,7 @@ static void test_kind_names(void)
 static void test_round_trip(void)
 {
     ie_buf_t b = {0};
-    for (int k = IE_MSG_HELLO; k <= IE_MSG_ERROR; k++) {
+    for (int k = IE_MSG_HELLO; k <= IE_MSG_LORA_ACK; k++) {
         encode_sample((ie_msg_kind_t)k, &b);
         CU_ASSERT_EQUAL(ie_msg_decode(b.data, b.len, &g_b), IE_OK);
         CU_ASSERT_EQUAL(memcmp(&g_a, &g_b, sizeof g_a), 0);
@@ -329,7 +340,7 @@ static void test_wrong_types(void)
     expect_changed(IE_MSG_ERROR, NULL, "code", (val_t){.k = V_MAP_EMPTY}, IE_ERR_FORMAT, "code");
     expect_changed(IE_MSG_HELLO, NULL, "kind", (val_t){V_STR, .s = "hello"}, IE_ERR_FORMAT, "kind");
     expect_changed(IE_MSG_HELLO, NULL, "kind", (val_t){V_INT, .i = 0}, IE_ERR_FORMAT, "kind");
-    expect_changed(IE_MSG_HELLO, NULL, "kind", (val_t){V_INT, .i = 10}, IE_ERR_FORMAT, "kind");
+    expect_changed(IE_MSG_HELLO, NULL, "kind", (val_t){V_INT, .i = 12}, IE_ERR_FORMAT, "kind");
     expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_STR, .s = "1"}, IE_ERR_FORMAT, "v");
     /* a number where a float is expected may be an int; flags may be 0/1 */
     expect_changed(IE_MSG_READY, NULL, "load_ms", (val_t){V_INT, .i = 7}, IE_OK, NULL);
@@ -423,12 +434,13 @@ static void test_ranges_and_strings(void)
 
 static void test_version_and_shape(void)
 {
-    /* versions 1 (clear lists, no KV pool), 2 (every logits row whole) and
-     * 3 (no chained steps) are other protocols now */
+    /* versions 1 (clear lists, no KV pool), 2 (every logits row whole),
+     * 3 (no chained steps) and 4 (no hidden-state rows, no LoRA) are other protocols now */
     expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 1}, IE_ERR_UNSUPPORTED, NULL);
     expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 2}, IE_ERR_UNSUPPORTED, NULL);
     expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 3}, IE_ERR_UNSUPPORTED, NULL);
-    expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 5}, IE_ERR_UNSUPPORTED, NULL);
+    expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 4}, IE_ERR_UNSUPPORTED, NULL);
+    expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 6}, IE_ERR_UNSUPPORTED, NULL);
     expect_changed(IE_MSG_HELLO, NULL, "v", (val_t){V_INT, .i = 0}, IE_ERR_UNSUPPORTED, NULL);
     /* version is judged before anything else: a v1 header with odd keys is "another version" */
     {
@@ -454,9 +466,9 @@ static void test_version_and_shape(void)
     static const uint8_t huge_str[] = {0x81, 0xa1, 'v', 0xdb, 0xff, 0xff, 0xff, 0xff};
     static const uint8_t deep[] = {0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x91, 0x90};
     static const uint8_t never[] = {0xc1};
-    static const uint8_t dup_v[] = {0x83, 0xa1, 'v', 0x04, 0xa1, 'v', 0x04, 0xa4, 'k', 'i', 'n', 'd', 0x08};
-    static const uint8_t bye[] = {0x82, 0xa1, 'v', 0x04, 0xa4, 'k', 'i', 'n', 'd', 0x08};
-    static const uint8_t dup_kind[] = {0x83, 0xa1, 'v',  0x04, 0xa4, 'k', 'i', 'n',
+    static const uint8_t dup_v[] = {0x83, 0xa1, 'v', 0x05, 0xa1, 'v', 0x05, 0xa4, 'k', 'i', 'n', 'd', 0x08};
+    static const uint8_t bye[] = {0x82, 0xa1, 'v', 0x05, 0xa4, 'k', 'i', 'n', 'd', 0x08};
+    static const uint8_t dup_kind[] = {0x83, 0xa1, 'v',  0x05, 0xa4, 'k', 'i', 'n',
                                        'd',  0x08, 0xa4, 'k',  'i',  'n', 'd', 0x08};
     expect_decode(not_map, sizeof not_map, IE_ERR_FORMAT, NULL);
     expect_decode(int_key, sizeof int_key, IE_ERR_FORMAT, NULL);
@@ -492,7 +504,7 @@ static void test_trailing_and_truncated(void)
 {
     ie_buf_t b = {0};
     int bad = 0;
-    for (int k = IE_MSG_HELLO; k <= IE_MSG_ERROR; k++) {
+    for (int k = IE_MSG_HELLO; k <= IE_MSG_LORA_ACK; k++) {
         encode_sample((ie_msg_kind_t)k, &b);
         ie_buf_append(&b, "\x00", 1);
         expect_decode(b.data, b.len, IE_ERR_FORMAT, NULL);
@@ -517,7 +529,7 @@ static void test_mutations(void)
     ie_buf_t b = {0}, b2 = {0};
     int accepted = 0, bad = 0;
     rng_seed(7);
-    for (int k = IE_MSG_HELLO; k <= IE_MSG_ERROR; k++) {
+    for (int k = IE_MSG_HELLO; k <= IE_MSG_LORA_ACK; k++) {
         encode_sample((ie_msg_kind_t)k, &b);
         char *p = malloc(b.len);
         for (int it = 0; it < 3000; it++) {
@@ -578,6 +590,34 @@ static int kv_reencode_equal(const void *data, size_t bytes)
     free(w);
     ie_buf_free(&g);
     return ok;
+}
+
+/* LORA: names and paths pair up, at most IE_PROTO_LORA_PARTS of each, and
+ * an ADD names at least one adapter. */
+static void test_lora_limits(void)
+{
+    ie_buf_t b = {0};
+    ie_msg_t m = {.kind = IE_MSG_LORA};
+    /* the encoder refuses what the decoder would */
+    m.u.lora = (ie_msg_lora_t){.seq = 1, .op = IE_LORA_OP_ADD, .id = 0, .n_name = 2, .n_path = 1};
+    CU_ASSERT_NOT_EQUAL(ie_msg_encode(&m, &b), IE_OK);
+    m.u.lora.n_name = m.u.lora.n_path = 0; /* an add names at least one */
+    CU_ASSERT_NOT_EQUAL(ie_msg_encode(&m, &b), IE_OK);
+    m.u.lora.n_name = m.u.lora.n_path = IE_PROTO_LORA_PARTS + 1;
+    CU_ASSERT_NOT_EQUAL(ie_msg_encode(&m, &b), IE_OK);
+    m.u.lora = (ie_msg_lora_t){.seq = 1, .op = IE_LORA_OP_REMOVE, .id = 3}; /* a remove names none */
+    CU_ASSERT_EQUAL(ie_msg_encode(&m, &b), IE_OK);
+    expect_decode(b.data, b.len, IE_OK, NULL);
+    CU_ASSERT_EQUAL(g_b.u.lora.id, 3);
+    /* and the decoder the same from the wire */
+    expect_changed(IE_MSG_LORA, NULL, "n_path", (val_t){V_INT, .i = 1}, IE_ERR_FORMAT, "path");
+    expect_changed(IE_MSG_LORA, NULL, "n_path", (val_t){V_INT, .i = IE_PROTO_LORA_PARTS + 1}, IE_ERR_FORMAT,
+                   "n_path");
+    expect_changed(IE_MSG_LORA, NULL, "id", (val_t){V_INT, .i = IE_PROTO_LORA_IDS}, IE_ERR_FORMAT, "id");
+    expect_changed(IE_MSG_LORA, NULL, "op", (val_t){V_INT, .i = 3}, IE_ERR_FORMAT, "op");
+    expect_changed(IE_MSG_LORA, NULL, "name", (val_t){V_ARR_STR, .s = "x", .slen = IE_PROTO_LORA_PARTS + 1},
+                   IE_ERR_FORMAT, "name");
+    ie_buf_free(&b);
 }
 
 static void test_kv_ops_round_trip(void)
@@ -780,8 +820,17 @@ static void test_req_defaults(void)
     CU_ASSERT_EQUAL(r.n_stop, 0);
     CU_ASSERT_EQUAL(r.stream, 0);
     CU_ASSERT_EQUAL(r.priority, 0);
+    CU_ASSERT_EQUAL(r.logprobs, -1);
     ie_client_req_clear(&r);
     CU_ASSERT_PTR_NULL(r.id);
+    /* "logprobs": -1..20 */
+    kvp_t lp[] = {V1, GEN, ID, PROMPT, {"logprobs", {V_INT, .i = 20}}};
+    CU_ASSERT_EQUAL_FATAL(req_decode(lp, 5, &r), IE_OK);
+    CU_ASSERT_EQUAL(r.logprobs, 20);
+    ie_client_req_clear(&r);
+    expect_req((kvp_t){"logprobs", {V_INT, .i = 21}}, IE_ERR_FORMAT);
+    expect_req((kvp_t){"logprobs", {V_INT, .i = -2}}, IE_ERR_FORMAT);
+    expect_req((kvp_t){"logprobs", {V_STR, .s = "3"}}, IE_ERR_FORMAT);
     ie_client_req_clear(&r); /* twice is fine */
     ie_client_req_clear(NULL);
 }
@@ -1101,11 +1150,58 @@ static void test_replies(void)
     CU_ASSERT(str_is(get(&u.data, "code"), "bad_request", 11));
     CU_ASSERT_PTR_NOT_NULL(get(&u.data, "message"));
 
+    /* log-probabilities: a token's and the done reply's list */
+    ie_client_lp_t lp = {.token = 7, .logprob = -0.5f, .n_top = 2, .top_ids = {7, 9}, .top_lps = {-0.5f, -1.5f}};
+    CU_ASSERT_EQUAL_FATAL(ie_client_enc_token_lp(&b, "r1", 0, 7, "x", 1, &lp), IE_OK);
+    off = 0;
+    CU_ASSERT_FATAL(msgpack_unpack_next(&u, b.data, b.len, &off) == MSGPACK_UNPACK_SUCCESS && off == b.len);
+    CU_ASSERT_EQUAL(u.data.via.map.size, 8);
+    CU_ASSERT_DOUBLE_EQUAL(get(&u.data, "logprob")->via.f64, -0.5, 1e-12);
+    const msgpack_object *tl = get(&u.data, "top_logprobs");
+    CU_ASSERT_FATAL(tl && tl->type == MSGPACK_OBJECT_ARRAY && tl->via.array.size == 2);
+    CU_ASSERT_EQUAL(tl->via.array.ptr[1].via.array.ptr[0].via.u64, 9);
+    CU_ASSERT_DOUBLE_EQUAL(tl->via.array.ptr[1].via.array.ptr[1].via.f64, -1.5, 1e-12);
+    d.lp = &lp;
+    d.n_lp = 1;
+    CU_ASSERT_EQUAL_FATAL(ie_client_enc_done(&b, &d), IE_OK);
+    off = 0;
+    CU_ASSERT_FATAL(msgpack_unpack_next(&u, b.data, b.len, &off) == MSGPACK_UNPACK_SUCCESS && off == b.len);
+    CU_ASSERT_EQUAL(u.data.via.map.size, 11);
+    const msgpack_object *dl = get(&u.data, "logprobs");
+    CU_ASSERT_FATAL(dl && dl->type == MSGPACK_OBJECT_ARRAY && dl->via.array.size == 1);
+    CU_ASSERT_EQUAL(get(&dl->via.array.ptr[0], "token")->via.u64, 7);
+    CU_ASSERT_DOUBLE_EQUAL(get(&dl->via.array.ptr[0], "logprob")->via.f64, -0.5, 1e-12);
+    d.lp = NULL;
+    CU_ASSERT_EQUAL(ie_client_enc_done(&b, &d), IE_ERR_INVAL); /* n_lp without lp */
+
     CU_ASSERT_EQUAL(ie_client_enc_token(&b, "r", 0, 0, NULL, 3), IE_ERR_INVAL);
     CU_ASSERT_EQUAL(ie_client_enc_done(&b, NULL), IE_ERR_INVAL);
     CU_ASSERT_EQUAL(ie_client_enc_error(&b, "r", NULL, "x"), IE_ERR_INVAL);
     msgpack_unpacked_destroy(&u);
     ie_buf_free(&b);
+}
+
+/* IE_LOGITS_EMBD entries take no row of the logits payload nor of
+ * logits_out: the rows of the other entries stay in order around them. */
+static void test_result_logits_embd(void)
+{
+    enum { V = 10, N = 4 };
+    const uint8_t flags[N] = {IE_LOGITS_EMBD, IE_LOGITS_FULL, IE_LOGITS_EMBD, IE_LOGITS_ARGMAX};
+    CU_ASSERT_EQUAL(ie_result_logits_len(flags, N, V), V + 2);
+    float lg[2 * V], out[2][V], am_val[2] = {-INFINITY, -INFINITY};
+    int32_t am_id[2] = {-1, -1};
+    for (int j = 0; j < 2 * V; j++) lg[j] = (float)j;
+    lg[V + 3] = 100.0f; /* the ARGMAX row's winner: id 3 */
+    const size_t len = ie_result_logits_pack(lg, flags, N, V, 0);
+    CU_ASSERT_EQUAL(len, V + 2);
+    CU_ASSERT_EQUAL(ie_result_logits_merge(lg, len * sizeof(float), flags, N, 0, V, V, &out[0][0], am_val, am_id),
+                    IE_OK);
+    ie_result_logits_finish(flags, N, V, am_val, am_id, &out[0][0]);
+    for (int j = 0; j < V; j++) CU_ASSERT_EQUAL(out[0][j], (float)j); /* row 0: the FULL entry */
+    CU_ASSERT_EQUAL(am_id[1], 3);
+    CU_ASSERT_EQUAL(ie_argmax_f32(out[1], V, NULL), 3); /* row 1: the ARGMAX entry */
+    const uint8_t only[2] = {IE_LOGITS_EMBD, IE_LOGITS_EMBD};
+    CU_ASSERT_EQUAL(ie_result_logits_len(only, 2, V), 0);
 }
 
 /* RESULT logits payload: two ranks' slices of a 50-row vocabulary packed
@@ -1285,6 +1381,7 @@ int main(void)
     CU_add_test(s, "version and shape", test_version_and_shape);
     CU_add_test(s, "trailing bytes, every truncation", test_trailing_and_truncated);
     CU_add_test(s, "random mutations", test_mutations);
+    CU_add_test(s, "lora: parts limits", test_lora_limits);
     CU_add_test(s, "kv ops: round trip, encoder refusals", test_kv_ops_round_trip);
     CU_add_test(s, "kv ops: every truncation", test_kv_ops_truncated);
     CU_add_test(s, "kv ops: mutations, limits", test_kv_ops_mutations_and_limits);
@@ -1295,6 +1392,7 @@ int main(void)
     CU_add_test(s, "client request limits", test_req_limits);
     CU_add_test(s, "reply encoders", test_replies);
     CU_add_test(s, "RESULT logits payload: pack, merge, finish, bad input", test_result_logits);
+    CU_add_test(s, "RESULT logits payload around hidden-state entries", test_result_logits_embd);
     CU_add_test(s, "chained steps: token gather against the merge, bad input", test_chain_gather);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();

@@ -6,11 +6,13 @@
  * scheduler over a fake backend of made-up logits: the step boundary
  * (ie_backend.h) is all it needs.
  */
+#include "ie_grammar.h"
 #include "ie_sched.h"
 #include "ie_engine.h" /* the real backends, the reference runs */
 #include "ie_model_src.h"
 
 #include <CUnit/Basic.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,6 +53,9 @@ typedef struct outcome {
     char streamed[4096];
     size_t streamed_len;
     int order; /* rank in which it ended                       */
+    float embd[8];
+    int n_embd;
+    size_t n_prompt;
 } outcome_t;
 
 static int g_end_counter;
@@ -72,6 +77,9 @@ static void on_event(void *ctx, const ie_sched_event_t *ev)
     o->order = g_end_counter++;
     o->n_gen = ev->n_gen;
     o->n_cached = ev->n_cached;
+    o->n_prompt = ev->n_prompt;
+    o->n_embd = ev->embd ? ev->n_embd : 0;
+    if (ev->embd && ev->n_embd <= 8) memcpy(o->embd, ev->embd, (size_t)ev->n_embd * sizeof *o->embd);
     if (ev->n_gen <= N_CTX) memcpy(o->ids, ev->ids, ev->n_gen * sizeof *o->ids);
     snprintf(o->text, sizeof o->text, "%s", ev->all_text ? ev->all_text : "");
     snprintf(o->code, sizeof o->code, "%s", ev->code ? ev->code : "");
@@ -540,10 +548,12 @@ static void test_threads(void)
 
 typedef struct fake {
     int32_t n_vocab;
+    int embd_rows;                     /* IE_LOGITS_EMBD entries seen             */
     int len[FAKE_SEQ];                 /* positions held by each slot        */
     int32_t table[FAKE_SEQ][FAKE_NLB]; /* physical block of each logical one */
     int ready;                         /* 0: steps fail as a lost cluster's  */
     int steps, hints, bad, upkeeps, destroyed;
+    int rows_full, rows_argmax; /* logits rows asked for, by kind      */
 } fake_t;
 
 static int32_t fake_next(int32_t tok, int32_t pos) { return 100 + (tok * 7 + pos) % 50; }
@@ -553,6 +563,7 @@ static ie_status_t fake_step(void *self, const ie_batch_t *b, float *logits_out)
     fake_t *f = self;
     if (!f->ready) return ie_error_set(IE_ERR_UNAVAILABLE, "fake: not ready");
     int want = 0;
+    f->embd_rows = 0;
     for (int i = 0; i < b->n; i++) { /* check everything first, as a worker does */
         const int q = b->seq[i], pos = b->pos[i];
         if (q < 0 || q >= FAKE_SEQ || pos < 0 || pos >= FAKE_CTX || f->table[q][pos / FAKE_KB] < 0) {
@@ -565,6 +576,13 @@ static ie_status_t fake_step(void *self, const ie_batch_t *b, float *logits_out)
         if (b->pos[i] != f->len[q]) f->bad++; /* not the slot's next position */
         f->len[q] = b->pos[i] + 1;
         if (!b->logits[i]) continue;
+        if (b->logits[i] == IE_LOGITS_EMBD) { /* hidden state (token, position, 1) */
+            float *e = b->embd + (size_t)f->embd_rows++ * 3;
+            e[0] = (float)b->tokens[i], e[1] = (float)b->pos[i], e[2] = 1.0f;
+            continue;
+        }
+        f->rows_full += b->logits[i] == IE_LOGITS_FULL;
+        f->rows_argmax += b->logits[i] == IE_LOGITS_ARGMAX;
         float *row = logits_out + (size_t)want++ * (size_t)f->n_vocab;
         for (int32_t v = 0; v < f->n_vocab; v++) row[v] = 0.0f;
         row[fake_next(b->tokens[i], b->pos[i])] = 1.0f;
@@ -750,6 +768,265 @@ static void test_fake_backend(void)
     ie_tokenizer_destroy(&tok);
 }
 
+/* Log-probabilities through the step boundary: a greedy request that
+ * asks for them gets FULL rows (an ARGMAX-only row of a cluster would make
+ * them meaningless), one that does not gets ARGMAX rows, and every TOKEN
+ * event carries ln p of its token under the raw row and the top k. */
+typedef struct lp_sink {
+    int n_tok, n_with, bad, kind;
+} lp_sink_t;
+
+static double g_lp_want; /* ln p of the fake's chosen token */
+
+static void on_lp_event(void *ctx, const ie_sched_event_t *ev)
+{
+    lp_sink_t *k = ctx;
+    if (ev->kind != IE_SCHED_TOKEN) {
+        k->kind = ev->kind;
+        return;
+    }
+    k->n_tok++;
+    if (!ev->has_logprob) return;
+    k->n_with++;
+    /* the fake's row: 1 at the next token, 0 elsewhere; top 2 = (next, id 0) */
+    if (fabs(ev->logprob - g_lp_want) > 1e-5 || ev->n_top != 2 || !ev->top || ev->top[0].id != ev->token ||
+        fabs(ev->top[0].logprob - g_lp_want) > 1e-5 || ev->top[1].id != 0 ||
+        fabs(ev->top[1].logprob - (g_lp_want - 1.0)) > 1e-5)
+        k->bad++;
+}
+
+static void test_fake_logprobs(void)
+{
+    static fake_t f;
+    memset(&f, 0, sizeof f);
+    memset(f.table, 0xff, sizeof f.table);
+    ie_model_src_t *src = NULL;
+    ie_tokenizer_t *tok = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_model_src_open(MODEL, &src), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_load(ie_model_src_tokenizer_path(src), &tok), IE_OK);
+    ie_model_src_destroy(&src);
+    f.n_vocab = ie_tokenizer_n_vocab(tok);
+    f.ready = 1;
+    g_lp_want = 1.0 - log(exp(1.0) + (double)(f.n_vocab - 1));
+    ie_backend_geom_t g = {.n_seq = FAKE_SEQ,
+                           .n_ctx = FAKE_CTX,
+                           .max_batch = 8,
+                           .kv_block = FAKE_KB,
+                           .kv_blocks = FAKE_BLOCKS,
+                           .n_vocab = f.n_vocab,
+                           .upkeep_ms = 10};
+    ie_backend_t *be = NULL;
+    ie_sched_t *s = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake_ops, &f, &g, &be), IE_OK);
+    ie_sched_opts_t so = {.backend = be, .tok = tok};
+    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    static const int32_t p[] = {200, 201, 202};
+    ie_gen_params_t plain = greedy(4), lp = greedy(4);
+    lp.logprobs = 1;
+    lp.top_logprobs = 2;
+    lp_sink_t a = {0}, b = {0};
+    ie_sched_req_t ra = {.ids = p, .n_ids = 3, .params = &plain, .cb = on_lp_event, .cb_ctx = &a};
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &ra, NULL), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT_EQUAL(a.kind, IE_SCHED_DONE);
+    CU_ASSERT_EQUAL(a.n_tok, 4);
+    CU_ASSERT_EQUAL(a.n_with, 0);
+    CU_ASSERT_EQUAL(f.rows_argmax, 4);
+    CU_ASSERT_EQUAL(f.rows_full, 0);
+    ie_sched_req_t rb = {.ids = p, .n_ids = 3, .params = &lp, .cb = on_lp_event, .cb_ctx = &b};
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &rb, NULL), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT_EQUAL(b.kind, IE_SCHED_DONE);
+    CU_ASSERT_EQUAL(b.n_tok, 4);
+    CU_ASSERT_EQUAL(b.n_with, 4);
+    CU_ASSERT_EQUAL(b.bad, 0);
+    CU_ASSERT_EQUAL(f.rows_full, 4);
+    CU_ASSERT_EQUAL(f.rows_argmax, 4);
+    /* top_logprobs beyond IE_LOGPROBS_MAX_TOP is refused at submission */
+    lp.top_logprobs = IE_LOGPROBS_MAX_TOP + 1;
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &rb, NULL), IE_ERR_INVAL);
+    ie_sched_destroy(&s);
+    ie_backend_destroy(&be);
+    ie_tokenizer_destroy(&tok);
+}
+
+/* Embedding requests (ie_sched_req_t.pooling) on the fake backend, whose
+ * hidden state of (token t, position p) is (t, p, 1): pooled mean / last /
+ * cls over exactly the input's positions, no token events, no sampling,
+ * batched with a generation that stays as it is alone, never served from
+ * the prefix cache, the pool clean afterwards. */
+static void test_fake_embeddings(void)
+{
+    static fake_t f;
+    memset(&f, 0, sizeof f);
+    memset(f.table, 0xff, sizeof f.table);
+    ie_model_src_t *src = NULL;
+    ie_tokenizer_t *tok = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_model_src_open(MODEL, &src), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_load(ie_model_src_tokenizer_path(src), &tok), IE_OK);
+    ie_model_src_destroy(&src);
+    f.n_vocab = ie_tokenizer_n_vocab(tok);
+    f.ready = 1;
+    ie_backend_geom_t g = {.n_seq = FAKE_SEQ,
+                           .n_ctx = FAKE_CTX,
+                           .max_batch = 8,
+                           .kv_block = FAKE_KB,
+                           .kv_blocks = FAKE_BLOCKS,
+                           .n_vocab = f.n_vocab,
+                           .n_embd = 0,
+                           .upkeep_ms = 10};
+    ie_backend_t *be = NULL;
+    ie_sched_t *s = NULL;
+    static const int32_t p0[] = {200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210, 211};
+    static const int32_t p1[] = {300, 301, 302};
+    static outcome_t o[4];
+    memset(o, 0, sizeof o);
+    ie_gen_params_t gp = greedy(6);
+    ie_sched_opts_t so = {.prefill_chunk = 5};
+
+    /* a backend without hidden states refuses embeddings at submit */
+    CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake_ops, &f, &g, &be), IE_OK);
+    so.backend = be, so.tok = tok;
+    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    ie_sched_req_t e0 = {
+        .ids = p0, .n_ids = 12, .params = &gp, .cb = on_event, .cb_ctx = &o[1], .pooling = IE_POOL_MEAN};
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &e0, NULL), IE_ERR_UNSUPPORTED);
+    ie_sched_destroy(&s);
+    ie_backend_destroy(&be);
+
+    g.n_embd = 3;
+    CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake_ops, &f, &g, &be), IE_OK);
+    so.backend = be;
+    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    /* a generation of p0 first: it publishes p0's full blocks */
+    ie_sched_req_t r0 = {.ids = p0, .n_ids = 12, .params = &gp, .cb = on_event, .cb_ctx = &o[0]};
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r0, NULL), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT_EQUAL(o[0].kind, IE_SCHED_DONE);
+    /* then, together with a new generation: mean of p0 (cached blocks
+     * there, not taken), last and cls of p1 */
+    memset(o, 0, sizeof o);
+    ie_sched_req_t e1 = e0, e2 = e0;
+    e1.ids = e2.ids = p1, e1.n_ids = e2.n_ids = 3;
+    e1.pooling = IE_POOL_LAST, e1.cb_ctx = &o[2];
+    e2.pooling = IE_POOL_CLS, e2.cb_ctx = &o[3];
+    ie_sched_req_t r1 = {.ids = p1, .n_ids = 3, .params = &gp, .cb = on_event, .cb_ctx = &o[0]};
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r1, NULL), IE_OK);
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &e0, NULL), IE_OK);
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &e1, NULL), IE_OK);
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &e2, NULL), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT_EQUAL(f.bad, 0);
+    CU_ASSERT_EQUAL(o[0].kind, IE_SCHED_DONE);
+    CU_ASSERT_EQUAL(o[0].n_gen, 6);
+    int32_t prev = p1[2], pos = 2;
+    for (size_t k = 0; k < o[0].n_gen; k++, pos++) {
+        CU_ASSERT_EQUAL(o[0].ids[k], fake_next(prev, pos));
+        prev = o[0].ids[k];
+    }
+    for (int i = 1; i < 4; i++) {
+        CU_ASSERT_EQUAL(o[i].kind, IE_SCHED_DONE);
+        CU_ASSERT_EQUAL(o[i].n_tokens, 0); /* no TOKEN events */
+        CU_ASSERT_EQUAL(o[i].n_gen, 0);
+        CU_ASSERT_EQUAL(o[i].n_cached, 0); /* computed whole */
+        CU_ASSERT_EQUAL(o[i].n_embd, 3);
+    }
+    CU_ASSERT_EQUAL(o[1].n_prompt, 12);
+    CU_ASSERT_DOUBLE_EQUAL(o[1].embd[0], 205.5, 1e-4); /* mean of 200..211 */
+    CU_ASSERT_DOUBLE_EQUAL(o[1].embd[1], 5.5, 1e-4);   /* mean of positions 0..11 */
+    CU_ASSERT_DOUBLE_EQUAL(o[1].embd[2], 1.0, 1e-6);
+    CU_ASSERT_DOUBLE_EQUAL(o[2].embd[0], 302, 0);
+    CU_ASSERT_DOUBLE_EQUAL(o[2].embd[1], 2, 0);
+    CU_ASSERT_DOUBLE_EQUAL(o[3].embd[0], 300, 0);
+    CU_ASSERT_DOUBLE_EQUAL(o[3].embd[1], 0, 0);
+    assert_pool_clean(s);
+    /* an unknown pooling is refused */
+    e0.pooling = (ie_pooling_t)9;
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &e0, NULL), IE_ERR_INVAL);
+    ie_sched_destroy(&s);
+    ie_backend_destroy(&be);
+    ie_tokenizer_destroy(&tok);
+}
+
+/* A json_schema request: the fake's rows favour tokens outside the JSON
+ * language, so only the mask makes the text an instance; it asks for full
+ * rows although greedy; it ends by EOS once complete; a bad schema is
+ * refused at submission naming the keyword. */
+typedef struct js_sink {
+    int kind;
+    ie_finish_t finish;
+    char text[512];
+} js_sink_t;
+
+static void on_js_event(void *ctx, const ie_sched_event_t *ev)
+{
+    js_sink_t *k = ctx;
+    if (ev->kind == IE_SCHED_TOKEN) return;
+    k->kind = ev->kind;
+    k->finish = ev->finish;
+    if (ev->all_text) snprintf(k->text, sizeof k->text, "%s", ev->all_text);
+}
+
+static void test_fake_json_schema(void)
+{
+    static fake_t f;
+    memset(&f, 0, sizeof f);
+    memset(f.table, 0xff, sizeof f.table);
+    ie_model_src_t *src = NULL;
+    ie_tokenizer_t *tok = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_model_src_open(MODEL, &src), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_load(ie_model_src_tokenizer_path(src), &tok), IE_OK);
+    ie_model_src_destroy(&src);
+    f.n_vocab = ie_tokenizer_n_vocab(tok);
+    f.ready = 1;
+    ie_backend_geom_t g = {.n_seq = FAKE_SEQ,
+                           .n_ctx = FAKE_CTX,
+                           .max_batch = 8,
+                           .kv_block = FAKE_KB,
+                           .kv_blocks = FAKE_BLOCKS,
+                           .n_vocab = f.n_vocab,
+                           .upkeep_ms = 10};
+    ie_backend_t *be = NULL;
+    ie_sched_t *s = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake_ops, &f, &g, &be), IE_OK);
+    ie_sched_opts_t so = {.backend = be, .tok = tok};
+    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    static const int32_t p[] = {200, 201, 202};
+    const char *schema = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},"
+                         "\"b\":{\"enum\":[\"x\",\"y\"]}},\"required\":[\"a\",\"b\"]}";
+    ie_gen_params_t gp = greedy(50);
+    gp.json_schema = schema;
+    js_sink_t k = {0};
+    ie_sched_req_t r = {.ids = p, .n_ids = 3, .params = &gp, .cb = on_js_event, .cb_ctx = &k};
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT_EQUAL(k.kind, IE_SCHED_DONE);
+    CU_ASSERT_EQUAL(k.finish, IE_FINISH_EOS);
+    CU_ASSERT_EQUAL(f.rows_argmax, 0);
+    CU_ASSERT(f.rows_full > 0);
+    ie_grammar_t *gr = NULL;
+    ie_gmatch_t *m = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_grammar_compile(schema, &gr), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_gmatch_new(gr, &m), IE_OK);
+    CU_ASSERT_TRUE(ie_gmatch_feed(m, k.text, strlen(k.text)) && ie_gmatch_done(m));
+    ie_gmatch_destroy(&m);
+    ie_grammar_destroy(&gr);
+    /* the same request unconstrained follows the fake's rows: not JSON */
+    gp.json_schema = NULL;
+    js_sink_t u = {0};
+    r.cb_ctx = &u;
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT_NOT_EQUAL(u.text[0], '{');
+    CU_ASSERT(f.rows_argmax > 0);
+    gp.json_schema = "{\"type\":\"string\",\"pattern\":\"x\"}";
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_ERR_INVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "'pattern'"));
+    ie_sched_destroy(&s);
+    ie_backend_destroy(&be);
+    ie_tokenizer_destroy(&tok);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -765,7 +1042,10 @@ int main(void)
                  {"busy counts free slots", test_busy_counts_free_slots},
                  {"streamed pieces add up to the text", test_stream_adds_up},
                  {"submit from other threads", test_threads},
-                 {"a fake backend behind the step boundary", test_fake_backend}};
+                 {"a fake backend behind the step boundary", test_fake_backend},
+                 {"log-probabilities ask for full rows", test_fake_logprobs},
+                 {"embeddings on a fake backend", test_fake_embeddings},
+                 {"json_schema masks and asks for full rows", test_fake_json_schema}};
     /* IE_TEST_ONLY=word runs the tests whose name holds it (make tsan runs
      * the threaded ones: every test under TSan takes minutes) */
     const char *only = getenv("IE_TEST_ONLY");

@@ -348,12 +348,12 @@ static void make_steps(steps_t *s)
     for (int i = 0; i < 4; i++, n++) {
         s->tok[0][n] = p1[i], s->pos[0][n] = i, s->seq[0][n] = 1, s->want[0][n] = (uint8_t)(i == 3);
     }
-    s->b[0] = (ie_batch_t){n, s->tok[0], s->pos[0], s->seq[0], s->want[0], NULL};
+    s->b[0] = (ie_batch_t){n, s->tok[0], s->pos[0], s->seq[0], s->want[0], NULL, NULL};
     s->rows = 7;
     for (int t = 1; t < N_STEPS; t++) {
         s->tok[t][0] = 33 * t + 1, s->pos[t][0] = 5 + t, s->seq[t][0] = 0, s->want[t][0] = 1;
         s->tok[t][1] = 41 * t + 3, s->pos[t][1] = 3 + t, s->seq[t][1] = 1, s->want[t][1] = 1;
-        s->b[t] = (ie_batch_t){2, s->tok[t], s->pos[t], s->seq[t], s->want[t], NULL};
+        s->b[t] = (ie_batch_t){2, s->tok[t], s->pos[t], s->seq[t], s->want[t], NULL, NULL};
         s->rows += 2;
     }
 }
@@ -686,7 +686,7 @@ static void test_reduce_error(void)
              * (refused in validation, before any reduce) */
             int32_t tok = 1, pos = s.b[k].pos[0] + 1, sq = 0;
             uint8_t want = 1;
-            ie_batch_t ahead = {1, &tok, &pos, &sq, &want, NULL};
+            ie_batch_t ahead = {1, &tok, &pos, &sq, &want, NULL, NULL};
             for (int r = 0; r < 2; r++)
                 CU_ASSERT_EQUAL(ie_worker_step_shard(t.w[r], &ahead, NULL, NULL, t.part[r]), IE_ERR_RANGE);
         }

@@ -65,7 +65,7 @@ static void run_seq(ie_worker_t *w, int seq, const int32_t *ids, int n, int chun
             sq[k] = seq;
             want[k] = 1;
         }
-        ie_batch_t b = {m, ids + i, pos, sq, want, NULL};
+        ie_batch_t b = {m, ids + i, pos, sq, want, NULL, NULL};
         CU_ASSERT_EQUAL_FATAL(ie_worker_step(w, &b, out + (size_t)i * nv), IE_OK);
     }
 }
@@ -123,7 +123,7 @@ static void test_two_sequences_one_step(void)
             seq[n++] = 0;
         }
     }
-    ie_batch_t bt = {n, tok, pos, seq, NULL, NULL};
+    ie_batch_t bt = {n, tok, pos, seq, NULL, NULL, NULL};
     /* logits == NULL asks for the last token only */
     float *last = malloc(nv * sizeof(float));
     CU_ASSERT_EQUAL(ie_worker_step(w, &bt, last), IE_OK);
@@ -153,7 +153,7 @@ static void test_bad_batches(void)
     int nv = ie_worker_hparams(w)->n_vocab;
     float *lg = malloc(4 * nv * sizeof(float));
     int32_t tok[5] = {1, 2, 3, 4, 5}, pos[5] = {0, 1, 2, 3, 4}, seq[5] = {0};
-    ie_batch_t b = {5, tok, pos, seq, NULL, NULL};
+    ie_batch_t b = {5, tok, pos, seq, NULL, NULL, NULL};
     CU_ASSERT_EQUAL(ie_worker_step(w, &b, lg), IE_ERR_INVAL); /* > max_batch */
     b.n = 0;
     CU_ASSERT_EQUAL(ie_worker_step(w, &b, lg), IE_ERR_INVAL);
@@ -351,7 +351,7 @@ static void test_kernel_failure(void)
                     pos[i] = i;
                 }
                 float *la = calloc((size_t)nv, sizeof(float)), *lb = calloc((size_t)nv, sizeof(float));
-                ie_batch_t b = {n, ids, pos, sq, NULL, NULL};
+                ie_batch_t b = {n, ids, pos, sq, NULL, NULL, NULL};
 
                 ie_worker_test_set_matmul_ops(w, &bad);
                 CU_ASSERT_EQUAL(ie_worker_step(w, &b, la), IE_ERR_INTERNAL);
@@ -360,7 +360,7 @@ static void test_kernel_failure(void)
                 CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), why[pi]));
                 /* nothing was counted: position n would skip ahead */
                 ie_worker_test_set_matmul_ops(w, good);
-                ie_batch_t next = {1, ids + n, pos + n, sq, NULL, NULL};
+                ie_batch_t next = {1, ids + n, pos + n, sq, NULL, NULL, NULL};
                 CU_ASSERT_EQUAL(ie_worker_step(w, &next, la), IE_ERR_RANGE);
                 /* and the step runs again as if it had never failed */
                 CU_ASSERT_EQUAL(ie_worker_step(w, &b, la), IE_OK);

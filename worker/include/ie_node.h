@@ -44,6 +44,10 @@ typedef struct ie_node_opts {
     int verbose;                 /* log registration and state changes      */
     int quiet;                   /* do not log load failures (in-process
                                     workers: the engine reports them)       */
+    const char *lora_dir;        /* NULL: LoRA adapters are read at the
+                                    paths the coordinator sends; else at
+                                    lora_dir/<last part of that path> (this
+                                    host keeps its adapters elsewhere)      */
 } ie_node_opts_t;
 
 void ie_node_opts_default(ie_node_opts_t *o);

@@ -199,7 +199,10 @@ void ie_worker_destroy(ie_worker_t **self_p);
  * IE_LOGITS_ARGMAX when only their arg max matters (a greedy request with
  * no penalties; ie_proto.h). A worker computes full logits either way; the
  * cluster protocol sends only each rank's (max, id) for ARGMAX rows, and
- * the coordinator hands back a row that is -inf but at the winning id. */
+ * the coordinator hands back a row that is -inf but at the winning id.
+ * IE_LOGITS_EMBD asks instead for the entry's hidden state after the final
+ * norm (what the head would multiply: n_embd floats) in `embd`; such an
+ * entry takes no row of logits_out. */
 typedef struct ie_batch {
     int n;
     const int32_t *tokens;
@@ -210,6 +213,9 @@ typedef struct ie_batch {
                                per token -1 (the base) or an id from
                                ie_worker_lora_add (IE_ERR_RANGE when not
                                attached)                                */
+    float *embd;            /* n_embd floats per IE_LOGITS_EMBD entry, in
+                               batch order, written by the rank(s) with
+                               the head; may be NULL when no entry asks */
 } ie_batch_t;
 
 /* ------------------------------------------------------------ LoRA
@@ -221,11 +227,29 @@ typedef struct ie_batch {
 
 /* Attach adapter a (which must stay alive and unchanged until removed or
  * the worker is destroyed) with a scale multiplying its own (1: as
- * trained); *id_out is the id batches name it by. IE_ERR_INVAL for a
- * layer count other than the model's, IE_ERR_UNSUPPORTED for MLP
+ * trained); *id_out is the id batches name it by. Each matrix is the
+ * whole one or this worker's share of it (ie_lora_slice). IE_ERR_INVAL
+ * for a layer count other than the model's or a matrix of neither shape,
+ * IE_ERR_UNSUPPORTED for MLP
  * adapters on a mixture-of-experts model, IE_ERR_RANGE when
  * IE_WORKER_MAX_LORA are attached, IE_ERR_NOMEM. Between steps only. */
 ie_status_t ie_worker_lora_add(ie_worker_t *w, const ie_lora_t *a, float scale, int *id_out);
+
+/* Adapter a cut to the share sh of the model hp (ie_shard_plan's range):
+ * the matrices of layers outside [layer_begin, layer_end) dropped (rank
+ * 0); the column-parallel projections (q: query heads, k/v: KV heads,
+ * gate/up: MLP columns; each rank owns some output rows) keep A whole and
+ * B^T's columns of the rank's rows; the row-parallel ones (o: the query
+ * heads' columns, down: the MLP columns; each rank owns part of the input)
+ * keep A's columns of the rank's part and B whole, so the ranks' partial
+ * sums B (A_r x_r) add up (the reduce) to the whole B (A x). The units are
+ * the base weights' own (head_dim per head). bf16 stays bf16. The result
+ * owns its weights (a may be destroyed after) and has a's fingerprint; a
+ * worker of that share takes it as it takes the whole (ie_worker_lora_add
+ * accepts a matrix of the whole or of the rank's shape). IE_ERR_INVAL for
+ * a range outside hp or a matrix of another shape, IE_ERR_NOMEM. Caller
+ * owns *out (ie_lora_destroy). */
+ie_status_t ie_lora_slice(const ie_lora_t *a, const ie_hparams_t *hp, const ie_shard_range_t *sh, ie_lora_t **out);
 
 /* Detach adapter id (its id may be given out again). IE_ERR_RANGE when
  * none is attached under id. Between steps only. */

@@ -62,6 +62,9 @@ static ie_status_t batch_check(const ie_worker_t *w, const ie_batch_t *b, const 
         if (b->pos[i] > expect)
             return ie_error_set(IE_ERR_RANGE, "worker: slot %d position %d skips ahead of its cache (%d)",
                                 b->seq[i], b->pos[i], expect);
+        if (b->logits && b->logits[i] == IE_LOGITS_EMBD && w->sh.has_head && !b->embd)
+            return ie_error_set(IE_ERR_INVAL,
+                                "worker: entry %d asks for its hidden state and the batch has no embd", i);
         ie_status_t st = worker_kv_check(w, b, i);
         if (st == IE_OK) st = worker_lora_check(w, b, i);
         if (st != IE_OK) return st;
@@ -210,23 +213,31 @@ static ie_status_t ffn_block(ie_worker_t *w, int l, int n, int *ridx)
 }
 
 /* logits[nl][vocab held] = Wout · rmsnorm(x) for the nl tokens that asked
- * (b->logits[i], or the last token when b->logits is NULL), soft-capped
- * when arch.final_softcap is set (elementwise: each rank caps its own
- * vocabulary slice). The head can be wider than max_batch rows of scratch:
- * it writes straight into logits. */
+ * (b->logits[i] FULL or ARGMAX, or the last token when b->logits is NULL),
+ * soft-capped when arch.final_softcap is set (elementwise: each rank caps
+ * its own vocabulary slice); b->embd[ne][d] = rmsnorm(x) itself for the
+ * entries that asked IE_LOGITS_EMBD (an embedding: the head's input). The
+ * head can be wider than max_batch rows of scratch: it writes straight
+ * into logits (NULL: no entry wants logits). */
 static ie_status_t head(ie_worker_t *w, const ie_batch_t *b, float *logits)
 {
     const int d = w->hp.n_embd;
-    /* xb[nl][d] = rmsnorm(x) * output_norm, gathered */
-    int nl = 0;
+    /* xb[nl][d] = rmsnorm(x) * output_norm, gathered; embd rows likewise */
+    int nl = 0, ne = 0;
     const uint64_t t = ie_prof_begin();
     for (int i = 0; i < b->n; i++) {
-        if (b->logits ? !b->logits[i] : i != b->n - 1) continue;
-        w->ops->rmsnorm(w->xb + (size_t)nl * d, w->x + (size_t)i * d, w->output_norm, d, w->hp.rms_eps);
+        const int f = b->logits ? b->logits[i] : i == b->n - 1;
+        if (!f) continue;
+        const float *xi = w->x + (size_t)i * d;
+        if (f == IE_LOGITS_EMBD) {
+            if (b->embd) w->ops->rmsnorm(b->embd + (size_t)ne++ * d, xi, w->output_norm, d, w->hp.rms_eps);
+            continue;
+        }
+        w->ops->rmsnorm(w->xb + (size_t)nl * d, xi, w->output_norm, d, w->hp.rms_eps);
         nl++;
     }
     ie_prof_end(IE_PROF_NORM, t);
-    if (nl == 0) return IE_OK;
+    if (nl == 0 || !logits) return IE_OK;
     /* logits = Wout · xb */
     worker_prefetch_at(w, PF_BEFORE_HEAD, w->sh.layer_begin, nl);
     ie_status_t st = worker_matmul_head(w, logits, w->xb, nl);
@@ -261,7 +272,7 @@ static ie_status_t forward(ie_worker_t *w, const ie_batch_t *b, const float *hid
     worker_kv_commit(w, b);
     if (hidden_out) memcpy(hidden_out, w->x, nd * sizeof(float));
     /* logits for the tokens that asked */
-    if (!sh->has_head || !logits_out) return IE_OK;
+    if (!sh->has_head || (!logits_out && !b->embd)) return IE_OK;
     return head(w, b, logits_out);
 }
 

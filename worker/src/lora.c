@@ -7,15 +7,115 @@
  * lora_f32 (lora_bf16 for an adapter kept in bf16), one row at a time,
  * the rows of q/k/v (gate/up) in one pool job when the work outweighs a
  * fork/join. Adapters are never merged into the base weights.
- * A tensor-parallel rank runs its slice in place: B's rows of the
- * row-split projections (q, k, v, gate, up: the rows the rank's output
- * holds), A's columns of the column-split ones (o, down: the partial sum
- * the reduce then adds up like the base's).
+ * A tensor-parallel rank runs its share: B's rows of the row-split
+ * projections (q, k, v, gate, up: the rows the rank's output holds), A's
+ * columns of the column-split ones (o, down: the partial sum the reduce
+ * then adds up like the base's) — cut in place from a whole adapter, or
+ * an adapter already cut (ie_lora_slice: a cluster rank holds only its
+ * share).
  */
 #include "worker_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+/* Module m's extent in the share sh: its output rows [*ob, *ob + *on)
+ * and input columns [*ib, *ib + *in) of the whole n_out x n_in matrix. */
+static void share_of(const ie_hparams_t *hp, const ie_shard_range_t *sh, ie_lora_mod_t m, int64_t n_out,
+                     int64_t n_in, int64_t *ob, int64_t *on, int64_t *ib, int64_t *in)
+{
+    const int64_t hd = hp->head_dim;
+    *ob = 0, *on = n_out, *ib = 0, *in = n_in;
+    switch (m) {
+    case IE_LORA_Q: *ob = sh->head_begin * hd, *on = (sh->head_end - sh->head_begin) * hd; break;
+    case IE_LORA_K:
+    case IE_LORA_V: *ob = sh->kv_head_begin * hd, *on = (sh->kv_head_end - sh->kv_head_begin) * hd; break;
+    case IE_LORA_GATE:
+    case IE_LORA_UP: *ob = sh->ff_begin, *on = sh->ff_end - sh->ff_begin; break;
+    case IE_LORA_O: *ib = sh->head_begin * hd, *in = (sh->head_end - sh->head_begin) * hd; break;
+    case IE_LORA_DOWN: *ib = sh->ff_begin, *in = sh->ff_end - sh->ff_begin; break;
+    default: break;
+    }
+}
+
+/* Copy rows x [c0, c0 + nc) of an ld-wide matrix of `es`-byte elements. */
+static void *cut(const void *src, int rows, int64_t ld, int64_t c0, int64_t nc, size_t es)
+{
+    if (!src) return NULL;
+    char *d = malloc((size_t)rows * (size_t)nc * es + 1);
+    if (!d) return NULL;
+    for (int r = 0; r < rows; r++)
+        memcpy(d + (size_t)r * (size_t)nc * es, (const char *)src + ((size_t)r * (size_t)ld + (size_t)c0) * es,
+               (size_t)nc * es);
+    return d;
+}
+
+/* Contract (ie_worker.h). */
+ie_status_t ie_lora_slice(const ie_lora_t *a, const ie_hparams_t *hp, const ie_shard_range_t *sh, ie_lora_t **out)
+{
+    ie_status_t st = IE_OK;
+    ie_lora_t *o = NULL;
+    *out = NULL;
+    if (!a || !hp || !sh || !out) return ie_error_set(IE_ERR_INVAL, "lora slice: NULL argument");
+    if (a->n_layer != hp->n_layer || sh->layer_begin < 0 || sh->layer_end > hp->n_layer || sh->head_begin < 0 ||
+        sh->head_end > hp->n_head || sh->head_begin > sh->head_end || sh->kv_head_begin < 0 ||
+        sh->kv_head_end > hp->n_head_kv || sh->kv_head_begin > sh->kv_head_end || sh->ff_begin < 0 ||
+        sh->ff_end > hp->n_ff || sh->ff_begin > sh->ff_end)
+        return ie_error_set(IE_ERR_INVAL,
+                            "lora slice: the share does not fit the model (or the adapter's %d layers)",
+                            a->n_layer);
+    if (!(o = calloc(1, sizeof *o)) || !(o->mats = calloc((size_t)a->n_layer * IE_LORA_NMOD, sizeof *o->mats))) {
+        st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    o->n_layer = a->n_layer;
+    o->format = a->format;
+    o->fingerprint = a->fingerprint;
+    for (int l = sh->layer_begin; l < sh->layer_end; l++)
+        for (int m = 0; m < IE_LORA_NMOD; m++) {
+            const ie_lora_mat_t *s = ie_lora_mat(a, l, (ie_lora_mod_t)m);
+            if (!s || !s->rank) continue;
+            int64_t want_out, want_in, ob, on, ib, in;
+            ie_lora_mat_t *d = &o->mats[(size_t)l * IE_LORA_NMOD + (size_t)m];
+            {
+                /* the whole shape, from the model (the loader checked it) */
+                const int64_t dm = hp->n_embd, qd = (int64_t)hp->n_head * hp->head_dim,
+                              kvd = (int64_t)hp->n_head_kv * hp->head_dim;
+                want_out = m == IE_LORA_Q                         ? qd
+                           : m == IE_LORA_K || m == IE_LORA_V     ? kvd
+                           : m == IE_LORA_GATE || m == IE_LORA_UP ? hp->n_ff
+                                                                  : dm;
+                want_in = m == IE_LORA_O ? qd : m == IE_LORA_DOWN ? hp->n_ff : dm;
+            }
+            if (s->n_out != want_out || s->n_in != want_in) {
+                st = ie_error_set(IE_ERR_INVAL, "lora slice: layer %d %s is %lld x %lld, the model's %lld x %lld",
+                                  l, ie_lora_mod_name((ie_lora_mod_t)m), (long long)s->n_out, (long long)s->n_in,
+                                  (long long)want_out, (long long)want_in);
+                goto cleanup;
+            }
+            share_of(hp, sh, (ie_lora_mod_t)m, s->n_out, s->n_in, &ob, &on, &ib, &in);
+            if (on <= 0 || in <= 0) continue; /* nothing of it here */
+            *d = (ie_lora_mat_t){.rank = s->rank, .n_in = in, .n_out = on, .scale = s->scale};
+            const size_t es = s->a16 ? 2 : 4;
+            void *na = cut(s->a16 ? (const void *)s->a16 : (const void *)s->a, s->rank, s->n_in, ib, in, es);
+            void *nb = cut(s->a16 ? (const void *)s->bt16 : (const void *)s->bt, s->rank, s->n_out, ob, on, es);
+            if (s->a16) d->a16 = na, d->bt16 = nb;
+            else d->a = na, d->bt = nb;
+            if (!na || !nb) {
+                st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+                goto cleanup;
+            }
+            o->n_mats++;
+            o->mods |= 1u << m;
+            if (s->rank > o->max_rank) o->max_rank = s->rank;
+            o->bytes += (uint64_t)s->rank * (uint64_t)(in + on) * es;
+        }
+
+cleanup:
+    if (st != IE_OK) ie_lora_destroy(&o);
+    *out = o;
+    return st;
+}
 
 /* Contract (ie_worker.h). */
 ie_status_t ie_worker_lora_add(ie_worker_t *w, const ie_lora_t *a, float scale, int *id_out)
@@ -28,6 +128,19 @@ ie_status_t ie_worker_lora_add(ie_worker_t *w, const ie_lora_t *a, float scale, 
                             w->hp.n_layer);
     if (w->arch.ffn == IE_FFN_MOE && (a->mods >> IE_LORA_GATE))
         return ie_error_set(IE_ERR_UNSUPPORTED, "worker: adapter adapts the MLP of a mixture-of-experts model");
+    for (int l = 0; l < w->hp.n_layer; l++) /* each matrix the whole or this share (ie_lora_slice) */
+        for (int m = 0; m < IE_LORA_NMOD; m++) {
+            const ie_lora_mat_t *mt = ie_lora_mat(a, l, (ie_lora_mod_t)m);
+            if (!mt || !mt->rank) continue;
+            int64_t ob, on, ib, in;
+            share_of(&w->hp, &w->sh, (ie_lora_mod_t)m, mt->n_out, mt->n_in, &ob, &on, &ib, &in);
+            if ((mt->n_out != on && ob + on > mt->n_out) || (mt->n_in != in && ib + in > mt->n_in))
+                return ie_error_set(IE_ERR_INVAL,
+                                    "worker: adapter's layer %d %s (%lld x %lld) is neither the whole matrix nor "
+                                    "this rank's share (%lld x %lld)",
+                                    l, ie_lora_mod_name((ie_lora_mod_t)m), (long long)mt->n_out,
+                                    (long long)mt->n_in, (long long)on, (long long)in);
+        }
     for (int i = 0; i < IE_WORKER_MAX_LORA; i++)
         if (!w->lora[i].ad) {
             id = i;
@@ -113,7 +226,7 @@ static int lora_args(const ie_worker_t *w, int l, ie_lora_mod_t m, int g, float 
                      ie_lora_args_t *p)
 {
     const ie_shard_range_t *sh = &w->sh;
-    const int hd = w->hp.head_dim, id = w->lora_groups[g].id;
+    const int id = w->lora_groups[g].id;
     const ie_lora_mat_t *mt = ie_lora_mat(w->lora[id].ad, l, m);
     if (!mt || !mt->rank) return 0;
     *p = (ie_lora_args_t){.a = mt->a,
@@ -128,18 +241,13 @@ static int lora_args(const ie_worker_t *w, int l, ie_lora_mod_t m, int g, float 
                           .scale = mt->scale * w->lora[id].scale,
                           .x = x,
                           .y = y};
-    /* element offsets of the slice (f32 or bf16 alike) */
-    int64_t a_off = 0, b_off = 0;
-    switch (m) {
-    case IE_LORA_Q: b_off = (int64_t)sh->head_begin * hd, p->n_out = w->q_dim; break;
-    case IE_LORA_K:
-    case IE_LORA_V: b_off = (int64_t)sh->kv_head_begin * hd, p->n_out = w->kv_dim; break;
-    case IE_LORA_GATE:
-    case IE_LORA_UP: b_off = sh->ff_begin, p->n_out = w->ff_loc; break;
-    case IE_LORA_O: a_off = (int64_t)sh->head_begin * hd, p->n_in = w->q_dim; break;
-    case IE_LORA_DOWN: a_off = sh->ff_begin, p->n_in = w->ff_loc; break;
-    default: break;
-    }
+    /* element offsets of this rank's share (f32 or bf16 alike): none when
+     * the matrix is the share already (ie_lora_slice) */
+    int64_t ob, on, ib, in;
+    share_of(&w->hp, sh, m, mt->n_out, mt->n_in, &ob, &on, &ib, &in);
+    const int64_t b_off = mt->n_out == on ? 0 : ob, a_off = mt->n_in == in ? 0 : ib;
+    p->n_out = on;
+    p->n_in = in;
     if (mt->a16) p->a16 += a_off, p->bt16 += b_off;
     else p->a += a_off, p->bt += b_off;
     p->ldx = p->n_in;

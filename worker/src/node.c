@@ -32,6 +32,18 @@ typedef struct peerq {
     int head, n;
 } peerq_t;
 
+/* An adapter set attached under the coordinator's id (handle_lora):
+ * this rank's share of it, and what it was made of (an ADD of the same
+ * parts keeps it). */
+typedef struct nlora {
+    ie_lora_t *ad; /* NULL: the id is free                           */
+    int wid;       /* its id in the worker (ie_worker_lora_add)      */
+    int n;
+    char name[IE_PROTO_LORA_PARTS][IE_PROTO_LORA_NAME_MAX];
+    uint64_t fp[IE_PROTO_LORA_PARTS];
+    float scale[IE_PROTO_LORA_PARTS];
+} nlora_t;
+
 typedef struct node {
     const ie_node_opts_t *o;
     ie_net_t *net;
@@ -74,6 +86,8 @@ typedef struct node {
     int n_cpu;                   /* CPUs this process may use (at start) */
     float *hidden_out, *logits;
     size_t hidden_cap, logits_cap;
+    float *embd; /* a step's IE_LOGITS_EMBD rows (head ranks)   */
+    size_t embd_cap;
     /* chained steps (ie_proto.h): the previous step's ARGMAX answer of
      * this rank (n pairs; no head: none), valid for step am_step of epoch
      * am_epoch when am_n > 0; the tokens a chained step ran, the gather */
@@ -86,6 +100,11 @@ typedef struct node {
     ie_parts_t in;
     ie_buf_t hdr;
     double last_coord_ms, last_hello_ms;
+    /* LoRA adapters by the coordinator's id; a step's adapter frame
+     * translated to the worker's ids */
+    nlora_t lora[IE_PROTO_LORA_IDS];
+    int32_t *ad_loc;
+    size_t ad_cap;
 
     /* metrics */
     ie_metric_t *m_compute, *m_transfer, *m_steps;
@@ -525,6 +544,145 @@ static void setup_shm(node_t *nd, const ie_msg_assign_t *a)
         logf_(nd, "tensor reduce: ZeroMQ (no shared-memory segment: %s)", ie_error_last());
 }
 
+/* ------------------------------------------------------------- LoRA */
+
+/* Detach and free the set under the coordinator's id (free: nothing). */
+static void lora_drop(node_t *nd, int id)
+{
+    nlora_t *e = &nd->lora[id];
+    if (!e->ad) return;
+    if (nd->w) ie_worker_lora_remove(nd->w, e->wid);
+    ie_lora_destroy(&e->ad);
+    memset(e, 0, sizeof *e);
+}
+
+static void lora_drop_all(node_t *nd)
+{
+    for (int id = 0; id < IE_PROTO_LORA_IDS; id++) lora_drop(nd, id);
+}
+
+/* Where this host keeps the adapter the coordinator has at `path`:
+ * --lora-dir DIR rewrites it to DIR/<its last component>. */
+static void lora_path(const node_t *nd, const char *path, char *out, size_t cap)
+{
+    if (!nd->o->lora_dir) {
+        snprintf(out, cap, "%s", path);
+        return;
+    }
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--; /* "dir/" names dir */
+    size_t b = n;
+    while (b > 0 && path[b - 1] != '/') b--;
+    snprintf(out, cap, "%s/%.*s", nd->o->lora_dir, (int)(n - b), path + b);
+}
+
+/* Load the parts of an ADD from this host's disk (each file's fingerprint
+ * must be the coordinator's), sum them (ie_lora_concat) and cut this
+ * rank's share (ie_lora_slice): *out. Errors name the adapter and path. */
+static ie_status_t lora_build(node_t *nd, const ie_msg_lora_t *lm, const uint64_t *fp, const float *sc,
+                              ie_lora_t **out)
+{
+    ie_status_t st = IE_OK;
+    ie_lora_t *parts[IE_PROTO_LORA_PARTS] = {0}, *sum = NULL;
+    const int n = lm->n_name;
+    const ie_hparams_t *hp = ie_worker_hparams(nd->w);
+    *out = NULL;
+    for (int i = 0; i < n && st == IE_OK; i++) {
+        char path[IE_PROTO_LORA_PATH_MAX + 256], why[IE_PROTO_TEXT_MAX];
+        uint64_t f = 0;
+        lora_path(nd, lm->path[i], path, sizeof path);
+        /* the cheap check first: a differing copy is said as such, not as
+         * whatever shape error its bytes would give */
+        if ((st = ie_lora_fingerprint(path, &f)) != IE_OK) {
+            snprintf(why, sizeof why, "%s", ie_error_last());
+            st = ie_error_set(st, "adapter '%s': %s", lm->name[i], why);
+        } else if (f != fp[i]) {
+            st = ie_error_set(IE_ERR_INVAL,
+                              "adapter '%s': '%s' on this host differs from the coordinator's copy (fingerprint "
+                              "%016llx, the coordinator's %016llx)",
+                              lm->name[i], path, (unsigned long long)f, (unsigned long long)fp[i]);
+        } else if ((st = ie_lora_load(path, hp, &parts[i])) != IE_OK) {
+            snprintf(why, sizeof why, "%s", ie_error_last());
+            st = ie_error_set(st, "adapter '%s': %s", lm->name[i], why);
+        } else if (parts[i]->fingerprint != fp[i]) { /* changed between the two reads */
+            st = ie_error_set(IE_ERR_INVAL, "adapter '%s': '%s' changed while it was read", lm->name[i], path);
+        }
+    }
+    if (st == IE_OK && n > 1) st = ie_lora_concat((const ie_lora_t *const *)parts, sc, n, &sum);
+    if (st == IE_OK) st = ie_lora_slice(n > 1 ? sum : parts[0], hp, ie_worker_shard(nd->w), out);
+    for (int i = 0; i < n; i++) ie_lora_destroy(&parts[i]);
+    ie_lora_destroy(&sum);
+    return st;
+}
+
+/* A LORA from the coordinator (ie_proto.h): apply it, answer LORA_ACK. */
+static void handle_lora(node_t *nd, const ie_msg_lora_t *lm)
+{
+    ie_status_t st = IE_OK;
+    const ie_parts_t *in = &nd->in;
+    ie_lora_t *ad = NULL;
+    if (!nd->assigned || !nd->w) {
+        st = ie_error_set(IE_ERR_UNAVAILABLE, "no shard loaded");
+        goto reply;
+    }
+    if (lm->op == IE_LORA_OP_KEEP) {
+        for (int id = 0; id < IE_PROTO_LORA_IDS; id++)
+            if (!((lm->keep >> id) & 1)) lora_drop(nd, id);
+        goto reply;
+    }
+    if (lm->op == IE_LORA_OP_REMOVE) {
+        lora_drop(nd, lm->id);
+        goto reply;
+    }
+    const int n = lm->n_name;
+    if (in->n != 3 || in->size[1] != (size_t)n * sizeof(uint64_t) || in->size[2] != (size_t)n * sizeof(float)) {
+        st = ie_error_set(IE_ERR_FORMAT, "malformed lora message (frame sizes)");
+        goto reply;
+    }
+    uint64_t fp[IE_PROTO_LORA_PARTS];
+    float sc[IE_PROTO_LORA_PARTS];
+    memcpy(fp, in->data[1], in->size[1]);
+    memcpy(sc, in->data[2], in->size[2]);
+    nlora_t *e = &nd->lora[lm->id];
+    int same = e->ad && e->n == n;
+    for (int i = 0; same && i < n; i++)
+        same = !strcmp(e->name[i], lm->name[i]) && e->fp[i] == fp[i] && e->scale[i] == sc[i];
+    if (same) goto reply; /* a rank joining is sent what it may hold already */
+    lora_drop(nd, lm->id);
+    int wid = -1;
+    if ((st = lora_build(nd, lm, fp, sc, &ad)) != IE_OK ||
+        (st = ie_worker_lora_add(nd->w, ad, n > 1 ? 1.0f : sc[0], &wid)) != IE_OK)
+        goto reply;
+    e->ad = ad;
+    ad = NULL;
+    e->wid = wid;
+    e->n = n;
+    for (int i = 0; i < n; i++) {
+        snprintf(e->name[i], sizeof e->name[i], "%s", lm->name[i]);
+        e->fp[i] = fp[i];
+        e->scale[i] = sc[i];
+    }
+    if (nd->o->verbose)
+        logf_(nd, "adapter set %d attached (%s%s, %.3f MB here)", lm->id, lm->name[0], n > 1 ? ", ..." : "",
+              e->ad->bytes / 1e6);
+
+reply:
+    ie_lora_destroy(&ad);
+    {
+        ie_msg_t m = {.kind = IE_MSG_LORA_ACK};
+        ie_msg_lora_ack_t *k = &m.u.lora_ack;
+        k->seq = lm->seq;
+        k->rank = nd->assigned ? nd->as.rank : -1;
+        k->id = lm->id;
+        k->status = st;
+        if (st != IE_OK) {
+            snprintf(k->error, sizeof k->error, "worker rank %d: %s", k->rank, ie_error_last());
+            if (!nd->o->quiet) logf_(nd, "LoRA: %s", k->error);
+        }
+        send_msg(nd->coord, &nd->hdr, &m, NULL, 0, 1000);
+    }
+}
+
 static void handle_assign(node_t *nd, const ie_msg_assign_t *a)
 {
     ie_status_t st = IE_OK;
@@ -542,6 +700,7 @@ static void handle_assign(node_t *nd, const ie_msg_assign_t *a)
      * longer than dead_ms does not look like a dead worker */
     atomic_store(&nd->epoch, a->epoch);
     if (reload) {
+        lora_drop_all(nd); /* the coordinator sends them again once READY */
         ie_worker_destroy(&nd->w);
         nd->assigned = 0;
         if (nd->o->numa_node < 0) {
@@ -663,6 +822,7 @@ static void forward_kv(node_t *nd, const ie_msg_step_t *h)
     m.u.step = *h;
     m.u.step.n = 0;
     m.u.step.has_hidden = 0;
+    m.u.step.has_adapter = 0;
     ie_frame_t f[5] = {{NULL, 0}, {NULL, 0}, {NULL, 0}, {NULL, 0}, {nd->in.data[5], nd->in.size[5]}};
     if (send_msg(nd->push[nd->as.rank + 1], &nd->hdr, &m, f, 5, nd->as.dead_ms) != IE_OK)
         logf_(nd, "KV operations of step %llu not passed on: %s", (unsigned long long)h->step, ie_error_last());
@@ -686,10 +846,11 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
     }
     const int n = h->n;
     const int d = ie_worker_hparams(nd->w)->n_embd;
-    const int nf = 6 + (h->has_hidden ? 1 : 0);
+    const int nf = 6 + (h->has_hidden ? 1 : 0) + (h->has_adapter ? 1 : 0), fa = 6 + (h->has_hidden ? 1 : 0);
     if (n < 0 || n > nd->as.max_batch || in->n != nf || in->size[1] != (size_t)n * 4 ||
         in->size[2] != (size_t)n * 4 || in->size[3] != (size_t)n * 4 || in->size[4] != (size_t)n ||
-        in->size[5] != (size_t)h->kv_words * 4 || (h->has_hidden && in->size[6] != (size_t)n * d * sizeof(float))) {
+        in->size[5] != (size_t)h->kv_words * 4 || (h->has_hidden && in->size[6] != (size_t)n * d * sizeof(float)) ||
+        (h->has_adapter && in->size[fa] != (size_t)n * 4)) {
         if (n > 0) send_result_error(nd, h->epoch, h->step, IE_ERR_FORMAT, "malformed step message (frame sizes)");
         return;
     }
@@ -709,7 +870,32 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
         st = ie_error_set(IE_ERR_FORMAT, "step without hidden state for a later stage");
         goto fail;
     }
-    ie_batch_t b = {n, in->data[1], in->data[2], in->data[3], in->data[4], NULL};
+    ie_batch_t b = {n, in->data[1], in->data[2], in->data[3], in->data[4], NULL, NULL};
+    if (h->has_adapter) { /* the coordinator's adapter ids -> the worker's */
+        if (nd->ad_cap < (size_t)n) {
+            int32_t *p = realloc(nd->ad_loc, (size_t)nd->as.max_batch * sizeof *p);
+            if (!p) {
+                st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+                goto fail;
+            }
+            nd->ad_loc = p;
+            nd->ad_cap = (size_t)nd->as.max_batch;
+        }
+        const int32_t *ad = in->data[fa];
+        for (int i = 0; i < n; i++) {
+            if (ad[i] == -1) {
+                nd->ad_loc[i] = -1;
+                continue;
+            }
+            if (ad[i] < 0 || ad[i] >= IE_PROTO_LORA_IDS || !nd->lora[ad[i]].ad) {
+                st = ie_error_set(IE_ERR_RANGE, "token %d asks for adapter set %d, which is not attached here", i,
+                                  (int)ad[i]);
+                goto fail;
+            }
+            nd->ad_loc[i] = nd->lora[ad[i]].wid;
+        }
+        b.adapter = nd->ad_loc;
+    }
     nd->cur_step = h->step;
     nd->transfer_ms = 0;
     double t0 = ie_now_ms(); /* the token gather counts as transfer time of the step */
@@ -718,16 +904,21 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
         if (st != IE_OK) goto fail;
         b.tokens = nd->chain_tok;
     }
-    nd->am_n = 0; /* noted again below once this step has answered */
-    int rows = 0;
-    for (int i = 0; i < n; i++) rows += b.logits[i] != 0;
+    nd->am_n = 0;                  /* noted again below once this step has answered */
+    int rows = 0, n_embd_rows = 0; /* logits rows; hidden-state rows (embeddings) */
+    for (int i = 0; i < n; i++) {
+        rows += b.logits[i] == IE_LOGITS_FULL || b.logits[i] == IE_LOGITS_ARGMAX;
+        n_embd_rows += b.logits[i] == IE_LOGITS_EMBD;
+    }
     const int last = nd->as.plan != IE_SHARD_PIPELINE || nd->as.rank == nd->as.n_ranks - 1;
     const int64_t nv = r->vocab_end - r->vocab_begin;
     if ((!last && grow(&nd->hidden_out, &nd->hidden_cap, (size_t)n * d) != 0) ||
-        (r->has_head && grow(&nd->logits, &nd->logits_cap, (size_t)(rows ? rows : 1) * nv) != 0)) {
+        (r->has_head && grow(&nd->logits, &nd->logits_cap, (size_t)(rows ? rows : 1) * nv) != 0) ||
+        (r->has_head && n_embd_rows && grow(&nd->embd, &nd->embd_cap, (size_t)n_embd_rows * d) != 0)) {
         st = ie_error_set(IE_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    if (r->has_head && n_embd_rows) b.embd = nd->embd;
     atomic_store(&nd->busy, 1);
     st = ie_worker_step_shard(nd->w, &b, h->has_hidden ? in->data[6] : NULL, last ? NULL : nd->hidden_out,
                               r->has_head && rows ? nd->logits : NULL);
@@ -743,11 +934,16 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
         ie_msg_t m = {.kind = IE_MSG_STEP};
         m.u.step = *h;
         m.u.step.has_hidden = 1;
-        ie_frame_t f[6] = {{in->data[1], in->size[1]}, {in->data[2], in->size[2]},
-                           {in->data[3], in->size[3]}, {in->data[4], in->size[4]},
-                           {in->data[5], in->size[5]}, {nd->hidden_out, (size_t)n * d * sizeof(float)}};
+        ie_frame_t f[7] = {{in->data[1], in->size[1]},
+                           {in->data[2], in->size[2]},
+                           {in->data[3], in->size[3]},
+                           {in->data[4], in->size[4]},
+                           {in->data[5], in->size[5]},
+                           {nd->hidden_out, (size_t)n * d * sizeof(float)},
+                           {h->has_adapter ? in->data[fa] : NULL, h->has_adapter ? in->size[fa] : 0}};
         double ts = ie_now_ms();
-        if ((st = send_msg(nd->push[nd->as.rank + 1], &nd->hdr, &m, f, 6, nd->as.dead_ms)) != IE_OK)
+        if ((st = send_msg(nd->push[nd->as.rank + 1], &nd->hdr, &m, f, 6 + (h->has_adapter ? 1 : 0),
+                           nd->as.dead_ms)) != IE_OK)
             send_result_error(nd, h->epoch, h->step, IE_ERR_UNAVAILABLE, "next pipeline stage unreachable");
         if (nd->m_transfer) ie_metric_add(nd->m_transfer, nd->rank_label, (ie_now_ms() - ts) / 1e3);
         return;
@@ -772,7 +968,14 @@ static void handle_step(node_t *nd, const ie_msg_step_t *h)
                         ie_result_logits_pack(nd->logits, b.logits, n, nv, r->vocab_begin) * sizeof(float)},
                        {nd->chain_tok, (size_t)n * sizeof(int32_t)}}; /* a chained step's tokens */
     chain_note(nd, h, b.logits, nd->logits);                          /* all ARGMAX: the payload is the n pairs */
-    if (send_msg(nd->coord, &nd->hdr, &m, f, h->chain ? 2 : 1, nd->as.dead_ms) != IE_OK) {
+    int nf_out = h->chain ? 2 : 1;
+    /* hidden-state rows: once, from the head rank holding vocabulary row 0
+     * (a chained step is all ARGMAX: never both extra frames) */
+    if (!h->chain && n_embd_rows && r->vocab_begin == 0) {
+        f[1] = (ie_frame_t){nd->embd, (size_t)n_embd_rows * d * sizeof(float)};
+        nf_out = 2;
+    }
+    if (send_msg(nd->coord, &nd->hdr, &m, f, nf_out, nd->as.dead_ms) != IE_OK) {
         logf_(nd, "result of step %llu not sent: %s", (unsigned long long)h->step, ie_error_last());
         send_result_error(nd, h->epoch, h->step, IE_ERR_INTERNAL, ie_error_last()); /* never silence */
     }
@@ -808,6 +1011,7 @@ static ie_status_t handle_coord(node_t *nd)
         /* a coordinator that forgot us (restarted) says epoch 0 */
         if (nd->assigned && m.u.heartbeat.epoch != nd->as.epoch) nd->registered = 0;
         break;
+    case IE_MSG_LORA: handle_lora(nd, &m.u.lora); break;
     case IE_MSG_BYE: return IE_ERR_UNAVAILABLE; /* leave */
     case IE_MSG_ERROR:
         logf_(nd, "coordinator: %s", m.u.error.message);
@@ -977,13 +1181,16 @@ cleanup:
     ie_sock_destroy(&nd->coord);
     ie_sock_destroy(&nd->pull);
     if (nd->own_net) ie_net_destroy(&nd->net);
+    lora_drop_all(nd);
     ie_worker_destroy(&nd->w);
+    free(nd->ad_loc);
     ie_model_src_destroy(&nd->src);
     pq_free(nd);
     ie_parts_free(&nd->in);
     ie_buf_free(&nd->hdr);
     free(nd->hidden_out);
     free(nd->logits);
+    free(nd->embd);
     free(nd->am_prev);
     free(nd->gather);
     free(nd->chain_tok);

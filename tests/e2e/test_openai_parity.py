@@ -1,0 +1,369 @@
+"""OpenAI parity of the HTTP API (docs/HTTP.md): `n` choices and
+log-probabilities, through the official `openai` client against
+`inference-engine serve` on SmolLM2.
+
+Checked: a greedy token's logprob is the largest of its top_logprobs and
+equals the log-softmax of the engine's own logits (`inference-engine
+logits`, the same prompt) within 1e-4, for the top alternatives too; the
+top_logprobs' probabilities sum to <= 1; completions' legacy logprobs shape
+(tokens, token_logprobs, top_logprobs dicts, text_offset) agrees with the
+text; n=3 sampled with a seed gives 3 choices (index 0..2), the same on a
+second call, not all equal, usage.completion_tokens their sum, and the
+shared prompt computed once (prefix-cache hits in /metrics); n=2 streams
+with each chunk's choice index, logprobs in the chunks, equal to the
+non-streamed answer; bad n / logprobs / top_logprobs answer 400 in OpenAI's
+error shape.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import time
+
+import numpy as np
+import openai
+import pytest
+
+from conftest import IE_BIN, engine_logits
+from test_http_api import KEY, Server, assert_error_shape, metric_value, raw
+
+PROMPT = "The capital of France is"
+CHAT = [{"role": "user", "content": "Name three colors."}]
+
+
+@pytest.fixture(scope="module")
+def server(smollm2, ie_bin):
+    s = Server(smollm2, "--batch", 4, "--ctx", 1024, "--queue", 64)
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return server.client()
+
+
+def log_softmax(row: np.ndarray) -> np.ndarray:
+    row = row.astype(np.float64)
+    m = row.max()
+    return row - (m + np.log(np.exp(row - m).sum()))
+
+
+def tokenize(model, text: str) -> list[int]:
+    """The ids the server gives a completions prompt string (BOS rules and
+    all), from `inference-engine tokenize` on the same GGUF."""
+    r = subprocess.run([str(IE_BIN), "tokenize", "--tokenizer", str(model)], input=text.encode(),
+                       capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return [int(i) for i in json.loads(r.stdout)["ids"]]
+
+
+# ------------------------------------------------------------ logprobs
+def test_completion_logprobs_match_engine_logits(server, client, smollm2, tmp_path):
+    """Every greedy token: its logprob and the top 5 against the log-softmax
+    of the engine's own logits at that position (`inference-engine logits`
+    over prompt + generated tokens)."""
+    ids = tokenize(smollm2, PROMPT)
+    r = client.completions.create(model=server.model, prompt=ids, max_tokens=6, temperature=0, logprobs=5)
+    lp = r.choices[0].logprobs
+    assert lp is not None
+    n = len(lp.tokens)
+    assert n >= 2 and len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset) == n
+    gen = tokenize(smollm2, PROMPT + r.choices[0].text)[len(ids):]
+    rows = engine_logits(smollm2, ids + gen, tmp_path)
+    for i in range(min(n, len(gen))):
+        ref = log_softmax(rows[len(ids) - 1 + i])
+        top = lp.top_logprobs[i]
+        assert 5 <= len(top) <= 6, top                    # 5 alternatives (+ the sampled token)
+        assert lp.token_logprobs[i] == pytest.approx(max(top.values()), abs=1e-6)   # greedy: the max
+        assert abs(lp.token_logprobs[i] - ref.max()) < 1e-4, (i, lp.token_logprobs[i], ref.max())
+        got = sorted(top.values(), reverse=True)[:5]
+        assert np.allclose(got, np.sort(ref)[::-1][:5], atol=1e-4), (i, got)
+        assert sum(math.exp(v) for v in top.values()) <= 1 + 1e-6
+
+
+def test_logprobs_are_raw_under_penalties(server, client, smollm2, tmp_path):
+    """Log-probabilities are the model's, before the sampler's penalties
+    (which the sampler writes into the row): with a heavy frequency
+    penalty on a prompt full of " Paris", the reported top 5 are still the
+    raw log-softmax's, " Paris" first."""
+    text = "The capital of France is Paris. Paris is big. The capital of France is"
+    ids = tokenize(smollm2, text)
+    r = client.completions.create(model=server.model, prompt=ids, max_tokens=1, temperature=0, logprobs=5,
+                                  frequency_penalty=2.0, presence_penalty=2.0)
+    lp = r.choices[0].logprobs
+    ref = log_softmax(engine_logits(smollm2, ids, tmp_path)[-1])
+    top = sorted(lp.top_logprobs[0].items(), key=lambda kv: -kv[1])
+    assert top[0][0] == " Paris", top
+    assert np.allclose([v for _, v in top[:5]], np.sort(ref)[::-1][:5], atol=1e-4), top
+    assert np.min(np.abs(ref - lp.token_logprobs[0])) < 1e-4    # the sampled token's raw value
+    assert lp.tokens[0] != " Paris"                              # the penalty did act on sampling
+
+
+def test_chat_logprobs_shape(server, client):
+    r = client.chat.completions.create(model=server.model, messages=CHAT, max_tokens=10, temperature=0,
+                                       logprobs=True, top_logprobs=3)
+    ch = r.choices[0]
+    content = ch.logprobs.content
+    assert len(content) >= 3
+    # every generated token but the end of turn, in order: the bytes add up to the text
+    assert b"".join(bytes(e.bytes) for e in content).decode() == ch.message.content
+    if ch.finish_reason == "length":
+        assert len(content) == r.usage.completion_tokens
+    for e in content:
+        assert isinstance(e.token, str) and isinstance(e.logprob, float) and e.logprob <= 0
+        if "\ufffd" not in e.token:
+            assert bytes(e.bytes) == e.token.encode()
+        alts = e.top_logprobs
+        assert len(alts) == 3
+        assert [a.logprob for a in alts] == sorted((a.logprob for a in alts), reverse=True)
+        assert alts[0].token == e.token and alts[0].logprob == pytest.approx(e.logprob, abs=1e-6)
+        assert sum(math.exp(a.logprob) for a in alts) <= 1 + 1e-6
+    # top_logprobs 0: the sampled token's logprob, no alternatives
+    r0 = client.chat.completions.create(model=server.model, messages=CHAT, max_tokens=4, temperature=0,
+                                        logprobs=True, top_logprobs=0)
+    c0 = r0.choices[0].logprobs.content
+    assert [e.token for e in c0] == [e.token for e in content[:len(c0)]]
+    assert all(e.top_logprobs == [] for e in c0)
+    # no logprobs asked: null
+    assert client.chat.completions.create(model=server.model, messages=CHAT, max_tokens=2,
+                                          temperature=0).choices[0].logprobs is None
+
+
+def test_completion_logprobs_text_offset(server, client):
+    r = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=12, temperature=0, logprobs=2)
+    ch = r.choices[0]
+    lp, text = ch.logprobs, ch.text
+    assert "".join(lp.tokens) == text
+    assert lp.text_offset[0] == 0
+    bounds = lp.text_offset + [len(text)]
+    for i, tok in enumerate(lp.tokens):
+        assert text[bounds[i]:bounds[i + 1]] == tok, (i, tok, bounds)
+        d = lp.top_logprobs[i]
+        assert tok in d and 2 <= len(d) <= 3, d
+        assert d[tok] == pytest.approx(lp.token_logprobs[i], abs=1e-6)
+        assert lp.token_logprobs[i] == pytest.approx(max(d.values()), abs=1e-6)   # greedy
+
+
+# ------------------------------------------------------------------- n > 1
+STORY = ("Once upon a time, in a small village by the sea, there lived an old fisherman who every morning "
+         "walked down to the harbour with his nets, and one day he found")
+
+
+def test_n_seeded_choices(server, client, smollm2):
+    metrics0 = raw(server, "GET", "/metrics").text
+    kw = dict(model=server.model, prompt=STORY, max_tokens=12, temperature=1.0, seed=1234, n=3, logprobs=0)
+    a = client.completions.create(**kw)
+    metrics1 = raw(server, "GET", "/metrics").text
+    assert [c.index for c in a.choices] == [0, 1, 2]
+    texts = [c.text for c in a.choices]
+    assert len(set(texts)) > 1, texts                       # independent samples
+    # usage sums the choices (an end of turn is a token without logprobs)
+    n_tok = sum(len(c.logprobs.tokens) + (c.finish_reason == "stop") for c in a.choices)
+    assert a.usage.completion_tokens == n_tok
+    assert a.usage.prompt_tokens == len(tokenize(smollm2, STORY))
+    b = client.completions.create(**kw)
+    assert [c.text for c in b.choices] == texts             # a seed reproduces every choice
+    # choice i is the request with seed + i
+    one = client.completions.create(**{**kw, "n": 1, "seed": 1236})
+    assert one.choices[0].text == texts[2]
+    # the shared prompt was computed once: choices 1 and 2 took its full
+    # KV blocks (16 positions) from the prefix cache
+    p = a.usage.prompt_tokens
+    hits = (metric_value(metrics1, "ie_prefix_cache_hit_tokens_total")
+            - metric_value(metrics0, "ie_prefix_cache_hit_tokens_total"))
+    assert hits >= 2 * ((p - 1) // 16) * 16, (hits, p)
+
+
+def test_n_chat_stream(server, client):
+    kw = dict(model=server.model, messages=CHAT, max_tokens=10, temperature=0.9, seed=7, n=2, logprobs=True,
+              top_logprobs=2)
+    full = client.chat.completions.create(**kw)
+    assert [c.index for c in full.choices] == [0, 1]
+    text = {0: "", 1: ""}
+    toks: dict[int, list] = {0: [], 1: []}
+    finish = {}
+    usage = None
+    roles = set()
+    for chunk in client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}):
+        if chunk.usage:
+            usage = chunk.usage
+        if not chunk.choices:
+            continue
+        assert len(chunk.choices) == 1
+        c = chunk.choices[0]
+        assert c.index in (0, 1)
+        if c.delta.role:
+            roles.add(c.index)
+        text[c.index] += c.delta.content or ""
+        if c.logprobs:
+            toks[c.index] += [e.token for e in c.logprobs.content]
+        if c.finish_reason:
+            assert c.index not in finish
+            finish[c.index] = c.finish_reason
+    assert roles == {0, 1} and set(finish) == {0, 1}
+    for c in full.choices:
+        assert text[c.index] == c.message.content
+        assert toks[c.index] == [e.token for e in c.logprobs.content]
+        assert finish[c.index] == c.finish_reason
+    assert usage is not None and usage.completion_tokens == full.usage.completion_tokens
+
+
+def test_n_stream_hangup_cancels_every_choice(server, client):
+    """A client that hangs up on an n=3 stream has all three choices
+    cancelled (the scheduler counts them), and the server keeps serving."""
+    try:
+        import httpx
+    except ImportError:
+        import httpx2 as httpx
+
+    def cancelled():
+        return metric_value(raw(server, "GET", "/metrics").text, "ie_requests_total", 'status="cancelled"')
+
+    before = max(cancelled(), 0.0)
+    body = {"prompt": STORY, "max_tokens": 900, "temperature": 1.0, "n": 3, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60,
+                      headers={"Authorization": f"Bearer {KEY}"}) as r:
+        assert r.status_code == 200
+        seen = set()
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                seen.add(json.loads(line[6:])["choices"][0]["index"])
+                if len(seen) == 3:
+                    break                  # every choice running, then hang up
+    deadline = time.time() + 15
+    while cancelled() < before + 3 and time.time() < deadline:
+        time.sleep(0.1)
+    assert cancelled() == before + 3
+    out = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=3, temperature=0)
+    assert out.choices[0].text
+
+
+# --------------------------------------------------------------- bad values
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/chat/completions", {"n": 0}, "n"),
+    ("/v1/chat/completions", {"n": 17}, "n"),
+    ("/v1/completions", {"n": 17}, "n"),
+    ("/v1/chat/completions", {"n": 1.5}, "n"),
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+    ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {"logprobs": False, "top_logprobs": 2}, "top_logprobs"),
+    ("/v1/chat/completions", {"logprobs": 3}, "logprobs"),
+    ("/v1/completions", {"logprobs": 6}, "logprobs"),
+    ("/v1/completions", {"logprobs": True}, "logprobs"),
+    ("/v1/completions", {"logprobs": 1, "top_logprobs": 1}, "top_logprobs"),
+])
+def test_bad_values(server, path, body, param):
+    base = {"model": server.model, "max_tokens": 2}
+    base.update({"messages": CHAT} if "chat" in path else {"prompt": PROMPT})
+    r = raw(server, "POST", path, json={**base, **body})
+    assert_error_shape(r, 400, param=param)
+
+
+def test_bad_values_openai_client(server, client):
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=server.model, messages=CHAT, max_tokens=2, n=17)
+
+
+# ------------------------------------------------------------------- ZeroMQ
+def test_zmq_logprobs_equal_http(smollm2, ie_bin):
+    """The ZeroMQ endpoint's "logprobs" (docs/PROTOCOL.md): token events
+    and the done reply carry the same values as the HTTP answer."""
+    import msgpack
+    import zmq
+    from conftest import free_port
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    srv = Server(smollm2, "--batch", 2, "--ctx", 512, "--zmq-bind", ep)
+    ctx = zmq.Context()
+    try:
+        ids = tokenize(smollm2, PROMPT)
+        r = srv.client().completions.create(model=srv.model, prompt=ids, max_tokens=5, temperature=0, logprobs=3)
+        want = r.choices[0].logprobs
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(ep)
+        s.send(msgpack.packb({"v": 1, "type": "generate", "id": "z1", "prompt": PROMPT, "max_new": 5,
+                              "temperature": 0.0, "stream": True, "logprobs": 3}))
+        toks, done = [], None
+        while done is None:
+            assert s.poll(120000), "no ZeroMQ reply"
+            m = msgpack.unpackb(s.recv(), raw=False)
+            assert m["type"] in ("token", "done"), m
+            if m["type"] == "token":
+                toks.append(m)
+            else:
+                done = m
+        assert len(toks) == 5 and len(done["logprobs"]) == 5
+        for i, t in enumerate(toks):
+            assert len(t["top_logprobs"]) == 3
+            assert t["top_logprobs"][0][0] == t["token"]                       # greedy: the first
+            assert t["logprob"] == pytest.approx(want.token_logprobs[i], abs=1e-6)
+            assert done["logprobs"][i]["token"] == t["token"]
+            assert done["logprobs"][i]["logprob"] == pytest.approx(t["logprob"], abs=1e-6)
+            assert sorted(v for _, v in t["top_logprobs"]) == pytest.approx(
+                sorted(want.top_logprobs[i].values())[-3:], abs=1e-6)
+        # without "logprobs": no such keys
+        s.send(msgpack.packb({"v": 1, "type": "generate", "id": "z2", "prompt": PROMPT, "max_new": 2,
+                              "temperature": 0.0}))
+        assert s.poll(120000)
+        m = msgpack.unpackb(s.recv(), raw=False)
+        assert m["type"] == "done" and "logprobs" not in m, m
+        s.close()
+    finally:
+        ctx.term()
+        srv.stop()
+
+
+def test_cluster_greedy_logprobs_take_full_rows(smollm2, tmp_path):
+    """A greedy request without penalties gets arg-max-only rows from a
+    cluster's ranks (PROTOCOL.md, RESULT) unless it asks for logprobs:
+    then the coordinator needs whole rows, and the cluster's logprobs equal
+    the embedded engine's (pipeline: the same bits; tensor: within the ISA
+    noise of its split reductions). Without full rows the sampled token
+    would read log p = 0 and its alternatives -inf."""
+    from test_distributed import Cluster, ie_client, serve_embedded
+    logdir = tmp_path / "logs"
+    logdir.mkdir(parents=True, exist_ok=True)
+    req = dict(prompt=PROMPT, temperature=0.0, max_new=6, logprobs=3, timeout_s=120)
+    serve, ep = serve_embedded(smollm2, logdir)
+    try:
+        ref = None
+        deadline = time.monotonic() + 60
+        while ref is None:
+            try:
+                ref = ie_client.generate(ep, **req)
+            except ie_client.ClientTimeout:
+                raise
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    finally:
+        serve.terminate()
+        serve.wait(timeout=30)
+    assert ref["type"] == "done" and len(ref["logprobs"]) == 6, ref
+    assert ref["logprobs"][0]["logprob"] < -0.25                        # far from a one-hot row's 0
+    # tensor: Q8 activations quantized per slice move logits by up to ~0.1
+    # (test_distributed.py's ISA-noise bound); a one-hot row would be off by
+    # the whole log-probability (> 0.25 here) and its alternatives by inf
+    for plan, tol in (("pipeline", 1e-5), ("tensor", 0.15)):
+        (logdir / plan).mkdir()
+        c = Cluster(smollm2, plan, 2, logdir / plan)
+        try:
+            c.start_worker(0)
+            c.start_worker(1)
+            assert c.generate(PROMPT, max_new=1)["type"] == "done"        # both ranks serve
+            d = ie_client.generate(c.client_ep, **req)
+            assert d["type"] == "done" and d["text"] == ref["text"], (plan, d)
+            for a, b in zip(d["logprobs"], ref["logprobs"]):
+                assert a["token"] == b["token"]
+                assert abs(a["logprob"] - b["logprob"]) < tol, (plan, a, b)
+                assert len(a["top_logprobs"]) == 3 and a["top_logprobs"][0][0] == a["token"], (plan, a)
+                if plan == "pipeline":
+                    assert [t for t, _ in a["top_logprobs"]] == [t for t, _ in b["top_logprobs"]], (a, b)
+                for (_, x), (_, y) in zip(a["top_logprobs"], b["top_logprobs"]):
+                    assert abs(x - y) < tol, (plan, a, b)
+        finally:
+            c.stop()

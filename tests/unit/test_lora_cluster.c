@@ -1,0 +1,141 @@
+/* test_lora_cluster.c — LoRA adapter sets through the cluster backend
+ * (coordinator/src/cluster.c, worker/src/node.c): an engine with in-process
+ * workers on tensor:2 and pipeline:2 runs a weighted set of two adapters
+ * (each rank loads, sums and slices them) like the embedded engine; a part
+ * whose fingerprint the ranks do not match is refused naming a rank and
+ * attached nowhere; removal detaches everywhere.
+ *
+ * Fixtures: tests/data/tiny_llama (f32 here) and tests/data/lora.
+ */
+#include "ie_backend.h"
+#include "ie_engine.h"
+#include "ie_lora.h"
+#include "ie_model_src.h"
+
+#include <CUnit/Basic.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MODEL IE_TEST_DATA "/tiny_llama"
+#define QV8 IE_TEST_DATA "/lora/qv8"
+#define ALL16 IE_TEST_DATA "/lora/all16"
+#define NTOK 12
+
+static const int32_t k_ids[NTOK] = {433, 474, 249, 210, 449, 74, 9, 66, 465, 186, 281, 434};
+
+static ie_engine_t *open_engine(const char *plan)
+{
+    ie_engine_opts_t o;
+    ie_engine_opts_default(&o);
+    o.model_path = MODEL;
+    o.no_tokenizer = 1;
+    o.n_threads = 2;
+    o.pin_threads = 0;
+    o.precision = IE_PREC_F32;
+    o.n_seq = 2;
+    o.max_batch = 16;
+    o.n_ctx = 64;
+    CU_ASSERT_EQUAL_FATAL(ie_engine_opts_plan(&o, plan), IE_OK);
+    ie_engine_t *e = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_engine_open(&o, &e), IE_OK);
+    return e;
+}
+
+/* The logits of k_ids prefilled in slot 0 under adapter id (-1: none). */
+static ie_status_t run(ie_backend_t *b, int id, float *out)
+{
+    int32_t pos[NTOK], seq[NTOK], ad[NTOK];
+    uint8_t lg[NTOK];
+    for (int i = 0; i < NTOK; i++) pos[i] = i, seq[i] = 0, ad[i] = id, lg[i] = 1;
+    ie_backend_seq_clear(b, 0);
+    ie_batch_t batch = {NTOK, k_ids, pos, seq, lg, id >= 0 ? ad : NULL, NULL};
+    return ie_backend_step(b, &batch, out);
+}
+
+static double rel(const float *a, const float *b, size_t n)
+{
+    double d = 0, m = 0;
+    for (size_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        m = fmax(m, fabs((double)b[i]));
+    }
+    return d / m;
+}
+
+static void test_sets_on_plans(void)
+{
+    ie_model_src_t *src = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_model_src_open(MODEL, &src), IE_OK);
+    const ie_hparams_t *hp = ie_model_src_hparams(src);
+    ie_lora_t *qv8 = NULL, *all16 = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_lora_load(QV8, hp, &qv8), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_lora_load(ALL16, hp, &all16), IE_OK);
+    const size_t nv = (size_t)hp->n_vocab, n = NTOK * nv;
+    float *want = malloc(n * sizeof *want), *got = malloc(n * sizeof *got), *base = malloc(n * sizeof *base);
+    CU_ASSERT_FATAL(want && got && base);
+    /* a set of two, weighted (one negative): not any adapter as trained */
+    const ie_backend_lora_part_t parts[2] = {{"qv8", QV8, qv8, 0.7f}, {"all16", ALL16, all16, -0.4f}};
+
+    ie_engine_t *emb = open_engine("none");
+    int id = -1;
+    CU_ASSERT_EQUAL_FATAL(ie_backend_lora_add(ie_engine_backend(emb), parts, 2, &id), IE_OK);
+    CU_ASSERT_EQUAL(run(ie_engine_backend(emb), id, want), IE_OK);
+    CU_ASSERT_EQUAL(run(ie_engine_backend(emb), -1, base), IE_OK);
+    CU_ASSERT(rel(want, base, n) > 1e-2); /* the set changes the logits */
+    ie_engine_destroy(&emb);
+
+    static const char *plans[] = {"tensor:2", "pipeline:2"};
+    for (int k = 0; k < 2; k++) {
+        ie_engine_t *e = open_engine(plans[k]);
+        ie_backend_t *b = ie_engine_backend(e);
+        int cid = -1, bad_id = -1;
+        CU_ASSERT_EQUAL_FATAL(ie_backend_lora_add(b, parts, 2, &cid), IE_OK);
+        CU_ASSERT_EQUAL(run(b, cid, got), IE_OK);
+        const double r = rel(got, want, n);
+        CU_ASSERT(r < 1e-4);
+        if (r >= 1e-4) fprintf(stderr, "\n  %s: rel %.3g\n", plans[k], r);
+        /* a part the ranks' files do not match: refused, naming a rank */
+        const uint64_t fp = all16->fingerprint;
+        all16->fingerprint ^= 0x5a5a;
+        CU_ASSERT_NOT_EQUAL(ie_backend_lora_add(b, parts, 2, &bad_id), IE_OK);
+        CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "worker rank "));
+        CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "adapter 'all16'"));
+        CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "differs"));
+        CU_ASSERT_EQUAL(bad_id, -1);
+        all16->fingerprint = fp;
+        /* ... and attached nowhere: the next free id is the refused one's */
+        CU_ASSERT_EQUAL(run(b, cid + 1, got), IE_ERR_RANGE);
+        /* the base and the first set run on */
+        CU_ASSERT_EQUAL(run(b, -1, got), IE_OK);
+        CU_ASSERT(rel(got, base, n) < 1e-4);
+        CU_ASSERT_EQUAL(run(b, cid, got), IE_OK);
+        CU_ASSERT(rel(got, want, n) < 1e-4);
+        /* removed: gone everywhere, its id free again */
+        CU_ASSERT_EQUAL(ie_backend_lora_remove(b, cid), IE_OK);
+        CU_ASSERT_EQUAL(run(b, cid, got), IE_ERR_RANGE);
+        CU_ASSERT_EQUAL(ie_backend_lora_remove(b, cid), IE_ERR_RANGE);
+        int again = -1;
+        CU_ASSERT_EQUAL(ie_backend_lora_add(b, parts, 1, &again), IE_OK);
+        CU_ASSERT_EQUAL(again, cid);
+        ie_engine_destroy(&e);
+    }
+    free(want);
+    free(got);
+    free(base);
+    ie_lora_destroy(&qv8);
+    ie_lora_destroy(&all16);
+    ie_model_src_destroy(&src);
+}
+
+int main(void)
+{
+    if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+    CU_pSuite s = CU_add_suite("lora_cluster", NULL, NULL);
+    CU_add_test(s, "adapter sets on tensor:2 / pipeline:2 == embedded; refusals; removal", test_sets_on_plans);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
+    CU_cleanup_registry();
+    return fails ? 1 : 0;
+}
