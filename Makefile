@@ -7,7 +7,7 @@ JOBS ?= $(shell nproc)
 # environment variable of that name works too).
 IE_WERROR ?= OFF
 
-.PHONY: all build test check-install docs format-check test-distributed test-serving bench bench-quick bench-distributed bench-serve bench-decode bench-kquant bench-lora profile fuzz reference asan tsan clean
+.PHONY: all build test check-install docs format-check test-distributed test-serving bench bench-quick bench-distributed bench-serve bench-decode bench-kv bench-kquant bench-lora profile fuzz reference asan tsan clean
 
 all: build
 
@@ -76,6 +76,17 @@ bench-decode: build
 	$(BUILD)/bench_decode --model models/bench/tinyllama-q4_0.gguf --tokens $(DECODE_TOKENS)
 	$(BUILD)/bench_decode --model models/bench/tinyllama-q8_0.gguf --tokens $(DECODE_TOKENS)
 	$(BUILD)/bench_decode --model models/bench/tinyllama-f16.gguf --precision bf16 --tokens $(DECODE_TOKENS)
+
+# Issue 22: TinyLlama-shaped Q4_0 decode 4,096 positions deep with each KV
+# cache type, every token beside its paired read (bench_decode); the q8 cache
+# should decode >= 1.2x the f32 cache's rate at depth. Each run prefills
+# 4,096 tokens first (minutes on 2 cores). Run on a quiet machine.
+KV_TYPES ?= f32 f16 bf16 q8 q4 fp8_e4m3 fp8_e5m2
+KV_TOKENS ?= 32
+bench-kv: build
+	.venv/bin/python bench/make_tinyllama_gguf.py --types q4_0
+	for t in $(KV_TYPES); do $(BUILD)/bench_decode --model models/bench/tinyllama-q4_0.gguf --prompt 4096 \
+	  --tokens $(KV_TOKENS) --cache-type-k $$t --cache-type-v $$t || exit 1; done
 
 # Issue 18: TinyLlama-shaped decode (bench_decode's fraction of the paired
 # read) and pp512 per k-quant type, each model run between two runs of the

@@ -6,7 +6,7 @@ first N tokens of a text, each cache type's logits (inference-engine logits
 the f32 cache's.
 
 usage: kv_quality.py --bin build/inference-engine --model M --text FILE
-                     [--tokens 512] [--threads 2] [TYPE:ROTATE ...]
+                     [--tokens 512] [--threads 2] [--mode prefill|decode] [TYPE:ROTATE ...]
 Prints one JSON line per configuration.
 """
 import argparse
@@ -21,7 +21,7 @@ import numpy as np
 
 def logits(args, ids, extra, out):
     cmd = [args.bin, "logits", "--model", args.model, "--ids", ",".join(map(str, ids)), "--out", out,
-           "--precision", "f32", "--threads", str(args.threads), *extra]
+           "--precision", "f32", "--threads", str(args.threads), "--mode", args.mode, *extra]
     cp = subprocess.run(cmd, capture_output=True, text=True)
     if cp.returncode != 0:
         sys.exit(f"{' '.join(cmd[:6])}...: {cp.stderr.strip()}")
@@ -42,6 +42,8 @@ def main():
     ap.add_argument("--text", required=True)
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--mode", choices=["prefill", "decode"], default="prefill",
+                    help="decode: one token a step, attention through the typed-cache kernels")
     ap.add_argument("configs", nargs="*", default=["q8:on", "fp8_e4m3:on", "q4:on", "q4:off"])
     args = ap.parse_args()
     with open(args.text, "rb") as f:
@@ -57,7 +59,7 @@ def main():
                                      os.path.join(d, "got.bin")))
             kl = (np.exp(ref) * (ref - got)).sum(axis=1)
             nll = -got[np.arange(len(ids) - 1), ids[1:]].mean()
-            print(json.dumps({"type": t, "rotate": rot, "tokens": len(ids), "kl_mean": float(kl.mean()),
+            print(json.dumps({"mode": args.mode, "type": t, "rotate": rot, "tokens": len(ids), "kl_mean": float(kl.mean()),
                               "kl_p99": float(np.percentile(kl, 99)),
                               "top1_agree": float((ref.argmax(1) == got.argmax(1)).mean()),
                               "dppl_pct": float((np.exp(nll - nll_ref) - 1) * 100)}), flush=True)

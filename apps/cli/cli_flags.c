@@ -47,6 +47,7 @@ static const flag_t FLAGS[] = {
     {"timeout-ms", IE_FLAG_TIMEOUT_MS, FK_LONG, 0, 1L << 30},
     {"kv-block", IE_FLAG_KV_BLOCK, FK_LONG, 1, 1 << 16},
     {"kv-blocks", IE_FLAG_KV_BLOCKS, FK_LONG, 0, INT32_MAX},
+    {"kv-mem-mb", IE_FLAG_KV_MEM_MB, FK_LONG, 1, 1L << 30},
     {"no-prefix-cache", IE_FLAG_NO_PREFIX, FK_SET0, 0, 0},
     {"no-pin", IE_FLAG_NO_PIN, FK_SET0, 0, 0},
     {"verbose", IE_FLAG_VERBOSE, FK_SET1, 0, 0},

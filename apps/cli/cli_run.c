@@ -61,6 +61,8 @@ static void usage(FILE *f)
           "  --ctx N                        KV positions per sequence (min(train, 4096))\n"
           "  --kv-block N                   positions per KV-cache block (16)\n"
           "  --kv-blocks N                  KV-cache blocks in the pool (0: batch * ceil(ctx / kv-block))\n"
+          "  --kv-mem-mb N                  without --kv-blocks: the pool is the blocks N MiB hold in the cache "
+          "types\n"
           "  --no-prefix-cache              do not reuse the KV blocks of equal prompt prefixes\n"
           "  --cache-type-k T / --cache-type-v T  KV cache storage: f32 (default), f16, bf16,\n"
           "                                 q8 (q8_0), q4 (q4_0), fp8_e4m3, fp8_e5m2 (docs/KVCACHE.md)\n"
@@ -433,7 +435,7 @@ int ie_cli_run(int argc, char **argv)
                           .prec = IE_PREC_NATIVE};
     long max_new = 128, ctx = 0, warmup = 0, prefetch = 0, tok_threads = 0;
     int greedy = 0, print_text = 0, special = 1, pin = 1, have_seed = 0, prefix_cache = 1;
-    long kv_block = 0, kv_blocks = 0;
+    long kv_block = 0, kv_blocks = 0, kv_mem_mb = 0;
     ie_kv_type_t kv_k = IE_KV_F32, kv_v = IE_KV_F32;
     ie_kv_rotate_t kv_rot = IE_KV_ROTATE_AUTO;
     const char *plan = NULL;
@@ -478,7 +480,7 @@ int ie_cli_run(int argc, char **argv)
         IE_CLI_PICK(IE_FLAG_PLAN, &plan),           IE_CLI_PICK(IE_FLAG_KV_BLOCK, &kv_block),
         IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks), IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache),
         IE_CLI_PICK(IE_FLAG_CACHE_TYPE_K, &kv_k),   IE_CLI_PICK(IE_FLAG_CACHE_TYPE_V, &kv_v),
-        IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot),
+        IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot),    IE_CLI_PICK(IE_FLAG_KV_MEM_MB, &kv_mem_mb),
 
         IE_CLI_PICK(IE_FLAG_LORA, &loras),          IE_CLI_PICK(IE_FLAG_ADAPTER, &adapter)};
     ie_cli_parser_t fl;
@@ -688,6 +690,7 @@ int ie_cli_run(int argc, char **argv)
     eo.precision = prec;
     eo.kv_block = (int)kv_block;
     eo.kv_blocks = (int)kv_blocks;
+    eo.kv_mem_mb = kv_mem_mb;
     eo.kv_type_k = kv_k;
     eo.kv_type_v = kv_v;
     eo.kv_rotate = kv_rot;
@@ -1019,6 +1022,7 @@ int ie_cli_run(int argc, char **argv)
     cJSON_AddStringToObject(js, "cache_type_k", ie_kv_type_name(kv_k));
     cJSON_AddStringToObject(js, "cache_type_v", ie_kv_type_name(kv_v));
     cJSON_AddNumberToObject(js, "kv_bytes_per_token", (double)ie_engine_kv_bytes_per_token(eng));
+    cJSON_AddNumberToObject(js, "kv_pool_positions", (double)ie_engine_kv_pool_positions(eng));
     ie_backend_stats_t bs;
     ie_backend_stats(ie_engine_backend(eng), &bs);
     cJSON_AddStringToObject(js, "isa", bs.isa);

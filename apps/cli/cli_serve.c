@@ -48,6 +48,7 @@ static void usage(FILE *f)
           "  --ctx N               KV positions per sequence (min(train, 4096))\n"
           "  --kv-block N          positions per KV-cache block (16)\n"
           "  --kv-blocks N         KV-cache blocks in the pool (0: batch * ceil(ctx / kv-block))\n"
+          "  --kv-mem-mb N         without --kv-blocks: the pool is the blocks N MiB hold in the cache types\n"
           "  --no-prefix-cache     do not reuse the KV blocks of equal prompt prefixes\n"
           "  --lora NAME=PATH      load a LoRA adapter (pinned), repeatable; a request's \"model\": NAME runs it\n"
           "  --lora-budget-mb N    LoRA weights held at most; least recently used unpinned ones are evicted\n"
@@ -87,7 +88,7 @@ int ie_cli_serve(int argc, char **argv)
     long embd_norm = 2;
     long port = 8080, threads = sysconf(_SC_NPROCESSORS_ONLN), batch = 8, max_batch = 256, ctx = 0, queue = 64,
          timeout_ms = 0, max_body = 1 << 20, kv_block = 0, kv_blocks = 0, max_msg = 1 << 20, drain_ms = 30000,
-         prefill_chunk = 0, read_ms = 0, conns = 0, conns_addr = 0, step_lat = -1;
+         prefill_chunk = 0, read_ms = 0, conns = 0, conns_addr = 0, step_lat = -1, kv_mem_mb = 0;
     int pin = 1, verbose = 0, prefix_cache = 1, rc = IE_EXIT_OK, c;
     ie_precision_t prec = IE_PREC_NATIVE;
     ie_kv_type_t kv_k = IE_KV_F32, kv_v = IE_KV_F32;
@@ -122,6 +123,7 @@ int ie_cli_serve(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_VERBOSE, &verbose),
                                    IE_CLI_PICK(IE_FLAG_KV_BLOCK, &kv_block),
                                    IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks),
+                                   IE_CLI_PICK(IE_FLAG_KV_MEM_MB, &kv_mem_mb),
                                    IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache),
                                    IE_CLI_PICK(IE_FLAG_MAX_BODY, &max_body),
                                    IE_CLI_PICK(IE_FLAG_MAX_MSG, &max_msg),
@@ -199,6 +201,7 @@ int ie_cli_serve(int argc, char **argv)
     eo.precision = prec;
     eo.kv_block = (int)kv_block;
     eo.kv_blocks = (int)kv_blocks;
+    eo.kv_mem_mb = kv_mem_mb;
     eo.kv_type_k = kv_k;
     eo.kv_type_v = kv_v;
     eo.kv_rotate = kv_rot;

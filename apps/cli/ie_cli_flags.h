@@ -37,6 +37,7 @@ typedef enum ie_flag_id {
     IE_FLAG_TIMEOUT_MS,     /* --timeout-ms N (0..2^30)           long         */
     IE_FLAG_KV_BLOCK,       /* --kv-block N (1..65536)            long         */
     IE_FLAG_KV_BLOCKS,      /* --kv-blocks N (0..INT32_MAX)       long         */
+    IE_FLAG_KV_MEM_MB,      /* --kv-mem-mb N (1..2^30)            long         */
     IE_FLAG_NO_PREFIX,      /* --no-prefix-cache: sets 0          int          */
     IE_FLAG_NO_PIN,         /* --no-pin: sets 0                   int          */
     IE_FLAG_VERBOSE,        /* --verbose: sets 1                  int          */

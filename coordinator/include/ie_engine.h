@@ -87,6 +87,9 @@ typedef struct ie_engine_opts {
      * slots than memory for full contexts allows; the scheduler preempts
      * a sequence when the pool runs out. */
     int kv_block, kv_blocks;
+    /* with kv_blocks 0: the pool's size in MiB of the chosen cache types
+     * (ie_worker_opts_t.kv_mem_bytes; the embedded engine only) */
+    long kv_mem_mb;
     /* how the cache stores K and V, and the Hadamard rotation
      * (ie_worker_opts_t; zero: f32, rotation AUTO) */
     ie_kv_type_t kv_type_k, kv_type_v;
@@ -132,6 +135,9 @@ const ie_hparams_t *ie_engine_hparams(const ie_engine_t *e);
 /* Bytes the KV cache takes per token of context: every layer and KV head,
  * K and V in their types (ie_kv_head_bytes). */
 size_t ie_engine_kv_bytes_per_token(const ie_engine_t *e);
+/* The KV pool: positions it holds (blocks times positions a block; with
+ * --kv-mem-mb, what the budget holds in the chosen types). */
+int64_t ie_engine_kv_pool_positions(const ie_engine_t *e);
 /* The tokenizer, NULL when opened with no_tokenizer; borrowed. */
 const ie_tokenizer_t *ie_engine_tokenizer(const ie_engine_t *e);
 /* Put the model's chat template (o->tmpl, borrowed, valid until destroy;

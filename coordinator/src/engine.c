@@ -229,11 +229,19 @@ ie_status_t ie_engine_open(const ie_engine_opts_t *o, ie_engine_t **out)
     wo.precision = o->precision;
     wo.kv_block = o->kv_block;
     wo.kv_blocks = o->kv_blocks;
+    wo.kv_mem_bytes = o->kv_mem_mb > 0 ? (uint64_t)o->kv_mem_mb << 20 : 0;
     wo.kv_type_k = o->kv_type_k;
     wo.kv_type_v = o->kv_type_v;
     wo.kv_rotate = o->kv_rotate;
     wo.n_ctx = o->n_ctx ? o->n_ctx : (hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
     /* the one place that knows which backend runs */
+    if (o->plan != IE_SHARD_NONE && o->kv_mem_mb > 0 && o->kv_blocks == 0) {
+        /* the ranks of a plan hold different layers: one block count for
+         * all of them is the coordinator's, given as --kv-blocks */
+        st = ie_error_set(IE_ERR_INVAL, "a KV memory budget (--kv-mem-mb) is for the embedded engine; with a plan "
+                                        "give the pool as --kv-blocks");
+        goto cleanup;
+    }
     if (o->plan == IE_SHARD_NONE) {
         if ((st = ie_backend_worker_new(e->src, &wo, &e->backend)) != IE_OK) goto cleanup;
     } else if ((st = start_cluster(e, &wo)) != IE_OK) {
@@ -316,6 +324,12 @@ size_t ie_engine_kv_bytes_per_token(const ie_engine_t *e)
     const ie_hparams_t *hp = ie_model_src_hparams(e->src);
     return (size_t)hp->n_layer * (size_t)hp->n_head_kv *
            (ie_kv_head_bytes(e->opts.kv_type_k, hp->head_dim) + ie_kv_head_bytes(e->opts.kv_type_v, hp->head_dim));
+}
+/* Contract (ie_engine.h). */
+int64_t ie_engine_kv_pool_positions(const ie_engine_t *e)
+{
+    const ie_backend_geom_t *g = ie_backend_geom(e->backend);
+    return (int64_t)g->kv_blocks * g->kv_block;
 }
 const ie_tokenizer_t *ie_engine_tokenizer(const ie_engine_t *e) { return e->tok; }
 

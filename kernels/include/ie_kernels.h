@@ -27,6 +27,7 @@
 #include "ie_attn.h"
 #include "ie_bsr.h"
 #include "ie_dtype.h"
+#include "ie_kvcache.h"
 #include "ie_pack.h"
 
 #include <stddef.h>
@@ -187,6 +188,22 @@ typedef struct ie_kernels {
      * for h < nh, i < hd (out is overwritten). */
     void (*attn_values)(const float *p, size_t ld, int nh, const ie_attn_rows_t *v, int j0, int n, int hd,
                         float *out, size_t o_stride);
+
+    /* ---- attention over a typed KV cache (ie_kvcache.h): the rows are
+     * converted in registers as they are read. The contracts of
+     * attn_scores / attn_values with row(k, j) the decoded row, except a
+     * q8 K cache: s = ((float)idot * dk) * (dq * scale), idot the exact
+     * int32 dot of the int16 query (ie_kv_quantize_q16, scale dq) and the
+     * row's int8 values, dk the row's scale — the same bits on every ISA.
+     * Other types agree with ie_kv_*_ref within float rounding. Any hd the
+     * type holds (ie_kv_head_bytes != 0). */
+    void (*kv_scores)(ie_kv_type_t t, const float *q, size_t q_stride, int nh, const ie_kv_rows_t *k, int j0, int n,
+                      int hd, float scale, float *s, size_t ld);
+    void (*kv_values)(ie_kv_type_t t, const float *p, size_t ld, int nh, const ie_kv_rows_t *v, int j0, int n,
+                      int hd, float *out, size_t o_stride);
+    /* One head of type t at src, decoded into hd floats (the same bits on
+     * every ISA: every conversion is exact, q8/q4 one product each). */
+    void (*kv_decode)(ie_kv_type_t t, const void *src, int hd, float *y);
 
     /* ---- element-wise (the scalar ie_swiglu_f32, ie_softmax_sink_f32 and
      * ie_rmsnorm_f32 are the oracles; the SIMD versions agree within a few

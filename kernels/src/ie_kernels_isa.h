@@ -226,6 +226,11 @@ void ie_attn_scores_ref(const float *q, size_t q_stride, int nh, const ie_attn_r
                         float scale, float *s, size_t ld);
 void ie_attn_values_ref(const float *p, size_t ld, int nh, const ie_attn_rows_t *v, int j0, int n, int hd,
                         float *out, size_t o_stride);
+void ie_kv_scores_ref(ie_kv_type_t t, const float *q, size_t q_stride, int nh, const ie_kv_rows_t *k, int j0, int n,
+                      int hd, float scale, float *s, size_t ld);
+void ie_kv_values_ref(ie_kv_type_t t, const float *p, size_t ld, int nh, const ie_kv_rows_t *v, int j0, int n,
+                      int hd, float *out, size_t o_stride);
+void ie_kv_decode_ref(ie_kv_type_t t, const void *src, int hd, float *y);
 
 /* -------------------------------------------------------------- generic */
 
@@ -275,6 +280,11 @@ void ie_rmsnorm_f32_avx2(float *out, const float *x, const float *w, int64_t n, 
 void ie_lora_f32_avx2(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp);
 void ie_lora_bf16_avx2(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp);
 uint64_t ie_stream_read_avx2(const void *p, size_t n);
+void ie_kv_scores_avx2(ie_kv_type_t t, const float *q, size_t q_stride, int nh, const ie_kv_rows_t *k, int j0,
+                       int n, int hd, float scale, float *s, size_t ld);
+void ie_kv_values_avx2(ie_kv_type_t t, const float *p, size_t ld, int nh, const ie_kv_rows_t *v, int j0, int n,
+                       int hd, float *out, size_t o_stride);
+void ie_kv_decode_avx2(ie_kv_type_t t, const void *src, int hd, float *y);
 
 /* --------------------------------------------------------------- avx512 */
 
@@ -338,6 +348,11 @@ void ie_attn_scores_avx512(const float *q, size_t q_stride, int nh, const ie_att
                            float scale, float *s, size_t ld);
 void ie_attn_values_avx512(const float *p, size_t ld, int nh, const ie_attn_rows_t *v, int j0, int n, int hd,
                            float *out, size_t o_stride);
+void ie_kv_scores_avx512(ie_kv_type_t t, const float *q, size_t q_stride, int nh, const ie_kv_rows_t *k, int j0,
+                         int n, int hd, float scale, float *s, size_t ld);
+void ie_kv_values_avx512(ie_kv_type_t t, const float *p, size_t ld, int nh, const ie_kv_rows_t *v, int j0, int n,
+                         int hd, float *out, size_t o_stride);
+void ie_kv_decode_avx512(ie_kv_type_t t, const void *src, int hd, float *y);
 
 /* ------------------------------------------------- shared (dispatch.c) */
 

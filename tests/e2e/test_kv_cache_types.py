@@ -10,7 +10,8 @@
      workers' assignment); a pool too small for every stream (binds and
      preemption/recompute) gives the full pool's ids; tensor:2 gives its own
      default pool's ids with any block size.
-  c) The JSON line reports the types and the bytes per token of context.
+  c) The JSON line reports the types and the bytes per token of context;
+     --kv-mem-mb sizes the pool in bytes of the chosen types.
   d) An unknown type, a bad rotation switch and a head size the type cannot
      hold exit 2 with one clear line.
 """
@@ -86,6 +87,23 @@ def test_json_reports_types_and_bytes(smollm2, prompts_file):
     assert out["kv_bytes_per_token"] == 30 * 3 * (68 + 64)
     out = greedy(smollm2, prompts_file, max_new=2)
     assert out["cache_type_k"] == "f32" and out["kv_bytes_per_token"] == 30 * 3 * 2 * 64 * 4
+
+
+def test_mem_budget_sizes_pool(smollm2, prompts_file):
+    """--kv-mem-mb: the pool is the whole blocks the budget holds in the
+    chosen types (a q8 cache ~3.8x the f32 cache's positions), the ids are
+    the full pool's; a plan refuses it (its ranks hold different layers)."""
+    f32 = greedy(smollm2, prompts_file, "--kv-mem-mb", 8, max_new=2)
+    assert f32["kv_pool_positions"] == (8 << 20) // (46080 * 16) * 16
+    ref = greedy(smollm2, prompts_file, *QUANT)
+    got = greedy(smollm2, prompts_file, *QUANT, "--kv-mem-mb", 8)
+    per = 30 * 3 * (68 + 64)
+    assert got["kv_pool_positions"] == (8 << 20) // (per * 16) * 16
+    assert got["kv_pool_positions"] > 3 * f32["kv_pool_positions"]
+    assert got["ids"] == ref["ids"]
+    cp = run_cli(["--model", smollm2, "--prompt", "hi", "--max-new", 1, "--no-pin", "--plan", "pipeline:2",
+                  "--kv-mem-mb", 8], timeout=60)
+    assert cp.returncode == 2 and "with a plan give the pool as --kv-blocks" in cp.stderr, cp.stderr
 
 
 @pytest.mark.parametrize("flag,value,hint", [

@@ -8,6 +8,7 @@
  * only by rounding, a quantized cache gives the same bits whatever the
  * block size and with a batched prefill or token-by-token decode, and the
  * pool's bytes per position follow the types. */
+#include "../../kernels/src/ie_kernels_isa.h" /* ie_kv_decode_ref */
 #include "../../worker/src/worker_internal.h"
 
 #include <CUnit/Basic.h>
@@ -108,9 +109,9 @@ static void test_codec_bounds(void)
         for (int t = 0; t < IE_KV_TYPE_COUNT; t++) {
             if (t == IE_KV_Q4) continue; /* below: its groups */
             memset(buf, 0xa5, sizeof buf);
-            kvq_encode((ie_kv_type_t)t, x, hd, buf);
+            ie_kv_encode((ie_kv_type_t)t, x, hd, buf);
             CU_ASSERT_EQUAL(buf[ie_kv_head_bytes((ie_kv_type_t)t, hd)], 0xa5); /* no write past the head */
-            kvq_decode((ie_kv_type_t)t, buf, hd, y);
+            ie_kv_decode_ref((ie_kv_type_t)t, buf, hd, y);
             for (int i = 0; i < hd; i++) {
                 const double e = fabs((double)y[i] - x[i]), a = fabs((double)x[i]);
                 double bound = 0;
@@ -129,8 +130,8 @@ static void test_codec_bounds(void)
             }
         }
         /* q4: each group of 32 within half its step, d = max / 8 */
-        kvq_encode(IE_KV_Q4, x, hd, buf);
-        kvq_decode(IE_KV_Q4, buf, hd, y);
+        ie_kv_encode(IE_KV_Q4, x, hd, buf);
+        ie_kv_decode_ref(IE_KV_Q4, buf, hd, y);
         for (int g = 0; g < hd / 32; g++) {
             float gmax = 0;
             for (int i = 0; i < 32; i++) gmax = fmaxf(gmax, fabsf(x[g * 32 + i]));
@@ -148,8 +149,8 @@ static void test_fp8_codes(void)
     const int n = (int)(sizeof in / sizeof in[0]);
     unsigned char c[16];
     float y[16];
-    kvq_encode(IE_KV_FP8_E4M3, in, n, c);
-    kvq_decode(IE_KV_FP8_E4M3, c, n, y);
+    ie_kv_encode(IE_KV_FP8_E4M3, in, n, c);
+    ie_kv_decode_ref(IE_KV_FP8_E4M3, c, n, y);
     for (int i = 0; i < n; i++) CU_ASSERT_EQUAL(y[i], e4[i]);
     CU_ASSERT_EQUAL(c[0], 0x7e); /* the largest finite e4m3 */
     CU_ASSERT_EQUAL(c[2], 0xfe); /* saturated negative */
@@ -158,35 +159,36 @@ static void test_fp8_codes(void)
     CU_ASSERT_EQUAL(c[6], 0x38); /* 1.0625 ties to even: 1.0 */
     const float in5[] = {57344.0f, 1e6f, 0x1p-16f, 1.125f, 1.375f};
     const float e5[] = {57344.0f, 57344.0f, 0x1p-16f, 1.0f, 1.5f};
-    kvq_encode(IE_KV_FP8_E5M2, in5, 5, c);
-    kvq_decode(IE_KV_FP8_E5M2, c, 5, y);
+    ie_kv_encode(IE_KV_FP8_E5M2, in5, 5, c);
+    ie_kv_decode_ref(IE_KV_FP8_E5M2, c, 5, y);
     for (int i = 0; i < 5; i++) CU_ASSERT_EQUAL(y[i], e5[i]);
     CU_ASSERT_EQUAL(c[0], 0x7b);
 }
 
-/* The AVX-512 decode gives kvq_decode's bits: every type, head sizes with
- * and without a tail of fewer than 16 values. */
+/* Every ISA's kv_decode gives the scalar decode's bits: every type, head
+ * sizes with and without a tail of fewer than 16 (or 8) values, nothing
+ * written past the head. */
 static void test_decode_twin(void)
 {
-    if (!ie_kernels_get(IE_ISA_AVX512)) {
-        CU_PASS("no AVX-512 on this CPU: the twin is never called");
-        return;
-    }
-    static const int sizes[] = {16, 64, 80, 96, 128, 40};
-    for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
-        const int hd = sizes[z];
-        float x[144], a[144], b[144];
-        unsigned char buf[1024];
-        for (int i = 0; i < hd; i++) x[i] = frand() * 3.0f;
-        x[3] = 1e-7f; /* subnormal in f16 / fp8 */
-        for (int t = 0; t < IE_KV_TYPE_COUNT; t++) {
-            if (!ie_kv_head_bytes((ie_kv_type_t)t, hd)) continue;
-            kvq_encode((ie_kv_type_t)t, x, hd, buf);
-            kvq_decode((ie_kv_type_t)t, buf, hd, a);
-            memset(b, 0xff, sizeof b);
-            kvq_decode_avx512((ie_kv_type_t)t, buf, hd, b);
-            CU_ASSERT_EQUAL(memcmp(a, b, (size_t)hd * sizeof(float)), 0);
-            CU_ASSERT_EQUAL(((uint32_t *)(void *)b)[hd], 0xffffffffu); /* nothing past the head */
+    static const int sizes[] = {16, 64, 80, 96, 128, 40, 72, 256, 8, 3};
+    for (int isa = IE_ISA_REF; isa <= IE_ISA_AVX512; isa++) {
+        const ie_kernels_t *ops = ie_kernels_get((ie_isa_t)isa);
+        if (!ops) continue;
+        for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
+            const int hd = sizes[z];
+            float x[272], a[272], b[272];
+            unsigned char buf[1100];
+            for (int i = 0; i < hd; i++) x[i] = frand() * 3.0f;
+            x[hd > 3 ? 3 : 0] = 1e-7f; /* subnormal in f16 / fp8 */
+            for (int t = 0; t < IE_KV_TYPE_COUNT; t++) {
+                if (!ie_kv_head_bytes((ie_kv_type_t)t, hd)) continue;
+                ie_kv_encode((ie_kv_type_t)t, x, hd, buf);
+                ie_kv_decode_ref((ie_kv_type_t)t, buf, hd, a);
+                memset(b, 0xff, sizeof b);
+                ops->kv_decode((ie_kv_type_t)t, buf, hd, b);
+                CU_ASSERT_EQUAL(memcmp(a, b, (size_t)hd * sizeof(float)), 0);
+                CU_ASSERT_EQUAL(((uint32_t *)(void *)b)[hd], 0xffffffffu); /* nothing past the head */
+            }
         }
     }
 }
@@ -350,8 +352,82 @@ static void test_worker_gptoss_window(void)
         free(got);
         ie_worker_destroy(&w);
     }
+    /* the quantized types through the typed kernels, one token a step
+     * (and 5: a decode over the window's rows, past its edge, and the
+     * sinks), against the same cache read by a prefill (16 a step: the
+     * rows decoded once, the f32 kernels). The random fixture amplifies a
+     * q8 V's rounding far beyond its bound of f32 (a max diff of ~2.3 of
+     * 3.8, the same before the typed kernels), so each type is held to its
+     * own prefill here, not to f32. */
+    static const ie_kv_type_t qt[][2] = {{IE_KV_Q8, IE_KV_Q8},
+                                         {IE_KV_FP8_E4M3, IE_KV_FP8_E5M2},
+                                         {IE_KV_BF16, IE_KV_F16},
+                                         {IE_KV_F32, IE_KV_Q8}};
+    for (size_t t = 0; t < sizeof qt / sizeof qt[0]; t++) {
+        /* the typed kernels sum as the f32 kernels do, a q8 K is scored on
+         * integers in both (measured: 0 to 4e-6 of the largest logit) */
+        const double tol = 1e-4;
+        w = make_src(src, qt[t][0], qt[t][1], IE_KV_ROTATE_AUTO, 3, 2);
+        float *pre = run(w, 16);
+        for (size_t c = 1; c < sizeof chunks / sizeof chunks[0]; c++) {
+            float *got = run(w, chunks[c]);
+            const double d = max_diff(got, pre, n);
+            CU_ASSERT(d < tol * lmax);
+            if (!(d < tol * lmax))
+                fprintf(stderr, "  %s/%s chunk %d: max diff %.3g of %.3g\n", ie_kv_type_name(qt[t][0]),
+                        ie_kv_type_name(qt[t][1]), chunks[c], d, lmax);
+            free(got);
+        }
+        free(pre);
+        ie_worker_destroy(&w);
+    }
     free(ref);
     ie_model_src_destroy(&src);
+}
+
+/* A byte budget sizes the pool in blocks of the chosen types: a q8 cache
+ * gets (4 hd) / (hd + 4) times the f32 cache's blocks; a budget with room
+ * for no block is refused, one past the full pool capped to it, and a
+ * block count given wins over the budget. */
+static void test_worker_mem_budget(void)
+{
+    ie_worker_opts_t o;
+    int blocks[2] = {0, 0};
+    size_t per[2] = {0, 0};
+    static const ie_kv_type_t types[2] = {IE_KV_F32, IE_KV_Q8};
+    for (int t = 0; t < 2; t++) {
+        ie_worker_opts_default(&o);
+        o.n_ctx = 4096;
+        o.n_seq = 4;
+        o.pin_threads = 0;
+        o.kv_type_k = o.kv_type_v = types[t];
+        o.kv_mem_bytes = 1u << 20;
+        ie_worker_t *w = NULL;
+        CU_ASSERT_EQUAL_FATAL(ie_worker_new(g_src, &o, &w), IE_OK);
+        blocks[t] = ie_worker_kv_blocks(w);
+        per[t] = ie_worker_kv_bytes_per_pos(w) * (size_t)ie_worker_kv_block(w);
+        CU_ASSERT_EQUAL(blocks[t], (int)((1u << 20) / per[t]));
+        ie_worker_destroy(&w);
+    }
+    const int hd = ie_model_src_hparams(g_src)->head_dim;
+    CU_ASSERT(blocks[1] >= blocks[0] * (4 * hd) / (hd + 4) - 1 && blocks[1] > 3 * blocks[0]);
+    /* no block fits */
+    ie_worker_opts_default(&o);
+    o.pin_threads = 0;
+    o.kv_mem_bytes = per[0] - 1;
+    ie_worker_t *w = NULL;
+    CU_ASSERT_EQUAL(ie_worker_new(g_src, &o, &w), IE_ERR_INVAL);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "holds no block"));
+    /* past the full pool: capped; a block count wins */
+    o.n_ctx = 64;
+    o.kv_mem_bytes = (uint64_t)1 << 30;
+    CU_ASSERT_EQUAL_FATAL(ie_worker_new(g_src, &o, &w), IE_OK);
+    CU_ASSERT_EQUAL(ie_worker_kv_blocks(w), 64 / ie_worker_kv_block(w));
+    ie_worker_destroy(&w);
+    o.kv_blocks = 3;
+    CU_ASSERT_EQUAL_FATAL(ie_worker_new(g_src, &o, &w), IE_OK);
+    CU_ASSERT_EQUAL(ie_worker_kv_blocks(w), 3);
+    ie_worker_destroy(&w);
 }
 
 int main(void)
@@ -362,10 +438,11 @@ int main(void)
     CU_add_test(s, "FWHT == dense Hadamard product", test_fwht_dense);
     CU_add_test(s, "codec round trips within bounds", test_codec_bounds);
     CU_add_test(s, "FP8 codes", test_fp8_codes);
-    CU_add_test(s, "AVX-512 decode == scalar decode", test_decode_twin);
+    CU_add_test(s, "every ISA's decode == scalar decode", test_decode_twin);
     CU_add_test(s, "worker: each cache type close to f32", test_worker_types);
     CU_add_test(s, "worker: quantized cache bits independent of layout", test_worker_layouts);
-    CU_add_test(s, "worker: GPT-OSS window edges and sinks over an f16 cache", test_worker_gptoss_window);
+    CU_add_test(s, "worker: GPT-OSS window edges and sinks, f16 and quantized caches", test_worker_gptoss_window);
+    CU_add_test(s, "worker: pool sized by a byte budget", test_worker_mem_budget);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();

@@ -34,21 +34,8 @@ typedef enum ie_precision {
 const char *ie_precision_name(ie_precision_t p);
 ie_status_t ie_precision_parse(const char *s, ie_precision_t *out);
 
-/* How the KV cache stores K or V (docs/KVCACHE.md). Per (position, KV
- * head): f32; f16 / bf16 (2 bytes a value); q8: int8 values and one f32
- * scale (absmax / 127); q4: groups of 32 along the head dimension, each an
- * f16 scale and 32 4-bit values (llama.cpp's q4_0 layout, 18 bytes);
- * fp8_e4m3 / fp8_e5m2: one byte a value (OCP FP8, saturating, no scale). */
-typedef enum ie_kv_type {
-    IE_KV_F32 = 0,
-    IE_KV_F16,
-    IE_KV_BF16,
-    IE_KV_Q8,
-    IE_KV_Q4,
-    IE_KV_FP8_E4M3,
-    IE_KV_FP8_E5M2,
-    IE_KV_TYPE_COUNT
-} ie_kv_type_t;
+/* ie_kv_type_t (how the KV cache stores K or V) and ie_kv_head_bytes are
+ * kernels/include/ie_kvcache.h's (through ie_kernels.h). */
 
 /* Whether K and V heads are rotated by a Walsh-Hadamard transform before
  * they are stored (Q at attention time, the attention output of a rotated
@@ -61,10 +48,6 @@ const char *ie_kv_type_name(ie_kv_type_t t);
  * fp8_e4m3, fp8_e5m2. IE_ERR_INVAL with a message naming them for
  * anything else (out untouched). */
 ie_status_t ie_kv_type_parse(const char *s, ie_kv_type_t *out);
-/* Bytes one KV head of hd values takes in type t; 0 when the type cannot
- * hold a head of that size (q4: hd not a multiple of 32) or t is not a
- * type. */
-size_t ie_kv_head_bytes(ie_kv_type_t t, int hd);
 /* Parse on|off|auto into a rotation switch; IE_ERR_INVAL otherwise. */
 ie_status_t ie_kv_rotate_parse(const char *s, ie_kv_rotate_t *out);
 
@@ -180,6 +163,9 @@ typedef struct ie_worker_opts {
                           kv_block)); a pool at least that large starts
                           with every slot bound to its own blocks, a
                           smaller one unbound                          */
+    uint64_t kv_mem_bytes;    /* with kv_blocks 0 and this > 0: the pool is
+                          as many blocks as fit these bytes in the
+                          chosen K/V types (IE_ERR_INVAL if none)       */
     int hot_replicate;        /* 1: when the pool's threads sit on several
                           NUMA nodes, copy the output head (and the
                           embedding table, one copy when tied) into

@@ -98,31 +98,11 @@ typedef struct att_task {
  * kh, query heads h0 .. h0+nh-1 (local numbers), the visible positions
  * j0 .. j0+cnt-1 and the K and V rows of its slot. Returns 0 for a unit
  * with no query heads (the last share of a group cut between ranks). */
-typedef struct kv_view {
-    const unsigned char *base; /* the head's bytes in block 0, layer 0 row 0 */
-    size_t row, block;         /* bytes between rows, between blocks       */
-    const int32_t *tab;
-    int kb; /* rows per block */
-} kv_view_t;
-
 typedef struct att_unit {
     int i, kh, h0, nh, j0, cnt;
-    kv_view_t kq, vq;      /* the K and V rows as bytes (any type)        */
+    ie_kv_rows_t kq, vq;   /* the K and V rows as bytes (any type)        */
     ie_attn_rows_t kr, vr; /* and as floats (an f32 cache)            */
 } att_unit_t;
-
-/* The bytes of row j of a view. */
-static inline const unsigned char *kv_row(const kv_view_t *v, int j)
-{
-    return v->base + (size_t)v->tab[j / v->kb] * v->block + (size_t)(j % v->kb) * v->row;
-}
-
-/* Rows j .. j+m-1 of a view of type t, decoded into buf[m][hd]. */
-static void kv_decode_rows(const ie_worker_t *w, ie_kv_type_t t, const kv_view_t *v, int j, int m, int hd,
-                           float *buf)
-{
-    for (int r = 0; r < m; r++) w->kv_decode(t, kv_row(v, j + r), hd, buf + (size_t)r * hd);
-}
 
 static int att_unit(const att_task_t *t, long u, att_unit_t *a)
 {
@@ -148,15 +128,15 @@ static int att_unit(const att_task_t *t, long u, att_unit_t *a)
     /* this head's rows of the slot's blocks (ie_attn.h's paged view) */
     const int32_t *tab = w->btab + (size_t)seq * w->kv_nlb;
     const size_t ll = (size_t)(t->layer - w->sh.layer_begin);
-    a->kq = (kv_view_t){w->kcache + ll * w->kv_layer_bytes[0] + (size_t)a->kh * w->kv_head_bytes[0],
-                        w->kv_row_bytes[0], w->kv_block_bytes[0], tab, w->kv_block};
-    a->vq = (kv_view_t){w->vcache + ll * w->kv_layer_bytes[1] + (size_t)a->kh * w->kv_head_bytes[1],
-                        w->kv_row_bytes[1], w->kv_block_bytes[1], tab, w->kv_block};
+    a->kq = (ie_kv_rows_t){w->kcache + ll * w->kv_layer_bytes[0] + (size_t)a->kh * w->kv_head_bytes[0],
+                           w->kv_row_bytes[0], tab, w->kv_block, w->kv_block_bytes[0]};
+    a->vq = (ie_kv_rows_t){w->vcache + ll * w->kv_layer_bytes[1] + (size_t)a->kh * w->kv_head_bytes[1],
+                           w->kv_row_bytes[1], tab, w->kv_block, w->kv_block_bytes[1]};
     /* an f32 cache's float view: its strides are whole floats */
-    a->kr = (ie_attn_rows_t){(const float *)(const void *)a->kq.base, a->kq.row / 4, tab, w->kv_block,
-                             a->kq.block / 4};
-    a->vr = (ie_attn_rows_t){(const float *)(const void *)a->vq.base, a->vq.row / 4, tab, w->kv_block,
-                             a->vq.block / 4};
+    a->kr = (ie_attn_rows_t){(const float *)(const void *)a->kq.base, a->kq.row_stride / 4, tab, w->kv_block,
+                             a->kq.block_stride / 4};
+    a->vr = (ie_attn_rows_t){(const float *)(const void *)a->vq.base, a->vq.row_stride / 4, tab, w->kv_block,
+                             a->vq.block_stride / 4};
     (void)hd;
     return 1;
 }
@@ -188,10 +168,8 @@ static void att_run(void *ctx, int ith, int nth)
     const float scale = hp->attn_scale != 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hd);
     const float cap = w->arch.attn_softcap, inv_cap = cap != 0.0f ? 1.0f / cap : 0.0f;
     float *scores = w->scores + (size_t)ith * (size_t)group * ld;
-    /* a cache not f32 or rotated: decoded rows, rotated queries and
-     * partial outputs in this thread's share of kv_tmp */
-    float *rows = w->kv_tmp ? w->kv_tmp + (size_t)ith * ((size_t)KVQ_CHUNK + 2 * (size_t)group) * hd : NULL;
-    float *qrot = rows ? rows + (size_t)KVQ_CHUNK * hd : NULL, *part = rows ? qrot + (size_t)group * hd : NULL;
+    /* a rotated cache: the rotated queries in this thread's share of kv_tmp */
+    float *qrot = w->kv_tmp ? w->kv_tmp + (size_t)ith * (size_t)group * hd : NULL;
     const ie_kv_type_t kt = w->kv_type[0], vt = w->kv_type[1];
     const long units = att_units(t);
     att_unit_t a;
@@ -210,15 +188,13 @@ static void att_run(void *ctx, int ith, int nth)
             for (int hh = 0; hh < a.nh; hh++) kvq_fwht(qrot + (size_t)hh * hd, hd);
             q = qrot;
         }
-        if (kt == IE_KV_F32 || pre)
+        /* a q8 K is always scored on integers (a prefill too: one exact
+         * int32 dot a row costs no more than the f32 one over its decoded
+         * copy), so a recomputed prefix scores as its decode steps did */
+        if (kt == IE_KV_F32 || (pre && kt != IE_KV_Q8))
             w->ops->attn_scores(q, (size_t)hd, a.nh, &a.kr, jr, a.cnt, hd, scale, scores, ld);
-        else /* decode a chunk of rows, score it as a contiguous cache */
-            for (int c0 = 0; c0 < a.cnt; c0 += KVQ_CHUNK) {
-                const int m = a.cnt - c0 < KVQ_CHUNK ? a.cnt - c0 : KVQ_CHUNK;
-                const ie_attn_rows_t flat = {rows, (size_t)hd, NULL, 0, 0};
-                kv_decode_rows(w, kt, &a.kq, a.j0 + c0, m, hd, rows);
-                w->ops->attn_scores(q, (size_t)hd, a.nh, &flat, 0, m, hd, scale, scores + c0, ld);
-            }
+        else /* the typed rows, converted in registers (q8: on integers) */
+            w->ops->kv_scores(kt, q, (size_t)hd, a.nh, &a.kq, a.j0, a.cnt, hd, scale, scores, ld);
         if (cap != 0.0f) /* Gemma 2: scores = c tanh(scores / c), before the softmax */
             for (int hh = 0; hh < a.nh; hh++)
                 for (int j = 0; j < a.cnt; j++) {
@@ -229,15 +205,7 @@ static void att_run(void *ctx, int ith, int nth)
             w->ops->softmax(scores + (size_t)hh * ld, a.cnt, L->sinks ? &L->sinks[a.h0 + hh] : NULL);
         float *out = w->xb + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd;
         if (vt == IE_KV_F32 || pre) w->ops->attn_values(scores, ld, a.nh, &a.vr, jr, a.cnt, hd, out, (size_t)hd);
-        else /* chunks of decoded rows, their partial sums added in order */
-            for (int c0 = 0; c0 < a.cnt; c0 += KVQ_CHUNK) {
-                const int m = a.cnt - c0 < KVQ_CHUNK ? a.cnt - c0 : KVQ_CHUNK;
-                const ie_attn_rows_t flat = {rows, (size_t)hd, NULL, 0, 0};
-                kv_decode_rows(w, vt, &a.vq, a.j0 + c0, m, hd, rows);
-                w->ops->attn_values(scores + c0, ld, a.nh, &flat, 0, m, hd, c0 ? part : out, (size_t)hd);
-                if (c0)
-                    for (size_t e = 0; e < (size_t)a.nh * hd; e++) out[e] += part[e];
-            }
+        else w->ops->kv_values(vt, scores, ld, a.nh, &a.vq, a.j0, a.cnt, hd, out, (size_t)hd);
         if (w->kv_rot[1]) /* V was stored rotated: the weighted sum is too */
             for (int hh = 0; hh < a.nh; hh++) kvq_fwht(out + (size_t)hh * hd, hd);
     }
@@ -274,8 +242,8 @@ static void att_prefetch(void *ctx, int ith, int nth)
     for (long u = ith; u < units; u += nth) {
         if (!att_unit(t, u, &a)) continue;
         for (int j = 0; j + 1 < a.cnt && left >= kbytes + vbytes; j++, left -= kbytes + vbytes) {
-            prefetch_l2(kv_row(&a.kq, a.j0 + j), kbytes);
-            prefetch_l2(kv_row(&a.vq, a.j0 + j), vbytes);
+            prefetch_l2(ie_kv_row(&a.kq, a.j0 + j), kbytes);
+            prefetch_l2(ie_kv_row(&a.vq, a.j0 + j), vbytes);
         }
     }
 }
@@ -304,8 +272,6 @@ ie_status_t worker_kv_new(ie_worker_t *w)
         return ie_error_set(IE_ERR_INVAL, "worker: %d slots of %d KV blocks do not fit a block id", opts->n_seq,
                             w->kv_nlb);
     w->kv_blocks = opts->kv_blocks > 0 ? opts->kv_blocks : (int)full_pool;
-    w->opts.kv_block = w->kv_block;
-    w->opts.kv_blocks = w->kv_blocks;
     w->all_swa = sh->layer_end > sh->layer_begin;
     for (int l = sh->layer_begin; l < sh->layer_end; l++) w->all_swa &= w->layers[l].swa;
     /* the pool in bytes of the chosen types: a q8 cache holds ~4x the
@@ -320,10 +286,29 @@ ie_status_t worker_kv_new(ie_worker_t *w)
         if (!w->kv_head_bytes[c])
             return ie_error_set(IE_ERR_INVAL, "KV cache type %s cannot hold a head of %d values%s",
                                 ie_kv_type_name(t), hd,
-                                (unsigned)t < IE_KV_TYPE_COUNT ? " (q4: a multiple of 32)" : "");
+                                (unsigned)t < IE_KV_TYPE_COUNT
+                                    ? " (q4: a multiple of 32; every type but f32: at most 256)"
+                                    : "");
         w->kv_row_bytes[c] = (size_t)w->n_kv_loc * w->kv_head_bytes[c];
         w->kv_layer_bytes[c] = (size_t)w->kv_block * w->kv_row_bytes[c];
         w->kv_block_bytes[c] = (size_t)(sh->layer_end - sh->layer_begin) * w->kv_layer_bytes[c];
+    }
+    /* a byte budget (no block count given): as many whole blocks of the
+     * chosen types as it holds (at most the full pool), so a q8 cache
+     * gets ~4x an f32 one's positions */
+    if (opts->kv_blocks == 0 && opts->kv_mem_bytes > 0) {
+        const uint64_t per = (uint64_t)w->kv_block_bytes[0] + w->kv_block_bytes[1];
+        const uint64_t n = per ? opts->kv_mem_bytes / per : 0;
+        if (n < 1)
+            return ie_error_set(IE_ERR_INVAL,
+                                "KV memory budget of %llu bytes holds no block of %d positions (%llu bytes)",
+                                (unsigned long long)opts->kv_mem_bytes, w->kv_block, (unsigned long long)per);
+        /* never more than every slot's whole context needs */
+        w->kv_blocks = n > (uint64_t)full_pool ? (int)full_pool : (int)n;
+    }
+    w->opts.kv_block = w->kv_block;
+    w->opts.kv_blocks = w->kv_blocks;
+    for (int c = 0; c < 2; c++) {
         const uint64_t b = (uint64_t)w->kv_blocks * (uint64_t)w->kv_block_bytes[c];
         if ((uint64_t)w->kv_blocks > 0 && b / (uint64_t)w->kv_blocks != (uint64_t)w->kv_block_bytes[c])
             return ie_error_set(IE_ERR_NOMEM, "out of memory: a KV cache of %d blocks of %d positions is too large",
@@ -347,7 +332,6 @@ ie_status_t worker_kv_new(ie_worker_t *w)
      * per cache), where a layer-major cache committed 2 MiB per layer. */
     w->kcache = worker_big_alloc(kv_bytes_k ? (size_t)kv_bytes_k : 1);
     w->vcache = worker_big_alloc(kv_bytes_v ? (size_t)kv_bytes_v : 1);
-    w->kv_decode = w->opts.isa == IE_ISA_AVX512 ? kvq_decode_avx512 : kvq_decode;
     /* a prefill's decoded rows: up to KVQ_PRE_BYTES of them, K and V */
     if (w->kv_type[0] != IE_KV_F32 || w->kv_type[1] != IE_KV_F32) {
         const size_t row = (size_t)w->kv_dim * sizeof(float) * 2;
@@ -359,9 +343,8 @@ ie_status_t worker_kv_new(ie_worker_t *w)
         if (!w->kv_pre[0] || !w->kv_pre[1] || !w->kv_mark)
             return ie_error_set(IE_ERR_NOMEM, "out of memory allocating the KV decode scratch");
     }
-    const int kv_tmp = w->kv_type[0] != IE_KV_F32 || w->kv_type[1] != IE_KV_F32 || w->kv_rot[0] || w->kv_rot[1];
-    w->kv_tmp = kv_tmp ? worker_big_alloc((size_t)opts->n_threads * ((size_t)KVQ_CHUNK + 2 * (size_t)qgroup) *
-                                          (size_t)hd * sizeof(float))
+    const int kv_tmp = w->kv_rot[0] || w->kv_rot[1];
+    w->kv_tmp = kv_tmp ? worker_big_alloc((size_t)opts->n_threads * (size_t)qgroup * (size_t)hd * sizeof(float))
                        : NULL;
     w->seq_len = calloc((size_t)opts->n_seq, sizeof(int));
     w->btab = malloc((size_t)full_pool * sizeof(int32_t));
@@ -451,7 +434,7 @@ void worker_kv_store(ie_worker_t *w, int l, const ie_batch_t *b)
             /* k and v are scratch this step reads no more: rotate in place */
             for (int h = 0; h < w->n_kv_loc; h++) {
                 if (w->kv_rot[c]) kvq_fwht(src + (size_t)h * hd, hd);
-                kvq_encode(w->kv_type[c], src + (size_t)h * hd, hd, dst + (size_t)h * w->kv_head_bytes[c]);
+                ie_kv_encode(w->kv_type[c], src + (size_t)h * hd, hd, dst + (size_t)h * w->kv_head_bytes[c]);
             }
         }
     }
@@ -462,8 +445,8 @@ typedef struct pre_task {
     int layer, seq, lo, n; /* rows lo .. lo+n-1 of slot seq */
 } pre_task_t;
 
-/* Share ith of a step's pre-decode: rows of every held KV head, K and V
- * (an f32 one copied), into kv_pre. */
+/* Share ith of a step's pre-decode: rows of every held KV head, K (unless
+ * q8) and V (an f32 one copied), into kv_pre. */
 static void pre_run(void *ctx, int ith, int nth)
 {
     const pre_task_t *t = ctx;
@@ -472,15 +455,15 @@ static void pre_run(void *ctx, int ith, int nth)
     const int32_t *tab = w->btab + (size_t)t->seq * w->kv_nlb;
     const size_t ll = (size_t)(t->layer - w->sh.layer_begin);
     const int r0 = (int)((long)t->n * ith / nth), r1 = (int)((long)t->n * (ith + 1) / nth);
-    for (int c = 0; c < 2; c++) {
+    for (int c = w->kv_type[0] == IE_KV_Q8; c < 2; c++) { /* a q8 K is read as it is (att_run) */
         const unsigned char *cache = c ? w->vcache : w->kcache;
         for (int r = r0; r < r1; r++) {
             const int j = t->lo + r;
             const unsigned char *row = cache + (size_t)tab[j / w->kv_block] * w->kv_block_bytes[c] +
                                        ll * w->kv_layer_bytes[c] + (size_t)(j % w->kv_block) * w->kv_row_bytes[c];
             for (int h = 0; h < w->n_kv_loc; h++)
-                w->kv_decode(w->kv_type[c], row + (size_t)h * w->kv_head_bytes[c], hd,
-                             w->kv_pre[c] + (size_t)r * w->kv_dim + (size_t)h * hd);
+                w->ops->kv_decode(w->kv_type[c], row + (size_t)h * w->kv_head_bytes[c], hd,
+                                  w->kv_pre[c] + (size_t)r * w->kv_dim + (size_t)h * hd);
         }
     }
 }

@@ -165,17 +165,15 @@ struct ie_worker {
     size_t kv_row_bytes[2];
     size_t kv_layer_bytes[2];
     size_t kv_block_bytes[2];
-    unsigned char *kcache, *vcache;                              /* [kv_blocks][held layer][kv_block]
+    unsigned char *kcache, *vcache; /* [kv_blocks][held layer][kv_block]
                                 [n_kv_loc heads encoded], layer l at
                                 l - sh.layer_begin                        */
-    void (*kv_decode)(ie_kv_type_t, const void *, int, float *); /* kvq_decode or its ISA twin */
-    float *kv_pre[2];                                            /* [kv_pre_rows][kv_dim] a prefill's rows decoded
+    float *kv_pre[2];               /* [kv_pre_rows][kv_dim] a prefill's rows decoded
                          (K, V; a cache not f32), else NULL             */
     int kv_pre_rows;
     uint8_t *kv_mark; /* [max_batch] tokens attended from kv_pre        */
-    float *kv_tmp;    /* [n_threads][KVQ_CHUNK*hd + (group+1)*hd] decoded
-                      rows, rotated queries, partial outputs (a cache
-                      not f32 or rotated), else NULL                    */
+    float *kv_tmp;    /* [n_threads][group*hd] rotated queries (a
+                      rotated cache), else NULL                         */
     int32_t *btab;    /* [n_seq][kv_nlb] physical block, -1 unbound */
     int *seq_len;     /* [n_seq] positions held                   */
 
@@ -264,8 +262,6 @@ void worker_mat_row(const wmat_t *m, int64_t r, float *out);
 
 /* ---------------------------------------------------------- kvquant.c */
 
-/* Positions attention decodes at a time from a cache that is not f32. */
-#define KVQ_CHUNK 64
 /* A slot's tokens in one step from which attention decodes its rows once
  * for all of them, and the most bytes (K and V, f32) that decode takes. */
 #define KVQ_PRE_MIN 4
@@ -273,14 +269,6 @@ void worker_mat_row(const wmat_t *m, int64_t r, float *out);
 
 /* Whether a cache of type t is rotated under switch r. */
 int kvq_rotates(ie_kv_type_t t, ie_kv_rotate_t r);
-/* One head: x[0..hd) -> ie_kv_head_bytes(t, hd) bytes at dst (hd one the
- * type takes). */
-void kvq_encode(ie_kv_type_t t, const float *x, int hd, void *dst);
-/* One head back: the bytes at src -> y[0..hd). */
-void kvq_decode(ie_kv_type_t t, const void *src, int hd, float *y);
-/* kvq_decode's twin with AVX-512 (the same bits); call only on a CPU with
- * AVX-512 F/BW/VL/DQ (the worker does when its ISA is IE_ISA_AVX512). */
-void kvq_decode_avx512(ie_kv_type_t t, const void *src, int hd, float *y);
 /* x[0..hd) <- H x, H the orthonormal Walsh-Hadamard matrix of order p (the
  * largest power of two dividing hd) on each block of p values: symmetric,
  * its own inverse, so dot products of rotated vectors are unchanged. */

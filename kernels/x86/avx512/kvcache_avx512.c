@@ -1,0 +1,377 @@
+/* kvcache_avx512.c — attention over a typed KV cache with AVX-512
+ * (ie_kvcache.h).
+ *
+ * Each row is converted in registers as it is read, 16 values a step:
+ * f16 by vcvtph2ps, bf16 by a 16-bit shift, FP8 through f16 (e5m2 is the
+ * top byte of an f16; e4m3's exponent and mantissa shifted into an f16's,
+ * times 2^8, subnormals included, so both are exact), q4 nibbles widened
+ * and scaled by their group's f16 scale. A head size that is not a
+ * multiple of 16 reads its last chunk with a mask (zeros past hd). Scores
+ * keep the f32 kernel's shape (attn_avx512.c): tiles of 16 rows, each query
+ * head of the group against the tile, one transpose-reduction per tile. A
+ * q8 K cache is scored on integers: the int16 query (ie_kv_quantize_q16)
+ * against the widened int8 row by vpdpwssd (VNNI, which the AVX-512 table
+ * requires), 32 products an instruction, the
+ * row scales applied to the 16 sums of a tile at once. Values: every row
+ * loaded and converted once (q8: times its scale, the decoded value's
+ * bits) into up to 16 accumulators (heads x chunks), in the order of the
+ * f32 kernel, so a typed V sums as its decoded copy does in a prefill.
+ */
+#include "../../src/ie_kernels_isa.h"
+#include "avx512_inl.h"
+
+#define MAXC 16    /* chunks of 16 values: hd <= IE_KV_MAX_HD */
+#define PF_ROWS 32 /* rows fetched ahead (into L2, as attn_avx512.c) */
+
+/* 16 values (chunk c: values 16c ..) of a row of type T as floats, lanes
+ * outside m zero. q8: the int8 values unscaled (callers apply the row's
+ * scale); q4: scaled by the group's. */
+IE_INLINE __m512 kv_ld16(const ie_kv_type_t T, const unsigned char *row, int c, __mmask16 m)
+{
+    switch (T) {
+    case IE_KV_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, row + 32 * c));
+    case IE_KV_BF16:
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, row + 32 * c)), 16));
+    case IE_KV_Q8: return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, row + 4 + 16 * c)));
+    case IE_KV_Q4: {
+        const unsigned char *g = row + (c >> 1) * 18; /* q4 hd is a multiple of 32: no mask */
+        uint16_t dh;
+        memcpy(&dh, g, 2);
+        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(g + 2)));
+        const __m512i nib = c & 1 ? _mm512_srli_epi32(b, 4) : _mm512_and_si512(b, _mm512_set1_epi32(15));
+        return _mm512_mul_ps(_mm512_set1_ps(_cvtsh_ss(dh)),
+                             _mm512_cvtepi32_ps(_mm512_sub_epi32(nib, _mm512_set1_epi32(8))));
+    }
+    case IE_KV_FP8_E5M2:
+        return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, row + 16 * c)), 8));
+    case IE_KV_FP8_E4M3: {
+        const __m256i x = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(m, row + 16 * c));
+        const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x7f)), 7),
+                                          _mm256_slli_epi16(_mm256_and_si256(x, _mm256_set1_epi16(0x80)), 8));
+        return _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+    }
+    default: return _mm512_maskz_loadu_ps(m, row + 64 * c);
+    }
+}
+
+/* The scale of a q8 row. */
+IE_INLINE float q8_scale(const unsigned char *row) { return ldf(row); }
+
+/* Every 64-byte line of a row's bytes, into L2. */
+IE_INLINE void prefetch_bytes(const unsigned char *r, size_t n)
+{
+    for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)(r + o), _MM_HINT_T1);
+}
+
+/* Sum of each of v[0..15]'s 16 lanes, as lanes 0..15 of the result; F
+ * selects float or int32 adds (the shuffles are the same). */
+#define TRANSPOSE_REDUCE16(NAME, ADD)                                                                           \
+    IE_INLINE __m512 NAME(const __m512 v[16])                                                                   \
+    {                                                                                                           \
+        __m512 t[8], u[4], w[2];                                                                                \
+        _Pragma("GCC unroll 8") for (int p = 0; p < 8; p++)                                                     \
+            t[p] = ADD(_mm512_unpacklo_ps(v[2 * p], v[2 * p + 1]), _mm512_unpackhi_ps(v[2 * p], v[2 * p + 1])); \
+        _Pragma("GCC unroll 4") for (int q = 0; q < 4; q++)                                                     \
+        {                                                                                                       \
+            const __m512d c = _mm512_castps_pd(t[2 * q]), d = _mm512_castps_pd(t[2 * q + 1]);                   \
+            u[q] = ADD(_mm512_castpd_ps(_mm512_unpacklo_pd(c, d)), _mm512_castpd_ps(_mm512_unpackhi_pd(c, d))); \
+        }                                                                                                       \
+        _Pragma("GCC unroll 2") for (int r = 0; r < 2; r++)                                                     \
+            w[r] = ADD(_mm512_shuffle_f32x4(u[2 * r], u[2 * r + 1], _MM_SHUFFLE(2, 0, 2, 0)),                   \
+                       _mm512_shuffle_f32x4(u[2 * r], u[2 * r + 1], _MM_SHUFFLE(3, 1, 3, 1)));                  \
+        return ADD(_mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),                                   \
+                   _mm512_shuffle_f32x4(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));                                  \
+    }
+IE_INLINE __m512 add_i32(__m512 a, __m512 b)
+{
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+}
+TRANSPOSE_REDUCE16(reduce16_ps, _mm512_add_ps)
+TRANSPOSE_REDUCE16(reduce16_epi32, add_i32)
+
+/* --------------------------------------------------------------- scores */
+
+/* Float-converted types: the 16 scores of head qh against rows[16]. */
+IE_INLINE void scores_tile(const ie_kv_type_t T, const int C, __mmask16 mt, const float *qh,
+                           const unsigned char *const rows[16], __m512 vs, float *dst)
+{
+    __m512 qv[MAXC], acc[16];
+#pragma GCC unroll 16
+    for (int c = 0; c < MAXC; c++) qv[c] = _mm512_setzero_ps(); /* (the unused ones: quiets GCC) */
+#pragma GCC unroll 16
+    for (int c = 0; c < C; c++) qv[c] = _mm512_maskz_loadu_ps(c == C - 1 ? mt : 0xffff, qh + 16 * c);
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) {
+        __m512 a = _mm512_mul_ps(qv[0], kv_ld16(T, rows[r], 0, C == 1 ? mt : 0xffff));
+#pragma GCC unroll 16
+        for (int c = 1; c < C; c++) a = _mm512_fmadd_ps(qv[c], kv_ld16(T, rows[r], c, c == C - 1 ? mt : 0xffff), a);
+        acc[r] = a;
+    }
+    _mm512_storeu_ps(dst, _mm512_mul_ps(reduce16_ps(acc), vs));
+}
+
+/* q8: the 16 exact int32 dots of one int16 query head against rows[16]. */
+IE_INLINE __m512i q8_tile(const int C2, __mmask32 mt, const int16_t *qi, const unsigned char *const rows[16])
+{
+    __m512i qv[MAXC / 2];
+    __m512 acc[16];
+#pragma GCC unroll 8
+    for (int c = 0; c < MAXC / 2; c++) qv[c] = _mm512_setzero_si512(); /* (the unused ones: quiets GCC) */
+#pragma GCC unroll 8
+    for (int c = 0; c < C2; c++) qv[c] = _mm512_loadu_si512((const void *)(qi + 32 * c));
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; r++) {
+        __m512i a = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int c = 0; c < C2; c++) {
+            const __m512i k = _mm512_cvtepi8_epi16(
+                _mm256_maskz_loadu_epi8(c == C2 - 1 ? mt : 0xffffffffu, rows[r] + 4 + 32 * c));
+            a = _mm512_dpwssd_epi32(a, qv[c], k);
+        }
+        acc[r] = _mm512_castsi512_ps(a);
+    }
+    return _mm512_castps_si512(reduce16_epi32(acc));
+}
+
+/* Heads quantized a batch at a time (the int16 queries live on the stack). */
+#define QB 8
+
+IE_INLINE void scores_body(const ie_kv_type_t T, const int C, const float *q, size_t q_stride, int nh,
+                           const ie_kv_rows_t *k, int j0, int n, int hd, float scale, float *s, size_t ld)
+{
+    const __m512 vs = _mm512_set1_ps(scale);
+    const __mmask16 mt = hd % 16 ? (__mmask16)((1u << (hd % 16)) - 1) : (__mmask16)0xffff;
+    const int C2 = (hd + 31) / 32;
+    const __mmask32 mt2 = hd % 32 ? (__mmask32)((1u << (hd % 32)) - 1) : (__mmask32)0xffffffffu;
+    const size_t rb = ie_kv_head_bytes(T, hd);
+    _Alignas(64) int16_t qi[QB][IE_KV_MAX_HD];
+    float qs[QB];
+    for (int h0 = 0; h0 < nh; h0 += QB) {
+        const int g = nh - h0 < QB ? nh - h0 : QB;
+        if (T == IE_KV_Q8)
+            for (int h = 0; h < g; h++) {
+                float dq;
+                ie_kv_quantize_q16(q + (size_t)(h0 + h) * q_stride, hd, qi[h], &dq);
+                qs[h] = dq * scale;
+            }
+        ie_kv_cursor_t cur, pre;
+        ie_kv_cursor_init(&cur, k, j0);
+        ie_kv_cursor_init(&pre, k, j0);
+        int pj = 0;
+        for (; pj < n && pj < PF_ROWS; pj++) prefetch_bytes(ie_kv_cursor_next(&pre), rb);
+        const unsigned char *rows[16];
+        int j = 0;
+        for (; j + 16 <= n; j += 16) {
+            for (const int e = pj + 16 < n ? pj + 16 : n; pj < e; pj++) prefetch_bytes(ie_kv_cursor_next(&pre), rb);
+            for (int r = 0; r < 16; r++) rows[r] = ie_kv_cursor_next(&cur);
+            if (T == IE_KV_Q8) {
+                float dk[16];
+                for (int r = 0; r < 16; r++) dk[r] = q8_scale(rows[r]);
+                const __m512 vdk = _mm512_loadu_ps(dk);
+                for (int h = 0; h < g; h++) {
+                    const __m512 d = _mm512_cvtepi32_ps(q8_tile(C2, mt2, qi[h], rows));
+                    _mm512_storeu_ps(s + (size_t)(h0 + h) * ld + j,
+                                     _mm512_mul_ps(_mm512_mul_ps(d, vdk), _mm512_set1_ps(qs[h])));
+                }
+            } else
+                for (int h = 0; h < g; h++)
+                    scores_tile(T, C, mt, q + (size_t)(h0 + h) * q_stride, rows, vs, s + (size_t)(h0 + h) * ld + j);
+        }
+        for (; j < n; j++) { /* the last rows, one at a time */
+            const unsigned char *kr = ie_kv_cursor_next(&cur);
+            for (int h = 0; h < g; h++) {
+                if (T == IE_KV_Q8) {
+                    __m512i a = _mm512_setzero_si512();
+                    for (int c = 0; c < C2; c++) {
+                        const __m512i kk = _mm512_cvtepi8_epi16(
+                            _mm256_maskz_loadu_epi8(c == C2 - 1 ? mt2 : 0xffffffffu, kr + 4 + 32 * c));
+                        const __m512i qq = _mm512_loadu_si512((const void *)(qi[h] + 32 * c));
+                        a = _mm512_dpwssd_epi32(a, qq, kk);
+                    }
+                    s[(size_t)(h0 + h) * ld + j] = ((float)_mm512_reduce_add_epi32(a) * q8_scale(kr)) * qs[h];
+                    continue;
+                }
+                const float *qh = q + (size_t)(h0 + h) * q_stride;
+                __m512 a = _mm512_setzero_ps();
+                for (int c = 0; c < C; c++) {
+                    const __mmask16 m = c == C - 1 ? mt : 0xffff;
+                    a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qh + 16 * c), kv_ld16(T, kr, c, m), a);
+                }
+                s[(size_t)(h0 + h) * ld + j] = _mm512_reduce_add_ps(a) * scale;
+            }
+        }
+    }
+}
+
+#define SCORES_T(NAME, T)                                                                                   \
+    static void NAME(const float *q, size_t q_stride, int nh, const ie_kv_rows_t *k, int j0, int n, int hd, \
+                     float scale, float *s, size_t ld)                                                      \
+    {                                                                                                       \
+        const int C = (hd + 15) / 16;                                                                       \
+        if (C == 4) scores_body(T, 4, q, q_stride, nh, k, j0, n, hd, scale, s, ld);                         \
+        else if (C == 8) scores_body(T, 8, q, q_stride, nh, k, j0, n, hd, scale, s, ld);                    \
+        else scores_body(T, C, q, q_stride, nh, k, j0, n, hd, scale, s, ld);                                \
+    }
+// clang-format off
+SCORES_T(scores_f32, IE_KV_F32)
+SCORES_T(scores_f16, IE_KV_F16)
+SCORES_T(scores_bf16, IE_KV_BF16)
+SCORES_T(scores_q8, IE_KV_Q8)
+SCORES_T(scores_q4, IE_KV_Q4)
+SCORES_T(scores_e4m3, IE_KV_FP8_E4M3)
+SCORES_T(scores_e5m2, IE_KV_FP8_E5M2)
+// clang-format on
+
+/* Contract (ie_kernels_t.kv_scores). */
+void ie_kv_scores_avx512(ie_kv_type_t t, const float *q, size_t q_stride, int nh, const ie_kv_rows_t *k, int j0,
+                         int n, int hd, float scale, float *s, size_t ld)
+{
+    if (hd <= 0 || hd > IE_KV_MAX_HD) {
+        ie_kv_scores_ref(t, q, q_stride, nh, k, j0, n, hd, scale, s, ld);
+        return;
+    }
+    switch (t) {
+    case IE_KV_F32: scores_f32(q, q_stride, nh, k, j0, n, hd, scale, s, ld); break;
+    case IE_KV_F16: scores_f16(q, q_stride, nh, k, j0, n, hd, scale, s, ld); break;
+    case IE_KV_BF16: scores_bf16(q, q_stride, nh, k, j0, n, hd, scale, s, ld); break;
+    case IE_KV_Q8: scores_q8(q, q_stride, nh, k, j0, n, hd, scale, s, ld); break;
+    case IE_KV_Q4: scores_q4(q, q_stride, nh, k, j0, n, hd, scale, s, ld); break;
+    case IE_KV_FP8_E4M3: scores_e4m3(q, q_stride, nh, k, j0, n, hd, scale, s, ld); break;
+    case IE_KV_FP8_E5M2: scores_e5m2(q, q_stride, nh, k, j0, n, hd, scale, s, ld); break;
+    default: break;
+    }
+}
+
+/* --------------------------------------------------------------- values */
+
+/* One pass over the rows for G heads (G*C <= 16 accumulators; g <= G of
+ * them used): each row converted once, weighted into every head. */
+IE_INLINE void values_pass(const ie_kv_type_t T, const int C, const int G, int g, __mmask16 mt, const float *p,
+                           size_t ld, const ie_kv_rows_t *v, int j0, int n, size_t rb, float *out, size_t o_stride)
+{
+    __m512 acc[MAXC];
+#pragma GCC unroll 16
+    for (int i = 0; i < G * C; i++) acc[i] = _mm512_setzero_ps();
+    ie_kv_cursor_t cur, pre;
+    ie_kv_cursor_init(&cur, v, j0);
+    ie_kv_cursor_init(&pre, v, j0);
+    int pj = 0;
+    for (; pj < n && pj < PF_ROWS; pj++) prefetch_bytes(ie_kv_cursor_next(&pre), rb);
+    __m512 wv[MAXC];
+#pragma GCC unroll 16
+    for (int i = 0; i < MAXC; i++) wv[i] = _mm512_setzero_ps(); /* (past G: quiets GCC) */
+    for (int j = 0; j < n; j++) {
+        const unsigned char *vj = ie_kv_cursor_next(&cur);
+        if (pj < n) {
+            prefetch_bytes(ie_kv_cursor_next(&pre), rb);
+            pj++;
+        }
+        const __m512 dv = _mm512_set1_ps(T == IE_KV_Q8 ? q8_scale(vj) : 1.0f);
+#pragma GCC unroll 16
+        for (int hh = 0; hh < G; hh++)
+            wv[hh] = hh < g ? _mm512_set1_ps(p[(size_t)hh * ld + j]) : _mm512_setzero_ps();
+#pragma GCC unroll 16
+        for (int c = 0; c < C; c++) {
+            __m512 x = kv_ld16(T, vj, c, c == C - 1 ? mt : 0xffff);
+            if (T == IE_KV_Q8) x = _mm512_mul_ps(dv, x); /* the decoded value's bits (kv_decode) */
+#pragma GCC unroll 16
+            for (int hh = 0; hh < G; hh++)
+                if (hh < g) acc[hh * C + c] = _mm512_fmadd_ps(wv[hh], x, acc[hh * C + c]);
+        }
+    }
+#pragma GCC unroll 16
+    for (int hh = 0; hh < G; hh++)
+        if (hh < g)
+#pragma GCC unroll 16
+            for (int c = 0; c < C; c++)
+                _mm512_mask_storeu_ps(out + (size_t)hh * o_stride + 16 * c, c == C - 1 ? mt : 0xffff,
+                                      acc[hh * C + c]);
+}
+
+#define VALUES_T(NAME, T)                                                                                         \
+    static void NAME(const float *p, size_t ld, int nh, const ie_kv_rows_t *v, int j0, int n, int hd, float *out, \
+                     size_t o_stride)                                                                             \
+    {                                                                                                             \
+        const int C = (hd + 15) / 16, HG = MAXC / C;                                                              \
+        const __mmask16 mt = hd % 16 ? (__mmask16)((1u << (hd % 16)) - 1) : (__mmask16)0xffff;                    \
+        const size_t rb = ie_kv_head_bytes(T, hd);                                                                \
+        for (int h0 = 0; h0 < nh; h0 += HG) {                                                                     \
+            const int g = nh - h0 < HG ? nh - h0 : HG;                                                            \
+            const float *ph = p + (size_t)h0 * ld;                                                                \
+            float *oh = out + (size_t)h0 * o_stride;                                                              \
+            if (C == 4) values_pass(T, 4, 4, g, mt, ph, ld, v, j0, n, rb, oh, o_stride);                          \
+            else if (C == 8) values_pass(T, 8, 2, g, mt, ph, ld, v, j0, n, rb, oh, o_stride);                     \
+            else values_pass(T, C, HG, g, mt, ph, ld, v, j0, n, rb, oh, o_stride);                                \
+        }                                                                                                         \
+    }
+// clang-format off
+VALUES_T(values_f32, IE_KV_F32)
+VALUES_T(values_f16, IE_KV_F16)
+VALUES_T(values_bf16, IE_KV_BF16)
+VALUES_T(values_q8, IE_KV_Q8)
+VALUES_T(values_q4, IE_KV_Q4)
+VALUES_T(values_e4m3, IE_KV_FP8_E4M3)
+VALUES_T(values_e5m2, IE_KV_FP8_E5M2)
+// clang-format on
+
+/* Contract (ie_kernels_t.kv_values). */
+void ie_kv_values_avx512(ie_kv_type_t t, const float *p, size_t ld, int nh, const ie_kv_rows_t *v, int j0, int n,
+                         int hd, float *out, size_t o_stride)
+{
+    if (hd <= 0 || hd > IE_KV_MAX_HD) {
+        ie_kv_values_ref(t, p, ld, nh, v, j0, n, hd, out, o_stride);
+        return;
+    }
+    switch (t) {
+    case IE_KV_F32: values_f32(p, ld, nh, v, j0, n, hd, out, o_stride); break;
+    case IE_KV_F16: values_f16(p, ld, nh, v, j0, n, hd, out, o_stride); break;
+    case IE_KV_BF16: values_bf16(p, ld, nh, v, j0, n, hd, out, o_stride); break;
+    case IE_KV_Q8: values_q8(p, ld, nh, v, j0, n, hd, out, o_stride); break;
+    case IE_KV_Q4: values_q4(p, ld, nh, v, j0, n, hd, out, o_stride); break;
+    case IE_KV_FP8_E4M3: values_e4m3(p, ld, nh, v, j0, n, hd, out, o_stride); break;
+    case IE_KV_FP8_E5M2: values_e5m2(p, ld, nh, v, j0, n, hd, out, o_stride); break;
+    default: break;
+    }
+}
+
+/* --------------------------------------------------------------- decode */
+
+#define DECODE_T(NAME, T)                                                                      \
+    static void NAME(const unsigned char *s, int hd, float *y)                                 \
+    {                                                                                          \
+        const int C = (hd + 15) / 16;                                                          \
+        const __mmask16 mt = hd % 16 ? (__mmask16)((1u << (hd % 16)) - 1) : (__mmask16)0xffff; \
+        const __m512 d = _mm512_set1_ps(T == IE_KV_Q8 ? q8_scale(s) : 1.0f);                   \
+        for (int c = 0; c < C; c++) {                                                          \
+            const __mmask16 m = c == C - 1 ? mt : 0xffff;                                      \
+            const __m512 x = kv_ld16(T, s, c, m);                                              \
+            _mm512_mask_storeu_ps(y + 16 * c, m, T == IE_KV_Q8 ? _mm512_mul_ps(d, x) : x);     \
+        }                                                                                      \
+    }
+// clang-format off
+DECODE_T(decode_f32, IE_KV_F32)
+DECODE_T(decode_f16, IE_KV_F16)
+DECODE_T(decode_bf16, IE_KV_BF16)
+DECODE_T(decode_q8, IE_KV_Q8)
+DECODE_T(decode_q4, IE_KV_Q4)
+DECODE_T(decode_e4m3, IE_KV_FP8_E4M3)
+DECODE_T(decode_e5m2, IE_KV_FP8_E5M2)
+// clang-format on
+
+/* Contract (ie_kernels_t.kv_decode). */
+void ie_kv_decode_avx512(ie_kv_type_t t, const void *src, int hd, float *y)
+{
+    const unsigned char *s = src;
+    if (hd <= 0) return;
+    switch (t) {
+    case IE_KV_F32: decode_f32(s, hd, y); break;
+    case IE_KV_F16: decode_f16(s, hd, y); break;
+    case IE_KV_BF16: decode_bf16(s, hd, y); break;
+    case IE_KV_Q8: decode_q8(s, hd, y); break;
+    case IE_KV_Q4: decode_q4(s, hd, y); break;
+    case IE_KV_FP8_E4M3: decode_e4m3(s, hd, y); break;
+    case IE_KV_FP8_E5M2: decode_e5m2(s, hd, y); break;
+    default: break;
+    }
+}
