@@ -332,7 +332,9 @@ def test_oversized_zmq_frames_cost_no_memory(model, procs, tmp_path):
 
 # ------------------------------------------------------------ 5. prefill budget
 def test_long_prompt_does_not_stall_running_stream(model, procs, tmp_path):
-    srv = Serve(model, tmp_path, ["--batch", 2, "--ctx", 4096], zmq_bind=True)
+    # the fixed-chunk mode (--step-latency-ms 0: --prefill-chunk 32 per
+    # step); the default latency-bounded budget is test_prefill_latency.py's
+    srv = Serve(model, tmp_path, ["--batch", 2, "--ctx", 4096, "--step-latency-ms", 0], zmq_bind=True)
     procs.append(srv)
     ctx = zmq.Context()
     try:
