@@ -2307,6 +2307,9 @@ static void gate_admit(void *ctx, int fd, const struct sockaddr *sa, socklen_t l
 {
     ie_http_t *h = ctx;
     hconn_t *hc = calloc(1, sizeof *hc);
+    pthread_mutex_lock(&h->conns_mu);
+    free(handoff_take(h, fd)); /* one left by a connection libmicrohttpd never started: fd is new now */
+    pthread_mutex_unlock(&h->conns_mu);
     if (hc) {
         hc->fd = fd;
         memcpy(&hc->peer, sa, len <= sizeof hc->peer ? len : sizeof hc->peer);

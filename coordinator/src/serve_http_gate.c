@@ -23,8 +23,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#define GATE_TICK_MS 100     /* deadline checks                               */
-#define GATE_LINGER_MS 1000  /* after a refusal: drain the client's bytes ... */
+#define GATE_TICK_MS 100          /* deadline checks                               */
+#define GATE_LINGER_MS 1000       /* after a refusal: drain the client's bytes ... */
 #define GATE_LINGER_MAX (1 << 20) /* ... at most this many                   */
 
 /* ------------------------------------------------------------ the check */
@@ -185,7 +185,7 @@ size_t ie_http_head_answer(const ie_http_head_err_t *e, char *buf, size_t cap)
 /* ------------------------------------------------------------ the acceptor */
 
 typedef struct slot {
-    int fd; /* -1: free */
+    int fd;        /* -1: free */
     int lingering; /* answered: draining until EOF or the deadline */
     double t;      /* accepted (or, lingering: the answer went out) */
     size_t drained;
@@ -260,7 +260,8 @@ static void slot_peek(ie_http_gate_t *g, slot_t *s)
         return;
     }
     ie_http_head_err_t e = {0};
-    int rc = ie_http_head_check(g->peek, (size_t)r, (size_t)r >= sizeof g->peek, g->o.max_uri, g->o.max_headers, &e);
+    int rc = ie_http_head_check(g->peek, (size_t)r, (size_t)r >= sizeof g->peek, g->o.max_uri, g->o.max_headers,
+                                &e);
     if (rc < 0) {
         slot_refuse(g, s, &e);
         slot_drain(g, s);

@@ -52,9 +52,9 @@ size_t ie_http_head_answer(const ie_http_head_err_t *e, char *buf, size_t cap);
 typedef struct ie_http_gate ie_http_gate_t;
 
 typedef struct ie_http_gate_opts {
-    int max_conns;          /* connections at most, held here and by libmicrohttpd */
-    int max_conns_per_addr; /* the same, from one peer address                      */
-    int read_timeout_ms;    /* a first head must be complete within this            */
+    int max_conns;            /* connections at most, held here and by libmicrohttpd */
+    int max_conns_per_addr;   /* the same, from one peer address                      */
+    int read_timeout_ms;      /* a first head must be complete within this            */
     int max_uri, max_headers; /* for the messages of 414 / 431                      */
     int verbose;
     /* hands a connection with a good first head on; fd is the callee's
