@@ -22,7 +22,9 @@
 #include <stddef.h>
 #include <sys/socket.h>
 
-#define IE_HTTP_GATE_PEEK (24 * 1024) /* a first head longer than this is refused */
+#define IE_HTTP_GATE_PEEK \
+    (32 *                 \
+     1024) /* a first head longer than this is refused: above the 8 KiB URI + 16 KiB headers that libmicrohttpd's side accepts */
 
 /* Why a head was refused: the HTTP status, OpenAI's code and a message. */
 typedef struct ie_http_head_err {
