@@ -7,6 +7,7 @@
     libmicrohttpd sees it, so a malformed request line or header line, an
     unsupported HTTP version or a head beyond 32 KiB get JSON too (400, 505,
     414, 431) instead of libmicrohttpd's HTML pages;
+  * the request-read deadline runs from the accept, through the head check;
   * POST /tokenize and /detokenize in llama-server's and vLLM's shapes,
     round trips, bad ids (400), the API key.
 
@@ -260,3 +261,34 @@ def test_tokenize_needs_the_api_key(keyed):
         error_shape(r.json())
         assert post(keyed, path, body, key="wrong").status_code == 401
         assert post(keyed, path, body, key="k3y").status_code == 200, path
+
+
+def test_read_deadline_runs_from_the_accept(model, tmp_path):
+    """The request-read deadline is not restarted when the connection goes
+    from the head check to libmicrohttpd: a head dribbled over ~1.2 s and
+    then a dribbled body are cut at the 2 s deadline from the connect."""
+    import time
+    s = Serve(model, tmp_path, ["--batch", 1, "--http-read-timeout-ms", 2000], threads=1)
+    try:
+        c = socket.create_connection(("127.0.0.1", int(s.port)), timeout=5)
+        t0 = time.monotonic()
+        head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100\r\n\r\n")
+        for i in range(0, len(head), 10):
+            c.sendall(head[i:i + 10])
+            time.sleep(0.12)
+        c.settimeout(0.2)
+        while time.monotonic() - t0 < 10:
+            try:
+                c.sendall(b" ")
+                if c.recv(100) == b"":
+                    break
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+        took = time.monotonic() - t0
+        c.close()
+        assert 1.8 < took < 3.0, f"cut {took:.2f} s after the connect (deadline 2 s from it)"
+    finally:
+        s.p.terminate(5.0)
