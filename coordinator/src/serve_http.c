@@ -46,6 +46,7 @@
 #include "ie_logprobs.h"
 #include "ie_model_src.h"
 #include "ie_oai_format.h"
+#include "serve_http_gate.h"
 #include "serve_oai_tools.h"
 #include "serve_tok.h"
 
@@ -102,7 +103,7 @@ struct ie_http {
     char *cors_origin;
     char *model_name;
     struct MHD_Daemon *d;
-    MHD_socket listen_fd; /* after MHD_quiesce_daemon: ours to close */
+    MHD_socket listen_fd; /* ours: the gate accepts on it              */
     int port;
     long created; /* start time, for /v1/models            */
     const ie_tokenizer_t *tok;
@@ -123,6 +124,8 @@ struct ie_http {
     pthread_t reaper; /* cuts connections past read_timeout_ms */
     int reaper_running;
     pthread_cond_t reaper_cv; /* wakes the reaper to stop (conns_mu) */
+    ie_http_gate_t *gate;     /* accepts, checks first request heads    */
+    hconn_t *handoff;         /* handed to libmicrohttpd, not started   */
 };
 
 /* ------------------------------------------------------------- requests */
@@ -2247,21 +2250,36 @@ static void read_done(ie_http_t *h, struct MHD_Connection *mc, int phase)
     pthread_mutex_unlock(&h->conns_mu);
 }
 
+/* Unlinks and returns the handed-off connection of fd, if any (conns_mu
+ * held). */
+static hconn_t *handoff_take(ie_http_t *h, int fd)
+{
+    hconn_t *hc = h->handoff;
+    while (hc && hc->fd != fd) hc = hc->next;
+    if (!hc) return NULL;
+    if (hc->prev) hc->prev->next = hc->next;
+    else h->handoff = hc->next;
+    if (hc->next) hc->next->prev = hc->prev;
+    hc->prev = hc->next = NULL;
+    return hc;
+}
+
 static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
 {
     ie_http_t *h = cls;
     if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
-        hconn_t *hc = calloc(1, sizeof *hc);
         const union MHD_ConnectionInfo *fd = MHD_get_connection_info(mc, MHD_CONNECTION_INFO_CONNECTION_FD);
-        if (!hc || !fd) { /* not watched: libmicrohttpd's idle timeout still applies */
-            free(hc);
-            return;
+        pthread_mutex_lock(&h->conns_mu);
+        hconn_t *hc = fd ? handoff_take(h, (int)fd->connect_fd) : NULL; /* its read began at the accept */
+        pthread_mutex_unlock(&h->conns_mu);
+        if (!hc && fd && (hc = calloc(1, sizeof *hc))) {
+            hc->fd = (int)fd->connect_fd;
+            hc->peer_len = sizeof hc->peer;
+            if (getpeername(hc->fd, (struct sockaddr *)&hc->peer, &hc->peer_len) != 0) hc->peer_len = 0;
+            hc->t_read = ie_now_ms();
         }
-        hc->fd = (int)fd->connect_fd;
-        hc->peer_len = sizeof hc->peer;
-        if (getpeername(hc->fd, (struct sockaddr *)&hc->peer, &hc->peer_len) != 0) hc->peer_len = 0;
-        hc->t_read = ie_now_ms();
+        if (!hc) return; /* not watched: libmicrohttpd's idle timeout still applies */
         hc->reading = 1;
         pthread_mutex_lock(&h->conns_mu);
         hc->next = h->conns;
@@ -2281,6 +2299,70 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
     pthread_mutex_unlock(&h->conns_mu);
     free(hc);
 }
+
+/* The gate's callbacks (serve_http_gate.h), on its thread. A connection
+ * with a good first head goes to libmicrohttpd, which applies its own
+ * limits and the accept policy again and closes fd when it refuses it. */
+static void gate_admit(void *ctx, int fd, const struct sockaddr *sa, socklen_t len, double t_accept)
+{
+    ie_http_t *h = ctx;
+    hconn_t *hc = calloc(1, sizeof *hc);
+    pthread_mutex_lock(&h->conns_mu);
+    free(handoff_take(h, fd)); /* one left by a connection libmicrohttpd never started: fd is new now */
+    pthread_mutex_unlock(&h->conns_mu);
+    if (hc) {
+        hc->fd = fd;
+        memcpy(&hc->peer, sa, len <= sizeof hc->peer ? len : sizeof hc->peer);
+        hc->peer_len = len <= sizeof hc->peer ? len : 0;
+        hc->t_read = t_accept;
+        pthread_mutex_lock(&h->conns_mu);
+        hc->next = h->handoff;
+        if (h->handoff) h->handoff->prev = hc;
+        h->handoff = hc;
+        pthread_mutex_unlock(&h->conns_mu);
+    }
+    if (MHD_add_connection(h->d, fd, sa, len) != MHD_YES && hc) {
+        pthread_mutex_lock(&h->conns_mu);
+        hconn_t *left = handoff_take(h, fd); /* not started: ours to free */
+        pthread_mutex_unlock(&h->conns_mu);
+        free(left);
+    }
+}
+
+static int addr_eq(const struct sockaddr_storage *a, socklen_t alen, const struct sockaddr *b)
+{
+    if (alen == 0 || a->ss_family != b->sa_family) return 0;
+    if (b->sa_family == AF_INET)
+        return !memcmp(&((const struct sockaddr_in *)a)->sin_addr, &((const struct sockaddr_in *)b)->sin_addr,
+                       sizeof(struct in_addr));
+    if (b->sa_family == AF_INET6)
+        return !memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr, &((const struct sockaddr_in6 *)b)->sin6_addr,
+                       sizeof(struct in6_addr));
+    return 0;
+}
+
+static int gate_held(void *ctx, const struct sockaddr *sa, int *n_addr)
+{
+    ie_http_t *h = ctx;
+    int n = 0;
+    *n_addr = 0;
+    pthread_mutex_lock(&h->conns_mu);
+    for (int k = 0; k < 2; k++)
+        for (hconn_t *hc = k ? h->handoff : h->conns; hc; hc = hc->next) {
+            n++;
+            *n_addr += addr_eq(&hc->peer, hc->peer_len, sa);
+        }
+    pthread_mutex_unlock(&h->conns_mu);
+    return n;
+}
+
+static void gate_slow(void *ctx)
+{
+    ie_http_t *h = ctx;
+    if (h->m_slow) ie_metric_add(h->m_slow, NULL, 1);
+}
+
+static void gate_answer(void *ctx, int status) { count_status(ctx, (unsigned)status); }
 
 /* Shut down the connections whose request is overdue (conns_mu held). The
  * peer address is compared first: a descriptor is only shut down while it
@@ -2335,7 +2417,9 @@ ie_status_t ie_http_start(const ie_http_opts_t *o, ie_http_t **out)
     ie_status_t st = IE_OK;
     ie_http_t *h = NULL;
     struct sockaddr_storage ss;
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL | MHD_USE_ITC;
+    /* no listening socket of libmicrohttpd's: the gate accepts (serve_http_gate.h) */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL | MHD_USE_ITC |
+                     MHD_USE_NO_LISTEN_SOCKET;
     const char *addr;
 
     if (!out) return ie_error_set(IE_ERR_INVAL, "ie_http_start: out is NULL");
@@ -2364,7 +2448,6 @@ ie_status_t ie_http_start(const ie_http_opts_t *o, ie_http_t **out)
     } else if (inet_pton(AF_INET6, addr, &in6->sin6_addr) == 1) {
         in6->sin6_family = AF_INET6;
         in6->sin6_port = htons((uint16_t)o->port);
-        flags |= MHD_USE_IPv6;
     } else {
         return ie_error_set(IE_ERR_INVAL, "http: '%s' is not an IP address", addr);
     }
@@ -2421,22 +2504,44 @@ ie_status_t ie_http_start(const ie_http_opts_t *o, ie_http_t **out)
                                        10, &h->m_stage)) != IE_OK)
             goto cleanup;
     }
-    h->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, h, MHD_OPTION_SOCK_ADDR,
-                            (struct sockaddr *)&ss, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
+    int one = 1;
+    h->listen_fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (h->listen_fd < 0 || setsockopt(h->listen_fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        (ss.ss_family == AF_INET6 && setsockopt(h->listen_fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one) != 0) ||
+        bind(h->listen_fd, (struct sockaddr *)&ss, ss.ss_family == AF_INET6 ? sizeof *in6 : sizeof *in4) != 0 ||
+        listen(h->listen_fd, SOMAXCONN) != 0) {
+        st = ie_error_set(IE_ERR_IO, "http: cannot listen on %s:%d (%s)", addr, o->port, strerror(errno));
+        goto cleanup;
+    }
+    h->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_NOTIFY_COMPLETED, on_completed, h,
                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, h, MHD_OPTION_CONNECTION_TIMEOUT, 120u,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)IE_HTTP_CONN_MEMORY,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)h->o.max_conns,
                             MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)h->o.max_conns_per_addr, MHD_OPTION_END);
     if (!h->d) {
-        st = ie_error_set(IE_ERR_IO, "http: cannot listen on %s:%d (%s)", addr, o->port, strerror(errno));
+        st = ie_error_set(IE_ERR_IO, "http: cannot start libmicrohttpd (%s)", strerror(errno));
         goto cleanup;
     }
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
-    h->port = info ? (int)info->port : o->port;
-    if (h->port == 0) {
+    struct sockaddr_storage bound;
+    socklen_t blen = sizeof bound;
+    if (getsockname(h->listen_fd, (struct sockaddr *)&bound, &blen) != 0) {
         st = ie_error_set(IE_ERR_IO, "http: cannot tell which port it bound");
         goto cleanup;
     }
+    h->port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                : ((struct sockaddr_in *)&bound)->sin_port);
+    ie_http_gate_opts_t go = {.max_conns = h->o.max_conns,
+                              .max_conns_per_addr = h->o.max_conns_per_addr,
+                              .read_timeout_ms = h->o.read_timeout_ms,
+                              .max_uri = IE_HTTP_MAX_URI,
+                              .max_headers = IE_HTTP_MAX_HEADERS,
+                              .verbose = h->o.verbose,
+                              .admit = gate_admit,
+                              .held = gate_held,
+                              .on_slow = gate_slow,
+                              .on_answer = gate_answer,
+                              .ctx = h};
+    if ((st = ie_http_gate_start(h->listen_fd, &go, &h->gate)) != IE_OK) goto cleanup;
     h->reaper_running = 1;
     if (pthread_create(&h->reaper, NULL, reaper_main, h) != 0) {
         h->reaper_running = 0;
@@ -2463,6 +2568,7 @@ void ie_http_stop(ie_http_t **self_p)
     ie_http_t *h = *self_p;
     *self_p = NULL;
     atomic_store(&h->stopping, 1);
+    ie_http_gate_stop(&h->gate); /* no new connections (the socket stays open: clients wait, not refused) */
     if (h->reaper_running) {
         pthread_mutex_lock(&h->conns_mu);
         h->reaper_running = 0;
@@ -2471,7 +2577,6 @@ void ie_http_stop(ie_http_t **self_p)
         pthread_join(h->reaper, NULL);
     }
     if (h->d) {
-        h->listen_fd = MHD_quiesce_daemon(h->d); /* no new connections */
         struct timespec ts;
         clock_gettime(CLOCK_MONOTONIC, &ts);
         ts.tv_sec += IE_HTTP_STOP_GRACE_MS / 1000;
@@ -2480,7 +2585,11 @@ void ie_http_stop(ie_http_t **self_p)
             if (pthread_cond_timedwait(&h->cv, &h->mu, &ts) == ETIMEDOUT) break;
         pthread_mutex_unlock(&h->mu);
         MHD_stop_daemon(h->d);
-        if (h->listen_fd != MHD_INVALID_SOCKET) close(h->listen_fd);
+    }
+    if (h->listen_fd != MHD_INVALID_SOCKET) close(h->listen_fd);
+    for (hconn_t *hc = h->handoff, *nx; hc; hc = nx) {
+        nx = hc->next;
+        free(hc);
     }
     pthread_mutex_destroy(&h->mu);
     pthread_cond_destroy(&h->cv);

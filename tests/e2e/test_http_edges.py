@@ -3,9 +3,11 @@
   * requests that outgrow our limits on the URI (8 KiB) and the headers
     (16 KiB) are answered by us in OpenAI's JSON error shape (414, 431),
     not by libmicrohttpd's HTML pages, up to its raised connection memory
-    (256 KiB); what libmicrohttpd still answers itself (a malformed request
-    line, an unsupported HTTP version, a head beyond 256 KiB) keeps its
-    status and is documented in docs/HTTP.md;
+    (256 KiB); the first request head of a connection is checked before
+    libmicrohttpd sees it, so a malformed request line or header line, an
+    unsupported HTTP version or a head beyond 32 KiB get JSON too (400, 505,
+    414, 431) instead of libmicrohttpd's HTML pages;
+  * the request-read deadline runs from the accept, through the head check;
   * POST /tokenize and /detokenize in llama-server's and vLLM's shapes,
     round trips, bad ids (400), the API key.
 
@@ -118,6 +120,10 @@ def test_limits_leave_normal_requests_alone(srv):
     assert st == 200 and json.loads(body)["object"] == "list", (st, body[:300])
     st, head, body = raw(int(srv.port), b"GET /v1/models?q=" + b"a" * 8000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
     assert st == 200, (st, body[:300])
+    # both near their limits at once: a first head of about 24 KiB is not refused before libmicrohttpd
+    st, head, body = raw(int(srv.port), b"GET /v1/models?q=" + b"a" * 8150 + b" HTTP/1.1\r\nHost: x\r\nX-Big: "
+                         + b"b" * 16300 + b"\r\n\r\n")
+    assert st == 200, (st, body[:300])
 
 
 @pytest.mark.parametrize("line", [b"BREW /v1/models HTTP/1.1", b"GET  /v1/models  HTTP/1.1",
@@ -130,13 +136,46 @@ def test_odd_request_lines_answer_json(srv, line):
     error_shape(json.loads(body))
 
 
-@pytest.mark.parametrize("line,want", [(b"GET /v1/models", 400), (b"GET /v1/models HTTP/9.9", 505)])
-def test_malformed_request_lines_keep_their_status(srv, line, want):
-    """What libmicrohttpd answers itself (docs/HTTP.md says so): the status
-    is right and the connection closes; the body is its HTML page."""
-    st, head, body = raw(int(srv.port), line + b"\r\nHost: x\r\n\r\n")
-    assert st == want, (st, head, body[:300])
+@pytest.mark.parametrize("req,want,code", [
+    (b"GET /v1/models\r\nHost: x\r\n\r\n", 400, "malformed_request"),            # no HTTP version
+    (b"GET /v1/models HTTP/9.9\r\nHost: x\r\n\r\n", 505, "http_version_not_supported"),
+    (b"GET /v1/models HTTP/2.0\r\nHost: x\r\n\r\n", 505, "http_version_not_supported"),
+    (b"GARBAGE\r\n\r\n", 400, "malformed_request"),                                 # no space at all
+    (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nNoColonHere\r\n\r\n", 400, "malformed_request"),
+    (b"GET /v1/models HTTP/1.1\r\n\r\n", 400, "malformed_request"),                 # HTTP/1.1 without Host
+    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 12abc\r\n\r\n", 400, "malformed_request"),
+    (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 300_000 + b"\r\n\r\n", 431, "headers_too_large"),
+    (b"GET /" + b"a" * 300_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "uri_too_long"),
+])
+def test_malformed_request_heads_answer_json(srv, req, want, code):
+    """What libmicrohttpd would answer with its HTML pages (or close without
+    an answer) is checked before it sees the connection: OpenAI's JSON
+    shape, the right status, Content-Length, Connection: close."""
+    st, head, body = raw(int(srv.port), req)
+    e = json_error(st, head, body, want, code)
+    assert e["message"] and e["param"] is None, e
     assert re.search(r"connection:\s*close", head, re.I), head
+    assert int(re.search(r"content-length:\s*(\d+)", head, re.I).group(1)) == len(body), (head, body)
+
+
+def test_first_head_split_across_packets(srv):
+    """A head that arrives in pieces is put together (peeked, not consumed)
+    and then served by libmicrohttpd, body and all, keep-alive too."""
+    import time
+    s = socket.create_connection(("127.0.0.1", int(srv.port)), timeout=20)
+    try:
+        for part in (b"GE", b"T /v1/mod", b"els HTTP/1.1\r\nHo", b"st: x\r\n", b"\r\n"):
+            s.sendall(part)
+            time.sleep(0.05)
+        out = b""
+        while b"\r\n\r\n" not in out or len(out.partition(b"\r\n\r\n")[2]) < int(
+                re.search(rb"content-length:\s*(\d+)", out, re.I).group(1)):
+            out += s.recv(65536)
+        assert out.startswith(b"HTTP/1.1 200"), out[:200]
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")   # the second request: libmicrohttpd's
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+    finally:
+        s.close()
 
 
 # ------------------------------------------------------------ /tokenize, /detokenize
@@ -222,3 +261,34 @@ def test_tokenize_needs_the_api_key(keyed):
         error_shape(r.json())
         assert post(keyed, path, body, key="wrong").status_code == 401
         assert post(keyed, path, body, key="k3y").status_code == 200, path
+
+
+def test_read_deadline_runs_from_the_accept(model, tmp_path):
+    """The request-read deadline is not restarted when the connection goes
+    from the head check to libmicrohttpd: a head dribbled over ~1.2 s and
+    then a dribbled body are cut at the 2 s deadline from the connect."""
+    import time
+    s = Serve(model, tmp_path, ["--batch", 1, "--http-read-timeout-ms", 2000], threads=1)
+    try:
+        c = socket.create_connection(("127.0.0.1", int(s.port)), timeout=5)
+        t0 = time.monotonic()
+        head = (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 100\r\n\r\n")
+        for i in range(0, len(head), 10):
+            c.sendall(head[i:i + 10])
+            time.sleep(0.12)
+        c.settimeout(0.2)
+        while time.monotonic() - t0 < 10:
+            try:
+                c.sendall(b" ")
+                if c.recv(100) == b"":
+                    break
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+        took = time.monotonic() - t0
+        c.close()
+        assert 1.8 < took < 3.0, f"cut {took:.2f} s after the connect (deadline 2 s from it)"
+    finally:
+        s.p.terminate(5.0)
