@@ -17,7 +17,7 @@ secs="${1:-60}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$here"
 build=build-fuzz
-targets=(gguf safetensors tokenizer iebin manifest proto jinja lora embd grammar tools tokapi oai_lora)
+targets=(gguf safetensors tokenizer iebin manifest proto jinja lora embd grammar tools tokapi oai_lora http_head)
 
 log() { printf '[fuzz] %s\n' "$*" >&2; }
 

@@ -313,7 +313,7 @@ def test_unload_while_streaming_does_not_corrupt(server):
 
 
 def test_load_unload_churn_under_load(server):
-    """24 clients generate (base, qv8, all16, a set of both, and 'churn')
+    """64 clients generate (base, qv8, all16, a set of both, and 'churn')
     while a thread loads and unloads 'churn' 10 times: every request is
     answered (nothing lost) and each text that ran equals its solo run
     (nothing corrupted); 'churn' may be absent (404) or present."""
@@ -348,8 +348,8 @@ def test_load_unload_churn_under_load(server):
     t = threading.Thread(target=churn)
     t.start()
     try:
-        with ThreadPoolExecutor(24) as ex:
-            got = [r for rs in ex.map(client, range(24)) for r in rs]
+        with ThreadPoolExecutor(64) as ex:
+            got = [r for rs in ex.map(client, range(64)) for r in rs]
     finally:
         done.set()
         t.join()
