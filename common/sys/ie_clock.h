@@ -15,6 +15,21 @@ static inline double ie_now_ms(void)
 
 static inline double ie_now_s(void) { return ie_now_ms() / 1e3; }
 
+/* The CLOCK_MONOTONIC time ms milliseconds (>= 0) from now, for
+ * pthread_cond_timedwait on a condition variable set to that clock. */
+static inline struct timespec ie_deadline_ms(long ms)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
 /* The wall clock for log lines: "2026-11-26T21:40:01.123Z" (UTC, ms) into
  * out[cap] (cap >= 25; shorter: cut). Services log to stderr, which is not
  * always the journal: a line carries its own time. */

@@ -13,6 +13,7 @@
 #ifndef IE_EMBD_H
 #define IE_EMBD_H
 
+#include "ie_lora_cache.h"
 #include "ie_sched.h"
 #include "ie_status.h"
 #include "ie_tokenizer.h"
@@ -90,6 +91,11 @@ ie_status_t ie_embd_wait_new(size_t n, int dim, ie_embd_wait_t **out);
 
 void ie_embd_wait_ref(ie_embd_wait_t *w);
 void ie_embd_wait_unref(ie_embd_wait_t *w); /* accepts NULL */
+
+/* Keep the request's adapter lease (ie_lora_cache_acquire) until the last
+ * reference goes, after the scheduler's terminal events of every input:
+ * the adapter cannot be detached under an input still queued. Once. */
+void ie_embd_wait_hold(ie_embd_wait_t *w, ie_lora_cache_t *lc, ie_lora_lease_t lease);
 
 /* The cb_ctx of input i's request; its callback is ie_embd_wait_on_event. */
 void *ie_embd_wait_slot(ie_embd_wait_t *w, size_t i);

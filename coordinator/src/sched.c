@@ -596,14 +596,7 @@ void ie_sched_wait(ie_sched_t *s, int timeout_ms)
     int busy = s->n_queue > 0 || s->pending;
     for (int k = 0; !busy && k < s->n_seq; k++) busy = s->run[k] != NULL;
     if (!busy && timeout_ms > 0) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_sec += timeout_ms / 1000;
-        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        const struct timespec ts = ie_deadline_ms(timeout_ms);
         pthread_cond_timedwait(&s->cv, &s->mu, &ts);
     }
     pthread_mutex_unlock(&s->mu);

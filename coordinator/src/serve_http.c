@@ -325,13 +325,7 @@ static int req_wait_locked(req_t *r, ie_http_t *h, int fd, int any, size_t seen)
         if (r->n_done == r->n || r->oom || (any && r->n_ev > seen)) return WAIT_OK;
         if (atomic_load(&h->stopping)) return WAIT_STOP;
         if (peer_gone(fd)) return WAIT_GONE;
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += (long)IE_HTTP_POLL_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        const struct timespec ts = ie_deadline_ms(IE_HTTP_POLL_MS);
         pthread_cond_timedwait(&r->cv, &r->mu, &ts);
     }
 }
@@ -1811,13 +1805,6 @@ static enum MHD_Result handle_embed(ie_http_t *h, struct MHD_Connection *mc, con
                 pe.param[0] ? pe.param : NULL, "%s", ie_error_last());
         goto answer_err;
     }
-    /* "model": the base's name, or a LoRA adapter's (as for generation) */
-    const int lora = q.model ? ie_engine_lora_find(h->o.engine, q.model) + 1 : 0;
-    if (q.model && strcmp(q.model, h->model_name) && !lora) {
-        err_set(&e, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model_not_found", "model",
-                "The model '%.200s' does not exist (this server has '%.200s')", q.model, h->model_name);
-        goto answer_err;
-    }
     if (dim <= 0) {
         err_set(&e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "unsupported", NULL,
                 "this server's backend gives no hidden states: embeddings are not available");
@@ -1827,6 +1814,20 @@ static enum MHD_Result handle_embed(ie_http_t *h, struct MHD_Connection *mc, con
         err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
         goto answer_err;
     }
+    /* "model": the base's name, or a LoRA adapter's (as for generation),
+     * leased until every input's terminal event (ie_embd_wait_hold) */
+    ie_lora_lease_t lease = {-1, 0, -1};
+    if (q.model && strcmp(q.model, h->model_name)) {
+        const ie_lora_use_t use = {q.model, NAN};
+        if (ie_lora_cache_acquire(ie_engine_lora_cache(h->o.engine), &use, 1, &lease) != IE_OK) {
+            err_set(&e, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model_not_found", "model",
+                    "The model '%.200s' does not exist (this server has '%.200s'): %s", q.model, h->model_name,
+                    ie_error_last());
+            goto answer_err;
+        }
+        ie_embd_wait_hold(w, ie_engine_lora_cache(h->o.engine), lease);
+    }
+    const int lora = lease.id + 1;
     ie_gen_params_t gp;
     ie_gen_params_default(&gp);
     gp.max_new = 0;
@@ -2007,7 +2008,8 @@ static enum MHD_Result handle_tokenize(ie_http_t *h, struct MHD_Connection *mc, 
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (model && !cJSON_IsNull(model) &&
         (!cJSON_IsString(model) ||
-         (strcmp(model->valuestring, h->model_name) && ie_engine_lora_find(h->o.engine, model->valuestring) < 0))) {
+         (strcmp(model->valuestring, h->model_name) &&
+          ie_lora_cache_index(ie_engine_lora_cache(h->o.engine), model->valuestring) < 0))) {
         err_set(&e, MHD_HTTP_NOT_FOUND, "invalid_request_error", "model_not_found", "model",
                 "The model does not exist (this server has '%.200s')", h->model_name);
         goto answer;
@@ -2391,13 +2393,7 @@ static void *reaper_main(void *arg)
     pthread_mutex_lock(&h->conns_mu);
     while (h->reaper_running) {
         reap_slow(h, ie_now_ms());
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_nsec += IE_HTTP_REAP_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        const struct timespec ts = ie_deadline_ms(IE_HTTP_REAP_MS);
         pthread_cond_timedwait(&h->reaper_cv, &h->conns_mu, &ts);
     }
     pthread_mutex_unlock(&h->conns_mu);

@@ -2,6 +2,8 @@
  * base64, and the collector of a batch's answers (ie_embd.h). */
 #include "ie_embd.h"
 
+#include "ie_clock.h"
+
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <pthread.h>
@@ -280,6 +282,8 @@ struct ie_embd_wait {
     ie_status_t err; /* the first error (under mu) */
     char code[32];
     char message[256];
+    ie_lora_cache_t *lc;   /* the adapter set held (lease.set -1: none) */
+    ie_lora_lease_t lease; /* given back with the last reference        */
 };
 
 ie_status_t ie_embd_wait_new(size_t n, int dim, ie_embd_wait_t **out)
@@ -308,6 +312,7 @@ ie_status_t ie_embd_wait_new(size_t n, int dim, ie_embd_wait_t **out)
     atomic_init(&w->refs, 1);
     w->n = n;
     w->dim = dim;
+    w->lease = (ie_lora_lease_t){-1, 0, -1};
     for (size_t i = 0; i < n; i++) w->slots[i] = (slot_t){w, i};
     *out = w;
     return IE_OK;
@@ -315,9 +320,16 @@ ie_status_t ie_embd_wait_new(size_t n, int dim, ie_embd_wait_t **out)
 
 void ie_embd_wait_ref(ie_embd_wait_t *w) { atomic_fetch_add(&w->refs, 1); }
 
+void ie_embd_wait_hold(ie_embd_wait_t *w, ie_lora_cache_t *lc, ie_lora_lease_t lease)
+{
+    w->lc = lc;
+    w->lease = lease;
+}
+
 void ie_embd_wait_unref(ie_embd_wait_t *w)
 {
     if (!w || atomic_fetch_sub(&w->refs, 1) != 1) return;
+    ie_lora_cache_release(w->lc, &w->lease, 0);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     free(w->slots);
@@ -355,14 +367,7 @@ int ie_embd_wait_poll(ie_embd_wait_t *w, int timeout_ms, size_t *n_ended)
 {
     pthread_mutex_lock(&w->mu);
     if (w->n_ended <= *n_ended && w->err == IE_OK) {
-        struct timespec ts;
-        clock_gettime(CLOCK_MONOTONIC, &ts);
-        ts.tv_sec += timeout_ms / 1000;
-        ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) {
-            ts.tv_sec++;
-            ts.tv_nsec -= 1000000000L;
-        }
+        const struct timespec ts = ie_deadline_ms(timeout_ms);
         pthread_cond_timedwait(&w->cv, &w->mu, &ts);
     }
     *n_ended = w->n_ended;

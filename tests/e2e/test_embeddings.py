@@ -310,3 +310,27 @@ def test_cli_embed_mode(server, tiny):
     for o, w in zip((out[0], out[2], out[4]), want):
         assert o["tokens"] >= 1
         assert rel(o["embedding"], w.embedding) < 1e-6
+
+
+def test_adapter_model_is_leased(tiny, ref):
+    """`model` naming a LoRA adapter runs the inputs under it (the vectors
+    move off the base's, the same on a second call) while the request
+    holds the adapter; an unloaded name is 404."""
+    qv8 = fixture_path("lora/qv8")
+    hdr = {"Authorization": f"Bearer {KEY}"}
+    s = serve(tiny, "--lora", f"qv8={qv8}")
+    try:
+        c = s.client()
+        ids = ids_of(ref)
+        base = [d.embedding for d in embed_all(c, ids).data]
+        kw = {"model": "qv8", "input": ids, "encoding_format": "float"}
+        ad1 = [d.embedding for d in c.embeddings.create(**kw).data]
+        ad2 = [d.embedding for d in c.embeddings.create(**kw).data]
+        assert ad1 == ad2
+        assert all(rel(a, b) > 1e-3 for a, b in zip(ad1, base)), [rel(a, b) for a, b in zip(ad1, base)]
+        r = httpx.post(s.url + "/v1/unload_lora_adapter", json={"lora_name": "qv8"}, headers=hdr, timeout=30)
+        assert r.status_code == 200, r.text
+        r = httpx.post(s.url + "/v1/embeddings", json={"model": "qv8", "input": "hi"}, headers=hdr, timeout=30)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+    finally:
+        s.stop()
