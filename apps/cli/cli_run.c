@@ -63,6 +63,7 @@ static void usage(FILE *f)
           "  --kv-blocks N                  KV-cache blocks in the pool (0: batch * ceil(ctx / kv-block))\n"
           "  --kv-mem-mb N                  without --kv-blocks: the pool is the blocks N MiB hold in the cache "
           "types\n"
+          "                                 (a plan: N MiB a worker)\n"
           "  --no-prefix-cache              do not reuse the KV blocks of equal prompt prefixes\n"
           "  --cache-type-k T / --cache-type-v T  KV cache storage: f32 (default), f16, bf16,\n"
           "                                 q8 (q8_0), q4 (q4_0), fp8_e4m3, fp8_e5m2 (docs/KVCACHE.md)\n"
@@ -1023,6 +1024,8 @@ int ie_cli_run(int argc, char **argv)
     cJSON_AddStringToObject(js, "cache_type_v", ie_kv_type_name(kv_v));
     cJSON_AddNumberToObject(js, "kv_bytes_per_token", (double)ie_engine_kv_bytes_per_token(eng));
     cJSON_AddNumberToObject(js, "kv_pool_positions", (double)ie_engine_kv_pool_positions(eng));
+    cJSON_AddNumberToObject(js, "kv_ring_positions", ie_engine_kv_ring_positions(eng));
+    cJSON_AddNumberToObject(js, "kv_ring_bytes", (double)ie_engine_kv_ring_bytes(eng));
     ie_backend_stats_t bs;
     ie_backend_stats(ie_engine_backend(eng), &bs);
     cJSON_AddStringToObject(js, "isa", bs.isa);

@@ -49,6 +49,7 @@ static void usage(FILE *f)
           "  --kv-block N          positions per KV-cache block (16)\n"
           "  --kv-blocks N         KV-cache blocks in the pool (0: batch * ceil(ctx / kv-block))\n"
           "  --kv-mem-mb N         without --kv-blocks: the pool is the blocks N MiB hold in the cache types\n"
+          "                        (a plan: N MiB a worker)\n"
           "  --no-prefix-cache     do not reuse the KV blocks of equal prompt prefixes\n"
           "  --lora NAME=PATH      load a LoRA adapter (pinned), repeatable; a request's \"model\": NAME runs it\n"
           "  --lora-budget-mb N    LoRA weights held at most; least recently used unpinned ones are evicted\n"

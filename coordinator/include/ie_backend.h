@@ -55,6 +55,10 @@ typedef struct ie_backend_geom {
                         this backend cannot give them                   */
     int upkeep_ms;   /* a serving loop calls ie_backend_upkeep at least
                          this often (it may sleep this long when idle)   */
+    int kv_ring_len; /* positions of a slot's sliding-layer ring (0:
+                        none): a slot holds only its own last positions
+                        of those layers, so blocks another slot computed
+                        cannot be reused (no prefix-cache hits)          */
 } ie_backend_geom_t;
 
 /* What the CLI reports about a backend after a run. */

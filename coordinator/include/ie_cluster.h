@@ -41,6 +41,10 @@ typedef struct ie_cluster_opts {
     int n_ranks;          /* workers in the plan (>= 1)              */
     int n_ctx, n_seq, max_batch;
     int kv_block, kv_blocks;           /* paged KV (ie_worker_opts_t); 0: defaults */
+    uint64_t kv_mem_bytes;             /* with kv_blocks 0 and this > 0: each rank's
+                                          KV memory; the pool is the fewest blocks
+                                          any rank's layers and heads fit in it
+                                          (ie_worker_kv_budget_blocks)           */
     ie_kv_type_t kv_type_k, kv_type_v; /* cache types (ie_worker_opts_t) */
     ie_kv_rotate_t kv_rotate;
     ie_precision_t precision;

@@ -87,8 +87,9 @@ typedef struct ie_engine_opts {
      * slots than memory for full contexts allows; the scheduler preempts
      * a sequence when the pool runs out. */
     int kv_block, kv_blocks;
-    /* with kv_blocks 0: the pool's size in MiB of the chosen cache types
-     * (ie_worker_opts_t.kv_mem_bytes; the embedded engine only) */
+    /* with kv_blocks 0: the pool's size in MiB of the chosen cache types,
+     * after the sliding layers' rings (ie_worker_opts_t.kv_mem_bytes; a
+     * plan: each rank's, the pool the fewest blocks of any rank) */
     long kv_mem_mb;
     /* how the cache stores K and V, and the Hadamard rotation
      * (ie_worker_opts_t; zero: f32, rotation AUTO) */
@@ -132,9 +133,15 @@ void ie_engine_destroy(ie_engine_t **self_p);
 
 /* The model's hyper-parameters; borrowed, valid until destroy. */
 const ie_hparams_t *ie_engine_hparams(const ie_engine_t *e);
-/* Bytes the KV cache takes per token of context: every layer and KV head,
- * K and V in their types (ie_kv_head_bytes). */
+/* Bytes the KV pool takes per token of context: every layer in it (not
+ * the sliding layers kept in a ring) and KV head, K and V in their types
+ * (ie_kv_head_bytes). */
 size_t ie_engine_kv_bytes_per_token(const ie_engine_t *e);
+/* The sliding layers' rings (ie_worker.h "paged KV"): positions a slot's
+ * ring holds (0: none) and the bytes of every slot's rings, the whole
+ * model's (a plan's ranks together). */
+int ie_engine_kv_ring_positions(const ie_engine_t *e);
+uint64_t ie_engine_kv_ring_bytes(const ie_engine_t *e);
 /* The KV pool: positions it holds (blocks times positions a block; with
  * --kv-mem-mb, what the budget holds in the chosen types). */
 int64_t ie_engine_kv_pool_positions(const ie_engine_t *e);

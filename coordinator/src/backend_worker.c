@@ -104,6 +104,7 @@ ie_status_t ie_backend_worker_new(const ie_model_src_t *src, const ie_worker_opt
                            .kv_blocks = ie_worker_kv_blocks(w),
                            .n_vocab = ie_worker_hparams(w)->n_vocab,
                            .n_embd = ie_worker_hparams(w)->n_embd,
-                           .upkeep_ms = 50};
+                           .upkeep_ms = 50,
+                           .kv_ring_len = ie_worker_kv_ring_len(w)};
     return ie_backend_new(&k_worker_ops, wb, &g, out);
 }

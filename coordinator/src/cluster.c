@@ -19,6 +19,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -96,6 +97,7 @@ struct ie_cluster {
     uint64_t epoch, step;
     uint64_t cluster_id; /* random, in every ASSIGN: names the ranks' shared-memory segments */
     int kv_nlb, kv_pool; /* logical blocks per slot, blocks in the pool   */
+    int kv_ring_len;     /* the longest sliding-layer ring of a rank (0: none) */
     ie_buf_t kv;         /* queued KV operations (ie_kv_ops_append)       */
     size_t kv_ids;       /* block ids in them                             */
     ie_status_t kv_lost; /* a clear that could not be queued: fail the next step */
@@ -602,6 +604,36 @@ ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src
             ie_shard_t s = {o->plan, r, o->n_ranks};
             if ((st = ie_shard_plan_units(&c->hp, &units, &s, &c->range[r])) != IE_OK) goto cleanup;
         }
+    }
+    {
+        /* each rank's cache: its layers and KV heads, the sliding ones in a
+         * ring; a byte budget is each rank's, and one block count serves
+         * every rank (a block id names the same positions on all), so the
+         * pool is the fewest blocks any rank's budget holds */
+        ie_worker_opts_t wo;
+        ie_worker_opts_default(&wo);
+        wo.n_ctx = o->n_ctx;
+        wo.n_seq = o->n_seq;
+        wo.kv_block = o->kv_block;
+        wo.kv_type_k = o->kv_type_k;
+        wo.kv_type_v = o->kv_type_v;
+        int fewest = INT_MAX;
+        for (int r = 0; r < o->n_ranks; r++) {
+            ie_kv_layout_t ly;
+            int n = 0;
+            if ((st = ie_worker_kv_layout(&c->hp, &c->range[r], &wo, &ly)) != IE_OK) goto cleanup;
+            if (ly.ring_len > c->kv_ring_len) c->kv_ring_len = ly.ring_len;
+            if (o->kv_blocks > 0 || o->kv_mem_bytes == 0) continue;
+            if ((st = ie_worker_kv_budget_blocks(&ly, o->kv_mem_bytes, c->kv_pool, &n)) != IE_OK) {
+                char why[512];
+                snprintf(why, sizeof why, "%s", ie_error_last());
+                st = ie_error_set(st, "rank %d (layers %d..%d): %s", r, c->range[r].layer_begin,
+                                  c->range[r].layer_end - 1, why);
+                goto cleanup;
+            }
+            fewest = n < fewest ? n : fewest;
+        }
+        if (fewest < INT_MAX) c->o.kv_blocks = c->kv_pool = fewest;
     }
     if ((st = ie_sock_new(o->net, IE_SOCK_ROUTER, &c->router)) != IE_OK) goto cleanup;
     {
@@ -1278,6 +1310,7 @@ ie_status_t ie_backend_cluster_new(ie_cluster_t **c_p, ie_backend_t **out)
                            .kv_blocks = c->kv_pool,
                            .n_vocab = c->hp.n_vocab,
                            .n_embd = c->hp.n_embd,
-                           .upkeep_ms = 20};
+                           .upkeep_ms = 20,
+                           .kv_ring_len = c->kv_ring_len};
     return ie_backend_new(&k_cluster_ops, c, &g, out);
 }

@@ -31,7 +31,8 @@ struct ie_engine {
     char *chat_tmpl_err;   /* why the model's template did not compile */
     int32_t *stop_ids;     /* end-of-turn ids beyond the tokenizer's    */
     size_t n_stop_ids;
-    ie_backend_t *backend; /* worker (plan NONE) or cluster              */
+    ie_backend_t *backend;    /* worker (plan NONE) or cluster              */
+    ie_kv_layout_t kv_layout; /* the whole model's KV cache (its rings) */
     ie_net_t *net;
     int own_net;
     pthread_t *nodes; /* in-process workers                       */
@@ -130,6 +131,7 @@ static ie_status_t start_cluster(ie_engine_t *e, const ie_worker_opts_t *wo)
                             .precision = wo->precision,
                             .kv_block = wo->kv_block,
                             .kv_blocks = wo->kv_blocks,
+                            .kv_mem_bytes = wo->kv_mem_bytes,
                             .kv_type_k = wo->kv_type_k,
                             .kv_type_v = wo->kv_type_v,
                             .kv_rotate = wo->kv_rotate,
@@ -234,14 +236,10 @@ ie_status_t ie_engine_open(const ie_engine_opts_t *o, ie_engine_t **out)
     wo.kv_type_v = o->kv_type_v;
     wo.kv_rotate = o->kv_rotate;
     wo.n_ctx = o->n_ctx ? o->n_ctx : (hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
-    /* the one place that knows which backend runs */
-    if (o->plan != IE_SHARD_NONE && o->kv_mem_mb > 0 && o->kv_blocks == 0) {
-        /* the ranks of a plan hold different layers: one block count for
-         * all of them is the coordinator's, given as --kv-blocks */
-        st = ie_error_set(IE_ERR_INVAL, "a KV memory budget (--kv-mem-mb) is for the embedded engine; with a plan "
-                                        "give the pool as --kv-blocks");
-        goto cleanup;
-    }
+    /* the whole model's cache, for the bytes a token reports */
+    if ((st = ie_worker_kv_layout(hp, NULL, &wo, &e->kv_layout)) != IE_OK) goto cleanup;
+    /* the one place that knows which backend runs (a plan: each rank's
+     * budget is kv_mem_mb, ie_cluster_opts_t.kv_mem_bytes) */
     if (o->plan == IE_SHARD_NONE) {
         if ((st = ie_backend_worker_new(e->src, &wo, &e->backend)) != IE_OK) goto cleanup;
     } else if ((st = start_cluster(e, &wo)) != IE_OK) {
@@ -265,17 +263,21 @@ ie_status_t ie_engine_open(const ie_engine_opts_t *o, ie_engine_t **out)
         st = ie_lora_cache_new(&lo, &e->lc);
     }
     if (st == IE_OK && o->metrics) { /* the cache's types and cost per token, for /metrics */
-        ie_metric_t *mk = NULL, *mv = NULL, *mb = NULL;
+        ie_metric_t *mk = NULL, *mv = NULL, *mb = NULL, *mr = NULL;
         if ((st = ie_metrics_gauge(o->metrics, "ie_kv_cache_type_k", "1 for the K cache's storage type", "type",
                                    &mk)) == IE_OK &&
             (st = ie_metrics_gauge(o->metrics, "ie_kv_cache_type_v", "1 for the V cache's storage type", "type",
                                    &mv)) == IE_OK &&
             (st = ie_metrics_gauge(o->metrics, "ie_kv_cache_bytes_per_token",
-                                   "KV cache bytes per token of context (all layers, K and V)", NULL, &mb)) ==
-                IE_OK) {
+                                   "KV cache bytes per token of context (the pool's layers, K and V)", NULL,
+                                   &mb)) == IE_OK &&
+            (st = ie_metrics_gauge(o->metrics, "ie_kv_cache_ring_bytes",
+                                   "KV cache bytes of the sliding layers' rings (every slot, K and V)", NULL,
+                                   &mr)) == IE_OK) {
             ie_metric_set(mk, ie_kv_type_name(o->kv_type_k), 1);
             ie_metric_set(mv, ie_kv_type_name(o->kv_type_v), 1);
             ie_metric_set(mb, NULL, (double)ie_engine_kv_bytes_per_token(e));
+            ie_metric_set(mr, NULL, (double)ie_engine_kv_ring_bytes(e));
         }
     }
 
@@ -321,10 +323,12 @@ const ie_hparams_t *ie_engine_hparams(const ie_engine_t *e) { return ie_model_sr
  * report what one worker of the whole model would. */
 size_t ie_engine_kv_bytes_per_token(const ie_engine_t *e)
 {
-    const ie_hparams_t *hp = ie_model_src_hparams(e->src);
-    return (size_t)hp->n_layer * (size_t)hp->n_head_kv *
-           (ie_kv_head_bytes(e->opts.kv_type_k, hp->head_dim) + ie_kv_head_bytes(e->opts.kv_type_v, hp->head_dim));
+    return (size_t)(e->kv_layout.block_bytes / (uint64_t)e->kv_layout.kv_block);
 }
+/* Contract (ie_engine.h). */
+uint64_t ie_engine_kv_ring_bytes(const ie_engine_t *e) { return e->kv_layout.ring_bytes; }
+/* Contract (ie_engine.h). */
+int ie_engine_kv_ring_positions(const ie_engine_t *e) { return e->kv_layout.ring_len; }
 /* Contract (ie_engine.h). */
 int64_t ie_engine_kv_pool_positions(const ie_engine_t *e)
 {

@@ -334,7 +334,9 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
     s->max_lblocks = (s->n_ctx + s->bt - 1) / s->bt;
     s->n_vocab = g->n_vocab;
     s->n_embd = g->n_embd;
-    s->prefix_cache = !o->no_prefix_cache;
+    /* a backend whose sliding layers keep a ring per slot has no window
+     * rows for a prefix another slot computed (ie_worker.h "paged KV") */
+    s->prefix_cache = !o->no_prefix_cache && !g->kv_ring_len;
     s->queue_cap = (o->queue_max > 0 ? o->queue_max : 64) + s->n_seq;
     s->ended_cap = s->queue_cap + 1;
     s->next_id = 1;

@@ -51,6 +51,9 @@ static int suite_clean(void)
     return 0;
 }
 
+/* 1: sliding layers keep the whole context in the pool (no ring) */
+static int g_swa_full;
+
 static ie_worker_t *make_worker(const ie_model_src_t *src, int n_seq, int kv_block, int kv_blocks)
 {
     ie_worker_opts_t o;
@@ -62,6 +65,7 @@ static ie_worker_t *make_worker(const ie_model_src_t *src, int n_seq, int kv_blo
     o.pin_threads = 0;
     o.kv_block = kv_block;
     o.kv_blocks = kv_blocks;
+    o.kv_swa_full = g_swa_full;
     ie_worker_t *w = NULL;
     CU_ASSERT_EQUAL_FATAL(ie_worker_new(src, &o, &w), IE_OK);
     return w;
@@ -250,8 +254,30 @@ static void test_shared_prefix(void)
 {
     check_shared(g_llama, 5);
     check_shared(g_llama, 16);
-    check_shared(g_gptoss, 5); /* the window (8) reaches back into the shared blocks */
+    /* sharing a prefix's sliding rows needs them in the pool: the window
+     * (8) reaches back into the shared blocks */
+    g_swa_full = 1;
+    check_shared(g_gptoss, 5);
     check_shared(g_gptoss, 3);
+    g_swa_full = 0;
+    /* with the sliding layers' ring a slot set to a prefix it did not
+     * compute has no window rows: its next step is refused, named */
+    ie_worker_t *w = make_worker(g_gptoss, 2, 3, 0);
+    CU_ASSERT(ie_worker_kv_ring_len(w) > 0 && ie_worker_kv_ring_len(w) < N_CTX);
+    int32_t a[MAXP];
+    prompt(a, 12, 1);
+    const int nv = ie_worker_hparams(w)->n_vocab;
+    float *ga = malloc((size_t)12 * nv * 4);
+    CU_ASSERT_FATAL(ga != NULL);
+    CU_ASSERT_EQUAL(feed(worker_step, w, 0, a, 0, 9, 9, nv, ga), IE_OK);
+    CU_ASSERT_EQUAL(ie_worker_seq_set_len(w, 1, 9), IE_OK);
+    CU_ASSERT_EQUAL(feed(worker_step, w, 1, a, 9, 10, 1, nv, ga), IE_ERR_RANGE);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "ring does not hold position"));
+    /* and a rewind inside the ring keeps it: slot 0 back to 5, on again */
+    CU_ASSERT_EQUAL(ie_worker_seq_set_len(w, 0, 5), IE_OK);
+    CU_ASSERT_EQUAL(feed(worker_step, w, 0, a, 5, 12, 7, nv, ga), IE_OK);
+    free(ga);
+    ie_worker_destroy(&w);
 }
 
 static int has(const char *s) { return strstr(ie_error_last(), s) != NULL; }

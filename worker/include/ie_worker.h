@@ -165,7 +165,11 @@ typedef struct ie_worker_opts {
                           smaller one unbound                          */
     uint64_t kv_mem_bytes;    /* with kv_blocks 0 and this > 0: the pool is
                           as many blocks as fit these bytes in the
-                          chosen K/V types (IE_ERR_INVAL if none)       */
+                          chosen K/V types (IE_ERR_INVAL if none), after
+                          the sliding layers' rings                     */
+    int kv_swa_full;          /* 1: sliding-window layers keep the whole
+                          context in the pool (0: a ring of their window
+                          per slot, "paged KV" below)                   */
     int hot_replicate;        /* 1: when the pool's threads sit on several
                           NUMA nodes, copy the output head (and the
                           embedding table, one copy when tied) into
@@ -312,7 +316,19 @@ void ie_worker_seq_clear(ie_worker_t *w, int seq);
  * through ie_attn.h's paged views: logits are bit-identical to the unpaged
  * cache for any block size and placement. ie_worker_seq_clear keeps the
  * table. Memory: kv_blocks * kv_block * (held layers) * (held KV heads) *
- * (ie_kv_head_bytes of the K type + that of the V type) bytes. */
+ * (ie_kv_head_bytes of the K type + that of the V type) bytes.
+ *
+ * Sliding-window layers (unless opts.kv_swa_full) are not in the pool:
+ * each slot keeps a ring of its last ring_len positions of them
+ * (ie_worker_kv_ring_len: the window W and W - 1 more, rounded up to whole
+ * blocks; no ring when that is not less than n_ctx), written and read in
+ * the ring's blocks like the pool's, so the bits are the pool's. The ring
+ * takes a slot's positions in order: a step whose first token of a slot
+ * needs a window row the ring no longer holds (after ie_worker_seq_set_len
+ * to a prefix another slot computed, or a jump back past the ring) fails
+ * with IE_ERR_RANGE, as does a slot's token not one past the slot's token
+ * before it in the step. A prefix shared between slots must therefore be
+ * recomputed (the coordinator takes no prefix-cache hits then). */
 
 /* Bind slot seq's logical blocks first .. first+n-1 to physical blocks
  * pb[0..n) (-1 unbinds). IE_ERR_RANGE for a bad slot, a logical block past
@@ -328,9 +344,32 @@ ie_status_t ie_worker_seq_set_len(ie_worker_t *w, int seq, int n_pos);
 
 int ie_worker_kv_block(const ie_worker_t *w);
 int ie_worker_kv_blocks(const ie_worker_t *w);
-/* Bytes the cache takes per position of context, all held layers and KV
- * heads, K and V together (what a worker of the whole model reports). */
+/* Bytes the pool takes per position of context, all held layers in it
+ * and KV heads, K and V together (what a worker of the whole model
+ * reports; sliding layers with a ring are not in the pool). */
 size_t ie_worker_kv_bytes_per_pos(const ie_worker_t *w);
+/* The KV cache a worker of the model hp holding the layers and KV heads of
+ * sh would make under o (n_ctx, n_seq, kv_block, the types, kv_swa_full;
+ * not kv_blocks or kv_mem_bytes): positions per block, positions of a
+ * slot's ring of the sliding layers (0: none), bytes of one pool block and
+ * of every slot's rings, K and V together. The worker sizes itself by it;
+ * a coordinator sizes a plan's pool from its ranks' layouts. IE_ERR_INVAL
+ * for a type the head size cannot take (the worker's message). */
+typedef struct ie_kv_layout {
+    int kv_block;
+    int ring_len;
+    uint64_t block_bytes;
+    uint64_t ring_bytes;
+} ie_kv_layout_t;
+ie_status_t ie_worker_kv_layout(const ie_hparams_t *hp, const ie_shard_range_t *sh, const ie_worker_opts_t *o,
+                                ie_kv_layout_t *out);
+/* The pool's blocks a byte budget holds for layout ly after its rings, at
+ * most full (IE_ERR_INVAL, named, when not one block). */
+ie_status_t ie_worker_kv_budget_blocks(const ie_kv_layout_t *ly, uint64_t budget, int full, int *blocks);
+/* Sliding layers' rings: positions one slot's ring holds (0: no ring) and
+ * the bytes of every slot's ring, K and V together. */
+int ie_worker_kv_ring_len(const ie_worker_t *w);
+uint64_t ie_worker_kv_ring_bytes(const ie_worker_t *w);
 
 const ie_hparams_t *ie_worker_hparams(const ie_worker_t *w);
 int ie_worker_n_ctx(const ie_worker_t *w);

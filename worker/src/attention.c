@@ -88,11 +88,27 @@ typedef struct att_task {
     const ie_batch_t *b;
     int layer;
     int sg; /* query heads per unit (a share of one KV head's group) */
-    /* a prefill over a cache not f32 (worker_attend): -1 every token not
+    /* a prefill over a cache not f32 (attend): -1 every token not
      * marked in kv_mark; else only the tokens of slot `seq`, whose rows
      * lo .. were decoded once into kv_pre (the f32 kernels read them) */
     int seq, lo;
+    int i0, i1; /* the tokens of the step this job attends */
 } att_task_t;
+
+/* The rows of slot seq's cache c (0: K, 1: V) of layer l from held KV
+ * head kh on: the pool's through the slot's block table, a ring layer's
+ * through the ring's cyclic table (position j in ring block
+ * (j / kv_block) % kv_ring_nrb), so the kernels read either alike. */
+static ie_kv_rows_t kv_rows(const ie_worker_t *w, int c, int l, int seq, int kh)
+{
+    const layer_t *L = &w->layers[l];
+    const size_t off = (size_t)L->kv_li * w->kv_layer_bytes[c] + (size_t)kh * w->kv_head_bytes[c];
+    if (L->ring)
+        return (ie_kv_rows_t){(c ? w->vring : w->kring) + (size_t)seq * w->kv_ring_slot_bytes[c] + off,
+                              w->kv_row_bytes[c], w->kv_ring_tab, w->kv_block, w->kv_ring_block_bytes[c]};
+    return (ie_kv_rows_t){(c ? w->vcache : w->kcache) + off, w->kv_row_bytes[c], w->btab + (size_t)seq * w->kv_nlb,
+                          w->kv_block, w->kv_block_bytes[c]};
+}
 
 /* Unit u of an attention job (att_run's numbering): token i, held KV head
  * kh, query heads h0 .. h0+nh-1 (local numbers), the visible positions
@@ -109,7 +125,7 @@ static int att_unit(const att_task_t *t, long u, att_unit_t *a)
     const ie_worker_t *w = t->w;
     const ie_hparams_t *hp = &w->hp;
     const int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, nsub = (group + t->sg - 1) / t->sg;
-    a->i = (int)(u / (w->n_kv_loc * nsub));
+    a->i = t->i0 + (int)(u / (w->n_kv_loc * nsub));
     const int r = (int)(u % (w->n_kv_loc * nsub));
     a->kh = r / nsub;
     /* this KV head's query heads held here (local numbers): a whole
@@ -126,16 +142,12 @@ static int att_unit(const att_task_t *t, long u, att_unit_t *a)
     a->j0 = w->layers[t->layer].swa && pos >= hp->sliding_window ? pos - hp->sliding_window + 1 : 0;
     a->cnt = pos + 1 - a->j0;
     /* this head's rows of the slot's blocks (ie_attn.h's paged view) */
-    const int32_t *tab = w->btab + (size_t)seq * w->kv_nlb;
-    const size_t ll = (size_t)(t->layer - w->sh.layer_begin);
-    a->kq = (ie_kv_rows_t){w->kcache + ll * w->kv_layer_bytes[0] + (size_t)a->kh * w->kv_head_bytes[0],
-                           w->kv_row_bytes[0], tab, w->kv_block, w->kv_block_bytes[0]};
-    a->vq = (ie_kv_rows_t){w->vcache + ll * w->kv_layer_bytes[1] + (size_t)a->kh * w->kv_head_bytes[1],
-                           w->kv_row_bytes[1], tab, w->kv_block, w->kv_block_bytes[1]};
+    a->kq = kv_rows(w, 0, t->layer, seq, a->kh);
+    a->vq = kv_rows(w, 1, t->layer, seq, a->kh);
     /* an f32 cache's float view: its strides are whole floats */
-    a->kr = (ie_attn_rows_t){(const float *)(const void *)a->kq.base, a->kq.row_stride / 4, tab, w->kv_block,
+    a->kr = (ie_attn_rows_t){(const float *)(const void *)a->kq.base, a->kq.row_stride / 4, a->kq.tab, w->kv_block,
                              a->kq.block_stride / 4};
-    a->vr = (ie_attn_rows_t){(const float *)(const void *)a->vq.base, a->vq.row_stride / 4, tab, w->kv_block,
+    a->vr = (ie_attn_rows_t){(const float *)(const void *)a->vq.base, a->vq.row_stride / 4, a->vq.tab, w->kv_block,
                              a->vq.block_stride / 4};
     (void)hd;
     return 1;
@@ -146,7 +158,7 @@ static long att_units(const att_task_t *t)
 {
     const ie_hparams_t *hp = &t->w->hp;
     const int group = hp->n_head / hp->n_head_kv, nsub = (group + t->sg - 1) / t->sg;
-    return (long)t->b->n * t->w->n_kv_loc * nsub;
+    return (long)(t->i1 - t->i0) * t->w->n_kv_loc * nsub;
 }
 
 /* One (token, held KV head, share of its query heads) per unit of work: the
@@ -258,6 +270,65 @@ static int att_share(const ie_worker_t *w, int n)
     return sg;
 }
 
+/* Positions of a slot's ring for sliding window W (0: no ring): the
+ * window and W - 1 more positions, whole blocks (a step stores and attends
+ * kv_ring_chunk >= W tokens at a time, so the rows its tokens read, W - 1
+ * before the chunk and the chunk's own, never exceed the ring); none when
+ * that is not less than the whole context. */
+static int ring_len(int W, int n_ctx, int kb)
+{
+    const int64_t nrb = (2 * (int64_t)W - 1 + kb - 1) / kb, nlb = ((int64_t)n_ctx + kb - 1) / kb;
+    return W > 0 && nrb < nlb ? (int)(nrb * kb) : 0;
+}
+
+/* Contract (ie_worker.h). */
+ie_status_t ie_worker_kv_layout(const ie_hparams_t *hp, const ie_shard_range_t *sh, const ie_worker_opts_t *o,
+                                ie_kv_layout_t *out)
+{
+    ie_arch_desc_t arch;
+    ie_status_t st = ie_arch_desc_init(hp, &arch);
+    if (st != IE_OK) return st;
+    const int l0 = sh ? sh->layer_begin : 0, l1 = sh ? sh->layer_end : hp->n_layer;
+    const int kvh = sh ? sh->kv_head_end - sh->kv_head_begin : hp->n_head_kv;
+    int n_swa = 0;
+    for (int l = l0; l < l1; l++) n_swa += arch.sliding && hp->layer_swa[l];
+    out->kv_block = o->kv_block > 0 ? o->kv_block : 16;
+    out->ring_len = !o->kv_swa_full && n_swa ? ring_len(hp->sliding_window, o->n_ctx, out->kv_block) : 0;
+    const int n_ring = out->ring_len ? n_swa : 0;
+    out->block_bytes = out->ring_bytes = 0;
+    for (int c = 0; c < 2; c++) {
+        const ie_kv_type_t t = c ? o->kv_type_v : o->kv_type_k;
+        const size_t hb = ie_kv_head_bytes(t, hp->head_dim);
+        if (!hb)
+            return ie_error_set(IE_ERR_INVAL, "KV cache type %s cannot hold a head of %d values%s",
+                                ie_kv_type_name(t), hp->head_dim,
+                                (unsigned)t < IE_KV_TYPE_COUNT
+                                    ? " (q4: a multiple of 32; every type but f32: at most 256)"
+                                    : "");
+        const uint64_t row = (uint64_t)kvh * hb;
+        out->block_bytes += (uint64_t)out->kv_block * (uint64_t)(l1 - l0 - n_ring) * row;
+        out->ring_bytes += (uint64_t)o->n_seq * (uint64_t)out->ring_len * (uint64_t)n_ring * row;
+    }
+    return IE_OK;
+}
+
+/* Contract (ie_worker.h): the rings first (a fixed cost per slot), whole
+ * blocks from the rest; a layout with no pool layers needs no pool bytes. */
+ie_status_t ie_worker_kv_budget_blocks(const ie_kv_layout_t *ly, uint64_t budget, int full, int *blocks)
+{
+    const uint64_t left = budget > ly->ring_bytes ? budget - ly->ring_bytes : 0;
+    const uint64_t n = ly->block_bytes ? left / ly->block_bytes : left > 0 ? (uint64_t)full : 0;
+    if (n < 1)
+        return ie_error_set(IE_ERR_INVAL,
+                            "KV memory budget of %llu bytes holds no block of %d positions (%llu bytes) after the "
+                            "sliding layers' rings (%llu bytes)",
+                            (unsigned long long)budget, ly->kv_block, (unsigned long long)ly->block_bytes,
+                            (unsigned long long)ly->ring_bytes);
+    /* never more than every slot's whole context needs */
+    *blocks = n > (uint64_t)full ? full : (int)n;
+    return IE_OK;
+}
+
 /* Contract (worker_internal.h). */
 ie_status_t worker_kv_new(ie_worker_t *w)
 {
@@ -274,6 +345,28 @@ ie_status_t worker_kv_new(ie_worker_t *w)
     w->kv_blocks = opts->kv_blocks > 0 ? opts->kv_blocks : (int)full_pool;
     w->all_swa = sh->layer_end > sh->layer_begin;
     for (int l = sh->layer_begin; l < sh->layer_end; l++) w->all_swa &= w->layers[l].swa;
+    /* Sliding layers keep a ring of their window, not the whole context:
+     * the window W and W - 1 more positions, whole blocks (a step stores
+     * and attends kv_ring_chunk >= W tokens at a time, so the rows its
+     * tokens read, W - 1 before the chunk and the chunk's own, are never
+     * more than the ring). A worker-local ring rather than pool blocks
+     * released as they leave the window: the coordinator's pool, block
+     * accounting, prefix cache and cluster protocol stay one block table
+     * of the full layers, and nothing outside this file learns of it but
+     * the pool's size. No ring when it would hold the whole context. */
+    const int W = w->hp.sliding_window;
+    int n_ring = 0;
+    for (int l = sh->layer_begin; l < sh->layer_end; l++) n_ring += w->layers[l].swa;
+    w->kv_ring_len = !opts->kv_swa_full && n_ring > 0 ? ring_len(W, opts->n_ctx, w->kv_block) : 0;
+    w->kv_ring_nrb = w->kv_ring_len / w->kv_block;
+    w->kv_ring_chunk = w->kv_ring_nrb ? w->kv_ring_len - W + 1 : 0;
+    w->kv_pool_layers = 0;
+    for (int l = sh->layer_begin, nr = 0; l < sh->layer_end; l++) {
+        layer_t *L = &w->layers[l];
+        L->ring = w->kv_ring_nrb > 0 && L->swa;
+        L->kv_li = L->ring ? nr++ : w->kv_pool_layers++;
+    }
+    if (!w->kv_ring_nrb) n_ring = 0;
     /* the pool in bytes of the chosen types: a q8 cache holds ~4x the
      * positions of an f32 one in the same memory */
     const int hd = w->hp.head_dim;
@@ -291,20 +384,19 @@ ie_status_t worker_kv_new(ie_worker_t *w)
                                     : "");
         w->kv_row_bytes[c] = (size_t)w->n_kv_loc * w->kv_head_bytes[c];
         w->kv_layer_bytes[c] = (size_t)w->kv_block * w->kv_row_bytes[c];
-        w->kv_block_bytes[c] = (size_t)(sh->layer_end - sh->layer_begin) * w->kv_layer_bytes[c];
+        w->kv_block_bytes[c] = (size_t)w->kv_pool_layers * w->kv_layer_bytes[c];
+        w->kv_ring_block_bytes[c] = (size_t)n_ring * w->kv_layer_bytes[c];
+        w->kv_ring_slot_bytes[c] = (size_t)w->kv_ring_nrb * w->kv_ring_block_bytes[c];
     }
+    const uint64_t ring_bytes = (uint64_t)opts->n_seq * (w->kv_ring_slot_bytes[0] + w->kv_ring_slot_bytes[1]);
     /* a byte budget (no block count given): as many whole blocks of the
      * chosen types as it holds (at most the full pool), so a q8 cache
      * gets ~4x an f32 one's positions */
     if (opts->kv_blocks == 0 && opts->kv_mem_bytes > 0) {
-        const uint64_t per = (uint64_t)w->kv_block_bytes[0] + w->kv_block_bytes[1];
-        const uint64_t n = per ? opts->kv_mem_bytes / per : 0;
-        if (n < 1)
-            return ie_error_set(IE_ERR_INVAL,
-                                "KV memory budget of %llu bytes holds no block of %d positions (%llu bytes)",
-                                (unsigned long long)opts->kv_mem_bytes, w->kv_block, (unsigned long long)per);
-        /* never more than every slot's whole context needs */
-        w->kv_blocks = n > (uint64_t)full_pool ? (int)full_pool : (int)n;
+        const ie_kv_layout_t ly = {w->kv_block, w->kv_ring_len,
+                                   (uint64_t)w->kv_block_bytes[0] + w->kv_block_bytes[1], ring_bytes};
+        ie_status_t st = ie_worker_kv_budget_blocks(&ly, opts->kv_mem_bytes, (int)full_pool, &w->kv_blocks);
+        if (st != IE_OK) return st;
     }
     w->opts.kv_block = w->kv_block;
     w->opts.kv_blocks = w->kv_blocks;
@@ -332,6 +424,17 @@ ie_status_t worker_kv_new(ie_worker_t *w)
      * per cache), where a layer-major cache committed 2 MiB per layer. */
     w->kcache = worker_big_alloc(kv_bytes_k ? (size_t)kv_bytes_k : 1);
     w->vcache = worker_big_alloc(kv_bytes_v ? (size_t)kv_bytes_v : 1);
+    if (w->kv_ring_nrb) { /* ring_bytes / n_seq fit a size_t: they are less than the full pool's */
+        w->kring = worker_big_alloc((size_t)opts->n_seq * w->kv_ring_slot_bytes[0]);
+        w->vring = worker_big_alloc((size_t)opts->n_seq * w->kv_ring_slot_bytes[1]);
+        w->kv_ring_tab = malloc((size_t)w->kv_nlb * sizeof(int32_t));
+        w->kv_ring_pos = malloc((size_t)opts->n_seq * w->kv_ring_len * sizeof(int32_t));
+        if (!w->kring || !w->vring || !w->kv_ring_tab || !w->kv_ring_pos)
+            return ie_error_set(IE_ERR_NOMEM, "out of memory allocating the sliding layers' KV rings (%llu bytes)",
+                                (unsigned long long)ring_bytes);
+        for (int lb = 0; lb < w->kv_nlb; lb++) w->kv_ring_tab[lb] = lb % w->kv_ring_nrb;
+        for (size_t i = 0; i < (size_t)opts->n_seq * w->kv_ring_len; i++) w->kv_ring_pos[i] = -1;
+    }
     /* a prefill's decoded rows: up to KVQ_PRE_BYTES of them, K and V */
     if (w->kv_type[0] != IE_KV_F32 || w->kv_type[1] != IE_KV_F32) {
         const size_t row = (size_t)w->kv_dim * sizeof(float) * 2;
@@ -367,20 +470,40 @@ ie_status_t worker_kv_new(ie_worker_t *w)
     return IE_OK;
 }
 
-/* Contract (worker_internal.h): its own position, and the window before it
- * (all of it unless every held layer slides). */
+/* Contract (worker_internal.h): in the pool its own position, and the
+ * window before it (all of it unless every held layer slides and none
+ * has a ring); in a ring, the window before the slot's first token of the
+ * step (the later ones follow it one by one and read the step's own rows). */
 ie_status_t worker_kv_check(const ie_worker_t *w, const ie_batch_t *b, int i)
 {
-    const int pos = b->pos[i], kb = w->kv_block;
-    const int j0 = w->all_swa && pos >= w->hp.sliding_window ? pos - w->hp.sliding_window + 1 : 0;
-    const int32_t *tab = w->btab + (size_t)b->seq[i] * w->kv_nlb;
-    for (int lb = pos / kb; lb >= j0 / kb; lb--)
+    const int pos = b->pos[i], kb = w->kv_block, seq = b->seq[i], W = w->hp.sliding_window;
+    const int j0 = w->all_swa && !w->kv_ring_nrb && pos >= W ? pos - W + 1 : 0;
+    const int32_t *tab = w->btab + (size_t)seq * w->kv_nlb;
+    for (int lb = pos / kb; w->kv_pool_layers > 0 && lb >= j0 / kb; lb--)
         if (tab[lb] < 0) {
             const int at = lb * kb > j0 ? lb * kb : j0;
-            return ie_error_set(IE_ERR_RANGE, "worker: slot %d position %d: its KV block %d is not bound%s",
-                                b->seq[i], lb == pos / kb ? pos : at, lb,
-                                lb == pos / kb ? "" : " (read by a later position)");
+            return ie_error_set(IE_ERR_RANGE, "worker: slot %d position %d: its KV block %d is not bound%s", seq,
+                                lb == pos / kb ? pos : at, lb, lb == pos / kb ? "" : " (read by a later position)");
         }
+    if (!w->kv_ring_nrb) return IE_OK;
+    int prev = -1;
+    for (int k = 0; k < i; k++)
+        if (b->seq[k] == seq) prev = k;
+    if (prev >= 0) {
+        if (pos != b->pos[prev] + 1)
+            return ie_error_set(IE_ERR_RANGE,
+                                "worker: slot %d position %d follows its position %d in the step (the sliding "
+                                "layers' ring takes a slot's positions in order)",
+                                seq, pos, b->pos[prev]);
+        return IE_OK;
+    }
+    const int32_t *rp = w->kv_ring_pos + (size_t)seq * w->kv_ring_len;
+    for (int j = pos >= W ? pos - W + 1 : 0; j < pos; j++)
+        if (rp[j % w->kv_ring_len] != j)
+            return ie_error_set(IE_ERR_RANGE,
+                                "worker: slot %d position %d: the sliding layers' ring does not hold position %d "
+                                "(it keeps the last %d positions computed in this slot)",
+                                seq, pos, j, w->kv_ring_len);
     return IE_OK;
 }
 
@@ -391,7 +514,7 @@ ie_status_t worker_qkv(ie_worker_t *w, int l, const ie_batch_t *b)
     const int n = b->n;
     /* decode: each thread fetches the cache rows its attention share
      * reads, ahead of its share of q/k/v */
-    att_task_t at = {w, b, l, att_share(w, n), -1, 0};
+    att_task_t at = {w, b, l, att_share(w, n), -1, 0, 0, n};
     const mm_pre_t kvpf = {att_prefetch, &at};
     const wmat_t *ms[3] = {&L->q, &L->k, &L->v};
     float *ys[3] = {w->q, w->k, w->v};
@@ -416,17 +539,16 @@ void worker_rope(ie_worker_t *w, int l, const ie_batch_t *b)
     }
 }
 
-/* Contract (worker_internal.h). */
-void worker_kv_store(ie_worker_t *w, int l, const ie_batch_t *b)
+/* k, v of tokens i0 .. i1-1 -> layer l of their slots' caches (the pool
+ * or the ring) at their positions. */
+static void kv_store(ie_worker_t *w, int l, const ie_batch_t *b, int i0, int i1)
 {
-    const int kb = w->kv_block, hd = w->hp.head_dim;
-    const size_t ll = (size_t)(l - w->sh.layer_begin);
-    for (int i = 0; i < b->n; i++) {
-        const int32_t pb = w->btab[(size_t)b->seq[i] * w->kv_nlb + b->pos[i] / kb];
+    const int hd = w->hp.head_dim;
+    for (int i = i0; i < i1; i++) {
         for (int c = 0; c < 2; c++) {
+            const ie_kv_rows_t rows = kv_rows(w, c, l, b->seq[i], 0);
             float *src = (c ? w->v : w->k) + (size_t)i * w->kv_dim;
-            unsigned char *dst = (c ? w->vcache : w->kcache) + (size_t)pb * w->kv_block_bytes[c] +
-                                 ll * w->kv_layer_bytes[c] + (size_t)(b->pos[i] % kb) * w->kv_row_bytes[c];
+            unsigned char *dst = (unsigned char *)ie_kv_row(&rows, b->pos[i]);
             if (w->kv_type[c] == IE_KV_F32 && !w->kv_rot[c]) {
                 memcpy(dst, src, (size_t)w->kv_dim * sizeof(float));
                 continue;
@@ -452,15 +574,11 @@ static void pre_run(void *ctx, int ith, int nth)
     const pre_task_t *t = ctx;
     ie_worker_t *w = t->w;
     const int hd = w->hp.head_dim;
-    const int32_t *tab = w->btab + (size_t)t->seq * w->kv_nlb;
-    const size_t ll = (size_t)(t->layer - w->sh.layer_begin);
     const int r0 = (int)((long)t->n * ith / nth), r1 = (int)((long)t->n * (ith + 1) / nth);
     for (int c = w->kv_type[0] == IE_KV_Q8; c < 2; c++) { /* a q8 K is read as it is (att_run) */
-        const unsigned char *cache = c ? w->vcache : w->kcache;
+        const ie_kv_rows_t rows = kv_rows(w, c, t->layer, t->seq, 0);
         for (int r = r0; r < r1; r++) {
-            const int j = t->lo + r;
-            const unsigned char *row = cache + (size_t)tab[j / w->kv_block] * w->kv_block_bytes[c] +
-                                       ll * w->kv_layer_bytes[c] + (size_t)(j % w->kv_block) * w->kv_row_bytes[c];
+            const unsigned char *row = ie_kv_row(&rows, t->lo + r);
             for (int h = 0; h < w->n_kv_loc; h++)
                 w->ops->kv_decode(w->kv_type[c], row + (size_t)h * w->kv_head_bytes[c], hd,
                                   w->kv_pre[c] + (size_t)r * w->kv_dim + (size_t)h * hd);
@@ -468,22 +586,22 @@ static void pre_run(void *ctx, int ith, int nth)
     }
 }
 
-/* Contract (worker_internal.h). A cache not f32: the tokens of a slot with
- * at least KVQ_PRE_MIN tokens in the step (a prefill) would each decode
- * every row they see, the same rows again and again; their rows are
- * decoded once into kv_pre and read by the f32 kernels. Other tokens
- * decode chunks of their own rows (att_run). */
-void worker_attend(ie_worker_t *w, int l, const ie_batch_t *b)
+/* Attention of tokens i0 .. i1-1 of layer l (their rows stored). A cache
+ * not f32: the tokens of a slot with at least KVQ_PRE_MIN tokens here (a
+ * prefill) would each decode every row they see, the same rows again and
+ * again; their rows are decoded once into kv_pre and read by the f32
+ * kernels. Other tokens decode chunks of their own rows (att_run). */
+static void attend(ie_worker_t *w, int l, const ie_batch_t *b, int i0, int i1)
 {
-    att_task_t at = {w, b, l, att_share(w, b->n), -1, 0};
-    if (w->kv_pre[0] && b->n >= KVQ_PRE_MIN) {
-        memset(w->kv_mark, 0, (size_t)b->n);
+    att_task_t at = {w, b, l, att_share(w, i1 - i0), -1, 0, i0, i1};
+    if (w->kv_pre[0] && i1 - i0 >= KVQ_PRE_MIN) {
+        memset(w->kv_mark + i0, 0, (size_t)(i1 - i0));
         const int swa = w->layers[l].swa, W = w->hp.sliding_window;
-        for (int i = 0; i < b->n; i++) {
+        for (int i = i0; i < i1; i++) {
             if (w->kv_mark[i]) continue;
             const int seq = b->seq[i];
             int cnt = 0, lo = INT_MAX, hi = 0;
-            for (int k = i; k < b->n; k++)
+            for (int k = i; k < i1; k++)
                 if (b->seq[k] == seq) {
                     const int p = b->pos[k], j0 = swa && p >= W ? p - W + 1 : 0;
                     cnt++;
@@ -491,35 +609,61 @@ void worker_attend(ie_worker_t *w, int l, const ie_batch_t *b)
                     hi = p + 1 > hi ? p + 1 : hi;
                 }
             if (cnt < KVQ_PRE_MIN || hi - lo > w->kv_pre_rows) continue;
-            for (int k = i; k < b->n; k++)
+            for (int k = i; k < i1; k++)
                 if (b->seq[k] == seq) w->kv_mark[k] = 1;
             pre_task_t pt = {w, l, seq, lo, hi - lo};
             ie_threadpool_run(w->tp, pre_run, &pt);
-            att_task_t one = {w, b, l, at.sg, seq, lo};
+            att_task_t one = {w, b, l, at.sg, seq, lo, i0, i1};
             ie_threadpool_run(w->tp, att_run, &one);
         }
-        for (int i = 0; i < b->n; i++)
+        for (int i = i0; i < i1; i++)
             if (!w->kv_mark[i]) {
                 ie_threadpool_run(w->tp, att_run, &at); /* the rest, each on its own rows */
                 break;
             }
         return;
     }
-    if (w->kv_mark) memset(w->kv_mark, 0, (size_t)b->n);
+    if (w->kv_mark) memset(w->kv_mark + i0, 0, (size_t)(i1 - i0));
     ie_threadpool_run(w->tp, att_run, &at);
+}
+
+/* Contract (worker_internal.h). */
+void worker_kv_store_attend(ie_worker_t *w, int l, const ie_batch_t *b)
+{
+    const int chunk = w->layers[l].ring ? w->kv_ring_chunk : b->n;
+    for (int i0 = 0; i0 < b->n; i0 += chunk) {
+        const int i1 = b->n - i0 < chunk ? b->n : i0 + chunk;
+        kv_store(w, l, b, i0, i1);
+        attend(w, l, b, i0, i1);
+    }
 }
 
 /* Contract (worker_internal.h). */
 void worker_kv_commit(ie_worker_t *w, const ie_batch_t *b)
 {
-    for (int i = 0; i < b->n; i++)
+    for (int i = 0; i < b->n; i++) {
         if (b->pos[i] + 1 > w->seq_len[b->seq[i]]) w->seq_len[b->seq[i]] = b->pos[i] + 1;
+        /* a slot's positions come in order (worker_kv_check): the last wins */
+        if (w->kv_ring_nrb)
+            w->kv_ring_pos[(size_t)b->seq[i] * w->kv_ring_len + b->pos[i] % w->kv_ring_len] = b->pos[i];
+    }
+}
+
+/* Forget slot seq's ring rows of positions n_pos and later. */
+static void ring_truncate(ie_worker_t *w, int seq, int n_pos)
+{
+    int32_t *rp = w->kv_ring_pos + (size_t)seq * w->kv_ring_len;
+    for (int r = 0; w->kv_ring_nrb && r < w->kv_ring_len; r++)
+        if (rp[r] >= n_pos) rp[r] = -1;
 }
 
 /* Contract (ie_worker.h). */
 void ie_worker_seq_clear(ie_worker_t *w, int seq)
 {
-    if (seq >= 0 && seq < w->opts.n_seq) w->seq_len[seq] = 0;
+    if (seq >= 0 && seq < w->opts.n_seq) {
+        w->seq_len[seq] = 0;
+        ring_truncate(w, seq, 0);
+    }
 }
 
 /* Contract (ie_worker.h): every argument is checked before the table
@@ -547,12 +691,13 @@ ie_status_t ie_worker_seq_set_len(ie_worker_t *w, int seq, int n_pos)
     if (n_pos < 0 || n_pos > w->opts.n_ctx)
         return ie_error_set(IE_ERR_RANGE, "worker: set length: %d positions (0..%d)", n_pos, w->opts.n_ctx);
     const int32_t *tab = w->btab + (size_t)seq * w->kv_nlb;
-    for (int lb = 0; lb * w->kv_block < n_pos; lb++)
+    for (int lb = 0; w->kv_pool_layers > 0 && lb * w->kv_block < n_pos; lb++)
         if (tab[lb] < 0)
             return ie_error_set(IE_ERR_RANGE,
                                 "worker: set length: slot %d position %d: its KV block %d is not bound", seq,
                                 lb * w->kv_block, lb);
     w->seq_len[seq] = n_pos;
+    ring_truncate(w, seq, n_pos);
     return IE_OK;
 }
 
@@ -563,4 +708,12 @@ int ie_worker_kv_blocks(const ie_worker_t *w) { return w->kv_blocks; }
 size_t ie_worker_kv_bytes_per_pos(const ie_worker_t *w)
 {
     return (w->kv_block_bytes[0] + w->kv_block_bytes[1]) / (size_t)w->kv_block;
+}
+
+/* Contract (ie_worker.h). */
+int ie_worker_kv_ring_len(const ie_worker_t *w) { return w->kv_ring_len; }
+/* Contract (ie_worker.h). */
+uint64_t ie_worker_kv_ring_bytes(const ie_worker_t *w)
+{
+    return (uint64_t)w->opts.n_seq * (w->kv_ring_slot_bytes[0] + w->kv_ring_slot_bytes[1]);
 }

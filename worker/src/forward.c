@@ -135,13 +135,12 @@ static ie_status_t attention_block(ie_worker_t *w, int l, const ie_batch_t *b, i
     /* rotate q and k by their positions (RoPE) */
     t = ie_prof_begin();
     worker_rope(w, l, b);
-    /* k, v -> the slot's cache at each token's position */
-    worker_kv_store(w, l, b);
     ie_prof_end(IE_PROF_ELEMENTWISE, t);
-    /* xb[n][q_dim] = softmax(q·K^T / sqrt(hd) [, sink]) · V per (token, head),
-     * over the positions each token sees (a sliding layer: the last W) */
+    /* k, v -> the slot's cache at each token's position; xb[n][q_dim] =
+     * softmax(q·K^T / sqrt(hd) [, sink]) · V per (token, head), over the
+     * positions each token sees (a sliding layer: the last W) */
     t = ie_prof_begin();
-    worker_attend(w, l, b);
+    worker_kv_store_attend(w, l, b);
     ie_prof_end(IE_PROF_ATTENTION, t);
     /* tmp[n][d] = Wo · xb (+ bias, added by tensor rank 0 only) */
     worker_prefetch_at(w, PF_BEFORE_O, l, n);

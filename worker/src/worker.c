@@ -286,6 +286,10 @@ void ie_worker_destroy(ie_worker_t **self_p)
     free(w->kv_mark);
     free(w->seq_len);
     free(w->btab);
+    worker_big_free(w->kring);
+    worker_big_free(w->vring);
+    free(w->kv_ring_tab);
+    free(w->kv_ring_pos);
     if (w->rope_cos_swa != w->rope_cos) free(w->rope_cos_swa);
     if (w->rope_sin_swa != w->rope_sin) free(w->rope_sin_swa);
     free(w->rope_cos);

@@ -89,6 +89,9 @@ typedef struct layer {
     const float *post_ffw_norm;     /* (d) the MLP's, before the residual add
                                        (IE_NORM_SANDWICH; NULL otherwise)      */
     int swa;                        /* sliding-window layer                     */
+    int ring;                       /* its K/V live in the slot's ring (swa)    */
+    int kv_li;                      /* its index among the held layers of its
+                                       store: the pool's or the ring's          */
     /* GPT-OSS: MoE. Expert matrices hold n_expert matrices back to back;
      * gate/up/down here describe one expert (data = expert 0). */
     wmat_t router;                       /* (n_expert, d)                            */
@@ -175,7 +178,23 @@ struct ie_worker {
     float *kv_tmp;    /* [n_threads][group*hd] rotated queries (a
                       rotated cache), else NULL                         */
     int32_t *btab;    /* [n_seq][kv_nlb] physical block, -1 unbound */
-    int *seq_len;     /* [n_seq] positions held                   */
+    /* Sliding layers' ring (worker_kv_new): each slot keeps the last
+     * kv_ring_len = kv_ring_nrb * kv_block positions of the held sliding
+     * layers, position j in ring block (j / kv_block) % kv_ring_nrb, read
+     * through kv_ring_tab like a block table. kv_ring_nrb 0: no ring, every
+     * held layer lives in the pool. */
+    int kv_ring_nrb;
+    int kv_ring_len;
+    int kv_ring_chunk;             /* tokens a ring layer stores and attends
+                                        at a time: kv_ring_len - window + 1 */
+    int kv_pool_layers;            /* held layers in the pool               */
+    size_t kv_ring_block_bytes[2]; /* a ring block: held ring layers       */
+    size_t kv_ring_slot_bytes[2];  /* one slot's ring                      */
+    unsigned char *kring, *vring;  /* [n_seq][nrb][ring layer][kv_block][row] */
+    int32_t *kv_ring_tab;          /* [kv_nlb] lb % kv_ring_nrb             */
+    int32_t *kv_ring_pos;          /* [n_seq][kv_ring_len] position a ring
+                                        row holds, -1 none                    */
+    int *seq_len;                  /* [n_seq] positions held                   */
 
     float *rope_cos, *rope_sin; /* [n_ctx][rope_dim/2]                   */
     const float *rope_freqs;    /* [rope_dim/2] frequency divisors
@@ -291,14 +310,14 @@ ie_status_t worker_qkv(ie_worker_t *w, int l, const ie_batch_t *b);
  * layer l picks the sliding or the global layers' tables). */
 void worker_rope(ie_worker_t *w, int l, const ie_batch_t *b);
 
-/* k, v of every token -> layer l of its slot's cache at its position. */
-void worker_kv_store(ie_worker_t *w, int l, const ie_batch_t *b);
-
-/* xb[n][q_dim] = softmax(softcap(q·K^T * scale)) · V over each token's
- * visible positions of layer l, per (token, head), on the pool; scale is
- * hp.attn_scale or 1/sqrt(hd), softcap c tanh(s / c) when
- * arch.attn_softcap is set. */
-void worker_attend(ie_worker_t *w, int l, const ie_batch_t *b);
+/* Layer l: k, v of every token -> its slot's cache at its position (the
+ * pool, or a sliding layer's ring), then xb[n][q_dim] =
+ * softmax(softcap(q·K^T * scale)) · V over each token's visible positions,
+ * per (token, head), on the pool; scale is hp.attn_scale or 1/sqrt(hd),
+ * softcap c tanh(s / c) when arch.attn_softcap is set. A ring layer takes
+ * the step kv_ring_chunk tokens at a time, so no row a token reads is
+ * overwritten before it attends. */
+void worker_kv_store_attend(ie_worker_t *w, int l, const ie_batch_t *b);
 
 /* The slots' caches now hold the batch's positions. */
 void worker_kv_commit(ie_worker_t *w, const ie_batch_t *b);
