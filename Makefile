@@ -83,10 +83,16 @@ bench-decode: build
 # 4,096 tokens first (minutes on 2 cores). Run on a quiet machine.
 KV_TYPES ?= f32 f16 bf16 q8 q4 fp8_e4m3 fp8_e5m2
 KV_TOKENS ?= 32
+# prefill at depth: 512 new tokens after 4,096 cached, the types in turn
+# each round (A/B interleaved; bench/bench_kv_prefill.c)
+KV_PREFILL_TYPES ?= f32,q8
+KV_PREFILL_ROUNDS ?= 2
 bench-kv: build
 	.venv/bin/python bench/make_tinyllama_gguf.py --types q4_0
 	for t in $(KV_TYPES); do $(BUILD)/bench_decode --model models/bench/tinyllama-q4_0.gguf --prompt 4096 \
 	  --tokens $(KV_TOKENS) --cache-type-k $$t --cache-type-v $$t || exit 1; done
+	$(BUILD)/bench_kv_prefill --model models/bench/tinyllama-q4_0.gguf --depth 4096 --new 512 \
+	  --rounds $(KV_PREFILL_ROUNDS) --types $(KV_PREFILL_TYPES)
 
 # Issue 18: TinyLlama-shaped decode (bench_decode's fraction of the paired
 # read) and pp512 per k-quant type, each model run between two runs of the
