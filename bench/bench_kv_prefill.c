@@ -172,8 +172,8 @@ int main(int argc, char **argv)
             ratio[r] = step_s[t][r] / step_s[0][r]; /* the same round: seconds apart */
         }
         const double ms = median(st, rounds), ma = median(at, rounds), mr = median(ratio, rounds);
-        printf("%-9s %9.2f %9.3f %9.1f %9.3f %9.3f %12.3f\n", ie_kv_type_name(kt[t]), fill_s[t], ms, nnew / ms,
-               ma, ma / ms, mr);
+        printf("%-9s %9.2f %9.3f %9.1f %9.3f %9.3f %12.3f\n", ie_kv_type_name(kt[t]), fill_s[t], ms, nnew / ms, ma,
+               ma / ms, mr);
         fprintf(json, "%s\"%s\":{\"fill_s\":%.3f,\"step_s\":%.4f,\"tok_s\":%.2f,\"attn_s\":%.4f,\"ratio\":[",
                 t ? "," : "", ie_kv_type_name(kt[t]), fill_s[t], ms, nnew / ms, ma);
         for (int r = 0; r < rounds; r++) fprintf(json, "%s%.4f", r ? "," : "", step_s[t][r] / step_s[0][r]);

@@ -126,7 +126,10 @@ typedef struct ie_engine ie_engine_t;
  *  the same way, e.g. the next turn of a chat, is not recomputed; see
  *  ie_engine_metrics_t.kv_hits), "cache_type_k", "cache_type_v" (the KV
  *  cache's storage: f32 (default), f16, bf16, q8, q4, fp8_e4m3, fp8_e5m2;
- *  docs/KVCACHE.md), "kv_rotate" (auto|on|off). The set is not kept.
+ *  docs/KVCACHE.md), "kv_rotate" (auto|on|off), "kv_swa_full" (0/1,
+ *  default 0: sliding-window layers keep a ring of their window, and such
+ *  a model takes no prefix-cache hits; 1: the whole context, hits kept).
+ *  The set is not kept.
  *
  *  Errors: IE_ERR_INVAL (bad key or value), IE_ERR_IO / IE_ERR_FORMAT /
  *  IE_ERR_UNSUPPORTED (the model or tokenizer), IE_ERR_NOMEM. Caller owns

@@ -49,6 +49,7 @@ static const flag_t FLAGS[] = {
     {"kv-blocks", IE_FLAG_KV_BLOCKS, FK_LONG, 0, INT32_MAX},
     {"kv-mem-mb", IE_FLAG_KV_MEM_MB, FK_LONG, 1, 1L << 30},
     {"no-prefix-cache", IE_FLAG_NO_PREFIX, FK_SET0, 0, 0},
+    {"kv-swa-full", IE_FLAG_KV_SWA_FULL, FK_SET1, 0, 0},
     {"no-pin", IE_FLAG_NO_PIN, FK_SET0, 0, 0},
     {"verbose", IE_FLAG_VERBOSE, FK_SET1, 0, 0},
     {"api-key", IE_FLAG_API_KEY, FK_STR_NONEMPTY, 0, 0},

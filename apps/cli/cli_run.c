@@ -65,6 +65,8 @@ static void usage(FILE *f)
           "types\n"
           "                                 (a plan: N MiB a worker)\n"
           "  --no-prefix-cache              do not reuse the KV blocks of equal prompt prefixes\n"
+          "  --kv-swa-full                  sliding-window layers keep the whole context (default: a ring of\n"
+          "                                 their window; the prefix cache then skips such models)\n"
           "  --cache-type-k T / --cache-type-v T  KV cache storage: f32 (default), f16, bf16,\n"
           "                                 q8 (q8_0), q4 (q4_0), fp8_e4m3, fp8_e5m2 (docs/KVCACHE.md)\n"
           "  --kv-rotate auto|on|off        Hadamard rotation of K/V (auto: on for q8, q4, fp8)\n"
@@ -435,7 +437,7 @@ int ie_cli_run(int argc, char **argv)
                           .rounds = 1,
                           .prec = IE_PREC_NATIVE};
     long max_new = 128, ctx = 0, warmup = 0, prefetch = 0, tok_threads = 0;
-    int greedy = 0, print_text = 0, special = 1, pin = 1, have_seed = 0, prefix_cache = 1;
+    int greedy = 0, print_text = 0, special = 1, pin = 1, have_seed = 0, prefix_cache = 1, swa_full = 0;
     long kv_block = 0, kv_blocks = 0, kv_mem_mb = 0;
     ie_kv_type_t kv_k = IE_KV_F32, kv_v = IE_KV_F32;
     ie_kv_rotate_t kv_rot = IE_KV_ROTATE_AUTO;
@@ -474,16 +476,24 @@ int ie_cli_run(int argc, char **argv)
     long threads = env.threads, batch = env.batch, rounds = env.rounds;
     ie_precision_t prec = env.prec;
     if (threads < 1) threads = 1;
-    const ie_cli_pick_t picks[] = {
-        IE_CLI_PICK(IE_FLAG_MODEL, &model),         IE_CLI_PICK(IE_FLAG_THREADS, &threads),
-        IE_CLI_PICK(IE_FLAG_BATCH, &batch),         IE_CLI_PICK(IE_FLAG_CTX, &ctx),
-        IE_CLI_PICK(IE_FLAG_PRECISION, &prec),      IE_CLI_PICK(IE_FLAG_NO_PIN, &pin),
-        IE_CLI_PICK(IE_FLAG_PLAN, &plan),           IE_CLI_PICK(IE_FLAG_KV_BLOCK, &kv_block),
-        IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks), IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache),
-        IE_CLI_PICK(IE_FLAG_CACHE_TYPE_K, &kv_k),   IE_CLI_PICK(IE_FLAG_CACHE_TYPE_V, &kv_v),
-        IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot),    IE_CLI_PICK(IE_FLAG_KV_MEM_MB, &kv_mem_mb),
+    const ie_cli_pick_t picks[] = {IE_CLI_PICK(IE_FLAG_MODEL, &model),
+                                   IE_CLI_PICK(IE_FLAG_THREADS, &threads),
+                                   IE_CLI_PICK(IE_FLAG_BATCH, &batch),
+                                   IE_CLI_PICK(IE_FLAG_CTX, &ctx),
+                                   IE_CLI_PICK(IE_FLAG_PRECISION, &prec),
+                                   IE_CLI_PICK(IE_FLAG_NO_PIN, &pin),
+                                   IE_CLI_PICK(IE_FLAG_PLAN, &plan),
+                                   IE_CLI_PICK(IE_FLAG_KV_BLOCK, &kv_block),
+                                   IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks),
+                                   IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache),
+                                   IE_CLI_PICK(IE_FLAG_CACHE_TYPE_K, &kv_k),
+                                   IE_CLI_PICK(IE_FLAG_CACHE_TYPE_V, &kv_v),
+                                   IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot),
+                                   IE_CLI_PICK(IE_FLAG_KV_MEM_MB, &kv_mem_mb),
+                                   IE_CLI_PICK(IE_FLAG_KV_SWA_FULL, &swa_full),
 
-        IE_CLI_PICK(IE_FLAG_LORA, &loras),          IE_CLI_PICK(IE_FLAG_ADAPTER, &adapter)};
+                                   IE_CLI_PICK(IE_FLAG_LORA, &loras),
+                                   IE_CLI_PICK(IE_FLAG_ADAPTER, &adapter)};
     ie_cli_parser_t fl;
     ie_cli_parser_init(&fl, argc, argv, picks, IE_CLI_NPICKS(picks), lo);
     while ((c = ie_cli_next(&fl)) != -1) {
@@ -696,6 +706,7 @@ int ie_cli_run(int argc, char **argv)
     eo.kv_type_v = kv_v;
     eo.kv_rotate = kv_rot;
     eo.prefix_cache = prefix_cache;
+    eo.kv_swa_full = swa_full;
     if (ie_cli_plan(plan, &eo) != 0) {
         snprintf(msg, sizeof msg, "bad plan '%s' (none, pipeline:N or tensor:N)", plan ? plan : getenv("IE_PLAN"));
         rc = ie_cli_fail(IE_EXIT_USAGE, "%s", msg);

@@ -51,6 +51,8 @@ static void usage(FILE *f)
           "  --kv-mem-mb N         without --kv-blocks: the pool is the blocks N MiB hold in the cache types\n"
           "                        (a plan: N MiB a worker)\n"
           "  --no-prefix-cache     do not reuse the KV blocks of equal prompt prefixes\n"
+          "  --kv-swa-full         sliding-window layers keep the whole context (default: a ring of their\n"
+          "                        window; the prefix cache then skips such models)\n"
           "  --lora NAME=PATH      load a LoRA adapter (pinned), repeatable; a request's \"model\": NAME runs it\n"
           "  --lora-budget-mb N    LoRA weights held at most; least recently used unpinned ones are evicted\n"
           "  --queue N             waiting requests at most; more are answered 429 (64)\n"
@@ -90,7 +92,7 @@ int ie_cli_serve(int argc, char **argv)
     long port = 8080, threads = sysconf(_SC_NPROCESSORS_ONLN), batch = 8, max_batch = 256, ctx = 0, queue = 64,
          timeout_ms = 0, max_body = 1 << 20, kv_block = 0, kv_blocks = 0, max_msg = 1 << 20, drain_ms = 30000,
          prefill_chunk = 0, read_ms = 0, conns = 0, conns_addr = 0, step_lat = -1, kv_mem_mb = 0;
-    int pin = 1, verbose = 0, prefix_cache = 1, rc = IE_EXIT_OK, c;
+    int pin = 1, verbose = 0, prefix_cache = 1, swa_full = 0, rc = IE_EXIT_OK, c;
     ie_precision_t prec = IE_PREC_NATIVE;
     ie_kv_type_t kv_k = IE_KV_F32, kv_v = IE_KV_F32;
     ie_kv_rotate_t kv_rot = IE_KV_ROTATE_AUTO;
@@ -126,6 +128,7 @@ int ie_cli_serve(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_KV_BLOCKS, &kv_blocks),
                                    IE_CLI_PICK(IE_FLAG_KV_MEM_MB, &kv_mem_mb),
                                    IE_CLI_PICK(IE_FLAG_NO_PREFIX, &prefix_cache),
+                                   IE_CLI_PICK(IE_FLAG_KV_SWA_FULL, &swa_full),
                                    IE_CLI_PICK(IE_FLAG_MAX_BODY, &max_body),
                                    IE_CLI_PICK(IE_FLAG_MAX_MSG, &max_msg),
                                    IE_CLI_PICK(IE_FLAG_DRAIN_MS, &drain_ms),
@@ -207,6 +210,7 @@ int ie_cli_serve(int argc, char **argv)
     eo.kv_type_v = kv_v;
     eo.kv_rotate = kv_rot;
     eo.prefix_cache = prefix_cache;
+    eo.kv_swa_full = swa_full;
     if (ie_cli_lora_budget(lora_budget, &eo.lora_budget_bytes) != 0) {
         rc = ie_cli_fail(IE_EXIT_USAGE, "bad value '%s' for --lora-budget-mb (MB, a decimal >= 0)", lora_budget);
         goto cleanup;

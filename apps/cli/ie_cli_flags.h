@@ -67,6 +67,7 @@ typedef enum ie_flag_id {
     IE_FLAG_EMBD_NORM,      /* --embd-normalize 2|-1 (checked by
                                the binary)                        long         */
     IE_FLAG_LORA_BUDGET,    /* --lora-budget-mb MB (decimal; 0: no limit) const char * */
+    IE_FLAG_KV_SWA_FULL,    /* --kv-swa-full: sets 1              int          */
     IE_FLAG_END
 } ie_flag_id_t;
 

@@ -101,6 +101,8 @@ typedef struct ie_msg_assign {
     int32_t kv_type_k;    /* ie_kv_type_t of the K cache (absent: 0, f32)   */
     int32_t kv_type_v;    /* and of V                                       */
     int32_t kv_rotate;    /* ie_kv_rotate_t (absent: 0, auto)               */
+    int32_t kv_swa_full;  /* 1: sliding layers keep the whole context, no
+                             ring (ie_worker_opts_t; absent: 0)             */
     int32_t precision;    /* ie_precision_t                                 */
     int32_t heartbeat_ms; /* how often to send heartbeats                   */
     int32_t dead_ms;      /* silence after which a peer counts as dead      */

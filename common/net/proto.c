@@ -358,6 +358,7 @@ static const field_t k_assign[] = {
     FI(ie_msg_assign_t, kv_type_k, OPT, 0, 6),
     FI(ie_msg_assign_t, kv_type_v, OPT, 0, 6),
     FI(ie_msg_assign_t, kv_rotate, OPT, 0, 2),
+    FI(ie_msg_assign_t, kv_swa_full, OPT, 0, 1),
     FI(ie_msg_assign_t, precision, REQ, 0, INT32_MAX),
     FI(ie_msg_assign_t, heartbeat_ms, REQ, 1, INT32_MAX),
     FI(ie_msg_assign_t, dead_ms, REQ, 1, INT32_MAX),

@@ -47,6 +47,7 @@ typedef struct ie_cluster_opts {
                                           (ie_worker_kv_budget_blocks)           */
     ie_kv_type_t kv_type_k, kv_type_v; /* cache types (ie_worker_opts_t) */
     ie_kv_rotate_t kv_rotate;
+    int kv_swa_full; /* ie_worker_opts_t.kv_swa_full                      */
     ie_precision_t precision;
     int heartbeat_ms;      /* default 250                             */
     int dead_ms;           /* default 2000                            */

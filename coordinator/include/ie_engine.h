@@ -94,6 +94,10 @@ typedef struct ie_engine_opts {
     /* how the cache stores K and V, and the Hadamard rotation
      * (ie_worker_opts_t; zero: f32, rotation AUTO) */
     ie_kv_type_t kv_type_k, kv_type_v;
+    /* 1: sliding-window layers keep the whole context in the pool (and
+     * the prefix cache works for them), not a ring of their window
+     * (ie_worker_opts_t.kv_swa_full; docs/KVCACHE.md) */
+    int kv_swa_full;
     ie_kv_rotate_t kv_rotate;
     int prefix_cache;           /* reuse cached KV blocks of equal prompt
                                  prefixes across requests (default 1)   */

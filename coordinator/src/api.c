@@ -163,6 +163,7 @@ static ie_status_t engine_opts(const ie_params_t *p, ie_engine_opts_t *o)
         else if (!strcmp(k, "cache_type_v")) bad = ie_kv_type_parse(v, &o->kv_type_v) != IE_OK;
         else if (!strcmp(k, "kv_rotate")) bad = ie_kv_rotate_parse(v, &o->kv_rotate) != IE_OK;
         else if (!strcmp(k, "prefix_cache")) bad = parse_long(v, 0, 1, &n), o->prefix_cache = (int)n;
+        else if (!strcmp(k, "kv_swa_full")) bad = parse_long(v, 0, 1, &n), o->kv_swa_full = (int)n;
         else if (!strcmp(k, "precision")) bad = ie_precision_parse(v, &o->precision) != IE_OK;
         else if (!strcmp(k, "plan")) bad = ie_engine_opts_plan(o, v) != IE_OK;
         else if (!strcmp(k, "tokenizer")) o->tokenizer_path = v;

@@ -200,6 +200,7 @@ static void send_assign(ie_cluster_t *c, int r)
     a->kv_type_k = (int32_t)c->o.kv_type_k;
     a->kv_type_v = (int32_t)c->o.kv_type_v;
     a->kv_rotate = (int32_t)c->o.kv_rotate;
+    a->kv_swa_full = c->o.kv_swa_full;
     a->precision = c->o.precision;
     a->heartbeat_ms = c->o.heartbeat_ms;
     a->dead_ms = c->o.dead_ms;
@@ -617,6 +618,7 @@ ie_status_t ie_cluster_new(const ie_cluster_opts_t *o, const ie_model_src_t *src
         wo.kv_block = o->kv_block;
         wo.kv_type_k = o->kv_type_k;
         wo.kv_type_v = o->kv_type_v;
+        wo.kv_swa_full = o->kv_swa_full;
         int fewest = INT_MAX;
         for (int r = 0; r < o->n_ranks; r++) {
             ie_kv_layout_t ly;

@@ -135,6 +135,7 @@ static ie_status_t start_cluster(ie_engine_t *e, const ie_worker_opts_t *wo)
                             .kv_type_k = wo->kv_type_k,
                             .kv_type_v = wo->kv_type_v,
                             .kv_rotate = wo->kv_rotate,
+                            .kv_swa_full = wo->kv_swa_full,
                             .heartbeat_ms = o->heartbeat_ms,
                             .dead_ms = o->dead_ms,
                             .step_timeout_ms = o->step_timeout_ms,
@@ -235,6 +236,7 @@ ie_status_t ie_engine_open(const ie_engine_opts_t *o, ie_engine_t **out)
     wo.kv_type_k = o->kv_type_k;
     wo.kv_type_v = o->kv_type_v;
     wo.kv_rotate = o->kv_rotate;
+    wo.kv_swa_full = o->kv_swa_full;
     wo.n_ctx = o->n_ctx ? o->n_ctx : (hp->n_ctx_train > 0 && hp->n_ctx_train < 4096 ? hp->n_ctx_train : 4096);
     /* the whole model's cache, for the bytes a token reports */
     if ((st = ie_worker_kv_layout(hp, NULL, &wo, &e->kv_layout)) != IE_OK) goto cleanup;

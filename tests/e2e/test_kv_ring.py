@@ -64,7 +64,7 @@ def test_gptoss_ring_past_window(tiny_gptoss, prompts_file, types, layer):
 def test_gptoss_ring_takes_no_prefix_hits(tiny_gptoss, tmp_path):
     """A slot holds only its own last positions of the sliding layers: a
     prompt repeated one stream after the other is computed again (no
-    prefix-cache hit), where SmolLM2 (no sliding layers) hits."""
+    prefix-cache hit); with --kv-swa-full it hits."""
     long = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen " * 3
     p = tmp_path / "same.txt"
     p.write_text(long + "\n" + long + "\n")
@@ -72,6 +72,17 @@ def test_gptoss_ring_takes_no_prefix_hits(tiny_gptoss, tmp_path):
                     "--threads", THREADS, "--no-pin"], timeout=120)
     assert out["kv_ring_positions"] > 0 and out["kv_hits"] == 0, out
     assert out["ids"][0] == out["ids"][1]
+    # --kv-swa-full: the sliding layers in the pool, the prefix hit back;
+    # the same ids, and a pool cost per token of all 3 layers
+    full = run_json(["--model", tiny_gptoss, "--prompts-file", p, "--batch", 1, "--max-new", 4, "--greedy",
+                     "--threads", THREADS, "--no-pin", "--kv-swa-full"], timeout=120)
+    assert full["kv_ring_positions"] == 0 and full["kv_ring_bytes"] == 0 and full["kv_hits"] > 0, full
+    assert full["kv_bytes_per_token"] == 3 * LAYER_F32
+    assert full["ids"] == out["ids"]
+    # and through a plan (the flag travels in the workers' assignment)
+    plan = run_json(["--model", tiny_gptoss, "--prompts-file", p, "--batch", 1, "--max-new", 4, "--greedy",
+                     "--threads", THREADS, "--no-pin", "--kv-swa-full", "--plan", "pipeline:2"], timeout=120)
+    assert plan["kv_hits"] > 0 and plan["ids"] == out["ids"], plan
 
 
 def test_gptoss_mem_budget_pays_rings_first(tiny_gptoss, prompts_file):

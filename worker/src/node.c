@@ -428,7 +428,7 @@ static int same_shard(const ie_msg_assign_t *a, const ie_msg_assign_t *b)
     return a->plan == b->plan && a->rank == b->rank && a->n_ranks == b->n_ranks && a->n_ctx == b->n_ctx &&
            a->n_seq == b->n_seq && a->max_batch == b->max_batch && a->precision == b->precision &&
            a->kv_block == b->kv_block && a->kv_blocks == b->kv_blocks && a->kv_type_k == b->kv_type_k &&
-           a->kv_type_v == b->kv_type_v && a->kv_rotate == b->kv_rotate;
+           a->kv_type_v == b->kv_type_v && a->kv_rotate == b->kv_rotate && a->kv_swa_full == b->kv_swa_full;
 }
 
 /* CPUs for this rank's pool: AFFINITY=<list> as given; "auto": when
@@ -735,6 +735,7 @@ static void handle_assign(node_t *nd, const ie_msg_assign_t *a)
         wo.kv_type_k = (ie_kv_type_t)a->kv_type_k;
         wo.kv_type_v = (ie_kv_type_t)a->kv_type_v;
         wo.kv_rotate = (ie_kv_rotate_t)a->kv_rotate;
+        wo.kv_swa_full = a->kv_swa_full;
         wo.precision = (ie_precision_t)a->precision;
         wo.shard = (ie_shard_t){(ie_shard_kind_t)a->plan, a->rank, a->n_ranks};
         wo.reduce = node_reduce_fwd;
