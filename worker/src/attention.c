@@ -652,8 +652,9 @@ void worker_kv_commit(ie_worker_t *w, const ie_batch_t *b)
 /* Forget slot seq's ring rows of positions n_pos and later. */
 static void ring_truncate(ie_worker_t *w, int seq, int n_pos)
 {
+    if (!w->kv_ring_nrb) return;
     int32_t *rp = w->kv_ring_pos + (size_t)seq * w->kv_ring_len;
-    for (int r = 0; w->kv_ring_nrb && r < w->kv_ring_len; r++)
+    for (int r = 0; r < w->kv_ring_len; r++)
         if (rp[r] >= n_pos) rp[r] = -1;
 }
 
