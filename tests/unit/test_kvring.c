@@ -9,9 +9,13 @@
  *  - two slots in one batch give each slot's own run;
  *  - memory: the ring is the window and W - 1 more positions, whole blocks,
  *    per slot, the pool holds only the full layers, and a byte budget pays
- *    for the rings before the pool's blocks. */
-#include "ie_worker.h"
+ *    for the rings before the pool's blocks;
+ *  - the engine's /metrics gauges and figures say the same. */
+#include "ie_buf.h"
+#include "ie_engine.h"
+#include "ie_metrics.h"
 #include "ie_model_src.h"
+#include "ie_worker.h"
 
 #include <CUnit/Basic.h>
 #include <math.h>
@@ -210,6 +214,39 @@ static void test_ring_memory(void)
     ie_worker_destroy(&w);
 }
 
+/* The engine reports the pool's bytes a token (the full layer only) and
+ * the rings' bytes, in its accessors and its /metrics gauges. */
+static void test_engine_metrics(void)
+{
+    ie_metrics_t *m = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_metrics_new(&m), IE_OK);
+    ie_engine_opts_t o;
+    ie_engine_opts_default(&o);
+    o.model_path = GPTOSS;
+    o.no_tokenizer = 1;
+    o.pin_threads = 0;
+    o.n_seq = 2;
+    o.n_ctx = N_CTX;
+    o.metrics = m;
+    ie_engine_t *e = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_engine_open(&o, &e), IE_OK);
+    const size_t layer = 2 * 16 * 4 * 2; /* 2 KV heads of 16, f32 K and V */
+    CU_ASSERT_EQUAL(ie_engine_kv_bytes_per_token(e), layer);
+    CU_ASSERT_EQUAL(ie_engine_kv_ring_positions(e), 16);
+    CU_ASSERT_EQUAL(ie_engine_kv_ring_bytes(e), (uint64_t)2 * 16 * 2 * layer);
+    ie_buf_t b = {0};
+    CU_ASSERT_EQUAL_FATAL(ie_metrics_render(m, &b), IE_OK);
+    char want[128];
+    snprintf(want, sizeof want, "\nie_kv_cache_bytes_per_token %zu\n", layer);
+    CU_ASSERT_PTR_NOT_NULL(strstr(b.data, want));
+    snprintf(want, sizeof want, "\nie_kv_cache_ring_bytes %zu\n", (size_t)2 * 16 * 2 * layer);
+    CU_ASSERT_PTR_NOT_NULL(strstr(b.data, want));
+    if (!strstr(b.data, want)) fprintf(stderr, "\n%s", b.data);
+    ie_buf_free(&b);
+    ie_engine_destroy(&e);
+    ie_metrics_destroy(&m);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -217,6 +254,7 @@ int main(void)
     CU_add_test(s, "ring == whole context in the pool, far past the window", test_ring_equals_pool);
     CU_add_test(s, "two slots in one batch", test_ring_two_slots);
     CU_add_test(s, "ring, pool and budget sizes", test_ring_memory);
+    CU_add_test(s, "engine figures and /metrics", test_engine_metrics);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
