@@ -1,8 +1,9 @@
 /* test_lora.c — LoRA adapters (issue 20):
- *   - the lora_f32 / lora_bf16 kernels: every ISA's twin against
- *     ie_lora_f32_ref (on the bf16 weights widened) on odd
- *     ranks (1..64), group sizes, shapes and strides, rows picked out of
- *     order, and against a double-precision sum;
+ *   - the lora_shrink / lora_expand kernels: every ISA's twins, f32 and
+ *     bf16, against the ref pair (on the bf16 weights widened) on odd
+ *     ranks (1..64), group sizes (1..9), shapes and strides, rows picked
+ *     out of order, the work split in pieces as threads split it, and the
+ *     ref against a double-precision sum;
  *   - the loader (ie_lora_load_peft_memory, ie_lora_load): good adapters,
  *     and each refusal (DoRA, modules_to_save, unknown module, embedding
  *     adapter, rank or shape that does not fit, missing B, layer past the
@@ -33,6 +34,17 @@ static float frand(uint64_t *s)
     return (float)((int64_t)(*s >> 40) - (1 << 23)) / (float)(1 << 23);
 }
 
+/* A's rows [j0, j1) then B's columns [o0, o1), each in `parts` pieces (as
+ * a pool's threads split them); u is n_rows x ldu. */
+static void run_split(const ie_kernels_t *k, const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *u,
+                      int64_t ldu, int parts)
+{
+    for (int s = 0; s < parts; s++)
+        k->lora_shrink(p, rows, n_rows, p->rank * s / parts, p->rank * (s + 1) / parts, u, ldu);
+    for (int s = 0; s < parts; s++)
+        k->lora_expand(p, rows, n_rows, p->n_out * s / parts, p->n_out * (s + 1) / parts, u, ldu);
+}
+
 static void test_kernels(void)
 {
     static const int ranks[] = {1, 2, 3, 5, 8, 13, 16, 31, 64};
@@ -43,27 +55,28 @@ static void test_kernels(void)
     for (int isa = 0; isa <= IE_ISA_AVX512; isa++) {
         const ie_kernels_t *k = ie_kernels_get((ie_isa_t)isa);
         if (!k) continue;
-        CU_ASSERT_PTR_NOT_NULL_FATAL(k->lora_f32);
-        CU_ASSERT_PTR_NOT_NULL_FATAL(k->lora_bf16);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(k->lora_shrink);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(k->lora_expand);
         for (size_t ri = 0; ri < sizeof ranks / sizeof *ranks; ri++)
             for (size_t ii = 0; ii < sizeof ins / sizeof *ins; ii++)
                 for (size_t oi = 0; oi < sizeof outs / sizeof *outs; oi++) {
                     const int r = ranks[ri];
                     const int64_t n_in = ins[ii], n_out = outs[oi], lda = n_in + 3, ldb = n_out + 5;
-                    const int64_t ldx = n_in + 2, ldy = n_out + 1;
+                    const int64_t ldx = n_in + 2, ldy = n_out + 1, ldu = r + 2;
                     float *a = malloc(sizeof(float) * (size_t)(r * lda));
                     float *bt = malloc(sizeof(float) * (size_t)(r * ldb));
                     float *x = malloc(sizeof(float) * (size_t)(max_rows * ldx));
                     float *y0 = malloc(sizeof(float) * (size_t)(max_rows * ldy));
                     float *y1 = malloc(sizeof(float) * (size_t)(max_rows * ldy));
-                    float *tmp = malloc(sizeof(float) * (size_t)(max_rows * r));
+                    float *u = malloc(sizeof(float) * (size_t)(max_rows * ldu));
                     for (int64_t i = 0; i < r * lda; i++) a[i] = frand(&seed);
                     for (int64_t i = 0; i < r * ldb; i++) bt[i] = frand(&seed);
                     for (int64_t i = 0; i < max_rows * ldx; i++) x[i] = frand(&seed);
                     for (int64_t i = 0; i < max_rows * ldy; i++) y0[i] = y1[i] = frand(&seed);
-                    /* a group of odd size, out of order, skipping rows */
-                    const int32_t rows[] = {7, 2, 9, 0, 4};
-                    const int n_rows = 1 + (int)((ri + ii + oi) % 5);
+                    /* a group of odd size (1..9: whole and partial register
+                     * blocks of tokens), out of order, skipping rows */
+                    const int32_t rows[] = {7, 2, 9, 0, 4, 10, 3, 5, 8};
+                    const int n_rows = 1 + (int)((ri + ii + oi) % 9);
                     /* bf16 weights: the f32 ones rounded, and their bits */
                     uint16_t *a16 = malloc(sizeof(uint16_t) * (size_t)(r * lda));
                     uint16_t *b16 = malloc(sizeof(uint16_t) * (size_t)(r * ldb));
@@ -74,10 +87,12 @@ static void test_kernels(void)
                         for (int64_t i = 0; i < r * ldb; i++)
                             b16[i] = ie_f32_to_bf16(bt[i]), bt[i] = ie_bf16_to_f32(b16[i]);
                     }
-                    ie_lora_args_t p = {a, bt, a16, b16, lda, ldb, r, n_in, n_out, 0.75f, x, ldx, y0, ldy};
-                    ie_lora_f32_ref(&p, rows, n_rows, tmp); /* the oracle: f32 on the widened weights */
+                    /* the oracle: f32 on the widened weights, in one piece */
+                    ie_lora_args_t p = {a, bt, NULL, NULL, lda, ldb, r, n_in, n_out, 0.75f, x, ldx, y0, ldy};
+                    run_split(ie_kernels_get(IE_ISA_REF), &p, rows, n_rows, u, ldu, 1);
                     p.y = y1;
-                    (bf ? k->lora_bf16 : k->lora_f32)(&p, rows, n_rows, tmp);
+                    if (bf) p.a16 = a16, p.bt16 = b16, p.a = p.bt = NULL;
+                    run_split(k, &p, rows, n_rows, u, ldu, 1 + (int)(ii % 3));
                     int bad = 0;
                     for (int t = 0; t < max_rows; t++)
                         for (int64_t o = 0; o < ldy; o++) {
@@ -90,30 +105,37 @@ static void test_kernels(void)
                                 (long long)n_in, (long long)n_out, n_rows, bad);
                     /* untouched rows stay as they were (row 1 is never in the group) */
                     CU_ASSERT(y1[1 * ldy] == y0[1 * ldy]);
-                    free(a), free(bt), free(x), free(y0), free(y1), free(tmp), free(a16), free(b16);
+                    /* an expand over [o0, o1) writes nothing outside it */
+                    if (n_out > 2) {
+                        const float keep0 = y1[rows[0] * ldy], keep1 = y1[rows[0] * ldy + n_out - 1];
+                        k->lora_expand(&p, rows, n_rows, 1, n_out - 1, u, ldu);
+                        CU_ASSERT(y1[rows[0] * ldy] == keep0 && y1[rows[0] * ldy + n_out - 1] == keep1);
+                    }
+                    free(a), free(bt), free(x), free(y0), free(y1), free(u), free(a16), free(b16);
                 }
     }
 }
 
-/* The ref kernel against a double-precision sum. */
+/* The ref kernels against a double-precision sum. */
 static void test_kernel_exact(void)
 {
     const int r = 5;
     const int64_t n_in = 13, n_out = 11;
     uint64_t seed = 99;
-    float a[5 * 13], bt[5 * 11], x[2 * 13], y[2 * 11] = {0}, tmp[2 * 5];
+    float a[5 * 13], bt[5 * 11], x[2 * 13], y[2 * 11] = {0}, u[2 * 5];
     for (size_t i = 0; i < sizeof a / sizeof *a; i++) a[i] = frand(&seed);
     for (size_t i = 0; i < sizeof bt / sizeof *bt; i++) bt[i] = frand(&seed);
     for (size_t i = 0; i < sizeof x / sizeof *x; i++) x[i] = frand(&seed);
     const int32_t rows[] = {1};
     ie_lora_args_t p = {a, bt, NULL, NULL, n_in, n_out, r, n_in, n_out, 2.0f, x, n_in, y, n_out};
-    ie_lora_f32_ref(&p, rows, 1, tmp);
+    ie_lora_shrink_ref(&p, rows, 1, 0, r, u, r);
+    ie_lora_expand_ref(&p, rows, 1, 0, n_out, u, r);
     for (int64_t o = 0; o < n_out; o++) {
         double s = 0;
         for (int j = 0; j < r; j++) {
-            double u = 0;
-            for (int64_t q = 0; q < n_in; q++) u += (double)a[j * n_in + q] * x[n_in + q];
-            s += 2.0 * u * bt[j * n_out + o];
+            double uj = 0;
+            for (int64_t q = 0; q < n_in; q++) uj += (double)a[j * n_in + q] * x[n_in + q];
+            s += 2.0 * uj * bt[j * n_out + o];
         }
         CU_ASSERT(fabs(y[n_out + o] - s) < 1e-5 * (1 + fabs(s)));
         CU_ASSERT(y[o] == 0.0f); /* row 0 not in the group */
@@ -496,7 +518,7 @@ int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
     CU_pSuite s = CU_add_suite("lora", suite_init, suite_clean);
-    CU_add_test(s, "lora_f32 kernels == ref on odd ranks and groups", test_kernels);
+    CU_add_test(s, "lora_shrink/expand kernels == ref on odd ranks, groups, splits", test_kernels);
     CU_add_test(s, "ref kernel == double sum", test_kernel_exact);
     CU_add_test(s, "loader: PEFT images and refusals", test_loader_memory);
     CU_add_test(s, "loader: fixture files", test_loader_files);
