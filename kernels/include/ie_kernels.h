@@ -99,8 +99,8 @@ typedef void (*ie_matmul_fn)(const void *w, int64_t n_in, int64_t r0, int64_t r1
  * strides let a tensor-parallel rank run its slice of A's columns or of
  * B's rows in place. */
 typedef struct ie_lora_args {
-    const float *a, *bt;        /* lora_f32's weights                 */
-    const uint16_t *a16, *bt16; /* lora_bf16's: the same, bf16 bits   */
+    const float *a, *bt;        /* f32 weights                        */
+    const uint16_t *a16, *bt16; /* or the same as bf16 bits           */
     int64_t lda, ldb;
     int rank;
     int64_t n_in, n_out;
@@ -109,6 +109,12 @@ typedef struct ie_lora_args {
     int64_t ldx;
     float *y;
     int64_t ldy;
+    /* or int8: A[j][k] = a8[j * lda + k] * sa[k], B^T[j][o] = bt8[j * ldb
+     * + o] * sbt[o] (one scale per column, over the rank: a column slice
+     * keeps its scales, so a tensor-parallel rank's share quantizes as
+     * the whole matrix does) */
+    const int8_t *a8, *bt8;
+    const float *sa, *sbt;
 } ie_lora_args_t;
 
 typedef struct ie_kernels {
@@ -230,8 +236,8 @@ typedef struct ie_kernels {
      * group: lora_shrink sets u[t * ldu + j] = scale * dot(A_j, x_r) for
      * j0 <= j < j1; lora_expand then adds y_r[o] += sum_j u[t * ldu + j] *
      * B^T[j][o] for o0 <= o < o1 (j over the whole rank). The weights are
-     * bf16 when p->a16 is set (widened exactly as they are read), else
-     * f32. ie_lora_shrink_ref / ie_lora_expand_ref are the oracles; the
+     * int8 with column scales when p->a8 is set, else bf16 when p->a16 is
+     * set (widened exactly as they are read), else f32. ie_lora_shrink_ref / ie_lora_expand_ref are the oracles; the
      * SIMD twins sum in another order (agree within float rounding). Any
      * rank >= 1, n_in, n_out >= 1, 0 <= j0 <= j1 <= rank, 0 <= o0 <= o1
      * <= n_out. */

@@ -98,12 +98,16 @@ ie_status_t ie_lora_slice(const ie_lora_t *a, const ie_hparams_t *hp, const ie_s
             share_of(hp, sh, (ie_lora_mod_t)m, s->n_out, s->n_in, &ob, &on, &ib, &in);
             if (on <= 0 || in <= 0) continue; /* nothing of it here */
             *d = (ie_lora_mat_t){.rank = s->rank, .n_in = in, .n_out = on, .scale = s->scale};
-            const size_t es = s->a16 ? 2 : 4;
-            void *na = cut(s->a16 ? (const void *)s->a16 : (const void *)s->a, s->rank, s->n_in, ib, in, es);
-            void *nb = cut(s->a16 ? (const void *)s->bt16 : (const void *)s->bt, s->rank, s->n_out, ob, on, es);
-            if (s->a16) d->a16 = na, d->bt16 = nb;
+            const size_t es = s->a8 ? 1 : s->a16 ? 2 : 4;
+            const void *sa = s->a8 ? (const void *)s->a8 : s->a16 ? (const void *)s->a16 : (const void *)s->a;
+            const void *sb = s->a8 ? (const void *)s->bt8 : s->a16 ? (const void *)s->bt16 : (const void *)s->bt;
+            void *na = cut(sa, s->rank, s->n_in, ib, in, es), *nb = cut(sb, s->rank, s->n_out, ob, on, es);
+            if (s->a8) d->a8 = na, d->bt8 = nb;
+            else if (s->a16) d->a16 = na, d->bt16 = nb;
             else d->a = na, d->bt = nb;
-            if (!na || !nb) {
+            if (s->a8) /* column scales: the share's columns */
+                d->sa8 = cut(s->sa8, 1, s->n_in, ib, in, 4), d->sbt8 = cut(s->sbt8, 1, s->n_out, ob, on, 4);
+            if (!na || !nb || (s->a8 && (!d->sa8 || !d->sbt8))) {
                 st = ie_error_set(IE_ERR_NOMEM, "out of memory");
                 goto cleanup;
             }
@@ -117,6 +121,23 @@ cleanup:
     if (st != IE_OK) ie_lora_destroy(&o);
     *out = o;
     return st;
+}
+
+/* Whether adapters run here in int8 (ie_lora_quantize_int8). env
+ * IE_LORA_DTYPE=int8 or =wide (the file's f32/bf16) decides; by default
+ * int8 when the base's projections are quantized: that path rounds weights
+ * and activations already, far more than an adapter's int8 columns, and
+ * the decode step then streams half the adapter bytes; an f32/bf16/f16
+ * base keeps the file's weights, so the exact paths stay exact. Every
+ * process decides alike from the same weights (a cluster's ranks agree). */
+static int lora_int8(const ie_worker_t *w)
+{
+    const char *e = getenv("IE_LORA_DTYPE");
+    if (e && !strcmp(e, "int8")) return 1;
+    if (e && !strcmp(e, "wide")) return 0;
+    if (w->sh.layer_begin >= w->sh.layer_end) return 0;
+    const ie_dtype_t t = w->layers[w->sh.layer_begin].q.dtype;
+    return t != IE_DTYPE_F32 && t != IE_DTYPE_F16 && t != IE_DTYPE_BF16;
 }
 
 /* Contract (ie_worker.h). */
@@ -169,6 +190,13 @@ ie_status_t ie_worker_lora_add(ie_worker_t *w, const ie_lora_t *a, float scale, 
         const char *e = getenv("IE_LORA_POOL_MIN");
         w->lora_pool_min = e && *e ? atof(e) : 2e5;
     }
+    w->lora[id].own = NULL;
+    int wide = 0; /* some matrix in f32/bf16 */
+    for (int k = 0; k < a->n_layer * IE_LORA_NMOD; k++) wide |= a->mats[k].rank && !a->mats[k].a8;
+    if (wide && lora_int8(w)) {
+        if ((st = ie_lora_quantize_int8(a, &w->lora[id].own)) != IE_OK) goto cleanup;
+        a = w->lora[id].own;
+    }
     w->lora[id].ad = a;
     w->lora[id].scale = scale;
     *id_out = id;
@@ -183,6 +211,7 @@ ie_status_t ie_worker_lora_remove(ie_worker_t *w, int id)
     if (!w || id < 0 || id >= IE_WORKER_MAX_LORA || !w->lora[id].ad)
         return ie_error_set(IE_ERR_RANGE, "worker: no adapter %d attached", id);
     w->lora[id].ad = NULL;
+    ie_lora_destroy(&w->lora[id].own);
     return IE_OK;
 }
 
@@ -235,6 +264,10 @@ static int lora_args(const ie_worker_t *w, int l, ie_lora_mod_t m, int g, float 
                           .bt = mt->bt,
                           .a16 = mt->a16,
                           .bt16 = mt->bt16,
+                          .a8 = mt->a8,
+                          .bt8 = mt->bt8,
+                          .sa = mt->sa8,
+                          .sbt = mt->sbt8,
                           .lda = mt->n_in,
                           .ldb = mt->n_out,
                           .rank = mt->rank,
@@ -250,7 +283,8 @@ static int lora_args(const ie_worker_t *w, int l, ie_lora_mod_t m, int g, float 
     const int64_t b_off = mt->n_out == on ? 0 : ob, a_off = mt->n_in == in ? 0 : ib;
     p->n_out = on;
     p->n_in = in;
-    if (mt->a16) p->a16 += a_off, p->bt16 += b_off;
+    if (mt->a8) p->a8 += a_off, p->bt8 += b_off, p->sa += a_off, p->sbt += b_off;
+    else if (mt->a16) p->a16 += a_off, p->bt16 += b_off;
     else p->a += a_off, p->bt += b_off;
     p->ldx = p->n_in;
     p->ldy = p->n_out;
@@ -355,6 +389,7 @@ void worker_lora_end(ie_worker_t *w)
 /* Contract (worker_internal.h). */
 void worker_lora_free(ie_worker_t *w)
 {
+    for (int i = 0; i < IE_WORKER_MAX_LORA; i++) ie_lora_destroy(&w->lora[i].own);
     free(w->lora_rows);
     free(w->lora_tmp);
     w->lora_rows = NULL;

@@ -109,6 +109,8 @@ struct pf_state; /* prefetch.c */
 typedef struct wlora {
     const ie_lora_t *ad; /* NULL: free entry                         */
     float scale;         /* the caller's, times each matrix's own    */
+    ie_lora_t *own;      /* ad when the worker holds its own int8
+                            copy (freed with the entry), else NULL  */
 } wlora_t;
 typedef struct lora_group {
     int id;       /* adapter                                     */
