@@ -169,7 +169,7 @@ def part_mix(args) -> dict:
           f"ratio {ratio:.3f} (target >= 0.95); read bandwidth {min(bws, default=0):.1f}.."
           f"{max(bws, default=0):.1f} GB/s", flush=True)
     return {"part": "mix", "model": args.model, "threads": args.threads, "streams": 8, "adapters": MIX,
-            "dtype": args.dtype, "max_new": args.max_new, "runs": rows, "median_base_tps": float(np.median(a)),
+            "dtype": args.dtype, "run_dtype": args.run_dtype, "max_new": args.max_new, "runs": rows, "median_base_tps": float(np.median(a)),
             "median_mixed_tps": float(np.median(b)), "ratio": ratio}
 
 
@@ -272,6 +272,8 @@ def main() -> int:
     ap.add_argument("--max-new", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dtype", choices=["f32", "bf16"], default="bf16", help="adapter weights (bf16 needs torch)")
+    ap.add_argument("--run-dtype", choices=["auto", "int8", "wide"], default="auto",
+                    help="how the worker holds them (env IE_LORA_DTYPE; auto: int8 on a quantized base)")
     ap.add_argument("--zipf-adapters", type=int, default=64)
     ap.add_argument("--zipf-room", type=int, default=16)
     ap.add_argument("--zipf-rank", type=int, default=16)
@@ -280,6 +282,8 @@ def main() -> int:
     ap.add_argument("--zipf-s", type=float, default=1.1)
     ap.add_argument("--seed", type=int, default=5)
     args = ap.parse_args()
+    if args.run_dtype != "auto":
+        os.environ["IE_LORA_DTYPE"] = args.run_dtype  # the server inherits it
     out = []
     parts = args.parts.split(",")
     if "mix" in parts:

@@ -61,6 +61,10 @@ typedef struct ie_lora_mat {
                       A and B as BF16 is kept so (half the bytes
                       each decode step streams); else NULL   */
     uint16_t *bt16;
+    int8_t *a8;  /* or int8 (ie_lora_quantize_int8): A[j][k] =  */
+    int8_t *bt8; /* a8[j][k] * sa8[k], B^T[j][o] = bt8[j][o] *  */
+    float *sa8;  /* sbt8[o]: a scale per column (over the rank) */
+    float *sbt8; /* [n_in], [n_out]; else all four NULL         */
 } ie_lora_mat_t;
 
 typedef struct ie_lora {
@@ -115,6 +119,15 @@ ie_status_t ie_lora_concat(const ie_lora_t *const *parts, const float *scales, i
  * it with the coordinator's before loading. IE_ERR_IO when a file cannot
  * be read. */
 ie_status_t ie_lora_fingerprint(const char *path, uint64_t *out);
+
+/* A copy of `a` with every matrix in int8: each column of A and of B^T
+ * (over the rank) gets one f32 scale, absmax / 127, and codes rounded to
+ * nearest, so a column slice (a tensor-parallel rank's share) quantizes
+ * exactly as the whole matrix does and every rank agrees. Half the bytes
+ * of bf16 (a quarter of f32) for a decode step to stream; the error is
+ * that of int8 rounding of each column (~0.3% of its largest weight, rms).
+ * IE_ERR_INVAL for NULL, IE_ERR_NOMEM. Caller owns *out. */
+ie_status_t ie_lora_quantize_int8(const ie_lora_t *a, ie_lora_t **out);
 
 /* Free *self_p and set it NULL; accepts NULL. */
 void ie_lora_destroy(ie_lora_t **self_p);

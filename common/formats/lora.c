@@ -48,6 +48,10 @@ void ie_lora_destroy(ie_lora_t **self_p)
         free(a->mats[i].bt);
         free(a->mats[i].a16);
         free(a->mats[i].bt16);
+        free(a->mats[i].a8);
+        free(a->mats[i].bt8);
+        free(a->mats[i].sa8);
+        free(a->mats[i].sbt8);
     }
     free(a->mats);
     free(a);
@@ -569,6 +573,67 @@ ie_status_t ie_lora_fingerprint(const char *path, uint64_t *out)
     return st;
 }
 
+/* Weight (j, c) of m's A (bt 0) or B^T (bt 1), in f32, whatever it holds */
+static float mat_w(const ie_lora_mat_t *m, int bt, int j, int64_t c)
+{
+    const int64_t ld = bt ? m->n_out : m->n_in;
+    const size_t at = (size_t)j * (size_t)ld + (size_t)c;
+    if (bt ? m->bt8 != NULL : m->a8 != NULL) return (float)(bt ? m->bt8 : m->a8)[at] * (bt ? m->sbt8 : m->sa8)[c];
+    if (bt ? m->bt16 != NULL : m->a16 != NULL) return ie_bf16_to_f32((bt ? m->bt16 : m->a16)[at]);
+    return (bt ? m->bt : m->a)[at];
+}
+
+/* Contract (ie_lora.h). */
+ie_status_t ie_lora_quantize_int8(const ie_lora_t *a, ie_lora_t **out)
+{
+    ie_status_t st = IE_OK;
+    ie_lora_t *c = NULL;
+    if (!a || !out) return ie_error_set(IE_ERR_INVAL, "lora: quantize: NULL argument");
+    *out = NULL;
+    if (!(c = calloc(1, sizeof *c)) || !(c->mats = calloc((size_t)a->n_layer * IE_LORA_NMOD, sizeof *c->mats))) {
+        st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    c->n_layer = a->n_layer, c->max_rank = a->max_rank, c->mods = a->mods, c->n_mats = a->n_mats;
+    c->format = a->format, c->fingerprint = a->fingerprint;
+    for (size_t k = 0; k < (size_t)a->n_layer * IE_LORA_NMOD; k++) {
+        const ie_lora_mat_t *p = &a->mats[k];
+        ie_lora_mat_t *m = &c->mats[k];
+        if (!p->rank) continue;
+        *m = (ie_lora_mat_t){.rank = p->rank, .n_in = p->n_in, .n_out = p->n_out, .scale = p->scale};
+        for (int bt = 0; bt < 2; bt++) {
+            const int64_t n = bt ? p->n_out : p->n_in;
+            int8_t *q = malloc((size_t)p->rank * (size_t)n);
+            float *sc = malloc((size_t)n * sizeof *sc);
+            if (bt) m->bt8 = q, m->sbt8 = sc;
+            else m->a8 = q, m->sa8 = sc;
+            if (!q || !sc) {
+                st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+                goto cleanup;
+            }
+            for (int64_t col = 0; col < n; col++) {
+                float mx = 0.0f;
+                for (int j = 0; j < p->rank; j++) mx = fmaxf(mx, fabsf(mat_w(p, bt, j, col)));
+                const float s = mx / 127.0f, inv = s > 0.0f ? 1.0f / s : 0.0f;
+                sc[col] = s;
+                for (int j = 0; j < p->rank; j++) {
+                    const float v = nearbyintf(mat_w(p, bt, j, col) * inv);
+                    q[(size_t)j * (size_t)n + (size_t)col] = (int8_t)(v != v        ? 0
+                                                                      : v > 127.0f  ? 127
+                                                                      : v < -127.0f ? -127
+                                                                                    : v); /* NaN: 0 */
+                }
+            }
+        }
+        c->bytes += (uint64_t)p->rank * (uint64_t)(p->n_in + p->n_out) + (uint64_t)(p->n_in + p->n_out) * 4u;
+    }
+
+cleanup:
+    if (st != IE_OK) ie_lora_destroy(&c);
+    *out = c;
+    return st;
+}
+
 /* Contract (ie_lora.h). */
 ie_status_t ie_lora_concat(const ie_lora_t *const *parts, const float *scales, int n, ie_lora_t **out)
 {
@@ -624,14 +689,8 @@ ie_status_t ie_lora_concat(const ie_lora_t *const *parts, const float *scales, i
             const float s = scales[i] * p->scale;
             for (int j = 0; j < p->rank; j++, j0++) {
                 float *ar = m->a + (size_t)j0 * (size_t)m->n_in, *br = m->bt + (size_t)j0 * (size_t)m->n_out;
-                for (int64_t x = 0; x < m->n_in; x++) {
-                    const size_t at = (size_t)j * (size_t)m->n_in + (size_t)x;
-                    ar[x] = s * (p->a ? p->a[at] : ie_bf16_to_f32(p->a16[at]));
-                }
-                for (int64_t o = 0; o < m->n_out; o++) {
-                    const size_t at = (size_t)j * (size_t)m->n_out + (size_t)o;
-                    br[o] = p->bt ? p->bt[at] : ie_bf16_to_f32(p->bt16[at]);
-                }
+                for (int64_t x = 0; x < m->n_in; x++) ar[x] = s * mat_w(p, 0, j, x);
+                for (int64_t o = 0; o < m->n_out; o++) br[o] = mat_w(p, 1, j, o);
             }
         }
         c->mods |= 1u << (k % IE_LORA_NMOD);

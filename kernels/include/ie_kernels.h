@@ -99,8 +99,8 @@ typedef void (*ie_matmul_fn)(const void *w, int64_t n_in, int64_t r0, int64_t r1
  * strides let a tensor-parallel rank run its slice of A's columns or of
  * B's rows in place. */
 typedef struct ie_lora_args {
-    const float *a, *bt;        /* lora_f32's weights                 */
-    const uint16_t *a16, *bt16; /* lora_bf16's: the same, bf16 bits   */
+    const float *a, *bt;        /* f32 weights                        */
+    const uint16_t *a16, *bt16; /* or the same as bf16 bits           */
     int64_t lda, ldb;
     int rank;
     int64_t n_in, n_out;
@@ -109,6 +109,12 @@ typedef struct ie_lora_args {
     int64_t ldx;
     float *y;
     int64_t ldy;
+    /* or int8: A[j][k] = a8[j * lda + k] * sa[k], B^T[j][o] = bt8[j * ldb
+     * + o] * sbt[o] (one scale per column, over the rank: a column slice
+     * keeps its scales, so a tensor-parallel rank's share quantizes as
+     * the whole matrix does) */
+    const int8_t *a8, *bt8;
+    const float *sa, *sbt;
 } ie_lora_args_t;
 
 typedef struct ie_kernels {
@@ -224,16 +230,21 @@ typedef struct ie_kernels {
 
     /* ---- LoRA */
 
-    /* For the n_rows rows r = rows[t] (an adapter's group of tokens):
-     * y_r[o] += sum_j (scale * dot(A_j, x_r)) * B^T[j][o], o < n_out;
-     * tmp holds n_rows * rank floats (the scaled A x). ie_lora_f32_ref is
-     * the oracle; the SIMD twins sum in another order (agree within
-     * float rounding). Any rank >= 1, n_in, n_out >= 1. */
-    void (*lora_f32)(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp);
-    /* The same with A and B^T in bf16 (p->a16, p->bt16; widened exactly
-     * to f32 as they are read, so it equals lora_f32 on the widened
-     * weights within the same rounding). ie_lora_bf16_ref the oracle. */
-    void (*lora_bf16)(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp);
+    /* An adapter's low-rank path for the n_rows rows r = rows[t] (its
+     * group of tokens) in two passes, so that a pool can split each over
+     * the weights and every weight byte is read once a step for the whole
+     * group: lora_shrink sets u[t * ldu + j] = scale * dot(A_j, x_r) for
+     * j0 <= j < j1; lora_expand then adds y_r[o] += sum_j u[t * ldu + j] *
+     * B^T[j][o] for o0 <= o < o1 (j over the whole rank). The weights are
+     * int8 with column scales when p->a8 is set, else bf16 when p->a16 is
+     * set (widened exactly as they are read), else f32. ie_lora_shrink_ref / ie_lora_expand_ref are the oracles; the
+     * SIMD twins sum in another order (agree within float rounding). Any
+     * rank >= 1, n_in, n_out >= 1, 0 <= j0 <= j1 <= rank, 0 <= o0 <= o1
+     * <= n_out. */
+    void (*lora_shrink)(const ie_lora_args_t *p, const int32_t *rows, int n_rows, int j0, int j1, float *u,
+                        int64_t ldu);
+    void (*lora_expand)(const ie_lora_args_t *p, const int32_t *rows, int n_rows, int64_t o0, int64_t o1,
+                        const float *u, int64_t ldu);
     /* ie_stream_read at this ISA's load width (the same result). */
     uint64_t (*stream_read)(const void *p, size_t n);
 } ie_kernels_t;
@@ -285,8 +296,10 @@ int ie_quantize_row(ie_dtype_t t, const float *src, void *dst, int64_t n);
 
 /* out[i] = x[i] / sqrt(mean(x^2) + eps) * w[i]; out may alias x. */
 void ie_rmsnorm_f32(float *out, const float *x, const float *w, int64_t n, float eps);
-void ie_lora_f32_ref(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp);
-void ie_lora_bf16_ref(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp);
+void ie_lora_shrink_ref(const ie_lora_args_t *p, const int32_t *rows, int n_rows, int j0, int j1, float *u,
+                        int64_t ldu);
+void ie_lora_expand_ref(const ie_lora_args_t *p, const int32_t *rows, int n_rows, int64_t o0, int64_t o1,
+                        const float *u, int64_t ldu);
 
 /* In-place softmax over n values. */
 void ie_softmax_f32(float *x, int64_t n);

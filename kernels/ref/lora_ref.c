@@ -1,36 +1,52 @@
-/* lora_ref.c — the LoRA delta of a group of rows, plain C: the oracles of
- * the SIMD twins (lora_avx2.c, lora_avx512.c), for f32 and bf16 weights.
- * One body, the weight load the only difference (W, LD below). */
+/* lora_ref.c — the LoRA delta of a group of rows in its two passes, plain
+ * C: the oracles of the SIMD twins (lora_avx2.c, lora_avx512.c), for f32,
+ * bf16 and int8 (column-scaled) weights. The int8 forms fold the scales
+ * where the twins do: A's into the input (x[k] * sa[k]), B^T's applied once
+ * to each output column's sum. */
 #include "ie_dtype.h"
 #include "ie_kernels.h"
 
-#define LORA_REF_BODY(A, BT, LD)                                                                          \
-    for (int t = 0; t < n_rows; t++) {                                                                    \
-        const float *x = p->x + (size_t)rows[t] * (size_t)p->ldx;                                         \
-        float *y = p->y + (size_t)rows[t] * (size_t)p->ldy;                                               \
-        float *u = tmp + (size_t)t * (size_t)p->rank;                                                     \
-        /* u = scale * A x */                                                                             \
-        for (int j = 0; j < p->rank; j++) {                                                               \
-            float s = 0.0f;                                                                               \
-            for (int64_t k = 0; k < p->n_in; k++) s += LD(A, (size_t)j * (size_t)p->lda + k) * x[k];      \
-            u[j] = p->scale * s;                                                                          \
-        }                                                                                                 \
-        /* y += B u, B held transposed */                                                                 \
-        for (int j = 0; j < p->rank; j++)                                                                 \
-            for (int64_t o = 0; o < p->n_out; o++) y[o] += u[j] * LD(BT, (size_t)j * (size_t)p->ldb + o); \
-    }
-
-#define LD_F32(w, i) (w)[i]
-#define LD_BF16(w, i) ie_bf16_to_f32((w)[i])
-
-/* Contract (ie_kernels.h, ie_kernels_t.lora_f32). */
-void ie_lora_f32_ref(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp)
+/* Weight i of A (bt 0) or B^T (bt 1), f32 or bf16 */
+static float ld(const ie_lora_args_t *p, int bt, size_t i)
 {
-    LORA_REF_BODY(p->a, p->bt, LD_F32)
+    if (p->a16) return ie_bf16_to_f32((bt ? p->bt16 : p->a16)[i]);
+    return (bt ? p->bt : p->a)[i];
 }
 
-/* Contract (ie_kernels.h, ie_kernels_t.lora_bf16). */
-void ie_lora_bf16_ref(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp)
+/* Contract (ie_kernels.h, ie_kernels_t.lora_shrink). */
+void ie_lora_shrink_ref(const ie_lora_args_t *p, const int32_t *rows, int n_rows, int j0, int j1, float *u,
+                        int64_t ldu)
 {
-    LORA_REF_BODY(p->a16, p->bt16, LD_BF16)
+    for (int t = 0; t < n_rows; t++) {
+        const float *x = p->x + (size_t)rows[t] * (size_t)p->ldx;
+        for (int j = j0; j < j1; j++) {
+            const size_t r = (size_t)j * (size_t)p->lda;
+            float s = 0.0f;
+            if (p->a8)
+                for (int64_t k = 0; k < p->n_in; k++) s += (float)p->a8[r + (size_t)k] * (x[k] * p->sa[k]);
+            else
+                for (int64_t k = 0; k < p->n_in; k++) s += ld(p, 0, r + (size_t)k) * x[k];
+            u[(size_t)t * (size_t)ldu + (size_t)j] = p->scale * s;
+        }
+    }
+}
+
+/* Contract (ie_kernels.h, ie_kernels_t.lora_expand). */
+void ie_lora_expand_ref(const ie_lora_args_t *p, const int32_t *rows, int n_rows, int64_t o0, int64_t o1,
+                        const float *u, int64_t ldu)
+{
+    for (int t = 0; t < n_rows; t++) {
+        float *y = p->y + (size_t)rows[t] * (size_t)p->ldy;
+        const float *ut = u + (size_t)t * (size_t)ldu;
+        if (p->bt8)
+            for (int64_t o = o0; o < o1; o++) {
+                float s = 0.0f;
+                for (int j = 0; j < p->rank; j++)
+                    s += ut[j] * (float)p->bt8[(size_t)j * (size_t)p->ldb + (size_t)o];
+                y[o] += s * p->sbt[o];
+            }
+        else
+            for (int j = 0; j < p->rank; j++)
+                for (int64_t o = o0; o < o1; o++) y[o] += ut[j] * ld(p, 1, (size_t)j * (size_t)p->ldb + (size_t)o);
+    }
 }

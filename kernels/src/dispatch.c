@@ -202,8 +202,8 @@ static const ie_kernels_t g_kernels[3] = {
             .swiglu = ie_swiglu_f32,
             .softmax = ie_softmax_sink_f32,
             .rmsnorm = ie_rmsnorm_f32,
-            .lora_f32 = ie_lora_f32_ref,
-            .lora_bf16 = ie_lora_bf16_ref,
+            .lora_shrink = ie_lora_shrink_ref,
+            .lora_expand = ie_lora_expand_ref,
             .stream_read = ie_stream_read,
         },
     [IE_ISA_AVX2] =
@@ -235,8 +235,8 @@ static const ie_kernels_t g_kernels[3] = {
             .swiglu = ie_swiglu_f32,
             .softmax = ie_softmax_sink_f32,
             .rmsnorm = ie_rmsnorm_f32_avx2,
-            .lora_f32 = ie_lora_f32_avx2,
-            .lora_bf16 = ie_lora_bf16_avx2,
+            .lora_shrink = ie_lora_shrink_avx2,
+            .lora_expand = ie_lora_expand_avx2,
             .stream_read = ie_stream_read_avx2,
         },
     [IE_ISA_AVX512] =
@@ -268,8 +268,8 @@ static const ie_kernels_t g_kernels[3] = {
             .swiglu = ie_swiglu_f32_avx512,
             .softmax = ie_softmax_sink_f32_avx512,
             .rmsnorm = ie_rmsnorm_f32_avx512,
-            .lora_f32 = ie_lora_f32_avx512,
-            .lora_bf16 = ie_lora_bf16_avx512,
+            .lora_shrink = ie_lora_shrink_avx512,
+            .lora_expand = ie_lora_expand_avx512,
             /* 32-byte loads here too: a 2-thread read of DRAM measured 1.07x (low
          * bandwidth phase) to 1.13x (high) the rate of 64-byte loads on Zen 4 */
             .stream_read = ie_stream_read_avx2,

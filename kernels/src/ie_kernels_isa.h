@@ -277,8 +277,10 @@ void ie_bsr_matmul_avx2(const ie_bsr_t *m, int64_t r0, int64_t r1, const float *
 float ie_dot_f32_avx2(const float *a, const float *b, int64_t n);
 void ie_axpy_f32_avx2(float *y, float a, const float *x, int64_t n);
 void ie_rmsnorm_f32_avx2(float *out, const float *x, const float *w, int64_t n, float eps);
-void ie_lora_f32_avx2(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp);
-void ie_lora_bf16_avx2(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp);
+void ie_lora_shrink_avx2(const ie_lora_args_t *p, const int32_t *rows, int n_rows, int j0, int j1, float *u,
+                         int64_t ldu);
+void ie_lora_expand_avx2(const ie_lora_args_t *p, const int32_t *rows, int n_rows, int64_t o0, int64_t o1,
+                         const float *u, int64_t ldu);
 uint64_t ie_stream_read_avx2(const void *p, size_t n);
 void ie_kv_scores_avx2(ie_kv_type_t t, const float *q, size_t q_stride, int nh, const ie_kv_rows_t *k, int j0,
                        int n, int hd, float scale, float *s, size_t ld);
@@ -340,8 +342,10 @@ void ie_bsr_matmul_avx512(const ie_bsr_t *m, int64_t r0, int64_t r1, const float
 float ie_dot_f32_avx512(const float *a, const float *b, int64_t n);
 void ie_axpy_f32_avx512(float *y, float a, const float *x, int64_t n);
 void ie_rmsnorm_f32_avx512(float *out, const float *x, const float *w, int64_t n, float eps);
-void ie_lora_f32_avx512(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp);
-void ie_lora_bf16_avx512(const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *tmp);
+void ie_lora_shrink_avx512(const ie_lora_args_t *p, const int32_t *rows, int n_rows, int j0, int j1, float *u,
+                           int64_t ldu);
+void ie_lora_expand_avx512(const ie_lora_args_t *p, const int32_t *rows, int n_rows, int64_t o0, int64_t o1,
+                           const float *u, int64_t ldu);
 void ie_swiglu_f32_avx512(float *out, const float *g, const float *u, int64_t n);
 void ie_softmax_sink_f32_avx512(float *x, int64_t n, const float *sink);
 void ie_attn_scores_avx512(const float *q, size_t q_stride, int nh, const ie_attn_rows_t *k, int j0, int n, int hd,

@@ -1,8 +1,9 @@
 /* test_lora.c — LoRA adapters (issue 20):
- *   - the lora_f32 / lora_bf16 kernels: every ISA's twin against
- *     ie_lora_f32_ref (on the bf16 weights widened) on odd
- *     ranks (1..64), group sizes, shapes and strides, rows picked out of
- *     order, and against a double-precision sum;
+ *   - the lora_shrink / lora_expand kernels: every ISA's twins, f32,
+ *     bf16 and int8 (column scales), against the ref pair (on the bf16 weights widened) on odd
+ *     ranks (1..64), group sizes (1..9), shapes and strides, rows picked
+ *     out of order, the work split in pieces as threads split it, and the
+ *     ref against a double-precision sum;
  *   - the loader (ie_lora_load_peft_memory, ie_lora_load): good adapters,
  *     and each refusal (DoRA, modules_to_save, unknown module, embedding
  *     adapter, rank or shape that does not fit, missing B, layer past the
@@ -33,6 +34,17 @@ static float frand(uint64_t *s)
     return (float)((int64_t)(*s >> 40) - (1 << 23)) / (float)(1 << 23);
 }
 
+/* A's rows [j0, j1) then B's columns [o0, o1), each in `parts` pieces (as
+ * a pool's threads split them); u is n_rows x ldu. */
+static void run_split(const ie_kernels_t *k, const ie_lora_args_t *p, const int32_t *rows, int n_rows, float *u,
+                      int64_t ldu, int parts)
+{
+    for (int s = 0; s < parts; s++)
+        k->lora_shrink(p, rows, n_rows, p->rank * s / parts, p->rank * (s + 1) / parts, u, ldu);
+    for (int s = 0; s < parts; s++)
+        k->lora_expand(p, rows, n_rows, p->n_out * s / parts, p->n_out * (s + 1) / parts, u, ldu);
+}
+
 static void test_kernels(void)
 {
     static const int ranks[] = {1, 2, 3, 5, 8, 13, 16, 31, 64};
@@ -43,41 +55,68 @@ static void test_kernels(void)
     for (int isa = 0; isa <= IE_ISA_AVX512; isa++) {
         const ie_kernels_t *k = ie_kernels_get((ie_isa_t)isa);
         if (!k) continue;
-        CU_ASSERT_PTR_NOT_NULL_FATAL(k->lora_f32);
-        CU_ASSERT_PTR_NOT_NULL_FATAL(k->lora_bf16);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(k->lora_shrink);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(k->lora_expand);
         for (size_t ri = 0; ri < sizeof ranks / sizeof *ranks; ri++)
             for (size_t ii = 0; ii < sizeof ins / sizeof *ins; ii++)
                 for (size_t oi = 0; oi < sizeof outs / sizeof *outs; oi++) {
                     const int r = ranks[ri];
                     const int64_t n_in = ins[ii], n_out = outs[oi], lda = n_in + 3, ldb = n_out + 5;
-                    const int64_t ldx = n_in + 2, ldy = n_out + 1;
+                    const int64_t ldx = n_in + 2, ldy = n_out + 1, ldu = r + 2;
                     float *a = malloc(sizeof(float) * (size_t)(r * lda));
                     float *bt = malloc(sizeof(float) * (size_t)(r * ldb));
                     float *x = malloc(sizeof(float) * (size_t)(max_rows * ldx));
                     float *y0 = malloc(sizeof(float) * (size_t)(max_rows * ldy));
                     float *y1 = malloc(sizeof(float) * (size_t)(max_rows * ldy));
-                    float *tmp = malloc(sizeof(float) * (size_t)(max_rows * r));
+                    float *u = malloc(sizeof(float) * (size_t)(max_rows * ldu));
                     for (int64_t i = 0; i < r * lda; i++) a[i] = frand(&seed);
                     for (int64_t i = 0; i < r * ldb; i++) bt[i] = frand(&seed);
                     for (int64_t i = 0; i < max_rows * ldx; i++) x[i] = frand(&seed);
                     for (int64_t i = 0; i < max_rows * ldy; i++) y0[i] = y1[i] = frand(&seed);
-                    /* a group of odd size, out of order, skipping rows */
-                    const int32_t rows[] = {7, 2, 9, 0, 4};
-                    const int n_rows = 1 + (int)((ri + ii + oi) % 5);
-                    /* bf16 weights: the f32 ones rounded, and their bits */
+                    /* a group of odd size (1..9: whole and partial register
+                     * blocks of tokens), out of order, skipping rows */
+                    const int32_t rows[] = {7, 2, 9, 0, 4, 10, 3, 5, 8};
+                    const int n_rows = 1 + (int)((ri + ii + oi) % 9);
+                    /* bf16 weights: the f32 ones rounded, and their bits; int8:
+                     * codes and column scales, the f32 ones their product */
                     uint16_t *a16 = malloc(sizeof(uint16_t) * (size_t)(r * lda));
                     uint16_t *b16 = malloc(sizeof(uint16_t) * (size_t)(r * ldb));
-                    const int bf = (int)((ri + oi) % 2); /* half the shapes in bf16 */
-                    if (bf) {
+                    int8_t *a8 = malloc((size_t)(r * lda)), *b8 = malloc((size_t)(r * ldb));
+                    float *sa = malloc(sizeof(float) * (size_t)lda), *sb = malloc(sizeof(float) * (size_t)ldb);
+                    const int wt = (int)((ri + oi) % 3); /* f32, bf16, int8 by turns */
+                    if (wt == 1) {
                         for (int64_t i = 0; i < r * lda; i++)
                             a16[i] = ie_f32_to_bf16(a[i]), a[i] = ie_bf16_to_f32(a16[i]);
                         for (int64_t i = 0; i < r * ldb; i++)
                             b16[i] = ie_f32_to_bf16(bt[i]), bt[i] = ie_bf16_to_f32(b16[i]);
+                    } else if (wt == 2) {
+                        for (int64_t c = 0; c < lda; c++) sa[c] = (0.5f + 0.5f * fabsf(frand(&seed))) / 127.0f;
+                        for (int64_t c = 0; c < ldb; c++) sb[c] = (0.5f + 0.5f * fabsf(frand(&seed))) / 127.0f;
+                        for (int64_t i = 0; i < r * lda; i++)
+                            a8[i] = (int8_t)(127.0f * frand(&seed)), a[i] = (float)a8[i] * sa[i % lda];
+                        for (int64_t i = 0; i < r * ldb; i++)
+                            b8[i] = (int8_t)(127.0f * frand(&seed)), bt[i] = (float)b8[i] * sb[i % ldb];
                     }
-                    ie_lora_args_t p = {a, bt, a16, b16, lda, ldb, r, n_in, n_out, 0.75f, x, ldx, y0, ldy};
-                    ie_lora_f32_ref(&p, rows, n_rows, tmp); /* the oracle: f32 on the widened weights */
+                    ie_lora_args_t p = {a,     bt, NULL, NULL, lda, ldb,  r,    n_in, n_out,
+                                        0.75f, x,  ldx,  y0,   ldy, NULL, NULL, NULL, NULL};
+                    if (wt == 1) p.a16 = a16, p.bt16 = b16, p.a = p.bt = NULL;
+                    if (wt == 2) p.a8 = a8, p.bt8 = b8, p.sa = sa, p.sbt = sb, p.a = p.bt = NULL;
+                    /* the oracle: the ref in one piece */
+                    run_split(ie_kernels_get(IE_ISA_REF), &p, rows, n_rows, u, ldu, 1);
+                    if (wt == 2) { /* ... whose int8 form is the f32 one on the products */
+                        float *y2 = malloc(sizeof(float) * (size_t)(max_rows * ldy));
+                        memcpy(y2, y1, sizeof(float) * (size_t)(max_rows * ldy));
+                        ie_lora_args_t pf = p;
+                        pf.a8 = pf.bt8 = NULL, pf.a = a, pf.bt = bt, pf.y = y2;
+                        run_split(ie_kernels_get(IE_ISA_REF), &pf, rows, n_rows, u, ldu, 1);
+                        int far = 0;
+                        for (int64_t i = 0; i < max_rows * ldy; i++)
+                            far += fabsf(y2[i] - y0[i]) > 1e-4f * (1.0f + fabsf(y2[i]));
+                        CU_ASSERT_EQUAL(far, 0);
+                        free(y2);
+                    }
                     p.y = y1;
-                    (bf ? k->lora_bf16 : k->lora_f32)(&p, rows, n_rows, tmp);
+                    run_split(k, &p, rows, n_rows, u, ldu, 1 + (int)(ii % 3));
                     int bad = 0;
                     for (int t = 0; t < max_rows; t++)
                         for (int64_t o = 0; o < ldy; o++) {
@@ -90,30 +129,39 @@ static void test_kernels(void)
                                 (long long)n_in, (long long)n_out, n_rows, bad);
                     /* untouched rows stay as they were (row 1 is never in the group) */
                     CU_ASSERT(y1[1 * ldy] == y0[1 * ldy]);
-                    free(a), free(bt), free(x), free(y0), free(y1), free(tmp), free(a16), free(b16);
+                    /* an expand over [o0, o1) writes nothing outside it */
+                    if (n_out > 2) {
+                        const float keep0 = y1[rows[0] * ldy], keep1 = y1[rows[0] * ldy + n_out - 1];
+                        k->lora_expand(&p, rows, n_rows, 1, n_out - 1, u, ldu);
+                        CU_ASSERT(y1[rows[0] * ldy] == keep0 && y1[rows[0] * ldy + n_out - 1] == keep1);
+                    }
+                    free(a), free(bt), free(x), free(y0), free(y1), free(u), free(a16), free(b16), free(a8),
+                        free(b8), free(sa), free(sb);
                 }
     }
 }
 
-/* The ref kernel against a double-precision sum. */
+/* The ref kernels against a double-precision sum. */
 static void test_kernel_exact(void)
 {
     const int r = 5;
     const int64_t n_in = 13, n_out = 11;
     uint64_t seed = 99;
-    float a[5 * 13], bt[5 * 11], x[2 * 13], y[2 * 11] = {0}, tmp[2 * 5];
+    float a[5 * 13], bt[5 * 11], x[2 * 13], y[2 * 11] = {0}, u[2 * 5];
     for (size_t i = 0; i < sizeof a / sizeof *a; i++) a[i] = frand(&seed);
     for (size_t i = 0; i < sizeof bt / sizeof *bt; i++) bt[i] = frand(&seed);
     for (size_t i = 0; i < sizeof x / sizeof *x; i++) x[i] = frand(&seed);
     const int32_t rows[] = {1};
-    ie_lora_args_t p = {a, bt, NULL, NULL, n_in, n_out, r, n_in, n_out, 2.0f, x, n_in, y, n_out};
-    ie_lora_f32_ref(&p, rows, 1, tmp);
+    ie_lora_args_t p = {a,    bt, NULL, NULL, n_in,  n_out, r,    n_in, n_out,
+                        2.0f, x,  n_in, y,    n_out, NULL,  NULL, NULL, NULL};
+    ie_lora_shrink_ref(&p, rows, 1, 0, r, u, r);
+    ie_lora_expand_ref(&p, rows, 1, 0, n_out, u, r);
     for (int64_t o = 0; o < n_out; o++) {
         double s = 0;
         for (int j = 0; j < r; j++) {
-            double u = 0;
-            for (int64_t q = 0; q < n_in; q++) u += (double)a[j * n_in + q] * x[n_in + q];
-            s += 2.0 * u * bt[j * n_out + o];
+            double uj = 0;
+            for (int64_t q = 0; q < n_in; q++) uj += (double)a[j * n_in + q] * x[n_in + q];
+            s += 2.0 * uj * bt[j * n_out + o];
         }
         CU_ASSERT(fabs(y[n_out + o] - s) < 1e-5 * (1 + fabs(s)));
         CU_ASSERT(y[o] == 0.0f); /* row 0 not in the group */
@@ -332,16 +380,16 @@ static float from_bf16(uint16_t h)
     return f;
 }
 
-/* Element (j, c) of A (B^T) of m, f32 or bf16. */
+/* Element (j, c) of A (B^T) of m, f32, bf16 or int8 times its column's scale. */
 static float mat_a(const ie_lora_mat_t *m, int j, int64_t c)
 {
-    return m->a16 ? from_bf16(m->a16[(size_t)j * (size_t)m->n_in + (size_t)c])
-                  : m->a[(size_t)j * (size_t)m->n_in + (size_t)c];
+    const size_t i = (size_t)j * (size_t)m->n_in + (size_t)c;
+    return m->a8 ? (float)m->a8[i] * m->sa8[c] : m->a16 ? from_bf16(m->a16[i]) : m->a[i];
 }
 static float mat_bt(const ie_lora_mat_t *m, int j, int64_t c)
 {
-    return m->bt16 ? from_bf16(m->bt16[(size_t)j * (size_t)m->n_out + (size_t)c])
-                   : m->bt[(size_t)j * (size_t)m->n_out + (size_t)c];
+    const size_t i = (size_t)j * (size_t)m->n_out + (size_t)c;
+    return m->bt8 ? (float)m->bt8[i] * m->sbt8[c] : m->bt16 ? from_bf16(m->bt16[i]) : m->bt[i];
 }
 
 /* y[n_out] = B (A x[n_in]) in double. */
@@ -469,6 +517,50 @@ static void test_slice(void)
         for (int64_t o = 0; o < w->n_out; o++) err = fmax(err, fabs(sum[o] - whole[o]));
         CU_ASSERT(err < 1e-9);
     }
+    /* int8 (ie_lora_quantize_int8): each weight within half its column's
+     * step of the original, the step its column's largest / 127; and a
+     * share of the quantized adapter is bit for bit the quantized share
+     * (per-column scales), so every rank of a plan runs what one process
+     * would */
+    ie_lora_t *qa = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_lora_quantize_int8(a, &qa), IE_OK);
+    CU_ASSERT(qa->bytes > 0);
+    int within = 1, same = 1;
+    for (int l = 0; l < 3; l++)
+        for (int m = 0; m < IE_LORA_NMOD; m++) {
+            const ie_lora_mat_t *w = ie_lora_mat(a, l, (ie_lora_mod_t)m), *q = ie_lora_mat(qa, l, (ie_lora_mod_t)m);
+            CU_ASSERT_PTR_NOT_NULL_FATAL(q->a8);
+            CU_ASSERT_PTR_NULL(q->a16);
+            for (int64_t c = 0; c < w->n_in; c++) {
+                float mx = 0;
+                for (int j = 0; j < w->rank; j++) mx = fmaxf(mx, fabsf(mat_a(w, j, c)));
+                within &= fabsf(q->sa8[c] - mx / 127.0f) <= 1e-7f * mx;
+                for (int j = 0; j < w->rank; j++)
+                    within &= fabsf(mat_a(q, j, c) - mat_a(w, j, c)) <= 0.5001f * q->sa8[c] + 1e-30f;
+            }
+            for (int64_t c = 0; c < w->n_out; c++)
+                for (int j = 0; j < w->rank; j++)
+                    within &= fabsf(mat_bt(q, j, c) - mat_bt(w, j, c)) <= 0.5001f * q->sbt8[c] + 1e-30f;
+        }
+    CU_ASSERT(within);
+    for (int r = 0; r < 3; r++) {
+        ie_lora_t *qs = NULL, *sq = NULL;
+        CU_ASSERT_EQUAL_FATAL(ie_lora_slice(qa, &hp, &sh[r], &qs), IE_OK);
+        CU_ASSERT_EQUAL_FATAL(ie_lora_quantize_int8(sl[r], &sq), IE_OK);
+        for (int k = 0; k < 3 * IE_LORA_NMOD; k++) {
+            const ie_lora_mat_t *x1 = &qs->mats[k], *x2 = &sq->mats[k];
+            same &= x1->rank == x2->rank && x1->n_in == x2->n_in && x1->n_out == x2->n_out;
+            if (!x1->rank || !same) continue;
+            same &= !memcmp(x1->a8, x2->a8, (size_t)x1->rank * (size_t)x1->n_in) &&
+                    !memcmp(x1->bt8, x2->bt8, (size_t)x1->rank * (size_t)x1->n_out) &&
+                    !memcmp(x1->sa8, x2->sa8, sizeof(float) * (size_t)x1->n_in) &&
+                    !memcmp(x1->sbt8, x2->sbt8, sizeof(float) * (size_t)x1->n_out);
+        }
+        ie_lora_destroy(&qs);
+        ie_lora_destroy(&sq);
+    }
+    CU_ASSERT(same);
+    ie_lora_destroy(&qa);
     /* layers outside a share are dropped */
     CU_ASSERT_EQUAL(ie_lora_mat(sl[1], 0, IE_LORA_Q)->rank, 0);
     CU_ASSERT_EQUAL(ie_lora_mat(sl[2], 1, IE_LORA_DOWN)->rank, 0);
@@ -489,18 +581,68 @@ static void test_worker_mixed(void)
     worker_mixed();
     setenv("IE_LORA_POOL_MIN", "0", 1);
     worker_mixed();
+    setenv("IE_LORA_DTYPE", "int8", 1); /* the worker's own int8 copies */
+    worker_mixed();
+    unsetenv("IE_LORA_DTYPE");
     unsetenv("IE_LORA_POOL_MIN");
+}
+
+/* Logits of slot 0 prefilling k_ids[0] under adapter a (NULL: the base),
+ * the adapter as IE_LORA_DTYPE dt has it. */
+static void logits_with(const ie_lora_t *a, const char *dt, float *out)
+{
+    ie_worker_opts_t o;
+    ie_worker_opts_default(&o);
+    o.n_seq = 1, o.n_ctx = 16, o.max_batch = 8, o.n_threads = 1, o.pin_threads = 0;
+    o.precision = IE_PREC_F32;
+    ie_worker_t *w = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_worker_new(g_src, &o, &w), IE_OK);
+    setenv("IE_LORA_DTYPE", dt, 1);
+    int id = -1;
+    if (a) CU_ASSERT_EQUAL(ie_worker_lora_add(w, a, 1.0f, &id), IE_OK);
+    unsetenv("IE_LORA_DTYPE");
+    int32_t pos[6], seq[6], ad[6];
+    uint8_t want[6] = {0, 0, 0, 0, 0, 1};
+    for (int i = 0; i < 6; i++) pos[i] = i, seq[i] = 0, ad[i] = id;
+    ie_batch_t b = {6, k_ids[0], pos, seq, want, ad, NULL};
+    CU_ASSERT_EQUAL(ie_worker_step(w, &b, out), IE_OK);
+    ie_worker_destroy(&w);
+}
+
+/* An int8 copy moves the logits by a small part of what the adapter does. */
+static void test_worker_int8(void)
+{
+    ie_lora_t *all = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_lora_load(LORA "/all16", &g_hp, &all), IE_OK);
+    const int nv = g_hp.n_vocab;
+    float *base = malloc(sizeof(float) * (size_t)nv), *wide = malloc(sizeof(float) * (size_t)nv),
+          *i8 = malloc(sizeof(float) * (size_t)nv);
+    logits_with(NULL, "wide", base);
+    logits_with(all, "wide", wide);
+    logits_with(all, "int8", i8);
+    double delta = 0, err = 0;
+    for (int v = 0; v < nv; v++) {
+        delta += ((double)wide[v] - base[v]) * ((double)wide[v] - base[v]);
+        err += ((double)i8[v] - wide[v]) * ((double)i8[v] - wide[v]);
+    }
+    CU_ASSERT(delta > 0);
+    CU_ASSERT(err > 0);                  /* int8 ran, */
+    CU_ASSERT(sqrt(err / delta) < 0.02); /* within 2% of the adapter's effect */
+    fprintf(stderr, " [int8: %.2e of the adapter's effect] ", sqrt(err / delta));
+    free(base), free(wide), free(i8);
+    ie_lora_destroy(&all);
 }
 
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
     CU_pSuite s = CU_add_suite("lora", suite_init, suite_clean);
-    CU_add_test(s, "lora_f32 kernels == ref on odd ranks and groups", test_kernels);
+    CU_add_test(s, "lora_shrink/expand kernels == ref on odd ranks, groups, splits", test_kernels);
     CU_add_test(s, "ref kernel == double sum", test_kernel_exact);
     CU_add_test(s, "loader: PEFT images and refusals", test_loader_memory);
     CU_add_test(s, "loader: fixture files", test_loader_files);
     CU_add_test(s, "worker: mixed batch == solo runs", test_worker_mixed);
+    CU_add_test(s, "worker: int8 adapters close to the file's weights", test_worker_int8);
     CU_add_test(s, "ie_lora_slice: odd shares, sums of the parts == the whole", test_slice);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();

@@ -232,7 +232,9 @@ typedef struct ie_batch {
 /* Attach adapter a (which must stay alive and unchanged until removed or
  * the worker is destroyed) with a scale multiplying its own (1: as
  * trained); *id_out is the id batches name it by. Each matrix is the
- * whole one or this worker's share of it (ie_lora_slice). IE_ERR_INVAL
+ * whole one or this worker's share of it (ie_lora_slice). On a quantized
+ * base the worker runs its own int8 copy (ie_lora_quantize_int8; env
+ * IE_LORA_DTYPE=int8|wide overrides: docs/LORA.md). IE_ERR_INVAL
  * for a layer count other than the model's or a matrix of neither shape,
  * IE_ERR_UNSUPPORTED for MLP
  * adapters on a mixture-of-experts model, IE_ERR_RANGE when

@@ -107,13 +107,15 @@ static ie_status_t attention_block(ie_worker_t *w, int l, const ie_batch_t *b, i
     ie_prof_end(IE_PROF_NORM, t);
     /* q[n][q_dim], k[n][kv_dim], v[n][kv_dim] = Wq, Wk, Wv · xb (+ biases) */
     worker_prefetch_at(w, PF_BEFORE_QKV, l, n);
-    if ((st = worker_qkv(w, l, b)) != IE_OK) return st;
-    /* + the adapters' low-rank paths (lora.c; nothing when none runs) */
+    /* + the adapters' low-rank paths (lora.c; nothing when none runs):
+     * A x rides on the base matmul's job, B (A x) is added after it */
     {
         static const ie_lora_mod_t qkv[3] = {IE_LORA_Q, IE_LORA_K, IE_LORA_V};
         float *const ys[3] = {w->q, w->k, w->v};
-        worker_lora_apply(w, l, 3, qkv, ys, w->xb);
+        worker_lora_begin(w, l, 3, qkv, ys, w->xb);
     }
+    if ((st = worker_qkv(w, l, b)) != IE_OK) return st;
+    worker_lora_end(w);
     t = ie_prof_begin();
     if (w->arch.qkv_bias)
         for (int i = 0; i < n; i++) {
@@ -144,8 +146,9 @@ static ie_status_t attention_block(ie_worker_t *w, int l, const ie_batch_t *b, i
     ie_prof_end(IE_PROF_ATTENTION, t);
     /* tmp[n][d] = Wo · xb (+ bias, added by tensor rank 0 only) */
     worker_prefetch_at(w, PF_BEFORE_O, l, n);
+    worker_lora_begin(w, l, 1, (const ie_lora_mod_t[]){IE_LORA_O}, &w->tmp, w->xb);
     if ((st = worker_matmul(w, &L->o, w->tmp, w->xb, n)) != IE_OK) return st;
-    worker_lora_apply(w, l, 1, (const ie_lora_mod_t[]){IE_LORA_O}, &w->tmp, w->xb);
+    worker_lora_end(w);
     if (w->arch.o_bias && L->bo)
         for (int i = 0; i < n; i++) worker_vec_add(w->tmp + (size_t)i * d, L->bo, d);
     /* summed across tensor ranks; a sandwich norm on the whole sum (Gemma:
@@ -171,16 +174,18 @@ static ie_status_t mlp_dense(ie_worker_t *w, int l, int n)
     worker_prefetch_at(w, PF_BEFORE_GATE_UP, l, n);
     const wmat_t *ms[2] = {&L->gate, &L->up};
     float *ys[2] = {w->hb, w->hb2};
+    worker_lora_begin(w, l, 2, (const ie_lora_mod_t[]){IE_LORA_GATE, IE_LORA_UP}, ys, w->xb);
     if ((st = worker_matmul_group(w, 2, ms, ys, w->xb, n)) != IE_OK) return st;
-    worker_lora_apply(w, l, 2, (const ie_lora_mod_t[]){IE_LORA_GATE, IE_LORA_UP}, ys, w->xb);
+    worker_lora_end(w);
     /* hb = act(hb) * hb2 */
     const uint64_t t = ie_prof_begin();
     worker_swiglu(w, w->hb, w->hb2, (int64_t)n * w->ff_loc);
     ie_prof_end(IE_PROF_ELEMENTWISE, t);
     /* tmp[n][d] = Wd · hb */
     worker_prefetch_at(w, PF_BEFORE_DOWN, l, n);
+    worker_lora_begin(w, l, 1, (const ie_lora_mod_t[]){IE_LORA_DOWN}, &w->tmp, w->hb);
     if ((st = worker_matmul(w, &L->down, w->tmp, w->hb, n)) != IE_OK) return st;
-    worker_lora_apply(w, l, 1, (const ie_lora_mod_t[]){IE_LORA_DOWN}, &w->tmp, w->hb);
+    worker_lora_end(w);
     return IE_OK;
 }
 

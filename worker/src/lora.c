@@ -4,9 +4,11 @@
  * The base matmul runs once for every token of the step; then, for each
  * adapter the step uses, the tokens that asked for it (grouped once per
  * step, worker_lora_group) get y += scale * B (A x) through the kernels'
- * lora_f32 (lora_bf16 for an adapter kept in bf16), one row at a time,
- * the rows of q/k/v (gate/up) in one pool job when the work outweighs a
- * fork/join. Adapters are never merged into the base weights.
+ * lora_shrink (u = scale * A x), which rides on the base matmul's own pool
+ * job (its input is the matmul's), and lora_expand (y += B u), one pool
+ * job after it; each pass is split over the weights of all modules of a
+ * call (q/k/v, gate/up) and all groups. Adapters are never merged into the
+ * base weights.
  * A tensor-parallel rank runs its share: B's rows of the row-split
  * projections (q, k, v, gate, up: the rows the rank's output holds), A's
  * columns of the column-split ones (o, down: the partial sum the reduce
@@ -96,12 +98,16 @@ ie_status_t ie_lora_slice(const ie_lora_t *a, const ie_hparams_t *hp, const ie_s
             share_of(hp, sh, (ie_lora_mod_t)m, s->n_out, s->n_in, &ob, &on, &ib, &in);
             if (on <= 0 || in <= 0) continue; /* nothing of it here */
             *d = (ie_lora_mat_t){.rank = s->rank, .n_in = in, .n_out = on, .scale = s->scale};
-            const size_t es = s->a16 ? 2 : 4;
-            void *na = cut(s->a16 ? (const void *)s->a16 : (const void *)s->a, s->rank, s->n_in, ib, in, es);
-            void *nb = cut(s->a16 ? (const void *)s->bt16 : (const void *)s->bt, s->rank, s->n_out, ob, on, es);
-            if (s->a16) d->a16 = na, d->bt16 = nb;
+            const size_t es = s->a8 ? 1 : s->a16 ? 2 : 4;
+            const void *sa = s->a8 ? (const void *)s->a8 : s->a16 ? (const void *)s->a16 : (const void *)s->a;
+            const void *sb = s->a8 ? (const void *)s->bt8 : s->a16 ? (const void *)s->bt16 : (const void *)s->bt;
+            void *na = cut(sa, s->rank, s->n_in, ib, in, es), *nb = cut(sb, s->rank, s->n_out, ob, on, es);
+            if (s->a8) d->a8 = na, d->bt8 = nb;
+            else if (s->a16) d->a16 = na, d->bt16 = nb;
             else d->a = na, d->bt = nb;
-            if (!na || !nb) {
+            if (s->a8) /* column scales: the share's columns */
+                d->sa8 = cut(s->sa8, 1, s->n_in, ib, in, 4), d->sbt8 = cut(s->sbt8, 1, s->n_out, ob, on, 4);
+            if (!na || !nb || (s->a8 && (!d->sa8 || !d->sbt8))) {
                 st = ie_error_set(IE_ERR_NOMEM, "out of memory");
                 goto cleanup;
             }
@@ -115,6 +121,23 @@ cleanup:
     if (st != IE_OK) ie_lora_destroy(&o);
     *out = o;
     return st;
+}
+
+/* Whether adapters run here in int8 (ie_lora_quantize_int8). env
+ * IE_LORA_DTYPE=int8 or =wide (the file's f32/bf16) decides; by default
+ * int8 when the base's projections are quantized: that path rounds weights
+ * and activations already, far more than an adapter's int8 columns, and
+ * the decode step then streams half the adapter bytes; an f32/bf16/f16
+ * base keeps the file's weights, so the exact paths stay exact. Every
+ * process decides alike from the same weights (a cluster's ranks agree). */
+static int lora_int8(const ie_worker_t *w)
+{
+    const char *e = getenv("IE_LORA_DTYPE");
+    if (e && !strcmp(e, "int8")) return 1;
+    if (e && !strcmp(e, "wide")) return 0;
+    if (w->sh.layer_begin >= w->sh.layer_end) return 0;
+    const ie_dtype_t t = w->layers[w->sh.layer_begin].q.dtype;
+    return t != IE_DTYPE_F32 && t != IE_DTYPE_F16 && t != IE_DTYPE_BF16;
 }
 
 /* Contract (ie_worker.h). */
@@ -167,6 +190,13 @@ ie_status_t ie_worker_lora_add(ie_worker_t *w, const ie_lora_t *a, float scale, 
         const char *e = getenv("IE_LORA_POOL_MIN");
         w->lora_pool_min = e && *e ? atof(e) : 2e5;
     }
+    w->lora[id].own = NULL;
+    int wide = 0; /* some matrix in f32/bf16 */
+    for (int k = 0; k < a->n_layer * IE_LORA_NMOD; k++) wide |= a->mats[k].rank && !a->mats[k].a8;
+    if (wide && lora_int8(w)) {
+        if ((st = ie_lora_quantize_int8(a, &w->lora[id].own)) != IE_OK) goto cleanup;
+        a = w->lora[id].own;
+    }
     w->lora[id].ad = a;
     w->lora[id].scale = scale;
     *id_out = id;
@@ -181,6 +211,7 @@ ie_status_t ie_worker_lora_remove(ie_worker_t *w, int id)
     if (!w || id < 0 || id >= IE_WORKER_MAX_LORA || !w->lora[id].ad)
         return ie_error_set(IE_ERR_RANGE, "worker: no adapter %d attached", id);
     w->lora[id].ad = NULL;
+    ie_lora_destroy(&w->lora[id].own);
     return IE_OK;
 }
 
@@ -233,6 +264,10 @@ static int lora_args(const ie_worker_t *w, int l, ie_lora_mod_t m, int g, float 
                           .bt = mt->bt,
                           .a16 = mt->a16,
                           .bt16 = mt->bt16,
+                          .a8 = mt->a8,
+                          .bt8 = mt->bt8,
+                          .sa = mt->sa8,
+                          .sbt = mt->sbt8,
                           .lda = mt->n_in,
                           .ldb = mt->n_out,
                           .rank = mt->rank,
@@ -248,66 +283,113 @@ static int lora_args(const ie_worker_t *w, int l, ie_lora_mod_t m, int g, float 
     const int64_t b_off = mt->n_out == on ? 0 : ob, a_off = mt->n_in == in ? 0 : ib;
     p->n_out = on;
     p->n_in = in;
-    if (mt->a16) p->a16 += a_off, p->bt16 += b_off;
+    if (mt->a8) p->a8 += a_off, p->bt8 += b_off, p->sa += a_off, p->sbt += b_off;
+    else if (mt->a16) p->a16 += a_off, p->bt16 += b_off;
     else p->a += a_off, p->bt += b_off;
     p->ldx = p->n_in;
     p->ldy = p->n_out;
     return 1;
 }
 
-/* One pool job over every (module, group, row) of a worker_lora_apply
- * call: unit u goes to thread u % nth. Each (module, row) has its own
- * slice of lora_tmp (a row sits in one group; block i per module; rows
- * lora_tmp_rank floats apart, not their group's rank: groups of
- * different ranks would overlap), so units never share memory. */
-typedef struct lora_job {
-    ie_worker_t *w;
-    ie_lora_args_t args[3 * IE_WORKER_MAX_LORA];
-    int grp[3 * IE_WORKER_MAX_LORA]; /* args[k]'s group                */
-    int mi[3 * IE_WORKER_MAX_LORA];  /* ... and module (its tmp block)  */
-    int n_args;
-} lora_job_t;
+/* A call's two passes split over the weights: the shrink the rows of
+ * every (module, group)'s A (units of 4 rows), the expand the columns of
+ * every B^T (units of 64), each thread a contiguous run of units weighted
+ * by the weights they read, so every adapter byte is read once a step by
+ * one thread for the whole group (a split by tokens read each adapter
+ * once per token). u of arg k lives in lora_tmp block mi[k] at the
+ * group's rows (lora_tmp_rank floats apart): groups never share it. */
+#define SHRINK_UNIT 4
+#define EXPAND_UNIT 64
 
-static void lora_run(void *ctx, int ith, int nth)
+static float *lora_u(const lora_job_t *j, int k)
 {
-    lora_job_t *j = ctx;
     const ie_worker_t *w = j->w;
-    int u = 0;
-    for (int k = 0; k < j->n_args; k++) {
+    return w->lora_tmp + ((size_t)j->mi[k] * (size_t)w->opts.max_batch + (size_t)w->lora_groups[j->grp[k]].first) *
+                             (size_t)w->lora_tmp_rank;
+}
+
+/* Thread ith's units of pass `ex` (0 shrink, 1 expand): walk the args in
+ * order and run the units whose first weight falls in its share. */
+static void lora_pass(const lora_job_t *j, int ex, int ith, int nth)
+{
+    const ie_worker_t *w = j->w;
+    const double lo = j->total[ex] * ith / nth, hi = j->total[ex] * (ith + 1) / nth;
+    double at = 0;
+    for (int k = 0; k < j->n_args && at < hi; k++) {
+        const ie_lora_args_t *p = &j->args[k];
         const lora_group_t *gr = &w->lora_groups[j->grp[k]];
-        float *tmp = w->lora_tmp + (size_t)j->mi[k] * (size_t)w->opts.max_batch * (size_t)w->lora_tmp_rank;
-        for (int r = 0; r < gr->n; r++, u++)
-            if (u % nth == ith)
-                (j->args[k].a16 ? w->ops->lora_bf16
-                                : w->ops->lora_f32)(&j->args[k], w->lora_rows + gr->first + r, 1,
-                                                    tmp + (size_t)(gr->first + r) * (size_t)w->lora_tmp_rank);
+        const int64_t n = ex ? p->n_out : p->rank, unit = ex ? EXPAND_UNIT : SHRINK_UNIT;
+        const double per = (double)(ex ? p->rank : p->n_in); /* weights per row (column) of A (B^T) */
+        int64_t b = -1, e = -1;
+        for (int64_t u0 = 0; u0 < n && at + (double)u0 * per < hi; u0 += unit)
+            if (at + (double)u0 * per >= lo) {
+                if (b < 0) b = u0;
+                e = u0 + unit < n ? u0 + unit : n;
+            }
+        if (b >= 0) {
+            const int32_t *rows = w->lora_rows + gr->first;
+            if (ex) w->ops->lora_expand(p, rows, gr->n, b, e, lora_u(j, k), w->lora_tmp_rank);
+            else w->ops->lora_shrink(p, rows, gr->n, (int)b, (int)e, lora_u(j, k), w->lora_tmp_rank);
+        }
+        at += (double)n * per;
     }
 }
 
+static void lora_shrink_run(void *ctx, int ith, int nth) { lora_pass(ctx, 0, ith, nth); }
+static void lora_expand_run(void *ctx, int ith, int nth) { lora_pass(ctx, 1, ith, nth); }
+
 /* Contract (worker_internal.h). */
-void worker_lora_apply(ie_worker_t *w, int l, int nm, const ie_lora_mod_t *ms, float *const *ys, const float *x)
+void worker_lora_begin(ie_worker_t *w, int l, int nm, const ie_lora_mod_t *ms, float *const *ys, const float *x)
 {
+    lora_job_t *j = &w->lora_job;
+    w->lora_open = 0;
     if (!w->lora_ngroups) return;
-    lora_job_t j;
-    j.w = w;
-    j.n_args = 0;
-    double fma = 0;
+    j->w = w;
+    j->n_args = 0;
+    j->total[0] = j->total[1] = j->fma = 0;
+    j->shrunk = 0;
     for (int i = 0; i < nm; i++)
         for (int g = 0; g < w->lora_ngroups; g++) {
-            ie_lora_args_t *p = &j.args[j.n_args];
+            ie_lora_args_t *p = &j->args[j->n_args];
             if (!lora_args(w, l, ms[i], g, ys[i], x, p)) continue;
-            j.grp[j.n_args] = g;
-            j.mi[j.n_args++] = i;
-            fma += (double)w->lora_groups[g].n * p->rank * (double)(p->n_in + p->n_out);
+            j->grp[j->n_args] = g;
+            j->mi[j->n_args++] = i;
+            j->total[0] += (double)p->rank * (double)p->n_in;
+            j->total[1] += (double)p->rank * (double)p->n_out;
+            j->fma += (double)w->lora_groups[g].n * p->rank * (double)(p->n_in + p->n_out);
         }
-    /* small work: the fork/join (~15-30 us on the pool) would cost more */
-    if (fma < w->lora_pool_min || w->opts.n_threads < 2) lora_run(&j, 0, 1);
-    else ie_threadpool_run(w->tp, lora_run, &j);
+    w->lora_open = j->n_args > 0;
+}
+
+/* Contract (worker_internal.h). */
+int worker_lora_pre(ie_worker_t *w, mm_pre_t *pre)
+{
+    if (!w->lora_open || w->lora_job.shrunk) return 0;
+    w->lora_job.shrunk = 1;
+    *pre = (mm_pre_t){lora_shrink_run, &w->lora_job};
+    return 1;
+}
+
+/* Contract (worker_internal.h). */
+void worker_lora_end(ie_worker_t *w)
+{
+    lora_job_t *j = &w->lora_job;
+    if (!w->lora_open) return;
+    w->lora_open = 0;
+    /* small work: a fork/join would cost more than it saves */
+    const int pool = j->fma >= w->lora_pool_min && w->opts.n_threads > 1;
+    if (!j->shrunk) {
+        if (pool) ie_threadpool_run(w->tp, lora_shrink_run, j);
+        else lora_shrink_run(j, 0, 1);
+    }
+    if (pool) ie_threadpool_run(w->tp, lora_expand_run, j);
+    else lora_expand_run(j, 0, 1);
 }
 
 /* Contract (worker_internal.h). */
 void worker_lora_free(ie_worker_t *w)
 {
+    for (int i = 0; i < IE_WORKER_MAX_LORA; i++) ie_lora_destroy(&w->lora[i].own);
     free(w->lora_rows);
     free(w->lora_tmp);
     w->lora_rows = NULL;

@@ -180,13 +180,32 @@ static ie_status_t mm_failed(const ie_worker_t *w, const wmat_t *m, ie_status_t 
         (long long)m->n_out, (long long)m->n_in, m->group, n);
 }
 
+/* Two pieces of pre-work in one job. */
+typedef struct pre_pair {
+    mm_pre_t a, b;
+} pre_pair_t;
+
+static void pre_pair_run(void *ctx, int ith, int nth)
+{
+    const pre_pair_t *p = ctx;
+    if (p->a.fn) p->a.fn(p->a.ctx, ith, nth);
+    if (p->b.fn) p->b.fn(p->b.ctx, ith, nth);
+}
+
 /* Contract (worker_internal.h). Matrices whose kernels want different
- * activation formats run in separate passes. */
+ * activation formats run in separate passes. The shrink of an open LoRA
+ * call (worker_lora_begin) joins the first job's pre-work. */
 ie_status_t worker_matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, const wmat_t *const *rep,
                               float *const *y, const float *x, int n, const mm_pre_t *pre)
 {
     int done[MM_MAX] = {0};
     const int nth = ie_threadpool_size(w->tp);
+    pre_pair_t both = {{0}, {0}};
+    const mm_pre_t chained = {pre_pair_run, &both};
+    if (worker_lora_pre(w, &both.b)) {
+        if (pre) both.a = *pre;
+        pre = &chained;
+    }
     for (int i = 0; i < nm; i++) {
         if (done[i]) continue;
         ie_dtype_t act = ie_matmul_act_dtype(m[i]->dtype);

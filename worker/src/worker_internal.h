@@ -112,11 +112,26 @@ struct pf_state; /* prefetch.c */
 typedef struct wlora {
     const ie_lora_t *ad; /* NULL: free entry                         */
     float scale;         /* the caller's, times each matrix's own    */
+    ie_lora_t *own;      /* ad when the worker holds its own int8
+                            copy (freed with the entry), else NULL  */
 } wlora_t;
 typedef struct lora_group {
     int id;       /* adapter                                     */
     int first, n; /* its batch rows: lora_rows[first .. first+n) */
 } lora_group_t;
+/* One worker_lora_begin call: the kernel arguments of each (module,
+ * group) with an adapter matrix, and the weights of its two passes. */
+#define LORA_MAX_ARGS (3 * IE_WORKER_MAX_LORA)
+typedef struct lora_job {
+    struct ie_worker *w;
+    ie_lora_args_t args[LORA_MAX_ARGS];
+    int grp[LORA_MAX_ARGS]; /* args[k]'s group                         */
+    int mi[LORA_MAX_ARGS];  /* ... and module (its block of lora_tmp)  */
+    int n_args;
+    double total[2]; /* weights of all args: A (shrink), B (expand)  */
+    double fma;      /* multiply-adds of the call                    */
+    int shrunk;      /* the shrink pass has run                      */
+} lora_job_t;
 
 struct ie_worker {
     ie_hparams_t hp;
@@ -246,6 +261,8 @@ struct ie_worker {
     float *lora_tmp;    /* [3][max_batch][lora_tmp_rank] the kernels' A x */
     int lora_tmp_rank;
     double lora_pool_min; /* multiply-adds from which a call uses the pool */
+    lora_job_t lora_job;  /* the call between worker_lora_begin and _end */
+    int lora_open;        /* ... begun and not ended                      */
 };
 
 /* ------------------------------------------------------- worker.c: memory */
@@ -324,17 +341,34 @@ void worker_kv_commit(ie_worker_t *w, const ie_batch_t *b);
 
 /* -------------------------------------------------------------- lora.c */
 
+/* Work each thread does before its share of a matmul job. */
+typedef struct mm_pre {
+    void (*fn)(void *ctx, int ith, int nth);
+    void *ctx;
+} mm_pre_t;
+
+
 /* Token i's adapter id is -1 or attached (IE_ERR_RANGE otherwise). */
 ie_status_t worker_lora_check(const ie_worker_t *w, const ie_batch_t *b, int i);
 
 /* Group the step's tokens by adapter (none when b->adapter is NULL). */
 void worker_lora_group(ie_worker_t *w, const ie_batch_t *b);
 
-/* For the nm (1..3) modules ms[i] of layer l that share input rows
- * x[n][this rank's n_in] (the base matmul's own input): ys[i][n][this
- * rank's n_out] += the low-rank path of each group's adapter. One pool
- * job when the work outweighs a fork/join, else on the calling thread. */
-void worker_lora_apply(ie_worker_t *w, int l, int nm, const ie_lora_mod_t *ms, float *const *ys, const float *x);
+/* The low-rank paths of the nm (1..3) modules ms[i] of layer l that
+ * share input rows x[n][this rank's n_in] (the base matmul's own input):
+ * between worker_lora_begin and worker_lora_end, ys[i][n][this rank's
+ * n_out] += each group's adapter's B (scale * A x). The shrink (A x)
+ * rides on the next matmul job as its pre-work (worker_lora_pre) so it
+ * costs no fork/join of its own; _end runs the expand after the base
+ * matmul has written ys (one pool job when the work outweighs a
+ * fork/join), and the shrink first if no matmul took it. */
+void worker_lora_begin(ie_worker_t *w, int l, int nm, const ie_lora_mod_t *ms, float *const *ys, const float *x);
+void worker_lora_end(ie_worker_t *w);
+
+/* The shrink of the open call as pre-work for a matmul job (each thread
+ * its share): 1 and *pre set once per call, else 0 (nothing open, or
+ * taken already). */
+int worker_lora_pre(ie_worker_t *w, mm_pre_t *pre);
 
 /* Free the LoRA scratch (the adapters are the caller's). */
 void worker_lora_free(ie_worker_t *w);
@@ -347,11 +381,6 @@ ie_status_t worker_moe(ie_worker_t *w, const layer_t *L, int n);
 
 /* ------------------------------------------------------------ matmul.c */
 
-/* Work each thread does before its share of a matmul job. */
-typedef struct mm_pre {
-    void (*fn)(void *ctx, int ith, int nth);
-    void *ctx;
-} mm_pre_t;
 
 /* y_i[n][m_i->n_out] = m_i · x[n][n_in] for up to MM_MAX matrices sharing
  * the input x. rep: NULL, or per matrix NULL or its per-node copies (share
