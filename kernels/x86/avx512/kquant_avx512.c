@@ -43,8 +43,8 @@
  *
  * Tiling as pack_avx512.c: one panel x T <= 8 tokens per tile, rows walked
  * in ~2 MiB blocks for prefill; decode (T <= 3) streams the panels with
- * software prefetch into L2 KPFD bytes ahead, one line per 64 bytes as
- * each slab starts. Measured (Zen 4, one thread, CPU time, 2048 x 5632
+ * software prefetch into L1 (KPF_HINT) KPFD bytes ahead, one line per 64
+ * bytes as each slab starts. Measured (Zen 4, one thread, CPU time, 2048 x 5632
  * at 512 tokens): GOP/s q4_K 655, q6_K 470, iq4_xs 630, q3_K 520 against
  * I4W's 590; GEMV over an L2-resident matrix: q4_K, q6_K ~88 GB/s of
  * weights per core (I4W 68), so decode has ~3x headroom over a core's
@@ -61,8 +61,17 @@
 
 #define KT 8 /* max tokens per tile */
 #ifndef KPFD
-#define KPFD 4096 /* decode prefetch distance, bytes (2048: -4..-10% in bench_decode) */
+#define KPFD 6144 /* decode prefetch distance, bytes (see KPF_HINT) */
 #endif
+/* Decode prefetch hint: T0 (into L1), not T1. A/B on Zen 4 (bench_kernels
+ * GEMV over DRAM, 2026-11-27, load 7-9): with T1 the k-quants reached 0.72
+ * (q4_K) and 0.61 (q6_K) of the paired read at 4096 bytes ahead and no
+ * better at 2048-16384, while their L2-resident rate (67-80 GB/s a core)
+ * was above I4W's: the lines were in L2 and the misses to it, in a demand
+ * order that is not one ascending stream (header, then each slab's planes),
+ * were left exposed. T0 at 6144: 0.88-0.92 (q4_K) and 0.86 (q6_K); 4096
+ * and 8192-10240 measured 2-8% lower; NTA equal to T0. */
+#define KPF_HINT _MM_HINT_T0
 #define KROWBLK (2u << 20)    /* weights per row block in prefill */
 #define KPK_BYTES (64u << 10) /* activation pack buffer */
 
@@ -219,7 +228,7 @@ IE_INLINE void k_block256(const int ty, const int T, const int PF, const uint8_t
     /* the header's lines here, each slab's as it starts: a steady stream of
      * requests PFD bytes ahead rather than a burst of a whole block's */
     if (PF)
-        for (size_t o = 0; o < hdr; o += 64) _mm_prefetch((const char *)wb + KPFD + o, _MM_HINT_T1);
+        for (size_t o = 0; o < hdr; o += 64) _mm_prefetch((const char *)wb + KPFD + o, KPF_HINT);
     const size_t paux = 260 * (size_t)T; /* aux of token t at paux + 64 t */
     /* decode: each sub-block's products in two chains (summed before the
      * scale), so a token is not one chain of 4-8 dependent vpdpbusd */
@@ -230,7 +239,7 @@ IE_INLINE void k_block256(const int ty, const int T, const int PF, const uint8_t
     for (int s = 0; s < 8; s++) {
         const uint8_t *q = wb + hdr + (size_t)s * slab;
         if (PF)
-            for (size_t o = 0; o < slab; o += 64) _mm_prefetch((const char *)q + KPFD + o, _MM_HINT_T1);
+            for (size_t o = 0; o < slab; o += 64) _mm_prefetch((const char *)q + KPFD + o, KPF_HINT);
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             __m512i W[4];
@@ -290,7 +299,7 @@ IE_INLINE void k_block32(const int ty, const int T, const int PF, const uint8_t 
     const size_t hdr = k_hdr(ty);
     if (PF) {
         const size_t bb = k_blk(ty);
-        for (size_t o = 0; o < bb; o += 64) _mm_prefetch((const char *)wb + KPFD + o, _MM_HINT_T1);
+        for (size_t o = 0; o < bb; o += 64) _mm_prefetch((const char *)wb + KPFD + o, KPF_HINT);
     }
     __m512i I[KT];
 #pragma GCC unroll 8
@@ -468,7 +477,7 @@ ie_status_t ie_matmul_packed_kq_avx512(const ie_pmat_t *m, int64_t r0, int64_t r
     const int64_t kcb = k_kcb(ty, T);
     const uint8_t *w = m->data;
     if (T <= 3)
-        for (size_t o = 0; o < KPFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, _MM_HINT_T1);
+        for (size_t o = 0; o < KPFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, KPF_HINT);
     for (int64_t kb0 = 0; kb0 < nb; kb0 += kcb) {
         const int64_t kb1 = kb0 + kcb < nb ? kb0 + kcb : nb;
         for (int64_t q0 = p0; q0 < p1; q0 += rb) {
@@ -508,7 +517,7 @@ ie_status_t ie_matmul_packed_ranges_kq_avx512(const ie_pmat_t *m, ie_panel_next_
         if (p0 < 0 || p1 <= p0 || p0 >= np) return IE_ERR_INVAL;
         if (p1 > np) p1 = np;
         if (tt <= 3)
-            for (size_t o = 0; o < KPFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, _MM_HINT_T1);
+            for (size_t o = 0; o < KPFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, KPF_HINT);
         if (!packed) {
             k_pack(ty, (const uint8_t *)a, a_stride, n_in, tt, 0, nb, pk);
             packed = 1;
