@@ -42,13 +42,14 @@
  * Q5_1's f32 s).
  *
  * Tiling as pack_avx512.c: one panel x T <= 8 tokens per tile, rows walked
- * in ~2 MiB blocks for prefill; decode (T <= 3) streams the panels with
- * software prefetch into L1 (KPF_HINT) KPFD bytes ahead, one line per 64
- * bytes as each slab starts. Measured (Zen 4, one thread, CPU time, 2048 x 5632
- * at 512 tokens): GOP/s q4_K 655, q6_K 470, iq4_xs 630, q3_K 520 against
- * I4W's 590; GEMV over an L2-resident matrix: q4_K, q6_K ~88 GB/s of
- * weights per core (I4W 68), so decode has ~3x headroom over a core's
- * share of DRAM bandwidth.
+ * in ~2 MiB blocks for prefill, except Q3_K, Q5_K and Q6_K, whose prefill
+ * unpacks each panel's codes of KUB blocks once into a buffer (k_unpack)
+ * that up to KUTG token tiles read (the _u tiles); decode (T <= 3) streams
+ * the panels with software prefetch into L1 (KPF_HINT) KPFD bytes ahead,
+ * one line per 64 bytes as each slab starts. Measured (Zen 4, one thread,
+ * CPU time, 2048 x 5632 at 512 tokens, before the unpacked prefill): GOP/s
+ * q4_K 655, q6_K 470, iq4_xs 630, q3_K 520 against I4W's 590; GEMV over an
+ * L2-resident matrix: q4_K, q6_K ~88 GB/s of weights per core (I4W 68).
  */
 #include "ie_kernels.h"
 #include "../../src/ie_kernels_isa.h"
@@ -80,9 +81,9 @@
  * their planes per 8 tokens (Q6_K: 2.75 of ~17 vector instructions per
  * token and 32 columns, Q5_K 3.4 of ~15); unpacked once per panel and
  * k-chunk into a buffer that 16 token tiles read instead. A/B on Zen 4
- * (bench_kernels GEMM CPU time / int4w's, 2026-11-27, load ~10): q6_K 0.75
- * -> 0.88, q5_K 0.85 -> 0.98, q3_K 0.84 -> 0.91; KUB 2/4/16/32 and 8 or
- * 64 tiles measured lower; q4_K, q2_K, iq4_xs (cheap unpack) lost 0-4%
+ * (bench_kernels GEMM CPU time / int4w's, 2026-11-27, load ~10): q6_K
+ * 0.75-0.77 -> 0.86-0.88, q5_K 0.85 -> 0.98-1.00, q3_K 0.84 -> 0.91-0.93;
+ * KUB 2/4/16/32 and 8 or 64 tiles measured lower; q4_K, q2_K, iq4_xs (cheap unpack) lost 0-4%
  * and keep the per-tile codes. */
 #define KUBLK 4096u /* unpacked codes of one 256-block of a panel */
 #define KUB 8       /* blocks per k-chunk of the unpacked prefill */
@@ -383,7 +384,7 @@ typedef void (*ktile_fn)(const uint8_t *panel, int64_t b0, int64_t b1, const uin
                          float *y, int64_t ldy, __mmask16 rmask, int first);
 
 /* Decode-sized tiles (T <= 3) prefetch; prefill tiles read panels that
- * the row blocking keeps in L2/L3. The _u tiles (256-element types) take
+ * the row blocking keeps in L2/L3. The _u tiles (k_merged types) take
  * their codes from k_unpack's buffer uw (blocks b0.. on) instead. */
 #define KTILE(TY, name, T)                                                                               \
     static void ktile_##name##_##T(const uint8_t *panel, int64_t b0, int64_t b1, const uint8_t *pk,      \
