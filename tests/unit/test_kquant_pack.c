@@ -796,6 +796,17 @@ static void test_matmul_large(void)
             bad += check_case(&c);
             cases++;
         }
+    /* prefill past one pass of the kernels' token tiles (AVX-512 unpacks
+     * the merged-plane types' codes once for 16 tiles of 8 tokens: 137 =
+     * 128 + 9 tokens, the second pass two tiles) over 11 blocks of 256
+     * (one k-chunk of 8 and a tail of 3), a partial last panel */
+    for (int ti = 0; ti < N_KTYPES; ti++, k++) {
+        const ie_dtype_t t = KTYPES[ti];
+        if (ie_dtype_block_elems(t) != 256) continue;
+        mcase_t c = {t, 11 * 256, 40, 137, 0, 40, 5, 0, 7500 + (uint64_t)k, ti % 2};
+        bad += check_case(&c);
+        cases++;
+    }
     printf("\n    %d cases", cases);
     CU_ASSERT_EQUAL(bad, 0);
 }

@@ -42,13 +42,14 @@
  * Q5_1's f32 s).
  *
  * Tiling as pack_avx512.c: one panel x T <= 8 tokens per tile, rows walked
- * in ~2 MiB blocks for prefill; decode (T <= 3) streams the panels with
- * software prefetch into L2 KPFD bytes ahead, one line per 64 bytes as
- * each slab starts. Measured (Zen 4, one thread, CPU time, 2048 x 5632
- * at 512 tokens): GOP/s q4_K 655, q6_K 470, iq4_xs 630, q3_K 520 against
- * I4W's 590; GEMV over an L2-resident matrix: q4_K, q6_K ~88 GB/s of
- * weights per core (I4W 68), so decode has ~3x headroom over a core's
- * share of DRAM bandwidth.
+ * in ~2 MiB blocks for prefill, except Q3_K, Q5_K and Q6_K, whose prefill
+ * unpacks each panel's codes of KUB blocks once into a buffer (k_unpack)
+ * that up to KUTG token tiles read (the _u tiles); decode (T <= 3) streams
+ * the panels with software prefetch into L1 (KPF_HINT) KPFD bytes ahead,
+ * one line per 64 bytes as each slab starts. Measured (Zen 4, one thread,
+ * CPU time, 2048 x 5632 at 512 tokens, before the unpacked prefill): GOP/s
+ * q4_K 655, q6_K 470, iq4_xs 630, q3_K 520 against I4W's 590; GEMV over an
+ * L2-resident matrix: q4_K, q6_K ~88 GB/s of weights per core (I4W 68).
  */
 #include "ie_kernels.h"
 #include "../../src/ie_kernels_isa.h"
@@ -56,15 +57,37 @@
 #include "avx512_inl.h"
 
 #include <immintrin.h>
+#include <stdlib.h>
 #include <string.h>
 
 
 #define KT 8 /* max tokens per tile */
 #ifndef KPFD
-#define KPFD 4096 /* decode prefetch distance, bytes (2048: -4..-10% in bench_decode) */
+#define KPFD 6144 /* decode prefetch distance, bytes (see KPF_HINT) */
 #endif
+/* Decode prefetch hint: T0 (into L1), not T1. A/B on Zen 4 (bench_kernels
+ * GEMV over DRAM, 2026-11-27, load 7-9): with T1 the k-quants reached 0.72
+ * (q4_K) and 0.61 (q6_K) of the paired read at 4096 bytes ahead and no
+ * better at 2048-16384, while their L2-resident rate (67-80 GB/s a core)
+ * was above I4W's, so the L1 misses to L2 were left exposed (why I4W's T1
+ * suffices is a guess: its loads are one ascending stream the L1
+ * prefetcher follows; a k-quant block's are not: header, then each slab's
+ * planes). T0 at 6144: 0.88-0.92 (q4_K) and 0.86 (q6_K); q6_K
+ * 0.74 at 4096, 0.81-0.84 at 8192-10240; NTA equal to T0 (docs/PERFORMANCE.md). */
+#define KPF_HINT _MM_HINT_T0
 #define KROWBLK (2u << 20)    /* weights per row block in prefill */
 #define KPK_BYTES (64u << 10) /* activation pack buffer */
+/* Prefill of Q3_K, Q5_K, Q6_K (k_merged): a tile rebuilt its codes from
+ * their planes per 8 tokens (Q6_K: 2.75 of ~17 vector instructions per
+ * token and 32 columns, Q5_K 3.4 of ~15); unpacked once per panel and
+ * k-chunk into a buffer that 16 token tiles read instead. A/B on Zen 4
+ * (bench_kernels GEMM CPU time / int4w's, 2026-11-27, load ~10): q6_K
+ * 0.75-0.77 -> 0.86-0.88, q5_K 0.85 -> 0.98-1.00, q3_K 0.84 -> 0.91-0.93;
+ * KUB 2/4/16/32 and 8 or 64 tiles measured lower; q4_K, q2_K, iq4_xs (cheap unpack) lost 0-4%
+ * and keep the per-tile codes. */
+#define KUBLK 4096u /* unpacked codes of one 256-block of a panel */
+#define KUB 8       /* blocks per k-chunk of the unpacked prefill */
+#define KUTG 16     /* token tiles per pass of the unpacked prefill */
 
 /* the types, as compile-time constants of the inlined tiles */
 enum { K_Q2 = 0, K_Q3, K_Q4, K_Q5, K_Q6, K_IQ4XS, K_Q50, K_Q51, K_IQ4NL, K_NTYPES };
@@ -86,6 +109,8 @@ IE_INLINE int k_bits(int ty)
 IE_INLINE int k_dmin(int ty) { return ty == K_Q2 || ty == K_Q4 || ty == K_Q5 || ty == K_Q51; }
 IE_INLINE int k_mn(int ty) { return ty == K_Q2 || ty == K_Q4 || ty == K_Q5; }
 IE_INLINE int k_iq(int ty) { return ty == K_IQ4XS || ty == K_IQ4NL; }
+/* the 256-element types whose codes are merged from 2 or 3 planes */
+IE_INLINE int k_merged(int ty) { return ty == K_Q3 || ty == K_Q5 || ty == K_Q6; }
 /* the code's offset against the value's integer factor (folded in as
  * -off * sum(q)); 0 for the types with mins (their M term) and Q5_1 */
 IE_INLINE int k_off(int ty)
@@ -211,15 +236,15 @@ IE_INLINE __m512i pair16(const uint8_t *rows2)
 
 /* One 256-element block of one panel (wb: its header) against T packed
  * tokens (p): acc[t] += the block's dot products. */
-IE_INLINE void k_block256(const int ty, const int T, const int PF, const uint8_t *wb, const uint8_t *p,
-                          __m512 acc[KT])
+IE_INLINE void k_block256(const int ty, const int T, const int PF, const int UW, const uint8_t *wb,
+                          const uint8_t *uw, const uint8_t *p, __m512 acc[KT])
 {
     const int nsub = k_nsub(ty), off = k_off(ty);
     const size_t hdr = k_hdr(ty), slab = k_slab(ty), sco = k_sc(ty);
     /* the header's lines here, each slab's as it starts: a steady stream of
      * requests PFD bytes ahead rather than a burst of a whole block's */
     if (PF)
-        for (size_t o = 0; o < hdr; o += 64) _mm_prefetch((const char *)wb + KPFD + o, _MM_HINT_T1);
+        for (size_t o = 0; o < hdr; o += 64) _mm_prefetch((const char *)wb + KPFD + o, KPF_HINT);
     const size_t paux = 260 * (size_t)T; /* aux of token t at paux + 64 t */
     /* decode: each sub-block's products in two chains (summed before the
      * scale), so a token is not one chain of 4-8 dependent vpdpbusd */
@@ -230,11 +255,15 @@ IE_INLINE void k_block256(const int ty, const int T, const int PF, const uint8_t
     for (int s = 0; s < 8; s++) {
         const uint8_t *q = wb + hdr + (size_t)s * slab;
         if (PF)
-            for (size_t o = 0; o < slab; o += 64) _mm_prefetch((const char *)q + KPFD + o, _MM_HINT_T1);
+            for (size_t o = 0; o < slab; o += 64) _mm_prefetch((const char *)q + KPFD + o, KPF_HINT);
 #pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             __m512i W[4];
-            k_codes(ty, q, h, W);
+            if (UW) /* k_unpack's codes */
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++)
+                    W[i] = _mm512_load_si512((const void *)(uw + 256 * (2 * s + h) + 64 * i));
+            else k_codes(ty, q, h, W);
             const int j = nsub == 16 ? 2 * s + h : s;
             if (nsub == 16 || h == 0) {
 #pragma GCC unroll 8
@@ -290,7 +319,7 @@ IE_INLINE void k_block32(const int ty, const int T, const int PF, const uint8_t 
     const size_t hdr = k_hdr(ty);
     if (PF) {
         const size_t bb = k_blk(ty);
-        for (size_t o = 0; o < bb; o += 64) _mm_prefetch((const char *)wb + KPFD + o, _MM_HINT_T1);
+        for (size_t o = 0; o < bb; o += 64) _mm_prefetch((const char *)wb + KPFD + o, KPF_HINT);
     }
     __m512i I[KT];
 #pragma GCC unroll 8
@@ -329,8 +358,9 @@ IE_INLINE void k_block32(const int ty, const int T, const int PF, const uint8_t 
 /* One panel x T tokens over blocks [b0, b1) (pk: the packed tokens of
  * block b0 on); y: row 16p of token 0; rows with a clear bit in rmask are
  * not written; first: store (else add into y). */
-IE_INLINE void k_tile(const int ty, const int T, const int PF, const uint8_t *panel, int64_t b0, int64_t b1,
-                      const uint8_t *pk, float *y, int64_t ldy, __mmask16 rmask, int first)
+IE_INLINE void k_tile(const int ty, const int T, const int PF, const int UW, const uint8_t *panel, int64_t b0,
+                      int64_t b1, const uint8_t *pk, const uint8_t *uw, float *y, int64_t ldy, __mmask16 rmask,
+                      int first)
 {
     const size_t bb = k_blk(ty), ks = k_pk(ty) * (size_t)T;
     __m512 acc[KT];
@@ -338,7 +368,7 @@ IE_INLINE void k_tile(const int ty, const int T, const int PF, const uint8_t *pa
     for (int t = 0; t < T; t++) acc[t] = _mm512_setzero_ps();
     const uint8_t *wb = panel + (size_t)b0 * bb, *p = pk;
     for (int64_t b = b0; b < b1; b++, wb += bb, p += ks) {
-        if (k_qk(ty) == 256) k_block256(ty, T, PF, wb, p, acc);
+        if (k_qk(ty) == 256) k_block256(ty, T, PF, UW, wb, UW ? uw + (size_t)(b - b0) * KUBLK : uw, p, acc);
         else k_block32(ty, T, PF, wb, p, acc);
     }
 #pragma GCC unroll 8
@@ -350,16 +380,23 @@ IE_INLINE void k_tile(const int ty, const int T, const int PF, const uint8_t *pa
     }
 }
 
-typedef void (*ktile_fn)(const uint8_t *panel, int64_t b0, int64_t b1, const uint8_t *pk, float *y, int64_t ldy,
-                         __mmask16 rmask, int first);
+typedef void (*ktile_fn)(const uint8_t *panel, int64_t b0, int64_t b1, const uint8_t *pk, const uint8_t *uw,
+                         float *y, int64_t ldy, __mmask16 rmask, int first);
 
 /* Decode-sized tiles (T <= 3) prefetch; prefill tiles read panels that
- * the row blocking keeps in L2/L3. */
-#define KTILE(TY, name, T)                                                                                    \
-    static void ktile_##name##_##T(const uint8_t *panel, int64_t b0, int64_t b1, const uint8_t *pk, float *y, \
-                                   int64_t ldy, __mmask16 rmask, int first)                                   \
-    {                                                                                                         \
-        k_tile(TY, T, (T) <= 3, panel, b0, b1, pk, y, ldy, rmask, first);                                     \
+ * the row blocking keeps in L2/L3. The _u tiles (k_merged types) take
+ * their codes from k_unpack's buffer uw (blocks b0.. on) instead. */
+#define KTILE(TY, name, T)                                                                               \
+    static void ktile_##name##_##T(const uint8_t *panel, int64_t b0, int64_t b1, const uint8_t *pk,      \
+                                   const uint8_t *uw, float *y, int64_t ldy, __mmask16 rmask, int first) \
+    {                                                                                                    \
+        k_tile(TY, T, (T) <= 3, 0, panel, b0, b1, pk, uw, y, ldy, rmask, first);                         \
+    }
+#define KTILEU(TY, name, T)                                                                               \
+    static void ktileu_##name##_##T(const uint8_t *panel, int64_t b0, int64_t b1, const uint8_t *pk,      \
+                                    const uint8_t *uw, float *y, int64_t ldy, __mmask16 rmask, int first) \
+    {                                                                                                     \
+        k_tile(TY, T, 0, 1, panel, b0, b1, pk, uw, y, ldy, rmask, first);                                 \
     }
 /* macro-built tile tables, laid out by hand */
 // clang-format off
@@ -369,6 +406,12 @@ typedef void (*ktile_fn)(const uint8_t *panel, int64_t b0, int64_t b1, const uin
     static const ktile_fn ktiles_##name[KT + 1] = {                                                    \
         NULL, ktile_##name##_1, ktile_##name##_2, ktile_##name##_3, ktile_##name##_4,                  \
         ktile_##name##_5, ktile_##name##_6, ktile_##name##_7, ktile_##name##_8 };
+#define KTILESU(TY, name)                                                                              \
+    KTILEU(TY, name, 1) KTILEU(TY, name, 2) KTILEU(TY, name, 3) KTILEU(TY, name, 4)                    \
+    KTILEU(TY, name, 5) KTILEU(TY, name, 6) KTILEU(TY, name, 7) KTILEU(TY, name, 8)                    \
+    static const ktile_fn ktilesu_##name[KT + 1] = {                                                   \
+        NULL, ktileu_##name##_1, ktileu_##name##_2, ktileu_##name##_3, ktileu_##name##_4,              \
+        ktileu_##name##_5, ktileu_##name##_6, ktileu_##name##_7, ktileu_##name##_8 };
 
 KTILES(K_Q2, q2k)
 KTILES(K_Q3, q3k)
@@ -379,10 +422,44 @@ KTILES(K_IQ4XS, iq4xs)
 KTILES(K_Q50, q50)
 KTILES(K_Q51, q51)
 KTILES(K_IQ4NL, iq4nl)
+KTILESU(K_Q3, q3k)
+KTILESU(K_Q5, q5k)
+KTILESU(K_Q6, q6k)
 // clang-format on
 
 static const ktile_fn *const ktiles[K_NTYPES] = {ktiles_q2k,   ktiles_q3k, ktiles_q4k, ktiles_q5k,  ktiles_q6k,
                                                  ktiles_iq4xs, ktiles_q50, ktiles_q51, ktiles_iq4nl};
+static const ktile_fn *const ktilesu[K_NTYPES] = {NULL, ktilesu_q3k, NULL, ktilesu_q5k, ktilesu_q6k,
+                                                  NULL, NULL,        NULL, NULL};
+
+/* The codes of blocks [0, nblk) of one panel (wb: the first block's
+ * header; 256-element types) into u, one unsigned code per byte, in the
+ * order k_block256 reads them with UW: block b, slab s, half h, quad i at
+ * u + KUBLK*b + 256*(2s + h) + 64i (one zmm of k_codes' W[i]). */
+IE_INLINE void k_unpack_t(const int ty, const uint8_t *wb, int64_t nblk, uint8_t *u)
+{
+    const size_t bb = k_blk(ty), hdr = k_hdr(ty), slab = k_slab(ty);
+    for (int64_t b = 0; b < nblk; b++, wb += bb, u += KUBLK)
+#pragma GCC unroll 2
+        for (int s = 0; s < 8; s++)
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m512i W[4];
+                k_codes(ty, wb + hdr + (size_t)s * slab, h, W);
+#pragma GCC unroll 4
+                for (int i = 0; i < 4; i++) _mm512_store_si512((void *)(u + 256 * (2 * s + h) + 64 * i), W[i]);
+            }
+}
+
+static void k_unpack(int ty, const uint8_t *wb, int64_t nblk, uint8_t *u)
+{
+    switch (ty) {
+    case K_Q3: k_unpack_t(K_Q3, wb, nblk, u); break;
+    case K_Q5: k_unpack_t(K_Q5, wb, nblk, u); break;
+    case K_Q6: k_unpack_t(K_Q6, wb, nblk, u); break;
+    default: break; /* k_merged types only */
+    }
+}
 
 /* Sum of 32 int8 at p. */
 static inline int32_t sum32_i8(const uint8_t *p)
@@ -458,6 +535,43 @@ ie_status_t ie_matmul_packed_kq_avx512(const ie_pmat_t *m, int64_t r0, int64_t r
     const size_t pb = (size_t)nb * k_blk(ty);
     const ktile_fn *fns = ktiles[ty];
     const int64_t p0 = r0 / IE_PANEL, p1 = (r1 + IE_PANEL - 1) / IE_PANEL;
+    if (n_tok > KT && k_merged(ty)) {
+        /* prefill of the merged-plane types: each panel's codes of KUB
+         * blocks unpacked once (k_unpack) for up to KUTG token tiles, whose
+         * activations for those blocks are packed side by side; without the
+         * buffer, the tiles below */
+        const int64_t ntg = (n_tok + KT - 1) / KT < KUTG ? (n_tok + KT - 1) / KT : KUTG;
+        const size_t tpk = (k_pk(ty) * KT * KUB + 63) / 64 * 64, bb = k_blk(ty);
+        uint8_t *buf = aligned_alloc(64, (size_t)ntg * tpk + KUB * KUBLK);
+        if (buf) {
+            uint8_t *uw = buf + (size_t)ntg * tpk;
+            const ktile_fn *fu = ktilesu[ty];
+            const uint8_t *w = m->data;
+            for (int64_t g0 = 0; g0 < n_tok; g0 += ntg * KT) {
+                const int64_t g1 = g0 + ntg * KT < n_tok ? g0 + ntg * KT : n_tok;
+                for (int64_t kb0 = 0; kb0 < nb; kb0 += KUB) {
+                    const int64_t kb1 = kb0 + KUB < nb ? kb0 + KUB : nb;
+                    for (int64_t t0 = g0, i = 0; t0 < g1; t0 += KT, i++) {
+                        const int tt = g1 - t0 < KT ? (int)(g1 - t0) : KT;
+                        k_pack(ty, (const uint8_t *)a + (size_t)t0 * a_stride, a_stride, n_in, tt, kb0, kb1,
+                               buf + (size_t)i * tpk);
+                    }
+                    for (int64_t p = p0; p < p1; p++) {
+                        const int64_t rows = r1 - p * IE_PANEL;
+                        const __mmask16 rmask = rows >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rows) - 1);
+                        k_unpack(ty, w + (size_t)p * pb + (size_t)kb0 * bb, kb1 - kb0, uw);
+                        for (int64_t t0 = g0, i = 0; t0 < g1; t0 += KT, i++) {
+                            const int tt = g1 - t0 < KT ? (int)(g1 - t0) : KT;
+                            fu[tt](w + (size_t)p * pb, kb0, kb1, buf + (size_t)i * tpk, uw,
+                                   y + t0 * ldy + p * IE_PANEL, ldy, rmask, kb0 == 0);
+                        }
+                    }
+                }
+            }
+            free(buf);
+            return IE_OK;
+        }
+    }
     const int T = n_tok < KT ? (int)n_tok : KT;
     int64_t rb = p1 - p0; /* panels per row block: all of them for one token tile */
     if (n_tok > T) {
@@ -468,7 +582,7 @@ ie_status_t ie_matmul_packed_kq_avx512(const ie_pmat_t *m, int64_t r0, int64_t r
     const int64_t kcb = k_kcb(ty, T);
     const uint8_t *w = m->data;
     if (T <= 3)
-        for (size_t o = 0; o < KPFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, _MM_HINT_T1);
+        for (size_t o = 0; o < KPFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, KPF_HINT);
     for (int64_t kb0 = 0; kb0 < nb; kb0 += kcb) {
         const int64_t kb1 = kb0 + kcb < nb ? kb0 + kcb : nb;
         for (int64_t q0 = p0; q0 < p1; q0 += rb) {
@@ -479,7 +593,8 @@ ie_status_t ie_matmul_packed_kq_avx512(const ie_pmat_t *m, int64_t r0, int64_t r
                 for (int64_t p = q0; p < q1; p++) {
                     const int64_t rows = r1 - p * IE_PANEL;
                     const __mmask16 rmask = rows >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rows) - 1);
-                    fns[tt](w + (size_t)p * pb, kb0, kb1, pk, y + t0 * ldy + p * IE_PANEL, ldy, rmask, kb0 == 0);
+                    fns[tt](w + (size_t)p * pb, kb0, kb1, pk, NULL, y + t0 * ldy + p * IE_PANEL, ldy, rmask,
+                            kb0 == 0);
                 }
             }
         }
@@ -508,7 +623,7 @@ ie_status_t ie_matmul_packed_ranges_kq_avx512(const ie_pmat_t *m, ie_panel_next_
         if (p0 < 0 || p1 <= p0 || p0 >= np) return IE_ERR_INVAL;
         if (p1 > np) p1 = np;
         if (tt <= 3)
-            for (size_t o = 0; o < KPFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, _MM_HINT_T1);
+            for (size_t o = 0; o < KPFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, KPF_HINT);
         if (!packed) {
             k_pack(ty, (const uint8_t *)a, a_stride, n_in, tt, 0, nb, pk);
             packed = 1;
@@ -516,7 +631,7 @@ ie_status_t ie_matmul_packed_ranges_kq_avx512(const ie_pmat_t *m, ie_panel_next_
         for (int64_t p = p0; p < p1; p++) {
             const int64_t rows = m->n_out - p * IE_PANEL;
             const __mmask16 rmask = rows >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rows) - 1);
-            fns[tt](w + (size_t)p * pb, 0, nb, pk, y + p * IE_PANEL, ldy, rmask, 1);
+            fns[tt](w + (size_t)p * pb, 0, nb, pk, NULL, y + p * IE_PANEL, ldy, rmask, 1);
         }
     }
     return IE_OK;
