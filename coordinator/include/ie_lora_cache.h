@@ -14,8 +14,9 @@
  * Salt: every set attached gets a salt never given out before (a counter
  * with the top bit set: never 0, the base's, nor the scheduler's legacy
  * adapter id + 1), so the prefix cache cannot hand a reloaded or reused
- * adapter id the K/V another adapter computed; the old blocks are never
- * matched again and age out of the pool.
+ * adapter id the K/V another adapter computed. The salts of detached sets
+ * are handed to the stepping thread (ie_lora_cache_take_detached), which
+ * frees their prefix blocks at once (ie_sched_drop_salt).
  *
  * Threads: every function may be called from any thread, except that the
  * backend must not step while adapters are attached or detached: the
@@ -127,6 +128,12 @@ uint64_t ie_lora_cache_salt(ie_lora_cache_t *c, int id);
  * mutex and runs the detaches that waited for a lease; end releases it. */
 void ie_lora_cache_step_begin(ie_lora_cache_t *c);
 void ie_lora_cache_step_end(ie_lora_cache_t *c);
+
+/* Move up to max salts of sets detached since the last call (unload,
+ * eviction, a set slot reused) into salts; returns how many. The stepping
+ * thread hands them to ie_sched_drop_salt so their prefix-cache blocks are
+ * freed at once. Any thread. */
+int ie_lora_cache_take_detached(ie_lora_cache_t *c, uint64_t *salts, int max);
 
 /* Up to max registered adapters (in slot order) into out; returns how
  * many there are in all. */

@@ -49,6 +49,8 @@ struct ie_lora_cache {
     set_t set[IE_LORA_SET_MAX];
     uint64_t tick, next_serial, next_salt;
     uint64_t loads, evictions;
+    uint64_t *dropped; /* salts of sets detached since the last take  */
+    int n_dropped, cap_dropped;
     ie_metric_t *m_req, *m_tok, *m_res, *m_bytes, *m_evict, *m_loads, *m_lat;
 };
 
@@ -83,11 +85,19 @@ static void gauges(ie_lora_cache_t *c)
     ie_metric_set(c->m_bytes, NULL, (double)b);
 }
 
-/* Detach set s (step_mu and mu held; s idle). */
+/* Detach set s (step_mu and mu held; s idle); its salt is kept for
+ * ie_lora_cache_take_detached (when memory for it fails, its prefix
+ * blocks merely age out, as they did before). */
 static void set_detach(ie_lora_cache_t *c, set_t *s)
 {
     if (!s->live) return;
     (void)ie_backend_lora_remove(c->o.backend, s->id); /* an id we attached: cannot fail */
+    if (c->n_dropped == c->cap_dropped) {
+        int cap = c->cap_dropped ? 2 * c->cap_dropped : IE_LORA_SET_MAX;
+        uint64_t *d = realloc(c->dropped, (size_t)cap * sizeof *d);
+        if (d) c->dropped = d, c->cap_dropped = cap;
+    }
+    if (c->n_dropped < c->cap_dropped) c->dropped[c->n_dropped++] = s->salt;
     memset(s, 0, sizeof *s);
 }
 
@@ -235,6 +245,7 @@ void ie_lora_cache_destroy(ie_lora_cache_t **self_p)
     for (int i = 0; i < IE_LORA_CACHE_MAX; i++) ent_free(&c->ent[i]);
     pthread_mutex_destroy(&c->step_mu);
     pthread_mutex_destroy(&c->mu);
+    free(c->dropped);
     free(c);
     *self_p = NULL;
 }
@@ -500,6 +511,18 @@ void ie_lora_cache_step_begin(ie_lora_cache_t *c)
 void ie_lora_cache_step_end(ie_lora_cache_t *c)
 {
     if (c) pthread_mutex_unlock(&c->step_mu);
+}
+
+int ie_lora_cache_take_detached(ie_lora_cache_t *c, uint64_t *salts, int max)
+{
+    int n = 0;
+    if (!c || !salts || max < 1) return 0;
+    pthread_mutex_lock(&c->mu);
+    n = c->n_dropped < max ? c->n_dropped : max;
+    memcpy(salts, c->dropped + (c->n_dropped - n), (size_t)n * sizeof *salts);
+    c->n_dropped -= n;
+    pthread_mutex_unlock(&c->mu);
+    return n;
 }
 
 int ie_lora_cache_list(ie_lora_cache_t *c, ie_lora_info_t *out, int max)

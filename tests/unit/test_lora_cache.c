@@ -8,7 +8,9 @@
  *     detaches it only after the release and the next step_begin;
  *   - sets: an equal set (any order) reuses its id and salt; salts are
  *     never 0 and never repeat, also for a name reloaded from disk;
- *   - reload: an evicted adapter is read again on acquire (loads count).
+ *   - reload: an evicted adapter is read again on acquire (loads count);
+ *   - detached salts: every set detached (unload, deferred or not) is
+ *     handed over once by ie_lora_cache_take_detached.
  */
 #include "ie_backend.h"
 #include "ie_lora_cache.h"
@@ -244,9 +246,13 @@ static void test_lru_pin_busy(void)
     CU_ASSERT(g_fake->attached[busy.id]);
     ie_lora_cache_release(c, &busy, 7);
     CU_ASSERT(g_fake->attached[busy.id]); /* release never touches the backend */
+    uint64_t gone[IE_LORA_SET_MAX];
+    while (ie_lora_cache_take_detached(c, gone, 1) > 0) {} /* the evictions' sets */
     ie_lora_cache_step_begin(c);
     ie_lora_cache_step_end(c);
     CU_ASSERT(!g_fake->attached[busy.id]);
+    CU_ASSERT_EQUAL(ie_lora_cache_take_detached(c, gone, IE_LORA_SET_MAX), 1); /* the deferred detach */
+    CU_ASSERT_EQUAL(gone[0], busy.salt);
     CU_ASSERT_EQUAL(n_attached(), before - 1);
     ie_lora_cache_release(c, &busy, 7); /* a stale lease: no-op */
     /* an idle adapter unloads at once */
@@ -290,8 +296,22 @@ static void test_sets_and_salts(void)
     ie_lora_lease_t la = lease1(c, "a");
     seen[n_seen++] = la.salt;
     ie_lora_cache_release(c, &la, 0);
+    uint64_t gone[8];
+    CU_ASSERT_EQUAL(ie_lora_cache_take_detached(c, gone, 8), 0); /* nothing detached yet */
     CU_ASSERT_EQUAL(ie_lora_cache_unload(c, "a", NULL), IE_OK);
     CU_ASSERT_EQUAL(ie_lora_cache_salt(c, la.id), 0); /* detached now: it was idle */
+    /* the three sets holding a are handed over for their prefix blocks,
+     * once each (a take of 2 leaves the third for the next) */
+    int n_gone = ie_lora_cache_take_detached(c, gone, 2);
+    CU_ASSERT_EQUAL(n_gone, 2);
+    n_gone += ie_lora_cache_take_detached(c, gone + n_gone, 8 - n_gone);
+    CU_ASSERT_EQUAL(n_gone, 3);
+    CU_ASSERT_EQUAL(ie_lora_cache_take_detached(c, gone, 8), 0);
+    for (int i = 0; i < 3; i++) {
+        int found = 0;
+        for (int j = 0; j < n_gone; j++) found += gone[j] == seen[i];
+        CU_ASSERT_EQUAL(found, 1);
+    }
     CU_ASSERT_EQUAL(ie_lora_cache_load(c, "a", LORA "/o4f16", 1.0f, 0), IE_OK);
     ie_lora_lease_t lb = lease1(c, "a");
     CU_ASSERT(lb.id == l1.id || lb.id == l3.id || lb.id == la.id);          /* a freed id again ... */
