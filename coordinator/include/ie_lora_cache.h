@@ -18,11 +18,15 @@
  * are handed to the stepping thread (ie_lora_cache_take_detached), which
  * frees their prefix blocks at once (ie_sched_drop_salt).
  *
- * Threads: every function may be called from any thread, except that the
- * backend must not step while adapters are attached or detached: the
- * stepping thread brackets each step with ie_lora_cache_step_begin /
- * _end (a mutex the attaching threads take too), and detaches that had to
- * wait for a lease happen in step_begin.
+ * Threads: every function may be called from any thread. Attaching and
+ * detaching use the backend, which belongs to the stepping thread
+ * (ie_backend.h): a serving loop registers itself (ie_lora_cache_stepper)
+ * and brackets each step with ie_lora_cache_step_begin / _end; between
+ * the two steps step_begin runs the attaches and detaches other threads
+ * queued (they wait for their outcome meanwhile) and the detaches that
+ * waited for a lease. With no stepping thread registered (the CLI,
+ * start-up) a call attaches at once under the step lock that
+ * step_begin / _end hold, as the stepping thread's own calls do.
  */
 #ifndef IE_LORA_CACHE_H
 #define IE_LORA_CACHE_H
@@ -128,6 +132,13 @@ uint64_t ie_lora_cache_salt(ie_lora_cache_t *c, int id);
  * mutex and runs the detaches that waited for a lease; end releases it. */
 void ie_lora_cache_step_begin(ie_lora_cache_t *c);
 void ie_lora_cache_step_end(ie_lora_cache_t *c);
+
+/* on 1: the calling thread is the stepping thread from now on; other
+ * threads' attaches and detaches are queued for its step_begin, and
+ * wake(wake_ctx) (may be NULL) is called when one is queued, to rouse it
+ * from an idle wait. on 0 (the same thread, its loop over): what is
+ * queued runs now, and later calls attach at once again. */
+void ie_lora_cache_stepper(ie_lora_cache_t *c, int on, void (*wake)(void *), void *wake_ctx);
 
 /* Move up to max salts of sets detached since the last call (unload,
  * eviction, a set slot reused) into salts; returns how many. The stepping

@@ -593,6 +593,16 @@ ie_status_t ie_sched_cancel(ie_sched_t *s, uint64_t id)
     return st;
 }
 
+void ie_sched_wake(void *sched)
+{
+    ie_sched_t *s = sched;
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->pending = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void update_gauges(ie_sched_t *s);
 
 int ie_sched_drop_salt(ie_sched_t *s, uint64_t salt)

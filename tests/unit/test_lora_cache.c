@@ -10,7 +10,9 @@
  *     never 0 and never repeat, also for a name reloaded from disk;
  *   - reload: an evicted adapter is read again on acquire (loads count);
  *   - detached salts: every set detached (unload, deferred or not) is
- *     handed over once by ie_lora_cache_take_detached.
+ *     handed over once by ie_lora_cache_take_detached;
+ *   - stepping thread: other threads' attaches and detaches wait for its
+ *     step_begin and run there, errors and messages reach the caller.
  */
 #include "ie_backend.h"
 #include "ie_lora_cache.h"
@@ -18,6 +20,9 @@
 
 #include <CUnit/Basic.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,6 +36,7 @@ typedef struct fake {
     int attached[64];
     int n_parts[64];
     int adds, removes;
+    pthread_t last_caller; /* the thread of the last add / remove */
 } fake_t;
 
 static ie_status_t f_step(void *self, const ie_batch_t *b, float *out)
@@ -57,6 +63,7 @@ static ie_status_t f_add(void *self, const ie_backend_lora_part_t *parts, int n,
             f->attached[i] = 1;
             f->n_parts[i] = n;
             f->adds++;
+            f->last_caller = pthread_self();
             *id_out = i;
             (void)parts;
             return IE_OK;
@@ -69,6 +76,7 @@ static ie_status_t f_remove(void *self, int id)
     if (id < 0 || id >= 64 || !f->attached[id]) return ie_error_set(IE_ERR_RANGE, "not attached");
     f->attached[id] = 0;
     f->removes++;
+    f->last_caller = pthread_self();
     return IE_OK;
 }
 static void f_destroy(void *self) { free(self); }
@@ -328,6 +336,123 @@ static void test_sets_and_salts(void)
     ie_backend_destroy(&b);
 }
 
+/* ------------------------------------------------------ stepping thread */
+typedef struct asker {
+    ie_lora_cache_t *c;
+    const char *name;
+    int unload;
+    ie_lora_lease_t lease;
+    ie_status_t st;
+    char err[512];
+    atomic_int done;
+} asker_t;
+
+static void *asker_main(void *arg)
+{
+    asker_t *a = arg;
+    if (a->unload) {
+        a->st = ie_lora_cache_unload(a->c, a->name, NULL);
+    } else {
+        const ie_lora_use_t u = {a->name, NAN};
+        a->st = ie_lora_cache_acquire(a->c, &u, 1, &a->lease);
+    }
+    snprintf(a->err, sizeof a->err, "%s", a->st == IE_OK ? "" : ie_error_last());
+    atomic_store(&a->done, 1);
+    return NULL;
+}
+
+static atomic_int g_wakes;
+static void count_wake(void *ctx)
+{
+    (void)ctx;
+    atomic_fetch_add(&g_wakes, 1);
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Wait up to 5 s for a->done; 1 when it came. */
+static int wait_done(asker_t *a)
+{
+    for (int i = 0; i < 500 && !atomic_load(&a->done); i++) sleep_ms(10);
+    return atomic_load(&a->done);
+}
+
+/* With a stepping thread registered, another thread's attach / detach
+ * waits for that thread's step_begin and runs there (the backend is
+ * called from the stepping thread only); a failure's status and message
+ * reach the asking thread; unregistering runs what is queued, and later
+ * calls attach at once again. */
+static void test_stepper_queue(void)
+{
+    ie_backend_t *b = fake_new();
+    ie_lora_cache_t *c = NULL;
+    ie_lora_cache_opts_t o = {.backend = b, .hp = g_hp};
+    CU_ASSERT_EQUAL_FATAL(ie_lora_cache_new(&o, &c), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "a", LORA "/qv8", 1.0f, 0), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "b", LORA "/o4f16", 1.0f, 0), IE_OK);
+    atomic_store(&g_wakes, 0);
+    ie_lora_cache_stepper(c, 1, count_wake, NULL);
+
+    asker_t a = {.c = c, .name = "a"};
+    pthread_t t;
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&t, NULL, asker_main, &a), 0);
+    sleep_ms(100);
+    CU_ASSERT(!atomic_load(&a.done)); /* queued: no step yet */
+    CU_ASSERT_EQUAL(g_fake->adds, 0);
+    CU_ASSERT(atomic_load(&g_wakes) >= 1);
+    ie_lora_cache_step_begin(c); /* runs it, on this thread */
+    ie_lora_cache_step_end(c);
+    CU_ASSERT(wait_done(&a));
+    pthread_join(t, NULL);
+    CU_ASSERT_EQUAL(a.st, IE_OK);
+    CU_ASSERT_EQUAL(g_fake->adds, 1);
+    CU_ASSERT(pthread_equal(g_fake->last_caller, pthread_self()));
+    CU_ASSERT(a.lease.id >= 0 && g_fake->attached[a.lease.id]);
+    ie_lora_cache_release(c, &a.lease, 0);
+
+    /* a refusal travels back with its message */
+    asker_t u = {.c = c, .name = "nope", .unload = 1};
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&t, NULL, asker_main, &u), 0);
+    sleep_ms(50);
+    CU_ASSERT(!atomic_load(&u.done));
+    ie_lora_cache_step_begin(c);
+    ie_lora_cache_step_end(c);
+    CU_ASSERT(wait_done(&u));
+    pthread_join(t, NULL);
+    CU_ASSERT_EQUAL(u.st, IE_ERR_RANGE);
+    CU_ASSERT_STRING_EQUAL(u.err, "The lora adapter 'nope' cannot be found.");
+
+    /* the stepping thread's own calls run at once (the ZeroMQ front end) */
+    ie_lora_lease_t l = lease1(c, "b");
+    CU_ASSERT_EQUAL(g_fake->adds, 2);
+    ie_lora_cache_release(c, &l, 0);
+
+    /* an unload queued, then the loop ends: it runs at unregistering */
+    asker_t d = {.c = c, .name = "a", .unload = 1};
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&t, NULL, asker_main, &d), 0);
+    sleep_ms(50);
+    CU_ASSERT(!atomic_load(&d.done));
+    ie_lora_cache_stepper(c, 0, NULL, NULL);
+    CU_ASSERT(wait_done(&d));
+    pthread_join(t, NULL);
+    CU_ASSERT_EQUAL(d.st, IE_OK);
+    CU_ASSERT(!g_fake->attached[a.lease.id]);
+    CU_ASSERT(pthread_equal(g_fake->last_caller, pthread_self()));
+    /* no stepping thread: another thread's call attaches at once */
+    asker_t e = {.c = c, .name = "b", .unload = 1};
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&t, NULL, asker_main, &e), 0);
+    CU_ASSERT(wait_done(&e));
+    pthread_join(t, NULL);
+    CU_ASSERT_EQUAL(e.st, IE_OK);
+    CU_ASSERT(!pthread_equal(g_fake->last_caller, pthread_self()));
+    ie_lora_cache_destroy(&c);
+    ie_backend_destroy(&b);
+}
+
 static int suite_init(void)
 {
     if (ie_model_src_open(IE_TEST_DATA "/tiny_llama", &g_src) != IE_OK) return -1;
@@ -348,6 +473,7 @@ int main(void)
     CU_add_test(s, "ie_lora_concat == sum of the parts", test_concat_is_sum);
     CU_add_test(s, "registry: LRU, pin, leased never evicted, deferred unload", test_lru_pin_busy);
     CU_add_test(s, "registry: set reuse, salts unique across reloads", test_sets_and_salts);
+    CU_add_test(s, "registry: attaches queue for the stepping thread", test_stepper_queue);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
