@@ -58,6 +58,7 @@ typedef struct job {
     void *arg;
     ie_status_t st;
     int done;
+    int deferrable; /* queued: may end at a later step (inflight)     */
     char err[512];
     struct job *next;
 } job_t;
@@ -67,6 +68,10 @@ struct ie_lora_cache {
     pthread_mutex_t step_mu, mu;
     pthread_cond_t job_cv; /* a job is done (waiters), under mu          */
     job_t *jobs, **jobs_tail;
+    job_t *running;       /* the job fn runs now                           */
+    job_t *inflight;      /* an attach whose ranks have not all answered:
+                        steps go on, other jobs wait for it            */
+    int inflight_id;      /* its backend id                                */
     int stepper_on;       /* a stepping thread runs the jobs            */
     pthread_t stepper;    /* that thread                                */
     void (*wake)(void *); /* rouses it from an idle wait (may be NULL) */
@@ -227,18 +232,41 @@ static int name_ok(const char *name)
  * that waits on it. */
 static void job_run(ie_lora_cache_t *c, job_t *j)
 {
+    c->running = j;
     j->st = j->fn(c, j->arg);
+    c->running = NULL;
+    if (c->inflight == j) return; /* answered by inflight_poll */
     if (j->st != IE_OK) snprintf(j->err, sizeof j->err, "%s", ie_error_last());
     j->done = 1;
+}
+
+static ie_status_t attach_finish(ie_lora_cache_t *c, void *arg, ie_status_t st);
+
+/* The attach in flight, if any (step_mu and mu held): when the backend has
+ * its outcome (waiting up to timeout_ms for it), finish it and wake its
+ * waiter. 1 when none is left in flight. */
+static int inflight_poll(ie_lora_cache_t *c, int timeout_ms)
+{
+    job_t *j = c->inflight;
+    ie_status_t st = IE_OK;
+    if (!j) return 1;
+    if (!ie_backend_lora_add_poll(c->o.backend, c->inflight_id, timeout_ms, &st)) return 0;
+    c->inflight = NULL;
+    j->st = attach_finish(c, j->arg, st);
+    if (j->st != IE_OK) snprintf(j->err, sizeof j->err, "%s", ie_error_last());
+    j->done = 1;
+    pthread_cond_broadcast(&c->job_cv);
+    return 1;
 }
 
 /* Run every queued job (step_mu and mu held) and wake their waiters. */
 static void jobs_drain(ie_lora_cache_t *c)
 {
     int any = 0;
-    for (job_t *j; (j = c->jobs) != NULL; any = 1) {
+    for (job_t *j; !c->inflight && (j = c->jobs) != NULL; any = 1) {
         c->jobs = j->next;
         if (!c->jobs) c->jobs_tail = &c->jobs;
+        j->deferrable = c->stepper_on; /* the stepping thread steps on while ranks answer */
         job_run(c, j);
     }
     if (any) pthread_cond_broadcast(&c->job_cv);
@@ -271,6 +299,7 @@ static ie_status_t excl_run(ie_lora_cache_t *c, ie_status_t (*fn)(ie_lora_cache_
     } else {
         pthread_mutex_lock(&c->step_mu);
         pthread_mutex_lock(&c->mu);
+        while (!inflight_poll(c, 50)) {} /* the backend takes one attach at a time */
         job_run(c, &j);
         pthread_mutex_unlock(&c->mu);
         pthread_mutex_unlock(&c->step_mu);
@@ -324,6 +353,10 @@ void ie_lora_cache_destroy(ie_lora_cache_t **self_p)
 {
     if (!self_p || !*self_p) return;
     ie_lora_cache_t *c = *self_p;
+    /* nobody waits any more (the serving loop and its front ends are
+     * gone); an attach still in flight is left to the backend, which goes
+     * next and takes its ids along */
+    c->inflight = NULL;
     for (int s = 0; s < IE_LORA_SET_MAX; s++) set_detach(c, &c->set[s]);
     for (int i = 0; i < IE_LORA_CACHE_MAX; i++) ent_free(&c->ent[i]);
     pthread_mutex_destroy(&c->step_mu);
@@ -474,7 +507,31 @@ typedef struct attach_job {
     ie_lora_t **fresh;
     ie_lora_lease_t *out;
     int stale;
+    int slot;       /* the set slot being attached                  */
+    uint64_t bytes; /* its concatenated copy's                      */
 } attach_job_t;
+
+/* The end of an attach (step_mu, mu held): the set goes live and is
+ * leased when the backend took it (st IE_OK). */
+static ie_status_t attach_finish(ie_lora_cache_t *c, void *arg, ie_status_t st)
+{
+    attach_job_t *aj = arg;
+    if (st == IE_OK) {
+        set_t *ns = &c->set[aj->slot];
+        const int n = aj->n;
+        ns->live = 1;
+        ns->n = n;
+        memcpy(ns->ent, aj->ent, (size_t)n * sizeof *aj->ent);
+        memcpy(ns->serial, aj->serial, (size_t)n * sizeof *aj->serial);
+        memcpy(ns->scale, aj->scale, (size_t)n * sizeof *aj->scale);
+        ns->salt = (1ull << 63) | c->next_salt++;
+        ns->bytes = aj->bytes;
+        lease_of(c, aj->slot, aj->out);
+        enforce_budget(c, aj->ent, n);
+    }
+    gauges(c);
+    return st;
+}
 
 static ie_status_t attach_job(ie_lora_cache_t *c, void *arg)
 {
@@ -514,17 +571,20 @@ static ie_status_t attach_job(ie_lora_cache_t *c, void *arg)
         parts[k] = (ie_backend_lora_part_t){x->name, x->path, x->lora, aj->scale[k]};
         bytes += n > 1 ? x->lora->bytes : 0;
     }
-    set_t *ns = &c->set[free_s];
-    if ((st = ie_backend_lora_add(c->o.backend, parts, n, &ns->id)) != IE_OK) goto done;
-    ns->live = 1;
-    ns->n = n;
-    memcpy(ns->ent, ent, (size_t)n * sizeof *ent);
-    memcpy(ns->serial, aj->serial, (size_t)n * sizeof *aj->serial);
-    memcpy(ns->scale, aj->scale, (size_t)n * sizeof *aj->scale);
-    ns->salt = (1ull << 63) | c->next_salt++;
-    ns->bytes = bytes;
-    lease_of(c, free_s, aj->out);
-    enforce_budget(c, ent, n);
+    int pending = 0;
+    aj->slot = free_s;
+    aj->bytes = bytes;
+    if ((st = ie_backend_lora_add_begin(c->o.backend, parts, n, &c->set[free_s].id, &pending)) != IE_OK) goto done;
+    if (pending && c->running && c->running->deferrable) {
+        /* a cluster's ranks load it: the stepping thread steps on, and a
+         * later step_begin finishes it (inflight_poll); the slot is held
+         * for it, as no other job runs before */
+        c->inflight = c->running;
+        c->inflight_id = c->set[free_s].id;
+        return IE_OK;
+    }
+    while (pending && !ie_backend_lora_add_poll(c->o.backend, c->set[free_s].id, 50, &st)) {}
+    return attach_finish(c, aj, st);
 done:
     gauges(c);
     return st;
@@ -583,7 +643,7 @@ ie_status_t ie_lora_cache_acquire(ie_lora_cache_t *c, const ie_lora_use_t *uses,
         /* evicted adapters come back from disk, no lock held */
         for (int k = 0; missing && k < n; k++)
             if (paths[k] && !fresh[k] && (st = load_file(c, paths[k], &fresh[k])) != IE_OK) goto cleanup;
-        attach_job_t aj = {n, ent, serial, scale, fresh, out, 0};
+        attach_job_t aj = {.n = n, .ent = ent, .serial = serial, .scale = scale, .fresh = fresh, .out = out};
         st = excl_run(c, attach_job, &aj);
         if (!aj.stale) goto cleanup;
         /* the sorted positions may differ next round */
@@ -633,8 +693,9 @@ void ie_lora_cache_step_begin(ie_lora_cache_t *c)
     if (!c) return;
     pthread_mutex_lock(&c->step_mu);
     pthread_mutex_lock(&c->mu);
+    inflight_poll(c, 0);
     jobs_drain(c);
-    reap(c);
+    if (!c->inflight) reap(c); /* a detach waits for the attach in flight */
     pthread_mutex_unlock(&c->mu);
 }
 
@@ -647,6 +708,7 @@ void ie_lora_cache_stepper(ie_lora_cache_t *c, int on, void (*wake)(void *), voi
     c->stepper = pthread_self();
     c->wake = on ? wake : NULL;
     c->wake_ctx = on ? wake_ctx : NULL;
+    while (!inflight_poll(c, 50)) {}
     jobs_drain(c); /* queued before: nobody else would run them now */
     pthread_mutex_unlock(&c->mu);
     pthread_mutex_unlock(&c->step_mu);

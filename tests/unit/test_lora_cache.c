@@ -37,6 +37,10 @@ typedef struct fake {
     int n_parts[64];
     int adds, removes;
     pthread_t last_caller; /* the thread of the last add / remove */
+    int begun;             /* async: the id begun (-1: none)         */
+    int answer;            /* async: 0 owed, 1 ok, 2 refused (the
+                              next attach's answer, used up by it)   */
+    int polls;
 } fake_t;
 
 static ie_status_t f_step(void *self, const ie_batch_t *b, float *out)
@@ -79,6 +83,29 @@ static ie_status_t f_remove(void *self, int id)
     f->last_caller = pthread_self();
     return IE_OK;
 }
+static ie_status_t f_add_begin(void *self, const ie_backend_lora_part_t *parts, int n, int *id_out)
+{
+    fake_t *f = self;
+    ie_status_t st = f_add(self, parts, n, id_out);
+    if (st == IE_OK) f->begun = *id_out;
+    return st;
+}
+/* the ranks answer when the test sets f->answer */
+static int f_add_poll(void *self, int id, int timeout_ms, ie_status_t *st)
+{
+    fake_t *f = self;
+    (void)timeout_ms;
+    f->polls++;
+    *st = IE_OK;
+    if (id != f->begun || !f->answer) return 0;
+    if (f->answer == 2) {
+        f->attached[id] = 0;
+        *st = ie_error_set(IE_ERR_FORMAT, "worker rank 1: adapter differs");
+    }
+    f->begun = -1;
+    f->answer = 0; /* one answer per attach */
+    return 1;
+}
 static void f_destroy(void *self) { free(self); }
 static const ie_backend_ops_t k_fake = {.name = "fake",
                                         .step = f_step,
@@ -89,17 +116,31 @@ static const ie_backend_ops_t k_fake = {.name = "fake",
                                         .lora_remove = f_remove,
                                         .destroy = f_destroy};
 
+static const ie_backend_ops_t k_fake_async = {.name = "fake-async",
+                                              .step = f_step,
+                                              .seq_clear = f_clear,
+                                              .seq_set_len = f_set_len,
+                                              .kv_bind = f_bind,
+                                              .lora_add = f_add,
+                                              .lora_remove = f_remove,
+                                              .lora_add_begin = f_add_begin,
+                                              .lora_add_poll = f_add_poll,
+                                              .destroy = f_destroy};
+
 static fake_t *g_fake;
 
-static ie_backend_t *fake_new(void)
+static ie_backend_t *fake_new_ops(const ie_backend_ops_t *ops)
 {
     ie_backend_t *b = NULL;
     ie_backend_geom_t g = {
         .n_seq = 1, .n_ctx = 64, .max_batch = 8, .kv_block = 16, .kv_blocks = 4, .n_vocab = 512, .upkeep_ms = 50};
     g_fake = calloc(1, sizeof *g_fake);
-    CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake, g_fake, &g, &b), IE_OK);
+    g_fake->begun = -1;
+    CU_ASSERT_EQUAL_FATAL(ie_backend_new(ops, g_fake, &g, &b), IE_OK);
     return b;
 }
+
+static ie_backend_t *fake_new(void) { return fake_new_ops(&k_fake); }
 
 static int n_attached(void)
 {
@@ -453,6 +494,87 @@ static void test_stepper_queue(void)
     ie_backend_destroy(&b);
 }
 
+static void step(ie_lora_cache_t *c)
+{
+    ie_lora_cache_step_begin(c);
+    ie_lora_cache_step_end(c);
+}
+
+/* A backend whose ranks answer an attach later (a cluster): the stepping
+ * thread keeps stepping while the requester waits; other jobs wait behind
+ * the attach (one at a time) and so do deferred detaches; the answer
+ * finishes it at the next step (a lease), a refusal reaches the requester
+ * with its message and leaves nothing attached. */
+static void test_stepper_async_attach(void)
+{
+    ie_backend_t *b = fake_new_ops(&k_fake_async);
+    ie_lora_cache_t *c = NULL;
+    ie_lora_cache_opts_t o = {.backend = b, .hp = g_hp};
+    CU_ASSERT_EQUAL_FATAL(ie_lora_cache_new(&o, &c), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "a", LORA "/qv8", 1.0f, 0), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "b", LORA "/o4f16", 1.0f, 0), IE_OK);
+    ie_lora_cache_stepper(c, 1, NULL, NULL);
+
+    asker_t a = {.c = c, .name = "a"}, u = {.c = c, .name = "b", .unload = 1};
+    pthread_t ta, tu;
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&ta, NULL, asker_main, &a), 0);
+    sleep_ms(50);
+    step(c); /* begins it */
+    CU_ASSERT_EQUAL(g_fake->begun, 0);
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&tu, NULL, asker_main, &u), 0);
+    for (int i = 0; i < 5; i++) { /* steps go on; both wait */
+        sleep_ms(20);
+        step(c);
+    }
+    CU_ASSERT(g_fake->polls >= 5);
+    CU_ASSERT(!atomic_load(&a.done));
+    CU_ASSERT(!atomic_load(&u.done));
+    CU_ASSERT_EQUAL(ie_lora_cache_index(c, "b"), 1); /* the unload waits behind the attach */
+    CU_ASSERT_EQUAL(ie_lora_cache_salt(c, 0), 0);    /* not live before the answer */
+    g_fake->answer = 1;
+    step(c); /* finishes it, then runs the unload */
+    CU_ASSERT(wait_done(&a));
+    CU_ASSERT(wait_done(&u));
+    pthread_join(ta, NULL);
+    pthread_join(tu, NULL);
+    CU_ASSERT_EQUAL(a.st, IE_OK);
+    CU_ASSERT_EQUAL(a.lease.id, 0);
+    CU_ASSERT_NOT_EQUAL(a.lease.salt, 0);
+    CU_ASSERT_EQUAL(ie_lora_cache_salt(c, 0), a.lease.salt);
+    CU_ASSERT_EQUAL(u.st, IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_index(c, "b"), -1);
+    ie_lora_cache_release(c, &a.lease, 0);
+
+    /* a refusal */
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "b", LORA "/o4f16", 1.0f, 0), IE_OK);
+    asker_t r = {.c = c, .name = "b"};
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&ta, NULL, asker_main, &r), 0);
+    sleep_ms(50);
+    step(c);
+    step(c);
+    CU_ASSERT(!atomic_load(&r.done));
+    g_fake->answer = 2;
+    step(c);
+    CU_ASSERT(wait_done(&r));
+    pthread_join(ta, NULL);
+    CU_ASSERT_EQUAL(r.st, IE_ERR_FORMAT);
+    CU_ASSERT_STRING_EQUAL(r.err, "worker rank 1: adapter differs");
+    ie_lora_cache_stats_t cs;
+    ie_lora_cache_stats(c, &cs);
+    CU_ASSERT_EQUAL(cs.sets, 1); /* a's alone */
+    CU_ASSERT_EQUAL(n_attached(), 1);
+
+    /* the stepping thread's own attach (ZeroMQ) waits for its answer */
+    g_fake->answer = 1; /* answered at the first poll */
+    ie_lora_lease_t l = lease1(c, "b");
+    CU_ASSERT(l.id >= 0 && g_fake->attached[l.id]);
+    ie_lora_cache_release(c, &l, 0);
+    ie_lora_cache_stepper(c, 0, NULL, NULL);
+    ie_lora_cache_destroy(&c);
+    CU_ASSERT_EQUAL(n_attached(), 0);
+    ie_backend_destroy(&b);
+}
+
 static int suite_init(void)
 {
     if (ie_model_src_open(IE_TEST_DATA "/tiny_llama", &g_src) != IE_OK) return -1;
@@ -474,6 +596,7 @@ int main(void)
     CU_add_test(s, "registry: LRU, pin, leased never evicted, deferred unload", test_lru_pin_busy);
     CU_add_test(s, "registry: set reuse, salts unique across reloads", test_sets_and_salts);
     CU_add_test(s, "registry: attaches queue for the stepping thread", test_stepper_queue);
+    CU_add_test(s, "registry: a slow attach lets the steps go on", test_stepper_async_attach);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();
