@@ -24,7 +24,10 @@
  * and brackets each step with ie_lora_cache_step_begin / _end; between
  * the two steps step_begin runs the attaches and detaches other threads
  * queued (they wait for their outcome meanwhile) and the detaches that
- * waited for a lease. With no stepping thread registered (the CLI,
+ * waited for a lease. An attach the backend answers later (a cluster's
+ * ranks: ie_backend_lora_add_begin) stays in flight across steps: only
+ * its requester and the jobs queued behind it wait (one attach at a
+ * time), the steps go on. With no stepping thread registered (the CLI,
  * start-up) a call attaches at once under the step lock that
  * step_begin / _end hold, as the stepping thread's own calls do.
  */

@@ -69,8 +69,8 @@ struct ie_lora_cache {
     pthread_cond_t job_cv; /* a job is done (waiters), under mu          */
     job_t *jobs, **jobs_tail;
     job_t *running;       /* the job fn runs now                           */
-    job_t *inflight;      /* an attach whose ranks have not all answered:
-                        steps go on, other jobs wait for it            */
+    job_t *inflight;      /* an attach its ranks still owe answers to:
+                             steps go on, other jobs wait for it       */
     int inflight_id;      /* its backend id                                */
     int stepper_on;       /* a stepping thread runs the jobs            */
     pthread_t stepper;    /* that thread                                */
