@@ -725,7 +725,7 @@ int ie_lora_cache_take_detached(ie_lora_cache_t *c, uint64_t *salts, int max)
     if (!c || !salts || max < 1) return 0;
     pthread_mutex_lock(&c->mu);
     n = c->n_dropped < max ? c->n_dropped : max;
-    memcpy(salts, c->dropped + (c->n_dropped - n), (size_t)n * sizeof *salts);
+    if (n > 0) memcpy(salts, c->dropped + (c->n_dropped - n), (size_t)n * sizeof *salts);
     c->n_dropped -= n;
     pthread_mutex_unlock(&c->mu);
     return n;
