@@ -20,15 +20,18 @@ threads) measures the bandwidth of that moment, printed beside the figure:
 decode is bandwidth-bound, and this machine's bandwidth moves by 2x within
 seconds. Target: median B / A >= 0.95.
 
-Part "zipf" (needs run-time adapters: `POST /v1/load_lora_adapter`,
-`--lora-budget-mb`, branch lora-run): 64 adapters of rank --zipf-rank are
+Part "zipf" (run-time adapters: `POST /v1/load_lora_adapter`,
+`--lora-budget-mb`): 64 adapters of rank --zipf-rank are
 loaded at run time into a budget with room for 16; then --zipf-requests
 requests whose adapter follows a Zipf law (p(k) ~ 1 / k^s, seeded) from 8
 clients. Reported: generated tokens/s of wall time, requests/s, the
 adapter (re)load latency p50 / p95 from the server's `ie_lora_load_seconds`
 histogram (the loads during the trace only; bucket-interpolated like
-Prometheus' histogram_quantile), and the hit rate 1 - loads / requests.
-Without those endpoints the part says so and is skipped.
+Prometheus' histogram_quantile), and the hit rate 1 - loads / requests,
+beside bench_membw's read bandwidth just before and just after the trace
+and the load average (a reload is a disk/page-cache read plus checks; the
+trace's decode is bandwidth-bound like the mix part's). Without those
+endpoints the part says so and is skipped.
 
 Usage: bench/bench_lora.py [--parts mix,zipf] [--model M] [--threads N]
        [--max-new 32] [--rounds 3] [--dtype bf16|f32] [--zipf-requests 128] ...
@@ -167,7 +170,7 @@ def part_mix(args) -> dict:
     bws = [r["read_gbps"] for r in rows if r["read_gbps"]]
     print(f"mix: median decode base {np.median(a):.2f} tok/s, mixed {np.median(b):.2f} tok/s, "
           f"ratio {ratio:.3f} (target >= 0.95); read bandwidth {min(bws, default=0):.1f}.."
-          f"{max(bws, default=0):.1f} GB/s", flush=True)
+          f"{max(bws, default=0):.1f} GB/s, load average {os.getloadavg()[0]:.1f}", flush=True)
     return {"part": "mix", "model": args.model, "threads": args.threads, "streams": 8, "adapters": MIX,
             "dtype": args.dtype, "run_dtype": args.run_dtype, "max_new": args.max_new, "runs": rows, "median_base_tps": float(np.median(a)),
             "median_mixed_tps": float(np.median(b)), "ratio": ratio}
@@ -229,6 +232,7 @@ def part_zipf(args) -> dict | None:
         rng = np.random.default_rng(args.seed)
         p = 1.0 / np.arange(1, n + 1) ** args.zipf_s
         trace = rng.choice(n, size=args.zipf_requests, p=p / p.sum())
+        bw0 = run_probe(args.build / "bench_membw", ["--size-mib", "256", "--passes", "2"])["gbps"]
         m0 = metrics(host)
 
         def one(k):
@@ -243,6 +247,7 @@ def part_zipf(args) -> dict | None:
             toks = sum(ex.map(one, trace.tolist()))
         wall = time.perf_counter() - t0
         m1 = metrics(host)
+        bw1 = run_probe(args.build / "bench_membw", ["--size-mib", "256", "--passes", "2"])["gbps"]
     finally:
         proc.terminate()
         proc.wait(60)
@@ -254,12 +259,14 @@ def part_zipf(args) -> dict | None:
            "requests_per_s": args.zipf_requests / wall, "loads": loads,
            "hit_rate": 1.0 - loads / args.zipf_requests,
            "evictions": metric(m1, "ie_lora_evictions_total") - metric(m0, "ie_lora_evictions_total"),
-           "load_p50_s": quantile(0.5, b0, b1), "load_p95_s": quantile(0.95, b0, b1)}
+           "load_p50_s": quantile(0.5, b0, b1), "load_p95_s": quantile(0.95, b0, b1),
+           "read_gbps_before": bw0, "read_gbps_after": bw1, "loadavg": os.getloadavg()[0]}
+    gbps = "/".join("n/a" if b is None else f"{b:.1f}" for b in (bw0, bw1))
     print(f"zipf: {n} adapters (r {args.zipf_rank}, {size / 1e6:.1f} MB each), room {room}, "
           f"{args.zipf_requests} requests (s {args.zipf_s}, {res['distinct']} distinct): "
           f"{res['tokens_per_s']:.1f} tok/s, {res['requests_per_s']:.2f} req/s, hit rate {res['hit_rate']:.3f}, "
-          f"{loads:.0f} loads, load p50 {res['load_p50_s'] * 1e3:.0f} ms p95 {res['load_p95_s'] * 1e3:.0f} ms",
-          flush=True)
+          f"{loads:.0f} loads, load p50 {res['load_p50_s'] * 1e3:.0f} ms p95 {res['load_p95_s'] * 1e3:.0f} ms; "
+          f"read bandwidth {gbps} GB/s (before/after), load average {res['loadavg']:.1f}", flush=True)
     return res
 
 

@@ -150,6 +150,16 @@ typedef struct ie_backend_ops {
      * for an id not attached. Between steps only. Optional:
      * IE_ERR_UNSUPPORTED. */
     ie_status_t (*lora_remove)(void *self, int id);
+    /* lora_add in two halves, for a backend whose ranks answer later (a
+     * cluster), so that the stepping thread can step while they load:
+     * begin checks and sends the set and gives its id; poll (pumping for
+     * up to timeout_ms) returns 0 while an answer is owed, else 1 with
+     * *st lora_add's outcome and message (on failure the id is free
+     * again). Steps between the two are fine (no batch names the id yet);
+     * no other lora_add / lora_remove may come before poll returns 1.
+     * Optional (both or neither): lora_add runs whole in begin. */
+    ie_status_t (*lora_add_begin)(void *self, const ie_backend_lora_part_t *parts, int n, int *id_out);
+    int (*lora_add_poll)(void *self, int id, int timeout_ms, ie_status_t *st);
     /* Free self and everything it owns. Optional. */
     void (*destroy)(void *self);
 } ie_backend_ops_t;
@@ -178,6 +188,14 @@ int ie_backend_ready(ie_backend_t *b);
 int ie_backend_upkeep(ie_backend_t *b, int timeout_ms);
 ie_status_t ie_backend_lora_add(ie_backend_t *b, const ie_backend_lora_part_t *parts, int n, int *id_out);
 ie_status_t ie_backend_lora_remove(ie_backend_t *b, int id);
+/* ops.lora_add_begin: IE_OK with *pending 1 (ie_backend_lora_add_poll
+ * until it returns 1) or 0 (attached already: a backend without the two
+ * halves ran lora_add); lora_add's errors (nothing attached). */
+ie_status_t ie_backend_lora_add_begin(ie_backend_t *b, const ie_backend_lora_part_t *parts, int n, int *id_out,
+                                      int *pending);
+/* ops.lora_add_poll: 1 with *st (message set on failure) once the attach
+ * begun under id has its outcome, 0 while it has not. */
+int ie_backend_lora_add_poll(ie_backend_t *b, int id, int timeout_ms, ie_status_t *st);
 void ie_backend_stats(ie_backend_t *b, ie_backend_stats_t *out);
 
 /* ------------------------------------------------------ implementations */

@@ -240,8 +240,10 @@ struct ie_lora_cache;
 struct ie_lora_cache *ie_engine_lora_cache(ie_engine_t *e);
 
 /* ie_sched_step(s) bracketed by the registry's step lock (adapters are
- * attached and detached between steps only): what a serving loop over the
- * engine's backend calls instead of ie_sched_step. */
+ * attached and detached between steps only), first freeing the prefix
+ * blocks of adapter sets detached since the last step (ie_sched_drop_salt):
+ * what a serving loop over the engine's backend calls instead of
+ * ie_sched_step. */
 ie_status_t ie_engine_sched_step(ie_engine_t *e, ie_sched_t *s, int *busy_out);
 
 #endif

@@ -83,6 +83,13 @@ int ie_kvpool_publish(ie_kvpool_t *p, int32_t block, uint64_t salt, int32_t pare
  * unpublished. Statistics are kept. */
 void ie_kvpool_forget(ie_kvpool_t *p);
 
+/* Drop every prefix entry of namespace `salt` (an adapter set that was
+ * detached: its K/V can never be matched again). Cached blocks of it
+ * become free now instead of ageing out; used ones (still bound in a
+ * slot) stay used, merely unpublished. Other salts' entries are kept.
+ * Returns the number of blocks made free. */
+int ie_kvpool_drop_salt(ie_kvpool_t *p, uint64_t salt);
+
 void ie_kvpool_stats(const ie_kvpool_t *p, ie_kvpool_stats_t *out);
 
 #endif

@@ -14,14 +14,22 @@
  * Salt: every set attached gets a salt never given out before (a counter
  * with the top bit set: never 0, the base's, nor the scheduler's legacy
  * adapter id + 1), so the prefix cache cannot hand a reloaded or reused
- * adapter id the K/V another adapter computed; the old blocks are never
- * matched again and age out of the pool.
+ * adapter id the K/V another adapter computed. The salts of detached sets
+ * are handed to the stepping thread (ie_lora_cache_take_detached), which
+ * frees their prefix blocks at once (ie_sched_drop_salt).
  *
- * Threads: every function may be called from any thread, except that the
- * backend must not step while adapters are attached or detached: the
- * stepping thread brackets each step with ie_lora_cache_step_begin /
- * _end (a mutex the attaching threads take too), and detaches that had to
- * wait for a lease happen in step_begin.
+ * Threads: every function may be called from any thread. Attaching and
+ * detaching use the backend, which belongs to the stepping thread
+ * (ie_backend.h): a serving loop registers itself (ie_lora_cache_stepper)
+ * and brackets each step with ie_lora_cache_step_begin / _end; between
+ * the two steps step_begin runs the attaches and detaches other threads
+ * queued (they wait for their outcome meanwhile) and the detaches that
+ * waited for a lease. An attach the backend answers later (a cluster's
+ * ranks: ie_backend_lora_add_begin) stays in flight across steps: only
+ * its requester and the jobs queued behind it wait (one attach at a
+ * time), the steps go on. With no stepping thread registered (the CLI,
+ * start-up) a call attaches at once under the step lock that
+ * step_begin / _end hold, as the stepping thread's own calls do.
  */
 #ifndef IE_LORA_CACHE_H
 #define IE_LORA_CACHE_H
@@ -127,6 +135,19 @@ uint64_t ie_lora_cache_salt(ie_lora_cache_t *c, int id);
  * mutex and runs the detaches that waited for a lease; end releases it. */
 void ie_lora_cache_step_begin(ie_lora_cache_t *c);
 void ie_lora_cache_step_end(ie_lora_cache_t *c);
+
+/* on 1: the calling thread is the stepping thread from now on; other
+ * threads' attaches and detaches are queued for its step_begin, and
+ * wake(wake_ctx) (may be NULL) is called when one is queued, to rouse it
+ * from an idle wait. on 0 (the same thread, its loop over): what is
+ * queued runs now, and later calls attach at once again. */
+void ie_lora_cache_stepper(ie_lora_cache_t *c, int on, void (*wake)(void *), void *wake_ctx);
+
+/* Move up to max salts of sets detached since the last call (unload,
+ * eviction, a set slot reused) into salts; returns how many. The stepping
+ * thread hands them to ie_sched_drop_salt so their prefix-cache blocks are
+ * freed at once. Any thread. */
+int ie_lora_cache_take_detached(ie_lora_cache_t *c, uint64_t *salts, int max);
 
 /* Up to max registered adapters (in slot order) into out; returns how
  * many there are in all. */

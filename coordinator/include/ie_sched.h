@@ -228,6 +228,17 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
  * if the id is unknown or already finished. */
 ie_status_t ie_sched_cancel(ie_sched_t *s, uint64_t id);
 
+/* Make the next (or a running) ie_sched_wait return at once: the stepping
+ * thread has work beside requests (a queued adapter attach). Any thread;
+ * its argument is the scheduler (a callback for ie_lora_cache_stepper). */
+void ie_sched_wake(void *sched);
+
+/* Free the prefix cache's blocks of namespace `salt` now (a LoRA set was
+ * detached: nothing can match them again) rather than letting them age
+ * out; blocks a running request holds stay its own. salt 0 (the base's)
+ * is ignored. Any thread. Returns the number of blocks freed. */
+int ie_sched_drop_salt(ie_sched_t *s, uint64_t salt);
+
 /* One scheduling round: drop cancelled / timed-out requests, admit,
  * run one backend step if any tokens are ready, sample, deliver events.
  * *busy_out (may be NULL) is 1 when requests remain queued or running.

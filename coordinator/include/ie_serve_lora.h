@@ -8,18 +8,10 @@
 #define IE_SERVE_LORA_H
 
 #include "ie_lora_cache.h"
+#include "ie_oai_err.h"
 
 #include <cjson/cJSON.h>
 #include <stddef.h>
-
-/* An error to answer: HTTP status, OpenAI type and code, param ("" none). */
-typedef struct ie_oai_err {
-    unsigned status;
-    const char *type; /* static */
-    const char *code; /* static */
-    char param[32];
-    char message[384];
-} ie_oai_err_t;
 
 /* The adapter set a request body asks for, leased into *out: `model`
  * (NULL, null, the base's name `base`, or an adapter's name: that adapter

@@ -86,6 +86,24 @@ ie_status_t ie_backend_lora_add(ie_backend_t *b, const ie_backend_lora_part_t *p
     return b->ops->lora_add(b->self, parts, n, id_out);
 }
 
+ie_status_t ie_backend_lora_add_begin(ie_backend_t *b, const ie_backend_lora_part_t *parts, int n, int *id_out,
+                                      int *pending)
+{
+    *pending = 0;
+    if (!b->ops->lora_add_begin || !b->ops->lora_add_poll) return ie_backend_lora_add(b, parts, n, id_out);
+    if (!parts || n < 1 || n > 8 || !id_out)
+        return ie_error_set(IE_ERR_INVAL, "backend %s: lora_add of %d parts (1..8)", ie_backend_name(b), n);
+    ie_status_t st = b->ops->lora_add_begin(b->self, parts, n, id_out);
+    *pending = st == IE_OK;
+    return st;
+}
+
+int ie_backend_lora_add_poll(ie_backend_t *b, int id, int timeout_ms, ie_status_t *st)
+{
+    *st = IE_OK;
+    return b->ops->lora_add_poll ? b->ops->lora_add_poll(b->self, id, timeout_ms, st) : 1;
+}
+
 ie_status_t ie_backend_lora_remove(ie_backend_t *b, int id)
 {
     if (!b->ops->lora_remove)

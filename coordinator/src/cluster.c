@@ -132,6 +132,7 @@ struct ie_cluster {
     int bc_got[IE_PROTO_MAX_RANKS];
     ie_status_t bc_st;
     char bc_err[IE_PROTO_TEXT_MAX];
+    double bc_end;     /* when the broadcast waited for times out       */
     ie_msg_t lora_msg; /* large: kept, not on the stack */
 };
 
@@ -1165,13 +1166,10 @@ static void cb_stats(void *self, ie_backend_stats_t *out)
         out->workers_ready += c->m[r].state == M_READY && c->m[r].assigned_epoch == c->epoch;
 }
 
-/* Send one LORA (op, id) to every rank that is ready or syncing (a rank
- * still loading gets the whole table once READY: send_lora_sync) and wait
- * for their answers, or for them to be lost, up to LORA_WAIT_MS. IE_OK,
- * or the first rank's refusal (its message names the rank and adapter),
- * IE_ERR_TIMEOUT. A syncing rank waits for this one too. */
 #define LORA_WAIT_MS 120000
-static ie_status_t lora_broadcast(ie_cluster_t *c, ie_lora_op_t op, int id)
+/* The sending half of lora_broadcast: 1 when an answer is owed (then
+ * bc_wait / bc_end), 0 when no rank was sent to. */
+static int bc_send(ie_cluster_t *c, ie_lora_op_t op, int id)
 {
     c->ahead.live = 0; /* a chained step was made with the old table: never adopted */
     c->bc_st = IE_OK;
@@ -1189,33 +1187,47 @@ static ie_status_t lora_broadcast(ie_cluster_t *c, ie_lora_op_t op, int id)
         c->bc_to[r] = s;
         if (syncing) mb->lora_wait = s;
     }
-    if (!seq) return IE_OK;
-    /* every rank's message has its own seq; answers are matched per rank */
-    ie_status_t st = IE_OK;
-    const double end = ie_now_ms() + LORA_WAIT_MS;
-    for (;;) {
-        int waiting = 0;
-        for (int r = 0; r < c->o.n_ranks; r++)
-            if (c->bc_to[r] && !c->bc_got[r] && c->m[r].state != M_EMPTY) waiting = 1;
-        if (!waiting) break;
-        if (ie_now_ms() > end) {
-            st = ie_error_set(IE_ERR_TIMEOUT, "cluster: the ranks did not answer a LoRA %s within %d s",
-                              op == IE_LORA_OP_ADD ? "load" : "unload", LORA_WAIT_MS / 1000);
-            break;
-        }
-        pump(c, 50);
-    }
+    c->bc_end = ie_now_ms() + LORA_WAIT_MS;
+    return seq != 0;
+}
+
+/* The waiting half: 1 while a rank sent to owes its answer and is not
+ * lost, and the time is not up; else the broadcast's outcome into *st
+ * (IE_OK, the first rank's refusal, IE_ERR_TIMEOUT) and 0. */
+static int bc_wait(ie_cluster_t *c, ie_lora_op_t op, ie_status_t *st)
+{
+    int waiting = 0;
+    for (int r = 0; r < c->o.n_ranks; r++)
+        if (c->bc_to[r] && !c->bc_got[r] && c->m[r].state != M_EMPTY) waiting = 1;
+    *st = IE_OK;
+    if (waiting && ie_now_ms() <= c->bc_end) return 1;
+    if (waiting)
+        *st = ie_error_set(IE_ERR_TIMEOUT, "cluster: the ranks did not answer a LoRA %s within %d s",
+                           op == IE_LORA_OP_ADD ? "load" : "unload", LORA_WAIT_MS / 1000);
     memset(c->bc_to, 0, sizeof c->bc_to); /* late answers are stale */
-    if (st == IE_OK && c->bc_st != IE_OK) st = ie_error_set(c->bc_st, "%s", c->bc_err);
+    if (*st == IE_OK && c->bc_st != IE_OK) *st = ie_error_set(c->bc_st, "%s", c->bc_err);
+    return 0;
+}
+
+/* Send one LORA (op, id) to every rank that is ready or syncing (a rank
+ * still loading gets the whole table once READY: send_lora_sync) and wait
+ * for their answers, or for them to be lost, up to LORA_WAIT_MS. IE_OK,
+ * or the first rank's refusal (its message names the rank and adapter),
+ * IE_ERR_TIMEOUT. A syncing rank waits for this one too. */
+static ie_status_t lora_broadcast(ie_cluster_t *c, ie_lora_op_t op, int id)
+{
+    ie_status_t st = IE_OK;
+    if (!bc_send(c, op, id)) return IE_OK;
+    /* every rank's message has its own seq; answers are matched per rank */
+    while (bc_wait(c, op, &st)) pump(c, 50);
     return st;
 }
 
-/* Contract (ie_backend.h): name, path (made absolute here: the ranks on
- * this host may run elsewhere), fingerprint and scale of every part to
- * every rank; a refusal anywhere detaches the id everywhere. */
-static ie_status_t cb_lora_add(void *self, const ie_backend_lora_part_t *parts, int n, int *id_out)
+/* The first half of cb_lora_add: check the parts and fill a free id's
+ * entry with name, path (made absolute here: the ranks on this host may
+ * run elsewhere), fingerprint and scale of each; marks it used. */
+static ie_status_t lora_add_prepare(ie_cluster_t *c, const ie_backend_lora_part_t *parts, int n, int *id_out)
 {
-    ie_cluster_t *c = self;
     int id = -1;
     if (!parts || !id_out || n < 1 || n > IE_PROTO_LORA_PARTS)
         return ie_error_set(IE_ERR_INVAL, "cluster: lora_add of %d parts (1..%d)", n, IE_PROTO_LORA_PARTS);
@@ -1250,18 +1262,69 @@ static ie_status_t cb_lora_add(void *self, const ie_backend_lora_part_t *parts, 
     }
     e->n = n;
     e->used = 1;
-    ie_status_t st = lora_broadcast(c, IE_LORA_OP_ADD, id);
+    *id_out = id;
+    return IE_OK;
+}
+
+/* The last half of cb_lora_add, the ranks' answers in: a refusal
+ * anywhere detaches the id everywhere and is returned, named. */
+static ie_status_t lora_add_done(ie_cluster_t *c, int id, ie_status_t st)
+{
+    clora_t *e = &c->lora[id];
     if (st != IE_OK) {
         char why[IE_PROTO_TEXT_MAX];
         snprintf(why, sizeof why, "%s", ie_error_last());
         e->used = 0;
         lora_broadcast(c, IE_LORA_OP_REMOVE, id); /* the ranks that took it */
         return ie_error_set(st, "cluster: LoRA adapter '%s'%s not attached: %s", e->name[0],
-                            n > 1 ? " (and the rest of its set)" : "", why);
+                            e->n > 1 ? " (and the rest of its set)" : "", why);
     }
-    if (c->o.verbose) clog_(c, "LoRA '%s'%s attached as set %d", e->name[0], n > 1 ? " (a set)" : "", id);
+    if (c->o.verbose) clog_(c, "LoRA '%s'%s attached as set %d", e->name[0], e->n > 1 ? " (a set)" : "", id);
+    return IE_OK;
+}
+
+/* Contract (ie_backend.h): name, path, fingerprint and scale of every part
+ * to every rank; a refusal anywhere detaches the id everywhere. */
+static ie_status_t cb_lora_add(void *self, const ie_backend_lora_part_t *parts, int n, int *id_out)
+{
+    ie_cluster_t *c = self;
+    int id = -1;
+    ie_status_t st = lora_add_prepare(c, parts, n, &id);
+    if (st != IE_OK) return st;
+    if ((st = lora_add_done(c, id, lora_broadcast(c, IE_LORA_OP_ADD, id))) == IE_OK) *id_out = id;
+    return st;
+}
+
+/* Contract (ie_backend.h): cb_lora_add's sending half; the answers come
+ * in through every pump (steps and upkeep included) until cb_lora_add_poll
+ * finds none owed. */
+static ie_status_t cb_lora_add_begin(void *self, const ie_backend_lora_part_t *parts, int n, int *id_out)
+{
+    ie_cluster_t *c = self;
+    int id = -1;
+    ie_status_t st = lora_add_prepare(c, parts, n, &id);
+    if (st != IE_OK) return st;
+    if (!bc_send(c, IE_LORA_OP_ADD, id)) c->bc_end = -1; /* no rank to ask: done at the first poll */
     *id_out = id;
     return IE_OK;
+}
+
+/* Contract (ie_backend.h). */
+static int cb_lora_add_poll(void *self, int id, int timeout_ms, ie_status_t *st)
+{
+    ie_cluster_t *c = self;
+    *st = IE_OK;
+    if (id < 0 || id >= IE_PROTO_LORA_IDS || !c->lora[id].used) {
+        *st = ie_error_set(IE_ERR_RANGE, "cluster: no adapter set %d being attached", id);
+        return 1;
+    }
+    if (c->bc_end >= 0 && bc_wait(c, IE_LORA_OP_ADD, st)) {
+        pump(c, timeout_ms);
+        if (bc_wait(c, IE_LORA_OP_ADD, st)) return 0;
+    }
+    c->bc_end = -1;
+    *st = lora_add_done(c, id, *st);
+    return 1;
 }
 
 /* Contract (ie_backend.h). A rank that cannot be told now is told when it
@@ -1295,6 +1358,8 @@ static const ie_backend_ops_t k_cluster_ops = {
     .stats = cb_stats,
     .lora_add = cb_lora_add,
     .lora_remove = cb_lora_remove,
+    .lora_add_begin = cb_lora_add_begin,
+    .lora_add_poll = cb_lora_add_poll,
     .destroy = cb_destroy,
 };
 

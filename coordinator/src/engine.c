@@ -660,7 +660,12 @@ ie_lora_cache_t *ie_engine_lora_cache(ie_engine_t *e) { return e ? e->lc : NULL;
 /* Contract (ie_engine.h). */
 ie_status_t ie_engine_sched_step(ie_engine_t *e, ie_sched_t *s, int *busy_out)
 {
+    uint64_t salts[IE_LORA_SET_MAX];
     ie_lora_cache_step_begin(e->lc);
+    /* sets detached since the last step (here or by an unload): their
+     * prefix blocks can never match again, so they are freed now */
+    for (int n; (n = ie_lora_cache_take_detached(e->lc, salts, IE_LORA_SET_MAX)) > 0;)
+        for (int i = 0; i < n; i++) ie_sched_drop_salt(s, salts[i]);
     ie_status_t st = ie_sched_step(s, busy_out);
     ie_lora_cache_step_end(e->lc);
     return st;

@@ -303,6 +303,18 @@ void ie_kvpool_forget(ie_kvpool_t *p)
     memset(p->bucket, 0xff, (size_t)(p->mask + 1) * sizeof *p->bucket);
 }
 
+int ie_kvpool_drop_salt(ie_kvpool_t *p, uint64_t salt)
+{
+    if (!p) return 0;
+    const int free0 = p->free.n;
+    /* a published block's parent is published under the same salt, so
+     * every block met takes its subtree along (a descendant met before its
+     * root goes alone; one gone already is no longer published) */
+    for (int32_t b = 0; b < p->n_blocks; b++)
+        if (p->blk[b].published && p->blk[b].salt == salt) kvpool_unpublish(p, b);
+    return p->free.n - free0;
+}
+
 void ie_kvpool_stats(const ie_kvpool_t *p, ie_kvpool_stats_t *out)
 {
     if (!out) return;

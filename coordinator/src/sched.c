@@ -132,8 +132,8 @@ struct ie_sched {
                                 to their own blocks                      */
     ie_sched_stats_t st;  /* under mu                                 */
     ie_metric_t *m_stage; /* ie_stage_seconds{stage} */
-    ie_metric_t *m_req, *m_gen, *m_prompt, *m_queue, *m_ttft, *m_lat, *m_kv_used, *m_kv_total, *m_kv_ratio, *m_hit,
-        *m_miss, *m_preempt, *m_queued, *m_running;
+    ie_metric_t *m_req, *m_gen, *m_prompt, *m_queue, *m_ttft, *m_lat, *m_kv_used, *m_kv_cached, *m_kv_total,
+        *m_kv_ratio, *m_hit, *m_miss, *m_preempt, *m_queued, *m_running;
 };
 
 /* ------------------------------------------------------------ helpers */
@@ -385,6 +385,8 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
                              &s->m_lat);
         ie_metrics_gauge(m, "ie_kv_blocks_used", "KV cache blocks in use", NULL, &s->m_kv_used);
         ie_metrics_gauge(m, "ie_kv_blocks", "KV cache blocks in the pool", NULL, &s->m_kv_total);
+        ie_metrics_gauge(m, "ie_kv_blocks_cached", "KV cache blocks idle and kept for the prefix cache", NULL,
+                         &s->m_kv_cached);
         ie_metrics_gauge(m, "ie_kv_used_ratio", "Share of KV cache blocks in use", NULL, &s->m_kv_ratio);
         ie_metrics_counter(m, "ie_prefix_cache_hit_tokens_total", "Prompt tokens served from the prefix cache",
                            NULL, &s->m_hit);
@@ -400,6 +402,7 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
         ie_metrics_histogram(m, "ie_stage_seconds", "Time per step in each stage", "stage", sb, 10, &s->m_stage);
         if (s->m_kv_total) ie_metric_set(s->m_kv_total, NULL, s->st.kv_blocks);
         if (s->m_kv_used) ie_metric_set(s->m_kv_used, NULL, 0);
+        if (s->m_kv_cached) ie_metric_set(s->m_kv_cached, NULL, 0);
         if (s->m_kv_ratio) ie_metric_set(s->m_kv_ratio, NULL, 0);
         if (s->m_queued) ie_metric_set(s->m_queued, NULL, 0);
         if (s->m_running) ie_metric_set(s->m_running, NULL, 0);
@@ -590,6 +593,29 @@ ie_status_t ie_sched_cancel(ie_sched_t *s, uint64_t id)
     }
     pthread_mutex_unlock(&s->mu);
     return st;
+}
+
+void ie_sched_wake(void *sched)
+{
+    ie_sched_t *s = sched;
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->pending = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static void update_gauges(ie_sched_t *s);
+
+int ie_sched_drop_salt(ie_sched_t *s, uint64_t salt)
+{
+    int n = 0;
+    if (!s || !salt) return 0;
+    pthread_mutex_lock(&s->mu);
+    n = ie_kvpool_drop_salt(s->pool, salt);
+    update_gauges(s);
+    pthread_mutex_unlock(&s->mu);
+    return n;
 }
 
 void ie_sched_wait(ie_sched_t *s, int timeout_ms)
@@ -1161,6 +1187,7 @@ static void update_gauges(ie_sched_t *s)
     s->st.ready = backend_ready(s);
     s->st.kv_cached = ps.cached;
     if (s->m_kv_used) ie_metric_set(s->m_kv_used, NULL, ps.used);
+    if (s->m_kv_cached) ie_metric_set(s->m_kv_cached, NULL, ps.cached);
     if (s->m_kv_ratio) ie_metric_set(s->m_kv_ratio, NULL, ps.n_blocks ? (double)ps.used / ps.n_blocks : 0);
     if (s->m_queued) ie_metric_set(s->m_queued, NULL, s->n_queue);
     if (s->m_running) ie_metric_set(s->m_running, NULL, running);

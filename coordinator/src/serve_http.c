@@ -45,6 +45,7 @@
 #include "ie_harmony.h"
 #include "ie_logprobs.h"
 #include "ie_model_src.h"
+#include "ie_oai_err.h"
 #include "ie_oai_format.h"
 #include "serve_http_gate.h"
 #include "serve_oai_tools.h"
@@ -332,28 +333,20 @@ static int req_wait_locked(req_t *r, ie_http_t *h, int fd, int any, size_t seen)
 
 /* ------------------------------------------------------------ responses */
 
-/* An error in OpenAI's shape, kept until the answer is sent. */
-typedef struct http_err {
-    unsigned status;
-    const char *type; /* static                                    */
-    const char *code; /* static or NULL                            */
-    char param[64];   /* "" = null                                 */
-    char message[512];
-} http_err_t;
+/* An error in OpenAI's shape, kept until the answer is sent (the type
+ * serve_oai_lora.c fills too). */
+typedef ie_oai_err_t http_err_t;
 
 static int err_set(http_err_t *e, unsigned status, const char *type, const char *code, const char *param,
                    const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
+/* ie_oai_err_set under the short name this file uses everywhere. */
 static int err_set(http_err_t *e, unsigned status, const char *type, const char *code, const char *param,
                    const char *fmt, ...)
 {
     va_list ap;
-    e->status = status;
-    e->type = type;
-    e->code = code;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    ie_oai_err_vset(e, status, type, code, param, fmt, ap);
     va_end(ap);
     return -1;
 }
@@ -1546,10 +1539,11 @@ static int json_has_nul(const char *s, size_t n)
     return 0;
 }
 
-/* ie_oai_err_t (serve_oai_lora.c) into e; -1. */
+/* An error serve_oai_lora.c filled into e (the same type); -1. */
 static int err_from_oai(http_err_t *e, const ie_oai_err_t *o)
 {
-    return err_set(e, o->status, o->type, o->code, o->param[0] ? o->param : NULL, "%s", o->message);
+    *e = *o;
+    return -1;
 }
 
 /* The request's adapter set, leased (ie_oai_lora_lease). */

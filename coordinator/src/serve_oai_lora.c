@@ -9,15 +9,12 @@
 static int fail(ie_oai_err_t *e, unsigned status, const char *code, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
+/* ie_oai_err_set with the type that goes with the status. */
 static int fail(ie_oai_err_t *e, unsigned status, const char *code, const char *param, const char *fmt, ...)
 {
     va_list ap;
-    e->status = status;
-    e->type = status >= 500 ? "server_error" : "invalid_request_error";
-    e->code = code;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    ie_oai_err_vset(e, status, status >= 500 ? "server_error" : "invalid_request_error", code, param, fmt, ap);
     va_end(ap);
     return -1;
 }

@@ -419,6 +419,9 @@ ie_status_t ie_serve_run(const ie_serve_opts_t *o)
     double sd_last = 0;
     char sd_prev[160] = "";
     double drain_end = -1; /* >= 0: stopping; the accepted requests may run until then */
+    /* this thread owns the backend: HTTP threads' adapter attaches and
+     * detaches queue for its steps (ie_lora_cache.h) */
+    ie_lora_cache_stepper(ie_engine_lora_cache(o->engine), 1, ie_sched_wake, o->sched);
     for (;;) {
         if (o->stop && *o->stop && drain_end < 0) {
             /* SIGTERM: refuse new requests, let the accepted ones finish
@@ -438,12 +441,10 @@ ie_status_t ie_serve_run(const ie_serve_opts_t *o)
             ie_sched_stats(o->sched, &ss);
             if (ss.queued + ss.running == 0 || ie_now_ms() >= drain_end) break;
         }
-        /* a cluster's heartbeats, registrations, systemd watchdog; bracketed
-         * like a step: an adapter attach on an HTTP thread talks to the same
-         * sockets (ie_lora_cache.h) */
-        ie_lora_cache_step_begin(ie_engine_lora_cache(o->engine));
+        /* a cluster's heartbeats, registrations, systemd watchdog (adapter
+         * attaches run on this thread too, in the step's step_begin: no
+         * other thread talks to the backend's sockets) */
         ie_backend_upkeep(be, 0);
-        ie_lora_cache_step_end(ie_engine_lora_cache(o->engine));
         sd_status_update(o, be, &sd_last, sd_prev, sizeof sd_prev);
         if (o->sock) {
             int ready = 0;
@@ -463,6 +464,7 @@ ie_status_t ie_serve_run(const ie_serve_opts_t *o)
         }
         if ((st = ie_engine_sched_step(o->engine, o->sched, &busy)) != IE_OK) break;
     }
+    ie_lora_cache_stepper(ie_engine_lora_cache(o->engine), 0, NULL, NULL);
     for (pending_t *p = s.open; p; p = p->next) { /* answered now, freed by their terminal event */
         reply_error(&s, p, p->req.id, "unavailable", "the coordinator is shutting down");
         ie_sched_cancel(o->sched, p->sid);

@@ -163,6 +163,63 @@ def test_plan_mixed_requests_equal_solo_runs(plan_server):
     assert got == [want[j] for j in jobs]
 
 
+def test_slow_attach_stalls_only_its_request():
+    """Both tensor ranks hold their answer to an adapter attach for 3 s
+    (IE_TEST_LORA_ACK_DELAY_MS, the worker's test seam) while they keep
+    running steps. The request that needs the adapter waits those 3 s; the
+    base requests beside it keep completing meanwhile (the stepping thread
+    begins the attach and steps on; before, every step waited for the
+    ranks); the adapter's text is its solo run."""
+    import os
+    import threading
+
+    env = dict(os.environ, IE_TEST_LORA_ACK_DELAY_MS="3000")
+    proc = subprocess.Popen([str(IE_BIN), "serve", "--model", str(fixture_path("tiny_llama")), "--port", "0",
+                             "--threads", "2", "--batch", "8", "--precision", "f32", "--plan", "tensor:2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    port = None
+    for line in proc.stderr:
+        m = re.match(r"listening on http://(\S+):(\d+)$", line.strip())
+        if m:
+            port = int(m.group(2))
+            break
+    assert port, "server did not start"
+    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()  # drain
+    url = f"http://127.0.0.1:{port}"
+    want = solo("qv8", PROMPT)
+    try:
+        body = {"lora_name": "qv8", "lora_path": str(fixture_path("lora/qv8"))}
+        req = urllib.request.Request(url + "/v1/load_lora_adapter", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert r.status == 200
+        complete(url, "tiny_llama", "hello world", 4)
+        ends, stop = [], threading.Event()
+
+        def base_loop():
+            while not stop.is_set():
+                complete(url, "tiny_llama", "hello world", 4)
+                ends.append(time.monotonic())
+
+        t = threading.Thread(target=base_loop)
+        t.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        text = complete(url, "qv8", PROMPT)
+        t1 = time.monotonic()
+        stop.set()
+        t.join()
+        during = [x for x in ends if t0 + 0.5 < x < t1 - 0.5]
+        print(f"attach request {t1 - t0:.2f} s; base requests ended meanwhile: {len(during)}")
+        assert t1 - t0 >= 2.5, "the seam did not delay the attach: not tested"
+        assert len(during) >= 3, (t1 - t0, len(during))
+        assert text == want
+        assert complete(url, "qv8", PROMPT) == want  # attached now: no wait
+    finally:
+        proc.terminate()
+        assert proc.wait(60) == 0
+
+
 # ------------------------------------------------------------ processes
 class Procs:
     """An ie-coordinator (HTTP API) with --lora flags and its ie-workers."""

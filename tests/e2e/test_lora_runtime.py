@@ -238,6 +238,45 @@ def test_reloaded_name_never_reuses_old_kv(server):
         unload(server, "swap")
 
 
+def wait_metric(url, name, pred, timeout=5.0):
+    """The metric once pred holds (the serving loop acts between steps), or
+    its last value after timeout."""
+    end = time.time() + timeout
+    while True:
+        v = metric(url, name)
+        if pred(v) or time.time() > end:
+            return v
+        time.sleep(0.05)
+
+
+def test_unload_frees_prefix_blocks_at_once(server):
+    """A long prompt under an adapter leaves its full blocks in the prefix
+    cache; unloading the adapter frees them at once (ie_kv_blocks_cached
+    back to what it was, they do not wait to age out), the base's cached
+    blocks stay, and the same adapter loaded again gives the same text."""
+    long = PROMPT + " and " + PROMPT
+    assert complete(server, "tiny_llama", long) == (200, solo(None, long))  # the base's blocks, kept
+    assert load(server, "pfx", PATHS["all16"])[0] == 200
+    c0 = metric(server, "ie_kv_blocks_cached")
+    assert c0 >= 1
+    text = complete(server, "pfx", long)
+    assert text == (200, solo("all16", long))
+    c1 = metric(server, "ie_kv_blocks_cached")
+    assert c1 > c0, (c0, c1)
+    assert unload(server, "pfx") == (200, "Success: LoRA adapter 'pfx' removed successfully.")
+    c2 = wait_metric(server, "ie_kv_blocks_cached", lambda v: v <= c0)
+    print(f"cached blocks: before {c0:.0f}, with the adapter's {c1:.0f}, after unload {c2:.0f}")
+    assert c2 == c0, (c0, c1, c2)
+    hits = metric(server, "ie_prefix_cache_hit_tokens_total")
+    assert complete(server, "tiny_llama", long) == (200, solo(None, long))
+    assert metric(server, "ie_prefix_cache_hit_tokens_total") > hits  # the base's blocks survived
+    assert load(server, "pfx", PATHS["all16"])[0] == 200
+    try:
+        assert complete(server, "pfx", long) == text
+    finally:
+        unload(server, "pfx")
+
+
 # ------------------------------------------------------ LRU budget
 def test_lru_eviction_and_transparent_reload():
     """A budget of 0.15 MB (qv8 14 KB pinned, all16 128 KB, mlp8bf16 18 KB, o4f16 7 KB in memory): using four in turn

@@ -491,6 +491,49 @@ static void test_forget(void)
     ie_kvpool_destroy(&p);
 }
 
+/* A detached adapter's namespace goes at once: its cached blocks free (a
+ * child met before its root too), a block a slot still binds stays used
+ * and unpublished, other salts (the base's 0 included) keep theirs. */
+static void test_drop_salt(void)
+{
+    ie_kvpool_t *p = make(8, 2);
+    const int32_t ids[6] = {1, 2, 3, 4, 5, 6};
+    int32_t a[3], z[2], out[3];
+    /* salt 9: a chain of three whose root sits at a higher id than its
+     * child, so the scan meets the child first */
+    int32_t tmp = alloc1(p);
+    a[1] = alloc1(p);
+    a[0] = alloc1(p);
+    a[2] = alloc1(p);
+    ie_kvpool_release(p, tmp);
+    for (int j = 0; j < 3; j++) CU_ASSERT_EQUAL(ie_kvpool_publish(p, a[j], 9, j ? a[j - 1] : -1, ids + 2 * j), 1);
+    for (int j = 0; j < 2; j++) {
+        z[j] = alloc1(p);
+        CU_ASSERT_EQUAL(ie_kvpool_publish(p, z[j], 0, j ? z[0] : -1, ids + 2 * j), 1);
+    }
+    release_all(p, z, 2);
+    ie_kvpool_release(p, a[1]);
+    ie_kvpool_release(p, a[2]);
+    expect_stats(p, 1, 4, 3); /* a[0] still bound */
+    CU_ASSERT_EQUAL(ie_kvpool_drop_salt(p, 9), 2);
+    expect_stats(p, 1, 2, 5);
+    CHECK_POOL(p);
+    CU_ASSERT_EQUAL(ie_kvpool_match(p, 9, ids, 6, out, 3), 0);
+    CU_ASSERT_EQUAL(ie_kvpool_match(p, 0, ids, 6, out, 3), 2);
+    CU_ASSERT(out[0] == z[0] && out[1] == z[1]);
+    release_all(p, out, 2);
+    /* the bound block was unpublished, not freed: its release frees it */
+    CU_ASSERT_EQUAL(ie_kvpool_drop_salt(p, 9), 0);
+    ie_kvpool_release(p, a[0]);
+    expect_stats(p, 0, 2, 6);
+    CU_ASSERT_EQUAL(ie_kvpool_drop_salt(p, 12345), 0);
+    CU_ASSERT_EQUAL(ie_kvpool_drop_salt(NULL, 9), 0);
+    CU_ASSERT_EQUAL(ie_kvpool_drop_salt(p, 0), 2);
+    expect_stats(p, 0, 0, 8);
+    CHECK_POOL(p);
+    ie_kvpool_destroy(&p);
+}
+
 /* A block id comes back with other tokens after its entry was evicted:
  * nothing published under the old id may match under the new content. */
 static void test_parent_id_reuse(void)
@@ -865,6 +908,7 @@ int main(void)
     CU_add_test(suite, "LRU order", test_lru_order);
     CU_add_test(suite, "duplicate and bad publish", test_duplicate_and_bad_publish);
     CU_add_test(suite, "forget", test_forget);
+    CU_add_test(suite, "drop salt", test_drop_salt);
     CU_add_test(suite, "parent id reuse", test_parent_id_reuse);
     CU_add_test(suite, "constant hash", test_constant_hash);
     CU_add_test(suite, "bad input", test_bad_input);

@@ -8,7 +8,11 @@
  *     detaches it only after the release and the next step_begin;
  *   - sets: an equal set (any order) reuses its id and salt; salts are
  *     never 0 and never repeat, also for a name reloaded from disk;
- *   - reload: an evicted adapter is read again on acquire (loads count).
+ *   - reload: an evicted adapter is read again on acquire (loads count);
+ *   - detached salts: every set detached (unload, deferred or not) is
+ *     handed over once by ie_lora_cache_take_detached;
+ *   - stepping thread: other threads' attaches and detaches wait for its
+ *     step_begin and run there, errors and messages reach the caller.
  */
 #include "ie_backend.h"
 #include "ie_lora_cache.h"
@@ -16,6 +20,9 @@
 
 #include <CUnit/Basic.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +36,11 @@ typedef struct fake {
     int attached[64];
     int n_parts[64];
     int adds, removes;
+    pthread_t last_caller; /* the thread of the last add / remove */
+    int begun;             /* async: the id begun (-1: none)         */
+    int answer;            /* async: 0 owed, 1 ok, 2 refused (the
+                              next attach's answer, used up by it)   */
+    int polls;
 } fake_t;
 
 static ie_status_t f_step(void *self, const ie_batch_t *b, float *out)
@@ -55,6 +67,7 @@ static ie_status_t f_add(void *self, const ie_backend_lora_part_t *parts, int n,
             f->attached[i] = 1;
             f->n_parts[i] = n;
             f->adds++;
+            f->last_caller = pthread_self();
             *id_out = i;
             (void)parts;
             return IE_OK;
@@ -67,7 +80,31 @@ static ie_status_t f_remove(void *self, int id)
     if (id < 0 || id >= 64 || !f->attached[id]) return ie_error_set(IE_ERR_RANGE, "not attached");
     f->attached[id] = 0;
     f->removes++;
+    f->last_caller = pthread_self();
     return IE_OK;
+}
+static ie_status_t f_add_begin(void *self, const ie_backend_lora_part_t *parts, int n, int *id_out)
+{
+    fake_t *f = self;
+    ie_status_t st = f_add(self, parts, n, id_out);
+    if (st == IE_OK) f->begun = *id_out;
+    return st;
+}
+/* the ranks answer when the test sets f->answer */
+static int f_add_poll(void *self, int id, int timeout_ms, ie_status_t *st)
+{
+    fake_t *f = self;
+    (void)timeout_ms;
+    f->polls++;
+    *st = IE_OK;
+    if (id != f->begun || !f->answer) return 0;
+    if (f->answer == 2) {
+        f->attached[id] = 0;
+        *st = ie_error_set(IE_ERR_FORMAT, "worker rank 1: adapter differs");
+    }
+    f->begun = -1;
+    f->answer = 0; /* one answer per attach */
+    return 1;
 }
 static void f_destroy(void *self) { free(self); }
 static const ie_backend_ops_t k_fake = {.name = "fake",
@@ -79,17 +116,31 @@ static const ie_backend_ops_t k_fake = {.name = "fake",
                                         .lora_remove = f_remove,
                                         .destroy = f_destroy};
 
+static const ie_backend_ops_t k_fake_async = {.name = "fake-async",
+                                              .step = f_step,
+                                              .seq_clear = f_clear,
+                                              .seq_set_len = f_set_len,
+                                              .kv_bind = f_bind,
+                                              .lora_add = f_add,
+                                              .lora_remove = f_remove,
+                                              .lora_add_begin = f_add_begin,
+                                              .lora_add_poll = f_add_poll,
+                                              .destroy = f_destroy};
+
 static fake_t *g_fake;
 
-static ie_backend_t *fake_new(void)
+static ie_backend_t *fake_new_ops(const ie_backend_ops_t *ops)
 {
     ie_backend_t *b = NULL;
     ie_backend_geom_t g = {
         .n_seq = 1, .n_ctx = 64, .max_batch = 8, .kv_block = 16, .kv_blocks = 4, .n_vocab = 512, .upkeep_ms = 50};
     g_fake = calloc(1, sizeof *g_fake);
-    CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake, g_fake, &g, &b), IE_OK);
+    g_fake->begun = -1;
+    CU_ASSERT_EQUAL_FATAL(ie_backend_new(ops, g_fake, &g, &b), IE_OK);
     return b;
 }
+
+static ie_backend_t *fake_new(void) { return fake_new_ops(&k_fake); }
 
 static int n_attached(void)
 {
@@ -244,9 +295,13 @@ static void test_lru_pin_busy(void)
     CU_ASSERT(g_fake->attached[busy.id]);
     ie_lora_cache_release(c, &busy, 7);
     CU_ASSERT(g_fake->attached[busy.id]); /* release never touches the backend */
+    uint64_t gone[IE_LORA_SET_MAX];
+    while (ie_lora_cache_take_detached(c, gone, 1) > 0) {} /* the evictions' sets */
     ie_lora_cache_step_begin(c);
     ie_lora_cache_step_end(c);
     CU_ASSERT(!g_fake->attached[busy.id]);
+    CU_ASSERT_EQUAL(ie_lora_cache_take_detached(c, gone, IE_LORA_SET_MAX), 1); /* the deferred detach */
+    CU_ASSERT_EQUAL(gone[0], busy.salt);
     CU_ASSERT_EQUAL(n_attached(), before - 1);
     ie_lora_cache_release(c, &busy, 7); /* a stale lease: no-op */
     /* an idle adapter unloads at once */
@@ -290,8 +345,22 @@ static void test_sets_and_salts(void)
     ie_lora_lease_t la = lease1(c, "a");
     seen[n_seen++] = la.salt;
     ie_lora_cache_release(c, &la, 0);
+    uint64_t gone[8];
+    CU_ASSERT_EQUAL(ie_lora_cache_take_detached(c, gone, 8), 0); /* nothing detached yet */
     CU_ASSERT_EQUAL(ie_lora_cache_unload(c, "a", NULL), IE_OK);
     CU_ASSERT_EQUAL(ie_lora_cache_salt(c, la.id), 0); /* detached now: it was idle */
+    /* the three sets holding a are handed over for their prefix blocks,
+     * once each (a take of 2 leaves the third for the next) */
+    int n_gone = ie_lora_cache_take_detached(c, gone, 2);
+    CU_ASSERT_EQUAL(n_gone, 2);
+    n_gone += ie_lora_cache_take_detached(c, gone + n_gone, 8 - n_gone);
+    CU_ASSERT_EQUAL(n_gone, 3);
+    CU_ASSERT_EQUAL(ie_lora_cache_take_detached(c, gone, 8), 0);
+    for (int i = 0; i < 3; i++) {
+        int found = 0;
+        for (int j = 0; j < n_gone; j++) found += gone[j] == seen[i];
+        CU_ASSERT_EQUAL(found, 1);
+    }
     CU_ASSERT_EQUAL(ie_lora_cache_load(c, "a", LORA "/o4f16", 1.0f, 0), IE_OK);
     ie_lora_lease_t lb = lease1(c, "a");
     CU_ASSERT(lb.id == l1.id || lb.id == l3.id || lb.id == la.id);          /* a freed id again ... */
@@ -305,6 +374,204 @@ static void test_sets_and_salts(void)
     CU_ASSERT_EQUAL(base.salt, 0);
     ie_lora_cache_release(c, &base, 0);
     ie_lora_cache_destroy(&c);
+    ie_backend_destroy(&b);
+}
+
+/* ------------------------------------------------------ stepping thread */
+typedef struct asker {
+    ie_lora_cache_t *c;
+    const char *name;
+    int unload;
+    ie_lora_lease_t lease;
+    ie_status_t st;
+    char err[512];
+    atomic_int done;
+} asker_t;
+
+static void *asker_main(void *arg)
+{
+    asker_t *a = arg;
+    if (a->unload) {
+        a->st = ie_lora_cache_unload(a->c, a->name, NULL);
+    } else {
+        const ie_lora_use_t u = {a->name, NAN};
+        a->st = ie_lora_cache_acquire(a->c, &u, 1, &a->lease);
+    }
+    snprintf(a->err, sizeof a->err, "%s", a->st == IE_OK ? "" : ie_error_last());
+    atomic_store(&a->done, 1);
+    return NULL;
+}
+
+static atomic_int g_wakes;
+static void count_wake(void *ctx)
+{
+    (void)ctx;
+    atomic_fetch_add(&g_wakes, 1);
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Wait up to 5 s for a->done; 1 when it came. */
+static int wait_done(asker_t *a)
+{
+    for (int i = 0; i < 500 && !atomic_load(&a->done); i++) sleep_ms(10);
+    return atomic_load(&a->done);
+}
+
+/* With a stepping thread registered, another thread's attach / detach
+ * waits for that thread's step_begin and runs there (the backend is
+ * called from the stepping thread only); a failure's status and message
+ * reach the asking thread; unregistering runs what is queued, and later
+ * calls attach at once again. */
+static void test_stepper_queue(void)
+{
+    ie_backend_t *b = fake_new();
+    ie_lora_cache_t *c = NULL;
+    ie_lora_cache_opts_t o = {.backend = b, .hp = g_hp};
+    CU_ASSERT_EQUAL_FATAL(ie_lora_cache_new(&o, &c), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "a", LORA "/qv8", 1.0f, 0), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "b", LORA "/o4f16", 1.0f, 0), IE_OK);
+    atomic_store(&g_wakes, 0);
+    ie_lora_cache_stepper(c, 1, count_wake, NULL);
+
+    asker_t a = {.c = c, .name = "a"};
+    pthread_t t;
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&t, NULL, asker_main, &a), 0);
+    sleep_ms(100);
+    CU_ASSERT(!atomic_load(&a.done)); /* queued: no step yet */
+    CU_ASSERT_EQUAL(g_fake->adds, 0);
+    CU_ASSERT(atomic_load(&g_wakes) >= 1);
+    ie_lora_cache_step_begin(c); /* runs it, on this thread */
+    ie_lora_cache_step_end(c);
+    CU_ASSERT(wait_done(&a));
+    pthread_join(t, NULL);
+    CU_ASSERT_EQUAL(a.st, IE_OK);
+    CU_ASSERT_EQUAL(g_fake->adds, 1);
+    CU_ASSERT(pthread_equal(g_fake->last_caller, pthread_self()));
+    CU_ASSERT(a.lease.id >= 0 && g_fake->attached[a.lease.id]);
+    ie_lora_cache_release(c, &a.lease, 0);
+
+    /* a refusal travels back with its message */
+    asker_t u = {.c = c, .name = "nope", .unload = 1};
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&t, NULL, asker_main, &u), 0);
+    sleep_ms(50);
+    CU_ASSERT(!atomic_load(&u.done));
+    ie_lora_cache_step_begin(c);
+    ie_lora_cache_step_end(c);
+    CU_ASSERT(wait_done(&u));
+    pthread_join(t, NULL);
+    CU_ASSERT_EQUAL(u.st, IE_ERR_RANGE);
+    CU_ASSERT_STRING_EQUAL(u.err, "The lora adapter 'nope' cannot be found.");
+
+    /* the stepping thread's own calls run at once (the ZeroMQ front end) */
+    ie_lora_lease_t l = lease1(c, "b");
+    CU_ASSERT_EQUAL(g_fake->adds, 2);
+    ie_lora_cache_release(c, &l, 0);
+
+    /* an unload queued, then the loop ends: it runs at unregistering */
+    asker_t d = {.c = c, .name = "a", .unload = 1};
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&t, NULL, asker_main, &d), 0);
+    sleep_ms(50);
+    CU_ASSERT(!atomic_load(&d.done));
+    ie_lora_cache_stepper(c, 0, NULL, NULL);
+    CU_ASSERT(wait_done(&d));
+    pthread_join(t, NULL);
+    CU_ASSERT_EQUAL(d.st, IE_OK);
+    CU_ASSERT(!g_fake->attached[a.lease.id]);
+    CU_ASSERT(pthread_equal(g_fake->last_caller, pthread_self()));
+    /* no stepping thread: another thread's call attaches at once */
+    asker_t e = {.c = c, .name = "b", .unload = 1};
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&t, NULL, asker_main, &e), 0);
+    CU_ASSERT(wait_done(&e));
+    pthread_join(t, NULL);
+    CU_ASSERT_EQUAL(e.st, IE_OK);
+    CU_ASSERT(!pthread_equal(g_fake->last_caller, pthread_self()));
+    ie_lora_cache_destroy(&c);
+    ie_backend_destroy(&b);
+}
+
+static void step(ie_lora_cache_t *c)
+{
+    ie_lora_cache_step_begin(c);
+    ie_lora_cache_step_end(c);
+}
+
+/* A backend whose ranks answer an attach later (a cluster): the stepping
+ * thread keeps stepping while the requester waits; other jobs wait behind
+ * the attach (one at a time) and so do deferred detaches; the answer
+ * finishes it at the next step (a lease), a refusal reaches the requester
+ * with its message and leaves nothing attached. */
+static void test_stepper_async_attach(void)
+{
+    ie_backend_t *b = fake_new_ops(&k_fake_async);
+    ie_lora_cache_t *c = NULL;
+    ie_lora_cache_opts_t o = {.backend = b, .hp = g_hp};
+    CU_ASSERT_EQUAL_FATAL(ie_lora_cache_new(&o, &c), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "a", LORA "/qv8", 1.0f, 0), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "b", LORA "/o4f16", 1.0f, 0), IE_OK);
+    ie_lora_cache_stepper(c, 1, NULL, NULL);
+
+    asker_t a = {.c = c, .name = "a"}, u = {.c = c, .name = "b", .unload = 1};
+    pthread_t ta, tu;
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&ta, NULL, asker_main, &a), 0);
+    sleep_ms(50);
+    step(c); /* begins it */
+    CU_ASSERT_EQUAL(g_fake->begun, 0);
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&tu, NULL, asker_main, &u), 0);
+    for (int i = 0; i < 5; i++) { /* steps go on; both wait */
+        sleep_ms(20);
+        step(c);
+    }
+    CU_ASSERT(g_fake->polls >= 5);
+    CU_ASSERT(!atomic_load(&a.done));
+    CU_ASSERT(!atomic_load(&u.done));
+    CU_ASSERT_EQUAL(ie_lora_cache_index(c, "b"), 1); /* the unload waits behind the attach */
+    CU_ASSERT_EQUAL(ie_lora_cache_salt(c, 0), 0);    /* not live before the answer */
+    g_fake->answer = 1;
+    step(c); /* finishes it, then runs the unload */
+    CU_ASSERT(wait_done(&a));
+    CU_ASSERT(wait_done(&u));
+    pthread_join(ta, NULL);
+    pthread_join(tu, NULL);
+    CU_ASSERT_EQUAL(a.st, IE_OK);
+    CU_ASSERT_EQUAL(a.lease.id, 0);
+    CU_ASSERT_NOT_EQUAL(a.lease.salt, 0);
+    CU_ASSERT_EQUAL(ie_lora_cache_salt(c, 0), a.lease.salt);
+    CU_ASSERT_EQUAL(u.st, IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_index(c, "b"), -1);
+    ie_lora_cache_release(c, &a.lease, 0);
+
+    /* a refusal */
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "b", LORA "/o4f16", 1.0f, 0), IE_OK);
+    asker_t r = {.c = c, .name = "b"};
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&ta, NULL, asker_main, &r), 0);
+    sleep_ms(50);
+    step(c);
+    step(c);
+    CU_ASSERT(!atomic_load(&r.done));
+    g_fake->answer = 2;
+    step(c);
+    CU_ASSERT(wait_done(&r));
+    pthread_join(ta, NULL);
+    CU_ASSERT_EQUAL(r.st, IE_ERR_FORMAT);
+    CU_ASSERT_STRING_EQUAL(r.err, "worker rank 1: adapter differs");
+    ie_lora_cache_stats_t cs;
+    ie_lora_cache_stats(c, &cs);
+    CU_ASSERT_EQUAL(cs.sets, 1); /* a's alone */
+    CU_ASSERT_EQUAL(n_attached(), 1);
+
+    /* the stepping thread's own attach (ZeroMQ) waits for its answer */
+    g_fake->answer = 1; /* answered at the first poll */
+    ie_lora_lease_t l = lease1(c, "b");
+    CU_ASSERT(l.id >= 0 && g_fake->attached[l.id]);
+    ie_lora_cache_release(c, &l, 0);
+    ie_lora_cache_stepper(c, 0, NULL, NULL);
+    ie_lora_cache_destroy(&c);
+    CU_ASSERT_EQUAL(n_attached(), 0);
     ie_backend_destroy(&b);
 }
 
@@ -328,6 +595,8 @@ int main(void)
     CU_add_test(s, "ie_lora_concat == sum of the parts", test_concat_is_sum);
     CU_add_test(s, "registry: LRU, pin, leased never evicted, deferred unload", test_lru_pin_busy);
     CU_add_test(s, "registry: set reuse, salts unique across reloads", test_sets_and_salts);
+    CU_add_test(s, "registry: attaches queue for the stepping thread", test_stepper_queue);
+    CU_add_test(s, "registry: a slow attach lets the steps go on", test_stepper_async_attach);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();

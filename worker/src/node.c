@@ -105,6 +105,12 @@ typedef struct node {
     nlora_t lora[IE_PROTO_LORA_IDS];
     int32_t *ad_loc;
     size_t ad_cap;
+    /* tests only (IE_TEST_LORA_ACK_DELAY_MS): an adapter attach's answer
+     * is held that long while steps go on, the seam for checking that a
+     * slow attach stalls only the request that waits for it */
+    int ack_delay_ms;
+    ie_msg_t held_ack;
+    double held_due; /* 0: none held */
 
     /* metrics */
     ie_metric_t *m_compute, *m_transfer, *m_steps;
@@ -679,7 +685,13 @@ reply:
             snprintf(k->error, sizeof k->error, "worker rank %d: %s", k->rank, ie_error_last());
             if (!nd->o->quiet) logf_(nd, "LoRA: %s", k->error);
         }
-        send_msg(nd->coord, &nd->hdr, &m, NULL, 0, 1000);
+        if (lm->op == IE_LORA_OP_ADD && nd->ack_delay_ms > 0) {
+            if (nd->held_due > 0) send_msg(nd->coord, &nd->hdr, &nd->held_ack, NULL, 0, 1000);
+            nd->held_ack = m;
+            nd->held_due = ie_now_ms() + nd->ack_delay_ms;
+        } else {
+            send_msg(nd->coord, &nd->hdr, &m, NULL, 0, 1000);
+        }
     }
 }
 
@@ -1060,6 +1072,10 @@ ie_status_t ie_node_run(const ie_node_opts_t *o)
     if (!nd) return ie_error_set(IE_ERR_NOMEM, "out of memory");
     nd->o = o;
     nd->node_id = o->numa_node;
+    {
+        const char *d = getenv("IE_TEST_LORA_ACK_DELAY_MS");
+        nd->ack_delay_ms = d ? atoi(d) : 0;
+    }
     atomic_init(&nd->rank, -1);
     atomic_init(&nd->hb_ms, 250);
     atomic_store(&nd->tick_ms, ie_now_ms());
@@ -1152,6 +1168,10 @@ ie_status_t ie_node_run(const ie_node_opts_t *o)
         }
         if (ready[1] && ie_sock_recv(nd->pull, &nd->in, 0) == IE_OK && nd->in.n >= 1) handle_peer(nd);
         double t = ie_now_ms();
+        if (nd->held_due > 0 && t >= nd->held_due) { /* the test seam's held answer */
+            send_msg(nd->coord, &nd->hdr, &nd->held_ack, NULL, 0, 1000);
+            nd->held_due = 0;
+        }
         int dead = nd->assigned ? nd->as.dead_ms : 2000;
         if (nd->registered && t - nd->last_coord_ms > dead) {
             logf_(nd, "coordinator silent for %.1f s; registering again", (t - nd->last_coord_ms) / 1e3);
