@@ -385,6 +385,80 @@ static void test_worker_gptoss_window(void)
     ie_model_src_destroy(&src);
 }
 
+/* Smoothing (kvq_smooths: rows from KVQ_SMOOTH_ROWS on stored less the
+ * mean of the first rows, the mean added back when read). The fixture's
+ * head of 16 values takes no q4, so FP8 K and V are smoothed through
+ * IE_KV_SMOOTH=kv (the same code for every type): the mean rebuilt from
+ * paged rows gives the bits of the contiguous cache for any block size; a
+ * decode (q.m added to the scores, the weight of the later rows times m
+ * added to the output) agrees with a prefill (m added to the decoded
+ * rows) within summation order; the cache stays within FP8's bound of the
+ * f32 cache and differs from the unsmoothed one (it is on). */
+static void test_worker_smooth(void)
+{
+    CU_ASSERT(kvq_smooths(IE_KV_Q4, 0) && !kvq_smooths(IE_KV_Q4, 1) && !kvq_smooths(IE_KV_FP8_E4M3, 0) &&
+              !kvq_smooths(IE_KV_Q8, 0));
+    ie_worker_t *w = make(IE_KV_F32, IE_KV_F32, IE_KV_ROTATE_AUTO, 0, 2);
+    const size_t n = NTOK * (size_t)ie_worker_hparams(w)->n_vocab;
+    float *f32 = run(w, 16);
+    ie_worker_destroy(&w);
+    double lmax = 0;
+    for (size_t i = 0; i < n; i++) lmax = fmax(lmax, fabs(f32[i]));
+    w = make(IE_KV_FP8_E4M3, IE_KV_FP8_E4M3, IE_KV_ROTATE_AUTO, 0, 2);
+    CU_ASSERT(!w->kv_smooth[0] && !w->kv_smooth[1]);
+    float *plain = run(w, 16);
+    ie_worker_destroy(&w);
+
+    setenv("IE_KV_SMOOTH", "0", 1);
+    CU_ASSERT(!kvq_smooths(IE_KV_Q4, 0));
+    setenv("IE_KV_SMOOTH", "kv", 1);
+    CU_ASSERT(kvq_smooths(IE_KV_Q4, 1) && kvq_smooths(IE_KV_FP8_E5M2, 0) && !kvq_smooths(IE_KV_Q8, 0));
+    w = make(IE_KV_FP8_E4M3, IE_KV_FP8_E4M3, IE_KV_ROTATE_AUTO, 0, 2);
+    CU_ASSERT(w->kv_smooth[0] && w->kv_smooth[1]);
+    float *ref = run(w, 16);
+    ie_worker_destroy(&w);
+    const double ds = max_diff(ref, f32, n), dp = max_diff(plain, f32, n);
+    CU_ASSERT(ds < 8e-2 * lmax);
+    CU_ASSERT(max_diff(ref, plain, n) > 0);
+    if (!(ds < 8e-2 * lmax))
+        fprintf(stderr, "  smoothed fp8: max diff %.3g (unsmoothed %.3g) of %.3g\n", ds, dp, lmax);
+    static const int blocks[] = {1, 3, 7, 64};
+    for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++) {
+        w = make(IE_KV_FP8_E4M3, IE_KV_FP8_E4M3, IE_KV_ROTATE_AUTO, blocks[i], 2);
+        float *got = run(w, 16);
+        CU_ASSERT_EQUAL(memcmp(got, ref, n * sizeof(float)), 0);
+        free(got);
+        static const int chunks[] = {1, 5};
+        for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+            got = run(w, chunks[c]);
+            const double d = max_diff(got, ref, n);
+            CU_ASSERT(d < 1e-4 * lmax);
+            if (!(d < 1e-4 * lmax))
+                fprintf(stderr, "  smoothed, block %d chunk %d: max diff %.3g of %.3g\n", blocks[i], chunks[c], d,
+                        lmax);
+            free(got);
+        }
+        ie_worker_destroy(&w);
+    }
+    /* GPT-OSS: its sliding layers are left unsmoothed, the others not */
+    ie_model_src_t *src = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_model_src_open(IE_TEST_DATA "/tiny_gptoss.gguf", &src), IE_OK);
+    w = make_src(src, IE_KV_FP8_E4M3, IE_KV_FP8_E5M2, IE_KV_ROTATE_AUTO, 3, 2);
+    const size_t ng = NTOK * (size_t)ie_worker_hparams(w)->n_vocab;
+    float *pre = run(w, 16), *dec = run(w, 1);
+    double gmax = 0;
+    for (size_t i = 0; i < ng; i++) gmax = fmax(gmax, fabs(pre[i]));
+    CU_ASSERT(max_diff(dec, pre, ng) < 1e-4 * gmax);
+    free(pre);
+    free(dec);
+    ie_worker_destroy(&w);
+    ie_model_src_destroy(&src);
+    unsetenv("IE_KV_SMOOTH");
+    free(ref);
+    free(plain);
+    free(f32);
+}
+
 /* A byte budget sizes the pool in blocks of the chosen types: a q8 cache
  * gets (4 hd) / (hd + 4) times the f32 cache's blocks; a budget with room
  * for no block is refused, one past the full pool capped to it, and a
@@ -443,6 +517,7 @@ int main(void)
     CU_add_test(s, "worker: quantized cache bits independent of layout", test_worker_layouts);
     CU_add_test(s, "worker: GPT-OSS window edges and sinks, f16 and quantized caches", test_worker_gptoss_window);
     CU_add_test(s, "worker: pool sized by a byte budget", test_worker_mem_budget);
+    CU_add_test(s, "worker: smoothed cache (rows less the first rows' mean)", test_worker_smooth);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();

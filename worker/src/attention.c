@@ -183,6 +183,9 @@ static void att_run(void *ctx, int ith, int nth)
     /* a rotated cache: the rotated queries in this thread's share of kv_tmp */
     float *qrot = w->kv_tmp ? w->kv_tmp + (size_t)ith * (size_t)group * hd : NULL;
     const ie_kv_type_t kt = w->kv_type[0], vt = w->kv_type[1];
+    /* a smoothed cache: this thread's K and V means */
+    float *mk = w->kv_mean ? w->kv_mean + (size_t)ith * 2 * hd : NULL, *mv = mk ? mk + hd : NULL;
+    const int smk = w->kv_smooth[0] && !L->swa, smv = w->kv_smooth[1] && !L->swa;
     const long units = att_units(t);
     att_unit_t a;
     for (long u = ith; u < units; u += nth) {
@@ -207,6 +210,19 @@ static void att_run(void *ctx, int ith, int nth)
             w->ops->attn_scores(q, (size_t)hd, a.nh, &a.kr, jr, a.cnt, hd, scale, scores, ld);
         else /* the typed rows, converted in registers (q8: on integers) */
             w->ops->kv_scores(kt, q, (size_t)hd, a.nh, &a.kq, a.j0, a.cnt, hd, scale, scores, ld);
+        /* rows from KVQ_SMOOTH_ROWS on (index js on) hold k - m: add q.m
+         * back (a prefill's decoded rows have m added already, pre_run) */
+        const int js = KVQ_SMOOTH_ROWS - a.j0 > 0 ? KVQ_SMOOTH_ROWS - a.j0 : 0;
+        if (smk && (!pre || kt == IE_KV_Q8) && js < a.cnt) {
+            kvq_mean(w->ops, kt, &a.kq, hd, mk);
+            for (int hh = 0; hh < a.nh; hh++) {
+                const float *qh = q + (size_t)hh * hd;
+                float qm = 0.0f;
+                for (int i = 0; i < hd; i++) qm += qh[i] * mk[i];
+                qm *= scale;
+                for (int j = js; j < a.cnt; j++) scores[(size_t)hh * ld + j] += qm;
+            }
+        }
         if (cap != 0.0f) /* Gemma 2: scores = c tanh(scores / c), before the softmax */
             for (int hh = 0; hh < a.nh; hh++)
                 for (int j = 0; j < a.cnt; j++) {
@@ -218,6 +234,14 @@ static void att_run(void *ctx, int ith, int nth)
         float *out = w->xb + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd;
         if (vt == IE_KV_F32 || pre) w->ops->attn_values(scores, ld, a.nh, &a.vr, jr, a.cnt, hd, out, (size_t)hd);
         else w->ops->kv_values(vt, scores, ld, a.nh, &a.vq, a.j0, a.cnt, hd, out, (size_t)hd);
+        if (smv && !pre && js < a.cnt) { /* rows js on hold v - m: their weight times m */
+            kvq_mean(w->ops, vt, &a.vq, hd, mv);
+            for (int hh = 0; hh < a.nh; hh++) {
+                float pw = 0.0f;
+                for (int j = js; j < a.cnt; j++) pw += scores[(size_t)hh * ld + j];
+                for (int i = 0; i < hd; i++) out[(size_t)hh * hd + i] += pw * mv[i];
+            }
+        }
         if (w->kv_rot[1]) /* V was stored rotated: the weighted sum is too */
             for (int hh = 0; hh < a.nh; hh++) kvq_fwht(out + (size_t)hh * hd, hd);
     }
@@ -375,6 +399,7 @@ ie_status_t worker_kv_new(ie_worker_t *w)
         const ie_kv_type_t t = c ? opts->kv_type_v : opts->kv_type_k;
         w->kv_type[c] = t;
         w->kv_rot[c] = kvq_rotates(t, opts->kv_rotate);
+        w->kv_smooth[c] = kvq_smooths(t, c);
         w->kv_head_bytes[c] = ie_kv_head_bytes(t, hd);
         if (!w->kv_head_bytes[c])
             return ie_error_set(IE_ERR_INVAL, "KV cache type %s cannot hold a head of %d values%s",
@@ -449,6 +474,10 @@ ie_status_t worker_kv_new(ie_worker_t *w)
     const int kv_tmp = w->kv_rot[0] || w->kv_rot[1];
     w->kv_tmp = kv_tmp ? worker_big_alloc((size_t)opts->n_threads * (size_t)qgroup * (size_t)hd * sizeof(float))
                        : NULL;
+    const int kv_sm = w->kv_smooth[0] || w->kv_smooth[1];
+    w->kv_mean = kv_sm
+                     ? worker_big_alloc(((size_t)opts->n_threads * 2 * hd + 2 * (size_t)w->kv_dim) * sizeof(float))
+                     : NULL;
     w->seq_len = calloc((size_t)opts->n_seq, sizeof(int));
     w->btab = malloc((size_t)full_pool * sizeof(int32_t));
     w->rope_cos = malloc((size_t)opts->n_ctx * half * sizeof(float));
@@ -461,7 +490,7 @@ ie_status_t worker_kv_new(ie_worker_t *w)
     w->rope_sin_swa = swa_tables ? malloc((size_t)opts->n_ctx * half * sizeof(float)) : w->rope_sin;
     w->scores = worker_big_alloc((size_t)opts->n_threads * (size_t)qgroup * opts->n_ctx * sizeof(float));
     if (!w->kcache || !w->vcache || !w->seq_len || !w->btab || !w->rope_cos || !w->rope_sin || !w->rope_cos_swa ||
-        !w->rope_sin_swa || !w->scores || (kv_tmp && !w->kv_tmp))
+        !w->rope_sin_swa || !w->scores || (kv_tmp && !w->kv_tmp) || (kv_sm && !w->kv_mean))
         return ie_error_set(IE_ERR_NOMEM, "out of memory allocating KV cache (%zu bytes) and scratch", kv_bytes);
     /* a pool with room for every slot's whole context starts as the
      * unpaged cache (slot s owns blocks s*kv_nlb ..); a smaller one unbound */
@@ -539,24 +568,51 @@ void worker_rope(ie_worker_t *w, int l, const ie_batch_t *b)
     }
 }
 
+/* The K (c 0) or V means of every held head of slot seq on layer l into
+ * the store's part of kv_mean ([2][kv_dim]). */
+static float *kv_means(ie_worker_t *w, int c, int l, int seq)
+{
+    const int hd = w->hp.head_dim;
+    float *m = w->kv_mean + (size_t)w->opts.n_threads * 2 * hd + (size_t)c * w->kv_dim;
+    for (int h = 0; h < w->n_kv_loc; h++) {
+        const ie_kv_rows_t r = kv_rows(w, c, l, seq, h);
+        kvq_mean(w->ops, w->kv_type[c], &r, hd, m + (size_t)h * hd);
+    }
+    return m;
+}
+
 /* k, v of tokens i0 .. i1-1 -> layer l of their slots' caches (the pool
- * or the ring) at their positions. */
+ * or the ring) at their positions. A smoothed cache's rows from
+ * KVQ_SMOOTH_ROWS on are stored less the mean of the slot's first rows, so
+ * those are written first (pass 0), whatever the order of the tokens. */
 static void kv_store(ie_worker_t *w, int l, const ie_batch_t *b, int i0, int i1)
 {
     const int hd = w->hp.head_dim;
-    for (int i = i0; i < i1; i++) {
-        for (int c = 0; c < 2; c++) {
-            const ie_kv_rows_t rows = kv_rows(w, c, l, b->seq[i], 0);
-            float *src = (c ? w->v : w->k) + (size_t)i * w->kv_dim;
-            unsigned char *dst = (unsigned char *)ie_kv_row(&rows, b->pos[i]);
-            if (w->kv_type[c] == IE_KV_F32 && !w->kv_rot[c]) {
-                memcpy(dst, src, (size_t)w->kv_dim * sizeof(float));
-                continue;
-            }
-            /* k and v are scratch this step reads no more: rotate in place */
-            for (int h = 0; h < w->n_kv_loc; h++) {
-                if (w->kv_rot[c]) kvq_fwht(src + (size_t)h * hd, hd);
-                ie_kv_encode(w->kv_type[c], src + (size_t)h * hd, hd, dst + (size_t)h * w->kv_head_bytes[c]);
+    const int sm[2] = {w->kv_smooth[0] && !w->layers[l].swa, w->kv_smooth[1] && !w->layers[l].swa};
+    for (int pass = 0; pass < 2; pass++) {
+        int mseq[2] = {-1, -1}; /* the slot whose means kv_mean holds */
+        const float *m[2] = {NULL, NULL};
+        for (int i = i0; i < i1; i++) {
+            for (int c = 0; c < 2; c++) {
+                const int smooth = sm[c] && b->pos[i] >= KVQ_SMOOTH_ROWS;
+                if (smooth != pass) continue;
+                const ie_kv_rows_t rows = kv_rows(w, c, l, b->seq[i], 0);
+                float *src = (c ? w->v : w->k) + (size_t)i * w->kv_dim;
+                unsigned char *dst = (unsigned char *)ie_kv_row(&rows, b->pos[i]);
+                if (w->kv_type[c] == IE_KV_F32 && !w->kv_rot[c]) {
+                    memcpy(dst, src, (size_t)w->kv_dim * sizeof(float));
+                    continue;
+                }
+                if (smooth && mseq[c] != b->seq[i]) m[c] = kv_means(w, c, l, mseq[c] = b->seq[i]);
+                /* k and v are scratch this step reads no more: rotate (and
+                 * smooth, in the basis the rows are read in) in place */
+                for (int h = 0; h < w->n_kv_loc; h++) {
+                    float *x = src + (size_t)h * hd;
+                    if (w->kv_rot[c]) kvq_fwht(x, hd);
+                    if (smooth)
+                        for (int e = 0; e < hd; e++) x[e] -= m[c][(size_t)h * hd + e];
+                    ie_kv_encode(w->kv_type[c], x, hd, dst + (size_t)h * w->kv_head_bytes[c]);
+                }
             }
         }
     }
@@ -565,6 +621,7 @@ static void kv_store(ie_worker_t *w, int l, const ie_batch_t *b, int i0, int i1)
 typedef struct pre_task {
     ie_worker_t *w;
     int layer, seq, lo, n; /* rows lo .. lo+n-1 of slot seq */
+    const float *m[2];     /* a smoothed cache's means ([kv_dim]), else NULL */
 } pre_task_t;
 
 /* Share ith of a step's pre-decode: rows of every held KV head, K (unless
@@ -578,10 +635,13 @@ static void pre_run(void *ctx, int ith, int nth)
     for (int c = w->kv_type[0] == IE_KV_Q8; c < 2; c++) { /* a q8 K is read as it is (att_run) */
         const ie_kv_rows_t rows = kv_rows(w, c, t->layer, t->seq, 0);
         for (int r = r0; r < r1; r++) {
-            const unsigned char *row = ie_kv_row(&rows, t->lo + r);
+            const int j = t->lo + r;
+            const unsigned char *row = ie_kv_row(&rows, j);
+            float *y = w->kv_pre[c] + (size_t)r * w->kv_dim;
             for (int h = 0; h < w->n_kv_loc; h++)
-                w->ops->kv_decode(w->kv_type[c], row + (size_t)h * w->kv_head_bytes[c], hd,
-                                  w->kv_pre[c] + (size_t)r * w->kv_dim + (size_t)h * hd);
+                w->ops->kv_decode(w->kv_type[c], row + (size_t)h * w->kv_head_bytes[c], hd, y + (size_t)h * hd);
+            if (t->m[c] && j >= KVQ_SMOOTH_ROWS) /* stored less the mean: add it back */
+                for (int e = 0; e < w->kv_dim; e++) y[e] += t->m[c][e];
         }
     }
 }
@@ -611,7 +671,9 @@ static void attend(ie_worker_t *w, int l, const ie_batch_t *b, int i0, int i1)
             if (cnt < KVQ_PRE_MIN || hi - lo > w->kv_pre_rows) continue;
             for (int k = i; k < i1; k++)
                 if (b->seq[k] == seq) w->kv_mark[k] = 1;
-            pre_task_t pt = {w, l, seq, lo, hi - lo};
+            pre_task_t pt = {w, l, seq, lo, hi - lo, {NULL, NULL}};
+            for (int c = w->kv_type[0] == IE_KV_Q8; c < 2; c++) /* a q8 K: att_run adds q.m */
+                if (w->kv_smooth[c] && !swa && hi > KVQ_SMOOTH_ROWS) pt.m[c] = kv_means(w, c, l, seq);
             ie_threadpool_run(w->tp, pre_run, &pt);
             att_task_t one = {w, b, l, at.sg, seq, lo, i0, i1};
             ie_threadpool_run(w->tp, att_run, &one);

@@ -8,6 +8,7 @@
 #include "worker_internal.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char *const KV_NAMES[IE_KV_TYPE_COUNT] = {"f32", "f16", "bf16", "q8", "q4", "fp8_e4m3", "fp8_e5m2"};
@@ -50,6 +51,32 @@ int kvq_rotates(ie_kv_type_t t, ie_kv_rotate_t r)
     if (r == IE_KV_ROTATE_OFF) return 0;
     if (r == IE_KV_ROTATE_ON) return 1;
     return t == IE_KV_Q8 || t == IE_KV_Q4 || t == IE_KV_FP8_E4M3 || t == IE_KV_FP8_E5M2;
+}
+
+/* Contract (worker_internal.h). */
+int kvq_smooths(ie_kv_type_t t, int c)
+{
+    const char *e = getenv("IE_KV_SMOOTH");
+    const int q4 = t == IE_KV_Q4, fp8 = t == IE_KV_FP8_E4M3 || t == IE_KV_FP8_E5M2;
+    if (!e || !*e) return c == 0 && q4;
+    if (!strcmp(e, "k")) return c == 0 && (q4 || fp8);
+    if (!strcmp(e, "kv")) return q4 || fp8;
+    return 0;
+}
+
+/* Contract (worker_internal.h). */
+void kvq_mean(const ie_kernels_t *ops, ie_kv_type_t t, const ie_kv_rows_t *rows, int hd, float *m)
+{
+    double acc[IE_KV_MAX_HD];
+    float row[IE_KV_MAX_HD];
+    for (int i = 0; i < hd; i++) acc[i] = 0.0;
+    ie_kv_cursor_t c;
+    ie_kv_cursor_init(&c, rows, 0);
+    for (int j = 0; j < KVQ_SMOOTH_ROWS; j++) {
+        ops->kv_decode(t, ie_kv_cursor_next(&c), hd, row);
+        for (int i = 0; i < hd; i++) acc[i] += row[i];
+    }
+    for (int i = 0; i < hd; i++) m[i] = (float)(acc[i] / KVQ_SMOOTH_ROWS);
 }
 
 /* ------------------------------------------------------------- rotation */

@@ -179,6 +179,10 @@ struct ie_worker {
      * (kv_block rows) and of a block (held layers) */
     ie_kv_type_t kv_type[2];
     int kv_rot[2]; /* rotated by kvq_fwht before it is stored  */
+    /* smoothed (kvq_smooths): on a layer that does not slide, a head at
+     * position >= KVQ_SMOOTH_ROWS is stored less the mean of the slot's
+     * first KVQ_SMOOTH_ROWS decoded heads (kvq_mean), added back when read */
+    int kv_smooth[2];
     size_t kv_head_bytes[2];
     size_t kv_row_bytes[2];
     size_t kv_layer_bytes[2];
@@ -192,6 +196,9 @@ struct ie_worker {
     uint8_t *kv_mark; /* [max_batch] tokens attended from kv_pre        */
     float *kv_tmp;    /* [n_threads][group*hd] rotated queries (a
                       rotated cache), else NULL                         */
+    float *kv_mean;   /* a smoothed cache: [n_threads][2][hd] att_run's
+                         means, then [2][kv_dim] the store's and a
+                         prefill's (K, V); else NULL                     */
     int32_t *btab;    /* [n_seq][kv_nlb] physical block, -1 unbound */
     /* Sliding layers' ring (worker_kv_new): each slot keeps the last
      * kv_ring_len = kv_ring_nrb * kv_block positions of the held sliding
@@ -305,6 +312,28 @@ void worker_mat_row(const wmat_t *m, int64_t r, float *out);
 
 /* Whether a cache of type t is rotated under switch r. */
 int kvq_rotates(ie_kv_type_t t, ie_kv_rotate_t r);
+
+/* Rows of a smoothed cache whose mean is subtracted from every later row. */
+#define KVQ_SMOOTH_ROWS 16
+
+/* Whether cache c (0 K, 1 V) of type t is smoothed: a q4 K. The
+ * environment's IE_KV_SMOOTH changes that for measurements: "0" none, "k"
+ * a q4 or FP8 K, "kv" K and V of those types (docs/KVCACHE.md: a smoothed
+ * V and FP8 measured worse). Softmax does not change when q.m is added to
+ * every score, nor a weighted sum of V rows (weights summing to 1) less m
+ * other than by m: storing k - m (v - m) and adding m back when read is
+ * exact, and takes K's large per-channel offsets out of the range the
+ * 4-bit codes must span (SageAttention's smoothing of K). m is the mean of
+ * the slot's first KVQ_SMOOTH_ROWS rows as decoded from the cache, so it
+ * is rebuilt from the cache alone: a shared prefix, a recomputed one and
+ * every block layout give the same m. Layers that slide are not smoothed
+ * (their first rows leave the window). */
+int kvq_smooths(ie_kv_type_t t, int c);
+
+/* m[0..hd) = the mean (summed in double, in row order) of rows 0 ..
+ * KVQ_SMOOTH_ROWS-1 of the view, decoded by ops->kv_decode (the same bits
+ * on every ISA). Every row must be written and its block bound. */
+void kvq_mean(const ie_kernels_t *ops, ie_kv_type_t t, const ie_kv_rows_t *rows, int hd, float *m);
 /* x[0..hd) <- H x, H the orthonormal Walsh-Hadamard matrix of order p (the
  * largest power of two dividing hd) on each block of p values: symmetric,
  * its own inverse, so dot products of rotated vectors are unchanged. */
