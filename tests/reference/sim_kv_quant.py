@@ -33,6 +33,9 @@ Schemes (K and V each: TYPE[+options]):
   f<B>         keep the first B rows in f32 (no smoothing)
   cG           (q4 only) per-channel asymmetric 4-bit over blocks of G
                positions (KIVI's K); the block holding the query is f32
+  RG           (K only) the block of G positions holding the query read in
+               f32, the codec per position otherwise (KIVI's f32 residual
+               without its per-channel groups)
 
 Usage: sim_kv_quant.py [--ctx 512] [--windows 8] [--text FILE] SCHEME...
   where SCHEME is K/V, e.g.  f32/f32  q4r/q4r  q4rs16/q4r  e4m3r/e4m3r
@@ -112,7 +115,7 @@ def q4_channel(x: torch.Tensor, G: int) -> torch.Tensor:
     return (q * d + lo).reshape(B, H, T + pad, D)[:, :, :T]
 
 
-SPEC = re.compile(r"^(f32|q4|q8|e4m3)(r?)(?:([sS])(\d+))?(?:f(\d+))?(?:c(\d+))?$")
+SPEC = re.compile(r"^(f32|q4|q8|e4m3)(r?)(?:([sS])(\d+))?(?:f(\d+))?(?:c(\d+))?(?:R(\d+))?$")
 
 
 class Scheme:
@@ -127,6 +130,7 @@ class Scheme:
         self.raw_first = m.group(3) == "S"
         self.keep = int(m.group(5) or 0) if self.raw_first else max(self.smooth, int(m.group(5) or 0))
         self.chan = int(m.group(6) or 0)
+        self.recent = int(m.group(7) or 0)
 
     def apply(self, x: torch.Tensor):
         """x [B, H, T, D] -> (dequantized x, f32 override mask or None).
@@ -170,11 +174,12 @@ def attn(module, query, key, value, attention_mask, scaling, dropout=0.0, **kw):
     vq = modeling_llama.repeat_kv(vq, g)
     T = query.shape[2]
     s = torch.matmul(query, kq.transpose(2, 3)) * scaling
-    if ks.chan:
+    blk_size = ks.chan or ks.recent
+    if blk_size:
         # KIVI: the block the query sits in is not full yet, read in f32
         kf = modeling_llama.repeat_kv(key, g)
         sf = torch.matmul(query, kf.transpose(2, 3)) * scaling
-        blk = torch.arange(T) // ks.chan
+        blk = torch.arange(T) // blk_size
         same = blk[:, None] == blk[None, :]
         s = torch.where(same, sf, s)
     causal = torch.ones(T, T, dtype=torch.bool).tril()
