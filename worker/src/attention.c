@@ -161,6 +161,24 @@ static long att_units(const att_task_t *t)
     return (long)(t->i1 - t->i0) * t->w->n_kv_loc * nsub;
 }
 
+/* m = the mean of the first KVQ_SMOOTH_ROWS rows of a smoothed cache c's
+ * view, on the channels of kv_smooth_keep only (0 elsewhere): RoPE turns a
+ * channel pair by an angle growing with the position, so a mean taken at
+ * positions 0..15 stands for a later row only on the pairs RoPE barely
+ * turns (measured: the whole mean helps at 512 positions and hurts at
+ * 8192). The mean is taken in the basis the rows are stored in (rotated
+ * or not); the mask applies in RoPE's. */
+static void kv_mean_head(const ie_worker_t *w, int c, const ie_kv_rows_t *rows, float *m)
+{
+    const int hd = w->hp.head_dim;
+    kvq_mean(w->ops, w->kv_type[c], rows, hd, m);
+    if (!w->kv_smooth_keep) return;
+    if (w->kv_rot[c]) kvq_fwht(m, hd);
+    for (int i = 0; i < hd; i++)
+        if (!w->kv_smooth_keep[i]) m[i] = 0.0f;
+    if (w->kv_rot[c]) kvq_fwht(m, hd);
+}
+
 /* One (token, held KV head, share of its query heads) per unit of work: the
  * shared K and V rows are read once for all those heads (GQA), scores over
  * the slot's cache up to the token's position, softmax, weighted sum of
@@ -214,7 +232,7 @@ static void att_run(void *ctx, int ith, int nth)
          * back (a prefill's decoded rows have m added already, pre_run) */
         const int js = KVQ_SMOOTH_ROWS - a.j0 > 0 ? KVQ_SMOOTH_ROWS - a.j0 : 0;
         if (smk && (!pre || kt == IE_KV_Q8) && js < a.cnt) {
-            kvq_mean(w->ops, kt, &a.kq, hd, mk);
+            kv_mean_head(w, 0, &a.kq, mk);
             for (int hh = 0; hh < a.nh; hh++) {
                 const float *qh = q + (size_t)hh * hd;
                 float qm = 0.0f;
@@ -235,7 +253,7 @@ static void att_run(void *ctx, int ith, int nth)
         if (vt == IE_KV_F32 || pre) w->ops->attn_values(scores, ld, a.nh, &a.vr, jr, a.cnt, hd, out, (size_t)hd);
         else w->ops->kv_values(vt, scores, ld, a.nh, &a.vq, a.j0, a.cnt, hd, out, (size_t)hd);
         if (smv && !pre && js < a.cnt) { /* rows js on hold v - m: their weight times m */
-            kvq_mean(w->ops, vt, &a.vq, hd, mv);
+            kv_mean_head(w, 1, &a.vq, mv);
             for (int hh = 0; hh < a.nh; hh++) {
                 float pw = 0.0f;
                 for (int j = js; j < a.cnt; j++) pw += scores[(size_t)hh * ld + j];
@@ -496,6 +514,23 @@ ie_status_t worker_kv_new(ie_worker_t *w)
      * unpaged cache (slot s owns blocks s*kv_nlb ..); a smaller one unbound */
     for (int64_t i = 0; i < full_pool; i++) w->btab[i] = w->kv_blocks >= full_pool ? (int32_t)i : -1;
     rope_tables(w);
+    /* a smoothed cache: the channels RoPE turns by at most 1 radian over
+     * the context (the angle at position 1 times n_ctx); dims past
+     * rope_dim do not turn. IE_KV_SMOOTH_ALL=1: every channel (measuring) */
+    const char *all = getenv("IE_KV_SMOOTH_ALL");
+    if (kv_sm && !(all && !strcmp(all, "1"))) {
+        const int half = w->hp.rope_dim / 2;
+        if (!(w->kv_smooth_keep = malloc((size_t)hd)))
+            return ie_error_set(IE_ERR_NOMEM, "out of memory allocating the KV smoothing mask");
+        memset(w->kv_smooth_keep, 1, (size_t)hd);
+        for (int i = 0; i < half && opts->n_ctx > 1; i++) {
+            const float ang = fabsf(atan2f(w->rope_sin[half + i], w->rope_cos[half + i]));
+            const int keep = ang * (float)opts->n_ctx <= 1.0f;
+            const int d0 = w->arch.rope_layout == IE_ROPE_NEOX ? i : 2 * i;
+            const int d1 = w->arch.rope_layout == IE_ROPE_NEOX ? i + half : 2 * i + 1;
+            w->kv_smooth_keep[d0] = w->kv_smooth_keep[d1] = (uint8_t)keep;
+        }
+    }
     return IE_OK;
 }
 
@@ -576,7 +611,7 @@ static float *kv_means(ie_worker_t *w, int c, int l, int seq)
     float *m = w->kv_mean + (size_t)w->opts.n_threads * 2 * hd + (size_t)c * w->kv_dim;
     for (int h = 0; h < w->n_kv_loc; h++) {
         const ie_kv_rows_t r = kv_rows(w, c, l, seq, h);
-        kvq_mean(w->ops, w->kv_type[c], &r, hd, m + (size_t)h * hd);
+        kv_mean_head(w, c, &r, m + (size_t)h * hd);
     }
     return m;
 }

@@ -282,6 +282,7 @@ void ie_worker_destroy(ie_worker_t **self_p)
     worker_big_free(w->vcache);
     worker_big_free(w->kv_tmp);
     worker_big_free(w->kv_mean);
+    free(w->kv_smooth_keep);
     worker_big_free(w->kv_pre[0]);
     worker_big_free(w->kv_pre[1]);
     free(w->kv_mark);

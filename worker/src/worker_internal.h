@@ -183,6 +183,8 @@ struct ie_worker {
      * position >= KVQ_SMOOTH_ROWS is stored less the mean of the slot's
      * first KVQ_SMOOTH_ROWS decoded heads (kvq_mean), added back when read */
     int kv_smooth[2];
+    uint8_t *kv_smooth_keep; /* [hd] 1: channel smoothed (RoPE turns it
+                                by at most 1 radian over n_ctx positions) */
     size_t kv_head_bytes[2];
     size_t kv_row_bytes[2];
     size_t kv_layer_bytes[2];
