@@ -415,6 +415,11 @@ static void test_worker_smooth(void)
     CU_ASSERT(kvq_smooths(IE_KV_Q4, 1) && kvq_smooths(IE_KV_FP8_E5M2, 0) && !kvq_smooths(IE_KV_Q8, 0));
     w = make(IE_KV_FP8_E4M3, IE_KV_FP8_E4M3, IE_KV_ROTATE_AUTO, 0, 2);
     CU_ASSERT(w->kv_smooth[0] && w->kv_smooth[1]);
+    /* the mean's channels: dim 0 (RoPE's fastest pair, 1 rad a position)
+     * left out, the last (the slowest pair) kept over 64 positions */
+    const int hd0 = ie_worker_hparams(w)->head_dim;
+    CU_ASSERT_FATAL(w->kv_smooth_keep != NULL);
+    CU_ASSERT(!w->kv_smooth_keep[0] && w->kv_smooth_keep[hd0 - 1]);
     float *ref = run(w, 16);
     ie_worker_destroy(&w);
     const double ds = max_diff(ref, f32, n), dp = max_diff(plain, f32, n);
@@ -440,6 +445,16 @@ static void test_worker_smooth(void)
         }
         ie_worker_destroy(&w);
     }
+    setenv("IE_KV_SMOOTH_ALL", "1", 1); /* every channel: no mask, other logits */
+    w = make(IE_KV_FP8_E4M3, IE_KV_FP8_E4M3, IE_KV_ROTATE_AUTO, 3, 2);
+    CU_ASSERT(w->kv_smooth_keep == NULL);
+    float *all = run(w, 16), *all1 = run(w, 1);
+    CU_ASSERT(max_diff(all, ref, n) > 0 && max_diff(all, f32, n) < 8e-2 * lmax);
+    CU_ASSERT(max_diff(all1, all, n) < 1e-4 * lmax);
+    free(all);
+    free(all1);
+    ie_worker_destroy(&w);
+    unsetenv("IE_KV_SMOOTH_ALL");
     /* GPT-OSS: its sliding layers are left unsmoothed, the others not */
     ie_model_src_t *src = NULL;
     CU_ASSERT_EQUAL_FATAL(ie_model_src_open(IE_TEST_DATA "/tiny_gptoss.gguf", &src), IE_OK);
