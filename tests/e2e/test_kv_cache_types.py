@@ -15,6 +15,8 @@
      tests/e2e/test_kv_ring.py).
   d) An unknown type, a bad rotation switch and a head size the type cannot
      hold exit 2 with one clear line.
+  e) A smoothed q4 K across a prefix-cache hit gives the computed stream's
+     ids.
 """
 from __future__ import annotations
 
@@ -73,6 +75,22 @@ def test_pipeline_and_small_pool_quantized(types, smollm2, prompts_file):
     assert got["ids"] == ref
     got = greedy(smollm2, prompts_file, *types, "--kv-blocks", 4)
     assert got["ids"] == ref
+
+
+def test_prefix_hit_smoothed_q4_k(smollm2, tmp_path):
+    """A smoothed q4 K (rows from 16 on stored less the mean of the slot's
+    first 16): a prompt repeated one stream after the other takes its
+    blocks from the prefix cache, rebuilds the mean from those rows and
+    continues as the stream that computed them."""
+    long = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, "
+            "must be in want of a wife. However little known the feelings or views of such a man may be")
+    p = tmp_path / "same.txt"
+    p.write_text(long + "\n" + long + "\n")
+    out = run_json(["--model", smollm2, "--prompts-file", p, "--batch", 1, "--max-new", 8, "--greedy",
+                    "--threads", THREADS, "--no-pin", "--ctx", CTX, "--kv-block", 8,
+                    "--cache-type-k", "q4", "--cache-type-v", "q8"], timeout=300)
+    assert out["kv_hits"] >= 32, out
+    assert out["ids"][0] == out["ids"][1]
 
 
 def test_tensor_plan_quantized_block_size(smollm2, prompts_file):
