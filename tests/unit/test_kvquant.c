@@ -474,6 +474,60 @@ static void test_worker_smooth(void)
     free(f32);
 }
 
+/* The open block in f32 (kvq_recent: each token reads its own
+ * KVQ_RECENT-block's K rows in f32). The fixture's heads take no q4, so an
+ * FP8 K through IE_KV_RECENT=all, V f32: the first KVQ_RECENT positions
+ * read every K row in f32, so their logits are the f32 cache's (within
+ * summation order) where the plain FP8 K's are not; the later ones stay
+ * within FP8's bound; a decode (the slot's ring) agrees with a prefill
+ * (the step's copy) for any block size. */
+static void test_worker_recent(void)
+{
+    CU_ASSERT(kvq_recent(IE_KV_Q4) && !kvq_recent(IE_KV_FP8_E4M3) && !kvq_recent(IE_KV_F32));
+    ie_worker_t *w = make(IE_KV_F32, IE_KV_F32, IE_KV_ROTATE_AUTO, 0, 2);
+    const size_t nv = (size_t)ie_worker_hparams(w)->n_vocab, n = NTOK * nv, nr = KVQ_RECENT * nv;
+    float *f32 = run(w, 16);
+    ie_worker_destroy(&w);
+    double lmax = 0;
+    for (size_t i = 0; i < n; i++) lmax = fmax(lmax, fabs(f32[i]));
+    w = make(IE_KV_FP8_E4M3, IE_KV_F32, IE_KV_ROTATE_AUTO, 0, 2);
+    CU_ASSERT(!w->kv_recent);
+    float *plain = run(w, 16);
+    ie_worker_destroy(&w);
+    CU_ASSERT(max_diff(plain, f32, nr) > 1e-3 * lmax); /* FP8 rounding shows */
+
+    setenv("IE_KV_RECENT", "0", 1);
+    CU_ASSERT(!kvq_recent(IE_KV_Q4));
+    setenv("IE_KV_RECENT", "all", 1);
+    w = make(IE_KV_FP8_E4M3, IE_KV_F32, IE_KV_ROTATE_AUTO, 0, 2);
+    CU_ASSERT(w->kv_recent);
+    float *ref = run(w, 16);
+    ie_worker_destroy(&w);
+    const double d0 = max_diff(ref, f32, nr), d1 = max_diff(ref + nr, f32 + nr, n - nr);
+    CU_ASSERT(d0 < 1e-4 * lmax);
+    CU_ASSERT(d1 > 0 && d1 < 8e-2 * lmax);
+    if (!(d0 < 1e-4 * lmax)) fprintf(stderr, "  open block in f32: first rows' max diff %.3g of %.3g\n", d0, lmax);
+    static const int blocks[] = {1, 3, 64};
+    static const int chunks[] = {16, 1, 5};
+    for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++) {
+        w = make(IE_KV_FP8_E4M3, IE_KV_F32, IE_KV_ROTATE_AUTO, blocks[i], 2);
+        for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+            float *got = run(w, chunks[c]);
+            const double d = max_diff(got, ref, n);
+            CU_ASSERT(d < 1e-4 * lmax);
+            if (!(d < 1e-4 * lmax))
+                fprintf(stderr, "  open block, block %d chunk %d: max diff %.3g of %.3g\n", blocks[i], chunks[c], d,
+                        lmax);
+            free(got);
+        }
+        ie_worker_destroy(&w);
+    }
+    unsetenv("IE_KV_RECENT");
+    free(ref);
+    free(plain);
+    free(f32);
+}
+
 /* A byte budget sizes the pool in blocks of the chosen types: a q8 cache
  * gets (4 hd) / (hd + 4) times the f32 cache's blocks; a budget with room
  * for no block is refused, one past the full pool capped to it, and a
@@ -533,6 +587,7 @@ int main(void)
     CU_add_test(s, "worker: GPT-OSS window edges and sinks, f16 and quantized caches", test_worker_gptoss_window);
     CU_add_test(s, "worker: pool sized by a byte budget", test_worker_mem_budget);
     CU_add_test(s, "worker: smoothed cache (rows less the first rows' mean)", test_worker_smooth);
+    CU_add_test(s, "worker: a K's open block read in f32", test_worker_recent);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();

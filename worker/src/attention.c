@@ -179,6 +179,19 @@ static void kv_mean_head(const ie_worker_t *w, int c, const ie_kv_rows_t *rows, 
     if (w->kv_rot[c]) kvq_fwht(m, hd);
 }
 
+/* Row j of the open block of token i (slot seq) on held layer ll in f32,
+ * rotated (kv_recent): the step's own copy when j is one of its tokens,
+ * else the slot's ring when it still holds j; NULL: neither (the q4 row
+ * stands). */
+static const float *recent_row(const ie_worker_t *w, const ie_batch_t *b, int i, int seq, size_t ll, int j)
+{
+    const int k = i - (b->pos[i] - j); /* a slot's tokens come in order */
+    if (k >= 0 && b->seq[k] == seq && b->pos[k] == j) return w->k_batch + (size_t)k * w->kv_dim;
+    const size_t r = ((size_t)seq * (size_t)(w->sh.layer_end - w->sh.layer_begin) + ll) * KVQ_RECENT +
+                     (size_t)(j % KVQ_RECENT);
+    return w->k_recent_pos[r] == j ? w->k_recent + r * w->kv_dim : NULL;
+}
+
 /* One (token, held KV head, share of its query heads) per unit of work: the
  * shared K and V rows are read once for all those heads (GQA), scores over
  * the slot's cache up to the token's position, softmax, weighted sum of
@@ -239,6 +252,22 @@ static void att_run(void *ctx, int ith, int nth)
                 for (int i = 0; i < hd; i++) qm += qh[i] * mk[i];
                 qm *= scale;
                 for (int j = js; j < a.cnt; j++) scores[(size_t)hh * ld + j] += qm;
+            }
+        }
+        if (w->kv_recent && !L->swa) { /* the token's own block: its f32 rows */
+            const int pos = t->b->pos[a.i], seq = t->b->seq[a.i];
+            const int g0 = pos / KVQ_RECENT * KVQ_RECENT > a.j0 ? pos / KVQ_RECENT * KVQ_RECENT : a.j0;
+            const size_t ll = (size_t)(t->layer - w->sh.layer_begin);
+            for (int j = g0; j <= pos; j++) {
+                const float *kr = recent_row(w, t->b, a.i, seq, ll, j);
+                if (!kr) continue;
+                kr += (size_t)a.kh * hd;
+                for (int hh = 0; hh < a.nh; hh++) {
+                    const float *qh = q + (size_t)hh * hd;
+                    float d = 0.0f;
+                    for (int e = 0; e < hd; e++) d += qh[e] * kr[e];
+                    scores[(size_t)hh * ld + (j - a.j0)] = d * scale;
+                }
             }
         }
         if (cap != 0.0f) /* Gemma 2: scores = c tanh(scores / c), before the softmax */
@@ -496,6 +525,16 @@ ie_status_t worker_kv_new(ie_worker_t *w)
     w->kv_mean = kv_sm
                      ? worker_big_alloc(((size_t)opts->n_threads * 2 * hd + 2 * (size_t)w->kv_dim) * sizeof(float))
                      : NULL;
+    w->kv_recent = kvq_recent(w->kv_type[0]);
+    if (w->kv_recent) {
+        const size_t rows = (size_t)opts->n_seq * (size_t)(sh->layer_end - sh->layer_begin) * KVQ_RECENT;
+        w->k_batch = malloc((size_t)opts->max_batch * w->kv_dim * sizeof(float));
+        w->k_recent = malloc(rows * w->kv_dim * sizeof(float));
+        w->k_recent_pos = malloc(rows * sizeof(int32_t));
+        if (!w->k_batch || !w->k_recent || !w->k_recent_pos)
+            return ie_error_set(IE_ERR_NOMEM, "out of memory allocating the q4 K's f32 open blocks");
+        for (size_t r = 0; r < rows; r++) w->k_recent_pos[r] = -1;
+    }
     w->seq_len = calloc((size_t)opts->n_seq, sizeof(int));
     w->btab = malloc((size_t)full_pool * sizeof(int32_t));
     w->rope_cos = malloc((size_t)opts->n_ctx * half * sizeof(float));
@@ -641,9 +680,14 @@ static void kv_store(ie_worker_t *w, int l, const ie_batch_t *b, int i0, int i1)
                 if (smooth && mseq[c] != b->seq[i]) m[c] = kv_means(w, c, l, mseq[c] = b->seq[i]);
                 /* k and v are scratch this step reads no more: rotate (and
                  * smooth, in the basis the rows are read in) in place */
+                /* kv_recent: the rotated row's f32 copy (the slot's ring takes
+                 * it after attention, recent_commit) */
+                const int kc = c == 0 && w->kv_recent && !w->layers[l].swa;
                 for (int h = 0; h < w->n_kv_loc; h++) {
                     float *x = src + (size_t)h * hd;
                     if (w->kv_rot[c]) kvq_fwht(x, hd);
+                    if (kc)
+                        memcpy(w->k_batch + (size_t)i * w->kv_dim + (size_t)h * hd, x, (size_t)hd * sizeof(float));
                     if (smooth)
                         for (int e = 0; e < hd; e++) x[e] -= m[c][(size_t)h * hd + e];
                     ie_kv_encode(w->kv_type[c], x, hd, dst + (size_t)h * w->kv_head_bytes[c]);
@@ -724,6 +768,21 @@ static void attend(ie_worker_t *w, int l, const ie_batch_t *b, int i0, int i1)
     ie_threadpool_run(w->tp, att_run, &at);
 }
 
+/* kv_recent: the f32 K rows of tokens i0 .. i1-1 into their slots' rings,
+ * after their attention (which read them from k_batch): written before,
+ * a step's later rows would take the ring places of its first tokens'
+ * block rows from earlier steps. */
+static void recent_commit(ie_worker_t *w, int l, const ie_batch_t *b, int i0, int i1)
+{
+    if (!w->kv_recent || w->layers[l].swa) return;
+    const size_t nl = (size_t)(w->sh.layer_end - w->sh.layer_begin), ll = (size_t)(l - w->sh.layer_begin);
+    for (int i = i0; i < i1; i++) {
+        const size_t r = ((size_t)b->seq[i] * nl + ll) * KVQ_RECENT + (size_t)(b->pos[i] % KVQ_RECENT);
+        w->k_recent_pos[r] = b->pos[i];
+        memcpy(w->k_recent + r * w->kv_dim, w->k_batch + (size_t)i * w->kv_dim, (size_t)w->kv_dim * sizeof(float));
+    }
+}
+
 /* Contract (worker_internal.h). */
 void worker_kv_store_attend(ie_worker_t *w, int l, const ie_batch_t *b)
 {
@@ -732,6 +791,7 @@ void worker_kv_store_attend(ie_worker_t *w, int l, const ie_batch_t *b)
         const int i1 = b->n - i0 < chunk ? b->n : i0 + chunk;
         kv_store(w, l, b, i0, i1);
         attend(w, l, b, i0, i1);
+        recent_commit(w, l, b, i0, i1);
     }
 }
 
@@ -755,12 +815,23 @@ static void ring_truncate(ie_worker_t *w, int seq, int n_pos)
         if (rp[r] >= n_pos) rp[r] = -1;
 }
 
+/* Forget slot seq's f32 open-block rows of positions [p0, p1). */
+static void recent_truncate(ie_worker_t *w, int seq, int p0, int p1)
+{
+    if (!w->kv_recent) return;
+    const size_t n = (size_t)(w->sh.layer_end - w->sh.layer_begin) * KVQ_RECENT;
+    int32_t *rp = w->k_recent_pos + (size_t)seq * n;
+    for (size_t r = 0; r < n; r++)
+        if (rp[r] >= p0 && rp[r] < p1) rp[r] = -1;
+}
+
 /* Contract (ie_worker.h). */
 void ie_worker_seq_clear(ie_worker_t *w, int seq)
 {
     if (seq >= 0 && seq < w->opts.n_seq) {
         w->seq_len[seq] = 0;
         ring_truncate(w, seq, 0);
+        recent_truncate(w, seq, 0, INT_MAX);
     }
 }
 
@@ -778,6 +849,8 @@ ie_status_t ie_worker_kv_bind(ie_worker_t *w, int seq, int first, const int32_t 
             return ie_error_set(IE_ERR_RANGE, "worker: KV bind: physical block %d outside the pool [0, %d)", pb[i],
                                 w->kv_blocks);
     if (n > 0) memcpy(w->btab + (size_t)seq * w->kv_nlb + first, pb, (size_t)n * sizeof(int32_t));
+    /* rebound positions hold other rows now */
+    recent_truncate(w, seq, first * w->kv_block, (first + n) * w->kv_block);
     return IE_OK;
 }
 
@@ -796,6 +869,7 @@ ie_status_t ie_worker_seq_set_len(ie_worker_t *w, int seq, int n_pos)
                                 lb * w->kv_block, lb);
     w->seq_len[seq] = n_pos;
     ring_truncate(w, seq, n_pos);
+    recent_truncate(w, seq, n_pos, INT_MAX);
     return IE_OK;
 }
 

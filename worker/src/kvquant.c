@@ -65,6 +65,14 @@ int kvq_smooths(ie_kv_type_t t, int c)
 }
 
 /* Contract (worker_internal.h). */
+int kvq_recent(ie_kv_type_t t)
+{
+    const char *e = getenv("IE_KV_RECENT");
+    if (e && !strcmp(e, "all")) return t != IE_KV_F32;
+    return t == IE_KV_Q4 && !(e && !strcmp(e, "0"));
+}
+
+/* Contract (worker_internal.h). */
 void kvq_mean(const ie_kernels_t *ops, ie_kv_type_t t, const ie_kv_rows_t *rows, int hd, float *m)
 {
     double acc[IE_KV_MAX_HD];

@@ -283,6 +283,9 @@ void ie_worker_destroy(ie_worker_t **self_p)
     worker_big_free(w->kv_tmp);
     worker_big_free(w->kv_mean);
     free(w->kv_smooth_keep);
+    free(w->k_batch);
+    free(w->k_recent);
+    free(w->k_recent_pos);
     worker_big_free(w->kv_pre[0]);
     worker_big_free(w->kv_pre[1]);
     free(w->kv_mark);

@@ -185,6 +185,14 @@ struct ie_worker {
     int kv_smooth[2];
     uint8_t *kv_smooth_keep; /* [hd] 1: channel smoothed (RoPE turns it
                                 by at most 1 radian over n_ctx positions) */
+    /* a q4 K (kvq_recent): the rows of each token's own KVQ_RECENT-position
+     * block read in f32 (rotated, not smoothed) from the step's copy
+     * (k_batch) or each slot's ring of its last KVQ_RECENT rows */
+    int kv_recent;
+    float *k_batch;        /* [max_batch][kv_dim]                       */
+    float *k_recent;       /* [n_seq][held layers][KVQ_RECENT][kv_dim]  */
+    int32_t *k_recent_pos; /* [n_seq][held layers][KVQ_RECENT] position
+                              held, -1 none                           */
     size_t kv_head_bytes[2];
     size_t kv_row_bytes[2];
     size_t kv_layer_bytes[2];
@@ -331,6 +339,19 @@ int kvq_rotates(ie_kv_type_t t, ie_kv_rotate_t r);
  * every block layout give the same m. Layers that slide are not smoothed
  * (their first rows leave the window). */
 int kvq_smooths(ie_kv_type_t t, int c);
+
+/* Positions of a q4 K's open block read in f32 (kv_recent). */
+#define KVQ_RECENT 32
+
+/* Whether a K cache of type t keeps its open block in f32: a q4 one,
+ * unless the environment sets IE_KV_RECENT=0 (measuring; "all": every
+ * type but f32, for the tests on heads q4 cannot take). The positions of
+ * the KVQ_RECENT-block a token sits in are the ones it attends to most
+ * (the recent context); KIVI keeps them in full precision until the block
+ * is full. Here the cache still holds them in q4 (so a shared prefix,
+ * preemption and plans see the same cache); a token reads the f32 copy of
+ * its own block's rows where the worker still has it. */
+int kvq_recent(ie_kv_type_t t);
 
 /* m[0..hd) = the mean (summed in double, in row order) of rows 0 ..
  * KVQ_SMOOTH_ROWS-1 of the view, decoded by ops->kv_decode (the same bits
