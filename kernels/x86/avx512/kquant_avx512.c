@@ -28,6 +28,9 @@
  *         for Q3_K, u - 32 for Q6_K, kv + 128 for IQ4_XS -- contributes
  *         -off * sc_j * S_j)
  *   acc += d_a * (d * F - dmin * M)    or    d_a * d * (F - off * M)
+ * The unpacked prefill (below) differs for Q3_K and Q6_K: I_j starts at
+ * -off * S_j (k_pre), so M goes; and its F uses d * sc_j as f32 (prepared
+ * by k_unpack), so the final multiply by d goes (Q5_K: v = F - dmin * M).
  * The 32-element types have no sub-blocks: the chain starts at -off *
  * sum(q) (u - 16 for Q5_0, kv + 128 for IQ4_NL) and acc += (d * d_a) * I;
  * Q5_1 adds m * s_a. Float sums in another order than the ref: equal
@@ -85,9 +88,13 @@
  * 0.75-0.77 -> 0.86-0.88, q5_K 0.85 -> 0.98-1.00, q3_K 0.84 -> 0.91-0.93;
  * KUB 2/4/16/32 and 8 or 64 tiles measured lower; q4_K, q2_K, iq4_xs (cheap unpack) lost 0-4%
  * and keep the per-tile codes. */
-#define KUBLK 4096u /* unpacked codes of one 256-block of a panel */
-#define KUB 8       /* blocks per k-chunk of the unpacked prefill */
-#define KUTG 16     /* token tiles per pass of the unpacked prefill */
+#define KUCOD 4096u /* unpacked codes of one 256-block of a panel */
+/* ... then its sub-block scales times d as f32 (16 lanes per sub-block):
+ * the tile's per-token FMA takes them as a memory operand, and the
+ * per-tile convert of the scales and the per-block multiply by d go */
+#define KUBLK (KUCOD + 64u * 16u)
+#define KUB 8   /* blocks per k-chunk of the unpacked prefill */
+#define KUTG 16 /* token tiles per pass of the unpacked prefill */
 
 /* the types, as compile-time constants of the inlined tiles */
 enum { K_Q2 = 0, K_Q3, K_Q4, K_Q5, K_Q6, K_IQ4XS, K_Q50, K_Q51, K_IQ4NL, K_NTYPES };
@@ -124,6 +131,13 @@ IE_INLINE int k_off(int ty)
     default: return 0;
     }
 }
+/* the unpacked prefill (UW tiles) of the 16-sub-block offset types starts
+ * each sub-block's int32 sum at -off * S_j (k_pack's aux holds these int32
+ * per token instead of the int16 S pairs) rather than subtracting
+ * off * sum_j sc_j * S_j per block: one broadcast load per sub-block and
+ * token instead of 8 vpdpwssd + a convert + an FMA per block and token,
+ * which ran on the FMA/dot-product pipes the GEMM is bound by. */
+IE_INLINE int k_pre(int ty) { return ty == K_Q3 || ty == K_Q6; }
 /* header bytes per block and panel (ie_pack.h) */
 IE_INLINE size_t k_hdr(int ty) { return 32u * (1 + k_dmin(ty)) + 16u * k_nsub(ty) * (1 + k_mn(ty)); }
 IE_INLINE size_t k_sc(int ty) { return 32u * (1 + k_dmin(ty)); }
@@ -239,7 +253,7 @@ IE_INLINE __m512i pair16(const uint8_t *rows2)
 IE_INLINE void k_block256(const int ty, const int T, const int PF, const int UW, const uint8_t *wb,
                           const uint8_t *uw, const uint8_t *p, __m512 acc[KT])
 {
-    const int nsub = k_nsub(ty), off = k_off(ty);
+    const int nsub = k_nsub(ty), off = k_off(ty), PRE = UW && k_pre(ty);
     const size_t hdr = k_hdr(ty), slab = k_slab(ty), sco = k_sc(ty);
     /* the header's lines here, each slab's as it starts: a steady stream of
      * requests PFD bytes ahead rather than a burst of a whole block's */
@@ -267,7 +281,10 @@ IE_INLINE void k_block256(const int ty, const int T, const int PF, const int UW,
             const int j = nsub == 16 ? 2 * s + h : s;
             if (nsub == 16 || h == 0) {
 #pragma GCC unroll 8
-                for (int t = 0; t < T; t++) I[t] = X[t] = _mm512_setzero_si512();
+                for (int t = 0; t < T; t++) {
+                    X[t] = _mm512_setzero_si512();
+                    I[t] = PRE ? _mm512_set1_epi32(ld32(p + paux + 64 * (size_t)t + 4 * (size_t)j)) : X[t];
+                }
             }
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++)
@@ -282,8 +299,9 @@ IE_INLINE void k_block256(const int ty, const int T, const int PF, const int UW,
 #pragma GCC unroll 8
                     for (int t = 0; t < T; t++) I[t] = _mm512_add_epi32(I[t], X[t]);
                 }
-                const __m512 scf = _mm512_cvtepi32_ps(
-                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(wb + sco + 16 * (size_t)j))));
+                const __m512 scf = UW ? _mm512_load_ps((const void *)(uw + KUCOD + 64 * (size_t)j))
+                                      : _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                            _mm_loadu_si128((const __m128i *)(wb + sco + 16 * (size_t)j))));
 #pragma GCC unroll 8
                 for (int t = 0; t < T; t++)
                     F[t] = j == 0 ? _mm512_mul_ps(_mm512_cvtepi32_ps(I[t]), scf)
@@ -291,13 +309,19 @@ IE_INLINE void k_block256(const int ty, const int T, const int PF, const int UW,
             }
         }
     }
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb));
+    if (PRE) { /* the offset and d are in F already */
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++)
+            acc[t] = _mm512_fmadd_ps(F[t], _mm512_set1_ps(ldf(p + 256 * (size_t)T + 4 * (size_t)t)), acc[t]);
+        return;
+    }
     /* M = sum_j c_j * S_j with c the min codes (types with mins) or the
      * scales (offset types): vpdpwssd on (c_2m, c_2m+1) pairs */
     const uint8_t *cr = wb + sco + (k_mn(ty) ? 16 * (size_t)nsub : 0);
     __m512i P[8];
 #pragma GCC unroll 8
     for (int m = 0; m < nsub / 2; m++) P[m] = pair16(cr + 32 * m);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb));
     const __m512 dmin = k_mn(ty) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(wb + 32))) : d;
 #pragma GCC unroll 8
     for (int t = 0; t < T; t++) {
@@ -306,7 +330,10 @@ IE_INLINE void k_block256(const int ty, const int T, const int PF, const int UW,
         for (int m = 0; m < nsub / 2; m++) M = dpwssd_bcast(M, P[m], p + paux + 64 * (size_t)t + 4 * (size_t)m);
         const __m512 da = _mm512_set1_ps(ldf(p + 256 * (size_t)T + 4 * (size_t)t));
         __m512 v;
-        if (k_mn(ty)) v = _mm512_fmsub_ps(d, F[t], _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(M)));
+        if (UW) /* F holds d already */
+            v = _mm512_fnmadd_ps(k_mn(ty) ? dmin : _mm512_mul_ps(d, _mm512_set1_ps((float)off)),
+                                 _mm512_cvtepi32_ps(M), F[t]);
+        else if (k_mn(ty)) v = _mm512_fmsub_ps(d, F[t], _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(M)));
         else v = _mm512_mul_ps(d, _mm512_fnmadd_ps(_mm512_cvtepi32_ps(M), _mm512_set1_ps((float)off), F[t]));
         acc[t] = _mm512_fmadd_ps(v, da, acc[t]);
     }
@@ -449,6 +476,16 @@ IE_INLINE void k_unpack_t(const int ty, const uint8_t *wb, int64_t nblk, uint8_t
 #pragma GCC unroll 4
                 for (int i = 0; i < 4; i++) _mm512_store_si512((void *)(u + 256 * (2 * s + h) + 64 * i), W[i]);
             }
+    /* d * sc_j: an f16 times a 6- or 8-bit integer, exact in f32 */
+    wb -= (size_t)nblk * bb;
+    u -= (size_t)nblk * KUBLK;
+    for (int64_t b = 0; b < nblk; b++, wb += bb, u += KUBLK) {
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)wb));
+        for (int j = 0; j < k_nsub(ty); j++)
+            _mm512_store_ps((void *)(u + KUCOD + 64 * (size_t)j),
+                            _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(
+                                                 (const __m128i *)(wb + k_sc(ty) + 16 * (size_t)j))))));
+    }
 }
 
 static void k_unpack(int ty, const uint8_t *wb, int64_t nblk, uint8_t *u)
@@ -473,7 +510,8 @@ static inline int32_t sum32_i8(const uint8_t *p)
 
 /* Pack blocks [kb0, kb1) of tt activation rows (a, as bytes apart; Q8_K
  * or Q8_P rows of n_in) for type ty into pk (layout in the file comment). */
-static void k_pack(int ty, const uint8_t *a, size_t as, int64_t n_in, int tt, int64_t kb0, int64_t kb1, uint8_t *pk)
+static void k_pack(int ty, int pre, const uint8_t *a, size_t as, int64_t n_in, int tt, int64_t kb0, int64_t kb1,
+                   uint8_t *pk)
 {
     const size_t ks = k_pk(ty) * (size_t)tt;
     const int off = k_off(ty);
@@ -491,7 +529,11 @@ static void k_pack(int ty, const uint8_t *a, size_t as, int64_t n_in, int tt, in
                 int16_t bs[16];
                 memcpy(bs, src + 260, sizeof bs);
                 uint8_t *aux = dst + 260 * (size_t)tt + 64 * (size_t)t;
-                if (nsub == 16) {
+                if (pre) { /* int32 -off * S_j, the sub-block sums' start */
+                    int32_t st[16];
+                    for (int j = 0; j < 16; j++) st[j] = -off * (int32_t)bs[j];
+                    memcpy(aux, st, 64);
+                } else if (nsub == 16) {
                     memcpy(aux, bs, 32);
                 } else { /* sums per 32 */
                     int16_t sj[8];
@@ -553,8 +595,8 @@ ie_status_t ie_matmul_packed_kq_avx512(const ie_pmat_t *m, int64_t r0, int64_t r
                     const int64_t kb1 = kb0 + KUB < nb ? kb0 + KUB : nb;
                     for (int64_t t0 = g0, i = 0; t0 < g1; t0 += KT, i++) {
                         const int tt = g1 - t0 < KT ? (int)(g1 - t0) : KT;
-                        k_pack(ty, (const uint8_t *)a + (size_t)t0 * a_stride, a_stride, n_in, tt, kb0, kb1,
-                               buf + (size_t)i * tpk);
+                        k_pack(ty, k_pre(ty), (const uint8_t *)a + (size_t)t0 * a_stride, a_stride, n_in, tt, kb0,
+                               kb1, buf + (size_t)i * tpk);
                     }
                     for (int64_t p = p0; p < p1; p++) {
                         const int64_t rows = r1 - p * IE_PANEL;
@@ -589,7 +631,7 @@ ie_status_t ie_matmul_packed_kq_avx512(const ie_pmat_t *m, int64_t r0, int64_t r
             const int64_t q1 = q0 + rb < p1 ? q0 + rb : p1;
             for (int64_t t0 = 0; t0 < n_tok; t0 += T) {
                 const int tt = n_tok - t0 < T ? (int)(n_tok - t0) : T;
-                k_pack(ty, (const uint8_t *)a + (size_t)t0 * a_stride, a_stride, n_in, tt, kb0, kb1, pk);
+                k_pack(ty, 0, (const uint8_t *)a + (size_t)t0 * a_stride, a_stride, n_in, tt, kb0, kb1, pk);
                 for (int64_t p = q0; p < q1; p++) {
                     const int64_t rows = r1 - p * IE_PANEL;
                     const __mmask16 rmask = rows >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rows) - 1);
@@ -625,7 +667,7 @@ ie_status_t ie_matmul_packed_ranges_kq_avx512(const ie_pmat_t *m, ie_panel_next_
         if (tt <= 3)
             for (size_t o = 0; o < KPFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, KPF_HINT);
         if (!packed) {
-            k_pack(ty, (const uint8_t *)a, a_stride, n_in, tt, 0, nb, pk);
+            k_pack(ty, 0, (const uint8_t *)a, a_stride, n_in, tt, 0, nb, pk);
             packed = 1;
         }
         for (int64_t p = p0; p < p1; p++) {
