@@ -229,6 +229,7 @@ ie_status_t worker_lora_check(const ie_worker_t *w, const ie_batch_t *b, int i)
 void worker_lora_group(ie_worker_t *w, const ie_batch_t *b)
 {
     w->lora_ngroups = 0;
+    w->lora_open = 0; /* a step that failed inside a call left it open */
     if (!b->adapter) return;
     /* counting sort of the batch rows by adapter id, in batch order */
     int cnt[IE_WORKER_MAX_LORA] = {0};
