@@ -48,10 +48,13 @@
  * (L2-sized) row blocks measured slower: the pack, ~15 instructions per
  * token and block, is then amortized over fewer panels (-10% at n_in = 5632
  * with 512 KiB). Decode (n_tok <= 3) streams the thread's panels once (they
- * are contiguous), with software prefetch into L2 PFD bytes ahead (A/B on
- * Zen 4 with 2 threads: L2 hint 0.93-0.97 of a plain read of the same
- * bytes, L1 hint 0.87-0.90; 1-2 KiB ahead equal, 4-8 KiB worse); the first
- * PFD bytes are requested before the activations are packed.
+ * are contiguous), with software prefetch into L1 (PF_HINT) PFD bytes
+ * ahead; the first PFD bytes are requested before the activations are
+ * packed. A/B on Zen 4, 2 threads, TinyLlama Q4_0 decode as a fraction of
+ * the paired read (2026-11-27): where the read runs at ~50 GB/s, L2 at 2 KiB
+ * and L1 at 6 KiB both 0.96-0.98; where it runs at 80-85 GB/s, L2 at 2 KiB
+ * 0.84-0.86, L1 at 2 KiB 0.84-0.86, L1 at 6 KiB 0.91-0.92 (8 pairs; the
+ * k-quant GEMV measured the same, kquant_avx512.c KPFD).
  *
  * k is cut into chunks of at most KCB blocks (I8W: what the buffer holds at
  * 72*T bytes a block: 106 for a full tile) (the packed buffer has a fixed
@@ -71,7 +74,10 @@
 #define PK_BLK (40 * PT) /* packed bytes per block of a full tile  */
 #define KCB 192          /* blocks per k-chunk (60 KiB pack)       */
 #ifndef PFD
-#define PFD 2048 /* decode prefetch distance, bytes        */
+#define PFD 6144 /* decode prefetch distance, bytes        */
+#endif
+#ifndef PF_HINT
+#define PF_HINT _MM_HINT_T0 /* ... into L1 */
 #endif
 #define ROWBLK_BYTES (2u << 20) /* weights per row block in prefill      */
 
@@ -98,7 +104,7 @@ IE_INLINE void pblock(const int DT, const int T, const int FIRST, const int PF, 
     const int qb = QB(DT);
     if (PF) {
 #pragma GCC unroll 8
-        for (size_t o = 0; o < bb; o += 64) _mm_prefetch((const char *)q + PFD + o, _MM_HINT_T1);
+        for (size_t o = 0; o < bb; o += 64) _mm_prefetch((const char *)q + PFD + o, PF_HINT);
     }
     __m512i I[PT];
 #pragma GCC unroll 8
@@ -347,7 +353,7 @@ ie_status_t ie_matmul_packed_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, 
     const int64_t kcb = dt == D_I8W ? (int64_t)(sizeof pk / (72 * (size_t)T)) : KCB;
     const uint8_t *w = m->data;
     if (T <= 3)
-        for (size_t o = 0; o < PFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, _MM_HINT_T1);
+        for (size_t o = 0; o < PFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, PF_HINT);
     for (int64_t kb0 = 0; kb0 < nb; kb0 += kcb) {
         const int64_t kb1 = kb0 + kcb < nb ? kb0 + kcb : nb;
         for (int64_t q0 = p0; q0 < p1; q0 += rb) {
@@ -400,7 +406,7 @@ ie_status_t ie_matmul_packed_ranges_avx512(const ie_pmat_t *m, ie_panel_next_fn 
         if (p0 < 0 || p1 <= p0 || p0 >= np) return IE_ERR_INVAL;
         if (p1 > np) p1 = np;
         if (tt <= 3)
-            for (size_t o = 0; o < PFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, _MM_HINT_T1);
+            for (size_t o = 0; o < PFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, PF_HINT);
         if (!packed) {
             pack_tokens(dt, bpg, (const uint8_t *)a, a_stride, n_in, tt, 0, nb, pk);
             packed = 1;
