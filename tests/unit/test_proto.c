@@ -128,6 +128,7 @@ static void sample(ie_msg_kind_t kind, ie_msg_t *m)
                                         .kv_type_k = 3,
                                         .kv_type_v = 5,
                                         .kv_rotate = 2,
+                                        .kv_swa_full = 1,
                                         .precision = 4,
                                         .heartbeat_ms = 500,
                                         .dead_ms = 3000,
@@ -389,6 +390,10 @@ static void test_missing_keys(void)
     CU_ASSERT_EQUAL(g_b.u.assign.kv_type_v, 5);
     expect_changed(IE_MSG_ASSIGN, "kv_rotate", NULL, (val_t){.k = V_NIL}, IE_OK, NULL);
     CU_ASSERT_EQUAL(g_b.u.assign.kv_rotate, 0);
+    /* sliding layers' rings: carried, and off (0: rings) without the field */
+    CU_ASSERT_EQUAL(g_b.u.assign.kv_swa_full, 1);
+    expect_changed(IE_MSG_ASSIGN, "kv_swa_full", NULL, (val_t){.k = V_NIL}, IE_OK, NULL);
+    CU_ASSERT_EQUAL(g_b.u.assign.kv_swa_full, 0);
 }
 
 static void test_ranges_and_strings(void)
@@ -423,6 +428,7 @@ static void test_ranges_and_strings(void)
     CU_ASSERT_EQUAL(g_b.u.assign.kv_block, 0);
     expect_changed(IE_MSG_ASSIGN, NULL, "kv_type_v", (val_t){V_INT, .i = 7}, IE_ERR_FORMAT, "kv_type_v");
     expect_changed(IE_MSG_ASSIGN, NULL, "kv_rotate", (val_t){V_INT, .i = 3}, IE_ERR_FORMAT, "kv_rotate");
+    expect_changed(IE_MSG_ASSIGN, NULL, "kv_swa_full", (val_t){V_INT, .i = 2}, IE_ERR_FORMAT, "kv_swa_full");
     expect_changed(IE_MSG_STEP, NULL, "n", (val_t){V_INT, .i = -1}, IE_ERR_FORMAT, "n");
     expect_changed(IE_MSG_STEP, NULL, "n", (val_t){V_INT, .i = (int64_t)INT32_MAX + 1}, IE_ERR_FORMAT, "n");
     expect_changed(IE_MSG_HELLO, NULL, "rank", (val_t){V_INT, .i = -2}, IE_ERR_FORMAT, "rank");
