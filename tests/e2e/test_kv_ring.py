@@ -17,27 +17,9 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import THREADS, fixture_path, run_json
-
-PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):"]
-
-
-def greedy(model, prompts_file, *extra, max_new=16, ctx=256):
-    return run_json(["--model", model, "--prompts-file", prompts_file, "--batch", len(PROMPTS),
-                     "--max-new", max_new, "--greedy", "--threads", THREADS, "--ctx", ctx, "--no-pin",
-                     *extra], timeout=300)
-
-
-@pytest.fixture
-def prompts_file(tmp_path):
-    p = tmp_path / "prompts.txt"
-    p.write_text("\n".join(PROMPTS) + "\n")
-    return p
-
-
-@pytest.fixture(scope="module")
-def tiny_gptoss():
-    return fixture_path("tiny_gptoss.gguf")
+from conftest import THREADS, run_json
+# the KV cache types' helpers and fixtures: the ring is one more layout of that cache
+from test_kv_cache_types import PROMPTS, QUANT, greedy, prompts_file, tiny_gptoss  # noqa: F401
 
 
 # tiny GPT-OSS: 2 KV heads of 16; f32 K and V: 256 bytes a layer and token
@@ -93,9 +75,6 @@ def test_gptoss_mem_budget_pays_rings_first(tiny_gptoss, prompts_file):
 
 
 SMOL_HEAD = 68 + 64  # q8 K, fp8_e4m3 V: bytes of one head
-QUANT = ["--cache-type-k", "q8_0", "--cache-type-v", "fp8_e4m3"]
-
-
 @pytest.mark.parametrize("plan,layers,heads", [("pipeline:2", 15, 3), ("tensor:2", 30, 2)])
 def test_mem_budget_on_plans(smollm2, prompts_file, plan, layers, heads):
     """SmolLM2 (30 layers, 3 KV heads): pipeline:2 ranks hold 15 layers of
