@@ -1,0 +1,97 @@
+/* pack_amx.c — the AMX table's packed matmul: AMX-INT8 tiles for the int
+ * weight types (I8W = repacked Q8_0, I4W = Q4_0, I4WA = Q4_1) in steps of
+ * at least IE_AMX_MIN_TOK tokens, the AVX-512 kernels for everything else
+ * (decode, the k-quants, bf16/f16). The GEMM itself is amx_gemm_body.h,
+ * compiled here over the real instructions (-mamx-tile -mamx-int8) and in
+ * kernels/src/amx_emu.c over the scalar emulator the tests run anywhere.
+ *
+ * Reached only through the AMX table, which ie_kernels_get hands out after
+ * dispatch.c has seen AMX-TILE/AMX-INT8 in CPUID, the tile state in XCR0
+ * and the kernel's permission for it (ARCH_REQ_XCOMP_PERM); ie_amx_gemm_hw
+ * checks the same before its first tile instruction, so a direct call on
+ * another CPU returns IE_ERR_UNSUPPORTED instead of dying on SIGILL.
+ */
+#include "ie_kernels.h"
+#include "../../src/ie_kernels_isa.h"
+
+#include <immintrin.h>
+
+#define IE_AMX_GEMM_NAME amx_gemm_tiles
+#define IE_AMX_CFG(cfg) _tile_loadconfig(cfg)
+#define IE_AMX_ZERO(t) _tile_zero(t)
+#define IE_AMX_LOAD(t, p, s) _tile_loadd(t, p, (long)(s))
+#define IE_AMX_STORE(t, p, s) _tile_stored(t, p, (long)(s))
+#define IE_AMX_DPBSUD(c, a, b) _tile_dpbsud(c, a, b)
+#define IE_AMX_DPBUUD(c, a, b) _tile_dpbuud(c, a, b)
+static ie_status_t amx_gemm_tiles(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                  int64_t n_tok, float *y, int64_t ldy, int32_t *isums);
+#include "amx_gemm_body.h"
+
+/* Contract (ie_kernels_isa.h). */
+ie_status_t ie_amx_gemm_hw(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                           int64_t n_tok, float *y, int64_t ldy, int32_t *isums)
+{
+    if (!ie_isa_supported(IE_ISA_AMX)) return IE_ERR_UNSUPPORTED;
+    return amx_gemm_tiles(m, r0, r1, a, a_stride, n_tok, y, ldy, isums);
+}
+
+/* 1 if this call goes to the tiles. */
+static int use_tiles(const ie_pmat_t *m, int64_t n_tok)
+{
+    return m && ie_dtype_is_intw(m->dtype) && n_tok >= IE_AMX_MIN_TOK;
+}
+
+/* Contract of ie_kernels_t.matmul_packed. */
+ie_status_t ie_matmul_packed_amx(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                 int64_t n_tok, float *y, int64_t ldy)
+{
+    if (!use_tiles(m, n_tok)) return ie_matmul_packed_avx512(m, r0, r1, a, a_stride, n_tok, y, ldy);
+    return amx_gemm_tiles(m, r0, r1, a, a_stride, n_tok, y, ldy, NULL);
+}
+
+/* Contract of ie_kernels_t.matmul_packed_ranges: one tile GEMM per range
+ * (each packs its tokens again: a cost of ~1/(16 x panels per range) of
+ * the range's work), else the AVX-512 version. */
+ie_status_t ie_matmul_packed_ranges_amx(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
+                                        size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+{
+    if (!use_tiles(m, n_tok)) return ie_matmul_packed_ranges_avx512(m, next, ctx, a, a_stride, n_tok, y, ldy);
+    return ie_packed_ranges_by_calls(ie_matmul_packed_amx, m, next, ctx, a, a_stride, n_tok, y, ldy);
+}
+
+/* Contract (ie_kernels_isa.h). Four independent accumulators (tmm0..3)
+ * over two A (tmm4, 5) and two B (tmm6, 7) tiles: throughput, not latency.
+ * Replaces this thread's tile configuration, so the GEMM's mark is reset
+ * and its next call configures again. */
+ie_status_t ie_amx_peak_run(int k_bytes, int64_t iters)
+{
+    if (k_bytes != 32 && k_bytes != 64) return IE_ERR_INVAL;
+    if (!ie_isa_supported(IE_ISA_AMX)) return IE_ERR_UNSUPPORTED;
+    _Alignas(64) uint8_t cfg[64], buf[16 * 64];
+    memset(cfg, 0, sizeof cfg);
+    memset(buf, 1, sizeof buf);
+    cfg[0] = 1;
+    for (int t = 0; t < 8; t++) {
+        const uint16_t cb = t >= 4 && t < 6 ? (uint16_t)k_bytes : 64;
+        memcpy(cfg + 16 + 2 * t, &cb, 2);
+        cfg[48 + t] = (uint8_t)(t >= 6 ? k_bytes / 4 : 16);
+    }
+    _tile_loadconfig(cfg);
+    amx_cfg_rows = 0;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    _tile_loadd(4, buf, 64);
+    _tile_loadd(5, buf, 64);
+    _tile_loadd(6, buf, 64);
+    _tile_loadd(7, buf, 64);
+    for (int64_t i = 0; i < iters; i++) {
+        _tile_dpbssd(0, 4, 6);
+        _tile_dpbssd(1, 4, 7);
+        _tile_dpbssd(2, 5, 6);
+        _tile_dpbssd(3, 5, 7);
+    }
+    _tile_stored(0, buf, 64);
+    return IE_OK;
+}
