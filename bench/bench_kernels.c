@@ -258,7 +258,7 @@ static void amx_peak(ie_threadpool_t *tp, int threads)
         return;
     }
     for (int k = 64; k >= 32; k /= 2) {
-        peak_job_t j = {.k_bytes = k, .iters = 50000};
+        peak_job_t j = {.k_bytes = k, .iters = 2000000};
         double best = 1e30;
         for (int r = 0; r < 5; r++) {
             const double t0 = now_s();

@@ -16,10 +16,26 @@
 
 #include <immintrin.h>
 
+/* ldtilecfg and tileloadd with the memory they read declared: GCC 12's
+ * _tile_loadconfig tells the compiler it reads 8 of the config's 64 bytes
+ * and _tile_loadd that it reads no memory at all, so stores into a local
+ * buffer that only a tile load reads (the I4W unpack, the packed planes,
+ * the config) could legally be dropped or sunk below the load. Here the
+ * whole config is an input, and a load's pointer (escaping into the asm)
+ * with a "memory" clobber orders every store before it. The extra macro
+ * level expands tile names (AMX_B) to digits before #t pastes them. */
+typedef struct {
+    uint8_t b[64];
+} amx_cfg_t;
+#define AMX_LDTILECFG(cfg) __asm__ volatile("ldtilecfg %0" ::"m"(*(const amx_cfg_t *)(cfg)) : "memory")
+#define AMX_TILELOADD_(t, p, s) \
+    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"((const void *)(p)), "r"((long)(s)) : "memory")
+#define AMX_TILELOADD(t, p, s) AMX_TILELOADD_(t, p, s)
+
 #define IE_AMX_GEMM_NAME amx_gemm_tiles
-#define IE_AMX_CFG(cfg) _tile_loadconfig(cfg)
+#define IE_AMX_CFG(cfg) AMX_LDTILECFG(cfg)
 #define IE_AMX_ZERO(t) _tile_zero(t)
-#define IE_AMX_LOAD(t, p, s) _tile_loadd(t, p, (long)(s))
+#define IE_AMX_LOAD(t, p, s) AMX_TILELOADD(t, p, s)
 #define IE_AMX_STORE(t, p, s) _tile_stored(t, p, (long)(s))
 #define IE_AMX_DPBSUD(c, a, b) _tile_dpbsud(c, a, b)
 #define IE_AMX_DPBUUD(c, a, b) _tile_dpbuud(c, a, b)
@@ -76,16 +92,16 @@ ie_status_t ie_amx_peak_run(int k_bytes, int64_t iters)
         memcpy(cfg + 16 + 2 * t, &cb, 2);
         cfg[48 + t] = (uint8_t)(t >= 6 ? k_bytes / 4 : 16);
     }
-    _tile_loadconfig(cfg);
+    AMX_LDTILECFG(cfg);
     amx_cfg_rows = 0;
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);
     _tile_zero(3);
-    _tile_loadd(4, buf, 64);
-    _tile_loadd(5, buf, 64);
-    _tile_loadd(6, buf, 64);
-    _tile_loadd(7, buf, 64);
+    AMX_TILELOADD(4, buf, 64);
+    AMX_TILELOADD(5, buf, 64);
+    AMX_TILELOADD(6, buf, 64);
+    AMX_TILELOADD(7, buf, 64);
     for (int64_t i = 0; i < iters; i++) {
         _tile_dpbssd(0, 4, 6);
         _tile_dpbssd(1, 4, 7);
