@@ -9,7 +9,10 @@
  * rows x colsb and zeroes the rest of the tile; tdpb*d adds, for each
  * configured C[m][n] (int32, wrapping), the 4 byte products
  * A[m][4k+i] * B[k][4n+i] over k < colsb(A)/4, with the signedness of the
- * instruction, and zeroes what lies beyond C's configuration. What the
+ * instruction, and zeroes what lies beyond C's configuration; tdpbf16ps
+ * adds the bf16 pair products in f32 in the SDM's order, one rounding
+ * (to nearest even) per product, subnormal inputs and results flushed to
+ * zero. What the
  * hardware refuses (#UD: a tile op without a configuration, an
  * unconfigured tile, shapes that do not chain, one tile named twice;
  * #GP: a bad configuration) is counted as a fault and the operation is
@@ -18,6 +21,7 @@
 #include "ie_kernels.h"
 #include "ie_kernels_isa.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -137,6 +141,45 @@ void ie_amx_emu_tdp(int c, int a, int b, int sa, int sb)
     zero_upper(c);
 }
 
+/* A subnormal f32 as zero of its sign (the instruction's DAZ and FTZ). */
+static float flush(float x) { return fpclassify(x) == FP_SUBNORMAL ? copysignf(0.0f, x) : x; }
+
+static float bf16_at(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return flush(ie_bf16_to_f32(h));
+}
+
+void ie_amx_emu_tdpbf16ps(int c, int a, int b)
+{
+    if (!usable(c) || !usable(a) || !usable(b)) return;
+    if (c == a || c == b || a == b) {
+        fault("#UD: tdp names one tile twice", c);
+        return;
+    }
+    if (g_emu.rows[c] != g_emu.rows[a] || g_emu.colsb[c] != g_emu.colsb[b] || g_emu.colsb[a] % 4 != 0 ||
+        g_emu.colsb[a] / 4 != g_emu.rows[b] || g_emu.colsb[c] % 4 != 0) {
+        fault("#UD: tdp shapes do not chain", c);
+        return;
+    }
+    const int M = g_emu.rows[c], N = g_emu.colsb[c] / 4, K = g_emu.colsb[a] / 4;
+    for (int m = 0; m < M; m++)
+        for (int n = 0; n < N; n++) {
+            float acc;
+            memcpy(&acc, &g_emu.t[c][m][4 * n], 4);
+            acc = flush(acc);
+            /* the SDM's order: k ascending, the even pair element first,
+             * each step one f32 rounding (the bf16 product itself is exact) */
+            for (int k = 0; k < K; k++) {
+                acc = flush(acc + bf16_at(&g_emu.t[a][m][4 * k]) * bf16_at(&g_emu.t[b][k][4 * n]));
+                acc = flush(acc + bf16_at(&g_emu.t[a][m][4 * k + 2]) * bf16_at(&g_emu.t[b][k][4 * n + 2]));
+            }
+            memcpy(&g_emu.t[c][m][4 * n], &acc, 4);
+        }
+    zero_upper(c);
+}
+
 int ie_amx_emu_faults(void)
 {
     const int n = g_faults;
@@ -154,6 +197,8 @@ const char *ie_amx_emu_last_fault(void) { return g_fault_msg; }
 #define IE_AMX_STORE(t, p, s) ie_amx_emu_tilestored(t, p, s)
 #define IE_AMX_DPBSUD(c, a, b) ie_amx_emu_tdp(c, a, b, 1, 0)
 #define IE_AMX_DPBUUD(c, a, b) ie_amx_emu_tdp(c, a, b, 0, 0)
+#define IE_AMX_GEMM_BF16_NAME ie_amx_gemm_bf16_emu
+#define IE_AMX_DPBF16PS(c, a, b) ie_amx_emu_tdpbf16ps(c, a, b)
 #include "../x86/amx/amx_gemm_body.h"
 
 /* Contract (ie_kernels_isa.h). */

@@ -373,8 +373,9 @@ void ie_kv_decode_avx512(ie_kv_type_t t, const void *src, int hd, float *y);
 
 /* The AMX table's packed matmul (pack_amx.c; needs AVX-512 and the AMX
  * permission, checked by dispatch.c): AMX-INT8 tiles for I8W x Q16_P and
- * I4W, I4WA x Q8_P when n_tok >= IE_AMX_MIN_TOK, else (and for every other
- * dtype) ie_matmul_packed_avx512 / _ranges_avx512. Contracts of the table
+ * I4W, I4WA x Q8_P, AMX-BF16 tiles for BF16 (where the CPU has them) when
+ * n_tok >= IE_AMX_MIN_TOK, else (and for every other dtype)
+ * ie_matmul_packed_avx512 / _ranges_avx512. Contracts of the table
  * entries. */
 ie_status_t ie_matmul_packed_amx(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                  int64_t n_tok, float *y, int64_t ldy);
@@ -401,9 +402,19 @@ ie_status_t ie_amx_gemm_emu(const ie_pmat_t *m, int64_t r0, int64_t r1, const vo
  * another k_bytes. */
 ie_status_t ie_amx_peak_run(int k_bytes, int64_t iters);
 
+/* The AMX-BF16 GEMM (amx_gemm_body.h) for BF16 PANEL16 weights and BF16
+ * activation rows, any n_tok: matmul_packed's contract (IE_ERR_UNSUPPORTED
+ * for another dtype), f32 sums of bf16 products in k order (tdpbf16ps:
+ * subnormals flushed). _hw: IE_ERR_UNSUPPORTED, touching nothing, without
+ * AMX or without AMX-BF16; _emu: over the emulator, any CPU. */
+ie_status_t ie_amx_gemm_bf16_hw(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                int64_t n_tok, float *y, int64_t ldy);
+ie_status_t ie_amx_gemm_bf16_emu(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                 int64_t n_tok, float *y, int64_t ldy);
+
 /* The tile emulator (amx_emu.c), this thread's state: ldtilecfg (64-byte
  * palette-0/1 config), tilerelease, tilezero, tileloadd, tilestored and
- * tdpb{s,u}{s,u}d (sa, sb: 1 if A, B bytes are signed), with the SDM's
+ * tdpb{s,u}{s,u}d (sa, sb: 1 if A, B bytes are signed), tdpbf16ps, with the SDM's
  * semantics. ie_amx_emu_faults returns (and clears) how many #UD/#GP the
  * hardware would have raised, ie_amx_emu_last_fault says the last one.
  * ie_amx_emu_forget_config clears ie_amx_gemm_emu's per-thread "tiles
@@ -414,6 +425,7 @@ void ie_amx_emu_tilezero(int t);
 void ie_amx_emu_tileloadd(int t, const void *base, size_t stride);
 void ie_amx_emu_tilestored(int t, void *base, size_t stride);
 void ie_amx_emu_tdp(int c, int a, int b, int sa, int sb);
+void ie_amx_emu_tdpbf16ps(int c, int a, int b);
 int ie_amx_emu_faults(void);
 const char *ie_amx_emu_last_fault(void);
 void ie_amx_emu_forget_config(void);

@@ -27,8 +27,12 @@
 typedef ie_status_t (*gemm_fn)(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                int64_t n_tok, float *y, int64_t ldy, int32_t *isums);
 
-/* The GEMM the shape tests run: the emulated one, or the real one (--hw). */
+typedef ie_status_t (*gemm_bf16_fn)(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                    int64_t n_tok, float *y, int64_t ldy);
+
+/* The GEMMs the shape tests run: the emulated ones, or the real ones (--hw). */
 static gemm_fn g_gemm = ie_amx_gemm_emu;
+static gemm_bf16_fn g_gemm_bf16 = ie_amx_gemm_bf16_emu;
 static int g_hw;
 
 static void *xmalloc(size_t n)
@@ -110,6 +114,36 @@ static void test_emu_hand(void)
     ie_amx_emu_tdp(0, 1, 2, 1, 1);
     ie_amx_emu_tilestored(0, &big, 4);
     CU_ASSERT_EQUAL(big, INT32_MIN);
+    CU_ASSERT_EQUAL(ie_amx_emu_faults(), 0);
+}
+
+static uint16_t bf(float x) { return ie_f32_to_bf16(x); }
+
+/* tdpbf16ps by hand: C (1 x 1) += A (2 pairs) . B (2 rows of 1 pair).
+ *   10 + 1*4 + 2*0.25 + 3*1 + 0.5*-8 = 13.5;
+ *   2^24 + 1*1 + 1*1 = 2^24: one rounding per product (to even), not per
+ *     pair (2^24 + 2 would be exact);
+ *   a subnormal bf16 input counts as 0 (DAZ): 0 + 2^-133 * 2^127 = 0. */
+static void test_emu_bf16_hand(void)
+{
+    const int rows[3] = {1, 1, 2}, colsb[3] = {4, 8, 4};
+    uint8_t cfg[64];
+    make_cfg(cfg, 3, rows, colsb);
+    static const float cs[3] = {10.0f, 16777216.0f, 0.0f};
+    const uint16_t as[3][4] = {{bf(1), bf(2), bf(3), bf(0.5f)}, {bf(1), bf(1), 0, 0}, {0x0001, 0, 0, 0}};
+    const uint16_t bs[3][4] = {{bf(4), bf(0.25f), bf(1), bf(-8)}, {bf(1), bf(1), 0, 0}, {0x7f00, 0, 0, 0}};
+    static const float want[3] = {13.5f, 16777216.0f, 0.0f};
+    ie_amx_emu_faults();
+    for (int v = 0; v < 3; v++) {
+        ie_amx_emu_ldtilecfg(cfg);
+        float c = cs[v];
+        ie_amx_emu_tileloadd(0, &c, 4);
+        ie_amx_emu_tileloadd(1, as[v], 8);
+        ie_amx_emu_tileloadd(2, bs[v], 4);
+        ie_amx_emu_tdpbf16ps(0, 1, 2);
+        ie_amx_emu_tilestored(0, &c, 4);
+        CU_ASSERT_EQUAL(c, want[v]);
+    }
     CU_ASSERT_EQUAL(ie_amx_emu_faults(), 0);
 }
 
@@ -306,6 +340,74 @@ static void test_gemm_extremes(void)
     CU_ASSERT_EQUAL(bad, 0);
 }
 
+/* BF16 PANEL16 x BF16 rows: y within n_in * 2^-24 (f32 accumulation)
+ * of the sum of |terms| of ie_matmul_packed_ref (double); rows outside
+ * [r0, r1) untouched. Returns the number of bad values. */
+static int check_bf16_case(int64_t n_in, int64_t n_out, int64_t n_tok, int64_t r0, uint64_t seed)
+{
+    const int64_t ldy = n_out + 3;
+    float *wf = xmalloc(sizeof(float) * (size_t)(n_in * n_out)),
+          *x = xmalloc(sizeof(float) * (size_t)(n_in * n_tok));
+    float *wrow = xmalloc(sizeof(float) * (size_t)n_in);
+    rng_seed(seed);
+    rng_fill(wf, n_in * n_out);
+    rng_fill(x, n_in * n_tok);
+    void *wd = xmalloc(ie_pack_bytes(IE_DTYPE_BF16, 32, n_in, n_out));
+    CU_ASSERT_FATAL(ie_pack_quantize(IE_DTYPE_BF16, 32, IE_QSCALE_ABSMAX, wf, n_in, 0, n_out, n_out, wd) == 0);
+    const ie_pmat_t m = {IE_DTYPE_BF16, 32, n_in, n_out, wd};
+    const size_t as = 2 * (size_t)n_in + 64;
+    uint8_t *a = xmalloc(as * (size_t)n_tok);
+    for (int64_t t = 0; t < n_tok; t++) ie_act_quantize_ref(IE_DTYPE_BF16, x + t * n_in, a + t * as, n_in);
+    float *y = xmalloc(sizeof(float) * (size_t)(ldy * n_tok)), *yr = xmalloc(sizeof(float) * (size_t)(ldy * n_tok));
+    for (int64_t i = 0; i < ldy * n_tok; i++) y[i] = yr[i] = NAN;
+    ie_amx_emu_faults();
+    CU_ASSERT_EQUAL_FATAL(g_gemm_bf16(&m, r0, n_out, a, as, n_tok, y, ldy), IE_OK);
+    if (!g_hw) CU_ASSERT_EQUAL(ie_amx_emu_faults(), 0);
+    CU_ASSERT_EQUAL_FATAL(ie_matmul_packed_ref(&m, r0, n_out, a, as, n_tok, yr, ldy), IE_OK);
+    int bad = 0;
+    for (int64_t r = 0; r < ldy; r++) {
+        if (r < n_out) ie_pack_dequant_row(&m, r, wrow);
+        for (int64_t t = 0; t < n_tok; t++) {
+            const float v = y[t * ldy + r];
+            if (r < r0 || r >= n_out) {
+                bad += !isnan(v);
+                continue;
+            }
+            double T = 0.0;
+            for (int64_t k = 0; k < n_in; k++) {
+                ie_bf16_t h;
+                memcpy(&h, a + t * as + 2 * k, 2);
+                T += fabs((double)wrow[k] * ie_bf16_to_f32(h));
+            }
+            const double tol = (double)n_in * ldexp(1.0, -24) * T + 1e-30;
+            if (!(fabs(v - (double)yr[t * ldy + r]) <= tol)) {
+                if (bad < 5)
+                    fprintf(stderr, "\n  bf16 %lldx%lld tok %lld row %lld: y %.9g ref %.9g tol %.3g",
+                            (long long)n_out, (long long)n_in, (long long)t, (long long)r, v, yr[t * ldy + r], tol);
+                bad++;
+            }
+        }
+    }
+    free(wf), free(x), free(wrow), free(wd), free(a), free(y), free(yr);
+    return bad;
+}
+
+static void test_gemm_bf16_shapes(void)
+{
+    static const int64_t nins[] = {32, 96, 1024};
+    static const int64_t nouts[] = {1, 15, 16, 17, 40};
+    static const int64_t ntoks[] = {1, 5, 16, 17, 33};
+    int bad = 0, n = 0;
+    for (size_t ii = 0; ii < 3; ii++)
+        for (size_t oi = 0; oi < 5; oi++)
+            for (size_t ki = 0; ki < 5; ki++) {
+                const int64_t r0 = nouts[oi] > 16 && ki % 2 ? 16 : 0;
+                bad += check_bf16_case(nins[ii], nouts[oi], ntoks[ki], r0, 4000 + n++);
+            }
+    CU_ASSERT_EQUAL(bad, 0);
+    printf("\n  %d shapes ", n);
+}
+
 /* Another dtype: IE_ERR_UNSUPPORTED; bad shapes: IE_ERR_INVAL. */
 static void test_gemm_bad_args(void)
 {
@@ -318,6 +420,8 @@ static void test_gemm_bad_args(void)
     CU_ASSERT_EQUAL(g_gemm(&iw, 0, 17, a, 64, 1, y, 16, NULL), IE_ERR_INVAL);
     CU_ASSERT_EQUAL(g_gemm(NULL, 0, 16, a, 64, 1, y, 16, NULL), IE_ERR_INVAL);
     CU_ASSERT_EQUAL(g_gemm(&iw, 0, 16, a, 64, 0, y, 16, NULL), IE_OK);
+    CU_ASSERT_EQUAL(g_gemm_bf16(&iw, 0, 16, a, 64, 1, y, 16), IE_ERR_UNSUPPORTED);
+    CU_ASSERT_EQUAL(g_gemm_bf16(&bf, 0, 17, a, 64, 1, y, 16), IE_ERR_INVAL);
 }
 
 /* The tile configuration is per thread, made on a thread's first call:
@@ -468,16 +572,21 @@ int main(int argc, char **argv)
             return 77;
         }
         g_gemm = ie_amx_gemm_hw;
+        g_gemm_bf16 = ie_amx_gemm_bf16_hw;
         g_hw = 1;
     }
+    const int bf16 = !hw || (ie_cpu_features() & IE_CPU_AMX_BF16);
+    if (!bf16) printf("AMX-BF16 absent (CPUID.(7,0):EDX bit 22): its tests are not run\n");
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
     CU_pSuite s = CU_add_suite(hw ? "amx (tiles)" : "amx (emulated)", NULL, NULL);
     if (!hw) {
         CU_add_test(s, "emulator: tdpb{ss,uu,su,us}d by hand, wrap, store width", test_emu_hand);
+        CU_add_test(s, "emulator: tdpbf16ps by hand, rounding per product, DAZ", test_emu_bf16_hand);
         CU_add_test(s, "emulator: #UD/#GP cases counted", test_emu_faults);
     }
     CU_add_test(s, "gemm vs ref: odd shapes, tails, exact block sums", test_gemm_shapes);
     CU_add_test(s, "gemm vs ref: extreme values", test_gemm_extremes);
+    if (bf16) CU_add_test(s, "bf16 gemm vs ref: odd shapes, tails", test_gemm_bf16_shapes);
     CU_add_test(s, "gemm bad args", test_gemm_bad_args);
     CU_add_test(s, "gemm on new threads (lazy per-thread config)", test_gemm_threads);
     if (!hw) {

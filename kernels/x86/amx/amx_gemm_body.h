@@ -10,6 +10,8 @@
  *   IE_AMX_STORE(t, p, stride)  tilestored
  *   IE_AMX_DPBSUD(c, a, b)      tdpbsud: c += a (s8) . b (u8), 4-byte dot products
  *   IE_AMX_DPBUUD(c, a, b)      tdpbuud: c += a (u8) . b (u8)
+ *   IE_AMX_GEMM_BF16_NAME       name of the BF16 GEMM to define
+ *   IE_AMX_DPBF16PS(c, a, b)    tdpbf16ps: c (f32) += a (bf16 pairs) . b
  * Tile numbers are literals (the intrinsics take immediates).
  *
  * Shapes. C[m][n] (int32) += sum over quads k of the 4 byte products
@@ -46,6 +48,12 @@
  * for each row block of panels (~1 MiB of weights of the chunk), for each
  * token tile of 16 (packed: I8W hi/lo planes, every type the block sums
  * and scales), for each panel, for each block. Later k-chunks add into y.
+ *
+ * BF16 (AMX-BF16, tdpbf16ps): a BF16 PANEL16 chunk (dword i = the pair
+ * w[16p+i][2c], w[2c+1]) is a B row in the pair layout, so 16 chunks (32
+ * k) are a B tile as they lie; A = 16 tokens x 32 bf16 straight from the
+ * BF16 activation rows; C (f32) accumulates over all of k in the tile (no
+ * scales, no epilogue) and is stored once per panel and token tile.
  *
  * Not done (candidates once this measures): 2 panels x 2 token tiles per
  * step (4 C tiles sharing A and B loads); a load-time I4W repack into
@@ -84,24 +92,30 @@
 #define AMX_PK_PLANES (2 * AMX_T * 32)
 #define AMX_PK_TAIL (8 * AMX_T)
 
-/* The configured token rows of this thread's tiles (0: not configured). */
+/* This thread's tile configuration: mt token rows + 32 for the BF16
+ * shapes (0: not configured). */
 static _Thread_local int amx_cfg_rows;
 
-/* Configure tmm0..4 for tiles of mt token rows, unless already so. */
-static void amx_configure(int mt)
+/* Configure tmm0..4 for tiles of mt token rows, int8 (bf16 0) or BF16
+ * shapes (bf16 1), unless already so. */
+static void amx_configure(int mt, int bf16)
 {
-    if (amx_cfg_rows == mt) return;
+    if (amx_cfg_rows == mt + 32 * bf16) return;
     _Alignas(64) uint8_t cfg[64];
     memset(cfg, 0, sizeof cfg);
     cfg[0] = 1; /* palette 1; start_row 0 */
-    const uint16_t colsb[5] = {64, 64, 32, 32, 64};
-    const uint8_t rows[5] = {(uint8_t)mt, (uint8_t)mt, (uint8_t)mt, (uint8_t)mt, 8};
+    /* int8: C0, C1 mt x 16 int32; A0, A1 mt x 32 bytes; B 8 quads x 64.
+     * bf16: C0 mt x 16 f32; A0 mt x 32 bf16; B 16 pairs x 64 bytes. */
+    const uint16_t colsb[5] = {64, (uint16_t)(bf16 ? 0 : 64), (uint16_t)(bf16 ? 64 : 32), (uint16_t)(bf16 ? 0 : 32),
+                               64};
+    const uint8_t rows[5] = {(uint8_t)mt, (uint8_t)(bf16 ? 0 : mt), (uint8_t)mt, (uint8_t)(bf16 ? 0 : mt),
+                             (uint8_t)(bf16 ? 16 : 8)};
     for (int t = 0; t < 5; t++) {
         memcpy(cfg + 16 + 2 * t, &colsb[t], 2);
         cfg[48 + t] = rows[t];
     }
     IE_AMX_CFG(cfg);
-    amx_cfg_rows = mt;
+    amx_cfg_rows = mt + 32 * bf16;
 }
 
 static inline float amx_ldf(const uint8_t *p)
@@ -265,13 +279,58 @@ ie_status_t IE_AMX_GEMM_NAME(const ie_pmat_t *m, int64_t r0, int64_t r1, const v
                 const int mt = n_tok - t0 < AMX_T ? (int)(n_tok - t0) : AMX_T;
                 const uint8_t *at = act + (size_t)t0 * a_stride;
                 amx_pack(i8w, at, a_stride, n_in, mt, kb0, kb1, pk);
-                amx_configure(mt);
+                amx_configure(mt, 0);
                 for (int64_t p = q0; p < q1; p++) {
                     const int64_t rows = r1 - p * IE_PANEL;
                     const int nr = rows < IE_PANEL ? (int)rows : IE_PANEL;
                     int32_t *is = isums ? isums + ((t0 * (r1 - r0)) + (p * IE_PANEL - r0)) * nb : NULL;
                     amx_panel(dt, w + (size_t)p * pb, gb, bpg, kb0, kb1, pk, at, a_stride, n_in, mt,
                               y + t0 * ldy + p * IE_PANEL, ldy, nr, kb0 == 0, is, r1 - r0, nb);
+                }
+            }
+        }
+    }
+    return IE_OK;
+}
+
+/* The AMX-BF16 GEMM (contract in ie_kernels_isa.h: ie_amx_gemm_bf16_*). */
+ie_status_t IE_AMX_GEMM_BF16_NAME(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                  int64_t n_tok, float *y, int64_t ldy)
+{
+    if (!m || !m->data || !a || !y || ie_pack_check(m->dtype, m->group, m->n_in) != 0 || r0 < 0 ||
+        r0 % IE_PANEL != 0 || r1 < r0 || r1 > m->n_out || (r1 != m->n_out && r1 % IE_PANEL != 0) || n_tok < 0)
+        return IE_ERR_INVAL;
+    if (m->dtype != IE_DTYPE_BF16) return IE_ERR_UNSUPPORTED;
+    if (r0 == r1 || n_tok == 0) return IE_OK;
+    const int64_t n_in = m->n_in, ns = n_in / 32; /* k-slabs of 32 */
+    const size_t pb = ie_pack_panel_bytes(m->dtype, m->group, n_in);
+    const int64_t p0 = r0 / IE_PANEL, p1 = (r1 + IE_PANEL - 1) / IE_PANEL;
+    int64_t rb = (int64_t)(AMX_ROWBLK / pb);
+    if (rb < 1) rb = 1;
+    const uint8_t *w = m->data, *act = a;
+    _Alignas(64) float c[AMX_T][16];
+    for (int64_t q0 = p0; q0 < p1; q0 += rb) {
+        const int64_t q1 = q0 + rb < p1 ? q0 + rb : p1;
+        for (int64_t t0 = 0; t0 < n_tok; t0 += AMX_T) {
+            const int mt = n_tok - t0 < AMX_T ? (int)(n_tok - t0) : AMX_T;
+            const uint8_t *at = act + (size_t)t0 * a_stride;
+            amx_configure(mt, 1);
+            for (int64_t p = q0; p < q1; p++) {
+                const uint8_t *panel = w + (size_t)p * pb;
+                IE_AMX_ZERO(AMX_C0);
+                for (int64_t k = 0; k < ns; k++) {
+                    IE_AMX_LOAD(AMX_A0, at + 64 * (size_t)k, a_stride);
+                    IE_AMX_LOAD(AMX_B, panel + 1024 * (size_t)k, 64);
+                    IE_AMX_DPBF16PS(AMX_C0, AMX_A0, AMX_B);
+                }
+                const int64_t rows = r1 - p * IE_PANEL;
+                const int nr = rows < IE_PANEL ? (int)rows : IE_PANEL;
+                float *yp = y + t0 * ldy + p * IE_PANEL;
+                if (nr == IE_PANEL) {
+                    IE_AMX_STORE(AMX_C0, yp, (size_t)ldy * sizeof(float));
+                } else {
+                    IE_AMX_STORE(AMX_C0, c, sizeof c[0]);
+                    for (int t = 0; t < mt; t++) memcpy(yp + (int64_t)t * ldy, c[t], sizeof(float) * (size_t)nr);
                 }
             }
         }

@@ -4,6 +4,8 @@
  * (decode, the k-quants, bf16/f16). The GEMM itself is amx_gemm_body.h,
  * compiled here over the real instructions (-mamx-tile -mamx-int8) and in
  * kernels/src/amx_emu.c over the scalar emulator the tests run anywhere.
+ * BF16 PANEL16 weights take AMX-BF16 tiles (tdpbf16ps) where the CPU has
+ * them (CPUID.(7,0):EDX bit 22), else AVX-512's vdpbf16ps kernel.
  *
  * Reached only through the AMX table, which ie_kernels_get hands out after
  * dispatch.c has seen AMX-TILE/AMX-INT8 in CPUID, the tile state in XCR0
@@ -39,8 +41,12 @@ typedef struct {
 #define IE_AMX_STORE(t, p, s) _tile_stored(t, p, (long)(s))
 #define IE_AMX_DPBSUD(c, a, b) _tile_dpbsud(c, a, b)
 #define IE_AMX_DPBUUD(c, a, b) _tile_dpbuud(c, a, b)
+#define IE_AMX_GEMM_BF16_NAME amx_gemm_bf16_tiles
+#define IE_AMX_DPBF16PS(c, a, b) _tile_dpbf16ps(c, a, b)
 static ie_status_t amx_gemm_tiles(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                   int64_t n_tok, float *y, int64_t ldy, int32_t *isums);
+static ie_status_t amx_gemm_bf16_tiles(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                       int64_t n_tok, float *y, int64_t ldy);
 #include "amx_gemm_body.h"
 
 /* Contract (ie_kernels_isa.h). */
@@ -51,10 +57,20 @@ ie_status_t ie_amx_gemm_hw(const ie_pmat_t *m, int64_t r0, int64_t r1, const voi
     return amx_gemm_tiles(m, r0, r1, a, a_stride, n_tok, y, ldy, isums);
 }
 
-/* 1 if this call goes to the tiles. */
+/* Contract (ie_kernels_isa.h). */
+ie_status_t ie_amx_gemm_bf16_hw(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                int64_t n_tok, float *y, int64_t ldy)
+{
+    if (!ie_isa_supported(IE_ISA_AMX) || !(ie_cpu_features() & IE_CPU_AMX_BF16)) return IE_ERR_UNSUPPORTED;
+    return amx_gemm_bf16_tiles(m, r0, r1, a, a_stride, n_tok, y, ldy);
+}
+
+/* 1 if this call goes to the tiles: int8 tiles for the int types, bf16
+ * tiles (where the CPU has AMX-BF16) for BF16. */
 static int use_tiles(const ie_pmat_t *m, int64_t n_tok)
 {
-    return m && ie_dtype_is_intw(m->dtype) && n_tok >= IE_AMX_MIN_TOK;
+    return m && n_tok >= IE_AMX_MIN_TOK &&
+           (ie_dtype_is_intw(m->dtype) || (m->dtype == IE_DTYPE_BF16 && (ie_cpu_features() & IE_CPU_AMX_BF16)));
 }
 
 /* Contract of ie_kernels_t.matmul_packed. */
@@ -62,6 +78,7 @@ ie_status_t ie_matmul_packed_amx(const ie_pmat_t *m, int64_t r0, int64_t r1, con
                                  int64_t n_tok, float *y, int64_t ldy)
 {
     if (!use_tiles(m, n_tok)) return ie_matmul_packed_avx512(m, r0, r1, a, a_stride, n_tok, y, ldy);
+    if (m->dtype == IE_DTYPE_BF16) return amx_gemm_bf16_tiles(m, r0, r1, a, a_stride, n_tok, y, ldy);
     return amx_gemm_tiles(m, r0, r1, a, a_stride, n_tok, y, ldy, NULL);
 }
 
