@@ -18,6 +18,9 @@
  * ARCH_GET_XCOMP_PERM confirms it). Without any of these the AMX table is
  * not offered and ie_isa_best picks AVX-512, silently; IE_ISA=amx then
  * fails the worker's start with the reason (ie_isa_unsupported_reason).
+ * IE_AMX_EMULATE=1 on an AVX-512 CPU without AMX offers the AMX table with
+ * its tiles run by the scalar emulator (kernels/src/amx_emu.c): slow, for
+ * testing the engine's whole AMX path on machines without AMX.
  */
 #include "ie_kernels.h"
 #include "ie_kernels_isa.h"
@@ -168,6 +171,42 @@ static const unsigned need_avx2 = IE_CPU_AVX2 | IE_CPU_FMA | IE_CPU_F16C;
 static const unsigned need_avx512 = IE_CPU_AVX2 | IE_CPU_FMA | IE_CPU_F16C | IE_CPU_AVX512F | IE_CPU_AVX512DQ |
                                     IE_CPU_AVX512BW | IE_CPU_AVX512VL | IE_CPU_AVX512_VNNI;
 
+/* Why this CPU and OS cannot run the real tiles (NULL: they can). */
+static const char *amx_hw_reason(void)
+{
+    const unsigned f = ie_cpu_features();
+    if ((f & need_avx512) != need_avx512) return "AMX's table is AVX-512's, and this CPU has no AVX-512 VNNI";
+    if (!(f & (IE_CPU_AMX_TILE | IE_CPU_AMX_INT8))) {
+#ifdef IE_X86
+        unsigned a, b, c, d;
+        if (__get_cpuid_max(0, NULL) >= 7) {
+            __cpuid_count(7, 0, a, b, c, d);
+            if (((d >> 24) & 1) && ((d >> 25) & 1))
+                return "the OS does not enable the AMX tile state (XCR0 bits 17/18 clear)";
+        }
+#endif
+        return "no AMX-TILE/AMX-INT8 (CPUID.(7,0):EDX bits 24/25 clear)";
+    }
+    if (!(f & IE_CPU_AMX_TILE) || !(f & IE_CPU_AMX_INT8))
+        return "AMX-TILE without AMX-INT8 (CPUID.(7,0):EDX bit 24/25)";
+    return amx_permission();
+}
+
+/* Contract (ie_kernels_isa.h). Read once: the table must not change
+ * under a running worker. */
+int ie_amx_emulated(void)
+{
+    static _Atomic int state; /* 0 not read, 1 no, 2 yes */
+    int s = state;
+    if (s == 0) {
+        const char *e = getenv("IE_AMX_EMULATE");
+        const unsigned f = ie_cpu_features();
+        s = e && strcmp(e, "1") == 0 && (f & need_avx512) == need_avx512 && amx_hw_reason() ? 2 : 1;
+        state = s;
+    }
+    return s == 2;
+}
+
 /* Contract (ie_kernels.h). */
 const char *ie_isa_unsupported_reason(ie_isa_t isa)
 {
@@ -180,22 +219,7 @@ const char *ie_isa_unsupported_reason(ie_isa_t isa)
         return (f & need_avx512) == need_avx512
                    ? NULL
                    : "no AVX-512 F/BW/VL/DQ/VNNI (CPUID) or no opmask/ZMM state (XCR0)";
-    case IE_ISA_AMX:
-        if ((f & need_avx512) != need_avx512) return "AMX's table is AVX-512's, and this CPU has no AVX-512 VNNI";
-        if (!(f & (IE_CPU_AMX_TILE | IE_CPU_AMX_INT8))) {
-#ifdef IE_X86
-            unsigned a, b, c, d;
-            if (__get_cpuid_max(0, NULL) >= 7) {
-                __cpuid_count(7, 0, a, b, c, d);
-                if (((d >> 24) & 1) && ((d >> 25) & 1))
-                    return "the OS does not enable the AMX tile state (XCR0 bits 17/18 clear)";
-            }
-#endif
-            return "no AMX-TILE/AMX-INT8 (CPUID.(7,0):EDX bits 24/25 clear)";
-        }
-        if (!(f & IE_CPU_AMX_TILE) || !(f & IE_CPU_AMX_INT8))
-            return "AMX-TILE without AMX-INT8 (CPUID.(7,0):EDX bit 24/25)";
-        return amx_permission();
+    case IE_ISA_AMX: return ie_amx_emulated() ? NULL : amx_hw_reason();
     }
     return "unknown ISA";
 }

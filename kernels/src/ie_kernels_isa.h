@@ -371,6 +371,13 @@ void ie_kv_decode_avx512(ie_kv_type_t t, const void *src, int hd, float *y);
  * AVX-512 VNNI has not been measured on a CPU with AMX yet. */
 #define IE_AMX_MIN_TOK 16
 
+/* 1 if the AMX table runs on the tile emulator: IE_AMX_EMULATE=1 in the
+ * environment (read once), an AVX-512 CPU, and no real AMX (real tiles
+ * win). Then ie_isa_supported(IE_ISA_AMX) is 1, the table's tile calls go
+ * to the _emu GEMMs (~1000x slower than the tiles: tests of the engine's
+ * AMX path on machines without AMX), and the _hw entry points refuse. */
+int ie_amx_emulated(void);
+
 /* The AMX table's packed matmul (pack_amx.c; needs AVX-512 and the AMX
  * permission, checked by dispatch.c): AMX-INT8 tiles for I8W x Q16_P and
  * I4W, I4WA x Q8_P, AMX-BF16 tiles for BF16 (where the CPU has them) when

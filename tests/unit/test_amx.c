@@ -496,15 +496,18 @@ static void test_dispatch(void)
         setenv("IE_ISA", saved, 1);
         free(saved);
     } else unsetenv("IE_ISA");
-    /* the real GEMM refuses to run without AMX, touching nothing */
-    if (!amx) {
+    /* the real GEMM refuses to run without AMX (or when it is emulated),
+     * touching nothing */
+    if (!amx || ie_amx_emulated()) {
         float y = 1.0f;
         uint8_t w[1024] = {0}, a[64] = {0};
         const ie_pmat_t m = {IE_DTYPE_I4W, 32, 32, 1, w};
         CU_ASSERT_EQUAL(ie_amx_gemm_hw(&m, 0, 1, a, 64, 1, &y, 1, NULL), IE_ERR_UNSUPPORTED);
+        CU_ASSERT_EQUAL(ie_amx_gemm_bf16_hw(&m, 0, 1, a, 64, 1, &y, 1), IE_ERR_UNSUPPORTED);
+        CU_ASSERT_EQUAL(ie_amx_peak_run(64, 1), IE_ERR_UNSUPPORTED);
         CU_ASSERT_EQUAL(y, 1.0f);
     }
-    printf("\n  amx: %s ", amx ? "supported" : why);
+    printf("\n  amx: %s ", ie_amx_emulated() ? "emulated (IE_AMX_EMULATE=1)" : amx ? "supported" : why);
 }
 
 /* Below IE_AMX_MIN_TOK tokens (and for other dtypes) the AMX table's
@@ -565,7 +568,8 @@ int main(int argc, char **argv)
 {
     const int hw = argc > 1 && strcmp(argv[1], "--hw") == 0;
     if (hw) {
-        const char *why = ie_isa_unsupported_reason(IE_ISA_AMX);
+        const char *why = ie_amx_emulated() ? "IE_AMX_EMULATE=1 (the tiles are emulated, not real)"
+                                            : ie_isa_unsupported_reason(IE_ISA_AMX);
         if (why) {
             /* not a pass: ctest shows this test as skipped (exit 77) */
             printf("SKIPPED: the AMX tile tests need a CPU and OS with AMX: %s\n", why);

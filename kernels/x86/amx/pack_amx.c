@@ -5,7 +5,9 @@
  * compiled here over the real instructions (-mamx-tile -mamx-int8) and in
  * kernels/src/amx_emu.c over the scalar emulator the tests run anywhere.
  * BF16 PANEL16 weights take AMX-BF16 tiles (tdpbf16ps) where the CPU has
- * them (CPUID.(7,0):EDX bit 22), else AVX-512's vdpbf16ps kernel.
+ * them (CPUID.(7,0):EDX bit 22), else AVX-512's vdpbf16ps kernel. Under
+ * IE_AMX_EMULATE=1 (ie_amx_emulated) the table's tile calls run the
+ * emulated GEMMs and the _hw entry points refuse.
  *
  * Reached only through the AMX table, which ie_kernels_get hands out after
  * dispatch.c has seen AMX-TILE/AMX-INT8 in CPUID, the tile state in XCR0
@@ -53,7 +55,7 @@ static ie_status_t amx_gemm_bf16_tiles(const ie_pmat_t *m, int64_t r0, int64_t r
 ie_status_t ie_amx_gemm_hw(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                            int64_t n_tok, float *y, int64_t ldy, int32_t *isums)
 {
-    if (!ie_isa_supported(IE_ISA_AMX)) return IE_ERR_UNSUPPORTED;
+    if (!ie_isa_supported(IE_ISA_AMX) || ie_amx_emulated()) return IE_ERR_UNSUPPORTED;
     return amx_gemm_tiles(m, r0, r1, a, a_stride, n_tok, y, ldy, isums);
 }
 
@@ -61,7 +63,8 @@ ie_status_t ie_amx_gemm_hw(const ie_pmat_t *m, int64_t r0, int64_t r1, const voi
 ie_status_t ie_amx_gemm_bf16_hw(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                 int64_t n_tok, float *y, int64_t ldy)
 {
-    if (!ie_isa_supported(IE_ISA_AMX) || !(ie_cpu_features() & IE_CPU_AMX_BF16)) return IE_ERR_UNSUPPORTED;
+    if (!ie_isa_supported(IE_ISA_AMX) || ie_amx_emulated() || !(ie_cpu_features() & IE_CPU_AMX_BF16))
+        return IE_ERR_UNSUPPORTED;
     return amx_gemm_bf16_tiles(m, r0, r1, a, a_stride, n_tok, y, ldy);
 }
 
@@ -70,7 +73,8 @@ ie_status_t ie_amx_gemm_bf16_hw(const ie_pmat_t *m, int64_t r0, int64_t r1, cons
 static int use_tiles(const ie_pmat_t *m, int64_t n_tok)
 {
     return m && n_tok >= IE_AMX_MIN_TOK &&
-           (ie_dtype_is_intw(m->dtype) || (m->dtype == IE_DTYPE_BF16 && (ie_cpu_features() & IE_CPU_AMX_BF16)));
+           (ie_dtype_is_intw(m->dtype) ||
+            (m->dtype == IE_DTYPE_BF16 && (ie_amx_emulated() || (ie_cpu_features() & IE_CPU_AMX_BF16))));
 }
 
 /* Contract of ie_kernels_t.matmul_packed. */
@@ -78,8 +82,12 @@ ie_status_t ie_matmul_packed_amx(const ie_pmat_t *m, int64_t r0, int64_t r1, con
                                  int64_t n_tok, float *y, int64_t ldy)
 {
     if (!use_tiles(m, n_tok)) return ie_matmul_packed_avx512(m, r0, r1, a, a_stride, n_tok, y, ldy);
-    if (m->dtype == IE_DTYPE_BF16) return amx_gemm_bf16_tiles(m, r0, r1, a, a_stride, n_tok, y, ldy);
-    return amx_gemm_tiles(m, r0, r1, a, a_stride, n_tok, y, ldy, NULL);
+    const int bf16 = m->dtype == IE_DTYPE_BF16;
+    if (ie_amx_emulated())
+        return bf16 ? ie_amx_gemm_bf16_emu(m, r0, r1, a, a_stride, n_tok, y, ldy)
+                    : ie_amx_gemm_emu(m, r0, r1, a, a_stride, n_tok, y, ldy, NULL);
+    return bf16 ? amx_gemm_bf16_tiles(m, r0, r1, a, a_stride, n_tok, y, ldy)
+                : amx_gemm_tiles(m, r0, r1, a, a_stride, n_tok, y, ldy, NULL);
 }
 
 /* Contract of ie_kernels_t.matmul_packed_ranges: one tile GEMM per range
@@ -99,7 +107,7 @@ ie_status_t ie_matmul_packed_ranges_amx(const ie_pmat_t *m, ie_panel_next_fn nex
 ie_status_t ie_amx_peak_run(int k_bytes, int64_t iters)
 {
     if (k_bytes != 32 && k_bytes != 64) return IE_ERR_INVAL;
-    if (!ie_isa_supported(IE_ISA_AMX)) return IE_ERR_UNSUPPORTED;
+    if (!ie_isa_supported(IE_ISA_AMX) || ie_amx_emulated()) return IE_ERR_UNSUPPORTED;
     _Alignas(64) uint8_t cfg[64], buf[16 * 64];
     memset(cfg, 0, sizeof cfg);
     memset(buf, 1, sizeof buf);
