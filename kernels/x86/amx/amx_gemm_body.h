@@ -178,7 +178,14 @@ static void amx_unpack4(const uint8_t *q, uint8_t *ub)
  * a: the tokens' activation rows for I4W's A tiles and I4WA's s): y rows
  * of the panel that exist (nr) and the tile's tokens, stored when first,
  * else added. isums (tests): the exact block dots, [t][row][block], ldr
- * rows and nbt blocks per token. */
+ * rows and nbt blocks per token.
+ * The f32 epilogue of a block is the cost the tiles do not take (one tdp
+ * is ~16 cycles): its loops are 16 wide over the rows with the token's
+ * scalars hoisted, so that each becomes one zmm per token row (the
+ * compiler vectorizes them in pack_amx.c: -O2 -mavx512f). Groups of one
+ * block (the repacked ggml types) fold the weight scale into the block's:
+ * acc += i * (d_a * d_w); wider groups sum i * d_a per group first, as
+ * the AVX-512 kernel. */
 static void amx_panel(ie_dtype_t dt, const uint8_t *panel, size_t gb, int64_t bpg, int64_t kb0, int64_t kb1,
                       const uint8_t *pk, const uint8_t *a, size_t as, int64_t n_in, int mt, float *y, int64_t ldy,
                       int nr, int first, int32_t *isums, int64_t ldr, int64_t nbt)
@@ -190,12 +197,17 @@ static void amx_panel(ie_dtype_t dt, const uint8_t *panel, size_t gb, int64_t bp
     const int64_t nb = n_in / 32;
     _Alignas(64) int32_t c0[AMX_T][16], c1[AMX_T][16];
     _Alignas(64) uint8_t ub[8 * 64];
-    _Alignas(64) float acc[AMX_T][16], gacc[AMX_T][16], ssum[AMX_T];
+    _Alignas(64) float acc[AMX_T][16], gacc[AMX_T][16], wd[16], wm[16], da[AMX_T], ssum[AMX_T];
+    int32_t corr[AMX_T];
     memset(acc, 0, sizeof acc);
     int64_t b = kb0;
     while (b < kb1) {
         const int64_t g = b / bpg, e = (g + 1) * bpg < kb1 ? (g + 1) * bpg : kb1;
         const uint8_t *gp = panel + (size_t)g * gb;
+        for (int r = 0; r < 16; r++) {
+            wd[r] = amx_f16(gp + 2 * r);
+            wm[r] = affine ? amx_f16(gp + 32 + 2 * r) : 0.0f;
+        }
         for (int64_t k = b; k < e; k++) {
             const uint8_t *q = gp + hdr + (size_t)(k - g * bpg) * bb;
             const uint8_t *p = pk + (size_t)(k - kb0) * blk;
@@ -219,29 +231,40 @@ static void amx_panel(ie_dtype_t dt, const uint8_t *panel, size_t gb, int64_t bp
             for (int t = 0; t < mt; t++) {
                 int32_t sum;
                 memcpy(&sum, p + 4 * t, 4);
-                const float da = amx_ldf(p + 4 * AMX_T + 4 * t);
-                const int32_t corr = -off * sum;
-                int32_t it[16];
-                /* 256*hi + lo + corr: |.| < 2^29 (hi sums < 2^20) */
-                for (int r = 0; r < 16; r++) it[r] = (i8w ? 256 * c0[t][r] + c1[t][r] : c0[t][r]) + corr;
-                if (isums)
-                    for (int r = 0; r < nr; r++) isums[((int64_t)t * ldr + r) * nbt + k] = it[r];
-                if (k == b)
-                    for (int r = 0; r < 16; r++) gacc[t][r] = (float)it[r] * da;
-                else
-                    for (int r = 0; r < 16; r++) gacc[t][r] += (float)it[r] * da;
+                corr[t] = -off * sum;
+                da[t] = amx_ldf(p + 4 * AMX_T + 4 * t);
             }
+            /* the exact block dot: 256*hi + lo - off*sum(a), |.| < 2^29;
+             * made inside each f32 loop (no store and reload of C) */
+#define AMX_DOT(t, r) ((i8w ? 256 * c0[t][r] + c1[t][r] : c0[t][r]) + corr[t])
+            if (isums)
+                for (int t = 0; t < mt; t++)
+                    for (int r = 0; r < nr; r++) isums[((int64_t)t * ldr + r) * nbt + k] = AMX_DOT(t, r);
+            for (int t = 0; t < mt; t++) {
+                const float s = da[t];
+                if (bpg == 1)
+                    for (int r = 0; r < 16; r++) acc[t][r] += (float)AMX_DOT(t, r) * (s * wd[r]);
+                else if (k == b)
+                    for (int r = 0; r < 16; r++) gacc[t][r] = (float)AMX_DOT(t, r) * s;
+                else
+                    for (int r = 0; r < 16; r++) gacc[t][r] += (float)AMX_DOT(t, r) * s;
+            }
+#undef AMX_DOT
         }
-        if (affine) /* S: sum of the activation s over the segment */
+        if (bpg > 1)
+            for (int t = 0; t < mt; t++)
+                for (int r = 0; r < 16; r++) acc[t][r] += gacc[t][r] * wd[r];
+        if (affine) { /* + m * S, S: the activation s summed over the segment */
             for (int t = 0; t < mt; t++) {
                 const uint8_t *sp = a + (size_t)t * as + (size_t)n_in + 4 * (size_t)nb;
-                float s = 0.0f;
-                for (int64_t k = b; k < e; k++) s += amx_ldf(sp + 4 * k);
-                ssum[t] = s;
+                float sv = 0.0f;
+                for (int64_t k = b; k < e; k++) sv += amx_ldf(sp + 4 * k);
+                ssum[t] = sv;
             }
-        for (int r = 0; r < 16; r++) {
-            const float wd = amx_f16(gp + 2 * r), wm = affine ? amx_f16(gp + 32 + 2 * r) : 0.0f;
-            for (int t = 0; t < mt; t++) acc[t][r] += gacc[t][r] * wd + (affine ? wm * ssum[t] : 0.0f);
+            for (int t = 0; t < mt; t++) {
+                const float sv = ssum[t];
+                for (int r = 0; r < 16; r++) acc[t][r] += wm[r] * sv;
+            }
         }
         b = e;
     }
