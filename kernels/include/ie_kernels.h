@@ -10,8 +10,8 @@
  * the ith of nth equal shares and may be called concurrently for every ith.
  *
  * Every kernel has a scalar reference twin in kernels/ref/ (the test oracle).
- * SIMD variants (kernels/x86/avx2, kernels/x86/avx512) are compiled with
- * their own flags, declared in kernels/src/ie_kernels_isa.h, and reach
+ * SIMD variants (kernels/x86/avx2, kernels/x86/avx512, kernels/x86/amx)
+ * are compiled with their own flags, declared in kernels/src/ie_kernels_isa.h, and reach
  * callers through one table per ISA (ie_kernels_t, ie_kernels_get) chosen
  * once at start-up from the CPU's features (ie_isa_best).
  *
