@@ -252,7 +252,8 @@ static void peak_task(void *ctx, int ith, int nth)
  * ~0.1 s on a 2 GHz core at the advertised 1024 ops/cycle), per k-slab. */
 static void amx_peak(ie_threadpool_t *tp, int threads)
 {
-    const char *why = ie_isa_unsupported_reason(IE_ISA_AMX);
+    const char *why = ie_amx_emulated() ? "IE_AMX_EMULATE=1: the tiles are emulated"
+                                        : ie_isa_unsupported_reason(IE_ISA_AMX);
     if (why) {
         printf("amx peak: not supported here (%s)\n", why);
         return;
