@@ -30,7 +30,13 @@
  * and GEMM as the int types: compare with int4w in the same run. Their
  * panels hold random codes, small f16 scales and small sub-block codes.
  *
- * usage: bench_kernels [--threads N] [--isa ref,avx2,avx512] [--types f32,q4_0,int4w,...]
+ * AMX (--isa amx, or avx512,amx for the A/B in one run): the AVX-512 table
+ * but the packed int types' matmul on AMX-INT8 tiles for n_tok >= 16; the
+ * run first prints the tiles' int8 peak on every pool thread (4
+ * independent tdpbssd chains, full 64-byte and the GEMM's 32-byte k-slabs)
+ * so the GEMM GOP/s can be read as a fraction of it.
+ *
+ * usage: bench_kernels [--threads N] [--isa ref,avx2,avx512,amx] [--types f32,q4_0,int4w,...]
  *                      [--iters N] [--pool-mib M] [--ntok T] [--ptok T] [--group G]
  */
 #define _GNU_SOURCE
@@ -227,6 +233,48 @@ static void fill_pool_packed(ie_dtype_t wt, int group, int64_t n_out, int64_t n_
     for (size_t c = 1; c < copies; c++) memcpy(g_pool + c * mb, g_pool, mb);
 }
 
+/* ---------------------------------------------------------------- AMX peak */
+
+typedef struct {
+    int k_bytes;
+    int64_t iters;
+    _Atomic int failed;
+} peak_job_t;
+
+static void peak_task(void *ctx, int ith, int nth)
+{
+    peak_job_t *j = ctx;
+    (void)ith, (void)nth;
+    if (ie_amx_peak_run(j->k_bytes, j->iters) != IE_OK) j->failed = 1;
+}
+
+/* The tiles' int8 rate on every pool thread at once (best of 5 runs of
+ * ~0.1 s on a 2 GHz core at the advertised 1024 ops/cycle), per k-slab. */
+static void amx_peak(ie_threadpool_t *tp, int threads)
+{
+    const char *why = ie_amx_emulated() ? "IE_AMX_EMULATE=1: the tiles are emulated"
+                                        : ie_isa_unsupported_reason(IE_ISA_AMX);
+    if (why) {
+        printf("amx peak: not supported here (%s)\n", why);
+        return;
+    }
+    for (int k = 64; k >= 32; k /= 2) {
+        peak_job_t j = {.k_bytes = k, .iters = 2000000};
+        double best = 1e30;
+        for (int r = 0; r < 5; r++) {
+            const double t0 = now_s();
+            ie_threadpool_run(tp, peak_task, &j);
+            const double dt = now_s() - t0;
+            if (dt < best) best = dt;
+        }
+        const double ops = 4.0 * 2.0 * 16 * 16 * k * (double)j.iters * threads;
+        printf("amx peak: tdpbssd 16x16x%d, %d thread(s): %.1f GOP/s%s\n", k, threads, ops / best / 1e9,
+               j.failed ? " (FAILED on a thread)" : "");
+        printf("{\"bench\":\"amx_peak\",\"k_bytes\":%d,\"threads\":%d,\"gops\":%.2f}\n", k, threads,
+               ops / best / 1e9);
+    }
+}
+
 /* ---------------------------------------------------------------- main */
 
 typedef struct {
@@ -255,7 +303,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--group") && i + 1 < argc) group = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) {
             const char *s = argv[++i];
-            isa_mask = (strstr(s, "ref") ? 1 : 0) | (strstr(s, "avx2") ? 2 : 0) | (strstr(s, "avx512") ? 4 : 0);
+            isa_mask = (strstr(s, "ref") ? 1 : 0) | (strstr(s, "avx2") ? 2 : 0) | (strstr(s, "avx512") ? 4 : 0) |
+                       (strstr(s, "amx") ? 8 : 0);
         } else if (!strcmp(argv[i], "--half-panel")) {
             g_half_panel = 1;
         } else if (!strcmp(argv[i], "--types") && i + 1 < argc) {
@@ -266,11 +315,12 @@ int main(int argc, char **argv)
                     if (!strcmp(tok, ie_dtype_name(types[t]))) type_mask |= 1 << t;
             free(s);
         } else {
-            fprintf(stderr,
-                    "usage: %s [--threads N] [--isa ref,avx2,avx512] [--types f32,f16,bf16,q8_0,q4_0,q4_1,mxfp4,"
-                    "int8w,int4w,int4w_affine,q4_K,q6_K,q5_K,q5_0,iq4_xs,iq4_nl,q3_K,q2_K,q5_1] [--iters N] "
-                    "[--pool-mib M] [--ntok T] [--ptok T] [--group G]\n",
-                    argv[0]);
+            fprintf(
+                stderr,
+                "usage: %s [--threads N] [--isa ref,avx2,avx512,amx] [--types f32,f16,bf16,q8_0,q4_0,q4_1,mxfp4,"
+                "int8w,int4w,int4w_affine,q4_K,q6_K,q5_K,q5_0,iq4_xs,iq4_nl,q3_K,q2_K,q5_1] [--iters N] "
+                "[--pool-mib M] [--ntok T] [--ptok T] [--group G]\n",
+                argv[0]);
             return 2;
         }
     }
@@ -323,7 +373,8 @@ int main(int argc, char **argv)
     printf("%-7s %-10s %-12s %-11s %9s %9s %9s %7s %9s\n", "isa", "type", "shape", "", "ms", "GB/s", "probe",
            "frac", "best GB/s");
 
-    for (int ii = 0; ii <= 2; ii++) {
+    if ((isa_mask >> IE_ISA_AMX) & 1) amx_peak(tp, threads);
+    for (int ii = 0; ii <= IE_ISA_AMX; ii++) {
         const ie_isa_t isa = (ie_isa_t)ii;
         if (!((isa_mask >> ii) & 1)) continue;
         const ie_kernels_t *ops = ie_kernels_get(isa);

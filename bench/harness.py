@@ -12,7 +12,7 @@ values). Axes map to the engine as follows:
     precision=P          --precision P   (native, f32, bf16, f16, int8w, int4w)
     batch=N / streams=N  --batch N with a --prompts-file of N distinct prompts
     ctx=N                --ctx N
-    isa=I                environment IE_ISA=I (ref, avx2, avx512)
+    isa=I                environment IE_ISA=I (ref, avx2, avx512, amx)
     IE_*=V               environment variable (IE_QUANT_GROUP=128, IE_REPACK=0, ...)
     any other key=V      --key V
 

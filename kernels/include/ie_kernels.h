@@ -10,8 +10,8 @@
  * the ith of nth equal shares and may be called concurrently for every ith.
  *
  * Every kernel has a scalar reference twin in kernels/ref/ (the test oracle).
- * SIMD variants (kernels/x86/avx2, kernels/x86/avx512) are compiled with
- * their own flags, declared in kernels/src/ie_kernels_isa.h, and reach
+ * SIMD variants (kernels/x86/avx2, kernels/x86/avx512, kernels/x86/amx)
+ * are compiled with their own flags, declared in kernels/src/ie_kernels_isa.h, and reach
  * callers through one table per ISA (ie_kernels_t, ie_kernels_get) chosen
  * once at start-up from the CPU's features (ie_isa_best).
  *
@@ -34,20 +34,30 @@
 #include <stdint.h>
 
 typedef enum ie_isa {
-    IE_ISA_REF = 0,   /* portable scalar C: always available, the oracle */
-    IE_ISA_AVX2 = 1,  /* AVX2 + FMA + F16C                               */
-    IE_ISA_AVX512 = 2 /* AVX-512 F/BW/VL/DQ + VNNI (+BF16 where present) */
+    IE_ISA_REF = 0,    /* portable scalar C: always available, the oracle */
+    IE_ISA_AVX2 = 1,   /* AVX2 + FMA + F16C                               */
+    IE_ISA_AVX512 = 2, /* AVX-512 F/BW/VL/DQ + VNNI (+BF16 where present) */
+    IE_ISA_AMX = 3     /* AVX512's table + AMX-INT8 tiles for multi-token int-weight GEMMs */
 } ie_isa_t;
 
-/* "ref", "avx2", "avx512". */
+/* "ref", "avx2", "avx512", "amx". */
 const char *ie_isa_name(ie_isa_t isa);
 
 /* Best ISA both compiled in and supported by this CPU. Honours the env var
- * IE_ISA=ref|avx2|avx512 (capped at what the CPU supports). */
+ * IE_ISA=ref|avx2|avx512 (capped at what the CPU supports) and IE_ISA=amx,
+ * which is returned even where the CPU or OS cannot run it, so that
+ * ie_kernels_get gives NULL and the caller fails with
+ * ie_isa_unsupported_reason instead of silently running another path. */
 ie_isa_t ie_isa_best(void);
 
-/* 1 if `isa` is compiled in and this CPU can run it. */
+/* 1 if `isa` is compiled in and this CPU can run it. For IE_ISA_AMX the
+ * first call asks the kernel for the tile state (arch_prctl
+ * ARCH_REQ_XCOMP_PERM, once per process; thread-safe). */
 int ie_isa_supported(ie_isa_t isa);
+
+/* Why `isa` cannot run here (static text naming the missing CPUID bit,
+ * XCR0 state or refused permission), or NULL if it can. */
+const char *ie_isa_unsupported_reason(ie_isa_t isa);
 
 /* Activation format that matmul expects for weights of type `wtype`:
  * F32 for f32/f16 weights, BF16 (bf16 rows, round to nearest even) for bf16

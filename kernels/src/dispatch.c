@@ -7,16 +7,39 @@
  * IE_ISA_AVX512 requires F, BW, VL, DQ and VNNI (our int8 dot products are
  * vpdpbusd); AVX-512 CPUs without VNNI (Skylake-X) get AVX2. AVX512_BF16
  * is not required: the BF16 kernels test it themselves (ie_cpu_features).
+ *
+ * IE_ISA_AMX is the AVX-512 table with the packed matmul of the int weight
+ * types on AMX-INT8 tiles for multi-token steps (pack_amx.c). It needs
+ * AVX-512 as above, AMX-TILE and AMX-INT8 in CPUID, the tile state in XCR0
+ * (bits 17, 18: Linux 5.16+ sets them) and, Linux's rule for the 8 KiB of
+ * tile data every thread's signal frame and XSAVE area then carry, this
+ * process's permission: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
+ * asked once per process (it covers every thread, present and future;
+ * ARCH_GET_XCOMP_PERM confirms it). Without any of these the AMX table is
+ * not offered and ie_isa_best picks AVX-512, silently; IE_ISA=amx then
+ * fails the worker's start with the reason (ie_isa_unsupported_reason).
+ * IE_AMX_EMULATE=1 on an AVX-512 CPU without AMX offers the AMX table with
+ * its tiles run by the scalar emulator (kernels/src/amx_emu.c): slow, for
+ * testing the engine's whole AMX path on machines without AMX.
  */
 #include "ie_kernels.h"
 #include "ie_kernels_isa.h"
 
+#include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #define IE_X86 1
+#endif
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define IE_ARCH_GET_XCOMP_PERM 0x1022
+#define IE_ARCH_REQ_XCOMP_PERM 0x1023
+#define IE_XFEATURE_XTILEDATA 18
 #endif
 
 const char *ie_isa_name(ie_isa_t isa)
@@ -25,6 +48,7 @@ const char *ie_isa_name(ie_isa_t isa)
     case IE_ISA_REF: return "ref";
     case IE_ISA_AVX2: return "avx2";
     case IE_ISA_AVX512: return "avx512";
+    case IE_ISA_AMX: return "amx";
     }
     return "invalid";
 }
@@ -85,6 +109,11 @@ static unsigned probe(void)
     if ((b >> 30) & 1) f |= IE_CPU_AVX512BW;
     if ((b >> 31) & 1) f |= IE_CPU_AVX512VL;
     if ((c >> 11) & 1) f |= IE_CPU_AVX512_VNNI;
+    if ((xcr0 & 0x60000) == 0x60000) { /* XTILECFG | XTILEDATA */
+        if ((d >> 24) & 1) f |= IE_CPU_AMX_TILE;
+        if ((d >> 25) & 1) f |= IE_CPU_AMX_INT8;
+        if ((d >> 22) & 1) f |= IE_CPU_AMX_BF16;
+    }
     if (max_sub7 >= 1) {
         __cpuid_count(7, 1, a, b, c, d);
         if ((a >> 5) & 1) f |= IE_CPU_AVX512_BF16;
@@ -105,29 +134,117 @@ unsigned ie_cpu_features(void)
     return f & ~(1u << 31);
 }
 
+/* Why this process may not use the tile data: NULL once the kernel has
+ * granted it (asked once; racing first calls both ask, which is harmless:
+ * the request is idempotent), else static text. */
+static const char *amx_permission(void)
+{
+    static _Atomic int state; /* 0 not asked, 1 granted, else -errno - 1 */
+    int s = state;
+    if (s == 0) {
+#ifdef IE_ARCH_REQ_XCOMP_PERM
+        unsigned long perm = 0;
+        s = 1;
+        if (syscall(SYS_arch_prctl, IE_ARCH_GET_XCOMP_PERM, &perm) != 0 || !((perm >> IE_XFEATURE_XTILEDATA) & 1)) {
+            if (syscall(SYS_arch_prctl, IE_ARCH_REQ_XCOMP_PERM, IE_XFEATURE_XTILEDATA) != 0) s = -errno - 1;
+            else if (syscall(SYS_arch_prctl, IE_ARCH_GET_XCOMP_PERM, &perm) != 0 ||
+                     !((perm >> IE_XFEATURE_XTILEDATA) & 1))
+                s = -EPERM - 1;
+        }
+#else
+        s = -ENOSYS - 1;
+#endif
+        state = s;
+    }
+    if (s == 1) return NULL;
+    switch (-s - 1) {
+    case ENOSYS: return "no arch_prctl(ARCH_REQ_XCOMP_PERM) (not Linux x86-64, or a kernel older than 5.16)";
+    case EINVAL:
+        return "arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA) refused (EINVAL: the kernel does not offer AMX)";
+    case ENOSPC: return "arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA) refused (ENOSPC: a sigaltstack is too small)";
+    case EPERM: return "arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA) refused (EPERM: seccomp or policy)";
+    default: return "arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA) refused";
+    }
+}
+
+static const unsigned need_avx2 = IE_CPU_AVX2 | IE_CPU_FMA | IE_CPU_F16C;
+static const unsigned need_avx512 = IE_CPU_AVX2 | IE_CPU_FMA | IE_CPU_F16C | IE_CPU_AVX512F | IE_CPU_AVX512DQ |
+                                    IE_CPU_AVX512BW | IE_CPU_AVX512VL | IE_CPU_AVX512_VNNI;
+
+/* Why this CPU and OS cannot run the real tiles (NULL: they can). */
+static const char *amx_hw_reason(void)
+{
+    const unsigned f = ie_cpu_features();
+    if ((f & need_avx512) != need_avx512) return "AMX's table is AVX-512's, and this CPU has no AVX-512 VNNI";
+    if (!(f & (IE_CPU_AMX_TILE | IE_CPU_AMX_INT8))) {
+#ifdef IE_X86
+        unsigned a, b, c, d;
+        if (__get_cpuid_max(0, NULL) >= 7) {
+            __cpuid_count(7, 0, a, b, c, d);
+            if (((d >> 24) & 1) && ((d >> 25) & 1))
+                return "the OS does not enable the AMX tile state (XCR0 bits 17/18 clear)";
+        }
+#endif
+        return "no AMX-TILE/AMX-INT8 (CPUID.(7,0):EDX bits 24/25 clear)";
+    }
+    if (!(f & IE_CPU_AMX_TILE) || !(f & IE_CPU_AMX_INT8))
+        return "AMX-TILE without AMX-INT8 (CPUID.(7,0):EDX bit 24/25)";
+    return amx_permission();
+}
+
+/* Contract (ie_kernels_isa.h). Read once: the table must not change
+ * under a running worker. */
+int ie_amx_emulated(void)
+{
+    static _Atomic int state; /* 0 not read, 1 no, 2 yes */
+    int s = state;
+    if (s == 0) {
+        const char *e = getenv("IE_AMX_EMULATE");
+        const unsigned f = ie_cpu_features();
+        s = e && strcmp(e, "1") == 0 && (f & need_avx512) == need_avx512 && amx_hw_reason() ? 2 : 1;
+        state = s;
+    }
+    return s == 2;
+}
+
+/* Contract (ie_kernels.h). */
+const char *ie_isa_unsupported_reason(ie_isa_t isa)
+{
+    const unsigned f = ie_cpu_features();
+    switch (isa) {
+    case IE_ISA_REF: return NULL;
+    case IE_ISA_AVX2:
+        return (f & need_avx2) == need_avx2 ? NULL : "no AVX2/FMA/F16C (CPUID) or no YMM state (XCR0)";
+    case IE_ISA_AVX512:
+        return (f & need_avx512) == need_avx512
+                   ? NULL
+                   : "no AVX-512 F/BW/VL/DQ/VNNI (CPUID) or no opmask/ZMM state (XCR0)";
+    case IE_ISA_AMX: return ie_amx_emulated() ? NULL : amx_hw_reason();
+    }
+    return "unknown ISA";
+}
+
 /* Bit mask of supported ISAs: bit isa set if the CPU and OS can run it. */
 static int supported_mask(void)
 {
     const unsigned f = ie_cpu_features();
-    const unsigned need_avx2 = IE_CPU_AVX2 | IE_CPU_FMA | IE_CPU_F16C;
-    const unsigned need_avx512 = need_avx2 | IE_CPU_AVX512F | IE_CPU_AVX512DQ | IE_CPU_AVX512BW | IE_CPU_AVX512VL |
-                                 IE_CPU_AVX512_VNNI;
     int mask = 1 << IE_ISA_REF;
     if ((f & need_avx2) == need_avx2) mask |= 1 << IE_ISA_AVX2;
     if ((f & need_avx512) == need_avx512) mask |= 1 << IE_ISA_AVX512;
+    if ((mask >> IE_ISA_AVX512) & 1 && !ie_isa_unsupported_reason(IE_ISA_AMX)) mask |= 1 << IE_ISA_AMX;
     return mask;
 }
 
 int ie_isa_supported(ie_isa_t isa)
 {
-    if (isa < IE_ISA_REF || isa > IE_ISA_AVX512) return 0;
+    if (isa < IE_ISA_REF || isa > IE_ISA_AMX) return 0;
     return (supported_mask() >> isa) & 1;
 }
 
 ie_isa_t ie_isa_best(void)
 {
     ie_isa_t best = IE_ISA_REF;
-    for (int i = IE_ISA_AVX512; i > IE_ISA_REF; i--)
+    for (int i = IE_ISA_AMX; i > IE_ISA_REF; i--)
         if (ie_isa_supported((ie_isa_t)i)) {
             best = (ie_isa_t)i;
             break;
@@ -138,6 +255,7 @@ ie_isa_t ie_isa_best(void)
         if (strcmp(env, "ref") == 0) want = IE_ISA_REF;
         else if (strcmp(env, "avx2") == 0) want = IE_ISA_AVX2;
         else if (strcmp(env, "avx512") == 0) want = IE_ISA_AVX512;
+        else if (strcmp(env, "amx") == 0) return IE_ISA_AMX; /* forced: fails loudly where it cannot run */
         /* Capped at what the CPU can run: walk down to the first supported. */
         while (want > IE_ISA_REF && !ie_isa_supported(want)) want = (ie_isa_t)(want - 1);
         if (want < best) best = want;
@@ -276,15 +394,33 @@ static const ie_kernels_t g_kernels[3] = {
         },
 };
 
-const ie_kernels_t *ie_kernels_get(ie_isa_t isa)
+/* The AMX table: AVX-512's with the packed matmul on tiles. Made from
+ * g_kernels[IE_ISA_AVX512] at run time so that an entry added to the
+ * AVX-512 table is in it too (test_kernels checks the difference). */
+static ie_kernels_t g_amx;
+static pthread_once_t g_amx_once = PTHREAD_ONCE_INIT;
+
+static void amx_table_init(void)
 {
-    if (!ie_isa_supported(isa)) return NULL;
-    return &g_kernels[isa];
+    g_amx = g_kernels[IE_ISA_AVX512];
+    g_amx.isa = IE_ISA_AMX;
+    g_amx.matmul_packed = ie_matmul_packed_amx;
+    g_amx.matmul_packed_ranges = ie_matmul_packed_ranges_amx;
 }
 
 /* Contract (ie_kernels_isa.h). */
 const ie_kernels_t *ie_kernels_table(ie_isa_t isa)
 {
-    if (isa < IE_ISA_REF || isa > IE_ISA_AVX512) return NULL;
+    if (isa < IE_ISA_REF || isa > IE_ISA_AMX) return NULL;
+    if (isa == IE_ISA_AMX) {
+        pthread_once(&g_amx_once, amx_table_init);
+        return &g_amx;
+    }
     return &g_kernels[isa];
+}
+
+const ie_kernels_t *ie_kernels_get(ie_isa_t isa)
+{
+    if (!ie_isa_supported(isa)) return NULL;
+    return ie_kernels_table(isa);
 }

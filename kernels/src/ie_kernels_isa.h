@@ -31,7 +31,13 @@ enum {
     IE_CPU_AVX512BW = 1u << 5,
     IE_CPU_AVX512VL = 1u << 6,
     IE_CPU_AVX512_VNNI = 1u << 7, /* vpdpbusd: the int8 dot products */
-    IE_CPU_AVX512_BF16 = 1u << 8  /* vdpbf16ps: the bf16 dot products */
+    IE_CPU_AVX512_BF16 = 1u << 8, /* vdpbf16ps: the bf16 dot products */
+    /* AMX (CPUID.(7,0):EDX bits 24, 25, 22), set only if XCR0 enables the
+     * tile state (bits 17 XTILECFG and 18 XTILEDATA); the process must
+     * still be granted it (ie_isa_supported(IE_ISA_AMX) asks) */
+    IE_CPU_AMX_TILE = 1u << 9,
+    IE_CPU_AMX_INT8 = 1u << 10,
+    IE_CPU_AMX_BF16 = 1u << 11
 };
 
 /* IE_CPU_* bits of this CPU (0 off x86). Probed once; thread-safe. */
@@ -357,6 +363,79 @@ void ie_kv_scores_avx512(ie_kv_type_t t, const float *q, size_t q_stride, int nh
 void ie_kv_values_avx512(ie_kv_type_t t, const float *p, size_t ld, int nh, const ie_kv_rows_t *v, int j0, int n,
                          int hd, float *out, size_t o_stride);
 void ie_kv_decode_avx512(ie_kv_type_t t, const void *src, int hd, float *y);
+
+/* ------------------------------------------------------------------ amx */
+
+/* Steps with fewer tokens than this take the AVX-512 kernels in the AMX
+ * table. 16 (one full A tile of tokens) is a guess: the crossover against
+ * AVX-512 VNNI has not been measured on a CPU with AMX yet. */
+#define IE_AMX_MIN_TOK 16
+
+/* 1 if the AMX table runs on the tile emulator: IE_AMX_EMULATE=1 in the
+ * environment (read once), an AVX-512 CPU, and no real AMX (real tiles
+ * win). Then ie_isa_supported(IE_ISA_AMX) is 1, the table's tile calls go
+ * to the _emu GEMMs (~1000x slower than the tiles: tests of the engine's
+ * AMX path on machines without AMX), and the _hw entry points refuse. */
+int ie_amx_emulated(void);
+
+/* The AMX table's packed matmul (pack_amx.c; needs AVX-512 and the AMX
+ * permission, checked by dispatch.c): AMX-INT8 tiles for I8W x Q16_P and
+ * I4W, I4WA x Q8_P, AMX-BF16 tiles for BF16 (where the CPU has them) when
+ * n_tok >= IE_AMX_MIN_TOK, else (and for every other dtype)
+ * ie_matmul_packed_avx512 / _ranges_avx512. Contracts of the table
+ * entries. */
+ie_status_t ie_matmul_packed_amx(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                 int64_t n_tok, float *y, int64_t ldy);
+ie_status_t ie_matmul_packed_ranges_amx(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
+                                        size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+
+/* The tile GEMM itself (amx_gemm_body.h), for any n_tok: matmul_packed's
+ * contract for I8W, I4W, I4WA (IE_ERR_UNSUPPORTED for another dtype), with
+ * y(t, r) the same sum as ie_matmul_packed_ref's up to f32 rounding. isums:
+ * NULL, or room for n_tok * (r1 - r0) * (n_in / 32) int32 that receive the
+ * exact block dot products of the signed codes and activation quants,
+ * [t][r - r0][b] (tests). _hw runs the tiles (IE_ERR_UNSUPPORTED, touching
+ * nothing, where ie_isa_supported(IE_ISA_AMX) is 0); _emu runs the same
+ * code over the scalar emulator on any CPU. */
+ie_status_t ie_amx_gemm_hw(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                           int64_t n_tok, float *y, int64_t ldy, int32_t *isums);
+ie_status_t ie_amx_gemm_emu(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                            int64_t n_tok, float *y, int64_t ldy, int32_t *isums);
+
+/* The AMX int8 peak probe (bench_kernels --amx-peak): `iters` rounds of 4
+ * independent tdpbssd of 16 x 16 x k_bytes (k_bytes 64: full tiles; 32:
+ * the GEMM's one-block slabs), 4 * 2 * 16 * 16 * k_bytes ops a round, on
+ * the calling thread. IE_ERR_UNSUPPORTED without AMX, IE_ERR_INVAL for
+ * another k_bytes. */
+ie_status_t ie_amx_peak_run(int k_bytes, int64_t iters);
+
+/* The AMX-BF16 GEMM (amx_gemm_body.h) for BF16 PANEL16 weights and BF16
+ * activation rows, any n_tok: matmul_packed's contract (IE_ERR_UNSUPPORTED
+ * for another dtype), f32 sums of bf16 products in k order (tdpbf16ps:
+ * subnormals flushed). _hw: IE_ERR_UNSUPPORTED, touching nothing, without
+ * AMX or without AMX-BF16; _emu: over the emulator, any CPU. */
+ie_status_t ie_amx_gemm_bf16_hw(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                int64_t n_tok, float *y, int64_t ldy);
+ie_status_t ie_amx_gemm_bf16_emu(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                 int64_t n_tok, float *y, int64_t ldy);
+
+/* The tile emulator (amx_emu.c), this thread's state: ldtilecfg (64-byte
+ * palette-0/1 config), tilerelease, tilezero, tileloadd, tilestored and
+ * tdpb{s,u}{s,u}d (sa, sb: 1 if A, B bytes are signed), tdpbf16ps, with the SDM's
+ * semantics. ie_amx_emu_faults returns (and clears) how many #UD/#GP the
+ * hardware would have raised, ie_amx_emu_last_fault says the last one.
+ * ie_amx_emu_forget_config clears ie_amx_gemm_emu's per-thread "tiles
+ * configured" mark (tests that release the tiles behind its back). */
+void ie_amx_emu_ldtilecfg(const void *cfg);
+void ie_amx_emu_tilerelease(void);
+void ie_amx_emu_tilezero(int t);
+void ie_amx_emu_tileloadd(int t, const void *base, size_t stride);
+void ie_amx_emu_tilestored(int t, void *base, size_t stride);
+void ie_amx_emu_tdp(int c, int a, int b, int sa, int sb);
+void ie_amx_emu_tdpbf16ps(int c, int a, int b);
+int ie_amx_emu_faults(void);
+const char *ie_amx_emu_last_fault(void);
+void ie_amx_emu_forget_config(void);
 
 /* ------------------------------------------------- shared (dispatch.c) */
 

@@ -52,7 +52,7 @@ static void fill_gauss(float *x, int64_t n)
 static int n_isas(ie_isa_t *isas)
 {
     int n = 0;
-    for (int i = IE_ISA_REF; i <= IE_ISA_AVX512; i++)
+    for (int i = IE_ISA_REF; i <= IE_ISA_AMX; i++)
         if (ie_kernels_get((ie_isa_t)i)) isas[n++] = (ie_isa_t)i;
     return n;
 }
@@ -377,7 +377,7 @@ static void test_mse_scales(void)
  * below/above k + 0.5. */
 static void check_act_format(ie_dtype_t at, int64_t n)
 {
-    ie_isa_t isas[3];
+    ie_isa_t isas[4];
     const int ni = n_isas(isas);
     const int wide = at == IE_DTYPE_Q16_P;
     const float qmax = wide ? 32767.0f : 127.0f;
@@ -466,7 +466,7 @@ static void test_act_formats(void)
  * is written outside the row. */
 static void test_act_stream(void)
 {
-    ie_isa_t isas[3];
+    ie_isa_t isas[4];
     const int ni = n_isas(isas);
     static const ie_dtype_t acts[] = {IE_DTYPE_BF16, IE_DTYPE_Q8_P, IE_DTYPE_Q16_P, IE_DTYPE_Q8_0};
     static const int64_t ns[] = {32, 160, 512, 2080, 5632};
@@ -508,7 +508,7 @@ static void test_act_stream(void)
  * whole range and densely near 0: ties and near-ties. */
 static void test_q16p_rounding_sweep(void)
 {
-    ie_isa_t isas[3];
+    ie_isa_t isas[4];
     const int ni = n_isas(isas);
     const int64_t n = 32 * 1024;
     const size_t nb = ie_dtype_row_bytes(IE_DTYPE_Q16_P, n);
@@ -577,7 +577,7 @@ typedef struct {
 /* One matmul case on every ISA; returns the number of bad values. */
 static int check_packed_case(const mcase_t *c)
 {
-    ie_isa_t isas[3];
+    ie_isa_t isas[4];
     const int ni = n_isas(isas);
     const int64_t n_in = c->n_in, n_out = c->n_out, n_tok = c->n_tok, nb = n_in / 32;
     const int64_t ldy = n_out + c->ldy_extra;
@@ -736,7 +736,7 @@ static void test_matmul_packed_ranges(void)
     static const int64_t nouts[] = {1, 17, 130, 200};
     static const int64_t nins[] = {64, 2048, 6400};
     static const int64_t ntoks[] = {1, 2, 3, 8, 9};
-    ie_isa_t isas[3];
+    ie_isa_t isas[4];
     const int ni = n_isas(isas);
     int bad = 0, cases = 0;
     uint64_t seed = 77;
@@ -932,7 +932,7 @@ static void test_half_panel_matmul(void)
                                     {576, 130, 13, 0, 130, 4, 0},    {1024, 70, 47, 0, 70, 0, 0},
                                     {1024, 64, 60, 16, 64, 1024, 2}, {5632, 20, 8, 0, 20, 0, 0},
                                     {2048, 200, 1, 64, 200, 0, 0}};
-    ie_isa_t isas[3];
+    ie_isa_t isas[4];
     const int ni = n_isas(isas);
     int bad = 0, runs = 0;
     for (int hi = 0; hi < 2; hi++)
@@ -1047,7 +1047,7 @@ static void test_matmul_packed_large(void)
  * below 8 * (32767 + 31*127*400) < 2^24. */
 static void test_matmul_packed_exact(void)
 {
-    ie_isa_t isas[3];
+    ie_isa_t isas[4];
     const int ni = n_isas(isas);
     const int64_t n_in = 256, n_out = 35, n_tok = 6;
     float *x = xmalloc(sizeof(float) * (size_t)(n_in * n_out)),
@@ -1122,7 +1122,7 @@ static void test_matmul_packed_exact(void)
  * (float) of the exact dot product (up to 32*127*32767 in magnitude). */
 static void test_matmul_packed_i8w_extremes(void)
 {
-    ie_isa_t isas[3];
+    ie_isa_t isas[4];
     const int ni = n_isas(isas);
     const int64_t n_in = 32, n_out = 20, n_tok = 9;
     float x[32 * 20], xa[32], y[20 * 9], wf[32];
@@ -1177,7 +1177,7 @@ static void test_matmul_packed_i8w_extremes(void)
 /* Bad matrices and ranges: IE_ERR_INVAL from every ISA, y untouched. */
 static void test_matmul_packed_bad_args(void)
 {
-    ie_isa_t isas[3];
+    ie_isa_t isas[4];
     const int ni = n_isas(isas);
     const int64_t n_in = 64, n_out = 40;
     float x[64 * 40] = {0}, y[40 * 2];

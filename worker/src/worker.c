@@ -150,8 +150,8 @@ static ie_status_t start_kernels(ie_worker_t *w)
 {
     w->ops = ie_kernels_get(w->opts.isa);
     if (!w->ops)
-        return ie_error_set(IE_ERR_UNSUPPORTED, "worker: kernels for ISA '%s' are not available on this CPU",
-                            ie_isa_name(w->opts.isa));
+        return ie_error_set(IE_ERR_UNSUPPORTED, "worker: kernels for ISA '%s' are not available on this CPU: %s",
+                            ie_isa_name(w->opts.isa), ie_isa_unsupported_reason(w->opts.isa));
     return ie_threadpool_new(w->opts.n_threads, w->opts.pin_threads, &w->tp);
 }
 

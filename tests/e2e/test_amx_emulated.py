@@ -1,0 +1,86 @@
+"""The engine's AMX path end to end, on machines without AMX (issue 23).
+
+IE_AMX_EMULATE=1 offers the `amx` kernel table on an AVX-512 CPU without
+AMX and runs its tile GEMMs on the scalar tile emulator (kernels/src/
+amx_emu.c): the dispatch, the worker's prefill splits over the thread pool
+(each thread configuring its own tiles) and the int8 and bf16 tile GEMMs
+all run as they would on a Xeon with AMX, only ~1000x slower. A prefill of
+18 tokens (above IE_AMX_MIN_TOK = 16, so every packed int/bf16 matmul takes
+the tiles) must give the logits of the AVX-512 path within the noise
+between two ISAs (AVX2 against AVX-512: activation quantization turns f32
+summation-order differences into flipped quants), for the stored Q4_1
+weights (int4w_affine), int8w and bf16.
+
+Without AVX-512 the emulated path cannot run (the amx table is AVX-512's):
+those tests are skipped, saying so. Nothing here runs real AMX tiles.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import THREADS, binary
+
+IDS = "6403,1980,253,655,28,281,253,1165,6560,28,665,436,253,9357,1573,28,281,253"
+N_IDS = len(IDS.split(","))
+
+
+def cpu_flags() -> set:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+FLAGS = cpu_flags()
+HAS_AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= FLAGS
+HAS_AMX = {"amx_tile", "amx_int8"} <= FLAGS
+
+
+def logits(model: Path, tmp: Path, isa: str, precision: str, emulate: bool = False):
+    out = tmp / f"logits_{isa}_{precision}_{int(emulate)}.bin"
+    env = dict(os.environ, IE_ISA=isa)
+    env.pop("IE_AMX_EMULATE", None)
+    if emulate:
+        env["IE_AMX_EMULATE"] = "1"
+    r = subprocess.run([str(binary("inference-engine")), "logits", "--model", str(model), "--ids", IDS,
+                        "--threads", str(THREADS), "--precision", precision, "--out", str(out)],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr
+    return np.fromfile(out, dtype=np.float32).reshape(N_IDS, -1)
+
+
+@pytest.mark.skipif(not HAS_AVX512, reason="the amx table is AVX-512's: no AVX-512 VNNI in /proc/cpuinfo")
+@pytest.mark.parametrize("precision", ["native", "int8w", "bf16"])
+def test_emulated_amx_prefill_matches_avx512(precision, smollm2, tmp_path):
+    base = logits(smollm2, tmp_path, "avx512", precision)
+    amx = logits(smollm2, tmp_path, "amx", precision, emulate=True)
+    other = logits(smollm2, tmp_path, "avx2", precision)
+    noise = np.abs(base - other).max()
+    assert noise > 0  # the bound is a measured one, not a constant
+    diff = np.abs(base - amx).max()
+    print(f"\n  {precision}: |amx - avx512| {diff:.4g}, |avx2 - avx512| {noise:.4g}")
+    assert diff <= 2.0 * noise
+    for b, a in zip(base, amx):
+        if b.argmax() != a.argmax():
+            top2 = np.sort(b)[-2:]
+            assert top2[1] - top2[0] < 0.25, "arg max moved away from a near tie"
+
+
+@pytest.mark.skipif(HAS_AMX, reason="this CPU has AMX: IE_ISA=amx is expected to run here")
+def test_forced_amx_without_amx_fails_with_the_reason(smollm2, tmp_path):
+    env = dict(os.environ, IE_ISA="amx")
+    env.pop("IE_AMX_EMULATE", None)
+    r = subprocess.run([str(binary("inference-engine")), "logits", "--model", str(smollm2), "--ids", "1,2",
+                        "--threads", str(THREADS), "--out", str(tmp_path / "x.bin")],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode != 0
+    assert "ISA 'amx' are not available on this CPU" in r.stderr
+    assert "AMX" in r.stderr.split("not available on this CPU", 1)[1]

@@ -1,0 +1,608 @@
+/* test_amx.c — the AMX-INT8 GEMM (kernels/x86/amx/amx_gemm_body.h) and the
+ * AMX dispatch.
+ *
+ *   test_amx        the tile emulator against hand-computed tdpb*d results
+ *                   and its fault checks; the GEMM compiled over the
+ *                   emulator (ie_amx_gemm_emu) against ie_matmul_packed_ref
+ *                   and an independent oracle on odd shapes and tails:
+ *                   block dot products exactly equal, y within the f32
+ *                   rounding of the quantized path; the per-thread tile
+ *                   configuration; the dispatch (IE_ISA=amx, the AMX table).
+ *   test_amx --hw   the same GEMM checks on the real instructions
+ *                   (ie_amx_gemm_hw and the AMX table's matmul_packed);
+ *                   exits 77 (ctest: skipped) with the reason where the CPU
+ *                   or OS cannot run AMX.
+ */
+#include "ie_kernels.h"
+#include "../../kernels/src/ie_kernels_isa.h"
+#include "ie_test_rng.h"
+
+#include <CUnit/Basic.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef ie_status_t (*gemm_fn)(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                               int64_t n_tok, float *y, int64_t ldy, int32_t *isums);
+
+typedef ie_status_t (*gemm_bf16_fn)(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                    int64_t n_tok, float *y, int64_t ldy);
+
+/* The GEMMs the shape tests run: the emulated ones, or the real ones (--hw). */
+static gemm_fn g_gemm = ie_amx_gemm_emu;
+static gemm_bf16_fn g_gemm_bf16 = ie_amx_gemm_bf16_emu;
+static int g_hw;
+
+static void *xmalloc(size_t n)
+{
+    void *p = aligned_alloc(64, (n + 63) / 64 * 64);
+    CU_ASSERT_FATAL(p != NULL);
+    memset(p, 0xa5, (n + 63) / 64 * 64);
+    return p;
+}
+
+/* ------------------------------------------------------------ emulator */
+
+/* Write a palette-1 config: tiles 0..n-1 with rows[t] x colsb[t]. */
+static void make_cfg(uint8_t cfg[64], int n, const int *rows, const int *colsb)
+{
+    memset(cfg, 0, 64);
+    cfg[0] = 1;
+    for (int t = 0; t < n; t++) {
+        const uint16_t cb = (uint16_t)colsb[t];
+        memcpy(cfg + 16 + 2 * t, &cb, 2);
+        cfg[48 + t] = (uint8_t)rows[t];
+    }
+}
+
+/* C (2 x 2 int32) += A (2 x 8 bytes) . B (2 quads x 8 bytes), worked by
+ * hand for each signedness (bytes 0xff and 0x80 tell them apart):
+ *   A0 = 1 2 3 4 | ff 0 0 0     B0 = 1 1 1 1 | 2 0 0 ff   (quad 0)
+ *   A1 = 80 1 0 0 | 2 2 2 2     B1 = 3 0 0 0 | 0 0 0 1    (quad 1)
+ *   C  = 10 20 / 30 40
+ * bssd: C00 = 10 + (1+2+3+4) + (-1)*3 = 17; C01 = 20 + (1*2 + 4*-1) + 0 = 18;
+ *       C10 = 30 + (-128+1) + 2*3 = -91;   C11 = 40 + (-128*2) + 2*1 = -214
+ * buud: 255 for ff, 128 for 80: 785, 1042, 165, 298
+ * bsud: (A signed, B unsigned) 17, 1042, -91, -214
+ * busd: (A unsigned, B signed) 785, 18, 165, 298 */
+static void test_emu_hand(void)
+{
+    static const uint8_t A[2][8] = {{1, 2, 3, 4, 0xff, 0, 0, 0}, {0x80, 1, 0, 0, 2, 2, 2, 2}};
+    static const uint8_t B[2][8] = {{1, 1, 1, 1, 2, 0, 0, 0xff}, {3, 0, 0, 0, 0, 0, 0, 1}};
+    static const int32_t C0[2][2] = {{10, 20}, {30, 40}};
+    static const int32_t want[4][2][2] = {{{17, 18}, {-91, -214}},
+                                          {{785, 1042}, {165, 298}},
+                                          {{17, 1042}, {-91, -214}},
+                                          {{785, 18}, {165, 298}}};
+    static const int sign[4][2] = {{1, 1}, {0, 0}, {1, 0}, {0, 1}};
+    const int rows[3] = {2, 2, 2}, colsb[3] = {8, 8, 8};
+    uint8_t cfg[64];
+    make_cfg(cfg, 3, rows, colsb);
+    ie_amx_emu_faults();
+    for (int v = 0; v < 4; v++) {
+        ie_amx_emu_ldtilecfg(cfg);
+        int32_t c[2][4]; /* 16-byte rows: the store must leave bytes 8..15 alone */
+        for (int r = 0; r < 2; r++) {
+            memcpy(c[r], C0[r], 8);
+            c[r][2] = c[r][3] = 0x5a5a5a5a;
+        }
+        ie_amx_emu_tileloadd(0, c, 16);
+        ie_amx_emu_tileloadd(1, A, 8);
+        ie_amx_emu_tileloadd(2, B, 8);
+        ie_amx_emu_tdp(0, 1, 2, sign[v][0], sign[v][1]);
+        ie_amx_emu_tilestored(0, c, 16);
+        for (int r = 0; r < 2; r++) {
+            CU_ASSERT_EQUAL(c[r][0], want[v][r][0]);
+            CU_ASSERT_EQUAL(c[r][1], want[v][r][1]);
+            CU_ASSERT_EQUAL(c[r][2], 0x5a5a5a5a);
+            CU_ASSERT_EQUAL(c[r][3], 0x5a5a5a5a);
+        }
+    }
+    CU_ASSERT_EQUAL(ie_amx_emu_faults(), 0);
+
+    /* int32 accumulation wraps (no saturation): INT32_MAX + 1*1 */
+    const int r1[3] = {1, 1, 1}, c4[3] = {4, 4, 4};
+    make_cfg(cfg, 3, r1, c4);
+    ie_amx_emu_ldtilecfg(cfg);
+    int32_t big = INT32_MAX;
+    const uint8_t one[4] = {1, 0, 0, 0};
+    ie_amx_emu_tileloadd(0, &big, 4);
+    ie_amx_emu_tileloadd(1, one, 4);
+    ie_amx_emu_tileloadd(2, one, 4);
+    ie_amx_emu_tdp(0, 1, 2, 1, 1);
+    ie_amx_emu_tilestored(0, &big, 4);
+    CU_ASSERT_EQUAL(big, INT32_MIN);
+    CU_ASSERT_EQUAL(ie_amx_emu_faults(), 0);
+}
+
+static uint16_t bf(float x) { return ie_f32_to_bf16(x); }
+
+/* tdpbf16ps by hand: C (1 x 1) += A (2 pairs) . B (2 rows of 1 pair).
+ *   10 + 1*4 + 2*0.25 + 3*1 + 0.5*-8 = 13.5;
+ *   2^24 + 1*1 + 1*1 = 2^24: one rounding per product (to even), not per
+ *     pair (2^24 + 2 would be exact);
+ *   a subnormal bf16 input counts as 0 (DAZ): 0 + 2^-133 * 2^127 = 0. */
+static void test_emu_bf16_hand(void)
+{
+    const int rows[3] = {1, 1, 2}, colsb[3] = {4, 8, 4};
+    uint8_t cfg[64];
+    make_cfg(cfg, 3, rows, colsb);
+    static const float cs[3] = {10.0f, 16777216.0f, 0.0f};
+    const uint16_t as[3][4] = {{bf(1), bf(2), bf(3), bf(0.5f)}, {bf(1), bf(1), 0, 0}, {0x0001, 0, 0, 0}};
+    const uint16_t bs[3][4] = {{bf(4), bf(0.25f), bf(1), bf(-8)}, {bf(1), bf(1), 0, 0}, {0x7f00, 0, 0, 0}};
+    static const float want[3] = {13.5f, 16777216.0f, 0.0f};
+    ie_amx_emu_faults();
+    for (int v = 0; v < 3; v++) {
+        ie_amx_emu_ldtilecfg(cfg);
+        float c = cs[v];
+        ie_amx_emu_tileloadd(0, &c, 4);
+        ie_amx_emu_tileloadd(1, as[v], 8);
+        ie_amx_emu_tileloadd(2, bs[v], 4);
+        ie_amx_emu_tdpbf16ps(0, 1, 2);
+        ie_amx_emu_tilestored(0, &c, 4);
+        CU_ASSERT_EQUAL(c, want[v]);
+    }
+    CU_ASSERT_EQUAL(ie_amx_emu_faults(), 0);
+}
+
+/* What the hardware refuses, the emulator counts. */
+static void test_emu_faults(void)
+{
+    uint8_t cfg[64], buf[1024] = {0};
+    ie_amx_emu_faults();
+    ie_amx_emu_tilerelease();
+    ie_amx_emu_tilezero(0); /* no configuration */
+    CU_ASSERT_EQUAL(ie_amx_emu_faults(), 1);
+    const int rows[3] = {4, 4, 2}, colsb[3] = {16, 8, 16};
+    make_cfg(cfg, 3, rows, colsb);
+    ie_amx_emu_ldtilecfg(cfg);
+    ie_amx_emu_tileloadd(5, buf, 64); /* unconfigured tile */
+    CU_ASSERT_EQUAL(ie_amx_emu_faults(), 1);
+    ie_amx_emu_tdp(0, 1, 2, 1, 1); /* A 8 bytes = 2 quads = B's 2 rows: chains */
+    CU_ASSERT_EQUAL(ie_amx_emu_faults(), 0);
+    ie_amx_emu_tdp(0, 2, 1, 1, 1); /* A rows 2 != C rows 4 */
+    CU_ASSERT_EQUAL(ie_amx_emu_faults(), 1);
+    ie_amx_emu_tdp(0, 0, 2, 1, 1); /* one tile twice */
+    CU_ASSERT_EQUAL(ie_amx_emu_faults(), 1);
+    cfg[48] = 17; /* 17 rows */
+    ie_amx_emu_ldtilecfg(cfg);
+    CU_ASSERT_EQUAL(ie_amx_emu_faults(), 1);
+    CU_ASSERT_PTR_NOT_NULL(strstr(ie_amx_emu_last_fault(), "#GP"));
+    ie_amx_emu_tilerelease();
+}
+
+/* ------------------------------------------------------------ GEMM */
+
+/* Independent reading of PANEL16 (ie_pack.h): signed code of element k of
+ * row r (I8W byte - 128, I4W nibble - 8, I4WA nibble) and scales. */
+static const uint8_t *pgroup(const ie_pmat_t *m, int64_t r, int64_t g)
+{
+    const size_t sb = m->dtype == IE_DTYPE_I4WA ? 4 : 2;
+    const size_t qb = m->dtype == IE_DTYPE_I8W ? (size_t)m->group : (size_t)m->group / 2;
+    return (const uint8_t *)m->data + (size_t)(r / 16) * ie_pack_panel_bytes(m->dtype, m->group, m->n_in) +
+           (size_t)g * 16 * (sb + qb);
+}
+static double p_scale(const ie_pmat_t *m, int64_t r, int64_t g, int which)
+{
+    ie_f16_t h;
+    memcpy(&h, pgroup(m, r, g) + 32 * which + 2 * (r % 16), 2);
+    return ie_f16_to_f32(h);
+}
+static int p_code(const ie_pmat_t *m, int64_t r, int64_t k)
+{
+    const int64_t g = k / m->group, kk = k % m->group, i = r % 16;
+    const uint8_t *q = pgroup(m, r, g) + (m->dtype == IE_DTYPE_I4WA ? 64 : 32);
+    if (m->dtype == IE_DTYPE_I8W) return q[(kk / 4) * 64 + 4 * i + kk % 4] - 128;
+    const uint8_t b = q[(kk / 8) * 64 + 4 * i + kk % 4];
+    const int u = (kk % 8) < 4 ? (b & 15) : (b >> 4);
+    return m->dtype == IE_DTYPE_I4W ? u - 8 : u;
+}
+static int a_q(int wide, const uint8_t *row, int64_t k)
+{
+    if (!wide) return (int8_t)row[k];
+    int16_t v;
+    memcpy(&v, row + 2 * k, 2);
+    return v;
+}
+static double a_f(int wide, const uint8_t *row, int64_t n_in, int64_t b, int which)
+{
+    float f;
+    memcpy(&f, row + (wide ? 2 : 1) * (size_t)n_in + 4 * (size_t)(n_in / 32) * (size_t)which + 4 * b, 4);
+    return f;
+}
+
+typedef struct {
+    ie_dtype_t t;
+    int group;
+    int64_t n_in, n_out, n_tok, r0, r1;
+    int extreme; /* activations at the format's limits, weights all at one end */
+    uint64_t seed;
+} gcase_t;
+
+/* One shape: the GEMM's block sums exactly equal the oracle's integer dot
+ * products; y within 1e-5 of the sum of |terms| of the oracle (double, from
+ * those exact sums) and of ie_matmul_packed_ref; rows outside [r0, r1) and
+ * columns past ldy untouched. Returns the number of bad values. */
+static int check_case(const gcase_t *c)
+{
+    const int wide = c->t == IE_DTYPE_I8W;
+    const ie_dtype_t at = ie_matmul_act_dtype(c->t);
+    const int64_t n_in = c->n_in, nb = n_in / 32, nr = c->r1 - c->r0, ldy = c->n_out + 3;
+    float *wf = xmalloc(sizeof(float) * (size_t)(n_in * c->n_out));
+    float *x = xmalloc(sizeof(float) * (size_t)(n_in * c->n_tok));
+    rng_seed(c->seed);
+    rng_fill(wf, n_in * c->n_out);
+    rng_fill(x, n_in * c->n_tok);
+    if (c->extreme) {
+        for (int64_t i = 0; i < n_in * c->n_out; i++) wf[i] = c->t == IE_DTYPE_I4W ? -1.0f : 1.0f;
+        for (int64_t i = 0; i < n_in * c->n_tok; i++) x[i] = (i % 3) ? 1.0f : -1.0f;
+    }
+    const size_t wb = ie_pack_bytes(c->t, c->group, n_in, c->n_out);
+    void *wd = xmalloc(wb);
+    CU_ASSERT_FATAL(ie_pack_quantize(c->t, c->group, IE_QSCALE_ABSMAX, wf, n_in, 0, c->n_out, c->n_out, wd) == 0);
+    const ie_pmat_t m = {c->t, c->group, n_in, c->n_out, wd};
+    const size_t as = ie_dtype_row_bytes(at, n_in) + 32; /* rows farther apart than they need */
+    uint8_t *a = xmalloc(as * (size_t)c->n_tok);
+    for (int64_t t = 0; t < c->n_tok; t++)
+        ie_kernels_table(IE_ISA_REF)->act_quantize(at, x + t * n_in, a + t * as, n_in);
+    float *y = xmalloc(sizeof(float) * (size_t)(ldy * c->n_tok)),
+          *yr = xmalloc(sizeof(float) * (size_t)(ldy * c->n_tok));
+    int32_t *is = xmalloc(sizeof(int32_t) * (size_t)(c->n_tok * nr * nb));
+    for (int64_t i = 0; i < ldy * c->n_tok; i++) y[i] = yr[i] = NAN;
+    ie_amx_emu_faults();
+    CU_ASSERT_EQUAL_FATAL(g_gemm(&m, c->r0, c->r1, a, as, c->n_tok, y, ldy, is), IE_OK);
+    if (!g_hw) CU_ASSERT_EQUAL(ie_amx_emu_faults(), 0);
+    CU_ASSERT_EQUAL_FATAL(ie_matmul_packed_ref(&m, c->r0, c->r1, a, as, c->n_tok, yr, ldy), IE_OK);
+    int bad = 0;
+    for (int64_t t = 0; t < c->n_tok; t++) {
+        const uint8_t *ar = a + t * as;
+        for (int64_t r = 0; r < ldy; r++) {
+            const float v = y[t * ldy + r];
+            if (r < c->r0 || r >= c->r1) {
+                bad += !isnan(v);
+                continue;
+            }
+            double s = 0.0, T = 0.0;
+            for (int64_t g = 0; g < n_in / c->group; g++) {
+                const double dw = p_scale(&m, r, g, 0), mw = c->t == IE_DTYPE_I4WA ? p_scale(&m, r, g, 1) : 0.0;
+                for (int64_t b = g * c->group / 32; b < (g + 1) * c->group / 32; b++) {
+                    int64_t dot = 0, adot = 0;
+                    for (int j = 0; j < 32; j++) {
+                        const int64_t p = (int64_t)p_code(&m, r, 32 * b + j) * a_q(wide, ar, 32 * b + j);
+                        dot += p;
+                        adot += p < 0 ? -p : p;
+                    }
+                    const int32_t got = is[(t * nr + (r - c->r0)) * nb + b];
+                    if (got != dot) {
+                        if (bad < 5)
+                            fprintf(stderr, "\n  %s G%d %lldx%lld tok %lld row %lld block %lld: int %d != %lld",
+                                    ie_dtype_name(c->t), c->group, (long long)c->n_out, (long long)n_in,
+                                    (long long)t, (long long)r, (long long)b, got, (long long)dot);
+                        bad++;
+                    }
+                    const double da = a_f(wide, ar, n_in, b, 0), sa = a_f(wide, ar, n_in, b, 1);
+                    s += dw * da * (double)dot + mw * sa;
+                    T += fabs(dw * da) * (double)adot + fabs(mw * sa);
+                }
+            }
+            const double tol = 1e-5 * T + 1e-30;
+            if (!(fabs(v - s) <= tol && fabs(v - (double)yr[t * ldy + r]) <= 2 * tol)) {
+                if (bad < 5)
+                    fprintf(stderr, "\n  %s G%d %lldx%lld tok %lld row %lld: y %.9g oracle %.9g ref %.9g tol %.3g",
+                            ie_dtype_name(c->t), c->group, (long long)c->n_out, (long long)n_in, (long long)t,
+                            (long long)r, v, s, yr[t * ldy + r], tol);
+                bad++;
+            }
+        }
+    }
+    free(wf), free(x), free(wd), free(a), free(y), free(yr), free(is);
+    return bad;
+}
+
+/* Odd sizes and tails: tokens 1..33 around the 16-row tiles, rows around
+ * the 16-row panels (r0 > 0 too), one block, blocks across the 48-block
+ * k-chunk, groups of 32 (repacked ggml) and wider. */
+static void test_gemm_shapes(void)
+{
+    static const ie_dtype_t types[] = {IE_DTYPE_I8W, IE_DTYPE_I4W, IE_DTYPE_I4WA};
+    static const int64_t nins[] = {32, 96, 1600, 3200};
+    static const int64_t nouts[] = {1, 15, 16, 17, 40};
+    static const int64_t ntoks[] = {1, 5, 16, 17, 33};
+    int bad = 0, n = 0;
+    for (size_t ti = 0; ti < 3; ti++)
+        for (size_t ii = 0; ii < 4; ii++)
+            for (size_t oi = 0; oi < 5; oi++)
+                for (size_t ki = 0; ki < 5; ki++) {
+                    const int64_t n_in = nins[ii], n_out = nouts[oi], n_tok = ntoks[ki];
+                    if (n_in == 3200 && (n_out != 17 || n_tok != 17)) continue; /* big: one shape */
+                    const int group = (oi + ki) % 2 && n_in % 64 == 0 ? 64 : n_in == 96 && ki == 3 ? 96 : 32;
+                    const int64_t r0 = n_out > 16 && ki % 2 ? 16 : 0;
+                    const gcase_t c = {types[ti], group, n_in, n_out, n_tok, r0, n_out, 0, 1000 + n++};
+                    bad += check_case(&c);
+                }
+    CU_ASSERT_EQUAL(bad, 0);
+    printf("\n  %d shapes (%s) ", n, g_hw ? "AMX tiles" : "emulated tiles");
+}
+
+/* Activations at the limits of their format (Q16_P: +-32767, the high
+ * byte at +127 / -128) and weights at one end of theirs: the widest int32
+ * sums, the I8W split a = 256*hi + lo at its extremes. */
+static void test_gemm_extremes(void)
+{
+    static const ie_dtype_t types[] = {IE_DTYPE_I8W, IE_DTYPE_I4W, IE_DTYPE_I4WA};
+    int bad = 0;
+    for (int ti = 0; ti < 3; ti++) {
+        const gcase_t c = {types[ti], 32, 256, 33, 18, 0, 33, 1, 7 + ti};
+        bad += check_case(&c);
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+/* BF16 PANEL16 x BF16 rows: y within n_in * 2^-24 (f32 accumulation)
+ * of the sum of |terms| of ie_matmul_packed_ref (double); rows outside
+ * [r0, r1) untouched. Returns the number of bad values. */
+static int check_bf16_case(int64_t n_in, int64_t n_out, int64_t n_tok, int64_t r0, uint64_t seed)
+{
+    const int64_t ldy = n_out + 3;
+    float *wf = xmalloc(sizeof(float) * (size_t)(n_in * n_out)),
+          *x = xmalloc(sizeof(float) * (size_t)(n_in * n_tok));
+    float *wrow = xmalloc(sizeof(float) * (size_t)n_in);
+    rng_seed(seed);
+    rng_fill(wf, n_in * n_out);
+    rng_fill(x, n_in * n_tok);
+    void *wd = xmalloc(ie_pack_bytes(IE_DTYPE_BF16, 32, n_in, n_out));
+    CU_ASSERT_FATAL(ie_pack_quantize(IE_DTYPE_BF16, 32, IE_QSCALE_ABSMAX, wf, n_in, 0, n_out, n_out, wd) == 0);
+    const ie_pmat_t m = {IE_DTYPE_BF16, 32, n_in, n_out, wd};
+    const size_t as = 2 * (size_t)n_in + 64;
+    uint8_t *a = xmalloc(as * (size_t)n_tok);
+    for (int64_t t = 0; t < n_tok; t++) ie_act_quantize_ref(IE_DTYPE_BF16, x + t * n_in, a + t * as, n_in);
+    float *y = xmalloc(sizeof(float) * (size_t)(ldy * n_tok)), *yr = xmalloc(sizeof(float) * (size_t)(ldy * n_tok));
+    for (int64_t i = 0; i < ldy * n_tok; i++) y[i] = yr[i] = NAN;
+    ie_amx_emu_faults();
+    CU_ASSERT_EQUAL_FATAL(g_gemm_bf16(&m, r0, n_out, a, as, n_tok, y, ldy), IE_OK);
+    if (!g_hw) CU_ASSERT_EQUAL(ie_amx_emu_faults(), 0);
+    CU_ASSERT_EQUAL_FATAL(ie_matmul_packed_ref(&m, r0, n_out, a, as, n_tok, yr, ldy), IE_OK);
+    int bad = 0;
+    for (int64_t r = 0; r < ldy; r++) {
+        if (r < n_out) ie_pack_dequant_row(&m, r, wrow);
+        for (int64_t t = 0; t < n_tok; t++) {
+            const float v = y[t * ldy + r];
+            if (r < r0 || r >= n_out) {
+                bad += !isnan(v);
+                continue;
+            }
+            double T = 0.0;
+            for (int64_t k = 0; k < n_in; k++) {
+                ie_bf16_t h;
+                memcpy(&h, a + t * as + 2 * k, 2);
+                T += fabs((double)wrow[k] * ie_bf16_to_f32(h));
+            }
+            const double tol = (double)n_in * ldexp(1.0, -24) * T + 1e-30;
+            if (!(fabs(v - (double)yr[t * ldy + r]) <= tol)) {
+                if (bad < 5)
+                    fprintf(stderr, "\n  bf16 %lldx%lld tok %lld row %lld: y %.9g ref %.9g tol %.3g",
+                            (long long)n_out, (long long)n_in, (long long)t, (long long)r, v, yr[t * ldy + r], tol);
+                bad++;
+            }
+        }
+    }
+    free(wf), free(x), free(wrow), free(wd), free(a), free(y), free(yr);
+    return bad;
+}
+
+static void test_gemm_bf16_shapes(void)
+{
+    static const int64_t nins[] = {32, 96, 1024};
+    static const int64_t nouts[] = {1, 15, 16, 17, 40};
+    static const int64_t ntoks[] = {1, 5, 16, 17, 33};
+    int bad = 0, n = 0;
+    for (size_t ii = 0; ii < 3; ii++)
+        for (size_t oi = 0; oi < 5; oi++)
+            for (size_t ki = 0; ki < 5; ki++) {
+                const int64_t r0 = nouts[oi] > 16 && ki % 2 ? 16 : 0;
+                bad += check_bf16_case(nins[ii], nouts[oi], ntoks[ki], r0, 4000 + n++);
+            }
+    CU_ASSERT_EQUAL(bad, 0);
+    printf("\n  %d shapes ", n);
+}
+
+/* Another dtype: IE_ERR_UNSUPPORTED; bad shapes: IE_ERR_INVAL. */
+static void test_gemm_bad_args(void)
+{
+    static uint8_t w[2048];
+    float y[32];
+    uint8_t a[64] = {0};
+    const ie_pmat_t bf = {IE_DTYPE_BF16, 32, 32, 16, w}, iw = {IE_DTYPE_I4W, 32, 32, 16, w};
+    CU_ASSERT_EQUAL(g_gemm(&bf, 0, 16, a, 64, 1, y, 16, NULL), IE_ERR_UNSUPPORTED);
+    CU_ASSERT_EQUAL(g_gemm(&iw, 1, 16, a, 64, 1, y, 16, NULL), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL(g_gemm(&iw, 0, 17, a, 64, 1, y, 16, NULL), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL(g_gemm(NULL, 0, 16, a, 64, 1, y, 16, NULL), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL(g_gemm(&iw, 0, 16, a, 64, 0, y, 16, NULL), IE_OK);
+    CU_ASSERT_EQUAL(g_gemm_bf16(&iw, 0, 16, a, 64, 1, y, 16), IE_ERR_UNSUPPORTED);
+    CU_ASSERT_EQUAL(g_gemm_bf16(&bf, 0, 17, a, 64, 1, y, 16), IE_ERR_INVAL);
+}
+
+/* The tile configuration is per thread, made on a thread's first call:
+ * a new thread runs the GEMM with no set-up of its own. */
+static void *thread_case(void *arg)
+{
+    const gcase_t c = {IE_DTYPE_I4W, 32, 160, 40, 21, 0, 40, 0, 555};
+    *(int *)arg = check_case(&c) + (g_hw ? 0 : ie_amx_emu_faults());
+    return NULL;
+}
+static void test_gemm_threads(void)
+{
+    pthread_t th[2];
+    int bad[2] = {-1, -1};
+    for (int i = 0; i < 2; i++) CU_ASSERT_EQUAL_FATAL(pthread_create(&th[i], NULL, thread_case, &bad[i]), 0);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    CU_ASSERT_EQUAL(bad[0], 0);
+    CU_ASSERT_EQUAL(bad[1], 0);
+}
+
+/* Why the configuration is never released: the kernel keeps a per-thread
+ * "configured" mark, so tiles released behind its back fault (here, in
+ * the emulator; #UD on the hardware) until the mark is cleared. */
+static void test_emu_release_behind_back(void)
+{
+    const gcase_t c = {IE_DTYPE_I8W, 32, 64, 16, 16, 0, 16, 0, 99};
+    CU_ASSERT_EQUAL(check_case(&c), 0);
+    ie_amx_emu_tilerelease();
+    uint8_t w[2 * 16 * 80], a[16 * 160];
+    float y[16 * 16];
+    memset(w, 0, sizeof w), memset(a, 0, sizeof a);
+    const ie_pmat_t m = {IE_DTYPE_I8W, 32, 64, 16, w};
+    ie_amx_emu_faults();
+    CU_ASSERT_EQUAL(ie_amx_gemm_emu(&m, 0, 16, a, 160, 16, y, 16, NULL), IE_OK);
+    CU_ASSERT(ie_amx_emu_faults() > 0);
+    ie_amx_emu_forget_config();
+    CU_ASSERT_EQUAL(check_case(&c), 0);
+}
+
+/* ------------------------------------------------------------ dispatch */
+
+/* The AMX table is AVX-512's but for the packed matmul; "amx" is its name;
+ * IE_ISA=amx returns AMX even where it cannot run (the worker then fails
+ * with the reason), IE_ISA=avx512 still picks AVX-512. */
+static void test_dispatch(void)
+{
+    CU_ASSERT_STRING_EQUAL(ie_isa_name(IE_ISA_AMX), "amx");
+    const ie_kernels_t *x = ie_kernels_table(IE_ISA_AVX512), *k = ie_kernels_table(IE_ISA_AMX);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(k);
+    CU_ASSERT_EQUAL(k->isa, IE_ISA_AMX);
+    CU_ASSERT(k->matmul_packed == ie_matmul_packed_amx);
+    CU_ASSERT(k->matmul_packed_ranges == ie_matmul_packed_ranges_amx);
+    ie_kernels_t same = *k;
+    same.isa = x->isa;
+    same.matmul_packed = x->matmul_packed;
+    same.matmul_packed_ranges = x->matmul_packed_ranges;
+    CU_ASSERT(memcmp(&same, x, sizeof same) == 0);
+
+    const int amx = ie_isa_supported(IE_ISA_AMX);
+    const char *why = ie_isa_unsupported_reason(IE_ISA_AMX);
+    CU_ASSERT_EQUAL(amx, why == NULL);
+    CU_ASSERT_EQUAL(ie_kernels_get(IE_ISA_AMX) != NULL, amx);
+    const char *old = getenv("IE_ISA");
+    char *saved = old ? strdup(old) : NULL;
+    unsetenv("IE_ISA");
+    CU_ASSERT_EQUAL(ie_isa_best() == IE_ISA_AMX, amx);
+    setenv("IE_ISA", "amx", 1);
+    CU_ASSERT_EQUAL(ie_isa_best(), IE_ISA_AMX);
+    setenv("IE_ISA", "avx512", 1);
+    if (ie_isa_supported(IE_ISA_AVX512)) CU_ASSERT_EQUAL(ie_isa_best(), IE_ISA_AVX512);
+    if (saved) {
+        setenv("IE_ISA", saved, 1);
+        free(saved);
+    } else unsetenv("IE_ISA");
+    /* the real GEMM refuses to run without AMX (or when it is emulated),
+     * touching nothing */
+    if (!amx || ie_amx_emulated()) {
+        float y = 1.0f;
+        uint8_t w[1024] = {0}, a[64] = {0};
+        const ie_pmat_t m = {IE_DTYPE_I4W, 32, 32, 1, w};
+        CU_ASSERT_EQUAL(ie_amx_gemm_hw(&m, 0, 1, a, 64, 1, &y, 1, NULL), IE_ERR_UNSUPPORTED);
+        CU_ASSERT_EQUAL(ie_amx_gemm_bf16_hw(&m, 0, 1, a, 64, 1, &y, 1), IE_ERR_UNSUPPORTED);
+        CU_ASSERT_EQUAL(ie_amx_peak_run(64, 1), IE_ERR_UNSUPPORTED);
+        CU_ASSERT_EQUAL(y, 1.0f);
+    }
+    printf("\n  amx: %s ", ie_amx_emulated() ? "emulated (IE_AMX_EMULATE=1)" : amx ? "supported" : why);
+}
+
+/* Below IE_AMX_MIN_TOK tokens (and for other dtypes) the AMX table's
+ * packed matmul is AVX-512's, bit for bit. Needs AVX-512 (the fallback's
+ * own instructions); no tile instruction runs. */
+static void test_small_steps_avx512(void)
+{
+    if (!ie_isa_supported(IE_ISA_AVX512)) return;
+    const int64_t n_in = 256, n_out = 40, n_tok = IE_AMX_MIN_TOK - 1;
+    float *wf = xmalloc(sizeof(float) * n_in * n_out), *x = xmalloc(sizeof(float) * n_in * n_tok);
+    rng_seed(31);
+    rng_fill(wf, n_in * n_out);
+    rng_fill(x, n_in * n_tok);
+    const size_t as = ie_dtype_row_bytes(IE_DTYPE_Q8_P, n_in);
+    uint8_t *a = xmalloc(as * n_tok);
+    void *wd = xmalloc(ie_pack_bytes(IE_DTYPE_I4W, 32, n_in, n_out));
+    CU_ASSERT_FATAL(ie_pack_quantize(IE_DTYPE_I4W, 32, IE_QSCALE_ABSMAX, wf, n_in, 0, n_out, n_out, wd) == 0);
+    for (int64_t t = 0; t < n_tok; t++) ie_act_quantize_ref(IE_DTYPE_Q8_P, x + t * n_in, a + t * as, n_in);
+    const ie_pmat_t m = {IE_DTYPE_I4W, 32, n_in, n_out, wd};
+    float *y1 = xmalloc(sizeof(float) * n_out * n_tok), *y2 = xmalloc(sizeof(float) * n_out * n_tok);
+    CU_ASSERT_EQUAL(ie_matmul_packed_amx(&m, 0, n_out, a, as, n_tok, y1, n_out), IE_OK);
+    CU_ASSERT_EQUAL(ie_matmul_packed_avx512(&m, 0, n_out, a, as, n_tok, y2, n_out), IE_OK);
+    CU_ASSERT(memcmp(y1, y2, sizeof(float) * n_out * n_tok) == 0);
+    free(wf), free(x), free(a), free(wd), free(y1), free(y2);
+}
+
+/* --hw: the AMX table's matmul_packed at and above IE_AMX_MIN_TOK against
+ * ref (through the tiles). */
+static void test_hw_table(void)
+{
+    const ie_kernels_t *k = ie_kernels_get(IE_ISA_AMX);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(k);
+    static const ie_dtype_t types[] = {IE_DTYPE_I8W, IE_DTYPE_I4W, IE_DTYPE_I4WA};
+    int bad = 0;
+    for (int ti = 0; ti < 3; ti++) {
+        const int64_t n_in = 2048, n_out = 100, n_tok = 37;
+        const ie_dtype_t at = ie_matmul_act_dtype(types[ti]);
+        float *wf = xmalloc(sizeof(float) * n_in * n_out), *x = xmalloc(sizeof(float) * n_in * n_tok);
+        rng_seed(77 + ti);
+        rng_fill(wf, n_in * n_out);
+        rng_fill(x, n_in * n_tok);
+        const size_t as = ie_dtype_row_bytes(at, n_in);
+        uint8_t *a = xmalloc(as * n_tok);
+        void *wd = xmalloc(ie_pack_bytes(types[ti], 32, n_in, n_out));
+        CU_ASSERT_FATAL(ie_pack_quantize(types[ti], 32, IE_QSCALE_ABSMAX, wf, n_in, 0, n_out, n_out, wd) == 0);
+        for (int64_t t = 0; t < n_tok; t++) ie_act_quantize_ref(at, x + t * n_in, a + t * as, n_in);
+        const ie_pmat_t m = {types[ti], 32, n_in, n_out, wd};
+        float *y1 = xmalloc(sizeof(float) * n_out * n_tok), *y2 = xmalloc(sizeof(float) * n_out * n_tok);
+        CU_ASSERT_EQUAL(k->matmul_packed(&m, 0, n_out, a, as, n_tok, y1, n_out), IE_OK);
+        CU_ASSERT_EQUAL(ie_matmul_packed_ref(&m, 0, n_out, a, as, n_tok, y2, n_out), IE_OK);
+        for (int64_t i = 0; i < n_out * n_tok; i++) bad += !(fabsf(y1[i] - y2[i]) <= 1e-4f * (fabsf(y2[i]) + 1.0f));
+        free(wf), free(x), free(a), free(wd), free(y1), free(y2);
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+int main(int argc, char **argv)
+{
+    const int hw = argc > 1 && strcmp(argv[1], "--hw") == 0;
+    if (hw) {
+        const char *why = ie_amx_emulated() ? "IE_AMX_EMULATE=1 (the tiles are emulated, not real)"
+                                            : ie_isa_unsupported_reason(IE_ISA_AMX);
+        if (why) {
+            /* not a pass: ctest shows this test as skipped (exit 77) */
+            printf("SKIPPED: the AMX tile tests need a CPU and OS with AMX: %s\n", why);
+            return 77;
+        }
+        g_gemm = ie_amx_gemm_hw;
+        g_gemm_bf16 = ie_amx_gemm_bf16_hw;
+        g_hw = 1;
+    }
+    const int bf16 = !hw || (ie_cpu_features() & IE_CPU_AMX_BF16);
+    if (!bf16) printf("AMX-BF16 absent (CPUID.(7,0):EDX bit 22): its tests are not run\n");
+    if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+    CU_pSuite s = CU_add_suite(hw ? "amx (tiles)" : "amx (emulated)", NULL, NULL);
+    if (!hw) {
+        CU_add_test(s, "emulator: tdpb{ss,uu,su,us}d by hand, wrap, store width", test_emu_hand);
+        CU_add_test(s, "emulator: tdpbf16ps by hand, rounding per product, DAZ", test_emu_bf16_hand);
+        CU_add_test(s, "emulator: #UD/#GP cases counted", test_emu_faults);
+    }
+    CU_add_test(s, "gemm vs ref: odd shapes, tails, exact block sums", test_gemm_shapes);
+    CU_add_test(s, "gemm vs ref: extreme values", test_gemm_extremes);
+    if (bf16) CU_add_test(s, "bf16 gemm vs ref: odd shapes, tails", test_gemm_bf16_shapes);
+    CU_add_test(s, "gemm bad args", test_gemm_bad_args);
+    CU_add_test(s, "gemm on new threads (lazy per-thread config)", test_gemm_threads);
+    if (!hw) {
+        CU_add_test(s, "tiles released behind the kernel's back fault", test_emu_release_behind_back);
+        CU_add_test(s, "dispatch: table, names, IE_ISA=amx", test_dispatch);
+        CU_add_test(s, "small steps: AMX table == AVX-512 bit for bit", test_small_steps_avx512);
+    } else {
+        CU_add_test(s, "AMX table matmul_packed >= IE_AMX_MIN_TOK vs ref", test_hw_table);
+    }
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    const unsigned fails = CU_get_number_of_failures();
+    CU_cleanup_registry();
+    return fails ? 1 : 0;
+}
