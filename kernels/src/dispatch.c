@@ -16,8 +16,10 @@
  * process's permission: arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)
  * asked once per process (it covers every thread, present and future;
  * ARCH_GET_XCOMP_PERM confirms it). Without any of these the AMX table is
- * not offered and ie_isa_best picks AVX-512, silently; IE_ISA=amx then
- * fails the worker's start with the reason (ie_isa_unsupported_reason).
+ * not offered; IE_ISA=amx then fails the worker's start with the reason
+ * (ie_isa_unsupported_reason). Where it is offered, ie_isa_best still picks
+ * AVX-512 unless IE_ISA=amx asks for it (opt-in until measured on AMX
+ * hardware).
  * IE_AMX_EMULATE=1 on an AVX-512 CPU without AMX offers the AMX table with
  * its tiles run by the scalar emulator (kernels/src/amx_emu.c): slow, for
  * testing the engine's whole AMX path on machines without AMX.
@@ -244,7 +246,10 @@ int ie_isa_supported(ie_isa_t isa)
 ie_isa_t ie_isa_best(void)
 {
     ie_isa_t best = IE_ISA_REF;
-    for (int i = IE_ISA_AMX; i > IE_ISA_REF; i--)
+    /* AMX only when asked (IE_ISA=amx): its tiles have run on the emulator
+     * alone, never on an AMX CPU, so an unmeasured path is not made the
+     * default of machines that work today (docs/PERFORMANCE.md, "AMX") */
+    for (int i = IE_ISA_AVX512; i > IE_ISA_REF; i--)
         if (ie_isa_supported((ie_isa_t)i)) {
             best = (ie_isa_t)i;
             break;
