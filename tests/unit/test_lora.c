@@ -47,8 +47,8 @@ static void run_split(const ie_kernels_t *k, const ie_lora_args_t *p, const int3
 
 static void test_kernels(void)
 {
-    static const int ranks[] = {1, 2, 3, 5, 8, 13, 16, 31, 64};
-    static const int64_t ins[] = {1, 7, 33, 64, 100};
+    static const int ranks[] = {1, 2, 3, 5, 8, 13, 16, 31, 64, 67};
+    static const int64_t ins[] = {1, 7, 33, 64, 100, 4100};
     static const int64_t outs[] = {1, 9, 31, 64, 130};
     uint64_t seed = 12345;
     const int max_rows = 11;
@@ -81,7 +81,7 @@ static void test_kernels(void)
                      * codes and column scales, the f32 ones their product */
                     uint16_t *a16 = malloc(sizeof(uint16_t) * (size_t)(r * lda));
                     uint16_t *b16 = malloc(sizeof(uint16_t) * (size_t)(r * ldb));
-                    int8_t *a8 = malloc((size_t)(r * lda)), *b8 = malloc((size_t)(r * ldb));
+                    int8_t *a8 = malloc((size_t)(r * lda)), *b8 = calloc((size_t)((r + 3) / 4 * 4 * ldb), 1);
                     float *sa = malloc(sizeof(float) * (size_t)lda), *sb = malloc(sizeof(float) * (size_t)ldb);
                     const int wt = (int)((ri + oi) % 3); /* f32, bf16, int8 by turns */
                     if (wt == 1) {
@@ -94,8 +94,10 @@ static void test_kernels(void)
                         for (int64_t c = 0; c < ldb; c++) sb[c] = (0.5f + 0.5f * fabsf(frand(&seed))) / 127.0f;
                         for (int64_t i = 0; i < r * lda; i++)
                             a8[i] = (int8_t)(127.0f * frand(&seed)), a[i] = (float)a8[i] * sa[i % lda];
-                        for (int64_t i = 0; i < r * ldb; i++)
-                            b8[i] = (int8_t)(127.0f * frand(&seed)), bt[i] = (float)b8[i] * sb[i % ldb];
+                        for (int64_t i = 0; i < r * ldb; i++) { /* B^T in groups of four ranks */
+                            int8_t *c = &b8[IE_LORA_BT8_AT(i / ldb, i % ldb, ldb)];
+                            *c = (int8_t)(127.0f * frand(&seed)), bt[i] = (float)*c * sb[i % ldb];
+                        }
                     }
                     ie_lora_args_t p = {a,     bt, NULL, NULL, lda, ldb,  r,    n_in, n_out,
                                         0.75f, x,  ldx,  y0,   ldy, NULL, NULL, NULL, NULL};
@@ -103,29 +105,39 @@ static void test_kernels(void)
                     if (wt == 2) p.a8 = a8, p.bt8 = b8, p.sa = sa, p.sbt = sb, p.a = p.bt = NULL;
                     /* the oracle: the ref in one piece */
                     run_split(ie_kernels_get(IE_ISA_REF), &p, rows, n_rows, u, ldu, 1);
-                    if (wt == 2) { /* ... whose int8 form is the f32 one on the products */
+                    if (wt == 2) { /* ... whose int8 form is the f32 one on the products, but for
+                                    * the activations' rounding: within 2% of the largest delta */
                         float *y2 = malloc(sizeof(float) * (size_t)(max_rows * ldy));
                         memcpy(y2, y1, sizeof(float) * (size_t)(max_rows * ldy));
                         ie_lora_args_t pf = p;
                         pf.a8 = pf.bt8 = NULL, pf.a = a, pf.bt = bt, pf.y = y2;
                         run_split(ie_kernels_get(IE_ISA_REF), &pf, rows, n_rows, u, ldu, 1);
+                        float big = 0.0f;
+                        for (int64_t i = 0; i < max_rows * ldy; i++) big = fmaxf(big, fabsf(y2[i] - y1[i]));
                         int far = 0;
                         for (int64_t i = 0; i < max_rows * ldy; i++)
-                            far += fabsf(y2[i] - y0[i]) > 1e-4f * (1.0f + fabsf(y2[i]));
+                            far += fabsf(y2[i] - y0[i]) > 0.02f * big + 1e-6f * (1.0f + fabsf(y2[i]));
                         CU_ASSERT_EQUAL(far, 0);
+                        if (far)
+                            fprintf(stderr, "int8 rank %d in %lld out %lld rows %d: %d far (largest delta %g)\n", r,
+                                    (long long)n_in, (long long)n_out, n_rows, far, (double)big);
                         free(y2);
                     }
                     p.y = y1;
                     run_split(k, &p, rows, n_rows, u, ldu, 1 + (int)(ii % 3));
                     int bad = 0;
+                    /* f32 sums in another order: rounding grows with n_in (and the rank) */
+                    const float ftol = 1e-5f * (float)(n_in > 100 ? n_in : 100) / 100.0f;
                     for (int t = 0; t < max_rows; t++)
                         for (int64_t o = 0; o < ldy; o++) {
                             const float e = y0[t * ldy + o], g = y1[t * ldy + o];
-                            if (fabsf(e - g) > 1e-5f * (1.0f + fabsf(e))) bad++;
+                            /* int8: integer sums, the oracle's bits */
+                            if (wt == 2 ? memcmp(&e, &g, sizeof e) != 0 : fabsf(e - g) > ftol * (1.0f + fabsf(e)))
+                                bad++;
                         }
                     CU_ASSERT_EQUAL(bad, 0);
                     if (bad)
-                        fprintf(stderr, "isa %d rank %d in %lld out %lld rows %d: %d differ\n", isa, r,
+                        fprintf(stderr, "isa %d wt %d rank %d in %lld out %lld rows %d: %d differ\n", isa, wt, r,
                                 (long long)n_in, (long long)n_out, n_rows, bad);
                     /* untouched rows stay as they were (row 1 is never in the group) */
                     CU_ASSERT(y1[1 * ldy] == y0[1 * ldy]);
@@ -389,7 +401,9 @@ static float mat_a(const ie_lora_mat_t *m, int j, int64_t c)
 static float mat_bt(const ie_lora_mat_t *m, int j, int64_t c)
 {
     const size_t i = (size_t)j * (size_t)m->n_out + (size_t)c;
-    return m->bt8 ? (float)m->bt8[i] * m->sbt8[c] : m->bt16 ? from_bf16(m->bt16[i]) : m->bt[i];
+    return m->bt8    ? (float)m->bt8[IE_LORA_BT8_AT(j, c, m->n_out)] * m->sbt8[c]
+           : m->bt16 ? from_bf16(m->bt16[i])
+                     : m->bt[i];
 }
 
 /* y[n_out] = B (A x[n_in]) in double. */

@@ -101,7 +101,10 @@ ie_status_t ie_lora_slice(const ie_lora_t *a, const ie_hparams_t *hp, const ie_s
             const size_t es = s->a8 ? 1 : s->a16 ? 2 : 4;
             const void *sa = s->a8 ? (const void *)s->a8 : s->a16 ? (const void *)s->a16 : (const void *)s->a;
             const void *sb = s->a8 ? (const void *)s->bt8 : s->a16 ? (const void *)s->bt16 : (const void *)s->bt;
-            void *na = cut(sa, s->rank, s->n_in, ib, in, es), *nb = cut(sb, s->rank, s->n_out, ob, on, es);
+            /* int8 B^T: rows of four ranks, 4-byte elements (ie_kernels.h) */
+            void *na = cut(sa, s->rank, s->n_in, ib, in, es),
+                 *nb = s->a8 ? cut(sb, (s->rank + 3) / 4, s->n_out, ob, on, 4)
+                             : cut(sb, s->rank, s->n_out, ob, on, es);
             if (s->a8) d->a8 = na, d->bt8 = nb;
             else if (s->a16) d->a16 = na, d->bt16 = nb;
             else d->a = na, d->bt = nb;
@@ -284,7 +287,7 @@ static int lora_args(const ie_worker_t *w, int l, ie_lora_mod_t m, int g, float 
     const int64_t b_off = mt->n_out == on ? 0 : ob, a_off = mt->n_in == in ? 0 : ib;
     p->n_out = on;
     p->n_in = in;
-    if (mt->a8) p->a8 += a_off, p->bt8 += b_off, p->sa += a_off, p->sbt += b_off;
+    if (mt->a8) p->a8 += a_off, p->bt8 += 4 * b_off, p->sa += a_off, p->sbt += b_off; /* 4 ranks a column */
     else if (mt->a16) p->a16 += a_off, p->bt16 += b_off;
     else p->a += a_off, p->bt += b_off;
     p->ldx = p->n_in;

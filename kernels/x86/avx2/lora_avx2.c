@@ -173,7 +173,7 @@ INL void expand_body(const ie_lora_args_t *p, const int32_t *rows, int n_rows, i
 void ie_lora_shrink_avx2(const ie_lora_args_t *p, const int32_t *rows, int n_rows, int j0, int j1, float *u,
                          int64_t ldu)
 {
-    if (p->a8) shrink_body(p, rows, n_rows, j0, j1, u, ldu, WT_I8);
+    if (p->a8) ie_lora_shrink_ref(p, rows, n_rows, j0, j1, u, ldu); /* no VNNI here: the oracle's integers */
     else if (p->a16) shrink_body(p, rows, n_rows, j0, j1, u, ldu, WT_BF16);
     else shrink_body(p, rows, n_rows, j0, j1, u, ldu, WT_F32);
 }
@@ -182,7 +182,7 @@ void ie_lora_shrink_avx2(const ie_lora_args_t *p, const int32_t *rows, int n_row
 void ie_lora_expand_avx2(const ie_lora_args_t *p, const int32_t *rows, int n_rows, int64_t o0, int64_t o1,
                          const float *u, int64_t ldu)
 {
-    if (p->a8) expand_body(p, rows, n_rows, o0, o1, u, ldu, WT_I8);
+    if (p->a8) ie_lora_expand_ref(p, rows, n_rows, o0, o1, u, ldu);
     else if (p->a16) expand_body(p, rows, n_rows, o0, o1, u, ldu, WT_BF16);
     else expand_body(p, rows, n_rows, o0, o1, u, ldu, WT_F32);
 }
