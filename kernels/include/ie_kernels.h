@@ -119,6 +119,14 @@ typedef struct ie_lora_args {
      * o with the same ldb. */
     const int8_t *a8, *bt8;
     const float *sa, *sbt;
+    /* a hint, NULL for none: bytes the caller reads next (its next call),
+     * pf_rows rows of pf_len bytes pf_ld apart, which a kernel may fetch
+     * into the cache while it runs, paced over its own reads, so the next
+     * call does not start cold on rows too short for the hardware
+     * prefetchers (the int8 AVX-512 pair fetches them; the others ignore
+     * it). Never read, so any address will do. */
+    const char *pf;
+    int64_t pf_rows, pf_len, pf_ld;
 } ie_lora_args_t;
 
 /* Index of B^T[j][o] in an int8 B^T of row stride ldb (ie_lora_args_t):

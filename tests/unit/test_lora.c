@@ -99,8 +99,8 @@ static void test_kernels(void)
                             *c = (int8_t)(127.0f * frand(&seed)), bt[i] = (float)*c * sb[i % ldb];
                         }
                     }
-                    ie_lora_args_t p = {a,     bt, NULL, NULL, lda, ldb,  r,    n_in, n_out,
-                                        0.75f, x,  ldx,  y0,   ldy, NULL, NULL, NULL, NULL};
+                    ie_lora_args_t p = {a,   bt, NULL, NULL, lda,  ldb,  r,    n_in, n_out, 0.75f, x,
+                                        ldx, y0, ldy,  NULL, NULL, NULL, NULL, NULL, 0,     0,     0};
                     if (wt == 1) p.a16 = a16, p.bt16 = b16, p.a = p.bt = NULL;
                     if (wt == 2) p.a8 = a8, p.bt8 = b8, p.sa = sa, p.sbt = sb, p.a = p.bt = NULL;
                     /* the oracle: the ref in one piece */
@@ -124,6 +124,8 @@ static void test_kernels(void)
                         free(y2);
                     }
                     p.y = y1;
+                    /* a prefetch hint (bytes never read) changes nothing */
+                    p.pf = (const char *)x, p.pf_rows = 3, p.pf_len = 100, p.pf_ld = 64;
                     run_split(k, &p, rows, n_rows, u, ldu, 1 + (int)(ii % 3));
                     int bad = 0;
                     /* f32 sums in another order: rounding grows with n_in (and the rank) */
@@ -164,8 +166,8 @@ static void test_kernel_exact(void)
     for (size_t i = 0; i < sizeof bt / sizeof *bt; i++) bt[i] = frand(&seed);
     for (size_t i = 0; i < sizeof x / sizeof *x; i++) x[i] = frand(&seed);
     const int32_t rows[] = {1};
-    ie_lora_args_t p = {a,    bt, NULL, NULL, n_in,  n_out, r,    n_in, n_out,
-                        2.0f, x,  n_in, y,    n_out, NULL,  NULL, NULL, NULL};
+    ie_lora_args_t p = {a,    bt, NULL,  NULL, n_in, n_out, r,    n_in, n_out, 2.0f, x,
+                        n_in, y,  n_out, NULL, NULL, NULL,  NULL, NULL, 0,     0,    0};
     ie_lora_shrink_ref(&p, rows, 1, 0, r, u, r);
     ie_lora_expand_ref(&p, rows, 1, 0, n_out, u, r);
     for (int64_t o = 0; o < n_out; o++) {

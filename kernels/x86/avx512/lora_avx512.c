@@ -179,25 +179,58 @@ INL void expand_body(const ie_lora_args_t *p, const int32_t *rows, int n_rows, i
 /* Tokens the expand codes at a time */
 #define Q8_TB 8
 
-/* The oracle's 16-bit codes of v * id (rne as nearbyintf, within
- * +-32767) as two byte planes: hi = (q >> 8) + 128 and lo = q & 255, each
- * 16 lanes into 16 bytes */
-INL void code16(__m512 v, __m512 id, uint8_t *hi, uint8_t *lo)
+/* The caller's next bytes (ie_lora_args_t.pf) fetched into L2 a few lines
+ * a step, so they are all asked for by the end of this call */
+typedef struct {
+    const char *p;
+    int64_t row, col, rows, len, ld;
+    int per; /* lines a step */
+} pace_t;
+
+INL void pace_init(pace_t *c, const ie_lora_args_t *p, int64_t steps)
 {
-    __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v, id));
-    q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_set1_epi32(-32767)), _mm512_set1_epi32(32767));
-    _mm_storeu_si128((__m128i *)hi,
-                     _mm512_cvtepi32_epi8(_mm512_add_epi32(_mm512_srai_epi32(q, 8), _mm512_set1_epi32(128))));
-    _mm_storeu_si128((__m128i *)lo, _mm512_cvtepi32_epi8(_mm512_and_si512(q, _mm512_set1_epi32(255))));
+    *c = (pace_t){p->pf, 0, 0, p->pf ? p->pf_rows : 0, p->pf_len, p->pf_ld, 0};
+    const int64_t lines = c->rows * ((c->len + 63) / 64);
+    c->per = steps > 0 && lines > 0 ? (int)((lines + steps - 1) / steps) : 0;
 }
 
-/* The same for n <= 16 floats of v (the rest coded as 0) */
-INL void code16_n(const float *v, const float *s, int64_t n, float id, uint8_t *hi, uint8_t *lo)
+INL void pace_step(pace_t *c)
 {
-    const __mmask16 m = n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
-    __m512 x = _mm512_maskz_loadu_ps(m, v);
-    if (s) x = _mm512_mul_ps(x, _mm512_maskz_loadu_ps(m, s));
-    code16(x, _mm512_set1_ps(id), hi, lo);
+    for (int n = 0; n < c->per && c->row < c->rows; n++) {
+        _mm_prefetch(c->p + c->row * c->ld + c->col, _MM_HINT_T1);
+        if ((c->col += 64) >= c->len) c->col = 0, c->row++;
+    }
+}
+
+/* The oracle's 16-bit codes of the n <= 64 floats v (times s when s is
+ * set: x * sa) times id (rne as nearbyintf; |v * id| <= 32767 by the
+ * choice of id, so no clamp), the rest coded 0, as two byte planes of 64:
+ * hi = (q >> 8) + 128 and lo = q & 255. Packed in registers: a vpmovdb
+ * to memory is slow on Zen 4. */
+INL void code64(const float *v, const float *s, int64_t n, float id, uint8_t *hi, uint8_t *lo)
+{
+    const __m512 iv = _mm512_set1_ps(id);
+    __m512i q[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++) {
+        const int64_t left = n - 16 * c;
+        const __mmask16 m = left >= 16  ? (__mmask16)0xFFFF
+                            : left <= 0 ? (__mmask16)0
+                                        : (__mmask16)((1u << left) - 1);
+        __m512 x = _mm512_maskz_loadu_ps(m, v + 16 * c);
+        if (s) x = _mm512_mul_ps(x, _mm512_maskz_loadu_ps(m, s + 16 * c));
+        q[c] = _mm512_cvtps_epi32(_mm512_mul_ps(x, iv));
+    }
+    /* words, each 128-bit lane L holding q0..q3's elements 4L..4L+3 */
+    const __m512i w01 = _mm512_packs_epi32(q[0], q[1]), w23 = _mm512_packs_epi32(q[2], q[3]);
+    const __m512i c128 = _mm512_set1_epi16(128), ff = _mm512_set1_epi16(255);
+    const __m512i h = _mm512_packus_epi16(_mm512_add_epi16(_mm512_srai_epi16(w01, 8), c128),
+                                          _mm512_add_epi16(_mm512_srai_epi16(w23, 8), c128));
+    const __m512i l = _mm512_packus_epi16(_mm512_and_si512(w01, ff), _mm512_and_si512(w23, ff));
+    /* dword 4L + c holds q[c]'s elements 4L..4L+3: put it at 4c + L */
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    _mm512_storeu_si512((void *)hi, _mm512_permutexvar_epi32(idx, h));
+    _mm512_storeu_si512((void *)lo, _mm512_permutexvar_epi32(idx, l));
 }
 
 /* One step of 64 columns at k of shrink8_rows (W: how to load 64 weights);
@@ -206,6 +239,7 @@ INL void code16_n(const float *v, const float *s, int64_t n, float id, uint8_t *
     do {                                                                                                           \
         __m512i xh[4], xl[4];                                                                                      \
         if (pf) _Pragma("GCC unroll 4") for (int a = 0; a < NR; a++) _mm_prefetch(pf + a * lda + k, _MM_HINT_T0);  \
+        pace_step(pc);                                                                                             \
         _Pragma("GCC unroll 4") for (int i = 0; i < NT; i++) xh[i] = _mm512_load_si512((const void *)(qh[i] + k)), \
                                                              xl[i] = _mm512_load_si512((const void *)(ql[i] + k)); \
         _Pragma("GCC unroll 4") for (int a = 0; a < NR; a++)                                                       \
@@ -223,7 +257,7 @@ INL void code16_n(const float *v, const float *s, int64_t n, float id, uint8_t *
 /* acc[2 (a NT + i) + plane] += the hi / lo plane of A rows ra[0..NR) . token i's
  * codes over this chunk's kc columns (the planes coded to a multiple of
  * 64); then into the sums */
-INL void shrink8_rows(const int8_t *const *ra, const char *pf, int64_t lda, const uint8_t (*qh)[Q8_KC],
+INL void shrink8_rows(const int8_t *const *ra, const char *pf, int64_t lda, pace_t *pc, const uint8_t (*qh)[Q8_KC],
                       const uint8_t (*ql)[Q8_KC], int64_t kc, int nj, int64_t (*sums)[4][2], const int NR,
                       const int NT)
 {
@@ -250,7 +284,7 @@ INL void shrink8_rows(const int8_t *const *ra, const char *pf, int64_t lda, cons
 
 /* u rows of NT (1..4, a constant) tokens for A rows [j0, j1) */
 INL void shrink8_tok(const ie_lora_args_t *p, const float *const *x, float *u, int64_t ldu, int j0, int j1,
-                     const int NT)
+                     pace_t *pc, const int NT)
 {
     const int64_t n = p->n_in;
     float d[4], id[4];
@@ -273,8 +307,8 @@ INL void shrink8_tok(const ie_lora_args_t *p, const float *const *x, float *u, i
         for (int64_t k0 = 0; k0 < n; k0 += Q8_KC) {
             const int64_t kc = n - k0 < Q8_KC ? n - k0 : Q8_KC, kp = (kc + 63) & ~(int64_t)63;
             for (int i = 0; i < NT; i++)
-                for (int64_t k = 0; k < kp; k += 16)
-                    code16_n(x[i] + k0 + k, p->sa + k0 + k, kc - k, id[i], qh[i] + k, ql[i] + k);
+                for (int64_t k = 0; k < kp; k += 64)
+                    code64(x[i] + k0 + k, p->sa + k0 + k, kc - k, id[i], qh[i] + k, ql[i] + k);
             for (int j = jb; j < je; j += nr) {
                 const int nj = je - j < nr ? je - j : nr;
                 const int8_t *ra[4]; /* past je: the last row again, its sums dropped */
@@ -284,8 +318,8 @@ INL void shrink8_tok(const ie_lora_args_t *p, const float *const *x, float *u, i
                 /* rows of A are short streams (n_in bytes): the hardware
                  * prefetchers start late on each, so fetch the next rows */
                 const char *pf = j + 2 * nr <= je ? (const char *)ra[0] + nr * p->lda : NULL;
-                if (nr == 4) shrink8_rows(ra, pf, p->lda, qh, ql, kc, nj, sums + (j - jb), 4, NT);
-                else shrink8_rows(ra, pf, p->lda, qh, ql, kc, nj, sums + (j - jb), 2, NT);
+                if (nr == 4) shrink8_rows(ra, pf, p->lda, pc, qh, ql, kc, nj, sums + (j - jb), 4, NT);
+                else shrink8_rows(ra, pf, p->lda, pc, qh, ql, kc, nj, sums + (j - jb), 2, NT);
             }
         }
         for (int j = jb; j < je; j++)
@@ -299,16 +333,19 @@ INL void shrink8_tok(const ie_lora_args_t *p, const float *const *x, float *u, i
 static void shrink8_body(const ie_lora_args_t *p, const int32_t *rows, int n_rows, int j0, int j1, float *u,
                          int64_t ldu)
 {
+    pace_t pc; /* steps: 64 columns of nr rows, per block of tokens */
+    const int64_t nr = n_rows > 2 ? 2 : 4;
+    pace_init(&pc, p, (n_rows + 3) / 4 * ((j1 - j0 + nr - 1) / nr) * ((p->n_in + 63) / 64));
     for (int t0 = 0; t0 < n_rows; t0 += 4) {
         const int nt = n_rows - t0 < 4 ? n_rows - t0 : 4;
         const float *x[4];
         for (int i = 0; i < nt; i++) x[i] = p->x + (size_t)rows[t0 + i] * (size_t)p->ldx;
         float *ut = u + (size_t)t0 * (size_t)ldu;
         switch (nt) { /* the token count a constant: accumulators stay in registers */
-        case 1: shrink8_tok(p, x, ut, ldu, j0, j1, 1); break;
-        case 2: shrink8_tok(p, x, ut, ldu, j0, j1, 2); break;
-        case 3: shrink8_tok(p, x, ut, ldu, j0, j1, 3); break;
-        default: shrink8_tok(p, x, ut, ldu, j0, j1, 4); break;
+        case 1: shrink8_tok(p, x, ut, ldu, j0, j1, &pc, 1); break;
+        case 2: shrink8_tok(p, x, ut, ldu, j0, j1, &pc, 2); break;
+        case 3: shrink8_tok(p, x, ut, ldu, j0, j1, &pc, 3); break;
+        default: shrink8_tok(p, x, ut, ldu, j0, j1, &pc, 4); break;
         }
     }
 }
@@ -323,7 +360,7 @@ typedef struct {
 /* y[i][o..o+16c) for NT (1, 2) tokens and c 16-column chunks (the last
  * masked by m) */
 INL void expand8_cols(const ie_lora_args_t *p, float *const *y, const q8u_t *qu, int ng, int64_t o, int c,
-                      __mmask16 m, const int NT)
+                      __mmask16 m, pace_t *pc, const int NT)
 {
     __m512i ah[2][4], al[2][4], cs[4];
     const __m512i c128 = _mm512_set1_epi8((char)0x80);
@@ -337,6 +374,7 @@ INL void expand8_cols(const ie_lora_args_t *p, float *const *y, const q8u_t *qu,
     const size_t gs = (size_t)p->ldb * 4u; /* bytes from one group of four ranks to the next */
     for (int g = 0; g < ng; g++, b += gs) {
         __m512i wv[4];
+        pace_step(pc);
         if (c == 4) /* ng groups a row apart are ng streams: fetch ahead */
 #pragma GCC unroll 4
             for (int q = 0; q < 4; q++) _mm_prefetch((const char *)b + Q8_PF + 64 * q, _MM_HINT_T0);
@@ -371,10 +409,10 @@ INL void expand8_cols(const ie_lora_args_t *p, float *const *y, const q8u_t *qu,
 }
 
 INL void expand8_pair(const ie_lora_args_t *p, float *const *y, const q8u_t *qu, int ng, int64_t o, int c,
-                      __mmask16 m, int nt)
+                      __mmask16 m, pace_t *pc, int nt)
 {
-    if (nt == 2) expand8_cols(p, y, qu, ng, o, c, m, 2);
-    else expand8_cols(p, y, qu, ng, o, c, m, 1);
+    if (nt == 2) expand8_cols(p, y, qu, ng, o, c, m, pc, 2);
+    else expand8_cols(p, y, qu, ng, o, c, m, pc, 1);
 }
 
 static void expand8_body(const ie_lora_args_t *p, const int32_t *rows, int n_rows, int64_t o0, int64_t o1,
@@ -383,6 +421,8 @@ static void expand8_body(const ie_lora_args_t *p, const int32_t *rows, int n_row
     const int ng = (p->rank + 3) / 4;
     q8u_t qu[Q8_TB];
     float *y[Q8_TB];
+    pace_t pc; /* steps: a group of four ranks for 64 columns of a pair of tokens */
+    pace_init(&pc, p, (n_rows + 1) / 2 * ((o1 - o0 + 63) / 64) * ng);
     for (int t0 = 0; t0 < n_rows; t0 += Q8_TB) {
         const int nt = n_rows - t0 < Q8_TB ? n_rows - t0 : Q8_TB;
         for (int i = 0; i < nt; i++) { /* the token's codes over the rank, as the oracle's */
@@ -398,20 +438,23 @@ static void expand8_body(const ie_lora_args_t *p, const int32_t *rows, int n_row
             }
             const float mv = _mm512_reduce_max_ps(mx);
             qu[i].d = mv / 32767.0f;
-            for (int j = 0; j < ng * 4; j += 16)
-                code16_n(ut + j, NULL, p->rank - j, mv > 0.0f ? 32767.0f / mv : 0.0f, (uint8_t *)qu[i].hi + j,
-                         (uint8_t *)qu[i].lo + j);
+            for (int j = 0; j < ng * 4; j += 64)
+                code64(ut + j, NULL, p->rank - j, mv > 0.0f ? 32767.0f / mv : 0.0f, (uint8_t *)qu[i].hi + j,
+                       (uint8_t *)qu[i].lo + j);
         }
         /* 64 columns at a time for every pair of tokens: the block of B^T
          * stays in L1 for the next pair */
         int64_t o = o0;
         for (; o + 64 <= o1; o += 64)
-            for (int i = 0; i < nt; i += 2) expand8_pair(p, y + i, qu + i, ng, o, 4, 0xFFFF, nt - i < 2 ? 1 : 2);
+            for (int i = 0; i < nt; i += 2)
+                expand8_pair(p, y + i, qu + i, ng, o, 4, 0xFFFF, &pc, nt - i < 2 ? 1 : 2);
         for (; o + 16 <= o1; o += 16)
-            for (int i = 0; i < nt; i += 2) expand8_pair(p, y + i, qu + i, ng, o, 1, 0xFFFF, nt - i < 2 ? 1 : 2);
+            for (int i = 0; i < nt; i += 2)
+                expand8_pair(p, y + i, qu + i, ng, o, 1, 0xFFFF, &pc, nt - i < 2 ? 1 : 2);
         if (o < o1)
             for (int i = 0; i < nt; i += 2)
-                expand8_pair(p, y + i, qu + i, ng, o, 1, (__mmask16)((1u << (o1 - o)) - 1), nt - i < 2 ? 1 : 2);
+                expand8_pair(p, y + i, qu + i, ng, o, 1, (__mmask16)((1u << (o1 - o)) - 1), &pc,
+                             nt - i < 2 ? 1 : 2);
     }
 }
 
