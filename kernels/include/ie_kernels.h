@@ -265,9 +265,9 @@ typedef struct ie_kernels {
      * |u_j|), s_o = sum_j q_j B8[j][o] exact, y_o = fma((float)s_o * (m' /
      * 32767), sbt_o, y_o). (8-bit codes moved a small model's logits by
      * 7.8% of the adapter's effect, against 1.7% for the int8 weights
-     * alone; 16-bit codes cost one more vpdpbusd a token.) Any rank >= 1,
-     * n_in, n_out >= 1 (n_in < 2^16 for int8: a SIMD lane's sums fit 32
-     * bits), 0 <= j0 <= j1 <= rank, 0 <= o0 <= o1 <= n_out. */
+     * alone; 16-bit codes cost one more vpdpbusd a token.) Any rank >= 1
+     * (int8: <= 256, so an output's sum fits 32 bits), n_in, n_out >= 1,
+     * 0 <= j0 <= j1 <= rank, 0 <= o0 <= o1 <= n_out. */
     void (*lora_shrink)(const ie_lora_args_t *p, const int32_t *rows, int n_rows, int j0, int j1, float *u,
                         int64_t ldu);
     void (*lora_expand)(const ie_lora_args_t *p, const int32_t *rows, int n_rows, int64_t o0, int64_t o1,

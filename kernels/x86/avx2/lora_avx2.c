@@ -205,12 +205,13 @@ INL void code_row(const float *x, const float *s, int64_t n, float id, int16_t *
     for (; k & 15; k++) q[k] = 0;
 }
 
-INL int32_t hsum_i32(__m256i v)
+/* The sum of v's 8 lanes in 64 bits (a chunk's lanes may add past 2^31) */
+INL int64_t hsum_i64(__m256i v)
 {
-    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4E));
-    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xB1));
-    return _mm_cvtsi128_si32(h);
+    const __m256i w = _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(v)),
+                                       _mm256_cvtepi32_epi64(_mm256_extracti128_si256(v, 1)));
+    const __m128i h = _mm_add_epi64(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+    return _mm_cvtsi128_si64(h) + _mm_extract_epi64(h, 1);
 }
 
 static void shrink8_body(const ie_lora_args_t *p, const int32_t *rows, int n_rows, int j0, int j1, float *u,
@@ -253,7 +254,7 @@ static void shrink8_body(const ie_lora_args_t *p, const int32_t *rows, int n_row
                     }
                     for (int r = 0; r < nj; r++)
                         for (int i = 0; i < nt; i++) {
-                            s[j - jb + r][i] += hsum_i32(acc[r][i]);
+                            s[j - jb + r][i] += hsum_i64(acc[r][i]);
                             for (int64_t k = kf; k < kc; k++) s[j - jb + r][i] += (int64_t)a[r][k] * q[i][k];
                         }
                 }
