@@ -62,9 +62,11 @@ typedef struct ie_lora_mat {
                       each decode step streams); else NULL   */
     uint16_t *bt16;
     int8_t *a8;  /* or int8 (ie_lora_quantize_int8): A[j][k] =  */
-    int8_t *bt8; /* a8[j][k] * sa8[k], B^T[j][o] = bt8[j][o] *  */
-    float *sa8;  /* sbt8[o]: a scale per column (over the rank) */
-    float *sbt8; /* [n_in], [n_out]; else all four NULL         */
+    int8_t *bt8; /* a8[j][k] * sa8[k], B^T[j][o] = bt8[         */
+    float *sa8;  /* IE_LORA_BT8_AT(j, o, n_out)] * sbt8[o] (four */
+    float *sbt8; /* ranks of a column side by side, ie_kernels.h):
+                    a scale per column (over the rank), [n_in],
+                    [n_out]; else all four NULL                 */
 } ie_lora_mat_t;
 
 typedef struct ie_lora {

@@ -8,6 +8,7 @@
  */
 #include "ie_lora.h"
 #include "ie_dtype.h"
+#include "ie_kernels.h"
 #include "ie_gguf.h"
 #include "ie_mmap.h"
 #include "ie_safetensors.h"
@@ -578,7 +579,8 @@ static float mat_w(const ie_lora_mat_t *m, int bt, int j, int64_t c)
 {
     const int64_t ld = bt ? m->n_out : m->n_in;
     const size_t at = (size_t)j * (size_t)ld + (size_t)c;
-    if (bt ? m->bt8 != NULL : m->a8 != NULL) return (float)(bt ? m->bt8 : m->a8)[at] * (bt ? m->sbt8 : m->sa8)[c];
+    if (bt && m->bt8) return (float)m->bt8[IE_LORA_BT8_AT(j, c, m->n_out)] * m->sbt8[c];
+    if (!bt && m->a8) return (float)m->a8[at] * m->sa8[c];
     if (bt ? m->bt16 != NULL : m->a16 != NULL) return ie_bf16_to_f32((bt ? m->bt16 : m->a16)[at]);
     return (bt ? m->bt : m->a)[at];
 }
@@ -603,7 +605,9 @@ ie_status_t ie_lora_quantize_int8(const ie_lora_t *a, ie_lora_t **out)
         *m = (ie_lora_mat_t){.rank = p->rank, .n_in = p->n_in, .n_out = p->n_out, .scale = p->scale};
         for (int bt = 0; bt < 2; bt++) {
             const int64_t n = bt ? p->n_out : p->n_in;
-            int8_t *q = malloc((size_t)p->rank * (size_t)n);
+            /* B^T in groups of four rank rows (ie_kernels.h), the last padded with 0 */
+            const size_t rows = bt ? (size_t)(p->rank + 3) & ~(size_t)3 : (size_t)p->rank;
+            int8_t *q = calloc(rows * (size_t)n, 1);
             float *sc = malloc((size_t)n * sizeof *sc);
             if (bt) m->bt8 = q, m->sbt8 = sc;
             else m->a8 = q, m->sa8 = sc;
@@ -618,10 +622,11 @@ ie_status_t ie_lora_quantize_int8(const ie_lora_t *a, ie_lora_t **out)
                 sc[col] = s;
                 for (int j = 0; j < p->rank; j++) {
                     const float v = nearbyintf(mat_w(p, bt, j, col) * inv);
-                    q[(size_t)j * (size_t)n + (size_t)col] = (int8_t)(v != v        ? 0
-                                                                      : v > 127.0f  ? 127
-                                                                      : v < -127.0f ? -127
-                                                                                    : v); /* NaN: 0 */
+                    q[bt ? IE_LORA_BT8_AT(j, col, n) : (size_t)j * (size_t)n + (size_t)col] =
+                        (int8_t)(v != v        ? 0
+                                 : v > 127.0f  ? 127
+                                 : v < -127.0f ? -127
+                                               : v); /* NaN: 0 */
                 }
             }
         }

@@ -101,7 +101,10 @@ ie_status_t ie_lora_slice(const ie_lora_t *a, const ie_hparams_t *hp, const ie_s
             const size_t es = s->a8 ? 1 : s->a16 ? 2 : 4;
             const void *sa = s->a8 ? (const void *)s->a8 : s->a16 ? (const void *)s->a16 : (const void *)s->a;
             const void *sb = s->a8 ? (const void *)s->bt8 : s->a16 ? (const void *)s->bt16 : (const void *)s->bt;
-            void *na = cut(sa, s->rank, s->n_in, ib, in, es), *nb = cut(sb, s->rank, s->n_out, ob, on, es);
+            /* int8 B^T: rows of four ranks, 4-byte elements (ie_kernels.h) */
+            void *na = cut(sa, s->rank, s->n_in, ib, in, es),
+                 *nb = s->a8 ? cut(sb, (s->rank + 3) / 4, s->n_out, ob, on, 4)
+                             : cut(sb, s->rank, s->n_out, ob, on, es);
             if (s->a8) d->a8 = na, d->bt8 = nb;
             else if (s->a16) d->a16 = na, d->bt16 = nb;
             else d->a = na, d->bt = nb;
@@ -284,7 +287,7 @@ static int lora_args(const ie_worker_t *w, int l, ie_lora_mod_t m, int g, float 
     const int64_t b_off = mt->n_out == on ? 0 : ob, a_off = mt->n_in == in ? 0 : ib;
     p->n_out = on;
     p->n_in = in;
-    if (mt->a8) p->a8 += a_off, p->bt8 += b_off, p->sa += a_off, p->sbt += b_off;
+    if (mt->a8) p->a8 += a_off, p->bt8 += 4 * b_off, p->sa += a_off, p->sbt += b_off; /* 4 ranks a column */
     else if (mt->a16) p->a16 += a_off, p->bt16 += b_off;
     else p->a += a_off, p->bt += b_off;
     p->ldx = p->n_in;
@@ -309,30 +312,54 @@ static float *lora_u(const lora_job_t *j, int k)
                              (size_t)w->lora_tmp_rank;
 }
 
+/* The bytes of arg p that units [b, e) of pass ex read, as a prefetch
+ * hint (ie_lora_args_t.pf) for the call before it */
+static void lora_hint(const ie_lora_args_t *p, int ex, int64_t b, int64_t e, ie_lora_args_t *q)
+{
+    const size_t es = p->a8 ? 1 : p->a16 ? 2 : 4;
+    if (!ex) { /* A's rows [b, e) */
+        const char *a = p->a8 ? (const char *)p->a8 : p->a16 ? (const char *)p->a16 : (const char *)p->a;
+        q->pf = a + (size_t)b * (size_t)p->lda * es;
+        q->pf_rows = e - b, q->pf_len = p->n_in * (int64_t)es, q->pf_ld = p->lda * (int64_t)es;
+    } else if (p->a8) { /* B^T's columns [b, e) in its groups of four ranks */
+        q->pf = (const char *)p->bt8 + (size_t)b * 4u;
+        q->pf_rows = (p->rank + 3) / 4, q->pf_len = (e - b) * 4, q->pf_ld = p->ldb * 4;
+    } else {
+        q->pf = (p->a16 ? (const char *)p->bt16 : (const char *)p->bt) + (size_t)b * es;
+        q->pf_rows = p->rank, q->pf_len = (e - b) * (int64_t)es, q->pf_ld = p->ldb * (int64_t)es;
+    }
+}
+
 /* Thread ith's units of pass `ex` (0 shrink, 1 expand): walk the args in
- * order and run the units whose first weight falls in its share. */
+ * order and run the units whose first weight falls in its share; each
+ * call fetches the next one's weights as it goes (lora_hint). */
 static void lora_pass(const lora_job_t *j, int ex, int ith, int nth)
 {
     const ie_worker_t *w = j->w;
     const double lo = j->total[ex] * ith / nth, hi = j->total[ex] * (ith + 1) / nth;
     double at = 0;
+    int n = 0, ks[LORA_MAX_ARGS];
+    int64_t bs[LORA_MAX_ARGS], es[LORA_MAX_ARGS];
     for (int k = 0; k < j->n_args && at < hi; k++) {
         const ie_lora_args_t *p = &j->args[k];
-        const lora_group_t *gr = &w->lora_groups[j->grp[k]];
-        const int64_t n = ex ? p->n_out : p->rank, unit = ex ? EXPAND_UNIT : SHRINK_UNIT;
+        const int64_t nu = ex ? p->n_out : p->rank, unit = ex ? EXPAND_UNIT : SHRINK_UNIT;
         const double per = (double)(ex ? p->rank : p->n_in); /* weights per row (column) of A (B^T) */
         int64_t b = -1, e = -1;
-        for (int64_t u0 = 0; u0 < n && at + (double)u0 * per < hi; u0 += unit)
+        for (int64_t u0 = 0; u0 < nu && at + (double)u0 * per < hi; u0 += unit)
             if (at + (double)u0 * per >= lo) {
                 if (b < 0) b = u0;
-                e = u0 + unit < n ? u0 + unit : n;
+                e = u0 + unit < nu ? u0 + unit : nu;
             }
-        if (b >= 0) {
-            const int32_t *rows = w->lora_rows + gr->first;
-            if (ex) w->ops->lora_expand(p, rows, gr->n, b, e, lora_u(j, k), w->lora_tmp_rank);
-            else w->ops->lora_shrink(p, rows, gr->n, (int)b, (int)e, lora_u(j, k), w->lora_tmp_rank);
-        }
-        at += (double)n * per;
+        if (b >= 0) ks[n] = k, bs[n] = b, es[n++] = e;
+        at += (double)nu * per;
+    }
+    for (int i = 0; i < n; i++) {
+        ie_lora_args_t p = j->args[ks[i]];
+        if (i + 1 < n) lora_hint(&j->args[ks[i + 1]], ex, bs[i + 1], es[i + 1], &p);
+        const lora_group_t *gr = &w->lora_groups[j->grp[ks[i]]];
+        const int32_t *rows = w->lora_rows + gr->first;
+        if (ex) w->ops->lora_expand(&p, rows, gr->n, bs[i], es[i], lora_u(j, ks[i]), w->lora_tmp_rank);
+        else w->ops->lora_shrink(&p, rows, gr->n, (int)bs[i], (int)es[i], lora_u(j, ks[i]), w->lora_tmp_rank);
     }
 }
 
