@@ -179,17 +179,41 @@ static void kv_mean_head(const ie_worker_t *w, int c, const ie_kv_rows_t *rows, 
     if (w->kv_rot[c]) kvq_fwht(m, hd);
 }
 
-/* Row j of the open block of token i (slot seq) on held layer ll in f32,
- * rotated (kv_recent): the step's own copy when j is one of its tokens,
- * else the slot's ring when it still holds j; NULL: neither (the q4 row
- * stands). */
+/* Row j of the recent window of token i (slot seq) on held layer ll in
+ * f32, rotated (kv_recent): the step's own copy when j is one of its
+ * tokens, else the slot's ring when it still holds j; NULL: neither (the
+ * cache's row stands). */
 static const float *recent_row(const ie_worker_t *w, const ie_batch_t *b, int i, int seq, size_t ll, int j)
 {
     const int k = i - (b->pos[i] - j); /* a slot's tokens come in order */
     if (k >= 0 && b->seq[k] == seq && b->pos[k] == j) return w->k_batch + (size_t)k * w->kv_dim;
-    const size_t r = ((size_t)seq * (size_t)(w->sh.layer_end - w->sh.layer_begin) + ll) * KVQ_RECENT +
-                     (size_t)(j % KVQ_RECENT);
+    const size_t r = ((size_t)seq * (size_t)(w->sh.layer_end - w->sh.layer_begin) + ll) * (size_t)w->k_recent_len +
+                     (size_t)(j % w->k_recent_len);
     return w->k_recent_pos[r] == j ? w->k_recent + r * w->kv_dim : NULL;
+}
+
+/* kv_recent: the scores of unit a's rows in its token's recent window
+ * (rows pos - k_recent_len + 1 .. pos that the view holds) overwritten by
+ * scale * q.k over their f32 rows where the worker has them (the cache's
+ * score stands elsewhere). q: the unit's a.nh (rotated) query heads;
+ * scores: row j at (j - a.j0) of each head's ld-float row. */
+static void recent_scores(const ie_worker_t *w, const att_task_t *t, const att_unit_t *a, const float *q,
+                          float scale, float *scores, size_t ld)
+{
+    const int hd = w->hp.head_dim, pos = t->b->pos[a->i], seq = t->b->seq[a->i];
+    const int g0 = pos - w->k_recent_len + 1 > a->j0 ? pos - w->k_recent_len + 1 : a->j0;
+    const size_t ll = (size_t)(t->layer - w->sh.layer_begin);
+    for (int j = g0; j <= pos; j++) {
+        const float *kr = recent_row(w, t->b, a->i, seq, ll, j);
+        if (!kr) continue;
+        kr += (size_t)a->kh * hd;
+        for (int hh = 0; hh < a->nh; hh++) {
+            const float *qh = q + (size_t)hh * hd;
+            float d = 0.0f;
+            for (int e = 0; e < hd; e++) d += qh[e] * kr[e];
+            scores[(size_t)hh * ld + (j - a->j0)] = d * scale;
+        }
+    }
 }
 
 /* One (token, held KV head, share of its query heads) per unit of work: the
@@ -254,22 +278,7 @@ static void att_run(void *ctx, int ith, int nth)
                 for (int j = js; j < a.cnt; j++) scores[(size_t)hh * ld + j] += qm;
             }
         }
-        if (w->kv_recent && !L->swa) { /* the token's own block: its f32 rows */
-            const int pos = t->b->pos[a.i], seq = t->b->seq[a.i];
-            const int g0 = pos / KVQ_RECENT * KVQ_RECENT > a.j0 ? pos / KVQ_RECENT * KVQ_RECENT : a.j0;
-            const size_t ll = (size_t)(t->layer - w->sh.layer_begin);
-            for (int j = g0; j <= pos; j++) {
-                const float *kr = recent_row(w, t->b, a.i, seq, ll, j);
-                if (!kr) continue;
-                kr += (size_t)a.kh * hd;
-                for (int hh = 0; hh < a.nh; hh++) {
-                    const float *qh = q + (size_t)hh * hd;
-                    float d = 0.0f;
-                    for (int e = 0; e < hd; e++) d += qh[e] * kr[e];
-                    scores[(size_t)hh * ld + (j - a.j0)] = d * scale;
-                }
-            }
-        }
+        if (w->kv_recent && !L->swa) recent_scores(w, t, &a, q, scale, scores, ld); /* its last rows in f32 */
         if (cap != 0.0f) /* Gemma 2: scores = c tanh(scores / c), before the softmax */
             for (int hh = 0; hh < a.nh; hh++)
                 for (int j = 0; j < a.cnt; j++) {
@@ -527,12 +536,14 @@ ie_status_t worker_kv_new(ie_worker_t *w)
                      : NULL;
     w->kv_recent = kvq_recent(w->kv_type[0]);
     if (w->kv_recent) {
-        const size_t rows = (size_t)opts->n_seq * (size_t)(sh->layer_end - sh->layer_begin) * KVQ_RECENT;
+        w->k_recent_len = kvq_recent_len();
+        const size_t rows = (size_t)opts->n_seq * (size_t)(sh->layer_end - sh->layer_begin) *
+                            (size_t)w->k_recent_len;
         w->k_batch = malloc((size_t)opts->max_batch * w->kv_dim * sizeof(float));
         w->k_recent = malloc(rows * w->kv_dim * sizeof(float));
         w->k_recent_pos = malloc(rows * sizeof(int32_t));
         if (!w->k_batch || !w->k_recent || !w->k_recent_pos)
-            return ie_error_set(IE_ERR_NOMEM, "out of memory allocating the q4 K's f32 open blocks");
+            return ie_error_set(IE_ERR_NOMEM, "out of memory allocating the q4 K's f32 recent rows");
         for (size_t r = 0; r < rows; r++) w->k_recent_pos[r] = -1;
     }
     w->seq_len = calloc((size_t)opts->n_seq, sizeof(int));
@@ -770,14 +781,15 @@ static void attend(ie_worker_t *w, int l, const ie_batch_t *b, int i0, int i1)
 
 /* kv_recent: the f32 K rows of tokens i0 .. i1-1 into their slots' rings,
  * after their attention (which read them from k_batch): written before,
- * a step's later rows would take the ring places of its first tokens'
- * block rows from earlier steps. */
+ * a step's later rows would take the ring places of the window rows its
+ * first tokens read from earlier steps. */
 static void recent_commit(ie_worker_t *w, int l, const ie_batch_t *b, int i0, int i1)
 {
     if (!w->kv_recent || w->layers[l].swa) return;
     const size_t nl = (size_t)(w->sh.layer_end - w->sh.layer_begin), ll = (size_t)(l - w->sh.layer_begin);
     for (int i = i0; i < i1; i++) {
-        const size_t r = ((size_t)b->seq[i] * nl + ll) * KVQ_RECENT + (size_t)(b->pos[i] % KVQ_RECENT);
+        const size_t r = ((size_t)b->seq[i] * nl + ll) * (size_t)w->k_recent_len +
+                         (size_t)(b->pos[i] % w->k_recent_len);
         w->k_recent_pos[r] = b->pos[i];
         memcpy(w->k_recent + r * w->kv_dim, w->k_batch + (size_t)i * w->kv_dim, (size_t)w->kv_dim * sizeof(float));
     }
@@ -815,11 +827,11 @@ static void ring_truncate(ie_worker_t *w, int seq, int n_pos)
         if (rp[r] >= n_pos) rp[r] = -1;
 }
 
-/* Forget slot seq's f32 open-block rows of positions [p0, p1). */
+/* Forget slot seq's f32 recent rows of positions [p0, p1). */
 static void recent_truncate(ie_worker_t *w, int seq, int p0, int p1)
 {
     if (!w->kv_recent) return;
-    const size_t n = (size_t)(w->sh.layer_end - w->sh.layer_begin) * KVQ_RECENT;
+    const size_t n = (size_t)(w->sh.layer_end - w->sh.layer_begin) * (size_t)w->k_recent_len;
     int32_t *rp = w->k_recent_pos + (size_t)seq * n;
     for (size_t r = 0; r < n; r++)
         if (rp[r] >= p0 && rp[r] < p1) rp[r] = -1;

@@ -73,6 +73,14 @@ int kvq_recent(ie_kv_type_t t)
 }
 
 /* Contract (worker_internal.h). */
+int kvq_recent_len(void)
+{
+    const char *e = getenv("IE_KV_RECENT_W");
+    const long n = e ? strtol(e, NULL, 10) : 0;
+    return n >= 1 && n <= 4096 ? (int)n : KVQ_RECENT;
+}
+
+/* Contract (worker_internal.h). */
 void kvq_mean(const ie_kernels_t *ops, ie_kv_type_t t, const ie_kv_rows_t *rows, int hd, float *m)
 {
     double acc[IE_KV_MAX_HD];
