@@ -474,15 +474,16 @@ static void test_worker_smooth(void)
     free(f32);
 }
 
-/* The recent window in f32 (kvq_recent: each token reads the K rows of
- * its last kvq_recent_len() positions in f32). The fixture's heads take no
- * q4, so an FP8 K through IE_KV_RECENT=all, V f32. A window of NTOK rows
- * reads every K row in f32: the f32 cache's logits (within summation
- * order) where the plain FP8 K's are not. A window of 16: the first 16
- * positions are the f32 cache's, the later ones closer to it than the
- * plain FP8 K's and within FP8's bound; a decode (the slot's ring, which
- * wraps 2.5 times) agrees with a prefill (the step's copy) for any block
- * size and step. */
+/* The recent window and the sinks in f32 (kvq_recent: each token reads
+ * the K rows of its last kvq_recent_len() positions and of the first
+ * kvq_sinks() in f32). The fixture's heads take no q4, so an FP8 K through
+ * IE_KV_RECENT=all, V f32. A window of NTOK rows reads every K row in f32:
+ * the f32 cache's logits (within summation order) where the plain FP8 K's
+ * are not. A window of 16, no sinks: the first 16 positions are the f32
+ * cache's, the later ones closer to it than the plain FP8 K's (a sliding
+ * window, not a block) and within FP8's bound; with 4 sinks the first 20.
+ * A decode (the slot's ring, which wraps 2.5 times, and its sink rows)
+ * agrees with a prefill (the step's copy) for any block size and step. */
 static void test_worker_recent(void)
 {
     CU_ASSERT(kvq_recent(IE_KV_Q4) && !kvq_recent(IE_KV_FP8_E4M3) && !kvq_recent(IE_KV_F32));
@@ -515,8 +516,9 @@ static void test_worker_recent(void)
     free(all);
 
     setenv("IE_KV_RECENT_W", "16", 1);
+    setenv("IE_KV_SINKS", "0", 1); /* the window alone */
     w = make(IE_KV_FP8_E4M3, IE_KV_F32, IE_KV_ROTATE_AUTO, 0, 2);
-    CU_ASSERT(w->kv_recent && w->k_recent_len == WIN);
+    CU_ASSERT(w->kv_recent && w->k_recent_len == WIN && w->k_sinks == 0);
     float *ref = run(w, 16);
     ie_worker_destroy(&w);
     const double d0 = max_diff(ref, f32, nr), d1 = max_diff(ref + nr, f32 + nr, n - nr);
@@ -534,6 +536,23 @@ static void test_worker_recent(void)
     const double ps = max_diff(plain + (WIN + 1) * nv, f32 + (WIN + 1) * nv, 3 * nv);
     CU_ASSERT(ds < 0.7 * ps);
     if (!(ds < 0.7 * ps)) fprintf(stderr, "  recent window past its first block: %.3g, plain FP8 %.3g\n", ds, ps);
+    /* and SINKS sinks: positions up to WIN + SINKS - 1 read every row in
+     * f32 (rows 0 .. SINKS-1 as sinks, the rest in the window), so they
+     * are the f32 cache's; position WIN + SINKS reads row SINKS in FP8 */
+    enum { SINKS = 4 };
+    unsetenv("IE_KV_SINKS");
+    CU_ASSERT(kvq_sinks() == KVQ_SINKS);
+    setenv("IE_KV_SINKS", "4", 1);
+    w = make(IE_KV_FP8_E4M3, IE_KV_F32, IE_KV_ROTATE_AUTO, 0, 2);
+    CU_ASSERT(w->k_sinks == SINKS);
+    float *sk = run(w, 16);
+    ie_worker_destroy(&w);
+    const size_t ns = (WIN + SINKS) * nv;
+    const double s0 = max_diff(sk, f32, ns), s1 = max_diff(sk + ns, f32 + ns, nv);
+    CU_ASSERT(s0 < 1e-4 * lmax && s1 > 1e-6 * lmax && max_diff(ref, f32, ns) > 1e-3 * lmax);
+    if (!(s0 < 1e-4 * lmax)) fprintf(stderr, "  sinks in f32: first rows' max diff %.3g of %.3g\n", s0, lmax);
+    free(ref);
+    ref = sk; /* the layouts below: window and sinks */
     static const int blocks[] = {1, 3, 64};
     static const int chunks[] = {16, 1, 5};
     for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++) {

@@ -179,31 +179,41 @@ static void kv_mean_head(const ie_worker_t *w, int c, const ie_kv_rows_t *rows, 
     if (w->kv_rot[c]) kvq_fwht(m, hd);
 }
 
-/* Row j of the recent window of token i (slot seq) on held layer ll in
- * f32, rotated (kv_recent): the step's own copy when j is one of its
- * tokens, else the slot's ring when it still holds j; NULL: neither (the
- * cache's row stands). */
+/* kv_recent: the index of slot seq's row for position j on held layer ll
+ * in k_recent: a sink's own place (sink), else the window's ring place. */
+static size_t recent_index(const ie_worker_t *w, int seq, size_t ll, int j, int sink)
+{
+    const size_t per = (size_t)(w->k_recent_len + w->k_sinks);
+    const size_t base = ((size_t)seq * (size_t)(w->sh.layer_end - w->sh.layer_begin) + ll) * per;
+    return base + (sink ? (size_t)(w->k_recent_len + j) : (size_t)(j % w->k_recent_len));
+}
+
+/* Row j (of the recent window or a sink) of token i (slot seq) on held
+ * layer ll in f32, rotated (kv_recent): the step's own copy when j is one
+ * of its tokens, else the slot's rows when they still hold j; NULL:
+ * neither (the cache's row stands). */
 static const float *recent_row(const ie_worker_t *w, const ie_batch_t *b, int i, int seq, size_t ll, int j)
 {
     const int k = i - (b->pos[i] - j); /* a slot's tokens come in order */
     if (k >= 0 && b->seq[k] == seq && b->pos[k] == j) return w->k_batch + (size_t)k * w->kv_dim;
-    const size_t r = ((size_t)seq * (size_t)(w->sh.layer_end - w->sh.layer_begin) + ll) * (size_t)w->k_recent_len +
-                     (size_t)(j % w->k_recent_len);
+    const size_t r = recent_index(w, seq, ll, j, j < w->k_sinks);
     return w->k_recent_pos[r] == j ? w->k_recent + r * w->kv_dim : NULL;
 }
 
 /* kv_recent: the scores of unit a's rows in its token's recent window
- * (rows pos - k_recent_len + 1 .. pos that the view holds) overwritten by
- * scale * q.k over their f32 rows where the worker has them (the cache's
- * score stands elsewhere). q: the unit's a.nh (rotated) query heads;
- * scores: row j at (j - a.j0) of each head's ld-float row. */
+ * (rows pos - k_recent_len + 1 .. pos) and of the sinks (rows 0 ..
+ * k_sinks - 1), those the view holds, overwritten by scale * q.k over
+ * their f32 rows where the worker has them (the cache's score stands
+ * elsewhere). q: the unit's a.nh (rotated) query heads; scores: row j at
+ * (j - a.j0) of each head's ld-float row. */
 static void recent_scores(const ie_worker_t *w, const att_task_t *t, const att_unit_t *a, const float *q,
                           float scale, float *scores, size_t ld)
 {
     const int hd = w->hp.head_dim, pos = t->b->pos[a->i], seq = t->b->seq[a->i];
     const int g0 = pos - w->k_recent_len + 1 > a->j0 ? pos - w->k_recent_len + 1 : a->j0;
+    const int s1 = w->k_sinks < g0 ? w->k_sinks : g0; /* the sinks before the window */
     const size_t ll = (size_t)(t->layer - w->sh.layer_begin);
-    for (int j = g0; j <= pos; j++) {
+    for (int j = a->j0 < s1 ? a->j0 : g0; j <= pos; j = j + 1 == s1 ? g0 : j + 1) {
         const float *kr = recent_row(w, t->b, a->i, seq, ll, j);
         if (!kr) continue;
         kr += (size_t)a->kh * hd;
@@ -537,8 +547,9 @@ ie_status_t worker_kv_new(ie_worker_t *w)
     w->kv_recent = kvq_recent(w->kv_type[0]);
     if (w->kv_recent) {
         w->k_recent_len = kvq_recent_len();
+        w->k_sinks = kvq_sinks();
         const size_t rows = (size_t)opts->n_seq * (size_t)(sh->layer_end - sh->layer_begin) *
-                            (size_t)w->k_recent_len;
+                            (size_t)(w->k_recent_len + w->k_sinks);
         w->k_batch = malloc((size_t)opts->max_batch * w->kv_dim * sizeof(float));
         w->k_recent = malloc(rows * w->kv_dim * sizeof(float));
         w->k_recent_pos = malloc(rows * sizeof(int32_t));
@@ -786,12 +797,14 @@ static void attend(ie_worker_t *w, int l, const ie_batch_t *b, int i0, int i1)
 static void recent_commit(ie_worker_t *w, int l, const ie_batch_t *b, int i0, int i1)
 {
     if (!w->kv_recent || w->layers[l].swa) return;
-    const size_t nl = (size_t)(w->sh.layer_end - w->sh.layer_begin), ll = (size_t)(l - w->sh.layer_begin);
+    const size_t ll = (size_t)(l - w->sh.layer_begin);
     for (int i = i0; i < i1; i++) {
-        const size_t r = ((size_t)b->seq[i] * nl + ll) * (size_t)w->k_recent_len +
-                         (size_t)(b->pos[i] % w->k_recent_len);
-        w->k_recent_pos[r] = b->pos[i];
-        memcpy(w->k_recent + r * w->kv_dim, w->k_batch + (size_t)i * w->kv_dim, (size_t)w->kv_dim * sizeof(float));
+        for (int sink = 0; sink <= (b->pos[i] < w->k_sinks); sink++) { /* a sink: in both places */
+            const size_t r = recent_index(w, b->seq[i], ll, b->pos[i], sink);
+            w->k_recent_pos[r] = b->pos[i];
+            memcpy(w->k_recent + r * w->kv_dim, w->k_batch + (size_t)i * w->kv_dim,
+                   (size_t)w->kv_dim * sizeof(float));
+        }
     }
 }
 
@@ -831,7 +844,7 @@ static void ring_truncate(ie_worker_t *w, int seq, int n_pos)
 static void recent_truncate(ie_worker_t *w, int seq, int p0, int p1)
 {
     if (!w->kv_recent) return;
-    const size_t n = (size_t)(w->sh.layer_end - w->sh.layer_begin) * (size_t)w->k_recent_len;
+    const size_t n = (size_t)(w->sh.layer_end - w->sh.layer_begin) * (size_t)(w->k_recent_len + w->k_sinks);
     int32_t *rp = w->k_recent_pos + (size_t)seq * n;
     for (size_t r = 0; r < n; r++)
         if (rp[r] >= p0 && rp[r] < p1) rp[r] = -1;

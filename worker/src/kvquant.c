@@ -81,6 +81,15 @@ int kvq_recent_len(void)
 }
 
 /* Contract (worker_internal.h). */
+int kvq_sinks(void)
+{
+    const char *e = getenv("IE_KV_SINKS");
+    char *end = NULL;
+    const long n = e && *e ? strtol(e, &end, 10) : -1;
+    return end && !*end && n >= 0 && n <= 256 ? (int)n : KVQ_SINKS;
+}
+
+/* Contract (worker_internal.h). */
 void kvq_mean(const ie_kernels_t *ops, ie_kv_type_t t, const ie_kv_rows_t *rows, int hd, float *m)
 {
     double acc[IE_KV_MAX_HD];

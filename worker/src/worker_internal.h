@@ -186,15 +186,18 @@ struct ie_worker {
     uint8_t *kv_smooth_keep; /* [hd] 1: channel smoothed (RoPE turns it
                                 by at most 1 radian over n_ctx positions) */
     /* a q4 K (kvq_recent): the K rows of each token's last k_recent_len
-     * positions (its own included) read in f32 (rotated, not smoothed)
-     * from the step's copy (k_batch) or each slot's ring of its last
-     * k_recent_len rows (position j at j % k_recent_len) */
+     * positions (its own included) and of the slot's first k_sinks read in
+     * f32 (rotated, not smoothed) from the step's copy (k_batch) or each
+     * slot's rows (position j at j % k_recent_len, a sink also at
+     * k_recent_len + j) */
     int kv_recent;
     int k_recent_len;      /* kvq_recent_len(): the window, in positions */
+    int k_sinks;           /* kvq_sinks(): the first positions kept      */
     float *k_batch;        /* [max_batch][kv_dim]                       */
-    float *k_recent;       /* [n_seq][held layers][k_recent_len][kv_dim] */
-    int32_t *k_recent_pos; /* [n_seq][held layers][k_recent_len] position
-                              held, -1 none                           */
+    float *k_recent;       /* [n_seq][held layers][k_recent_len + k_sinks]
+                              [kv_dim]                                 */
+    int32_t *k_recent_pos; /* [n_seq][held layers][k_recent_len + k_sinks]
+                              position held, -1 none                  */
     size_t kv_head_bytes[2];
     size_t kv_row_bytes[2];
     size_t kv_layer_bytes[2];
@@ -361,6 +364,15 @@ int kvq_recent(ie_kv_type_t t);
 /* The window of kv_recent in positions: KVQ_RECENT, or the environment's
  * IE_KV_RECENT_W (1 .. 4096; measuring and the tests' short contexts). */
 int kvq_recent_len(void);
+
+/* Positions a kv_recent K also reads in f32 from the start of the slot
+ * (attention sinks: the first rows take a large share of the attention
+ * whatever their distance). */
+#define KVQ_SINKS 4
+
+/* The sinks of kv_recent: KVQ_SINKS, or the environment's IE_KV_SINKS
+ * (0 .. 256; measuring and the tests). */
+int kvq_sinks(void);
 
 /* m[0..hd) = the mean (summed in double, in row order) of rows 0 ..
  * KVQ_SMOOTH_ROWS-1 of the view, decoded by ops->kv_decode (the same bits
