@@ -553,6 +553,19 @@ static void test_worker_recent(void)
     if (!(s0 < 1e-4 * lmax)) fprintf(stderr, "  sinks in f32: first rows' max diff %.3g of %.3g\n", s0, lmax);
     free(ref);
     ref = sk; /* the layouts below: window and sinks */
+    /* their f32 rows reported (ie_kv_layout_t.recent_bytes): every slot,
+     * held layer and KV head, window and sinks; none without them */
+    const ie_hparams_t *hp = ie_model_src_hparams(g_src);
+    ie_worker_opts_t o;
+    ie_worker_opts_default(&o);
+    o.n_seq = 3;
+    o.kv_type_k = IE_KV_FP8_E4M3;
+    ie_kv_layout_t ly;
+    CU_ASSERT_EQUAL_FATAL(ie_worker_kv_layout(hp, NULL, &o, &ly), IE_OK);
+    CU_ASSERT_EQUAL(ly.recent_bytes, (uint64_t)3 * hp->n_layer * (WIN + SINKS) * hp->n_head_kv * hp->head_dim * 4);
+    o.kv_type_k = IE_KV_F32;
+    CU_ASSERT_EQUAL_FATAL(ie_worker_kv_layout(hp, NULL, &o, &ly), IE_OK);
+    CU_ASSERT_EQUAL(ly.recent_bytes, 0);
     static const int blocks[] = {1, 3, 64};
     static const int chunks[] = {16, 1, 5};
     for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++) {

@@ -386,6 +386,10 @@ ie_status_t ie_worker_kv_layout(const ie_hparams_t *hp, const ie_shard_range_t *
     out->ring_len = !o->kv_swa_full && n_swa ? ring_len(hp->sliding_window, o->n_ctx, out->kv_block) : 0;
     const int n_ring = out->ring_len ? n_swa : 0;
     out->block_bytes = out->ring_bytes = 0;
+    out->recent_bytes = kvq_recent(o->kv_type_k) ? (uint64_t)o->n_seq * (uint64_t)(l1 - l0) *
+                                                       (uint64_t)(kvq_recent_len() + kvq_sinks()) * (uint64_t)kvh *
+                                                       (uint64_t)hp->head_dim * sizeof(float)
+                                                 : 0;
     for (int c = 0; c < 2; c++) {
         const ie_kv_type_t t = c ? o->kv_type_v : o->kv_type_k;
         const size_t hb = ie_kv_head_bytes(t, hp->head_dim);
@@ -485,7 +489,7 @@ ie_status_t worker_kv_new(ie_worker_t *w)
      * gets ~4x an f32 one's positions */
     if (opts->kv_blocks == 0 && opts->kv_mem_bytes > 0) {
         const ie_kv_layout_t ly = {w->kv_block, w->kv_ring_len,
-                                   (uint64_t)w->kv_block_bytes[0] + w->kv_block_bytes[1], ring_bytes};
+                                   (uint64_t)w->kv_block_bytes[0] + w->kv_block_bytes[1], ring_bytes, 0};
         ie_status_t st = ie_worker_kv_budget_blocks(&ly, opts->kv_mem_bytes, (int)full_pool, &w->kv_blocks);
         if (st != IE_OK) return st;
     }
