@@ -217,12 +217,8 @@ static void recent_scores(const ie_worker_t *w, const att_task_t *t, const att_u
         const float *kr = recent_row(w, t->b, a->i, seq, ll, j);
         if (!kr) continue;
         kr += (size_t)a->kh * hd;
-        for (int hh = 0; hh < a->nh; hh++) {
-            const float *qh = q + (size_t)hh * hd;
-            float d = 0.0f;
-            for (int e = 0; e < hd; e++) d += qh[e] * kr[e];
-            scores[(size_t)hh * ld + (j - a->j0)] = d * scale;
-        }
+        for (int hh = 0; hh < a->nh; hh++) /* this ISA's dot: 68 rows a unit */
+            scores[(size_t)hh * ld + (j - a->j0)] = w->ops->dot_f32(q + (size_t)hh * hd, kr, hd) * scale;
     }
 }
 
