@@ -486,7 +486,8 @@ static void test_worker_smooth(void)
  * agrees with a prefill (the step's copy) for any block size and step. */
 static void test_worker_recent(void)
 {
-    CU_ASSERT(kvq_recent(IE_KV_Q4) && !kvq_recent(IE_KV_FP8_E4M3) && !kvq_recent(IE_KV_F32));
+    CU_ASSERT(kvq_recent(IE_KV_Q4) && kvq_recent(IE_KV_FP8_E4M3) && !kvq_recent(IE_KV_FP8_E5M2) &&
+              !kvq_recent(IE_KV_F32));
     CU_ASSERT(kvq_recent_len() == KVQ_RECENT);
     ie_worker_t *w = make(IE_KV_F32, IE_KV_F32, IE_KV_ROTATE_AUTO, 0, 2);
     const size_t nv = (size_t)ie_worker_hparams(w)->n_vocab, n = NTOK * nv;
@@ -496,14 +497,14 @@ static void test_worker_recent(void)
     ie_worker_destroy(&w);
     double lmax = 0;
     for (size_t i = 0; i < n; i++) lmax = fmax(lmax, fabs(f32[i]));
+    setenv("IE_KV_RECENT", "0", 1);
+    CU_ASSERT(!kvq_recent(IE_KV_Q4) && !kvq_recent(IE_KV_FP8_E4M3));
     w = make(IE_KV_FP8_E4M3, IE_KV_F32, IE_KV_ROTATE_AUTO, 0, 2);
     CU_ASSERT(!w->kv_recent);
     float *plain = run(w, 16);
     ie_worker_destroy(&w);
     CU_ASSERT(max_diff(plain, f32, nr) > 1e-3 * lmax); /* FP8 rounding shows */
 
-    setenv("IE_KV_RECENT", "0", 1);
-    CU_ASSERT(!kvq_recent(IE_KV_Q4));
     setenv("IE_KV_RECENT", "all", 1);
     setenv("IE_KV_RECENT_W", "40", 1); /* NTOK: every row */
     w = make(IE_KV_FP8_E4M3, IE_KV_F32, IE_KV_ROTATE_AUTO, 0, 2);
@@ -563,24 +564,52 @@ static void test_worker_recent(void)
     ie_kv_layout_t ly;
     CU_ASSERT_EQUAL_FATAL(ie_worker_kv_layout(hp, NULL, &o, &ly), IE_OK);
     CU_ASSERT_EQUAL(ly.recent_bytes, (uint64_t)3 * hp->n_layer * (WIN + SINKS) * hp->n_head_kv * hp->head_dim * 4);
+    o.kv_type_v = IE_KV_Q8; /* V's rows too */
+    CU_ASSERT_EQUAL_FATAL(ie_worker_kv_layout(hp, NULL, &o, &ly), IE_OK);
+    CU_ASSERT_EQUAL(ly.recent_bytes, (uint64_t)6 * hp->n_layer * (WIN + SINKS) * hp->n_head_kv * hp->head_dim * 4);
     o.kv_type_k = IE_KV_F32;
     CU_ASSERT_EQUAL_FATAL(ie_worker_kv_layout(hp, NULL, &o, &ly), IE_OK);
     CU_ASSERT_EQUAL(ly.recent_bytes, 0);
-    static const int blocks[] = {1, 3, 64};
-    static const int chunks[] = {16, 1, 5};
-    for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++) {
-        w = make(IE_KV_FP8_E4M3, IE_KV_F32, IE_KV_ROTATE_AUTO, blocks[i], 2);
-        for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
-            float *got = run(w, chunks[c]);
-            const double d = max_diff(got, ref, n);
-            CU_ASSERT(d < 1e-4 * lmax);
-            if (!(d < 1e-4 * lmax))
-                fprintf(stderr, "  recent window, block %d chunk %d: max diff %.3g of %.3g\n", blocks[i], chunks[c],
-                        d, lmax);
-            free(got);
-        }
+    /* a quantized V: its window and sinks in f32 too (kv_recent_v), so a
+     * window of every row is the f32 cache's where the V window's absence
+     * (the K's alone) is not */
+    float *kvref = NULL;
+    {
+        setenv("IE_KV_RECENT_W", "40", 1);
+        w = make(IE_KV_FP8_E4M3, IE_KV_FP8_E4M3, IE_KV_ROTATE_AUTO, 0, 2);
+        CU_ASSERT(w->kv_recent && w->kv_recent_v);
+        float *kv = run(w, 16);
+        w->kv_recent_v = 0; /* the K's window alone */
+        float *konly = run(w, 16);
+        ie_worker_destroy(&w);
+        const double dk = max_diff(kv, f32, n), dko = max_diff(konly, f32, n);
+        CU_ASSERT(dk < 1e-4 * lmax && dko > 1e-3 * lmax);
+        if (!(dk < 1e-4 * lmax))
+            fprintf(stderr, "  K and V windows of every row: max diff %.3g of %.3g\n", dk, lmax);
+        free(kv);
+        free(konly);
+        setenv("IE_KV_RECENT_W", "16", 1);
+        w = make(IE_KV_FP8_E4M3, IE_KV_FP8_E4M3, IE_KV_ROTATE_AUTO, 0, 2);
+        kvref = run(w, 16);
         ie_worker_destroy(&w);
     }
+    static const int blocks[] = {1, 3, 64};
+    static const int chunks[] = {16, 1, 5};
+    for (int vq = 0; vq < 2; vq++) /* V f32, then FP8 with its window */
+        for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++) {
+            w = make(IE_KV_FP8_E4M3, vq ? IE_KV_FP8_E4M3 : IE_KV_F32, IE_KV_ROTATE_AUTO, blocks[i], 2);
+            for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+                float *got = run(w, chunks[c]);
+                const double d = max_diff(got, vq ? kvref : ref, n);
+                CU_ASSERT(d < 1e-4 * lmax);
+                if (!(d < 1e-4 * lmax))
+                    fprintf(stderr, "  recent window, V %s, block %d chunk %d: max diff %.3g of %.3g\n",
+                            vq ? "fp8" : "f32", blocks[i], chunks[c], d, lmax);
+                free(got);
+            }
+            ie_worker_destroy(&w);
+        }
+    free(kvref);
     unsetenv("IE_KV_RECENT_W");
     unsetenv("IE_KV_RECENT");
     free(ref);
@@ -647,7 +676,7 @@ int main(void)
     CU_add_test(s, "worker: GPT-OSS window edges and sinks, f16 and quantized caches", test_worker_gptoss_window);
     CU_add_test(s, "worker: pool sized by a byte budget", test_worker_mem_budget);
     CU_add_test(s, "worker: smoothed cache (rows less the first rows' mean)", test_worker_smooth);
-    CU_add_test(s, "worker: a K's recent window read in f32", test_worker_recent);
+    CU_add_test(s, "worker: recent window and sinks of K and V read in f32", test_worker_recent);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();

@@ -69,7 +69,7 @@ int kvq_recent(ie_kv_type_t t)
 {
     const char *e = getenv("IE_KV_RECENT");
     if (e && !strcmp(e, "all")) return t != IE_KV_F32;
-    return t == IE_KV_Q4 && !(e && !strcmp(e, "0"));
+    return (t == IE_KV_Q4 || t == IE_KV_FP8_E4M3) && !(e && !strcmp(e, "0"));
 }
 
 /* Contract (worker_internal.h). */

@@ -191,8 +191,13 @@ struct ie_worker {
      * slot's rows (position j at j % k_recent_len, a sink also at
      * k_recent_len + j) */
     int kv_recent;
-    int k_recent_len;      /* kvq_recent_len(): the window, in positions */
-    int k_sinks;           /* kvq_sinks(): the first positions kept      */
+    int k_recent_len; /* kvq_recent_len(): the window, in positions */
+    int k_sinks;      /* kvq_sinks(): the first positions kept      */
+    /* and V's rows alike when V is quantized and not smoothed: the
+     * weighted sum of V gets p_j (v_j - decoded v_j) for those rows */
+    int kv_recent_v;
+    float *v_batch;        /* [max_batch][kv_dim] (kv_recent_v)         */
+    float *v_recent;       /* as k_recent (kv_recent_v), k_recent_pos's  */
     float *k_batch;        /* [max_batch][kv_dim]                       */
     float *k_recent;       /* [n_seq][held layers][k_recent_len + k_sinks]
                               [kv_dim]                                 */
@@ -349,9 +354,10 @@ int kvq_smooths(ie_kv_type_t t, int c);
  * its own included. */
 #define KVQ_RECENT 64
 
-/* Whether a K cache of type t keeps its recent rows in f32: a q4 one,
- * unless the environment sets IE_KV_RECENT=0 (measuring; "all": every
- * type but f32, for the tests on heads q4 cannot take). The last
+/* Whether a K cache of type t keeps its recent rows in f32: a q4 or
+ * fp8_e4m3 one (measured to pay, docs/KVCACHE.md), unless the environment
+ * sets IE_KV_RECENT=0 (measuring; "all": every type but f32). A quantized
+ * V that is not smoothed then keeps its recent rows alike. The last
  * positions before a token are the ones it attends to most (the recent
  * context); KIVI keeps them in full precision until their block is full.
  * Here the cache still holds them in q4 (so a shared prefix, preemption
