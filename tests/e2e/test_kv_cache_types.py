@@ -99,8 +99,9 @@ def test_prefix_hit_smoothed_q4_k(smollm2, tmp_path):
     assert out["kv_recent_bytes"] == 0
     out = run_json(args, timeout=300)
     assert out["kv_hits"] >= 32, out
-    # 64 window rows and 4 sinks of 30 layers x 3 KV heads x 64 floats, 1 slot
-    assert out["kv_recent_bytes"] == (64 + 4) * 30 * 3 * 64 * 4
+    # 64 window rows and 4 sinks of 30 layers x 3 KV heads x 64 floats, 1
+    # slot, for K and for the quantized V
+    assert out["kv_recent_bytes"] == 2 * (64 + 4) * 30 * 3 * 64 * 4
 
 
 def test_tensor_plan_quantized_block_size(smollm2, prompts_file):
