@@ -226,7 +226,7 @@ static void recent_scores(const ie_worker_t *w, const att_task_t *t, const att_u
         const float *kr = recent_row(w, t->b, a->i, seq, ll, j, 0);
         if (!kr) continue;
         kr += (size_t)a->kh * hd;
-        for (int hh = 0; hh < a->nh; hh++) /* this ISA's dot: 68 rows a unit */
+        for (int hh = 0; hh < a->nh; hh++) /* this ISA's dot (68 rows a unit by default) */
             scores[(size_t)hh * ld + (j - a->j0)] = w->ops->dot_f32(q + (size_t)hh * hd, kr, hd) * scale;
     }
 }
@@ -835,8 +835,9 @@ static void attend(ie_worker_t *w, int l, const ie_batch_t *b, int i0, int i1)
     ie_threadpool_run(w->tp, att_run, &at);
 }
 
-/* kv_recent: the f32 K rows of tokens i0 .. i1-1 into their slots' rings,
- * after their attention (which read them from k_batch): written before,
+/* kv_recent: the f32 K (and kv_recent_v: V) rows of tokens i0 .. i1-1
+ * into their slots' rings and sinks, after their attention (which read
+ * them from k_batch, v_batch): written before,
  * a step's later rows would take the ring places of the window rows its
  * first tokens read from earlier steps. */
 static void recent_commit(ie_worker_t *w, int l, const ie_batch_t *b, int i0, int i1)
