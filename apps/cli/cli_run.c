@@ -1037,6 +1037,7 @@ int ie_cli_run(int argc, char **argv)
     cJSON_AddNumberToObject(js, "kv_pool_positions", (double)ie_engine_kv_pool_positions(eng));
     cJSON_AddNumberToObject(js, "kv_ring_positions", ie_engine_kv_ring_positions(eng));
     cJSON_AddNumberToObject(js, "kv_ring_bytes", (double)ie_engine_kv_ring_bytes(eng));
+    cJSON_AddNumberToObject(js, "kv_recent_bytes", (double)ie_engine_kv_recent_bytes(eng));
     ie_backend_stats_t bs;
     ie_backend_stats(ie_engine_backend(eng), &bs);
     cJSON_AddStringToObject(js, "isa", bs.isa);

@@ -146,6 +146,10 @@ size_t ie_engine_kv_bytes_per_token(const ie_engine_t *e);
  * model's (a plan's ranks together). */
 int ie_engine_kv_ring_positions(const ie_engine_t *e);
 uint64_t ie_engine_kv_ring_bytes(const ie_engine_t *e);
+/* Bytes of the f32 K rows a q4 K keeps of each slot's recent window and
+ * sinks (docs/KVCACHE.md), the whole model's; 0 for other types. Outside
+ * the pool and kv_mem_mb's budget. */
+uint64_t ie_engine_kv_recent_bytes(const ie_engine_t *e);
 /* The KV pool: positions it holds (blocks times positions a block; with
  * --kv-mem-mb, what the budget holds in the chosen types). */
 int64_t ie_engine_kv_pool_positions(const ie_engine_t *e);

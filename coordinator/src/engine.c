@@ -265,7 +265,7 @@ ie_status_t ie_engine_open(const ie_engine_opts_t *o, ie_engine_t **out)
         st = ie_lora_cache_new(&lo, &e->lc);
     }
     if (st == IE_OK && o->metrics) { /* the cache's types and cost per token, for /metrics */
-        ie_metric_t *mk = NULL, *mv = NULL, *mb = NULL, *mr = NULL;
+        ie_metric_t *mk = NULL, *mv = NULL, *mb = NULL, *mr = NULL, *mf = NULL;
         if ((st = ie_metrics_gauge(o->metrics, "ie_kv_cache_type_k", "1 for the K cache's storage type", "type",
                                    &mk)) == IE_OK &&
             (st = ie_metrics_gauge(o->metrics, "ie_kv_cache_type_v", "1 for the V cache's storage type", "type",
@@ -275,11 +275,15 @@ ie_status_t ie_engine_open(const ie_engine_opts_t *o, ie_engine_t **out)
                                    &mb)) == IE_OK &&
             (st = ie_metrics_gauge(o->metrics, "ie_kv_cache_ring_bytes",
                                    "KV cache bytes of the sliding layers' rings (every slot, K and V)", NULL,
-                                   &mr)) == IE_OK) {
+                                   &mr)) == IE_OK &&
+            (st = ie_metrics_gauge(o->metrics, "ie_kv_cache_recent_bytes",
+                                   "f32 K rows of a q4 K's recent window and sinks (every slot)", NULL, &mf)) ==
+                IE_OK) {
             ie_metric_set(mk, ie_kv_type_name(o->kv_type_k), 1);
             ie_metric_set(mv, ie_kv_type_name(o->kv_type_v), 1);
             ie_metric_set(mb, NULL, (double)ie_engine_kv_bytes_per_token(e));
             ie_metric_set(mr, NULL, (double)ie_engine_kv_ring_bytes(e));
+            ie_metric_set(mf, NULL, (double)ie_engine_kv_recent_bytes(e));
         }
     }
 
@@ -329,6 +333,8 @@ size_t ie_engine_kv_bytes_per_token(const ie_engine_t *e)
 }
 /* Contract (ie_engine.h). */
 uint64_t ie_engine_kv_ring_bytes(const ie_engine_t *e) { return e->kv_layout.ring_bytes; }
+/* Contract (ie_engine.h). */
+uint64_t ie_engine_kv_recent_bytes(const ie_engine_t *e) { return e->kv_layout.recent_bytes; }
 /* Contract (ie_engine.h). */
 int ie_engine_kv_ring_positions(const ie_engine_t *e) { return e->kv_layout.ring_len; }
 /* Contract (ie_engine.h). */

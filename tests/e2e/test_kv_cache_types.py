@@ -16,7 +16,7 @@
   d) An unknown type, a bad rotation switch and a head size the type cannot
      hold exit 2 with one clear line.
   e) A smoothed q4 K across a prefix-cache hit gives the computed stream's
-     ids.
+     ids (its f32 recent rows off); the recent rows' bytes are reported.
 """
 from __future__ import annotations
 
@@ -81,16 +81,27 @@ def test_prefix_hit_smoothed_q4_k(smollm2, tmp_path):
     """A smoothed q4 K (rows from 16 on stored less the mean of the slot's
     first 16): a prompt repeated one stream after the other takes its
     blocks from the prefix cache, rebuilds the mean from those rows and
-    continues as the stream that computed them."""
+    continues as the stream that computed them. The f32 recent rows and
+    sinks are off here (IE_KV_RECENT=0): they belong to the slot that
+    computed them, so a stream continuing from a hit reads the hit's rows
+    in q4 where the first stream read them in f32 (docs/KVCACHE.md); with
+    them on the hit is still taken and their bytes reported."""
     long = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, "
             "must be in want of a wife. However little known the feelings or views of such a man may be")
     p = tmp_path / "same.txt"
     p.write_text(long + "\n" + long + "\n")
-    out = run_json(["--model", smollm2, "--prompts-file", p, "--batch", 1, "--max-new", 8, "--greedy",
-                    "--threads", THREADS, "--no-pin", "--ctx", CTX, "--kv-block", 8,
-                    "--cache-type-k", "q4", "--cache-type-v", "q8"], timeout=300)
+    args = ["--model", smollm2, "--prompts-file", p, "--batch", 1, "--max-new", 8, "--greedy",
+            "--threads", THREADS, "--no-pin", "--ctx", CTX, "--kv-block", 8,
+            "--cache-type-k", "q4", "--cache-type-v", "q8"]
+    out = run_json(args, timeout=300, env={"IE_KV_RECENT": "0"})
     assert out["kv_hits"] >= 32, out
     assert out["ids"][0] == out["ids"][1]
+    assert out["kv_recent_bytes"] == 0
+    out = run_json(args, timeout=300)
+    assert out["kv_hits"] >= 32, out
+    # 64 window rows and 4 sinks of 30 layers x 3 KV heads x 64 floats, 1
+    # slot, for K and for the quantized V
+    assert out["kv_recent_bytes"] == 2 * (64 + 4) * 30 * 3 * 64 * 4
 
 
 def test_tensor_plan_quantized_block_size(smollm2, prompts_file):

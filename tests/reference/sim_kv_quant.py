@@ -36,6 +36,11 @@ Schemes (K and V each: TYPE[+options]):
   RG           (K only) the block of G positions holding the query read in
                f32, the codec per position otherwise (KIVI's f32 residual
                without its per-channel groups)
+  WN           (K only) the last N positions (the query's included) read
+               in f32: a sliding window instead of (or with R) the block
+  BG           causal block smoothing: the rows of block b (G positions)
+               stored less the mean of block b-1's decoded rows (block 0
+               as is)
 
 Usage: sim_kv_quant.py [--ctx 512] [--windows 8] [--text FILE] SCHEME...
   where SCHEME is K/V, e.g.  f32/f32  q4r/q4r  q4rs16/q4r  e4m3r/e4m3r
@@ -115,7 +120,7 @@ def q4_channel(x: torch.Tensor, G: int) -> torch.Tensor:
     return (q * d + lo).reshape(B, H, T + pad, D)[:, :, :T]
 
 
-SPEC = re.compile(r"^(f32|q4|q8|e4m3)(r?)(?:([sS])(\d+))?(?:f(\d+))?(?:c(\d+))?(?:R(\d+))?$")
+SPEC = re.compile(r"^(f32|q4|q8|e4m3)(r?)(?:([sS])(\d+))?(?:f(\d+))?(?:c(\d+))?(?:R(\d+))?(?:W(\d+))?(?:B(\d+))?$")
 
 
 class Scheme:
@@ -131,6 +136,8 @@ class Scheme:
         self.keep = int(m.group(5) or 0) if self.raw_first else max(self.smooth, int(m.group(5) or 0))
         self.chan = int(m.group(6) or 0)
         self.recent = int(m.group(7) or 0)
+        self.window = int(m.group(8) or 0)
+        self.bsmooth = int(m.group(9) or 0)
 
     def apply(self, x: torch.Tensor):
         """x [B, H, T, D] -> (dequantized x, f32 override mask or None).
@@ -148,6 +155,18 @@ class Scheme:
                 yq = {"q4": q4_0, "q8": q8, "e4m3": e4m3}[self.codec](y)
             return yq @ H if H is not None else yq  # H symmetric, its own inverse
 
+        if self.bsmooth:  # causal: each block less the previous one's decoded mean
+            G, T = self.bsmooth, x.shape[2]
+            out, mb = [], None
+            for b0 in range(0, T, G):
+                xb = x[:, :, b0:b0 + G]
+                yb = code(xb - mb) + mb if mb is not None else code(xb)
+                out.append(yb)
+                mb = yb.mean(2, keepdim=True) if yb.shape[2] == G else None
+            yq = torch.cat(out, 2)
+            if self.keep:
+                yq = torch.cat([x[:, :, : self.keep], yq[:, :, self.keep:]], 2)
+            return yq, None
         m = None
         if self.smooth and self.raw_first:
             raw = code(x[:, :, : self.smooth])
@@ -175,12 +194,17 @@ def attn(module, query, key, value, attention_mask, scaling, dropout=0.0, **kw):
     T = query.shape[2]
     s = torch.matmul(query, kq.transpose(2, 3)) * scaling
     blk_size = ks.chan or ks.recent
-    if blk_size:
+    if blk_size or ks.window:
         # KIVI: the block the query sits in is not full yet, read in f32
         kf = modeling_llama.repeat_kv(key, g)
         sf = torch.matmul(query, kf.transpose(2, 3)) * scaling
-        blk = torch.arange(T) // blk_size
-        same = blk[:, None] == blk[None, :]
+        same = torch.zeros(T, T, dtype=torch.bool)
+        if blk_size:
+            blk = torch.arange(T) // blk_size
+            same |= blk[:, None] == blk[None, :]
+        if ks.window:
+            d = torch.arange(T)[:, None] - torch.arange(T)[None, :]
+            same |= d < ks.window
         s = torch.where(same, sf, s)
     causal = torch.ones(T, T, dtype=torch.bool).tril()
     s = s.masked_fill(~causal, float("-inf"))

@@ -474,54 +474,143 @@ static void test_worker_smooth(void)
     free(f32);
 }
 
-/* The open block in f32 (kvq_recent: each token reads its own
- * KVQ_RECENT-block's K rows in f32). The fixture's heads take no q4, so an
- * FP8 K through IE_KV_RECENT=all, V f32: the first KVQ_RECENT positions
- * read every K row in f32, so their logits are the f32 cache's (within
- * summation order) where the plain FP8 K's are not; the later ones stay
- * within FP8's bound; a decode (the slot's ring) agrees with a prefill
- * (the step's copy) for any block size. */
+/* The recent window and the sinks in f32 (kvq_recent: each token reads
+ * the K rows of its last kvq_recent_len() positions and of the first
+ * kvq_sinks() in f32). The fixture's heads take no q4, so an FP8 K through
+ * IE_KV_RECENT=all, V f32. A window of NTOK rows reads every K row in f32:
+ * the f32 cache's logits (within summation order) where the plain FP8 K's
+ * are not. A window of 16, no sinks: the first 16 positions are the f32
+ * cache's, the later ones closer to it than the plain FP8 K's (a sliding
+ * window, not a block) and within FP8's bound; with 4 sinks the first 20.
+ * A decode (the slot's ring, which wraps 2.5 times, and its sink rows)
+ * agrees with a prefill (the step's copy) for any block size and step. */
 static void test_worker_recent(void)
 {
-    CU_ASSERT(kvq_recent(IE_KV_Q4) && !kvq_recent(IE_KV_FP8_E4M3) && !kvq_recent(IE_KV_F32));
+    CU_ASSERT(kvq_recent(IE_KV_Q4) && kvq_recent(IE_KV_FP8_E4M3) && !kvq_recent(IE_KV_FP8_E5M2) &&
+              !kvq_recent(IE_KV_F32));
+    CU_ASSERT(kvq_recent_len() == KVQ_RECENT);
     ie_worker_t *w = make(IE_KV_F32, IE_KV_F32, IE_KV_ROTATE_AUTO, 0, 2);
-    const size_t nv = (size_t)ie_worker_hparams(w)->n_vocab, n = NTOK * nv, nr = KVQ_RECENT * nv;
+    const size_t nv = (size_t)ie_worker_hparams(w)->n_vocab, n = NTOK * nv;
+    enum { WIN = 16 };
+    const size_t nr = WIN * nv;
     float *f32 = run(w, 16);
     ie_worker_destroy(&w);
     double lmax = 0;
     for (size_t i = 0; i < n; i++) lmax = fmax(lmax, fabs(f32[i]));
+    setenv("IE_KV_RECENT", "0", 1);
+    CU_ASSERT(!kvq_recent(IE_KV_Q4) && !kvq_recent(IE_KV_FP8_E4M3));
     w = make(IE_KV_FP8_E4M3, IE_KV_F32, IE_KV_ROTATE_AUTO, 0, 2);
     CU_ASSERT(!w->kv_recent);
     float *plain = run(w, 16);
     ie_worker_destroy(&w);
     CU_ASSERT(max_diff(plain, f32, nr) > 1e-3 * lmax); /* FP8 rounding shows */
 
-    setenv("IE_KV_RECENT", "0", 1);
-    CU_ASSERT(!kvq_recent(IE_KV_Q4));
     setenv("IE_KV_RECENT", "all", 1);
+    setenv("IE_KV_RECENT_W", "40", 1); /* NTOK: every row */
     w = make(IE_KV_FP8_E4M3, IE_KV_F32, IE_KV_ROTATE_AUTO, 0, 2);
-    CU_ASSERT(w->kv_recent);
+    CU_ASSERT(w->kv_recent && w->k_recent_len == NTOK);
+    float *all = run(w, 16);
+    ie_worker_destroy(&w);
+    const double da = max_diff(all, f32, n);
+    CU_ASSERT(da < 1e-4 * lmax);
+    if (!(da < 1e-4 * lmax)) fprintf(stderr, "  window of every row: max diff %.3g of %.3g\n", da, lmax);
+    free(all);
+
+    setenv("IE_KV_RECENT_W", "16", 1);
+    setenv("IE_KV_SINKS", "0", 1); /* the window alone */
+    w = make(IE_KV_FP8_E4M3, IE_KV_F32, IE_KV_ROTATE_AUTO, 0, 2);
+    CU_ASSERT(w->kv_recent && w->k_recent_len == WIN && w->k_sinks == 0);
     float *ref = run(w, 16);
     ie_worker_destroy(&w);
     const double d0 = max_diff(ref, f32, nr), d1 = max_diff(ref + nr, f32 + nr, n - nr);
+    const double p1 = max_diff(plain + nr, f32 + nr, n - nr);
     CU_ASSERT(d0 < 1e-4 * lmax);
-    CU_ASSERT(d1 > 0 && d1 < 8e-2 * lmax);
-    if (!(d0 < 1e-4 * lmax)) fprintf(stderr, "  open block in f32: first rows' max diff %.3g of %.3g\n", d0, lmax);
-    static const int blocks[] = {1, 3, 64};
-    static const int chunks[] = {16, 1, 5};
-    for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++) {
-        w = make(IE_KV_FP8_E4M3, IE_KV_F32, IE_KV_ROTATE_AUTO, blocks[i], 2);
-        for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
-            float *got = run(w, chunks[c]);
-            const double d = max_diff(got, ref, n);
-            CU_ASSERT(d < 1e-4 * lmax);
-            if (!(d < 1e-4 * lmax))
-                fprintf(stderr, "  open block, block %d chunk %d: max diff %.3g of %.3g\n", blocks[i], chunks[c], d,
-                        lmax);
-            free(got);
-        }
+    CU_ASSERT(d1 > 0 && d1 < 8e-2 * lmax && d1 < p1);
+    if (!(d0 < 1e-4 * lmax))
+        fprintf(stderr, "  recent window in f32: first rows' max diff %.3g of %.3g\n", d0, lmax);
+    if (!(d1 < p1)) fprintf(stderr, "  recent window: later rows %.3g, plain FP8 %.3g\n", d1, p1);
+    /* a sliding window, not a block of WIN: positions WIN+1 .. WIN+3 still
+     * read rows from before WIN in f32 (a block would read only its own
+     * 1..3 rows: measured as far off as the plain FP8 K, 0.0169 of 3.03
+     * against 0.0166; the window 0.0079) */
+    const double ds = max_diff(ref + (WIN + 1) * nv, f32 + (WIN + 1) * nv, 3 * nv);
+    const double ps = max_diff(plain + (WIN + 1) * nv, f32 + (WIN + 1) * nv, 3 * nv);
+    CU_ASSERT(ds < 0.7 * ps);
+    if (!(ds < 0.7 * ps)) fprintf(stderr, "  recent window past its first block: %.3g, plain FP8 %.3g\n", ds, ps);
+    /* and SINKS sinks: positions up to WIN + SINKS - 1 read every row in
+     * f32 (rows 0 .. SINKS-1 as sinks, the rest in the window), so they
+     * are the f32 cache's; position WIN + SINKS reads row SINKS in FP8 */
+    enum { SINKS = 4 };
+    unsetenv("IE_KV_SINKS");
+    CU_ASSERT(kvq_sinks() == KVQ_SINKS);
+    setenv("IE_KV_SINKS", "4", 1);
+    w = make(IE_KV_FP8_E4M3, IE_KV_F32, IE_KV_ROTATE_AUTO, 0, 2);
+    CU_ASSERT(w->k_sinks == SINKS);
+    float *sk = run(w, 16);
+    ie_worker_destroy(&w);
+    const size_t ns = (WIN + SINKS) * nv;
+    const double s0 = max_diff(sk, f32, ns), s1 = max_diff(sk + ns, f32 + ns, nv);
+    CU_ASSERT(s0 < 1e-4 * lmax && s1 > 1e-6 * lmax && max_diff(ref, f32, ns) > 1e-3 * lmax);
+    if (!(s0 < 1e-4 * lmax)) fprintf(stderr, "  sinks in f32: first rows' max diff %.3g of %.3g\n", s0, lmax);
+    free(ref);
+    ref = sk; /* the layouts below: window and sinks */
+    /* their f32 rows reported (ie_kv_layout_t.recent_bytes): every slot,
+     * held layer and KV head, window and sinks; none without them */
+    const ie_hparams_t *hp = ie_model_src_hparams(g_src);
+    ie_worker_opts_t o;
+    ie_worker_opts_default(&o);
+    o.n_seq = 3;
+    o.kv_type_k = IE_KV_FP8_E4M3;
+    ie_kv_layout_t ly;
+    CU_ASSERT_EQUAL_FATAL(ie_worker_kv_layout(hp, NULL, &o, &ly), IE_OK);
+    CU_ASSERT_EQUAL(ly.recent_bytes, (uint64_t)3 * hp->n_layer * (WIN + SINKS) * hp->n_head_kv * hp->head_dim * 4);
+    o.kv_type_v = IE_KV_Q8; /* V's rows too */
+    CU_ASSERT_EQUAL_FATAL(ie_worker_kv_layout(hp, NULL, &o, &ly), IE_OK);
+    CU_ASSERT_EQUAL(ly.recent_bytes, (uint64_t)6 * hp->n_layer * (WIN + SINKS) * hp->n_head_kv * hp->head_dim * 4);
+    o.kv_type_k = IE_KV_F32;
+    CU_ASSERT_EQUAL_FATAL(ie_worker_kv_layout(hp, NULL, &o, &ly), IE_OK);
+    CU_ASSERT_EQUAL(ly.recent_bytes, 0);
+    /* a quantized V: its window and sinks in f32 too (kv_recent_v), so a
+     * window of every row is the f32 cache's where the V window's absence
+     * (the K's alone) is not */
+    float *kvref = NULL;
+    {
+        setenv("IE_KV_RECENT_W", "40", 1);
+        w = make(IE_KV_FP8_E4M3, IE_KV_FP8_E4M3, IE_KV_ROTATE_AUTO, 0, 2);
+        CU_ASSERT(w->kv_recent && w->kv_recent_v);
+        float *kv = run(w, 16);
+        w->kv_recent_v = 0; /* the K's window alone */
+        float *konly = run(w, 16);
+        ie_worker_destroy(&w);
+        const double dk = max_diff(kv, f32, n), dko = max_diff(konly, f32, n);
+        CU_ASSERT(dk < 1e-4 * lmax && dko > 1e-3 * lmax);
+        if (!(dk < 1e-4 * lmax))
+            fprintf(stderr, "  K and V windows of every row: max diff %.3g of %.3g\n", dk, lmax);
+        free(kv);
+        free(konly);
+        setenv("IE_KV_RECENT_W", "16", 1);
+        w = make(IE_KV_FP8_E4M3, IE_KV_FP8_E4M3, IE_KV_ROTATE_AUTO, 0, 2);
+        kvref = run(w, 16);
         ie_worker_destroy(&w);
     }
+    static const int blocks[] = {1, 3, 64};
+    static const int chunks[] = {16, 1, 5};
+    for (int vq = 0; vq < 2; vq++) /* V f32, then FP8 with its window */
+        for (size_t i = 0; i < sizeof blocks / sizeof blocks[0]; i++) {
+            w = make(IE_KV_FP8_E4M3, vq ? IE_KV_FP8_E4M3 : IE_KV_F32, IE_KV_ROTATE_AUTO, blocks[i], 2);
+            for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+                float *got = run(w, chunks[c]);
+                const double d = max_diff(got, vq ? kvref : ref, n);
+                CU_ASSERT(d < 1e-4 * lmax);
+                if (!(d < 1e-4 * lmax))
+                    fprintf(stderr, "  recent window, V %s, block %d chunk %d: max diff %.3g of %.3g\n",
+                            vq ? "fp8" : "f32", blocks[i], chunks[c], d, lmax);
+                free(got);
+            }
+            ie_worker_destroy(&w);
+        }
+    free(kvref);
+    unsetenv("IE_KV_RECENT_W");
     unsetenv("IE_KV_RECENT");
     free(ref);
     free(plain);
@@ -587,7 +676,7 @@ int main(void)
     CU_add_test(s, "worker: GPT-OSS window edges and sinks, f16 and quantized caches", test_worker_gptoss_window);
     CU_add_test(s, "worker: pool sized by a byte budget", test_worker_mem_budget);
     CU_add_test(s, "worker: smoothed cache (rows less the first rows' mean)", test_worker_smooth);
-    CU_add_test(s, "worker: a K's open block read in f32", test_worker_recent);
+    CU_add_test(s, "worker: recent window and sinks of K and V read in f32", test_worker_recent);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();

@@ -362,6 +362,10 @@ typedef struct ie_kv_layout {
     int ring_len;
     uint64_t block_bytes;
     uint64_t ring_bytes;
+    uint64_t recent_bytes; /* every slot's f32 K rows of a q4 K's recent
+                              window and sinks, and V's alike when it is
+                              quantized (docs/KVCACHE.md), held layers;
+                              outside the pool and the budget */
 } ie_kv_layout_t;
 ie_status_t ie_worker_kv_layout(const ie_hparams_t *hp, const ie_shard_range_t *sh, const ie_worker_opts_t *o,
                                 ie_kv_layout_t *out);

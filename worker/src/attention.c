@@ -179,17 +179,80 @@ static void kv_mean_head(const ie_worker_t *w, int c, const ie_kv_rows_t *rows, 
     if (w->kv_rot[c]) kvq_fwht(m, hd);
 }
 
-/* Row j of the open block of token i (slot seq) on held layer ll in f32,
- * rotated (kv_recent): the step's own copy when j is one of its tokens,
- * else the slot's ring when it still holds j; NULL: neither (the q4 row
- * stands). */
-static const float *recent_row(const ie_worker_t *w, const ie_batch_t *b, int i, int seq, size_t ll, int j)
+/* kv_recent: the index of slot seq's row for position j on held layer ll
+ * in k_recent: a sink's own place (sink), else the window's ring place. */
+static size_t recent_index(const ie_worker_t *w, int seq, size_t ll, int j, int sink)
+{
+    const size_t per = (size_t)(w->k_recent_len + w->k_sinks);
+    const size_t base = ((size_t)seq * (size_t)(w->sh.layer_end - w->sh.layer_begin) + ll) * per;
+    return base + (sink ? (size_t)(w->k_recent_len + j) : (size_t)(j % w->k_recent_len));
+}
+
+/* Row j (of the recent window or a sink) of cache c (0 K, 1 V) of token
+ * i (slot seq) on held layer ll in f32, rotated (kv_recent): the step's
+ * own copy when j is one of its tokens, else the slot's rows when they
+ * still hold j; NULL: neither (the cache's row stands). */
+static const float *recent_row(const ie_worker_t *w, const ie_batch_t *b, int i, int seq, size_t ll, int j, int c)
 {
     const int k = i - (b->pos[i] - j); /* a slot's tokens come in order */
-    if (k >= 0 && b->seq[k] == seq && b->pos[k] == j) return w->k_batch + (size_t)k * w->kv_dim;
-    const size_t r = ((size_t)seq * (size_t)(w->sh.layer_end - w->sh.layer_begin) + ll) * KVQ_RECENT +
-                     (size_t)(j % KVQ_RECENT);
-    return w->k_recent_pos[r] == j ? w->k_recent + r * w->kv_dim : NULL;
+    if (k >= 0 && b->seq[k] == seq && b->pos[k] == j) return (c ? w->v_batch : w->k_batch) + (size_t)k * w->kv_dim;
+    const size_t r = recent_index(w, seq, ll, j, j < w->k_sinks);
+    return w->k_recent_pos[r] == j ? (c ? w->v_recent : w->k_recent) + r * w->kv_dim : NULL;
+}
+
+/* The first row of token pos's recent window in a view from j0, and the
+ * end of the sinks before it (kv_recent): rows j0 .. s1-1 and g0 .. pos
+ * are read in f32. */
+static void recent_span(const ie_worker_t *w, int pos, int j0, int *s1, int *g0)
+{
+    *g0 = pos - w->k_recent_len + 1 > j0 ? pos - w->k_recent_len + 1 : j0;
+    *s1 = w->k_sinks < *g0 ? w->k_sinks : *g0;
+}
+
+/* kv_recent: the scores of unit a's rows in its token's recent window
+ * (rows pos - k_recent_len + 1 .. pos) and of the sinks (rows 0 ..
+ * k_sinks - 1), those the view holds, overwritten by scale * q.k over
+ * their f32 rows where the worker has them (the cache's score stands
+ * elsewhere). q: the unit's a.nh (rotated) query heads; scores: row j at
+ * (j - a.j0) of each head's ld-float row. */
+static void recent_scores(const ie_worker_t *w, const att_task_t *t, const att_unit_t *a, const float *q,
+                          float scale, float *scores, size_t ld)
+{
+    const int hd = w->hp.head_dim, pos = t->b->pos[a->i], seq = t->b->seq[a->i];
+    int s1, g0;
+    recent_span(w, pos, a->j0, &s1, &g0);
+    const size_t ll = (size_t)(t->layer - w->sh.layer_begin);
+    for (int j = a->j0 < s1 ? a->j0 : g0; j <= pos; j = j + 1 == s1 ? g0 : j + 1) {
+        const float *kr = recent_row(w, t->b, a->i, seq, ll, j, 0);
+        if (!kr) continue;
+        kr += (size_t)a->kh * hd;
+        for (int hh = 0; hh < a->nh; hh++) /* this ISA's dot (68 rows a unit by default) */
+            scores[(size_t)hh * ld + (j - a->j0)] = w->ops->dot_f32(q + (size_t)hh * hd, kr, hd) * scale;
+    }
+}
+
+/* kv_recent_v: unit a's weighted sum of V (out, a.nh heads of hd, in the
+ * basis V is stored in) corrected for the rows recent_scores reads in
+ * f32, out += p_j (v_j - decoded v_j) for those the worker holds: their
+ * values as if V held them in f32. p: the softmax weights, row j at
+ * (j - a.j0) of each head's ld-float row. */
+static void recent_values(const ie_worker_t *w, const att_task_t *t, const att_unit_t *a, const float *p, size_t ld,
+                          float *out)
+{
+    const int hd = w->hp.head_dim, pos = t->b->pos[a->i], seq = t->b->seq[a->i];
+    int s1, g0;
+    recent_span(w, pos, a->j0, &s1, &g0);
+    const size_t ll = (size_t)(t->layer - w->sh.layer_begin);
+    float dv[IE_KV_MAX_HD];
+    for (int j = a->j0 < s1 ? a->j0 : g0; j <= pos; j = j + 1 == s1 ? g0 : j + 1) {
+        const float *vr = recent_row(w, t->b, a->i, seq, ll, j, 1);
+        if (!vr) continue;
+        w->ops->kv_decode(w->kv_type[1], ie_kv_row(&a->vq, j), hd, dv);
+        vr += (size_t)a->kh * hd;
+        for (int e2 = 0; e2 < hd; e2++) dv[e2] = vr[e2] - dv[e2];
+        for (int hh = 0; hh < a->nh; hh++)
+            w->ops->axpy_f32(out + (size_t)hh * hd, p[(size_t)hh * ld + (j - a->j0)], dv, hd);
+    }
 }
 
 /* One (token, held KV head, share of its query heads) per unit of work: the
@@ -254,22 +317,7 @@ static void att_run(void *ctx, int ith, int nth)
                 for (int j = js; j < a.cnt; j++) scores[(size_t)hh * ld + j] += qm;
             }
         }
-        if (w->kv_recent && !L->swa) { /* the token's own block: its f32 rows */
-            const int pos = t->b->pos[a.i], seq = t->b->seq[a.i];
-            const int g0 = pos / KVQ_RECENT * KVQ_RECENT > a.j0 ? pos / KVQ_RECENT * KVQ_RECENT : a.j0;
-            const size_t ll = (size_t)(t->layer - w->sh.layer_begin);
-            for (int j = g0; j <= pos; j++) {
-                const float *kr = recent_row(w, t->b, a.i, seq, ll, j);
-                if (!kr) continue;
-                kr += (size_t)a.kh * hd;
-                for (int hh = 0; hh < a.nh; hh++) {
-                    const float *qh = q + (size_t)hh * hd;
-                    float d = 0.0f;
-                    for (int e = 0; e < hd; e++) d += qh[e] * kr[e];
-                    scores[(size_t)hh * ld + (j - a.j0)] = d * scale;
-                }
-            }
-        }
+        if (w->kv_recent && !L->swa) recent_scores(w, t, &a, q, scale, scores, ld); /* its last rows in f32 */
         if (cap != 0.0f) /* Gemma 2: scores = c tanh(scores / c), before the softmax */
             for (int hh = 0; hh < a.nh; hh++)
                 for (int j = 0; j < a.cnt; j++) {
@@ -289,6 +337,7 @@ static void att_run(void *ctx, int ith, int nth)
                 for (int i = 0; i < hd; i++) out[(size_t)hh * hd + i] += pw * mv[i];
             }
         }
+        if (w->kv_recent_v && !L->swa) recent_values(w, t, &a, scores, ld, out); /* its last rows in f32 */
         if (w->kv_rot[1]) /* V was stored rotated: the weighted sum is too */
             for (int hh = 0; hh < a.nh; hh++) kvq_fwht(out + (size_t)hh * hd, hd);
     }
@@ -367,6 +416,14 @@ ie_status_t ie_worker_kv_layout(const ie_hparams_t *hp, const ie_shard_range_t *
     out->ring_len = !o->kv_swa_full && n_swa ? ring_len(hp->sliding_window, o->n_ctx, out->kv_block) : 0;
     const int n_ring = out->ring_len ? n_swa : 0;
     out->block_bytes = out->ring_bytes = 0;
+    /* a q4 K's f32 rows of the recent window and sinks, and V's alike when
+     * it is quantized and not smoothed (worker_kv_new's kv_recent_v) */
+    const int recent_v = o->kv_type_v != IE_KV_F32 && !kvq_smooths(o->kv_type_v, 1);
+    out->recent_bytes = kvq_recent(o->kv_type_k)
+                            ? (uint64_t)(1 + recent_v) * (uint64_t)o->n_seq * (uint64_t)(l1 - l0) *
+                                  (uint64_t)(kvq_recent_len() + kvq_sinks()) * (uint64_t)kvh *
+                                  (uint64_t)hp->head_dim * sizeof(float)
+                            : 0;
     for (int c = 0; c < 2; c++) {
         const ie_kv_type_t t = c ? o->kv_type_v : o->kv_type_k;
         const size_t hb = ie_kv_head_bytes(t, hp->head_dim);
@@ -466,7 +523,7 @@ ie_status_t worker_kv_new(ie_worker_t *w)
      * gets ~4x an f32 one's positions */
     if (opts->kv_blocks == 0 && opts->kv_mem_bytes > 0) {
         const ie_kv_layout_t ly = {w->kv_block, w->kv_ring_len,
-                                   (uint64_t)w->kv_block_bytes[0] + w->kv_block_bytes[1], ring_bytes};
+                                   (uint64_t)w->kv_block_bytes[0] + w->kv_block_bytes[1], ring_bytes, 0};
         ie_status_t st = ie_worker_kv_budget_blocks(&ly, opts->kv_mem_bytes, (int)full_pool, &w->kv_blocks);
         if (st != IE_OK) return st;
     }
@@ -527,12 +584,22 @@ ie_status_t worker_kv_new(ie_worker_t *w)
                      : NULL;
     w->kv_recent = kvq_recent(w->kv_type[0]);
     if (w->kv_recent) {
-        const size_t rows = (size_t)opts->n_seq * (size_t)(sh->layer_end - sh->layer_begin) * KVQ_RECENT;
+        w->k_recent_len = kvq_recent_len();
+        w->k_sinks = kvq_sinks();
+        const size_t rows = (size_t)opts->n_seq * (size_t)(sh->layer_end - sh->layer_begin) *
+                            (size_t)(w->k_recent_len + w->k_sinks);
         w->k_batch = malloc((size_t)opts->max_batch * w->kv_dim * sizeof(float));
         w->k_recent = malloc(rows * w->kv_dim * sizeof(float));
+        w->kv_recent_v = w->kv_type[1] != IE_KV_F32 && !w->kv_smooth[1];
+        if (w->kv_recent_v) {
+            w->v_batch = malloc((size_t)opts->max_batch * w->kv_dim * sizeof(float));
+            w->v_recent = malloc(rows * w->kv_dim * sizeof(float));
+            if (!w->v_batch || !w->v_recent)
+                return ie_error_set(IE_ERR_NOMEM, "out of memory allocating the V's f32 recent rows");
+        }
         w->k_recent_pos = malloc(rows * sizeof(int32_t));
         if (!w->k_batch || !w->k_recent || !w->k_recent_pos)
-            return ie_error_set(IE_ERR_NOMEM, "out of memory allocating the q4 K's f32 open blocks");
+            return ie_error_set(IE_ERR_NOMEM, "out of memory allocating the q4 K's f32 recent rows");
         for (size_t r = 0; r < rows; r++) w->k_recent_pos[r] = -1;
     }
     w->seq_len = calloc((size_t)opts->n_seq, sizeof(int));
@@ -682,12 +749,12 @@ static void kv_store(ie_worker_t *w, int l, const ie_batch_t *b, int i0, int i1)
                  * smooth, in the basis the rows are read in) in place */
                 /* kv_recent: the rotated row's f32 copy (the slot's ring takes
                  * it after attention, recent_commit) */
-                const int kc = c == 0 && w->kv_recent && !w->layers[l].swa;
+                const int kc = (c ? w->kv_recent_v : w->kv_recent) && !w->layers[l].swa;
+                float *fc = c ? w->v_batch : w->k_batch;
                 for (int h = 0; h < w->n_kv_loc; h++) {
                     float *x = src + (size_t)h * hd;
                     if (w->kv_rot[c]) kvq_fwht(x, hd);
-                    if (kc)
-                        memcpy(w->k_batch + (size_t)i * w->kv_dim + (size_t)h * hd, x, (size_t)hd * sizeof(float));
+                    if (kc) memcpy(fc + (size_t)i * w->kv_dim + (size_t)h * hd, x, (size_t)hd * sizeof(float));
                     if (smooth)
                         for (int e = 0; e < hd; e++) x[e] -= m[c][(size_t)h * hd + e];
                     ie_kv_encode(w->kv_type[c], x, hd, dst + (size_t)h * w->kv_head_bytes[c]);
@@ -768,18 +835,25 @@ static void attend(ie_worker_t *w, int l, const ie_batch_t *b, int i0, int i1)
     ie_threadpool_run(w->tp, att_run, &at);
 }
 
-/* kv_recent: the f32 K rows of tokens i0 .. i1-1 into their slots' rings,
- * after their attention (which read them from k_batch): written before,
- * a step's later rows would take the ring places of its first tokens'
- * block rows from earlier steps. */
+/* kv_recent: the f32 K (and kv_recent_v: V) rows of tokens i0 .. i1-1
+ * into their slots' rings and sinks, after their attention (which read
+ * them from k_batch, v_batch): written before,
+ * a step's later rows would take the ring places of the window rows its
+ * first tokens read from earlier steps. */
 static void recent_commit(ie_worker_t *w, int l, const ie_batch_t *b, int i0, int i1)
 {
     if (!w->kv_recent || w->layers[l].swa) return;
-    const size_t nl = (size_t)(w->sh.layer_end - w->sh.layer_begin), ll = (size_t)(l - w->sh.layer_begin);
+    const size_t ll = (size_t)(l - w->sh.layer_begin);
     for (int i = i0; i < i1; i++) {
-        const size_t r = ((size_t)b->seq[i] * nl + ll) * KVQ_RECENT + (size_t)(b->pos[i] % KVQ_RECENT);
-        w->k_recent_pos[r] = b->pos[i];
-        memcpy(w->k_recent + r * w->kv_dim, w->k_batch + (size_t)i * w->kv_dim, (size_t)w->kv_dim * sizeof(float));
+        for (int sink = 0; sink <= (b->pos[i] < w->k_sinks); sink++) { /* a sink: in both places */
+            const size_t r = recent_index(w, b->seq[i], ll, b->pos[i], sink);
+            w->k_recent_pos[r] = b->pos[i];
+            memcpy(w->k_recent + r * w->kv_dim, w->k_batch + (size_t)i * w->kv_dim,
+                   (size_t)w->kv_dim * sizeof(float));
+            if (w->kv_recent_v)
+                memcpy(w->v_recent + r * w->kv_dim, w->v_batch + (size_t)i * w->kv_dim,
+                       (size_t)w->kv_dim * sizeof(float));
+        }
     }
 }
 
@@ -815,11 +889,11 @@ static void ring_truncate(ie_worker_t *w, int seq, int n_pos)
         if (rp[r] >= n_pos) rp[r] = -1;
 }
 
-/* Forget slot seq's f32 open-block rows of positions [p0, p1). */
+/* Forget slot seq's f32 recent rows of positions [p0, p1). */
 static void recent_truncate(ie_worker_t *w, int seq, int p0, int p1)
 {
     if (!w->kv_recent) return;
-    const size_t n = (size_t)(w->sh.layer_end - w->sh.layer_begin) * KVQ_RECENT;
+    const size_t n = (size_t)(w->sh.layer_end - w->sh.layer_begin) * (size_t)(w->k_recent_len + w->k_sinks);
     int32_t *rp = w->k_recent_pos + (size_t)seq * n;
     for (size_t r = 0; r < n; r++)
         if (rp[r] >= p0 && rp[r] < p1) rp[r] = -1;

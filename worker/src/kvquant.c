@@ -69,7 +69,24 @@ int kvq_recent(ie_kv_type_t t)
 {
     const char *e = getenv("IE_KV_RECENT");
     if (e && !strcmp(e, "all")) return t != IE_KV_F32;
-    return t == IE_KV_Q4 && !(e && !strcmp(e, "0"));
+    return (t == IE_KV_Q4 || t == IE_KV_FP8_E4M3) && !(e && !strcmp(e, "0"));
+}
+
+/* Contract (worker_internal.h). */
+int kvq_recent_len(void)
+{
+    const char *e = getenv("IE_KV_RECENT_W");
+    const long n = e ? strtol(e, NULL, 10) : 0;
+    return n >= 1 && n <= 4096 ? (int)n : KVQ_RECENT;
+}
+
+/* Contract (worker_internal.h). */
+int kvq_sinks(void)
+{
+    const char *e = getenv("IE_KV_SINKS");
+    char *end = NULL;
+    const long n = e && *e ? strtol(e, &end, 10) : -1;
+    return end && !*end && n >= 0 && n <= 256 ? (int)n : KVQ_SINKS;
 }
 
 /* Contract (worker_internal.h). */

@@ -285,6 +285,8 @@ void ie_worker_destroy(ie_worker_t **self_p)
     free(w->kv_smooth_keep);
     free(w->k_batch);
     free(w->k_recent);
+    free(w->v_batch);
+    free(w->v_recent);
     free(w->k_recent_pos);
     worker_big_free(w->kv_pre[0]);
     worker_big_free(w->kv_pre[1]);

@@ -185,14 +185,24 @@ struct ie_worker {
     int kv_smooth[2];
     uint8_t *kv_smooth_keep; /* [hd] 1: channel smoothed (RoPE turns it
                                 by at most 1 radian over n_ctx positions) */
-    /* a q4 K (kvq_recent): the rows of each token's own KVQ_RECENT-position
-     * block read in f32 (rotated, not smoothed) from the step's copy
-     * (k_batch) or each slot's ring of its last KVQ_RECENT rows */
+    /* a q4 K (kvq_recent): the K rows of each token's last k_recent_len
+     * positions (its own included) and of the slot's first k_sinks read in
+     * f32 (rotated, not smoothed) from the step's copy (k_batch) or each
+     * slot's rows (position j at j % k_recent_len, a sink also at
+     * k_recent_len + j) */
     int kv_recent;
+    int k_recent_len; /* kvq_recent_len(): the window, in positions */
+    int k_sinks;      /* kvq_sinks(): the first positions kept      */
+    /* and V's rows alike when V is quantized and not smoothed: the
+     * weighted sum of V gets p_j (v_j - decoded v_j) for those rows */
+    int kv_recent_v;
+    float *v_batch;        /* [max_batch][kv_dim] (kv_recent_v)         */
+    float *v_recent;       /* as k_recent (kv_recent_v), k_recent_pos's  */
     float *k_batch;        /* [max_batch][kv_dim]                       */
-    float *k_recent;       /* [n_seq][held layers][KVQ_RECENT][kv_dim]  */
-    int32_t *k_recent_pos; /* [n_seq][held layers][KVQ_RECENT] position
-                              held, -1 none                           */
+    float *k_recent;       /* [n_seq][held layers][k_recent_len + k_sinks]
+                              [kv_dim]                                 */
+    int32_t *k_recent_pos; /* [n_seq][held layers][k_recent_len + k_sinks]
+                              position held, -1 none                  */
     size_t kv_head_bytes[2];
     size_t kv_row_bytes[2];
     size_t kv_layer_bytes[2];
@@ -340,18 +350,35 @@ int kvq_rotates(ie_kv_type_t t, ie_kv_rotate_t r);
  * (their first rows leave the window). */
 int kvq_smooths(ie_kv_type_t t, int c);
 
-/* Positions of a q4 K's open block read in f32 (kv_recent). */
-#define KVQ_RECENT 32
+/* Positions of a q4 K read in f32 (kv_recent): a token's last KVQ_RECENT,
+ * its own included. */
+#define KVQ_RECENT 64
 
-/* Whether a K cache of type t keeps its open block in f32: a q4 one,
- * unless the environment sets IE_KV_RECENT=0 (measuring; "all": every
- * type but f32, for the tests on heads q4 cannot take). The positions of
- * the KVQ_RECENT-block a token sits in are the ones it attends to most
- * (the recent context); KIVI keeps them in full precision until the block
- * is full. Here the cache still holds them in q4 (so a shared prefix,
- * preemption and plans see the same cache); a token reads the f32 copy of
- * its own block's rows where the worker still has it. */
+/* Whether a K cache of type t keeps its recent rows in f32: a q4 or
+ * fp8_e4m3 one (measured to pay, docs/KVCACHE.md), unless the environment
+ * sets IE_KV_RECENT=0 (measuring; "all": every type but f32). A quantized
+ * V that is not smoothed then keeps its recent rows alike. The last
+ * positions before a token are the ones it attends to most (the recent
+ * context); KIVI keeps them in full precision until their block is full.
+ * Here the cache still holds them in q4 (so a shared prefix, preemption
+ * and plans see the same cache); a token reads the f32 copy of its last
+ * kvq_recent_len() rows where the worker still has it. A sliding window
+ * rather than KIVI's open block: the simulation measured the last 64
+ * positions at +0.87% where the own 32-block gave +1.60% (docs/KVCACHE.md). */
 int kvq_recent(ie_kv_type_t t);
+
+/* The window of kv_recent in positions: KVQ_RECENT, or the environment's
+ * IE_KV_RECENT_W (1 .. 4096; measuring and the tests' short contexts). */
+int kvq_recent_len(void);
+
+/* Positions a kv_recent K also reads in f32 from the start of the slot
+ * (attention sinks: the first rows take a large share of the attention
+ * whatever their distance). */
+#define KVQ_SINKS 4
+
+/* The sinks of kv_recent: KVQ_SINKS, or the environment's IE_KV_SINKS
+ * (0 .. 256; measuring and the tests). */
+int kvq_sinks(void);
 
 /* m[0..hd) = the mean (summed in double, in row order) of rows 0 ..
  * KVQ_SMOOTH_ROWS-1 of the view, decoded by ops->kv_decode (the same bits
