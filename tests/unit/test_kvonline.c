@@ -100,13 +100,14 @@ static int count_bad(const float *a, const float *b, size_t os, int nh, int hd, 
     int bad = 0;
     for (int h = 0; h < nh; h++)
         for (int i = 0; i < hd; i++)
-            if (!(fabs((double)a[(size_t)h * os + i] - b[(size_t)h * os + i]) <= tol * mag[h * IE_KV_MAX_HD + i] + 1e-30))
+            if (!(fabs((double)a[(size_t)h * os + i] - b[(size_t)h * os + i]) <=
+                  tol * mag[h * IE_KV_MAX_HD + i] + 1e-30))
                 bad++;
     return bad;
 }
 
-static void check(const ie_kernels_t *ops, ie_kv_type_t kt, ie_kv_type_t vt, int hd, int nh, int n, int j0, int block,
-                  int flags)
+static void check(const ie_kernels_t *ops, ie_kv_type_t kt, ie_kv_type_t vt, int hd, int nh, int n, int j0,
+                  int block, int flags)
 {
     const int total = j0 + n, use_add = flags & 1, use_cap = flags & 2, use_sink = flags & 4;
     cache_t kc, vc;

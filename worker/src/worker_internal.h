@@ -246,7 +246,7 @@ struct ie_worker {
     float *tmp; /* [B][d]   matmul output before the residual add        */
     void *act;  /* [B][act row] quantized activations                    */
     size_t act_row_cap;
-    float *scores; /* [n_threads][group][n_ctx] attention probabilities   */
+    float *att_ws; /* [n_threads][ATT_WS_FLOATS] attention states, scratch */
     /* MoE scratch */
     float *xg;     /* [B][d] rows routed to one expert                    */
     float *moe;    /* [B][d] MoE output before the residual add           */
