@@ -270,9 +270,12 @@ static void att_plan(const att_task_t *t, const att_unit_t *a, float *kcopy, att
     const int pos = t->b->pos[a->i], seq = t->b->seq[a->i];
     const int g0 = pos / KVQ_RECENT * KVQ_RECENT > a->j0 ? pos / KVQ_RECENT * KVQ_RECENT : a->j0;
     const size_t ll = (size_t)(t->layer - w->sh.layer_begin);
-    *r = (att_src_t){IE_KV_F32, c->vt, {(const unsigned char *)kcopy, (size_t)hd * sizeof(float), NULL, 0, 0},
-                     c->v,      -g0,   c->voff,
-                     0};
+    *r = (att_src_t){.kt = IE_KV_F32,
+                     .vt = c->vt,
+                     .k = {(const unsigned char *)kcopy, (size_t)hd * sizeof(float), NULL, 0, 0},
+                     .v = c->v,
+                     .koff = -g0,
+                     .voff = c->voff};
     att_push(p, c, a->j0, g0, smk, smv);
     for (int j = g0; j < end; j++) {
         const float *kr = recent_row(w, t->b, a->i, seq, ll, j);

@@ -384,20 +384,24 @@ void ie_kv_decode_avx512(ie_kv_type_t t, const void *src, int hd, float *y)
 
 /* --------------------------------------------------------------- attend */
 
-/* kv_attend: a tile of 16 rows at a time, every head of a pass against the
- * tile's K rows (the kv_scores tiles above: the same scores), then each
- * head's running max, its rescale factor and the tile's exp (exp_ps) in
- * one vector, then the tile's V rows into the heads' f32 outputs, which
- * live in the state (L1) and are rescaled as they are loaded: 16 rows of
- * FMAs a load and store of hd floats. */
+/* kv_attend: steps of 64 rows. Every head of a pass against the step's K
+ * rows in tiles of 16 counted from the call's first row (the kv_scores
+ * tiles above: the same scores), then per head the step's max, every
+ * head's rescale factor in one exp_ps, the step's exp and a lane-wise sum
+ * of them, then the step's V rows into the heads' f32 outputs, which live
+ * in the state (L1) and are rescaled as a pass loads them: 64 rows of FMAs
+ * a load and store of hd floats (a step of 16 rows measured ~15% slower
+ * than the two-pass loops on a q8 cache, the loads, stores and
+ * reductions of each step its cost). */
 
 #define AB 16 /* heads a pass: their int16 queries, scores and weights on the stack */
+#define ST 64 /* rows a step: 4 score tiles, one softmax update and one pass of the values */
 
-/* The scores of g heads against a tile's nr rows: s[h*16 + r]. */
+/* The scores of g heads against a tile's nr <= 16 rows: s[h*ST + r]. */
 typedef void (*att_scores_fn)(const float *q, size_t q_stride, const int16_t (*qi)[IE_KV_MAX_HD], const float *qs,
                               int g, const unsigned char *const rows[16], int nr, int hd, float scale, float *s);
-/* o[h*os + i] = alpha[h] o[h*os + i] + sum_r p[h*16 + r] row_r[i], h < g. */
-typedef void (*att_values_fn)(const float *p, const float *alpha, int g, const unsigned char *const rows[16],
+/* o[h*os + i] = alpha[h] o[h*os + i] + sum_r p[h*ST + r] row_r[i], h < g, r < nr <= ST. */
+typedef void (*att_values_fn)(const float *p, const float *alpha, int g, const unsigned char *const rows[ST],
                               int nr, int hd, float *o, size_t os);
 
 IE_INLINE void att_scores_body(const ie_kv_type_t T, const int C, const float *q, size_t q_stride,
@@ -414,16 +418,16 @@ IE_INLINE void att_scores_body(const ie_kv_type_t T, const int C, const float *q
             const __m512 vdk = _mm512_loadu_ps(dk);
             for (int h = 0; h < g; h++) {
                 const __m512 d = _mm512_cvtepi32_ps(q8_tile(C2, mt2, qi[h], rows));
-                _mm512_storeu_ps(s + 16 * h, _mm512_mul_ps(_mm512_mul_ps(d, vdk), _mm512_set1_ps(qs[h])));
+                _mm512_storeu_ps(s + ST * h, _mm512_mul_ps(_mm512_mul_ps(d, vdk), _mm512_set1_ps(qs[h])));
             }
         } else
             for (int h = 0; h < g; h++)
-                scores_tile(T, C, mt, q + (size_t)h * q_stride, rows, _mm512_set1_ps(scale), s + 16 * h);
+                scores_tile(T, C, mt, q + (size_t)h * q_stride, rows, _mm512_set1_ps(scale), s + ST * h);
         return;
     }
     for (int r = 0; r < nr; r++)
         for (int h = 0; h < g; h++)
-            s[16 * h + r] = score_row(T, C, mt, C2, mt2, q + (size_t)h * q_stride, qi[h], qs[h], rows[r], scale);
+            s[ST * h + r] = score_row(T, C, mt, C2, mt2, q + (size_t)h * q_stride, qi[h], qs[h], rows[r], scale);
 }
 
 #define ATT_SCORES_T(NAME, T)                                                                                   \
@@ -448,7 +452,7 @@ ATT_SCORES_T(att_scores_e5m2, IE_KV_FP8_E5M2)
 /* G heads (g of them used) x C chunks of accumulators, G*C <= 16, each V
  * row converted once (q8: times its scale, the decoded value's bits). */
 IE_INLINE void att_values_pass(const ie_kv_type_t T, const int C, const int G, int g, __mmask16 mt, const float *p,
-                               const float *alpha, const unsigned char *const rows[16], int nr, float *o, size_t os)
+                               const float *alpha, const unsigned char *const rows[ST], int nr, float *o, size_t os)
 {
     __m512 acc[MAXC], wv[MAXC];
 #pragma GCC unroll 16
@@ -466,7 +470,7 @@ IE_INLINE void att_values_pass(const ie_kv_type_t T, const int C, const int G, i
         const __m512 dv = _mm512_set1_ps(T == IE_KV_Q8 ? q8_scale(vj) : 1.0f);
 #pragma GCC unroll 16
         for (int hh = 0; hh < G; hh++)
-            if (hh < g) wv[hh] = _mm512_set1_ps(p[16 * hh + r]);
+            if (hh < g) wv[hh] = _mm512_set1_ps(p[ST * hh + r]);
 #pragma GCC unroll 16
         for (int c = 0; c < C; c++) {
             __m512 x = kv_ld16(T, vj, c, c == C - 1 ? mt : 0xffff);
@@ -485,16 +489,19 @@ IE_INLINE void att_values_pass(const ie_kv_type_t T, const int C, const int G, i
 }
 
 #define ATT_VALUES_T(NAME, T)                                                                                \
-    static void NAME(const float *p, const float *alpha, int g, const unsigned char *const rows[16], int nr, \
+    static void NAME(const float *p, const float *alpha, int g, const unsigned char *const rows[ST], int nr, \
                      int hd, float *o, size_t os)                                                            \
     {                                                                                                        \
         const int C = (hd + 15) / 16, HG = MAXC / C;                                                         \
         const __mmask16 mt = hd % 16 ? (__mmask16)((1u << (hd % 16)) - 1) : (__mmask16)0xffff;               \
         for (int h0 = 0; h0 < g; h0 += HG) {                                                                 \
             const int gg = g - h0 < HG ? g - h0 : HG;                                                        \
-            const float *ph = p + 16 * h0, *ah = alpha + h0;                                                 \
+            const float *ph = p + ST * h0, *ah = alpha + h0;                                                 \
             float *oh = o + (size_t)h0 * os;                                                                 \
-            if (C == 4) att_values_pass(T, 4, 4, gg, mt, ph, ah, rows, nr, oh, os);                          \
+            /* a whole group: g a constant, no test of hh < g per FMA */                                     \
+            if (C == 4 && gg == 4) att_values_pass(T, 4, 4, 4, mt, ph, ah, rows, nr, oh, os);                \
+            else if (C == 4) att_values_pass(T, 4, 4, gg, mt, ph, ah, rows, nr, oh, os);                     \
+            else if (C == 8 && gg == 2) att_values_pass(T, 8, 2, 2, mt, ph, ah, rows, nr, oh, os);           \
             else if (C == 8) att_values_pass(T, 8, 2, gg, mt, ph, ah, rows, nr, oh, os);                     \
             else att_values_pass(T, C, HG, gg, mt, ph, ah, rows, nr, oh, os);                                \
         }                                                                                                    \
@@ -530,8 +537,9 @@ void ie_kv_attend_avx512(const ie_kv_attend_t *a, const ie_attn_state_t *st)
     const size_t kb = ie_kv_head_bytes(a->kt, hd), vb = ie_kv_head_bytes(a->vt, hd);
     const float inv_cap = a->cap != 0.0f ? 1.0f / a->cap : 0.0f;
     _Alignas(64) int16_t qi[AB][IE_KV_MAX_HD];
-    _Alignas(64) float s[AB * 16], p[AB * 16];
-    float qs[AB], alpha[AB];
+    _Alignas(64) float s[AB * ST], p[AB * ST];
+    float qs[AB], alpha[AB], mn[AB];
+    __m512 lv[AB];
     for (int h0 = 0; h0 < a->nh; h0 += AB) {
         const int g = a->nh - h0 < AB ? a->nh - h0 : AB;
         const float *q = a->q + (size_t)h0 * a->q_stride;
@@ -544,7 +552,7 @@ void ie_kv_attend_avx512(const ie_kv_attend_t *a, const ie_attn_state_t *st)
         float *m = st->m + h0, *l = st->l + h0, *o = st->o + (size_t)h0 * st->os;
         for (int h = 0; h < g; h++) {
             m[h] = -INFINITY;
-            l[h] = 0.0f;
+            lv[h] = _mm512_setzero_ps();
             memset(o + (size_t)h * st->os, 0, (size_t)hd * sizeof(float));
         }
         ie_kv_cursor_t ck, cv, pk, pv;
@@ -557,10 +565,10 @@ void ie_kv_attend_avx512(const ie_kv_attend_t *a, const ie_attn_state_t *st)
             prefetch_bytes(ie_kv_cursor_next(&pk), kb);
             prefetch_bytes(ie_kv_cursor_next(&pv), vb);
         }
-        const unsigned char *kr[16], *vr[16];
-        for (int t = 0; t < a->n; t += 16) {
-            const int nr = a->n - t < 16 ? a->n - t : 16;
-            for (const int e = pj + 16 < a->n ? pj + 16 : a->n; pj < e; pj++) {
+        const unsigned char *kr[ST], *vr[ST];
+        for (int t = 0; t < a->n; t += ST) {
+            const int nr = a->n - t < ST ? a->n - t : ST;
+            for (const int e = pj + ST < a->n ? pj + ST : a->n; pj < e; pj++) {
                 prefetch_bytes(ie_kv_cursor_next(&pk), kb);
                 prefetch_bytes(ie_kv_cursor_next(&pv), vb);
             }
@@ -568,26 +576,53 @@ void ie_kv_attend_avx512(const ie_kv_attend_t *a, const ie_attn_state_t *st)
                 kr[r] = ie_kv_cursor_next(&ck);
                 vr[r] = ie_kv_cursor_next(&cv);
             }
-            sf(q, a->q_stride, (const int16_t(*)[IE_KV_MAX_HD])qi, qs, g, kr, nr, hd, a->scale, s);
-            const __mmask16 mr = (__mmask16)(nr == 16 ? 0xffffu : (1u << nr) - 1);
-            for (int h = 0; h < g; h++) {
-                float *sh = s + 16 * h;
+            for (int u = 0; u < nr; u += 16) /* tiles of 16 from the call's first row */
+                sf(q, a->q_stride, (const int16_t(*)[IE_KV_MAX_HD])qi, qs, g, kr + u, nr - u < 16 ? nr - u : 16, hd,
+                   a->scale, s + u);
+            const int nv = (nr + 15) / 16; /* vectors of scores, the last masked */
+            const __mmask16 ml = (__mmask16)(nr % 16 ? (1u << (nr % 16)) - 1 : 0xffffu);
+            for (int h = 0; h < g; h++) { /* the scores as the softmax sees them, the new maxima */
+                float *sh = s + ST * h;
                 if (a->cap != 0.0f) /* Gemma 2: c tanh(s / c), after the add */
                     for (int r = 0; r < nr; r++) {
                         const float x = a->add ? sh[r] + a->add[h0 + h] : sh[r];
                         sh[r] = a->cap * tanhf(x * inv_cap);
                     }
-                __m512 sv = _mm512_maskz_loadu_ps(mr, sh);
-                if (a->add && a->cap == 0.0f) sv = _mm512_add_ps(sv, _mm512_set1_ps(a->add[h0 + h]));
-                const float tmax = _mm512_mask_reduce_max_ps(mr, sv);
-                const float mn = tmax > m[h] ? tmax : m[h];
-                alpha[h] = l[h] > 0.0f ? expf(m[h] - mn) : 0.0f;
-                const __m512 e = _mm512_maskz_mov_ps(mr, exp_ps(_mm512_sub_ps(sv, _mm512_set1_ps(mn))));
-                _mm512_storeu_ps(p + 16 * h, e);
-                l[h] = l[h] * alpha[h] + _mm512_reduce_add_ps(e);
-                m[h] = mn;
+                __m512 vmax = _mm512_set1_ps(-INFINITY);
+                for (int c = 0; c < nv; c++) {
+                    const __mmask16 mc = c == nv - 1 ? ml : 0xffff;
+                    __m512 x = _mm512_maskz_loadu_ps(mc, sh + 16 * c);
+                    if (a->add && a->cap == 0.0f) {
+                        x = _mm512_add_ps(x, _mm512_set1_ps(a->add[h0 + h]));
+                        _mm512_mask_storeu_ps(sh + 16 * c, mc, x);
+                    }
+                    vmax = _mm512_mask_max_ps(vmax, mc, vmax, x);
+                }
+                const float tmax = _mm512_reduce_max_ps(vmax);
+                mn[h] = tmax > m[h] ? tmax : m[h];
+            }
+            /* every head's rescale factor in one exp: exactly 1 where the
+             * max stands, ~1e-38 (times zeros) before the first step */
+            for (int h = 0; h < g; h += 16) {
+                const __mmask16 mh = (__mmask16)(g - h >= 16 ? 0xffffu : (1u << (g - h)) - 1);
+                const __m512 mold = _mm512_maskz_loadu_ps(mh, m + h), mnew = _mm512_maskz_loadu_ps(mh, mn + h);
+                _mm512_mask_storeu_ps(alpha + h, mh, exp_ps(_mm512_sub_ps(mold, mnew)));
+                _mm512_mask_storeu_ps(m + h, mh, mnew);
+            }
+            for (int h = 0; h < g; h++) {
+                const __m512 vm = _mm512_set1_ps(mn[h]);
+                __m512 acc = _mm512_mul_ps(lv[h], _mm512_set1_ps(alpha[h]));
+                for (int c = 0; c < nv; c++) {
+                    const __mmask16 mc = c == nv - 1 ? ml : 0xffff;
+                    const __m512 e = _mm512_maskz_mov_ps(
+                        mc, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(mc, s + ST * h + 16 * c), vm)));
+                    _mm512_storeu_ps(p + ST * h + 16 * c, e);
+                    acc = _mm512_add_ps(acc, e); /* the sum of exp, lane-wise */
+                }
+                lv[h] = acc;
             }
             vf(p, alpha, g, vr, nr, hd, o, st->os);
         }
+        for (int h = 0; h < g; h++) l[h] = a->n ? _mm512_reduce_add_ps(lv[h]) : 0.0f;
     }
 }
