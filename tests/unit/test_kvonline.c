@@ -3,12 +3,13 @@
  * _finish) on every ISA against the scalar oracle: every K type x V type
  * pair (f32 included), head sizes with and without a SIMD-wide tail (16 ..
  * 256, odd ones where the type allows), 1..20 heads (more than a pass of
- * the SIMD kernels), 1..70 rows around the 16-row tiles, windows starting
+ * the SIMD kernels), 1..130 rows around the 16-row tiles and the 64-row
+ * steps, windows starting
  * inside a block, with and without the additive constant, the softcap and
  * a sink. Key rows grow along the range, so the running max grows from
  * tile to tile and the rescale is exercised. Checked: the state against
  * the oracle's; a paged view gives the contiguous view's bits; states of a
- * range split at tile edges merge to the one range's result within 1e-6
+ * range split at tile edges merge to the one range's result within 2e-6
  * relative (split anywhere: within the scores' rounding); the normalized
  * result equals the two-pass softmax (kv_scores, softmax, kv_values) of
  * the same ISA; nothing is written outside the outputs.
@@ -35,7 +36,7 @@ static float frand(void)
 
 #define GUARD_VAL 12345.0f
 #define MAXH 20
-#define MAXN 128 /* rows of a cache, j0 included */
+#define MAXN 160 /* rows of a cache, j0 included */
 
 /* n rows of hd values in type t, row j scaled by 1 + j/8 when `ramp`
  * (scores grow along the range): contiguous at flat (rb bytes apart, not
@@ -202,7 +203,9 @@ static void check(const ie_kernels_t *ops, ie_kv_type_t kt, ie_kv_type_t vt, int
         ie_attn_state_merge(&s1.st, &s2.st, nh, hd);
         ie_attn_state_merge(&s1.st, &s3.st, nh, hd);
         ie_attn_state_finish(&s1.st, nh, hd, sk, yr, s.os);
-        const int bad = count_bad(yr, y, s.os, nh, hd, mag, edge ? 1e-6 : tol);
+        /* 2e-6: the f32 sums of the two orders (each up to n FMA roundings
+         * of 6e-8) measured up to 1.0e-6 apart at 47 rows, 1.5e-6 at 130 */
+        const int bad = count_bad(yr, y, s.os, nh, hd, mag, edge ? 2e-6 : tol);
         if (edge) g_bad_merge += bad;
         else g_bad_split += bad;
     }
@@ -234,7 +237,7 @@ static void test_against_ref(void)
 {
     static const int hds[] = {16, 33, 40, 64, 72, 96, 128, 256};
     static const int nhs[] = {1, 3, 4, 9, 20};
-    static const int ns[] = {1, 15, 16, 17, 33, 47, 70};
+    static const int ns[] = {1, 15, 16, 17, 47, 70, 130};
     static const int blocks[] = {0, 1, 5, 16, 17};
     for (int isa = IE_ISA_REF; isa <= IE_ISA_AVX512; isa++) {
         const ie_kernels_t *ops = ie_kernels_get((ie_isa_t)isa);
