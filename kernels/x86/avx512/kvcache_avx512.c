@@ -93,8 +93,11 @@ TRANSPOSE_REDUCE16(reduce16_epi32, add_i32)
 /* --------------------------------------------------------------- scores */
 
 /* Float-converted types: the 16 scores of head qh against rows[16]. */
-IE_INLINE void scores_tile(const ie_kv_type_t T, const int C, __mmask16 mt, const float *qh,
-                           const unsigned char *const rows[16], __m512 vs, float *dst)
+/* (k0 != NULL: row r at k0 + r*step, the rows of one block, addressed
+ * without the table: the same arithmetic) */
+IE_INLINE void scores_tile_at(const ie_kv_type_t T, const int C, __mmask16 mt, const float *qh,
+                              const unsigned char *k0, ptrdiff_t step, const unsigned char *const rows[16],
+                              __m512 vs, float *dst)
 {
     __m512 qv[MAXC], acc[16];
 #pragma GCC unroll 16
@@ -103,12 +106,20 @@ IE_INLINE void scores_tile(const ie_kv_type_t T, const int C, __mmask16 mt, cons
     for (int c = 0; c < C; c++) qv[c] = _mm512_maskz_loadu_ps(c == C - 1 ? mt : 0xffff, qh + 16 * c);
 #pragma GCC unroll 16
     for (int r = 0; r < 16; r++) {
-        __m512 a = _mm512_mul_ps(qv[0], kv_ld16(T, rows[r], 0, C == 1 ? mt : 0xffff));
+        const unsigned char *kr = k0 ? k0 + r * step : rows[r];
+        __m512 a = _mm512_mul_ps(qv[0], kv_ld16(T, kr, 0, C == 1 ? mt : 0xffff));
 #pragma GCC unroll 16
-        for (int c = 1; c < C; c++) a = _mm512_fmadd_ps(qv[c], kv_ld16(T, rows[r], c, c == C - 1 ? mt : 0xffff), a);
+        for (int c = 1; c < C; c++) a = _mm512_fmadd_ps(qv[c], kv_ld16(T, kr, c, c == C - 1 ? mt : 0xffff), a);
         acc[r] = a;
     }
     _mm512_storeu_ps(dst, _mm512_mul_ps(reduce16_ps(acc), vs));
+}
+
+/* The 16 scores of head qh against rows[16]. */
+IE_INLINE void scores_tile(const ie_kv_type_t T, const int C, __mmask16 mt, const float *qh,
+                           const unsigned char *const rows[16], __m512 vs, float *dst)
+{
+    scores_tile_at(T, C, mt, qh, NULL, 0, rows, vs, dst);
 }
 
 /* q8: the 16 exact int32 dots of one int16 query head against rows[16]. */
@@ -421,9 +432,15 @@ IE_INLINE void att_scores_body(const ie_kv_type_t T, const int C, const float *q
                 const __m512 d = _mm512_cvtepi32_ps(q8_tile(C2, mt2, qi[h], rows));
                 _mm512_storeu_ps(s + ST * h, _mm512_mul_ps(_mm512_mul_ps(d, vdk), _mm512_set1_ps(qs[h])));
             }
-        } else
+        } else {
+            /* rows at one stride (a tile inside a block): no table reads */
+            const ptrdiff_t step = rows[1] - rows[0];
+            int even = 1;
+            for (int r = 2; r < 16; r++) even &= rows[r] == rows[r - 1] + step;
             for (int h = 0; h < g; h++)
-                scores_tile(T, C, mt, q + (size_t)h * q_stride, rows, _mm512_set1_ps(scale), s + ST * h);
+                scores_tile_at(T, C, mt, q + (size_t)h * q_stride, even ? rows[0] : NULL, step, rows,
+                               _mm512_set1_ps(scale), s + ST * h);
+        }
         return;
     }
     for (int r = 0; r < nr; r++)
@@ -436,7 +453,10 @@ IE_INLINE void att_scores_body(const ie_kv_type_t T, const int C, const float *q
                      const unsigned char *const rows[16], int nr, int hd, float scale, float *s)                \
     {                                                                                                           \
         const int C = (hd + 15) / 16;                                                                           \
-        if (C == 4) att_scores_body(T, 4, q, q_stride, qi, qs, g, rows, nr, hd, scale, s);                      \
+        /* hd 64 and 128 as constants: whole chunks, plain loads */                                             \
+        if (hd == 64) att_scores_body(T, 4, q, q_stride, qi, qs, g, rows, nr, 64, scale, s);                    \
+        else if (hd == 128) att_scores_body(T, 8, q, q_stride, qi, qs, g, rows, nr, 128, scale, s);             \
+        else if (C == 4) att_scores_body(T, 4, q, q_stride, qi, qs, g, rows, nr, hd, scale, s);                 \
         else if (C == 8) att_scores_body(T, 8, q, q_stride, qi, qs, g, rows, nr, hd, scale, s);                 \
         else att_scores_body(T, C, q, q_stride, qi, qs, g, rows, nr, hd, scale, s);                             \
     }
@@ -500,7 +520,9 @@ IE_INLINE void att_values_pass(const ie_kv_type_t T, const int C, const int G, i
             const float *ph = p + ST * h0, *ah = alpha + h0;                                                 \
             float *oh = o + (size_t)h0 * os;                                                                 \
             /* a whole group: g a constant, no test of hh < g per FMA */                                     \
-            if (C == 4 && gg == 4) att_values_pass(T, 4, 4, 4, mt, ph, ah, rows, nr, oh, os);                \
+            if (hd == 64 && gg == 4) att_values_pass(T, 4, 4, 4, 0xffff, ph, ah, rows, nr, oh, os);          \
+            else if (hd == 128 && gg == 2) att_values_pass(T, 8, 2, 2, 0xffff, ph, ah, rows, nr, oh, os);    \
+            else if (C == 4 && gg == 4) att_values_pass(T, 4, 4, 4, mt, ph, ah, rows, nr, oh, os);           \
             else if (C == 4) att_values_pass(T, 4, 4, gg, mt, ph, ah, rows, nr, oh, os);                     \
             else if (C == 8 && gg == 2) att_values_pass(T, 8, 2, 2, mt, ph, ah, rows, nr, oh, os);           \
             else if (C == 8) att_values_pass(T, 8, 2, gg, mt, ph, ah, rows, nr, oh, os);                     \
