@@ -61,7 +61,8 @@ IE_INLINE float q8_scale(const unsigned char *row) { return ldf(row); }
 /* Every 64-byte line of a row's bytes, into L2. */
 IE_INLINE void prefetch_bytes(const unsigned char *r, size_t n)
 {
-    for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)(r + o), _MM_HINT_T1);
+    const uintptr_t e = (uintptr_t)r + n; /* a head of a row need not start a line */
+    for (uintptr_t l = (uintptr_t)r & ~(uintptr_t)63; l < e; l += 64) _mm_prefetch((const char *)l, _MM_HINT_T1);
 }
 
 /* Sum of each of v[0..15]'s 16 lanes, as lanes 0..15 of the result; F
