@@ -102,4 +102,27 @@ static inline const float *ie_attn_row(const ie_attn_rows_t *r, int j)
     return r->base + (size_t)r->tab[j / r->block] * r->block_stride + (size_t)(j % r->block) * r->row_stride;
 }
 
+/* The online-softmax state of nh query heads over a range of rows (the
+ * flash-decoding partial result): per head h, m[h] the largest score,
+ * l[h] = sum_j exp(s_j - m[h]) and o[h*os + i] = sum_j exp(s_j - m[h])
+ * v_j[i], unnormalized. An empty range: m = -INFINITY, l = 0, o = 0.
+ * States of disjoint ranges merge exactly (in real arithmetic) in any
+ * order, so a caller splits a row range anywhere and normalizes once. */
+typedef struct ie_attn_state {
+    float *m, *l, *o;
+    size_t os; /* floats between heads' outputs */
+} ie_attn_state_t;
+
+/* a <- the state of a's rows and b's (a and b of the same nh heads of hd
+ * values): m = max(ma, mb), each side's l and o scaled by exp(m_side - m)
+ * and added. An empty side leaves the other unchanged. */
+void ie_attn_state_merge(const ie_attn_state_t *a, const ie_attn_state_t *b, int nh, int hd);
+
+/* out[h*out_stride + i] = o / (l + exp(sink[h] - m)) (all in the frame of
+ * max(m, sink[h])): the softmax-weighted sum of the rows, the sink logit
+ * one more term of the denominator (GPT-OSS; sink NULL: none). Needs l > 0
+ * or a sink. out may be the state's o (same stride). */
+void ie_attn_state_finish(const ie_attn_state_t *a, int nh, int hd, const float *sink, float *out,
+                          size_t out_stride);
+
 #endif

@@ -236,6 +236,16 @@ typedef struct ie_kernels {
     /* One head of type t at src, decoded into hd floats (the same bits on
      * every ISA: every conversion is exact, q8/q4 one product each). */
     void (*kv_decode)(ie_kv_type_t t, const void *src, int hd, float *y);
+    /* Fused attention with an online softmax (ie_kv_attend_t): the rows
+     * are read in tiles of 16 counted from the first (a paged view gives
+     * a contiguous one's bits), each tile's scores, their running max and
+     * sum of exp, and the f32 output of every head rescaled when the max
+     * grows. Writes the state of the rows (ie_attn_state_t: nh heads, any
+     * n >= 0; merge with ie_attn_state_merge, normalize with
+     * ie_attn_state_finish). Any K and V type pair at an hd both hold;
+     * agrees with the ref within float rounding (a q8 K's scores are its
+     * bits, as kv_scores'). */
+    void (*kv_attend)(const ie_kv_attend_t *a, const ie_attn_state_t *st);
 
     /* ---- element-wise (the scalar ie_swiglu_f32, ie_softmax_sink_f32 and
      * ie_rmsnorm_f32 are the oracles; the SIMD versions agree within a few

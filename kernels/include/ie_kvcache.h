@@ -113,4 +113,20 @@ static inline const unsigned char *ie_kv_cursor_next(ie_kv_cursor_t *c)
  * IE_KV_MAX_HD products is exact. */
 void ie_kv_quantize_q16(const float *q, int hd, int16_t *qi, float *d_out);
 
+/* One fused attention call (ie_kernels_t.kv_attend): nh query heads that
+ * share one KV head against n rows, K row kj + r paired with V row vj + r
+ * (a K copy of its own, say f32 rows of an open block, pairs with the
+ * cache's V rows). Score s = scale * q.k (the kv_scores expression, a q8 K
+ * on integers), then + add[h] (NULL: nothing; a smoothed K's scale * q.m),
+ * then cap tanh(s / cap) when cap != 0 (Gemma 2's softcap). */
+typedef struct ie_kv_attend {
+    ie_kv_type_t kt, vt;
+    const ie_kv_rows_t *k, *v;
+    int kj, vj, n, hd, nh;
+    const float *q; /* head h at q + h*q_stride */
+    size_t q_stride;
+    float scale, cap;
+    const float *add; /* [nh] or NULL */
+} ie_kv_attend_t;
+
 #endif

@@ -285,3 +285,57 @@ void ie_kv_values_ref(ie_kv_type_t t, const float *p, size_t ld, int nh, const i
         for (int i = 0; i < hd; i++) out[(size_t)h * o_stride + i] = (float)acc[i];
     }
 }
+
+/* Contract (ie_kernels_t.kv_attend): a head at a time, tiles of 16 rows,
+ * each score as kv_scores_ref makes it, exp and the sums in double. */
+void ie_kv_attend_ref(const ie_kv_attend_t *a, const ie_attn_state_t *st)
+{
+    const int hd = a->hd;
+    float kf[IE_KV_MAX_HD], vf[IE_KV_MAX_HD], s[16];
+    int16_t qi[IE_KV_MAX_HD];
+    double acc[IE_KV_MAX_HD];
+    for (int h = 0; h < a->nh; h++) {
+        const float *qh = a->q + (size_t)h * a->q_stride;
+        float dq = 0.0f;
+        if (a->kt == IE_KV_Q8) ie_kv_quantize_q16(qh, hd, qi, &dq);
+        const float qs = dq * a->scale;
+        double m = -INFINITY, l = 0.0;
+        for (int i = 0; i < hd; i++) acc[i] = 0.0;
+        ie_kv_cursor_t ck, cv;
+        ie_kv_cursor_init(&ck, a->k, a->kj);
+        ie_kv_cursor_init(&cv, a->v, a->vj);
+        for (int t = 0; t < a->n; t += 16) {
+            const int nr = a->n - t < 16 ? a->n - t : 16;
+            double tmax = -INFINITY;
+            for (int r = 0; r < nr; r++) {
+                const unsigned char *row = ie_kv_cursor_next(&ck);
+                if (a->kt == IE_KV_Q8) {
+                    float dk;
+                    memcpy(&dk, row, 4);
+                    s[r] = ((float)q8_dot(qi, (const int8_t *)(row + 4), hd) * dk) * qs;
+                } else {
+                    ie_kv_decode_ref(a->kt, row, hd, kf);
+                    double d = 0.0;
+                    for (int i = 0; i < hd; i++) d += (double)qh[i] * (double)kf[i];
+                    s[r] = (float)d * a->scale;
+                }
+                if (a->add) s[r] += a->add[h];
+                if (a->cap != 0.0f) s[r] = a->cap * tanhf(s[r] * (1.0f / a->cap));
+                tmax = s[r] > tmax ? s[r] : tmax;
+            }
+            const double mn = tmax > m ? tmax : m, c = l > 0.0 ? exp(m - mn) : 0.0;
+            l *= c;
+            for (int i = 0; i < hd; i++) acc[i] *= c;
+            for (int r = 0; r < nr; r++) {
+                const double p = exp((double)s[r] - mn);
+                l += p;
+                ie_kv_decode_ref(a->vt, ie_kv_cursor_next(&cv), hd, vf);
+                for (int i = 0; i < hd; i++) acc[i] += p * (double)vf[i];
+            }
+            m = mn;
+        }
+        st->m[h] = (float)m;
+        st->l[h] = (float)l;
+        for (int i = 0; i < hd; i++) st->o[(size_t)h * st->os + i] = (float)acc[i];
+    }
+}

@@ -237,6 +237,7 @@ void ie_kv_scores_ref(ie_kv_type_t t, const float *q, size_t q_stride, int nh, c
 void ie_kv_values_ref(ie_kv_type_t t, const float *p, size_t ld, int nh, const ie_kv_rows_t *v, int j0, int n,
                       int hd, float *out, size_t o_stride);
 void ie_kv_decode_ref(ie_kv_type_t t, const void *src, int hd, float *y);
+void ie_kv_attend_ref(const ie_kv_attend_t *a, const ie_attn_state_t *st);
 
 /* -------------------------------------------------------------- generic */
 
@@ -293,6 +294,7 @@ void ie_kv_scores_avx2(ie_kv_type_t t, const float *q, size_t q_stride, int nh, 
 void ie_kv_values_avx2(ie_kv_type_t t, const float *p, size_t ld, int nh, const ie_kv_rows_t *v, int j0, int n,
                        int hd, float *out, size_t o_stride);
 void ie_kv_decode_avx2(ie_kv_type_t t, const void *src, int hd, float *y);
+void ie_kv_attend_avx2(const ie_kv_attend_t *a, const ie_attn_state_t *st);
 
 /* --------------------------------------------------------------- avx512 */
 
@@ -363,6 +365,7 @@ void ie_kv_scores_avx512(ie_kv_type_t t, const float *q, size_t q_stride, int nh
 void ie_kv_values_avx512(ie_kv_type_t t, const float *p, size_t ld, int nh, const ie_kv_rows_t *v, int j0, int n,
                          int hd, float *out, size_t o_stride);
 void ie_kv_decode_avx512(ie_kv_type_t t, const void *src, int hd, float *y);
+void ie_kv_attend_avx512(const ie_kv_attend_t *a, const ie_attn_state_t *st);
 
 /* ------------------------------------------------------------------ amx */
 

@@ -116,8 +116,7 @@ static ie_kv_rows_t kv_rows(const ie_worker_t *w, int c, int l, int seq, int kh)
  * with no query heads (the last share of a group cut between ranks). */
 typedef struct att_unit {
     int i, kh, h0, nh, j0, cnt;
-    ie_kv_rows_t kq, vq;   /* the K and V rows as bytes (any type)        */
-    ie_attn_rows_t kr, vr; /* and as floats (an f32 cache)            */
+    ie_kv_rows_t kq, vq; /* the K and V rows as bytes (any type) */
 } att_unit_t;
 
 static int att_unit(const att_task_t *t, long u, att_unit_t *a)
@@ -144,11 +143,6 @@ static int att_unit(const att_task_t *t, long u, att_unit_t *a)
     /* this head's rows of the slot's blocks (ie_attn.h's paged view) */
     a->kq = kv_rows(w, 0, t->layer, seq, a->kh);
     a->vq = kv_rows(w, 1, t->layer, seq, a->kh);
-    /* an f32 cache's float view: its strides are whole floats */
-    a->kr = (ie_attn_rows_t){(const float *)(const void *)a->kq.base, a->kq.row_stride / 4, a->kq.tab, w->kv_block,
-                             a->kq.block_stride / 4};
-    a->vr = (ie_attn_rows_t){(const float *)(const void *)a->vq.base, a->vq.row_stride / 4, a->vq.tab, w->kv_block,
-                             a->vq.block_stride / 4};
     (void)hd;
     return 1;
 }
@@ -209,58 +203,148 @@ static void recent_span(const ie_worker_t *w, int pos, int j0, int *s1, int *g0)
     *s1 = w->k_sinks < *g0 ? w->k_sinks : *g0;
 }
 
-/* kv_recent: the scores of unit a's rows in its token's recent window
- * (rows pos - k_recent_len + 1 .. pos) and of the sinks (rows 0 ..
- * k_sinks - 1), those the view holds, overwritten by scale * q.k over
- * their f32 rows where the worker has them (the cache's score stands
- * elsewhere). q: the unit's a.nh (rotated) query heads; scores: row j at
- * (j - a.j0) of each head's ld-float row. */
-static void recent_scores(const ie_worker_t *w, const att_task_t *t, const att_unit_t *a, const float *q,
-                          float scale, float *scores, size_t ld)
+/* Where a unit's rows are read from: K and V views and types, row j of
+ * the unit at K row j + koff and V row j + voff; smooth_k: these K rows
+ * are stored less the smoothing mean (the q.m add applies). */
+typedef struct att_src {
+    ie_kv_type_t kt, vt;
+    ie_kv_rows_t k, v;
+    int koff, voff, smooth_k;
+} att_src_t;
+
+/* A run of a unit's rows [j, j + n) attended by one kv_attend call. */
+typedef struct att_seg {
+    const att_src_t *src;
+    int j, n;
+    int add;   /* the smoothing's scale * q.m joins these scores */
+    int vmean; /* these V rows hold v - m: their weight times m is added back */
+} att_seg_t;
+
+/* Rows of a unit the worker may hold in f32 (kv_recent: the sinks and
+ * the recent window), 0 without. */
+static int att_f32_rows(const ie_worker_t *w) { return w->kv_recent ? w->k_recent_len + w->k_sinks : 0; }
+
+/* Runs a unit splits into at most: the rows before and from
+ * KVQ_SMOOTH_ROWS, the rows between the sinks and the window, and each
+ * f32 row on its own (they alternate with the cache's when the worker
+ * lost some). */
+static int att_seg_max(const ie_worker_t *w) { return att_f32_rows(w) + 4; }
+
+/* A unit's sources and runs (att_plan). */
+typedef struct att_plan {
+    att_src_t src[3]; /* the cache (a prefill: kv_pre), the sinks' f32 rows, the window's */
+    att_seg_t *seg;   /* [att_seg_max] */
+    int ns;
+} att_plan_t;
+
+/* Rows [j, e) of source src onto the plan, cut at KVQ_SMOOTH_ROWS (rows
+ * from there on may be stored less the smoothing means: smk / smv), joined
+ * to the last run when they continue it alike. */
+static void att_push(att_plan_t *p, const att_src_t *src, int j, int e, int smk, int smv)
 {
-    const int hd = w->hp.head_dim, pos = t->b->pos[a->i], seq = t->b->seq[a->i];
-    int s1, g0;
-    recent_span(w, pos, a->j0, &s1, &g0);
-    const size_t ll = (size_t)(t->layer - w->sh.layer_begin);
-    for (int j = a->j0 < s1 ? a->j0 : g0; j <= pos; j = j + 1 == s1 ? g0 : j + 1) {
-        const float *kr = recent_row(w, t->b, a->i, seq, ll, j, 0);
-        if (!kr) continue;
-        kr += (size_t)a->kh * hd;
-        for (int hh = 0; hh < a->nh; hh++) /* this ISA's dot (68 rows a unit by default) */
-            scores[(size_t)hh * ld + (j - a->j0)] = w->ops->dot_f32(q + (size_t)hh * hd, kr, hd) * scale;
+    while (j < e) {
+        const int sm = j >= KVQ_SMOOTH_ROWS, cut = sm || e <= KVQ_SMOOTH_ROWS ? e : KVQ_SMOOTH_ROWS;
+        const int add = sm && smk && src->smooth_k, vmean = sm && smv;
+        att_seg_t *last = p->ns ? &p->seg[p->ns - 1] : NULL;
+        if (last && last->src == src && last->j + last->n == j && last->add == add && last->vmean == vmean)
+            last->n += cut - j;
+        else p->seg[p->ns++] = (att_seg_t){src, j, cut - j, add, vmean};
+        j = cut;
     }
 }
 
-/* kv_recent_v: unit a's weighted sum of V (out, a.nh heads of hd, in the
- * basis V is stored in) corrected for the rows recent_scores reads in
- * f32, out += p_j (v_j - decoded v_j) for those the worker holds: their
- * values as if V held them in f32. p: the softmax weights, row j at
- * (j - a.j0) of each head's ld-float row. */
-static void recent_values(const ie_worker_t *w, const att_task_t *t, const att_unit_t *a, const float *p, size_t ld,
-                          float *out)
+/* Rows [j, e) of the f32 source r (row j at copy row j + r->koff of
+ * kcopy / vcopy) where the worker holds them (recent_row; V too with
+ * kv_recent_v), the others from the cache c. */
+static void att_push_f32(const att_task_t *t, const att_unit_t *a, att_plan_t *p, const att_src_t *c,
+                         const att_src_t *r, float *kcopy, float *vcopy, int j, int e, int smk, int smv)
 {
-    const int hd = w->hp.head_dim, pos = t->b->pos[a->i], seq = t->b->seq[a->i];
-    int s1, g0;
-    recent_span(w, pos, a->j0, &s1, &g0);
-    const size_t ll = (size_t)(t->layer - w->sh.layer_begin);
-    float dv[IE_KV_MAX_HD];
-    for (int j = a->j0 < s1 ? a->j0 : g0; j <= pos; j = j + 1 == s1 ? g0 : j + 1) {
-        const float *vr = recent_row(w, t->b, a->i, seq, ll, j, 1);
-        if (!vr) continue;
-        w->ops->kv_decode(w->kv_type[1], ie_kv_row(&a->vq, j), hd, dv);
-        vr += (size_t)a->kh * hd;
-        for (int e2 = 0; e2 < hd; e2++) dv[e2] = vr[e2] - dv[e2];
-        for (int hh = 0; hh < a->nh; hh++)
-            w->ops->axpy_f32(out + (size_t)hh * hd, p[(size_t)hh * ld + (j - a->j0)], dv, hd);
+    const ie_worker_t *w = t->w;
+    const int hd = w->hp.head_dim, seq = t->b->seq[a->i];
+    const size_t ll = (size_t)(t->layer - w->sh.layer_begin), hb = (size_t)hd * sizeof(float);
+    for (; j < e; j++) {
+        const float *kr = recent_row(w, t->b, a->i, seq, ll, j, 0);
+        const float *vr = kr && w->kv_recent_v ? recent_row(w, t->b, a->i, seq, ll, j, 1) : NULL;
+        const int f32 = kr && (!w->kv_recent_v || vr);
+        if (f32) {
+            memcpy(kcopy + (size_t)(j + r->koff) * hd, kr + (size_t)a->kh * hd, hb);
+            if (vr) memcpy(vcopy + (size_t)(j + r->voff) * hd, vr + (size_t)a->kh * hd, hb);
+        }
+        att_push(p, f32 ? r : c, j, j + 1, smk, smv);
     }
+}
+
+/* The runs of unit a: its visible rows j0 .. pos from the cache (a
+ * prefill: the step's decoded rows kv_pre, a q8 K the cache's own) except,
+ * with kv_recent, the rows of the slot's sinks and of the token's recent
+ * window (recent_span) the worker holds in f32: their K from copies at
+ * kcopy, their V from copies at vcopy with kv_recent_v (a quantized V),
+ * else the cache's ((k_sinks + k_recent_len) x hd floats each).
+ * Smoothing: a K's q.m is added to the cache rows from KVQ_SMOOTH_ROWS on
+ * that hold k - m (a prefill's decoded rows have m back already, pre_run),
+ * a V's m weighted by those rows' share. */
+static void att_plan(const att_task_t *t, const att_unit_t *a, float *kcopy, float *vcopy, att_plan_t *p)
+{
+    const ie_worker_t *w = t->w;
+    const layer_t *L = &w->layers[t->layer];
+    const int hd = w->hp.head_dim, pre = t->seq >= 0, end = a->j0 + a->cnt;
+    const ie_kv_type_t kt = w->kv_type[0], vt = w->kv_type[1];
+    const size_t pre_stride = (size_t)w->kv_dim * sizeof(float);
+    att_src_t *c = &p->src[0];
+    /* a q8 K is always scored on integers (a prefill too: one exact int32
+     * dot a row costs no more than the f32 one over its decoded copy), so
+     * a recomputed prefix scores as its decode steps did */
+    if (pre && kt != IE_KV_Q8)
+        *c = (att_src_t){.kt = IE_KV_F32,
+                         .k = {(const unsigned char *)(w->kv_pre[0] + (size_t)a->kh * hd), pre_stride, NULL, 0, 0},
+                         .koff = -t->lo};
+    else *c = (att_src_t){.kt = kt, .k = a->kq, .koff = 0, .smooth_k = 1};
+    if (pre) {
+        c->vt = IE_KV_F32;
+        c->v = (ie_kv_rows_t){(const unsigned char *)(w->kv_pre[1] + (size_t)a->kh * hd), pre_stride, NULL, 0, 0};
+        c->voff = -t->lo;
+    } else c->vt = vt, c->v = a->vq, c->voff = 0;
+    const int smk = w->kv_smooth[0] && !L->swa && (!pre || kt == IE_KV_Q8);
+    const int smv = w->kv_smooth[1] && !L->swa && !pre;
+    p->ns = 0;
+    if (!w->kv_recent || L->swa) {
+        att_push(p, c, a->j0, end, smk, smv);
+        return;
+    }
+    /* copy rows: the sinks [j0, s1) at 0.., the window [g0, pos] after them */
+    int s1, g0;
+    recent_span(w, t->b->pos[a->i], a->j0, &s1, &g0);
+    const int ns1 = s1 > a->j0 ? s1 - a->j0 : 0;
+    const ie_kv_rows_t kc = {(const unsigned char *)kcopy, (size_t)hd * sizeof(float), NULL, 0, 0};
+    const ie_kv_rows_t vc = {(const unsigned char *)vcopy, (size_t)hd * sizeof(float), NULL, 0, 0};
+    for (int k = 1; k <= 2; k++) {
+        const int off = k == 1 ? -a->j0 : ns1 - g0;
+        p->src[k] = (att_src_t){.kt = IE_KV_F32, .k = kc, .koff = off};
+        if (w->kv_recent_v) p->src[k].vt = IE_KV_F32, p->src[k].v = vc, p->src[k].voff = off;
+        else p->src[k].vt = c->vt, p->src[k].v = c->v, p->src[k].voff = c->voff;
+    }
+    att_push_f32(t, a, p, c, &p->src[1], kcopy, vcopy, a->j0, s1, smk, smv);
+    if (s1 < g0) att_push(p, c, s1, g0, smk, smv);
+    att_push_f32(t, a, p, c, &p->src[2], kcopy, vcopy, g0, end, smk, smv);
+}
+
+/* Floats of a thread's attention scratch (att_run): two online-softmax
+ * states of `group` heads (the unit's, a run's: hd + 2 floats a head),
+ * the q.m adds, the V-smoothing share (2 a head) and the copies of the
+ * f32 K and V rows (att_f32_rows each). */
+static size_t att_ws_floats(const ie_worker_t *w, int group, int hd)
+{
+    return (size_t)group * (2 * (size_t)hd + 7) + 2 * (size_t)att_f32_rows(w) * (size_t)hd;
 }
 
 /* One (token, held KV head, share of its query heads) per unit of work: the
- * shared K and V rows are read once for all those heads (GQA), scores over
- * the slot's cache up to the token's position, softmax, weighted sum of
- * values into xb. The kernels read the slot's rows through its block table
- * (a paged view, ie_attn.h) with the arithmetic of a contiguous pass, so
- * any block size and placement gives the same bits. Units are dealt
+ * shared K and V rows are read once for all those heads (GQA) by the fused
+ * kernel (kv_attend: scores, an online f32 softmax and the weighted sum of
+ * values in one pass), run by run of att_plan, the runs' partial states
+ * merged (ie_attn_state_merge) and normalized once with the sink
+ * (ie_attn_state_finish) into xb. The kernel reads the slot's rows through
+ * its block table (a paged view) with the arithmetic of a contiguous pass,
+ * so any block size and placement gives the same bits. Units are dealt
  * round-robin: a causal prefill's later tokens cost more, contiguous shares
  * would leave the first thread idle. */
 static void att_run(void *ctx, int ith, int nth)
@@ -270,74 +354,87 @@ static void att_run(void *ctx, int ith, int nth)
     const ie_hparams_t *hp = &w->hp;
     const layer_t *L = &w->layers[t->layer];
     const int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
-    const size_t ld = (size_t)w->opts.n_ctx;
     const float scale = hp->attn_scale != 0.0f ? hp->attn_scale : 1.0f / sqrtf((float)hd);
-    const float cap = w->arch.attn_softcap, inv_cap = cap != 0.0f ? 1.0f / cap : 0.0f;
-    float *scores = w->scores + (size_t)ith * (size_t)group * ld;
+    /* this thread's scratch: states of the unit (tot) and of a run (run) */
+    float *ws = w->att_ws + (size_t)ith * att_ws_floats(w, group, hd);
+    const ie_attn_state_t tot = {ws, ws + group, ws + 2 * group, (size_t)hd};
+    const ie_attn_state_t run = {ws + 2 * group + (size_t)group * hd, ws + 3 * group + (size_t)group * hd,
+                                 ws + 4 * group + (size_t)group * hd, (size_t)hd};
+    float *addv = ws + 4 * group + 2 * (size_t)group * hd, *vm_m = addv + group, *vm_l = vm_m + group;
+    float *kcopy = vm_l + group, *vcopy = kcopy + (size_t)att_f32_rows(w) * hd;
     /* a rotated cache: the rotated queries in this thread's share of kv_tmp */
     float *qrot = w->kv_tmp ? w->kv_tmp + (size_t)ith * (size_t)group * hd : NULL;
-    const ie_kv_type_t kt = w->kv_type[0], vt = w->kv_type[1];
     /* a smoothed cache: this thread's K and V means */
     float *mk = w->kv_mean ? w->kv_mean + (size_t)ith * 2 * hd : NULL, *mv = mk ? mk + hd : NULL;
-    const int smk = w->kv_smooth[0] && !L->swa, smv = w->kv_smooth[1] && !L->swa;
     const long units = att_units(t);
     att_unit_t a;
+    att_plan_t plan = {.seg = w->att_segs + (size_t)ith * (size_t)att_seg_max(w)};
     for (long u = ith; u < units; u += nth) {
         if (!att_unit(t, u, &a)) continue;
         const int pre = t->seq >= 0;
         if (pre ? t->b->seq[a.i] != t->seq : w->kv_mark && w->kv_mark[a.i]) continue;
-        if (pre) { /* the step's decoded rows, row j at (j - lo) */
-            a.kr = (ie_attn_rows_t){w->kv_pre[0] + (size_t)a.kh * hd, (size_t)w->kv_dim, NULL, 0, 0};
-            a.vr = (ie_attn_rows_t){w->kv_pre[1] + (size_t)a.kh * hd, (size_t)w->kv_dim, NULL, 0, 0};
-        }
-        const int jr = pre ? a.j0 - t->lo : a.j0; /* the first row in the view's numbering */
         const float *q = w->q + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd;
         if (w->kv_rot[0]) { /* K is stored rotated: rotate Q alike, q.k stays */
             memcpy(qrot, q, (size_t)a.nh * hd * sizeof(float));
             for (int hh = 0; hh < a.nh; hh++) kvq_fwht(qrot + (size_t)hh * hd, hd);
             q = qrot;
         }
-        /* a q8 K is always scored on integers (a prefill too: one exact
-         * int32 dot a row costs no more than the f32 one over its decoded
-         * copy), so a recomputed prefix scores as its decode steps did */
-        if (kt == IE_KV_F32 || (pre && kt != IE_KV_Q8))
-            w->ops->attn_scores(q, (size_t)hd, a.nh, &a.kr, jr, a.cnt, hd, scale, scores, ld);
-        else /* the typed rows, converted in registers (q8: on integers) */
-            w->ops->kv_scores(kt, q, (size_t)hd, a.nh, &a.kq, a.j0, a.cnt, hd, scale, scores, ld);
-        /* rows from KVQ_SMOOTH_ROWS on (index js on) hold k - m: add q.m
-         * back (a prefill's decoded rows have m added already, pre_run) */
-        const int js = KVQ_SMOOTH_ROWS - a.j0 > 0 ? KVQ_SMOOTH_ROWS - a.j0 : 0;
-        if (smk && (!pre || kt == IE_KV_Q8) && js < a.cnt) {
+        att_plan(t, &a, kcopy, vcopy, &plan);
+        int add = 0, vmean = 0;
+        for (int s = 0; s < plan.ns; s++) add |= plan.seg[s].add, vmean |= plan.seg[s].vmean;
+        if (add) { /* rows that hold k - m: q.k = q.(k - m) + q.m */
             kv_mean_head(w, 0, &a.kq, mk);
             for (int hh = 0; hh < a.nh; hh++) {
                 const float *qh = q + (size_t)hh * hd;
                 float qm = 0.0f;
                 for (int i = 0; i < hd; i++) qm += qh[i] * mk[i];
-                qm *= scale;
-                for (int j = js; j < a.cnt; j++) scores[(size_t)hh * ld + j] += qm;
+                addv[hh] = qm * scale;
             }
         }
-        if (w->kv_recent && !L->swa) recent_scores(w, t, &a, q, scale, scores, ld); /* its last rows in f32 */
-        if (cap != 0.0f) /* Gemma 2: scores = c tanh(scores / c), before the softmax */
-            for (int hh = 0; hh < a.nh; hh++)
-                for (int j = 0; j < a.cnt; j++) {
-                    float *sc = scores + (size_t)hh * ld + j;
-                    *sc = cap * tanhf(*sc * inv_cap);
+        for (int hh = 0; hh < a.nh; hh++) vm_l[hh] = 0.0f;
+        for (int s = 0; s < plan.ns; s++) {
+            const att_seg_t *g = &plan.seg[s];
+            const att_src_t *src = g->src;
+            const ie_kv_attend_t at = {.kt = src->kt,
+                                       .vt = src->vt,
+                                       .k = &src->k,
+                                       .v = &src->v,
+                                       .kj = g->j + src->koff,
+                                       .vj = g->j + src->voff,
+                                       .n = g->n,
+                                       .hd = hd,
+                                       .nh = a.nh,
+                                       .q = q,
+                                       .q_stride = (size_t)hd,
+                                       .scale = scale,
+                                       .cap = w->arch.attn_softcap,
+                                       .add = g->add ? addv : NULL};
+            const ie_attn_state_t *st = s ? &run : &tot;
+            w->ops->kv_attend(&at, st);
+            if (g->vmean) /* the running max and sum of the rows holding v - m */
+                for (int hh = 0; hh < a.nh; hh++) {
+                    if (st->l[hh] == 0.0f) continue;
+                    if (vm_l[hh] == 0.0f) {
+                        vm_m[hh] = st->m[hh], vm_l[hh] = st->l[hh];
+                        continue;
+                    }
+                    const float m = vm_m[hh] > st->m[hh] ? vm_m[hh] : st->m[hh];
+                    vm_l[hh] = vm_l[hh] * expf(vm_m[hh] - m) + st->l[hh] * expf(st->m[hh] - m);
+                    vm_m[hh] = m;
                 }
-        for (int hh = 0; hh < a.nh; hh++)
-            w->ops->softmax(scores + (size_t)hh * ld, a.cnt, L->sinks ? &L->sinks[a.h0 + hh] : NULL);
-        float *out = w->xb + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd;
-        if (vt == IE_KV_F32 || pre) w->ops->attn_values(scores, ld, a.nh, &a.vr, jr, a.cnt, hd, out, (size_t)hd);
-        else w->ops->kv_values(vt, scores, ld, a.nh, &a.vq, a.j0, a.cnt, hd, out, (size_t)hd);
-        if (smv && !pre && js < a.cnt) { /* rows js on hold v - m: their weight times m */
+            if (s) ie_attn_state_merge(&tot, &run, a.nh, hd);
+        }
+        if (vmean) { /* their weight times m, before the one normalization */
             kv_mean_head(w, 1, &a.vq, mv);
             for (int hh = 0; hh < a.nh; hh++) {
-                float pw = 0.0f;
-                for (int j = js; j < a.cnt; j++) pw += scores[(size_t)hh * ld + j];
-                for (int i = 0; i < hd; i++) out[(size_t)hh * hd + i] += pw * mv[i];
+                if (vm_l[hh] == 0.0f) continue;
+                const float c = vm_l[hh] * expf(vm_m[hh] - tot.m[hh]);
+                float *o = tot.o + (size_t)hh * hd;
+                for (int i = 0; i < hd; i++) o[i] += c * mv[i];
             }
         }
-        if (w->kv_recent_v && !L->swa) recent_values(w, t, &a, scores, ld, out); /* its last rows in f32 */
+        float *out = w->xb + (size_t)a.i * w->q_dim + (size_t)a.h0 * hd;
+        ie_attn_state_finish(&tot, a.nh, hd, L->sinks ? &L->sinks[a.h0] : NULL, out, (size_t)hd);
         if (w->kv_rot[1]) /* V was stored rotated: the weighted sum is too */
             for (int hh = 0; hh < a.nh; hh++) kvq_fwht(out + (size_t)hh * hd, hd);
     }
@@ -612,9 +709,10 @@ ie_status_t worker_kv_new(ie_worker_t *w)
                             w->arch.rope_scaling != IE_ROPE_SCALING_NONE);
     w->rope_cos_swa = swa_tables ? malloc((size_t)opts->n_ctx * half * sizeof(float)) : w->rope_cos;
     w->rope_sin_swa = swa_tables ? malloc((size_t)opts->n_ctx * half * sizeof(float)) : w->rope_sin;
-    w->scores = worker_big_alloc((size_t)opts->n_threads * (size_t)qgroup * opts->n_ctx * sizeof(float));
+    w->att_ws = malloc((size_t)opts->n_threads * att_ws_floats(w, qgroup, w->hp.head_dim) * sizeof(float));
+    w->att_segs = malloc((size_t)opts->n_threads * (size_t)att_seg_max(w) * sizeof *w->att_segs);
     if (!w->kcache || !w->vcache || !w->seq_len || !w->btab || !w->rope_cos || !w->rope_sin || !w->rope_cos_swa ||
-        !w->rope_sin_swa || !w->scores || (kv_tmp && !w->kv_tmp) || (kv_sm && !w->kv_mean))
+        !w->rope_sin_swa || !w->att_ws || !w->att_segs || (kv_tmp && !w->kv_tmp) || (kv_sm && !w->kv_mean))
         return ie_error_set(IE_ERR_NOMEM, "out of memory allocating KV cache (%zu bytes) and scratch", kv_bytes);
     /* a pool with room for every slot's whole context starts as the
      * unpaged cache (slot s owns blocks s*kv_nlb ..); a smaller one unbound */

@@ -312,7 +312,8 @@ void ie_worker_destroy(ie_worker_t **self_p)
     worker_big_free(w->act);
     worker_big_free(w->spans);
     worker_big_free(w->pf);
-    worker_big_free(w->scores);
+    free(w->att_ws);
+    free(w->att_segs);
     worker_big_free(w->xg);
     worker_big_free(w->moe);
     worker_big_free(w->rlog);

@@ -256,7 +256,8 @@ struct ie_worker {
     float *tmp; /* [B][d]   matmul output before the residual add        */
     void *act;  /* [B][act row] quantized activations                    */
     size_t act_row_cap;
-    float *scores; /* [n_threads][group][n_ctx] attention probabilities   */
+    float *att_ws;            /* [n_threads][att_ws_floats] attention states, scratch */
+    struct att_seg *att_segs; /* [n_threads][att_seg_max] a unit's runs of rows (attention.c) */
     /* MoE scratch */
     float *xg;     /* [B][d] rows routed to one expert                    */
     float *moe;    /* [B][d] MoE output before the residual add           */

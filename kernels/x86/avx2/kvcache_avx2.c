@@ -124,6 +124,24 @@ static float dot_row(const float *a, const float *b, int hd)
     return s;
 }
 
+/* A q8 row's score: the exact int32 dot of the int16 query qi (32-byte
+ * aligned, zeros past hd) and its int8 values, times its scale, times qs
+ * (the query's scale times the score scale), as the oracle computes it. */
+static float q8_score(const int16_t *qi, const unsigned char *row, int hd, float qs)
+{
+    const int8_t *kr = (const int8_t *)(row + 4);
+    __m256i acc = _mm256_setzero_si256();
+    int i = 0;
+    for (; i + 16 <= hd; i += 16) {
+        const __m256i kk = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(const void *)(kr + i)));
+        acc = _mm256_add_epi32(acc,
+                               _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(const void *)(qi + i)), kk));
+    }
+    int32_t dot = hsum8_epi32(acc);
+    for (; i < hd; i++) dot += (int32_t)qi[i] * (int32_t)kr[i];
+    return ((float)dot * ld_f32(row)) * qs;
+}
+
 /* Contract (ie_kernels_t.kv_scores). */
 void ie_kv_scores_avx2(ie_kv_type_t t, const float *q, size_t q_stride, int nh, const ie_kv_rows_t *k, int j0,
                        int n, int hd, float scale, float *s, size_t ld)
@@ -142,21 +160,7 @@ void ie_kv_scores_avx2(ie_kv_type_t t, const float *q, size_t q_stride, int nh, 
             ie_kv_quantize_q16(q + (size_t)h * q_stride, hd, qi, &dq);
             const float qs = dq * scale;
             ie_kv_cursor_init(&cur, k, j0);
-            for (int j = 0; j < n; j++) {
-                const unsigned char *row = ie_kv_cursor_next(&cur);
-                const int8_t *kr = (const int8_t *)(row + 4);
-                __m256i acc = _mm256_setzero_si256();
-                int i = 0;
-                for (; i + 16 <= hd; i += 16) {
-                    const __m256i kk = _mm256_cvtepi8_epi16(
-                        _mm_loadu_si128((const __m128i *)(const void *)(kr + i)));
-                    acc = _mm256_add_epi32(
-                        acc, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(const void *)(qi + i)), kk));
-                }
-                int32_t dot = hsum8_epi32(acc);
-                for (; i < hd; i++) dot += (int32_t)qi[i] * (int32_t)kr[i];
-                s[(size_t)h * ld + j] = ((float)dot * ld_f32(row)) * qs;
-            }
+            for (int j = 0; j < n; j++) s[(size_t)h * ld + j] = q8_score(qi, ie_kv_cursor_next(&cur), hd, qs);
         }
         return;
     }
@@ -189,6 +193,94 @@ void ie_kv_values_avx2(ie_kv_type_t t, const float *p, size_t ld, int nh, const 
             for (; i + 8 <= hd; i += 8)
                 _mm256_storeu_ps(o + i, _mm256_fmadd_ps(wv, _mm256_loadu_ps(vf + i), _mm256_loadu_ps(o + i)));
             for (; i < hd; i++) o[i] += w * vf[i];
+        }
+    }
+}
+
+/* Contract (ie_kernels_t.kv_attend): tiles of 16 rows; each K row
+ * converted once for every head of a pass (a q8 row scored on integers),
+ * the softmax update by scalar expf (as this table's softmax), each V row
+ * converted once into the heads' f32 outputs, rescaled as the tile starts. */
+#define AB 16 /* heads a pass */
+void ie_kv_attend_avx2(const ie_kv_attend_t *a, const ie_attn_state_t *st)
+{
+    const int hd = a->hd;
+    if (hd <= 0 || hd > IE_KV_MAX_HD) {
+        ie_kv_attend_ref(a, st);
+        return;
+    }
+    const float inv_cap = a->cap != 0.0f ? 1.0f / a->cap : 0.0f;
+    _Alignas(32) int16_t qi[AB][IE_KV_MAX_HD];
+    float kf[IE_KV_MAX_HD], vf[IE_KV_MAX_HD], s[AB][16], qs[AB];
+    for (int h0 = 0; h0 < a->nh; h0 += AB) {
+        const int g = a->nh - h0 < AB ? a->nh - h0 : AB;
+        const float *q = a->q + (size_t)h0 * a->q_stride;
+        if (a->kt == IE_KV_Q8)
+            for (int h = 0; h < g; h++) {
+                float dq;
+                ie_kv_quantize_q16(q + (size_t)h * a->q_stride, hd, qi[h], &dq);
+                qs[h] = dq * a->scale;
+            }
+        float *m = st->m + h0, *l = st->l + h0, *o = st->o + (size_t)h0 * st->os;
+        for (int h = 0; h < g; h++) {
+            m[h] = -INFINITY;
+            l[h] = 0.0f;
+            memset(o + (size_t)h * st->os, 0, (size_t)hd * sizeof(float));
+        }
+        ie_kv_cursor_t ck, cv;
+        ie_kv_cursor_init(&ck, a->k, a->kj);
+        ie_kv_cursor_init(&cv, a->v, a->vj);
+        for (int t = 0; t < a->n; t += 16) {
+            const int nr = a->n - t < 16 ? a->n - t : 16;
+            for (int r = 0; r < nr; r++) {
+                const unsigned char *row = ie_kv_cursor_next(&ck);
+                if (a->kt == IE_KV_Q8) {
+                    for (int h = 0; h < g; h++) s[h][r] = q8_score(qi[h], row, hd, qs[h]);
+                    continue;
+                }
+                const float *k = kf;
+                if (a->kt == IE_KV_F32 && hd % 8 == 0)
+                    k = (const float *)(const void *)row; /* whole vectors: no float read unaligned */
+                else ie_kv_decode_avx2(a->kt, row, hd, kf);
+                for (int h = 0; h < g; h++) s[h][r] = dot_row(q + (size_t)h * a->q_stride, k, hd) * a->scale;
+            }
+            float alpha[AB];
+            for (int h = 0; h < g; h++) {
+                float tmax = -INFINITY;
+                for (int r = 0; r < nr; r++) {
+                    float x = a->add ? s[h][r] + a->add[h0 + h] : s[h][r];
+                    if (a->cap != 0.0f) x = a->cap * tanhf(x * inv_cap);
+                    s[h][r] = x;
+                    tmax = x > tmax ? x : tmax;
+                }
+                const float mn = tmax > m[h] ? tmax : m[h];
+                alpha[h] = l[h] > 0.0f ? expf(m[h] - mn) : 0.0f;
+                float z = 0.0f;
+                for (int r = 0; r < nr; r++) z += s[h][r] = expf(s[h][r] - mn);
+                l[h] = l[h] * alpha[h] + z;
+                m[h] = mn;
+                float *oh = o + (size_t)h * st->os;
+                const __m256 av = _mm256_set1_ps(alpha[h]);
+                int i = 0;
+                for (; i + 8 <= hd; i += 8) _mm256_storeu_ps(oh + i, _mm256_mul_ps(av, _mm256_loadu_ps(oh + i)));
+                for (; i < hd; i++) oh[i] *= alpha[h];
+            }
+            for (int r = 0; r < nr; r++) {
+                const unsigned char *row = ie_kv_cursor_next(&cv);
+                const float *v = vf;
+                if (a->vt == IE_KV_F32 && hd % 8 == 0) v = (const float *)(const void *)row;
+                else ie_kv_decode_avx2(a->vt, row, hd, vf);
+                for (int h = 0; h < g; h++) {
+                    float *oh = o + (size_t)h * st->os;
+                    const float w = s[h][r];
+                    const __m256 wv = _mm256_set1_ps(w);
+                    int i = 0;
+                    for (; i + 8 <= hd; i += 8)
+                        _mm256_storeu_ps(oh + i,
+                                         _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + i), _mm256_loadu_ps(oh + i)));
+                    for (; i < hd; i++) oh[i] += w * v[i];
+                }
+            }
         }
     }
 }

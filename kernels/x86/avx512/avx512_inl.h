@@ -51,4 +51,28 @@ IE_INLINE __m512i dpwssd_bcast(__m512i acc, __m512i w, const uint8_t *p)
 #endif
 }
 
+/* exp of 16 floats: exp(x) = 2^n * 2^f with n = round(x*log2 e), f in
+ * [-1/2, 1/2]; 2^f by its degree-7 Taylor polynomial in f*ln 2 (relative
+ * error < 2e-8 on the range, below float rounding), scaled by 2^n with
+ * vscalefps. Inputs are clamped to [-87.3, 88.7], where expf neither
+ * overflows nor denormalizes (so exp_ps(-inf) is ~1e-38, not 0). */
+IE_INLINE __m512 exp_ps(__m512 x)
+{
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.7f));
+    const __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* f*ln2 computed as x - n*ln2 in two parts for accuracy */
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
 #endif
