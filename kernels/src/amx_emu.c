@@ -113,18 +113,27 @@ void ie_amx_emu_tilestored(int t, void *base, size_t stride)
     for (int r = 0; r < g_emu.rows[t]; r++) memcpy((uint8_t *)base + r * stride, g_emu.t[t][r], g_emu.colsb[t]);
 }
 
-void ie_amx_emu_tdp(int c, int a, int b, int sa, int sb)
+/* Whether a tdp* on tiles c += a . b may run (else the fault is counted):
+ * three distinct usable tiles whose shapes chain (c: M x 4N bytes, a: M x
+ * 4K, b: K x 4N). */
+static int tdp_ok(int c, int a, int b)
 {
-    if (!usable(c) || !usable(a) || !usable(b)) return;
+    if (!usable(c) || !usable(a) || !usable(b)) return 0;
     if (c == a || c == b || a == b) {
         fault("#UD: tdp names one tile twice", c);
-        return;
+        return 0;
     }
     if (g_emu.rows[c] != g_emu.rows[a] || g_emu.colsb[c] != g_emu.colsb[b] || g_emu.colsb[a] % 4 != 0 ||
         g_emu.colsb[a] / 4 != g_emu.rows[b] || g_emu.colsb[c] % 4 != 0) {
         fault("#UD: tdp shapes do not chain", c);
-        return;
+        return 0;
     }
+    return 1;
+}
+
+void ie_amx_emu_tdp(int c, int a, int b, int sa, int sb)
+{
+    if (!tdp_ok(c, a, b)) return;
     const int M = g_emu.rows[c], N = g_emu.colsb[c] / 4, K = g_emu.colsb[a] / 4;
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {
@@ -153,16 +162,7 @@ static float bf16_at(const uint8_t *p)
 
 void ie_amx_emu_tdpbf16ps(int c, int a, int b)
 {
-    if (!usable(c) || !usable(a) || !usable(b)) return;
-    if (c == a || c == b || a == b) {
-        fault("#UD: tdp names one tile twice", c);
-        return;
-    }
-    if (g_emu.rows[c] != g_emu.rows[a] || g_emu.colsb[c] != g_emu.colsb[b] || g_emu.colsb[a] % 4 != 0 ||
-        g_emu.colsb[a] / 4 != g_emu.rows[b] || g_emu.colsb[c] % 4 != 0) {
-        fault("#UD: tdp shapes do not chain", c);
-        return;
-    }
+    if (!tdp_ok(c, a, b)) return;
     const int M = g_emu.rows[c], N = g_emu.colsb[c] / 4, K = g_emu.colsb[a] / 4;
     for (int m = 0; m < M; m++)
         for (int n = 0; n < N; n++) {

@@ -14,6 +14,7 @@
  *                   or OS cannot run AMX.
  */
 #include "ie_kernels.h"
+#include "ie_test_panel.h"
 #include "../../kernels/src/ie_kernels_isa.h"
 #include "ie_test_rng.h"
 
@@ -175,30 +176,6 @@ static void test_emu_faults(void)
 
 /* ------------------------------------------------------------ GEMM */
 
-/* Independent reading of PANEL16 (ie_pack.h): signed code of element k of
- * row r (I8W byte - 128, I4W nibble - 8, I4WA nibble) and scales. */
-static const uint8_t *pgroup(const ie_pmat_t *m, int64_t r, int64_t g)
-{
-    const size_t sb = m->dtype == IE_DTYPE_I4WA ? 4 : 2;
-    const size_t qb = m->dtype == IE_DTYPE_I8W ? (size_t)m->group : (size_t)m->group / 2;
-    return (const uint8_t *)m->data + (size_t)(r / 16) * ie_pack_panel_bytes(m->dtype, m->group, m->n_in) +
-           (size_t)g * 16 * (sb + qb);
-}
-static double p_scale(const ie_pmat_t *m, int64_t r, int64_t g, int which)
-{
-    ie_f16_t h;
-    memcpy(&h, pgroup(m, r, g) + 32 * which + 2 * (r % 16), 2);
-    return ie_f16_to_f32(h);
-}
-static int p_code(const ie_pmat_t *m, int64_t r, int64_t k)
-{
-    const int64_t g = k / m->group, kk = k % m->group, i = r % 16;
-    const uint8_t *q = pgroup(m, r, g) + (m->dtype == IE_DTYPE_I4WA ? 64 : 32);
-    if (m->dtype == IE_DTYPE_I8W) return q[(kk / 4) * 64 + 4 * i + kk % 4] - 128;
-    const uint8_t b = q[(kk / 8) * 64 + 4 * i + kk % 4];
-    const int u = (kk % 8) < 4 ? (b & 15) : (b >> 4);
-    return m->dtype == IE_DTYPE_I4W ? u - 8 : u;
-}
 static int a_q(int wide, const uint8_t *row, int64_t k)
 {
     if (!wide) return (int8_t)row[k];
@@ -270,7 +247,7 @@ static int check_case(const gcase_t *c)
                 for (int64_t b = g * c->group / 32; b < (g + 1) * c->group / 32; b++) {
                     int64_t dot = 0, adot = 0;
                     for (int j = 0; j < 32; j++) {
-                        const int64_t p = (int64_t)p_code(&m, r, 32 * b + j) * a_q(wide, ar, 32 * b + j);
+                        const int64_t p = (int64_t)p_value(&m, r, 32 * b + j) * a_q(wide, ar, 32 * b + j);
                         dot += p;
                         adot += p < 0 ? -p : p;
                     }

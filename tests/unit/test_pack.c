@@ -24,6 +24,7 @@
  *       must give the exact result, bit for bit.
  */
 #include "ie_kernels.h"
+#include "ie_test_panel.h"
 #include "../../kernels/src/ie_kernels_isa.h"
 #include "ie_test_rng.h"
 
@@ -81,30 +82,6 @@ static void *palloc(size_t n)
     return p;
 }
 
-/* Independent reading of the PANEL16 layout (ie_pack.h) for the oracle:
- * the f16 scale / offset of row r, group g, and the stored code of
- * element k of that row (I8W: q + 128; 4-bit: u). */
-static const uint8_t *pgroup(const ie_pmat_t *m, int64_t r, int64_t g)
-{
-    const size_t sb = m->dtype == IE_DTYPE_I4WA ? 4 : 2;
-    const size_t qb = m->dtype == IE_DTYPE_I8W ? (size_t)m->group : (size_t)m->group / 2;
-    return (const uint8_t *)m->data + (size_t)(r / 16) * ie_pack_panel_bytes(m->dtype, m->group, m->n_in) +
-           (size_t)g * 16 * (sb + qb);
-}
-static float p_scale(const ie_pmat_t *m, int64_t r, int64_t g, int which)
-{
-    ie_f16_t h;
-    memcpy(&h, pgroup(m, r, g) + 32 * which + 2 * (r % 16), 2);
-    return ie_f16_to_f32(h);
-}
-static int p_code(const ie_pmat_t *m, int64_t r, int64_t k)
-{
-    const int64_t g = k / m->group, kk = k % m->group, i = r % 16;
-    const uint8_t *q = pgroup(m, r, g) + (m->dtype == IE_DTYPE_I4WA ? 64 : 32);
-    if (m->dtype == IE_DTYPE_I8W) return q[(kk / 4) * 64 + 4 * i + kk % 4];
-    const uint8_t b = q[(kk / 8) * 64 + 4 * i + kk % 4];
-    return (kk % 8) < 4 ? (b & 15) : (b >> 4);
-}
 
 /* Fields of one activation row of format at (Q8_P: int8 quants, Q16_P:
  * int16), read independently of the kernels from the ie_pack.h layout. */
