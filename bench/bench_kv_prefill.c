@@ -2,12 +2,11 @@
  * interleaved (docs/KVCACHE.md, "Speed"; issue 22: a q8 cache's prefill at
  * depth within 10% of the f32 cache's).
  *
- * One worker per type (--types, default f32,q8; K and V the same type),
- * each filled once to --depth positions (a prompt of arbitrary ids, in
- * steps of 512). Then --rounds rounds, each running every type in turn
- * (f32, q8, f32, q8, ...): the slot is cut back to --depth
- * (ie_worker_seq_set_len) and --new tokens are prefilled in one step at
- * positions depth .. depth+new-1, timed, with the step's attention time
+ * --rounds rounds, each running every type in turn (--types, default
+ * f32,q8; K and V the same type: f32, q8, f32, q8, ...), one worker alive
+ * at a time: it is made, filled to --depth positions (a prompt of
+ * arbitrary ids, in steps of 512, fill_s its first round), then --new
+ * tokens are prefilled in one step at positions depth .. depth+new-1, timed, with the step's attention time
  * (ie_prof's IE_PROF_ATTENTION: scores, softmax, values, and a typed
  * cache's decode of the visible rows). Per type: the median step time, its
  * tokens/s and attention's share; per round the ratio of each type's step
@@ -118,36 +117,34 @@ int main(int argc, char **argv)
         goto out;
     }
     for (int i = 0; i < total; i++) ids[i] = (int32_t)((1 + 7919 * (int64_t)i) % n_vocab);
-    for (int t = 0; t < nt; t++) {
-        ie_worker_opts_t o;
-        ie_worker_opts_default(&o);
-        o.n_threads = threads;
-        o.n_ctx = total + 1;
-        o.max_batch = nnew > 512 ? nnew : 512;
-        o.kv_type_k = o.kv_type_v = kt[t];
-        o.kv_rotate = rot;
-        const double t0 = now_s();
-        if (ie_worker_new(src, &o, &w[t]) != IE_OK || fill(w[t], ids, 0, depth, 512, logits) != IE_OK) {
-            fprintf(stderr, "bench_kv_prefill: %s: %s\n", ie_kv_type_name(kt[t]), ie_error_last());
-            goto out;
-        }
-        fill_s[t] = now_s() - t0;
-    }
     ie_prof_enable(1);
     for (int r = 0; r < rounds; r++)
         for (int t = 0; t < nt; t++) {
-            if (ie_worker_seq_set_len(w[t], 0, depth) != IE_OK) {
-                fprintf(stderr, "bench_kv_prefill: %s\n", ie_error_last());
+            /* one worker alive at a time: an idle worker's pool threads
+             * would share the 2 cores with the timed one (measured: the
+             * second of two workers ran 1.9x slower whatever its type) */
+            ie_worker_opts_t o;
+            ie_worker_opts_default(&o);
+            o.n_threads = threads;
+            o.n_ctx = total + 1;
+            o.max_batch = nnew > 512 ? nnew : 512;
+            o.kv_type_k = o.kv_type_v = kt[t];
+            o.kv_rotate = rot;
+            double t0 = now_s();
+            if (ie_worker_new(src, &o, &w[t]) != IE_OK || fill(w[t], ids, 0, depth, 512, logits) != IE_OK) {
+                fprintf(stderr, "bench_kv_prefill: %s: %s\n", ie_kv_type_name(kt[t]), ie_error_last());
                 goto out;
             }
+            if (r == 0) fill_s[t] = now_s() - t0;
             ie_prof_reset();
-            const double t0 = now_s();
+            t0 = now_s();
             if (fill(w[t], ids, depth, total, nnew, logits) != IE_OK) {
                 fprintf(stderr, "bench_kv_prefill: %s: %s\n", ie_kv_type_name(kt[t]), ie_error_last());
                 goto out;
             }
             step_s[t][r] = now_s() - t0;
             att_s[t][r] = (double)ie_prof_get(IE_PROF_ATTENTION) * 1e-9;
+            ie_worker_destroy(&w[t]);
         }
     ie_prof_enable(0);
     printf("bench_kv_prefill: %s, %d thread(s), %d new tokens in one step after %d cached positions, %d "
