@@ -1,8 +1,11 @@
 """End-to-end tests of the distributed service.
 
   a) inference-engine --plan pipeline:N|tensor:N (in-process workers over
-     inproc) gives the same greedy text as the embedded engine (plan none);
-     a plan the model's shapes forbid fails with a clear error line.
+     inproc) gives the same greedy text as the embedded engine (plan none):
+     a pipeline always, a tensor plan up to near ties (its ranks sum
+     partials in another order), so a tensor cluster is held to the
+     in-process run of the same split (plan_ref); a plan the model's
+     shapes forbid fails with a clear error line.
   b) ie-coordinator + ie-worker processes, clients through
      apps/clients/ie_client.py and the C ie-client-example.
   c) a worker killed with SIGKILL mid-generation: the client gets an
@@ -71,10 +74,29 @@ def embedded(model: Path, prompts, tmp: Path, max_new: int = MAX_NEW) -> list:
     return _EMBEDDED[key]
 
 
+def plan_ref(model: Path, prompts, plan: str, tmp: Path, max_new: int = MAX_NEW) -> list:
+    """The texts a 2-rank cluster of `plan` must give: the embedded engine's
+    for a pipeline (its bits), the in-process `--plan tensor:2` run's for a
+    tensor plan (the same split: its ranks sum partials in another order
+    than one worker, and PROMPTS[1] sits on a near tie, TENSOR2_NEAR_TIE;
+    test_tensor_logits_match_within_isa_noise bounds that difference)."""
+    if plan == "pipeline":
+        return embedded(model, prompts, tmp, max_new)
+    key = (str(model), tuple(prompts), max_new, "tensor:2")
+    if key not in _EMBEDDED:
+        _EMBEDDED[key] = engine_texts(model, prompts, "tensor:2", tmp, max_new)
+    return _EMBEDDED[key]
+
+
 @pytest.fixture(scope="session")
 def tiny_gptoss() -> Path:
     return need_file(TINY_GPTOSS, "tests/data/tiny_gptoss.gguf")
 
+
+TENSOR2_NEAR_TIE = ("tensor-parallel ranks sum the attention-output and MLP partials in another order than "
+                    "one worker does; with 2 ranks 'Once upon a time, in a small village,' flips at generated "
+                    "token 17 (' a' / ' known' after 'Elwes was'), where the embedded model's top two logits are "
+                    "0.0085 apart (18.3886 / 18.3801, measured 2026-11-27 with the fused online-softmax attention)")
 
 TENSOR_NEAR_TIE = ("tensor-parallel ranks sum the attention-output and MLP partials in another order than "
                    "one worker does; with quantized activations (Q8 blocks) that rounding difference is "
@@ -124,7 +146,8 @@ def test_tensor_logits_match_within_isa_noise(plan, smollm2, tmp_path):
             assert top2[1] - top2[0] < 0.25, "arg max moved away from a near tie"
 
 
-@pytest.mark.parametrize("plan", ["pipeline:2", "tensor:2", "pipeline:3",
+@pytest.mark.parametrize("plan", ["pipeline:2", pytest.param("tensor:2", marks=pytest.mark.xfail(
+                                      strict=True, reason=TENSOR2_NEAR_TIE)), "pipeline:3",
                                   pytest.param("tensor:3", marks=pytest.mark.xfail(
                                       strict=True, reason=TENSOR_NEAR_TIE))])
 def test_inproc_plans_match_embedded_smollm2(plan, smollm2, tmp_path):
@@ -161,26 +184,27 @@ def run_lookahead(model: Path, prompts, plan: str, tmp: Path, lookahead: str | N
 def test_lookahead_chained_steps_match_embedded(smollm2, tmp_path):
     """Chained steps (docs/PROTOCOL.md): with IE_LOOKAHEAD=1 the cluster sends
     every all-greedy decode step's successor ahead, the ranks pick its tokens
-    themselves; the ids are the embedded engine's. Requests that all end by
-    length drop nothing (the scheduler says so beforehand); a stop string
-    that ends one request of a batch early drops the step sent ahead, and
-    the ids are still the embedded engine's."""
-    ref = run_lookahead(smollm2, PROMPTS, "none", tmp_path, None)
-    assert "lookahead_used" not in ref, ref  # no cluster, no chaining
+    themselves; the ids are those of the same plan without chaining (a
+    tensor plan's own: TENSOR2_NEAR_TIE). Requests that all end by length
+    drop nothing (the scheduler says so beforehand); a stop string that ends
+    one request of a batch early drops the step sent ahead, and the ids are
+    still the unchained run's."""
+    emb = run_lookahead(smollm2, PROMPTS, "none", tmp_path, None)
+    assert "lookahead_used" not in emb, emb  # no cluster, no chaining
+    # off: nothing sent ahead
+    ref = run_lookahead(smollm2, PROMPTS, "tensor:2", tmp_path, "0")
+    assert ref["lookahead_used"] == 0 and ref["lookahead_dropped"] == 0, ref
     got = run_lookahead(smollm2, PROMPTS, "tensor:2", tmp_path, "1")
     assert got["ids"] == ref["ids"], (got["ids"], ref["ids"])
     assert got["lookahead_used"] > 0 and got["lookahead_dropped"] == 0, got
     # a stop string from the middle of the second prompt's text
     stop = ref["text"][1][12:20]
     assert stop.strip() and stop not in ref["text"][1][:12], ref["text"][1]
-    ref_s = run_lookahead(smollm2, PROMPTS, "none", tmp_path, None, ("--stop", stop))
+    ref_s = run_lookahead(smollm2, PROMPTS, "tensor:2", tmp_path, "0", ("--stop", stop))
     assert "stop" in ref_s["stop_reason"], ref_s
     got_s = run_lookahead(smollm2, PROMPTS, "tensor:2", tmp_path, "1", ("--stop", stop))
     assert got_s["ids"] == ref_s["ids"] and got_s["text"] == ref_s["text"], (got_s, ref_s)
     assert got_s["lookahead_dropped"] >= 1 and got_s["lookahead_used"] > 0, got_s
-    # off: the same ids, nothing sent ahead
-    off = run_lookahead(smollm2, PROMPTS, "tensor:2", tmp_path, "0")
-    assert off["ids"] == ref["ids"] and off["lookahead_used"] == 0 and off["lookahead_dropped"] == 0, off
 
 
 def test_lookahead_auto_needs_a_spare_cpu(smollm2, tmp_path):
@@ -298,7 +322,7 @@ def start_cluster(clusters, model, plan, n, logdir, **kw) -> Cluster:
 @pytest.mark.parametrize("plan,lookahead", [("tensor", None), ("tensor", "1"), ("pipeline", None)])
 def test_processes_greedy_and_streaming(plan, lookahead, smollm2, clusters, tmp_path):
     """lookahead "1": the coordinator chains every greedy step (IE_LOOKAHEAD)."""
-    ref = embedded(smollm2, PROMPTS, tmp_path)
+    ref = plan_ref(smollm2, PROMPTS, plan, tmp_path)
     mport = free_port()
     c = start_cluster(clusters, smollm2, plan, 2, tmp_path / "logs", coord_extra=["--metrics-port", str(mport)],
                       coord_env={"IE_LOOKAHEAD": lookahead} if lookahead else None)
@@ -373,13 +397,14 @@ def test_processes_sampled_and_penalized_rows_whole(smollm2, clusters, tmp_path)
             got.append(d["text"])
         if plan == "pipeline":
             assert got == ref, (got, ref)
-        else:
-            assert got[3] == ref[3], (got[3], ref[3])
+        else:  # the same split's greedy text (TENSOR2_NEAR_TIE)
+            want = engine_texts(smollm2, [PROMPTS[1]], "tensor:2", tmp_path, 24)[0]
+            assert got[3] == want, (got[3], want)
         c.stop()
 
 
 def test_processes_malformed_requests_and_c_client(smollm2, clusters, tmp_path):
-    ref = embedded(smollm2, PROMPTS, tmp_path)
+    ref = plan_ref(smollm2, PROMPTS, "tensor", tmp_path)
     c = start_cluster(clusters, smollm2, "tensor", 2, tmp_path / "logs")
     c.start_worker(0)
     c.start_worker(1)
@@ -429,7 +454,7 @@ def test_processes_malformed_requests_and_c_client(smollm2, clusters, tmp_path):
 def test_worker_killed_mid_generation(lookahead, smollm2, clusters, tmp_path):
     """With --retry-ms 0 a request hit by a lost worker fails at once (also
     with a chained step in flight: IE_LOOKAHEAD=1)."""
-    ref = embedded(smollm2, PROMPTS, tmp_path)
+    ref = plan_ref(smollm2, PROMPTS, "tensor", tmp_path)
     c = start_cluster(clusters, smollm2, "tensor", 2, tmp_path / "logs", coord_extra=["--retry-ms", "0"],
                       coord_env={"IE_LOOKAHEAD": lookahead} if lookahead else None)
     c.start_worker(0)
@@ -591,7 +616,7 @@ def curve_flags(keys: Path, auth: Path):
 
 def test_curve_cluster(smollm2, clusters, curve_keys, tmp_path):
     keys, auth, other = curve_keys
-    ref = embedded(smollm2, PROMPTS, tmp_path)
+    ref = plan_ref(smollm2, PROMPTS, "tensor", tmp_path)
     coord_flags, worker_flags = curve_flags(keys, auth)
     c = start_cluster(clusters, smollm2, "tensor", 2, tmp_path / "logs", coord_curve=coord_flags)
     c.start_worker(0, worker_flags(0))
@@ -673,7 +698,7 @@ def netns_pair():
 
 def test_netns_tensor_cluster_with_curve(smollm2, clusters, curve_keys, netns_pair, tmp_path):
     keys, auth, _ = curve_keys
-    ref = embedded(smollm2, PROMPTS, tmp_path)
+    ref = plan_ref(smollm2, PROMPTS, "tensor", tmp_path)
     coord_flags, worker_flags = curve_flags(keys, auth)
     c = start_cluster(clusters, smollm2, "tensor", 2, tmp_path / "logs", bind_host="0.0.0.0",
                       coord_curve=coord_flags)
@@ -710,7 +735,7 @@ def test_cpu_latency_bad_values_refused(value, smollm2):
 def test_cpu_latency_request_changes_no_result(smollm2, clusters, tmp_path):
     """IE_CPU_LATENCY_US=0 / --cpu-latency-us 0 hold a PM QoS request (or
     warn when /dev/cpu_dma_latency is not writable); the ids are the same."""
-    ref = embedded(smollm2, PROMPTS, tmp_path)
+    ref = plan_ref(smollm2, PROMPTS, "tensor", tmp_path)
     cp = subprocess.run([str(binary("inference-engine")), "--model", str(smollm2), "--prompt", PROMPTS[0],
                          "--max-new", str(MAX_NEW), "--greedy", "--threads", str(THREADS)],
                         capture_output=True, text=True, timeout=120, env=dict(os.environ, IE_CPU_LATENCY_US="0"))
