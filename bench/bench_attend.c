@@ -63,7 +63,7 @@ int main(int argc, char **argv)
     int32_t *tab = malloc(sizeof(int32_t) * (size_t)nb);
     for (int b = 0; b < nb; b++) tab[b] = b; /* in order, as a fresh pool */
     srand(1);
-    for (int i = 0; i < nh * hd; i++) q[i] = (float)rand() / RAND_MAX - 0.5f;
+    for (int i = 0; i < nh * hd; i++) q[i] = (float)((double)rand() / RAND_MAX) - 0.5f;
     printf("bench_attend: %s, %d rows, %d heads of %d, %d layer(s), %d iterations a type (ns a call, medians)\n",
            ie_isa_name(ie_isa_best()), rows, nh, hd, layers, iters);
     for (int t = 0; t < IE_KV_TYPE_COUNT; t++) {
@@ -73,7 +73,7 @@ int main(int argc, char **argv)
         unsigned char *kc = malloc(lb * layers), *vc = malloc(lb * layers);
         for (int j = 0; j < nb * block * layers; j++)
             for (int h = 0; h < kvh; h++) {
-                for (int i = 0; i < hd; i++) x[i] = (float)rand() / RAND_MAX - 0.5f;
+                for (int i = 0; i < hd; i++) x[i] = (float)((double)rand() / RAND_MAX) - 0.5f;
                 ie_kv_encode((ie_kv_type_t)t, x, hd, kc + (size_t)j * rb + (size_t)h * hb);
                 ie_kv_encode((ie_kv_type_t)t, x, hd, vc + (size_t)j * rb + (size_t)h * hb);
             }
