@@ -235,8 +235,12 @@ static void amx_panel(ie_dtype_t dt, const uint8_t *panel, size_t gb, int64_t bp
                 da[t] = amx_ldf(p + 4 * AMX_T + 4 * t);
             }
             /* the exact block dot: 256*hi + lo - off*sum(a), |.| < 2^29;
-             * made inside each f32 loop (no store and reload of C) */
-#define AMX_DOT(t, r) ((i8w ? 256 * c0[t][r] + c1[t][r] : c0[t][r]) + corr[t])
+             * made inside each f32 loop (no store and reload of C), in
+             * wrapping 32-bit arithmetic: a tile a faulting op left
+             * unwritten (the emulator goes on where the CPU would trap)
+             * must not make it undefined */
+#define AMX_DOT(t, r) \
+    ((int32_t)((i8w ? 256u * (uint32_t)c0[t][r] + (uint32_t)c1[t][r] : (uint32_t)c0[t][r]) + (uint32_t)corr[t]))
             if (isums)
                 for (int t = 0; t < mt; t++)
                     for (int r = 0; r < nr; r++) isums[((int64_t)t * ldr + r) * nbt + k] = AMX_DOT(t, r);
