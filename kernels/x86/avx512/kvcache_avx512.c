@@ -263,6 +263,36 @@ void ie_kv_scores_avx512(ie_kv_type_t t, const float *q, size_t q_stride, int nh
 
 /* --------------------------------------------------------------- values */
 
+/* acc[hh*C + c] += wv[hh] * row vj for the g <= G heads used: the row
+ * converted once (a q8 row times its scale: the decoded value's bits,
+ * kv_decode), C chunks of 16 values, the last masked by mt. */
+IE_INLINE void values_row(const ie_kv_type_t T, const int C, const int G, int g, __mmask16 mt,
+                          const unsigned char *vj, const __m512 *wv, __m512 *acc)
+{
+    const __m512 dv = _mm512_set1_ps(T == IE_KV_Q8 ? q8_scale(vj) : 1.0f);
+#pragma GCC unroll 16
+    for (int c = 0; c < C; c++) {
+        __m512 x = kv_ld16(T, vj, c, c == C - 1 ? mt : 0xffff);
+        if (T == IE_KV_Q8) x = _mm512_mul_ps(dv, x);
+#pragma GCC unroll 16
+        for (int hh = 0; hh < G; hh++)
+            if (hh < g) acc[hh * C + c] = _mm512_fmadd_ps(wv[hh], x, acc[hh * C + c]);
+    }
+}
+
+/* The g used heads' accumulators to out (heads o_stride floats apart). */
+IE_INLINE void values_store(const int C, const int G, int g, __mmask16 mt, const __m512 *acc, float *out,
+                            size_t o_stride)
+{
+#pragma GCC unroll 16
+    for (int hh = 0; hh < G; hh++)
+        if (hh < g)
+#pragma GCC unroll 16
+            for (int c = 0; c < C; c++)
+                _mm512_mask_storeu_ps(out + (size_t)hh * o_stride + 16 * c, c == C - 1 ? mt : 0xffff,
+                                      acc[hh * C + c]);
+}
+
 /* One pass over the rows for G heads (G*C <= 16 accumulators; g <= G of
  * them used): each row converted once, weighted into every head. */
 IE_INLINE void values_pass(const ie_kv_type_t T, const int C, const int G, int g, __mmask16 mt, const float *p,
@@ -285,26 +315,12 @@ IE_INLINE void values_pass(const ie_kv_type_t T, const int C, const int G, int g
             prefetch_bytes(ie_kv_cursor_next(&pre), rb);
             pj++;
         }
-        const __m512 dv = _mm512_set1_ps(T == IE_KV_Q8 ? q8_scale(vj) : 1.0f);
 #pragma GCC unroll 16
         for (int hh = 0; hh < G; hh++)
             wv[hh] = hh < g ? _mm512_set1_ps(p[(size_t)hh * ld + j]) : _mm512_setzero_ps();
-#pragma GCC unroll 16
-        for (int c = 0; c < C; c++) {
-            __m512 x = kv_ld16(T, vj, c, c == C - 1 ? mt : 0xffff);
-            if (T == IE_KV_Q8) x = _mm512_mul_ps(dv, x); /* the decoded value's bits (kv_decode) */
-#pragma GCC unroll 16
-            for (int hh = 0; hh < G; hh++)
-                if (hh < g) acc[hh * C + c] = _mm512_fmadd_ps(wv[hh], x, acc[hh * C + c]);
-        }
+        values_row(T, C, G, g, mt, vj, wv, acc);
     }
-#pragma GCC unroll 16
-    for (int hh = 0; hh < G; hh++)
-        if (hh < g)
-#pragma GCC unroll 16
-            for (int c = 0; c < C; c++)
-                _mm512_mask_storeu_ps(out + (size_t)hh * o_stride + 16 * c, c == C - 1 ? mt : 0xffff,
-                                      acc[hh * C + c]);
+    values_store(C, G, g, mt, acc, out, o_stride);
 }
 
 #define VALUES_T(NAME, T)                                                                                         \
@@ -489,25 +505,12 @@ IE_INLINE void att_values_pass(const ie_kv_type_t T, const int C, const int G, i
                                                 _mm512_set1_ps(alpha[hh]));
     for (int r = 0; r < nr; r++) {
         const unsigned char *vj = rows[r];
-        const __m512 dv = _mm512_set1_ps(T == IE_KV_Q8 ? q8_scale(vj) : 1.0f);
 #pragma GCC unroll 16
         for (int hh = 0; hh < G; hh++)
             if (hh < g) wv[hh] = _mm512_set1_ps(p[ST * hh + r]);
-#pragma GCC unroll 16
-        for (int c = 0; c < C; c++) {
-            __m512 x = kv_ld16(T, vj, c, c == C - 1 ? mt : 0xffff);
-            if (T == IE_KV_Q8) x = _mm512_mul_ps(dv, x);
-#pragma GCC unroll 16
-            for (int hh = 0; hh < G; hh++)
-                if (hh < g) acc[hh * C + c] = _mm512_fmadd_ps(wv[hh], x, acc[hh * C + c]);
-        }
+        values_row(T, C, G, g, mt, vj, wv, acc);
     }
-#pragma GCC unroll 16
-    for (int hh = 0; hh < G; hh++)
-        if (hh < g)
-#pragma GCC unroll 16
-            for (int c = 0; c < C; c++)
-                _mm512_mask_storeu_ps(o + (size_t)hh * os + 16 * c, c == C - 1 ? mt : 0xffff, acc[hh * C + c]);
+    values_store(C, G, g, mt, acc, o, os);
 }
 
 #define ATT_VALUES_T(NAME, T)                                                                                \
