@@ -24,15 +24,7 @@
 
 #include "../../kernels/src/ie_kernels_isa.h" /* ie_kv_*_ref: the oracle */
 #include "ie_kernels.h"
-
-static uint64_t g_rng = 0x2545f4914f6cdd1dull;
-static float frand(void)
-{
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (float)((g_rng >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
-}
+#include "ie_test_rng.h"
 
 #define GUARD_VAL 12345.0f
 #define MAXH 20
@@ -57,7 +49,7 @@ static void cache_make(cache_t *c, ie_kv_type_t t, int hd, int n, int block, int
     float x[IE_KV_MAX_HD];
     for (int j = 0; j < n; j++) {
         const float g = ramp ? 1.0f + (float)j / 8.0f : 1.0f;
-        for (int i = 0; i < hd; i++) x[i] = frand() * g * (i == 5 ? 4.0f : 1.0f);
+        for (int i = 0; i < hd; i++) x[i] = rng_f() * g * (i == 5 ? 4.0f : 1.0f);
         ie_kv_encode(t, x, hd, c->flat + (size_t)j * c->rb);
     }
     c->pool = NULL;
@@ -116,8 +108,8 @@ static void check(const ie_kernels_t *ops, ie_kv_type_t kt, ie_kv_type_t vt, int
     cache_make(&vc, vt, hd, total, block, 0);
     const size_t qs = (size_t)hd + 3;
     float *q = malloc(sizeof(float) * qs * nh), add[MAXH], sink[MAXH];
-    for (size_t i = 0; i < qs * nh; i++) q[i] = frand() * 2.0f;
-    for (int h = 0; h < nh; h++) add[h] = frand() * 3.0f, sink[h] = frand() * 4.0f;
+    for (size_t i = 0; i < qs * nh; i++) q[i] = rng_f() * 2.0f;
+    for (int h = 0; h < nh; h++) add[h] = rng_f() * 3.0f, sink[h] = rng_f() * 4.0f;
     const float scale = 0.25f, cap = use_cap ? 6.0f : 0.0f;
     const ie_kv_rows_t kr = {kc.flat, kc.rb, NULL, 0, 0}, vr = {vc.flat, vc.rb, NULL, 0, 0};
     ie_kv_attend_t a = {kt, vt, &kr, &vr, j0, j0, n, hd, nh, q, qs, scale, cap, use_add ? add : NULL};
@@ -303,6 +295,7 @@ static void test_merge_finish(void)
 
 int main(void)
 {
+    rng_seed(0x2545f491);
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
     CU_pSuite s = CU_add_suite("kvonline", NULL, NULL);
     CU_add_test(s, "every ISA and K x V type pair vs ref, paged, merge, two-pass", test_against_ref);
