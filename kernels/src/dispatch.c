@@ -233,13 +233,15 @@ static int supported_mask(void)
     int mask = 1 << IE_ISA_REF;
     if ((f & need_avx2) == need_avx2) mask |= 1 << IE_ISA_AVX2;
     if ((f & need_avx512) == need_avx512) mask |= 1 << IE_ISA_AVX512;
-    if ((mask >> IE_ISA_AVX512) & 1 && !ie_isa_unsupported_reason(IE_ISA_AMX)) mask |= 1 << IE_ISA_AMX;
     return mask;
 }
 
 int ie_isa_supported(ie_isa_t isa)
 {
     if (isa < IE_ISA_REF || isa > IE_ISA_AMX) return 0;
+    /* AMX only when asked about: its check asks the kernel for the tile
+     * state, which the default (AVX-512) choice must not do */
+    if (isa == IE_ISA_AMX) return ie_isa_unsupported_reason(IE_ISA_AMX) == NULL;
     return (supported_mask() >> isa) & 1;
 }
 
