@@ -277,8 +277,8 @@ ie_status_t ie_engine_open(const ie_engine_opts_t *o, ie_engine_t **out)
                                    "KV cache bytes of the sliding layers' rings (every slot, K and V)", NULL,
                                    &mr)) == IE_OK &&
             (st = ie_metrics_gauge(o->metrics, "ie_kv_cache_recent_bytes",
-                                   "f32 K rows of a q4 K's recent window and sinks (every slot)", NULL, &mf)) ==
-                IE_OK) {
+                                   "f32 K and V rows of a q4/fp8_e4m3 cache's recent window and sinks (every slot)",
+                                   NULL, &mf)) == IE_OK) {
             ie_metric_set(mk, ie_kv_type_name(o->kv_type_k), 1);
             ie_metric_set(mv, ie_kv_type_name(o->kv_type_v), 1);
             ie_metric_set(mb, NULL, (double)ie_engine_kv_bytes_per_token(e));

@@ -76,8 +76,9 @@ int kvq_recent(ie_kv_type_t t)
 int kvq_recent_len(void)
 {
     const char *e = getenv("IE_KV_RECENT_W");
-    const long n = e ? strtol(e, NULL, 10) : 0;
-    return n >= 1 && n <= 4096 ? (int)n : KVQ_RECENT;
+    char *end = NULL;
+    const long n = e && *e ? strtol(e, &end, 10) : 0;
+    return end && !*end && n >= 1 && n <= 4096 ? (int)n : KVQ_RECENT;
 }
 
 /* Contract (worker_internal.h). */
