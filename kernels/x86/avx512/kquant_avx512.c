@@ -47,9 +47,9 @@
  * Tiling as pack_avx512.c: one panel x T <= 8 tokens per tile, rows walked
  * in ~2 MiB blocks for prefill, except Q3_K, Q5_K and Q6_K, whose prefill
  * unpacks each panel's codes of KUB blocks once into a buffer (k_unpack)
- * that up to KUTG token tiles read (the _u tiles); decode (T <= 3) streams
- * the panels with software prefetch into L1 (KPF_HINT) KPFD bytes ahead,
- * one line per 64 bytes as each slab starts. Measured (Zen 4, one thread,
+ * that up to KUTG token tiles read (the _u tiles); decode (one token tile,
+ * T <= KT) streams the panels with software prefetch into L1 (KPF_HINT)
+ * KPFD bytes ahead, one line per 64 bytes as each slab starts. Measured (Zen 4, one thread,
  * CPU time, 2048 x 5632 at 512 tokens, before the unpacked prefill): GOP/s
  * q4_K 655, q6_K 470, iq4_xs 630, q3_K 520 against I4W's 590; GEMV over an
  * L2-resident matrix: q4_K, q6_K ~88 GB/s of weights per core (I4W 68).
@@ -410,14 +410,16 @@ IE_INLINE void k_tile(const int ty, const int T, const int PF, const int UW, con
 typedef void (*ktile_fn)(const uint8_t *panel, int64_t b0, int64_t b1, const uint8_t *pk, const uint8_t *uw,
                          float *y, int64_t ldy, __mmask16 rmask, int first);
 
-/* Decode-sized tiles (T <= 3) prefetch; prefill tiles read panels that
- * the row blocking keeps in L2/L3. The _u tiles (k_merged types) take
- * their codes from k_unpack's buffer uw (blocks b0.. on) instead. */
-#define KTILE(TY, name, T)                                                                               \
-    static void ktile_##name##_##T(const uint8_t *panel, int64_t b0, int64_t b1, const uint8_t *pk,      \
-                                   const uint8_t *uw, float *y, int64_t ldy, __mmask16 rmask, int first) \
-    {                                                                                                    \
-        k_tile(TY, T, (T) <= 3, 0, panel, b0, b1, pk, uw, y, ldy, rmask, first);                         \
+/* Tiles of a call with one token tile (decode, up to KT tokens: every
+ * panel streams from memory once) prefetch (PF 1); prefill tiles read
+ * panels that the row blocking keeps in L2/L3. The _u tiles (k_merged
+ * types) take their codes from k_unpack's buffer uw (blocks b0.. on)
+ * instead. */
+#define KTILE(TY, name, T, PF)                                                                                  \
+    static void ktile_##name##_##T##_##PF(const uint8_t *panel, int64_t b0, int64_t b1, const uint8_t *pk,      \
+                                          const uint8_t *uw, float *y, int64_t ldy, __mmask16 rmask, int first) \
+    {                                                                                                           \
+        k_tile(TY, T, PF, 0, panel, b0, b1, pk, uw, y, ldy, rmask, first);                                      \
     }
 #define KTILEU(TY, name, T)                                                                               \
     static void ktileu_##name##_##T(const uint8_t *panel, int64_t b0, int64_t b1, const uint8_t *pk,      \
@@ -427,12 +429,15 @@ typedef void (*ktile_fn)(const uint8_t *panel, int64_t b0, int64_t b1, const uin
     }
 /* macro-built tile tables, laid out by hand */
 // clang-format off
+#define KROW(name, PF)                                                                                 \
+    { NULL, ktile_##name##_1_##PF, ktile_##name##_2_##PF, ktile_##name##_3_##PF, ktile_##name##_4_##PF,  \
+      ktile_##name##_5_##PF, ktile_##name##_6_##PF, ktile_##name##_7_##PF, ktile_##name##_8_##PF }
 #define KTILES(TY, name)                                                                               \
-    KTILE(TY, name, 1) KTILE(TY, name, 2) KTILE(TY, name, 3) KTILE(TY, name, 4)                        \
-    KTILE(TY, name, 5) KTILE(TY, name, 6) KTILE(TY, name, 7) KTILE(TY, name, 8)                        \
-    static const ktile_fn ktiles_##name[KT + 1] = {                                                    \
-        NULL, ktile_##name##_1, ktile_##name##_2, ktile_##name##_3, ktile_##name##_4,                  \
-        ktile_##name##_5, ktile_##name##_6, ktile_##name##_7, ktile_##name##_8 };
+    KTILE(TY, name, 1, 0) KTILE(TY, name, 2, 0) KTILE(TY, name, 3, 0) KTILE(TY, name, 4, 0)            \
+    KTILE(TY, name, 5, 0) KTILE(TY, name, 6, 0) KTILE(TY, name, 7, 0) KTILE(TY, name, 8, 0)            \
+    KTILE(TY, name, 1, 1) KTILE(TY, name, 2, 1) KTILE(TY, name, 3, 1) KTILE(TY, name, 4, 1)            \
+    KTILE(TY, name, 5, 1) KTILE(TY, name, 6, 1) KTILE(TY, name, 7, 1) KTILE(TY, name, 8, 1)            \
+    static const ktile_fn ktiles_##name[2][KT + 1] = { KROW(name, 0), KROW(name, 1) };
 #define KTILESU(TY, name)                                                                              \
     KTILEU(TY, name, 1) KTILEU(TY, name, 2) KTILEU(TY, name, 3) KTILEU(TY, name, 4)                    \
     KTILEU(TY, name, 5) KTILEU(TY, name, 6) KTILEU(TY, name, 7) KTILEU(TY, name, 8)                    \
@@ -454,8 +459,9 @@ KTILESU(K_Q5, q5k)
 KTILESU(K_Q6, q6k)
 // clang-format on
 
-static const ktile_fn *const ktiles[K_NTYPES] = {ktiles_q2k,   ktiles_q3k, ktiles_q4k, ktiles_q5k,  ktiles_q6k,
-                                                 ktiles_iq4xs, ktiles_q50, ktiles_q51, ktiles_iq4nl};
+static const ktile_fn (*const ktiles[K_NTYPES])[KT + 1] = {ktiles_q2k, ktiles_q3k, ktiles_q4k,
+                                                           ktiles_q5k, ktiles_q6k, ktiles_iq4xs,
+                                                           ktiles_q50, ktiles_q51, ktiles_iq4nl};
 static const ktile_fn *const ktilesu[K_NTYPES] = {NULL, ktilesu_q3k, NULL, ktilesu_q5k, ktilesu_q6k,
                                                   NULL, NULL,        NULL, NULL};
 
@@ -575,7 +581,8 @@ ie_status_t ie_matmul_packed_kq_avx512(const ie_pmat_t *m, int64_t r0, int64_t r
     if (r0 == r1 || n_tok <= 0) return IE_OK;
     const int64_t n_in = m->n_in, nb = n_in / k_qk(ty);
     const size_t pb = (size_t)nb * k_blk(ty);
-    const ktile_fn *fns = ktiles[ty];
+    const int stream = n_tok <= KT; /* one token tile: each panel read once, from memory */
+    const ktile_fn *fns = ktiles[ty][stream];
     const int64_t p0 = r0 / IE_PANEL, p1 = (r1 + IE_PANEL - 1) / IE_PANEL;
     if (n_tok > KT && k_merged(ty)) {
         /* prefill of the merged-plane types: each panel's codes of KUB
@@ -623,7 +630,7 @@ ie_status_t ie_matmul_packed_kq_avx512(const ie_pmat_t *m, int64_t r0, int64_t r
     _Alignas(64) uint8_t pk[KPK_BYTES];
     const int64_t kcb = k_kcb(ty, T);
     const uint8_t *w = m->data;
-    if (T <= 3)
+    if (stream)
         for (size_t o = 0; o < KPFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, KPF_HINT);
     for (int64_t kb0 = 0; kb0 < nb; kb0 += kcb) {
         const int64_t kb1 = kb0 + kcb < nb ? kb0 + kcb : nb;
@@ -655,7 +662,7 @@ ie_status_t ie_matmul_packed_ranges_kq_avx512(const ie_pmat_t *m, ie_panel_next_
     if (!m->data || !a || !y) return IE_ERR_INVAL;
     const int64_t np = (m->n_out + IE_PANEL - 1) / IE_PANEL;
     const size_t pb = (size_t)nb * k_blk(ty);
-    const ktile_fn *fns = ktiles[ty];
+    const ktile_fn *fns = ktiles[ty][1]; /* one token tile: streamed */
     const int tt = (int)n_tok;
     const uint8_t *w = m->data;
     _Alignas(64) uint8_t pk[KPK_BYTES];
@@ -664,8 +671,7 @@ ie_status_t ie_matmul_packed_ranges_kq_avx512(const ie_pmat_t *m, ie_panel_next_
     while (next(ctx, &p0, &p1)) {
         if (p0 < 0 || p1 <= p0 || p0 >= np) return IE_ERR_INVAL;
         if (p1 > np) p1 = np;
-        if (tt <= 3)
-            for (size_t o = 0; o < KPFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, KPF_HINT);
+        for (size_t o = 0; o < KPFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, KPF_HINT);
         if (!packed) {
             k_pack(ty, 0, (const uint8_t *)a, a_stride, n_in, tt, 0, nb, pk);
             packed = 1;

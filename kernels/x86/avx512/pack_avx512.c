@@ -47,10 +47,11 @@
  * which L3 delivers), while the packed tokens stay in L1/L2. Smaller
  * (L2-sized) row blocks measured slower: the pack, ~15 instructions per
  * token and block, is then amortized over fewer panels (-10% at n_in = 5632
- * with 512 KiB). Decode (n_tok <= 3) streams the thread's panels once (they
- * are contiguous), with software prefetch into L1 (PF_HINT) PFD bytes
- * ahead; the first PFD bytes are requested before the activations are
- * packed. A/B on Zen 4, 2 threads, TinyLlama Q4_0 decode as a fraction of
+ * with 512 KiB). Decode (n_tok <= PT: one token tile) streams the thread's
+ * panels once (they are contiguous), with software prefetch into L1
+ * (PF_HINT) PFD bytes ahead; the first PFD bytes are requested before the
+ * activations are packed: a batch of 8 tokens left to the hardware
+ * prefetchers alone took ~1.4x as long (docs/PERFORMANCE.md). A/B on Zen 4, 2 threads, TinyLlama Q4_0 decode as a fraction of
  * the paired read (2026-11-27): where the read runs at ~50 GB/s, L2 at 2 KiB
  * and L1 at 6 KiB both 0.96-0.98; where it runs at 80-85 GB/s, L2 at 2 KiB
  * 0.84-0.86, L1 at 2 KiB 0.84-0.86, L1 at 6 KiB 0.91-0.92 (8 pairs; the
@@ -244,26 +245,30 @@ IE_INLINE void ptile(const int DT, const int T, const int ONE, const int PF, con
 typedef void (*ptile_fn)(const uint8_t *panel, size_t gb, int64_t bpg, int64_t b0, int64_t b1, const uint8_t *pk,
                          float *y, int64_t ldy, __mmask16 rmask, int first);
 
-/* Decode-sized tiles (T <= 3) prefetch; prefill tiles read L2-resident
- * panels and do not. */
-#define PTILE(DT, name, T, ONE)                                                                                  \
-    static void ptile_##name##_##T##_##ONE(const uint8_t *panel, size_t gb, int64_t bpg, int64_t b0, int64_t b1, \
-                                           const uint8_t *pk, float *y, int64_t ldy, __mmask16 rmask, int first) \
-    {                                                                                                            \
-        ptile(DT, T, ONE, (T) <= 3, panel, gb, bpg, b0, b1, pk, y, ldy, rmask, first);                           \
+/* Tiles of a call with one token tile (decode, up to PT tokens: every
+ * panel streams from memory once) prefetch (PF 1); prefill tiles read
+ * L2-resident panels and do not. */
+#define PTILE(DT, name, T, ONE, PF)                                                                         \
+    static void ptile_##name##_##T##_##ONE##_##PF(const uint8_t *panel, size_t gb, int64_t bpg, int64_t b0, \
+                                                  int64_t b1, const uint8_t *pk, float *y, int64_t ldy,     \
+                                                  __mmask16 rmask, int first)                               \
+    {                                                                                                       \
+        ptile(DT, T, ONE, PF, panel, gb, bpg, b0, b1, pk, y, ldy, rmask, first);                            \
     }
 /* macro-built tile tables, laid out by hand */
 // clang-format off
-#define PTILES1(DT, name, ONE)                                                                         \
-    PTILE(DT, name, 1, ONE) PTILE(DT, name, 2, ONE) PTILE(DT, name, 3, ONE) PTILE(DT, name, 4, ONE)    \
-    PTILE(DT, name, 5, ONE) PTILE(DT, name, 6, ONE) PTILE(DT, name, 7, ONE) PTILE(DT, name, 8, ONE)
-#define PTILES(DT, name)                                                                               \
-    PTILES1(DT, name, 0) PTILES1(DT, name, 1)                                                          \
-    static const ptile_fn ptiles_##name[2][PT + 1] = {                                                 \
-        { NULL, ptile_##name##_1_0, ptile_##name##_2_0, ptile_##name##_3_0, ptile_##name##_4_0,        \
-          ptile_##name##_5_0, ptile_##name##_6_0, ptile_##name##_7_0, ptile_##name##_8_0 },            \
-        { NULL, ptile_##name##_1_1, ptile_##name##_2_1, ptile_##name##_3_1, ptile_##name##_4_1,        \
-          ptile_##name##_5_1, ptile_##name##_6_1, ptile_##name##_7_1, ptile_##name##_8_1 } };
+#define PTILES1(DT, name, ONE, PF)                                                                                \
+    PTILE(DT, name, 1, ONE, PF) PTILE(DT, name, 2, ONE, PF) PTILE(DT, name, 3, ONE, PF)                           \
+    PTILE(DT, name, 4, ONE, PF) PTILE(DT, name, 5, ONE, PF) PTILE(DT, name, 6, ONE, PF)                           \
+    PTILE(DT, name, 7, ONE, PF) PTILE(DT, name, 8, ONE, PF)
+#define PTROW(name, ONE, PF)                                                                                      \
+    { NULL, ptile_##name##_1_##ONE##_##PF, ptile_##name##_2_##ONE##_##PF, ptile_##name##_3_##ONE##_##PF,          \
+      ptile_##name##_4_##ONE##_##PF, ptile_##name##_5_##ONE##_##PF, ptile_##name##_6_##ONE##_##PF,                \
+      ptile_##name##_7_##ONE##_##PF, ptile_##name##_8_##ONE##_##PF }
+#define PTILES(DT, name)                                                                                          \
+    PTILES1(DT, name, 0, 0) PTILES1(DT, name, 1, 0) PTILES1(DT, name, 0, 1) PTILES1(DT, name, 1, 1)               \
+    static const ptile_fn ptiles_##name[2][2][PT + 1] = {                                                         \
+        { PTROW(name, 0, 0), PTROW(name, 1, 0) }, { PTROW(name, 0, 1), PTROW(name, 1, 1) } };
 
 PTILES(D_I8W, i8w)
 PTILES(D_I4W, i4w)
@@ -334,13 +339,14 @@ ie_status_t ie_matmul_packed_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, 
         return IE_OK;
     }
     const int dt = m->dtype == IE_DTYPE_I8W ? D_I8W : m->dtype == IE_DTYPE_I4W ? D_I4W : D_I4WA;
-    const ptile_fn(*tiles)[PT + 1] = dt == D_I8W ? ptiles_i8w : dt == D_I4W ? ptiles_i4w : ptiles_i4wa;
+    const ptile_fn(*tiles)[2][PT + 1] = dt == D_I8W ? ptiles_i8w : dt == D_I4W ? ptiles_i4w : ptiles_i4wa;
     const int64_t n_in = m->n_in, nb = n_in / 32, bpg = m->group / 32;
     const size_t pb = ie_pack_panel_bytes(m->dtype, m->group, n_in);
     const size_t gb = pb / (size_t)(n_in / m->group);
-    const ptile_fn *fns = tiles[bpg == 1];
     const int64_t p0 = r0 / IE_PANEL, p1 = (r1 + IE_PANEL - 1) / IE_PANEL;
     const int T = n_tok < PT ? (int)n_tok : PT;
+    const int stream = n_tok <= PT; /* one token tile: each panel read once, from memory */
+    const ptile_fn *fns = tiles[stream][bpg == 1];
     /* panels per row block: all of them when there is one token tile */
     int64_t rb = p1 - p0;
     if (n_tok > T) {
@@ -352,7 +358,7 @@ ie_status_t ie_matmul_packed_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, 
      * chunk for decode up to n_in = 27k, so each panel streams once) */
     const int64_t kcb = dt == D_I8W ? (int64_t)(sizeof pk / (72 * (size_t)T)) : KCB;
     const uint8_t *w = m->data;
-    if (T <= 3)
+    if (stream)
         for (size_t o = 0; o < PFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, PF_HINT);
     for (int64_t kb0 = 0; kb0 < nb; kb0 += kcb) {
         const int64_t kb1 = kb0 + kcb < nb ? kb0 + kcb : nb;
@@ -395,8 +401,8 @@ ie_status_t ie_matmul_packed_ranges_avx512(const ie_pmat_t *m, ie_panel_next_fn 
     if (n_tok > PT || nb > kcb)
         return ie_packed_ranges_by_calls(ie_matmul_packed_avx512, m, next, ctx, a, a_stride, n_tok, y, ldy);
     int64_t p0, p1;
-    const ptile_fn(*tiles)[PT + 1] = dt == D_I8W ? ptiles_i8w : dt == D_I4W ? ptiles_i4w : ptiles_i4wa;
-    const ptile_fn *fns = tiles[bpg == 1];
+    const ptile_fn(*tiles)[2][PT + 1] = dt == D_I8W ? ptiles_i8w : dt == D_I4W ? ptiles_i4w : ptiles_i4wa;
+    const ptile_fn *fns = tiles[1][bpg == 1]; /* one token tile: streamed */
     const size_t pb = ie_pack_panel_bytes(m->dtype, m->group, n_in);
     const size_t gb = pb / (size_t)(n_in / m->group);
     const int tt = (int)n_tok;
@@ -405,8 +411,7 @@ ie_status_t ie_matmul_packed_ranges_avx512(const ie_pmat_t *m, ie_panel_next_fn 
     while (next(ctx, &p0, &p1)) {
         if (p0 < 0 || p1 <= p0 || p0 >= np) return IE_ERR_INVAL;
         if (p1 > np) p1 = np;
-        if (tt <= 3)
-            for (size_t o = 0; o < PFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, PF_HINT);
+        for (size_t o = 0; o < PFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, PF_HINT);
         if (!packed) {
             pack_tokens(dt, bpg, (const uint8_t *)a, a_stride, n_in, tt, 0, nb, pk);
             packed = 1;
