@@ -1016,7 +1016,7 @@ int ie_cli_run(int argc, char **argv)
         double sum = 0;
         cJSON *pr = cJSON_AddObjectToObject(js, "profile");
         cJSON_AddNumberToObject(pr, "step_ms", step_ns / 1e6);
-        static const char *const fixed[] = {"attention", "norm", "act_quant", "reduce", "elementwise"};
+        static const char *const fixed[] = {"attention", "norm", "act_quant", "reduce", "elementwise", "lora"};
         for (int k = 0; k < IE_PROF_N; k++) {
             const uint64_t ns = ie_prof_get(k);
             if (!ns) continue;

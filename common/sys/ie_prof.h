@@ -25,6 +25,7 @@ enum {
     IE_PROF_ACT_QUANT,                    /* activations into the kernels' format */
     IE_PROF_REDUCE,                       /* tensor-plan partial-sum reductions */
     IE_PROF_ELEMENTWISE,                  /* RoPE, KV stores, SwiGLU, residual adds */
+    IE_PROF_LORA, /* adapters' expand pass (their shrink runs inside the matmul job it joins) */
     IE_PROF_N
 };
 

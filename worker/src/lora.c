@@ -16,6 +16,7 @@
  * an adapter already cut (ie_lora_slice: a cluster rank holds only its
  * share).
  */
+#include "ie_prof.h"
 #include "worker_internal.h"
 
 #include <stdlib.h>
@@ -406,12 +407,14 @@ void worker_lora_end(ie_worker_t *w)
     w->lora_open = 0;
     /* small work: a fork/join would cost more than it saves */
     const int pool = j->fma >= w->lora_pool_min && w->opts.n_threads > 1;
+    const uint64_t t0 = ie_prof_begin();
     if (!j->shrunk) {
         if (pool) ie_threadpool_run(w->tp, lora_shrink_run, j);
         else lora_shrink_run(j, 0, 1);
     }
     if (pool) ie_threadpool_run(w->tp, lora_expand_run, j);
     else lora_expand_run(j, 0, 1);
+    ie_prof_end(IE_PROF_LORA, t0);
 }
 
 /* Contract (worker_internal.h). */
