@@ -141,6 +141,21 @@ def decode_rate(host: str, jobs: list[tuple[str, str]], max_new: int) -> float:
     return n / (hi - lo) if hi > lo else float("nan")
 
 
+def step_bytes(model: str, run_dtype: str) -> tuple[float, float]:
+    """Bytes one decode step must read: the base's weights (every tensor but
+    the token embedding, of which a step reads a row) and the mix's adapters
+    as the worker holds them (int8: a byte a weight plus a float scale per
+    column of A and of B^T; wide: the file's bf16, 2 bytes a weight)."""
+    from gguf import GGUFReader
+    base = sum(int(t.n_bytes) for t in GGUFReader(model).tensors if t.name != "token_embd.weight")
+    wide = run_dtype == "wide"
+    ad = 0
+    for r in MIX.values():
+        for _, n_out, n_in in MODS.values():
+            ad += 22 * (r * (n_in + n_out) * (2 if wide else 1) + (0 if wide else 4 * (n_in + n_out)))
+    return float(base), float(ad)
+
+
 def part_mix(args) -> dict:
     loras = []
     for i, (n, r) in enumerate(MIX.items()):
@@ -171,9 +186,20 @@ def part_mix(args) -> dict:
     print(f"mix: median decode base {np.median(a):.2f} tok/s, mixed {np.median(b):.2f} tok/s, "
           f"ratio {ratio:.3f} (target >= 0.95); read bandwidth {min(bws, default=0):.1f}.."
           f"{max(bws, default=0):.1f} GB/s, load average {os.getloadavg()[0]:.1f}", flush=True)
+    # a step at the bandwidth limit reads base + adapters: the ratio's ceiling
+    try:
+        base_b, ad_b = step_bytes(args.model, args.run_dtype)
+        ceiling = base_b / (base_b + ad_b)
+        print(f"mix: a step reads {base_b / 1e6:.0f} MB of base weights + {ad_b / 1e6:.1f} MB of adapters "
+              f"({'bf16' if args.run_dtype == 'wide' else 'int8'}): ratio ceiling at the bandwidth limit "
+              f"{ceiling:.3f}; measured {ratio / ceiling:.3f} of it", flush=True)
+    except (ImportError, OSError, ValueError) as e:
+        base_b = ad_b = ceiling = float("nan")
+        print(f"mix: step bytes unknown ({e})", flush=True)
     return {"part": "mix", "model": args.model, "threads": args.threads, "streams": 8, "adapters": MIX,
             "dtype": args.dtype, "run_dtype": args.run_dtype, "max_new": args.max_new, "runs": rows, "median_base_tps": float(np.median(a)),
-            "median_mixed_tps": float(np.median(b)), "ratio": ratio}
+            "median_mixed_tps": float(np.median(b)), "ratio": ratio, "base_bytes": base_b, "adapter_bytes": ad_b,
+            "ratio_ceiling": ceiling}
 
 
 def metrics(host: str) -> str:
