@@ -48,8 +48,9 @@
  * in ~2 MiB blocks for prefill, except Q3_K, Q5_K and Q6_K, whose prefill
  * unpacks each panel's codes of KUB blocks once into a buffer (k_unpack)
  * that up to KUTG token tiles read (the _u tiles); decode (one token tile,
- * T <= KT) streams the panels with software prefetch into L1 (KPF_HINT)
- * KPFD bytes ahead, one line per 64 bytes as each slab starts. Measured (Zen 4, one thread,
+ * T <= KT) and the first token tile of each row block stream the panels
+ * with software prefetch into L1 (KPF_HINT) KPFD bytes ahead, one line per
+ * 64 bytes as each slab starts. Measured (Zen 4, one thread,
  * CPU time, 2048 x 5632 at 512 tokens, before the unpacked prefill): GOP/s
  * q4_K 655, q6_K 470, iq4_xs 630, q3_K 520 against I4W's 590; GEMV over an
  * L2-resident matrix: q4_K, q6_K ~88 GB/s of weights per core (I4W 68).
@@ -410,11 +411,11 @@ IE_INLINE void k_tile(const int ty, const int T, const int PF, const int UW, con
 typedef void (*ktile_fn)(const uint8_t *panel, int64_t b0, int64_t b1, const uint8_t *pk, const uint8_t *uw,
                          float *y, int64_t ldy, __mmask16 rmask, int first);
 
-/* Tiles of a call with one token tile (decode, up to KT tokens: every
- * panel streams from memory once) prefetch (PF 1); prefill tiles read
- * panels that the row blocking keeps in L2/L3. The _u tiles (k_merged
- * types) take their codes from k_unpack's buffer uw (blocks b0.. on)
- * instead. */
+/* Tiles that read their panels from memory (a decode call's one token
+ * tile, the first token tile of a prefill row block) prefetch (PF 1); the
+ * other prefill tiles read panels that the row blocking keeps in L2/L3.
+ * The _u tiles (k_merged types) take their codes from k_unpack's buffer
+ * uw (blocks b0.. on) instead. */
 #define KTILE(TY, name, T, PF)                                                                                  \
     static void ktile_##name##_##T##_##PF(const uint8_t *panel, int64_t b0, int64_t b1, const uint8_t *pk,      \
                                           const uint8_t *uw, float *y, int64_t ldy, __mmask16 rmask, int first) \
@@ -581,8 +582,9 @@ ie_status_t ie_matmul_packed_kq_avx512(const ie_pmat_t *m, int64_t r0, int64_t r
     if (r0 == r1 || n_tok <= 0) return IE_OK;
     const int64_t n_in = m->n_in, nb = n_in / k_qk(ty);
     const size_t pb = (size_t)nb * k_blk(ty);
-    const int stream = n_tok <= KT; /* one token tile: each panel read once, from memory */
-    const ktile_fn *fns = ktiles[ty][stream];
+    /* the first token tile of a row block reads its panels from memory:
+     * it fetches ahead; the others find them in L2/L3 */
+    const ktile_fn *first_fns = ktiles[ty][1], *fns = ktiles[ty][0];
     const int64_t p0 = r0 / IE_PANEL, p1 = (r1 + IE_PANEL - 1) / IE_PANEL;
     if (n_tok > KT && k_merged(ty)) {
         /* prefill of the merged-plane types: each panel's codes of KUB
@@ -630,8 +632,7 @@ ie_status_t ie_matmul_packed_kq_avx512(const ie_pmat_t *m, int64_t r0, int64_t r
     _Alignas(64) uint8_t pk[KPK_BYTES];
     const int64_t kcb = k_kcb(ty, T);
     const uint8_t *w = m->data;
-    if (stream)
-        for (size_t o = 0; o < KPFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, KPF_HINT);
+    for (size_t o = 0; o < KPFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, KPF_HINT);
     for (int64_t kb0 = 0; kb0 < nb; kb0 += kcb) {
         const int64_t kb1 = kb0 + kcb < nb ? kb0 + kcb : nb;
         for (int64_t q0 = p0; q0 < p1; q0 += rb) {
@@ -642,8 +643,8 @@ ie_status_t ie_matmul_packed_kq_avx512(const ie_pmat_t *m, int64_t r0, int64_t r
                 for (int64_t p = q0; p < q1; p++) {
                     const int64_t rows = r1 - p * IE_PANEL;
                     const __mmask16 rmask = rows >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rows) - 1);
-                    fns[tt](w + (size_t)p * pb, kb0, kb1, pk, NULL, y + t0 * ldy + p * IE_PANEL, ldy, rmask,
-                            kb0 == 0);
+                    (t0 == 0 ? first_fns : fns)[tt](w + (size_t)p * pb, kb0, kb1, pk, NULL,
+                                                    y + t0 * ldy + p * IE_PANEL, ldy, rmask, kb0 == 0);
                 }
             }
         }

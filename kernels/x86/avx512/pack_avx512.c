@@ -51,7 +51,9 @@
  * panels once (they are contiguous), with software prefetch into L1
  * (PF_HINT) PFD bytes ahead; the first PFD bytes are requested before the
  * activations are packed: a batch of 8 tokens left to the hardware
- * prefetchers alone took ~1.4x as long (docs/PERFORMANCE.md). A/B on Zen 4, 2 threads, TinyLlama Q4_0 decode as a fraction of
+ * prefetchers alone took ~1.4x as long (docs/PERFORMANCE.md). So does the
+ * first token tile of each prefill row block, the one that reads the
+ * block's panels from memory. A/B on Zen 4, 2 threads, TinyLlama Q4_0 decode as a fraction of
  * the paired read (2026-11-27): where the read runs at ~50 GB/s, L2 at 2 KiB
  * and L1 at 6 KiB both 0.96-0.98; where it runs at 80-85 GB/s, L2 at 2 KiB
  * 0.84-0.86, L1 at 2 KiB 0.84-0.86, L1 at 6 KiB 0.91-0.92 (8 pairs; the
@@ -245,9 +247,9 @@ IE_INLINE void ptile(const int DT, const int T, const int ONE, const int PF, con
 typedef void (*ptile_fn)(const uint8_t *panel, size_t gb, int64_t bpg, int64_t b0, int64_t b1, const uint8_t *pk,
                          float *y, int64_t ldy, __mmask16 rmask, int first);
 
-/* Tiles of a call with one token tile (decode, up to PT tokens: every
- * panel streams from memory once) prefetch (PF 1); prefill tiles read
- * L2-resident panels and do not. */
+/* Tiles that read their panels from memory (a decode call's one token
+ * tile, the first token tile of a prefill row block) prefetch (PF 1); the
+ * other prefill tiles read L2/L3-resident panels and do not. */
 #define PTILE(DT, name, T, ONE, PF)                                                                         \
     static void ptile_##name##_##T##_##ONE##_##PF(const uint8_t *panel, size_t gb, int64_t bpg, int64_t b0, \
                                                   int64_t b1, const uint8_t *pk, float *y, int64_t ldy,     \
@@ -345,8 +347,9 @@ ie_status_t ie_matmul_packed_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, 
     const size_t gb = pb / (size_t)(n_in / m->group);
     const int64_t p0 = r0 / IE_PANEL, p1 = (r1 + IE_PANEL - 1) / IE_PANEL;
     const int T = n_tok < PT ? (int)n_tok : PT;
-    const int stream = n_tok <= PT; /* one token tile: each panel read once, from memory */
-    const ptile_fn *fns = tiles[stream][bpg == 1];
+    /* the first token tile of a row block reads its panels from memory:
+     * it fetches ahead; the others find them in L2/L3 */
+    const ptile_fn *first_fns = tiles[1][bpg == 1], *fns = tiles[0][bpg == 1];
     /* panels per row block: all of them when there is one token tile */
     int64_t rb = p1 - p0;
     if (n_tok > T) {
@@ -358,8 +361,7 @@ ie_status_t ie_matmul_packed_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, 
      * chunk for decode up to n_in = 27k, so each panel streams once) */
     const int64_t kcb = dt == D_I8W ? (int64_t)(sizeof pk / (72 * (size_t)T)) : KCB;
     const uint8_t *w = m->data;
-    if (stream)
-        for (size_t o = 0; o < PFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, PF_HINT);
+    for (size_t o = 0; o < PFD; o += 64) _mm_prefetch((const char *)w + (size_t)p0 * pb + o, PF_HINT);
     for (int64_t kb0 = 0; kb0 < nb; kb0 += kcb) {
         const int64_t kb1 = kb0 + kcb < nb ? kb0 + kcb : nb;
         for (int64_t q0 = p0; q0 < p1; q0 += rb) {
@@ -370,8 +372,8 @@ ie_status_t ie_matmul_packed_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, 
                 for (int64_t p = q0; p < q1; p++) {
                     const int64_t rows = r1 - p * IE_PANEL;
                     const __mmask16 rmask = rows >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rows) - 1);
-                    fns[tt](w + (size_t)p * pb, gb, bpg, kb0, kb1, pk, y + t0 * ldy + p * IE_PANEL, ldy, rmask,
-                            kb0 == 0);
+                    (t0 == 0 ? first_fns : fns)[tt](w + (size_t)p * pb, gb, bpg, kb0, kb1, pk,
+                                                    y + t0 * ldy + p * IE_PANEL, ldy, rmask, kb0 == 0);
                 }
             }
         }
