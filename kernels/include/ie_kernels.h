@@ -139,6 +139,11 @@ typedef struct ie_lora_args {
     int64_t pf_rows, pf_len, pf_ld;
 } ie_lora_args_t;
 
+/* The int8 LoRA kernels' activation codes lie within +-IE_LORA_QMAX (15
+ * bits: a code splits into a signed high byte q >> 7 and a low byte q & 127
+ * that the VNNI kernels multiply with the weights as two byte planes). */
+#define IE_LORA_QMAX 16383
+
 /* Index of B^T[j][o] in an int8 B^T of row stride ldb (ie_lora_args_t):
  * (ceil(rank / 4) * ldb * 4 bytes in all) */
 #define IE_LORA_BT8_AT(j, o, ldb) ((((size_t)(j) >> 2) * (size_t)(ldb) + (size_t)(o)) * 4u + ((size_t)(j)&3u))
@@ -276,16 +281,16 @@ typedef struct ie_kernels {
      * set (widened exactly as they are read), else f32. ie_lora_shrink_ref /
      * ie_lora_expand_ref are the oracles; for f32 and bf16 the SIMD twins
      * sum in another order (agree within float rounding). int8 is integer
-     * arithmetic on activations quantized per token to 16-bit codes, and
+     * arithmetic on activations quantized per token to 15-bit codes, and
      * the twins give the oracle's bits (for finite inputs): the shrink
      * takes v_k = x_k * sa_k, m = max |v_k| over the whole row, codes q_k
-     * = rne(v_k * (32767 / m)) within +-32767 (0 when m is 0), s_j = sum_k
-     * a8[j][k] q_k exact (64 bits), u_j = scale * ((float)s_j * (m /
-     * 32767)); the expand codes u the same way over the rank (m' = max_j
-     * |u_j|), s_o = sum_j q_j B8[j][o] exact, y_o = fma((float)s_o * (m' /
-     * 32767), sbt_o, y_o). (8-bit codes moved a small model's logits by
+     * = rne(v_k * (Q / m)) within +-Q (Q = IE_LORA_QMAX; 0 when m is 0),
+     * s_j = sum_k a8[j][k] q_k exact (64 bits), u_j = scale * ((float)s_j
+     * * (m / Q)); the expand codes u the same way over the rank (m' =
+     * max_j |u_j|), s_o = sum_j q_j B8[j][o] exact, y_o = fma((float)s_o *
+     * (m' / Q), sbt_o, y_o). (8-bit codes moved a small model's logits by
      * 7.8% of the adapter's effect, against 1.7% for the int8 weights
-     * alone; 16-bit codes cost one more vpdpbusd a token.) Any rank >= 1
+     * alone; wider codes cost one more vpdpbusd a token.) Any rank >= 1
      * (int8: <= 256, so an output's sum fits 32 bits), n_in, n_out >= 1,
      * 0 <= j0 <= j1 <= rank, 0 <= o0 <= o1 <= n_out. */
     void (*lora_shrink)(const ie_lora_args_t *p, const int32_t *rows, int n_rows, int j0, int j1, float *u,

@@ -16,12 +16,12 @@ static float ld(const ie_lora_args_t *p, int bt, size_t i)
     return (bt ? p->bt : p->a)[i];
 }
 
-/* The 16-bit code of v (already times 32767 / absmax): round to nearest
- * even, within +-32767 (NaN 0) */
+/* The code of v (already times IE_LORA_QMAX / absmax): round to nearest
+ * even, within +-IE_LORA_QMAX (NaN 0) */
 static int code(float v)
 {
-    const float r = nearbyintf(v);
-    return r != r ? 0 : r > 32767.0f ? 32767 : r < -32767.0f ? -32767 : (int)r;
+    const float r = nearbyintf(v), q = (float)IE_LORA_QMAX;
+    return r != r ? 0 : r > q ? IE_LORA_QMAX : r < -q ? -IE_LORA_QMAX : (int)r;
 }
 
 /* Contract (ie_kernels.h, ie_kernels_t.lora_shrink). */
@@ -34,7 +34,7 @@ void ie_lora_shrink_ref(const ie_lora_args_t *p, const int32_t *rows, int n_rows
         if (p->a8) { /* the token's step: absmax of x * sa over the row */
             float mx = 0.0f;
             for (int64_t k = 0; k < p->n_in; k++) mx = fmaxf(mx, fabsf(x[k] * p->sa[k]));
-            d = mx / 32767.0f, id = mx > 0.0f ? 32767.0f / mx : 0.0f;
+            d = mx / (float)IE_LORA_QMAX, id = mx > 0.0f ? (float)IE_LORA_QMAX / mx : 0.0f;
         }
         for (int j = j0; j < j1; j++) {
             const size_t r = (size_t)j * (size_t)p->lda;
@@ -62,9 +62,9 @@ void ie_lora_expand_ref(const ie_lora_args_t *p, const int32_t *rows, int n_rows
         if (p->bt8) {
             float mx = 0.0f; /* the token's step: absmax of u over the rank */
             for (int j = 0; j < p->rank; j++) mx = fmaxf(mx, fabsf(ut[j]));
-            const float d = mx / 32767.0f, id = mx > 0.0f ? 32767.0f / mx : 0.0f;
+            const float d = mx / (float)IE_LORA_QMAX, id = mx > 0.0f ? (float)IE_LORA_QMAX / mx : 0.0f;
             for (int64_t o = o0; o < o1; o++) {
-                int32_t s = 0; /* |s| < 32767 * 127 * 256 */
+                int32_t s = 0; /* |s| <= IE_LORA_QMAX * 128 * 256 */
                 for (int j = 0; j < p->rank; j++)
                     s += code(ut[j] * id) * (int32_t)p->bt8[IE_LORA_BT8_AT(j, o, p->ldb)];
                 y[o] = fmaf((float)s * d, p->sbt[o], y[o]);

@@ -183,36 +183,43 @@ static void test_kernel_exact(void)
 }
 
 /* int8 at the sums' extremes: every code and weight at its largest, rank
- * 256, n_in 4100 (a shrink's sum ~1.7e10, past 32 bits; an expand's at
- * its 32-bit bound): every ISA gives the ref's bits, and the ref the
- * product the codes stand for. */
+ * 256, n_in 4100 (a shrink's sum ~8.5e9, past 32 bits), in every sign
+ * combination (the AVX-512 pair multiplies w + 128 with the codes' signed
+ * planes: its expand's partial sums are largest, ~2^30, for w = 127 against
+ * negative codes): every ISA gives the ref's bits, and the ref the product
+ * the codes stand for. */
 static void test_kernel_int8_extreme(void)
 {
     const int r = 256;
     const int64_t n_in = 4100, n_out = 37;
     int8_t *a8 = malloc((size_t)(r * n_in)), *b8 = malloc((size_t)(r * n_out));
     float *sa = malloc(sizeof(float) * (size_t)n_in), *sb = malloc(sizeof(float) * (size_t)n_out);
-    float *x = malloc(sizeof(float) * (size_t)(2 * n_in)), y0[2 * 37] = {0}, y1[2 * 37] = {0}, u[2 * 256];
-    memset(a8, 127, (size_t)(r * n_in));
-    memset(b8, 0x81, (size_t)(r * n_out)); /* -127 */
-    for (int64_t i = 0; i < n_in; i++) sa[i] = 1.0f, x[i] = x[n_in + i] = 0.5f;
+    float *x = malloc(sizeof(float) * (size_t)(2 * n_in)), y0[2 * 37], y1[2 * 37], u[2 * 256];
+    for (int64_t i = 0; i < n_in; i++) sa[i] = 1.0f;
     for (int64_t i = 0; i < n_out; i++) sb[i] = 1.0f;
     const int32_t rows[] = {0, 1};
-    ie_lora_args_t p = {NULL, NULL, NULL,  NULL, n_in, n_out, r,  n_in, n_out, 1.0f, x,
-                        n_in, y0,   n_out, a8,   b8,   sa,    sb, NULL, 0,     0,    0};
-    ie_lora_shrink_ref(&p, rows, 2, 0, r, u, r);
-    ie_lora_expand_ref(&p, rows, 2, 0, n_out, u, r);
-    const double want = -(double)r * 127.0 * (0.5 * 127.0 * (double)n_in);
-    CU_ASSERT(fabs(y0[5] - want) <= 1e-5 * fabs(want));
-    CU_ASSERT(fabs(y0[n_out + 36] - want) <= 1e-5 * fabs(want));
-    for (int isa = IE_ISA_AVX2; isa <= IE_ISA_AVX512; isa++) {
-        const ie_kernels_t *k = ie_kernels_get((ie_isa_t)isa);
-        if (!k) continue;
-        memset(y1, 0, sizeof y1);
-        p.y = y1;
-        k->lora_shrink(&p, rows, 2, 0, r, u, r);
-        k->lora_expand(&p, rows, 2, 0, n_out, u, r);
-        CU_ASSERT(memcmp(y0, y1, sizeof y0) == 0);
+    for (int signs = 0; signs < 8; signs++) {
+        const int ga = signs & 1 ? -1 : 1, gb = signs & 2 ? -1 : 1, gx = signs & 4 ? -1 : 1;
+        memset(a8, ga > 0 ? 127 : 0x81, (size_t)(r * n_in)); /* 0x81: -127 */
+        memset(b8, gb > 0 ? 127 : 0x81, (size_t)(r * n_out));
+        for (int64_t i = 0; i < n_in; i++) x[i] = x[n_in + i] = 0.5f * (float)gx;
+        memset(y0, 0, sizeof y0);
+        ie_lora_args_t p = {NULL, NULL, NULL,  NULL, n_in, n_out, r,  n_in, n_out, 1.0f, x,
+                            n_in, y0,   n_out, a8,   b8,   sa,    sb, NULL, 0,     0,    0};
+        ie_lora_shrink_ref(&p, rows, 2, 0, r, u, r);
+        ie_lora_expand_ref(&p, rows, 2, 0, n_out, u, r);
+        const double want = (double)(ga * gb * gx) * (double)r * 127.0 * (0.5 * 127.0 * (double)n_in);
+        CU_ASSERT(fabs(y0[5] - want) <= 1e-5 * fabs(want));
+        CU_ASSERT(fabs(y0[n_out + 36] - want) <= 1e-5 * fabs(want));
+        for (int isa = IE_ISA_AVX2; isa <= IE_ISA_AVX512; isa++) {
+            const ie_kernels_t *k = ie_kernels_get((ie_isa_t)isa);
+            if (!k) continue;
+            memset(y1, 0, sizeof y1);
+            p.y = y1;
+            k->lora_shrink(&p, rows, 2, 0, r, u, r);
+            k->lora_expand(&p, rows, 2, 0, n_out, u, r);
+            CU_ASSERT(memcmp(y0, y1, sizeof y0) == 0);
+        }
     }
     free(a8), free(b8), free(sa), free(sb), free(x);
 }

@@ -148,7 +148,7 @@ INL void expand_body(const ie_lora_args_t *p, const int32_t *rows, int n_rows, i
 }
 
 /* ---- int8 weights: the oracle's integer arithmetic (ie_kernels.h) on
- * vpmaddwd (no VNNI here): 16-bit codes against the weights widened to
+ * vpmaddwd (no VNNI here): 15-bit codes against the weights widened to
  * 16 bits, 32-bit sums per 1024 columns (they cannot overflow there),
  * then 64-bit */
 
@@ -185,7 +185,8 @@ INL float absmax8(const float *x, const float *s, int64_t n)
 INL int16_t code1(float v)
 {
     const float r = nearbyintf(v);
-    return (int16_t)(r != r ? 0 : r > 32767.0f ? 32767 : r < -32767.0f ? -32767 : (int)r);
+    const float q = (float)IE_LORA_QMAX;
+    return (int16_t)(r != r ? 0 : r > q ? IE_LORA_QMAX : r < -q ? -IE_LORA_QMAX : (int)r);
 }
 
 /* n codes of x * s (s NULL: x) times id into q, zero past n up to a
@@ -226,7 +227,7 @@ static void shrink8_body(const ie_lora_args_t *p, const int32_t *rows, int n_row
         for (int i = 0; i < nt; i++) {
             x[i] = p->x + (size_t)rows[t0 + i] * (size_t)p->ldx;
             const float m = absmax8(x[i], p->sa, n);
-            d[i] = m / 32767.0f, id[i] = m > 0.0f ? 32767.0f / m : 0.0f;
+            d[i] = m / (float)IE_LORA_QMAX, id[i] = m > 0.0f ? (float)IE_LORA_QMAX / m : 0.0f;
         }
         for (int jb = j0; jb < j1; jb += 64) { /* 64 rows' sums at a time */
             const int je = j1 - jb < 64 ? j1 : jb + 64;
@@ -280,8 +281,8 @@ static void expand8_body(const ie_lora_args_t *p, const int32_t *rows, int n_row
             const float *ut = u + (size_t)(t0 + i) * (size_t)ldu;
             float m = 0.0f;
             if (i < nt) m = absmax8(ut, NULL, p->rank), y[i] = p->y + (size_t)rows[t0 + i] * (size_t)p->ldy;
-            d[i] = m / 32767.0f;
-            if (i < nt) code_row(ut, NULL, p->rank, m > 0.0f ? 32767.0f / m : 0.0f, q[i]);
+            d[i] = m / (float)IE_LORA_QMAX;
+            if (i < nt) code_row(ut, NULL, p->rank, m > 0.0f ? (float)IE_LORA_QMAX / m : 0.0f, q[i]);
             else memset(q[i], 0, sizeof q[i]);
             for (int j = p->rank; j < ng * 4; j++) q[i][j] = 0;
         }

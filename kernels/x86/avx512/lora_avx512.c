@@ -9,9 +9,13 @@
  * f32, bf16 widened as it is loaded).
  * int8: VNNI integer dot products (vpdpbusd, 64 products an instruction)
  * on activations quantized per token as the oracle does. vpdpbusd takes
- * unsigned bytes on one side, so the codes go in as q + 128 and the same
- * pass sums 128 * the weights (one more vpdpbusd per 64 weights, shared by
- * the group) to take off: sums the oracle's bits, in any order. The shrink
+ * unsigned bytes on one side: the weights go in as w + 128 (a xor of the
+ * sign bit as they are loaded) against the codes' signed byte planes (q =
+ * 128 hi + lo, hi = q >> 7 signed, lo = q & 127), and 128 * the sum of the
+ * token's codes comes off each result at the end (the codes are the
+ * caller's, summed as they are made: no pass over the weights, unlike
+ * summing 128 * the weights, one more vpdpbusd per 64 of them). The
+ * integers are exact, so the sums are the oracle's bits in any order. The shrink
  * codes each token's row into a stack buffer once per 4096 columns and
  * runs four rows of A against up to four tokens; the expand takes B^T's
  * groups of four rank rows (ie_kernels.h), so one vpdpbusd adds four ranks
@@ -202,12 +206,13 @@ INL void pace_step(pace_t *c)
     }
 }
 
-/* The oracle's 16-bit codes of the n <= 64 floats v (times s when s is
- * set: x * sa) times id (rne as nearbyintf; |v * id| <= 32767 by the
- * choice of id, so no clamp), the rest coded 0, as two byte planes of 64:
- * hi = (q >> 8) + 128 and lo = q & 255. Packed in registers: a vpmovdb
- * to memory is slow on Zen 4. */
-INL void code64(const float *v, const float *s, int64_t n, float id, uint8_t *hi, uint8_t *lo)
+/* The oracle's codes of the n <= 64 floats v (times s when s is set: x *
+ * sa) times id (rne as nearbyintf; |v * id| <= IE_LORA_QMAX by the
+ * choice of id, so no clamp), the rest coded 0, as two signed byte planes
+ * of 64: hi = q >> 7 and lo = q & 127; their sum added to *qs (int32
+ * lanes; NULL: not wanted). Packed in registers: a vpmovdb to memory is
+ * slow on Zen 4. */
+INL void code64(const float *v, const float *s, int64_t n, float id, int8_t *hi, int8_t *lo, __m512i *qs)
 {
     const __m512 iv = _mm512_set1_ps(id);
     __m512i q[4];
@@ -221,12 +226,13 @@ INL void code64(const float *v, const float *s, int64_t n, float id, uint8_t *hi
         if (s) x = _mm512_mul_ps(x, _mm512_maskz_loadu_ps(m, s + 16 * c));
         q[c] = _mm512_cvtps_epi32(_mm512_mul_ps(x, iv));
     }
+    if (qs)
+        *qs = _mm512_add_epi32(*qs, _mm512_add_epi32(_mm512_add_epi32(q[0], q[1]), _mm512_add_epi32(q[2], q[3])));
     /* words, each 128-bit lane L holding q0..q3's elements 4L..4L+3 */
     const __m512i w01 = _mm512_packs_epi32(q[0], q[1]), w23 = _mm512_packs_epi32(q[2], q[3]);
-    const __m512i c128 = _mm512_set1_epi16(128), ff = _mm512_set1_epi16(255);
-    const __m512i h = _mm512_packus_epi16(_mm512_add_epi16(_mm512_srai_epi16(w01, 8), c128),
-                                          _mm512_add_epi16(_mm512_srai_epi16(w23, 8), c128));
-    const __m512i l = _mm512_packus_epi16(_mm512_and_si512(w01, ff), _mm512_and_si512(w23, ff));
+    const __m512i m7 = _mm512_set1_epi16(127);
+    const __m512i h = _mm512_packs_epi16(_mm512_srai_epi16(w01, 7), _mm512_srai_epi16(w23, 7));
+    const __m512i l = _mm512_packs_epi16(_mm512_and_si512(w01, m7), _mm512_and_si512(w23, m7));
     /* dword 4L + c holds q[c]'s elements 4L..4L+3: put it at 4c + L */
     const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
     _mm512_storeu_si512((void *)hi, _mm512_permutexvar_epi32(idx, h));
@@ -244,27 +250,24 @@ INL void code64(const float *v, const float *s, int64_t n, float id, uint8_t *hi
                                                              xl[i] = _mm512_load_si512((const void *)(ql[i] + k)); \
         _Pragma("GCC unroll 4") for (int a = 0; a < NR; a++)                                                       \
         {                                                                                                          \
-            const __m512i w = W;                                                                                   \
-            cs[a] = _mm512_dpbusd_epi32(cs[a], c128, w); /* 128 * the weights: hi's offset */                      \
+            const __m512i w = _mm512_xor_si512(W, c80); /* w + 128 */                                              \
             _Pragma("GCC unroll 4") for (int i = 0; i < NT; i++)                                                   \
             {                                                                                                      \
-                acc[2 * (a * NT + i)] = _mm512_dpbusd_epi32(acc[2 * (a * NT + i)], xh[i], w);                      \
-                acc[2 * (a * NT + i) + 1] = _mm512_dpbusd_epi32(acc[2 * (a * NT + i) + 1], xl[i], w);              \
+                acc[2 * (a * NT + i)] = _mm512_dpbusd_epi32(acc[2 * (a * NT + i)], w, xh[i]);                      \
+                acc[2 * (a * NT + i) + 1] = _mm512_dpbusd_epi32(acc[2 * (a * NT + i) + 1], w, xl[i]);              \
             }                                                                                                      \
         }                                                                                                          \
     } while (0)
 
-/* acc[2 (a NT + i) + plane] += the hi / lo plane of A rows ra[0..NR) . token i's
- * codes over this chunk's kc columns (the planes coded to a multiple of
- * 64); then into the sums */
-INL void shrink8_rows(const int8_t *const *ra, const char *pf, int64_t lda, pace_t *pc, const uint8_t (*qh)[Q8_KC],
-                      const uint8_t (*ql)[Q8_KC], int64_t kc, int nj, int64_t (*sums)[4][2], const int NR,
+/* acc[2 (a NT + i) + plane] += A rows ra[0..NR) (+ 128) . the hi / lo
+ * plane of token i's codes over this chunk's kc columns (the planes coded
+ * to a multiple of 64); then into the sums */
+INL void shrink8_rows(const int8_t *const *ra, const char *pf, int64_t lda, pace_t *pc, const int8_t (*qh)[Q8_KC],
+                      const int8_t (*ql)[Q8_KC], int64_t kc, int nj, int64_t (*sums)[4][2], const int NR,
                       const int NT)
 {
-    const __m512i c128 = _mm512_set1_epi8((char)0x80);
-    __m512i acc[16], cs[4]; /* NR NT <= 8: one array of 16 stays in registers */
-#pragma GCC unroll 4
-    for (int a = 0; a < NR; a++) cs[a] = _mm512_setzero_si512();
+    const __m512i c80 = _mm512_set1_epi8((char)0x80);
+    __m512i acc[16]; /* NR NT <= 8: one array of 16 stays in registers */
 #pragma GCC unroll 16
     for (int i = 0; i < 2 * NR * NT; i++) acc[i] = _mm512_setzero_si512();
     const int64_t kf = kc & ~(int64_t)63;
@@ -277,7 +280,7 @@ INL void shrink8_rows(const int8_t *const *ra, const char *pf, int64_t lda, pace
     for (int a = 0; a < nj; a++)
 #pragma GCC unroll 4
         for (int i = 0; i < NT; i++) {
-            sums[a][i][0] += _mm512_reduce_add_epi32(_mm512_sub_epi32(acc[2 * (a * NT + i)], cs[a]));
+            sums[a][i][0] += _mm512_reduce_add_epi32(acc[2 * (a * NT + i)]);
             sums[a][i][1] += _mm512_reduce_add_epi32(acc[2 * (a * NT + i) + 1]);
         }
 }
@@ -296,9 +299,12 @@ INL void shrink8_tok(const ie_lora_args_t *p, const float *const *x, float *u, i
             mx = _mm512_max_ps(mx, _mm512_abs_ps(v));
         }
         const float m = _mm512_reduce_max_ps(mx);
-        d[i] = m / 32767.0f, id[i] = m > 0.0f ? 32767.0f / m : 0.0f;
+        d[i] = m / (float)IE_LORA_QMAX, id[i] = m > 0.0f ? (float)IE_LORA_QMAX / m : 0.0f;
     }
-    _Alignas(64) uint8_t qh[4][Q8_KC], ql[4][Q8_KC];
+    _Alignas(64) int8_t qh[4][Q8_KC], ql[4][Q8_KC];
+    __m512i qv[4]; /* the sums of the tokens' codes (the first row block codes them all) */
+    int64_t qsum[4] = {0};
+    for (int i = 0; i < NT; i++) qv[i] = _mm512_setzero_si512();
     /* two rows a pass for more than two tokens: the accumulators fit 32 registers */
     const int nr = NT > 2 ? 2 : 4;
     for (int jb = j0; jb < j1; jb += 64) {
@@ -308,7 +314,8 @@ INL void shrink8_tok(const ie_lora_args_t *p, const float *const *x, float *u, i
             const int64_t kc = n - k0 < Q8_KC ? n - k0 : Q8_KC, kp = (kc + 63) & ~(int64_t)63;
             for (int i = 0; i < NT; i++)
                 for (int64_t k = 0; k < kp; k += 64)
-                    code64(x[i] + k0 + k, p->sa + k0 + k, kc - k, id[i], qh[i] + k, ql[i] + k);
+                    code64(x[i] + k0 + k, p->sa + k0 + k, kc - k, id[i], qh[i] + k, ql[i] + k,
+                           jb == j0 ? &qv[i] : NULL);
             for (int j = jb; j < je; j += nr) {
                 const int nj = je - j < nr ? je - j : nr;
                 const int8_t *ra[4]; /* past je: the last row again, its sums dropped */
@@ -322,9 +329,11 @@ INL void shrink8_tok(const ie_lora_args_t *p, const float *const *x, float *u, i
                 else shrink8_rows(ra, pf, p->lda, pc, qh, ql, kc, nj, sums + (j - jb), 2, NT);
             }
         }
+        if (jb == j0)
+            for (int i = 0; i < NT; i++) qsum[i] = _mm512_reduce_add_epi32(qv[i]); /* |sum| < 2^31: n_in < 2^17 */
         for (int j = jb; j < je; j++)
             for (int i = 0; i < NT; i++) {
-                const int64_t s = sums[j - jb][i][0] * 256 + sums[j - jb][i][1];
+                const int64_t s = sums[j - jb][i][0] * 128 + sums[j - jb][i][1] - 128 * qsum[i];
                 u[(size_t)i * (size_t)ldu + (size_t)j] = p->scale * ((float)s * d[i]);
             }
     }
@@ -351,10 +360,12 @@ static void shrink8_body(const ie_lora_args_t *p, const int32_t *rows, int n_row
 }
 
 /* The expand's coded u: per token, the hi and lo planes of its codes
- * over the rank, four ranks (one group of B^T) to a word */
+ * over the rank, four ranks (one group of B^T) to a word, and 128 * the
+ * sum of its codes (what the weights' + 128 adds to every output) */
 typedef struct {
     uint32_t hi[64], lo[64];
     float d;
+    int32_t off;
 } q8u_t;
 
 /* y[i][o..o+16c) for NT (1, 2) tokens and c 16-column chunks (the last
@@ -362,14 +373,12 @@ typedef struct {
 INL void expand8_cols(const ie_lora_args_t *p, float *const *y, const q8u_t *qu, int ng, int64_t o, int c,
                       __mmask16 m, pace_t *pc, const int NT)
 {
-    __m512i ah[2][4], al[2][4], cs[4];
-    const __m512i c128 = _mm512_set1_epi8((char)0x80);
+    __m512i ah[2][4], al[2][4];
+    const __m512i c80 = _mm512_set1_epi8((char)0x80);
 #pragma GCC unroll 4
-    for (int q = 0; q < c; q++) {
-        cs[q] = _mm512_setzero_si512();
+    for (int q = 0; q < c; q++)
 #pragma GCC unroll 2
         for (int i = 0; i < NT; i++) ah[i][q] = al[i][q] = _mm512_setzero_si512();
-    }
     const int8_t *b = p->bt8 + (size_t)o * 4u;
     const size_t gs = (size_t)p->ldb * 4u; /* bytes from one group of four ranks to the next */
     for (int g = 0; g < ng; g++, b += gs) {
@@ -379,18 +388,17 @@ INL void expand8_cols(const ie_lora_args_t *p, float *const *y, const q8u_t *qu,
 #pragma GCC unroll 4
             for (int q = 0; q < 4; q++) _mm_prefetch((const char *)b + Q8_PF + 64 * q, _MM_HINT_T0);
 #pragma GCC unroll 4
-        for (int q = 0; q < c; q++)
-            wv[q] = q == c - 1 && m != 0xFFFF ? _mm512_maskz_loadu_epi32(m, b + 64 * q)
-                                              : _mm512_loadu_si512((const void *)(b + 64 * q));
-#pragma GCC unroll 4
-        for (int q = 0; q < c; q++) cs[q] = _mm512_dpbusd_epi32(cs[q], c128, wv[q]);
+        for (int q = 0; q < c; q++) /* w + 128 (lanes off m: 128, never stored) */
+            wv[q] = _mm512_xor_si512(q == c - 1 && m != 0xFFFF ? _mm512_maskz_loadu_epi32(m, b + 64 * q)
+                                                               : _mm512_loadu_si512((const void *)(b + 64 * q)),
+                                     c80);
 #pragma GCC unroll 2
         for (int i = 0; i < NT; i++) {
             const __m512i uh = _mm512_set1_epi32((int)qu[i].hi[g]), ul = _mm512_set1_epi32((int)qu[i].lo[g]);
 #pragma GCC unroll 4
             for (int q = 0; q < c; q++) {
-                ah[i][q] = _mm512_dpbusd_epi32(ah[i][q], uh, wv[q]);
-                al[i][q] = _mm512_dpbusd_epi32(al[i][q], ul, wv[q]);
+                ah[i][q] = _mm512_dpbusd_epi32(ah[i][q], wv[q], uh);
+                al[i][q] = _mm512_dpbusd_epi32(al[i][q], wv[q], ul);
             }
         }
     }
@@ -399,7 +407,9 @@ INL void expand8_cols(const ie_lora_args_t *p, float *const *y, const q8u_t *qu,
 #pragma GCC unroll 4
         for (int q = 0; q < c; q++) {
             const __mmask16 mq = q == c - 1 ? m : (__mmask16)0xFFFF;
-            const __m512i s = _mm512_add_epi32(_mm512_slli_epi32(_mm512_sub_epi32(ah[i][q], cs[q]), 8), al[i][q]);
+            /* |128 ah| <= 2^30 at rank 256 (ie_kernels.h), and the sum is the exact |s_o| < 2^29 */
+            const __m512i s = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(ah[i][q], 7), al[i][q]),
+                                               _mm512_set1_epi32(qu[i].off));
             const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(qu[i].d));
             float *yo = y[i] + o + 16 * q;
             _mm512_mask_storeu_ps(yo, mq,
@@ -437,10 +447,12 @@ static void expand8_body(const ie_lora_args_t *p, const int32_t *rows, int n_row
                                                                        ut + j)));
             }
             const float mv = _mm512_reduce_max_ps(mx);
-            qu[i].d = mv / 32767.0f;
+            qu[i].d = mv / (float)IE_LORA_QMAX;
+            __m512i qv = _mm512_setzero_si512();
             for (int j = 0; j < ng * 4; j += 64)
-                code64(ut + j, NULL, p->rank - j, mv > 0.0f ? 32767.0f / mv : 0.0f, (uint8_t *)qu[i].hi + j,
-                       (uint8_t *)qu[i].lo + j);
+                code64(ut + j, NULL, p->rank - j, mv > 0.0f ? (float)IE_LORA_QMAX / mv : 0.0f,
+                       (int8_t *)qu[i].hi + j, (int8_t *)qu[i].lo + j, &qv);
+            qu[i].off = 128 * _mm512_reduce_add_epi32(qv); /* |sum| <= 256 IE_LORA_QMAX */
         }
         /* 64 columns at a time for every pair of tokens: the block of B^T
          * stays in L1 for the next pair */
