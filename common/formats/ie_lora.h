@@ -74,7 +74,8 @@ typedef struct ie_lora {
     int max_rank;         /* largest rank of any matrix              */
     unsigned mods;        /* bit m: some layer adapts module m       */
     int n_mats;           /* adapted projections                     */
-    uint64_t bytes;       /* of the f32 weights held                 */
+    uint64_t bytes;       /* of the weights held: f32 / bf16, or int8
+                             codes (padding included) and scales     */
     const char *format;   /* "peft" or "gguf"; "concat" for a set     */
     uint64_t fingerprint; /* XXH3-64 over the bytes of the files read
                              (PEFT: adapter_config.json, then

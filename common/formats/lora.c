@@ -630,7 +630,10 @@ ie_status_t ie_lora_quantize_int8(const ie_lora_t *a, ie_lora_t **out)
                 }
             }
         }
-        c->bytes += (uint64_t)p->rank * (uint64_t)(p->n_in + p->n_out) + (uint64_t)(p->n_in + p->n_out) * 4u;
+        /* what was allocated: codes (B^T's rank rounded up to four), then
+         * a scale per column of each */
+        c->bytes += (uint64_t)p->rank * (uint64_t)p->n_in + (uint64_t)((p->rank + 3) & ~3) * (uint64_t)p->n_out +
+                    (uint64_t)(p->n_in + p->n_out) * 4u;
     }
 
 cleanup:

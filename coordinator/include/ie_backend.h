@@ -160,6 +160,15 @@ typedef struct ie_backend_ops {
      * Optional (both or neither): lora_add runs whole in begin. */
     ie_status_t (*lora_add_begin)(void *self, const ie_backend_lora_part_t *parts, int n, int *id_out);
     int (*lora_add_poll)(void *self, int id, int timeout_ms, ie_status_t *st);
+    /* The bytes this backend holds *in this process* for the set attached
+     * under id beyond its parts' own weights (those are the caller's): in
+     * process, the concatenated copy of a set of several parts and the
+     * worker's int8 copy on a quantized base (ie_worker_lora_bytes). 0 for
+     * an id not attached. An engine's adapter budget charges it to the set
+     * until the id is removed. A cluster leaves it out (0): its ranks'
+     * copies live in their own processes, and each holds a slice.
+     * Optional: 0. */
+    uint64_t (*lora_bytes)(void *self, int id);
     /* Free self and everything it owns. Optional. */
     void (*destroy)(void *self);
 } ie_backend_ops_t;
@@ -196,6 +205,9 @@ ie_status_t ie_backend_lora_add_begin(ie_backend_t *b, const ie_backend_lora_par
 /* ops.lora_add_poll: 1 with *st (message set on failure) once the attach
  * begun under id has its outcome, 0 while it has not. */
 int ie_backend_lora_add_poll(ie_backend_t *b, int id, int timeout_ms, ie_status_t *st);
+/* ops.lora_bytes: what the backend holds in this process for id (0 when
+ * it has no such entry). */
+uint64_t ie_backend_lora_bytes(ie_backend_t *b, int id);
 void ie_backend_stats(ie_backend_t *b, ie_backend_stats_t *out);
 
 /* ------------------------------------------------------ implementations */

@@ -64,6 +64,15 @@ static ie_status_t w_lora_remove(void *self, int id)
     return st;
 }
 
+/* Contract (ie_backend.h, ops.lora_bytes): the concatenated copy made
+ * here for a set of several parts, plus the worker's own int8 copy. */
+static uint64_t w_lora_bytes(void *self, int id)
+{
+    const wback_t *wb = self;
+    if (id < 0 || id >= IE_WORKER_MAX_LORA) return 0;
+    return (wb->made[id] ? wb->made[id]->bytes : 0) + ie_worker_lora_bytes(wb->w, id);
+}
+
 static void w_destroy(void *self)
 {
     wback_t *wb = self;
@@ -80,6 +89,7 @@ static const ie_backend_ops_t k_worker_ops = {
     .kv_bind = w_kv_bind,
     .lora_add = w_lora_add,
     .lora_remove = w_lora_remove,
+    .lora_bytes = w_lora_bytes,
     .stats = w_stats,
     .destroy = w_destroy,
 };
