@@ -132,6 +132,11 @@ ie_status_t ie_lora_fingerprint(const char *path, uint64_t *out);
  * IE_ERR_INVAL for NULL, IE_ERR_NOMEM. Caller owns *out. */
 ie_status_t ie_lora_quantize_int8(const ie_lora_t *a, ie_lora_t **out);
 
+/* The bytes ie_lora_quantize_int8(a) allocates for its weights (its
+ * result's `bytes`), without making it: a budget can refuse an adapter
+ * before a worker copies it. 0 for NULL. */
+uint64_t ie_lora_int8_bytes(const ie_lora_t *a);
+
 /* Free *self_p and set it NULL; accepts NULL. */
 void ie_lora_destroy(ie_lora_t **self_p);
 

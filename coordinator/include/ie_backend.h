@@ -26,8 +26,8 @@
  *     ie_backend_destroy(&b);            (calls ops->destroy(me))
  *
  * Threads: a backend belongs to one thread at a time (the scheduler's
- * stepping thread); only ie_backend_geom and ie_backend_name may be
- * called from others (the scheduler keeps a locked copy of readiness for
+ * stepping thread); only ie_backend_geom, ie_backend_name and
+ * ie_backend_lora_cost may be called from others (the scheduler keeps a locked copy of readiness for
  * them: ie_sched_stats).
  */
 #ifndef IE_BACKEND_H
@@ -169,6 +169,11 @@ typedef struct ie_backend_ops {
      * copies live in their own processes, and each holds a slice.
      * Optional: 0. */
     uint64_t (*lora_bytes)(void *self, int id);
+    /* What lora_bytes would say for the set of the one adapter a (scale
+     * 1), before attaching it: an engine refuses at load an adapter that
+     * with its copy exceeds the budget alone. Any thread (it attaches
+     * nothing). Optional: 0. */
+    uint64_t (*lora_cost)(void *self, const ie_lora_t *a);
     /* Free self and everything it owns. Optional. */
     void (*destroy)(void *self);
 } ie_backend_ops_t;
@@ -208,6 +213,9 @@ int ie_backend_lora_add_poll(ie_backend_t *b, int id, int timeout_ms, ie_status_
 /* ops.lora_bytes: what the backend holds in this process for id (0 when
  * it has no such entry). */
 uint64_t ie_backend_lora_bytes(ie_backend_t *b, int id);
+/* ops.lora_cost: what attaching adapter a alone would add in this process
+ * (0 when the backend does not say). */
+uint64_t ie_backend_lora_cost(ie_backend_t *b, const ie_lora_t *a);
 void ie_backend_stats(ie_backend_t *b, ie_backend_stats_t *out);
 
 /* ------------------------------------------------------ implementations */

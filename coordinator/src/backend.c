@@ -109,6 +109,11 @@ uint64_t ie_backend_lora_bytes(ie_backend_t *b, int id)
     return b->ops->lora_bytes ? b->ops->lora_bytes(b->self, id) : 0;
 }
 
+uint64_t ie_backend_lora_cost(ie_backend_t *b, const ie_lora_t *a)
+{
+    return b->ops->lora_cost ? b->ops->lora_cost(b->self, a) : 0;
+}
+
 ie_status_t ie_backend_lora_remove(ie_backend_t *b, int id)
 {
     if (!b->ops->lora_remove)

@@ -73,6 +73,10 @@ static uint64_t w_lora_bytes(void *self, int id)
     return (wb->made[id] ? wb->made[id]->bytes : 0) + ie_worker_lora_bytes(wb->w, id);
 }
 
+/* Contract (ie_backend.h, ops.lora_cost): one adapter gets no
+ * concatenated copy, only the worker's own. */
+static uint64_t w_lora_cost(void *self, const ie_lora_t *a) { return ie_worker_lora_cost(((wback_t *)self)->w, a); }
+
 static void w_destroy(void *self)
 {
     wback_t *wb = self;
@@ -90,6 +94,7 @@ static const ie_backend_ops_t k_worker_ops = {
     .lora_add = w_lora_add,
     .lora_remove = w_lora_remove,
     .lora_bytes = w_lora_bytes,
+    .lora_cost = w_lora_cost,
     .stats = w_stats,
     .destroy = w_destroy,
 };

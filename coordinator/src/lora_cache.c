@@ -419,9 +419,15 @@ ie_status_t ie_lora_cache_load(ie_lora_cache_t *c, const char *name, const char 
     pthread_mutex_unlock(&c->mu);
     if (taken) return ie_error_set(IE_ERR_INVAL, "The lora adapter '%s' has already been loaded.", name);
     if ((st = load_file(c, path, &a)) != IE_OK) goto cleanup;
-    if (c->o.budget_bytes && a->bytes > c->o.budget_bytes) {
-        st = ie_error_set(IE_ERR_RANGE, "lora: adapter '%s' takes %llu bytes, more than the budget of %llu", name,
-                          (unsigned long long)a->bytes, (unsigned long long)c->o.budget_bytes);
+    /* with the copy the backend would make of it (a worker's int8 copy):
+     * what using it alone would hold */
+    const uint64_t copy = c->o.budget_bytes ? ie_backend_lora_cost(c->o.backend, a) : 0;
+    if (c->o.budget_bytes && a->bytes + copy > c->o.budget_bytes) {
+        st = ie_error_set(IE_ERR_RANGE,
+                          "lora: adapter '%s' takes %llu bytes (%llu of them the backend's copy), "
+                          "more than the budget of %llu",
+                          name, (unsigned long long)(a->bytes + copy), (unsigned long long)copy,
+                          (unsigned long long)c->o.budget_bytes);
         goto cleanup;
     }
     if (!(p = strdup(path))) {

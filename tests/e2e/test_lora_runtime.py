@@ -329,7 +329,8 @@ def test_budget_counts_int8_copies_on_quantized_base():
     weights plus qv8's and all16's copies holds those two in use, and using
     mlp8bf16 as well evicts the least recently used (qv8); with the copies
     left out the three would fit and nothing would go. The resident-bytes
-    gauge equals the expected sum to the byte."""
+    gauge equals the expected sum to the byte. An adapter that fits the
+    budget only without its copy is refused at load."""
     w = {n: adapter_bytes(PATHS[n]) for n in ["qv8", "all16", "mlp8bf16"]}
     assert w["qv8"] == (14336, 5376) and w["all16"] == (131072, 40960)  # by hand from the shapes
     budget = sum(x[0] for x in w.values()) + w["qv8"][1] + w["all16"][1]
@@ -351,6 +352,14 @@ def test_budget_counts_int8_copies_on_quantized_base():
         assert [n for n in w if models[n]["resident"]] == ["all16", "mlp8bf16"]
         assert metric(url, "ie_lora_resident_bytes") == sum(sum(w[n]) for n in ["all16", "mlp8bf16"])
         assert metric(url, "ie_lora_resident_adapters") == 2
+    finally:
+        stop(proc)
+    # an adapter whose weights fit but not with its copy is refused at load
+    proc, url = start("--lora-budget-mb", repr((sum(w["all16"]) - 0.5) / 1048576), model=model, precision="native")
+    try:
+        st, text = load(url, "all16", PATHS["all16"])
+        assert st == 400 and "40960 of them the backend's copy" in text["error"]["message"], text
+        assert load(url, "qv8", PATHS["qv8"])[0] == 200
     finally:
         stop(proc)
 

@@ -15,7 +15,8 @@
  *     step_begin and run there, errors and messages reach the caller;
  *   - budget: a real in-process backend's copies of a set (the worker's
  *     int8 copy on a quantized base, the sum of several parts) are charged
- *     to it, to the byte expected from the shapes, and evict.
+ *     to it, to the byte expected from the shapes, and evict; a load
+ *     that would not fit with its copy is refused.
  */
 #include "ie_backend.h"
 #include "ie_lora_cache.h"
@@ -679,6 +680,22 @@ static void budget_on(const char *model, int q)
     CU_ASSERT_EQUAL(resident(c, "qv8"), !q);
     CU_ASSERT_EQUAL(s.bytes, q ? w_all + w_mlp + i_all + i_mlp : w_qv + w_all + w_mlp);
     CU_ASSERT(s.bytes <= o.budget_bytes);
+    ie_lora_cache_destroy(&c);
+
+    /* the load refuses an adapter whose weights fit the budget but not
+     * with the copy the worker would make of it (foretold: lora_cost) */
+    CU_ASSERT_EQUAL(ie_backend_lora_cost(b, qv), i_qv);
+    CU_ASSERT_EQUAL(ie_backend_lora_cost(b, all), i_all);
+    o.budget_bytes = w_all + copy_bytes(&all, 1, 0) - 1;
+    CU_ASSERT_EQUAL_FATAL(ie_lora_cache_new(&o, &c), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "all16", LORA "/all16", 1.0f, 0), q ? IE_ERR_RANGE : IE_OK);
+    ie_lora_cache_destroy(&c);
+    o.budget_bytes++; /* exactly its weights and copy: taken, and used within it */
+    CU_ASSERT_EQUAL_FATAL(ie_lora_cache_new(&o, &c), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "all16", LORA "/all16", 1.0f, 0), IE_OK);
+    l = lease1(c, "all16");
+    ie_lora_cache_release(c, &l, 0);
+    CU_ASSERT_EQUAL(cache_bytes(c), w_all + i_all);
     ie_lora_cache_destroy(&c);
 
     ie_lora_destroy(&qv);

@@ -269,6 +269,12 @@ ie_status_t ie_worker_lora_remove(ie_worker_t *w, int id);
  * under id (ie_backend_lora_bytes). Same thread as ie_worker_lora_add. */
 uint64_t ie_worker_lora_bytes(const ie_worker_t *w, int id);
 
+/* What ie_worker_lora_bytes would say after ie_worker_lora_add(w, a, ...)
+ * (the int8 copy it would make, or 0), without attaching: a budget can
+ * refuse an adapter that would not fit with its copy. Any thread (it
+ * reads only the model's weight types and the environment). */
+uint64_t ie_worker_lora_cost(const ie_worker_t *w, const ie_lora_t *a);
+
 /* Run one step. Writes n_vocab floats per requested token to logits_out, in
  * batch order (caller provides rows * n_vocab floats). Errors: IE_ERR_RANGE
  * for a bad token id, slot or a position past n_ctx; IE_ERR_INVAL for a

@@ -228,6 +228,16 @@ uint64_t ie_worker_lora_bytes(const ie_worker_t *w, int id)
     return w->lora[id].own->bytes;
 }
 
+/* Contract (ie_worker.h): the test ie_worker_lora_add makes for its own
+ * copy (some matrix in f32/bf16, and int8 wanted here). */
+uint64_t ie_worker_lora_cost(const ie_worker_t *w, const ie_lora_t *a)
+{
+    int wide = 0;
+    if (!w || !a) return 0;
+    for (int k = 0; k < a->n_layer * IE_LORA_NMOD; k++) wide |= a->mats[k].rank && !a->mats[k].a8;
+    return wide && lora_int8(w) ? ie_lora_int8_bytes(a) : 0;
+}
+
 /* Contract (worker_internal.h). */
 ie_status_t worker_lora_check(const ie_worker_t *w, const ie_batch_t *b, int i)
 {
