@@ -27,8 +27,8 @@
  *
  * Threads: a backend belongs to one thread at a time (the scheduler's
  * stepping thread); only ie_backend_geom, ie_backend_name and
- * ie_backend_lora_cost may be called from others (the scheduler keeps a locked copy of readiness for
- * them: ie_sched_stats).
+ * ie_backend_lora_cost may be called from others (the scheduler keeps a
+ * locked copy of readiness for them: ie_sched_stats).
  */
 #ifndef IE_BACKEND_H
 #define IE_BACKEND_H
