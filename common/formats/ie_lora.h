@@ -74,7 +74,8 @@ typedef struct ie_lora {
     int max_rank;         /* largest rank of any matrix              */
     unsigned mods;        /* bit m: some layer adapts module m       */
     int n_mats;           /* adapted projections                     */
-    uint64_t bytes;       /* of the f32 weights held                 */
+    uint64_t bytes;       /* of the weights held: f32 / bf16, or int8
+                             codes (padding included) and scales     */
     const char *format;   /* "peft" or "gguf"; "concat" for a set     */
     uint64_t fingerprint; /* XXH3-64 over the bytes of the files read
                              (PEFT: adapter_config.json, then
@@ -130,6 +131,11 @@ ie_status_t ie_lora_fingerprint(const char *path, uint64_t *out);
  * that of int8 rounding of each column (~0.3% of its largest weight, rms).
  * IE_ERR_INVAL for NULL, IE_ERR_NOMEM. Caller owns *out. */
 ie_status_t ie_lora_quantize_int8(const ie_lora_t *a, ie_lora_t **out);
+
+/* The bytes ie_lora_quantize_int8(a) allocates for its weights (its
+ * result's `bytes`), without making it: a budget can refuse an adapter
+ * before a worker copies it. 0 for NULL. */
+uint64_t ie_lora_int8_bytes(const ie_lora_t *a);
 
 /* Free *self_p and set it NULL; accepts NULL. */
 void ie_lora_destroy(ie_lora_t **self_p);

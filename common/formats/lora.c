@@ -585,6 +585,23 @@ static float mat_w(const ie_lora_mat_t *m, int bt, int j, int64_t c)
     return (bt ? m->bt : m->a)[at];
 }
 
+/* The bytes of one matrix in int8: codes of A and of B^T (its rank rows
+ * in groups of four, the last padded), then a scale per column of each. */
+static uint64_t int8_mat_bytes(const ie_lora_mat_t *p)
+{
+    return (uint64_t)p->rank * (uint64_t)p->n_in + (uint64_t)((p->rank + 3) & ~3) * (uint64_t)p->n_out +
+           (uint64_t)(p->n_in + p->n_out) * 4u;
+}
+
+/* Contract (ie_lora.h). */
+uint64_t ie_lora_int8_bytes(const ie_lora_t *a)
+{
+    uint64_t b = 0;
+    for (size_t k = 0; a && k < (size_t)a->n_layer * IE_LORA_NMOD; k++)
+        if (a->mats[k].rank) b += int8_mat_bytes(&a->mats[k]);
+    return b;
+}
+
 /* Contract (ie_lora.h). */
 ie_status_t ie_lora_quantize_int8(const ie_lora_t *a, ie_lora_t **out)
 {
@@ -630,7 +647,7 @@ ie_status_t ie_lora_quantize_int8(const ie_lora_t *a, ie_lora_t **out)
                 }
             }
         }
-        c->bytes += (uint64_t)p->rank * (uint64_t)(p->n_in + p->n_out) + (uint64_t)(p->n_in + p->n_out) * 4u;
+        c->bytes += int8_mat_bytes(p);
     }
 
 cleanup:

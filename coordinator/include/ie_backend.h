@@ -26,9 +26,9 @@
  *     ie_backend_destroy(&b);            (calls ops->destroy(me))
  *
  * Threads: a backend belongs to one thread at a time (the scheduler's
- * stepping thread); only ie_backend_geom and ie_backend_name may be
- * called from others (the scheduler keeps a locked copy of readiness for
- * them: ie_sched_stats).
+ * stepping thread); only ie_backend_geom, ie_backend_name and
+ * ie_backend_lora_cost may be called from others (the scheduler keeps a
+ * locked copy of readiness for them: ie_sched_stats).
  */
 #ifndef IE_BACKEND_H
 #define IE_BACKEND_H
@@ -160,6 +160,20 @@ typedef struct ie_backend_ops {
      * Optional (both or neither): lora_add runs whole in begin. */
     ie_status_t (*lora_add_begin)(void *self, const ie_backend_lora_part_t *parts, int n, int *id_out);
     int (*lora_add_poll)(void *self, int id, int timeout_ms, ie_status_t *st);
+    /* The bytes this backend holds *in this process* for the set attached
+     * under id beyond its parts' own weights (those are the caller's): in
+     * process, the concatenated copy of a set of several parts and the
+     * worker's int8 copy on a quantized base (ie_worker_lora_bytes). 0 for
+     * an id not attached. An engine's adapter budget charges it to the set
+     * until the id is removed. A cluster leaves it out (0): its ranks'
+     * copies live in their own processes, and each holds a slice.
+     * Optional: 0. */
+    uint64_t (*lora_bytes)(void *self, int id);
+    /* What lora_bytes would say for the set of the one adapter a (scale
+     * 1), before attaching it: an engine refuses at load an adapter that
+     * with its copy exceeds the budget alone. Any thread (it attaches
+     * nothing). Optional: 0. */
+    uint64_t (*lora_cost)(void *self, const ie_lora_t *a);
     /* Free self and everything it owns. Optional. */
     void (*destroy)(void *self);
 } ie_backend_ops_t;
@@ -196,6 +210,12 @@ ie_status_t ie_backend_lora_add_begin(ie_backend_t *b, const ie_backend_lora_par
 /* ops.lora_add_poll: 1 with *st (message set on failure) once the attach
  * begun under id has its outcome, 0 while it has not. */
 int ie_backend_lora_add_poll(ie_backend_t *b, int id, int timeout_ms, ie_status_t *st);
+/* ops.lora_bytes: what the backend holds in this process for id (0 when
+ * it has no such entry). */
+uint64_t ie_backend_lora_bytes(ie_backend_t *b, int id);
+/* ops.lora_cost: what attaching adapter a alone would add in this process
+ * (0 when the backend does not say). */
+uint64_t ie_backend_lora_cost(ie_backend_t *b, const ie_lora_t *a);
 void ie_backend_stats(ie_backend_t *b, ie_backend_stats_t *out);
 
 /* ------------------------------------------------------ implementations */

@@ -52,10 +52,12 @@ typedef struct ie_lora_cache ie_lora_cache_t;
 typedef struct ie_lora_cache_opts {
     ie_backend_t *backend;  /* not owned, outlives the cache          */
     const ie_hparams_t *hp; /* the base's: adapters are checked on it */
-    uint64_t budget_bytes;  /* resident adapter weights at most (0: no
-                                limit); pinned and leased adapters are
-                                never evicted, so it may be exceeded
-                                while they alone fill it              */
+    uint64_t budget_bytes;  /* resident adapter weights at most, with
+                                the backend's copies of attached sets
+                                (ie_backend_lora_bytes) (0: no limit);
+                                pinned and leased adapters are never
+                                evicted, so it may be exceeded while
+                                they alone fill it                    */
     ie_metrics_t *metrics;  /* optional: ie_lora_* series            */
 } ie_lora_cache_opts_t;
 
@@ -99,7 +101,8 @@ void ie_lora_cache_destroy(ie_lora_cache_t **self_p);
  * characters, none of '=' ',' ':') or one taken ("already loaded"),
  * ie_lora_load's (IE_ERR_IO missing, IE_ERR_FORMAT / IE_ERR_UNSUPPORTED
  * a bad or refused adapter, naming the tensor), IE_ERR_RANGE when the
- * registry is full or the adapter alone exceeds the budget. Nothing
+ * registry is full or the adapter alone exceeds the budget (its weights
+ * and the copy the backend would make: ie_backend_lora_cost). Nothing
  * changes on failure; other adapters may be evicted on success. */
 ie_status_t ie_lora_cache_load(ie_lora_cache_t *c, const char *name, const char *path, float scale, int pinned);
 
@@ -160,9 +163,11 @@ int ie_lora_cache_index(ie_lora_cache_t *c, const char *name);
  * 0, or -1 when the slot is empty. */
 int ie_lora_cache_name_at(ie_lora_cache_t *c, int index, char *buf);
 
-/* Counters for tests and the CLI: resident adapters and their bytes (sets
- * of several adapters count their parts' bytes again: the backend holds a
- * concatenated copy), loads from disk, evictions, sets attached. */
+/* Counters for tests and the CLI: resident adapters and the bytes the
+ * budget counts (their weights, plus what the backend holds in this
+ * process for each attached set: ie_backend_lora_bytes — a sum's
+ * concatenated copy, a worker's int8 copy), loads from disk, evictions,
+ * sets attached. */
 typedef struct ie_lora_cache_stats {
     int resident, sets;
     uint64_t bytes, loads, evictions;

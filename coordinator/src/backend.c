@@ -104,6 +104,16 @@ int ie_backend_lora_add_poll(ie_backend_t *b, int id, int timeout_ms, ie_status_
     return b->ops->lora_add_poll ? b->ops->lora_add_poll(b->self, id, timeout_ms, st) : 1;
 }
 
+uint64_t ie_backend_lora_bytes(ie_backend_t *b, int id)
+{
+    return b->ops->lora_bytes ? b->ops->lora_bytes(b->self, id) : 0;
+}
+
+uint64_t ie_backend_lora_cost(ie_backend_t *b, const ie_lora_t *a)
+{
+    return b->ops->lora_cost ? b->ops->lora_cost(b->self, a) : 0;
+}
+
 ie_status_t ie_backend_lora_remove(ie_backend_t *b, int id)
 {
     if (!b->ops->lora_remove)

@@ -64,6 +64,19 @@ static ie_status_t w_lora_remove(void *self, int id)
     return st;
 }
 
+/* Contract (ie_backend.h, ops.lora_bytes): the concatenated copy made
+ * here for a set of several parts, plus the worker's own int8 copy. */
+static uint64_t w_lora_bytes(void *self, int id)
+{
+    const wback_t *wb = self;
+    if (id < 0 || id >= IE_WORKER_MAX_LORA) return 0;
+    return (wb->made[id] ? wb->made[id]->bytes : 0) + ie_worker_lora_bytes(wb->w, id);
+}
+
+/* Contract (ie_backend.h, ops.lora_cost): one adapter gets no
+ * concatenated copy, only the worker's own. */
+static uint64_t w_lora_cost(void *self, const ie_lora_t *a) { return ie_worker_lora_cost(((wback_t *)self)->w, a); }
+
 static void w_destroy(void *self)
 {
     wback_t *wb = self;
@@ -80,6 +93,8 @@ static const ie_backend_ops_t k_worker_ops = {
     .kv_bind = w_kv_bind,
     .lora_add = w_lora_add,
     .lora_remove = w_lora_remove,
+    .lora_bytes = w_lora_bytes,
+    .lora_cost = w_lora_cost,
     .stats = w_stats,
     .destroy = w_destroy,
 };

@@ -1360,6 +1360,8 @@ static const ie_backend_ops_t k_cluster_ops = {
     .lora_remove = cb_lora_remove,
     .lora_add_begin = cb_lora_add_begin,
     .lora_add_poll = cb_lora_add_poll,
+    /* no lora_bytes: the ranks' copies (slices, int8, sums) live in their
+     * processes, outside the coordinator's budget (docs/LORA.md) */
     .destroy = cb_destroy,
 };
 

@@ -48,7 +48,8 @@ typedef struct set {
     int ent[IE_LORA_SET_PARTS];
     uint64_t serial[IE_LORA_SET_PARTS];
     float scale[IE_LORA_SET_PARTS];
-    uint64_t salt, last_use, bytes;
+    uint64_t salt, last_use;
+    uint64_t bytes; /* the backend's own copies for it (ie_backend_lora_bytes) */
 } set_t;
 
 /* A section that touches the backend, run by excl_run (step_mu and mu
@@ -94,8 +95,8 @@ static int find_name(const ie_lora_cache_t *c, const char *name)
     return -1;
 }
 
-/* Resident bytes: adapters' weights plus the backend's concatenated copy
- * of each live set of several parts (mu held). */
+/* Resident bytes: adapters' weights plus what the backend holds in this
+ * process for each live set (its concatenated and int8 copies; mu held). */
 static uint64_t resident_bytes(const ie_lora_cache_t *c, int *n_res)
 {
     uint64_t b = 0;
@@ -332,7 +333,7 @@ ie_status_t ie_lora_cache_new(const ie_lora_cache_opts_t *o, ie_lora_cache_t **o
             (st = ie_metrics_gauge(m, "ie_lora_resident_adapters", "LoRA adapters in memory", NULL, &c->m_res)) !=
                 IE_OK ||
             (st = ie_metrics_gauge(m, "ie_lora_resident_bytes",
-                                   "Bytes of LoRA weights in memory (adapters and combined sets)", NULL,
+                                   "Bytes of LoRA weights in memory (adapters, sums, int8 copies)", NULL,
                                    &c->m_bytes)) != IE_OK ||
             (st = ie_metrics_counter(m, "ie_lora_evictions_total", "LoRA adapters evicted for the memory budget",
                                      NULL, &c->m_evict)) != IE_OK ||
@@ -418,9 +419,15 @@ ie_status_t ie_lora_cache_load(ie_lora_cache_t *c, const char *name, const char 
     pthread_mutex_unlock(&c->mu);
     if (taken) return ie_error_set(IE_ERR_INVAL, "The lora adapter '%s' has already been loaded.", name);
     if ((st = load_file(c, path, &a)) != IE_OK) goto cleanup;
-    if (c->o.budget_bytes && a->bytes > c->o.budget_bytes) {
-        st = ie_error_set(IE_ERR_RANGE, "lora: adapter '%s' takes %llu bytes, more than the budget of %llu", name,
-                          (unsigned long long)a->bytes, (unsigned long long)c->o.budget_bytes);
+    /* with the copy the backend would make of it (a worker's int8 copy):
+     * what using it alone would hold */
+    const uint64_t copy = c->o.budget_bytes ? ie_backend_lora_cost(c->o.backend, a) : 0;
+    if (c->o.budget_bytes && a->bytes + copy > c->o.budget_bytes) {
+        st = ie_error_set(IE_ERR_RANGE,
+                          "lora: adapter '%s' takes %llu bytes (%llu of them the backend's copy), "
+                          "more than the budget of %llu",
+                          name, (unsigned long long)(a->bytes + copy), (unsigned long long)copy,
+                          (unsigned long long)c->o.budget_bytes);
         goto cleanup;
     }
     if (!(p = strdup(path))) {
@@ -507,8 +514,7 @@ typedef struct attach_job {
     ie_lora_t **fresh;
     ie_lora_lease_t *out;
     int stale;
-    int slot;       /* the set slot being attached                  */
-    uint64_t bytes; /* its concatenated copy's                      */
+    int slot; /* the set slot being attached                  */
 } attach_job_t;
 
 /* The end of an attach (step_mu, mu held): the set goes live and is
@@ -525,7 +531,7 @@ static ie_status_t attach_finish(ie_lora_cache_t *c, void *arg, ie_status_t st)
         memcpy(ns->serial, aj->serial, (size_t)n * sizeof *aj->serial);
         memcpy(ns->scale, aj->scale, (size_t)n * sizeof *aj->scale);
         ns->salt = (1ull << 63) | c->next_salt++;
-        ns->bytes = aj->bytes;
+        ns->bytes = ie_backend_lora_bytes(c->o.backend, ns->id); /* the backend's word, until detached */
         lease_of(c, aj->slot, aj->out);
         enforce_budget(c, aj->ent, n);
     }
@@ -565,15 +571,12 @@ static ie_status_t attach_job(ie_lora_cache_t *c, void *arg)
     }
     if (free_s < 0) set_detach(c, &c->set[free_s = lru]);
     ie_backend_lora_part_t parts[IE_LORA_SET_PARTS];
-    uint64_t bytes = 0;
     for (int k = 0; k < n; k++) {
         const ent_t *x = &c->ent[ent[k]];
         parts[k] = (ie_backend_lora_part_t){x->name, x->path, x->lora, aj->scale[k]};
-        bytes += n > 1 ? x->lora->bytes : 0;
     }
     int pending = 0;
     aj->slot = free_s;
-    aj->bytes = bytes;
     if ((st = ie_backend_lora_add_begin(c->o.backend, parts, n, &c->set[free_s].id, &pending)) != IE_OK) goto done;
     if (pending && c->running && c->running->deferrable) {
         /* a cluster's ranks load it: the stepping thread steps on, and a

@@ -48,9 +48,9 @@ def http(url, body=None, key=KEY, raw=False):
             return e.code, data.decode()
 
 
-def start(*args):
-    proc = subprocess.Popen([str(IE_BIN), "serve", "--model", str(fixture_path("tiny_llama")), "--port", "0",
-                             "--threads", "2", "--batch", "8", "--precision", "f32", "--api-key", KEY,
+def start(*args, model="tiny_llama", precision="f32"):
+    proc = subprocess.Popen([str(IE_BIN), "serve", "--model", str(fixture_path(model)), "--port", "0",
+                             "--threads", "2", "--batch", "8", "--precision", precision, "--api-key", KEY,
                              *map(str, args)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     for line in proc.stderr:
@@ -299,6 +299,67 @@ def test_lru_eviction_and_transparent_reload():
         assert ev >= 2 and reloads >= 2
         assert metric(url, "ie_lora_resident_bytes") <= 0.15 * 1048576
         assert metric(url, "ie_lora_load_seconds_count") == metric(url, "ie_lora_loads_total")
+    finally:
+        stop(proc)
+
+
+def adapter_bytes(path):
+    """(weights, int8) bytes of a PEFT fixture from its safetensors header
+    alone: the weights as the loader keeps them (bf16 when A and B are,
+    else f32) and the int8 copy a worker on a quantized base makes
+    (ie_lora_quantize_int8: codes of A and of B^T, B^T's rank rounded up to
+    four, and an f32 scale per column of each)."""
+    raw = (path / "adapter_model.safetensors").read_bytes()
+    head = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    weights = int8 = 0
+    for name, a in head.items():
+        if not name.endswith("lora_A.weight"):
+            continue
+        b = head[name.replace("lora_A", "lora_B")]
+        (r, n_in), (n_out, _) = a["shape"], b["shape"]
+        es = 2 if a["dtype"] == b["dtype"] == "BF16" else 4
+        weights += r * (n_in + n_out) * es
+        int8 += r * n_in + (r + 3) // 4 * 4 * n_out + 4 * (n_in + n_out)
+    return weights, int8
+
+
+def test_budget_counts_int8_copies_on_quantized_base():
+    """On a Q4_0 base the worker runs an int8 copy of each adapter it
+    attaches, and the budget counts it: a budget of the three adapters'
+    weights plus qv8's and all16's copies holds those two in use, and using
+    mlp8bf16 as well evicts the least recently used (qv8); with the copies
+    left out the three would fit and nothing would go. The resident-bytes
+    gauge equals the expected sum to the byte. An adapter that fits the
+    budget only without its copy is refused at load."""
+    w = {n: adapter_bytes(PATHS[n]) for n in ["qv8", "all16", "mlp8bf16"]}
+    assert w["qv8"] == (14336, 5376) and w["all16"] == (131072, 40960)  # by hand from the shapes
+    budget = sum(x[0] for x in w.values()) + w["qv8"][1] + w["all16"][1]
+    model = "tiny_llama_q4_0.gguf"
+    proc, url = start("--lora-budget-mb", repr((budget + 0.5) / 1048576), model=model, precision="native")
+    try:
+        for name in w:
+            assert load(url, name, PATHS[name])[0] == 200
+        for name in ["qv8", "all16"]:
+            assert complete(url, name)[0] == 200
+        assert metric(url, "ie_lora_resident_bytes") == budget  # full to the byte, nothing evicted
+        assert metric(url, "ie_lora_evictions_total") == 0
+        st, text = complete(url, "mlp8bf16")
+        loras = [a for n in w for a in ("--lora", f"{n}={PATHS[n]}")]
+        assert (st, text) == (200, run_json(["--model", fixture_path(model), "--prompt", PROMPT, "--max-new", 6,
+                                             "--greedy", "--threads", 2, *loras, "--adapter", "mlp8bf16"])["text"])
+        assert metric(url, "ie_lora_evictions_total") == 1
+        models = {m["id"]: m for m in http(url + "/v1/models")[1]["data"][1:]}
+        assert [n for n in w if models[n]["resident"]] == ["all16", "mlp8bf16"]
+        assert metric(url, "ie_lora_resident_bytes") == sum(sum(w[n]) for n in ["all16", "mlp8bf16"])
+        assert metric(url, "ie_lora_resident_adapters") == 2
+    finally:
+        stop(proc)
+    # an adapter whose weights fit but not with its copy is refused at load
+    proc, url = start("--lora-budget-mb", repr((sum(w["all16"]) - 0.5) / 1048576), model=model, precision="native")
+    try:
+        st, text = load(url, "all16", PATHS["all16"])
+        assert st == 400 and "40960 of them the backend's copy" in text["error"]["message"], text
+        assert load(url, "qv8", PATHS["qv8"])[0] == 200
     finally:
         stop(proc)
 

@@ -582,7 +582,13 @@ static void test_slice(void)
      * would */
     ie_lora_t *qa = NULL;
     CU_ASSERT_EQUAL_FATAL(ie_lora_quantize_int8(a, &qa), IE_OK);
-    CU_ASSERT(qa->bytes > 0);
+    uint64_t want8 = 0; /* what it holds: codes (B^T's ranks in fours) and column scales */
+    for (int k = 0; k < 3 * IE_LORA_NMOD; k++) {
+        const ie_lora_mat_t *w = &a->mats[k];
+        if (w->rank)
+            want8 += (uint64_t)(w->rank * w->n_in + ((w->rank + 3) & ~3) * w->n_out + 4 * (w->n_in + w->n_out));
+    }
+    CU_ASSERT_EQUAL(qa->bytes, want8); /* ranks 1..5: the padding counts */
     int within = 1, same = 1;
     for (int l = 0; l < 3; l++)
         for (int m = 0; m < IE_LORA_NMOD; m++) {
@@ -605,6 +611,7 @@ static void test_slice(void)
         ie_lora_t *qs = NULL, *sq = NULL;
         CU_ASSERT_EQUAL_FATAL(ie_lora_slice(qa, &hp, &sh[r], &qs), IE_OK);
         CU_ASSERT_EQUAL_FATAL(ie_lora_quantize_int8(sl[r], &sq), IE_OK);
+        same &= qs->bytes == sq->bytes; /* a share counted as its quantized self */
         for (int k = 0; k < 3 * IE_LORA_NMOD; k++) {
             const ie_lora_mat_t *x1 = &qs->mats[k], *x2 = &sq->mats[k];
             same &= x1->rank == x2->rank && x1->n_in == x2->n_in && x1->n_out == x2->n_out;

@@ -12,7 +12,11 @@
  *   - detached salts: every set detached (unload, deferred or not) is
  *     handed over once by ie_lora_cache_take_detached;
  *   - stepping thread: other threads' attaches and detaches wait for its
- *     step_begin and run there, errors and messages reach the caller.
+ *     step_begin and run there, errors and messages reach the caller;
+ *   - budget: a real in-process backend's copies of a set (the worker's
+ *     int8 copy on a quantized base, the sum of several parts) are charged
+ *     to it, to the byte expected from the shapes, and evict; a load
+ *     that would not fit with its copy is refused.
  */
 #include "ie_backend.h"
 #include "ie_lora_cache.h"
@@ -575,6 +579,156 @@ static void test_stepper_async_attach(void)
     ie_backend_destroy(&b);
 }
 
+/* ------------------------------------------- the backend's copies, charged */
+/* The bytes an int8 copy (ie_lora_quantize_int8) of the sum of n parts
+ * takes, from the ranks and shapes alone: per projection rank r (the
+ * parts' ranks added) codes of A (r x n_in) and of B^T in groups of four
+ * ranks (r rounded up to 4, x n_out), and an f32 scale per column of
+ * each. f32: the bytes of their f32 sum (ie_lora_concat) instead. */
+static uint64_t copy_bytes(ie_lora_t *const *parts, int n, int f32)
+{
+    uint64_t b = 0;
+    for (int l = 0; l < parts[0]->n_layer; l++)
+        for (int m = 0; m < IE_LORA_NMOD; m++) {
+            int64_t r = 0, n_in = 0, n_out = 0;
+            for (int k = 0; k < n; k++) {
+                const ie_lora_mat_t *x = ie_lora_mat(parts[k], l, (ie_lora_mod_t)m);
+                if (x && x->rank) r += x->rank, n_in = x->n_in, n_out = x->n_out;
+            }
+            if (r)
+                b += f32 ? (uint64_t)(r * (n_in + n_out) * 4)
+                         : (uint64_t)(r * n_in + ((r + 3) & ~3) * n_out + 4 * (n_in + n_out));
+        }
+    return b;
+}
+
+static uint64_t cache_bytes(ie_lora_cache_t *c)
+{
+    ie_lora_cache_stats_t s;
+    ie_lora_cache_stats(c, &s);
+    return s.bytes;
+}
+
+/* One run on a real in-process backend over the model at `model`: the
+ * bytes charged for sets of qv8, all16 and {qv8, all16} (q: 1 when the base
+ * is quantized, so the worker holds int8 copies), then a budget that holds
+ * three adapters' weights and two int8 copies: a fourth copy evicts. */
+static void budget_on(const char *model, int q)
+{
+    ie_model_src_t *src = NULL;
+    ie_backend_t *b = NULL;
+    ie_lora_cache_t *c = NULL;
+    ie_lora_t *qv = NULL, *all = NULL, *mlp = NULL;
+    ie_worker_opts_t wo;
+    ie_worker_opts_default(&wo);
+    wo.n_seq = 1, wo.n_ctx = 32, wo.max_batch = 8, wo.n_threads = 1, wo.pin_threads = 0;
+    CU_ASSERT_EQUAL_FATAL(ie_model_src_open(model, &src), IE_OK);
+    const ie_hparams_t *hp = ie_model_src_hparams(src);
+    CU_ASSERT_EQUAL_FATAL(ie_backend_worker_new(src, &wo, &b), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_lora_load(LORA "/qv8", hp, &qv), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_lora_load(LORA "/all16", hp, &all), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_lora_load(LORA "/mlp8bf16", hp, &mlp), IE_OK);
+    ie_lora_t *both[2] = {qv, all};
+    /* by hand from the shapes (d 64, kv 32, ff 128, 2 layers): qv8 r 8 on
+     * q (64 x 64) and v (32 x 64), all16 r 16 on all seven */
+    CU_ASSERT_EQUAL(copy_bytes(&qv, 1, 0), 2 * (8 * 224 + 4 * 224));
+    CU_ASSERT_EQUAL(copy_bytes(&all, 1, 0), 2 * (16 * 1024 + 4 * 1024));
+    const uint64_t w_qv = qv->bytes, w_all = all->bytes, w_mlp = mlp->bytes;
+    const uint64_t i_qv = q ? copy_bytes(&qv, 1, 0) : 0, i_all = q ? copy_bytes(&all, 1, 0) : 0,
+                   i_mlp = q ? copy_bytes(&mlp, 1, 0) : 0;
+    const uint64_t cat = copy_bytes(both, 2, 1), i_cat = q ? copy_bytes(both, 2, 0) : 0;
+
+    /* charged per set, released when the set goes */
+    ie_lora_cache_opts_t o = {.backend = b, .hp = hp};
+    CU_ASSERT_EQUAL_FATAL(ie_lora_cache_new(&o, &c), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "qv8", LORA "/qv8", 1.0f, 0), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "all16", LORA "/all16", 1.0f, 0), IE_OK);
+    CU_ASSERT_EQUAL(cache_bytes(c), w_qv + w_all); /* nothing attached yet */
+    ie_lora_lease_t l = lease1(c, "qv8");
+    CU_ASSERT_EQUAL(ie_backend_lora_bytes(b, l.id), i_qv);
+    ie_lora_cache_release(c, &l, 0);
+    CU_ASSERT_EQUAL(cache_bytes(c), w_qv + w_all + i_qv);
+    l = lease1(c, "all16");
+    ie_lora_cache_release(c, &l, 0);
+    CU_ASSERT_EQUAL(cache_bytes(c), w_qv + w_all + i_qv + i_all);
+    const ie_lora_use_t set[2] = {{"qv8", 1.0f}, {"all16", 0.5f}};
+    CU_ASSERT_EQUAL(ie_lora_cache_acquire(c, set, 2, &l), IE_OK);
+    CU_ASSERT_EQUAL(ie_backend_lora_bytes(b, l.id), cat + i_cat);
+    ie_lora_cache_release(c, &l, 0);
+    CU_ASSERT_EQUAL(cache_bytes(c), w_qv + w_all + i_qv + i_all + cat + i_cat);
+    CU_ASSERT_EQUAL(ie_lora_cache_unload(c, "qv8", NULL), IE_OK); /* its set and the pair go */
+    CU_ASSERT_EQUAL(cache_bytes(c), w_all + i_all);
+    CU_ASSERT_EQUAL(ie_backend_lora_bytes(b, l.id), 0);
+    ie_lora_cache_destroy(&c);
+
+    /* a budget of the three adapters' weights plus qv8's and all16's
+     * copies: using mlp8bf16 too goes over only when its copy counts, and
+     * evicts the least recently used (qv8, with its copy) */
+    o.budget_bytes = w_qv + w_all + w_mlp + copy_bytes(&qv, 1, 0) + copy_bytes(&all, 1, 0);
+    CU_ASSERT_EQUAL_FATAL(ie_lora_cache_new(&o, &c), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "qv8", LORA "/qv8", 1.0f, 0), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "all16", LORA "/all16", 1.0f, 0), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "mlp", LORA "/mlp8bf16", 1.0f, 0), IE_OK);
+    const char *order[3] = {"qv8", "all16", "mlp"};
+    for (int k = 0; k < 3; k++) {
+        l = lease1(c, order[k]);
+        ie_lora_cache_release(c, &l, 0);
+    }
+    ie_lora_cache_stats_t s;
+    ie_lora_cache_stats(c, &s);
+    CU_ASSERT_EQUAL(s.evictions, (uint64_t)q);
+    CU_ASSERT_EQUAL(resident(c, "qv8"), !q);
+    CU_ASSERT_EQUAL(s.bytes, q ? w_all + w_mlp + i_all + i_mlp : w_qv + w_all + w_mlp);
+    CU_ASSERT(s.bytes <= o.budget_bytes);
+    ie_lora_cache_destroy(&c);
+
+    /* the load refuses an adapter whose weights fit the budget but not
+     * with the copy the worker would make of it (foretold: lora_cost) */
+    CU_ASSERT_EQUAL(ie_backend_lora_cost(b, qv), i_qv);
+    CU_ASSERT_EQUAL(ie_backend_lora_cost(b, all), i_all);
+    o.budget_bytes = w_all + copy_bytes(&all, 1, 0) - 1;
+    CU_ASSERT_EQUAL_FATAL(ie_lora_cache_new(&o, &c), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "all16", LORA "/all16", 1.0f, 0), q ? IE_ERR_RANGE : IE_OK);
+    ie_lora_cache_destroy(&c);
+    o.budget_bytes++; /* exactly its weights and copy: taken, and used within it */
+    CU_ASSERT_EQUAL_FATAL(ie_lora_cache_new(&o, &c), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "all16", LORA "/all16", 1.0f, 0), IE_OK);
+    l = lease1(c, "all16");
+    ie_lora_cache_release(c, &l, 0);
+    CU_ASSERT_EQUAL(cache_bytes(c), w_all + i_all);
+    ie_lora_cache_destroy(&c);
+
+    ie_lora_destroy(&qv);
+    ie_lora_destroy(&all);
+    ie_lora_destroy(&mlp);
+    ie_backend_destroy(&b);
+    ie_model_src_destroy(&src);
+}
+
+/* On a quantized base the worker's int8 copies count; on an f32 base
+ * there are none; a backend without lora_bytes (as a cluster, whose ranks
+ * hold their copies) charges the parts' weights alone, even for a sum. */
+static void test_budget_counts_backend_copies(void)
+{
+    unsetenv("IE_LORA_DTYPE"); /* the base decides */
+    budget_on(IE_TEST_DATA "/tiny_llama_q4_0.gguf", 1);
+    budget_on(IE_TEST_DATA "/tiny_llama", 0);
+
+    ie_backend_t *b = fake_new();
+    ie_lora_cache_t *c = NULL;
+    ie_lora_cache_opts_t o = {.backend = b, .hp = g_hp};
+    CU_ASSERT_EQUAL_FATAL(ie_lora_cache_new(&o, &c), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "qv8", LORA "/qv8", 1.0f, 0), IE_OK);
+    CU_ASSERT_EQUAL(ie_lora_cache_load(c, "all16", LORA "/all16", 1.0f, 0), IE_OK);
+    const ie_lora_use_t set[2] = {{"qv8", 1.0f}, {"all16", 0.5f}};
+    ie_lora_lease_t l;
+    CU_ASSERT_EQUAL(ie_lora_cache_acquire(c, set, 2, &l), IE_OK);
+    ie_lora_cache_release(c, &l, 0);
+    CU_ASSERT_EQUAL(cache_bytes(c), 14336 + 131072);
+    ie_lora_cache_destroy(&c);
+    ie_backend_destroy(&b);
+}
+
 static int suite_init(void)
 {
     if (ie_model_src_open(IE_TEST_DATA "/tiny_llama", &g_src) != IE_OK) return -1;
@@ -597,6 +751,8 @@ int main(void)
     CU_add_test(s, "registry: set reuse, salts unique across reloads", test_sets_and_salts);
     CU_add_test(s, "registry: attaches queue for the stepping thread", test_stepper_queue);
     CU_add_test(s, "registry: a slow attach lets the steps go on", test_stepper_async_attach);
+    CU_add_test(s, "registry: the budget charges the backend's int8 and summed copies",
+                test_budget_counts_backend_copies);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();

@@ -261,6 +261,20 @@ ie_status_t ie_lora_slice(const ie_lora_t *a, const ie_hparams_t *hp, const ie_s
  * none is attached under id. Between steps only. */
 ie_status_t ie_worker_lora_remove(ie_worker_t *w, int id);
 
+/* The bytes the worker itself allocated for attached adapter id: its int8
+ * copy on a quantized base (ie_lora_quantize_int8's bytes), 0 when it runs
+ * the caller's weights as given or nothing is attached under id. The
+ * caller's adapter (ie_worker_lora_add's `a`) is not counted: its owner
+ * counts it. An engine's adapter budget charges this to the set attached
+ * under id (ie_backend_lora_bytes). Same thread as ie_worker_lora_add. */
+uint64_t ie_worker_lora_bytes(const ie_worker_t *w, int id);
+
+/* What ie_worker_lora_bytes would say after ie_worker_lora_add(w, a, ...)
+ * (the int8 copy it would make, or 0), without attaching: a budget can
+ * refuse an adapter that would not fit with its copy. Any thread (it
+ * reads only the model's weight types and the environment). */
+uint64_t ie_worker_lora_cost(const ie_worker_t *w, const ie_lora_t *a);
+
 /* Run one step. Writes n_vocab floats per requested token to logits_out, in
  * batch order (caller provides rows * n_vocab floats). Errors: IE_ERR_RANGE
  * for a bad token id, slot or a position past n_ctx; IE_ERR_INVAL for a

@@ -118,7 +118,9 @@ ie_status_t ie_lora_slice(const ie_lora_t *a, const ie_hparams_t *hp, const ie_s
             o->n_mats++;
             o->mods |= 1u << m;
             if (s->rank > o->max_rank) o->max_rank = s->rank;
-            o->bytes += (uint64_t)s->rank * (uint64_t)(in + on) * es;
+            o->bytes += s->a8 ? (uint64_t)s->rank * (uint64_t)in + (uint64_t)((s->rank + 3) & ~3) * (uint64_t)on +
+                                    (uint64_t)(in + on) * 4u /* codes and column scales */
+                              : (uint64_t)s->rank * (uint64_t)(in + on) * es;
         }
 
 cleanup:
@@ -217,6 +219,23 @@ ie_status_t ie_worker_lora_remove(ie_worker_t *w, int id)
     w->lora[id].ad = NULL;
     ie_lora_destroy(&w->lora[id].own);
     return IE_OK;
+}
+
+/* Contract (ie_worker.h). */
+uint64_t ie_worker_lora_bytes(const ie_worker_t *w, int id)
+{
+    if (!w || id < 0 || id >= IE_WORKER_MAX_LORA || !w->lora[id].ad || !w->lora[id].own) return 0;
+    return w->lora[id].own->bytes;
+}
+
+/* Contract (ie_worker.h): the test ie_worker_lora_add makes for its own
+ * copy (some matrix in f32/bf16, and int8 wanted here). */
+uint64_t ie_worker_lora_cost(const ie_worker_t *w, const ie_lora_t *a)
+{
+    int wide = 0;
+    if (!w || !a) return 0;
+    for (int k = 0; k < a->n_layer * IE_LORA_NMOD; k++) wide |= a->mats[k].rank && !a->mats[k].a8;
+    return wide && lora_int8(w) ? ie_lora_int8_bytes(a) : 0;
 }
 
 /* Contract (worker_internal.h). */
