@@ -117,10 +117,10 @@ typedef struct node {
     pthread_cond_t lq_cv;  /* work for the thread; an ADD prepared   */
     struct lora_req *lq_head, *lq_tail;
     int lq_n;
-    int lq_stop; /* the thread's cue to leave (lq_mu)        */
+    int lq_stop;    /* the thread's cue to leave (lq_mu)          */
+    int lq_started; /* 1 running, -1 could not start, 0 not yet   */
+    int lq_init;    /* lq_mu and lq_cv made                       */
     pthread_t lq_thread;
-    int lq_started; /* 1 running, -1 could not start, 0 not yet */
-    int lq_init;    /* lq_mu and lq_cv made                     */
     /* tests only (IE_TEST_LORA_PREP_DELAY_MS): an ADD's preparation
      * starts that much later, the seam for checking that the steps go
      * on meanwhile */
@@ -587,9 +587,9 @@ static void setup_shm(node_t *nd, const ie_msg_assign_t *a)
  * The coordinator sends such a drop only once it gave up on the ADD (a
  * refusal elsewhere, its time limit), so nobody waits for that outcome. */
 
-#define LQ_MAX \
-    64 /* messages waiting; past that the main loop waits (a
-                     joining rank is sent a KEEP and <= 32 ADDs at once) */
+/* Messages waiting; past that the main loop waits for the head (a
+ * joining rank is sent a KEEP and <= 32 ADDs at once). */
+#define LQ_MAX 64
 
 enum { LQ_WAITING, LQ_RUNNING, LQ_DONE };
 
@@ -599,20 +599,21 @@ enum { LQ_WAITING, LQ_RUNNING, LQ_DONE };
 typedef struct lora_req {
     struct lora_req *next;
     ie_msg_lora_t m;
-    uint64_t fp[IE_PROTO_LORA_PARTS];                             /* ADD: each part's fingerprint  */
-    float sc[IE_PROTO_LORA_PARTS];                                /* ... and scale                 */
-    char path[IE_PROTO_LORA_PARTS][IE_PROTO_LORA_PATH_MAX + 256]; /* ... where this host reads it */
-    ie_worker_lora_target_t t;                                    /* what the set must fit          */
-    int delay_ms;                                                 /* IE_TEST_LORA_PREP_DELAY_MS     */
-    int prep;                                                     /* an ADD with a set to prepare   */
-    int superseded;                                               /* dropped before attached (above) */
-    atomic_int cancel;                                            /* ... told to the adapter thread */
-    int state;                                                    /* LQ_* (nd->lq_mu)               */
-    ie_status_t st;                                               /* the outcome: IE_OK or a refusal */
-    char err[IE_PROTO_TEXT_MAX];                                  /* ... and its message            */
-    ie_lora_t *ad;                                                /* this rank's share of the set   */
-    ie_lora_t *run;                                               /* what the worker runs: ad's int8
-                                         copy, or NULL (ad itself)      */
+    uint64_t fp[IE_PROTO_LORA_PARTS]; /* ADD: each part's fingerprint    */
+    float sc[IE_PROTO_LORA_PARTS];    /* ... and scale                   */
+    /* ... and where this host reads it (lora_path) */
+    char path[IE_PROTO_LORA_PARTS][IE_PROTO_LORA_PATH_MAX + 256];
+    ie_worker_lora_target_t t;   /* what the set must fit               */
+    int delay_ms;                /* IE_TEST_LORA_PREP_DELAY_MS          */
+    int prep;                    /* an ADD with a set to prepare        */
+    int superseded;              /* dropped before attached (above)     */
+    atomic_int cancel;           /* ... told to the adapter thread      */
+    int state;                   /* LQ_* (nd->lq_mu)                    */
+    ie_status_t st;              /* the outcome: IE_OK or a refusal     */
+    char err[IE_PROTO_TEXT_MAX]; /* ... and its message                 */
+    ie_lora_t *ad;               /* this rank's share of the set        */
+    ie_lora_t *run;              /* what the worker runs: ad's int8
+                                    copy, or NULL (ad itself)           */
 } lora_req_t;
 
 /* Detach and free the set under the coordinator's id (free: nothing). */
