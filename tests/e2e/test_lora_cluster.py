@@ -163,17 +163,22 @@ def test_plan_mixed_requests_equal_solo_runs(plan_server):
     assert got == [want[j] for j in jobs]
 
 
-def test_slow_attach_stalls_only_its_request():
-    """Both tensor ranks hold their answer to an adapter attach for 3 s
-    (IE_TEST_LORA_ACK_DELAY_MS, the worker's test seam) while they keep
+@pytest.mark.parametrize("seam", ["ack", "prep"])
+def test_slow_attach_stalls_only_its_request(seam):
+    """ack: both tensor ranks hold their answer to an adapter attach for
+    3 s (IE_TEST_LORA_ACK_DELAY_MS, the worker's test seam) while they keep
     running steps. The request that needs the adapter waits those 3 s; the
     base requests beside it keep completing meanwhile (the stepping thread
     begins the attach and steps on; before, every step waited for the
-    ranks); the adapter's text is its solo run."""
+    ranks); the adapter's text is its solo run.
+    prep: both ranks' preparation of the adapter (read, fingerprint, slice,
+    on their adapter thread) starts 3 s late (IE_TEST_LORA_PREP_DELAY_MS):
+    the same, so the ranks step on while they prepare (with the
+    preparation on a rank's main loop no base request ends meanwhile)."""
     import os
     import threading
 
-    env = dict(os.environ, IE_TEST_LORA_ACK_DELAY_MS="3000")
+    env = dict(os.environ, **{f"IE_TEST_LORA_{seam.upper()}_DELAY_MS": "3000"})
     proc = subprocess.Popen([str(IE_BIN), "serve", "--model", str(fixture_path("tiny_llama")), "--port", "0",
                              "--threads", "2", "--batch", "8", "--precision", "f32", "--plan", "tensor:2"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)

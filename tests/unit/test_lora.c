@@ -21,6 +21,7 @@
 
 #include <CUnit/Basic.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -698,6 +699,77 @@ static void test_worker_int8(void)
     ie_lora_destroy(&all);
 }
 
+/* ie_worker_lora_prepare on another thread (as ie-worker's adapter
+ * thread runs it), its arguments and result. */
+typedef struct prep_job {
+    const ie_worker_lora_target_t *t;
+    const ie_lora_t *a;
+    ie_lora_t *run;
+    ie_status_t st;
+} prep_job_t;
+static void *prep_main(void *arg)
+{
+    prep_job_t *j = arg;
+    j->st = ie_worker_lora_prepare(j->t, j->a, &j->run);
+    return NULL;
+}
+
+/* The split of ie_worker_lora_add: prepared on another thread and attached,
+ * the same logits bit for bit as ie_worker_lora_add's (int8: the copy is
+ * made by the prepare); an attach for another target and a prepare for
+ * another model are refused, the caller keeping what it owns. */
+static void test_worker_prepare_attach(void)
+{
+    ie_lora_t *all = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_lora_load(LORA "/all16", &g_hp, &all), IE_OK);
+    const int nv = g_hp.n_vocab;
+    float *want = malloc(sizeof(float) * (size_t)nv), *got = malloc(sizeof(float) * (size_t)nv);
+    logits_with(all, "int8", want);
+
+    ie_worker_opts_t o;
+    ie_worker_opts_default(&o);
+    o.n_seq = 1, o.n_ctx = 16, o.max_batch = 8, o.n_threads = 1, o.pin_threads = 0;
+    o.precision = IE_PREC_F32;
+    ie_worker_t *w = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_worker_new(g_src, &o, &w), IE_OK);
+    setenv("IE_LORA_DTYPE", "int8", 1);
+    ie_worker_lora_target_t t;
+    ie_worker_lora_target(w, &t);
+    unsetenv("IE_LORA_DTYPE");
+    CU_ASSERT_EQUAL(t.int8, 1);
+    prep_job_t j = {&t, all, NULL, IE_ERR_INTERNAL};
+    pthread_t th;
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&th, NULL, prep_main, &j), 0);
+    pthread_join(th, NULL);
+    CU_ASSERT_EQUAL(j.st, IE_OK);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(j.run); /* the int8 copy */
+    CU_ASSERT_PTR_NOT_NULL(ie_lora_mat(j.run, 0, IE_LORA_Q)->a8);
+    /* w runs the file's weights (IE_LORA_DTYPE unset, f32 base): not t */
+    int id = -1;
+    CU_ASSERT_EQUAL(ie_worker_lora_attach(w, &t, all, &j.run, 1.0f, &id), IE_ERR_INVAL);
+    CU_ASSERT_PTR_NOT_NULL(j.run); /* still the caller's */
+    CU_ASSERT_EQUAL(id, -1);
+    setenv("IE_LORA_DTYPE", "int8", 1);
+    CU_ASSERT_EQUAL(ie_worker_lora_attach(w, &t, all, &j.run, 1.0f, &id), IE_OK);
+    unsetenv("IE_LORA_DTYPE");
+    CU_ASSERT_PTR_NULL(j.run); /* the worker's now */
+    int32_t pos[6], seq[6], ad[6];
+    uint8_t lg[6] = {0, 0, 0, 0, 0, 1};
+    for (int i = 0; i < 6; i++) pos[i] = i, seq[i] = 0, ad[i] = id;
+    ie_batch_t b = {6, k_ids[0], pos, seq, lg, ad, NULL};
+    CU_ASSERT_EQUAL(ie_worker_step(w, &b, got), IE_OK);
+    CU_ASSERT_EQUAL(memcmp(got, want, sizeof(float) * (size_t)nv), 0);
+    /* a model of another depth: refused, nothing made */
+    ie_worker_lora_target_t t2 = t;
+    t2.hp.n_layer++;
+    ie_lora_t *run = (ie_lora_t *)all; /* overwritten with NULL */
+    CU_ASSERT_EQUAL(ie_worker_lora_prepare(&t2, all, &run), IE_ERR_INVAL);
+    CU_ASSERT_PTR_NULL(run);
+    ie_worker_destroy(&w); /* frees the int8 copy it took */
+    free(want), free(got);
+    ie_lora_destroy(&all);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -709,6 +781,7 @@ int main(void)
     CU_add_test(s, "loader: fixture files", test_loader_files);
     CU_add_test(s, "worker: mixed batch == solo runs", test_worker_mixed);
     CU_add_test(s, "worker: int8 adapters close to the file's weights", test_worker_int8);
+    CU_add_test(s, "worker: prepare on another thread + attach == lora_add; refusals", test_worker_prepare_attach);
     CU_add_test(s, "ie_lora_slice: odd shares, sums of the parts == the whole", test_slice);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();

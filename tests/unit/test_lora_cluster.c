@@ -3,7 +3,12 @@
  * workers on tensor:2 and pipeline:2 runs a weighted set of two adapters
  * (each rank loads, sums and slices them) like the embedded engine; a part
  * whose fingerprint the ranks do not match is refused naming a rank and
- * attached nowhere; removal detaches everywhere.
+ * attached nowhere; removal detaches everywhere. A rank prepares an adapter
+ * (read, check, slice, int8) on its adapter thread while it steps: with
+ * that preparation slowed (IE_TEST_LORA_PREP_DELAY_MS) base steps go on
+ * until the attach lands; a removal of a set still being prepared is
+ * answered at once (it supersedes the load); an engine destroyed with a
+ * load in flight stops at once and leaks nothing (ASan).
  *
  * Fixtures: tests/data/tiny_llama (f32 here) and tests/data/lora.
  */
@@ -12,8 +17,11 @@
 #include "ie_lora.h"
 #include "ie_model_src.h"
 
+#include "ie_clock.h"
+
 #include <CUnit/Basic.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -128,11 +136,96 @@ static void test_sets_on_plans(void)
     ie_model_src_destroy(&src);
 }
 
+#define PREP_DELAY_MS 2000
+
+/* Steps go on while the ranks prepare an adapter: base steps run between
+ * ie_backend_lora_add_begin and the attach's outcome, many of them (with
+ * the preparation on the ranks' main loop, a step waits for it whole:
+ * one or two). Then a set removed while still prepared, and an engine
+ * destroyed with a load in flight. */
+static void test_prepare_off_main_loop(void)
+{
+    ie_model_src_t *src = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_model_src_open(MODEL, &src), IE_OK);
+    const ie_hparams_t *hp = ie_model_src_hparams(src);
+    ie_lora_t *qv8 = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_lora_load(QV8, hp, &qv8), IE_OK);
+    const size_t n = NTOK * (size_t)hp->n_vocab;
+    float *want = malloc(n * sizeof *want), *got = malloc(n * sizeof *got);
+    CU_ASSERT_FATAL(want && got);
+    const ie_backend_lora_part_t part = {"qv8", QV8, qv8, 1.0f};
+    ie_engine_t *emb = open_engine("none");
+    int id = -1;
+    CU_ASSERT_EQUAL_FATAL(ie_backend_lora_add(ie_engine_backend(emb), &part, 1, &id), IE_OK);
+    CU_ASSERT_EQUAL(run(ie_engine_backend(emb), id, want), IE_OK);
+    ie_engine_destroy(&emb);
+
+    char delay[16];
+    snprintf(delay, sizeof delay, "%d", PREP_DELAY_MS);
+    setenv("IE_TEST_LORA_PREP_DELAY_MS", delay, 1); /* read once, as each in-process rank starts */
+    ie_engine_t *e = open_engine("tensor:2");
+    ie_backend_t *b = ie_engine_backend(e);
+    int cid = -1, pending = 0, done = 0, steps = 0;
+    ie_status_t st = IE_ERR_INTERNAL;
+    double t0 = ie_now_ms();
+    CU_ASSERT_EQUAL_FATAL(ie_backend_lora_add_begin(b, &part, 1, &cid, &pending), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(pending, 1);
+    while (!(done = ie_backend_lora_add_poll(b, cid, 0, &st)) && ie_now_ms() - t0 < 60000)
+        if (run(b, -1, got) == IE_OK) steps++;
+    const double took = ie_now_ms() - t0;
+    fprintf(stderr, "\n  attach %.0f ms, %d base steps meanwhile\n", took, steps);
+    CU_ASSERT(done && st == IE_OK);
+    CU_ASSERT(took >= PREP_DELAY_MS * 0.9); /* else the seam did not slow it: nothing tested */
+    CU_ASSERT(steps >= 10);
+    CU_ASSERT_EQUAL(run(b, cid, got), IE_OK);
+    CU_ASSERT(rel(got, want, n) < 1e-4);
+
+    /* removed while the ranks prepare it: the removal supersedes the
+     * load (answered at once, not after the delay), nothing attached */
+    int id2 = -1;
+    CU_ASSERT_EQUAL_FATAL(ie_backend_lora_add_begin(b, &part, 1, &id2, &pending), IE_OK);
+    CU_ASSERT_NOT_EQUAL(id2, cid);
+    t0 = ie_now_ms();
+    CU_ASSERT_EQUAL(ie_backend_lora_remove(b, id2), IE_OK);
+    const double rm = ie_now_ms() - t0;
+    fprintf(stderr, "  removal of a set being prepared: %.0f ms\n", rm);
+    CU_ASSERT(rm < PREP_DELAY_MS / 2);
+    CU_ASSERT_EQUAL(ie_backend_lora_add_poll(b, id2, 0, &st), 1);
+    CU_ASSERT_NOT_EQUAL(st, IE_OK);
+    CU_ASSERT_EQUAL(run(b, id2, got), IE_ERR_RANGE);
+    CU_ASSERT_EQUAL(run(b, cid, got), IE_OK); /* the attached one untouched */
+    CU_ASSERT(rel(got, want, n) < 1e-4);
+
+    /* destroyed with a load in flight: the adapter threads stop and are
+     * joined at once; what they held is freed (ASan's leak check) */
+    int id3 = -1;
+    CU_ASSERT_EQUAL(ie_backend_lora_add_begin(b, &part, 1, &id3, &pending), IE_OK);
+    t0 = ie_now_ms();
+    ie_engine_destroy(&e);
+    const double down = ie_now_ms() - t0;
+    fprintf(stderr, "  destroyed with a load in flight: %.0f ms\n", down);
+    CU_ASSERT(down < PREP_DELAY_MS / 2);
+    unsetenv("IE_TEST_LORA_PREP_DELAY_MS");
+    /* ... and not slowed: destroyed in whatever stage the load is (the
+     * files read, summed, cut), a few times */
+    for (int k = 0; k < 4; k++) {
+        e = open_engine("tensor:2");
+        CU_ASSERT_EQUAL(ie_backend_lora_add_begin(ie_engine_backend(e), &part, 1, &id3, &pending), IE_OK);
+        ie_engine_destroy(&e);
+    }
+    free(want);
+    free(got);
+    ie_lora_destroy(&qv8);
+    ie_model_src_destroy(&src);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
     CU_pSuite s = CU_add_suite("lora_cluster", NULL, NULL);
     CU_add_test(s, "adapter sets on tensor:2 / pipeline:2 == embedded; refusals; removal", test_sets_on_plans);
+    CU_add_test(s, "ranks prepare adapters off their main loop; removal while prepared; destroy in flight",
+                test_prepare_off_main_loop);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures() + CU_get_number_of_suites_failed();

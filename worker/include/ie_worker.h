@@ -241,6 +241,46 @@ typedef struct ie_batch {
  * IE_WORKER_MAX_LORA are attached, IE_ERR_NOMEM. Between steps only. */
 ie_status_t ie_worker_lora_add(ie_worker_t *w, const ie_lora_t *a, float scale, int *id_out);
 
+/* ie_worker_lora_add in two halves, so that the slow one (a pass over the
+ * weights) can run off the worker's thread while it steps (ie-worker's
+ * adapter thread, worker/src/node.c):
+ *   ie_worker_lora_target(w, &t);                  // w's thread
+ *   ie_worker_lora_prepare(&t, a, &run);           // any thread
+ *   ie_worker_lora_attach(w, &t, a, &run, s, &id); // w's thread, between steps
+ * The target is what an adapter must fit on w: a plain value (no pointer
+ * into w), so a prepare never reads the worker, which may step, or be
+ * destroyed, meanwhile. */
+typedef struct ie_worker_lora_target {
+    ie_hparams_t hp;     /* the model's shapes                             */
+    ie_shard_range_t sh; /* this worker's share (ie_shard_plan)            */
+    int moe;             /* the MLP is a mixture of experts: no MLP adapter */
+    int int8;            /* adapters run here as int8 copies (docs/LORA.md) */
+} ie_worker_lora_target_t;
+
+/* Fill *out with w's target. Reads w only (its shapes, share, weights'
+ * dtype and env IE_LORA_DTYPE); on w's thread or while it does not step. */
+void ie_worker_lora_target(const ie_worker_t *w, ie_worker_lora_target_t *out);
+
+/* Check that adapter a (the whole or a share cut for t, ie_lora_slice)
+ * fits a worker of target t, and make what such a worker runs: *run_out
+ * is the int8 copy (ie_lora_quantize_int8) when t runs int8 and a is
+ * f32/bf16, else NULL (a runs as it is). Pure: reads t and a, writes only
+ * *run_out; safe on any thread, several at once. The errors of
+ * ie_worker_lora_add but IE_ERR_RANGE. Caller owns *run_out. */
+ie_status_t ie_worker_lora_prepare(const ie_worker_lora_target_t *t, const ie_lora_t *a, ie_lora_t **run_out);
+
+/* Attach adapter a prepared for target t (ie_worker_lora_prepare gave
+ * *run; *run NULL: a runs as it is) with a scale multiplying its own, as
+ * ie_worker_lora_add does. Cheap (no pass over the weights: scratch grows
+ * to the rank). On success the worker owns *run, which is set NULL (freed
+ * at ie_worker_lora_remove or destroy), and a must stay alive and unchanged
+ * as for ie_worker_lora_add; on failure *run stays the caller's.
+ * IE_ERR_INVAL when t is not w's target now (prepared for another shard
+ * or dtype), IE_ERR_RANGE when IE_WORKER_MAX_LORA are attached,
+ * IE_ERR_NOMEM. On w's thread, between steps only. */
+ie_status_t ie_worker_lora_attach(ie_worker_t *w, const ie_worker_lora_target_t *t, const ie_lora_t *a,
+                                  ie_lora_t **run, float scale, int *id_out);
+
 /* Adapter a cut to the share sh of the model hp (ie_shard_plan's range):
  * the matrices of layers outside [layer_begin, layer_end) dropped (rank
  * 0); the column-parallel projections (q: query heads, k/v: KV heads,

@@ -146,23 +146,56 @@ static int lora_int8(const ie_worker_t *w)
     return t != IE_DTYPE_F32 && t != IE_DTYPE_F16 && t != IE_DTYPE_BF16;
 }
 
+/* Whether a worker that wants int8 (int8) makes its own copy of adapter
+ * a: when some matrix is in f32/bf16. ie_worker_lora_prepare makes it;
+ * ie_worker_lora_cost counts it beforehand. */
+static int makes_int8_copy(const ie_lora_t *a, int int8)
+{
+    int wide = 0;
+    for (int k = 0; k < a->n_layer * IE_LORA_NMOD; k++) wide |= a->mats[k].rank && !a->mats[k].a8;
+    return wide && int8;
+}
+
 /* Contract (ie_worker.h). */
-ie_status_t ie_worker_lora_add(ie_worker_t *w, const ie_lora_t *a, float scale, int *id_out)
+void ie_worker_lora_target(const ie_worker_t *w, ie_worker_lora_target_t *out)
+{
+    memset(out, 0, sizeof *out);
+    out->hp = w->hp;
+    out->sh = w->sh;
+    out->moe = w->arch.ffn == IE_FFN_MOE;
+    out->int8 = lora_int8(w);
+}
+
+/* Whether two targets take the same prepared adapters: the fields
+ * ie_worker_lora_prepare and the forward pass's share_of read. */
+static int target_same(const ie_worker_lora_target_t *a, const ie_worker_lora_target_t *b)
+{
+    const ie_shard_range_t *x = &a->sh, *y = &b->sh;
+    return a->hp.n_layer == b->hp.n_layer && a->hp.head_dim == b->hp.head_dim && a->hp.n_embd == b->hp.n_embd &&
+           a->hp.n_ff == b->hp.n_ff && a->hp.n_head == b->hp.n_head && a->hp.n_head_kv == b->hp.n_head_kv &&
+           a->moe == b->moe && a->int8 == b->int8 && x->layer_begin == y->layer_begin &&
+           x->layer_end == y->layer_end && x->head_begin == y->head_begin && x->head_end == y->head_end &&
+           x->kv_head_begin == y->kv_head_begin && x->kv_head_end == y->kv_head_end && x->ff_begin == y->ff_begin &&
+           x->ff_end == y->ff_end;
+}
+
+/* Contract (ie_worker.h). */
+ie_status_t ie_worker_lora_prepare(const ie_worker_lora_target_t *t, const ie_lora_t *a, ie_lora_t **run_out)
 {
     ie_status_t st = IE_OK;
-    int id = -1;
-    if (!w || !a || !id_out) return ie_error_set(IE_ERR_INVAL, "worker: lora_add: NULL argument");
-    if (a->n_layer != w->hp.n_layer)
+    if (run_out) *run_out = NULL;
+    if (!t || !a || !run_out) return ie_error_set(IE_ERR_INVAL, "worker: lora_prepare: NULL argument");
+    if (a->n_layer != t->hp.n_layer)
         return ie_error_set(IE_ERR_INVAL, "worker: adapter made for %d layers; the model has %d", a->n_layer,
-                            w->hp.n_layer);
-    if (w->arch.ffn == IE_FFN_MOE && (a->mods >> IE_LORA_GATE))
+                            t->hp.n_layer);
+    if (t->moe && (a->mods >> IE_LORA_GATE))
         return ie_error_set(IE_ERR_UNSUPPORTED, "worker: adapter adapts the MLP of a mixture-of-experts model");
-    for (int l = 0; l < w->hp.n_layer; l++) /* each matrix the whole or this share (ie_lora_slice) */
+    for (int l = 0; l < t->hp.n_layer; l++) /* each matrix the whole or this share (ie_lora_slice) */
         for (int m = 0; m < IE_LORA_NMOD; m++) {
             const ie_lora_mat_t *mt = ie_lora_mat(a, l, (ie_lora_mod_t)m);
             if (!mt || !mt->rank) continue;
             int64_t ob, on, ib, in;
-            share_of(&w->hp, &w->sh, (ie_lora_mod_t)m, mt->n_out, mt->n_in, &ob, &on, &ib, &in);
+            share_of(&t->hp, &t->sh, (ie_lora_mod_t)m, mt->n_out, mt->n_in, &ob, &on, &ib, &in);
             if ((mt->n_out != on && ob + on > mt->n_out) || (mt->n_in != in && ib + in > mt->n_in))
                 return ie_error_set(IE_ERR_INVAL,
                                     "worker: adapter's layer %d %s (%lld x %lld) is neither the whole matrix nor "
@@ -170,6 +203,24 @@ ie_status_t ie_worker_lora_add(ie_worker_t *w, const ie_lora_t *a, float scale, 
                                     l, ie_lora_mod_name((ie_lora_mod_t)m), (long long)mt->n_out,
                                     (long long)mt->n_in, (long long)on, (long long)in);
         }
+    if (makes_int8_copy(a, t->int8)) st = ie_lora_quantize_int8(a, run_out);
+    return st;
+}
+
+/* Contract (ie_worker.h). */
+ie_status_t ie_worker_lora_attach(ie_worker_t *w, const ie_worker_lora_target_t *t, const ie_lora_t *a,
+                                  ie_lora_t **run, float scale, int *id_out)
+{
+    ie_status_t st = IE_OK;
+    int id = -1;
+    if (!w || !t || !a || !run || !id_out) return ie_error_set(IE_ERR_INVAL, "worker: lora_attach: NULL argument");
+    {
+        ie_worker_lora_target_t now;
+        ie_worker_lora_target(w, &now);
+        if (!target_same(t, &now))
+            return ie_error_set(IE_ERR_INVAL, "worker: adapter prepared for another shard or adapter dtype");
+    }
+    const ie_lora_t *r = *run ? *run : a;
     for (int i = 0; i < IE_WORKER_MAX_LORA; i++)
         if (!w->lora[i].ad) {
             id = i;
@@ -181,14 +232,15 @@ ie_status_t ie_worker_lora_add(ie_worker_t *w, const ie_lora_t *a, float scale, 
         st = ie_error_set(IE_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
-    if (a->max_rank > w->lora_tmp_rank) {
-        float *t = realloc(w->lora_tmp, 3 * B * (size_t)a->max_rank * sizeof *t); /* a block per module of a job */
-        if (!t) {
+    if (r->max_rank > w->lora_tmp_rank) {
+        float *tmp = realloc(w->lora_tmp,
+                             3 * B * (size_t)r->max_rank * sizeof *tmp); /* a block per module of a job */
+        if (!tmp) {
             st = ie_error_set(IE_ERR_NOMEM, "out of memory");
             goto cleanup;
         }
-        w->lora_tmp = t;
-        w->lora_tmp_rank = a->max_rank;
+        w->lora_tmp = tmp;
+        w->lora_tmp_rank = r->max_rank;
     }
     {
         /* env IE_LORA_POOL_MIN: the multiply-adds under which a call runs
@@ -196,18 +248,28 @@ ie_status_t ie_worker_lora_add(ie_worker_t *w, const ie_lora_t *a, float scale, 
         const char *e = getenv("IE_LORA_POOL_MIN");
         w->lora_pool_min = e && *e ? atof(e) : 2e5;
     }
-    w->lora[id].own = NULL;
-    int wide = 0; /* some matrix in f32/bf16 */
-    for (int k = 0; k < a->n_layer * IE_LORA_NMOD; k++) wide |= a->mats[k].rank && !a->mats[k].a8;
-    if (wide && lora_int8(w)) {
-        if ((st = ie_lora_quantize_int8(a, &w->lora[id].own)) != IE_OK) goto cleanup;
-        a = w->lora[id].own;
-    }
-    w->lora[id].ad = a;
+    w->lora[id].own = *run;
+    *run = NULL;
+    w->lora[id].ad = r;
     w->lora[id].scale = scale;
     *id_out = id;
 
 cleanup:
+    return st;
+}
+
+/* Contract (ie_worker.h): prepare and attach in one call, for a caller on
+ * the worker's thread that has no reason to split them. */
+ie_status_t ie_worker_lora_add(ie_worker_t *w, const ie_lora_t *a, float scale, int *id_out)
+{
+    ie_status_t st = IE_OK;
+    ie_worker_lora_target_t t;
+    ie_lora_t *run = NULL;
+    if (!w || !a || !id_out) return ie_error_set(IE_ERR_INVAL, "worker: lora_add: NULL argument");
+    ie_worker_lora_target(w, &t);
+    if ((st = ie_worker_lora_prepare(&t, a, &run)) == IE_OK)
+        st = ie_worker_lora_attach(w, &t, a, &run, scale, id_out);
+    ie_lora_destroy(&run); /* NULL once the worker took it */
     return st;
 }
 
@@ -228,14 +290,11 @@ uint64_t ie_worker_lora_bytes(const ie_worker_t *w, int id)
     return w->lora[id].own->bytes;
 }
 
-/* Contract (ie_worker.h): the test ie_worker_lora_add makes for its own
- * copy (some matrix in f32/bf16, and int8 wanted here). */
+/* Contract (ie_worker.h): the copy ie_worker_lora_prepare would make. */
 uint64_t ie_worker_lora_cost(const ie_worker_t *w, const ie_lora_t *a)
 {
-    int wide = 0;
     if (!w || !a) return 0;
-    for (int k = 0; k < a->n_layer * IE_LORA_NMOD; k++) wide |= a->mats[k].rank && !a->mats[k].a8;
-    return wide && lora_int8(w) ? ie_lora_int8_bytes(a) : 0;
+    return makes_int8_copy(a, lora_int8(w)) ? ie_lora_int8_bytes(a) : 0;
 }
 
 /* Contract (worker_internal.h). */

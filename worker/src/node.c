@@ -111,6 +111,20 @@ typedef struct node {
     int ack_delay_ms;
     ie_msg_t held_ack;
     double held_due; /* 0: none held */
+    /* LORA messages waiting for their answer, oldest first, and the
+     * adapter thread that prepares their ADDs (the LoRA section below) */
+    pthread_mutex_t lq_mu; /* guards the list's links and each state  */
+    pthread_cond_t lq_cv;  /* work for the thread; an ADD prepared   */
+    struct lora_req *lq_head, *lq_tail;
+    int lq_n;
+    int lq_stop;    /* the thread's cue to leave (lq_mu)          */
+    int lq_started; /* 1 running, -1 could not start, 0 not yet   */
+    int lq_init;    /* lq_mu and lq_cv made                       */
+    pthread_t lq_thread;
+    /* tests only (IE_TEST_LORA_PREP_DELAY_MS): an ADD's preparation
+     * starts that much later, the seam for checking that the steps go
+     * on meanwhile */
+    int prep_delay_ms;
 
     /* metrics */
     ie_metric_t *m_compute, *m_transfer, *m_steps;
@@ -550,7 +564,57 @@ static void setup_shm(node_t *nd, const ie_msg_assign_t *a)
         logf_(nd, "tensor reduce: ZeroMQ (no shared-memory segment: %s)", ie_error_last());
 }
 
-/* ------------------------------------------------------------- LoRA */
+/* ------------------------------------------------------------- LoRA
+ *
+ * LORA messages are answered in the order they came: the coordinator
+ * counts a joining rank ready at the answer to its last one and takes the
+ * refusals of those before it (docs/PROTOCOL.md). An ADD's slow half —
+ * read each part from this host's disk, check its fingerprint, sum a set
+ * (ie_lora_concat), cut this rank's share (ie_lora_slice), make the copy
+ * the worker runs (ie_worker_lora_prepare: int8) — runs on the adapter
+ * thread while the main loop steps on; its cheap half (the set published
+ * under its id, ie_worker_lora_attach) runs on the main loop between two
+ * steps, and then the answer goes out. So the messages wait in a queue
+ * (lq_*, oldest first): its head is applied and answered once ready (a
+ * KEEP or REMOVE at once, an ADD once prepared); the adapter thread
+ * prepares the ADDs one at a time, in order.
+ *
+ * A drop of an id whose ADD is still queued or being prepared (a REMOVE
+ * of it, a KEEP without its bit, a reload of the shard) supersedes that
+ * ADD: its preparation stops at the next part or stage (a file being read
+ * is read to its end), nothing is attached, and it is answered IE_OK in
+ * its place — in order it would have been attached and at once detached.
+ * The coordinator sends such a drop only once it gave up on the ADD (a
+ * refusal elsewhere, its time limit), so nobody waits for that outcome. */
+
+/* Messages waiting; past that the main loop waits for the head (a
+ * joining rank is sent a KEEP and <= 32 ADDs at once). */
+#define LQ_MAX 64
+
+enum { LQ_WAITING, LQ_RUNNING, LQ_DONE };
+
+/* One LORA message waiting for its answer. The main loop makes, walks
+ * and frees it; `state` is shared (nd->lq_mu), and while it is LQ_RUNNING
+ * the outcome fields (st, err, ad, run) are the adapter thread's. */
+typedef struct lora_req {
+    struct lora_req *next;
+    ie_msg_lora_t m;
+    uint64_t fp[IE_PROTO_LORA_PARTS]; /* ADD: each part's fingerprint    */
+    float sc[IE_PROTO_LORA_PARTS];    /* ... and scale                   */
+    /* ... and where this host reads it (lora_path) */
+    char path[IE_PROTO_LORA_PARTS][IE_PROTO_LORA_PATH_MAX + 256];
+    ie_worker_lora_target_t t;   /* what the set must fit               */
+    int delay_ms;                /* IE_TEST_LORA_PREP_DELAY_MS          */
+    int prep;                    /* an ADD with a set to prepare        */
+    int superseded;              /* dropped before attached (above)     */
+    atomic_int cancel;           /* ... told to the adapter thread      */
+    int state;                   /* LQ_* (nd->lq_mu)                    */
+    ie_status_t st;              /* the outcome: IE_OK or a refusal     */
+    char err[IE_PROTO_TEXT_MAX]; /* ... and its message                 */
+    ie_lora_t *ad;               /* this rank's share of the set        */
+    ie_lora_t *run;              /* what the worker runs: ad's int8
+                                    copy, or NULL (ad itself)           */
+} lora_req_t;
 
 /* Detach and free the set under the coordinator's id (free: nothing). */
 static void lora_drop(node_t *nd, int id)
@@ -582,53 +646,153 @@ static void lora_path(const node_t *nd, const char *path, char *out, size_t cap)
     snprintf(out, cap, "%s/%.*s", nd->o->lora_dir, (int)(n - b), path + b);
 }
 
-/* Load the parts of an ADD from this host's disk (each file's fingerprint
- * must be the coordinator's), sum them (ie_lora_concat) and cut this
- * rank's share (ie_lora_slice): *out. Errors name the adapter and path. */
-static ie_status_t lora_build(node_t *nd, const ie_msg_lora_t *lm, const uint64_t *fp, const float *sc,
-                              ie_lora_t **out)
+static int lq_cancelled(lora_req_t *r) { return atomic_load(&r->cancel); }
+
+/* The slow half of ADD r, on the adapter thread (on the main loop when
+ * that thread could not start): load its parts from this host's disk
+ * (each file's fingerprint must be the coordinator's), sum them
+ * (ie_lora_concat), cut this rank's share (ie_lora_slice: r->ad) and make
+ * what the worker runs (ie_worker_lora_prepare: r->run). Reads and writes
+ * r alone, never the node or the worker: it runs while they step. Stops
+ * between parts and stages once superseded. The outcome in r->st / r->err
+ * (errors name the adapter and path). */
+static void lora_prepare(lora_req_t *r)
 {
     ie_status_t st = IE_OK;
     ie_lora_t *parts[IE_PROTO_LORA_PARTS] = {0}, *sum = NULL;
+    const ie_msg_lora_t *lm = &r->m;
     const int n = lm->n_name;
-    const ie_hparams_t *hp = ie_worker_hparams(nd->w);
-    *out = NULL;
+    const ie_hparams_t *hp = &r->t.hp;
+    for (int slept = 0; slept < r->delay_ms && !lq_cancelled(r); slept += 10) usleep(10000); /* the test seam */
     for (int i = 0; i < n && st == IE_OK; i++) {
-        char path[IE_PROTO_LORA_PATH_MAX + 256], why[IE_PROTO_TEXT_MAX];
+        char why[IE_PROTO_TEXT_MAX];
         uint64_t f = 0;
-        lora_path(nd, lm->path[i], path, sizeof path);
+        if (lq_cancelled(r)) {
+            st = ie_error_set(IE_ERR_UNAVAILABLE, "adapter set %d: dropped before it was attached", lm->id);
+            break;
+        }
         /* the cheap check first: a differing copy is said as such, not as
          * whatever shape error its bytes would give */
-        if ((st = ie_lora_fingerprint(path, &f)) != IE_OK) {
+        if ((st = ie_lora_fingerprint(r->path[i], &f)) != IE_OK) {
             snprintf(why, sizeof why, "%s", ie_error_last());
             st = ie_error_set(st, "adapter '%s': %s", lm->name[i], why);
-        } else if (f != fp[i]) {
+        } else if (f != r->fp[i]) {
             st = ie_error_set(IE_ERR_INVAL,
                               "adapter '%s': '%s' on this host differs from the coordinator's copy (fingerprint "
                               "%016llx, the coordinator's %016llx)",
-                              lm->name[i], path, (unsigned long long)f, (unsigned long long)fp[i]);
-        } else if ((st = ie_lora_load(path, hp, &parts[i])) != IE_OK) {
+                              lm->name[i], r->path[i], (unsigned long long)f, (unsigned long long)r->fp[i]);
+        } else if ((st = ie_lora_load(r->path[i], hp, &parts[i])) != IE_OK) {
             snprintf(why, sizeof why, "%s", ie_error_last());
             st = ie_error_set(st, "adapter '%s': %s", lm->name[i], why);
-        } else if (parts[i]->fingerprint != fp[i]) { /* changed between the two reads */
-            st = ie_error_set(IE_ERR_INVAL, "adapter '%s': '%s' changed while it was read", lm->name[i], path);
+        } else if (parts[i]->fingerprint != r->fp[i]) { /* changed between the two reads */
+            st = ie_error_set(IE_ERR_INVAL, "adapter '%s': '%s' changed while it was read", lm->name[i],
+                              r->path[i]);
         }
     }
-    if (st == IE_OK && n > 1) st = ie_lora_concat((const ie_lora_t *const *)parts, sc, n, &sum);
-    if (st == IE_OK) st = ie_lora_slice(n > 1 ? sum : parts[0], hp, ie_worker_shard(nd->w), out);
+    if (st == IE_OK && n > 1) st = ie_lora_concat((const ie_lora_t *const *)parts, r->sc, n, &sum);
+    if (st == IE_OK) st = ie_lora_slice(n > 1 ? sum : parts[0], hp, &r->t.sh, &r->ad);
+    if (st == IE_OK && !lq_cancelled(r)) st = ie_worker_lora_prepare(&r->t, r->ad, &r->run);
     for (int i = 0; i < n; i++) ie_lora_destroy(&parts[i]);
     ie_lora_destroy(&sum);
-    return st;
+    r->st = st;
+    if (st != IE_OK) snprintf(r->err, sizeof r->err, "%s", ie_error_last());
 }
 
-/* A LORA from the coordinator (ie_proto.h): apply it, answer LORA_ACK. */
-static void handle_lora(node_t *nd, const ie_msg_lora_t *lm)
+/* The adapter thread: prepare the queue's ADDs, oldest first, until
+ * lq_stop; each one done wakes a main loop waiting for it (lq_pump). */
+static void *lq_main(void *arg)
 {
+    node_t *nd = arg;
+    pthread_mutex_lock(&nd->lq_mu);
+    while (!nd->lq_stop) {
+        lora_req_t *r = nd->lq_head;
+        while (r && !(r->prep && r->state == LQ_WAITING)) r = r->next;
+        if (!r) {
+            pthread_cond_wait(&nd->lq_cv, &nd->lq_mu);
+            continue;
+        }
+        r->state = LQ_RUNNING;
+        pthread_mutex_unlock(&nd->lq_mu);
+        lora_prepare(r);
+        pthread_mutex_lock(&nd->lq_mu);
+        r->state = LQ_DONE;
+        pthread_cond_broadcast(&nd->lq_cv);
+    }
+    pthread_mutex_unlock(&nd->lq_mu);
+    return NULL;
+}
+
+static void lora_req_free(lora_req_t **rp)
+{
+    lora_req_t *r = *rp;
+    if (!r) return;
+    ie_lora_destroy(&r->ad);
+    ie_lora_destroy(&r->run);
+    free(r);
+    *rp = NULL;
+}
+
+/* Whether the set under r's id is r's already: the same names,
+ * fingerprints and scales (an ADD of it keeps it). */
+static int lora_same(const node_t *nd, const lora_req_t *r)
+{
+    const nlora_t *e = &nd->lora[r->m.id];
+    int same = e->ad && e->n == r->m.n_name;
+    for (int i = 0; same && i < r->m.n_name; i++)
+        same = !strcmp(e->name[i], r->m.name[i]) && e->fp[i] == r->fp[i] && e->scale[i] == r->sc[i];
+    return same;
+}
+
+/* Whether a message still queued may change the set under id (a KEEP may
+ * change any). The main loop alone writes the list: it walks it unlocked. */
+static int lq_touches(const node_t *nd, int id)
+{
+    for (const lora_req_t *r = nd->lq_head; r; r = r->next)
+        if (r->m.op == IE_LORA_OP_KEEP || r->m.id == id) return 1;
+    return 0;
+}
+
+/* Drops of the ids in mask supersede their queued ADDs (the rule above). */
+static void lq_supersede(node_t *nd, uint64_t mask)
+{
+    for (lora_req_t *r = nd->lq_head; r; r = r->next)
+        if (r->m.op == IE_LORA_OP_ADD && ((mask >> r->m.id) & 1) && !r->superseded) {
+            r->superseded = 1;
+            atomic_store(&r->cancel, 1);
+        }
+}
+
+/* Send the LORA_ACK of message lm: st, and for a refusal the calling
+ * thread's ie_error_last(), named by rank. */
+static void lora_answer(node_t *nd, const ie_msg_lora_t *lm, ie_status_t st)
+{
+    ie_msg_t m = {.kind = IE_MSG_LORA_ACK};
+    ie_msg_lora_ack_t *k = &m.u.lora_ack;
+    k->seq = lm->seq;
+    k->rank = nd->assigned ? nd->as.rank : -1;
+    k->id = lm->id;
+    k->status = st;
+    if (st != IE_OK) {
+        snprintf(k->error, sizeof k->error, "worker rank %d: %s", k->rank, ie_error_last());
+        if (!nd->o->quiet) logf_(nd, "LoRA: %s", k->error);
+    }
+    if (lm->op == IE_LORA_OP_ADD && nd->ack_delay_ms > 0) {
+        if (nd->held_due > 0) send_msg(nd->coord, &nd->hdr, &nd->held_ack, NULL, 0, 1000);
+        nd->held_ack = m;
+        nd->held_due = ie_now_ms() + nd->ack_delay_ms;
+    } else {
+        send_msg(nd->coord, &nd->hdr, &m, NULL, 0, 1000);
+    }
+}
+
+/* Apply message r, the queue's head and ready (its ADD prepared), to the
+ * attached sets, on the main loop between two steps, and answer it. */
+static void lora_apply(node_t *nd, lora_req_t *r)
+{
+    const ie_msg_lora_t *lm = &r->m;
     ie_status_t st = IE_OK;
-    const ie_parts_t *in = &nd->in;
-    ie_lora_t *ad = NULL;
-    if (!nd->assigned || !nd->w) {
-        st = ie_error_set(IE_ERR_UNAVAILABLE, "no shard loaded");
+    if (!r->prep && r->st != IE_OK) { /* refused on arrival: no shard, a malformed message */
+        st = ie_error_set(r->st, "%s", r->err);
         goto reply;
     }
     if (lm->op == IE_LORA_OP_KEEP) {
@@ -640,59 +804,151 @@ static void handle_lora(node_t *nd, const ie_msg_lora_t *lm)
         lora_drop(nd, lm->id);
         goto reply;
     }
-    const int n = lm->n_name;
-    if (in->n != 3 || in->size[1] != (size_t)n * sizeof(uint64_t) || in->size[2] != (size_t)n * sizeof(float)) {
-        st = ie_error_set(IE_ERR_FORMAT, "malformed lora message (frame sizes)");
+    if (r->superseded) {
+        if (nd->o->verbose) logf_(nd, "adapter set %d dropped before it was attached", lm->id);
         goto reply;
     }
-    uint64_t fp[IE_PROTO_LORA_PARTS];
-    float sc[IE_PROTO_LORA_PARTS];
-    memcpy(fp, in->data[1], in->size[1]);
-    memcpy(sc, in->data[2], in->size[2]);
-    nlora_t *e = &nd->lora[lm->id];
-    int same = e->ad && e->n == n;
-    for (int i = 0; same && i < n; i++)
-        same = !strcmp(e->name[i], lm->name[i]) && e->fp[i] == fp[i] && e->scale[i] == sc[i];
-    if (same) goto reply; /* a rank joining is sent what it may hold already */
+    if (lora_same(nd, r)) goto reply; /* a rank joining is sent what it may hold already */
     lora_drop(nd, lm->id);
-    int wid = -1;
-    if ((st = lora_build(nd, lm, fp, sc, &ad)) != IE_OK ||
-        (st = ie_worker_lora_add(nd->w, ad, n > 1 ? 1.0f : sc[0], &wid)) != IE_OK)
+    if (!r->prep || !nd->w) { /* cannot be: a set not held is prepared, a reload supersedes */
+        st = ie_error_set(IE_ERR_INTERNAL, "adapter set %d: nothing prepared to attach", lm->id);
         goto reply;
-    e->ad = ad;
-    ad = NULL;
+    }
+    if (r->st != IE_OK) {
+        st = ie_error_set(r->st, "%s", r->err);
+        goto reply;
+    }
+    const int n = lm->n_name;
+    int wid = -1;
+    if ((st = ie_worker_lora_attach(nd->w, &r->t, r->ad, &r->run, n > 1 ? 1.0f : r->sc[0], &wid)) != IE_OK)
+        goto reply;
+    nlora_t *e = &nd->lora[lm->id];
+    e->ad = r->ad;
+    r->ad = NULL;
     e->wid = wid;
     e->n = n;
     for (int i = 0; i < n; i++) {
         snprintf(e->name[i], sizeof e->name[i], "%s", lm->name[i]);
-        e->fp[i] = fp[i];
-        e->scale[i] = sc[i];
+        e->fp[i] = r->fp[i];
+        e->scale[i] = r->sc[i];
     }
     if (nd->o->verbose)
         logf_(nd, "adapter set %d attached (%s%s, %.3f MB here)", lm->id, lm->name[0], n > 1 ? ", ..." : "",
               e->ad->bytes / 1e6);
 
 reply:
-    ie_lora_destroy(&ad);
-    {
-        ie_msg_t m = {.kind = IE_MSG_LORA_ACK};
-        ie_msg_lora_ack_t *k = &m.u.lora_ack;
-        k->seq = lm->seq;
-        k->rank = nd->assigned ? nd->as.rank : -1;
-        k->id = lm->id;
-        k->status = st;
-        if (st != IE_OK) {
-            snprintf(k->error, sizeof k->error, "worker rank %d: %s", k->rank, ie_error_last());
-            if (!nd->o->quiet) logf_(nd, "LoRA: %s", k->error);
+    lora_answer(nd, lm, st);
+}
+
+/* Apply and answer the queue's messages from its head while they are
+ * ready; wait: wait for each, until the queue is empty. Main loop. */
+static void lq_pump(node_t *nd, int wait)
+{
+    for (;;) {
+        pthread_mutex_lock(&nd->lq_mu);
+        lora_req_t *r = nd->lq_head;
+        while (wait && r && r->prep && r->state != LQ_DONE) pthread_cond_wait(&nd->lq_cv, &nd->lq_mu);
+        if (r && r->prep && r->state != LQ_DONE) r = NULL; /* still being prepared */
+        if (r) {
+            nd->lq_head = r->next;
+            if (!nd->lq_head) nd->lq_tail = NULL;
+            nd->lq_n--;
         }
-        if (lm->op == IE_LORA_OP_ADD && nd->ack_delay_ms > 0) {
-            if (nd->held_due > 0) send_msg(nd->coord, &nd->hdr, &nd->held_ack, NULL, 0, 1000);
-            nd->held_ack = m;
-            nd->held_due = ie_now_ms() + nd->ack_delay_ms;
+        pthread_mutex_unlock(&nd->lq_mu);
+        if (!r) return;
+        lora_apply(nd, r);
+        lora_req_free(&r);
+    }
+}
+
+/* Queue r behind the messages before it. An ADD to prepare wakes the
+ * adapter thread (started at the first); when it cannot start, r is
+ * prepared here and now, on the main loop, as before that thread was. */
+static void lq_push(node_t *nd, lora_req_t *r)
+{
+    if (r->prep && !nd->lq_started) {
+        const int rc = pthread_create(&nd->lq_thread, NULL, lq_main, nd);
+        if (rc == 0) {
+            nd->lq_started = 1;
+            pthread_setname_np(nd->lq_thread, "ie-lora");
         } else {
-            send_msg(nd->coord, &nd->hdr, &m, NULL, 0, 1000);
+            nd->lq_started = -1;
+            logf_(nd, "warning: no adapter thread (%s): adapters load on the main loop, between steps",
+                  strerror(rc));
         }
     }
+    if (r->prep && nd->lq_started < 0) {
+        lora_prepare(r);
+        r->state = LQ_DONE;
+    }
+    pthread_mutex_lock(&nd->lq_mu);
+    if (nd->lq_tail) nd->lq_tail->next = r;
+    else nd->lq_head = r;
+    nd->lq_tail = r;
+    nd->lq_n++;
+    pthread_cond_broadcast(&nd->lq_cv);
+    pthread_mutex_unlock(&nd->lq_mu);
+}
+
+/* Stop the adapter thread (what it prepares is dropped at its next
+ * stage) and free the messages still queued, unanswered: the node is
+ * leaving. */
+static void lq_stop(node_t *nd)
+{
+    pthread_mutex_lock(&nd->lq_mu);
+    nd->lq_stop = 1;
+    for (lora_req_t *r = nd->lq_head; r; r = r->next) atomic_store(&r->cancel, 1);
+    pthread_cond_broadcast(&nd->lq_cv);
+    pthread_mutex_unlock(&nd->lq_mu);
+    if (nd->lq_started > 0) pthread_join(nd->lq_thread, NULL);
+    nd->lq_started = 0;
+    while (nd->lq_head) {
+        lora_req_t *r = nd->lq_head;
+        nd->lq_head = r->next;
+        lora_req_free(&r);
+    }
+    nd->lq_tail = NULL;
+    nd->lq_n = 0;
+}
+
+/* A LORA from the coordinator (ie_proto.h): queued behind the messages
+ * before it, its ADD prepared on the adapter thread, applied and answered
+ * (LORA_ACK) on this loop once ready (lq_pump). */
+static void handle_lora(node_t *nd, const ie_msg_lora_t *lm)
+{
+    const ie_parts_t *in = &nd->in;
+    lora_req_t *r = calloc(1, sizeof *r);
+    if (!r) { /* answered at once: out of order, but answered */
+        lora_answer(nd, lm, ie_error_set(IE_ERR_NOMEM, "out of memory"));
+        return;
+    }
+    r->m = *lm;
+    atomic_init(&r->cancel, 0);
+    r->state = LQ_WAITING;
+    if (!nd->assigned || !nd->w) {
+        r->st = ie_error_set(IE_ERR_UNAVAILABLE, "no shard loaded");
+    } else if (lm->op == IE_LORA_OP_KEEP) {
+        lq_supersede(nd, ~(uint64_t)lm->keep);
+    } else if (lm->op == IE_LORA_OP_REMOVE) {
+        lq_supersede(nd, (uint64_t)1 << lm->id);
+    } else if (in->n != 3 || in->size[1] != (size_t)lm->n_name * sizeof(uint64_t) ||
+               in->size[2] != (size_t)lm->n_name * sizeof(float)) {
+        r->st = ie_error_set(IE_ERR_FORMAT, "malformed lora message (frame sizes)");
+    } else {
+        memcpy(r->fp, in->data[1], in->size[1]);
+        memcpy(r->sc, in->data[2], in->size[2]);
+        /* a set held already is kept without a read; when a message still
+         * queued may change it, lora_apply decides at its turn */
+        r->prep = lq_touches(nd, lm->id) || !lora_same(nd, r);
+        if (r->prep) {
+            for (int i = 0; i < lm->n_name; i++) lora_path(nd, lm->path[i], r->path[i], sizeof r->path[i]);
+            ie_worker_lora_target(nd->w, &r->t);
+            r->delay_ms = nd->prep_delay_ms;
+        }
+    }
+    if (r->st != IE_OK) snprintf(r->err, sizeof r->err, "%s", ie_error_last());
+    lq_push(nd, r);
+    lq_pump(nd, nd->lq_n > LQ_MAX);
 }
 
 static void handle_assign(node_t *nd, const ie_msg_assign_t *a)
@@ -712,6 +968,10 @@ static void handle_assign(node_t *nd, const ie_msg_assign_t *a)
      * longer than dead_ms does not look like a dead worker */
     atomic_store(&nd->epoch, a->epoch);
     if (reload) {
+        /* the ADDs still queued were for the old shard: superseded (the
+         * LoRA section's rule) and answered before READY, as before */
+        lq_supersede(nd, ~(uint64_t)0);
+        lq_pump(nd, 1);
         lora_drop_all(nd); /* the coordinator sends them again once READY */
         ie_worker_destroy(&nd->w);
         nd->assigned = 0;
@@ -1024,7 +1284,10 @@ static ie_status_t handle_coord(node_t *nd)
         /* a coordinator that forgot us (restarted) says epoch 0 */
         if (nd->assigned && m.u.heartbeat.epoch != nd->as.epoch) nd->registered = 0;
         break;
-    case IE_MSG_LORA: handle_lora(nd, &m.u.lora); break;
+    case IE_MSG_LORA:
+        handle_lora(nd, &m.u.lora);
+        nd->last_coord_ms = ie_now_ms(); /* nor an adapter prepared here (no adapter thread) */
+        break;
     case IE_MSG_BYE: return IE_ERR_UNAVAILABLE; /* leave */
     case IE_MSG_ERROR:
         logf_(nd, "coordinator: %s", m.u.error.message);
@@ -1075,7 +1338,14 @@ ie_status_t ie_node_run(const ie_node_opts_t *o)
     {
         const char *d = getenv("IE_TEST_LORA_ACK_DELAY_MS");
         nd->ack_delay_ms = d ? atoi(d) : 0;
+        d = getenv("IE_TEST_LORA_PREP_DELAY_MS");
+        nd->prep_delay_ms = d ? atoi(d) : 0;
     }
+    if (pthread_mutex_init(&nd->lq_mu, NULL) != 0 || pthread_cond_init(&nd->lq_cv, NULL) != 0) {
+        free(nd);
+        return ie_error_set(IE_ERR_INTERNAL, "worker: cannot make the adapter queue's lock");
+    }
+    nd->lq_init = 1;
     atomic_init(&nd->rank, -1);
     atomic_init(&nd->hb_ms, 250);
     atomic_store(&nd->tick_ms, ie_now_ms());
@@ -1155,7 +1425,9 @@ ie_status_t ie_node_run(const ie_node_opts_t *o)
         atomic_store(&nd->tick_ms, ie_now_ms());
         ie_sock_t *socks[2] = {nd->coord, nd->pull};
         int ready[2] = {0, 0};
-        int k = ie_sock_poll(socks, 2, ready, 100);
+        /* while an adapter is being prepared, look for it often: its
+         * answer waits for this loop */
+        int k = ie_sock_poll(socks, 2, ready, nd->lq_head ? 5 : 100);
         if (k < 0) {
             st = ie_error_set(IE_ERR_IO, "worker: poll failed");
             break;
@@ -1167,6 +1439,7 @@ ie_status_t ie_node_run(const ie_node_opts_t *o)
             if (hs != IE_OK) break;
         }
         if (ready[1] && ie_sock_recv(nd->pull, &nd->in, 0) == IE_OK && nd->in.n >= 1) handle_peer(nd);
+        if (nd->lq_head) lq_pump(nd, 0); /* adapters prepared meanwhile: attach, answer */
         double t = ie_now_ms();
         if (nd->held_due > 0 && t >= nd->held_due) { /* the test seam's held answer */
             send_msg(nd->coord, &nd->hdr, &nd->held_ack, NULL, 0, 1000);
@@ -1202,6 +1475,7 @@ cleanup:
     ie_sock_destroy(&nd->coord);
     ie_sock_destroy(&nd->pull);
     if (nd->own_net) ie_net_destroy(&nd->net);
+    if (nd->lq_init) lq_stop(nd); /* joins the adapter thread: nothing it holds outlives it */
     lora_drop_all(nd);
     ie_worker_destroy(&nd->w);
     free(nd->ad_loc);
@@ -1215,6 +1489,10 @@ cleanup:
     free(nd->am_prev);
     free(nd->gather);
     free(nd->chain_tok);
+    if (nd->lq_init) {
+        pthread_mutex_destroy(&nd->lq_mu);
+        pthread_cond_destroy(&nd->lq_cv);
+    }
     free(nd);
     return st;
 }
