@@ -186,20 +186,21 @@ def part_mix(args) -> dict:
     print(f"mix: median decode base {np.median(a):.2f} tok/s, mixed {np.median(b):.2f} tok/s, "
           f"ratio {ratio:.3f} (target >= 0.95); read bandwidth {min(bws, default=0):.1f}.."
           f"{max(bws, default=0):.1f} GB/s, load average {os.getloadavg()[0]:.1f}", flush=True)
-    # a step at the bandwidth limit reads base + adapters: the ratio's ceiling
+    # the bytes ratio: what the ratio would be if an adapter byte cost what a
+    # base byte does (a bound when the base step is at the bandwidth limit)
     try:
         base_b, ad_b = step_bytes(args.model, args.run_dtype)
         ceiling = base_b / (base_b + ad_b)
         print(f"mix: a step reads {base_b / 1e6:.0f} MB of base weights + {ad_b / 1e6:.1f} MB of adapters "
-              f"({'bf16' if args.run_dtype == 'wide' else 'int8'}): ratio ceiling at the bandwidth limit "
-              f"{ceiling:.3f}; measured {ratio / ceiling:.3f} of it", flush=True)
+              f"({'bf16' if args.run_dtype == 'wide' else 'int8'}): bytes ratio {ceiling:.3f}; "
+              f"measured {ratio / ceiling:.3f} of it", flush=True)
     except (ImportError, OSError, ValueError) as e:
         base_b = ad_b = ceiling = float("nan")
         print(f"mix: step bytes unknown ({e})", flush=True)
     return {"part": "mix", "model": args.model, "threads": args.threads, "streams": 8, "adapters": MIX,
             "dtype": args.dtype, "run_dtype": args.run_dtype, "max_new": args.max_new, "runs": rows, "median_base_tps": float(np.median(a)),
             "median_mixed_tps": float(np.median(b)), "ratio": ratio, "base_bytes": base_b, "adapter_bytes": ad_b,
-            "ratio_ceiling": ceiling}
+            "bytes_ratio": ceiling}
 
 
 def metrics(host: str) -> str:
