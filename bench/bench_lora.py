@@ -18,11 +18,14 @@ to the first stream's last) over that window — prefill excluded. Before
 each run, build/bench_membw (bench/harness.py's probe: read GB/s with 2
 threads) measures the bandwidth of that moment, printed beside the figure:
 decode is bandwidth-bound, and this machine's bandwidth moves by 2x within
-seconds. Target: median B / A >= 0.95.
+seconds. Target: median B / A >= 0.95. Printed beside it: the bytes ratio,
+base bytes / (base + adapter bytes) a step, what B / A would be if an
+adapter byte cost what a base byte does.
 
 Part "zipf" (run-time adapters: `POST /v1/load_lora_adapter`,
 `--lora-budget-mb`): 64 adapters of rank --zipf-rank are
-loaded at run time into a budget with room for 16; then --zipf-requests
+loaded at run time into a budget with room for 16 (each charged its
+weights and, run in int8, the worker's int8 copy); then --zipf-requests
 requests whose adapter follows a Zipf law (p(k) ~ 1 / k^s, seeded) from 8
 clients. Reported: generated tokens/s of wall time, requests/s, the
 adapter (re)load latency p50 / p95 from the server's `ie_lora_load_seconds`
@@ -141,6 +144,14 @@ def decode_rate(host: str, jobs: list[tuple[str, str]], max_new: int) -> float:
     return n / (hi - lo) if hi > lo else float("nan")
 
 
+def int8_bytes(r: int, n_layer: int = 22) -> int:
+    """Bytes of a worker's int8 copy of a rank-r adapter on all seven
+    projections: a byte a weight (B^T's rank padded to groups of four) and
+    a float scale per column of A and of B^T (ie_lora_int8_bytes)."""
+    r4 = (r + 3) // 4 * 4
+    return n_layer * sum(r * n_in + r4 * n_out + 4 * (n_in + n_out) for _, n_out, n_in in MODS.values())
+
+
 def step_bytes(model: str, run_dtype: str) -> tuple[float, float]:
     """Bytes one decode step must read: the base's weights (every tensor but
     the token embedding, of which a step reads a row) and the mix's adapters
@@ -148,11 +159,10 @@ def step_bytes(model: str, run_dtype: str) -> tuple[float, float]:
     column of A and of B^T; wide: the file's bf16, 2 bytes a weight)."""
     from gguf import GGUFReader
     base = sum(int(t.n_bytes) for t in GGUFReader(model).tensors if t.name != "token_embd.weight")
-    wide = run_dtype == "wide"
-    ad = 0
-    for r in MIX.values():
-        for _, n_out, n_in in MODS.values():
-            ad += 22 * (r * (n_in + n_out) * (2 if wide else 1) + (0 if wide else 4 * (n_in + n_out)))
+    if run_dtype == "wide":
+        ad = sum(22 * 2 * r * (n_in + n_out) for r in MIX.values() for _, n_out, n_in in MODS.values())
+    else:
+        ad = sum(int8_bytes(r) for r in MIX.values())
     return float(base), float(ad)
 
 
@@ -241,7 +251,10 @@ def part_zipf(args) -> dict | None:
         d = REPO / f"bench/out/lora/zipf-r{args.zipf_rank}-{args.dtype}/z{k:02d}"
         size = max(size, make_adapter(d, args.zipf_rank, 100 + k, args.dtype))
         dirs.append(d)
-    budget_mb = room * size / 1e6 * 1.01  # room for `room` adapters, not one more
+    # room for `room` adapters, not one more: the budget (MiB) charges each
+    # its weights and, on a quantized base run in int8, the worker's copy
+    copy = 0 if args.run_dtype == "wide" else int8_bytes(args.zipf_rank)
+    budget_mb = room * (size + copy) / 1048576 * 1.01
     try:
         proc, host = serve(args, ["--lora-budget-mb", f"{budget_mb:.3f}"])
     except RuntimeError as e:
