@@ -653,16 +653,24 @@ static void test_worker_mixed(void)
     unsetenv("IE_LORA_POOL_MIN");
 }
 
-/* Logits of slot 0 prefilling k_ids[0] under adapter a (NULL: the base),
- * the adapter as IE_LORA_DTYPE dt has it. */
-static void logits_with(const ie_lora_t *a, const char *dt, float *out)
+/* A one-slot, one-thread f32 worker on the tiny fixture (NULL on failure,
+ * which the caller asserts). */
+static ie_worker_t *small_worker(void)
 {
     ie_worker_opts_t o;
     ie_worker_opts_default(&o);
     o.n_seq = 1, o.n_ctx = 16, o.max_batch = 8, o.n_threads = 1, o.pin_threads = 0;
     o.precision = IE_PREC_F32;
     ie_worker_t *w = NULL;
-    CU_ASSERT_EQUAL_FATAL(ie_worker_new(g_src, &o, &w), IE_OK);
+    return ie_worker_new(g_src, &o, &w) == IE_OK ? w : NULL;
+}
+
+/* Logits of slot 0 prefilling k_ids[0] under adapter a (NULL: the base),
+ * the adapter as IE_LORA_DTYPE dt has it. */
+static void logits_with(const ie_lora_t *a, const char *dt, float *out)
+{
+    ie_worker_t *w = small_worker();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(w);
     setenv("IE_LORA_DTYPE", dt, 1);
     int id = -1;
     if (a) CU_ASSERT_EQUAL(ie_worker_lora_add(w, a, 1.0f, &id), IE_OK);
@@ -726,12 +734,8 @@ static void test_worker_prepare_attach(void)
     float *want = malloc(sizeof(float) * (size_t)nv), *got = malloc(sizeof(float) * (size_t)nv);
     logits_with(all, "int8", want);
 
-    ie_worker_opts_t o;
-    ie_worker_opts_default(&o);
-    o.n_seq = 1, o.n_ctx = 16, o.max_batch = 8, o.n_threads = 1, o.pin_threads = 0;
-    o.precision = IE_PREC_F32;
-    ie_worker_t *w = NULL;
-    CU_ASSERT_EQUAL_FATAL(ie_worker_new(g_src, &o, &w), IE_OK);
+    ie_worker_t *w = small_worker();
+    CU_ASSERT_PTR_NOT_NULL_FATAL(w);
     setenv("IE_LORA_DTYPE", "int8", 1);
     ie_worker_lora_target_t t;
     ie_worker_lora_target(w, &t);
