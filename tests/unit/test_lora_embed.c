@@ -95,7 +95,7 @@ static void test_attach_off_serving_thread(void)
     CU_ASSERT(rel(want1, base, n) > 1e-2); /* the adapters change the logits */
     CU_ASSERT(rel(want2, base, n) > 1e-2);
     const uint64_t bytes1 = ie_backend_lora_bytes(ref, r1), bytes2 = ie_backend_lora_bytes(ref, r2);
-    CU_ASSERT(bytes1 > 0);          /* the int8 copy */
+    CU_ASSERT(bytes1 > 0);            /* the int8 copy */
     CU_ASSERT(bytes2 > all16->bytes); /* the f32 sum and its int8 copy */
     ie_backend_destroy(&ref);
 
