@@ -159,7 +159,7 @@ asan:
 	cd build-asan && ctest --output-on-failure -E pytest
 
 # The threaded suites under ThreadSanitizer.
-TSAN_TESTS = test_threadpool test_worker test_engine test_metrics test_shard test_transport test_sched test_shmreduce test_paged test_lora_cluster
+TSAN_TESTS = test_threadpool test_worker test_engine test_metrics test_shard test_transport test_sched test_shmreduce test_paged test_lora_cluster test_lora_embed
 tsan:
 	cmake -S . -B build-tsan -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIE_WERROR=$(IE_WERROR) \
 	  -DCMAKE_C_FLAGS=-fsanitize=thread -DCMAKE_EXE_LINKER_FLAGS=-fsanitize=thread >/dev/null

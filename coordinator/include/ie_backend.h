@@ -150,13 +150,18 @@ typedef struct ie_backend_ops {
      * for an id not attached. Between steps only. Optional:
      * IE_ERR_UNSUPPORTED. */
     ie_status_t (*lora_remove)(void *self, int id);
-    /* lora_add in two halves, for a backend whose ranks answer later (a
-     * cluster), so that the stepping thread can step while they load:
-     * begin checks and sends the set and gives its id; poll (pumping for
-     * up to timeout_ms) returns 0 while an answer is owed, else 1 with
-     * *st lora_add's outcome and message (on failure the id is free
-     * again). Steps between the two are fine (no batch names the id yet);
-     * no other lora_add / lora_remove may come before poll returns 1.
+    /* lora_add in two halves, so that the stepping thread can step while
+     * the slow part runs elsewhere — a cluster's ranks load the set; in
+     * process a helper thread sums it and makes the worker's int8 copy:
+     * begin checks and sends (or hands over) the set and gives its id;
+     * poll (pumping, or waiting for the helper, for up to timeout_ms)
+     * returns 0 while an answer is owed, else 1 with *st lora_add's
+     * outcome and message (on failure the id is free again). Steps
+     * between the two are fine (no batch names the id yet); no other
+     * lora_add / lora_remove may come before poll returns 1 (in process:
+     * another begin or a lora_add meanwhile is IE_ERR_BUSY). The parts'
+     * adapters must stay alive until then even if it fails. Destroying
+     * the backend with an attach owed is fine (nothing attached).
      * Optional (both or neither): lora_add runs whole in begin. */
     ie_status_t (*lora_add_begin)(void *self, const ie_backend_lora_part_t *parts, int n, int *id_out);
     int (*lora_add_poll)(void *self, int id, int timeout_ms, ie_status_t *st);

@@ -355,9 +355,15 @@ void ie_lora_cache_destroy(ie_lora_cache_t **self_p)
     if (!self_p || !*self_p) return;
     ie_lora_cache_t *c = *self_p;
     /* nobody waits any more (the serving loop and its front ends are
-     * gone); an attach still in flight is left to the backend, which goes
-     * next and takes its ids along */
-    c->inflight = NULL;
+     * gone); an attach still in flight (a stepping thread that never
+     * unregistered) is finished and detached first: an in-process backend
+     * reads its parts' weights, freed below, until it answers */
+    if (c->inflight) {
+        ie_status_t st = IE_OK;
+        while (!ie_backend_lora_add_poll(c->o.backend, c->inflight_id, 50, &st)) {}
+        if (st == IE_OK) ie_backend_lora_remove(c->o.backend, c->inflight_id);
+        c->inflight = NULL;
+    }
     for (int s = 0; s < IE_LORA_SET_MAX; s++) set_detach(c, &c->set[s]);
     for (int i = 0; i < IE_LORA_CACHE_MAX; i++) ent_free(&c->ent[i]);
     pthread_mutex_destroy(&c->step_mu);

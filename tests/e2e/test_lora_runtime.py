@@ -48,11 +48,11 @@ def http(url, body=None, key=KEY, raw=False):
             return e.code, data.decode()
 
 
-def start(*args, model="tiny_llama", precision="f32"):
+def start(*args, model="tiny_llama", precision="f32", env=None):
     proc = subprocess.Popen([str(IE_BIN), "serve", "--model", str(fixture_path(model)), "--port", "0",
                              "--threads", "2", "--batch", "8", "--precision", precision, "--api-key", KEY,
                              *map(str, args)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     for line in proc.stderr:
         m = re.match(r"listening on http://(\S+):(\d+)$", line.strip())
         if m:
@@ -360,6 +360,55 @@ def test_budget_counts_int8_copies_on_quantized_base():
         st, text = load(url, "all16", PATHS["all16"])
         assert st == 400 and "40960 of them the backend's copy" in text["error"]["message"], text
         assert load(url, "qv8", PATHS["qv8"])[0] == 200
+    finally:
+        stop(proc)
+
+
+def test_slow_attach_stalls_only_its_request_embedded():
+    """The embedded engine prepares an adapter set (the sum, the check, the
+    int8 copy on this Q4_0 base) on a helper thread while the serving loop
+    steps on: with that preparation slowed by 2 s
+    (IE_TEST_LORA_PREP_DELAY_MS, the same seam as ie-worker's), the first
+    request naming an adapter loaded at run time (not attached yet: `--lora`
+    at start attaches at once) waits those 2 s while
+    base requests beside it keep completing (with the whole attach on the
+    serving thread, between two steps, none would end meanwhile); its text
+    is the CLI's solo run of that adapter on the same base."""
+    import os
+
+    model = "tiny_llama_q4_0.gguf"
+    want = run_json(["--model", fixture_path(model), "--prompt", PROMPT, "--max-new", 6, "--greedy", "--threads", 2,
+                     "--lora", f"all16={PATHS['all16']}", "--adapter", "all16"])["text"]
+    env = dict(os.environ, IE_TEST_LORA_PREP_DELAY_MS="2000")
+    proc, url = start(model=model, precision="native", env=env)
+    try:
+        assert load(url, "all16", PATHS["all16"])[0] == 200  # read and registered; attached at first use
+        base = http(url + "/v1/models")[1]["data"][0]["id"]
+        assert complete(url, base, prompt="hello world", n=4)[0] == 200
+        ends, stop_ev = [], threading.Event()
+
+        def base_loop():
+            while not stop_ev.is_set():
+                assert complete(url, base, prompt="hello world", n=4)[0] == 200
+                ends.append(time.monotonic())
+
+        t = threading.Thread(target=base_loop)
+        t.start()
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        st, text = complete(url, "all16")
+        t1 = time.monotonic()
+        stop_ev.set()
+        t.join()
+        during = [x for x in ends if t0 + 0.5 < x < t1 - 0.5]
+        print(f"attach request {t1 - t0:.2f} s; base requests ended meanwhile: {len(during)}")
+        assert st == 200, text
+        assert t1 - t0 >= 1.8, "the seam did not delay the attach: not tested"
+        assert len(during) >= 3, (t1 - t0, len(during))
+        assert (st, text) == (200, want)
+        t0 = time.monotonic()
+        assert complete(url, "all16") == (200, want)  # attached now: no wait
+        assert time.monotonic() - t0 < 1.5
     finally:
         stop(proc)
 
