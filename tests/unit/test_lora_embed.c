@@ -20,6 +20,7 @@
 #include "ie_model_src.h"
 
 #include "ie_clock.h"
+#include "ie_test_lora.h"
 
 #include <CUnit/Basic.h>
 #include <math.h>
@@ -28,12 +29,7 @@
 #include <string.h>
 
 #define MODEL IE_TEST_DATA "/tiny_llama_q4_0.gguf"
-#define QV8 IE_TEST_DATA "/lora/qv8"
-#define ALL16 IE_TEST_DATA "/lora/all16"
-#define NTOK 12
 #define PREP_DELAY_MS 1000
-
-static const int32_t k_ids[NTOK] = {433, 474, 249, 210, 449, 74, 9, 66, 465, 186, 281, 434};
 
 static ie_backend_t *open_backend(const ie_model_src_t *src)
 {
@@ -43,27 +39,6 @@ static ie_backend_t *open_backend(const ie_model_src_t *src)
     ie_backend_t *b = NULL;
     CU_ASSERT_EQUAL_FATAL(ie_backend_worker_new(src, &wo, &b), IE_OK);
     return b;
-}
-
-/* The logits of k_ids prefilled in slot 0 under adapter id (-1: none). */
-static ie_status_t run(ie_backend_t *b, int id, float *out)
-{
-    int32_t pos[NTOK], seq[NTOK], ad[NTOK];
-    uint8_t lg[NTOK];
-    for (int i = 0; i < NTOK; i++) pos[i] = i, seq[i] = 0, ad[i] = id, lg[i] = 1;
-    ie_backend_seq_clear(b, 0);
-    ie_batch_t batch = {NTOK, k_ids, pos, seq, lg, id >= 0 ? ad : NULL, NULL};
-    return ie_backend_step(b, &batch, out);
-}
-
-static double rel(const float *a, const float *b, size_t n)
-{
-    double d = 0, m = 0;
-    for (size_t i = 0; i < n; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-        m = fmax(m, fabs((double)b[i]));
-    }
-    return d / m;
 }
 
 static void test_attach_off_serving_thread(void)
