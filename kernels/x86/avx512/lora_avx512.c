@@ -330,7 +330,9 @@ INL void shrink8_tok(const ie_lora_args_t *p, const float *const *x, float *u, i
             }
         }
         if (jb == j0)
-            for (int i = 0; i < NT; i++) qsum[i] = _mm512_reduce_add_epi32(qv[i]); /* |sum| < 2^31: n_in < 2^17 */
+            for (int i = 0; i < NT; i++) /* a lane's sum fits 32 bits (n_in < 2^21), the row's in 64 */
+                qsum[i] = _mm512_reduce_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(qv[i]))) +
+                          _mm512_reduce_add_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(qv[i], 1)));
         for (int j = jb; j < je; j++)
             for (int i = 0; i < NT; i++) {
                 const int64_t s = sums[j - jb][i][0] * 128 + sums[j - jb][i][1] - 128 * qsum[i];
