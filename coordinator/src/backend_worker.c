@@ -46,13 +46,11 @@ typedef struct wjob {
 } wjob_t;
 
 /* The backend's own state beside the worker: the concatenated adapter
- * sets it made, by adapter id, freed when the id is removed; which ids
- * are attached (the worker gives out its first free one: begin names it
- * before the attach); the attach in flight. */
+ * sets it made, by adapter id, freed when the id is removed; the attach in
+ * flight (begin names its id before it: ie_worker_lora_next_id). */
 typedef struct wback {
     ie_worker_t *w;
     ie_lora_t *made[IE_WORKER_MAX_LORA];
-    int live[IE_WORKER_MAX_LORA];
     int prep_delay_ms; /* tests only: env IE_TEST_LORA_PREP_DELAY_MS */
     pthread_mutex_t mu;
     pthread_cond_t cv; /* the helper is done (CLOCK_MONOTONIC)        */
@@ -84,15 +82,6 @@ static void w_stats(void *self, ie_backend_stats_t *out)
     out->hot_report = ie_worker_hot_report(w);
 }
 
-/* The worker's first free adapter slot (the one ie_worker_lora_attach
- * gives out next), -1 when all are taken. */
-static int first_free(const wback_t *wb)
-{
-    for (int i = 0; i < IE_WORKER_MAX_LORA; i++)
-        if (!wb->live[i]) return i;
-    return -1;
-}
-
 /* Contract (ie_backend.h, ops.lora_add): the whole attach on the calling
  * thread (the CLI's --lora at start, a caller without a loop to step). */
 static ie_status_t w_lora_add(void *self, const ie_backend_lora_part_t *parts, int n, int *id_out)
@@ -112,7 +101,6 @@ static ie_status_t w_lora_add(void *self, const ie_backend_lora_part_t *parts, i
         if ((st = ie_lora_concat(list, scales, n, &cat)) == IE_OK) st = ie_worker_lora_add(wb->w, cat, 1.0f, &id);
     }
     if (st == IE_OK) {
-        wb->live[id] = 1;
         wb->made[id] = cat;
         *id_out = id;
     } else {
@@ -174,7 +162,7 @@ static ie_status_t w_lora_add_begin(void *self, const ie_backend_lora_part_t *pa
 {
     wback_t *wb = self;
     wjob_t *j = &wb->job;
-    const int id = first_free(wb);
+    const int id = ie_worker_lora_next_id(wb->w);
     if (j->busy) return ie_error_set(IE_ERR_BUSY, "worker: an adapter attach is in flight (lora_add_poll first)");
     if (id < 0) return ie_error_set(IE_ERR_RANGE, "worker: %d adapters attached already", IE_WORKER_MAX_LORA);
     for (int i = 0; i < n; i++) {
@@ -225,7 +213,6 @@ static int w_lora_add_poll(void *self, int id, int timeout_ms, ie_status_t *st)
             ie_worker_lora_remove(wb->w, wid);
             *st = ie_error_set(IE_ERR_INTERNAL, "worker: adapter slot %d taken while its attach was in flight", id);
         } else {
-            wb->live[id] = 1;
             wb->made[id] = j->cat; /* the set's sum, freed at remove */
             j->cat = NULL;
         }
@@ -238,10 +225,7 @@ static ie_status_t w_lora_remove(void *self, int id)
 {
     wback_t *wb = self;
     ie_status_t st = ie_worker_lora_remove(wb->w, id);
-    if (st == IE_OK) {
-        wb->live[id] = 0;
-        ie_lora_destroy(&wb->made[id]);
-    }
+    if (st == IE_OK) ie_lora_destroy(&wb->made[id]);
     return st;
 }
 

@@ -269,6 +269,12 @@ void ie_worker_lora_target(const ie_worker_t *w, ie_worker_lora_target_t *out);
  * ie_worker_lora_add but IE_ERR_RANGE. Caller owns *run_out. */
 ie_status_t ie_worker_lora_prepare(const ie_worker_lora_target_t *t, const ie_lora_t *a, ie_lora_t **run_out);
 
+/* The id ie_worker_lora_attach (and _add) gives the next adapter: the
+ * first free slot, -1 when IE_WORKER_MAX_LORA are attached. It stays so
+ * until an adapter is attached or removed (a caller that must name the id
+ * before the attach: coordinator/src/backend_worker.c). */
+int ie_worker_lora_next_id(const ie_worker_t *w);
+
 /* Attach adapter a prepared for target t (ie_worker_lora_prepare gave
  * *run; *run NULL: a runs as it is) with a scale multiplying its own, as
  * ie_worker_lora_add does. Cheap (no pass over the weights: scratch grows

@@ -208,6 +208,14 @@ ie_status_t ie_worker_lora_prepare(const ie_worker_lora_target_t *t, const ie_lo
 }
 
 /* Contract (ie_worker.h). */
+int ie_worker_lora_next_id(const ie_worker_t *w)
+{
+    for (int i = 0; i < IE_WORKER_MAX_LORA; i++)
+        if (!w->lora[i].ad) return i;
+    return -1;
+}
+
+/* Contract (ie_worker.h). */
 ie_status_t ie_worker_lora_attach(ie_worker_t *w, const ie_worker_lora_target_t *t, const ie_lora_t *a,
                                   ie_lora_t **run, float scale, int *id_out)
 {
@@ -221,12 +229,8 @@ ie_status_t ie_worker_lora_attach(ie_worker_t *w, const ie_worker_lora_target_t 
             return ie_error_set(IE_ERR_INVAL, "worker: adapter prepared for another shard or adapter dtype");
     }
     const ie_lora_t *r = *run ? *run : a;
-    for (int i = 0; i < IE_WORKER_MAX_LORA; i++)
-        if (!w->lora[i].ad) {
-            id = i;
-            break;
-        }
-    if (id < 0) return ie_error_set(IE_ERR_RANGE, "worker: %d adapters attached already", IE_WORKER_MAX_LORA);
+    if ((id = ie_worker_lora_next_id(w)) < 0)
+        return ie_error_set(IE_ERR_RANGE, "worker: %d adapters attached already", IE_WORKER_MAX_LORA);
     const size_t B = (size_t)w->opts.max_batch;
     if (!w->lora_rows && !(w->lora_rows = malloc(B * sizeof *w->lora_rows))) {
         st = ie_error_set(IE_ERR_NOMEM, "out of memory");
