@@ -53,7 +53,8 @@
  * activations are packed: a batch of 8 tokens left to the hardware
  * prefetchers alone took ~1.4x as long (docs/PERFORMANCE.md). So does the
  * first token tile of each prefill row block, the one that reads the
- * block's panels from memory. A/B on Zen 4, 2 threads, TinyLlama Q4_0 decode as a fraction of
+ * block's panels from memory. A/B on Zen 4, 2 threads, TinyLlama Q4_0
+ * decode as a fraction of
  * the paired read (2026-11-27): where the read runs at ~50 GB/s, L2 at 2 KiB
  * and L1 at 6 KiB both 0.96-0.98; where it runs at 80-85 GB/s, L2 at 2 KiB
  * 0.84-0.86, L1 at 2 KiB 0.84-0.86, L1 at 6 KiB 0.91-0.92 (8 pairs; the
