@@ -26,6 +26,18 @@
 #include <math.h>
 
 #define INL static inline __attribute__((always_inline))
+
+/* acc + the 4-byte dot products of w (unsigned) and x (signed), as
+ * _mm512_dpbusd_epi32; in asm because GCC 12 kept loop-carried
+ * accumulators of the intrinsic in registers only by copying each one to
+ * another register every step (and spilling some: a store-to-load chain
+ * in the loop): the int8 shrink ran at ~25% of the vpdpbusd rate, ~45%
+ * with this and named accumulators (shrink8_rows). */
+INL __m512i dpb(__m512i acc, __m512i w, __m512i x)
+{
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x));
+    return acc;
+}
 /* B^T elements ahead the expand fetches (measured: 128 best of 64..1024) */
 #define LORA_PF 128
 
@@ -239,50 +251,58 @@ INL void code64(const float *v, const float *s, int64_t n, float id, int8_t *hi,
     _mm512_storeu_si512((void *)lo, _mm512_permutexvar_epi32(idx, l));
 }
 
-/* One step of 64 columns at k of shrink8_rows (W: how to load 64 weights);
- * fetches the next block's rows at k (pf: NULL when none) */
-#define SHRINK8_STEP(W)                                                                                            \
-    do {                                                                                                           \
-        __m512i xh[4], xl[4];                                                                                      \
-        if (pf) _Pragma("GCC unroll 4") for (int a = 0; a < NR; a++) _mm_prefetch(pf + a * lda + k, _MM_HINT_T0);  \
-        pace_step(pc);                                                                                             \
-        _Pragma("GCC unroll 4") for (int i = 0; i < NT; i++) xh[i] = _mm512_load_si512((const void *)(qh[i] + k)), \
-                                                             xl[i] = _mm512_load_si512((const void *)(ql[i] + k)); \
-        _Pragma("GCC unroll 4") for (int a = 0; a < NR; a++)                                                       \
-        {                                                                                                          \
-            const __m512i w = _mm512_xor_si512(W, c80); /* w + 128 */                                              \
-            _Pragma("GCC unroll 4") for (int i = 0; i < NT; i++)                                                   \
-            {                                                                                                      \
-                acc[2 * (a * NT + i)] = _mm512_dpbusd_epi32(acc[2 * (a * NT + i)], w, xh[i]);                      \
-                acc[2 * (a * NT + i) + 1] = _mm512_dpbusd_epi32(acc[2 * (a * NT + i) + 1], w, xl[i]);              \
-            }                                                                                                      \
-        }                                                                                                          \
+/* The accumulators of shrink8_rows, h (hi plane) and l (lo plane) for row
+ * a and token i, named rather than an array (with an array GCC copied all
+ * of them every step); X is applied to every (a, i) pair and the ones past
+ * NR, NT fold away. */
+#define ACCS(X)                                                                                             \
+    X(0, 0)                                                                                                 \
+    X(0, 1) X(0, 2) X(0, 3) X(1, 0) X(1, 1) X(1, 2) X(1, 3) X(2, 0) X(2, 1) X(2, 2) X(2, 3) X(3, 0) X(3, 1) \
+        X(3, 2) X(3, 3)
+#define ACC_DECL(a, i) __m512i h##a##i = _mm512_setzero_si512(), l##a##i = _mm512_setzero_si512();
+#define ACC_DOT(a, i) \
+    if (a < NR && i < NT) h##a##i = dpb(h##a##i, w##a, xh##i), l##a##i = dpb(l##a##i, w##a, xl##i);
+#define ACC_SUM(a, i)                                      \
+    if (a < nj && i < NT) {                                \
+        sums[a][i][0] += _mm512_reduce_add_epi32(h##a##i); \
+        sums[a][i][1] += _mm512_reduce_add_epi32(l##a##i); \
+    }
+/* token i's code planes at k (zero past NT: unused) */
+#define XLD(Q, i) (i < NT ? _mm512_load_si512((const void *)(Q[i] + k)) : _mm512_setzero_si512())
+/* row a's 64 weights at k, + 128 (past NR: unused) */
+#define WLD(LD, a) (a < NR ? _mm512_xor_si512(LD(ra[a]), c80) : c80)
+#define LD_FULL(r) _mm512_loadu_si512((const void *)((r) + k))
+#define LD_TAIL(r) _mm512_maskz_loadu_epi8(m, (r) + k)
+/* One step of 64 columns at k of shrink8_rows (LD: how to load a row's
+ * 64 weights); with PF, fetches the next block's rows at k */
+#define SHRINK8_STEP(LD)                                                                                          \
+    do {                                                                                                          \
+        if (PF) _Pragma("GCC unroll 4") for (int a = 0; a < NR; a++) _mm_prefetch(pf + a * lda + k, _MM_HINT_T0); \
+        pace_step(pc);                                                                                            \
+        const __m512i w0 = WLD(LD, 0), w1 = WLD(LD, 1), w2 = WLD(LD, 2), w3 = WLD(LD, 3);                         \
+        const __m512i xh0 = XLD(qh, 0), xh1 = XLD(qh, 1), xh2 = XLD(qh, 2), xh3 = XLD(qh, 3);                     \
+        const __m512i xl0 = XLD(ql, 0), xl1 = XLD(ql, 1), xl2 = XLD(ql, 2), xl3 = XLD(ql, 3);                     \
+        ACCS(ACC_DOT)                                                                                             \
     } while (0)
 
-/* acc[2 (a NT + i) + plane] += A rows ra[0..NR) (+ 128) . the hi / lo
- * plane of token i's codes over this chunk's kc columns (the planes coded
- * to a multiple of 64); then into the sums */
+/* acc (h, l)[a][i] += A rows ra[0..NR) (+ 128) . the hi / lo plane of
+ * token i's codes over this chunk's kc columns (the planes coded to a
+ * multiple of 64); then into the sums. PF (a constant): pf names the next
+ * block's rows, fetched as this one is read. */
 INL void shrink8_rows(const int8_t *const *ra, const char *pf, int64_t lda, pace_t *pc, const int8_t (*qh)[Q8_KC],
                       const int8_t (*ql)[Q8_KC], int64_t kc, int nj, int64_t (*sums)[4][2], const int NR,
-                      const int NT)
+                      const int NT, const int PF)
 {
     const __m512i c80 = _mm512_set1_epi8((char)0x80);
-    __m512i acc[16]; /* NR NT <= 8: one array of 16 stays in registers */
-#pragma GCC unroll 16
-    for (int i = 0; i < 2 * NR * NT; i++) acc[i] = _mm512_setzero_si512();
+    ACCS(ACC_DECL)
     const int64_t kf = kc & ~(int64_t)63;
     int64_t k = 0;
-    for (; k < kf; k += 64) SHRINK8_STEP(_mm512_loadu_si512((const void *)(ra[a] + k)));
+    for (; k < kf; k += 64) SHRINK8_STEP(LD_FULL);
     if (k < kc) {
         const __mmask64 m = ((__mmask64)1 << (kc - k)) - 1;
-        SHRINK8_STEP(_mm512_maskz_loadu_epi8(m, ra[a] + k));
+        SHRINK8_STEP(LD_TAIL);
     }
-    for (int a = 0; a < nj; a++)
-#pragma GCC unroll 4
-        for (int i = 0; i < NT; i++) {
-            sums[a][i][0] += _mm512_reduce_add_epi32(acc[2 * (a * NT + i)]);
-            sums[a][i][1] += _mm512_reduce_add_epi32(acc[2 * (a * NT + i) + 1]);
-        }
+    ACCS(ACC_SUM)
 }
 
 /* u rows of NT (1..4, a constant) tokens for A rows [j0, j1) */
@@ -325,8 +345,11 @@ INL void shrink8_tok(const ie_lora_args_t *p, const float *const *x, float *u, i
                 /* rows of A are short streams (n_in bytes): the hardware
                  * prefetchers start late on each, so fetch the next rows */
                 const char *pf = j + 2 * nr <= je ? (const char *)ra[0] + nr * p->lda : NULL;
-                if (nr == 4) shrink8_rows(ra, pf, p->lda, pc, qh, ql, kc, nj, sums + (j - jb), 4, NT);
-                else shrink8_rows(ra, pf, p->lda, pc, qh, ql, kc, nj, sums + (j - jb), 2, NT);
+                int64_t(*sj)[4][2] = sums + (j - jb);
+                if (nr == 4 && pf) shrink8_rows(ra, pf, p->lda, pc, qh, ql, kc, nj, sj, 4, NT, 1);
+                else if (nr == 4) shrink8_rows(ra, pf, p->lda, pc, qh, ql, kc, nj, sj, 4, NT, 0);
+                else if (pf) shrink8_rows(ra, pf, p->lda, pc, qh, ql, kc, nj, sj, 2, NT, 1);
+                else shrink8_rows(ra, pf, p->lda, pc, qh, ql, kc, nj, sj, 2, NT, 0);
             }
         }
         if (jb == j0)
@@ -399,8 +422,8 @@ INL void expand8_cols(const ie_lora_args_t *p, float *const *y, const q8u_t *qu,
             const __m512i uh = _mm512_set1_epi32((int)qu[i].hi[g]), ul = _mm512_set1_epi32((int)qu[i].lo[g]);
 #pragma GCC unroll 4
             for (int q = 0; q < c; q++) {
-                ah[i][q] = _mm512_dpbusd_epi32(ah[i][q], wv[q], uh);
-                al[i][q] = _mm512_dpbusd_epi32(al[i][q], wv[q], ul);
+                ah[i][q] = dpb(ah[i][q], wv[q], uh);
+                al[i][q] = dpb(al[i][q], wv[q], ul);
             }
         }
     }
