@@ -242,6 +242,7 @@ static void shrink8_body(const ie_lora_args_t *p, const int32_t *rows, int n_row
                     for (int r = 0; r < 4; r++)
                         a[r] = p->a8 + (size_t)(j + (r < nj ? r : nj - 1)) * (size_t)p->lda + k0;
                     __m256i acc[4][2];
+#pragma GCC unroll 4
                     for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = _mm256_setzero_si256();
                     for (int64_t k = 0; k < kf; k += 16) {
                         const __m256i q0 = _mm256_load_si256((const __m256i *)(q[0] + k)),
@@ -253,8 +254,13 @@ static void shrink8_body(const ie_lora_args_t *p, const int32_t *rows, int n_row
                             acc[r][1] = _mm256_add_epi32(acc[r][1], _mm256_madd_epi16(w, q1));
                         }
                     }
-                    for (int r = 0; r < nj; r++)
-                        for (int i = 0; i < nt; i++) {
+                    /* constant indices only: an array indexed at run time
+                     * anywhere lives on the stack (GCC), loop included */
+#pragma GCC unroll 4
+                    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 2
+                        for (int i = 0; i < 2; i++) {
+                            if (r >= nj || i >= nt) continue;
                             s[j - jb + r][i] += hsum_i64(acc[r][i]);
                             for (int64_t k = kf; k < kc; k++) s[j - jb + r][i] += (int64_t)a[r][k] * q[i][k];
                         }
@@ -267,13 +273,54 @@ static void shrink8_body(const ie_lora_args_t *p, const int32_t *rows, int n_row
     }
 }
 
+/* y[i][o..o + 8C) += the outputs of nt (1, 2) tokens' codes q (scales d)
+ * over B^T: 8C outputs (C a constant: 2, a line of each group, or 1), the
+ * accumulators in registers (constant indices only, see shrink8_body) */
+INL void expand8_blk(const ie_lora_args_t *p, float *const *y, const int16_t (*q)[256], const float *d, int nt,
+                     int ng, int64_t o, const int C)
+{
+    /* hadd leaves outputs 0, 1, 4, 5 | 2, 3, 6, 7: put them back */
+    const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+    __m256i lo[2][2], hi[2][2];
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++)
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) lo[i][h] = hi[i][h] = _mm256_setzero_si256();
+    const int8_t *b = p->bt8 + (size_t)o * 4u;
+    for (int g = 0; g < ng; g++, b += (size_t)p->ldb * 4u) {
+        _mm_prefetch((const char *)b + Q8_PF, _MM_HINT_T0); /* ng streams: fetch ahead */
+        /* four ranks' codes, once per output */
+        const __m256i u0 = _mm256_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(q[0] + 4 * g))),
+                      u1 = _mm256_broadcastq_epi64(_mm_loadl_epi64((const __m128i *)(q[1] + 4 * g)));
+#pragma GCC unroll 2
+        for (int h = 0; h < C; h++) {
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(b + 32 * h)); /* 8 outputs x 4 ranks */
+            const __m256i wl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w)),
+                          wh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
+            lo[0][h] = _mm256_add_epi32(lo[0][h], _mm256_madd_epi16(wl, u0));
+            hi[0][h] = _mm256_add_epi32(hi[0][h], _mm256_madd_epi16(wh, u0));
+            lo[1][h] = _mm256_add_epi32(lo[1][h], _mm256_madd_epi16(wl, u1));
+            hi[1][h] = _mm256_add_epi32(hi[1][h], _mm256_madd_epi16(wh, u1));
+        }
+    }
+#pragma GCC unroll 2
+    for (int h = 0; h < C; h++)
+#pragma GCC unroll 2
+        for (int i = 0; i < 2; i++) {
+            if (i >= nt) continue;
+            /* pairs of an output side by side: hadd, then outputs back in order */
+            const __m256i acc = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo[i][h], hi[i][h]), order);
+            const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d[i]));
+            float *yo = y[i] + o + 8 * h;
+            _mm256_storeu_ps(yo, _mm256_fmadd_ps(f, _mm256_loadu_ps(p->sbt + o + 8 * h), _mm256_loadu_ps(yo)));
+        }
+}
+
 static void expand8_body(const ie_lora_args_t *p, const int32_t *rows, int n_rows, int64_t o0, int64_t o1,
                          const float *u, int64_t ldu)
 {
     const int ng = (p->rank + 3) / 4;
-    _Alignas(32) int16_t q[2][256]; /* rank <= IE_LORA_MAX_RANK (256), zero past it */
-    /* hadd leaves outputs 0, 1, 4, 5 | 2, 3, 6, 7: put them back */
-    const __m256i order = _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7);
+    _Alignas(32) int16_t q[2][256];          /* rank <= IE_LORA_MAX_RANK (256), zero past it */
     for (int t0 = 0; t0 < n_rows; t0 += 2) { /* two tokens a pass: each weight widened once */
         const int nt = n_rows - t0 < 2 ? n_rows - t0 : 2;
         float *y[2], d[2];
@@ -287,37 +334,8 @@ static void expand8_body(const ie_lora_args_t *p, const int32_t *rows, int n_row
             for (int j = p->rank; j < ng * 4; j++) q[i][j] = 0;
         }
         int64_t o = o0;
-        for (; o + 8 <= o1;) { /* 16 outputs (a line of each group) a pass, or the last 8 */
-            const int c = o + 16 <= o1 ? 2 : 1;
-            __m256i lo[2][2], hi[2][2];
-            for (int i = 0; i < 2; i++)
-                for (int h = 0; h < 2; h++) lo[i][h] = hi[i][h] = _mm256_setzero_si256();
-            const int8_t *b = p->bt8 + (size_t)o * 4u;
-            for (int g = 0; g < ng; g++, b += (size_t)p->ldb * 4u) {
-                _mm_prefetch((const char *)b + Q8_PF, _MM_HINT_T0); /* ng streams: fetch ahead */
-                for (int h = 0; h < c; h++) {
-                    const __m256i w = _mm256_loadu_si256((const __m256i *)(b + 32 * h)); /* 8 outputs x 4 ranks */
-                    const __m256i wl = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(w)),
-                                  wh = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1));
-                    for (int i = 0; i < 2; i++) { /* four ranks' codes, once per output */
-                        const __m256i uv = _mm256_broadcastq_epi64(
-                            _mm_loadl_epi64((const __m128i *)(q[i] + 4 * g)));
-                        lo[i][h] = _mm256_add_epi32(lo[i][h], _mm256_madd_epi16(wl, uv));
-                        hi[i][h] = _mm256_add_epi32(hi[i][h], _mm256_madd_epi16(wh, uv));
-                    }
-                }
-            }
-            for (int h = 0; h < c; h++)
-                for (int i = 0; i < nt; i++) {
-                    /* pairs of an output side by side: hadd, then outputs back in order */
-                    const __m256i acc = _mm256_permutevar8x32_epi32(_mm256_hadd_epi32(lo[i][h], hi[i][h]), order);
-                    const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(acc), _mm256_set1_ps(d[i]));
-                    float *yo = y[i] + o + 8 * h;
-                    _mm256_storeu_ps(yo,
-                                     _mm256_fmadd_ps(f, _mm256_loadu_ps(p->sbt + o + 8 * h), _mm256_loadu_ps(yo)));
-                }
-            o += 8 * c;
-        }
+        for (; o + 16 <= o1; o += 16) expand8_blk(p, y, q, d, nt, ng, o, 2);
+        if (o + 8 <= o1) expand8_blk(p, y, q, d, nt, ng, o, 1), o += 8;
         for (; o < o1; o++)
             for (int i = 0; i < nt; i++) {
                 int32_t s = 0;

@@ -255,10 +255,8 @@ INL void code64(const float *v, const float *s, int64_t n, float id, int8_t *hi,
  * a and token i, named rather than an array (with an array GCC copied all
  * of them every step); X is applied to every (a, i) pair and the ones past
  * NR, NT fold away. */
-#define ACCS(X)                                                                                             \
-    X(0, 0)                                                                                                 \
-    X(0, 1) X(0, 2) X(0, 3) X(1, 0) X(1, 1) X(1, 2) X(1, 3) X(2, 0) X(2, 1) X(2, 2) X(2, 3) X(3, 0) X(3, 1) \
-        X(3, 2) X(3, 3)
+#define ACCS_ROW(X, a) X(a, 0) X(a, 1) X(a, 2) X(a, 3)
+#define ACCS(X) ACCS_ROW(X, 0) ACCS_ROW(X, 1) ACCS_ROW(X, 2) ACCS_ROW(X, 3)
 #define ACC_DECL(a, i) __m512i h##a##i = _mm512_setzero_si512(), l##a##i = _mm512_setzero_si512();
 #define ACC_DOT(a, i) \
     if (a < NR && i < NT) h##a##i = dpb(h##a##i, w##a, xh##i), l##a##i = dpb(l##a##i, w##a, xl##i);
