@@ -191,12 +191,7 @@ INL void expand_body(const ie_lora_args_t *p, const int32_t *rows, int n_rows, i
 /* Columns of A the shrink codes at a time (4 tokens x 2 planes: 16 KiB) */
 #define Q8_KC 2048
 /* Bytes ahead in each group of B^T the int8 expand fetches */
-#ifndef Q8_PF
 #define Q8_PF 1024
-#endif
-#ifndef Q8_PFB
-#define Q8_PFB 1
-#endif
 /* Tokens the expand codes at a time */
 #define Q8_TB 8
 
@@ -347,8 +342,7 @@ INL void shrink8_tok(const ie_lora_args_t *p, const float *const *x, float *u, i
                     ra[a] = p->a8 + (size_t)(j + (a < nj ? a : nj - 1)) * (size_t)p->lda + k0;
                 /* rows of A are short streams (n_in bytes): the hardware
                  * prefetchers start late on each, so fetch the next rows */
-                const int pj = j + Q8_PFB * nr <= je - nr ? j + Q8_PFB * nr : je - nr;
-                const char *pf = pj > j ? (const char *)p->a8 + (size_t)pj * (size_t)p->lda + k0 : NULL;
+                const char *pf = j + 2 * nr <= je ? (const char *)ra[0] + nr * p->lda : NULL;
                 int64_t(*sj)[4][2] = sums + (j - jb);
                 if (nr == 4 && pf) shrink8_rows(ra, pf, p->lda, pc, qh, ql, kc, nj, sj, 4, NT, 1);
                 else if (nr == 4) shrink8_rows(ra, pf, p->lda, pc, qh, ql, kc, nj, sj, 4, NT, 0);
