@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """make_tinyllama_gguf.py — TinyLlama-1.1B-shaped random-weight GGUFs for benchmarks.
 
-Writes models/bench/tinyllama-{f16,q8_0,q4_0}.gguf (by default all three):
+Writes models/bench/tinyllama-{f16,q8_0,q4_0}.gguf (by default; bf16 on request):
 22 layers, hidden 2048, 32 heads / 4 KV heads (head dim 64), FFN 5632,
 vocab 32000, RoPE theta 10000, RMS eps 1e-5, untied output, context 2048.
 Weights are N(0, 0.02) (norms 1.0), generated tensor by tensor from a fixed
@@ -18,7 +18,7 @@ Idempotent: an existing output file is left alone (delete it to rebuild).
 Files are written to NAME.partial and renamed when complete. Peak memory is
 about one f32 tensor (260 MB) plus its encodings — well under 1 GB.
 
-Usage: bench/make_tinyllama_gguf.py [--out DIR] [--types f16,q8_0,q4_0] [--seed N]
+Usage: bench/make_tinyllama_gguf.py [--out DIR] [--types f16,bf16,q8_0,q4_0] [--seed N]
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ VOCAB_GGUF = REPO / "tests" / "data" / "ggml-vocab-llama-spm.gguf"
 N_LAYER, N_EMBD, N_HEAD, N_HEAD_KV, N_FF, N_VOCAB, N_CTX = 22, 2048, 32, 4, 5632, 32000, 2048
 HEAD_DIM = N_EMBD // N_HEAD
 STD = 0.02
-TYPES = {"f16": (QT.F16, 1), "q8_0": (QT.Q8_0, 7), "q4_0": (QT.Q4_0, 2)}
+TYPES = {"f16": (QT.F16, 1), "bf16": (QT.BF16, 32), "q8_0": (QT.Q8_0, 7), "q4_0": (QT.Q4_0, 2)}
 
 
 def log(*a):
@@ -132,7 +132,7 @@ def open_writer(path: Path, ftype: int, qtype: QT, plan, vocab_path: Path) -> gg
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=REPO / "models" / "bench")
-    ap.add_argument("--types", default=",".join(TYPES))
+    ap.add_argument("--types", default="f16,q8_0,q4_0")
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--vocab", type=Path, default=VOCAB_GGUF)
     args = ap.parse_args()
