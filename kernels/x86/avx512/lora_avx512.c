@@ -31,13 +31,14 @@
  * _mm512_dpbusd_epi32; in asm because GCC 12 kept loop-carried
  * accumulators of the intrinsic in registers only by copying each one to
  * another register every step (and spilling some: a store-to-load chain
- * in the loop): the int8 shrink ran at ~25% of the vpdpbusd rate, ~45%
- * with this and named accumulators (shrink8_rows). */
+ * in the loop): the int8 shrink's loop ran at ~30% of the core's
+ * vpdpbusd rate, ~55% with this and named accumulators (shrink8_rows). */
 INL __m512i dpb(__m512i acc, __m512i w, __m512i x)
 {
     __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x));
     return acc;
 }
+
 /* B^T elements ahead the expand fetches (measured: 128 best of 64..1024) */
 #define LORA_PF 128
 
