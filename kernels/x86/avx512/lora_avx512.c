@@ -22,22 +22,12 @@
  * to 16 outputs of a token. */
 #include "../../src/ie_kernels_isa.h"
 
+#include "avx512_inl.h"
+
 #include <immintrin.h>
 #include <math.h>
 
 #define INL static inline __attribute__((always_inline))
-
-/* acc + the 4-byte dot products of w (unsigned) and x (signed), as
- * _mm512_dpbusd_epi32; in asm because GCC 12 kept loop-carried
- * accumulators of the intrinsic in registers only by copying each one to
- * another register every step (and spilling some: a store-to-load chain
- * in the loop): the int8 shrink's loop ran at ~30% of the core's
- * vpdpbusd rate, ~55% with this and named accumulators (shrink8_rows). */
-INL __m512i dpb(__m512i acc, __m512i w, __m512i x)
-{
-    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x));
-    return acc;
-}
 
 /* B^T elements ahead the expand fetches (measured: 128 best of 64..1024) */
 #define LORA_PF 128
@@ -260,7 +250,7 @@ INL void code64(const float *v, const float *s, int64_t n, float id, int8_t *hi,
 #define ACCS(X) ACCS_ROW(X, 0) ACCS_ROW(X, 1) ACCS_ROW(X, 2) ACCS_ROW(X, 3)
 #define ACC_DECL(a, i) __m512i h##a##i = _mm512_setzero_si512(), l##a##i = _mm512_setzero_si512();
 #define ACC_DOT(a, i) \
-    if (a < NR && i < NT) h##a##i = dpb(h##a##i, w##a, xh##i), l##a##i = dpb(l##a##i, w##a, xl##i);
+    if (a < NR && i < NT) h##a##i = dpbusd_reg(h##a##i, w##a, xh##i), l##a##i = dpbusd_reg(l##a##i, w##a, xl##i);
 #define ACC_SUM(a, i)                                      \
     if (a < nj && i < NT) {                                \
         sums[a][i][0] += _mm512_reduce_add_epi32(h##a##i); \
@@ -421,8 +411,8 @@ INL void expand8_cols(const ie_lora_args_t *p, float *const *y, const q8u_t *qu,
             const __m512i uh = _mm512_set1_epi32((int)qu[i].hi[g]), ul = _mm512_set1_epi32((int)qu[i].lo[g]);
 #pragma GCC unroll 4
             for (int q = 0; q < c; q++) {
-                ah[i][q] = dpb(ah[i][q], wv[q], uh);
-                al[i][q] = dpb(al[i][q], wv[q], ul);
+                ah[i][q] = dpbusd_reg(ah[i][q], wv[q], uh);
+                al[i][q] = dpbusd_reg(al[i][q], wv[q], ul);
             }
         }
     }
