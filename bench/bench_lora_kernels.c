@@ -17,7 +17,9 @@
  * next arg's A, as the worker's passes fetch their next call's). The
  * weights hold random codes (the speed does not depend on them).
  *
- * --layers 1 (3.5 MB) fits the L3: the kernels' arithmetic alone.
+ * --layers 1 (3.5 MB) fits the L3: the kernels' arithmetic alone, reported
+ * for AVX-512 as vpdpbusd a second per thread beside one core's rate
+ * (vnni_rate: 12 independent chains; of_vnni is the fraction).
  *
  * usage: bench_lora_kernels [--isa ref,avx2,avx512] [--iters N] [--layers 1..22] [--threads N] */
 #define _GNU_SOURCE
@@ -30,6 +32,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <immintrin.h>
+
 #define N_LAYER 22
 #define N_GROUP 4
 
@@ -40,6 +44,25 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* One core's vpdpbusd rate, G/s: 12 independent chains in registers, the
+ * most the int8 kernels could issue (the machine's limit for in-cache
+ * steps, as the paired read is for steps from DRAM); 0 without AVX-512. */
+__attribute__((target("avx512f,avx512vnni"))) static double vnni_rate(void)
+{
+    __m512i a[12], w = _mm512_set1_epi8(3), x = _mm512_set1_epi8(5);
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; i++) a[i] = _mm512_set1_epi32(i);
+    const long n = 4000000;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    for (long k = 0; k < n; k++)
+#pragma GCC unroll 12 /* constant indices: the chains stay in registers */
+        for (int i = 0; i < 12; i++) __asm__ volatile("vpdpbusd %2, %1, %0" : "+v"(a[i]) : "v"(w), "v"(x));
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+    const double s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    return s > 0 ? 12.0 * (double)n / s / 1e9 : 0;
 }
 
 static int cmp_d(const void *a, const void *b)
@@ -102,6 +125,7 @@ int main(int argc, char **argv)
     ie_lora_args_t *args = calloc((size_t)n_args, sizeof *args);
     float *x = calloc(8 * 5632, sizeof(float)), *y = calloc(8 * 5632, sizeof(float)), *u = calloc(64 * 8 * 64, 4);
     size_t bytes = 0;
+    double vnni_ops = 0;
     uint64_t seed = 7;
     if (!args || !x || !y || !u) return 1;
     for (int i = 0; i < 8 * 5632; i++) x[i] = (float)((i * 37) % 101 - 50) / 50.0f;
@@ -131,11 +155,16 @@ int main(int argc, char **argv)
                                    .sa = sa,
                                    .sbt = sb};
         bytes += na + nb;
+        /* the int8 AVX-512 pair's vpdpbusd for 2 tokens: 2 code planes each,
+         * per 64 weights of A (rows padded to 64) and of B^T */
+        vnni_ops += 4.0 * (double)r * (double)((n_in + 63) / 64 * 64 + n_out) / 64.0;
     }
     /* the read probe: a buffer of the same size */
     uint8_t *buf = malloc(bytes);
     if (!buf) return 1;
     memset(buf, 1, bytes);
+    const double vnni = ie_isa_supported(IE_ISA_AVX512) ? vnni_rate() : 0;
+    printf("a core's vpdpbusd rate: %.2f G/s\n", vnni);
     printf("adapter bytes a step: %.1f MB (int8), 8 tokens in %d groups of 2, %d threads\n", (double)bytes / 1e6,
            N_GROUP, nth);
     for (ie_isa_t isa = IE_ISA_REF; isa <= IE_ISA_AVX512; isa++) {
@@ -170,10 +199,13 @@ int main(int argc, char **argv)
             qsort(ts[h], (size_t)iters, sizeof *ts[h], cmp_d);
             qsort(tex[h], (size_t)iters, sizeof *tex[h], cmp_d);
             const double s = ts[h][iters / 2];
+            /* the int8 kernels' vpdpbusd a second per thread, beside the core's rate */
+            const double vg = isa == IE_ISA_AVX512 ? vnni_ops / nth / s / 1e9 : 0;
             printf("{\"isa\":\"%s\",\"hints\":%d,\"ms_step\":%.3f,\"ms_expand\":%.3f,\"gbps\":%.1f,"
-                   "\"read_gbps\":%.1f,\"of_read\":%.3f,\"sink\":%u}\n",
+                   "\"read_gbps\":%.1f,\"of_read\":%.3f,\"vnni_g_per_thread\":%.2f,\"of_vnni\":%.3f,"
+                   "\"sink\":%u}\n",
                    ie_isa_name(isa), h, s * 1e3, tex[h][iters / 2] * 1e3, (double)bytes / s / 1e9,
-                   (double)bytes / r / 1e9, r / s, (unsigned)(sink & 1));
+                   (double)bytes / r / 1e9, r / s, vg, vnni > 0 ? vg / vnni : 0, (unsigned)(sink & 1));
             free(ts[h]), free(tex[h]);
         }
         free(tr);
