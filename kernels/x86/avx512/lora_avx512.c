@@ -263,10 +263,10 @@ INL void code64(const float *v, const float *s, int64_t n, float id, int8_t *hi,
 #define LD_FULL(r) _mm512_loadu_si512((const void *)((r) + k))
 #define LD_TAIL(r) _mm512_maskz_loadu_epi8(m, (r) + k)
 /* One step of 64 columns at k of shrink8_rows (LD: how to load a row's
- * 64 weights); with PF, fetches the next block's rows at k */
+ * 64 weights); fetches the next block's rows at k (pf: NULL when none) */
 #define SHRINK8_STEP(LD)                                                                                          \
     do {                                                                                                          \
-        if (PF) _Pragma("GCC unroll 4") for (int a = 0; a < NR; a++) _mm_prefetch(pf + a * lda + k, _MM_HINT_T0); \
+        if (pf) _Pragma("GCC unroll 4") for (int a = 0; a < NR; a++) _mm_prefetch(pf + a * lda + k, _MM_HINT_T0); \
         pace_step(pc);                                                                                            \
         const __m512i w0 = WLD(LD, 0), w1 = WLD(LD, 1), w2 = WLD(LD, 2), w3 = WLD(LD, 3);                         \
         const __m512i xh0 = XLD(qh, 0), xh1 = XLD(qh, 1), xh2 = XLD(qh, 2), xh3 = XLD(qh, 3);                     \
@@ -276,11 +276,10 @@ INL void code64(const float *v, const float *s, int64_t n, float id, int8_t *hi,
 
 /* acc (h, l)[a][i] += A rows ra[0..NR) (+ 128) . the hi / lo plane of
  * token i's codes over this chunk's kc columns (the planes coded to a
- * multiple of 64); then into the sums. PF (a constant): pf names the next
- * block's rows, fetched as this one is read. */
+ * multiple of 64); then into the sums. */
 INL void shrink8_rows(const int8_t *const *ra, const char *pf, int64_t lda, pace_t *pc, const int8_t (*qh)[Q8_KC],
                       const int8_t (*ql)[Q8_KC], int64_t kc, int nj, int64_t (*sums)[4][2], const int NR,
-                      const int NT, const int PF)
+                      const int NT)
 {
     const __m512i c80 = _mm512_set1_epi8((char)0x80);
     ACCS(ACC_DECL)
@@ -335,10 +334,8 @@ INL void shrink8_tok(const ie_lora_args_t *p, const float *const *x, float *u, i
                  * prefetchers start late on each, so fetch the next rows */
                 const char *pf = j + 2 * nr <= je ? (const char *)ra[0] + nr * p->lda : NULL;
                 int64_t(*sj)[4][2] = sums + (j - jb);
-                if (nr == 4 && pf) shrink8_rows(ra, pf, p->lda, pc, qh, ql, kc, nj, sj, 4, NT, 1);
-                else if (nr == 4) shrink8_rows(ra, pf, p->lda, pc, qh, ql, kc, nj, sj, 4, NT, 0);
-                else if (pf) shrink8_rows(ra, pf, p->lda, pc, qh, ql, kc, nj, sj, 2, NT, 1);
-                else shrink8_rows(ra, pf, p->lda, pc, qh, ql, kc, nj, sj, 2, NT, 0);
+                if (nr == 4) shrink8_rows(ra, pf, p->lda, pc, qh, ql, kc, nj, sj, 4, NT);
+                else shrink8_rows(ra, pf, p->lda, pc, qh, ql, kc, nj, sj, 2, NT);
             }
         }
         if (jb == j0)
