@@ -196,6 +196,7 @@ const char *ie_amx_emu_last_fault(void) { return g_fault_msg; }
 #define IE_AMX_LOAD(t, p, s) ie_amx_emu_tileloadd(t, p, s)
 #define IE_AMX_STORE(t, p, s) ie_amx_emu_tilestored(t, p, s)
 #define IE_AMX_DPBSUD(c, a, b) ie_amx_emu_tdp(c, a, b, 1, 0)
+#define IE_AMX_DPBSSD(c, a, b) ie_amx_emu_tdp(c, a, b, 1, 1)
 #define IE_AMX_DPBUUD(c, a, b) ie_amx_emu_tdp(c, a, b, 0, 0)
 #define IE_AMX_GEMM_BF16_NAME ie_amx_gemm_bf16_emu
 #define IE_AMX_DPBF16PS(c, a, b) ie_amx_emu_tdpbf16ps(c, a, b)

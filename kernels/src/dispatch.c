@@ -209,6 +209,34 @@ int ie_amx_emulated(void)
     return s == 2;
 }
 
+/* Contract (ie_kernels_isa.h). */
+int ie_amx_min_tok(void)
+{
+    static _Atomic int cached; /* 0 not read */
+    int n = cached;
+    if (n == 0) {
+        const char *e = getenv("IE_AMX_MIN_TOK");
+        char *end = NULL;
+        const long v = e ? strtol(e, &end, 10) : 0;
+        n = e && end != e && *end == '\0' && v >= 1 && v <= 4096 ? (int)v : IE_AMX_MIN_TOK;
+        cached = n;
+    }
+    return n;
+}
+
+/* Contract (ie_kernels_isa.h). */
+int ie_amx_int_tiles(void)
+{
+    static _Atomic int state; /* 0 not read, 1 no, 2 yes */
+    int s = state;
+    if (s == 0) {
+        const char *e = getenv("IE_AMX_INT");
+        s = e && strcmp(e, "1") == 0 ? 2 : 1;
+        state = s;
+    }
+    return s == 2;
+}
+
 /* Contract (ie_kernels.h). */
 const char *ie_isa_unsupported_reason(ie_isa_t isa)
 {

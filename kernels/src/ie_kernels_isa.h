@@ -374,6 +374,18 @@ void ie_kv_attend_avx512(const ie_kv_attend_t *a, const ie_attn_state_t *st);
  * AVX-512 VNNI has not been measured on a CPU with AMX yet. */
 #define IE_AMX_MIN_TOK 16
 
+/* The AMX table's threshold in tokens: IE_AMX_MIN_TOK, or the environment's
+ * IE_AMX_MIN_TOK (1..4096, read once; anything else is ignored) so that the
+ * crossover can be measured without a rebuild. */
+int ie_amx_min_tok(void);
+
+/* 1 if the AMX table sends the int weight types (I8W, I4W, I4WA) to the
+ * int8 tiles: only with IE_AMX_INT=1 in the environment (read once). On
+ * the one Xeon with AMX measured so far they ran slower than AVX-512 VNNI
+ * (amx_gemm_body.h), so by default only BF16 takes the tiles; the knob is
+ * for the tests and for measuring other CPUs. */
+int ie_amx_int_tiles(void);
+
 /* 1 if the AMX table runs on the tile emulator: IE_AMX_EMULATE=1 in the
  * environment (read once), an AVX-512 CPU, and no real AMX (real tiles
  * win). Then ie_isa_supported(IE_ISA_AMX) is 1, the table's tile calls go

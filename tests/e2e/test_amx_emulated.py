@@ -5,14 +5,15 @@ AMX and runs its tile GEMMs on the scalar tile emulator (kernels/src/
 amx_emu.c): the dispatch, the worker's prefill splits over the thread pool
 (each thread configuring its own tiles) and the int8 and bf16 tile GEMMs
 all run as they would on a Xeon with AMX, only ~1000x slower. A prefill of
-18 tokens (above IE_AMX_MIN_TOK = 16, so every packed int/bf16 matmul takes
-the tiles) must give the logits of the AVX-512 path within the noise
+18 tokens (above IE_AMX_MIN_TOK = 16, so every packed bf16 matmul takes
+the tiles, and the int ones with IE_AMX_INT=1) must give the logits of the AVX-512 path within the noise
 between two ISAs (AVX2 against AVX-512: activation quantization turns f32
 summation-order differences into flipped quants), for the stored Q4_1
 weights (int4w_affine), int8w and bf16.
 
 Without AVX-512 the emulated path cannot run (the amx table is AVX-512's):
-those tests are skipped, saying so. Nothing here runs real AMX tiles.
+those tests are skipped, saying so. On a CPU with AMX the same checks run
+on the real tiles instead (test_real_amx_prefill_matches_avx512).
 """
 from __future__ import annotations
 
@@ -48,8 +49,11 @@ def logits(model: Path, tmp: Path, isa: str, precision: str, emulate: bool = Fal
     out = tmp / f"logits_{isa}_{precision}_{int(emulate)}.bin"
     env = dict(os.environ, IE_ISA=isa)
     env.pop("IE_AMX_EMULATE", None)
+    env.pop("IE_AMX_MIN_TOK", None)
     if emulate:
         env["IE_AMX_EMULATE"] = "1"
+    if isa == "amx":
+        env["IE_AMX_INT"] = "1"  # the int types on the tiles too: by default they stay on AVX-512
     r = subprocess.run([str(binary("inference-engine")), "logits", "--model", str(model), "--ids", IDS,
                         "--threads", str(THREADS), "--precision", precision, "--out", str(out)],
                        capture_output=True, text=True, timeout=600, env=env)
@@ -57,11 +61,9 @@ def logits(model: Path, tmp: Path, isa: str, precision: str, emulate: bool = Fal
     return np.fromfile(out, dtype=np.float32).reshape(N_IDS, -1)
 
 
-@pytest.mark.skipif(not HAS_AVX512, reason="the amx table is AVX-512's: no AVX-512 VNNI in /proc/cpuinfo")
-@pytest.mark.parametrize("precision", ["native", "int8w", "bf16"])
-def test_emulated_amx_prefill_matches_avx512(precision, smollm2, tmp_path):
+def check_amx_prefill(smollm2, tmp_path, precision, emulate):
     base = logits(smollm2, tmp_path, "avx512", precision)
-    amx = logits(smollm2, tmp_path, "amx", precision, emulate=True)
+    amx = logits(smollm2, tmp_path, "amx", precision, emulate=emulate)
     other = logits(smollm2, tmp_path, "avx2", precision)
     noise = np.abs(base - other).max()
     assert noise > 0  # the bound is a measured one, not a constant
@@ -72,6 +74,20 @@ def test_emulated_amx_prefill_matches_avx512(precision, smollm2, tmp_path):
         if b.argmax() != a.argmax():
             top2 = np.sort(b)[-2:]
             assert top2[1] - top2[0] < 0.25, "arg max moved away from a near tie"
+
+
+@pytest.mark.skipif(not HAS_AVX512 or HAS_AMX,
+                    reason="the amx table is AVX-512's (no AVX-512 VNNI here)" if not HAS_AVX512
+                    else "this CPU has AMX: test_real_amx_prefill_matches_avx512 runs the tiles")
+@pytest.mark.parametrize("precision", ["native", "int8w", "bf16"])
+def test_emulated_amx_prefill_matches_avx512(precision, smollm2, tmp_path):
+    check_amx_prefill(smollm2, tmp_path, precision, emulate=True)
+
+
+@pytest.mark.skipif(not HAS_AMX, reason="no AMX on this CPU (amx_tile/amx_int8 absent from /proc/cpuinfo)")
+@pytest.mark.parametrize("precision", ["native", "int8w", "bf16"])
+def test_real_amx_prefill_matches_avx512(precision, smollm2, tmp_path):
+    check_amx_prefill(smollm2, tmp_path, precision, emulate=False)
 
 
 @pytest.mark.skipif(HAS_AMX, reason="this CPU has AMX: IE_ISA=amx is expected to run here")

@@ -9,9 +9,12 @@
  *   IE_AMX_LOAD(t, p, stride)   tileloadd tmm t from p, rows stride bytes apart
  *   IE_AMX_STORE(t, p, stride)  tilestored
  *   IE_AMX_DPBSUD(c, a, b)      tdpbsud: c += a (s8) . b (u8), 4-byte dot products
+ *   IE_AMX_DPBSSD(c, a, b)      tdpbssd: c += a (s8) . b (s8)
  *   IE_AMX_DPBUUD(c, a, b)      tdpbuud: c += a (u8) . b (u8)
  *   IE_AMX_GEMM_BF16_NAME       name of the BF16 GEMM to define
  *   IE_AMX_DPBF16PS(c, a, b)    tdpbf16ps: c (f32) += a (bf16 pairs) . b
+ *   IE_AMX_AVX512               (optional) the I4 path's unpack and epilogue in
+ *                               AVX-512 (else plain C: the emulator's build)
  * Tile numbers are literals (the intrinsics take immediates).
  *
  * Shapes. C[m][n] (int32) += sum over quads k of the 4 byte products
@@ -26,40 +29,39 @@
  *     split per block into a signed high byte and an unsigned low byte,
  *     a = 256*hi + lo: C = 256*tdpbsud(hi, w) + tdpbuud(lo, w), exact.
  *   I4W / I4WA (Q4_0 / Q4_1 repacked): a block's 4 chunks of nibbles are
- *     unpacked per (panel, block) on the fly into 8 B rows (low nibbles of
- *     chunk c = row 2c: k 8c..8c+3; high = row 2c+1: k 8c+4..8c+7); the
- *     Q8_P activation rows are the A tile as they lie (stride a_stride).
- *     Codes are u = q + 8 (I4W) or u (I4WA): tdpbsud(a, u).
- * The code offset leaves the integer domain once: i = C - off*sum(a) is the
- * exact signed block dot product (I4WA: off 0, its m*S term added in f32).
+ *     unpacked into 8 B rows (low nibbles of chunk c = row 2c: k 8c..8c+3;
+ *     high = row 2c+1: k 8c+4..8c+7), once per row block of panels and
+ *     k-chunk (amx_gemm_i4); the Q8_P activation rows are the A tile as
+ *     they lie (stride a_stride). I4W's B is the signed q = u - 8
+ *     (tdpbssd: C is the block dot); I4WA's the u8 codes (tdpbsud), its
+ *     m*s term added in f32.
+ * I8W's code offset leaves the integer domain once: i = C - 128*sum(a).
  * Why the k-slab is one 32-element block (A colsb 32, B 8 rows) and not a
  * full 64-byte tile: every block has its own activation scale per token and
  * its own weight scale per row; a 64-byte slab would add two blocks' int32
  * sums before either scale is applied, which is exact only after
  * requantizing to one scale per 64 (a different, lossier format). So the
  * int32 sums of each block are stored (tilestored, 1 KiB) and scaled in f32
- * like the AVX-512 kernel does: gacc += i * d_a per block, acc += gacc * d_w
- * per group (segment). Whether a K=32 tdp costs as much as a K=64 one, and
- * how much of the TMUL rate the f32 epilogue leaves, is for a machine with
- * AMX to measure.
+ * like the AVX-512 kernel does. A K=32 tdp costs what a K=64 one does (13
+ * TSC cycles either way, one core of a Xeon with AMX), so the int types run
+ * at half the tiles' rate at best, and the f32 epilogue (3-4 vector
+ * instructions per token row and block) costs more than the tdp: measured
+ * there, I4W ran at 0.84x AVX-512 VNNI on one core and 0.92x on four, I8W
+ * (two tdps: Q16_P activations split into bytes) at 0.47x, which is why
+ * the AMX table keeps the int types on AVX-512 (pack_amx.c).
  *
- * Order of the loops (weights must come from L2, not DRAM: one 16x16x32
- * tdp eats 512 weight bytes in ~16 cycles): for each k-chunk of KC blocks,
- * for each row block of panels (~1 MiB of weights of the chunk), for each
- * token tile of 16 (packed: I8W hi/lo planes, every type the block sums
+ * Order of the loops (I8W; weights must come from L2, not DRAM): for each
+ * k-chunk of KC blocks, for each row block of panels (~1 MiB of weights of
+ * the chunk), for each token tile of 16 (packed: hi/lo planes, block sums
  * and scales), for each panel, for each block. Later k-chunks add into y.
  *
  * BF16 (AMX-BF16, tdpbf16ps): a BF16 PANEL16 chunk (dword i = the pair
  * w[16p+i][2c], w[2c+1]) is a B row in the pair layout, so 16 chunks (32
  * k) are a B tile as they lie; A = 16 tokens x 32 bf16 straight from the
  * BF16 activation rows; C (f32) accumulates over all of k in the tile (no
- * scales, no epilogue) and is stored once per panel and token tile.
- *
- * Not done (candidates once this measures): 2 panels x 2 token tiles per
- * step (4 C tiles sharing A and B loads); a load-time I4W repack into
- * unpacked bytes (twice the memory, no unpack per tile); int8 activations
- * for I8W (one tdp instead of two, but ggml's Q8_0 x Q8_0 precision and
- * numbers that change with the ISA).
+ * scales, no epilogue) and is stored once per panel and token tile. Two
+ * panels per step (C0, C1) share each A tile: one core, 512 rows x 2048 x
+ * 512 tokens, 481 GOP/s against AVX-512's 63-67.
  *
  * Tile configuration is per thread and kept: the first call on a thread
  * (and a call with another token-tail height) runs ldtilecfg; the worker
@@ -86,6 +88,7 @@
 #define AMX_A0 2 /* A: tokens (I8W high bytes)      */
 #define AMX_A1 3 /* A: I8W low bytes                */
 #define AMX_B 4  /* B: one block of one panel       */
+#define AMX_B1 5 /* B: the I4 path's second block   */
 
 /* Pack bytes per block: I8W hi[16][32] lo[16][32], then int32 sum[16] and
  * f32 d[16] (every type). */
@@ -104,13 +107,16 @@ static void amx_configure(int mt, int bf16)
     _Alignas(64) uint8_t cfg[64];
     memset(cfg, 0, sizeof cfg);
     cfg[0] = 1; /* palette 1; start_row 0 */
-    /* int8: C0, C1 mt x 16 int32; A0, A1 mt x 32 bytes; B 8 quads x 64.
-     * bf16: C0 mt x 16 f32; A0 mt x 32 bf16; B 16 pairs x 64 bytes. */
-    const uint16_t colsb[5] = {64, (uint16_t)(bf16 ? 0 : 64), (uint16_t)(bf16 ? 64 : 32), (uint16_t)(bf16 ? 0 : 32),
-                               64};
-    const uint8_t rows[5] = {(uint8_t)mt, (uint8_t)(bf16 ? 0 : mt), (uint8_t)mt, (uint8_t)(bf16 ? 0 : mt),
+    /* int8: C0, C1 mt x 16 int32; A0, A1 mt x 32 bytes; B, B1 8 quads x 64.
+     * bf16: C0, C1 mt x 16 f32; A0 mt x 32 bf16; B, B1 16 pairs x 64 bytes. */
+    const uint16_t colsb[6] = {64, 64, (uint16_t)(bf16 ? 64 : 32), (uint16_t)(bf16 ? 0 : 32), 64, 64};
+    const uint8_t rows[6] = {(uint8_t)mt,
+                             (uint8_t)mt,
+                             (uint8_t)mt,
+                             (uint8_t)(bf16 ? 0 : mt),
+                             (uint8_t)(bf16 ? 16 : 8),
                              (uint8_t)(bf16 ? 16 : 8)};
-    for (int t = 0; t < 5; t++) {
+    for (int t = 0; t < 6; t++) {
         memcpy(cfg + 16 + 2 * t, &colsb[t], 2);
         cfg[48 + t] = rows[t];
     }
@@ -132,115 +138,76 @@ static inline float amx_f16(const uint8_t *p)
     return ie_f16_to_f32(h);
 }
 
-/* Pack blocks [kb0, kb1) of mt tokens (rows a, a+as, ...): I8W's planes of
- * the int16 quants, every type's block sums of the quants and scales d. */
-static void amx_pack(int i8w, const uint8_t *a, size_t as, int64_t n_in, int mt, int64_t kb0, int64_t kb1,
-                     uint8_t *pk)
+/* Pack blocks [kb0, kb1) of mt I8W tokens (Q16_P rows a, a+as, ...): the
+ * planes of the int16 quants, their block sums and scales d. */
+static void amx_pack(const uint8_t *a, size_t as, int64_t n_in, int mt, int64_t kb0, int64_t kb1, uint8_t *pk)
 {
-    const size_t blk = (i8w ? AMX_PK_PLANES : 0) + AMX_PK_TAIL;
+    const size_t blk = AMX_PK_PLANES + AMX_PK_TAIL;
     for (int t = 0; t < mt; t++) {
         const uint8_t *row = a + (size_t)t * as;
-        const uint8_t *dp = row + (i8w ? 2 : 1) * (size_t)n_in;
+        const uint8_t *dp = row + 2 * (size_t)n_in;
         for (int64_t b = kb0; b < kb1; b++) {
             uint8_t *p = pk + (size_t)(b - kb0) * blk;
             int32_t sum = 0;
-            if (i8w) {
-                int8_t *hi = (int8_t *)p + 32 * t;
-                uint8_t *lo = p + AMX_T * 32 + 32 * t;
-                for (int j = 0; j < 32; j++) {
-                    int16_t q;
-                    memcpy(&q, row + 2 * (32 * b + j), 2);
-                    hi[j] = (int8_t)(q >> 8); /* arithmetic: a = 256*hi + lo */
-                    lo[j] = (uint8_t)(q & 0xff);
-                    sum += q;
-                }
-                p += AMX_PK_PLANES;
-            } else {
-                for (int j = 0; j < 32; j++) sum += (int8_t)row[32 * b + j];
+            int8_t *hi = (int8_t *)p + 32 * t;
+            uint8_t *lo = p + AMX_T * 32 + 32 * t;
+            for (int j = 0; j < 32; j++) {
+                int16_t q;
+                memcpy(&q, row + 2 * (32 * b + j), 2);
+                hi[j] = (int8_t)(q >> 8); /* arithmetic: a = 256*hi + lo */
+                lo[j] = (uint8_t)(q & 0xff);
+                sum += q;
             }
+            p += AMX_PK_PLANES;
             memcpy(p + 4 * t, &sum, 4);
             memcpy(p + 4 * AMX_T + 4 * t, dp + 4 * b, 4);
         }
     }
 }
 
-/* Unpack one I4W/I4WA block (4 chunks of nibbles) into B's 8 rows. */
-static void amx_unpack4(const uint8_t *q, uint8_t *ub)
+/* I8W: one panel (16 rows) x mt tokens over blocks [kb0, kb1) (pk: their
+ * pack): y rows of the panel that exist (nr) and the tile's tokens, stored
+ * when first, else added. isums (tests): the exact block dots,
+ * [t][row][block], ldr rows and nbt blocks per token. Groups of one block
+ * (repacked Q8_0) fold the weight scale into the block's: acc += i * (d_a *
+ * d_w); wider groups sum i * d_a per group first, as the AVX-512 kernel. */
+static void amx_panel(const uint8_t *panel, size_t gb, int64_t bpg, int64_t kb0, int64_t kb1, const uint8_t *pk,
+                      int mt, float *y, int64_t ldy, int nr, int first, int32_t *isums, int64_t ldr, int64_t nbt)
 {
-    for (int c = 0; c < 4; c++)
-        for (int x = 0; x < 64; x++) {
-            ub[128 * c + x] = q[64 * c + x] & 0x0f;
-            ub[128 * c + 64 + x] = q[64 * c + x] >> 4;
-        }
-}
-
-/* One panel (16 rows) x mt tokens over blocks [kb0, kb1) (pk: their pack;
- * a: the tokens' activation rows for I4W's A tiles and I4WA's s): y rows
- * of the panel that exist (nr) and the tile's tokens, stored when first,
- * else added. isums (tests): the exact block dots, [t][row][block], ldr
- * rows and nbt blocks per token.
- * The f32 epilogue of a block is the cost the tiles do not take (one tdp
- * is ~16 cycles): its loops are 16 wide over the rows with the token's
- * scalars hoisted, so that each becomes one zmm per token row (the
- * compiler vectorizes them in pack_amx.c: -O2 -mavx512f). Groups of one
- * block (the repacked ggml types) fold the weight scale into the block's:
- * acc += i * (d_a * d_w); wider groups sum i * d_a per group first, as
- * the AVX-512 kernel. */
-static void amx_panel(ie_dtype_t dt, const uint8_t *panel, size_t gb, int64_t bpg, int64_t kb0, int64_t kb1,
-                      const uint8_t *pk, const uint8_t *a, size_t as, int64_t n_in, int mt, float *y, int64_t ldy,
-                      int nr, int first, int32_t *isums, int64_t ldr, int64_t nbt)
-{
-    const int i8w = dt == IE_DTYPE_I8W, affine = dt == IE_DTYPE_I4WA;
-    const size_t hdr = affine ? 64 : 32, bb = i8w ? 512 : 256;
-    const size_t blk = (i8w ? AMX_PK_PLANES : 0) + AMX_PK_TAIL;
-    const int32_t off = i8w ? 128 : dt == IE_DTYPE_I4W ? 8 : 0;
-    const int64_t nb = n_in / 32;
+    const size_t blk = AMX_PK_PLANES + AMX_PK_TAIL;
     _Alignas(64) int32_t c0[AMX_T][16], c1[AMX_T][16];
-    _Alignas(64) uint8_t ub[8 * 64];
-    _Alignas(64) float acc[AMX_T][16], gacc[AMX_T][16], wd[16], wm[16], da[AMX_T], ssum[AMX_T];
+    _Alignas(64) float acc[AMX_T][16], gacc[AMX_T][16], wd[16], da[AMX_T];
     int32_t corr[AMX_T];
     memset(acc, 0, sizeof acc);
     int64_t b = kb0;
     while (b < kb1) {
         const int64_t g = b / bpg, e = (g + 1) * bpg < kb1 ? (g + 1) * bpg : kb1;
         const uint8_t *gp = panel + (size_t)g * gb;
-        for (int r = 0; r < 16; r++) {
-            wd[r] = amx_f16(gp + 2 * r);
-            wm[r] = affine ? amx_f16(gp + 32 + 2 * r) : 0.0f;
-        }
+        for (int r = 0; r < 16; r++) wd[r] = amx_f16(gp + 2 * r);
         for (int64_t k = b; k < e; k++) {
-            const uint8_t *q = gp + hdr + (size_t)(k - g * bpg) * bb;
+            const uint8_t *q = gp + 32 + (size_t)(k - g * bpg) * 512;
             const uint8_t *p = pk + (size_t)(k - kb0) * blk;
             IE_AMX_ZERO(AMX_C0);
-            if (i8w) {
-                IE_AMX_ZERO(AMX_C1);
-                IE_AMX_LOAD(AMX_B, q, 64);
-                IE_AMX_LOAD(AMX_A0, p, 32);
-                IE_AMX_LOAD(AMX_A1, p + AMX_T * 32, 32);
-                IE_AMX_DPBSUD(AMX_C0, AMX_A0, AMX_B);
-                IE_AMX_DPBUUD(AMX_C1, AMX_A1, AMX_B);
-                IE_AMX_STORE(AMX_C1, c1, 64);
-                p += AMX_PK_PLANES;
-            } else {
-                amx_unpack4(q, ub);
-                IE_AMX_LOAD(AMX_B, ub, 64);
-                IE_AMX_LOAD(AMX_A0, a + 32 * (size_t)k, as);
-                IE_AMX_DPBSUD(AMX_C0, AMX_A0, AMX_B);
-            }
+            IE_AMX_ZERO(AMX_C1);
+            IE_AMX_LOAD(AMX_B, q, 64);
+            IE_AMX_LOAD(AMX_A0, p, 32);
+            IE_AMX_LOAD(AMX_A1, p + AMX_T * 32, 32);
+            IE_AMX_DPBSUD(AMX_C0, AMX_A0, AMX_B);
+            IE_AMX_DPBUUD(AMX_C1, AMX_A1, AMX_B);
+            IE_AMX_STORE(AMX_C1, c1, 64);
             IE_AMX_STORE(AMX_C0, c0, 64);
+            p += AMX_PK_PLANES;
             for (int t = 0; t < mt; t++) {
                 int32_t sum;
                 memcpy(&sum, p + 4 * t, 4);
-                corr[t] = -off * sum;
+                corr[t] = -128 * sum;
                 da[t] = amx_ldf(p + 4 * AMX_T + 4 * t);
             }
-            /* the exact block dot: 256*hi + lo - off*sum(a), |.| < 2^29;
-             * made inside each f32 loop (no store and reload of C), in
-             * wrapping 32-bit arithmetic: a tile a faulting op left
+            /* the exact block dot: 256*hi + lo - 128*sum(a), |.| < 2^29;
+             * in wrapping 32-bit arithmetic: a tile a faulting op left
              * unwritten (the emulator goes on where the CPU would trap)
              * must not make it undefined */
-#define AMX_DOT(t, r) \
-    ((int32_t)((i8w ? 256u * (uint32_t)c0[t][r] + (uint32_t)c1[t][r] : (uint32_t)c0[t][r]) + (uint32_t)corr[t]))
+#define AMX_DOT(t, r) ((int32_t)(256u * (uint32_t)c0[t][r] + (uint32_t)c1[t][r] + (uint32_t)corr[t]))
             if (isums)
                 for (int t = 0; t < mt; t++)
                     for (int r = 0; r < nr; r++) isums[((int64_t)t * ldr + r) * nbt + k] = AMX_DOT(t, r);
@@ -258,23 +225,181 @@ static void amx_panel(ie_dtype_t dt, const uint8_t *panel, size_t gb, int64_t bp
         if (bpg > 1)
             for (int t = 0; t < mt; t++)
                 for (int r = 0; r < 16; r++) acc[t][r] += gacc[t][r] * wd[r];
-        if (affine) { /* + m * S, S: the activation s summed over the segment */
-            for (int t = 0; t < mt; t++) {
-                const uint8_t *sp = a + (size_t)t * as + (size_t)n_in + 4 * (size_t)nb;
-                float sv = 0.0f;
-                for (int64_t k = b; k < e; k++) sv += amx_ldf(sp + 4 * k);
-                ssum[t] = sv;
-            }
-            for (int t = 0; t < mt; t++) {
-                const float sv = ssum[t];
-                for (int r = 0; r < 16; r++) acc[t][r] += wm[r] * sv;
-            }
-        }
         b = e;
     }
     for (int t = 0; t < mt; t++) {
         float *yt = y + (int64_t)t * ldy;
         for (int r = 0; r < nr; r++) yt[r] = first ? acc[t][r] : yt[r] + acc[t][r];
+    }
+}
+
+/* ------------------------------------------------------------ I4W / I4WA */
+
+/* The I4 path (Q4_0 / Q4_1 repacked): for each k-chunk of AMX_KC4 blocks
+ * and row block of AMX_RB4 panels, the panels' blocks are unpacked once
+ * into B tiles (signed nibble - 8 for I4W, tdpbssd: the block dot is C
+ * itself; unsigned for I4WA, tdpbsud) with their scales in f32; then each
+ * token tile runs over the row block's panels, two blocks at a time on
+ * two C tiles, and the f32 epilogue of a block, acc[t] += C[t] * (dw *
+ * da[t]) (+ mw * s[t] for I4WA), keeps the tile's 16 accumulators in
+ * registers (AVX-512) while the next blocks' tile work runs. Unpacking per
+ * row block rather than per token tile is what makes the tiles pay: the
+ * nibble unpack costs about as much as a tdp. */
+#define AMX_KC4 32 /* blocks per k-chunk                                   */
+#define AMX_RB4 8  /* panels per row block: 8 x 32 x 512 B = 128 KiB of B */
+
+/* Unpack block q (4 chunks of 64 nibble pairs) into B's 8 rows (low
+ * nibbles of chunk c = row 2c, high = row 2c+1), minus off. */
+static void amx_unpack4(const uint8_t *q, uint8_t *ub, int off)
+{
+#ifdef IE_AMX_AVX512
+    const __m512i m = _mm512_set1_epi8(0x0f), o = _mm512_set1_epi8((char)off);
+    for (int c = 0; c < 4; c++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * c));
+        _mm512_store_si512((void *)(ub + 128 * c), _mm512_sub_epi8(_mm512_and_si512(v, m), o));
+        _mm512_store_si512((void *)(ub + 128 * c + 64),
+                           _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), m), o));
+    }
+#else
+    for (int c = 0; c < 4; c++)
+        for (int x = 0; x < 64; x++) {
+            ub[128 * c + x] = (uint8_t)((q[64 * c + x] & 0x0f) - off);
+            ub[128 * c + 64 + x] = (uint8_t)((q[64 * c + x] >> 4) - off);
+        }
+#endif
+}
+
+/* One token tile (mt tokens, activation rows at, as apart; daT/sT: their
+ * block scales and sums [kc][16]) x one unpacked panel (ub: kc blocks,
+ * dw/mw: [kc][16]): the panel's nr rows of y, stored when first, else
+ * added. isums (tests): the exact block dots, [t][row][block]. */
+static void amx_i4_tile(int affine, const uint8_t *ub, const float *dw, const float *mw, int kc, int64_t kb0,
+                        const uint8_t *at, size_t as, const float *daT, const float *sT, int mt, float *y,
+                        int64_t ldy, int nr, int first, int32_t *isums, int64_t ldr, int64_t nbt)
+{
+    _Alignas(64) int32_t cb[2][AMX_T][16];
+#ifdef IE_AMX_AVX512
+    const int vec = mt == AMX_T;
+#define AMX_ACC(t) __m512 acc##t = _mm512_setzero_ps();
+    AMX_ACC(0)
+    AMX_ACC(1)
+    AMX_ACC(2) AMX_ACC(3) AMX_ACC(4) AMX_ACC(5) AMX_ACC(6) AMX_ACC(7) AMX_ACC(8) AMX_ACC(9) AMX_ACC(10) AMX_ACC(11)
+        AMX_ACC(12) AMX_ACC(13) AMX_ACC(14) AMX_ACC(15)
+#undef AMX_ACC
+#else
+    const int vec = 0;
+#endif
+            _Alignas(64) float acc[AMX_T][16];
+    if (!vec) memset(acc, 0, sizeof acc);
+    for (int k = 0; k < kc; k += 2) {
+        const int two = k + 1 < kc;
+        IE_AMX_ZERO(AMX_C0);
+        IE_AMX_LOAD(AMX_A0, at + 32 * (size_t)(kb0 + k), as);
+        IE_AMX_LOAD(AMX_B, ub + 512 * (size_t)k, 64);
+        if (affine) IE_AMX_DPBSUD(AMX_C0, AMX_A0, AMX_B);
+        else IE_AMX_DPBSSD(AMX_C0, AMX_A0, AMX_B);
+        if (two) {
+            IE_AMX_ZERO(AMX_C1);
+            IE_AMX_LOAD(AMX_A1, at + 32 * (size_t)(kb0 + k + 1), as);
+            IE_AMX_LOAD(AMX_B1, ub + 512 * (size_t)(k + 1), 64);
+            if (affine) IE_AMX_DPBSUD(AMX_C1, AMX_A1, AMX_B1);
+            else IE_AMX_DPBSSD(AMX_C1, AMX_A1, AMX_B1);
+        }
+        IE_AMX_STORE(AMX_C0, cb[0], 64);
+        if (two) IE_AMX_STORE(AMX_C1, cb[1], 64);
+        for (int h = 0; h <= two; h++) {
+            const int kk = k + h;
+            const float *d = daT + 16 * kk, *sv = sT + 16 * kk;
+            if (isums)
+                for (int t = 0; t < mt; t++)
+                    for (int r = 0; r < nr; r++) isums[((int64_t)t * ldr + r) * nbt + kb0 + kk] = cb[h][t][r];
+#ifdef IE_AMX_AVX512
+            if (vec) {
+                const __m512 vdw = _mm512_load_ps(dw + 16 * kk), vmw = _mm512_load_ps(mw + 16 * kk);
+#define AMX_EPI(t)                                                                          \
+    acc##t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)cb[h][t])), \
+                             _mm512_mul_ps(vdw, _mm512_set1_ps(d[t])), acc##t);             \
+    if (affine) acc##t = _mm512_fmadd_ps(vmw, _mm512_set1_ps(sv[t]), acc##t);
+                AMX_EPI(0)
+                AMX_EPI(1)
+                AMX_EPI(2) AMX_EPI(3) AMX_EPI(4) AMX_EPI(5) AMX_EPI(6) AMX_EPI(7) AMX_EPI(8) AMX_EPI(9) AMX_EPI(10)
+                    AMX_EPI(11) AMX_EPI(12) AMX_EPI(13) AMX_EPI(14) AMX_EPI(15)
+#undef AMX_EPI
+                        continue;
+            }
+#endif
+            for (int t = 0; t < mt; t++)
+                for (int r = 0; r < 16; r++)
+                    acc[t][r] += (float)cb[h][t][r] * (dw[16 * kk + r] * d[t]) +
+                                 (affine ? mw[16 * kk + r] * sv[t] : 0.0f);
+        }
+    }
+#ifdef IE_AMX_AVX512
+    if (vec) {
+#define AMX_OUT(t) _mm512_store_ps(acc[t], acc##t);
+        AMX_OUT(0)
+        AMX_OUT(1)
+        AMX_OUT(2) AMX_OUT(3) AMX_OUT(4) AMX_OUT(5) AMX_OUT(6) AMX_OUT(7) AMX_OUT(8) AMX_OUT(9) AMX_OUT(10)
+            AMX_OUT(11) AMX_OUT(12) AMX_OUT(13) AMX_OUT(14) AMX_OUT(15)
+#undef AMX_OUT
+    }
+#endif
+    for (int t = 0; t < mt; t++) {
+        float *yt = y + (int64_t)t * ldy;
+        for (int r = 0; r < nr; r++) yt[r] = first ? acc[t][r] : yt[r] + acc[t][r];
+    }
+}
+
+/* The I4 path of IE_AMX_GEMM_NAME (same arguments, checked). */
+static void amx_gemm_i4(const ie_pmat_t *m, int64_t r0, int64_t r1, const uint8_t *act, size_t as, int64_t n_tok,
+                        float *y, int64_t ldy, int32_t *isums)
+{
+    const int affine = m->dtype == IE_DTYPE_I4WA;
+    const int64_t n_in = m->n_in, nb = n_in / 32, bpg = m->group / 32;
+    const size_t pb = ie_pack_panel_bytes(m->dtype, m->group, n_in), gb = pb / (size_t)(n_in / m->group);
+    const size_t hdr = affine ? 64 : 32;
+    const int64_t p0 = r0 / IE_PANEL, p1 = (r1 + IE_PANEL - 1) / IE_PANEL;
+    _Alignas(64) uint8_t ub[AMX_RB4][AMX_KC4][512];
+    _Alignas(64) float dw[AMX_RB4][AMX_KC4][16], mw[AMX_RB4][AMX_KC4][16], daT[AMX_KC4][16], sT[AMX_KC4][16];
+    for (int64_t kb0 = 0; kb0 < nb; kb0 += AMX_KC4) {
+        const int kc = (int)(nb - kb0 < AMX_KC4 ? nb - kb0 : AMX_KC4);
+        for (int64_t q0 = p0; q0 < p1; q0 += AMX_RB4) {
+            const int np = (int)(p1 - q0 < AMX_RB4 ? p1 - q0 : AMX_RB4);
+            for (int i = 0; i < np; i++) {
+                const uint8_t *panel = m->data + (size_t)(q0 + i) * pb;
+                for (int k = 0; k < kc; k++) {
+                    const int64_t b = kb0 + k, g = b / bpg;
+                    const uint8_t *gp = panel + (size_t)g * gb;
+                    amx_unpack4(gp + hdr + (size_t)(b - g * bpg) * 256, ub[i][k], affine ? 0 : 8);
+                    for (int r = 0; r < 16; r++) {
+                        dw[i][k][r] = amx_f16(gp + 2 * r);
+                        mw[i][k][r] = affine ? amx_f16(gp + 32 + 2 * r) : 0.0f;
+                    }
+                }
+            }
+            for (int64_t t0 = 0; t0 < n_tok; t0 += AMX_T) {
+                const int mt = n_tok - t0 < AMX_T ? (int)(n_tok - t0) : AMX_T;
+                const uint8_t *at = act + (size_t)t0 * as;
+                /* the tokens' block scales and sums, transposed: [block][token] */
+                memset(daT, 0, sizeof daT);
+                memset(sT, 0, sizeof sT);
+                for (int t = 0; t < mt; t++) {
+                    const uint8_t *dp = at + (size_t)t * as + (size_t)n_in;
+                    for (int k = 0; k < kc; k++) {
+                        daT[k][t] = amx_ldf(dp + 4 * (size_t)(kb0 + k));
+                        if (affine) sT[k][t] = amx_ldf(dp + 4 * (size_t)(nb + kb0 + k));
+                    }
+                }
+                amx_configure(mt, 0);
+                for (int i = 0; i < np; i++) {
+                    const int64_t p = q0 + i, rows = r1 - p * IE_PANEL;
+                    const int nr = rows < IE_PANEL ? (int)rows : IE_PANEL;
+                    int32_t *is = isums ? isums + ((t0 * (r1 - r0)) + (p * IE_PANEL - r0)) * nb : NULL;
+                    amx_i4_tile(affine, ub[i][0], dw[i][0], mw[i][0], kc, kb0, at, as, daT[0], sT[0], mt,
+                                y + t0 * ldy + p * IE_PANEL, ldy, nr, kb0 == 0, is, r1 - r0, nb);
+                }
+            }
+        }
     }
 }
 
@@ -287,10 +412,12 @@ ie_status_t IE_AMX_GEMM_NAME(const ie_pmat_t *m, int64_t r0, int64_t r1, const v
         return IE_ERR_INVAL;
     if (!ie_dtype_is_intw(m->dtype)) return IE_ERR_UNSUPPORTED;
     if (r0 == r1 || n_tok == 0) return IE_OK;
-    const ie_dtype_t dt = m->dtype;
-    const int i8w = dt == IE_DTYPE_I8W;
+    if (m->dtype != IE_DTYPE_I8W) {
+        amx_gemm_i4(m, r0, r1, a, a_stride, n_tok, y, ldy, isums);
+        return IE_OK;
+    }
     const int64_t n_in = m->n_in, nb = n_in / 32, bpg = m->group / 32;
-    const size_t pb = ie_pack_panel_bytes(dt, m->group, n_in);
+    const size_t pb = ie_pack_panel_bytes(m->dtype, m->group, n_in);
     const size_t gb = pb / (size_t)(n_in / m->group);
     const int64_t p0 = r0 / IE_PANEL, p1 = (r1 + IE_PANEL - 1) / IE_PANEL;
     _Alignas(64) uint8_t pk[AMX_KC * (AMX_PK_PLANES + AMX_PK_TAIL)];
@@ -298,21 +425,20 @@ ie_status_t IE_AMX_GEMM_NAME(const ie_pmat_t *m, int64_t r0, int64_t r1, const v
     for (int64_t kb0 = 0; kb0 < nb; kb0 += AMX_KC) {
         const int64_t kb1 = kb0 + AMX_KC < nb ? kb0 + AMX_KC : nb;
         /* panels per row block: their chunk's weights ~ AMX_ROWBLK bytes */
-        int64_t rb = (int64_t)(AMX_ROWBLK / ((size_t)(kb1 - kb0) * (i8w ? 512 : 256) + 1));
+        int64_t rb = (int64_t)(AMX_ROWBLK / ((size_t)(kb1 - kb0) * 512 + 1));
         if (rb < 1) rb = 1;
         for (int64_t q0 = p0; q0 < p1; q0 += rb) {
             const int64_t q1 = q0 + rb < p1 ? q0 + rb : p1;
             for (int64_t t0 = 0; t0 < n_tok; t0 += AMX_T) {
                 const int mt = n_tok - t0 < AMX_T ? (int)(n_tok - t0) : AMX_T;
-                const uint8_t *at = act + (size_t)t0 * a_stride;
-                amx_pack(i8w, at, a_stride, n_in, mt, kb0, kb1, pk);
+                amx_pack(act + (size_t)t0 * a_stride, a_stride, n_in, mt, kb0, kb1, pk);
                 amx_configure(mt, 0);
                 for (int64_t p = q0; p < q1; p++) {
                     const int64_t rows = r1 - p * IE_PANEL;
                     const int nr = rows < IE_PANEL ? (int)rows : IE_PANEL;
                     int32_t *is = isums ? isums + ((t0 * (r1 - r0)) + (p * IE_PANEL - r0)) * nb : NULL;
-                    amx_panel(dt, w + (size_t)p * pb, gb, bpg, kb0, kb1, pk, at, a_stride, n_in, mt,
-                              y + t0 * ldy + p * IE_PANEL, ldy, nr, kb0 == 0, is, r1 - r0, nb);
+                    amx_panel(w + (size_t)p * pb, gb, bpg, kb0, kb1, pk, mt, y + t0 * ldy + p * IE_PANEL, ldy, nr,
+                              kb0 == 0, is, r1 - r0, nb);
                 }
             }
         }
@@ -342,22 +468,34 @@ ie_status_t IE_AMX_GEMM_BF16_NAME(const ie_pmat_t *m, int64_t r0, int64_t r1, co
             const int mt = n_tok - t0 < AMX_T ? (int)(n_tok - t0) : AMX_T;
             const uint8_t *at = act + (size_t)t0 * a_stride;
             amx_configure(mt, 1);
-            for (int64_t p = q0; p < q1; p++) {
+            /* two panels per step: C0 and C1 share each A tile */
+            for (int64_t p = q0; p < q1; p += 2) {
+                const int two = p + 1 < q1;
                 const uint8_t *panel = w + (size_t)p * pb;
                 IE_AMX_ZERO(AMX_C0);
+                if (two) IE_AMX_ZERO(AMX_C1);
                 for (int64_t k = 0; k < ns; k++) {
                     IE_AMX_LOAD(AMX_A0, at + 64 * (size_t)k, a_stride);
                     IE_AMX_LOAD(AMX_B, panel + 1024 * (size_t)k, 64);
                     IE_AMX_DPBF16PS(AMX_C0, AMX_A0, AMX_B);
+                    if (two) {
+                        IE_AMX_LOAD(AMX_B1, panel + pb + 1024 * (size_t)k, 64);
+                        IE_AMX_DPBF16PS(AMX_C1, AMX_A0, AMX_B1);
+                    }
                 }
-                const int64_t rows = r1 - p * IE_PANEL;
-                const int nr = rows < IE_PANEL ? (int)rows : IE_PANEL;
-                float *yp = y + t0 * ldy + p * IE_PANEL;
-                if (nr == IE_PANEL) {
-                    IE_AMX_STORE(AMX_C0, yp, (size_t)ldy * sizeof(float));
-                } else {
-                    IE_AMX_STORE(AMX_C0, c, sizeof c[0]);
-                    for (int t = 0; t < mt; t++) memcpy(yp + (int64_t)t * ldy, c[t], sizeof(float) * (size_t)nr);
+                for (int h = 0; h <= two; h++) {
+                    const int64_t rows = r1 - (p + h) * IE_PANEL;
+                    const int nr = rows < IE_PANEL ? (int)rows : IE_PANEL;
+                    float *yp = y + t0 * ldy + (p + h) * IE_PANEL;
+                    if (nr == IE_PANEL) {
+                        if (h) IE_AMX_STORE(AMX_C1, yp, (size_t)ldy * sizeof(float));
+                        else IE_AMX_STORE(AMX_C0, yp, (size_t)ldy * sizeof(float));
+                    } else {
+                        if (h) IE_AMX_STORE(AMX_C1, c, sizeof c[0]);
+                        else IE_AMX_STORE(AMX_C0, c, sizeof c[0]);
+                        for (int t = 0; t < mt; t++)
+                            memcpy(yp + (int64_t)t * ldy, c[t], sizeof(float) * (size_t)nr);
+                    }
                 }
             }
         }

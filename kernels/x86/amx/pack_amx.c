@@ -1,12 +1,13 @@
-/* pack_amx.c — the AMX table's packed matmul: AMX-INT8 tiles for the int
- * weight types (I8W = repacked Q8_0, I4W = Q4_0, I4WA = Q4_1) in steps of
- * at least IE_AMX_MIN_TOK tokens, the AVX-512 kernels for everything else
- * (decode, the k-quants, bf16/f16). The GEMM itself is amx_gemm_body.h,
- * compiled here over the real instructions (-mamx-tile -mamx-int8) and in
+/* pack_amx.c — the AMX table's packed matmul: AMX-BF16 tiles (tdpbf16ps)
+ * for BF16 PANEL16 weights where the CPU has them (CPUID.(7,0):EDX bit 22)
+ * in steps of at least ie_amx_min_tok() tokens, the AVX-512 kernels for
+ * everything else (decode, the int types, the k-quants, f16). The int
+ * types (I8W = repacked Q8_0, I4W = Q4_0, I4WA = Q4_1) have AMX-INT8 tile
+ * GEMMs too, taken only with IE_AMX_INT=1 (ie_amx_int_tiles): they measured
+ * slower than AVX-512 VNNI (amx_gemm_body.h). The GEMMs themselves are
+ * amx_gemm_body.h, compiled here over the real instructions and in
  * kernels/src/amx_emu.c over the scalar emulator the tests run anywhere.
- * BF16 PANEL16 weights take AMX-BF16 tiles (tdpbf16ps) where the CPU has
- * them (CPUID.(7,0):EDX bit 22), else AVX-512's vdpbf16ps kernel. Under
- * IE_AMX_EMULATE=1 (ie_amx_emulated) the table's tile calls run the
+ * Under IE_AMX_EMULATE=1 (ie_amx_emulated) the table's tile calls run the
  * emulated GEMMs and the _hw entry points refuse.
  *
  * Reached only through the AMX table, which ie_kernels_get hands out after
@@ -42,6 +43,8 @@ typedef struct {
 #define IE_AMX_LOAD(t, p, s) AMX_TILELOADD(t, p, s)
 #define IE_AMX_STORE(t, p, s) _tile_stored(t, p, (long)(s))
 #define IE_AMX_DPBSUD(c, a, b) _tile_dpbsud(c, a, b)
+#define IE_AMX_DPBSSD(c, a, b) _tile_dpbssd(c, a, b)
+#define IE_AMX_AVX512 1
 #define IE_AMX_DPBUUD(c, a, b) _tile_dpbuud(c, a, b)
 #define IE_AMX_GEMM_BF16_NAME amx_gemm_bf16_tiles
 #define IE_AMX_DPBF16PS(c, a, b) _tile_dpbf16ps(c, a, b)
@@ -68,12 +71,13 @@ ie_status_t ie_amx_gemm_bf16_hw(const ie_pmat_t *m, int64_t r0, int64_t r1, cons
     return amx_gemm_bf16_tiles(m, r0, r1, a, a_stride, n_tok, y, ldy);
 }
 
-/* 1 if this call goes to the tiles: int8 tiles for the int types, bf16
- * tiles (where the CPU has AMX-BF16) for BF16. */
+/* 1 if this call goes to the tiles: bf16 tiles (where the CPU has
+ * AMX-BF16) for BF16, int8 tiles for the int types only when asked for
+ * (ie_amx_int_tiles: they measured slower than AVX-512 VNNI). */
 static int use_tiles(const ie_pmat_t *m, int64_t n_tok)
 {
-    return m && n_tok >= IE_AMX_MIN_TOK &&
-           (ie_dtype_is_intw(m->dtype) ||
+    return m && n_tok >= ie_amx_min_tok() &&
+           ((ie_dtype_is_intw(m->dtype) && ie_amx_int_tiles()) ||
             (m->dtype == IE_DTYPE_BF16 && (ie_amx_emulated() || (ie_cpu_features() & IE_CPU_AMX_BF16))));
 }
 
