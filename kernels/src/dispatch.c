@@ -8,8 +8,9 @@
  * vpdpbusd); AVX-512 CPUs without VNNI (Skylake-X) get AVX2. AVX512_BF16
  * is not required: the BF16 kernels test it themselves (ie_cpu_features).
  *
- * IE_ISA_AMX is the AVX-512 table with the packed matmul of the int weight
- * types on AMX-INT8 tiles for multi-token steps (pack_amx.c). It needs
+ * IE_ISA_AMX is the AVX-512 table with the packed matmul of BF16 weights
+ * on AMX-BF16 tiles for multi-token steps, and of the int weight types on
+ * AMX-INT8 tiles where IE_AMX_INT=1 asks for it (pack_amx.c). It needs
  * AVX-512 as above, AMX-TILE and AMX-INT8 in CPUID, the tile state in XCR0
  * (bits 17, 18: Linux 5.16+ sets them) and, Linux's rule for the 8 KiB of
  * tile data every thread's signal frame and XSAVE area then carry, this
@@ -18,8 +19,9 @@
  * ARCH_GET_XCOMP_PERM confirms it). Without any of these the AMX table is
  * not offered; IE_ISA=amx then fails the worker's start with the reason
  * (ie_isa_unsupported_reason). Where it is offered, ie_isa_best still picks
- * AVX-512 unless IE_ISA=amx asks for it (opt-in until measured on AMX
- * hardware).
+ * AVX-512 unless IE_ISA=amx asks for it: the tiles have passed their tests
+ * and benchmarks on one Xeon with AMX (docs/PERFORMANCE.md), the rest of
+ * the test suite has not run with them yet.
  * IE_AMX_EMULATE=1 on an AVX-512 CPU without AMX offers the AMX table with
  * its tiles run by the scalar emulator (kernels/src/amx_emu.c): slow, for
  * testing the engine's whole AMX path on machines without AMX.
@@ -276,9 +278,8 @@ int ie_isa_supported(ie_isa_t isa)
 ie_isa_t ie_isa_best(void)
 {
     ie_isa_t best = IE_ISA_REF;
-    /* AMX only when asked (IE_ISA=amx): its tiles have run on the emulator
-     * alone, never on an AMX CPU, so an unmeasured path is not made the
-     * default of machines that work today (docs/PERFORMANCE.md, "AMX") */
+    /* AMX only when asked (IE_ISA=amx): measured on one AMX Xeon, but the
+     * whole test suite has not run with it (docs/PERFORMANCE.md, "AMX") */
     for (int i = IE_ISA_AVX512; i > IE_ISA_REF; i--)
         if (ie_isa_supported((ie_isa_t)i)) {
             best = (ie_isa_t)i;

@@ -370,8 +370,9 @@ void ie_kv_attend_avx512(const ie_kv_attend_t *a, const ie_attn_state_t *st);
 /* ------------------------------------------------------------------ amx */
 
 /* Steps with fewer tokens than this take the AVX-512 kernels in the AMX
- * table. 16 (one full A tile of tokens) is a guess: the crossover against
- * AVX-512 VNNI has not been measured on a CPU with AMX yet. */
+ * table: one full A tile of tokens. On one core of a Xeon with AMX the
+ * bf16 tiles won 6x at 16 tokens; at 4 threads they were within noise of
+ * AVX-512 from 4 to 32 (docs/PERFORMANCE.md). */
 #define IE_AMX_MIN_TOK 16
 
 /* The AMX table's threshold in tokens: IE_AMX_MIN_TOK, or the environment's

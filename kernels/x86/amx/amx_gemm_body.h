@@ -283,8 +283,9 @@ static void amx_i4_tile(int affine, const uint8_t *ub, const float *dw, const fl
 #define AMX_ACC(t) __m512 acc##t = _mm512_setzero_ps();
     AMX_ACC(0)
     AMX_ACC(1)
-    AMX_ACC(2) AMX_ACC(3) AMX_ACC(4) AMX_ACC(5) AMX_ACC(6) AMX_ACC(7) AMX_ACC(8) AMX_ACC(9) AMX_ACC(10) AMX_ACC(11)
-        AMX_ACC(12) AMX_ACC(13) AMX_ACC(14) AMX_ACC(15)
+    AMX_ACC(2)
+    AMX_ACC(3) AMX_ACC(4) AMX_ACC(5) AMX_ACC(6) AMX_ACC(7) AMX_ACC(8) AMX_ACC(9) AMX_ACC(10) AMX_ACC(11) AMX_ACC(12)
+        AMX_ACC(13) AMX_ACC(14) AMX_ACC(15)
 #undef AMX_ACC
 #else
     const int vec = 0;
@@ -322,8 +323,9 @@ static void amx_i4_tile(int affine, const uint8_t *ub, const float *dw, const fl
     if (affine) acc##t = _mm512_fmadd_ps(vmw, _mm512_set1_ps(sv[t]), acc##t);
                 AMX_EPI(0)
                 AMX_EPI(1)
-                AMX_EPI(2) AMX_EPI(3) AMX_EPI(4) AMX_EPI(5) AMX_EPI(6) AMX_EPI(7) AMX_EPI(8) AMX_EPI(9) AMX_EPI(10)
-                    AMX_EPI(11) AMX_EPI(12) AMX_EPI(13) AMX_EPI(14) AMX_EPI(15)
+                AMX_EPI(2)
+                AMX_EPI(3) AMX_EPI(4) AMX_EPI(5) AMX_EPI(6) AMX_EPI(7) AMX_EPI(8) AMX_EPI(9) AMX_EPI(10) AMX_EPI(11)
+                    AMX_EPI(12) AMX_EPI(13) AMX_EPI(14) AMX_EPI(15)
 #undef AMX_EPI
                         continue;
             }
@@ -339,8 +341,9 @@ static void amx_i4_tile(int affine, const uint8_t *ub, const float *dw, const fl
 #define AMX_OUT(t) _mm512_store_ps(acc[t], acc##t);
         AMX_OUT(0)
         AMX_OUT(1)
-        AMX_OUT(2) AMX_OUT(3) AMX_OUT(4) AMX_OUT(5) AMX_OUT(6) AMX_OUT(7) AMX_OUT(8) AMX_OUT(9) AMX_OUT(10)
-            AMX_OUT(11) AMX_OUT(12) AMX_OUT(13) AMX_OUT(14) AMX_OUT(15)
+        AMX_OUT(2)
+        AMX_OUT(3) AMX_OUT(4) AMX_OUT(5) AMX_OUT(6) AMX_OUT(7) AMX_OUT(8) AMX_OUT(9) AMX_OUT(10) AMX_OUT(11)
+            AMX_OUT(12) AMX_OUT(13) AMX_OUT(14) AMX_OUT(15)
 #undef AMX_OUT
     }
 #endif
