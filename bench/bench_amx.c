@@ -70,15 +70,13 @@ static uint8_t *filled(size_t n)
 }
 
 /* Time `body` reps times (after one warm-up pass); print cycles per tdp. */
-#define LOOP(name, ntdp, body)                                                                      \
-    do {                                                                                            \
-        uint64_t c0 = 0;                                                                            \
-        for (int pass = 0; pass < 2; pass++) {                                                      \
-            c0 = __rdtsc();                                                                         \
-            for (int i = 0; i < reps; i++) {                                                        \
-                body;                                                                               \
-            }                                                                                       \
-        }                                                                                           \
+#define LOOP(name, ntdp, body)                                                                        \
+    do {                                                                                              \
+        uint64_t c0 = 0;                                                                              \
+        for (int pass = 0; pass < 2; pass++) {                                                        \
+            c0 = __rdtsc();                                                                           \
+            for (int i = 0; i < reps; i++) { body; }                                                  \
+        }                                                                                             \
         printf("  %-46s %7.1f TSC cycles per tdp\n", name, (double)(__rdtsc() - c0) / reps / (ntdp)); \
     } while (0)
 
@@ -113,7 +111,8 @@ static void instruction_costs(int reps, int bf16)
     free(a), free(b), free(l1);
 }
 
-typedef ie_status_t (*tile_fn)(const ie_pmat_t *, int64_t, int64_t, const void *, size_t, int64_t, float *, int64_t);
+typedef ie_status_t (*tile_fn)(const ie_pmat_t *, int64_t, int64_t, const void *, size_t, int64_t, float *,
+                               int64_t);
 
 static ie_status_t int_tiles(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t as, int64_t n_tok,
                              float *y, int64_t ldy)

@@ -48,7 +48,9 @@
  * instructions per token row and block) costs more than the tdp: measured
  * there, I4W ran at 0.84x AVX-512 VNNI on one core and 0.92x on four, I8W
  * (two tdps: Q16_P activations split into bytes) at 0.47x, which is why
- * the AMX table keeps the int types on AVX-512 (pack_amx.c).
+ * the AMX table keeps the int types on AVX-512 (pack_amx.c). The I4 path
+ * was then software-pipelined and its epilogue freed of spills (below),
+ * not yet measured on AMX hardware.
  *
  * Order of the loops (I8W; weights must come from L2, not DRAM): for each
  * k-chunk of KC blocks, for each row block of panels (~1 MiB of weights of
@@ -272,81 +274,95 @@ static void amx_unpack4(const uint8_t *q, uint8_t *ub, int off)
 /* One token tile (mt tokens, activation rows at, as apart; daT/sT: their
  * block scales and sums [kc][16]) x one unpacked panel (ub: kc blocks,
  * dw/mw: [kc][16]): the panel's nr rows of y, stored when first, else
- * added. isums (tests): the exact block dots, [t][row][block]. */
+ * added. isums (tests): the exact block dots, [t][row][block].
+ * Software-pipelined by pairs of blocks: the tdps of a pair are issued
+ * before the f32 epilogue of the previous pair (read from the other half
+ * of cb), and their C tiles stored after it, so the tiles work while the
+ * vector units scale. */
 static void amx_i4_tile(int affine, const uint8_t *ub, const float *dw, const float *mw, int kc, int64_t kb0,
                         const uint8_t *at, size_t as, const float *daT, const float *sT, int mt, float *y,
                         int64_t ldy, int nr, int first, int32_t *isums, int64_t ldr, int64_t nbt)
 {
-    _Alignas(64) int32_t cb[2][AMX_T][16];
+    _Alignas(64) int32_t cb[2][2][AMX_T][16]; /* [pair parity][block of the pair] */
+    _Alignas(64) float acc[AMX_T][16];
+#define AMX_X16(M) M(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9) M(10) M(11) M(12) M(13) M(14) M(15)
 #ifdef IE_AMX_AVX512
     const int vec = mt == AMX_T;
 #define AMX_ACC(t) __m512 acc##t = _mm512_setzero_ps();
-    AMX_ACC(0)
-    AMX_ACC(1)
-    AMX_ACC(2)
-    AMX_ACC(3) AMX_ACC(4) AMX_ACC(5) AMX_ACC(6) AMX_ACC(7) AMX_ACC(8) AMX_ACC(9) AMX_ACC(10) AMX_ACC(11) AMX_ACC(12)
-        AMX_ACC(13) AMX_ACC(14) AMX_ACC(15)
+    AMX_X16(AMX_ACC);
 #undef AMX_ACC
 #else
     const int vec = 0;
 #endif
-            _Alignas(64) float acc[AMX_T][16];
     if (!vec) memset(acc, 0, sizeof acc);
-    for (int k = 0; k < kc; k += 2) {
-        const int two = k + 1 < kc;
-        IE_AMX_ZERO(AMX_C0);
-        IE_AMX_LOAD(AMX_A0, at + 32 * (size_t)(kb0 + k), as);
-        IE_AMX_LOAD(AMX_B, ub + 512 * (size_t)k, 64);
-        if (affine) IE_AMX_DPBSUD(AMX_C0, AMX_A0, AMX_B);
-        else IE_AMX_DPBSSD(AMX_C0, AMX_A0, AMX_B);
-        if (two) {
-            IE_AMX_ZERO(AMX_C1);
-            IE_AMX_LOAD(AMX_A1, at + 32 * (size_t)(kb0 + k + 1), as);
-            IE_AMX_LOAD(AMX_B1, ub + 512 * (size_t)(k + 1), 64);
-            if (affine) IE_AMX_DPBSUD(AMX_C1, AMX_A1, AMX_B1);
-            else IE_AMX_DPBSSD(AMX_C1, AMX_A1, AMX_B1);
-        }
-        IE_AMX_STORE(AMX_C0, cb[0], 64);
-        if (two) IE_AMX_STORE(AMX_C1, cb[1], 64);
-        for (int h = 0; h <= two; h++) {
-            const int kk = k + h;
-            const float *d = daT + 16 * kk, *sv = sT + 16 * kk;
-            if (isums)
-                for (int t = 0; t < mt; t++)
-                    for (int r = 0; r < nr; r++) isums[((int64_t)t * ldr + r) * nbt + kb0 + kk] = cb[h][t][r];
+        /* the epilogue of the pair at block kp (its C tiles in cb[(kp / 2) & 1]) */
+#define AMX_I4_EPI(kp)                                                                                 \
+    for (int h = 0; h < 2 && (kp) + h < kc; h++) {                                                     \
+        const int kk = (kp) + h;                                                                       \
+        int32_t(*c)[16] = cb[((kp) / 2) & 1][h];                                                       \
+        const float *d = daT + 16 * kk, *sv = sT + 16 * kk;                                            \
+        if (isums)                                                                                     \
+            for (int t = 0; t < mt; t++)                                                               \
+                for (int r = 0; r < nr; r++) isums[((int64_t)t * ldr + r) * nbt + kb0 + kk] = c[t][r]; \
+        if (vec) {                                                                                     \
+            AMX_I4_EPI_VEC;                                                                            \
+            continue;                                                                                  \
+        }                                                                                              \
+        for (int t = 0; t < mt; t++)                                                                   \
+            for (int r = 0; r < 16; r++)                                                               \
+                acc[t][r] += (float)c[t][r] * (dw[16 * kk + r] * d[t]) +                               \
+                             (affine ? mw[16 * kk + r] * sv[t] : 0.0f);                                \
+    }
 #ifdef IE_AMX_AVX512
-            if (vec) {
-                const __m512 vdw = _mm512_load_ps(dw + 16 * kk), vmw = _mm512_load_ps(mw + 16 * kk);
-#define AMX_EPI(t)                                                                          \
-    acc##t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)cb[h][t])), \
-                             _mm512_mul_ps(vdw, _mm512_set1_ps(d[t])), acc##t);             \
-    if (affine) acc##t = _mm512_fmadd_ps(vmw, _mm512_set1_ps(sv[t]), acc##t);
-                AMX_EPI(0)
-                AMX_EPI(1)
-                AMX_EPI(2)
-                AMX_EPI(3) AMX_EPI(4) AMX_EPI(5) AMX_EPI(6) AMX_EPI(7) AMX_EPI(8) AMX_EPI(9) AMX_EPI(10) AMX_EPI(11)
-                    AMX_EPI(12) AMX_EPI(13) AMX_EPI(14) AMX_EPI(15)
-#undef AMX_EPI
-                        continue;
-            }
+/* affine tested once per block, not per row: inside the row sequence it
+ * made GCC 12 compute all 16 rows before the branch and spill */
+#define AMX_EPI(t)                                                                      \
+    acc##t = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512((const void *)c[t])), \
+                             _mm512_mul_ps(vdw, _mm512_set1_ps(d[t])), acc##t);
+#define AMX_EPI_M(t) acc##t = _mm512_fmadd_ps(vmw, _mm512_set1_ps(sv[t]), acc##t);
+#define AMX_I4_EPI_VEC                                   \
+    const __m512 vdw = _mm512_load_ps(dw + 16 * kk);     \
+    AMX_X16(AMX_EPI)                                     \
+    if (affine) {                                        \
+        const __m512 vmw = _mm512_load_ps(mw + 16 * kk); \
+        AMX_X16(AMX_EPI_M)                               \
+    }
+#else
+#define AMX_I4_EPI_VEC
 #endif
-            for (int t = 0; t < mt; t++)
-                for (int r = 0; r < 16; r++)
-                    acc[t][r] += (float)cb[h][t][r] * (dw[16 * kk + r] * d[t]) +
-                                 (affine ? mw[16 * kk + r] * sv[t] : 0.0f);
+    for (int k = 0; k < kc + 2; k += 2) {
+        if (k < kc) { /* the tdps of the pair at k */
+            IE_AMX_ZERO(AMX_C0);
+            IE_AMX_LOAD(AMX_A0, at + 32 * (size_t)(kb0 + k), as);
+            IE_AMX_LOAD(AMX_B, ub + 512 * (size_t)k, 64);
+            if (affine) IE_AMX_DPBSUD(AMX_C0, AMX_A0, AMX_B);
+            else IE_AMX_DPBSSD(AMX_C0, AMX_A0, AMX_B);
+            if (k + 1 < kc) {
+                IE_AMX_ZERO(AMX_C1);
+                IE_AMX_LOAD(AMX_A1, at + 32 * (size_t)(kb0 + k + 1), as);
+                IE_AMX_LOAD(AMX_B1, ub + 512 * (size_t)(k + 1), 64);
+                if (affine) IE_AMX_DPBSUD(AMX_C1, AMX_A1, AMX_B1);
+                else IE_AMX_DPBSSD(AMX_C1, AMX_A1, AMX_B1);
+            }
+        }
+        if (k > 0) AMX_I4_EPI(k - 2) /* the previous pair's epilogue */
+        if (k < kc) {
+            IE_AMX_STORE(AMX_C0, cb[(k / 2) & 1][0], 64);
+            if (k + 1 < kc) IE_AMX_STORE(AMX_C1, cb[(k / 2) & 1][1], 64);
         }
     }
 #ifdef IE_AMX_AVX512
     if (vec) {
 #define AMX_OUT(t) _mm512_store_ps(acc[t], acc##t);
-        AMX_OUT(0)
-        AMX_OUT(1)
-        AMX_OUT(2)
-        AMX_OUT(3) AMX_OUT(4) AMX_OUT(5) AMX_OUT(6) AMX_OUT(7) AMX_OUT(8) AMX_OUT(9) AMX_OUT(10) AMX_OUT(11)
-            AMX_OUT(12) AMX_OUT(13) AMX_OUT(14) AMX_OUT(15)
+        AMX_X16(AMX_OUT);
 #undef AMX_OUT
     }
 #endif
+#undef AMX_I4_EPI
+#undef AMX_I4_EPI_VEC
+#undef AMX_EPI
+#undef AMX_EPI_M
+#undef AMX_X16
     for (int t = 0; t < mt; t++) {
         float *yt = y + (int64_t)t * ldy;
         for (int r = 0; r < nr; r++) yt[r] = first ? acc[t][r] : yt[r] + acc[t][r];
