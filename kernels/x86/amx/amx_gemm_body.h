@@ -245,8 +245,8 @@ static void amx_panel(const uint8_t *panel, size_t gb, int64_t bpg, int64_t kb0,
  * two C tiles, and the f32 epilogue of a block, acc[t] += C[t] * (dw *
  * da[t]) (+ mw * s[t] for I4WA), keeps the tile's 16 accumulators in
  * registers (AVX-512) while the next blocks' tile work runs. Unpacking per
- * row block rather than per token tile is what makes the tiles pay: the
- * nibble unpack costs about as much as a tdp. */
+ * row block rather than per (panel, token tile), and the AVX-512 epilogue,
+ * took one core from 47 to 247 GOP/s (512 tokens; AVX-512 VNNI: 292). */
 #define AMX_KC4 32 /* blocks per k-chunk                                   */
 #define AMX_RB4 8  /* panels per row block: 8 x 32 x 512 B = 128 KiB of B */
 
