@@ -1,19 +1,20 @@
 /* bench_amx.c — what the AMX tile instructions cost on this core, and the
  * tile GEMMs against AVX-512 on one core (issue 23; docs/PERFORMANCE.md,
- * "AMX tiles"). Prints "skipped: <reason>" and exits 0 where the CPU or
- * OS has no AMX.
+ * "AMX tiles"). Where the CPU or OS has no AMX it says why and times the
+ * AVX-512 GEMMs alone.
  *
  * 1. Loops of tile instructions, in TSC cycles per iteration's tdp: the
  *    tdp's throughput (4 independent C tiles) and latency (one chain),
  *    tileloadd from L1, with a 4 KiB row stride, from L2 and from L3, a
  *    tdp with its loads, and a tdp whose C is stored and read back by
  *    vector loads (the int GEMMs' per-block epilogue).
- * 2. One core (pinned to the CPU it starts on), a 512-row slice of a
- *    2048 x 2048 matrix (one thread's share at 4 threads), 16 and 512
- *    tokens: the AVX-512 kernel against the tile GEMM for bf16, int8w
- *    (Q8_0) and int4w (Q4_0), GOP/s.
+ * 2. N threads at once (default 1), pinned to cpus FIRST.. (default 0),
+ *    each with its own 512-row slice of a 2048 x 2048 matrix (one thread's
+ *    share at 4 threads), 16 and 512 tokens: the AVX-512 kernel against
+ *    the tile GEMM for bf16, int8w (Q8_0) and int4w (Q4_0), aggregate
+ *    GOP/s. Without AMX, the AVX-512 arm alone.
  *
- * usage: bench_amx [--reps N]
+ * usage: bench_amx [--reps N] [--threads N] [--cpu FIRST]
  */
 #define _GNU_SOURCE
 #include "ie_kernels.h"
@@ -21,6 +22,7 @@
 #include "../kernels/src/ie_kernels_isa.h"
 
 #include <immintrin.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -120,77 +122,161 @@ static ie_status_t int_tiles(const ie_pmat_t *m, int64_t r0, int64_t r1, const v
     return ie_amx_gemm_hw(m, r0, r1, a, as, n_tok, y, ldy, NULL);
 }
 
-static void gemms(int bf16)
+#define N_IN 2048
+#define N_OUT 2048
+#define ROWS 512 /* one thread's share of N_OUT at 4 threads */
+#define MAX_TOK 512
+#define MAX_THREADS 64
+
+/* One thread's copy of a type's weights and activations (its own, so that
+ * N threads at once read N copies, as N workers' shares would). */
+typedef struct {
+    ie_dtype_t wt;
+    size_t as;
+    uint8_t *a;
+    void *wd;
+    float *y;
+} gemm_data_t;
+
+typedef struct {
+    int n_threads, first_cpu, amx, bf16;
+    pthread_barrier_t bar;
+    double dt[MAX_THREADS]; /* this measurement's time per thread */
+    int failed;
+} gemm_run_t;
+
+typedef struct {
+    gemm_run_t *run;
+    int ith;
+} gemm_arg_t;
+
+static void gemm_setup(gemm_data_t *d, ie_dtype_t wt)
 {
-    const int64_t n_in = 2048, n_out = 2048, rows = 512, toks[2] = {16, 512};
-    static const ie_dtype_t types[] = {IE_DTYPE_BF16, IE_DTYPE_I8W, IE_DTYPE_I4W};
-    float *wf = malloc(sizeof(float) * n_in * n_out), *x = malloc(sizeof(float) * n_in * 512),
-          *y = malloc(sizeof(float) * n_out * 512);
-    if (!wf || !x || !y) {
+    const ie_dtype_t at = ie_matmul_act_dtype(wt);
+    float *wf = malloc(sizeof(float) * N_IN * N_OUT), *x = malloc(sizeof(float) * N_IN * MAX_TOK);
+    d->wt = wt;
+    d->as = ie_dtype_row_bytes(at, N_IN);
+    d->a = malloc(d->as * MAX_TOK);
+    d->wd = aligned_alloc(64, (ie_pack_bytes(wt, 32, N_IN, N_OUT) + 63) / 64 * 64);
+    d->y = malloc(sizeof(float) * N_OUT * MAX_TOK);
+    if (!wf || !x || !d->a || !d->wd || !d->y) {
         fprintf(stderr, "bench_amx: out of memory\n");
         exit(1);
     }
-    for (int64_t i = 0; i < n_in * n_out; i++) wf[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
-    for (int64_t i = 0; i < n_in * 512; i++) x[i] = (float)((i * 40503u) % 1000) / 1000.0f - 0.5f;
-    puts("GEMM, one core, 512 rows x 2048 (GOP/s, best of 4):");
-    for (int ti = bf16 ? 0 : 1; ti < 3; ti++) {
-        const ie_dtype_t wt = types[ti], at = ie_matmul_act_dtype(wt);
-        const size_t as = ie_dtype_row_bytes(at, n_in);
-        uint8_t *a = malloc(as * 512);
-        void *wd = aligned_alloc(64, (ie_pack_bytes(wt, 32, n_in, n_out) + 63) / 64 * 64);
-        if (!a || !wd || ie_pack_quantize(wt, 32, IE_QSCALE_ABSMAX, wf, n_in, 0, n_out, n_out, wd) != 0) {
-            fprintf(stderr, "bench_amx: cannot set up %s\n", ie_dtype_name(wt));
-            exit(1);
-        }
-        for (int64_t t = 0; t < 512; t++) ie_act_quantize_ref(at, x + t * n_in, a + t * as, n_in);
-        const ie_pmat_t m = {wt, 32, n_in, n_out, wd};
-        const tile_fn tiles = wt == IE_DTYPE_BF16 ? ie_amx_gemm_bf16_hw : int_tiles;
+    for (int64_t i = 0; i < (int64_t)N_IN * N_OUT; i++) wf[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+    for (int64_t i = 0; i < (int64_t)N_IN * MAX_TOK; i++) x[i] = (float)((i * 40503u) % 1000) / 1000.0f - 0.5f;
+    if (ie_pack_quantize(wt, 32, IE_QSCALE_ABSMAX, wf, N_IN, 0, N_OUT, N_OUT, d->wd) != 0) {
+        fprintf(stderr, "bench_amx: cannot pack %s\n", ie_dtype_name(wt));
+        exit(1);
+    }
+    for (int64_t t = 0; t < MAX_TOK; t++) ie_act_quantize_ref(at, x + t * N_IN, d->a + t * d->as, N_IN);
+    free(wf), free(x);
+}
+
+static void gemm_free(gemm_data_t *d) { free(d->a), free(d->wd), free(d->y); }
+
+/* Each thread, pinned to first_cpu + ith: for every type, token count and
+ * arm (AVX-512, tiles), 4 rounds of one GEMM call, all threads starting
+ * together (barrier); thread 0 prints the aggregate of the slowest. */
+static void *gemm_thread(void *p)
+{
+    const gemm_arg_t *ga = p;
+    gemm_run_t *run = ga->run;
+    const int ith = ga->ith;
+    cpu_set_t cs;
+    CPU_ZERO(&cs);
+    CPU_SET(run->first_cpu + ith, &cs);
+    if (sched_setaffinity(0, sizeof cs, &cs) != 0 && ith == 0) puts("  (could not pin the threads)");
+    static const ie_dtype_t types[] = {IE_DTYPE_BF16, IE_DTYPE_I8W, IE_DTYPE_I4W};
+    static const int64_t toks[] = {16, MAX_TOK};
+    for (int ti = run->bf16 ? 0 : 1; ti < 3; ti++) {
+        gemm_data_t d;
+        gemm_setup(&d, types[ti]);
+        const ie_pmat_t m = {d.wt, 32, N_IN, N_OUT, d.wd};
+        const tile_fn tiles = d.wt == IE_DTYPE_BF16 ? ie_amx_gemm_bf16_hw : int_tiles;
         for (int k = 0; k < 2; k++) {
             double best[2] = {1e30, 1e30};
             for (int r = 0; r < 4; r++)
-                for (int w = 0; w < 2; w++) {
+                for (int w = 0; w <= run->amx; w++) {
+                    pthread_barrier_wait(&run->bar);
                     const double t0 = now_s();
-                    const ie_status_t st = w ? tiles(&m, 0, rows, a, as, toks[k], y, n_out)
-                                             : ie_matmul_packed_avx512(&m, 0, rows, a, as, toks[k], y, n_out);
-                    const double dt = now_s() - t0;
-                    if (st != IE_OK) {
-                        fprintf(stderr, "bench_amx: %s GEMM failed (%d)\n", ie_dtype_name(wt), (int)st);
-                        exit(1);
-                    }
-                    if (dt < best[w]) best[w] = dt;
+                    const ie_status_t st = w ? tiles(&m, 0, ROWS, d.a, d.as, toks[k], d.y, N_OUT)
+                                             : ie_matmul_packed_avx512(&m, 0, ROWS, d.a, d.as, toks[k], d.y, N_OUT);
+                    run->dt[ith] = now_s() - t0;
+                    if (st != IE_OK) run->failed = 1;
+                    pthread_barrier_wait(&run->bar);
+                    double slowest = 0.0;
+                    for (int i = 0; i < run->n_threads; i++) slowest = run->dt[i] > slowest ? run->dt[i] : slowest;
+                    if (slowest < best[w]) best[w] = slowest;
+                    pthread_barrier_wait(&run->bar); /* dt read before the next round writes it */
                 }
-            const double ops = 2.0 * (double)rows * (double)n_in * (double)toks[k];
-            printf("  %-6s %3lld tokens: avx512 %7.1f  amx %7.1f  (amx/avx512 %.2f)\n", ie_dtype_name(wt),
-                   (long long)toks[k], ops / best[0] / 1e9, ops / best[1] / 1e9, best[0] / best[1]);
+            if (ith == 0) {
+                const double ops = 2.0 * ROWS * N_IN * (double)toks[k] * run->n_threads;
+                printf("  %-6s %3lld tokens: avx512 %7.1f", ie_dtype_name(d.wt), (long long)toks[k],
+                       ops / best[0] / 1e9);
+                if (run->amx) printf("  amx %7.1f  (amx/avx512 %.2f)", ops / best[1] / 1e9, best[0] / best[1]);
+                putchar('\n');
+            }
         }
-        free(a), free(wd);
+        gemm_free(&d);
     }
-    free(wf), free(x), free(y);
+    return NULL;
+}
+
+/* The GEMMs on n_threads pinned threads at once (cpus first_cpu...). */
+static int gemms(int n_threads, int first_cpu, int amx, int bf16)
+{
+    gemm_run_t run = {.n_threads = n_threads, .first_cpu = first_cpu, .amx = amx, .bf16 = bf16};
+    gemm_arg_t args[MAX_THREADS];
+    pthread_t th[MAX_THREADS];
+    if (pthread_barrier_init(&run.bar, NULL, (unsigned)n_threads) != 0) return 1;
+    printf("GEMM, %d thread(s) at once on cpus %d-%d, each its own %d rows x %d (aggregate GOP/s of the slowest, "
+           "best of 4):\n",
+           n_threads, first_cpu, first_cpu + n_threads - 1, ROWS, N_IN);
+    int started = 0;
+    for (; started < n_threads; started++) {
+        args[started] = (gemm_arg_t){&run, started};
+        if (pthread_create(&th[started], NULL, gemm_thread, &args[started]) != 0) break;
+    }
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&run.bar);
+    if (started < n_threads || run.failed) {
+        fprintf(stderr, "bench_amx: %s\n", started < n_threads ? "cannot start the threads" : "a GEMM failed");
+        return 1;
+    }
+    return 0;
 }
 
 int main(int argc, char **argv)
 {
-    int reps = 20000;
+    int reps = 20000, threads = 1, first_cpu = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--cpu") == 0 && i + 1 < argc) first_cpu = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--reps N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--reps N] [--threads N] [--cpu FIRST]\n", argv[0]);
             return 2;
         }
     }
-    if (reps < 1) reps = 1;
-    const char *why = ie_amx_emulated() ? "IE_AMX_EMULATE=1: no real tiles" : ie_isa_unsupported_reason(IE_ISA_AMX);
-    if (why) {
-        printf("bench_amx: skipped: %s\n", why);
+    if (reps < 1 || threads < 1 || threads > MAX_THREADS || first_cpu < 0) {
+        fprintf(stderr, "bench_amx: --reps >= 1, --threads 1..%d, --cpu >= 0\n", MAX_THREADS);
+        return 2;
+    }
+    if (!ie_isa_supported(IE_ISA_AVX512)) {
+        printf("bench_amx: skipped: %s\n", ie_isa_unsupported_reason(IE_ISA_AVX512));
         return 0;
     }
-    cpu_set_t cs;
-    CPU_ZERO(&cs);
-    CPU_SET(sched_getcpu(), &cs);
-    sched_setaffinity(0, sizeof cs, &cs);
-    const int bf16 = (ie_cpu_features() & IE_CPU_AMX_BF16) != 0;
-    if (!bf16) puts("no AMX-BF16 (CPUID.(7,0):EDX bit 22): its loop and GEMM are left out");
-    instruction_costs(reps, bf16);
-    gemms(bf16);
-    return 0;
+    const char *why = ie_amx_emulated() ? "IE_AMX_EMULATE=1: no real tiles" : ie_isa_unsupported_reason(IE_ISA_AMX);
+    const int amx = why == NULL, bf16 = amx && (ie_cpu_features() & IE_CPU_AMX_BF16);
+    if (!amx) printf("amx: skipped (%s): the AVX-512 GEMMs only\n", why);
+    else if (!bf16) puts("no AMX-BF16 (CPUID.(7,0):EDX bit 22): its loop and GEMM are left out");
+    if (amx) {
+        cpu_set_t cs;
+        CPU_ZERO(&cs);
+        CPU_SET(first_cpu, &cs);
+        sched_setaffinity(0, sizeof cs, &cs);
+        instruction_costs(reps, bf16);
+    }
+    return gemms(threads, first_cpu, amx, amx ? bf16 : 1);
 }

@@ -7,7 +7,8 @@
 # 1. CPU flags and what dispatch.c decides (IE_ISA=amx must start a worker);
 # 2. test_amx_hw (the tile GEMM and the amx table against ref): must PASS,
 #    a skip is a failure here;
-# 3. bench_amx (tile instruction costs, one core's GEMMs), then
+# 3. bench_amx (tile instruction costs, one core's GEMMs, then THREADS
+#    threads' at once), then
 #    bench_kernels: the tiles' int8 peak, GEMM GOP/s of int8w/int4w/
 #    int4w_affine (AMX-INT8, IE_AMX_INT=1) and bf16 (AMX-BF16) at 512
 #    tokens, avx512 and amx in one run;
@@ -50,6 +51,7 @@ fi
 echo "== 3. tile instruction costs and one core's GEMMs (bench_amx), then GEMM at 512 tokens, $ISA_A vs $ISA_B,"
 echo "      $TH threads (and the tiles' peak)"
 "$B"/bench_amx
+"$B"/bench_amx --threads "$TH" --reps 1000 | grep -v '^ *t[di]' | grep -v 'TSC'
 IE_AMX_INT=1 "$B"/bench_kernels --threads "$TH" --isa "$ISA_A,$ISA_B" --types int8w,int4w,int4w_affine,bf16 \
     --ptok 512 --pool-mib 256 | grep -E 'peak|gemm' | grep -v '^{'
 
