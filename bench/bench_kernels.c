@@ -31,8 +31,9 @@
  * panels hold random codes, small f16 scales and small sub-block codes.
  *
  * AMX (--isa amx, or avx512,amx for the A/B in one run): the AVX-512 table
- * but the packed int types' matmul on AMX-INT8 tiles for n_tok >= 16; the
- * run first prints the tiles' int8 peak on every pool thread (4
+ * but bf16's packed matmul on AMX-BF16 tiles for n_tok >= 16 (and the int
+ * types' on AMX-INT8 tiles with IE_AMX_INT=1; IE_AMX_MIN_TOK moves the
+ * threshold); the run first prints the tiles' int8 peak on every pool thread (4
  * independent tdpbssd chains, full 64-byte and the GEMM's 32-byte k-slabs)
  * so the GEMM GOP/s can be read as a fraction of it.
  *
