@@ -25,6 +25,7 @@ import struct
 import subprocess
 import threading
 import time
+import urllib.request
 
 import numpy as np
 import openai
@@ -217,10 +218,23 @@ def test_bad_inputs_through_the_client(server):
     assert len(embed_all(c, "fine").data) == 1
 
 
+def post_json(server, path, body):
+    """POST body to the server with the standard library alone (see below)."""
+    req = urllib.request.Request(server.url + path, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read())
+
+
 def test_generation_beside_embeddings(server, ref):
     """Greedy generations running while embedding requests come and go give
     their solo outputs; an embedding of a prompt whose blocks the prefix
-    cache holds is computed whole (equal to transformers')."""
+    cache holds is computed whole (equal to transformers').
+    The concurrent requests go through urllib, not the openai client: that
+    client's Python machinery in several threads at once hit CPython 3.11's
+    thread-unsafe AST constructor (SystemError "AST constructor recursion
+    depth mismatch", python/cpython#106905) in full-suite runs, a client-side
+    failure that says nothing about the server."""
     c = server.client()
     prompts = [ref["ids_2"].tolist(), [1, 9, 8, 7], [1, 300, 301]]
 
@@ -228,13 +242,24 @@ def test_generation_beside_embeddings(server, ref):
         r = c.completions.create(model="tiny_llama", prompt=p, max_tokens=12, temperature=0)
         return r.choices[0].text, r.usage.completion_tokens
 
+    def gen_raw(p):
+        r = post_json(server, "/v1/completions", {"model": "tiny_llama", "prompt": p, "max_tokens": 12,
+                                                  "temperature": 0})
+        return r["choices"][0]["text"], r["usage"]["completion_tokens"]
+
+    def embed_raw(inputs):
+        r = post_json(server, "/v1/embeddings", {"model": "tiny_llama", "input": inputs, "encoding_format": "float"})
+        assert [d["index"] for d in r["data"]] == list(range(len(inputs)))
+        return [d["embedding"] for d in r["data"]]
+
     solo = [gen(p) for p in prompts]
     alone = embed_all(c, ids_of(ref)).data
+    assert [gen_raw(p) for p in prompts[:1]] == solo[:1]  # the two clients agree
     out, errs = [None] * len(prompts), []
 
     def run_gen(i):
         try:
-            out[i] = gen(prompts[i])
+            out[i] = gen_raw(prompts[i])
         except Exception as e:  # noqa: BLE001 (reported below)
             errs.append(e)
 
@@ -243,7 +268,7 @@ def test_generation_beside_embeddings(server, ref):
     def run_emb():
         try:
             for _ in range(4):
-                emb.append(embed_all(c, ids_of(ref)).data)
+                emb.append(embed_raw(ids_of(ref)))
         except Exception as e:  # noqa: BLE001
             errs.append(e)
 
@@ -258,7 +283,7 @@ def test_generation_beside_embeddings(server, ref):
     assert len(emb) == 8
     for data in emb:
         for k, d in enumerate(data):
-            assert rel(d.embedding, alone[k].embedding) < 1e-5, k
+            assert rel(d, alone[k].embedding) < 1e-5, k
     # ids_2's first 16 positions are a full KV block the generation above
     # published: the embedding must not take them from the cache
     for k in range(4):
