@@ -1,0 +1,115 @@
+/* test_amx_avx512.c — the AMX GEMM body's AVX-512 parts (the I4 path's
+ * unpack and its register epilogue, IE_AMX_AVX512), which pack_amx.c
+ * compiles over the real tiles only: here the same body is built over the
+ * tile emulator with them switched on (this file is compiled with the
+ * AVX-512 flags), so they are checked against ref on any AVX-512 CPU.
+ * Skipped (exit 77, with the reason) without AVX-512. */
+#include "ie_kernels.h"
+#include "ie_pack.h"
+#include "../../kernels/src/ie_kernels_isa.h"
+#include "ie_test_rng.h"
+
+#include <CUnit/Basic.h>
+#include <immintrin.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define IE_AMX_GEMM_NAME emu512_gemm
+#define IE_AMX_CFG(cfg) ie_amx_emu_ldtilecfg(cfg)
+#define IE_AMX_ZERO(t) ie_amx_emu_tilezero(t)
+#define IE_AMX_LOAD(t, p, s) ie_amx_emu_tileloadd(t, p, s)
+#define IE_AMX_STORE(t, p, s) ie_amx_emu_tilestored(t, p, s)
+#define IE_AMX_DPBSUD(c, a, b) ie_amx_emu_tdp(c, a, b, 1, 0)
+#define IE_AMX_DPBSSD(c, a, b) ie_amx_emu_tdp(c, a, b, 1, 1)
+#define IE_AMX_DPBUUD(c, a, b) ie_amx_emu_tdp(c, a, b, 0, 0)
+#define IE_AMX_GEMM_BF16_NAME emu512_gemm_bf16
+#define IE_AMX_DPBF16PS(c, a, b) ie_amx_emu_tdpbf16ps(c, a, b)
+#define IE_AMX_AVX512 1
+static ie_status_t emu512_gemm(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                               int64_t n_tok, float *y, int64_t ldy, int32_t *isums);
+__attribute__((unused)) static ie_status_t emu512_gemm_bf16(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                    int64_t n_tok, float *y, int64_t ldy);
+#include "../../kernels/x86/amx/amx_gemm_body.h"
+
+/* I4W / I4WA (and I8W, its own path) x groups 32 / 64 x odd shapes, full
+ * 16-token tiles (the register epilogue) and tails (the plain one): y
+ * against ie_matmul_packed_ref within 1e-5 of the sum of |terms| (the
+ * activation and weight quants times their scales, and I4WA's m*s). */
+static void test_i4_avx512_vs_ref(void)
+{
+    static const ie_dtype_t types[] = {IE_DTYPE_I4W, IE_DTYPE_I4WA, IE_DTYPE_I8W};
+    static const int64_t nis[] = {32, 64, 1024, 2048, 97 * 32}, nos[] = {16, 100, 160, 300};
+    static const int64_t nts[] = {1, 5, 16, 32, 37, 48};
+    static const int groups[] = {32, 64};
+    int bad = 0, cases = 0;
+    for (int ti = 0; ti < 3; ti++)
+        for (int gi = 0; gi < 2; gi++)
+            for (int ii = 0; ii < 5; ii++)
+                for (int oi = 0; oi < 4; oi++)
+                    for (int ki = 0; ki < 6; ki++) {
+                        const int64_t n_in = nis[ii], n_out = nos[oi], n_tok = nts[ki];
+                        const int g = groups[gi];
+                        if (n_in % g) continue;
+                        const ie_dtype_t at = ie_matmul_act_dtype(types[ti]);
+                        const size_t as = ie_dtype_row_bytes(at, n_in);
+                        float *wf = malloc(sizeof(float) * n_in * n_out), *x = malloc(sizeof(float) * n_in * n_tok);
+                        float *y1 = malloc(sizeof(float) * n_out * n_tok), *y2 = malloc(sizeof(float) * n_out * n_tok);
+                        uint8_t *a = malloc(as * n_tok);
+                        void *wd = aligned_alloc(64, (ie_pack_bytes(types[ti], g, n_in, n_out) + 63) / 64 * 64);
+                        CU_ASSERT_FATAL(wf && x && y1 && y2 && a && wd);
+                        rng_seed(1000 + cases);
+                        rng_fill(wf, n_in * n_out);
+                        rng_fill(x, n_in * n_tok);
+                        CU_ASSERT_FATAL(
+                            ie_pack_quantize(types[ti], g, IE_QSCALE_ABSMAX, wf, n_in, 0, n_out, n_out, wd) == 0);
+                        for (int64_t t = 0; t < n_tok; t++) ie_act_quantize_ref(at, x + t * n_in, a + t * as, n_in);
+                        const ie_pmat_t m = {types[ti], g, n_in, n_out, wd};
+                        CU_ASSERT_EQUAL(emu512_gemm(&m, 0, n_out, a, as, n_tok, y1, n_out, NULL), IE_OK);
+                        CU_ASSERT_EQUAL(ie_matmul_packed_ref(&m, 0, n_out, a, as, n_tok, y2, n_out), IE_OK);
+                        CU_ASSERT_EQUAL(ie_amx_emu_faults(), 0);
+                        /* ref on |w| and |a|: the sum of |terms| each y[t][r] is rounded against */
+                        for (int64_t i = 0; i < n_in * n_out; i++) wf[i] = fabsf(wf[i]);
+                        for (int64_t i = 0; i < n_in * n_tok; i++) x[i] = fabsf(x[i]);
+                        float *ym = malloc(sizeof(float) * n_out * n_tok);
+                        CU_ASSERT_FATAL(ym != NULL);
+                        for (int64_t t = 0; t < n_tok; t++)
+                            for (int64_t r = 0; r < n_out; r++) {
+                                double T = 0.0;
+                                for (int64_t i = 0; i < n_in; i++) T += (double)wf[r * n_in + i] * x[t * n_in + i];
+                                ym[t * n_out + r] = (float)T;
+                            }
+                        for (int64_t i = 0; i < n_out * n_tok; i++) {
+                            /* quantization moves |terms| by far less than 2x */
+                            const double tol = 1e-5 * 2.0 * ym[i] + 1e-6;
+                            if (!(fabs((double)y1[i] - (double)y2[i]) <= tol)) {
+                                if (bad < 5)
+                                    fprintf(stderr, "\n  %s g%d %lldx%lldx%lld [%lld]: %.9g ref %.9g tol %.3g",
+                                            ie_dtype_name(types[ti]), g, (long long)n_out, (long long)n_in,
+                                            (long long)n_tok, (long long)i, y1[i], y2[i], tol);
+                                bad++;
+                            }
+                        }
+                        cases++;
+                        free(wf), free(x), free(y1), free(y2), free(a), free(wd), free(ym);
+                    }
+    printf("\n  %d shapes ", cases);
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+int main(void)
+{
+    if (!ie_isa_supported(IE_ISA_AVX512)) {
+        printf("SKIPPED: needs AVX-512: %s\n", ie_isa_unsupported_reason(IE_ISA_AVX512));
+        return 77;
+    }
+    if (CU_initialize_registry() != CUE_SUCCESS) return 1;
+    CU_pSuite s = CU_add_suite("amx body, AVX-512 parts over the emulator", NULL, NULL);
+    CU_add_test(s, "I4/I8 gemm (AVX-512 unpack + epilogue) vs ref", test_i4_avx512_vs_ref);
+    CU_basic_set_mode(CU_BRM_VERBOSE);
+    CU_basic_run_tests();
+    const unsigned fails = CU_get_number_of_failures();
+    CU_cleanup_registry();
+    return fails ? 1 : 0;
+}
