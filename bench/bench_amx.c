@@ -20,6 +20,7 @@
 #include "ie_kernels.h"
 #include "ie_pack.h"
 #include "../kernels/src/ie_kernels_isa.h"
+#include "../kernels/x86/amx/amx_inl.h"
 
 #include <immintrin.h>
 #include <pthread.h>
@@ -38,13 +39,6 @@ static double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-typedef struct {
-    uint8_t b[64];
-} cfg_t;
-#define LDCFG(c) __asm__ volatile("ldtilecfg %0" ::"m"(*(const cfg_t *)(c)) : "memory")
-#define TLOAD_(t, p, s) \
-    __asm__ volatile("tileloadd (%0,%1,1), %%tmm" #t ::"r"((const void *)(p)), "r"((long)(s)) : "memory")
-#define TLOAD(t, p, s) TLOAD_(t, p, s)
 
 /* tmm0..3 C 16 x 64 bytes, tmm4..5 A 16 x 64, tmm6..7 B 16 x 64. */
 static void configure(void)
@@ -57,7 +51,7 @@ static void configure(void)
         memcpy(c + 16 + 2 * t, &cb, 2);
         c[48 + t] = 16;
     }
-    LDCFG(c);
+    AMX_LDTILECFG(c);
 }
 
 static uint8_t *filled(size_t n)
@@ -95,15 +89,15 @@ static void instruction_costs(int reps, int bf16)
     if (bf16)
         LOOP("tdpbf16ps, 4 independent C tiles", 4, _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
              _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7));
-    LOOP("tileloadd from L1", 1, TLOAD(4, l1, 64));
-    LOOP("tileloadd, rows 4 KiB apart", 1, TLOAD(4, a + 64 * (i & 63), 4096));
-    LOOP("tileloadd from 1 MiB (L2)", 1, TLOAD(6, b + 1024 * (i & 1023), 64));
-    LOOP("tileloadd from 8 MiB (L3)", 1, TLOAD(6, b + 1024 * (i & 8191), 64));
-    LOOP("chain + A (4 KiB rows) + B (L2) loads", 1, TLOAD(4, a + 64 * (i & 63), 4096);
-         TLOAD(6, b + 1024 * (i & 1023), 64); _tile_dpbssd(0, 4, 6));
-    LOOP("4 C tiles + 2 A + 2 B loads", 4, TLOAD(4, a + 64 * (i & 63), 4096);
-         TLOAD(5, a + 65536 + 64 * (i & 63), 4096); TLOAD(6, b + 2048 * (i & 511), 64);
-         TLOAD(7, b + 2048 * (i & 511) + 1024, 64); _tile_dpbssd(0, 4, 6); _tile_dpbssd(1, 4, 7);
+    LOOP("tileloadd from L1", 1, AMX_TILELOADD(4, l1, 64));
+    LOOP("tileloadd, rows 4 KiB apart", 1, AMX_TILELOADD(4, a + 64 * (i & 63), 4096));
+    LOOP("tileloadd from 1 MiB (L2)", 1, AMX_TILELOADD(6, b + 1024 * (i & 1023), 64));
+    LOOP("tileloadd from 8 MiB (L3)", 1, AMX_TILELOADD(6, b + 1024 * (i & 8191), 64));
+    LOOP("chain + A (4 KiB rows) + B (L2) loads", 1, AMX_TILELOADD(4, a + 64 * (i & 63), 4096);
+         AMX_TILELOADD(6, b + 1024 * (i & 1023), 64); _tile_dpbssd(0, 4, 6));
+    LOOP("4 C tiles + 2 A + 2 B loads", 4, AMX_TILELOADD(4, a + 64 * (i & 63), 4096);
+         AMX_TILELOADD(5, a + 65536 + 64 * (i & 63), 4096); AMX_TILELOADD(6, b + 2048 * (i & 511), 64);
+         AMX_TILELOADD(7, b + 2048 * (i & 511) + 1024, 64); _tile_dpbssd(0, 4, 6); _tile_dpbssd(1, 4, 7);
          _tile_dpbssd(2, 5, 6); _tile_dpbssd(3, 5, 7));
     LOOP("tdp + tilestored C + a vector load of it", 1, _tile_dpbssd(0, 4, 6); _tile_stored(0, cb, 64);
          acc = _mm512_add_ps(acc, _mm512_cvtepi32_ps(_mm512_load_si512((const void *)(cb + 16 * (i & 15))))));
