@@ -29,8 +29,9 @@
 #define IE_AMX_AVX512 1
 static ie_status_t emu512_gemm(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                int64_t n_tok, float *y, int64_t ldy, int32_t *isums);
-__attribute__((unused)) static ie_status_t emu512_gemm_bf16(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
-                                    int64_t n_tok, float *y, int64_t ldy);
+__attribute__((unused)) static ie_status_t emu512_gemm_bf16(const ie_pmat_t *m, int64_t r0, int64_t r1,
+                                                            const void *a, size_t a_stride, int64_t n_tok, float *y,
+                                                            int64_t ldy);
 #include "../../kernels/x86/amx/amx_gemm_body.h"
 
 /* I4W / I4WA (and I8W, its own path) x groups 32 / 64 x odd shapes, full
@@ -55,7 +56,8 @@ static void test_i4_avx512_vs_ref(void)
                         const ie_dtype_t at = ie_matmul_act_dtype(types[ti]);
                         const size_t as = ie_dtype_row_bytes(at, n_in);
                         float *wf = malloc(sizeof(float) * n_in * n_out), *x = malloc(sizeof(float) * n_in * n_tok);
-                        float *y1 = malloc(sizeof(float) * n_out * n_tok), *y2 = malloc(sizeof(float) * n_out * n_tok);
+                        float *y1 = malloc(sizeof(float) * n_out * n_tok),
+                              *y2 = malloc(sizeof(float) * n_out * n_tok);
                         uint8_t *a = malloc(as * n_tok);
                         void *wd = aligned_alloc(64, (ie_pack_bytes(types[ti], g, n_in, n_out) + 63) / 64 * 64);
                         CU_ASSERT_FATAL(wf && x && y1 && y2 && a && wd);
