@@ -11,8 +11,9 @@
  * 2. N threads at once (default 1), pinned to cpus FIRST.. (default 0),
  *    each with its own 512-row slice of a 2048 x 2048 matrix (one thread's
  *    share at 4 threads), 16 and 512 tokens: the AVX-512 kernel against
- *    the tile GEMM for bf16, int8w (Q8_0) and int4w (Q4_0), aggregate
- *    GOP/s. Without AMX, the AVX-512 arm alone.
+ *    the tile GEMM for bf16, int8w (Q8_0) and int4w (Q4_0), and for the
+ *    int types their bf16 route (dequantized onto the bf16 tiles, BF16
+ *    activation rows), aggregate GOP/s. Without AMX, the AVX-512 arm alone.
  *
  * usage: bench_amx [--reps N] [--threads N] [--cpu FIRST]
  */
@@ -126,8 +127,8 @@ static ie_status_t int_tiles(const ie_pmat_t *m, int64_t r0, int64_t r1, const v
  * N threads at once read N copies, as N workers' shares would). */
 typedef struct {
     ie_dtype_t wt;
-    size_t as;
-    uint8_t *a;
+    size_t as, abs;
+    uint8_t *a, *ab; /* the type's activation rows; BF16 rows (the int types' bf16 route) */
     void *wd;
     float *y;
 } gemm_data_t;
@@ -151,9 +152,11 @@ static void gemm_setup(gemm_data_t *d, ie_dtype_t wt)
     d->wt = wt;
     d->as = ie_dtype_row_bytes(at, N_IN);
     d->a = malloc(d->as * MAX_TOK);
+    d->abs = ie_dtype_row_bytes(IE_DTYPE_BF16, N_IN);
+    d->ab = malloc(d->abs * MAX_TOK);
     d->wd = aligned_alloc(64, (ie_pack_bytes(wt, 32, N_IN, N_OUT) + 63) / 64 * 64);
     d->y = malloc(sizeof(float) * N_OUT * MAX_TOK);
-    if (!wf || !x || !d->a || !d->wd || !d->y) {
+    if (!wf || !x || !d->a || !d->ab || !d->wd || !d->y) {
         fprintf(stderr, "bench_amx: out of memory\n");
         exit(1);
     }
@@ -163,11 +166,14 @@ static void gemm_setup(gemm_data_t *d, ie_dtype_t wt)
         fprintf(stderr, "bench_amx: cannot pack %s\n", ie_dtype_name(wt));
         exit(1);
     }
-    for (int64_t t = 0; t < MAX_TOK; t++) ie_act_quantize_ref(at, x + t * N_IN, d->a + t * d->as, N_IN);
+    for (int64_t t = 0; t < MAX_TOK; t++) {
+        ie_act_quantize_ref(at, x + t * N_IN, d->a + t * d->as, N_IN);
+        ie_act_quantize_ref(IE_DTYPE_BF16, x + t * N_IN, d->ab + t * d->abs, N_IN);
+    }
     free(wf), free(x);
 }
 
-static void gemm_free(gemm_data_t *d) { free(d->a), free(d->wd), free(d->y); }
+static void gemm_free(gemm_data_t *d) { free(d->a), free(d->ab), free(d->wd), free(d->y); }
 
 /* Each thread, pinned to first_cpu + ith: for every type, token count and
  * arm (AVX-512, tiles), 4 rounds of one GEMM call, all threads starting
@@ -188,14 +194,19 @@ static void *gemm_thread(void *p)
         gemm_setup(&d, types[ti]);
         const ie_pmat_t m = {d.wt, 32, N_IN, N_OUT, d.wd};
         const tile_fn tiles = d.wt == IE_DTYPE_BF16 ? ie_amx_gemm_bf16_hw : int_tiles;
+        /* arms: AVX-512; the tiles (bf16, or int8 on the codes); the int types dequantized onto the bf16 tiles */
+        const int arms = !run->amx ? 1 : d.wt != IE_DTYPE_BF16 && run->bf16 ? 3 : 2;
         for (int k = 0; k < 2; k++) {
-            double best[2] = {1e30, 1e30};
+            double best[3] = {1e30, 1e30, 1e30};
             for (int r = 0; r < 4; r++)
-                for (int w = 0; w <= run->amx; w++) {
+                for (int w = 0; w < arms; w++) {
                     pthread_barrier_wait(&run->bar);
                     const double t0 = now_s();
-                    const ie_status_t st = w ? tiles(&m, 0, ROWS, d.a, d.as, toks[k], d.y, N_OUT)
-                                             : ie_matmul_packed_avx512(&m, 0, ROWS, d.a, d.as, toks[k], d.y, N_OUT);
+                    const ie_status_t st = w == 2
+                                               ? ie_amx_gemm_bf16_hw(&m, 0, ROWS, d.ab, d.abs, toks[k], d.y, N_OUT)
+                                           : w == 1 ? tiles(&m, 0, ROWS, d.a, d.as, toks[k], d.y, N_OUT)
+                                                    : ie_matmul_packed_avx512(&m, 0, ROWS, d.a, d.as, toks[k], d.y,
+                                                                              N_OUT);
                     run->dt[ith] = now_s() - t0;
                     if (st != IE_OK) run->failed = 1;
                     pthread_barrier_wait(&run->bar);
@@ -208,7 +219,8 @@ static void *gemm_thread(void *p)
                 const double ops = 2.0 * ROWS * N_IN * (double)toks[k] * run->n_threads;
                 printf("  %-6s %3lld tokens: avx512 %7.1f", ie_dtype_name(d.wt), (long long)toks[k],
                        ops / best[0] / 1e9);
-                if (run->amx) printf("  amx %7.1f  (amx/avx512 %.2f)", ops / best[1] / 1e9, best[0] / best[1]);
+                if (arms > 1) printf("  amx %7.1f  (amx/avx512 %.2f)", ops / best[1] / 1e9, best[0] / best[1]);
+                if (arms > 2) printf("  bf16 route %7.1f  (/avx512 %.2f)", ops / best[2] / 1e9, best[0] / best[2]);
                 putchar('\n');
             }
         }

@@ -12,12 +12,12 @@
  * Rows are split over --threads threads (default 2) of the clocher pool in
  * multiples of 4. Prints figures, asserts nothing; one JSON line per result.
  *
- * BF16 weights take BF16 activations (ie_matmul_act_dtype; vdpbf16ps on
+ * BF16 weights take BF16 activations (ie_kernels_act_dtype; vdpbf16ps on
  * AVX512_BF16) and run their GEMM like the packed types: --ptok tokens
  * (default 512) over all five TinyLlama-1.1B shapes.
  *
  * Packed weights (int8w, int4w, int4w_affine in PANEL16, group --group,
- * default 32) run matmul_packed with the activations ie_matmul_act_dtype
+ * default 32) run matmul_packed with the activations ie_kernels_act_dtype
  * asks for (int8w: Q16_P, int4w/int4w_affine: Q8_P): GEMV at the
  * TinyLlama-1.1B shapes (incl. k/v 256x2048), same A/B probe, and GEMM with
  * --ptok tokens (default 512). Rows are split over threads in whole panels
@@ -32,8 +32,9 @@
  *
  * AMX (--isa amx, or avx512,amx for the A/B in one run): the AVX-512 table
  * but bf16's packed matmul on AMX-BF16 tiles for n_tok >= 16 (and the int
- * types' on AMX-INT8 tiles with IE_AMX_INT=1; IE_AMX_MIN_TOK moves the
- * threshold); the run first prints the tiles' int8 peak on every pool thread (4
+ * types' on AMX-INT8 tiles with IE_AMX_INT=1, or dequantized onto the bf16
+ * tiles with BF16 activations with IE_AMX_INT=bf16; IE_AMX_MIN_TOK moves
+ * the threshold); the run first prints the tiles' int8 peak on every pool thread (4
  * independent tdpbssd chains, full 64-byte and the GEMM's 32-byte k-slabs)
  * so the GEMM GOP/s can be read as a fraction of it.
  *
@@ -386,8 +387,8 @@ int main(int argc, char **argv)
         for (int ti = 0; ti < n_types; ti++) {
             if (!((type_mask >> ti) & 1)) continue;
             const ie_dtype_t wt = types[ti];
-            const ie_dtype_t at = ie_matmul_act_dtype(wt);
             const int pk = is_packed(wt);
+            const ie_dtype_t at = ie_kernels_act_dtype(ops, wt, pk, 1); /* the GEMM's: gat below */
             void (*task)(void *, int, int) = pk ? matmul_packed_task : matmul_task;
             const shape_t *gv = pk ? pgemv_shapes : gemv_shapes, *gm = pk ? pgemm_shapes : gemm_shapes;
             if (wt == IE_DTYPE_BF16) gm = pgemv_shapes;
@@ -479,10 +480,11 @@ int main(int argc, char **argv)
                 if (copies < 1) continue;
                 if (pk) fill_pool_packed(wt, group, sh.n_out, sh.n_in, copies);
                 else fill_pool(wt, sh.n_out, sh.n_in, copies);
-                const size_t as = ie_dtype_row_bytes(at, sh.n_in);
+                const ie_dtype_t gat = ie_kernels_act_dtype(ops, wt, pk, gtok); /* BF16 on AMX's bf16 route */
+                const size_t as = ie_dtype_row_bytes(gat, sh.n_in);
                 for (int64_t t = 0; t < gtok; t++) {
                     for (int64_t k = 0; k < sh.n_in; k++) xf[k] = rnd();
-                    ie_kernels_get(IE_ISA_REF)->act_quantize(at, xf, acts + (size_t)t * as, sh.n_in);
+                    ie_kernels_get(IE_ISA_REF)->act_quantize(gat, xf, acts + (size_t)t * as, sh.n_in);
                 }
                 job_t j = {.ops = ops,
                            .wt = wt,
@@ -521,7 +523,7 @@ int main(int argc, char **argv)
                 printf("{\"bench\":\"gemm\",\"isa\":\"%s\",\"type\":\"%s\",\"act\":\"%s\",\"group\":%d,\"n_out\":%"
                        "lld,\"n_in\":%lld,\"n_tok\":%lld,"
                        "\"threads\":%d,\"ms\":%.4f,\"gops\":%.2f,\"cpu_gops\":%.2f}\n",
-                       ie_isa_name(isa), ie_dtype_name(wt), ie_dtype_name(at), pk ? group : 0, (long long)sh.n_out,
+                       ie_isa_name(isa), ie_dtype_name(wt), ie_dtype_name(gat), pk ? group : 0, (long long)sh.n_out,
                        (long long)sh.n_in, (long long)gtok, threads, med * 1e3, gops,
                        2.0 * (double)sh.n_out * (double)sh.n_in * (double)gtok / tc[0] / 1e9);
                 fflush(stdout);

@@ -10,7 +10,8 @@
  *
  * IE_ISA_AMX is the AVX-512 table with the packed matmul of BF16 weights
  * on AMX-BF16 tiles for multi-token steps, and of the int weight types on
- * AMX-INT8 tiles where IE_AMX_INT=1 asks for it (pack_amx.c). It needs
+ * AMX-INT8 tiles (IE_AMX_INT=1) or dequantized onto the AMX-BF16 tiles
+ * (IE_AMX_INT=bf16) where the environment asks for it (pack_amx.c). It needs
  * AVX-512 as above, AMX-TILE and AMX-INT8 in CPUID, the tile state in XCR0
  * (bits 17, 18: Linux 5.16+ sets them) and, Linux's rule for the 8 KiB of
  * tile data every thread's signal frame and XSAVE area then carry, this
@@ -229,14 +230,38 @@ int ie_amx_min_tok(void)
 /* Contract (ie_kernels_isa.h). */
 int ie_amx_int_tiles(void)
 {
-    static _Atomic int state; /* 0 not read, 1 no, 2 yes */
+    static _Atomic int state; /* 0 not read, else the route + 1 */
     int s = state;
     if (s == 0) {
         const char *e = getenv("IE_AMX_INT");
-        s = e && strcmp(e, "1") == 0 ? 2 : 1;
+        const int r = !e                                              ? IE_AMX_INT_AVX512
+                      : strcmp(e, "1") == 0 || strcmp(e, "int8") == 0 ? IE_AMX_INT_I8
+                      : strcmp(e, "bf16") == 0                        ? IE_AMX_INT_BF16
+                                                                      : IE_AMX_INT_AVX512;
+        s = r + 1;
         state = s;
     }
-    return s == 2;
+    return s - 1;
+}
+
+/* Contract (ie_kernels_isa.h). */
+int ie_amx_route(ie_dtype_t wtype, int64_t n_tok)
+{
+    if (n_tok < ie_amx_min_tok()) return IE_AMX_INT_AVX512;
+    const int bf16 = ie_amx_emulated() || (ie_cpu_features() & IE_CPU_AMX_BF16);
+    if (wtype == IE_DTYPE_BF16) return bf16 ? IE_AMX_INT_BF16 : IE_AMX_INT_AVX512;
+    if (!ie_dtype_is_intw(wtype)) return IE_AMX_INT_AVX512;
+    const int r = ie_amx_int_tiles();
+    return r == IE_AMX_INT_BF16 && !bf16 ? IE_AMX_INT_AVX512 : r;
+}
+
+/* Contract (ie_kernels.h). */
+ie_dtype_t ie_kernels_act_dtype(const ie_kernels_t *k, ie_dtype_t wtype, int packed, int64_t n_tok)
+{
+    if (k && k->isa == IE_ISA_AMX && packed && ie_dtype_is_intw(wtype) &&
+        ie_amx_route(wtype, n_tok) == IE_AMX_INT_BF16)
+        return IE_DTYPE_BF16;
+    return ie_matmul_act_dtype(wtype);
 }
 
 /* Contract (ie_kernels.h). */

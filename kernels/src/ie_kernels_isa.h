@@ -380,12 +380,28 @@ void ie_kv_attend_avx512(const ie_kv_attend_t *a, const ie_attn_state_t *st);
  * crossover can be measured without a rebuild. */
 int ie_amx_min_tok(void);
 
-/* 1 if the AMX table sends the int weight types (I8W, I4W, I4WA) to the
- * int8 tiles: only with IE_AMX_INT=1 in the environment (read once). On
- * the one Xeon with AMX measured so far they ran slower than AVX-512 VNNI
- * (amx_gemm_body.h), so by default only BF16 takes the tiles; the knob is
- * for the tests and for measuring other CPUs. */
+/* Where the AMX table sends a packed matmul of one weight type. */
+enum {
+    IE_AMX_INT_AVX512 = 0, /* the AVX-512 kernels                                  */
+    IE_AMX_INT_I8 = 1,     /* AMX-INT8 tiles on the codes (I8W x Q16_P, I4* x Q8_P)  */
+    IE_AMX_INT_BF16 = 2    /* AMX-BF16 tiles (BF16; the int types dequantized to bf16, x BF16 rows) */
+};
+
+/* The route of the AMX table's int weight types (I8W, I4W, I4WA) from
+ * IE_AMX_INT in the environment (read once): "1" or "int8" IE_AMX_INT_I8,
+ * "bf16" IE_AMX_INT_BF16, else (unset) IE_AMX_INT_AVX512. On the one Xeon
+ * with AMX measured so far the int8 tiles ran slower than AVX-512 VNNI
+ * (amx_gemm_body.h) and the bf16 route is not measured yet, so by default
+ * only BF16 takes the tiles; the knob is for the tests and for measuring. */
 int ie_amx_int_tiles(void);
+
+/* The route the AMX table's packed matmul takes for weights of wtype in a
+ * step of n_tok tokens: AVX-512 below ie_amx_min_tok() tokens and for the
+ * types without tiles; BF16 on the bf16 tiles where the CPU has AMX-BF16
+ * (or they are emulated); the int types as ie_amx_int_tiles() says, the
+ * bf16 route only where the CPU has AMX-BF16. The one rule pack_amx.c and
+ * ie_kernels_act_dtype share. */
+int ie_amx_route(ie_dtype_t wtype, int64_t n_tok);
 
 /* 1 if the AMX table runs on the tile emulator: IE_AMX_EMULATE=1 in the
  * environment (read once), an AVX-512 CPU, and no real AMX (real tiles
@@ -425,9 +441,12 @@ ie_status_t ie_amx_gemm_emu(const ie_pmat_t *m, int64_t r0, int64_t r1, const vo
  * another k_bytes. */
 ie_status_t ie_amx_peak_run(int k_bytes, int64_t iters);
 
-/* The AMX-BF16 GEMM (amx_gemm_body.h) for BF16 PANEL16 weights and BF16
- * activation rows, any n_tok: matmul_packed's contract (IE_ERR_UNSUPPORTED
- * for another dtype), f32 sums of bf16 products in k order (tdpbf16ps:
+/* The AMX-BF16 GEMM (amx_gemm_body.h) for BF16 PANEL16 weights, or I8W /
+ * I4W / I4WA ones dequantized to bf16 per row block (each value
+ * ie_pack_dequant_row's, rounded as ie_f32_to_bf16; a per-thread buffer of
+ * ~1 MiB, kept: IE_ERR_NOMEM if it cannot be had), and BF16 activation
+ * rows, any n_tok: matmul_packed's contract (IE_ERR_UNSUPPORTED for
+ * another dtype), f32 sums of bf16 products in k order (tdpbf16ps:
  * subnormals flushed). _hw: IE_ERR_UNSUPPORTED, touching nothing, without
  * AMX or without AMX-BF16; _emu: over the emulator, any CPU. */
 ie_status_t ie_amx_gemm_bf16_hw(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,

@@ -6,7 +6,9 @@ amx_emu.c): the dispatch, the worker's prefill splits over the thread pool
 (each thread configuring its own tiles) and the int8 and bf16 tile GEMMs
 all run as they would on a Xeon with AMX, only ~1000x slower. A prefill of
 18 tokens (above IE_AMX_MIN_TOK = 16, so every packed bf16 matmul takes
-the tiles, and the int ones with IE_AMX_INT=1) must give the logits of the AVX-512 path within the noise
+the tiles, and the int ones with IE_AMX_INT=1 on the int8 tiles or with
+IE_AMX_INT=bf16 dequantized onto the bf16 tiles) must give the logits of
+the AVX-512 path within the noise
 between two ISAs (AVX2 against AVX-512: activation quantization turns f32
 summation-order differences into flipped quants), for the stored Q4_1
 weights (int4w_affine), int8w and bf16.
@@ -45,15 +47,17 @@ HAS_AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= F
 HAS_AMX = {"amx_tile", "amx_int8"} <= FLAGS
 
 
-def logits(model: Path, tmp: Path, isa: str, precision: str, emulate: bool = False):
-    out = tmp / f"logits_{isa}_{precision}_{int(emulate)}.bin"
+def logits(model: Path, tmp: Path, isa: str, precision: str, emulate: bool = False, route: str = "1"):
+    out = tmp / f"logits_{isa}_{precision}_{int(emulate)}_{route}.bin"
     env = dict(os.environ, IE_ISA=isa)
     env.pop("IE_AMX_EMULATE", None)
     env.pop("IE_AMX_MIN_TOK", None)
     if emulate:
         env["IE_AMX_EMULATE"] = "1"
     if isa == "amx":
-        env["IE_AMX_INT"] = "1"  # the int types on the tiles too: by default they stay on AVX-512
+        # the int types on the tiles too (by default they stay on AVX-512): the
+        # int8 tiles ("1") or dequantized onto the bf16 tiles ("bf16")
+        env["IE_AMX_INT"] = route
     r = subprocess.run([str(binary("inference-engine")), "logits", "--model", str(model), "--ids", IDS,
                         "--threads", str(THREADS), "--precision", precision, "--out", str(out)],
                        capture_output=True, text=True, timeout=600, env=env)
@@ -61,14 +65,18 @@ def logits(model: Path, tmp: Path, isa: str, precision: str, emulate: bool = Fal
     return np.fromfile(out, dtype=np.float32).reshape(N_IDS, -1)
 
 
-def check_amx_prefill(smollm2, tmp_path, precision, emulate):
-    base = logits(smollm2, tmp_path, "avx512", precision)
-    amx = logits(smollm2, tmp_path, "amx", precision, emulate=emulate)
-    other = logits(smollm2, tmp_path, "avx2", precision)
+def check_amx_prefill(smollm2, tmp_path, precision, emulate, route="1"):
+    # the bf16 route computes what --precision bf16 does (the stored weights'
+    # values rounded to bf16, BF16 activation rows): its reference is that
+    # path on AVX-512, and its noise that path's between two ISAs
+    ref = "bf16" if route == "bf16" else precision
+    base = logits(smollm2, tmp_path, "avx512", ref)
+    amx = logits(smollm2, tmp_path, "amx", precision, emulate=emulate, route=route)
+    other = logits(smollm2, tmp_path, "avx2", ref)
     noise = np.abs(base - other).max()
     assert noise > 0  # the bound is a measured one, not a constant
     diff = np.abs(base - amx).max()
-    print(f"\n  {precision}: |amx - avx512| {diff:.4g}, |avx2 - avx512| {noise:.4g}")
+    print(f"\n  {precision} (IE_AMX_INT={route}): |amx - avx512| {diff:.4g}, |avx2 - avx512| {noise:.4g}")
     assert diff <= 2.0 * noise
     for b, a in zip(base, amx):
         if b.argmax() != a.argmax():
@@ -79,15 +87,17 @@ def check_amx_prefill(smollm2, tmp_path, precision, emulate):
 @pytest.mark.skipif(not HAS_AVX512 or HAS_AMX,
                     reason="the amx table is AVX-512's (no AVX-512 VNNI here)" if not HAS_AVX512
                     else "this CPU has AMX: test_real_amx_prefill_matches_avx512 runs the tiles")
-@pytest.mark.parametrize("precision", ["native", "int8w", "bf16"])
-def test_emulated_amx_prefill_matches_avx512(precision, smollm2, tmp_path):
-    check_amx_prefill(smollm2, tmp_path, precision, emulate=True)
+@pytest.mark.parametrize("precision,route", [("native", "1"), ("int8w", "1"), ("bf16", "1"),
+                                             ("native", "bf16")])
+def test_emulated_amx_prefill_matches_avx512(precision, route, smollm2, tmp_path):
+    check_amx_prefill(smollm2, tmp_path, precision, emulate=True, route=route)
 
 
 @pytest.mark.skipif(not HAS_AMX, reason="no AMX on this CPU (amx_tile/amx_int8 absent from /proc/cpuinfo)")
-@pytest.mark.parametrize("precision", ["native", "int8w", "bf16"])
-def test_real_amx_prefill_matches_avx512(precision, smollm2, tmp_path):
-    check_amx_prefill(smollm2, tmp_path, precision, emulate=False)
+@pytest.mark.parametrize("precision,route", [("native", "1"), ("int8w", "1"), ("bf16", "1"),
+                                             ("native", "bf16")])
+def test_real_amx_prefill_matches_avx512(precision, route, smollm2, tmp_path):
+    check_amx_prefill(smollm2, tmp_path, precision, emulate=False, route=route)
 
 
 @pytest.mark.skipif(HAS_AMX, reason="this CPU has AMX: IE_ISA=amx is expected to run here")

@@ -317,10 +317,30 @@ static void test_gemm_extremes(void)
     CU_ASSERT_EQUAL(bad, 0);
 }
 
-/* BF16 PANEL16 x BF16 rows: y within n_in * 2^-24 (f32 accumulation)
- * of the sum of |terms| of ie_matmul_packed_ref (double); rows outside
+/* A BF16 PANEL16 copy of m (an int type): every value of
+ * ie_pack_dequant_row rounded to bf16, what the bf16 route's B tiles hold
+ * (so ie_matmul_packed_ref on it is that route's reference). */
+static void *bf16_copy(const ie_pmat_t *m)
+{
+    float *wf = xmalloc(sizeof(float) * (size_t)(m->n_in * m->n_out));
+    for (int64_t r = 0; r < m->n_out; r++) {
+        ie_pack_dequant_row(m, r, wf + r * m->n_in);
+        for (int64_t k = 0; k < m->n_in; k++)
+            wf[r * m->n_in + k] = ie_bf16_to_f32(ie_f32_to_bf16(wf[r * m->n_in + k]));
+    }
+    void *wd = xmalloc(ie_pack_bytes(IE_DTYPE_BF16, 32, m->n_in, m->n_out));
+    CU_ASSERT_FATAL(ie_pack_quantize(IE_DTYPE_BF16, 32, IE_QSCALE_ABSMAX, wf, m->n_in, 0, m->n_out, m->n_out, wd) ==
+                    0);
+    free(wf);
+    return wd;
+}
+
+/* wt (BF16, or an int type in group g: the bf16 route) PANEL16 x BF16
+ * rows: y within n_in * 2^-24 (f32 accumulation) of the sum of |terms| of
+ * ie_matmul_packed_ref (on the bf16 copy for an int type); rows outside
  * [r0, r1) untouched. Returns the number of bad values. */
-static int check_bf16_case(int64_t n_in, int64_t n_out, int64_t n_tok, int64_t r0, uint64_t seed)
+static int check_bf16_case(ie_dtype_t wt, int g, int64_t n_in, int64_t n_out, int64_t n_tok, int64_t r0,
+                           uint64_t seed)
 {
     const int64_t ldy = n_out + 3;
     float *wf = xmalloc(sizeof(float) * (size_t)(n_in * n_out)),
@@ -329,9 +349,11 @@ static int check_bf16_case(int64_t n_in, int64_t n_out, int64_t n_tok, int64_t r
     rng_seed(seed);
     rng_fill(wf, n_in * n_out);
     rng_fill(x, n_in * n_tok);
-    void *wd = xmalloc(ie_pack_bytes(IE_DTYPE_BF16, 32, n_in, n_out));
-    CU_ASSERT_FATAL(ie_pack_quantize(IE_DTYPE_BF16, 32, IE_QSCALE_ABSMAX, wf, n_in, 0, n_out, n_out, wd) == 0);
-    const ie_pmat_t m = {IE_DTYPE_BF16, 32, n_in, n_out, wd};
+    void *wd = xmalloc(ie_pack_bytes(wt, g, n_in, n_out));
+    CU_ASSERT_FATAL(ie_pack_quantize(wt, g, IE_QSCALE_ABSMAX, wf, n_in, 0, n_out, n_out, wd) == 0);
+    const ie_pmat_t m = {wt, g, n_in, n_out, wd};
+    void *wb = wt == IE_DTYPE_BF16 ? NULL : bf16_copy(&m);
+    const ie_pmat_t mb = wb ? (ie_pmat_t){IE_DTYPE_BF16, 32, n_in, n_out, wb} : m;
     const size_t as = 2 * (size_t)n_in + 64;
     uint8_t *a = xmalloc(as * (size_t)n_tok);
     for (int64_t t = 0; t < n_tok; t++) ie_act_quantize_ref(IE_DTYPE_BF16, x + t * n_in, a + t * as, n_in);
@@ -340,10 +362,10 @@ static int check_bf16_case(int64_t n_in, int64_t n_out, int64_t n_tok, int64_t r
     ie_amx_emu_faults();
     CU_ASSERT_EQUAL_FATAL(g_gemm_bf16(&m, r0, n_out, a, as, n_tok, y, ldy), IE_OK);
     if (!g_hw) CU_ASSERT_EQUAL(ie_amx_emu_faults(), 0);
-    CU_ASSERT_EQUAL_FATAL(ie_matmul_packed_ref(&m, r0, n_out, a, as, n_tok, yr, ldy), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_matmul_packed_ref(&mb, r0, n_out, a, as, n_tok, yr, ldy), IE_OK);
     int bad = 0;
     for (int64_t r = 0; r < ldy; r++) {
-        if (r < n_out) ie_pack_dequant_row(&m, r, wrow);
+        if (r < n_out) ie_pack_dequant_row(&mb, r, wrow);
         for (int64_t t = 0; t < n_tok; t++) {
             const float v = y[t * ldy + r];
             if (r < r0 || r >= n_out) {
@@ -359,13 +381,14 @@ static int check_bf16_case(int64_t n_in, int64_t n_out, int64_t n_tok, int64_t r
             const double tol = (double)n_in * ldexp(1.0, -24) * T + 1e-30;
             if (!(fabs(v - (double)yr[t * ldy + r]) <= tol)) {
                 if (bad < 5)
-                    fprintf(stderr, "\n  bf16 %lldx%lld tok %lld row %lld: y %.9g ref %.9g tol %.3g",
-                            (long long)n_out, (long long)n_in, (long long)t, (long long)r, v, yr[t * ldy + r], tol);
+                    fprintf(stderr, "\n  %s g%d %lldx%lld tok %lld row %lld: y %.9g ref %.9g tol %.3g",
+                            ie_dtype_name(wt), g, (long long)n_out, (long long)n_in, (long long)t, (long long)r, v,
+                            yr[t * ldy + r], tol);
                 bad++;
             }
         }
     }
-    free(wf), free(x), free(wrow), free(wd), free(a), free(y), free(yr);
+    free(wf), free(x), free(wrow), free(wd), free(wb), free(a), free(y), free(yr);
     return bad;
 }
 
@@ -379,10 +402,75 @@ static void test_gemm_bf16_shapes(void)
         for (size_t oi = 0; oi < 5; oi++)
             for (size_t ki = 0; ki < 5; ki++) {
                 const int64_t r0 = nouts[oi] > 16 && ki % 2 ? 16 : 0;
-                bad += check_bf16_case(nins[ii], nouts[oi], ntoks[ki], r0, 4000 + n++);
+                bad += check_bf16_case(IE_DTYPE_BF16, 32, nins[ii], nouts[oi], ntoks[ki], r0, 4000 + n++);
             }
     CU_ASSERT_EQUAL(bad, 0);
     printf("\n  %d shapes ", n);
+}
+
+/* The int types on the bf16 tiles: odd shapes, tails, groups 32 / 64,
+ * row blocks of several panels (n_in 1024: 32 KiB a panel) and of one
+ * pair (n_in 32768: 1 MiB a panel, the block grows to two). */
+static void test_gemm_int_bf16_shapes(void)
+{
+    static const ie_dtype_t types[] = {IE_DTYPE_I8W, IE_DTYPE_I4W, IE_DTYPE_I4WA};
+    static const int64_t nins[] = {64, 192, 1024};
+    static const int64_t nouts[] = {1, 17, 40};
+    static const int64_t ntoks[] = {1, 16, 19};
+    int bad = 0, n = 0;
+    for (int ti = 0; ti < 3; ti++)
+        for (int g = 32; g <= 64; g += 32)
+            for (size_t ii = 0; ii < 3; ii++)
+                for (size_t oi = 0; oi < 3; oi++)
+                    for (size_t ki = 0; ki < 3; ki++) {
+                        const int64_t r0 = nouts[oi] > 16 && ki % 2 ? 16 : 0;
+                        bad += check_bf16_case(types[ti], g, nins[ii], nouts[oi], ntoks[ki], r0, 5000 + n++);
+                    }
+    for (int ti = 0; ti < 3; ti++) bad += check_bf16_case(types[ti], 32, 32768, 70, 2, 0, 5000 + n++);
+    CU_ASSERT_EQUAL(bad, 0);
+    printf("\n  %d shapes ", n);
+}
+
+/* The dequantization itself, exactly: token t is one-hot at k = t (bf16
+ * 1.0), so y[t][r] is the bf16 value of weight (r, t) and nothing else;
+ * it must be ie_pack_dequant_row's, rounded as ie_f32_to_bf16, bit for
+ * bit, for every code of every row (tails included). */
+static void test_gemm_int_bf16_exact(void)
+{
+    static const ie_dtype_t types[] = {IE_DTYPE_I8W, IE_DTYPE_I4W, IE_DTYPE_I4WA};
+    int bad = 0;
+    for (int ti = 0; ti < 3; ti++)
+        for (int g = 32; g <= 64; g += 32) {
+            const int64_t n_in = 128, n_out = 37, n_tok = n_in;
+            float *wf = xmalloc(sizeof(float) * n_in * n_out), *wrow = xmalloc(sizeof(float) * n_in);
+            rng_seed(91 + ti + g);
+            rng_fill(wf, n_in * n_out);
+            for (int64_t i = 0; i < n_out; i++) wf[i * n_in + 3] *= 100.0f; /* scales of another size */
+            void *wd = xmalloc(ie_pack_bytes(types[ti], g, n_in, n_out));
+            CU_ASSERT_FATAL(ie_pack_quantize(types[ti], g, IE_QSCALE_ABSMAX, wf, n_in, 0, n_out, n_out, wd) == 0);
+            const ie_pmat_t m = {types[ti], g, n_in, n_out, wd};
+            const size_t as = 2 * (size_t)n_in;
+            uint8_t *a = xmalloc(as * n_tok);
+            memset(a, 0, as * n_tok);
+            const ie_bf16_t one = ie_f32_to_bf16(1.0f);
+            for (int64_t t = 0; t < n_tok; t++) memcpy(a + t * as + 2 * t, &one, 2);
+            float *y = xmalloc(sizeof(float) * n_out * n_tok);
+            CU_ASSERT_EQUAL_FATAL(g_gemm_bf16(&m, 0, n_out, a, as, n_tok, y, n_out), IE_OK);
+            for (int64_t r = 0; r < n_out; r++) {
+                ie_pack_dequant_row(&m, r, wrow);
+                for (int64_t k = 0; k < n_in; k++) {
+                    const float want = ie_bf16_to_f32(ie_f32_to_bf16(wrow[k])), got = y[k * n_out + r];
+                    if (!(want == got)) { /* -0 from u = 8 meets the +0 of C's start */
+                        if (bad < 5)
+                            fprintf(stderr, "\n  %s g%d row %lld k %lld: %.9g want %.9g", ie_dtype_name(types[ti]),
+                                    g, (long long)r, (long long)k, got, want);
+                        bad++;
+                    }
+                }
+            }
+            free(wf), free(wrow), free(wd), free(a), free(y);
+        }
+    CU_ASSERT_EQUAL(bad, 0);
 }
 
 /* Another dtype: IE_ERR_UNSUPPORTED; bad shapes: IE_ERR_INVAL. */
@@ -397,7 +485,8 @@ static void test_gemm_bad_args(void)
     CU_ASSERT_EQUAL(g_gemm(&iw, 0, 17, a, 64, 1, y, 16, NULL), IE_ERR_INVAL);
     CU_ASSERT_EQUAL(g_gemm(NULL, 0, 16, a, 64, 1, y, 16, NULL), IE_ERR_INVAL);
     CU_ASSERT_EQUAL(g_gemm(&iw, 0, 16, a, 64, 0, y, 16, NULL), IE_OK);
-    CU_ASSERT_EQUAL(g_gemm_bf16(&iw, 0, 16, a, 64, 1, y, 16), IE_ERR_UNSUPPORTED);
+    const ie_pmat_t hw = {IE_DTYPE_F16, 32, 32, 16, w};
+    CU_ASSERT_EQUAL(g_gemm_bf16(&hw, 0, 16, a, 64, 1, y, 16), IE_ERR_UNSUPPORTED);
     CU_ASSERT_EQUAL(g_gemm_bf16(&bf, 0, 17, a, 64, 1, y, 16), IE_ERR_INVAL);
 }
 
@@ -532,10 +621,13 @@ static double term_mag(const ie_pmat_t *m, const uint8_t *ar, int64_t r)
     return T;
 }
 
-/* The AMX table's matmul_packed (int types with IE_AMX_INT=1, which main
- * sets, and bf16) against ref at 1, 5, 16 and 37 tokens: the tiles at and
- * above ie_amx_min_tok() (--hw: the real ones; IE_AMX_EMULATE=1: the
- * emulator), AVX-512 below it. */
+/* The AMX table's matmul_packed (int types on the int8 tiles with
+ * IE_AMX_INT=1, which main sets unless the environment says otherwise, or
+ * on the bf16 route with IE_AMX_INT=bf16: BF16 rows, as
+ * ie_kernels_act_dtype says, against ref on their bf16 copy; and bf16)
+ * against ref at 1, 5, 16 and 37 tokens: the tiles at and above
+ * ie_amx_min_tok() (--hw: the real ones; IE_AMX_EMULATE=1: the emulator),
+ * AVX-512 below it. */
 static void test_hw_table(void)
 {
     const ie_kernels_t *k = ie_kernels_get(IE_ISA_AMX);
@@ -546,8 +638,8 @@ static void test_hw_table(void)
     for (int ti = 0; ti < 4; ti++)
         for (int ni = 0; ni < 4; ni++) {
             const int64_t n_in = 2048, n_out = 100, n_tok = toks[ni];
-            const int half = types[ti] == IE_DTYPE_BF16;
-            const ie_dtype_t at = ie_matmul_act_dtype(types[ti]);
+            const ie_dtype_t at = ie_kernels_act_dtype(k, types[ti], 1, n_tok);
+            const int half = at == IE_DTYPE_BF16; /* BF16, or an int type on the bf16 route */
             float *wf = xmalloc(sizeof(float) * n_in * n_out), *x = xmalloc(sizeof(float) * n_in * n_tok);
             rng_seed(77 + ti + 10 * ni);
             rng_fill(wf, n_in * n_out);
@@ -560,7 +652,10 @@ static void test_hw_table(void)
             const ie_pmat_t m = {types[ti], 32, n_in, n_out, wd};
             float *y1 = xmalloc(sizeof(float) * n_out * n_tok), *y2 = xmalloc(sizeof(float) * n_out * n_tok);
             CU_ASSERT_EQUAL(k->matmul_packed(&m, 0, n_out, a, as, n_tok, y1, n_out), IE_OK);
-            CU_ASSERT_EQUAL(ie_matmul_packed_ref(&m, 0, n_out, a, as, n_tok, y2, n_out), IE_OK);
+            void *wb = half && types[ti] != IE_DTYPE_BF16 ? bf16_copy(&m) : NULL; /* the route's reference */
+            const ie_pmat_t mr = wb ? (ie_pmat_t){IE_DTYPE_BF16, 32, n_in, n_out, wb} : m;
+            CU_ASSERT_EQUAL(ie_matmul_packed_ref(&mr, 0, n_out, a, as, n_tok, y2, n_out), IE_OK);
+            free(wb);
             for (int64_t t = 0; t < n_tok; t++)
                 for (int64_t r = 0; r < n_out; r++) {
                     const float v = y1[t * n_out + r], w = y2[t * n_out + r];
@@ -588,7 +683,7 @@ static void test_hw_table(void)
 int main(int argc, char **argv)
 {
     const int hw = argc > 1 && strcmp(argv[1], "--hw") == 0;
-    setenv("IE_AMX_INT", "1", 0); /* the table's int types on the tiles too (read once, below) */
+    setenv("IE_AMX_INT", "1", 0); /* the table's int types on the tiles too (read once, below); =bf16 kept */
     if (hw) {
         const char *why = ie_amx_emulated() ? "IE_AMX_EMULATE=1 (the tiles are emulated, not real)"
                                             : ie_isa_unsupported_reason(IE_ISA_AMX);
@@ -612,7 +707,11 @@ int main(int argc, char **argv)
     }
     CU_add_test(s, "gemm vs ref: odd shapes, tails, exact block sums", test_gemm_shapes);
     CU_add_test(s, "gemm vs ref: extreme values", test_gemm_extremes);
-    if (bf16) CU_add_test(s, "bf16 gemm vs ref: odd shapes, tails", test_gemm_bf16_shapes);
+    if (bf16) {
+        CU_add_test(s, "bf16 gemm vs ref: odd shapes, tails", test_gemm_bf16_shapes);
+        CU_add_test(s, "int types on bf16 tiles vs ref: odd shapes, tails", test_gemm_int_bf16_shapes);
+        CU_add_test(s, "int types on bf16 tiles: the dequantized values, exactly", test_gemm_int_bf16_exact);
+    }
     CU_add_test(s, "gemm bad args", test_gemm_bad_args);
     CU_add_test(s, "gemm on new threads (lazy per-thread config)", test_gemm_threads);
     if (!hw) {

@@ -2,7 +2,8 @@
  * unpack and its register epilogue, IE_AMX_AVX512), which pack_amx.c
  * compiles over the real tiles only: here the same body is built over the
  * tile emulator with them switched on (this file is compiled with the
- * AVX-512 flags), so they are checked against ref on any AVX-512 CPU.
+ * AVX-512 flags), so they are checked against ref on any AVX-512 CPU;
+ * and the bf16 route's AVX-512 dequantization against its plain-C twin.
  * Skipped (exit 77, with the reason) without AVX-512. */
 #include "ie_kernels.h"
 #include "ie_pack.h"
@@ -29,9 +30,8 @@
 #define IE_AMX_AVX512 1
 static ie_status_t emu512_gemm(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                int64_t n_tok, float *y, int64_t ldy, int32_t *isums);
-__attribute__((unused)) static ie_status_t emu512_gemm_bf16(const ie_pmat_t *m, int64_t r0, int64_t r1,
-                                                            const void *a, size_t a_stride, int64_t n_tok, float *y,
-                                                            int64_t ldy);
+static ie_status_t emu512_gemm_bf16(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                                    int64_t n_tok, float *y, int64_t ldy);
 #include "../../kernels/x86/amx/amx_gemm_body.h"
 
 /* I4W / I4WA (and I8W, its own path) x groups 32 / 64 x odd shapes, full
@@ -100,6 +100,55 @@ static void test_i4_avx512_vs_ref(void)
     CU_ASSERT_EQUAL(bad, 0);
 }
 
+/* The bf16 route's AVX-512 dequantization (amx_unpack_bf16 with
+ * IE_AMX_AVX512) against the plain-C one of the emulator build
+ * (ie_amx_gemm_bf16_emu, itself checked value by value in test_amx): the
+ * same tiles over the same emulator, so y must be equal bit for bit. I8W /
+ * I4W / I4WA, groups 32 / 64, several row blocks and tails. */
+static void test_int_bf16_unpack_vs_plain(void)
+{
+    static const ie_dtype_t types[] = {IE_DTYPE_I4W, IE_DTYPE_I4WA, IE_DTYPE_I8W};
+    static const int64_t nis[] = {64, 2048, 97 * 64}, nos[] = {16, 300}, nts[] = {1, 17};
+    int bad = 0, cases = 0;
+    for (int ti = 0; ti < 3; ti++)
+        for (int g = 32; g <= 64; g += 32)
+            for (int ii = 0; ii < 3; ii++)
+                for (int oi = 0; oi < 2; oi++)
+                    for (int ki = 0; ki < 2; ki++) {
+                        const int64_t n_in = nis[ii], n_out = nos[oi], n_tok = nts[ki];
+                        const size_t as = ie_dtype_row_bytes(IE_DTYPE_BF16, n_in);
+                        float *wf = malloc(sizeof(float) * n_in * n_out), *x = malloc(sizeof(float) * n_in * n_tok);
+                        float *y1 = malloc(sizeof(float) * n_out * n_tok),
+                              *y2 = malloc(sizeof(float) * n_out * n_tok);
+                        uint8_t *a = malloc(as * n_tok);
+                        void *wd = aligned_alloc(64, (ie_pack_bytes(types[ti], g, n_in, n_out) + 63) / 64 * 64);
+                        CU_ASSERT_FATAL(wf && x && y1 && y2 && a && wd);
+                        rng_seed(7000 + cases);
+                        rng_fill(wf, n_in * n_out);
+                        rng_fill(x, n_in * n_tok);
+                        for (int64_t r = 0; r < n_out; r++) wf[r * n_in + r % n_in] *= 1000.0f; /* odd scales */
+                        CU_ASSERT_FATAL(
+                            ie_pack_quantize(types[ti], g, IE_QSCALE_ABSMAX, wf, n_in, 0, n_out, n_out, wd) == 0);
+                        for (int64_t t = 0; t < n_tok; t++)
+                            ie_act_quantize_ref(IE_DTYPE_BF16, x + t * n_in, a + t * as, n_in);
+                        const ie_pmat_t m = {types[ti], g, n_in, n_out, wd};
+                        CU_ASSERT_EQUAL(emu512_gemm_bf16(&m, 0, n_out, a, as, n_tok, y1, n_out), IE_OK);
+                        CU_ASSERT_EQUAL(ie_amx_gemm_bf16_emu(&m, 0, n_out, a, as, n_tok, y2, n_out), IE_OK);
+                        CU_ASSERT_EQUAL(ie_amx_emu_faults(), 0);
+                        if (memcmp(y1, y2, sizeof(float) * n_out * n_tok) != 0) {
+                            if (bad < 5)
+                                fprintf(stderr, "\n  %s g%d %lldx%lldx%lld: AVX-512 unpack != plain",
+                                        ie_dtype_name(types[ti]), g, (long long)n_out, (long long)n_in,
+                                        (long long)n_tok);
+                            bad++;
+                        }
+                        cases++;
+                        free(wf), free(x), free(y1), free(y2), free(a), free(wd);
+                    }
+    printf("\n  %d shapes ", cases);
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
 int main(void)
 {
     if (!ie_isa_supported(IE_ISA_AVX512)) {
@@ -109,6 +158,9 @@ int main(void)
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
     CU_pSuite s = CU_add_suite("amx body, AVX-512 parts over the emulator", NULL, NULL);
     CU_add_test(s, "I4/I8 gemm (AVX-512 unpack + epilogue) vs ref", test_i4_avx512_vs_ref);
+    if (ie_cpu_features() & IE_CPU_AVX512_BF16)
+        CU_add_test(s, "int types on bf16 tiles: AVX-512 dequant == plain C", test_int_bf16_unpack_vs_plain);
+    else printf("AVX512_BF16 absent (vcvtne2ps2bf16): the bf16 route's dequantization is not checked here\n");
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     const unsigned fails = CU_get_number_of_failures();

@@ -208,7 +208,7 @@ ie_status_t worker_matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, co
     }
     for (int i = 0; i < nm; i++) {
         if (done[i]) continue;
-        ie_dtype_t act = ie_matmul_act_dtype(m[i]->dtype);
+        const ie_dtype_t act = ie_kernels_act_dtype(w->ops, m[i]->dtype, m[i]->layout == IE_LAYOUT_PANEL16, n);
         int64_t n_in = m[i]->n_in;
         mm_task_t t = {.ops = w->ops, .n_tok = n, .share_repl = w->share_repl};
         if (pre) { /* in the first job */
@@ -216,7 +216,8 @@ ie_status_t worker_matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, co
             pre = NULL;
         }
         for (int j = i; j < nm; j++) {
-            if (!done[j] && ie_matmul_act_dtype(m[j]->dtype) == act) {
+            if (!done[j] &&
+                ie_kernels_act_dtype(w->ops, m[j]->dtype, m[j]->layout == IE_LAYOUT_PANEL16, n) == act) {
                 t.m[t.nm] = m[j];
                 t.rep[t.nm] = rep ? rep[j] : NULL;
                 t.y[t.nm] = y[j];

@@ -13,8 +13,10 @@
  *   IE_AMX_DPBUUD(c, a, b)      tdpbuud: c += a (u8) . b (u8)
  *   IE_AMX_GEMM_BF16_NAME       name of the BF16 GEMM to define
  *   IE_AMX_DPBF16PS(c, a, b)    tdpbf16ps: c (f32) += a (bf16 pairs) . b
- *   IE_AMX_AVX512               (optional) the I4 path's unpack and epilogue in
- *                               AVX-512 (else plain C: the emulator's build)
+ *   IE_AMX_AVX512               (optional) the I4 path's unpack and epilogue,
+ *                               and the bf16 route's dequantization, in
+ *                               AVX-512 + AVX512_BF16 (else plain C: the
+ *                               emulator's build)
  * Tile numbers are literals (the intrinsics take immediates).
  *
  * Shapes. C[m][n] (int32) += sum over quads k of the 4 byte products
@@ -63,7 +65,9 @@
  * BF16 activation rows; C (f32) accumulates over all of k in the tile (no
  * scales, no epilogue) and is stored once per panel and token tile. Two
  * panels per step (C0, C1) share each A tile: one core, 512 rows x 2048 x
- * 512 tokens, 481 GOP/s against AVX-512's 63-67.
+ * 512 tokens, 481 GOP/s against AVX-512's 63-67. The same GEMM takes
+ * I8W / I4W / I4WA weights dequantized to bf16 per row block (the "bf16
+ * route" of the int types, below).
  *
  * Tile configuration is per thread and kept: the first call on a thread
  * (and a call with another token-tail height) runs ldtilecfg; the worker
@@ -77,7 +81,9 @@
  * tokens.
  */
 
+#include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define AMX_T 16  /* tokens per tile (A and C rows)                      */
@@ -465,6 +471,195 @@ ie_status_t IE_AMX_GEMM_NAME(const ie_pmat_t *m, int64_t r0, int64_t r1, const v
     return IE_OK;
 }
 
+/* ------------------------------------- the int types on the BF16 tiles */
+
+/* A second route for the int types (IE_AMX_INT=bf16): each row block of
+ * panels is dequantized once into the BF16 PANEL16 layout (the value of
+ * every code, bit for bit ie_pack_dequant_row's f32, rounded to bf16), and
+ * the BF16 tile loop below runs over it with BF16 activation rows. The
+ * block scales are then inside B, so C accumulates over the whole of k
+ * with no per-block f32 epilogue (what held the int8 tiles at or below
+ * VNNI, above); the cost is the unpack, once per row block and step, and
+ * the bf16 rounding of weights and activations (the BF16 models' own
+ * precision). */
+
+/* One dequantized panel: n_in k in 16 rows of bf16. */
+#define AMX_UB_PANEL(n_in) ((size_t)(n_in)*32)
+
+static pthread_key_t amx_ub_key;
+static pthread_once_t amx_ub_once = PTHREAD_ONCE_INIT;
+static int amx_ub_key_ok;
+static void amx_ub_free(void *p) { free(p); }
+static void amx_ub_key_init(void) { amx_ub_key_ok = pthread_key_create(&amx_ub_key, amx_ub_free) == 0; }
+
+/* This thread's buffer of at least n bytes (64-byte aligned), kept for its
+ * next calls and freed when it exits (a pthread key); NULL when out of
+ * memory. */
+static uint8_t *amx_ub(size_t n)
+{
+    pthread_once(&amx_ub_once, amx_ub_key_init);
+    if (!amx_ub_key_ok) return NULL;
+    size_t *h = pthread_getspecific(amx_ub_key);
+    if (!h || h[0] < n) {
+        size_t *nh = aligned_alloc(64, 64 + (n + 63) / 64 * 64);
+        if (!nh) return NULL;
+        nh[0] = n;
+        if (pthread_setspecific(amx_ub_key, nh) != 0) {
+            free(nh);
+            return NULL;
+        }
+        free(h);
+        h = nh;
+    }
+    return (uint8_t *)h + 64;
+}
+
+#ifdef IE_AMX_AVX512
+/* 32 codes of one pair row (c32: the codes of rows 0..15, two each, in
+ * order) to 32 bf16 values: v = code * s (+ mo), s/mo holding each row's
+ * scale/offset twice ([0]: rows 0..7, [1]: rows 8..15); signed: the codes
+ * are int8. Explicit rounding keeps mul and add apart (no fma: ref's f32
+ * formula, two roundings). */
+static inline __m512i amx_pair_bf16(__m256i c32, int sgn, const __m512 *s, const __m512 *mo, int aff)
+{
+    const __m128i l = _mm256_castsi256_si128(c32), h = _mm256_extracti128_si256(c32, 1);
+    __m512 fl = _mm512_cvtepi32_ps(sgn ? _mm512_cvtepi8_epi32(l) : _mm512_cvtepu8_epi32(l));
+    __m512 fh = _mm512_cvtepi32_ps(sgn ? _mm512_cvtepi8_epi32(h) : _mm512_cvtepu8_epi32(h));
+    fl = _mm512_mul_round_ps(fl, s[0], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    fh = _mm512_mul_round_ps(fh, s[1], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    if (aff) {
+        fl = _mm512_add_round_ps(fl, mo[0], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        fh = _mm512_add_round_ps(fh, mo[1], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    }
+    /* round to nearest even; the values are normal or zero (f16 scale x a
+     * small integer), so the instruction's flush of denormals never acts */
+    return (__m512i)_mm512_cvtne2ps_pbh(fh, fl);
+}
+#endif
+
+/* Panel `panel` of an int matrix (I8W, I4W, I4WA; group G) dequantized to
+ * BF16 PANEL16 bytes at out (AMX_UB_PANEL(n_in)): pair chunk c (k 2c,
+ * 2c+1) at out + 64c, dword i = row i. Each value is ie_pack_dequant_row's
+ * (I8W d*q, I4W d*(u-8), I4WA d*u + m in f32) rounded to bf16 as
+ * ie_f32_to_bf16 does. */
+static void amx_unpack_bf16(ie_dtype_t t, int G, int64_t n_in, const uint8_t *panel, uint8_t *out)
+{
+    const int i8 = t == IE_DTYPE_I8W, aff = t == IE_DTYPE_I4WA;
+    const size_t hdr = aff ? 64 : 32, qb = i8 ? 512 : 256; /* scales; quants of one 32-block */
+    const size_t gb = hdr + (size_t)(G / 32) * qb;
+    for (int64_t g = 0; g < n_in / G; g++) {
+        const uint8_t *gp = panel + (size_t)g * gb;
+#ifdef IE_AMX_AVX512
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)gp));
+        const __m512 mv = aff ? _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(gp + 32))) : _mm512_setzero_ps();
+        const __m512i il = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+        const __m512i ih = _mm512_add_epi32(il, _mm512_set1_epi32(8));
+        const __m512 s[2] = {_mm512_permutexvar_ps(il, d), _mm512_permutexvar_ps(ih, d)};
+        const __m512 mo[2] = {_mm512_permutexvar_ps(il, mv), _mm512_permutexvar_ps(ih, mv)};
+        for (int b = 0; b < G / 32; b++) {
+            const uint8_t *q = gp + hdr + (size_t)b * qb;
+            __m512i *o = (__m512i *)(void *)(out + ((size_t)g * G + 32 * (size_t)b) * 32);
+            if (i8) { /* chunk c: k 4c..4c+3, u8 = q + 128 -> pair rows 2c, 2c+1 */
+                for (int c = 0; c < 8; c++) {
+                    const __m512i v = _mm512_xor_si512(_mm512_loadu_si512((const void *)(q + 64 * c)),
+                                                       _mm512_set1_epi8((char)0x80));
+                    _mm512_store_si512(o + 2 * c, amx_pair_bf16(_mm512_cvtepi32_epi16(v), 1, s, mo, 0));
+                    _mm512_store_si512(o + 2 * c + 1,
+                                       amx_pair_bf16(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)), 1, s, mo, 0));
+                }
+            } else { /* chunk c: low nibbles k 8c..8c+3, high 8c+4..8c+7 */
+                const __m512i m4 = _mm512_set1_epi8(0x0f), off = _mm512_set1_epi8(aff ? 0 : 8);
+                for (int c = 0; c < 4; c++) {
+                    const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * c));
+                    const __m512i lo = _mm512_sub_epi8(_mm512_and_si512(v, m4), off);
+                    const __m512i hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), off);
+                    _mm512_store_si512(o + 4 * c, amx_pair_bf16(_mm512_cvtepi32_epi16(lo), !aff, s, mo, aff));
+                    _mm512_store_si512(o + 4 * c + 1,
+                                       amx_pair_bf16(_mm512_cvtepi32_epi16(_mm512_srli_epi32(lo, 16)), !aff, s, mo,
+                                                     aff));
+                    _mm512_store_si512(o + 4 * c + 2, amx_pair_bf16(_mm512_cvtepi32_epi16(hi), !aff, s, mo, aff));
+                    _mm512_store_si512(o + 4 * c + 3,
+                                       amx_pair_bf16(_mm512_cvtepi32_epi16(_mm512_srli_epi32(hi, 16)), !aff, s, mo,
+                                                     aff));
+                }
+            }
+        }
+#else
+        float d[16], mo[16];
+        for (int r = 0; r < 16; r++) {
+            d[r] = amx_f16(gp + 2 * r);
+            mo[r] = aff ? amx_f16(gp + 32 + 2 * r) : 0.0f;
+        }
+        for (int kk = 0; kk < G; kk++) {
+            const uint8_t *q = gp + hdr + (size_t)(kk / 32) * qb;
+            const int k = kk % 32;
+            const int64_t kg = (int64_t)g * G + kk;
+            uint8_t *o = out + (size_t)(kg / 2) * 64 + 2 * (size_t)(kg & 1);
+            for (int r = 0; r < 16; r++) {
+                float v;
+                if (i8) {
+                    v = d[r] * (float)((int)q[(k / 4) * 64 + 4 * r + k % 4] - 128);
+                } else {
+                    const uint8_t byte = q[(k / 8) * 64 + 4 * r + k % 4];
+                    const int u = (k % 8) >= 4 ? byte >> 4 : byte & 0x0f;
+                    if (aff) {
+                        const float p = d[r] * (float)u;
+                        v = p + mo[r];
+                    } else {
+                        v = d[r] * (float)(u - 8);
+                    }
+                }
+                const ie_bf16_t h = ie_f32_to_bf16(v);
+                memcpy(o + 4 * r, &h, 2);
+            }
+        }
+#endif
+    }
+}
+
+/* The BF16 tile loop over panels [q0, q1) (panel p's BF16 PANEL16 bytes at
+ * w + (p - q0) * pb): every token tile, two panels per step (C0, C1 share
+ * each A tile), C over all of k, stored into y once. */
+static void amx_bf16_rows(const uint8_t *w, size_t pb, int64_t q0, int64_t q1, int64_t r1, int64_t n_in,
+                          const uint8_t *act, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+{
+    const int64_t ns = n_in / 32; /* k-slabs of 32 */
+    _Alignas(64) float c[AMX_T][16];
+    for (int64_t t0 = 0; t0 < n_tok; t0 += AMX_T) {
+        const int mt = n_tok - t0 < AMX_T ? (int)(n_tok - t0) : AMX_T;
+        const uint8_t *at = act + (size_t)t0 * a_stride;
+        amx_configure(mt, 1);
+        for (int64_t p = q0; p < q1; p += 2) {
+            const int two = p + 1 < q1;
+            const uint8_t *panel = w + (size_t)(p - q0) * pb;
+            IE_AMX_ZERO(AMX_C0);
+            if (two) IE_AMX_ZERO(AMX_C1);
+            for (int64_t k = 0; k < ns; k++) {
+                IE_AMX_LOAD(AMX_A0, at + 64 * (size_t)k, a_stride);
+                IE_AMX_LOAD(AMX_B, panel + 1024 * (size_t)k, 64);
+                IE_AMX_DPBF16PS(AMX_C0, AMX_A0, AMX_B);
+                if (two) {
+                    IE_AMX_LOAD(AMX_B1, panel + pb + 1024 * (size_t)k, 64);
+                    IE_AMX_DPBF16PS(AMX_C1, AMX_A0, AMX_B1);
+                }
+            }
+            for (int h = 0; h <= two; h++) {
+                const int64_t rows = r1 - (p + h) * IE_PANEL;
+                const int nr = rows < IE_PANEL ? (int)rows : IE_PANEL;
+                float *yp = y + t0 * ldy + (p + h) * IE_PANEL;
+                if (nr == IE_PANEL) {
+                    if (h) IE_AMX_STORE(AMX_C1, yp, (size_t)ldy * sizeof(float));
+                    else IE_AMX_STORE(AMX_C0, yp, (size_t)ldy * sizeof(float));
+                } else {
+                    if (h) IE_AMX_STORE(AMX_C1, c, sizeof c[0]);
+                    else IE_AMX_STORE(AMX_C0, c, sizeof c[0]);
+                    for (int t = 0; t < mt; t++) memcpy(yp + (int64_t)t * ldy, c[t], sizeof(float) * (size_t)nr);
+                }
+            }
+        }
+    }
+}
+
 /* The AMX-BF16 GEMM (contract in ie_kernels_isa.h: ie_amx_gemm_bf16_*). */
 ie_status_t IE_AMX_GEMM_BF16_NAME(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                   int64_t n_tok, float *y, int64_t ldy)
@@ -472,52 +667,33 @@ ie_status_t IE_AMX_GEMM_BF16_NAME(const ie_pmat_t *m, int64_t r0, int64_t r1, co
     if (!m || !m->data || !a || !y || ie_pack_check(m->dtype, m->group, m->n_in) != 0 || r0 < 0 ||
         r0 % IE_PANEL != 0 || r1 < r0 || r1 > m->n_out || (r1 != m->n_out && r1 % IE_PANEL != 0) || n_tok < 0)
         return IE_ERR_INVAL;
-    if (m->dtype != IE_DTYPE_BF16) return IE_ERR_UNSUPPORTED;
+    if (m->dtype != IE_DTYPE_BF16 && !ie_dtype_is_intw(m->dtype)) return IE_ERR_UNSUPPORTED;
     if (r0 == r1 || n_tok == 0) return IE_OK;
-    const int64_t n_in = m->n_in, ns = n_in / 32; /* k-slabs of 32 */
+    const int64_t n_in = m->n_in;
     const size_t pb = ie_pack_panel_bytes(m->dtype, m->group, n_in);
     const int64_t p0 = r0 / IE_PANEL, p1 = (r1 + IE_PANEL - 1) / IE_PANEL;
-    int64_t rb = (int64_t)(AMX_ROWBLK / pb);
-    if (rb < 1) rb = 1;
     const uint8_t *w = m->data, *act = a;
-    _Alignas(64) float c[AMX_T][16];
+    if (m->dtype == IE_DTYPE_BF16) {
+        int64_t rb = (int64_t)(AMX_ROWBLK / pb);
+        if (rb < 1) rb = 1;
+        for (int64_t q0 = p0; q0 < p1; q0 += rb) {
+            const int64_t q1 = q0 + rb < p1 ? q0 + rb : p1;
+            amx_bf16_rows(w + (size_t)q0 * pb, pb, q0, q1, r1, n_in, act, a_stride, n_tok, y, ldy);
+        }
+        return IE_OK;
+    }
+    /* the int types: a row block (~AMX_ROWBLK, at least a pair) dequantized, then the same loop */
+    const size_t hb = AMX_UB_PANEL(n_in);
+    int64_t rb = (int64_t)(AMX_ROWBLK / hb);
+    if (rb < 2) rb = 2;
+    if (rb > p1 - p0) rb = p1 - p0;
+    uint8_t *ub = amx_ub((size_t)rb * hb);
+    if (!ub) return IE_ERR_NOMEM;
     for (int64_t q0 = p0; q0 < p1; q0 += rb) {
         const int64_t q1 = q0 + rb < p1 ? q0 + rb : p1;
-        for (int64_t t0 = 0; t0 < n_tok; t0 += AMX_T) {
-            const int mt = n_tok - t0 < AMX_T ? (int)(n_tok - t0) : AMX_T;
-            const uint8_t *at = act + (size_t)t0 * a_stride;
-            amx_configure(mt, 1);
-            /* two panels per step: C0 and C1 share each A tile */
-            for (int64_t p = q0; p < q1; p += 2) {
-                const int two = p + 1 < q1;
-                const uint8_t *panel = w + (size_t)p * pb;
-                IE_AMX_ZERO(AMX_C0);
-                if (two) IE_AMX_ZERO(AMX_C1);
-                for (int64_t k = 0; k < ns; k++) {
-                    IE_AMX_LOAD(AMX_A0, at + 64 * (size_t)k, a_stride);
-                    IE_AMX_LOAD(AMX_B, panel + 1024 * (size_t)k, 64);
-                    IE_AMX_DPBF16PS(AMX_C0, AMX_A0, AMX_B);
-                    if (two) {
-                        IE_AMX_LOAD(AMX_B1, panel + pb + 1024 * (size_t)k, 64);
-                        IE_AMX_DPBF16PS(AMX_C1, AMX_A0, AMX_B1);
-                    }
-                }
-                for (int h = 0; h <= two; h++) {
-                    const int64_t rows = r1 - (p + h) * IE_PANEL;
-                    const int nr = rows < IE_PANEL ? (int)rows : IE_PANEL;
-                    float *yp = y + t0 * ldy + (p + h) * IE_PANEL;
-                    if (nr == IE_PANEL) {
-                        if (h) IE_AMX_STORE(AMX_C1, yp, (size_t)ldy * sizeof(float));
-                        else IE_AMX_STORE(AMX_C0, yp, (size_t)ldy * sizeof(float));
-                    } else {
-                        if (h) IE_AMX_STORE(AMX_C1, c, sizeof c[0]);
-                        else IE_AMX_STORE(AMX_C0, c, sizeof c[0]);
-                        for (int t = 0; t < mt; t++)
-                            memcpy(yp + (int64_t)t * ldy, c[t], sizeof(float) * (size_t)nr);
-                    }
-                }
-            }
-        }
+        for (int64_t p = q0; p < q1; p++)
+            amx_unpack_bf16(m->dtype, m->group, n_in, w + (size_t)p * pb, ub + (size_t)(p - q0) * hb);
+        amx_bf16_rows(ub, hb, q0, q1, r1, n_in, act, a_stride, n_tok, y, ldy);
     }
     return IE_OK;
 }

@@ -2,9 +2,11 @@
  * for BF16 PANEL16 weights where the CPU has them (CPUID.(7,0):EDX bit 22)
  * in steps of at least ie_amx_min_tok() tokens, the AVX-512 kernels for
  * everything else (decode, the int types, the k-quants, f16). The int
- * types (I8W = repacked Q8_0, I4W = Q4_0, I4WA = Q4_1) have AMX-INT8 tile
- * GEMMs too, taken only with IE_AMX_INT=1 (ie_amx_int_tiles): they measured
- * slower than AVX-512 VNNI (amx_gemm_body.h). The GEMMs themselves are
+ * types (I8W = repacked Q8_0, I4W = Q4_0, I4WA = Q4_1) have two tile
+ * routes, taken only when IE_AMX_INT asks (ie_amx_int_tiles): AMX-INT8
+ * GEMMs on their codes (=1; measured slower than AVX-512 VNNI,
+ * amx_gemm_body.h), and the BF16 GEMM over their values dequantized to
+ * bf16 (=bf16; BF16 activation rows, ie_kernels_act_dtype). The GEMMs themselves are
  * amx_gemm_body.h, compiled here over the real instructions and in
  * kernels/src/amx_emu.c over the scalar emulator the tests run anywhere.
  * Under IE_AMX_EMULATE=1 (ie_amx_emulated) the table's tile calls run the
@@ -57,22 +59,15 @@ ie_status_t ie_amx_gemm_bf16_hw(const ie_pmat_t *m, int64_t r0, int64_t r1, cons
     return amx_gemm_bf16_tiles(m, r0, r1, a, a_stride, n_tok, y, ldy);
 }
 
-/* 1 if this call goes to the tiles: bf16 tiles (where the CPU has
- * AMX-BF16) for BF16, int8 tiles for the int types only when asked for
- * (ie_amx_int_tiles: they measured slower than AVX-512 VNNI). */
-static int use_tiles(const ie_pmat_t *m, int64_t n_tok)
-{
-    return m && n_tok >= ie_amx_min_tok() &&
-           ((ie_dtype_is_intw(m->dtype) && ie_amx_int_tiles()) ||
-            (m->dtype == IE_DTYPE_BF16 && (ie_amx_emulated() || (ie_cpu_features() & IE_CPU_AMX_BF16))));
-}
-
-/* Contract of ie_kernels_t.matmul_packed. */
+/* Contract of ie_kernels_t.matmul_packed: the route ie_amx_route gives
+ * (the one ie_kernels_act_dtype shares, so the activation rows are in the
+ * format the route reads). */
 ie_status_t ie_matmul_packed_amx(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                  int64_t n_tok, float *y, int64_t ldy)
 {
-    if (!use_tiles(m, n_tok)) return ie_matmul_packed_avx512(m, r0, r1, a, a_stride, n_tok, y, ldy);
-    const int bf16 = m->dtype == IE_DTYPE_BF16;
+    const int route = m ? ie_amx_route(m->dtype, n_tok) : IE_AMX_INT_AVX512;
+    if (route == IE_AMX_INT_AVX512) return ie_matmul_packed_avx512(m, r0, r1, a, a_stride, n_tok, y, ldy);
+    const int bf16 = route == IE_AMX_INT_BF16;
     if (ie_amx_emulated())
         return bf16 ? ie_amx_gemm_bf16_emu(m, r0, r1, a, a_stride, n_tok, y, ldy)
                     : ie_amx_gemm_emu(m, r0, r1, a, a_stride, n_tok, y, ldy, NULL);
@@ -86,7 +81,8 @@ ie_status_t ie_matmul_packed_amx(const ie_pmat_t *m, int64_t r0, int64_t r1, con
 ie_status_t ie_matmul_packed_ranges_amx(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
                                         size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
 {
-    if (!use_tiles(m, n_tok)) return ie_matmul_packed_ranges_avx512(m, next, ctx, a, a_stride, n_tok, y, ldy);
+    if (!m || ie_amx_route(m->dtype, n_tok) == IE_AMX_INT_AVX512)
+        return ie_matmul_packed_ranges_avx512(m, next, ctx, a, a_stride, n_tok, y, ldy);
     return ie_packed_ranges_by_calls(ie_matmul_packed_amx, m, next, ctx, a, a_stride, n_tok, y, ldy);
 }
 
