@@ -396,11 +396,12 @@ static void test_gemm_bf16_shapes(void)
 {
     static const int64_t nins[] = {32, 96, 1024};
     static const int64_t nouts[] = {1, 15, 16, 17, 40};
-    static const int64_t ntoks[] = {1, 5, 16, 17, 33};
+    /* token tiles: one, a full and a tail pair, two full, a pair and a tail */
+    static const int64_t ntoks[] = {1, 5, 16, 17, 32, 45};
     int bad = 0, n = 0;
     for (size_t ii = 0; ii < 3; ii++)
         for (size_t oi = 0; oi < 5; oi++)
-            for (size_t ki = 0; ki < 5; ki++) {
+            for (size_t ki = 0; ki < 6; ki++) {
                 const int64_t r0 = nouts[oi] > 16 && ki % 2 ? 16 : 0;
                 bad += check_bf16_case(IE_DTYPE_BF16, 32, nins[ii], nouts[oi], ntoks[ki], r0, 4000 + n++);
             }
@@ -416,13 +417,13 @@ static void test_gemm_int_bf16_shapes(void)
     static const ie_dtype_t types[] = {IE_DTYPE_I8W, IE_DTYPE_I4W, IE_DTYPE_I4WA};
     static const int64_t nins[] = {64, 192, 1024};
     static const int64_t nouts[] = {1, 17, 40};
-    static const int64_t ntoks[] = {1, 16, 19};
+    static const int64_t ntoks[] = {1, 16, 19, 32};
     int bad = 0, n = 0;
     for (int ti = 0; ti < 3; ti++)
         for (int g = 32; g <= 64; g += 32)
             for (size_t ii = 0; ii < 3; ii++)
                 for (size_t oi = 0; oi < 3; oi++)
-                    for (size_t ki = 0; ki < 3; ki++) {
+                    for (size_t ki = 0; ki < 4; ki++) {
                         const int64_t r0 = nouts[oi] > 16 && ki % 2 ? 16 : 0;
                         bad += check_bf16_case(types[ti], g, nins[ii], nouts[oi], ntoks[ki], r0, 5000 + n++);
                     }

@@ -63,9 +63,11 @@
  * w[16p+i][2c], w[2c+1]) is a B row in the pair layout, so 16 chunks (32
  * k) are a B tile as they lie; A = 16 tokens x 32 bf16 straight from the
  * BF16 activation rows; C (f32) accumulates over all of k in the tile (no
- * scales, no epilogue) and is stored once per panel and token tile. Two
- * panels per step (C0, C1) share each A tile: one core, 512 rows x 2048 x
- * 512 tokens, 481 GOP/s against AVX-512's 63-67. The same GEMM takes
+ * scales, no epilogue) and is stored once per panel and token tile. With
+ * two panels per step (C0, C1 sharing each A tile) one core ran 512 rows x
+ * 2048 x 512 tokens at 481 GOP/s against AVX-512's 63-67; the loop now
+ * runs two token tiles x two panels (four C tiles, each A and B tile used
+ * twice: half the B loads a tdp; not yet measured on AMX). The same GEMM takes
  * I8W / I4W / I4WA weights dequantized to bf16 per row block (the "bf16
  * route" of the int types, below).
  *
@@ -103,33 +105,26 @@
 #define AMX_PK_PLANES (2 * AMX_T * 32)
 #define AMX_PK_TAIL (8 * AMX_T)
 
-/* This thread's tile configuration: mt token rows + 32 for the BF16
- * shapes (0: not configured). */
+/* This thread's tile configuration, a key: mt token rows for the int8
+ * shapes, amx_configure_bf16's above 63 (0: not configured). */
 static _Thread_local int amx_cfg_rows;
 
-/* Configure tmm0..4 for tiles of mt token rows, int8 (bf16 0) or BF16
- * shapes (bf16 1), unless already so. */
-static void amx_configure(int mt, int bf16)
+/* Configure tmm0..5 for the int8 tiles of mt token rows, unless already
+ * so: C0, C1 mt x 16 int32; A0, A1 mt x 32 bytes; B, B1 8 quads x 64. */
+static void amx_configure(int mt)
 {
-    if (amx_cfg_rows == mt + 32 * bf16) return;
+    if (amx_cfg_rows == mt) return;
     _Alignas(64) uint8_t cfg[64];
     memset(cfg, 0, sizeof cfg);
     cfg[0] = 1; /* palette 1; start_row 0 */
-    /* int8: C0, C1 mt x 16 int32; A0, A1 mt x 32 bytes; B, B1 8 quads x 64.
-     * bf16: C0, C1 mt x 16 f32; A0 mt x 32 bf16; B, B1 16 pairs x 64 bytes. */
-    const uint16_t colsb[6] = {64, 64, (uint16_t)(bf16 ? 64 : 32), (uint16_t)(bf16 ? 0 : 32), 64, 64};
-    const uint8_t rows[6] = {(uint8_t)mt,
-                             (uint8_t)mt,
-                             (uint8_t)mt,
-                             (uint8_t)(bf16 ? 0 : mt),
-                             (uint8_t)(bf16 ? 16 : 8),
-                             (uint8_t)(bf16 ? 16 : 8)};
+    const uint16_t colsb[6] = {64, 64, 32, 32, 64, 64};
+    const uint8_t rows[6] = {(uint8_t)mt, (uint8_t)mt, (uint8_t)mt, (uint8_t)mt, 8, 8};
     for (int t = 0; t < 6; t++) {
         memcpy(cfg + 16 + 2 * t, &colsb[t], 2);
         cfg[48 + t] = rows[t];
     }
     IE_AMX_CFG(cfg);
-    amx_cfg_rows = mt + 32 * bf16;
+    amx_cfg_rows = mt;
 }
 
 static inline float amx_ldf(const uint8_t *p)
@@ -415,7 +410,7 @@ static void amx_gemm_i4(const ie_pmat_t *m, int64_t r0, int64_t r1, const uint8_
                         if (affine) sT[k][t] = amx_ldf(dp + 4 * (size_t)(nb + kb0 + k));
                     }
                 }
-                amx_configure(mt, 0);
+                amx_configure(mt);
                 for (int i = 0; i < np; i++) {
                     const int64_t p = q0 + i, rows = r1 - p * IE_PANEL;
                     const int nr = rows < IE_PANEL ? (int)rows : IE_PANEL;
@@ -457,7 +452,7 @@ ie_status_t IE_AMX_GEMM_NAME(const ie_pmat_t *m, int64_t r0, int64_t r1, const v
             for (int64_t t0 = 0; t0 < n_tok; t0 += AMX_T) {
                 const int mt = n_tok - t0 < AMX_T ? (int)(n_tok - t0) : AMX_T;
                 amx_pack(act + (size_t)t0 * a_stride, a_stride, n_in, mt, kb0, kb1, pk);
-                amx_configure(mt, 0);
+                amx_configure(mt);
                 for (int64_t p = q0; p < q1; p++) {
                     const int64_t rows = r1 - p * IE_PANEL;
                     const int nr = rows < IE_PANEL ? (int)rows : IE_PANEL;
@@ -617,45 +612,92 @@ static void amx_unpack_bf16(ie_dtype_t t, int G, int64_t n_in, const uint8_t *pa
     }
 }
 
+/* The BF16 loop's tiles: C[token tile v][panel h] = tmm 2v + h, A of token
+ * tile v = tmm 4 + v, B of panel h = tmm 6 + h. */
+#define AMX_BC00 0
+#define AMX_BC01 1
+#define AMX_BC10 2
+#define AMX_BC11 3
+#define AMX_BA0 4
+#define AMX_BA1 5
+#define AMX_BB0 6
+#define AMX_BB1 7
+
+/* Configure the BF16 loop's eight tiles for token tiles of mt0 and mt1
+ * rows (mt1 0: the second token tile's A and C tiles left unconfigured),
+ * unless already so. */
+static void amx_configure_bf16(int mt0, int mt1)
+{
+    const int key = 64 + 17 * mt0 + mt1; /* above the int8 keys (mt <= 16) */
+    if (amx_cfg_rows == key) return;
+    _Alignas(64) uint8_t cfg[64];
+    memset(cfg, 0, sizeof cfg);
+    cfg[0] = 1;
+    const uint8_t rows[8] = {(uint8_t)mt0, (uint8_t)mt0, (uint8_t)mt1, (uint8_t)mt1,
+                             (uint8_t)mt0, (uint8_t)mt1, 16,           16};
+    for (int t = 0; t < 8; t++) {
+        const uint16_t cb = rows[t] ? 64 : 0;
+        memcpy(cfg + 16 + 2 * t, &cb, 2);
+        cfg[48 + t] = rows[t];
+    }
+    IE_AMX_CFG(cfg);
+    amx_cfg_rows = key;
+}
+
 /* The BF16 tile loop over panels [q0, q1) (panel p's BF16 PANEL16 bytes at
- * w + (p - q0) * pb): every token tile, two panels per step (C0, C1 share
- * each A tile), C over all of k, stored into y once. */
+ * w + (p - q0) * pb): two token tiles x two panels per step, four C tiles
+ * over all of k, each A and B tile loaded once for two tdps (the 1x2 loop
+ * it replaces loaded a B tile for every tdp, and the B tiles come from L2:
+ * 481 GOP/s on one core was ~18% of the tdp rate), each C stored into y
+ * once. */
 static void amx_bf16_rows(const uint8_t *w, size_t pb, int64_t q0, int64_t q1, int64_t r1, int64_t n_in,
                           const uint8_t *act, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
 {
     const int64_t ns = n_in / 32; /* k-slabs of 32 */
     _Alignas(64) float c[AMX_T][16];
-    for (int64_t t0 = 0; t0 < n_tok; t0 += AMX_T) {
-        const int mt = n_tok - t0 < AMX_T ? (int)(n_tok - t0) : AMX_T;
-        const uint8_t *at = act + (size_t)t0 * a_stride;
-        amx_configure(mt, 1);
+    for (int64_t t0 = 0; t0 < n_tok; t0 += 2 * AMX_T) {
+        const int mt0 = n_tok - t0 < AMX_T ? (int)(n_tok - t0) : AMX_T;
+        const int64_t left = n_tok - t0 - AMX_T;
+        const int mt1 = left <= 0 ? 0 : left < AMX_T ? (int)left : AMX_T;
+        const uint8_t *a0 = act + (size_t)t0 * a_stride, *a1 = a0 + AMX_T * a_stride;
+        amx_configure_bf16(mt0, mt1);
         for (int64_t p = q0; p < q1; p += 2) {
-            const int two = p + 1 < q1;
+            const int two = p + 1 < q1, both = mt1 > 0;
             const uint8_t *panel = w + (size_t)(p - q0) * pb;
-            IE_AMX_ZERO(AMX_C0);
-            if (two) IE_AMX_ZERO(AMX_C1);
+            IE_AMX_ZERO(AMX_BC00);
+            if (two) IE_AMX_ZERO(AMX_BC01);
+            if (both) IE_AMX_ZERO(AMX_BC10);
+            if (both && two) IE_AMX_ZERO(AMX_BC11);
             for (int64_t k = 0; k < ns; k++) {
-                IE_AMX_LOAD(AMX_A0, at + 64 * (size_t)k, a_stride);
-                IE_AMX_LOAD(AMX_B, panel + 1024 * (size_t)k, 64);
-                IE_AMX_DPBF16PS(AMX_C0, AMX_A0, AMX_B);
+                IE_AMX_LOAD(AMX_BA0, a0 + 64 * (size_t)k, a_stride);
+                IE_AMX_LOAD(AMX_BB0, panel + 1024 * (size_t)k, 64);
+                IE_AMX_DPBF16PS(AMX_BC00, AMX_BA0, AMX_BB0);
                 if (two) {
-                    IE_AMX_LOAD(AMX_B1, panel + pb + 1024 * (size_t)k, 64);
-                    IE_AMX_DPBF16PS(AMX_C1, AMX_A0, AMX_B1);
+                    IE_AMX_LOAD(AMX_BB1, panel + pb + 1024 * (size_t)k, 64);
+                    IE_AMX_DPBF16PS(AMX_BC01, AMX_BA0, AMX_BB1);
+                }
+                if (both) {
+                    IE_AMX_LOAD(AMX_BA1, a1 + 64 * (size_t)k, a_stride);
+                    IE_AMX_DPBF16PS(AMX_BC10, AMX_BA1, AMX_BB0);
+                    if (two) IE_AMX_DPBF16PS(AMX_BC11, AMX_BA1, AMX_BB1);
                 }
             }
-            for (int h = 0; h <= two; h++) {
-                const int64_t rows = r1 - (p + h) * IE_PANEL;
-                const int nr = rows < IE_PANEL ? (int)rows : IE_PANEL;
-                float *yp = y + t0 * ldy + (p + h) * IE_PANEL;
-                if (nr == IE_PANEL) {
-                    if (h) IE_AMX_STORE(AMX_C1, yp, (size_t)ldy * sizeof(float));
-                    else IE_AMX_STORE(AMX_C0, yp, (size_t)ldy * sizeof(float));
-                } else {
-                    if (h) IE_AMX_STORE(AMX_C1, c, sizeof c[0]);
-                    else IE_AMX_STORE(AMX_C0, c, sizeof c[0]);
-                    for (int t = 0; t < mt; t++) memcpy(yp + (int64_t)t * ldy, c[t], sizeof(float) * (size_t)nr);
+            for (int v = 0; v <= both; v++)
+                for (int h = 0; h <= two; h++) {
+                    const int64_t rows = r1 - (p + h) * IE_PANEL;
+                    const int nr = rows < IE_PANEL ? (int)rows : IE_PANEL, mt = v ? mt1 : mt0;
+                    float *yp = y + (t0 + AMX_T * v) * ldy + (p + h) * IE_PANEL;
+                    float *dst = nr == IE_PANEL ? yp : &c[0][0];
+                    const size_t ds = nr == IE_PANEL ? (size_t)ldy * sizeof(float) : sizeof c[0];
+                    /* tile numbers are immediates */
+                    if (v == 0 && h == 0) IE_AMX_STORE(AMX_BC00, dst, ds);
+                    else if (v == 0) IE_AMX_STORE(AMX_BC01, dst, ds);
+                    else if (h == 0) IE_AMX_STORE(AMX_BC10, dst, ds);
+                    else IE_AMX_STORE(AMX_BC11, dst, ds);
+                    if (nr < IE_PANEL)
+                        for (int t = 0; t < mt; t++)
+                            memcpy(yp + (int64_t)t * ldy, c[t], sizeof(float) * (size_t)nr);
                 }
-            }
         }
     }
 }
