@@ -304,7 +304,7 @@ typedef struct ie_kernels {
 /* The activation format table k's matmul (packed 0) or matmul_packed
  * (packed 1) reads for weights of wtype in a step of n_tok tokens: what
  * ie_matmul_act_dtype says, except BF16 rows for the int types (I8W, I4W,
- * I4WA) where the AMX table dequantizes them onto its bf16 tiles
+ * I4WA) and the k-quants where the AMX table dequantizes them onto its bf16 tiles
  * (IE_AMX_INT=bf16, n_tok at least its threshold). Callers of a table's
  * matmuls ask this, not ie_matmul_act_dtype. */
 ie_dtype_t ie_kernels_act_dtype(const ie_kernels_t *k, ie_dtype_t wtype, int packed, int64_t n_tok);

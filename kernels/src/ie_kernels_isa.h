@@ -387,9 +387,10 @@ enum {
     IE_AMX_INT_BF16 = 2    /* AMX-BF16 tiles (BF16; the int types dequantized to bf16, x BF16 rows) */
 };
 
-/* The route of the AMX table's int weight types (I8W, I4W, I4WA) from
- * IE_AMX_INT in the environment (read once): "1" or "int8" IE_AMX_INT_I8,
- * "bf16" IE_AMX_INT_BF16, else (unset) IE_AMX_INT_AVX512. On the one Xeon
+/* The route of the AMX table's int weight types (I8W, I4W, I4WA; with
+ * "bf16" the k-quants too) from IE_AMX_INT in the environment (read once):
+ * "1" or "int8" IE_AMX_INT_I8, "bf16" IE_AMX_INT_BF16, else (unset)
+ * IE_AMX_INT_AVX512. On the one Xeon
  * with AMX measured so far the int8 tiles ran slower than AVX-512 VNNI
  * (amx_gemm_body.h) and the bf16 route is not measured yet, so by default
  * only BF16 takes the tiles; the knob is for the tests and for measuring. */
@@ -398,8 +399,9 @@ int ie_amx_int_tiles(void);
 /* The route the AMX table's packed matmul takes for weights of wtype in a
  * step of n_tok tokens: AVX-512 below ie_amx_min_tok() tokens and for the
  * types without tiles; BF16 on the bf16 tiles where the CPU has AMX-BF16
- * (or they are emulated); the int types as ie_amx_int_tiles() says, the
- * bf16 route only where the CPU has AMX-BF16. The one rule pack_amx.c and
+ * (or they are emulated); the int types as ie_amx_int_tiles() says, and
+ * the k-quants on its bf16 route (the int8 tiles have no k-quant GEMM),
+ * the bf16 route only where the CPU has AMX-BF16. The one rule pack_amx.c and
  * ie_kernels_act_dtype share. */
 int ie_amx_route(ie_dtype_t wtype, int64_t n_tok);
 
@@ -442,7 +444,7 @@ ie_status_t ie_amx_gemm_emu(const ie_pmat_t *m, int64_t r0, int64_t r1, const vo
 ie_status_t ie_amx_peak_run(int k_bytes, int64_t iters);
 
 /* The AMX-BF16 GEMM (amx_gemm_body.h) for BF16 PANEL16 weights, or I8W /
- * I4W / I4WA ones dequantized to bf16 per row block (each value
+ * I4W / I4WA / k-quant ones dequantized to bf16 per row block (each value
  * ie_pack_dequant_row's, rounded as ie_f32_to_bf16; a per-thread buffer of
  * ~1 MiB, kept: IE_ERR_NOMEM if it cannot be had), and BF16 activation
  * rows, any n_tok: matmul_packed's contract (IE_ERR_UNSUPPORTED for

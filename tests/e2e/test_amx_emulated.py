@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import THREADS, binary
+from conftest import THREADS, binary, fixture_path
 
 IDS = "6403,1980,253,655,28,281,253,1165,6560,28,665,436,253,9357,1573,28,281,253"
 N_IDS = len(IDS.split(","))
@@ -110,3 +110,61 @@ def test_forced_amx_without_amx_fails_with_the_reason(smollm2, tmp_path):
     assert r.returncode != 0
     assert "ISA 'amx' are not available on this CPU" in r.stderr
     assert "AMX" in r.stderr.split("not available on this CPU", 1)[1]
+
+
+# not tiny_kq_tied.gguf: with a tied head, --precision bf16 converts the
+# embedding table too (lookups read the bf16 head), which the route does not
+KQ_MODELS = ["tiny_kq_mixed.gguf"] + [
+    f"tiny_kq_{t}.gguf" for t in ("q5_0", "q5_1", "iq4_nl", "q2_K", "q3_K", "q4_K", "q5_K", "q6_K", "iq4_xs")]
+
+
+def kq_logits(model: Path, ids, tmp: Path, isa: str, precision: str, emulate: bool = False):
+    out = tmp / f"kq_{isa}_{precision}_{int(emulate)}.bin"
+    env = dict(os.environ, IE_ISA=isa)
+    for k in ("IE_AMX_EMULATE", "IE_AMX_MIN_TOK", "IE_AMX_INT"):
+        env.pop(k, None)
+    if emulate:
+        env["IE_AMX_EMULATE"] = "1"
+    if isa == "amx":
+        env["IE_AMX_INT"] = "bf16"
+    r = subprocess.run([str(binary("inference-engine")), "logits", "--model", str(model), "--ids",
+                        ",".join(map(str, ids)), "--threads", str(THREADS), "--precision", precision,
+                        "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr
+    return np.fromfile(out, dtype=np.float32).reshape(len(ids), -1)
+
+
+def check_kq_route(name, tmp_path, emulate):
+    """The k-quants on the bf16 route compute what --precision bf16 does on
+    the same file (each weight's value rounded to bf16, BF16 activation rows):
+    within twice that path's own noise between two ISAs, or 1e-3 of the
+    largest logit (one bf16 activation rounded the other way: 2^-9 of it;
+    these tiny models' ISA noise can be ~1e-6 where no rounding flips, and
+    the mixed file flips one at one position). A wrong field of any type moves
+    logits by >= 1e-2 of it. 20-token prompts: above IE_AMX_MIN_TOK, so every
+    packed k-quant matmul takes the route."""
+    model = fixture_path(name)
+    ids = np.load(fixture_path(name.replace(".gguf", ".expected.npz")))["ids"][0]
+    assert len(ids) >= 16
+    base = kq_logits(model, ids, tmp_path, "avx512", "bf16")
+    other = kq_logits(model, ids, tmp_path, "avx2", "bf16")
+    amx = kq_logits(model, ids, tmp_path, "amx", "native", emulate=emulate)
+    noise = np.abs(base - other).max()
+    diff = np.abs(base - amx).max()
+    print(f"\n  {name}: |amx (bf16 route) - avx512 bf16| {diff:.4g}, |avx2 - avx512| {noise:.4g}")
+    assert noise > 0
+    assert diff <= max(2.0 * noise, 1e-3 * np.abs(base).max())
+
+
+@pytest.mark.skipif(not HAS_AVX512 or HAS_AMX,
+                    reason="the amx table is AVX-512's (no AVX-512 VNNI here)" if not HAS_AVX512
+                    else "this CPU has AMX: test_real_amx_bf16_route_kquants runs the tiles")
+@pytest.mark.parametrize("name", KQ_MODELS)
+def test_emulated_bf16_route_kquants(name, tmp_path):
+    check_kq_route(name, tmp_path, emulate=True)
+
+
+@pytest.mark.skipif(not HAS_AMX, reason="no AMX on this CPU (amx_tile/amx_int8 absent from /proc/cpuinfo)")
+@pytest.mark.parametrize("name", KQ_MODELS)
+def test_real_amx_bf16_route_kquants(name, tmp_path):
+    check_kq_route(name, tmp_path, emulate=False)

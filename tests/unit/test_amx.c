@@ -17,6 +17,7 @@
 #include "ie_test_panel.h"
 #include "../../kernels/src/ie_kernels_isa.h"
 #include "ie_test_rng.h"
+#include "ie_test_kq.h"
 
 #include <CUnit/Basic.h>
 #include <math.h>
@@ -335,7 +336,7 @@ static void *bf16_copy(const ie_pmat_t *m)
     return wd;
 }
 
-/* wt (BF16, or an int type in group g: the bf16 route) PANEL16 x BF16
+/* wt (BF16, or an int type in group g or a k-quant: the bf16 route) PANEL16 x BF16
  * rows: y within n_in * 2^-24 (f32 accumulation) of the sum of |terms| of
  * ie_matmul_packed_ref (on the bf16 copy for an int type); rows outside
  * [r0, r1) untouched. Returns the number of bad values. */
@@ -349,8 +350,14 @@ static int check_bf16_case(ie_dtype_t wt, int g, int64_t n_in, int64_t n_out, in
     rng_seed(seed);
     rng_fill(wf, n_in * n_out);
     rng_fill(x, n_in * n_tok);
-    void *wd = xmalloc(ie_pack_bytes(wt, g, n_in, n_out));
-    CU_ASSERT_FATAL(ie_pack_quantize(wt, g, IE_QSCALE_ABSMAX, wf, n_in, 0, n_out, n_out, wd) == 0);
+    void *wd;
+    if (ie_dtype_is_kquant(wt)) { /* random ggml blocks (g: the block size) */
+        wd = ie_test_kq_random(wt, n_in, n_out);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(wd);
+    } else {
+        wd = xmalloc(ie_pack_bytes(wt, g, n_in, n_out));
+        CU_ASSERT_FATAL(ie_pack_quantize(wt, g, IE_QSCALE_ABSMAX, wf, n_in, 0, n_out, n_out, wd) == 0);
+    }
     const ie_pmat_t m = {wt, g, n_in, n_out, wd};
     void *wb = wt == IE_DTYPE_BF16 ? NULL : bf16_copy(&m);
     const ie_pmat_t mb = wb ? (ie_pmat_t){IE_DTYPE_BF16, 32, n_in, n_out, wb} : m;
@@ -411,7 +418,8 @@ static void test_gemm_bf16_shapes(void)
 
 /* The int types on the bf16 tiles: odd shapes, tails, groups 32 / 64,
  * row blocks of several panels (n_in 1024: 32 KiB a panel) and of one
- * pair (n_in 32768: 1 MiB a panel, the block grows to two). */
+ * pair (n_in 32768: 1 MiB a panel, the block grows to two); the k-quants
+ * (random blocks: every code, sub-block code and sign of d, dmin). */
 static void test_gemm_int_bf16_shapes(void)
 {
     static const ie_dtype_t types[] = {IE_DTYPE_I8W, IE_DTYPE_I4W, IE_DTYPE_I4WA};
@@ -428,6 +436,14 @@ static void test_gemm_int_bf16_shapes(void)
                         bad += check_bf16_case(types[ti], g, nins[ii], nouts[oi], ntoks[ki], r0, 5000 + n++);
                     }
     for (int ti = 0; ti < 3; ti++) bad += check_bf16_case(types[ti], 32, 32768, 70, 2, 0, 5000 + n++);
+    for (int ti = 0; ti < IE_TEST_N_KTYPES; ti++) { /* the k-quants: their blocks, sub-blocks, offsets */
+        const ie_dtype_t t = IE_TEST_KTYPES[ti];
+        const int qk = ie_dtype_block_elems(t);
+        for (size_t oi = 0; oi < 3; oi++)
+            for (size_t ki = 0; ki < 4; ki++)
+                bad += check_bf16_case(t, qk, 3 * qk, nouts[oi], ntoks[ki], nouts[oi] > 16 && ki % 2 ? 16 : 0,
+                                       5000 + n++);
+    }
     CU_ASSERT_EQUAL(bad, 0);
     printf("\n  %d shapes ", n);
 }
@@ -438,18 +454,28 @@ static void test_gemm_int_bf16_shapes(void)
  * bit, for every code of every row (tails included). */
 static void test_gemm_int_bf16_exact(void)
 {
-    static const ie_dtype_t types[] = {IE_DTYPE_I8W, IE_DTYPE_I4W, IE_DTYPE_I4WA};
     int bad = 0;
-    for (int ti = 0; ti < 3; ti++)
+    for (int ti = 0; ti < 3 + IE_TEST_N_KTYPES; ti++)
         for (int g = 32; g <= 64; g += 32) {
-            const int64_t n_in = 128, n_out = 37, n_tok = n_in;
+            static const ie_dtype_t types[] = {IE_DTYPE_I8W, IE_DTYPE_I4W, IE_DTYPE_I4WA};
+            const ie_dtype_t t = ti < 3 ? types[ti] : IE_TEST_KTYPES[ti - 3];
+            const int kq = ti >= 3;
+            if (kq && g == 64) continue; /* a k-quant's group is its block */
+            const int gg = kq ? ie_dtype_block_elems(t) : g;
+            const int64_t n_in = gg > 128 ? gg : 128, n_out = 37, n_tok = n_in;
             float *wf = xmalloc(sizeof(float) * n_in * n_out), *wrow = xmalloc(sizeof(float) * n_in);
             rng_seed(91 + ti + g);
             rng_fill(wf, n_in * n_out);
             for (int64_t i = 0; i < n_out; i++) wf[i * n_in + 3] *= 100.0f; /* scales of another size */
-            void *wd = xmalloc(ie_pack_bytes(types[ti], g, n_in, n_out));
-            CU_ASSERT_FATAL(ie_pack_quantize(types[ti], g, IE_QSCALE_ABSMAX, wf, n_in, 0, n_out, n_out, wd) == 0);
-            const ie_pmat_t m = {types[ti], g, n_in, n_out, wd};
+            void *wd;
+            if (kq) {
+                wd = ie_test_kq_random(t, n_in, n_out);
+                CU_ASSERT_PTR_NOT_NULL_FATAL(wd);
+            } else {
+                wd = xmalloc(ie_pack_bytes(t, g, n_in, n_out));
+                CU_ASSERT_FATAL(ie_pack_quantize(t, g, IE_QSCALE_ABSMAX, wf, n_in, 0, n_out, n_out, wd) == 0);
+            }
+            const ie_pmat_t m = {t, gg, n_in, n_out, wd};
             const size_t as = 2 * (size_t)n_in;
             uint8_t *a = xmalloc(as * n_tok);
             memset(a, 0, as * n_tok);
@@ -633,12 +659,16 @@ static void test_hw_table(void)
 {
     const ie_kernels_t *k = ie_kernels_get(IE_ISA_AMX);
     CU_ASSERT_PTR_NOT_NULL_FATAL(k);
-    static const ie_dtype_t types[] = {IE_DTYPE_I8W, IE_DTYPE_I4W, IE_DTYPE_I4WA, IE_DTYPE_BF16};
+    /* the k-quants only on the bf16 route (elsewhere they are AVX-512's, tested in test_kquant_pack) */
+    static const ie_dtype_t types[] = {IE_DTYPE_I8W,  IE_DTYPE_I4W,  IE_DTYPE_I4WA,
+                                       IE_DTYPE_BF16, IE_DTYPE_Q4_K, IE_DTYPE_Q6_K};
+    const int n_types = ie_amx_int_tiles() == IE_AMX_INT_BF16 ? 6 : 4;
     static const int64_t toks[] = {1, 5, 16, 37};
     int bad = 0;
-    for (int ti = 0; ti < 4; ti++)
+    for (int ti = 0; ti < n_types; ti++)
         for (int ni = 0; ni < 4; ni++) {
             const int64_t n_in = 2048, n_out = 100, n_tok = toks[ni];
+            const int kq = ie_dtype_is_kquant(types[ti]), g = kq ? ie_dtype_block_elems(types[ti]) : 32;
             const ie_dtype_t at = ie_kernels_act_dtype(k, types[ti], 1, n_tok);
             const int half = at == IE_DTYPE_BF16; /* BF16, or an int type on the bf16 route */
             float *wf = xmalloc(sizeof(float) * n_in * n_out), *x = xmalloc(sizeof(float) * n_in * n_tok);
@@ -647,13 +677,22 @@ static void test_hw_table(void)
             rng_fill(x, n_in * n_tok);
             const size_t as = ie_dtype_row_bytes(at, n_in);
             uint8_t *a = xmalloc(as * n_tok);
-            void *wd = xmalloc(ie_pack_bytes(types[ti], 32, n_in, n_out));
-            CU_ASSERT_FATAL(ie_pack_quantize(types[ti], 32, IE_QSCALE_ABSMAX, wf, n_in, 0, n_out, n_out, wd) == 0);
+            void *wd;
+            if (kq) {
+                wd = ie_test_kq_random(types[ti], n_in, n_out);
+                CU_ASSERT_PTR_NOT_NULL_FATAL(wd);
+            } else {
+                wd = xmalloc(ie_pack_bytes(types[ti], 32, n_in, n_out));
+                CU_ASSERT_FATAL(ie_pack_quantize(types[ti], 32, IE_QSCALE_ABSMAX, wf, n_in, 0, n_out, n_out, wd) ==
+                                0);
+            }
             for (int64_t t = 0; t < n_tok; t++) ie_act_quantize_ref(at, x + t * n_in, a + t * as, n_in);
-            const ie_pmat_t m = {types[ti], 32, n_in, n_out, wd};
+            const ie_pmat_t m = {types[ti], g, n_in, n_out, wd};
+            for (int64_t r = 0; r < n_out; r++) ie_pack_dequant_row(&m, r, wf + r * n_in); /* the weights' values */
             float *y1 = xmalloc(sizeof(float) * n_out * n_tok), *y2 = xmalloc(sizeof(float) * n_out * n_tok);
             CU_ASSERT_EQUAL(k->matmul_packed(&m, 0, n_out, a, as, n_tok, y1, n_out), IE_OK);
             void *wb = half && types[ti] != IE_DTYPE_BF16 ? bf16_copy(&m) : NULL; /* the route's reference */
+            CU_ASSERT_FATAL(half || !kq);
             const ie_pmat_t mr = wb ? (ie_pmat_t){IE_DTYPE_BF16, 32, n_in, n_out, wb} : m;
             CU_ASSERT_EQUAL(ie_matmul_packed_ref(&mr, 0, n_out, a, as, n_tok, y2, n_out), IE_OK);
             free(wb);
@@ -661,7 +700,8 @@ static void test_hw_table(void)
                 for (int64_t r = 0; r < n_out; r++) {
                     const float v = y1[t * n_out + r], w = y2[t * n_out + r];
                     double tol;
-                    if (half) { /* f32 sums in another order: n_in roundings of at most sum |w a| */
+                    if (half) { /* f32 sums in another order: n_in roundings of at most sum |w a| (w, a rounded
+                                 to bf16 move it by far less than 2x) */
                         double T = 0.0;
                         for (int64_t i = 0; i < n_in; i++) T += fabs((double)wf[r * n_in + i] * x[t * n_in + i]);
                         tol = 2.0 * (double)n_in * ldexp(1.0, -24) * T;
@@ -710,8 +750,9 @@ int main(int argc, char **argv)
     CU_add_test(s, "gemm vs ref: extreme values", test_gemm_extremes);
     if (bf16) {
         CU_add_test(s, "bf16 gemm vs ref: odd shapes, tails", test_gemm_bf16_shapes);
-        CU_add_test(s, "int types on bf16 tiles vs ref: odd shapes, tails", test_gemm_int_bf16_shapes);
-        CU_add_test(s, "int types on bf16 tiles: the dequantized values, exactly", test_gemm_int_bf16_exact);
+        CU_add_test(s, "int types, k-quants on bf16 tiles vs ref: odd shapes, tails", test_gemm_int_bf16_shapes);
+        CU_add_test(s, "int types, k-quants on bf16 tiles: the dequantized values, exactly",
+                    test_gemm_int_bf16_exact);
     }
     CU_add_test(s, "gemm bad args", test_gemm_bad_args);
     CU_add_test(s, "gemm on new threads (lazy per-thread config)", test_gemm_threads);

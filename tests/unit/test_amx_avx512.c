@@ -9,6 +9,7 @@
 #include "ie_pack.h"
 #include "../../kernels/src/ie_kernels_isa.h"
 #include "ie_test_rng.h"
+#include "ie_test_kq.h"
 
 #include <CUnit/Basic.h>
 #include <immintrin.h>
@@ -149,6 +150,46 @@ static void test_int_bf16_unpack_vs_plain(void)
     CU_ASSERT_EQUAL(bad, 0);
 }
 
+/* The same for the k-quants' AVX-512 dequantization (their planes of
+ * nibbles, crumbs and bits, sub-block factors, offsets, IQ4's table):
+ * random blocks over every field's range, several blocks and panels, a
+ * tail panel; y equal to the plain build's bit for bit. */
+static void test_kq_bf16_unpack_vs_plain(void)
+{
+    int bad = 0, cases = 0;
+    for (int ti = 0; ti < IE_TEST_N_KTYPES; ti++)
+        for (int ii = 0; ii < 2; ii++)
+            for (int oi = 0; oi < 2; oi++) {
+                const ie_dtype_t t = IE_TEST_KTYPES[ti];
+                const int qk = ie_dtype_block_elems(t);
+                const int64_t n_in = ii ? 3 * qk : (qk == 32 ? 96 : 256), n_out = oi ? 37 : 16, n_tok = 17;
+                const size_t as = ie_dtype_row_bytes(IE_DTYPE_BF16, n_in);
+                float *x = malloc(sizeof(float) * n_in * n_tok), *y1 = malloc(sizeof(float) * n_out * n_tok),
+                      *y2 = malloc(sizeof(float) * n_out * n_tok);
+                uint8_t *a = malloc(as * n_tok);
+                rng_seed(8000 + cases);
+                void *wd = ie_test_kq_random(t, n_in, n_out);
+                CU_ASSERT_FATAL(x && y1 && y2 && a && wd);
+                rng_fill(x, n_in * n_tok);
+                for (int64_t k = 0; k < n_tok; k++)
+                    ie_act_quantize_ref(IE_DTYPE_BF16, x + k * n_in, a + k * as, n_in);
+                const ie_pmat_t m = {t, qk, n_in, n_out, wd};
+                CU_ASSERT_EQUAL(emu512_gemm_bf16(&m, 0, n_out, a, as, n_tok, y1, n_out), IE_OK);
+                CU_ASSERT_EQUAL(ie_amx_gemm_bf16_emu(&m, 0, n_out, a, as, n_tok, y2, n_out), IE_OK);
+                CU_ASSERT_EQUAL(ie_amx_emu_faults(), 0);
+                if (memcmp(y1, y2, sizeof(float) * n_out * n_tok) != 0) {
+                    if (bad < 5)
+                        fprintf(stderr, "\n  %s %lldx%lld: AVX-512 dequant != plain", ie_dtype_name(t),
+                                (long long)n_out, (long long)n_in);
+                    bad++;
+                }
+                cases++;
+                free(x), free(y1), free(y2), free(a), free(wd);
+            }
+    printf("\n  %d shapes ", cases);
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
 int main(void)
 {
     if (!ie_isa_supported(IE_ISA_AVX512)) {
@@ -158,9 +199,10 @@ int main(void)
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
     CU_pSuite s = CU_add_suite("amx body, AVX-512 parts over the emulator", NULL, NULL);
     CU_add_test(s, "I4/I8 gemm (AVX-512 unpack + epilogue) vs ref", test_i4_avx512_vs_ref);
-    if (ie_cpu_features() & IE_CPU_AVX512_BF16)
+    if (ie_cpu_features() & IE_CPU_AVX512_BF16) {
         CU_add_test(s, "int types on bf16 tiles: AVX-512 dequant == plain C", test_int_bf16_unpack_vs_plain);
-    else printf("AVX512_BF16 absent (vcvtne2ps2bf16): the bf16 route's dequantization is not checked here\n");
+        CU_add_test(s, "k-quants on bf16 tiles: AVX-512 dequant == plain C", test_kq_bf16_unpack_vs_plain);
+    } else printf("AVX512_BF16 absent (vcvtne2ps2bf16): the bf16 route's dequantization is not checked here\n");
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     const unsigned fails = CU_get_number_of_failures();

@@ -468,8 +468,9 @@ ie_status_t IE_AMX_GEMM_NAME(const ie_pmat_t *m, int64_t r0, int64_t r1, const v
 
 /* ------------------------------------- the int types on the BF16 tiles */
 
-/* A second route for the int types (IE_AMX_INT=bf16): each row block of
- * panels is dequantized once into the BF16 PANEL16 layout (the value of
+/* A second route for the int types and the only one for the k-quants
+ * (IE_AMX_INT=bf16): each row block of panels is dequantized once into the
+ * BF16 PANEL16 layout (the value of
  * every code, bit for bit ie_pack_dequant_row's f32, rounded to bf16), and
  * the BF16 tile loop below runs over it with BF16 activation rows. The
  * block scales are then inside B, so C accumulates over the whole of k
@@ -510,106 +511,191 @@ static uint8_t *amx_ub(size_t n)
 }
 
 #ifdef IE_AMX_AVX512
-/* 32 codes of one pair row (c32: the codes of rows 0..15, two each, in
- * order) to 32 bf16 values: v = code * s (+ mo), s/mo holding each row's
- * scale/offset twice ([0]: rows 0..7, [1]: rows 8..15); signed: the codes
- * are int8. Explicit rounding keeps mul and add apart (no fma: ref's f32
- * formula, two roundings). */
-static inline __m512i amx_pair_bf16(__m256i c32, int sgn, const __m512 *s, const __m512 *mo, int aff)
+/* 32 codes of one pair row (c32: the int8 codes of rows 0..15, two each,
+ * in order) to 32 bf16 values: v = code * s, then + mo (op 1), - mo (op
+ * -1) or nothing (op 0); s / mo hold each row's factor and term twice
+ * ([0]: rows 0..7, [1]: rows 8..15). Explicit rounding keeps mul and add
+ * apart (no fma: ref's f32 formula, one rounding each). */
+static inline __m512i amx_pair_bf16(__m256i c32, const __m512 *s, const __m512 *mo, int op)
 {
-    const __m128i l = _mm256_castsi256_si128(c32), h = _mm256_extracti128_si256(c32, 1);
-    __m512 fl = _mm512_cvtepi32_ps(sgn ? _mm512_cvtepi8_epi32(l) : _mm512_cvtepu8_epi32(l));
-    __m512 fh = _mm512_cvtepi32_ps(sgn ? _mm512_cvtepi8_epi32(h) : _mm512_cvtepu8_epi32(h));
-    fl = _mm512_mul_round_ps(fl, s[0], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    fh = _mm512_mul_round_ps(fh, s[1], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    if (aff) {
-        fl = _mm512_add_round_ps(fl, mo[0], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        fh = _mm512_add_round_ps(fh, mo[1], _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    __m512 fl = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(c32)));
+    __m512 fh = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(c32, 1)));
+    fl = _mm512_mul_round_ps(fl, s[0], rn);
+    fh = _mm512_mul_round_ps(fh, s[1], rn);
+    if (op > 0) {
+        fl = _mm512_add_round_ps(fl, mo[0], rn);
+        fh = _mm512_add_round_ps(fh, mo[1], rn);
+    } else if (op < 0) {
+        fl = _mm512_sub_round_ps(fl, mo[0], rn);
+        fh = _mm512_sub_round_ps(fh, mo[1], rn);
     }
-    /* round to nearest even; the values are normal or zero (f16 scale x a
-     * small integer), so the instruction's flush of denormals never acts */
+    /* round to nearest even; the values are normal or zero (f16 scales
+     * times small integers), so the instruction's flush of denormals never
+     * acts */
     return (__m512i)_mm512_cvtne2ps_pbh(fh, fl);
 }
-#endif
 
-/* Panel `panel` of an int matrix (I8W, I4W, I4WA; group G) dequantized to
- * BF16 PANEL16 bytes at out (AMX_UB_PANEL(n_in)): pair chunk c (k 2c,
- * 2c+1) at out + 64c, dword i = row i. Each value is ie_pack_dequant_row's
- * (I8W d*q, I4W d*(u-8), I4WA d*u + m in f32) rounded to bf16 as
- * ie_f32_to_bf16 does. */
-static void amx_unpack_bf16(ie_dtype_t t, int G, int64_t n_in, const uint8_t *panel, uint8_t *out)
+/* v's 16 per-row values, each twice: out[0] rows 0..7, out[1] rows 8..15. */
+static inline void amx_twice(__m512 v, __m512 out[2])
+{
+    const __m512i il = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+    out[0] = _mm512_permutexvar_ps(il, v);
+    out[1] = _mm512_permutexvar_ps(_mm512_add_epi32(il, _mm512_set1_epi32(8)), v);
+}
+
+/* The pair rows 2c, 2c+1 of quad chunk U (byte 4i+j: row i, k 4c+j) at o. */
+static inline void amx_quad_bf16(__m512i U, const __m512 *s, const __m512 *mo, int op, __m512i *o)
+{
+    _mm512_store_si512(o, amx_pair_bf16(_mm512_cvtepi32_epi16(U), s, mo, op));
+    _mm512_store_si512(o + 1, amx_pair_bf16(_mm512_cvtepi32_epi16(_mm512_srli_epi32(U, 16)), s, mo, op));
+}
+
+/* I8W / I4W / I4WA panel to bf16 (amx_unpack_bf16's contract). */
+static void amx_unpack_intw(ie_dtype_t t, int G, int64_t n_in, const uint8_t *panel, uint8_t *out)
 {
     const int i8 = t == IE_DTYPE_I8W, aff = t == IE_DTYPE_I4WA;
     const size_t hdr = aff ? 64 : 32, qb = i8 ? 512 : 256; /* scales; quants of one 32-block */
     const size_t gb = hdr + (size_t)(G / 32) * qb;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), off = _mm512_set1_epi8(aff ? 0 : 8);
     for (int64_t g = 0; g < n_in / G; g++) {
         const uint8_t *gp = panel + (size_t)g * gb;
-#ifdef IE_AMX_AVX512
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)gp));
-        const __m512 mv = aff ? _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(gp + 32))) : _mm512_setzero_ps();
-        const __m512i il = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
-        const __m512i ih = _mm512_add_epi32(il, _mm512_set1_epi32(8));
-        const __m512 s[2] = {_mm512_permutexvar_ps(il, d), _mm512_permutexvar_ps(ih, d)};
-        const __m512 mo[2] = {_mm512_permutexvar_ps(il, mv), _mm512_permutexvar_ps(ih, mv)};
+        __m512 s[2], mo[2];
+        amx_twice(_mm512_cvtph_ps(_mm256_loadu_si256((const void *)gp)), s);
+        amx_twice(aff ? _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(gp + 32))) : _mm512_setzero_ps(), mo);
         for (int b = 0; b < G / 32; b++) {
             const uint8_t *q = gp + hdr + (size_t)b * qb;
             __m512i *o = (__m512i *)(void *)(out + ((size_t)g * G + 32 * (size_t)b) * 32);
-            if (i8) { /* chunk c: k 4c..4c+3, u8 = q + 128 -> pair rows 2c, 2c+1 */
-                for (int c = 0; c < 8; c++) {
-                    const __m512i v = _mm512_xor_si512(_mm512_loadu_si512((const void *)(q + 64 * c)),
-                                                       _mm512_set1_epi8((char)0x80));
-                    _mm512_store_si512(o + 2 * c, amx_pair_bf16(_mm512_cvtepi32_epi16(v), 1, s, mo, 0));
-                    _mm512_store_si512(o + 2 * c + 1,
-                                       amx_pair_bf16(_mm512_cvtepi32_epi16(_mm512_srli_epi32(v, 16)), 1, s, mo, 0));
-                }
-            } else { /* chunk c: low nibbles k 8c..8c+3, high 8c+4..8c+7 */
-                const __m512i m4 = _mm512_set1_epi8(0x0f), off = _mm512_set1_epi8(aff ? 0 : 8);
+            if (i8) /* chunk c: k 4c..4c+3, u8 = q + 128 */
+                for (int c = 0; c < 8; c++)
+                    amx_quad_bf16(_mm512_xor_si512(_mm512_loadu_si512((const void *)(q + 64 * c)),
+                                                   _mm512_set1_epi8((char)0x80)),
+                                  s, mo, 0, o + 2 * c);
+            else /* chunk c: low nibbles k 8c..8c+3, high 8c+4..8c+7 (u < 16: int8 either way) */
                 for (int c = 0; c < 4; c++) {
                     const __m512i v = _mm512_loadu_si512((const void *)(q + 64 * c));
-                    const __m512i lo = _mm512_sub_epi8(_mm512_and_si512(v, m4), off);
-                    const __m512i hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), off);
-                    _mm512_store_si512(o + 4 * c, amx_pair_bf16(_mm512_cvtepi32_epi16(lo), !aff, s, mo, aff));
-                    _mm512_store_si512(o + 4 * c + 1,
-                                       amx_pair_bf16(_mm512_cvtepi32_epi16(_mm512_srli_epi32(lo, 16)), !aff, s, mo,
-                                                     aff));
-                    _mm512_store_si512(o + 4 * c + 2, amx_pair_bf16(_mm512_cvtepi32_epi16(hi), !aff, s, mo, aff));
-                    _mm512_store_si512(o + 4 * c + 3,
-                                       amx_pair_bf16(_mm512_cvtepi32_epi16(_mm512_srli_epi32(hi, 16)), !aff, s, mo,
-                                                     aff));
+                    amx_quad_bf16(_mm512_sub_epi8(_mm512_and_si512(v, m4), off), s, mo, aff, o + 4 * c);
+                    amx_quad_bf16(_mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), m4), off), s, mo, aff,
+                                  o + 4 * c + 2);
                 }
-            }
         }
-#else
-        float d[16], mo[16];
-        for (int r = 0; r < 16; r++) {
-            d[r] = amx_f16(gp + 2 * r);
-            mo[r] = aff ? amx_f16(gp + 32 + 2 * r) : 0.0f;
-        }
-        for (int kk = 0; kk < G; kk++) {
-            const uint8_t *q = gp + hdr + (size_t)(kk / 32) * qb;
-            const int k = kk % 32;
-            const int64_t kg = (int64_t)g * G + kk;
-            uint8_t *o = out + (size_t)(kg / 2) * 64 + 2 * (size_t)(kg & 1);
-            for (int r = 0; r < 16; r++) {
-                float v;
-                if (i8) {
-                    v = d[r] * (float)((int)q[(k / 4) * 64 + 4 * r + k % 4] - 128);
-                } else {
-                    const uint8_t byte = q[(k / 8) * 64 + 4 * r + k % 4];
-                    const int u = (k % 8) >= 4 ? byte >> 4 : byte & 0x0f;
-                    if (aff) {
-                        const float p = d[r] * (float)u;
-                        v = p + mo[r];
-                    } else {
-                        v = d[r] * (float)(u - 8);
-                    }
-                }
-                const ie_bf16_t h = ie_f32_to_bf16(v);
-                memcpy(o + 4 * r, &h, 2);
-            }
-        }
-#endif
     }
+}
+
+/* The 8 quad chunks of one 32-k slab of k-quant codes (U[c]: byte 4i+j =
+ * the code of row i, k 4c+j) from its planes (ie_kq_panel_t: nibbles,
+ * crumbs, bits; pack_ref.c's kq_put_row writes them). */
+static inline void amx_kq_quads(const ie_kq_panel_t *g, const uint8_t *slab, __m512i U[8])
+{
+    const int b = g->info.bits;
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m2 = _mm512_set1_epi8(3), m1 = _mm512_set1_epi8(1);
+    for (int c = 0; c < 8; c++) U[c] = _mm512_setzero_si512();
+    if (b >= 4)
+        for (int ch = 0; ch < 4; ch++) { /* low nibble: k 8ch + j, high: 8ch + 4 + j */
+            const __m512i v = _mm512_loadu_si512((const void *)(slab + g->nib + 64 * (size_t)ch));
+            U[2 * ch] = _mm512_and_si512(v, m4);
+            U[2 * ch + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
+    if (b == 2 || b == 3 || b == 6) { /* crumb t of chunk ch: k 16ch + 4t + j */
+        const int sh = b == 6 ? 4 : 0;
+        for (int ch = 0; ch < 2; ch++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(slab + g->crumb + 64 * (size_t)ch));
+            for (int t = 0; t < 4; t++) {
+                const __m512i x = _mm512_and_si512(_mm512_srli_epi16(v, (unsigned)(2 * t)), m2);
+                U[4 * ch + t] = _mm512_or_si512(U[4 * ch + t], _mm512_slli_epi16(x, (unsigned)sh));
+            }
+        }
+    }
+    if (b == 3 || b == 5) { /* bit t: k 4t + j */
+        const int pos = b == 3 ? 2 : 4;
+        const __m512i v = _mm512_loadu_si512((const void *)(slab + g->bit));
+        for (int t = 0; t < 8; t++) {
+            const __m512i x = _mm512_and_si512(_mm512_srli_epi16(v, (unsigned)t), m1);
+            U[t] = _mm512_or_si512(U[t], _mm512_slli_epi16(x, (unsigned)pos));
+        }
+    }
+}
+
+/* A k-quant panel to bf16 (amx_unpack_bf16's contract): per block the
+ * row factors d (the 32-element types) or d * sc[j] and terms dmin *
+ * mn[j] (Q2_K, Q4_K, Q5_K: subtracted) or m (Q5_1: added) in f32, the
+ * codes minus their offset or through IQ4's table, ie_kq_value's formula
+ * in its order. */
+static void amx_unpack_kq(ie_dtype_t t, const ie_kq_panel_t *g, int64_t n_in, const uint8_t *panel, uint8_t *out)
+{
+    const ie_kq_info_t *in = &g->info;
+    const int qk = in->qk, nsub = in->nsub, rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const int lut = t == IE_DTYPE_IQ4_NL || t == IE_DTYPE_IQ4_XS;
+    const int op = t == IE_DTYPE_Q5_1 ? 1 : in->has_mn ? -1 : 0;
+    const __m512i off = _mm512_set1_epi8((char)(t == IE_DTYPE_Q5_0   ? 16
+                                                : t == IE_DTYPE_Q3_K ? 4
+                                                : t == IE_DTYPE_Q6_K ? 32
+                                                                     : 0));
+    const __m512i tbl = _mm512_broadcast_i32x4(_mm_loadu_si128((const void *)ie_iq4nl_kvalues));
+    for (int64_t bi = 0; bi < n_in / qk; bi++) {
+        const uint8_t *bp = panel + (size_t)bi * g->block;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(bp + g->d)));
+        const __m512 dm = in->has_dmin ? _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(bp + g->dmin)))
+                                       : _mm512_setzero_ps();
+        __m512 s[2], mo[2]; /* the 32-element types' (no sub-blocks); replaced per sub-block */
+        int cur = -1;
+        amx_twice(d, s);
+        amx_twice(dm, mo);
+        for (int sl = 0; sl < qk / 32; sl++) {
+            __m512i U[8];
+            amx_kq_quads(g, bp + g->codes + (size_t)sl * g->slab, U);
+            for (int c = 0; c < 8; c++) /* every value fits int8 */
+                U[c] = lut ? _mm512_shuffle_epi8(tbl, U[c]) : _mm512_sub_epi8(U[c], off);
+            __m512i *o = (__m512i *)(void *)(out + ((size_t)bi * qk + 32 * (size_t)sl) * 32);
+            for (int c = 0; c < 8; c++) {
+                const int j = nsub == 16 ? 2 * sl + (c >= 4) : sl; /* sub-block of k 4c.. */
+                if (nsub && j != cur) {
+                    const __m512 sc = _mm512_cvtepi32_ps(
+                        _mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(bp + g->sc + 16 * (size_t)j))));
+                    amx_twice(_mm512_mul_round_ps(d, sc, rn), s);
+                    if (in->has_mn) {
+                        const __m512 mn = _mm512_cvtepi32_ps(
+                            _mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(bp + g->mn + 16 * (size_t)j))));
+                        amx_twice(_mm512_mul_round_ps(dm, mn, rn), mo);
+                    } else {
+                        amx_twice(_mm512_setzero_ps(), mo);
+                    }
+                    cur = j;
+                }
+                amx_quad_bf16(U[c], s, mo, op, o + 2 * c);
+            }
+        }
+    }
+}
+#endif
+
+/* Panel p of m (I8W, I4W, I4WA or a k-quant) dequantized to BF16 PANEL16
+ * bytes at out (AMX_UB_PANEL(m->n_in)): pair chunk c (k 2c, 2c+1) at out +
+ * 64c, dword i = row i; each value ie_pack_dequant_row's, rounded as
+ * ie_f32_to_bf16 does (rows past n_out: zeros in the plain build, their
+ * stored fields' values in the AVX-512 one; no caller reads them). The
+ * plain build computes exactly that, row by row through tmp (n_in
+ * floats): the AVX-512 one is tested against it bit for bit. */
+static void amx_unpack_bf16(const ie_pmat_t *m, int64_t p, uint8_t *out, float *tmp)
+{
+    const uint8_t *panel = (const uint8_t *)m->data + (size_t)p * ie_pack_panel_bytes(m->dtype, m->group, m->n_in);
+#ifdef IE_AMX_AVX512
+    (void)tmp;
+    ie_kq_panel_t g;
+    if (ie_dtype_is_intw(m->dtype)) amx_unpack_intw(m->dtype, m->group, m->n_in, panel, out);
+    else if (ie_kq_panel(m->dtype, &g) == 0) amx_unpack_kq(m->dtype, &g, m->n_in, panel, out);
+#else
+    (void)panel;
+    for (int r = 0; r < IE_PANEL; r++) {
+        const int64_t row = p * IE_PANEL + r;
+        if (row < m->n_out) ie_pack_dequant_row(m, row, tmp);
+        else memset(tmp, 0, sizeof(float) * (size_t)m->n_in);
+        for (int64_t k = 0; k < m->n_in; k++) {
+            const ie_bf16_t h = ie_f32_to_bf16(tmp[k]);
+            memcpy(out + (size_t)(k / 2) * 64 + 4 * (size_t)r + 2 * (size_t)(k & 1), &h, 2);
+        }
+    }
+#endif
 }
 
 /* The BF16 loop's tiles: C[token tile v][panel h] = tmm 2v + h, A of token
@@ -709,7 +795,8 @@ ie_status_t IE_AMX_GEMM_BF16_NAME(const ie_pmat_t *m, int64_t r0, int64_t r1, co
     if (!m || !m->data || !a || !y || ie_pack_check(m->dtype, m->group, m->n_in) != 0 || r0 < 0 ||
         r0 % IE_PANEL != 0 || r1 < r0 || r1 > m->n_out || (r1 != m->n_out && r1 % IE_PANEL != 0) || n_tok < 0)
         return IE_ERR_INVAL;
-    if (m->dtype != IE_DTYPE_BF16 && !ie_dtype_is_intw(m->dtype)) return IE_ERR_UNSUPPORTED;
+    if (m->dtype != IE_DTYPE_BF16 && !ie_dtype_is_intw(m->dtype) && !ie_dtype_is_kquant(m->dtype))
+        return IE_ERR_UNSUPPORTED;
     if (r0 == r1 || n_tok == 0) return IE_OK;
     const int64_t n_in = m->n_in;
     const size_t pb = ie_pack_panel_bytes(m->dtype, m->group, n_in);
@@ -724,17 +811,18 @@ ie_status_t IE_AMX_GEMM_BF16_NAME(const ie_pmat_t *m, int64_t r0, int64_t r1, co
         }
         return IE_OK;
     }
-    /* the int types: a row block (~AMX_ROWBLK, at least a pair) dequantized, then the same loop */
+    /* the int types and k-quants: a row block (~AMX_ROWBLK, at least a
+     * pair) dequantized, then the same loop */
     const size_t hb = AMX_UB_PANEL(n_in);
     int64_t rb = (int64_t)(AMX_ROWBLK / hb);
     if (rb < 2) rb = 2;
     if (rb > p1 - p0) rb = p1 - p0;
-    uint8_t *ub = amx_ub((size_t)rb * hb);
+    uint8_t *ub = amx_ub((size_t)rb * hb + sizeof(float) * (size_t)n_in);
     if (!ub) return IE_ERR_NOMEM;
+    float *tmp = (float *)(void *)(ub + (size_t)rb * hb);
     for (int64_t q0 = p0; q0 < p1; q0 += rb) {
         const int64_t q1 = q0 + rb < p1 ? q0 + rb : p1;
-        for (int64_t p = q0; p < q1; p++)
-            amx_unpack_bf16(m->dtype, m->group, n_in, w + (size_t)p * pb, ub + (size_t)(p - q0) * hb);
+        for (int64_t p = q0; p < q1; p++) amx_unpack_bf16(m, p, ub + (size_t)(p - q0) * hb, tmp);
         amx_bf16_rows(ub, hb, q0, q1, r1, n_in, act, a_stride, n_tok, y, ldy);
     }
     return IE_OK;

@@ -6,7 +6,8 @@
  * routes, taken only when IE_AMX_INT asks (ie_amx_int_tiles): AMX-INT8
  * GEMMs on their codes (=1; measured slower than AVX-512 VNNI,
  * amx_gemm_body.h), and the BF16 GEMM over their values dequantized to
- * bf16 (=bf16; BF16 activation rows, ie_kernels_act_dtype). The GEMMs themselves are
+ * bf16 (=bf16; BF16 activation rows, ie_kernels_act_dtype), which takes
+ * the k-quants too. The GEMMs themselves are
  * amx_gemm_body.h, compiled here over the real instructions and in
  * kernels/src/amx_emu.c over the scalar emulator the tests run anywhere.
  * Under IE_AMX_EMULATE=1 (ie_amx_emulated) the table's tile calls run the
