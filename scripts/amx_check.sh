@@ -10,8 +10,9 @@
 # 3. bench_amx (tile instruction costs, one core's GEMMs with the int
 #    types' two tile routes, then THREADS threads' at once), then
 #    bench_kernels: the tiles' int8 peak, GEMM GOP/s of int8w/int4w/
-#    int4w_affine (AMX-INT8, IE_AMX_INT=1; the bf16 route, IE_AMX_INT=bf16)
-#    and bf16 (AMX-BF16) at 512 tokens, avx512 and amx in one run;
+#    int4w_affine (AMX-INT8, IE_AMX_INT=1; the bf16 route, IE_AMX_INT=bf16),
+#    bf16 (AMX-BF16) and q4_K/q6_K (the bf16 route) at 512 tokens, avx512
+#    and amx in one run;
 # 4. the crossover: the same GEMMs at 4..256 tokens with IE_AMX_MIN_TOK=1
 #    (tiles at every size), int4w on both routes;
 # 5. logits of a 301-token prefill, amx against avx512 (max |difference|),
@@ -69,8 +70,10 @@ echo "      $TH threads (and the tiles' peak)"
 "$B"/bench_amx --threads "$TH" --reps 1000 | grep -v '^ *t[di]' | grep -v 'TSC'
 IE_AMX_INT=1 "$B"/bench_kernels --threads "$TH" --isa "$ISA_A,$ISA_B" --types int8w,int4w,int4w_affine,bf16 \
     --ptok 512 --pool-mib 256 | grep -E 'peak|gemm' | grep -v '^{'
-echo "-- the int types' bf16 route (IE_AMX_INT=bf16)"
+echo "-- the int types' and k-quants' bf16 route (IE_AMX_INT=bf16; the k-quants A/B)"
 IE_AMX_INT=bf16 "$B"/bench_kernels --threads "$TH" --isa "$ISA_B" --types int8w,int4w,int4w_affine \
+    --ptok 512 --pool-mib 256 | grep -E 'gemm' | grep -v '^{'
+IE_AMX_INT=bf16 "$B"/bench_kernels --threads "$TH" --isa "$ISA_A,$ISA_B" --types q4_K,q6_K \
     --ptok 512 --pool-mib 256 | grep -E 'gemm' | grep -v '^{'
 fi
 

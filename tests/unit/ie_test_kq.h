@@ -43,8 +43,10 @@ static inline void *ie_test_kq_random(ie_dtype_t t, int64_t n_in, int64_t n_out)
                 c.sc[j] = (int8_t)rng_u32();
                 c.mn[j] = (int8_t)rng_u32();
             }
-            const float sd = (rng_u32() & 1 ? -1.0f : 1.0f) * ldexpf(1.0f + rng_f() * 0.5f, -3 - (int)(rng_u32() % 7));
-            const float sm = (rng_u32() & 1 ? -1.0f : 1.0f) * ldexpf(1.0f + rng_f() * 0.5f, -3 - (int)(rng_u32() % 7));
+            const float sd = (rng_u32() & 1 ? -1.0f : 1.0f) *
+                             ldexpf(1.0f + rng_f() * 0.5f, -3 - (int)(rng_u32() % 7));
+            const float sm = (rng_u32() & 1 ? -1.0f : 1.0f) *
+                             ldexpf(1.0f + rng_f() * 0.5f, -3 - (int)(rng_u32() % 7));
             c.d = ie_f32_to_f16(sd);
             c.dmin = ie_f32_to_f16(sm);
             if (ie_kq_encode(t, &c, rows + (size_t)r * rb + (size_t)b * bb) != 0) {
