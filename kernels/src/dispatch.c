@@ -234,10 +234,10 @@ int ie_amx_int_tiles(void)
     int s = state;
     if (s == 0) {
         const char *e = getenv("IE_AMX_INT");
-        const int r = !e                                              ? IE_AMX_INT_AVX512
-                      : strcmp(e, "1") == 0 || strcmp(e, "int8") == 0 ? IE_AMX_INT_I8
-                      : strcmp(e, "bf16") == 0                        ? IE_AMX_INT_BF16
-                                                                      : IE_AMX_INT_AVX512;
+        const int r = !e                                              ? IE_AMX_ROUTE_AVX512
+                      : strcmp(e, "1") == 0 || strcmp(e, "int8") == 0 ? IE_AMX_ROUTE_I8
+                      : strcmp(e, "bf16") == 0                        ? IE_AMX_ROUTE_BF16
+                                                                      : IE_AMX_ROUTE_AVX512;
         s = r + 1;
         state = s;
     }
@@ -247,20 +247,20 @@ int ie_amx_int_tiles(void)
 /* Contract (ie_kernels_isa.h). */
 int ie_amx_route(ie_dtype_t wtype, int64_t n_tok)
 {
-    if (n_tok < ie_amx_min_tok()) return IE_AMX_INT_AVX512;
+    if (n_tok < ie_amx_min_tok()) return IE_AMX_ROUTE_AVX512;
     const int bf16 = ie_amx_emulated() || (ie_cpu_features() & IE_CPU_AMX_BF16);
-    if (wtype == IE_DTYPE_BF16) return bf16 ? IE_AMX_INT_BF16 : IE_AMX_INT_AVX512;
+    if (wtype == IE_DTYPE_BF16) return bf16 ? IE_AMX_ROUTE_BF16 : IE_AMX_ROUTE_AVX512;
     const int r = ie_amx_int_tiles();
-    if (r == IE_AMX_INT_BF16) /* the int types and the k-quants, dequantized */
-        return bf16 && (ie_dtype_is_intw(wtype) || ie_dtype_is_kquant(wtype)) ? r : IE_AMX_INT_AVX512;
-    return ie_dtype_is_intw(wtype) ? r : IE_AMX_INT_AVX512; /* int8 tiles: the int types only */
+    if (r == IE_AMX_ROUTE_BF16) /* the int types and the k-quants, dequantized */
+        return bf16 && (ie_dtype_is_intw(wtype) || ie_dtype_is_kquant(wtype)) ? r : IE_AMX_ROUTE_AVX512;
+    return ie_dtype_is_intw(wtype) ? r : IE_AMX_ROUTE_AVX512; /* int8 tiles: the int types only */
 }
 
 /* Contract (ie_kernels.h). */
 ie_dtype_t ie_kernels_act_dtype(const ie_kernels_t *k, ie_dtype_t wtype, int packed, int64_t n_tok)
 {
     if (k && k->isa == IE_ISA_AMX && packed && wtype != IE_DTYPE_BF16 &&
-        ie_amx_route(wtype, n_tok) == IE_AMX_INT_BF16)
+        ie_amx_route(wtype, n_tok) == IE_AMX_ROUTE_BF16)
         return IE_DTYPE_BF16;
     return ie_matmul_act_dtype(wtype);
 }

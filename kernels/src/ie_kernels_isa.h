@@ -382,15 +382,15 @@ int ie_amx_min_tok(void);
 
 /* Where the AMX table sends a packed matmul of one weight type. */
 enum {
-    IE_AMX_INT_AVX512 = 0, /* the AVX-512 kernels                                  */
-    IE_AMX_INT_I8 = 1,     /* AMX-INT8 tiles on the codes (I8W x Q16_P, I4* x Q8_P)  */
-    IE_AMX_INT_BF16 = 2    /* AMX-BF16 tiles (BF16; the int types dequantized to bf16, x BF16 rows) */
+    IE_AMX_ROUTE_AVX512 = 0, /* the AVX-512 kernels                                  */
+    IE_AMX_ROUTE_I8 = 1,     /* AMX-INT8 tiles on the codes (I8W x Q16_P, I4* x Q8_P)  */
+    IE_AMX_ROUTE_BF16 = 2    /* AMX-BF16 tiles (BF16; the int types dequantized to bf16, x BF16 rows) */
 };
 
 /* The route of the AMX table's int weight types (I8W, I4W, I4WA; with
  * "bf16" the k-quants too) from IE_AMX_INT in the environment (read once):
- * "1" or "int8" IE_AMX_INT_I8, "bf16" IE_AMX_INT_BF16, else (unset)
- * IE_AMX_INT_AVX512. On the one Xeon
+ * "1" or "int8" IE_AMX_ROUTE_I8, "bf16" IE_AMX_ROUTE_BF16, else (unset)
+ * IE_AMX_ROUTE_AVX512. On the one Xeon
  * with AMX measured so far the int8 tiles ran slower than AVX-512 VNNI
  * (amx_gemm_body.h) and the bf16 route is not measured yet, so by default
  * only BF16 takes the tiles; the knob is for the tests and for measuring. */

@@ -662,7 +662,7 @@ static void test_hw_table(void)
     /* the k-quants only on the bf16 route (elsewhere they are AVX-512's, tested in test_kquant_pack) */
     static const ie_dtype_t types[] = {IE_DTYPE_I8W,  IE_DTYPE_I4W,  IE_DTYPE_I4WA,
                                        IE_DTYPE_BF16, IE_DTYPE_Q4_K, IE_DTYPE_Q6_K};
-    const int n_types = ie_amx_int_tiles() == IE_AMX_INT_BF16 ? 6 : 4;
+    const int n_types = ie_amx_int_tiles() == IE_AMX_ROUTE_BF16 ? 6 : 4;
     static const int64_t toks[] = {1, 5, 16, 37};
     int bad = 0;
     for (int ti = 0; ti < n_types; ti++)

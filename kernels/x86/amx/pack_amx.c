@@ -66,9 +66,9 @@ ie_status_t ie_amx_gemm_bf16_hw(const ie_pmat_t *m, int64_t r0, int64_t r1, cons
 ie_status_t ie_matmul_packed_amx(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                  int64_t n_tok, float *y, int64_t ldy)
 {
-    const int route = m ? ie_amx_route(m->dtype, n_tok) : IE_AMX_INT_AVX512;
-    if (route == IE_AMX_INT_AVX512) return ie_matmul_packed_avx512(m, r0, r1, a, a_stride, n_tok, y, ldy);
-    const int bf16 = route == IE_AMX_INT_BF16;
+    const int route = m ? ie_amx_route(m->dtype, n_tok) : IE_AMX_ROUTE_AVX512;
+    if (route == IE_AMX_ROUTE_AVX512) return ie_matmul_packed_avx512(m, r0, r1, a, a_stride, n_tok, y, ldy);
+    const int bf16 = route == IE_AMX_ROUTE_BF16;
     if (ie_amx_emulated())
         return bf16 ? ie_amx_gemm_bf16_emu(m, r0, r1, a, a_stride, n_tok, y, ldy)
                     : ie_amx_gemm_emu(m, r0, r1, a, a_stride, n_tok, y, ldy, NULL);
@@ -82,7 +82,7 @@ ie_status_t ie_matmul_packed_amx(const ie_pmat_t *m, int64_t r0, int64_t r1, con
 ie_status_t ie_matmul_packed_ranges_amx(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
                                         size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
 {
-    if (!m || ie_amx_route(m->dtype, n_tok) == IE_AMX_INT_AVX512)
+    if (!m || ie_amx_route(m->dtype, n_tok) == IE_AMX_ROUTE_AVX512)
         return ie_matmul_packed_ranges_avx512(m, next, ctx, a, a_stride, n_tok, y, ldy);
     return ie_packed_ranges_by_calls(ie_matmul_packed_amx, m, next, ctx, a, a_stride, n_tok, y, ldy);
 }
