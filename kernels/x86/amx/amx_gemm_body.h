@@ -511,6 +511,9 @@ static uint8_t *amx_ub(size_t n)
 }
 
 #ifdef IE_AMX_AVX512
+/* the rounding of the explicit-rounding forms: a constant expression (clang) */
+#define AMX_RN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
 /* 32 codes of one pair row (c32: the int8 codes of rows 0..15, two each,
  * in order) to 32 bf16 values: v = code * s, then + mo (op 1), - mo (op
  * -1) or nothing (op 0); s / mo hold each row's factor and term twice
@@ -518,17 +521,16 @@ static uint8_t *amx_ub(size_t n)
  * apart (no fma: ref's f32 formula, one rounding each). */
 static inline __m512i amx_pair_bf16(__m256i c32, const __m512 *s, const __m512 *mo, int op)
 {
-    const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     __m512 fl = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(c32)));
     __m512 fh = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(c32, 1)));
-    fl = _mm512_mul_round_ps(fl, s[0], rn);
-    fh = _mm512_mul_round_ps(fh, s[1], rn);
+    fl = _mm512_mul_round_ps(fl, s[0], AMX_RN);
+    fh = _mm512_mul_round_ps(fh, s[1], AMX_RN);
     if (op > 0) {
-        fl = _mm512_add_round_ps(fl, mo[0], rn);
-        fh = _mm512_add_round_ps(fh, mo[1], rn);
+        fl = _mm512_add_round_ps(fl, mo[0], AMX_RN);
+        fh = _mm512_add_round_ps(fh, mo[1], AMX_RN);
     } else if (op < 0) {
-        fl = _mm512_sub_round_ps(fl, mo[0], rn);
-        fh = _mm512_sub_round_ps(fh, mo[1], rn);
+        fl = _mm512_sub_round_ps(fl, mo[0], AMX_RN);
+        fh = _mm512_sub_round_ps(fh, mo[1], AMX_RN);
     }
     /* round to nearest even; the values are normal or zero (f16 scales
      * times small integers), so the instruction's flush of denormals never
@@ -624,7 +626,7 @@ static inline void amx_kq_quads(const ie_kq_panel_t *g, const uint8_t *slab, __m
 static void amx_unpack_kq(ie_dtype_t t, const ie_kq_panel_t *g, int64_t n_in, const uint8_t *panel, uint8_t *out)
 {
     const ie_kq_info_t *in = &g->info;
-    const int qk = in->qk, nsub = in->nsub, rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const int qk = in->qk, nsub = in->nsub;
     const int lut = t == IE_DTYPE_IQ4_NL || t == IE_DTYPE_IQ4_XS;
     const int op = t == IE_DTYPE_Q5_1 ? 1 : in->has_mn ? -1 : 0;
     const __m512i off = _mm512_set1_epi8((char)(t == IE_DTYPE_Q5_0   ? 16
@@ -652,11 +654,11 @@ static void amx_unpack_kq(ie_dtype_t t, const ie_kq_panel_t *g, int64_t n_in, co
                 if (nsub && j != cur) {
                     const __m512 sc = _mm512_cvtepi32_ps(
                         _mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(bp + g->sc + 16 * (size_t)j))));
-                    amx_twice(_mm512_mul_round_ps(d, sc, rn), s);
+                    amx_twice(_mm512_mul_round_ps(d, sc, AMX_RN), s);
                     if (in->has_mn) {
                         const __m512 mn = _mm512_cvtepi32_ps(
                             _mm512_cvtepi8_epi32(_mm_loadu_si128((const void *)(bp + g->mn + 16 * (size_t)j))));
-                        amx_twice(_mm512_mul_round_ps(dm, mn, rn), mo);
+                        amx_twice(_mm512_mul_round_ps(dm, mn, AMX_RN), mo);
                     } else {
                         amx_twice(_mm512_setzero_ps(), mo);
                     }
