@@ -336,6 +336,21 @@ static void *bf16_copy(const ie_pmat_t *m)
     return wd;
 }
 
+/* An n_out x n_in PANEL16 matrix of type t: a k-quant's from random ggml
+ * blocks (its group is its block), the others' quantized from wf in
+ * groups of g. Caller frees. */
+static void *pack_any(ie_dtype_t t, int g, const float *wf, int64_t n_in, int64_t n_out)
+{
+    if (ie_dtype_is_kquant(t)) {
+        void *wd = ie_test_kq_random(t, n_in, n_out);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(wd);
+        return wd;
+    }
+    void *wd = xmalloc(ie_pack_bytes(t, g, n_in, n_out));
+    CU_ASSERT_FATAL(ie_pack_quantize(t, g, IE_QSCALE_ABSMAX, wf, n_in, 0, n_out, n_out, wd) == 0);
+    return wd;
+}
+
 /* wt (BF16, or an int type in group g or a k-quant: the bf16 route) PANEL16 x BF16
  * rows: y within n_in * 2^-24 (f32 accumulation) of the sum of |terms| of
  * ie_matmul_packed_ref (on the bf16 copy for an int type); rows outside
@@ -350,14 +365,7 @@ static int check_bf16_case(ie_dtype_t wt, int g, int64_t n_in, int64_t n_out, in
     rng_seed(seed);
     rng_fill(wf, n_in * n_out);
     rng_fill(x, n_in * n_tok);
-    void *wd;
-    if (ie_dtype_is_kquant(wt)) { /* random ggml blocks (g: the block size) */
-        wd = ie_test_kq_random(wt, n_in, n_out);
-        CU_ASSERT_PTR_NOT_NULL_FATAL(wd);
-    } else {
-        wd = xmalloc(ie_pack_bytes(wt, g, n_in, n_out));
-        CU_ASSERT_FATAL(ie_pack_quantize(wt, g, IE_QSCALE_ABSMAX, wf, n_in, 0, n_out, n_out, wd) == 0);
-    }
+    void *wd = pack_any(wt, g, wf, n_in, n_out); /* a k-quant: g is its block size */
     const ie_pmat_t m = {wt, g, n_in, n_out, wd};
     void *wb = wt == IE_DTYPE_BF16 ? NULL : bf16_copy(&m);
     const ie_pmat_t mb = wb ? (ie_pmat_t){IE_DTYPE_BF16, 32, n_in, n_out, wb} : m;
@@ -467,14 +475,7 @@ static void test_gemm_int_bf16_exact(void)
             rng_seed(91 + ti + g);
             rng_fill(wf, n_in * n_out);
             for (int64_t i = 0; i < n_out; i++) wf[i * n_in + 3] *= 100.0f; /* scales of another size */
-            void *wd;
-            if (kq) {
-                wd = ie_test_kq_random(t, n_in, n_out);
-                CU_ASSERT_PTR_NOT_NULL_FATAL(wd);
-            } else {
-                wd = xmalloc(ie_pack_bytes(t, g, n_in, n_out));
-                CU_ASSERT_FATAL(ie_pack_quantize(t, g, IE_QSCALE_ABSMAX, wf, n_in, 0, n_out, n_out, wd) == 0);
-            }
+            void *wd = pack_any(t, gg, wf, n_in, n_out);
             const ie_pmat_t m = {t, gg, n_in, n_out, wd};
             const size_t as = 2 * (size_t)n_in;
             uint8_t *a = xmalloc(as * n_tok);
@@ -677,15 +678,7 @@ static void test_hw_table(void)
             rng_fill(x, n_in * n_tok);
             const size_t as = ie_dtype_row_bytes(at, n_in);
             uint8_t *a = xmalloc(as * n_tok);
-            void *wd;
-            if (kq) {
-                wd = ie_test_kq_random(types[ti], n_in, n_out);
-                CU_ASSERT_PTR_NOT_NULL_FATAL(wd);
-            } else {
-                wd = xmalloc(ie_pack_bytes(types[ti], 32, n_in, n_out));
-                CU_ASSERT_FATAL(ie_pack_quantize(types[ti], 32, IE_QSCALE_ABSMAX, wf, n_in, 0, n_out, n_out, wd) ==
-                                0);
-            }
+            void *wd = pack_any(types[ti], g, wf, n_in, n_out);
             for (int64_t t = 0; t < n_tok; t++) ie_act_quantize_ref(at, x + t * n_in, a + t * as, n_in);
             const ie_pmat_t m = {types[ti], g, n_in, n_out, wd};
             for (int64_t r = 0; r < n_out; r++) ie_pack_dequant_row(&m, r, wf + r * n_in); /* the weights' values */

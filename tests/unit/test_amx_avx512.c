@@ -101,6 +101,26 @@ static void test_i4_avx512_vs_ref(void)
     CU_ASSERT_EQUAL(bad, 0);
 }
 
+/* 1 if the bf16 GEMM built here (the AVX-512 dequantization) gives y bit
+ * for bit equal to the emulator build's (plain C) on m and n_tok random
+ * BF16 activation rows, with no emulator fault. */
+static int same_as_plain(const ie_pmat_t *m, int64_t n_tok)
+{
+    const int64_t n_in = m->n_in, n_out = m->n_out;
+    const size_t as = ie_dtype_row_bytes(IE_DTYPE_BF16, n_in);
+    float *x = malloc(sizeof(float) * n_in * n_tok), *y1 = malloc(sizeof(float) * n_out * n_tok),
+          *y2 = malloc(sizeof(float) * n_out * n_tok);
+    uint8_t *a = malloc(as * n_tok);
+    CU_ASSERT_FATAL(x && y1 && y2 && a);
+    rng_fill(x, n_in * n_tok);
+    for (int64_t t = 0; t < n_tok; t++) ie_act_quantize_ref(IE_DTYPE_BF16, x + t * n_in, a + t * as, n_in);
+    CU_ASSERT_EQUAL(emu512_gemm_bf16(m, 0, n_out, a, as, n_tok, y1, n_out), IE_OK);
+    CU_ASSERT_EQUAL(ie_amx_gemm_bf16_emu(m, 0, n_out, a, as, n_tok, y2, n_out), IE_OK);
+    const int same = ie_amx_emu_faults() == 0 && memcmp(y1, y2, sizeof(float) * n_out * n_tok) == 0;
+    free(x), free(y1), free(y2), free(a);
+    return same;
+}
+
 /* The bf16 route's AVX-512 dequantization (amx_unpack_bf16 with
  * IE_AMX_AVX512) against the plain-C one of the emulator build
  * (ie_amx_gemm_bf16_emu, itself checked value by value in test_amx): the
@@ -116,35 +136,25 @@ static void test_int_bf16_unpack_vs_plain(void)
             for (int ii = 0; ii < 3; ii++)
                 for (int oi = 0; oi < 2; oi++)
                     for (int ki = 0; ki < 2; ki++) {
-                        const int64_t n_in = nis[ii], n_out = nos[oi], n_tok = nts[ki];
-                        const size_t as = ie_dtype_row_bytes(IE_DTYPE_BF16, n_in);
-                        float *wf = malloc(sizeof(float) * n_in * n_out), *x = malloc(sizeof(float) * n_in * n_tok);
-                        float *y1 = malloc(sizeof(float) * n_out * n_tok),
-                              *y2 = malloc(sizeof(float) * n_out * n_tok);
-                        uint8_t *a = malloc(as * n_tok);
+                        const int64_t n_in = nis[ii], n_out = nos[oi];
+                        float *wf = malloc(sizeof(float) * n_in * n_out);
                         void *wd = aligned_alloc(64, (ie_pack_bytes(types[ti], g, n_in, n_out) + 63) / 64 * 64);
-                        CU_ASSERT_FATAL(wf && x && y1 && y2 && a && wd);
+                        CU_ASSERT_FATAL(wf && wd);
                         rng_seed(7000 + cases);
                         rng_fill(wf, n_in * n_out);
-                        rng_fill(x, n_in * n_tok);
                         for (int64_t r = 0; r < n_out; r++) wf[r * n_in + r % n_in] *= 1000.0f; /* odd scales */
                         CU_ASSERT_FATAL(
                             ie_pack_quantize(types[ti], g, IE_QSCALE_ABSMAX, wf, n_in, 0, n_out, n_out, wd) == 0);
-                        for (int64_t t = 0; t < n_tok; t++)
-                            ie_act_quantize_ref(IE_DTYPE_BF16, x + t * n_in, a + t * as, n_in);
                         const ie_pmat_t m = {types[ti], g, n_in, n_out, wd};
-                        CU_ASSERT_EQUAL(emu512_gemm_bf16(&m, 0, n_out, a, as, n_tok, y1, n_out), IE_OK);
-                        CU_ASSERT_EQUAL(ie_amx_gemm_bf16_emu(&m, 0, n_out, a, as, n_tok, y2, n_out), IE_OK);
-                        CU_ASSERT_EQUAL(ie_amx_emu_faults(), 0);
-                        if (memcmp(y1, y2, sizeof(float) * n_out * n_tok) != 0) {
+                        if (!same_as_plain(&m, nts[ki])) {
                             if (bad < 5)
                                 fprintf(stderr, "\n  %s g%d %lldx%lldx%lld: AVX-512 unpack != plain",
                                         ie_dtype_name(types[ti]), g, (long long)n_out, (long long)n_in,
-                                        (long long)n_tok);
+                                        (long long)nts[ki]);
                             bad++;
                         }
                         cases++;
-                        free(wf), free(x), free(y1), free(y2), free(a), free(wd);
+                        free(wf), free(wd);
                     }
     printf("\n  %d shapes ", cases);
     CU_ASSERT_EQUAL(bad, 0);
@@ -162,29 +172,19 @@ static void test_kq_bf16_unpack_vs_plain(void)
             for (int oi = 0; oi < 2; oi++) {
                 const ie_dtype_t t = IE_TEST_KTYPES[ti];
                 const int qk = ie_dtype_block_elems(t);
-                const int64_t n_in = ii ? 3 * qk : (qk == 32 ? 96 : 256), n_out = oi ? 37 : 16, n_tok = 17;
-                const size_t as = ie_dtype_row_bytes(IE_DTYPE_BF16, n_in);
-                float *x = malloc(sizeof(float) * n_in * n_tok), *y1 = malloc(sizeof(float) * n_out * n_tok),
-                      *y2 = malloc(sizeof(float) * n_out * n_tok);
-                uint8_t *a = malloc(as * n_tok);
+                const int64_t n_in = ii ? 3 * qk : (qk == 32 ? 96 : 256), n_out = oi ? 37 : 16;
                 rng_seed(8000 + cases);
                 void *wd = ie_test_kq_random(t, n_in, n_out);
-                CU_ASSERT_FATAL(x && y1 && y2 && a && wd);
-                rng_fill(x, n_in * n_tok);
-                for (int64_t k = 0; k < n_tok; k++)
-                    ie_act_quantize_ref(IE_DTYPE_BF16, x + k * n_in, a + k * as, n_in);
+                CU_ASSERT_FATAL(wd != NULL);
                 const ie_pmat_t m = {t, qk, n_in, n_out, wd};
-                CU_ASSERT_EQUAL(emu512_gemm_bf16(&m, 0, n_out, a, as, n_tok, y1, n_out), IE_OK);
-                CU_ASSERT_EQUAL(ie_amx_gemm_bf16_emu(&m, 0, n_out, a, as, n_tok, y2, n_out), IE_OK);
-                CU_ASSERT_EQUAL(ie_amx_emu_faults(), 0);
-                if (memcmp(y1, y2, sizeof(float) * n_out * n_tok) != 0) {
+                if (!same_as_plain(&m, 17)) {
                     if (bad < 5)
                         fprintf(stderr, "\n  %s %lldx%lld: AVX-512 dequant != plain", ie_dtype_name(t),
                                 (long long)n_out, (long long)n_in);
                     bad++;
                 }
                 cases++;
-                free(x), free(y1), free(y2), free(a), free(wd);
+                free(wd);
             }
     printf("\n  %d shapes ", cases);
     CU_ASSERT_EQUAL(bad, 0);
