@@ -68,8 +68,8 @@
  * 2048 x 512 tokens at 481 GOP/s against AVX-512's 63-67; the loop now
  * runs two token tiles x two panels (four C tiles, each A and B tile used
  * twice: half the B loads a tdp; not yet measured on AMX). The same GEMM takes
- * I8W / I4W / I4WA weights dequantized to bf16 per row block (the "bf16
- * route" of the int types, below).
+ * I8W / I4W / I4WA and k-quant weights dequantized to bf16 per row block
+ * (the "bf16 route", below).
  *
  * Tile configuration is per thread and kept: the first call on a thread
  * (and a call with another token-tail height) runs ldtilecfg; the worker
