@@ -299,15 +299,24 @@ typedef struct ie_kernels {
                         const float *u, int64_t ldu);
     /* ie_stream_read at this ISA's load width (the same result). */
     uint64_t (*stream_read)(const void *p, size_t n);
+    /* The activation rows this table's matmul (packed 0) or matmul_packed
+     * (packed 1) reads for weights of wtype in a step of n_tok tokens:
+     * ie_matmul_act_dtype's, except where a table routes a type elsewhere
+     * (the AMX table's bf16 route: BF16 rows). Call ie_kernels_act_dtype. */
+    ie_dtype_t (*act_dtype)(ie_dtype_t wtype, int packed, int64_t n_tok);
 } ie_kernels_t;
 
 /* The activation format table k's matmul (packed 0) or matmul_packed
- * (packed 1) reads for weights of wtype in a step of n_tok tokens: what
- * ie_matmul_act_dtype says, except BF16 rows for the int types (I8W, I4W,
- * I4WA) and the k-quants where the AMX table dequantizes them onto its bf16 tiles
- * (IE_AMX_INT=bf16, n_tok at least its threshold). Callers of a table's
- * matmuls ask this, not ie_matmul_act_dtype. */
-ie_dtype_t ie_kernels_act_dtype(const ie_kernels_t *k, ie_dtype_t wtype, int packed, int64_t n_tok);
+ * (packed 1) reads for weights of wtype in a step of n_tok tokens (k's
+ * act_dtype): what ie_matmul_act_dtype says, except BF16 rows for the int
+ * types (I8W, I4W, I4WA) and the k-quants where the AMX table dequantizes
+ * them onto its bf16 tiles (IE_AMX_INT=bf16, n_tok at least its
+ * threshold). Callers of a table's matmuls ask this, not
+ * ie_matmul_act_dtype. */
+static inline ie_dtype_t ie_kernels_act_dtype(const ie_kernels_t *k, ie_dtype_t wtype, int packed, int64_t n_tok)
+{
+    return k->act_dtype(wtype, packed, n_tok);
+}
 
 /* The kernels for `isa`, or NULL if not compiled in or not supported by
  * this CPU. The table is static: never freed, safe to share. */

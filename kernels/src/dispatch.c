@@ -256,12 +256,10 @@ int ie_amx_route(ie_dtype_t wtype, int64_t n_tok)
     return ie_dtype_is_intw(wtype) ? r : IE_AMX_ROUTE_AVX512; /* int8 tiles: the int types only */
 }
 
-/* Contract (ie_kernels.h). */
-ie_dtype_t ie_kernels_act_dtype(const ie_kernels_t *k, ie_dtype_t wtype, int packed, int64_t n_tok)
+/* act_dtype of the tables that read what ie_matmul_act_dtype says. */
+static ie_dtype_t act_dtype_plain(ie_dtype_t wtype, int packed, int64_t n_tok)
 {
-    if (k && k->isa == IE_ISA_AMX && packed && wtype != IE_DTYPE_BF16 &&
-        ie_amx_route(wtype, n_tok) == IE_AMX_ROUTE_BF16)
-        return IE_DTYPE_BF16;
+    (void)packed, (void)n_tok;
     return ie_matmul_act_dtype(wtype);
 }
 
@@ -386,6 +384,7 @@ static const ie_kernels_t g_kernels[3] = {
             .lora_shrink = ie_lora_shrink_ref,
             .lora_expand = ie_lora_expand_ref,
             .stream_read = ie_stream_read,
+            .act_dtype = act_dtype_plain,
         },
     [IE_ISA_AVX2] =
         {
@@ -420,6 +419,7 @@ static const ie_kernels_t g_kernels[3] = {
             .lora_shrink = ie_lora_shrink_avx2,
             .lora_expand = ie_lora_expand_avx2,
             .stream_read = ie_stream_read_avx2,
+            .act_dtype = act_dtype_plain,
         },
     [IE_ISA_AVX512] =
         {
@@ -456,6 +456,7 @@ static const ie_kernels_t g_kernels[3] = {
             /* 32-byte loads here too: a 2-thread read of DRAM measured 1.07x (low
          * bandwidth phase) to 1.13x (high) the rate of 64-byte loads on Zen 4 */
             .stream_read = ie_stream_read_avx2,
+            .act_dtype = act_dtype_plain,
         },
 };
 
@@ -471,6 +472,7 @@ static void amx_table_init(void)
     g_amx.isa = IE_ISA_AMX;
     g_amx.matmul_packed = ie_matmul_packed_amx;
     g_amx.matmul_packed_ranges = ie_matmul_packed_ranges_amx;
+    g_amx.act_dtype = ie_act_dtype_amx;
 }
 
 /* Contract (ie_kernels_isa.h). */

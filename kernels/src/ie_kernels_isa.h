@@ -401,8 +401,8 @@ int ie_amx_int_tiles(void);
  * types without tiles; BF16 on the bf16 tiles where the CPU has AMX-BF16
  * (or they are emulated); the int types as ie_amx_int_tiles() says, and
  * the k-quants on its bf16 route (the int8 tiles have no k-quant GEMM),
- * the bf16 route only where the CPU has AMX-BF16. The one rule pack_amx.c and
- * ie_kernels_act_dtype share. */
+ * the bf16 route only where the CPU has AMX-BF16. The one rule the AMX
+ * table's matmul_packed and act_dtype (pack_amx.c) share. */
 int ie_amx_route(ie_dtype_t wtype, int64_t n_tok);
 
 /* 1 if the AMX table runs on the tile emulator: IE_AMX_EMULATE=1 in the
@@ -422,6 +422,7 @@ ie_status_t ie_matmul_packed_amx(const ie_pmat_t *m, int64_t r0, int64_t r1, con
                                  int64_t n_tok, float *y, int64_t ldy);
 ie_status_t ie_matmul_packed_ranges_amx(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
                                         size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+ie_dtype_t ie_act_dtype_amx(ie_dtype_t wtype, int packed, int64_t n_tok);
 
 /* The tile GEMM itself (amx_gemm_body.h), for any n_tok: matmul_packed's
  * contract for I8W, I4W, I4WA (IE_ERR_UNSUPPORTED for another dtype), with

@@ -572,6 +572,8 @@ static void test_dispatch(void)
     same.isa = x->isa;
     same.matmul_packed = x->matmul_packed;
     same.matmul_packed_ranges = x->matmul_packed_ranges;
+    same.act_dtype = x->act_dtype;
+    CU_ASSERT(k->act_dtype == ie_act_dtype_amx);
     CU_ASSERT(memcmp(&same, x, sizeof same) == 0);
 
     const int amx = ie_isa_supported(IE_ISA_AMX);

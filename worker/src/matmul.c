@@ -199,7 +199,10 @@ ie_status_t worker_matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, co
                               float *const *y, const float *x, int n, const mm_pre_t *pre)
 {
     int done[MM_MAX] = {0};
+    ie_dtype_t acts[MM_MAX]; /* each matrix's activation rows, asked once */
     const int nth = ie_threadpool_size(w->tp);
+    for (int i = 0; i < nm; i++)
+        acts[i] = ie_kernels_act_dtype(w->ops, m[i]->dtype, m[i]->layout == IE_LAYOUT_PANEL16, n);
     pre_pair_t both = {{0}, {0}};
     const mm_pre_t chained = {pre_pair_run, &both};
     if (worker_lora_pre(w, &both.b)) {
@@ -208,7 +211,7 @@ ie_status_t worker_matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, co
     }
     for (int i = 0; i < nm; i++) {
         if (done[i]) continue;
-        const ie_dtype_t act = ie_kernels_act_dtype(w->ops, m[i]->dtype, m[i]->layout == IE_LAYOUT_PANEL16, n);
+        const ie_dtype_t act = acts[i];
         int64_t n_in = m[i]->n_in;
         mm_task_t t = {.ops = w->ops, .n_tok = n, .share_repl = w->share_repl};
         if (pre) { /* in the first job */
@@ -216,8 +219,7 @@ ie_status_t worker_matmul_rep(ie_worker_t *w, int nm, const wmat_t *const *m, co
             pre = NULL;
         }
         for (int j = i; j < nm; j++) {
-            if (!done[j] &&
-                ie_kernels_act_dtype(w->ops, m[j]->dtype, m[j]->layout == IE_LAYOUT_PANEL16, n) == act) {
+            if (!done[j] && acts[j] == act) {
                 t.m[t.nm] = m[j];
                 t.rep[t.nm] = rep ? rep[j] : NULL;
                 t.y[t.nm] = y[j];

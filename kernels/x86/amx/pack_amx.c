@@ -61,8 +61,8 @@ ie_status_t ie_amx_gemm_bf16_hw(const ie_pmat_t *m, int64_t r0, int64_t r1, cons
 }
 
 /* Contract of ie_kernels_t.matmul_packed: the route ie_amx_route gives
- * (the one ie_kernels_act_dtype shares, so the activation rows are in the
- * format the route reads). */
+ * (the one ie_act_dtype_amx, the table's act_dtype, shares, so the
+ * activation rows are in the format the route reads). */
 ie_status_t ie_matmul_packed_amx(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                  int64_t n_tok, float *y, int64_t ldy)
 {
@@ -74,6 +74,14 @@ ie_status_t ie_matmul_packed_amx(const ie_pmat_t *m, int64_t r0, int64_t r1, con
                     : ie_amx_gemm_emu(m, r0, r1, a, a_stride, n_tok, y, ldy, NULL);
     return bf16 ? amx_gemm_bf16_tiles(m, r0, r1, a, a_stride, n_tok, y, ldy)
                 : amx_gemm_tiles(m, r0, r1, a, a_stride, n_tok, y, ldy, NULL);
+}
+
+/* Contract of ie_kernels_t.act_dtype: BF16 rows where matmul_packed
+ * takes the bf16 route with weights that are not BF16 already. */
+ie_dtype_t ie_act_dtype_amx(ie_dtype_t wtype, int packed, int64_t n_tok)
+{
+    if (packed && wtype != IE_DTYPE_BF16 && ie_amx_route(wtype, n_tok) == IE_AMX_ROUTE_BF16) return IE_DTYPE_BF16;
+    return ie_matmul_act_dtype(wtype);
 }
 
 /* Contract of ie_kernels_t.matmul_packed_ranges: one tile GEMM per range
