@@ -191,15 +191,8 @@ const char *ie_amx_emu_last_fault(void) { return g_fault_msg; }
 
 /* ---- the GEMM over the emulator */
 #define IE_AMX_GEMM_NAME ie_amx_gemm_emu
-#define IE_AMX_CFG(cfg) ie_amx_emu_ldtilecfg(cfg)
-#define IE_AMX_ZERO(t) ie_amx_emu_tilezero(t)
-#define IE_AMX_LOAD(t, p, s) ie_amx_emu_tileloadd(t, p, s)
-#define IE_AMX_STORE(t, p, s) ie_amx_emu_tilestored(t, p, s)
-#define IE_AMX_DPBSUD(c, a, b) ie_amx_emu_tdp(c, a, b, 1, 0)
-#define IE_AMX_DPBSSD(c, a, b) ie_amx_emu_tdp(c, a, b, 1, 1)
-#define IE_AMX_DPBUUD(c, a, b) ie_amx_emu_tdp(c, a, b, 0, 0)
 #define IE_AMX_GEMM_BF16_NAME ie_amx_gemm_bf16_emu
-#define IE_AMX_DPBF16PS(c, a, b) ie_amx_emu_tdpbf16ps(c, a, b)
+#include "amx_emu_ops.h"
 #include "../x86/amx/amx_gemm_body.h"
 
 /* Contract (ie_kernels_isa.h). */

@@ -19,16 +19,9 @@
 #include <string.h>
 
 #define IE_AMX_GEMM_NAME emu512_gemm
-#define IE_AMX_CFG(cfg) ie_amx_emu_ldtilecfg(cfg)
-#define IE_AMX_ZERO(t) ie_amx_emu_tilezero(t)
-#define IE_AMX_LOAD(t, p, s) ie_amx_emu_tileloadd(t, p, s)
-#define IE_AMX_STORE(t, p, s) ie_amx_emu_tilestored(t, p, s)
-#define IE_AMX_DPBSUD(c, a, b) ie_amx_emu_tdp(c, a, b, 1, 0)
-#define IE_AMX_DPBSSD(c, a, b) ie_amx_emu_tdp(c, a, b, 1, 1)
-#define IE_AMX_DPBUUD(c, a, b) ie_amx_emu_tdp(c, a, b, 0, 0)
 #define IE_AMX_GEMM_BF16_NAME emu512_gemm_bf16
-#define IE_AMX_DPBF16PS(c, a, b) ie_amx_emu_tdpbf16ps(c, a, b)
 #define IE_AMX_AVX512 1
+#include "../../kernels/src/amx_emu_ops.h"
 static ie_status_t emu512_gemm(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                int64_t n_tok, float *y, int64_t ldy, int32_t *isums);
 static ie_status_t emu512_gemm_bf16(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,

@@ -1,7 +1,8 @@
 /* amx_gemm_body.h — the AMX-INT8 GEMM over PANEL16 weights (ie_pack.h),
  * written once over tile macros and compiled twice:
  *   kernels/x86/amx/pack_amx.c  the real instructions (-mamx-tile -mamx-int8)
- *   kernels/src/amx_emu.c       a scalar tile emulator (any CPU: the tests)
+ *   kernels/src/amx_emu.c       a scalar tile emulator (any CPU: the tests;
+ *                               its macros in kernels/src/amx_emu_ops.h)
  * The includer defines, before including this file:
  *   IE_AMX_GEMM_NAME            name of the function to define
  *   IE_AMX_CFG(cfg)             ldtilecfg of a 64-byte palette-1 config
