@@ -7,7 +7,35 @@
 #include "ie_kernels_isa.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
+
+static pthread_key_t g_scratch_key;
+static pthread_once_t g_scratch_once = PTHREAD_ONCE_INIT;
+static int g_scratch_ok;
+static void scratch_free(void *p) { free(p); }
+static void scratch_key_init(void) { g_scratch_ok = pthread_key_create(&g_scratch_key, scratch_free) == 0; }
+
+/* Contract (ie_kernels_isa.h). The block's first 64 bytes hold its size. */
+void *ie_kernel_scratch(size_t n)
+{
+    pthread_once(&g_scratch_once, scratch_key_init);
+    if (!g_scratch_ok || n > SIZE_MAX - 128) return NULL;
+    size_t *h = pthread_getspecific(g_scratch_key);
+    if (!h || h[0] < n) {
+        size_t *nh = aligned_alloc(64, 64 + (n + 63) / 64 * 64);
+        if (!nh) return NULL;
+        nh[0] = n;
+        if (pthread_setspecific(g_scratch_key, nh) != 0) {
+            free(nh);
+            return NULL;
+        }
+        free(h);
+        h = nh;
+    }
+    return (char *)h + 64;
+}
 
 int64_t ie_panel_rows(int64_t n_rows, size_t row_bytes, int64_t n_tok, int tile_tok, int tile_rows)
 {

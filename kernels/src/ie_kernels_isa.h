@@ -54,6 +54,13 @@ const ie_kernels_t *ie_kernels_table(ie_isa_t isa);
  * every token block passes over it; all rows when there is one token block. */
 int64_t ie_panel_rows(int64_t n_rows, size_t row_bytes, int64_t n_tok, int tile_tok, int tile_rows);
 
+/* This thread's kernel scratch of at least n bytes, 64-byte aligned: kept
+ * (grown when asked for more) for the thread's later calls and freed when
+ * it exits (a pthread key); NULL when out of memory. Its contents do not
+ * survive another caller on the same thread: a kernel uses it within one
+ * call. drive.c. */
+void *ie_kernel_scratch(size_t n);
+
 /* A float-weight tile: rows from w (wb bytes apart) against tokens from a
  * (as bytes apart) into y. */
 typedef void (*ie_ftile_fn)(const char *w, size_t wb, int64_t n_in, const char *a, size_t as, float *y,

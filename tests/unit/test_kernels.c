@@ -36,6 +36,8 @@
 
 #include <CUnit/Basic.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1151,6 +1153,36 @@ static void test_vec_ops_vs_ref(void)
     }
 }
 
+/* ie_kernel_scratch: 64-byte aligned, writable to its size, kept while
+ * big enough, grown (keeping the alignment) when asked for more, refused
+ * for sizes that cannot be had; another thread gets its own. */
+static void *scratch_other(void *p)
+{
+    *(void **)p = ie_kernel_scratch(64);
+    return NULL;
+}
+static void test_kernel_scratch(void)
+{
+    uint8_t *a = ie_kernel_scratch(1000);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(a);
+    CU_ASSERT_EQUAL((uintptr_t)a % 64, 0);
+    memset(a, 1, 1000);
+    CU_ASSERT_PTR_EQUAL(ie_kernel_scratch(10), a); /* big enough: the same block */
+    uint8_t *b = ie_kernel_scratch(3u << 20);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(b);
+    CU_ASSERT_EQUAL((uintptr_t)b % 64, 0);
+    memset(b, 2, 3u << 20);
+    CU_ASSERT_PTR_EQUAL(ie_kernel_scratch(1000), b);
+    CU_ASSERT_PTR_NULL(ie_kernel_scratch(SIZE_MAX));
+    CU_ASSERT_PTR_EQUAL(ie_kernel_scratch(1), b); /* a refusal keeps the block */
+    void *o = NULL;
+    pthread_t th;
+    CU_ASSERT_EQUAL_FATAL(pthread_create(&th, NULL, scratch_other, &o), 0);
+    pthread_join(th, NULL);
+    CU_ASSERT_PTR_NOT_NULL(o);
+    CU_ASSERT_PTR_NOT_EQUAL(o, b);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -1175,6 +1207,7 @@ int main(void)
     CU_add_test(s, "rope", test_rope);
     CU_add_test(s, "dot/axpy vs ref (all ISAs, every tail)", test_vec_ops_vs_ref);
     CU_add_test(s, "arg max == a scalar first-maximum scan (odd sizes, NaN, inf)", test_argmax);
+    CU_add_test(s, "kernel scratch: aligned, kept, grown, per thread", test_kernel_scratch);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     const unsigned fails = CU_get_number_of_failures();

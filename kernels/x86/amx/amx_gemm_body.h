@@ -84,9 +84,7 @@
  * tokens.
  */
 
-#include <pthread.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #define AMX_T 16  /* tokens per tile (A and C rows)                      */
@@ -483,34 +481,6 @@ ie_status_t IE_AMX_GEMM_NAME(const ie_pmat_t *m, int64_t r0, int64_t r1, const v
 /* One dequantized panel: n_in k in 16 rows of bf16. */
 #define AMX_UB_PANEL(n_in) ((size_t)(n_in)*32)
 
-static pthread_key_t amx_ub_key;
-static pthread_once_t amx_ub_once = PTHREAD_ONCE_INIT;
-static int amx_ub_key_ok;
-static void amx_ub_free(void *p) { free(p); }
-static void amx_ub_key_init(void) { amx_ub_key_ok = pthread_key_create(&amx_ub_key, amx_ub_free) == 0; }
-
-/* This thread's buffer of at least n bytes (64-byte aligned), kept for its
- * next calls and freed when it exits (a pthread key); NULL when out of
- * memory. */
-static uint8_t *amx_ub(size_t n)
-{
-    pthread_once(&amx_ub_once, amx_ub_key_init);
-    if (!amx_ub_key_ok) return NULL;
-    size_t *h = pthread_getspecific(amx_ub_key);
-    if (!h || h[0] < n) {
-        size_t *nh = aligned_alloc(64, 64 + (n + 63) / 64 * 64);
-        if (!nh) return NULL;
-        nh[0] = n;
-        if (pthread_setspecific(amx_ub_key, nh) != 0) {
-            free(nh);
-            return NULL;
-        }
-        free(h);
-        h = nh;
-    }
-    return (uint8_t *)h + 64;
-}
-
 #ifdef IE_AMX_AVX512
 /* the rounding of the explicit-rounding forms: a constant expression (clang) */
 #define AMX_RN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
@@ -672,16 +642,15 @@ static void amx_unpack_kq(ie_dtype_t t, const ie_kq_panel_t *g, int64_t n_in, co
 }
 #endif
 
-/* Panel p of m (I8W, I4W, I4WA or a k-quant) dequantized to BF16 PANEL16
- * bytes at out (AMX_UB_PANEL(m->n_in)): pair chunk c (k 2c, 2c+1) at out +
+/* Panel p of m (I8W, I4W, I4WA or a k-quant; its bytes at panel)
+ * dequantized to BF16 PANEL16 bytes at out (AMX_UB_PANEL(m->n_in)): pair chunk c (k 2c, 2c+1) at out +
  * 64c, dword i = row i; each value ie_pack_dequant_row's, rounded as
  * ie_f32_to_bf16 does (rows past n_out: zeros in the plain build, their
  * stored fields' values in the AVX-512 one; no caller reads them). The
  * plain build computes exactly that, row by row through tmp (n_in
  * floats): the AVX-512 one is tested against it bit for bit. */
-static void amx_unpack_bf16(const ie_pmat_t *m, int64_t p, uint8_t *out, float *tmp)
+static void amx_unpack_bf16(const ie_pmat_t *m, int64_t p, const uint8_t *panel, uint8_t *out, float *tmp)
 {
-    const uint8_t *panel = (const uint8_t *)m->data + (size_t)p * ie_pack_panel_bytes(m->dtype, m->group, m->n_in);
 #ifdef IE_AMX_AVX512
     (void)tmp;
     ie_kq_panel_t g;
@@ -820,12 +789,13 @@ ie_status_t IE_AMX_GEMM_BF16_NAME(const ie_pmat_t *m, int64_t r0, int64_t r1, co
     int64_t rb = (int64_t)(AMX_ROWBLK / hb);
     if (rb < 2) rb = 2;
     if (rb > p1 - p0) rb = p1 - p0;
-    uint8_t *ub = amx_ub((size_t)rb * hb + sizeof(float) * (size_t)n_in);
+    uint8_t *ub = ie_kernel_scratch((size_t)rb * hb + sizeof(float) * (size_t)n_in);
     if (!ub) return IE_ERR_NOMEM;
     float *tmp = (float *)(void *)(ub + (size_t)rb * hb);
     for (int64_t q0 = p0; q0 < p1; q0 += rb) {
         const int64_t q1 = q0 + rb < p1 ? q0 + rb : p1;
-        for (int64_t p = q0; p < q1; p++) amx_unpack_bf16(m, p, ub + (size_t)(p - q0) * hb, tmp);
+        for (int64_t p = q0; p < q1; p++)
+            amx_unpack_bf16(m, p, w + (size_t)p * pb, ub + (size_t)(p - q0) * hb, tmp);
         amx_bf16_rows(ub, hb, q0, q1, r1, n_in, act, a_stride, n_tok, y, ldy);
     }
     return IE_OK;
