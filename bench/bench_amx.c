@@ -22,6 +22,7 @@
 #include "ie_pack.h"
 #include "../kernels/src/ie_kernels_isa.h"
 #include "../kernels/x86/amx/amx_inl.h"
+#include "ie_clock.h"
 
 #include <immintrin.h>
 #include <pthread.h>
@@ -32,13 +33,6 @@
 #include <string.h>
 #include <time.h>
 #include <x86intrin.h>
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 
 /* tmm0..3 C 16 x 64 bytes, tmm4..5 A 16 x 64, tmm6..7 B 16 x 64. */
@@ -201,13 +195,13 @@ static void *gemm_thread(void *p)
             for (int r = 0; r < 4; r++)
                 for (int w = 0; w < arms; w++) {
                     pthread_barrier_wait(&run->bar);
-                    const double t0 = now_s();
+                    const double t0 = ie_now_s();
                     const ie_status_t st = w == 2
                                                ? ie_amx_gemm_bf16_hw(&m, 0, ROWS, d.ab, d.abs, toks[k], d.y, N_OUT)
                                            : w == 1 ? tiles(&m, 0, ROWS, d.a, d.as, toks[k], d.y, N_OUT)
                                                     : ie_matmul_packed_avx512(&m, 0, ROWS, d.a, d.as, toks[k], d.y,
                                                                               N_OUT);
-                    run->dt[ith] = now_s() - t0;
+                    run->dt[ith] = ie_now_s() - t0;
                     if (st != IE_OK) run->failed = 1;
                     pthread_barrier_wait(&run->bar);
                     double slowest = 0.0;
