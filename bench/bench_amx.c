@@ -31,9 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <x86intrin.h>
-
 
 /* tmm0..3 C 16 x 64 bytes, tmm4..5 A 16 x 64, tmm6..7 B 16 x 64. */
 static void configure(void)
