@@ -192,6 +192,7 @@ const char *ie_amx_emu_last_fault(void) { return g_fault_msg; }
 /* ---- the GEMM over the emulator */
 #define IE_AMX_GEMM_NAME ie_amx_gemm_emu
 #define IE_AMX_GEMM_BF16_NAME ie_amx_gemm_bf16_emu
+#define IE_AMX_MXFP4_NAME ie_amx_mxfp4_emu
 #include "amx_emu_ops.h"
 #include "../x86/amx/amx_gemm_body.h"
 

@@ -251,8 +251,10 @@ int ie_amx_route(ie_dtype_t wtype, int64_t n_tok)
     const int bf16 = ie_amx_emulated() || (ie_cpu_features() & IE_CPU_AMX_BF16);
     if (wtype == IE_DTYPE_BF16) return bf16 ? IE_AMX_ROUTE_BF16 : IE_AMX_ROUTE_AVX512;
     const int r = ie_amx_int_tiles();
-    if (r == IE_AMX_ROUTE_BF16) /* the int types and the k-quants, dequantized */
-        return bf16 && (ie_dtype_is_intw(wtype) || ie_dtype_is_kquant(wtype)) ? r : IE_AMX_ROUTE_AVX512;
+    if (r == IE_AMX_ROUTE_BF16) /* the int types, the k-quants and MXFP4, dequantized */
+        return bf16 && (ie_dtype_is_intw(wtype) || ie_dtype_is_kquant(wtype) || wtype == IE_DTYPE_MXFP4)
+                   ? r
+                   : IE_AMX_ROUTE_AVX512;
     return ie_dtype_is_intw(wtype) ? r : IE_AMX_ROUTE_AVX512; /* int8 tiles: the int types only */
 }
 
@@ -460,7 +462,7 @@ static const ie_kernels_t g_kernels[3] = {
         },
 };
 
-/* The AMX table: AVX-512's with the packed matmul on tiles. Made from
+/* The AMX table: AVX-512's with the packed matmul and MXFP4's on tiles. Made from
  * g_kernels[IE_ISA_AVX512] at run time so that an entry added to the
  * AVX-512 table is in it too (test_kernels checks the difference). */
 static ie_kernels_t g_amx;
@@ -472,6 +474,7 @@ static void amx_table_init(void)
     g_amx.isa = IE_ISA_AMX;
     g_amx.matmul_packed = ie_matmul_packed_amx;
     g_amx.matmul_packed_ranges = ie_matmul_packed_ranges_amx;
+    g_amx.matmul[IE_DTYPE_MXFP4] = ie_matmul_mxfp4_amx;
     g_amx.act_dtype = ie_act_dtype_amx;
 }
 

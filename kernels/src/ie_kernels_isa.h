@@ -395,7 +395,7 @@ enum {
 };
 
 /* The route of the AMX table's int weight types (I8W, I4W, I4WA; with
- * "bf16" the k-quants too) from IE_AMX_INT in the environment (read once):
+ * "bf16" the k-quants and MXFP4 too) from IE_AMX_INT in the environment (read once):
  * "1" or "int8" IE_AMX_ROUTE_I8, "bf16" IE_AMX_ROUTE_BF16, else (unset)
  * IE_AMX_ROUTE_AVX512. On the one Xeon
  * with AMX measured so far the int8 tiles ran slower than AVX-512 VNNI
@@ -407,9 +407,10 @@ int ie_amx_int_tiles(void);
  * step of n_tok tokens: AVX-512 below ie_amx_min_tok() tokens and for the
  * types without tiles; BF16 on the bf16 tiles where the CPU has AMX-BF16
  * (or they are emulated); the int types as ie_amx_int_tiles() says, and
- * the k-quants on its bf16 route (the int8 tiles have no k-quant GEMM),
- * the bf16 route only where the CPU has AMX-BF16. The one rule the AMX
- * table's matmul_packed and act_dtype (pack_amx.c) share. */
+ * the k-quants and MXFP4 on its bf16 route (the int8 tiles have no GEMM
+ * for them), the bf16 route only where the CPU has AMX-BF16. The one rule
+ * the AMX table's matmul_packed, MXFP4 slot and act_dtype (pack_amx.c)
+ * share. */
 int ie_amx_route(ie_dtype_t wtype, int64_t n_tok);
 
 /* 1 if the AMX table runs on the tile emulator: IE_AMX_EMULATE=1 in the
@@ -423,13 +424,15 @@ int ie_amx_emulated(void);
  * permission, checked by dispatch.c): AMX-INT8 tiles for I8W x Q16_P and
  * I4W, I4WA x Q8_P, AMX-BF16 tiles for BF16 (where the CPU has them) when
  * n_tok >= IE_AMX_MIN_TOK, else (and for every other dtype)
- * ie_matmul_packed_avx512 / _ranges_avx512. Contracts of the table
- * entries. */
+ * ie_matmul_packed_avx512 / _ranges_avx512; the MXFP4 slot on the bf16
+ * tiles where ie_amx_route says so. Contracts of the table entries. */
 ie_status_t ie_matmul_packed_amx(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                  int64_t n_tok, float *y, int64_t ldy);
 ie_status_t ie_matmul_packed_ranges_amx(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
                                         size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
 ie_dtype_t ie_act_dtype_amx(ie_dtype_t wtype, int packed, int64_t n_tok);
+void ie_matmul_mxfp4_amx(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                         int64_t n_tok, float *y, int64_t ldy);
 
 /* The tile GEMM itself (amx_gemm_body.h), for any n_tok: matmul_packed's
  * contract for I8W, I4W, I4WA (IE_ERR_UNSUPPORTED for another dtype), with
@@ -463,6 +466,18 @@ ie_status_t ie_amx_gemm_bf16_hw(const ie_pmat_t *m, int64_t r0, int64_t r1, cons
                                 int64_t n_tok, float *y, int64_t ldy);
 ie_status_t ie_amx_gemm_bf16_emu(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                  int64_t n_tok, float *y, int64_t ldy);
+
+/* The MXFP4 GEMM on the AMX-BF16 tiles (amx_gemm_body.h): ie_matmul_fn's
+ * contract for MXFP4 ROWS weights (rows [r0, r1), any r0) and BF16
+ * activation rows, any n_tok; each weight exactly ref's value (bf16 holds
+ * every MXFP4 value; subnormals flushed, as the tiles read them), f32 sums
+ * of the products in k order. A 128 KiB buffer on the stack, nothing
+ * allocated. _hw: IE_ERR_UNSUPPORTED, touching nothing, without AMX or
+ * AMX-BF16, else IE_OK; _emu: over the emulator, any CPU. */
+ie_status_t ie_amx_mxfp4_hw(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                            int64_t n_tok, float *y, int64_t ldy);
+void ie_amx_mxfp4_emu(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                      int64_t n_tok, float *y, int64_t ldy);
 
 /* The tile emulator (amx_emu.c), this thread's state: ldtilecfg (64-byte
  * palette-0/1 config), tilerelease, tilezero, tileloadd, tilestored and

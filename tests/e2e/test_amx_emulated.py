@@ -11,7 +11,8 @@ IE_AMX_INT=bf16 dequantized onto the bf16 tiles) must give the logits of
 the AVX-512 path within the noise
 between two ISAs (AVX2 against AVX-512: activation quantization turns f32
 summation-order differences into flipped quants), for the stored Q4_1
-weights (int4w_affine), int8w and bf16.
+weights (int4w_affine), int8w and bf16; the k-quants and GPT-OSS's MXFP4
+experts on the bf16 route (IE_AMX_INT=bf16).
 
 Without AVX-512 the emulated path cannot run (the amx table is AVX-512's):
 those tests are skipped, saying so. On a CPU with AMX the same checks run
@@ -168,3 +169,54 @@ def test_emulated_bf16_route_kquants(name, tmp_path):
 @pytest.mark.parametrize("name", KQ_MODELS)
 def test_real_amx_bf16_route_kquants(name, tmp_path):
     check_kq_route(name, tmp_path, emulate=False)
+
+
+def gptoss_route_logits(ids, tmp: Path, mode: str, emulate: bool):
+    """tiny_gptoss.gguf (MXFP4 experts) on the amx table with IE_AMX_INT=bf16
+    and IE_AMX_MIN_TOK=1: every expert matmul, whatever its token count (a
+    tiny prompt gives an expert a few tokens), on the MXFP4 bf16 tiles."""
+    out = tmp / f"gptoss_amx_{mode}.bin"
+    env = dict(os.environ, IE_ISA="amx", IE_AMX_INT="bf16", IE_AMX_MIN_TOK="1")
+    env.pop("IE_AMX_EMULATE", None)
+    if emulate:
+        env["IE_AMX_EMULATE"] = "1"
+    r = subprocess.run([str(binary("inference-engine")), "logits", "--model", str(fixture_path("tiny_gptoss.gguf")),
+                        "--ids", ",".join(map(str, ids)), "--threads", str(THREADS), "--mode", mode,
+                        "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr
+    return np.fromfile(out, dtype=np.float32).reshape(len(ids), -1)
+
+
+def check_gptoss_mxfp4_route(tmp_path, mode, emulate):
+    """MXFP4 experts on the bf16 tiles hold ref's weights exactly and round the
+    activations to bf16 (the AVX-512 path: Q8_0): against transformers on the
+    stored weights, test_forward_gptoss.py's bounds for the native quantized
+    path (median row error <= 0.03 of the largest logit, at most 2 of 32
+    positions above 0.05 where a router near-tie flips, argmax >= 90%).
+    A wrong nibble, exponent or transposed pair moves every position by far
+    more."""
+    d = np.load(fixture_path("tiny_gptoss_mxfp4/expected.npz"))
+    ids, ref = d["ids"], d["logits"]
+    amx = gptoss_route_logits(ids, tmp_path, mode, emulate)
+    rel = np.max(np.abs(amx - ref), axis=-1) / np.max(np.abs(ref), axis=-1)
+    agree = np.mean(amx.argmax(-1) == ref.argmax(-1))
+    print(f"\n  gpt-oss mxfp4 route ({mode}): median rel {np.median(rel):.4g}, max {rel.max():.4g}, "
+          f"argmax {agree:.2f}")
+    assert np.all(np.isfinite(amx))
+    assert np.median(rel) <= 0.03
+    assert int(np.sum(rel > 0.05)) <= 2, rel
+    assert agree >= 0.90
+
+
+@pytest.mark.skipif(not HAS_AVX512 or HAS_AMX,
+                    reason="the amx table is AVX-512's (no AVX-512 VNNI here)" if not HAS_AVX512
+                    else "this CPU has AMX: test_real_amx_mxfp4_experts runs the tiles")
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_emulated_amx_mxfp4_experts(mode, tmp_path):
+    check_gptoss_mxfp4_route(tmp_path, mode, emulate=True)
+
+
+@pytest.mark.skipif(not HAS_AMX, reason="no AMX on this CPU (amx_tile/amx_int8 absent from /proc/cpuinfo)")
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_real_amx_mxfp4_experts(mode, tmp_path):
+    check_gptoss_mxfp4_route(tmp_path, mode, emulate=False)

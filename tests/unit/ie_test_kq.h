@@ -1,5 +1,5 @@
-/* ie_test_kq.h — random k-quant matrices in PANEL16 for the tests of the
- * packed GEMMs (test-only, header: each suite is its own executable).
+/* ie_test_kq.h — random k-quant matrices in PANEL16 (and MXFP4 ones in
+ * ROWS) for the tests of the GEMMs (test-only, header: each suite is its own executable).
  * Needs ie_test_rng.h and kernels/src/ie_kernels_isa.h included first. */
 #ifndef IE_TEST_KQ_H
 #define IE_TEST_KQ_H
@@ -61,6 +61,19 @@ static inline void *ie_test_kq_random(ie_dtype_t t, int64_t n_in, int64_t n_out)
         return NULL;
     }
     return dst;
+}
+
+/* An n_out x n_in MXFP4 matrix (ROWS, ggml blocks; malloc, free()) of
+ * random bytes: every code, block exponents e uniform in [e_lo, e_hi]. */
+static inline uint8_t *ie_test_mxfp4_random(int64_t n_in, int64_t n_out, int e_lo, int e_hi)
+{
+    const size_t n = ie_dtype_row_bytes(IE_DTYPE_MXFP4, n_in) * (size_t)n_out;
+    uint8_t *w = malloc(n + 1);
+    if (!w) return NULL;
+    for (size_t i = 0; i < n; i++) w[i] = (uint8_t)rng_u32();
+    for (size_t i = 0; i < n; i += sizeof(ie_block_mxfp4_t))
+        w[i] = (uint8_t)(e_lo + (int)(rng_u32() % (uint32_t)(e_hi - e_lo + 1)));
+    return w;
 }
 
 #endif

@@ -501,6 +501,138 @@ static void test_gemm_int_bf16_exact(void)
     CU_ASSERT_EQUAL(bad, 0);
 }
 
+/* ---------------------------------------------- MXFP4 on the bf16 tiles */
+
+/* The MXFP4 GEMM under test: the emulated one, or the real one (--hw). */
+static ie_status_t mxfp4_gemm(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                              int64_t n_tok, float *y, int64_t ldy)
+{
+    if (g_hw) return ie_amx_mxfp4_hw(w, n_in, r0, r1, a, as, n_tok, y, ldy);
+    ie_amx_mxfp4_emu(w, n_in, r0, r1, a, as, n_tok, y, ldy);
+    return IE_OK;
+}
+
+/* y (ldy apart) of MXFP4 rows w [r0, r1) x BF16 rows a (as apart) against
+ * the exact sums (double) of ref's weight values times the activations:
+ * within n_in * 2^-24 of the sum of |terms| (f32 accumulation; every
+ * weight is exact in bf16, no subnormal ones here), rows outside [r0, r1)
+ * still NaN. Returns the number of bad values. */
+static int check_mxfp4_y(const uint8_t *w, int64_t n_in, int64_t r0, int64_t r1, const uint8_t *a, size_t as,
+                         int64_t n_tok, const float *y, int64_t ldy)
+{
+    const size_t rb = ie_dtype_row_bytes(IE_DTYPE_MXFP4, n_in);
+    float *wrow = xmalloc(sizeof(float) * (size_t)n_in);
+    int bad = 0;
+    for (int64_t r = 0; r < ldy; r++) {
+        const int in = r >= r0 && r < r1;
+        if (in) ie_dequantize_row(IE_DTYPE_MXFP4, w + (size_t)r * rb, wrow, n_in);
+        for (int64_t t = 0; t < n_tok; t++) {
+            const float v = y[t * ldy + r];
+            if (!in) {
+                bad += !isnan(v);
+                continue;
+            }
+            double S = 0.0, T = 0.0;
+            for (int64_t k = 0; k < n_in; k++) {
+                ie_bf16_t h;
+                memcpy(&h, a + t * as + 2 * k, 2);
+                const double p = (double)wrow[k] * ie_bf16_to_f32(h);
+                S += p;
+                T += fabs(p);
+            }
+            const double tol = (double)n_in * ldexp(1.0, -24) * T + 1e-30;
+            if (!(fabs(v - S) <= tol)) {
+                if (bad < 5)
+                    fprintf(stderr,
+                            "\n  mxfp4 rows [%lld, %lld) x %lld tok %lld row %lld: y %.9g want %.9g tol %.3g",
+                            (long long)r0, (long long)r1, (long long)n_in, (long long)t, (long long)r, v, S, tol);
+                bad++;
+            }
+        }
+    }
+    free(wrow);
+    return bad;
+}
+
+/* MXFP4 rows x BF16 rows on the tiles: odd row counts and starts (r0 need
+ * not be a panel's), token tails, rows of one k-chunk (64 blocks), of two
+ * with a one-block tail (65) and GPT-OSS's 2880 (90 blocks: C carried
+ * through y between chunks). */
+static void test_gemm_mxfp4_shapes(void)
+{
+    static const int64_t nins[] = {32, 96, 2048, 2080, 2880};
+    static const int64_t nouts[] = {1, 17, 40};
+    static const int64_t ntoks[] = {1, 16, 19, 45};
+    int bad = 0, n = 0;
+    for (size_t ii = 0; ii < 5; ii++)
+        for (size_t oi = 0; oi < 3; oi++)
+            for (size_t ki = 0; ki < 4; ki++) {
+                const int64_t n_in = nins[ii], n_out = nouts[oi], n_tok = ntoks[ki], ldy = n_out + 3;
+                const int64_t r0 = n_out > 16 && ki % 2 ? 5 : 0, r1 = n_out > 16 && ki == 2 ? n_out - 3 : n_out;
+                rng_seed(9000 + n);
+                uint8_t *w = ie_test_mxfp4_random(n_in, n_out, 112, 130);
+                CU_ASSERT_PTR_NOT_NULL_FATAL(w);
+                float *x = xmalloc(sizeof(float) * (size_t)(n_in * n_tok));
+                rng_fill(x, n_in * n_tok);
+                const size_t as = 2 * (size_t)n_in + 64;
+                uint8_t *a = xmalloc(as * (size_t)n_tok);
+                for (int64_t t = 0; t < n_tok; t++)
+                    ie_act_quantize_ref(IE_DTYPE_BF16, x + t * n_in, a + t * as, n_in);
+                float *y = xmalloc(sizeof(float) * (size_t)(ldy * n_tok));
+                for (int64_t i = 0; i < ldy * n_tok; i++) y[i] = NAN;
+                ie_amx_emu_faults();
+                CU_ASSERT_EQUAL_FATAL(mxfp4_gemm(w, n_in, r0, r1, a, as, n_tok, y, ldy), IE_OK);
+                if (!g_hw) CU_ASSERT_EQUAL(ie_amx_emu_faults(), 0);
+                bad += check_mxfp4_y(w, n_in, r0, r1, a, as, n_tok, y, ldy);
+                n++;
+                free(w), free(x), free(a), free(y);
+            }
+    CU_ASSERT_EQUAL(bad, 0);
+    printf("\n  %d shapes ", n);
+}
+
+/* The dequantized values, exactly: one-hot tokens (bf16 1.0 at k = t) make
+ * y[t][r] the bf16 weight (r, t); it must be ie_dequantize_row's value,
+ * subnormals zero, for every code and block exponents from 0 (2^-128:
+ * subnormal products) to 252 (the largest with every product finite). */
+static void test_gemm_mxfp4_exact(void)
+{
+    static const uint8_t es[] = {0, 1, 2, 3, 100, 127, 128, 200, 252};
+    const int64_t n_in = 128, n_out = 37, n_tok = n_in;
+    rng_seed(93);
+    uint8_t *w = ie_test_mxfp4_random(n_in, n_out, 0, 0);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(w);
+    const size_t rb = ie_dtype_row_bytes(IE_DTYPE_MXFP4, n_in);
+    for (int64_t r = 0; r < n_out; r++)
+        for (int64_t b = 0; b < n_in / 32; b++)
+            w[(size_t)r * rb + sizeof(ie_block_mxfp4_t) * (size_t)b] = es[(r * 4 + b) % 9];
+    const size_t as = 2 * (size_t)n_in;
+    uint8_t *a = xmalloc(as * n_tok);
+    memset(a, 0, as * n_tok);
+    const ie_bf16_t one = ie_f32_to_bf16(1.0f);
+    for (int64_t t = 0; t < n_tok; t++) memcpy(a + t * as + 2 * t, &one, 2);
+    float *y = xmalloc(sizeof(float) * n_out * n_tok), *wrow = xmalloc(sizeof(float) * n_in);
+    CU_ASSERT_EQUAL_FATAL(mxfp4_gemm(w, n_in, 0, n_out, a, as, n_tok, y, n_out), IE_OK);
+    int bad = 0, sub = 0;
+    for (int64_t r = 0; r < n_out; r++) {
+        ie_dequantize_row(IE_DTYPE_MXFP4, w + (size_t)r * rb, wrow, n_in);
+        for (int64_t k = 0; k < n_in; k++) {
+            const int tiny = fpclassify(wrow[k]) == FP_SUBNORMAL;
+            const float want = tiny ? 0.0f : wrow[k], got = y[k * n_out + r];
+            sub += tiny;
+            if (!(want == got) || ie_bf16_to_f32(ie_f32_to_bf16(want)) != want) {
+                if (bad < 5)
+                    fprintf(stderr, "\n  mxfp4 row %lld k %lld: %.9g want %.9g", (long long)r, (long long)k, got,
+                            want);
+                bad++;
+            }
+        }
+    }
+    CU_ASSERT(sub > 0); /* the subnormal case was met */
+    CU_ASSERT_EQUAL(bad, 0);
+    free(w), free(a), free(y), free(wrow);
+}
+
 /* Another dtype: IE_ERR_UNSUPPORTED; bad shapes: IE_ERR_INVAL. */
 static void test_gemm_bad_args(void)
 {
@@ -557,7 +689,8 @@ static void test_emu_release_behind_back(void)
 
 /* ------------------------------------------------------------ dispatch */
 
-/* The AMX table is AVX-512's but for the packed matmul; "amx" is its name;
+/* The AMX table is AVX-512's but for the packed matmul and the MXFP4 slot;
+ * "amx" is its name;
  * IE_ISA=amx returns AMX even where it cannot run (the worker then fails
  * with the reason), IE_ISA=avx512 still picks AVX-512. */
 static void test_dispatch(void)
@@ -573,7 +706,9 @@ static void test_dispatch(void)
     same.matmul_packed = x->matmul_packed;
     same.matmul_packed_ranges = x->matmul_packed_ranges;
     same.act_dtype = x->act_dtype;
+    same.matmul[IE_DTYPE_MXFP4] = x->matmul[IE_DTYPE_MXFP4];
     CU_ASSERT(k->act_dtype == ie_act_dtype_amx);
+    CU_ASSERT(k->matmul[IE_DTYPE_MXFP4] == ie_matmul_mxfp4_amx);
     CU_ASSERT(memcmp(&same, x, sizeof same) == 0);
 
     const int amx = ie_isa_supported(IE_ISA_AMX);
@@ -601,6 +736,7 @@ static void test_dispatch(void)
         CU_ASSERT_EQUAL(ie_amx_gemm_hw(&m, 0, 1, a, 64, 1, &y, 1, NULL), IE_ERR_UNSUPPORTED);
         CU_ASSERT_EQUAL(ie_amx_gemm_bf16_hw(&m, 0, 1, a, 64, 1, &y, 1), IE_ERR_UNSUPPORTED);
         CU_ASSERT_EQUAL(ie_amx_peak_run(64, 1), IE_ERR_UNSUPPORTED);
+        CU_ASSERT_EQUAL(ie_amx_mxfp4_hw(w, 32, 0, 1, a, 64, 1, &y, 1), IE_ERR_UNSUPPORTED);
         CU_ASSERT_EQUAL(y, 1.0f);
     }
     printf("\n  amx: %s ", ie_amx_emulated() ? "emulated (IE_AMX_EMULATE=1)" : amx ? "supported" : why);
@@ -716,6 +852,44 @@ static void test_hw_table(void)
     CU_ASSERT_EQUAL(bad, 0);
 }
 
+/* The AMX table's MXFP4 slot (ROWS) with the activation rows its
+ * act_dtype names, at 1, 5, 16 and 37 tokens: on the bf16 route (BF16
+ * rows) against the exact sums, else (Q8_0 rows) equal to the AVX-512
+ * kernel bit for bit. */
+static void test_table_mxfp4(void)
+{
+    const ie_kernels_t *k = ie_kernels_get(IE_ISA_AMX);
+    CU_ASSERT_PTR_NOT_NULL_FATAL(k);
+    static const int64_t toks[] = {1, 5, 16, 37};
+    int bad = 0, tiles = 0;
+    for (int ni = 0; ni < 4; ni++) {
+        const int64_t n_in = 2880, n_out = 100, n_tok = toks[ni];
+        const ie_dtype_t at = ie_kernels_act_dtype(k, IE_DTYPE_MXFP4, 0, n_tok);
+        const int route = ie_amx_route(IE_DTYPE_MXFP4, n_tok) == IE_AMX_ROUTE_BF16;
+        CU_ASSERT_EQUAL(at, route ? IE_DTYPE_BF16 : IE_DTYPE_Q8_0);
+        tiles += route;
+        rng_seed(177 + ni);
+        uint8_t *w = ie_test_mxfp4_random(n_in, n_out, 115, 128);
+        CU_ASSERT_PTR_NOT_NULL_FATAL(w);
+        float *x = xmalloc(sizeof(float) * n_in * n_tok);
+        rng_fill(x, n_in * n_tok);
+        const size_t as = ie_dtype_row_bytes(at, n_in);
+        uint8_t *a = xmalloc(as * n_tok);
+        for (int64_t t = 0; t < n_tok; t++) ie_act_quantize_ref(at, x + t * n_in, a + t * as, n_in);
+        float *y1 = xmalloc(sizeof(float) * n_out * n_tok), *y2 = xmalloc(sizeof(float) * n_out * n_tok);
+        CU_ASSERT_EQUAL(ie_kernels_matmul(k, IE_DTYPE_MXFP4, w, n_in, 0, n_out, a, as, n_tok, y1, n_out), IE_OK);
+        if (route) {
+            bad += check_mxfp4_y(w, n_in, 0, n_out, a, as, n_tok, y1, n_out);
+        } else {
+            ie_matmul_mxfp4_q8_0_avx512(w, n_in, 0, n_out, a, as, n_tok, y2, n_out);
+            bad += memcmp(y1, y2, sizeof(float) * n_out * n_tok) != 0;
+        }
+        free(w), free(x), free(a), free(y1), free(y2);
+    }
+    CU_ASSERT_EQUAL(bad, 0);
+    printf("\n  %d of 4 steps on the tiles ", tiles);
+}
+
 int main(int argc, char **argv)
 {
     const int hw = argc > 1 && strcmp(argv[1], "--hw") == 0;
@@ -748,6 +922,8 @@ int main(int argc, char **argv)
         CU_add_test(s, "int types, k-quants on bf16 tiles vs ref: odd shapes, tails", test_gemm_int_bf16_shapes);
         CU_add_test(s, "int types, k-quants on bf16 tiles: the dequantized values, exactly",
                     test_gemm_int_bf16_exact);
+        CU_add_test(s, "mxfp4 rows on bf16 tiles vs exact sums: odd shapes, k-chunks", test_gemm_mxfp4_shapes);
+        CU_add_test(s, "mxfp4 rows on bf16 tiles: the values, exactly (subnormals zero)", test_gemm_mxfp4_exact);
     }
     CU_add_test(s, "gemm bad args", test_gemm_bad_args);
     CU_add_test(s, "gemm on new threads (lazy per-thread config)", test_gemm_threads);
@@ -755,10 +931,13 @@ int main(int argc, char **argv)
         CU_add_test(s, "tiles released behind the kernel's back fault", test_emu_release_behind_back);
         CU_add_test(s, "dispatch: table, names, IE_ISA=amx", test_dispatch);
         CU_add_test(s, "small steps: AMX table == AVX-512 bit for bit", test_small_steps_avx512);
-        if (ie_amx_emulated())
+        if (ie_amx_emulated()) {
             CU_add_test(s, "AMX table matmul_packed (emulated) vs ref (1-37 tokens)", test_hw_table);
+            CU_add_test(s, "AMX table mxfp4 slot (emulated), its activation rows (1-37 tokens)", test_table_mxfp4);
+        }
     } else {
         CU_add_test(s, "AMX table matmul_packed vs ref (1-37 tokens)", test_hw_table);
+        if (bf16) CU_add_test(s, "AMX table mxfp4 slot, its activation rows (1-37 tokens)", test_table_mxfp4);
     }
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();

@@ -20,12 +20,15 @@
 
 #define IE_AMX_GEMM_NAME emu512_gemm
 #define IE_AMX_GEMM_BF16_NAME emu512_gemm_bf16
+#define IE_AMX_MXFP4_NAME emu512_mxfp4
 #define IE_AMX_AVX512 1
 #include "../../kernels/src/amx_emu_ops.h"
 static ie_status_t emu512_gemm(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                int64_t n_tok, float *y, int64_t ldy, int32_t *isums);
 static ie_status_t emu512_gemm_bf16(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                     int64_t n_tok, float *y, int64_t ldy);
+static void emu512_mxfp4(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                         int64_t n_tok, float *y, int64_t ldy);
 #include "../../kernels/x86/amx/amx_gemm_body.h"
 
 /* I4W / I4WA (and I8W, its own path) x groups 32 / 64 x odd shapes, full
@@ -183,6 +186,49 @@ static void test_kq_bf16_unpack_vs_plain(void)
     CU_ASSERT_EQUAL(bad, 0);
 }
 
+/* MXFP4 rows on the bf16 tiles: the AVX-512 dequantization (table lookup,
+ * power-of-two scale, vcvtne2ps2bf16, the 16 x 16 transpose into pairs)
+ * against the plain build's (ie_dequantize_row, rounded, subnormals
+ * zero): y equal bit for bit over random codes, block exponents over
+ * their whole range (0: subnormal products; up to 252: all finite), odd
+ * starts and row tails, several k-chunks. */
+static void test_mxfp4_bf16_vs_plain(void)
+{
+    static const int64_t nis[] = {32, 2080, 2880}, nos[] = {5, 16, 37};
+    static const int64_t nts[] = {1, 17};
+    int bad = 0, cases = 0;
+    for (int ii = 0; ii < 3; ii++)
+        for (int oi = 0; oi < 3; oi++)
+            for (int ki = 0; ki < 2; ki++) {
+                const int64_t n_in = nis[ii], n_out = nos[oi], n_tok = nts[ki], r0 = oi == 2 ? 3 : 0;
+                const size_t as = ie_dtype_row_bytes(IE_DTYPE_BF16, n_in);
+                rng_seed(9500 + cases);
+                uint8_t *w = ie_test_mxfp4_random(n_in, n_out, 0, 252);
+                float *x = malloc(sizeof(float) * n_in * n_tok), *y1 = malloc(sizeof(float) * n_out * n_tok),
+                      *y2 = malloc(sizeof(float) * n_out * n_tok);
+                uint8_t *a = malloc(as * n_tok);
+                CU_ASSERT_FATAL(w && x && y1 && y2 && a);
+                /* activations of ~2^-120: products of the large weights stay finite */
+                for (int64_t i = 0; i < n_in * n_tok; i++) x[i] = ldexpf(rng_f(), -120);
+                for (int64_t t = 0; t < n_tok; t++)
+                    ie_act_quantize_ref(IE_DTYPE_BF16, x + t * n_in, a + t * as, n_in);
+                memset(y1, 0, sizeof(float) * n_out * n_tok);
+                memset(y2, 0, sizeof(float) * n_out * n_tok);
+                emu512_mxfp4(w, n_in, r0, n_out, a, as, n_tok, y1, n_out);
+                ie_amx_mxfp4_emu(w, n_in, r0, n_out, a, as, n_tok, y2, n_out);
+                if (ie_amx_emu_faults() != 0 || memcmp(y1, y2, sizeof(float) * n_out * n_tok) != 0) {
+                    if (bad < 5)
+                        fprintf(stderr, "\n  mxfp4 %lldx%lld, %lld tokens: AVX-512 dequant != plain",
+                                (long long)n_out, (long long)n_in, (long long)n_tok);
+                    bad++;
+                }
+                cases++;
+                free(w), free(x), free(y1), free(y2), free(a);
+            }
+    printf("\n  %d shapes ", cases);
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
 int main(void)
 {
     if (!ie_isa_supported(IE_ISA_AVX512)) {
@@ -195,6 +241,7 @@ int main(void)
     if (ie_cpu_features() & IE_CPU_AVX512_BF16) {
         CU_add_test(s, "int types on bf16 tiles: AVX-512 dequant == plain C", test_int_bf16_unpack_vs_plain);
         CU_add_test(s, "k-quants on bf16 tiles: AVX-512 dequant == plain C", test_kq_bf16_unpack_vs_plain);
+        CU_add_test(s, "mxfp4 rows on bf16 tiles: AVX-512 dequant == plain C", test_mxfp4_bf16_vs_plain);
     } else printf("AVX512_BF16 absent (vcvtne2ps2bf16): the bf16 route's dequantization is not checked here\n");
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();

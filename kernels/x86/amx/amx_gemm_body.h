@@ -14,6 +14,7 @@
  *   IE_AMX_DPBUUD(c, a, b)      tdpbuud: c += a (u8) . b (u8)
  *   IE_AMX_GEMM_BF16_NAME       name of the BF16 GEMM to define
  *   IE_AMX_DPBF16PS(c, a, b)    tdpbf16ps: c (f32) += a (bf16 pairs) . b
+ *   IE_AMX_MXFP4_NAME           name of the MXFP4 (ROWS) GEMM on the BF16 tiles
  *   IE_AMX_AVX512               (optional) the I4 path's unpack and epilogue,
  *                               and the bf16 route's dequantization, in
  *                               AVX-512 + AVX512_BF16 (else plain C: the
@@ -703,15 +704,15 @@ static void amx_configure_bf16(int mt0, int mt1)
 }
 
 /* The BF16 tile loop over panels [q0, q1) (panel p's BF16 PANEL16 bytes at
- * w + (p - q0) * pb): two token tiles x two panels per step, four C tiles
- * over all of k, each A and B tile loaded once for two tdps (the 1x2 loop
- * it replaces loaded a B tile for every tdp, and the B tiles come from L2:
+ * w + (p - q0) * pb, ns k-slabs of 32; act: the rows' first k of those
+ * slabs): two token tiles x two panels per step, four C tiles over the ns
+ * slabs, each A and B tile loaded once for two tdps (the 1x2 loop it
+ * replaces loaded a B tile for every tdp, and the B tiles come from L2:
  * 481 GOP/s on one core was ~18% of the tdp rate), each C stored into y
- * once. */
-static void amx_bf16_rows(const uint8_t *w, size_t pb, int64_t q0, int64_t q1, int64_t r1, int64_t n_in,
-                          const uint8_t *act, size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
+ * once; acc: C starts from y (the sums of earlier slabs), else from 0. */
+static void amx_bf16_rows(const uint8_t *w, size_t pb, int64_t q0, int64_t q1, int64_t r1, int64_t ns,
+                          const uint8_t *act, size_t a_stride, int64_t n_tok, float *y, int64_t ldy, int acc)
 {
-    const int64_t ns = n_in / 32; /* k-slabs of 32 */
     _Alignas(64) float c[AMX_T][16];
     for (int64_t t0 = 0; t0 < n_tok; t0 += 2 * AMX_T) {
         const int mt0 = n_tok - t0 < AMX_T ? (int)(n_tok - t0) : AMX_T;
@@ -722,10 +723,32 @@ static void amx_bf16_rows(const uint8_t *w, size_t pb, int64_t q0, int64_t q1, i
         for (int64_t p = q0; p < q1; p += 2) {
             const int two = p + 1 < q1, both = mt1 > 0;
             const uint8_t *panel = w + (size_t)(p - q0) * pb;
-            IE_AMX_ZERO(AMX_BC00);
-            if (two) IE_AMX_ZERO(AMX_BC01);
-            if (both) IE_AMX_ZERO(AMX_BC10);
-            if (both && two) IE_AMX_ZERO(AMX_BC11);
+            if (!acc) {
+                IE_AMX_ZERO(AMX_BC00);
+                if (two) IE_AMX_ZERO(AMX_BC01);
+                if (both) IE_AMX_ZERO(AMX_BC10);
+                if (both && two) IE_AMX_ZERO(AMX_BC11);
+            } else { /* the sums of the earlier k-slabs, from y */
+                for (int v = 0; v <= both; v++)
+                    for (int h = 0; h <= two; h++) {
+                        const int64_t rows = r1 - (p + h) * IE_PANEL;
+                        const int nr = rows < IE_PANEL ? (int)rows : IE_PANEL, mt = v ? mt1 : mt0;
+                        const float *yp = y + (t0 + AMX_T * v) * ldy + (p + h) * IE_PANEL;
+                        const float *src = yp;
+                        size_t ss = (size_t)ldy * sizeof(float);
+                        if (nr < IE_PANEL) {
+                            memset(c, 0, sizeof c);
+                            for (int t = 0; t < mt; t++)
+                                memcpy(c[t], yp + (int64_t)t * ldy, sizeof(float) * (size_t)nr);
+                            src = &c[0][0];
+                            ss = sizeof c[0];
+                        }
+                        if (v == 0 && h == 0) IE_AMX_LOAD(AMX_BC00, src, ss);
+                        else if (v == 0) IE_AMX_LOAD(AMX_BC01, src, ss);
+                        else if (h == 0) IE_AMX_LOAD(AMX_BC10, src, ss);
+                        else IE_AMX_LOAD(AMX_BC11, src, ss);
+                    }
+            }
             for (int64_t k = 0; k < ns; k++) {
                 IE_AMX_LOAD(AMX_BA0, a0 + 64 * (size_t)k, a_stride);
                 IE_AMX_LOAD(AMX_BB0, panel + 1024 * (size_t)k, 64);
@@ -779,7 +802,7 @@ ie_status_t IE_AMX_GEMM_BF16_NAME(const ie_pmat_t *m, int64_t r0, int64_t r1, co
         if (rb < 1) rb = 1;
         for (int64_t q0 = p0; q0 < p1; q0 += rb) {
             const int64_t q1 = q0 + rb < p1 ? q0 + rb : p1;
-            amx_bf16_rows(w + (size_t)q0 * pb, pb, q0, q1, r1, n_in, act, a_stride, n_tok, y, ldy);
+            amx_bf16_rows(w + (size_t)q0 * pb, pb, q0, q1, r1, n_in / 32, act, a_stride, n_tok, y, ldy, 0);
         }
         return IE_OK;
     }
@@ -796,7 +819,125 @@ ie_status_t IE_AMX_GEMM_BF16_NAME(const ie_pmat_t *m, int64_t r0, int64_t r1, co
         const int64_t q1 = q0 + rb < p1 ? q0 + rb : p1;
         for (int64_t p = q0; p < q1; p++)
             amx_unpack_bf16(m, p, w + (size_t)p * pb, ub + (size_t)(p - q0) * hb, tmp);
-        amx_bf16_rows(ub, hb, q0, q1, r1, n_in, act, a_stride, n_tok, y, ldy);
+        amx_bf16_rows(ub, hb, q0, q1, r1, n_in / 32, act, a_stride, n_tok, y, ldy, 0);
     }
     return IE_OK;
+}
+
+/* -------------------------------------------- MXFP4 on the BF16 tiles */
+
+/* MXFP4 (GPT-OSS's experts, ROWS layout) on the bf16 route: every value
+ * kv[code] * 2^(e-128) is exact in bf16 (kv has at most two significant
+ * bits), so B holds ref's weights themselves and only the activations are
+ * rounded (to bf16, against ref's Q8_0). Unlike the panel types the rows
+ * lie in ggml's blocks (17 bytes: e, 16 bytes of nibble pairs: element j
+ * low, j + 16 high), so each 16-row slab is transposed into the pair
+ * layout. The buffer is two panels x AMX_KCM blocks on the stack (no
+ * allocation: ie_matmul_fn cannot fail); longer rows run in k-chunks, C
+ * carried in y between them. */
+#define AMX_KCM 64 /* blocks per k-chunk: 2 panels x 64 KiB of bf16 */
+
+#ifdef IE_AMX_AVX512
+/* r[i] (dword j: the pair k 2j, 2j+1 of row i) transposed in place: r[j]
+ * dword i = the same pair. Unpacks of dwords and qwords within 128-bit
+ * lanes, then a 4x4 transpose of the lanes. */
+static inline void amx_tr16(__m512i r[16])
+{
+    __m512i t[16], u[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int g = 0; g < 4; g++) { /* u[4g + j], lane l: dword 4l + j of rows 4g..4g+3 */
+        u[4 * g] = _mm512_unpacklo_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 1] = _mm512_unpackhi_epi64(t[4 * g], t[4 * g + 2]);
+        u[4 * g + 2] = _mm512_unpacklo_epi64(t[4 * g + 1], t[4 * g + 3]);
+        u[4 * g + 3] = _mm512_unpackhi_epi64(t[4 * g + 1], t[4 * g + 3]);
+    }
+    for (int j = 0; j < 4; j++) {
+        const __m512i x0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44),
+                      x1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xee);
+        const __m512i x2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44),
+                      x3 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xee);
+        r[j] = _mm512_shuffle_i32x4(x0, x2, 0x88);
+        r[4 + j] = _mm512_shuffle_i32x4(x0, x2, 0xdd);
+        r[8 + j] = _mm512_shuffle_i32x4(x1, x3, 0x88);
+        r[12 + j] = _mm512_shuffle_i32x4(x1, x3, 0xdd);
+    }
+}
+#endif
+
+/* Blocks [kb0, kb0 + kc) of nr (<= 16) MXFP4 rows (w: the first, rows rb
+ * bytes apart) to kc BF16 slabs at out (slab k at out + 1024 k: pair chunk
+ * c, k 2c and 2c + 1, at + 64 c, dword i = row i; rows from nr on zero):
+ * each value ie_dequantize_row's, rounded to bf16, subnormals as zeros of
+ * their sign (what vcvtne2ps2bf16 and the tiles make of them). The plain
+ * build computes exactly that through ie_dequantize_row; the AVX-512 one
+ * is tested against it bit for bit. */
+static void amx_mxfp4_bf16(const uint8_t *w, size_t rb, int nr, int64_t kb0, int kc, uint8_t *out)
+{
+#ifdef IE_AMX_AVX512
+    const __m128i tbl = _mm_loadu_si128((const void *)ie_mxfp4_kvalues), m4 = _mm_set1_epi8(0x0f);
+    for (int k = 0; k < kc; k++) {
+        __m512i r[16];
+        for (int i = 0; i < 16; i++) {
+            if (i >= nr) {
+                r[i] = _mm512_setzero_si512();
+                continue;
+            }
+            const uint8_t *b = w + (size_t)i * rb + sizeof(ie_block_mxfp4_t) * (size_t)(kb0 + k);
+            const __m128i q = _mm_loadu_si128((const void *)(b + 1));
+            const __m128i lo = _mm_shuffle_epi8(tbl, _mm_and_si128(q, m4));
+            const __m128i hi = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
+            const __m512 s = _mm512_set1_ps(ie_e8m0_half_to_f32(b[0]));
+            /* exact products (a power of two times a small integer) */
+            const __m512 fl = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), s);
+            const __m512 fh = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), s);
+            r[i] = (__m512i)_mm512_cvtne2ps_pbh(fh, fl); /* k 0..31 in order: dword j = k 2j, 2j+1 */
+        }
+        amx_tr16(r);
+        for (int c = 0; c < 16; c++) _mm512_store_si512((void *)(out + 1024 * (size_t)k + 64 * (size_t)c), r[c]);
+    }
+#else
+    float v[32];
+    for (int k = 0; k < kc; k++)
+        for (int i = 0; i < 16; i++) {
+            if (i < nr)
+                ie_dequantize_row(IE_DTYPE_MXFP4, w + (size_t)i * rb + sizeof(ie_block_mxfp4_t) * (size_t)(kb0 + k),
+                                  v, 32);
+            else memset(v, 0, sizeof v);
+            for (int j = 0; j < 32; j++) {
+                ie_bf16_t h = ie_f32_to_bf16(v[j]);
+                if ((h & 0x7f80) == 0) h &= 0x8000; /* subnormal: zero of its sign */
+                memcpy(out + 1024 * (size_t)k + 64 * (size_t)(j / 2) + 4 * (size_t)i + 2 * (size_t)(j & 1), &h, 2);
+            }
+        }
+#endif
+}
+
+/* The MXFP4 GEMM on the BF16 tiles (contract in ie_kernels_isa.h:
+ * ie_amx_mxfp4_*). Per pair of panels and k-chunk: dequantize, then the
+ * BF16 loop over every token. */
+void IE_AMX_MXFP4_NAME(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                       int64_t n_tok, float *y, int64_t ldy)
+{
+    if (r1 <= r0 || n_tok <= 0) return;
+    const int64_t nb = n_in / 32, nrows = r1 - r0, np = (nrows + IE_PANEL - 1) / IE_PANEL;
+    const size_t rb = sizeof(ie_block_mxfp4_t) * (size_t)nb;
+    _Alignas(64) uint8_t ub[2 * AMX_KCM * 1024];
+    const uint8_t *wr = (const uint8_t *)w + (size_t)r0 * rb, *act = a;
+    y += r0; /* rows and panels from here on count from r0 */
+    for (int64_t q0 = 0; q0 < np; q0 += 2) {
+        const int64_t q1 = q0 + 2 < np ? q0 + 2 : np;
+        for (int64_t kb0 = 0; kb0 < nb; kb0 += AMX_KCM) {
+            const int kc = nb - kb0 < AMX_KCM ? (int)(nb - kb0) : AMX_KCM;
+            for (int64_t p = q0; p < q1; p++) {
+                const int64_t left = nrows - p * IE_PANEL;
+                amx_mxfp4_bf16(wr + (size_t)(p * IE_PANEL) * rb, rb, left < IE_PANEL ? (int)left : IE_PANEL, kb0,
+                               kc, ub + (size_t)(p - q0) * (size_t)kc * 1024);
+            }
+            amx_bf16_rows(ub, (size_t)kc * 1024, q0, q1, nrows, kc, act + 64 * (size_t)kb0, a_stride, n_tok, y, ldy,
+                          kb0 > 0);
+        }
+    }
 }

@@ -7,7 +7,8 @@
  * GEMMs on their codes (=1; measured slower than AVX-512 VNNI,
  * amx_gemm_body.h), and the BF16 GEMM over their values dequantized to
  * bf16 (=bf16; BF16 activation rows, ie_kernels_act_dtype), which takes
- * the k-quants too. The GEMMs themselves are
+ * the k-quants too, and MXFP4 (GPT-OSS's experts, ROWS: the table's MXFP4
+ * slot). The GEMMs themselves are
  * amx_gemm_body.h, compiled here over the real instructions and in
  * kernels/src/amx_emu.c over the scalar emulator the tests run anywhere.
  * Under IE_AMX_EMULATE=1 (ie_amx_emulated) the table's tile calls run the
@@ -41,6 +42,9 @@ static ie_status_t amx_gemm_tiles(const ie_pmat_t *m, int64_t r0, int64_t r1, co
                                   int64_t n_tok, float *y, int64_t ldy, int32_t *isums);
 static ie_status_t amx_gemm_bf16_tiles(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                        int64_t n_tok, float *y, int64_t ldy);
+#define IE_AMX_MXFP4_NAME amx_mxfp4_tiles
+static void amx_mxfp4_tiles(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                            int64_t n_tok, float *y, int64_t ldy);
 #include "amx_gemm_body.h"
 
 /* Contract (ie_kernels_isa.h). */
@@ -60,6 +64,28 @@ ie_status_t ie_amx_gemm_bf16_hw(const ie_pmat_t *m, int64_t r0, int64_t r1, cons
     return amx_gemm_bf16_tiles(m, r0, r1, a, a_stride, n_tok, y, ldy);
 }
 
+/* Contract (ie_kernels_isa.h). */
+ie_status_t ie_amx_mxfp4_hw(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                            int64_t n_tok, float *y, int64_t ldy)
+{
+    if (!ie_isa_supported(IE_ISA_AMX) || ie_amx_emulated() || !(ie_cpu_features() & IE_CPU_AMX_BF16))
+        return IE_ERR_UNSUPPORTED;
+    amx_mxfp4_tiles(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);
+    return IE_OK;
+}
+
+/* Contract of ie_matmul_fn, the table's MXFP4 slot: the tiles where
+ * ie_amx_route gives the bf16 route (BF16 activation rows: ie_act_dtype_amx
+ * asks the same rule), else the AVX-512 kernel (Q8_0 rows). */
+void ie_matmul_mxfp4_amx(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
+                         int64_t n_tok, float *y, int64_t ldy)
+{
+    if (ie_amx_route(IE_DTYPE_MXFP4, n_tok) != IE_AMX_ROUTE_BF16)
+        ie_matmul_mxfp4_q8_0_avx512(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);
+    else if (ie_amx_emulated()) ie_amx_mxfp4_emu(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);
+    else amx_mxfp4_tiles(w, n_in, r0, r1, a, a_stride, n_tok, y, ldy);
+}
+
 /* Contract of ie_kernels_t.matmul_packed: the route ie_amx_route gives
  * (the one ie_act_dtype_amx, the table's act_dtype, shares, so the
  * activation rows are in the format the route reads). */
@@ -76,11 +102,14 @@ ie_status_t ie_matmul_packed_amx(const ie_pmat_t *m, int64_t r0, int64_t r1, con
                 : amx_gemm_tiles(m, r0, r1, a, a_stride, n_tok, y, ldy, NULL);
 }
 
-/* Contract of ie_kernels_t.act_dtype: BF16 rows where matmul_packed
- * takes the bf16 route with weights that are not BF16 already. */
+/* Contract of ie_kernels_t.act_dtype: BF16 rows where matmul_packed, or
+ * the MXFP4 slot (ROWS), takes the bf16 route with weights that are not
+ * BF16 already. */
 ie_dtype_t ie_act_dtype_amx(ie_dtype_t wtype, int packed, int64_t n_tok)
 {
-    if (packed && wtype != IE_DTYPE_BF16 && ie_amx_route(wtype, n_tok) == IE_AMX_ROUTE_BF16) return IE_DTYPE_BF16;
+    if ((packed ? wtype != IE_DTYPE_BF16 : wtype == IE_DTYPE_MXFP4) &&
+        ie_amx_route(wtype, n_tok) == IE_AMX_ROUTE_BF16)
+        return IE_DTYPE_BF16;
     return ie_matmul_act_dtype(wtype);
 }
 
