@@ -873,30 +873,102 @@ static inline void amx_tr16(__m512i r[16])
  * each value ie_dequantize_row's, rounded to bf16, subnormals as zeros of
  * their sign (what vcvtne2ps2bf16 and the tiles make of them). The plain
  * build computes exactly that through ie_dequantize_row; the AVX-512 one
- * is tested against it bit for bit. */
+ * is tested against it bit for bit. AVX-512: where a block's 16 exponents
+ * are all in [2, 252] (every real model's), the codes' bytes are
+ * transposed first (4 bytes of 16 rows a register: 64 bytes, not the 1 KiB
+ * of bf16 they become) and each pair of nibbles becomes its pair of bf16
+ * directly (word table, exponent added): one Zen 4 core 59 ns a 512-weight
+ * block-panel, against 68 through f32 and a transpose of the bf16 (kept
+ * for the blocks with subnormal or infinite values) and 67 gathering the
+ * rows' bytes. */
 static void amx_mxfp4_bf16(const uint8_t *w, size_t rb, int nr, int64_t kb0, int kc, uint8_t *out)
 {
 #ifdef IE_AMX_AVX512
-    const __m128i tbl = _mm_loadu_si128((const void *)ie_mxfp4_kvalues), m4 = _mm_set1_epi8(0x0f);
+    /* E2M1(code) as bf16 (code 8, -0, as +0): ie_mxfp4_kvalues / 2 */
+    const __m512i lut = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, (short)0xc0c0,
+                                         (short)0xc080, (short)0xc040, (short)0xc000, (short)0xbfc0, (short)0xbf80,
+                                         (short)0xbf00, 0, 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00,
+                                         0);
+    /* per dword (row): bytes 0, 1 (or 2, 3) of the row's four code bytes
+     * zero-extended to words: the pair's two nibble indices */
+    const __m512i c01 = _mm512_broadcast_i32x4(
+        _mm_set_epi8(-128, 13, -128, 12, -128, 9, -128, 8, -128, 5, -128, 4, -128, 1, -128, 0));
+    const __m512i c23 = _mm512_add_epi8(c01, _mm512_set1_epi32(0x00020002));
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m128i tbl = _mm_loadu_si128((const void *)ie_mxfp4_kvalues);
+    /* dword 4m + l <- 4l + m: a 4 x 4 transpose of the dwords of four rows */
+    const __m512i tp = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
     for (int k = 0; k < kc; k++) {
+        const uint8_t *base = w + sizeof(ie_block_mxfp4_t) * (size_t)(kb0 + k);
+        uint8_t *o = out + 1024 * (size_t)k;
+        /* every exponent in [2, 252]: every value a normal bf16, E2M1's
+         * with e - 127 added to its exponent field */
+        _Alignas(64) int32_t ev[16];
+        int emin = 255, emax = 0;
+        for (int i = 0; i < 16; i++) {
+            const int e = i < nr ? base[(size_t)i * rb] : 127;
+            emin = e < emin ? e : emin;
+            emax = e > emax ? e : emax;
+            const uint32_t d = (uint32_t)(e - 127) << 7 & 0xffff;
+            ev[i] = (int32_t)(d << 16 | d); /* both words of the pair */
+        }
+        if (emin >= 2 && emax <= 252) {
+            const __m512i off = _mm512_load_si512((const void *)ev);
+            /* g[m] dword i: code bytes 4m..4m+3 of row i (k 4m.. low
+             * nibbles, 4m+16.. high): rows four to a register, each's
+             * dwords transposed, then the registers' lanes */
+            __m512i t[4], g[4];
+            for (int q = 0; q < 4; q++) {
+                __m128i r4[4];
+                for (int l = 0; l < 4; l++) {
+                    const int i = 4 * q + l;
+                    r4[l] = i < nr ? _mm_loadu_si128((const void *)(base + (size_t)i * rb + 1))
+                                   : _mm_setzero_si128();
+                }
+                __m512i z = _mm512_castsi128_si512(r4[0]);
+                z = _mm512_inserti32x4(z, r4[1], 1);
+                z = _mm512_inserti32x4(z, r4[2], 2);
+                z = _mm512_inserti32x4(z, r4[3], 3);
+                t[q] = _mm512_permutexvar_epi32(tp, z);
+            }
+            const __m512i x0 = _mm512_shuffle_i32x4(t[0], t[1], 0x44), x1 = _mm512_shuffle_i32x4(t[0], t[1], 0xee);
+            const __m512i x2 = _mm512_shuffle_i32x4(t[2], t[3], 0x44), x3 = _mm512_shuffle_i32x4(t[2], t[3], 0xee);
+            g[0] = _mm512_shuffle_i32x4(x0, x2, 0x88);
+            g[1] = _mm512_shuffle_i32x4(x0, x2, 0xdd);
+            g[2] = _mm512_shuffle_i32x4(x1, x3, 0x88);
+            g[3] = _mm512_shuffle_i32x4(x1, x3, 0xdd);
+            for (int m = 0; m < 4; m++) {
+                const __m512i nl = _mm512_and_si512(g[m], m4),
+                              nh = _mm512_and_si512(_mm512_srli_epi32(g[m], 4), m4);
+                const __m512i src[4] = {nl, nl, nh, nh}, ctl[4] = {c01, c23, c01, c23};
+                const int chunk[4] = {2 * m, 2 * m + 1, 2 * m + 8, 2 * m + 9};
+                for (int h = 0; h < 4; h++) {
+                    __m512i v = _mm512_permutexvar_epi16(_mm512_shuffle_epi8(src[h], ctl[h]), lut);
+                    v = _mm512_mask_add_epi16(v, _mm512_test_epi16_mask(v, _mm512_set1_epi16(0x7fff)), v, off);
+                    _mm512_store_si512((void *)(o + 64 * (size_t)chunk[h]), v);
+                }
+            }
+            continue;
+        }
+        /* else (subnormal or infinite values): through f32, rows transposed */
         __m512i r[16];
         for (int i = 0; i < 16; i++) {
             if (i >= nr) {
                 r[i] = _mm512_setzero_si512();
                 continue;
             }
-            const uint8_t *b = w + (size_t)i * rb + sizeof(ie_block_mxfp4_t) * (size_t)(kb0 + k);
+            const uint8_t *b = base + (size_t)i * rb;
             const __m128i q = _mm_loadu_si128((const void *)(b + 1));
-            const __m128i lo = _mm_shuffle_epi8(tbl, _mm_and_si128(q, m4));
-            const __m128i hi = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(q, 4), m4));
-            const __m512 s = _mm512_set1_ps(ie_e8m0_half_to_f32(b[0]));
+            const __m128i ql = _mm_shuffle_epi8(tbl, _mm_and_si128(q, _mm_set1_epi8(0x0f)));
+            const __m128i qh = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0f)));
+            const __m512 sc = _mm512_set1_ps(ie_e8m0_half_to_f32(b[0]));
             /* exact products (a power of two times a small integer) */
-            const __m512 fl = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo)), s);
-            const __m512 fh = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi)), s);
+            const __m512 fl = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(ql)), sc);
+            const __m512 fh = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qh)), sc);
             r[i] = (__m512i)_mm512_cvtne2ps_pbh(fh, fl); /* k 0..31 in order: dword j = k 2j, 2j+1 */
         }
         amx_tr16(r);
-        for (int c = 0; c < 16; c++) _mm512_store_si512((void *)(out + 1024 * (size_t)k + 64 * (size_t)c), r[c]);
+        for (int c = 0; c < 16; c++) _mm512_store_si512((void *)(o + 64 * (size_t)c), r[c]);
     }
 #else
     float v[32];
