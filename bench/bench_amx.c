@@ -13,7 +13,9 @@
  *    share at 4 threads), 16 and 512 tokens: the AVX-512 kernel against
  *    the tile GEMM for bf16, int8w (Q8_0) and int4w (Q4_0), and for the
  *    int types their bf16 route (dequantized onto the bf16 tiles, BF16
- *    activation rows), aggregate GOP/s. Without AMX, the AVX-512 arm alone.
+ *    activation rows); then MXFP4 at GPT-OSS's expert shape (512 x 2880,
+ *    16-128 tokens): AVX-512 (Q8_0 rows) against the bf16 tiles (BF16
+ *    rows); aggregate GOP/s. Without AMX, the AVX-512 arm alone.
  *
  * usage: bench_amx [--reps N] [--threads N] [--cpu FIRST]
  */
@@ -167,9 +169,88 @@ static void gemm_setup(gemm_data_t *d, ie_dtype_t wt)
 
 static void gemm_free(gemm_data_t *d) { free(d->a), free(d->ab), free(d->wd), free(d->y); }
 
+/* One call of arm w (0: AVX-512) of a GEMM for n_tok tokens. */
+typedef ie_status_t (*arm_fn)(const void *ctx, int w, int64_t n_tok);
+
+/* 4 rounds of each of `arms` arms, all threads starting together
+ * (barrier): best[w], the slowest thread's time in the best round. */
+static void time_arms(gemm_run_t *run, int ith, int arms, arm_fn call, const void *ctx, int64_t n_tok,
+                      double best[3])
+{
+    for (int w = 0; w < 3; w++) best[w] = 1e30;
+    for (int r = 0; r < 4; r++)
+        for (int w = 0; w < arms; w++) {
+            pthread_barrier_wait(&run->bar);
+            const double t0 = ie_now_s();
+            const ie_status_t st = call(ctx, w, n_tok);
+            run->dt[ith] = ie_now_s() - t0;
+            if (st != IE_OK) run->failed = 1;
+            pthread_barrier_wait(&run->bar);
+            double slowest = 0.0;
+            for (int i = 0; i < run->n_threads; i++) slowest = run->dt[i] > slowest ? run->dt[i] : slowest;
+            if (slowest < best[w]) best[w] = slowest;
+            pthread_barrier_wait(&run->bar); /* dt read before the next round writes it */
+        }
+}
+
+/* The packed types' arms: AVX-512; the tiles (bf16, or int8 on the codes);
+ * the int types dequantized onto the bf16 tiles. */
+static ie_status_t packed_arm(const void *ctx, int w, int64_t n_tok)
+{
+    const gemm_data_t *d = ctx;
+    const ie_pmat_t m = {d->wt, 32, N_IN, N_OUT, d->wd};
+    if (w == 2) return ie_amx_gemm_bf16_hw(&m, 0, ROWS, d->ab, d->abs, n_tok, d->y, N_OUT);
+    if (w == 1)
+        return d->wt == IE_DTYPE_BF16 ? ie_amx_gemm_bf16_hw(&m, 0, ROWS, d->a, d->as, n_tok, d->y, N_OUT)
+                                      : int_tiles(&m, 0, ROWS, d->a, d->as, n_tok, d->y, N_OUT);
+    return ie_matmul_packed_avx512(&m, 0, ROWS, d->a, d->as, n_tok, d->y, N_OUT);
+}
+
+/* GPT-OSS's expert shape (2880 in; ROWS rows: a thread's share of an
+ * expert's 2880), MXFP4 in ggml's blocks, as many tokens as an expert
+ * meets in a prefill (top-4 of 32: an eighth of the step's). */
+#define MX_IN 2880
+typedef struct {
+    uint8_t *w, *a, *ab; /* weights; Q8_0 and BF16 activation rows */
+    size_t as, abs;
+    float *y;
+} mx_data_t;
+
+static void mx_setup(mx_data_t *d)
+{
+    const size_t rb = ie_dtype_row_bytes(IE_DTYPE_MXFP4, MX_IN);
+    d->as = ie_dtype_row_bytes(IE_DTYPE_Q8_0, MX_IN);
+    d->abs = ie_dtype_row_bytes(IE_DTYPE_BF16, MX_IN);
+    d->w = malloc(rb * ROWS);
+    d->a = malloc(d->as * MAX_TOK);
+    d->ab = malloc(d->abs * MAX_TOK);
+    d->y = malloc(sizeof(float) * ROWS * MAX_TOK);
+    float *x = malloc(sizeof(float) * MX_IN);
+    if (!d->w || !d->a || !d->ab || !d->y || !x) {
+        fprintf(stderr, "bench_amx: out of memory\n");
+        exit(1);
+    }
+    for (size_t i = 0; i < rb * ROWS; i++) /* codes of every value; exponents 2^-8 .. 2^-2 */
+        d->w[i] = i % sizeof(ie_block_mxfp4_t) ? (uint8_t)((i * 2654435761u) >> 9) : (uint8_t)(120 + i % 7);
+    for (int64_t t = 0; t < MAX_TOK; t++) {
+        for (int64_t i = 0; i < MX_IN; i++) x[i] = (float)(((t * MX_IN + i) * 40503u) % 1000) / 1000.0f - 0.5f;
+        ie_act_quantize_ref(IE_DTYPE_Q8_0, x, d->a + t * d->as, MX_IN);
+        ie_act_quantize_ref(IE_DTYPE_BF16, x, d->ab + t * d->abs, MX_IN);
+    }
+    free(x);
+}
+
+static ie_status_t mx_arm(const void *ctx, int w, int64_t n_tok)
+{
+    const mx_data_t *d = ctx;
+    if (w == 1) return ie_amx_mxfp4_hw(d->w, MX_IN, 0, ROWS, d->ab, d->abs, n_tok, d->y, ROWS);
+    ie_matmul_mxfp4_q8_0_avx512(d->w, MX_IN, 0, ROWS, d->a, d->as, n_tok, d->y, ROWS);
+    return IE_OK;
+}
+
 /* Each thread, pinned to first_cpu + ith: for every type, token count and
- * arm (AVX-512, tiles), 4 rounds of one GEMM call, all threads starting
- * together (barrier); thread 0 prints the aggregate of the slowest. */
+ * arm, 4 rounds of one GEMM call (time_arms); thread 0 prints the
+ * aggregate of the slowest. */
 static void *gemm_thread(void *p)
 {
     const gemm_arg_t *ga = p;
@@ -181,32 +262,13 @@ static void *gemm_thread(void *p)
     if (sched_setaffinity(0, sizeof cs, &cs) != 0 && ith == 0) puts("  (could not pin the threads)");
     static const ie_dtype_t types[] = {IE_DTYPE_BF16, IE_DTYPE_I8W, IE_DTYPE_I4W};
     static const int64_t toks[] = {16, MAX_TOK};
+    double best[3];
     for (int ti = run->bf16 ? 0 : 1; ti < 3; ti++) {
         gemm_data_t d;
         gemm_setup(&d, types[ti]);
-        const ie_pmat_t m = {d.wt, 32, N_IN, N_OUT, d.wd};
-        const tile_fn tiles = d.wt == IE_DTYPE_BF16 ? ie_amx_gemm_bf16_hw : int_tiles;
-        /* arms: AVX-512; the tiles (bf16, or int8 on the codes); the int types dequantized onto the bf16 tiles */
         const int arms = !run->amx ? 1 : d.wt != IE_DTYPE_BF16 && run->bf16 ? 3 : 2;
         for (int k = 0; k < 2; k++) {
-            double best[3] = {1e30, 1e30, 1e30};
-            for (int r = 0; r < 4; r++)
-                for (int w = 0; w < arms; w++) {
-                    pthread_barrier_wait(&run->bar);
-                    const double t0 = ie_now_s();
-                    const ie_status_t st = w == 2
-                                               ? ie_amx_gemm_bf16_hw(&m, 0, ROWS, d.ab, d.abs, toks[k], d.y, N_OUT)
-                                           : w == 1 ? tiles(&m, 0, ROWS, d.a, d.as, toks[k], d.y, N_OUT)
-                                                    : ie_matmul_packed_avx512(&m, 0, ROWS, d.a, d.as, toks[k], d.y,
-                                                                              N_OUT);
-                    run->dt[ith] = ie_now_s() - t0;
-                    if (st != IE_OK) run->failed = 1;
-                    pthread_barrier_wait(&run->bar);
-                    double slowest = 0.0;
-                    for (int i = 0; i < run->n_threads; i++) slowest = run->dt[i] > slowest ? run->dt[i] : slowest;
-                    if (slowest < best[w]) best[w] = slowest;
-                    pthread_barrier_wait(&run->bar); /* dt read before the next round writes it */
-                }
+            time_arms(run, ith, arms, packed_arm, &d, toks[k], best);
             if (ith == 0) {
                 const double ops = 2.0 * ROWS * N_IN * (double)toks[k] * run->n_threads;
                 printf("  %-6s %3lld tokens: avx512 %7.1f", ie_dtype_name(d.wt), (long long)toks[k],
@@ -218,6 +280,21 @@ static void *gemm_thread(void *p)
         }
         gemm_free(&d);
     }
+    mx_data_t mx;
+    mx_setup(&mx);
+    static const int64_t mx_toks[] = {16, 32, 64, 128};
+    const int mx_arms = run->amx && run->bf16 ? 2 : 1;
+    for (int k = 0; k < 4; k++) {
+        time_arms(run, ith, mx_arms, mx_arm, &mx, mx_toks[k], best);
+        if (ith == 0) {
+            const double ops = 2.0 * ROWS * MX_IN * (double)mx_toks[k] * run->n_threads;
+            printf("  mxfp4 x %d (GPT-OSS expert) %3lld tokens: avx512 %7.1f", MX_IN, (long long)mx_toks[k],
+                   ops / best[0] / 1e9);
+            if (mx_arms > 1) printf("  bf16 tiles %7.1f  (/avx512 %.2f)", ops / best[1] / 1e9, best[0] / best[1]);
+            putchar('\n');
+        }
+    }
+    free(mx.w), free(mx.a), free(mx.ab), free(mx.y);
     return NULL;
 }
 

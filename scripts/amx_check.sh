@@ -8,7 +8,8 @@
 # 2. test_amx_hw (the tile GEMM and the amx table against ref): must PASS,
 #    a skip is a failure here;
 # 3. bench_amx (tile instruction costs, one core's GEMMs with the int
-#    types' two tile routes, then THREADS threads' at once), then
+#    types' two tile routes and MXFP4 at GPT-OSS's expert shape on the
+#    bf16 tiles, then THREADS threads' at once), then
 #    bench_kernels: the tiles' int8 peak, GEMM GOP/s of int8w/int4w/
 #    int4w_affine (AMX-INT8, IE_AMX_INT=1; the bf16 route, IE_AMX_INT=bf16),
 #    bf16 (AMX-BF16) and q4_K/q6_K (the bf16 route) at 512 tokens, avx512
