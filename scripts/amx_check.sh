@@ -18,7 +18,8 @@
 #    (tiles at every size), int4w on both routes;
 # 5. logits of a 301-token prefill, amx against avx512 (max |difference|),
 #    Q4_0 with IE_AMX_INT=1 and BF16; Q4_0 on the bf16 route against
-#    avx512 --precision bf16 (what that route computes);
+#    avx512 --precision bf16 (what that route computes); the tiny GPT-OSS
+#    with its MXFP4 experts on the bf16 tiles against transformers;
 # 6. pp512 A/B, interleaved (bench/harness.py, docs left alone): the
 #    TinyLlama-shaped Q4_0 and BF16 models (made by
 #    bench/make_tinyllama_gguf.py when missing) and SmolLM2 Q4_1, as stored
@@ -104,6 +105,19 @@ IE_ISA=$ISA_A "$B"/inference-engine logits --model "$Q4" --ids "$ids" --threads 
 IE_AMX_INT=bf16 IE_ISA=$ISA_B "$B"/inference-engine logits --model "$Q4" --ids "$ids" --threads "$TH" \
     --out "/tmp/amx_check.logits.route" >/dev/null
 cmp_logits ref route "$Q4 (bf16 route vs $ISA_A --precision bf16)"
+# GPT-OSS's MXFP4 experts on the bf16 tiles (every expert matmul: IE_AMX_MIN_TOK=1) against transformers
+GO=tests/data/tiny_gptoss.gguf
+gids=$($PY -c "import numpy as np; print(','.join(map(str, np.load('tests/data/tiny_gptoss_mxfp4/expected.npz')['ids'])))")
+IE_AMX_INT=bf16 IE_AMX_MIN_TOK=1 IE_ISA=$ISA_B "$B"/inference-engine logits --model "$GO" --ids "$gids" \
+    --threads "$TH" --out /tmp/amx_check.logits.gptoss >/dev/null
+$PY - <<'EOF2'
+import numpy as np
+ref = np.load("tests/data/tiny_gptoss_mxfp4/expected.npz")["logits"]
+got = np.fromfile("/tmp/amx_check.logits.gptoss", "<f4").reshape(ref.shape)
+rel = np.abs(got - ref).max(1) / np.abs(ref).max(1)
+print(f"tiny_gptoss.gguf (MXFP4 experts on the bf16 tiles) vs transformers: median rel {np.median(rel):.3g}",
+      f"(emulated: 0.005), max {rel.max():.3g}, argmax equal at {np.mean(got.argmax(1) == ref.argmax(1)):.2f}")
+EOF2
 fi
 
 if part 6; then
