@@ -1,12 +1,14 @@
 /* ie_kernels.h — the math of clocher: pure functions over caller-owned memory.
  *
- * Kernels know nothing of models, files, threads or the network. Two places
- * allocate, neither on a path that can fail a step: the AVX-512 BF16 prefill
- * matmul keeps a ~0.9 MiB repack buffer per calling thread (made on its
- * first prefill call, freed when the thread exits; without memory it takes
- * the tiled path, which needs none and sums in another order), and
- * ie_bsr_from_dense returns a malloc'd blob (a conversion, not a step
- * kernel). Work is split by the caller: functions that take (ith, nth) do
+ * Kernels know nothing of models, files, threads or the network. They
+ * allocate in two ways: a per-thread scratch buffer, made on a thread's
+ * first call that needs it, kept, freed when the thread exits
+ * (ie_kernel_scratch, drive.c), which the AVX-512 BF16 prefill matmul
+ * (~0.9 MiB; without memory it takes the tiled path, which needs none and
+ * sums in another order) and the AMX table's bf16 route of the packed int
+ * types and k-quants (~1 MiB; without memory IE_ERR_NOMEM, the step's
+ * status) use; and ie_bsr_from_dense's malloc'd blob (a conversion, not a
+ * step kernel). Work is split by the caller: functions that take (ith, nth) do
  * the ith of nth equal shares and may be called concurrently for every ith.
  *
  * Every kernel has a scalar reference twin in kernels/ref/ (the test oracle).

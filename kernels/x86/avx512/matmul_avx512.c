@@ -47,7 +47,6 @@
 #include "../../src/ie_kernels_isa.h"
 
 #include <immintrin.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -376,38 +375,18 @@ static void bdrive(const ie_ftile_fn *tiles1, const ie_ftile_fn *tilesR, int R, 
 #define BP_CP_MAXK 8192                                            /* longest activation row that is copied */
 #define BP_AS(n_in) ((((size_t)(n_in)*2 + 63) & ~(size_t)63) + 64) /* copied act stride */
 
-/* A thread's repack buffers (~0.9 MiB), allocated on its first prefill
- * call and freed when it exits (a pthread key; as static _Thread_local
- * arrays they were zeroed into every thread of every process at creation,
- * HTTP and ZeroMQ threads included). */
+/* A thread's repack buffers (~0.9 MiB): its kernel scratch
+ * (ie_kernel_scratch: made on its first prefill call, kept, freed when it
+ * exits; as static _Thread_local arrays they were zeroed into every thread
+ * of every process at creation, HTTP and ZeroMQ threads included). */
 typedef struct bp_bufs {
     _Alignas(64) char pack[BP_BUF];
     _Alignas(64) char act[2][BPT * BP_AS(BP_CP_MAXK)];
 } bp_bufs_t;
 
-static pthread_key_t g_bp_key;
-static pthread_once_t g_bp_once = PTHREAD_ONCE_INIT;
-static int g_bp_key_ok;
-
-static void bp_bufs_free(void *p) { free(p); }
-static void bp_key_init(void) { g_bp_key_ok = pthread_key_create(&g_bp_key, bp_bufs_free) == 0; }
-
 /* This thread's buffers, or NULL (out of memory: the caller takes the
  * path that needs none). */
-static bp_bufs_t *bp_bufs(void)
-{
-    pthread_once(&g_bp_once, bp_key_init);
-    if (!g_bp_key_ok) return NULL;
-    bp_bufs_t *b = pthread_getspecific(g_bp_key);
-    if (!b) {
-        b = aligned_alloc(64, sizeof *b);
-        if (b && pthread_setspecific(g_bp_key, b) != 0) {
-            free(b);
-            b = NULL;
-        }
-    }
-    return b;
-}
+static bp_bufs_t *bp_bufs(void) { return ie_kernel_scratch(sizeof(bp_bufs_t)); }
 
 /* acc += vdpbf16ps(w, the bf16 pair at p broadcast to every dword), the
  * broadcast as the instruction's {1to16} memory operand (GCC does not fold
