@@ -682,6 +682,16 @@ static void amx_unpack_bf16(const ie_pmat_t *m, int64_t p, const uint8_t *panel,
 #define AMX_BB0 6
 #define AMX_BB1 7
 
+/* OP (IE_AMX_LOAD or IE_AMX_STORE) on C tile (v, h) of the BF16 loop, at p
+ * with rows s bytes apart (tile numbers are immediates). */
+#define AMX_BC_AT(OP, v, h, p, s)             \
+    do {                                      \
+        if (!(v) && !(h)) OP(AMX_BC00, p, s); \
+        else if (!(v)) OP(AMX_BC01, p, s);    \
+        else if (!(h)) OP(AMX_BC10, p, s);    \
+        else OP(AMX_BC11, p, s);              \
+    } while (0)
+
 /* Configure the BF16 loop's eight tiles for token tiles of mt0 and mt1
  * rows (mt1 0: the second token tile's A and C tiles left unconfigured),
  * unless already so. */
@@ -743,10 +753,7 @@ static void amx_bf16_rows(const uint8_t *w, size_t pb, int64_t q0, int64_t q1, i
                             src = &c[0][0];
                             ss = sizeof c[0];
                         }
-                        if (v == 0 && h == 0) IE_AMX_LOAD(AMX_BC00, src, ss);
-                        else if (v == 0) IE_AMX_LOAD(AMX_BC01, src, ss);
-                        else if (h == 0) IE_AMX_LOAD(AMX_BC10, src, ss);
-                        else IE_AMX_LOAD(AMX_BC11, src, ss);
+                        AMX_BC_AT(IE_AMX_LOAD, v, h, src, ss);
                     }
             }
             for (int64_t k = 0; k < ns; k++) {
@@ -770,11 +777,7 @@ static void amx_bf16_rows(const uint8_t *w, size_t pb, int64_t q0, int64_t q1, i
                     float *yp = y + (t0 + AMX_T * v) * ldy + (p + h) * IE_PANEL;
                     float *dst = nr == IE_PANEL ? yp : &c[0][0];
                     const size_t ds = nr == IE_PANEL ? (size_t)ldy * sizeof(float) : sizeof c[0];
-                    /* tile numbers are immediates */
-                    if (v == 0 && h == 0) IE_AMX_STORE(AMX_BC00, dst, ds);
-                    else if (v == 0) IE_AMX_STORE(AMX_BC01, dst, ds);
-                    else if (h == 0) IE_AMX_STORE(AMX_BC10, dst, ds);
-                    else IE_AMX_STORE(AMX_BC11, dst, ds);
+                    AMX_BC_AT(IE_AMX_STORE, v, h, dst, ds);
                     if (nr < IE_PANEL)
                         for (int t = 0; t < mt; t++)
                             memcpy(yp + (int64_t)t * ldy, c[t], sizeof(float) * (size_t)nr);
@@ -884,18 +887,17 @@ static inline void amx_tr16(__m512i r[16])
 static void amx_mxfp4_bf16(const uint8_t *w, size_t rb, int nr, int64_t kb0, int kc, uint8_t *out)
 {
 #ifdef IE_AMX_AVX512
-    /* E2M1(code) as bf16 (code 8, -0, as +0): ie_mxfp4_kvalues / 2 */
-    const __m512i lut = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, (short)0xc0c0,
-                                         (short)0xc080, (short)0xc040, (short)0xc000, (short)0xbfc0, (short)0xbf80,
-                                         (short)0xbf00, 0, 0x40c0, 0x4080, 0x4040, 0x4000, 0x3fc0, 0x3f80, 0x3f00,
-                                         0);
+    const __m128i tbl = _mm_loadu_si128((const void *)ie_mxfp4_kvalues);
+    /* words 0..15: E2M1(code) = ie_mxfp4_kvalues / 2 as bf16 (exact; code 8, -0, as +0) */
+    const __m512i lut = (__m512i)_mm512_cvtne2ps_pbh(_mm512_setzero_ps(),
+                                                     _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(tbl)),
+                                                                   _mm512_set1_ps(0.5f)));
     /* per dword (row): bytes 0, 1 (or 2, 3) of the row's four code bytes
      * zero-extended to words: the pair's two nibble indices */
     const __m512i c01 = _mm512_broadcast_i32x4(
         _mm_set_epi8(-128, 13, -128, 12, -128, 9, -128, 8, -128, 5, -128, 4, -128, 1, -128, 0));
     const __m512i c23 = _mm512_add_epi8(c01, _mm512_set1_epi32(0x00020002));
     const __m512i m4 = _mm512_set1_epi8(0x0f);
-    const __m128i tbl = _mm_loadu_si128((const void *)ie_mxfp4_kvalues);
     /* dword 4m + l <- 4l + m: a 4 x 4 transpose of the dwords of four rows */
     const __m512i tp = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
     for (int k = 0; k < kc; k++) {
@@ -961,11 +963,10 @@ static void amx_mxfp4_bf16(const uint8_t *w, size_t rb, int nr, int64_t kb0, int
             const __m128i q = _mm_loadu_si128((const void *)(b + 1));
             const __m128i ql = _mm_shuffle_epi8(tbl, _mm_and_si128(q, _mm_set1_epi8(0x0f)));
             const __m128i qh = _mm_shuffle_epi8(tbl, _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0f)));
-            const __m512 sc = _mm512_set1_ps(ie_e8m0_half_to_f32(b[0]));
-            /* exact products (a power of two times a small integer) */
-            const __m512 fl = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(ql)), sc);
-            const __m512 fh = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(qh)), sc);
-            r[i] = (__m512i)_mm512_cvtne2ps_pbh(fh, fl); /* k 0..31 in order: dword j = k 2j, 2j+1 */
+            /* kv * 2^(e-128), exact (a power of two times a small integer);
+             * k 0..31 in order: dword j = the pair k 2j, 2j+1 */
+            const __m512 sc = _mm512_set1_ps(ie_e8m0_half_to_f32(b[0])), s2[2] = {sc, sc};
+            r[i] = amx_pair_bf16(_mm256_set_m128i(qh, ql), s2, s2, 0);
         }
         amx_tr16(r);
         for (int c = 0; c < 16; c++) _mm512_store_si512((void *)(o + 64 * (size_t)c), r[c]);
