@@ -30,7 +30,6 @@ import pytest
 from conftest import THREADS, binary, fixture_path
 
 IDS = "6403,1980,253,655,28,281,253,1165,6560,28,665,436,253,9357,1573,28,281,253"
-N_IDS = len(IDS.split(","))
 
 
 def cpu_flags() -> set:
@@ -48,22 +47,32 @@ HAS_AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"} <= F
 HAS_AMX = {"amx_tile", "amx_int8"} <= FLAGS
 
 
-def logits(model: Path, tmp: Path, isa: str, precision: str, emulate: bool = False, route: str = "1"):
-    out = tmp / f"logits_{isa}_{precision}_{int(emulate)}_{route}.bin"
+def run_logits(model: Path, ids, out: Path, isa: str, precision: str = "native", mode: str = "prefill",
+               emulate: bool = False, route: str = "1", min_tok=None):
+    """The engine's logits of ids on IE_ISA=isa: the AMX knobs of the caller's
+    environment dropped, IE_AMX_EMULATE=1 if emulate, and on amx IE_AMX_INT=route
+    (by default the int types stay on AVX-512: "1" the int8 tiles, "bf16" the
+    int types, k-quants and MXFP4 dequantized onto the bf16 tiles) and
+    IE_AMX_MIN_TOK=min_tok if given."""
     env = dict(os.environ, IE_ISA=isa)
-    env.pop("IE_AMX_EMULATE", None)
-    env.pop("IE_AMX_MIN_TOK", None)
+    for k in ("IE_AMX_EMULATE", "IE_AMX_MIN_TOK", "IE_AMX_INT"):
+        env.pop(k, None)
     if emulate:
         env["IE_AMX_EMULATE"] = "1"
     if isa == "amx":
-        # the int types on the tiles too (by default they stay on AVX-512): the
-        # int8 tiles ("1") or dequantized onto the bf16 tiles ("bf16")
         env["IE_AMX_INT"] = route
-    r = subprocess.run([str(binary("inference-engine")), "logits", "--model", str(model), "--ids", IDS,
-                        "--threads", str(THREADS), "--precision", precision, "--out", str(out)],
-                       capture_output=True, text=True, timeout=600, env=env)
+        if min_tok is not None:
+            env["IE_AMX_MIN_TOK"] = str(min_tok)
+    r = subprocess.run([str(binary("inference-engine")), "logits", "--model", str(model), "--ids",
+                        ",".join(map(str, ids)), "--threads", str(THREADS), "--precision", precision,
+                        "--mode", mode, "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr
-    return np.fromfile(out, dtype=np.float32).reshape(N_IDS, -1)
+    return np.fromfile(out, dtype=np.float32).reshape(len(ids), -1)
+
+
+def logits(model: Path, tmp: Path, isa: str, precision: str, emulate: bool = False, route: str = "1"):
+    out = tmp / f"logits_{isa}_{precision}_{int(emulate)}_{route}.bin"
+    return run_logits(model, IDS.split(","), out, isa, precision, emulate=emulate, route=route)
 
 
 def check_amx_prefill(smollm2, tmp_path, precision, emulate, route="1"):
@@ -121,18 +130,7 @@ KQ_MODELS = ["tiny_kq_mixed.gguf"] + [
 
 def kq_logits(model: Path, ids, tmp: Path, isa: str, precision: str, emulate: bool = False):
     out = tmp / f"kq_{isa}_{precision}_{int(emulate)}.bin"
-    env = dict(os.environ, IE_ISA=isa)
-    for k in ("IE_AMX_EMULATE", "IE_AMX_MIN_TOK", "IE_AMX_INT"):
-        env.pop(k, None)
-    if emulate:
-        env["IE_AMX_EMULATE"] = "1"
-    if isa == "amx":
-        env["IE_AMX_INT"] = "bf16"
-    r = subprocess.run([str(binary("inference-engine")), "logits", "--model", str(model), "--ids",
-                        ",".join(map(str, ids)), "--threads", str(THREADS), "--precision", precision,
-                        "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0, r.stderr
-    return np.fromfile(out, dtype=np.float32).reshape(len(ids), -1)
+    return run_logits(model, ids, out, isa, precision, emulate=emulate, route="bf16")
 
 
 def check_kq_route(name, tmp_path, emulate):
@@ -175,16 +173,8 @@ def gptoss_route_logits(ids, tmp: Path, mode: str, emulate: bool):
     """tiny_gptoss.gguf (MXFP4 experts) on the amx table with IE_AMX_INT=bf16
     and IE_AMX_MIN_TOK=1: every expert matmul, whatever its token count (a
     tiny prompt gives an expert a few tokens), on the MXFP4 bf16 tiles."""
-    out = tmp / f"gptoss_amx_{mode}.bin"
-    env = dict(os.environ, IE_ISA="amx", IE_AMX_INT="bf16", IE_AMX_MIN_TOK="1")
-    env.pop("IE_AMX_EMULATE", None)
-    if emulate:
-        env["IE_AMX_EMULATE"] = "1"
-    r = subprocess.run([str(binary("inference-engine")), "logits", "--model", str(fixture_path("tiny_gptoss.gguf")),
-                        "--ids", ",".join(map(str, ids)), "--threads", str(THREADS), "--mode", mode,
-                        "--out", str(out)], capture_output=True, text=True, timeout=600, env=env)
-    assert r.returncode == 0, r.stderr
-    return np.fromfile(out, dtype=np.float32).reshape(len(ids), -1)
+    return run_logits(fixture_path("tiny_gptoss.gguf"), ids, tmp / f"gptoss_amx_{mode}.bin", "amx", mode=mode,
+                      emulate=emulate, route="bf16", min_tok=1)
 
 
 def check_gptoss_mxfp4_route(tmp_path, mode, emulate):
