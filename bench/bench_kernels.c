@@ -29,6 +29,8 @@
  * --group ignored) with Q8_K or Q8_P activations, the same shapes, probe
  * and GEMM as the int types: compare with int4w in the same run. Their
  * panels hold random codes, small f16 scales and small sub-block codes.
+ * --mxfp4-panel runs mxfp4 that way too (IQ4_NL's panels, the layout the
+ * engine binds MXFP4 experts in; without it, ggml's rows).
  *
  * AMX (--isa amx, or avx512,amx for the A/B in one run): the AVX-512 table
  * but bf16's packed matmul on AMX-BF16 tiles for n_tok >= 16 (and the int
@@ -94,16 +96,20 @@ static void matmul_task(void *p, int ith, int nth)
     if (ith < 64) j->cpu[ith] = cpu_s() - c0;
 }
 
-static int g_half_panel; /* --half-panel: BF16 and F16 weights in PANEL16 (matmul_packed) */
+static int g_half_panel;  /* --half-panel: BF16 and F16 weights in PANEL16 (matmul_packed) */
+static int g_mxfp4_panel; /* --mxfp4-panel: MXFP4 in the k-quant panels (the engine's default) */
 
 static int is_packed(ie_dtype_t t)
 {
     return t == IE_DTYPE_I8W || t == IE_DTYPE_I4W || t == IE_DTYPE_I4WA || ie_dtype_is_kquant(t) ||
-           (g_half_panel && ie_dtype_is_half(t));
+           (g_half_panel && ie_dtype_is_half(t)) || (g_mxfp4_panel && t == IE_DTYPE_MXFP4);
 }
 
-/* The packed group of type t: a k-quant's block size, else --group. */
-static int packed_group(ie_dtype_t t, int group) { return ie_dtype_is_kquant(t) ? ie_dtype_block_elems(t) : group; }
+/* The packed group of type t: a k-quant's (or MXFP4's) block size, else --group. */
+static int packed_group(ie_dtype_t t, int group)
+{
+    return ie_dtype_is_kq_panel(t) ? ie_dtype_block_elems(t) : group;
+}
 
 static void matmul_packed_task(void *p, int ith, int nth)
 {
@@ -309,6 +315,8 @@ int main(int argc, char **argv)
                        (strstr(s, "amx") ? 8 : 0);
         } else if (!strcmp(argv[i], "--half-panel")) {
             g_half_panel = 1;
+        } else if (!strcmp(argv[i], "--mxfp4-panel")) {
+            g_mxfp4_panel = 1;
         } else if (!strcmp(argv[i], "--types") && i + 1 < argc) {
             type_mask = 0;
             char *s = strdup(argv[++i]);
@@ -321,7 +329,7 @@ int main(int argc, char **argv)
                 stderr,
                 "usage: %s [--threads N] [--isa ref,avx2,avx512,amx] [--types f32,f16,bf16,q8_0,q4_0,q4_1,mxfp4,"
                 "int8w,int4w,int4w_affine,q4_K,q6_K,q5_K,q5_0,iq4_xs,iq4_nl,q3_K,q2_K,q5_1] [--iters N] "
-                "[--pool-mib M] [--ntok T] [--ptok T] [--group G]\n",
+                "[--pool-mib M] [--ntok T] [--ptok T] [--group G] [--half-panel] [--mxfp4-panel]\n",
                 argv[0]);
             return 2;
         }
@@ -406,6 +414,7 @@ int main(int argc, char **argv)
             }
             char tname[32];
             if (pk && ie_dtype_is_kquant(wt)) snprintf(tname, sizeof tname, "%s", ie_dtype_name(wt));
+            else if (pk && wt == IE_DTYPE_MXFP4) snprintf(tname, sizeof tname, "mxfp4/p16");
             else if (pk && !ie_dtype_is_intw(wt)) snprintf(tname, sizeof tname, "%s/p16", ie_dtype_name(wt));
             else if (pk)
                 snprintf(tname, sizeof tname, "%s/g%d", wt == IE_DTYPE_I4WA ? "i4wa" : ie_dtype_name(wt), group);

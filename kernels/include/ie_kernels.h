@@ -66,8 +66,13 @@ const char *ie_isa_unsupported_reason(ie_isa_t isa);
  * weights, Q8_0 for q8_0/q4_0/mxfp4, Q8_1 for q4_1,
  * Q8_P for the packed I4W/I4WA and Q16_P for the packed I8W (matmul_packed);
  * Q8_P for q5_0/q5_1/iq4_nl and Q8_K for q2_K..q6_K and iq4_xs, in either
- * layout (ROWS or PANEL16). */
+ * layout (ROWS or PANEL16), except packed MXFP4 (ie_matmul_packed_act_dtype). */
 ie_dtype_t ie_matmul_act_dtype(ie_dtype_t wtype);
+
+/* Activation format that matmul_packed expects for PANEL16 weights of type
+ * `wtype`: ie_matmul_act_dtype's, except Q8_P for MXFP4 (its panels are
+ * IQ4_NL's with another code book, read by the same kernels). */
+ie_dtype_t ie_matmul_packed_act_dtype(ie_dtype_t wtype);
 
 /* A source of panel ranges for matmul_packed_ranges: returns 1 and sets
  * [*p0, *p1) (panels of IE_PANEL rows, p0 < p1) to compute next, or 0
@@ -181,8 +186,8 @@ typedef struct ie_kernels {
 
     /* Packed weights (ie_pack.h): Y[t*ldy + r] = dot(W row r, A row t) for
      * r in [r0, r1) — r0 a multiple of 16, r1 = m->n_out or a multiple of
-     * 16 — and t < n_tok. A rows are ie_matmul_act_dtype(m->dtype), a_stride
-     * bytes apart: Q8_P (I4W, I4WA, Q5_0, Q5_1, IQ4_NL), Q16_P (I8W), BF16
+     * 16 — and t < n_tok. A rows are ie_matmul_packed_act_dtype(m->dtype),
+     * a_stride bytes apart: Q8_P (I4W, I4WA, Q5_0, Q5_1, IQ4_NL, MXFP4), Q16_P (I8W), BF16
      * (BF16), F32 (F16), or rows of ggml Q8_K blocks (Q2_K..Q6_K, IQ4_XS).
      * k-quants: per block the exact integer sums, then the block's scales
      * in f32; ie_matmul_packed_ref's order (pack_ref.c) is the oracle, the
@@ -303,14 +308,15 @@ typedef struct ie_kernels {
     uint64_t (*stream_read)(const void *p, size_t n);
     /* The activation rows this table's matmul (packed 0) or matmul_packed
      * (packed 1) reads for weights of wtype in a step of n_tok tokens:
-     * ie_matmul_act_dtype's, except where a table routes a type elsewhere
+     * ie_matmul_act_dtype's (packed: ie_matmul_packed_act_dtype's), except where a table routes a type elsewhere
      * (the AMX table's bf16 route: BF16 rows). Call ie_kernels_act_dtype. */
     ie_dtype_t (*act_dtype)(ie_dtype_t wtype, int packed, int64_t n_tok);
 } ie_kernels_t;
 
 /* The activation format table k's matmul (packed 0) or matmul_packed
  * (packed 1) reads for weights of wtype in a step of n_tok tokens (k's
- * act_dtype): what ie_matmul_act_dtype says, except BF16 rows for the int
+ * act_dtype): what ie_matmul_act_dtype (packed: ie_matmul_packed_act_dtype)
+ * says, except BF16 rows for the int
  * types (I8W, I4W, I4WA) and the k-quants where the AMX table dequantizes
  * them onto its bf16 tiles (IE_AMX_INT=bf16, n_tok at least its
  * threshold). Callers of a table's matmuls ask this, not

@@ -37,11 +37,16 @@
  * one zmm of 16 rows for an FMA with the activation broadcast. Panel bytes
  * 32 * n_in. Activations: F32 rows.
  *
- * K-QUANTS in PANEL16 (Q5_0, Q5_1, IQ4_NL: blocks of QK = 32; Q2_K,
- * Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS: super-blocks of QK = 256; ie_dtype.h
- * gives each type's codes and formula). A lossless rearrangement of the
- * ggml blocks: every f16 and every code is kept, 6-bit and 4-bit scale
- * codes are widened to int8. `group` is QK. Panel p, for each block b =
+ * K-QUANTS in PANEL16 (Q5_0, Q5_1, IQ4_NL, MXFP4: blocks of QK = 32;
+ * Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS: super-blocks of QK = 256;
+ * ie_dtype.h gives each type's codes and formula). A lossless
+ * rearrangement of the ggml blocks: every f16 and every code is kept, 6-bit
+ * and 4-bit scale codes are widened to int8. `group` is QK. MXFP4 is laid
+ * out as IQ4_NL (d, then 4-bit codes into ie_mxfp4_kvalues) with d the f16
+ * 2^(e-128) of its block's exponent e: exact for e in [104, 143] (f16
+ * subnormals included), and d = 0 for a block whose codes are all +-0
+ * whatever its e; a block outside both has no panel form (ie_pack_repack
+ * refuses the matrix, which then runs in ROWS). Panel p, for each block b =
  * 0 .. n_in/QK - 1 in order, is a header and then the codes:
  *   header, in this order (16 = the panel's rows, row i at index i):
  *     f16 d[16]                      every type
@@ -54,7 +59,7 @@
  *   (nsub = 16 for Q2_K, Q3_K, Q6_K; 8 for Q4_K, Q5_K, IQ4_XS; 32-element
  *   types have no sc/mn: their scale is d alone.)
  *   codes, for each slab of 32 columns K = 32s of the block in order, the
- *   b-bit code u (b = 2 Q2_K, 3 Q3_K, 4 Q4_K IQ4_NL IQ4_XS, 5 Q5_0 Q5_1
+ *   b-bit code u (b = 2 Q2_K, 3 Q3_K, 4 Q4_K IQ4_NL IQ4_XS MXFP4, 5 Q5_0 Q5_1
  *   Q5_K, 6 Q6_K) split into planes of 64-byte chunks (row i, j = 0..3):
  *     nibble chunks c = 0..3 (b >= 4): bits 0-3;
  *         byte 4i+j = lo4(u[i][K+8c+j]) | lo4(u[i][K+8c+4+j]) << 4
@@ -68,8 +73,8 @@
  * The value of element k of row i is the type's formula (ie_dtype.h) on
  * these fields, evaluated in the same order, so ie_pack_dequant_row equals
  * ie_dequantize_row on the source bit for bit. Activations: Q8_P for the
- * 32-element types, Q8_K for the others (ie_matmul_act_dtype); the same
- * for their ROWS kernels.
+ * 32-element types, Q8_K for the others (ie_matmul_packed_act_dtype); the
+ * same for their ROWS kernels, except MXFP4's (Q8_0).
  * Panel bytes per block: 2*16*(1 + has_dmin) + 16*nsub*(1 + has_mn) + 16*QK*b/8.
  *
  * Q8_P activations (what matmul_packed reads): per token row of n_in
@@ -120,11 +125,16 @@ static inline int ie_dtype_is_intw(ie_dtype_t t)
 /* 1 for the plain 16-bit float types PANEL16 holds (no scales). */
 static inline int ie_dtype_is_half(ie_dtype_t t) { return t == IE_DTYPE_BF16 || t == IE_DTYPE_F16; }
 
-/* 1 for the types PANEL16 can hold: the I-types, BF16, F16 and the
- * k-quants (ie_dtype_is_kquant). */
+/* 1 for the types whose PANEL16 is the k-quant panel (below): the
+ * k-quants and MXFP4, whose blocks are IQ4_NL's with another code book and
+ * a power-of-two scale (its panels hold d = 2^(e-128) as f16). */
+static inline int ie_dtype_is_kq_panel(ie_dtype_t t) { return ie_dtype_is_kquant(t) || t == IE_DTYPE_MXFP4; }
+
+/* 1 for the types PANEL16 can hold: the I-types, BF16, F16, the k-quants
+ * and MXFP4 (ie_dtype_is_kq_panel). */
 static inline int ie_dtype_is_packable(ie_dtype_t t)
 {
-    return ie_dtype_is_intw(t) || ie_dtype_is_half(t) || ie_dtype_is_kquant(t);
+    return ie_dtype_is_intw(t) || ie_dtype_is_half(t) || ie_dtype_is_kq_panel(t);
 }
 
 /* 0 if (dtype, group, n_in) is a valid packed shape (dtype in I8W/I4W/I4WA,

@@ -9,6 +9,8 @@
  *   Q5_0/Q5_1 : low 4 bits: k < 16 qs[k] & 15, else qs[k-16] >> 4; bit 4:
  *               bit k of qh read as a little-endian uint32.
  *   IQ4_NL    : as the low 4 bits of Q5_0; the value is kv[u].
+ *   MXFP4     : { e, qs[16] }, codes as IQ4_NL's; d is 2^(e-128) as f16
+ *               where that is exact (ie_pack.h), the value kv_mxfp4[u]*d.
  *   Q2_K      : u = (qs[32h + l] >> 2s) & 3 with h = k/128, s = (k%128)/32,
  *               l = k%32; scales[j] = sc | mn << 4 (j = k/16).
  *   Q3_K      : low 2 bits as Q2_K; bit 2 = (hmask[k%32] >> (k/32)) & 1
@@ -46,6 +48,11 @@ static void st16(uint8_t *p, ie_f16_t v)
     p[1] = (uint8_t)(v >> 8);
 }
 
+/* The MXFP4 exponents whose scale 2^(e-128) an f16 holds exactly: 2^-24
+ * (the least f16 subnormal) .. 2^15. */
+#define MXFP4_E_MIN 104
+#define MXFP4_E_MAX 143
+
 /* 1 when the binary16 bits h are inf or NaN (exponent all ones). */
 static int f16_nonfinite(ie_f16_t h) { return (h & 0x7c00) == 0x7c00; }
 
@@ -57,7 +64,8 @@ int ie_kq_info(ie_dtype_t t, ie_kq_info_t *info)
     switch (t) {
     case IE_DTYPE_Q5_0: i = (ie_kq_info_t){IE_QK, 0, 5, 0, 0}; break;
     case IE_DTYPE_Q5_1: i = (ie_kq_info_t){IE_QK, 0, 5, 1, 0}; break;
-    case IE_DTYPE_IQ4_NL: i = (ie_kq_info_t){IE_QK, 0, 4, 0, 0}; break;
+    case IE_DTYPE_IQ4_NL:
+    case IE_DTYPE_MXFP4: i = (ie_kq_info_t){IE_QK, 0, 4, 0, 0}; break;
     case IE_DTYPE_Q2_K: i = (ie_kq_info_t){IE_QK_K, 16, 2, 1, 1}; break;
     case IE_DTYPE_Q3_K: i = (ie_kq_info_t){IE_QK_K, 16, 3, 0, 0}; break;
     case IE_DTYPE_Q4_K: i = (ie_kq_info_t){IE_QK_K, 8, 4, 1, 1}; break;
@@ -147,6 +155,16 @@ int ie_kq_decode(ie_dtype_t t, const void *block, ie_kq_codes_t *c)
         c->d = ld16(b);
         for (int k = 0; k < IE_QK; k++) c->u[k] = (uint8_t)nib32(b + 2, k);
         break;
+    case IE_DTYPE_MXFP4: {
+        int any = 0; /* a code other than +-0 */
+        for (int k = 0; k < IE_QK; k++) {
+            c->u[k] = (uint8_t)nib32(b + 1, k);
+            any |= (c->u[k] & 7) != 0;
+        }
+        if (b[0] >= MXFP4_E_MIN && b[0] <= MXFP4_E_MAX) c->d = ie_f32_to_f16(ie_e8m0_half_to_f32(b[0]));
+        else if (any) return -1; /* 2^(e-128) is not an f16 */
+        break;
+    }
     case IE_DTYPE_Q2_K: {
         const ie_block_q2_k_t *q = block;
         for (int k = 0; k < IE_QK_K; k++)
@@ -246,6 +264,21 @@ int ie_kq_encode(ie_dtype_t t, const ie_kq_codes_t *c, void *block)
         st16(b, c->d);
         for (int k = 0; k < IE_QK; k++) b[2 + k % 16] |= (uint8_t)((c->u[k] & 15u) << (4 * (k / 16)));
         break;
+    case IE_DTYPE_MXFP4: {
+        int e = 0, any = 0;
+        for (int k = 0; k < IE_QK; k++) any |= (c->u[k] & 7) != 0;
+        if (c->d == 0 && any) return -1; /* no e gives exact zeros but +-0 codes */
+        if (c->d != 0) {
+            const float d = ie_f16_to_f32(c->d);
+            int x;
+            if (!(d > 0.0f) || frexpf(d, &x) != 0.5f || x - 1 + 128 < MXFP4_E_MIN || x - 1 + 128 > MXFP4_E_MAX)
+                return -1; /* not 2^(e-128) for an e the panels hold */
+            e = x - 1 + 128;
+        }
+        b[0] = (uint8_t)e;
+        for (int k = 0; k < IE_QK; k++) b[1 + k % 16] |= (uint8_t)((c->u[k] & 15u) << (4 * (k / 16)));
+        break;
+    }
     case IE_DTYPE_Q2_K: {
         ie_block_q2_k_t *q = block;
         for (int k = 0; k < IE_QK_K; k++)
@@ -324,6 +357,7 @@ float ie_kq_value(ie_dtype_t t, const ie_kq_codes_t *c, int k)
     case IE_DTYPE_Q5_0: return d * (float)(u - 16);
     case IE_DTYPE_Q5_1: return d * (float)u + dm;
     case IE_DTYPE_IQ4_NL: return d * (float)ie_iq4nl_kvalues[u & 15];
+    case IE_DTYPE_MXFP4: return d * (float)ie_mxfp4_kvalues[u & 15];
     case IE_DTYPE_Q2_K: return (d * (float)c->sc[k / 16]) * (float)u - dm * (float)c->mn[k / 16];
     case IE_DTYPE_Q3_K: return (d * (float)c->sc[k / 16]) * (float)(u - 4);
     case IE_DTYPE_Q4_K:
@@ -819,7 +853,7 @@ static void quantize_block(ie_dtype_t t, const float *x, ie_kq_codes_t *c)
 int ie_kq_quantize_row(ie_dtype_t t, const float *src, void *dst, int64_t n)
 {
     ie_kq_info_t in;
-    if (ie_kq_info(t, &in) != 0 || n < 0 || n % in.qk != 0) return -1;
+    if (!ie_dtype_is_kquant(t) || ie_kq_info(t, &in) != 0 || n < 0 || n % in.qk != 0) return -1;
     const size_t bb = ie_dtype_block_bytes(t);
     ie_kq_codes_t c;
     for (int64_t b = 0; b < n / in.qk; b++) {

@@ -418,9 +418,10 @@ static void kq_get_row(const ie_kq_panel_t *g, const uint8_t *blk, int i, ie_kq_
 /* Panels of rows [r0, r1) of the k-quant PANEL16 matrix dst from ggml
  * ROWS src (row r at src + r * row bytes): every block decoded and its
  * fields put in place; rows past n_out (the last panel's padding) get
- * all-zero fields: d = dmin = 0, sc = mn = 0, codes 0. */
-static void kq_repack(ie_dtype_t t, const ie_kq_panel_t *g, const uint8_t *src, int64_t n_in, int64_t r0,
-                      int64_t r1, int64_t n_out, void *dst)
+ * all-zero fields: d = dmin = 0, sc = mn = 0, codes 0. Returns 0, or -1 at
+ * the first block with no panel form (MXFP4's, ie_pack.h). */
+static int kq_repack(ie_dtype_t t, const ie_kq_panel_t *g, const uint8_t *src, int64_t n_in, int64_t r0, int64_t r1,
+                     int64_t n_out, void *dst)
 {
     const size_t rb = ie_dtype_row_bytes(t, n_in), bb = ie_dtype_block_bytes(t);
     const int64_t nb = n_in / g->info.qk;
@@ -429,11 +430,12 @@ static void kq_repack(ie_dtype_t t, const ie_kq_panel_t *g, const uint8_t *src, 
         for (int i = 0; i < IE_PANEL; i++) {
             const int64_t r = p * IE_PANEL + i;
             for (int64_t b = 0; b < nb; b++) {
-                if (r < n_out) (void)ie_kq_decode(t, src + (size_t)r * rb + (size_t)b * bb, &c);
-                else memset(&c, 0, sizeof c);
+                if (r >= n_out) memset(&c, 0, sizeof c);
+                else if (ie_kq_decode(t, src + (size_t)r * rb + (size_t)b * bb, &c) != 0) return -1;
                 kq_put_row(g, kq_block(g, dst, n_in, p, b), i, &c);
             }
         }
+    return 0;
 }
 
 typedef struct {
@@ -454,13 +456,13 @@ static void put_quant(const void *ctx, int64_t r, int64_t g, uint8_t *grp, int i
  * Padding rows of the last panel (when r1 = n_out) are written as zero rows:
  * d = m = 0 and the codes of 0.0f (I8W 128, I4W 8, I4WA 0). Only the panels
  * of [r0, r1) are written, so disjoint ranges may run concurrently.
- * The k-quants are refused (-1): they come from files, and floats reach
- * them through ie_quantize_row and ie_pack_repack.
+ * The k-quants and MXFP4 are refused (-1): they come from files, and
+ * floats reach them through ie_quantize_row and ie_pack_repack.
  * Returns 0, or -1 on an invalid shape/range or NULL pointers. */
 int ie_pack_quantize(ie_dtype_t dtype, int group, ie_qscale_t how, const float *src, int64_t n_in, int64_t r0,
                      int64_t r1, int64_t n_out, void *dst)
 {
-    if (ie_dtype_is_kquant(dtype)) return -1;
+    if (ie_dtype_is_kq_panel(dtype)) return -1;
     if (ie_pack_check(dtype, group, n_in) != 0 || !range_ok(r0, r1, n_out) || !src || !dst) return -1;
     if (ie_dtype_is_half(dtype)) {
         half_fill(dtype, src, NULL, n_in, r0, r1, n_out, dst);
@@ -471,11 +473,11 @@ int ie_pack_quantize(ie_dtype_t dtype, int group, ie_qscale_t how, const float *
     return 0;
 }
 
-/* Q8_0 -> I8W, Q4_0 -> I4W, Q4_1 -> I4WA, I-types, BF16, F16 and the
- * k-quants -> themselves. */
+/* Q8_0 -> I8W, Q4_0 -> I4W, Q4_1 -> I4WA, I-types, BF16, F16, the
+ * k-quants and MXFP4 -> themselves. */
 ie_dtype_t ie_pack_target(ie_dtype_t rows_dtype)
 {
-    if (ie_dtype_is_kquant(rows_dtype)) return rows_dtype;
+    if (ie_dtype_is_kq_panel(rows_dtype)) return rows_dtype;
     switch (rows_dtype) {
     case IE_DTYPE_Q8_0:
     case IE_DTYPE_I8W: return IE_DTYPE_I8W;
@@ -540,17 +542,14 @@ int ie_pack_repack(ie_dtype_t rows_dtype, int group, const void *src, int64_t n_
 {
     const ie_dtype_t t = ie_pack_target(rows_dtype);
     if (t == IE_DTYPE_INVALID || !src || !dst) return -1;
-    if (!ie_dtype_is_intw(rows_dtype)) group = ie_dtype_is_kquant(t) ? ie_dtype_block_elems(t) : IE_QK;
+    if (!ie_dtype_is_intw(rows_dtype)) group = ie_dtype_is_kq_panel(t) ? ie_dtype_block_elems(t) : IE_QK;
     if (ie_pack_check(t, group, n_in) != 0 || !range_ok(r0, r1, n_out)) return -1;
     if (ie_dtype_is_half(t)) {
         half_fill(t, NULL, src, n_in, r0, r1, n_out, dst);
         return 0;
     }
     ie_kq_panel_t g;
-    if (ie_kq_panel(t, &g) == 0) {
-        kq_repack(t, &g, src, n_in, r0, r1, n_out, dst);
-        return 0;
-    }
+    if (ie_kq_panel(t, &g) == 0) return kq_repack(t, &g, src, n_in, r0, r1, n_out, dst);
     const repack_ctx_t c = {t, group, src, ie_qrow_bytes(t, group, n_in), scale_bytes(t) + quant_bytes(t, group)};
     panel_fill(t, group, n_in, r0, r1, n_out, dst, put_repack, &c);
     return 0;
@@ -646,14 +645,14 @@ static int packed_args_ok(const ie_pmat_t *m, int64_t r0, int64_t r1, const void
 }
 
 /* One k-quant block (codes c of one weight row) against block b of one
- * activation row (ie_matmul_act_dtype: Q8_P or Q8_K): the f32 term the row
- * sum adds. The order is the ROWS reference's (kquant_ref.c), so a packed
- * and a ROWS matrix give the same bits:
+ * activation row (ie_matmul_packed_act_dtype: Q8_P or Q8_K): the f32 term
+ * the row sum adds. The order is the ROWS reference's (kquant_ref.c), so a
+ * packed and a ROWS matrix of a k-quant give the same bits:
  *   32-element types x Q8_P (q, da, s of block b): isum = sum v*q exactly
- *   (v = u; IQ4_NL kv[u]), then in f32
+ *   (v = u; IQ4_NL, MXFP4: their code book's kv[u]), then in f32
  *       Q5_0  : dw * (da*isum - 16*s)
  *       Q5_1  : (dw*da)*isum + m*s
- *       IQ4_NL: (dw*da)*isum
+ *       IQ4_NL, MXFP4: (dw*da)*isum
  *   256-element types x Q8_K (q, da, bsums of block b), in int32 (the
  *   largest, Q6_K's, is below 2^31):
  *       isum = sum_j sc_j * (sum_{k in j} v_k*q_k - off*bs_j)
@@ -664,11 +663,11 @@ static int packed_args_ok(const ie_pmat_t *m, int64_t r0, int64_t r1, const void
 static float kq_block_term(ie_dtype_t t, const ie_kq_info_t *in, const ie_kq_codes_t *c, const uint8_t *arow,
                            int64_t b, int64_t n_in)
 {
-    const int nl = t == IE_DTYPE_IQ4_NL || t == IE_DTYPE_IQ4_XS; /* codes index the code book */
+    const int8_t *book = ie_kq_book(t); /* codes index the code book */
     if (in->qk == IE_QK) {
         const int8_t *q = (const int8_t *)arow + b * IE_QK;
         int32_t isum = 0;
-        for (int k = 0; k < IE_QK; k++) isum += (nl ? ie_iq4nl_kvalues[c->u[k] & 15] : (int32_t)c->u[k]) * q[k];
+        for (int k = 0; k < IE_QK; k++) isum += (book ? book[c->u[k] & 15] : (int32_t)c->u[k]) * q[k];
         const float dw = ie_f16_to_f32(c->d), da = ld_f32(arow + n_in + 4 * b),
                     sa = ld_f32(arow + n_in + 4 * (n_in / IE_QK) + 4 * b);
         switch (t) {
@@ -685,7 +684,7 @@ static float kq_block_term(ie_dtype_t t, const ie_kq_info_t *in, const ie_kq_cod
     for (int j = 0; j < in->nsub; j++) {
         int32_t sj = 0, bs = 0;
         for (int k = j * len; k < (j + 1) * len; k++)
-            sj += (nl ? ie_iq4nl_kvalues[c->u[k] & 15] : (int32_t)c->u[k]) * (int32_t)a.q[k];
+            sj += (book ? book[c->u[k] & 15] : (int32_t)c->u[k]) * (int32_t)a.q[k];
         for (int i = 0; i < per; i++) bs += a.bsums[j * per + i];
         isum += c->sc[j] * (sj - off * bs);
         msum += c->mn[j] * bs;
@@ -733,10 +732,11 @@ static void kq_matmul(const ie_pmat_t *m, const ie_kq_panel_t *g, int64_t r0, in
  * (from x_w = d*(c - off) or d*c + m, x_a = ad*qa and s_b = ad*sum(qa)).
  * BF16 x BF16 rows and F16 x F32 rows: the exact products summed in
  * double, as ie_matmul_bf16_bf16_ref / the f16 ROWS reference. The
- * k-quants (Q8_P rows for Q5_0/Q5_1/IQ4_NL, Q8_K rows of ggml blocks for
- * the rest): per block the exact integer sums, then the f32 term of
+ * k-quants (Q8_P rows for Q5_0/Q5_1/IQ4_NL/MXFP4, Q8_K rows of ggml blocks
+ * for the rest): per block the exact integer sums, then the f32 term of
  * kq_block_term, summed over blocks in double — the same bits as the
- * ROWS reference ie_matmul_<t>_q8_{p,k}_ref on the source rows. Returns
+ * ROWS reference ie_matmul_<t>_q8_{p,k}_ref on the source rows (MXFP4's
+ * ROWS kernels read Q8_0 rows instead). Returns
  * IE_OK, or IE_ERR_INVAL on an invalid matrix/range. */
 ie_status_t ie_matmul_packed_ref(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                  int64_t n_tok, float *y, int64_t ldy)

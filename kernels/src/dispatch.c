@@ -84,6 +84,11 @@ ie_dtype_t ie_matmul_act_dtype(ie_dtype_t wtype)
     }
 }
 
+ie_dtype_t ie_matmul_packed_act_dtype(ie_dtype_t wtype)
+{
+    return wtype == IE_DTYPE_MXFP4 ? IE_DTYPE_Q8_P : ie_matmul_act_dtype(wtype);
+}
+
 #ifdef IE_X86
 static unsigned long long xgetbv0(void)
 {
@@ -252,17 +257,15 @@ int ie_amx_route(ie_dtype_t wtype, int64_t n_tok)
     if (wtype == IE_DTYPE_BF16) return bf16 ? IE_AMX_ROUTE_BF16 : IE_AMX_ROUTE_AVX512;
     const int r = ie_amx_int_tiles();
     if (r == IE_AMX_ROUTE_BF16) /* the int types, the k-quants and MXFP4, dequantized */
-        return bf16 && (ie_dtype_is_intw(wtype) || ie_dtype_is_kquant(wtype) || wtype == IE_DTYPE_MXFP4)
-                   ? r
-                   : IE_AMX_ROUTE_AVX512;
+        return bf16 && (ie_dtype_is_intw(wtype) || ie_dtype_is_kq_panel(wtype)) ? r : IE_AMX_ROUTE_AVX512;
     return ie_dtype_is_intw(wtype) ? r : IE_AMX_ROUTE_AVX512; /* int8 tiles: the int types only */
 }
 
 /* act_dtype of the tables that read what ie_matmul_act_dtype says. */
 static ie_dtype_t act_dtype_plain(ie_dtype_t wtype, int packed, int64_t n_tok)
 {
-    (void)packed, (void)n_tok;
-    return ie_matmul_act_dtype(wtype);
+    (void)n_tok;
+    return packed ? ie_matmul_packed_act_dtype(wtype) : ie_matmul_act_dtype(wtype);
 }
 
 /* Contract (ie_kernels.h). */

@@ -127,9 +127,10 @@ void ie_matmul_mxfp4_q8_0_ref(const void *w, int64_t n_in, int64_t r0, int64_t r
 
 /* ---------------------------------------- k-quant codes (kquant_ref.c) */
 
-/* The shape of a k-quant type (ie_dtype_is_kquant): elements per block,
- * sub-blocks per block (0 for the 32-element types: their scale is d
- * alone), code bits, and which fields it has (ie_dtype.h, ie_pack.h). */
+/* The shape of a k-quant type, or of MXFP4 as its panels hold it
+ * (ie_dtype_is_kq_panel): elements per block, sub-blocks per block (0 for
+ * the 32-element types: their scale is d alone), code bits, and which
+ * fields it has (ie_dtype.h, ie_pack.h). */
 typedef struct ie_kq_info {
     int qk;       /* 32 or 256                                       */
     int nsub;     /* 0, 8 or 16                                      */
@@ -138,8 +139,16 @@ typedef struct ie_kq_info {
     int has_mn;   /* Q2_K, Q4_K, Q5_K: min codes per sub-block       */
 } ie_kq_info_t;
 
-/* 0 and *info filled for a k-quant type, -1 for any other. */
+/* 0 and *info filled for a k-quant type or MXFP4, -1 for any other. */
 int ie_kq_info(ie_dtype_t t, ie_kq_info_t *info);
+
+/* The code book a type's 4-bit codes index (IQ4_NL, IQ4_XS: ie_iq4nl_kvalues;
+ * MXFP4: ie_mxfp4_kvalues), NULL for the types whose codes are integers. */
+static inline const int8_t *ie_kq_book(ie_dtype_t t)
+{
+    if (t == IE_DTYPE_IQ4_NL || t == IE_DTYPE_IQ4_XS) return ie_iq4nl_kvalues;
+    return t == IE_DTYPE_MXFP4 ? ie_mxfp4_kvalues : NULL;
+}
 
 /* One block's fields, decoded: u[k] the unsigned code of element k (k <
  * qk), sc[j] / mn[j] sub-block j's signed scale / min code exactly as
@@ -154,12 +163,14 @@ typedef struct ie_kq_codes {
 
 /* Decode one ggml block of type t into c. The one place that knows which
  * bits of a ggml block hold which code (dequantize, repack and the
- * quantizers all go through it and ie_kq_encode). Returns 0, -1 if t is
- * not a k-quant. */
+ * quantizers all go through it and ie_kq_encode). MXFP4: d = 2^(e-128) as
+ * f16 (ie_pack.h; 0 for a block of +-0 codes); a block that has no such d
+ * gives -1. Returns 0, -1 if t is neither a k-quant nor MXFP4. */
 int ie_kq_decode(ie_dtype_t t, const void *block, ie_kq_codes_t *c);
 
 /* The inverse: write the ggml block of type t holding c's fields (codes
- * out of their range are masked to their bits). Returns 0 or -1. */
+ * out of their range are masked to their bits; MXFP4: d must be a power
+ * of two in [2^-24, 2^15], or 0 with +-0 codes, giving e = 0). Returns 0 or -1. */
 int ie_kq_encode(ie_dtype_t t, const ie_kq_codes_t *c, void *block);
 
 /* Element k's value from c by the type's formula (ie_dtype.h), in f32 in
@@ -279,9 +290,9 @@ ie_status_t ie_matmul_packed_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, co
                                   int64_t n_tok, float *y, int64_t ldy);
 ie_status_t ie_matmul_packed_ranges_avx2(const ie_pmat_t *m, ie_panel_next_fn next, void *ctx, const void *a,
                                          size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
-/* matmul_packed for a k-quant PANEL16 matrix (ie_dtype_is_kquant; ie_pack.h)
- * whose arguments the caller has checked: rows [r0, r1), r0 a multiple of
- * 16, activation rows (Q8_K or Q8_P, ie_matmul_act_dtype) a_stride bytes
+/* matmul_packed for a k-quant or MXFP4 PANEL16 matrix (ie_dtype_is_kq_panel;
+ * ie_pack.h) whose arguments the caller has checked: rows [r0, r1), r0 a
+ * multiple of 16, activation rows (Q8_K or Q8_P, ie_matmul_packed_act_dtype) a_stride bytes
  * apart with quants in [-127, 127], as the quantizers produce. Does
  * nothing for another dtype. */
 void ie_matmul_packed_kq_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
@@ -340,9 +351,9 @@ void ie_matmul_packed_f16_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, con
 /* ie_quantize_row_q8_k_ref's bytes, bit for bit, with AVX-512 (n a
  * multiple of 256; out: n/256 ie_block_q8_k_t). */
 void ie_quantize_row_q8_k_avx512(const float *x, void *out, int64_t n);
-/* matmul_packed / matmul_packed_ranges for the k-quant PANEL16 types
- * (ie_dtype_is_kquant; kquant_avx512.c): Q8_K activations for the
- * 256-element types, Q8_P for Q5_0, Q5_1 and IQ4_NL. The contracts of the
+/* matmul_packed / matmul_packed_ranges for the k-quant and MXFP4 PANEL16
+ * types (ie_dtype_is_kq_panel; kquant_avx512.c): Q8_K activations for the
+ * 256-element types, Q8_P for Q5_0, Q5_1, IQ4_NL and MXFP4. The contracts of the
  * table entries (IE_ERR_INVAL for another dtype). */
 ie_status_t ie_matmul_packed_kq_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                        int64_t n_tok, float *y, int64_t ldy);

@@ -13,7 +13,7 @@ int ie_pack_check(ie_dtype_t dtype, int group, int64_t n_in)
 {
     if (!ie_dtype_is_packable(dtype) || group <= 0 || group % 32 != 0 || n_in <= 0 || n_in % group != 0) return -1;
     if (ie_dtype_is_half(dtype) && group != IE_QK) return -1;
-    if (ie_dtype_is_kquant(dtype) && group != ie_dtype_block_elems(dtype)) return -1;
+    if (ie_dtype_is_kq_panel(dtype) && group != ie_dtype_block_elems(dtype)) return -1;
     return 0;
 }
 

@@ -165,12 +165,14 @@ def read_logits(path: Path, n_tokens: int, n_vocab: int) -> np.ndarray:
 
 
 def engine_logits(model: Path, ids, out_dir: Path, *, precision: str = "native",
-                  mode: str = "prefill", threads: int = THREADS, timeout: float = 300) -> np.ndarray:
+                  mode: str = "prefill", threads: int = THREADS, timeout: float = 300,
+                  env: dict | None = None) -> np.ndarray:
+    """The engine's logits for ids (`logits` mode); env adds to the environment."""
     ids = [int(i) for i in ids]
     out = out_dir / f"logits_{precision}_{mode}_{len(ids)}.f32"
     info = run_json(["logits", "--model", model, "--ids", ",".join(map(str, ids)),
                      "--precision", precision, "--mode", mode, "--threads", threads,
-                     "--out", out], timeout=timeout)
+                     "--out", out], timeout=timeout, env=env)
     assert info.get("n_tokens") == len(ids), info
     n_vocab = info.get("n_vocab")
     assert isinstance(n_vocab, int) and n_vocab > 0, info

@@ -20,7 +20,8 @@ Metric: rel = max over positions of max|ours - ref| / max|ref|.
     prefill and decode, all four forms (the issue's bound).
   --precision native: f32 weights are multiplied with f32 activations
     -> rel <= 1e-4. bf16 weights take bf16 activations (vdpbf16ps, as
-    llama.cpp's bf16 path does) and MXFP4 experts int8 (Q8_0) activations;
+    llama.cpp's bf16 path does) and MXFP4 experts int8 activations (Q8_P
+    on their panels, the default; Q8_0 on ggml's rows under IE_REPACK=0);
     that rounding can flip a router decision where the reference's 2nd and
     3rd expert logits nearly tie: measured (MXFP4), position 31 has the
     prompt's smallest such gap (0.03 in layers 0 and 1) and is the one
@@ -31,10 +32,12 @@ Metric: rel = max over positions of max|ours - ref| / max|ref|.
 """
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 import pytest
 
-from conftest import engine_logits, fixture_path, row_rel_err
+from conftest import engine_logits, fixture_path, gguf_layout, row_rel_err
 
 CASES = [
     ("tiny_gptoss", "tiny_gptoss/expected.npz", 8),
@@ -78,3 +81,44 @@ def test_native(name, expected, n_expert, mode, tmp_path, ie_bin):
     assert outliers <= NATIVE_Q["max_outliers"], f"{name} {mode}: {outliers} positions above 0.05: {rel}"
     assert agree >= NATIVE_Q["argmax"], f"{name} {mode}: argmax agreement {agree:.2f}"
 
+
+def _check_native_q(name, mode, ours, ref):
+    rel = row_rel_err(ours, ref)
+    agree = np.mean(ours.argmax(-1) == ref.argmax(-1))
+    outliers = int(np.sum(rel > NATIVE_Q["outlier_rel"]))
+    assert np.median(rel) <= NATIVE_Q["median_rel"], f"{name} {mode}: median rel {np.median(rel):.3g}"
+    assert outliers <= NATIVE_Q["max_outliers"], f"{name} {mode}: {outliers} positions above 0.05: {rel}"
+    assert agree >= NATIVE_Q["argmax"], f"{name} {mode}: argmax agreement {agree:.2f}"
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_native_mxfp4_rows(mode, tmp_path, ie_bin):
+    """IE_REPACK=0: the MXFP4 experts stay in ggml's rows (the ROWS kernels,
+    Q8_0 activations) -- the same bounds as their panels."""
+    ids, ref = _expected("tiny_gptoss_mxfp4/expected.npz")
+    ours = engine_logits(fixture_path("tiny_gptoss.gguf"), ids, tmp_path, precision="native", mode=mode,
+                         env={"IE_REPACK": "0"})
+    _check_native_q("tiny_gptoss.gguf rows", mode, ours, ref)
+
+
+def test_mxfp4_exponent_without_panel_form(tmp_path, ie_bin):
+    """An expert block whose scale 2^(e-128) has no f16 (e = 144, codes of
+    magnitude 6: values +-786432) cannot go into the k-quant panels: that
+    stack binds as ggml's rows and the model still loads and computes, within
+    the quantized bounds of its own exact (f32) logits."""
+    src = fixture_path("tiny_gptoss.gguf").read_bytes()
+    lay = gguf_layout(src)
+    loc = next(t for t in lay.tensors if t.name == "blk.1.ffn_up_exps.weight")
+    (gtype,) = struct.unpack_from("<I", src, loc.type_pos)
+    assert gtype == 39, "the fixture's experts are MXFP4"
+    (off,) = struct.unpack_from("<Q", src, loc.offset_pos)
+    buf = bytearray(src)
+    blk = lay.data_start + off + 17 * 5  # row 0 of expert 0, block 5: e, then 16 code bytes
+    buf[blk] = 144
+    buf[blk + 1:blk + 17] = bytes([0x77]) * 16  # every code 7: +6 (E2M1)
+    model = tmp_path / "patched.gguf"
+    model.write_bytes(bytes(buf))
+    ids, _ = _expected("tiny_gptoss_mxfp4/expected.npz")
+    exact = engine_logits(model, ids, tmp_path, precision="f32")
+    ours = engine_logits(model, ids, tmp_path, precision="native")
+    _check_native_q("patched e=144", "prefill", ours, exact)

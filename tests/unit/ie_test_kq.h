@@ -12,16 +12,17 @@
 #include "ie_dtype.h"
 #include "ie_pack.h"
 
-/* The k-quant types, each with its block size. */
-static const ie_dtype_t IE_TEST_KTYPES[] = {IE_DTYPE_Q5_0, IE_DTYPE_Q5_1, IE_DTYPE_IQ4_NL,
-                                            IE_DTYPE_Q2_K, IE_DTYPE_Q3_K, IE_DTYPE_Q4_K,
-                                            IE_DTYPE_Q5_K, IE_DTYPE_Q6_K, IE_DTYPE_IQ4_XS};
+/* The k-quant types and MXFP4: the k-quant panels' types (ie_dtype_is_kq_panel). */
+static const ie_dtype_t IE_TEST_KTYPES[] = {IE_DTYPE_Q5_0,   IE_DTYPE_Q5_1, IE_DTYPE_IQ4_NL, IE_DTYPE_Q2_K,
+                                            IE_DTYPE_Q3_K,   IE_DTYPE_Q4_K, IE_DTYPE_Q5_K,   IE_DTYPE_Q6_K,
+                                            IE_DTYPE_IQ4_XS, IE_DTYPE_MXFP4};
 #define IE_TEST_N_KTYPES ((int)(sizeof IE_TEST_KTYPES / sizeof IE_TEST_KTYPES[0]))
 
 /* An n_out x n_in matrix of type t (n_in a multiple of its block) in
  * PANEL16, 64-byte aligned (free()), from ggml blocks of random fields
  * (ie_kq_encode: codes and sub-block codes over their whole range, d and
- * dmin of either sign, 2^-9 .. 2^-3 in f16) repacked; NULL on failure. */
+ * dmin of either sign, 2^-9 .. 2^-3 in f16; MXFP4 the powers of two there)
+ * repacked; NULL on failure. */
 static inline void *ie_test_kq_random(ie_dtype_t t, int64_t n_in, int64_t n_out)
 {
     ie_kq_info_t in;
@@ -47,7 +48,7 @@ static inline void *ie_test_kq_random(ie_dtype_t t, int64_t n_in, int64_t n_out)
                              ldexpf(1.0f + rng_f() * 0.5f, -3 - (int)(rng_u32() % 7));
             const float sm = (rng_u32() & 1 ? -1.0f : 1.0f) *
                              ldexpf(1.0f + rng_f() * 0.5f, -3 - (int)(rng_u32() % 7));
-            c.d = ie_f32_to_f16(sd);
+            c.d = ie_f32_to_f16(t == IE_DTYPE_MXFP4 ? ldexpf(1.0f, -3 - (int)(rng_u32() % 7)) : sd);
             c.dmin = ie_f32_to_f16(sm);
             if (ie_kq_encode(t, &c, rows + (size_t)r * rb + (size_t)b * bb) != 0) {
                 free(rows), free(dst);

@@ -336,12 +336,12 @@ static void *bf16_copy(const ie_pmat_t *m)
     return wd;
 }
 
-/* An n_out x n_in PANEL16 matrix of type t: a k-quant's from random ggml
- * blocks (its group is its block), the others' quantized from wf in
- * groups of g. Caller frees. */
+/* An n_out x n_in PANEL16 matrix of type t: a k-quant's or MXFP4's from
+ * random ggml blocks (its group is its block), the others' quantized from
+ * wf in groups of g. Caller frees. */
 static void *pack_any(ie_dtype_t t, int g, const float *wf, int64_t n_in, int64_t n_out)
 {
-    if (ie_dtype_is_kquant(t)) {
+    if (ie_dtype_is_kq_panel(t)) {
         void *wd = ie_test_kq_random(t, n_in, n_out);
         CU_ASSERT_PTR_NOT_NULL_FATAL(wd);
         return wd;
@@ -798,16 +798,17 @@ static void test_hw_table(void)
 {
     const ie_kernels_t *k = ie_kernels_get(IE_ISA_AMX);
     CU_ASSERT_PTR_NOT_NULL_FATAL(k);
-    /* the k-quants only on the bf16 route (elsewhere they are AVX-512's, tested in test_kquant_pack) */
-    static const ie_dtype_t types[] = {IE_DTYPE_I8W,  IE_DTYPE_I4W,  IE_DTYPE_I4WA,
-                                       IE_DTYPE_BF16, IE_DTYPE_Q4_K, IE_DTYPE_Q6_K};
-    const int n_types = ie_amx_int_tiles() == IE_AMX_ROUTE_BF16 ? 6 : 4;
+    /* the k-quants and packed MXFP4 only on the bf16 route (elsewhere they are AVX-512's, tested in
+     * test_kquant_pack) */
+    static const ie_dtype_t types[] = {IE_DTYPE_I8W,  IE_DTYPE_I4W,  IE_DTYPE_I4WA, IE_DTYPE_BF16,
+                                       IE_DTYPE_Q4_K, IE_DTYPE_Q6_K, IE_DTYPE_MXFP4};
+    const int n_types = ie_amx_int_tiles() == IE_AMX_ROUTE_BF16 ? 7 : 4;
     static const int64_t toks[] = {1, 5, 16, 37};
     int bad = 0;
     for (int ti = 0; ti < n_types; ti++)
         for (int ni = 0; ni < 4; ni++) {
             const int64_t n_in = 2048, n_out = 100, n_tok = toks[ni];
-            const int kq = ie_dtype_is_kquant(types[ti]), g = kq ? ie_dtype_block_elems(types[ti]) : 32;
+            const int kq = ie_dtype_is_kq_panel(types[ti]), g = kq ? ie_dtype_block_elems(types[ti]) : 32;
             const ie_dtype_t at = ie_kernels_act_dtype(k, types[ti], 1, n_tok);
             const int half = at == IE_DTYPE_BF16; /* BF16, or an int type on the bf16 route */
             float *wf = xmalloc(sizeof(float) * n_in * n_out), *x = xmalloc(sizeof(float) * n_in * n_tok);

@@ -1,12 +1,14 @@
 /* test_kquant_pack.c — the k-quants (Q5_0, Q5_1, IQ4_NL, Q2_K..Q6_K,
- * IQ4_XS) in PANEL16 (ie_pack.h "K-QUANTS in PANEL16"): sizes, the lossless
- * repack, dequantization, slicing, and matmul_packed of every ISA against
- * the packed reference (the acceptance test of the SIMD k-quant kernels).
+ * IQ4_XS) and MXFP4 in PANEL16 (ie_pack.h "K-QUANTS in PANEL16"): sizes, the
+ * lossless repack, dequantization, slicing, and matmul_packed of every ISA
+ * against the packed reference (the acceptance test of the SIMD k-quant
+ * kernels); MXFP4's exponents at and past the ends of its panel form.
  *
  * Weights are random valid ggml blocks: ie_kq_encode of random codes,
  * sub-block scale / min codes over their whole range and random finite f16
  * d / dmin (moderate ones, and in some rows extreme ones: 65504, the
- * smallest subnormal, 0, negative), and some matrices quantized from
+ * smallest subnormal, 0, negative; MXFP4: powers of two 2^-24 .. 2^15, and
+ * 0), and some matrices quantized from
  * Gaussian floats by ie_quantize_row (the route floats take to a k-quant:
  * ie_pack_quantize refuses them). Activations: ie_quantize_row_q8_p_ref
  * (Q5_0, Q5_1, IQ4_NL) or ie_quantize_row_q8_k_ref (the rest) of Gaussian
@@ -20,7 +22,7 @@
  *   slice: the same bytes as repacking the sliced ROWS; bad cuts -1 and
  *       dst untouched.
  *   ie_matmul_packed_ref: bit for bit ie_matmul_<t>_q8_{p,k}_ref on the
- *       source rows (both scale each block in f32 in the same order and
+ *       source rows (MXFP4 has none: its ROWS kernels read Q8_0; both scale each block in f32 in the same order and
  *       sum the blocks in double), and within 1e-5*T + 2^-23*sum|w*a| of
  *       the double sum of dequantized weights w x dequantized activations
  *       a (the second term: w itself is rounded to f32, e.g. d*u + m with
@@ -51,8 +53,8 @@
 
 /* ------------------------------------------------------------- helpers */
 
-static const ie_dtype_t KTYPES[] = {IE_DTYPE_Q5_0, IE_DTYPE_Q5_1, IE_DTYPE_IQ4_NL, IE_DTYPE_Q2_K,  IE_DTYPE_Q3_K,
-                                    IE_DTYPE_Q4_K, IE_DTYPE_Q5_K, IE_DTYPE_Q6_K,   IE_DTYPE_IQ4_XS};
+static const ie_dtype_t KTYPES[] = {IE_DTYPE_Q5_0, IE_DTYPE_Q5_1, IE_DTYPE_IQ4_NL, IE_DTYPE_Q2_K,   IE_DTYPE_Q3_K,
+                                    IE_DTYPE_Q4_K, IE_DTYPE_Q5_K, IE_DTYPE_Q6_K,   IE_DTYPE_IQ4_XS, IE_DTYPE_MXFP4};
 #define N_KTYPES ((int)(sizeof KTYPES / sizeof KTYPES[0]))
 
 /* The spec's table (ie_pack.h), written out independently of ie_kq_info. */
@@ -64,6 +66,7 @@ static const spec_t SPEC[] = {
     {IE_DTYPE_Q5_0, 32, 0, 5, 0, 0},   {IE_DTYPE_Q5_1, 32, 0, 5, 1, 0},   {IE_DTYPE_IQ4_NL, 32, 0, 4, 0, 0},
     {IE_DTYPE_Q2_K, 256, 16, 2, 1, 1}, {IE_DTYPE_Q3_K, 256, 16, 3, 0, 0}, {IE_DTYPE_Q4_K, 256, 8, 4, 1, 1},
     {IE_DTYPE_Q5_K, 256, 8, 5, 1, 1},  {IE_DTYPE_Q6_K, 256, 16, 6, 0, 0}, {IE_DTYPE_IQ4_XS, 256, 8, 4, 0, 0},
+    {IE_DTYPE_MXFP4, 32, 0, 4, 0, 0},
 };
 
 static const spec_t *spec_of(ie_dtype_t t)
@@ -147,7 +150,16 @@ static void rand_codes(ie_dtype_t t, int extreme, ie_kq_codes_t *c)
     const int mode = extreme ? 2 : (rng_u32() % 10 == 0 ? 1 : 0);
     c->d = rand_f16(mode);
     if (s->dmin) c->dmin = rand_f16(mode);
+    if (t == IE_DTYPE_MXFP4) { /* 2^(e-128): 2^-12 .. 2^-2, or its whole f16 range, or the ends */
+        static const int ends[] = {-24, 15, -14, -15};
+        const int x = mode == 2   ? ends[rng_u32() % 4]
+                      : mode == 1 ? -24 + (int)(rng_u32() % 40)
+                                  : -12 + (int)(rng_u32() % 11);
+        c->d = ie_f32_to_f16(ldexpf(1.0f, x));
+    }
     if (!extreme && rng_u32() % 50 == 0) c->d = 0; /* an all-zero scale now and then */
+    if (t == IE_DTYPE_MXFP4 && c->d == 0)          /* MXFP4's only zero scale: +-0 codes (e = 0) */
+        for (int k = 0; k < s->qk; k++) c->u[k] = (uint8_t)(rng_u32() & 8);
 }
 
 static void fill_gauss(float *x, int64_t n);
@@ -259,7 +271,9 @@ static void test_check_sizes(void)
         CU_ASSERT_EQUAL(ie_qrow_bytes(t, s->qk, s->qk), 0);
         CU_ASSERT_EQUAL(ie_qrow_quantize(t, s->qk, IE_QSCALE_ABSMAX, x, s->qk, buf), -1);
         CU_ASSERT_EQUAL(ie_pack_quantize(t, s->qk, IE_QSCALE_ABSMAX, x, s->qk, 0, 1, 1, buf), -1);
-        CU_ASSERT_EQUAL(ie_matmul_act_dtype(t), s->qk == 32 ? IE_DTYPE_Q8_P : IE_DTYPE_Q8_K);
+        CU_ASSERT_EQUAL(ie_matmul_packed_act_dtype(t), s->qk == 32 ? IE_DTYPE_Q8_P : IE_DTYPE_Q8_K);
+        CU_ASSERT_EQUAL(ie_matmul_act_dtype(t),
+                        t == IE_DTYPE_MXFP4 ? IE_DTYPE_Q8_0 : ie_matmul_packed_act_dtype(t));
     }
     CU_ASSERT_EQUAL(ie_kq_panel(IE_DTYPE_Q4_0, &(ie_kq_panel_t){0}), -1);
     CU_ASSERT_EQUAL(ie_kq_panel(IE_DTYPE_Q8_K, &(ie_kq_panel_t){0}), -1);
@@ -359,6 +373,80 @@ static void test_repack_lossless(void)
                 cases++;
             }
     printf("\n    %d cases", cases);
+    CU_ASSERT_EQUAL(bad, 0);
+}
+
+/* MXFP4's panel form (ie_pack.h): d = 2^(e-128) as f16 for e in [104, 143]
+ * (each end repacks, and dequantizes to ie_dequantize_row's bits), d = 0
+ * for a block of +-0 codes whatever its e; one block outside both makes
+ * ie_pack_repack refuse the matrix (-1) whichever row it sits in. And
+ * ie_kq_encode's inverse: the e of a power-of-two d, -1 for any other d. */
+static void test_mxfp4_range(void)
+{
+    const ie_dtype_t t = IE_DTYPE_MXFP4;
+    const int64_t n_in = 64, n_out = 20;
+    const size_t rb = ie_dtype_row_bytes(t, n_in), pb = ie_pack_bytes(t, 32, n_in, n_out);
+    uint8_t *w = xmalloc(rb * (size_t)n_out), *pw = palloc(pb, 0);
+    float *got = xmalloc(sizeof(float) * (size_t)n_in), *want = xmalloc(sizeof(float) * (size_t)n_in);
+    rng_seed(41);
+    static const struct {
+        int e, zero_codes, ok;
+    } C[] = {{104, 0, 1}, {143, 0, 1}, {127, 0, 1}, {103, 0, 0}, {144, 0, 0}, {0, 0, 0},
+             {255, 0, 0}, {0, 1, 1},   {103, 1, 1}, {255, 1, 1}, {1, 1, 1}};
+    int bad = 0;
+    for (int ci = 0; ci < (int)(sizeof C / sizeof C[0]); ci++)
+        for (int64_t row = 0; row < n_out; row += 19) { /* in the first and the last (padded) panel */
+            for (size_t i = 0; i < rb * (size_t)n_out; i++) w[i] = (uint8_t)rng_u32();
+            for (size_t i = 0; i < rb * (size_t)n_out; i += sizeof(ie_block_mxfp4_t))
+                w[i] = (uint8_t)(110 + rng_u32() % 30);
+            uint8_t *blk = w + (size_t)row * rb + sizeof(ie_block_mxfp4_t); /* the row's second block */
+            blk[0] = (uint8_t)C[ci].e;
+            blk[1] = 0x12; /* codes 2 and 1: nonzero (overwritten below for the +-0 case) */
+            if (C[ci].zero_codes)
+                for (int k = 1; k <= 16; k++) blk[k] = (uint8_t)((rng_u32() & 0x88));
+            const int rc = ie_pack_repack(t, 32, w, n_in, 0, n_out, n_out, pw);
+            if (rc != (C[ci].ok ? 0 : -1)) {
+                printf("\n  e=%d zero codes %d row %lld: repack %d", C[ci].e, C[ci].zero_codes, (long long)row, rc);
+                bad++;
+                continue;
+            }
+            if (rc != 0) continue;
+            const ie_pmat_t m = {t, 32, n_in, n_out, pw};
+            for (int64_t r = 0; r < n_out; r++) {
+                ie_dequantize_row(t, w + (size_t)r * rb, want, n_in);
+                ie_pack_dequant_row(&m, r, got);
+                if (memcmp(got, want, sizeof(float) * (size_t)n_in) != 0) {
+                    printf("\n  e=%d row %lld: dequant_row != ie_dequantize_row", C[ci].e, (long long)r);
+                    bad++;
+                }
+            }
+        }
+    /* encode: the exponent of a power-of-two d; refusals */
+    ie_kq_codes_t c;
+    memset(&c, 0, sizeof c);
+    c.u[3] = 7;
+    uint8_t b[sizeof(ie_block_mxfp4_t)];
+    for (int e = 104; e <= 143; e++) {
+        c.d = ie_f32_to_f16(ldexpf(1.0f, e - 128));
+        ie_kq_codes_t back;
+        if (ie_kq_encode(t, &c, b) != 0 || b[0] != e || ie_kq_decode(t, b, &back) != 0 || back.d != c.d ||
+            back.u[3] != 7 || back.u[0] != 0)
+            bad++;
+    }
+    static const float nope[] = {0.75f, -1.0f, 65536.0f, 0x1p-25f, 3.0f};
+    for (int i = 0; i < 5; i++) {
+        c.d = ie_f32_to_f16(nope[i]);
+        if (c.d != 0 && ie_kq_encode(t, &c, b) != -1) bad++;
+    }
+    c.d = 0; /* zero scale: only with +-0 codes */
+    CU_ASSERT_EQUAL(ie_kq_encode(t, &c, b), -1);
+    c.u[3] = 8;
+    CU_ASSERT_EQUAL(ie_kq_encode(t, &c, b), 0);
+    CU_ASSERT_EQUAL(b[0], 0);
+    free(w);
+    free(pw);
+    free(got);
+    free(want);
     CU_ASSERT_EQUAL(bad, 0);
 }
 
@@ -485,7 +573,7 @@ static void make_acts(ie_dtype_t t, int64_t n_in, int64_t n_tok, uint8_t *a, siz
         else if (k == 4)
             for (int64_t j = 0; j < n_in; j++) x[j] = 1.5f;
         else fill_gauss(x, n_in);
-        if (ie_matmul_act_dtype(t) == IE_DTYPE_Q8_P) ie_quantize_row_q8_p_ref(x, a + (size_t)k * as, n_in);
+        if (ie_matmul_packed_act_dtype(t) == IE_DTYPE_Q8_P) ie_quantize_row_q8_p_ref(x, a + (size_t)k * as, n_in);
         else ie_quantize_row_q8_k_ref(x, (ie_block_q8_k_t *)(void *)(a + (size_t)k * as), n_in);
     }
     free(x);
@@ -496,7 +584,7 @@ static void make_acts(ie_dtype_t t, int64_t n_in, int64_t n_tok, uint8_t *a, siz
 static const int8_t *act_q(ie_dtype_t t, const uint8_t *row, int64_t n_in, int64_t b, float *d, float *s,
                            int16_t *bsums)
 {
-    if (ie_matmul_act_dtype(t) == IE_DTYPE_Q8_P) {
+    if (ie_matmul_packed_act_dtype(t) == IE_DTYPE_Q8_P) {
         memcpy(d, row + n_in + 4 * b, 4);
         memcpy(s, row + n_in + 4 * (n_in / 32) + 4 * b, 4);
         return (const int8_t *)row + 32 * b;
@@ -518,7 +606,7 @@ static void truth_and_T(ie_dtype_t t, const uint8_t *wr, const uint8_t *ar, int6
     const size_t bb = ie_dtype_block_bytes(t);
     float wf[256];
     double sum = 0.0, tt = 0.0, as = 0.0;
-    const int nl = t == IE_DTYPE_IQ4_NL || t == IE_DTYPE_IQ4_XS;
+    const int8_t *book = ie_kq_book(t); /* codes index it (IQ4_NL, IQ4_XS, MXFP4) */
     for (int64_t b = 0; b < n_in / s->qk; b++) {
         ie_kq_codes_t c;
         float da, sa;
@@ -533,7 +621,7 @@ static void truth_and_T(ie_dtype_t t, const uint8_t *wr, const uint8_t *ar, int6
         const double dw = ie_f16_to_f32(c.d), dm = ie_f16_to_f32(c.dmin);
         if (s->qk == 32) {
             double si = 0.0;
-            for (int k = 0; k < 32; k++) si += fabs((double)(nl ? ie_iq4nl_kvalues[c.u[k]] : c.u[k]) * q[k]);
+            for (int k = 0; k < 32; k++) si += fabs((double)(book ? book[c.u[k]] : c.u[k]) * q[k]);
             tt += fabs(dw * da) * si + (t == IE_DTYPE_Q5_0 ? 16.0 : 0.0) * fabs(dw * sa) + fabs(dm * sa);
             continue;
         }
@@ -541,7 +629,7 @@ static void truth_and_T(ie_dtype_t t, const uint8_t *wr, const uint8_t *ar, int6
         for (int j = 0; j < s->nsub; j++) {
             double si = 0.0, bsj = 0.0;
             for (int k = j * len; k < (j + 1) * len; k++) {
-                si += fabs((double)(nl ? ie_iq4nl_kvalues[c.u[k]] : c.u[k]) * q[k]);
+                si += fabs((double)(book ? book[c.u[k]] : c.u[k]) * q[k]);
                 bsj += q[k];
             }
             tt += fabs(dw * da * c.sc[j]) * (si + off * fabs(bsj)) + fabs(dm * da * c.mn[j] * bsj);
@@ -552,7 +640,8 @@ static void truth_and_T(ie_dtype_t t, const uint8_t *wr, const uint8_t *ar, int6
     *abs_sum = as;
 }
 
-/* The ROWS reference of type t (kquant_ref.c). */
+/* The ROWS reference of type t that reads the packed kernels' activations
+ * (kquant_ref.c); NULL for MXFP4 (its ROWS kernels read Q8_0). */
 static ie_matmul_fn rows_ref(ie_dtype_t t)
 {
     switch (t) {
@@ -564,7 +653,8 @@ static ie_matmul_fn rows_ref(ie_dtype_t t)
     case IE_DTYPE_Q4_K: return ie_matmul_q4_k_q8_k_ref;
     case IE_DTYPE_Q5_K: return ie_matmul_q5_k_q8_k_ref;
     case IE_DTYPE_Q6_K: return ie_matmul_q6_k_q8_k_ref;
-    default: return ie_matmul_iq4_xs_q8_k_ref;
+    case IE_DTYPE_IQ4_XS: return ie_matmul_iq4_xs_q8_k_ref;
+    default: return NULL;
     }
 }
 
@@ -626,7 +716,7 @@ static int check_case(const mcase_t *c)
     const int qk = ie_dtype_block_elems(t);
     const int64_t n_in = c->n_in, n_out = c->n_out, n_tok = c->n_tok, ldy = n_out + c->ldy_extra;
     const size_t rb = ie_dtype_row_bytes(t, n_in), pb = ie_pack_bytes(t, qk, n_in, n_out);
-    const size_t arow = ie_dtype_row_bytes(ie_matmul_act_dtype(t), n_in), as = arow + (size_t)c->as_extra;
+    const size_t arow = ie_dtype_row_bytes(ie_matmul_packed_act_dtype(t), n_in), as = arow + (size_t)c->as_extra;
     const size_t ny = (size_t)(ldy * n_tok) + GUARD_FLOATS;
     rng_seed(c->seed);
     uint8_t *w = c->real ? quant_rows(t, n_in, n_out) : rand_rows(t, n_in, n_out);
@@ -646,8 +736,8 @@ static int check_case(const mcase_t *c)
     /* the oracle on the whole matrix; the ROWS ref on the same rows */
     for (size_t j = 0; j < ny; j++) yref[j] = yrows[j] = SENTINEL;
     CU_ASSERT_EQUAL(ie_matmul_packed_ref(&m, 0, n_out, a, as, n_tok, yref, ldy), IE_OK);
-    rows_ref(t)(w, n_in, 0, n_out, a, as, n_tok, yrows, ldy);
-    if (memcmp(yref, yrows, sizeof(float) * ny) != 0) {
+    if (rows_ref(t)) rows_ref(t)(w, n_in, 0, n_out, a, as, n_tok, yrows, ldy);
+    if (rows_ref(t) && memcmp(yref, yrows, sizeof(float) * ny) != 0) {
         printf("\n  ref " SHAPE_FMT ": packed ref != ROWS ref (bits)", SHAPE_ARGS);
         bad++;
     }
@@ -824,7 +914,7 @@ static void test_matmul_bad_args(void)
         uint8_t *w = rand_rows(t, n_in, n_out);
         uint8_t *pw = palloc(ie_pack_bytes(t, qk, n_in, n_out), 0);
         CU_ASSERT_EQUAL_FATAL(ie_pack_repack(t, 0, w, n_in, 0, n_out, n_out, pw), 0);
-        const size_t arow = ie_dtype_row_bytes(ie_matmul_act_dtype(t), n_in);
+        const size_t arow = ie_dtype_row_bytes(ie_matmul_packed_act_dtype(t), n_in);
         uint8_t *a = palloc(arow * 2, 0);
         make_acts(t, n_in, 2, a, arow);
         float y[80];
@@ -853,6 +943,7 @@ int main(void)
     CU_pSuite s = CU_add_suite("kquant_pack", NULL, NULL);
     CU_add_test(s, "k-quant panel sizes, checks, refusals", test_check_sizes);
     CU_add_test(s, "repack lossless: spec fields, dequant_row == ie_dequantize_row", test_repack_lossless);
+    CU_add_test(s, "MXFP4 panel form: exponent range, +-0 blocks, refusals", test_mxfp4_range);
     CU_add_test(s, "slice rows/panels == repack of the cut; bad cuts refused", test_slice);
     CU_add_test(s, "matmul_packed: ref == rows ref; every ISA vs ref, ranges", test_matmul_shapes);
     CU_add_test(s, "matmul_packed long rows, more panels (all ISAs)", test_matmul_large);

@@ -32,9 +32,9 @@ static int dtype_computable(ie_dtype_t t)
 }
 
 /* The group a ROWS tensor of ggml type t repacks into PANEL16 with
- * (ie_pack_target): a k-quant keeps its own block (32 or 256 elements),
- * Q8_0/Q4_0/Q4_1, bf16 and f16 go to groups of 32. */
-static int repack_group(ie_dtype_t t) { return ie_dtype_is_kquant(t) ? ie_dtype_block_elems(t) : IE_QK; }
+ * (ie_pack_target): a k-quant or MXFP4 keeps its own block (32 or 256
+ * elements), Q8_0/Q4_0/Q4_1, bf16 and f16 go to groups of 32. */
+static int repack_group(ie_dtype_t t) { return ie_dtype_is_kq_panel(t) ? ie_dtype_block_elems(t) : IE_QK; }
 
 /* A NaN or infinite scale poisons every sum it enters (and in a repacked
  * panel, sixteen rows' worth of tiles): refuse the model at load, naming
@@ -89,6 +89,7 @@ typedef struct convert_task {
     void *dst;
     size_t dst_slice;
     _Atomic int failed;
+    _Atomic int no_panel; /* a lossless repack met a block with no panel form (MXFP4's, ie_pack.h) */
 } convert_task_t;
 
 static void convert_run(void *ctx, int ith, int nth)
@@ -118,6 +119,10 @@ static void convert_run(void *ctx, int ith, int nth)
                 const size_t rb = ie_tensor_bytes(sm.dtype, IE_LAYOUT_ROWS, sm.group, n_in, 1);
                 rc = ie_pack_repack(sm.dtype, c->group, (const char *)sm.data + (size_t)r0 * rb, n_in, 0, cnt, cnt,
                                     dp);
+                if (rc != 0) { /* the arguments are checked: only such a block refuses */
+                    c->no_panel = 1;
+                    break;
+                }
             } else {
                 for (int64_t r = 0; r < cnt; r++) worker_mat_row(&sm, r0 + r, rows + (size_t)r * n_in);
                 rc = ie_pack_quantize(c->to, c->group, c->how, rows, n_in, 0, cnt, cnt, dp);
@@ -357,7 +362,11 @@ static ie_status_t bind_src(ie_worker_t *w, const char *name, const src_mat_t *t
                  .slice = src_slice,
                  .n_mat = n_mat};
 
-    /* what we want it to be */
+    /* what we want it to be; keep_rows: a repack met a block with no panel
+     * form (an MXFP4 exponent outside f16's range, ie_pack.h), so the
+     * stack runs in ROWS as it came */
+    int keep_rows = 0;
+retarget:;
     ie_dtype_t to = t->dtype;
     ie_layout_t lay = t->layout;
     int group = t->group;
@@ -365,11 +374,14 @@ static ie_status_t bind_src(ie_worker_t *w, const char *name, const src_mat_t *t
     case IE_PREC_NATIVE:
         if (t->layout == IE_LAYOUT_ROWS && ie_dtype_is_intw(t->dtype)) {
             lay = IE_LAYOUT_PANEL16; /* engine-native rows always run packed */
-        } else if (t->layout == IE_LAYOUT_ROWS && w->repack && ie_pack_target(t->dtype) != IE_DTYPE_INVALID &&
+        } else if (!keep_rows && t->layout == IE_LAYOUT_ROWS && w->repack &&
+                   ie_pack_target(t->dtype) != IE_DTYPE_INVALID &&
                    ie_pack_check(ie_pack_target(t->dtype), repack_group(t->dtype), n_in) == 0) {
-            /* bf16, f16 too: their decode GEMV reads panels; a k-quant in
-             * its own blocks. Packing off (IE_REPACK=0) or a row length the
-             * blocks do not divide keeps ROWS, run by the ROWS kernels. */
+            /* bf16, f16 too: their decode GEMV reads panels; a k-quant or
+             * MXFP4 in its own blocks (MXFP4 as IQ4_NL's panels: its ROWS
+             * GEMM runs at ~0.4 of their rate). Packing off (IE_REPACK=0) or
+             * a row length the blocks do not divide keeps ROWS, run by the
+             * ROWS kernels. */
             to = ie_pack_target(t->dtype);
             lay = IE_LAYOUT_PANEL16;
             group = repack_group(t->dtype);
@@ -431,11 +443,9 @@ static ie_status_t bind_src(ie_worker_t *w, const char *name, const src_mat_t *t
         return IE_OK;
     }
     void *dst = worker_big_alloc(bytes);
-    if (!dst || worker_own(w, dst) != 0) {
-        worker_big_free(dst);
+    if (!dst)
         return ie_error_set(IE_ERR_NOMEM, "out of memory converting '%s' to %s (%zu bytes)", name,
                             ie_dtype_name(to), bytes);
-    }
     convert_task_t c = {.src = sm,
                         .src_slice = src_slice,
                         .n_mat = n_mat,
@@ -453,9 +463,20 @@ static ie_status_t bind_src(ie_worker_t *w, const char *name, const src_mat_t *t
     }
     if (!cached) {
         ie_threadpool_run(w->tp, convert_run, &c);
-        if (c.failed)
+        if (c.no_panel && !c.failed) {
+            worker_big_free(dst);
+            keep_rows = 1;
+            goto retarget;
+        }
+        if (c.failed) {
+            worker_big_free(dst);
             return ie_error_set(IE_ERR_NOMEM, "worker: converting '%s' to %s failed", name, ie_dtype_name(to));
+        }
         if (w->cache_dir) cache_store(path, dst, bytes);
+    }
+    if (worker_own(w, dst) != 0) {
+        worker_big_free(dst);
+        return ie_error_set(IE_ERR_NOMEM, "out of memory converting '%s' (%zu bytes)", name, bytes);
     }
     drop_source_pages(w, drop);
     m->data = dst;

@@ -593,19 +593,19 @@ static inline void amx_kq_quads(const ie_kq_panel_t *g, const uint8_t *slab, __m
 /* A k-quant panel to bf16 (amx_unpack_bf16's contract): per block the
  * row factors d (the 32-element types) or d * sc[j] and terms dmin *
  * mn[j] (Q2_K, Q4_K, Q5_K: subtracted) or m (Q5_1: added) in f32, the
- * codes minus their offset or through IQ4's table, ie_kq_value's formula
+ * codes minus their offset or through their code book, ie_kq_value's formula
  * in its order. */
 static void amx_unpack_kq(ie_dtype_t t, const ie_kq_panel_t *g, int64_t n_in, const uint8_t *panel, uint8_t *out)
 {
     const ie_kq_info_t *in = &g->info;
     const int qk = in->qk, nsub = in->nsub;
-    const int lut = t == IE_DTYPE_IQ4_NL || t == IE_DTYPE_IQ4_XS;
+    const int8_t *book = ie_kq_book(t);
     const int op = t == IE_DTYPE_Q5_1 ? 1 : in->has_mn ? -1 : 0;
     const __m512i off = _mm512_set1_epi8((char)(t == IE_DTYPE_Q5_0   ? 16
                                                 : t == IE_DTYPE_Q3_K ? 4
                                                 : t == IE_DTYPE_Q6_K ? 32
                                                                      : 0));
-    const __m512i tbl = _mm512_broadcast_i32x4(_mm_loadu_si128((const void *)ie_iq4nl_kvalues));
+    const __m512i tbl = _mm512_broadcast_i32x4(_mm_loadu_si128((const void *)(book ? book : ie_iq4nl_kvalues)));
     for (int64_t bi = 0; bi < n_in / qk; bi++) {
         const uint8_t *bp = panel + (size_t)bi * g->block;
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(bp + g->d)));
@@ -619,7 +619,7 @@ static void amx_unpack_kq(ie_dtype_t t, const ie_kq_panel_t *g, int64_t n_in, co
             __m512i U[8];
             amx_kq_quads(g, bp + g->codes + (size_t)sl * g->slab, U);
             for (int c = 0; c < 8; c++) /* every value fits int8 */
-                U[c] = lut ? _mm512_shuffle_epi8(tbl, U[c]) : _mm512_sub_epi8(U[c], off);
+                U[c] = book ? _mm512_shuffle_epi8(tbl, U[c]) : _mm512_sub_epi8(U[c], off);
             __m512i *o = (__m512i *)(void *)(out + ((size_t)bi * qk + 32 * (size_t)sl) * 32);
             for (int c = 0; c < 8; c++) {
                 const int j = nsub == 16 ? 2 * sl + (c >= 4) : sl; /* sub-block of k 4c.. */
@@ -793,7 +793,7 @@ ie_status_t IE_AMX_GEMM_BF16_NAME(const ie_pmat_t *m, int64_t r0, int64_t r1, co
     if (!m || !m->data || !a || !y || ie_pack_check(m->dtype, m->group, m->n_in) != 0 || r0 < 0 ||
         r0 % IE_PANEL != 0 || r1 < r0 || r1 > m->n_out || (r1 != m->n_out && r1 % IE_PANEL != 0) || n_tok < 0)
         return IE_ERR_INVAL;
-    if (m->dtype != IE_DTYPE_BF16 && !ie_dtype_is_intw(m->dtype) && !ie_dtype_is_kquant(m->dtype))
+    if (m->dtype != IE_DTYPE_BF16 && !ie_dtype_is_intw(m->dtype) && !ie_dtype_is_kq_panel(m->dtype))
         return IE_ERR_UNSUPPORTED;
     if (r0 == r1 || n_tok == 0) return IE_OK;
     const int64_t n_in = m->n_in;

@@ -110,7 +110,7 @@ ie_dtype_t ie_act_dtype_amx(ie_dtype_t wtype, int packed, int64_t n_tok)
     if ((packed ? wtype != IE_DTYPE_BF16 : wtype == IE_DTYPE_MXFP4) &&
         ie_amx_route(wtype, n_tok) == IE_AMX_ROUTE_BF16)
         return IE_DTYPE_BF16;
-    return ie_matmul_act_dtype(wtype);
+    return packed ? ie_matmul_packed_act_dtype(wtype) : ie_matmul_act_dtype(wtype);
 }
 
 /* Contract of ie_kernels_t.matmul_packed_ranges: one tile GEMM per range

@@ -25,7 +25,8 @@
  * 30480; 2/3-bit 8*7*127; 5-bit 8*31*127 = 31496; 6-bit 4*63*127 = 32004,
  * all < 32767. IQ4 codes kv are signed (-127 .. 113): the product is
  * vpmaddubsw(|kv|, sign(q, kv)), at most 2*127*127 = 32258 per lane, so
- * each goes into vpmaddwd alone.
+ * each goes into vpmaddwd alone; MXFP4's book is small (|kv| <= 12), so
+ * its 4-bit lanes add up like the others'.
  *   The vpmaddwd that widens a sub-block's int16 sums multiplies them by
  * its scale (K types and IQ4_XS: each row's sc code duplicated in both
  * halves of its dword) or by ones (32-element types). A super-block's sum
@@ -88,14 +89,15 @@ IE_INLINE int kq_bits(ie_dtype_t T)
     case IE_DTYPE_Q5_1:
     case IE_DTYPE_Q5_K: return 5;
     case IE_DTYPE_Q6_K: return 6;
-    default: return 4; /* Q4_K, IQ4_NL, IQ4_XS */
+    default: return 4; /* Q4_K, IQ4_NL, IQ4_XS, MXFP4 */
     }
 }
 
 /* Elements per block: 32 for the Q8_P types, 256 for the Q8_K ones. */
 IE_INLINE int kq_qk(ie_dtype_t T)
 {
-    return T == IE_DTYPE_Q5_0 || T == IE_DTYPE_Q5_1 || T == IE_DTYPE_IQ4_NL ? IE_QK : IE_QK_K;
+    return T == IE_DTYPE_Q5_0 || T == IE_DTYPE_Q5_1 || T == IE_DTYPE_IQ4_NL || T == IE_DTYPE_MXFP4 ? IE_QK
+                                                                                                   : IE_QK_K;
 }
 
 /* Sub-blocks (one sc code each) per block; 0 for the 32-element types. */
@@ -112,12 +114,17 @@ IE_INLINE int kq_has_dmin(ie_dtype_t T)
 
 IE_INLINE int kq_has_mn(ie_dtype_t T) { return T == IE_DTYPE_Q2_K || T == IE_DTYPE_Q4_K || T == IE_DTYPE_Q5_K; }
 
-IE_INLINE int kq_is_iq4(ie_dtype_t T) { return T == IE_DTYPE_IQ4_NL || T == IE_DTYPE_IQ4_XS; }
+/* codes that index a code book (ie_kq_book) */
+IE_INLINE int kq_is_iq4(ie_dtype_t T)
+{
+    return T == IE_DTYPE_IQ4_NL || T == IE_DTYPE_IQ4_XS || T == IE_DTYPE_MXFP4;
+}
 
 /* Quads whose vpmaddubsw results may add up in int16 before vpmaddwd
  * (the bounds in the file comment); a divisor of the quads per sub-block. */
 IE_INLINE int kq_qpm(ie_dtype_t T)
 {
+    if (T == IE_DTYPE_MXFP4) return 8; /* |kv| <= 12: 16*12*127 < 32767 */
     if (kq_is_iq4(T)) return 1;
     switch (kq_bits(T)) {
     case 4: return 8;
@@ -180,8 +187,8 @@ IE_INLINE void kq_tile(const ie_dtype_t T, const int NT, const int NH, const kq_
     const int nslab = qk / 32, quads_per_sub = nsub == 8 ? 8 : 4;
     const int kq8k = qk == IE_QK_K;
     const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i book = _mm256_broadcastsi128_si256(
-        _mm_loadu_si128((const __m128i *)(const void *)ie_iq4nl_kvalues));
+    const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128(
+        (const __m128i *)(const void *)(T == IE_DTYPE_MXFP4 ? ie_mxfp4_kvalues : ie_iq4nl_kvalues)));
     /* Q8_P: d[nb] and s[nb] after the n_in quants */
     const size_t ad_off = (size_t)g->n_in, as_off = ad_off + 4 * (size_t)g->nb;
 
@@ -328,6 +335,7 @@ KQ_TILES(iq4_xs, IE_DTYPE_IQ4_XS)
 KQ_TILES(q5_0, IE_DTYPE_Q5_0)
 KQ_TILES(q5_1, IE_DTYPE_Q5_1)
 KQ_TILES(iq4_nl, IE_DTYPE_IQ4_NL)
+KQ_TILES(mxfp4, IE_DTYPE_MXFP4)
 
 /* The two tiles of type t (both NULL for a type that is not a k-quant). */
 static void kq_tiles(ie_dtype_t t, kq_tile_fn *gemv, kq_tile_fn *gemm)
@@ -342,6 +350,7 @@ static void kq_tiles(ie_dtype_t t, kq_tile_fn *gemv, kq_tile_fn *gemm)
     case IE_DTYPE_Q5_0: *gemv = kq_gemv_q5_0, *gemm = kq_gemm_q5_0; return;
     case IE_DTYPE_Q5_1: *gemv = kq_gemv_q5_1, *gemm = kq_gemm_q5_1; return;
     case IE_DTYPE_IQ4_NL: *gemv = kq_gemv_iq4_nl, *gemm = kq_gemm_iq4_nl; return;
+    case IE_DTYPE_MXFP4: *gemv = kq_gemv_mxfp4, *gemm = kq_gemm_mxfp4; return;
     default: *gemv = *gemm = NULL; return;
     }
 }
@@ -377,7 +386,7 @@ void ie_matmul_packed_kq_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, const 
 
     const uint8_t *ab = a;
     const int64_t p0 = r0 / IE_PANEL, p1 = (r1 + IE_PANEL - 1) / IE_PANEL;
-    const size_t arow = ie_dtype_row_bytes(ie_matmul_act_dtype(m->dtype), m->n_in);
+    const size_t arow = ie_dtype_row_bytes(ie_matmul_packed_act_dtype(m->dtype), m->n_in);
     int64_t tb = (int64_t)((256u << 10) / (arow ? arow : 1));
     if (tb < KQ_NT) tb = KQ_NT;
     tb -= tb % KQ_NT;

@@ -305,7 +305,7 @@ ie_status_t ie_matmul_packed_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, co
     if (n_tok < 0) return IE_ERR_INVAL;
     if (n_tok == 0 || r0 == r1) return IE_OK;
     if (!a || !y) return IE_ERR_INVAL;
-    if (ie_dtype_is_kquant(m->dtype)) {
+    if (ie_dtype_is_kq_panel(m->dtype)) {
         ie_matmul_packed_kq_avx2(m, r0, r1, a, a_stride, n_tok, y, ldy);
         return IE_OK;
     }
@@ -325,7 +325,7 @@ ie_status_t ie_matmul_packed_avx2(const ie_pmat_t *m, int64_t r0, int64_t r1, co
     g.scale_bytes = IE_PANEL * (m->dtype == IE_DTYPE_I4WA ? 4 : 2);
 
     const int64_t p0 = r0 / IE_PANEL, p1 = (r1 + IE_PANEL - 1) / IE_PANEL;
-    const size_t arow = ie_dtype_row_bytes(ie_matmul_act_dtype(m->dtype), m->n_in);
+    const size_t arow = ie_dtype_row_bytes(ie_matmul_packed_act_dtype(m->dtype), m->n_in);
     int64_t tb = (int64_t)((256u << 10) / (arow ? arow : 1));
     if (tb < 2) tb = 2;
     tb -= tb % 2;

@@ -1,6 +1,7 @@
 /* kquant_avx512.c — AVX-512 VNNI matmul over k-quant PANEL16 weights
  * (ie_pack.h, "K-QUANTS in PANEL16"): Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and
- * IQ4_XS against Q8_K activations, Q5_0, Q5_1 and IQ4_NL against Q8_P.
+ * IQ4_XS against Q8_K activations, Q5_0, Q5_1, IQ4_NL and MXFP4 (its
+ * panels are IQ4_NL's with another code book) against Q8_P.
  * Twin of ie_matmul_packed_ref; built like the I4W kernel (pack_avx512.c):
  * the 16 rows of a panel are the 16 int32 lanes, one 64-byte code chunk
  * is one zmm, vpdpbusd multiplies 4 code bytes per lane by 4 activation
@@ -98,7 +99,7 @@
 #define KUTG 16 /* token tiles per pass of the unpacked prefill */
 
 /* the types, as compile-time constants of the inlined tiles */
-enum { K_Q2 = 0, K_Q3, K_Q4, K_Q5, K_Q6, K_IQ4XS, K_Q50, K_Q51, K_IQ4NL, K_NTYPES };
+enum { K_Q2 = 0, K_Q3, K_Q4, K_Q5, K_Q6, K_IQ4XS, K_Q50, K_Q51, K_IQ4NL, K_MXFP4, K_NTYPES };
 
 IE_INLINE int k_qk(int ty) { return ty >= K_Q50 ? 32 : 256; }
 IE_INLINE int k_nsub(int ty) { return ty >= K_Q50 ? 0 : (ty == K_Q2 || ty == K_Q3 || ty == K_Q6) ? 16 : 8; }
@@ -116,7 +117,7 @@ IE_INLINE int k_bits(int ty)
 }
 IE_INLINE int k_dmin(int ty) { return ty == K_Q2 || ty == K_Q4 || ty == K_Q5 || ty == K_Q51; }
 IE_INLINE int k_mn(int ty) { return ty == K_Q2 || ty == K_Q4 || ty == K_Q5; }
-IE_INLINE int k_iq(int ty) { return ty == K_IQ4XS || ty == K_IQ4NL; }
+IE_INLINE int k_iq(int ty) { return ty == K_IQ4XS || ty == K_IQ4NL || ty == K_MXFP4; }
 /* the 256-element types whose codes are merged from 2 or 3 planes */
 IE_INLINE int k_merged(int ty) { return ty == K_Q3 || ty == K_Q5 || ty == K_Q6; }
 /* the code's offset against the value's integer factor (folded in as
@@ -128,7 +129,8 @@ IE_INLINE int k_off(int ty)
     case K_Q6: return 32;
     case K_Q50: return 16;
     case K_IQ4XS:
-    case K_IQ4NL: return 128;
+    case K_IQ4NL:
+    case K_MXFP4: return 128;
     default: return 0;
     }
 }
@@ -159,6 +161,7 @@ static int k_type(ie_dtype_t t)
     case IE_DTYPE_Q5_0: return K_Q50;
     case IE_DTYPE_Q5_1: return K_Q51;
     case IE_DTYPE_IQ4_NL: return K_IQ4NL;
+    case IE_DTYPE_MXFP4: return K_MXFP4;
     default: return -1;
     }
 }
@@ -192,12 +195,18 @@ IE_INLINE void k_codes(const int ty, const uint8_t *q, int h, __m512i W[4])
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) W[i] = _mm512_and_si512(src[i], m4);
             if (k_iq(ty)) {
-                /* the code book + 128 (u8), the same in every 128-bit lane */
+                /* the code book + 128 (u8), the same in every 128-bit lane
+                 * (ie_iq4nl_kvalues, ie_mxfp4_kvalues) */
                 const __m512i tab = _mm512_broadcast_i32x4(
-                    _mm_setr_epi8((char)(-127 + 128), (char)(-104 + 128), (char)(-83 + 128), (char)(-65 + 128),
-                                  (char)(-49 + 128), (char)(-35 + 128), (char)(-22 + 128), (char)(-10 + 128),
-                                  (char)(1 + 128), (char)(13 + 128), (char)(25 + 128), (char)(38 + 128),
-                                  (char)(53 + 128), (char)(69 + 128), (char)(89 + 128), (char)(113 + 128)));
+                    ty == K_MXFP4
+                        ? _mm_setr_epi8((char)128, (char)129, (char)130, (char)131, (char)132, (char)134, (char)136,
+                                        (char)140, (char)128, (char)127, (char)126, (char)125, (char)124, (char)122,
+                                        (char)120, (char)116)
+                        : _mm_setr_epi8((char)(-127 + 128), (char)(-104 + 128), (char)(-83 + 128),
+                                        (char)(-65 + 128), (char)(-49 + 128), (char)(-35 + 128), (char)(-22 + 128),
+                                        (char)(-10 + 128), (char)(1 + 128), (char)(13 + 128), (char)(25 + 128),
+                                        (char)(38 + 128), (char)(53 + 128), (char)(69 + 128), (char)(89 + 128),
+                                        (char)(113 + 128)));
 #pragma GCC unroll 4
                 for (int i = 0; i < 4; i++) W[i] = _mm512_shuffle_epi8(tab, W[i]);
             }
@@ -455,16 +464,17 @@ KTILES(K_IQ4XS, iq4xs)
 KTILES(K_Q50, q50)
 KTILES(K_Q51, q51)
 KTILES(K_IQ4NL, iq4nl)
+KTILES(K_MXFP4, mxfp4)
 KTILESU(K_Q3, q3k)
 KTILESU(K_Q5, q5k)
 KTILESU(K_Q6, q6k)
 // clang-format on
 
-static const ktile_fn (*const ktiles[K_NTYPES])[KT + 1] = {ktiles_q2k, ktiles_q3k, ktiles_q4k,
-                                                           ktiles_q5k, ktiles_q6k, ktiles_iq4xs,
-                                                           ktiles_q50, ktiles_q51, ktiles_iq4nl};
+static const ktile_fn (*const ktiles[K_NTYPES])[KT + 1] = {ktiles_q2k,   ktiles_q3k,   ktiles_q4k, ktiles_q5k,
+                                                           ktiles_q6k,   ktiles_iq4xs, ktiles_q50, ktiles_q51,
+                                                           ktiles_iq4nl, ktiles_mxfp4};
 static const ktile_fn *const ktilesu[K_NTYPES] = {NULL, ktilesu_q3k, NULL, ktilesu_q5k, ktilesu_q6k,
-                                                  NULL, NULL,        NULL, NULL};
+                                                  NULL, NULL,        NULL, NULL,        NULL};
 
 /* The codes of blocks [0, nblk) of one panel (wb: the first block's
  * header; 256-element types) into u, one unsigned code per byte, in the

@@ -334,7 +334,7 @@ ie_status_t ie_matmul_packed_avx512(const ie_pmat_t *m, int64_t r0, int64_t r1, 
         r1 > m->n_out || (r1 != m->n_out && r1 % IE_PANEL != 0))
         return IE_ERR_INVAL;
     if (r0 == r1 || n_tok <= 0) return IE_OK;
-    if (ie_dtype_is_kquant(m->dtype)) return ie_matmul_packed_kq_avx512(m, r0, r1, a, a_stride, n_tok, y, ldy);
+    if (ie_dtype_is_kq_panel(m->dtype)) return ie_matmul_packed_kq_avx512(m, r0, r1, a, a_stride, n_tok, y, ldy);
     if (ie_dtype_is_half(m->dtype)) {
         if (!m->data || !a || !y) return IE_ERR_INVAL;
         (m->dtype == IE_DTYPE_BF16 ? ie_matmul_packed_bf16_avx512
@@ -392,7 +392,7 @@ ie_status_t ie_matmul_packed_ranges_avx512(const ie_pmat_t *m, ie_panel_next_fn 
                                            size_t a_stride, int64_t n_tok, float *y, int64_t ldy)
 {
     if (!m || !next || ie_pack_check(m->dtype, m->group, m->n_in) != 0 || n_tok <= 0) return IE_ERR_INVAL;
-    if (ie_dtype_is_kquant(m->dtype))
+    if (ie_dtype_is_kq_panel(m->dtype))
         return ie_matmul_packed_ranges_kq_avx512(m, next, ctx, a, a_stride, n_tok, y, ldy);
     if (ie_dtype_is_half(m->dtype)) /* nothing to pack once */
         return ie_packed_ranges_by_calls(ie_matmul_packed_avx512, m, next, ctx, a, a_stride, n_tok, y, ldy);
