@@ -14,8 +14,10 @@
  *    the tile GEMM for bf16, int8w (Q8_0) and int4w (Q4_0), and for the
  *    int types their bf16 route (dequantized onto the bf16 tiles, BF16
  *    activation rows); then MXFP4 at GPT-OSS's expert shape (512 x 2880,
- *    16-128 tokens): AVX-512 (Q8_0 rows) against the bf16 tiles (BF16
- *    rows); aggregate GOP/s. Without AMX, the AVX-512 arm alone.
+ *    16-128 tokens): AVX-512 on ggml's rows (Q8_0) and on the k-quant
+ *    panels the engine binds the experts in (Q8_P), against the bf16 tiles
+ *    on each (BF16 rows); aggregate GOP/s. Without AMX, the AVX-512 arms
+ *    alone.
  *
  * usage: bench_amx [--reps N] [--threads N] [--cpu FIRST]
  */
@@ -174,10 +176,11 @@ typedef ie_status_t (*arm_fn)(const void *ctx, int w, int64_t n_tok);
 
 /* 4 rounds of each of `arms` arms, all threads starting together
  * (barrier): best[w], the slowest thread's time in the best round. */
+#define MAX_ARMS 4
 static void time_arms(gemm_run_t *run, int ith, int arms, arm_fn call, const void *ctx, int64_t n_tok,
-                      double best[3])
+                      double best[MAX_ARMS])
 {
-    for (int w = 0; w < 3; w++) best[w] = 1e30;
+    for (int w = 0; w < MAX_ARMS; w++) best[w] = 1e30;
     for (int r = 0; r < 4; r++)
         for (int w = 0; w < arms; w++) {
             pthread_barrier_wait(&run->bar);
@@ -207,12 +210,14 @@ static ie_status_t packed_arm(const void *ctx, int w, int64_t n_tok)
 }
 
 /* GPT-OSS's expert shape (2880 in; ROWS rows: a thread's share of an
- * expert's 2880), MXFP4 in ggml's blocks, as many tokens as an expert
+ * expert's 2880), MXFP4 in ggml's blocks and in the k-quant panels the
+ * engine binds them in (IQ4_NL's, ie_pack.h), as many tokens as an expert
  * meets in a prefill (top-4 of 32: an eighth of the step's). */
 #define MX_IN 2880
 typedef struct {
-    uint8_t *w, *a, *ab; /* weights; Q8_0 and BF16 activation rows */
-    size_t as, abs;
+    uint8_t *w, *pw;      /* weights: ggml's rows, the panels */
+    uint8_t *a, *ap, *ab; /* Q8_0, Q8_P and BF16 activation rows */
+    size_t as, aps, abs;
     float *y;
 } mx_data_t;
 
@@ -220,32 +225,47 @@ static void mx_setup(mx_data_t *d)
 {
     const size_t rb = ie_dtype_row_bytes(IE_DTYPE_MXFP4, MX_IN);
     d->as = ie_dtype_row_bytes(IE_DTYPE_Q8_0, MX_IN);
+    d->aps = ie_dtype_row_bytes(IE_DTYPE_Q8_P, MX_IN);
     d->abs = ie_dtype_row_bytes(IE_DTYPE_BF16, MX_IN);
     d->w = malloc(rb * ROWS);
+    d->pw = aligned_alloc(64, (ie_pack_bytes(IE_DTYPE_MXFP4, 32, MX_IN, ROWS) + 63) / 64 * 64);
     d->a = malloc(d->as * MAX_TOK);
+    d->ap = malloc(d->aps * MAX_TOK);
     d->ab = malloc(d->abs * MAX_TOK);
     d->y = malloc(sizeof(float) * ROWS * MAX_TOK);
     float *x = malloc(sizeof(float) * MX_IN);
-    if (!d->w || !d->a || !d->ab || !d->y || !x) {
+    if (!d->w || !d->pw || !d->a || !d->ap || !d->ab || !d->y || !x) {
         fprintf(stderr, "bench_amx: out of memory\n");
         exit(1);
     }
     for (size_t i = 0; i < rb * ROWS; i++) /* codes of every value; exponents 2^-8 .. 2^-2 */
         d->w[i] = i % sizeof(ie_block_mxfp4_t) ? (uint8_t)((i * 2654435761u) >> 9) : (uint8_t)(120 + i % 7);
+    if (ie_pack_repack(IE_DTYPE_MXFP4, 32, d->w, MX_IN, 0, ROWS, ROWS, d->pw) != 0) {
+        fprintf(stderr, "bench_amx: MXFP4 repack refused\n");
+        exit(1);
+    }
     for (int64_t t = 0; t < MAX_TOK; t++) {
         for (int64_t i = 0; i < MX_IN; i++) x[i] = (float)(((t * MX_IN + i) * 40503u) % 1000) / 1000.0f - 0.5f;
         ie_act_quantize_ref(IE_DTYPE_Q8_0, x, d->a + t * d->as, MX_IN);
+        ie_act_quantize_ref(IE_DTYPE_Q8_P, x, d->ap + t * d->aps, MX_IN);
         ie_act_quantize_ref(IE_DTYPE_BF16, x, d->ab + t * d->abs, MX_IN);
     }
     free(x);
 }
 
+/* MXFP4's arms: AVX-512 on the rows (Q8_0), AVX-512 on the panels (Q8_P,
+ * the engine's default), the bf16 tiles on the rows (the MXFP4 slot) and
+ * on the panels (the k-quants' bf16 route). */
 static ie_status_t mx_arm(const void *ctx, int w, int64_t n_tok)
 {
     const mx_data_t *d = ctx;
-    if (w == 1) return ie_amx_mxfp4_hw(d->w, MX_IN, 0, ROWS, d->ab, d->abs, n_tok, d->y, ROWS);
-    ie_matmul_mxfp4_q8_0_avx512(d->w, MX_IN, 0, ROWS, d->a, d->as, n_tok, d->y, ROWS);
-    return IE_OK;
+    const ie_pmat_t m = {IE_DTYPE_MXFP4, 32, MX_IN, ROWS, d->pw};
+    switch (w) {
+    case 1: return ie_matmul_packed_avx512(&m, 0, ROWS, d->ap, d->aps, n_tok, d->y, ROWS);
+    case 2: return ie_amx_mxfp4_hw(d->w, MX_IN, 0, ROWS, d->ab, d->abs, n_tok, d->y, ROWS);
+    case 3: return ie_amx_gemm_bf16_hw(&m, 0, ROWS, d->ab, d->abs, n_tok, d->y, ROWS);
+    default: ie_matmul_mxfp4_q8_0_avx512(d->w, MX_IN, 0, ROWS, d->a, d->as, n_tok, d->y, ROWS); return IE_OK;
+    }
 }
 
 /* Each thread, pinned to first_cpu + ith: for every type, token count and
@@ -262,7 +282,7 @@ static void *gemm_thread(void *p)
     if (sched_setaffinity(0, sizeof cs, &cs) != 0 && ith == 0) puts("  (could not pin the threads)");
     static const ie_dtype_t types[] = {IE_DTYPE_BF16, IE_DTYPE_I8W, IE_DTYPE_I4W};
     static const int64_t toks[] = {16, MAX_TOK};
-    double best[3];
+    double best[MAX_ARMS];
     for (int ti = run->bf16 ? 0 : 1; ti < 3; ti++) {
         gemm_data_t d;
         gemm_setup(&d, types[ti]);
@@ -283,18 +303,20 @@ static void *gemm_thread(void *p)
     mx_data_t mx;
     mx_setup(&mx);
     static const int64_t mx_toks[] = {16, 32, 64, 128};
-    const int mx_arms = run->amx && run->bf16 ? 2 : 1;
+    const int mx_arms = run->amx && run->bf16 ? 4 : 2;
     for (int k = 0; k < 4; k++) {
         time_arms(run, ith, mx_arms, mx_arm, &mx, mx_toks[k], best);
         if (ith == 0) {
             const double ops = 2.0 * ROWS * MX_IN * (double)mx_toks[k] * run->n_threads;
-            printf("  mxfp4 x %d (GPT-OSS expert) %3lld tokens: avx512 %7.1f", MX_IN, (long long)mx_toks[k],
-                   ops / best[0] / 1e9);
-            if (mx_arms > 1) printf("  bf16 tiles %7.1f  (/avx512 %.2f)", ops / best[1] / 1e9, best[0] / best[1]);
+            printf("  mxfp4 x %d (GPT-OSS expert) %3lld tokens: avx512 rows %7.1f  panels %7.1f", MX_IN,
+                   (long long)mx_toks[k], ops / best[0] / 1e9, ops / best[1] / 1e9);
+            if (mx_arms > 2)
+                printf("  bf16 tiles: rows %7.1f  panels %7.1f  (/avx512 panels %.2f)", ops / best[2] / 1e9,
+                       ops / best[3] / 1e9, best[1] / best[3]);
             putchar('\n');
         }
     }
-    free(mx.w), free(mx.a), free(mx.ab), free(mx.y);
+    free(mx.w), free(mx.pw), free(mx.a), free(mx.ap), free(mx.ab), free(mx.y);
     return NULL;
 }
 
