@@ -155,16 +155,10 @@ int ie_kq_decode(ie_dtype_t t, const void *block, ie_kq_codes_t *c)
         c->d = ld16(b);
         for (int k = 0; k < IE_QK; k++) c->u[k] = (uint8_t)nib32(b + 2, k);
         break;
-    case IE_DTYPE_MXFP4: {
-        int any = 0; /* a code other than +-0 */
-        for (int k = 0; k < IE_QK; k++) {
-            c->u[k] = (uint8_t)nib32(b + 1, k);
-            any |= (c->u[k] & 7) != 0;
-        }
-        if (b[0] >= MXFP4_E_MIN && b[0] <= MXFP4_E_MAX) c->d = ie_f32_to_f16(ie_e8m0_half_to_f32(b[0]));
-        else if (any) return -1; /* 2^(e-128) is not an f16 */
+    case IE_DTYPE_MXFP4:
+        for (int k = 0; k < IE_QK; k++) c->u[k] = (uint8_t)nib32(b + 1, k);
+        if (ie_mxfp4_panel_d(b, &c->d) != 0) return -1;
         break;
-    }
     case IE_DTYPE_Q2_K: {
         const ie_block_q2_k_t *q = block;
         for (int k = 0; k < IE_QK_K; k++)
@@ -235,6 +229,20 @@ int ie_kq_decode(ie_dtype_t t, const void *block, ie_kq_codes_t *c)
     default: return -1;
     }
     return 0;
+}
+
+/* Contract (ie_kernels_isa.h). */
+int ie_mxfp4_panel_d(const void *block, ie_f16_t *d)
+{
+    const uint8_t *b = block;
+    if (b[0] >= MXFP4_E_MIN && b[0] <= MXFP4_E_MAX) {
+        *d = ie_f32_to_f16(ie_e8m0_half_to_f32(b[0]));
+        return 0;
+    }
+    int any = 0; /* a code other than +-0 (magnitude bits 0-2 of either nibble) */
+    for (int k = 1; k <= IE_QK / 2; k++) any |= b[k] & 0x77;
+    *d = 0;
+    return any ? -1 : 0; /* 2^(e-128) is not an f16 */
 }
 
 /* ------------------------------------------------------------ encode */

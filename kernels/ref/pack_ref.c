@@ -415,6 +415,45 @@ static void kq_get_row(const ie_kq_panel_t *g, const uint8_t *blk, int i, ie_kq_
     }
 }
 
+/* kq_repack for IQ4_NL and MXFP4 (one slab of nibbles and d, ie_pack.h):
+ * each block's bytes moved straight into place, not decoded code by code
+ * (GPT-OSS-20B binds 12 GB of MXFP4 experts this way at every load). The
+ * source keeps element k < 16 in the low nibble of qs[k] and k >= 16 in the
+ * high nibble of qs[k - 16]; nibble chunk c, byte 4i + j holds the codes
+ * of k = 8c + j (low) and 8c + 4 + j (high). */
+static int kq_repack_nib32(ie_dtype_t t, const ie_kq_panel_t *g, const uint8_t *src, int64_t n_in, int64_t r0,
+                           int64_t r1, int64_t n_out, void *dst)
+{
+    const size_t rb = ie_dtype_row_bytes(t, n_in), bb = ie_dtype_block_bytes(t), hdr = bb - IE_QK / 2;
+    const int64_t nb = n_in / IE_QK;
+    for (int64_t p = r0 / IE_PANEL; p < (r1 + IE_PANEL - 1) / IE_PANEL; p++)
+        for (int i = 0; i < IE_PANEL; i++) {
+            const int64_t r = p * IE_PANEL + i;
+            for (int64_t b = 0; b < nb; b++) {
+                uint8_t *blk = kq_block(g, dst, n_in, p, b), *q = blk + g->codes + g->nib + 4 * (size_t)i;
+                ie_f16_t d = 0;
+                if (r >= n_out) { /* padding: every field 0 */
+                    for (int c = 0; c < 4; c++) memset(q + 64 * c, 0, 4);
+                } else {
+                    const uint8_t *s = src + (size_t)r * rb + (size_t)b * bb, *qs = s + hdr;
+                    if (t == IE_DTYPE_MXFP4) {
+                        if (ie_mxfp4_panel_d(s, &d) != 0) return -1;
+                    } else {
+                        memcpy(&d, s, sizeof d);
+                    }
+                    for (int j = 0; j < 4; j++) {
+                        q[j] = (uint8_t)((qs[j] & 15) | (qs[4 + j] & 15) << 4);
+                        q[64 + j] = (uint8_t)((qs[8 + j] & 15) | (qs[12 + j] & 15) << 4);
+                        q[128 + j] = (uint8_t)(qs[j] >> 4 | (qs[4 + j] & 0xf0));
+                        q[192 + j] = (uint8_t)(qs[8 + j] >> 4 | (qs[12 + j] & 0xf0));
+                    }
+                }
+                st_f16(blk + g->d + 2 * (size_t)i, d);
+            }
+        }
+    return 0;
+}
+
 /* Panels of rows [r0, r1) of the k-quant PANEL16 matrix dst from ggml
  * ROWS src (row r at src + r * row bytes): every block decoded and its
  * fields put in place; rows past n_out (the last panel's padding) get
@@ -423,6 +462,7 @@ static void kq_get_row(const ie_kq_panel_t *g, const uint8_t *blk, int i, ie_kq_
 static int kq_repack(ie_dtype_t t, const ie_kq_panel_t *g, const uint8_t *src, int64_t n_in, int64_t r0, int64_t r1,
                      int64_t n_out, void *dst)
 {
+    if (t == IE_DTYPE_IQ4_NL || t == IE_DTYPE_MXFP4) return kq_repack_nib32(t, g, src, n_in, r0, r1, n_out, dst);
     const size_t rb = ie_dtype_row_bytes(t, n_in), bb = ie_dtype_block_bytes(t);
     const int64_t nb = n_in / g->info.qk;
     ie_kq_codes_t c;

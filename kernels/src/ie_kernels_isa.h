@@ -168,6 +168,11 @@ typedef struct ie_kq_codes {
  * gives -1. Returns 0, -1 if t is neither a k-quant nor MXFP4. */
 int ie_kq_decode(ie_dtype_t t, const void *block, ie_kq_codes_t *c);
 
+/* The panels' d of one MXFP4 block (ggml's { e, qs[16] }): 2^(e-128) as
+ * f16 for e in [104, 143], 0 for a block of +-0 codes whatever its e;
+ * returns 0, or -1 (d = 0) when neither holds (ie_pack.h). */
+int ie_mxfp4_panel_d(const void *block, ie_f16_t *d);
+
 /* The inverse: write the ggml block of type t holding c's fields (codes
  * out of their range are masked to their bits; MXFP4: d must be a power
  * of two in [2^-24, 2^15], or 0 with +-0 codes, giving e = 0). Returns 0 or -1. */
