@@ -106,7 +106,7 @@ static void convert_run(void *ctx, int ith, int nth)
     const int lossless = c->layout == IE_LAYOUT_PANEL16 && c->src.layout == IE_LAYOUT_ROWS &&
                          ie_pack_target(c->src.dtype) == c->to &&
                          (ie_dtype_is_intw(c->src.dtype) ? c->src.group : repack_group(c->src.dtype)) == c->group;
-    for (long u = b; u < e; u++) {
+    for (long u = b; u < e && !c->no_panel; u++) { /* another thread's refusal ends the stack's conversion */
         const int64_t s = u / np, p = u % np, r0 = p * IE_PANEL;
         const int64_t cnt = n_out - r0 < IE_PANEL ? n_out - r0 : IE_PANEL;
         wmat_t sm = c->src;
