@@ -34,7 +34,10 @@ def test_gptoss_ring_past_window(tiny_gptoss, prompts_file, types, layer):
     assert ref["kv_ring_positions"] == 16  # the window 8 and 7 more: one block of 16
     assert ref["kv_bytes_per_token"] == 1 * layer  # the full layer only
     assert ref["kv_ring_bytes"] == len(PROMPTS) * 16 * 2 * layer
-    assert all(len(ids) == 120 for ids in ref["ids"])
+    # random weights: a stream may meet its EOS early (q8, the MXFP4 experts on
+    # their panels: one at 34 tokens); each runs past the 16-position ring twice
+    lens = [len(ids) for ids in ref["ids"]]
+    assert min(lens) >= 2 * 16 and max(lens) == 120, lens
     for extra in (["--kv-block", 3], ["--plan", "pipeline:2"], ["--plan", "tensor:2", "--kv-block", 5],
                   ["--kv-blocks", 12], ["--plan", "pipeline:2", "--kv-blocks", 12]):
         got = greedy(tiny_gptoss, prompts_file, *types, *extra, max_new=120)
