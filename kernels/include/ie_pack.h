@@ -184,16 +184,18 @@ void ie_qrow_dequantize(ie_dtype_t dtype, int group, const void *src, float *dst
 
 /* The packed type a ROWS-layout tensor repacks to losslessly:
  * Q8_0 -> I8W, Q4_0 -> I4W, Q4_1 -> I4WA (group 32), I-types, BF16 and
- * F16 (group 32) and the k-quants (group = block size) -> themselves;
- * IE_DTYPE_INVALID for anything else. */
+ * F16 (group 32), the k-quants and MXFP4 (group = block size) ->
+ * themselves; IE_DTYPE_INVALID for anything else. */
 ie_dtype_t ie_pack_target(ie_dtype_t rows_dtype);
 
 /* Repack rows [r0, r1) (same alignment rules as ie_pack_quantize) of a
  * ROWS-layout matrix (src: its row 0) — ggml Q8_0/Q4_0/Q4_1, BF16 and F16
- * (group 32), a k-quant (group = its block size), whatever `group` says for
- * these; I-types with `group` — into PANEL16 (of ie_pack_target's type)
- * without changing a single value. Padding rows of a k-quant's last panel:
- * every field 0 (d, dmin, sc, mn, codes). 0 or -1. */
+ * (group 32), a k-quant or MXFP4 (group = its block size), whatever `group`
+ * says for these; I-types with `group` — into PANEL16 (of ie_pack_target's
+ * type) without changing a single value. Padding rows of a k-quant's last
+ * panel: every field 0 (d, dmin, sc, mn, codes). 0, or -1 on bad arguments
+ * or an MXFP4 block with no panel form (see above; the range's panels are
+ * then partly written). */
 int ie_pack_repack(ie_dtype_t rows_dtype, int group, const void *src, int64_t n_in, int64_t r0, int64_t r1,
                    int64_t n_out, void *dst);
 
