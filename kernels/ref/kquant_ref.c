@@ -235,8 +235,9 @@ int ie_kq_decode(ie_dtype_t t, const void *block, ie_kq_codes_t *c)
 int ie_mxfp4_panel_d(const void *block, ie_f16_t *d)
 {
     const uint8_t *b = block;
-    if (b[0] >= MXFP4_E_MIN && b[0] <= MXFP4_E_MAX) {
-        *d = ie_f32_to_f16(ie_e8m0_half_to_f32(b[0]));
+    if (b[0] >= MXFP4_E_MIN && b[0] <= MXFP4_E_MAX) { /* 2^x, x = e - 128 in [-24, 15]: normal from -14 */
+        const int x = b[0] - 128;
+        *d = (ie_f16_t)(x >= -14 ? (x + 15) << 10 : 1 << (x + 24));
         return 0;
     }
     int any = 0; /* a code other than +-0 (magnitude bits 0-2 of either nibble) */

@@ -605,7 +605,7 @@ static void amx_unpack_kq(ie_dtype_t t, const ie_kq_panel_t *g, int64_t n_in, co
                                                 : t == IE_DTYPE_Q3_K ? 4
                                                 : t == IE_DTYPE_Q6_K ? 32
                                                                      : 0));
-    const __m512i tbl = _mm512_broadcast_i32x4(_mm_loadu_si128((const void *)(book ? book : ie_iq4nl_kvalues)));
+    const __m512i tbl = book ? _mm512_broadcast_i32x4(_mm_loadu_si128((const void *)book)) : _mm512_setzero_si512();
     for (int64_t bi = 0; bi < n_in / qk; bi++) {
         const uint8_t *bp = panel + (size_t)bi * g->block;
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const void *)(bp + g->d)));

@@ -114,11 +114,8 @@ IE_INLINE int kq_has_dmin(ie_dtype_t T)
 
 IE_INLINE int kq_has_mn(ie_dtype_t T) { return T == IE_DTYPE_Q2_K || T == IE_DTYPE_Q4_K || T == IE_DTYPE_Q5_K; }
 
-/* codes that index a code book (ie_kq_book) */
-IE_INLINE int kq_is_iq4(ie_dtype_t T)
-{
-    return T == IE_DTYPE_IQ4_NL || T == IE_DTYPE_IQ4_XS || T == IE_DTYPE_MXFP4;
-}
+/* codes that index a code book (IQ4_NL, IQ4_XS, MXFP4) */
+IE_INLINE int kq_is_iq4(ie_dtype_t T) { return ie_kq_book(T) != NULL; }
 
 /* Quads whose vpmaddubsw results may add up in int16 before vpmaddwd
  * (the bounds in the file comment); a divisor of the quads per sub-block. */
@@ -187,8 +184,9 @@ IE_INLINE void kq_tile(const ie_dtype_t T, const int NT, const int NH, const kq_
     const int nslab = qk / 32, quads_per_sub = nsub == 8 ? 8 : 4;
     const int kq8k = qk == IE_QK_K;
     const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i book = _mm256_broadcastsi128_si256(_mm_loadu_si128(
-        (const __m128i *)(const void *)(T == IE_DTYPE_MXFP4 ? ie_mxfp4_kvalues : ie_iq4nl_kvalues)));
+    const __m256i book = kq_is_iq4(T) ? _mm256_broadcastsi128_si256(
+                                            _mm_loadu_si128((const __m128i *)(const void *)ie_kq_book(T)))
+                                      : _mm256_setzero_si256();
     /* Q8_P: d[nb] and s[nb] after the n_in quants */
     const size_t ad_off = (size_t)g->n_in, as_off = ad_off + 4 * (size_t)g->nb;
 

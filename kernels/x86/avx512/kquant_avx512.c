@@ -195,18 +195,12 @@ IE_INLINE void k_codes(const int ty, const uint8_t *q, int h, __m512i W[4])
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++) W[i] = _mm512_and_si512(src[i], m4);
             if (k_iq(ty)) {
-                /* the code book + 128 (u8), the same in every 128-bit lane
-                 * (ie_iq4nl_kvalues, ie_mxfp4_kvalues) */
-                const __m512i tab = _mm512_broadcast_i32x4(
-                    ty == K_MXFP4
-                        ? _mm_setr_epi8((char)128, (char)129, (char)130, (char)131, (char)132, (char)134, (char)136,
-                                        (char)140, (char)128, (char)127, (char)126, (char)125, (char)124, (char)122,
-                                        (char)120, (char)116)
-                        : _mm_setr_epi8((char)(-127 + 128), (char)(-104 + 128), (char)(-83 + 128),
-                                        (char)(-65 + 128), (char)(-49 + 128), (char)(-35 + 128), (char)(-22 + 128),
-                                        (char)(-10 + 128), (char)(1 + 128), (char)(13 + 128), (char)(25 + 128),
-                                        (char)(38 + 128), (char)(53 + 128), (char)(69 + 128), (char)(89 + 128),
-                                        (char)(113 + 128)));
+                /* the code book + 128 (u8: sign bit flipped), the same in
+                 * every 128-bit lane */
+                const __m512i tab = _mm512_broadcast_i32x4(_mm_xor_si128(
+                    _mm_loadu_si128(
+                        (const __m128i *)(const void *)(ty == K_MXFP4 ? ie_mxfp4_kvalues : ie_iq4nl_kvalues)),
+                    _mm_set1_epi8((char)0x80)));
 #pragma GCC unroll 4
                 for (int i = 0; i < 4; i++) W[i] = _mm512_shuffle_epi8(tab, W[i]);
             }
