@@ -236,34 +236,10 @@ static void cache_store(const char *path, const void *src, size_t bytes)
  * mapping are no longer needed: drop them from this process (a read-only
  * file mapping refaults from the file if anything reads them again), so a
  * repacked model does not stay resident twice. Only for sources whose
- * tensors all live in file mappings (GGUF, IEBIN). The tensor is noted for
- * drop_all_again: where the page cache holds the file in large folios
- * (ext4 on Linux 6.16+), one fault maps a whole folio, so a later read
- * next to a dropped tensor maps its pages again. */
-static void drop_source_pages(ie_worker_t *w, const ie_tensor_t *t)
+ * tensors all live in file mappings (GGUF, IEBIN). */
+static void drop_source_pages(const ie_worker_t *w, const ie_tensor_t *t)
 {
-    if (!t || !w->src_file_mapped) return;
-    ie_file_release_pages(t->data, (size_t)t->nbytes);
-    if (w->n_dropped == w->cap_dropped) { /* without room the note is lost: only RSS is at stake */
-        const size_t cap = w->cap_dropped ? 2 * w->cap_dropped : 256;
-        const ie_tensor_t **n = realloc(w->dropped, cap * sizeof *n);
-        if (!n) return;
-        w->dropped = n;
-        w->cap_dropped = cap;
-    }
-    w->dropped[w->n_dropped++] = t;
-}
-
-/* At the end of the load: every dropped tensor's pages dropped again (a
- * later bind's read next to a dropped tensor can fault its folio back in),
- * then the notes freed. */
-static void drop_all_again(ie_worker_t *w)
-{
-    for (size_t i = 0; i < w->n_dropped; i++)
-        ie_file_release_pages(w->dropped[i]->data, (size_t)w->dropped[i]->nbytes);
-    free(w->dropped);
-    w->dropped = NULL;
-    w->n_dropped = w->cap_dropped = 0;
+    if (t && w->src_file_mapped) ie_file_release_pages(t->data, (size_t)t->nbytes);
 }
 
 /* ---------------------------------------------- one matrix, one vector */
@@ -760,6 +736,5 @@ ie_status_t worker_bind_weights(ie_worker_t *w, const ie_model_src_t *src)
             if (!isfinite(w->rope_freqs[i]) || w->rope_freqs[i] <= 0.0f)
                 return ie_error_set(IE_ERR_FORMAT, "model: tensor '%s' entry %d is %g (must be positive)", freqs, i,
                                     (double)w->rope_freqs[i]);
-    drop_all_again(w);
     return IE_OK;
 }

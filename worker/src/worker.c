@@ -269,7 +269,6 @@ void ie_worker_destroy(ie_worker_t **self_p)
     ie_threadpool_destroy(&w->tp);
     for (size_t i = 0; i < w->n_owned; i++) worker_big_free(w->owned[i]);
     free(w->owned);
-    free(w->dropped);
     for (int i = 0; w->repl_mem && i < 2 * w->n_repl; i++) ie_numa_free(w->repl_mem[i], w->repl_bytes[i]);
     free(w->repl_mem);
     free(w->repl_bytes);

@@ -137,13 +137,11 @@ struct ie_worker {
     ie_hparams_t hp;
     ie_arch_desc_t arch; /* what the forward pass does (ie_arch_desc.h) */
     ie_worker_opts_t opts;
-    int copy_weights;            /* resolved opts.copy_weights                */
-    int repack;                  /* resolved opts.repack                      */
-    char *cache_dir;             /* repack cache directory, or NULL           */
-    int binding_head;            /* bind_src is binding the output head       */
-    int src_file_mapped;         /* every source tensor is in a file mapping  */
-    const ie_tensor_t **dropped; /* source tensors released so far (load)   */
-    size_t n_dropped, cap_dropped;
+    int copy_weights;         /* resolved opts.copy_weights                */
+    int repack;               /* resolved opts.repack                      */
+    char *cache_dir;          /* repack cache directory, or NULL           */
+    int binding_head;         /* bind_src is binding the output head       */
+    int src_file_mapped;      /* every source tensor is in a file mapping  */
     ie_shard_range_t sh;      /* what this worker holds (ie_shard_plan)    */
     int tensor_par;           /* tensor-parallel with n_ranks > 1: reduce  */
     uint64_t probe_sink;      /* ie_worker_stream_probe's reads end here   */
