@@ -48,15 +48,17 @@ HAS_AMX = {"amx_tile", "amx_int8"} <= FLAGS
 
 
 def run_logits(model: Path, ids, out: Path, isa: str, precision: str = "native", mode: str = "prefill",
-               emulate: bool = False, route: str = "1", min_tok=None):
+               emulate: bool = False, route: str = "1", min_tok=None, repack: bool = True):
     """The engine's logits of ids on IE_ISA=isa: the AMX knobs of the caller's
     environment dropped, IE_AMX_EMULATE=1 if emulate, and on amx IE_AMX_INT=route
     (by default the int types stay on AVX-512: "1" the int8 tiles, "bf16" the
     int types, k-quants and MXFP4 dequantized onto the bf16 tiles) and
-    IE_AMX_MIN_TOK=min_tok if given."""
+    IE_AMX_MIN_TOK=min_tok if given; repack False: IE_REPACK=0 (ggml's rows)."""
     env = dict(os.environ, IE_ISA=isa)
-    for k in ("IE_AMX_EMULATE", "IE_AMX_MIN_TOK", "IE_AMX_INT"):
+    for k in ("IE_AMX_EMULATE", "IE_AMX_MIN_TOK", "IE_AMX_INT", "IE_REPACK"):
         env.pop(k, None)
+    if not repack:
+        env["IE_REPACK"] = "0"
     if emulate:
         env["IE_AMX_EMULATE"] = "1"
     if isa == "amx":
@@ -169,15 +171,17 @@ def test_real_amx_bf16_route_kquants(name, tmp_path):
     check_kq_route(name, tmp_path, emulate=False)
 
 
-def gptoss_route_logits(ids, tmp: Path, mode: str, emulate: bool):
+def gptoss_route_logits(ids, tmp: Path, mode: str, emulate: bool, layout: str):
     """tiny_gptoss.gguf (MXFP4 experts) on the amx table with IE_AMX_INT=bf16
     and IE_AMX_MIN_TOK=1: every expert matmul, whatever its token count (a
-    tiny prompt gives an expert a few tokens), on the MXFP4 bf16 tiles."""
-    return run_logits(fixture_path("tiny_gptoss.gguf"), ids, tmp / f"gptoss_amx_{mode}.bin", "amx", mode=mode,
-                      emulate=emulate, route="bf16", min_tok=1)
+    tiny prompt gives an expert a few tokens), on the bf16 tiles -- from
+    IQ4_NL's panels (layout "panels", the default binding: the k-quants'
+    route) or from ggml's rows (IE_REPACK=0: the table's MXFP4 slot)."""
+    return run_logits(fixture_path("tiny_gptoss.gguf"), ids, tmp / f"gptoss_amx_{mode}_{layout}.bin", "amx",
+                      mode=mode, emulate=emulate, route="bf16", min_tok=1, repack=layout == "panels")
 
 
-def check_gptoss_mxfp4_route(tmp_path, mode, emulate):
+def check_gptoss_mxfp4_route(tmp_path, mode, emulate, layout):
     """MXFP4 experts on the bf16 tiles hold ref's weights exactly and round the
     activations to bf16 (the AVX-512 path: Q8_0): against transformers on the
     stored weights, test_forward_gptoss.py's bounds for the native quantized
@@ -187,10 +191,10 @@ def check_gptoss_mxfp4_route(tmp_path, mode, emulate):
     more."""
     d = np.load(fixture_path("tiny_gptoss_mxfp4/expected.npz"))
     ids, ref = d["ids"], d["logits"]
-    amx = gptoss_route_logits(ids, tmp_path, mode, emulate)
+    amx = gptoss_route_logits(ids, tmp_path, mode, emulate, layout)
     rel = np.max(np.abs(amx - ref), axis=-1) / np.max(np.abs(ref), axis=-1)
     agree = np.mean(amx.argmax(-1) == ref.argmax(-1))
-    print(f"\n  gpt-oss mxfp4 route ({mode}): median rel {np.median(rel):.4g}, max {rel.max():.4g}, "
+    print(f"\n  gpt-oss mxfp4 route ({mode}, {layout}): median rel {np.median(rel):.4g}, max {rel.max():.4g}, "
           f"argmax {agree:.2f}")
     assert np.all(np.isfinite(amx))
     assert np.median(rel) <= 0.03
@@ -201,12 +205,14 @@ def check_gptoss_mxfp4_route(tmp_path, mode, emulate):
 @pytest.mark.skipif(not HAS_AVX512 or HAS_AMX,
                     reason="the amx table is AVX-512's (no AVX-512 VNNI here)" if not HAS_AVX512
                     else "this CPU has AMX: test_real_amx_mxfp4_experts runs the tiles")
+@pytest.mark.parametrize("layout", ["panels", "rows"])
 @pytest.mark.parametrize("mode", ["prefill", "decode"])
-def test_emulated_amx_mxfp4_experts(mode, tmp_path):
-    check_gptoss_mxfp4_route(tmp_path, mode, emulate=True)
+def test_emulated_amx_mxfp4_experts(mode, layout, tmp_path):
+    check_gptoss_mxfp4_route(tmp_path, mode, emulate=True, layout=layout)
 
 
 @pytest.mark.skipif(not HAS_AMX, reason="no AMX on this CPU (amx_tile/amx_int8 absent from /proc/cpuinfo)")
+@pytest.mark.parametrize("layout", ["panels", "rows"])
 @pytest.mark.parametrize("mode", ["prefill", "decode"])
-def test_real_amx_mxfp4_experts(mode, tmp_path):
-    check_gptoss_mxfp4_route(tmp_path, mode, emulate=False)
+def test_real_amx_mxfp4_experts(mode, layout, tmp_path):
+    check_gptoss_mxfp4_route(tmp_path, mode, emulate=False, layout=layout)
