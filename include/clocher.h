@@ -168,8 +168,11 @@ typedef struct ie_gen_info {
  *  `gen` may be NULL (defaults: 128 tokens, temperature 1). Keys:
  *  "max_tokens", "temperature" (0 = greedy), "top_k", "top_p", "min_p",
  *  "repeat_penalty", "repeat_last_n", "frequency_penalty",
- *  "presence_penalty", "seed", "stop" (repeatable), "add_special" (0/1,
- *  default 1), "parse_special" (0/1, default 1).
+ *  "presence_penalty", "seed", "stop" (repeatable), "logit_bias"
+ *  (repeatable, "ID+BIAS" / "ID-BIAS": added to token ID's logit; "-inf"
+ *  bans it), "min_tokens" (no end at EOS or a stop string before then),
+ *  "ignore_eos" (0/1: never end at EOS), "add_special" (0/1, default 1),
+ *  "parse_special" (0/1, default 1).
  *
  *  `on_token` (may be NULL) streams tokens as they come. `text_out` (may be
  *  NULL) receives the whole generated text, NUL-terminated, owned by the

@@ -75,6 +75,8 @@ static void usage(FILE *f)
           "  --temperature T --top-k K --top-p P --min-p P\n"
           "  --repeat-penalty R --frequency-penalty F --presence-penalty P\n"
           "  --seed S                       sampling seed (random if absent)\n"
+          "  --logit-bias ID+B|ID-B         add B to token ID's logit (repeatable; -inf bans it)\n"
+          "  --ignore-eos                   do not end at EOS / end-of-turn tokens: run to --max-new\n"
           "  --stop STR                     stop string (repeatable)\n"
           "  --precision P                  weights: native (as stored; GGUF Q8_0/Q4_0/Q4_1, bf16,\n"
           "                                 f16 repacked losslessly into row panels), f32, bf16,\n"
@@ -385,7 +387,9 @@ int ie_cli_run(int argc, char **argv)
         O_MODEL_BIN,
         O_PRETRANSPOSE,
         O_DEVICE,
-        O_PROFILE
+        O_PROFILE,
+        O_IGNORE_EOS,
+        O_LOGIT_BIAS
     };
     static const struct option lo[] = {{"prompt", required_argument, 0, O_PROMPT},
                                        {"prompts-file", required_argument, 0, O_PFILE},
@@ -417,6 +421,8 @@ int ie_cli_run(int argc, char **argv)
                                        {"pretranspose", required_argument, 0, O_PRETRANSPOSE},
                                        {"device", required_argument, 0, O_DEVICE},
                                        {"profile", no_argument, 0, O_PROFILE},
+                                       {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
+                                       {"logit-bias", required_argument, 0, O_LOGIT_BIAS},
                                        {0, 0, 0, 0}};
 
     const double t_start = ie_now_ms();
@@ -449,6 +455,9 @@ int ie_cli_run(int argc, char **argv)
     sp.min_p = 0.05f;
     const char **stops = NULL;
     size_t n_stop = 0;
+    ie_logit_bias_t *biases = NULL; /* --logit-bias, in order */
+    int32_t n_bias = 0;
+    int ignore_eos = 0;
     int rc = IE_EXIT_OK, c;
     long lv;
     ie_engine_t *eng = NULL;
@@ -517,6 +526,17 @@ int ie_cli_run(int argc, char **argv)
         case O_TOKTHREADS: bad = ie_cli_parse_long(optarg, 1, 64, &tok_threads); break;
         case O_AGGREGATE: aggregate = 1; break;
         case O_PROFILE: profile = 1; break;
+        case O_IGNORE_EOS: ignore_eos = 1; break;
+        case O_LOGIT_BIAS: {
+            ie_logit_bias_t *nb = realloc(biases, (size_t)(n_bias + 1) * sizeof *nb);
+            if (!nb) {
+                rc = ie_cli_fail(IE_EXIT_NOMEM, "%s", "out of memory");
+                goto cleanup;
+            }
+            biases = nb;
+            bad = ie_logit_bias_parse(optarg, &biases[n_bias++]) != IE_OK;
+            break;
+        }
         case O_MODEL_JSON: model_json = optarg; break;
         case O_MODEL_BIN: model_bin = optarg; break;
         case O_PRETRANSPOSE:
@@ -656,6 +676,8 @@ int ie_cli_run(int argc, char **argv)
         goto cleanup;
     }
     sp.greedy = greedy;
+    sp.logit_bias = biases;
+    sp.n_logit_bias = n_bias;
     if (!have_seed) sp.seed = ie_sampler_seed_random();
     if (ie_sampler_params_validate(&sp) != IE_OK) {
         rc = ie_cli_fail(IE_EXIT_USAGE, "%s", ie_error_last());
@@ -742,6 +764,13 @@ int ie_cli_run(int argc, char **argv)
     gp.n_stop = n_stop;
     gp.add_special = special;
     gp.parse_special = special;
+    gp.ignore_eos = ignore_eos;
+    for (int32_t i = 0; i < n_bias; i++) /* before any prompt runs: a bad id is the command's error */
+        if (biases[i].id >= ie_backend_geom(ie_engine_backend(eng))->n_vocab) {
+            rc = ie_cli_fail(IE_EXIT_USAGE, "--logit-bias: token %d is outside the vocabulary (%d tokens)",
+                             (int)biases[i].id, (int)ie_backend_geom(ie_engine_backend(eng))->n_vocab);
+            goto cleanup;
+        }
 
     const size_t B = (size_t)eo.n_seq;
     W = 4 * B + 16; /* prompts in the scheduler or done and not yet reported */
@@ -1109,6 +1138,7 @@ cleanup:
     spill_close(&sp_err);
     ie_engine_destroy(&eng);
     free(stops);
+    free(biases);
     free(chat_json);
     free(chat_ids);
     free(chat_prompt);

@@ -334,7 +334,8 @@ ie_status_t ie_chain_gather_pick(const float *g, int n_ranks, int n, int64_t n_v
  * "top_logprobs":[[id, logprob]...] (k entries), and "done" has
  * "logprobs":[{"token", "logprob", "top_logprobs"}...] for every token.
  */
-#define IE_CLIENT_TOP_MAX 20 /* "logprobs" alternatives at most */
+#define IE_CLIENT_TOP_MAX 20    /* "logprobs" alternatives at most */
+#define IE_CLIENT_BIAS_MAX 4096 /* "logit_bias" entries at most */
 
 /* One generated token's log-probability and its alternatives (a reply's). */
 typedef struct ie_client_lp {
@@ -357,6 +358,13 @@ typedef struct ie_client_lora {
     float scale; /* default 1                                       */
 } ie_client_lora_t;
 
+/* One entry of a request's "logit_bias": token id and the bias added to
+ * its logit. */
+typedef struct ie_client_bias {
+    int32_t id;
+    float bias;
+} ie_client_bias_t;
+
 #define IE_CLIENT_LORA_MAX 8
 
 typedef struct ie_client_req {
@@ -365,13 +373,18 @@ typedef struct ie_client_req {
     char *prompt; /* NULL when messages are given                   */
     ie_client_chat_t *messages;
     size_t n_messages;
-    int32_t max_new;      /* default 128                                    */
-    float temperature;    /* default 0.8; 0: greedy                         */
-    int32_t top_k;        /* default 40                                     */
-    float top_p;          /* default 0.95                                   */
-    float min_p;          /* default 0.05                                   */
-    float repeat_penalty; /* default 1.0                                    */
-    int64_t seed;         /* default -1: from the clock                      */
+    int32_t max_new;                           /* default 128                                    */
+    float temperature;                         /* default 0.8; 0: greedy                         */
+    int32_t top_k;                             /* default 40                                     */
+    float top_p;                               /* default 0.95                                   */
+    float min_p;                               /* default 0.05                                   */
+    float repeat_penalty;                      /* default 1.0                                    */
+    float frequency_penalty, presence_penalty; /* default 0 (OpenAI's)      */
+    int32_t min_new;                           /* default 0: no end (EOS, stop) before min_new   */
+    int ignore_eos;                            /* default 0; 1: never end at EOS                 */
+    ie_client_bias_t *bias;                    /* "logit_bias" (n_bias <= IE_CLIENT_BIAS_MAX)  */
+    size_t n_bias;
+    int64_t seed; /* default -1: from the clock                      */
     char **stop;
     size_t n_stop;
     int stream;             /* default 0                                      */

@@ -884,6 +884,7 @@ void ie_client_req_clear(ie_client_req_t *r)
     for (size_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
     free(r->json_schema);
+    free(r->bias);
     free(r->adapter);
     for (size_t i = 0; i < r->n_lora; i++) free(r->lora[i].name);
     free(r->lora);
@@ -1033,15 +1034,69 @@ static ie_status_t req_lora(const msgpack_object *o, ie_client_req_t *r)
     return IE_OK;
 }
 
+/* "logit_bias": a map of at most IE_CLIENT_BIAS_MAX token ids (integers
+ * >= 0, or strings of digits as a JSON-minded client sends them) to
+ * numbers in [-100, 100]. The ids are checked against the vocabulary by
+ * the server. */
+static ie_status_t req_bias(const msgpack_object *o, ie_client_req_t *r)
+{
+    if (o->type != MSGPACK_OBJECT_MAP || o->via.map.size > IE_CLIENT_BIAS_MAX)
+        return ie_error_set(IE_ERR_FORMAT, "request: \"logit_bias\" must be a map of at most %d token ids",
+                            IE_CLIENT_BIAS_MAX);
+    if (o->via.map.size == 0) return IE_OK;
+    if (!(r->bias = calloc(o->via.map.size, sizeof *r->bias)))
+        return ie_error_set(IE_ERR_NOMEM, "request: out of memory");
+    for (uint32_t i = 0; i < o->via.map.size; i++) {
+        const msgpack_object *k = &o->via.map.ptr[i].key;
+        int64_t id = -1;
+        if (obj_str(k) && k->via.str.size >= 1 && k->via.str.size <= 10) {
+            id = 0;
+            for (uint32_t j = 0; j < k->via.str.size && id >= 0; j++)
+                id = k->via.str.ptr[j] >= '0' && k->via.str.ptr[j] <= '9' ? id * 10 + (k->via.str.ptr[j] - '0')
+                                                                          : -1;
+        } else if (obj_i64(k, &id) != 0) {
+            id = -1;
+        }
+        if (id < 0 || id > INT32_MAX)
+            return ie_error_set(IE_ERR_FORMAT, "request: \"logit_bias\" keys must be token ids (integers >= 0)");
+        r->bias[i].id = (int32_t)id;
+        ie_status_t st = req_num(&o->via.map.ptr[i].val, "logit_bias value", -100, 0, 100, &r->bias[i].bias);
+        if (st != IE_OK) return st;
+        r->n_bias = i + 1;
+    }
+    return IE_OK;
+}
+
 /* One key of a request. Unknown keys are ignored; nil on an optional key
  * reads as "not given" (what JSON-minded clients send for None). */
 static ie_status_t req_key(const msgpack_object *k, const msgpack_object *o, ie_client_req_t *r, uint32_t *seen)
 {
-    static const char *const keys[] = {"type",        "id",      "prompt", "messages",  "max_new",
-                                       "temperature", "top_k",   "top_p",  "min_p",     "repeat_penalty",
-                                       "seed",        "stop",    "stream", "priority",  "logprobs",
-                                       "json_schema", "adapter", "lora",   "lora_name", "lora_path",
-                                       "pinned"};
+    static const char *const keys[] = {"type",
+                                       "id",
+                                       "prompt",
+                                       "messages",
+                                       "max_new",
+                                       "temperature",
+                                       "top_k",
+                                       "top_p",
+                                       "min_p",
+                                       "repeat_penalty",
+                                       "seed",
+                                       "stop",
+                                       "stream",
+                                       "priority",
+                                       "logprobs",
+                                       "json_schema",
+                                       "adapter",
+                                       "lora",
+                                       "lora_name",
+                                       "lora_path",
+                                       "pinned",
+                                       "min_new",
+                                       "ignore_eos",
+                                       "logit_bias",
+                                       "frequency_penalty",
+                                       "presence_penalty"};
     int idx = -1;
     int64_t v = 0;
     for (int i = 0; i < (int)(sizeof keys / sizeof keys[0]); i++)
@@ -1100,6 +1155,17 @@ static ie_status_t req_key(const msgpack_object *k, const msgpack_object *o, ie_
             st = ie_error_set(IE_ERR_FORMAT, "request: \"pinned\" must be a boolean");
         else r->pinned = o->via.boolean ? 1 : 0;
         break;
+    case 21:
+        if ((st = req_int(o, "min_new", 0, CLIENT_MAX_NEW_MAX, &v)) == IE_OK) r->min_new = (int32_t)v;
+        break;
+    case 22:
+        if (o->type != MSGPACK_OBJECT_BOOLEAN)
+            st = ie_error_set(IE_ERR_FORMAT, "request: \"ignore_eos\" must be a boolean");
+        else r->ignore_eos = o->via.boolean ? 1 : 0;
+        break;
+    case 23: st = req_bias(o, r); break;
+    case 24: st = req_num(o, "frequency_penalty", -2, 0, 2, &r->frequency_penalty); break;
+    case 25: st = req_num(o, "presence_penalty", -2, 0, 2, &r->presence_penalty); break;
     }
     return st;
 }
@@ -1137,6 +1203,9 @@ ie_status_t ie_client_req_decode(const void *data, size_t n, ie_client_req_t *r)
         st = ie_error_set(IE_ERR_FORMAT, "request: load_lora needs \"lora_name\" and \"lora_path\"");
     else if (strcmp(r->type, "unload_lora") == 0 && !r->lora_name)
         st = ie_error_set(IE_ERR_FORMAT, "request: unload_lora needs \"lora_name\"");
+    else if (r->min_new > r->max_new)
+        st = ie_error_set(IE_ERR_FORMAT, "request: \"min_new\" (%d) must not exceed \"max_new\" (%d)",
+                          (int)r->min_new, (int)r->max_new);
 
 cleanup:
     msgpack_unpacked_destroy(&u);

@@ -24,6 +24,15 @@ const char *ie_finish_name(ie_finish_t r);
 
 typedef struct ie_gen_params {
     int max_new; /* tokens to generate at most (>= 0)  */
+    /* End-of-generation control (vLLM's min_tokens and ignore_eos): the
+     * first min_new tokens (>= 0) cannot be an end-of-generation token
+     * (the tokenizer's EOS/EOT and the engine's stop ids: their logits are
+     * -inf) and do not end on a stop string (their text is not matched);
+     * ignore_eos != 0 masks those tokens for the whole request, so it runs
+     * to max_new (or the context). A structured-output request whose
+     * grammar allows nothing else still ends with EOS. */
+    int min_new;
+    int ignore_eos;
     ie_sampler_params_t sampling;
     const char *const *stop; /* stop strings (not part of output)  */
     size_t n_stop;

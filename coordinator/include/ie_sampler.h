@@ -8,6 +8,9 @@
  * filters act on the distribution *at* the chosen temperature; llama.cpp
  * instead filters at temperature 1 and applies temperature last):
  *
+ *   0. logit bias  logit[id] += bias for each (id, bias) of logit_bias
+ *                  (OpenAI's logit_bias; first, as in llama.cpp and vLLM),
+ *                  written back into the caller's logits array.
  *   1. penalties   over the last repeat_last_n accepted tokens (the window),
  *                  for each distinct token t in the window, seen c times:
  *                    repeat (llama.cpp): logit > 0 ? logit / repeat_penalty
@@ -55,20 +58,31 @@
 
 typedef struct ie_sampler ie_sampler_t;
 
+/* One entry of a logit bias: logit[id] += bias. -inf bans the token. */
+typedef struct ie_logit_bias {
+    int32_t id;
+    float bias;
+} ie_logit_bias_t;
+
 typedef struct ie_sampler_params {
-    float temperature;       /* >= 0, finite; 0 = greedy          (1.0)  */
-    int greedy;              /* nonzero = arg max, ignores the rest (0)  */
-    int32_t top_k;           /* >= 0; 0 = off                       (0)  */
-    float top_p;             /* in (0, 1]; 1 = off                  (1)  */
-    float min_p;             /* in [0, 1]; 0 = off                  (0)  */
-    float repeat_penalty;    /* > 0, finite; 1 = off                (1)  */
-    int32_t repeat_last_n;   /* window length in [0, 2^20]; 0 = no
+    float temperature;                 /* >= 0, finite; 0 = greedy          (1.0)  */
+    int greedy;                        /* nonzero = arg max, ignores the rest (0)  */
+    int32_t top_k;                     /* >= 0; 0 = off                       (0)  */
+    float top_p;                       /* in (0, 1]; 1 = off                  (1)  */
+    float min_p;                       /* in [0, 1]; 0 = off                  (0)  */
+    float repeat_penalty;              /* > 0, finite; 1 = off                (1)  */
+    int32_t repeat_last_n;             /* window length in [0, 2^20]; 0 = no
                                 penalties                           (64) */
-    float frequency_penalty; /* finite, may be < 0; 0 = off         (0)  */
-    float presence_penalty;  /* finite, may be < 0; 0 = off         (0)  */
-    uint64_t seed;           /* PRNG seed; every value (0 too) is a fixed,
+    float frequency_penalty;           /* finite, may be < 0; 0 = off         (0)  */
+    float presence_penalty;            /* finite, may be < 0; 0 = off         (0)  */
+    uint64_t seed;                     /* PRNG seed; every value (0 too) is a fixed,
                                 reproducible seed. For a random one put
                                 ie_sampler_seed_random() here.       (0)  */
+    const ie_logit_bias_t *logit_bias; /* n_logit_bias entries, copied by
+                                ie_sampler_new (the caller keeps its
+                                array); an id given twice adds both;
+                                each bias not NaN                 (NULL) */
+    int32_t n_logit_bias;              /* in [0, 2^20]                        (0)  */
 } ie_sampler_params_t;
 
 /* The defaults shown above: temperature 1 with every filter and penalty
@@ -80,12 +94,20 @@ ie_sampler_params_t ie_sampler_params_default(void);
  * run replayed. */
 uint64_t ie_sampler_seed_random(void);
 
+/* Parse one logit-bias entry in llama.cpp's --logit-bias form: "ID+BIAS"
+ * or "ID-BIAS" (ID a decimal token id >= 0, BIAS a number or "inf";
+ * "15043-inf" bans token 15043). IE_ERR_INVAL naming the text if malformed
+ * or the bias is NaN; the id is not checked against a vocabulary here. */
+ie_status_t ie_logit_bias_parse(const char *text, ie_logit_bias_t *out);
+
 /* IE_OK if every field of *params is in range, else IE_ERR_INVAL with a
  * message naming the field. */
 ie_status_t ie_sampler_params_validate(const ie_sampler_params_t *params);
 
 /* New sampler for a vocabulary of n_vocab (>= 1) tokens, seeded from
- * params->seed, empty history. Copies *params. Allocates all scratch now
+ * params->seed, empty history. Copies *params and its logit bias
+ * (IE_ERR_RANGE naming the entry if an id is outside [0, n_vocab)). The
+ * copy's logit_bias points at the sampler's own array. Allocates all scratch now
  * (about 24 bytes per vocabulary entry, plus 4 per window slot). Caller owns *out and must destroy
  * it; *out is NULL on failure. */
 ie_status_t ie_sampler_new(const ie_sampler_params_t *params, int32_t n_vocab, ie_sampler_t **out);
@@ -94,8 +116,8 @@ ie_status_t ie_sampler_new(const ie_sampler_params_t *params, int32_t n_vocab, i
 void ie_sampler_destroy(ie_sampler_t **self_p);
 
 /* Pick the next token from logits[0..n_vocab) by the chain above. On
- * return logits holds the penalized values (step 1; later steps do not
- * write to it). Does not record the token: call ie_sampler_accept() with
+ * return logits holds the biased and penalized values (steps 0 and 1;
+ * later steps do not write to it). Does not record the token: call ie_sampler_accept() with
  * whatever token the engine finally keeps. *id_out is in [0, n_vocab) on
  * success, -1 on failure. Never allocates. */
 ie_status_t ie_sampler_sample(ie_sampler_t *s, float *logits, int32_t *id_out);
@@ -119,7 +141,8 @@ void ie_sampler_reset(ie_sampler_t *s);
 const ie_sampler_params_t *ie_sampler_params(const ie_sampler_t *s);
 
 /* 1 if ie_sampler_sample() returns the arg max of the raw logits whatever
- * the history: greedy (or temperature 0) with the penalties off. Then only
+ * the history: greedy (or temperature 0) with the penalties off and no
+ * logit bias. Then only
  * the arg max has to be known (the cluster sends no logits rows); 0 for
  * NULL. */
 int ie_sampler_argmax_only(const ie_sampler_t *s);

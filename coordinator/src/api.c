@@ -173,15 +173,23 @@ static ie_status_t engine_opts(const ie_params_t *p, ie_engine_opts_t *o)
     return IE_OK;
 }
 
-/* Generation options -> ie_gen_params_t; the stop strings point into `p`
- * (*stops, malloc'd, is the caller's to free). */
-static ie_status_t gen_params(const ie_params_t *p, ie_gen_params_t *g, const char ***stops)
+/* Generation options -> ie_gen_params_t; the stop strings point into `p`,
+ * the arrays of stop strings and logit biases are one block (*own,
+ * malloc'd, the caller's to free). */
+static ie_status_t gen_params(const ie_params_t *p, ie_gen_params_t *g, void **own)
 {
     ie_gen_params_default(g);
-    *stops = NULL;
-    size_t n_stop = 0;
-    for (size_t i = 0; p && i < p->n; i++) n_stop += !strcmp(p->kv[i].key, "stop");
-    if (n_stop && !(*stops = malloc(n_stop * sizeof **stops))) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+    *own = NULL;
+    size_t n_stop = 0, n_bias = 0;
+    for (size_t i = 0; p && i < p->n; i++) {
+        n_stop += !strcmp(p->kv[i].key, "stop");
+        n_bias += !strcmp(p->kv[i].key, "logit_bias");
+    }
+    /* the pointers first: the bias entries need no stricter alignment */
+    if ((n_stop || n_bias) && !(*own = malloc(n_stop * sizeof(char *) + n_bias * sizeof(ie_logit_bias_t))))
+        return ie_error_set(IE_ERR_NOMEM, "out of memory");
+    const char **stops = *own;
+    ie_logit_bias_t *bias = n_bias ? (ie_logit_bias_t *)((char *)*own + n_stop * sizeof(char *)) : NULL;
     ie_sampler_params_t *s = &g->sampling;
     for (size_t i = 0; p && i < p->n; i++) {
         const ie_param_t *kv = &p->kv[i];
@@ -200,13 +208,17 @@ static ie_status_t gen_params(const ie_params_t *p, ie_gen_params_t *g, const ch
         else if (!strcmp(k, "seed")) bad = parse_u64(v, &s->seed);
         else if (!strcmp(k, "add_special")) bad = parse_long(v, 0, 1, &n), g->add_special = (int)n;
         else if (!strcmp(k, "parse_special")) bad = parse_long(v, 0, 1, &n), g->parse_special = (int)n;
+        else if (!strcmp(k, "min_tokens")) bad = parse_long(v, 0, 1L << 30, &n), g->min_new = (int)n;
+        else if (!strcmp(k, "ignore_eos")) bad = parse_long(v, 0, 1, &n), g->ignore_eos = (int)n;
+        else if (!strcmp(k, "logit_bias")) bad = ie_logit_bias_parse(v, &bias[s->n_logit_bias++]) != IE_OK;
         else if (!strcmp(k, "stop")) {
             bad = !*v; /* an empty stop string would end every generation at once */
-            (*stops)[g->n_stop++] = v;
+            stops[g->n_stop++] = v;
         } else return ie_error_set(IE_ERR_INVAL, "unknown generation option '%s'", k);
         if (bad) return bad_value(kv);
     }
-    g->stop = *stops;
+    g->stop = stops;
+    s->logit_bias = n_bias ? bias : NULL;
     /* the sampler's own ranges (top_p in (0, 1], ...), named by it */
     return ie_sampler_params_validate(s);
 }
@@ -383,20 +395,20 @@ ie_status_t ie_engine_generate(ie_engine_t *e, const char *prompt, const ie_para
     int32_t *ids = NULL;
     size_t n_ids = 0;
     ie_gen_params_t g;
-    const char **stops = NULL;
+    void *own = NULL; /* gen_params' arrays */
 
     clear_outputs(text_out, info_out);
     if (!e || !prompt) return ie_error_set(IE_ERR_INVAL, "ie_engine_generate: NULL argument");
     if (!ie_engine_tokenizer(e)) return ie_error_set(IE_ERR_INVAL, "the engine has no tokenizer");
     /* the options first: a bad key fails before any work */
-    if ((st = gen_params(gen, &g, &stops)) != IE_OK) goto cleanup;
+    if ((st = gen_params(gen, &g, &own)) != IE_OK) goto cleanup;
     int flags = (g.add_special ? IE_TOK_ADD_SPECIAL : 0) | (g.parse_special ? IE_TOK_PARSE_SPECIAL : 0);
     if ((st = ie_tokenizer_encode(ie_engine_tokenizer(e), prompt, strlen(prompt), flags, &ids, &n_ids)) != IE_OK)
         goto cleanup;
     st = generate_ids(e, ids, n_ids, g, on_token, user, t0, text_out, info_out);
 
 cleanup:
-    free(stops);
+    free(own);
     free(ids);
     return st;
 }
@@ -412,7 +424,7 @@ ie_status_t ie_engine_chat(ie_engine_t *e, const char *const *roles, const char 
     int32_t *ids = NULL;
     size_t n_ids = 0;
     ie_gen_params_t g;
-    const char **stops = NULL;
+    void *own = NULL; /* gen_params' arrays */
 
     clear_outputs(text_out, info_out);
     if (!e || (n && (!roles || !contents))) return ie_error_set(IE_ERR_INVAL, "ie_engine_chat: NULL argument");
@@ -422,7 +434,7 @@ ie_status_t ie_engine_chat(ie_engine_t *e, const char *const *roles, const char 
     ie_engine_chat_opts(e, &co);
     if (ie_chat_format_for(tok, &co) == IE_CHAT_NONE)
         return ie_error_set(IE_ERR_UNSUPPORTED, "the model has no chat template clocher can render");
-    if ((st = gen_params(gen, &g, &stops)) != IE_OK) goto cleanup;
+    if ((st = gen_params(gen, &g, &own)) != IE_OK) goto cleanup;
     /* the conversation as ie_chat_encode takes it (the CLI's --chat JSON) */
     if (!(arr = cJSON_CreateArray())) goto nomem;
     for (size_t i = 0; i < n; i++) {
@@ -449,7 +461,7 @@ cleanup:
     cJSON_Delete(arr);
     free(json);
     free(ids);
-    free(stops);
+    free(own);
     return st;
 }
 

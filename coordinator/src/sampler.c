@@ -28,6 +28,7 @@
 #include "ie_sampler.h"
 #include "ie_kernels.h"
 
+#include <errno.h>
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -36,6 +37,7 @@
 #include <time.h>
 
 #define IE_SAMPLER_MAX_WINDOW (1 << 20)
+#define IE_SAMPLER_MAX_BIAS (1 << 20)
 /* Relative slack for "prefix mass >= top_p": float rounding must not turn
  * an exact boundary (mass == top_p) into "one more token". */
 #define IE_SAMPLER_TOP_P_SLACK 1e-6
@@ -58,7 +60,8 @@ typedef struct ie_cand {
 } ie_cand_t;
 
 struct ie_sampler {
-    ie_sampler_params_t params;
+    ie_sampler_params_t params; /* params.logit_bias points at bias     */
+    ie_logit_bias_t *bias;      /* (n_logit_bias) the sampler's copy     */
     int32_t n_vocab;
     uint64_t rng[4];                      /* xoshiro256** state                                */
     int32_t *ring;                        /* (repeat_last_n) window; entries [0, ring_len) valid */
@@ -278,6 +281,22 @@ ie_sampler_params_t ie_sampler_params_default(void)
     return p;
 }
 
+ie_status_t ie_logit_bias_parse(const char *text, ie_logit_bias_t *out)
+{
+    if (!text || !out) return ie_error_set(IE_ERR_INVAL, "logit bias: NULL argument");
+    char *end = NULL;
+    errno = 0;
+    long id = text[0] >= '0' && text[0] <= '9' ? strtol(text, &end, 10) : -1;
+    if (id < 0 || errno || id > INT32_MAX || (*end != '+' && *end != '-'))
+        return ie_error_set(IE_ERR_INVAL, "logit bias '%.64s': expected TOKEN_ID+BIAS or TOKEN_ID-BIAS", text);
+    const char *b = end;
+    float v = strtof(b, &end);
+    if (errno || end == b || *end || isnan(v))
+        return ie_error_set(IE_ERR_INVAL, "logit bias '%.64s': the bias is not a number", text);
+    *out = (ie_logit_bias_t){(int32_t)id, v};
+    return IE_OK;
+}
+
 ie_status_t ie_sampler_params_validate(const ie_sampler_params_t *p)
 {
     /* Comparisons are written so that NaN fails them. */
@@ -300,6 +319,12 @@ ie_status_t ie_sampler_params_validate(const ie_sampler_params_t *p)
         return ie_error_set(IE_ERR_INVAL, "sampler: frequency_penalty must be finite");
     if (!isfinite(p->presence_penalty))
         return ie_error_set(IE_ERR_INVAL, "sampler: presence_penalty must be finite");
+    if (p->n_logit_bias < 0 || p->n_logit_bias > IE_SAMPLER_MAX_BIAS || (p->n_logit_bias && !p->logit_bias))
+        return ie_error_set(IE_ERR_INVAL, "sampler: logit_bias must have 0..%d entries (got %d)",
+                            IE_SAMPLER_MAX_BIAS, (int)p->n_logit_bias);
+    for (int32_t i = 0; i < p->n_logit_bias; i++)
+        if (isnan(p->logit_bias[i].bias))
+            return ie_error_set(IE_ERR_INVAL, "sampler: logit_bias of token %d is NaN", (int)p->logit_bias[i].id);
     return IE_OK;
 }
 
@@ -324,7 +349,23 @@ ie_status_t ie_sampler_new(const ie_sampler_params_t *params, int32_t n_vocab, i
         goto cleanup;
     }
     s->params = *params;
+    s->params.logit_bias = NULL;
     s->n_vocab = n_vocab;
+    if (params->n_logit_bias > 0) {
+        for (int32_t i = 0; i < params->n_logit_bias; i++)
+            if (params->logit_bias[i].id < 0 || params->logit_bias[i].id >= n_vocab) {
+                st = ie_error_set(IE_ERR_RANGE, "sampler: logit_bias names token %d, outside [0, %d)",
+                                  (int)params->logit_bias[i].id, (int)n_vocab);
+                goto cleanup;
+            }
+        s->bias = malloc((size_t)params->n_logit_bias * sizeof *s->bias);
+        if (!s->bias) {
+            st = ie_error_set(IE_ERR_NOMEM, "sampler: out of memory for the logit bias");
+            goto cleanup;
+        }
+        memcpy(s->bias, params->logit_bias, (size_t)params->n_logit_bias * sizeof *s->bias);
+        s->params.logit_bias = s->bias;
+    }
     s->cand = malloc((size_t)n_vocab * sizeof *s->cand);
     s->w = malloc((size_t)n_vocab * sizeof *s->w);
     s->bsum = malloc(((size_t)n_vocab + IE_SAMPLER_BLOCK - 1) / IE_SAMPLER_BLOCK * sizeof *s->bsum);
@@ -361,6 +402,7 @@ void ie_sampler_destroy(ie_sampler_t **self_p)
     free(s->bk);
     free(s->ring);
     free(s->counts);
+    free(s->bias);
     free(s);
     *self_p = NULL;
 }
@@ -388,7 +430,8 @@ static int penalties_on(const ie_sampler_params_t *p)
 int ie_sampler_argmax_only(const ie_sampler_t *s)
 {
     if (!s) return 0;
-    return (s->params.greedy || s->params.temperature == 0.0f) && !penalties_on(&s->params);
+    return (s->params.greedy || s->params.temperature == 0.0f) && !penalties_on(&s->params) &&
+           s->params.n_logit_bias == 0;
 }
 
 ie_status_t ie_sampler_accept(ie_sampler_t *s, int32_t id)
@@ -918,6 +961,7 @@ ie_status_t ie_sampler_sample(ie_sampler_t *s, float *logits, int32_t *id_out)
         st = ie_error_set(IE_ERR_INVAL, "sampler: NULL argument to sample");
         goto cleanup;
     }
+    for (int32_t i = 0; i < s->params.n_logit_bias; i++) logits[s->bias[i].id] += s->bias[i].bias; /* 0. */
     ie_sampler_apply_penalties(s, logits);
     if (s->params.greedy || s->params.temperature == 0.0f) st = sample_greedy(s, logits, &id);
     else st = sample_dist(s, logits, &id);

@@ -20,6 +20,7 @@
 #include "ie_kvpool.h"
 #include "ie_stop.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -48,8 +49,9 @@ typedef struct sreq {
     int n_blocks, n_pub; /* bound; published (a prefix of them)      */
     size_t n_cached;
     int max_new;
-    ie_pooling_t pooling; /* != IE_POOL_NONE: an embedding request       */
-    float *embd;          /* its pooled vector so far (n_embd floats)    */
+    int min_new, ignore_eos; /* ie_gen_params_t's: EOG masked until then  */
+    ie_pooling_t pooling;    /* != IE_POOL_NONE: an embedding request       */
+    float *embd;             /* its pooled vector so far (n_embd floats)    */
     ie_sampler_t *smp;
     ie_grammar_t *gram; /* structured output (json_schema), else NULL */
     ie_gmatch_t *gm;    /* its matcher: the text generated so far    */
@@ -101,6 +103,10 @@ struct ie_sched {
     unsigned n_mixed;                                       /* budgets handed out (alternation)             */
     int last_budget;                                        /* the last one (growth cap)                    */
     int32_t n_vocab, n_embd;
+    int32_t *eog;   /* the ids that end a generation: the tokenizer's EOG
+                       tokens and the stop ids (min_new / ignore_eos mask them) */
+    float *eog_row; /* their logits, kept while they are masked */
+    int n_eog;
     ie_gvocab_t *gvocab; /* the token trie for json_schema masks: built at
                             the first such submission (under mu), then
                             read by the stepping thread only */
@@ -296,16 +302,57 @@ static int ensure_block(ie_sched_t *s, sreq_t *q, size_t pos)
 
 static int backend_ready(ie_sched_t *s) { return ie_backend_ready(s->be); }
 
+/* 1 if q's next token may not end the generation (min_new, ignore_eos). */
+static int eog_masked(const sreq_t *q) { return q->ignore_eos || q->n_toks - q->n_prompt < (size_t)q->min_new; }
+
 /* The logits q's sampled token needs: only the arg max for a greedy
  * request without penalties, unless it reports log-probabilities or
  * follows a json_schema (both need the whole row, which the cluster sends
  * only for FULL: the mask can move the arg max). */
 static uint8_t row_kind(const sreq_t *q)
 {
-    return ie_sampler_argmax_only(q->smp) && !q->lp_on && !q->gm ? IE_LOGITS_ARGMAX : IE_LOGITS_FULL;
+    return ie_sampler_argmax_only(q->smp) && !q->lp_on && !q->gm && !eog_masked(q) ? IE_LOGITS_ARGMAX
+                                                                                   : IE_LOGITS_FULL;
 }
 
 /* ------------------------------------------------------------- public */
+
+/* s->eog: every id of the vocabulary that ends a generation (a scan at
+ * start-up: the tokenizer answers one id at a time). */
+static ie_status_t eog_ids(ie_sched_t *s)
+{
+    int n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        n = 0;
+        for (int32_t id = 0; id < s->n_vocab; id++) {
+            int eog = ie_tokenizer_is_eog(s->tok, id);
+            for (size_t k = 0; !eog && k < s->o.n_stop_ids; k++) eog = s->o.stop_ids[k] == id;
+            if (eog && pass) s->eog[n] = id;
+            n += eog;
+        }
+        if (pass) break;
+        s->eog = malloc((size_t)(n ? n : 1) * sizeof *s->eog);
+        s->eog_row = malloc((size_t)(n ? n : 1) * sizeof *s->eog_row);
+        if (!s->eog || !s->eog_row) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+    }
+    s->n_eog = n;
+    return IE_OK;
+}
+
+/* Mask q's end-of-generation tokens in its row lg (-inf). Under a grammar
+ * that leaves nothing else (a finished JSON document) they stay: the
+ * request ends rather than fails. */
+static void eog_mask(ie_sched_t *s, const sreq_t *q, float *lg)
+{
+    for (int k = 0; k < s->n_eog; k++) {
+        s->eog_row[k] = lg[s->eog[k]];
+        lg[s->eog[k]] = -INFINITY;
+    }
+    if (!q->gm) return;
+    for (int32_t id = 0; id < s->n_vocab; id++)
+        if (lg[id] > -INFINITY) return;
+    for (int k = 0; k < s->n_eog; k++) lg[s->eog[k]] = s->eog_row[k];
+}
 
 ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
 {
@@ -366,6 +413,7 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
         st = ie_error_set(IE_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
+    if ((st = eog_ids(s)) != IE_OK) goto cleanup;
     s->ident = s->kv_blocks >= s->n_seq * s->max_lblocks;
     if ((st = ie_kvpool_new(s->kv_blocks, s->bt, &s->pool)) != IE_OK) goto cleanup;
     s->st.kv_blocks = s->kv_blocks;
@@ -457,6 +505,8 @@ void ie_sched_destroy(ie_sched_t **self_p)
     free(s->b_embd);
     ie_gvocab_destroy(&s->gvocab);
     free(s->lp_row);
+    free(s->eog);
+    free(s->eog_row);
     free(s->tev);
     free(s->ended);
     free(s->unbind);
@@ -495,6 +545,7 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
     if (r->n_ids > (size_t)s->n_ctx)
         return ie_error_set(IE_ERR_RANGE, "the prompt has %zu tokens; the context holds %d", r->n_ids, s->n_ctx);
     if (p->max_new < 0) return ie_error_set(IE_ERR_INVAL, "max_new must be >= 0 (got %d)", p->max_new);
+    if (p->min_new < 0) return ie_error_set(IE_ERR_INVAL, "min_new must be >= 0 (got %d)", p->min_new);
     if (r->timeout_ms < 0) return ie_error_set(IE_ERR_INVAL, "timeout must be >= 0");
     for (size_t j = 0; j < r->n_ids; j++)
         if (r->ids[j] < 0 || r->ids[j] >= s->n_vocab)
@@ -527,6 +578,8 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
     q->fresh = 1;
     q->slot = -1;
     q->max_new = q->pooling != IE_POOL_NONE ? 0 : p->max_new; /* an embedding samples nothing */
+    q->min_new = p->min_new;
+    q->ignore_eos = p->ignore_eos != 0;
     q->lp_on = p->logprobs != 0 && q->pooling == IE_POOL_NONE;
     q->lp_k = q->lp_on ? p->top_logprobs : 0;
     q->priority = r->priority;
@@ -1044,7 +1097,10 @@ static void take_token(ie_sched_t *s, sreq_t *q, int32_t id, double now)
         why = IE_FINISH_EOS;
     } else {
         const char *piece = ie_detok_push(q->detok, id);
-        r = emit_text(q, piece, strlen(piece));
+        /* the first min_new tokens' text is not matched against the stop
+         * strings (vLLM's min_tokens): it bypasses the matcher */
+        if (q->n_toks - q->n_prompt <= (size_t)q->min_new) r = text_append(q, piece, strlen(piece)) != 0 ? -1 : 0;
+        else r = emit_text(q, piece, strlen(piece));
         if (r > 0) why = IE_FINISH_STOP;
         else if ((int)(q->n_toks - q->n_prompt) >= q->max_new) why = IE_FINISH_LENGTH;
         else if (q->n_toks - 1 >= (size_t)s->n_ctx) why = IE_FINISH_CONTEXT;
@@ -1105,6 +1161,7 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
         ie_status_t sst = q->gm ? ie_gvocab_apply(s->gvocab, q->gm, lg) : IE_OK;
         const double tg = timed ? ie_now_ms() : 0;
         if (q->gm) grammar_ms += tg - ts;
+        if (sst == IE_OK && eog_masked(q)) eog_mask(s, q, lg);
         if (sst == IE_OK) sst = ie_sampler_sample(q->smp, lg, &id);
         if (sst == IE_OK && q->gm) sst = ie_gvocab_accept(s->gvocab, q->gm, id);
         if (sst == IE_OK && q->lp_on) q->lp_tok = ie_logprobs_of(s->lp_row[id], q->lp_lse);

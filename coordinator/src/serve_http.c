@@ -558,8 +558,9 @@ typedef struct gen {
     int lp_k; /* -1: no logprobs; else alternatives per token
                  (chat top_logprobs, completions logprobs)    */
     ie_chat_opts_t chat_opts;
-    char *schema_text;    /* response_format's schema (malloc'd), or NULL */
-    ie_oai_tools_t tools; /* chat: tools / tool_choice (owned until handed to the request) */
+    char *schema_text;     /* response_format's schema (malloc'd), or NULL */
+    ie_logit_bias_t *bias; /* logit_bias's entries (malloc'd), or NULL */
+    ie_oai_tools_t tools;  /* chat: tools / tool_choice (owned until handed to the request) */
 } gen_t;
 
 /* Optional number `k`: 0 absent or null, 1 found (*v), -1 not a number. */
@@ -633,6 +634,42 @@ static int parse_logprobs(const cJSON *root, gen_t *g, http_err_t *e)
     return 0;
 }
 
+/* OpenAI's "logit_bias": an object mapping token ids (as strings, "42")
+ * to a bias in [-100, 100] added to the token's logit before sampling
+ * (-100 in effect bans it, +100 all but forces it). */
+static int parse_logit_bias(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
+{
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(root, "logit_bias"), *it;
+    if (!lb || cJSON_IsNull(lb)) return 0;
+    if (!cJSON_IsObject(lb))
+        return bad_param(e, "logit_bias", "'logit_bias' must be an object mapping token ids to numbers");
+    int n = cJSON_GetArraySize(lb);
+    if (n > h->n_vocab)
+        return bad_param(e, "logit_bias", "'logit_bias' has %d entries; the vocabulary has %d tokens", n,
+                         (int)h->n_vocab);
+    if (n == 0) return 0;
+    if (!(g->bias = malloc((size_t)n * sizeof *g->bias)))
+        return err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
+    int k = 0;
+    cJSON_ArrayForEach(it, lb)
+    {
+        const char *key = it->string;
+        char *end = NULL;
+        errno = 0;
+        long id = key && *key >= '0' && *key <= '9' ? strtol(key, &end, 10) : -1;
+        if (id < 0 || errno || !end || *end || id >= h->n_vocab)
+            return bad_param(e, "logit_bias", "'logit_bias': the key '%.32s' is not a token id in [0, %d)",
+                             key ? key : "", (int)h->n_vocab);
+        if (!cJSON_IsNumber(it) || !(it->valuedouble >= -100 && it->valuedouble <= 100))
+            return bad_param(e, "logit_bias", "'logit_bias': the bias of token %ld must be a number in [-100, 100]",
+                             id);
+        g->bias[k++] = (ie_logit_bias_t){(int32_t)id, (float)it->valuedouble};
+    }
+    g->gp.sampling.logit_bias = g->bias;
+    g->gp.sampling.n_logit_bias = k;
+    return 0;
+}
+
 /* The sampling and control parameters shared by both endpoints. */
 static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
 {
@@ -671,6 +708,14 @@ static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
     if (opt_int(root, "n", 1, IE_HTTP_MAX_N, &v, NULL, e)) return -1;
     g->n = (int)v;
     if (opt_int(root, "best_of", 1, 1, &v, NULL, e)) return bad_param(e, "best_of", "'best_of' must be 1");
+    /* vLLM's extensions: no end before min_tokens; ignore_eos, none at all */
+    if (opt_bool(root, "ignore_eos", &g->gp.ignore_eos, e)) return -1;
+    v = 0;
+    if (opt_int(root, "min_tokens", 0, 1 << 24, &v, NULL, e)) return -1;
+    if (v > g->gp.max_new)
+        return bad_param(e, "min_tokens", "'min_tokens' (%lld) must not exceed the tokens asked for (%d)", v,
+                         g->gp.max_new);
+    g->gp.min_new = (int)v;
     if (opt_bool(root, "stream", &g->stream, e)) return -1;
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (so && !cJSON_IsNull(so)) {
@@ -685,9 +730,7 @@ static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
     const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(root, "suffix");
     if (suffix && !cJSON_IsNull(suffix) && !(cJSON_IsString(suffix) && !suffix->valuestring[0]))
         return bad_param(e, "suffix", "'suffix' is not supported");
-    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
-    if (lb && !cJSON_IsNull(lb) && !(cJSON_IsObject(lb) && !lb->child))
-        return bad_param(e, "logit_bias", "'logit_bias' is not supported");
+    if (parse_logit_bias(h, root, g, e)) return -1;
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
     if (!g->chat && tools && !cJSON_IsNull(tools) && !(cJSON_IsArray(tools) && !tools->child))
         return bad_param(e, "tools", "'tools' are for /v1/chat/completions");
@@ -1773,6 +1816,7 @@ cleanup:
     cJSON_Delete(root);
     free(ids);
     free(g.schema_text);
+    free(g.bias);
     return ret;
 }
 

@@ -238,8 +238,12 @@ static void submit(server_t *s, pending_t *p)
 {
     const ie_client_req_t *r = &p->req;
     int32_t *ids = NULL;
+    ie_logit_bias_t *bias = NULL;
     size_t n = 0;
     ie_status_t st = encode(s, r, &ids, &n);
+    if (st == IE_OK && r->n_bias && !(bias = malloc(r->n_bias * sizeof *bias)))
+        st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; bias && i < r->n_bias; i++) bias[i] = (ie_logit_bias_t){r->bias[i].id, r->bias[i].bias};
     if (st == IE_OK) st = lease(s, p);
     if (st == IE_OK) {
         ie_gen_params_t gp;
@@ -250,6 +254,12 @@ static void submit(server_t *s, pending_t *p)
         gp.sampling.top_p = r->top_p;
         gp.sampling.min_p = r->min_p;
         gp.sampling.repeat_penalty = r->repeat_penalty;
+        gp.sampling.frequency_penalty = r->frequency_penalty;
+        gp.sampling.presence_penalty = r->presence_penalty;
+        gp.sampling.logit_bias = bias; /* copied by the sampler at submission */
+        gp.sampling.n_logit_bias = (int32_t)r->n_bias;
+        gp.min_new = r->min_new;
+        gp.ignore_eos = r->ignore_eos;
         gp.sampling.seed = r->seed >= 0 ? (uint64_t)r->seed : ie_sampler_seed_random();
         gp.stop = (const char *const *)r->stop;
         gp.n_stop = r->n_stop;
@@ -272,6 +282,7 @@ static void submit(server_t *s, pending_t *p)
         if (st != IE_OK) unlink_open(s, p);
     }
     free(ids);
+    free(bias);
     if (st == IE_OK) return;
     char why[600];
     snprintf(why, sizeof why, "%s", ie_error_last());

@@ -171,6 +171,11 @@ BAD_FLAGS = [
     ["--temperature", "-1"],
     ["--seed", "x"],
     ["--precision", "int3"],
+    ["--logit-bias", "12"],
+    ["--logit-bias", "x+1"],
+    ["--logit-bias", "12+nan"],
+    ["--logit-bias", "49152+1"],          # SmolLM2 has 49152 tokens
+    ["--ignore-eos", "x"],
 ]
 
 
@@ -283,6 +288,26 @@ def test_reported_random_seed_replays(smollm2, ie_bin):
     assert isinstance(a["seed"], int)
     b = run_json(base + ["--seed", str(a["seed"])])
     assert b["seed"] == a["seed"] and b["ids"] == a["ids"]
+
+
+def test_ignore_eos_and_logit_bias(smollm2, ie_bin):
+    """--ignore-eos runs a chat answer that ends by itself to --max-new;
+    --logit-bias ID-inf bans the greedy token, ID+100 forces one."""
+    chat = '[{"role": "user", "content": "Name three colors."}]'
+    base = ["--model", smollm2, "--greedy", "--threads", THREADS]
+    a = run_json(base + ["--chat", chat, "--max-new", "120"])
+    n0 = len(a["ids"])
+    assert a["stop_reason"] == "eos" and n0 < 100, a
+    b = run_json(base + ["--chat", chat, "--max-new", str(n0 + 10), "--ignore-eos"])
+    assert len(b["ids"]) == n0 + 10 and b["stop_reason"] == "length", b
+    assert b["ids"][:n0 - 1] == a["ids"][:n0 - 1]              # the same answer, then on past its end
+    p = run_json(base + ["--prompt", "The capital of France is", "--max-new", "1"])
+    t0 = p["ids"][0]
+    q = run_json(base + ["--prompt", "The capital of France is", "--max-new", "1", "--logit-bias", f"{t0}-inf"])
+    assert q["ids"][0] != t0
+    f = run_json(base + ["--prompt", "The capital of France is", "--max-new", "3", "--logit-bias", "1000+100",
+                         "--logit-bias", f"{t0}-inf"])
+    assert f["ids"] == [1000, 1000, 1000], f
 
 
 def test_batched_prompts_equal_solo_runs(smollm2, tmp_path, ie_bin):

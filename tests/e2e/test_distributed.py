@@ -371,9 +371,9 @@ def serve_embedded(model: Path, logdir: Path):
 
 
 def test_processes_sampled_and_penalized_rows_whole(smollm2, clusters, tmp_path):
-    """Only greedy requests without penalties get arg-max-only rows from the
-    ranks (PROTOCOL.md, RESULT); sampled and penalized ones get the whole
-    logits. A pipeline gives the embedded engine's bits, so with the same
+    """Only greedy requests without penalties or a logit bias get
+    arg-max-only rows from the ranks (PROTOCOL.md, RESULT); sampled,
+    penalized and biased ones get the whole logits. A pipeline gives the embedded engine's bits, so with the same
     seed those requests must give the embedded engine's text — which only
     holds if the coordinator saw every logit; the tensor plan must serve
     them too, and its greedy request must still match."""
@@ -385,6 +385,8 @@ def test_processes_sampled_and_penalized_rows_whole(smollm2, clusters, tmp_path)
             dict(temperature=0.0, max_new=24)]                            # arg max only
     serve, ep = serve_embedded(smollm2, logdir)
     try:
+        first = ie_client.generate(ep, prompt=PROMPTS[1], timeout_s=120, temperature=0.0, max_new=1, logprobs=0)
+        reqs.append(dict(temperature=0.0, logit_bias={first["logprobs"][0]["token"]: -100.0}, max_new=24))
         ref = []
         for r in reqs:
             d = ie_client.generate(ep, prompt=PROMPTS[1], timeout_s=120, **r)
@@ -394,6 +396,7 @@ def test_processes_sampled_and_penalized_rows_whole(smollm2, clusters, tmp_path)
         serve.terminate()
         serve.wait(timeout=30)
     assert ref[2] != ref[3], "the penalty should change the greedy text (else this test checks nothing)"
+    assert ref[4] != ref[3], "so should the bias"
     for plan in ("pipeline", "tensor"):
         c = start_cluster(clusters, smollm2, plan, 2, logdir / plan)
         c.start_worker(0)

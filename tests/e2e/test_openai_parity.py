@@ -11,7 +11,9 @@ text; n=3 sampled with a seed gives 3 choices (index 0..2), the same on a
 second call, not all equal, usage.completion_tokens their sum, and the
 shared prompt computed once (prefix-cache hits in /metrics); n=2 streams
 with each chunk's choice index, logprobs in the chunks, equal to the
-non-streamed answer; bad n / logprobs / top_logprobs answer 400 in OpenAI's
+non-streamed answer; logit_bias bans and forces tokens (logprobs stay
+raw); ignore_eos / min_tokens (vLLM's) run past the model's end; bad n /
+logprobs / top_logprobs / logit_bias / min_tokens answer 400 in OpenAI's
 error shape.
 """
 from __future__ import annotations
@@ -240,6 +242,58 @@ def test_n_stream_hangup_cancels_every_choice(server, client):
     assert out.choices[0].text
 
 
+# ------------------------------------------- logit_bias, ignore_eos, min_tokens
+def test_logit_bias_bans_and_forces(server, client, smollm2, tmp_path):
+    """OpenAI's logit_bias: -100 on the greedy token makes the runner-up
+    the answer (its reported logprob the raw second best: logprobs stay the
+    model's); +100 on another token makes every token that one."""
+    ids = tokenize(smollm2, PROMPT)
+    ref = log_softmax(engine_logits(smollm2, ids, tmp_path)[-1])
+    order = np.argsort(-ref)
+    best, second = int(order[0]), int(order[1])
+    assert ref[best] - ref[second] > 1e-3                          # no tie to blur the check
+    r = client.completions.create(model=server.model, prompt=ids, max_tokens=1, temperature=0, logprobs=1,
+                                  logit_bias={str(best): -100})
+    assert abs(r.choices[0].logprobs.token_logprobs[0] - ref[second]) < 1e-4
+    plain = client.completions.create(model=server.model, prompt=ids, max_tokens=1, temperature=0)
+    assert plain.choices[0].text != r.choices[0].text
+    force = tokenize(smollm2, " banana")[-1]
+    word = client.completions.create(model=server.model, prompt=ids, max_tokens=1, temperature=0,
+                                     logit_bias={str(force): 100}).choices[0].text
+    f = client.completions.create(model=server.model, prompt=ids, max_tokens=4, temperature=0.8, seed=3,
+                                  logit_bias={str(force): 100})
+    assert f.choices[0].text == word * 4 and f.usage.completion_tokens == 4, (word, f.choices[0].text)
+    # the chat endpoint takes it too (the official client's own parameter)
+    c = client.chat.completions.create(model=server.model, messages=CHAT, max_tokens=3, temperature=0,
+                                       logit_bias={str(force): 100})
+    assert c.choices[0].message.content == word * 3
+
+
+def test_ignore_eos_and_min_tokens(server, client):
+    """vLLM's extensions: a chat answer that ends by itself before max_tokens
+    runs to max_tokens with ignore_eos (finish "length"); with min_tokens it
+    runs at least that far."""
+    plain = client.chat.completions.create(model=server.model, messages=CHAT, max_tokens=120, temperature=0)
+    n0 = plain.usage.completion_tokens
+    assert plain.choices[0].finish_reason == "stop" and n0 < 100, (n0, plain.choices[0])   # ends by itself
+    ign = client.chat.completions.create(model=server.model, messages=CHAT, max_tokens=n0 + 12, temperature=0,
+                                         extra_body={"ignore_eos": True})
+    assert ign.usage.completion_tokens == n0 + 12 and ign.choices[0].finish_reason == "length"
+    assert ign.choices[0].message.content.startswith(plain.choices[0].message.content)
+    mt = client.chat.completions.create(model=server.model, messages=CHAT, max_tokens=n0 + 40, temperature=0,
+                                        extra_body={"min_tokens": n0 + 5})
+    assert mt.usage.completion_tokens >= n0 + 5, (n0, mt.usage)
+    assert mt.choices[0].message.content.startswith(plain.choices[0].message.content)
+    # completions, streamed: the chunks add up to max_tokens tokens
+    ids_seen = 0
+    for ch in client.completions.create(model=server.model, prompt=PROMPT, max_tokens=7, temperature=0,
+                                        stream=True, extra_body={"ignore_eos": True, "min_tokens": 3}):
+        if ch.choices and ch.choices[0].finish_reason:
+            assert ch.choices[0].finish_reason == "length"
+            ids_seen += 1
+    assert ids_seen == 1
+
+
 # --------------------------------------------------------------- bad values
 @pytest.mark.parametrize("path,body,param", [
     ("/v1/chat/completions", {"n": 0}, "n"),
@@ -254,6 +308,15 @@ def test_n_stream_hangup_cancels_every_choice(server, client):
     ("/v1/completions", {"logprobs": 6}, "logprobs"),
     ("/v1/completions", {"logprobs": True}, "logprobs"),
     ("/v1/completions", {"logprobs": 1, "top_logprobs": 1}, "top_logprobs"),
+    ("/v1/completions", {"logit_bias": [1, 2]}, "logit_bias"),
+    ("/v1/completions", {"logit_bias": {"x": 1}}, "logit_bias"),
+    ("/v1/completions", {"logit_bias": {"-1": 1}}, "logit_bias"),
+    ("/v1/completions", {"logit_bias": {"49152": 1}}, "logit_bias"),      # SmolLM2: 49152 tokens
+    ("/v1/chat/completions", {"logit_bias": {"5": 101}}, "logit_bias"),
+    ("/v1/chat/completions", {"logit_bias": {"5": "1"}}, "logit_bias"),
+    ("/v1/completions", {"ignore_eos": "yes"}, "ignore_eos"),
+    ("/v1/completions", {"min_tokens": -1}, "min_tokens"),
+    ("/v1/completions", {"min_tokens": 3}, "min_tokens"),                 # above max_tokens (2)
 ])
 def test_bad_values(server, path, body, param):
     base = {"model": server.model, "max_tokens": 2}
@@ -313,6 +376,50 @@ def test_zmq_logprobs_equal_http(smollm2, ie_bin):
         s.close()
     finally:
         ctx.term()
+        srv.stop()
+
+
+def test_zmq_logit_bias_ignore_eos(smollm2, ie_bin):
+    """The ZeroMQ endpoint's "logit_bias" (a map of ids, integer or digit
+    string keys), "ignore_eos", "min_new" and the OpenAI penalties
+    (docs/PROTOCOL.md): the same answers as HTTP; bad values are error
+    replies naming the key, and the server goes on."""
+    from test_distributed import ie_client
+    from conftest import free_port
+    ep = f"tcp://127.0.0.1:{free_port()}"
+    srv = Server(smollm2, "--batch", 2, "--ctx", 512, "--zmq-bind", ep)
+    try:
+        cl = srv.client()
+        force = tokenize(smollm2, " banana")[-1]
+        want = cl.completions.create(model=srv.model, prompt=PROMPT, max_tokens=3, temperature=0,
+                                     logit_bias={str(force): 100}).choices[0].text
+        for key in (force, str(force)):
+            d = ie_client.generate(ep, prompt=PROMPT, max_new=3, temperature=0.0, logit_bias={key: 100.0},
+                                   timeout_s=120)
+            assert d["type"] == "done" and d["text"] == want, (key, d)
+        h = cl.chat.completions.create(model=srv.model, messages=CHAT, max_tokens=120, temperature=0)
+        n0 = h.usage.completion_tokens
+        assert h.choices[0].finish_reason == "stop"
+        d = ie_client.generate(ep, messages=CHAT, max_new=n0 + 9, temperature=0.0, ignore_eos=True,
+                               timeout_s=120)
+        assert d["n_gen"] == n0 + 9 and d["finish"] == "length", d
+        d = ie_client.generate(ep, messages=CHAT, max_new=n0 + 30, temperature=0.0, min_new=n0 + 4,
+                               timeout_s=120)
+        assert d["n_gen"] >= n0 + 4, d
+        hp = cl.completions.create(model=srv.model, prompt=PROMPT, max_tokens=12, temperature=0,
+                                   frequency_penalty=1.5, presence_penalty=0.5).choices[0].text
+        d = ie_client.generate(ep, prompt=PROMPT, max_new=12, temperature=0.0, repeat_penalty=1.0,
+                               frequency_penalty=1.5, presence_penalty=0.5, timeout_s=120)
+        assert d["text"] == hp, (d["text"], hp)
+        for bad, word in ((dict(logit_bias={"x": 1.0}), "logit_bias"), (dict(logit_bias=[1]), "logit_bias"),
+                          (dict(logit_bias={5: 101.0}), "logit_bias"), (dict(logit_bias={10**6: 1.0}), "logit_bias"),
+                          (dict(ignore_eos=1), "ignore_eos"), (dict(min_new=9, max_new=4), "min_new"),
+                          (dict(frequency_penalty=3.0), "frequency_penalty")):
+            with pytest.raises(ie_client.ClientError) as e:
+                ie_client.generate(ep, prompt=PROMPT, timeout_s=60, **{"max_new": 4, **bad})
+            assert word in e.value.message, (bad, e.value.message)
+        assert ie_client.generate(ep, prompt=PROMPT, max_new=2, timeout_s=120)["type"] == "done"
+    finally:
         srv.stop()
 
 

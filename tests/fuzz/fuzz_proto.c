@@ -48,6 +48,11 @@ static void check_request(const ie_client_req_t *r)
         if (!r->stop[i] || !r->stop[i][0]) __builtin_trap();
     if (!(r->temperature >= 0) || !(r->top_p >= 0 && r->top_p <= 1) || !(r->repeat_penalty > 0)) __builtin_trap();
     if (r->logprobs < -1 || r->logprobs > IE_CLIENT_TOP_MAX) __builtin_trap();
+    if (r->n_bias > IE_CLIENT_BIAS_MAX || (r->n_bias && !r->bias)) __builtin_trap();
+    for (size_t i = 0; i < r->n_bias; i++)
+        if (r->bias[i].id < 0 || !(r->bias[i].bias >= -100 && r->bias[i].bias <= 100)) __builtin_trap();
+    if (r->min_new < 0 || r->min_new > r->max_new || (r->ignore_eos != 0 && r->ignore_eos != 1)) __builtin_trap();
+    if (!(fabsf(r->frequency_penalty) <= 2) || !(fabsf(r->presence_penalty) <= 2)) __builtin_trap();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -272,6 +277,34 @@ int main(int argc, char **argv)
     K("content");
     K("Hi!");
     write_seed(dir, "req-chat", sb.data, sb.size);
+
+    msgpack_sbuffer_clear(&sb);
+    msgpack_pack_map(&pk, 10);
+    K("v");
+    msgpack_pack_int(&pk, 1);
+    K("type");
+    K("generate");
+    K("id");
+    K("bias-1");
+    K("prompt");
+    K("Hi");
+    K("max_new");
+    msgpack_pack_int(&pk, 8);
+    K("min_new");
+    msgpack_pack_int(&pk, 4);
+    K("ignore_eos");
+    msgpack_pack_true(&pk);
+    K("logit_bias");
+    msgpack_pack_map(&pk, 2);
+    msgpack_pack_int(&pk, 17);
+    msgpack_pack_double(&pk, -100.0);
+    K("42");
+    msgpack_pack_int(&pk, 5);
+    K("frequency_penalty");
+    msgpack_pack_double(&pk, 0.5);
+    K("presence_penalty");
+    msgpack_pack_double(&pk, -1.0);
+    write_seed(dir, "req-bias", sb.data, sb.size);
 
     msgpack_sbuffer_clear(&sb);
     msgpack_pack_map(&pk, 3);

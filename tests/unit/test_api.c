@@ -141,9 +141,11 @@ static void test_generate_errors(void)
     CU_ASSERT_EQUAL(ie_engine_generate(g_tiny, "x", g, NULL, NULL, &text, NULL), IE_ERR_INVAL);
     CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "sampler"));
     ie_params_destroy(&g);
-    const char *bad[][2] = {{"max_tokens", "-1"}, {"temperature", "-1"}, {"temperature", "nan"}, {"top_p", "0"},
-                            {"seed", "-3"},       {"stop", ""},          {"add_special", "yes"}, {"seed", " -3"},
-                            {"seed", "+3"},       {"temperature", " 1"}};
+    const char *bad[][2] = {{"max_tokens", "-1"},   {"temperature", "-1"}, {"temperature", "nan"},
+                            {"top_p", "0"},         {"seed", "-3"},        {"stop", ""},
+                            {"add_special", "yes"}, {"seed", " -3"},       {"seed", "+3"},
+                            {"temperature", " 1"},  {"logit_bias", "5"},   {"logit_bias", "x+1"},
+                            {"min_tokens", "-1"},   {"ignore_eos", "2"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         g = params(bad[i][0], bad[i][1], NULL);
         text = (char *)1;
@@ -223,6 +225,32 @@ static void test_generate_stream(void)
         ie_free(again);
     }
     ie_free(text);
+    ie_params_destroy(&g);
+}
+
+/* "logit_bias" forces a token (and a second entry bans the greedy one);
+ * "ignore_eos" runs a chat answer that ends by itself to max_tokens. */
+static void test_generate_bias_ignore_eos(void)
+{
+    ie_params_t *g = params("max_tokens", "3", "temperature", "0", "logit_bias", "1000+100", NULL);
+    ie_gen_info_t info;
+    pieces_t pc = {0};
+    CU_ASSERT_EQUAL_FATAL(ie_engine_generate(g_smol, PROMPT, g, collect, &pc, NULL, &info), IE_OK);
+    CU_ASSERT(pc.n == 3 && pc.ids[0] == 1000 && pc.ids[1] == 1000 && pc.ids[2] == 1000);
+    ie_params_destroy(&g);
+    g = params("max_tokens", "200", "temperature", "0", NULL);
+    const char *roles[] = {"user"}, *contents[] = {"Name three colors."};
+    CU_ASSERT_EQUAL_FATAL(ie_engine_chat(g_smol, roles, contents, 1, g, NULL, NULL, NULL, &info), IE_OK);
+    CU_ASSERT_STRING_EQUAL(info.finish, "eos");
+    const size_t n0 = info.n_gen;
+    CU_ASSERT_FATAL(n0 < 150);
+    char want[16];
+    snprintf(want, sizeof want, "%zu", n0 + 6);
+    ie_params_set(g, "max_tokens", want);
+    ie_params_set(g, "ignore_eos", "1");
+    CU_ASSERT_EQUAL(ie_engine_chat(g_smol, roles, contents, 1, g, NULL, NULL, NULL, &info), IE_OK);
+    CU_ASSERT_EQUAL(info.n_gen, n0 + 6);
+    CU_ASSERT_STRING_EQUAL(info.finish, "length");
     ie_params_destroy(&g);
 }
 
@@ -401,6 +429,7 @@ int main(void)
     CU_add_test(s, "create errors", test_create_errors);
     CU_add_test(s, "generate errors", test_generate_errors);
     CU_add_test(s, "generate and stream", test_generate_stream);
+    CU_add_test(s, "logit_bias and ignore_eos", test_generate_bias_ignore_eos);
     CU_add_test(s, "cancel", test_cancel);
     CU_add_test(s, "chat", test_chat);
     CU_add_test(s, "tokenize / detokenize", test_tokenize);

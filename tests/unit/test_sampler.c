@@ -656,6 +656,107 @@ static void test_penalties_exact(void)
     ie_sampler_destroy(&s);
 }
 
+/* Logit bias (step 0): added before the penalties and written back; the
+ * sampler keeps its own copy; greedy follows it, -inf bans, a sampled
+ * distribution is the softmax of the biased logits; ids outside the
+ * vocabulary and NaN biases are refused; any bias ends arg-max-only. */
+static void test_logit_bias(void)
+{
+    enum { V = 5, DRAWS = 200000 };
+    const float logits[V] = {1.0f, 2.0f, 0.5f, -1.0f, 1.5f};
+    ie_logit_bias_t b[3] = {{3, 4.0f}, {1, -0.5f}, {1, -0.25f}}; /* id 1 twice: both add */
+    ie_sampler_params_t p = ie_sampler_params_default();
+    p.greedy = 1;
+    ie_sampler_t *s = make(&p, V);
+    CU_ASSERT_TRUE(ie_sampler_argmax_only(s));
+    ie_sampler_destroy(&s);
+    p.logit_bias = b;
+    p.n_logit_bias = 3;
+    s = make(&p, V);
+    CU_ASSERT_FALSE(ie_sampler_argmax_only(s));
+    b[0].bias = -100.0f; /* the caller's array may change after new */
+    float l[V];
+    memcpy(l, logits, sizeof l);
+    int32_t id = -1;
+    CU_ASSERT_EQUAL(ie_sampler_sample(s, l, &id), IE_OK);
+    CU_ASSERT_EQUAL(id, 3); /* -1 + 4 = 3 beats 2 - 0.75 */
+    CU_ASSERT_EQUAL(l[3], 3.0f);
+    CU_ASSERT_EQUAL(l[1], 1.25f);
+    CU_ASSERT_EQUAL(l[0], 1.0f);
+    CU_ASSERT_EQUAL(ie_sampler_params(s)->n_logit_bias, 3);
+    CU_ASSERT_EQUAL(ie_sampler_params(s)->logit_bias[0].bias, 4.0f);
+    ie_sampler_destroy(&s);
+
+    /* bias first, then the penalties (llama.cpp's and vLLM's order) */
+    ie_logit_bias_t one = {0, 1.0f};
+    p = ie_sampler_params_default();
+    p.repeat_penalty = 2.0f;
+    p.logit_bias = &one;
+    p.n_logit_bias = 1;
+    s = make(&p, V);
+    ie_sampler_accept(s, 0);
+    memcpy(l, logits, sizeof l);
+    CU_ASSERT_EQUAL(ie_sampler_sample(s, l, &id), IE_OK);
+    CU_ASSERT_EQUAL(l[0], (1.0f + 1.0f) / 2.0f);
+    ie_sampler_destroy(&s);
+
+    /* -inf bans the best token; sampled: the softmax of the biased row */
+    ie_logit_bias_t ban[2] = {{1, -INFINITY}, {2, 1.0f}};
+    p = ie_sampler_params_default();
+    p.seed = 77;
+    p.logit_bias = ban;
+    p.n_logit_bias = 2;
+    s = make(&p, V);
+    long counts[V];
+    double ref[V];
+    float biased[V];
+    memcpy(biased, logits, sizeof biased);
+    biased[1] = -INFINITY;
+    biased[2] += 1.0f;
+    draw_counts(s, logits, V, DRAWS, counts);
+    softmax_ref(biased, V, 1.0, ref);
+    CU_ASSERT_EQUAL(counts[1], 0);
+    for (int i = 0; i < V; i++) CU_ASSERT_DOUBLE_EQUAL((double)counts[i] / DRAWS, ref[i], 0.01);
+    ie_sampler_destroy(&s);
+
+    /* refused: an id outside the vocabulary (at new), a NaN bias, a count without entries */
+    ie_logit_bias_t out = {V, 1.0f}, neg = {-1, 1.0f}, nan_b = {0, NAN};
+    ie_sampler_t *bad = NULL;
+    p = ie_sampler_params_default();
+    p.logit_bias = &out;
+    p.n_logit_bias = 1;
+    CU_ASSERT_EQUAL(ie_sampler_new(&p, V, &bad), IE_ERR_RANGE);
+    CU_ASSERT_PTR_NULL(bad);
+    p.logit_bias = &neg;
+    CU_ASSERT_EQUAL(ie_sampler_new(&p, V, &bad), IE_ERR_RANGE);
+    p.logit_bias = &nan_b;
+    CU_ASSERT_EQUAL(ie_sampler_params_validate(&p), IE_ERR_INVAL);
+    p.logit_bias = NULL;
+    CU_ASSERT_EQUAL(ie_sampler_params_validate(&p), IE_ERR_INVAL);
+    p.n_logit_bias = -1;
+    CU_ASSERT_EQUAL(ie_sampler_params_validate(&p), IE_ERR_INVAL);
+}
+
+/* llama.cpp's --logit-bias form. */
+static void test_logit_bias_parse(void)
+{
+    ie_logit_bias_t b = {-7, 0};
+    CU_ASSERT_EQUAL(ie_logit_bias_parse("15043+1", &b), IE_OK);
+    CU_ASSERT(b.id == 15043 && b.bias == 1.0f);
+    CU_ASSERT_EQUAL(ie_logit_bias_parse("0-2.5", &b), IE_OK);
+    CU_ASSERT(b.id == 0 && b.bias == -2.5f);
+    CU_ASSERT_EQUAL(ie_logit_bias_parse("7-inf", &b), IE_OK);
+    CU_ASSERT(b.id == 7 && isinf(b.bias) && b.bias < 0);
+    static const char *const bad[] = {
+        "", "+1", "-3+1", "12", "12+", "12+x", "12+1x", "a+1", "12+nan", " 12+1", "99999999999999+1", "12*1"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        b = (ie_logit_bias_t){-7, 0};
+        CU_ASSERT_EQUAL(ie_logit_bias_parse(bad[i], &b), IE_ERR_INVAL);
+        CU_ASSERT_EQUAL(b.id, -7);
+    }
+    CU_ASSERT_EQUAL(ie_logit_bias_parse(NULL, &b), IE_ERR_INVAL);
+}
+
 static void test_penalty_window(void)
 {
     ie_sampler_params_t p = ie_sampler_params_default();
@@ -873,6 +974,8 @@ int main(void)
     CU_add_test(suite, "penalty window", test_penalty_window);
     CU_add_test(suite, "invalid params", test_invalid_params);
     CU_add_test(suite, "non-finite logits", test_nonfinite_logits);
+    CU_add_test(suite, "logit bias", test_logit_bias);
+    CU_add_test(suite, "logit bias parse", test_logit_bias_parse);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned failed = CU_get_number_of_failures();

@@ -56,6 +56,7 @@ typedef struct outcome {
     float embd[8];
     int n_embd;
     size_t n_prompt;
+    ie_finish_t finish;
 } outcome_t;
 
 static int g_end_counter;
@@ -78,6 +79,7 @@ static void on_event(void *ctx, const ie_sched_event_t *ev)
     o->n_gen = ev->n_gen;
     o->n_cached = ev->n_cached;
     o->n_prompt = ev->n_prompt;
+    o->finish = ev->finish;
     o->n_embd = ev->embd ? ev->n_embd : 0;
     if (ev->embd && ev->n_embd <= 8) memcpy(o->embd, ev->embd, (size_t)ev->n_embd * sizeof *o->embd);
     if (ev->n_gen <= N_CTX) memcpy(o->ids, ev->ids, ev->n_gen * sizeof *o->ids);
@@ -647,25 +649,34 @@ static const ie_backend_ops_t k_fake_ops = {.name = "fake",
                                             .upkeep = fake_upkeep,
                                             .destroy = fake_destroy};
 
+/* f reset (every block unbound, ready), SmolLM2's tokenizer in *tok (the
+ * caller destroys it) and the fake's geometry in *g. */
+static void fake_setup(fake_t *f, ie_tokenizer_t **tok, ie_backend_geom_t *g)
+{
+    memset(f, 0, sizeof *f);
+    memset(f->table, 0xff, sizeof f->table);
+    ie_model_src_t *src = NULL;
+    *tok = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_model_src_open(MODEL, &src), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_load(ie_model_src_tokenizer_path(src), tok), IE_OK);
+    ie_model_src_destroy(&src);
+    f->n_vocab = ie_tokenizer_n_vocab(*tok);
+    f->ready = 1;
+    *g = (ie_backend_geom_t){.n_seq = FAKE_SEQ,
+                             .n_ctx = FAKE_CTX,
+                             .max_batch = 8,
+                             .kv_block = FAKE_KB,
+                             .kv_blocks = FAKE_BLOCKS,
+                             .n_vocab = f->n_vocab,
+                             .upkeep_ms = 10};
+}
+
 static void test_fake_backend(void)
 {
     static fake_t f;
-    memset(&f, 0, sizeof f);
-    memset(f.table, 0xff, sizeof f.table); /* every block unbound (-1) */
-    ie_model_src_t *src = NULL;
     ie_tokenizer_t *tok = NULL;
-    CU_ASSERT_EQUAL_FATAL(ie_model_src_open(MODEL, &src), IE_OK);
-    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_load(ie_model_src_tokenizer_path(src), &tok), IE_OK);
-    ie_model_src_destroy(&src);
-    f.n_vocab = ie_tokenizer_n_vocab(tok);
-    f.ready = 1;
-    ie_backend_geom_t g = {.n_seq = FAKE_SEQ,
-                           .n_ctx = FAKE_CTX,
-                           .max_batch = 8,
-                           .kv_block = FAKE_KB,
-                           .kv_blocks = FAKE_BLOCKS,
-                           .n_vocab = f.n_vocab,
-                           .upkeep_ms = 10};
+    ie_backend_geom_t g;
+    fake_setup(&f, &tok, &g);
     ie_backend_t *be = NULL;
     CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake_ops, &f, &g, &be), IE_OK);
     CU_ASSERT_STRING_EQUAL(ie_backend_name(be), "fake");
@@ -798,23 +809,10 @@ static void on_lp_event(void *ctx, const ie_sched_event_t *ev)
 static void test_fake_logprobs(void)
 {
     static fake_t f;
-    memset(&f, 0, sizeof f);
-    memset(f.table, 0xff, sizeof f.table);
-    ie_model_src_t *src = NULL;
     ie_tokenizer_t *tok = NULL;
-    CU_ASSERT_EQUAL_FATAL(ie_model_src_open(MODEL, &src), IE_OK);
-    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_load(ie_model_src_tokenizer_path(src), &tok), IE_OK);
-    ie_model_src_destroy(&src);
-    f.n_vocab = ie_tokenizer_n_vocab(tok);
-    f.ready = 1;
+    ie_backend_geom_t g;
+    fake_setup(&f, &tok, &g);
     g_lp_want = 1.0 - log(exp(1.0) + (double)(f.n_vocab - 1));
-    ie_backend_geom_t g = {.n_seq = FAKE_SEQ,
-                           .n_ctx = FAKE_CTX,
-                           .max_batch = 8,
-                           .kv_block = FAKE_KB,
-                           .kv_blocks = FAKE_BLOCKS,
-                           .n_vocab = f.n_vocab,
-                           .upkeep_ms = 10};
     ie_backend_t *be = NULL;
     ie_sched_t *s = NULL;
     CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake_ops, &f, &g, &be), IE_OK);
@@ -858,23 +856,9 @@ static void test_fake_logprobs(void)
 static void test_fake_embeddings(void)
 {
     static fake_t f;
-    memset(&f, 0, sizeof f);
-    memset(f.table, 0xff, sizeof f.table);
-    ie_model_src_t *src = NULL;
     ie_tokenizer_t *tok = NULL;
-    CU_ASSERT_EQUAL_FATAL(ie_model_src_open(MODEL, &src), IE_OK);
-    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_load(ie_model_src_tokenizer_path(src), &tok), IE_OK);
-    ie_model_src_destroy(&src);
-    f.n_vocab = ie_tokenizer_n_vocab(tok);
-    f.ready = 1;
-    ie_backend_geom_t g = {.n_seq = FAKE_SEQ,
-                           .n_ctx = FAKE_CTX,
-                           .max_batch = 8,
-                           .kv_block = FAKE_KB,
-                           .kv_blocks = FAKE_BLOCKS,
-                           .n_vocab = f.n_vocab,
-                           .n_embd = 0,
-                           .upkeep_ms = 10};
+    ie_backend_geom_t g;
+    fake_setup(&f, &tok, &g); /* n_embd 0: no hidden states */
     ie_backend_t *be = NULL;
     ie_sched_t *s = NULL;
     static const int32_t p0[] = {200, 201, 202, 203, 204, 205, 206, 207, 208, 209, 210, 211};
@@ -950,8 +934,8 @@ static void test_fake_embeddings(void)
 
 /* A json_schema request: the fake's rows favour tokens outside the JSON
  * language, so only the mask makes the text an instance; it asks for full
- * rows although greedy; it ends by EOS once complete; a bad schema is
- * refused at submission naming the keyword. */
+ * rows although greedy; it ends by EOS once complete (with ignore_eos
+ * too); a bad schema is refused at submission naming the keyword. */
 typedef struct js_sink {
     int kind;
     ie_finish_t finish;
@@ -970,22 +954,9 @@ static void on_js_event(void *ctx, const ie_sched_event_t *ev)
 static void test_fake_json_schema(void)
 {
     static fake_t f;
-    memset(&f, 0, sizeof f);
-    memset(f.table, 0xff, sizeof f.table);
-    ie_model_src_t *src = NULL;
     ie_tokenizer_t *tok = NULL;
-    CU_ASSERT_EQUAL_FATAL(ie_model_src_open(MODEL, &src), IE_OK);
-    CU_ASSERT_EQUAL_FATAL(ie_tokenizer_load(ie_model_src_tokenizer_path(src), &tok), IE_OK);
-    ie_model_src_destroy(&src);
-    f.n_vocab = ie_tokenizer_n_vocab(tok);
-    f.ready = 1;
-    ie_backend_geom_t g = {.n_seq = FAKE_SEQ,
-                           .n_ctx = FAKE_CTX,
-                           .max_batch = 8,
-                           .kv_block = FAKE_KB,
-                           .kv_blocks = FAKE_BLOCKS,
-                           .n_vocab = f.n_vocab,
-                           .upkeep_ms = 10};
+    ie_backend_geom_t g;
+    fake_setup(&f, &tok, &g);
     ie_backend_t *be = NULL;
     ie_sched_t *s = NULL;
     CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake_ops, &f, &g, &be), IE_OK);
@@ -1010,6 +981,17 @@ static void test_fake_json_schema(void)
     CU_ASSERT_EQUAL_FATAL(ie_gmatch_new(gr, &m), IE_OK);
     CU_ASSERT_TRUE(ie_gmatch_feed(m, k.text, strlen(k.text)) && ie_gmatch_done(m));
     ie_gmatch_destroy(&m);
+    /* ignore_eos: a finished document allows only EOS, so it still ends
+     * there (the same text) rather than failing on a row of -inf */
+    js_sink_t ki = {0};
+    gp.ignore_eos = 1;
+    r.cb_ctx = &ki;
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT_EQUAL(ki.kind, IE_SCHED_DONE);
+    CU_ASSERT_EQUAL(ki.finish, IE_FINISH_EOS);
+    CU_ASSERT_STRING_EQUAL(ki.text, k.text);
+    gp.ignore_eos = 0;
     ie_grammar_destroy(&gr);
     /* the same request unconstrained follows the fake's rows: not JSON */
     gp.json_schema = NULL;
@@ -1022,6 +1004,91 @@ static void test_fake_json_schema(void)
     gp.json_schema = "{\"type\":\"string\",\"pattern\":\"x\"}";
     CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_ERR_INVAL);
     CU_ASSERT_PTR_NOT_NULL(strstr(ie_error_last(), "'pattern'"));
+    ie_sched_destroy(&s);
+    ie_backend_destroy(&be);
+    ie_tokenizer_destroy(&tok);
+}
+
+/* End-of-generation control on the fake, whose favourite tokens (100..149)
+ * are all stop ids here: a plain request ends at its first token; min_new 3
+ * makes three other tokens first (their rows FULL although greedy: the
+ * mask must see the whole row), then the favourite ends it; ignore_eos runs
+ * to max_new. Stop strings do not end the first min_new tokens, and a
+ * logit bias moves a greedy request's choice (FULL rows too). */
+static int fake_is_stop(int32_t id) { return id >= 100 && id < 150; }
+
+static void test_fake_eog_control(void)
+{
+    static fake_t f;
+    ie_tokenizer_t *tok = NULL;
+    ie_backend_geom_t g;
+    fake_setup(&f, &tok, &g);
+    int32_t stop_ids[50];
+    for (int i = 0; i < 50; i++) stop_ids[i] = 100 + i;
+    ie_backend_t *be = NULL;
+    ie_sched_t *s = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake_ops, &f, &g, &be), IE_OK);
+    ie_sched_opts_t so = {.backend = be, .tok = tok, .stop_ids = stop_ids, .n_stop_ids = 50};
+    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    static const int32_t p[] = {200, 201, 202};
+    ie_gen_params_t plain = greedy(6), mn = greedy(6), ign = greedy(6);
+    mn.min_new = 3;
+    ign.ignore_eos = 1;
+    const ie_gen_params_t *gp[3] = {&plain, &mn, &ign};
+    static outcome_t o[6];
+    memset(o, 0, sizeof o);
+    for (int i = 0; i < 3; i++) {
+        ie_sched_req_t r = {.ids = p, .n_ids = 3, .params = gp[i], .cb = on_event, .cb_ctx = &o[i]};
+        CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_OK);
+    }
+    run_until_idle(s);
+    CU_ASSERT(o[0].kind == IE_SCHED_DONE && o[0].finish == IE_FINISH_EOS && o[0].n_gen == 1);
+    CU_ASSERT(fake_is_stop(o[0].ids[0]));
+    CU_ASSERT(o[1].kind == IE_SCHED_DONE && o[1].finish == IE_FINISH_EOS && o[1].n_gen == 4);
+    for (int k = 0; k < 3; k++) CU_ASSERT(!fake_is_stop(o[1].ids[k]) && !ie_tokenizer_is_eog(tok, o[1].ids[k]));
+    CU_ASSERT(fake_is_stop(o[1].ids[3]));
+    CU_ASSERT(o[2].kind == IE_SCHED_DONE && o[2].finish == IE_FINISH_LENGTH && o[2].n_gen == 6);
+    for (int k = 0; k < 6; k++) CU_ASSERT(!fake_is_stop(o[2].ids[k]) && !ie_tokenizer_is_eog(tok, o[2].ids[k]));
+    CU_ASSERT_EQUAL(f.rows_full, 3 + 6);
+    CU_ASSERT_EQUAL(f.rows_argmax, 1 + 1);
+    CU_ASSERT_EQUAL(f.bad, 0);
+
+    /* "a" biased above the fake's favourite every step, stop string "a":
+     * without min_new the first token stops it; with min_new 2 the third */
+    const int32_t a = ie_tokenizer_find(tok, "a", 1);
+    CU_ASSERT_FATAL(a >= 0 && !fake_is_stop(a));
+    const ie_logit_bias_t bias = {a, 5.0f};
+    const char *stop[] = {"a"};
+    ie_gen_params_t sa = greedy(5), sb;
+    sa.sampling.logit_bias = &bias;
+    sa.sampling.n_logit_bias = 1;
+    sa.stop = stop;
+    sa.n_stop = 1;
+    sb = sa;
+    sb.min_new = 2;
+    const int full0 = f.rows_full, argmax0 = f.rows_argmax;
+    ie_sched_req_t r3 = {.ids = p, .n_ids = 3, .params = &sa, .cb = on_event, .cb_ctx = &o[3]};
+    ie_sched_req_t r4 = {.ids = p, .n_ids = 3, .params = &sb, .cb = on_event, .cb_ctx = &o[4]};
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r3, NULL), IE_OK);
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r4, NULL), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT(o[3].kind == IE_SCHED_DONE && o[3].finish == IE_FINISH_STOP && o[3].n_gen == 1);
+    CU_ASSERT_STRING_EQUAL(o[3].text, "");
+    CU_ASSERT(o[4].kind == IE_SCHED_DONE && o[4].finish == IE_FINISH_STOP && o[4].n_gen == 3);
+    CU_ASSERT_STRING_EQUAL(o[4].text, "aa");
+    CU_ASSERT(o[4].ids[0] == a && o[4].ids[1] == a && o[4].ids[2] == a);
+    CU_ASSERT_EQUAL(f.rows_full - full0, 1 + 3);
+    CU_ASSERT_EQUAL(f.rows_argmax, argmax0);
+
+    /* refused at submission: min_new < 0, a bias outside the vocabulary */
+    mn.min_new = -1;
+    ie_sched_req_t rb = {.ids = p, .n_ids = 3, .params = &mn, .cb = on_event, .cb_ctx = &o[5]};
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &rb, NULL), IE_ERR_INVAL);
+    const ie_logit_bias_t far = {f.n_vocab, 1.0f};
+    sa.sampling.logit_bias = &far;
+    rb.params = &sa;
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &rb, NULL), IE_ERR_RANGE);
+    CU_ASSERT_EQUAL(o[5].kind, 0);
     ie_sched_destroy(&s);
     ie_backend_destroy(&be);
     ie_tokenizer_destroy(&tok);
@@ -1045,7 +1112,8 @@ int main(void)
                  {"a fake backend behind the step boundary", test_fake_backend},
                  {"log-probabilities ask for full rows", test_fake_logprobs},
                  {"embeddings on a fake backend", test_fake_embeddings},
-                 {"json_schema masks and asks for full rows", test_fake_json_schema}};
+                 {"json_schema masks and asks for full rows", test_fake_json_schema},
+                 {"min_new, ignore_eos and logit bias", test_fake_eog_control}};
     /* IE_TEST_ONLY=word runs the tests whose name holds it (make tsan runs
      * the threaded ones: every test under TSan takes minutes) */
     const char *only = getenv("IE_TEST_ONLY");
