@@ -58,6 +58,13 @@ typedef struct ie_gen_params {
      * full logits rows (never the cluster's ARGMAX-only ones). */
     int logprobs;
     int top_logprobs;
+    /* Prompt log-probabilities (optional; OpenAI completions' echo, vLLM's
+     * prompt_logprobs): prompt_logprobs != 0 gives every prompt token
+     * after the first its raw log-probability given the tokens before it,
+     * and the top_logprobs most likely tokens at that position, in the
+     * DONE event. Such a request computes its whole prompt (no prefix-cache
+     * reuse) with a logits row per prompt token. */
+    int prompt_logprobs;
     /* Streaming (optional): called after every sampled token of prompt
      * `index` with the token and the text it released (after stop-string
      * holding; may be empty, not NUL-terminated). */

@@ -147,6 +147,14 @@ typedef struct ie_sched_event {
     const double *lat_ms; /* per token after the first: time since the
                                  previous one                              */
     size_t n_lat;
+    /* DONE and the first TOKEN (with n_prompt set) of a request with
+     * params->prompt_logprobs: entry i in [1, n_prompt) of prompt_lp is ln p(prompt token i | the tokens before
+     * it), and prompt_top[i * prompt_k ..] its prompt_k most likely
+     * tokens (entry 0, the first token's, is NaN: nothing comes before
+     * it); else NULL / NULL / 0 */
+    const float *prompt_lp;
+    const ie_token_logprob_t *prompt_top;
+    int prompt_k;
     /* ERROR */
     ie_status_t status;  /* IE_ERR_TIMEOUT, IE_ERR_UNAVAILABLE, ...   */
     const char *code;    /* "cancelled", "timeout", "unavailable",

@@ -61,6 +61,11 @@ typedef struct sreq {
     float lp_tok;
     int lp_n;
     ie_token_logprob_t lp_top[IE_LOGPROBS_MAX_TOP];
+    /* prompt log-probabilities (params->prompt_logprobs), else NULL:
+     * plp[i] of prompt token i, plp_top[i * plp_k ..] its alternatives */
+    float *plp;
+    ie_token_logprob_t *plp_top;
+    int plp_k;
     ie_detok_t *detok;
     ie_stop_t *stop;
     char *text;
@@ -90,6 +95,7 @@ typedef struct tok_ev {
     sreq_t *q;
     int32_t id;
     size_t off, len;
+    int first; /* the request's first token */
 } tok_ev_t;
 
 struct ie_sched {
@@ -185,6 +191,8 @@ static void sreq_free(sreq_t *q)
     free(q->text);
     free(q->lat);
     free(q->embd);
+    free(q->plp);
+    free(q->plp_top);
     free(q);
 }
 
@@ -556,7 +564,7 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
         return ie_error_set(IE_ERR_INVAL, "unknown pooling %d", (int)r->pooling);
     if (r->pooling != IE_POOL_NONE && s->n_embd <= 0)
         return ie_error_set(IE_ERR_UNSUPPORTED, "this backend cannot give hidden states (embeddings)");
-    if (p->logprobs && (p->top_logprobs < 0 || p->top_logprobs > IE_LOGPROBS_MAX_TOP))
+    if ((p->logprobs || p->prompt_logprobs) && (p->top_logprobs < 0 || p->top_logprobs > IE_LOGPROBS_MAX_TOP))
         return ie_error_set(IE_ERR_INVAL, "top_logprobs must be in [0, %d] (got %d)", IE_LOGPROBS_MAX_TOP,
                             p->top_logprobs);
 
@@ -582,6 +590,16 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
     q->ignore_eos = p->ignore_eos != 0;
     q->lp_on = p->logprobs != 0 && q->pooling == IE_POOL_NONE;
     q->lp_k = q->lp_on ? p->top_logprobs : 0;
+    if (p->prompt_logprobs && q->pooling == IE_POOL_NONE) {
+        q->plp_k = p->top_logprobs < s->n_vocab ? p->top_logprobs : (int)s->n_vocab;
+        q->plp = malloc(r->n_ids * sizeof *q->plp);
+        if (q->plp_k) q->plp_top = calloc(r->n_ids * (size_t)q->plp_k, sizeof *q->plp_top);
+        if (!q->plp || (q->plp_k && !q->plp_top)) {
+            st = ie_error_set(IE_ERR_NOMEM, "out of memory for the prompt's log-probabilities");
+            goto cleanup;
+        }
+        for (size_t j = 0; j < r->n_ids; j++) q->plp[j] = NAN;
+    }
     q->priority = r->priority;
     q->adapter = r->lora - 1;
     q->salt = r->lora <= 0 ? 0 : r->lora_salt ? r->lora_salt : (uint64_t)r->lora;
@@ -726,6 +744,11 @@ static void fill_event(const ie_sched_t *s, const sreq_t *q, ie_sched_event_t *e
         ev->embd = q->embd;
         ev->n_embd = s->n_embd;
     }
+    if (q->plp && q->end == IE_SCHED_DONE) {
+        ev->prompt_lp = q->plp;
+        ev->prompt_top = q->plp_top;
+        ev->prompt_k = q->plp_k;
+    }
     ev->status = q->end == IE_SCHED_ERROR ? q->status : IE_OK;
     ev->code = q->end == IE_SCHED_ERROR ? q->code : NULL;
     ev->message = q->end == IE_SCHED_ERROR ? q->msg : NULL;
@@ -782,8 +805,9 @@ static void admit(ie_sched_t *s, double now)
          * last prompt token (its logits are needed) */
         size_t lim = q->fresh ? q->n_known - 1 : q->n_known;
         int max_b = (int)(lim / (size_t)s->bt), k = 0;
-        /* an embedding needs every position's hidden state: nothing cached */
-        if (s->prefix_cache && max_b > 0 && q->pooling == IE_POOL_NONE)
+        /* an embedding needs every position's hidden state, prompt
+         * log-probabilities every position's logits: nothing cached */
+        if (s->prefix_cache && max_b > 0 && q->pooling == IE_POOL_NONE && !(q->plp && q->fresh))
             k = ie_kvpool_match(s->pool, kv_salt(q), q->toks, q->n_known, q->blocks, max_b);
         /* blocks to finish its prefill and take one more token, against
          * what the pool has left after the running prefills' own needs */
@@ -880,6 +904,26 @@ static uint8_t embd_flag(const sreq_t *q, size_t pos)
 {
     const int want = q->pooling == IE_POOL_MEAN ? 1 : q->pooling == IE_POOL_LAST ? pos + 1 == q->n_known : pos == 0;
     return want ? IE_LOGITS_EMBD : 0;
+}
+
+/* The logits a prompt position needs for prompt log-probabilities: the
+ * whole row while the request has not sampled (after a preemption its
+ * values are known), at every position but the last (whose row, if any,
+ * is the one sampled from). */
+static uint8_t plp_flag(const sreq_t *q, size_t pos)
+{
+    return q->plp && q->fresh && pos + 1 < q->n_prompt ? IE_LOGITS_FULL : 0;
+}
+
+/* A prompt position's row (plp_flag): the next prompt token's raw
+ * log-probability and the position's top plp_k tokens. */
+static void plp_take(ie_sched_t *s, sreq_t *q, size_t pos, const float *row)
+{
+    double lse = 0;
+    ie_token_logprob_t top[IE_LOGPROBS_MAX_TOP];
+    int n = ie_logprobs_row(row, s->n_vocab, q->plp_k, &lse, top);
+    q->plp[pos + 1] = ie_logprobs_of(row[q->toks[pos + 1]], lse);
+    if (n > 0) memcpy(q->plp_top + (pos + 1) * (size_t)q->plp_k, top, (size_t)n * sizeof *top);
 }
 
 /* An embedding request's entry at pos ran: pool its hidden-state row (NULL
@@ -1013,9 +1057,9 @@ static int build(ie_sched_t *s, int *has_prefill)
             s->b_pos[nb] = (int32_t)q->n_fed;
             s->b_seq[nb] = q->slot;
             q->n_fed++;
-            s->b_logits[nb] = q->pooling != IE_POOL_NONE                                ? embd_flag(q, q->n_fed - 1)
-                              : !(q->fresh && q->n_fed == q->n_known && q->max_new > 0) ? 0
-                                                                                        : row_kind(q);
+            s->b_logits[nb] = q->pooling != IE_POOL_NONE                             ? embd_flag(q, q->n_fed - 1)
+                              : q->fresh && q->n_fed == q->n_known && q->max_new > 0 ? row_kind(q)
+                                                                                     : plp_flag(q, q->n_fed - 1);
             s->b_req[nb] = q;
             nb++;
             budget--;
@@ -1077,6 +1121,7 @@ static void take_token(ie_sched_t *s, sreq_t *q, int32_t id, double now)
 {
     ie_sampler_accept(q->smp, id);
     q->toks[q->n_toks++] = id;
+    const int first = q->fresh;
     if (q->fresh) {
         q->fresh = 0;
         q->t_first = now;
@@ -1117,7 +1162,7 @@ static void take_token(ie_sched_t *s, sreq_t *q, int32_t id, double now)
     /* after finish: the text it flushes (held-back stop prefixes, an
      * incomplete UTF-8 tail as U+FFFD) goes out with the last token, so the
      * streamed pieces always add up to the final text */
-    s->tev[s->n_tev++] = (tok_ev_t){q, id, before_len, q->text_len - before_len};
+    s->tev[s->n_tev++] = (tok_ev_t){q, id, before_len, q->text_len - before_len, first};
 }
 
 /* After a successful step: sample the rows, move prefills on. */
@@ -1136,6 +1181,10 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
         if (q->pooling != IE_POOL_NONE) { /* an embedding: no logits, nothing sampled */
             const int has = s->b_logits[i] == IE_LOGITS_EMBD;
             embd_take(s, q, (size_t)s->b_pos[i], has ? s->b_embd + (size_t)erow++ * (size_t)s->n_embd : NULL);
+            continue;
+        }
+        if (s->b_logits[i] && plp_flag(q, (size_t)s->b_pos[i]) && q->state == S_PREFILL) {
+            plp_take(s, q, (size_t)s->b_pos[i], s->logits + (size_t)row++ * (size_t)s->n_vocab);
             continue;
         }
         if (!s->b_logits[i]) {
@@ -1308,6 +1357,12 @@ ie_status_t ie_sched_step(ie_sched_t *s, int *busy_out)
                                .logprob = t->q->lp_tok,
                                .top = t->q->lp_on ? t->q->lp_top : NULL,
                                .n_top = t->q->lp_on ? t->q->lp_n : 0};
+        if (t->first && t->q->plp) { /* known since the prefill: a stream may show them first */
+            ev.prompt_lp = t->q->plp;
+            ev.prompt_top = t->q->plp_top;
+            ev.prompt_k = t->q->plp_k;
+            ev.n_prompt = t->q->n_prompt;
+        }
         t->q->cb(t->q->cb_ctx, &ev);
     }
     int n_ended = s->n_ended;

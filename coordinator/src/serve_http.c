@@ -187,6 +187,13 @@ typedef struct req {
     choice_t ch[IE_HTTP_MAX_N];
     ie_lora_cache_t *lc;  /* the engine's adapter registry (choices' leases) */
     ie_oai_tools_t tools; /* the request's tools (serve_oai_tools.h); read-only */
+    /* completions' echo: the prompt's text and ids (read-only), and its
+     * tokens' log-probabilities from choice 0 (set once, under mu; entry 0
+     * NaN), when the request asks for logprobs */
+    char *echo_text;
+    int32_t *echo_ids;
+    size_t n_echo;
+    tok_lp_t *plp;
 } req_t;
 
 static req_t *req_new(int n, int logprobs)
@@ -226,6 +233,9 @@ static void req_unref(req_t *r)
         free(c->all_ids);
     }
     ie_oai_tools_free(&r->tools);
+    free(r->echo_text);
+    free(r->echo_ids);
+    free(r->plp);
     free(r);
 }
 
@@ -259,6 +269,24 @@ static int req_push_lp(choice_t *c, const ie_sched_event_t *ev)
     return 0;
 }
 
+/* The prompt's log-probabilities of an event (ie_sched_event_t.prompt_lp)
+ * into r->plp, for echo: entry i holds prompt token i. -1 out of memory. */
+static int req_take_plp(req_t *r, const ie_sched_event_t *ev)
+{
+    if (ev->n_prompt != r->n_echo) return 0; /* not this prompt's (cannot happen) */
+    tok_lp_t *p = calloc(r->n_echo ? r->n_echo : 1, sizeof *p);
+    if (!p) return -1;
+    const int k = ev->prompt_k < IE_LOGPROBS_MAX_TOP ? ev->prompt_k : IE_LOGPROBS_MAX_TOP;
+    for (size_t i = 0; i < r->n_echo; i++) {
+        p[i].id = r->echo_ids[i];
+        p[i].logprob = ev->prompt_lp[i];
+        p[i].n_top = i ? k : 0;
+        if (i && k) memcpy(p[i].top, ev->prompt_top + i * (size_t)ev->prompt_k, (size_t)k * sizeof *p[i].top);
+    }
+    r->plp = p;
+    return 0;
+}
+
 /* The scheduler's callback (serving thread), ctx a choice_t: store the
  * event, wake the connection; the terminal event drops the scheduler's
  * reference. */
@@ -268,6 +296,7 @@ static void req_on_event(void *ctx, const ie_sched_event_t *ev)
     req_t *r = c->r;
     int terminal = ev->kind != IE_SCHED_TOKEN;
     pthread_mutex_lock(&r->mu);
+    if (ev->prompt_lp && !r->plp && r->echo_ids && req_take_plp(r, ev) != 0) r->oom = 1;
     if (!terminal) {
         c->n_events++;
         if (ev->len && ie_buf_append(&c->text, ev->text, ev->len) != 0) r->oom = 1;
@@ -560,6 +589,7 @@ typedef struct gen {
     ie_chat_opts_t chat_opts;
     char *schema_text;     /* response_format's schema (malloc'd), or NULL */
     ie_logit_bias_t *bias; /* logit_bias's entries (malloc'd), or NULL */
+    int echo;              /* completions: the answer starts with the prompt */
     ie_oai_tools_t tools;  /* chat: tools / tool_choice (owned until handed to the request) */
 } gen_t;
 
@@ -683,8 +713,10 @@ static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
     /* completions: 16 tokens like OpenAI; chat: until the model ends its
      * turn or the context is full */
     g->gp.max_new = g->chat ? h->n_ctx : 16;
-    if (opt_int(root, "max_tokens", 1, 1 << 24, &v, &found, e)) return -1;
+    /* 0 only with echo: the prompt's log-probabilities alone (scoring) */
+    if (opt_int(root, "max_tokens", 0, 1 << 24, &v, &found, e)) return -1;
     if (found) g->gp.max_new = (int)v;
+    const int zero_max = found && v == 0;
     if (g->chat) {
         if (opt_int(root, "max_completion_tokens", 1, 1 << 24, &v, &found, e)) return -1;
         if (found) g->gp.max_new = (int)v;
@@ -723,9 +755,11 @@ static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
         if (opt_bool(so, "include_usage", &g->include_usage, e))
             return bad_param(e, "stream_options", "'stream_options.include_usage' must be a boolean");
     }
-    int echo = 0;
-    if (opt_bool(root, "echo", &echo, e)) return -1;
-    if (echo) return bad_param(e, "echo", "'echo' is not supported (false only)");
+    if (opt_bool(root, "echo", &g->echo, e)) return -1;
+    if (g->echo && g->chat) return bad_param(e, "echo", "'echo' is a /v1/completions parameter");
+    if (zero_max && !g->echo)
+        return bad_param(e, "max_tokens", "'max_tokens' must be an integer in [1, %d] (0 only with 'echo')",
+                         1 << 24);
     if (parse_logprobs(root, g, e)) return -1;
     const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(root, "suffix");
     if (suffix && !cJSON_IsNull(suffix) && !(cJSON_IsString(suffix) && !suffix->valuestring[0]))
@@ -827,6 +861,38 @@ static int prompt_ids(ie_http_t *h, const cJSON *root, int32_t **ids, size_t *n,
     if (st == IE_ERR_NOMEM)
         return err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
     if (st != IE_OK) return bad_param(e, "prompt", "'prompt': %s", ie_error_last());
+    return 0;
+}
+
+/* Echo (completions): the prompt's ids, and its text as given (a string
+ * prompt) or decoded with special tokens shown (token ids), into r. -1
+ * out of memory. */
+static int echo_prepare(ie_http_t *h, const cJSON *root, req_t *r, const int32_t *ids, size_t n)
+{
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(p->child)) p = p->child;
+    if (!(r->echo_ids = malloc((n ? n : 1) * sizeof *ids))) return -1;
+    memcpy(r->echo_ids, ids, n * sizeof *ids);
+    r->n_echo = n;
+    if (cJSON_IsString(p)) return (r->echo_text = strdup(p->valuestring)) ? 0 : -1;
+    ie_detok_t *d = NULL;
+    ie_buf_t b = {0};
+    int rc = ie_detok_new(h->tok, &d) == IE_OK ? ie_buf_append(&b, "", 0) : -1;
+    if (d) ie_detok_set_special(d, 1);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        const char *piece = ie_detok_push(d, ids[i]);
+        rc = ie_buf_append(&b, piece, strlen(piece));
+    }
+    if (rc == 0) {
+        const char *tail = ie_detok_flush(d);
+        rc = ie_buf_append(&b, tail, strlen(tail));
+    }
+    ie_detok_destroy(&d);
+    if (rc != 0) {
+        ie_buf_free(&b);
+        return -1;
+    }
+    r->echo_text = b.data; /* NUL-terminated */
     return 0;
 }
 
@@ -985,10 +1051,10 @@ static void tok_text(const ie_tokenizer_t *tok, int32_t id, char out[3 * IE_HTTP
 /* Characters (code points) a token adds to the text: its bytes that do
  * not continue a UTF-8 sequence, special tokens none (the text hides
  * them). For completions' text_offset. */
-static size_t tok_chars(const ie_tokenizer_t *tok, int32_t id)
+static size_t tok_chars(const ie_tokenizer_t *tok, int32_t id, int special)
 {
     char raw[IE_HTTP_TOK_MAX];
-    int n = ie_tokenizer_token_bytes(tok, id, 0, raw, sizeof raw);
+    int n = ie_tokenizer_token_bytes(tok, id, special, raw, sizeof raw);
     size_t c = 0;
     for (int i = 0; i < n && i < IE_HTTP_TOK_MAX; i++) c += ((unsigned char)raw[i] & 0xC0) != 0x80;
     return c;
@@ -1013,30 +1079,41 @@ static cJSON *lp_entry(const ie_tokenizer_t *tok, int32_t id, float logprob)
     return o;
 }
 
-/* The "logprobs" object of a choice (or chunk) for tokens lp[0..n): chat
- * {"content": [{token, logprob, bytes, top_logprobs: [...]}]}, completions
- * {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}
- * with each top_logprobs dict holding the k alternatives and the sampled
- * token (OpenAI's legacy shape). End-of-turn tokens are left out, like
- * their text. *chars: the choice's text length in characters before
- * lp[0], advanced past them. NULL when out of memory. */
-static cJSON *lp_json(const ie_tokenizer_t *tok, int chat, int k, const tok_lp_t *lp, size_t n, size_t *chars)
+/* o's array `key`, made if absent; NULL out of memory. */
+static cJSON *lp_array(cJSON *o, const char *key)
 {
-    cJSON *o = cJSON_CreateObject();
+    cJSON *a = cJSON_GetObjectItemCaseSensitive(o, key);
+    return a ? a : cJSON_AddArrayToObject(o, key);
+}
+
+/* Append tokens lp[0..n) to a "logprobs" object o: chat {"content":
+ * [{token, logprob, bytes, top_logprobs: [...]}]}, completions {tokens,
+ * token_logprobs, top_logprobs: [{token: logprob}], text_offset} with each
+ * top_logprobs dict holding the k alternatives and the sampled token
+ * (OpenAI's legacy shape). Generated end-of-turn tokens are left out, like
+ * their text; the prompt's (echo: `prompt` set) are all there, special
+ * tokens' text counted, and a NaN logprob (the first token's) is null
+ * with a null top_logprobs. *chars: the text length in characters before
+ * lp[0], advanced past them. -1 out of memory. */
+static int lp_json_add(cJSON *o, const ie_tokenizer_t *tok, int chat, int k, const tok_lp_t *lp, size_t n,
+                       size_t *chars, int prompt)
+{
     cJSON *content = NULL, *tokens = NULL, *tlp = NULL, *tops = NULL, *offs = NULL;
     if (chat) {
-        content = cJSON_AddArrayToObject(o, "content");
+        content = lp_array(o, "content");
     } else {
-        tokens = cJSON_AddArrayToObject(o, "tokens");
-        tlp = cJSON_AddArrayToObject(o, "token_logprobs");
-        tops = cJSON_AddArrayToObject(o, "top_logprobs");
-        offs = cJSON_AddArrayToObject(o, "text_offset");
+        tokens = lp_array(o, "tokens");
+        tlp = lp_array(o, "token_logprobs");
+        tops = lp_array(o, "top_logprobs");
+        offs = lp_array(o, "text_offset");
     }
-    if (!o || (chat ? !content : !tokens || !tlp || !tops || !offs)) goto oom;
+    if (chat ? !content : !tokens || !tlp || !tops || !offs) return -1;
     for (size_t i = 0; i < n; i++) {
         const tok_lp_t *t = &lp[i];
-        if (ie_tokenizer_is_eog(tok, t->id)) continue;
+        if (!prompt && ie_tokenizer_is_eog(tok, t->id)) continue;
         const int m = t->n_top < k ? t->n_top : k;
+        const size_t at = *chars;
+        *chars += tok_chars(tok, t->id, prompt);
         if (chat) {
             cJSON *e = lp_entry(tok, t->id, t->logprob);
             cJSON *alts = e ? cJSON_AddArrayToObject(e, "top_logprobs") : NULL;
@@ -1051,14 +1128,19 @@ static cJSON *lp_json(const ie_tokenizer_t *tok, int chat, int k, const tok_lp_t
             unsigned char raw[IE_HTTP_TOK_MAX];
             size_t n_raw;
             tok_text(tok, t->id, text, raw, &n_raw);
+            cJSON_AddItemToArray(tokens, cJSON_CreateString(text));
+            cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)at));
+            if (isnan(t->logprob)) { /* nothing comes before the prompt's first token */
+                cJSON_AddItemToArray(tlp, cJSON_CreateNull());
+                cJSON_AddItemToArray(tops, cJSON_CreateNull());
+                continue;
+            }
             cJSON *d = cJSON_CreateObject();
             if (!d || !cJSON_AddItemToArray(tops, d)) {
                 cJSON_Delete(d);
                 goto oom;
             }
-            cJSON_AddItemToArray(tokens, cJSON_CreateString(text));
             cJSON_AddItemToArray(tlp, cJSON_CreateNumber(lp_num(t->logprob)));
-            cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)*chars));
             for (int j = 0; j <= m; j++) { /* the alternatives, then the sampled token */
                 char alt[3 * IE_HTTP_TOK_MAX + 1];
                 const int32_t id = j < m ? t->top[j].id : t->id;
@@ -1069,12 +1151,28 @@ static cJSON *lp_json(const ie_tokenizer_t *tok, int chat, int k, const tok_lp_t
                     cJSON_AddNumberToObject(d, alt, lp_num(j < m ? t->top[j].logprob : t->logprob));
             }
         }
-        *chars += tok_chars(tok, t->id);
     }
-    return o;
+    return 0;
 oom:
+    return -1;
+}
+
+/* A new "logprobs" object for generated tokens lp[0..n) (lp_json_add);
+ * NULL out of memory. */
+static cJSON *lp_json(const ie_tokenizer_t *tok, int chat, int k, const tok_lp_t *lp, size_t n, size_t *chars)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (o && lp_json_add(o, tok, chat, k, lp, n, chars, 0) == 0) return o;
     cJSON_Delete(o);
     return NULL;
+}
+
+/* Characters (code points) of UTF-8 text. */
+static size_t utf8_chars(const char *t)
+{
+    size_t c = 0;
+    for (; *t; t++) c += ((unsigned char)*t & 0xC0) != 0x80;
+    return c;
 }
 
 /* A choice's calls, when the request parses them (r->tools): content (the
@@ -1171,14 +1269,26 @@ static cJSON *final_json(ie_http_t *h, req_t *r, int chat, int lp_k)
             } else {
                 cJSON_AddStringToObject(msg, "content", text);
             }
+        } else if (r->echo_text) {
+            char *t = NULL;
+            if (asprintf(&t, "%s%s", r->echo_text, text) < 0) goto fail;
+            cJSON_AddStringToObject(ch, "text", t);
+            free(t);
         } else {
             cJSON_AddStringToObject(ch, "text", text);
         }
         if (lp_k >= 0) {
             size_t chars = 0;
-            cJSON *lj = lp_json(h->tok, chat, lp_k, c->lp, c->n_lp, &chars);
-            if (!lj) goto fail;
-            cJSON_AddItemToObject(ch, "logprobs", lj);
+            cJSON *lj = cJSON_CreateObject();
+            if (!cJSON_AddItemToObject(ch, "logprobs", lj)) {
+                cJSON_Delete(lj);
+                goto fail;
+            }
+            if (r->echo_text && r->plp) {
+                if (lp_json_add(lj, h->tok, chat, lp_k, r->plp, r->n_echo, &chars, 1) != 0) goto fail;
+                chars = utf8_chars(r->echo_text); /* the generated tokens' offsets count from the text */
+            }
+            if (lp_json_add(lj, h->tok, chat, lp_k, c->lp, c->n_lp, &chars, 0) != 0) goto fail;
         } else {
             cJSON_AddNullToObject(ch, "logprobs");
         }
@@ -1210,6 +1320,8 @@ typedef struct schoice {
     int ended;          /* its finish chunk is out                    */
     ie_buf_t tool_text; /* tools: the whole text so far              */
     int tool_calls;     /* tools: the calls were sent                 */
+    int echoed;         /* echo: the prompt's chunk is out            */
+    int plp_ready;      /* echo: the prompt's logprobs are in (r->plp) */
 } schoice_t;
 
 /* The body of a streamed answer (libmicrohttpd's content reader). */
@@ -1391,6 +1503,7 @@ static int stream_take_locked(stream_t *s, int i)
     c->take_ids = ti;
     c->cap_take = tcap;
     c->n_take_lp = 0;
+    c->plp_ready = s->r->plp != NULL;
     const size_t n = rc->n_lp - c->lp_done;
     if (n) {
         if (n > c->cap_take_lp) {
@@ -1414,6 +1527,20 @@ static int stream_choice(stream_t *s, int i, int terminal)
     schoice_t *c = &s->c[i];
     const choice_t *rc = &s->r->ch[i];
     cJSON *lp = NULL;
+    /* echo: the prompt first, in a chunk of its own (with its logprobs,
+     * which come with choice 0's first token) */
+    if (s->r->echo_text && !c->echoed && (s->lp_k < 0 || c->plp_ready || c->n_take || terminal)) {
+        if (s->lp_k >= 0) {
+            lp = cJSON_CreateObject();
+            if (!lp || (s->r->plp && lp_json_add(lp, s->h->tok, 0, s->lp_k, s->r->plp, s->r->n_echo, &c->chars, 1)))
+                goto fail;
+        }
+        c->chars = utf8_chars(s->r->echo_text);
+        c->echoed = 1;
+        if (sse_chunk(s, i, s->r->echo_text, strlen(s->r->echo_text), NULL, 0, NULL, lp) != 0) return -1;
+        lp = NULL;
+        if (!c->n_take && !terminal) return 0;
+    }
     if (s->lp_k >= 0 && c->n_take_lp) {
         if (!(lp = lp_json(s->h->tok, s->chat, s->lp_k, c->take_lp, c->n_take_lp, &c->chars))) return -1;
         cJSON *arr = s->chat ? cJSON_GetObjectItemCaseSensitive(lp, "content")
@@ -1696,6 +1823,10 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
     req_ref(r);
     r->tools = g.tools; /* the answer parses what the request asked for */
     memset(&g.tools, 0, sizeof g.tools);
+    if (g.echo && echo_prepare(h, root, r, ids, n_ids) != 0) {
+        err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
+        goto answer_err;
+    }
     /* n choices: n scheduler requests of the same prompt, choice i seeded
      * with the request's seed + i. Choice 0 goes first and the others once
      * it has its first token: by then its prompt's full KV blocks are in
@@ -1706,6 +1837,9 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
     int terminal = 0, oom = 0, w = WAIT_OK;
     for (int i = 0; i < g.n; i++) {
         g.gp.sampling.seed = seed0 + (uint64_t)i;
+        /* echo's prompt log-probabilities: choice 0 computes them (its whole
+         * prompt), the others share its prompt's cached blocks */
+        g.gp.prompt_logprobs = g.echo && g.lp_k >= 0 && i == 0;
         /* "model": the base's name or a LoRA adapter's (vLLM's convention),
          * plus llama.cpp's "lora" list: the adapter set, leased per choice
          * until its end */

@@ -345,7 +345,7 @@ def test_random_malformed_requests(server):
 @pytest.mark.parametrize("param,value", [
     ("temperature", 2.5), ("temperature", "hot"), ("top_p", 0), ("top_p", 1.5), ("min_p", -0.1),
     ("max_tokens", 0), ("max_tokens", 1.5), ("frequency_penalty", 3), ("presence_penalty", -2.5),
-    ("top_k", -2), ("n", 17), ("echo", True), ("logprobs", 6), ("stop", 7), ("stream", "yes"),
+    ("top_k", -2), ("n", 17), ("echo", "yes"), ("logprobs", 6), ("stop", 7), ("stream", "yes"),
     ("seed", 0.5), ("priority", "high"), ("repetition_penalty", 0),
 ])
 def test_bad_param_400_names_it(client, server, param, value):

@@ -28,7 +28,7 @@ import openai
 import pytest
 
 from conftest import IE_BIN, engine_logits
-from test_http_api import KEY, Server, assert_error_shape, metric_value, raw
+from test_http_api import KEY, Server, assert_error_shape, httpx, metric_value, raw
 
 PROMPT = "The capital of France is"
 CHAT = [{"role": "user", "content": "Name three colors."}]
@@ -215,11 +215,6 @@ def test_n_chat_stream(server, client):
 def test_n_stream_hangup_cancels_every_choice(server, client):
     """A client that hangs up on an n=3 stream has all three choices
     cancelled (the scheduler counts them), and the server keeps serving."""
-    try:
-        import httpx
-    except ImportError:
-        import httpx2 as httpx
-
     def cancelled():
         return metric_value(raw(server, "GET", "/metrics").text, "ie_requests_total", 'status="cancelled"')
 
@@ -240,6 +235,71 @@ def test_n_stream_hangup_cancels_every_choice(server, client):
     assert cancelled() == before + 3
     out = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=3, temperature=0)
     assert out.choices[0].text
+
+
+# --------------------------------------------------------------------- echo
+def test_echo_prompt_logprobs_match_engine_logits(server, client, smollm2, tmp_path):
+    """Completions' echo with logprobs and max_tokens 0 (how lm-evaluation-
+    harness scores a continuation): the prompt's tokens, the first with a
+    null logprob, every other's log p given the tokens before it equal to
+    the log-softmax of the engine's own logits within 1e-4, the top
+    alternatives too; the text is the prompt's."""
+    text = "The capital of France is Paris, and the capital of Italy is Rome."
+    ids = tokenize(smollm2, text)
+    r = client.completions.create(model=server.model, prompt=ids, max_tokens=0, echo=True, logprobs=3)
+    ch = r.choices[0]
+    assert r.usage.completion_tokens == 0 and r.usage.prompt_tokens == len(ids)
+    assert ch.text == text and ch.finish_reason == "length"
+    lp = ch.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(ids)
+    assert "".join(lp.tokens) == text
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    rows = engine_logits(smollm2, ids, tmp_path)
+    for i in range(1, len(ids)):
+        ref = log_softmax(rows[i - 1])
+        assert abs(lp.token_logprobs[i] - ref[ids[i]]) < 1e-4, (i, lp.token_logprobs[i], ref[ids[i]])
+        top = sorted(lp.top_logprobs[i].values(), reverse=True)[:3]
+        assert np.allclose(top, np.sort(ref)[::-1][:3], atol=1e-4), (i, top)
+    offs = lp.text_offset
+    assert offs[0] == 0 and all(offs[i + 1] == offs[i] + len(lp.tokens[i]) for i in range(len(ids) - 1))
+
+
+def test_echo_with_generation_and_stream(server, client, smollm2):
+    """echo with tokens to generate: the text is the prompt (as sent) and the
+    completion of the same request without echo; the logprobs list the
+    prompt's tokens then the generated ones, whose offsets count from the
+    prompt's text; a stream gives the same text and tokens (the prompt in
+    the first chunk); every one of n choices echoes; chat refuses echo."""
+    plain = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=1)
+    r = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=5, temperature=0, logprobs=1,
+                                  echo=True)
+    ch = r.choices[0]
+    assert ch.text == PROMPT + plain.choices[0].text
+    n_p = len(tokenize(smollm2, PROMPT))
+    assert ch.logprobs.tokens[n_p:] == plain.choices[0].logprobs.tokens
+    assert ch.logprobs.token_logprobs[n_p:] == pytest.approx(plain.choices[0].logprobs.token_logprobs, abs=1e-6)
+    assert ch.logprobs.text_offset[n_p] == len(PROMPT)
+    assert r.usage.completion_tokens == plain.usage.completion_tokens
+    chunks = list(client.completions.create(model=server.model, prompt=PROMPT, max_tokens=5, temperature=0,
+                                            logprobs=1, echo=True, stream=True))
+    assert chunks[0].choices[0].text == PROMPT
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == ch.text
+    toks = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert toks == ch.logprobs.tokens
+    # without logprobs the stream still opens with the prompt
+    plain_stream = list(client.completions.create(model=server.model, prompt=PROMPT, max_tokens=3,
+                                                  temperature=0, echo=True, stream=True))
+    assert plain_stream[0].choices[0].text == PROMPT
+    two = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=2, temperature=0.7, seed=5,
+                                    n=2, echo=True, logprobs=0)
+    assert len(two.choices) == 2
+    for c in two.choices:
+        assert c.text.startswith(PROMPT) and c.logprobs.token_logprobs[0] is None
+        assert c.logprobs.token_logprobs[1:n_p] == pytest.approx(ch.logprobs.token_logprobs[1:n_p], abs=1e-6)
+    r = raw(server, "POST", "/v1/chat/completions", json={"model": server.model, "messages": CHAT, "echo": True})
+    assert_error_shape(r, 400, param="echo")
+    r = raw(server, "POST", "/v1/completions", json={"model": server.model, "prompt": PROMPT, "max_tokens": 0})
+    assert_error_shape(r, 400, param="max_tokens")
 
 
 # ------------------------------------------- logit_bias, ignore_eos, min_tokens
@@ -472,5 +532,34 @@ def test_cluster_greedy_logprobs_take_full_rows(smollm2, tmp_path):
                     assert [t for t, _ in a["top_logprobs"]] == [t for t, _ in b["top_logprobs"]], (a, b)
                 for (_, x), (_, y) in zip(a["top_logprobs"], b["top_logprobs"]):
                     assert abs(x - y) < tol, (plan, a, b)
+        finally:
+            c.stop()
+
+
+def test_cluster_echo_prompt_logprobs(server, client, smollm2, tmp_path):
+    """Echo's prompt log-probabilities through a cluster's HTTP API (every
+    prompt position a FULL logits row from the ranks): the embedded
+    server's values, pipeline to the bit's noise, tensor within its split
+    reductions' (test_cluster_greedy_logprobs_take_full_rows)."""
+    from test_distributed import Cluster
+    from conftest import free_port
+    text = "The capital of France is Paris, and the capital of Italy is Rome."
+    ids = tokenize(smollm2, text)
+    ref = client.completions.create(model=server.model, prompt=ids, max_tokens=0, echo=True, logprobs=1)
+    want = ref.choices[0].logprobs.token_logprobs
+    for plan, tol in (("pipeline", 1e-5), ("tensor", 0.15)):
+        (tmp_path / plan).mkdir()
+        port = free_port()
+        c = Cluster(smollm2, plan, 2, tmp_path / plan, coord_extra=["--http-port", str(port)])
+        try:
+            c.start_worker(0)
+            c.start_worker(1)
+            assert c.generate(PROMPT, max_new=1)["type"] == "done"        # both ranks serve
+            r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=120,
+                           json={"prompt": ids, "max_tokens": 0, "echo": True, "logprobs": 1})
+            assert r.status_code == 200, r.text
+            got = r.json()["choices"][0]["logprobs"]["token_logprobs"]
+            assert got[0] is None and len(got) == len(want)
+            assert max(abs(a - b) for a, b in zip(got[1:], want[1:])) < tol, (plan, got, want)
         finally:
             c.stop()

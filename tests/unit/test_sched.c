@@ -1094,6 +1094,97 @@ static void test_fake_eog_control(void)
     ie_tokenizer_destroy(&tok);
 }
 
+/* Prompt log-probabilities on the fake: entry i is ln p(prompt[i]) under
+ * the row the fake gives at position i - 1 (1 at fake_next, 0 elsewhere),
+ * the top 2 at that position (fake_next, then id 0); entry 0 is NaN. Such
+ * a request computes its whole prompt although the prefix cache holds it
+ * (and leaves the cache usable), with max_new 0 too. */
+typedef struct plp_sink {
+    int kind;
+    size_t n_prompt, n_cached, n_gen;
+    float lp[32];
+    ie_token_logprob_t top[32][2];
+    int k;
+} plp_sink_t;
+
+static void on_plp_event(void *ctx, const ie_sched_event_t *ev)
+{
+    plp_sink_t *k = ctx;
+    if (ev->kind == IE_SCHED_TOKEN) return;
+    k->kind = ev->kind;
+    k->n_prompt = ev->n_prompt;
+    k->n_cached = ev->n_cached;
+    k->n_gen = ev->n_gen;
+    k->k = ev->prompt_k;
+    for (size_t i = 0; ev->prompt_lp && i < ev->n_prompt && i < 32; i++) {
+        k->lp[i] = ev->prompt_lp[i];
+        for (int j = 0; j < ev->prompt_k && j < 2; j++) k->top[i][j] = ev->prompt_top[i * (size_t)ev->prompt_k + j];
+    }
+}
+
+static void test_fake_prompt_logprobs(void)
+{
+    static fake_t f;
+    ie_tokenizer_t *tok = NULL;
+    ie_backend_geom_t g;
+    fake_setup(&f, &tok, &g);
+    ie_backend_t *be = NULL;
+    ie_sched_t *s = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake_ops, &f, &g, &be), IE_OK);
+    ie_sched_opts_t so = {.backend = be, .tok = tok};
+    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    int32_t p[11] = {200, 201}; /* some tokens the fake predicts, some not */
+    for (int i = 2; i < 11; i++) p[i] = i % 3 ? fake_next(p[i - 1], i - 1) : 300 + i;
+    const double lse = log(exp(1.0) + (double)(f.n_vocab - 1));
+    ie_gen_params_t plain = greedy(2), pl = greedy(2);
+    pl.prompt_logprobs = 1;
+    pl.top_logprobs = 2;
+    plp_sink_t a = {0}, b = {0}, c = {0}, d = {0};
+    ie_sched_req_t r = {.ids = p, .n_ids = 11, .params = &plain, .cb = on_plp_event, .cb_ctx = &a};
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT_EQUAL(a.kind, IE_SCHED_DONE);
+    CU_ASSERT_EQUAL(a.k, 0);
+    const int full0 = f.rows_full;
+    r.params = &pl;
+    r.cb_ctx = &b;
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT_EQUAL(b.kind, IE_SCHED_DONE);
+    CU_ASSERT_EQUAL(b.n_cached, 0); /* the cache holds 8 of its positions: not used */
+    CU_ASSERT_EQUAL(b.n_gen, 2);
+    CU_ASSERT_EQUAL(b.k, 2);
+    CU_ASSERT_EQUAL(f.rows_full - full0, 10); /* the prompt's; its greedy tokens take ARGMAX rows */
+    CU_ASSERT(isnan(b.lp[0]));
+    for (int i = 1; i < 11; i++) {
+        const int32_t want = fake_next(p[i - 1], i - 1);
+        CU_ASSERT_DOUBLE_EQUAL(b.lp[i], (p[i] == want ? 1.0 : 0.0) - lse, 1e-5);
+        CU_ASSERT_EQUAL(b.top[i][0].id, want);
+        CU_ASSERT_DOUBLE_EQUAL(b.top[i][0].logprob, 1.0 - lse, 1e-5);
+        CU_ASSERT_EQUAL(b.top[i][1].id, 0);
+    }
+    /* max_new 0: the prompt's values, nothing sampled */
+    pl.max_new = 0;
+    r.cb_ctx = &c;
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT(c.kind == IE_SCHED_DONE && c.n_gen == 0 && c.n_cached == 0);
+    CU_ASSERT(memcmp(c.lp + 1, b.lp + 1, 10 * sizeof *c.lp) == 0);
+    /* the cache still serves the others */
+    r.params = &plain;
+    r.cb_ctx = &d;
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_OK);
+    run_until_idle(s);
+    CU_ASSERT(d.kind == IE_SCHED_DONE && d.n_cached == 8);
+    CU_ASSERT_EQUAL(f.bad, 0);
+    pl.top_logprobs = IE_LOGPROBS_MAX_TOP + 1;
+    r.params = &pl;
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &r, NULL), IE_ERR_INVAL);
+    ie_sched_destroy(&s);
+    ie_backend_destroy(&be);
+    ie_tokenizer_destroy(&tok);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -1113,7 +1204,8 @@ int main(void)
                  {"log-probabilities ask for full rows", test_fake_logprobs},
                  {"embeddings on a fake backend", test_fake_embeddings},
                  {"json_schema masks and asks for full rows", test_fake_json_schema},
-                 {"min_new, ignore_eos and logit bias", test_fake_eog_control}};
+                 {"min_new, ignore_eos and logit bias", test_fake_eog_control},
+                 {"prompt log-probabilities", test_fake_prompt_logprobs}};
     /* IE_TEST_ONLY=word runs the tests whose name holds it (make tsan runs
      * the threaded ones: every test under TSan takes minutes) */
     const char *only = getenv("IE_TEST_ONLY");
