@@ -131,7 +131,9 @@ struct ie_http {
 
 /* ------------------------------------------------------------- requests */
 
-#define IE_HTTP_MAX_N 16 /* choices per request at most ("n")       */
+#define IE_HTTP_MAX_N 16        /* choices per prompt at most ("n")       */
+#define IE_HTTP_MAX_PROMPTS 256 /* prompts per completions request at most */
+#define IE_HTTP_MAX_CHOICES 256 /* prompts x n at most                     */
 
 /* One generated token's log-probabilities (a TOKEN event's). */
 typedef struct tok_lp {
@@ -149,7 +151,8 @@ struct req;
  * read-only after. */
 typedef struct choice {
     struct req *r;
-    int index;
+    int index;     /* prompt * n + its number among the prompt's n */
+    int prompt;    /* the request's prompt it continues            */
     ie_buf_t text; /* released text not yet taken (mu)          */
     int32_t *ids;  /* token ids not yet taken (mu)              */
     size_t n_ids, cap_ids;
@@ -167,39 +170,55 @@ typedef struct choice {
     char message[256];
     uint64_t id; /* connection thread only                    */
     int submitted;
+    int abandoned;         /* never submitted: another choice failed first */
     ie_lora_lease_t lease; /* its adapter set, leased before submission
                               and given back at its terminal event (set
                               -1: none held)                              */
 } choice_t;
 
-/* One generation request: its n choices share the lock and the condition
- * variable, so a connection waits for whichever choice moves next. */
+/* One prompt of a request. With echo: its text (as given, or its ids
+ * decoded) and its tokens' log-probabilities from its first choice (set
+ * once, under mu; entry 0 NaN) when the request asks for logprobs. */
+typedef struct rprompt {
+    int32_t *ids; /* echo only */
+    size_t n_ids;
+    char *echo_text;
+    tok_lp_t *plp;
+} rprompt_t;
+
+/* One generation request: its choices (n per prompt) share the lock and the
+ * condition variable, so a connection waits for whichever choice moves next. */
 typedef struct req {
     atomic_int refs;
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int n;           /* choices                                    */
+    int n;     /* choices: n_prompts x n_per                 */
+    int n_per; /* choices per prompt ("n")                   */
+    int n_prompts;
     int logprobs;    /* keep the TOKEN events' log-probabilities   */
     size_t n_ev;     /* events of every choice so far (mu)         */
     int n_done;      /* choices ended (mu)                         */
     int oom;         /* an event could not be stored (mu)         */
-    size_t n_prompt; /* outcome: prompt tokens (every choice's)    */
-    choice_t ch[IE_HTTP_MAX_N];
+    size_t n_prompt; /* prompt tokens, every prompt's once         */
+    choice_t *ch;
+    rprompt_t *pr;
     ie_lora_cache_t *lc;  /* the engine's adapter registry (choices' leases) */
     ie_oai_tools_t tools; /* the request's tools (serve_oai_tools.h); read-only */
-    /* completions' echo: the prompt's text and ids (read-only), and its
-     * tokens' log-probabilities from choice 0 (set once, under mu; entry 0
-     * NaN), when the request asks for logprobs */
-    char *echo_text;
-    int32_t *echo_ids;
-    size_t n_echo;
-    tok_lp_t *plp;
+    int echo;             /* completions' echo (the prompts' rprompt_t hold it) */
 } req_t;
 
-static req_t *req_new(int n, int logprobs)
+static req_t *req_new(int n_prompts, int n_per, int logprobs)
 {
     req_t *r = calloc(1, sizeof *r);
     if (!r) return NULL;
+    r->ch = calloc((size_t)(n_prompts * n_per), sizeof *r->ch);
+    r->pr = calloc((size_t)n_prompts, sizeof *r->pr);
+    if (!r->ch || !r->pr) {
+        free(r->ch);
+        free(r->pr);
+        free(r);
+        return NULL;
+    }
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -207,11 +226,14 @@ static req_t *req_new(int n, int logprobs)
     pthread_cond_init(&r->cv, &ca);
     pthread_condattr_destroy(&ca);
     atomic_init(&r->refs, 1);
-    r->n = n;
+    r->n = n_prompts * n_per;
+    r->n_per = n_per;
+    r->n_prompts = n_prompts;
     r->logprobs = logprobs;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < r->n; i++) {
         r->ch[i].r = r;
         r->ch[i].index = i;
+        r->ch[i].prompt = i / n_per;
         r->ch[i].lease = (ie_lora_lease_t){.id = -1, .salt = 0, .set = -1};
     }
     return r;
@@ -232,10 +254,14 @@ static void req_unref(req_t *r)
         free(c->all_text);
         free(c->all_ids);
     }
+    for (int i = 0; i < r->n_prompts; i++) {
+        free(r->pr[i].ids);
+        free(r->pr[i].echo_text);
+        free(r->pr[i].plp);
+    }
     ie_oai_tools_free(&r->tools);
-    free(r->echo_text);
-    free(r->echo_ids);
-    free(r->plp);
+    free(r->ch);
+    free(r->pr);
     free(r);
 }
 
@@ -270,20 +296,20 @@ static int req_push_lp(choice_t *c, const ie_sched_event_t *ev)
 }
 
 /* The prompt's log-probabilities of an event (ie_sched_event_t.prompt_lp)
- * into r->plp, for echo: entry i holds prompt token i. -1 out of memory. */
-static int req_take_plp(req_t *r, const ie_sched_event_t *ev)
+ * into pr->plp, for echo: entry i holds prompt token i. -1 out of memory. */
+static int req_take_plp(rprompt_t *pr, const ie_sched_event_t *ev)
 {
-    if (ev->n_prompt != r->n_echo) return 0; /* not this prompt's (cannot happen) */
-    tok_lp_t *p = calloc(r->n_echo ? r->n_echo : 1, sizeof *p);
+    if (ev->n_prompt != pr->n_ids) return 0; /* not this prompt's (cannot happen) */
+    tok_lp_t *p = calloc(pr->n_ids ? pr->n_ids : 1, sizeof *p);
     if (!p) return -1;
     const int k = ev->prompt_k < IE_LOGPROBS_MAX_TOP ? ev->prompt_k : IE_LOGPROBS_MAX_TOP;
-    for (size_t i = 0; i < r->n_echo; i++) {
-        p[i].id = r->echo_ids[i];
+    for (size_t i = 0; i < pr->n_ids; i++) {
+        p[i].id = pr->ids[i];
         p[i].logprob = ev->prompt_lp[i];
         p[i].n_top = i ? k : 0;
         if (i && k) memcpy(p[i].top, ev->prompt_top + i * (size_t)ev->prompt_k, (size_t)k * sizeof *p[i].top);
     }
-    r->plp = p;
+    pr->plp = p;
     return 0;
 }
 
@@ -296,7 +322,8 @@ static void req_on_event(void *ctx, const ie_sched_event_t *ev)
     req_t *r = c->r;
     int terminal = ev->kind != IE_SCHED_TOKEN;
     pthread_mutex_lock(&r->mu);
-    if (ev->prompt_lp && !r->plp && r->echo_ids && req_take_plp(r, ev) != 0) r->oom = 1;
+    rprompt_t *pr = &r->pr[c->prompt];
+    if (ev->prompt_lp && !pr->plp && pr->ids && req_take_plp(pr, ev) != 0) r->oom = 1;
     if (!terminal) {
         c->n_events++;
         if (ev->len && ie_buf_append(&c->text, ev->text, ev->len) != 0) r->oom = 1;
@@ -304,7 +331,6 @@ static void req_on_event(void *ctx, const ie_sched_event_t *ev)
         if (r->logprobs && ev->has_logprob && req_push_lp(c, ev) != 0) r->oom = 1;
     } else {
         c->n_gen = ev->n_gen;
-        r->n_prompt = ev->n_prompt;
         c->finish = ev->finish;
         c->status = ev->status;
         snprintf(c->code, sizeof c->code, "%s", ev->code ? ev->code : "");
@@ -327,12 +353,30 @@ static void req_on_event(void *ctx, const ie_sched_event_t *ev)
     }
 }
 
-/* With r->mu held: the first choice that ended with an error, or NULL. */
+/* With r->mu held: the first choice that ended with an error (one that
+ * ran before one abandoned), or NULL. */
 static const choice_t *req_failed_locked(const req_t *r)
 {
-    for (int i = 0; i < r->n; i++)
-        if (r->ch[i].terminal == IE_SCHED_ERROR) return &r->ch[i];
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < r->n; i++)
+            if (r->ch[i].terminal == IE_SCHED_ERROR && r->ch[i].abandoned == pass) return &r->ch[i];
     return NULL;
+}
+
+/* With r->mu held: the choices not submitted end here (a choice failed
+ * before they started), so that waiting for every choice ends. */
+static void req_abandon_locked(req_t *r)
+{
+    for (int i = 0; i < r->n; i++) {
+        choice_t *c = &r->ch[i];
+        if (c->submitted || c->terminal) continue;
+        c->terminal = IE_SCHED_ERROR;
+        c->abandoned = 1;
+        c->status = IE_ERR_INVAL;
+        snprintf(c->code, sizeof c->code, "cancelled");
+        snprintf(c->message, sizeof c->message, "not started: another choice of the request failed");
+        r->n_done++;
+    }
 }
 
 enum { WAIT_OK = 0, WAIT_GONE = -1, WAIT_STOP = -2 };
@@ -834,47 +878,95 @@ static int ids_from_json(ie_http_t *h, const cJSON *arr, int32_t **ids_out, size
     return 0;
 }
 
-/* /v1/completions' prompt -> ids: a string (tokenized like the CLI: BOS
- * and special-token text), a list of one string, a list of token ids or a
- * list of one such list. */
-static int prompt_ids(ie_http_t *h, const cJSON *root, int32_t **ids, size_t *n, http_err_t *e)
+/* One prompt of a request: its ids (malloc'd) and, for a string prompt,
+ * the string (in the parsed body). */
+typedef struct prompt_in {
+    int32_t *ids;
+    size_t n;
+    const char *text;
+} prompt_in_t;
+
+static void prompts_free(prompt_in_t *p, int n)
 {
-    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
-    if (cJSON_IsArray(p)) {
-        int k = cJSON_GetArraySize(p);
-        const cJSON *first = cJSON_GetArrayItem(p, 0);
-        if (k >= 1 && cJSON_IsNumber(first)) return ids_from_json(h, p, ids, n, e);
-        if (k != 1)
-            return bad_param(e, "prompt",
-                             k ? "'prompt': several prompts in one request are not supported; send one request "
-                                 "per prompt"
-                               : "'prompt' is empty");
-        if (cJSON_IsArray(first)) return ids_from_json(h, first, ids, n, e);
-        p = first;
-    }
-    if (!cJSON_IsString(p))
-        return bad_param(e, "prompt", "'prompt' must be a string, a list of one string or a list of token ids");
+    for (int i = 0; p && i < n; i++) free(p[i].ids);
+    free(p);
+}
+
+/* One string prompt -> ids, tokenized like the CLI's --prompt (BOS and
+ * special-token text as the tokenizer says). */
+static int prompt_encode(ie_http_t *h, const char *text, prompt_in_t *out, http_err_t *e)
+{
     const double t0 = ie_now_ms();
-    ie_status_t st = ie_tokenizer_encode(h->tok, p->valuestring, strlen(p->valuestring),
-                                         IE_TOK_ADD_SPECIAL | IE_TOK_PARSE_SPECIAL, ids, n);
+    ie_status_t st = ie_tokenizer_encode(h->tok, text, strlen(text), IE_TOK_ADD_SPECIAL | IE_TOK_PARSE_SPECIAL,
+                                         &out->ids, &out->n);
     if (h->m_stage) ie_metric_observe(h->m_stage, "tokenize", (ie_now_ms() - t0) / 1e3);
     if (st == IE_ERR_NOMEM)
         return err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
     if (st != IE_OK) return bad_param(e, "prompt", "'prompt': %s", ie_error_last());
+    out->text = text;
     return 0;
 }
 
-/* Echo (completions): the prompt's ids, and its text as given (a string
- * prompt) or decoded with special tokens shown (token ids), into r. -1
- * out of memory. */
-static int echo_prepare(ie_http_t *h, const cJSON *root, req_t *r, const int32_t *ids, size_t n)
+/* /v1/completions' prompt -> prompts (*out malloc'd, *n_out of them): a
+ * string, a list of token ids, or a list of strings or of such lists (a
+ * batch: OpenAI's, at most IE_HTTP_MAX_PROMPTS). Each must fit the
+ * context and hold a token. */
+static int prompts_parse(ie_http_t *h, const cJSON *root, prompt_in_t **out, int *n_out, http_err_t *e)
 {
-    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
-    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 && cJSON_IsString(p->child)) p = p->child;
-    if (!(r->echo_ids = malloc((n ? n : 1) * sizeof *ids))) return -1;
-    memcpy(r->echo_ids, ids, n * sizeof *ids);
-    r->n_echo = n;
-    if (cJSON_IsString(p)) return (r->echo_text = strdup(p->valuestring)) ? 0 : -1;
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt"), *it;
+    int n = 1, rc = 0;
+    if (cJSON_IsArray(p) && !cJSON_IsNumber(p->child)) n = cJSON_GetArraySize(p); /* a batch */
+    if (n < 1 || n > IE_HTTP_MAX_PROMPTS)
+        return bad_param(e, "prompt", n ? "'prompt': at most %d prompts in one request" : "'prompt' is empty",
+                         IE_HTTP_MAX_PROMPTS);
+    if (!cJSON_IsString(p) && !cJSON_IsArray(p))
+        return bad_param(e, "prompt", "'prompt' must be a string, a list of token ids or a list of those");
+    prompt_in_t *v = calloc((size_t)n, sizeof *v);
+    if (!v) return err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
+    if (cJSON_IsString(p)) {
+        rc = prompt_encode(h, p->valuestring, &v[0], e);
+    } else if (cJSON_IsNumber(p->child)) {
+        rc = ids_from_json(h, p, &v[0].ids, &v[0].n, e);
+    } else {
+        int i = 0;
+        cJSON_ArrayForEach(it, p)
+        {
+            if (cJSON_IsString(it)) rc = prompt_encode(h, it->valuestring, &v[i], e);
+            else if (cJSON_IsArray(it)) rc = ids_from_json(h, it, &v[i].ids, &v[i].n, e);
+            else rc = bad_param(e, "prompt", "'prompt'[%d] must be a string or a list of token ids", i);
+            if (rc) break;
+            i++;
+        }
+    }
+    for (int i = 0; i < n && rc == 0; i++) {
+        if (v[i].n == 0) {
+            rc = bad_param(e, "prompt", n > 1 ? "'prompt'[%d] is empty" : "the prompt is empty", i);
+        } else if (v[i].n > (size_t)h->n_ctx) {
+            rc = err_set(e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "context_length_exceeded", "prompt",
+                         "the prompt%s has %zu tokens; the context holds %d", n > 1 ? "s' longest" : "", v[i].n,
+                         h->n_ctx);
+        }
+    }
+    if (rc) {
+        prompts_free(v, n);
+        return rc;
+    }
+    *out = v;
+    *n_out = n;
+    return 0;
+}
+
+/* Echo (completions): a prompt's ids, and its text as given (a string
+ * prompt) or decoded with special tokens shown (token ids), into pr. -1
+ * out of memory. */
+static int echo_prepare(ie_http_t *h, const prompt_in_t *in, rprompt_t *pr)
+{
+    const int32_t *ids = in->ids;
+    const size_t n = in->n;
+    if (!(pr->ids = malloc((n ? n : 1) * sizeof *ids))) return -1;
+    memcpy(pr->ids, ids, n * sizeof *ids);
+    pr->n_ids = n;
+    if (in->text) return (pr->echo_text = strdup(in->text)) ? 0 : -1;
     ie_detok_t *d = NULL;
     ie_buf_t b = {0};
     int rc = ie_detok_new(h->tok, &d) == IE_OK ? ie_buf_append(&b, "", 0) : -1;
@@ -892,7 +984,7 @@ static int echo_prepare(ie_http_t *h, const cJSON *root, req_t *r, const int32_t
         ie_buf_free(&b);
         return -1;
     }
-    r->echo_text = b.data; /* NUL-terminated */
+    pr->echo_text = b.data; /* NUL-terminated */
     return 0;
 }
 
@@ -1233,6 +1325,7 @@ static cJSON *final_json(ie_http_t *h, req_t *r, int chat, int lp_k)
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     for (int i = 0; i < r->n; i++) {
         const choice_t *c = &r->ch[i];
+        const rprompt_t *pr = &r->pr[c->prompt];
         cJSON *ch = cJSON_CreateObject();
         if (!cJSON_AddItemToArray(choices, ch)) {
             cJSON_Delete(ch);
@@ -1269,9 +1362,9 @@ static cJSON *final_json(ie_http_t *h, req_t *r, int chat, int lp_k)
             } else {
                 cJSON_AddStringToObject(msg, "content", text);
             }
-        } else if (r->echo_text) {
+        } else if (pr->echo_text) {
             char *t = NULL;
-            if (asprintf(&t, "%s%s", r->echo_text, text) < 0) goto fail;
+            if (asprintf(&t, "%s%s", pr->echo_text, text) < 0) goto fail;
             cJSON_AddStringToObject(ch, "text", t);
             free(t);
         } else {
@@ -1284,9 +1377,9 @@ static cJSON *final_json(ie_http_t *h, req_t *r, int chat, int lp_k)
                 cJSON_Delete(lj);
                 goto fail;
             }
-            if (r->echo_text && r->plp) {
-                if (lp_json_add(lj, h->tok, chat, lp_k, r->plp, r->n_echo, &chars, 1) != 0) goto fail;
-                chars = utf8_chars(r->echo_text); /* the generated tokens' offsets count from the text */
+            if (pr->echo_text && pr->plp) {
+                if (lp_json_add(lj, h->tok, chat, lp_k, pr->plp, pr->n_ids, &chars, 1) != 0) goto fail;
+                chars = utf8_chars(pr->echo_text); /* the generated tokens' offsets count from the text */
             }
             if (lp_json_add(lj, h->tok, chat, lp_k, c->lp, c->n_lp, &chars, 0) != 0) goto fail;
         } else {
@@ -1332,8 +1425,8 @@ typedef struct stream {
     ident_t x;
     ie_buf_t out; /* SSE bytes not yet handed to MHD           */
     size_t off;
-    size_t seen; /* the request's events seen                 */
-    schoice_t c[IE_HTTP_MAX_N];
+    size_t seen;  /* the request's events seen                 */
+    schoice_t *c; /* r->n of them */
     int started, ended;
 } stream_t;
 
@@ -1341,7 +1434,7 @@ static void stream_free(void *cls)
 {
     stream_t *s = cls;
     if (!s) return;
-    for (int i = 0; i < IE_HTTP_MAX_N; i++) {
+    for (int i = 0; s->c && i < s->r->n; i++) {
         schoice_t *c = &s->c[i];
         ie_buf_free(&c->take);
         free(c->take_ids);
@@ -1351,6 +1444,7 @@ static void stream_free(void *cls)
         ie_buf_free(&c->cb.analysis);
         ie_buf_free(&c->tool_text);
     }
+    free(s->c);
     req_unref(s->r);
     ie_buf_free(&s->out);
     free(s);
@@ -1503,7 +1597,7 @@ static int stream_take_locked(stream_t *s, int i)
     c->take_ids = ti;
     c->cap_take = tcap;
     c->n_take_lp = 0;
-    c->plp_ready = s->r->plp != NULL;
+    c->plp_ready = s->r->pr[rc->prompt].plp != NULL;
     const size_t n = rc->n_lp - c->lp_done;
     if (n) {
         if (n > c->cap_take_lp) {
@@ -1528,16 +1622,17 @@ static int stream_choice(stream_t *s, int i, int terminal)
     const choice_t *rc = &s->r->ch[i];
     cJSON *lp = NULL;
     /* echo: the prompt first, in a chunk of its own (with its logprobs,
-     * which come with choice 0's first token) */
-    if (s->r->echo_text && !c->echoed && (s->lp_k < 0 || c->plp_ready || c->n_take || terminal)) {
+     * which come with the prompt's first choice's first token) */
+    const rprompt_t *pr = &s->r->pr[rc->prompt];
+    if (pr->echo_text && !c->echoed && (s->lp_k < 0 || c->plp_ready || c->n_take || terminal)) {
         if (s->lp_k >= 0) {
             lp = cJSON_CreateObject();
-            if (!lp || (s->r->plp && lp_json_add(lp, s->h->tok, 0, s->lp_k, s->r->plp, s->r->n_echo, &c->chars, 1)))
+            if (!lp || (c->plp_ready && lp_json_add(lp, s->h->tok, 0, s->lp_k, pr->plp, pr->n_ids, &c->chars, 1)))
                 goto fail;
         }
-        c->chars = utf8_chars(s->r->echo_text);
+        c->chars = utf8_chars(pr->echo_text);
         c->echoed = 1;
-        if (sse_chunk(s, i, s->r->echo_text, strlen(s->r->echo_text), NULL, 0, NULL, lp) != 0) return -1;
+        if (sse_chunk(s, i, pr->echo_text, strlen(pr->echo_text), NULL, 0, NULL, lp) != 0) return -1;
         lp = NULL;
         if (!c->n_take && !terminal) return 0;
     }
@@ -1612,7 +1707,7 @@ static int stream_fill(stream_t *s)
 {
     req_t *r = s->r;
     http_err_t e;
-    int term[IE_HTTP_MAX_N];
+    int term[IE_HTTP_MAX_CHOICES];
     if (!s->started) { /* chat streams open with the role, for every choice */
         int rc = 0;
         for (int i = 0; s->chat && i < r->n && !rc; i++) rc = sse_chunk(s, i, "", 0, NULL, 0, NULL, NULL);
@@ -1653,7 +1748,11 @@ static int stream_fill(stream_t *s)
         if (rc < 0) return -1;
         if (rc > 0) { /* a failed choice ends the stream (the others are cancelled) */
             s->ended = 1;
-            err_from_sched(&e, r->ch[i].status, r->ch[i].code, r->ch[i].message);
+            pthread_mutex_lock(&r->mu);
+            const choice_t *f = req_failed_locked(r); /* the one that ran, not one abandoned */
+            pthread_mutex_unlock(&r->mu);
+            if (!f) f = &r->ch[i];
+            err_from_sched(&e, f->status, f->code, f->message);
             return sse_error(s, &e);
         }
         left += !s->c[i].ended;
@@ -1752,6 +1851,69 @@ static enum MHD_Result handle_lora_admin(ie_http_t *h, struct MHD_Connection *mc
     return ret;
 }
 
+/* Submit choice i of r (prompt in, parameters g; seed + its number among
+ * the prompt's, prompt log-probabilities for echo from the prompt's first
+ * choice): lease its adapter set, then into the scheduler. A full queue
+ * while choices of ours run waits for one of them to end and tries again.
+ * 0 submitted; 1 stop submitting, r's state answers (the wait's outcome in
+ * *w, or a choice of ours failed); -1 the error in *e. */
+static int submit_choice(ie_http_t *h, const cJSON *root, req_t *r, int i, const prompt_in_t *in, gen_t *g, int *w,
+                         int fd, http_err_t *e)
+{
+    const int j = i % r->n_per;
+    const uint64_t seed = g->gp.sampling.seed;
+    int rc = 0;
+    g->gp.sampling.seed = seed + (uint64_t)j;
+    g->gp.prompt_logprobs = g->echo && g->lp_k >= 0 && j == 0;
+    /* "model": the base's name or a LoRA adapter's (vLLM's convention),
+     * plus llama.cpp's "lora" list: the adapter set, leased per choice
+     * until its end */
+    if (lora_lease(h, root, &r->ch[i].lease, e) != 0) {
+        rc = -1;
+        goto done;
+    }
+    for (;;) {
+        ie_sched_req_t sr = {.ids = in->ids,
+                             .n_ids = in->n,
+                             .params = &g->gp,
+                             .priority = g->priority,
+                             .lora = r->ch[i].lease.id + 1,
+                             .lora_salt = r->ch[i].lease.salt,
+                             .timeout_ms = h->o.request_timeout_ms,
+                             .cb = req_on_event,
+                             .cb_ctx = &r->ch[i]};
+        req_ref(r); /* the scheduler's, until its terminal event */
+        ie_status_t st = ie_sched_submit(h->o.sched, &sr, &r->ch[i].id);
+        if (st == IE_OK) {
+            r->ch[i].submitted = 1;
+            goto done;
+        }
+        req_unref(r); /* no event will come */
+        char why[256];
+        snprintf(why, sizeof why, "%s", ie_error_last());
+        int live = 0;
+        pthread_mutex_lock(&r->mu);
+        for (int k = 0; k < i; k++) live += r->ch[k].submitted && !r->ch[k].terminal;
+        if (st == IE_ERR_BUSY && live) {
+            *w = req_wait_locked(r, h, fd, 1, r->n_ev);
+            const int failed = req_failed_locked(r) != NULL || r->oom;
+            pthread_mutex_unlock(&r->mu);
+            if (*w == WAIT_OK && !failed) continue;
+            rc = 1;
+        } else {
+            pthread_mutex_unlock(&r->mu);
+            err_from_sched(e, st, NULL, why);
+            rc = -1;
+        }
+        ie_lora_cache_release(r->lc, &r->ch[i].lease, 0);
+        r->ch[i].lease.set = -1;
+        goto done;
+    }
+done:
+    g->gp.sampling.seed = seed;
+    return rc;
+}
+
 /* POST /v1/completions and /v1/chat/completions, body read. */
 static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, conn_t *c)
 {
@@ -1759,8 +1921,8 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
     gen_t g;
     const char *end = NULL;
     cJSON *root = NULL;
-    int32_t *ids = NULL;
-    size_t n_ids = 0;
+    prompt_in_t *pin = NULL; /* the prompts */
+    int n_pin = 0;
     req_t *r = NULL;
     stream_t *s = NULL;
     enum MHD_Result ret = MHD_NO;
@@ -1802,19 +1964,32 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
         goto answer_err;
     }
     if (parse_gen(h, root, &g, &e) != 0) goto answer_err;
-    if ((g.chat ? chat_ids(h, root, &g, &ids, &n_ids, &e) : prompt_ids(h, root, &ids, &n_ids, &e)) != 0)
-        goto answer_err;
-    if (n_ids == 0) {
-        bad_param(&e, g.chat ? "messages" : "prompt", "the prompt is empty");
+    if (g.chat) {
+        if (!(pin = calloc(1, sizeof *pin))) {
+            err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
+            goto answer_err;
+        }
+        n_pin = 1;
+        if (chat_ids(h, root, &g, &pin[0].ids, &pin[0].n, &e) != 0) goto answer_err;
+        if (pin[0].n == 0) {
+            bad_param(&e, "messages", "the prompt is empty");
+            goto answer_err;
+        }
+        if (pin[0].n > (size_t)h->n_ctx) {
+            err_set(&e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "context_length_exceeded", "messages",
+                    "the prompt has %zu tokens; the context holds %d", pin[0].n, h->n_ctx);
+            goto answer_err;
+        }
+    } else if (prompts_parse(h, root, &pin, &n_pin, &e) != 0) {
         goto answer_err;
     }
-    if (n_ids > (size_t)h->n_ctx) {
-        err_set(&e, MHD_HTTP_BAD_REQUEST, "invalid_request_error", "context_length_exceeded",
-                g.chat ? "messages" : "prompt", "the prompt has %zu tokens; the context holds %d", n_ids, h->n_ctx);
+    if (n_pin * g.n > IE_HTTP_MAX_CHOICES) {
+        bad_param(&e, "n", "%d prompts x n %d is more than %d choices in one request", n_pin, g.n,
+                  IE_HTTP_MAX_CHOICES);
         goto answer_err;
     }
 
-    if (!(r = req_new(g.n, g.lp_k >= 0))) {
+    if (!(r = req_new(n_pin, g.n, g.lp_k >= 0))) {
         err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
         goto answer_err;
     }
@@ -1823,55 +1998,48 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
     req_ref(r);
     r->tools = g.tools; /* the answer parses what the request asked for */
     memset(&g.tools, 0, sizeof g.tools);
-    if (g.echo && echo_prepare(h, root, r, ids, n_ids) != 0) {
-        err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
-        goto answer_err;
+    r->echo = g.echo;
+    for (int p = 0; p < n_pin; p++) {
+        r->n_prompt += pin[p].n;
+        if (g.echo && echo_prepare(h, &pin[p], &r->pr[p]) != 0) {
+            err_set(&e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
+            goto answer_err;
+        }
     }
-    /* n choices: n scheduler requests of the same prompt, choice i seeded
-     * with the request's seed + i. Choice 0 goes first and the others once
-     * it has its first token: by then its prompt's full KV blocks are in
-     * the prefix cache, so the shared prompt is computed once (but for
-     * its last, partial block). */
-    const uint64_t seed0 = g.gp.sampling.seed;
+    /* Per prompt, n choices: n scheduler requests of the same prompt,
+     * choice j seeded with the request's seed + j. First every prompt's
+     * choice 0, then each prompt's others once its choice 0 has its first
+     * token: by then its prompt's full KV blocks are in the prefix cache,
+     * so a shared prompt is computed once (but for its last, partial
+     * block). A full queue with choices of ours running: wait for one to
+     * end and go on (a batch larger than the queue); with none: 429. */
     size_t n_events = 0;
-    int terminal = 0, oom = 0, w = WAIT_OK;
-    for (int i = 0; i < g.n; i++) {
-        g.gp.sampling.seed = seed0 + (uint64_t)i;
-        /* echo's prompt log-probabilities: choice 0 computes them (its whole
-         * prompt), the others share its prompt's cached blocks */
-        g.gp.prompt_logprobs = g.echo && g.lp_k >= 0 && i == 0;
-        /* "model": the base's name or a LoRA adapter's (vLLM's convention),
-         * plus llama.cpp's "lora" list: the adapter set, leased per choice
-         * until its end */
-        if (lora_lease(h, root, &r->ch[i].lease, &e) != 0) goto answer_err;
-        ie_sched_req_t sr = {.ids = ids,
-                             .n_ids = n_ids,
-                             .params = &g.gp,
-                             .priority = g.priority,
-                             .lora = r->ch[i].lease.id + 1,
-                             .lora_salt = r->ch[i].lease.salt,
-                             .timeout_ms = h->o.request_timeout_ms,
-                             .cb = req_on_event,
-                             .cb_ctx = &r->ch[i]};
-        req_ref(r); /* the scheduler's, until its terminal event */
-        ie_status_t st = ie_sched_submit(h->o.sched, &sr, &r->ch[i].id);
-        if (st != IE_OK) {
-            ie_lora_cache_release(r->lc, &r->ch[i].lease, 0);
-            r->ch[i].lease.set = -1;
-            req_unref(r); /* no event will come */
-            err_from_sched(&e, st, NULL, ie_error_last());
-            if (e.status == MHD_HTTP_BAD_REQUEST)
-                snprintf(e.param, sizeof e.param, "%s", g.chat ? "messages" : "prompt");
-            goto answer_err; /* on_completed cancels the choices submitted */
+    int terminal = 0, oom = 0, w = WAIT_OK, halt = 0;
+    for (int phase = 0; phase < 2 && !halt; phase++) {
+        for (int i = 0; i < r->n && !halt; i++) {
+            const int j = i % g.n;
+            if ((j == 0) != (phase == 0)) continue;
+            if (j == 1) { /* the prompt's first choice has started (or ended) */
+                pthread_mutex_lock(&r->mu);
+                while (w == WAIT_OK && !r->ch[i - 1].n_events && !r->ch[i - 1].terminal && !r->oom)
+                    w = req_wait_locked(r, h, c->fd, 1, r->n_ev);
+                halt = w != WAIT_OK || req_failed_locked(r) != NULL || r->oom; /* answered below */
+                pthread_mutex_unlock(&r->mu);
+                if (halt) break;
+            }
+            const int sc = submit_choice(h, root, r, i, &pin[r->ch[i].prompt], &g, &w, c->fd, &e);
+            if (sc < 0) {
+                if (e.status == MHD_HTTP_BAD_REQUEST)
+                    snprintf(e.param, sizeof e.param, "%s", g.chat ? "messages" : "prompt");
+                goto answer_err; /* on_completed cancels the choices submitted */
+            }
+            halt = sc > 0;
         }
-        r->ch[i].submitted = 1;
-        if (i == 0 && g.n > 1) {
-            pthread_mutex_lock(&r->mu);
-            w = req_wait_locked(r, h, c->fd, 1, 0);
-            const int failed = req_failed_locked(r) != NULL;
-            pthread_mutex_unlock(&r->mu);
-            if (w != WAIT_OK || failed) break; /* answered below */
-        }
+    }
+    if (halt && w == WAIT_OK) {
+        pthread_mutex_lock(&r->mu);
+        req_abandon_locked(r);
+        pthread_mutex_unlock(&r->mu);
     }
 
     /* non-streamed: the whole answer; streamed: the first event */
@@ -1917,7 +2085,8 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
     s->include_usage = g.include_usage;
     ident_make(&s->x, g.chat);
     int hp_bad = 0;
-    for (int i = 0; s->harmony && i < g.n && !hp_bad; i++)
+    if (!(s->c = calloc((size_t)r->n, sizeof *s->c))) hp_bad = 1;
+    for (int i = 0; s->harmony && i < r->n && !hp_bad; i++)
         hp_bad = ie_harmony_parser_new(h->tok, on_harmony, &s->c[i].cb, &s->c[i].hp) != IE_OK;
     if (hp_bad) {
         stream_free(s);
@@ -1948,7 +2117,7 @@ cleanup:
     req_unref(r); /* this function's own reference (c->req holds another) */
     ie_oai_tools_free(&g.tools);
     cJSON_Delete(root);
-    free(ids);
+    prompts_free(pin, n_pin);
     free(g.schema_text);
     free(g.bias);
     return ret;

@@ -359,8 +359,15 @@ def test_bad_param_400_names_it(client, server, param, value):
 
 def test_bad_prompts_400(server, client):
     with pytest.raises(openai.BadRequestError) as ei:
-        client.completions.create(model=server.model, prompt=["a", "b"], max_tokens=2)
-    assert ei.value.body["param"] == "prompt" and "one request per prompt" in ei.value.body["message"]
+        client.completions.create(model=server.model, prompt=["a"] * 257, max_tokens=2)
+    assert ei.value.body["param"] == "prompt" and "at most 256 prompts" in ei.value.body["message"]
+    for bad in (["a", 5], ["a", []], ["a", [1, "x"]]):
+        with pytest.raises(openai.BadRequestError) as ei:
+            client.completions.create(model=server.model, prompt=bad, max_tokens=2)
+        assert ei.value.body["param"] == "prompt", bad
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.completions.create(model=server.model, prompt=["a"] * 20, n=16, max_tokens=2)
+    assert ei.value.body["param"] == "n"
     with pytest.raises(openai.BadRequestError) as ei:
         client.completions.create(model=server.model, prompt="hello " * 2000, max_tokens=2)
     assert ei.value.body["code"] == "context_length_exceeded"

@@ -237,6 +237,84 @@ def test_n_stream_hangup_cancels_every_choice(server, client):
     assert out.choices[0].text
 
 
+# ------------------------------------------------------------ prompt batches
+PROMPTS = ["The capital of France is", "Once upon a time", "def add(a, b):", "Water boils at"]
+
+
+def test_prompt_batch_equals_single_requests(server, client, smollm2):
+    """OpenAI's batch of prompts (strings and token-id lists mixed): one
+    choice per prompt in order (index p * n + j), each the text of the same
+    prompt sent alone; usage sums them; with n = 2 and a seed, choice
+    (p, j) is prompt p alone with seed + j; echo and logprobs per prompt;
+    streamed, the chunks of each index add up to its text."""
+    batch = PROMPTS[:3] + [tokenize(smollm2, PROMPTS[3])]
+    r = client.completions.create(model=server.model, prompt=batch, max_tokens=6, temperature=0)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    solo = [client.completions.create(model=server.model, prompt=p, max_tokens=6, temperature=0) for p in PROMPTS]
+    assert [c.text for c in r.choices] == [x.choices[0].text for x in solo]
+    assert r.usage.prompt_tokens == sum(x.usage.prompt_tokens for x in solo)
+    assert r.usage.completion_tokens == sum(x.usage.completion_tokens for x in solo)
+    r = client.completions.create(model=server.model, prompt=PROMPTS[:2], max_tokens=5, temperature=0.9, seed=11,
+                                  n=2)
+    assert [c.index for c in r.choices] == [0, 1, 2, 3]
+    for p in range(2):
+        for j in range(2):
+            one = client.completions.create(model=server.model, prompt=PROMPTS[p], max_tokens=5, temperature=0.9,
+                                            seed=11 + j)
+            assert r.choices[p * 2 + j].text == one.choices[0].text, (p, j)
+    r = client.completions.create(model=server.model, prompt=PROMPTS[:2], max_tokens=0, echo=True, logprobs=1)
+    for p in range(2):
+        one = client.completions.create(model=server.model, prompt=PROMPTS[p], max_tokens=0, echo=True, logprobs=1)
+        assert r.choices[p].text == PROMPTS[p]
+        assert r.choices[p].logprobs.tokens == one.choices[0].logprobs.tokens
+        assert r.choices[p].logprobs.token_logprobs[1:] == pytest.approx(one.choices[0].logprobs.token_logprobs[1:],
+                                                                         abs=1e-6)
+    texts = {}
+    for ch in client.completions.create(model=server.model, prompt=PROMPTS, max_tokens=6, temperature=0,
+                                        stream=True):
+        for c in ch.choices:
+            texts[c.index] = texts.get(c.index, "") + c.text
+    assert [texts[i] for i in range(4)] == [x.choices[0].text for x in solo]
+
+
+def test_prompt_batch_larger_than_the_queue(smollm2, ie_bin):
+    """A batch of more prompts than the server's slots and queue hold: the
+    choices wait for each other rather than answering 429, and each is the
+    text of its prompt alone."""
+    srv = Server(smollm2, "--batch", 2, "--ctx", 256, "--queue", 2)
+    try:
+        cl = srv.client()
+        prompts = [f"{PROMPTS[i % 4]} {i}" for i in range(11)]
+        r = cl.completions.create(model=srv.model, prompt=prompts, max_tokens=4, temperature=0)
+        assert len(r.choices) == 11
+        for i, p in enumerate(prompts):
+            one = cl.completions.create(model=srv.model, prompt=p, max_tokens=4, temperature=0)
+            assert r.choices[i].index == i and r.choices[i].text == one.choices[0].text, i
+    finally:
+        srv.stop()
+
+
+def test_prompt_batch_with_a_failing_prompt(smollm2, ie_bin):
+    """A batch whose second prompt cannot run (more KV blocks than the pool
+    has): the request answers that prompt's error (not a hang on the
+    choices never started), streamed or not, and the server goes on."""
+    srv = Server(smollm2, "--batch", 2, "--ctx", 512, "--kv-block", 16, "--kv-blocks", 4)
+    try:
+        long = " ".join(["word"] * 120)
+        for stream in (False, True):
+            r = httpx.post(srv.url + "/v1/completions", timeout=60, headers={"Authorization": f"Bearer {KEY}"},
+                           json={"prompt": [PROMPT, long], "n": 2, "max_tokens": 3, "temperature": 0.5,
+                                 "stream": stream})
+            if not stream:
+                assert r.status_code == 400 and "KV blocks" in r.json()["error"]["message"], r.text
+            else:  # before any token: the error's status; after one: an error event ends the stream
+                assert ("KV blocks" in r.text) and (r.status_code == 400 or "data: [DONE]" in r.text), r.text
+        ok = srv.client().completions.create(model=srv.model, prompt=PROMPT, max_tokens=2, temperature=0)
+        assert ok.choices[0].text
+    finally:
+        srv.stop()
+
+
 # --------------------------------------------------------------------- echo
 def test_echo_prompt_logprobs_match_engine_logits(server, client, smollm2, tmp_path):
     """Completions' echo with logprobs and max_tokens 0 (how lm-evaluation-
