@@ -36,6 +36,15 @@ typedef struct ie_gen_params {
     ie_sampler_params_t sampling;
     const char *const *stop; /* stop strings (not part of output)  */
     size_t n_stop;
+    int include_stop;        /* nonzero: the stop string that ended the
+                         text is kept in it (vLLM's
+                         include_stop_str_in_output)             */
+    const int32_t *stop_ids; /* more ids that end the generation
+                                like EOS (vLLM's stop_token_ids;
+                                copied at submission)            */
+    size_t n_stop_ids;
+    int show_special;        /* nonzero: control tokens' text is in the
+                         output (vLLM's skip_special_tokens false) */
     int add_special;         /* BOS/EOS per the tokenizer's rules  */
     int parse_special;       /* special-token text -> tokens       */
     const int32_t *adapters; /* NULL: every prompt on the base model;

@@ -71,6 +71,11 @@ const char *ie_stop_emit_data(const ie_stop_t *s);
  * completed, or -1 if none has. */
 int ie_stop_matched(const ie_stop_t *s);
 
+/* The matcher's copy of the stop string the caller gave at `index` (to
+ * ie_stop_new), or NULL (out of range, or an empty string, which is
+ * ignored). Valid until the matcher is destroyed. */
+const char *ie_stop_string(const ie_stop_t *s, int index);
+
 /* Total bytes of the stream released so far. */
 size_t ie_stop_emitted_total(const ie_stop_t *s);
 

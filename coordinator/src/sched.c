@@ -50,8 +50,12 @@ typedef struct sreq {
     size_t n_cached;
     int max_new;
     int min_new, ignore_eos; /* ie_gen_params_t's: EOG masked until then  */
-    ie_pooling_t pooling;    /* != IE_POOL_NONE: an embedding request       */
-    float *embd;             /* its pooled vector so far (n_embd floats)    */
+    int32_t *stop_ids;       /* the request's own end ids (params->stop_ids) */
+    float *stop_row;         /* their logits while masked              */
+    size_t n_stop_ids;
+    int include_stop;     /* keep the stop string that ended the text */
+    ie_pooling_t pooling; /* != IE_POOL_NONE: an embedding request       */
+    float *embd;          /* its pooled vector so far (n_embd floats)    */
     ie_sampler_t *smp;
     ie_grammar_t *gram; /* structured output (json_schema), else NULL */
     ie_gmatch_t *gm;    /* its matcher: the text generated so far    */
@@ -193,6 +197,8 @@ static void sreq_free(sreq_t *q)
     free(q->embd);
     free(q->plp);
     free(q->plp_top);
+    free(q->stop_ids);
+    free(q->stop_row);
     free(q);
 }
 
@@ -356,9 +362,14 @@ static void eog_mask(ie_sched_t *s, const sreq_t *q, float *lg)
         s->eog_row[k] = lg[s->eog[k]];
         lg[s->eog[k]] = -INFINITY;
     }
+    for (size_t k = 0; k < q->n_stop_ids; k++) {
+        q->stop_row[k] = lg[q->stop_ids[k]];
+        lg[q->stop_ids[k]] = -INFINITY;
+    }
     if (!q->gm) return;
     for (int32_t id = 0; id < s->n_vocab; id++)
         if (lg[id] > -INFINITY) return;
+    for (size_t k = q->n_stop_ids; k-- > 0;) lg[q->stop_ids[k]] = q->stop_row[k]; /* reverse: a repeated id */
     for (int k = 0; k < s->n_eog; k++) lg[s->eog[k]] = s->eog_row[k];
 }
 
@@ -588,6 +599,27 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
     q->max_new = q->pooling != IE_POOL_NONE ? 0 : p->max_new; /* an embedding samples nothing */
     q->min_new = p->min_new;
     q->ignore_eos = p->ignore_eos != 0;
+    q->include_stop = p->include_stop != 0;
+    if (p->n_stop_ids) {
+        if (!p->stop_ids) {
+            st = ie_error_set(IE_ERR_INVAL, "stop_ids is NULL");
+            goto cleanup;
+        }
+        for (size_t j = 0; j < p->n_stop_ids; j++)
+            if (p->stop_ids[j] < 0 || p->stop_ids[j] >= s->n_vocab) {
+                st = ie_error_set(IE_ERR_RANGE, "stop token id %d out of range (vocabulary %d)",
+                                  (int)p->stop_ids[j], (int)s->n_vocab);
+                goto cleanup;
+            }
+        q->stop_ids = malloc(p->n_stop_ids * sizeof *q->stop_ids);
+        q->stop_row = malloc(p->n_stop_ids * sizeof *q->stop_row);
+        if (!q->stop_ids || !q->stop_row) {
+            st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+            goto cleanup;
+        }
+        memcpy(q->stop_ids, p->stop_ids, p->n_stop_ids * sizeof *q->stop_ids);
+        q->n_stop_ids = p->n_stop_ids;
+    }
     q->lp_on = p->logprobs != 0 && q->pooling == IE_POOL_NONE;
     q->lp_k = q->lp_on ? p->top_logprobs : 0;
     if (p->prompt_logprobs && q->pooling == IE_POOL_NONE) {
@@ -607,6 +639,7 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
     q->cb_ctx = r->cb_ctx;
     if ((st = ie_sampler_new(&p->sampling, s->n_vocab, &q->smp)) != IE_OK) goto cleanup;
     if ((st = ie_detok_new(s->tok, &q->detok)) != IE_OK) goto cleanup;
+    if (p->show_special) ie_detok_set_special(q->detok, 1);
     if (p->n_stop && (st = ie_stop_new(p->stop, p->n_stop, &q->stop)) != IE_OK) goto cleanup;
     for (size_t j = 0; j < r->n_ids; j++) ie_sampler_accept(q->smp, r->ids[j]);
     if (p->json_schema && (st = sched_grammar(s, q, p->json_schema)) != IE_OK) goto cleanup;
@@ -1138,6 +1171,7 @@ static void take_token(ie_sched_t *s, sreq_t *q, int32_t id, double now)
     ie_finish_t why = IE_FINISH_NONE;
     int eog = ie_tokenizer_is_eog(s->tok, id);
     for (size_t k = 0; !eog && k < s->o.n_stop_ids; k++) eog = s->o.stop_ids[k] == id;
+    for (size_t k = 0; !eog && k < q->n_stop_ids; k++) eog = q->stop_ids[k] == id;
     if (eog) {
         why = IE_FINISH_EOS;
     } else {
@@ -1147,7 +1181,10 @@ static void take_token(ie_sched_t *s, sreq_t *q, int32_t id, double now)
         if (q->n_toks - q->n_prompt <= (size_t)q->min_new) r = text_append(q, piece, strlen(piece)) != 0 ? -1 : 0;
         else r = emit_text(q, piece, strlen(piece));
         if (r > 0) why = IE_FINISH_STOP;
-        else if ((int)(q->n_toks - q->n_prompt) >= q->max_new) why = IE_FINISH_LENGTH;
+        if (r > 0 && q->include_stop) { /* the stop string itself, which the matcher cut */
+            const char *stop = ie_stop_string(q->stop, ie_stop_matched(q->stop));
+            if (stop && text_append(q, stop, strlen(stop)) != 0) r = -1;
+        } else if ((int)(q->n_toks - q->n_prompt) >= q->max_new) why = IE_FINISH_LENGTH;
         else if (q->n_toks - 1 >= (size_t)s->n_ctx) why = IE_FINISH_CONTEXT;
     }
     if (r < 0) {

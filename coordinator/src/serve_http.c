@@ -73,6 +73,7 @@
 #define IE_HTTP_POLL_MS 100        /* hang-up / stop checks while waiting */
 #define IE_HTTP_STOP_GRACE_MS 3000 /* ie_http_stop waits this long for answers */
 #define IE_HTTP_MAX_STOP 16        /* stop strings per request at most    */
+#define IE_HTTP_MAX_STOP_IDS 64    /* stop_token_ids per request at most  */
 #define IE_HTTP_JSON "application/json"
 #define IE_HTTP_REAP_MS 200 /* how often slow request reads are looked for */
 /* libmicrohttpd answers a request line or headers that outgrow a
@@ -631,10 +632,11 @@ typedef struct gen {
     int lp_k; /* -1: no logprobs; else alternatives per token
                  (chat top_logprobs, completions logprobs)    */
     ie_chat_opts_t chat_opts;
-    char *schema_text;     /* response_format's schema (malloc'd), or NULL */
-    ie_logit_bias_t *bias; /* logit_bias's entries (malloc'd), or NULL */
-    int echo;              /* completions: the answer starts with the prompt */
-    ie_oai_tools_t tools;  /* chat: tools / tool_choice (owned until handed to the request) */
+    char *schema_text;                      /* response_format's schema (malloc'd), or NULL */
+    ie_logit_bias_t *bias;                  /* logit_bias's entries (malloc'd), or NULL */
+    int echo;                               /* completions: the answer starts with the prompt */
+    int32_t stop_ids[IE_HTTP_MAX_STOP_IDS]; /* stop_token_ids */
+    ie_oai_tools_t tools;                   /* chat: tools / tool_choice (owned until handed to the request) */
 } gen_t;
 
 /* Optional number `k`: 0 absent or null, 1 found (*v), -1 not a number. */
@@ -839,6 +841,28 @@ static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
     }
     g->gp.stop = n_stop ? g->stops : NULL;
     g->gp.n_stop = n_stop;
+    /* vLLM's: token ids that end the answer like EOS, the stop string kept
+     * in the text, control tokens' text shown */
+    const cJSON *sti = cJSON_GetObjectItemCaseSensitive(root, "stop_token_ids");
+    if (sti && !cJSON_IsNull(sti)) {
+        const cJSON *it;
+        if (!cJSON_IsArray(sti) || cJSON_GetArraySize(sti) > IE_HTTP_MAX_STOP_IDS)
+            return bad_param(e, "stop_token_ids", "'stop_token_ids' must be a list of at most %d token ids",
+                             IE_HTTP_MAX_STOP_IDS);
+        cJSON_ArrayForEach(it, sti)
+        {
+            if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) || it->valuedouble < 0 ||
+                it->valuedouble >= h->n_vocab)
+                return bad_param(e, "stop_token_ids", "'stop_token_ids' must hold token ids in [0, %d)",
+                                 (int)h->n_vocab);
+            g->stop_ids[g->gp.n_stop_ids++] = (int32_t)it->valuedouble;
+        }
+        g->gp.stop_ids = g->stop_ids;
+    }
+    if (opt_bool(root, "include_stop_str_in_output", &g->gp.include_stop, e)) return -1;
+    int skip_special = 1;
+    if (opt_bool(root, "skip_special_tokens", &skip_special, e)) return -1;
+    g->gp.show_special = !skip_special;
     if (g->chat) {
         char param[32], why[256];
         int rc = ie_oai_tools_parse(root, h->chat_fmt, g->chat_opts.tmpl, &g->tools, param, sizeof param, why,

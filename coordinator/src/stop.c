@@ -70,12 +70,12 @@ ie_status_t ie_stop_new(const char *const *stops, size_t n, ie_stop_t **out)
         size_t len = strlen(stops[i]);
         if (len == 0) continue; /* an empty stop would match before any text: ignore */
         ie_stop_str_t *d = &s->stops[s->n];
-        d->text = malloc(len);
+        d->text = malloc(len + 1); /* NUL-terminated for ie_stop_string */
         if (!d->text) {
             st = ie_error_set(IE_ERR_NOMEM, "stop: out of memory");
             goto cleanup;
         }
-        memcpy(d->text, stops[i], len);
+        memcpy(d->text, stops[i], len + 1);
         d->len = len;
         d->index = (int)i;
         s->n++;
@@ -219,5 +219,12 @@ ie_status_t ie_stop_flush(ie_stop_t *s, size_t *emit_len_out)
 const char *ie_stop_emit_data(const ie_stop_t *s) { return s && s->buf ? s->buf : ""; }
 
 int ie_stop_matched(const ie_stop_t *s) { return s ? s->matched : -1; }
+
+const char *ie_stop_string(const ie_stop_t *s, int index)
+{
+    for (size_t i = 0; s && i < s->n; i++)
+        if (s->stops[i].index == index) return s->stops[i].text;
+    return NULL;
+}
 
 size_t ie_stop_emitted_total(const ie_stop_t *s) { return s ? s->total : 0; }

@@ -432,6 +432,43 @@ def test_ignore_eos_and_min_tokens(server, client):
     assert ids_seen == 1
 
 
+def test_stop_token_ids_include_stop_skip_special(server, client, smollm2):
+    """vLLM's stop_token_ids end the answer at that token (its text left
+    out, finish "stop"); include_stop_str_in_output keeps the stop string
+    that ended it; skip_special_tokens false shows control tokens' text."""
+    ids = tokenize(smollm2, PROMPT)
+    plain = client.completions.create(model=server.model, prompt=ids, max_tokens=12, temperature=0)
+    text = plain.choices[0].text
+    gen = tokenize(smollm2, PROMPT + text)[len(ids):]
+    k = next(k for k in range(1, len(gen)) if gen[k] not in gen[:k])
+    cut = client.completions.create(model=server.model, prompt=ids, max_tokens=12, temperature=0,
+                                    extra_body={"stop_token_ids": [gen[k]]})
+    assert cut.choices[0].finish_reason == "stop" and cut.usage.completion_tokens == k + 1, cut
+    assert text.startswith(cut.choices[0].text) and len(cut.choices[0].text) < len(text)
+    # ignore_eos masks them too
+    ign = client.completions.create(model=server.model, prompt=ids, max_tokens=12, temperature=0,
+                                    extra_body={"stop_token_ids": [gen[k]], "ignore_eos": True})
+    assert ign.usage.completion_tokens == 12 and ign.choices[0].finish_reason == "length"
+    word = text.split()[1]
+    inc = client.completions.create(model=server.model, prompt=ids, max_tokens=12, temperature=0, stop=[word],
+                                    extra_body={"include_stop_str_in_output": True})
+    exc = client.completions.create(model=server.model, prompt=ids, max_tokens=12, temperature=0, stop=[word])
+    assert inc.choices[0].finish_reason == exc.choices[0].finish_reason == "stop"
+    assert inc.choices[0].text == exc.choices[0].text + word and text.startswith(inc.choices[0].text)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=server.model, prompt=ids, max_tokens=12, temperature=0, stop=[word], stream=True,
+        extra_body={"include_stop_str_in_output": True}) if c.choices)
+    assert streamed == inc.choices[0].text
+    out = subprocess.run([str(IE_BIN), "tokenize", "--tokenizer", str(smollm2), "--no-bos", "--parse-special"],
+                         input=b"<|im_start|>", capture_output=True, timeout=120)
+    (im_start,) = json.loads(out.stdout)["ids"]
+    shown = client.completions.create(model=server.model, prompt=ids, max_tokens=2, temperature=0,
+                                      logit_bias={str(im_start): 100}, extra_body={"skip_special_tokens": False})
+    hidden = client.completions.create(model=server.model, prompt=ids, max_tokens=2, temperature=0,
+                                       logit_bias={str(im_start): 100})
+    assert shown.choices[0].text == "<|im_start|>" * 2 and hidden.choices[0].text == ""
+
+
 # --------------------------------------------------------------- bad values
 @pytest.mark.parametrize("path,body,param", [
     ("/v1/chat/completions", {"n": 0}, "n"),
@@ -455,6 +492,11 @@ def test_ignore_eos_and_min_tokens(server, client):
     ("/v1/completions", {"ignore_eos": "yes"}, "ignore_eos"),
     ("/v1/completions", {"min_tokens": -1}, "min_tokens"),
     ("/v1/completions", {"min_tokens": 3}, "min_tokens"),                 # above max_tokens (2)
+    ("/v1/completions", {"stop_token_ids": 5}, "stop_token_ids"),
+    ("/v1/completions", {"stop_token_ids": [49152]}, "stop_token_ids"),
+    ("/v1/completions", {"stop_token_ids": list(range(65))}, "stop_token_ids"),
+    ("/v1/completions", {"include_stop_str_in_output": 1}, "include_stop_str_in_output"),
+    ("/v1/chat/completions", {"skip_special_tokens": "no"}, "skip_special_tokens"),
 ])
 def test_bad_values(server, path, body, param):
     base = {"model": server.model, "max_tokens": 2}

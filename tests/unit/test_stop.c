@@ -180,6 +180,10 @@ static void test_overlapping_stops(void)
     CU_ASSERT_EQUAL(k.stopped, 1);
     expect_out(&k, "x");
     CU_ASSERT_EQUAL(ie_stop_matched(s), 1);
+    CU_ASSERT_STRING_EQUAL(ie_stop_string(s, 1), "ab"); /* the caller's index, not the sorted order */
+    CU_ASSERT_STRING_EQUAL(ie_stop_string(s, 0), "abc");
+    CU_ASSERT_PTR_NULL(ie_stop_string(s, 2));
+    CU_ASSERT_PTR_NULL(ie_stop_string(s, -1));
     ie_stop_destroy(&s);
 
     /* a short stop inside a longer one ends first */
@@ -206,6 +210,8 @@ static void test_overlapping_stops(void)
     /* empty stop strings are ignored, indices still refer to the input */
     const char *s4[] = {"", "END"};
     s = make(s4, 2);
+    CU_ASSERT_PTR_NULL(ie_stop_string(s, 0));
+    CU_ASSERT_STRING_EQUAL(ie_stop_string(s, 1), "END");
     sink_t k4 = {0};
     feed(s, &k4, "data E");
     feed(s, &k4, "ND");
