@@ -59,6 +59,11 @@ typedef struct ie_gen_params {
      * submission; a schema that cannot be compiled fails the submission
      * with IE_ERR_INVAL naming the keyword. */
     const char *json_schema;
+    /* Or one of these strings exactly (vLLM's guided_choice; raw text, at
+     * most IE_GRAMMAR_MAX_ALTS, copied at submission); not with
+     * json_schema. */
+    const char *const *choice;
+    size_t n_choice;
     /* Log-probabilities (optional): logprobs != 0 gives every sampled
      * token its log-probability under the model's raw logits (log-softmax
      * before temperature, penalties, filters and masks) and the

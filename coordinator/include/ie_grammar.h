@@ -75,6 +75,12 @@ typedef struct ie_gvocab ie_gvocab_t;
  * value satisfies. Caller owns *out (ie_grammar_destroy); NULL on failure. */
 ie_status_t ie_grammar_compile(const char *schema, ie_grammar_t **out);
 
+/* A grammar whose language is exactly the strings choices[0..n) (raw
+ * text, not JSON: vLLM's guided_choice), 1 <= n <= IE_GRAMMAR_MAX_ALTS,
+ * none empty (IE_ERR_INVAL naming the problem). One choice that begins
+ * another may end there or go on. Caller owns *out. */
+ie_status_t ie_grammar_compile_choice(const char *const *choices, size_t n, ie_grammar_t **out);
+
 /* Free a grammar; *self_p = NULL. Accepts NULL. Its matchers must be gone. */
 void ie_grammar_destroy(ie_grammar_t **self_p);
 

@@ -664,6 +664,35 @@ cleanup:
     return st;
 }
 
+ie_status_t ie_grammar_compile_choice(const char *const *choices, size_t n, ie_grammar_t **out)
+{
+    ie_status_t st = IE_OK;
+    g_oom = 0;
+    if (out) *out = NULL;
+    if (!choices || !out) return ie_error_set(IE_ERR_INVAL, "grammar: bad arguments");
+    if (n < 1 || n > IE_GRAMMAR_MAX_ALTS)
+        return ie_error_set(IE_ERR_INVAL, "choice: 1 to %d strings (got %zu)", IE_GRAMMAR_MAX_ALTS, n);
+    for (size_t i = 0; i < n; i++)
+        if (!choices[i] || !choices[i][0]) return ie_error_set(IE_ERR_INVAL, "choice %zu is empty", i);
+    ie_grammar_t *g = calloc(1, sizeof *g);
+    if (!g) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+    /* the raw texts as literals under one ALT: the matcher keeps every
+     * choice that the bytes so far begin */
+    if ((g->root = node_new(g, G_ALT)) < 0) goto nomem;
+    for (size_t i = 0; i < n; i++) {
+        int l = lit_new(g, choices[i]);
+        if (l < 0 || alt_add(g, g->root, l) != 0) goto nomem;
+    }
+    if ((g->keystr = node_new(g, G_STR)) < 0) goto nomem;
+    mark_need(g);
+    *out = g;
+    return IE_OK;
+nomem:
+    st = ie_error_set(IE_ERR_NOMEM, "out of memory");
+    ie_grammar_destroy(&g);
+    return st;
+}
+
 /* ------------------------------------------------------------ matcher */
 
 enum { F_VAL, F_OBJ, F_ARR, F_STR, F_NUM, F_LIT };

@@ -539,11 +539,14 @@ void ie_sched_set_timing(ie_sched_t *s, ie_gen_stats_t *timing)
 }
 
 /* Structured output for q: compile the schema (IE_ERR_INVAL names the
- * keyword), make its matcher, and the scheduler's token trie if this is
- * the first such request. */
-static ie_status_t sched_grammar(ie_sched_t *s, sreq_t *q, const char *schema)
+ * keyword) or the choices, make its matcher, and the scheduler's token
+ * trie if this is the first such request. */
+static ie_status_t sched_grammar(ie_sched_t *s, sreq_t *q, const ie_gen_params_t *p)
 {
-    ie_status_t st = ie_grammar_compile(schema, &q->gram);
+    if (p->json_schema && p->n_choice)
+        return ie_error_set(IE_ERR_INVAL, "a json_schema and a choice cannot be combined");
+    ie_status_t st = p->n_choice ? ie_grammar_compile_choice(p->choice, p->n_choice, &q->gram)
+                                 : ie_grammar_compile(p->json_schema, &q->gram);
     if (st == IE_OK) st = ie_gmatch_new(q->gram, &q->gm);
     if (st != IE_OK) return st;
     pthread_mutex_lock(&s->mu);
@@ -642,7 +645,7 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
     if (p->show_special) ie_detok_set_special(q->detok, 1);
     if (p->n_stop && (st = ie_stop_new(p->stop, p->n_stop, &q->stop)) != IE_OK) goto cleanup;
     for (size_t j = 0; j < r->n_ids; j++) ie_sampler_accept(q->smp, r->ids[j]);
-    if (p->json_schema && (st = sched_grammar(s, q, p->json_schema)) != IE_OK) goto cleanup;
+    if ((p->json_schema || p->n_choice) && (st = sched_grammar(s, q, p)) != IE_OK) goto cleanup;
     q->t_submit = ie_now_ms();
     q->deadline = r->timeout_ms > 0 ? q->t_submit + r->timeout_ms : 0;
 

@@ -42,6 +42,7 @@
 
 #include "ie_chat.h"
 #include "ie_embd.h"
+#include "ie_grammar.h"
 #include "ie_harmony.h"
 #include "ie_logprobs.h"
 #include "ie_model_src.h"
@@ -632,11 +633,12 @@ typedef struct gen {
     int lp_k; /* -1: no logprobs; else alternatives per token
                  (chat top_logprobs, completions logprobs)    */
     ie_chat_opts_t chat_opts;
-    char *schema_text;                      /* response_format's schema (malloc'd), or NULL */
-    ie_logit_bias_t *bias;                  /* logit_bias's entries (malloc'd), or NULL */
-    int echo;                               /* completions: the answer starts with the prompt */
-    int32_t stop_ids[IE_HTTP_MAX_STOP_IDS]; /* stop_token_ids */
-    ie_oai_tools_t tools;                   /* chat: tools / tool_choice (owned until handed to the request) */
+    char *schema_text;                       /* response_format's schema (malloc'd), or NULL */
+    ie_logit_bias_t *bias;                   /* logit_bias's entries (malloc'd), or NULL */
+    int echo;                                /* completions: the answer starts with the prompt */
+    int32_t stop_ids[IE_HTTP_MAX_STOP_IDS];  /* stop_token_ids */
+    const char *choice[IE_GRAMMAR_MAX_ALTS]; /* guided_choice (strings in the body) */
+    ie_oai_tools_t tools;                    /* chat: tools / tool_choice (owned until handed to the request) */
 } gen_t;
 
 /* Optional number `k`: 0 absent or null, 1 found (*v), -1 not a number. */
@@ -746,6 +748,57 @@ static int parse_logit_bias(ie_http_t *h, const cJSON *root, gen_t *g, http_err_
     return 0;
 }
 
+/* vLLM's structured outputs beside response_format: "guided_json" (a
+ * schema, object or JSON text), "guided_choice" (strings: the answer is
+ * one of them exactly), or both as "structured_outputs" {"json" | "choice"}.
+ * At most one way per request. */
+static int parse_guided(const cJSON *root, gen_t *g, http_err_t *e)
+{
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "structured_outputs");
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(root, "guided_json");
+    const cJSON *ch = cJSON_GetObjectItemCaseSensitive(root, "guided_choice");
+    const char *pj = "guided_json", *pc = "guided_choice";
+    if (so && !cJSON_IsNull(so)) {
+        if (!cJSON_IsObject(so) || (js && !cJSON_IsNull(js)) || (ch && !cJSON_IsNull(ch)))
+            return bad_param(e, "structured_outputs",
+                             "'structured_outputs' must be an object ({\"json\": schema} or {\"choice\": [...]}), "
+                             "without guided_json / guided_choice");
+        js = cJSON_GetObjectItemCaseSensitive(so, "json");
+        ch = cJSON_GetObjectItemCaseSensitive(so, "choice");
+        pj = pc = "structured_outputs";
+    }
+    const int has_js = js && !cJSON_IsNull(js), has_ch = ch && !cJSON_IsNull(ch);
+    if ((has_js || has_ch) && g->gp.json_schema)
+        return bad_param(e, has_js ? pj : pc, "'%s' cannot be combined with 'response_format'", has_js ? pj : pc);
+    if (has_js && has_ch) return bad_param(e, pc, "give a schema or a choice, not both");
+    if (has_js) {
+        if (cJSON_IsString(js)) g->schema_text = strdup(js->valuestring);
+        else if (cJSON_IsObject(js)) g->schema_text = cJSON_PrintUnformatted(js);
+        else return bad_param(e, pj, "'%s' must be a JSON Schema (an object or its JSON text)", pj);
+        if (!g->schema_text)
+            return err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
+        ie_grammar_t *gr = NULL; /* compiled here too, so a bad one names its keyword */
+        if (ie_grammar_compile(g->schema_text, &gr) != IE_OK) return bad_param(e, pj, "%s", ie_error_last());
+        ie_grammar_destroy(&gr);
+        g->gp.json_schema = g->schema_text;
+    }
+    if (has_ch) {
+        const cJSON *it;
+        size_t n = 0;
+        if (!cJSON_IsArray(ch) || cJSON_GetArraySize(ch) < 1 || cJSON_GetArraySize(ch) > IE_GRAMMAR_MAX_ALTS)
+            return bad_param(e, pc, "'%s' must be a list of 1 to %d strings", pc, IE_GRAMMAR_MAX_ALTS);
+        cJSON_ArrayForEach(it, ch)
+        {
+            if (!cJSON_IsString(it) || !it->valuestring[0])
+                return bad_param(e, pc, "'%s' must hold non-empty strings", pc);
+            g->choice[n++] = it->valuestring;
+        }
+        g->gp.choice = g->choice;
+        g->gp.n_choice = n;
+    }
+    return 0;
+}
+
 /* The sampling and control parameters shared by both endpoints. */
 static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
 {
@@ -818,6 +871,7 @@ static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
     if (ie_oai_response_format(cJSON_GetObjectItemCaseSensitive(root, "response_format"), &g->schema_text) != IE_OK)
         return bad_param(e, "response_format", "%s", ie_error_last());
     if (g->schema_text) g->gp.json_schema = g->schema_text;
+    if (parse_guided(root, g, e)) return -1;
     const cJSON *re = cJSON_GetObjectItemCaseSensitive(root, "reasoning_effort");
     if (re && !cJSON_IsNull(re) &&
         (!cJSON_IsString(re) || ie_harmony_effort_parse(re->valuestring, &g->chat_opts.effort) != IE_OK))
@@ -870,8 +924,9 @@ static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
         if (rc == -2)
             return err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
         if (rc != 0) return bad_param(e, param, "%s", why);
-        if (g->tools.schema && g->gp.json_schema)
-            return bad_param(e, "tool_choice", "a forced tool call cannot be combined with 'response_format'");
+        if (g->tools.schema && (g->gp.json_schema || g->gp.n_choice))
+            return bad_param(e, "tool_choice",
+                             "a forced tool call cannot be combined with 'response_format' or a guided output");
         if (g->tools.schema) g->gp.json_schema = g->tools.schema; /* the call's JSON, through the grammar */
         g->chat_opts.tools_json = g->tools.tools_json;
     }

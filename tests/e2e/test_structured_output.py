@@ -230,3 +230,56 @@ def test_zmq_json_schema(server):
     assert isinstance(json.loads(rep["text"]), dict)
     rep = zmq_generate(server, max_new=8, json_schema=json.dumps({"type": "string", "pattern": "x"}))
     assert rep["type"] == "error" and rep["code"] == "invalid_request" and "pattern" in rep["message"], rep
+
+
+# ------------------------------------------------- vLLM's guided outputs
+CHOICES = ["Paris", "London", "Rome", "a city far away"]
+
+
+@pytest.mark.parametrize("how", ["guided_choice", "structured_outputs"])
+def test_guided_choice(server, client, how):
+    """vLLM's guided_choice (and structured_outputs {"choice"}): sampled at
+    temperature 1 with 12 seeds, every answer is one of the strings exactly
+    and ends by itself; a model this small strays without the mask."""
+    body = {"guided_choice": CHOICES} if how == "guided_choice" else {"structured_outputs": {"choice": CHOICES}}
+    seen = set()
+    for seed in range(12):
+        r = client.completions.create(model=server.model, prompt="The best city to visit is", max_tokens=16,
+                                      temperature=1.0, seed=seed, extra_body=body)
+        c = r.choices[0]
+        assert c.text in CHOICES and c.finish_reason == "stop", c
+        seen.add(c.text)
+    assert len(seen) >= 2, seen                                     # sampled, not one forced answer
+    free = [client.completions.create(model=server.model, prompt="The best city to visit is", max_tokens=8,
+                                      temperature=1.0, seed=s).choices[0].text for s in range(4)]
+    assert not all(t in CHOICES for t in free), free
+
+
+def test_guided_json(server, client):
+    """guided_json (an object or its text) and structured_outputs {"json"}:
+    the answer validates against the schema, as with response_format."""
+    for body in ({"guided_json": INTEGERS}, {"guided_json": json.dumps(INTEGERS)},
+                 {"structured_outputs": {"json": INTEGERS}}):
+        r = client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "A date."}],
+                                           max_tokens=200, temperature=1.0, seed=3, extra_body=body)
+        assert r.choices[0].finish_reason == "stop", r
+        jsonschema.validate(json.loads(r.choices[0].message.content), INTEGERS)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"guided_choice": []}, "guided_choice"),
+    ({"guided_choice": ["a"] * 17}, "guided_choice"),
+    ({"guided_choice": ["a", ""]}, "guided_choice"),
+    ({"guided_choice": "a"}, "guided_choice"),
+    ({"guided_json": 5}, "guided_json"),
+    ({"guided_json": {"type": "string", "pattern": "x"}}, "guided_json"),
+    ({"guided_json": {"type": "object"}, "guided_choice": ["a"]}, "guided_choice"),
+    ({"guided_choice": ["a"], "response_format": {"type": "json_object"}}, "guided_choice"),
+    ({"structured_outputs": {"choice": ["a"]}, "guided_choice": ["b"]}, "structured_outputs"),
+    ({"structured_outputs": 3}, "structured_outputs"),
+])
+def test_bad_guided_400(server, body, param):
+    r = raw(server, "POST", "/v1/completions", json={"model": server.model, "prompt": "x", "max_tokens": 2, **body})
+    e = assert_error_shape(r, 400, param=param)
+    if "pattern" in json.dumps(body):
+        assert "'pattern'" in e["message"], e

@@ -383,6 +383,43 @@ static void test_mask(void)
     ie_gvocab_destroy(&v); /* NULL-safe */
 }
 
+/* 1 if text is a complete choice (done == 1) or a kept prefix (done == 0). */
+static int choice_fed(const char *const *ch, size_t n, const char *text, int done)
+{
+    ie_grammar_t *g = NULL;
+    ie_gmatch_t *m = NULL;
+    CU_ASSERT_EQUAL_FATAL(ie_grammar_compile_choice(ch, n, &g), IE_OK);
+    CU_ASSERT_EQUAL_FATAL(ie_gmatch_new(g, &m), IE_OK);
+    int ok = ie_gmatch_feed(m, text, strlen(text)) && (!done || ie_gmatch_done(m));
+    ie_gmatch_destroy(&m);
+    ie_grammar_destroy(&g);
+    return ok;
+}
+
+/* guided_choice: exactly the raw strings, any bytes, one a prefix of another. */
+static void test_choice(void)
+{
+    const char *ch[] = {"positive", "negative", "neg", "\"q\" {x}", "caf\xc3\xa9"};
+    for (int i = 0; i < 5; i++) CU_ASSERT_TRUE(choice_fed(ch, 5, ch[i], 1));
+    CU_ASSERT_TRUE(choice_fed(ch, 5, "nega", 0));
+    CU_ASSERT_FALSE(choice_fed(ch, 5, "nega", 1));
+    CU_ASSERT_FALSE(choice_fed(ch, 5, "negatives", 0));
+    CU_ASSERT_FALSE(choice_fed(ch, 5, "Positive", 0));
+    CU_ASSERT_FALSE(choice_fed(ch, 5, " positive", 0));
+    CU_ASSERT_FALSE(choice_fed(ch, 5, "\"positive\"", 0)); /* raw text, not a JSON string */
+    CU_ASSERT_FALSE(choice_fed(ch, 5, "", 1));
+    ie_grammar_t *g = NULL;
+    const char *many[IE_GRAMMAR_MAX_ALTS + 1], *empty[] = {"a", ""};
+    for (int i = 0; i <= IE_GRAMMAR_MAX_ALTS; i++) many[i] = "x";
+    CU_ASSERT_EQUAL(ie_grammar_compile_choice(many, IE_GRAMMAR_MAX_ALTS, &g), IE_OK);
+    ie_grammar_destroy(&g);
+    CU_ASSERT_EQUAL(ie_grammar_compile_choice(many, IE_GRAMMAR_MAX_ALTS + 1, &g), IE_ERR_INVAL);
+    CU_ASSERT_PTR_NULL(g);
+    CU_ASSERT_EQUAL(ie_grammar_compile_choice(empty, 2, &g), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL(ie_grammar_compile_choice(many, 0, &g), IE_ERR_INVAL);
+    CU_ASSERT_EQUAL(ie_grammar_compile_choice(NULL, 1, &g), IE_ERR_INVAL);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -397,6 +434,7 @@ int main(void)
     CU_add_test(s, "depth", test_depth);
     CU_add_test(s, "compile_errors", test_compile_errors);
     CU_add_test(s, "mask", test_mask);
+    CU_add_test(s, "choice", test_choice);
     CU_basic_set_mode(CU_BRM_VERBOSE);
     CU_basic_run_tests();
     unsigned fails = CU_get_number_of_failures();
