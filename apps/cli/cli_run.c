@@ -15,6 +15,7 @@
 #include "ie_engine.h"
 #include "ie_lora_cache.h"
 #include "ie_harmony.h"
+#include "ie_grammar.h"
 #include "ie_cli_batch.h"
 #include "ie_dtype.h"
 #include "ie_prof.h"
@@ -77,6 +78,8 @@ static void usage(FILE *f)
           "  --seed S                       sampling seed (random if absent)\n"
           "  --logit-bias ID+B|ID-B         add B to token ID's logit (repeatable; -inf bans it)\n"
           "  --ignore-eos                   do not end at EOS / end-of-turn tokens: run to --max-new\n"
+          "  --json-schema JSON|@FILE       structured output: each answer an instance of the schema\n"
+          "                                 (\"\" any JSON object; docs/HTTP.md lists the keywords)\n"
           "  --stop STR                     stop string (repeatable)\n"
           "  --precision P                  weights: native (as stored; GGUF Q8_0/Q4_0/Q4_1, bf16,\n"
           "                                 f16 repacked losslessly into row panels), f32, bf16,\n"
@@ -389,7 +392,8 @@ int ie_cli_run(int argc, char **argv)
         O_DEVICE,
         O_PROFILE,
         O_IGNORE_EOS,
-        O_LOGIT_BIAS
+        O_LOGIT_BIAS,
+        O_JSON_SCHEMA
     };
     static const struct option lo[] = {{"prompt", required_argument, 0, O_PROMPT},
                                        {"prompts-file", required_argument, 0, O_PFILE},
@@ -423,6 +427,7 @@ int ie_cli_run(int argc, char **argv)
                                        {"profile", no_argument, 0, O_PROFILE},
                                        {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
                                        {"logit-bias", required_argument, 0, O_LOGIT_BIAS},
+                                       {"json-schema", required_argument, 0, O_JSON_SCHEMA},
                                        {0, 0, 0, 0}};
 
     const double t_start = ie_now_ms();
@@ -455,7 +460,9 @@ int ie_cli_run(int argc, char **argv)
     sp.min_p = 0.05f;
     const char **stops = NULL;
     size_t n_stop = 0;
-    ie_logit_bias_t *biases = NULL; /* --logit-bias, in order */
+    const char *json_schema_arg = NULL; /* --json-schema JSON|@FILE */
+    char *json_schema = NULL;           /* its text (owned) */
+    ie_logit_bias_t *biases = NULL;     /* --logit-bias, in order */
     int32_t n_bias = 0;
     int ignore_eos = 0;
     int rc = IE_EXIT_OK, c;
@@ -527,6 +534,7 @@ int ie_cli_run(int argc, char **argv)
         case O_AGGREGATE: aggregate = 1; break;
         case O_PROFILE: profile = 1; break;
         case O_IGNORE_EOS: ignore_eos = 1; break;
+        case O_JSON_SCHEMA: json_schema_arg = optarg; break;
         case O_LOGIT_BIAS: {
             ie_logit_bias_t *nb = realloc(biases, (size_t)(n_bias + 1) * sizeof *nb);
             if (!nb) {
@@ -683,6 +691,23 @@ int ie_cli_run(int argc, char **argv)
         rc = ie_cli_fail(IE_EXIT_USAGE, "%s", ie_error_last());
         goto cleanup;
     }
+    if (json_schema_arg) { /* read and compiled now: a bad schema fails before the model loads */
+        ie_grammar_t *gr = NULL;
+        ie_status_t gst = IE_OK;
+        if (json_schema_arg[0] == '@') {
+            size_t len = 0;
+            gst = ie_file_read("--json-schema", json_schema_arg + 1, IE_CLI_MAX_TEXT, &json_schema, &len);
+        } else if (!(json_schema = strdup(json_schema_arg))) {
+            gst = ie_error_set(IE_ERR_NOMEM, "out of memory");
+        }
+        if (gst == IE_OK) gst = ie_grammar_compile(json_schema, &gr);
+        ie_grammar_destroy(&gr);
+        if (gst != IE_OK) {
+            rc = ie_cli_fail(gst == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_USAGE, "--json-schema: %s",
+                             ie_error_last());
+            goto cleanup;
+        }
+    }
     if (pfile && access(pfile, R_OK) != 0) { /* before the model loads */
         snprintf(msg, sizeof msg, "cannot read prompts file '%s': %s", pfile, strerror(errno));
         rc = ie_cli_fail(IE_EXIT_USAGE, "%s", msg);
@@ -765,6 +790,7 @@ int ie_cli_run(int argc, char **argv)
     gp.add_special = special;
     gp.parse_special = special;
     gp.ignore_eos = ignore_eos;
+    gp.json_schema = json_schema;
     for (int32_t i = 0; i < n_bias; i++) /* before any prompt runs: a bad id is the command's error */
         if (biases[i].id >= ie_backend_geom(ie_engine_backend(eng))->n_vocab) {
             rc = ie_cli_fail(IE_EXIT_USAGE, "--logit-bias: token %d is outside the vocabulary (%d tokens)",
@@ -1139,6 +1165,7 @@ cleanup:
     ie_engine_destroy(&eng);
     free(stops);
     free(biases);
+    free(json_schema);
     free(chat_json);
     free(chat_ids);
     free(chat_prompt);

@@ -9,6 +9,7 @@ fed to both the generation mode and the logits mode.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import struct
@@ -176,6 +177,9 @@ BAD_FLAGS = [
     ["--logit-bias", "12+nan"],
     ["--logit-bias", "49152+1"],          # SmolLM2 has 49152 tokens
     ["--ignore-eos", "x"],
+    ["--json-schema", '{"type": "string", "pattern": "x"}'],
+    ["--json-schema", "{not json"],
+    ["--json-schema", "@/nonexistent/schema.json"],
 ]
 
 
@@ -308,6 +312,25 @@ def test_ignore_eos_and_logit_bias(smollm2, ie_bin):
     f = run_json(base + ["--prompt", "The capital of France is", "--max-new", "3", "--logit-bias", "1000+100",
                          "--logit-bias", f"{t0}-inf"])
     assert f["ids"] == [1000, 1000, 1000], f
+
+
+def test_json_schema_flag(smollm2, tmp_path, ie_bin):
+    """--json-schema (inline or @file): every answer of a prompts file is an
+    instance of the schema and ends by itself."""
+    import jsonschema
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+              "required": ["name", "age"], "additionalProperties": False}
+    sf = tmp_path / "schema.json"
+    sf.write_text(json.dumps(schema), encoding="utf-8")
+    pf = tmp_path / "prompts.txt"
+    pf.write_text("A person:\nSomeone's details:\nJSON please:\n", encoding="utf-8")
+    for arg in (json.dumps(schema), f"@{sf}"):
+        out = run_json(["--model", smollm2, "--prompts-file", pf, "--batch", "3", "--max-new", "80",
+                        "--temperature", "1.0", "--seed", "5", "--json-schema", arg, "--threads", THREADS])
+        assert out["stop_reason"] == ["eos"] * 3, out
+        for t in out["text"]:
+            jsonschema.validate(json.loads(t), schema)
 
 
 def test_batched_prompts_equal_solo_runs(smollm2, tmp_path, ie_bin):
