@@ -334,8 +334,10 @@ ie_status_t ie_chain_gather_pick(const float *g, int n_ranks, int n, int64_t n_v
  * "top_logprobs":[[id, logprob]...] (k entries), and "done" has
  * "logprobs":[{"token", "logprob", "top_logprobs"}...] for every token.
  */
-#define IE_CLIENT_TOP_MAX 20    /* "logprobs" alternatives at most */
-#define IE_CLIENT_BIAS_MAX 4096 /* "logit_bias" entries at most */
+#define IE_CLIENT_TOP_MAX 20      /* "logprobs" alternatives at most */
+#define IE_CLIENT_BIAS_MAX 4096   /* "logit_bias" entries at most */
+#define IE_CLIENT_STOP_IDS_MAX 64 /* "stop_token_ids" at most */
+#define IE_CLIENT_CHOICE_MAX 16   /* "guided_choice" strings at most */
 
 /* One generated token's log-probability and its alternatives (a reply's). */
 typedef struct ie_client_lp {
@@ -384,7 +386,13 @@ typedef struct ie_client_req {
     int ignore_eos;                            /* default 0; 1: never end at EOS                 */
     ie_client_bias_t *bias;                    /* "logit_bias" (n_bias <= IE_CLIENT_BIAS_MAX)  */
     size_t n_bias;
-    int64_t seed; /* default -1: from the clock                      */
+    int32_t *stop_ids; /* "stop_token_ids": more ids that end it like EOS */
+    size_t n_stop_ids;
+    char **choice; /* "guided_choice": the answer is one of these  */
+    size_t n_choice;
+    int include_stop; /* "include_stop_str_in_output" (default 0)     */
+    int show_special; /* "skip_special_tokens" false (default 0)      */
+    int64_t seed;     /* default -1: from the clock                      */
     char **stop;
     size_t n_stop;
     int stream;             /* default 0                                      */

@@ -885,6 +885,9 @@ void ie_client_req_clear(ie_client_req_t *r)
     free(r->stop);
     free(r->json_schema);
     free(r->bias);
+    free(r->stop_ids);
+    for (size_t i = 0; i < r->n_choice; i++) free(r->choice[i]);
+    free(r->choice);
     free(r->adapter);
     for (size_t i = 0; i < r->n_lora; i++) free(r->lora[i].name);
     free(r->lora);
@@ -1067,6 +1070,42 @@ static ie_status_t req_bias(const msgpack_object *o, ie_client_req_t *r)
     return IE_OK;
 }
 
+/* "stop_token_ids": at most IE_CLIENT_STOP_IDS_MAX integers >= 0 (the
+ * server checks them against the vocabulary). */
+static ie_status_t req_stop_ids(const msgpack_object *o, ie_client_req_t *r)
+{
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size > IE_CLIENT_STOP_IDS_MAX)
+        return ie_error_set(IE_ERR_FORMAT, "request: \"stop_token_ids\" must be an array of at most %d token ids",
+                            IE_CLIENT_STOP_IDS_MAX);
+    if (o->via.array.size == 0) return IE_OK;
+    if (!(r->stop_ids = calloc(o->via.array.size, sizeof *r->stop_ids)))
+        return ie_error_set(IE_ERR_NOMEM, "request: out of memory");
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+        int64_t v = 0;
+        ie_status_t st = req_int(&o->via.array.ptr[i], "stop_token_ids entry", 0, INT32_MAX, &v);
+        if (st != IE_OK) return st;
+        r->stop_ids[r->n_stop_ids++] = (int32_t)v;
+    }
+    return IE_OK;
+}
+
+/* "guided_choice": 1..IE_CLIENT_CHOICE_MAX non-empty strings. */
+static ie_status_t req_choice(const msgpack_object *o, ie_client_req_t *r)
+{
+    if (o->type != MSGPACK_OBJECT_ARRAY || o->via.array.size < 1 || o->via.array.size > IE_CLIENT_CHOICE_MAX)
+        return ie_error_set(IE_ERR_FORMAT, "request: \"guided_choice\" must be an array of 1..%d strings",
+                            IE_CLIENT_CHOICE_MAX);
+    if (!(r->choice = calloc(o->via.array.size, sizeof *r->choice)))
+        return ie_error_set(IE_ERR_NOMEM, "request: out of memory");
+    for (uint32_t i = 0; i < o->via.array.size; i++) {
+        ie_status_t st = req_str(&o->via.array.ptr[i], "guided_choice entry", 1, CLIENT_STOP_LEN_MAX,
+                                 &r->choice[i]);
+        if (st != IE_OK) return st;
+        r->n_choice = i + 1;
+    }
+    return IE_OK;
+}
+
 /* One key of a request. Unknown keys are ignored; nil on an optional key
  * reads as "not given" (what JSON-minded clients send for None). */
 static ie_status_t req_key(const msgpack_object *k, const msgpack_object *o, ie_client_req_t *r, uint32_t *seen)
@@ -1096,7 +1135,11 @@ static ie_status_t req_key(const msgpack_object *k, const msgpack_object *o, ie_
                                        "ignore_eos",
                                        "logit_bias",
                                        "frequency_penalty",
-                                       "presence_penalty"};
+                                       "presence_penalty",
+                                       "stop_token_ids",
+                                       "guided_choice",
+                                       "include_stop_str_in_output",
+                                       "skip_special_tokens"};
     int idx = -1;
     int64_t v = 0;
     for (int i = 0; i < (int)(sizeof keys / sizeof keys[0]); i++)
@@ -1166,6 +1209,15 @@ static ie_status_t req_key(const msgpack_object *k, const msgpack_object *o, ie_
     case 23: st = req_bias(o, r); break;
     case 24: st = req_num(o, "frequency_penalty", -2, 0, 2, &r->frequency_penalty); break;
     case 25: st = req_num(o, "presence_penalty", -2, 0, 2, &r->presence_penalty); break;
+    case 26: st = req_stop_ids(o, r); break;
+    case 27: st = req_choice(o, r); break;
+    case 28:
+    case 29:
+        if (o->type != MSGPACK_OBJECT_BOOLEAN)
+            st = ie_error_set(IE_ERR_FORMAT, "request: \"%s\" must be a boolean", keys[idx]);
+        else if (idx == 28) r->include_stop = o->via.boolean ? 1 : 0;
+        else r->show_special = o->via.boolean ? 0 : 1; /* skip_special_tokens false: shown */
+        break;
     }
     return st;
 }

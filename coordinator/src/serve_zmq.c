@@ -260,6 +260,12 @@ static void submit(server_t *s, pending_t *p)
         gp.sampling.n_logit_bias = (int32_t)r->n_bias;
         gp.min_new = r->min_new;
         gp.ignore_eos = r->ignore_eos;
+        gp.stop_ids = r->stop_ids; /* copied at submission, like the choices */
+        gp.n_stop_ids = r->n_stop_ids;
+        gp.choice = (const char *const *)r->choice;
+        gp.n_choice = r->n_choice;
+        gp.include_stop = r->include_stop;
+        gp.show_special = r->show_special;
         gp.sampling.seed = r->seed >= 0 ? (uint64_t)r->seed : ie_sampler_seed_random();
         gp.stop = (const char *const *)r->stop;
         gp.n_stop = r->n_stop;

@@ -591,10 +591,30 @@ def test_zmq_logit_bias_ignore_eos(smollm2, ie_bin):
         d = ie_client.generate(ep, prompt=PROMPT, max_new=12, temperature=0.0, repeat_penalty=1.0,
                                frequency_penalty=1.5, presence_penalty=0.5, timeout_s=120)
         assert d["text"] == hp, (d["text"], hp)
+        # vLLM's stop_token_ids, include_stop_str_in_output, guided_choice as on HTTP
+        ids = tokenize(smollm2, PROMPT)
+        text = cl.completions.create(model=srv.model, prompt=ids, max_tokens=10, temperature=0).choices[0].text
+        gen = tokenize(smollm2, PROMPT + text)[len(ids):]
+        k = next(k for k in range(1, len(gen)) if gen[k] not in gen[:k])
+        d = ie_client.generate(ep, prompt=PROMPT, max_new=10, temperature=0.0, stop_token_ids=[gen[k]],
+                               timeout_s=120)
+        assert d["n_gen"] == k + 1 and text.startswith(d["text"]) and len(d["text"]) < len(text), d
+        word = text.split()[1]
+        d = ie_client.generate(ep, prompt=PROMPT, max_new=10, temperature=0.0, stop=[word],
+                               include_stop_str_in_output=True, timeout_s=120)
+        assert d["text"].endswith(word) and text.startswith(d["text"]), d
+        for seed in range(4):
+            d = ie_client.generate(ep, prompt="The best city is", max_new=8, temperature=1.0, seed=seed,
+                                   guided_choice=["Paris", "Rome"], timeout_s=120)
+            assert d["text"] in ("Paris", "Rome") and d["finish"] == "eos", d
         for bad, word in ((dict(logit_bias={"x": 1.0}), "logit_bias"), (dict(logit_bias=[1]), "logit_bias"),
                           (dict(logit_bias={5: 101.0}), "logit_bias"), (dict(logit_bias={10**6: 1.0}), "logit_bias"),
                           (dict(ignore_eos=1), "ignore_eos"), (dict(min_new=9, max_new=4), "min_new"),
-                          (dict(frequency_penalty=3.0), "frequency_penalty")):
+                          (dict(frequency_penalty=3.0), "frequency_penalty"),
+                          (dict(stop_token_ids=[10**6]), "stop token id"), (dict(stop_token_ids=[-1]), "stop_token_ids"),
+                          (dict(guided_choice=[]), "guided_choice"), (dict(guided_choice=["a", ""]), "guided_choice"),
+                          (dict(guided_choice=["a"], json_schema=""), "choice"),
+                          (dict(skip_special_tokens="no"), "skip_special_tokens")):
             with pytest.raises(ie_client.ClientError) as e:
                 ie_client.generate(ep, prompt=PROMPT, timeout_s=60, **{"max_new": 4, **bad})
             assert word in e.value.message, (bad, e.value.message)

@@ -53,6 +53,12 @@ static void check_request(const ie_client_req_t *r)
         if (r->bias[i].id < 0 || !(r->bias[i].bias >= -100 && r->bias[i].bias <= 100)) __builtin_trap();
     if (r->min_new < 0 || r->min_new > r->max_new || (r->ignore_eos != 0 && r->ignore_eos != 1)) __builtin_trap();
     if (!(fabsf(r->frequency_penalty) <= 2) || !(fabsf(r->presence_penalty) <= 2)) __builtin_trap();
+    if (r->n_stop_ids > IE_CLIENT_STOP_IDS_MAX || (r->n_stop_ids && !r->stop_ids)) __builtin_trap();
+    for (size_t i = 0; i < r->n_stop_ids; i++)
+        if (r->stop_ids[i] < 0) __builtin_trap();
+    if (r->n_choice > IE_CLIENT_CHOICE_MAX || (r->n_choice && !r->choice)) __builtin_trap();
+    for (size_t i = 0; i < r->n_choice; i++)
+        if (!r->choice[i] || !r->choice[i][0]) __builtin_trap();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -279,13 +285,25 @@ int main(int argc, char **argv)
     write_seed(dir, "req-chat", sb.data, sb.size);
 
     msgpack_sbuffer_clear(&sb);
-    msgpack_pack_map(&pk, 10);
+    msgpack_pack_map(&pk, 14);
     K("v");
     msgpack_pack_int(&pk, 1);
     K("type");
     K("generate");
     K("id");
     K("bias-1");
+    K("stop_token_ids");
+    msgpack_pack_array(&pk, 2);
+    msgpack_pack_int(&pk, 2);
+    msgpack_pack_int(&pk, 7);
+    K("guided_choice");
+    msgpack_pack_array(&pk, 2);
+    K("yes");
+    K("no");
+    K("include_stop_str_in_output");
+    msgpack_pack_true(&pk);
+    K("skip_special_tokens");
+    msgpack_pack_false(&pk);
     K("prompt");
     K("Hi");
     K("max_new");
