@@ -117,6 +117,18 @@ static void seed_msg(const char *dir, const ie_msg_t *m)
 
 #define K(s) msgpack_pack_str_with_body(&pk, s, strlen(s))
 
+/* A client request's map of n keys, opened with v, type and id. */
+static void req_head(msgpack_packer *pk, uint32_t n, const char *type, const char *id)
+{
+    msgpack_pack_map(pk, n);
+    msgpack_pack_str_with_body(pk, "v", 1);
+    msgpack_pack_int(pk, 1);
+    msgpack_pack_str_with_body(pk, "type", 4);
+    msgpack_pack_str_with_body(pk, type, strlen(type));
+    msgpack_pack_str_with_body(pk, "id", 2);
+    msgpack_pack_str_with_body(pk, id, strlen(id));
+}
+
 int main(int argc, char **argv)
 {
     static ie_msg_t m;
@@ -230,13 +242,7 @@ int main(int argc, char **argv)
     msgpack_packer pk;
     msgpack_sbuffer_init(&sb);
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 14);
-    K("v");
-    msgpack_pack_int(&pk, 1);
-    K("type");
-    K("generate");
-    K("id");
-    K("req-1");
+    req_head(&pk, 14, "generate", "req-1");
     K("prompt");
     K("Once upon a time");
     K("max_new");
@@ -263,13 +269,7 @@ int main(int argc, char **argv)
     write_seed(dir, "req-generate", sb.data, sb.size);
 
     msgpack_sbuffer_clear(&sb);
-    msgpack_pack_map(&pk, 4);
-    K("v");
-    msgpack_pack_int(&pk, 1);
-    K("type");
-    K("generate");
-    K("id");
-    K("chat-1");
+    req_head(&pk, 4, "generate", "chat-1");
     K("messages");
     msgpack_pack_array(&pk, 2);
     msgpack_pack_map(&pk, 2);
@@ -285,13 +285,7 @@ int main(int argc, char **argv)
     write_seed(dir, "req-chat", sb.data, sb.size);
 
     msgpack_sbuffer_clear(&sb);
-    msgpack_pack_map(&pk, 14);
-    K("v");
-    msgpack_pack_int(&pk, 1);
-    K("type");
-    K("generate");
-    K("id");
-    K("bias-1");
+    req_head(&pk, 14, "generate", "bias-1");
     K("stop_token_ids");
     msgpack_pack_array(&pk, 2);
     msgpack_pack_int(&pk, 2);
@@ -325,13 +319,7 @@ int main(int argc, char **argv)
     write_seed(dir, "req-bias", sb.data, sb.size);
 
     msgpack_sbuffer_clear(&sb);
-    msgpack_pack_map(&pk, 3);
-    K("v");
-    msgpack_pack_int(&pk, 1);
-    K("type");
-    K("cancel");
-    K("id");
-    K("req-1");
+    req_head(&pk, 3, "cancel", "req-1");
     write_seed(dir, "req-cancel", sb.data, sb.size);
     msgpack_sbuffer_destroy(&sb);
     return 0;

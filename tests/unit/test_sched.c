@@ -671,6 +671,20 @@ static void fake_setup(fake_t *f, ie_tokenizer_t **tok, ie_backend_geom_t *g)
                              .upkeep_ms = 10};
 }
 
+/* fake_setup, then a backend over f and a scheduler with options so (its
+ * backend and tokenizer filled in). The caller destroys all three. */
+static ie_sched_t *fake_sched(fake_t *f, ie_tokenizer_t **tok, ie_backend_t **be, ie_sched_opts_t so)
+{
+    ie_backend_geom_t g;
+    ie_sched_t *s = NULL;
+    fake_setup(f, tok, &g);
+    CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake_ops, f, &g, be), IE_OK);
+    so.backend = *be;
+    so.tok = *tok;
+    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    return s;
+}
+
 static void test_fake_backend(void)
 {
     static fake_t f;
@@ -810,14 +824,9 @@ static void test_fake_logprobs(void)
 {
     static fake_t f;
     ie_tokenizer_t *tok = NULL;
-    ie_backend_geom_t g;
-    fake_setup(&f, &tok, &g);
-    g_lp_want = 1.0 - log(exp(1.0) + (double)(f.n_vocab - 1));
     ie_backend_t *be = NULL;
-    ie_sched_t *s = NULL;
-    CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake_ops, &f, &g, &be), IE_OK);
-    ie_sched_opts_t so = {.backend = be, .tok = tok};
-    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    ie_sched_t *s = fake_sched(&f, &tok, &be, (ie_sched_opts_t){0});
+    g_lp_want = 1.0 - log(exp(1.0) + (double)(f.n_vocab - 1));
     static const int32_t p[] = {200, 201, 202};
     ie_gen_params_t plain = greedy(4), lp = greedy(4);
     lp.logprobs = 1;
@@ -955,13 +964,8 @@ static void test_fake_json_schema(void)
 {
     static fake_t f;
     ie_tokenizer_t *tok = NULL;
-    ie_backend_geom_t g;
-    fake_setup(&f, &tok, &g);
     ie_backend_t *be = NULL;
-    ie_sched_t *s = NULL;
-    CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake_ops, &f, &g, &be), IE_OK);
-    ie_sched_opts_t so = {.backend = be, .tok = tok};
-    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    ie_sched_t *s = fake_sched(&f, &tok, &be, (ie_sched_opts_t){0});
     static const int32_t p[] = {200, 201, 202};
     const char *schema = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},"
                          "\"b\":{\"enum\":[\"x\",\"y\"]}},\"required\":[\"a\",\"b\"]}";
@@ -1020,16 +1024,11 @@ static int fake_is_stop(int32_t id) { return id >= 100 && id < 150; }
 static void test_fake_eog_control(void)
 {
     static fake_t f;
-    ie_tokenizer_t *tok = NULL;
-    ie_backend_geom_t g;
-    fake_setup(&f, &tok, &g);
     int32_t stop_ids[50];
     for (int i = 0; i < 50; i++) stop_ids[i] = 100 + i;
+    ie_tokenizer_t *tok = NULL;
     ie_backend_t *be = NULL;
-    ie_sched_t *s = NULL;
-    CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake_ops, &f, &g, &be), IE_OK);
-    ie_sched_opts_t so = {.backend = be, .tok = tok, .stop_ids = stop_ids, .n_stop_ids = 50};
-    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    ie_sched_t *s = fake_sched(&f, &tok, &be, (ie_sched_opts_t){.stop_ids = stop_ids, .n_stop_ids = 50});
     static const int32_t p[] = {200, 201, 202};
     ie_gen_params_t plain = greedy(6), mn = greedy(6), ign = greedy(6);
     mn.min_new = 3;
@@ -1126,13 +1125,8 @@ static void test_fake_prompt_logprobs(void)
 {
     static fake_t f;
     ie_tokenizer_t *tok = NULL;
-    ie_backend_geom_t g;
-    fake_setup(&f, &tok, &g);
     ie_backend_t *be = NULL;
-    ie_sched_t *s = NULL;
-    CU_ASSERT_EQUAL_FATAL(ie_backend_new(&k_fake_ops, &f, &g, &be), IE_OK);
-    ie_sched_opts_t so = {.backend = be, .tok = tok};
-    CU_ASSERT_EQUAL_FATAL(ie_sched_new(&so, &s), IE_OK);
+    ie_sched_t *s = fake_sched(&f, &tok, &be, (ie_sched_opts_t){0});
     int32_t p[11] = {200, 201}; /* some tokens the fake predicts, some not */
     for (int i = 2; i < 11; i++) p[i] = i % 3 ? fake_next(p[i - 1], i - 1) : 300 + i;
     const double lse = log(exp(1.0) + (double)(f.n_vocab - 1));
