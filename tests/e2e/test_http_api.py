@@ -304,10 +304,13 @@ def test_random_malformed_requests(server):
              ("/v1/chat/completions", {"model": server.model, "messages": [{"role": "user", "content": "Hi"}],
                                        "max_tokens": 2, "temperature": 0})]
     odd = [None, True, False, 0, -1, 1e308, -1e308, 2 ** 63, 0.5, "", "x" * 300, "\u0000", [], [1, "a"], {},
-           {"a": {"b": [None]}}, [[[]]], "<|im_end|>"]
+           {"a": {"b": [None]}}, [[[]]], "<|im_end|>", {"5": 1}, {"5": -100, "x": 2}, {"1": 1e9},
+           ["a", "b"], [["a"], "b"], [5, 7], {"choice": ["x"]}, {"json": {"type": "object"}}, {"type": "string"}]
     fields = ["model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
               "min_p", "stop", "seed", "stream", "n", "priority", "stream_options", "frequency_penalty",
-              "logprobs", "top_logprobs"]
+              "logprobs", "top_logprobs", "logit_bias", "ignore_eos", "min_tokens", "echo", "stop_token_ids",
+              "include_stop_str_in_output", "skip_special_tokens", "guided_choice", "guided_json",
+              "structured_outputs"]
     n_ok = n_4xx = 0
     for i in range(300):
         path, base = bases[i % 2]
