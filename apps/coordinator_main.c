@@ -79,6 +79,8 @@ static void usage(FILE *f)
           "  --drain-ms N             on SIGTERM, refuse new requests and let running ones finish for\n"
           "                           up to N ms (30000)\n"
           "  --prefill-chunk N        prompt tokens per step at most while streams decode\n"
+          "  --spec-ngram K           prompt-lookup speculative decoding for greedy requests: up to\n"
+          "                           K drafts a step (0 off; 1..16)\n"
           "  --step-latency-ms N      a step with decoding streams lasts about N ms (0 off;\n"
           "                           default: 4 decode-only steps, measured)\n"
           "  --max-msg N              client (ZeroMQ) message bytes at most (1048576)\n"
@@ -112,8 +114,8 @@ int main(int argc, char **argv)
     const char *metrics_addr = "127.0.0.1", *keys_dir = NULL, *key_name = NULL, *authorized = NULL;
     long workers = 2, ctx = 0, batch = 4, max_batch = 256, queue = 64, hb = 250, dead = 2000, metrics_port = 0;
     long retry_ms = 10000, timeout_ms = 0, http_port = 0, step_timeout_ms = 30000, drain_ms = 30000;
-    long prefill_chunk = 0, step_lat = -1, max_msg = 1 << 20, max_body = 1 << 20, read_ms = 0, conns = 0,
-         conns_addr = 0;
+    long prefill_chunk = 0, spec_ngram = 0, step_lat = -1, max_msg = 1 << 20, max_body = 1 << 20, read_ms = 0,
+         conns = 0, conns_addr = 0;
     const char *http_addr = "127.0.0.1", *api_key = NULL, *cpulat = NULL, *cors = NULL, *pooling_s = "mean";
     long embd_norm = 2;
     char *model_name = NULL;
@@ -175,6 +177,7 @@ int main(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_CPU_LATENCY, &cpulat),
                                    IE_CLI_PICK(IE_FLAG_DRAIN_MS, &drain_ms),
                                    IE_CLI_PICK(IE_FLAG_PREFILL_CHUNK, &prefill_chunk),
+                                   IE_CLI_PICK(IE_FLAG_SPEC_NGRAM, &spec_ngram),
                                    IE_CLI_PICK(IE_FLAG_STEP_LATENCY, &step_lat),
                                    IE_CLI_PICK(IE_FLAG_MAX_MSG, &max_msg),
                                    IE_CLI_PICK(IE_FLAG_MAX_BODY, &max_body),
@@ -321,6 +324,7 @@ int main(int argc, char **argv)
     scho.queue_max = (int)queue;
     scho.retry_ms = (int)retry_ms;
     scho.prefill_chunk = (int)prefill_chunk;
+    scho.spec_ngram = (int)spec_ngram;
     scho.step_latency_ms = step_lat < 0 ? 0 : step_lat == 0 ? -1 : (double)step_lat; /* flag 0 = off */
     scho.metrics = metrics;
     if ((st = ie_sched_new(&scho, &sched)) != IE_OK) goto fail;

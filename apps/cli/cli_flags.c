@@ -63,6 +63,7 @@ static const flag_t FLAGS[] = {
     {"max-msg", IE_FLAG_MAX_MSG, FK_LONG, 1024, 1L << 30},
     {"max-body", IE_FLAG_MAX_BODY, FK_LONG, 1024, 1L << 30},
     {"prefill-chunk", IE_FLAG_PREFILL_CHUNK, FK_LONG, 1, 1 << 16},
+    {"spec-ngram", IE_FLAG_SPEC_NGRAM, FK_LONG, 0, 16}, /* IE_SCHED_SPEC_MAX */
     {"step-latency-ms", IE_FLAG_STEP_LATENCY, FK_LONG, 0, 60000},
     {"http-read-timeout-ms", IE_FLAG_HTTP_READ_MS, FK_LONG, 100, 1L << 30},
     {"http-max-conns", IE_FLAG_HTTP_CONNS, FK_LONG, 1, 1 << 16},

@@ -78,6 +78,8 @@ static void usage(FILE *f)
           "  --seed S                       sampling seed (random if absent)\n"
           "  --logit-bias ID+B|ID-B         add B to token ID's logit (repeatable; -inf bans it)\n"
           "  --ignore-eos                   do not end at EOS / end-of-turn tokens: run to --max-new\n"
+          "  --spec-ngram K                 prompt-lookup speculative decoding: greedy prompts feed up to K\n"
+          "                                 tokens that followed their last tokens before (0 off; 1..16)\n"
           "  --json-schema JSON|@FILE       structured output: each answer an instance of the schema\n"
           "                                 (\"\" any JSON object; docs/HTTP.md lists the keywords)\n"
           "  --stop STR                     stop string (repeatable)\n"
@@ -449,7 +451,8 @@ int ie_cli_run(int argc, char **argv)
                           .prec = IE_PREC_NATIVE};
     long max_new = 128, ctx = 0, warmup = 0, prefetch = 0, tok_threads = 0;
     int greedy = 0, print_text = 0, special = 1, pin = 1, have_seed = 0, prefix_cache = 1, swa_full = 0;
-    long kv_block = 0, kv_blocks = 0, kv_mem_mb = 0;
+    long kv_block = 0, kv_blocks = 0, kv_mem_mb = 0, spec_ngram = 0;
+    uint64_t spec_drafted = 0, spec_accepted = 0;
     ie_kv_type_t kv_k = IE_KV_F32, kv_v = IE_KV_F32;
     ie_kv_rotate_t kv_rot = IE_KV_ROTATE_AUTO;
     const char *plan = NULL;
@@ -507,6 +510,7 @@ int ie_cli_run(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_KV_ROTATE, &kv_rot),
                                    IE_CLI_PICK(IE_FLAG_KV_MEM_MB, &kv_mem_mb),
                                    IE_CLI_PICK(IE_FLAG_KV_SWA_FULL, &swa_full),
+                                   IE_CLI_PICK(IE_FLAG_SPEC_NGRAM, &spec_ngram),
 
                                    IE_CLI_PICK(IE_FLAG_LORA, &loras),
                                    IE_CLI_PICK(IE_FLAG_ADAPTER, &adapter)};
@@ -849,6 +853,7 @@ int ie_cli_run(int argc, char **argv)
         ie_engine_sched_opts(eng, &so);
         so.queue_max = (int)W;
         so.timing = &s;
+        so.spec_ngram = (int)spec_ngram;
         if ((st = ie_sched_new(&so, &sched)) != IE_OK) {
             rc = ie_cli_fail(st == IE_ERR_NOMEM ? IE_EXIT_NOMEM : IE_EXIT_RUNTIME, "%s", ie_error_last());
             goto cleanup;
@@ -984,6 +989,10 @@ int ie_cli_run(int argc, char **argv)
                 ie_gen_result_clear(&sl->r);
             }
         }
+        ie_sched_stats_t sst;
+        ie_sched_stats(sched, &sst);
+        spec_drafted += sst.spec_drafted;
+        spec_accepted += sst.spec_accepted;
         ie_sched_destroy(&sched);
         const double t1 = ie_now_ms();
         if (bat && measured) {
@@ -1043,6 +1052,10 @@ int ie_cli_run(int argc, char **argv)
                             (double)stats.prefix_hit_tokens); /* prompt tokens from the prefix cache */
     cJSON_AddNumberToObject(js, "kv_misses", (double)stats.prefix_miss_tokens); /* prompt tokens computed */
     cJSON_AddNumberToObject(js, "preemptions", (double)stats.preemptions);
+    if (spec_ngram > 0) { /* draft tokens fed / confirmed, every round */
+        cJSON_AddNumberToObject(js, "spec_drafted", (double)spec_drafted);
+        cJSON_AddNumberToObject(js, "spec_accepted", (double)spec_accepted);
+    }
     {
         /* the main thread's time line: load, then per measured round
          * waiting for the ring, steps, sampling, detokenizing and the rest

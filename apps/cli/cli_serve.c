@@ -64,6 +64,8 @@ static void usage(FILE *f)
           "  --http-max-conns N    open HTTP connections at most (1024)\n"
           "  --http-max-conns-per-addr N  ... from one client address (256)\n"
           "  --prefill-chunk N     prompt tokens per step at most while streams decode\n"
+          "  --spec-ngram K        prompt-lookup speculative decoding for greedy requests: up to\n"
+          "                        K drafts a step (0 off; 1..16)\n"
           "  --step-latency-ms N   a step with decoding streams lasts about N ms (0 off;\n"
           "                        default: 4 decode-only steps, measured)\n"
           "  --drain-ms N          on SIGTERM, refuse new requests and let running ones finish\n"
@@ -91,7 +93,7 @@ int ie_cli_serve(int argc, char **argv)
     long embd_norm = 2;
     long port = 8080, threads = sysconf(_SC_NPROCESSORS_ONLN), batch = 8, max_batch = 256, ctx = 0, queue = 64,
          timeout_ms = 0, max_body = 1 << 20, kv_block = 0, kv_blocks = 0, max_msg = 1 << 20, drain_ms = 30000,
-         prefill_chunk = 0, read_ms = 0, conns = 0, conns_addr = 0, step_lat = -1, kv_mem_mb = 0;
+         prefill_chunk = 0, spec_ngram = 0, read_ms = 0, conns = 0, conns_addr = 0, step_lat = -1, kv_mem_mb = 0;
     int pin = 1, verbose = 0, prefix_cache = 1, swa_full = 0, rc = IE_EXIT_OK, c;
     ie_precision_t prec = IE_PREC_NATIVE;
     ie_kv_type_t kv_k = IE_KV_F32, kv_v = IE_KV_F32;
@@ -133,6 +135,7 @@ int ie_cli_serve(int argc, char **argv)
                                    IE_CLI_PICK(IE_FLAG_MAX_MSG, &max_msg),
                                    IE_CLI_PICK(IE_FLAG_DRAIN_MS, &drain_ms),
                                    IE_CLI_PICK(IE_FLAG_PREFILL_CHUNK, &prefill_chunk),
+                                   IE_CLI_PICK(IE_FLAG_SPEC_NGRAM, &spec_ngram),
                                    IE_CLI_PICK(IE_FLAG_STEP_LATENCY, &step_lat),
                                    IE_CLI_PICK(IE_FLAG_HTTP_READ_MS, &read_ms),
                                    IE_CLI_PICK(IE_FLAG_HTTP_CONNS, &conns),
@@ -237,6 +240,7 @@ int ie_cli_serve(int argc, char **argv)
     ie_engine_sched_opts(eng, &so);
     so.queue_max = (int)queue;
     so.prefill_chunk = (int)prefill_chunk;
+    so.spec_ngram = (int)spec_ngram;
     so.step_latency_ms = step_lat < 0 ? 0 : step_lat == 0 ? -1 : (double)step_lat; /* flag 0 = off */
     so.metrics = metrics;
     if ((st = ie_sched_new(&so, &sched)) != IE_OK) goto fail;

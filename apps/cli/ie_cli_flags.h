@@ -68,6 +68,7 @@ typedef enum ie_flag_id {
                                the binary)                        long         */
     IE_FLAG_LORA_BUDGET,    /* --lora-budget-mb MB (decimal; 0: no limit) const char * */
     IE_FLAG_KV_SWA_FULL,    /* --kv-swa-full: sets 1              int          */
+    IE_FLAG_SPEC_NGRAM,     /* --spec-ngram K (0..16; 0 off)      long         */
     IE_FLAG_END
 } ie_flag_id_t;
 

@@ -50,6 +50,8 @@ typedef struct ie_sched ie_sched_t;
 /* The default prompt-token budget of a step that also decodes streams
  * when the latency target is off (step_latency_ms < 0). */
 #define IE_SCHED_PREFILL_CHUNK 32
+/* Draft tokens per request and step at most (ie_sched_opts_t.spec_ngram). */
+#define IE_SCHED_SPEC_MAX 16
 /* With the latency target on: a step that carries decoding streams lasts
  * about IE_SCHED_STEP_LATENCY_X times the measured decode-only step, or
  * IE_SCHED_STEP_LATENCY_MS when that is longer (step_latency_ms 0), and
@@ -104,6 +106,19 @@ typedef struct ie_sched_opts {
                               at once                                    */
     ie_gen_stats_t *timing; /* optional: step times and token counts
                               accumulate here (stepping thread only)     */
+    int spec_ngram;         /* > 0: prompt-lookup speculative decoding:
+                              a greedy request (arg max, no penalties,
+                              logit bias, logprobs, grammar or end mask)
+                              whose last tokens occurred before in its
+                              prompt or output feeds up to this many of
+                              the tokens that followed them as drafts
+                              (at most IE_SCHED_SPEC_MAX);
+                              each draft the arg max confirms is a token
+                              of this step, the first that differs and
+                              the rest are dropped (their KV positions
+                              given back): the same ids, fewer steps.
+                              Not on backends whose sliding layers keep a
+                              ring (kv_ring_len). 0: off (the default) */
     ie_metrics_t *metrics;  /* optional: ie_requests_total{status},
                               tokens, queue/TTFT/token-latency
                               histograms, KV blocks used/total, prefix
@@ -282,6 +297,8 @@ typedef struct ie_sched_stats {
     uint64_t prefix_miss_tokens;       /* prompt tokens computed        */
     uint64_t preemptions;
     uint64_t submitted, completed, failed;
+    uint64_t spec_drafted, spec_accepted; /* draft tokens fed / confirmed
+                                           (opts.spec_ngram)             */
 } ie_sched_stats_t;
 
 void ie_sched_stats(ie_sched_t *s, ie_sched_stats_t *out);

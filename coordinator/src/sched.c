@@ -54,6 +54,8 @@ typedef struct sreq {
     float *stop_row;         /* their logits while masked              */
     size_t n_stop_ids;
     int include_stop;     /* keep the stop string that ended the text */
+    int spec_miss;        /* this step: a draft was refused (1), and
+                             the backend's length mended (2)        */
     ie_pooling_t pooling; /* != IE_POOL_NONE: an embedding request       */
     float *embd;          /* its pooled vector so far (n_embd floats)    */
     ie_sampler_t *smp;
@@ -134,7 +136,9 @@ struct ie_sched {
     /* step buffers */
     int32_t *b_tok, *b_pos, *b_seq, *b_ad;
     uint8_t *b_logits;
-    sreq_t **b_req; /* the request of each batch entry          */
+    uint8_t *b_draft; /* the entry is a draft token (opts.spec_ngram) */
+    int spec;         /* drafts allowed: opts.spec_ngram on a ring-less backend */
+    sreq_t **b_req;   /* the request of each batch entry          */
     float *logits;
     float *b_embd; /* [B][n_embd] the step's hidden-state rows   */
     float *lp_row; /* a raw row kept for log-probabilities (the
@@ -149,7 +153,7 @@ struct ie_sched {
     ie_sched_stats_t st;  /* under mu                                 */
     ie_metric_t *m_stage; /* ie_stage_seconds{stage} */
     ie_metric_t *m_req, *m_gen, *m_prompt, *m_queue, *m_ttft, *m_lat, *m_kv_used, *m_kv_cached, *m_kv_total,
-        *m_kv_ratio, *m_hit, *m_miss, *m_preempt, *m_queued, *m_running;
+        *m_kv_ratio, *m_hit, *m_miss, *m_preempt, *m_queued, *m_running, *m_spec_draft, *m_spec_ok;
 };
 
 /* ------------------------------------------------------------ helpers */
@@ -403,6 +407,8 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
     /* a backend whose sliding layers keep a ring per slot has no window
      * rows for a prefix another slot computed (ie_worker.h "paged KV") */
     s->prefix_cache = !o->no_prefix_cache && !g->kv_ring_len;
+    /* a ring's positions written by a refused draft overwrote ones still needed */
+    s->spec = o->spec_ngram > 0 && !g->kv_ring_len;
     s->queue_cap = (o->queue_max > 0 ? o->queue_max : 64) + s->n_seq;
     s->ended_cap = s->queue_cap + 1;
     s->next_id = 1;
@@ -419,16 +425,18 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
     s->b_pos = malloc(B * sizeof *s->b_pos);
     s->b_seq = malloc(B * sizeof *s->b_seq);
     s->b_logits = malloc(B);
+    s->b_draft = calloc(B, 1);
     s->b_ad = malloc(B * sizeof *s->b_ad);
     s->b_req = malloc(B * sizeof *s->b_req);
     s->logits = malloc(B * (size_t)s->n_vocab * sizeof *s->logits);
     s->lp_row = malloc((size_t)s->n_vocab * sizeof *s->lp_row);
-    s->tev = malloc((size_t)s->n_seq * sizeof *s->tev);
+    s->tev = malloc(((size_t)s->n_seq + B) * sizeof *s->tev); /* drafts: several tokens a request */
     s->ended = malloc((size_t)s->ended_cap * sizeof *s->ended);
     s->unbind = malloc((size_t)s->max_lblocks * sizeof *s->unbind);
     if (s->n_embd > 0) s->b_embd = malloc(B * (size_t)s->n_embd * sizeof *s->b_embd);
-    if (!s->queue || !s->run || !s->b_tok || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_ad || !s->b_req ||
-        !s->logits || !s->lp_row || !s->tev || !s->ended || !s->unbind || (s->n_embd > 0 && !s->b_embd)) {
+    if (!s->queue || !s->run || !s->b_tok || !s->b_pos || !s->b_seq || !s->b_logits || !s->b_draft || !s->b_ad ||
+        !s->b_req || !s->logits || !s->lp_row || !s->tev || !s->ended || !s->unbind ||
+        (s->n_embd > 0 && !s->b_embd)) {
         st = ie_error_set(IE_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
@@ -459,6 +467,10 @@ ie_status_t ie_sched_new(const ie_sched_opts_t *o, ie_sched_t **out)
                            NULL, &s->m_hit);
         ie_metrics_counter(m, "ie_prefix_cache_miss_tokens_total", "Prompt tokens computed", NULL, &s->m_miss);
         ie_metrics_counter(m, "ie_preemptions_total", "Sequences preempted for KV blocks", NULL, &s->m_preempt);
+        ie_metrics_counter(m, "ie_spec_draft_tokens_total", "Draft tokens fed (prompt-lookup speculative decoding)",
+                           NULL, &s->m_spec_draft);
+        ie_metrics_counter(m, "ie_spec_accepted_tokens_total", "Draft tokens the model confirmed", NULL,
+                           &s->m_spec_ok);
         ie_metrics_gauge(m, "ie_queue_depth", "Requests waiting", NULL, &s->m_queued);
         ie_metrics_gauge(m, "ie_running_requests", "Requests in the running batch", NULL, &s->m_running);
         /* the CLI's stage timers (docs/CLI.md), per step: the forward pass
@@ -518,6 +530,7 @@ void ie_sched_destroy(ie_sched_t **self_p)
     free(s->b_pos);
     free(s->b_seq);
     free(s->b_logits);
+    free(s->b_draft);
     free(s->b_ad);
     free(s->b_req);
     free(s->logits);
@@ -1044,6 +1057,62 @@ static void measure_step(ie_sched_t *s, int n_pre, int nb, double step_ms)
 /* Pack the step: decode tokens first, then prompt chunks. Blocks are
  * allocated as positions need them; when the pool is dry the lowest
  * running request is preempted. Returns the batch size. */
+/* Prompt-lookup drafts (opts.spec_ngram): the tokens that followed the
+ * most recent earlier occurrence of q's last IE_SCHED_SPEC_MATCH tokens
+ * (else of fewer, down to its last one) in its prompt and output, at most
+ * k of them, into out. Returns how many. */
+#define IE_SCHED_SPEC_MATCH 3
+static int spec_lookup(const sreq_t *q, int k, int32_t *out)
+{
+    const size_t n = q->n_toks;
+    for (size_t len = IE_SCHED_SPEC_MATCH; len >= 1; len--) {
+        if (n < len + 1) continue;
+        const int32_t *tail = q->toks + n - len;
+        for (size_t i = n - len; i-- > 0;) {
+            if (memcmp(q->toks + i, tail, len * sizeof *tail) != 0) continue;
+            int m = 0;
+            while (m < k && i + len + (size_t)m < n) {
+                out[m] = q->toks[i + len + (size_t)m];
+                m++;
+            }
+            return m;
+        }
+    }
+    return 0;
+}
+
+/* After q's decode entry (the last of b), its drafts: greedy requests
+ * only (the arg max decides a draft, nothing else may), bounded by the
+ * batch, its tokens left, the context and the blocks the pool has (no
+ * preemption for a guess). Returns the new entry count. */
+static int spec_add(ie_sched_t *s, sreq_t *q, int nb)
+{
+    q->spec_miss = 0;
+    if (!s->spec || row_kind(q) != IE_LOGITS_ARGMAX || q->plp) return nb;
+    int k = s->o.spec_ngram < IE_SCHED_SPEC_MAX ? s->o.spec_ngram : IE_SCHED_SPEC_MAX;
+    const int left = q->max_new - (int)(q->n_toks - q->n_prompt) - 1; /* this step's own token is one */
+    if (k > left) k = left;
+    if (k > s->B - nb) k = s->B - nb;
+    if ((size_t)k + 1 + q->n_fed > (size_t)s->n_ctx) k = (int)((size_t)s->n_ctx - 1 - q->n_fed);
+    if (k <= 0) return nb;
+    int32_t draft[IE_SCHED_SPEC_MAX];
+    const int m = spec_lookup(q, k, draft);
+    for (int j = 0; j < m; j++) {
+        const size_t pos = q->n_fed + 1 + (size_t)j;
+        if (ensure_block(s, q, pos) != 0) break;
+        s->b_tok[nb] = draft[j];
+        s->b_pos[nb] = (int32_t)pos;
+        s->b_seq[nb] = q->slot;
+        s->b_logits[nb] = IE_LOGITS_ARGMAX;
+        s->b_draft[nb] = 1;
+        s->b_req[nb] = q;
+        nb++;
+        s->st.spec_drafted++;
+        metric_add(s->m_spec_draft, NULL, 1);
+    }
+    return nb;
+}
+
 static int build(ie_sched_t *s, int *has_prefill)
 {
     int nb = 0;
@@ -1067,8 +1136,10 @@ static int build(ie_sched_t *s, int *has_prefill)
             s->b_pos[nb] = (int32_t)q->n_fed;
             s->b_seq[nb] = q->slot;
             s->b_logits[nb] = row_kind(q);
+            s->b_draft[nb] = 0;
             s->b_req[nb] = q;
             nb++;
+            nb = spec_add(s, q, nb);
         }
         if (restart) continue;
         break;
@@ -1096,6 +1167,7 @@ static int build(ie_sched_t *s, int *has_prefill)
             s->b_logits[nb] = q->pooling != IE_POOL_NONE                             ? embd_flag(q, q->n_fed - 1)
                               : q->fresh && q->n_fed == q->n_known && q->max_new > 0 ? row_kind(q)
                                                                                      : plp_flag(q, q->n_fed - 1);
+            s->b_draft[nb] = 0;
             s->b_req[nb] = q;
             nb++;
             budget--;
@@ -1216,6 +1288,18 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
     for (int i = 0; i < nb; i++) {
         sreq_t *q = s->b_req[i];
         q->ran = 1;
+        /* a draft counts if the token sampled before it is the draft: then
+         * its KV and its row are this request's next; else it and the
+         * request's later drafts are dropped */
+        if (s->b_draft[i]) {
+            if (q->state != S_DECODE || q->spec_miss || q->toks[q->n_toks - 1] != s->b_tok[i]) {
+                q->spec_miss = 1;
+                row++;
+                continue;
+            }
+            s->st.spec_accepted++;
+            metric_add(s->m_spec_ok, NULL, 1);
+        }
         if (q->state == S_DECODE) q->n_fed++; /* its decode token is in */
         else n_pre++;
         if (q->pooling != IE_POOL_NONE) { /* an embedding: no logits, nothing sampled */
@@ -1266,6 +1350,20 @@ static void advance(ie_sched_t *s, int nb, int has_prefill, double step_ms)
         if (!has_prefill) n_dec++;
         take_token(s, q, id, now);
         if (timed) detok_ms += ie_now_ms() - td; /* text, stop strings, events */
+    }
+    /* refused drafts: the backend holds their positions; the request's
+     * length is what it accepted */
+    for (int i = 0; i < nb; i++) {
+        sreq_t *q = s->b_req[i];
+        if (!s->b_draft[i] || q->spec_miss != 1) continue;
+        q->spec_miss = 2;
+        if (q->state != S_DECODE || q->slot < 0) continue;
+        if (ie_backend_seq_set_len(s->be, q->slot, (int)q->n_fed) != IE_OK) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", ie_error_last());
+            release_slot(s, q);
+            end_req(s, q, IE_SCHED_ERROR, IE_ERR_INTERNAL, "internal", "%s", why);
+        }
     }
     if (s->prefix_cache)
         for (int k = 0; k < s->n_seq; k++)
@@ -1347,6 +1445,7 @@ static int lookahead_ok(const ie_sched_t *s, int nb, int has_prefill)
     if (has_prefill || s->n_queue > 0) return 0;
     for (int i = 0; i < nb; i++) {
         const sreq_t *q = s->b_req[i];
+        if (s->b_draft[i]) return 0; /* the next step depends on what this one accepts */
         if ((int)(q->n_toks + 1 - q->n_prompt) >= q->max_new || q->n_toks + 1 >= (size_t)s->n_ctx) return 0;
     }
     return 1;

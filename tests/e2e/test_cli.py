@@ -333,6 +333,39 @@ def test_json_schema_flag(smollm2, tmp_path, ie_bin):
             jsonschema.validate(json.loads(t), schema)
 
 
+SPEC_PROMPTS = ["Repeat the list exactly. List: apple, banana, cherry, date, elderberry, fig, grape. "
+                "Again: apple, banana, cherry,",
+                "The capital of France is"]
+
+
+@pytest.mark.parametrize("plan", ["none", "pipeline:2", "tensor:2"])
+def test_spec_ngram_same_ids(plan, smollm2, tmp_path, ie_bin):
+    """--spec-ngram 4 (prompt-lookup drafts confirmed by the arg max): the
+    greedy ids of every prompt, batched, are those without drafts (embedded,
+    and through a pipeline's and a tensor split's workers), and some drafts
+    were confirmed. Should an id differ, it may only be where the model's
+    own logits (teacher-forced) hold a near tie: rows computed several a
+    step may round differently from one a step."""
+    from conftest import engine_logits
+    pf = tmp_path / "prompts.txt"
+    pf.write_text("\n".join(SPEC_PROMPTS) + "\n", encoding="utf-8")
+    common = ["--model", smollm2, "--max-new", "40", "--greedy", "--threads", THREADS, "--plan", plan,
+              "--batch", "2", "--prompts-file", pf]
+    plain = run_json(common)
+    spec = run_json(common + ["--spec-ngram", "4"])
+    assert "spec_accepted" not in plain
+    assert spec["spec_accepted"] > 0 and spec["spec_drafted"] >= spec["spec_accepted"], spec
+    for i, (a, b) in enumerate(zip(plain["ids"], spec["ids"])):
+        if a == b:
+            continue
+        k = next(j for j in range(min(len(a), len(b))) if a[j] != b[j])
+        out = subprocess.run([str(ie_bin), "tokenize", "--tokenizer", str(smollm2)], input=SPEC_PROMPTS[i].encode(),
+                             capture_output=True, timeout=120)
+        row = engine_logits(smollm2, json.loads(out.stdout)["ids"] + a[:k], tmp_path)[-1]
+        top = sorted(row)[-2:]
+        assert top[1] - top[0] < 1e-3, (plan, i, k, a[k], b[k], top)    # only a near tie may flip
+
+
 def test_batched_prompts_equal_solo_runs(smollm2, tmp_path, ie_bin):
     """Greedy output of each prompt is the same alone and in a batch of 3."""
     prompts = ["The sky is", "Two plus two equals", "My favourite food is"]

@@ -703,3 +703,28 @@ def test_cluster_echo_prompt_logprobs(server, client, smollm2, tmp_path):
             assert max(abs(a - b) for a, b in zip(got[1:], want[1:])) < tol, (plan, got, want)
         finally:
             c.stop()
+
+
+def test_spec_ngram_server(server, client, smollm2, ie_bin):
+    """serve --spec-ngram 4: greedy answers as the server without drafts
+    gives them (streamed too), drafts confirmed in /metrics; a sampled
+    request is left alone."""
+    text = ("Repeat the list exactly. List: apple, banana, cherry, date, elderberry, fig, grape. "
+            "Again: apple, banana, cherry,")
+    want = client.completions.create(model=server.model, prompt=text, max_tokens=40, temperature=0).choices[0].text
+    srv = Server(smollm2, "--batch", 2, "--ctx", 512, "--spec-ngram", 4)
+    try:
+        cl = srv.client()
+        got = cl.completions.create(model=srv.model, prompt=text, max_tokens=40, temperature=0).choices[0].text
+        assert got == want, (got, want)
+        streamed = "".join(c.choices[0].text for c in cl.completions.create(
+            model=srv.model, prompt=text, max_tokens=40, temperature=0, stream=True) if c.choices)
+        assert streamed == want
+        m = raw(srv, "GET", "/metrics").text
+        ok = metric_value(m, "ie_spec_accepted_tokens_total")
+        drafted = metric_value(m, "ie_spec_draft_tokens_total")
+        assert 0 < ok <= drafted, (ok, drafted)
+        cl.completions.create(model=srv.model, prompt=text, max_tokens=20, temperature=0.8, seed=1)
+        assert metric_value(raw(srv, "GET", "/metrics").text, "ie_spec_draft_tokens_total") == drafted
+    finally:
+        srv.stop()

@@ -1179,6 +1179,74 @@ static void test_fake_prompt_logprobs(void)
     ie_tokenizer_destroy(&tok);
 }
 
+/* Prompt-lookup speculative decoding on the fake (opts.spec_ngram 4):
+ * a prompt that holds its own greedy continuation after an earlier copy
+ * of its last token gets those tokens as drafts, confirmed several a step:
+ * the same ids as the chain without drafts in fewer steps; drafts that the
+ * model refuses cost nothing but their rows (the slot's length is given
+ * back, positions stay contiguous); both at once in two slots. */
+static void test_fake_spec_ngram(void)
+{
+    static fake_t f;
+    ie_tokenizer_t *tok = NULL;
+    ie_backend_t *be = NULL;
+    ie_sched_t *s = fake_sched(&f, &tok, &be, (ie_sched_opts_t){.spec_ngram = 4});
+    enum { L = 10, NEW = 12 };
+    int32_t good[L] = {200}, bad[L] = {0, 400, 401, 402, 403, 300, 301, 302, 303, 200}, want[2][NEW];
+    int32_t prev = 200;
+    for (int j = 1; j <= 5; j++) good[j] = prev = fake_next(prev, L - 2 + j); /* c_j follows 200 at L-1 */
+    good[6] = 300, good[7] = 301, good[8] = 302, good[9] = 200;
+    bad[0] = good[1]; /* c_1, followed by tokens the model never gives */
+    const int32_t *pr[2] = {good, bad};
+    for (int r = 0; r < 2; r++) { /* the greedy chain */
+        int32_t t = pr[r][L - 1];
+        for (int j = 0; j < NEW; j++) want[r][j] = t = fake_next(t, L - 1 + j);
+    }
+    CU_ASSERT_EQUAL(memcmp(want[0], good + 1, 5 * sizeof *good), 0); /* the prompt holds c_1..c_5 */
+    ie_gen_params_t gp = greedy(NEW);
+    static outcome_t o[4];
+    memset(o, 0, sizeof o);
+    ie_sched_stats_t st;
+    int steps[2];
+    for (int r = 1; r >= 0; r--) { /* refused drafts first: its step count is the plain one */
+        const int steps0 = f.steps;
+        ie_sched_req_t q = {.ids = pr[r], .n_ids = L, .params = &gp, .cb = on_event, .cb_ctx = &o[r]};
+        CU_ASSERT_EQUAL(ie_sched_submit(s, &q, NULL), IE_OK);
+        run_until_idle(s);
+        steps[r] = f.steps - steps0;
+        CU_ASSERT(o[r].kind == IE_SCHED_DONE && o[r].n_gen == NEW);
+        CU_ASSERT_EQUAL(memcmp(o[r].ids, want[r], sizeof want[r]), 0);
+        CU_ASSERT_EQUAL(f.bad, 0); /* positions contiguous after the refusals */
+        ie_sched_stats(s, &st);
+        if (r == 1) CU_ASSERT(st.spec_drafted >= 4 && st.spec_accepted == 0);
+    }
+    CU_ASSERT_EQUAL(st.spec_accepted, 4);    /* c_2..c_5 */
+    CU_ASSERT_EQUAL(steps[0], steps[1] - 4); /* ... with c_6, in one step */
+    /* both at once: each its own chain */
+    for (int r = 0; r < 2; r++) {
+        ie_sched_req_t q = {.ids = pr[r], .n_ids = L, .params = &gp, .cb = on_event, .cb_ctx = &o[2 + r]};
+        CU_ASSERT_EQUAL(ie_sched_submit(s, &q, NULL), IE_OK);
+    }
+    run_until_idle(s);
+    for (int r = 0; r < 2; r++) CU_ASSERT(o[2 + r].n_gen == NEW && !memcmp(o[2 + r].ids, want[r], sizeof want[r]));
+    CU_ASSERT_EQUAL(f.bad, 0);
+    /* a sampled request gets no drafts */
+    ie_sched_stats(s, &st);
+    const uint64_t drafted = st.spec_drafted;
+    ie_gen_params_t sp = gp;
+    sp.sampling.greedy = 0;
+    sp.sampling.temperature = 0.5f;
+    ie_sched_req_t q = {.ids = good, .n_ids = L, .params = &sp, .cb = on_event, .cb_ctx = &o[0]};
+    memset(&o[0], 0, sizeof o[0]);
+    CU_ASSERT_EQUAL(ie_sched_submit(s, &q, NULL), IE_OK);
+    run_until_idle(s);
+    ie_sched_stats(s, &st);
+    CU_ASSERT_EQUAL(st.spec_drafted, drafted);
+    ie_sched_destroy(&s);
+    ie_backend_destroy(&be);
+    ie_tokenizer_destroy(&tok);
+}
+
 int main(void)
 {
     if (CU_initialize_registry() != CUE_SUCCESS) return 1;
@@ -1199,7 +1267,8 @@ int main(void)
                  {"embeddings on a fake backend", test_fake_embeddings},
                  {"json_schema masks and asks for full rows", test_fake_json_schema},
                  {"min_new, ignore_eos and logit bias", test_fake_eog_control},
-                 {"prompt log-probabilities", test_fake_prompt_logprobs}};
+                 {"prompt log-probabilities", test_fake_prompt_logprobs},
+                 {"prompt-lookup drafts", test_fake_spec_ngram}};
     /* IE_TEST_ONLY=word runs the tests whose name holds it (make tsan runs
      * the threaded ones: every test under TSan takes minutes) */
     const char *only = getenv("IE_TEST_ONLY");
