@@ -206,7 +206,6 @@ typedef struct req {
     rprompt_t *pr;
     ie_lora_cache_t *lc;  /* the engine's adapter registry (choices' leases) */
     ie_oai_tools_t tools; /* the request's tools (serve_oai_tools.h); read-only */
-    int echo;             /* completions' echo (the prompts' rprompt_t hold it) */
 } req_t;
 
 static req_t *req_new(int n_prompts, int n_per, int logprobs)
@@ -1219,16 +1218,23 @@ static void tok_text(const ie_tokenizer_t *tok, int32_t id, char out[3 * IE_HTTP
     *n_raw = len;
 }
 
-/* Characters (code points) a token adds to the text: its bytes that do
- * not continue a UTF-8 sequence, special tokens none (the text hides
+/* Characters (code points) of UTF-8 text t[0..n): its bytes that do not
+ * continue a sequence. */
+static size_t utf8_chars(const char *t, size_t n)
+{
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++) c += ((unsigned char)t[i] & 0xC0) != 0x80;
+    return c;
+}
+
+/* Characters a token adds to the text (special: control tokens' text
+ * counted, as an echoed prompt shows it; else none, the output hides
  * them). For completions' text_offset. */
 static size_t tok_chars(const ie_tokenizer_t *tok, int32_t id, int special)
 {
     char raw[IE_HTTP_TOK_MAX];
     int n = ie_tokenizer_token_bytes(tok, id, special, raw, sizeof raw);
-    size_t c = 0;
-    for (int i = 0; i < n && i < IE_HTTP_TOK_MAX; i++) c += ((unsigned char)raw[i] & 0xC0) != 0x80;
-    return c;
+    return n > 0 ? utf8_chars(raw, (size_t)n < sizeof raw ? (size_t)n : sizeof raw) : 0;
 }
 
 /* A log-probability for JSON: -inf (a token that cannot occur) is not a
@@ -1338,13 +1344,6 @@ static cJSON *lp_json(const ie_tokenizer_t *tok, int chat, int k, const tok_lp_t
     return NULL;
 }
 
-/* Characters (code points) of UTF-8 text. */
-static size_t utf8_chars(const char *t)
-{
-    size_t c = 0;
-    for (; *t; t++) c += ((unsigned char)*t & 0xC0) != 0x80;
-    return c;
-}
 
 /* A choice's calls, when the request parses them (r->tools): content (the
  * text outside the calls, or null), tool_calls, and finish_reason
@@ -1458,7 +1457,8 @@ static cJSON *final_json(ie_http_t *h, req_t *r, int chat, int lp_k)
             }
             if (pr->echo_text && pr->plp) {
                 if (lp_json_add(lj, h->tok, chat, lp_k, pr->plp, pr->n_ids, &chars, 1) != 0) goto fail;
-                chars = utf8_chars(pr->echo_text); /* the generated tokens' offsets count from the text */
+                /* the generated tokens' offsets count from the text */
+                chars = utf8_chars(pr->echo_text, strlen(pr->echo_text));
             }
             if (lp_json_add(lj, h->tok, chat, lp_k, c->lp, c->n_lp, &chars, 0) != 0) goto fail;
         } else {
@@ -1709,7 +1709,7 @@ static int stream_choice(stream_t *s, int i, int terminal)
             if (!lp || (c->plp_ready && lp_json_add(lp, s->h->tok, 0, s->lp_k, pr->plp, pr->n_ids, &c->chars, 1)))
                 goto fail;
         }
-        c->chars = utf8_chars(pr->echo_text);
+        c->chars = utf8_chars(pr->echo_text, strlen(pr->echo_text));
         c->echoed = 1;
         if (sse_chunk(s, i, pr->echo_text, strlen(pr->echo_text), NULL, 0, NULL, lp) != 0) return -1;
         lp = NULL;
@@ -2077,7 +2077,6 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
     req_ref(r);
     r->tools = g.tools; /* the answer parses what the request asked for */
     memset(&g.tools, 0, sizeof g.tools);
-    r->echo = g.echo;
     for (int p = 0; p < n_pin; p++) {
         r->n_prompt += pin[p].n;
         if (g.echo && echo_prepare(h, &pin[p], &r->pr[p]) != 0) {
