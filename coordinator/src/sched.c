@@ -335,26 +335,38 @@ static uint8_t row_kind(const sreq_t *q)
 
 /* ------------------------------------------------------------- public */
 
-/* s->eog: every id of the vocabulary that ends a generation (a scan at
- * start-up: the tokenizer answers one id at a time). */
+/* s->eog: every id of the vocabulary that ends a generation, ascending
+ * (a scan at start-up: the tokenizer answers one id at a time). */
 static ie_status_t eog_ids(ie_sched_t *s)
 {
-    int n = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        n = 0;
-        for (int32_t id = 0; id < s->n_vocab; id++) {
-            int eog = ie_tokenizer_is_eog(s->tok, id);
-            for (size_t k = 0; !eog && k < s->o.n_stop_ids; k++) eog = s->o.stop_ids[k] == id;
-            if (eog && pass) s->eog[n] = id;
-            n += eog;
-        }
-        if (pass) break;
-        s->eog = malloc((size_t)(n ? n : 1) * sizeof *s->eog);
-        s->eog_row = malloc((size_t)(n ? n : 1) * sizeof *s->eog_row);
-        if (!s->eog || !s->eog_row) return ie_error_set(IE_ERR_NOMEM, "out of memory");
+    size_t cap = 0, n = 0;
+    for (int32_t id = 0; id < s->n_vocab; id++) {
+        int eog = ie_tokenizer_is_eog(s->tok, id);
+        for (size_t k = 0; !eog && k < s->o.n_stop_ids; k++) eog = s->o.stop_ids[k] == id;
+        if (!eog) continue;
+        if (ie_array_grow((void **)&s->eog, &cap, n + 1, sizeof *s->eog) != 0)
+            return ie_error_set(IE_ERR_NOMEM, "out of memory");
+        s->eog[n++] = id;
     }
-    s->n_eog = n;
+    if (!(s->eog_row = malloc((n ? n : 1) * sizeof *s->eog_row)))
+        return ie_error_set(IE_ERR_NOMEM, "out of memory");
+    s->n_eog = (int)n;
     return IE_OK;
+}
+
+/* 1 if generating id ends q: one of s->eog or of q's own stop ids. */
+static int ends_generation(const ie_sched_t *s, const sreq_t *q, int32_t id)
+{
+    int lo = 0, hi = s->n_eog;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (s->eog[mid] == id) return 1;
+        if (s->eog[mid] < id) lo = mid + 1;
+        else hi = mid;
+    }
+    for (size_t k = 0; k < q->n_stop_ids; k++)
+        if (q->stop_ids[k] == id) return 1;
+    return 0;
 }
 
 /* Mask q's end-of-generation tokens in its row lg (-inf). Under a grammar
@@ -568,6 +580,16 @@ static ie_status_t sched_grammar(ie_sched_t *s, sreq_t *q, const ie_gen_params_t
     return st;
 }
 
+/* IE_ERR_RANGE naming `what` if an id of ids[0..n) is outside the vocabulary. */
+static ie_status_t ids_in_vocab(const ie_sched_t *s, const char *what, const int32_t *ids, size_t n)
+{
+    for (size_t j = 0; j < n; j++)
+        if (ids[j] < 0 || ids[j] >= s->n_vocab)
+            return ie_error_set(IE_ERR_RANGE, "%s %d out of range (vocabulary %d)", what, (int)ids[j],
+                                (int)s->n_vocab);
+    return IE_OK;
+}
+
 ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id_out)
 {
     ie_status_t st = IE_OK;
@@ -582,10 +604,9 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
     if (p->max_new < 0) return ie_error_set(IE_ERR_INVAL, "max_new must be >= 0 (got %d)", p->max_new);
     if (p->min_new < 0) return ie_error_set(IE_ERR_INVAL, "min_new must be >= 0 (got %d)", p->min_new);
     if (r->timeout_ms < 0) return ie_error_set(IE_ERR_INVAL, "timeout must be >= 0");
-    for (size_t j = 0; j < r->n_ids; j++)
-        if (r->ids[j] < 0 || r->ids[j] >= s->n_vocab)
-            return ie_error_set(IE_ERR_RANGE, "token id %d out of range (vocabulary %d)", (int)r->ids[j],
-                                (int)s->n_vocab);
+    if ((st = ids_in_vocab(s, "token id", r->ids, r->n_ids)) != IE_OK) return st;
+    if (p->n_stop_ids && !p->stop_ids) return ie_error_set(IE_ERR_INVAL, "stop_ids is NULL");
+    if ((st = ids_in_vocab(s, "stop token id", p->stop_ids, p->n_stop_ids)) != IE_OK) return st;
     if ((st = ie_sampler_params_validate(&p->sampling)) != IE_OK) return st;
     if (r->pooling != IE_POOL_NONE && (r->pooling < IE_POOL_MEAN || r->pooling > IE_POOL_CLS))
         return ie_error_set(IE_ERR_INVAL, "unknown pooling %d", (int)r->pooling);
@@ -617,16 +638,6 @@ ie_status_t ie_sched_submit(ie_sched_t *s, const ie_sched_req_t *r, uint64_t *id
     q->ignore_eos = p->ignore_eos != 0;
     q->include_stop = p->include_stop != 0;
     if (p->n_stop_ids) {
-        if (!p->stop_ids) {
-            st = ie_error_set(IE_ERR_INVAL, "stop_ids is NULL");
-            goto cleanup;
-        }
-        for (size_t j = 0; j < p->n_stop_ids; j++)
-            if (p->stop_ids[j] < 0 || p->stop_ids[j] >= s->n_vocab) {
-                st = ie_error_set(IE_ERR_RANGE, "stop token id %d out of range (vocabulary %d)",
-                                  (int)p->stop_ids[j], (int)s->n_vocab);
-                goto cleanup;
-            }
         q->stop_ids = malloc(p->n_stop_ids * sizeof *q->stop_ids);
         q->stop_row = malloc(p->n_stop_ids * sizeof *q->stop_row);
         if (!q->stop_ids || !q->stop_row) {
@@ -1244,10 +1255,7 @@ static void take_token(ie_sched_t *s, sreq_t *q, int32_t id, double now)
     size_t before_len = q->text_len;
     int r = 0;
     ie_finish_t why = IE_FINISH_NONE;
-    int eog = ie_tokenizer_is_eog(s->tok, id);
-    for (size_t k = 0; !eog && k < s->o.n_stop_ids; k++) eog = s->o.stop_ids[k] == id;
-    for (size_t k = 0; !eog && k < q->n_stop_ids; k++) eog = q->stop_ids[k] == id;
-    if (eog) {
+    if (ends_generation(s, q, id)) {
         why = IE_FINISH_EOS;
     } else {
         const char *piece = ie_detok_push(q->detok, id);
