@@ -824,9 +824,9 @@ def test_overload_busy_http_and_zmq(model, services, tmp_path):
             t0 = time.monotonic()
             try:
                 r = c.post(url, json=body)
-                out[i] = (r.status_code, time.monotonic() - t0, r.text)
+                out[i] = (r.status_code, time.monotonic() - t0, r.text, time.monotonic())
             except Exception as e:  # noqa: BLE001
-                out[i] = (None, time.monotonic() - t0, repr(e))
+                out[i] = (None, time.monotonic() - t0, repr(e), time.monotonic())
 
     threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(BURST)]
     for t in threads:
@@ -836,7 +836,11 @@ def test_overload_busy_http_and_zmq(model, services, tmp_path):
     assert all(o is not None for o in out), "burst requests still hanging after 180 s\n" + srv.diag()
     codes = [o[0] for o in out]
     n200, n429 = codes.count(200), codes.count(429)
-    slow429 = sorted(round(o[1], 2) for o in out if o[0] == 429 and o[1] > 1.0)
+    # A refusal must not wait for the admitted requests: every 429 is answered while the last 200 is still being
+    # generated (a server that parked the refused requests until room came would answer them after it). Compared
+    # as moments of the same run rather than against a wall-clock bound, which a loaded 2-core machine can miss.
+    last200 = max((o[3] for o in out if o[0] == 200), default=0.0)
+    late429 = sorted(round(o[3] - last200, 3) for o in out if o[0] == 429 and o[3] >= last200)
     print(f"\nHTTP burst of {BURST}: {n200} x 200, {n429} x 429, others {[c for c in codes if c not in (200, 429)]}; "
           f"429 latency max {max([o[1] for o in out if o[0] == 429], default=0):.3f}s", flush=True)
     assert set(codes) <= {200, 429}, [o for o in out if o[0] not in (200, 429)][:5]
@@ -845,8 +849,8 @@ def test_overload_busy_http_and_zmq(model, services, tmp_path):
     # 8 places (the queue), not 4 + 8: at least the queue's worth is served in full.
     assert n200 >= 8, f"only {n200} full answers (the 8 queued at least should be served)"
     assert n429 >= 50, f"only {n429} busy answers to a burst of {BURST} with --queue 8 --batch 4"
-    assert not slow429, f"429 answers slower than 1 s: {slow429}"
-    for code, _, text in out:
+    assert not late429, f"429 answers after the last full answer (s after it): {late429}"
+    for code, _, text, _ in out:
         obj = json.loads(text)
         if code == 429:
             e = error_shape(obj)
@@ -872,18 +876,19 @@ def test_overload_busy_http_and_zmq(model, services, tmp_path):
                 break
             if rep.get("type") in ("done", "error"):
                 assert rep.get("id") in sent and rep["id"] not in replies, rep
-                replies[rep["id"]] = (rep, time.monotonic() - sent[rep["id"]])
+                replies[rep["id"]] = (rep, time.monotonic() - sent[rep["id"]], time.monotonic())
     assert len(replies) == BURST, f"{BURST - len(replies)} ZeroMQ requests unanswered\n{srv.diag()}"
-    busy = [(rep, dt) for rep, dt in replies.values() if rep["type"] == "error" and rep.get("code") == "busy"]
-    done = [rep for rep, _ in replies.values() if rep["type"] == "done"]
-    other = [rep for rep, _ in replies.values() if rep not in done and rep["type"] == "error" and rep.get("code") != "busy"]
+    busy = [(rep, dt, t) for rep, dt, t in replies.values() if rep["type"] == "error" and rep.get("code") == "busy"]
+    done = [rep for rep, _, _ in replies.values() if rep["type"] == "done"]
+    last_done = max((t for rep, _, t in replies.values() if rep["type"] == "done"), default=0.0)
+    other = [rep for rep, _, _ in replies.values() if rep not in done and rep["type"] == "error" and rep.get("code") != "busy"]
     print(f"ZeroMQ burst of {BURST}: {len(done)} done, {len(busy)} busy, {len(other)} other; busy latency max "
-          f"{max([dt for _, dt in busy], default=0):.3f}s", flush=True)
+          f"{max([dt for _, dt, _ in busy], default=0):.3f}s", flush=True)
     assert not other, other[:5]
     assert len(done) >= 8 and len(busy) >= 50, (len(done), len(busy))
-    assert all(isinstance(r.get("message"), str) and r["message"] for r, _ in busy), busy[:3]
-    slow = sorted(round(dt, 2) for _, dt in busy if dt > 1.0)
-    assert not slow, f"busy replies slower than 1 s: {slow}"
+    assert all(isinstance(r.get("message"), str) and r["message"] for r, _, _ in busy), busy[:3]
+    late = sorted(round(t - last_done, 3) for _, _, t in busy if t >= last_done)
+    assert not late, f"busy replies after the last done (s after it): {late}"
     for d in done:
         assert d["n_gen"] == max_tokens or d["finish"] in ("eos", "stop"), d
     srv.wait_idle(15.0)
