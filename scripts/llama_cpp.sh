@@ -20,6 +20,7 @@
 # third_party/llama.cpp/ is git-ignored. On success it prints, on stdout,
 #   LLAMA_QUANTIZE=<path>
 #   LLAMA_PERPLEXITY=<path>
+#   LLAMA_IMATRIX=<path>     (the importance matrix the IQ1/IQ2 types need)
 # so a caller can `eval "$(scripts/llama_cpp.sh)"`; logs go to stderr.
 #
 # Environment:
@@ -92,12 +93,13 @@ if [ ! -f "$build/CMakeCache.txt" ]; then
     -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_TOOLS=ON -DGGML_CUDA=OFF -DGGML_VULKAN=OFF \
     -DGGML_METAL=OFF >&2
 fi
-log "building llama-quantize llama-perplexity (-j$jobs)"
-cmake --build "$build" --target llama-quantize llama-perplexity -j "$jobs" >&2
+log "building llama-quantize llama-perplexity llama-imatrix (-j$jobs)"
+cmake --build "$build" --target llama-quantize llama-perplexity llama-imatrix -j "$jobs" >&2
 
 q="$build/bin/llama-quantize"
 p="$build/bin/llama-perplexity"
-for b in "$q" "$p"; do
+m="$build/bin/llama-imatrix"
+for b in "$q" "$p" "$m"; do
   [ -x "$b" ] || { log "missing $b after the build"; exit 1; }
 done
-printf 'LLAMA_QUANTIZE=%s\nLLAMA_PERPLEXITY=%s\n' "$q" "$p"
+printf 'LLAMA_QUANTIZE=%s\nLLAMA_PERPLEXITY=%s\nLLAMA_IMATRIX=%s\n' "$q" "$p" "$m"

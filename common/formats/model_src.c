@@ -176,11 +176,12 @@ ie_status_t msrc_need_ne(const ie_model_src_t *s, const char *name, int n_dims, 
                             hf_hint(s, name, hint, sizeof hint));
     }
     if (st->t.dtype == IE_DTYPE_INVALID)
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: tensor '%s' has type %s, which clocher cannot compute with "
-                            "(supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_K, q3_K, "
-                            "q4_K, q5_K, q6_K, iq4_xs, mxfp4)",
-                            name, st->type_name);
+        return ie_error_set(
+            IE_ERR_UNSUPPORTED,
+            "model: tensor '%s' has type %s, which clocher cannot compute with "
+            "(supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, q2_K, q3_K, "
+            "q4_K, q5_K, q6_K, iq4_xs, iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, mxfp4)",
+            name, st->type_name);
     return IE_OK;
 }
 

@@ -33,6 +33,18 @@
  *           only (the K types' and IQ4_XS's): x = d*q, bsums[i] = sum of
  *           q[16i .. 16i+15]; ggml's rounding (d = -max/127 with max the
  *           value of largest magnitude, q = nearest(x/d) capped at 127).
+ * The i-quants (grid types; 256 elements, groups of 8 (IQ3: two halves of 4)
+ * take their values from a code-book grid entry, signs and scales per sub-block;
+ * decoded by ie_iq_decode into x = (d*sc[k/16])*q[k], q int8, d = f16 * 2^-3,
+ * 2^-2 or 1):
+ *   IQ2_XXS: { f16 d; u16 qs[32]; }                       66 B, 2.06 bits/weight
+ *   IQ2_XS : { f16 d; u16 qs[32]; u8 scales[8]; }         74 B
+ *   IQ2_S  : { f16 d; u8 qs[64]; u8 qh[8]; u8 scales[8]; } 82 B
+ *   IQ3_XXS: { f16 d; u8 qs[96]; }                        98 B
+ *   IQ3_S  : { f16 d; u8 qs[64]; u8 qh[8]; u8 signs[32]; u8 scales[4]; } 110 B
+ *   IQ1_S  : { f16 d; u8 qs[32]; u16 qh[8]; }             50 B
+ *   IQ1_M  : { u8 qs[32]; u8 qh[16]; u16 scales[4]; }     56 B (d in the
+ *            scales' top nibbles)
  * kv = ie_iq4nl_kvalues (int8, non-linear). Every product in parentheses is
  * exact in f32 (an f16 times a code of at most 6 bits), so (d*sc)*u - (dmin*mn)
  * rounds once, as gguf.quants computes it.
@@ -69,8 +81,15 @@ typedef enum ie_dtype {
     IE_DTYPE_Q5_K = 13,
     IE_DTYPE_Q6_K = 14,
     IE_DTYPE_Q8_K = 15,
+    IE_DTYPE_IQ2_XXS = 16,
+    IE_DTYPE_IQ2_XS = 17,
+    IE_DTYPE_IQ3_XXS = 18,
+    IE_DTYPE_IQ1_S = 19,
     IE_DTYPE_IQ4_NL = 20,
+    IE_DTYPE_IQ3_S = 21,
+    IE_DTYPE_IQ2_S = 22,
     IE_DTYPE_IQ4_XS = 23,
+    IE_DTYPE_IQ1_M = 29,
     IE_DTYPE_BF16 = 30,
     IE_DTYPE_MXFP4 = 39,
     /* engine-native weight quantizations (never in GGUF files; ids outside
@@ -211,6 +230,10 @@ extern const int8_t ie_iq4nl_kvalues[16];
  * (Q5_0, Q5_1, IQ4_NL, Q2_K..Q6_K, IQ4_XS; not the activation type Q8_K). */
 int ie_dtype_is_kquant(ie_dtype_t t);
 
+/* 1 for ggml's grid i-quants this engine computes with in their own blocks
+ * (ROWS layout only: IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S). */
+int ie_dtype_is_iquant(ie_dtype_t t);
+
 /* 2^(e-128) as f32, exact for every e (the scale of one ie_mxfp4_kvalues
  * unit; e < 2 gives subnormals 2^-128, 2^-127). */
 static inline float ie_e8m0_half_to_f32(uint8_t e)
@@ -226,7 +249,7 @@ static inline float ie_e8m0_half_to_f32(uint8_t e)
 /* Lower-case name ("f32", "q4_1", ...) or "invalid". Never NULL. */
 const char *ie_dtype_name(ie_dtype_t t);
 
-/* 1 for f32/f16/bf16, 32 or 256 (k-quants, IQ4_XS, Q8_K) for block types,
+/* 1 for f32/f16/bf16, 32 or 256 (k-quants, i-quants, Q8_K) for block types,
  * 0 for an unknown type. */
 int ie_dtype_block_elems(ie_dtype_t t);
 

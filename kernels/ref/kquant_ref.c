@@ -406,7 +406,13 @@ int64_t ie_quant_find_nonfinite(ie_dtype_t t, const void *src, int64_t n)
         }
         return -1;
     }
-    default: return -1; /* f32/f16/bf16, MXFP4 (every e is a finite scale), unknown */
+    default:
+        if (ie_dtype_is_iquant(t)) {
+            const size_t bb = ie_dtype_block_bytes(t);
+            for (int64_t b = 0; b < n / IE_QK_K; b++)
+                if (f16_nonfinite(ie_iq_block_d(t, (const uint8_t *)src + (size_t)b * bb))) return b;
+        }
+        return -1; /* f32/f16/bf16, MXFP4 (every e is a finite scale), unknown */
     }
     const int qk = ie_dtype_block_elems(t);
     const size_t bb = ie_dtype_block_bytes(t);

@@ -260,6 +260,14 @@ void ie_dequantize_row(ie_dtype_t t, const void *src, float *dst, int64_t n)
                 (void)ie_kq_decode(t, (const uint8_t *)src + (size_t)b * bb, &c);
                 for (int k = 0; k < qk; k++) dst[b * qk + k] = ie_kq_value(t, &c, k);
             }
+        } else if (ie_dtype_is_iquant(t)) {
+            const size_t bb = ie_dtype_block_bytes(t);
+            ie_iq_codes_t c;
+            for (int64_t b = 0; b < n / IE_QK_K; b++) {
+                (void)ie_iq_decode(t, (const uint8_t *)src + (size_t)b * bb, &c);
+                for (int k = 0; k < IE_QK_K; k++)
+                    dst[b * IE_QK_K + k] = (c.d * (float)c.sc[k / 16]) * (float)c.q[k];
+            }
         }
         break;
     }

@@ -80,7 +80,7 @@ ie_dtype_t ie_matmul_act_dtype(ie_dtype_t wtype)
     case IE_DTYPE_Q5_K:
     case IE_DTYPE_Q6_K:
     case IE_DTYPE_IQ4_XS: return IE_DTYPE_Q8_K;
-    default: return IE_DTYPE_INVALID;
+    default: return ie_dtype_is_iquant(wtype) ? IE_DTYPE_Q8_K : IE_DTYPE_INVALID;
     }
 }
 
@@ -352,6 +352,13 @@ ie_status_t ie_packed_ranges_by_calls(ie_packed_fn mm, const ie_pmat_t *m, ie_pa
     [IE_DTYPE_Q5_K] = ie_matmul_q5_k_q8_k_ref, [IE_DTYPE_Q6_K] = ie_matmul_q6_k_q8_k_ref,     \
     [IE_DTYPE_IQ4_XS] = ie_matmul_iq4_xs_q8_k_ref
 
+/* The i-quants run in their own blocks on every ISA (no panel form). */
+#define IE_IQUANT_ROWS(isa)                                                                             \
+    [IE_DTYPE_IQ2_XXS] = ie_matmul_iq2_xxs_q8_k_##isa, [IE_DTYPE_IQ2_XS] = ie_matmul_iq2_xs_q8_k_##isa, \
+    [IE_DTYPE_IQ2_S] = ie_matmul_iq2_s_q8_k_##isa, [IE_DTYPE_IQ3_XXS] = ie_matmul_iq3_xxs_q8_k_##isa,   \
+    [IE_DTYPE_IQ3_S] = ie_matmul_iq3_s_q8_k_##isa, [IE_DTYPE_IQ1_S] = ie_matmul_iq1_s_q8_k_##isa,       \
+    [IE_DTYPE_IQ1_M] = ie_matmul_iq1_m_q8_k_##isa
+
 /* One table per ISA, every entry by name; an ISA without its own version
  * of an entry names the one it runs instead. test_kernels checks that no
  * entry that REF fills is NULL on another ISA. */
@@ -371,6 +378,7 @@ static const ie_kernels_t g_kernels[3] = {
                     [IE_DTYPE_Q4_1] = ie_matmul_q4_1_q8_1_ref,
                     [IE_DTYPE_MXFP4] = ie_matmul_mxfp4_q8_0_ref,
                     IE_KQUANT_ROWS_REF,
+                    IE_IQUANT_ROWS(ref),
                 },
             .matmul_packed = ie_matmul_packed_ref,
             .matmul_packed_ranges = ie_matmul_packed_ranges_ref,
@@ -406,6 +414,7 @@ static const ie_kernels_t g_kernels[3] = {
                     [IE_DTYPE_Q4_1] = ie_matmul_q4_1_q8_1_avx2,
                     [IE_DTYPE_MXFP4] = ie_matmul_mxfp4_q8_0_avx2,
                     IE_KQUANT_ROWS_REF,
+                    IE_IQUANT_ROWS(ref),
                 },
             .matmul_packed = ie_matmul_packed_avx2,
             .matmul_packed_ranges = ie_matmul_packed_ranges_avx2,
@@ -441,6 +450,7 @@ static const ie_kernels_t g_kernels[3] = {
                     [IE_DTYPE_Q4_1] = ie_matmul_q4_1_q8_1_avx512,
                     [IE_DTYPE_MXFP4] = ie_matmul_mxfp4_q8_0_avx512,
                     IE_KQUANT_ROWS_REF,
+                    IE_IQUANT_ROWS(ref),
                 },
             .matmul_packed = ie_matmul_packed_avx512,
             .matmul_packed_ranges = ie_matmul_packed_ranges_avx512,

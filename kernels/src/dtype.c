@@ -22,6 +22,20 @@ int ie_dtype_is_kquant(ie_dtype_t t)
     }
 }
 
+int ie_dtype_is_iquant(ie_dtype_t t)
+{
+    switch (t) {
+    case IE_DTYPE_IQ2_XXS:
+    case IE_DTYPE_IQ2_XS:
+    case IE_DTYPE_IQ2_S:
+    case IE_DTYPE_IQ3_XXS:
+    case IE_DTYPE_IQ3_S:
+    case IE_DTYPE_IQ1_S:
+    case IE_DTYPE_IQ1_M: return 1;
+    default: return 0;
+    }
+}
+
 const char *ie_dtype_name(ie_dtype_t t)
 {
     switch (t) {
@@ -43,6 +57,13 @@ const char *ie_dtype_name(ie_dtype_t t)
     case IE_DTYPE_Q6_K: return "q6_K";
     case IE_DTYPE_Q8_K: return "q8_K";
     case IE_DTYPE_IQ4_XS: return "iq4_xs";
+    case IE_DTYPE_IQ2_XXS: return "iq2_xxs";
+    case IE_DTYPE_IQ2_XS: return "iq2_xs";
+    case IE_DTYPE_IQ2_S: return "iq2_s";
+    case IE_DTYPE_IQ3_XXS: return "iq3_xxs";
+    case IE_DTYPE_IQ3_S: return "iq3_s";
+    case IE_DTYPE_IQ1_S: return "iq1_s";
+    case IE_DTYPE_IQ1_M: return "iq1_m";
     case IE_DTYPE_I8W: return "int8w";
     case IE_DTYPE_I4W: return "int4w";
     case IE_DTYPE_I4WA: return "int4w_affine";
@@ -73,7 +94,7 @@ int ie_dtype_block_elems(ie_dtype_t t)
     case IE_DTYPE_Q6_K:
     case IE_DTYPE_Q8_K:
     case IE_DTYPE_IQ4_XS: return IE_QK_K;
-    default: return 0;
+    default: return ie_dtype_is_iquant(t) ? IE_QK_K : 0;
     }
 }
 
@@ -98,6 +119,13 @@ size_t ie_dtype_block_bytes(ie_dtype_t t)
     case IE_DTYPE_Q6_K: return sizeof(ie_block_q6_k_t);
     case IE_DTYPE_Q8_K: return sizeof(ie_block_q8_k_t);
     case IE_DTYPE_IQ4_XS: return sizeof(ie_block_iq4_xs_t);
+    case IE_DTYPE_IQ2_XXS: return 66;
+    case IE_DTYPE_IQ2_XS: return 74;
+    case IE_DTYPE_IQ2_S: return 82;
+    case IE_DTYPE_IQ3_XXS: return 98;
+    case IE_DTYPE_IQ3_S: return 110;
+    case IE_DTYPE_IQ1_S: return 50;
+    case IE_DTYPE_IQ1_M: return 56;
     default: return 0;
     }
 }

@@ -234,6 +234,68 @@ void ie_matmul_q6_k_q8_k_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1
 void ie_matmul_iq4_xs_q8_k_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t a_stride,
                                int64_t n_tok, float *y, int64_t ldy);
 
+/* ---- ggml's grid i-quants (IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+ * IQ3_S; ie_dtype.h), computed in their own blocks (ROWS).
+ *
+ * The grids (kernels/ref/iquant_grids.c, generated from the gguf package by
+ * tests/reference/gen_iquant_grids.py): entry e's byte i is element i of a
+ * group. A sign byte covers 8 elements (bit i: element i negative); the
+ * 7-bit sign codes of IQ2_XXS, IQ2_XS and IQ3_XXS stand for the byte with
+ * bit 7 set to make the count of negatives even (ie_iq_signs). */
+extern const uint64_t ie_iq2xxs_grid[256];
+extern const uint64_t ie_iq2xs_grid[512];
+extern const uint64_t ie_iq2s_grid[1024];
+extern const uint32_t ie_iq3xxs_grid[256];
+extern const uint32_t ie_iq3s_grid[512];
+extern const uint64_t ie_iq1s_grid[2048];
+
+/* The sign byte of a 7-bit sign code: bit 7 is the parity of the others. */
+static inline uint8_t ie_iq_signs(unsigned c)
+{
+    c &= 127u;
+    return (uint8_t)(c | (unsigned)(__builtin_popcount(c) & 1) << 7);
+}
+
+/* One decoded i-quant block: element k is (d * sc[k/16]) * q[k], every
+ * product exact in f32 (d is the block's f16 times 2^-3 (IQ2, IQ1) or 2^-2
+ * (IQ3_XXS) or 1 (IQ3_S); sc the odd sub-block scale 2s+1 <= 31, per 16
+ * elements (repeated for the types that scale per 32); |q| <= 62), which
+ * is gguf.quants' value bit for bit. IQ1's q is 8g +- 1 (g in {-1, 0, 1},
+ * the +-1/8 delta times 8). */
+typedef struct ie_iq_codes {
+    float d;
+    int8_t sc[IE_QK_K / 16];
+    int8_t q[IE_QK_K];
+} ie_iq_codes_t;
+
+/* Decode one block of i-quant type t (any bytes are a valid block).
+ * Returns 0, or -1 when t is not an i-quant. */
+int ie_iq_decode(ie_dtype_t t, const void *block, ie_iq_codes_t *c);
+
+/* The bits of block's f16 scale d (IQ1_M's gathered from its four scale
+ * words). */
+uint16_t ie_iq_block_d(ie_dtype_t t, const void *block);
+
+/* ROWS i-quant x Q8_K matmuls (the ie_matmul_fn contract): per block the
+ * exact integer sum sum_j sc_j sum_{k in j} q_k a_k, then (a.d * d) * isum
+ * in f32, blocks summed in double. The oracle of the SIMD versions. */
+void ie_matmul_iq_q8_k_ref(ie_dtype_t t, const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a,
+                           size_t a_stride, int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq2_xxs_q8_k_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq2_xs_q8_k_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                               int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq2_s_q8_k_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                              int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq3_xxs_q8_k_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq3_s_q8_k_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                              int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq1_s_q8_k_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                              int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq1_m_q8_k_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                              int64_t n_tok, float *y, int64_t ldy);
+
 /* Packed (ie_pack.h) reference matmul (I8W x Q16_P, I4W/I4WA x Q8_P, BF16,
  * F16 and the k-quants: the oracle of every ISA's matmul_packed) and
  * the Q8_P / Q16_P activation quantizers (n a multiple of 32). */

@@ -39,7 +39,7 @@ static int rows_block(ie_dtype_t t, int group, int64_t *elems, size_t *bytes)
         *bytes = ie_dtype_block_bytes(t);
         return *elems > 0 && *bytes > 0;
     default:
-        if (!ie_dtype_is_kquant(t)) return 0;
+        if (!ie_dtype_is_kquant(t) && !ie_dtype_is_iquant(t)) return 0;
         *elems = ie_dtype_block_elems(t);
         *bytes = ie_dtype_block_bytes(t);
         return *elems > 0 && *bytes > 0;

@@ -28,7 +28,7 @@ static int dtype_computable(ie_dtype_t t)
 {
     return t == IE_DTYPE_F32 || t == IE_DTYPE_F16 || t == IE_DTYPE_BF16 || t == IE_DTYPE_Q8_0 ||
            t == IE_DTYPE_Q4_0 || t == IE_DTYPE_Q4_1 || t == IE_DTYPE_MXFP4 || ie_dtype_is_intw(t) ||
-           ie_dtype_is_kquant(t);
+           ie_dtype_is_kquant(t) || ie_dtype_is_iquant(t);
 }
 
 /* The group a ROWS tensor of ggml type t repacks into PANEL16 with
