@@ -32,6 +32,10 @@
  * --mxfp4-panel runs mxfp4 that way too (IQ4_NL's panels, the layout the
  * engine binds MXFP4 experts in; without it, ggml's rows).
  *
+ * The grid i-quants (iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m)
+ * run in ggml's rows (their only layout) with Q8_K activations; random
+ * codes, d ~ 0.01.
+ *
  * AMX (--isa amx, or avx512,amx for the A/B in one run): the AVX-512 table
  * but bf16's packed matmul on AMX-BF16 tiles for n_tok >= 16 (and the int
  * types' on AMX-INT8 tiles with IE_AMX_INT=1, or dequantized onto the bf16
@@ -153,7 +157,15 @@ static void fill_pool(ie_dtype_t wt, int64_t n_out, int64_t n_in, size_t copies)
     const size_t rb = ie_dtype_row_bytes(wt, n_in);
     float *x = malloc((size_t)n_in * sizeof(float));
     for (int64_t r = 0; r < n_out; r++) {
-        if (r < 64) {
+        if (r < 64 && ie_dtype_is_iquant(wt)) { /* no quantizer: random codes, d = +-0.01 (IQ1_M: 0x2000) */
+            uint8_t *row = g_pool + (size_t)r * rb;
+            for (size_t i = 0; i < rb; i++) row[i] = (uint8_t)(rnd_u64() >> 56);
+            for (int64_t b = 0; b < n_in / IE_QK_K; b++) {
+                uint8_t *blk = row + (size_t)b * ie_dtype_block_bytes(wt);
+                if (wt == IE_DTYPE_IQ1_M) blk[55] = (uint8_t)(blk[55] & 0x0f) | 0x20;
+                else blk[0] = 0x1e, blk[1] = 0x21; /* 0x211e ~ 0.0101 */
+            }
+        } else if (r < 64) {
             for (int64_t k = 0; k < n_in; k++) x[k] = rnd() * 0.05f;
             ie_quantize_row(wt, x, g_pool + (size_t)r * rb, n_in);
         } else {
@@ -296,11 +308,13 @@ int main(int argc, char **argv)
     int64_t gemm_tok = 64, packed_tok = 512;
     int group = 32;
     size_t pool_mib = 1024;
-    static const ie_dtype_t types[] = {IE_DTYPE_F32,  IE_DTYPE_F16,  IE_DTYPE_BF16,   IE_DTYPE_Q8_0,
-                                       IE_DTYPE_Q4_0, IE_DTYPE_Q4_1, IE_DTYPE_MXFP4,  IE_DTYPE_I8W,
-                                       IE_DTYPE_I4W,  IE_DTYPE_I4WA, IE_DTYPE_Q4_K,   IE_DTYPE_Q6_K,
-                                       IE_DTYPE_Q5_K, IE_DTYPE_Q5_0, IE_DTYPE_IQ4_XS, IE_DTYPE_IQ4_NL,
-                                       IE_DTYPE_Q3_K, IE_DTYPE_Q2_K, IE_DTYPE_Q5_1};
+    static const ie_dtype_t types[] = {IE_DTYPE_F32,    IE_DTYPE_F16,   IE_DTYPE_BF16,    IE_DTYPE_Q8_0,
+                                       IE_DTYPE_Q4_0,   IE_DTYPE_Q4_1,  IE_DTYPE_MXFP4,   IE_DTYPE_I8W,
+                                       IE_DTYPE_I4W,    IE_DTYPE_I4WA,  IE_DTYPE_Q4_K,    IE_DTYPE_Q6_K,
+                                       IE_DTYPE_Q5_K,   IE_DTYPE_Q5_0,  IE_DTYPE_IQ4_XS,  IE_DTYPE_IQ4_NL,
+                                       IE_DTYPE_Q3_K,   IE_DTYPE_Q2_K,  IE_DTYPE_Q5_1,    IE_DTYPE_IQ2_XXS,
+                                       IE_DTYPE_IQ2_XS, IE_DTYPE_IQ2_S, IE_DTYPE_IQ3_XXS, IE_DTYPE_IQ3_S,
+                                       IE_DTYPE_IQ1_S,  IE_DTYPE_IQ1_M};
     const int n_types = (int)(sizeof types / sizeof types[0]);
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);

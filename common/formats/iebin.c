@@ -77,11 +77,19 @@ static const struct {
     {"q5_K", IE_DTYPE_Q5_K},
     {"q6_K", IE_DTYPE_Q6_K},
     {"iq4_xs", IE_DTYPE_IQ4_XS},
+    /* ggml's grid i-quants (ie_dtype_is_iquant): rows only */
+    {"iq2_xxs", IE_DTYPE_IQ2_XXS},
+    {"iq2_xs", IE_DTYPE_IQ2_XS},
+    {"iq2_s", IE_DTYPE_IQ2_S},
+    {"iq3_xxs", IE_DTYPE_IQ3_XXS},
+    {"iq3_s", IE_DTYPE_IQ3_S},
+    {"iq1_s", IE_DTYPE_IQ1_S},
+    {"iq1_m", IE_DTYPE_IQ1_M},
 };
 #define N_DTYPES (sizeof k_dtypes / sizeof k_dtypes[0])
 #define DTYPE_LIST                                                                                                \
     "f32, f16, bf16, q4_0, q4_1, q8_0, mxfp4, int8w, int4w, int4w_affine, q5_0, q5_1, iq4_nl, q2_K, q3_K, q4_K, " \
-    "q5_K, q6_K, iq4_xs"
+    "q5_K, q6_K, iq4_xs, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, iq1_s, iq1_m"
 
 static ie_dtype_t dtype_parse(const char *s)
 {

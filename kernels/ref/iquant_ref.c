@@ -126,8 +126,8 @@ int ie_iq_decode(ie_dtype_t t, const void *block, ie_iq_codes_t *c)
     case IE_DTYPE_IQ1_M: {
         uint16_t s[4];
         for (int i = 0; i < 4; i++) s[i] = ld16(b + 48 + 2 * i);
-        const uint16_t dh =
-            (uint16_t)((s[0] >> 12) | ((s[1] >> 8) & 0x00f0) | ((s[2] >> 4) & 0x0f00) | (s[3] & 0xf000));
+        const uint16_t dh = (uint16_t)((s[0] >> 12) | ((s[1] >> 8) & 0x00f0) | ((s[2] >> 4) & 0x0f00) |
+                                       (s[3] & 0xf000));
         c->d = d_scaled(dh, 0.125f);
         for (int g = 0; g < 32; g++) {
             const unsigned n = (b[32 + g / 2] >> (4 * (g % 2))) & 15u;
@@ -184,11 +184,11 @@ void ie_matmul_iq_q8_k_ref(ie_dtype_t t, const void *w, int64_t n_in, int64_t r0
     }
 }
 
-#define IE_IQ_MATMUL(name, type)                                                                              \
+#define IE_IQ_MATMUL(name, type)                                                                            \
     void name(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as, int64_t n_tok, \
-              float *y, int64_t ldy)                                                                          \
-    {                                                                                                         \
-        ie_matmul_iq_q8_k_ref(type, w, n_in, r0, r1, a, as, n_tok, y, ldy);                                   \
+              float *y, int64_t ldy)                                                                        \
+    {                                                                                                       \
+        ie_matmul_iq_q8_k_ref(type, w, n_in, r0, r1, a, as, n_tok, y, ldy);                                 \
     }
 
 IE_IQ_MATMUL(ie_matmul_iq2_xxs_q8_k_ref, IE_DTYPE_IQ2_XXS)

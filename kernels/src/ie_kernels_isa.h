@@ -295,6 +295,36 @@ void ie_matmul_iq1_s_q8_k_ref(const void *w, int64_t n_in, int64_t r0, int64_t r
                               int64_t n_tok, float *y, int64_t ldy);
 void ie_matmul_iq1_m_q8_k_ref(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
                               int64_t n_tok, float *y, int64_t ldy);
+/* The same on AVX2 and AVX-512 (iquant_body.h): decoded once a call into
+ * int16 sc*q, then int16 dot products; equal integer sums. */
+void ie_matmul_iq2_xxs_q8_k_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                 int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq2_xs_q8_k_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq2_s_q8_k_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                               int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq3_xxs_q8_k_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                 int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq3_s_q8_k_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                               int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq1_s_q8_k_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                               int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq1_m_q8_k_avx2(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                               int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq2_xxs_q8_k_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                   int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq2_xs_q8_k_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                  int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq2_s_q8_k_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                 int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq3_xxs_q8_k_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                   int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq3_s_q8_k_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                 int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq1_s_q8_k_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                 int64_t n_tok, float *y, int64_t ldy);
+void ie_matmul_iq1_m_q8_k_avx512(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as,
+                                 int64_t n_tok, float *y, int64_t ldy);
 
 /* Packed (ie_pack.h) reference matmul (I8W x Q16_P, I4W/I4WA x Q8_P, BF16,
  * F16 and the k-quants: the oracle of every ISA's matmul_packed) and

@@ -974,14 +974,17 @@ static void test_table_complete(void)
 #undef HAS
         for (int t = 0; t < IE_MATMUL_SLOTS; t++) CU_ASSERT_EQUAL(k->matmul[t] != NULL, ref->matmul[t] != NULL);
     }
-    /* the slots REF fills are the weight types the tests sweep, and the
-     * k-quants (ROWS references on every ISA, checked by test_kquant) */
+    /* the slots REF fills are the weight types the tests sweep, the
+     * k-quants (ROWS references on every ISA, checked by test_kquant) and
+     * the i-quants (checked by test_iquant) */
     int filled = 0;
     for (int t = 0; t < IE_MATMUL_SLOTS; t++)
-        filled += ref->matmul[t] != NULL && !ie_dtype_is_kquant((ie_dtype_t)t);
+        filled += ref->matmul[t] != NULL && !ie_dtype_is_kquant((ie_dtype_t)t) &&
+                  !ie_dtype_is_iquant((ie_dtype_t)t);
     CU_ASSERT_EQUAL(filled, (int)(sizeof WTYPES / sizeof WTYPES[0]));
     for (int t = 0; t < IE_MATMUL_SLOTS; t++)
-        if (ie_dtype_is_kquant((ie_dtype_t)t)) CU_ASSERT_PTR_NOT_NULL(ref->matmul[t]);
+        if (ie_dtype_is_kquant((ie_dtype_t)t) || ie_dtype_is_iquant((ie_dtype_t)t))
+            CU_ASSERT_PTR_NOT_NULL(ref->matmul[t]);
     for (size_t j = 0; j < sizeof WTYPES / sizeof WTYPES[0]; j++) CU_ASSERT_PTR_NOT_NULL(ref->matmul[WTYPES[j]]);
 }
 
