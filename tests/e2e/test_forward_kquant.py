@@ -261,7 +261,7 @@ def test_truncated_tensor_refused(tmp_path):
 
 
 @pytest.mark.parametrize("tid,words", [(99, ("unknown ggml type 99",)),
-                                       (16, ("type iq2_xxs", "cannot compute with", "q4_K", "iq4_xs"))])
+                                       (35, ("type tq2_0", "cannot compute with", "q4_K", "iq2_xxs"))])
 def test_type_id_refused(tid, words, tmp_path):
     """A type id from the future, and one ggml has but this engine does not compute."""
     src = fixture_path("tiny_kq_q4_K.gguf")
