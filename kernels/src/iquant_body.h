@@ -35,6 +35,7 @@
 #error "define iq_emit, iq_emit1, iq_dot and IQ_ISA before including iquant_body.h"
 #endif
 
+#include <immintrin.h>
 #include <string.h>
 
 #define IQ_ROWS IQ_ROWS_MAX
@@ -77,7 +78,7 @@ static float iqb_decode(ie_dtype_t t, const uint8_t *b, int16_t *w)
             const uint8_t *x = b + 2 + 8 * j;
             const uint32_t s = iqb_ld32(x + 4), sc = 2 * (s >> 28) + 1;
             iq_emit_1s(w + 32 * j, ie_iq2xxs_grid[x[0]], ie_iq2xxs_grid[x[1]], ie_iq2xxs_grid[x[2]],
-                    ie_iq2xxs_grid[x[3]], iqb_signs4(s, s >> 7, s >> 14, s >> 21), (int)sc);
+                       ie_iq2xxs_grid[x[3]], iqb_signs4(s, s >> 7, s >> 14, s >> 21), (int)sc);
         }
         return ie_f16_to_f32(iqb_ld16(b)) * 0.125f;
     case IE_DTYPE_IQ2_XS:
@@ -104,28 +105,35 @@ static float iqb_decode(ie_dtype_t t, const uint8_t *b, int16_t *w)
             const uint8_t *qs = b + 2 + 8 * j;
             const uint32_t s = iqb_ld32(b + 66 + 4 * j), sc = 2 * (s >> 28) + 1;
             iq_emit_1s(w + 32 * j, iqb_g3(ie_iq3xxs_grid, qs[0], qs[1]), iqb_g3(ie_iq3xxs_grid, qs[2], qs[3]),
-                    iqb_g3(ie_iq3xxs_grid, qs[4], qs[5]), iqb_g3(ie_iq3xxs_grid, qs[6], qs[7]),
-                    iqb_signs4(s, s >> 7, s >> 14, s >> 21), (int)sc);
+                       iqb_g3(ie_iq3xxs_grid, qs[4], qs[5]), iqb_g3(ie_iq3xxs_grid, qs[6], qs[7]),
+                       iqb_signs4(s, s >> 7, s >> 14, s >> 21), (int)sc);
         }
         return ie_f16_to_f32(iqb_ld16(b)) * 0.25f;
-    case IE_DTYPE_IQ3_S:
+    case IE_DTYPE_IQ3_S: {
+        /* the 9-bit indices of a sub-block's 8 entries in one register (bit 8
+         * of entry i is bit i of qh[j]), then 8 plain loads: cheaper than
+         * assembling them one by one or gathering */
+        const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+        uint32_t x[8] __attribute__((aligned(32)));
         for (int j = 0; j < 8; j++) {
-            const uint8_t *qs = b + 2 + 8 * j;
-            const unsigned qh = b[66 + j], sc = 2 * ((b[106 + j / 2] >> (4 * (j % 2))) & 15u) + 1;
-            unsigned x[8];
-            for (int i = 0; i < 8; i++) x[i] = qs[i] | ((qh >> i) & 1u) << 8;
+            __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * j)));
+            const __m256i hi = _mm256_and_si256(_mm256_set1_epi32(b[66 + j]), bit);
+            idx = _mm256_or_si256(idx, _mm256_slli_epi32(_mm256_min_epu32(hi, _mm256_set1_epi32(1)), 8));
+            _mm256_store_si256((__m256i *)x, idx);
+            const unsigned sc = 2 * ((b[106 + j / 2] >> (4 * (j % 2))) & 15u) + 1;
             iq_emit_1s(w + 32 * j, iqb_g3(ie_iq3s_grid, x[0], x[1]), iqb_g3(ie_iq3s_grid, x[2], x[3]),
-                    iqb_g3(ie_iq3s_grid, x[4], x[5]), iqb_g3(ie_iq3s_grid, x[6], x[7]), iqb_ld32(b + 74 + 4 * j),
-                    (int)sc);
+                       iqb_g3(ie_iq3s_grid, x[4], x[5]), iqb_g3(ie_iq3s_grid, x[6], x[7]), iqb_ld32(b + 74 + 4 * j),
+                       (int)sc);
         }
         return ie_f16_to_f32(iqb_ld16(b));
+    }
     case IE_DTYPE_IQ1_S:
         for (int j = 0; j < 8; j++) {
             const uint8_t *qs = b + 2 + 4 * j;
             const unsigned h = iqb_ld16(b + 34 + 2 * j), sc = 2 * ((h >> 12) & 7) + 1;
             iq_emit1_1s(w + 32 * j, ie_iq1s_grid[qs[0] | (h & 7u) << 8], ie_iq1s_grid[qs[1] | ((h >> 3) & 7u) << 8],
-                     ie_iq1s_grid[qs[2] | ((h >> 6) & 7u) << 8], ie_iq1s_grid[qs[3] | ((h >> 9) & 7u) << 8],
-                     h & 0x8000u ? 0xffffffffu : 0u, (int)sc);
+                        ie_iq1s_grid[qs[2] | ((h >> 6) & 7u) << 8], ie_iq1s_grid[qs[3] | ((h >> 9) & 7u) << 8],
+                        h & 0x8000u ? 0xffffffffu : 0u, (int)sc);
         }
         return ie_f16_to_f32(iqb_ld16(b)) * 0.125f;
     case IE_DTYPE_IQ1_M: {
@@ -134,8 +142,8 @@ static float iqb_decode(ie_dtype_t t, const uint8_t *b, int16_t *w)
             const uint8_t *qs = b + 4 * j;
             const unsigned h0 = b[32 + 2 * j], h1 = b[33 + 2 * j];
             const unsigned sw = s[j / 2] >> (6 * (j % 2));
-            const uint32_t dneg = (h0 & 8u ? 0xffu : 0u) | (h0 & 128u ? 0xff00u : 0u) |
-                                  (h1 & 8u ? 0xff0000u : 0u) | (h1 & 128u ? 0xff000000u : 0u);
+            const uint32_t dneg = (h0 & 8u ? 0xffu : 0u) | (h0 & 128u ? 0xff00u : 0u) | (h1 & 8u ? 0xff0000u : 0u) |
+                                  (h1 & 128u ? 0xff000000u : 0u);
             iq_emit1(w + 32 * j, ie_iq1s_grid[qs[0] | (h0 & 7u) << 8], ie_iq1s_grid[qs[1] | (h0 & 0x70u) << 4],
                      ie_iq1s_grid[qs[2] | (h1 & 7u) << 8], ie_iq1s_grid[qs[3] | (h1 & 0x70u) << 4], dneg,
                      (int)(2 * (sw & 7) + 1), (int)(2 * ((sw >> 3) & 7) + 1));
@@ -159,7 +167,8 @@ static void iqb_matmul(ie_dtype_t t, const void *w, int64_t n_in, int64_t r0, in
             const int nc = (int)(nb - b0 < IQ_CHUNK ? nb - b0 : IQ_CHUNK);
             for (int i = 0; i < nr; i++) {
                 const uint8_t *src = (const uint8_t *)w + (size_t)(r + i) * wrow + (size_t)b0 * bb;
-                for (int b = 0; b < nc; b++) wd[i * IQ_CHUNK + b] = iqb_decode(t, src + (size_t)b * bb, wq[i] + b * IE_QK_K);
+                for (int b = 0; b < nc; b++)
+                    wd[i * IQ_CHUNK + b] = iqb_decode(t, src + (size_t)b * bb, wq[i] + b * IE_QK_K);
             }
             iq_dot(&wq[0][0], IQ_CHUNK * IE_QK_K, wd, nr, nc,
                    (const uint8_t *)a + (size_t)b0 * sizeof(ie_block_q8_k_t), n_tok, as, y + r, ldy, b0 > 0);
@@ -169,11 +178,11 @@ static void iqb_matmul(ie_dtype_t t, const void *w, int64_t n_in, int64_t r0, in
 
 #define IQB_CAT2(a, b) a##b
 #define IQB_CAT(a, b) IQB_CAT2(a, b)
-#define IQB_DEFINE(stem, type)                                                                              \
+#define IQB_DEFINE(stem, type)                                                                                \
     void IQB_CAT(stem, IQ_ISA)(const void *w, int64_t n_in, int64_t r0, int64_t r1, const void *a, size_t as, \
-                               int64_t n_tok, float *y, int64_t ldy)                                        \
-    {                                                                                                       \
-        iqb_matmul(type, w, n_in, r0, r1, a, as, n_tok, y, ldy);                                            \
+                               int64_t n_tok, float *y, int64_t ldy)                                          \
+    {                                                                                                         \
+        iqb_matmul(type, w, n_in, r0, r1, a, as, n_tok, y, ldy);                                              \
     }
 
 IQB_DEFINE(ie_matmul_iq2_xxs_q8_k_, IE_DTYPE_IQ2_XXS)

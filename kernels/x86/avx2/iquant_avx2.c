@@ -80,9 +80,9 @@ static void iq_dot(const int16_t *w, size_t ws, const float *d, int nr, int nb, 
             for (int k = 0; k < IE_QK_K; k += 16) {
                 const __m256i av = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(ab + 4 + k)));
                 for (int i = 0; i < nr; i++)
-                    s[i] = _mm256_add_epi32(
-                        s[i], _mm256_madd_epi16(av, _mm256_load_si256((const __m256i *)(w + (size_t)i * ws +
-                                                                                         b * IE_QK_K + k))));
+                    s[i] = _mm256_add_epi32(s[i], _mm256_madd_epi16(av, _mm256_load_si256(
+                                                                            (const __m256i *)(w + (size_t)i * ws +
+                                                                                              b * IE_QK_K + k))));
             }
             for (int i = 0; i < nr; i++)
                 f[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_set1_ps(da * d[i * IQ_CHUNK + b]), f[i]);
@@ -94,7 +94,8 @@ static void iq_dot(const int16_t *w, size_t ws, const float *d, int nr, int nb, 
     }
 }
 
-static inline void iq_emit1_1s(int16_t *w, uint64_t g0, uint64_t g1, uint64_t g2, uint64_t g3, uint32_t dneg, int sc)
+static inline void iq_emit1_1s(int16_t *w, uint64_t g0, uint64_t g1, uint64_t g2, uint64_t g3, uint32_t dneg,
+                               int sc)
 {
     iq_emit1(w, g0, g1, g2, g3, dneg, sc, sc);
 }
