@@ -12,7 +12,9 @@ models/bench/kquant/tinyllama-<type>/ (git-ignored; delete one to rebuild
 it). The Q4_0 baseline is made the same way (dtype q4_0: ROWS, repacked to
 int4w at load as from a GGUF). llama.cpp-made files (tinyllama-Q4_K_M.gguf,
 -Q6_K, -Q4_0 from the lcpp helper's scripts/make_kquant_models.sh) are added
-when found in models/kquant/ (or --lcpp-dir).
+when found in models/kquant/ (or --lcpp-dir). --iq iq2_xxs,iq3_s,... adds
+the grid i-quants as GGUFs from bench/make_iquant_gguf.py (random codes in
+every layer matrix, token_embd and output Q4_0; no quantizer writes them).
 
 Measures. Per model and round:
   * decode: build/bench_decode --tokens N (every token paired with a read of
@@ -35,7 +37,7 @@ matrices once, one embedding row) / the weights they hold (counted in the
 f16 file). Prints a markdown table and writes every run as one JSON line to
 bench/out/kquant-<stamp>.jsonl. Asserts nothing.
 
-Usage: bench/bench_kquant.py [--build DIR] [--types q4_K,q6_K,...] [--no-lcpp]
+Usage: bench/bench_kquant.py [--build DIR] [--types q4_K,q6_K,...] [--iq iq2_xxs,...] [--no-lcpp]
                              [--tokens N] [--rounds N] [--base-every K] [--words N] [--threads N]
                              [--no-pp] [--convert-only]
 """
@@ -136,6 +138,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--build", type=Path, default=Path(os.environ.get("IE_BUILD_DIR", REPO / "build")))
     ap.add_argument("--types", default=",".join(TYPES), help="ggml types to convert and measure")
+    ap.add_argument("--iq", default="", help="grid i-quants to add as GGUFs by bench/make_iquant_gguf.py "
+                    "(iq2_xxs,iq3_s,...: layers in the type, token_embd and output Q4_0)")
     ap.add_argument("--no-lcpp", action="store_true", help="leave out the llama.cpp-made files")
     ap.add_argument("--lcpp-dir", type=Path, action="append", help="where tinyllama-Q4_K_M.gguf etc. are")
     ap.add_argument("--tokens", type=int, default=48, help="bench_decode tokens per run (48)")
@@ -160,6 +164,13 @@ def main() -> int:
                 if (d / name).is_file():
                     models.append(("llama.cpp " + name.removeprefix("tinyllama-").removesuffix(".gguf"), d / name))
                     break
+    for t in [t for t in args.iq.split(",") if t]:  # i-quant GGUFs (random codes; no quantizer writes them)
+        if not (REPO / "models" / "bench" / "tinyllama-q4_0.gguf").is_file():
+            subprocess.run([sys.executable, str(REPO / "bench" / "make_tinyllama_gguf.py"), "--types", "q4_0"],
+                           check=True)
+        cp = subprocess.run([sys.executable, str(REPO / "bench" / "make_iquant_gguf.py"), "--types", t],
+                            capture_output=True, text=True, check=True)
+        models.append((t + " (gguf)", Path(cp.stdout.strip().splitlines()[-1])))
     if args.convert_only:
         return 0
     base, others = models[0], models[1:]
