@@ -22,55 +22,25 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as QT
 
-TYPES = {"iq1_s": (QT.IQ1_S, 50), "iq1_m": (QT.IQ1_M, 56), "iq2_xxs": (QT.IQ2_XXS, 66),
-         "iq2_xs": (QT.IQ2_XS, 74), "iq2_s": (QT.IQ2_S, 82), "iq3_xxs": (QT.IQ3_XXS, 98),
-         "iq3_s": (QT.IQ3_S, 110)}
-FTYPE = {"iq2_xxs": 19, "iq2_xs": 20, "iq3_xxs": 23, "iq1_s": 24, "iq3_s": 26, "iq2_s": 28, "iq1_m": 31}
-
-
-def set_d(name, blk, h):
-    """Every block's f16 d = h (IQ1_M: the top nibbles of its scale words)."""
-    if name != "iq1_m":
-        blk[:, 0:2] = np.array([h], dtype=np.uint16).view(np.uint8)
-        return
-    sc = blk[:, 48:56].copy().view(np.uint16)
-    for i in range(4):
-        sc[:, i] = (sc[:, i] & 0x0FFF) | (((h >> (4 * i)) & 15) << 12)
-    blk[:, 48:56] = sc.view(np.uint8)
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "reference"))
+from gguf_rewrite import IQ, copy_keys, set_iq_d  # noqa: E402  (name -> (ggml type, block bytes, ftype))
 
 
 def random_blocks(name, rows, cols, rng):
-    qt, bb = TYPES[name]
+    qt, bb, _ = IQ[name]
     blk = rng.integers(0, 256, size=(rows * cols // 256, bb), dtype=np.uint8)
-    set_d(name, blk, 0x3C00)
+    set_iq_d(name, blk, 0x3C00)
     probe = gguf.quants.dequantize(blk[:64], qt)  # the values' rms at d = 1
     d = 0.02 / float(np.sqrt(np.mean(probe.astype(np.float64) ** 2)))
-    set_d(name, blk, int(np.float16(d).view(np.uint16)))
+    set_iq_d(name, blk, int(np.float16(d).view(np.uint16)))
     return blk.reshape(rows, -1), qt
-
-
-def copy_keys(r, w, ftype):
-    for f in r.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture":
-            continue
-        t = f.types[0]
-        if f.name == "general.file_type":
-            w.add_uint32(f.name, ftype)
-        elif t == gguf.GGUFValueType.ARRAY:
-            sub = f.types[1]
-            vals = [bytes(f.parts[i]).decode() if sub == gguf.GGUFValueType.STRING else f.parts[i][0].item()
-                    for i in f.data]
-            w.add_key_value(f.name, vals, t, sub_type=sub)
-        elif t == gguf.GGUFValueType.STRING:
-            w.add_key_value(f.name, bytes(f.parts[-1]).decode(), t)
-        else:
-            w.add_key_value(f.name, f.parts[-1][0].item(), t)
 
 
 def make(src, dst, name, seed):
     r = gguf.GGUFReader(str(src))
     w = gguf.GGUFWriter(str(dst) + ".partial", "llama")
-    copy_keys(r, w, FTYPE[name])
+    copy_keys(r, w, IQ[name][2])
     rng = np.random.default_rng(seed)
     for t in r.tensors:
         shape = tuple(int(x) for x in reversed(t.shape.tolist()))
@@ -87,7 +57,7 @@ def make(src, dst, name, seed):
 
 
 def main():
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     ap = argparse.ArgumentParser()
     ap.add_argument("--types", default="iq2_xxs,iq2_s,iq3_xxs,iq3_s,iq1_m")
     ap.add_argument("--src", default=str(root / "models/bench/tinyllama-q4_0.gguf"))
@@ -98,8 +68,8 @@ def main():
         sys.exit(f"make_iquant_gguf: {src} missing (bench/make_tinyllama_gguf.py makes it)")
     out.mkdir(parents=True, exist_ok=True)
     for i, name in enumerate(args.types.split(",")):
-        if name not in TYPES:
-            sys.exit(f"make_iquant_gguf: unknown type {name} (have {', '.join(TYPES)})")
+        if name not in IQ:
+            sys.exit(f"make_iquant_gguf: unknown type {name} (have {', '.join(IQ)})")
         dst = out / f"tinyllama-{name}.gguf"
         if not dst.exists():
             make(src, dst, name, 1000 + i)

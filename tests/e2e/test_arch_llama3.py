@@ -20,6 +20,8 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -152,22 +154,12 @@ def rewrite_gguf(src, dst, drop=(), replace=None, q8_0=False):
     """Copy a GGUF's keys and tensors, dropping / replacing tensors; q8_0:
     every 2-D weight quantized to Q8_0 (gguf's quantizer, as llama-quantize)."""
     import gguf
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
+    from gguf_rewrite import copy_keys
     r = gguf.GGUFReader(str(src))
     arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
     w = gguf.GGUFWriter(str(dst), arch)
-    for f in r.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture":
-            continue
-        t = f.types[0]
-        if t == gguf.GGUFValueType.ARRAY:
-            sub = f.types[1]
-            vals = [bytes(f.parts[i]).decode() if sub == gguf.GGUFValueType.STRING else f.parts[i][0].item()
-                    for i in f.data]
-            w.add_key_value(f.name, vals, t, sub_type=sub)
-        elif t == gguf.GGUFValueType.STRING:
-            w.add_key_value(f.name, bytes(f.parts[-1]).decode(), t)
-        else:
-            w.add_key_value(f.name, f.parts[-1][0].item(), t)
+    copy_keys(r, w)
     for t in r.tensors:
         if t.name in drop:
             continue

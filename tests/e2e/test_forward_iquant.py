@@ -83,6 +83,8 @@ building the files and choosing the prompts.
 from __future__ import annotations
 
 import shutil
+import sys
+from pathlib import Path
 
 import gguf
 import numpy as np
@@ -91,12 +93,8 @@ from gguf import GGMLQuantizationType as QT
 
 from conftest import EXIT_MODEL, EXIT_USAGE, THREADS, engine_logits, fixture_path, row_rel_err, run_cli
 
-# name -> (ggml type, block bytes, llama_ftype for general.file_type)
-IQ = {
-    "iq1_s": (QT.IQ1_S, 50, 24), "iq1_m": (QT.IQ1_M, 56, 31),
-    "iq2_xxs": (QT.IQ2_XXS, 66, 19), "iq2_xs": (QT.IQ2_XS, 74, 20), "iq2_s": (QT.IQ2_S, 82, 28),
-    "iq3_xxs": (QT.IQ3_XXS, 98, 23), "iq3_s": (QT.IQ3_S, 110, 26),
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "reference"))
+from gguf_rewrite import IQ, copy_keys, set_iq_d  # noqa: E402  (name -> (ggml type, block bytes, ftype))
 TYPES = tuple(IQ)
 SEED = 20261128
 WEIGHTS = ["token_embd.weight", "output.weight"] + [
@@ -129,20 +127,6 @@ F16_NAN, F16_INF, F16_NINF = 0x7E00, 0x7C00, 0xFC00
 
 
 # ------------------------------------------------------- random i-quant blocks
-def set_d(name, blk, h):
-    """Store the f16 bits h (one per block) as each block's d. blk: uint8
-    [n_blocks][block bytes]; IQ1_M keeps d in the top nibbles of its 4 u16
-    scale words at byte 48 (nibble i of d in word i), the others as bytes 0-1."""
-    h = np.asarray(h, dtype=np.uint16).reshape(-1)
-    if name != "iq1_m":
-        blk[:, 0:2] = h.reshape(-1, 1).view(np.uint8)
-        return
-    sc = blk[:, 48:56].copy().view(np.uint16)
-    for i in range(4):
-        sc[:, i] = (sc[:, i] & 0x0FFF) | (((h >> (4 * i)) & 15) << 12)
-    blk[:, 48:56] = sc.view(np.uint8)
-
-
 def random_iquant(name, shape, target_rms, rng):
     """Random blocks of type name for a weight [rows][cols] whose values have
     rms ~ target_rms. Returns (uint8 [rows][row bytes], f32 [rows][cols] as
@@ -151,35 +135,15 @@ def random_iquant(name, shape, target_rms, rng):
     rows, cols = shape
     nb = rows * cols // 256
     blk = rng.integers(0, 256, size=(nb, bb), dtype=np.uint8)
-    set_d(name, blk, np.full(nb, 0x3C00))  # d = 1
+    set_iq_d(name, blk, np.full(nb, 0x3C00))  # d = 1
     unit = gguf.quants.dequantize(blk.reshape(rows, -1), qt).astype(np.float64)
     jitter = rng.uniform(0.7, 1.4, nb)
     s = target_rms / float(np.sqrt(np.mean(unit ** 2) * np.mean(jitter ** 2)))
-    set_d(name, blk, (s * jitter).astype(np.float16).view(np.uint16))
+    set_iq_d(name, blk, (s * jitter).astype(np.float16).view(np.uint16))
     q = blk.reshape(rows, -1)
     w = gguf.quants.dequantize(q, qt).astype(np.float32)
     assert w.shape == shape and np.all(np.isfinite(w))
     return q, w
-
-
-def _copy_keys(r, w, ftype, name):
-    for f in r.fields.values():
-        if f.name.startswith("GGUF.") or f.name == "general.architecture":
-            continue
-        t = f.types[0]
-        if f.name == "general.file_type":
-            w.add_uint32(f.name, ftype)
-        elif f.name == "general.name":
-            w.add_string(f.name, name)
-        elif t == gguf.GGUFValueType.ARRAY:
-            sub = f.types[1]
-            vals = [bytes(f.parts[i]).decode() if sub == gguf.GGUFValueType.STRING else f.parts[i][0].item()
-                    for i in f.data]
-            w.add_key_value(f.name, vals, t, sub_type=sub)
-        elif t == gguf.GGUFValueType.STRING:
-            w.add_key_value(f.name, bytes(f.parts[-1]).decode(), t)
-        else:
-            w.add_key_value(f.name, f.parts[-1][0].item(), t)
 
 
 def build(src, dst, plan, rng):
@@ -189,7 +153,7 @@ def build(src, dst, plan, rng):
     r = gguf.GGUFReader(str(src))
     ftypes = {IQ[t][2] for t in plan.values()}
     w = gguf.GGUFWriter(str(dst), "llama")
-    _copy_keys(r, w, ftypes.pop() if len(ftypes) == 1 else 7, dst.stem)  # 7 (MOSTLY_Q8_0) for the mixes
+    copy_keys(r, w, ftypes.pop() if len(ftypes) == 1 else 7, dst.stem)  # 7 (MOSTLY_Q8_0) for the mixes
     vals, types = {}, {}
     for t in r.tensors:
         shape = tuple(int(x) for x in reversed(t.shape.tolist()))
@@ -519,7 +483,7 @@ def _corrupt_d(src, dst, tensor, block, h):
     with open(dst, "r+b") as f:
         f.seek(off + block * bb)
         blk = np.frombuffer(f.read(bb), dtype=np.uint8).copy().reshape(1, bb)
-        set_d(t, blk, [h])
+        set_iq_d(t, blk, [h])
         f.seek(off + block * bb)
         f.write(blk.tobytes())
     per_row = shape[1] // 256
