@@ -16,8 +16,6 @@
  */
 #include "model_src_internal.h"
 
-#include "ie_mmap.h"
-
 #include <stdio.h>
 #include <string.h>
 
@@ -175,71 +173,12 @@ static ie_status_t qwen3moe_hf_hparams(ie_model_src_t *s, const cJSON *cfg)
     return IE_OK;
 }
 
-/* Stack layer l's experts into ffn_{gate,up,down}_exps.weight: from the
- * per-expert tensors (the released checkpoints) or transformers 5's fused
- * mlp.experts.gate_up_proj [E][2I][H] (gate rows first) and down_proj
- * [E][H][I]. Each expert's matrix is already one ggml slice in HF's
- * row-major layout, so stacking is a copy per expert. */
+/* Layer l's experts as ffn_{gate,up,down}_exps.weight (msrc_hf_stack_experts):
+ * mlp.experts.N.{gate,up,down}_proj.weight, or fused under mlp.experts. */
 static ie_status_t qwen3moe_hf_layer(ie_model_src_t *s, int l)
 {
-    const ie_hparams_t *hp = &s->hp;
-    const int64_t H = hp->n_embd, I = hp->n_ff, E = hp->n_expert;
-    static const char *const proj[3] = {"gate", "up", "down"};
-    static const char *const canon[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
-    const src_tensor_t *gu = NULL, *dn = NULL;
-    ie_status_t st;
-    char hn[128], cn[64];
-    uint8_t *dst[3];
-
-    snprintf(hn, sizeof hn, "model.layers.%d.mlp.experts.gate_up_proj", l);
-    if ((st = msrc_hf_raw(s, hn, 0, 3, (const int64_t[3]){E, 2 * I, H}, 0, &gu)) != IE_OK) return st;
-    if (gu) {
-        snprintf(hn, sizeof hn, "model.layers.%d.mlp.experts.down_proj", l);
-        if ((st = msrc_hf_raw(s, hn, 1, 3, (const int64_t[3]){E, H, I}, 0, &dn)) != IE_OK) return st;
-        const size_t es = msrc_float_size(gu->t.dtype), ds = msrc_float_size(dn->t.dtype);
-        const uint64_t mat = (uint64_t)(H * I);
-        for (int p = 0; p < 3; p++) {
-            const src_tensor_t *src = p < 2 ? gu : dn;
-            snprintf(cn, sizeof cn, "blk.%d.%s.weight", l, canon[p]);
-            if ((st = msrc_add_owned(s, cn, src->t.dtype, src->type_name, 3, p < 2 ? H : I, p < 2 ? I : H, E,
-                                     mat * (uint64_t)E * (p < 2 ? es : ds), &dst[p])) != IE_OK)
-                return st;
-        }
-        for (int64_t e = 0; e < E; e++) {
-            const uint8_t *g = (const uint8_t *)gu->t.data + (size_t)(e * 2 * mat) * es;
-            memcpy(dst[0] + (size_t)(e * mat) * es, g, (size_t)mat * es);
-            memcpy(dst[1] + (size_t)(e * mat) * es, g + (size_t)mat * es, (size_t)mat * es);
-        }
-        memcpy(dst[2], dn->t.data, (size_t)(mat * (uint64_t)E) * ds);
-        ie_file_release_pages(gu->t.data, (size_t)gu->t.nbytes);
-        ie_file_release_pages(dn->t.data, (size_t)dn->t.nbytes);
-        return IE_OK;
-    }
-
-    for (int p = 0; p < 3; p++) {
-        const int64_t shape[2] = {p < 2 ? I : H, p < 2 ? H : I}; /* HF [out][in] */
-        const src_tensor_t *first = NULL;
-        size_t es = 0;
-        for (int64_t e = 0; e < E; e++) {
-            const src_tensor_t *t;
-            snprintf(hn, sizeof hn, "model.layers.%d.mlp.experts.%lld.%s_proj.weight", l, (long long)e, proj[p]);
-            if ((st = msrc_hf_raw(s, hn, 1, 2, shape, 0, &t)) != IE_OK) return st;
-            if (!first) {
-                first = t;
-                es = msrc_float_size(t->t.dtype);
-                snprintf(cn, sizeof cn, "blk.%d.%s.weight", l, canon[p]);
-                if ((st = msrc_add_owned(s, cn, t->t.dtype, t->type_name, 3, shape[1], shape[0], E,
-                                         (uint64_t)(H * I * E) * es, &dst[p])) != IE_OK)
-                    return st;
-            } else if (t->t.dtype != first->t.dtype) {
-                return ie_error_set(IE_ERR_FORMAT, "model: tensor '%s' has type %s, expert 0's has %s", hn,
-                                    t->type_name, first->type_name);
-            }
-            memcpy(dst[p] + (size_t)(e * H * I) * es, t->t.data, (size_t)(H * I) * es);
-            ie_file_release_pages(t->t.data, (size_t)t->t.nbytes);
-        }
-    }
-    return IE_OK;
+    static const char *const proj[3] = {"gate_proj.weight", "up_proj.weight", "down_proj.weight"};
+    return msrc_hf_stack_experts(s, l, "mlp.experts", proj, "mlp.experts");
 }
 
 /* Append every layer's converted stacks (msrc_find() keeps searching the

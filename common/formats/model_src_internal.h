@@ -233,6 +233,17 @@ ie_status_t msrc_hf_dims(const cJSON *cfg, int default_ctx, ie_hparams_t *hp);
 ie_status_t msrc_hf_raw(const ie_model_src_t *s, const char *name, int required, int ndim, const int64_t *shape,
                         int want_u8, const src_tensor_t **out);
 size_t msrc_float_size(ie_dtype_t t);
+/* Layer l's SwiGLU experts stacked as the GGUF holds them,
+ * blk.l.ffn_{gate,up,down}_exps.weight (ne = [in, out, n_expert], hp's
+ * n_embd, n_ff, n_expert), converted copies in the HF dtype: from
+ * transformers 5's fused "model.layers.l.<fused_prefix>.gate_up_proj"
+ * [E][2I][H] (gate rows first) and ".down_proj" [E][H][I] when present,
+ * else from one tensor per expert "model.layers.l.<prefix>.<e>.<proj[p]>"
+ * for gate, up, down (HF [out][in]). Errors name the missing or misshapen
+ * HF tensor, or an expert whose dtype differs from expert 0's. Needs three
+ * free table entries. */
+ie_status_t msrc_hf_stack_experts(ie_model_src_t *s, int l, const char *prefix, const char *const proj[3],
+                                  const char *fused_prefix);
 
 /* YaRN attention factor when the file gives none (transformers get_mscale) */
 float msrc_yarn_mscale(float factor);
