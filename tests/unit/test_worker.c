@@ -559,6 +559,21 @@ static void test_arch_desc(void)
     CU_ASSERT_EQUAL(a.gating, IE_GATING_SWIGLU);
     CU_ASSERT(a.norm_topk && a.qk_norm && a.top_k == 2);
     CU_ASSERT(!a.router_bias && !a.expert_bias && !a.qkv_bias && !a.o_bias && !a.sinks);
+    /* Mixtral: the llama architecture with experts gets its own entry,
+     * Qwen3-MoE's routing without the q/k norm */
+    ie_hparams_t m = *hp;
+    m.n_expert = 8;
+    m.n_expert_used = 2;
+    m.moe_softmax_first = 1;
+    m.moe_norm_topk = 1;
+    CU_ASSERT_EQUAL_FATAL(ie_arch_desc_init(&m, &a), IE_OK);
+    CU_ASSERT_STRING_EQUAL(a.name, "mixtral");
+    CU_ASSERT_EQUAL(a.ffn, IE_FFN_MOE);
+    CU_ASSERT_EQUAL(a.routing, IE_ROUTE_SOFTMAX_TOPK);
+    CU_ASSERT_EQUAL(a.gating, IE_GATING_SWIGLU);
+    CU_ASSERT(a.norm_topk && !a.qk_norm && a.top_k == 2);
+    CU_ASSERT(!a.router_bias && !a.expert_bias && !a.qkv_bias && !a.o_bias && !a.sinks);
+    CU_ASSERT_STRING_EQUAL(a.ffn_norm_name, "ffn_norm");
 
     g.arch_id = (ie_arch_t)99;
     CU_ASSERT_EQUAL(ie_arch_desc_init(&g, &a), IE_ERR_UNSUPPORTED);

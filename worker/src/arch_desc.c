@@ -21,6 +21,23 @@ static const ie_arch_desc_t k_llama = {
     .ffn_norm_name = "ffn_norm",
 };
 
+/* Mixtral: the llama architecture with experts (llama.cpp keeps the name;
+ * chosen when the file has n_expert > 0). Plain SwiGLU experts without
+ * biases, a router without bias; softmax over all experts, top-k,
+ * renormalized (from the file, as for Qwen3-MoE). */
+static const ie_arch_desc_t k_mixtral = {
+    .name = "mixtral",
+    .rope_scaling = IE_ROPE_SCALING_NONE,
+    .ffn = IE_FFN_MOE,
+    .act = IE_ACT_SILU,
+    .gating = IE_GATING_SWIGLU,
+    .routing = IE_ROUTE_SOFTMAX_TOPK,
+    .router_bias = 0,
+    .expert_bias = 0,
+    .norm = IE_NORM_PRE,
+    .ffn_norm_name = "ffn_norm",
+};
+
 static const ie_arch_desc_t k_gptoss = {
     .name = "gpt-oss",
     .qkv_bias = 1,
@@ -59,7 +76,7 @@ ie_status_t ie_arch_desc_init(const ie_hparams_t *hp, ie_arch_desc_t *out)
 {
     const char *missing = NULL;
     switch (hp->arch_id) {
-    case IE_ARCH_LLAMA: *out = k_llama; break;
+    case IE_ARCH_LLAMA: *out = hp->n_expert > 0 ? k_mixtral : k_llama; break;
     case IE_ARCH_GPTOSS: *out = k_gptoss; break;
     case IE_ARCH_QWEN2: *out = k_qwen2; break;
     case IE_ARCH_QWEN3: *out = k_qwen3; break;
