@@ -39,6 +39,7 @@ echo "[regen] generating into $tmp" >&2
 "$py" tests/reference/gen_tiny_phi3.py --out "$tmp"
 "$py" tests/reference/gen_tiny_gemma.py --out "$tmp"
 "$py" tests/reference/gen_tiny_qwen3.py --out "$tmp"
+"$py" tests/reference/gen_tiny_mixtral.py --out "$tmp"
 "$py" tests/reference/gen_embed_ref.py --out "$tmp"
 "$py" tests/reference/gen_pretok_refs.py --out "$tmp/pretok"
 "$py" tests/reference/gen_chat_templates.py "$tmp/templates"
