@@ -88,15 +88,18 @@ def tiny_llama_meta(w):
 
 def kquants(w):
     """One 1 x 256 tensor of every k-quant type this engine computes, valid
-    blocks of a ramp (q8_K, activation-only, and iq2_xxs, uncomputed, as raw
-    bytes of their block sizes)."""
+    blocks of a ramp (q8_K, activation-only, the grid i-quants and tq2_0,
+    uncomputed, as raw bytes of their block sizes)."""
     x = np.linspace(-1, 1, 256, dtype=np.float32).reshape(1, 256)
     for name in KQ_TYPES:
         qt = gguf.GGMLQuantizationType[name]
         q = kq_quantize(x, qt)
         w.add_tensor(f"w.{name.lower()}", q, raw_shape=q.shape, raw_dtype=qt)
     w.add_tensor("w.q8_k", np.zeros((1, 292), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_K)
-    w.add_tensor("w.iq2_xxs", np.zeros((1, 66), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS)
+    for name, nb in (("IQ2_XXS", 66), ("IQ2_XS", 74), ("IQ2_S", 82), ("IQ3_XXS", 98), ("IQ3_S", 110),
+                     ("IQ1_S", 50), ("IQ1_M", 56), ("TQ2_0", 66)):
+        w.add_tensor(f"w.{name.lower()}", np.zeros((1, nb), dtype=np.uint8),
+                     raw_dtype=gguf.GGMLQuantizationType[name])
 
 
 def kquant_llama(w):
