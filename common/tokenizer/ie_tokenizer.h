@@ -91,6 +91,12 @@ int ie_tokenizer_add_eos(const ie_tokenizer_t *tok);
 int ie_tokenizer_is_eog(const ie_tokenizer_t *tok, int32_t id);
 /* 1 if `id` is a control/unknown token (its text is hidden unless asked). */
 int ie_tokenizer_is_special(const ie_tokenizer_t *tok, int32_t id);
+/* Fill-in-the-middle: 1 and the prefix / suffix / middle token ids when the
+ * model has them (the GGUF's tokenizer.ggml.fim_{pre,suf,mid}_token_id, else
+ * one family of spellings found whole in the vocabulary: <|fim_prefix|>,
+ * <fim_prefix>, <fim-prefix>, DeepSeek's <｜fim▁begin｜>, CodeLlama's <PRE>,
+ * GLM's <|code_prefix|> and their suffix / middle), else 0 (outputs untouched). */
+int ie_tokenizer_fim(const ie_tokenizer_t *tok, int32_t *pre, int32_t *suf, int32_t *mid);
 /* Id of the token whose vocabulary text is exactly text[0..len) (e.g.
  * "<|im_start|>"), or -1. Linear scan: for set-up, not per token. */
 int32_t ie_tokenizer_find(const ie_tokenizer_t *tok, const char *text, size_t len);

@@ -49,6 +49,7 @@ ie_status_t ie_tok_alloc(int32_t n_vocab, ie_tokenizer_t **out)
         t->byte_tok[i] = -1;
     }
     t->bos = t->eos = t->eot = t->unk = t->pad = t->bpe_unk = -1;
+    t->fim_pre = t->fim_suf = t->fim_mid = -1;
     *out = t;
     t = NULL;
 
@@ -819,6 +820,36 @@ int ie_tokenizer_is_special(const ie_tokenizer_t *tok, int32_t id)
     if (!tok || id < 0 || id >= tok->n_vocab) { return 0; }
     uint8_t ty = tok->tokens[id].type;
     return ty == IE_TOKT_CONTROL || ty == IE_TOKT_UNKNOWN;
+}
+
+/* Contract (ie_tokenizer.h). The spellings llama.cpp's vocabulary loader
+ * also recognizes, one family per row: prefix, suffix, middle. */
+int ie_tokenizer_fim(const ie_tokenizer_t *tok, int32_t *pre, int32_t *suf, int32_t *mid)
+{
+    static const char *const k_fim[][3] = {
+        {"<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"}, /* Qwen2.5-Coder */
+        {"<fim_prefix>", "<fim_suffix>", "<fim_middle>"},       /* StarCoder, Refact, Codestral */
+        {"<fim-prefix>", "<fim-suffix>", "<fim-middle>"},       /* StableCode */
+        {"<｜fim▁begin｜>", "<｜fim▁hole｜>", "<｜fim▁end｜>"}, /* DeepSeek-Coder */
+        {"<PRE>", "<SUF>", "<MID>"},                            /* CodeLlama */
+        {"▁<PRE>", "▁<SUF>", "▁<MID>"}, /* CodeLlama, as its SentencePiece vocabulary spells them */
+        {"<|code_prefix|>", "<|code_suffix|>", "<|code_middle|>"}, /* GLM-4 */
+    };
+    if (!tok) return 0;
+    if (tok->fim_pre >= 0 && tok->fim_suf >= 0 && tok->fim_mid >= 0) {
+        *pre = tok->fim_pre, *suf = tok->fim_suf, *mid = tok->fim_mid;
+        return 1;
+    }
+    for (size_t r = 0; r < sizeof k_fim / sizeof k_fim[0]; r++) {
+        const int32_t a = ie_tokenizer_find(tok, k_fim[r][0], strlen(k_fim[r][0]));
+        const int32_t b = a >= 0 ? ie_tokenizer_find(tok, k_fim[r][1], strlen(k_fim[r][1])) : -1;
+        const int32_t c = b >= 0 ? ie_tokenizer_find(tok, k_fim[r][2], strlen(k_fim[r][2])) : -1;
+        if (c >= 0) {
+            *pre = a, *suf = b, *mid = c;
+            return 1;
+        }
+    }
+    return 0;
 }
 
 int32_t ie_tokenizer_find(const ie_tokenizer_t *tok, const char *text, size_t len)

@@ -324,6 +324,11 @@ ie_status_t ie_tok_load_gguf(const char *path, ie_tokenizer_t **out)
     }
     int32_t eom = -1;
     if ((st = get_id(g, "tokenizer.ggml.eom_token_id", n, &eom)) != IE_OK) { goto cleanup; }
+    if ((st = get_id(g, "tokenizer.ggml.fim_pre_token_id", n, &t->fim_pre)) != IE_OK ||
+        (st = get_id(g, "tokenizer.ggml.fim_suf_token_id", n, &t->fim_suf)) != IE_OK ||
+        (st = get_id(g, "tokenizer.ggml.fim_mid_token_id", n, &t->fim_mid)) != IE_OK) {
+        goto cleanup;
+    }
     if ((st = get_bool_default(g, "tokenizer.ggml.add_bos_token", algo == IE_TOK_ALGO_SPM, &t->add_bos)) != IE_OK ||
         (st = get_bool_default(g, "tokenizer.ggml.add_eos_token", 0, &t->add_eos)) != IE_OK) {
         goto cleanup;

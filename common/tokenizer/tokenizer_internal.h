@@ -220,7 +220,8 @@ struct ie_tokenizer {
     size_t n_match;
 
     int32_t bos, eos, eot, unk, pad;
-    int32_t bpe_unk; /* emitted for text BPE cannot represent; -1
+    int32_t fim_pre, fim_suf, fim_mid; /* from GGUF keys; -1: look the spellings up */
+    int32_t bpe_unk;                   /* emitted for text BPE cannot represent; -1
                                  drops it (HF without unk_token; byte-level
                                  GGUFs, whose "unknown" id is often EOS)   */
     int add_bos, add_eos;

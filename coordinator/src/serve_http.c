@@ -635,6 +635,7 @@ typedef struct gen {
     char *schema_text;                       /* response_format's schema (malloc'd), or NULL */
     ie_logit_bias_t *bias;                   /* logit_bias's entries (malloc'd), or NULL */
     int echo;                                /* completions: the answer starts with the prompt */
+    const char *suffix;                      /* completions: fill in the middle before it (in the body) */
     int32_t stop_ids[IE_HTTP_MAX_STOP_IDS];  /* stop_token_ids */
     const char *choice[IE_GRAMMAR_MAX_ALTS]; /* guided_choice (strings in the body) */
     ie_oai_tools_t tools;                    /* chat: tools / tool_choice (owned until handed to the request) */
@@ -860,8 +861,14 @@ static int parse_gen(ie_http_t *h, const cJSON *root, gen_t *g, http_err_t *e)
                          1 << 24);
     if (parse_logprobs(root, g, e)) return -1;
     const cJSON *suffix = cJSON_GetObjectItemCaseSensitive(root, "suffix");
-    if (suffix && !cJSON_IsNull(suffix) && !(cJSON_IsString(suffix) && !suffix->valuestring[0]))
-        return bad_param(e, "suffix", "'suffix' is not supported");
+    if (suffix && !cJSON_IsNull(suffix)) {
+        if (!cJSON_IsString(suffix)) return bad_param(e, "suffix", "'suffix' must be a string");
+        if (suffix->valuestring[0] && g->chat)
+            return bad_param(e, "suffix", "'suffix' is a /v1/completions parameter");
+        if (suffix->valuestring[0] && g->echo)
+            return bad_param(e, "suffix", "'suffix' and 'echo' cannot be used together");
+        if (suffix->valuestring[0]) g->suffix = suffix->valuestring;
+    }
     if (parse_logit_bias(h, root, g, e)) return -1;
     const cJSON *tools = cJSON_GetObjectItemCaseSensitive(root, "tools");
     if (!g->chat && tools && !cJSON_IsNull(tools) && !(cJSON_IsArray(tools) && !tools->child))
@@ -985,12 +992,55 @@ static int prompt_encode(ie_http_t *h, const char *text, prompt_in_t *out, http_
     return 0;
 }
 
+/* Fill in the middle (a "suffix"): the prompt is the text before the gap,
+ * the model writes what goes between; out->ids = [BOS] <prefix token> the
+ * prompt's tokens <suffix token> the suffix's tokens <middle token> (the
+ * prefix-suffix-middle order llama.cpp's infill uses; both texts tokenized
+ * as plain text, BOS where the model adds one). fim: the three ids. */
+static int prompt_encode_fim(ie_http_t *h, const char *text, const char *suffix, const int32_t fim[3],
+                             prompt_in_t *out, http_err_t *e)
+{
+    int32_t *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    const int bos = ie_tokenizer_add_bos(h->tok);
+    const double t0 = ie_now_ms();
+    ie_status_t st = ie_tokenizer_encode(h->tok, text, strlen(text), 0, &a, &na);
+    if (st == IE_OK) st = ie_tokenizer_encode(h->tok, suffix, strlen(suffix), 0, &b, &nb);
+    if (h->m_stage) ie_metric_observe(h->m_stage, "tokenize", (ie_now_ms() - t0) / 1e3);
+    const size_t n = (size_t)bos + 3 + na + nb;
+    int32_t *ids = st == IE_OK ? malloc(n * sizeof *ids) : NULL;
+    if (ids) {
+        size_t k = 0;
+        if (bos) ids[k++] = ie_tokenizer_bos(h->tok);
+        ids[k++] = fim[0];
+        memcpy(ids + k, a, na * sizeof *a);
+        k += na;
+        ids[k++] = fim[1];
+        memcpy(ids + k, b, nb * sizeof *b);
+        k += nb;
+        ids[k++] = fim[2];
+        out->ids = ids;
+        out->n = n;
+        out->text = text;
+    }
+    free(a);
+    free(b);
+    if (st == IE_OK && !ids) st = IE_ERR_NOMEM;
+    if (st == IE_ERR_NOMEM)
+        return err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
+    if (st != IE_OK) return bad_param(e, "prompt", "'prompt' / 'suffix': %s", ie_error_last());
+    return 0;
+}
+
 /* /v1/completions' prompt -> prompts (*out malloc'd, *n_out of them): a
  * string, a list of token ids, or a list of strings or of such lists (a
  * batch: OpenAI's, at most IE_HTTP_MAX_PROMPTS). Each must fit the
- * context and hold a token. */
-static int prompts_parse(ie_http_t *h, const cJSON *root, prompt_in_t **out, int *n_out, http_err_t *e)
+ * context and hold a token. With a suffix (fill in the middle) each is a
+ * text, framed by the model's FIM tokens (prompt_encode_fim). */
+static int prompts_parse(ie_http_t *h, const cJSON *root, const char *suffix, prompt_in_t **out, int *n_out,
+                         http_err_t *e)
 {
+    int32_t fim[3] = {-1, -1, -1};
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt"), *it;
     int n = 1, rc = 0;
     if (cJSON_IsArray(p) && !cJSON_IsNumber(p->child)) n = cJSON_GetArraySize(p); /* a batch */
@@ -999,9 +1049,17 @@ static int prompts_parse(ie_http_t *h, const cJSON *root, prompt_in_t **out, int
                          IE_HTTP_MAX_PROMPTS);
     if (!cJSON_IsString(p) && !cJSON_IsArray(p))
         return bad_param(e, "prompt", "'prompt' must be a string, a list of token ids or a list of those");
+    if (suffix && !ie_tokenizer_fim(h->tok, &fim[0], &fim[1], &fim[2]))
+        return bad_param(e, "suffix",
+                         "'suffix': this model has no fill-in-the-middle tokens (such as <|fim_prefix|>, "
+                         "<fim_prefix> or <PRE>)");
+    if (suffix && cJSON_IsArray(p) && (cJSON_IsNumber(p->child) || !cJSON_IsString(p->child)))
+        return bad_param(e, "suffix", "'suffix' needs the prompt as text, not token ids");
     prompt_in_t *v = calloc((size_t)n, sizeof *v);
     if (!v) return err_set(e, MHD_HTTP_INTERNAL_SERVER_ERROR, "server_error", "internal", NULL, "out of memory");
-    if (cJSON_IsString(p)) {
+    if (suffix && cJSON_IsString(p)) {
+        rc = prompt_encode_fim(h, p->valuestring, suffix, fim, &v[0], e);
+    } else if (cJSON_IsString(p)) {
         rc = prompt_encode(h, p->valuestring, &v[0], e);
     } else if (cJSON_IsNumber(p->child)) {
         rc = ids_from_json(h, p, &v[0].ids, &v[0].n, e);
@@ -1009,8 +1067,11 @@ static int prompts_parse(ie_http_t *h, const cJSON *root, prompt_in_t **out, int
         int i = 0;
         cJSON_ArrayForEach(it, p)
         {
-            if (cJSON_IsString(it)) rc = prompt_encode(h, it->valuestring, &v[i], e);
-            else if (cJSON_IsArray(it)) rc = ids_from_json(h, it, &v[i].ids, &v[i].n, e);
+            if (cJSON_IsString(it) && suffix) rc = prompt_encode_fim(h, it->valuestring, suffix, fim, &v[i], e);
+            else if (cJSON_IsString(it)) rc = prompt_encode(h, it->valuestring, &v[i], e);
+            else if (cJSON_IsArray(it) && !suffix) rc = ids_from_json(h, it, &v[i].ids, &v[i].n, e);
+            else if (cJSON_IsArray(it))
+                rc = bad_param(e, "suffix", "'suffix' needs the prompt as text, not token ids");
             else rc = bad_param(e, "prompt", "'prompt'[%d] must be a string or a list of token ids", i);
             if (rc) break;
             i++;
@@ -2059,7 +2120,7 @@ static enum MHD_Result handle_generate(ie_http_t *h, struct MHD_Connection *mc, 
                     "the prompt has %zu tokens; the context holds %d", pin[0].n, h->n_ctx);
             goto answer_err;
         }
-    } else if (prompts_parse(h, root, &pin, &n_pin, &e) != 0) {
+    } else if (prompts_parse(h, root, g.suffix, &pin, &n_pin, &e) != 0) {
         goto answer_err;
     }
     if (n_pin * g.n > IE_HTTP_MAX_CHOICES) {

@@ -439,6 +439,36 @@ static void test_special_gpt2(void)
     ie_tokenizer_destroy(&t);
 }
 
+/* Fill-in-the-middle ids by their spellings (these vocabularies carry no
+ * tokenizer.ggml.fim_* keys): DeepSeek-Coder's begin / hole / end, Refact's
+ * StarCoder names (listed prefix, middle, suffix: the roles, not the ids'
+ * order, decide), none in GPT-2 or Llama 2; untouched outputs then. */
+static void test_fim_ids(void)
+{
+    int32_t pre = -7, suf = -7, mid = -7;
+    ie_tokenizer_t *t = load(VOCAB("deepseek-coder"));
+    CU_ASSERT_EQUAL(ie_tokenizer_fim(t, &pre, &suf, &mid), 1);
+    CU_ASSERT_EQUAL(pre, 32016);
+    CU_ASSERT_EQUAL(suf, 32015);
+    CU_ASSERT_EQUAL(mid, 32017);
+    ie_tokenizer_destroy(&t);
+    t = load(VOCAB("refact"));
+    CU_ASSERT_EQUAL(ie_tokenizer_fim(t, &pre, &suf, &mid), 1);
+    CU_ASSERT_EQUAL(pre, 1);
+    CU_ASSERT_EQUAL(suf, 3);
+    CU_ASSERT_EQUAL(mid, 2);
+    ie_tokenizer_destroy(&t);
+    pre = suf = mid = -7;
+    t = load(GPT2_GGUF);
+    CU_ASSERT_EQUAL(ie_tokenizer_fim(t, &pre, &suf, &mid), 0);
+    ie_tokenizer_destroy(&t);
+    t = load(SPM_GGUF);
+    CU_ASSERT_EQUAL(ie_tokenizer_fim(t, &pre, &suf, &mid), 0);
+    ie_tokenizer_destroy(&t);
+    CU_ASSERT(pre == -7 && suf == -7 && mid == -7);
+    CU_ASSERT_EQUAL(ie_tokenizer_fim(NULL, &pre, &suf, &mid), 0);
+}
+
 static void test_special_spm(const char *path)
 {
     ie_tokenizer_t *t = load(path);
@@ -1057,6 +1087,7 @@ int main(void)
     CU_add_test(s, "gpt-2 vectors (gguf)", test_vectors_gpt2);
     CU_add_test(s, "llama-spm vectors (gguf)", test_vectors_spm);
     CU_add_test(s, "deepseek-coder vectors (gguf)", test_vectors_deepseek_coder);
+    CU_add_test(s, "fill-in-the-middle ids", test_fim_ids);
     CU_add_test(s, "falcon vectors (gguf)", test_vectors_falcon);
     CU_add_test(s, "mpt vectors (gguf)", test_vectors_mpt);
     CU_add_test(s, "refact vectors (gguf)", test_vectors_refact);
