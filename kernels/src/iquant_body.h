@@ -32,7 +32,7 @@
  *   IQ_ROWS_MAX, IQ_CHUNK  rows decoded together (4) and blocks a chunk (8).
  */
 #ifndef IQ_ISA
-#error "define iq_emit, iq_emit1, iq_dot and IQ_ISA before including iquant_body.h"
+#error "define the emits, iq_dot, IQ_ROWS_MAX, IQ_CHUNK and IQ_ISA before including iquant_body.h"
 #endif
 
 #include <immintrin.h>
