@@ -8,6 +8,7 @@
 #include "model_src_internal.h"
 
 #include "ie_mmap.h"
+#include <math.h>
 
 #include <stdio.h>
 #include <string.h>
@@ -74,16 +75,68 @@ ie_status_t msrc_check_experts(const ie_hparams_t *hp, const hp_labels_t *lb)
 
 /* ------------------------------------------------------------------ GGUF */
 
-/* Contract (model_src_internal.h). */
-ie_status_t msrc_gguf_rope_plain(const ie_gguf_t *g, const char *a)
+/* Contract (model_src_internal.h). llama.cpp's converter writes
+ * rope.scaling.factor for linear and yarn, original_context_length for
+ * yarn, and yarn_attn_factor / yarn_beta_fast / yarn_beta_slow only where
+ * the config has attention_factor / beta_fast / beta_slow: absent, they are
+ * transformers' defaults (0.1 ln(factor) + 1, 32, 1). The correction range
+ * is rounded (truncate), as ggml's corr dims and transformers' default do.
+ * Extrapolation factors other than 1 and DeepSeek's log multiplier are
+ * refused. */
+ie_status_t msrc_gguf_rope_scaling(const ie_gguf_t *g, const char *a, ie_hparams_t *hp)
 {
     ie_gguf_str_t str;
+    ie_status_t st;
+    float factor, v;
     char key[96];
 
     snprintf(key, sizeof key, "%s.rope.scaling.type", a);
-    if (ie_gguf_get_str(g, key, &str) == IE_OK && !(str.len == 4 && !memcmp(str.ptr, "none", 4)))
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: %s '%.*s' is not supported", key,
+    if (ie_gguf_find_key(g, key) < 0) return IE_OK;
+    if ((st = ie_gguf_get_str(g, key, &str)) != IE_OK)
+        return ie_error_set(IE_ERR_FORMAT, "model: key '%s' must be a string", key);
+    if (str.len == 4 && memcmp(str.ptr, "none", 4) == 0) return IE_OK;
+    const int linear = str.len == 6 && memcmp(str.ptr, "linear", 6) == 0;
+    const int yarn = str.len == 4 && memcmp(str.ptr, "yarn", 4) == 0;
+    if (!linear && !yarn)
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: %s '%.*s' is not supported (none, linear, yarn)", key,
                             (int)(str.len < 64 ? str.len : 64), str.ptr);
+    if ((st = msrc_gguf_arch_float(g, a, "rope.scaling.factor", 1, 0.0f, &factor)) != IE_OK) return st;
+    if (!isfinite(factor) || factor < 1.0f)
+        return ie_error_set(IE_ERR_FORMAT, "model: %s.rope.scaling.factor %g must be at least 1", a,
+                            (double)factor);
+    if (linear) {
+        hp->rope_freq_scale = factor == 1.0f ? 0.0f : 1.0f / factor;
+        return IE_OK;
+    }
+    if ((st = msrc_gguf_arch_int(g, a, "rope.scaling.original_context_length", 1, 0, &hp->rope_yarn_orig_ctx)) !=
+        IE_OK)
+        return st;
+    if ((st = msrc_gguf_arch_float(g, a, "rope.scaling.yarn_beta_fast", 0, 32.0f, &hp->rope_yarn_beta_fast)) !=
+            IE_OK ||
+        (st = msrc_gguf_arch_float(g, a, "rope.scaling.yarn_beta_slow", 0, 1.0f, &hp->rope_yarn_beta_slow)) !=
+            IE_OK)
+        return st;
+    if (!isfinite(hp->rope_yarn_beta_fast) || hp->rope_yarn_beta_fast <= 0.0f ||
+        !isfinite(hp->rope_yarn_beta_slow) || hp->rope_yarn_beta_slow <= 0.0f)
+        return ie_error_set(IE_ERR_FORMAT,
+                            "model: %s.rope.scaling.yarn_beta_fast %g / yarn_beta_slow %g must be positive", a,
+                            (double)hp->rope_yarn_beta_fast, (double)hp->rope_yarn_beta_slow);
+    if ((st = msrc_gguf_arch_float(g, a, "rope.scaling.yarn_attn_factor", 0, msrc_yarn_mscale(factor),
+                                   &hp->rope_attn_factor)) != IE_OK)
+        return st;
+    if (!isfinite(hp->rope_attn_factor) || hp->rope_attn_factor <= 0.0f)
+        return ie_error_set(IE_ERR_FORMAT, "model: %s.rope.scaling.yarn_attn_factor %g must be positive", a,
+                            (double)hp->rope_attn_factor);
+    if ((st = msrc_gguf_arch_float(g, a, "rope.scaling.yarn_ext_factor", 0, 1.0f, &v)) != IE_OK) return st;
+    if (v != 1.0f && v != -1.0f) /* llama.cpp: -1 means 1 for yarn */
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: %s.rope.scaling.yarn_ext_factor %g is not supported (1)", a,
+                            (double)v);
+    if ((st = msrc_gguf_arch_float(g, a, "rope.scaling.yarn_log_multiplier", 0, 0.0f, &v)) != IE_OK) return st;
+    if (v != 0.0f)
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: %s.rope.scaling.yarn_log_multiplier %g is not supported", a,
+                            (double)v);
+    hp->rope_yarn_factor = factor;
+    hp->rope_yarn_truncate = 1;
     return IE_OK;
 }
 
@@ -100,16 +153,6 @@ ie_status_t msrc_gguf_vocab_tied(const ie_gguf_t *g, const char *a, ie_hparams_t
 }
 
 /* ----------------------------------------------------------- config.json */
-
-/* Contract (model_src_internal.h). */
-ie_status_t msrc_hf_plain_rope(const cJSON *cfg, ie_hparams_t *hp)
-{
-    ie_status_t st;
-
-    if ((st = msrc_hf_check_rope(cfg, "rope_scaling", "unknown")) != IE_OK) return st;
-    if ((st = msrc_hf_check_rope(cfg, "rope_parameters", "default")) != IE_OK) return st;
-    return msrc_cfg_float(msrc_obj_get(cfg, "rope_parameters"), "rope_theta", hp->rope_theta, &hp->rope_theta);
-}
 
 /* Contract (model_src_internal.h). */
 const cJSON *msrc_hf_rope_field(const cJSON *cfg, const char **field)
@@ -136,6 +179,94 @@ ie_status_t msrc_rope_obj_base(const cJSON *ro, const char *field, double *theta
     t = msrc_obj_get(ro, "rope_type");
     if (!cJSON_IsString(t)) t = msrc_obj_get(ro, "type");
     *type = cJSON_IsString(t) ? t->valuestring : "default";
+    return IE_OK;
+}
+
+/* transformers' _compute_yarn_parameters on the rope object ro (named
+ * field): original_max_position_embeddings is required (a top-level one
+ * takes precedence, as transformers 5's standardize_rope_params gives it);
+ * factor absent -> max_position_embeddings / original; attention_factor
+ * absent -> the mscale ratio or 0.1 ln(factor) + 1; beta_fast / beta_slow
+ * absent or 0 -> 32 / 1; truncate absent -> true. */
+static ie_status_t hf_rope_yarn(const cJSON *cfg, const cJSON *ro, const char *field, ie_hparams_t *hp)
+{
+    const cJSON *t = msrc_obj_get(cfg, "original_max_position_embeddings");
+    double factor, orig, bf, bs, af, ms, msa;
+    ie_status_t st;
+
+    if (t && !cJSON_IsNull(t)) {
+        if ((st = msrc_rope_num(cfg, "config", "original_max_position_embeddings", 0, 0.0, &orig)) != IE_OK)
+            return st;
+    } else {
+        t = msrc_obj_get(ro, "original_max_position_embeddings");
+        if (!t || cJSON_IsNull(t))
+            return ie_error_set(IE_ERR_FORMAT,
+                                "model: config.json %s (rope_type yarn) lacks 'original_max_position_embeddings'",
+                                field);
+        if ((st = msrc_rope_num(ro, field, "original_max_position_embeddings", 0, 0.0, &orig)) != IE_OK) return st;
+    }
+    if (!(orig >= 1.0 && orig <= HP_MAX) || orig != floor(orig))
+        return ie_error_set(IE_ERR_FORMAT,
+                            "model: config.json %s.original_max_position_embeddings %g is out of range", field,
+                            orig);
+    if ((st = msrc_rope_num(ro, field, "factor", 0, hp->n_ctx_train / orig, &factor)) != IE_OK) return st;
+    if (!(factor >= 1.0))
+        return ie_error_set(IE_ERR_FORMAT, "model: config.json %s.factor %g must be at least 1", field, factor);
+    if ((st = msrc_rope_num(ro, field, "beta_fast", 1, 32.0, &bf)) != IE_OK) return st;
+    if ((st = msrc_rope_num(ro, field, "beta_slow", 1, 1.0, &bs)) != IE_OK) return st;
+    if (!(bf > 0.0) || !(bs > 0.0))
+        return ie_error_set(IE_ERR_FORMAT, "model: config.json %s.beta_fast %g / beta_slow %g must be positive",
+                            field, bf, bs);
+    if ((st = msrc_rope_num(ro, field, "mscale", 1, 0.0, &ms)) != IE_OK) return st;
+    if ((st = msrc_rope_num(ro, field, "mscale_all_dim", 1, 0.0, &msa)) != IE_OK) return st;
+    af = factor <= 1.0 ? 1.0 : 0.1 * log(factor) + 1.0;
+    if (ms != 0.0 && msa != 0.0 && factor > 1.0)
+        af = (0.1 * ms * log(factor) + 1.0) / (0.1 * msa * log(factor) + 1.0);
+    if ((st = msrc_rope_num(ro, field, "attention_factor", 0, af, &af)) != IE_OK) return st;
+    if (!(af > 0.0))
+        return ie_error_set(IE_ERR_FORMAT, "model: config.json %s.attention_factor %g must be positive", field, af);
+    t = msrc_obj_get(ro, "truncate");
+    if (t && !cJSON_IsNull(t) && !cJSON_IsBool(t))
+        return ie_error_set(IE_ERR_FORMAT, "model: config.json field '%s.truncate' must be true or false", field);
+    hp->rope_yarn_truncate = !(t && cJSON_IsFalse(t));
+    hp->rope_yarn_factor = (float)factor;
+    hp->rope_yarn_orig_ctx = (int)orig;
+    hp->rope_yarn_beta_fast = (float)bf;
+    hp->rope_yarn_beta_slow = (float)bs;
+    hp->rope_attn_factor = (float)af;
+    return IE_OK;
+}
+
+/* Contract (model_src_internal.h). A rope_scaling object without a type
+ * is plain RoPE only when it carries no factor. */
+ie_status_t msrc_hf_rope_scaling(const cJSON *cfg, int llama3_ok, ie_hparams_t *hp, const char **type)
+{
+    const char *field;
+    const cJSON *ro = msrc_hf_rope_field(cfg, &field);
+    double theta = hp->rope_theta, factor;
+    ie_status_t st;
+
+    *type = "default";
+    hp->rope_freq_scale = 0.0f;
+    hp->rope_yarn_factor = 0.0f;
+    hp->rope_attn_factor = 1.0f;
+    if (!ro) return IE_OK;
+    if ((st = msrc_rope_obj_base(ro, field, &theta, type)) != IE_OK) return st;
+    hp->rope_theta = (float)theta;
+    if (!cJSON_IsString(msrc_obj_get(ro, "rope_type")) && !cJSON_IsString(msrc_obj_get(ro, "type")) &&
+        msrc_obj_get(ro, "factor"))
+        return ie_error_set(IE_ERR_FORMAT, "model: config.json %s has a factor but no 'rope_type'", field);
+    if (strcmp(*type, "default") == 0 || (llama3_ok && strcmp(*type, "llama3") == 0)) return IE_OK;
+    if (strcmp(*type, "yarn") == 0) return hf_rope_yarn(cfg, ro, field, hp);
+    if (strcmp(*type, "linear") != 0)
+        return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json %s type '%.32s' is not supported (default, %s)",
+                            field, *type, llama3_ok ? "linear, yarn, llama3" : "linear, yarn");
+    if (!msrc_obj_get(ro, "factor"))
+        return ie_error_set(IE_ERR_FORMAT, "model: config.json %s (rope_type linear) lacks 'factor'", field);
+    if ((st = msrc_rope_num(ro, field, "factor", 0, 1.0, &factor)) != IE_OK) return st;
+    if (!(factor >= 1.0))
+        return ie_error_set(IE_ERR_FORMAT, "model: config.json %s.factor %g must be at least 1", field, factor);
+    hp->rope_freq_scale = factor == 1.0 ? 0.0f : (float)(1.0 / factor);
     return IE_OK;
 }
 

@@ -84,9 +84,9 @@ static ie_status_t llama_gguf_hparams(const ie_gguf_t *g, ie_hparams_t *hp)
     ie_status_t st;
 
     if ((st = msrc_gguf_hparams_common(g, "llama", "feed_forward_length", 10000.0f, hp)) != IE_OK) return st;
-    /* linear / YaRN scaling is refused; Llama 3.x's scaling has no type
-     * key, only rope_freqs.weight. */
-    if ((st = msrc_gguf_rope_plain(g, "llama")) != IE_OK) return st;
+    /* linear / YaRN scaling; Llama 3.x's has no type key, only
+     * rope_freqs.weight. */
+    if ((st = msrc_gguf_rope_scaling(g, "llama", hp)) != IE_OK) return st;
     hp->rope_freqs = ie_gguf_find_tensor(g, "rope_freqs.weight") != NULL;
     if ((st = msrc_gguf_vocab_tied(g, "llama", hp)) != IE_OK) return st;
     if ((st = llama_gguf_experts(g, hp)) != IE_OK) return st;
@@ -123,27 +123,21 @@ static ie_status_t llama3_read(const cJSON *ro, const char *field, llama3_rope_t
     return IE_OK;
 }
 
-/* RoPE: the base, then plain or "llama3" scaling (hp->rope_freqs; the
- * divisors are computed once the tensor table exists, llama_hf_convert);
- * every other type is refused. */
+/* RoPE: the base, then plain, linear, YaRN (msrc_hf_rope_scaling) or
+ * "llama3" scaling (hp->rope_freqs; the divisors are computed once the
+ * tensor table exists, llama_hf_convert); every other type is refused. */
 static ie_status_t llama_hf_rope(const cJSON *cfg, ie_hparams_t *hp)
 {
     const char *field, *type;
-    const cJSON *ro = msrc_hf_rope_field(cfg, &field);
+    const cJSON *ro;
     llama3_rope_t r;
-    double theta;
     ie_status_t st;
 
     if ((st = msrc_cfg_float(cfg, "rope_theta", 10000.0f, &hp->rope_theta)) != IE_OK) return st;
     hp->rope_freqs = 0;
-    if (!ro) return IE_OK;
-    theta = hp->rope_theta;
-    if ((st = msrc_rope_obj_base(ro, field, &theta, &type)) != IE_OK) return st;
-    hp->rope_theta = (float)theta;
-    if (strcmp(type, "default") == 0) return IE_OK;
-    if (strcmp(type, "llama3") != 0)
-        return ie_error_set(IE_ERR_UNSUPPORTED,
-                            "model: config.json %s type '%.32s' is not supported (default, llama3)", field, type);
+    if ((st = msrc_hf_rope_scaling(cfg, 1, hp, &type)) != IE_OK) return st;
+    if (strcmp(type, "llama3") != 0) return IE_OK;
+    ro = msrc_hf_rope_field(cfg, &field);
     if ((st = llama3_read(ro, field, &r)) != IE_OK) return st;
     hp->rope_freqs = 1;
     return IE_OK;

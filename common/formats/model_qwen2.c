@@ -6,7 +6,10 @@
  * llama.cpp converter does not permute Q/K for qwen2 (its RoPE is NEOX), so
  * both formats rotate rotate_half pairs. Small Qwen2.5 models tie the head.
  * Sliding-window attention (use_sliding_window, off in every released
- * model) is refused.
+ * model) is refused. Linear and YaRN RoPE scaling (Qwen2.5's long-context
+ * recipe: rope_scaling {"rope_type": "yarn", "factor": 4.0,
+ * "original_max_position_embeddings": 32768}) are computed as transformers
+ * does (msrc_hf_rope_scaling, msrc_gguf_rope_scaling).
  */
 #include "model_src_internal.h"
 
@@ -34,7 +37,7 @@ static ie_status_t qwen2_gguf_hparams(const ie_gguf_t *g, ie_hparams_t *hp)
     ie_status_t st;
 
     if ((st = msrc_gguf_hparams_common(g, "qwen2", "feed_forward_length", 1000000.0f, hp)) != IE_OK) return st;
-    if ((st = msrc_gguf_rope_plain(g, "qwen2")) != IE_OK) return st;
+    if ((st = msrc_gguf_rope_scaling(g, "qwen2", hp)) != IE_OK) return st;
     if (ie_gguf_find_tensor(g, "rope_freqs.weight"))
         return ie_error_set(IE_ERR_UNSUPPORTED,
                             "model: tensor 'rope_freqs.weight' is not expected in a qwen2 model");
@@ -50,6 +53,7 @@ static ie_status_t qwen2_hf_hparams(ie_model_src_t *s, const cJSON *cfg)
     ie_hparams_t *hp = &s->hp;
     ie_status_t st;
     const cJSON *lt, *e;
+    const char *type;
     int flag;
 
     if ((st = msrc_hf_dims(cfg, 32768, hp)) != IE_OK) return st;
@@ -59,7 +63,7 @@ static ie_status_t qwen2_hf_hparams(ie_model_src_t *s, const cJSON *cfg)
     hp->rope_layout = IE_ROPE_NEOX;
     hp->qkv_bias = 1;
 
-    if ((st = msrc_hf_plain_rope(cfg, hp)) != IE_OK) return st;
+    if ((st = msrc_hf_rope_scaling(cfg, 0, hp, &type)) != IE_OK) return st;
     if ((st = msrc_cfg_silu(cfg)) != IE_OK) return st;
     if ((st = msrc_cfg_bool(cfg, "use_sliding_window", &flag)) != IE_OK) return st;
     if (flag)

@@ -55,8 +55,8 @@ static ie_status_t qwen3_gguf_common(const ie_gguf_t *g, const char *a, const ch
     ie_status_t st;
 
     if ((st = msrc_gguf_hparams_common(g, a, ff_key, 10000.0f, hp)) != IE_OK) return st;
-    /* YaRN context extension is refused */
-    if ((st = msrc_gguf_rope_plain(g, a)) != IE_OK) return st;
+    /* linear / YaRN (Qwen3's long-context recipe) */
+    if ((st = msrc_gguf_rope_scaling(g, a, hp)) != IE_OK) return st;
     if (ie_gguf_find_tensor(g, "blk.0.attn_q.bias"))
         return ie_error_set(IE_ERR_UNSUPPORTED,
                             "model: tensor 'blk.0.attn_q.bias': %s with attention biases is not supported", a);
@@ -109,12 +109,13 @@ static ie_status_t qwen3_hf_common(ie_model_src_t *s, const cJSON *cfg)
     ie_hparams_t *hp = &s->hp;
     ie_status_t st;
     const cJSON *j, *e;
+    const char *type;
 
     if ((st = msrc_hf_dims(cfg, 32768, hp)) != IE_OK) return st;
     if ((st = msrc_cfg_float(cfg, "rms_norm_eps", 1e-6f, &hp->rms_eps)) != IE_OK) return st;
     if ((st = msrc_cfg_float(cfg, "rope_theta", 10000.0f, &hp->rope_theta)) != IE_OK) return st;
     if ((st = msrc_cfg_bool(cfg, "tie_word_embeddings", &hp->tied_embeddings)) != IE_OK) return st;
-    if ((st = msrc_hf_plain_rope(cfg, hp)) != IE_OK) return st;
+    if ((st = msrc_hf_rope_scaling(cfg, 0, hp, &type)) != IE_OK) return st;
     hp->rope_layout = IE_ROPE_NEOX;
     hp->qk_norm = 1;
     if ((st = msrc_cfg_silu(cfg)) != IE_OK) return st;

@@ -529,28 +529,6 @@ static ie_status_t hf_check_arch(const cJSON *cfg, const msrc_arch_t **arch)
                         msrc_arch_list(list, sizeof list));
 }
 
-/* rope_scaling (transformers 4) and rope_parameters (transformers 5, which
- * also moves rope_theta there): only the plain, full-width rotation is
- * implemented. `untyped` is the type assumed when the object names none. */
-ie_status_t msrc_hf_check_rope(const cJSON *cfg, const char *field, const char *untyped)
-{
-    const cJSON *j = msrc_obj_get(cfg, field), *t, *prf;
-    const char *type;
-    if (!j || cJSON_IsNull(j)) return IE_OK;
-    if (!cJSON_IsObject(j))
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json %s type 'unknown' is not supported", field);
-    t = msrc_obj_get(j, "rope_type");
-    if (!cJSON_IsString(t)) t = msrc_obj_get(j, "type");
-    type = cJSON_IsString(t) ? t->valuestring : untyped;
-    if (strcmp(type, "default") != 0)
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json %s type '%.32s' is not supported", field, type);
-    prf = msrc_obj_get(j, "partial_rotary_factor");
-    if (cJSON_IsNumber(prf) && prf->valuedouble != 1.0)
-        return ie_error_set(IE_ERR_UNSUPPORTED, "model: config.json %s partial_rotary_factor %g is not supported",
-                            field, prf->valuedouble);
-    return IE_OK;
-}
-
 /* Number member `key` of the rope object `ro` (named `field` in messages);
  * absent, null or (zero_is_absent) 0 -> def. */
 ie_status_t msrc_rope_num(const cJSON *ro, const char *field, const char *key, int zero_is_absent, double def,

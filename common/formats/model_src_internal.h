@@ -185,9 +185,12 @@ int msrc_gguf_arch_has(const ie_gguf_t *g, const char *arch, const char *key);
 ie_status_t msrc_gguf_hparams_common(const ie_gguf_t *g, const char *a, const char *ff_key, float rope_base,
                                      ie_hparams_t *hp);
 
-/* <a>.rope.scaling.type absent or "none", else refused (we would compute
- * wrong rotations) */
-ie_status_t msrc_gguf_rope_plain(const ie_gguf_t *g, const char *a);
+/* <a>.rope.scaling.type absent or "none": plain; "linear": factor (>= 1)
+ * into hp->rope_freq_scale; "yarn": factor, original_context_length and
+ * the optional yarn_* keys into hp->rope_yarn_* / rope_attn_factor, as
+ * llama.cpp's converter writes them; anything else is refused naming the
+ * key. */
+ie_status_t msrc_gguf_rope_scaling(const ie_gguf_t *g, const char *a, ie_hparams_t *hp);
 /* n_vocab (msrc_gguf_vocab with "<a>.vocab_size") and a tied head when the
  * file has no output.weight */
 ie_status_t msrc_gguf_vocab_tied(const ie_gguf_t *g, const char *a, ie_hparams_t *hp);
@@ -201,14 +204,16 @@ ie_status_t msrc_cfg_int(const cJSON *cfg, const char *field, int required, int6
 ie_status_t msrc_cfg_float(const cJSON *cfg, const char *field, float def, float *out);
 /* absent/null/false -> 0, true -> 1; anything else is an error */
 ie_status_t msrc_cfg_bool(const cJSON *cfg, const char *field, int *out);
-/* refuse a rope_scaling / rope_parameters object other than plain RoPE */
-ie_status_t msrc_hf_check_rope(const cJSON *cfg, const char *field, const char *untyped);
 /* number member `key` of a rope object; absent, null or (zero_is_absent) 0 -> def */
 ie_status_t msrc_rope_num(const cJSON *ro, const char *field, const char *key, int zero_is_absent, double def,
                           double *out);
-/* plain RoPE only (rope_scaling and rope_parameters, msrc_hf_check_rope);
- * rope_parameters.rope_theta, where present, overrides hp->rope_theta */
-ie_status_t msrc_hf_plain_rope(const cJSON *cfg, ie_hparams_t *hp);
+/* The RoPE object of a Llama-shaped config (rope_parameters or
+ * rope_scaling; its rope_theta overrides hp->rope_theta): "default",
+ * "linear" (hp->rope_freq_scale = 1 / factor) and "yarn" (hp->rope_yarn_*,
+ * rope_attn_factor: transformers' _compute_yarn_parameters) are computed;
+ * "llama3" is left to the caller (*type, when llama3_ok); anything else,
+ * "dynamic" included, is refused naming the field. *type: the type read. */
+ie_status_t msrc_hf_rope_scaling(const cJSON *cfg, int llama3_ok, ie_hparams_t *hp, const char **type);
 /* The config's RoPE object: rope_parameters (transformers 5) or
  * rope_scaling (older files), NULL if neither; *field names it. */
 const cJSON *msrc_hf_rope_field(const cJSON *cfg, const char **field);

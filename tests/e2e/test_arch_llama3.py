@@ -192,8 +192,8 @@ def test_bad_llama3_inverted_freq_factors(tmp_path):
 
 def test_bad_llama_rope_type(tmp_path):
     def edit(c):
-        c["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0}
-    expect_exit3(copy_hf("tiny_llama3", tmp_path, edit), ["type 'linear' is not supported"], tmp_path)
+        c["rope_parameters"] = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}
+    expect_exit3(copy_hf("tiny_llama3", tmp_path, edit), ["type 'dynamic' is not supported"], tmp_path)
 
 
 def test_bad_rope_freqs_length(tmp_path):

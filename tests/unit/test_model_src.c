@@ -13,6 +13,7 @@
 #include <CUnit/Basic.h>
 
 #include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -312,6 +313,43 @@ static void test_hf_rope_parameters(void)
     CU_ASSERT_FATAL(src != NULL);
     CU_ASSERT_EQUAL(ie_model_src_hparams(src)->rope_theta, 10000.0f);
     ie_model_src_destroy(&src);
+
+    /* YaRN: transformers' defaults (beta 32 / 1, 0.1 ln f + 1, truncate) */
+    o = (hf_opts_t){.drop_field = "rope_theta",
+                    .extra = ", \"rope_parameters\": {\"rope_theta\": 1e6, \"rope_type\": \"yarn\", "
+                             "\"factor\": 4.0, \"original_max_position_embeddings\": 32768}"};
+    write_hf(&o);
+    src = open_expect(g_dir, IE_OK, "", __LINE__);
+    CU_ASSERT_FATAL(src != NULL);
+    const ie_hparams_t *hp = ie_model_src_hparams(src);
+    CU_ASSERT_EQUAL(hp->rope_yarn_factor, 4.0f);
+    CU_ASSERT_EQUAL(hp->rope_yarn_orig_ctx, 32768);
+    CU_ASSERT(hp->rope_yarn_beta_fast == 32.0f && hp->rope_yarn_beta_slow == 1.0f && hp->rope_yarn_truncate == 1);
+    CU_ASSERT_DOUBLE_EQUAL(hp->rope_attn_factor, 0.1 * log(4.0) + 1.0, 1e-6);
+    CU_ASSERT_EQUAL(hp->rope_freq_scale, 0.0f);
+    ie_model_src_destroy(&src);
+
+    /* a top-level original_max_position_embeddings wins (transformers 5);
+     * the mscale ratio; linear scaling */
+    o.extra = ", \"original_max_position_embeddings\": 4096, \"rope_parameters\": {\"rope_type\": \"yarn\", "
+              "\"factor\": 4.0, \"original_max_position_embeddings\": 32768, \"mscale\": 2.0, "
+              "\"mscale_all_dim\": 1.0, \"truncate\": false}";
+    write_hf(&o);
+    src = open_expect(g_dir, IE_OK, "", __LINE__);
+    CU_ASSERT_FATAL(src != NULL);
+    hp = ie_model_src_hparams(src);
+    CU_ASSERT_EQUAL(hp->rope_yarn_orig_ctx, 4096);
+    CU_ASSERT_EQUAL(hp->rope_yarn_truncate, 0);
+    CU_ASSERT_DOUBLE_EQUAL(hp->rope_attn_factor, (0.2 * log(4.0) + 1.0) / (0.1 * log(4.0) + 1.0), 1e-6);
+    ie_model_src_destroy(&src);
+    o = (hf_opts_t){.drop_field = "rope_scaling",
+                    .extra = ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 4.0}"};
+    write_hf(&o);
+    src = open_expect(g_dir, IE_OK, "", __LINE__);
+    CU_ASSERT_FATAL(src != NULL);
+    CU_ASSERT_EQUAL(ie_model_src_hparams(src)->rope_freq_scale, 0.25f);
+    CU_ASSERT_EQUAL(ie_model_src_hparams(src)->rope_yarn_factor, 0.0f);
+    ie_model_src_destroy(&src);
 }
 
 static void test_hf_sharded(void)
@@ -361,16 +399,22 @@ static void test_hf_bad_config(void)
               "\"high_freq_factor\": 1.0, \"original_max_position_embeddings\": 64}";
     write_hf(&o);
     EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "rope_scaling.low_freq_factor (4) must be below high_freq_factor (1)");
-    o.extra = ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.0}";
+    o.extra = ", \"rope_scaling\": {\"type\": \"dynamic\", \"factor\": 2.0}";
     write_hf(&o);
-    EXPECT_FAIL(g_dir, IE_ERR_UNSUPPORTED, "rope_scaling type 'linear'");
+    EXPECT_FAIL(g_dir, IE_ERR_UNSUPPORTED, "rope_scaling type 'dynamic'");
+    o.extra = ", \"rope_scaling\": {\"type\": \"linear\", \"factor\": 0.5}";
+    write_hf(&o);
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "rope_scaling.factor 0.5 must be at least 1");
+    o.extra = ", \"rope_scaling\": {\"factor\": 2.0}";
+    write_hf(&o);
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "rope_scaling has a factor but no 'rope_type'");
     o.extra = ", \"rope_scaling\": [1]";
     write_hf(&o);
     EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "config.json field 'rope_scaling' must be an object");
 
     o = (hf_opts_t){.extra = ", \"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 1e6}"};
     write_hf(&o);
-    EXPECT_FAIL(g_dir, IE_ERR_UNSUPPORTED, "rope_parameters type 'yarn' is not supported");
+    EXPECT_FAIL(g_dir, IE_ERR_FORMAT, "rope_parameters (rope_type yarn) lacks 'original_max_position_embeddings'");
     o.extra = ", \"rope_parameters\": {\"partial_rotary_factor\": 0.5}";
     write_hf(&o);
     EXPECT_FAIL(g_dir, IE_ERR_UNSUPPORTED, "rope_parameters.partial_rotary_factor 0.5");
