@@ -38,6 +38,7 @@ Usage: gen_tiny_llama3.py [--out DIR]
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 import sys
@@ -85,6 +86,25 @@ GLOBAL_MAP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weig
               "lm_head.weight": "output.weight"}
 
 
+# (name, weights, class, RoPE object, other config fields, Q/K permuted in
+# GGUF): scaled RoPE on tiny_qwen2's / tiny_llama3's weights. YaRN as Qwen's
+# docs configure it (factor 4, original 1024 at theta 1e6, head_dim 16: the
+# ramp rounds to pairs 0..3, pair 0 kept, 3.. interpolated, cos/sin times
+# 0.1 ln 4 + 1); then every optional parameter set (no rounding of the ramp:
+# 0.94..2.95 at beta 32 / 1, here 1.26..3.6). Linear: positions / 2.
+SCALED = [
+    ("tiny_qwen2_yarn", "tiny_qwen2", Qwen2ForCausalLM,
+     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024},
+     {"max_position_embeddings": 4096}, False),
+    ("tiny_qwen2_yarn_params", "tiny_qwen2", Qwen2ForCausalLM,
+     {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 1024, "beta_fast": 16.0,
+      "beta_slow": 2.0, "attention_factor": 1.25, "truncate": False},
+     {"max_position_embeddings": 8192}, False),
+    ("tiny_llama_linear", "tiny_llama3", LlamaForCausalLM, {"rope_type": "linear", "factor": 2.0}, {}, True),
+]
+SCALED_GGUF = ("tiny_qwen2_yarn", "tiny_llama_linear")
+
+
 def log(*a):
     print("[gen_tiny_llama3]", *a, file=sys.stderr)
 
@@ -130,7 +150,7 @@ def llama3_rope_factors(rp: dict, dim: int) -> np.ndarray:
     return torch.tensor(out, dtype=torch.float32).numpy()
 
 
-def write_gguf(path: Path, model, arch: str, permute: bool, tok_fields: dict, rope_freqs=None):
+def write_gguf(path: Path, model, arch: str, permute: bool, tok_fields: dict, rope_freqs=None, rope_scaling=None):
     cfg = model.config
     sd = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:
@@ -142,6 +162,16 @@ def write_gguf(path: Path, model, arch: str, permute: bool, tok_fields: dict, ro
     w.add_type("model")
     tinygen.gguf_add_llama_keys(w, arch, cfg)
     w.add_uint32("general.file_type", 0)
+    if rope_scaling is not None:  # TextModel.set_gguf_parameters: type, factor, then YaRN's keys
+        w.add_string(f"{arch}.rope.scaling.type", rope_scaling["rope_type"])
+        w.add_float32(f"{arch}.rope.scaling.factor", float(rope_scaling["factor"]))
+        if rope_scaling["rope_type"] == "yarn":
+            w.add_uint32(f"{arch}.rope.scaling.original_context_length",
+                         rope_scaling["original_max_position_embeddings"])
+            for hf, key in (("attention_factor", "yarn_attn_factor"), ("beta_fast", "yarn_beta_fast"),
+                            ("beta_slow", "yarn_beta_slow")):
+                if hf in rope_scaling:
+                    w.add_float32(f"{arch}.rope.scaling.{key}", float(rope_scaling[hf]))
     if arch == "llama":  # LlamaModel.set_gguf_parameters; Qwen2Model writes neither
         w.add_uint32("llama.vocab_size", cfg.vocab_size)
         w.add_uint32("llama.rope.dimension_count", head_dim)
@@ -263,7 +293,46 @@ def main():
     mg, _ = model_from_gguf(p, Qwen2ForCausalLM, m.config, False)
     if not np.array_equal(reference(mg, ids, p.name), ref):
         raise SystemExit("tiny_qwen2.gguf does not round-trip")
-    log(f"wrote tiny_llama3, tiny_mistral, tiny_qwen2 (+ .gguf) into {out}")
+    qwen2 = m
+
+    # ---- RoPE scaling on these weights: YaRN on tiny_qwen2 (the e2e test
+    # edits a copy of its config.json), linear on tiny_llama3's weights
+    for name, base, cls, rope, extra, permute in SCALED:
+        src = qwen2 if base == "tiny_qwen2" else LlamaForCausalLM.from_pretrained(
+            out / base, attn_implementation="eager").float().eval()
+        cfg = copy.deepcopy(src.config)
+        theta = float(cfg.rope_parameters["rope_theta"])
+        cfg.rope_parameters = dict(rope, rope_theta=theta)
+        for k, v in extra.items():
+            setattr(cfg, k, v)
+        ms = cls(cfg).float().eval()
+        ms.set_attn_implementation("eager")
+        ms.load_state_dict(src.state_dict())
+        ref_s = reference(ms, ids, name)
+        plain = copy.deepcopy(cfg)
+        plain.rope_parameters = {"rope_type": "default", "rope_theta": theta}
+        mp = cls(plain).float().eval()
+        mp.set_attn_implementation("eager")
+        mp.load_state_dict(src.state_dict())
+        e = rel_err(prefill_logits(mp, ids), ref_s)
+        log(f"{name}: {rope} moves logits by rel {e:.2e} against plain RoPE")
+        if not e > 1e-2:
+            raise SystemExit(f"{name}: the scaling does not matter within the test")
+        save_expected(out / f"{name}.expected.npz", ids, ref_s, weights="f32", plain_rope_rel=e,
+                      rope=json.dumps(rope, sort_keys=True), config=json.dumps(extra, sort_keys=True), **versions)
+        if name in SCALED_GGUF:
+            p = out / f"{name}.gguf"
+            write_gguf(p, ms, "llama" if permute else "qwen2", permute, tok_fields, rope_scaling=rope)
+            mg, _ = model_from_gguf(p, cls, cfg, permute)
+            if not np.array_equal(reference(mg, ids, p.name), ref_s):
+                raise SystemExit(f"{p.name} does not round-trip")
+    # the YaRN variants differ from each other too (each parameter is read)
+    yr = [np.load(out / f"{n}.expected.npz")["logits"] for n in ("tiny_qwen2_yarn", "tiny_qwen2_yarn_params")]
+    e = rel_err(yr[1], yr[0])
+    log(f"tiny_qwen2_yarn_params vs tiny_qwen2_yarn: rel {e:.2e}")
+    if not e > 1e-2:
+        raise SystemExit("the explicit YaRN parameters do not matter within the test")
+    log(f"wrote tiny_llama3, tiny_mistral, tiny_qwen2 (+ .gguf), {', '.join(s[0] for s in SCALED)} into {out}")
 
 
 if __name__ == "__main__":

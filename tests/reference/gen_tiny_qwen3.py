@@ -28,6 +28,11 @@ Writes into OUT (default tests/data):
   tiny_qwen3moe_nonorm.expected.npz  the same for tiny_qwen3moe's weights
                        with norm_topk_prob false (no files of its own: the
                        e2e test copies the config with the flag flipped)
+  tiny_qwen3_yarn.expected.npz  tiny_qwen3's weights with rope_parameters
+                       YaRN factor 4, original_max_position_embeddings 1024
+                       (max_position_embeddings 4096); no files of its own
+                       either: the e2e test edits a config copy and adds the
+                       qwen3.rope.scaling.* keys to a GGUF copy
 
 Weights are drawn in fp32, then rounded to bf16 with magnitudes below 2^-14
 flushed to 0, so bf16 (HF) and f16 (GGUF) hold exactly the same values and
@@ -46,6 +51,7 @@ Usage: gen_tiny_qwen3.py [--out DIR]
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -73,6 +79,8 @@ WEIGHT_STD = 0.1
 EMBED_STD = 0.5
 NORM_JITTER = 0.2
 MIN_ROUTE_GAP = 1e-4
+# YaRN on tiny_qwen3 (head_dim 32, theta 1e6): the ramp rounds to pairs 1..6
+QWEN3_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024}
 
 
 def log(*a):
@@ -327,7 +335,22 @@ def main():
         raise SystemExit("norm_topk_prob makes no difference: the fixture would not test it")
     save_expected(out / "tiny_qwen3moe_nonorm.expected.npz", ids, ref_n, weights="bf16",
                   min_route_gap=gap, **versions)
-    log(f"wrote tiny_qwen3 and tiny_qwen3moe (+ nonorm reference) into {out}")
+    # tiny_qwen3's weights with YaRN as Qwen3's docs configure it (the e2e
+    # test edits a copy of the config and adds the GGUF keys)
+    m = load_fp32(Qwen3ForCausalLM, out / "tiny_qwen3")
+    cfg = m.config
+    cfg.rope_parameters = dict(QWEN3_YARN, rope_theta=1000000.0)
+    cfg.max_position_embeddings = 4096
+    my = tinygen.model_from_state(Qwen3ForCausalLM, cfg, m.state_dict())
+    ref_y = reference(my, ids, "tiny_qwen3, YaRN")
+    e = rel_err(np.load(out / "tiny_qwen3" / "expected.npz")["logits"], ref_y)
+    log(f"YaRN {QWEN3_YARN} moves tiny_qwen3's logits by rel {e:.2e}")
+    if not e > 1e-2:
+        raise SystemExit("YaRN makes no difference: the fixture would not test it")
+    save_expected(out / "tiny_qwen3_yarn.expected.npz", ids, ref_y, weights="bf16", plain_rope_rel=e,
+                  rope=json.dumps(QWEN3_YARN, sort_keys=True), config=json.dumps({"max_position_embeddings": 4096}),
+                  **versions)
+    log(f"wrote tiny_qwen3 and tiny_qwen3moe (+ nonorm, yarn references) into {out}")
 
 
 if __name__ == "__main__":
