@@ -23,6 +23,16 @@ Writes into OUT (default tests/data), each model fp32:
   tiny_qwen2/        Qwen2ForCausalLM, q/k/v biases, tied head, rope_theta 1e6.
   tiny_qwen2.gguf    "qwen2" keys and names, Q/K not permuted (NEOX RoPE),
                      attn_{q,k,v}.bias F32, no output.weight.
+  tiny_qwen2_yarn.expected.npz, tiny_qwen2_yarn_params.expected.npz,
+  tiny_llama_linear.expected.npz
+                     tiny_qwen2's / tiny_llama3's weights with the RoPE
+                     scalings of SCALED (YaRN as Qwen configures it, YaRN
+                     with every optional parameter, linear 2); the meta
+                     holds the RoPE object and config fields (the e2e test
+                     edits a copy of the HF config).
+  tiny_qwen2_yarn.gguf, tiny_llama_linear.gguf
+                     those weights with the rope.scaling.* keys llama.cpp's
+                     converter writes (Q/K permuted for llama).
   <dir>/expected.npz, <name>.gguf.expected.npz
                      ids int32 [32], logits float32 [32][512] from
                      transformers in fp32 (prefill; checked against
@@ -30,8 +40,8 @@ Writes into OUT (default tests/data), each model fp32:
 
 Checks done here: prefill == decode (1e-5 rel); the GGUFs read back (Q/K
 un-permuted where permuted; rope_freqs checked against transformers'
-inv_freq) reproduce the HF logits; the llama3 / sliding-window settings
-change the logits (so the tests can fail).
+inv_freq) reproduce the HF logits; the llama3 / sliding-window / linear /
+YaRN settings change the logits (so the tests can fail).
 
 Usage: gen_tiny_llama3.py [--out DIR]
 """
