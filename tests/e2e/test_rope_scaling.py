@@ -24,21 +24,24 @@ and the config fields it was computed with):
       tiny_llama_linear.gguf (llama.rope.scaling.type linear, factor 2, Q/K
       permuted, no rope_freqs.weight).
 
-  * f32 prefill and decode logits within 1e-4 (row max rel) of transformers
+  * f32 prefill and decode logits within 1e-4 (row max rel) of transformers,
+    also under pipeline:2 / tensor:2; an IEBIN from ie-convert within the
+    int8w bound (5e-2; measured 1.6e-2 / 2.0e-2, greedy ids 31/32 and
+    32/32: tiny_qwen2_yarn's position 15 is a 0.03 tie)
   * bad values (factor < 1, YaRN without original_max_position_embeddings,
     dynamic or unknown types, bad GGUF keys) exit 3 naming the field
 """
 from __future__ import annotations
 
 import json
-import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import engine_logits, fixture_path, row_rel_err, run_cli
+from conftest import binary, engine_logits, fixture_path, row_rel_err, run_cli
 
 TOL_F32 = 1e-4
 
@@ -104,6 +107,39 @@ def test_hf_f32(src, name, legacy, mode, tmp_path, ie_bin):
 @pytest.mark.parametrize("name", ["tiny_qwen2_yarn", "tiny_llama_linear"])
 def test_gguf_f32(name, mode, tmp_path, ie_bin):
     check_f32(fixture_path(f"{name}.gguf"), name, mode, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["tiny_qwen2_yarn", "tiny_llama_linear"])
+def test_iebin_keeps_the_scaling(name, tmp_path, ie_bin):
+    """ie-convert carries the scaling into the IEBIN (int8w projections:
+    <= 5e-2 as the other tiny models, the same greedy ids wherever the
+    reference's top-2 gap exceeds twice the row's error: tiny_qwen2_yarn's
+    position 15 is a 0.03 tie)."""
+    out = tmp_path / "iebin"
+    cp = subprocess.run([str(binary("ie-convert")), "--in", str(fixture_path(f"{name}.gguf")), "--out-dir",
+                         str(out), "--quiet"], capture_output=True, text=True, timeout=120)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    ids, ref, _, _ = expected(name)
+    ours = engine_logits(out, ids, tmp_path, precision="native")
+    assert row_rel_err(ours, ref).max() <= 5e-2
+    top = np.sort(ref, axis=-1)
+    clear = top[:, -1] - top[:, -2] > 2 * np.max(np.abs(ours - ref), axis=-1)
+    assert clear.sum() >= len(ids) // 2
+    assert np.array_equal(ours.argmax(-1)[clear], ref.argmax(-1)[clear])
+
+
+@pytest.mark.parametrize("plan", ["pipeline:2", "tensor:2"])
+@pytest.mark.parametrize("name", ["tiny_qwen2_yarn", "tiny_llama_linear"])
+def test_plans(name, plan, tmp_path, ie_bin):
+    """Every worker of a plan rotates with the scaled tables."""
+    ids, ref, _, _ = expected(name)
+    out = tmp_path / "plan.f32"
+    cp = run_cli(["logits", "--model", fixture_path(f"{name}.gguf"), "--ids", ",".join(map(str, ids)),
+                  "--precision", "f32", "--mode", "decode", "--threads", "2", "--plan", plan, "--out", out],
+                 timeout=300)
+    assert cp.returncode == 0, f"--plan {plan}: exit {cp.returncode}\n{cp.stderr[-2000:]}"
+    ours = np.fromfile(out, dtype="<f4").reshape(len(ids), -1)
+    assert row_rel_err(ours, ref).max() <= TOL_F32
 
 
 def test_the_scaling_matters(tmp_path, ie_bin):
