@@ -31,7 +31,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
-from bench_kquant import decode, prefill  # noqa: E402  (bench_decode and the engine's pp run)
+from bench_kquant import decode, f, med, prefill  # noqa: E402  (bench_decode, the engine's pp run, medians)
 from harness import corpus_words, words_for_tokens  # noqa: E402
 
 BASE = REPO / "models" / "bench" / "tinyllama-q4_0.gguf"
@@ -55,15 +55,6 @@ def lcpp(model: Path, args) -> dict:
     for rec in json.loads(cp.stdout):
         out["pp" if rec.get("n_prompt") else "tg"] = rec.get("avg_ts")
     return out
-
-
-def med(v):
-    v = [x for x in v if isinstance(x, (int, float))]
-    return statistics.median(v) if v else None
-
-
-def f(v, spec):
-    return "-" if v is None else format(v, spec)
 
 
 def main() -> int:
