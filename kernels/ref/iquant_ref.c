@@ -126,9 +126,7 @@ int ie_iq_decode(ie_dtype_t t, const void *block, ie_iq_codes_t *c)
     case IE_DTYPE_IQ1_M: {
         uint16_t s[4];
         for (int i = 0; i < 4; i++) s[i] = ld16(b + 48 + 2 * i);
-        const uint16_t dh = (uint16_t)((s[0] >> 12) | ((s[1] >> 8) & 0x00f0) | ((s[2] >> 4) & 0x0f00) |
-                                       (s[3] & 0xf000));
-        c->d = d_scaled(dh, 0.125f);
+        c->d = d_scaled(ie_iq_block_d(t, b), 0.125f); /* d: the four scale words' top nibbles */
         for (int g = 0; g < 32; g++) {
             const unsigned n = (b[32 + g / 2] >> (4 * (g % 2))) & 15u;
             put8_iq1(c->q + 8 * g, ie_iq1s_grid[b[g] | (n & 7u) << 8], n & 8u ? -1 : 1);
